@@ -1,0 +1,1978 @@
+/* pdp.h - v0.1.0 - embeddable C training library - MIT (see end of file)
+   GENERATED from src/ by amalgamate.py: edit src/, then run `python3 amalgamate.py`.
+
+   (manual to be written)
+*/
+/* Strict C99 on glibc hides POSIX (threads, clocks, sockets) unless _POSIX_C_SOURCE
+   is defined before the first system header. Define it here when we still can. */
+#if defined(PDP_IMPLEMENTATION) && !defined(_WIN32) && defined(__STRICT_ANSI__) && \
+    !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && !defined(_DEFAULT_SOURCE)
+#  if defined(__GLIBC__)
+#    error "pdp.h: define _POSIX_C_SOURCE 200809L before your first #include (or pass -D_POSIX_C_SOURCE=200809L) in the file that defines PDP_IMPLEMENTATION"
+#  else
+#    define _POSIX_C_SOURCE 200809L
+#  endif
+#endif
+
+#ifndef PDP_H_INCLUDED
+#define PDP_H_INCLUDED
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- begin src/base.h ---- */
+/* base: version, linkage, status codes, errors, allocation overrides.
+
+   Every public symbol is declared with PDP_API. Functions that can fail return a
+   pdp_status (PDP_OK = 0, errors negative, in ranges by area) and leave a message
+   in a thread-local buffer, read with pdp_last_error(). Option structs are plain
+   structs whose zero value means "default". */
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#define PDP_VERSION_MAJOR 0
+#define PDP_VERSION_MINOR 1
+#define PDP_VERSION_PATCH 0
+#define PDP__STR2(x) #x
+#define PDP__STR(x) PDP__STR2(x)
+#define PDP_VERSION_STRING                                                            \
+    PDP__STR(PDP_VERSION_MAJOR) "." PDP__STR(PDP_VERSION_MINOR) "." PDP__STR(PDP_VERSION_PATCH)
+
+#ifndef PDP_API
+#  if defined(PDP_STATIC) && (defined(__GNUC__) || defined(__clang__))
+#    define PDP_API static __attribute__((unused))
+#  elif defined(PDP_STATIC)
+#    define PDP_API static
+#  else
+#    define PDP_API extern
+#  endif
+#endif
+
+/* Status codes: one X-macro list gives the enum and pdp_status_name().
+   Ranges: -1..-99 general, -100s shape and numerics, -200s files, -300s CUDA,
+   -400s communicators. */
+#define PDP_STATUS_LIST(X)                                                            \
+    X(PDP_OK, 0, "ok")                                                                \
+    X(PDP_ERR_INVALID, -1, "invalid argument")                                        \
+    X(PDP_ERR_OUT_OF_MEMORY, -2, "out of memory")                                     \
+    X(PDP_ERR_UNSUPPORTED, -3, "not compiled in or not supported")                    \
+    X(PDP_ERR_STATE, -4, "call out of order")                                         \
+    X(PDP_ERR_WORKER, -5, "a worker thread failed")                                   \
+    X(PDP_ERR_SHAPE, -100, "shape mismatch")                                          \
+    X(PDP_ERR_DEVICE, -101, "device mismatch")                                        \
+    X(PDP_ERR_NUMERIC, -102, "NaN or Inf")                                            \
+    X(PDP_ERR_IO, -200, "file I/O failed")                                            \
+    X(PDP_ERR_FORMAT, -201, "corrupt or foreign file")                                \
+    X(PDP_ERR_CUDA, -300, "CUDA, cuBLAS or NCCL call failed")                         \
+    X(PDP_ERR_NO_DEVICE, -301, "no CUDA device")                                      \
+    X(PDP_ERR_COMM, -400, "communicator failed")                                      \
+    X(PDP_ERR_TIMEOUT, -401, "timed out")
+
+typedef enum pdp_status {
+#define PDP__STATUS_ENUM(name, value, text) name = value,
+    PDP_STATUS_LIST(PDP__STATUS_ENUM)
+#undef PDP__STATUS_ENUM
+    PDP__STATUS_FORCE_INT = -0x7fffffff
+} pdp_status;
+
+/* "PDP_ERR_SHAPE" for PDP_ERR_SHAPE; "PDP_UNKNOWN_STATUS" for anything else. */
+PDP_API const char *pdp_status_name(pdp_status s);
+/* The message of the last failure on this thread ("" if none). It starts with the
+   public function's name and names the layer, shape, file or rank involved. */
+PDP_API const char *pdp_last_error(void);
+PDP_API void pdp_clear_error(void);
+PDP_API const char *pdp_version_string(void);
+
+/* Log levels for the optional log callbacks in descs; the library prints only
+   through them. */
+typedef enum pdp_log_level {
+    PDP_LOG_ERROR = 0,
+    PDP_LOG_WARN = 1,
+    PDP_LOG_INFO = 2
+} pdp_log_level;
+typedef void (*pdp_log_fn)(pdp_log_level level, const char *message, void *user);
+
+/* Intra-op threads: large GEMMs on the calling thread are split over a pool of
+   persistent workers. n <= 0 means one per online core. The setting is per
+   calling thread (a DP worker or a thread-rank sets its own; default 1); the
+   workers are shared by the process, created on first use and reused. */
+PDP_API pdp_status pdp_set_num_threads(int n);
+PDP_API int pdp_get_num_threads(void);
+/* Joins the pool's workers and frees the caller's scratch (for leak checkers and
+   before unloading). The pool is the one piece of process-wide state; the next
+   call that needs it starts it again. Call it when no other thread is in pdp. */
+PDP_API void pdp_shutdown_threads(void);
+/* ---- end src/base.h ---- */
+
+/* ---- begin src/tensor.h ---- */
+/* tensor: float32 tensors of 1 to 4 dimensions, contiguous, on a device; and the
+   seeded random number generator used for initialisation and dropout.
+
+   A tensor either owns its data (pdp_tensor_create) or is a view of another's
+   (pdp_tensor_view, pdp_tensor_reshape_view) that lives as long as the owner.
+   Sizes are int64_t element counts; byte counts are size_t and called bytes. */
+
+#define PDP_MAX_DIMS 4
+
+typedef enum pdp_device_kind {
+    PDP_DEVICE_CPU = 0,
+    PDP_DEVICE_CUDA = 1 /* needs PDP_CUDA and pdp_cuda.cu */
+} pdp_device_kind;
+
+typedef struct pdp_device {
+    pdp_device_kind kind; /* default CPU */
+    int ordinal;          /* CUDA device number; 0 for the CPU */
+} pdp_device;
+
+typedef struct pdp_tensor {
+    float *data;                  /* count floats, 64-byte aligned when owned */
+    int64_t shape[PDP_MAX_DIMS];  /* shape[0..ndim-1]; the rest are 1 */
+    int ndim;                     /* 1..4 */
+    int64_t count;                /* product of the shape */
+    pdp_device device;
+    bool owns_data;               /* false for views */
+} pdp_tensor;
+
+/* A new zero-filled tensor of shape[0..ndim-1]. Fails with PDP_ERR_SHAPE on
+   ndim outside 1..4 or a dimension < 1, naming the dimension. */
+PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,
+                                     const int64_t *shape);
+PDP_API void pdp_tensor_free(pdp_tensor *t); /* NULL is fine; frees owned data */
+PDP_API pdp_status pdp_tensor_zeros(pdp_tensor *t);
+PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value);
+/* dst <- src; same count required (shapes may differ); any device pair. */
+PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src);
+/* Copies between a tensor and host memory of t->count floats. */
+PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host);
+PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host);
+/* Fills *view (caller-owned struct, no allocation) with the same data seen
+   through a new shape of the same count. */
+PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,
+                                           pdp_tensor *view);
+/* Fills *view with rows [first, first + rows) of t along dimension 0. */
+PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows,
+                                        pdp_tensor *view);
+/* Wraps caller memory (not freed by pdp) as a tensor view. */
+PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape,
+                                   pdp_tensor *view);
+static inline pdp_device pdp_cpu(void) { pdp_device d = {PDP_DEVICE_CPU, 0}; return d; }
+static inline pdp_device pdp_cuda(int ordinal) { pdp_device d = {PDP_DEVICE_CUDA, ordinal}; return d; }
+
+/* ---- rng ----
+   PCG32 (O'Neill, "PCG: A Family of Simple Fast Space-Efficient Statistically
+   Good Algorithms", 2014): 64-bit state, 32-bit output, selectable stream. Only
+   integer arithmetic decides the bits, so a seed gives the same numbers on every
+   platform and compiler. Floats: uniform = top 24 bits * 2^-24; normal =
+   Box-Muller in double precision, rounded to float. */
+typedef struct pdp_rng {
+    uint64_t state;
+    uint64_t inc;
+} pdp_rng;
+
+PDP_API void pdp_rng_seed(pdp_rng *r, uint64_t seed, uint64_t stream);
+PDP_API uint32_t pdp_rng_u32(pdp_rng *r);
+PDP_API float pdp_rng_uniform(pdp_rng *r);          /* [0, 1) */
+PDP_API float pdp_rng_normal(pdp_rng *r);           /* mean 0, std 1 */
+PDP_API uint32_t pdp_rng_below(pdp_rng *r, uint32_t n); /* [0, n), unbiased */
+/* Initialisers on CPU tensors (or any device through a host staging copy). */
+PDP_API pdp_status pdp_tensor_uniform(pdp_tensor *t, pdp_rng *r, float lo, float hi);
+PDP_API pdp_status pdp_tensor_normal(pdp_tensor *t, pdp_rng *r, float mean, float std);
+/* Kaiming (He) uniform for ReLU nets: U(-b, b), b = gain * sqrt(3 / fan_in), with
+   gain = sqrt(2 / (1 + a^2)); a = sqrt(5) gives PyTorch's Linear/Conv default. */
+PDP_API pdp_status pdp_tensor_kaiming_uniform(pdp_tensor *t, pdp_rng *r, int64_t fan_in, float a);
+/* Xavier (Glorot) uniform: U(-b, b), b = sqrt(6 / (fan_in + fan_out)). */
+PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t fan_in,
+                                             int64_t fan_out);
+/* ---- end src/tensor.h ---- */
+
+/* ---- begin src/ops.h ---- */
+/* ops: CPU math kernels. SGEMM in the three layouts training needs, and the
+   element and row operations the layers are built from.
+
+   C[M,N] = alpha * op(A) * op(B) + beta * C, row-major, op(X) = X or X^T.
+   Linear forward is A*B^T (x * W^T), backward dW = dY^T * X (A^T*B) and
+   dX = dY * W (A*B). With -DPDP_CBLAS the call goes to the CBLAS linked in. */
+
+typedef enum pdp_trans {
+    PDP_NO_TRANS = 0,
+    PDP_TRANS = 1
+} pdp_trans;
+
+/* lda, ldb, ldc are row strides in elements (of A, B, C as stored). Large
+   products run on the calling thread's intra-op threads (pdp_set_num_threads).
+   beta == 0 means C is written without being read (NaNs in C do not leak). */
+PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc);
+/* ---- end src/ops.h ---- */
+
+/* ---- begin src/model.h ---- */
+/* model: a sequential model, its layers, and its one parameter registry.
+
+   Parameters live in one contiguous block and gradients in another, in
+   registration order, with one view per named tensor ("0.weight", "0.bias",
+   "3.weight", ... as a PyTorch nn.Sequential's state_dict), so a checkpoint maps
+   one to one onto the matching PyTorch module and a DDP bucket is a plain range
+   of the gradient block. Backward accumulates into the gradients (zero them
+   with pdp_model_zero_grad) and, right after each layer, calls the grad hook
+   once for each parameter of that layer: the hook DDP's reducer listens to. */
+
+typedef struct pdp_model pdp_model;
+
+typedef struct pdp_model_desc {
+    int input_ndim;          /* 1 (features) or 3 (channels, height, width); 0 = count of
+                                nonzero input_shape entries */
+    int64_t input_shape[3];  /* one sample, without the batch dimension; required */
+    uint64_t seed;           /* parameter initialisation and dropout masks; default 0 */
+    pdp_device device;       /* default CPU */
+} pdp_model_desc;
+
+PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
+PDP_API void pdp_model_free(pdp_model *m);
+
+/* Layers, appended in order. Each validates against the current output shape and
+   initialises its parameters as PyTorch does (Kaiming uniform with a = sqrt(5)
+   for weights, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for biases; LayerNorm weight
+   1, bias 0) from the model's seed. Adding a layer moves the parameter block:
+   views from pdp_model_param taken before are stale. */
+PDP_API pdp_status pdp_model_add_linear(pdp_model *m, int64_t out_features);
+PDP_API pdp_status pdp_model_add_relu(pdp_model *m);
+PDP_API pdp_status pdp_model_add_gelu(pdp_model *m);    /* tanh form (approximate='tanh') */
+PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
+PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
+PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
+/* Normalises over all features of a sample; eps 0 means 1e-5. */
+PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps);
+/* Square kernel; stride 0 means 1. Input must be (C, H, W). */
+PDP_API pdp_status pdp_model_add_conv2d(pdp_model *m, int64_t out_channels, int64_t kernel,
+                                        int64_t stride, int64_t padding);
+/* Square window; stride 0 means kernel. */
+PDP_API pdp_status pdp_model_add_maxpool2d(pdp_model *m, int64_t kernel, int64_t stride);
+PDP_API pdp_status pdp_model_add_flatten(pdp_model *m);
+
+/* x is [batch, input_shape...]; *y points at the model's own output tensor
+   [batch, output features...], valid until the next forward. Activations are
+   sized for the largest batch seen so far (pdp_model_reserve avoids growth in
+   the training loop). */
+PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y);
+/* dy is the gradient of the loss with respect to the last output, same shape.
+   Accumulates parameter gradients; fires the grad hook after each layer. */
+PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy);
+PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch);
+PDP_API void pdp_model_zero_grad(pdp_model *m);
+PDP_API void pdp_model_set_training(pdp_model *m, bool training); /* default true */
+PDP_API bool pdp_model_is_training(const pdp_model *m);
+
+PDP_API int pdp_model_num_layers(const pdp_model *m);
+PDP_API const char *pdp_model_layer_name(const pdp_model *m, int layer); /* "Linear" */
+/* The shape of one output sample (without the batch dimension). */
+PDP_API int pdp_model_output_shape(const pdp_model *m, int64_t shape[3]);
+PDP_API int64_t pdp_model_param_count(const pdp_model *m); /* floats in all parameters */
+PDP_API int pdp_model_num_params(const pdp_model *m);      /* named parameter tensors */
+PDP_API pdp_device pdp_model_device(const pdp_model *m);
+
+typedef struct pdp_param {
+    const char *name;  /* "0.weight" */
+    int layer;         /* index of the layer that owns it */
+    int64_t offset;    /* in floats, into the flat parameter and gradient blocks */
+    pdp_tensor value;  /* a view into the parameter block */
+    pdp_tensor grad;   /* a view into the gradient block */
+} pdp_param;
+
+PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out);
+PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out);
+/* Views of the whole flat blocks (param_count floats each). */
+PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads);
+
+/* Called during backward right after a parameter's gradient is final for this
+   backward pass: once per parameter, in reverse layer order. */
+typedef void (*pdp_grad_hook)(void *user, pdp_model *m, int param_index);
+PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user);
+
+/* One training pass for classification: forward, softmax cross-entropy against
+   labels (mean over the batch), backward (gradients accumulate). *loss gets the
+   mean loss; NaN or Inf fails with PDP_ERR_NUMERIC. Uses the model's own
+   buffer for the loss gradient: nothing is allocated after the first call. */
+PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
+                                              const int32_t *labels, float *loss);
+/* ---- end src/model.h ---- */
+
+/* ---- begin src/optim.h ---- */
+/* optim: optimizers with PyTorch's exact update rules (torch.optim.SGD, Adam,
+   AdamW), gradient clipping by global norm, and a learning-rate schedule.
+
+   An optimizer updates the model's flat parameter block from its flat gradient
+   block; its state (momentum, first and second moments) is flat too, with the
+   same offsets, so it can be sharded by ranges (ZeRO) and saved in one piece. */
+
+typedef struct pdp_optim pdp_optim;
+
+typedef enum pdp_optim_kind {
+    PDP_OPTIM_SGD = 0,
+    PDP_OPTIM_ADAM = 1,
+    PDP_OPTIM_ADAMW = 2
+} pdp_optim_kind;
+
+typedef struct pdp_optim_desc {
+    pdp_optim_kind kind;  /* default SGD */
+    float lr;             /* default 0.01 for SGD, 0.001 for Adam and AdamW */
+    float momentum;       /* SGD; default 0 */
+    float dampening;      /* SGD; default 0 */
+    bool nesterov;        /* SGD; needs momentum > 0 and dampening 0 */
+    float weight_decay;   /* default 0 (AdamW: 0 also means 0; PyTorch's default is 0.01) */
+    float beta1;          /* Adam/AdamW; default 0.9 */
+    float beta2;          /* Adam/AdamW; default 0.999 */
+    float eps;            /* Adam/AdamW; default 1e-8 */
+} pdp_optim_desc;
+
+PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc);
+PDP_API void pdp_optim_free(pdp_optim *o);
+/* One update of every parameter from its gradient. */
+PDP_API pdp_status pdp_optim_step(pdp_optim *o);
+PDP_API void pdp_optim_zero_grad(pdp_optim *o);
+PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr);
+PDP_API float pdp_optim_lr(const pdp_optim *o);
+PDP_API int64_t pdp_optim_steps(const pdp_optim *o); /* updates done so far */
+
+/* Scales all gradients so their global L2 norm is at most max_norm (as
+   torch.nn.utils.clip_grad_norm_); *total_norm gets the norm before clipping
+   (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC. */
+PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm);
+
+/* Linear warm-up from 0 to base_lr over warmup steps, then cosine decay to
+   min_lr at total steps (held after). step counts from 0. */
+PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
+                                   float min_lr);
+/* ---- end src/optim.h ---- */
+
+/* ---- begin src/data.h ---- */
+/* data: (to be written) */
+/* ---- end src/data.h ---- */
+
+/* ---- begin src/checkpoint.h ---- */
+/* checkpoint: (to be written) */
+/* ---- end src/checkpoint.h ---- */
+
+/* ---- begin src/store.h ---- */
+/* store: rendezvous the way torchrun does it, and a small TCP key-value store.
+
+   pdp_env_read() tells a process who it is: RANK, WORLD_SIZE, LOCAL_RANK,
+   LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun exports them, or
+   OpenMPI's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} under mpirun.
+
+   The store is PyTorch's TCPStore in miniature: rank 0 serves it from a thread
+   inside its own process, every rank (rank 0 too, through loopback) is a client.
+   Ranks exchange small blobs through it before a collective library exists (the
+   NCCL unique id) and synchronise with counters and barriers. Every blocking call
+   ends by its timeout with PDP_ERR_TIMEOUT naming the key; nothing hangs. */
+
+/* Who this process is. Defaults when nothing is set: rank 0 of 1, local rank 0
+   of 1, 127.0.0.1:29500, from_env false. */
+typedef struct pdp_env_info {
+    int rank;              /* RANK, else OMPI_COMM_WORLD_RANK; 0 */
+    int world_size;        /* WORLD_SIZE, else OMPI_COMM_WORLD_SIZE; 1 */
+    int local_rank;        /* LOCAL_RANK, else OMPI_COMM_WORLD_LOCAL_RANK; else rank */
+    int local_world_size;  /* LOCAL_WORLD_SIZE, else OMPI_COMM_WORLD_LOCAL_SIZE; else world */
+    char master_addr[256]; /* MASTER_ADDR; "127.0.0.1" */
+    int master_port;       /* MASTER_PORT; 29500 */
+    bool from_env;         /* true when RANK/WORLD_SIZE or OMPI_COMM_WORLD_* were set */
+} pdp_env_info;
+
+/* Fills *out from the environment (torchrun's variables win over OpenMPI's; an
+   empty variable counts as unset). PDP_ERR_INVALID, naming the variable and its
+   value, for a non-integer, rank >= world size, a port outside 1..65535, or only
+   one of RANK and WORLD_SIZE set. *out holds the defaults on failure. */
+PDP_API pdp_status pdp_env_read(pdp_env_info *out);
+
+/* Limits a server enforces on every request (a foreign peer gets an error reply
+   and is disconnected); a client checks them before sending. */
+#ifndef PDP_STORE_MAX_KEY
+#  define PDP_STORE_MAX_KEY 1024                 /* bytes, without the NUL */
+#endif
+#ifndef PDP_STORE_MAX_VALUE
+#  define PDP_STORE_MAX_VALUE (1024 * 1024)      /* bytes */
+#endif
+
+typedef struct pdp_store pdp_store;
+
+typedef struct pdp_store_desc {
+    const char *host; /* server: address to bind; client: address to reach; "127.0.0.1" */
+    int port;         /* 29500; 0 on the server = a free ephemeral port (pdp_store_port) */
+    bool is_server;   /* true on exactly one rank (rank 0): serve, then connect as a client */
+    int world_size;   /* ranks taking part; default for pdp_store_barrier; 0 = unknown */
+    double timeout_s; /* connect and default wait timeout, seconds; 300 */
+} pdp_store_desc;
+
+/* Creates a store handle. A server binds host:port, listens and starts its thread,
+   then connects to itself like any client (to 127.0.0.1 when host is a wildcard
+   such as "0.0.0.0"). A client retries the connection until timeout_s passes
+   (the server may start later): PDP_ERR_TIMEOUT naming host:port. Calls on one
+   handle are serialised; a thread that blocks in get/wait blocks the others on
+   the same handle, so give each thread that waits its own handle. */
+PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc);
+/* Closes the connection; on the server, also stops the thread and drops every
+   client still connected. NULL is fine. */
+PDP_API void pdp_store_free(pdp_store *s);
+/* The server's port (the one bound when desc.port was 0). */
+PDP_API int pdp_store_port(const pdp_store *s);
+
+/* key: a NUL-terminated string of 1..PDP_STORE_MAX_KEY bytes. value: up to
+   PDP_STORE_MAX_VALUE bytes (0 is fine); replaces any previous value and wakes
+   every rank waiting for the key. */
+PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *value, size_t bytes);
+/* Waits until key exists (the store's timeout_s), then copies its value into
+   buf[0..cap) and its length into *bytes (may be NULL). A value longer than cap
+   is PDP_ERR_INVALID with *bytes set to its length. */
+PDP_API pdp_status pdp_store_get(pdp_store *s, const char *key, void *buf, size_t cap,
+                                 size_t *bytes);
+/* Waits until all n keys exist; timeout_s covers the whole call (0 = the store's). */
+PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double timeout_s);
+/* Atomically adds delta to the counter at key (a missing key counts as 0) and
+   returns the new value in *result (may be NULL). Counters are stored as decimal
+   text, so pdp_store_get on one reads e.g. "3". */
+PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, int64_t *result);
+/* Returns once world_size ranks (0 = desc.world_size) have called it with this
+   name; reusable: the k-th call on every rank meets the k-th call on the others. */
+PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
+                                     double timeout_s);
+/* ---- end src/store.h ---- */
+
+/* ---- begin src/comm.h ---- */
+/* comm: (to be written) */
+/* ---- end src/comm.h ---- */
+
+/* ---- begin src/dp.h ---- */
+/* dp: (to be written) */
+/* ---- end src/dp.h ---- */
+
+/* ---- begin src/ddp.h ---- */
+/* ddp: (to be written) */
+/* ---- end src/ddp.h ---- */
+
+/* ---- begin src/cuda.h ---- */
+/* cuda: (to be written) */
+/* ---- end src/cuda.h ---- */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PDP_H_INCLUDED */
+
+#ifndef PDP__MATH_INCLUDED
+#define PDP__MATH_INCLUDED
+
+/* ---- begin src/math.h ---- */
+/* math: (to be written) */
+/* ---- end src/math.h ---- */
+
+#endif /* PDP__MATH_INCLUDED */
+
+#if defined(PDP_IMPLEMENTATION) && !defined(PDP__IMPLEMENTATION_INCLUDED)
+#define PDP__IMPLEMENTATION_INCLUDED
+
+/* Private helpers are static; a program that uses part of the library leaves
+   some of them unused, which is not worth a warning. */
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
+
+/* ---- begin src/internal.h ---- */
+/* internal: private helpers shared by every implementation module.
+
+   System includes, the allocation and assert overrides, the error helper
+   pdp__err() that formats the thread-local message and returns the status, the
+   aligned allocator, timers and small utilities. Nothing here is public. */
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+#include <errno.h>
+#include <time.h>
+#include <pthread.h>
+
+#if defined(PDP_MALLOC) != defined(PDP_FREE)
+#  error "pdp.h: define both PDP_MALLOC and PDP_FREE, or neither"
+#endif
+#ifndef PDP_MALLOC
+#  define PDP_MALLOC(bytes) malloc(bytes)
+#  define PDP_FREE(ptr) free(ptr)
+#endif
+#ifndef PDP_ASSERT
+#  include <assert.h>
+#  define PDP_ASSERT(c) assert(c)
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define PDP__THREAD_LOCAL __thread
+#  define PDP__UNUSED __attribute__((unused))
+#elif defined(_MSC_VER)
+#  define PDP__THREAD_LOCAL __declspec(thread)
+#  define PDP__UNUSED
+#else
+#  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
+#endif
+
+#define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
+#define PDP__DEF(val, def) ((val) ? (val) : (def))
+#define PDP__ALIGN 64
+
+/* Formats the thread-local message and returns status: a failing branch is one
+   line, `return pdp__err(PDP_ERR_SHAPE, "pdp_x: layer %d ...", ...)`. */
+static pdp_status pdp__err(pdp_status status, const char *fmt, ...);
+/* Prepends "context: " to the current message (for errors passed up a level). */
+static pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
+
+/* PDP_MALLOC'd memory aligned to 64 bytes (the original pointer is stored just
+   before the block). Returns NULL on failure; bytes == 0 gives a valid block. */
+static void *pdp__alloc(size_t bytes);
+static void *pdp__calloc(size_t bytes);
+static void pdp__dealloc(void *p);
+
+/* Monotonic seconds. */
+static double pdp__now(void);
+
+/* The intra-op setting of the calling thread (see pdp_set_num_threads). */
+static int pdp__threads_for_caller(void);
+/* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
+   (n <= the caller's thread count); returns when all are done. */
+static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg);
+/* This thread's growing scratch buffer (64-byte aligned, freed at thread exit), or
+   NULL when out of memory; valid until the next call on this thread. Leaf use only. */
+static void *pdp__thread_scratch(size_t bytes);
+
+/* ---- devices (cuda_host.c) ----
+   Memory on a device other than the CPU goes through these; without PDP_CUDA a
+   CUDA device fails with PDP_ERR_UNSUPPORTED naming the macro. */
+static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
+static void pdp__dev_free(pdp_device d, void *p);
+static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
+static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
+static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
+                                size_t bytes);
+
+/* ---- model internals (model.c, layers.c, loss.c and the executors) ---- */
+
+typedef enum pdp__layer_kind {
+    PDP__LINEAR,
+    PDP__RELU,
+    PDP__GELU,
+    PDP__TANH,
+    PDP__SIGMOID,
+    PDP__DROPOUT,
+    PDP__LAYERNORM,
+    PDP__CONV2D,
+    PDP__MAXPOOL2D,
+    PDP__FLATTEN
+} pdp__layer_kind;
+
+/* A layer's definition: immutable once added, shared by replicas. */
+typedef struct pdp__layer {
+    pdp__layer_kind kind;
+    int index;                           /* position in the model ("3" of "3.weight") */
+    int in_ndim, out_ndim;               /* per-sample shapes: (F) or (C, H, W) */
+    int64_t in_shape[3], out_shape[3];
+    int64_t in_count, out_count;         /* per-sample element counts */
+    int param_first, nparams;            /* registry indices (weight, then bias) */
+    int64_t out_features;                /* Linear; Conv2d out channels */
+    int64_t kernel, stride, padding;     /* Conv2d, MaxPool2d */
+    float p;                             /* Dropout */
+    float eps;                           /* LayerNorm */
+    int64_t saved_per_sample;            /* floats kept from forward for backward */
+    int64_t work_per_sample;             /* floats of temporary workspace */
+} pdp__layer;
+
+/* What one layer call sees. Pointers are on the model's device. */
+typedef struct pdp__layer_io {
+    int64_t batch;
+    const float *x;      /* [batch, in_count] */
+    float *y;            /* [batch, out_count] */
+    const float *dy;     /* backward: [batch, out_count] */
+    float *dx;           /* backward: [batch, in_count], NULL when not needed (first layer) */
+    float *w, *b;        /* parameters (NULL when absent) */
+    float *dw, *db;      /* their gradients, accumulated into (+=) */
+    float *saved;        /* [batch, saved_per_sample] written by forward, read by backward */
+    float *work;         /* [batch, work_per_sample] scratch, shared by all layers */
+    bool training;
+    uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
+    uint64_t step;
+    int64_t sample_base;
+} pdp__layer_io;
+
+/* layers.c: shape inference and validation (fills out_*, saved/work sizes and the
+   parameter shapes), parameter initialisation, forward, backward. */
+static pdp_status pdp__layer_setup(pdp__layer *l, int64_t wshape[4], int *wndim, int64_t bshape[4],
+                                   int *bndim);
+static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
+static const char *pdp__layer_kind_name(pdp__layer_kind k);
+
+typedef struct pdp__param_entry {
+    char name[32];
+    int layer;
+    int ndim;
+    int64_t shape[4];
+    int64_t offset, count;
+} pdp__param_entry;
+
+struct pdp_model {
+    pdp_device device;
+    uint64_t seed;
+    pdp_rng init_rng;
+    int in_ndim;
+    int64_t in_shape[3], in_count;
+    pdp__layer *layers;
+    int nlayers, cap_layers;
+    pdp__param_entry *params;
+    int nparams, cap_params;
+    int64_t param_count;
+    float *param_block;      /* param_count floats (borrowed when params_shared) */
+    float *grad_block;       /* param_count floats */
+    bool params_shared;      /* a DP replica reading its master's parameters */
+    /* activations: act[i] is the output of layer i, [max_batch, out_count] */
+    int64_t max_batch, batch;
+    float **act;
+    float *act_block, *saved_block, *work_block, *grad_a, *grad_b;
+    int64_t *saved_off;      /* per layer, floats per sample before it in saved_block */
+    pdp_tensor out_view;
+    bool training;
+    bool have_forward;       /* a forward ran since the last backward */
+    uint64_t step;           /* training forwards so far (keys dropout masks) */
+    int64_t sample_base;     /* global index of this model's first sample (DP replicas) */
+    pdp_grad_hook hook;
+    void *hook_user;
+};
+
+/* A model with the same layers and a fresh set of buffers. share_params: the
+   clone reads src's parameter block (CPU DP replicas); otherwise it gets its own
+   copy of the parameter values. */
+static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
+                                   pdp_model **out);
+
+/* ---- losses (loss.c) ----
+   Softmax cross-entropy over integer labels: *loss_sum gets the sum over the
+   batch of -log softmax(logits)[label] (double accumulation), and when dlogits
+   is not NULL it gets (softmax - onehot) * grad_scale. The public loss uses
+   grad_scale = 1/batch; DP replicas use 1/global_batch so that the reduced
+   gradients equal those of the whole batch. fn names the public caller. */
+static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
+                                     int64_t classes, float grad_scale, double *loss_sum,
+                                     float *dlogits, const char *fn);
+
+/* ---- optimizer internals (optim.c) ----
+   Updates parameters [lo, hi) of the flat blocks (all of them for a normal
+   step; one rank's shard under ZeRO). The step counter is advanced by the
+   caller-visible pdp_optim_step only. */
+static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
+                                        int64_t lo, int64_t hi);
+/* ---- end src/internal.h ---- */
+
+/* ---- begin src/base.c ---- */
+/* base: status names, the thread-local error message, aligned allocation. */
+
+/* #include "internal.h" (already above) */
+
+static PDP__THREAD_LOCAL char pdp__errbuf[1024];
+
+PDP_API const char *pdp_status_name(pdp_status s)
+{
+    switch (s) {
+#define PDP__STATUS_CASE(name, value, text) case name: return #name;
+        PDP_STATUS_LIST(PDP__STATUS_CASE)
+#undef PDP__STATUS_CASE
+    default: return "PDP_UNKNOWN_STATUS";
+    }
+}
+
+PDP_API const char *pdp_last_error(void) { return pdp__errbuf; }
+PDP_API void pdp_clear_error(void) { pdp__errbuf[0] = '\0'; }
+PDP_API const char *pdp_version_string(void) { return PDP_VERSION_STRING; }
+
+static pdp_status pdp__err(pdp_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pdp__errbuf, sizeof pdp__errbuf, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
+{
+    char prefix[256];
+    size_t n, old = strlen(pdp__errbuf), cap = sizeof pdp__errbuf;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    n = strlen(prefix);
+    if (n + 2 >= cap) n = cap - 3;
+    if (old > cap - 1 - n - 2) old = cap - 1 - n - 2;
+    memmove(pdp__errbuf + n + 2, pdp__errbuf, old); /* "prefix: " + old message */
+    memcpy(pdp__errbuf, prefix, n);
+    pdp__errbuf[n] = ':';
+    pdp__errbuf[n + 1] = ' ';
+    pdp__errbuf[n + 2 + old] = '\0';
+    return status;
+}
+
+static void *pdp__alloc(size_t bytes)
+{
+    unsigned char *raw = (unsigned char *)PDP_MALLOC(bytes + PDP__ALIGN + sizeof(void *));
+    uintptr_t p;
+    if (!raw) return NULL;
+    p = ((uintptr_t)(raw + sizeof(void *)) + PDP__ALIGN - 1) & ~(uintptr_t)(PDP__ALIGN - 1);
+    ((void **)p)[-1] = raw;
+    return (void *)p;
+}
+
+static void *pdp__calloc(size_t bytes)
+{
+    void *p = pdp__alloc(bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+static void pdp__dealloc(void *p)
+{
+    if (p) PDP_FREE(((void **)p)[-1]);
+}
+
+static double pdp__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+/* ---- end src/base.c ---- */
+
+/* ---- begin src/threads.c ---- */
+/* threads: the intra-op thread pool behind pdp_set_num_threads, and per-thread scratch.
+
+   The thread count is a per-thread setting (a thread-local int, default 1): each
+   DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
+   another. The workers themselves are shared: one process-wide pool of persistent
+   POSIX threads, the single piece of process-wide state in pdp (OpenBLAS and every
+   OpenMP runtime keep the same kind of pool). It is created lazily by the first
+   pdp__parallel_for that needs it, grows when a caller asks for more threads than
+   it has, is reused by every later call, and is joined by pdp_shutdown_threads
+   (after which the next call starts it again).
+
+   Handing off work: a caller that wins pool.busy (pthread_mutex_trylock) writes the
+   job under pool.lock, bumps the generation and broadcasts pool.wake; worker w runs
+   index w + 1, the caller runs index 0 itself, then sleeps on pool.done until the
+   pending count reaches zero. Nobody spins and nothing is read outside the lock,
+   so the pool is TSan clean. A caller that loses the trylock (another thread is
+   using the pool, e.g. two DP workers in GEMM at once, or a nested call from inside
+   a job) runs every index itself, in order. Which thread runs an index never
+   changes what the index computes, so results do not depend on who won.
+
+   Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
+   buffer (GEMM packs its panels there), kept in a pthread key whose destructor
+   frees it when the thread exits; pdp_shutdown_threads frees the caller's. */
+
+/* #include "internal.h" (already above) */
+#include <unistd.h>
+
+#define PDP__MAX_THREADS 256
+
+/* ---- threads: the per-thread setting ---- */
+
+static PDP__THREAD_LOCAL int pdp__num_threads; /* 0: never set, which means 1 */
+
+PDP_API pdp_status pdp_set_num_threads(int n)
+{
+    if (n <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP__MAX_THREADS) : 1;
+    }
+    if (n > PDP__MAX_THREADS)
+        return pdp__err(PDP_ERR_INVALID, "pdp_set_num_threads: n = %d exceeds the maximum of %d",
+                        n, PDP__MAX_THREADS);
+    pdp__num_threads = n;
+    return PDP_OK;
+}
+
+PDP_API int pdp_get_num_threads(void) { return pdp__num_threads > 0 ? pdp__num_threads : 1; }
+
+static int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
+
+/* ---- threads: per-thread scratch ---- */
+
+typedef struct pdp__scratch_hdr {
+    size_t bytes; /* usable bytes after the header */
+} pdp__scratch_hdr;
+
+static pthread_once_t pdp__scratch_once = PTHREAD_ONCE_INIT;
+static pthread_key_t pdp__scratch_key;
+static int pdp__scratch_key_ok;
+
+static void pdp__scratch_free(void *p) { pdp__dealloc(p); }
+
+static void pdp__scratch_init(void)
+{
+    pdp__scratch_key_ok = pthread_key_create(&pdp__scratch_key, pdp__scratch_free) == 0;
+}
+
+/* This thread's scratch buffer of at least `bytes` bytes (64-byte aligned), or NULL
+   when out of memory. Valid until the next call on the same thread; its contents
+   are not kept when it grows. Only leaf routines (GEMM) use it, never nested. */
+static void *pdp__thread_scratch(size_t bytes)
+{
+    pdp__scratch_hdr *h;
+    pthread_once(&pdp__scratch_once, pdp__scratch_init);
+    if (!pdp__scratch_key_ok) return NULL;
+    h = (pdp__scratch_hdr *)pthread_getspecific(pdp__scratch_key);
+    if (!h || h->bytes < bytes) {
+        size_t grown = bytes + bytes / 4 + 4096;
+        pdp__dealloc(h);
+        pthread_setspecific(pdp__scratch_key, NULL);
+        h = (pdp__scratch_hdr *)pdp__alloc(PDP__ALIGN + grown);
+        if (!h) return NULL;
+        h->bytes = grown;
+        pthread_setspecific(pdp__scratch_key, h);
+    }
+    return (unsigned char *)h + PDP__ALIGN;
+}
+
+/* ---- threads: the pool ---- */
+
+typedef struct pdp__pool {
+    pthread_mutex_t busy;   /* held by the one caller that owns the pool for a job */
+    pthread_mutex_t lock;   /* guards every field below */
+    pthread_cond_t wake;    /* workers: a new generation (or stop) */
+    pthread_cond_t done;    /* caller: pending reached 0 */
+    pthread_t tid[PDP__MAX_THREADS - 1];
+    unsigned long start_gen[PDP__MAX_THREADS - 1]; /* generation when worker w was made */
+    int nworkers;
+    int stop;
+    unsigned long generation; /* bumped once per job */
+    void (*fn)(void *arg, int i, int n);
+    void *arg;
+    int n;       /* indices of the current job; worker w runs index w + 1 */
+    int pending; /* workers that have not finished the current job */
+} pdp__pool;
+
+static pdp__pool pdp__the_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+                                  PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static void *pdp__worker_main(void *p)
+{
+    pdp__pool *pool = &pdp__the_pool;
+    int w = (int)(intptr_t)p;
+    unsigned long seen;
+    pthread_mutex_lock(&pool->lock);
+    seen = pool->start_gen[w];
+    for (;;) {
+        void (*fn)(void *, int, int);
+        void *arg;
+        int n;
+        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pool->wake, &pool->lock);
+        if (pool->stop) break;
+        seen = pool->generation;
+        fn = pool->fn;
+        arg = pool->arg;
+        n = pool->n;
+        if (w + 1 >= n) continue; /* not part of this job */
+        pthread_mutex_unlock(&pool->lock);
+        fn(arg, w + 1, n);
+        pthread_mutex_lock(&pool->lock);
+        if (--pool->pending == 0) pthread_cond_signal(&pool->done);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return NULL;
+}
+
+/* Makes sure the pool has `want` workers (called with busy held, no job running).
+   Stops at the first pthread_create failure: the caller then runs the missing
+   indices itself. */
+static void pdp__pool_grow(pdp__pool *pool, int want)
+{
+    want = PDP__MIN(want, PDP__MAX_THREADS - 1);
+    while (pool->nworkers < want) {
+        int w = pool->nworkers;
+        pthread_mutex_lock(&pool->lock);
+        pool->start_gen[w] = pool->generation;
+        pthread_mutex_unlock(&pool->lock);
+        if (pthread_create(&pool->tid[w], NULL, pdp__worker_main, (void *)(intptr_t)w) != 0) break;
+        pthread_mutex_lock(&pool->lock);
+        pool->nworkers++;
+        pthread_mutex_unlock(&pool->lock);
+    }
+}
+
+static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
+{
+    pdp__pool *pool = &pdp__the_pool;
+    int i, helpers;
+    if (n <= 1) {
+        if (n == 1) fn(arg, 0, 1);
+        return;
+    }
+    if (pthread_mutex_trylock(&pool->busy) != 0) { /* in use: run it all here */
+        for (i = 0; i < n; i++) fn(arg, i, n);
+        return;
+    }
+    pdp__pool_grow(pool, n - 1);
+    pthread_mutex_lock(&pool->lock);
+    helpers = PDP__MIN(n - 1, pool->nworkers);
+    pool->fn = fn;
+    pool->arg = arg;
+    pool->n = n;
+    pool->pending = helpers;
+    pool->generation++;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+
+    fn(arg, 0, n);
+    for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
+
+    pthread_mutex_lock(&pool->lock);
+    while (pool->pending > 0) pthread_cond_wait(&pool->done, &pool->lock);
+    pthread_mutex_unlock(&pool->lock);
+    pthread_mutex_unlock(&pool->busy);
+}
+
+PDP_API void pdp_shutdown_threads(void)
+{
+    pdp__pool *pool = &pdp__the_pool;
+    int w, nworkers;
+    pthread_mutex_lock(&pool->busy); /* waits for a job in flight to finish */
+    pthread_mutex_lock(&pool->lock);
+    pool->stop = 1;
+    nworkers = pool->nworkers;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (w = 0; w < nworkers; w++) pthread_join(pool->tid[w], NULL);
+    pthread_mutex_lock(&pool->lock);
+    pool->stop = 0;
+    pool->nworkers = 0;
+    pthread_mutex_unlock(&pool->lock);
+    pthread_mutex_unlock(&pool->busy);
+
+    pthread_once(&pdp__scratch_once, pdp__scratch_init);
+    if (pdp__scratch_key_ok) {
+        pdp__dealloc(pthread_getspecific(pdp__scratch_key));
+        pthread_setspecific(pdp__scratch_key, NULL);
+    }
+}
+/* ---- end src/threads.c ---- */
+
+/* ---- begin src/tensor.c ---- */
+/* tensor: creation, views, copies and initialisers; the PCG32 generator.
+
+   Invariants: shape[i] >= 1 for i < ndim and 1 beyond; count is their product;
+   owned data is 64-byte aligned and zero-filled at creation. CUDA tensors are
+   allocated and copied by pdp_cuda.cu through the pdp__dev_* functions of the
+   cuda_host module; without PDP_CUDA they fail with PDP_ERR_UNSUPPORTED. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- tensor: shapes ---- */
+
+static pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *count)
+{
+    int64_t n = 1;
+    int i;
+    if (ndim < 1 || ndim > PDP_MAX_DIMS)
+        return pdp__err(PDP_ERR_SHAPE, "%s: ndim %d is outside 1..%d", fn, ndim, PDP_MAX_DIMS);
+    if (!shape) return pdp__err(PDP_ERR_INVALID, "%s: shape is NULL", fn);
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] < 1)
+            return pdp__err(PDP_ERR_SHAPE, "%s: dimension %d is %lld (must be >= 1)", fn, i,
+                            (long long)shape[i]);
+        if (n > INT64_MAX / shape[i])
+            return pdp__err(PDP_ERR_SHAPE, "%s: element count overflows at dimension %d", fn, i);
+        n *= shape[i];
+    }
+    *count = n;
+    return PDP_OK;
+}
+
+static void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, int64_t count)
+{
+    int i;
+    t->ndim = ndim;
+    t->count = count;
+    for (i = 0; i < PDP_MAX_DIMS; i++) t->shape[i] = i < ndim ? shape[i] : 1;
+}
+
+/* "[128, 784]" into buf, for messages. */
+static const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t bytes)
+{
+    size_t used = 0;
+    int i;
+    used += (size_t)snprintf(buf, bytes, "[");
+    for (i = 0; i < t->ndim && used < bytes; i++)
+        used += (size_t)snprintf(buf + used, bytes - used, i ? ", %lld" : "%lld",
+                                 (long long)t->shape[i]);
+    if (used < bytes) snprintf(buf + used, bytes - used, "]");
+    return buf;
+}
+
+/* ---- tensor: lifecycle ---- */
+
+PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,
+                                     const int64_t *shape)
+{
+    pdp_tensor *t;
+    int64_t count;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_create: out is NULL");
+    *out = NULL;
+    if ((st = pdp__check_shape("pdp_tensor_create", ndim, shape, &count)) != PDP_OK) return st;
+    if ((uint64_t)count > SIZE_MAX / sizeof(float))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: %lld floats do not fit in memory",
+                        (long long)count);
+    t = (pdp_tensor *)pdp__calloc(sizeof *t);
+    if (!t) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: no memory for the header");
+    pdp__set_shape(t, ndim, shape, count);
+    t->device = device;
+    t->owns_data = true;
+    if (device.kind == PDP_DEVICE_CPU) {
+        t->data = (float *)pdp__calloc((size_t)count * sizeof(float));
+        if (!t->data) {
+            pdp__dealloc(t);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: no memory for %lld floats",
+                            (long long)count);
+        }
+    } else if ((st = pdp__dev_alloc(device, (size_t)count * sizeof(float), (void **)&t->data)) !=
+                   PDP_OK ||
+               (st = pdp__dev_memset0(device, t->data, (size_t)count * sizeof(float))) != PDP_OK) {
+        if (t->data) pdp__dev_free(device, t->data);
+        pdp__dealloc(t);
+        return pdp__err_wrap(st, "pdp_tensor_create");
+    }
+    *out = t;
+    return PDP_OK;
+}
+
+PDP_API void pdp_tensor_free(pdp_tensor *t)
+{
+    if (!t) return;
+    if (t->owns_data) {
+        if (t->device.kind == PDP_DEVICE_CPU) pdp__dealloc(t->data);
+        else pdp__dev_free(t->device, t->data);
+    }
+    pdp__dealloc(t);
+}
+
+/* ---- tensor: views ---- */
+
+PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape,
+                                   pdp_tensor *view)
+{
+    int64_t count;
+    pdp_status st;
+    if (!view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_wrap: view is NULL");
+    if (!data) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_wrap: data is NULL");
+    if ((st = pdp__check_shape("pdp_tensor_wrap", ndim, shape, &count)) != PDP_OK) return st;
+    pdp__set_shape(view, ndim, shape, count);
+    view->data = data;
+    view->device = device;
+    view->owns_data = false;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,
+                                           pdp_tensor *view)
+{
+    int64_t count;
+    pdp_status st;
+    char a[96];
+    if (!t || !view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_reshape_view: NULL tensor");
+    if ((st = pdp__check_shape("pdp_tensor_reshape_view", ndim, shape, &count)) != PDP_OK) return st;
+    if (count != t->count)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_reshape_view: %s has %lld elements, new shape has %lld",
+                        pdp__shape_str(t, a, sizeof a), (long long)t->count, (long long)count);
+    return pdp_tensor_wrap(t->data, t->device, ndim, shape, view);
+}
+
+PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows,
+                                        pdp_tensor *view)
+{
+    int64_t shape[PDP_MAX_DIMS], row;
+    char a[96];
+    if (!t || !view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_rows_view: NULL tensor");
+    if (first < 0 || rows < 1 || first + rows > t->shape[0])
+        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_rows_view: rows [%lld, %lld) outside %s",
+                        (long long)first, (long long)(first + rows), pdp__shape_str(t, a, sizeof a));
+    memcpy(shape, t->shape, sizeof shape);
+    row = t->count / t->shape[0];
+    shape[0] = rows;
+    return pdp_tensor_wrap(t->data + first * row, t->device, t->ndim, shape, view);
+}
+
+/* ---- tensor: contents ---- */
+
+PDP_API pdp_status pdp_tensor_zeros(pdp_tensor *t)
+{
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_zeros: tensor is NULL");
+    if (t->device.kind != PDP_DEVICE_CPU)
+        return pdp__dev_memset0(t->device, t->data, (size_t)t->count * sizeof(float));
+    memset(t->data, 0, (size_t)t->count * sizeof(float));
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value)
+{
+    int64_t i;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_fill: tensor is NULL");
+    if (t->device.kind != PDP_DEVICE_CPU) return pdp__dev_fill(t->device, t->data, t->count, value);
+    for (i = 0; i < t->count; i++) t->data[i] = value;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src)
+{
+    char a[96], b[96];
+    if (!dst || !src) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_copy: NULL tensor");
+    if (dst->count != src->count)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_copy: destination %s and source %s differ in count",
+                        pdp__shape_str(dst, a, sizeof a), pdp__shape_str(src, b, sizeof b));
+    if (dst->device.kind == PDP_DEVICE_CPU && src->device.kind == PDP_DEVICE_CPU) {
+        if (dst->data != src->data) memmove(dst->data, src->data, (size_t)src->count * sizeof(float));
+        return PDP_OK;
+    }
+    return pdp__dev_copy(dst->device, dst->data, src->device, src->data,
+                         (size_t)src->count * sizeof(float));
+}
+
+PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host)
+{
+    if (!t || !host) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_upload: NULL argument");
+    return pdp__dev_copy(t->device, t->data, pdp_cpu(), host, (size_t)t->count * sizeof(float));
+}
+
+PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host)
+{
+    if (!t || !host) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_download: NULL argument");
+    return pdp__dev_copy(pdp_cpu(), host, t->device, t->data, (size_t)t->count * sizeof(float));
+}
+
+/* ---- rng: PCG32 ---- */
+
+PDP_API void pdp_rng_seed(pdp_rng *r, uint64_t seed, uint64_t stream)
+{
+    r->state = 0;
+    r->inc = (stream << 1u) | 1u;
+    (void)pdp_rng_u32(r);
+    r->state += seed;
+    (void)pdp_rng_u32(r);
+}
+
+PDP_API uint32_t pdp_rng_u32(pdp_rng *r)
+{
+    uint64_t old = r->state;
+    uint32_t xorshifted, rot;
+    r->state = old * 6364136223846793005ULL + r->inc;
+    xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u);
+    rot = (uint32_t)(old >> 59u);
+    return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
+}
+
+PDP_API float pdp_rng_uniform(pdp_rng *r)
+{
+    return (float)(pdp_rng_u32(r) >> 8) * (1.0f / 16777216.0f);
+}
+
+PDP_API uint32_t pdp_rng_below(pdp_rng *r, uint32_t n)
+{
+    uint32_t threshold, x;
+    if (n == 0) return 0;
+    threshold = (uint32_t)(-n) % n; /* reject the low values that make x % n biased */
+    do x = pdp_rng_u32(r); while (x < threshold);
+    return x % n;
+}
+
+PDP_API float pdp_rng_normal(pdp_rng *r)
+{
+    /* Box-Muller on (0, 1] x [0, 1), one draw per call (no cached second value,
+       so the stream position is a simple function of the calls made). */
+    double u1 = ((double)(pdp_rng_u32(r) >> 8) + 1.0) / 16777216.0;
+    double u2 = (double)(pdp_rng_u32(r) >> 8) / 16777216.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* Fills a CPU tensor directly, any other device through a host staging copy. */
+static pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
+                                   const char *fn)
+{
+    float *host;
+    int64_t i;
+    pdp_status st = PDP_OK;
+    if (!t || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    host = t->device.kind == PDP_DEVICE_CPU ? t->data
+                                            : (float *)pdp__alloc((size_t)t->count * sizeof(float));
+    if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a staging copy", fn);
+    for (i = 0; i < t->count; i++)
+        host[i] = normal ? a + b * pdp_rng_normal(r) : a + (b - a) * pdp_rng_uniform(r);
+    if (host != t->data) {
+        st = pdp_tensor_upload(t, host);
+        pdp__dealloc(host);
+    }
+    return st;
+}
+
+PDP_API pdp_status pdp_tensor_uniform(pdp_tensor *t, pdp_rng *r, float lo, float hi)
+{
+    return pdp__tensor_init(t, r, 0, lo, hi, "pdp_tensor_uniform");
+}
+
+PDP_API pdp_status pdp_tensor_normal(pdp_tensor *t, pdp_rng *r, float mean, float std)
+{
+    return pdp__tensor_init(t, r, 1, mean, std, "pdp_tensor_normal");
+}
+
+PDP_API pdp_status pdp_tensor_kaiming_uniform(pdp_tensor *t, pdp_rng *r, int64_t fan_in, float a)
+{
+    double gain, bound;
+    if (fan_in < 1)
+        return pdp__err(PDP_ERR_INVALID, "pdp_tensor_kaiming_uniform: fan_in %lld < 1",
+                        (long long)fan_in);
+    gain = sqrt(2.0 / (1.0 + (double)a * a));
+    bound = gain * sqrt(3.0 / (double)fan_in);
+    return pdp__tensor_init(t, r, 0, (float)-bound, (float)bound, "pdp_tensor_kaiming_uniform");
+}
+
+PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t fan_in,
+                                             int64_t fan_out)
+{
+    double bound;
+    if (fan_in < 1 || fan_out < 1)
+        return pdp__err(PDP_ERR_INVALID, "pdp_tensor_xavier_uniform: fan_in %lld, fan_out %lld",
+                        (long long)fan_in, (long long)fan_out);
+    bound = sqrt(6.0 / (double)(fan_in + fan_out));
+    return pdp__tensor_init(t, r, 0, (float)-bound, (float)bound, "pdp_tensor_xavier_uniform");
+}
+/* ---- end src/tensor.c ---- */
+
+/* ---- begin src/gemm.c ---- */
+/* gemm: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/gemm.c ---- */
+
+/* ---- begin src/ops.c ---- */
+/* ops: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/ops.c ---- */
+
+/* ---- begin src/layers.c ---- */
+/* layers: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/layers.c ---- */
+
+/* ---- begin src/model.c ---- */
+/* model: the sequential container. Owns the layer list, the parameter registry
+   and the flat parameter and gradient blocks, sizes the activation buffers, and
+   drives forward and backward over the layers of layers.c.
+
+   Invariants: params[i].offset is the sum of the counts before it (registration
+   order, no gaps), so the gradient of parameters j..k is one contiguous range;
+   act[i] holds layer i's output from the last forward (Flatten aliases its
+   input instead of copying); backward needs the forward's input to stay alive,
+   as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
+   largest batch), forward and backward allocate nothing. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- model: lifecycle ---- */
+
+PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
+{
+    pdp_model *m;
+    int i, ndim = 0;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: out is NULL");
+    *out = NULL;
+    if (!desc) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: desc is NULL (input_shape is required)");
+    for (i = 0; i < 3 && desc->input_shape[i] > 0; i++) ndim++;
+    if (desc->input_ndim) ndim = desc->input_ndim;
+    if (ndim != 1 && ndim != 3)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_ndim %d (must be 1 or 3)", ndim);
+    for (i = 0; i < ndim; i++)
+        if (desc->input_shape[i] < 1)
+            return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape[%d] is %lld", i,
+                            (long long)desc->input_shape[i]);
+    m = (pdp_model *)pdp__calloc(sizeof *m);
+    if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_create: no memory");
+    m->device = desc->device;
+    m->seed = desc->seed;
+    pdp_rng_seed(&m->init_rng, desc->seed, 0);
+    m->in_ndim = ndim;
+    m->in_count = 1;
+    for (i = 0; i < 3; i++) {
+        m->in_shape[i] = i < ndim ? desc->input_shape[i] : 1;
+        m->in_count *= m->in_shape[i];
+    }
+    m->training = true;
+    *out = m;
+    return PDP_OK;
+}
+
+static void pdp__model_free_buffers(pdp_model *m)
+{
+    pdp__dev_free(m->device, m->act_block);
+    pdp__dev_free(m->device, m->saved_block);
+    pdp__dev_free(m->device, m->work_block);
+    pdp__dev_free(m->device, m->grad_a);
+    pdp__dev_free(m->device, m->grad_b);
+    pdp__dealloc(m->act);
+    pdp__dealloc(m->saved_off);
+    m->act_block = m->saved_block = m->work_block = m->grad_a = m->grad_b = NULL;
+    m->act = NULL;
+    m->saved_off = NULL;
+    m->max_batch = 0;
+}
+
+PDP_API void pdp_model_free(pdp_model *m)
+{
+    if (!m) return;
+    pdp__model_free_buffers(m);
+    if (!m->params_shared) pdp__dev_free(m->device, m->param_block);
+    pdp__dev_free(m->device, m->grad_block);
+    pdp__dealloc(m->layers);
+    pdp__dealloc(m->params);
+    pdp__dealloc(m);
+}
+
+/* ---- model: adding layers ---- */
+
+/* Grows an array of n used elements to hold one more; *cap doubles. */
+static pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
+{
+    void *bigger;
+    int newcap;
+    if (n < *cap) return PDP_OK;
+    newcap = *cap ? *cap * 2 : 8;
+    bigger = pdp__alloc((size_t)newcap * elem);
+    if (!bigger) return PDP_ERR_OUT_OF_MEMORY;
+    if (*arr) memcpy(bigger, *arr, (size_t)n * elem);
+    pdp__dealloc(*arr);
+    *arr = bigger;
+    *cap = newcap;
+    return PDP_OK;
+}
+
+static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
+                                      const int64_t *shape)
+{
+    pdp__param_entry *e;
+    int i;
+    if (pdp__grow((void **)&m->params, m->nparams, &m->cap_params, sizeof *m->params) != PDP_OK)
+        return PDP_ERR_OUT_OF_MEMORY;
+    e = &m->params[m->nparams++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->name, sizeof e->name, "%d.%s", layer, what);
+    e->layer = layer;
+    e->ndim = ndim;
+    e->count = 1;
+    for (i = 0; i < 4; i++) {
+        e->shape[i] = i < ndim ? shape[i] : 1;
+        e->count *= e->shape[i];
+    }
+    e->offset = m->param_count;
+    m->param_count += e->count;
+    return PDP_OK;
+}
+
+/* Appends layer l (kind and configuration filled in by the caller): infers its
+   shapes, registers and initialises its parameters, and moves the parameter and
+   gradient blocks to their new size. On failure the model is unchanged. */
+static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
+{
+    int64_t wshape[4], bshape[4], old_count;
+    int wndim = 0, bndim = 0, old_nparams;
+    float *params = NULL, *grads = NULL, *host = NULL;
+    size_t bytes;
+    pdp_status st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (m->params_shared) return pdp__err(PDP_ERR_STATE, "%s: model is a replica", fn);
+    l.index = m->nlayers;
+    if (m->nlayers) {
+        const pdp__layer *prev = &m->layers[m->nlayers - 1];
+        l.in_ndim = prev->out_ndim;
+        memcpy(l.in_shape, prev->out_shape, sizeof l.in_shape);
+    } else {
+        l.in_ndim = m->in_ndim;
+        memcpy(l.in_shape, m->in_shape, sizeof l.in_shape);
+    }
+    l.in_count = l.in_shape[0] * l.in_shape[1] * l.in_shape[2];
+    if ((st = pdp__layer_setup(&l, wshape, &wndim, bshape, &bndim)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: layer %d (%s)", fn, l.index, pdp__layer_kind_name(l.kind));
+    l.out_count = l.out_shape[0] * l.out_shape[1] * l.out_shape[2];
+
+    if (pdp__grow((void **)&m->layers, m->nlayers, &m->cap_layers, sizeof *m->layers) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    old_count = m->param_count;
+    old_nparams = m->nparams;
+    l.param_first = m->nparams;
+    l.nparams = (wndim > 0) + (bndim > 0);
+    if ((wndim && pdp__model_register(m, l.index, "weight", wndim, wshape) != PDP_OK) ||
+        (bndim && pdp__model_register(m, l.index, "bias", bndim, bshape) != PDP_OK))
+        goto oom;
+    if (m->param_count != old_count) {
+        bytes = (size_t)m->param_count * sizeof(float);
+        host = (float *)pdp__alloc(bytes);
+        if (!host) goto oom;
+        if (old_count && (st = pdp__dev_copy(pdp_cpu(), host, m->device, m->param_block,
+                                             (size_t)old_count * sizeof(float))) != PDP_OK)
+            goto fail;
+        pdp__layer_init_params(&l, wndim ? host + m->params[l.param_first].offset : NULL,
+                               bndim ? host + m->params[m->nparams - 1].offset : NULL,
+                               &m->init_rng);
+        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&params)) != PDP_OK ||
+            (st = pdp__dev_alloc(m->device, bytes, (void **)&grads)) != PDP_OK ||
+            (st = pdp__dev_copy(m->device, params, pdp_cpu(), host, bytes)) != PDP_OK ||
+            (st = pdp__dev_memset0(m->device, grads, bytes)) != PDP_OK)
+            goto fail;
+        pdp__dealloc(host);
+        pdp__dev_free(m->device, m->param_block);
+        pdp__dev_free(m->device, m->grad_block);
+        m->param_block = params;
+        m->grad_block = grads;
+    }
+    m->layers[m->nlayers++] = l;
+    pdp__model_free_buffers(m); /* activations are re-planned on the next forward */
+    return PDP_OK;
+oom:
+    st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+fail:
+    pdp__dealloc(host);
+    pdp__dev_free(m->device, params);
+    pdp__dev_free(m->device, grads);
+    m->param_count = old_count;
+    m->nparams = old_nparams;
+    return pdp__err_wrap(st, "%s: layer %d", fn, l.index);
+}
+
+static pdp__layer pdp__layer_of(pdp__layer_kind kind)
+{
+    pdp__layer l;
+    memset(&l, 0, sizeof l);
+    l.kind = kind;
+    return l;
+}
+
+PDP_API pdp_status pdp_model_add_linear(pdp_model *m, int64_t out_features)
+{
+    pdp__layer l = pdp__layer_of(PDP__LINEAR);
+    l.out_features = out_features;
+    return pdp__model_add(m, l, "pdp_model_add_linear");
+}
+
+PDP_API pdp_status pdp_model_add_relu(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__RELU), "pdp_model_add_relu");
+}
+
+PDP_API pdp_status pdp_model_add_gelu(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__GELU), "pdp_model_add_gelu");
+}
+
+PDP_API pdp_status pdp_model_add_tanh(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__TANH), "pdp_model_add_tanh");
+}
+
+PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__SIGMOID), "pdp_model_add_sigmoid");
+}
+
+PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
+{
+    pdp__layer l = pdp__layer_of(PDP__DROPOUT);
+    l.p = p;
+    return pdp__model_add(m, l, "pdp_model_add_dropout");
+}
+
+PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps)
+{
+    pdp__layer l = pdp__layer_of(PDP__LAYERNORM);
+    l.eps = eps > 0.0f ? eps : 1e-5f;
+    return pdp__model_add(m, l, "pdp_model_add_layernorm");
+}
+
+PDP_API pdp_status pdp_model_add_conv2d(pdp_model *m, int64_t out_channels, int64_t kernel,
+                                        int64_t stride, int64_t padding)
+{
+    pdp__layer l = pdp__layer_of(PDP__CONV2D);
+    l.out_features = out_channels;
+    l.kernel = kernel;
+    l.stride = stride ? stride : 1;
+    l.padding = padding;
+    return pdp__model_add(m, l, "pdp_model_add_conv2d");
+}
+
+PDP_API pdp_status pdp_model_add_maxpool2d(pdp_model *m, int64_t kernel, int64_t stride)
+{
+    pdp__layer l = pdp__layer_of(PDP__MAXPOOL2D);
+    l.kernel = kernel;
+    l.stride = stride ? stride : kernel;
+    return pdp__model_add(m, l, "pdp_model_add_maxpool2d");
+}
+
+PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__FLATTEN), "pdp_model_add_flatten");
+}
+
+/* ---- model: buffers ---- */
+
+PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
+{
+    int64_t act = 0, saved = 0, work = 0, widest = m ? m->in_count : 0, b = max_batch;
+    int i;
+    pdp_status st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_reserve: model is NULL");
+    if (max_batch < 1)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_reserve: batch %lld < 1", (long long)max_batch);
+    if (max_batch <= m->max_batch) return PDP_OK;
+    pdp__model_free_buffers(m);
+    m->act = (float **)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->act);
+    m->saved_off = (int64_t *)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->saved_off);
+    if (!m->act || !m->saved_off) goto oom;
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (l->kind != PDP__FLATTEN) act += l->out_count;
+        m->saved_off[i] = saved;
+        saved += l->saved_per_sample;
+        work = PDP__MAX(work, l->work_per_sample);
+        widest = PDP__MAX(widest, l->out_count);
+    }
+    if ((st = pdp__dev_alloc(m->device, (size_t)(b * act + 1) * 4, (void **)&m->act_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * saved + 1) * 4, (void **)&m->saved_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * work + 1) * 4, (void **)&m->work_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * widest) * 4, (void **)&m->grad_a)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * widest) * 4, (void **)&m->grad_b))) {
+        pdp__model_free_buffers(m);
+        return pdp__err_wrap(st, "pdp_model_reserve: batch %lld", (long long)b);
+    }
+    act = 0;
+    for (i = 0; i < m->nlayers; i++) {
+        if (m->layers[i].kind == PDP__FLATTEN) continue;
+        m->act[i] = m->act_block + b * act;
+        act += m->layers[i].out_count;
+    }
+    m->max_batch = b;
+    return PDP_OK;
+oom:
+    pdp__model_free_buffers(m);
+    return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_reserve: no memory for batch %lld",
+                    (long long)b);
+}
+
+/* ---- model: forward and backward ---- */
+
+/* Fills the per-call part of io for layer i. */
+static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
+{
+    const pdp__layer *l = &m->layers[i];
+    memset(io, 0, sizeof *io);
+    io->batch = m->batch;
+    io->saved = m->saved_block + m->max_batch * m->saved_off[i];
+    io->work = m->work_block;
+    io->training = m->training;
+    io->seed = m->seed;
+    io->step = m->step;
+    io->sample_base = m->sample_base;
+    if (l->nparams > 0) {
+        const pdp__param_entry *w = &m->params[l->param_first];
+        io->w = m->param_block + w->offset;
+        io->dw = m->grad_block + w->offset;
+        if (l->nparams > 1) {
+            io->b = io->w + w->count;
+            io->db = io->dw + w->count;
+        }
+    }
+}
+
+PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
+{
+    int64_t batch, shape[4];
+    const float *in;
+    int i, d;
+    pdp_status st;
+    if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
+    *y = NULL;
+    if (m->nlayers == 0) return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
+    batch = x->shape[0];
+    if (x->ndim != m->in_ndim + 1 || x->count != batch * m->in_count)
+        goto bad_shape;
+    for (d = 0; d < m->in_ndim; d++)
+        if (x->shape[d + 1] != m->in_shape[d]) goto bad_shape;
+    if (x->device.kind != m->device.kind || x->device.ordinal != m->device.ordinal)
+        return pdp__err(PDP_ERR_DEVICE, "pdp_model_forward: input on device %d:%d, model on %d:%d",
+                        x->device.kind, x->device.ordinal, m->device.kind, m->device.ordinal);
+    if ((st = pdp_model_reserve(m, batch)) != PDP_OK) return pdp__err_wrap(st, "pdp_model_forward");
+    m->batch = batch;
+    if (m->training) m->step++;
+    in = x->data;
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        pdp__layer_io io;
+        if (l->kind == PDP__FLATTEN) { /* a view: the output is the input */
+            m->act[i] = (float *)in;
+            continue;
+        }
+        pdp__model_io(m, i, &io);
+        io.x = in;
+        io.y = m->act[i];
+        if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
+        in = io.y;
+    }
+    m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
+    shape[0] = batch;
+    for (d = 0; d < m->layers[m->nlayers - 1].out_ndim; d++)
+        shape[d + 1] = m->layers[m->nlayers - 1].out_shape[d];
+    pdp_tensor_wrap(m->act[m->nlayers - 1], m->device, d + 1, shape, &m->out_view);
+    m->have_forward = true;
+    *y = &m->out_view;
+    return PDP_OK;
+bad_shape:
+    {
+        char got[96], want[96];
+        pdp_tensor expect;
+        shape[0] = x->shape[0];
+        memcpy(shape + 1, m->in_shape, 3 * sizeof *shape);
+        pdp__set_shape(&expect, m->in_ndim + 1, shape, 0);
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_forward: layer 0 (%s) expects %s, got %s",
+                        pdp__layer_kind_name(m->layers[0].kind),
+                        pdp__shape_str(&expect, want, sizeof want),
+                        pdp__shape_str(x, got, sizeof got));
+    }
+}
+
+PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
+{
+    const float *g;
+    int i, p;
+    pdp_status st;
+    if (!m || !dy) return pdp__err(PDP_ERR_INVALID, "pdp_model_backward: NULL argument");
+    if (!m->have_forward)
+        return pdp__err(PDP_ERR_STATE, "pdp_model_backward: no forward since the last backward");
+    if (dy->count != m->out_view.count) {
+        char a[96], b[96];
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s",
+                        pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
+    }
+    m->have_forward = false;
+    g = dy->data;
+    for (i = m->nlayers - 1; i >= 0; i--) {
+        const pdp__layer *l = &m->layers[i];
+        pdp__layer_io io;
+        if (l->kind != PDP__FLATTEN) {
+            pdp__model_io(m, i, &io);
+            io.x = i ? m->act[i - 1] : m->act[m->nlayers];
+            io.y = m->act[i];
+            io.dy = g;
+            io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : NULL;
+            if ((st = pdp__layer_backward(l, &io)) != PDP_OK)
+                return pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
+                                     pdp__layer_kind_name(l->kind));
+            if (io.dx) g = io.dx;
+        }
+        if (m->hook)
+            for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--)
+                m->hook(m->hook_user, m, p);
+    }
+    return PDP_OK;
+}
+
+PDP_API void pdp_model_zero_grad(pdp_model *m)
+{
+    if (m && m->param_count)
+        pdp__dev_memset0(m->device, m->grad_block, (size_t)m->param_count * sizeof(float));
+}
+
+PDP_API void pdp_model_set_training(pdp_model *m, bool training)
+{
+    if (m) m->training = training;
+}
+
+PDP_API bool pdp_model_is_training(const pdp_model *m) { return m && m->training; }
+
+PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user)
+{
+    if (!m) return;
+    m->hook = fn;
+    m->hook_user = user;
+}
+
+/* ---- model: queries ---- */
+
+PDP_API int pdp_model_num_layers(const pdp_model *m) { return m ? m->nlayers : 0; }
+
+PDP_API const char *pdp_model_layer_name(const pdp_model *m, int layer)
+{
+    if (!m || layer < 0 || layer >= m->nlayers) return NULL;
+    return pdp__layer_kind_name(m->layers[layer].kind);
+}
+
+PDP_API int pdp_model_output_shape(const pdp_model *m, int64_t shape[3])
+{
+    const pdp__layer *l;
+    if (!m) return 0;
+    if (!m->nlayers) {
+        memcpy(shape, m->in_shape, 3 * sizeof *shape);
+        return m->in_ndim;
+    }
+    l = &m->layers[m->nlayers - 1];
+    memcpy(shape, l->out_shape, 3 * sizeof *shape);
+    return l->out_ndim;
+}
+
+PDP_API int64_t pdp_model_param_count(const pdp_model *m) { return m ? m->param_count : 0; }
+PDP_API int pdp_model_num_params(const pdp_model *m) { return m ? m->nparams : 0; }
+PDP_API pdp_device pdp_model_device(const pdp_model *m) { return m ? m->device : pdp_cpu(); }
+
+PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out)
+{
+    const pdp__param_entry *e;
+    if (!m || !out) return pdp__err(PDP_ERR_INVALID, "pdp_model_param: NULL argument");
+    if (index < 0 || index >= m->nparams)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_param: index %d outside 0..%d", index,
+                        m->nparams - 1);
+    e = &m->params[index];
+    out->name = e->name;
+    out->layer = e->layer;
+    out->offset = e->offset;
+    pdp_tensor_wrap(m->param_block + e->offset, m->device, e->ndim, e->shape, &out->value);
+    pdp_tensor_wrap(m->grad_block + e->offset, m->device, e->ndim, e->shape, &out->grad);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out)
+{
+    int i;
+    if (!m || !name || !out) return pdp__err(PDP_ERR_INVALID, "pdp_model_find_param: NULL argument");
+    for (i = 0; i < m->nparams; i++)
+        if (strcmp(m->params[i].name, name) == 0) return pdp_model_param(m, i, out);
+    return pdp__err(PDP_ERR_INVALID, "pdp_model_find_param: no parameter named \"%s\"", name);
+}
+
+PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads)
+{
+    int64_t n;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_flat: model is NULL");
+    if (!m->param_count) return pdp__err(PDP_ERR_STATE, "pdp_model_flat: the model has no parameters");
+    n = m->param_count;
+    if (params) pdp_tensor_wrap(m->param_block, m->device, 1, &n, params);
+    if (grads) pdp_tensor_wrap(m->grad_block, m->device, 1, &n, grads);
+    return PDP_OK;
+}
+
+/* ---- model: replicas ---- */
+
+static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
+                                   pdp_model **out)
+{
+    pdp_model *m;
+    size_t bytes = (size_t)src->param_count * sizeof(float);
+    pdp_status st;
+    *out = NULL;
+    if (share_params && device.kind != src->device.kind)
+        return pdp__err(PDP_ERR_DEVICE, "a replica can share parameters only on the same device");
+    m = (pdp_model *)pdp__calloc(sizeof *m);
+    if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");
+    *m = *src;
+    m->device = device;
+    m->layers = NULL;
+    m->params = NULL;
+    m->param_block = m->grad_block = NULL;
+    m->act = NULL;
+    m->saved_off = NULL;
+    m->act_block = m->saved_block = m->work_block = m->grad_a = m->grad_b = NULL;
+    m->max_batch = 0;
+    m->hook = NULL;
+    m->hook_user = NULL;
+    m->have_forward = false;
+    m->params_shared = share_params;
+    m->cap_layers = src->nlayers;
+    m->cap_params = src->nparams;
+    m->layers = (pdp__layer *)pdp__alloc((size_t)PDP__MAX(1, src->nlayers) * sizeof *m->layers);
+    m->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, src->nparams) * sizeof *m->params);
+    if (!m->layers || !m->params) {
+        pdp_model_free(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");
+    }
+    memcpy(m->layers, src->layers, (size_t)src->nlayers * sizeof *m->layers);
+    memcpy(m->params, src->params, (size_t)src->nparams * sizeof *m->params);
+    if (bytes) {
+        if (share_params) {
+            m->param_block = src->param_block;
+        } else if ((st = pdp__dev_alloc(device, bytes, (void **)&m->param_block)) != PDP_OK ||
+                   (st = pdp__dev_copy(device, m->param_block, src->device, src->param_block,
+                                       bytes)) != PDP_OK) {
+            pdp_model_free(m);
+            return st;
+        }
+        if ((st = pdp__dev_alloc(device, bytes, (void **)&m->grad_block)) != PDP_OK ||
+            (st = pdp__dev_memset0(device, m->grad_block, bytes)) != PDP_OK) {
+            pdp_model_free(m);
+            return st;
+        }
+    }
+    *out = m;
+    return PDP_OK;
+}
+/* ---- end src/model.c ---- */
+
+/* ---- begin src/loss.c ---- */
+/* loss: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/loss.c ---- */
+
+/* ---- begin src/optim.c ---- */
+/* optim: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/optim.c ---- */
+
+/* ---- begin src/data.c ---- */
+/* data: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/data.c ---- */
+
+/* ---- begin src/checkpoint.c ---- */
+/* checkpoint: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/checkpoint.c ---- */
+
+/* ---- begin src/trace.c ---- */
+/* trace: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/trace.c ---- */
+
+/* ---- begin src/store.c ---- */
+/* store: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/store.c ---- */
+
+/* ---- begin src/comm.c ---- */
+/* comm: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/comm.c ---- */
+
+/* ---- begin src/comm_mpi.c ---- */
+/* comm_mpi: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/comm_mpi.c ---- */
+
+/* ---- begin src/dp.c ---- */
+/* dp: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/dp.c ---- */
+
+/* ---- begin src/ddp.c ---- */
+/* ddp: (to be written) */
+
+/* #include "internal.h" (already above) */
+/* ---- end src/ddp.c ---- */
+
+/* ---- begin src/cuda_host.c ---- */
+/* cuda_host: the host side of devices. Routes device memory and (later) layer
+   math to the plain C functions of pdp_cuda.cu when built with PDP_CUDA; without
+   it, every CUDA request fails with PDP_ERR_UNSUPPORTED naming the macro. */
+
+/* #include "internal.h" (already above) */
+
+#define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
+
+static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (d.kind == PDP_DEVICE_CPU) {
+        *out = pdp__alloc(bytes);
+        return *out ? PDP_OK : pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for %zu bytes", bytes);
+    }
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+}
+
+static void pdp__dev_free(pdp_device d, void *p)
+{
+    if (d.kind == PDP_DEVICE_CPU) pdp__dealloc(p);
+}
+
+static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
+{
+    if (d.kind == PDP_DEVICE_CPU) {
+        memset(p, 0, bytes);
+        return PDP_OK;
+    }
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+}
+
+static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value)
+{
+    int64_t i;
+    if (d.kind == PDP_DEVICE_CPU) {
+        for (i = 0; i < count; i++) p[i] = value;
+        return PDP_OK;
+    }
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+}
+
+static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
+                                size_t bytes)
+{
+    if (dst_dev.kind == PDP_DEVICE_CPU && src_dev.kind == PDP_DEVICE_CPU) {
+        if (dst != src) memmove(dst, src, bytes);
+        return PDP_OK;
+    }
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG,
+                    dst_dev.kind == PDP_DEVICE_CPU ? src_dev.ordinal : dst_dev.ordinal);
+}
+/* ---- end src/cuda_host.c ---- */
+
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif /* PDP_IMPLEMENTATION */
+
+/*
+MIT License
+
+Copyright (c) 2026 the pdp authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy
+of this software and associated documentation files (the "Software"), to deal
+in the Software without restriction, including without limitation the rights
+to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+copies of the Software, and to permit persons to whom the Software is
+furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+SOFTWARE.
+*/

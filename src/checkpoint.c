@@ -1,0 +1,3 @@
+/* checkpoint: (to be written) */
+
+#include "internal.h"

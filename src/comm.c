@@ -1,0 +1,3 @@
+/* comm: (to be written) */
+
+#include "internal.h"

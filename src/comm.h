@@ -1,0 +1,1 @@
+/* comm: (to be written) */

@@ -1,0 +1,3 @@
+/* comm_mpi: (to be written) */
+
+#include "internal.h"

@@ -1,0 +1,3 @@
+/* data: (to be written) */
+
+#include "internal.h"

@@ -1,0 +1,3 @@
+/* ddp: (to be written) */
+
+#include "internal.h"

@@ -1,0 +1,1 @@
+/* ddp: (to be written) */

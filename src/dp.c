@@ -1,0 +1,3 @@
+/* dp: (to be written) */
+
+#include "internal.h"

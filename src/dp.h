@@ -1,0 +1,1 @@
+/* dp: (to be written) */

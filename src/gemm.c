@@ -1,0 +1,3 @@
+/* gemm: (to be written) */
+
+#include "internal.h"

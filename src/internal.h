@@ -1,0 +1,192 @@
+/* internal: private helpers shared by every implementation module.
+
+   System includes, the allocation and assert overrides, the error helper
+   pdp__err() that formats the thread-local message and returns the status, the
+   aligned allocator, timers and small utilities. Nothing here is public. */
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+#include <errno.h>
+#include <time.h>
+#include <pthread.h>
+
+#if defined(PDP_MALLOC) != defined(PDP_FREE)
+#  error "pdp.h: define both PDP_MALLOC and PDP_FREE, or neither"
+#endif
+#ifndef PDP_MALLOC
+#  define PDP_MALLOC(bytes) malloc(bytes)
+#  define PDP_FREE(ptr) free(ptr)
+#endif
+#ifndef PDP_ASSERT
+#  include <assert.h>
+#  define PDP_ASSERT(c) assert(c)
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define PDP__THREAD_LOCAL __thread
+#  define PDP__UNUSED __attribute__((unused))
+#elif defined(_MSC_VER)
+#  define PDP__THREAD_LOCAL __declspec(thread)
+#  define PDP__UNUSED
+#else
+#  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
+#endif
+
+#define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
+#define PDP__DEF(val, def) ((val) ? (val) : (def))
+#define PDP__ALIGN 64
+
+/* Formats the thread-local message and returns status: a failing branch is one
+   line, `return pdp__err(PDP_ERR_SHAPE, "pdp_x: layer %d ...", ...)`. */
+static pdp_status pdp__err(pdp_status status, const char *fmt, ...);
+/* Prepends "context: " to the current message (for errors passed up a level). */
+static pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
+
+/* PDP_MALLOC'd memory aligned to 64 bytes (the original pointer is stored just
+   before the block). Returns NULL on failure; bytes == 0 gives a valid block. */
+static void *pdp__alloc(size_t bytes);
+static void *pdp__calloc(size_t bytes);
+static void pdp__dealloc(void *p);
+
+/* Monotonic seconds. */
+static double pdp__now(void);
+
+/* The intra-op setting of the calling thread (see pdp_set_num_threads). */
+static int pdp__threads_for_caller(void);
+/* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
+   (n <= the caller's thread count); returns when all are done. */
+static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg);
+/* This thread's growing scratch buffer (64-byte aligned, freed at thread exit), or
+   NULL when out of memory; valid until the next call on this thread. Leaf use only. */
+static void *pdp__thread_scratch(size_t bytes);
+
+/* ---- devices (cuda_host.c) ----
+   Memory on a device other than the CPU goes through these; without PDP_CUDA a
+   CUDA device fails with PDP_ERR_UNSUPPORTED naming the macro. */
+static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
+static void pdp__dev_free(pdp_device d, void *p);
+static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
+static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
+static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
+                                size_t bytes);
+
+/* ---- model internals (model.c, layers.c, loss.c and the executors) ---- */
+
+typedef enum pdp__layer_kind {
+    PDP__LINEAR,
+    PDP__RELU,
+    PDP__GELU,
+    PDP__TANH,
+    PDP__SIGMOID,
+    PDP__DROPOUT,
+    PDP__LAYERNORM,
+    PDP__CONV2D,
+    PDP__MAXPOOL2D,
+    PDP__FLATTEN
+} pdp__layer_kind;
+
+/* A layer's definition: immutable once added, shared by replicas. */
+typedef struct pdp__layer {
+    pdp__layer_kind kind;
+    int index;                           /* position in the model ("3" of "3.weight") */
+    int in_ndim, out_ndim;               /* per-sample shapes: (F) or (C, H, W) */
+    int64_t in_shape[3], out_shape[3];
+    int64_t in_count, out_count;         /* per-sample element counts */
+    int param_first, nparams;            /* registry indices (weight, then bias) */
+    int64_t out_features;                /* Linear; Conv2d out channels */
+    int64_t kernel, stride, padding;     /* Conv2d, MaxPool2d */
+    float p;                             /* Dropout */
+    float eps;                           /* LayerNorm */
+    int64_t saved_per_sample;            /* floats kept from forward for backward */
+    int64_t work_per_sample;             /* floats of temporary workspace */
+} pdp__layer;
+
+/* What one layer call sees. Pointers are on the model's device. */
+typedef struct pdp__layer_io {
+    int64_t batch;
+    const float *x;      /* [batch, in_count] */
+    float *y;            /* [batch, out_count] */
+    const float *dy;     /* backward: [batch, out_count] */
+    float *dx;           /* backward: [batch, in_count], NULL when not needed (first layer) */
+    float *w, *b;        /* parameters (NULL when absent) */
+    float *dw, *db;      /* their gradients, accumulated into (+=) */
+    float *saved;        /* [batch, saved_per_sample] written by forward, read by backward */
+    float *work;         /* [batch, work_per_sample] scratch, shared by all layers */
+    bool training;
+    uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
+    uint64_t step;
+    int64_t sample_base;
+} pdp__layer_io;
+
+/* layers.c: shape inference and validation (fills out_*, saved/work sizes and the
+   parameter shapes), parameter initialisation, forward, backward. */
+static pdp_status pdp__layer_setup(pdp__layer *l, int64_t wshape[4], int *wndim, int64_t bshape[4],
+                                   int *bndim);
+static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
+static const char *pdp__layer_kind_name(pdp__layer_kind k);
+
+typedef struct pdp__param_entry {
+    char name[32];
+    int layer;
+    int ndim;
+    int64_t shape[4];
+    int64_t offset, count;
+} pdp__param_entry;
+
+struct pdp_model {
+    pdp_device device;
+    uint64_t seed;
+    pdp_rng init_rng;
+    int in_ndim;
+    int64_t in_shape[3], in_count;
+    pdp__layer *layers;
+    int nlayers, cap_layers;
+    pdp__param_entry *params;
+    int nparams, cap_params;
+    int64_t param_count;
+    float *param_block;      /* param_count floats (borrowed when params_shared) */
+    float *grad_block;       /* param_count floats */
+    bool params_shared;      /* a DP replica reading its master's parameters */
+    /* activations: act[i] is the output of layer i, [max_batch, out_count] */
+    int64_t max_batch, batch;
+    float **act;
+    float *act_block, *saved_block, *work_block, *grad_a, *grad_b;
+    int64_t *saved_off;      /* per layer, floats per sample before it in saved_block */
+    pdp_tensor out_view;
+    bool training;
+    bool have_forward;       /* a forward ran since the last backward */
+    uint64_t step;           /* training forwards so far (keys dropout masks) */
+    int64_t sample_base;     /* global index of this model's first sample (DP replicas) */
+    pdp_grad_hook hook;
+    void *hook_user;
+};
+
+/* A model with the same layers and a fresh set of buffers. share_params: the
+   clone reads src's parameter block (CPU DP replicas); otherwise it gets its own
+   copy of the parameter values. */
+static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
+                                   pdp_model **out);
+
+/* ---- losses (loss.c) ----
+   Softmax cross-entropy over integer labels: *loss_sum gets the sum over the
+   batch of -log softmax(logits)[label] (double accumulation), and when dlogits
+   is not NULL it gets (softmax - onehot) * grad_scale. The public loss uses
+   grad_scale = 1/batch; DP replicas use 1/global_batch so that the reduced
+   gradients equal those of the whole batch. fn names the public caller. */
+static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
+                                     int64_t classes, float grad_scale, double *loss_sum,
+                                     float *dlogits, const char *fn);
+
+/* ---- optimizer internals (optim.c) ----
+   Updates parameters [lo, hi) of the flat blocks (all of them for a normal
+   step; one rank's shard under ZeRO). The step counter is advanced by the
+   caller-visible pdp_optim_step only. */
+static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
+                                        int64_t lo, int64_t hi);

@@ -1,0 +1,3 @@
+/* layers: (to be written) */
+
+#include "internal.h"

@@ -1,0 +1,3 @@
+/* loss: (to be written) */
+
+#include "internal.h"

@@ -1,0 +1,1 @@
+/* math: (to be written) */

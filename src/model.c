@@ -1,0 +1,556 @@
+/* model: the sequential container. Owns the layer list, the parameter registry
+   and the flat parameter and gradient blocks, sizes the activation buffers, and
+   drives forward and backward over the layers of layers.c.
+
+   Invariants: params[i].offset is the sum of the counts before it (registration
+   order, no gaps), so the gradient of parameters j..k is one contiguous range;
+   act[i] holds layer i's output from the last forward (Flatten aliases its
+   input instead of copying); backward needs the forward's input to stay alive,
+   as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
+   largest batch), forward and backward allocate nothing. */
+
+#include "internal.h"
+
+/* ---- model: lifecycle ---- */
+
+PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
+{
+    pdp_model *m;
+    int i, ndim = 0;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: out is NULL");
+    *out = NULL;
+    if (!desc) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: desc is NULL (input_shape is required)");
+    for (i = 0; i < 3 && desc->input_shape[i] > 0; i++) ndim++;
+    if (desc->input_ndim) ndim = desc->input_ndim;
+    if (ndim != 1 && ndim != 3)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_ndim %d (must be 1 or 3)", ndim);
+    for (i = 0; i < ndim; i++)
+        if (desc->input_shape[i] < 1)
+            return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape[%d] is %lld", i,
+                            (long long)desc->input_shape[i]);
+    m = (pdp_model *)pdp__calloc(sizeof *m);
+    if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_create: no memory");
+    m->device = desc->device;
+    m->seed = desc->seed;
+    pdp_rng_seed(&m->init_rng, desc->seed, 0);
+    m->in_ndim = ndim;
+    m->in_count = 1;
+    for (i = 0; i < 3; i++) {
+        m->in_shape[i] = i < ndim ? desc->input_shape[i] : 1;
+        m->in_count *= m->in_shape[i];
+    }
+    m->training = true;
+    *out = m;
+    return PDP_OK;
+}
+
+static void pdp__model_free_buffers(pdp_model *m)
+{
+    pdp__dev_free(m->device, m->act_block);
+    pdp__dev_free(m->device, m->saved_block);
+    pdp__dev_free(m->device, m->work_block);
+    pdp__dev_free(m->device, m->grad_a);
+    pdp__dev_free(m->device, m->grad_b);
+    pdp__dealloc(m->act);
+    pdp__dealloc(m->saved_off);
+    m->act_block = m->saved_block = m->work_block = m->grad_a = m->grad_b = NULL;
+    m->act = NULL;
+    m->saved_off = NULL;
+    m->max_batch = 0;
+}
+
+PDP_API void pdp_model_free(pdp_model *m)
+{
+    if (!m) return;
+    pdp__model_free_buffers(m);
+    if (!m->params_shared) pdp__dev_free(m->device, m->param_block);
+    pdp__dev_free(m->device, m->grad_block);
+    pdp__dealloc(m->layers);
+    pdp__dealloc(m->params);
+    pdp__dealloc(m);
+}
+
+/* ---- model: adding layers ---- */
+
+/* Grows an array of n used elements to hold one more; *cap doubles. */
+static pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
+{
+    void *bigger;
+    int newcap;
+    if (n < *cap) return PDP_OK;
+    newcap = *cap ? *cap * 2 : 8;
+    bigger = pdp__alloc((size_t)newcap * elem);
+    if (!bigger) return PDP_ERR_OUT_OF_MEMORY;
+    if (*arr) memcpy(bigger, *arr, (size_t)n * elem);
+    pdp__dealloc(*arr);
+    *arr = bigger;
+    *cap = newcap;
+    return PDP_OK;
+}
+
+static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
+                                      const int64_t *shape)
+{
+    pdp__param_entry *e;
+    int i;
+    if (pdp__grow((void **)&m->params, m->nparams, &m->cap_params, sizeof *m->params) != PDP_OK)
+        return PDP_ERR_OUT_OF_MEMORY;
+    e = &m->params[m->nparams++];
+    memset(e, 0, sizeof *e);
+    snprintf(e->name, sizeof e->name, "%d.%s", layer, what);
+    e->layer = layer;
+    e->ndim = ndim;
+    e->count = 1;
+    for (i = 0; i < 4; i++) {
+        e->shape[i] = i < ndim ? shape[i] : 1;
+        e->count *= e->shape[i];
+    }
+    e->offset = m->param_count;
+    m->param_count += e->count;
+    return PDP_OK;
+}
+
+/* Appends layer l (kind and configuration filled in by the caller): infers its
+   shapes, registers and initialises its parameters, and moves the parameter and
+   gradient blocks to their new size. On failure the model is unchanged. */
+static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
+{
+    int64_t wshape[4], bshape[4], old_count;
+    int wndim = 0, bndim = 0, old_nparams;
+    float *params = NULL, *grads = NULL, *host = NULL;
+    size_t bytes;
+    pdp_status st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (m->params_shared) return pdp__err(PDP_ERR_STATE, "%s: model is a replica", fn);
+    l.index = m->nlayers;
+    if (m->nlayers) {
+        const pdp__layer *prev = &m->layers[m->nlayers - 1];
+        l.in_ndim = prev->out_ndim;
+        memcpy(l.in_shape, prev->out_shape, sizeof l.in_shape);
+    } else {
+        l.in_ndim = m->in_ndim;
+        memcpy(l.in_shape, m->in_shape, sizeof l.in_shape);
+    }
+    l.in_count = l.in_shape[0] * l.in_shape[1] * l.in_shape[2];
+    if ((st = pdp__layer_setup(&l, wshape, &wndim, bshape, &bndim)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: layer %d (%s)", fn, l.index, pdp__layer_kind_name(l.kind));
+    l.out_count = l.out_shape[0] * l.out_shape[1] * l.out_shape[2];
+
+    if (pdp__grow((void **)&m->layers, m->nlayers, &m->cap_layers, sizeof *m->layers) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    old_count = m->param_count;
+    old_nparams = m->nparams;
+    l.param_first = m->nparams;
+    l.nparams = (wndim > 0) + (bndim > 0);
+    if ((wndim && pdp__model_register(m, l.index, "weight", wndim, wshape) != PDP_OK) ||
+        (bndim && pdp__model_register(m, l.index, "bias", bndim, bshape) != PDP_OK))
+        goto oom;
+    if (m->param_count != old_count) {
+        bytes = (size_t)m->param_count * sizeof(float);
+        host = (float *)pdp__alloc(bytes);
+        if (!host) goto oom;
+        if (old_count && (st = pdp__dev_copy(pdp_cpu(), host, m->device, m->param_block,
+                                             (size_t)old_count * sizeof(float))) != PDP_OK)
+            goto fail;
+        pdp__layer_init_params(&l, wndim ? host + m->params[l.param_first].offset : NULL,
+                               bndim ? host + m->params[m->nparams - 1].offset : NULL,
+                               &m->init_rng);
+        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&params)) != PDP_OK ||
+            (st = pdp__dev_alloc(m->device, bytes, (void **)&grads)) != PDP_OK ||
+            (st = pdp__dev_copy(m->device, params, pdp_cpu(), host, bytes)) != PDP_OK ||
+            (st = pdp__dev_memset0(m->device, grads, bytes)) != PDP_OK)
+            goto fail;
+        pdp__dealloc(host);
+        pdp__dev_free(m->device, m->param_block);
+        pdp__dev_free(m->device, m->grad_block);
+        m->param_block = params;
+        m->grad_block = grads;
+    }
+    m->layers[m->nlayers++] = l;
+    pdp__model_free_buffers(m); /* activations are re-planned on the next forward */
+    return PDP_OK;
+oom:
+    st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+fail:
+    pdp__dealloc(host);
+    pdp__dev_free(m->device, params);
+    pdp__dev_free(m->device, grads);
+    m->param_count = old_count;
+    m->nparams = old_nparams;
+    return pdp__err_wrap(st, "%s: layer %d", fn, l.index);
+}
+
+static pdp__layer pdp__layer_of(pdp__layer_kind kind)
+{
+    pdp__layer l;
+    memset(&l, 0, sizeof l);
+    l.kind = kind;
+    return l;
+}
+
+PDP_API pdp_status pdp_model_add_linear(pdp_model *m, int64_t out_features)
+{
+    pdp__layer l = pdp__layer_of(PDP__LINEAR);
+    l.out_features = out_features;
+    return pdp__model_add(m, l, "pdp_model_add_linear");
+}
+
+PDP_API pdp_status pdp_model_add_relu(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__RELU), "pdp_model_add_relu");
+}
+
+PDP_API pdp_status pdp_model_add_gelu(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__GELU), "pdp_model_add_gelu");
+}
+
+PDP_API pdp_status pdp_model_add_tanh(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__TANH), "pdp_model_add_tanh");
+}
+
+PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__SIGMOID), "pdp_model_add_sigmoid");
+}
+
+PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
+{
+    pdp__layer l = pdp__layer_of(PDP__DROPOUT);
+    l.p = p;
+    return pdp__model_add(m, l, "pdp_model_add_dropout");
+}
+
+PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps)
+{
+    pdp__layer l = pdp__layer_of(PDP__LAYERNORM);
+    l.eps = eps > 0.0f ? eps : 1e-5f;
+    return pdp__model_add(m, l, "pdp_model_add_layernorm");
+}
+
+PDP_API pdp_status pdp_model_add_conv2d(pdp_model *m, int64_t out_channels, int64_t kernel,
+                                        int64_t stride, int64_t padding)
+{
+    pdp__layer l = pdp__layer_of(PDP__CONV2D);
+    l.out_features = out_channels;
+    l.kernel = kernel;
+    l.stride = stride ? stride : 1;
+    l.padding = padding;
+    return pdp__model_add(m, l, "pdp_model_add_conv2d");
+}
+
+PDP_API pdp_status pdp_model_add_maxpool2d(pdp_model *m, int64_t kernel, int64_t stride)
+{
+    pdp__layer l = pdp__layer_of(PDP__MAXPOOL2D);
+    l.kernel = kernel;
+    l.stride = stride ? stride : kernel;
+    return pdp__model_add(m, l, "pdp_model_add_maxpool2d");
+}
+
+PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__FLATTEN), "pdp_model_add_flatten");
+}
+
+/* ---- model: buffers ---- */
+
+PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
+{
+    int64_t act = 0, saved = 0, work = 0, widest = m ? m->in_count : 0, b = max_batch;
+    int i;
+    pdp_status st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_reserve: model is NULL");
+    if (max_batch < 1)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_reserve: batch %lld < 1", (long long)max_batch);
+    if (max_batch <= m->max_batch) return PDP_OK;
+    pdp__model_free_buffers(m);
+    m->act = (float **)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->act);
+    m->saved_off = (int64_t *)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->saved_off);
+    if (!m->act || !m->saved_off) goto oom;
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (l->kind != PDP__FLATTEN) act += l->out_count;
+        m->saved_off[i] = saved;
+        saved += l->saved_per_sample;
+        work = PDP__MAX(work, l->work_per_sample);
+        widest = PDP__MAX(widest, l->out_count);
+    }
+    if ((st = pdp__dev_alloc(m->device, (size_t)(b * act + 1) * 4, (void **)&m->act_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * saved + 1) * 4, (void **)&m->saved_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * work + 1) * 4, (void **)&m->work_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * widest) * 4, (void **)&m->grad_a)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * widest) * 4, (void **)&m->grad_b))) {
+        pdp__model_free_buffers(m);
+        return pdp__err_wrap(st, "pdp_model_reserve: batch %lld", (long long)b);
+    }
+    act = 0;
+    for (i = 0; i < m->nlayers; i++) {
+        if (m->layers[i].kind == PDP__FLATTEN) continue;
+        m->act[i] = m->act_block + b * act;
+        act += m->layers[i].out_count;
+    }
+    m->max_batch = b;
+    return PDP_OK;
+oom:
+    pdp__model_free_buffers(m);
+    return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_reserve: no memory for batch %lld",
+                    (long long)b);
+}
+
+/* ---- model: forward and backward ---- */
+
+/* Fills the per-call part of io for layer i. */
+static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
+{
+    const pdp__layer *l = &m->layers[i];
+    memset(io, 0, sizeof *io);
+    io->batch = m->batch;
+    io->saved = m->saved_block + m->max_batch * m->saved_off[i];
+    io->work = m->work_block;
+    io->training = m->training;
+    io->seed = m->seed;
+    io->step = m->step;
+    io->sample_base = m->sample_base;
+    if (l->nparams > 0) {
+        const pdp__param_entry *w = &m->params[l->param_first];
+        io->w = m->param_block + w->offset;
+        io->dw = m->grad_block + w->offset;
+        if (l->nparams > 1) {
+            io->b = io->w + w->count;
+            io->db = io->dw + w->count;
+        }
+    }
+}
+
+PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
+{
+    int64_t batch, shape[4];
+    const float *in;
+    int i, d;
+    pdp_status st;
+    if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
+    *y = NULL;
+    if (m->nlayers == 0) return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
+    batch = x->shape[0];
+    if (x->ndim != m->in_ndim + 1 || x->count != batch * m->in_count)
+        goto bad_shape;
+    for (d = 0; d < m->in_ndim; d++)
+        if (x->shape[d + 1] != m->in_shape[d]) goto bad_shape;
+    if (x->device.kind != m->device.kind || x->device.ordinal != m->device.ordinal)
+        return pdp__err(PDP_ERR_DEVICE, "pdp_model_forward: input on device %d:%d, model on %d:%d",
+                        x->device.kind, x->device.ordinal, m->device.kind, m->device.ordinal);
+    if ((st = pdp_model_reserve(m, batch)) != PDP_OK) return pdp__err_wrap(st, "pdp_model_forward");
+    m->batch = batch;
+    if (m->training) m->step++;
+    in = x->data;
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        pdp__layer_io io;
+        if (l->kind == PDP__FLATTEN) { /* a view: the output is the input */
+            m->act[i] = (float *)in;
+            continue;
+        }
+        pdp__model_io(m, i, &io);
+        io.x = in;
+        io.y = m->act[i];
+        if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
+        in = io.y;
+    }
+    m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
+    shape[0] = batch;
+    for (d = 0; d < m->layers[m->nlayers - 1].out_ndim; d++)
+        shape[d + 1] = m->layers[m->nlayers - 1].out_shape[d];
+    pdp_tensor_wrap(m->act[m->nlayers - 1], m->device, d + 1, shape, &m->out_view);
+    m->have_forward = true;
+    *y = &m->out_view;
+    return PDP_OK;
+bad_shape:
+    {
+        char got[96], want[96];
+        pdp_tensor expect;
+        shape[0] = x->shape[0];
+        memcpy(shape + 1, m->in_shape, 3 * sizeof *shape);
+        pdp__set_shape(&expect, m->in_ndim + 1, shape, 0);
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_forward: layer 0 (%s) expects %s, got %s",
+                        pdp__layer_kind_name(m->layers[0].kind),
+                        pdp__shape_str(&expect, want, sizeof want),
+                        pdp__shape_str(x, got, sizeof got));
+    }
+}
+
+PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
+{
+    const float *g;
+    int i, p;
+    pdp_status st;
+    if (!m || !dy) return pdp__err(PDP_ERR_INVALID, "pdp_model_backward: NULL argument");
+    if (!m->have_forward)
+        return pdp__err(PDP_ERR_STATE, "pdp_model_backward: no forward since the last backward");
+    if (dy->count != m->out_view.count) {
+        char a[96], b[96];
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s",
+                        pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
+    }
+    m->have_forward = false;
+    g = dy->data;
+    for (i = m->nlayers - 1; i >= 0; i--) {
+        const pdp__layer *l = &m->layers[i];
+        pdp__layer_io io;
+        if (l->kind != PDP__FLATTEN) {
+            pdp__model_io(m, i, &io);
+            io.x = i ? m->act[i - 1] : m->act[m->nlayers];
+            io.y = m->act[i];
+            io.dy = g;
+            io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : NULL;
+            if ((st = pdp__layer_backward(l, &io)) != PDP_OK)
+                return pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
+                                     pdp__layer_kind_name(l->kind));
+            if (io.dx) g = io.dx;
+        }
+        if (m->hook)
+            for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--)
+                m->hook(m->hook_user, m, p);
+    }
+    return PDP_OK;
+}
+
+PDP_API void pdp_model_zero_grad(pdp_model *m)
+{
+    if (m && m->param_count)
+        pdp__dev_memset0(m->device, m->grad_block, (size_t)m->param_count * sizeof(float));
+}
+
+PDP_API void pdp_model_set_training(pdp_model *m, bool training)
+{
+    if (m) m->training = training;
+}
+
+PDP_API bool pdp_model_is_training(const pdp_model *m) { return m && m->training; }
+
+PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user)
+{
+    if (!m) return;
+    m->hook = fn;
+    m->hook_user = user;
+}
+
+/* ---- model: queries ---- */
+
+PDP_API int pdp_model_num_layers(const pdp_model *m) { return m ? m->nlayers : 0; }
+
+PDP_API const char *pdp_model_layer_name(const pdp_model *m, int layer)
+{
+    if (!m || layer < 0 || layer >= m->nlayers) return NULL;
+    return pdp__layer_kind_name(m->layers[layer].kind);
+}
+
+PDP_API int pdp_model_output_shape(const pdp_model *m, int64_t shape[3])
+{
+    const pdp__layer *l;
+    if (!m) return 0;
+    if (!m->nlayers) {
+        memcpy(shape, m->in_shape, 3 * sizeof *shape);
+        return m->in_ndim;
+    }
+    l = &m->layers[m->nlayers - 1];
+    memcpy(shape, l->out_shape, 3 * sizeof *shape);
+    return l->out_ndim;
+}
+
+PDP_API int64_t pdp_model_param_count(const pdp_model *m) { return m ? m->param_count : 0; }
+PDP_API int pdp_model_num_params(const pdp_model *m) { return m ? m->nparams : 0; }
+PDP_API pdp_device pdp_model_device(const pdp_model *m) { return m ? m->device : pdp_cpu(); }
+
+PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out)
+{
+    const pdp__param_entry *e;
+    if (!m || !out) return pdp__err(PDP_ERR_INVALID, "pdp_model_param: NULL argument");
+    if (index < 0 || index >= m->nparams)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_param: index %d outside 0..%d", index,
+                        m->nparams - 1);
+    e = &m->params[index];
+    out->name = e->name;
+    out->layer = e->layer;
+    out->offset = e->offset;
+    pdp_tensor_wrap(m->param_block + e->offset, m->device, e->ndim, e->shape, &out->value);
+    pdp_tensor_wrap(m->grad_block + e->offset, m->device, e->ndim, e->shape, &out->grad);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out)
+{
+    int i;
+    if (!m || !name || !out) return pdp__err(PDP_ERR_INVALID, "pdp_model_find_param: NULL argument");
+    for (i = 0; i < m->nparams; i++)
+        if (strcmp(m->params[i].name, name) == 0) return pdp_model_param(m, i, out);
+    return pdp__err(PDP_ERR_INVALID, "pdp_model_find_param: no parameter named \"%s\"", name);
+}
+
+PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads)
+{
+    int64_t n;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_flat: model is NULL");
+    if (!m->param_count) return pdp__err(PDP_ERR_STATE, "pdp_model_flat: the model has no parameters");
+    n = m->param_count;
+    if (params) pdp_tensor_wrap(m->param_block, m->device, 1, &n, params);
+    if (grads) pdp_tensor_wrap(m->grad_block, m->device, 1, &n, grads);
+    return PDP_OK;
+}
+
+/* ---- model: replicas ---- */
+
+static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
+                                   pdp_model **out)
+{
+    pdp_model *m;
+    size_t bytes = (size_t)src->param_count * sizeof(float);
+    pdp_status st;
+    *out = NULL;
+    if (share_params && device.kind != src->device.kind)
+        return pdp__err(PDP_ERR_DEVICE, "a replica can share parameters only on the same device");
+    m = (pdp_model *)pdp__calloc(sizeof *m);
+    if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");
+    *m = *src;
+    m->device = device;
+    m->layers = NULL;
+    m->params = NULL;
+    m->param_block = m->grad_block = NULL;
+    m->act = NULL;
+    m->saved_off = NULL;
+    m->act_block = m->saved_block = m->work_block = m->grad_a = m->grad_b = NULL;
+    m->max_batch = 0;
+    m->hook = NULL;
+    m->hook_user = NULL;
+    m->have_forward = false;
+    m->params_shared = share_params;
+    m->cap_layers = src->nlayers;
+    m->cap_params = src->nparams;
+    m->layers = (pdp__layer *)pdp__alloc((size_t)PDP__MAX(1, src->nlayers) * sizeof *m->layers);
+    m->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, src->nparams) * sizeof *m->params);
+    if (!m->layers || !m->params) {
+        pdp_model_free(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");
+    }
+    memcpy(m->layers, src->layers, (size_t)src->nlayers * sizeof *m->layers);
+    memcpy(m->params, src->params, (size_t)src->nparams * sizeof *m->params);
+    if (bytes) {
+        if (share_params) {
+            m->param_block = src->param_block;
+        } else if ((st = pdp__dev_alloc(device, bytes, (void **)&m->param_block)) != PDP_OK ||
+                   (st = pdp__dev_copy(device, m->param_block, src->device, src->param_block,
+                                       bytes)) != PDP_OK) {
+            pdp_model_free(m);
+            return st;
+        }
+        if ((st = pdp__dev_alloc(device, bytes, (void **)&m->grad_block)) != PDP_OK ||
+            (st = pdp__dev_memset0(device, m->grad_block, bytes)) != PDP_OK) {
+            pdp_model_free(m);
+            return st;
+        }
+    }
+    *out = m;
+    return PDP_OK;
+}

@@ -1,0 +1,88 @@
+/* model: a sequential model, its layers, and its one parameter registry.
+
+   Parameters live in one contiguous block and gradients in another, in
+   registration order, with one view per named tensor ("0.weight", "0.bias",
+   "3.weight", ... as a PyTorch nn.Sequential's state_dict), so a checkpoint maps
+   one to one onto the matching PyTorch module and a DDP bucket is a plain range
+   of the gradient block. Backward accumulates into the gradients (zero them
+   with pdp_model_zero_grad) and, right after each layer, calls the grad hook
+   once for each parameter of that layer: the hook DDP's reducer listens to. */
+
+typedef struct pdp_model pdp_model;
+
+typedef struct pdp_model_desc {
+    int input_ndim;          /* 1 (features) or 3 (channels, height, width); 0 = count of
+                                nonzero input_shape entries */
+    int64_t input_shape[3];  /* one sample, without the batch dimension; required */
+    uint64_t seed;           /* parameter initialisation and dropout masks; default 0 */
+    pdp_device device;       /* default CPU */
+} pdp_model_desc;
+
+PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
+PDP_API void pdp_model_free(pdp_model *m);
+
+/* Layers, appended in order. Each validates against the current output shape and
+   initialises its parameters as PyTorch does (Kaiming uniform with a = sqrt(5)
+   for weights, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for biases; LayerNorm weight
+   1, bias 0) from the model's seed. Adding a layer moves the parameter block:
+   views from pdp_model_param taken before are stale. */
+PDP_API pdp_status pdp_model_add_linear(pdp_model *m, int64_t out_features);
+PDP_API pdp_status pdp_model_add_relu(pdp_model *m);
+PDP_API pdp_status pdp_model_add_gelu(pdp_model *m);    /* tanh form (approximate='tanh') */
+PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
+PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
+PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
+/* Normalises over all features of a sample; eps 0 means 1e-5. */
+PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps);
+/* Square kernel; stride 0 means 1. Input must be (C, H, W). */
+PDP_API pdp_status pdp_model_add_conv2d(pdp_model *m, int64_t out_channels, int64_t kernel,
+                                        int64_t stride, int64_t padding);
+/* Square window; stride 0 means kernel. */
+PDP_API pdp_status pdp_model_add_maxpool2d(pdp_model *m, int64_t kernel, int64_t stride);
+PDP_API pdp_status pdp_model_add_flatten(pdp_model *m);
+
+/* x is [batch, input_shape...]; *y points at the model's own output tensor
+   [batch, output features...], valid until the next forward. Activations are
+   sized for the largest batch seen so far (pdp_model_reserve avoids growth in
+   the training loop). */
+PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y);
+/* dy is the gradient of the loss with respect to the last output, same shape.
+   Accumulates parameter gradients; fires the grad hook after each layer. */
+PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy);
+PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch);
+PDP_API void pdp_model_zero_grad(pdp_model *m);
+PDP_API void pdp_model_set_training(pdp_model *m, bool training); /* default true */
+PDP_API bool pdp_model_is_training(const pdp_model *m);
+
+PDP_API int pdp_model_num_layers(const pdp_model *m);
+PDP_API const char *pdp_model_layer_name(const pdp_model *m, int layer); /* "Linear" */
+/* The shape of one output sample (without the batch dimension). */
+PDP_API int pdp_model_output_shape(const pdp_model *m, int64_t shape[3]);
+PDP_API int64_t pdp_model_param_count(const pdp_model *m); /* floats in all parameters */
+PDP_API int pdp_model_num_params(const pdp_model *m);      /* named parameter tensors */
+PDP_API pdp_device pdp_model_device(const pdp_model *m);
+
+typedef struct pdp_param {
+    const char *name;  /* "0.weight" */
+    int layer;         /* index of the layer that owns it */
+    int64_t offset;    /* in floats, into the flat parameter and gradient blocks */
+    pdp_tensor value;  /* a view into the parameter block */
+    pdp_tensor grad;   /* a view into the gradient block */
+} pdp_param;
+
+PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out);
+PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out);
+/* Views of the whole flat blocks (param_count floats each). */
+PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads);
+
+/* Called during backward right after a parameter's gradient is final for this
+   backward pass: once per parameter, in reverse layer order. */
+typedef void (*pdp_grad_hook)(void *user, pdp_model *m, int param_index);
+PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user);
+
+/* One training pass for classification: forward, softmax cross-entropy against
+   labels (mean over the batch), backward (gradients accumulate). *loss gets the
+   mean loss; NaN or Inf fails with PDP_ERR_NUMERIC. Uses the model's own
+   buffer for the loss gradient: nothing is allocated after the first call. */
+PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
+                                              const int32_t *labels, float *loss);

@@ -1,0 +1,3 @@
+/* ops: (to be written) */
+
+#include "internal.h"

@@ -1,0 +1,3 @@
+/* optim: (to be written) */
+
+#include "internal.h"

@@ -1,0 +1,3 @@
+/* store: (to be written) */
+
+#include "internal.h"

@@ -1,0 +1,286 @@
+/* tensor: creation, views, copies and initialisers; the PCG32 generator.
+
+   Invariants: shape[i] >= 1 for i < ndim and 1 beyond; count is their product;
+   owned data is 64-byte aligned and zero-filled at creation. CUDA tensors are
+   allocated and copied by pdp_cuda.cu through the pdp__dev_* functions of the
+   cuda_host module; without PDP_CUDA they fail with PDP_ERR_UNSUPPORTED. */
+
+#include "internal.h"
+
+/* ---- tensor: shapes ---- */
+
+static pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *count)
+{
+    int64_t n = 1;
+    int i;
+    if (ndim < 1 || ndim > PDP_MAX_DIMS)
+        return pdp__err(PDP_ERR_SHAPE, "%s: ndim %d is outside 1..%d", fn, ndim, PDP_MAX_DIMS);
+    if (!shape) return pdp__err(PDP_ERR_INVALID, "%s: shape is NULL", fn);
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] < 1)
+            return pdp__err(PDP_ERR_SHAPE, "%s: dimension %d is %lld (must be >= 1)", fn, i,
+                            (long long)shape[i]);
+        if (n > INT64_MAX / shape[i])
+            return pdp__err(PDP_ERR_SHAPE, "%s: element count overflows at dimension %d", fn, i);
+        n *= shape[i];
+    }
+    *count = n;
+    return PDP_OK;
+}
+
+static void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, int64_t count)
+{
+    int i;
+    t->ndim = ndim;
+    t->count = count;
+    for (i = 0; i < PDP_MAX_DIMS; i++) t->shape[i] = i < ndim ? shape[i] : 1;
+}
+
+/* "[128, 784]" into buf, for messages. */
+static const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t bytes)
+{
+    size_t used = 0;
+    int i;
+    used += (size_t)snprintf(buf, bytes, "[");
+    for (i = 0; i < t->ndim && used < bytes; i++)
+        used += (size_t)snprintf(buf + used, bytes - used, i ? ", %lld" : "%lld",
+                                 (long long)t->shape[i]);
+    if (used < bytes) snprintf(buf + used, bytes - used, "]");
+    return buf;
+}
+
+/* ---- tensor: lifecycle ---- */
+
+PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim,
+                                     const int64_t *shape)
+{
+    pdp_tensor *t;
+    int64_t count;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_create: out is NULL");
+    *out = NULL;
+    if ((st = pdp__check_shape("pdp_tensor_create", ndim, shape, &count)) != PDP_OK) return st;
+    if ((uint64_t)count > SIZE_MAX / sizeof(float))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: %lld floats do not fit in memory",
+                        (long long)count);
+    t = (pdp_tensor *)pdp__calloc(sizeof *t);
+    if (!t) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: no memory for the header");
+    pdp__set_shape(t, ndim, shape, count);
+    t->device = device;
+    t->owns_data = true;
+    if (device.kind == PDP_DEVICE_CPU) {
+        t->data = (float *)pdp__calloc((size_t)count * sizeof(float));
+        if (!t->data) {
+            pdp__dealloc(t);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: no memory for %lld floats",
+                            (long long)count);
+        }
+    } else if ((st = pdp__dev_alloc(device, (size_t)count * sizeof(float), (void **)&t->data)) !=
+                   PDP_OK ||
+               (st = pdp__dev_memset0(device, t->data, (size_t)count * sizeof(float))) != PDP_OK) {
+        if (t->data) pdp__dev_free(device, t->data);
+        pdp__dealloc(t);
+        return pdp__err_wrap(st, "pdp_tensor_create");
+    }
+    *out = t;
+    return PDP_OK;
+}
+
+PDP_API void pdp_tensor_free(pdp_tensor *t)
+{
+    if (!t) return;
+    if (t->owns_data) {
+        if (t->device.kind == PDP_DEVICE_CPU) pdp__dealloc(t->data);
+        else pdp__dev_free(t->device, t->data);
+    }
+    pdp__dealloc(t);
+}
+
+/* ---- tensor: views ---- */
+
+PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape,
+                                   pdp_tensor *view)
+{
+    int64_t count;
+    pdp_status st;
+    if (!view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_wrap: view is NULL");
+    if (!data) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_wrap: data is NULL");
+    if ((st = pdp__check_shape("pdp_tensor_wrap", ndim, shape, &count)) != PDP_OK) return st;
+    pdp__set_shape(view, ndim, shape, count);
+    view->data = data;
+    view->device = device;
+    view->owns_data = false;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,
+                                           pdp_tensor *view)
+{
+    int64_t count;
+    pdp_status st;
+    char a[96];
+    if (!t || !view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_reshape_view: NULL tensor");
+    if ((st = pdp__check_shape("pdp_tensor_reshape_view", ndim, shape, &count)) != PDP_OK) return st;
+    if (count != t->count)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_reshape_view: %s has %lld elements, new shape has %lld",
+                        pdp__shape_str(t, a, sizeof a), (long long)t->count, (long long)count);
+    return pdp_tensor_wrap(t->data, t->device, ndim, shape, view);
+}
+
+PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows,
+                                        pdp_tensor *view)
+{
+    int64_t shape[PDP_MAX_DIMS], row;
+    char a[96];
+    if (!t || !view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_rows_view: NULL tensor");
+    if (first < 0 || rows < 1 || first + rows > t->shape[0])
+        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_rows_view: rows [%lld, %lld) outside %s",
+                        (long long)first, (long long)(first + rows), pdp__shape_str(t, a, sizeof a));
+    memcpy(shape, t->shape, sizeof shape);
+    row = t->count / t->shape[0];
+    shape[0] = rows;
+    return pdp_tensor_wrap(t->data + first * row, t->device, t->ndim, shape, view);
+}
+
+/* ---- tensor: contents ---- */
+
+PDP_API pdp_status pdp_tensor_zeros(pdp_tensor *t)
+{
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_zeros: tensor is NULL");
+    if (t->device.kind != PDP_DEVICE_CPU)
+        return pdp__dev_memset0(t->device, t->data, (size_t)t->count * sizeof(float));
+    memset(t->data, 0, (size_t)t->count * sizeof(float));
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value)
+{
+    int64_t i;
+    if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_fill: tensor is NULL");
+    if (t->device.kind != PDP_DEVICE_CPU) return pdp__dev_fill(t->device, t->data, t->count, value);
+    for (i = 0; i < t->count; i++) t->data[i] = value;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src)
+{
+    char a[96], b[96];
+    if (!dst || !src) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_copy: NULL tensor");
+    if (dst->count != src->count)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_copy: destination %s and source %s differ in count",
+                        pdp__shape_str(dst, a, sizeof a), pdp__shape_str(src, b, sizeof b));
+    if (dst->device.kind == PDP_DEVICE_CPU && src->device.kind == PDP_DEVICE_CPU) {
+        if (dst->data != src->data) memmove(dst->data, src->data, (size_t)src->count * sizeof(float));
+        return PDP_OK;
+    }
+    return pdp__dev_copy(dst->device, dst->data, src->device, src->data,
+                         (size_t)src->count * sizeof(float));
+}
+
+PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host)
+{
+    if (!t || !host) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_upload: NULL argument");
+    return pdp__dev_copy(t->device, t->data, pdp_cpu(), host, (size_t)t->count * sizeof(float));
+}
+
+PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host)
+{
+    if (!t || !host) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_download: NULL argument");
+    return pdp__dev_copy(pdp_cpu(), host, t->device, t->data, (size_t)t->count * sizeof(float));
+}
+
+/* ---- rng: PCG32 ---- */
+
+PDP_API void pdp_rng_seed(pdp_rng *r, uint64_t seed, uint64_t stream)
+{
+    r->state = 0;
+    r->inc = (stream << 1u) | 1u;
+    (void)pdp_rng_u32(r);
+    r->state += seed;
+    (void)pdp_rng_u32(r);
+}
+
+PDP_API uint32_t pdp_rng_u32(pdp_rng *r)
+{
+    uint64_t old = r->state;
+    uint32_t xorshifted, rot;
+    r->state = old * 6364136223846793005ULL + r->inc;
+    xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u);
+    rot = (uint32_t)(old >> 59u);
+    return (xorshifted >> rot) | (xorshifted << ((32u - rot) & 31u));
+}
+
+PDP_API float pdp_rng_uniform(pdp_rng *r)
+{
+    return (float)(pdp_rng_u32(r) >> 8) * (1.0f / 16777216.0f);
+}
+
+PDP_API uint32_t pdp_rng_below(pdp_rng *r, uint32_t n)
+{
+    uint32_t threshold, x;
+    if (n == 0) return 0;
+    threshold = (uint32_t)(-n) % n; /* reject the low values that make x % n biased */
+    do x = pdp_rng_u32(r); while (x < threshold);
+    return x % n;
+}
+
+PDP_API float pdp_rng_normal(pdp_rng *r)
+{
+    /* Box-Muller on (0, 1] x [0, 1), one draw per call (no cached second value,
+       so the stream position is a simple function of the calls made). */
+    double u1 = ((double)(pdp_rng_u32(r) >> 8) + 1.0) / 16777216.0;
+    double u2 = (double)(pdp_rng_u32(r) >> 8) / 16777216.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* Fills a CPU tensor directly, any other device through a host staging copy. */
+static pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
+                                   const char *fn)
+{
+    float *host;
+    int64_t i;
+    pdp_status st = PDP_OK;
+    if (!t || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    host = t->device.kind == PDP_DEVICE_CPU ? t->data
+                                            : (float *)pdp__alloc((size_t)t->count * sizeof(float));
+    if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a staging copy", fn);
+    for (i = 0; i < t->count; i++)
+        host[i] = normal ? a + b * pdp_rng_normal(r) : a + (b - a) * pdp_rng_uniform(r);
+    if (host != t->data) {
+        st = pdp_tensor_upload(t, host);
+        pdp__dealloc(host);
+    }
+    return st;
+}
+
+PDP_API pdp_status pdp_tensor_uniform(pdp_tensor *t, pdp_rng *r, float lo, float hi)
+{
+    return pdp__tensor_init(t, r, 0, lo, hi, "pdp_tensor_uniform");
+}
+
+PDP_API pdp_status pdp_tensor_normal(pdp_tensor *t, pdp_rng *r, float mean, float std)
+{
+    return pdp__tensor_init(t, r, 1, mean, std, "pdp_tensor_normal");
+}
+
+PDP_API pdp_status pdp_tensor_kaiming_uniform(pdp_tensor *t, pdp_rng *r, int64_t fan_in, float a)
+{
+    double gain, bound;
+    if (fan_in < 1)
+        return pdp__err(PDP_ERR_INVALID, "pdp_tensor_kaiming_uniform: fan_in %lld < 1",
+                        (long long)fan_in);
+    gain = sqrt(2.0 / (1.0 + (double)a * a));
+    bound = gain * sqrt(3.0 / (double)fan_in);
+    return pdp__tensor_init(t, r, 0, (float)-bound, (float)bound, "pdp_tensor_kaiming_uniform");
+}
+
+PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t fan_in,
+                                             int64_t fan_out)
+{
+    double bound;
+    if (fan_in < 1 || fan_out < 1)
+        return pdp__err(PDP_ERR_INVALID, "pdp_tensor_xavier_uniform: fan_in %lld, fan_out %lld",
+                        (long long)fan_in, (long long)fan_out);
+    bound = sqrt(6.0 / (double)(fan_in + fan_out));
+    return pdp__tensor_init(t, r, 0, (float)-bound, (float)bound, "pdp_tensor_xavier_uniform");
+}

@@ -1,0 +1,209 @@
+/* threads: the intra-op thread pool behind pdp_set_num_threads, and per-thread scratch.
+
+   The thread count is a per-thread setting (a thread-local int, default 1): each
+   DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
+   another. The workers themselves are shared: one process-wide pool of persistent
+   POSIX threads, the single piece of process-wide state in pdp (OpenBLAS and every
+   OpenMP runtime keep the same kind of pool). It is created lazily by the first
+   pdp__parallel_for that needs it, grows when a caller asks for more threads than
+   it has, is reused by every later call, and is joined by pdp_shutdown_threads
+   (after which the next call starts it again).
+
+   Handing off work: a caller that wins pool.busy (pthread_mutex_trylock) writes the
+   job under pool.lock, bumps the generation and broadcasts pool.wake; worker w runs
+   index w + 1, the caller runs index 0 itself, then sleeps on pool.done until the
+   pending count reaches zero. Nobody spins and nothing is read outside the lock,
+   so the pool is TSan clean. A caller that loses the trylock (another thread is
+   using the pool, e.g. two DP workers in GEMM at once, or a nested call from inside
+   a job) runs every index itself, in order. Which thread runs an index never
+   changes what the index computes, so results do not depend on who won.
+
+   Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
+   buffer (GEMM packs its panels there), kept in a pthread key whose destructor
+   frees it when the thread exits; pdp_shutdown_threads frees the caller's. */
+
+#include "internal.h"
+#include <unistd.h>
+
+#define PDP__MAX_THREADS 256
+
+/* ---- threads: the per-thread setting ---- */
+
+static PDP__THREAD_LOCAL int pdp__num_threads; /* 0: never set, which means 1 */
+
+PDP_API pdp_status pdp_set_num_threads(int n)
+{
+    if (n <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP__MAX_THREADS) : 1;
+    }
+    if (n > PDP__MAX_THREADS)
+        return pdp__err(PDP_ERR_INVALID, "pdp_set_num_threads: n = %d exceeds the maximum of %d",
+                        n, PDP__MAX_THREADS);
+    pdp__num_threads = n;
+    return PDP_OK;
+}
+
+PDP_API int pdp_get_num_threads(void) { return pdp__num_threads > 0 ? pdp__num_threads : 1; }
+
+static int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
+
+/* ---- threads: per-thread scratch ---- */
+
+typedef struct pdp__scratch_hdr {
+    size_t bytes; /* usable bytes after the header */
+} pdp__scratch_hdr;
+
+static pthread_once_t pdp__scratch_once = PTHREAD_ONCE_INIT;
+static pthread_key_t pdp__scratch_key;
+static int pdp__scratch_key_ok;
+
+static void pdp__scratch_free(void *p) { pdp__dealloc(p); }
+
+static void pdp__scratch_init(void)
+{
+    pdp__scratch_key_ok = pthread_key_create(&pdp__scratch_key, pdp__scratch_free) == 0;
+}
+
+/* This thread's scratch buffer of at least `bytes` bytes (64-byte aligned), or NULL
+   when out of memory. Valid until the next call on the same thread; its contents
+   are not kept when it grows. Only leaf routines (GEMM) use it, never nested. */
+static void *pdp__thread_scratch(size_t bytes)
+{
+    pdp__scratch_hdr *h;
+    pthread_once(&pdp__scratch_once, pdp__scratch_init);
+    if (!pdp__scratch_key_ok) return NULL;
+    h = (pdp__scratch_hdr *)pthread_getspecific(pdp__scratch_key);
+    if (!h || h->bytes < bytes) {
+        size_t grown = bytes + bytes / 4 + 4096;
+        pdp__dealloc(h);
+        pthread_setspecific(pdp__scratch_key, NULL);
+        h = (pdp__scratch_hdr *)pdp__alloc(PDP__ALIGN + grown);
+        if (!h) return NULL;
+        h->bytes = grown;
+        pthread_setspecific(pdp__scratch_key, h);
+    }
+    return (unsigned char *)h + PDP__ALIGN;
+}
+
+/* ---- threads: the pool ---- */
+
+typedef struct pdp__pool {
+    pthread_mutex_t busy;   /* held by the one caller that owns the pool for a job */
+    pthread_mutex_t lock;   /* guards every field below */
+    pthread_cond_t wake;    /* workers: a new generation (or stop) */
+    pthread_cond_t done;    /* caller: pending reached 0 */
+    pthread_t tid[PDP__MAX_THREADS - 1];
+    unsigned long start_gen[PDP__MAX_THREADS - 1]; /* generation when worker w was made */
+    int nworkers;
+    int stop;
+    unsigned long generation; /* bumped once per job */
+    void (*fn)(void *arg, int i, int n);
+    void *arg;
+    int n;       /* indices of the current job; worker w runs index w + 1 */
+    int pending; /* workers that have not finished the current job */
+} pdp__pool;
+
+static pdp__pool pdp__the_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+                                  PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static void *pdp__worker_main(void *p)
+{
+    pdp__pool *pool = &pdp__the_pool;
+    int w = (int)(intptr_t)p;
+    unsigned long seen;
+    pthread_mutex_lock(&pool->lock);
+    seen = pool->start_gen[w];
+    for (;;) {
+        void (*fn)(void *, int, int);
+        void *arg;
+        int n;
+        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pool->wake, &pool->lock);
+        if (pool->stop) break;
+        seen = pool->generation;
+        fn = pool->fn;
+        arg = pool->arg;
+        n = pool->n;
+        if (w + 1 >= n) continue; /* not part of this job */
+        pthread_mutex_unlock(&pool->lock);
+        fn(arg, w + 1, n);
+        pthread_mutex_lock(&pool->lock);
+        if (--pool->pending == 0) pthread_cond_signal(&pool->done);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return NULL;
+}
+
+/* Makes sure the pool has `want` workers (called with busy held, no job running).
+   Stops at the first pthread_create failure: the caller then runs the missing
+   indices itself. */
+static void pdp__pool_grow(pdp__pool *pool, int want)
+{
+    want = PDP__MIN(want, PDP__MAX_THREADS - 1);
+    while (pool->nworkers < want) {
+        int w = pool->nworkers;
+        pthread_mutex_lock(&pool->lock);
+        pool->start_gen[w] = pool->generation;
+        pthread_mutex_unlock(&pool->lock);
+        if (pthread_create(&pool->tid[w], NULL, pdp__worker_main, (void *)(intptr_t)w) != 0) break;
+        pthread_mutex_lock(&pool->lock);
+        pool->nworkers++;
+        pthread_mutex_unlock(&pool->lock);
+    }
+}
+
+static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
+{
+    pdp__pool *pool = &pdp__the_pool;
+    int i, helpers;
+    if (n <= 1) {
+        if (n == 1) fn(arg, 0, 1);
+        return;
+    }
+    if (pthread_mutex_trylock(&pool->busy) != 0) { /* in use: run it all here */
+        for (i = 0; i < n; i++) fn(arg, i, n);
+        return;
+    }
+    pdp__pool_grow(pool, n - 1);
+    pthread_mutex_lock(&pool->lock);
+    helpers = PDP__MIN(n - 1, pool->nworkers);
+    pool->fn = fn;
+    pool->arg = arg;
+    pool->n = n;
+    pool->pending = helpers;
+    pool->generation++;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+
+    fn(arg, 0, n);
+    for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
+
+    pthread_mutex_lock(&pool->lock);
+    while (pool->pending > 0) pthread_cond_wait(&pool->done, &pool->lock);
+    pthread_mutex_unlock(&pool->lock);
+    pthread_mutex_unlock(&pool->busy);
+}
+
+PDP_API void pdp_shutdown_threads(void)
+{
+    pdp__pool *pool = &pdp__the_pool;
+    int w, nworkers;
+    pthread_mutex_lock(&pool->busy); /* waits for a job in flight to finish */
+    pthread_mutex_lock(&pool->lock);
+    pool->stop = 1;
+    nworkers = pool->nworkers;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (w = 0; w < nworkers; w++) pthread_join(pool->tid[w], NULL);
+    pthread_mutex_lock(&pool->lock);
+    pool->stop = 0;
+    pool->nworkers = 0;
+    pthread_mutex_unlock(&pool->lock);
+    pthread_mutex_unlock(&pool->busy);
+
+    pthread_once(&pdp__scratch_once, pdp__scratch_init);
+    if (pdp__scratch_key_ok) {
+        pdp__dealloc(pthread_getspecific(pdp__scratch_key));
+        pthread_setspecific(pdp__scratch_key, NULL);
+    }
+}

@@ -1,0 +1,3 @@
+/* trace: (to be written) */
+
+#include "internal.h"
