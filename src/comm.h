@@ -1,1 +1,88 @@
-/* comm: (to be written) */
+/* comm: communicators. One table of collectives (all-reduce, broadcast,
+   reduce-scatter, all-gather, barrier) behind every backend:
+     local  N ranks as threads of one process, buffers in shared memory; each
+            rank reduces one slice. No dependency; the default.
+     mpi    CPU ranks in separate processes or machines (-DPDP_MPI), with a
+            progress thread so collectives overlap compute.
+     nccl   GPU ranks (-DPDP_CUDA, pdp_cuda.cu).
+   Every collective is asynchronous: it returns at once with a handle that
+   pdp_work_wait completes (passing work = NULL makes the call synchronous).
+   Buffers are floats on the communicator's device; counts are elements.
+   Collectives on one communicator complete in the order they were issued, and
+   every rank must issue the same collectives in the same order (as in MPI and
+   NCCL). A rank that does not arrive within timeout_s makes the others fail
+   with PDP_ERR_TIMEOUT naming the collective and the missing rank. */
+
+typedef struct pdp_comm pdp_comm;
+typedef struct pdp_work pdp_work;
+typedef struct pdp_local_group pdp_local_group;
+
+typedef enum pdp_backend {
+    PDP_BACKEND_DEFAULT = 0, /* local */
+    PDP_BACKEND_LOCAL = 1,
+    PDP_BACKEND_MPI = 2,
+    PDP_BACKEND_NCCL = 3
+} pdp_backend;
+
+typedef enum pdp_reduce_op {
+    PDP_REDUCE_SUM = 0,
+    PDP_REDUCE_AVG = 1
+} pdp_reduce_op;
+
+typedef struct pdp_comm_desc {
+    pdp_backend backend;  /* default local */
+    double timeout_s;     /* a collective waits this long for a missing rank; default 300 */
+    pdp_device device;    /* where buffers live; default CPU (NCCL: the rank's GPU) */
+    const char *name;     /* for messages and the trace; default "comm" */
+} pdp_comm_desc;
+
+/* ---- local backend: ranks are threads ----
+   Create one group for world_size ranks, then each rank's thread calls
+   pdp_comm_create_local with its rank. The group outlives its communicators. */
+PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
+                                          const pdp_comm_desc *desc);
+PDP_API void pdp_local_group_free(pdp_local_group *g);
+PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank);
+
+/* ---- from the environment (torchrun or mpirun) ----
+   MPI: the rank and size come from MPI itself; NCCL: RANK, WORLD_SIZE,
+   LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or OMPI_COMM_WORLD_*), the unique id
+   through the TCP store on rank 0. Local is not available here (it needs a
+   group). A backend that was not compiled in fails with PDP_ERR_UNSUPPORTED
+   naming the macro. */
+PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc);
+
+PDP_API void pdp_comm_free(pdp_comm *c);
+PDP_API int pdp_comm_rank(const pdp_comm *c);
+PDP_API int pdp_comm_size(const pdp_comm *c);
+PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c);
+
+/* In place: buf <- op over ranks of buf. */
+PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                      pdp_work **work);
+/* buf on every rank <- buf on root. */
+PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                      pdp_work **work);
+/* send holds size * recv_count floats; rank r gets slice r of op over ranks. */
+PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work);
+/* recv (size * send_count floats) <- every rank's send, in rank order. */
+PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *recv,
+                                      int64_t send_count, pdp_work **work);
+PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work);
+/* Host bytes from root to every rank, synchronous (descriptions, signatures). */
+PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root);
+
+/* Completes a collective and recycles its handle (NULL is fine). The error of
+   a failed collective is returned here, with its message. */
+PDP_API pdp_status pdp_work_wait(pdp_work *work);
+/* true once the collective has completed (the handle stays valid until waited). */
+PDP_API bool pdp_work_done(pdp_work *work);
+
+/* Per-communicator counters, for learners and benchmarks. */
+typedef struct pdp_comm_stats {
+    int64_t collectives;   /* issued */
+    int64_t bytes_sent;    /* by this rank, as the algorithm moves them */
+    double busy_s;         /* summed launch-to-completion time of the collectives */
+} pdp_comm_stats;
+PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);

@@ -190,3 +190,41 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
    caller-visible pdp_optim_step only. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi);
+
+/* ---- communicator internals (comm.c, comm_mpi.c, pdp_cuda.cu's NCCL) ----
+   Each backend fills one table; the public pdp_comm_* functions validate their
+   arguments, then call it. A backend keeps its own handle pool so that a
+   training step allocates nothing. */
+typedef struct pdp__comm_ops {
+    pdp_status (*allreduce)(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op, pdp_work **w);
+    pdp_status (*broadcast)(pdp_comm *c, float *buf, int64_t count, int root, pdp_work **w);
+    pdp_status (*reduce_scatter)(pdp_comm *c, const float *send, float *recv, int64_t recv_count,
+                                 pdp_reduce_op op, pdp_work **w);
+    pdp_status (*allgather)(pdp_comm *c, const float *send, float *recv, int64_t send_count,
+                            pdp_work **w);
+    pdp_status (*barrier)(pdp_comm *c, pdp_work **w);
+    pdp_status (*broadcast_bytes)(pdp_comm *c, void *buf, size_t bytes, int root);
+    pdp_status (*wait)(pdp_work *w);
+    bool (*done)(pdp_work *w);
+    void (*destroy)(pdp_comm *c);
+} pdp__comm_ops;
+
+/* Common head of every communicator; a backend keeps its state behind impl. */
+struct pdp_comm {
+    const pdp__comm_ops *ops;
+    pdp_backend backend;
+    int rank, size;
+    double timeout_s;
+    pdp_device device;
+    char name[32];
+    pdp_comm_stats stats;
+    void *impl;
+};
+
+/* Common head of every handle; a backend's handle struct begins with it. */
+struct pdp_work {
+    pdp_comm *comm;
+    const char *op_name;  /* "allreduce", for messages and the trace */
+    int64_t seq;          /* collective number on this communicator */
+    double t_launch;      /* pdp__now() at launch */
+};

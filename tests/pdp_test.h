@@ -28,7 +28,7 @@
  *
  * A TEST returns its result: PASS(), FAIL(), SKIP() and every failing ASSERT* `return` from the
  * test function (no longjmp). Helpers returning `enum greatest_test_res` chain with CHECK_CALL.
- * Suites in other files: SUITE_EXTERN(name); to declare, RUN_SUITE(name) to run.
+ * A suite defined in another file is declared with `SUITE_EXTERN(name);` and run as usual.
  *
  * ASSERTIONS (each has an `m` form taking a message first: ASSERTm(msg, c), ASSERT_EQm(msg, e, g))
  *     ASSERT(c)  ASSERT_FALSE(c)  ASSERT_EQ(e, g)  ASSERT_NEQ  ASSERT_GT  ASSERT_GTE  ASSERT_LT
@@ -46,8 +46,8 @@
  * GPU TESTS
  *     SKIP_NO_CUDA();  SKIP_NO_CUDAm("no CUDA device");  PDP_TEST_SKIP_OR_FAIL("ENV", msg);
  * skip the test, unless the environment variable (PDP_TEST_REQUIRE_CUDA for the first two)
- * is set to anything but "" or "0": then the skip is a failure, so a GPU run cannot pass by
- * skipping.
+ * is set to anything but "" or "0" (pdp_test_env_on(name) tests that): then the skip is a
+ * failure, whose message says so, and a GPU run cannot pass by skipping.
  *
  * COMMAND LINE (parsed by GREATEST_MAIN_BEGIN)
  *     -h, --help   usage, exit 0              -l   list matching suites and tests, run nothing
@@ -58,7 +58,7 @@
  * Unknown or combined options (-z, -fv, --verbose) and a missing value print usage and exit 1.
  * Arguments not starting with '-' are ignored.
  *
- * OUTPUT is greatest's, byte for byte: `* Suite name:` headers, `.`/`s`/`F` per test (or one
+ * OUTPUT is greatest's, line for line: `* Suite name:` headers, `.`/`s`/`F` per test (or one
  * `PASS|SKIP|FAIL name: msg` line each with -v), `FAIL name: msg (file:line)`, a summary per
  * suite, then `Total: ...` and `Pass: P, fail: F, skip: S.`.
  * THE ONE DIVERGENCE: after greatest's report comes one more, final line
@@ -107,6 +107,8 @@
 #endif
 #ifndef GREATEST_FLOAT
 #define GREATEST_FLOAT double
+#endif
+#ifndef GREATEST_FLOAT_FMT
 #define GREATEST_FLOAT_FMT "%g"
 #endif
 #ifndef GREATEST_USE_TIME
