@@ -17,6 +17,7 @@ B        = build
 
 TEST_SRC = $(sort $(wildcard tests/test_*.c))
 TESTS    = $(patsubst tests/%.c,$(B)/%,$(TEST_SRC))
+TEST_SH  = $(sort $(wildcard tests/test_*.sh))
 EXAMPLES = $(patsubst examples/%.c,$(B)/%,$(sort $(wildcard examples/*.c)))
 BENCHES  = $(patsubst bench/%.c,$(B)/bench_%,$(sort $(wildcard bench/*.c)))
 SRCS     = $(wildcard src/*) amalgamate.py
@@ -42,7 +43,7 @@ $(B)/bench_%: bench/%.c pdp.h | $(B)
 examples: $(EXAMPLES)
 
 test: $(TESTS) $(EXAMPLES)
-	@sh tests/run_all.sh $(TESTS) -- $(EXAMPLES)
+	@B=$(B) sh tests/run_all.sh $(TESTS) $(TEST_SH) -- $(EXAMPLES)
 
 sanitize:
 	$(MAKE) B=build/asan OPT="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" test

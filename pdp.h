@@ -1,7 +1,96 @@
 /* pdp.h - v0.1.0 - embeddable C training library - MIT (see end of file)
    GENERATED from src/ by amalgamate.py: edit src/, then run `python3 amalgamate.py`.
 
-   (manual to be written)
+   QUICK START
+   ===========
+   Drop pdp.h into your project. In exactly one .c file:
+
+       #define PDP_IMPLEMENTATION
+       #include "pdp.h"
+
+       pdp_model *m;  pdp_optim *opt;  float loss;
+       pdp_model_desc md = { .input_shape = {784} , .seed = 1 };
+       pdp_model_create(&m, &md);
+       pdp_model_add_linear(m, 256); pdp_model_add_relu(m); pdp_model_add_linear(m, 10);
+       pdp_optim_create(&opt, m, &(pdp_optim_desc){ .kind = PDP_OPTIM_ADAM });
+       for (...) {                       /* x: pdp_tensor [batch, 784], y: int32 labels */
+           pdp_model_forward_backward(m, x, y, &loss);
+           pdp_optim_step(opt); pdp_optim_zero_grad(opt);
+       }
+
+   Every function that can fail returns a pdp_status; on failure pdp_last_error()
+   says what and where ("pdp_model_forward: layer 0 (Linear) expects [64, 784],
+   got [64, 785]"). examples/train_mnist.c is the whole program.
+
+   BUILD
+   =====
+       cc -O2 -march=native app.c -lm -lpthread
+       cc ... -DPDP_CBLAS app.c -lopenblas          GEMM through any CBLAS
+       mpicc ... -DPDP_MPI app.c                    the MPI communicator
+       nvcc -O2 -arch=sm_90 -DPDP_CUDA app.c pdp_cuda.cu -lcublas -lnccl
+   Strict C99 on glibc needs _POSIX_C_SOURCE before the first system header; pdp.h
+   defines it when it comes first, and stops with a hint when it cannot.
+
+   OPTIONS (define before including)
+   =================================
+       PDP_IMPLEMENTATION   in one file: compile the implementation
+       PDP_STATIC           every public symbol static (embed pdp twice)
+       PDP_API              linkage of public symbols (default extern)
+       PDP_MALLOC, PDP_FREE allocation (both or neither; default malloc/free)
+       PDP_ASSERT           internal invariants (default assert)
+       PDP_CBLAS            GEMM through cblas_sgemm (link a CBLAS)
+       PDP_MPI              the MPI communicator backend (build with mpicc)
+       PDP_CUDA             CUDA devices and NCCL (link pdp_cuda.o, cuBLAS, NCCL)
+
+   MEMORY
+   ======
+   Every allocation goes through PDP_MALLOC/PDP_FREE. Parameters and gradients
+   each live in one contiguous block with a view per named tensor. Activations are
+   sized for the largest batch seen (pdp_model_reserve): after the first step at
+   that batch, training steps allocate nothing.
+
+   ERRORS
+   ======
+   pdp_status: PDP_OK = 0, negative codes by area (-1.. general, -100 shapes and
+   numerics, -200 files, -300 CUDA, -400 communicators); pdp_status_name() gives
+   the name. The message is thread-local. The library never exits and never prints
+   unless given a log callback.
+
+   THREADS AND DETERMINISM
+   =======================
+   pdp_set_num_threads(n) sets the intra-op threads of the calling thread (large
+   GEMMs split over a process-wide pool of persistent workers; each output element
+   is computed by one thread, so the bits do not depend on n). Random numbers come
+   from explicit PCG32 states; a seed gives the same bits everywhere. Dropout masks
+   are a function of (seed, layer, step, global sample index), so DP and DDP draw
+   exactly the masks a single device would. Reductions run in a fixed order.
+
+   DEVICES AND CUDA
+   ================
+   A tensor and a model live on a pdp_device (pdp_cpu(), pdp_cuda(i)). With
+   PDP_CUDA, pdp_cuda.cu provides GPU memory, kernels, cuBLAS GEMMs and NCCL;
+   without it a CUDA device fails with PDP_ERR_UNSUPPORTED naming the macro.
+
+   DISTRIBUTED
+   ===========
+   DataParallel (pdp_dp): one process, one worker thread per device; replicate,
+   scatter, parallel forward/backward, gather, reduce to the master, master step.
+   DistributedDataParallel (pdp_ddp): one full replica per rank over a pdp_comm;
+   gradients are all-reduced in buckets while backward still runs. Communicators:
+   local (thread ranks, no dependency), mpi (PDP_MPI), nccl (PDP_CUDA).
+   Rendezvous as torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
+   (or OMPI_COMM_WORLD_* under mpirun); a TCP store on rank 0. PDP_TRACE=out.json
+   writes a Chrome trace of the steps and the collectives.
+
+   NON-GOALS
+   =========
+   No autograd graph (models are sequential), no dtypes other than float32, no
+   Windows threads yet, no ZeRO yet.
+
+   VERSION HISTORY
+   ===============
+   0.1.0  first release: tensors, GEMM, layers, optimizers, checkpoints, DP, DDP.
+          Full history in CHANGELOG.md.
 */
 /* Strict C99 on glibc hides POSIX (threads, clocks, sockets) unless _POSIX_C_SOURCE
    is defined before the first system header. Define it here when we still can. */
@@ -306,7 +395,11 @@ PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
 
    An optimizer updates the model's flat parameter block from its flat gradient
    block; its state (momentum, first and second moments) is flat too, with the
-   same offsets, so it can be sharded by ranges (ZeRO) and saved in one piece. */
+   same offsets, so it can be sharded by ranges (ZeRO) and saved in one piece.
+   The state is allocated by pdp_optim_create (on the model's device, zeroed),
+   so a step never allocates. The optimizer is bound to the model's parameter
+   count at creation: adding layers afterwards makes pdp_optim_step fail with
+   PDP_ERR_STATE. */
 
 typedef struct pdp_optim pdp_optim;
 
@@ -318,32 +411,45 @@ typedef enum pdp_optim_kind {
 
 typedef struct pdp_optim_desc {
     pdp_optim_kind kind;  /* default SGD */
-    float lr;             /* default 0.01 for SGD, 0.001 for Adam and AdamW */
-    float momentum;       /* SGD; default 0 */
-    float dampening;      /* SGD; default 0 */
+    float lr;             /* >= 0; default 0.01 for SGD, 0.001 for Adam and AdamW */
+    float momentum;       /* SGD, >= 0; default 0 (no momentum buffer) */
+    float dampening;      /* SGD, in [0, 1]; default 0 */
     bool nesterov;        /* SGD; needs momentum > 0 and dampening 0 */
-    float weight_decay;   /* default 0 (AdamW: 0 also means 0; PyTorch's default is 0.01) */
-    float beta1;          /* Adam/AdamW; default 0.9 */
-    float beta2;          /* Adam/AdamW; default 0.999 */
-    float eps;            /* Adam/AdamW; default 1e-8 */
+    float weight_decay;   /* >= 0; default 0 (AdamW: 0 also means 0; PyTorch's default
+                             is 0.01). SGD and Adam: L2 added to the gradient;
+                             AdamW: decoupled, p *= 1 - lr * weight_decay */
+    float beta1;          /* Adam/AdamW, in [0, 1); default 0.9 (0 cannot be asked for:
+                             it means the default; use 1e-30 for "no first moment") */
+    float beta2;          /* Adam/AdamW, in [0, 1); default 0.999 */
+    float eps;            /* Adam/AdamW, >= 0; default 1e-8 */
 } pdp_optim_desc;
 
+/* desc may be NULL (SGD, lr 0.01). Invalid fields fail with PDP_ERR_INVALID
+   naming the field and its value ("lr -0.1 < 0"). */
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc);
-PDP_API void pdp_optim_free(pdp_optim *o);
-/* One update of every parameter from its gradient. */
+PDP_API void pdp_optim_free(pdp_optim *o); /* NULL is fine */
+/* One update of every parameter from its gradient; then steps += 1. Large
+   blocks are split over the calling thread's intra-op threads (element-wise,
+   so the bits do not depend on the thread count). */
 PDP_API pdp_status pdp_optim_step(pdp_optim *o);
+/* Zeros the gradient block of the model the optimizer was created on. */
 PDP_API void pdp_optim_zero_grad(pdp_optim *o);
 PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr);
 PDP_API float pdp_optim_lr(const pdp_optim *o);
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o); /* updates done so far */
+/* The desc in use, defaults filled in (sokol's query-defaults). */
+PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o);
+PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind); /* "SGD", "Adam", "AdamW" */
 
 /* Scales all gradients so their global L2 norm is at most max_norm (as
    torch.nn.utils.clip_grad_norm_); *total_norm gets the norm before clipping
    (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC. */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm);
 
-/* Linear warm-up from 0 to base_lr over warmup steps, then cosine decay to
-   min_lr at total steps (held after). step counts from 0. */
+/* Linear warm-up, then cosine decay (llm.c's schedule). step counts from 0:
+   step < warmup: base_lr * (step + 1) / warmup (the first step is not spent at
+   lr 0); warmup <= step < total: min_lr + (base_lr - min_lr) * (1 + cos(pi *
+   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. */
 PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
                                    float min_lr);
 /* ---- end src/optim.h ---- */
@@ -553,7 +659,147 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);
 #define PDP__MATH_INCLUDED
 
 /* ---- begin src/math.h ---- */
-/* math: (to be written) */
+/* math: element math written once for the CPU (layers.c, optim.c) and for the
+   CUDA kernels of pdp_cuda.cu.
+
+   pdp.h emits this block after the public API and outside the implementation
+   guard, so pdp_cuda.cu includes it without the CPU implementation, and the CPU
+   tests cover the very formulas the kernels run. Every helper is `static inline
+   PDP__HOSTDEV`: __host__ __device__ under nvcc, nothing otherwise. Only <math.h>
+   float functions and integer arithmetic are used, so the dropout hash gives the
+   same bits on both sides. */
+
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#  define PDP__HOSTDEV __host__ __device__
+#else
+#  define PDP__HOSTDEV
+#endif
+
+/* ---- math: activations ----
+   Each forward helper has a backward partner that returns dL/dx from the
+   upstream gradient and whatever forward value is cheapest to reuse (x for GELU,
+   y for the others). */
+
+static inline PDP__HOSTDEV float pdp__relu(float x) { return x > 0.0f ? x : 0.0f; }
+/* From the output: y > 0 exactly where x > 0 (PyTorch's threshold_backward). */
+static inline PDP__HOSTDEV float pdp__relu_grad(float dy, float y) { return y > 0.0f ? dy : 0.0f; }
+
+/* GELU, tanh approximation (PyTorch's approximate='tanh', Hendrycks and Gimpel
+   2016): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). */
+#define PDP__GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+#define PDP__GELU_A 0.044715f
+static inline PDP__HOSTDEV float pdp__gelu(float x)
+{
+    float u = PDP__GELU_C * (x + PDP__GELU_A * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+/* d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, t = tanh(u), du/dx = c (1 + 3 a x^2). */
+static inline PDP__HOSTDEV float pdp__gelu_grad(float dy, float x)
+{
+    float x2 = x * x;
+    float t = tanhf(PDP__GELU_C * (x + PDP__GELU_A * x2 * x));
+    float du = PDP__GELU_C * (1.0f + 3.0f * PDP__GELU_A * x2);
+    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
+
+static inline PDP__HOSTDEV float pdp__tanh_grad(float dy, float y) { return dy * (1.0f - y * y); }
+
+/* 1 / (1 + e^-x), written so that neither branch overflows. */
+static inline PDP__HOSTDEV float pdp__sigmoid(float x)
+{
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    {
+        float e = expf(x);
+        return e / (1.0f + e);
+    }
+}
+static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y) { return dy * y * (1.0f - y); }
+
+/* ---- math: dropout masks ----
+   The mask bit of element j of sample s is a pure function of
+   (seed, layer, step, s, j): a counter-based generator in the style of
+   Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC 2011), built
+   from SplitMix64's finaliser (Steele, Lea and Flood, OOPSLA 2014). Nothing is
+   carried from one element to the next, so any split of a batch (DP replicas
+   with their sample_base, CUDA threads) draws exactly the masks that one device
+   draws for the whole batch. An element is kept when the top 24 bits of its hash
+   are >= the threshold floor(p * 2^24): probability 1 - p up to 2^-24. */
+
+static inline PDP__HOSTDEV uint64_t pdp__mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The key of one sample; element j's draw is pdp__dropout_bits(key, j). */
+static inline PDP__HOSTDEV uint64_t pdp__dropout_key(uint64_t seed, int layer, uint64_t step,
+                                                     int64_t sample)
+{
+    uint64_t k = pdp__mix64(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(layer + 1));
+    k = pdp__mix64(k ^ (step * 0xd1b54a32d192ed03ull));
+    return pdp__mix64(k ^ ((uint64_t)sample * 0x8cb92ba72f3d8dd7ull));
+}
+
+/* 24 uniform bits for element j of the sample with this key. */
+static inline PDP__HOSTDEV uint32_t pdp__dropout_bits(uint64_t key, int64_t j)
+{
+    return (uint32_t)(pdp__mix64(key + 0x9e3779b97f4a7c15ull * (uint64_t)(j + 1)) >> 40);
+}
+
+/* floor(p * 2^24), computed in float exactly as on the device. */
+static inline PDP__HOSTDEV uint32_t pdp__dropout_threshold(float p)
+{
+    return (uint32_t)(p * 16777216.0f);
+}
+
+/* ---- math: optimizer element updates ----
+   One parameter element of torch.optim.SGD, Adam and AdamW (PyTorch 1.13+,
+   single-tensor path, maximize=False), in PyTorch's operation order so the
+   bits follow it. The caller turns the hyper-parameters into per-step float
+   scalars once (in double on the host, as PyTorch does in Python), and both
+   the CPU loop of optim.c and a CUDA kernel call these per element.
+
+   SGD:   d = g + wd p;  b = first ? d : momentum b + (1 - dampening) d;
+          d = nesterov ? d + momentum b : b (momentum > 0 only);  p -= lr d.
+   Adam:  g += l2 p (Adam's weight decay; 0 for AdamW);  p *= decay
+          (AdamW's 1 - lr wd; 1 for Adam);  m = beta1 m + (1 - beta1) g;
+          v = beta2 v + (1 - beta2) g g;  p -= step_size m / (sqrt(v) / bc2_sqrt + eps),
+          step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t). */
+
+/* one_minus_damp = 1 - dampening. first: the momentum buffer is initialised
+   to d (PyTorch's clone on the first step). buf is unused when momentum == 0. */
+static inline PDP__HOSTDEV float pdp__sgd_update(float p, float g, float *buf, float lr,
+                                                 float momentum, float one_minus_damp,
+                                                 float weight_decay, int nesterov, int first)
+{
+    float d = weight_decay != 0.0f ? g + weight_decay * p : g;
+    if (momentum != 0.0f) {
+        float b = first ? d : momentum * *buf + one_minus_damp * d;
+        *buf = b;
+        d = nesterov ? d + momentum * b : b;
+    }
+    return p - lr * d;
+}
+
+/* Adam and AdamW (see above); *m and *v are the element's moments. */
+static inline PDP__HOSTDEV float pdp__adam_update(float p, float g, float *m, float *v, float beta1,
+                                                  float one_minus_beta1, float beta2,
+                                                  float one_minus_beta2, float step_size,
+                                                  float bc2_sqrt, float eps, float l2, float decay)
+{
+    float mm, vv;
+    if (l2 != 0.0f) g = g + l2 * p;
+    p = p * decay;
+    mm = beta1 * *m + one_minus_beta1 * g;
+    vv = beta2 * *v + one_minus_beta2 * g * g;
+    *m = mm;
+    *v = vv;
+    return p - step_size * mm / (sqrtf(vv) / bc2_sqrt + eps);
+}
 /* ---- end src/math.h ---- */
 
 #endif /* PDP__MATH_INCLUDED */
@@ -971,11 +1217,15 @@ static void *pdp__thread_scratch(size_t bytes)
 
 /* ---- threads: the pool ---- */
 
+/* The pool. busy is held by the one caller that owns the pool for a job; lock
+   guards every field of pdp__the_pool; wake tells workers about a new generation
+   (or stop); done tells the caller that pending reached 0. */
+static pthread_mutex_t pdp__pool_busy = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t pdp__pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pdp__pool_wake = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t pdp__pool_done = PTHREAD_COND_INITIALIZER;
+
 typedef struct pdp__pool {
-    pthread_mutex_t busy;   /* held by the one caller that owns the pool for a job */
-    pthread_mutex_t lock;   /* guards every field below */
-    pthread_cond_t wake;    /* workers: a new generation (or stop) */
-    pthread_cond_t done;    /* caller: pending reached 0 */
     pthread_t tid[PDP__MAX_THREADS - 1];
     unsigned long start_gen[PDP__MAX_THREADS - 1]; /* generation when worker w was made */
     int nworkers;
@@ -987,33 +1237,32 @@ typedef struct pdp__pool {
     int pending; /* workers that have not finished the current job */
 } pdp__pool;
 
-static pdp__pool pdp__the_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
-                                  PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
+static pdp__pool pdp__the_pool; /* zero: no workers yet */
 
 static void *pdp__worker_main(void *p)
 {
     pdp__pool *pool = &pdp__the_pool;
     int w = (int)(intptr_t)p;
     unsigned long seen;
-    pthread_mutex_lock(&pool->lock);
+    pthread_mutex_lock(&pdp__pool_lock);
     seen = pool->start_gen[w];
     for (;;) {
         void (*fn)(void *, int, int);
         void *arg;
         int n;
-        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pool->wake, &pool->lock);
+        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pdp__pool_wake, &pdp__pool_lock);
         if (pool->stop) break;
         seen = pool->generation;
         fn = pool->fn;
         arg = pool->arg;
         n = pool->n;
         if (w + 1 >= n) continue; /* not part of this job */
-        pthread_mutex_unlock(&pool->lock);
+        pthread_mutex_unlock(&pdp__pool_lock);
         fn(arg, w + 1, n);
-        pthread_mutex_lock(&pool->lock);
-        if (--pool->pending == 0) pthread_cond_signal(&pool->done);
+        pthread_mutex_lock(&pdp__pool_lock);
+        if (--pool->pending == 0) pthread_cond_signal(&pdp__pool_done);
     }
-    pthread_mutex_unlock(&pool->lock);
+    pthread_mutex_unlock(&pdp__pool_lock);
     return NULL;
 }
 
@@ -1025,13 +1274,13 @@ static void pdp__pool_grow(pdp__pool *pool, int want)
     want = PDP__MIN(want, PDP__MAX_THREADS - 1);
     while (pool->nworkers < want) {
         int w = pool->nworkers;
-        pthread_mutex_lock(&pool->lock);
+        pthread_mutex_lock(&pdp__pool_lock);
         pool->start_gen[w] = pool->generation;
-        pthread_mutex_unlock(&pool->lock);
+        pthread_mutex_unlock(&pdp__pool_lock);
         if (pthread_create(&pool->tid[w], NULL, pdp__worker_main, (void *)(intptr_t)w) != 0) break;
-        pthread_mutex_lock(&pool->lock);
+        pthread_mutex_lock(&pdp__pool_lock);
         pool->nworkers++;
-        pthread_mutex_unlock(&pool->lock);
+        pthread_mutex_unlock(&pdp__pool_lock);
     }
 }
 
@@ -1043,46 +1292,46 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
         if (n == 1) fn(arg, 0, 1);
         return;
     }
-    if (pthread_mutex_trylock(&pool->busy) != 0) { /* in use: run it all here */
+    if (pthread_mutex_trylock(&pdp__pool_busy) != 0) { /* in use: run it all here */
         for (i = 0; i < n; i++) fn(arg, i, n);
         return;
     }
     pdp__pool_grow(pool, n - 1);
-    pthread_mutex_lock(&pool->lock);
+    pthread_mutex_lock(&pdp__pool_lock);
     helpers = PDP__MIN(n - 1, pool->nworkers);
     pool->fn = fn;
     pool->arg = arg;
     pool->n = n;
     pool->pending = helpers;
     pool->generation++;
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->lock);
+    pthread_cond_broadcast(&pdp__pool_wake);
+    pthread_mutex_unlock(&pdp__pool_lock);
 
     fn(arg, 0, n);
     for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
 
-    pthread_mutex_lock(&pool->lock);
-    while (pool->pending > 0) pthread_cond_wait(&pool->done, &pool->lock);
-    pthread_mutex_unlock(&pool->lock);
-    pthread_mutex_unlock(&pool->busy);
+    pthread_mutex_lock(&pdp__pool_lock);
+    while (pool->pending > 0) pthread_cond_wait(&pdp__pool_done, &pdp__pool_lock);
+    pthread_mutex_unlock(&pdp__pool_lock);
+    pthread_mutex_unlock(&pdp__pool_busy);
 }
 
 PDP_API void pdp_shutdown_threads(void)
 {
     pdp__pool *pool = &pdp__the_pool;
     int w, nworkers;
-    pthread_mutex_lock(&pool->busy); /* waits for a job in flight to finish */
-    pthread_mutex_lock(&pool->lock);
+    pthread_mutex_lock(&pdp__pool_busy); /* waits for a job in flight to finish */
+    pthread_mutex_lock(&pdp__pool_lock);
     pool->stop = 1;
     nworkers = pool->nworkers;
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->lock);
+    pthread_cond_broadcast(&pdp__pool_wake);
+    pthread_mutex_unlock(&pdp__pool_lock);
     for (w = 0; w < nworkers; w++) pthread_join(pool->tid[w], NULL);
-    pthread_mutex_lock(&pool->lock);
+    pthread_mutex_lock(&pdp__pool_lock);
     pool->stop = 0;
     pool->nworkers = 0;
-    pthread_mutex_unlock(&pool->lock);
-    pthread_mutex_unlock(&pool->busy);
+    pthread_mutex_unlock(&pdp__pool_lock);
+    pthread_mutex_unlock(&pdp__pool_busy);
 
     pthread_once(&pdp__scratch_once, pdp__scratch_init);
     if (pdp__scratch_key_ok) {
@@ -1382,9 +1631,414 @@ PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t 
 /* ---- end src/tensor.c ---- */
 
 /* ---- begin src/gemm.c ---- */
-/* gemm: (to be written) */
+/* gemm: single-precision matrix product, C = alpha * op(A) * op(B) + beta * C.
+
+   Row-major, op(X) = X or X^T, all four layouts. The structure is the one of
+   Goto and van de Geijn, "Anatomy of high-performance matrix multiplication"
+   (ACM TOMS 34(3), 2008) and of BLIS (Van Zee and van de Geijn, 2015):
+
+     for each NC-wide block of columns       (jc)
+       for each KC-deep block of k           (pc)   pack op(B) block, KC x NC  -> L2
+         for each MR-tall row panel          (ir)   pack op(A) panel, MR x KC  -> L1
+           for each NR-wide column panel     (jr)   micro-kernel: MR x NR tile of C
+
+   The micro-kernel keeps an MR x NR tile of C in registers and adds one rank-1
+   update per k: NR floats of packed B are loaded, MR floats of packed A are
+   broadcast, MR * NR / VL fused multiply-adds. Kernels by instruction set:
+   AVX-512F 8 x 32 (16 zmm accumulators), AVX2+FMA 6 x 16 (12 ymm), and portable
+   C 4 x 16 (what -DPDP_NO_SIMD or a plain x86-64 target gets). Packing pads
+   partial panels with zeros, so the kernel always runs full tiles and masks only
+   its stores. With -DPDP_CBLAS the whole call goes to cblas_sgemm instead.
+
+   Invariants:
+   - Determinism. Every element of C is computed by exactly one thread, as the
+     same chain of FMAs over k (in KC blocks whose bounds depend only on k), and
+     the tile grid is anchored at row 0 and column 0 whatever the split. So the
+     bits do not depend on the thread count, and a caller that finds the pool
+     busy (and runs everything itself) gets the same bits too.
+   - beta == 0: C is written without being read (NaN in C does not leak); so is
+     it when k == 0 or alpha == 0 (C = beta * C).
+   - Memory: packed panels live in the calling thread's scratch buffer
+     (pdp__thread_scratch), which grows on the first call of a given size and is
+     reused afterwards; a training loop allocates nothing here after step one.
+     If even that allocation fails, a slow unpacked loop computes the product. */
 
 /* #include "internal.h" (already above) */
+
+#if defined(__cplusplus)
+#  define PDP__GEMM_RESTRICT __restrict__
+#else
+#  define PDP__GEMM_RESTRICT restrict
+#endif
+
+#if defined(PDP_CBLAS)
+#  include <cblas.h>
+
+PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
+{
+    if (m <= 0 || n <= 0) return;
+    cblas_sgemm(CblasRowMajor, ta == PDP_TRANS ? CblasTrans : CblasNoTrans,
+                tb == PDP_TRANS ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a,
+                (int)PDP__MAX(lda, 1), b, (int)PDP__MAX(ldb, 1), beta, c, (int)ldc);
+}
+
+#else /* our own */
+
+/* ---- gemm: micro-kernels ---- */
+
+/* Kernel contract: kc >= 1; ap holds kc groups of MR floats, bp kc groups of NR
+   floats (both packed, 64-byte aligned). Writes the top-left mr x nr of the tile
+   to c (row stride ldc) as alpha * acc + beta * c, not reading c when beta == 0. */
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+#  include <immintrin.h>
+#  define PDP__GEMM_KERNEL "avx512 8x32"
+#  define PDP__GEMM_MR 8
+#  define PDP__GEMM_NV 2
+#  define PDP__GEMM_VL 16
+
+static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                             int nr, float alpha, float beta)
+{
+    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[PDP__GEMM_NV];
+    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int64_t p;
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
+    }
+    for (p = 0; p < kc; p++) {
+        __m512 bv[PDP__GEMM_NV];
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            bv[v] = _mm512_load_ps(bp + v * PDP__GEMM_VL);
+        }
+        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+            __m512 ai = _mm512_set1_ps(ap[i]);
+            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+                acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+            }
+        }
+        ap += PDP__GEMM_MR;
+        bp += PDP__GEMM_NV * PDP__GEMM_VL;
+    }
+    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        int left = nr - v * PDP__GEMM_VL;
+        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (i >= mr) break;
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (full) {
+                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), r);
+                _mm512_storeu_ps(ci + v * 16, r);
+            } else {
+                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
+                _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
+            }
+        }
+    }
+}
+
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__) && defined(__FMA__)
+#  include <immintrin.h>
+#  define PDP__GEMM_KERNEL "avx2 6x16"
+#  define PDP__GEMM_MR 6
+#  define PDP__GEMM_NV 2
+#  define PDP__GEMM_VL 8
+
+static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                             int nr, float alpha, float beta)
+{
+    __m256 acc[PDP__GEMM_MR][PDP__GEMM_NV];
+    __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+    __m256i mask[PDP__GEMM_NV];
+    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int64_t p;
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm256_setzero_ps();
+    }
+    for (p = 0; p < kc; p++) {
+        __m256 bv[PDP__GEMM_NV];
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            bv[v] = _mm256_load_ps(bp + v * PDP__GEMM_VL);
+        }
+        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+            __m256 ai = _mm256_broadcast_ss(ap + i);
+            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+                acc[i][v] = _mm256_fmadd_ps(ai, bv[v], acc[i][v]);
+            }
+        }
+        ap += PDP__GEMM_MR;
+        bp += PDP__GEMM_NV * PDP__GEMM_VL;
+    }
+    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        int left = nr - v * PDP__GEMM_VL;
+        mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (i >= mr) break;
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            __m256 r = _mm256_mul_ps(va, acc[i][v]);
+            if (full) {
+                if (beta != 0.0f) r = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + v * 8), r);
+                _mm256_storeu_ps(ci + v * 8, r);
+            } else {
+                if (beta != 0.0f) r = _mm256_fmadd_ps(vb, _mm256_maskload_ps(ci + v * 8, mask[v]), r);
+                _mm256_maskstore_ps(ci + v * 8, mask[v], r);
+            }
+        }
+    }
+}
+
+#else
+#  define PDP__GEMM_KERNEL "portable 4x16"
+#  define PDP__GEMM_MR 4
+#  define PDP__GEMM_NV 1
+#  define PDP__GEMM_VL 16
+
+static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                             int nr, float alpha, float beta)
+{
+    float acc[PDP__GEMM_MR][PDP__GEMM_VL];
+    int i, j;
+    int64_t p;
+    memset(acc, 0, sizeof acc);
+    for (p = 0; p < kc; p++) {
+        for (i = 0; i < PDP__GEMM_MR; i++) {
+            float ai = ap[i];
+            for (j = 0; j < PDP__GEMM_VL; j++) acc[i][j] += ai * bp[j];
+        }
+        ap += PDP__GEMM_MR;
+        bp += PDP__GEMM_VL;
+    }
+    for (i = 0; i < mr; i++) {
+        float *ci = c + i * ldc;
+        for (j = 0; j < nr; j++) {
+            float r = alpha * acc[i][j];
+            ci[j] = beta != 0.0f ? r + beta * ci[j] : r;
+        }
+    }
+}
+#endif
+
+#define PDP__GEMM_NR (PDP__GEMM_NV * PDP__GEMM_VL)
+
+/* Blocking. KC: depth of one packed block (k is cut into equal blocks of at most
+   KC). NC: columns of packed B per block (KC x NC floats stay in L2). Both fixed,
+   so the summation order never depends on the thread count. */
+#ifndef PDP__GEMM_KC
+#  define PDP__GEMM_KC 256
+#endif
+#ifndef PDP__GEMM_NC
+#  define PDP__GEMM_NC 512
+#endif
+/* Products below this many flops stay on the calling thread. */
+#ifndef PDP__GEMM_PAR_FLOPS
+#  define PDP__GEMM_PAR_FLOPS 4.0e6
+#endif
+
+/* ---- gemm: packing ---- */
+
+/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i],
+   rows mr..MR-1 zero. */
+static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
+                             float *PDP__GEMM_RESTRICT ap)
+{
+    int i;
+    int64_t p;
+    if (ta == PDP_NO_TRANS) { /* op(A)(i, p) = a[i * lda + p]: rows contiguous in k */
+        for (i = 0; i < mr; i++) {
+            const float *row = a + i * lda;
+            for (p = 0; p < kc; p++) ap[p * PDP__GEMM_MR + i] = row[p];
+        }
+        for (; i < PDP__GEMM_MR; i++) {
+            for (p = 0; p < kc; p++) ap[p * PDP__GEMM_MR + i] = 0.0f;
+        }
+    } else { /* op(A)(i, p) = a[p * lda + i]: k-major already */
+        for (p = 0; p < kc; p++) {
+            const float *src = a + p * lda;
+            float *dst = ap + p * PDP__GEMM_MR;
+            for (i = 0; i < mr; i++) dst[i] = src[i];
+            for (; i < PDP__GEMM_MR; i++) dst[i] = 0.0f;
+        }
+    }
+}
+
+/* op(B) rows [0, kc) x columns [0, nc) into panels of NR columns:
+   bp[(j / NR) * kc * NR + p * NR + j % NR], columns past nc zero. */
+static void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, int64_t kc, int64_t nc,
+                             float *PDP__GEMM_RESTRICT bp)
+{
+    int64_t j0, p;
+    int j;
+    for (j0 = 0; j0 < nc; j0 += PDP__GEMM_NR) {
+        int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - j0);
+        float *panel = bp + j0 * kc;
+        if (tb == PDP_NO_TRANS) { /* op(B)(p, j) = b[p * ldb + j]: rows contiguous in n */
+            for (p = 0; p < kc; p++) {
+                const float *src = b + p * ldb + j0;
+                float *dst = panel + p * PDP__GEMM_NR;
+                for (j = 0; j < nr; j++) dst[j] = src[j];
+                for (; j < PDP__GEMM_NR; j++) dst[j] = 0.0f;
+            }
+        } else { /* op(B)(p, j) = b[j * ldb + p]: columns contiguous in k */
+            for (j = 0; j < nr; j++) {
+                const float *src = b + (j0 + j) * ldb;
+                for (p = 0; p < kc; p++) panel[p * PDP__GEMM_NR + j] = src[p];
+            }
+            for (; j < PDP__GEMM_NR; j++) {
+                for (p = 0; p < kc; p++) panel[p * PDP__GEMM_NR + j] = 0.0f;
+            }
+        }
+    }
+}
+
+/* ---- gemm: the blocked product on one thread ---- */
+
+typedef struct pdp__gemm_args {
+    pdp_trans ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+    int64_t lda, ldb, ldc;
+    int64_t kb;   /* depth of each k block (the last may be shorter) */
+    int split_n;  /* 1: parts are column ranges; 0: row ranges */
+} pdp__gemm_args;
+
+static int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* Floats of scratch one part of at most `cols` columns needs. */
+static size_t pdp__gemm_scratch_floats(const pdp__gemm_args *g, int64_t cols)
+{
+    int64_t nc = PDP__MIN((int64_t)PDP__GEMM_NC, pdp__gemm_round_up(cols, PDP__GEMM_NR));
+    return (size_t)(g->kb * nc + g->kb * PDP__GEMM_MR);
+}
+
+/* Rows [m0, m1) x columns [n0, n1) of C; m0 is a multiple of MR, n0 of NR. */
+static void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
+                            int64_t n1, float *scratch)
+{
+    int64_t jc, pc, ir, jr;
+    int64_t ncmax = PDP__MIN((int64_t)PDP__GEMM_NC, pdp__gemm_round_up(n1 - n0, PDP__GEMM_NR));
+    float *bp = scratch, *ap = scratch + g->kb * ncmax;
+    for (jc = n0; jc < n1; jc += PDP__GEMM_NC) {
+        int64_t nc = PDP__MIN((int64_t)PDP__GEMM_NC, n1 - jc);
+        for (pc = 0; pc < g->k; pc += g->kb) {
+            int64_t kc = PDP__MIN(g->kb, g->k - pc);
+            float beta = pc == 0 ? g->beta : 1.0f;
+            const float *bsrc = g->tb == PDP_NO_TRANS ? g->b + pc * g->ldb + jc
+                                                      : g->b + jc * g->ldb + pc;
+            pdp__gemm_pack_b(g->tb, bsrc, g->ldb, kc, nc, bp);
+            for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
+                int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
+                const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
+                                                          : g->a + pc * g->lda + ir;
+                pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
+                    int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
+                    pdp__gemm_kernel(kc, ap, bp + jr * kc, g->c + ir * g->ldc + jc + jr, g->ldc,
+                                     mr, nr, g->alpha, beta);
+                }
+            }
+        }
+    }
+}
+
+/* Unpacked fallback for when scratch cannot be allocated (same contract, slow). */
+static void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
+                               int64_t n1)
+{
+    int64_t i, j, p;
+    for (i = m0; i < m1; i++) {
+        for (j = n0; j < n1; j++) {
+            float acc = 0.0f, *cij = g->c + i * g->ldc + j;
+            for (p = 0; p < g->k; p++) {
+                float x = g->ta == PDP_NO_TRANS ? g->a[i * g->lda + p] : g->a[p * g->lda + i];
+                float y = g->tb == PDP_NO_TRANS ? g->b[p * g->ldb + j] : g->b[j * g->ldb + p];
+                acc += x * y;
+            }
+            *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
+        }
+    }
+}
+
+/* ---- gemm: threads ---- */
+
+/* Part i of n: an equal share of the MR-row or NR-column panels. */
+static void pdp__gemm_part(void *arg, int i, int n)
+{
+    const pdp__gemm_args *g = (const pdp__gemm_args *)arg;
+    int64_t step = g->split_n ? PDP__GEMM_NR : PDP__GEMM_MR;
+    int64_t len = g->split_n ? g->n : g->m;
+    int64_t panels = (len + step - 1) / step;
+    int64_t lo = PDP__MIN(len, panels * i / n * step), hi = PDP__MIN(len, panels * (i + 1) / n * step);
+    int64_t m0 = g->split_n ? 0 : lo, m1 = g->split_n ? g->m : hi;
+    int64_t n0 = g->split_n ? lo : 0, n1 = g->split_n ? hi : g->n;
+    float *scratch;
+    if (lo >= hi) return;
+    scratch = (float *)pdp__thread_scratch(sizeof(float) * pdp__gemm_scratch_floats(g, n1 - n0));
+    if (scratch)
+        pdp__gemm_block(g, m0, m1, n0, n1, scratch);
+    else
+        pdp__gemm_unpacked(g, m0, m1, n0, n1);
+}
+
+PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
+{
+    pdp__gemm_args g;
+    int threads, parts;
+    int64_t blocks, i, j;
+    if (m <= 0 || n <= 0) return;
+    PDP_ASSERT(ldc >= n);
+    if (k <= 0 || alpha == 0.0f) { /* C = beta * C */
+        for (i = 0; i < m; i++) {
+            float *ci = c + i * ldc;
+            for (j = 0; j < n; j++) ci[j] = beta != 0.0f ? beta * ci[j] : 0.0f;
+        }
+        return;
+    }
+    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m) && ldb >= (tb == PDP_NO_TRANS ? n : k));
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = alpha;
+    g.beta = beta;
+    g.a = a;
+    g.b = b;
+    g.c = c;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.ldc = ldc;
+    blocks = (k + PDP__GEMM_KC - 1) / PDP__GEMM_KC;
+    g.kb = (k + blocks - 1) / blocks; /* equal blocks, depends on k only */
+
+    /* Threads: one part per thread, along the dimension with more panels. */
+    threads = pdp__threads_for_caller();
+    if (2.0 * (double)m * (double)n * (double)k < PDP__GEMM_PAR_FLOPS) threads = 1;
+    {
+        int64_t npan = (n + PDP__GEMM_NR - 1) / PDP__GEMM_NR;
+        int64_t mpan = (m + PDP__GEMM_MR - 1) / PDP__GEMM_MR;
+        g.split_n = npan >= 2 * (int64_t)threads || npan * PDP__GEMM_NR >= mpan * PDP__GEMM_MR;
+        parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
+    }
+    pdp__parallel_for(parts, pdp__gemm_part, &g);
+}
+
+#endif /* PDP_CBLAS */
 /* ---- end src/gemm.c ---- */
 
 /* ---- begin src/ops.c ---- */
@@ -2672,6 +3326,466 @@ static void *pdp__store_serve(void *arg)
         srv->n_conns = n;
     }
     return NULL;
+}
+
+static void pdp__store_server_free(pdp__store_server *srv)
+{
+    int i;
+    if (!srv) return;
+    for (i = 0; i < srv->n_conns; i++) pdp__store_conn_free(srv->conns[i]);
+    for (i = 0; i < srv->n_entries; i++) pdp__dealloc(srv->entries[i].data);
+    if (srv->listen_fd >= 0) close(srv->listen_fd);
+    if (srv->wake[0] >= 0) close(srv->wake[0]);
+    if (srv->wake[1] >= 0) close(srv->wake[1]);
+    pdp__dealloc(srv->conns);
+    pdp__dealloc(srv->pfds);
+    pdp__dealloc(srv->entries);
+    pdp__dealloc(srv);
+}
+
+/* Binds host:port, listens and starts the loop; *port gets the port bound. */
+static pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    pdp__store_server *srv;
+    char service[16], why[128] = "no usable address";
+    int rc, one = 1;
+
+    *out = NULL;
+    srv = (pdp__store_server *)pdp__calloc(sizeof *srv);
+    if (!srv) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
+    srv->listen_fd = srv->wake[0] = srv->wake[1] = -1;
+    srv->pfds = (struct pollfd *)pdp__store_grow(NULL, &srv->cap_pfds, 2, sizeof *srv->pfds);
+    if (!srv->pfds) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
+    }
+
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(service, sizeof service, "%d", *port);
+    rc = getaddrinfo(host, service, &hints, &res);
+    if (rc != 0) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot resolve server address '%s': %s",
+                        host, gai_strerror(rc));
+    }
+    for (ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        if (fd < 0) {
+            pdp__store_errstr(errno, why, sizeof why);
+            continue;
+        }
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+            srv->listen_fd = fd;
+            break;
+        }
+        pdp__store_errstr(errno, why, sizeof why);
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (srv->listen_fd < 0) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot listen on %s:%d: %s", host, *port,
+                        why);
+    }
+    pdp__store_tune(srv->listen_fd, false);
+    *port = pdp__store_port_of(srv->listen_fd);
+    if (pipe(srv->wake) != 0) {
+        srv->wake[0] = srv->wake[1] = -1;
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: pipe failed: %s",
+                        pdp__store_errstr(errno, why, sizeof why));
+    }
+    pdp__store_tune(srv->wake[0], false);
+    pdp__store_tune(srv->wake[1], false);
+    if ((rc = pthread_create(&srv->thread, NULL, pdp__store_serve, srv)) != 0) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot start the server thread: %s",
+                        pdp__store_errstr(rc, why, sizeof why));
+    }
+    *out = srv;
+    return PDP_OK;
+}
+
+static void pdp__store_server_stop(pdp__store_server *srv)
+{
+    char byte = 1;
+    if (!srv) return;
+    while (write(srv->wake[1], &byte, 1) < 0 && errno == EINTR) {
+    }
+    pthread_join(srv->thread, NULL);
+    pdp__store_server_free(srv);
+}
+
+/* ---- client ---- */
+
+struct pdp_store {
+    int fd;                     /* connection to the server; -1 once it broke */
+    pthread_mutex_t lock;       /* one request at a time on this handle */
+    char host[256];             /* as given (the server's own client may use loopback) */
+    int port;
+    int world_size;
+    double timeout_s;
+    pdp__store_server *server;  /* on the serving rank only */
+};
+
+/* One non-blocking connect to ai, bounded by deadline; the fd, or -1 with why. */
+static int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
+                                  size_t cap)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), err = 0, r;
+    socklen_t len = sizeof err;
+    if (fd < 0) {
+        pdp__store_errstr(errno, why, cap);
+        return -1;
+    }
+    pdp__store_tune(fd, true);
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return fd;
+    if (errno != EINPROGRESS && errno != EINTR) {
+        pdp__store_errstr(errno, why, cap);
+        close(fd);
+        return -1;
+    }
+    r = pdp__store_poll1(fd, POLLOUT, deadline);
+    if (r == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) return fd;
+    pdp__store_errstr(r == 0 ? ETIMEDOUT : r < 0 ? errno : err, why, cap);
+    close(fd);
+    return -1;
+}
+
+/* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
+static pdp_status pdp__store_connect(pdp_store *s, const char *host)
+{
+    double deadline = pdp__now() + s->timeout_s, backoff = 0.01;
+    char service[16], why[128] = "no attempt";
+    snprintf(service, sizeof service, "%d", s->port);
+    for (;;) {
+        struct addrinfo hints, *res = NULL, *ai;
+        double left;
+        int rc;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        hints.ai_flags = AI_NUMERICSERV;
+        rc = getaddrinfo(host, service, &hints, &res);
+        if (rc == 0) {
+            for (ai = res; ai && s->fd < 0; ai = ai->ai_next)
+                s->fd = pdp__store_try_connect(ai, deadline, why, sizeof why);
+            freeaddrinfo(res);
+            if (s->fd >= 0) return PDP_OK;
+        } else if (rc == EAI_AGAIN) {
+            snprintf(why, sizeof why, "%s", gai_strerror(rc)); /* DNS not ready yet */
+        } else {
+            return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot resolve store address '%s': %s",
+                            host, gai_strerror(rc));
+        }
+        left = deadline - pdp__now();
+        if (left <= 0)
+            return pdp__err(PDP_ERR_TIMEOUT, "pdp_store_create: no store server at %s:%d within "
+                            "%g s (last error: %s)", host, s->port, s->timeout_s, why);
+        pdp__store_sleep(PDP__MIN(backoff, left));
+        backoff = PDP__MIN(backoff * 2, 0.25);
+    }
+}
+
+/* Sends or receives exactly bytes by deadline: 0, or -1 with why filled. */
+static int pdp__store_io(int fd, bool sending, void *buf, size_t bytes, double deadline,
+                         char *why, size_t cap)
+{
+    unsigned char *p = (unsigned char *)buf;
+    while (bytes > 0) {
+        ssize_t r = sending ? send(fd, p, bytes, MSG_NOSIGNAL) : recv(fd, p, bytes, 0);
+        if (r > 0) {
+            p += r;
+            bytes -= (size_t)r;
+        } else if (r == 0) {
+            snprintf(why, cap, "the server closed the connection");
+            return -1;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            int ready = pdp__store_poll1(fd, sending ? POLLOUT : POLLIN, deadline);
+            if (ready == 0) {
+                snprintf(why, cap, "no answer from the server in time");
+                return -1;
+            }
+            if (ready < 0) {
+                pdp__store_errstr(errno, why, cap);
+                return -1;
+            }
+        } else {
+            pdp__store_errstr(errno, why, cap);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
+static int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
+                                char *why, size_t why_cap)
+{
+    unsigned char sink[4096];
+    size_t keep = PDP__MIN(cap, bytes);
+    if (keep && pdp__store_io(fd, false, buf, keep, deadline, why, why_cap) != 0) return -1;
+    for (bytes -= keep; bytes > 0; bytes -= PDP__MIN(bytes, sizeof sink))
+        if (pdp__store_io(fd, false, sink, PDP__MIN(bytes, sizeof sink), deadline, why,
+                          why_cap) != 0)
+            return -1;
+    return 0;
+}
+
+/* One request and its reply (caller holds s->lock). wait_s is the server-side
+   wait of GET/WAIT; the client itself gives up PDP__STORE_GRACE_S later. The
+   reply's value goes to buf[0..cap) (its full length in *bytes), its arg to
+   *arg. PDP_ERR_TIMEOUT without a message when the server reports a timeout (the
+   caller words it); PDP_ERR_COMM with one when the connection or the server fails. */
+static pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const char *key,
+                                  const void *value, size_t value_bytes, uint64_t arg,
+                                  double wait_s, void *buf, size_t cap, size_t *bytes,
+                                  uint64_t *reply_arg)
+{
+    unsigned char head[PDP__STORE_HDR + PDP_STORE_MAX_KEY];
+    size_t key_bytes = strlen(key);
+    double deadline = pdp__now() + wait_s + PDP__STORE_GRACE_S;
+    char why[160];
+    pdp__store_hdr h;
+
+    if (s->fd < 0)
+        return pdp__err(PDP_ERR_COMM, "%s: the connection to the store at %s:%d was lost "
+                        "by an earlier call", fn, s->host, s->port);
+    pdp__store_pack(head, op, (uint32_t)key_bytes, (uint32_t)value_bytes, arg);
+    memcpy(head + PDP__STORE_HDR, key, key_bytes);
+    if (pdp__store_io(s->fd, true, head, PDP__STORE_HDR + key_bytes, deadline, why,
+                      sizeof why) != 0 ||
+        (value_bytes && pdp__store_io(s->fd, true, (void *)(uintptr_t)value, value_bytes,
+                                      deadline, why, sizeof why) != 0) ||
+        pdp__store_io(s->fd, false, head, PDP__STORE_HDR, deadline, why, sizeof why) != 0)
+        goto broken;
+    h = pdp__store_unpack(head);
+    if (h.magic != PDP__STORE_MAGIC || h.version != PDP__STORE_VERSION ||
+        h.value_bytes > PDP_STORE_MAX_VALUE) {
+        snprintf(why, sizeof why, "malformed reply (not a pdp store?)");
+        goto broken;
+    }
+    if (h.code == PDP__STORE_ERROR) {
+        char msg[257];
+        if (pdp__store_recv_into(s->fd, msg, sizeof msg - 1, h.value_bytes, deadline, why,
+                                 sizeof why) != 0)
+            goto broken;
+        msg[PDP__MIN(h.value_bytes, sizeof msg - 1)] = '\0';
+        return pdp__err(PDP_ERR_COMM, "%s: the store at %s:%d refused key '%s': %s", fn,
+                        s->host, s->port, key, msg);
+    }
+    if (pdp__store_recv_into(s->fd, buf, cap, h.value_bytes, deadline, why, sizeof why) != 0)
+        goto broken;
+    if (bytes) *bytes = h.value_bytes;
+    if (reply_arg) *reply_arg = h.arg;
+    return h.code == PDP__STORE_TIMEOUT ? PDP_ERR_TIMEOUT : PDP_OK;
+broken:
+    close(s->fd);
+    s->fd = -1;
+    return pdp__err(PDP_ERR_COMM, "%s: key '%s': connection to the store at %s:%d failed: %s",
+                    fn, key, s->host, s->port, why);
+}
+
+static pdp_status pdp__store_check(const pdp_store *s, const char *fn, const char *key)
+{
+    size_t n;
+    if (!s) return pdp__err(PDP_ERR_INVALID, "%s: store is NULL", fn);
+    if (!key) return pdp__err(PDP_ERR_INVALID, "%s: key is NULL", fn);
+    n = strlen(key);
+    if (n == 0 || n > PDP_STORE_MAX_KEY)
+        return pdp__err(PDP_ERR_INVALID, "%s: key '%.64s' is %zu bytes long (1..%d allowed)", fn,
+                        key, n, PDP_STORE_MAX_KEY);
+    return PDP_OK;
+}
+
+/* ---- public API ---- */
+
+PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
+{
+    pdp_store_desc d;
+    pdp_store *s;
+    const char *self;
+    pdp_status st;
+
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_store_create: out is NULL");
+    *out = NULL;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    d.host = (d.host && d.host[0]) ? d.host : PDP__STORE_DEFAULT_HOST;
+    d.timeout_s = PDP__DEF(d.timeout_s, PDP__STORE_DEFAULT_TIMEOUT);
+    if (!d.is_server) d.port = PDP__DEF(d.port, PDP__STORE_DEFAULT_PORT);
+    if (strlen(d.host) >= sizeof s->host)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: host '%.64s...' is longer than %zu "
+                        "bytes", d.host, sizeof s->host - 1);
+    if (d.port < 0 || d.port > 65535 || (d.port == 0 && !d.is_server))
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: port %d is outside %d..65535",
+                        d.port, d.is_server ? 0 : 1);
+    if (!(d.timeout_s > 0))
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: timeout_s = %g must be positive",
+                        d.timeout_s);
+    if (d.world_size < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: world_size = %d is negative",
+                        d.world_size);
+
+    s = (pdp_store *)pdp__calloc(sizeof *s);
+    if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
+    s->fd = -1;
+    strcpy(s->host, d.host);
+    s->port = d.port;
+    s->world_size = d.world_size;
+    s->timeout_s = d.timeout_s;
+    if (pthread_mutex_init(&s->lock, NULL) != 0) {
+        pdp__dealloc(s);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: pthread_mutex_init failed");
+    }
+    self = d.host;
+    if (d.is_server) {
+        st = pdp__store_server_start(&s->server, d.host, &s->port);
+        if (st != PDP_OK) {
+            pdp_store_free(s);
+            return st;
+        }
+        /* The serving rank is a client too; a wildcard address is reached via loopback. */
+        if (strcmp(self, "0.0.0.0") == 0) self = "127.0.0.1";
+        else if (strcmp(self, "::") == 0) self = "::1";
+    }
+    st = pdp__store_connect(s, self);
+    if (st != PDP_OK) {
+        pdp_store_free(s);
+        return st;
+    }
+    *out = s;
+    return PDP_OK;
+}
+
+PDP_API void pdp_store_free(pdp_store *s)
+{
+    if (!s) return;
+    if (s->fd >= 0) close(s->fd);
+    pdp__store_server_stop(s->server);
+    pthread_mutex_destroy(&s->lock);
+    pdp__dealloc(s);
+}
+
+PDP_API int pdp_store_port(const pdp_store *s) { return s ? s->port : -1; }
+
+PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *value, size_t bytes)
+{
+    pdp_status st = pdp__store_check(s, "pdp_store_set", key);
+    if (st != PDP_OK) return st;
+    if (bytes > PDP_STORE_MAX_VALUE)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value of %zu bytes exceeds "
+                        "PDP_STORE_MAX_VALUE (%lu)", key, bytes, (unsigned long)PDP_STORE_MAX_VALUE);
+    if (bytes && !value)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value is NULL", key);
+    pthread_mutex_lock(&s->lock);
+    st = pdp__store_call(s, "pdp_store_set", PDP__STORE_SET, key, value, bytes, 0, s->timeout_s,
+                         NULL, 0, NULL, NULL);
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+PDP_API pdp_status pdp_store_get(pdp_store *s, const char *key, void *buf, size_t cap,
+                                 size_t *bytes)
+{
+    size_t got = 0;
+    pdp_status st = pdp__store_check(s, "pdp_store_get", key);
+    if (st != PDP_OK) return st;
+    if (cap && !buf) return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s': buf is NULL", key);
+    pthread_mutex_lock(&s->lock);
+    st = pdp__store_call(s, "pdp_store_get", PDP__STORE_GET, key, NULL, 0,
+                         pdp__store_ms(s->timeout_s), s->timeout_s, buf, cap, &got, NULL);
+    pthread_mutex_unlock(&s->lock);
+    if (bytes) *bytes = got;
+    if (st == PDP_ERR_TIMEOUT)
+        return pdp__err(st, "pdp_store_get: key '%s' was not set within %g s (store %s:%d)", key,
+                        s->timeout_s, s->host, s->port);
+    if (st == PDP_OK && got > cap)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s' holds %zu bytes, the buffer "
+                        "only %zu", key, got, cap);
+    return st;
+}
+
+PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double timeout_s)
+{
+    double t, deadline;
+    pdp_status st = PDP_OK;
+    int i;
+    if (!s) return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: store is NULL");
+    if (n < 0 || (n > 0 && !keys))
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: %d keys at %p", n, (const void *)keys);
+    if (timeout_s < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: timeout_s = %g is negative", timeout_s);
+    for (i = 0; i < n; i++)
+        if ((st = pdp__store_check(s, "pdp_store_wait", keys[i])) != PDP_OK) return st;
+    t = PDP__DEF(timeout_s, s->timeout_s);
+    deadline = pdp__now() + t;
+    pthread_mutex_lock(&s->lock);
+    for (i = 0; i < n && st == PDP_OK; i++) {
+        double left = PDP__MAX(deadline - pdp__now(), 0.0);
+        st = pdp__store_call(s, "pdp_store_wait", PDP__STORE_WAIT, keys[i], NULL, 0,
+                             pdp__store_ms(left), left, NULL, 0, NULL, NULL);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (st == PDP_ERR_TIMEOUT)
+        return pdp__err(st, "pdp_store_wait: key '%s' (%d of %d) was not set within %g s "
+                        "(store %s:%d)", keys[i - 1], i, n, t, s->host, s->port);
+    return st;
+}
+
+PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, int64_t *result)
+{
+    uint64_t r = 0;
+    pdp_status st = pdp__store_check(s, "pdp_store_add", key);
+    if (st != PDP_OK) return st;
+    pthread_mutex_lock(&s->lock);
+    st = pdp__store_call(s, "pdp_store_add", PDP__STORE_ADD, key, NULL, 0, (uint64_t)delta,
+                         s->timeout_s, NULL, 0, NULL, &r);
+    pthread_mutex_unlock(&s->lock);
+    if (st == PDP_OK && result) *result = (int64_t)r;
+    return st;
+}
+
+PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
+                                     double timeout_s)
+{
+    char counter[PDP_STORE_MAX_KEY + 1], done[PDP_STORE_MAX_KEY + 1];
+    const char *keys[1];
+    int64_t arrived = 0, gen, now_in = 0;
+    int world;
+    pdp_status st;
+
+    if (!s) return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: store is NULL");
+    if (!name) return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: name is NULL");
+    world = world_size > 0 ? world_size : s->world_size;
+    if (world <= 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: '%s': world_size = %d and the store "
+                        "was created without one", name, world_size);
+    if (strlen(name) + 40 > PDP_STORE_MAX_KEY)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: name '%.64s...' is too long", name);
+    timeout_s = PDP__DEF(timeout_s, s->timeout_s);
+    snprintf(counter, sizeof counter, "pdp/barrier/%s", name);
+    if ((st = pdp_store_add(s, counter, 1, &arrived)) != PDP_OK)
+        return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
+    gen = (arrived - 1) / world;
+    snprintf(done, sizeof done, "pdp/barrier/%s/%lld", name, (long long)gen);
+    if (arrived % world == 0 && (st = pdp_store_set(s, done, "", 0)) != PDP_OK)
+        return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
+    keys[0] = done;
+    st = pdp_store_wait(s, keys, 1, timeout_s);
+    if (st == PDP_ERR_TIMEOUT) {
+        pdp_store_add(s, counter, 0, &now_in); /* best effort, for the message */
+        return pdp__err(st, "pdp_store_barrier: '%s' (round %lld): %lld of %d ranks arrived "
+                        "within %g s (store %s:%d)", name, (long long)gen,
+                        (long long)(now_in - gen * world), world, timeout_s, s->host, s->port);
+    }
+    if (st != PDP_OK) return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
+    return PDP_OK;
 }
 /* ---- end src/store.c ---- */
 

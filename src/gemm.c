@@ -1,3 +1,408 @@
-/* gemm: (to be written) */
+/* gemm: single-precision matrix product, C = alpha * op(A) * op(B) + beta * C.
+
+   Row-major, op(X) = X or X^T, all four layouts. The structure is the one of
+   Goto and van de Geijn, "Anatomy of high-performance matrix multiplication"
+   (ACM TOMS 34(3), 2008) and of BLIS (Van Zee and van de Geijn, 2015):
+
+     for each NC-wide block of columns       (jc)
+       for each KC-deep block of k           (pc)   pack op(B) block, KC x NC  -> L2
+         for each MR-tall row panel          (ir)   pack op(A) panel, MR x KC  -> L1
+           for each NR-wide column panel     (jr)   micro-kernel: MR x NR tile of C
+
+   The micro-kernel keeps an MR x NR tile of C in registers and adds one rank-1
+   update per k: NR floats of packed B are loaded, MR floats of packed A are
+   broadcast, MR * NR / VL fused multiply-adds. Kernels by instruction set:
+   AVX-512F 8 x 32 (16 zmm accumulators), AVX2+FMA 6 x 16 (12 ymm), and portable
+   C 4 x 16 (what -DPDP_NO_SIMD or a plain x86-64 target gets). Packing pads
+   partial panels with zeros, so the kernel always runs full tiles and masks only
+   its stores. With -DPDP_CBLAS the whole call goes to cblas_sgemm instead.
+
+   Invariants:
+   - Determinism. Every element of C is computed by exactly one thread, as the
+     same chain of FMAs over k (in KC blocks whose bounds depend only on k), and
+     the tile grid is anchored at row 0 and column 0 whatever the split. So the
+     bits do not depend on the thread count, and a caller that finds the pool
+     busy (and runs everything itself) gets the same bits too.
+   - beta == 0: C is written without being read (NaN in C does not leak); so is
+     it when k == 0 or alpha == 0 (C = beta * C).
+   - Memory: packed panels live in the calling thread's scratch buffer
+     (pdp__thread_scratch), which grows on the first call of a given size and is
+     reused afterwards; a training loop allocates nothing here after step one.
+     If even that allocation fails, a slow unpacked loop computes the product. */
 
 #include "internal.h"
+
+#if defined(__cplusplus)
+#  define PDP__GEMM_RESTRICT __restrict__
+#else
+#  define PDP__GEMM_RESTRICT restrict
+#endif
+
+#if defined(PDP_CBLAS)
+#  include <cblas.h>
+
+PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
+{
+    if (m <= 0 || n <= 0) return;
+    cblas_sgemm(CblasRowMajor, ta == PDP_TRANS ? CblasTrans : CblasNoTrans,
+                tb == PDP_TRANS ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, alpha, a,
+                (int)PDP__MAX(lda, 1), b, (int)PDP__MAX(ldb, 1), beta, c, (int)ldc);
+}
+
+#else /* our own */
+
+/* ---- gemm: micro-kernels ---- */
+
+/* Kernel contract: kc >= 1; ap holds kc groups of MR floats, bp kc groups of NR
+   floats (both packed, 64-byte aligned). Writes the top-left mr x nr of the tile
+   to c (row stride ldc) as alpha * acc + beta * c, not reading c when beta == 0. */
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+#  include <immintrin.h>
+#  define PDP__GEMM_KERNEL "avx512 8x32"
+#  define PDP__GEMM_MR 8
+#  define PDP__GEMM_NV 2
+#  define PDP__GEMM_VL 16
+
+static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                             int nr, float alpha, float beta)
+{
+    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[PDP__GEMM_NV];
+    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int64_t p;
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
+    }
+    for (p = 0; p < kc; p++) {
+        __m512 bv[PDP__GEMM_NV];
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            bv[v] = _mm512_load_ps(bp + v * PDP__GEMM_VL);
+        }
+        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+            __m512 ai = _mm512_set1_ps(ap[i]);
+            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+                acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+            }
+        }
+        ap += PDP__GEMM_MR;
+        bp += PDP__GEMM_NV * PDP__GEMM_VL;
+    }
+    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        int left = nr - v * PDP__GEMM_VL;
+        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (i >= mr) break;
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (full) {
+                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), r);
+                _mm512_storeu_ps(ci + v * 16, r);
+            } else {
+                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
+                _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
+            }
+        }
+    }
+}
+
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__) && defined(__FMA__)
+#  include <immintrin.h>
+#  define PDP__GEMM_KERNEL "avx2 6x16"
+#  define PDP__GEMM_MR 6
+#  define PDP__GEMM_NV 2
+#  define PDP__GEMM_VL 8
+
+static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                             int nr, float alpha, float beta)
+{
+    __m256 acc[PDP__GEMM_MR][PDP__GEMM_NV];
+    __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+    __m256i mask[PDP__GEMM_NV];
+    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int64_t p;
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm256_setzero_ps();
+    }
+    for (p = 0; p < kc; p++) {
+        __m256 bv[PDP__GEMM_NV];
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            bv[v] = _mm256_load_ps(bp + v * PDP__GEMM_VL);
+        }
+        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+            __m256 ai = _mm256_broadcast_ss(ap + i);
+            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+                acc[i][v] = _mm256_fmadd_ps(ai, bv[v], acc[i][v]);
+            }
+        }
+        ap += PDP__GEMM_MR;
+        bp += PDP__GEMM_NV * PDP__GEMM_VL;
+    }
+    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        int left = nr - v * PDP__GEMM_VL;
+        mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (i >= mr) break;
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            __m256 r = _mm256_mul_ps(va, acc[i][v]);
+            if (full) {
+                if (beta != 0.0f) r = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + v * 8), r);
+                _mm256_storeu_ps(ci + v * 8, r);
+            } else {
+                if (beta != 0.0f) r = _mm256_fmadd_ps(vb, _mm256_maskload_ps(ci + v * 8, mask[v]), r);
+                _mm256_maskstore_ps(ci + v * 8, mask[v], r);
+            }
+        }
+    }
+}
+
+#else
+#  define PDP__GEMM_KERNEL "portable 4x16"
+#  define PDP__GEMM_MR 4
+#  define PDP__GEMM_NV 1
+#  define PDP__GEMM_VL 16
+
+static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                             int nr, float alpha, float beta)
+{
+    float acc[PDP__GEMM_MR][PDP__GEMM_VL];
+    int i, j;
+    int64_t p;
+    memset(acc, 0, sizeof acc);
+    for (p = 0; p < kc; p++) {
+        for (i = 0; i < PDP__GEMM_MR; i++) {
+            float ai = ap[i];
+            for (j = 0; j < PDP__GEMM_VL; j++) acc[i][j] += ai * bp[j];
+        }
+        ap += PDP__GEMM_MR;
+        bp += PDP__GEMM_VL;
+    }
+    for (i = 0; i < mr; i++) {
+        float *ci = c + i * ldc;
+        for (j = 0; j < nr; j++) {
+            float r = alpha * acc[i][j];
+            ci[j] = beta != 0.0f ? r + beta * ci[j] : r;
+        }
+    }
+}
+#endif
+
+#define PDP__GEMM_NR (PDP__GEMM_NV * PDP__GEMM_VL)
+
+/* Blocking. KC: depth of one packed block (k is cut into equal blocks of at most
+   KC). NC: columns of packed B per block (KC x NC floats stay in L2). Both fixed,
+   so the summation order never depends on the thread count. */
+#ifndef PDP__GEMM_KC
+#  define PDP__GEMM_KC 256
+#endif
+#ifndef PDP__GEMM_NC
+#  define PDP__GEMM_NC 512
+#endif
+/* Products below this many flops stay on the calling thread. */
+#ifndef PDP__GEMM_PAR_FLOPS
+#  define PDP__GEMM_PAR_FLOPS 4.0e6
+#endif
+
+/* ---- gemm: packing ---- */
+
+/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i],
+   rows mr..MR-1 zero. */
+static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
+                             float *PDP__GEMM_RESTRICT ap)
+{
+    int i;
+    int64_t p;
+    if (ta == PDP_NO_TRANS) { /* op(A)(i, p) = a[i * lda + p]: rows contiguous in k */
+        for (i = 0; i < mr; i++) {
+            const float *row = a + i * lda;
+            for (p = 0; p < kc; p++) ap[p * PDP__GEMM_MR + i] = row[p];
+        }
+        for (; i < PDP__GEMM_MR; i++) {
+            for (p = 0; p < kc; p++) ap[p * PDP__GEMM_MR + i] = 0.0f;
+        }
+    } else { /* op(A)(i, p) = a[p * lda + i]: k-major already */
+        for (p = 0; p < kc; p++) {
+            const float *src = a + p * lda;
+            float *dst = ap + p * PDP__GEMM_MR;
+            for (i = 0; i < mr; i++) dst[i] = src[i];
+            for (; i < PDP__GEMM_MR; i++) dst[i] = 0.0f;
+        }
+    }
+}
+
+/* op(B) rows [0, kc) x columns [0, nc) into panels of NR columns:
+   bp[(j / NR) * kc * NR + p * NR + j % NR], columns past nc zero. */
+static void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, int64_t kc, int64_t nc,
+                             float *PDP__GEMM_RESTRICT bp)
+{
+    int64_t j0, p;
+    int j;
+    for (j0 = 0; j0 < nc; j0 += PDP__GEMM_NR) {
+        int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - j0);
+        float *panel = bp + j0 * kc;
+        if (tb == PDP_NO_TRANS) { /* op(B)(p, j) = b[p * ldb + j]: rows contiguous in n */
+            for (p = 0; p < kc; p++) {
+                const float *src = b + p * ldb + j0;
+                float *dst = panel + p * PDP__GEMM_NR;
+                for (j = 0; j < nr; j++) dst[j] = src[j];
+                for (; j < PDP__GEMM_NR; j++) dst[j] = 0.0f;
+            }
+        } else { /* op(B)(p, j) = b[j * ldb + p]: columns contiguous in k */
+            for (j = 0; j < nr; j++) {
+                const float *src = b + (j0 + j) * ldb;
+                for (p = 0; p < kc; p++) panel[p * PDP__GEMM_NR + j] = src[p];
+            }
+            for (; j < PDP__GEMM_NR; j++) {
+                for (p = 0; p < kc; p++) panel[p * PDP__GEMM_NR + j] = 0.0f;
+            }
+        }
+    }
+}
+
+/* ---- gemm: the blocked product on one thread ---- */
+
+typedef struct pdp__gemm_args {
+    pdp_trans ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+    int64_t lda, ldb, ldc;
+    int64_t kb;   /* depth of each k block (the last may be shorter) */
+    int split_n;  /* 1: parts are column ranges; 0: row ranges */
+} pdp__gemm_args;
+
+static int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* Floats of scratch one part of at most `cols` columns needs. */
+static size_t pdp__gemm_scratch_floats(const pdp__gemm_args *g, int64_t cols)
+{
+    int64_t nc = PDP__MIN((int64_t)PDP__GEMM_NC, pdp__gemm_round_up(cols, PDP__GEMM_NR));
+    return (size_t)(g->kb * nc + g->kb * PDP__GEMM_MR);
+}
+
+/* Rows [m0, m1) x columns [n0, n1) of C; m0 is a multiple of MR, n0 of NR. */
+static void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
+                            int64_t n1, float *scratch)
+{
+    int64_t jc, pc, ir, jr;
+    int64_t ncmax = PDP__MIN((int64_t)PDP__GEMM_NC, pdp__gemm_round_up(n1 - n0, PDP__GEMM_NR));
+    float *bp = scratch, *ap = scratch + g->kb * ncmax;
+    for (jc = n0; jc < n1; jc += PDP__GEMM_NC) {
+        int64_t nc = PDP__MIN((int64_t)PDP__GEMM_NC, n1 - jc);
+        for (pc = 0; pc < g->k; pc += g->kb) {
+            int64_t kc = PDP__MIN(g->kb, g->k - pc);
+            float beta = pc == 0 ? g->beta : 1.0f;
+            const float *bsrc = g->tb == PDP_NO_TRANS ? g->b + pc * g->ldb + jc
+                                                      : g->b + jc * g->ldb + pc;
+            pdp__gemm_pack_b(g->tb, bsrc, g->ldb, kc, nc, bp);
+            for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
+                int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
+                const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
+                                                          : g->a + pc * g->lda + ir;
+                pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
+                    int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
+                    pdp__gemm_kernel(kc, ap, bp + jr * kc, g->c + ir * g->ldc + jc + jr, g->ldc,
+                                     mr, nr, g->alpha, beta);
+                }
+            }
+        }
+    }
+}
+
+/* Unpacked fallback for when scratch cannot be allocated (same contract, slow). */
+static void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
+                               int64_t n1)
+{
+    int64_t i, j, p;
+    for (i = m0; i < m1; i++) {
+        for (j = n0; j < n1; j++) {
+            float acc = 0.0f, *cij = g->c + i * g->ldc + j;
+            for (p = 0; p < g->k; p++) {
+                float x = g->ta == PDP_NO_TRANS ? g->a[i * g->lda + p] : g->a[p * g->lda + i];
+                float y = g->tb == PDP_NO_TRANS ? g->b[p * g->ldb + j] : g->b[j * g->ldb + p];
+                acc += x * y;
+            }
+            *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
+        }
+    }
+}
+
+/* ---- gemm: threads ---- */
+
+/* Part i of n: an equal share of the MR-row or NR-column panels. */
+static void pdp__gemm_part(void *arg, int i, int n)
+{
+    const pdp__gemm_args *g = (const pdp__gemm_args *)arg;
+    int64_t step = g->split_n ? PDP__GEMM_NR : PDP__GEMM_MR;
+    int64_t len = g->split_n ? g->n : g->m;
+    int64_t panels = (len + step - 1) / step;
+    int64_t lo = PDP__MIN(len, panels * i / n * step), hi = PDP__MIN(len, panels * (i + 1) / n * step);
+    int64_t m0 = g->split_n ? 0 : lo, m1 = g->split_n ? g->m : hi;
+    int64_t n0 = g->split_n ? lo : 0, n1 = g->split_n ? hi : g->n;
+    float *scratch;
+    if (lo >= hi) return;
+    scratch = (float *)pdp__thread_scratch(sizeof(float) * pdp__gemm_scratch_floats(g, n1 - n0));
+    if (scratch)
+        pdp__gemm_block(g, m0, m1, n0, n1, scratch);
+    else
+        pdp__gemm_unpacked(g, m0, m1, n0, n1);
+}
+
+PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
+{
+    pdp__gemm_args g;
+    int threads, parts;
+    int64_t blocks, i, j;
+    if (m <= 0 || n <= 0) return;
+    PDP_ASSERT(ldc >= n);
+    if (k <= 0 || alpha == 0.0f) { /* C = beta * C */
+        for (i = 0; i < m; i++) {
+            float *ci = c + i * ldc;
+            for (j = 0; j < n; j++) ci[j] = beta != 0.0f ? beta * ci[j] : 0.0f;
+        }
+        return;
+    }
+    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m) && ldb >= (tb == PDP_NO_TRANS ? n : k));
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = alpha;
+    g.beta = beta;
+    g.a = a;
+    g.b = b;
+    g.c = c;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.ldc = ldc;
+    blocks = (k + PDP__GEMM_KC - 1) / PDP__GEMM_KC;
+    g.kb = (k + blocks - 1) / blocks; /* equal blocks, depends on k only */
+
+    /* Threads: one part per thread, along the dimension with more panels. */
+    threads = pdp__threads_for_caller();
+    if (2.0 * (double)m * (double)n * (double)k < PDP__GEMM_PAR_FLOPS) threads = 1;
+    {
+        int64_t npan = (n + PDP__GEMM_NR - 1) / PDP__GEMM_NR;
+        int64_t mpan = (m + PDP__GEMM_MR - 1) / PDP__GEMM_MR;
+        g.split_n = npan >= 2 * (int64_t)threads || npan * PDP__GEMM_NR >= mpan * PDP__GEMM_MR;
+        parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
+    }
+    pdp__parallel_for(parts, pdp__gemm_part, &g);
+}
+
+#endif /* PDP_CBLAS */

@@ -1,1 +1,141 @@
-/* math: (to be written) */
+/* math: element math written once for the CPU (layers.c, optim.c) and for the
+   CUDA kernels of pdp_cuda.cu.
+
+   pdp.h emits this block after the public API and outside the implementation
+   guard, so pdp_cuda.cu includes it without the CPU implementation, and the CPU
+   tests cover the very formulas the kernels run. Every helper is `static inline
+   PDP__HOSTDEV`: __host__ __device__ under nvcc, nothing otherwise. Only <math.h>
+   float functions and integer arithmetic are used, so the dropout hash gives the
+   same bits on both sides. */
+
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#  define PDP__HOSTDEV __host__ __device__
+#else
+#  define PDP__HOSTDEV
+#endif
+
+/* ---- math: activations ----
+   Each forward helper has a backward partner that returns dL/dx from the
+   upstream gradient and whatever forward value is cheapest to reuse (x for GELU,
+   y for the others). */
+
+static inline PDP__HOSTDEV float pdp__relu(float x) { return x > 0.0f ? x : 0.0f; }
+/* From the output: y > 0 exactly where x > 0 (PyTorch's threshold_backward). */
+static inline PDP__HOSTDEV float pdp__relu_grad(float dy, float y) { return y > 0.0f ? dy : 0.0f; }
+
+/* GELU, tanh approximation (PyTorch's approximate='tanh', Hendrycks and Gimpel
+   2016): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). */
+#define PDP__GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+#define PDP__GELU_A 0.044715f
+static inline PDP__HOSTDEV float pdp__gelu(float x)
+{
+    float u = PDP__GELU_C * (x + PDP__GELU_A * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+/* d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, t = tanh(u), du/dx = c (1 + 3 a x^2). */
+static inline PDP__HOSTDEV float pdp__gelu_grad(float dy, float x)
+{
+    float x2 = x * x;
+    float t = tanhf(PDP__GELU_C * (x + PDP__GELU_A * x2 * x));
+    float du = PDP__GELU_C * (1.0f + 3.0f * PDP__GELU_A * x2);
+    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
+
+static inline PDP__HOSTDEV float pdp__tanh_grad(float dy, float y) { return dy * (1.0f - y * y); }
+
+/* 1 / (1 + e^-x), written so that neither branch overflows. */
+static inline PDP__HOSTDEV float pdp__sigmoid(float x)
+{
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    {
+        float e = expf(x);
+        return e / (1.0f + e);
+    }
+}
+static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y) { return dy * y * (1.0f - y); }
+
+/* ---- math: dropout masks ----
+   The mask bit of element j of sample s is a pure function of
+   (seed, layer, step, s, j): a counter-based generator in the style of
+   Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC 2011), built
+   from SplitMix64's finaliser (Steele, Lea and Flood, OOPSLA 2014). Nothing is
+   carried from one element to the next, so any split of a batch (DP replicas
+   with their sample_base, CUDA threads) draws exactly the masks that one device
+   draws for the whole batch. An element is kept when the top 24 bits of its hash
+   are >= the threshold floor(p * 2^24): probability 1 - p up to 2^-24. */
+
+static inline PDP__HOSTDEV uint64_t pdp__mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The key of one sample; element j's draw is pdp__dropout_bits(key, j). */
+static inline PDP__HOSTDEV uint64_t pdp__dropout_key(uint64_t seed, int layer, uint64_t step,
+                                                     int64_t sample)
+{
+    uint64_t k = pdp__mix64(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(layer + 1));
+    k = pdp__mix64(k ^ (step * 0xd1b54a32d192ed03ull));
+    return pdp__mix64(k ^ ((uint64_t)sample * 0x8cb92ba72f3d8dd7ull));
+}
+
+/* 24 uniform bits for element j of the sample with this key. */
+static inline PDP__HOSTDEV uint32_t pdp__dropout_bits(uint64_t key, int64_t j)
+{
+    return (uint32_t)(pdp__mix64(key + 0x9e3779b97f4a7c15ull * (uint64_t)(j + 1)) >> 40);
+}
+
+/* floor(p * 2^24), computed in float exactly as on the device. */
+static inline PDP__HOSTDEV uint32_t pdp__dropout_threshold(float p)
+{
+    return (uint32_t)(p * 16777216.0f);
+}
+
+/* ---- math: optimizer element updates ----
+   One parameter element of torch.optim.SGD, Adam and AdamW (PyTorch 1.13+,
+   single-tensor path, maximize=False), in PyTorch's operation order so the
+   bits follow it. The caller turns the hyper-parameters into per-step float
+   scalars once (in double on the host, as PyTorch does in Python), and both
+   the CPU loop of optim.c and a CUDA kernel call these per element.
+
+   SGD:   d = g + wd p;  b = first ? d : momentum b + (1 - dampening) d;
+          d = nesterov ? d + momentum b : b (momentum > 0 only);  p -= lr d.
+   Adam:  g += l2 p (Adam's weight decay; 0 for AdamW);  p *= decay
+          (AdamW's 1 - lr wd; 1 for Adam);  m = beta1 m + (1 - beta1) g;
+          v = beta2 v + (1 - beta2) g g;  p -= step_size m / (sqrt(v) / bc2_sqrt + eps),
+          step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t). */
+
+/* one_minus_damp = 1 - dampening. first: the momentum buffer is initialised
+   to d (PyTorch's clone on the first step). buf is unused when momentum == 0. */
+static inline PDP__HOSTDEV float pdp__sgd_update(float p, float g, float *buf, float lr,
+                                                 float momentum, float one_minus_damp,
+                                                 float weight_decay, int nesterov, int first)
+{
+    float d = weight_decay != 0.0f ? g + weight_decay * p : g;
+    if (momentum != 0.0f) {
+        float b = first ? d : momentum * *buf + one_minus_damp * d;
+        *buf = b;
+        d = nesterov ? d + momentum * b : b;
+    }
+    return p - lr * d;
+}
+
+/* Adam and AdamW (see above); *m and *v are the element's moments. */
+static inline PDP__HOSTDEV float pdp__adam_update(float p, float g, float *m, float *v, float beta1,
+                                                  float one_minus_beta1, float beta2,
+                                                  float one_minus_beta2, float step_size,
+                                                  float bc2_sqrt, float eps, float l2, float decay)
+{
+    float mm, vv;
+    if (l2 != 0.0f) g = g + l2 * p;
+    p = p * decay;
+    mm = beta1 * *m + one_minus_beta1 * g;
+    vv = beta2 * *v + one_minus_beta2 * g * g;
+    *m = mm;
+    *v = vv;
+    return p - step_size * mm / (sqrtf(vv) / bc2_sqrt + eps);
+}

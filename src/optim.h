@@ -3,7 +3,11 @@
 
    An optimizer updates the model's flat parameter block from its flat gradient
    block; its state (momentum, first and second moments) is flat too, with the
-   same offsets, so it can be sharded by ranges (ZeRO) and saved in one piece. */
+   same offsets, so it can be sharded by ranges (ZeRO) and saved in one piece.
+   The state is allocated by pdp_optim_create (on the model's device, zeroed),
+   so a step never allocates. The optimizer is bound to the model's parameter
+   count at creation: adding layers afterwards makes pdp_optim_step fail with
+   PDP_ERR_STATE. */
 
 typedef struct pdp_optim pdp_optim;
 
@@ -15,31 +19,44 @@ typedef enum pdp_optim_kind {
 
 typedef struct pdp_optim_desc {
     pdp_optim_kind kind;  /* default SGD */
-    float lr;             /* default 0.01 for SGD, 0.001 for Adam and AdamW */
-    float momentum;       /* SGD; default 0 */
-    float dampening;      /* SGD; default 0 */
+    float lr;             /* >= 0; default 0.01 for SGD, 0.001 for Adam and AdamW */
+    float momentum;       /* SGD, >= 0; default 0 (no momentum buffer) */
+    float dampening;      /* SGD, in [0, 1]; default 0 */
     bool nesterov;        /* SGD; needs momentum > 0 and dampening 0 */
-    float weight_decay;   /* default 0 (AdamW: 0 also means 0; PyTorch's default is 0.01) */
-    float beta1;          /* Adam/AdamW; default 0.9 */
-    float beta2;          /* Adam/AdamW; default 0.999 */
-    float eps;            /* Adam/AdamW; default 1e-8 */
+    float weight_decay;   /* >= 0; default 0 (AdamW: 0 also means 0; PyTorch's default
+                             is 0.01). SGD and Adam: L2 added to the gradient;
+                             AdamW: decoupled, p *= 1 - lr * weight_decay */
+    float beta1;          /* Adam/AdamW, in [0, 1); default 0.9 (0 cannot be asked for:
+                             it means the default; use 1e-30 for "no first moment") */
+    float beta2;          /* Adam/AdamW, in [0, 1); default 0.999 */
+    float eps;            /* Adam/AdamW, >= 0; default 1e-8 */
 } pdp_optim_desc;
 
+/* desc may be NULL (SGD, lr 0.01). Invalid fields fail with PDP_ERR_INVALID
+   naming the field and its value ("lr -0.1 < 0"). */
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc);
-PDP_API void pdp_optim_free(pdp_optim *o);
-/* One update of every parameter from its gradient. */
+PDP_API void pdp_optim_free(pdp_optim *o); /* NULL is fine */
+/* One update of every parameter from its gradient; then steps += 1. Large
+   blocks are split over the calling thread's intra-op threads (element-wise,
+   so the bits do not depend on the thread count). */
 PDP_API pdp_status pdp_optim_step(pdp_optim *o);
+/* Zeros the gradient block of the model the optimizer was created on. */
 PDP_API void pdp_optim_zero_grad(pdp_optim *o);
 PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr);
 PDP_API float pdp_optim_lr(const pdp_optim *o);
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o); /* updates done so far */
+/* The desc in use, defaults filled in (sokol's query-defaults). */
+PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o);
+PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind); /* "SGD", "Adam", "AdamW" */
 
 /* Scales all gradients so their global L2 norm is at most max_norm (as
    torch.nn.utils.clip_grad_norm_); *total_norm gets the norm before clipping
    (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC. */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm);
 
-/* Linear warm-up from 0 to base_lr over warmup steps, then cosine decay to
-   min_lr at total steps (held after). step counts from 0. */
+/* Linear warm-up, then cosine decay (llm.c's schedule). step counts from 0:
+   step < warmup: base_lr * (step + 1) / warmup (the first step is not spent at
+   lr 0); warmup <= step < total: min_lr + (base_lr - min_lr) * (1 + cos(pi *
+   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. */
 PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
                                    float min_lr);

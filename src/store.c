@@ -682,3 +682,463 @@ static void *pdp__store_serve(void *arg)
     }
     return NULL;
 }
+
+static void pdp__store_server_free(pdp__store_server *srv)
+{
+    int i;
+    if (!srv) return;
+    for (i = 0; i < srv->n_conns; i++) pdp__store_conn_free(srv->conns[i]);
+    for (i = 0; i < srv->n_entries; i++) pdp__dealloc(srv->entries[i].data);
+    if (srv->listen_fd >= 0) close(srv->listen_fd);
+    if (srv->wake[0] >= 0) close(srv->wake[0]);
+    if (srv->wake[1] >= 0) close(srv->wake[1]);
+    pdp__dealloc(srv->conns);
+    pdp__dealloc(srv->pfds);
+    pdp__dealloc(srv->entries);
+    pdp__dealloc(srv);
+}
+
+/* Binds host:port, listens and starts the loop; *port gets the port bound. */
+static pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    pdp__store_server *srv;
+    char service[16], why[128] = "no usable address";
+    int rc, one = 1;
+
+    *out = NULL;
+    srv = (pdp__store_server *)pdp__calloc(sizeof *srv);
+    if (!srv) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
+    srv->listen_fd = srv->wake[0] = srv->wake[1] = -1;
+    srv->pfds = (struct pollfd *)pdp__store_grow(NULL, &srv->cap_pfds, 2, sizeof *srv->pfds);
+    if (!srv->pfds) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
+    }
+
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(service, sizeof service, "%d", *port);
+    rc = getaddrinfo(host, service, &hints, &res);
+    if (rc != 0) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot resolve server address '%s': %s",
+                        host, gai_strerror(rc));
+    }
+    for (ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        if (fd < 0) {
+            pdp__store_errstr(errno, why, sizeof why);
+            continue;
+        }
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+            srv->listen_fd = fd;
+            break;
+        }
+        pdp__store_errstr(errno, why, sizeof why);
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (srv->listen_fd < 0) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot listen on %s:%d: %s", host, *port,
+                        why);
+    }
+    pdp__store_tune(srv->listen_fd, false);
+    *port = pdp__store_port_of(srv->listen_fd);
+    if (pipe(srv->wake) != 0) {
+        srv->wake[0] = srv->wake[1] = -1;
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: pipe failed: %s",
+                        pdp__store_errstr(errno, why, sizeof why));
+    }
+    pdp__store_tune(srv->wake[0], false);
+    pdp__store_tune(srv->wake[1], false);
+    if ((rc = pthread_create(&srv->thread, NULL, pdp__store_serve, srv)) != 0) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot start the server thread: %s",
+                        pdp__store_errstr(rc, why, sizeof why));
+    }
+    *out = srv;
+    return PDP_OK;
+}
+
+static void pdp__store_server_stop(pdp__store_server *srv)
+{
+    char byte = 1;
+    if (!srv) return;
+    while (write(srv->wake[1], &byte, 1) < 0 && errno == EINTR) {
+    }
+    pthread_join(srv->thread, NULL);
+    pdp__store_server_free(srv);
+}
+
+/* ---- client ---- */
+
+struct pdp_store {
+    int fd;                     /* connection to the server; -1 once it broke */
+    pthread_mutex_t lock;       /* one request at a time on this handle */
+    char host[256];             /* as given (the server's own client may use loopback) */
+    int port;
+    int world_size;
+    double timeout_s;
+    pdp__store_server *server;  /* on the serving rank only */
+};
+
+/* One non-blocking connect to ai, bounded by deadline; the fd, or -1 with why. */
+static int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
+                                  size_t cap)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), err = 0, r;
+    socklen_t len = sizeof err;
+    if (fd < 0) {
+        pdp__store_errstr(errno, why, cap);
+        return -1;
+    }
+    pdp__store_tune(fd, true);
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return fd;
+    if (errno != EINPROGRESS && errno != EINTR) {
+        pdp__store_errstr(errno, why, cap);
+        close(fd);
+        return -1;
+    }
+    r = pdp__store_poll1(fd, POLLOUT, deadline);
+    if (r == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) return fd;
+    pdp__store_errstr(r == 0 ? ETIMEDOUT : r < 0 ? errno : err, why, cap);
+    close(fd);
+    return -1;
+}
+
+/* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
+static pdp_status pdp__store_connect(pdp_store *s, const char *host)
+{
+    double deadline = pdp__now() + s->timeout_s, backoff = 0.01;
+    char service[16], why[128] = "no attempt";
+    snprintf(service, sizeof service, "%d", s->port);
+    for (;;) {
+        struct addrinfo hints, *res = NULL, *ai;
+        double left;
+        int rc;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        hints.ai_flags = AI_NUMERICSERV;
+        rc = getaddrinfo(host, service, &hints, &res);
+        if (rc == 0) {
+            for (ai = res; ai && s->fd < 0; ai = ai->ai_next)
+                s->fd = pdp__store_try_connect(ai, deadline, why, sizeof why);
+            freeaddrinfo(res);
+            if (s->fd >= 0) return PDP_OK;
+        } else if (rc == EAI_AGAIN) {
+            snprintf(why, sizeof why, "%s", gai_strerror(rc)); /* DNS not ready yet */
+        } else {
+            return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot resolve store address '%s': %s",
+                            host, gai_strerror(rc));
+        }
+        left = deadline - pdp__now();
+        if (left <= 0)
+            return pdp__err(PDP_ERR_TIMEOUT, "pdp_store_create: no store server at %s:%d within "
+                            "%g s (last error: %s)", host, s->port, s->timeout_s, why);
+        pdp__store_sleep(PDP__MIN(backoff, left));
+        backoff = PDP__MIN(backoff * 2, 0.25);
+    }
+}
+
+/* Sends or receives exactly bytes by deadline: 0, or -1 with why filled. */
+static int pdp__store_io(int fd, bool sending, void *buf, size_t bytes, double deadline,
+                         char *why, size_t cap)
+{
+    unsigned char *p = (unsigned char *)buf;
+    while (bytes > 0) {
+        ssize_t r = sending ? send(fd, p, bytes, MSG_NOSIGNAL) : recv(fd, p, bytes, 0);
+        if (r > 0) {
+            p += r;
+            bytes -= (size_t)r;
+        } else if (r == 0) {
+            snprintf(why, cap, "the server closed the connection");
+            return -1;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            int ready = pdp__store_poll1(fd, sending ? POLLOUT : POLLIN, deadline);
+            if (ready == 0) {
+                snprintf(why, cap, "no answer from the server in time");
+                return -1;
+            }
+            if (ready < 0) {
+                pdp__store_errstr(errno, why, cap);
+                return -1;
+            }
+        } else {
+            pdp__store_errstr(errno, why, cap);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
+static int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
+                                char *why, size_t why_cap)
+{
+    unsigned char sink[4096];
+    size_t keep = PDP__MIN(cap, bytes);
+    if (keep && pdp__store_io(fd, false, buf, keep, deadline, why, why_cap) != 0) return -1;
+    for (bytes -= keep; bytes > 0; bytes -= PDP__MIN(bytes, sizeof sink))
+        if (pdp__store_io(fd, false, sink, PDP__MIN(bytes, sizeof sink), deadline, why,
+                          why_cap) != 0)
+            return -1;
+    return 0;
+}
+
+/* One request and its reply (caller holds s->lock). wait_s is the server-side
+   wait of GET/WAIT; the client itself gives up PDP__STORE_GRACE_S later. The
+   reply's value goes to buf[0..cap) (its full length in *bytes), its arg to
+   *arg. PDP_ERR_TIMEOUT without a message when the server reports a timeout (the
+   caller words it); PDP_ERR_COMM with one when the connection or the server fails. */
+static pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const char *key,
+                                  const void *value, size_t value_bytes, uint64_t arg,
+                                  double wait_s, void *buf, size_t cap, size_t *bytes,
+                                  uint64_t *reply_arg)
+{
+    unsigned char head[PDP__STORE_HDR + PDP_STORE_MAX_KEY];
+    size_t key_bytes = strlen(key);
+    double deadline = pdp__now() + wait_s + PDP__STORE_GRACE_S;
+    char why[160];
+    pdp__store_hdr h;
+
+    if (s->fd < 0)
+        return pdp__err(PDP_ERR_COMM, "%s: the connection to the store at %s:%d was lost "
+                        "by an earlier call", fn, s->host, s->port);
+    pdp__store_pack(head, op, (uint32_t)key_bytes, (uint32_t)value_bytes, arg);
+    memcpy(head + PDP__STORE_HDR, key, key_bytes);
+    if (pdp__store_io(s->fd, true, head, PDP__STORE_HDR + key_bytes, deadline, why,
+                      sizeof why) != 0 ||
+        (value_bytes && pdp__store_io(s->fd, true, (void *)(uintptr_t)value, value_bytes,
+                                      deadline, why, sizeof why) != 0) ||
+        pdp__store_io(s->fd, false, head, PDP__STORE_HDR, deadline, why, sizeof why) != 0)
+        goto broken;
+    h = pdp__store_unpack(head);
+    if (h.magic != PDP__STORE_MAGIC || h.version != PDP__STORE_VERSION ||
+        h.value_bytes > PDP_STORE_MAX_VALUE) {
+        snprintf(why, sizeof why, "malformed reply (not a pdp store?)");
+        goto broken;
+    }
+    if (h.code == PDP__STORE_ERROR) {
+        char msg[257];
+        if (pdp__store_recv_into(s->fd, msg, sizeof msg - 1, h.value_bytes, deadline, why,
+                                 sizeof why) != 0)
+            goto broken;
+        msg[PDP__MIN(h.value_bytes, sizeof msg - 1)] = '\0';
+        return pdp__err(PDP_ERR_COMM, "%s: the store at %s:%d refused key '%s': %s", fn,
+                        s->host, s->port, key, msg);
+    }
+    if (pdp__store_recv_into(s->fd, buf, cap, h.value_bytes, deadline, why, sizeof why) != 0)
+        goto broken;
+    if (bytes) *bytes = h.value_bytes;
+    if (reply_arg) *reply_arg = h.arg;
+    return h.code == PDP__STORE_TIMEOUT ? PDP_ERR_TIMEOUT : PDP_OK;
+broken:
+    close(s->fd);
+    s->fd = -1;
+    return pdp__err(PDP_ERR_COMM, "%s: key '%s': connection to the store at %s:%d failed: %s",
+                    fn, key, s->host, s->port, why);
+}
+
+static pdp_status pdp__store_check(const pdp_store *s, const char *fn, const char *key)
+{
+    size_t n;
+    if (!s) return pdp__err(PDP_ERR_INVALID, "%s: store is NULL", fn);
+    if (!key) return pdp__err(PDP_ERR_INVALID, "%s: key is NULL", fn);
+    n = strlen(key);
+    if (n == 0 || n > PDP_STORE_MAX_KEY)
+        return pdp__err(PDP_ERR_INVALID, "%s: key '%.64s' is %zu bytes long (1..%d allowed)", fn,
+                        key, n, PDP_STORE_MAX_KEY);
+    return PDP_OK;
+}
+
+/* ---- public API ---- */
+
+PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
+{
+    pdp_store_desc d;
+    pdp_store *s;
+    const char *self;
+    pdp_status st;
+
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_store_create: out is NULL");
+    *out = NULL;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    d.host = (d.host && d.host[0]) ? d.host : PDP__STORE_DEFAULT_HOST;
+    d.timeout_s = PDP__DEF(d.timeout_s, PDP__STORE_DEFAULT_TIMEOUT);
+    if (!d.is_server) d.port = PDP__DEF(d.port, PDP__STORE_DEFAULT_PORT);
+    if (strlen(d.host) >= sizeof s->host)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: host '%.64s...' is longer than %zu "
+                        "bytes", d.host, sizeof s->host - 1);
+    if (d.port < 0 || d.port > 65535 || (d.port == 0 && !d.is_server))
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: port %d is outside %d..65535",
+                        d.port, d.is_server ? 0 : 1);
+    if (!(d.timeout_s > 0))
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: timeout_s = %g must be positive",
+                        d.timeout_s);
+    if (d.world_size < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: world_size = %d is negative",
+                        d.world_size);
+
+    s = (pdp_store *)pdp__calloc(sizeof *s);
+    if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
+    s->fd = -1;
+    strcpy(s->host, d.host);
+    s->port = d.port;
+    s->world_size = d.world_size;
+    s->timeout_s = d.timeout_s;
+    if (pthread_mutex_init(&s->lock, NULL) != 0) {
+        pdp__dealloc(s);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: pthread_mutex_init failed");
+    }
+    self = d.host;
+    if (d.is_server) {
+        st = pdp__store_server_start(&s->server, d.host, &s->port);
+        if (st != PDP_OK) {
+            pdp_store_free(s);
+            return st;
+        }
+        /* The serving rank is a client too; a wildcard address is reached via loopback. */
+        if (strcmp(self, "0.0.0.0") == 0) self = "127.0.0.1";
+        else if (strcmp(self, "::") == 0) self = "::1";
+    }
+    st = pdp__store_connect(s, self);
+    if (st != PDP_OK) {
+        pdp_store_free(s);
+        return st;
+    }
+    *out = s;
+    return PDP_OK;
+}
+
+PDP_API void pdp_store_free(pdp_store *s)
+{
+    if (!s) return;
+    if (s->fd >= 0) close(s->fd);
+    pdp__store_server_stop(s->server);
+    pthread_mutex_destroy(&s->lock);
+    pdp__dealloc(s);
+}
+
+PDP_API int pdp_store_port(const pdp_store *s) { return s ? s->port : -1; }
+
+PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *value, size_t bytes)
+{
+    pdp_status st = pdp__store_check(s, "pdp_store_set", key);
+    if (st != PDP_OK) return st;
+    if (bytes > PDP_STORE_MAX_VALUE)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value of %zu bytes exceeds "
+                        "PDP_STORE_MAX_VALUE (%lu)", key, bytes, (unsigned long)PDP_STORE_MAX_VALUE);
+    if (bytes && !value)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value is NULL", key);
+    pthread_mutex_lock(&s->lock);
+    st = pdp__store_call(s, "pdp_store_set", PDP__STORE_SET, key, value, bytes, 0, s->timeout_s,
+                         NULL, 0, NULL, NULL);
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+PDP_API pdp_status pdp_store_get(pdp_store *s, const char *key, void *buf, size_t cap,
+                                 size_t *bytes)
+{
+    size_t got = 0;
+    pdp_status st = pdp__store_check(s, "pdp_store_get", key);
+    if (st != PDP_OK) return st;
+    if (cap && !buf) return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s': buf is NULL", key);
+    pthread_mutex_lock(&s->lock);
+    st = pdp__store_call(s, "pdp_store_get", PDP__STORE_GET, key, NULL, 0,
+                         pdp__store_ms(s->timeout_s), s->timeout_s, buf, cap, &got, NULL);
+    pthread_mutex_unlock(&s->lock);
+    if (bytes) *bytes = got;
+    if (st == PDP_ERR_TIMEOUT)
+        return pdp__err(st, "pdp_store_get: key '%s' was not set within %g s (store %s:%d)", key,
+                        s->timeout_s, s->host, s->port);
+    if (st == PDP_OK && got > cap)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s' holds %zu bytes, the buffer "
+                        "only %zu", key, got, cap);
+    return st;
+}
+
+PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double timeout_s)
+{
+    double t, deadline;
+    pdp_status st = PDP_OK;
+    int i;
+    if (!s) return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: store is NULL");
+    if (n < 0 || (n > 0 && !keys))
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: %d keys at %p", n, (const void *)keys);
+    if (timeout_s < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: timeout_s = %g is negative", timeout_s);
+    for (i = 0; i < n; i++)
+        if ((st = pdp__store_check(s, "pdp_store_wait", keys[i])) != PDP_OK) return st;
+    t = PDP__DEF(timeout_s, s->timeout_s);
+    deadline = pdp__now() + t;
+    pthread_mutex_lock(&s->lock);
+    for (i = 0; i < n && st == PDP_OK; i++) {
+        double left = PDP__MAX(deadline - pdp__now(), 0.0);
+        st = pdp__store_call(s, "pdp_store_wait", PDP__STORE_WAIT, keys[i], NULL, 0,
+                             pdp__store_ms(left), left, NULL, 0, NULL, NULL);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (st == PDP_ERR_TIMEOUT)
+        return pdp__err(st, "pdp_store_wait: key '%s' (%d of %d) was not set within %g s "
+                        "(store %s:%d)", keys[i - 1], i, n, t, s->host, s->port);
+    return st;
+}
+
+PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, int64_t *result)
+{
+    uint64_t r = 0;
+    pdp_status st = pdp__store_check(s, "pdp_store_add", key);
+    if (st != PDP_OK) return st;
+    pthread_mutex_lock(&s->lock);
+    st = pdp__store_call(s, "pdp_store_add", PDP__STORE_ADD, key, NULL, 0, (uint64_t)delta,
+                         s->timeout_s, NULL, 0, NULL, &r);
+    pthread_mutex_unlock(&s->lock);
+    if (st == PDP_OK && result) *result = (int64_t)r;
+    return st;
+}
+
+PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
+                                     double timeout_s)
+{
+    char counter[PDP_STORE_MAX_KEY + 1], done[PDP_STORE_MAX_KEY + 1];
+    const char *keys[1];
+    int64_t arrived = 0, gen, now_in = 0;
+    int world;
+    pdp_status st;
+
+    if (!s) return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: store is NULL");
+    if (!name) return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: name is NULL");
+    world = world_size > 0 ? world_size : s->world_size;
+    if (world <= 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: '%s': world_size = %d and the store "
+                        "was created without one", name, world_size);
+    if (strlen(name) + 40 > PDP_STORE_MAX_KEY)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: name '%.64s...' is too long", name);
+    timeout_s = PDP__DEF(timeout_s, s->timeout_s);
+    snprintf(counter, sizeof counter, "pdp/barrier/%s", name);
+    if ((st = pdp_store_add(s, counter, 1, &arrived)) != PDP_OK)
+        return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
+    gen = (arrived - 1) / world;
+    snprintf(done, sizeof done, "pdp/barrier/%s/%lld", name, (long long)gen);
+    if (arrived % world == 0 && (st = pdp_store_set(s, done, "", 0)) != PDP_OK)
+        return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
+    keys[0] = done;
+    st = pdp_store_wait(s, keys, 1, timeout_s);
+    if (st == PDP_ERR_TIMEOUT) {
+        pdp_store_add(s, counter, 0, &now_in); /* best effort, for the message */
+        return pdp__err(st, "pdp_store_barrier: '%s' (round %lld): %lld of %d ranks arrived "
+                        "within %g s (store %s:%d)", name, (long long)gen,
+                        (long long)(now_in - gen * world), world, timeout_s, s->host, s->port);
+    }
+    if (st != PDP_OK) return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
+    return PDP_OK;
+}

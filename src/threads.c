@@ -88,11 +88,15 @@ static void *pdp__thread_scratch(size_t bytes)
 
 /* ---- threads: the pool ---- */
 
+/* The pool. busy is held by the one caller that owns the pool for a job; lock
+   guards every field of pdp__the_pool; wake tells workers about a new generation
+   (or stop); done tells the caller that pending reached 0. */
+static pthread_mutex_t pdp__pool_busy = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t pdp__pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pdp__pool_wake = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t pdp__pool_done = PTHREAD_COND_INITIALIZER;
+
 typedef struct pdp__pool {
-    pthread_mutex_t busy;   /* held by the one caller that owns the pool for a job */
-    pthread_mutex_t lock;   /* guards every field below */
-    pthread_cond_t wake;    /* workers: a new generation (or stop) */
-    pthread_cond_t done;    /* caller: pending reached 0 */
     pthread_t tid[PDP__MAX_THREADS - 1];
     unsigned long start_gen[PDP__MAX_THREADS - 1]; /* generation when worker w was made */
     int nworkers;
@@ -104,33 +108,32 @@ typedef struct pdp__pool {
     int pending; /* workers that have not finished the current job */
 } pdp__pool;
 
-static pdp__pool pdp__the_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
-                                  PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
+static pdp__pool pdp__the_pool; /* zero: no workers yet */
 
 static void *pdp__worker_main(void *p)
 {
     pdp__pool *pool = &pdp__the_pool;
     int w = (int)(intptr_t)p;
     unsigned long seen;
-    pthread_mutex_lock(&pool->lock);
+    pthread_mutex_lock(&pdp__pool_lock);
     seen = pool->start_gen[w];
     for (;;) {
         void (*fn)(void *, int, int);
         void *arg;
         int n;
-        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pool->wake, &pool->lock);
+        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pdp__pool_wake, &pdp__pool_lock);
         if (pool->stop) break;
         seen = pool->generation;
         fn = pool->fn;
         arg = pool->arg;
         n = pool->n;
         if (w + 1 >= n) continue; /* not part of this job */
-        pthread_mutex_unlock(&pool->lock);
+        pthread_mutex_unlock(&pdp__pool_lock);
         fn(arg, w + 1, n);
-        pthread_mutex_lock(&pool->lock);
-        if (--pool->pending == 0) pthread_cond_signal(&pool->done);
+        pthread_mutex_lock(&pdp__pool_lock);
+        if (--pool->pending == 0) pthread_cond_signal(&pdp__pool_done);
     }
-    pthread_mutex_unlock(&pool->lock);
+    pthread_mutex_unlock(&pdp__pool_lock);
     return NULL;
 }
 
@@ -142,13 +145,13 @@ static void pdp__pool_grow(pdp__pool *pool, int want)
     want = PDP__MIN(want, PDP__MAX_THREADS - 1);
     while (pool->nworkers < want) {
         int w = pool->nworkers;
-        pthread_mutex_lock(&pool->lock);
+        pthread_mutex_lock(&pdp__pool_lock);
         pool->start_gen[w] = pool->generation;
-        pthread_mutex_unlock(&pool->lock);
+        pthread_mutex_unlock(&pdp__pool_lock);
         if (pthread_create(&pool->tid[w], NULL, pdp__worker_main, (void *)(intptr_t)w) != 0) break;
-        pthread_mutex_lock(&pool->lock);
+        pthread_mutex_lock(&pdp__pool_lock);
         pool->nworkers++;
-        pthread_mutex_unlock(&pool->lock);
+        pthread_mutex_unlock(&pdp__pool_lock);
     }
 }
 
@@ -160,46 +163,46 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
         if (n == 1) fn(arg, 0, 1);
         return;
     }
-    if (pthread_mutex_trylock(&pool->busy) != 0) { /* in use: run it all here */
+    if (pthread_mutex_trylock(&pdp__pool_busy) != 0) { /* in use: run it all here */
         for (i = 0; i < n; i++) fn(arg, i, n);
         return;
     }
     pdp__pool_grow(pool, n - 1);
-    pthread_mutex_lock(&pool->lock);
+    pthread_mutex_lock(&pdp__pool_lock);
     helpers = PDP__MIN(n - 1, pool->nworkers);
     pool->fn = fn;
     pool->arg = arg;
     pool->n = n;
     pool->pending = helpers;
     pool->generation++;
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->lock);
+    pthread_cond_broadcast(&pdp__pool_wake);
+    pthread_mutex_unlock(&pdp__pool_lock);
 
     fn(arg, 0, n);
     for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
 
-    pthread_mutex_lock(&pool->lock);
-    while (pool->pending > 0) pthread_cond_wait(&pool->done, &pool->lock);
-    pthread_mutex_unlock(&pool->lock);
-    pthread_mutex_unlock(&pool->busy);
+    pthread_mutex_lock(&pdp__pool_lock);
+    while (pool->pending > 0) pthread_cond_wait(&pdp__pool_done, &pdp__pool_lock);
+    pthread_mutex_unlock(&pdp__pool_lock);
+    pthread_mutex_unlock(&pdp__pool_busy);
 }
 
 PDP_API void pdp_shutdown_threads(void)
 {
     pdp__pool *pool = &pdp__the_pool;
     int w, nworkers;
-    pthread_mutex_lock(&pool->busy); /* waits for a job in flight to finish */
-    pthread_mutex_lock(&pool->lock);
+    pthread_mutex_lock(&pdp__pool_busy); /* waits for a job in flight to finish */
+    pthread_mutex_lock(&pdp__pool_lock);
     pool->stop = 1;
     nworkers = pool->nworkers;
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->lock);
+    pthread_cond_broadcast(&pdp__pool_wake);
+    pthread_mutex_unlock(&pdp__pool_lock);
     for (w = 0; w < nworkers; w++) pthread_join(pool->tid[w], NULL);
-    pthread_mutex_lock(&pool->lock);
+    pthread_mutex_lock(&pdp__pool_lock);
     pool->stop = 0;
     pool->nworkers = 0;
-    pthread_mutex_unlock(&pool->lock);
-    pthread_mutex_unlock(&pool->busy);
+    pthread_mutex_unlock(&pdp__pool_lock);
+    pthread_mutex_unlock(&pdp__pool_busy);
 
     pthread_once(&pdp__scratch_once, pdp__scratch_init);
     if (pdp__scratch_key_ok) {

@@ -712,3 +712,5 @@ PDP_TEST__FN void pdp_test__parse_options(int argc, char **argv)
 #endif
 
 #endif /* PDP_TEST_H_INCLUDED */
+
+/* Licence: MIT, the same text as pdp's LICENSE file (Copyright (c) 2026 the pdp authors). */

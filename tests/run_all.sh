@@ -9,7 +9,10 @@ for a in "$@"; do
     if [ $in_examples = 1 ]; then examples="$examples $a"; else tests="$tests $a"; fi
 done
 for t in $tests; do
-    out=$("./$t" 2>&1); rc=$?
+    case $t in
+        *.sh) out=$(sh "$t" 2>&1); rc=$? ;;
+        *) out=$("./$t" 2>&1); rc=$? ;;
+    esac
     printf '%s\n' "$out"
     line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' | tail -n 1)
     if [ -z "$line" ]; then

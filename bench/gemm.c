@@ -1,0 +1,167 @@
+/* bench/gemm.c: GFLOP/s of pdp_sgemm against OpenBLAS's cblas_sgemm, same run, same data.
+
+   Shapes are written M x K x N as the issue does: C[M,N] = op(A)[M,K] * op(B)[K,N].
+   NN is A*B, TN is A^T*B, NT is A*B^T (row-major, as pdp_sgemm takes them). The
+   128-row shapes are the MLP's (batch 128, layers 784->512 and 512->512).
+   Each figure is the median of 7 timed repetitions after a warm-up; a repetition
+   loops the call for about 25 ms. 1 and 2 threads: pdp_set_num_threads for ours,
+   openblas_set_num_threads for OpenBLAS.
+
+   make bench        (links OpenBLAS and defines PDP_BENCH_OPENBLAS when pkg-config
+                      finds it; without it only our figures are printed)
+   ./build/bench_gemm [quick]   quick: fewer shapes, for a smoke run */
+
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef PDP_BENCH_OPENBLAS
+#  include <cblas.h>
+#endif
+
+#define REPS 7
+
+typedef struct shape {
+    int64_t m, k, n;
+    pdp_trans ta, tb;
+} shape;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+typedef struct problem {
+    shape s;
+    float *a, *b, *c;
+    int64_t lda, ldb;
+} problem;
+
+static void run_ours(const problem *p)
+{
+    pdp_sgemm(p->s.ta, p->s.tb, p->s.m, p->s.n, p->s.k, 1.0f, p->a, p->lda, p->b, p->ldb, 0.0f,
+              p->c, p->s.n);
+}
+
+#ifdef PDP_BENCH_OPENBLAS
+static void run_openblas(const problem *p)
+{
+    cblas_sgemm(CblasRowMajor, p->s.ta == PDP_TRANS ? CblasTrans : CblasNoTrans,
+                p->s.tb == PDP_TRANS ? CblasTrans : CblasNoTrans, (int)p->s.m, (int)p->s.n,
+                (int)p->s.k, 1.0f, p->a, (int)p->lda, p->b, (int)p->ldb, 0.0f, p->c, (int)p->s.n);
+}
+#endif
+
+/* Median GFLOP/s of fn over REPS repetitions of `iters` calls each. */
+static double measure(void (*fn)(const problem *), const problem *p)
+{
+    double flops = 2.0 * (double)p->s.m * (double)p->s.n * (double)p->s.k, t, rate[REPS];
+    int iters = 1, r, i;
+    fn(p);
+    t = now();
+    fn(p);
+    t = now() - t;
+    if (t < 0.025) iters = (int)(0.025 / (t > 1e-6 ? t : 1e-6)) + 1;
+    for (r = 0; r < REPS; r++) {
+        t = now();
+        for (i = 0; i < iters; i++) fn(p);
+        t = now() - t;
+        rate[r] = flops * iters / t * 1e-9;
+    }
+    qsort(rate, REPS, sizeof rate[0], cmp_double);
+    return rate[REPS / 2];
+}
+
+static const char *layout(const shape *s)
+{
+    static const char *names[2][2] = {{"NN", "NT"}, {"TN", "TT"}};
+    return names[s->ta][s->tb];
+}
+
+int main(int argc, char **argv)
+{
+    static const shape all[] = {
+        {128, 784, 512, PDP_NO_TRANS, PDP_TRANS},    {128, 784, 512, PDP_TRANS, PDP_NO_TRANS},
+        {128, 784, 512, PDP_NO_TRANS, PDP_NO_TRANS}, {128, 512, 512, PDP_NO_TRANS, PDP_TRANS},
+        {128, 512, 512, PDP_TRANS, PDP_NO_TRANS},    {128, 512, 512, PDP_NO_TRANS, PDP_NO_TRANS},
+        {512, 512, 512, PDP_NO_TRANS, PDP_NO_TRANS}, {512, 512, 512, PDP_TRANS, PDP_NO_TRANS},
+        {512, 512, 512, PDP_NO_TRANS, PDP_TRANS},    {1024, 1024, 1024, PDP_NO_TRANS, PDP_NO_TRANS},
+        {1024, 1024, 1024, PDP_TRANS, PDP_NO_TRANS}, {1024, 1024, 1024, PDP_NO_TRANS, PDP_TRANS},
+    };
+    int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+    size_t count = quick ? 2 : sizeof all / sizeof all[0], i, j;
+    double start = now();
+    const char *coretype = getenv("OPENBLAS_CORETYPE");
+
+    printf("pdp_sgemm %s, kernel %s; shapes M x K x N; GFLOP/s, median of %d\n",
+           pdp_version_string(), PDP__GEMM_KERNEL, REPS);
+#ifdef PDP_BENCH_OPENBLAS
+    printf("OpenBLAS: %s (core %s), OPENBLAS_CORETYPE=%s\n", openblas_get_config(),
+           openblas_get_corename(), coretype ? coretype : "(unset)");
+    printf("%-16s %-3s | %8s %8s %6s | %8s %8s %6s | %7s\n", "shape", "op", "ours 1t", "oblas 1t",
+           "ratio", "ours 2t", "oblas 2t", "ratio", "ours x");
+#else
+    (void)coretype;
+    printf("OpenBLAS: absent (build with it installed for the comparison)\n");
+    printf("%-16s %-3s | %8s | %8s | %7s\n", "shape", "op", "ours 1t", "ours 2t", "ours x");
+#endif
+    for (i = 0; i < count; i++) {
+        problem p;
+        double ours[2], ob[2];
+        int t;
+        char name[32];
+        int64_t arows, brows;
+        p.s = all[i];
+        arows = p.s.ta == PDP_NO_TRANS ? p.s.m : p.s.k;
+        p.lda = p.s.ta == PDP_NO_TRANS ? p.s.k : p.s.m;
+        brows = p.s.tb == PDP_NO_TRANS ? p.s.k : p.s.n;
+        p.ldb = p.s.tb == PDP_NO_TRANS ? p.s.n : p.s.k;
+        p.a = (float *)malloc(sizeof(float) * (size_t)(arows * p.lda));
+        p.b = (float *)malloc(sizeof(float) * (size_t)(brows * p.ldb));
+        p.c = (float *)malloc(sizeof(float) * (size_t)(p.s.m * p.s.n));
+        if (!p.a || !p.b || !p.c) {
+            fprintf(stderr, "bench_gemm: out of memory\n");
+            return 1;
+        }
+        for (j = 0; j < (size_t)(arows * p.lda); j++) p.a[j] = (float)((j * 7 + 3) % 13) * 0.1f - 0.6f;
+        for (j = 0; j < (size_t)(brows * p.ldb); j++) p.b[j] = (float)((j * 5 + 1) % 11) * 0.1f - 0.5f;
+        for (t = 0; t < 2; t++) {
+            pdp_set_num_threads(t + 1);
+            ours[t] = measure(run_ours, &p);
+#ifdef PDP_BENCH_OPENBLAS
+            openblas_set_num_threads(t + 1);
+            ob[t] = measure(run_openblas, &p);
+#else
+            ob[t] = 0.0;
+#endif
+        }
+        snprintf(name, sizeof name, "%dx%dx%d", (int)p.s.m, (int)p.s.k, (int)p.s.n);
+#ifdef PDP_BENCH_OPENBLAS
+        printf("%-16s %-3s | %8.1f %8.1f %6.2f | %8.1f %8.1f %6.2f | %7.2f\n", name, layout(&p.s),
+               ours[0], ob[0], ours[0] / ob[0], ours[1], ob[1], ours[1] / ob[1], ours[1] / ours[0]);
+#else
+        (void)ob;
+        printf("%-16s %-3s | %8.1f | %8.1f | %7.2f\n", name, layout(&p.s), ours[0], ours[1],
+               ours[1] / ours[0]);
+#endif
+        fflush(stdout);
+        free(p.a);
+        free(p.b);
+        free(p.c);
+    }
+    printf("ratio: ours / OpenBLAS at the same thread count; ours x: our 2-thread speed-up. %.0f s\n",
+           now() - start);
+    pdp_shutdown_threads();
+    return 0;
+}

@@ -1,0 +1,58 @@
+#!/bin/sh
+# Generator and compile tests: amalgamate.py (--check, byte-identical output, a
+# stale copy names its module), and pdp.h built every way a user builds it:
+# gcc and clang in strict C99, the API as C++, two translation units, PDP_STATIC
+# twice in one program, allocation overrides, misuse that must not compile,
+# and each option macro whose toolchain is installed (PDP_CBLAS, PDP_MPI).
+cd "$(dirname "$0")/.." || exit 1
+B=${B:-build}/buildtest
+mkdir -p "$B"
+STRICT="-std=c99 -Wall -Wextra -pedantic -Werror -I."
+p=0; f=0; s=0
+ok()   { echo "ok   $1"; p=$((p + 1)); }
+bad()  { echo "FAIL $1"; [ -f "$B/log" ] && tail -n 15 "$B/log"; f=$((f + 1)); }
+skip() { echo "skip $1 ($2)"; s=$((s + 1)); }
+check() { name=$1; shift; if "$@" > "$B/log" 2>&1; then ok "$name"; else bad "$name"; fi; }
+fails() { name=$1; want=$2; shift 2
+    if "$@" > "$B/log" 2>&1; then bad "$name (compiled, must not)";
+    elif grep -q "$want" "$B/log"; then ok "$name"; else bad "$name (no \"$want\" in the error)"; fi; }
+
+# ---- the generator ----
+check "amalgamate_check_passes" python3 amalgamate.py --check
+python3 amalgamate.py --output "$B/one.h" && python3 amalgamate.py --output "$B/two.h"
+check "amalgamate_output_is_byte_identical" cmp "$B/one.h" "$B/two.h"
+check "amalgamate_has_no_absolute_paths" sh -c "! grep -q '$(pwd)' '$B/one.h'"
+sed 's/^PDP_API pdp_status pdp_tensor_fill(/PDP_API pdp_status pdp_tensor_fill_stale(/' pdp.h > "$B/stale.h"
+python3 amalgamate.py --check --output "$B/stale.h" > "$B/log" 2>&1; rc=$?
+if [ $rc -eq 1 ] && grep -q "src/tensor.c differs" "$B/log"; then ok "amalgamate_check_names_stale_module"
+else bad "amalgamate_check_names_stale_module (exit $rc)"; fi
+python3 amalgamate.py --bogus > "$B/log" 2>&1; rc=$?
+if [ $rc -eq 2 ]; then ok "amalgamate_unknown_option_exits_2"; else bad "amalgamate_unknown_option_exits_2 (exit $rc)"; fi
+python3 amalgamate.py --line-directives --output "$B/dev.h" > "$B/log" 2>&1
+check "amalgamate_line_directives_point_into_src" grep -q '^#line 1 "src/tensor.c"' "$B/dev.h"
+check "header_line_one_names_version" sh -c "head -n 1 pdp.h | grep -q \"pdp.h - v\$(sed -n 's/#define PDP_VERSION_MAJOR //p' src/base.h)\""
+
+# ---- compilers ----
+check "gcc_c99_two_translation_units" sh -c "gcc $STRICT -c tests/build/tu_impl.c -o $B/impl.o && gcc $STRICT -c tests/build/tu_api.c -o $B/api.o && gcc $B/impl.o $B/api.o -o $B/two -lm -lpthread && $B/two"
+if command -v clang > /dev/null; then
+    check "clang_c99_two_translation_units" sh -c "clang $STRICT -c tests/build/tu_impl.c -o $B/cimpl.o && clang $STRICT -c tests/build/tu_api.c -o $B/capi.o && clang $B/cimpl.o $B/capi.o -o $B/ctwo -lm -lpthread && $B/ctwo"
+else skip "clang_c99_two_translation_units" "clang not installed"; fi
+if command -v g++ > /dev/null; then
+    check "cxx_api_section_links_with_c_impl" sh -c "g++ -x c++ -std=c++11 -Wall -Wextra -pedantic -Werror -I. -c tests/build/tu_api.c -o $B/xapi.o && g++ $B/impl.o $B/xapi.o -o $B/xtwo -lm -lpthread && $B/xtwo"
+else skip "cxx_api_section_links_with_c_impl" "g++ not installed"; fi
+check "static_twice_in_one_program" sh -c "gcc $STRICT -c tests/build/tu_static.c -o $B/sa.o -DTU_MAIN && gcc $STRICT -c tests/build/tu_static.c -o $B/sb.o -DTU_NAME=tu_static_b && gcc $B/sa.o $B/sb.o -o $B/static2 -lm -lpthread && $B/static2"
+check "malloc_free_overrides_count_every_allocation" sh -c "gcc $STRICT tests/build/tu_alloc.c -o $B/alloc -lm -lpthread && $B/alloc"
+fails "malloc_without_free_is_an_error" "define both PDP_MALLOC and PDP_FREE" gcc $STRICT -c tests/build/tu_half_alloc.c -o "$B/x.o"
+fails "late_posix_define_is_an_error_with_hint" "define _POSIX_C_SOURCE 200809L" gcc $STRICT -c tests/build/tu_late_posix.c -o "$B/x.o"
+check "gnu_mode_needs_no_posix_define" gcc -std=gnu11 -Wall -Wextra -Werror -I. -c tests/build/tu_late_posix.c -o "$B/gnu.o"
+
+# ---- option macros whose toolchains may be missing ----
+if [ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ]; then
+    check "option_pdp_cblas" sh -c "gcc $STRICT -DPDP_CBLAS -c tests/build/tu_impl.c -o $B/cblas.o && gcc $B/cblas.o tests/build/tu_api.c -I. -o $B/cblas -lopenblas -lm -lpthread && $B/cblas"
+else skip "option_pdp_cblas" "no cblas.h (apt-get install libopenblas-dev)"; fi
+if command -v mpicc > /dev/null; then
+    check "option_pdp_mpi" sh -c "mpicc $STRICT -DPDP_MPI -c tests/build/tu_impl.c -o $B/mpi.o"
+else skip "option_pdp_mpi" "mpicc not found (apt-get install libopenmpi-dev)"; fi
+
+echo "$p passed, $f failed, $s skipped"
+[ $f -eq 0 ]

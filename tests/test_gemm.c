@@ -1,0 +1,263 @@
+/* test_gemm.c - pdp_sgemm against a naive double-precision loop.
+
+   Odd shapes (1, 7, 33, 129, 257 and mixed ones) in all four layouts, alpha/beta
+   variants (beta == 0 over a NaN-filled C), leading dimensions wider than the
+   matrices (the padding must stay untouched), and bit-identical results for 1, 2
+   and 3 intra-op threads. The error bound is the classic one for a length-k dot
+   product: |got - exact| <= (k + 4) * eps * (|alpha| sum |a||b| + |beta c|).
+   tests/test_gemm_nosimd.c builds this file again with -DPDP_NO_SIMD, so the
+   portable kernel is tested too. */
+
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+
+/* ---- helpers ---- */
+
+static uint32_t rng_state = 12345u;
+
+static float rnd(void) /* uniform in [-1, 1) */
+{
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return (float)(rng_state >> 8) / 8388608.0f - 1.0f;
+}
+
+typedef struct mat {
+    float *p;
+    int64_t rows, cols, ld;
+} mat;
+
+/* rows x cols with row stride ld = cols + pad; padding filled with a sentinel. */
+static mat mat_new(int64_t rows, int64_t cols, int64_t pad)
+{
+    mat m;
+    int64_t i;
+    m.rows = rows;
+    m.cols = cols;
+    m.ld = cols + pad;
+    m.p = (float *)malloc(sizeof(float) * (size_t)(rows * m.ld + 1));
+    for (i = 0; i < rows * m.ld; i++) m.p[i] = (i % m.ld) < cols ? rnd() : 7777.0f;
+    return m;
+}
+
+typedef struct gemm_case {
+    pdp_trans ta, tb;
+    int64_t m, k, n;
+    float alpha, beta;
+    int64_t pad;   /* extra columns in every leading dimension */
+    int nan_c;     /* fill C with NaN (only with beta == 0) */
+} gemm_case;
+
+static const char *layout_name(pdp_trans ta, pdp_trans tb)
+{
+    static const char *names[2][2] = {{"NN", "NT"}, {"TN", "TT"}};
+    return names[ta][tb];
+}
+
+/* Runs one case with `threads` intra-op threads; checks values against the naive
+   loop and the padding of C; returns C (caller frees) through *out if not NULL. */
+static enum greatest_test_res check_case(const gemm_case *t, int threads, float **out)
+{
+    mat a = t->ta == PDP_NO_TRANS ? mat_new(t->m, t->k, t->pad) : mat_new(t->k, t->m, t->pad);
+    mat b = t->tb == PDP_NO_TRANS ? mat_new(t->k, t->n, t->pad) : mat_new(t->n, t->k, t->pad);
+    mat c = mat_new(t->m, t->n, t->pad);
+    float *c0 = (float *)malloc(sizeof(float) * (size_t)(c.rows * c.ld + 1));
+    int64_t i, j, p, bad_i = -1, bad_j = -1;
+    double worst = 0.0;
+    int pad_ok = 1;
+    char msg[256];
+    if (t->nan_c) {
+        for (i = 0; i < t->m; i++) {
+            for (j = 0; j < t->n; j++) c.p[i * c.ld + j] = NAN;
+        }
+    }
+    memcpy(c0, c.p, sizeof(float) * (size_t)(c.rows * c.ld));
+    pdp_set_num_threads(threads);
+    pdp_sgemm(t->ta, t->tb, t->m, t->n, t->k, t->alpha, a.p, a.ld, b.p, b.ld, t->beta, c.p, c.ld);
+    pdp_set_num_threads(1);
+    for (i = 0; i < t->m; i++) {
+        for (j = 0; j < c.ld; j++) {
+            double exact = 0.0, mag = 0.0, err, got = c.p[i * c.ld + j];
+            if (j >= t->n) { /* padding: untouched */
+                if (c.p[i * c.ld + j] != 7777.0f) pad_ok = 0;
+                continue;
+            }
+            for (p = 0; p < t->k; p++) {
+                double x = t->ta == PDP_NO_TRANS ? a.p[i * a.ld + p] : a.p[p * a.ld + i];
+                double y = t->tb == PDP_NO_TRANS ? b.p[p * b.ld + j] : b.p[j * b.ld + p];
+                exact += x * y;
+                mag += fabs(x * y);
+            }
+            exact *= t->alpha;
+            mag *= fabs(t->alpha);
+            if (t->beta != 0.0f) {
+                exact += (double)t->beta * c0[i * c.ld + j];
+                mag += fabs((double)t->beta * c0[i * c.ld + j]);
+            }
+            err = fabs(got - exact) / ((double)(t->k + 4) * FLT_EPSILON * mag + 1e-30);
+            if (!(err <= worst)) { /* also catches NaN */
+                worst = err != err ? 1e30 : err;
+                bad_i = i;
+                bad_j = j;
+            }
+        }
+    }
+    snprintf(msg, sizeof msg,
+             "%s m=%d k=%d n=%d alpha=%g beta=%g pad=%d threads=%d: error %.3g of the bound at "
+             "C[%d][%d]", layout_name(t->ta, t->tb), (int)t->m, (int)t->k, (int)t->n,
+             (double)t->alpha, (double)t->beta, (int)t->pad, threads, worst, (int)bad_i,
+             (int)bad_j);
+    free(a.p);
+    free(b.p);
+    free(c0);
+    if (out) {
+        *out = c.p;
+    } else {
+        free(c.p);
+    }
+    ASSERTm(msg, worst <= 1.0);
+    ASSERTm("padding of C was written", pad_ok);
+    PASS();
+}
+
+static const pdp_trans layouts[4][2] = {
+    {PDP_NO_TRANS, PDP_NO_TRANS}, {PDP_TRANS, PDP_NO_TRANS},
+    {PDP_NO_TRANS, PDP_TRANS}, {PDP_TRANS, PDP_TRANS}};
+
+/* ---- tests ---- */
+
+TEST gemm_matches_naive_odd_shapes(void)
+{
+    static const int64_t sizes[] = {1, 7, 33, 129};
+    int l, s;
+    for (l = 0; l < 4; l++) {
+        for (s = 0; s < 4; s++) {
+            gemm_case t = {layouts[l][0], layouts[l][1], sizes[s], sizes[s], sizes[s], 1.0f, 0.0f,
+                           0, 0};
+            CHECK_CALL(check_case(&t, 1, NULL));
+        }
+    }
+    PASS();
+}
+
+TEST gemm_matches_naive_257_cube(void)
+{
+    int l;
+    for (l = 0; l < 4; l++) {
+        gemm_case t = {layouts[l][0], layouts[l][1], 257, 257, 257, 1.0f, 0.0f, 0, 0};
+        CHECK_CALL(check_case(&t, 1, NULL));
+    }
+    PASS();
+}
+
+TEST gemm_matches_naive_mixed_shapes(void)
+{
+    static const int64_t shapes[][3] = {/* m, k, n */
+                                        {1, 257, 33}, {130, 7, 129}, {257, 1, 7},  {33, 129, 1},
+                                        {9, 300, 31}, {17, 520, 65}, {128, 784, 10}, {2, 3, 600}};
+    int l, s;
+    for (l = 0; l < 4; l++) {
+        for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++) {
+            gemm_case t = {layouts[l][0], layouts[l][1], shapes[s][0], shapes[s][1], shapes[s][2],
+                           1.0f, 0.0f, 0, 0};
+            CHECK_CALL(check_case(&t, 1, NULL));
+        }
+    }
+    PASS();
+}
+
+TEST gemm_alpha_beta_and_leading_dims(void)
+{
+    static const float ab[][2] = {{1.0f, 1.0f}, {-1.5f, 0.25f}, {0.5f, 0.0f}, {2.0f, -1.0f}};
+    static const int64_t shapes[][3] = {{33, 129, 7}, {130, 7, 129}, {7, 33, 257}};
+    int l, v, s;
+    for (l = 0; l < 4; l++) {
+        for (v = 0; v < 4; v++) {
+            for (s = 0; s < 3; s++) {
+                gemm_case t = {layouts[l][0], layouts[l][1], shapes[s][0], shapes[s][1],
+                               shapes[s][2], ab[v][0], ab[v][1], 1 + 5 * s, 0};
+                CHECK_CALL(check_case(&t, 1, NULL));
+            }
+        }
+    }
+    PASS();
+}
+
+TEST gemm_beta_zero_ignores_nan_in_c(void)
+{
+    int l;
+    for (l = 0; l < 4; l++) {
+        gemm_case t = {layouts[l][0], layouts[l][1], 37, 65, 41, 0.75f, 0.0f, 3, 1};
+        CHECK_CALL(check_case(&t, 1, NULL));
+        t.m = 300; /* big enough to go parallel */
+        t.n = 150;
+        CHECK_CALL(check_case(&t, 2, NULL));
+    }
+    PASS();
+}
+
+TEST gemm_k_zero_or_alpha_zero_scales_c(void)
+{
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 2, 3, 4, 5, 6};
+    float c[4] = {1, 2, 3, 4};
+    float cn[4] = {NAN, NAN, NAN, NAN};
+    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 0, 1.0f, a, 1, b, 2, 0.5f, c, 2);
+    ASSERT_IN_RANGE(0.5, c[0], 0.0);
+    ASSERT_IN_RANGE(2.0, c[3], 0.0);
+    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 3, 0.0f, a, 3, b, 2, 2.0f, c, 2);
+    ASSERT_IN_RANGE(1.0, c[0], 0.0);
+    ASSERT_IN_RANGE(4.0, c[3], 0.0);
+    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 3, 0.0f, a, 3, b, 2, 0.0f, cn, 2);
+    ASSERT_IN_RANGE(0.0, cn[0], 0.0);
+    ASSERT_IN_RANGE(0.0, cn[3], 0.0);
+    PASS();
+}
+
+/* Each element is computed by one thread with the same summation order whatever
+   the thread count: 1, 2 and 3 threads give the same bits. The shapes are above the
+   parallel threshold and split along N (wide) or along M (narrow). */
+TEST gemm_threads_bit_identical(void)
+{
+    static const int64_t shapes[][3] = {{128, 784, 512}, {130, 300, 257}, {600, 300, 20},
+                                        {257, 129, 65}};
+    int l, s, t;
+    for (l = 0; l < 4; l++) {
+        for (s = 0; s < 4; s++) {
+            float *c[3];
+            uint32_t seed = rng_state;
+            for (t = 0; t < 3; t++) {
+                gemm_case g = {layouts[l][0], layouts[l][1], shapes[s][0], shapes[s][1],
+                               shapes[s][2], 1.0f, 0.5f, 3, 0};
+                rng_state = seed; /* same inputs each time */
+                CHECK_CALL(check_case(&g, t + 1, &c[t]));
+            }
+            for (t = 1; t < 3; t++) {
+                size_t bytes = sizeof(float) * (size_t)(shapes[s][0] * (shapes[s][2] + 3));
+                ASSERT_MEM_EQm("1 thread and 2 or 3 threads differ", c[0], c[t], bytes);
+            }
+            for (t = 0; t < 3; t++) free(c[t]);
+        }
+    }
+    PASS();
+}
+
+SUITE(gemm)
+{
+    RUN_TEST(gemm_matches_naive_odd_shapes);
+    RUN_TEST(gemm_matches_naive_257_cube);
+    RUN_TEST(gemm_matches_naive_mixed_shapes);
+    RUN_TEST(gemm_alpha_beta_and_leading_dims);
+    RUN_TEST(gemm_beta_zero_ignores_nan_in_c);
+    RUN_TEST(gemm_k_zero_or_alpha_zero_scales_c);
+    RUN_TEST(gemm_threads_bit_identical);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(gemm);
+    pdp_shutdown_threads();
+    GREATEST_MAIN_END();
+}

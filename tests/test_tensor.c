@@ -1,0 +1,216 @@
+/* Tests of tensors (create, views, copies, errors) and of the PCG32 generator
+   (reference values, determinism, distribution moments, initialiser bounds). */
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+
+static int64_t s2[2] = {3, 5};
+
+TEST tensor_create_is_zeroed_and_aligned(void)
+{
+    pdp_tensor *t = NULL;
+    int64_t i;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cpu(), 2, s2), pdp_status_name);
+    ASSERT_EQ(15, t->count);
+    ASSERT_EQ(2, t->ndim);
+    ASSERT_EQ(1, t->shape[2]);
+    ASSERT_EQ(0, (int)((uintptr_t)t->data % 64));
+    for (i = 0; i < t->count; i++) ASSERT_EQ(0.0f, t->data[i]);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_fill(t, 2.5f), pdp_status_name);
+    ASSERT_EQ(2.5f, t->data[14]);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_zeros(t), pdp_status_name);
+    ASSERT_EQ(0.0f, t->data[7]);
+    pdp_tensor_free(t);
+    pdp_tensor_free(NULL);
+    PASS();
+}
+
+TEST tensor_bad_shapes_fail_with_messages(void)
+{
+    pdp_tensor *t = (pdp_tensor *)&t;
+    int64_t zero[2] = {3, 0}, five[5] = {1, 1, 1, 1, 1}, huge[3] = {INT64_MAX / 2, 4, 1};
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_create(&t, pdp_cpu(), 2, zero), pdp_status_name);
+    ASSERT(t == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_tensor_create: dimension 1 is 0"));
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_create(&t, pdp_cpu(), 5, five), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "ndim 5"));
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_create(&t, pdp_cpu(), 0, five), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_create(&t, pdp_cpu(), 2, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_create(&t, pdp_cpu(), 3, huge), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "overflows"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_create(NULL, pdp_cpu(), 2, s2), pdp_status_name);
+    PASS();
+}
+
+TEST tensor_cuda_without_pdp_cuda_is_unsupported(void)
+{
+#ifndef PDP_CUDA
+    pdp_tensor *t;
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_tensor_create(&t, pdp_cuda(0), 2, s2), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "PDP_CUDA"));
+    PASS();
+#else
+    SKIPm("built with PDP_CUDA");
+#endif
+}
+
+TEST tensor_views_share_data_and_check_counts(void)
+{
+    pdp_tensor *t;
+    pdp_tensor v, rows;
+    int64_t flat[1] = {15}, bad[2] = {4, 4};
+    int64_t i;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cpu(), 2, s2), pdp_status_name);
+    for (i = 0; i < 15; i++) t->data[i] = (float)i;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_reshape_view(t, 1, flat, &v), pdp_status_name);
+    ASSERT(v.data == t->data && !v.owns_data && v.count == 15 && v.ndim == 1);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_reshape_view(t, 2, bad, &v), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "[3, 5] has 15 elements, new shape has 16"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_rows_view(t, 1, 2, &rows), pdp_status_name);
+    ASSERT_EQ(5.0f, rows.data[0]);
+    ASSERT_EQ(10, rows.count);
+    ASSERT_EQ(2, rows.shape[0]);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_rows_view(t, 2, 2, &rows), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "rows [2, 4) outside [3, 5]"));
+    pdp_tensor_free(t);
+    PASS();
+}
+
+TEST tensor_copy_checks_count(void)
+{
+    pdp_tensor *a, *b, *c;
+    int64_t s3[1] = {15}, s4[1] = {4};
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&a, pdp_cpu(), 2, s2), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&b, pdp_cpu(), 1, s3), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&c, pdp_cpu(), 1, s4), pdp_status_name);
+    pdp_tensor_fill(a, 7.0f);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_copy(b, a), pdp_status_name);
+    ASSERT_EQ(7.0f, b->data[14]);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_copy(c, a), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_tensor_copy: destination [4] and source [3, 5]"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_copy(NULL, a), pdp_status_name);
+    pdp_tensor_free(a);
+    pdp_tensor_free(b);
+    pdp_tensor_free(c);
+    PASS();
+}
+
+/* The first outputs of PCG32 with seed 42, stream 54 as published with the
+   reference implementation (pcg32-demo). */
+TEST rng_matches_reference_pcg32(void)
+{
+    static const uint32_t expect[6] = {0xa15c02b7u, 0x7b47f409u, 0xba1d3330u,
+                                       0x83d2f293u, 0xbfa4784bu, 0xcbed606eu};
+    pdp_rng r;
+    int i;
+    pdp_rng_seed(&r, 42, 54);
+    for (i = 0; i < 6; i++) ASSERT_EQ_FMT(expect[i], pdp_rng_u32(&r), "0x%08x");
+    PASS();
+}
+
+TEST rng_streams_are_deterministic_and_distinct(void)
+{
+    pdp_rng a, b, c;
+    int i, same = 0;
+    pdp_rng_seed(&a, 7, 1);
+    pdp_rng_seed(&b, 7, 1);
+    pdp_rng_seed(&c, 7, 2);
+    for (i = 0; i < 1000; i++) {
+        uint32_t x = pdp_rng_u32(&a);
+        ASSERT_EQ(x, pdp_rng_u32(&b));
+        same += x == pdp_rng_u32(&c);
+    }
+    ASSERT(same < 3);
+    PASS();
+}
+
+TEST rng_uniform_and_normal_moments(void)
+{
+    pdp_rng r;
+    const int n = 200000;
+    double su = 0, su2 = 0, sn = 0, sn2 = 0;
+    float lo = 1, hi = 0;
+    int i;
+    uint32_t counts[7] = {0};
+    pdp_rng_seed(&r, 123, 0);
+    for (i = 0; i < n; i++) {
+        float u = pdp_rng_uniform(&r), g = pdp_rng_normal(&r);
+        lo = u < lo ? u : lo;
+        hi = u > hi ? u : hi;
+        su += u;
+        su2 += (double)u * u;
+        sn += g;
+        sn2 += (double)g * g;
+        counts[pdp_rng_below(&r, 7)]++;
+    }
+    ASSERT(lo >= 0.0f && hi < 1.0f);
+    ASSERT_IN_RANGE(0.5, su / n, 0.005);
+    ASSERT_IN_RANGE(1.0 / 12.0, su2 / n - (su / n) * (su / n), 0.002);
+    ASSERT_IN_RANGE(0.0, sn / n, 0.01);
+    ASSERT_IN_RANGE(1.0, sn2 / n, 0.02);
+    for (i = 0; i < 7; i++) ASSERT_IN_RANGE(n / 7.0, (double)counts[i], n / 7.0 * 0.05);
+    PASS();
+}
+
+TEST rng_initialisers_respect_bounds(void)
+{
+    pdp_tensor *t;
+    pdp_rng r;
+    int64_t shape[2] = {64, 100}, i;
+    float bound_k = 1.0f / sqrtf(100.0f), bound_x = sqrtf(6.0f / 164.0f), mx = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cpu(), 2, shape), pdp_status_name);
+    pdp_rng_seed(&r, 1, 0);
+    /* a = sqrt(5): PyTorch's Linear default, bound 1/sqrt(fan_in) */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_kaiming_uniform(t, &r, 100, sqrtf(5.0f)), pdp_status_name);
+    for (i = 0; i < t->count; i++) mx = fabsf(t->data[i]) > mx ? fabsf(t->data[i]) : mx;
+    ASSERT(mx <= bound_k * 1.0001f && mx > bound_k * 0.95f);
+    mx = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_xavier_uniform(t, &r, 100, 64), pdp_status_name);
+    for (i = 0; i < t->count; i++) mx = fabsf(t->data[i]) > mx ? fabsf(t->data[i]) : mx;
+    ASSERT(mx <= bound_x * 1.0001f && mx > bound_x * 0.95f);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_kaiming_uniform(t, &r, 0, 0.0f), pdp_status_name);
+    pdp_tensor_free(t);
+    PASS();
+}
+
+TEST base_status_names_and_version(void)
+{
+    ASSERT_STR_EQ("PDP_ERR_TIMEOUT", pdp_status_name(PDP_ERR_TIMEOUT));
+    ASSERT_STR_EQ("PDP_OK", pdp_status_name(PDP_OK));
+    ASSERT_STR_EQ("PDP_UNKNOWN_STATUS", pdp_status_name((pdp_status)-999));
+    ASSERT_STR_EQ(PDP_VERSION_STRING, pdp_version_string());
+    pdp__err(PDP_ERR_SHAPE, "inner %d", 3);
+    pdp__err_wrap(PDP_ERR_SHAPE, "outer");
+    ASSERT_STR_EQ("outer: inner 3", pdp_last_error());
+    pdp_clear_error();
+    ASSERT_STR_EQ("", pdp_last_error());
+    PASS();
+}
+
+SUITE(tensor)
+{
+    RUN_TEST(tensor_create_is_zeroed_and_aligned);
+    RUN_TEST(tensor_bad_shapes_fail_with_messages);
+    RUN_TEST(tensor_cuda_without_pdp_cuda_is_unsupported);
+    RUN_TEST(tensor_views_share_data_and_check_counts);
+    RUN_TEST(tensor_copy_checks_count);
+    RUN_TEST(base_status_names_and_version);
+}
+
+SUITE(rng)
+{
+    RUN_TEST(rng_matches_reference_pcg32);
+    RUN_TEST(rng_streams_are_deterministic_and_distinct);
+    RUN_TEST(rng_uniform_and_normal_moments);
+    RUN_TEST(rng_initialisers_respect_bounds);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(tensor);
+    RUN_SUITE(rng);
+    GREATEST_MAIN_END();
+}

@@ -1,0 +1,213 @@
+/* test_threads.c - the intra-op thread pool: settings, coverage, reuse, contention.
+
+   pdp__parallel_for must run every index exactly once, on the pool plus the
+   caller; two threads that use the pool at once must both finish (the loser of
+   the trylock runs its job serially) and get the same GEMM bits as alone; a job
+   that calls parallel_for from inside must not deadlock; pdp_shutdown_threads
+   joins the workers and the pool starts again on the next call. Run under TSan by
+   `make tsan`. */
+
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+
+#include <unistd.h>
+
+/* ---- helpers ---- */
+
+typedef struct hits {
+    int count[64];
+    int n_seen[64];
+    pthread_t who[64];
+} hits;
+
+static void mark(void *arg, int i, int n)
+{
+    hits *h = (hits *)arg;
+    h->count[i]++; /* each index is written by one thread only */
+    h->n_seen[i] = n;
+    h->who[i] = pthread_self();
+}
+
+static void nested(void *arg, int i, int n)
+{
+    hits *h = (hits *)arg;
+    hits inner;
+    int j;
+    memset(&inner, 0, sizeof inner);
+    pdp__parallel_for(3, mark, &inner); /* the pool is busy: runs here, serially */
+    for (j = 0; j < 3; j++) h->count[i] += inner.count[j];
+    h->n_seen[i] = n;
+}
+
+/* ---- tests ---- */
+
+TEST threads_setting_is_per_thread(void)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    ASSERT_EQ(1, pdp_get_num_threads());
+    ASSERT_ENUM_EQ(PDP_OK, pdp_set_num_threads(3), pdp_status_name);
+    ASSERT_EQ(3, pdp_get_num_threads());
+    ASSERT_EQ(3, pdp__threads_for_caller());
+    ASSERT_ENUM_EQ(PDP_OK, pdp_set_num_threads(0), pdp_status_name);
+    ASSERT_EQ(cores > 0 ? (int)cores : 1, pdp_get_num_threads());
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_set_num_threads(100000), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_set_num_threads") != NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "100000") != NULL);
+    ASSERT_EQ(cores > 0 ? (int)cores : 1, pdp_get_num_threads()); /* unchanged by the failure */
+    pdp_set_num_threads(1);
+    PASS();
+}
+
+static void *read_setting(void *out)
+{
+    *(int *)out = pdp_get_num_threads();
+    return NULL;
+}
+
+TEST threads_new_thread_starts_at_one(void)
+{
+    pthread_t t;
+    int seen = -1;
+    pdp_set_num_threads(4);
+    ASSERT_EQ(0, pthread_create(&t, NULL, read_setting, &seen));
+    pthread_join(t, NULL);
+    pdp_set_num_threads(1);
+    ASSERT_EQ(1, seen);
+    PASS();
+}
+
+TEST threads_parallel_for_covers_every_index_once(void)
+{
+    int n, i, rep, others;
+    for (rep = 0; rep < 20; rep++) {
+        for (n = 0; n <= 8; n++) {
+            hits h;
+            memset(&h, 0, sizeof h);
+            pdp__parallel_for(n, mark, &h);
+            for (i = 0; i < 64; i++) {
+                ASSERT_EQ(i < n ? 1 : 0, h.count[i]);
+                if (i < n) ASSERT_EQ(n, h.n_seen[i]);
+            }
+            if (n >= 2) { /* index 0 is the caller's, the others ran on workers */
+                ASSERT(pthread_equal(h.who[0], pthread_self()));
+                for (others = 0, i = 1; i < n; i++) others += !pthread_equal(h.who[i], pthread_self());
+                ASSERT_EQ(n - 1, others);
+            }
+        }
+    }
+    PASS();
+}
+
+TEST threads_nested_call_runs_serially(void)
+{
+    hits h;
+    int i;
+    memset(&h, 0, sizeof h);
+    pdp__parallel_for(2, nested, &h);
+    for (i = 0; i < 2; i++) {
+        ASSERT_EQ(3, h.count[i]);
+        ASSERT_EQ(2, h.n_seen[i]);
+    }
+    PASS();
+}
+
+/* Two callers hammer the pool with GEMMs on 2 threads; each checks its bits against
+   a 1-thread result computed beforehand. */
+#define CM 96
+#define CK 200
+#define CN 160
+
+typedef struct contender {
+    float a[CM * CK], b[CK * CN], c[CM * CN], want[CM * CN];
+    int mismatches;
+    int jobs;
+} contender;
+
+static void *contend(void *arg)
+{
+    contender *x = (contender *)arg;
+    int r;
+    pdp_set_num_threads(2);
+    for (r = 0; r < 100; r++) {
+        hits h;
+        memset(&h, 0, sizeof h);
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, CM, CN, CK, 1.0f, x->a, CK, x->b, CN, 0.0f, x->c, CN);
+        if (memcmp(x->c, x->want, sizeof x->c) != 0) x->mismatches++;
+        pdp__parallel_for(2, mark, &h);
+        x->jobs += h.count[0] + h.count[1];
+    }
+    return NULL;
+}
+
+TEST threads_concurrent_callers_do_not_deadlock(void)
+{
+    static contender x[2];
+    pthread_t t[2];
+    int i, j;
+    for (i = 0; i < 2; i++) {
+        for (j = 0; j < CM * CK; j++) x[i].a[j] = (float)((j * 7 + i) % 13) - 6.0f;
+        for (j = 0; j < CK * CN; j++) x[i].b[j] = (float)((j * 5 + 3 * i) % 11) * 0.25f;
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, CM, CN, CK, 1.0f, x[i].a, CK, x[i].b, CN, 0.0f,
+                  x[i].want, CN);
+        x[i].mismatches = 0;
+        x[i].jobs = 0;
+    }
+    for (i = 0; i < 2; i++) ASSERT_EQ(0, pthread_create(&t[i], NULL, contend, &x[i]));
+    for (i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    for (i = 0; i < 2; i++) {
+        ASSERT_EQ(0, x[i].mismatches);
+        ASSERT_EQ(200, x[i].jobs);
+    }
+    PASS();
+}
+
+TEST threads_shutdown_then_reuse(void)
+{
+    int rep, i;
+    for (rep = 0; rep < 3; rep++) {
+        hits h;
+        memset(&h, 0, sizeof h);
+        pdp__parallel_for(4, mark, &h);
+        for (i = 0; i < 4; i++) ASSERT_EQ(1, h.count[i]);
+        pdp_shutdown_threads();
+    }
+    pdp_shutdown_threads(); /* twice in a row is fine */
+    PASS();
+}
+
+TEST threads_scratch_grows_and_is_reused(void)
+{
+    unsigned char *p = (unsigned char *)pdp__thread_scratch(1000), *q;
+    ASSERT(p != NULL);
+    ASSERT_EQ(0, (int)((uintptr_t)p % 64));
+    memset(p, 1, 1000);
+    q = (unsigned char *)pdp__thread_scratch(500);
+    ASSERT(p == q); /* smaller request: same block, no allocation */
+    q = (unsigned char *)pdp__thread_scratch(1 << 20);
+    ASSERT(q != NULL);
+    memset(q, 2, 1 << 20);
+    pdp_shutdown_threads(); /* frees it */
+    PASS();
+}
+
+SUITE(threads)
+{
+    RUN_TEST(threads_setting_is_per_thread);
+    RUN_TEST(threads_new_thread_starts_at_one);
+    RUN_TEST(threads_parallel_for_covers_every_index_once);
+    RUN_TEST(threads_nested_call_runs_serially);
+    RUN_TEST(threads_concurrent_callers_do_not_deadlock);
+    RUN_TEST(threads_shutdown_then_reuse);
+    RUN_TEST(threads_scratch_grows_and_is_reused);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(threads);
+    pdp_shutdown_threads();
+    GREATEST_MAIN_END();
+}
