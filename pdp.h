@@ -13,7 +13,7 @@
        pdp_model_create(&m, &md);
        pdp_model_add_linear(m, 256); pdp_model_add_relu(m); pdp_model_add_linear(m, 10);
        pdp_optim_create(&opt, m, &(pdp_optim_desc){ .kind = PDP_OPTIM_ADAM });
-       for (...) {                       /* x: pdp_tensor [batch, 784], y: int32 labels */
+       for (...) {                       (x: a pdp_tensor [batch, 784]; y: int32 labels)
            pdp_model_forward_backward(m, x, y, &loss);
            pdp_optim_step(opt); pdp_optim_zero_grad(opt);
        }
@@ -194,6 +194,14 @@ PDP_API int pdp_get_num_threads(void);
    before unloading). The pool is the one piece of process-wide state; the next
    call that needs it starts it again. Call it when no other thread is in pdp. */
 PDP_API void pdp_shutdown_threads(void);
+
+/* Tracing: with PDP_TRACE=path in the environment, DDP and the communicators
+   record a Chrome trace (open it in ui.perfetto.dev or chrome://tracing); a
+   process that is one rank of several writes path.rank<r>.<ext>. The file is
+   written when the last traced object is freed and whenever the in-memory
+   buffer fills; this writes it now (a valid JSON file afterwards). PDP_OK when
+   tracing is off. */
+PDP_API pdp_status pdp_trace_flush(void);
 /* ---- end src/base.h ---- */
 
 /* ---- begin src/tensor.h ---- */
@@ -387,6 +395,25 @@ PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user)
    buffer for the loss gradient: nothing is allocated after the first call. */
 PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
                                               const int32_t *labels, float *loss);
+
+/* ---- losses ----
+   As torch.nn.functional with reduction='mean'. Tensors are on the CPU. */
+
+/* Softmax cross-entropy of logits [batch, classes] against integer labels in
+   [0, classes): *loss = mean over the batch of -log softmax(logits)[label].
+   dlogits (same shape, may be NULL) gets (softmax - onehot) / batch. A label out
+   of range fails with PDP_ERR_INVALID, a NaN or Inf loss with PDP_ERR_NUMERIC,
+   each naming the sample. */
+PDP_API pdp_status pdp_loss_cross_entropy(const pdp_tensor *logits, const int32_t *labels,
+                                          float *loss, pdp_tensor *dlogits);
+/* Mean squared error over all elements: *loss = mean((pred - target)^2); dpred
+   (same shape, may be NULL) gets 2 (pred - target) / count. */
+PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target, float *loss,
+                                pdp_tensor *dpred);
+/* *correct = the number of samples whose argmax of logits [batch, classes] (the
+   first maximum) equals the label. */
+PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *labels,
+                                     int64_t *correct);
 /* ---- end src/model.h ---- */
 
 /* ---- begin src/optim.h ---- */
@@ -455,11 +482,157 @@ PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, 
 /* ---- end src/optim.h ---- */
 
 /* ---- begin src/data.h ---- */
-/* data: (to be written) */
+/* data: datasets in memory, the IDX file format (MNIST, Fashion-MNIST), a seeded
+   synthetic classification task, and a shuffling batch iterator.
+
+   A dataset holds every sample as float32 in one block, [count, features], and
+   one int32 label per sample. Reading .gz files needs no library: pdp carries
+   its own gzip (RFC 1952) and DEFLATE (RFC 1951) decoder. The batcher copies the
+   samples of each batch into a buffer it owns, so the training loop allocates
+   nothing; its order in epoch e depends on (seed, e) only, like PyTorch's
+   DistributedSampler after set_epoch(e). A distributed run gives each rank its
+   own index list (pdp_batcher_desc.indices). */
+
+/* Fashion-MNIST's training-set pixel statistics (of p / 255), for
+   pdp_dataset_desc.mean and .std. */
+#define PDP_FASHION_MNIST_MEAN 0.2860f
+#define PDP_FASHION_MNIST_STD 0.3530f
+
+typedef struct pdp_dataset {
+    int64_t count;      /* samples */
+    int ndim;           /* dimensions of one sample: 3 (channels, height, width) or 1 (flat) */
+    int64_t shape[3];   /* one sample's shape; unused entries are 1 */
+    int64_t features;   /* floats per sample: the product of shape (784 for 28x28) */
+    int classes;        /* largest label + 1 */
+    float *images;      /* [count, features], 64-byte aligned; read-only for the user */
+    int32_t *labels;    /* [count] */
+} pdp_dataset;
+
+typedef struct pdp_dataset_desc {
+    bool flat;           /* samples of shape (features) instead of (1, height, width);
+                            default false */
+    float mean, std;     /* std > 0: a pixel p becomes (p / 255 - mean) / std; default
+                            std 0: p / 255, in [0, 1] */
+    int64_t max_samples; /* keep only the first max_samples (0 = all); synthetic: how
+                            many to make (0 = 60000 train, 10000 test) */
+    uint64_t seed;       /* synthetic only: the class prototypes and the noise; default 0 */
+} pdp_dataset_desc;
+
+/* Reads an IDX image file (magic 0x00000803: unsigned bytes, [count, rows, cols])
+   and its IDX label file (magic 0x00000801, [count]); either may be gzipped
+   (recognised by content, not by name). A bad magic, a truncated file, a failed
+   CRC, counts that disagree between the two files or dimensions that overflow
+   fail with PDP_ERR_FORMAT naming the file; a missing file with PDP_ERR_IO. */
+PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_path,
+                                        const char *labels_path, const pdp_dataset_desc *desc);
+/* Fashion-MNIST (60000 training or 10000 test samples) from the directory named
+   by $PDP_DATA if set, else /usr/share/datasets/fashion-mnist: the files
+   train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
+   t10k-labels-idx1-ubyte, each plain or with .gz. When they are missing it fails
+   with PDP_ERR_IO, naming the paths it tried and how to get the files. */
+PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
+                                                  const pdp_dataset_desc *desc);
+/* A learnable stand-in with Fashion-MNIST's shapes (28x28, 10 classes) and no
+   files: each class is a pattern of Gaussian blobs drawn from desc->seed (three
+   shared by all classes, two of its own); a sample is its class pattern, shifted
+   by up to two pixels, scaled, with Gaussian noise (std 0.3), clipped to [0, 1].
+   Train and test share the patterns and differ in the noise. An MLP reaches
+   about 95% on it, not 100%. */
+PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
+                                         const pdp_dataset_desc *desc);
+PDP_API void pdp_dataset_free(pdp_dataset *ds); /* NULL is fine */
+
+/* Copies samples indices[0..n) to x_out ([n, features] floats) and their labels to
+   labels_out (either may be NULL). An index outside [0, count) fails with
+   PDP_ERR_INVALID naming it, before anything is written. */
+PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
+                                      float *x_out, int32_t *labels_out);
+/* Fills *x (caller-owned struct, no allocation) with samples [first, first + n)
+   as a tensor [n, sample shape...] that views the dataset's memory. */
+PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_t n,
+                                    pdp_tensor *x);
+
+/* Fills out[0..n) with a random permutation of 0..n-1 that depends only on
+   (seed, epoch): Fisher-Yates driven by pdp_rng seeded with (seed, stream epoch). */
+PDP_API void pdp_permutation(int64_t *out, int64_t n, uint64_t seed, uint64_t epoch);
+
+/* ---- batches ---- */
+
+typedef struct pdp_batcher pdp_batcher;
+
+typedef struct pdp_batcher_desc {
+    int64_t batch_size;     /* samples per batch; default 64 */
+    bool shuffle;           /* default false: in index order, as PyTorch's DataLoader */
+    bool drop_last;         /* default false: the last batch of an epoch may be smaller */
+    uint64_t seed;          /* with shuffle: epoch e's order is pdp_permutation(seed, e) of
+                               the index list */
+    const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
+                               as a padded DistributedSampler's do); NULL = all, in order */
+    int64_t num_indices;    /* length of indices */
+} pdp_batcher_desc;
+
+/* A batcher over ds (which must outlive it), positioned at the start of epoch 0. */
+PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
+                                      const pdp_batcher_desc *desc);
+PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
+/* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
+   batcher's buffer and *labels points at its n labels, both valid until the next
+   call. Returns false, with *n = 0, when the epoch is over; call
+   pdp_batcher_reset to start the next one. Allocates nothing. */
+PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n);
+/* Starts epoch `epoch` from its first batch (its order is recomputed from the
+   seed and the epoch number alone, so any epoch can be replayed). */
+PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
+/* Batches per epoch (counting a smaller last batch unless drop_last). */
+PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b);
+/* This epoch's order: *count dataset indices (may be NULL). */
+PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
 /* ---- end src/data.h ---- */
 
 /* ---- begin src/checkpoint.h ---- */
-/* checkpoint: (to be written) */
+/* checkpoint: save and load a model (and optionally its optimizer) as a
+   safetensors file (https://github.com/huggingface/safetensors), readable by
+   `safetensors.torch.load_file` and loadable into the matching PyTorch module
+   with `module.load_state_dict(...)` directly.
+
+   Layout of a file written by pdp_checkpoint_save:
+     tensors, all F32, little-endian, in this order in the data section:
+       "<param>"                        every model parameter, state_dict names
+                                        ("0.weight", "0.bias", "3.weight", ...)
+       "optim.<param>.momentum_buffer"  SGD with momentum > 0
+       "optim.<param>.exp_avg"          Adam, AdamW (then, after all exp_avg,
+       "optim.<param>.exp_avg_sq"       every exp_avg_sq)
+     __metadata__ (strings): "format": "pdp", "pdp_version", "model.seed" and
+       "model.step" (the dropout stream: restored by load when present), and with an
+       optimizer "optim.kind" ("SGD", "Adam", "AdamW"), "optim.steps",
+       "optim.lr", "optim.momentum", "optim.dampening", "optim.nesterov"
+       ("true"/"false"), "optim.weight_decay", "optim.beta1", "optim.beta2",
+       "optim.eps" (floats printed with 9 significant digits: exact round trip).
+   The header is padded with spaces so the data starts 8-byte aligned.
+   In PyTorch: sd = safetensors.torch.load_file(path); model.load_state_dict(
+   {k: v for k, v in sd.items() if not k.startswith("optim.")}) (or pass the
+   whole dict when the file was saved without an optimizer). */
+
+/* Writes path atomically: the bytes go to "<path>.tmp.<pid>", which is
+   flushed, fsync'd and renamed over path, then the directory is fsync'd. A
+   failure or a crash at any point leaves any previous file at path intact (and
+   on failure the temporary is removed). o may be NULL (parameters only).
+   Errors: PDP_ERR_IO naming the file and the failed call. */
+PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o);
+
+/* Reads a checkpoint into m (and o, when not NULL). Every parameter of m must be
+   present as F32 with m's shape; with o, its state tensors must be present and
+   the file's "optim.kind" must be o's kind; o's step count and hyper-parameters
+   (lr, momentum, ...) are then restored from the file, as PyTorch's
+   optimizer.load_state_dict does. Tensors named "optim.*" are ignored when o is
+   NULL; any other tensor m does not have is an error (PyTorch's strict=True).
+   The whole file is validated into a staging buffer before anything is copied:
+   on failure m and o are untouched. Errors, each naming the file and tensor:
+   PDP_ERR_IO (cannot open or read), PDP_ERR_FORMAT (not safetensors, truncated,
+   corrupt header, overlapping or uncovered data, wrong dtype, optimizer kind),
+   PDP_ERR_SHAPE (a missing, extra or differently shaped tensor). The header is
+   limited to 100 MB. */
+PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);
 /* ---- end src/checkpoint.h ---- */
 
 /* ---- begin src/store.h ---- */
@@ -505,7 +678,8 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out);
 typedef struct pdp_store pdp_store;
 
 typedef struct pdp_store_desc {
-    const char *host; /* server: address to bind; client: address to reach; "127.0.0.1" */
+    const char *host; /* client: server to reach; server: address to bind, "0.0.0.0" for
+                         every interface (needed across machines); "127.0.0.1" */
     int port;         /* 29500; 0 on the server = a free ephemeral port (pdp_store_port) */
     bool is_server;   /* true on exactly one rank (rank 0): serve, then connect as a client */
     int world_size;   /* ranks taking part; default for pdp_store_barrier; 0 = unknown */
@@ -586,8 +760,17 @@ typedef struct pdp_comm_desc {
 } pdp_comm_desc;
 
 /* ---- local backend: ranks are threads ----
-   Create one group for world_size ranks, then each rank's thread calls
-   pdp_comm_create_local with its rank. The group outlives its communicators. */
+   Create one group for world_size ranks (1..256), then each rank's thread calls
+   pdp_comm_create_local with its rank (once per rank) and issues its
+   collectives on it. Each communicator runs a progress thread (none at world
+   size 1, where every collective completes at once), so an asynchronous
+   collective progresses while its rank computes; rank r's progress thread
+   reduces slice r of every rank's buffer, in rank order, so all ranks get the
+   same bits. Freeing a communicator tells the group that rank has left: a peer
+   waiting for it fails at once with PDP_ERR_COMM instead of timing out. After
+   a timeout or a departure the group is broken and every later collective on
+   it fails at once with the first failure's message. The group outlives its
+   communicators; free it after the last pdp_comm_free. */
 PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
                                           const pdp_comm_desc *desc);
 PDP_API void pdp_local_group_free(pdp_local_group *g);
@@ -605,6 +788,7 @@ PDP_API void pdp_comm_free(pdp_comm *c);
 PDP_API int pdp_comm_rank(const pdp_comm *c);
 PDP_API int pdp_comm_size(const pdp_comm *c);
 PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c);
+PDP_API double pdp_comm_timeout(const pdp_comm *c); /* seconds */
 
 /* In place: buf <- op over ranks of buf. */
 PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
@@ -625,28 +809,462 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
 /* Completes a collective and recycles its handle (NULL is fine). The error of
    a failed collective is returned here, with its message. */
 PDP_API pdp_status pdp_work_wait(pdp_work *work);
+/* The same as pdp_work_wait (the short name used in the docs). */
+PDP_API pdp_status pdp_wait(pdp_work *work);
 /* true once the collective has completed (the handle stays valid until waited). */
 PDP_API bool pdp_work_done(pdp_work *work);
 
 /* Per-communicator counters, for learners and benchmarks. */
 typedef struct pdp_comm_stats {
     int64_t collectives;   /* issued */
-    int64_t bytes_sent;    /* by this rank, as the algorithm moves them */
-    double busy_s;         /* summed launch-to-completion time of the collectives */
+    int64_t bytes_sent;    /* by this rank in the bandwidth-optimal algorithm: all-reduce
+                              2(N-1)/N x bytes (the ring figure), broadcast and
+                              reduce-scatter (N-1)/N x bytes, all-gather (N-1) x sent */
+    double busy_s;         /* summed execution time of the waited collectives, from the
+                              moment the backend starts one to its completion (queueing
+                              behind earlier collectives excluded) */
 } pdp_comm_stats;
 PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);
 /* ---- end src/comm.h ---- */
 
 /* ---- begin src/dp.h ---- */
-/* dp: (to be written) */
+/* dp: DataParallel, torch.nn.DataParallel in one process: one host thread per
+   device, parameter-server style.
+
+   Every step runs six stages on the master (the model you wrap, device 0):
+     replicate      master parameters -> each replica
+     scatter        the batch split along dimension 0 -> one shard per replica
+     parallel apply forward, loss and backward on every replica at once
+     gather         outputs and loss sums -> the master
+     reduce         replica gradients summed into the master's, fixed order
+     step           the optimizer updates the master's parameters
+   All the traffic goes through the master, which also holds the optimizer state
+   and the gathered outputs: the "DP overloads device 0" effect that the
+   literature contrasts with DDP's all-reduce, measured by pdp_dp_get_stats.
+
+   Replica 0 is the master itself; replicas 1..N-1 are clones. On the CPU they
+   read the master's parameter memory (replicate copies nothing, but stays a
+   stage you can time) unless copy_params asks for real copies, as separate
+   GPUs need. Shards are balanced: sizes differ by at most one and replica i
+   gets the samples before replica i + 1's; with more workers than samples the
+   extra workers sit idle for that step. Results equal one device on the same
+   global batch to float rounding (bit for bit with one worker). */
+
+typedef struct pdp_dp pdp_dp;
+
+#define PDP_DP_MAX_WORKERS 256
+
+typedef struct pdp_dp_desc {
+    int num_workers;          /* replicas, one thread each; 0 = one per online core;
+                                 negative or > PDP_DP_MAX_WORKERS is an error */
+    const pdp_device *devices;/* num_workers devices, devices[0] = the master's; NULL = all
+                                 CPU. CUDA needs PDP_CUDA (returns PDP_ERR_UNSUPPORTED) */
+    int threads_per_worker;   /* intra-op threads of each worker; default 1 (the intra-op
+                                 pool is one per process: workers that ask for more at the
+                                 same moment take turns, results unchanged) */
+    bool copy_params;         /* CPU: give each replica its own parameter copy, refreshed by
+                                 replicate every step (what GPUs must do); default false:
+                                 replicas read the master's memory */
+    bool reduce_on_master;    /* run the whole reduce on the master's thread, as
+                                 torch.nn.DataParallel does on device 0; default false:
+                                 each worker sums one slice (same result, bit for bit) */
+} pdp_dp_desc;
+
+/* Wraps master (which stays owned by the caller and must outlive dp) and starts
+   the workers. Layers must not be added to master afterwards. A pdp_dp is used
+   by one calling thread at a time; between steps the caller may use the master
+   as any model (evaluate it, save it). */
+PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc);
+/* Stops and joins the workers, frees the replicas (never the master). NULL is fine. */
+PDP_API void pdp_dp_free(pdp_dp *dp);
+PDP_API int pdp_dp_num_workers(const pdp_dp *dp);
+
+/* One training step for classification on the global batch x [B, ...] with B
+   labels: zero the master's gradients, replicate, scatter, parallel apply
+   (softmax cross-entropy, mean over the global batch), gather, reduce, then
+   pdp_optim_step(opt) on the master (opt must have been created on the master).
+   *loss (may be NULL) gets the global mean loss. The gradients stay readable
+   until the next step. An error inside a worker comes back naming it:
+   "pdp_dp_step: worker 2: pdp_model_forward: layer 0 (Linear) expects ...". */
+PDP_API pdp_status pdp_dp_step(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
+                               const int32_t *labels, float *loss);
+/* The same without zeroing and without the optimizer step: the master's
+   gradients accumulate (+=) the global-batch gradient, as a PyTorch backward
+   through DataParallel does. */
+PDP_API pdp_status pdp_dp_forward_backward(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
+                                           float *loss);
+/* The gathered outputs [B, classes] of the last step (on the master), or NULL. */
+PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp);
+
+/* Seconds per stage, wall clock as seen by the caller (apply and reduce include
+   waking the workers). */
+typedef struct pdp_dp_times {
+    double replicate, scatter, apply, gather, reduce, step;
+    double total;       /* the whole call, stages plus bookkeeping */
+    double apply_cpu;   /* CPU seconds of the busiest worker in apply and in reduce: */
+    double reduce_cpu;  /* the critical path if every worker had a core to itself */
+} pdp_dp_times;
+
+/* What a learner reads after a step. Bytes are device-to-device traffic as the
+   algorithm moves it (master to itself does not count); with CPU replicas that
+   share the master's parameters the replicate bytes are read in place, not
+   copied (params_shared says so). */
+typedef struct pdp_dp_stats {
+    int num_workers;
+    int active_workers;       /* last step: workers with at least one sample */
+    int64_t steps;            /* pdp_dp_step and pdp_dp_forward_backward calls that succeeded */
+    int64_t batch;            /* last global batch */
+    bool params_shared;
+    size_t replicate_bytes;   /* last step: parameters, master -> replicas */
+    size_t scatter_bytes;     /* last step: inputs and labels, master -> replicas */
+    size_t gather_bytes;      /* last step: outputs and loss sums, replicas -> master */
+    size_t reduce_bytes;      /* last step: gradients, replicas -> master */
+    size_t bytes_from_master; /* replicate + scatter */
+    size_t bytes_to_master;   /* gather + reduce */
+    pdp_dp_times last;        /* last step */
+    pdp_dp_times sum;         /* all steps so far; divide by steps for a mean */
+    double apply_worker_min;  /* last step: fastest and slowest worker's own apply time */
+    double apply_worker_max;
+    size_t master_bytes;      /* peak memory on the master's device: its parameters,
+                                 gradients, activations, loss gradient, the gathered
+                                 outputs and the optimizer state */
+    size_t replica_bytes;     /* peak memory on the largest other replica's device */
+} pdp_dp_stats;
+
+PDP_API pdp_status pdp_dp_get_stats(const pdp_dp *dp, pdp_dp_stats *out);
+/* A few human-readable lines (stage times in ms, bytes, memory) into buf;
+   returns the length snprintf would have written. */
+PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
 /* ---- end src/dp.h ---- */
 
 /* ---- begin src/ddp.h ---- */
-/* ddp: (to be written) */
+/* ddp: DistributedDataParallel, torch.nn.parallel.DistributedDataParallel in C,
+   and the DistributedSampler that feeds it.
+
+   Every rank holds a full replica of the model and runs forward and backward
+   on its own shard of the global batch; there is no master. At construction
+   the ranks check that they have the same parameter names and shapes and take
+   rank 0's parameter values. During backward the gradients are all-reduced in
+   buckets while backward is still running:
+
+     - a bucket is a contiguous range of the model's flat gradient block (the
+       gradients ARE the bucket memory: no copy in, no copy out);
+     - buckets fill in reverse registration order (the order backward produces
+       gradients), each closed once it holds at least bucket_cap_mb (the first
+       one: first_bucket_mb), as PyTorch's Reducer does;
+     - when backward reports a bucket's last gradient, that bucket's all-reduce
+       (average over ranks) starts at once on the communicator, and backward
+       goes on with the layers before it;
+     - pdp_ddp_finish (called by pdp_ddp_step) waits for every bucket; the time
+       it waits is the communication backward could not hide.
+
+   With N ranks each computing the mean loss of B/N samples, the averaged
+   gradients are those of the mean loss over the global batch B: DDP training
+   equals single-device training on the global batch, to float rounding, and
+   every rank holds bit-identical parameters.
+
+   Gradient accumulation (no_sync): while no_sync is on, backward only adds to
+   the local gradients; the next backward with no_sync off all-reduces the
+   accumulated sums. As in PyTorch, k accumulated backward passes of mean losses
+   give the sum of k mean gradients: the same as k backward passes on a single
+   device (divide the learning rate by k, or scale the loss, for the mean).
+
+   Faults never hang: a rank that stops issuing collectives makes the others
+   fail with PDP_ERR_TIMEOUT within the communicator's timeout, naming the
+   bucket, the collective and the missing rank; a rank that fails and frees its
+   communicator makes the others fail at once.
+
+   Typical step (each rank, on its own thread or process):
+       pdp_ddp_forward_backward(ddp, x_shard, labels_shard, &loss);
+       pdp_ddp_step(ddp, opt);          wait for the buckets, update, zero grads */
+
+typedef struct pdp_ddp pdp_ddp;
+
+typedef struct pdp_ddp_desc {
+    double bucket_cap_mb;    /* bucket capacity in MiB (2^20 bytes); default 25 */
+    double first_bucket_mb;  /* capacity of the first bucket (the last layers' gradients,
+                                ready first); default min(1, bucket_cap_mb) */
+} pdp_ddp_desc;
+
+/* Wraps m (which stays owned by the caller, must outlive ddp and gets no new
+   layers) and c (the same). Collective: every rank of c must call it. Checks
+   that every rank has the same parameter names and shapes (a mismatch fails on
+   every rank with PDP_ERR_INVALID naming the first differing parameter), then
+   copies rank 0's parameters to every rank, zeroes the gradients and installs
+   the gradient hook on m. PDP_TRACE=out.json traces the ranks (see trace). */
+PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
+                                  const pdp_ddp_desc *desc);
+/* Waits for buckets still in flight, removes the hook. NULL is fine. */
+PDP_API void pdp_ddp_free(pdp_ddp *ddp);
+
+/* Forward, softmax cross-entropy (mean over this rank's batch) and backward on
+   this rank's shard; buckets are all-reduced as their gradients become ready.
+   Gradients accumulate (+=). A synchronised backward must be finished
+   (pdp_ddp_step or pdp_ddp_finish) before the next one. */
+PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *ddp, const pdp_tensor *x,
+                                            const int32_t *labels, float *loss);
+/* Waits for every bucket of the last synchronised backward: the model's
+   gradients are then the average over ranks. PDP_ERR_STATE when the last
+   backward ran under no_sync. OK and nothing to do when nothing is pending. */
+PDP_API pdp_status pdp_ddp_finish(pdp_ddp *ddp);
+/* pdp_ddp_finish, then pdp_optim_step(opt), then zeroes the gradients. */
+PDP_API pdp_status pdp_ddp_step(pdp_ddp *ddp, pdp_optim *opt);
+/* true: later backward passes only accumulate locally (PyTorch's no_sync()). */
+PDP_API void pdp_ddp_set_no_sync(pdp_ddp *ddp, bool no_sync);
+
+PDP_API pdp_model *pdp_ddp_model(const pdp_ddp *ddp);
+PDP_API pdp_comm *pdp_ddp_comm(const pdp_ddp *ddp);
+
+/* ---- buckets ---- */
+
+typedef struct pdp_ddp_bucket {
+    int first_param, last_param;  /* registry indices: the bucket holds first..last */
+    int64_t offset;               /* floats into the flat gradient block */
+    int64_t count;                /* floats */
+} pdp_ddp_bucket;
+
+PDP_API int pdp_ddp_num_buckets(const pdp_ddp *ddp);
+/* Bucket b (0 = the first to be reduced: the last parameters). */
+PDP_API pdp_status pdp_ddp_bucket_info(const pdp_ddp *ddp, int b, pdp_ddp_bucket *out);
+
+/* ---- statistics ---- */
+
+typedef struct pdp_ddp_stats {
+    int64_t steps;             /* synchronised backward passes finished */
+    int64_t buckets;           /* buckets per synchronised backward */
+    int64_t grad_bytes;        /* bytes of gradients all-reduced per step */
+    /* the last finished step */
+    int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes) */
+    double backward_s;         /* forward + loss + backward, launches included */
+    double allreduce_s;        /* execution time of this step's bucket all-reduces */
+    double wait_s;             /* time pdp_ddp_finish waited: communication left exposed */
+    double hidden_share;       /* 1 - wait_s / allreduce_s, in [0, 1] (1 with nothing to do) */
+    /* sums over all finished steps */
+    int64_t total_bytes_sent;
+    double total_backward_s, total_allreduce_s, total_wait_s;
+} pdp_ddp_stats;
+
+PDP_API void pdp_ddp_get_stats(const pdp_ddp *ddp, pdp_ddp_stats *out);
+PDP_API void pdp_ddp_reset_stats(pdp_ddp *ddp);
+
+/* ---- DistributedSampler ----
+   Each rank's share of an epoch, as torch.utils.data.DistributedSampler: the
+   epoch's order is pdp_permutation(seed, epoch) (or 0..n-1 without shuffle);
+   when n is not a multiple of the world size it is padded by repeating its
+   first indices (default) or cut to a multiple (drop_last); rank r takes the
+   entries r, r + N, r + 2N, ... The shards of one epoch are disjoint (up to the
+   padding) and cover the dataset; every rank with the same seed and epoch
+   computes the same permutation, so no communication is needed. */
+
+typedef struct pdp_dist_sampler pdp_dist_sampler;
+
+typedef struct pdp_dist_sampler_desc {
+    int64_t dataset_size;  /* samples; required, >= 1 */
+    int world_size;        /* ranks; default 1 */
+    int rank;              /* this rank, 0..world_size-1; default 0 */
+    uint64_t seed;         /* the same on every rank; default 0 */
+    bool no_shuffle;       /* default false: shuffled (PyTorch's shuffle=True) */
+    bool drop_last;        /* default false: pad by repeating indices */
+} pdp_dist_sampler_desc;
+
+PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,
+                                           const pdp_dist_sampler_desc *desc);
+PDP_API void pdp_dist_sampler_free(pdp_dist_sampler *s);
+/* Reshuffles: the indices become epoch `epoch`'s (as set_epoch in PyTorch). */
+PDP_API void pdp_dist_sampler_set_epoch(pdp_dist_sampler *s, uint64_t epoch);
+/* This rank's samples per epoch: ceil(n / N), or floor(n / N) with drop_last. */
+PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s);
+/* This rank's dataset indices for the current epoch (*count may be NULL), valid
+   until the next set_epoch or free; feed them to pdp_batcher_desc.indices. */
+PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count);
 /* ---- end src/ddp.h ---- */
 
 /* ---- begin src/cuda.h ---- */
-/* cuda: (to be written) */
+/* cuda: CUDA devices, the NCCL communicator for thread ranks, and the plain C
+   functions of pdp_cuda.cu.
+
+   Build with -DPDP_CUDA and link pdp_cuda.o (nvcc), cuBLAS and NCCL; without
+   PDP_CUDA every function below that takes a device fails with
+   PDP_ERR_UNSUPPORTED naming the macro, and pdp_cuda_device_count reports 0.
+
+   Execution model. Each device has one compute stream and one cuBLAS handle,
+   created on first use and kept for the life of the process (like the intra-op
+   pool, the documented exception to "no globals"). Layer, loss and optimizer
+   calls on a CUDA model enqueue kernels on that stream and return; anything
+   that hands a value to the host (a download, a loss) waits for it. Use one
+   host thread per device at a time (DP and thread-rank DDP do).
+
+   Numerics. GEMMs run in full FP32 (TF32 off) so GPU results match the CPU to
+   about 1e-5 relative; pdp_cuda_set_tf32(true) trades that for tensor-core
+   speed. Element math (activations, dropout masks, optimizer updates) is the
+   same PDP__HOSTDEV code as the CPU's (math.h).
+
+   Memory. Device buffers come from a caching allocator: freed blocks go back to
+   a free list of their size class on their device and are reused, so after
+   the first step nothing reaches cudaMalloc (pdp_cuda_memory_stats counts the
+   calls). pdp_cuda_empty_cache returns the free blocks to the driver. */
+
+/* Number of CUDA devices visible to this process. No device (or no driver):
+   *count = 0 and PDP_ERR_NO_DEVICE. */
+PDP_API pdp_status pdp_cuda_device_count(int *count);
+/* TF32 tensor-core GEMMs on (faster, ~1e-3 relative) or off (default: FP32,
+   matches the CPU to ~1e-5). Process-wide; takes effect at the next GEMM. */
+PDP_API pdp_status pdp_cuda_set_tf32(bool on);
+/* Waits until every kernel and copy queued on the device's stream is done. */
+PDP_API pdp_status pdp_cuda_synchronize(pdp_device d);
+
+typedef struct pdp_cuda_memory_stats {
+    int64_t device_mallocs;  /* cudaMalloc calls made by the caching allocator so far */
+    size_t reserved_bytes;   /* held from the driver (in use + cached free blocks) */
+    size_t in_use_bytes;     /* handed out and not yet freed */
+} pdp_cuda_memory_stats;
+PDP_API pdp_status pdp_cuda_memory_stats_get(pdp_device d, pdp_cuda_memory_stats *out);
+/* Returns the device's cached free blocks to the driver (cudaFree). */
+PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
+
+/* ---- cuda: NCCL thread ranks ----
+   One process drives N GPUs with one thread per GPU: create the group once
+   (ncclCommInitAll over devices[0..ndev-1]), then rank r's thread calls
+   pdp_comm_create_nccl(&c, g, r) and uses c like any communicator (DDP with
+   thread ranks). The group outlives its communicators. Processes with one GPU
+   each use pdp_comm_init_env with desc.backend = PDP_BACKEND_NCCL instead:
+   rank 0 makes the NCCL unique id and hands it out through the TCP store
+   (MASTER_ADDR; port PDP_STORE_PORT, else MASTER_PORT + 1 under torchrun,
+   whose own store holds MASTER_PORT, else MASTER_PORT). Collectives run on a
+   stream of their own after waiting on an event recorded on the compute
+   stream, so they overlap whatever the compute stream does next; pdp_work_wait
+   polls with the communicator's timeout and, on timeout or an NCCL error,
+   aborts the NCCL communicator (ncclCommAbort) and fails instead of hanging. */
+typedef struct pdp_nccl_group pdp_nccl_group;
+PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
+                                         const pdp_comm_desc *desc);
+PDP_API void pdp_nccl_group_free(pdp_nccl_group *g);
+PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int rank);
+
+/* ---- cuda: the plain C functions of pdp_cuda.cu ----
+   pdp.h's implementation (cuda_host.c) calls these; they never call back into
+   it. dev is a CUDA ordinal; pointers are on that device unless named host_*;
+   counts are elements. Each returns PDP_OK or PDP_ERR_CUDA / PDP_ERR_TIMEOUT /
+   PDP_ERR_NO_DEVICE and leaves "cublasSgemm failed: CUBLAS_STATUS_... at
+   pdp_cuda.cu:123" in pdp_cudak_error() (thread-local). Kernels are enqueued on
+   the device's compute stream. Declared only for builds that link pdp_cuda.o. */
+#if defined(PDP_CUDA) || defined(__CUDACC__)
+
+typedef enum pdp_cudak_act {
+    PDP_CUDAK_RELU = 0,
+    PDP_CUDAK_GELU = 1,
+    PDP_CUDAK_TANH = 2,
+    PDP_CUDAK_SIGMOID = 3
+} pdp_cudak_act;
+
+typedef enum pdp_cudak_coll {
+    PDP_CUDAK_ALLREDUCE = 0,
+    PDP_CUDAK_BROADCAST = 1,
+    PDP_CUDAK_REDUCE_SCATTER = 2,
+    PDP_CUDAK_ALLGATHER = 3
+} pdp_cudak_coll;
+
+/* Conv2d / MaxPool2d geometry of one layer (square kernels). */
+typedef struct pdp_cudak_conv {
+    int64_t batch, C, H, W, O, k, stride, pad, Ho, Wo;
+} pdp_cudak_conv;
+
+const char *pdp_cudak_error(void);
+pdp_status pdp_cudak_device_count(int *count);
+void pdp_cudak_set_tf32(int on);
+pdp_status pdp_cudak_synchronize(int dev);
+
+/* memory */
+pdp_status pdp_cudak_malloc(int dev, size_t bytes, void **out);
+void pdp_cudak_free(int dev, void *p);
+pdp_status pdp_cudak_memory_stats(int dev, int64_t *mallocs, size_t *reserved, size_t *in_use);
+pdp_status pdp_cudak_empty_cache(int dev);
+pdp_status pdp_cudak_memset0(int dev, void *p, size_t bytes);
+pdp_status pdp_cudak_fill(int dev, float *p, int64_t count, float value);
+/* dst_dev / src_dev: a CUDA ordinal, or -1 for host memory. Device-to-host and
+   host-to-device copies return when the copy is done; peer copies too. */
+pdp_status pdp_cudak_memcpy(int dst_dev, void *dst, int src_dev, const void *src, size_t bytes);
+/* dst += src, both on dev. */
+pdp_status pdp_cudak_add(int dev, float *dst, const float *src, int64_t count);
+
+/* layers: forward writes y (and saved); backward writes dx (when not NULL) and
+   accumulates dw, db (+=). */
+pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float *w, const float *b, float *y,
+                                int64_t batch, int64_t in, int64_t out);
+pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const float *dy,
+                                float *dw, float *db, float *dx, int64_t batch, int64_t in,
+                                int64_t out);
+pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count);
+pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const float *y,
+                             const float *dy, float *dx, int64_t count);
+pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask, int64_t batch,
+                                 int64_t n, float p, uint64_t seed, int layer, uint64_t step,
+                                 int64_t sample_base);
+/* dx = dy * mask */
+pdp_status pdp_cudak_mul(int dev, const float *dy, const float *mask, float *dx, int64_t count);
+pdp_status pdp_cudak_layernorm_fwd(int dev, const float *x, const float *w, const float *b,
+                                   float *y, float *saved, int64_t batch, int64_t n, float eps);
+pdp_status pdp_cudak_layernorm_bwd(int dev, const float *x, const float *w, const float *dy,
+                                   const float *saved, float *dw, float *db, float *dx,
+                                   int64_t batch, int64_t n);
+/* work: (C k k + O) Ho Wo floats per sample */
+pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
+                              const float *b, float *y, float *work);
+pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
+                              const float *dy, float *dw, float *db, float *dx, float *work);
+pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *x, float *y,
+                                 float *argmax);
+pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,
+                                 const float *argmax, float *dx);
+
+/* losses. host_labels: batch labels in host memory, already checked to lie in
+   [0, classes). host_loss: batch per-sample losses (double) for the host to sum
+   in sample order. dlogits may be NULL. */
+pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *host_labels,
+                                   int64_t batch, int64_t classes, float grad_scale,
+                                   double *host_loss, float *dlogits);
+/* *host_sum = sum of (pred - target)^2 in double; dpred (may be NULL) = scale (pred - target). */
+pdp_status pdp_cudak_mse(int dev, const float *pred, const float *target, int64_t count,
+                         float scale, double *host_sum, float *dpred);
+
+/* optimizers: elements [0, count) of the given pointers, the math.h updates */
+pdp_status pdp_cudak_sgd(int dev, float *p, const float *g, float *buf, int64_t count, float lr,
+                         float momentum, float one_minus_damp, float weight_decay, int nesterov,
+                         int first);
+pdp_status pdp_cudak_adam(int dev, float *p, const float *g, float *m, float *v, int64_t count,
+                          float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
+                          float step_size, float bc2_sqrt, float eps, float l2, float decay);
+
+/* benchmarks: C [m, n] = A [m, k] B [k, n], row-major, on dev (cuBLAS) */
+pdp_status pdp_cudak_gemm(int dev, const float *a, const float *b, float *c, int64_t m, int64_t n,
+                          int64_t k);
+
+/* NCCL. One handle per rank: the NCCL communicator, its device and its own
+   stream, and a ring of completion events indexed by slot. */
+typedef struct pdp_cudak_nccl pdp_cudak_nccl;
+#define PDP_CUDAK_NCCL_ID_BYTES 128
+#define PDP_CUDAK_NCCL_SLOTS 256
+pdp_status pdp_cudak_nccl_unique_id(int dev, void *id);
+pdp_status pdp_cudak_nccl_init_rank(pdp_cudak_nccl **out, int dev, int nranks, int rank,
+                                    const void *id, double timeout_s);
+pdp_status pdp_cudak_nccl_init_all(pdp_cudak_nccl **out, int ndev, const int *devs);
+/* abort: ncclCommAbort instead of ncclCommDestroy (after a failure) */
+void pdp_cudak_nccl_free(pdp_cudak_nccl *h, int abort);
+/* Records an event on dev's compute stream, makes the NCCL stream wait on it,
+   enqueues the collective and records completion into *slot's event. For
+   BROADCAST op is the root; for the reductions 0 = sum, 1 = average. */
+pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind, const float *send,
+                                 float *recv, int64_t count, int op, int *slot);
+/* 1 done, 0 pending, -1 failed */
+int pdp_cudak_nccl_query(pdp_cudak_nccl *h, int slot);
+/* Waits for slot with a deadline; then the compute stream waits on it too.
+   On timeout or an NCCL error: ncclCommAbort, PDP_ERR_TIMEOUT / PDP_ERR_COMM. */
+pdp_status pdp_cudak_nccl_wait(pdp_cudak_nccl *h, int slot, double timeout_s);
+/* Host bytes from root to every rank (staged through the device). */
+pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *host, size_t bytes, int root,
+                                          double timeout_s);
+
+#endif /* PDP_CUDA || __CUDACC__ */
 /* ---- end src/cuda.h ---- */
 
 #ifdef __cplusplus
@@ -765,40 +1383,62 @@ static inline PDP__HOSTDEV uint32_t pdp__dropout_threshold(float p)
 
    SGD:   d = g + wd p;  b = first ? d : momentum b + (1 - dampening) d;
           d = nesterov ? d + momentum b : b (momentum > 0 only);  p -= lr d.
-   Adam:  g += l2 p (Adam's weight decay; 0 for AdamW);  p *= decay
-          (AdamW's 1 - lr wd; 1 for Adam);  m = beta1 m + (1 - beta1) g;
-          v = beta2 v + (1 - beta2) g g;  p -= step_size m / (sqrt(v) / bc2_sqrt + eps),
-          step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t). */
+   Adam:  g += l2 p (Adam's weight decay; 0 for AdamW);  m = beta1 m + (1 - beta1) g;
+          v = beta2 v + (1 - beta2) g g;  p = p decay (AdamW's 1 - lr wd; 1 for
+          Adam) - step_size m / (sqrt(v) / bc2_sqrt + eps),
+          step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t).
+   Adam is split in two halves around the square root so that a CPU loop can
+   take sqrt of a whole block at once (sqrtf itself blocks auto-vectorisation
+   while errno is on); pdp__adam_update is the two halves for one element. */
 
-/* one_minus_damp = 1 - dampening. first: the momentum buffer is initialised
-   to d (PyTorch's clone on the first step). buf is unused when momentum == 0. */
-static inline PDP__HOSTDEV float pdp__sgd_update(float p, float g, float *buf, float lr,
-                                                 float momentum, float one_minus_damp,
-                                                 float weight_decay, int nesterov, int first)
+/* SGD without momentum. */
+static inline PDP__HOSTDEV float pdp__sgd_update(float p, float g, float lr, float weight_decay)
 {
     float d = weight_decay != 0.0f ? g + weight_decay * p : g;
-    if (momentum != 0.0f) {
-        float b = first ? d : momentum * *buf + one_minus_damp * d;
-        *buf = b;
-        d = nesterov ? d + momentum * b : b;
-    }
     return p - lr * d;
 }
 
-/* Adam and AdamW (see above); *m and *v are the element's moments. */
+/* SGD with momentum > 0; *buf is the element's momentum buffer.
+   one_minus_damp = 1 - dampening; first: the buffer becomes d (PyTorch's clone
+   on the first step). */
+static inline PDP__HOSTDEV float pdp__sgd_momentum_update(float p, float g, float *buf, float lr,
+                                                          float momentum, float one_minus_damp,
+                                                          float weight_decay, int nesterov,
+                                                          int first)
+{
+    float d = weight_decay != 0.0f ? g + weight_decay * p : g;
+    float old = *buf;
+    float b = first ? d : momentum * old + one_minus_damp * d;
+    *buf = b;
+    d = nesterov ? d + momentum * b : b;
+    return p - lr * d;
+}
+
+/* Adam/AdamW, first half: the moments *m and *v of one element. */
+static inline PDP__HOSTDEV void pdp__adam_moments(float p, float g, float *m, float *v, float beta1,
+                                                  float one_minus_beta1, float beta2,
+                                                  float one_minus_beta2, float l2)
+{
+    if (l2 != 0.0f) g = g + l2 * p;
+    *m = beta1 * *m + one_minus_beta1 * g;
+    *v = beta2 * *v + one_minus_beta2 * g * g;
+}
+
+/* Adam/AdamW, second half: the new parameter from m and sqrt(v). */
+static inline PDP__HOSTDEV float pdp__adam_apply(float p, float m, float sqrt_v, float step_size,
+                                                 float bc2_sqrt, float eps, float decay)
+{
+    return p * decay - step_size * m / (sqrt_v / bc2_sqrt + eps);
+}
+
+/* Adam/AdamW, one element: both halves. */
 static inline PDP__HOSTDEV float pdp__adam_update(float p, float g, float *m, float *v, float beta1,
                                                   float one_minus_beta1, float beta2,
                                                   float one_minus_beta2, float step_size,
                                                   float bc2_sqrt, float eps, float l2, float decay)
 {
-    float mm, vv;
-    if (l2 != 0.0f) g = g + l2 * p;
-    p = p * decay;
-    mm = beta1 * *m + one_minus_beta1 * g;
-    vv = beta2 * *v + one_minus_beta2 * g * g;
-    *m = mm;
-    *v = vv;
-    return p - step_size * mm / (sqrtf(vv) / bc2_sqrt + eps);
+    pdp__adam_moments(p, g, m, v, beta1, one_minus_beta1, beta2, one_minus_beta2, l2);
+    return pdp__adam_apply(p, *m, sqrtf(*v), step_size, bc2_sqrt, eps, decay);
 }
 /* ---- end src/math.h ---- */
 
@@ -934,6 +1574,7 @@ typedef struct pdp__layer_io {
     float *dw, *db;      /* their gradients, accumulated into (+=) */
     float *saved;        /* [batch, saved_per_sample] written by forward, read by backward */
     float *work;         /* [batch, work_per_sample] scratch, shared by all layers */
+    pdp_device device;   /* where every pointer above lives */
     bool training;
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
@@ -983,6 +1624,8 @@ struct pdp_model {
     int64_t sample_base;     /* global index of this model's first sample (DP replicas) */
     pdp_grad_hook hook;
     void *hook_user;
+    int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
+                                  set by the DDP reducer when PDP_TRACE is on */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
@@ -1000,6 +1643,27 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
 static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
                                      int64_t classes, float grad_scale, double *loss_sum,
                                      float *dlogits, const char *fn);
+
+/* ---- CUDA dispatch (cuda_host.c) ----
+   layers.c, loss.c and optim.c hand work on a CUDA device to these; without
+   PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
+   as the CPU functions they stand in for (pointers on device d or io->device;
+   labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
+struct pdp__optim_scalars;
+static pdp_status pdp__cuda_layer_forward(const pdp__layer *l, const pdp__layer_io *io) PDP__UNUSED;
+static pdp_status pdp__cuda_layer_backward(const pdp__layer *l, const pdp__layer_io *io) PDP__UNUSED;
+static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
+                                          int64_t batch, int64_t classes, float grad_scale,
+                                          double *loss_sum, float *dlogits,
+                                          const char *fn) PDP__UNUSED;
+static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
+                                int64_t count, float scale, double *sum, float *dpred,
+                                const char *fn) PDP__UNUSED;
+static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
+                                         float *p, const float *g, float *s0, float *s1,
+                                         int64_t n) PDP__UNUSED;
+static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
+                               int64_t count) PDP__UNUSED;
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal
@@ -1038,13 +1702,47 @@ struct pdp_comm {
     void *impl;
 };
 
-/* Common head of every handle; a backend's handle struct begins with it. */
+/* Common head of every handle; a backend's handle struct begins with it.
+   Contract between comm.c's public layer and a backend:
+   - a collective op always gets a non-NULL w (comm.c makes work == NULL calls
+     synchronous) and fills comm, op_name and seq; comm.c sets t_launch;
+   - before the handle reports done, the backend sets t_start (execution began,
+     after any queueing) and t_done (completed, or failed);
+   - ops->wait completes the collective, leaves a failure's message WITHOUT a
+     function-name prefix (the public caller adds it) and returns the handle to
+     the backend's pool; the head fields stay readable until the next collective
+     is issued on that communicator (comm.c reads t_start/t_done after wait). */
 struct pdp_work {
     pdp_comm *comm;
     const char *op_name;  /* "allreduce", for messages and the trace */
     int64_t seq;          /* collective number on this communicator */
     double t_launch;      /* pdp__now() at launch */
+    double t_start;       /* pdp__now() when the backend began executing it */
+    double t_done;        /* pdp__now() at completion */
 };
+
+/* NCCL from the environment: pdp_comm_init_env (comm_mpi.c) calls it for
+   PDP_BACKEND_NCCL. Defined in cuda_host.c under PDP_CUDA; without PDP_CUDA,
+   comm_mpi.c defines it to return PDP_ERR_UNSUPPORTED naming the macro. */
+static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
+
+/* ---- trace (trace.c) ----
+   Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
+   One process-wide, mutex-guarded sink (the documented exception to "no
+   globals"), reference counted by open/close; PDP_TRACE is read by each open
+   while no trace file is open. process_rank >= 0 (this process is one rank of several) writes
+   path with ".rank<r>" inserted before the extension. Events take pdp__now()
+   seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string
+   literal; args NULL or a JSON object body ("\"bytes\":64"). Recording copies
+   a fixed-size record and never allocates. Everything is a no-op when off. */
+static pdp_status pdp__trace_open(int process_rank);
+static void pdp__trace_close(void);
+static bool pdp__trace_enabled(void);
+static int pdp__trace_track(int pid, const char *name);
+static void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
+                                double t1, const char *args);
+static void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
+                             double t0, double t1, const char *args);
 /* ---- end src/internal.h ---- */
 
 /* ---- begin src/base.c ---- */
@@ -1638,17 +2336,22 @@ PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t 
    (ACM TOMS 34(3), 2008) and of BLIS (Van Zee and van de Geijn, 2015):
 
      for each NC-wide block of columns       (jc)
-       for each KC-deep block of k           (pc)   pack op(B) block, KC x NC  -> L2
-         for each MR-tall row panel          (ir)   pack op(A) panel, MR x KC  -> L1
+       for each KC-deep block of k           (pc)   pack op(B) block, KC x NC  (L2/L3)
+         for each MR-tall row panel          (ir)   pack op(A) panel, MR x KC  (L1)
            for each NR-wide column panel     (jr)   micro-kernel: MR x NR tile of C
 
+   The A panel stays in L1 while the B block streams past it (128 bytes of B per
+   16 FMAs on AVX-512, well within L2 or even L3 bandwidth), so the A panel is
+   packed right before use and there is no MC level.
    The micro-kernel keeps an MR x NR tile of C in registers and adds one rank-1
    update per k: NR floats of packed B are loaded, MR floats of packed A are
    broadcast, MR * NR / VL fused multiply-adds. Kernels by instruction set:
    AVX-512F 8 x 32 (16 zmm accumulators), AVX2+FMA 6 x 16 (12 ymm), and portable
    C 4 x 16 (what -DPDP_NO_SIMD or a plain x86-64 target gets). Packing pads
    partial panels with zeros, so the kernel always runs full tiles and masks only
-   its stores. With -DPDP_CBLAS the whole call goes to cblas_sgemm instead.
+   its stores. Packing a source that is contiguous in k (A in NN and NT, B in NT
+   and TT) is a transpose, done 8 x 8 in AVX registers when AVX is there. With
+   -DPDP_CBLAS the whole call goes to cblas_sgemm instead.
 
    Invariants:
    - Determinism. Every element of C is computed by exactly one thread, as the
@@ -1833,10 +2536,11 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 #define PDP__GEMM_NR (PDP__GEMM_NV * PDP__GEMM_VL)
 
 /* Blocking. KC: depth of one packed block (k is cut into equal blocks of at most
-   KC). NC: columns of packed B per block (KC x NC floats stay in L2). Both fixed,
-   so the summation order never depends on the thread count. */
+   KC). NC: columns of packed B per block. Both fixed, so the summation order never
+   depends on the thread count. 512 and 512 measured best on Zen 4 (384 and 256 are
+   within noise; see bench/gemm.c). */
 #ifndef PDP__GEMM_KC
-#  define PDP__GEMM_KC 256
+#  define PDP__GEMM_KC 512
 #endif
 #ifndef PDP__GEMM_NC
 #  define PDP__GEMM_NC 512
@@ -1848,57 +2552,104 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 
 /* ---- gemm: packing ---- */
 
-/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i],
-   rows mr..MR-1 zero. */
-static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
-                             float *PDP__GEMM_RESTRICT ap)
+/* Packing op(A) with A not transposed, and op(B) with B transposed, is a transpose
+   (the source is contiguous in k, the panel wants k-major). With AVX it goes 8 x 8
+   at a time through registers; the rest is plain loops. */
+#if !defined(PDP_NO_SIMD) && defined(__AVX__)
+#  include <immintrin.h>
+#  define PDP__GEMM_T8 1
+
+/* dst[q * ldd + r] = src[r * lds + q] for r, q in [0, 8). */
+static void pdp__gemm_transpose8(const float *src, int64_t lds, float *dst, int64_t ldd)
 {
-    int i;
+    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
+    __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
+    __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
+    __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#else
+#  define PDP__GEMM_T8 0
+#endif
+
+/* rows x kc of a source contiguous in k (row stride lds) into dst[p * ldd + r];
+   the part of [0, ldd) past `rows` is zeroed. */
+static void pdp__gemm_pack_t(const float *src, int64_t lds, int rows, int64_t kc, float *dst,
+                             int64_t ldd)
+{
+    int r = 0;
     int64_t p;
-    if (ta == PDP_NO_TRANS) { /* op(A)(i, p) = a[i * lda + p]: rows contiguous in k */
-        for (i = 0; i < mr; i++) {
-            const float *row = a + i * lda;
-            for (p = 0; p < kc; p++) ap[p * PDP__GEMM_MR + i] = row[p];
+#if PDP__GEMM_T8
+    for (; r + 8 <= rows; r += 8) {
+        const float *s = src + r * lds;
+        int i;
+        for (p = 0; p + 8 <= kc; p += 8) pdp__gemm_transpose8(s + p, lds, dst + p * ldd + r, ldd);
+        for (; p < kc; p++) {
+            for (i = 0; i < 8; i++) dst[p * ldd + r + i] = s[i * lds + p];
         }
-        for (; i < PDP__GEMM_MR; i++) {
-            for (p = 0; p < kc; p++) ap[p * PDP__GEMM_MR + i] = 0.0f;
-        }
-    } else { /* op(A)(i, p) = a[p * lda + i]: k-major already */
-        for (p = 0; p < kc; p++) {
-            const float *src = a + p * lda;
-            float *dst = ap + p * PDP__GEMM_MR;
-            for (i = 0; i < mr; i++) dst[i] = src[i];
-            for (; i < PDP__GEMM_MR; i++) dst[i] = 0.0f;
-        }
+    }
+#endif
+    for (; r < rows; r++) {
+        const float *s = src + r * lds;
+        for (p = 0; p < kc; p++) dst[p * ldd + r] = s[p];
+    }
+    for (; r < ldd; r++) {
+        for (p = 0; p < kc; p++) dst[p * ldd + r] = 0.0f;
     }
 }
 
+/* rows x cols of a source contiguous in the panel's fast index into dst[p * ldd + j];
+   the part of [0, ldd) past `cols` is zeroed. */
+static void pdp__gemm_pack_n(const float *src, int64_t lds, int cols, int64_t kc, float *dst,
+                             int64_t ldd)
+{
+    int64_t p;
+    int j;
+    for (p = 0; p < kc; p++) {
+        const float *s = src + p * lds;
+        float *d = dst + p * ldd;
+        for (j = 0; j < cols; j++) d[j] = s[j];
+        for (; j < ldd; j++) d[j] = 0.0f;
+    }
+}
+
+/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i]. */
+static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
+                             float *PDP__GEMM_RESTRICT ap)
+{
+    if (ta == PDP_NO_TRANS) /* op(A)(i, p) = a[i * lda + p] */
+        pdp__gemm_pack_t(a, lda, mr, kc, ap, PDP__GEMM_MR);
+    else /* op(A)(i, p) = a[p * lda + i] */
+        pdp__gemm_pack_n(a, lda, mr, kc, ap, PDP__GEMM_MR);
+}
+
 /* op(B) rows [0, kc) x columns [0, nc) into panels of NR columns:
-   bp[(j / NR) * kc * NR + p * NR + j % NR], columns past nc zero. */
+   bp[(j / NR) * kc * NR + p * NR + j % NR]. */
 static void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, int64_t kc, int64_t nc,
                              float *PDP__GEMM_RESTRICT bp)
 {
-    int64_t j0, p;
-    int j;
+    int64_t j0;
     for (j0 = 0; j0 < nc; j0 += PDP__GEMM_NR) {
         int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - j0);
-        float *panel = bp + j0 * kc;
-        if (tb == PDP_NO_TRANS) { /* op(B)(p, j) = b[p * ldb + j]: rows contiguous in n */
-            for (p = 0; p < kc; p++) {
-                const float *src = b + p * ldb + j0;
-                float *dst = panel + p * PDP__GEMM_NR;
-                for (j = 0; j < nr; j++) dst[j] = src[j];
-                for (; j < PDP__GEMM_NR; j++) dst[j] = 0.0f;
-            }
-        } else { /* op(B)(p, j) = b[j * ldb + p]: columns contiguous in k */
-            for (j = 0; j < nr; j++) {
-                const float *src = b + (j0 + j) * ldb;
-                for (p = 0; p < kc; p++) panel[p * PDP__GEMM_NR + j] = src[p];
-            }
-            for (; j < PDP__GEMM_NR; j++) {
-                for (p = 0; p < kc; p++) panel[p * PDP__GEMM_NR + j] = 0.0f;
-            }
-        }
+        if (tb == PDP_NO_TRANS) /* op(B)(p, j) = b[p * ldb + j] */
+            pdp__gemm_pack_n(b + j0, ldb, nr, kc, bp + j0 * kc, PDP__GEMM_NR);
+        else /* op(B)(p, j) = b[j * ldb + p] */
+            pdp__gemm_pack_t(b + j0 * ldb, ldb, nr, kc, bp + j0 * kc, PDP__GEMM_NR);
     }
 }
 
@@ -2048,9 +2799,850 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
 /* ---- end src/ops.c ---- */
 
 /* ---- begin src/layers.c ---- */
-/* layers: (to be written) */
+/* layers: shape inference, initialisation, forward and backward of every layer
+   kind on the CPU; model.c drives them in order.
+
+   Conventions (PyTorch's, so that state_dicts and results carry over):
+   - Linear: y = x W^T + b, W [out, in], on 1-D samples.
+   - Conv2d: samples (C, H, W), W [O, C, k, k], b [O], square kernel, zero
+     padding, output (O, Ho, Wo) with Ho = (H + 2 pad - k) / stride + 1. Computed
+     by im2col + GEMM (Chellapilla et al., "High performance convolutional neural
+     networks for document processing", 2006) on cache-sized chunks of samples:
+     forward y = W col, backward dW = dy col^T and dcol = W^T dy, then col2im
+     (details in "layers: Conv2d").
+   - MaxPool2d: square window, no padding, floor output size; the first maximum
+     in row-major window order wins ties, NaN wins over numbers (as PyTorch's CPU
+     kernel). The winning index is saved as a float (exact below 2^24).
+   - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
+     rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
+   - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
+   - Dropout: the mask is a pure function of (seed, layer, step, global sample
+     index, element) (math.h), so a batch split across DP replicas, each with its
+     sample_base, draws exactly the masks one device draws. Training: keep with
+     probability 1 - p and scale by 1 / (1 - p); the scaled mask is saved for
+     backward. Evaluation: identity.
+   - Flatten is a view: model.c aliases its output to its input and never calls
+     forward or backward for it (they copy, should anything else).
+
+   Invariants: forward and backward allocate nothing (temporaries live in io->work,
+   sized by work_per_sample); backward accumulates into dw and db (+=) and writes
+   dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
+   in a fixed order that does not depend on the thread count, so results are
+   bit-reproducible. */
 
 /* #include "internal.h" (already above) */
+
+#if defined(__cplusplus)
+#  define PDP__RESTRICT __restrict__
+#else
+#  define PDP__RESTRICT restrict
+#endif
+
+/* ---- layers: names and small helpers ---- */
+
+static const char *pdp__layer_kind_name(pdp__layer_kind k)
+{
+    switch (k) {
+    case PDP__LINEAR: return "Linear";
+    case PDP__RELU: return "ReLU";
+    case PDP__GELU: return "GELU";
+    case PDP__TANH: return "Tanh";
+    case PDP__SIGMOID: return "Sigmoid";
+    case PDP__DROPOUT: return "Dropout";
+    case PDP__LAYERNORM: return "LayerNorm";
+    case PDP__CONV2D: return "Conv2d";
+    case PDP__MAXPOOL2D: return "MaxPool2d";
+    case PDP__FLATTEN: return "Flatten";
+    }
+    return "?";
+}
+
+/* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
+static const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
+{
+    if (ndim == 3)
+        snprintf(buf, bytes, "(%lld, %lld, %lld)", (long long)shape[0], (long long)shape[1],
+                 (long long)shape[2]);
+    else
+        snprintf(buf, bytes, "(%lld)", (long long)shape[0]);
+    return buf;
+}
+
+/* Sum of n floats: 16 float lanes (which the compiler vectorises), combined in
+   double. Fixed order, so the same bits on every run. */
+static double pdp__layers_sum(const float *PDP__RESTRICT x, int64_t n)
+{
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] += x[i + k];
+    for (; i < n; i++) s += x[i];
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
+}
+
+/* Sum of (x[i] - c)^2, same scheme. */
+static double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c, int64_t n)
+{
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) {
+            float d = x[i + k] - c;
+            lane[k] += d * d;
+        }
+    for (; i < n; i++) s += (double)(x[i] - c) * (double)(x[i] - c);
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
+}
+
+/* Sum of a[i] * b[i], same scheme. */
+static double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b, int64_t n)
+{
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] += a[i + k] * b[i + k];
+    for (; i < n; i++) s += (double)a[i] * b[i];
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
+}
+
+/* Samples [*s0, *s1) of part i of n. */
+static void pdp__layers_part_range(int64_t batch, int i, int n, int64_t *s0, int64_t *s1)
+{
+    *s0 = batch * i / n;
+    *s1 = batch * (i + 1) / n;
+}
+
+/* Parts for a job over the batch: the caller's intra-op threads, at most one per
+   sample. */
+static int pdp__layers_batch_parts(int64_t batch)
+{
+    return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), batch);
+}
+
+/* Conv2d's workspace floats per sample (defined with the layer below). */
+static int64_t pdp__conv_work_per_sample(const pdp__layer *l);
+
+/* ---- layers: setup ---- */
+
+static pdp_status pdp__layer_setup(pdp__layer *l, int64_t wshape[4], int *wndim, int64_t bshape[4],
+                                   int *bndim)
+{
+    char in[64];
+    int64_t k = l->kernel, s = l->stride, pad = l->padding, C, H, W, Ho, Wo;
+    pdp__layers_dims_str(l->in_ndim, l->in_shape, in, sizeof in);
+    *wndim = *bndim = 0;
+    l->out_ndim = l->in_ndim;
+    memcpy(l->out_shape, l->in_shape, sizeof l->out_shape);
+    l->saved_per_sample = 0;
+    l->work_per_sample = 0;
+    C = l->in_shape[0];
+    H = l->in_shape[1];
+    W = l->in_shape[2];
+    switch (l->kind) {
+    case PDP__LINEAR:
+        if (l->out_features < 1)
+            return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
+                            (long long)l->out_features, in);
+        if (l->in_ndim != 1)
+            return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
+        l->out_shape[0] = l->out_features;
+        wshape[0] = l->out_features;
+        wshape[1] = l->in_count;
+        *wndim = 2;
+        bshape[0] = l->out_features;
+        *bndim = 1;
+        break;
+    case PDP__RELU:
+    case PDP__GELU:
+    case PDP__TANH:
+    case PDP__SIGMOID:
+        break;
+    case PDP__DROPOUT:
+        if (!(l->p >= 0.0f && l->p < 1.0f))
+            return pdp__err(PDP_ERR_INVALID, "p %g is outside [0, 1) (input %s)", (double)l->p, in);
+        l->saved_per_sample = l->in_count; /* the scaled mask */
+        break;
+    case PDP__LAYERNORM:
+        if (!(l->eps > 0.0f))
+            return pdp__err(PDP_ERR_INVALID, "eps %g must be > 0 (input %s)", (double)l->eps, in);
+        memcpy(wshape, l->in_shape, 3 * sizeof *wshape);
+        memcpy(bshape, l->in_shape, 3 * sizeof *bshape);
+        *wndim = *bndim = l->in_ndim;
+        l->saved_per_sample = 2; /* mean, rstd */
+        break;
+    case PDP__CONV2D:
+        if (l->out_features < 1 || k < 1 || s < 1 || pad < 0)
+            return pdp__err(PDP_ERR_INVALID,
+                            "out_channels %lld, kernel %lld, stride %lld, padding %lld: need "
+                            "out_channels, kernel, stride >= 1 and padding >= 0 (input %s)",
+                            (long long)l->out_features, (long long)k, (long long)s,
+                            (long long)pad, in);
+        if (l->in_ndim != 3)
+            return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
+        if (k > H + 2 * pad || k > W + 2 * pad)
+            return pdp__err(PDP_ERR_SHAPE,
+                            "kernel %lld is larger than the padded input %lldx%lld (input %s, "
+                            "padding %lld)",
+                            (long long)k, (long long)(H + 2 * pad), (long long)(W + 2 * pad), in,
+                            (long long)pad);
+        Ho = (H + 2 * pad - k) / s + 1;
+        Wo = (W + 2 * pad - k) / s + 1;
+        l->out_shape[0] = l->out_features;
+        l->out_shape[1] = Ho;
+        l->out_shape[2] = Wo;
+        wshape[0] = l->out_features;
+        wshape[1] = C;
+        wshape[2] = k;
+        wshape[3] = k;
+        *wndim = 4;
+        bshape[0] = l->out_features;
+        *bndim = 1;
+        l->work_per_sample = pdp__conv_work_per_sample(l);
+        break;
+    case PDP__MAXPOOL2D:
+        if (k < 1 || s < 1)
+            return pdp__err(PDP_ERR_INVALID, "kernel %lld, stride %lld must be >= 1 (input %s)",
+                            (long long)k, (long long)s, in);
+        if (l->in_ndim != 3)
+            return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
+        if (k > H || k > W)
+            return pdp__err(PDP_ERR_SHAPE, "kernel %lld is larger than the input %lldx%lld (input %s)",
+                            (long long)k, (long long)H, (long long)W, in);
+        l->out_shape[1] = (H - k) / s + 1;
+        l->out_shape[2] = (W - k) / s + 1;
+        l->saved_per_sample = C * l->out_shape[1] * l->out_shape[2]; /* argmax per output */
+        break;
+    case PDP__FLATTEN:
+        l->out_ndim = 1;
+        l->out_shape[0] = l->in_count;
+        l->out_shape[1] = l->out_shape[2] = 1;
+        break;
+    default:
+        return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    }
+    if (l->out_ndim == 1) l->out_shape[1] = l->out_shape[2] = 1;
+    l->out_count = l->out_shape[0] * l->out_shape[1] * l->out_shape[2];
+    return PDP_OK;
+}
+
+/* ---- layers: initialisation ---- */
+
+/* PyTorch's reset_parameters: weight Kaiming uniform with a = sqrt(5) (bound
+   1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)), in that order
+   from r; LayerNorm weight 1, bias 0. w and b are host memory. */
+static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    int64_t fan_in, nw, nb, i;
+    pdp_tensor t;
+    float bound;
+    switch (l->kind) {
+    case PDP__LINEAR:
+        fan_in = l->in_count;
+        nw = l->out_features * fan_in;
+        nb = l->out_features;
+        break;
+    case PDP__CONV2D:
+        fan_in = l->in_shape[0] * l->kernel * l->kernel;
+        nw = l->out_features * fan_in;
+        nb = l->out_features;
+        break;
+    case PDP__LAYERNORM:
+        for (i = 0; i < l->in_count; i++) {
+            w[i] = 1.0f;
+            b[i] = 0.0f;
+        }
+        return;
+    default:
+        return;
+    }
+    pdp_tensor_wrap(w, pdp_cpu(), 1, &nw, &t);
+    pdp_tensor_kaiming_uniform(&t, r, fan_in, sqrtf(5.0f));
+    bound = (float)(1.0 / sqrt((double)fan_in));
+    pdp_tensor_wrap(b, pdp_cpu(), 1, &nb, &t);
+    pdp_tensor_uniform(&t, r, -bound, bound);
+}
+
+/* ---- layers: Linear ---- */
+
+static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
+    float beta = 0.0f;
+    if (io->b) { /* y = b, then y += x W^T: the bias costs no extra pass over y */
+        for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
+        beta = 1.0f;
+    }
+    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in, io->w, in, beta, io->y, out);
+}
+
+static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t B = io->batch, in = l->in_count, out = l->out_features, i, j;
+    /* dW += dY^T X */
+    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, io->dy, out, io->x, in, 1.0f, io->dw, in);
+    if (io->db) { /* db += column sums of dY, sample by sample */
+        float *PDP__RESTRICT db = io->db;
+        for (i = 0; i < B; i++) {
+            const float *PDP__RESTRICT g = io->dy + i * out;
+            for (j = 0; j < out; j++) db[j] += g[j];
+        }
+    }
+    if (io->dx) /* dX = dY W */
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy, out, io->w, in, 0.0f,
+                  io->dx, in);
+}
+
+/* ---- layers: activations ---- */
+
+static void pdp__activation_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t n = io->batch * l->in_count, i;
+    const float *PDP__RESTRICT x = io->x;
+    float *PDP__RESTRICT y = io->y;
+    switch (l->kind) {
+    case PDP__RELU:
+        for (i = 0; i < n; i++) y[i] = pdp__relu(x[i]);
+        break;
+    case PDP__GELU:
+        for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
+        break;
+    case PDP__TANH:
+        for (i = 0; i < n; i++) y[i] = tanhf(x[i]);
+        break;
+    default: /* PDP__SIGMOID */
+        for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
+        break;
+    }
+}
+
+static void pdp__activation_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t n = io->batch * l->in_count, i;
+    const float *PDP__RESTRICT x = io->x, *PDP__RESTRICT y = io->y, *PDP__RESTRICT dy = io->dy;
+    float *PDP__RESTRICT dx = io->dx;
+    if (!dx) return;
+    switch (l->kind) {
+    case PDP__RELU:
+        for (i = 0; i < n; i++) dx[i] = pdp__relu_grad(dy[i], y[i]);
+        break;
+    case PDP__GELU:
+        for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
+        break;
+    case PDP__TANH:
+        for (i = 0; i < n; i++) dx[i] = pdp__tanh_grad(dy[i], y[i]);
+        break;
+    default: /* PDP__SIGMOID */
+        for (i = 0; i < n; i++) dx[i] = pdp__sigmoid_grad(dy[i], y[i]);
+        break;
+    }
+}
+
+/* ---- layers: Dropout ---- */
+
+static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t B = io->batch, n = l->in_count, s, j;
+    uint32_t thr;
+    float scale;
+    if (!io->training || l->p == 0.0f) {
+        if (io->y != io->x) memcpy(io->y, io->x, (size_t)(B * n) * sizeof(float));
+        return;
+    }
+    thr = pdp__dropout_threshold(l->p);
+    scale = 1.0f / (1.0f - l->p);
+    for (s = 0; s < B; s++) {
+        uint64_t key = pdp__dropout_key(io->seed, l->index, io->step, io->sample_base + s);
+        const float *PDP__RESTRICT x = io->x + s * n;
+        float *PDP__RESTRICT y = io->y + s * n, *PDP__RESTRICT mask = io->saved + s * n;
+        for (j = 0; j < n; j++) {
+            mask[j] = pdp__dropout_bits(key, j) >= thr ? scale : 0.0f;
+            y[j] = x[j] * mask[j];
+        }
+    }
+}
+
+static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t n = io->batch * l->in_count, i;
+    const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
+    float *PDP__RESTRICT dx = io->dx;
+    if (!dx) return;
+    if (!io->training || l->p == 0.0f) {
+        memcpy(dx, dy, (size_t)n * sizeof(float));
+        return;
+    }
+    for (i = 0; i < n; i++) dx[i] = dy[i] * mask[i];
+}
+
+/* ---- layers: LayerNorm ---- */
+
+static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t B = io->batch, n = l->in_count, s, j;
+    const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
+    for (s = 0; s < B; s++) {
+        const float *PDP__RESTRICT x = io->x + s * n;
+        float *PDP__RESTRICT y = io->y + s * n;
+        float mean = (float)(pdp__layers_sum(x, n) / (double)n);
+        double var = pdp__layers_sumsq_dev(x, mean, n) / (double)n;
+        float rstd = (float)(1.0 / sqrt(var + (double)l->eps));
+        for (j = 0; j < n; j++) y[j] = (x[j] - mean) * rstd * w[j] + b[j];
+        io->saved[2 * s] = mean;
+        io->saved[2 * s + 1] = rstd;
+    }
+}
+
+/* Sum of a[i] * b[i] * (c[i] - m), same scheme as pdp__layers_sum. */
+static double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                        const float *PDP__RESTRICT c, float m, int64_t n)
+{
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] += a[i + k] * b[i + k] * (c[i + k] - m);
+    for (; i < n; i++) s += (double)a[i] * b[i] * (c[i] - m);
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
+}
+
+/* With xh = (x - mean) rstd and g = dy w:
+   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
+   Two passes over each sample, nothing stored. */
+static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t B = io->batch, n = l->in_count, s, j;
+    const float *PDP__RESTRICT w = io->w;
+    float *PDP__RESTRICT dw = io->dw, *PDP__RESTRICT db = io->db;
+    for (s = 0; s < B; s++) {
+        const float *PDP__RESTRICT x = io->x + s * n, *PDP__RESTRICT dy = io->dy + s * n;
+        float mean = io->saved[2 * s], rstd = io->saved[2 * s + 1], mg, mgx;
+        for (j = 0; j < n; j++) {
+            dw[j] += dy[j] * ((x[j] - mean) * rstd);
+            db[j] += dy[j];
+        }
+        if (!io->dx) continue;
+        mg = (float)(pdp__layers_dot(dy, w, n) / (double)n);
+        mgx = (float)(pdp__layers_dot3(dy, w, x, mean, n) * (double)rstd / (double)n);
+        {
+            float *PDP__RESTRICT dx = io->dx + s * n;
+            for (j = 0; j < n; j++)
+                dx[j] = rstd * (dy[j] * w[j] - mg - (x[j] - mean) * rstd * mgx);
+        }
+    }
+}
+
+/* ---- layers: Conv2d ----
+   im2col + GEMM on cache-sized chunks of samples. The batch is cut into chunks
+   of `per_chunk` samples, a number that depends on the layer's geometry only (so
+   do the results): enough that a chunk's column matrix is about
+   PDP__CONV_CHUNK_FLOATS, which keeps im2col, the GEMMs and col2im of one chunk in
+   L2. The intra-op threads take whole chunks. Chunk c keeps its scratch in the
+   workspace slots of its own samples: the column matrix [C k k, n], O x n floats
+   for the output (forward) or the output gradient (backward), a zero-padded copy
+   of one input sample, and the chunk's shares of dW and db, which backward adds up
+   in chunk order after all chunks are done.
+
+   Stride 1 uses a wide grid: output columns are counted on the padded input's
+   width Wp instead of Wo, so that row (c, ki, kj) of a sample's columns is ONE
+   contiguous run of the padded input (Ho Wp floats from (c, ki, kj)), and col2im
+   is one vector add per row. The Wp - Wo extra columns per output row compute
+   values nobody reads (forward drops them; backward gives them a zero output
+   gradient, so they add nothing to dW or dx): a few percent more GEMM work for
+   copies 10x cheaper than Ho short ones. Other strides use exact Wo columns. */
+
+#ifndef PDP__CONV_CHUNK_FLOATS
+#  define PDP__CONV_CHUNK_FLOATS 65536
+#endif
+
+typedef struct pdp__conv_geom {
+    int64_t C, H, W, O, k, stride, pad, Ho, Wo;
+    int64_t Hp, Wp;         /* padded input */
+    int64_t ckk;            /* rows of the column matrix */
+    int64_t gw, cols;       /* grid width (Wp when wide, else Wo); columns per sample */
+    int wide;               /* stride 1 */
+    int64_t padded;         /* floats of the padded-sample buffer (+ k for the last run) */
+    int64_t per_chunk;      /* samples per chunk */
+    int64_t slot;           /* workspace floats per sample */
+} pdp__conv_geom;
+
+static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
+{
+    pdp__conv_geom g;
+    g.C = l->in_shape[0];
+    g.H = l->in_shape[1];
+    g.W = l->in_shape[2];
+    g.O = l->out_features;
+    g.k = l->kernel;
+    g.stride = l->stride;
+    g.pad = l->padding;
+    g.Ho = l->out_shape[1];
+    g.Wo = l->out_shape[2];
+    g.Hp = g.H + 2 * g.pad;
+    g.Wp = g.W + 2 * g.pad;
+    g.ckk = g.C * g.k * g.k;
+    g.wide = g.stride == 1;
+    g.gw = g.wide ? g.Wp : g.Wo;
+    g.cols = g.Ho * g.gw;
+    g.padded = g.wide ? g.C * g.Hp * g.Wp + g.k : 0;
+    g.per_chunk = PDP__MAX(1, PDP__CONV_CHUNK_FLOATS / (g.ckk * g.cols));
+    g.slot = (g.ckk + g.O) * g.cols + g.padded + g.O * g.ckk + g.O;
+    return g;
+}
+
+static int64_t pdp__conv_work_per_sample(const pdp__layer *l) { return pdp__conv_geom_of(l).slot; }
+
+/* Output columns [*lo, *hi) whose input column ow * stride - pad + kj is inside
+   [0, W). */
+static void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, int64_t kj,
+                            int64_t *lo, int64_t *hi)
+{
+    int64_t off = pad - kj; /* iw = ow * stride - off */
+    *lo = off > 0 ? (off + stride - 1) / stride : 0;
+    *hi = (W - 1 + off) >= 0 ? (W - 1 + off) / stride + 1 : 0;
+    if (*hi > Wo) *hi = Wo;
+    if (*lo > *hi) *lo = *hi;
+}
+
+/* One sample's columns into col (row stride ld): row (c, ki, kj), column
+   oh * gw + ow holds x[c, oh s - pad + ki, ow s - pad + kj], zero outside the
+   input. buf: the padded-sample buffer (wide grid only), zero outside the input
+   on entry and on return. */
+static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
+                        float *PDP__RESTRICT col, int64_t ld, float *PDP__RESTRICT buf)
+{
+    int64_t c, ki, kj, oh, ow, ih;
+    if (g->wide) {
+        for (c = 0; c < g->C; c++)
+            for (ih = 0; ih < g->H; ih++)
+                memcpy(buf + (c * g->Hp + ih + g->pad) * g->Wp + g->pad, x + (c * g->H + ih) * g->W,
+                       (size_t)g->W * sizeof(float));
+        for (c = 0; c < g->C; c++)
+            for (ki = 0; ki < g->k; ki++)
+                for (kj = 0; kj < g->k; kj++)
+                    memcpy(col + ((c * g->k + ki) * g->k + kj) * ld,
+                           buf + (c * g->Hp + ki) * g->Wp + kj, (size_t)g->cols * sizeof(float));
+        return;
+    }
+    for (c = 0; c < g->C; c++)
+        for (ki = 0; ki < g->k; ki++)
+            for (kj = 0; kj < g->k; kj++) {
+                float *dst = col + ((c * g->k + ki) * g->k + kj) * ld;
+                int64_t lo, hi;
+                pdp__conv_valid(g->W, g->Wo, g->stride, g->pad, kj, &lo, &hi);
+                for (oh = 0; oh < g->Ho; oh++, dst += g->Wo) {
+                    int64_t row;
+                    ih = oh * g->stride - g->pad + ki;
+                    if (ih < 0 || ih >= g->H) {
+                        memset(dst, 0, (size_t)g->Wo * sizeof(float));
+                        continue;
+                    }
+                    row = (c * g->H + ih) * g->W + kj - g->pad; /* + ow * stride: in range */
+                    for (ow = 0; ow < lo; ow++) dst[ow] = 0.0f;
+                    for (ow = lo; ow < hi; ow++) dst[ow] = x[row + ow * g->stride];
+                    for (ow = hi; ow < g->Wo; ow++) dst[ow] = 0.0f;
+                }
+            }
+}
+
+/* dx of one sample = the sum of its columns' entries over the positions they were
+   copied from, in row order (a fixed summation order). buf as for im2col; it is
+   left zero outside the input. */
+static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
+                        float *PDP__RESTRICT dx, float *PDP__RESTRICT buf)
+{
+    int64_t c, ki, kj, oh, ow, ih, j;
+    if (g->wide) {
+        memset(buf, 0, (size_t)g->padded * sizeof(float));
+        for (c = 0; c < g->C; c++)
+            for (ki = 0; ki < g->k; ki++)
+                for (kj = 0; kj < g->k; kj++) {
+                    const float *PDP__RESTRICT src = col + ((c * g->k + ki) * g->k + kj) * ld;
+                    float *PDP__RESTRICT dst = buf + (c * g->Hp + ki) * g->Wp + kj;
+                    for (j = 0; j < g->cols; j++) dst[j] += src[j];
+                }
+        for (c = 0; c < g->C; c++)
+            for (ih = 0; ih < g->H; ih++)
+                memcpy(dx + (c * g->H + ih) * g->W, buf + (c * g->Hp + ih + g->pad) * g->Wp + g->pad,
+                       (size_t)g->W * sizeof(float));
+        memset(buf, 0, (size_t)g->padded * sizeof(float));
+        return;
+    }
+    memset(dx, 0, (size_t)(g->C * g->H * g->W) * sizeof(float));
+    for (c = 0; c < g->C; c++)
+        for (ki = 0; ki < g->k; ki++)
+            for (kj = 0; kj < g->k; kj++) {
+                const float *src = col + ((c * g->k + ki) * g->k + kj) * ld;
+                int64_t lo, hi;
+                pdp__conv_valid(g->W, g->Wo, g->stride, g->pad, kj, &lo, &hi);
+                for (oh = 0; oh < g->Ho; oh++, src += g->Wo) {
+                    int64_t row;
+                    ih = oh * g->stride - g->pad + ki;
+                    if (ih < 0 || ih >= g->H) continue;
+                    row = (c * g->H + ih) * g->W + kj - g->pad;
+                    for (ow = lo; ow < hi; ow++) dx[row + ow * g->stride] += src[ow];
+                }
+            }
+}
+
+typedef struct pdp__conv_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+    pdp__conv_geom g;
+    int64_t chunks;
+} pdp__conv_job;
+
+/* Chunk c: its samples [s0, s1), its n columns and its scratch. */
+typedef struct pdp__conv_chunk {
+    int64_t s0, s1, n;
+    float *col, *out, *buf, *part;
+} pdp__conv_chunk;
+
+static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c)
+{
+    const pdp__conv_geom *g = &job->g;
+    pdp__conv_chunk k;
+    k.s0 = c * g->per_chunk;
+    k.s1 = PDP__MIN(job->io->batch, k.s0 + g->per_chunk);
+    k.n = (k.s1 - k.s0) * g->cols;
+    k.col = job->io->work + k.s0 * g->slot;
+    k.out = k.col + g->ckk * k.n;
+    k.buf = k.out + g->O * k.n;
+    k.part = k.buf + g->padded;
+    if (g->padded) memset(k.buf, 0, (size_t)g->padded * sizeof(float));
+    return k;
+}
+
+/* Forward of the chunks of part i: im2col; out [O, n] = W col; y = out + b. */
+static void pdp__conv_forward_part(void *arg, int i, int parts)
+{
+    const pdp__conv_job *job = (const pdp__conv_job *)arg;
+    const pdp__conv_geom *g = &job->g;
+    const pdp__layer_io *io = job->io;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh, ow;
+    for (c = c0; c < c1; c++) {
+        pdp__conv_chunk k = pdp__conv_chunk_of(job, c);
+        for (s = k.s0; s < k.s1; s++)
+            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n, k.buf);
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f, io->w, g->ckk, k.col, k.n,
+                  0.0f, k.out, k.n);
+        for (s = k.s0; s < k.s1; s++)
+            for (o = 0; o < g->O; o++) {
+                float bo = io->b ? io->b[o] : 0.0f;
+                for (oh = 0; oh < g->Ho; oh++) {
+                    const float *PDP__RESTRICT src = k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
+                    float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
+                    for (ow = 0; ow < g->Wo; ow++) dst[ow] = src[ow] + bo;
+                }
+            }
+    }
+}
+
+/* The chunk's share of dW, transposed: part [ckk, O] = col [ckk, n] out^T. A GEMM
+   with ckk >= 32 rows; below that (a first layer on 1 or 3 channels) the tiles
+   would be mostly padding, and plain dot products of length n are faster. */
+static void pdp__conv_dw_share(const pdp__conv_geom *g, const float *out, const float *col,
+                               int64_t n, float *part)
+{
+    int64_t r, o;
+    if (g->ckk >= 32) {
+        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->ckk, g->O, n, 1.0f, col, n, out, n, 0.0f, part, g->O);
+        return;
+    }
+    for (r = 0; r < g->ckk; r++)
+        for (o = 0; o < g->O; o++)
+            part[r * g->O + o] = (float)pdp__layers_dot(col + r * n, out + o * n, n);
+}
+
+/* Backward of the chunks of part i: im2col again; dy gathered into out [O, n]
+   (zero in the wide grid's extra columns); the chunk's dW share (col out^T,
+   transposed) and db share; then dcol = W^T out over col, and col2im into dx. */
+static void pdp__conv_backward_part(void *arg, int i, int parts)
+{
+    const pdp__conv_job *job = (const pdp__conv_job *)arg;
+    const pdp__conv_geom *g = &job->g;
+    const pdp__layer_io *io = job->io;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    for (c = c0; c < c1; c++) {
+        pdp__conv_chunk k = pdp__conv_chunk_of(job, c);
+        for (s = k.s0; s < k.s1; s++) {
+            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n, k.buf);
+            for (o = 0; o < g->O; o++)
+                for (oh = 0; oh < g->Ho; oh++) {
+                    float *dst = k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
+                    memcpy(dst, io->dy + ((s * g->O + o) * g->Ho + oh) * g->Wo,
+                           (size_t)g->Wo * sizeof(float));
+                    if (g->gw > g->Wo) memset(dst + g->Wo, 0, (size_t)(g->gw - g->Wo) * sizeof(float));
+                }
+        }
+        pdp__conv_dw_share(g, k.out, k.col, k.n, k.part);
+        for (o = 0; o < g->O; o++)
+            k.part[g->O * g->ckk + o] = (float)pdp__layers_sum(k.out + o * k.n, k.n);
+        if (!io->dx) continue;
+        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, g->ckk, k.n, g->O, 1.0f, io->w, g->ckk, k.out, k.n,
+                  0.0f, k.col, k.n);
+        for (s = k.s0; s < k.s1; s++)
+            pdp__col2im(g, k.col + (s - k.s0) * g->cols, k.n, io->dx + s * job->l->in_count, k.buf);
+    }
+}
+
+static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io)
+{
+    job->l = l;
+    job->io = io;
+    job->g = pdp__conv_geom_of(l);
+    job->chunks = (io->batch + job->g.per_chunk - 1) / job->g.per_chunk;
+}
+
+/* Parts for the chunks: the caller's threads, at most one per chunk. A single part
+   runs on the caller without taking the pool, so its GEMMs can still use it. */
+static int pdp__conv_parts(const pdp__conv_job *job)
+{
+    return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
+}
+
+static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__conv_job job;
+    pdp__conv_job_init(&job, l, io);
+    pdp__parallel_for(pdp__conv_parts(&job), pdp__conv_forward_part, &job);
+}
+
+static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__conv_job job;
+    const pdp__conv_geom *g = &job.g;
+    int64_t c, j, o;
+    pdp__conv_job_init(&job, l, io);
+    pdp__parallel_for(pdp__conv_parts(&job), pdp__conv_backward_part, &job);
+    for (c = 0; c < job.chunks; c++) { /* the chunks' shares, in chunk order */
+        const float *part = io->work + c * g->per_chunk * g->slot;
+        int64_t n = (PDP__MIN(io->batch, (c + 1) * g->per_chunk) - c * g->per_chunk) * g->cols;
+        part += (g->ckk + g->O) * n + g->padded;
+        for (o = 0; o < g->O; o++)
+            for (j = 0; j < g->ckk; j++) io->dw[o * g->ckk + j] += part[j * g->O + o];
+        if (io->db)
+            for (o = 0; o < g->O; o++) io->db[o] += part[g->O * g->ckk + o];
+    }
+}
+
+/* ---- layers: MaxPool2d ---- */
+
+/* One output row at a time: y and the winner's index start at the window's first
+   element and are updated element by element in PyTorch's order (ki, then kj), so
+   ties keep the first maximum and a NaN replaces whatever came before. The inner
+   loop runs over the output columns, which the compiler vectorises. */
+static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t C = l->in_shape[0], H = l->in_shape[1], W = l->in_shape[2];
+    int64_t Ho = l->out_shape[1], Wo = l->out_shape[2], k = l->kernel, st = l->stride;
+    int64_t plane, oh, ow, ki, kj;
+    for (plane = 0; plane < io->batch * C; plane++) {
+        const float *x = io->x + plane * H * W;
+        for (oh = 0; oh < Ho; oh++) {
+            float *PDP__RESTRICT y = io->y + (plane * Ho + oh) * Wo;
+            float *PDP__RESTRICT arg = io->saved + (plane * Ho + oh) * Wo;
+            for (ki = 0; ki < k; ki++)
+                for (kj = 0; kj < k; kj++) {
+                    int64_t row = (oh * st + ki) * W + kj;
+                    const float *PDP__RESTRICT src = x + row;
+                    if (ki == 0 && kj == 0) {
+                        for (ow = 0; ow < Wo; ow++) {
+                            y[ow] = src[ow * st];
+                            arg[ow] = (float)(row + ow * st);
+                        }
+                        continue;
+                    }
+                    for (ow = 0; ow < Wo; ow++) {
+                        float v = src[ow * st];
+                        int take = (v > y[ow]) | (v != v);
+                        y[ow] = take ? v : y[ow];
+                        arg[ow] = take ? (float)(row + ow * st) : arg[ow];
+                    }
+                }
+        }
+    }
+}
+
+static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t C = l->in_shape[0], plane = l->in_shape[1] * l->in_shape[2];
+    int64_t per = l->out_shape[1] * l->out_shape[2], s, c, j;
+    if (!io->dx) return;
+    memset(io->dx, 0, (size_t)(io->batch * l->in_count) * sizeof(float));
+    for (s = 0; s < io->batch; s++)
+        for (c = 0; c < C; c++) {
+            float *dx = io->dx + s * l->in_count + c * plane;
+            const float *dy = io->dy + s * l->out_count + c * per;
+            const float *arg = io->saved + s * l->out_count + c * per;
+            for (j = 0; j < per; j++) dx[(int64_t)arg[j]] += dy[j];
+        }
+}
+
+/* ---- layers: dispatch ---- */
+
+/* Until pdp_cuda.cu has the kernels, layers run on CPU memory only. */
+static pdp_status pdp__layer_device_check(const pdp__layer_io *io)
+{
+    if (io->device.kind == PDP_DEVICE_CPU) return PDP_OK;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "no CUDA kernels for layers yet (device %d)",
+                    io->device.ordinal);
+}
+
+static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_forward(l, io); /* cuda_host.c */
+    if (pdp__layer_device_check(io) != PDP_OK) return PDP_ERR_UNSUPPORTED;
+    switch (l->kind) {
+    case PDP__LINEAR: pdp__linear_forward(l, io); break;
+    case PDP__RELU:
+    case PDP__GELU:
+    case PDP__TANH:
+    case PDP__SIGMOID: pdp__activation_forward(l, io); break;
+    case PDP__DROPOUT: pdp__dropout_forward(l, io); break;
+    case PDP__LAYERNORM: pdp__layernorm_forward(l, io); break;
+    case PDP__CONV2D: pdp__conv_forward(l, io); break;
+    case PDP__MAXPOOL2D: pdp__maxpool_forward(l, io); break;
+    case PDP__FLATTEN:
+        if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+        break;
+    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    }
+    return PDP_OK;
+}
+
+static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_backward(l, io); /* cuda_host.c */
+    if (pdp__layer_device_check(io) != PDP_OK) return PDP_ERR_UNSUPPORTED;
+    switch (l->kind) {
+    case PDP__LINEAR: pdp__linear_backward(l, io); break;
+    case PDP__RELU:
+    case PDP__GELU:
+    case PDP__TANH:
+    case PDP__SIGMOID: pdp__activation_backward(l, io); break;
+    case PDP__DROPOUT: pdp__dropout_backward(l, io); break;
+    case PDP__LAYERNORM: pdp__layernorm_backward(l, io); break;
+    case PDP__CONV2D: pdp__conv_backward(l, io); break;
+    case PDP__MAXPOOL2D: pdp__maxpool_backward(l, io); break;
+    case PDP__FLATTEN:
+        if (io->dx && io->dx != io->dy)
+            memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
+        break;
+    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    }
+    return PDP_OK;
+}
 /* ---- end src/layers.c ---- */
 
 /* ---- begin src/model.c ---- */
@@ -2364,6 +3956,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->batch = m->batch;
     io->saved = m->saved_block + m->max_batch * m->saved_off[i];
     io->work = m->work_block;
+    io->device = m->device;
     io->training = m->training;
     io->seed = m->seed;
     io->step = m->step;
@@ -2379,8 +3972,17 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     }
 }
 
+/* A trace event "forward 3 Linear" on the model's track (DDP sets it), t0 to now. */
+static void pdp__model_trace(const pdp_model *m, const char *what, int i, double t0)
+{
+    char name[48];
+    snprintf(name, sizeof name, "%s %d %s", what, i, pdp__layer_kind_name(m->layers[i].kind));
+    pdp__trace_complete(m->trace_pid, m->trace_tid, "compute", name, t0, pdp__now(), NULL);
+}
+
 PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
 {
+    double t0;
     int64_t batch, shape[4];
     const float *in;
     int i, d;
@@ -2410,9 +4012,11 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
         pdp__model_io(m, i, &io);
         io.x = in;
         io.y = m->act[i];
+        t0 = m->trace_tid ? pdp__now() : 0.0;
         if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
+        if (m->trace_tid) pdp__model_trace(m, "forward", i, t0);
         in = io.y;
     }
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
@@ -2439,6 +4043,7 @@ bad_shape:
 
 PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
 {
+    double t0;
     const float *g;
     int i, p;
     pdp_status st;
@@ -2461,9 +4066,11 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.y = m->act[i];
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : NULL;
+            t0 = m->trace_tid ? pdp__now() : 0.0;
             if ((st = pdp__layer_backward(l, &io)) != PDP_OK)
                 return pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                      pdp__layer_kind_name(l->kind));
+            if (m->trace_tid) pdp__model_trace(m, "backward", i, t0);
             if (io.dx) g = io.dx;
         }
         if (m->hook)
@@ -2580,6 +4187,7 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     m->max_batch = 0;
     m->hook = NULL;
     m->hook_user = NULL;
+    m->trace_tid = 0;
     m->have_forward = false;
     m->params_shared = share_params;
     m->cap_layers = src->nlayers;
@@ -2613,33 +4221,2815 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
 /* ---- end src/model.c ---- */
 
 /* ---- begin src/loss.c ---- */
-/* loss: (to be written) */
+/* loss: softmax cross-entropy over integer labels and mean squared error, as
+   torch.nn.functional.cross_entropy and mse_loss with reduction='mean'; the
+   one-call training pass pdp_model_forward_backward; and accuracy counting.
+
+   Cross-entropy per sample is logsumexp(z) - z[label], computed stably as
+   m + log(sum exp(z - m)) with m = max(z) and the sum in double; the batch sum
+   is accumulated in double in sample order. Its gradient is
+   (softmax(z) - onehot(label)) * grad_scale. A label outside [0, classes) is
+   PDP_ERR_INVALID and a non-finite loss PDP_ERR_NUMERIC, both naming the sample,
+   so a diverging run stops where it diverged instead of training on NaN. On a
+   CUDA device the same formulas run in pdp_cuda.cu (cuda_host.c dispatches);
+   the per-sample losses come back and are summed here in sample order. */
 
 /* #include "internal.h" (already above) */
+
+/* ---- loss: cross-entropy ---- */
+
+static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
+                                     int64_t classes, float grad_scale, double *loss_sum,
+                                     float *dlogits, const char *fn)
+{
+    double total = 0.0;
+    int64_t i, j;
+    for (i = 0; i < batch; i++) {
+        const float *z = logits + i * classes;
+        int32_t label = labels[i];
+        float mx = z[0];
+        double sum = 0.0, loss;
+        if (label < 0 || label >= classes)
+            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)",
+                            fn, (long)label, (long long)i, (long long)classes);
+        for (j = 1; j < classes; j++) mx = z[j] > mx ? z[j] : mx;
+        for (j = 0; j < classes; j++) sum += exp((double)z[j] - (double)mx);
+        loss = (double)mx + log(sum) - (double)z[label];
+        if (loss != loss || loss == HUGE_VAL || loss == -HUGE_VAL) {
+            *loss_sum = loss;
+            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at sample %lld", fn,
+                            loss != loss ? "NaN" : "Inf", (long long)i);
+        }
+        total += loss;
+        if (dlogits) {
+            float *d = dlogits + i * classes;
+            double inv = 1.0 / sum;
+            for (j = 0; j < classes; j++)
+                d[j] = (float)(exp((double)z[j] - (double)mx) * inv) * grad_scale;
+            d[label] -= grad_scale;
+        }
+    }
+    *loss_sum = total;
+    return PDP_OK;
+}
+
+/* pdp__cross_entropy with logits and dlogits on device d (CUDA: cuda_host.c). */
+static pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const int32_t *labels,
+                                        int64_t batch, int64_t classes, float grad_scale,
+                                        double *loss_sum, float *dlogits, const char *fn)
+{
+    if (d.kind == PDP_DEVICE_CUDA)
+        return pdp__cuda_cross_entropy(d, logits, labels, batch, classes, grad_scale, loss_sum,
+                                       dlogits, fn);
+    return pdp__cross_entropy(logits, labels, batch, classes, grad_scale, loss_sum, dlogits, fn);
+}
+
+static bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
+{
+    return a->device.kind == b->device.kind && a->device.ordinal == b->device.ordinal;
+}
+
+/* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
+static pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, const char *fn)
+{
+    char buf[96];
+    if (t->ndim != 2)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s must be [batch, classes], got %s", fn, what,
+                        pdp__shape_str(t, buf, sizeof buf));
+    return PDP_OK;
+}
+
+/* Shape equality for messages "dlogits is [3, 4], logits is [3, 5]". */
+static bool pdp__loss_same_shape(const pdp_tensor *a, const pdp_tensor *b)
+{
+    int i;
+    if (a->ndim != b->ndim) return false;
+    for (i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+
+PDP_API pdp_status pdp_loss_cross_entropy(const pdp_tensor *logits, const int32_t *labels,
+                                          float *loss, pdp_tensor *dlogits)
+{
+    const char *fn = "pdp_loss_cross_entropy";
+    char a[96], b[96];
+    double sum = 0.0;
+    pdp_status st;
+    if (!logits || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if ((st = pdp__loss_check_logits(logits, "logits", fn)) != PDP_OK) return st;
+    if (dlogits) {
+        if ((st = pdp__loss_check_logits(dlogits, "dlogits", fn)) != PDP_OK) return st;
+        if (!pdp__loss_same_device(logits, dlogits))
+            return pdp__err(PDP_ERR_DEVICE, "%s: dlogits on device %d:%d, logits on %d:%d", fn,
+                            dlogits->device.kind, dlogits->device.ordinal, logits->device.kind,
+                            logits->device.ordinal);
+        if (!pdp__loss_same_shape(logits, dlogits))
+            return pdp__err(PDP_ERR_SHAPE, "%s: dlogits is %s, logits is %s", fn,
+                            pdp__shape_str(dlogits, a, sizeof a),
+                            pdp__shape_str(logits, b, sizeof b));
+    }
+    st = pdp__cross_entropy_on(logits->device, logits->data, labels, logits->shape[0],
+                               logits->shape[1], 1.0f / (float)logits->shape[0], &sum,
+                               dlogits ? dlogits->data : NULL, fn);
+    *loss = (float)(sum / (double)logits->shape[0]);
+    return st;
+}
+
+/* ---- loss: mean squared error ---- */
+
+PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target, float *loss,
+                                pdp_tensor *dpred)
+{
+    const char *fn = "pdp_loss_mse";
+    char a[96], b[96];
+    double sum = 0.0;
+    float scale;
+    int64_t i, n;
+    if (!pred || !target || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!pdp__loss_same_device(pred, target) || (dpred && !pdp__loss_same_device(pred, dpred)))
+        return pdp__err(PDP_ERR_DEVICE, "%s: pred, target and dpred must be on one device", fn);
+    if (!pdp__loss_same_shape(pred, target))
+        return pdp__err(PDP_ERR_SHAPE, "%s: pred is %s, target is %s", fn,
+                        pdp__shape_str(pred, a, sizeof a), pdp__shape_str(target, b, sizeof b));
+    if (dpred && !pdp__loss_same_shape(pred, dpred))
+        return pdp__err(PDP_ERR_SHAPE, "%s: dpred is %s, pred is %s", fn,
+                        pdp__shape_str(dpred, a, sizeof a), pdp__shape_str(pred, b, sizeof b));
+    n = pred->count;
+    scale = 2.0f / (float)n;
+    if (pred->device.kind == PDP_DEVICE_CUDA) {
+        pdp_status st = pdp__cuda_mse(pred->device, pred->data, target->data, n, scale, &sum,
+                                      dpred ? dpred->data : NULL, fn);
+        if (st != PDP_OK) return st;
+    }
+    for (i = 0; i < n && pred->device.kind == PDP_DEVICE_CPU; i++) {
+        float d = pred->data[i] - target->data[i];
+        sum += (double)d * (double)d;
+        if (dpred) dpred->data[i] = scale * d;
+    }
+    *loss = (float)(sum / (double)n);
+    if (*loss != *loss || *loss == HUGE_VALF)
+        return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s over %lld elements", fn,
+                        *loss != *loss ? "NaN" : "Inf", (long long)n);
+    return PDP_OK;
+}
+
+/* ---- loss: training pass and accuracy ---- */
+
+PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
+                                              const int32_t *labels, float *loss)
+{
+    const char *fn = "pdp_model_forward_backward";
+    const pdp_tensor *y;
+    pdp_tensor dy;
+    double sum = 0.0;
+    pdp_status st;
+    if (!m || !x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if ((st = pdp_model_forward(m, x, &y)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (y->ndim != 2) {
+        char buf[96];
+        m->have_forward = false;
+        return pdp__err(PDP_ERR_SHAPE, "%s: the model's output is %s; cross-entropy needs "
+                        "[batch, classes] (add a Flatten and a Linear)", fn,
+                        pdp__shape_str(y, buf, sizeof buf));
+    }
+    /* The loss gradient goes to the model's own grad_a, which backward accepts as
+       dy (it ping-pongs between grad_a and grad_b): nothing is allocated. */
+    st = pdp__cross_entropy_on(m->device, y->data, labels, y->shape[0], y->shape[1],
+                               1.0f / (float)y->shape[0], &sum, m->grad_a, fn);
+    *loss = (float)(sum / (double)y->shape[0]);
+    if (st != PDP_OK) {
+        m->have_forward = false;
+        return st;
+    }
+    pdp_tensor_wrap(m->grad_a, m->device, 2, y->shape, &dy);
+    if ((st = pdp_model_backward(m, &dy)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *labels,
+                                     int64_t *correct)
+{
+    const char *fn = "pdp_count_correct";
+    int64_t i, j, classes, hits = 0;
+    const float *data;
+    pdp_status st;
+    if (!logits || !labels || !correct) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    *correct = 0;
+    if ((st = pdp__loss_check_logits(logits, "logits", fn)) != PDP_OK) return st;
+    classes = logits->shape[1];
+    data = logits->data;
+    if (logits->device.kind != PDP_DEVICE_CPU) { /* a host copy in this thread's scratch */
+        float *host = (float *)pdp__thread_scratch((size_t)logits->count * sizeof(float));
+        if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a host copy", fn);
+        if ((st = pdp_tensor_download(logits, host)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+        data = host;
+    }
+    for (i = 0; i < logits->shape[0]; i++) {
+        const float *z = data + i * classes;
+        int64_t best = 0;
+        for (j = 1; j < classes; j++)
+            if (z[j] > z[best]) best = j; /* the first maximum, as torch.argmax */
+        hits += best == labels[i];
+    }
+    *correct = hits;
+    return PDP_OK;
+}
 /* ---- end src/loss.c ---- */
 
 /* ---- begin src/optim.c ---- */
-/* optim: (to be written) */
+/* optim: torch.optim.SGD, Adam and AdamW on the flat parameter block, gradient
+   clipping by global norm (torch.nn.utils.clip_grad_norm_), and llm.c's
+   warm-up + cosine learning-rate schedule.
+
+   Invariants: the optimizer belongs to one model and to that model's parameter
+   count at creation; its state is flat with the parameter block's offsets
+   (state[k][i] belongs to parameter element i) and lives on the model's device:
+     SGD, momentum > 0:  state[0] = momentum_buffer
+     Adam, AdamW:        state[0] = exp_avg, state[1] = exp_avg_sq
+   pdp_optim_create allocates it (zeroed), so a step allocates nothing. steps
+   counts completed updates; the update in flight uses t = steps + 1 (Adam's bias
+   corrections) and "first" = (steps == 0) (SGD's momentum buffer is the first
+   d_p, as PyTorch's clone). The element formulas are the PDP__HOSTDEV helpers of
+   math.h, shared with the CUDA kernels.
+
+   ZeRO: pdp__optim_step_range updates one range of elements, so a rank can
+   update only its shard; the state is still allocated for the whole block here
+   (a sharded optimizer would allocate and save only [lo, hi), with the same
+   per-element code). Whoever calls it for a shard advances steps with
+   pdp__optim_finish_step once every range of the step is done.
+
+   References: torch/optim/sgd.py, adam.py, adamw.py (PyTorch 1.13 single-tensor
+   path); Kingma and Ba, "Adam", ICLR 2015; Loshchilov and Hutter, "Decoupled
+   Weight Decay Regularization", ICLR 2019. */
 
 /* #include "internal.h" (already above) */
+
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__SSE2__))
+#  include <immintrin.h>
+#endif
+#if defined(__cplusplus)
+#  define PDP__OPTIM_RESTRICT __restrict__
+#else
+#  define PDP__OPTIM_RESTRICT restrict
+#endif
+
+struct pdp_optim {
+    pdp_model *model;
+    pdp_optim_desc desc;   /* defaults filled in, validated */
+    int64_t count;         /* the model's param_count at creation */
+    int64_t steps;         /* completed updates */
+    int nstate;            /* state buffers in use: 0, 1 or 2 */
+    float *state[2];       /* count floats each, on the model's device */
+};
+
+/* ---- optim: desc ---- */
+
+PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind)
+{
+    switch (kind) {
+    case PDP_OPTIM_SGD: return "SGD";
+    case PDP_OPTIM_ADAM: return "Adam";
+    case PDP_OPTIM_ADAMW: return "AdamW";
+    }
+    return "unknown";
+}
+
+/* Fills zeros with defaults and validates; fn names the public caller. NaNs fail
+   every range check because each is written as !(x in range). */
+static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
+                                          const char *fn)
+{
+    pdp_optim_desc d;
+    bool adam;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.kind != PDP_OPTIM_SGD && d.kind != PDP_OPTIM_ADAM && d.kind != PDP_OPTIM_ADAMW)
+        return pdp__err(PDP_ERR_INVALID, "%s: kind %d is not SGD (0), Adam (1) or AdamW (2)", fn,
+                        (int)d.kind);
+    adam = d.kind != PDP_OPTIM_SGD;
+    d.lr = PDP__DEF(d.lr, adam ? 1e-3f : 1e-2f);
+    d.beta1 = PDP__DEF(d.beta1, 0.9f);
+    d.beta2 = PDP__DEF(d.beta2, 0.999f);
+    d.eps = PDP__DEF(d.eps, 1e-8f);
+    if (!(d.lr >= 0.0f && d.lr <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: lr %g must be finite and >= 0", fn, (double)d.lr);
+    if (!(d.weight_decay >= 0.0f && d.weight_decay <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite and >= 0", fn,
+                        (double)d.weight_decay);
+    if (!adam) {
+        if (!(d.momentum >= 0.0f && d.momentum <= FLT_MAX))
+            return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite and >= 0", fn,
+                            (double)d.momentum);
+        if (!(d.dampening >= 0.0f && d.dampening <= 1.0f))
+            return pdp__err(PDP_ERR_INVALID, "%s: dampening %g must be in [0, 1]", fn,
+                            (double)d.dampening);
+        if (d.nesterov && (d.momentum <= 0.0f || d.dampening != 0.0f))
+            return pdp__err(PDP_ERR_INVALID,
+                            "%s: nesterov needs momentum > 0 and dampening 0 (momentum %g, "
+                            "dampening %g)", fn, (double)d.momentum, (double)d.dampening);
+    } else {
+        if (!(d.beta1 >= 0.0f && d.beta1 < 1.0f))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta1 %g must be in [0, 1)", fn, (double)d.beta1);
+        if (!(d.beta2 >= 0.0f && d.beta2 < 1.0f))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta2 %g must be in [0, 1)", fn, (double)d.beta2);
+        if (!(d.eps >= 0.0f && d.eps <= FLT_MAX))
+            return pdp__err(PDP_ERR_INVALID, "%s: eps %g must be finite and >= 0", fn,
+                            (double)d.eps);
+    }
+    *out = d;
+    return PDP_OK;
+}
+
+/* How many state buffers the resolved desc d needs. */
+static int pdp__optim_nstate(const pdp_optim_desc *d)
+{
+    if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0f ? 1 : 0;
+    return 2;
+}
+
+/* The state_dict key of state buffer k ("momentum_buffer", "exp_avg", "exp_avg_sq"). */
+static const char *pdp__optim_state_name(const pdp_optim *o, int k)
+{
+    if (o->desc.kind == PDP_OPTIM_SGD) return "momentum_buffer";
+    return k == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
+/* ---- optim: lifecycle ---- */
+
+PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
+{
+    pdp_optim *o;
+    pdp_optim_desc d;
+    size_t bytes;
+    int k;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_optim_create: out is NULL");
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_optim_create: model is NULL");
+    if ((st = pdp__optim_desc_resolve(desc, &d, "pdp_optim_create")) != PDP_OK) return st;
+    o = (pdp_optim *)pdp__calloc(sizeof *o);
+    if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_optim_create: no memory");
+    o->model = m;
+    o->desc = d;
+    o->count = m->param_count;
+    o->nstate = pdp__optim_nstate(&d);
+    bytes = (size_t)o->count * sizeof(float);
+    for (k = 0; k < o->nstate; k++) {
+        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
+            (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
+            pdp_optim_free(o);
+            return pdp__err_wrap(st, "pdp_optim_create: %s state for %lld parameters",
+                                 pdp_optim_kind_name(d.kind), (long long)m->param_count);
+        }
+    }
+    *out = o;
+    return PDP_OK;
+}
+
+PDP_API void pdp_optim_free(pdp_optim *o)
+{
+    int k;
+    if (!o) return;
+    for (k = 0; k < 2; k++) pdp__dev_free(o->model->device, o->state[k]);
+    pdp__dealloc(o);
+}
+
+PDP_API void pdp_optim_zero_grad(pdp_optim *o)
+{
+    if (o) pdp_model_zero_grad(o->model);
+}
+
+PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr)
+{
+    if (o) o->desc.lr = lr;
+}
+
+PDP_API float pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0f; }
+PDP_API int64_t pdp_optim_steps(const pdp_optim *o) { return o ? o->steps : 0; }
+
+PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
+{
+    pdp_optim_desc d;
+    if (o) return o->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
+/* ---- optim: the update ---- */
+
+/* Per-step scalars, computed once in double (as PyTorch does in Python) and
+   rounded to float for the element loop. */
+typedef struct pdp__optim_scalars {
+    pdp_optim_kind kind;
+    float lr, momentum, one_minus_damp, weight_decay;
+    int nesterov, first;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
+} pdp__optim_scalars;
+
+static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
+{
+    const pdp_optim_desc *d = &o->desc;
+    double t = (double)(o->steps + 1);
+    memset(s, 0, sizeof *s);
+    s->kind = d->kind;
+    s->lr = d->lr;
+    if (d->kind == PDP_OPTIM_SGD) {
+        s->momentum = d->momentum;
+        s->one_minus_damp = (float)(1.0 - (double)d->dampening);
+        s->weight_decay = d->weight_decay;
+        s->nesterov = d->nesterov;
+        s->first = o->steps == 0;
+        return;
+    }
+    s->beta1 = d->beta1;
+    s->beta2 = d->beta2;
+    s->one_minus_beta1 = (float)(1.0 - (double)d->beta1);
+    s->one_minus_beta2 = (float)(1.0 - (double)d->beta2);
+    s->step_size = (float)((double)d->lr / (1.0 - pow((double)d->beta1, t)));
+    s->bc2_sqrt = (float)sqrt(1.0 - pow((double)d->beta2, t));
+    s->eps = d->eps;
+    s->l2 = d->kind == PDP_OPTIM_ADAM ? d->weight_decay : 0.0f;
+    s->decay = d->kind == PDP_OPTIM_ADAMW ? (float)(1.0 - (double)d->lr * d->weight_decay) : 1.0f;
+}
+
+/* The CPU loops: the math.h helpers per element, in blocks of 16 with a
+   fixed-count inner loop (which GCC's -O2 cost model vectorises; a loop of
+   unknown count it leaves scalar), then a scalar tail. Adam takes the square
+   roots of a block between its two halves with SIMD sqrt where available
+   (IEEE sqrt is correctly rounded: the same bits as sqrtf). */
+#define PDP__OPTIM_BLOCK 16
+
+static void pdp__sqrt_block(float *out, const float *in)
+{
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    _mm512_storeu_ps(out, _mm512_sqrt_ps(_mm512_loadu_ps(in)));
+#elif !defined(PDP_NO_SIMD) && defined(__AVX__)
+    _mm256_storeu_ps(out, _mm256_sqrt_ps(_mm256_loadu_ps(in)));
+    _mm256_storeu_ps(out + 8, _mm256_sqrt_ps(_mm256_loadu_ps(in + 8)));
+#elif !defined(PDP_NO_SIMD) && defined(__SSE2__)
+    int j;
+    for (j = 0; j < PDP__OPTIM_BLOCK; j += 4) _mm_storeu_ps(out + j, _mm_sqrt_ps(_mm_loadu_ps(in + j)));
+#else
+    int j;
+    for (j = 0; j < PDP__OPTIM_BLOCK; j++) out[j] = sqrtf(in[j]);
+#endif
+}
+
+static void pdp__sgd_loop(float *PDP__OPTIM_RESTRICT p, const float *PDP__OPTIM_RESTRICT g,
+                          float *PDP__OPTIM_RESTRICT buf, int64_t n, const pdp__optim_scalars *s)
+{
+    const float lr = s->lr, mom = s->momentum, omd = s->one_minus_damp, wd = s->weight_decay;
+    const int nesterov = s->nesterov, first = s->first;
+    int64_t i = 0;
+    int j;
+    if (mom == 0.0f) {
+        for (; i + PDP__OPTIM_BLOCK <= n; i += PDP__OPTIM_BLOCK)
+            for (j = 0; j < PDP__OPTIM_BLOCK; j++)
+                p[i + j] = pdp__sgd_update(p[i + j], g[i + j], lr, wd);
+        for (; i < n; i++) p[i] = pdp__sgd_update(p[i], g[i], lr, wd);
+        return;
+    }
+    for (; i + PDP__OPTIM_BLOCK <= n; i += PDP__OPTIM_BLOCK)
+        for (j = 0; j < PDP__OPTIM_BLOCK; j++)
+            p[i + j] = pdp__sgd_momentum_update(p[i + j], g[i + j], &buf[i + j], lr, mom, omd, wd,
+                                                nesterov, first);
+    for (; i < n; i++)
+        p[i] = pdp__sgd_momentum_update(p[i], g[i], &buf[i], lr, mom, omd, wd, nesterov, first);
+}
+
+static void pdp__adam_loop(float *PDP__OPTIM_RESTRICT p, const float *PDP__OPTIM_RESTRICT g,
+                           float *PDP__OPTIM_RESTRICT m, float *PDP__OPTIM_RESTRICT v, int64_t n,
+                           const pdp__optim_scalars *s)
+{
+    const float b1 = s->beta1, omb1 = s->one_minus_beta1, b2 = s->beta2, omb2 = s->one_minus_beta2;
+    const float step_size = s->step_size, bc2_sqrt = s->bc2_sqrt, eps = s->eps, l2 = s->l2;
+    const float decay = s->decay;
+    float sq[PDP__OPTIM_BLOCK];
+    int64_t i = 0;
+    int j;
+    for (; i + PDP__OPTIM_BLOCK <= n; i += PDP__OPTIM_BLOCK) {
+        for (j = 0; j < PDP__OPTIM_BLOCK; j++)
+            pdp__adam_moments(p[i + j], g[i + j], &m[i + j], &v[i + j], b1, omb1, b2, omb2, l2);
+        pdp__sqrt_block(sq, v + i);
+        for (j = 0; j < PDP__OPTIM_BLOCK; j++)
+            p[i + j] = pdp__adam_apply(p[i + j], m[i + j], sq[j], step_size, bc2_sqrt, eps, decay);
+    }
+    for (; i < n; i++)
+        p[i] = pdp__adam_update(p[i], g[i], &m[i], &v[i], b1, omb1, b2, omb2, step_size, bc2_sqrt,
+                                eps, l2, decay);
+}
+
+typedef struct pdp__optim_job {
+    const pdp__optim_scalars *s;
+    float *params;
+    const float *grads;
+    float *state[2];
+    int64_t lo, hi;
+} pdp__optim_job;
+
+/* Elements [lo, hi) of the job, part i of n (ranges aligned to 16 floats). */
+static void pdp__optim_part(void *arg, int part, int nparts)
+{
+    const pdp__optim_job *j = (const pdp__optim_job *)arg;
+    int64_t len = j->hi - j->lo;
+    int64_t per = ((len + nparts - 1) / nparts + 15) & ~(int64_t)15;
+    int64_t a = j->lo + per * part, b = PDP__MIN(j->hi, a + per);
+    if (a >= b) return;
+    if (j->s->kind == PDP_OPTIM_SGD)
+        pdp__sgd_loop(j->params + a, j->grads + a, j->state[0] ? j->state[0] + a : NULL, b - a,
+                      j->s);
+    else
+        pdp__adam_loop(j->params + a, j->grads + a, j->state[0] + a, j->state[1] + a, b - a, j->s);
+}
+
+/* Below this many elements per thread, one thread is faster than waking more. */
+#define PDP__OPTIM_MIN_PER_THREAD 32768
+
+/* params and grads are full-size blocks: element i of each is parameter
+   element i, as in the state. */
+static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
+                                        int64_t lo, int64_t hi)
+{
+    pdp__optim_scalars s;
+    pdp__optim_job job;
+    int threads;
+    PDP_ASSERT(o && 0 <= lo && lo <= hi && hi <= o->count);
+    if (lo == hi) return PDP_OK;
+    pdp__optim_scalars_of(o, &s);
+    if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
+        return pdp__cuda_optim_update(o->model->device, &s, params + lo, grads + lo,
+                                      o->state[0] ? o->state[0] + lo : NULL,
+                                      o->state[1] ? o->state[1] + lo : NULL, hi - lo);
+    job.s = &s;
+    job.params = params;
+    job.grads = grads;
+    job.state[0] = o->state[0];
+    job.state[1] = o->state[1];
+    job.lo = lo;
+    job.hi = hi;
+    threads = pdp__threads_for_caller();
+    threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, (hi - lo) / PDP__OPTIM_MIN_PER_THREAD));
+    pdp__parallel_for(threads, pdp__optim_part, &job);
+    return PDP_OK;
+}
+
+/* Marks the update in flight as done (after every range of it). */
+static void pdp__optim_finish_step(pdp_optim *o) { o->steps++; }
+
+PDP_API pdp_status pdp_optim_step(pdp_optim *o)
+{
+    pdp_model *m;
+    pdp_status st;
+    if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_step: optimizer is NULL");
+    m = o->model;
+    if (m->param_count != o->count)
+        return pdp__err(PDP_ERR_STATE,
+                        "pdp_optim_step: the model has %lld parameters, %lld when the optimizer "
+                        "was created (layers added after pdp_optim_create)",
+                        (long long)m->param_count, (long long)o->count);
+    if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, 0, o->count)) != PDP_OK)
+        return pdp__err_wrap(st, "pdp_optim_step");
+    pdp__optim_finish_step(o);
+    return PDP_OK;
+}
+
+/* ---- optim: gradient clipping ---- */
+
+PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm)
+{
+    double sum = 0.0, norm;
+    float coef;
+    const float *g;
+    int64_t i, n;
+    if (total_norm) *total_norm = 0.0f;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
+    if (!(max_norm >= 0.0f))
+        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be >= 0",
+                        (double)max_norm);
+    if (m->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED,
+                        "pdp_clip_grad_norm: CUDA device %d: no CUDA norm kernel yet (pdp_cuda.cu)",
+                        m->device.ordinal);
+    g = m->grad_block;
+    n = m->param_count;
+    for (i = 0; i < n; i++) sum += (double)g[i] * (double)g[i];
+    norm = sqrt(sum);
+    if (total_norm) *total_norm = (float)norm;
+    if (!isfinite(norm))
+        return pdp__err(PDP_ERR_NUMERIC, "pdp_clip_grad_norm: the gradient norm is %g", norm);
+    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
+    coef = (float)((double)max_norm / (norm + 1e-6));
+    if (coef < 1.0f)
+        for (i = 0; i < n; i++) m->grad_block[i] *= coef;
+    return PDP_OK;
+}
+
+/* ---- optim: learning-rate schedule ---- */
+
+PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
+                                   float min_lr)
+{
+    const double pi = 3.14159265358979323846;
+    double progress;
+    if (step < warmup) return (float)((double)base_lr * (double)(step + 1) / (double)warmup);
+    if (step >= total) return min_lr;
+    progress = (double)(step - warmup) / (double)(total - warmup);
+    return (float)((double)min_lr +
+                   0.5 * ((double)base_lr - (double)min_lr) * (1.0 + cos(pi * progress)));
+}
 /* ---- end src/optim.c ---- */
 
 /* ---- begin src/data.c ---- */
-/* data: (to be written) */
+/* data: the IDX reader, gzip and DEFLATE decoding, the synthetic task, the
+   batcher.
+
+   The inflater decodes a whole DEFLATE stream (RFC 1951: stored, fixed-Huffman
+   and dynamic-Huffman blocks) from memory into one growing output buffer, so a
+   back-reference is checked against everything written so far instead of a
+   32 KiB window. Huffman codes decode through a 2^PDP__FAST_BITS-entry table for
+   short codes and the canonical count/symbol walk (as in zlib's puff.c) for the
+   rest. Bits come LSB-first from a 64-bit buffer that is topped up before each
+   symbol; past the end of the input it is filled with zeros, and consuming any
+   of those zeros is reported as a truncated stream. Every length, distance and
+   code set is checked before use: hostile input yields PDP_ERR_FORMAT, never an
+   out-of-bounds access, and the output is capped at PDP_MAX_FILE_BYTES. The
+   gzip wrapper (RFC 1952) parses FEXTRA, FNAME, FCOMMENT and FHCRC, verifies
+   CRC-32 and ISIZE per member, and accepts concatenated members as gzip does.
+
+   IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
+   TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the
+   bytes. A dataset keeps pixels as floats, [count, features]. */
 
 /* #include "internal.h" (already above) */
+
+/* Largest file (after decompression) the loaders accept. */
+#ifndef PDP_MAX_FILE_BYTES
+#  define PDP_MAX_FILE_BYTES ((size_t)0xffffffffu)
+#endif
+
+#define PDP__FAST_BITS 10
+
+/* ---- crc32 ---- */
+
+/* CRC-32 of ISO 3309 / ITU-T V.42 (reflected polynomial 0xEDB88320), as gzip
+   stores it. The table is built by the caller, once per decode. */
+static void pdp__crc32_table(uint32_t table[256])
+{
+    uint32_t i, c;
+    int k;
+    for (i = 0; i < 256; i++) {
+        c = i;
+        for (k = 0; k < 8; k++) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+        table[i] = c;
+    }
+}
+
+static uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p, size_t n)
+{
+    size_t i;
+    crc = ~crc;
+    for (i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* ---- inflate: state and bit input ---- */
+
+typedef struct pdp__huff {
+    uint16_t fast[1 << PDP__FAST_BITS]; /* symbol | length << 9 for codes of at most
+                                           PDP__FAST_BITS bits, by bit-reversed code; 0 = none */
+    uint16_t count[16];                 /* number of codes of each length */
+    uint16_t symbol[288];               /* symbols in canonical code order */
+} pdp__huff;
+
+typedef struct pdp__inflate {
+    const uint8_t *in;
+    size_t in_len;
+    size_t pos;      /* next input byte to load; bytes past in_len are loaded as zeros */
+    uint64_t bits;   /* unconsumed bits, next bit in bit 0 */
+    int nbits;
+    uint8_t *out;    /* pdp__alloc'd, out_cap bytes, out_len used */
+    size_t out_len, out_cap;
+    pdp__huff lencode, distcode;
+    const char *fn, *path; /* for messages */
+} pdp__inflate;
+
+static pdp_status pdp__inf_corrupt(const pdp__inflate *s, const char *what)
+{
+    return pdp__err(PDP_ERR_FORMAT, "%s: %s: corrupt gzip data (%s at byte %zu)", s->fn, s->path,
+                    what, s->pos - (size_t)(s->nbits / 8));
+}
+
+/* Tops the bit buffer up to at least 57 bits; fails once the stream has consumed
+   any of the zero bytes that stand in for input past the end. */
+static pdp_status pdp__inf_refill(pdp__inflate *s)
+{
+    while (s->nbits <= 56) {
+        uint64_t byte = s->pos < s->in_len ? s->in[s->pos] : 0;
+        s->pos++;
+        s->bits |= byte << s->nbits;
+        s->nbits += 8;
+    }
+    if (s->pos > s->in_len && (s->pos - s->in_len) * 8 > (size_t)s->nbits)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated gzip data (the DEFLATE stream ends "
+                        "early)", s->fn, s->path);
+    return PDP_OK;
+}
+
+/* n <= 32 bits, LSB first; the caller has refilled enough. */
+static uint32_t pdp__inf_bits(pdp__inflate *s, int n)
+{
+    uint32_t v = (uint32_t)(s->bits & ((1ull << n) - 1));
+    s->bits >>= n;
+    s->nbits -= n;
+    return v;
+}
+
+/* Makes room for `more` output bytes, doubling the buffer. */
+static pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
+{
+    size_t need, cap;
+    uint8_t *bigger;
+    if (s->out_cap - s->out_len >= more) return PDP_OK;
+    need = s->out_len + more;
+    if (need > PDP_MAX_FILE_BYTES || need < s->out_len)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: decompresses to more than %zu bytes", s->fn,
+                        s->path, (size_t)PDP_MAX_FILE_BYTES);
+    cap = s->out_cap > PDP_MAX_FILE_BYTES / 2 ? PDP_MAX_FILE_BYTES : PDP__MAX(s->out_cap * 2, 4096);
+    if (cap < need) cap = need;
+    if (!(bigger = (uint8_t *)pdp__alloc(cap)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for %zu decompressed bytes",
+                        s->fn, s->path, cap);
+    if (s->out_len) memcpy(bigger, s->out, s->out_len);
+    pdp__dealloc(s->out);
+    s->out = bigger;
+    s->out_cap = cap;
+    return PDP_OK;
+}
+
+/* ---- inflate: Huffman codes ---- */
+
+/* Builds the code for lens[0..n). Returns 0 for a complete code, 1 for an
+   incomplete one that is allowed (no code at all, or one code of length 1, as
+   zlib allows), -1 for an over-subscribed or otherwise incomplete set. */
+static int pdp__huff_build(pdp__huff *h, const uint8_t *lens, int n)
+{
+    uint16_t offs[16], next[16];
+    int len, sym, left = 1, codes = 0;
+    uint32_t code = 0;
+    memset(h->count, 0, sizeof h->count);
+    memset(h->fast, 0, sizeof h->fast);
+    for (sym = 0; sym < n; sym++) h->count[lens[sym]]++;
+    h->count[0] = 0;
+    for (len = 1; len <= 15; len++) {
+        left = (left << 1) - h->count[len];
+        codes += h->count[len];
+        if (left < 0) return -1;
+    }
+    offs[1] = 0;
+    for (len = 1; len < 15; len++) offs[len + 1] = (uint16_t)(offs[len] + h->count[len]);
+    for (sym = 0; sym < n; sym++)
+        if (lens[sym]) h->symbol[offs[lens[sym]]++] = (uint16_t)sym;
+    /* canonical codes (RFC 1951 3.2.2), bit-reversed into the fast table */
+    for (len = 1; len <= 15; len++) {
+        code = (code + h->count[len - 1]) << 1;
+        next[len] = (uint16_t)code;
+    }
+    for (sym = 0; sym < n; sym++) {
+        uint32_t c, rev = 0;
+        int i;
+        len = lens[sym];
+        if (!len) continue;
+        c = next[len]++;
+        if (len > PDP__FAST_BITS) continue;
+        for (i = 0; i < len; i++) rev |= ((c >> i) & 1u) << (len - 1 - i);
+        for (; rev < (1u << PDP__FAST_BITS); rev += 1u << len)
+            h->fast[rev] = (uint16_t)(sym | len << 9);
+    }
+    if (left == 0) return 0;
+    return (codes == 0 || (codes == 1 && h->count[1] == 1)) ? 1 : -1;
+}
+
+/* The next symbol, or -1 for a bit pattern that is no code. Needs 15 bits. */
+static int pdp__huff_decode(pdp__inflate *s, const pdp__huff *h)
+{
+    uint32_t e = h->fast[s->bits & ((1u << PDP__FAST_BITS) - 1)];
+    int len, code = 0, first = 0, index = 0;
+    if (e) {
+        pdp__inf_bits(s, (int)(e >> 9));
+        return (int)(e & 511);
+    }
+    for (len = 1; len <= 15; len++) { /* canonical walk, one bit at a time */
+        int count = h->count[len];
+        code |= (int)((s->bits >> (len - 1)) & 1);
+        if (code - first < count) {
+            pdp__inf_bits(s, len);
+            return h->symbol[index + code - first];
+        }
+        index += count;
+        first = (first + count) << 1;
+        code <<= 1;
+    }
+    return -1;
+}
+
+/* ---- inflate: blocks ---- */
+
+static const uint16_t pdp__len_base[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,
+                                           15, 17, 19, 23, 27, 31, 35, 43, 51,  59,
+                                           67, 83, 99, 115, 131, 163, 195, 227, 258};
+static const uint8_t pdp__len_extra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
+                                           2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
+static const uint16_t pdp__dist_base[30] = {1,    2,    3,    4,    5,    7,     9,     13,
+                                            17,   25,   33,   49,   65,   97,    129,   193,
+                                            257,  385,  513,  769,  1025, 1537,  2049,  3073,
+                                            4097, 6145, 8193, 12289, 16385, 24577};
+static const uint8_t pdp__dist_extra[30] = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3,  4,  4,  5,  5,  6,
+                                            6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
+
+static pdp_status pdp__inf_stored(pdp__inflate *s)
+{
+    size_t p, len;
+    pdp_status st;
+    pdp__inf_bits(s, s->nbits & 7); /* to a byte boundary */
+    p = s->pos - (size_t)(s->nbits / 8);
+    s->bits = 0;
+    s->nbits = 0;
+    if (p > s->in_len || s->in_len - p < 4) {
+        s->pos = PDP__MIN(p, s->in_len);
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated gzip data (stored block header)",
+                        s->fn, s->path);
+    }
+    len = (size_t)s->in[p] | (size_t)s->in[p + 1] << 8;
+    if ((len ^ 0xffffu) != ((size_t)s->in[p + 2] | (size_t)s->in[p + 3] << 8)) {
+        s->pos = p;
+        return pdp__inf_corrupt(s, "stored block length and its complement disagree");
+    }
+    p += 4;
+    s->pos = p;
+    if (s->in_len - p < len)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated gzip data (stored block of %zu bytes)",
+                        s->fn, s->path, len);
+    if ((st = pdp__inf_room(s, len)) != PDP_OK) return st;
+    memcpy(s->out + s->out_len, s->in + p, len);
+    s->out_len += len;
+    s->pos = p + len;
+    return PDP_OK;
+}
+
+/* Literals and matches until end-of-block, with the codes in s->lencode/distcode. */
+static pdp_status pdp__inf_codes(pdp__inflate *s)
+{
+    pdp_status st;
+    for (;;) {
+        int sym;
+        size_t len, dist;
+        if ((st = pdp__inf_refill(s)) != PDP_OK) return st;
+        sym = pdp__huff_decode(s, &s->lencode);
+        if (sym < 256) {
+            if (sym < 0) return pdp__inf_corrupt(s, "invalid literal/length code");
+            if (s->out_len == s->out_cap && (st = pdp__inf_room(s, 1)) != PDP_OK) return st;
+            s->out[s->out_len++] = (uint8_t)sym;
+            continue;
+        }
+        if (sym == 256) return PDP_OK;
+        sym -= 257;
+        if (sym >= 29) return pdp__inf_corrupt(s, "invalid length symbol");
+        len = pdp__len_base[sym] + pdp__inf_bits(s, pdp__len_extra[sym]);
+        sym = pdp__huff_decode(s, &s->distcode);
+        if (sym < 0 || sym >= 30) return pdp__inf_corrupt(s, "invalid distance code");
+        dist = pdp__dist_base[sym] + pdp__inf_bits(s, pdp__dist_extra[sym]);
+        if (dist > s->out_len) return pdp__inf_corrupt(s, "distance too far back");
+        if ((st = pdp__inf_room(s, len)) != PDP_OK) return st;
+        {
+            uint8_t *d = s->out + s->out_len;
+            const uint8_t *from = d - dist;
+            size_t i;
+            if (dist >= len) memcpy(d, from, len);
+            else for (i = 0; i < len; i++) d[i] = from[i]; /* overlapping: repeats */
+            s->out_len += len;
+        }
+    }
+}
+
+static pdp_status pdp__inf_fixed(pdp__inflate *s)
+{
+    uint8_t lens[288];
+    int i;
+    for (i = 0; i < 144; i++) lens[i] = 8;
+    for (; i < 256; i++) lens[i] = 9;
+    for (; i < 280; i++) lens[i] = 7;
+    for (; i < 288; i++) lens[i] = 8;
+    pdp__huff_build(&s->lencode, lens, 288);
+    for (i = 0; i < 30; i++) lens[i] = 5;
+    pdp__huff_build(&s->distcode, lens, 30);
+    return pdp__inf_codes(s);
+}
+
+static pdp_status pdp__inf_dynamic(pdp__inflate *s)
+{
+    static const uint8_t order[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5,
+                                      11, 4, 12, 3, 13, 2, 14, 1, 15};
+    uint8_t lens[286 + 30];
+    int nlen, ndist, ncode, i, n;
+    pdp_status st;
+    if ((st = pdp__inf_refill(s)) != PDP_OK) return st;
+    nlen = (int)pdp__inf_bits(s, 5) + 257;
+    ndist = (int)pdp__inf_bits(s, 5) + 1;
+    ncode = (int)pdp__inf_bits(s, 4) + 4;
+    if (nlen > 286 || ndist > 30) return pdp__inf_corrupt(s, "too many length or distance codes");
+    memset(lens, 0, sizeof lens);
+    for (i = 0; i < ncode; i++) {
+        if ((st = pdp__inf_refill(s)) != PDP_OK) return st;
+        lens[order[i]] = (uint8_t)pdp__inf_bits(s, 3);
+    }
+    if (pdp__huff_build(&s->lencode, lens, 19) != 0)
+        return pdp__inf_corrupt(s, "incomplete code-length code");
+    for (i = 0; i < nlen + ndist;) {
+        int sym, rep;
+        uint8_t val = 0;
+        if ((st = pdp__inf_refill(s)) != PDP_OK) return st;
+        sym = pdp__huff_decode(s, &s->lencode);
+        if (sym < 0) return pdp__inf_corrupt(s, "invalid code-length code");
+        if (sym < 16) {
+            lens[i++] = (uint8_t)sym;
+            continue;
+        }
+        if (sym == 16) {
+            if (i == 0) return pdp__inf_corrupt(s, "length repeat with no previous length");
+            val = lens[i - 1];
+            rep = 3 + (int)pdp__inf_bits(s, 2);
+        } else if (sym == 17) {
+            rep = 3 + (int)pdp__inf_bits(s, 3);
+        } else {
+            rep = 11 + (int)pdp__inf_bits(s, 7);
+        }
+        if (i + rep > nlen + ndist) return pdp__inf_corrupt(s, "code lengths overrun");
+        for (n = 0; n < rep; n++) lens[i++] = val;
+    }
+    if (lens[256] == 0) return pdp__inf_corrupt(s, "no end-of-block code");
+    if (pdp__huff_build(&s->lencode, lens, nlen) < 0)
+        return pdp__inf_corrupt(s, "bad literal/length code lengths");
+    if (pdp__huff_build(&s->distcode, lens + nlen, ndist) < 0)
+        return pdp__inf_corrupt(s, "bad distance code lengths");
+    return pdp__inf_codes(s);
+}
+
+/* One DEFLATE stream starting at byte s->pos; leaves s->pos on the byte after it. */
+static pdp_status pdp__inflate_stream(pdp__inflate *s)
+{
+    int final, type;
+    size_t p;
+    pdp_status st;
+    s->bits = 0;
+    s->nbits = 0;
+    do {
+        if ((st = pdp__inf_refill(s)) != PDP_OK) return st;
+        final = (int)pdp__inf_bits(s, 1);
+        type = (int)pdp__inf_bits(s, 2);
+        if (type == 0) st = pdp__inf_stored(s);
+        else if (type == 1) st = pdp__inf_fixed(s);
+        else if (type == 2) st = pdp__inf_dynamic(s);
+        else return pdp__inf_corrupt(s, "reserved block type 3");
+        if (st != PDP_OK) return st;
+    } while (!final);
+    pdp__inf_bits(s, s->nbits & 7);
+    p = s->pos - (size_t)(s->nbits / 8); /* hand unread whole bytes back */
+    if (p > s->in_len)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated gzip data", s->fn, s->path);
+    s->pos = p;
+    s->bits = 0;
+    s->nbits = 0;
+    return PDP_OK;
+}
+
+/* ---- gzip ---- */
+
+static uint32_t pdp__le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint32_t pdp__be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+static bool pdp__is_gzip(const uint8_t *p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
+
+/* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes). */
+static pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
+                              const char *fn, const char *path)
+{
+    pdp__inflate *s;
+    uint32_t crc_table[256];
+    size_t p = 0, hint;
+    int member = 0;
+    pdp_status st = PDP_OK;
+    *out = NULL;
+    *out_len = 0;
+    if (!(s = (pdp__inflate *)pdp__calloc(sizeof *s)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+    s->in = in;
+    s->in_len = n;
+    s->fn = fn;
+    s->path = path;
+    pdp__crc32_table(crc_table);
+    /* the last member's ISIZE is the whole size for a one-member file: a good first guess */
+    hint = n >= 4 ? pdp__le32(in + n - 4) : 0;
+    if (hint > n * 1032 + 1024) hint = n * 4;
+    if ((st = pdp__inf_room(s, PDP__MAX(hint, 1))) != PDP_OK) goto done; /* out never NULL */
+    while (p < n) {
+        size_t start = p, first = s->out_len;
+        uint8_t flg;
+        if (n - p < 18 || !pdp__is_gzip(in + p, n - p)) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: %s at byte %zu", fn, path,
+                          member ? "trailing bytes after the gzip data" : "not a gzip file", p);
+            goto done;
+        }
+        if (in[p + 2] != 8 || (in[p + 3] & 0xe0)) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: unsupported gzip method %d or flags 0x%02x",
+                          fn, path, in[p + 2], in[p + 3]);
+            goto done;
+        }
+        flg = in[p + 3];
+        p += 10;
+        if (flg & 4) { /* FEXTRA */
+            size_t xlen = n - p >= 2 ? (size_t)in[p] | (size_t)in[p + 1] << 8 : n;
+            if (n - p < 2 || n - p - 2 < xlen) goto truncated;
+            p += 2 + xlen;
+        }
+        if (flg & 8) { /* FNAME */
+            const uint8_t *z = (const uint8_t *)memchr(in + p, 0, n - p);
+            if (!z) goto truncated;
+            p = (size_t)(z - in) + 1;
+        }
+        if (flg & 16) { /* FCOMMENT */
+            const uint8_t *z = (const uint8_t *)memchr(in + p, 0, n - p);
+            if (!z) goto truncated;
+            p = (size_t)(z - in) + 1;
+        }
+        if (flg & 2) { /* FHCRC: the low 16 bits of the header's CRC-32 */
+            if (n - p < 2) goto truncated;
+            if ((pdp__crc32(crc_table, 0, in + start, p - start) & 0xffffu) !=
+                ((uint32_t)in[p] | (uint32_t)in[p + 1] << 8)) {
+                st = pdp__err(PDP_ERR_FORMAT, "%s: %s: gzip header CRC mismatch", fn, path);
+                goto done;
+            }
+            p += 2;
+        }
+        s->pos = p;
+        if ((st = pdp__inflate_stream(s)) != PDP_OK) goto done;
+        p = s->pos;
+        if (n - p < 8) goto truncated;
+        if (pdp__crc32(crc_table, 0, s->out + first, s->out_len - first) != pdp__le32(in + p)) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: gzip CRC-32 mismatch (member %d): the data is "
+                          "corrupt", fn, path, member);
+            goto done;
+        }
+        if ((uint32_t)(s->out_len - first) != pdp__le32(in + p + 4)) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: gzip length mismatch (member %d: %zu bytes, "
+                          "ISIZE says %u)", fn, path, member, s->out_len - first,
+                          (unsigned)pdp__le32(in + p + 4));
+            goto done;
+        }
+        p += 8;
+        member++;
+    }
+    *out = s->out;
+    *out_len = s->out_len;
+    s->out = NULL;
+    goto done;
+truncated:
+    st = pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated gzip file (%zu bytes)", fn, path, n);
+done:
+    pdp__dealloc(s->out);
+    pdp__dealloc(s);
+    return st;
+}
+
+/* ---- files ---- */
+
+/* Reads a whole file, gunzipping it when it starts with the gzip magic. */
+static pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes, const char *fn)
+{
+    FILE *f;
+    long size;
+    uint8_t *raw;
+    size_t got;
+    pdp_status st;
+    *data = NULL;
+    *bytes = 0;
+    if (!(f = fopen(path, "rb")))
+        return pdp__err(PDP_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return pdp__err(PDP_ERR_IO, "%s: cannot size %s: %s", fn, path, strerror(errno));
+    }
+    if ((unsigned long)size > PDP_MAX_FILE_BYTES) {
+        fclose(f);
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: %ld bytes is larger than PDP_MAX_FILE_BYTES", fn,
+                        path, size);
+    }
+    if (!(raw = (uint8_t *)pdp__alloc((size_t)size))) {
+        fclose(f);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory to read %s (%ld bytes)", fn, path,
+                        size);
+    }
+    got = fread(raw, 1, (size_t)size, f);
+    fclose(f);
+    if (got != (size_t)size) {
+        pdp__dealloc(raw);
+        return pdp__err(PDP_ERR_IO, "%s: short read from %s (%zu of %ld bytes)", fn, path, got,
+                        size);
+    }
+    if (!pdp__is_gzip(raw, got)) {
+        *data = raw;
+        *bytes = got;
+        return PDP_OK;
+    }
+    st = pdp__gunzip(raw, got, data, bytes, fn, path);
+    pdp__dealloc(raw);
+    return st;
+}
+
+/* ---- idx ---- */
+
+/* Checks an IDX header of unsigned bytes with ndim dimensions against the file
+   size; fills dims and the payload pointer. */
+static pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t dims[3],
+                                 const uint8_t **payload, const char *fn, const char *path)
+{
+    uint32_t magic, want = 0x800u | (uint32_t)ndim;
+    uint64_t need = 1;
+    size_t head = 4 + 4 * (size_t)ndim;
+    int i;
+    if (n < 4)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated IDX header (%zu bytes)", fn, path, n);
+    magic = pdp__be32(d);
+    if (magic != want)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: bad magic 0x%08x (expected 0x%08x, an IDX %s file)",
+                        fn, path, (unsigned)magic, (unsigned)want, ndim == 3 ? "image" : "label");
+    if (n < head)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated IDX header (%zu bytes)", fn, path, n);
+    for (i = 0; i < ndim; i++) {
+        dims[i] = pdp__be32(d + 4 + 4 * i);
+        if (i > 0 && dims[i] == 0)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: dimension %d is 0", fn, path, i);
+        if (dims[i] && need > UINT64_MAX / dims[i])
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: dimensions overflow", fn, path);
+        need *= dims[i];
+    }
+    if (need != n - head) {
+        if (ndim == 3)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: %s: %llu x %llu x %llu needs %llu bytes of data, "
+                            "the file has %zu", fn, path, need > n - head ? "truncated" : "size mismatch",
+                            (unsigned long long)dims[0], (unsigned long long)dims[1],
+                            (unsigned long long)dims[2], (unsigned long long)need, n - head);
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: %s: %llu labels, the file has %zu bytes of them",
+                        fn, path, need > n - head ? "truncated" : "size mismatch",
+                        (unsigned long long)dims[0], n - head);
+    }
+    *payload = d + head;
+    return PDP_OK;
+}
+
+/* An empty dataset of count samples with the given per-sample shape. */
+static pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, int64_t w,
+                                   const pdp_dataset_desc *desc, const char *fn)
+{
+    pdp_dataset *ds = (pdp_dataset *)pdp__calloc(sizeof *ds);
+    bool flat = desc && desc->flat;
+    *out = NULL;
+    if (!ds) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    ds->count = count;
+    ds->features = h * w;
+    ds->ndim = flat ? 1 : 3;
+    ds->shape[0] = flat ? h * w : 1;
+    ds->shape[1] = flat ? 1 : h;
+    ds->shape[2] = flat ? 1 : w;
+    ds->images = (float *)pdp__alloc((size_t)(count * ds->features + 1) * sizeof(float));
+    ds->labels = (int32_t *)pdp__alloc((size_t)(count + 1) * sizeof(int32_t));
+    if (!ds->images || !ds->labels) {
+        pdp_dataset_free(ds);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld samples of %lld floats",
+                        fn, (long long)count, (long long)(h * w));
+    }
+    *out = ds;
+    return PDP_OK;
+}
+
+static pdp_status pdp__check_desc(const pdp_dataset_desc *desc, const char *fn)
+{
+    if (!desc) return PDP_OK;
+    if (desc->max_samples < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.max_samples is %lld (must be >= 0)", fn,
+                        (long long)desc->max_samples);
+    if (!(desc->std >= 0.0f) || !isfinite(desc->mean) || !isfinite(desc->std))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.mean %g, desc.std %g (std must be >= 0)", fn,
+                        (double)desc->mean, (double)desc->std);
+    return PDP_OK;
+}
+
+static pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path,
+                                const char *labels_path, const pdp_dataset_desc *desc,
+                                const char *fn)
+{
+    uint8_t *img = NULL, *lab = NULL;
+    size_t img_bytes, lab_bytes;
+    const uint8_t *px, *lb;
+    uint64_t idims[3], ldims[3];
+    int64_t count, features, i;
+    float lut[256];
+    int maxlab = -1;
+    pdp_dataset *ds = NULL;
+    pdp_status st;
+    if ((st = pdp__read_file(images_path, &img, &img_bytes, fn)) != PDP_OK) goto done;
+    if ((st = pdp__idx_parse(img, img_bytes, 3, idims, &px, fn, images_path)) != PDP_OK) goto done;
+    if ((st = pdp__read_file(labels_path, &lab, &lab_bytes, fn)) != PDP_OK) goto done;
+    if ((st = pdp__idx_parse(lab, lab_bytes, 1, ldims, &lb, fn, labels_path)) != PDP_OK) goto done;
+    if (idims[0] != ldims[0]) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s has %llu images but %s has %llu labels", fn,
+                      images_path, (unsigned long long)idims[0], labels_path,
+                      (unsigned long long)ldims[0]);
+        goto done;
+    }
+    count = (int64_t)idims[0];
+    if (desc && desc->max_samples && desc->max_samples < count) count = desc->max_samples;
+    features = (int64_t)(idims[1] * idims[2]);
+    if ((st = pdp__dataset_new(&ds, count, (int64_t)idims[1], (int64_t)idims[2], desc, fn)))
+        goto done;
+    for (i = 0; i < 256; i++) { /* one table: the same float for the same byte, always */
+        float v = (float)i / 255.0f;
+        lut[i] = desc && desc->std > 0 ? (v - desc->mean) / desc->std : v;
+    }
+    for (i = 0; i < count * features; i++) ds->images[i] = lut[px[i]];
+    for (i = 0; i < count; i++) {
+        ds->labels[i] = lb[i];
+        if (lb[i] > maxlab) maxlab = lb[i];
+    }
+    ds->classes = maxlab + 1;
+done:
+    pdp__dealloc(img);
+    pdp__dealloc(lab);
+    *out = ds;
+    return st;
+}
+
+PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_path,
+                                        const char *labels_path, const pdp_dataset_desc *desc)
+{
+    static const char fn[] = "pdp_dataset_load_idx";
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!images_path || !labels_path) return pdp__err(PDP_ERR_INVALID, "%s: NULL path", fn);
+    if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
+    return pdp__load_idx(out, images_path, labels_path, desc, fn);
+}
+
+/* ---- fashion-mnist ---- */
+
+/* Looks for dir/name, then dir/name.gz; appends each path tried to `tried`. */
+static bool pdp__find_file(const char *dir, const char *name, char *path, size_t cap,
+                           char *tried, size_t tried_cap)
+{
+    static const char *const ext[2] = {"", ".gz"};
+    int i;
+    for (i = 0; i < 2; i++) {
+        FILE *f;
+        size_t used = strlen(tried);
+        snprintf(path, cap, "%s/%s%s", dir, name, ext[i]);
+        snprintf(tried + used, tried_cap - used, "%s%s", used ? ", " : "", path);
+        if ((f = fopen(path, "rb")) != NULL) {
+            fclose(f);
+            return true;
+        }
+    }
+    return false;
+}
+
+PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
+                                                  const pdp_dataset_desc *desc)
+{
+    static const char fn[] = "pdp_dataset_load_fashion_mnist";
+    const char *dir = getenv("PDP_DATA"), *split = train ? "train" : "t10k";
+    char name[64], images[1024], labels[1024], tried[2600] = "";
+    bool found;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
+    if (!dir || !*dir) dir = "/usr/share/datasets/fashion-mnist";
+    snprintf(name, sizeof name, "%s-images-idx3-ubyte", split);
+    found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried);
+    snprintf(name, sizeof name, "%s-labels-idx1-ubyte", split);
+    found = pdp__find_file(dir, name, labels, sizeof labels, tried, sizeof tried) && found;
+    if (!found)
+        return pdp__err(PDP_ERR_IO, "%s: Fashion-MNIST not found (tried %s); apt-get install "
+                        "dataset-fashion-mnist or set PDP_DATA to the directory that holds the "
+                        "files", fn, tried);
+    return pdp__load_idx(out, images, labels, desc, fn);
+}
+
+/* ---- synthetic ---- */
+
+PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
+                                         const pdp_dataset_desc *desc)
+{
+    enum { CLASSES = 10, SIDE = 28, BLOBS = 3 };
+    static const char fn[] = "pdp_dataset_synthetic";
+    float *proto;
+    pdp_dataset *ds;
+    pdp_rng r;
+    int64_t count, i;
+    uint64_t seed = desc ? desc->seed : 0;
+    int c, b, x, y;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
+    count = desc && desc->max_samples ? desc->max_samples : (train ? 60000 : 10000);
+    if (!(proto = (float *)pdp__calloc(CLASSES * SIDE * SIDE * sizeof(float))))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if ((st = pdp__dataset_new(&ds, count, SIDE, SIDE, desc, fn)) != PDP_OK) {
+        pdp__dealloc(proto);
+        return st;
+    }
+    /* class prototypes, from (seed, stream 0): three blobs shared by every class plus two
+       fainter ones of the class's own, so that classes overlap and the noise confuses them */
+    pdp_rng_seed(&r, seed, 0);
+    for (b = 0; b < CLASSES * 2 + BLOBS; b++) {
+        float cx = 6 + 16 * pdp_rng_uniform(&r), cy = 6 + 16 * pdp_rng_uniform(&r);
+        float sx = 1.5f + 3 * pdp_rng_uniform(&r), sy = 1.5f + 3 * pdp_rng_uniform(&r);
+        float amp = b < CLASSES * 2 ? 0.25f + 0.25f * pdp_rng_uniform(&r) : 0.6f;
+        for (c = 0; c < CLASSES; c++) {
+            float *p = proto + c * SIDE * SIDE;
+            if (b < CLASSES * 2 && b / 2 != c) continue; /* blob b belongs to class b / 2 */
+            for (y = 0; y < SIDE; y++)
+                for (x = 0; x < SIDE; x++) {
+                    float dx = ((float)x - cx) / sx, dy = ((float)y - cy) / sy;
+                    p[y * SIDE + x] += amp * expf(-0.5f * (dx * dx + dy * dy));
+                }
+        }
+    }
+    /* samples: shifted, scaled, noisy prototypes, from (seed, stream 1 or 2) */
+    pdp_rng_seed(&r, seed, train ? 1 : 2);
+    for (i = 0; i < count; i++) {
+        float *img = ds->images + i * SIDE * SIDE;
+        int label = (int)pdp_rng_below(&r, CLASSES);
+        int sx = (int)pdp_rng_below(&r, 5) - 2, sy = (int)pdp_rng_below(&r, 5) - 2;
+        float scale = 0.6f + 0.4f * pdp_rng_uniform(&r);
+        const float *p = proto + label * SIDE * SIDE;
+        ds->labels[i] = label;
+        for (y = 0; y < SIDE; y++)
+            for (x = 0; x < SIDE; x++) {
+                int px = x - sx, py = y - sy;
+                float v = (px >= 0 && px < SIDE && py >= 0 && py < SIDE) ? p[py * SIDE + px] : 0;
+                v = scale * v + 0.3f * pdp_rng_normal(&r);
+                v = v < 0 ? 0 : v > 1 ? 1 : v;
+                if (desc && desc->std > 0) v = (v - desc->mean) / desc->std;
+                img[y * SIDE + x] = v;
+            }
+    }
+    ds->classes = CLASSES;
+    pdp__dealloc(proto);
+    *out = ds;
+    return PDP_OK;
+}
+
+PDP_API void pdp_dataset_free(pdp_dataset *ds)
+{
+    if (!ds) return;
+    pdp__dealloc(ds->images);
+    pdp__dealloc(ds->labels);
+    pdp__dealloc(ds);
+}
+
+/* ---- gather, view, permutation ---- */
+
+PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
+                                      float *x_out, int32_t *labels_out)
+{
+    int64_t i;
+    if (!ds || (n > 0 && !indices) || n < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_dataset_gather: NULL dataset or indices, or n < 0");
+    for (i = 0; i < n; i++)
+        if (indices[i] < 0 || indices[i] >= ds->count)
+            return pdp__err(PDP_ERR_INVALID, "pdp_dataset_gather: indices[%lld] = %lld is outside "
+                            "[0, %lld)", (long long)i, (long long)indices[i], (long long)ds->count);
+    for (i = 0; i < n; i++) {
+        if (x_out)
+            memcpy(x_out + i * ds->features, ds->images + indices[i] * ds->features,
+                   (size_t)ds->features * sizeof(float));
+        if (labels_out) labels_out[i] = ds->labels[indices[i]];
+    }
+    return PDP_OK;
+}
+
+/* Wraps data as [n, the dataset's sample shape...]. */
+static pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n, pdp_tensor *x)
+{
+    int64_t shape[4];
+    shape[0] = n;
+    memcpy(shape + 1, ds->shape, 3 * sizeof *shape);
+    return pdp_tensor_wrap(data, pdp_cpu(), ds->ndim + 1, shape, x);
+}
+
+PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_t n,
+                                    pdp_tensor *x)
+{
+    if (!ds || !x) return pdp__err(PDP_ERR_INVALID, "pdp_dataset_view: NULL argument");
+    if (first < 0 || n < 1 || first > ds->count - n)
+        return pdp__err(PDP_ERR_INVALID, "pdp_dataset_view: samples [%lld, %lld) outside [0, %lld)",
+                        (long long)first, (long long)(first + n), (long long)ds->count);
+    return pdp__dataset_wrap(ds, ds->images + first * ds->features, n, x);
+}
+
+/* Uniform in [0, n), unbiased, for n up to 2^63. */
+static uint64_t pdp__rng_below64(pdp_rng *r, uint64_t n)
+{
+    uint64_t x, limit;
+    if (n <= 0xffffffffu) return pdp_rng_below(r, (uint32_t)n);
+    limit = UINT64_MAX - UINT64_MAX % n;
+    do x = (uint64_t)pdp_rng_u32(r) << 32 | pdp_rng_u32(r); while (x >= limit);
+    return x % n;
+}
+
+PDP_API void pdp_permutation(int64_t *out, int64_t n, uint64_t seed, uint64_t epoch)
+{
+    pdp_rng r;
+    int64_t i;
+    if (!out) return;
+    for (i = 0; i < n; i++) out[i] = i;
+    pdp_rng_seed(&r, seed, epoch);
+    for (i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)pdp__rng_below64(&r, (uint64_t)i + 1), t = out[i];
+        out[i] = out[j];
+        out[j] = t;
+    }
+}
+
+/* ---- batcher ---- */
+
+struct pdp_batcher {
+    const pdp_dataset *ds;
+    pdp_batcher_desc desc; /* defaults filled; desc.indices points at base */
+    int64_t *base;         /* the index list: the caller's copy, or 0..count-1 */
+    int64_t *order;        /* this epoch's order of base */
+    int64_t len;           /* entries in base and order */
+    int64_t next;          /* position in order of the next batch */
+    uint64_t epoch;
+    float *x;              /* [batch_size, features] */
+    int32_t *labels;       /* [batch_size] */
+};
+
+PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
+                                      const pdp_batcher_desc *desc)
+{
+    static const char fn[] = "pdp_batcher_create";
+    pdp_batcher_desc d;
+    pdp_batcher *b;
+    int64_t i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!ds) return pdp__err(PDP_ERR_INVALID, "%s: dataset is NULL", fn);
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    d.batch_size = PDP__DEF(d.batch_size, 64);
+    if (d.batch_size < 1 || d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->features, 1))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size is %lld", fn, (long long)d.batch_size);
+    if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s", fn,
+                        (long long)d.num_indices, d.indices ? "set" : "NULL");
+    for (i = 0; d.indices && i < d.num_indices; i++)
+        if (d.indices[i] < 0 || d.indices[i] >= ds->count)
+            return pdp__err(PDP_ERR_INVALID, "%s: desc.indices[%lld] = %lld is outside [0, %lld)",
+                            fn, (long long)i, (long long)d.indices[i], (long long)ds->count);
+    if (!(b = (pdp_batcher *)pdp__calloc(sizeof *b)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    b->ds = ds;
+    b->len = d.indices ? d.num_indices : ds->count;
+    b->base = (int64_t *)pdp__alloc((size_t)(b->len + 1) * sizeof(int64_t));
+    b->order = (int64_t *)pdp__alloc((size_t)(b->len + 1) * sizeof(int64_t));
+    b->x = (float *)pdp__alloc((size_t)(d.batch_size * ds->features) * sizeof(float));
+    b->labels = (int32_t *)pdp__alloc((size_t)d.batch_size * sizeof(int32_t));
+    if (!b->base || !b->order || !b->x || !b->labels) {
+        pdp_batcher_free(b);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices and a batch of "
+                        "%lld", fn, (long long)b->len, (long long)d.batch_size);
+    }
+    for (i = 0; i < b->len; i++) b->base[i] = d.indices ? d.indices[i] : i;
+    d.indices = b->base;
+    d.num_indices = b->len;
+    b->desc = d;
+    pdp_batcher_reset(b, 0);
+    *out = b;
+    return PDP_OK;
+}
+
+PDP_API void pdp_batcher_free(pdp_batcher *b)
+{
+    if (!b) return;
+    pdp__dealloc(b->base);
+    pdp__dealloc(b->order);
+    pdp__dealloc(b->x);
+    pdp__dealloc(b->labels);
+    pdp__dealloc(b);
+}
+
+PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
+{
+    int64_t i;
+    if (!b) return;
+    b->epoch = epoch;
+    b->next = 0;
+    if (!b->desc.shuffle) {
+        memcpy(b->order, b->base, (size_t)b->len * sizeof(int64_t));
+        return;
+    }
+    pdp_permutation(b->order, b->len, b->desc.seed, epoch); /* positions, then indices */
+    for (i = 0; i < b->len; i++) b->order[i] = b->base[b->order[i]];
+}
+
+PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n)
+{
+    int64_t k, i;
+    if (n) *n = 0;
+    if (!b || !x) {
+        pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        return false;
+    }
+    k = PDP__MIN(b->desc.batch_size, b->len - b->next);
+    if (k <= 0 || (b->desc.drop_last && k < b->desc.batch_size)) return false;
+    for (i = 0; i < k; i++) { /* indices were checked at create */
+        int64_t s = b->order[b->next + i];
+        memcpy(b->x + i * b->ds->features, b->ds->images + s * b->ds->features,
+               (size_t)b->ds->features * sizeof(float));
+        b->labels[i] = b->ds->labels[s];
+    }
+    b->next += k;
+    pdp__dataset_wrap(b->ds, b->x, k, x);
+    if (labels) *labels = b->labels;
+    if (n) *n = k;
+    return true;
+}
+
+PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b)
+{
+    if (!b) return 0;
+    return b->desc.drop_last ? b->len / b->desc.batch_size
+                             : (b->len + b->desc.batch_size - 1) / b->desc.batch_size;
+}
+
+PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count)
+{
+    if (count) *count = b ? b->len : 0;
+    return b ? b->order : NULL;
+}
 /* ---- end src/data.c ---- */
 
 /* ---- begin src/checkpoint.c ---- */
-/* checkpoint: (to be written) */
+/* checkpoint: safetensors files for a model's parameters and its optimizer
+   state, with our own small strict parser of the format's JSON header.
+
+   Format (https://github.com/huggingface/safetensors, "Format"): 8 bytes
+   little-endian u64 N, then N bytes of JSON, then the data. The JSON is one
+   object: tensor name -> {"dtype": "F32", "shape": [..], "data_offsets":
+   [begin, end]} with offsets relative to the data start, plus an optional
+   "__metadata__" object of string -> string. Names are unique; the tensors'
+   byte ranges must tile the data section exactly (no gap, no overlap);
+   trailing spaces pad the header.
+
+   Invariants. Save never exposes a half-written file: it writes
+   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory.
+   Load never half-applies a file: it reads the header (at most
+   PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
+   validates every entry, reads every expected tensor into one staging buffer,
+   and only then copies into the model and the optimizer. The parser accepts
+   only what the format needs (objects, strings, non-negative integers, arrays of
+   them), holds no recursion, and bounds every count by the header length. */
 
 /* #include "internal.h" (already above) */
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#ifndef PDP__CKPT_MAX_HEADER
+#  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
+#endif
+#define PDP__CKPT_MAX_DIMS 16
+
+static bool pdp__little_endian(void)
+{
+    const uint32_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+static void pdp__bswap32(void *data, int64_t count)
+{
+    unsigned char *p = (unsigned char *)data, t;
+    int64_t i;
+    for (i = 0; i < count; i++, p += 4) {
+        t = p[0]; p[0] = p[3]; p[3] = t;
+        t = p[1]; p[1] = p[2]; p[2] = t;
+    }
+}
+
+/* ---- checkpoint: header parser ---- */
+
+typedef struct pdp__st_entry {
+    const char *name;           /* decoded, NUL-terminated, in the parser's arena */
+    const char *dtype;
+    int ndim;
+    int64_t shape[PDP__CKPT_MAX_DIMS];
+    uint64_t begin, end;        /* data_offsets */
+} pdp__st_entry;
+
+typedef struct pdp__st_parser {
+    const char *s;              /* the header */
+    size_t n, pos;
+    char *arena;                /* decoded strings; never longer than their source */
+    size_t arena_used;
+    pdp__st_entry *entries;
+    int nentries, cap_entries;
+    const char **meta;          /* key, value, key, value, ... */
+    int nmeta, cap_meta;
+    const char *file;           /* for messages */
+} pdp__st_parser;
+
+static pdp_status pdp__st_fail(const pdp__st_parser *p, const char *what)
+{
+    return pdp__err(PDP_ERR_FORMAT, "pdp_checkpoint_load: %s: header byte %zu: %s", p->file, p->pos,
+                    what);
+}
+
+static void pdp__st_ws(pdp__st_parser *p)
+{
+    while (p->pos < p->n && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' ||
+                             p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
+        p->pos++;
+}
+
+/* Skips whitespace, then consumes c or fails. */
+static bool pdp__st_expect(pdp__st_parser *p, char c)
+{
+    pdp__st_ws(p);
+    if (p->pos < p->n && p->s[p->pos] == c) {
+        p->pos++;
+        return true;
+    }
+    return false;
+}
+
+static int pdp__st_hex(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* A JSON string, decoded into the arena as UTF-8 (\uXXXX escapes, surrogate
+   pairs included). */
+static pdp_status pdp__st_string(pdp__st_parser *p, const char **out)
+{
+    char *o = p->arena + p->arena_used;
+    size_t len = 0;
+    if (!pdp__st_expect(p, '"')) return pdp__st_fail(p, "expected a string");
+    for (;;) {
+        unsigned char c;
+        if (p->pos >= p->n) return pdp__st_fail(p, "unterminated string");
+        c = (unsigned char)p->s[p->pos++];
+        if (c == '"') break;
+        if (c < 0x20) return pdp__st_fail(p, "control character in a string");
+        if (c != '\\') {
+            o[len++] = (char)c;
+            continue;
+        }
+        if (p->pos >= p->n) return pdp__st_fail(p, "unterminated escape");
+        c = (unsigned char)p->s[p->pos++];
+        switch (c) {
+        case '"': case '\\': case '/': o[len++] = (char)c; break;
+        case 'b': o[len++] = '\b'; break;
+        case 'f': o[len++] = '\f'; break;
+        case 'n': o[len++] = '\n'; break;
+        case 'r': o[len++] = '\r'; break;
+        case 't': o[len++] = '\t'; break;
+        case 'u': {
+            uint32_t cp = 0;
+            int i, h, pair;
+            for (pair = 0; pair < 2; pair++) {
+                uint32_t u = 0;
+                if (p->n - p->pos < 4) return pdp__st_fail(p, "short \\u escape");
+                for (i = 0; i < 4; i++) {
+                    if ((h = pdp__st_hex(p->s[p->pos++])) < 0)
+                        return pdp__st_fail(p, "bad \\u escape");
+                    u = u * 16 + (uint32_t)h;
+                }
+                if (pair == 0) {
+                    cp = u;
+                    if (u >= 0xdc00 && u <= 0xdfff) return pdp__st_fail(p, "lone low surrogate");
+                    if (u < 0xd800 || u > 0xdbff) break;
+                    if (p->n - p->pos < 2 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u')
+                        return pdp__st_fail(p, "lone high surrogate");
+                    p->pos += 2;
+                } else {
+                    if (u < 0xdc00 || u > 0xdfff) return pdp__st_fail(p, "bad surrogate pair");
+                    cp = 0x10000 + ((cp - 0xd800) << 10) + (u - 0xdc00);
+                }
+            }
+            if (cp == 0) return pdp__st_fail(p, "NUL in a string");
+            /* at most 4 output bytes for at least 6 (12 for a pair) input bytes */
+            if (cp < 0x80) {
+                o[len++] = (char)cp;
+            } else if (cp < 0x800) {
+                o[len++] = (char)(0xc0 | (cp >> 6));
+                o[len++] = (char)(0x80 | (cp & 0x3f));
+            } else if (cp < 0x10000) {
+                o[len++] = (char)(0xe0 | (cp >> 12));
+                o[len++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                o[len++] = (char)(0x80 | (cp & 0x3f));
+            } else {
+                o[len++] = (char)(0xf0 | (cp >> 18));
+                o[len++] = (char)(0x80 | ((cp >> 12) & 0x3f));
+                o[len++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                o[len++] = (char)(0x80 | (cp & 0x3f));
+            }
+            break;
+        }
+        default: return pdp__st_fail(p, "unknown escape");
+        }
+    }
+    o[len] = '\0';
+    p->arena_used += len + 1;
+    *out = o;
+    return PDP_OK;
+}
+
+/* A non-negative integer without sign, fraction, exponent or leading zeros. */
+static pdp_status pdp__st_uint(pdp__st_parser *p, uint64_t *out)
+{
+    uint64_t v = 0;
+    size_t start;
+    pdp__st_ws(p);
+    start = p->pos;
+    while (p->pos < p->n && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
+        unsigned d = (unsigned)(p->s[p->pos] - '0');
+        if (v > (UINT64_MAX - d) / 10) return pdp__st_fail(p, "integer overflows 64 bits");
+        v = v * 10 + d;
+        p->pos++;
+    }
+    if (p->pos == start) return pdp__st_fail(p, "expected a non-negative integer");
+    if (p->s[start] == '0' && p->pos - start > 1) return pdp__st_fail(p, "leading zero");
+    if (p->pos < p->n && (p->s[p->pos] == '.' || p->s[p->pos] == 'e' || p->s[p->pos] == 'E'))
+        return pdp__st_fail(p, "expected an integer");
+    *out = v;
+    return PDP_OK;
+}
+
+/* [u, u, ...] with at most max elements. */
+static pdp_status pdp__st_uint_array(pdp__st_parser *p, uint64_t *out, int max, int *count)
+{
+    pdp_status st;
+    *count = 0;
+    if (!pdp__st_expect(p, '[')) return pdp__st_fail(p, "expected '['");
+    if (pdp__st_expect(p, ']')) return PDP_OK;
+    for (;;) {
+        if (*count == max) return pdp__st_fail(p, "array too long");
+        if ((st = pdp__st_uint(p, &out[(*count)++])) != PDP_OK) return st;
+        if (pdp__st_expect(p, ']')) return PDP_OK;
+        if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or ']'");
+    }
+}
+
+/* {"dtype": s, "shape": [..], "data_offsets": [b, e]}, each key exactly once. */
+static pdp_status pdp__st_tensor(pdp__st_parser *p, pdp__st_entry *e)
+{
+    bool have_dtype = false, have_shape = false, have_offsets = false;
+    uint64_t v[PDP__CKPT_MAX_DIMS];
+    const char *key;
+    int i, n;
+    pdp_status st;
+    if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (tensor info)");
+    if (pdp__st_expect(p, '}')) return pdp__st_fail(p, "empty tensor info");
+    for (;;) {
+        if ((st = pdp__st_string(p, &key)) != PDP_OK) return st;
+        if (!pdp__st_expect(p, ':')) return pdp__st_fail(p, "expected ':'");
+        if (strcmp(key, "dtype") == 0 && !have_dtype) {
+            if ((st = pdp__st_string(p, &e->dtype)) != PDP_OK) return st;
+            have_dtype = true;
+        } else if (strcmp(key, "shape") == 0 && !have_shape) {
+            if ((st = pdp__st_uint_array(p, v, PDP__CKPT_MAX_DIMS, &n)) != PDP_OK) return st;
+            for (i = 0; i < n; i++) {
+                if (v[i] > (uint64_t)INT64_MAX) return pdp__st_fail(p, "dimension too large");
+                e->shape[i] = (int64_t)v[i];
+            }
+            e->ndim = n;
+            have_shape = true;
+        } else if (strcmp(key, "data_offsets") == 0 && !have_offsets) {
+            if ((st = pdp__st_uint_array(p, v, 2, &n)) != PDP_OK) return st;
+            if (n != 2) return pdp__st_fail(p, "data_offsets needs 2 integers");
+            e->begin = v[0];
+            e->end = v[1];
+            have_offsets = true;
+        } else {
+            return pdp__st_fail(p, "unknown or repeated key in tensor info");
+        }
+        if (pdp__st_expect(p, '}')) break;
+        if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or '}'");
+    }
+    if (!have_dtype || !have_shape || !have_offsets)
+        return pdp__st_fail(p, "tensor info needs dtype, shape and data_offsets");
+    return PDP_OK;
+}
+
+/* {"key": "value", ...} */
+static pdp_status pdp__st_metadata(pdp__st_parser *p)
+{
+    pdp_status st;
+    if (p->meta) return pdp__st_fail(p, "__metadata__ twice");
+    p->cap_meta = (int)(p->n / 6 + 1) * 2; /* "k":"v", takes at least 6 bytes */
+    p->meta = (const char **)pdp__alloc((size_t)p->cap_meta * sizeof *p->meta);
+    if (!p->meta) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_checkpoint_load: no memory");
+    if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (__metadata__)");
+    if (pdp__st_expect(p, '}')) return PDP_OK;
+    for (;;) {
+        PDP_ASSERT(p->nmeta + 2 <= p->cap_meta);
+        if ((st = pdp__st_string(p, &p->meta[p->nmeta])) != PDP_OK) return st;
+        if (!pdp__st_expect(p, ':')) return pdp__st_fail(p, "expected ':'");
+        if ((st = pdp__st_string(p, &p->meta[p->nmeta + 1])) != PDP_OK) return st;
+        p->nmeta += 2;
+        if (pdp__st_expect(p, '}')) return PDP_OK;
+        if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or '}'");
+    }
+}
+
+/* The whole header. Allocations (arena, entries, metadata) are freed by
+   pdp__st_parser_free, also after a failure. */
+static pdp_status pdp__st_parse(pdp__st_parser *p)
+{
+    const char *key;
+    pdp_status st;
+    p->arena = (char *)pdp__alloc(p->n + 1);
+    /* the shortest entry, "":{"dtype":"","shape":[],"data_offsets":[0,0]}, has 45 bytes */
+    p->cap_entries = (int)(p->n / 45 + 1);
+    p->entries = (pdp__st_entry *)pdp__calloc((size_t)p->cap_entries * sizeof *p->entries);
+    if (!p->arena || !p->entries)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_checkpoint_load: %s: no memory for a %zu-byte "
+                        "header", p->file, p->n);
+    if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (not a safetensors file?)");
+    if (!pdp__st_expect(p, '}')) {
+        for (;;) {
+            if ((st = pdp__st_string(p, &key)) != PDP_OK) return st;
+            if (!pdp__st_expect(p, ':')) return pdp__st_fail(p, "expected ':'");
+            if (strcmp(key, "__metadata__") == 0) {
+                if ((st = pdp__st_metadata(p)) != PDP_OK) return st;
+            } else {
+                pdp__st_entry *e;
+                if (p->nentries == p->cap_entries) return pdp__st_fail(p, "too many tensors");
+                e = &p->entries[p->nentries++];
+                e->name = key;
+                if ((st = pdp__st_tensor(p, e)) != PDP_OK) return st;
+            }
+            if (pdp__st_expect(p, '}')) break;
+            if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or '}'");
+        }
+    }
+    pdp__st_ws(p);
+    if (p->pos != p->n) return pdp__st_fail(p, "bytes after the header object");
+    return PDP_OK;
+}
+
+static void pdp__st_parser_free(pdp__st_parser *p)
+{
+    pdp__dealloc(p->arena);
+    pdp__dealloc(p->entries);
+    pdp__dealloc((void *)p->meta);
+}
+
+static const char *pdp__st_meta(const pdp__st_parser *p, const char *key)
+{
+    int i;
+    for (i = 0; i < p->nmeta; i += 2)
+        if (strcmp(p->meta[i], key) == 0) return p->meta[i + 1];
+    return NULL;
+}
+
+/* Bytes per element of a safetensors dtype; 0 when unknown. */
+static int pdp__st_dtype_bytes(const char *d)
+{
+    static const char *const names[] = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8",
+                                        "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
+    static const int bytes[] = {8, 4, 2, 2, 8, 4, 2, 1, 8, 4, 2, 1, 1, 1, 1};
+    size_t i;
+    for (i = 0; i < sizeof bytes / sizeof bytes[0]; i++)
+        if (strcmp(d, names[i]) == 0) return bytes[i];
+    return 0;
+}
+
+static int pdp__st_by_begin(const void *a, const void *b)
+{
+    const pdp__st_entry *x = *(const pdp__st_entry *const *)a;
+    const pdp__st_entry *y = *(const pdp__st_entry *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static int pdp__st_by_name(const void *a, const void *b)
+{
+    const pdp__st_entry *x = *(const pdp__st_entry *const *)a;
+    const pdp__st_entry *y = *(const pdp__st_entry *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+/* Per-entry checks (known dtype, byte count = elements * size, inside the data),
+   unique names, and exact tiling of the data section. sorted gets the entries
+   by name. */
+static pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
+                                   pdp__st_entry **sorted)
+{
+    const char *fn = "pdp_checkpoint_load";
+    uint64_t at = 0;
+    int i, d;
+    for (i = 0; i < p->nentries; i++) {
+        const pdp__st_entry *e = &p->entries[i];
+        uint64_t bytes = (uint64_t)pdp__st_dtype_bytes(e->dtype);
+        if (!bytes)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\": unknown dtype \"%s\"", fn,
+                            p->file, e->name, e->dtype);
+        for (d = 0; d < e->ndim; d++) {
+            if (e->shape[d] && bytes > UINT64_MAX / (uint64_t)e->shape[d])
+                return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\": shape overflows", fn,
+                                p->file, e->name);
+            bytes *= (uint64_t)e->shape[d];
+        }
+        if (e->end < e->begin || e->end > data_bytes)
+            return pdp__err(PDP_ERR_FORMAT,
+                            "%s: %s: tensor \"%s\": data_offsets [%llu, %llu] outside the %llu "
+                            "data bytes (truncated file?)", fn, p->file, e->name,
+                            (unsigned long long)e->begin, (unsigned long long)e->end,
+                            (unsigned long long)data_bytes);
+        if (e->end - e->begin != bytes)
+            return pdp__err(PDP_ERR_FORMAT,
+                            "%s: %s: tensor \"%s\": data_offsets hold %llu bytes, its dtype and "
+                            "shape need %llu", fn, p->file, e->name,
+                            (unsigned long long)(e->end - e->begin), (unsigned long long)bytes);
+        sorted[i] = &p->entries[i];
+    }
+    qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_begin);
+    for (i = 0; i < p->nentries; i++) {
+        if (sorted[i]->begin != at)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" starts at data byte %llu, "
+                            "expected %llu (overlap or gap)", fn, p->file, sorted[i]->name,
+                            (unsigned long long)sorted[i]->begin, (unsigned long long)at);
+        at = sorted[i]->end;
+    }
+    if (at != data_bytes)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensors cover %llu of the %llu data bytes", fn,
+                        p->file, (unsigned long long)at, (unsigned long long)data_bytes);
+    qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_name);
+    for (i = 1; i < p->nentries; i++)
+        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" appears twice", fn, p->file,
+                            sorted[i]->name);
+    return PDP_OK;
+}
+
+static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name)
+{
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(sorted[mid]->name, name);
+        if (c == 0) return sorted[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+/* ---- checkpoint: save ---- */
+
+/* Appends printf output to a bounded buffer; *ok turns false on overflow. */
+static void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    if (!*ok) return;
+    va_start(ap, fmt);
+    n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap - *len) *ok = false;
+    else *len += (size_t)n;
+}
+
+/* The header JSON, padded with spaces to a multiple of 8 bytes. Parameter names
+   are "<layer>.<weight|bias>": nothing in them needs escaping. */
+static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, char **out, size_t *len)
+{
+    size_t cap = 1024 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
+    char *h = (char *)pdp__alloc(cap);
+    bool ok = true;
+    uint64_t at = 0;
+    int k, i, d;
+    if (!h) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for the header");
+    pdp__ckpt_put(h, cap, &n, &ok,
+                  "{\"__metadata__\":{\"format\":\"pdp\",\"pdp_version\":\"%s\","
+                  "\"model.seed\":\"%llu\",\"model.step\":\"%llu\"",
+                  PDP_VERSION_STRING, (unsigned long long)m->seed, (unsigned long long)m->step);
+    if (o) {
+        const pdp_optim_desc *dd = &o->desc;
+        pdp__ckpt_put(h, cap, &n, &ok,
+                      ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.9g\","
+                      "\"optim.momentum\":\"%.9g\",\"optim.dampening\":\"%.9g\","
+                      "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.9g\","
+                      "\"optim.beta1\":\"%.9g\",\"optim.beta2\":\"%.9g\",\"optim.eps\":\"%.9g\"",
+                      pdp_optim_kind_name(dd->kind), (long long)o->steps, (double)dd->lr,
+                      (double)dd->momentum, (double)dd->dampening, dd->nesterov ? "true" : "false",
+                      (double)dd->weight_decay, (double)dd->beta1, (double)dd->beta2,
+                      (double)dd->eps);
+    }
+    pdp__ckpt_put(h, cap, &n, &ok, "}");
+    for (k = -1; k < (o ? o->nstate : 0); k++) {
+        for (i = 0; i < m->nparams; i++) {
+            const pdp__param_entry *e = &m->params[i];
+            if (k < 0)
+                pdp__ckpt_put(h, cap, &n, &ok, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", e->name);
+            else
+                pdp__ckpt_put(h, cap, &n, &ok, ",\"optim.%s.%s\":{\"dtype\":\"F32\",\"shape\":[",
+                              e->name, pdp__optim_state_name(o, k));
+            for (d = 0; d < e->ndim; d++)
+                pdp__ckpt_put(h, cap, &n, &ok, "%s%lld", d ? "," : "", (long long)e->shape[d]);
+            pdp__ckpt_put(h, cap, &n, &ok, "],\"data_offsets\":[%llu,%llu]}",
+                          (unsigned long long)at,
+                          (unsigned long long)(at + (uint64_t)e->count * 4));
+            at += (uint64_t)e->count * 4;
+        }
+    }
+    pdp__ckpt_put(h, cap, &n, &ok, "}");
+    while (ok && n % 8) pdp__ckpt_put(h, cap, &n, &ok, " ");
+    if (!ok) {
+        pdp__dealloc(h);
+        return pdp__err(PDP_ERR_INVALID, "header longer than %zu bytes", cap);
+    }
+    *out = h;
+    *len = n;
+    return PDP_OK;
+}
+
+/* Writes count floats from dev memory, staging through host (when the data is
+   not on the CPU or the host is big-endian). */
+static bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, int64_t count,
+                                   float *host)
+{
+    if (!count) return true;
+    if (dev.kind == PDP_DEVICE_CPU && !host)
+        return fwrite(data, 4, (size_t)count, f) == (size_t)count;
+    if (pdp__dev_copy(pdp_cpu(), host, dev, data, (size_t)count * 4) != PDP_OK) return false;
+    if (!pdp__little_endian()) pdp__bswap32(host, count);
+    return fwrite(host, 4, (size_t)count, f) == (size_t)count;
+}
+
+/* fsyncs the directory holding path, so the rename itself is durable. */
+static int pdp__ckpt_sync_dir(const char *path)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t n;
+    int fd, rc;
+    if (!slash) {
+        strcpy(dir, ".");
+    } else {
+        n = (size_t)(slash - path);
+        if (n == 0) n = 1; /* "/file" */
+        if (n >= sizeof dir) return 0;
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+    }
+    fd = open(dir, O_RDONLY);
+    if (fd < 0) return -1;
+    rc = fsync(fd);
+    if (rc != 0 && (errno == EINVAL || errno == EROFS)) rc = 0; /* not supported there */
+    close(fd);
+    return rc;
+}
+
+PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_save";
+    char *header = NULL, *tmp = NULL;
+    unsigned char len8[8];
+    size_t hlen = 0, tmp_bytes;
+    float *host = NULL;
+    FILE *f = NULL;
+    const char *failed = NULL;
+    int k, err = 0;
+    pdp_status st;
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    if ((st = pdp__ckpt_header(m, o, &header, &hlen)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: %s", fn, path);
+    if (m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian()) {
+        host = (float *)pdp__alloc((size_t)PDP__MAX(1, m->param_count) * 4);
+        if (!host) {
+            pdp__dealloc(header);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no staging memory", fn, path);
+        }
+    }
+    tmp_bytes = strlen(path) + 32;
+    tmp = (char *)pdp__alloc(tmp_bytes);
+    if (!tmp) {
+        pdp__dealloc(header);
+        pdp__dealloc(host);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+    }
+    snprintf(tmp, tmp_bytes, "%s.tmp.%ld", path, (long)getpid());
+    for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
+
+    if (!(f = fopen(tmp, "wb"))) {
+        failed = "fopen";
+        goto io_error;
+    }
+    if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen ||
+        !pdp__ckpt_write_floats(f, m->device, m->param_block, m->param_count, host)) {
+        failed = "write";
+        goto io_error;
+    }
+    for (k = 0; o && k < o->nstate; k++)
+        if (!pdp__ckpt_write_floats(f, m->device, o->state[k], o->count, host)) {
+            failed = "write";
+            goto io_error;
+        }
+    if (fflush(f) != 0) {
+        failed = "fflush";
+        goto io_error;
+    }
+    if (fsync(fileno(f)) != 0) {
+        failed = "fsync";
+        goto io_error;
+    }
+    k = fclose(f);
+    f = NULL;
+    if (k != 0) {
+        failed = "fclose";
+        goto io_error;
+    }
+    if (rename(tmp, path) != 0) {
+        failed = "rename";
+        goto io_error;
+    }
+    pdp__dealloc(header);
+    pdp__dealloc(host);
+    pdp__dealloc(tmp);
+    if (pdp__ckpt_sync_dir(path) != 0)
+        return pdp__err(PDP_ERR_IO, "%s: %s: written, but fsync of its directory failed: %s", fn,
+                        path, strerror(errno));
+    return PDP_OK;
+io_error:
+    err = errno;
+    if (f) fclose(f);
+    remove(tmp);
+    st = pdp__err(PDP_ERR_IO, "%s: %s: %s of %s failed: %s (the previous file, if any, is "
+                  "unchanged)", fn, path, failed, tmp, err ? strerror(err) : "short write");
+    pdp__dealloc(header);
+    pdp__dealloc(host);
+    pdp__dealloc(tmp);
+    return st;
+}
+
+/* ---- checkpoint: load ---- */
+
+/* A float from a metadata string ("%.9g" on save); false when absent or bad. */
+static bool pdp__ckpt_meta_float(const pdp__st_parser *p, const char *key, float *out)
+{
+    const char *s = pdp__st_meta(p, key);
+    char *end;
+    double v;
+    if (!s || !*s) return false;
+    v = strtod(s, &end);
+    if (*end || !isfinite(v) || fabs(v) > FLT_MAX) return false;
+    *out = (float)v;
+    return true;
+}
+
+/* The optimizer part of the metadata: o's kind, steps and hyper-parameters. */
+static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
+                                       pdp_optim_desc *desc, int64_t *steps)
+{
+    const char *fn = "pdp_checkpoint_load", *kind = pdp__st_meta(p, "optim.kind");
+    const char *s = pdp__st_meta(p, "optim.steps"), *nest = pdp__st_meta(p, "optim.nesterov");
+    static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
+                                       "optim.weight_decay", "optim.beta1", "optim.beta2",
+                                       "optim.eps"};
+    float *fields[7];
+    pdp_optim_desc d, resolved;
+    char *end;
+    long long n;
+    int i;
+    pdp_status st;
+    if (!kind)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: no optimizer state in the file (no \"optim.kind\" "
+                        "in __metadata__)", fn, p->file);
+    if (strcmp(kind, pdp_optim_kind_name(o->desc.kind)) != 0)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: the file holds %s state, the optimizer is %s", fn,
+                        p->file, kind, pdp_optim_kind_name(o->desc.kind));
+    d = o->desc;
+    fields[0] = &d.lr; fields[1] = &d.momentum; fields[2] = &d.dampening;
+    fields[3] = &d.weight_decay; fields[4] = &d.beta1; fields[5] = &d.beta2; fields[6] = &d.eps;
+    for (i = 0; i < 7; i++)
+        if (!pdp__ckpt_meta_float(p, keys[i], fields[i]))
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"%s\" is missing or not a "
+                            "finite number", fn, p->file, keys[i]);
+    if (!nest || (strcmp(nest, "true") != 0 && strcmp(nest, "false") != 0))
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"optim.nesterov\" must be \"true\" "
+                        "or \"false\"", fn, p->file);
+    d.nesterov = strcmp(nest, "true") == 0;
+    errno = 0;
+    n = s ? strtoll(s, &end, 10) : -1;
+    if (!s || !*s || *end || errno || n < 0)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"optim.steps\" is missing or not a "
+                        "count", fn, p->file);
+    if ((st = pdp__optim_desc_resolve(&d, &resolved, fn)) != PDP_OK)
+        return pdp__err_wrap(PDP_ERR_FORMAT, "%s: __metadata__", p->file);
+    if (pdp__optim_nstate(&resolved) != o->nstate)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: the file's %s (momentum %g) keeps %d state "
+                        "tensors per parameter, the optimizer %d", fn, p->file, kind,
+                        (double)d.momentum, pdp__optim_nstate(&resolved), o->nstate);
+    resolved.lr = d.lr; /* 0 is a valid learning rate (e.g. the end of a schedule) */
+    *desc = resolved;
+    *steps = (int64_t)n;
+    return PDP_OK;
+}
+
+/* An optional unsigned metadata count ("model.seed", "model.step"): *present
+   tells whether the key exists; false when it exists but is not a count. */
+static bool pdp__ckpt_meta_u64(const pdp__st_parser *p, const char *key, uint64_t *out,
+                               bool *present)
+{
+    const char *s = pdp__st_meta(p, key);
+    char *end;
+    unsigned long long v;
+    *present = s != NULL;
+    if (!s) return true;
+    if (*s < '0' || *s > '9') return false;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (*end || errno) return false;
+    *out = (uint64_t)v;
+    return true;
+}
+
+/* Whether a tensor name of the file is one load expects (or may ignore). */
+static bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, const char *name)
+{
+    int i, k;
+    size_t len;
+    if (strncmp(name, "optim.", 6) == 0) {
+        if (!o) return true; /* ignored */
+        name += 6;
+        for (i = 0; i < m->nparams; i++) {
+            len = strlen(m->params[i].name);
+            if (strncmp(name, m->params[i].name, len) != 0 || name[len] != '.') continue;
+            for (k = 0; k < o->nstate; k++)
+                if (strcmp(name + len + 1, pdp__optim_state_name(o, k)) == 0) return true;
+        }
+        return false;
+    }
+    for (i = 0; i < m->nparams; i++)
+        if (strcmp(name, m->params[i].name) == 0) return true;
+    return false;
+}
+
+static void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t n = 0;
+    int d;
+    n += (size_t)snprintf(buf, cap, "[");
+    for (d = 0; d < ndim && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* Reads tensor e of the file f (data at data_start) into dst (count floats). */
+static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *file, uint64_t data_start,
+                                        const pdp__st_entry *e, float *dst, int64_t count)
+{
+    uint64_t at = data_start + e->begin;
+    if (at > (uint64_t)LONG_MAX || fseek(f, (long)at, SEEK_SET) != 0 ||
+        fread(dst, 4, (size_t)count, f) != (size_t)count)
+        return pdp__err(PDP_ERR_IO, "pdp_checkpoint_load: %s: tensor \"%s\": read failed (%s)",
+                        file, e->name,
+                        ferror(f) ? strerror(errno) : "file shorter than its header");
+    if (!pdp__little_endian()) pdp__bswap32(dst, count);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_load";
+    pdp__st_parser p;
+    pdp__st_entry **sorted = NULL;
+    unsigned char len8[8];
+    uint64_t hlen = 0, file_bytes, data_start;
+    float *staging = NULL;
+    char *header = NULL, name[96], a[128], b[128];
+    pdp_optim_desc desc;
+    int64_t steps = 0, count;
+    uint64_t seed = 0, mstep = 0;
+    bool have_seed = false, have_step = false;
+    struct stat sb;
+    FILE *f;
+    int i, k, nstate;
+    pdp_status st = PDP_OK;
+
+    memset(&p, 0, sizeof p);
+    memset(&desc, 0, sizeof desc);
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    count = m->param_count;
+    nstate = o ? o->nstate : 0;
+    if (!(f = fopen(path, "rb")))
+        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
+    }
+    file_bytes = (uint64_t)sb.st_size;
+    if (file_bytes < 8 || fread(len8, 1, 8, f) != 8) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: %llu bytes, shorter than the 8-byte header length",
+                      fn, path, (unsigned long long)file_bytes);
+        goto done;
+    }
+    for (k = 7; k >= 0; k--) hlen = (hlen << 8) | len8[k];
+    if (hlen < 2 || hlen > PDP__CKPT_MAX_HEADER || hlen > file_bytes - 8) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: header length %llu is impossible (file %llu bytes, "
+                      "limit %llu): not a safetensors file, or truncated", fn, path,
+                      (unsigned long long)hlen, (unsigned long long)file_bytes,
+                      (unsigned long long)PDP__CKPT_MAX_HEADER);
+        goto done;
+    }
+    data_start = 8 + hlen;
+    header = (char *)pdp__alloc((size_t)hlen);
+    if (!header) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for the header", fn, path);
+        goto done;
+    }
+    if (fread(header, 1, (size_t)hlen, f) != (size_t)hlen) {
+        st = pdp__err(PDP_ERR_IO, "%s: %s: reading the header failed", fn, path);
+        goto done;
+    }
+    p.s = header;
+    p.n = (size_t)hlen;
+    p.file = path;
+    if ((st = pdp__st_parse(&p)) != PDP_OK) goto done;
+    sorted = (pdp__st_entry **)pdp__alloc((size_t)PDP__MAX(1, p.nentries) * sizeof *sorted);
+    if (!sorted) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+        goto done;
+    }
+    if ((st = pdp__st_validate(&p, file_bytes - data_start, sorted)) != PDP_OK) goto done;
+    if (o && (st = pdp__ckpt_read_optim(&p, o, &desc, &steps)) != PDP_OK) goto done;
+    if (!pdp__ckpt_meta_u64(&p, "model.seed", &seed, &have_seed) ||
+        !pdp__ckpt_meta_u64(&p, "model.step", &mstep, &have_step)) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"model.seed\" or \"model.step\" is "
+                      "not a count", fn, path);
+        goto done;
+    }
+
+    /* every expected tensor: present, F32, same shape */
+    staging = (float *)pdp__alloc((size_t)PDP__MAX(1, count * (1 + nstate)) * sizeof(float));
+    if (!staging) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory to stage %lld floats", fn, path,
+                      (long long)(count * (1 + nstate)));
+        goto done;
+    }
+    for (k = -1; k < nstate; k++) {
+        for (i = 0; i < m->nparams; i++) {
+            const pdp__param_entry *pe = &m->params[i];
+            const pdp__st_entry *e;
+            bool same = true;
+            int d;
+            if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
+            else snprintf(name, sizeof name, "optim.%s.%s", pe->name, pdp__optim_state_name(o, k));
+            if (!(e = pdp__st_find(sorted, p.nentries, name))) {
+                st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
+                goto done;
+            }
+            if (strcmp(e->dtype, "F32") != 0) {
+                st = pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" is %s, expected F32", fn,
+                              path, name, e->dtype);
+                goto done;
+            }
+            same = e->ndim == pe->ndim;
+            for (d = 0; same && d < pe->ndim; d++) same = e->shape[d] == pe->shape[d];
+            if (!same) {
+                pdp__shape_text(a, sizeof a, e->ndim, e->shape);
+                pdp__shape_text(b, sizeof b, pe->ndim, pe->shape);
+                st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" has shape %s in the file, "
+                              "the model's is %s", fn, path, name, a, b);
+                goto done;
+            }
+            if ((st = pdp__ckpt_read_tensor(f, path, data_start, e,
+                                            staging + (k + 1) * count + pe->offset, pe->count)) !=
+                PDP_OK)
+                goto done;
+        }
+    }
+    for (i = 0; i < p.nentries; i++)
+        if (!pdp__ckpt_expected(m, o, p.entries[i].name)) {
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", fn, path,
+                          p.entries[i].name,
+                          strncmp(p.entries[i].name, "optim.", 6) == 0 ? "optimizer's state"
+                                                                       : "model");
+            goto done;
+        }
+
+    /* all checks passed: apply */
+    if (count && (st = pdp__dev_copy(m->device, m->param_block, pdp_cpu(), staging,
+                                     (size_t)count * 4)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s: %s", fn, path);
+        goto done;
+    }
+    if (have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
+    if (have_step) m->step = mstep;
+    if (o) {
+        for (k = 0; k < nstate; k++)
+            if (count && (st = pdp__dev_copy(m->device, o->state[k], pdp_cpu(),
+                                             staging + (k + 1) * count, (size_t)count * 4)) !=
+                             PDP_OK) {
+                st = pdp__err_wrap(st, "%s: %s", fn, path);
+                goto done;
+            }
+        o->desc = desc;
+        o->steps = steps;
+    }
+done:
+    fclose(f);
+    pdp__st_parser_free(&p);
+    pdp__dealloc(header);
+    pdp__dealloc(sorted);
+    pdp__dealloc(staging);
+    return st;
+}
 /* ---- end src/checkpoint.c ---- */
 
 /* ---- begin src/trace.c ---- */
-/* trace: (to be written) */
+/* trace: a Chrome trace of what each rank did and when, for Perfetto
+   (ui.perfetto.dev) and chrome://tracing.
+
+   Set PDP_TRACE=path and every object that traces (the DDP reducer, the MPI
+   communicator, ...) records events into one process-wide sink; the file is
+   the JSON Object Format of the Trace Event Format:
+       {"traceEvents":[ {...}, {...} ],"displayTimeUnit":"ms"}
+   with complete events ("ph":"X", ts and dur in microseconds), nestable async
+   begin/end pairs for collectives ("ph":"b"/"e", one id per collective) and
+   metadata that names processes and threads ("ph":"M", process_name,
+   thread_name, *_sort_index). "pid" is the rank, "tid" a track: one compute
+   track per rank and one per communicator, handed out by pdp__trace_track.
+
+   Why one process-wide sink, not an object: tracing is a process-level
+   debugging switch (an environment variable, like NCCL_DEBUG), and thread-ranks
+   of one process must share one file with pid = rank. The sink is the one
+   documented exception to "no hidden globals": a mutex-guarded struct that
+   exists only between the first pdp__trace_open and the last pdp__trace_close
+   (reference counted); PDP_TRACE is read by every open while tracing is off
+   (the first open that finds it set starts the file; objects opened before
+   stay silent), and the file is completed when the last reference closes, or
+   brought up to date by pdp_trace_flush() before that. With PDP_STATIC
+   and two copies of pdp in one program there are two sinks: give them
+   different PDP_TRACE values or trace only one.
+
+   Files: a process that is one rank of several (MPI, torchrun) passes its
+   rank to pdp__trace_open and writes path with ".rank<r>" inserted before the
+   extension (trace.json -> trace.rank1.json); otherwise path as given.
+   Timestamps are CLOCK_MONOTONIC microseconds, shared by every process of a
+   machine, so the per-rank files of one machine line up: merge them with
+       python3 -c 'import json,sys; print(json.dumps({"traceEvents": sum(
+           (json.load(open(f))["traceEvents"] for f in sys.argv[1:]), [])}))' \
+           trace.rank*.json > trace.json
+
+   Invariants: events are fixed-size records in a buffer of
+   PDP_TRACE_BUFFER_EVENTS allocated at the first open; recording copies one
+   record under the mutex and never allocates. A full buffer is written out
+   (the recording thread pays for that write, ~1 ms per 10^4 events) and
+   reused. After every write the file ends with the closing "]}" (the next
+   write seeks back over it), so the file is valid JSON after each flush and
+   after close, and pdp_trace_flush() makes it current at any time. Names are
+   copied (truncated to 47 bytes) and escaped when written; args are a JSON
+   object body built by pdp code ("\"bytes\":4096,\"seq\":3"), copied as is.
+   Reference: "Trace Event Format", Google, docs.google.com/document/d/
+   1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU. */
 
 /* #include "internal.h" (already above) */
+
+#ifndef PDP_TRACE_BUFFER_EVENTS
+#  define PDP_TRACE_BUFFER_EVENTS 16384 /* records kept in memory between writes (160 B each) */
+#endif
+#define PDP__TRACE_MAX_PIDS 4096        /* ranks whose process gets a name */
+
+/* GCC/Clang atomics: valid C99 and C++, so the flag read on the hot path needs
+   no <stdatomic.h>. */
+#define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+/* ---- trace: records ---- */
+
+typedef struct pdp__trace_ev {
+    double ts, dur;   /* microseconds */
+    uint64_t id;      /* async pair id */
+    int pid, tid;
+    char ph;          /* 'X' complete, 'A' async pair (written as "b" and "e"), 'M' metadata */
+    const char *cat;  /* a string literal */
+    char name[48];
+    char args[88];    /* JSON object body, without braces; "" for none */
+} pdp__trace_ev;
+
+typedef struct pdp__trace_sink {
+    int refs;                 /* open minus close calls */
+    int enabled;              /* read with PDP__LOAD_ACQ on the hot path */
+    FILE *f;
+    char path[1024];
+    long data_end;            /* file offset where the closing trailer starts */
+    int64_t written;          /* events written so far (for the separator) */
+    pdp__trace_ev *ev;
+    int n, cap;
+    int next_tid;
+    pdp_status io_status;     /* first write error, reported by pdp_trace_flush */
+    unsigned char named_pid[PDP__TRACE_MAX_PIDS / 8];
+} pdp__trace_sink;
+
+static pthread_mutex_t pdp__trace_mu = PTHREAD_MUTEX_INITIALIZER;
+static pdp__trace_sink pdp__trace_g; /* the documented exception, see above */
+
+static const char pdp__trace_trailer[] = "\n],\"displayTimeUnit\":\"ms\"}\n";
+
+/* ---- trace: writing ---- */
+
+static void pdp__trace_put_escaped(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+}
+
+static void pdp__trace_put_one(FILE *f, const pdp__trace_ev *e, char ph, double ts, bool dur)
+{
+    fprintf(f, "{\"ph\":\"%c\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", ph, e->pid, e->tid, ts);
+    if (dur) fprintf(f, ",\"dur\":%.3f", e->dur);
+    if (e->ph == 'A') fprintf(f, ",\"id\":\"0x%llx\"", (unsigned long long)e->id);
+    if (e->cat) fprintf(f, ",\"cat\":\"%s\"", e->cat);
+    fputs(",\"name\":\"", f);
+    pdp__trace_put_escaped(f, e->name);
+    fprintf(f, "\",\"args\":{%s}}", e->args);
+}
+
+/* Appends the buffered records after the last one written, then the trailer.
+   Called with the mutex held. */
+static void pdp__trace_write_locked(pdp__trace_sink *s)
+{
+    int i;
+    if (!s->f) return;
+    if (fseek(s->f, s->data_end, SEEK_SET) != 0) s->io_status = PDP_ERR_IO;
+    for (i = 0; i < s->n; i++) {
+        const pdp__trace_ev *e = &s->ev[i];
+        fputs(s->written++ ? ",\n" : "\n", s->f);
+        if (e->ph == 'A') { /* a begin and an end with the same id */
+            pdp__trace_put_one(s->f, e, 'b', e->ts, false);
+            fputs(",\n", s->f);
+            pdp__trace_put_one(s->f, e, 'e', e->ts + e->dur, false);
+        } else {
+            pdp__trace_put_one(s->f, e, e->ph, e->ts, e->ph == 'X');
+        }
+    }
+    s->n = 0;
+    s->data_end = ftell(s->f);
+    fputs(pdp__trace_trailer, s->f);
+    if (fflush(s->f) != 0 || ferror(s->f) || s->data_end < 0) s->io_status = PDP_ERR_IO;
+}
+
+/* The next free record (writing the buffer out when it is full). Mutex held. */
+static pdp__trace_ev *pdp__trace_slot_locked(pdp__trace_sink *s)
+{
+    pdp__trace_ev *e;
+    if (s->n == s->cap) pdp__trace_write_locked(s);
+    e = &s->ev[s->n++];
+    memset(e, 0, sizeof *e);
+    return e;
+}
+
+static void pdp__trace_copy(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strlen(src) : 0;
+    if (n >= cap) n = cap - 1;
+    if (n) memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* args = "\"name\":\"<escaped s>\"" for metadata records. */
+static void pdp__trace_name_arg(char *dst, size_t cap, const char *s)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(dst, cap, "\"name\":\"");
+    for (; *s && o + 8 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') { dst[o++] = '\\'; dst[o++] = (char)c; }
+        else if (c >= 0x20) dst[o++] = (char)c;
+    }
+    dst[o++] = '"';
+    dst[o] = '\0';
+}
+
+static void pdp__trace_meta_locked(pdp__trace_sink *s, int pid, int tid, const char *what,
+                                   const char *name, int sort_index)
+{
+    pdp__trace_ev *e = pdp__trace_slot_locked(s);
+    char sort_what[32];
+    e->ph = 'M';
+    e->pid = pid;
+    e->tid = tid;
+    snprintf(e->name, sizeof e->name, "%.12s_name", what);
+    pdp__trace_name_arg(e->args, sizeof e->args, name);
+    e = pdp__trace_slot_locked(s);
+    e->ph = 'M';
+    e->pid = pid;
+    e->tid = tid;
+    snprintf(sort_what, sizeof sort_what, "%.12s_sort_index", what);
+    pdp__trace_copy(e->name, sizeof e->name, sort_what);
+    snprintf(e->args, sizeof e->args, "\"sort_index\":%d", sort_index);
+}
+
+/* ---- trace: the private API ---- */
+
+/* Opens (process_rank >= 0: this process is that rank of several) or joins
+   the sink. Reads PDP_TRACE while no file is open; unset or empty means
+   tracing stays off and every call below is a no-op. Each successful call
+   must be matched by one pdp__trace_close. */
+static pdp_status pdp__trace_open(int process_rank)
+{
+    pdp__trace_sink *s = &pdp__trace_g;
+    const char *env;
+    pdp_status st = PDP_OK;
+    pthread_mutex_lock(&pdp__trace_mu);
+    s->refs++;
+    if (s->f) goto out; /* already tracing: join */
+    env = getenv("PDP_TRACE");
+    if (!env || !*env) goto out;
+    {
+        const char *slash = strrchr(env, '/'), *dot = strrchr(env, '.');
+        int len;
+        if (!dot || (slash && dot < slash)) dot = env + strlen(env); /* no extension */
+        if (process_rank >= 0)
+            len = snprintf(s->path, sizeof s->path, "%.*s.rank%d%s", (int)(dot - env), env,
+                           process_rank, dot);
+        else
+            len = snprintf(s->path, sizeof s->path, "%s", env);
+        if (len < 0 || (size_t)len >= sizeof s->path) {
+            st = pdp__err(PDP_ERR_INVALID, "PDP_TRACE: path longer than %zu bytes",
+                          sizeof s->path - 1);
+            goto fail;
+        }
+    }
+    s->ev = (pdp__trace_ev *)pdp__alloc(sizeof(pdp__trace_ev) * PDP_TRACE_BUFFER_EVENTS);
+    if (!s->ev) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "PDP_TRACE: no memory for %d trace events",
+                      PDP_TRACE_BUFFER_EVENTS);
+        goto fail;
+    }
+    s->f = fopen(s->path, "w+b");
+    if (!s->f) {
+        st = pdp__err(PDP_ERR_IO, "PDP_TRACE: cannot open '%s' for writing: %s", s->path,
+                      strerror(errno));
+        goto fail;
+    }
+    fputs("{\"traceEvents\":[", s->f);
+    s->data_end = ftell(s->f);
+    s->cap = PDP_TRACE_BUFFER_EVENTS;
+    s->n = 0;
+    s->written = 0;
+    s->next_tid = 1;
+    s->io_status = PDP_OK;
+    memset(s->named_pid, 0, sizeof s->named_pid);
+    pdp__trace_write_locked(s); /* a valid, empty trace from the start */
+    PDP__STORE_REL(&s->enabled, 1);
+    goto out;
+fail:
+    pdp__dealloc(s->ev);
+    s->ev = NULL;
+    s->refs--;
+out:
+    pthread_mutex_unlock(&pdp__trace_mu);
+    return st;
+}
+
+/* The last close writes everything, closes the file and frees the buffer. */
+static void pdp__trace_close(void)
+{
+    pdp__trace_sink *s = &pdp__trace_g;
+    pthread_mutex_lock(&pdp__trace_mu);
+    if (s->refs > 0 && --s->refs == 0 && s->f) {
+        PDP__STORE_REL(&s->enabled, 0);
+        pdp__trace_write_locked(s);
+        fclose(s->f);
+        s->f = NULL;
+        pdp__dealloc(s->ev);
+        s->ev = NULL;
+        s->cap = s->n = 0;
+    }
+    pthread_mutex_unlock(&pdp__trace_mu);
+}
+
+/* Cheap enough for every event site: one atomic load. */
+static bool pdp__trace_enabled(void) { return PDP__LOAD_ACQ(&pdp__trace_g.enabled) != 0; }
+
+/* A new track (tid) on process pid (a rank) named name ("compute", "comm world");
+   the first track of a pid also names the process "rank <pid>". 0 when off. */
+static int pdp__trace_track(int pid, const char *name)
+{
+    pdp__trace_sink *s = &pdp__trace_g;
+    int tid = 0;
+    if (!pdp__trace_enabled()) return 0;
+    pthread_mutex_lock(&pdp__trace_mu);
+    if (s->f) {
+        tid = s->next_tid++;
+        if (pid >= 0 && pid < PDP__TRACE_MAX_PIDS && !(s->named_pid[pid / 8] & (1u << (pid % 8)))) {
+            char pname[32];
+            s->named_pid[pid / 8] |= (unsigned char)(1u << (pid % 8));
+            snprintf(pname, sizeof pname, "rank %d", pid);
+            pdp__trace_meta_locked(s, pid, 0, "process", pname, pid);
+        }
+        pdp__trace_meta_locked(s, pid, tid, "thread", name, tid);
+    }
+    pthread_mutex_unlock(&pdp__trace_mu);
+    return tid;
+}
+
+static void pdp__trace_record(char ph, int pid, int tid, const char *cat, const char *name,
+                              uint64_t id, double t0, double t1, const char *args)
+{
+    pdp__trace_sink *s = &pdp__trace_g;
+    pdp__trace_ev *e;
+    if (!pdp__trace_enabled()) return;
+    pthread_mutex_lock(&pdp__trace_mu);
+    if (s->f) {
+        e = pdp__trace_slot_locked(s);
+        e->ph = ph;
+        e->pid = pid;
+        e->tid = tid;
+        e->cat = cat;
+        e->id = id;
+        e->ts = t0 * 1e6;
+        e->dur = (t1 > t0 ? t1 - t0 : 0.0) * 1e6;
+        pdp__trace_copy(e->name, sizeof e->name, name);
+        pdp__trace_copy(e->args, sizeof e->args, args);
+    }
+    pthread_mutex_unlock(&pdp__trace_mu);
+}
+
+/* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
+   seconds). cat: a string literal ("compute", "comm"); args: NULL or a JSON
+   object body. */
+static void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
+                                double t1, const char *args)
+{
+    pdp__trace_record('X', pid, tid, cat, name, 0, t0, t1, args);
+}
+
+/* An async begin/end pair (a collective from launch to completion, which may
+   overlap the compute track); id distinguishes concurrent pairs of one name. */
+static void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
+                             double t0, double t1, const char *args)
+{
+    pdp__trace_record('A', pid, tid, cat, name, id, t0, t1, args);
+}
+
+/* ---- trace: public ---- */
+
+PDP_API pdp_status pdp_trace_flush(void)
+{
+    pdp__trace_sink *s = &pdp__trace_g;
+    pdp_status st = PDP_OK;
+    pthread_mutex_lock(&pdp__trace_mu);
+    if (s->f) {
+        pdp__trace_write_locked(s);
+        if (s->io_status != PDP_OK)
+            st = pdp__err(s->io_status, "pdp_trace_flush: writing '%s' failed", s->path);
+    }
+    pthread_mutex_unlock(&pdp__trace_mu);
+    return st;
+}
 /* ---- end src/trace.c ---- */
 
 /* ---- begin src/store.c ---- */
@@ -2859,10 +7249,10 @@ static uint64_t pdp__store_ms(double seconds)
 /* ---- sockets ---- */
 
 /* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
-   _GNU_SOURCE and the XSI one otherwise. */
+   _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
 static const char *pdp__store_errstr(int e, char *buf, size_t cap)
 {
-#if defined(__GLIBC__) && defined(_GNU_SOURCE)
+#if defined(__GLIBC__) && defined(__USE_GNU) /* what <features.h> saw, not what is defined now */
     return strerror_r(e, buf, cap);
 #else
     if (strerror_r(e, buf, cap) != 0) snprintf(buf, cap, "errno %d", e);
@@ -3250,7 +7640,9 @@ static void pdp__store_accept(pdp__store_server *srv)
         int fd = accept(srv->listen_fd, NULL, NULL);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
-            return; /* EAGAIN: none left; EMFILE and the like: retried on the next poll */
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                pdp__store_sleep(0.01); /* EMFILE and the like: retry soon, without spinning */
+            return;
         }
         pdp__store_tune(fd, true);
         if (srv->n_conns < PDP__STORE_MAX_CONNS) {
@@ -3492,21 +7884,22 @@ static pdp_status pdp__store_connect(pdp_store *s, const char *host)
     }
 }
 
-/* Sends or receives exactly bytes by deadline: 0, or -1 with why filled. */
-static int pdp__store_io(int fd, bool sending, void *buf, size_t bytes, double deadline,
-                         char *why, size_t cap)
+/* Sends out[0..bytes) or, with out NULL, receives into in[0..bytes), all of it by
+   deadline: 0, or -1 with why filled. */
+static int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
+                         double deadline, char *why, size_t cap)
 {
-    unsigned char *p = (unsigned char *)buf;
-    while (bytes > 0) {
-        ssize_t r = sending ? send(fd, p, bytes, MSG_NOSIGNAL) : recv(fd, p, bytes, 0);
+    size_t done = 0;
+    while (done < bytes) {
+        ssize_t r = out ? send(fd, out + done, bytes - done, MSG_NOSIGNAL)
+                        : recv(fd, in + done, bytes - done, 0);
         if (r > 0) {
-            p += r;
-            bytes -= (size_t)r;
+            done += (size_t)r;
         } else if (r == 0) {
             snprintf(why, cap, "the server closed the connection");
             return -1;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-            int ready = pdp__store_poll1(fd, sending ? POLLOUT : POLLIN, deadline);
+            int ready = pdp__store_poll1(fd, out ? POLLOUT : POLLIN, deadline);
             if (ready == 0) {
                 snprintf(why, cap, "no answer from the server in time");
                 return -1;
@@ -3523,16 +7916,28 @@ static int pdp__store_io(int fd, bool sending, void *buf, size_t bytes, double d
     return 0;
 }
 
+static int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
+                               size_t cap)
+{
+    return pdp__store_io(fd, (const unsigned char *)buf, NULL, bytes, deadline, why, cap);
+}
+
+static int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
+                               size_t cap)
+{
+    return pdp__store_io(fd, NULL, (unsigned char *)buf, bytes, deadline, why, cap);
+}
+
 /* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
 static int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
                                 char *why, size_t why_cap)
 {
     unsigned char sink[4096];
     size_t keep = PDP__MIN(cap, bytes);
-    if (keep && pdp__store_io(fd, false, buf, keep, deadline, why, why_cap) != 0) return -1;
+    if (keep && pdp__store_recv_all(fd, buf, keep, deadline, why, why_cap) != 0) return -1;
     for (bytes -= keep; bytes > 0; bytes -= PDP__MIN(bytes, sizeof sink))
-        if (pdp__store_io(fd, false, sink, PDP__MIN(bytes, sizeof sink), deadline, why,
-                          why_cap) != 0)
+        if (pdp__store_recv_all(fd, sink, PDP__MIN(bytes, sizeof sink), deadline, why,
+                                why_cap) != 0)
             return -1;
     return 0;
 }
@@ -3558,11 +7963,11 @@ static pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const ch
                         "by an earlier call", fn, s->host, s->port);
     pdp__store_pack(head, op, (uint32_t)key_bytes, (uint32_t)value_bytes, arg);
     memcpy(head + PDP__STORE_HDR, key, key_bytes);
-    if (pdp__store_io(s->fd, true, head, PDP__STORE_HDR + key_bytes, deadline, why,
-                      sizeof why) != 0 ||
-        (value_bytes && pdp__store_io(s->fd, true, (void *)(uintptr_t)value, value_bytes,
-                                      deadline, why, sizeof why) != 0) ||
-        pdp__store_io(s->fd, false, head, PDP__STORE_HDR, deadline, why, sizeof why) != 0)
+    if (pdp__store_send_all(s->fd, head, PDP__STORE_HDR + key_bytes, deadline, why,
+                            sizeof why) != 0 ||
+        (value_bytes &&
+         pdp__store_send_all(s->fd, value, value_bytes, deadline, why, sizeof why) != 0) ||
+        pdp__store_recv_all(s->fd, head, PDP__STORE_HDR, deadline, why, sizeof why) != 0)
         goto broken;
     h = pdp__store_unpack(head);
     if (h.magic != PDP__STORE_MAGIC || h.version != PDP__STORE_VERSION ||
@@ -3622,9 +8027,8 @@ PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
     if (strlen(d.host) >= sizeof s->host)
         return pdp__err(PDP_ERR_INVALID, "pdp_store_create: host '%.64s...' is longer than %zu "
                         "bytes", d.host, sizeof s->host - 1);
-    if (d.port < 0 || d.port > 65535 || (d.port == 0 && !d.is_server))
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: port %d is outside %d..65535",
-                        d.port, d.is_server ? 0 : 1);
+    if (d.port < 0 || d.port > 65535)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: port %d is outside 0..65535", d.port);
     if (!(d.timeout_s > 0))
         return pdp__err(PDP_ERR_INVALID, "pdp_store_create: timeout_s = %g must be positive",
                         d.timeout_s);
@@ -3680,7 +8084,8 @@ PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *valu
     if (st != PDP_OK) return st;
     if (bytes > PDP_STORE_MAX_VALUE)
         return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value of %zu bytes exceeds "
-                        "PDP_STORE_MAX_VALUE (%lu)", key, bytes, (unsigned long)PDP_STORE_MAX_VALUE);
+                        "PDP_STORE_MAX_VALUE (%lu)", key, bytes,
+                        (unsigned long)PDP_STORE_MAX_VALUE);
     if (bytes && !value)
         return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value is NULL", key);
     pthread_mutex_lock(&s->lock);
@@ -3790,37 +8195,2985 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
 /* ---- end src/store.c ---- */
 
 /* ---- begin src/comm.c ---- */
-/* comm: (to be written) */
+/* comm: the public communicator API (argument checks, statistics, dispatch to a
+   backend's pdp__comm_ops table) and the local backend.
+
+   ---- the public layer ----
+   Every pdp_comm_* collective validates its arguments here, stamps the handle's
+   launch time, counts the collective and the bytes this rank moves in the
+   bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x bytes, reduce-scatter
+   and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent bytes), then calls
+   the backend. A call with work == NULL is made synchronous here, so backends
+   always return a handle. pdp_work_wait adds the collective's execution time
+   (t_done - t_start, queueing excluded) to the communicator's busy_s.
+
+   ---- the local backend ----
+   N ranks are threads of one process; a pdp_local_group is their shared
+   meeting point. Each rank's communicator owns one persistent progress thread
+   that runs the rank's collectives in issue order, so an asynchronous
+   collective progresses while the rank's own thread computes (DDP overlaps a
+   bucket's all-reduce with the rest of backward this way). One collective is:
+
+     arrive    the progress thread publishes its arguments in the group's slot
+               for its rank and enters barrier A. The last rank to arrive checks
+               that all ranks issued the same collective (kind, count, op, root);
+     work      rank r's progress thread handles slice r of the data: for an
+               all-reduce it sums slice r of every rank's buffer in rank order
+               0, 1, ..., N-1 (fixed, so every rank gets bit-identical sums)
+               and writes the result into every rank's buffer; broadcast,
+               reduce-scatter and all-gather split the same way;
+     leave     barrier B: no rank's buffer is touched after it, so the handle
+               completes and the rank may reuse its buffers and its slot.
+
+   The work of one collective is therefore spread over the ranks (each moves
+   about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
+   rank's buffers are only written by progress threads between A and B.
+
+   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
+   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
+   makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
+   sequence number and the missing rank; a rank whose communicator is freed
+   marks itself as gone, and a rank waiting for it fails at once with
+   PDP_ERR_COMM. Either way the group becomes broken: every later collective on
+   any rank fails fast with the first failure's message (as an aborted NCCL
+   communicator does).
+
+   Locks: group->mu guards the barrier state, the slots and the broken flag;
+   each communicator's mu guards its queue, its handle pool and the handles'
+   done flags. The progress thread never holds both. Buffer contents pass
+   between threads only across these mutexes, so the backend is TSan clean.
+   Handles come from a fixed pool per communicator: nothing is allocated per
+   collective. */
 
 /* #include "internal.h" (already above) */
+
+/* ---- comm: public layer ---- */
+
+static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
+                                      "barrier", "broadcast_bytes"};
+
+static pdp_status pdp__comm_check(const pdp_comm *c, const char *fn)
+{
+    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: communicator is NULL", fn);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
+                                        const char *what, const char *fn)
+{
+    if (count < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s count %lld < 0 (comm '%s', rank %d of %d)", fn,
+                        what, (long long)count, c->name, c->rank, c->size);
+    if (count > 0 && !p)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL with count %lld (comm '%s', rank %d)",
+                        fn, what, (long long)count, c->name, c->rank);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn)
+{
+    if (op != PDP_REDUCE_SUM && op != PDP_REDUCE_AVG)
+        return pdp__err(PDP_ERR_INVALID, "%s: unknown reduce op %d (comm '%s', rank %d)", fn,
+                        (int)op, c->name, c->rank);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn)
+{
+    if (root < 0 || root >= c->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: root %d outside 0..%d (comm '%s', rank %d)", fn,
+                        root, c->size - 1, c->name, c->rank);
+    return PDP_OK;
+}
+
+/* After the backend accepted a collective: stats, the launch stamp, and the
+   synchronous form when the caller passed no handle pointer. */
+static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
+                                     double bytes, pdp_work **work, const char *fn)
+{
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    w->t_launch = t_launch;
+    c->stats.collectives++;
+    c->stats.bytes_sent += (int64_t)bytes;
+    if (work) {
+        *work = w;
+        return PDP_OK;
+    }
+    st = c->ops->wait(w);
+    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
+}
+
+PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                      pdp_work **work)
+{
+    static const char *fn = "pdp_comm_allreduce";
+    pdp_work *w = NULL;
+    double t = pdp__now(), n;
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_op(c, op, fn)))
+        return st;
+    n = (double)c->size;
+    st = c->ops->allreduce(c, buf, count, op, &w);
+    return pdp__comm_launched(c, st, w, t, 2.0 * (n - 1.0) / n * (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                      pdp_work **work)
+{
+    static const char *fn = "pdp_comm_broadcast";
+    pdp_work *w = NULL;
+    double t = pdp__now(), n;
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_root(c, root, fn)))
+        return st;
+    n = (double)c->size;
+    st = c->ops->broadcast(c, buf, count, root, &w);
+    return pdp__comm_launched(c, st, w, t, (n - 1.0) / n * (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_reduce_scatter";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) ||
+        (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
+        (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
+        (st = pdp__comm_check_op(c, op, fn)))
+        return st;
+    st = c->ops->reduce_scatter(c, send, recv, recv_count, op, &w);
+    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)recv_count * 4.0, work,
+                              fn);
+}
+
+PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *recv,
+                                      int64_t send_count, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_allgather";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) ||
+        (st = pdp__comm_check_count(c, send, send_count, "send", fn)) ||
+        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)))
+        return st;
+    st = c->ops->allgather(c, send, recv, send_count, &w);
+    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)send_count * 4.0, work,
+                              fn);
+}
+
+PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_barrier";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn))) return st;
+    st = c->ops->barrier(c, &w);
+    return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    static const char *fn = "pdp_comm_broadcast_bytes";
+    pdp_status st;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_root(c, root, fn))) return st;
+    if (bytes > 0 && !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: buf is NULL with %zu bytes (comm '%s', rank %d)", fn,
+                        bytes, c->name, c->rank);
+    if ((st = c->ops->broadcast_bytes(c, buf, bytes, root)) != PDP_OK)
+        return pdp__err_wrap(st, "%s", fn);
+    c->stats.collectives++;
+    c->stats.bytes_sent += (int64_t)((double)(c->size - 1) / c->size * (double)bytes);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_work_wait(pdp_work *w)
+{
+    pdp_comm *c;
+    pdp_status st;
+    if (!w) return PDP_OK;
+    c = w->comm;
+    st = c->ops->wait(w); /* recycles w; its head fields stay readable (internal.h) */
+    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "pdp_work_wait");
+}
+
+PDP_API pdp_status pdp_wait(pdp_work *work) { return pdp_work_wait(work); }
+
+PDP_API bool pdp_work_done(pdp_work *w) { return !w || w->comm->ops->done(w); }
+
+PDP_API void pdp_comm_free(pdp_comm *c)
+{
+    if (c) c->ops->destroy(c);
+}
+
+PDP_API int pdp_comm_rank(const pdp_comm *c) { return c ? c->rank : -1; }
+PDP_API int pdp_comm_size(const pdp_comm *c) { return c ? c->size : 0; }
+PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
+{
+    return c ? c->backend : PDP_BACKEND_DEFAULT;
+}
+PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
+
+PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
+{
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (c) *out = c->stats;
+}
+
+/* pdp_comm_init_env (MPI, NCCL from the environment) lives in comm_mpi.c. */
+
+/* ---- comm: local backend, the group ---- */
+
+#define PDP__MSG_CAP 512          /* bytes of a collective's failure message */
+#define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
+#ifndef PDP_LOCAL_MAX_INFLIGHT
+#  define PDP_LOCAL_MAX_INFLIGHT 256 /* handles per local communicator */
+#endif
+
+typedef enum pdp__coll_kind {
+    PDP__COLL_ALLREDUCE,
+    PDP__COLL_BROADCAST,
+    PDP__COLL_REDUCE_SCATTER,
+    PDP__COLL_ALLGATHER,
+    PDP__COLL_BARRIER,
+    PDP__COLL_BROADCAST_BYTES
+} pdp__coll_kind;
+
+/* One collective's arguments, as one rank issued it. */
+typedef struct pdp__coll_args {
+    pdp__coll_kind kind;
+    int64_t seq;
+    int64_t count;        /* floats (bytes for BROADCAST_BYTES) */
+    int op;               /* pdp_reduce_op or root */
+    float *buf;           /* allreduce, broadcast */
+    const float *send;    /* reduce_scatter, allgather */
+    float *recv;
+    void *bytes_buf;      /* broadcast_bytes */
+} pdp__coll_args;
+
+struct pdp_local_group {
+    int size;
+    double timeout_s;
+    pdp_device device;
+    char name[32];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* barrier progress, departures, breakage */
+    int arrived;              /* ranks in the current barrier */
+    uint64_t gen;             /* barriers completed */
+    int64_t *phase;           /* per rank: barriers entered */
+    pdp__coll_args *slot;     /* per rank: the collective it is executing */
+    bool *joined;             /* per rank: a communicator was created */
+    bool *gone;               /* per rank: its communicator was freed */
+    bool broken;
+    pdp_status broken_status;
+    char broken_msg[PDP__MSG_CAP];
+};
+
+PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
+                                          const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_local_group_create";
+    pdp_local_group *g;
+    pthread_condattr_t ca;
+    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (world_size < 1 || world_size > PDP__LOCAL_MAX_RANKS)
+        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d outside 1..%d", fn, world_size,
+                        PDP__LOCAL_MAX_RANKS);
+    if (desc && desc->backend != PDP_BACKEND_DEFAULT && desc->backend != PDP_BACKEND_LOCAL)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc->backend is %d; a local group is backend local",
+                        fn, (int)desc->backend);
+    if (desc && desc->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the local backend keeps buffers on the CPU "
+                        "(desc->device is CUDA:%d; use the nccl backend)", fn,
+                        desc->device.ordinal);
+    g = (pdp_local_group *)pdp__calloc(sizeof *g);
+    if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    g->size = world_size;
+    g->timeout_s = timeout;
+    g->device = pdp_cpu();
+    snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
+    g->phase = (int64_t *)pdp__calloc((size_t)world_size * sizeof *g->phase);
+    g->slot = (pdp__coll_args *)pdp__calloc((size_t)world_size * sizeof *g->slot);
+    g->joined = (bool *)pdp__calloc((size_t)world_size * sizeof *g->joined);
+    g->gone = (bool *)pdp__calloc((size_t)world_size * sizeof *g->gone);
+    if (!g->phase || !g->slot || !g->joined || !g->gone) {
+        pdp__dealloc(g->phase);
+        pdp__dealloc(g->slot);
+        pdp__dealloc(g->joined);
+        pdp__dealloc(g->gone);
+        pdp__dealloc(g);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, world_size);
+    }
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    *out = g;
+    return PDP_OK;
+}
+
+PDP_API void pdp_local_group_free(pdp_local_group *g)
+{
+    if (!g) return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    pdp__dealloc(g->phase);
+    pdp__dealloc(g->slot);
+    pdp__dealloc(g->joined);
+    pdp__dealloc(g->gone);
+    pdp__dealloc(g);
+}
+
+/* Marks the group broken with a message (first failure wins); g->mu held. */
+static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
+{
+    if (g->broken) return;
+    g->broken = true;
+    g->broken_status = st;
+    snprintf(g->broken_msg, sizeof g->broken_msg, "%s", msg);
+    pthread_cond_broadcast(&g->cv);
+}
+
+static void pdp__deadline(struct timespec *ts, double seconds)
+{
+    double whole = floor(seconds);
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)whole;
+    ts->tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
+static void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__coll_args *a,
+                               char *out, size_t cap)
+{
+    snprintf(out, cap, "%s #%lld (count %lld) on comm '%s', rank %d of %d",
+             pdp__op_names[a->kind], (long long)a->seq, (long long)a->count, g->name, rank,
+             g->size);
+}
+
+/* The last rank into barrier A checks that everyone issued the same collective;
+   g->mu held. Returns false (and breaks the group) on a mismatch. */
+static bool pdp__group_validate(pdp_local_group *g)
+{
+    const pdp__coll_args *a = &g->slot[0];
+    int r;
+    for (r = 1; r < g->size; r++) {
+        const pdp__coll_args *b = &g->slot[r];
+        if (b->kind != a->kind || b->count != a->count || b->op != a->op) {
+            char msg[PDP__MSG_CAP];
+            snprintf(msg, sizeof msg,
+                     "collectives differ across ranks on comm '%s': rank 0 issued %s #%lld "
+                     "(count %lld, op/root %d), rank %d issued %s #%lld (count %lld, op/root %d); "
+                     "every rank must issue the same collectives in the same order",
+                     g->name, pdp__op_names[a->kind], (long long)a->seq, (long long)a->count,
+                     a->op, r, pdp__op_names[b->kind], (long long)b->seq, (long long)b->count,
+                     b->op);
+            pdp__group_break(g, PDP_ERR_INVALID, msg);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Barrier A (publish = true: also publishes *args in this rank's slot) or B.
+   On failure returns the status and leaves the message in msg. */
+static pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
+                                     bool publish, char *msg, size_t cap)
+{
+    struct timespec deadline;
+    uint64_t gen;
+    int64_t my_phase;
+    char what[160];
+    pdp_status st = PDP_OK;
+    pdp__coll_describe(g, rank, args, what, sizeof what);
+    pdp__deadline(&deadline, g->timeout_s);
+    pthread_mutex_lock(&g->mu);
+    if (g->broken) {
+        snprintf(msg, cap, "%.150s: the group is broken: %.300s", what, g->broken_msg);
+        st = g->broken_status;
+        goto out;
+    }
+    if (publish) g->slot[rank] = *args;
+    my_phase = ++g->phase[rank];
+    gen = g->gen;
+    if (++g->arrived == g->size) {
+        g->arrived = 0;
+        if (!publish || pdp__group_validate(g)) {
+            g->gen++;
+            pthread_cond_broadcast(&g->cv);
+        }
+    }
+    while (g->gen == gen) {
+        int r, rc;
+        if (g->broken) {
+            snprintf(msg, cap, "%.150s: %.300s", what, g->broken_msg);
+            st = g->broken_status;
+            goto out;
+        }
+        if (g->gone[rank]) {
+            snprintf(msg, cap, "%s: rank %d freed its communicator while the collective was "
+                     "in flight", what, rank);
+            st = PDP_ERR_COMM;
+            pdp__group_break(g, st, msg);
+            goto out;
+        }
+        for (r = 0; r < g->size; r++)
+            if (g->phase[r] < my_phase && g->gone[r]) {
+                snprintf(msg, cap, "%s: rank %d left the group (freed its communicator) after "
+                         "collective #%lld and will never arrive", what, r,
+                         (long long)g->slot[r].seq);
+                st = PDP_ERR_COMM;
+                pdp__group_break(g, st, msg);
+                goto out;
+            }
+        rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
+        if (rc == ETIMEDOUT && g->gen == gen && !g->broken) {
+            size_t n;
+            n = (size_t)snprintf(msg, cap, "%s: no arrival within %.3g s from rank", what,
+                                 g->timeout_s);
+            for (r = 0; r < g->size && n < cap; r++)
+                if (g->phase[r] < my_phase)
+                    n += (size_t)snprintf(msg + n, cap - n, " %d (last seen at %s #%lld)", r,
+                                          pdp__op_names[g->slot[r].kind],
+                                          (long long)g->slot[r].seq);
+            st = PDP_ERR_TIMEOUT;
+            pdp__group_break(g, st, msg);
+            goto out;
+        }
+    }
+out:
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+/* ---- comm: local backend, the data movement ---- */
+
+/* [lo, hi) of n items for part r of parts, with boundaries on 16 floats (one cache line)
+   so that two ranks never write the same line. */
+static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
+{
+    int64_t a = n * r / parts, b = n * (r + 1) / parts;
+    *lo = r == 0 ? 0 : a & ~(int64_t)15;
+    *hi = r == parts - 1 ? n : b & ~(int64_t)15;
+    if (*hi < *lo) *hi = *lo;
+}
+
+#define PDP__CHUNK 2048
+
+/* acc[0..n) <- op over ranks of src[i][0..n), in rank order. */
+static void pdp__reduce_chunk(float *acc, const float *const *src, int nsrc, int64_t off,
+                              int64_t n, pdp_reduce_op op)
+{
+    int i;
+    int64_t j;
+    memcpy(acc, src[0] + off, (size_t)n * sizeof *acc);
+    for (i = 1; i < nsrc; i++) {
+        const float *s = src[i] + off;
+        for (j = 0; j < n; j++) acc[j] += s[j];
+    }
+    if (op == PDP_REDUCE_AVG) {
+        float div = (float)nsrc;
+        for (j = 0; j < n; j++) acc[j] /= div;
+    }
+}
+
+/* Rank r's share of the collective whose arguments every rank published. */
+static void pdp__local_execute(pdp_local_group *g, int r)
+{
+    const pdp__coll_args *me = &g->slot[r];
+    int n = g->size, i;
+    float acc[PDP__CHUNK];
+    const float *src[PDP__LOCAL_MAX_RANKS];
+    int64_t lo, hi, off, len;
+    switch (me->kind) {
+    case PDP__COLL_ALLREDUCE:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++) src[i] = g->slot[i].buf;
+        for (off = lo; off < hi; off += len) {
+            len = PDP__MIN(hi - off, PDP__CHUNK);
+            pdp__reduce_chunk(acc, src, n, off, len, (pdp_reduce_op)me->op);
+            for (i = 0; i < n; i++) memcpy(g->slot[i].buf + off, acc, (size_t)len * sizeof *acc);
+        }
+        break;
+    case PDP__COLL_BROADCAST:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++)
+            if (i != me->op && hi > lo)
+                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo, (size_t)(hi - lo) * 4);
+        break;
+    case PDP__COLL_BROADCAST_BYTES:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++)
+            if (i != me->op && hi > lo)
+                memcpy((char *)g->slot[i].bytes_buf + lo, (char *)g->slot[me->op].bytes_buf + lo,
+                       (size_t)(hi - lo));
+        break;
+    case PDP__COLL_REDUCE_SCATTER: /* rank r reduces slice r into its own recv */
+        for (i = 0; i < n; i++) src[i] = g->slot[i].send + (int64_t)r * me->count;
+        for (off = 0; off < me->count; off += len) {
+            len = PDP__MIN(me->count - off, PDP__CHUNK);
+            pdp__reduce_chunk(acc, src, n, off, len, (pdp_reduce_op)me->op);
+            memcpy(me->recv + off, acc, (size_t)len * sizeof *acc);
+        }
+        break;
+    case PDP__COLL_ALLGATHER: /* rank r writes its block into every recv */
+        for (i = 0; i < n; i++) {
+            float *dst = g->slot[i].recv + (int64_t)r * me->count;
+            if (dst != me->send && me->count > 0)
+                memmove(dst, me->send, (size_t)me->count * sizeof *dst);
+        }
+        break;
+    case PDP__COLL_BARRIER:
+        break;
+    }
+}
+
+/* ---- comm: local backend, communicators and the progress thread ---- */
+
+typedef struct pdp__local_work {
+    pdp_work head;                 /* first member: a pdp_work * is a pdp__local_work * */
+    struct pdp__local_work *next;  /* free list or queue */
+    pdp__coll_args args;
+    bool done;
+    pdp_status status;
+    char msg[PDP__MSG_CAP];
+} pdp__local_work;
+
+typedef struct pdp__local_comm {
+    pdp_comm head;                 /* first member */
+    pdp_local_group *g;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;           /* queue not empty, or stopping */
+    pthread_cond_t done;           /* a handle completed */
+    pthread_t thread;
+    bool has_thread;
+    bool stopping;
+    pdp__local_work *free_list, *q_head, *q_tail;
+    int64_t next_seq;
+    pdp__local_work pool[PDP_LOCAL_MAX_INFLIGHT];
+} pdp__local_comm;
+
+/* Runs one collective for this rank: barrier A, its share of the work, barrier B. */
+static pdp_status pdp__local_run(pdp__local_comm *lc, const pdp__coll_args *a, char *msg,
+                                 size_t cap)
+{
+    pdp_local_group *g = lc->g;
+    int r = lc->head.rank;
+    pdp_status st;
+    if (g->size == 1) {
+        if (a->kind == PDP__COLL_REDUCE_SCATTER || a->kind == PDP__COLL_ALLGATHER)
+            if (a->recv != a->send && a->count > 0)
+                memmove(a->recv, a->send, (size_t)a->count * sizeof *a->recv);
+        return PDP_OK;
+    }
+    if ((st = pdp__group_barrier(g, r, a, true, msg, cap)) != PDP_OK) return st;
+    pdp__local_execute(g, r);
+    return pdp__group_barrier(g, r, a, false, msg, cap);
+}
+
+static void *pdp__local_progress(void *arg)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)arg;
+    pthread_mutex_lock(&lc->mu);
+    for (;;) {
+        pdp__local_work *w;
+        pdp__coll_args a;
+        pdp_status st;
+        char msg[PDP__MSG_CAP];
+        while (!lc->q_head && !lc->stopping) pthread_cond_wait(&lc->wake, &lc->mu);
+        if (!lc->q_head) break; /* stopping with nothing queued */
+        w = lc->q_head;
+        lc->q_head = w->next;
+        if (!lc->q_head) lc->q_tail = NULL;
+        a = w->args;
+        w->head.t_start = pdp__now();
+        pthread_mutex_unlock(&lc->mu);
+
+        msg[0] = '\0';
+        st = pdp__local_run(lc, &a, msg, sizeof msg);
+
+        pthread_mutex_lock(&lc->mu);
+        w->head.t_done = pdp__now();
+        w->status = st;
+        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
+        w->done = true;
+        pthread_cond_broadcast(&lc->done);
+    }
+    pthread_mutex_unlock(&lc->mu);
+    return NULL;
+}
+
+/* Takes a handle, fills it and queues it (or runs it inline for a group of one). */
+static pdp_status pdp__local_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp__local_work *w;
+    pthread_mutex_lock(&lc->mu);
+    w = lc->free_list;
+    if (!w) {
+        pthread_mutex_unlock(&lc->mu);
+        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
+                        "some (PDP_LOCAL_MAX_INFLIGHT)", PDP_LOCAL_MAX_INFLIGHT, c->name, c->rank);
+    }
+    lc->free_list = w->next;
+    w->next = NULL;
+    w->args = *args;
+    w->args.seq = lc->next_seq++;
+    w->head.comm = c;
+    w->head.op_name = pdp__op_names[args->kind];
+    w->head.seq = w->args.seq;
+    w->head.t_start = w->head.t_done = 0.0;
+    w->done = false;
+    w->status = PDP_OK;
+    w->msg[0] = '\0';
+    if (!lc->has_thread) { /* world size 1: every collective is local and immediate */
+        char msg[8];
+        w->head.t_start = pdp__now();
+        w->status = pdp__local_run(lc, &w->args, msg, sizeof msg);
+        w->head.t_done = pdp__now();
+        w->done = true;
+    } else {
+        if (lc->q_tail) lc->q_tail->next = w;
+        else lc->q_head = w;
+        lc->q_tail = w;
+        pthread_cond_signal(&lc->wake);
+    }
+    pthread_mutex_unlock(&lc->mu);
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__local_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                       pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_ALLREDUCE;
+    a.count = count;
+    a.op = (int)op;
+    a.buf = buf;
+    return pdp__local_submit(c, &a, w);
+}
+
+static pdp_status pdp__local_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                       pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_BROADCAST;
+    a.count = count;
+    a.op = root;
+    a.buf = buf;
+    return pdp__local_submit(c, &a, w);
+}
+
+static pdp_status pdp__local_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_REDUCE_SCATTER;
+    a.count = recv_count;
+    a.op = (int)op;
+    a.send = send;
+    a.recv = recv;
+    return pdp__local_submit(c, &a, w);
+}
+
+static pdp_status pdp__local_allgather(pdp_comm *c, const float *send, float *recv,
+                                       int64_t send_count, pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_ALLGATHER;
+    a.count = send_count;
+    a.send = send;
+    a.recv = recv;
+    return pdp__local_submit(c, &a, w);
+}
+
+static pdp_status pdp__local_barrier(pdp_comm *c, pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_BARRIER;
+    return pdp__local_submit(c, &a, w);
+}
+
+static pdp_status pdp__local_wait(pdp_work *work);
+
+static pdp_status pdp__local_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    pdp__coll_args a;
+    pdp_work *w = NULL;
+    pdp_status st;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_BROADCAST_BYTES;
+    a.count = (int64_t)bytes;
+    a.op = root;
+    a.bytes_buf = buf;
+    if ((st = pdp__local_submit(c, &a, &w)) != PDP_OK) return st;
+    return pdp__local_wait(w);
+}
+
+static pdp_status pdp__local_wait(pdp_work *work)
+{
+    pdp__local_work *w = (pdp__local_work *)work;
+    pdp__local_comm *lc = (pdp__local_comm *)work->comm;
+    pdp_status st;
+    pthread_mutex_lock(&lc->mu);
+    while (!w->done) pthread_cond_wait(&lc->done, &lc->mu); /* the progress thread times out */
+    st = w->status;
+    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
+    w->next = lc->free_list; /* recycled; the head stays readable until the next launch */
+    lc->free_list = w;
+    pthread_mutex_unlock(&lc->mu);
+    return st;
+}
+
+static bool pdp__local_done(pdp_work *work)
+{
+    pdp__local_work *w = (pdp__local_work *)work;
+    pdp__local_comm *lc = (pdp__local_comm *)work->comm;
+    bool d;
+    pthread_mutex_lock(&lc->mu);
+    d = w->done;
+    pthread_mutex_unlock(&lc->mu);
+    return d;
+}
+
+static void pdp__local_destroy(pdp_comm *c)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp_local_group *g = lc->g;
+    /* gone first: a progress thread blocked in a barrier on our behalf, or a peer
+       waiting for us, wakes up and fails instead of waiting out the timeout */
+    pthread_mutex_lock(&g->mu);
+    g->gone[c->rank] = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    if (lc->has_thread) {
+        pthread_mutex_lock(&lc->mu);
+        lc->stopping = true;
+        pthread_cond_signal(&lc->wake);
+        pthread_mutex_unlock(&lc->mu);
+        pthread_join(lc->thread, NULL);
+    }
+    pthread_mutex_destroy(&lc->mu);
+    pthread_cond_destroy(&lc->wake);
+    pthread_cond_destroy(&lc->done);
+    pdp__dealloc(lc);
+}
+
+static const pdp__comm_ops pdp__local_ops = {
+    pdp__local_allreduce, pdp__local_broadcast,  pdp__local_reduce_scatter,
+    pdp__local_allgather, pdp__local_barrier,    pdp__local_broadcast_bytes,
+    pdp__local_wait,      pdp__local_done,       pdp__local_destroy,
+};
+
+PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank)
+{
+    static const char *fn = "pdp_comm_create_local";
+    pdp__local_comm *lc;
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
+    if (rank < 0 || rank >= g->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->size - 1);
+    lc = (pdp__local_comm *)pdp__calloc(sizeof *lc);
+    if (!lc) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
+    pthread_mutex_lock(&g->mu);
+    if (g->joined[rank]) {
+        pthread_mutex_unlock(&g->mu);
+        pdp__dealloc(lc);
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d of group '%s' already has a communicator",
+                        fn, rank, g->name);
+    }
+    g->joined[rank] = true;
+    pthread_mutex_unlock(&g->mu);
+    lc->head.ops = &pdp__local_ops;
+    lc->head.backend = PDP_BACKEND_LOCAL;
+    lc->head.rank = rank;
+    lc->head.size = g->size;
+    lc->head.timeout_s = g->timeout_s;
+    lc->head.device = g->device;
+    memcpy(lc->head.name, g->name, sizeof lc->head.name);
+    lc->head.impl = lc;
+    lc->g = g;
+    for (i = PDP_LOCAL_MAX_INFLIGHT - 1; i >= 0; i--) {
+        lc->pool[i].next = lc->free_list;
+        lc->free_list = &lc->pool[i];
+    }
+    pthread_mutex_init(&lc->mu, NULL);
+    pthread_cond_init(&lc->wake, NULL);
+    pthread_cond_init(&lc->done, NULL);
+    if (g->size > 1) {
+        if (pthread_create(&lc->thread, NULL, pdp__local_progress, lc) != 0) {
+            pthread_mutex_lock(&g->mu);
+            g->joined[rank] = false;
+            pthread_mutex_unlock(&g->mu);
+            pthread_mutex_destroy(&lc->mu);
+            pthread_cond_destroy(&lc->wake);
+            pthread_cond_destroy(&lc->done);
+            pdp__dealloc(lc);
+            return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
+                            rank);
+        }
+        lc->has_thread = true;
+    }
+    *out = &lc->head;
+    return PDP_OK;
+}
 /* ---- end src/comm.c ---- */
 
 /* ---- begin src/comm_mpi.c ---- */
-/* comm_mpi: (to be written) */
+/* comm_mpi: pdp_comm_init_env, and the MPI communicator backend (-DPDP_MPI).
+
+   ---- pdp_comm_init_env ----
+   Creates the communicator of a process launched by mpirun or torchrun:
+     PDP_BACKEND_MPI    the MPI backend below; without PDP_MPI it fails with
+                        PDP_ERR_UNSUPPORTED naming the macro.
+     PDP_BACKEND_NCCL   pdp__comm_init_nccl_env, defined by cuda_host.c under
+                        PDP_CUDA; without PDP_CUDA the stub here fails with
+                        PDP_ERR_UNSUPPORTED naming the macro.
+     DEFAULT / LOCAL    PDP_ERR_INVALID: thread-ranks have no environment to
+                        read; they need pdp_local_group_create.
+
+   ---- the MPI backend ----
+   Rank and size come from MPI_COMM_WORLD, which every process duplicates once
+   (collective: every rank calls pdp_comm_init_env, in the same order as its
+   other collectives on MPI_COMM_WORLD), so pdp's traffic never matches the
+   application's own messages. The duplication is MPI_Comm_idup, polled
+   against timeout_s: a rank that never creates its communicator makes the
+   others fail with PDP_ERR_TIMEOUT instead of hanging; the orphaned request
+   is kept, and completed (or given up) before MPI_Finalize. The duplicate
+   reports errors (MPI_ERRORS_RETURN) instead of aborting the job: library
+   code never calls MPI_Abort, and an MPI error becomes PDP_ERR_COMM with
+   MPI's error string.
+
+   One progress thread per communicator runs the collectives in issue order,
+   as PyTorch's ProcessGroupMPI does: a launch only queues a handle from a
+   fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is allocated per collective) and
+   returns, so the calling rank keeps computing backward while the all-reduce
+   runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
+   MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
+   MPI_Test: spinning first, then yielding, then sleeping 50 us, so an idle
+   rank leaves the core to compute. AVG is SUM followed by a division by the
+   size on every element, as the local backend does. MPI counts are int: an
+   all-reduce or broadcast is split into calls of PDP_MPI_CHUNK elements;
+   reduce-scatter and all-gather take at most INT_MAX elements per rank.
+   In-place forms: all-gather with send == recv + rank * count, and
+   reduce-scatter with recv == send + rank * count (NCCL's convention).
+
+   Timeouts: MPI cannot time out, so the progress thread is the watchdog. A
+   collective that has not completed timeout_s after the thread posted it fails
+   with PDP_ERR_TIMEOUT naming the collective, its sequence number and the
+   communicator (MPI cannot say which rank is missing). The communicator is
+   then broken: queued and later collectives fail at once with the same status
+   and message, as an aborted NCCL communicator does. The timed-out request
+   cannot be cancelled (MPI forbids cancelling collectives); the thread keeps
+   testing it, so a late rank still completes it and the communicator can be
+   freed cleanly. pdp_comm_free gives an in-flight request one more second,
+   then abandons it: the duplicate communicator and the request are leaked,
+   and pdp will not call MPI_Finalize, because that may hang on them.
+
+   MPI initialisation: if MPI is not initialised, the first pdp_comm_init_env
+   calls MPI_Init_thread(MPI_THREAD_MULTIPLE), and pdp_comm_free of the last
+   MPI communicator calls MPI_Finalize (MPI cannot be initialised twice, so a
+   program that creates MPI communicators one after another, or uses MPI
+   itself, calls MPI_Init_thread first and MPI_Finalize last; pdp then never
+   finalises). MPI_THREAD_MULTIPLE is required: the progress thread calls MPI
+   while the application's threads may. That ownership record (a count of
+   live communicators and whether pdp initialised MPI) is process-wide,
+   behind a mutex, because MPI's own initialisation is.
+
+   Locks: mc->mu guards the queue, the pool, the handles' done/status and the
+   broken state; the progress thread never holds it inside an MPI call.
+   Buffers pass to the progress thread and back across that mutex (TSan finds
+   nothing in this file; OpenMPI's own internals draw reports of their own).
+   Reference: MPI 3.1, chapter 5.12 (non-blocking collectives). */
 
 /* #include "internal.h" (already above) */
+
+/* ---- comm_mpi: NCCL stub ---- */
+
+#ifndef PDP_CUDA
+static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
+{
+    (void)desc;
+    *out = NULL;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_comm_init_env: backend NCCL: built without PDP_CUDA "
+                    "(compile with -DPDP_CUDA and link pdp_cuda.o)");
+}
+#endif
+
+#ifdef PDP_MPI
+#include <mpi.h>
+#include <sched.h>
+
+#ifndef PDP_MPI_MAX_INFLIGHT
+#  define PDP_MPI_MAX_INFLIGHT 256 /* handles per MPI communicator */
+#endif
+#ifndef PDP_MPI_CHUNK
+#  define PDP_MPI_CHUNK (1 << 30)  /* elements per MPI call of an all-reduce or broadcast */
+#endif
+#define PDP__MPI_FREE_GRACE_S 1.0  /* pdp_comm_free waits this long for an in-flight request */
+
+/* ---- comm_mpi: process-wide MPI ownership ---- */
+
+static pthread_mutex_t pdp__mpi_mu = PTHREAD_MUTEX_INITIALIZER;
+static int pdp__mpi_live;          /* MPI communicators alive */
+static bool pdp__mpi_we_init;      /* pdp called MPI_Init_thread, so it finalises */
+static bool pdp__mpi_unclean;      /* a request was abandoned: never call MPI_Finalize */
+static bool pdp__mpi_init_orphan;  /* a timed-out MPI_Comm_idup, completed before finalising */
+static MPI_Request pdp__mpi_init_req;
+static MPI_Comm pdp__mpi_init_comm;
+
+/* ---- comm_mpi: state ---- */
+
+typedef enum pdp__mpi_kind {
+    PDP__MPI_ALLREDUCE,
+    PDP__MPI_BROADCAST,
+    PDP__MPI_REDUCE_SCATTER,
+    PDP__MPI_ALLGATHER,
+    PDP__MPI_BARRIER,
+    PDP__MPI_BROADCAST_BYTES
+} pdp__mpi_kind;
+
+static const char *const pdp__mpi_kind_names[] = {"allreduce", "broadcast", "reduce_scatter",
+                                                  "allgather", "barrier",   "broadcast_bytes"};
+
+typedef struct pdp__mpi_work {
+    pdp_work head;               /* first member */
+    struct pdp__mpi_work *next;  /* free list or queue */
+    pdp__mpi_kind kind;
+    pdp_reduce_op op;
+    int root;
+    float *buf;                  /* all-reduce, broadcast */
+    const float *send;           /* reduce-scatter, all-gather */
+    float *recv;
+    void *bytes_buf;             /* broadcast_bytes */
+    int64_t count;               /* elements (bytes for broadcast_bytes) */
+    double t_queued;             /* for the trace (head.t_launch is the caller's) */
+    bool done;
+    pdp_status status;
+    char msg[400];
+} pdp__mpi_work;
+
+typedef struct pdp__mpi_comm {
+    pdp_comm head;               /* first member */
+    MPI_Comm mcomm;              /* our duplicate of MPI_COMM_WORLD */
+    pthread_mutex_t mu;
+    pthread_cond_t wake;         /* queue not empty, or stopping */
+    pthread_cond_t done;         /* a handle completed */
+    pthread_t thread;
+    bool stopping;
+    double stop_time;
+    pdp__mpi_work *free_list, *q_head, *q_tail;
+    int64_t next_seq;
+    bool broken;                 /* first failure wins; later collectives fail fast */
+    pdp_status broken_status;
+    char broken_msg[400];
+    bool orphan;                 /* a timed-out request is still pending */
+    MPI_Request orphan_req;
+    int trace_tid;               /* 0 when tracing is off */
+    bool traced;                 /* pdp__trace_open succeeded: close at free */
+    pdp__mpi_work pool[PDP_MPI_MAX_INFLIGHT];
+} pdp__mpi_comm;
+
+/* ---- comm_mpi: progress thread ---- */
+
+static void pdp__mpi_errstr(int rc, char *out, size_t cap)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) len = 0;
+    s[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING - 1] = '\0';
+    snprintf(out, cap, "%s (MPI error %d)", len ? s : "unknown", rc);
+}
+
+static bool pdp__mpi_stopping(pdp__mpi_comm *mc, double *since)
+{
+    bool s;
+    pthread_mutex_lock(&mc->mu);
+    s = mc->stopping;
+    *since = mc->stop_time;
+    pthread_mutex_unlock(&mc->mu);
+    return s;
+}
+
+/* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
+   PDP_ERR_COMM when the communicator is being freed, with *req left pending
+   (the caller records it as the orphan). */
+static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, pdp__mpi_work *w, MPI_Request *req,
+                                 double deadline, char *msg, size_t cap)
+{
+    pdp_comm *c = &mc->head;
+    double t0 = pdp__now(), now, since;
+    long polls = 0;
+    for (;;) {
+        int flag = 0, rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char e[256];
+            pdp__mpi_errstr(rc, e, sizeof e);
+            snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d of %d): MPI_Test failed: %s",
+                     w->head.op_name, (long long)w->head.seq, c->name, c->rank, c->size, e);
+            return PDP_ERR_COMM;
+        }
+        if (flag) return PDP_OK;
+        now = pdp__now();
+        if (now > deadline) {
+            snprintf(msg, cap, "%s #%lld (%lld elements) on comm '%s' did not complete within "
+                     "%g s on rank %d of %d: at least one rank did not arrive (it skipped the "
+                     "collective, issued another one, hangs or died; MPI cannot say which); "
+                     "the communicator is broken", w->head.op_name, (long long)w->head.seq,
+                     (long long)w->count, c->name, c->timeout_s, c->rank, c->size);
+            return PDP_ERR_TIMEOUT;
+        }
+        if ((++polls & 63) == 0 && pdp__mpi_stopping(mc, &since) &&
+            now > since + PDP__MPI_FREE_GRACE_S) {
+            snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d): abandoned in flight when the "
+                     "communicator was freed", w->head.op_name, (long long)w->head.seq, c->name,
+                     c->rank);
+            return PDP_ERR_COMM;
+        }
+        if (polls < 256) continue;                 /* spin: small collectives finish here */
+        if (now - t0 < 1e-3) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 50000};        /* 50 us */
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
+static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, pdp__mpi_work *w, int rc, const char *call,
+                                  char *msg, size_t cap)
+{
+    char e[256];
+    if (rc == MPI_SUCCESS) return PDP_OK;
+    pdp__mpi_errstr(rc, e, sizeof e);
+    snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d of %d): %s failed: %s", w->head.op_name,
+             (long long)w->head.seq, mc->head.name, mc->head.rank, mc->head.size, call, e);
+    return PDP_ERR_COMM;
+}
+
+static void pdp__mpi_divide(float *p, int64_t n, int size)
+{
+    float div = (float)size;
+    int64_t i;
+    for (i = 0; i < n; i++) p[i] /= div;
+}
+
+/* Runs one collective to completion on the progress thread. */
+static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, pdp__mpi_work *w, MPI_Request *req, char *msg,
+                               size_t cap)
+{
+    MPI_Comm mcomm = mc->mcomm;
+    double deadline = w->head.t_start + mc->head.timeout_s;
+    int size = mc->head.size, rank = mc->head.rank, n;
+    int64_t off, len;
+    pdp_status st;
+    *req = MPI_REQUEST_NULL;
+    switch (w->kind) {
+    case PDP__MPI_ALLREDUCE:
+    case PDP__MPI_BROADCAST:
+    case PDP__MPI_BROADCAST_BYTES:
+        for (off = 0; off < w->count; off += len) {
+            len = PDP__MIN(w->count - off, (int64_t)PDP_MPI_CHUNK);
+            n = (int)len;
+            if (w->kind == PDP__MPI_ALLREDUCE)
+                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, w->buf + off, n,
+                                     MPI_FLOAT, MPI_SUM, mcomm, req), "MPI_Iallreduce", msg, cap);
+            else if (w->kind == PDP__MPI_BROADCAST)
+                st = pdp__mpi_posted(mc, w, MPI_Ibcast(w->buf + off, n, MPI_FLOAT, w->root, mcomm,
+                                     req), "MPI_Ibcast", msg, cap);
+            else
+                st = pdp__mpi_posted(mc, w, MPI_Ibcast((char *)w->bytes_buf + off, n, MPI_BYTE,
+                                     w->root, mcomm, req), "MPI_Ibcast", msg, cap);
+            if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
+            if (st != PDP_OK) return st;
+        }
+        if (w->kind == PDP__MPI_ALLREDUCE && w->op == PDP_REDUCE_AVG)
+            pdp__mpi_divide(w->buf, w->count, size);
+        return PDP_OK;
+    case PDP__MPI_REDUCE_SCATTER: {
+        float *mine = (float *)w->send + (int64_t)rank * w->count; /* in-place slot */
+        bool in_place = w->recv == mine;
+        n = (int)w->count;
+        if (size == 1) {
+            if (w->recv != w->send && n > 0) memmove(w->recv, w->send, (size_t)n * sizeof(float));
+        } else {
+            /* in place, MPI leaves the result at the start of the buffer */
+            st = pdp__mpi_posted(mc, w, MPI_Ireduce_scatter_block(
+                                     in_place ? MPI_IN_PLACE : (void *)w->send,
+                                     in_place ? (void *)w->send : (void *)w->recv, n, MPI_FLOAT,
+                                     MPI_SUM, mcomm, req),
+                                 "MPI_Ireduce_scatter_block", msg, cap);
+            if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
+            if (st != PDP_OK) return st;
+            if (in_place && rank > 0) memmove(w->recv, w->send, (size_t)n * sizeof(float));
+        }
+        if (w->op == PDP_REDUCE_AVG) pdp__mpi_divide(w->recv, w->count, size);
+        return PDP_OK;
+    }
+    case PDP__MPI_ALLGATHER: {
+        bool in_place = w->send == w->recv + (int64_t)rank * w->count;
+        n = (int)w->count;
+        st = pdp__mpi_posted(mc, w, MPI_Iallgather(in_place ? MPI_IN_PLACE : (void *)w->send,
+                             n, MPI_FLOAT, w->recv, n, MPI_FLOAT, mcomm, req),
+                             "MPI_Iallgather", msg, cap);
+        if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
+        return st;
+    }
+    case PDP__MPI_BARRIER:
+        st = pdp__mpi_posted(mc, w, MPI_Ibarrier(mcomm, req), "MPI_Ibarrier", msg, cap);
+        if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
+        return st;
+    }
+    snprintf(msg, cap, "comm_mpi: unknown collective kind %d", (int)w->kind);
+    return PDP_ERR_STATE;
+}
+
+static void pdp__mpi_trace(pdp__mpi_comm *mc, const pdp__mpi_work *w, double t_start,
+                           double t_done, pdp_status st)
+{
+    char args[88];
+    if (!mc->trace_tid) return;
+    snprintf(args, sizeof args, "\"seq\":%lld,\"count\":%lld,\"status\":%d",
+             (long long)w->head.seq, (long long)w->count, (int)st);
+    pdp__trace_complete(mc->head.rank, mc->trace_tid, "comm", w->head.op_name, t_start, t_done,
+                        args);
+    pdp__trace_async(mc->head.rank, mc->trace_tid, "comm", w->head.op_name,
+                     ((uint64_t)(uintptr_t)mc << 20) ^ (uint64_t)w->head.seq, w->t_queued, t_done,
+                     args);
+}
+
+static void *pdp__mpi_progress(void *arg)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)arg;
+    pthread_mutex_lock(&mc->mu);
+    for (;;) {
+        pdp__mpi_work *w;
+        MPI_Request req;
+        pdp_status st;
+        double t_start, t_done;
+        char msg[400];
+        while (!mc->q_head && !mc->stopping) {
+            if (mc->orphan) { /* keep a timed-out request moving: a late rank completes it */
+                int flag = 0;
+                struct timespec ts = {0, 1000000}; /* 1 ms */
+                pthread_mutex_unlock(&mc->mu);
+                nanosleep(&ts, NULL);
+                if (MPI_Test(&mc->orphan_req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
+                pthread_mutex_lock(&mc->mu);
+                if (flag) mc->orphan = false;
+            } else {
+                pthread_cond_wait(&mc->wake, &mc->mu);
+            }
+        }
+        if (!mc->q_head) break; /* stopping with nothing queued */
+        w = mc->q_head;
+        mc->q_head = w->next;
+        if (!mc->q_head) mc->q_tail = NULL;
+        t_start = w->head.t_start = pdp__now();
+        if (mc->broken) {
+            w->head.t_done = t_start;
+            w->status = mc->broken_status;
+            snprintf(w->msg, sizeof w->msg, "%s #%lld not run: %.300s", w->head.op_name,
+                     (long long)w->head.seq, mc->broken_msg);
+            w->done = true;
+            pthread_cond_broadcast(&mc->done);
+            continue;
+        }
+        pthread_mutex_unlock(&mc->mu);
+
+        msg[0] = '\0';
+        st = pdp__mpi_run(mc, w, &req, msg, sizeof msg);
+        t_done = pdp__now();
+        pdp__mpi_trace(mc, w, t_start, t_done, st);
+
+        pthread_mutex_lock(&mc->mu);
+        if (st != PDP_OK && req != MPI_REQUEST_NULL) { /* posted, never completed */
+            mc->orphan = true;
+            mc->orphan_req = req;
+        }
+        if (st != PDP_OK && !mc->broken) {
+            mc->broken = true;
+            mc->broken_status = st;
+            snprintf(mc->broken_msg, sizeof mc->broken_msg, "%s", msg);
+        }
+        w->head.t_done = t_done;
+        w->status = st;
+        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
+        w->done = true;
+        pthread_cond_broadcast(&mc->done);
+    }
+    /* freeing: give a timed-out request a last chance to complete */
+    while (mc->orphan && pdp__now() < mc->stop_time + PDP__MPI_FREE_GRACE_S) {
+        int flag = 0;
+        struct timespec ts = {0, 1000000};
+        pthread_mutex_unlock(&mc->mu);
+        nanosleep(&ts, NULL);
+        if (MPI_Test(&mc->orphan_req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
+        pthread_mutex_lock(&mc->mu);
+        if (flag) mc->orphan = false;
+    }
+    pthread_mutex_unlock(&mc->mu);
+    return NULL;
+}
+
+/* ---- comm_mpi: the ops table ---- */
+
+static pdp_status pdp__mpi_submit(pdp_comm *c, pdp__mpi_work *args, pdp_work **out)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    pdp__mpi_work *w;
+    pthread_mutex_lock(&mc->mu);
+    if (mc->broken) {
+        pdp_status st = mc->broken_status;
+        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
+                 pdp__mpi_kind_names[args->kind], c->name, c->rank, c->size, mc->broken_msg);
+        pthread_mutex_unlock(&mc->mu);
+        return st;
+    }
+    w = mc->free_list;
+    if (!w) {
+        pthread_mutex_unlock(&mc->mu);
+        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
+                        "some (PDP_MPI_MAX_INFLIGHT)", PDP_MPI_MAX_INFLIGHT, c->name, c->rank);
+    }
+    mc->free_list = w->next;
+    w->next = NULL;
+    w->kind = args->kind;
+    w->op = args->op;
+    w->root = args->root;
+    w->buf = args->buf;
+    w->send = args->send;
+    w->recv = args->recv;
+    w->bytes_buf = args->bytes_buf;
+    w->count = args->count;
+    w->head.comm = c;
+    w->head.op_name = pdp__mpi_kind_names[args->kind];
+    w->head.seq = mc->next_seq++;
+    w->head.t_start = w->head.t_done = 0.0;
+    w->t_queued = pdp__now();
+    w->done = false;
+    w->status = PDP_OK;
+    w->msg[0] = '\0';
+    if (mc->q_tail) mc->q_tail->next = w;
+    else mc->q_head = w;
+    mc->q_tail = w;
+    pthread_cond_signal(&mc->wake);
+    pthread_mutex_unlock(&mc->mu);
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const char *what)
+{
+    if (count <= INT32_MAX) return PDP_OK;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements per rank on comm '%s' (rank %d): the "
+                    "MPI backend takes at most %d (MPI counts are int)", what, (long long)count,
+                    c->name, c->rank, (int)INT32_MAX);
+}
+
+static pdp_status pdp__mpi_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                     pdp_work **w)
+{
+    pdp__mpi_work a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__MPI_ALLREDUCE;
+    a.count = count;
+    a.op = op;
+    a.buf = buf;
+    return pdp__mpi_submit(c, &a, w);
+}
+
+static pdp_status pdp__mpi_broadcast(pdp_comm *c, float *buf, int64_t count, int root, pdp_work **w)
+{
+    pdp__mpi_work a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__MPI_BROADCAST;
+    a.count = count;
+    a.root = root;
+    a.buf = buf;
+    return pdp__mpi_submit(c, &a, w);
+}
+
+static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                          int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    pdp__mpi_work a;
+    pdp_status st;
+    if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__MPI_REDUCE_SCATTER;
+    a.count = recv_count;
+    a.op = op;
+    a.send = send;
+    a.recv = recv;
+    return pdp__mpi_submit(c, &a, w);
+}
+
+static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
+                                     int64_t send_count, pdp_work **w)
+{
+    pdp__mpi_work a;
+    pdp_status st;
+    if ((st = pdp__mpi_int_count(c, send_count, "allgather")) != PDP_OK) return st;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__MPI_ALLGATHER;
+    a.count = send_count;
+    a.send = send;
+    a.recv = recv;
+    return pdp__mpi_submit(c, &a, w);
+}
+
+static pdp_status pdp__mpi_barrier(pdp_comm *c, pdp_work **w)
+{
+    pdp__mpi_work a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__MPI_BARRIER;
+    return pdp__mpi_submit(c, &a, w);
+}
+
+static pdp_status pdp__mpi_wait(pdp_work *work)
+{
+    pdp__mpi_work *w = (pdp__mpi_work *)work;
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)work->comm;
+    pdp_status st;
+    pthread_mutex_lock(&mc->mu);
+    while (!w->done) pthread_cond_wait(&mc->done, &mc->mu); /* the progress thread times out */
+    st = w->status;
+    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
+    w->next = mc->free_list; /* recycled; the head stays readable until the next launch */
+    mc->free_list = w;
+    pthread_mutex_unlock(&mc->mu);
+    return st;
+}
+
+static bool pdp__mpi_done(pdp_work *work)
+{
+    pdp__mpi_work *w = (pdp__mpi_work *)work;
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)work->comm;
+    bool d;
+    pthread_mutex_lock(&mc->mu);
+    d = w->done;
+    pthread_mutex_unlock(&mc->mu);
+    return d;
+}
+
+/* Synchronous, queued like the others so it keeps its place in the order. */
+static pdp_status pdp__mpi_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    pdp__mpi_work a;
+    pdp_work *w = NULL;
+    pdp_status st;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__MPI_BROADCAST_BYTES;
+    a.count = (int64_t)bytes;
+    a.root = root;
+    a.bytes_buf = buf;
+    if ((st = pdp__mpi_submit(c, &a, &w)) != PDP_OK) return st;
+    return pdp__mpi_wait(w);
+}
+
+/* Tests *req until it completes (true) or deadline passes (false). */
+static bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
+{
+    for (;;) {
+        int flag = 0;
+        struct timespec ts = {0, 100000}; /* 100 us: creation and shutdown only */
+        if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+        if (flag) return true;
+        if (pdp__now() > deadline) return false;
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Drops one reference to MPI; the last one finalises it if pdp initialised it
+   (after completing a timed-out duplication, if its late rank came after all). */
+static void pdp__mpi_release(void)
+{
+    pthread_mutex_lock(&pdp__mpi_mu);
+    if (--pdp__mpi_live == 0 && pdp__mpi_init_orphan) {
+        if (pdp__mpi_poll_until(&pdp__mpi_init_req, pdp__now() + PDP__MPI_FREE_GRACE_S)) {
+            MPI_Comm_free(&pdp__mpi_init_comm);
+            pdp__mpi_init_orphan = false;
+        } else {
+            pdp__mpi_unclean = true;
+        }
+    }
+    if (pdp__mpi_live == 0 && pdp__mpi_we_init && !pdp__mpi_unclean) {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Finalize();
+        pdp__mpi_we_init = false;
+    }
+    pthread_mutex_unlock(&pdp__mpi_mu);
+}
+
+static void pdp__mpi_destroy(pdp_comm *c)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    bool leaked;
+    pthread_mutex_lock(&mc->mu);
+    mc->stopping = true;
+    mc->stop_time = pdp__now();
+    pthread_cond_signal(&mc->wake);
+    pthread_mutex_unlock(&mc->mu);
+    pthread_join(mc->thread, NULL);
+    leaked = mc->orphan;
+    if (leaked) { /* a request that never completed still references mcomm: leave both */
+        pthread_mutex_lock(&pdp__mpi_mu);
+        pdp__mpi_unclean = true;
+        pthread_mutex_unlock(&pdp__mpi_mu);
+    } else {
+        MPI_Comm_free(&mc->mcomm);
+    }
+    if (mc->traced) pdp__trace_close();
+    pthread_mutex_destroy(&mc->mu);
+    pthread_cond_destroy(&mc->wake);
+    pthread_cond_destroy(&mc->done);
+    pdp__dealloc(mc);
+    pdp__mpi_release();
+}
+
+static const pdp__comm_ops pdp__mpi_ops = {
+    pdp__mpi_allreduce, pdp__mpi_broadcast, pdp__mpi_reduce_scatter,
+    pdp__mpi_allgather, pdp__mpi_barrier,   pdp__mpi_broadcast_bytes,
+    pdp__mpi_wait,      pdp__mpi_done,      pdp__mpi_destroy,
+};
+
+/* ---- comm_mpi: creation ---- */
+
+/* Initialises MPI when nobody has and takes one reference to it. */
+static pdp_status pdp__mpi_acquire(const char *fn)
+{
+    int inited = 0, finalized = 0, provided = 0, rc;
+    pdp_status st = PDP_OK;
+    pthread_mutex_lock(&pdp__mpi_mu);
+    MPI_Finalized(&finalized);
+    if (finalized) {
+        st = pdp__err(PDP_ERR_STATE, "%s: MPI is already finalized and cannot start again (pdp "
+                      "finalises MPI with the last communicator when it initialised MPI itself; "
+                      "to create MPI communicators one after another call MPI_Init_thread "
+                      "before the first and MPI_Finalize after the last)", fn);
+        goto out;
+    }
+    MPI_Initialized(&inited);
+    if (!inited) {
+        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+        if (rc != MPI_SUCCESS) {
+            char e[256];
+            pdp__mpi_errstr(rc, e, sizeof e);
+            st = pdp__err(PDP_ERR_COMM, "%s: MPI_Init_thread failed: %s", fn, e);
+            goto out;
+        }
+        pdp__mpi_we_init = true;
+    } else {
+        MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_MULTIPLE) {
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: MPI provides thread level %d, but the progress "
+                      "thread of the MPI backend needs MPI_THREAD_MULTIPLE (%d): initialise MPI "
+                      "with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) and use an MPI built "
+                      "with thread support", fn, provided, MPI_THREAD_MULTIPLE);
+        if (pdp__mpi_we_init && pdp__mpi_live == 0) {
+            MPI_Finalize();
+            pdp__mpi_we_init = false;
+        }
+        goto out;
+    }
+    pdp__mpi_live++;
+out:
+    pthread_mutex_unlock(&pdp__mpi_mu);
+    return st;
+}
+
+static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn)
+{
+    pdp__mpi_comm *mc;
+    MPI_Comm mcomm = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rank = 0, size = 1, rc, i;
+    double timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    pdp_status st;
+    if (desc && desc->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the MPI backend moves CPU buffers; device "
+                        "CUDA %d needs PDP_BACKEND_NCCL", fn, desc->device.ordinal);
+    if (desc && desc->timeout_s < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: timeout_s %g < 0", fn, desc->timeout_s);
+    if ((st = pdp__mpi_acquire(fn)) != PDP_OK) return st;
+    pthread_mutex_lock(&pdp__mpi_mu);
+    if (pdp__mpi_init_orphan && pdp__mpi_poll_until(&pdp__mpi_init_req, 0.0)) {
+        MPI_Comm_free(&pdp__mpi_init_comm); /* an earlier timed-out duplication completed */
+        pdp__mpi_init_orphan = false;
+    }
+    pthread_mutex_unlock(&pdp__mpi_mu);
+    rc = MPI_Comm_idup(MPI_COMM_WORLD, &mcomm, &req);
+    if (rc == MPI_SUCCESS && !pdp__mpi_poll_until(&req, pdp__now() + timeout_s)) {
+        int world_rank = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+        pthread_mutex_lock(&pdp__mpi_mu);
+        if (pdp__mpi_init_orphan) {
+            pdp__mpi_unclean = true; /* a second orphan: no slot to keep it */
+        } else {
+            pdp__mpi_init_orphan = true;
+            pdp__mpi_init_req = req;
+            pdp__mpi_init_comm = mcomm;
+        }
+        pthread_mutex_unlock(&pdp__mpi_mu);
+        pdp__mpi_release();
+        return pdp__err(PDP_ERR_TIMEOUT, "%s: rank %d: duplicating MPI_COMM_WORLD did not "
+                        "complete within %g s: at least one rank did not call "
+                        "pdp_comm_init_env (or called it in another order)", fn, world_rank,
+                        timeout_s);
+    }
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(mcomm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(mcomm, &rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(mcomm, &size);
+    if (rc != MPI_SUCCESS) {
+        char e[256];
+        pdp__mpi_errstr(rc, e, sizeof e);
+        if (mcomm != MPI_COMM_NULL) MPI_Comm_free(&mcomm);
+        pdp__mpi_release();
+        return pdp__err(PDP_ERR_COMM, "%s: duplicating MPI_COMM_WORLD failed: %s", fn, e);
+    }
+    mc = (pdp__mpi_comm *)pdp__calloc(sizeof *mc);
+    if (!mc) {
+        MPI_Comm_free(&mcomm);
+        pdp__mpi_release();
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for the MPI communicator (rank %d)",
+                        fn, rank);
+    }
+    mc->head.ops = &pdp__mpi_ops;
+    mc->head.backend = PDP_BACKEND_MPI;
+    mc->head.rank = rank;
+    mc->head.size = size;
+    mc->head.timeout_s = timeout_s;
+    mc->head.device = pdp_cpu();
+    snprintf(mc->head.name, sizeof mc->head.name, "%s", desc && desc->name ? desc->name : "comm");
+    mc->head.impl = mc;
+    mc->mcomm = mcomm;
+    for (i = PDP_MPI_MAX_INFLIGHT - 1; i >= 0; i--) {
+        mc->pool[i].next = mc->free_list;
+        mc->free_list = &mc->pool[i];
+    }
+    if ((st = pdp__trace_open(size > 1 ? rank : -1)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s (rank %d)", fn, rank);
+        goto fail;
+    }
+    mc->traced = true;
+    if (pdp__trace_enabled()) {
+        char track[48];
+        snprintf(track, sizeof track, "comm %s (mpi)", mc->head.name);
+        mc->trace_tid = pdp__trace_track(rank, track);
+    }
+    pthread_mutex_init(&mc->mu, NULL);
+    pthread_cond_init(&mc->wake, NULL);
+    pthread_cond_init(&mc->done, NULL);
+    if (pthread_create(&mc->thread, NULL, pdp__mpi_progress, mc) != 0) {
+        pthread_mutex_destroy(&mc->mu);
+        pthread_cond_destroy(&mc->wake);
+        pthread_cond_destroy(&mc->done);
+        st = pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn, rank);
+        goto fail;
+    }
+    *out = &mc->head;
+    return PDP_OK;
+fail:
+    if (mc->traced) pdp__trace_close();
+    pdp__dealloc(mc);
+    MPI_Comm_free(&mcomm);
+    pdp__mpi_release();
+    return st;
+}
+#endif /* PDP_MPI */
+
+/* ---- comm_mpi: pdp_comm_init_env ---- */
+
+PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_comm_init_env";
+    pdp_backend b = desc ? desc->backend : PDP_BACKEND_DEFAULT;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    switch (b) {
+    case PDP_BACKEND_MPI:
+#ifdef PDP_MPI
+        return pdp__mpi_create(out, desc, fn);
+#else
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: backend MPI: built without PDP_MPI (compile "
+                        "with -DPDP_MPI using mpicc, and run under mpirun)", fn);
+#endif
+    case PDP_BACKEND_NCCL:
+        return pdp__comm_init_nccl_env(out, desc);
+    case PDP_BACKEND_DEFAULT:
+    case PDP_BACKEND_LOCAL:
+        return pdp__err(PDP_ERR_INVALID, "%s: backend %s: the local backend's ranks are threads "
+                        "of one process and have no environment to read; create them with "
+                        "pdp_local_group_create and pdp_comm_create_local (or set desc.backend "
+                        "to PDP_BACKEND_MPI or PDP_BACKEND_NCCL)", fn,
+                        b == PDP_BACKEND_LOCAL ? "LOCAL" : "DEFAULT (local)");
+    }
+    return pdp__err(PDP_ERR_INVALID, "%s: unknown backend %d", fn, (int)b);
+}
 /* ---- end src/comm_mpi.c ---- */
 
 /* ---- begin src/dp.c ---- */
-/* dp: (to be written) */
+/* dp: DataParallel over persistent worker threads, parameter-server style.
+
+   This is torch.nn.DataParallel (Li et al., "PyTorch Distributed", VLDB 2020,
+   section 2; torch/nn/parallel/data_parallel.py) written so that each stage is
+   one function: pdp__dp_replicate, pdp__dp_scatter, pdp__dp_parallel_apply,
+   pdp__dp_gather, pdp__dp_reduce, pdp__dp_master_step. The master (device 0)
+   sends parameters and shards, receives outputs and gradients, holds the
+   optimizer state and runs the update: every byte passes through it, which is
+   why the literature calls DP a parameter-server design that overloads device
+   0, and why DDP (ddp.c) replaces the gather-reduce-step-replicate round trip
+   with an all-reduce among equals.
+
+   Threads. One worker thread per replica ("one host thread per device"),
+   created by pdp_dp_create and reused by every step; the calling thread only
+   dispatches, gathers and steps, as PyTorch's parallel_apply does. Replica 0 is
+   the master model itself, so its shard's gradients land directly in the
+   master's gradient block (reduce then adds replicas 1..N-1 into it). A job is
+   handed off under one mutex: the caller writes the job, bumps `generation`
+   and broadcasts `wake`; each worker runs its part and decrements `pending`,
+   the last one signals `done`. Shards and results are written before the
+   handoff under the lock, so every read is ordered by the mutex (TSan clean);
+   nobody spins. Each worker sets its own intra-op thread count
+   (threads_per_worker, default 1), since that setting is per thread.
+
+   Invariants. (1) Shards are balanced and contiguous: replica i gets
+   B/N + (i < B%N) samples starting after replica i-1's, so idle replicas
+   (B < N) are always the last ones. (2) Replica i's loss gradient is scaled by
+   1/B (the global batch), so the SUM of the replicas' gradients is the
+   gradient of the global mean loss. (3) The reduce adds, for every element,
+   g0 + g1 + g2 + ... in replica order whatever thread runs the slice, so the
+   result does not depend on the slicing or on timing. (4) Dropout masks are
+   keyed by (seed, layer, step, global sample index): before each forward a
+   replica gets the master's step and sample_base = its first global sample,
+   which positions it in the one counter-based random stream exactly where a
+   single device would be - one seeded stream per replica, whose union is the
+   single-device stream. Hence N workers reproduce one device on the same
+   global batch to float rounding, and one worker reproduces it bit for bit.
+   (5) After the first step at the largest batch nothing is allocated and no
+   thread is created.
+
+   Choices, and where they differ from PyTorch. The master's shard runs on
+   worker 0, not on the calling thread: every replica then goes through the same
+   code, and the caller is free to play the parameter server (gather, step).
+   torch.chunk gives every replica ceil(B/N) samples and the last one the rest;
+   balanced shards keep the slowest replica, which sets the step time, at most
+   one sample above the others. torch reduces on device 0 (reduce_add); on a
+   CPU that would leave N-1 cores idle, so by default each worker sums one slice
+   of the flat gradient (reduce_on_master restores torch's placement, with the
+   same bits). CUDA replicas need a device-side add for the reduce; until
+   pdp_cuda.cu provides it, pdp_dp_create refuses CUDA devices with
+   PDP_ERR_UNSUPPORTED - every other stage already moves data with pdp__dev_copy. */
 
 /* #include "internal.h" (already above) */
+#include <unistd.h>
+
+/* ---- dp: the object ---- */
+
+typedef enum pdp__dp_job {
+    PDP__DP_JOB_NONE = 0,
+    PDP__DP_JOB_APPLY,   /* forward, loss, backward on this worker's shard */
+    PDP__DP_JOB_REDUCE   /* sum one slice of the replicas' gradients into the master */
+} pdp__dp_job;
+
+typedef struct pdp__dp_worker {
+    pdp_dp *dp;
+    int index;
+    pthread_t tid;
+    bool started;
+    pdp_device device;
+    pdp_model *replica;  /* index 0: the master itself */
+    /* written by scatter (caller), read by the worker */
+    int64_t first, rows; /* global samples [first, first + rows) */
+    pdp_tensor x;        /* those rows of the batch (a view on the CPU) */
+    const int32_t *labels;
+    float *dlogits;      /* [cap_rows, classes] loss gradient, on the replica's device */
+    int64_t cap_rows;
+    /* written by the worker, read by the caller after the handoff */
+    double loss_sum;
+    double apply_s;      /* wall seconds of this worker's apply */
+    double cpu_s;        /* CPU seconds of this worker's last job */
+    pdp_status status;
+    char msg[512];
+} pdp__dp_worker;
+
+struct pdp_dp {
+    pdp_model *master;
+    int n;
+    int threads_per_worker;
+    bool copy_params;
+    bool reduce_on_master;
+    int64_t classes;
+    pdp__dp_worker *workers;
+    /* the handoff; the fields below up to `stop` are guarded by lock */
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    bool sync_ok;
+    unsigned long generation;
+    pdp__dp_job job;
+    int pending;
+    bool stop;
+    /* this step, set by the caller before the handoff */
+    int64_t batch;
+    int active;          /* replicas with at least one sample */
+    float grad_scale;    /* 1 / batch */
+    bool zero_master;    /* replica 0 zeroes the master's gradients first */
+    /* gathered outputs on the master's device */
+    float *out_block;
+    int64_t out_cap;     /* floats */
+    pdp_tensor output;
+    bool have_output;
+    size_t optim_bytes;  /* the master's optimizer state, seen at the last step */
+    pdp_dp_stats stats;
+};
+
+/* ---- dp: memory accounting ---- */
+
+/* Bytes a model holds on its device, from the same sums pdp_model_reserve uses. */
+static size_t pdp__dp_model_bytes(const pdp_model *m)
+{
+    int64_t act = 0, saved = 0, work = 0, widest = m->in_count, b = m->max_batch;
+    size_t bytes = (size_t)m->param_count * sizeof(float); /* gradients */
+    int i;
+    if (!m->params_shared) bytes += (size_t)m->param_count * sizeof(float);
+    if (b == 0) return bytes;
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (l->kind != PDP__FLATTEN) act += l->out_count;
+        saved += l->saved_per_sample;
+        work = PDP__MAX(work, l->work_per_sample);
+        widest = PDP__MAX(widest, l->out_count);
+    }
+    return bytes + (size_t)(b * (act + saved + work + 2 * widest) + 3) * sizeof(float);
+}
+
+static void pdp__dp_memory(pdp_dp *dp)
+{
+    size_t replica = 0;
+    int i;
+    dp->stats.master_bytes = pdp__dp_model_bytes(dp->master) + dp->optim_bytes +
+                             (size_t)(dp->out_cap + dp->workers[0].cap_rows * dp->classes) *
+                                 sizeof(float);
+    for (i = 1; i < dp->n; i++) {
+        const pdp__dp_worker *w = &dp->workers[i];
+        replica = PDP__MAX(replica, pdp__dp_model_bytes(w->replica) +
+                                        (size_t)(w->cap_rows * dp->classes) * sizeof(float));
+    }
+    dp->stats.replica_bytes = replica;
+}
+
+/* ---- dp: workers ---- */
+
+/* CPU seconds used by the calling thread: unlike wall time, it does not count
+   the time a busy machine keeps the thread waiting for a core. */
+static double pdp__dp_thread_cpu(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Parallel apply, one replica: forward, loss against its labels, backward. */
+static void pdp__dp_apply_one(pdp__dp_worker *w)
+{
+    pdp_dp *dp = w->dp;
+    pdp_model *m = w->replica;
+    const pdp_tensor *y;
+    pdp_tensor dy;
+    int64_t shape[2];
+    double t0 = pdp__now(), c0 = pdp__dp_thread_cpu();
+    pdp_status st;
+    w->status = PDP_OK;
+    w->loss_sum = 0.0;
+    w->apply_s = 0.0;
+    w->cpu_s = 0.0;
+    if (w->rows == 0) return; /* idle this step */
+    if (w->index > 0 || dp->zero_master) pdp_model_zero_grad(m);
+    if ((st = pdp_model_forward(m, &w->x, &y)) != PDP_OK) goto fail;
+    if ((st = pdp__cross_entropy(y->data, w->labels, w->rows, dp->classes, dp->grad_scale,
+                                 &w->loss_sum, w->dlogits, "cross_entropy")) != PDP_OK)
+        goto fail;
+    if (!isfinite(w->loss_sum)) {
+        st = pdp__err(PDP_ERR_NUMERIC, "the loss of samples [%lld, %lld) is %g", (long long)w->first,
+                      (long long)(w->first + w->rows), w->loss_sum);
+        goto fail;
+    }
+    shape[0] = w->rows;
+    shape[1] = dp->classes;
+    pdp_tensor_wrap(w->dlogits, m->device, 2, shape, &dy);
+    if ((st = pdp_model_backward(m, &dy)) != PDP_OK) goto fail;
+    w->apply_s = pdp__now() - t0;
+    w->cpu_s = pdp__dp_thread_cpu() - c0;
+    return;
+fail:
+    /* the message is thread-local: keep a copy for the caller */
+    w->status = st;
+    {
+        const char *e = pdp_last_error();
+        size_t len = PDP__MIN(strlen(e), sizeof w->msg - 1);
+        memcpy(w->msg, e, len);
+        w->msg[len] = '\0';
+    }
+    w->apply_s = pdp__now() - t0;
+}
+
+/* Reduce, one slice: master.grad[lo, hi) += replica[1..active-1].grad[lo, hi), in
+   replica order. Slices are multiples of 16 floats (one cache line) so no two
+   threads write the same line; chunks of 4096 floats keep the master's part in L1
+   while each replica is added. */
+static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
+{
+    int64_t count = dp->master->param_count;
+    int64_t per = ((count + nslices - 1) / nslices + 15) / 16 * 16;
+    int64_t lo = PDP__MIN(count, (int64_t)slice * per), hi = PDP__MIN(count, lo + per), c, j;
+    float *dst = dp->master->grad_block;
+    int r;
+    for (c = lo; c < hi; c += 4096) {
+        int64_t end = PDP__MIN(hi, c + 4096);
+        for (r = 1; r < dp->active; r++) {
+            const float *src = dp->workers[r].replica->grad_block;
+            for (j = c; j < end; j++) dst[j] += src[j];
+        }
+    }
+}
+
+static void *pdp__dp_worker_main(void *arg)
+{
+    pdp__dp_worker *w = (pdp__dp_worker *)arg;
+    pdp_dp *dp = w->dp;
+    unsigned long seen = 0; /* workers start before the first job: generation is 0 */
+    pdp_set_num_threads(dp->threads_per_worker);
+    pthread_mutex_lock(&dp->lock);
+    for (;;) {
+        pdp__dp_job job;
+        while (dp->generation == seen && !dp->stop) pthread_cond_wait(&dp->wake, &dp->lock);
+        if (dp->stop) break;
+        seen = dp->generation;
+        job = dp->job;
+        pthread_mutex_unlock(&dp->lock);
+        if (job == PDP__DP_JOB_APPLY) {
+            pdp__dp_apply_one(w);
+        } else if (job == PDP__DP_JOB_REDUCE) {
+            int nslices = dp->reduce_on_master ? 1 : dp->n;
+            double c0 = pdp__dp_thread_cpu();
+            if (w->index < nslices) pdp__dp_reduce_slice(dp, w->index, nslices);
+            w->cpu_s = pdp__dp_thread_cpu() - c0;
+        }
+        pthread_mutex_lock(&dp->lock);
+        if (--dp->pending == 0) pthread_cond_signal(&dp->done);
+    }
+    pthread_mutex_unlock(&dp->lock);
+    return NULL;
+}
+
+/* Hands one job to every worker and waits until all have finished it. */
+static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
+{
+    pthread_mutex_lock(&dp->lock);
+    dp->job = job;
+    dp->pending = dp->n;
+    dp->generation++;
+    pthread_cond_broadcast(&dp->wake);
+    while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->lock);
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* ---- dp: lifecycle ---- */
+
+static void pdp__dp_destroy(pdp_dp *dp)
+{
+    int i;
+    if (dp->sync_ok) {
+        pthread_mutex_lock(&dp->lock);
+        dp->stop = true;
+        pthread_cond_broadcast(&dp->wake);
+        pthread_mutex_unlock(&dp->lock);
+    }
+    for (i = 0; i < dp->n; i++)
+        if (dp->workers && dp->workers[i].started) pthread_join(dp->workers[i].tid, NULL);
+    for (i = 0; dp->workers && i < dp->n; i++) {
+        pdp__dp_worker *w = &dp->workers[i];
+        if (i > 0) pdp_model_free(w->replica);
+        pdp__dev_free(w->device, w->dlogits);
+    }
+    if (dp->master) pdp__dev_free(dp->master->device, dp->out_block);
+    if (dp->sync_ok) {
+        pthread_cond_destroy(&dp->done);
+        pthread_cond_destroy(&dp->wake);
+        pthread_mutex_destroy(&dp->lock);
+    }
+    pdp__dealloc(dp->workers);
+    pdp__dealloc(dp);
+}
+
+static bool pdp__same_device(pdp_device a, pdp_device b)
+{
+    return a.kind == b.kind && a.ordinal == b.ordinal;
+}
+
+PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc)
+{
+    pdp_dp_desc d;
+    pdp_dp *dp;
+    int n, i;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: out is NULL");
+    *out = NULL;
+    if (!master) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: master model is NULL");
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (master->nlayers == 0) return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
+    if (master->layers[master->nlayers - 1].out_ndim != 1)
+        return pdp__err(PDP_ERR_SHAPE,
+                        "pdp_dp_create: the last layer %d (%s) gives %d-d samples; the "
+                        "classification loss needs 1-d logits (add a Flatten and a Linear)",
+                        master->nlayers - 1,
+                        pdp__layer_kind_name(master->layers[master->nlayers - 1].kind),
+                        master->layers[master->nlayers - 1].out_ndim);
+    n = d.num_workers;
+    if (n < 0 || n > PDP_DP_MAX_WORKERS)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)", n,
+                        PDP_DP_MAX_WORKERS);
+    if (n == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
+    }
+    if (d.threads_per_worker < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
+                        d.threads_per_worker);
+    for (i = 0; i < n; i++) {
+        pdp_device dev = d.devices ? d.devices[i] : pdp_cpu();
+        if (i == 0 && !pdp__same_device(dev, master->device))
+            return pdp__err(PDP_ERR_DEVICE,
+                            "pdp_dp_create: devices[0] (%d:%d) must be the master's device (%d:%d)",
+                            dev.kind, dev.ordinal, master->device.kind, master->device.ordinal);
+        if (dev.kind != PDP_DEVICE_CPU)
+#ifdef PDP_CUDA
+            return pdp__err(PDP_ERR_UNSUPPORTED,
+                            "pdp_dp_create: devices[%d] is CUDA %d: DP over CUDA devices needs the "
+                            "device-side reduce of pdp_cuda.cu, not written yet",
+                            i, dev.ordinal);
+#else
+            return pdp__err(PDP_ERR_UNSUPPORTED,
+                            "pdp_dp_create: devices[%d] is CUDA %d: built without PDP_CUDA "
+                            "(compile with -DPDP_CUDA and link pdp_cuda.o)",
+                            i, dev.ordinal);
+#endif
+    }
+
+    dp = (pdp_dp *)pdp__calloc(sizeof *dp);
+    if (!dp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory");
+    dp->master = master;
+    dp->n = n;
+    dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    dp->copy_params = d.copy_params;
+    dp->reduce_on_master = d.reduce_on_master;
+    dp->classes = master->layers[master->nlayers - 1].out_count;
+    dp->workers = (pdp__dp_worker *)pdp__calloc((size_t)n * sizeof *dp->workers);
+    if (!dp->workers) {
+        pdp__dp_destroy(dp);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory for %d workers", n);
+    }
+    if (pthread_mutex_init(&dp->lock, NULL) != 0) goto sync_fail;
+    if (pthread_cond_init(&dp->wake, NULL) != 0) {
+        pthread_mutex_destroy(&dp->lock);
+        goto sync_fail;
+    }
+    if (pthread_cond_init(&dp->done, NULL) != 0) {
+        pthread_cond_destroy(&dp->wake);
+        pthread_mutex_destroy(&dp->lock);
+        goto sync_fail;
+    }
+    dp->sync_ok = true;
+
+    /* replicas: 0 is the master; the others are clones on their devices */
+    for (i = 0; i < n; i++) {
+        pdp__dp_worker *w = &dp->workers[i];
+        w->dp = dp;
+        w->index = i;
+        w->device = d.devices ? d.devices[i] : pdp_cpu();
+        if (i == 0) {
+            w->replica = master;
+        } else if ((st = pdp__model_clone(master, w->device, !d.copy_params, &w->replica)) !=
+                   PDP_OK) {
+            pdp__dp_destroy(dp);
+            return pdp__err_wrap(st, "pdp_dp_create: replica %d", i);
+        }
+    }
+    for (i = 0; i < n; i++) {
+        pdp__dp_worker *w = &dp->workers[i];
+        int rc = pthread_create(&w->tid, NULL, pdp__dp_worker_main, w);
+        if (rc != 0) {
+            pdp__dp_destroy(dp);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: worker %d: pthread_create: %s",
+                            i, strerror(rc));
+        }
+        w->started = true;
+    }
+    dp->stats.num_workers = n;
+    dp->stats.params_shared = !d.copy_params;
+    pdp__dp_memory(dp);
+    *out = dp;
+    return PDP_OK;
+sync_fail:
+    pdp__dp_destroy(dp);
+    return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: cannot create a mutex or condition");
+}
+
+PDP_API void pdp_dp_free(pdp_dp *dp)
+{
+    if (dp) pdp__dp_destroy(dp);
+}
+
+PDP_API int pdp_dp_num_workers(const pdp_dp *dp) { return dp ? dp->n : 0; }
+
+PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp)
+{
+    return dp && dp->have_output ? &dp->output : NULL;
+}
+
+/* ---- dp: the stages ---- */
+
+/* Replicate: master parameters -> replicas 1..active-1, and the state that keys
+   dropout (training flag, step). A CPU replica that shares the master's memory
+   only re-points at it; a copying replica (copy_params, or another device) gets
+   a fresh copy, as torch's replicate() broadcasts the parameters every step. */
+static pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
+{
+    pdp_model *m = dp->master;
+    size_t bytes = (size_t)m->param_count * sizeof(float);
+    pdp_status st;
+    int i;
+    dp->stats.replicate_bytes = 0;
+    for (i = 1; i < dp->active; i++) {
+        pdp_model *r = dp->workers[i].replica;
+        if (r->nlayers != m->nlayers || r->param_count != m->param_count)
+            return pdp__err(PDP_ERR_STATE,
+                            "%s: the master model changed after pdp_dp_create (%d layers, %lld "
+                            "parameters; replica %d has %d, %lld)",
+                            fn, m->nlayers, (long long)m->param_count, i, r->nlayers,
+                            (long long)r->param_count);
+        r->training = m->training;
+        r->step = m->step;
+        r->seed = m->seed;
+        if (r->params_shared) {
+            r->param_block = m->param_block;
+        } else if ((st = pdp__dev_copy(r->device, r->param_block, m->device, m->param_block,
+                                       bytes)) != PDP_OK) {
+            return pdp__err_wrap(st, "%s: replicate to replica %d", fn, i);
+        }
+        dp->stats.replicate_bytes += bytes;
+    }
+    return PDP_OK;
+}
+
+/* Scatter: split x and labels along dimension 0 into balanced contiguous shards.
+   On the CPU a shard is a view of the caller's batch (no copy); the bytes count
+   what a multi-device DP sends. Grows the loss-gradient buffers (first step). */
+static pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
+                                  const char *fn)
+{
+    int64_t b = x->shape[0], base = b / dp->n, extra = b % dp->n, first = 0;
+    size_t row_bytes = (size_t)(x->count / b) * sizeof(float) + sizeof(int32_t);
+    pdp_status st;
+    int i;
+    dp->grad_scale = 1.0f / (float)b;
+    dp->stats.scatter_bytes = 0;
+    for (i = 0; i < dp->n; i++) {
+        pdp__dp_worker *w = &dp->workers[i];
+        w->first = first;
+        w->rows = base + (i < extra ? 1 : 0);
+        w->replica->sample_base = first;
+        first += w->rows;
+        if (w->rows == 0) continue;
+        pdp_tensor_rows_view(x, w->first, w->rows, &w->x);
+        w->labels = labels + w->first;
+        if (i > 0) dp->stats.scatter_bytes += (size_t)w->rows * row_bytes;
+        if (w->rows > w->cap_rows) {
+            pdp__dev_free(w->device, w->dlogits);
+            w->dlogits = NULL;
+            w->cap_rows = 0;
+            if ((st = pdp__dev_alloc(w->device, (size_t)(w->rows * dp->classes) * sizeof(float),
+                                     (void **)&w->dlogits)) != PDP_OK)
+                return pdp__err_wrap(st, "%s: worker %d: loss gradient", fn, i);
+            w->cap_rows = w->rows;
+        }
+    }
+    return PDP_OK;
+}
+
+/* Parallel apply: every worker runs its replica at once; the first failure (lowest
+   worker index, so the report does not depend on timing) comes back naming it. */
+static pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *cpu,
+                                         const char *fn)
+{
+    int i;
+    dp->zero_master = zero_master;
+    pdp__dp_run_job(dp, PDP__DP_JOB_APPLY);
+    dp->stats.apply_worker_min = 0.0;
+    dp->stats.apply_worker_max = 0.0;
+    *cpu = 0.0;
+    for (i = 0; i < dp->active; i++) {
+        const pdp__dp_worker *w = &dp->workers[i];
+        if (w->status != PDP_OK)
+            return pdp__err(w->status, "%s: worker %d (samples %lld..%lld): %s", fn, i,
+                            (long long)w->first, (long long)(w->first + w->rows - 1), w->msg);
+        if (i == 0 || w->apply_s < dp->stats.apply_worker_min) dp->stats.apply_worker_min = w->apply_s;
+        dp->stats.apply_worker_max = PDP__MAX(dp->stats.apply_worker_max, w->apply_s);
+        *cpu = PDP__MAX(*cpu, w->cpu_s);
+    }
+    return PDP_OK;
+}
+
+/* Gather: outputs of every replica into one [batch, classes] tensor on the master,
+   and the loss sums, added in replica order in double. */
+static pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
+{
+    pdp_model *m = dp->master;
+    int64_t need = dp->batch * dp->classes, shape[2];
+    pdp_status st;
+    int i;
+    if (need > dp->out_cap) {
+        pdp__dev_free(m->device, dp->out_block);
+        dp->out_block = NULL;
+        dp->out_cap = 0;
+        dp->have_output = false;
+        if ((st = pdp__dev_alloc(m->device, (size_t)need * sizeof(float), (void **)&dp->out_block)) !=
+            PDP_OK)
+            return pdp__err_wrap(st, "%s: gathered outputs", fn);
+        dp->out_cap = need;
+    }
+    *loss_sum = 0.0;
+    dp->stats.gather_bytes = 0;
+    for (i = 0; i < dp->active; i++) {
+        const pdp__dp_worker *w = &dp->workers[i];
+        size_t bytes = (size_t)(w->rows * dp->classes) * sizeof(float);
+        if ((st = pdp__dev_copy(m->device, dp->out_block + w->first * dp->classes, w->device,
+                                w->replica->out_view.data, bytes)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: gather from replica %d", fn, i);
+        *loss_sum += w->loss_sum;
+        if (i > 0) dp->stats.gather_bytes += bytes + sizeof(double);
+    }
+    shape[0] = dp->batch;
+    shape[1] = dp->classes;
+    pdp_tensor_wrap(dp->out_block, m->device, 2, shape, &dp->output);
+    dp->have_output = true;
+    return PDP_OK;
+}
+
+/* Reduce: the replicas' gradients summed into the master's (which already holds
+   replica 0's). Each worker sums one slice, or the master's worker sums it all
+   (reduce_on_master, torch's reduce_add on device 0); same bits either way. */
+static void pdp__dp_reduce(pdp_dp *dp, double *cpu)
+{
+    int i;
+    dp->stats.reduce_bytes =
+        (size_t)(dp->active - 1) * (size_t)dp->master->param_count * sizeof(float);
+    *cpu = 0.0;
+    if (dp->active < 2) return;
+    pdp__dp_run_job(dp, PDP__DP_JOB_REDUCE);
+    for (i = 0; i < dp->n; i++) *cpu = PDP__MAX(*cpu, dp->workers[i].cpu_s);
+}
+
+/* Step: the optimizer updates the master's parameters; replicas see them at the
+   next replicate. */
+static pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
+{
+    pdp_status st = pdp_optim_step(opt);
+    return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s: master step", fn);
+}
+
+/* ---- dp: one step ---- */
+
+static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
+                              const int32_t *labels, float *loss, bool zero_and_step,
+                              const char *fn)
+{
+    pdp_dp_times t;
+    double t0 = pdp__now(), ts, loss_sum = 0.0;
+    pdp_status st;
+    memset(&t, 0, sizeof t);
+    if (!dp || !x || !labels) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (zero_and_step && !opt) return pdp__err(PDP_ERR_INVALID, "%s: optimizer is NULL", fn);
+    if (opt && opt->model != dp->master)
+        return pdp__err(PDP_ERR_INVALID, "%s: the optimizer was created on another model, not the "
+                        "master", fn);
+    if (x->ndim < 2 || x->shape[0] < 1 || !x->data) {
+        char a[96];
+        return pdp__err(PDP_ERR_SHAPE, "%s: x is %s; expected [batch, sample...] with batch >= 1",
+                        fn, pdp__shape_str(x, a, sizeof a));
+    }
+    if (!pdp__same_device(x->device, dp->master->device))
+        return pdp__err(PDP_ERR_DEVICE, "%s: x on device %d:%d, master on %d:%d", fn,
+                        x->device.kind, x->device.ordinal, dp->master->device.kind,
+                        dp->master->device.ordinal);
+
+    dp->batch = x->shape[0];
+    dp->active = (int)PDP__MIN((int64_t)dp->n, dp->batch); /* the others idle this step */
+
+    ts = pdp__now();
+    if ((st = pdp__dp_replicate(dp, fn)) != PDP_OK) return st;
+    t.replicate = pdp__now() - ts;
+    ts = pdp__now();
+    if ((st = pdp__dp_scatter(dp, x, labels, fn)) != PDP_OK) return st;
+    t.scatter = pdp__now() - ts;
+    ts = pdp__now();
+    if ((st = pdp__dp_parallel_apply(dp, zero_and_step, &t.apply_cpu, fn)) != PDP_OK) return st;
+    t.apply = pdp__now() - ts;
+    ts = pdp__now();
+    if ((st = pdp__dp_gather(dp, &loss_sum, fn)) != PDP_OK) return st;
+    t.gather = pdp__now() - ts;
+    ts = pdp__now();
+    pdp__dp_reduce(dp, &t.reduce_cpu);
+    t.reduce = pdp__now() - ts;
+    if (zero_and_step) {
+        ts = pdp__now();
+        if ((st = pdp__dp_master_step(opt, fn)) != PDP_OK) return st;
+        t.step = pdp__now() - ts;
+    }
+    if (loss) *loss = (float)(loss_sum / (double)dp->batch);
+
+    /* ---- dp: stats ---- */
+    t.total = pdp__now() - t0;
+    dp->stats.steps++;
+    dp->stats.batch = dp->batch;
+    dp->stats.active_workers = dp->active;
+    dp->stats.bytes_from_master = dp->stats.replicate_bytes + dp->stats.scatter_bytes;
+    dp->stats.bytes_to_master = dp->stats.gather_bytes + dp->stats.reduce_bytes;
+    dp->stats.last = t;
+    dp->stats.sum.replicate += t.replicate;
+    dp->stats.sum.scatter += t.scatter;
+    dp->stats.sum.apply += t.apply;
+    dp->stats.sum.gather += t.gather;
+    dp->stats.sum.reduce += t.reduce;
+    dp->stats.sum.step += t.step;
+    dp->stats.sum.total += t.total;
+    dp->stats.sum.apply_cpu += t.apply_cpu;
+    dp->stats.sum.reduce_cpu += t.reduce_cpu;
+    if (opt) dp->optim_bytes = (size_t)opt->nstate * (size_t)opt->count * sizeof(float);
+    pdp__dp_memory(dp);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_dp_step(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
+                               const int32_t *labels, float *loss)
+{
+    return pdp__dp_run(dp, opt, x, labels, loss, true, "pdp_dp_step");
+}
+
+PDP_API pdp_status pdp_dp_forward_backward(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
+                                           float *loss)
+{
+    return pdp__dp_run(dp, NULL, x, labels, loss, false, "pdp_dp_forward_backward");
+}
+
+/* ---- dp: stats ---- */
+
+PDP_API pdp_status pdp_dp_get_stats(const pdp_dp *dp, pdp_dp_stats *out)
+{
+    if (!dp || !out) return pdp__err(PDP_ERR_INVALID, "pdp_dp_get_stats: NULL argument");
+    *out = dp->stats;
+    return PDP_OK;
+}
+
+PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
+{
+    const pdp_dp_times *t, *u;
+    double ms = 1e3, mean = 1e3 / (double)PDP__MAX(s ? s->steps : 1, 1);
+    if (!s) return 0;
+    t = &s->last;
+    u = &s->sum;
+    return snprintf(
+        buf, bytes,
+        "dp: %d workers (%d active), batch %lld, step %lld, params %s\n"
+        "  last step ms: replicate %.3f  scatter %.3f  apply %.3f (workers %.3f..%.3f)"
+        "  gather %.3f  reduce %.3f  step %.3f  total %.3f\n"
+        "  mean ms:      replicate %.3f  scatter %.3f  apply %.3f  gather %.3f  reduce %.3f"
+        "  step %.3f  total %.3f\n"
+        "  traffic: master -> replicas %.2f MB (params %.2f, inputs %.2f), "
+        "replicas -> master %.2f MB (grads %.2f, outputs %.3f)\n"
+        "  memory: master %.2f MB, largest other replica %.2f MB (master / replica %.2fx)\n",
+        s->num_workers, s->active_workers, (long long)s->batch, (long long)s->steps,
+        s->params_shared ? "shared (read in place)" : "copied", t->replicate * ms,
+        t->scatter * ms, t->apply * ms, s->apply_worker_min * ms, s->apply_worker_max * ms,
+        t->gather * ms, t->reduce * ms, t->step * ms, t->total * ms, u->replicate * mean,
+        u->scatter * mean, u->apply * mean, u->gather * mean, u->reduce * mean, u->step * mean,
+        u->total * mean,
+        (double)s->bytes_from_master / 1e6, (double)s->replicate_bytes / 1e6,
+        (double)s->scatter_bytes / 1e6, (double)s->bytes_to_master / 1e6,
+        (double)s->reduce_bytes / 1e6, (double)s->gather_bytes / 1e6,
+        (double)s->master_bytes / 1e6, (double)s->replica_bytes / 1e6,
+        s->replica_bytes ? (double)s->master_bytes / (double)s->replica_bytes : 0.0);
+}
 /* ---- end src/dp.c ---- */
 
 /* ---- begin src/ddp.c ---- */
-/* ddp: (to be written) */
+/* ddp: the DistributedDataParallel reducer and the DistributedSampler.
+
+   The reducer follows PyTorch's (torch/csrc/distributed/c10d/reducer.cpp) in
+   miniature. Buckets are planned once, at construction, walking the parameters
+   in reverse registration order and closing a bucket as soon as it holds
+   bucket_cap bytes or more (the first: first_bucket bytes), PyTorch's
+   compute_bucket_assignment_by_size. Because the model keeps its gradients in
+   one block in registration order, a bucket of consecutive parameters in
+   reverse order is one contiguous range of that block: the all-reduce runs in
+   place on the gradients, with no flattening copy (PyTorch's
+   gradient_as_bucket_view=True, here by construction).
+
+   Per synchronised backward: pending[b] starts at the number of parameters in
+   bucket b; the model's grad hook, fired once per parameter right after its
+   layer's backward, decrements it; at zero the bucket is ready. Ready buckets
+   launch strictly in bucket order (a later bucket that is ready first waits for
+   the earlier ones), so every rank issues the same all-reduces in the same
+   order whatever order its hooks fire in. A bucket whose parameters never get
+   a gradient (unused in this forward) launches at the end of backward, so no
+   rank waits on it. pdp_ddp_finish waits for the buckets in order and reports
+   the first failure naming the bucket and its parameters.
+
+   States: IDLE (nothing pending), LOCAL (gradients accumulated under no_sync,
+   not reduced), REDUCING (a synchronised backward launched its buckets and
+   pdp_ddp_finish has not run). The progress of a bucket's all-reduce writes the
+   gradient memory, so nothing else may touch the gradients while REDUCING: a
+   second backward is refused and pdp_ddp_free waits first.
+
+   The sampler is torch.utils.data.DistributedSampler: the permutation of epoch
+   e is pdp_permutation(seed, e), padded by repeating from its start (or cut
+   with drop_last), and rank r takes every N-th entry from r. */
 
 /* #include "internal.h" (already above) */
+
+/* ---- ddp: state ---- */
+
+typedef enum pdp__ddp_state {
+    PDP__DDP_IDLE,
+    PDP__DDP_LOCAL,
+    PDP__DDP_REDUCING
+} pdp__ddp_state;
+
+typedef struct pdp__ddp_bucket {
+    pdp_ddp_bucket info;
+    int nparams;
+    int pending;          /* parameters still to report in this backward */
+    bool ready, launched;
+    pdp_work *work;
+    double t_launch;
+} pdp__ddp_bucket;
+
+struct pdp_ddp {
+    pdp_model *m;
+    pdp_comm *c;
+    pdp_ddp_desc desc;
+    pdp__ddp_bucket *buckets;
+    int nbuckets;
+    int *bucket_of;       /* per parameter */
+    int next_launch;      /* the first bucket not launched yet */
+    pdp__ddp_state state;
+    bool no_sync;
+    bool armed;           /* the hook reduces (a synchronised backward is running) */
+    bool failed;          /* the last synchronised backward failed: gradients incomplete */
+    pdp_status launch_status;
+    char launch_msg[512];
+    int twice_param;      /* a parameter reported twice in one backward, or -1 */
+    int64_t bytes_at_arm;
+    double backward_acc;  /* forward + backward seconds since the last finish */
+    pdp_ddp_stats stats;
+    bool traced;
+    int trace_compute, trace_comm;
+};
+
+/* ---- ddp: buckets ---- */
+
+static pdp_status pdp__ddp_plan(pdp_ddp *d)
+{
+    const pdp_model *m = d->m;
+    double cap = d->desc.bucket_cap_mb * 1048576.0, first = d->desc.first_bucket_mb * 1048576.0;
+    double bytes = 0.0;
+    int p, b = 0, last = m->nparams - 1;
+    d->buckets = (pdp__ddp_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
+                                                 sizeof *d->buckets);
+    d->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *d->bucket_of);
+    if (!d->buckets || !d->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
+    for (p = m->nparams - 1; p >= 0; p--) {
+        bytes += (double)m->params[p].count * sizeof(float);
+        d->bucket_of[p] = b;
+        if (bytes >= (b == 0 ? first : cap) || p == 0) { /* close bucket b: params p..last */
+            pdp__ddp_bucket *k = &d->buckets[b];
+            k->info.first_param = p;
+            k->info.last_param = last;
+            k->info.offset = m->params[p].offset;
+            k->info.count = m->params[last].offset + m->params[last].count - k->info.offset;
+            k->nparams = last - p + 1;
+            b++;
+            last = p - 1;
+            bytes = 0.0;
+        }
+    }
+    d->nbuckets = b;
+    return PDP_OK;
+}
+
+/* "bucket 1 of 3 (0.weight..0.bias, 1.57 MB)" */
+static void pdp__ddp_bucket_name(const pdp_ddp *d, int b, char *out, size_t cap)
+{
+    const pdp__ddp_bucket *k = &d->buckets[b];
+    snprintf(out, cap, "bucket %d of %d (%s..%s, %.3g MB)", b, d->nbuckets,
+             d->m->params[k->info.first_param].name, d->m->params[k->info.last_param].name,
+             (double)k->info.count * 4.0 / 1048576.0);
+}
+
+static void pdp__ddp_launch(pdp_ddp *d, int b)
+{
+    pdp__ddp_bucket *k = &d->buckets[b];
+    pdp_status st;
+    k->launched = true;
+    k->t_launch = pdp__now();
+    st = pdp_comm_allreduce(d->c, d->m->grad_block + k->info.offset, k->info.count,
+                            PDP_REDUCE_AVG, &k->work);
+    if (st != PDP_OK && d->launch_status == PDP_OK) {
+        char name[160];
+        pdp__ddp_bucket_name(d, b, name, sizeof name);
+        d->launch_status = st;
+        snprintf(d->launch_msg, sizeof d->launch_msg, "%s: %.300s", name, pdp_last_error());
+    }
+}
+
+/* Launches every ready bucket that has no unlaunched bucket before it. */
+static void pdp__ddp_launch_ready(pdp_ddp *d)
+{
+    while (d->next_launch < d->nbuckets && d->buckets[d->next_launch].ready)
+        pdp__ddp_launch(d, d->next_launch++);
+}
+
+/* The model's grad hook: parameter p's gradient is final for this backward. */
+static void pdp__ddp_hook(void *user, pdp_model *m, int p)
+{
+    pdp_ddp *d = (pdp_ddp *)user;
+    pdp__ddp_bucket *k;
+    (void)m;
+    if (!d->armed) return; /* no_sync: accumulate locally */
+    k = &d->buckets[d->bucket_of[p]];
+    if (k->ready) {
+        if (d->twice_param < 0) d->twice_param = p;
+        return;
+    }
+    if (--k->pending == 0) {
+        k->ready = true;
+        pdp__ddp_launch_ready(d);
+    }
+}
+
+static void pdp__ddp_arm(pdp_ddp *d)
+{
+    pdp_comm_stats cs;
+    int b;
+    for (b = 0; b < d->nbuckets; b++) {
+        pdp__ddp_bucket *k = &d->buckets[b];
+        k->pending = k->nparams;
+        k->ready = k->launched = false;
+        k->work = NULL;
+    }
+    d->next_launch = 0;
+    d->launch_status = PDP_OK;
+    d->launch_msg[0] = '\0';
+    d->twice_param = -1;
+    pdp_comm_get_stats(d->c, &cs);
+    d->bytes_at_arm = cs.bytes_sent;
+    d->armed = true;
+}
+
+/* ---- ddp: construction ---- */
+
+/* One parameter as the construction check compares it. */
+typedef struct pdp__ddp_sig {
+    char name[32];
+    int64_t ndim;
+    int64_t shape[4];
+} pdp__ddp_sig;
+
+static void pdp__ddp_sig_of(const pdp_model *m, int p, pdp__ddp_sig *s)
+{
+    const pdp__param_entry *e = &m->params[p];
+    memset(s, 0, sizeof *s);
+    memcpy(s->name, e->name, sizeof s->name);
+    s->ndim = e->ndim;
+    memcpy(s->shape, e->shape, sizeof s->shape);
+}
+
+static void pdp__ddp_sig_str(const pdp__ddp_sig *s, char *out, size_t cap)
+{
+    int i;
+    size_t n = (size_t)snprintf(out, cap, "'%.32s' [", s->name);
+    for (i = 0; i < s->ndim && i < 4 && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, i ? ", %lld" : "%lld", (long long)s->shape[i]);
+    if (n < cap) snprintf(out + n, cap - n, "]");
+}
+
+/* Every rank compares its registry with rank 0's; all learn the first
+   difference of every rank through an all-gather, so all fail together. */
+static pdp_status pdp__ddp_check_params(pdp_ddp *d)
+{
+    static const char *fn = "pdp_ddp_create";
+    const pdp_model *m = d->m;
+    pdp_comm *c = d->c;
+    int64_t n0 = m->nparams;
+    pdp__ddp_sig *table = NULL, mine;
+    float diff, *all = NULL;
+    int p, r, mine_at = -1, worst_rank = -1, worst_at = -1, size = c->size;
+    pdp_status st;
+    if ((st = pdp_comm_broadcast_bytes(c, &n0, sizeof n0, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: exchanging parameter counts", fn, c->rank);
+    if (n0 < 0 || n0 > (1 << 24))
+        return pdp__err(PDP_ERR_INVALID, "%s: rank 0 reports %lld parameters", fn, (long long)n0);
+    table = (pdp__ddp_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
+    all = (float *)pdp__calloc((size_t)size * sizeof *all);
+    if (!table || !all) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameter signatures", fn,
+                      (long long)n0);
+        goto out; /* the others then time out on the next collective: memory is gone anyway */
+    }
+    if (c->rank == 0)
+        for (p = 0; p < n0; p++) pdp__ddp_sig_of(m, p, &table[p]);
+    if ((st = pdp_comm_broadcast_bytes(c, table, (size_t)n0 * sizeof *table, 0)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s: rank %d: exchanging parameter signatures", fn, c->rank);
+        goto out;
+    }
+    for (p = 0; p < PDP__MAX(n0, (int64_t)m->nparams); p++) {
+        if (p >= n0 || p >= m->nparams) {
+            mine_at = p;
+            break;
+        }
+        pdp__ddp_sig_of(m, p, &mine);
+        if (memcmp(&mine, &table[p], sizeof mine) != 0) {
+            mine_at = p;
+            break;
+        }
+    }
+    diff = (float)mine_at;
+    if ((st = pdp_comm_allgather(c, &diff, all, 1, NULL)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s: rank %d: exchanging the check's verdicts", fn, c->rank);
+        goto out;
+    }
+    for (r = 0; r < size; r++)
+        if (all[r] >= 0.0f && (worst_at < 0 || (int)all[r] < worst_at)) {
+            worst_at = (int)all[r];
+            worst_rank = r;
+        }
+    if (worst_at >= 0) {
+        char a[160], b[160];
+        if (mine_at >= 0) {
+            if (mine_at < m->nparams) pdp__ddp_sig_of(m, mine_at, &mine);
+            if (mine_at < m->nparams) pdp__ddp_sig_str(&mine, a, sizeof a);
+            else snprintf(a, sizeof a, "missing (it has %d parameters)", m->nparams);
+            if (mine_at < n0) pdp__ddp_sig_str(&table[mine_at], b, sizeof b);
+            else snprintf(b, sizeof b, "missing (it has %lld parameters)", (long long)n0);
+            st = pdp__err(PDP_ERR_INVALID, "%s: parameters differ across ranks: parameter %d is "
+                          "%s on rank %d but %s on rank 0", fn, mine_at, a, c->rank, b);
+        } else {
+            if (worst_at < n0) pdp__ddp_sig_str(&table[worst_at], b, sizeof b);
+            else snprintf(b, sizeof b, "missing on rank 0 (%lld parameters)", (long long)n0);
+            st = pdp__err(PDP_ERR_INVALID, "%s: parameters differ across ranks: rank %d's "
+                          "parameter %d differs from rank 0's %s (rank %d's error names both)",
+                          fn, worst_rank, worst_at, b, worst_rank);
+        }
+    }
+out:
+    pdp__dealloc(table);
+    pdp__dealloc(all);
+    return st;
+}
+
+PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
+                                  const pdp_ddp_desc *desc)
+{
+    static const char *fn = "pdp_ddp_create";
+    pdp_ddp *d;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
+    if (m->params_shared)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
+    if (m->hook)
+        return pdp__err(PDP_ERR_STATE, "%s: the model already has a grad hook (another DDP?)", fn);
+    if (m->device.kind != c->device.kind || m->device.ordinal != c->device.ordinal)
+        return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
+                        fn, m->device.kind, m->device.ordinal, c->name, c->device.kind,
+                        c->device.ordinal);
+    if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0))
+        return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
+                        ">= 0", fn, desc->bucket_cap_mb, desc->first_bucket_mb);
+    d = (pdp_ddp *)pdp__calloc(sizeof *d);
+    if (!d) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    d->m = m;
+    d->c = c;
+    if (desc) d->desc = *desc;
+    d->desc.bucket_cap_mb = PDP__DEF(d->desc.bucket_cap_mb, 25.0);
+    d->desc.first_bucket_mb = PDP__DEF(d->desc.first_bucket_mb,
+                                       PDP__MIN(1.0, d->desc.bucket_cap_mb));
+    if (pdp__ddp_plan(d) != PDP_OK) {
+        pdp_ddp_free(d);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d buckets", fn, m->nparams);
+    }
+    /* collective from here on: every rank runs the same calls */
+    if ((st = pdp__ddp_check_params(d)) != PDP_OK) {
+        pdp_ddp_free(d);
+        return st;
+    }
+    if (m->param_count &&
+        (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK) {
+        pdp_ddp_free(d);
+        return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
+    }
+    pdp_model_zero_grad(m);
+    if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : c->rank) == PDP_OK) {
+        d->traced = true;
+        if (pdp__trace_enabled()) {
+            char name[64];
+            d->trace_compute = pdp__trace_track(c->rank, "compute");
+            snprintf(name, sizeof name, "comm %s", c->name);
+            d->trace_comm = pdp__trace_track(c->rank, name);
+            m->trace_pid = c->rank;
+            m->trace_tid = d->trace_compute;
+        }
+    }
+    pdp_model_set_grad_hook(m, pdp__ddp_hook, d);
+    d->stats.buckets = d->nbuckets;
+    d->stats.grad_bytes = m->param_count * (int64_t)sizeof(float);
+    *out = d;
+    return PDP_OK;
+}
+
+PDP_API void pdp_ddp_free(pdp_ddp *d)
+{
+    int b;
+    if (!d) return;
+    if (d->buckets)
+        for (b = 0; b < d->nbuckets; b++) /* the progress thread may still write gradients */
+            if (d->buckets[b].launched && d->buckets[b].work) pdp_work_wait(d->buckets[b].work);
+    if (d->m && d->m->hook == pdp__ddp_hook && d->m->hook_user == d) {
+        pdp_model_set_grad_hook(d->m, NULL, NULL);
+        d->m->trace_tid = 0;
+    }
+    if (d->traced) pdp__trace_close();
+    pdp__dealloc(d->buckets);
+    pdp__dealloc(d->bucket_of);
+    pdp__dealloc(d);
+}
+
+/* ---- ddp: training ---- */
+
+PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *d, const pdp_tensor *x,
+                                            const int32_t *labels, float *loss)
+{
+    static const char *fn = "pdp_ddp_forward_backward";
+    double t0 = pdp__now();
+    pdp_status st;
+    if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
+    if (d->state == PDP__DDP_REDUCING)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
+                        "reduced; call pdp_ddp_step or pdp_ddp_finish first", fn, d->c->rank);
+    if (!d->no_sync) pdp__ddp_arm(d);
+    st = pdp_model_forward_backward(d->m, x, labels, loss);
+    if (d->no_sync) {
+        if (st == PDP_OK) d->state = PDP__DDP_LOCAL;
+    } else {
+        d->state = PDP__DDP_REDUCING;
+        d->failed = st != PDP_OK;
+        if (st == PDP_OK) { /* buckets of parameters that got no gradient */
+            int b;
+            for (b = 0; b < d->nbuckets; b++) d->buckets[b].ready = true;
+            pdp__ddp_launch_ready(d);
+        }
+        d->armed = false;
+    }
+    d->backward_acc += pdp__now() - t0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, d->c->rank);
+}
+
+PDP_API pdp_status pdp_ddp_finish(pdp_ddp *d)
+{
+    static const char *fn = "pdp_ddp_finish";
+    pdp_status st = PDP_OK, first = PDP_OK;
+    pdp_comm_stats cs;
+    double t0, t1, busy = 0.0;
+    char msg[768];
+    int b;
+    if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
+    if (d->state == PDP__DDP_IDLE) return PDP_OK;
+    if (d->state == PDP__DDP_LOCAL)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward ran under no_sync; run one "
+                        "backward with no_sync off to reduce the accumulated gradients", fn,
+                        d->c->rank);
+    msg[0] = '\0';
+    t0 = pdp__now();
+    for (b = 0; b < d->nbuckets; b++) {
+        pdp__ddp_bucket *k = &d->buckets[b];
+        if (!k->launched || !k->work) continue;
+        st = pdp_work_wait(k->work);
+        if (st != PDP_OK && first == PDP_OK) {
+            char name[160];
+            first = st;
+            pdp__ddp_bucket_name(d, b, name, sizeof name);
+            snprintf(msg, sizeof msg, "%s: %.600s", name, pdp_last_error());
+        }
+        busy += k->work->t_done > k->work->t_start ? k->work->t_done - k->work->t_start : 0.0;
+        if (d->trace_comm) {
+            char name[48], args[88];
+            snprintf(name, sizeof name, "allreduce bucket %d", b);
+            snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
+                     (long long)k->info.count * 4, (long long)k->work->seq,
+                     (k->work->t_start - k->t_launch) * 1e6);
+            pdp__trace_async(d->c->rank, d->trace_comm, "comm", name,
+                             ((uint64_t)d->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
+                             k->work->t_done, args);
+        }
+        k->work = NULL;
+    }
+    t1 = pdp__now();
+    d->state = PDP__DDP_IDLE;
+    if (d->trace_compute) pdp__trace_complete(d->c->rank, d->trace_compute, "compute",
+                                              "wait for buckets", t0, t1, NULL);
+    if (first == PDP_OK && d->launch_status != PDP_OK) {
+        first = d->launch_status;
+        snprintf(msg, sizeof msg, "%.700s", d->launch_msg);
+    }
+    if (first == PDP_OK && d->failed) {
+        d->failed = false;
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward failed after launching %d "
+                        "of %d buckets: the gradients are incomplete (this rank must leave the "
+                        "group: free its communicator so that the others fail at once)", fn,
+                        d->c->rank, d->next_launch, d->nbuckets);
+    }
+    if (first == PDP_OK && d->twice_param >= 0) {
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: parameter '%s' reported its gradient twice "
+                        "in one backward", fn, d->c->rank, d->m->params[d->twice_param].name);
+    }
+    if (first != PDP_OK)
+        return pdp__err(first, "%s: rank %d: %s", fn, d->c->rank, msg);
+    pdp_comm_get_stats(d->c, &cs);
+    d->stats.steps++;
+    d->stats.bytes_sent = cs.bytes_sent - d->bytes_at_arm;
+    d->stats.backward_s = d->backward_acc;
+    d->stats.allreduce_s = busy;
+    d->stats.wait_s = t1 - t0;
+    d->stats.hidden_share = busy > 0.0 ? PDP__MAX(0.0, PDP__MIN(1.0, 1.0 - (t1 - t0) / busy)) : 1.0;
+    d->stats.total_bytes_sent += d->stats.bytes_sent;
+    d->stats.total_backward_s += d->backward_acc;
+    d->stats.total_allreduce_s += busy;
+    d->stats.total_wait_s += t1 - t0;
+    d->backward_acc = 0.0;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_ddp_step(pdp_ddp *d, pdp_optim *opt)
+{
+    static const char *fn = "pdp_ddp_step";
+    pdp_status st;
+    double t0;
+    if (!d || !opt) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, d ? "opt" : "ddp");
+    if ((st = pdp_ddp_finish(d)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    t0 = pdp__now();
+    if ((st = pdp_optim_step(opt)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d", fn, d->c->rank);
+    pdp_model_zero_grad(d->m);
+    if (d->trace_compute)
+        pdp__trace_complete(d->c->rank, d->trace_compute, "compute", "optimizer step", t0,
+                            pdp__now(), NULL);
+    return PDP_OK;
+}
+
+PDP_API void pdp_ddp_set_no_sync(pdp_ddp *d, bool no_sync)
+{
+    if (d) d->no_sync = no_sync;
+}
+
+PDP_API pdp_model *pdp_ddp_model(const pdp_ddp *d) { return d ? d->m : NULL; }
+PDP_API pdp_comm *pdp_ddp_comm(const pdp_ddp *d) { return d ? d->c : NULL; }
+PDP_API int pdp_ddp_num_buckets(const pdp_ddp *d) { return d ? d->nbuckets : 0; }
+
+PDP_API pdp_status pdp_ddp_bucket_info(const pdp_ddp *d, int b, pdp_ddp_bucket *out)
+{
+    if (!d || !out) return pdp__err(PDP_ERR_INVALID, "pdp_ddp_bucket_info: NULL argument");
+    if (b < 0 || b >= d->nbuckets)
+        return pdp__err(PDP_ERR_INVALID, "pdp_ddp_bucket_info: bucket %d outside 0..%d", b,
+                        d->nbuckets - 1);
+    *out = d->buckets[b].info;
+    return PDP_OK;
+}
+
+PDP_API void pdp_ddp_get_stats(const pdp_ddp *d, pdp_ddp_stats *out)
+{
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (d) *out = d->stats;
+}
+
+PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
+{
+    if (!d) return;
+    memset(&d->stats, 0, sizeof d->stats);
+    d->stats.buckets = d->nbuckets;
+    d->stats.grad_bytes = d->m->param_count * (int64_t)sizeof(float);
+}
+
+/* ---- sampler ---- */
+
+struct pdp_dist_sampler {
+    pdp_dist_sampler_desc desc;
+    int64_t num_samples, total;
+    int64_t *perm;      /* dataset_size */
+    int64_t *indices;   /* num_samples: this rank's */
+};
+
+PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,
+                                           const pdp_dist_sampler_desc *desc)
+{
+    static const char *fn = "pdp_dist_sampler_create";
+    pdp_dist_sampler *s;
+    pdp_dist_sampler_desc dd;
+    int64_t n;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!desc) return pdp__err(PDP_ERR_INVALID, "%s: desc is NULL (dataset_size is required)", fn);
+    dd = *desc;
+    dd.world_size = PDP__DEF(dd.world_size, 1);
+    n = dd.dataset_size;
+    if (n < 1) return pdp__err(PDP_ERR_INVALID, "%s: dataset_size %lld < 1", fn, (long long)n);
+    if (dd.world_size < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d < 1", fn, dd.world_size);
+    if (dd.rank < 0 || dd.rank >= dd.world_size)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, dd.rank,
+                        dd.world_size - 1);
+    if (dd.drop_last && n < dd.world_size)
+        return pdp__err(PDP_ERR_INVALID, "%s: drop_last with %lld samples for %d ranks leaves "
+                        "none", fn, (long long)n, dd.world_size);
+    s = (pdp_dist_sampler *)pdp__calloc(sizeof *s);
+    if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    s->desc = dd;
+    s->num_samples = dd.drop_last ? n / dd.world_size : (n + dd.world_size - 1) / dd.world_size;
+    s->total = s->num_samples * dd.world_size;
+    s->perm = (int64_t *)pdp__alloc((size_t)n * sizeof *s->perm);
+    s->indices = (int64_t *)pdp__alloc((size_t)s->num_samples * sizeof *s->indices);
+    if (!s->perm || !s->indices) {
+        pdp_dist_sampler_free(s);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices", fn, (long long)n);
+    }
+    pdp_dist_sampler_set_epoch(s, 0);
+    *out = s;
+    return PDP_OK;
+}
+
+PDP_API void pdp_dist_sampler_free(pdp_dist_sampler *s)
+{
+    if (!s) return;
+    pdp__dealloc(s->perm);
+    pdp__dealloc(s->indices);
+    pdp__dealloc(s);
+}
+
+PDP_API void pdp_dist_sampler_set_epoch(pdp_dist_sampler *s, uint64_t epoch)
+{
+    int64_t i, n;
+    if (!s) return;
+    n = s->desc.dataset_size;
+    if (s->desc.no_shuffle)
+        for (i = 0; i < n; i++) s->perm[i] = i;
+    else
+        pdp_permutation(s->perm, n, s->desc.seed, epoch);
+    /* entry j of the padded (or cut) list is perm[j mod n]; rank r takes j = r + k N */
+    for (i = 0; i < s->num_samples; i++)
+        s->indices[i] = s->perm[(s->desc.rank + i * (int64_t)s->desc.world_size) % n];
+}
+
+PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s)
+{
+    return s ? s->num_samples : 0;
+}
+
+PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count)
+{
+    if (count) *count = s ? s->num_samples : 0;
+    return s ? s->indices : NULL;
+}
 /* ---- end src/ddp.c ---- */
 
 /* ---- begin src/cuda_host.c ---- */
-/* cuda_host: the host side of devices. Routes device memory and (later) layer
-   math to the plain C functions of pdp_cuda.cu when built with PDP_CUDA; without
-   it, every CUDA request fails with PDP_ERR_UNSUPPORTED naming the macro. */
+/* cuda_host: the host side of CUDA devices. Routes device memory, every layer's
+   forward and backward, the losses, the optimizer updates and the NCCL
+   communicator to the plain C functions of pdp_cuda.cu (declared in cuda.h)
+   when built with PDP_CUDA; without it, every CUDA request fails with
+   PDP_ERR_UNSUPPORTED naming the macro, and the CPU paths are untouched.
+
+   Errors: a pdp_cudak_* function that fails leaves "<call> failed: <name>
+   (<text>) at pdp_cuda.cu:<line>" in its own thread-local buffer; this module
+   copies it into pdp's message as "pdp_cuda: ..." and the public caller
+   prefixes its name and the layer ("pdp_model_forward: layer 0 (Linear):
+   pdp_cuda: cublasSgemm failed: CUBLAS_STATUS_... at pdp_cuda.cu:123").
+
+   The NCCL communicator is a pdp__comm_ops backend like local and mpi: its
+   handles come from a fixed pool (one per completion-event slot), so a step
+   allocates nothing; a collective is launched on the NCCL stream after an
+   event recorded on the compute stream, and pdp_work_wait polls it against the
+   communicator's timeout (pdp_cuda.cu aborts the NCCL communicator on failure).
+   Process ranks rendezvous through the TCP store (store.c): rank 0 makes the
+   unique id and sets "pdp/nccl_id", the others get it. */
 
 /* #include "internal.h" (already above) */
 
 #define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
+
+#ifdef PDP_CUDA
+/* ---- cuda_host: errors ---- */
+
+/* Turns a failed pdp_cudak_* status into pdp's message. */
+static pdp_status pdp__cuda_fail(pdp_status st)
+{
+    return pdp__err(st, "pdp_cuda: %s", pdp_cudak_error());
+}
+
+#define PDP__CUDA_TRY(call)                                                  \
+    do {                                                                     \
+        pdp_status pdp__cst = (call);                                        \
+        if (pdp__cst != PDP_OK) return pdp__cuda_fail(pdp__cst);             \
+    } while (0)
+
+static int pdp__cuda_ordinal(pdp_device d) { return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal; }
+#endif
+
+/* ---- cuda_host: memory ---- */
 
 static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
 {
@@ -3829,12 +11182,20 @@ static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
         *out = pdp__alloc(bytes);
         return *out ? PDP_OK : pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for %zu bytes", bytes);
     }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_malloc(d.ordinal, bytes ? bytes : 1, out));
+    return PDP_OK;
+#else
     return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
 }
 
 static void pdp__dev_free(pdp_device d, void *p)
 {
     if (d.kind == PDP_DEVICE_CPU) pdp__dealloc(p);
+#ifdef PDP_CUDA
+    else pdp_cudak_free(d.ordinal, p);
+#endif
 }
 
 static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
@@ -3843,7 +11204,12 @@ static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
         memset(p, 0, bytes);
         return PDP_OK;
     }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_memset0(d.ordinal, p, bytes));
+    return PDP_OK;
+#else
     return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
 }
 
 static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value)
@@ -3853,7 +11219,12 @@ static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float val
         for (i = 0; i < count; i++) p[i] = value;
         return PDP_OK;
     }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_fill(d.ordinal, p, count, value));
+    return PDP_OK;
+#else
     return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
 }
 
 static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
@@ -3863,8 +11234,646 @@ static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_de
         if (dst != src) memmove(dst, src, bytes);
         return PDP_OK;
     }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_memcpy(pdp__cuda_ordinal(dst_dev), dst, pdp__cuda_ordinal(src_dev), src,
+                                   bytes));
+    return PDP_OK;
+#else
     return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG,
                     dst_dev.kind == PDP_DEVICE_CPU ? src_dev.ordinal : dst_dev.ordinal);
+#endif
+}
+
+static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src, int64_t count)
+{
+    int64_t i;
+    if (d.kind == PDP_DEVICE_CPU) {
+        for (i = 0; i < count; i++) dst[i] += src[i];
+        return PDP_OK;
+    }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_add(d.ordinal, dst, src, count));
+    return PDP_OK;
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+
+/* ---- cuda_host: public device functions ---- */
+
+PDP_API pdp_status pdp_cuda_device_count(int *count)
+{
+    if (!count) return pdp__err(PDP_ERR_INVALID, "pdp_cuda_device_count: count is NULL");
+    *count = 0;
+#ifdef PDP_CUDA
+    {
+        pdp_status st = pdp_cudak_device_count(count);
+        if (st != PDP_OK)
+            return pdp__err(st, "pdp_cuda_device_count: pdp_cuda: %s", pdp_cudak_error());
+        return PDP_OK;
+    }
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_cuda_device_count: " PDP__NO_CUDA_MSG);
+#endif
+}
+
+PDP_API pdp_status pdp_cuda_set_tf32(bool on)
+{
+#ifdef PDP_CUDA
+    pdp_cudak_set_tf32(on ? 1 : 0);
+    return PDP_OK;
+#else
+    (void)on;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_cuda_set_tf32: " PDP__NO_CUDA_MSG);
+#endif
+}
+
+/* The common check of the public functions that take a CUDA device. */
+static pdp_status pdp__cuda_check_device(pdp_device d, const char *fn)
+{
+    if (d.kind != PDP_DEVICE_CUDA)
+        return pdp__err(PDP_ERR_DEVICE, "%s: device kind %d is not CUDA", fn, (int)d.kind);
+#ifdef PDP_CUDA
+    return PDP_OK;
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+PDP_API pdp_status pdp_cuda_synchronize(pdp_device d)
+{
+    pdp_status st;
+    if ((st = pdp__cuda_check_device(d, "pdp_cuda_synchronize")) != PDP_OK) return st;
+#ifdef PDP_CUDA
+    if ((st = pdp_cudak_synchronize(d.ordinal)) != PDP_OK)
+        return pdp__err(st, "pdp_cuda_synchronize: pdp_cuda: %s", pdp_cudak_error());
+#endif
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_cuda_memory_stats_get(pdp_device d, pdp_cuda_memory_stats *out)
+{
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_cuda_memory_stats_get: out is NULL");
+    memset(out, 0, sizeof *out);
+    if ((st = pdp__cuda_check_device(d, "pdp_cuda_memory_stats_get")) != PDP_OK) return st;
+#ifdef PDP_CUDA
+    if ((st = pdp_cudak_memory_stats(d.ordinal, &out->device_mallocs, &out->reserved_bytes,
+                                     &out->in_use_bytes)) != PDP_OK)
+        return pdp__err(st, "pdp_cuda_memory_stats_get: pdp_cuda: %s", pdp_cudak_error());
+#endif
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
+{
+    pdp_status st;
+    if ((st = pdp__cuda_check_device(d, "pdp_cuda_empty_cache")) != PDP_OK) return st;
+#ifdef PDP_CUDA
+    if ((st = pdp_cudak_empty_cache(d.ordinal)) != PDP_OK)
+        return pdp__err(st, "pdp_cuda_empty_cache: pdp_cuda: %s", pdp_cudak_error());
+#endif
+    return PDP_OK;
+}
+
+/* ---- cuda_host: layers ---- */
+
+#ifdef PDP_CUDA
+static pdp_cudak_act pdp__cuda_act_of(pdp__layer_kind k)
+{
+    switch (k) {
+    case PDP__RELU: return PDP_CUDAK_RELU;
+    case PDP__GELU: return PDP_CUDAK_GELU;
+    case PDP__TANH: return PDP_CUDAK_TANH;
+    default: return PDP_CUDAK_SIGMOID;
+    }
+}
+
+static pdp_cudak_conv pdp__cuda_geom(const pdp__layer *l, int64_t batch)
+{
+    pdp_cudak_conv g;
+    g.batch = batch;
+    g.C = l->in_shape[0];
+    g.H = l->in_shape[1];
+    g.W = l->in_shape[2];
+    g.O = l->kind == PDP__CONV2D ? l->out_features : l->in_shape[0];
+    g.k = l->kernel;
+    g.stride = l->stride;
+    g.pad = l->kind == PDP__CONV2D ? l->padding : 0;
+    g.Ho = l->out_shape[1];
+    g.Wo = l->out_shape[2];
+    return g;
+}
+#endif
+
+static pdp_status pdp__cuda_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+#ifdef PDP_CUDA
+    int dev = io->device.ordinal;
+    int64_t B = io->batch, n = B * l->in_count;
+    pdp_cudak_conv g;
+    switch (l->kind) {
+    case PDP__LINEAR:
+        PDP__CUDA_TRY(pdp_cudak_linear_fwd(dev, io->x, io->w, io->b, io->y, B, l->in_count,
+                                           l->out_features));
+        break;
+    case PDP__RELU:
+    case PDP__GELU:
+    case PDP__TANH:
+    case PDP__SIGMOID:
+        PDP__CUDA_TRY(pdp_cudak_act_fwd(dev, pdp__cuda_act_of(l->kind), io->x, io->y, n));
+        break;
+    case PDP__DROPOUT:
+        if (!io->training || l->p == 0.0f) {
+            if (io->y != io->x)
+                PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float)));
+        } else {
+            PDP__CUDA_TRY(pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, B, l->in_count, l->p,
+                                                io->seed, l->index, io->step, io->sample_base));
+        }
+        break;
+    case PDP__LAYERNORM:
+        PDP__CUDA_TRY(pdp_cudak_layernorm_fwd(dev, io->x, io->w, io->b, io->y, io->saved, B,
+                                              l->in_count, l->eps));
+        break;
+    case PDP__CONV2D:
+        g = pdp__cuda_geom(l, B);
+        PDP__CUDA_TRY(pdp_cudak_conv_fwd(dev, &g, io->x, io->w, io->b, io->y, io->work));
+        break;
+    case PDP__MAXPOOL2D:
+        g = pdp__cuda_geom(l, B);
+        PDP__CUDA_TRY(pdp_cudak_maxpool_fwd(dev, &g, io->x, io->y, io->saved));
+        break;
+    case PDP__FLATTEN:
+        if (io->y != io->x)
+            PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float)));
+        break;
+    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    }
+    return PDP_OK;
+#else
+    (void)l;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, io->device.ordinal);
+#endif
+}
+
+static pdp_status pdp__cuda_layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+#ifdef PDP_CUDA
+    int dev = io->device.ordinal;
+    int64_t B = io->batch, n = B * l->in_count;
+    pdp_cudak_conv g;
+    switch (l->kind) {
+    case PDP__LINEAR:
+        PDP__CUDA_TRY(pdp_cudak_linear_bwd(dev, io->x, io->w, io->dy, io->dw, io->db, io->dx, B,
+                                           l->in_count, l->out_features));
+        break;
+    case PDP__RELU:
+    case PDP__GELU:
+    case PDP__TANH:
+    case PDP__SIGMOID:
+        if (io->dx)
+            PDP__CUDA_TRY(pdp_cudak_act_bwd(dev, pdp__cuda_act_of(l->kind), io->x, io->y, io->dy,
+                                            io->dx, n));
+        break;
+    case PDP__DROPOUT:
+        if (!io->dx) break;
+        if (!io->training || l->p == 0.0f)
+            PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->dx, dev, io->dy, (size_t)n * sizeof(float)));
+        else
+            PDP__CUDA_TRY(pdp_cudak_mul(dev, io->dy, io->saved, io->dx, n));
+        break;
+    case PDP__LAYERNORM:
+        PDP__CUDA_TRY(pdp_cudak_layernorm_bwd(dev, io->x, io->w, io->dy, io->saved, io->dw, io->db,
+                                              io->dx, B, l->in_count));
+        break;
+    case PDP__CONV2D:
+        g = pdp__cuda_geom(l, B);
+        PDP__CUDA_TRY(pdp_cudak_conv_bwd(dev, &g, io->x, io->w, io->dy, io->dw, io->db, io->dx,
+                                         io->work));
+        break;
+    case PDP__MAXPOOL2D:
+        g = pdp__cuda_geom(l, B);
+        if (io->dx) PDP__CUDA_TRY(pdp_cudak_maxpool_bwd(dev, &g, io->dy, io->saved, io->dx));
+        break;
+    case PDP__FLATTEN:
+        if (io->dx && io->dx != io->dy)
+            PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->dx, dev, io->dy, (size_t)n * sizeof(float)));
+        break;
+    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    }
+    return PDP_OK;
+#else
+    (void)l;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, io->device.ordinal);
+#endif
+}
+
+/* ---- cuda_host: losses ----
+   The same contract as loss.c's pdp__cross_entropy, logits and dlogits on
+   device d: labels (host memory) are checked here in sample order, the device
+   computes per-sample losses, and the host sums them in sample order. */
+
+static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
+                                          int64_t batch, int64_t classes, float grad_scale,
+                                          double *loss_sum, float *dlogits, const char *fn)
+{
+#ifdef PDP_CUDA
+    double *loss = (double *)pdp__thread_scratch((size_t)batch * sizeof(double)), total = 0.0;
+    int64_t i;
+    pdp_status st;
+    *loss_sum = 0.0;
+    if (!loss) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld losses", fn,
+                               (long long)batch);
+    for (i = 0; i < batch; i++)
+        if (labels[i] < 0 || labels[i] >= classes)
+            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)",
+                            fn, (long)labels[i], (long long)i, (long long)classes);
+    if ((st = pdp_cudak_cross_entropy(d.ordinal, logits, labels, batch, classes, grad_scale, loss,
+                                      dlogits)) != PDP_OK)
+        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
+    for (i = 0; i < batch; i++) {
+        if (loss[i] != loss[i] || loss[i] == HUGE_VAL || loss[i] == -HUGE_VAL) {
+            *loss_sum = loss[i];
+            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at sample %lld", fn,
+                            loss[i] != loss[i] ? "NaN" : "Inf", (long long)i);
+        }
+        total += loss[i];
+    }
+    *loss_sum = total;
+    return PDP_OK;
+#else
+    (void)logits, (void)labels, (void)batch, (void)classes, (void)grad_scale, (void)dlogits;
+    *loss_sum = 0.0;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+/* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
+static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
+                                int64_t count, float scale, double *sum, float *dpred,
+                                const char *fn)
+{
+#ifdef PDP_CUDA
+    pdp_status st;
+    if ((st = pdp_cudak_mse(d.ordinal, pred, target, count, scale, sum, dpred)) != PDP_OK)
+        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
+    return PDP_OK;
+#else
+    (void)pred, (void)target, (void)count, (void)scale, (void)dpred;
+    *sum = 0.0;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+/* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
+
+static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
+                                         float *p, const float *g, float *s0, float *s1, int64_t n)
+{
+#ifdef PDP_CUDA
+    if (s->kind == PDP_OPTIM_SGD)
+        PDP__CUDA_TRY(pdp_cudak_sgd(d.ordinal, p, g, s0, n, s->lr, s->momentum, s->one_minus_damp,
+                                    s->weight_decay, s->nesterov, s->first));
+    else
+        PDP__CUDA_TRY(pdp_cudak_adam(d.ordinal, p, g, s0, s1, n, s->beta1, s->one_minus_beta1,
+                                     s->beta2, s->one_minus_beta2, s->step_size, s->bc2_sqrt,
+                                     s->eps, s->l2, s->decay));
+    return PDP_OK;
+#else
+    (void)s, (void)p, (void)g, (void)s0, (void)s1, (void)n;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+
+/* ---- cuda_host: the NCCL communicator ---- */
+
+struct pdp_nccl_group {
+    int n;
+    double timeout_s;
+    char name[32];
+    pdp_device *devices;
+#ifdef PDP_CUDA
+    pdp_cudak_nccl **handles; /* taken by pdp_comm_create_nccl (NULL once taken) */
+#endif
+};
+
+#ifdef PDP_CUDA
+
+typedef struct pdp__nccl_work {
+    pdp_work head;
+    int slot;
+    bool busy;
+} pdp__nccl_work;
+
+typedef struct pdp__nccl_comm {
+    pdp_comm head;
+    pdp_cudak_nccl *h;
+    float *barrier_buf;     /* one float on the device */
+    int next;               /* the pool entry of the next collective */
+    int64_t seq;
+    bool traced;
+    int trace_tid;          /* 0: not traced */
+    pdp__nccl_work pool[PDP_CUDAK_NCCL_SLOTS];
+} pdp__nccl_comm;
+
+static const char *pdp__nccl_op_names[] = {"allreduce", "broadcast", "reduce_scatter",
+                                           "allgather"};
+
+static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float *send,
+                                  float *recv, int64_t count, int op, pdp_work **w)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp__nccl_work *wk;
+    int slot;
+    pdp_status st;
+    /* the pool entry k shares event slot k: a handle is free again once waited */
+    wk = &nc->pool[nc->next];
+    if (wk->busy)
+        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait on "
+                        "some before issuing more", PDP_CUDAK_NCCL_SLOTS, c->name, c->rank);
+    if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, &slot)) != PDP_OK)
+        return pdp__err(st, "%s #%lld (count %lld) on comm '%s', rank %d of %d: pdp_cuda: %s",
+                        pdp__nccl_op_names[kind], (long long)nc->seq, (long long)count, c->name,
+                        c->rank, c->size, pdp_cudak_error());
+    PDP_ASSERT(slot == nc->next);
+    nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS;
+    wk->busy = true;
+    wk->slot = slot;
+    wk->head.comm = c;
+    wk->head.op_name = pdp__nccl_op_names[kind];
+    wk->head.seq = nc->seq++;
+    wk->head.t_start = pdp__now();
+    wk->head.t_done = 0.0;
+    *w = &wk->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__nccl_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                      pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, w);
+}
+
+static pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                      pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, w);
+}
+
+static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                           int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_REDUCE_SCATTER, send, recv, recv_count,
+                           op == PDP_REDUCE_AVG, w);
+}
+
+static pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
+                                      int64_t send_count, pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, w);
+}
+
+static pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0, w);
+}
+
+static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_status st = pdp_cudak_nccl_broadcast_bytes(nc->h, buf, bytes, root, c->timeout_s);
+    if (st != PDP_OK)
+        return pdp__err(st, "broadcast of %zu bytes from rank %d on comm '%s', rank %d of %d: "
+                        "pdp_cuda: %s", bytes, root, c->name, c->rank, c->size, pdp_cudak_error());
+    return PDP_OK;
+}
+
+static pdp_status pdp__nccl_wait(pdp_work *w)
+{
+    pdp__nccl_work *wk = (pdp__nccl_work *)w;
+    pdp_comm *c = w->comm;
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_status st = pdp_cudak_nccl_wait(nc->h, wk->slot, c->timeout_s);
+    w->t_done = pdp__now();
+    wk->busy = false;
+    if (st != PDP_OK)
+        return pdp__err(st, "%s #%lld on comm '%s', rank %d of %d: pdp_cuda: %s", w->op_name,
+                        (long long)w->seq, c->name, c->rank, c->size, pdp_cudak_error());
+    if (nc->trace_tid) {
+        char args[64];
+        snprintf(args, sizeof args, "\"seq\":%lld", (long long)w->seq);
+        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start, w->t_done,
+                         args);
+    }
+    return PDP_OK;
+}
+
+static bool pdp__nccl_done(pdp_work *w)
+{
+    pdp__nccl_work *wk = (pdp__nccl_work *)w;
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)w->comm->impl;
+    return pdp_cudak_nccl_query(nc->h, wk->slot) != 0;
+}
+
+static void pdp__nccl_destroy(pdp_comm *c)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_cudak_free(c->device.ordinal, nc->barrier_buf);
+    pdp_cudak_nccl_free(nc->h, 0);
+    if (nc->traced) pdp__trace_close();
+    pdp__dealloc(nc);
+}
+
+static const pdp__comm_ops pdp__nccl_ops = {
+    pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
+    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_wait,     pdp__nccl_done,
+    pdp__nccl_destroy};
+
+/* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
+static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
+                                 double timeout_s, const char *name, bool process_rank,
+                                 const char *fn)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
+    pdp_status st;
+    if (!nc) {
+        pdp_cudak_nccl_free(h, 0);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
+    }
+    nc->h = h;
+    nc->head.ops = &pdp__nccl_ops;
+    nc->head.backend = PDP_BACKEND_NCCL;
+    nc->head.rank = rank;
+    nc->head.size = size;
+    nc->head.timeout_s = timeout_s;
+    nc->head.device = pdp_cuda(dev);
+    snprintf(nc->head.name, sizeof nc->head.name, "%s", name ? name : "comm");
+    nc->head.impl = nc;
+    if ((st = pdp_cudak_malloc(dev, sizeof(float), (void **)&nc->barrier_buf)) != PDP_OK ||
+        (st = pdp_cudak_memset0(dev, nc->barrier_buf, sizeof(float))) != PDP_OK) {
+        st = pdp__err(st, "%s: rank %d: pdp_cuda: %s", fn, rank, pdp_cudak_error());
+        pdp__nccl_destroy(&nc->head);
+        return st;
+    }
+    if (pdp__trace_open(process_rank && size > 1 ? rank : -1) == PDP_OK) {
+        nc->traced = true;
+        if (pdp__trace_enabled()) {
+            char track[48];
+            snprintf(track, sizeof track, "comm %s (nccl)", nc->head.name);
+            nc->trace_tid = pdp__trace_track(rank, track);
+        }
+    }
+    *out = &nc->head;
+    return PDP_OK;
+}
+
+/* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. */
+static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_comm_init_env";
+    pdp_env_info env;
+    pdp_store_desc sd;
+    pdp_store *store = NULL;
+    pdp_cudak_nccl *h = NULL;
+    unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
+    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    const char *port_env;
+    int dev;
+    pdp_status st;
+    *out = NULL;
+    if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
+    dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
+    memset(&sd, 0, sizeof sd);
+    sd.host = env.master_addr;
+    sd.port = env.master_port;
+    /* torchrun's own store holds MASTER_PORT; ours takes the next port */
+    if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env.master_port + 1;
+    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) sd.port = atoi(port_env);
+    sd.is_server = env.rank == 0;
+    sd.world_size = env.world_size;
+    sd.timeout_s = timeout;
+    memset(id, 0, sizeof id);
+    if (env.world_size > 1) {
+        if ((st = pdp_store_create(&store, &sd)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: NCCL rank %d of %d: the TCP store", fn, env.rank,
+                                 env.world_size);
+    }
+    if (env.rank == 0) {
+        if ((st = pdp_cudak_nccl_unique_id(dev, id)) != PDP_OK) {
+            st = pdp__err(st, "%s: rank 0: pdp_cuda: %s", fn, pdp_cudak_error());
+            goto done;
+        }
+        if (store && (st = pdp_store_set(store, "pdp/nccl_id", id, sizeof id)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: rank 0 publishing the NCCL id", fn);
+            goto done;
+        }
+    } else if ((st = pdp_store_get(store, "pdp/nccl_id", id, sizeof id, NULL)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s: rank %d of %d waiting for the NCCL id from rank 0", fn,
+                           env.rank, env.world_size);
+        goto done;
+    }
+    /* everyone holds the id before rank 0's store may go away */
+    if (store && (st = pdp_store_barrier(store, "pdp/nccl_id_read", env.world_size, timeout)) !=
+                     PDP_OK) {
+        st = pdp__err_wrap(st, "%s: rank %d of %d", fn, env.rank, env.world_size);
+        goto done;
+    }
+    if ((st = pdp_cudak_nccl_init_rank(&h, dev, env.world_size, env.rank, id, timeout)) != PDP_OK) {
+        st = pdp__err(st, "%s: NCCL rank %d of %d on CUDA device %d: pdp_cuda: %s", fn, env.rank,
+                      env.world_size, dev, pdp_cudak_error());
+        goto done;
+    }
+    st = pdp__nccl_wrap(out, h, dev, env.rank, env.world_size, timeout,
+                        desc ? desc->name : NULL, true, fn);
+done:
+    pdp_store_free(store);
+    return st;
+}
+
+#endif /* PDP_CUDA */
+
+PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
+                                         const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_nccl_group_create";
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (ndev < 1 || ndev > 64 || !devices)
+        return pdp__err(PDP_ERR_INVALID, "%s: ndev %d outside 1..64 or devices NULL", fn, ndev);
+    for (i = 0; i < ndev; i++)
+        if (devices[i].kind != PDP_DEVICE_CUDA)
+            return pdp__err(PDP_ERR_DEVICE, "%s: devices[%d] is not a CUDA device", fn, i);
+#ifdef PDP_CUDA
+    {
+        int devs[64];
+        pdp_status st;
+        pdp_nccl_group *g = (pdp_nccl_group *)pdp__calloc(sizeof *g);
+        if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        g->n = ndev;
+        g->timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+        snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
+        g->devices = (pdp_device *)pdp__calloc((size_t)ndev * sizeof *g->devices);
+        g->handles = (pdp_cudak_nccl **)pdp__calloc((size_t)ndev * sizeof *g->handles);
+        if (!g->devices || !g->handles) {
+            pdp_nccl_group_free(g);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, ndev);
+        }
+        for (i = 0; i < ndev; i++) {
+            g->devices[i] = devices[i];
+            devs[i] = devices[i].ordinal;
+        }
+        if ((st = pdp_cudak_nccl_init_all(g->handles, ndev, devs)) != PDP_OK) {
+            st = pdp__err(st, "%s: %d GPUs: pdp_cuda: %s", fn, ndev, pdp_cudak_error());
+            pdp_nccl_group_free(g);
+            return st;
+        }
+        *out = g;
+        return PDP_OK;
+    }
+#else
+    (void)desc;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the NCCL backend is " PDP__NO_CUDA_MSG, fn);
+#endif
+}
+
+PDP_API void pdp_nccl_group_free(pdp_nccl_group *g)
+{
+    if (!g) return;
+#ifdef PDP_CUDA
+    if (g->handles) {
+        int i;
+        for (i = 0; i < g->n; i++) pdp_cudak_nccl_free(g->handles[i], 0);
+    }
+    pdp__dealloc(g->handles);
+#endif
+    pdp__dealloc(g->devices);
+    pdp__dealloc(g);
+}
+
+PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int rank)
+{
+    static const char *fn = "pdp_comm_create_nccl";
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
+    if (rank < 0 || rank >= g->n)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->n - 1);
+#ifdef PDP_CUDA
+    {
+        pdp_cudak_nccl *h = g->handles[rank];
+        if (!h)
+            return pdp__err(PDP_ERR_STATE, "%s: rank %d already has its communicator", fn, rank);
+        g->handles[rank] = NULL;
+        return pdp__nccl_wrap(out, h, g->devices[rank].ordinal, rank, g->n, g->timeout_s, g->name,
+                              false, fn);
+    }
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: " PDP__NO_CUDA_MSG, fn);
+#endif
 }
 /* ---- end src/cuda_host.c ---- */
 

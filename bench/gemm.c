@@ -4,7 +4,10 @@
    NN is A*B, TN is A^T*B, NT is A*B^T (row-major, as pdp_sgemm takes them). The
    128-row shapes are the MLP's (batch 128, layers 784->512 and 512->512).
    Each figure is the median of 7 timed repetitions after a warm-up; a repetition
-   loops the call for about 25 ms. 1 and 2 threads: pdp_set_num_threads for ours,
+   loops the call for about 25 ms, and ours and OpenBLAS's alternate repetition by
+   repetition, so that a noisy neighbour on the machine hits both alike. OpenBLAS's
+   workers spin for a while after each call and would steal the second core from
+   ours, so with 2 threads the bench sleeps 150 ms after each OpenBLAS repetition. 1 and 2 threads: pdp_set_num_threads for ours,
    openblas_set_num_threads for OpenBLAS.
 
    make bench        (links OpenBLAS and defines PDP_BENCH_OPENBLAS when pkg-config
@@ -63,24 +66,55 @@ static void run_openblas(const problem *p)
 }
 #endif
 
-/* Median GFLOP/s of fn over REPS repetitions of `iters` calls each. */
-static double measure(void (*fn)(const problem *), const problem *p)
+/* Calls per repetition so that one lasts about 25 ms. */
+static int calibrate(void (*fn)(const problem *), const problem *p)
 {
-    double flops = 2.0 * (double)p->s.m * (double)p->s.n * (double)p->s.k, t, rate[REPS];
-    int iters = 1, r, i;
-    fn(p);
+    double t;
+    fn(p); /* warm-up: pool, scratch, caches */
     t = now();
     fn(p);
     t = now() - t;
-    if (t < 0.025) iters = (int)(0.025 / (t > 1e-6 ? t : 1e-6)) + 1;
-    for (r = 0; r < REPS; r++) {
-        t = now();
-        for (i = 0; i < iters; i++) fn(p);
-        t = now() - t;
-        rate[r] = flops * iters / t * 1e-9;
+    return t < 0.025 ? (int)(0.025 / (t > 1e-6 ? t : 1e-6)) + 1 : 1;
+}
+
+static double time_reps(void (*fn)(const problem *), const problem *p, int iters)
+{
+    double t = now();
+    int i;
+    for (i = 0; i < iters; i++) fn(p);
+    return (now() - t) / iters;
+}
+
+/* Median GFLOP/s of ours (rate[0]) and, when built with it, OpenBLAS (rate[1]) over
+   REPS repetitions, alternating the two so that both see the same machine state. */
+static void measure(const problem *p, int threads, double rate[2])
+{
+    double flops = 2.0 * (double)p->s.m * (double)p->s.n * (double)p->s.k;
+    double r[2][REPS];
+    int it[2], rep, lib, libs = 1;
+    it[0] = calibrate(run_ours, p);
+#ifdef PDP_BENCH_OPENBLAS
+    it[1] = calibrate(run_openblas, p);
+    libs = 2;
+#endif
+    for (rep = 0; rep < REPS; rep++) {
+        r[0][rep] = flops / time_reps(run_ours, p, it[0]) * 1e-9;
+#ifdef PDP_BENCH_OPENBLAS
+        r[1][rep] = flops / time_reps(run_openblas, p, it[1]) * 1e-9;
+        if (threads > 1) { /* OpenBLAS's workers spin a while after a call: let them park */
+            struct timespec park = {0, 150000000};
+            nanosleep(&park, NULL);
+        }
+#else
+        (void)threads;
+#endif
     }
-    qsort(rate, REPS, sizeof rate[0], cmp_double);
-    return rate[REPS / 2];
+    for (lib = 0; lib < 2; lib++) {
+        rate[lib] = 0.0;
+        if (lib >= libs) break;
+        qsort(r[lib], REPS, sizeof r[lib][0], cmp_double);
+        rate[lib] = r[lib][REPS / 2];
+    }
 }
 
 static const char *layout(const shape *s)
@@ -118,7 +152,7 @@ int main(int argc, char **argv)
 #endif
     for (i = 0; i < count; i++) {
         problem p;
-        double ours[2], ob[2];
+        double ours[2], ob[2], rate[2];
         int t;
         char name[32];
         int64_t arows, brows;
@@ -138,13 +172,12 @@ int main(int argc, char **argv)
         for (j = 0; j < (size_t)(brows * p.ldb); j++) p.b[j] = (float)((j * 5 + 1) % 11) * 0.1f - 0.5f;
         for (t = 0; t < 2; t++) {
             pdp_set_num_threads(t + 1);
-            ours[t] = measure(run_ours, &p);
 #ifdef PDP_BENCH_OPENBLAS
             openblas_set_num_threads(t + 1);
-            ob[t] = measure(run_openblas, &p);
-#else
-            ob[t] = 0.0;
 #endif
+            measure(&p, t + 1, rate);
+            ours[t] = rate[0];
+            ob[t] = rate[1];
         }
         snprintf(name, sizeof name, "%dx%dx%d", (int)p.s.m, (int)p.s.k, (int)p.s.n);
 #ifdef PDP_BENCH_OPENBLAS

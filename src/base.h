@@ -81,3 +81,11 @@ PDP_API int pdp_get_num_threads(void);
    before unloading). The pool is the one piece of process-wide state; the next
    call that needs it starts it again. Call it when no other thread is in pdp. */
 PDP_API void pdp_shutdown_threads(void);
+
+/* Tracing: with PDP_TRACE=path in the environment, DDP and the communicators
+   record a Chrome trace (open it in ui.perfetto.dev or chrome://tracing); a
+   process that is one rank of several writes path.rank<r>.<ext>. The file is
+   written when the last traced object is freed and whenever the in-memory
+   buffer fills; this writes it now (a valid JSON file afterwards). PDP_OK when
+   tracing is off. */
+PDP_API pdp_status pdp_trace_flush(void);

@@ -1,3 +1,891 @@
-/* checkpoint: (to be written) */
+/* checkpoint: safetensors files for a model's parameters and its optimizer
+   state, with our own small strict parser of the format's JSON header.
+
+   Format (https://github.com/huggingface/safetensors, "Format"): 8 bytes
+   little-endian u64 N, then N bytes of JSON, then the data. The JSON is one
+   object: tensor name -> {"dtype": "F32", "shape": [..], "data_offsets":
+   [begin, end]} with offsets relative to the data start, plus an optional
+   "__metadata__" object of string -> string. Names are unique; the tensors'
+   byte ranges must tile the data section exactly (no gap, no overlap);
+   trailing spaces pad the header.
+
+   Invariants. Save never exposes a half-written file: it writes
+   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory.
+   Load never half-applies a file: it reads the header (at most
+   PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
+   validates every entry, reads every expected tensor into one staging buffer,
+   and only then copies into the model and the optimizer. The parser accepts
+   only what the format needs (objects, strings, non-negative integers, arrays of
+   them), holds no recursion, and bounds every count by the header length. */
 
 #include "internal.h"
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#ifndef PDP__CKPT_MAX_HEADER
+#  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
+#endif
+#define PDP__CKPT_MAX_DIMS 16
+
+static bool pdp__little_endian(void)
+{
+    const uint32_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+static void pdp__bswap32(void *data, int64_t count)
+{
+    unsigned char *p = (unsigned char *)data, t;
+    int64_t i;
+    for (i = 0; i < count; i++, p += 4) {
+        t = p[0]; p[0] = p[3]; p[3] = t;
+        t = p[1]; p[1] = p[2]; p[2] = t;
+    }
+}
+
+/* ---- checkpoint: header parser ---- */
+
+typedef struct pdp__st_entry {
+    const char *name;           /* decoded, NUL-terminated, in the parser's arena */
+    const char *dtype;
+    int ndim;
+    int64_t shape[PDP__CKPT_MAX_DIMS];
+    uint64_t begin, end;        /* data_offsets */
+} pdp__st_entry;
+
+typedef struct pdp__st_parser {
+    const char *s;              /* the header */
+    size_t n, pos;
+    char *arena;                /* decoded strings; never longer than their source */
+    size_t arena_used;
+    pdp__st_entry *entries;
+    int nentries, cap_entries;
+    const char **meta;          /* key, value, key, value, ... */
+    int nmeta, cap_meta;
+    const char *file;           /* for messages */
+} pdp__st_parser;
+
+static pdp_status pdp__st_fail(const pdp__st_parser *p, const char *what)
+{
+    return pdp__err(PDP_ERR_FORMAT, "pdp_checkpoint_load: %s: header byte %zu: %s", p->file, p->pos,
+                    what);
+}
+
+static void pdp__st_ws(pdp__st_parser *p)
+{
+    while (p->pos < p->n && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' ||
+                             p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
+        p->pos++;
+}
+
+/* Skips whitespace, then consumes c or fails. */
+static bool pdp__st_expect(pdp__st_parser *p, char c)
+{
+    pdp__st_ws(p);
+    if (p->pos < p->n && p->s[p->pos] == c) {
+        p->pos++;
+        return true;
+    }
+    return false;
+}
+
+static int pdp__st_hex(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* A JSON string, decoded into the arena as UTF-8 (\uXXXX escapes, surrogate
+   pairs included). */
+static pdp_status pdp__st_string(pdp__st_parser *p, const char **out)
+{
+    char *o = p->arena + p->arena_used;
+    size_t len = 0;
+    if (!pdp__st_expect(p, '"')) return pdp__st_fail(p, "expected a string");
+    for (;;) {
+        unsigned char c;
+        if (p->pos >= p->n) return pdp__st_fail(p, "unterminated string");
+        c = (unsigned char)p->s[p->pos++];
+        if (c == '"') break;
+        if (c < 0x20) return pdp__st_fail(p, "control character in a string");
+        if (c != '\\') {
+            o[len++] = (char)c;
+            continue;
+        }
+        if (p->pos >= p->n) return pdp__st_fail(p, "unterminated escape");
+        c = (unsigned char)p->s[p->pos++];
+        switch (c) {
+        case '"': case '\\': case '/': o[len++] = (char)c; break;
+        case 'b': o[len++] = '\b'; break;
+        case 'f': o[len++] = '\f'; break;
+        case 'n': o[len++] = '\n'; break;
+        case 'r': o[len++] = '\r'; break;
+        case 't': o[len++] = '\t'; break;
+        case 'u': {
+            uint32_t cp = 0;
+            int i, h, pair;
+            for (pair = 0; pair < 2; pair++) {
+                uint32_t u = 0;
+                if (p->n - p->pos < 4) return pdp__st_fail(p, "short \\u escape");
+                for (i = 0; i < 4; i++) {
+                    if ((h = pdp__st_hex(p->s[p->pos++])) < 0)
+                        return pdp__st_fail(p, "bad \\u escape");
+                    u = u * 16 + (uint32_t)h;
+                }
+                if (pair == 0) {
+                    cp = u;
+                    if (u >= 0xdc00 && u <= 0xdfff) return pdp__st_fail(p, "lone low surrogate");
+                    if (u < 0xd800 || u > 0xdbff) break;
+                    if (p->n - p->pos < 2 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u')
+                        return pdp__st_fail(p, "lone high surrogate");
+                    p->pos += 2;
+                } else {
+                    if (u < 0xdc00 || u > 0xdfff) return pdp__st_fail(p, "bad surrogate pair");
+                    cp = 0x10000 + ((cp - 0xd800) << 10) + (u - 0xdc00);
+                }
+            }
+            if (cp == 0) return pdp__st_fail(p, "NUL in a string");
+            /* at most 4 output bytes for at least 6 (12 for a pair) input bytes */
+            if (cp < 0x80) {
+                o[len++] = (char)cp;
+            } else if (cp < 0x800) {
+                o[len++] = (char)(0xc0 | (cp >> 6));
+                o[len++] = (char)(0x80 | (cp & 0x3f));
+            } else if (cp < 0x10000) {
+                o[len++] = (char)(0xe0 | (cp >> 12));
+                o[len++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                o[len++] = (char)(0x80 | (cp & 0x3f));
+            } else {
+                o[len++] = (char)(0xf0 | (cp >> 18));
+                o[len++] = (char)(0x80 | ((cp >> 12) & 0x3f));
+                o[len++] = (char)(0x80 | ((cp >> 6) & 0x3f));
+                o[len++] = (char)(0x80 | (cp & 0x3f));
+            }
+            break;
+        }
+        default: return pdp__st_fail(p, "unknown escape");
+        }
+    }
+    o[len] = '\0';
+    p->arena_used += len + 1;
+    *out = o;
+    return PDP_OK;
+}
+
+/* A non-negative integer without sign, fraction, exponent or leading zeros. */
+static pdp_status pdp__st_uint(pdp__st_parser *p, uint64_t *out)
+{
+    uint64_t v = 0;
+    size_t start;
+    pdp__st_ws(p);
+    start = p->pos;
+    while (p->pos < p->n && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
+        unsigned d = (unsigned)(p->s[p->pos] - '0');
+        if (v > (UINT64_MAX - d) / 10) return pdp__st_fail(p, "integer overflows 64 bits");
+        v = v * 10 + d;
+        p->pos++;
+    }
+    if (p->pos == start) return pdp__st_fail(p, "expected a non-negative integer");
+    if (p->s[start] == '0' && p->pos - start > 1) return pdp__st_fail(p, "leading zero");
+    if (p->pos < p->n && (p->s[p->pos] == '.' || p->s[p->pos] == 'e' || p->s[p->pos] == 'E'))
+        return pdp__st_fail(p, "expected an integer");
+    *out = v;
+    return PDP_OK;
+}
+
+/* [u, u, ...] with at most max elements. */
+static pdp_status pdp__st_uint_array(pdp__st_parser *p, uint64_t *out, int max, int *count)
+{
+    pdp_status st;
+    *count = 0;
+    if (!pdp__st_expect(p, '[')) return pdp__st_fail(p, "expected '['");
+    if (pdp__st_expect(p, ']')) return PDP_OK;
+    for (;;) {
+        if (*count == max) return pdp__st_fail(p, "array too long");
+        if ((st = pdp__st_uint(p, &out[(*count)++])) != PDP_OK) return st;
+        if (pdp__st_expect(p, ']')) return PDP_OK;
+        if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or ']'");
+    }
+}
+
+/* {"dtype": s, "shape": [..], "data_offsets": [b, e]}, each key exactly once. */
+static pdp_status pdp__st_tensor(pdp__st_parser *p, pdp__st_entry *e)
+{
+    bool have_dtype = false, have_shape = false, have_offsets = false;
+    uint64_t v[PDP__CKPT_MAX_DIMS];
+    const char *key;
+    int i, n;
+    pdp_status st;
+    if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (tensor info)");
+    if (pdp__st_expect(p, '}')) return pdp__st_fail(p, "empty tensor info");
+    for (;;) {
+        if ((st = pdp__st_string(p, &key)) != PDP_OK) return st;
+        if (!pdp__st_expect(p, ':')) return pdp__st_fail(p, "expected ':'");
+        if (strcmp(key, "dtype") == 0 && !have_dtype) {
+            if ((st = pdp__st_string(p, &e->dtype)) != PDP_OK) return st;
+            have_dtype = true;
+        } else if (strcmp(key, "shape") == 0 && !have_shape) {
+            if ((st = pdp__st_uint_array(p, v, PDP__CKPT_MAX_DIMS, &n)) != PDP_OK) return st;
+            for (i = 0; i < n; i++) {
+                if (v[i] > (uint64_t)INT64_MAX) return pdp__st_fail(p, "dimension too large");
+                e->shape[i] = (int64_t)v[i];
+            }
+            e->ndim = n;
+            have_shape = true;
+        } else if (strcmp(key, "data_offsets") == 0 && !have_offsets) {
+            if ((st = pdp__st_uint_array(p, v, 2, &n)) != PDP_OK) return st;
+            if (n != 2) return pdp__st_fail(p, "data_offsets needs 2 integers");
+            e->begin = v[0];
+            e->end = v[1];
+            have_offsets = true;
+        } else {
+            return pdp__st_fail(p, "unknown or repeated key in tensor info");
+        }
+        if (pdp__st_expect(p, '}')) break;
+        if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or '}'");
+    }
+    if (!have_dtype || !have_shape || !have_offsets)
+        return pdp__st_fail(p, "tensor info needs dtype, shape and data_offsets");
+    return PDP_OK;
+}
+
+/* {"key": "value", ...} */
+static pdp_status pdp__st_metadata(pdp__st_parser *p)
+{
+    pdp_status st;
+    if (p->meta) return pdp__st_fail(p, "__metadata__ twice");
+    p->cap_meta = (int)(p->n / 6 + 1) * 2; /* "k":"v", takes at least 6 bytes */
+    p->meta = (const char **)pdp__alloc((size_t)p->cap_meta * sizeof *p->meta);
+    if (!p->meta) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_checkpoint_load: no memory");
+    if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (__metadata__)");
+    if (pdp__st_expect(p, '}')) return PDP_OK;
+    for (;;) {
+        PDP_ASSERT(p->nmeta + 2 <= p->cap_meta);
+        if ((st = pdp__st_string(p, &p->meta[p->nmeta])) != PDP_OK) return st;
+        if (!pdp__st_expect(p, ':')) return pdp__st_fail(p, "expected ':'");
+        if ((st = pdp__st_string(p, &p->meta[p->nmeta + 1])) != PDP_OK) return st;
+        p->nmeta += 2;
+        if (pdp__st_expect(p, '}')) return PDP_OK;
+        if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or '}'");
+    }
+}
+
+/* The whole header. Allocations (arena, entries, metadata) are freed by
+   pdp__st_parser_free, also after a failure. */
+static pdp_status pdp__st_parse(pdp__st_parser *p)
+{
+    const char *key;
+    pdp_status st;
+    p->arena = (char *)pdp__alloc(p->n + 1);
+    /* the shortest entry, "":{"dtype":"","shape":[],"data_offsets":[0,0]}, has 45 bytes */
+    p->cap_entries = (int)(p->n / 45 + 1);
+    p->entries = (pdp__st_entry *)pdp__calloc((size_t)p->cap_entries * sizeof *p->entries);
+    if (!p->arena || !p->entries)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_checkpoint_load: %s: no memory for a %zu-byte "
+                        "header", p->file, p->n);
+    if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (not a safetensors file?)");
+    if (!pdp__st_expect(p, '}')) {
+        for (;;) {
+            if ((st = pdp__st_string(p, &key)) != PDP_OK) return st;
+            if (!pdp__st_expect(p, ':')) return pdp__st_fail(p, "expected ':'");
+            if (strcmp(key, "__metadata__") == 0) {
+                if ((st = pdp__st_metadata(p)) != PDP_OK) return st;
+            } else {
+                pdp__st_entry *e;
+                if (p->nentries == p->cap_entries) return pdp__st_fail(p, "too many tensors");
+                e = &p->entries[p->nentries++];
+                e->name = key;
+                if ((st = pdp__st_tensor(p, e)) != PDP_OK) return st;
+            }
+            if (pdp__st_expect(p, '}')) break;
+            if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or '}'");
+        }
+    }
+    pdp__st_ws(p);
+    if (p->pos != p->n) return pdp__st_fail(p, "bytes after the header object");
+    return PDP_OK;
+}
+
+static void pdp__st_parser_free(pdp__st_parser *p)
+{
+    pdp__dealloc(p->arena);
+    pdp__dealloc(p->entries);
+    pdp__dealloc((void *)p->meta);
+}
+
+static const char *pdp__st_meta(const pdp__st_parser *p, const char *key)
+{
+    int i;
+    for (i = 0; i < p->nmeta; i += 2)
+        if (strcmp(p->meta[i], key) == 0) return p->meta[i + 1];
+    return NULL;
+}
+
+/* Bytes per element of a safetensors dtype; 0 when unknown. */
+static int pdp__st_dtype_bytes(const char *d)
+{
+    static const char *const names[] = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8",
+                                        "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
+    static const int bytes[] = {8, 4, 2, 2, 8, 4, 2, 1, 8, 4, 2, 1, 1, 1, 1};
+    size_t i;
+    for (i = 0; i < sizeof bytes / sizeof bytes[0]; i++)
+        if (strcmp(d, names[i]) == 0) return bytes[i];
+    return 0;
+}
+
+static int pdp__st_by_begin(const void *a, const void *b)
+{
+    const pdp__st_entry *x = *(const pdp__st_entry *const *)a;
+    const pdp__st_entry *y = *(const pdp__st_entry *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static int pdp__st_by_name(const void *a, const void *b)
+{
+    const pdp__st_entry *x = *(const pdp__st_entry *const *)a;
+    const pdp__st_entry *y = *(const pdp__st_entry *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+/* Per-entry checks (known dtype, byte count = elements * size, inside the data),
+   unique names, and exact tiling of the data section. sorted gets the entries
+   by name. */
+static pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
+                                   pdp__st_entry **sorted)
+{
+    const char *fn = "pdp_checkpoint_load";
+    uint64_t at = 0;
+    int i, d;
+    for (i = 0; i < p->nentries; i++) {
+        const pdp__st_entry *e = &p->entries[i];
+        uint64_t bytes = (uint64_t)pdp__st_dtype_bytes(e->dtype);
+        if (!bytes)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\": unknown dtype \"%s\"", fn,
+                            p->file, e->name, e->dtype);
+        for (d = 0; d < e->ndim; d++) {
+            if (e->shape[d] && bytes > UINT64_MAX / (uint64_t)e->shape[d])
+                return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\": shape overflows", fn,
+                                p->file, e->name);
+            bytes *= (uint64_t)e->shape[d];
+        }
+        if (e->end < e->begin || e->end > data_bytes)
+            return pdp__err(PDP_ERR_FORMAT,
+                            "%s: %s: tensor \"%s\": data_offsets [%llu, %llu] outside the %llu "
+                            "data bytes (truncated file?)", fn, p->file, e->name,
+                            (unsigned long long)e->begin, (unsigned long long)e->end,
+                            (unsigned long long)data_bytes);
+        if (e->end - e->begin != bytes)
+            return pdp__err(PDP_ERR_FORMAT,
+                            "%s: %s: tensor \"%s\": data_offsets hold %llu bytes, its dtype and "
+                            "shape need %llu", fn, p->file, e->name,
+                            (unsigned long long)(e->end - e->begin), (unsigned long long)bytes);
+        sorted[i] = &p->entries[i];
+    }
+    qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_begin);
+    for (i = 0; i < p->nentries; i++) {
+        if (sorted[i]->begin != at)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" starts at data byte %llu, "
+                            "expected %llu (overlap or gap)", fn, p->file, sorted[i]->name,
+                            (unsigned long long)sorted[i]->begin, (unsigned long long)at);
+        at = sorted[i]->end;
+    }
+    if (at != data_bytes)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensors cover %llu of the %llu data bytes", fn,
+                        p->file, (unsigned long long)at, (unsigned long long)data_bytes);
+    qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_name);
+    for (i = 1; i < p->nentries; i++)
+        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" appears twice", fn, p->file,
+                            sorted[i]->name);
+    return PDP_OK;
+}
+
+static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name)
+{
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(sorted[mid]->name, name);
+        if (c == 0) return sorted[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+/* ---- checkpoint: save ---- */
+
+/* Appends printf output to a bounded buffer; *ok turns false on overflow. */
+static void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    if (!*ok) return;
+    va_start(ap, fmt);
+    n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap - *len) *ok = false;
+    else *len += (size_t)n;
+}
+
+/* The header JSON, padded with spaces to a multiple of 8 bytes. Parameter names
+   are "<layer>.<weight|bias>": nothing in them needs escaping. */
+static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, char **out, size_t *len)
+{
+    size_t cap = 1024 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
+    char *h = (char *)pdp__alloc(cap);
+    bool ok = true;
+    uint64_t at = 0;
+    int k, i, d;
+    if (!h) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for the header");
+    pdp__ckpt_put(h, cap, &n, &ok,
+                  "{\"__metadata__\":{\"format\":\"pdp\",\"pdp_version\":\"%s\","
+                  "\"model.seed\":\"%llu\",\"model.step\":\"%llu\"",
+                  PDP_VERSION_STRING, (unsigned long long)m->seed, (unsigned long long)m->step);
+    if (o) {
+        const pdp_optim_desc *dd = &o->desc;
+        pdp__ckpt_put(h, cap, &n, &ok,
+                      ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.9g\","
+                      "\"optim.momentum\":\"%.9g\",\"optim.dampening\":\"%.9g\","
+                      "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.9g\","
+                      "\"optim.beta1\":\"%.9g\",\"optim.beta2\":\"%.9g\",\"optim.eps\":\"%.9g\"",
+                      pdp_optim_kind_name(dd->kind), (long long)o->steps, (double)dd->lr,
+                      (double)dd->momentum, (double)dd->dampening, dd->nesterov ? "true" : "false",
+                      (double)dd->weight_decay, (double)dd->beta1, (double)dd->beta2,
+                      (double)dd->eps);
+    }
+    pdp__ckpt_put(h, cap, &n, &ok, "}");
+    for (k = -1; k < (o ? o->nstate : 0); k++) {
+        for (i = 0; i < m->nparams; i++) {
+            const pdp__param_entry *e = &m->params[i];
+            if (k < 0)
+                pdp__ckpt_put(h, cap, &n, &ok, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", e->name);
+            else
+                pdp__ckpt_put(h, cap, &n, &ok, ",\"optim.%s.%s\":{\"dtype\":\"F32\",\"shape\":[",
+                              e->name, pdp__optim_state_name(o, k));
+            for (d = 0; d < e->ndim; d++)
+                pdp__ckpt_put(h, cap, &n, &ok, "%s%lld", d ? "," : "", (long long)e->shape[d]);
+            pdp__ckpt_put(h, cap, &n, &ok, "],\"data_offsets\":[%llu,%llu]}",
+                          (unsigned long long)at,
+                          (unsigned long long)(at + (uint64_t)e->count * 4));
+            at += (uint64_t)e->count * 4;
+        }
+    }
+    pdp__ckpt_put(h, cap, &n, &ok, "}");
+    while (ok && n % 8) pdp__ckpt_put(h, cap, &n, &ok, " ");
+    if (!ok) {
+        pdp__dealloc(h);
+        return pdp__err(PDP_ERR_INVALID, "header longer than %zu bytes", cap);
+    }
+    *out = h;
+    *len = n;
+    return PDP_OK;
+}
+
+/* Writes count floats from dev memory, staging through host (when the data is
+   not on the CPU or the host is big-endian). */
+static bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, int64_t count,
+                                   float *host)
+{
+    if (!count) return true;
+    if (dev.kind == PDP_DEVICE_CPU && !host)
+        return fwrite(data, 4, (size_t)count, f) == (size_t)count;
+    if (pdp__dev_copy(pdp_cpu(), host, dev, data, (size_t)count * 4) != PDP_OK) return false;
+    if (!pdp__little_endian()) pdp__bswap32(host, count);
+    return fwrite(host, 4, (size_t)count, f) == (size_t)count;
+}
+
+/* fsyncs the directory holding path, so the rename itself is durable. */
+static int pdp__ckpt_sync_dir(const char *path)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t n;
+    int fd, rc;
+    if (!slash) {
+        strcpy(dir, ".");
+    } else {
+        n = (size_t)(slash - path);
+        if (n == 0) n = 1; /* "/file" */
+        if (n >= sizeof dir) return 0;
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+    }
+    fd = open(dir, O_RDONLY);
+    if (fd < 0) return -1;
+    rc = fsync(fd);
+    if (rc != 0 && (errno == EINVAL || errno == EROFS)) rc = 0; /* not supported there */
+    close(fd);
+    return rc;
+}
+
+PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_save";
+    char *header = NULL, *tmp = NULL;
+    unsigned char len8[8];
+    size_t hlen = 0, tmp_bytes;
+    float *host = NULL;
+    FILE *f = NULL;
+    const char *failed = NULL;
+    int k, err = 0;
+    pdp_status st;
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    if ((st = pdp__ckpt_header(m, o, &header, &hlen)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: %s", fn, path);
+    if (m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian()) {
+        host = (float *)pdp__alloc((size_t)PDP__MAX(1, m->param_count) * 4);
+        if (!host) {
+            pdp__dealloc(header);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no staging memory", fn, path);
+        }
+    }
+    tmp_bytes = strlen(path) + 32;
+    tmp = (char *)pdp__alloc(tmp_bytes);
+    if (!tmp) {
+        pdp__dealloc(header);
+        pdp__dealloc(host);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+    }
+    snprintf(tmp, tmp_bytes, "%s.tmp.%ld", path, (long)getpid());
+    for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
+
+    if (!(f = fopen(tmp, "wb"))) {
+        failed = "fopen";
+        goto io_error;
+    }
+    if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen ||
+        !pdp__ckpt_write_floats(f, m->device, m->param_block, m->param_count, host)) {
+        failed = "write";
+        goto io_error;
+    }
+    for (k = 0; o && k < o->nstate; k++)
+        if (!pdp__ckpt_write_floats(f, m->device, o->state[k], o->count, host)) {
+            failed = "write";
+            goto io_error;
+        }
+    if (fflush(f) != 0) {
+        failed = "fflush";
+        goto io_error;
+    }
+    if (fsync(fileno(f)) != 0) {
+        failed = "fsync";
+        goto io_error;
+    }
+    k = fclose(f);
+    f = NULL;
+    if (k != 0) {
+        failed = "fclose";
+        goto io_error;
+    }
+    if (rename(tmp, path) != 0) {
+        failed = "rename";
+        goto io_error;
+    }
+    pdp__dealloc(header);
+    pdp__dealloc(host);
+    pdp__dealloc(tmp);
+    if (pdp__ckpt_sync_dir(path) != 0)
+        return pdp__err(PDP_ERR_IO, "%s: %s: written, but fsync of its directory failed: %s", fn,
+                        path, strerror(errno));
+    return PDP_OK;
+io_error:
+    err = errno;
+    if (f) fclose(f);
+    remove(tmp);
+    st = pdp__err(PDP_ERR_IO, "%s: %s: %s of %s failed: %s (the previous file, if any, is "
+                  "unchanged)", fn, path, failed, tmp, err ? strerror(err) : "short write");
+    pdp__dealloc(header);
+    pdp__dealloc(host);
+    pdp__dealloc(tmp);
+    return st;
+}
+
+/* ---- checkpoint: load ---- */
+
+/* A float from a metadata string ("%.9g" on save); false when absent or bad. */
+static bool pdp__ckpt_meta_float(const pdp__st_parser *p, const char *key, float *out)
+{
+    const char *s = pdp__st_meta(p, key);
+    char *end;
+    double v;
+    if (!s || !*s) return false;
+    v = strtod(s, &end);
+    if (*end || !isfinite(v) || fabs(v) > FLT_MAX) return false;
+    *out = (float)v;
+    return true;
+}
+
+/* The optimizer part of the metadata: o's kind, steps and hyper-parameters. */
+static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
+                                       pdp_optim_desc *desc, int64_t *steps)
+{
+    const char *fn = "pdp_checkpoint_load", *kind = pdp__st_meta(p, "optim.kind");
+    const char *s = pdp__st_meta(p, "optim.steps"), *nest = pdp__st_meta(p, "optim.nesterov");
+    static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
+                                       "optim.weight_decay", "optim.beta1", "optim.beta2",
+                                       "optim.eps"};
+    float *fields[7];
+    pdp_optim_desc d, resolved;
+    char *end;
+    long long n;
+    int i;
+    pdp_status st;
+    if (!kind)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: no optimizer state in the file (no \"optim.kind\" "
+                        "in __metadata__)", fn, p->file);
+    if (strcmp(kind, pdp_optim_kind_name(o->desc.kind)) != 0)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: the file holds %s state, the optimizer is %s", fn,
+                        p->file, kind, pdp_optim_kind_name(o->desc.kind));
+    d = o->desc;
+    fields[0] = &d.lr; fields[1] = &d.momentum; fields[2] = &d.dampening;
+    fields[3] = &d.weight_decay; fields[4] = &d.beta1; fields[5] = &d.beta2; fields[6] = &d.eps;
+    for (i = 0; i < 7; i++)
+        if (!pdp__ckpt_meta_float(p, keys[i], fields[i]))
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"%s\" is missing or not a "
+                            "finite number", fn, p->file, keys[i]);
+    if (!nest || (strcmp(nest, "true") != 0 && strcmp(nest, "false") != 0))
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"optim.nesterov\" must be \"true\" "
+                        "or \"false\"", fn, p->file);
+    d.nesterov = strcmp(nest, "true") == 0;
+    errno = 0;
+    n = s ? strtoll(s, &end, 10) : -1;
+    if (!s || !*s || *end || errno || n < 0)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"optim.steps\" is missing or not a "
+                        "count", fn, p->file);
+    if ((st = pdp__optim_desc_resolve(&d, &resolved, fn)) != PDP_OK)
+        return pdp__err_wrap(PDP_ERR_FORMAT, "%s: __metadata__", p->file);
+    if (pdp__optim_nstate(&resolved) != o->nstate)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: the file's %s (momentum %g) keeps %d state "
+                        "tensors per parameter, the optimizer %d", fn, p->file, kind,
+                        (double)d.momentum, pdp__optim_nstate(&resolved), o->nstate);
+    resolved.lr = d.lr; /* 0 is a valid learning rate (e.g. the end of a schedule) */
+    *desc = resolved;
+    *steps = (int64_t)n;
+    return PDP_OK;
+}
+
+/* An optional unsigned metadata count ("model.seed", "model.step"): *present
+   tells whether the key exists; false when it exists but is not a count. */
+static bool pdp__ckpt_meta_u64(const pdp__st_parser *p, const char *key, uint64_t *out,
+                               bool *present)
+{
+    const char *s = pdp__st_meta(p, key);
+    char *end;
+    unsigned long long v;
+    *present = s != NULL;
+    if (!s) return true;
+    if (*s < '0' || *s > '9') return false;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (*end || errno) return false;
+    *out = (uint64_t)v;
+    return true;
+}
+
+/* Whether a tensor name of the file is one load expects (or may ignore). */
+static bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, const char *name)
+{
+    int i, k;
+    size_t len;
+    if (strncmp(name, "optim.", 6) == 0) {
+        if (!o) return true; /* ignored */
+        name += 6;
+        for (i = 0; i < m->nparams; i++) {
+            len = strlen(m->params[i].name);
+            if (strncmp(name, m->params[i].name, len) != 0 || name[len] != '.') continue;
+            for (k = 0; k < o->nstate; k++)
+                if (strcmp(name + len + 1, pdp__optim_state_name(o, k)) == 0) return true;
+        }
+        return false;
+    }
+    for (i = 0; i < m->nparams; i++)
+        if (strcmp(name, m->params[i].name) == 0) return true;
+    return false;
+}
+
+static void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t n = 0;
+    int d;
+    n += (size_t)snprintf(buf, cap, "[");
+    for (d = 0; d < ndim && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* Reads tensor e of the file f (data at data_start) into dst (count floats). */
+static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *file, uint64_t data_start,
+                                        const pdp__st_entry *e, float *dst, int64_t count)
+{
+    uint64_t at = data_start + e->begin;
+    if (at > (uint64_t)LONG_MAX || fseek(f, (long)at, SEEK_SET) != 0 ||
+        fread(dst, 4, (size_t)count, f) != (size_t)count)
+        return pdp__err(PDP_ERR_IO, "pdp_checkpoint_load: %s: tensor \"%s\": read failed (%s)",
+                        file, e->name,
+                        ferror(f) ? strerror(errno) : "file shorter than its header");
+    if (!pdp__little_endian()) pdp__bswap32(dst, count);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_load";
+    pdp__st_parser p;
+    pdp__st_entry **sorted = NULL;
+    unsigned char len8[8];
+    uint64_t hlen = 0, file_bytes, data_start;
+    float *staging = NULL;
+    char *header = NULL, name[96], a[128], b[128];
+    pdp_optim_desc desc;
+    int64_t steps = 0, count;
+    uint64_t seed = 0, mstep = 0;
+    bool have_seed = false, have_step = false;
+    struct stat sb;
+    FILE *f;
+    int i, k, nstate;
+    pdp_status st = PDP_OK;
+
+    memset(&p, 0, sizeof p);
+    memset(&desc, 0, sizeof desc);
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    count = m->param_count;
+    nstate = o ? o->nstate : 0;
+    if (!(f = fopen(path, "rb")))
+        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
+    }
+    file_bytes = (uint64_t)sb.st_size;
+    if (file_bytes < 8 || fread(len8, 1, 8, f) != 8) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: %llu bytes, shorter than the 8-byte header length",
+                      fn, path, (unsigned long long)file_bytes);
+        goto done;
+    }
+    for (k = 7; k >= 0; k--) hlen = (hlen << 8) | len8[k];
+    if (hlen < 2 || hlen > PDP__CKPT_MAX_HEADER || hlen > file_bytes - 8) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: header length %llu is impossible (file %llu bytes, "
+                      "limit %llu): not a safetensors file, or truncated", fn, path,
+                      (unsigned long long)hlen, (unsigned long long)file_bytes,
+                      (unsigned long long)PDP__CKPT_MAX_HEADER);
+        goto done;
+    }
+    data_start = 8 + hlen;
+    header = (char *)pdp__alloc((size_t)hlen);
+    if (!header) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for the header", fn, path);
+        goto done;
+    }
+    if (fread(header, 1, (size_t)hlen, f) != (size_t)hlen) {
+        st = pdp__err(PDP_ERR_IO, "%s: %s: reading the header failed", fn, path);
+        goto done;
+    }
+    p.s = header;
+    p.n = (size_t)hlen;
+    p.file = path;
+    if ((st = pdp__st_parse(&p)) != PDP_OK) goto done;
+    sorted = (pdp__st_entry **)pdp__alloc((size_t)PDP__MAX(1, p.nentries) * sizeof *sorted);
+    if (!sorted) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+        goto done;
+    }
+    if ((st = pdp__st_validate(&p, file_bytes - data_start, sorted)) != PDP_OK) goto done;
+    if (o && (st = pdp__ckpt_read_optim(&p, o, &desc, &steps)) != PDP_OK) goto done;
+    if (!pdp__ckpt_meta_u64(&p, "model.seed", &seed, &have_seed) ||
+        !pdp__ckpt_meta_u64(&p, "model.step", &mstep, &have_step)) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"model.seed\" or \"model.step\" is "
+                      "not a count", fn, path);
+        goto done;
+    }
+
+    /* every expected tensor: present, F32, same shape */
+    staging = (float *)pdp__alloc((size_t)PDP__MAX(1, count * (1 + nstate)) * sizeof(float));
+    if (!staging) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory to stage %lld floats", fn, path,
+                      (long long)(count * (1 + nstate)));
+        goto done;
+    }
+    for (k = -1; k < nstate; k++) {
+        for (i = 0; i < m->nparams; i++) {
+            const pdp__param_entry *pe = &m->params[i];
+            const pdp__st_entry *e;
+            bool same = true;
+            int d;
+            if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
+            else snprintf(name, sizeof name, "optim.%s.%s", pe->name, pdp__optim_state_name(o, k));
+            if (!(e = pdp__st_find(sorted, p.nentries, name))) {
+                st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
+                goto done;
+            }
+            if (strcmp(e->dtype, "F32") != 0) {
+                st = pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" is %s, expected F32", fn,
+                              path, name, e->dtype);
+                goto done;
+            }
+            same = e->ndim == pe->ndim;
+            for (d = 0; same && d < pe->ndim; d++) same = e->shape[d] == pe->shape[d];
+            if (!same) {
+                pdp__shape_text(a, sizeof a, e->ndim, e->shape);
+                pdp__shape_text(b, sizeof b, pe->ndim, pe->shape);
+                st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" has shape %s in the file, "
+                              "the model's is %s", fn, path, name, a, b);
+                goto done;
+            }
+            if ((st = pdp__ckpt_read_tensor(f, path, data_start, e,
+                                            staging + (k + 1) * count + pe->offset, pe->count)) !=
+                PDP_OK)
+                goto done;
+        }
+    }
+    for (i = 0; i < p.nentries; i++)
+        if (!pdp__ckpt_expected(m, o, p.entries[i].name)) {
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", fn, path,
+                          p.entries[i].name,
+                          strncmp(p.entries[i].name, "optim.", 6) == 0 ? "optimizer's state"
+                                                                       : "model");
+            goto done;
+        }
+
+    /* all checks passed: apply */
+    if (count && (st = pdp__dev_copy(m->device, m->param_block, pdp_cpu(), staging,
+                                     (size_t)count * 4)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s: %s", fn, path);
+        goto done;
+    }
+    if (have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
+    if (have_step) m->step = mstep;
+    if (o) {
+        for (k = 0; k < nstate; k++)
+            if (count && (st = pdp__dev_copy(m->device, o->state[k], pdp_cpu(),
+                                             staging + (k + 1) * count, (size_t)count * 4)) !=
+                             PDP_OK) {
+                st = pdp__err_wrap(st, "%s: %s", fn, path);
+                goto done;
+            }
+        o->desc = desc;
+        o->steps = steps;
+    }
+done:
+    fclose(f);
+    pdp__st_parser_free(&p);
+    pdp__dealloc(header);
+    pdp__dealloc(sorted);
+    pdp__dealloc(staging);
+    return st;
+}

@@ -1,1 +1,43 @@
-/* checkpoint: (to be written) */
+/* checkpoint: save and load a model (and optionally its optimizer) as a
+   safetensors file (https://github.com/huggingface/safetensors), readable by
+   `safetensors.torch.load_file` and loadable into the matching PyTorch module
+   with `module.load_state_dict(...)` directly.
+
+   Layout of a file written by pdp_checkpoint_save:
+     tensors, all F32, little-endian, in this order in the data section:
+       "<param>"                        every model parameter, state_dict names
+                                        ("0.weight", "0.bias", "3.weight", ...)
+       "optim.<param>.momentum_buffer"  SGD with momentum > 0
+       "optim.<param>.exp_avg"          Adam, AdamW (then, after all exp_avg,
+       "optim.<param>.exp_avg_sq"       every exp_avg_sq)
+     __metadata__ (strings): "format": "pdp", "pdp_version", "model.seed" and
+       "model.step" (the dropout stream: restored by load when present), and with an
+       optimizer "optim.kind" ("SGD", "Adam", "AdamW"), "optim.steps",
+       "optim.lr", "optim.momentum", "optim.dampening", "optim.nesterov"
+       ("true"/"false"), "optim.weight_decay", "optim.beta1", "optim.beta2",
+       "optim.eps" (floats printed with 9 significant digits: exact round trip).
+   The header is padded with spaces so the data starts 8-byte aligned.
+   In PyTorch: sd = safetensors.torch.load_file(path); model.load_state_dict(
+   {k: v for k, v in sd.items() if not k.startswith("optim.")}) (or pass the
+   whole dict when the file was saved without an optimizer). */
+
+/* Writes path atomically: the bytes go to "<path>.tmp.<pid>", which is
+   flushed, fsync'd and renamed over path, then the directory is fsync'd. A
+   failure or a crash at any point leaves any previous file at path intact (and
+   on failure the temporary is removed). o may be NULL (parameters only).
+   Errors: PDP_ERR_IO naming the file and the failed call. */
+PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o);
+
+/* Reads a checkpoint into m (and o, when not NULL). Every parameter of m must be
+   present as F32 with m's shape; with o, its state tensors must be present and
+   the file's "optim.kind" must be o's kind; o's step count and hyper-parameters
+   (lr, momentum, ...) are then restored from the file, as PyTorch's
+   optimizer.load_state_dict does. Tensors named "optim.*" are ignored when o is
+   NULL; any other tensor m does not have is an error (PyTorch's strict=True).
+   The whole file is validated into a staging buffer before anything is copied:
+   on failure m and o are untouched. Errors, each naming the file and tensor:
+   PDP_ERR_IO (cannot open or read), PDP_ERR_FORMAT (not safetensors, truncated,
+   corrupt header, overlapping or uncovered data, wrong dtype, optimizer kind),
+   PDP_ERR_SHAPE (a missing, extra or differently shaped tensor). The header is
+   limited to 100 MB. */
+PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);

@@ -1,3 +1,850 @@
-/* comm: (to be written) */
+/* comm: the public communicator API (argument checks, statistics, dispatch to a
+   backend's pdp__comm_ops table) and the local backend.
+
+   ---- the public layer ----
+   Every pdp_comm_* collective validates its arguments here, stamps the handle's
+   launch time, counts the collective and the bytes this rank moves in the
+   bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x bytes, reduce-scatter
+   and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent bytes), then calls
+   the backend. A call with work == NULL is made synchronous here, so backends
+   always return a handle. pdp_work_wait adds the collective's execution time
+   (t_done - t_start, queueing excluded) to the communicator's busy_s.
+
+   ---- the local backend ----
+   N ranks are threads of one process; a pdp_local_group is their shared
+   meeting point. Each rank's communicator owns one persistent progress thread
+   that runs the rank's collectives in issue order, so an asynchronous
+   collective progresses while the rank's own thread computes (DDP overlaps a
+   bucket's all-reduce with the rest of backward this way). One collective is:
+
+     arrive    the progress thread publishes its arguments in the group's slot
+               for its rank and enters barrier A. The last rank to arrive checks
+               that all ranks issued the same collective (kind, count, op, root);
+     work      rank r's progress thread handles slice r of the data: for an
+               all-reduce it sums slice r of every rank's buffer in rank order
+               0, 1, ..., N-1 (fixed, so every rank gets bit-identical sums)
+               and writes the result into every rank's buffer; broadcast,
+               reduce-scatter and all-gather split the same way;
+     leave     barrier B: no rank's buffer is touched after it, so the handle
+               completes and the rank may reuse its buffers and its slot.
+
+   The work of one collective is therefore spread over the ranks (each moves
+   about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
+   rank's buffers are only written by progress threads between A and B.
+
+   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
+   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
+   makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
+   sequence number and the missing rank; a rank whose communicator is freed
+   marks itself as gone, and a rank waiting for it fails at once with
+   PDP_ERR_COMM. Either way the group becomes broken: every later collective on
+   any rank fails fast with the first failure's message (as an aborted NCCL
+   communicator does).
+
+   Locks: group->mu guards the barrier state, the slots and the broken flag;
+   each communicator's mu guards its queue, its handle pool and the handles'
+   done flags. The progress thread never holds both. Buffer contents pass
+   between threads only across these mutexes, so the backend is TSan clean.
+   Handles come from a fixed pool per communicator: nothing is allocated per
+   collective. */
 
 #include "internal.h"
+
+/* ---- comm: public layer ---- */
+
+static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
+                                      "barrier", "broadcast_bytes"};
+
+static pdp_status pdp__comm_check(const pdp_comm *c, const char *fn)
+{
+    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: communicator is NULL", fn);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
+                                        const char *what, const char *fn)
+{
+    if (count < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s count %lld < 0 (comm '%s', rank %d of %d)", fn,
+                        what, (long long)count, c->name, c->rank, c->size);
+    if (count > 0 && !p)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL with count %lld (comm '%s', rank %d)",
+                        fn, what, (long long)count, c->name, c->rank);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn)
+{
+    if (op != PDP_REDUCE_SUM && op != PDP_REDUCE_AVG)
+        return pdp__err(PDP_ERR_INVALID, "%s: unknown reduce op %d (comm '%s', rank %d)", fn,
+                        (int)op, c->name, c->rank);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn)
+{
+    if (root < 0 || root >= c->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: root %d outside 0..%d (comm '%s', rank %d)", fn,
+                        root, c->size - 1, c->name, c->rank);
+    return PDP_OK;
+}
+
+/* After the backend accepted a collective: stats, the launch stamp, and the
+   synchronous form when the caller passed no handle pointer. */
+static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
+                                     double bytes, pdp_work **work, const char *fn)
+{
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    w->t_launch = t_launch;
+    c->stats.collectives++;
+    c->stats.bytes_sent += (int64_t)bytes;
+    if (work) {
+        *work = w;
+        return PDP_OK;
+    }
+    st = c->ops->wait(w);
+    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
+}
+
+PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                      pdp_work **work)
+{
+    static const char *fn = "pdp_comm_allreduce";
+    pdp_work *w = NULL;
+    double t = pdp__now(), n;
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_op(c, op, fn)))
+        return st;
+    n = (double)c->size;
+    st = c->ops->allreduce(c, buf, count, op, &w);
+    return pdp__comm_launched(c, st, w, t, 2.0 * (n - 1.0) / n * (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                      pdp_work **work)
+{
+    static const char *fn = "pdp_comm_broadcast";
+    pdp_work *w = NULL;
+    double t = pdp__now(), n;
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_root(c, root, fn)))
+        return st;
+    n = (double)c->size;
+    st = c->ops->broadcast(c, buf, count, root, &w);
+    return pdp__comm_launched(c, st, w, t, (n - 1.0) / n * (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_reduce_scatter";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) ||
+        (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
+        (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
+        (st = pdp__comm_check_op(c, op, fn)))
+        return st;
+    st = c->ops->reduce_scatter(c, send, recv, recv_count, op, &w);
+    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)recv_count * 4.0, work,
+                              fn);
+}
+
+PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *recv,
+                                      int64_t send_count, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_allgather";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) ||
+        (st = pdp__comm_check_count(c, send, send_count, "send", fn)) ||
+        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)))
+        return st;
+    st = c->ops->allgather(c, send, recv, send_count, &w);
+    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)send_count * 4.0, work,
+                              fn);
+}
+
+PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_barrier";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn))) return st;
+    st = c->ops->barrier(c, &w);
+    return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    static const char *fn = "pdp_comm_broadcast_bytes";
+    pdp_status st;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_root(c, root, fn))) return st;
+    if (bytes > 0 && !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: buf is NULL with %zu bytes (comm '%s', rank %d)", fn,
+                        bytes, c->name, c->rank);
+    if ((st = c->ops->broadcast_bytes(c, buf, bytes, root)) != PDP_OK)
+        return pdp__err_wrap(st, "%s", fn);
+    c->stats.collectives++;
+    c->stats.bytes_sent += (int64_t)((double)(c->size - 1) / c->size * (double)bytes);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_work_wait(pdp_work *w)
+{
+    pdp_comm *c;
+    pdp_status st;
+    if (!w) return PDP_OK;
+    c = w->comm;
+    st = c->ops->wait(w); /* recycles w; its head fields stay readable (internal.h) */
+    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "pdp_work_wait");
+}
+
+PDP_API pdp_status pdp_wait(pdp_work *work) { return pdp_work_wait(work); }
+
+PDP_API bool pdp_work_done(pdp_work *w) { return !w || w->comm->ops->done(w); }
+
+PDP_API void pdp_comm_free(pdp_comm *c)
+{
+    if (c) c->ops->destroy(c);
+}
+
+PDP_API int pdp_comm_rank(const pdp_comm *c) { return c ? c->rank : -1; }
+PDP_API int pdp_comm_size(const pdp_comm *c) { return c ? c->size : 0; }
+PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
+{
+    return c ? c->backend : PDP_BACKEND_DEFAULT;
+}
+PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
+
+PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
+{
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (c) *out = c->stats;
+}
+
+/* pdp_comm_init_env (MPI, NCCL from the environment) lives in comm_mpi.c. */
+
+/* ---- comm: local backend, the group ---- */
+
+#define PDP__MSG_CAP 512          /* bytes of a collective's failure message */
+#define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
+#ifndef PDP_LOCAL_MAX_INFLIGHT
+#  define PDP_LOCAL_MAX_INFLIGHT 256 /* handles per local communicator */
+#endif
+
+typedef enum pdp__coll_kind {
+    PDP__COLL_ALLREDUCE,
+    PDP__COLL_BROADCAST,
+    PDP__COLL_REDUCE_SCATTER,
+    PDP__COLL_ALLGATHER,
+    PDP__COLL_BARRIER,
+    PDP__COLL_BROADCAST_BYTES
+} pdp__coll_kind;
+
+/* One collective's arguments, as one rank issued it. */
+typedef struct pdp__coll_args {
+    pdp__coll_kind kind;
+    int64_t seq;
+    int64_t count;        /* floats (bytes for BROADCAST_BYTES) */
+    int op;               /* pdp_reduce_op or root */
+    float *buf;           /* allreduce, broadcast */
+    const float *send;    /* reduce_scatter, allgather */
+    float *recv;
+    void *bytes_buf;      /* broadcast_bytes */
+} pdp__coll_args;
+
+struct pdp_local_group {
+    int size;
+    double timeout_s;
+    pdp_device device;
+    char name[32];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* barrier progress, departures, breakage */
+    int arrived;              /* ranks in the current barrier */
+    uint64_t gen;             /* barriers completed */
+    int64_t *phase;           /* per rank: barriers entered */
+    pdp__coll_args *slot;     /* per rank: the collective it is executing */
+    bool *joined;             /* per rank: a communicator was created */
+    bool *gone;               /* per rank: its communicator was freed */
+    bool broken;
+    pdp_status broken_status;
+    char broken_msg[PDP__MSG_CAP];
+};
+
+PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
+                                          const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_local_group_create";
+    pdp_local_group *g;
+    pthread_condattr_t ca;
+    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (world_size < 1 || world_size > PDP__LOCAL_MAX_RANKS)
+        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d outside 1..%d", fn, world_size,
+                        PDP__LOCAL_MAX_RANKS);
+    if (desc && desc->backend != PDP_BACKEND_DEFAULT && desc->backend != PDP_BACKEND_LOCAL)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc->backend is %d; a local group is backend local",
+                        fn, (int)desc->backend);
+    if (desc && desc->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the local backend keeps buffers on the CPU "
+                        "(desc->device is CUDA:%d; use the nccl backend)", fn,
+                        desc->device.ordinal);
+    g = (pdp_local_group *)pdp__calloc(sizeof *g);
+    if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    g->size = world_size;
+    g->timeout_s = timeout;
+    g->device = pdp_cpu();
+    snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
+    g->phase = (int64_t *)pdp__calloc((size_t)world_size * sizeof *g->phase);
+    g->slot = (pdp__coll_args *)pdp__calloc((size_t)world_size * sizeof *g->slot);
+    g->joined = (bool *)pdp__calloc((size_t)world_size * sizeof *g->joined);
+    g->gone = (bool *)pdp__calloc((size_t)world_size * sizeof *g->gone);
+    if (!g->phase || !g->slot || !g->joined || !g->gone) {
+        pdp__dealloc(g->phase);
+        pdp__dealloc(g->slot);
+        pdp__dealloc(g->joined);
+        pdp__dealloc(g->gone);
+        pdp__dealloc(g);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, world_size);
+    }
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    *out = g;
+    return PDP_OK;
+}
+
+PDP_API void pdp_local_group_free(pdp_local_group *g)
+{
+    if (!g) return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    pdp__dealloc(g->phase);
+    pdp__dealloc(g->slot);
+    pdp__dealloc(g->joined);
+    pdp__dealloc(g->gone);
+    pdp__dealloc(g);
+}
+
+/* Marks the group broken with a message (first failure wins); g->mu held. */
+static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
+{
+    if (g->broken) return;
+    g->broken = true;
+    g->broken_status = st;
+    snprintf(g->broken_msg, sizeof g->broken_msg, "%s", msg);
+    pthread_cond_broadcast(&g->cv);
+}
+
+static void pdp__deadline(struct timespec *ts, double seconds)
+{
+    double whole = floor(seconds);
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)whole;
+    ts->tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
+static void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__coll_args *a,
+                               char *out, size_t cap)
+{
+    snprintf(out, cap, "%s #%lld (count %lld) on comm '%s', rank %d of %d",
+             pdp__op_names[a->kind], (long long)a->seq, (long long)a->count, g->name, rank,
+             g->size);
+}
+
+/* The last rank into barrier A checks that everyone issued the same collective;
+   g->mu held. Returns false (and breaks the group) on a mismatch. */
+static bool pdp__group_validate(pdp_local_group *g)
+{
+    const pdp__coll_args *a = &g->slot[0];
+    int r;
+    for (r = 1; r < g->size; r++) {
+        const pdp__coll_args *b = &g->slot[r];
+        if (b->kind != a->kind || b->count != a->count || b->op != a->op) {
+            char msg[PDP__MSG_CAP];
+            snprintf(msg, sizeof msg,
+                     "collectives differ across ranks on comm '%s': rank 0 issued %s #%lld "
+                     "(count %lld, op/root %d), rank %d issued %s #%lld (count %lld, op/root %d); "
+                     "every rank must issue the same collectives in the same order",
+                     g->name, pdp__op_names[a->kind], (long long)a->seq, (long long)a->count,
+                     a->op, r, pdp__op_names[b->kind], (long long)b->seq, (long long)b->count,
+                     b->op);
+            pdp__group_break(g, PDP_ERR_INVALID, msg);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Barrier A (publish = true: also publishes *args in this rank's slot) or B.
+   On failure returns the status and leaves the message in msg. */
+static pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
+                                     bool publish, char *msg, size_t cap)
+{
+    struct timespec deadline;
+    uint64_t gen;
+    int64_t my_phase;
+    char what[160];
+    pdp_status st = PDP_OK;
+    pdp__coll_describe(g, rank, args, what, sizeof what);
+    pdp__deadline(&deadline, g->timeout_s);
+    pthread_mutex_lock(&g->mu);
+    if (g->broken) {
+        snprintf(msg, cap, "%.150s: the group is broken: %.300s", what, g->broken_msg);
+        st = g->broken_status;
+        goto out;
+    }
+    if (publish) g->slot[rank] = *args;
+    my_phase = ++g->phase[rank];
+    gen = g->gen;
+    if (++g->arrived == g->size) {
+        g->arrived = 0;
+        if (!publish || pdp__group_validate(g)) {
+            g->gen++;
+            pthread_cond_broadcast(&g->cv);
+        }
+    }
+    while (g->gen == gen) {
+        int r, rc;
+        if (g->broken) {
+            snprintf(msg, cap, "%.150s: %.300s", what, g->broken_msg);
+            st = g->broken_status;
+            goto out;
+        }
+        if (g->gone[rank]) {
+            snprintf(msg, cap, "%s: rank %d freed its communicator while the collective was "
+                     "in flight", what, rank);
+            st = PDP_ERR_COMM;
+            pdp__group_break(g, st, msg);
+            goto out;
+        }
+        for (r = 0; r < g->size; r++)
+            if (g->phase[r] < my_phase && g->gone[r]) {
+                snprintf(msg, cap, "%s: rank %d left the group (freed its communicator) after "
+                         "collective #%lld and will never arrive", what, r,
+                         (long long)g->slot[r].seq);
+                st = PDP_ERR_COMM;
+                pdp__group_break(g, st, msg);
+                goto out;
+            }
+        rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
+        if (rc == ETIMEDOUT && g->gen == gen && !g->broken) {
+            size_t n;
+            n = (size_t)snprintf(msg, cap, "%s: no arrival within %.3g s from rank", what,
+                                 g->timeout_s);
+            for (r = 0; r < g->size && n < cap; r++)
+                if (g->phase[r] < my_phase)
+                    n += (size_t)snprintf(msg + n, cap - n, " %d (last seen at %s #%lld)", r,
+                                          pdp__op_names[g->slot[r].kind],
+                                          (long long)g->slot[r].seq);
+            st = PDP_ERR_TIMEOUT;
+            pdp__group_break(g, st, msg);
+            goto out;
+        }
+    }
+out:
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+/* ---- comm: local backend, the data movement ---- */
+
+/* [lo, hi) of n items for part r of parts, with boundaries on 16 floats (one cache line)
+   so that two ranks never write the same line. */
+static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
+{
+    int64_t a = n * r / parts, b = n * (r + 1) / parts;
+    *lo = r == 0 ? 0 : a & ~(int64_t)15;
+    *hi = r == parts - 1 ? n : b & ~(int64_t)15;
+    if (*hi < *lo) *hi = *lo;
+}
+
+#define PDP__CHUNK 2048
+
+/* acc[0..n) <- op over ranks of src[i][0..n), in rank order. */
+static void pdp__reduce_chunk(float *acc, const float *const *src, int nsrc, int64_t off,
+                              int64_t n, pdp_reduce_op op)
+{
+    int i;
+    int64_t j;
+    memcpy(acc, src[0] + off, (size_t)n * sizeof *acc);
+    for (i = 1; i < nsrc; i++) {
+        const float *s = src[i] + off;
+        for (j = 0; j < n; j++) acc[j] += s[j];
+    }
+    if (op == PDP_REDUCE_AVG) {
+        float div = (float)nsrc;
+        for (j = 0; j < n; j++) acc[j] /= div;
+    }
+}
+
+/* Rank r's share of the collective whose arguments every rank published. */
+static void pdp__local_execute(pdp_local_group *g, int r)
+{
+    const pdp__coll_args *me = &g->slot[r];
+    int n = g->size, i;
+    float acc[PDP__CHUNK];
+    const float *src[PDP__LOCAL_MAX_RANKS];
+    int64_t lo, hi, off, len;
+    switch (me->kind) {
+    case PDP__COLL_ALLREDUCE:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++) src[i] = g->slot[i].buf;
+        for (off = lo; off < hi; off += len) {
+            len = PDP__MIN(hi - off, PDP__CHUNK);
+            pdp__reduce_chunk(acc, src, n, off, len, (pdp_reduce_op)me->op);
+            for (i = 0; i < n; i++) memcpy(g->slot[i].buf + off, acc, (size_t)len * sizeof *acc);
+        }
+        break;
+    case PDP__COLL_BROADCAST:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++)
+            if (i != me->op && hi > lo)
+                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo, (size_t)(hi - lo) * 4);
+        break;
+    case PDP__COLL_BROADCAST_BYTES:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++)
+            if (i != me->op && hi > lo)
+                memcpy((char *)g->slot[i].bytes_buf + lo, (char *)g->slot[me->op].bytes_buf + lo,
+                       (size_t)(hi - lo));
+        break;
+    case PDP__COLL_REDUCE_SCATTER: /* rank r reduces slice r into its own recv */
+        for (i = 0; i < n; i++) src[i] = g->slot[i].send + (int64_t)r * me->count;
+        for (off = 0; off < me->count; off += len) {
+            len = PDP__MIN(me->count - off, PDP__CHUNK);
+            pdp__reduce_chunk(acc, src, n, off, len, (pdp_reduce_op)me->op);
+            memcpy(me->recv + off, acc, (size_t)len * sizeof *acc);
+        }
+        break;
+    case PDP__COLL_ALLGATHER: /* rank r writes its block into every recv */
+        for (i = 0; i < n; i++) {
+            float *dst = g->slot[i].recv + (int64_t)r * me->count;
+            if (dst != me->send && me->count > 0)
+                memmove(dst, me->send, (size_t)me->count * sizeof *dst);
+        }
+        break;
+    case PDP__COLL_BARRIER:
+        break;
+    }
+}
+
+/* ---- comm: local backend, communicators and the progress thread ---- */
+
+typedef struct pdp__local_work {
+    pdp_work head;                 /* first member: a pdp_work * is a pdp__local_work * */
+    struct pdp__local_work *next;  /* free list or queue */
+    pdp__coll_args args;
+    bool done;
+    pdp_status status;
+    char msg[PDP__MSG_CAP];
+} pdp__local_work;
+
+typedef struct pdp__local_comm {
+    pdp_comm head;                 /* first member */
+    pdp_local_group *g;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;           /* queue not empty, or stopping */
+    pthread_cond_t done;           /* a handle completed */
+    pthread_t thread;
+    bool has_thread;
+    bool stopping;
+    pdp__local_work *free_list, *q_head, *q_tail;
+    int64_t next_seq;
+    pdp__local_work pool[PDP_LOCAL_MAX_INFLIGHT];
+} pdp__local_comm;
+
+/* Runs one collective for this rank: barrier A, its share of the work, barrier B. */
+static pdp_status pdp__local_run(pdp__local_comm *lc, const pdp__coll_args *a, char *msg,
+                                 size_t cap)
+{
+    pdp_local_group *g = lc->g;
+    int r = lc->head.rank;
+    pdp_status st;
+    if (g->size == 1) {
+        if (a->kind == PDP__COLL_REDUCE_SCATTER || a->kind == PDP__COLL_ALLGATHER)
+            if (a->recv != a->send && a->count > 0)
+                memmove(a->recv, a->send, (size_t)a->count * sizeof *a->recv);
+        return PDP_OK;
+    }
+    if ((st = pdp__group_barrier(g, r, a, true, msg, cap)) != PDP_OK) return st;
+    pdp__local_execute(g, r);
+    return pdp__group_barrier(g, r, a, false, msg, cap);
+}
+
+static void *pdp__local_progress(void *arg)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)arg;
+    pthread_mutex_lock(&lc->mu);
+    for (;;) {
+        pdp__local_work *w;
+        pdp__coll_args a;
+        pdp_status st;
+        char msg[PDP__MSG_CAP];
+        while (!lc->q_head && !lc->stopping) pthread_cond_wait(&lc->wake, &lc->mu);
+        if (!lc->q_head) break; /* stopping with nothing queued */
+        w = lc->q_head;
+        lc->q_head = w->next;
+        if (!lc->q_head) lc->q_tail = NULL;
+        a = w->args;
+        w->head.t_start = pdp__now();
+        pthread_mutex_unlock(&lc->mu);
+
+        msg[0] = '\0';
+        st = pdp__local_run(lc, &a, msg, sizeof msg);
+
+        pthread_mutex_lock(&lc->mu);
+        w->head.t_done = pdp__now();
+        w->status = st;
+        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
+        w->done = true;
+        pthread_cond_broadcast(&lc->done);
+    }
+    pthread_mutex_unlock(&lc->mu);
+    return NULL;
+}
+
+/* Takes a handle, fills it and queues it (or runs it inline for a group of one). */
+static pdp_status pdp__local_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp__local_work *w;
+    pthread_mutex_lock(&lc->mu);
+    w = lc->free_list;
+    if (!w) {
+        pthread_mutex_unlock(&lc->mu);
+        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
+                        "some (PDP_LOCAL_MAX_INFLIGHT)", PDP_LOCAL_MAX_INFLIGHT, c->name, c->rank);
+    }
+    lc->free_list = w->next;
+    w->next = NULL;
+    w->args = *args;
+    w->args.seq = lc->next_seq++;
+    w->head.comm = c;
+    w->head.op_name = pdp__op_names[args->kind];
+    w->head.seq = w->args.seq;
+    w->head.t_start = w->head.t_done = 0.0;
+    w->done = false;
+    w->status = PDP_OK;
+    w->msg[0] = '\0';
+    if (!lc->has_thread) { /* world size 1: every collective is local and immediate */
+        char msg[8];
+        w->head.t_start = pdp__now();
+        w->status = pdp__local_run(lc, &w->args, msg, sizeof msg);
+        w->head.t_done = pdp__now();
+        w->done = true;
+    } else {
+        if (lc->q_tail) lc->q_tail->next = w;
+        else lc->q_head = w;
+        lc->q_tail = w;
+        pthread_cond_signal(&lc->wake);
+    }
+    pthread_mutex_unlock(&lc->mu);
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__local_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                       pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_ALLREDUCE;
+    a.count = count;
+    a.op = (int)op;
+    a.buf = buf;
+    return pdp__local_submit(c, &a, w);
+}
+
+static pdp_status pdp__local_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                       pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_BROADCAST;
+    a.count = count;
+    a.op = root;
+    a.buf = buf;
+    return pdp__local_submit(c, &a, w);
+}
+
+static pdp_status pdp__local_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_REDUCE_SCATTER;
+    a.count = recv_count;
+    a.op = (int)op;
+    a.send = send;
+    a.recv = recv;
+    return pdp__local_submit(c, &a, w);
+}
+
+static pdp_status pdp__local_allgather(pdp_comm *c, const float *send, float *recv,
+                                       int64_t send_count, pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_ALLGATHER;
+    a.count = send_count;
+    a.send = send;
+    a.recv = recv;
+    return pdp__local_submit(c, &a, w);
+}
+
+static pdp_status pdp__local_barrier(pdp_comm *c, pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_BARRIER;
+    return pdp__local_submit(c, &a, w);
+}
+
+static pdp_status pdp__local_wait(pdp_work *work);
+
+static pdp_status pdp__local_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    pdp__coll_args a;
+    pdp_work *w = NULL;
+    pdp_status st;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_BROADCAST_BYTES;
+    a.count = (int64_t)bytes;
+    a.op = root;
+    a.bytes_buf = buf;
+    if ((st = pdp__local_submit(c, &a, &w)) != PDP_OK) return st;
+    return pdp__local_wait(w);
+}
+
+static pdp_status pdp__local_wait(pdp_work *work)
+{
+    pdp__local_work *w = (pdp__local_work *)work;
+    pdp__local_comm *lc = (pdp__local_comm *)work->comm;
+    pdp_status st;
+    pthread_mutex_lock(&lc->mu);
+    while (!w->done) pthread_cond_wait(&lc->done, &lc->mu); /* the progress thread times out */
+    st = w->status;
+    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
+    w->next = lc->free_list; /* recycled; the head stays readable until the next launch */
+    lc->free_list = w;
+    pthread_mutex_unlock(&lc->mu);
+    return st;
+}
+
+static bool pdp__local_done(pdp_work *work)
+{
+    pdp__local_work *w = (pdp__local_work *)work;
+    pdp__local_comm *lc = (pdp__local_comm *)work->comm;
+    bool d;
+    pthread_mutex_lock(&lc->mu);
+    d = w->done;
+    pthread_mutex_unlock(&lc->mu);
+    return d;
+}
+
+static void pdp__local_destroy(pdp_comm *c)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp_local_group *g = lc->g;
+    /* gone first: a progress thread blocked in a barrier on our behalf, or a peer
+       waiting for us, wakes up and fails instead of waiting out the timeout */
+    pthread_mutex_lock(&g->mu);
+    g->gone[c->rank] = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    if (lc->has_thread) {
+        pthread_mutex_lock(&lc->mu);
+        lc->stopping = true;
+        pthread_cond_signal(&lc->wake);
+        pthread_mutex_unlock(&lc->mu);
+        pthread_join(lc->thread, NULL);
+    }
+    pthread_mutex_destroy(&lc->mu);
+    pthread_cond_destroy(&lc->wake);
+    pthread_cond_destroy(&lc->done);
+    pdp__dealloc(lc);
+}
+
+static const pdp__comm_ops pdp__local_ops = {
+    pdp__local_allreduce, pdp__local_broadcast,  pdp__local_reduce_scatter,
+    pdp__local_allgather, pdp__local_barrier,    pdp__local_broadcast_bytes,
+    pdp__local_wait,      pdp__local_done,       pdp__local_destroy,
+};
+
+PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank)
+{
+    static const char *fn = "pdp_comm_create_local";
+    pdp__local_comm *lc;
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
+    if (rank < 0 || rank >= g->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->size - 1);
+    lc = (pdp__local_comm *)pdp__calloc(sizeof *lc);
+    if (!lc) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
+    pthread_mutex_lock(&g->mu);
+    if (g->joined[rank]) {
+        pthread_mutex_unlock(&g->mu);
+        pdp__dealloc(lc);
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d of group '%s' already has a communicator",
+                        fn, rank, g->name);
+    }
+    g->joined[rank] = true;
+    pthread_mutex_unlock(&g->mu);
+    lc->head.ops = &pdp__local_ops;
+    lc->head.backend = PDP_BACKEND_LOCAL;
+    lc->head.rank = rank;
+    lc->head.size = g->size;
+    lc->head.timeout_s = g->timeout_s;
+    lc->head.device = g->device;
+    memcpy(lc->head.name, g->name, sizeof lc->head.name);
+    lc->head.impl = lc;
+    lc->g = g;
+    for (i = PDP_LOCAL_MAX_INFLIGHT - 1; i >= 0; i--) {
+        lc->pool[i].next = lc->free_list;
+        lc->free_list = &lc->pool[i];
+    }
+    pthread_mutex_init(&lc->mu, NULL);
+    pthread_cond_init(&lc->wake, NULL);
+    pthread_cond_init(&lc->done, NULL);
+    if (g->size > 1) {
+        if (pthread_create(&lc->thread, NULL, pdp__local_progress, lc) != 0) {
+            pthread_mutex_lock(&g->mu);
+            g->joined[rank] = false;
+            pthread_mutex_unlock(&g->mu);
+            pthread_mutex_destroy(&lc->mu);
+            pthread_cond_destroy(&lc->wake);
+            pthread_cond_destroy(&lc->done);
+            pdp__dealloc(lc);
+            return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
+                            rank);
+        }
+        lc->has_thread = true;
+    }
+    *out = &lc->head;
+    return PDP_OK;
+}

@@ -37,8 +37,17 @@ typedef struct pdp_comm_desc {
 } pdp_comm_desc;
 
 /* ---- local backend: ranks are threads ----
-   Create one group for world_size ranks, then each rank's thread calls
-   pdp_comm_create_local with its rank. The group outlives its communicators. */
+   Create one group for world_size ranks (1..256), then each rank's thread calls
+   pdp_comm_create_local with its rank (once per rank) and issues its
+   collectives on it. Each communicator runs a progress thread (none at world
+   size 1, where every collective completes at once), so an asynchronous
+   collective progresses while its rank computes; rank r's progress thread
+   reduces slice r of every rank's buffer, in rank order, so all ranks get the
+   same bits. Freeing a communicator tells the group that rank has left: a peer
+   waiting for it fails at once with PDP_ERR_COMM instead of timing out. After
+   a timeout or a departure the group is broken and every later collective on
+   it fails at once with the first failure's message. The group outlives its
+   communicators; free it after the last pdp_comm_free. */
 PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
                                           const pdp_comm_desc *desc);
 PDP_API void pdp_local_group_free(pdp_local_group *g);
@@ -56,6 +65,7 @@ PDP_API void pdp_comm_free(pdp_comm *c);
 PDP_API int pdp_comm_rank(const pdp_comm *c);
 PDP_API int pdp_comm_size(const pdp_comm *c);
 PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c);
+PDP_API double pdp_comm_timeout(const pdp_comm *c); /* seconds */
 
 /* In place: buf <- op over ranks of buf. */
 PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
@@ -76,13 +86,19 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
 /* Completes a collective and recycles its handle (NULL is fine). The error of
    a failed collective is returned here, with its message. */
 PDP_API pdp_status pdp_work_wait(pdp_work *work);
+/* The same as pdp_work_wait (the short name used in the docs). */
+PDP_API pdp_status pdp_wait(pdp_work *work);
 /* true once the collective has completed (the handle stays valid until waited). */
 PDP_API bool pdp_work_done(pdp_work *work);
 
 /* Per-communicator counters, for learners and benchmarks. */
 typedef struct pdp_comm_stats {
     int64_t collectives;   /* issued */
-    int64_t bytes_sent;    /* by this rank, as the algorithm moves them */
-    double busy_s;         /* summed launch-to-completion time of the collectives */
+    int64_t bytes_sent;    /* by this rank in the bandwidth-optimal algorithm: all-reduce
+                              2(N-1)/N x bytes (the ring figure), broadcast and
+                              reduce-scatter (N-1)/N x bytes, all-gather (N-1) x sent */
+    double busy_s;         /* summed execution time of the waited collectives, from the
+                              moment the backend starts one to its completion (queueing
+                              behind earlier collectives excluded) */
 } pdp_comm_stats;
 PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);

@@ -1,1 +1,185 @@
-/* cuda: (to be written) */
+/* cuda: CUDA devices, the NCCL communicator for thread ranks, and the plain C
+   functions of pdp_cuda.cu.
+
+   Build with -DPDP_CUDA and link pdp_cuda.o (nvcc), cuBLAS and NCCL; without
+   PDP_CUDA every function below that takes a device fails with
+   PDP_ERR_UNSUPPORTED naming the macro, and pdp_cuda_device_count reports 0.
+
+   Execution model. Each device has one compute stream and one cuBLAS handle,
+   created on first use and kept for the life of the process (like the intra-op
+   pool, the documented exception to "no globals"). Layer, loss and optimizer
+   calls on a CUDA model enqueue kernels on that stream and return; anything
+   that hands a value to the host (a download, a loss) waits for it. Use one
+   host thread per device at a time (DP and thread-rank DDP do).
+
+   Numerics. GEMMs run in full FP32 (TF32 off) so GPU results match the CPU to
+   about 1e-5 relative; pdp_cuda_set_tf32(true) trades that for tensor-core
+   speed. Element math (activations, dropout masks, optimizer updates) is the
+   same PDP__HOSTDEV code as the CPU's (math.h).
+
+   Memory. Device buffers come from a caching allocator: freed blocks go back to
+   a free list of their size class on their device and are reused, so after
+   the first step nothing reaches cudaMalloc (pdp_cuda_memory_stats counts the
+   calls). pdp_cuda_empty_cache returns the free blocks to the driver. */
+
+/* Number of CUDA devices visible to this process. No device (or no driver):
+   *count = 0 and PDP_ERR_NO_DEVICE. */
+PDP_API pdp_status pdp_cuda_device_count(int *count);
+/* TF32 tensor-core GEMMs on (faster, ~1e-3 relative) or off (default: FP32,
+   matches the CPU to ~1e-5). Process-wide; takes effect at the next GEMM. */
+PDP_API pdp_status pdp_cuda_set_tf32(bool on);
+/* Waits until every kernel and copy queued on the device's stream is done. */
+PDP_API pdp_status pdp_cuda_synchronize(pdp_device d);
+
+typedef struct pdp_cuda_memory_stats {
+    int64_t device_mallocs;  /* cudaMalloc calls made by the caching allocator so far */
+    size_t reserved_bytes;   /* held from the driver (in use + cached free blocks) */
+    size_t in_use_bytes;     /* handed out and not yet freed */
+} pdp_cuda_memory_stats;
+PDP_API pdp_status pdp_cuda_memory_stats_get(pdp_device d, pdp_cuda_memory_stats *out);
+/* Returns the device's cached free blocks to the driver (cudaFree). */
+PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
+
+/* ---- cuda: NCCL thread ranks ----
+   One process drives N GPUs with one thread per GPU: create the group once
+   (ncclCommInitAll over devices[0..ndev-1]), then rank r's thread calls
+   pdp_comm_create_nccl(&c, g, r) and uses c like any communicator (DDP with
+   thread ranks). The group outlives its communicators. Processes with one GPU
+   each use pdp_comm_init_env with desc.backend = PDP_BACKEND_NCCL instead:
+   rank 0 makes the NCCL unique id and hands it out through the TCP store
+   (MASTER_ADDR; port PDP_STORE_PORT, else MASTER_PORT + 1 under torchrun,
+   whose own store holds MASTER_PORT, else MASTER_PORT). Collectives run on a
+   stream of their own after waiting on an event recorded on the compute
+   stream, so they overlap whatever the compute stream does next; pdp_work_wait
+   polls with the communicator's timeout and, on timeout or an NCCL error,
+   aborts the NCCL communicator (ncclCommAbort) and fails instead of hanging. */
+typedef struct pdp_nccl_group pdp_nccl_group;
+PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
+                                         const pdp_comm_desc *desc);
+PDP_API void pdp_nccl_group_free(pdp_nccl_group *g);
+PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int rank);
+
+/* ---- cuda: the plain C functions of pdp_cuda.cu ----
+   pdp.h's implementation (cuda_host.c) calls these; they never call back into
+   it. dev is a CUDA ordinal; pointers are on that device unless named host_*;
+   counts are elements. Each returns PDP_OK or PDP_ERR_CUDA / PDP_ERR_TIMEOUT /
+   PDP_ERR_NO_DEVICE and leaves "cublasSgemm failed: CUBLAS_STATUS_... at
+   pdp_cuda.cu:123" in pdp_cudak_error() (thread-local). Kernels are enqueued on
+   the device's compute stream. Declared only for builds that link pdp_cuda.o. */
+#if defined(PDP_CUDA) || defined(__CUDACC__)
+
+typedef enum pdp_cudak_act {
+    PDP_CUDAK_RELU = 0,
+    PDP_CUDAK_GELU = 1,
+    PDP_CUDAK_TANH = 2,
+    PDP_CUDAK_SIGMOID = 3
+} pdp_cudak_act;
+
+typedef enum pdp_cudak_coll {
+    PDP_CUDAK_ALLREDUCE = 0,
+    PDP_CUDAK_BROADCAST = 1,
+    PDP_CUDAK_REDUCE_SCATTER = 2,
+    PDP_CUDAK_ALLGATHER = 3
+} pdp_cudak_coll;
+
+/* Conv2d / MaxPool2d geometry of one layer (square kernels). */
+typedef struct pdp_cudak_conv {
+    int64_t batch, C, H, W, O, k, stride, pad, Ho, Wo;
+} pdp_cudak_conv;
+
+const char *pdp_cudak_error(void);
+pdp_status pdp_cudak_device_count(int *count);
+void pdp_cudak_set_tf32(int on);
+pdp_status pdp_cudak_synchronize(int dev);
+
+/* memory */
+pdp_status pdp_cudak_malloc(int dev, size_t bytes, void **out);
+void pdp_cudak_free(int dev, void *p);
+pdp_status pdp_cudak_memory_stats(int dev, int64_t *mallocs, size_t *reserved, size_t *in_use);
+pdp_status pdp_cudak_empty_cache(int dev);
+pdp_status pdp_cudak_memset0(int dev, void *p, size_t bytes);
+pdp_status pdp_cudak_fill(int dev, float *p, int64_t count, float value);
+/* dst_dev / src_dev: a CUDA ordinal, or -1 for host memory. Device-to-host and
+   host-to-device copies return when the copy is done; peer copies too. */
+pdp_status pdp_cudak_memcpy(int dst_dev, void *dst, int src_dev, const void *src, size_t bytes);
+/* dst += src, both on dev. */
+pdp_status pdp_cudak_add(int dev, float *dst, const float *src, int64_t count);
+
+/* layers: forward writes y (and saved); backward writes dx (when not NULL) and
+   accumulates dw, db (+=). */
+pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float *w, const float *b, float *y,
+                                int64_t batch, int64_t in, int64_t out);
+pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const float *dy,
+                                float *dw, float *db, float *dx, int64_t batch, int64_t in,
+                                int64_t out);
+pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count);
+pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const float *y,
+                             const float *dy, float *dx, int64_t count);
+pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask, int64_t batch,
+                                 int64_t n, float p, uint64_t seed, int layer, uint64_t step,
+                                 int64_t sample_base);
+/* dx = dy * mask */
+pdp_status pdp_cudak_mul(int dev, const float *dy, const float *mask, float *dx, int64_t count);
+pdp_status pdp_cudak_layernorm_fwd(int dev, const float *x, const float *w, const float *b,
+                                   float *y, float *saved, int64_t batch, int64_t n, float eps);
+pdp_status pdp_cudak_layernorm_bwd(int dev, const float *x, const float *w, const float *dy,
+                                   const float *saved, float *dw, float *db, float *dx,
+                                   int64_t batch, int64_t n);
+/* work: (C k k + O) Ho Wo floats per sample */
+pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
+                              const float *b, float *y, float *work);
+pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
+                              const float *dy, float *dw, float *db, float *dx, float *work);
+pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *x, float *y,
+                                 float *argmax);
+pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,
+                                 const float *argmax, float *dx);
+
+/* losses. host_labels: batch labels in host memory, already checked to lie in
+   [0, classes). host_loss: batch per-sample losses (double) for the host to sum
+   in sample order. dlogits may be NULL. */
+pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *host_labels,
+                                   int64_t batch, int64_t classes, float grad_scale,
+                                   double *host_loss, float *dlogits);
+/* *host_sum = sum of (pred - target)^2 in double; dpred (may be NULL) = scale (pred - target). */
+pdp_status pdp_cudak_mse(int dev, const float *pred, const float *target, int64_t count,
+                         float scale, double *host_sum, float *dpred);
+
+/* optimizers: elements [0, count) of the given pointers, the math.h updates */
+pdp_status pdp_cudak_sgd(int dev, float *p, const float *g, float *buf, int64_t count, float lr,
+                         float momentum, float one_minus_damp, float weight_decay, int nesterov,
+                         int first);
+pdp_status pdp_cudak_adam(int dev, float *p, const float *g, float *m, float *v, int64_t count,
+                          float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
+                          float step_size, float bc2_sqrt, float eps, float l2, float decay);
+
+/* benchmarks: C [m, n] = A [m, k] B [k, n], row-major, on dev (cuBLAS) */
+pdp_status pdp_cudak_gemm(int dev, const float *a, const float *b, float *c, int64_t m, int64_t n,
+                          int64_t k);
+
+/* NCCL. One handle per rank: the NCCL communicator, its device and its own
+   stream, and a ring of completion events indexed by slot. */
+typedef struct pdp_cudak_nccl pdp_cudak_nccl;
+#define PDP_CUDAK_NCCL_ID_BYTES 128
+#define PDP_CUDAK_NCCL_SLOTS 256
+pdp_status pdp_cudak_nccl_unique_id(int dev, void *id);
+pdp_status pdp_cudak_nccl_init_rank(pdp_cudak_nccl **out, int dev, int nranks, int rank,
+                                    const void *id, double timeout_s);
+pdp_status pdp_cudak_nccl_init_all(pdp_cudak_nccl **out, int ndev, const int *devs);
+/* abort: ncclCommAbort instead of ncclCommDestroy (after a failure) */
+void pdp_cudak_nccl_free(pdp_cudak_nccl *h, int abort);
+/* Records an event on dev's compute stream, makes the NCCL stream wait on it,
+   enqueues the collective and records completion into *slot's event. For
+   BROADCAST op is the root; for the reductions 0 = sum, 1 = average. */
+pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind, const float *send,
+                                 float *recv, int64_t count, int op, int *slot);
+/* 1 done, 0 pending, -1 failed */
+int pdp_cudak_nccl_query(pdp_cudak_nccl *h, int slot);
+/* Waits for slot with a deadline; then the compute stream waits on it too.
+   On timeout or an NCCL error: ncclCommAbort, PDP_ERR_TIMEOUT / PDP_ERR_COMM. */
+pdp_status pdp_cudak_nccl_wait(pdp_cudak_nccl *h, int slot, double timeout_s);
+/* Host bytes from root to every rank (staged through the device). */
+pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *host, size_t bytes, int root,
+                                          double timeout_s);
+
+#endif /* PDP_CUDA || __CUDACC__ */

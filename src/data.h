@@ -1,1 +1,105 @@
-/* data: (to be written) */
+/* data: datasets in memory, the IDX file format (MNIST, Fashion-MNIST), a seeded
+   synthetic classification task, and a shuffling batch iterator.
+
+   A dataset holds every sample as float32 in one block, [count, features], and
+   one int32 label per sample. Reading .gz files needs no library: pdp carries
+   its own gzip (RFC 1952) and DEFLATE (RFC 1951) decoder. The batcher copies the
+   samples of each batch into a buffer it owns, so the training loop allocates
+   nothing; its order in epoch e depends on (seed, e) only, like PyTorch's
+   DistributedSampler after set_epoch(e). A distributed run gives each rank its
+   own index list (pdp_batcher_desc.indices). */
+
+/* Fashion-MNIST's training-set pixel statistics (of p / 255), for
+   pdp_dataset_desc.mean and .std. */
+#define PDP_FASHION_MNIST_MEAN 0.2860f
+#define PDP_FASHION_MNIST_STD 0.3530f
+
+typedef struct pdp_dataset {
+    int64_t count;      /* samples */
+    int ndim;           /* dimensions of one sample: 3 (channels, height, width) or 1 (flat) */
+    int64_t shape[3];   /* one sample's shape; unused entries are 1 */
+    int64_t features;   /* floats per sample: the product of shape (784 for 28x28) */
+    int classes;        /* largest label + 1 */
+    float *images;      /* [count, features], 64-byte aligned; read-only for the user */
+    int32_t *labels;    /* [count] */
+} pdp_dataset;
+
+typedef struct pdp_dataset_desc {
+    bool flat;           /* samples of shape (features) instead of (1, height, width);
+                            default false */
+    float mean, std;     /* std > 0: a pixel p becomes (p / 255 - mean) / std; default
+                            std 0: p / 255, in [0, 1] */
+    int64_t max_samples; /* keep only the first max_samples (0 = all); synthetic: how
+                            many to make (0 = 60000 train, 10000 test) */
+    uint64_t seed;       /* synthetic only: the class prototypes and the noise; default 0 */
+} pdp_dataset_desc;
+
+/* Reads an IDX image file (magic 0x00000803: unsigned bytes, [count, rows, cols])
+   and its IDX label file (magic 0x00000801, [count]); either may be gzipped
+   (recognised by content, not by name). A bad magic, a truncated file, a failed
+   CRC, counts that disagree between the two files or dimensions that overflow
+   fail with PDP_ERR_FORMAT naming the file; a missing file with PDP_ERR_IO. */
+PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_path,
+                                        const char *labels_path, const pdp_dataset_desc *desc);
+/* Fashion-MNIST (60000 training or 10000 test samples) from the directory named
+   by $PDP_DATA if set, else /usr/share/datasets/fashion-mnist: the files
+   train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
+   t10k-labels-idx1-ubyte, each plain or with .gz. When they are missing it fails
+   with PDP_ERR_IO, naming the paths it tried and how to get the files. */
+PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
+                                                  const pdp_dataset_desc *desc);
+/* A learnable stand-in with Fashion-MNIST's shapes (28x28, 10 classes) and no
+   files: each class is a pattern of Gaussian blobs drawn from desc->seed (three
+   shared by all classes, two of its own); a sample is its class pattern, shifted
+   by up to two pixels, scaled, with Gaussian noise (std 0.3), clipped to [0, 1].
+   Train and test share the patterns and differ in the noise. An MLP reaches
+   about 95% on it, not 100%. */
+PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
+                                         const pdp_dataset_desc *desc);
+PDP_API void pdp_dataset_free(pdp_dataset *ds); /* NULL is fine */
+
+/* Copies samples indices[0..n) to x_out ([n, features] floats) and their labels to
+   labels_out (either may be NULL). An index outside [0, count) fails with
+   PDP_ERR_INVALID naming it, before anything is written. */
+PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
+                                      float *x_out, int32_t *labels_out);
+/* Fills *x (caller-owned struct, no allocation) with samples [first, first + n)
+   as a tensor [n, sample shape...] that views the dataset's memory. */
+PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_t n,
+                                    pdp_tensor *x);
+
+/* Fills out[0..n) with a random permutation of 0..n-1 that depends only on
+   (seed, epoch): Fisher-Yates driven by pdp_rng seeded with (seed, stream epoch). */
+PDP_API void pdp_permutation(int64_t *out, int64_t n, uint64_t seed, uint64_t epoch);
+
+/* ---- batches ---- */
+
+typedef struct pdp_batcher pdp_batcher;
+
+typedef struct pdp_batcher_desc {
+    int64_t batch_size;     /* samples per batch; default 64 */
+    bool shuffle;           /* default false: in index order, as PyTorch's DataLoader */
+    bool drop_last;         /* default false: the last batch of an epoch may be smaller */
+    uint64_t seed;          /* with shuffle: epoch e's order is pdp_permutation(seed, e) of
+                               the index list */
+    const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
+                               as a padded DistributedSampler's do); NULL = all, in order */
+    int64_t num_indices;    /* length of indices */
+} pdp_batcher_desc;
+
+/* A batcher over ds (which must outlive it), positioned at the start of epoch 0. */
+PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
+                                      const pdp_batcher_desc *desc);
+PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
+/* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
+   batcher's buffer and *labels points at its n labels, both valid until the next
+   call. Returns false, with *n = 0, when the epoch is over; call
+   pdp_batcher_reset to start the next one. Allocates nothing. */
+PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n);
+/* Starts epoch `epoch` from its first batch (its order is recomputed from the
+   seed and the epoch number alone, so any epoch can be replayed). */
+PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
+/* Batches per epoch (counting a smaller last batch unless drop_last). */
+PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b);
+/* This epoch's order: *count dataset indices (may be NULL). */
+PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);

@@ -1,1 +1,139 @@
-/* ddp: (to be written) */
+/* ddp: DistributedDataParallel, torch.nn.parallel.DistributedDataParallel in C,
+   and the DistributedSampler that feeds it.
+
+   Every rank holds a full replica of the model and runs forward and backward
+   on its own shard of the global batch; there is no master. At construction
+   the ranks check that they have the same parameter names and shapes and take
+   rank 0's parameter values. During backward the gradients are all-reduced in
+   buckets while backward is still running:
+
+     - a bucket is a contiguous range of the model's flat gradient block (the
+       gradients ARE the bucket memory: no copy in, no copy out);
+     - buckets fill in reverse registration order (the order backward produces
+       gradients), each closed once it holds at least bucket_cap_mb (the first
+       one: first_bucket_mb), as PyTorch's Reducer does;
+     - when backward reports a bucket's last gradient, that bucket's all-reduce
+       (average over ranks) starts at once on the communicator, and backward
+       goes on with the layers before it;
+     - pdp_ddp_finish (called by pdp_ddp_step) waits for every bucket; the time
+       it waits is the communication backward could not hide.
+
+   With N ranks each computing the mean loss of B/N samples, the averaged
+   gradients are those of the mean loss over the global batch B: DDP training
+   equals single-device training on the global batch, to float rounding, and
+   every rank holds bit-identical parameters.
+
+   Gradient accumulation (no_sync): while no_sync is on, backward only adds to
+   the local gradients; the next backward with no_sync off all-reduces the
+   accumulated sums. As in PyTorch, k accumulated backward passes of mean losses
+   give the sum of k mean gradients: the same as k backward passes on a single
+   device (divide the learning rate by k, or scale the loss, for the mean).
+
+   Faults never hang: a rank that stops issuing collectives makes the others
+   fail with PDP_ERR_TIMEOUT within the communicator's timeout, naming the
+   bucket, the collective and the missing rank; a rank that fails and frees its
+   communicator makes the others fail at once.
+
+   Typical step (each rank, on its own thread or process):
+       pdp_ddp_forward_backward(ddp, x_shard, labels_shard, &loss);
+       pdp_ddp_step(ddp, opt);          wait for the buckets, update, zero grads */
+
+typedef struct pdp_ddp pdp_ddp;
+
+typedef struct pdp_ddp_desc {
+    double bucket_cap_mb;    /* bucket capacity in MiB (2^20 bytes); default 25 */
+    double first_bucket_mb;  /* capacity of the first bucket (the last layers' gradients,
+                                ready first); default min(1, bucket_cap_mb) */
+} pdp_ddp_desc;
+
+/* Wraps m (which stays owned by the caller, must outlive ddp and gets no new
+   layers) and c (the same). Collective: every rank of c must call it. Checks
+   that every rank has the same parameter names and shapes (a mismatch fails on
+   every rank with PDP_ERR_INVALID naming the first differing parameter), then
+   copies rank 0's parameters to every rank, zeroes the gradients and installs
+   the gradient hook on m. PDP_TRACE=out.json traces the ranks (see trace). */
+PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
+                                  const pdp_ddp_desc *desc);
+/* Waits for buckets still in flight, removes the hook. NULL is fine. */
+PDP_API void pdp_ddp_free(pdp_ddp *ddp);
+
+/* Forward, softmax cross-entropy (mean over this rank's batch) and backward on
+   this rank's shard; buckets are all-reduced as their gradients become ready.
+   Gradients accumulate (+=). A synchronised backward must be finished
+   (pdp_ddp_step or pdp_ddp_finish) before the next one. */
+PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *ddp, const pdp_tensor *x,
+                                            const int32_t *labels, float *loss);
+/* Waits for every bucket of the last synchronised backward: the model's
+   gradients are then the average over ranks. PDP_ERR_STATE when the last
+   backward ran under no_sync. OK and nothing to do when nothing is pending. */
+PDP_API pdp_status pdp_ddp_finish(pdp_ddp *ddp);
+/* pdp_ddp_finish, then pdp_optim_step(opt), then zeroes the gradients. */
+PDP_API pdp_status pdp_ddp_step(pdp_ddp *ddp, pdp_optim *opt);
+/* true: later backward passes only accumulate locally (PyTorch's no_sync()). */
+PDP_API void pdp_ddp_set_no_sync(pdp_ddp *ddp, bool no_sync);
+
+PDP_API pdp_model *pdp_ddp_model(const pdp_ddp *ddp);
+PDP_API pdp_comm *pdp_ddp_comm(const pdp_ddp *ddp);
+
+/* ---- buckets ---- */
+
+typedef struct pdp_ddp_bucket {
+    int first_param, last_param;  /* registry indices: the bucket holds first..last */
+    int64_t offset;               /* floats into the flat gradient block */
+    int64_t count;                /* floats */
+} pdp_ddp_bucket;
+
+PDP_API int pdp_ddp_num_buckets(const pdp_ddp *ddp);
+/* Bucket b (0 = the first to be reduced: the last parameters). */
+PDP_API pdp_status pdp_ddp_bucket_info(const pdp_ddp *ddp, int b, pdp_ddp_bucket *out);
+
+/* ---- statistics ---- */
+
+typedef struct pdp_ddp_stats {
+    int64_t steps;             /* synchronised backward passes finished */
+    int64_t buckets;           /* buckets per synchronised backward */
+    int64_t grad_bytes;        /* bytes of gradients all-reduced per step */
+    /* the last finished step */
+    int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes) */
+    double backward_s;         /* forward + loss + backward, launches included */
+    double allreduce_s;        /* execution time of this step's bucket all-reduces */
+    double wait_s;             /* time pdp_ddp_finish waited: communication left exposed */
+    double hidden_share;       /* 1 - wait_s / allreduce_s, in [0, 1] (1 with nothing to do) */
+    /* sums over all finished steps */
+    int64_t total_bytes_sent;
+    double total_backward_s, total_allreduce_s, total_wait_s;
+} pdp_ddp_stats;
+
+PDP_API void pdp_ddp_get_stats(const pdp_ddp *ddp, pdp_ddp_stats *out);
+PDP_API void pdp_ddp_reset_stats(pdp_ddp *ddp);
+
+/* ---- DistributedSampler ----
+   Each rank's share of an epoch, as torch.utils.data.DistributedSampler: the
+   epoch's order is pdp_permutation(seed, epoch) (or 0..n-1 without shuffle);
+   when n is not a multiple of the world size it is padded by repeating its
+   first indices (default) or cut to a multiple (drop_last); rank r takes the
+   entries r, r + N, r + 2N, ... The shards of one epoch are disjoint (up to the
+   padding) and cover the dataset; every rank with the same seed and epoch
+   computes the same permutation, so no communication is needed. */
+
+typedef struct pdp_dist_sampler pdp_dist_sampler;
+
+typedef struct pdp_dist_sampler_desc {
+    int64_t dataset_size;  /* samples; required, >= 1 */
+    int world_size;        /* ranks; default 1 */
+    int rank;              /* this rank, 0..world_size-1; default 0 */
+    uint64_t seed;         /* the same on every rank; default 0 */
+    bool no_shuffle;       /* default false: shuffled (PyTorch's shuffle=True) */
+    bool drop_last;        /* default false: pad by repeating indices */
+} pdp_dist_sampler_desc;
+
+PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,
+                                           const pdp_dist_sampler_desc *desc);
+PDP_API void pdp_dist_sampler_free(pdp_dist_sampler *s);
+/* Reshuffles: the indices become epoch `epoch`'s (as set_epoch in PyTorch). */
+PDP_API void pdp_dist_sampler_set_epoch(pdp_dist_sampler *s, uint64_t epoch);
+/* This rank's samples per epoch: ceil(n / N), or floor(n / N) with drop_last. */
+PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s);
+/* This rank's dataset indices for the current epoch (*count may be NULL), valid
+   until the next set_epoch or free; feed them to pdp_batcher_desc.indices. */
+PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count);

@@ -1,3 +1,693 @@
-/* dp: (to be written) */
+/* dp: DataParallel over persistent worker threads, parameter-server style.
+
+   This is torch.nn.DataParallel (Li et al., "PyTorch Distributed", VLDB 2020,
+   section 2; torch/nn/parallel/data_parallel.py) written so that each stage is
+   one function: pdp__dp_replicate, pdp__dp_scatter, pdp__dp_parallel_apply,
+   pdp__dp_gather, pdp__dp_reduce, pdp__dp_master_step. The master (device 0)
+   sends parameters and shards, receives outputs and gradients, holds the
+   optimizer state and runs the update: every byte passes through it, which is
+   why the literature calls DP a parameter-server design that overloads device
+   0, and why DDP (ddp.c) replaces the gather-reduce-step-replicate round trip
+   with an all-reduce among equals.
+
+   Threads. One worker thread per replica ("one host thread per device"),
+   created by pdp_dp_create and reused by every step; the calling thread only
+   dispatches, gathers and steps, as PyTorch's parallel_apply does. Replica 0 is
+   the master model itself, so its shard's gradients land directly in the
+   master's gradient block (reduce then adds replicas 1..N-1 into it). A job is
+   handed off under one mutex: the caller writes the job, bumps `generation`
+   and broadcasts `wake`; each worker runs its part and decrements `pending`,
+   the last one signals `done`. Shards and results are written before the
+   handoff under the lock, so every read is ordered by the mutex (TSan clean);
+   nobody spins. Each worker sets its own intra-op thread count
+   (threads_per_worker, default 1), since that setting is per thread.
+
+   Invariants. (1) Shards are balanced and contiguous: replica i gets
+   B/N + (i < B%N) samples starting after replica i-1's, so idle replicas
+   (B < N) are always the last ones. (2) Replica i's loss gradient is scaled by
+   1/B (the global batch), so the SUM of the replicas' gradients is the
+   gradient of the global mean loss. (3) The reduce adds, for every element,
+   g0 + g1 + g2 + ... in replica order whatever thread runs the slice, so the
+   result does not depend on the slicing or on timing. (4) Dropout masks are
+   keyed by (seed, layer, step, global sample index): before each forward a
+   replica gets the master's step and sample_base = its first global sample,
+   which positions it in the one counter-based random stream exactly where a
+   single device would be - one seeded stream per replica, whose union is the
+   single-device stream. Hence N workers reproduce one device on the same
+   global batch to float rounding, and one worker reproduces it bit for bit.
+   (5) After the first step at the largest batch nothing is allocated and no
+   thread is created.
+
+   Choices, and where they differ from PyTorch. The master's shard runs on
+   worker 0, not on the calling thread: every replica then goes through the same
+   code, and the caller is free to play the parameter server (gather, step).
+   torch.chunk gives every replica ceil(B/N) samples and the last one the rest;
+   balanced shards keep the slowest replica, which sets the step time, at most
+   one sample above the others. torch reduces on device 0 (reduce_add); on a
+   CPU that would leave N-1 cores idle, so by default each worker sums one slice
+   of the flat gradient (reduce_on_master restores torch's placement, with the
+   same bits). CUDA replicas need a device-side add for the reduce; until
+   pdp_cuda.cu provides it, pdp_dp_create refuses CUDA devices with
+   PDP_ERR_UNSUPPORTED - every other stage already moves data with pdp__dev_copy. */
 
 #include "internal.h"
+#include <unistd.h>
+
+/* ---- dp: the object ---- */
+
+typedef enum pdp__dp_job {
+    PDP__DP_JOB_NONE = 0,
+    PDP__DP_JOB_APPLY,   /* forward, loss, backward on this worker's shard */
+    PDP__DP_JOB_REDUCE   /* sum one slice of the replicas' gradients into the master */
+} pdp__dp_job;
+
+typedef struct pdp__dp_worker {
+    pdp_dp *dp;
+    int index;
+    pthread_t tid;
+    bool started;
+    pdp_device device;
+    pdp_model *replica;  /* index 0: the master itself */
+    /* written by scatter (caller), read by the worker */
+    int64_t first, rows; /* global samples [first, first + rows) */
+    pdp_tensor x;        /* those rows of the batch (a view on the CPU) */
+    const int32_t *labels;
+    float *dlogits;      /* [cap_rows, classes] loss gradient, on the replica's device */
+    int64_t cap_rows;
+    /* written by the worker, read by the caller after the handoff */
+    double loss_sum;
+    double apply_s;      /* wall seconds of this worker's apply */
+    double cpu_s;        /* CPU seconds of this worker's last job */
+    pdp_status status;
+    char msg[512];
+} pdp__dp_worker;
+
+struct pdp_dp {
+    pdp_model *master;
+    int n;
+    int threads_per_worker;
+    bool copy_params;
+    bool reduce_on_master;
+    int64_t classes;
+    pdp__dp_worker *workers;
+    /* the handoff; the fields below up to `stop` are guarded by lock */
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    bool sync_ok;
+    unsigned long generation;
+    pdp__dp_job job;
+    int pending;
+    bool stop;
+    /* this step, set by the caller before the handoff */
+    int64_t batch;
+    int active;          /* replicas with at least one sample */
+    float grad_scale;    /* 1 / batch */
+    bool zero_master;    /* replica 0 zeroes the master's gradients first */
+    /* gathered outputs on the master's device */
+    float *out_block;
+    int64_t out_cap;     /* floats */
+    pdp_tensor output;
+    bool have_output;
+    size_t optim_bytes;  /* the master's optimizer state, seen at the last step */
+    pdp_dp_stats stats;
+};
+
+/* ---- dp: memory accounting ---- */
+
+/* Bytes a model holds on its device, from the same sums pdp_model_reserve uses. */
+static size_t pdp__dp_model_bytes(const pdp_model *m)
+{
+    int64_t act = 0, saved = 0, work = 0, widest = m->in_count, b = m->max_batch;
+    size_t bytes = (size_t)m->param_count * sizeof(float); /* gradients */
+    int i;
+    if (!m->params_shared) bytes += (size_t)m->param_count * sizeof(float);
+    if (b == 0) return bytes;
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (l->kind != PDP__FLATTEN) act += l->out_count;
+        saved += l->saved_per_sample;
+        work = PDP__MAX(work, l->work_per_sample);
+        widest = PDP__MAX(widest, l->out_count);
+    }
+    return bytes + (size_t)(b * (act + saved + work + 2 * widest) + 3) * sizeof(float);
+}
+
+static void pdp__dp_memory(pdp_dp *dp)
+{
+    size_t replica = 0;
+    int i;
+    dp->stats.master_bytes = pdp__dp_model_bytes(dp->master) + dp->optim_bytes +
+                             (size_t)(dp->out_cap + dp->workers[0].cap_rows * dp->classes) *
+                                 sizeof(float);
+    for (i = 1; i < dp->n; i++) {
+        const pdp__dp_worker *w = &dp->workers[i];
+        replica = PDP__MAX(replica, pdp__dp_model_bytes(w->replica) +
+                                        (size_t)(w->cap_rows * dp->classes) * sizeof(float));
+    }
+    dp->stats.replica_bytes = replica;
+}
+
+/* ---- dp: workers ---- */
+
+/* CPU seconds used by the calling thread: unlike wall time, it does not count
+   the time a busy machine keeps the thread waiting for a core. */
+static double pdp__dp_thread_cpu(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Parallel apply, one replica: forward, loss against its labels, backward. */
+static void pdp__dp_apply_one(pdp__dp_worker *w)
+{
+    pdp_dp *dp = w->dp;
+    pdp_model *m = w->replica;
+    const pdp_tensor *y;
+    pdp_tensor dy;
+    int64_t shape[2];
+    double t0 = pdp__now(), c0 = pdp__dp_thread_cpu();
+    pdp_status st;
+    w->status = PDP_OK;
+    w->loss_sum = 0.0;
+    w->apply_s = 0.0;
+    w->cpu_s = 0.0;
+    if (w->rows == 0) return; /* idle this step */
+    if (w->index > 0 || dp->zero_master) pdp_model_zero_grad(m);
+    if ((st = pdp_model_forward(m, &w->x, &y)) != PDP_OK) goto fail;
+    if ((st = pdp__cross_entropy(y->data, w->labels, w->rows, dp->classes, dp->grad_scale,
+                                 &w->loss_sum, w->dlogits, "cross_entropy")) != PDP_OK)
+        goto fail;
+    if (!isfinite(w->loss_sum)) {
+        st = pdp__err(PDP_ERR_NUMERIC, "the loss of samples [%lld, %lld) is %g", (long long)w->first,
+                      (long long)(w->first + w->rows), w->loss_sum);
+        goto fail;
+    }
+    shape[0] = w->rows;
+    shape[1] = dp->classes;
+    pdp_tensor_wrap(w->dlogits, m->device, 2, shape, &dy);
+    if ((st = pdp_model_backward(m, &dy)) != PDP_OK) goto fail;
+    w->apply_s = pdp__now() - t0;
+    w->cpu_s = pdp__dp_thread_cpu() - c0;
+    return;
+fail:
+    /* the message is thread-local: keep a copy for the caller */
+    w->status = st;
+    {
+        const char *e = pdp_last_error();
+        size_t len = PDP__MIN(strlen(e), sizeof w->msg - 1);
+        memcpy(w->msg, e, len);
+        w->msg[len] = '\0';
+    }
+    w->apply_s = pdp__now() - t0;
+}
+
+/* Reduce, one slice: master.grad[lo, hi) += replica[1..active-1].grad[lo, hi), in
+   replica order. Slices are multiples of 16 floats (one cache line) so no two
+   threads write the same line; chunks of 4096 floats keep the master's part in L1
+   while each replica is added. */
+static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
+{
+    int64_t count = dp->master->param_count;
+    int64_t per = ((count + nslices - 1) / nslices + 15) / 16 * 16;
+    int64_t lo = PDP__MIN(count, (int64_t)slice * per), hi = PDP__MIN(count, lo + per), c, j;
+    float *dst = dp->master->grad_block;
+    int r;
+    for (c = lo; c < hi; c += 4096) {
+        int64_t end = PDP__MIN(hi, c + 4096);
+        for (r = 1; r < dp->active; r++) {
+            const float *src = dp->workers[r].replica->grad_block;
+            for (j = c; j < end; j++) dst[j] += src[j];
+        }
+    }
+}
+
+static void *pdp__dp_worker_main(void *arg)
+{
+    pdp__dp_worker *w = (pdp__dp_worker *)arg;
+    pdp_dp *dp = w->dp;
+    unsigned long seen = 0; /* workers start before the first job: generation is 0 */
+    pdp_set_num_threads(dp->threads_per_worker);
+    pthread_mutex_lock(&dp->lock);
+    for (;;) {
+        pdp__dp_job job;
+        while (dp->generation == seen && !dp->stop) pthread_cond_wait(&dp->wake, &dp->lock);
+        if (dp->stop) break;
+        seen = dp->generation;
+        job = dp->job;
+        pthread_mutex_unlock(&dp->lock);
+        if (job == PDP__DP_JOB_APPLY) {
+            pdp__dp_apply_one(w);
+        } else if (job == PDP__DP_JOB_REDUCE) {
+            int nslices = dp->reduce_on_master ? 1 : dp->n;
+            double c0 = pdp__dp_thread_cpu();
+            if (w->index < nslices) pdp__dp_reduce_slice(dp, w->index, nslices);
+            w->cpu_s = pdp__dp_thread_cpu() - c0;
+        }
+        pthread_mutex_lock(&dp->lock);
+        if (--dp->pending == 0) pthread_cond_signal(&dp->done);
+    }
+    pthread_mutex_unlock(&dp->lock);
+    return NULL;
+}
+
+/* Hands one job to every worker and waits until all have finished it. */
+static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
+{
+    pthread_mutex_lock(&dp->lock);
+    dp->job = job;
+    dp->pending = dp->n;
+    dp->generation++;
+    pthread_cond_broadcast(&dp->wake);
+    while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->lock);
+    pthread_mutex_unlock(&dp->lock);
+}
+
+/* ---- dp: lifecycle ---- */
+
+static void pdp__dp_destroy(pdp_dp *dp)
+{
+    int i;
+    if (dp->sync_ok) {
+        pthread_mutex_lock(&dp->lock);
+        dp->stop = true;
+        pthread_cond_broadcast(&dp->wake);
+        pthread_mutex_unlock(&dp->lock);
+    }
+    for (i = 0; i < dp->n; i++)
+        if (dp->workers && dp->workers[i].started) pthread_join(dp->workers[i].tid, NULL);
+    for (i = 0; dp->workers && i < dp->n; i++) {
+        pdp__dp_worker *w = &dp->workers[i];
+        if (i > 0) pdp_model_free(w->replica);
+        pdp__dev_free(w->device, w->dlogits);
+    }
+    if (dp->master) pdp__dev_free(dp->master->device, dp->out_block);
+    if (dp->sync_ok) {
+        pthread_cond_destroy(&dp->done);
+        pthread_cond_destroy(&dp->wake);
+        pthread_mutex_destroy(&dp->lock);
+    }
+    pdp__dealloc(dp->workers);
+    pdp__dealloc(dp);
+}
+
+static bool pdp__same_device(pdp_device a, pdp_device b)
+{
+    return a.kind == b.kind && a.ordinal == b.ordinal;
+}
+
+PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc)
+{
+    pdp_dp_desc d;
+    pdp_dp *dp;
+    int n, i;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: out is NULL");
+    *out = NULL;
+    if (!master) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: master model is NULL");
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (master->nlayers == 0) return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
+    if (master->layers[master->nlayers - 1].out_ndim != 1)
+        return pdp__err(PDP_ERR_SHAPE,
+                        "pdp_dp_create: the last layer %d (%s) gives %d-d samples; the "
+                        "classification loss needs 1-d logits (add a Flatten and a Linear)",
+                        master->nlayers - 1,
+                        pdp__layer_kind_name(master->layers[master->nlayers - 1].kind),
+                        master->layers[master->nlayers - 1].out_ndim);
+    n = d.num_workers;
+    if (n < 0 || n > PDP_DP_MAX_WORKERS)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)", n,
+                        PDP_DP_MAX_WORKERS);
+    if (n == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
+    }
+    if (d.threads_per_worker < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
+                        d.threads_per_worker);
+    for (i = 0; i < n; i++) {
+        pdp_device dev = d.devices ? d.devices[i] : pdp_cpu();
+        if (i == 0 && !pdp__same_device(dev, master->device))
+            return pdp__err(PDP_ERR_DEVICE,
+                            "pdp_dp_create: devices[0] (%d:%d) must be the master's device (%d:%d)",
+                            dev.kind, dev.ordinal, master->device.kind, master->device.ordinal);
+        if (dev.kind != PDP_DEVICE_CPU)
+#ifdef PDP_CUDA
+            return pdp__err(PDP_ERR_UNSUPPORTED,
+                            "pdp_dp_create: devices[%d] is CUDA %d: DP over CUDA devices needs the "
+                            "device-side reduce of pdp_cuda.cu, not written yet",
+                            i, dev.ordinal);
+#else
+            return pdp__err(PDP_ERR_UNSUPPORTED,
+                            "pdp_dp_create: devices[%d] is CUDA %d: built without PDP_CUDA "
+                            "(compile with -DPDP_CUDA and link pdp_cuda.o)",
+                            i, dev.ordinal);
+#endif
+    }
+
+    dp = (pdp_dp *)pdp__calloc(sizeof *dp);
+    if (!dp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory");
+    dp->master = master;
+    dp->n = n;
+    dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    dp->copy_params = d.copy_params;
+    dp->reduce_on_master = d.reduce_on_master;
+    dp->classes = master->layers[master->nlayers - 1].out_count;
+    dp->workers = (pdp__dp_worker *)pdp__calloc((size_t)n * sizeof *dp->workers);
+    if (!dp->workers) {
+        pdp__dp_destroy(dp);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory for %d workers", n);
+    }
+    if (pthread_mutex_init(&dp->lock, NULL) != 0) goto sync_fail;
+    if (pthread_cond_init(&dp->wake, NULL) != 0) {
+        pthread_mutex_destroy(&dp->lock);
+        goto sync_fail;
+    }
+    if (pthread_cond_init(&dp->done, NULL) != 0) {
+        pthread_cond_destroy(&dp->wake);
+        pthread_mutex_destroy(&dp->lock);
+        goto sync_fail;
+    }
+    dp->sync_ok = true;
+
+    /* replicas: 0 is the master; the others are clones on their devices */
+    for (i = 0; i < n; i++) {
+        pdp__dp_worker *w = &dp->workers[i];
+        w->dp = dp;
+        w->index = i;
+        w->device = d.devices ? d.devices[i] : pdp_cpu();
+        if (i == 0) {
+            w->replica = master;
+        } else if ((st = pdp__model_clone(master, w->device, !d.copy_params, &w->replica)) !=
+                   PDP_OK) {
+            pdp__dp_destroy(dp);
+            return pdp__err_wrap(st, "pdp_dp_create: replica %d", i);
+        }
+    }
+    for (i = 0; i < n; i++) {
+        pdp__dp_worker *w = &dp->workers[i];
+        int rc = pthread_create(&w->tid, NULL, pdp__dp_worker_main, w);
+        if (rc != 0) {
+            pdp__dp_destroy(dp);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: worker %d: pthread_create: %s",
+                            i, strerror(rc));
+        }
+        w->started = true;
+    }
+    dp->stats.num_workers = n;
+    dp->stats.params_shared = !d.copy_params;
+    pdp__dp_memory(dp);
+    *out = dp;
+    return PDP_OK;
+sync_fail:
+    pdp__dp_destroy(dp);
+    return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: cannot create a mutex or condition");
+}
+
+PDP_API void pdp_dp_free(pdp_dp *dp)
+{
+    if (dp) pdp__dp_destroy(dp);
+}
+
+PDP_API int pdp_dp_num_workers(const pdp_dp *dp) { return dp ? dp->n : 0; }
+
+PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp)
+{
+    return dp && dp->have_output ? &dp->output : NULL;
+}
+
+/* ---- dp: the stages ---- */
+
+/* Replicate: master parameters -> replicas 1..active-1, and the state that keys
+   dropout (training flag, step). A CPU replica that shares the master's memory
+   only re-points at it; a copying replica (copy_params, or another device) gets
+   a fresh copy, as torch's replicate() broadcasts the parameters every step. */
+static pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
+{
+    pdp_model *m = dp->master;
+    size_t bytes = (size_t)m->param_count * sizeof(float);
+    pdp_status st;
+    int i;
+    dp->stats.replicate_bytes = 0;
+    for (i = 1; i < dp->active; i++) {
+        pdp_model *r = dp->workers[i].replica;
+        if (r->nlayers != m->nlayers || r->param_count != m->param_count)
+            return pdp__err(PDP_ERR_STATE,
+                            "%s: the master model changed after pdp_dp_create (%d layers, %lld "
+                            "parameters; replica %d has %d, %lld)",
+                            fn, m->nlayers, (long long)m->param_count, i, r->nlayers,
+                            (long long)r->param_count);
+        r->training = m->training;
+        r->step = m->step;
+        r->seed = m->seed;
+        if (r->params_shared) {
+            r->param_block = m->param_block;
+        } else if ((st = pdp__dev_copy(r->device, r->param_block, m->device, m->param_block,
+                                       bytes)) != PDP_OK) {
+            return pdp__err_wrap(st, "%s: replicate to replica %d", fn, i);
+        }
+        dp->stats.replicate_bytes += bytes;
+    }
+    return PDP_OK;
+}
+
+/* Scatter: split x and labels along dimension 0 into balanced contiguous shards.
+   On the CPU a shard is a view of the caller's batch (no copy); the bytes count
+   what a multi-device DP sends. Grows the loss-gradient buffers (first step). */
+static pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
+                                  const char *fn)
+{
+    int64_t b = x->shape[0], base = b / dp->n, extra = b % dp->n, first = 0;
+    size_t row_bytes = (size_t)(x->count / b) * sizeof(float) + sizeof(int32_t);
+    pdp_status st;
+    int i;
+    dp->grad_scale = 1.0f / (float)b;
+    dp->stats.scatter_bytes = 0;
+    for (i = 0; i < dp->n; i++) {
+        pdp__dp_worker *w = &dp->workers[i];
+        w->first = first;
+        w->rows = base + (i < extra ? 1 : 0);
+        w->replica->sample_base = first;
+        first += w->rows;
+        if (w->rows == 0) continue;
+        pdp_tensor_rows_view(x, w->first, w->rows, &w->x);
+        w->labels = labels + w->first;
+        if (i > 0) dp->stats.scatter_bytes += (size_t)w->rows * row_bytes;
+        if (w->rows > w->cap_rows) {
+            pdp__dev_free(w->device, w->dlogits);
+            w->dlogits = NULL;
+            w->cap_rows = 0;
+            if ((st = pdp__dev_alloc(w->device, (size_t)(w->rows * dp->classes) * sizeof(float),
+                                     (void **)&w->dlogits)) != PDP_OK)
+                return pdp__err_wrap(st, "%s: worker %d: loss gradient", fn, i);
+            w->cap_rows = w->rows;
+        }
+    }
+    return PDP_OK;
+}
+
+/* Parallel apply: every worker runs its replica at once; the first failure (lowest
+   worker index, so the report does not depend on timing) comes back naming it. */
+static pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *cpu,
+                                         const char *fn)
+{
+    int i;
+    dp->zero_master = zero_master;
+    pdp__dp_run_job(dp, PDP__DP_JOB_APPLY);
+    dp->stats.apply_worker_min = 0.0;
+    dp->stats.apply_worker_max = 0.0;
+    *cpu = 0.0;
+    for (i = 0; i < dp->active; i++) {
+        const pdp__dp_worker *w = &dp->workers[i];
+        if (w->status != PDP_OK)
+            return pdp__err(w->status, "%s: worker %d (samples %lld..%lld): %s", fn, i,
+                            (long long)w->first, (long long)(w->first + w->rows - 1), w->msg);
+        if (i == 0 || w->apply_s < dp->stats.apply_worker_min) dp->stats.apply_worker_min = w->apply_s;
+        dp->stats.apply_worker_max = PDP__MAX(dp->stats.apply_worker_max, w->apply_s);
+        *cpu = PDP__MAX(*cpu, w->cpu_s);
+    }
+    return PDP_OK;
+}
+
+/* Gather: outputs of every replica into one [batch, classes] tensor on the master,
+   and the loss sums, added in replica order in double. */
+static pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
+{
+    pdp_model *m = dp->master;
+    int64_t need = dp->batch * dp->classes, shape[2];
+    pdp_status st;
+    int i;
+    if (need > dp->out_cap) {
+        pdp__dev_free(m->device, dp->out_block);
+        dp->out_block = NULL;
+        dp->out_cap = 0;
+        dp->have_output = false;
+        if ((st = pdp__dev_alloc(m->device, (size_t)need * sizeof(float), (void **)&dp->out_block)) !=
+            PDP_OK)
+            return pdp__err_wrap(st, "%s: gathered outputs", fn);
+        dp->out_cap = need;
+    }
+    *loss_sum = 0.0;
+    dp->stats.gather_bytes = 0;
+    for (i = 0; i < dp->active; i++) {
+        const pdp__dp_worker *w = &dp->workers[i];
+        size_t bytes = (size_t)(w->rows * dp->classes) * sizeof(float);
+        if ((st = pdp__dev_copy(m->device, dp->out_block + w->first * dp->classes, w->device,
+                                w->replica->out_view.data, bytes)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: gather from replica %d", fn, i);
+        *loss_sum += w->loss_sum;
+        if (i > 0) dp->stats.gather_bytes += bytes + sizeof(double);
+    }
+    shape[0] = dp->batch;
+    shape[1] = dp->classes;
+    pdp_tensor_wrap(dp->out_block, m->device, 2, shape, &dp->output);
+    dp->have_output = true;
+    return PDP_OK;
+}
+
+/* Reduce: the replicas' gradients summed into the master's (which already holds
+   replica 0's). Each worker sums one slice, or the master's worker sums it all
+   (reduce_on_master, torch's reduce_add on device 0); same bits either way. */
+static void pdp__dp_reduce(pdp_dp *dp, double *cpu)
+{
+    int i;
+    dp->stats.reduce_bytes =
+        (size_t)(dp->active - 1) * (size_t)dp->master->param_count * sizeof(float);
+    *cpu = 0.0;
+    if (dp->active < 2) return;
+    pdp__dp_run_job(dp, PDP__DP_JOB_REDUCE);
+    for (i = 0; i < dp->n; i++) *cpu = PDP__MAX(*cpu, dp->workers[i].cpu_s);
+}
+
+/* Step: the optimizer updates the master's parameters; replicas see them at the
+   next replicate. */
+static pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
+{
+    pdp_status st = pdp_optim_step(opt);
+    return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s: master step", fn);
+}
+
+/* ---- dp: one step ---- */
+
+static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
+                              const int32_t *labels, float *loss, bool zero_and_step,
+                              const char *fn)
+{
+    pdp_dp_times t;
+    double t0 = pdp__now(), ts, loss_sum = 0.0;
+    pdp_status st;
+    memset(&t, 0, sizeof t);
+    if (!dp || !x || !labels) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (zero_and_step && !opt) return pdp__err(PDP_ERR_INVALID, "%s: optimizer is NULL", fn);
+    if (opt && opt->model != dp->master)
+        return pdp__err(PDP_ERR_INVALID, "%s: the optimizer was created on another model, not the "
+                        "master", fn);
+    if (x->ndim < 2 || x->shape[0] < 1 || !x->data) {
+        char a[96];
+        return pdp__err(PDP_ERR_SHAPE, "%s: x is %s; expected [batch, sample...] with batch >= 1",
+                        fn, pdp__shape_str(x, a, sizeof a));
+    }
+    if (!pdp__same_device(x->device, dp->master->device))
+        return pdp__err(PDP_ERR_DEVICE, "%s: x on device %d:%d, master on %d:%d", fn,
+                        x->device.kind, x->device.ordinal, dp->master->device.kind,
+                        dp->master->device.ordinal);
+
+    dp->batch = x->shape[0];
+    dp->active = (int)PDP__MIN((int64_t)dp->n, dp->batch); /* the others idle this step */
+
+    ts = pdp__now();
+    if ((st = pdp__dp_replicate(dp, fn)) != PDP_OK) return st;
+    t.replicate = pdp__now() - ts;
+    ts = pdp__now();
+    if ((st = pdp__dp_scatter(dp, x, labels, fn)) != PDP_OK) return st;
+    t.scatter = pdp__now() - ts;
+    ts = pdp__now();
+    if ((st = pdp__dp_parallel_apply(dp, zero_and_step, &t.apply_cpu, fn)) != PDP_OK) return st;
+    t.apply = pdp__now() - ts;
+    ts = pdp__now();
+    if ((st = pdp__dp_gather(dp, &loss_sum, fn)) != PDP_OK) return st;
+    t.gather = pdp__now() - ts;
+    ts = pdp__now();
+    pdp__dp_reduce(dp, &t.reduce_cpu);
+    t.reduce = pdp__now() - ts;
+    if (zero_and_step) {
+        ts = pdp__now();
+        if ((st = pdp__dp_master_step(opt, fn)) != PDP_OK) return st;
+        t.step = pdp__now() - ts;
+    }
+    if (loss) *loss = (float)(loss_sum / (double)dp->batch);
+
+    /* ---- dp: stats ---- */
+    t.total = pdp__now() - t0;
+    dp->stats.steps++;
+    dp->stats.batch = dp->batch;
+    dp->stats.active_workers = dp->active;
+    dp->stats.bytes_from_master = dp->stats.replicate_bytes + dp->stats.scatter_bytes;
+    dp->stats.bytes_to_master = dp->stats.gather_bytes + dp->stats.reduce_bytes;
+    dp->stats.last = t;
+    dp->stats.sum.replicate += t.replicate;
+    dp->stats.sum.scatter += t.scatter;
+    dp->stats.sum.apply += t.apply;
+    dp->stats.sum.gather += t.gather;
+    dp->stats.sum.reduce += t.reduce;
+    dp->stats.sum.step += t.step;
+    dp->stats.sum.total += t.total;
+    dp->stats.sum.apply_cpu += t.apply_cpu;
+    dp->stats.sum.reduce_cpu += t.reduce_cpu;
+    if (opt) dp->optim_bytes = (size_t)opt->nstate * (size_t)opt->count * sizeof(float);
+    pdp__dp_memory(dp);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_dp_step(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
+                               const int32_t *labels, float *loss)
+{
+    return pdp__dp_run(dp, opt, x, labels, loss, true, "pdp_dp_step");
+}
+
+PDP_API pdp_status pdp_dp_forward_backward(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
+                                           float *loss)
+{
+    return pdp__dp_run(dp, NULL, x, labels, loss, false, "pdp_dp_forward_backward");
+}
+
+/* ---- dp: stats ---- */
+
+PDP_API pdp_status pdp_dp_get_stats(const pdp_dp *dp, pdp_dp_stats *out)
+{
+    if (!dp || !out) return pdp__err(PDP_ERR_INVALID, "pdp_dp_get_stats: NULL argument");
+    *out = dp->stats;
+    return PDP_OK;
+}
+
+PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
+{
+    const pdp_dp_times *t, *u;
+    double ms = 1e3, mean = 1e3 / (double)PDP__MAX(s ? s->steps : 1, 1);
+    if (!s) return 0;
+    t = &s->last;
+    u = &s->sum;
+    return snprintf(
+        buf, bytes,
+        "dp: %d workers (%d active), batch %lld, step %lld, params %s\n"
+        "  last step ms: replicate %.3f  scatter %.3f  apply %.3f (workers %.3f..%.3f)"
+        "  gather %.3f  reduce %.3f  step %.3f  total %.3f\n"
+        "  mean ms:      replicate %.3f  scatter %.3f  apply %.3f  gather %.3f  reduce %.3f"
+        "  step %.3f  total %.3f\n"
+        "  traffic: master -> replicas %.2f MB (params %.2f, inputs %.2f), "
+        "replicas -> master %.2f MB (grads %.2f, outputs %.3f)\n"
+        "  memory: master %.2f MB, largest other replica %.2f MB (master / replica %.2fx)\n",
+        s->num_workers, s->active_workers, (long long)s->batch, (long long)s->steps,
+        s->params_shared ? "shared (read in place)" : "copied", t->replicate * ms,
+        t->scatter * ms, t->apply * ms, s->apply_worker_min * ms, s->apply_worker_max * ms,
+        t->gather * ms, t->reduce * ms, t->step * ms, t->total * ms, u->replicate * mean,
+        u->scatter * mean, u->apply * mean, u->gather * mean, u->reduce * mean, u->step * mean,
+        u->total * mean,
+        (double)s->bytes_from_master / 1e6, (double)s->replicate_bytes / 1e6,
+        (double)s->scatter_bytes / 1e6, (double)s->bytes_to_master / 1e6,
+        (double)s->reduce_bytes / 1e6, (double)s->gather_bytes / 1e6,
+        (double)s->master_bytes / 1e6, (double)s->replica_bytes / 1e6,
+        s->replica_bytes ? (double)s->master_bytes / (double)s->replica_bytes : 0.0);
+}

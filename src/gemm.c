@@ -5,17 +5,22 @@
    (ACM TOMS 34(3), 2008) and of BLIS (Van Zee and van de Geijn, 2015):
 
      for each NC-wide block of columns       (jc)
-       for each KC-deep block of k           (pc)   pack op(B) block, KC x NC  -> L2
-         for each MR-tall row panel          (ir)   pack op(A) panel, MR x KC  -> L1
+       for each KC-deep block of k           (pc)   pack op(B) block, KC x NC  (L2/L3)
+         for each MR-tall row panel          (ir)   pack op(A) panel, MR x KC  (L1)
            for each NR-wide column panel     (jr)   micro-kernel: MR x NR tile of C
 
+   The A panel stays in L1 while the B block streams past it (128 bytes of B per
+   16 FMAs on AVX-512, well within L2 or even L3 bandwidth), so the A panel is
+   packed right before use and there is no MC level.
    The micro-kernel keeps an MR x NR tile of C in registers and adds one rank-1
    update per k: NR floats of packed B are loaded, MR floats of packed A are
    broadcast, MR * NR / VL fused multiply-adds. Kernels by instruction set:
    AVX-512F 8 x 32 (16 zmm accumulators), AVX2+FMA 6 x 16 (12 ymm), and portable
    C 4 x 16 (what -DPDP_NO_SIMD or a plain x86-64 target gets). Packing pads
    partial panels with zeros, so the kernel always runs full tiles and masks only
-   its stores. With -DPDP_CBLAS the whole call goes to cblas_sgemm instead.
+   its stores. Packing a source that is contiguous in k (A in NN and NT, B in NT
+   and TT) is a transpose, done 8 x 8 in AVX registers when AVX is there. With
+   -DPDP_CBLAS the whole call goes to cblas_sgemm instead.
 
    Invariants:
    - Determinism. Every element of C is computed by exactly one thread, as the
@@ -200,10 +205,11 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 #define PDP__GEMM_NR (PDP__GEMM_NV * PDP__GEMM_VL)
 
 /* Blocking. KC: depth of one packed block (k is cut into equal blocks of at most
-   KC). NC: columns of packed B per block (KC x NC floats stay in L2). Both fixed,
-   so the summation order never depends on the thread count. */
+   KC). NC: columns of packed B per block. Both fixed, so the summation order never
+   depends on the thread count. 512 and 512 measured best on Zen 4 (384 and 256 are
+   within noise; see bench/gemm.c). */
 #ifndef PDP__GEMM_KC
-#  define PDP__GEMM_KC 256
+#  define PDP__GEMM_KC 512
 #endif
 #ifndef PDP__GEMM_NC
 #  define PDP__GEMM_NC 512
@@ -215,57 +221,104 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 
 /* ---- gemm: packing ---- */
 
-/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i],
-   rows mr..MR-1 zero. */
-static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
-                             float *PDP__GEMM_RESTRICT ap)
+/* Packing op(A) with A not transposed, and op(B) with B transposed, is a transpose
+   (the source is contiguous in k, the panel wants k-major). With AVX it goes 8 x 8
+   at a time through registers; the rest is plain loops. */
+#if !defined(PDP_NO_SIMD) && defined(__AVX__)
+#  include <immintrin.h>
+#  define PDP__GEMM_T8 1
+
+/* dst[q * ldd + r] = src[r * lds + q] for r, q in [0, 8). */
+static void pdp__gemm_transpose8(const float *src, int64_t lds, float *dst, int64_t ldd)
 {
-    int i;
+    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
+    __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
+    __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
+    __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#else
+#  define PDP__GEMM_T8 0
+#endif
+
+/* rows x kc of a source contiguous in k (row stride lds) into dst[p * ldd + r];
+   the part of [0, ldd) past `rows` is zeroed. */
+static void pdp__gemm_pack_t(const float *src, int64_t lds, int rows, int64_t kc, float *dst,
+                             int64_t ldd)
+{
+    int r = 0;
     int64_t p;
-    if (ta == PDP_NO_TRANS) { /* op(A)(i, p) = a[i * lda + p]: rows contiguous in k */
-        for (i = 0; i < mr; i++) {
-            const float *row = a + i * lda;
-            for (p = 0; p < kc; p++) ap[p * PDP__GEMM_MR + i] = row[p];
+#if PDP__GEMM_T8
+    for (; r + 8 <= rows; r += 8) {
+        const float *s = src + r * lds;
+        int i;
+        for (p = 0; p + 8 <= kc; p += 8) pdp__gemm_transpose8(s + p, lds, dst + p * ldd + r, ldd);
+        for (; p < kc; p++) {
+            for (i = 0; i < 8; i++) dst[p * ldd + r + i] = s[i * lds + p];
         }
-        for (; i < PDP__GEMM_MR; i++) {
-            for (p = 0; p < kc; p++) ap[p * PDP__GEMM_MR + i] = 0.0f;
-        }
-    } else { /* op(A)(i, p) = a[p * lda + i]: k-major already */
-        for (p = 0; p < kc; p++) {
-            const float *src = a + p * lda;
-            float *dst = ap + p * PDP__GEMM_MR;
-            for (i = 0; i < mr; i++) dst[i] = src[i];
-            for (; i < PDP__GEMM_MR; i++) dst[i] = 0.0f;
-        }
+    }
+#endif
+    for (; r < rows; r++) {
+        const float *s = src + r * lds;
+        for (p = 0; p < kc; p++) dst[p * ldd + r] = s[p];
+    }
+    for (; r < ldd; r++) {
+        for (p = 0; p < kc; p++) dst[p * ldd + r] = 0.0f;
     }
 }
 
+/* rows x cols of a source contiguous in the panel's fast index into dst[p * ldd + j];
+   the part of [0, ldd) past `cols` is zeroed. */
+static void pdp__gemm_pack_n(const float *src, int64_t lds, int cols, int64_t kc, float *dst,
+                             int64_t ldd)
+{
+    int64_t p;
+    int j;
+    for (p = 0; p < kc; p++) {
+        const float *s = src + p * lds;
+        float *d = dst + p * ldd;
+        for (j = 0; j < cols; j++) d[j] = s[j];
+        for (; j < ldd; j++) d[j] = 0.0f;
+    }
+}
+
+/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i]. */
+static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
+                             float *PDP__GEMM_RESTRICT ap)
+{
+    if (ta == PDP_NO_TRANS) /* op(A)(i, p) = a[i * lda + p] */
+        pdp__gemm_pack_t(a, lda, mr, kc, ap, PDP__GEMM_MR);
+    else /* op(A)(i, p) = a[p * lda + i] */
+        pdp__gemm_pack_n(a, lda, mr, kc, ap, PDP__GEMM_MR);
+}
+
 /* op(B) rows [0, kc) x columns [0, nc) into panels of NR columns:
-   bp[(j / NR) * kc * NR + p * NR + j % NR], columns past nc zero. */
+   bp[(j / NR) * kc * NR + p * NR + j % NR]. */
 static void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, int64_t kc, int64_t nc,
                              float *PDP__GEMM_RESTRICT bp)
 {
-    int64_t j0, p;
-    int j;
+    int64_t j0;
     for (j0 = 0; j0 < nc; j0 += PDP__GEMM_NR) {
         int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - j0);
-        float *panel = bp + j0 * kc;
-        if (tb == PDP_NO_TRANS) { /* op(B)(p, j) = b[p * ldb + j]: rows contiguous in n */
-            for (p = 0; p < kc; p++) {
-                const float *src = b + p * ldb + j0;
-                float *dst = panel + p * PDP__GEMM_NR;
-                for (j = 0; j < nr; j++) dst[j] = src[j];
-                for (; j < PDP__GEMM_NR; j++) dst[j] = 0.0f;
-            }
-        } else { /* op(B)(p, j) = b[j * ldb + p]: columns contiguous in k */
-            for (j = 0; j < nr; j++) {
-                const float *src = b + (j0 + j) * ldb;
-                for (p = 0; p < kc; p++) panel[p * PDP__GEMM_NR + j] = src[p];
-            }
-            for (; j < PDP__GEMM_NR; j++) {
-                for (p = 0; p < kc; p++) panel[p * PDP__GEMM_NR + j] = 0.0f;
-            }
-        }
+        if (tb == PDP_NO_TRANS) /* op(B)(p, j) = b[p * ldb + j] */
+            pdp__gemm_pack_n(b + j0, ldb, nr, kc, bp + j0 * kc, PDP__GEMM_NR);
+        else /* op(B)(p, j) = b[j * ldb + p] */
+            pdp__gemm_pack_t(b + j0 * ldb, ldb, nr, kc, bp + j0 * kc, PDP__GEMM_NR);
     }
 }
 

@@ -117,6 +117,7 @@ typedef struct pdp__layer_io {
     float *dw, *db;      /* their gradients, accumulated into (+=) */
     float *saved;        /* [batch, saved_per_sample] written by forward, read by backward */
     float *work;         /* [batch, work_per_sample] scratch, shared by all layers */
+    pdp_device device;   /* where every pointer above lives */
     bool training;
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
@@ -166,6 +167,8 @@ struct pdp_model {
     int64_t sample_base;     /* global index of this model's first sample (DP replicas) */
     pdp_grad_hook hook;
     void *hook_user;
+    int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
+                                  set by the DDP reducer when PDP_TRACE is on */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
@@ -183,6 +186,27 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
 static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
                                      int64_t classes, float grad_scale, double *loss_sum,
                                      float *dlogits, const char *fn);
+
+/* ---- CUDA dispatch (cuda_host.c) ----
+   layers.c, loss.c and optim.c hand work on a CUDA device to these; without
+   PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
+   as the CPU functions they stand in for (pointers on device d or io->device;
+   labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
+struct pdp__optim_scalars;
+static pdp_status pdp__cuda_layer_forward(const pdp__layer *l, const pdp__layer_io *io) PDP__UNUSED;
+static pdp_status pdp__cuda_layer_backward(const pdp__layer *l, const pdp__layer_io *io) PDP__UNUSED;
+static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
+                                          int64_t batch, int64_t classes, float grad_scale,
+                                          double *loss_sum, float *dlogits,
+                                          const char *fn) PDP__UNUSED;
+static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
+                                int64_t count, float scale, double *sum, float *dpred,
+                                const char *fn) PDP__UNUSED;
+static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
+                                         float *p, const float *g, float *s0, float *s1,
+                                         int64_t n) PDP__UNUSED;
+static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
+                               int64_t count) PDP__UNUSED;
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal
@@ -221,10 +245,44 @@ struct pdp_comm {
     void *impl;
 };
 
-/* Common head of every handle; a backend's handle struct begins with it. */
+/* Common head of every handle; a backend's handle struct begins with it.
+   Contract between comm.c's public layer and a backend:
+   - a collective op always gets a non-NULL w (comm.c makes work == NULL calls
+     synchronous) and fills comm, op_name and seq; comm.c sets t_launch;
+   - before the handle reports done, the backend sets t_start (execution began,
+     after any queueing) and t_done (completed, or failed);
+   - ops->wait completes the collective, leaves a failure's message WITHOUT a
+     function-name prefix (the public caller adds it) and returns the handle to
+     the backend's pool; the head fields stay readable until the next collective
+     is issued on that communicator (comm.c reads t_start/t_done after wait). */
 struct pdp_work {
     pdp_comm *comm;
     const char *op_name;  /* "allreduce", for messages and the trace */
     int64_t seq;          /* collective number on this communicator */
     double t_launch;      /* pdp__now() at launch */
+    double t_start;       /* pdp__now() when the backend began executing it */
+    double t_done;        /* pdp__now() at completion */
 };
+
+/* NCCL from the environment: pdp_comm_init_env (comm_mpi.c) calls it for
+   PDP_BACKEND_NCCL. Defined in cuda_host.c under PDP_CUDA; without PDP_CUDA,
+   comm_mpi.c defines it to return PDP_ERR_UNSUPPORTED naming the macro. */
+static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
+
+/* ---- trace (trace.c) ----
+   Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
+   One process-wide, mutex-guarded sink (the documented exception to "no
+   globals"), reference counted by open/close; PDP_TRACE is read by each open
+   while no trace file is open. process_rank >= 0 (this process is one rank of several) writes
+   path with ".rank<r>" inserted before the extension. Events take pdp__now()
+   seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string
+   literal; args NULL or a JSON object body ("\"bytes\":64"). Recording copies
+   a fixed-size record and never allocates. Everything is a no-op when off. */
+static pdp_status pdp__trace_open(int process_rank);
+static void pdp__trace_close(void);
+static bool pdp__trace_enabled(void);
+static int pdp__trace_track(int pid, const char *name);
+static void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
+                                double t1, const char *args);
+static void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
+                             double t0, double t1, const char *args);

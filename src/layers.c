@@ -1,3 +1,844 @@
-/* layers: (to be written) */
+/* layers: shape inference, initialisation, forward and backward of every layer
+   kind on the CPU; model.c drives them in order.
+
+   Conventions (PyTorch's, so that state_dicts and results carry over):
+   - Linear: y = x W^T + b, W [out, in], on 1-D samples.
+   - Conv2d: samples (C, H, W), W [O, C, k, k], b [O], square kernel, zero
+     padding, output (O, Ho, Wo) with Ho = (H + 2 pad - k) / stride + 1. Computed
+     by im2col + GEMM (Chellapilla et al., "High performance convolutional neural
+     networks for document processing", 2006) on cache-sized chunks of samples:
+     forward y = W col, backward dW = dy col^T and dcol = W^T dy, then col2im
+     (details in "layers: Conv2d").
+   - MaxPool2d: square window, no padding, floor output size; the first maximum
+     in row-major window order wins ties, NaN wins over numbers (as PyTorch's CPU
+     kernel). The winning index is saved as a float (exact below 2^24).
+   - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
+     rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
+   - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
+   - Dropout: the mask is a pure function of (seed, layer, step, global sample
+     index, element) (math.h), so a batch split across DP replicas, each with its
+     sample_base, draws exactly the masks one device draws. Training: keep with
+     probability 1 - p and scale by 1 / (1 - p); the scaled mask is saved for
+     backward. Evaluation: identity.
+   - Flatten is a view: model.c aliases its output to its input and never calls
+     forward or backward for it (they copy, should anything else).
+
+   Invariants: forward and backward allocate nothing (temporaries live in io->work,
+   sized by work_per_sample); backward accumulates into dw and db (+=) and writes
+   dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
+   in a fixed order that does not depend on the thread count, so results are
+   bit-reproducible. */
 
 #include "internal.h"
+
+#if defined(__cplusplus)
+#  define PDP__RESTRICT __restrict__
+#else
+#  define PDP__RESTRICT restrict
+#endif
+
+/* ---- layers: names and small helpers ---- */
+
+static const char *pdp__layer_kind_name(pdp__layer_kind k)
+{
+    switch (k) {
+    case PDP__LINEAR: return "Linear";
+    case PDP__RELU: return "ReLU";
+    case PDP__GELU: return "GELU";
+    case PDP__TANH: return "Tanh";
+    case PDP__SIGMOID: return "Sigmoid";
+    case PDP__DROPOUT: return "Dropout";
+    case PDP__LAYERNORM: return "LayerNorm";
+    case PDP__CONV2D: return "Conv2d";
+    case PDP__MAXPOOL2D: return "MaxPool2d";
+    case PDP__FLATTEN: return "Flatten";
+    }
+    return "?";
+}
+
+/* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
+static const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
+{
+    if (ndim == 3)
+        snprintf(buf, bytes, "(%lld, %lld, %lld)", (long long)shape[0], (long long)shape[1],
+                 (long long)shape[2]);
+    else
+        snprintf(buf, bytes, "(%lld)", (long long)shape[0]);
+    return buf;
+}
+
+/* Sum of n floats: 16 float lanes (which the compiler vectorises), combined in
+   double. Fixed order, so the same bits on every run. */
+static double pdp__layers_sum(const float *PDP__RESTRICT x, int64_t n)
+{
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] += x[i + k];
+    for (; i < n; i++) s += x[i];
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
+}
+
+/* Sum of (x[i] - c)^2, same scheme. */
+static double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c, int64_t n)
+{
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) {
+            float d = x[i + k] - c;
+            lane[k] += d * d;
+        }
+    for (; i < n; i++) s += (double)(x[i] - c) * (double)(x[i] - c);
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
+}
+
+/* Sum of a[i] * b[i], same scheme. */
+static double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b, int64_t n)
+{
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] += a[i + k] * b[i + k];
+    for (; i < n; i++) s += (double)a[i] * b[i];
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
+}
+
+/* Samples [*s0, *s1) of part i of n. */
+static void pdp__layers_part_range(int64_t batch, int i, int n, int64_t *s0, int64_t *s1)
+{
+    *s0 = batch * i / n;
+    *s1 = batch * (i + 1) / n;
+}
+
+/* Parts for a job over the batch: the caller's intra-op threads, at most one per
+   sample. */
+static int pdp__layers_batch_parts(int64_t batch)
+{
+    return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), batch);
+}
+
+/* Conv2d's workspace floats per sample (defined with the layer below). */
+static int64_t pdp__conv_work_per_sample(const pdp__layer *l);
+
+/* ---- layers: setup ---- */
+
+static pdp_status pdp__layer_setup(pdp__layer *l, int64_t wshape[4], int *wndim, int64_t bshape[4],
+                                   int *bndim)
+{
+    char in[64];
+    int64_t k = l->kernel, s = l->stride, pad = l->padding, C, H, W, Ho, Wo;
+    pdp__layers_dims_str(l->in_ndim, l->in_shape, in, sizeof in);
+    *wndim = *bndim = 0;
+    l->out_ndim = l->in_ndim;
+    memcpy(l->out_shape, l->in_shape, sizeof l->out_shape);
+    l->saved_per_sample = 0;
+    l->work_per_sample = 0;
+    C = l->in_shape[0];
+    H = l->in_shape[1];
+    W = l->in_shape[2];
+    switch (l->kind) {
+    case PDP__LINEAR:
+        if (l->out_features < 1)
+            return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
+                            (long long)l->out_features, in);
+        if (l->in_ndim != 1)
+            return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
+        l->out_shape[0] = l->out_features;
+        wshape[0] = l->out_features;
+        wshape[1] = l->in_count;
+        *wndim = 2;
+        bshape[0] = l->out_features;
+        *bndim = 1;
+        break;
+    case PDP__RELU:
+    case PDP__GELU:
+    case PDP__TANH:
+    case PDP__SIGMOID:
+        break;
+    case PDP__DROPOUT:
+        if (!(l->p >= 0.0f && l->p < 1.0f))
+            return pdp__err(PDP_ERR_INVALID, "p %g is outside [0, 1) (input %s)", (double)l->p, in);
+        l->saved_per_sample = l->in_count; /* the scaled mask */
+        break;
+    case PDP__LAYERNORM:
+        if (!(l->eps > 0.0f))
+            return pdp__err(PDP_ERR_INVALID, "eps %g must be > 0 (input %s)", (double)l->eps, in);
+        memcpy(wshape, l->in_shape, 3 * sizeof *wshape);
+        memcpy(bshape, l->in_shape, 3 * sizeof *bshape);
+        *wndim = *bndim = l->in_ndim;
+        l->saved_per_sample = 2; /* mean, rstd */
+        break;
+    case PDP__CONV2D:
+        if (l->out_features < 1 || k < 1 || s < 1 || pad < 0)
+            return pdp__err(PDP_ERR_INVALID,
+                            "out_channels %lld, kernel %lld, stride %lld, padding %lld: need "
+                            "out_channels, kernel, stride >= 1 and padding >= 0 (input %s)",
+                            (long long)l->out_features, (long long)k, (long long)s,
+                            (long long)pad, in);
+        if (l->in_ndim != 3)
+            return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
+        if (k > H + 2 * pad || k > W + 2 * pad)
+            return pdp__err(PDP_ERR_SHAPE,
+                            "kernel %lld is larger than the padded input %lldx%lld (input %s, "
+                            "padding %lld)",
+                            (long long)k, (long long)(H + 2 * pad), (long long)(W + 2 * pad), in,
+                            (long long)pad);
+        Ho = (H + 2 * pad - k) / s + 1;
+        Wo = (W + 2 * pad - k) / s + 1;
+        l->out_shape[0] = l->out_features;
+        l->out_shape[1] = Ho;
+        l->out_shape[2] = Wo;
+        wshape[0] = l->out_features;
+        wshape[1] = C;
+        wshape[2] = k;
+        wshape[3] = k;
+        *wndim = 4;
+        bshape[0] = l->out_features;
+        *bndim = 1;
+        l->work_per_sample = pdp__conv_work_per_sample(l);
+        break;
+    case PDP__MAXPOOL2D:
+        if (k < 1 || s < 1)
+            return pdp__err(PDP_ERR_INVALID, "kernel %lld, stride %lld must be >= 1 (input %s)",
+                            (long long)k, (long long)s, in);
+        if (l->in_ndim != 3)
+            return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
+        if (k > H || k > W)
+            return pdp__err(PDP_ERR_SHAPE, "kernel %lld is larger than the input %lldx%lld (input %s)",
+                            (long long)k, (long long)H, (long long)W, in);
+        l->out_shape[1] = (H - k) / s + 1;
+        l->out_shape[2] = (W - k) / s + 1;
+        l->saved_per_sample = C * l->out_shape[1] * l->out_shape[2]; /* argmax per output */
+        break;
+    case PDP__FLATTEN:
+        l->out_ndim = 1;
+        l->out_shape[0] = l->in_count;
+        l->out_shape[1] = l->out_shape[2] = 1;
+        break;
+    default:
+        return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    }
+    if (l->out_ndim == 1) l->out_shape[1] = l->out_shape[2] = 1;
+    l->out_count = l->out_shape[0] * l->out_shape[1] * l->out_shape[2];
+    return PDP_OK;
+}
+
+/* ---- layers: initialisation ---- */
+
+/* PyTorch's reset_parameters: weight Kaiming uniform with a = sqrt(5) (bound
+   1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)), in that order
+   from r; LayerNorm weight 1, bias 0. w and b are host memory. */
+static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    int64_t fan_in, nw, nb, i;
+    pdp_tensor t;
+    float bound;
+    switch (l->kind) {
+    case PDP__LINEAR:
+        fan_in = l->in_count;
+        nw = l->out_features * fan_in;
+        nb = l->out_features;
+        break;
+    case PDP__CONV2D:
+        fan_in = l->in_shape[0] * l->kernel * l->kernel;
+        nw = l->out_features * fan_in;
+        nb = l->out_features;
+        break;
+    case PDP__LAYERNORM:
+        for (i = 0; i < l->in_count; i++) {
+            w[i] = 1.0f;
+            b[i] = 0.0f;
+        }
+        return;
+    default:
+        return;
+    }
+    pdp_tensor_wrap(w, pdp_cpu(), 1, &nw, &t);
+    pdp_tensor_kaiming_uniform(&t, r, fan_in, sqrtf(5.0f));
+    bound = (float)(1.0 / sqrt((double)fan_in));
+    pdp_tensor_wrap(b, pdp_cpu(), 1, &nb, &t);
+    pdp_tensor_uniform(&t, r, -bound, bound);
+}
+
+/* ---- layers: Linear ---- */
+
+static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
+    float beta = 0.0f;
+    if (io->b) { /* y = b, then y += x W^T: the bias costs no extra pass over y */
+        for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
+        beta = 1.0f;
+    }
+    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in, io->w, in, beta, io->y, out);
+}
+
+static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t B = io->batch, in = l->in_count, out = l->out_features, i, j;
+    /* dW += dY^T X */
+    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, io->dy, out, io->x, in, 1.0f, io->dw, in);
+    if (io->db) { /* db += column sums of dY, sample by sample */
+        float *PDP__RESTRICT db = io->db;
+        for (i = 0; i < B; i++) {
+            const float *PDP__RESTRICT g = io->dy + i * out;
+            for (j = 0; j < out; j++) db[j] += g[j];
+        }
+    }
+    if (io->dx) /* dX = dY W */
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy, out, io->w, in, 0.0f,
+                  io->dx, in);
+}
+
+/* ---- layers: activations ---- */
+
+static void pdp__activation_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t n = io->batch * l->in_count, i;
+    const float *PDP__RESTRICT x = io->x;
+    float *PDP__RESTRICT y = io->y;
+    switch (l->kind) {
+    case PDP__RELU:
+        for (i = 0; i < n; i++) y[i] = pdp__relu(x[i]);
+        break;
+    case PDP__GELU:
+        for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
+        break;
+    case PDP__TANH:
+        for (i = 0; i < n; i++) y[i] = tanhf(x[i]);
+        break;
+    default: /* PDP__SIGMOID */
+        for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
+        break;
+    }
+}
+
+static void pdp__activation_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t n = io->batch * l->in_count, i;
+    const float *PDP__RESTRICT x = io->x, *PDP__RESTRICT y = io->y, *PDP__RESTRICT dy = io->dy;
+    float *PDP__RESTRICT dx = io->dx;
+    if (!dx) return;
+    switch (l->kind) {
+    case PDP__RELU:
+        for (i = 0; i < n; i++) dx[i] = pdp__relu_grad(dy[i], y[i]);
+        break;
+    case PDP__GELU:
+        for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
+        break;
+    case PDP__TANH:
+        for (i = 0; i < n; i++) dx[i] = pdp__tanh_grad(dy[i], y[i]);
+        break;
+    default: /* PDP__SIGMOID */
+        for (i = 0; i < n; i++) dx[i] = pdp__sigmoid_grad(dy[i], y[i]);
+        break;
+    }
+}
+
+/* ---- layers: Dropout ---- */
+
+static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t B = io->batch, n = l->in_count, s, j;
+    uint32_t thr;
+    float scale;
+    if (!io->training || l->p == 0.0f) {
+        if (io->y != io->x) memcpy(io->y, io->x, (size_t)(B * n) * sizeof(float));
+        return;
+    }
+    thr = pdp__dropout_threshold(l->p);
+    scale = 1.0f / (1.0f - l->p);
+    for (s = 0; s < B; s++) {
+        uint64_t key = pdp__dropout_key(io->seed, l->index, io->step, io->sample_base + s);
+        const float *PDP__RESTRICT x = io->x + s * n;
+        float *PDP__RESTRICT y = io->y + s * n, *PDP__RESTRICT mask = io->saved + s * n;
+        for (j = 0; j < n; j++) {
+            mask[j] = pdp__dropout_bits(key, j) >= thr ? scale : 0.0f;
+            y[j] = x[j] * mask[j];
+        }
+    }
+}
+
+static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t n = io->batch * l->in_count, i;
+    const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
+    float *PDP__RESTRICT dx = io->dx;
+    if (!dx) return;
+    if (!io->training || l->p == 0.0f) {
+        memcpy(dx, dy, (size_t)n * sizeof(float));
+        return;
+    }
+    for (i = 0; i < n; i++) dx[i] = dy[i] * mask[i];
+}
+
+/* ---- layers: LayerNorm ---- */
+
+static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t B = io->batch, n = l->in_count, s, j;
+    const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
+    for (s = 0; s < B; s++) {
+        const float *PDP__RESTRICT x = io->x + s * n;
+        float *PDP__RESTRICT y = io->y + s * n;
+        float mean = (float)(pdp__layers_sum(x, n) / (double)n);
+        double var = pdp__layers_sumsq_dev(x, mean, n) / (double)n;
+        float rstd = (float)(1.0 / sqrt(var + (double)l->eps));
+        for (j = 0; j < n; j++) y[j] = (x[j] - mean) * rstd * w[j] + b[j];
+        io->saved[2 * s] = mean;
+        io->saved[2 * s + 1] = rstd;
+    }
+}
+
+/* Sum of a[i] * b[i] * (c[i] - m), same scheme as pdp__layers_sum. */
+static double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                        const float *PDP__RESTRICT c, float m, int64_t n)
+{
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] += a[i + k] * b[i + k] * (c[i + k] - m);
+    for (; i < n; i++) s += (double)a[i] * b[i] * (c[i] - m);
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
+}
+
+/* With xh = (x - mean) rstd and g = dy w:
+   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
+   Two passes over each sample, nothing stored. */
+static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t B = io->batch, n = l->in_count, s, j;
+    const float *PDP__RESTRICT w = io->w;
+    float *PDP__RESTRICT dw = io->dw, *PDP__RESTRICT db = io->db;
+    for (s = 0; s < B; s++) {
+        const float *PDP__RESTRICT x = io->x + s * n, *PDP__RESTRICT dy = io->dy + s * n;
+        float mean = io->saved[2 * s], rstd = io->saved[2 * s + 1], mg, mgx;
+        for (j = 0; j < n; j++) {
+            dw[j] += dy[j] * ((x[j] - mean) * rstd);
+            db[j] += dy[j];
+        }
+        if (!io->dx) continue;
+        mg = (float)(pdp__layers_dot(dy, w, n) / (double)n);
+        mgx = (float)(pdp__layers_dot3(dy, w, x, mean, n) * (double)rstd / (double)n);
+        {
+            float *PDP__RESTRICT dx = io->dx + s * n;
+            for (j = 0; j < n; j++)
+                dx[j] = rstd * (dy[j] * w[j] - mg - (x[j] - mean) * rstd * mgx);
+        }
+    }
+}
+
+/* ---- layers: Conv2d ----
+   im2col + GEMM on cache-sized chunks of samples. The batch is cut into chunks
+   of `per_chunk` samples, a number that depends on the layer's geometry only (so
+   do the results): enough that a chunk's column matrix is about
+   PDP__CONV_CHUNK_FLOATS, which keeps im2col, the GEMMs and col2im of one chunk in
+   L2. The intra-op threads take whole chunks. Chunk c keeps its scratch in the
+   workspace slots of its own samples: the column matrix [C k k, n], O x n floats
+   for the output (forward) or the output gradient (backward), a zero-padded copy
+   of one input sample, and the chunk's shares of dW and db, which backward adds up
+   in chunk order after all chunks are done.
+
+   Stride 1 uses a wide grid: output columns are counted on the padded input's
+   width Wp instead of Wo, so that row (c, ki, kj) of a sample's columns is ONE
+   contiguous run of the padded input (Ho Wp floats from (c, ki, kj)), and col2im
+   is one vector add per row. The Wp - Wo extra columns per output row compute
+   values nobody reads (forward drops them; backward gives them a zero output
+   gradient, so they add nothing to dW or dx): a few percent more GEMM work for
+   copies 10x cheaper than Ho short ones. Other strides use exact Wo columns. */
+
+#ifndef PDP__CONV_CHUNK_FLOATS
+#  define PDP__CONV_CHUNK_FLOATS 65536
+#endif
+
+typedef struct pdp__conv_geom {
+    int64_t C, H, W, O, k, stride, pad, Ho, Wo;
+    int64_t Hp, Wp;         /* padded input */
+    int64_t ckk;            /* rows of the column matrix */
+    int64_t gw, cols;       /* grid width (Wp when wide, else Wo); columns per sample */
+    int wide;               /* stride 1 */
+    int64_t padded;         /* floats of the padded-sample buffer (+ k for the last run) */
+    int64_t per_chunk;      /* samples per chunk */
+    int64_t slot;           /* workspace floats per sample */
+} pdp__conv_geom;
+
+static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
+{
+    pdp__conv_geom g;
+    g.C = l->in_shape[0];
+    g.H = l->in_shape[1];
+    g.W = l->in_shape[2];
+    g.O = l->out_features;
+    g.k = l->kernel;
+    g.stride = l->stride;
+    g.pad = l->padding;
+    g.Ho = l->out_shape[1];
+    g.Wo = l->out_shape[2];
+    g.Hp = g.H + 2 * g.pad;
+    g.Wp = g.W + 2 * g.pad;
+    g.ckk = g.C * g.k * g.k;
+    g.wide = g.stride == 1;
+    g.gw = g.wide ? g.Wp : g.Wo;
+    g.cols = g.Ho * g.gw;
+    g.padded = g.wide ? g.C * g.Hp * g.Wp + g.k : 0;
+    g.per_chunk = PDP__MAX(1, PDP__CONV_CHUNK_FLOATS / (g.ckk * g.cols));
+    g.slot = (g.ckk + g.O) * g.cols + g.padded + g.O * g.ckk + g.O;
+    return g;
+}
+
+static int64_t pdp__conv_work_per_sample(const pdp__layer *l) { return pdp__conv_geom_of(l).slot; }
+
+/* Output columns [*lo, *hi) whose input column ow * stride - pad + kj is inside
+   [0, W). */
+static void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, int64_t kj,
+                            int64_t *lo, int64_t *hi)
+{
+    int64_t off = pad - kj; /* iw = ow * stride - off */
+    *lo = off > 0 ? (off + stride - 1) / stride : 0;
+    *hi = (W - 1 + off) >= 0 ? (W - 1 + off) / stride + 1 : 0;
+    if (*hi > Wo) *hi = Wo;
+    if (*lo > *hi) *lo = *hi;
+}
+
+/* One sample's columns into col (row stride ld): row (c, ki, kj), column
+   oh * gw + ow holds x[c, oh s - pad + ki, ow s - pad + kj], zero outside the
+   input. buf: the padded-sample buffer (wide grid only), zero outside the input
+   on entry and on return. */
+static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
+                        float *PDP__RESTRICT col, int64_t ld, float *PDP__RESTRICT buf)
+{
+    int64_t c, ki, kj, oh, ow, ih;
+    if (g->wide) {
+        for (c = 0; c < g->C; c++)
+            for (ih = 0; ih < g->H; ih++)
+                memcpy(buf + (c * g->Hp + ih + g->pad) * g->Wp + g->pad, x + (c * g->H + ih) * g->W,
+                       (size_t)g->W * sizeof(float));
+        for (c = 0; c < g->C; c++)
+            for (ki = 0; ki < g->k; ki++)
+                for (kj = 0; kj < g->k; kj++)
+                    memcpy(col + ((c * g->k + ki) * g->k + kj) * ld,
+                           buf + (c * g->Hp + ki) * g->Wp + kj, (size_t)g->cols * sizeof(float));
+        return;
+    }
+    for (c = 0; c < g->C; c++)
+        for (ki = 0; ki < g->k; ki++)
+            for (kj = 0; kj < g->k; kj++) {
+                float *dst = col + ((c * g->k + ki) * g->k + kj) * ld;
+                int64_t lo, hi;
+                pdp__conv_valid(g->W, g->Wo, g->stride, g->pad, kj, &lo, &hi);
+                for (oh = 0; oh < g->Ho; oh++, dst += g->Wo) {
+                    int64_t row;
+                    ih = oh * g->stride - g->pad + ki;
+                    if (ih < 0 || ih >= g->H) {
+                        memset(dst, 0, (size_t)g->Wo * sizeof(float));
+                        continue;
+                    }
+                    row = (c * g->H + ih) * g->W + kj - g->pad; /* + ow * stride: in range */
+                    for (ow = 0; ow < lo; ow++) dst[ow] = 0.0f;
+                    for (ow = lo; ow < hi; ow++) dst[ow] = x[row + ow * g->stride];
+                    for (ow = hi; ow < g->Wo; ow++) dst[ow] = 0.0f;
+                }
+            }
+}
+
+/* dx of one sample = the sum of its columns' entries over the positions they were
+   copied from, in row order (a fixed summation order). buf as for im2col; it is
+   left zero outside the input. */
+static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
+                        float *PDP__RESTRICT dx, float *PDP__RESTRICT buf)
+{
+    int64_t c, ki, kj, oh, ow, ih, j;
+    if (g->wide) {
+        memset(buf, 0, (size_t)g->padded * sizeof(float));
+        for (c = 0; c < g->C; c++)
+            for (ki = 0; ki < g->k; ki++)
+                for (kj = 0; kj < g->k; kj++) {
+                    const float *PDP__RESTRICT src = col + ((c * g->k + ki) * g->k + kj) * ld;
+                    float *PDP__RESTRICT dst = buf + (c * g->Hp + ki) * g->Wp + kj;
+                    for (j = 0; j < g->cols; j++) dst[j] += src[j];
+                }
+        for (c = 0; c < g->C; c++)
+            for (ih = 0; ih < g->H; ih++)
+                memcpy(dx + (c * g->H + ih) * g->W, buf + (c * g->Hp + ih + g->pad) * g->Wp + g->pad,
+                       (size_t)g->W * sizeof(float));
+        memset(buf, 0, (size_t)g->padded * sizeof(float));
+        return;
+    }
+    memset(dx, 0, (size_t)(g->C * g->H * g->W) * sizeof(float));
+    for (c = 0; c < g->C; c++)
+        for (ki = 0; ki < g->k; ki++)
+            for (kj = 0; kj < g->k; kj++) {
+                const float *src = col + ((c * g->k + ki) * g->k + kj) * ld;
+                int64_t lo, hi;
+                pdp__conv_valid(g->W, g->Wo, g->stride, g->pad, kj, &lo, &hi);
+                for (oh = 0; oh < g->Ho; oh++, src += g->Wo) {
+                    int64_t row;
+                    ih = oh * g->stride - g->pad + ki;
+                    if (ih < 0 || ih >= g->H) continue;
+                    row = (c * g->H + ih) * g->W + kj - g->pad;
+                    for (ow = lo; ow < hi; ow++) dx[row + ow * g->stride] += src[ow];
+                }
+            }
+}
+
+typedef struct pdp__conv_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+    pdp__conv_geom g;
+    int64_t chunks;
+} pdp__conv_job;
+
+/* Chunk c: its samples [s0, s1), its n columns and its scratch. */
+typedef struct pdp__conv_chunk {
+    int64_t s0, s1, n;
+    float *col, *out, *buf, *part;
+} pdp__conv_chunk;
+
+static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c)
+{
+    const pdp__conv_geom *g = &job->g;
+    pdp__conv_chunk k;
+    k.s0 = c * g->per_chunk;
+    k.s1 = PDP__MIN(job->io->batch, k.s0 + g->per_chunk);
+    k.n = (k.s1 - k.s0) * g->cols;
+    k.col = job->io->work + k.s0 * g->slot;
+    k.out = k.col + g->ckk * k.n;
+    k.buf = k.out + g->O * k.n;
+    k.part = k.buf + g->padded;
+    if (g->padded) memset(k.buf, 0, (size_t)g->padded * sizeof(float));
+    return k;
+}
+
+/* Forward of the chunks of part i: im2col; out [O, n] = W col; y = out + b. */
+static void pdp__conv_forward_part(void *arg, int i, int parts)
+{
+    const pdp__conv_job *job = (const pdp__conv_job *)arg;
+    const pdp__conv_geom *g = &job->g;
+    const pdp__layer_io *io = job->io;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh, ow;
+    for (c = c0; c < c1; c++) {
+        pdp__conv_chunk k = pdp__conv_chunk_of(job, c);
+        for (s = k.s0; s < k.s1; s++)
+            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n, k.buf);
+        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f, io->w, g->ckk, k.col, k.n,
+                  0.0f, k.out, k.n);
+        for (s = k.s0; s < k.s1; s++)
+            for (o = 0; o < g->O; o++) {
+                float bo = io->b ? io->b[o] : 0.0f;
+                for (oh = 0; oh < g->Ho; oh++) {
+                    const float *PDP__RESTRICT src = k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
+                    float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
+                    for (ow = 0; ow < g->Wo; ow++) dst[ow] = src[ow] + bo;
+                }
+            }
+    }
+}
+
+/* The chunk's share of dW, transposed: part [ckk, O] = col [ckk, n] out^T. A GEMM
+   with ckk >= 32 rows; below that (a first layer on 1 or 3 channels) the tiles
+   would be mostly padding, and plain dot products of length n are faster. */
+static void pdp__conv_dw_share(const pdp__conv_geom *g, const float *out, const float *col,
+                               int64_t n, float *part)
+{
+    int64_t r, o;
+    if (g->ckk >= 32) {
+        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->ckk, g->O, n, 1.0f, col, n, out, n, 0.0f, part, g->O);
+        return;
+    }
+    for (r = 0; r < g->ckk; r++)
+        for (o = 0; o < g->O; o++)
+            part[r * g->O + o] = (float)pdp__layers_dot(col + r * n, out + o * n, n);
+}
+
+/* Backward of the chunks of part i: im2col again; dy gathered into out [O, n]
+   (zero in the wide grid's extra columns); the chunk's dW share (col out^T,
+   transposed) and db share; then dcol = W^T out over col, and col2im into dx. */
+static void pdp__conv_backward_part(void *arg, int i, int parts)
+{
+    const pdp__conv_job *job = (const pdp__conv_job *)arg;
+    const pdp__conv_geom *g = &job->g;
+    const pdp__layer_io *io = job->io;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    for (c = c0; c < c1; c++) {
+        pdp__conv_chunk k = pdp__conv_chunk_of(job, c);
+        for (s = k.s0; s < k.s1; s++) {
+            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n, k.buf);
+            for (o = 0; o < g->O; o++)
+                for (oh = 0; oh < g->Ho; oh++) {
+                    float *dst = k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
+                    memcpy(dst, io->dy + ((s * g->O + o) * g->Ho + oh) * g->Wo,
+                           (size_t)g->Wo * sizeof(float));
+                    if (g->gw > g->Wo) memset(dst + g->Wo, 0, (size_t)(g->gw - g->Wo) * sizeof(float));
+                }
+        }
+        pdp__conv_dw_share(g, k.out, k.col, k.n, k.part);
+        for (o = 0; o < g->O; o++)
+            k.part[g->O * g->ckk + o] = (float)pdp__layers_sum(k.out + o * k.n, k.n);
+        if (!io->dx) continue;
+        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, g->ckk, k.n, g->O, 1.0f, io->w, g->ckk, k.out, k.n,
+                  0.0f, k.col, k.n);
+        for (s = k.s0; s < k.s1; s++)
+            pdp__col2im(g, k.col + (s - k.s0) * g->cols, k.n, io->dx + s * job->l->in_count, k.buf);
+    }
+}
+
+static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io)
+{
+    job->l = l;
+    job->io = io;
+    job->g = pdp__conv_geom_of(l);
+    job->chunks = (io->batch + job->g.per_chunk - 1) / job->g.per_chunk;
+}
+
+/* Parts for the chunks: the caller's threads, at most one per chunk. A single part
+   runs on the caller without taking the pool, so its GEMMs can still use it. */
+static int pdp__conv_parts(const pdp__conv_job *job)
+{
+    return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
+}
+
+static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__conv_job job;
+    pdp__conv_job_init(&job, l, io);
+    pdp__parallel_for(pdp__conv_parts(&job), pdp__conv_forward_part, &job);
+}
+
+static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__conv_job job;
+    const pdp__conv_geom *g = &job.g;
+    int64_t c, j, o;
+    pdp__conv_job_init(&job, l, io);
+    pdp__parallel_for(pdp__conv_parts(&job), pdp__conv_backward_part, &job);
+    for (c = 0; c < job.chunks; c++) { /* the chunks' shares, in chunk order */
+        const float *part = io->work + c * g->per_chunk * g->slot;
+        int64_t n = (PDP__MIN(io->batch, (c + 1) * g->per_chunk) - c * g->per_chunk) * g->cols;
+        part += (g->ckk + g->O) * n + g->padded;
+        for (o = 0; o < g->O; o++)
+            for (j = 0; j < g->ckk; j++) io->dw[o * g->ckk + j] += part[j * g->O + o];
+        if (io->db)
+            for (o = 0; o < g->O; o++) io->db[o] += part[g->O * g->ckk + o];
+    }
+}
+
+/* ---- layers: MaxPool2d ---- */
+
+/* One output row at a time: y and the winner's index start at the window's first
+   element and are updated element by element in PyTorch's order (ki, then kj), so
+   ties keep the first maximum and a NaN replaces whatever came before. The inner
+   loop runs over the output columns, which the compiler vectorises. */
+static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t C = l->in_shape[0], H = l->in_shape[1], W = l->in_shape[2];
+    int64_t Ho = l->out_shape[1], Wo = l->out_shape[2], k = l->kernel, st = l->stride;
+    int64_t plane, oh, ow, ki, kj;
+    for (plane = 0; plane < io->batch * C; plane++) {
+        const float *x = io->x + plane * H * W;
+        for (oh = 0; oh < Ho; oh++) {
+            float *PDP__RESTRICT y = io->y + (plane * Ho + oh) * Wo;
+            float *PDP__RESTRICT arg = io->saved + (plane * Ho + oh) * Wo;
+            for (ki = 0; ki < k; ki++)
+                for (kj = 0; kj < k; kj++) {
+                    int64_t row = (oh * st + ki) * W + kj;
+                    const float *PDP__RESTRICT src = x + row;
+                    if (ki == 0 && kj == 0) {
+                        for (ow = 0; ow < Wo; ow++) {
+                            y[ow] = src[ow * st];
+                            arg[ow] = (float)(row + ow * st);
+                        }
+                        continue;
+                    }
+                    for (ow = 0; ow < Wo; ow++) {
+                        float v = src[ow * st];
+                        int take = (v > y[ow]) | (v != v);
+                        y[ow] = take ? v : y[ow];
+                        arg[ow] = take ? (float)(row + ow * st) : arg[ow];
+                    }
+                }
+        }
+    }
+}
+
+static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t C = l->in_shape[0], plane = l->in_shape[1] * l->in_shape[2];
+    int64_t per = l->out_shape[1] * l->out_shape[2], s, c, j;
+    if (!io->dx) return;
+    memset(io->dx, 0, (size_t)(io->batch * l->in_count) * sizeof(float));
+    for (s = 0; s < io->batch; s++)
+        for (c = 0; c < C; c++) {
+            float *dx = io->dx + s * l->in_count + c * plane;
+            const float *dy = io->dy + s * l->out_count + c * per;
+            const float *arg = io->saved + s * l->out_count + c * per;
+            for (j = 0; j < per; j++) dx[(int64_t)arg[j]] += dy[j];
+        }
+}
+
+/* ---- layers: dispatch ---- */
+
+/* Until pdp_cuda.cu has the kernels, layers run on CPU memory only. */
+static pdp_status pdp__layer_device_check(const pdp__layer_io *io)
+{
+    if (io->device.kind == PDP_DEVICE_CPU) return PDP_OK;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "no CUDA kernels for layers yet (device %d)",
+                    io->device.ordinal);
+}
+
+static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_forward(l, io); /* cuda_host.c */
+    if (pdp__layer_device_check(io) != PDP_OK) return PDP_ERR_UNSUPPORTED;
+    switch (l->kind) {
+    case PDP__LINEAR: pdp__linear_forward(l, io); break;
+    case PDP__RELU:
+    case PDP__GELU:
+    case PDP__TANH:
+    case PDP__SIGMOID: pdp__activation_forward(l, io); break;
+    case PDP__DROPOUT: pdp__dropout_forward(l, io); break;
+    case PDP__LAYERNORM: pdp__layernorm_forward(l, io); break;
+    case PDP__CONV2D: pdp__conv_forward(l, io); break;
+    case PDP__MAXPOOL2D: pdp__maxpool_forward(l, io); break;
+    case PDP__FLATTEN:
+        if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+        break;
+    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    }
+    return PDP_OK;
+}
+
+static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_backward(l, io); /* cuda_host.c */
+    if (pdp__layer_device_check(io) != PDP_OK) return PDP_ERR_UNSUPPORTED;
+    switch (l->kind) {
+    case PDP__LINEAR: pdp__linear_backward(l, io); break;
+    case PDP__RELU:
+    case PDP__GELU:
+    case PDP__TANH:
+    case PDP__SIGMOID: pdp__activation_backward(l, io); break;
+    case PDP__DROPOUT: pdp__dropout_backward(l, io); break;
+    case PDP__LAYERNORM: pdp__layernorm_backward(l, io); break;
+    case PDP__CONV2D: pdp__conv_backward(l, io); break;
+    case PDP__MAXPOOL2D: pdp__maxpool_backward(l, io); break;
+    case PDP__FLATTEN:
+        if (io->dx && io->dx != io->dy)
+            memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
+        break;
+    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    }
+    return PDP_OK;
+}

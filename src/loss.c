@@ -1,3 +1,214 @@
-/* loss: (to be written) */
+/* loss: softmax cross-entropy over integer labels and mean squared error, as
+   torch.nn.functional.cross_entropy and mse_loss with reduction='mean'; the
+   one-call training pass pdp_model_forward_backward; and accuracy counting.
+
+   Cross-entropy per sample is logsumexp(z) - z[label], computed stably as
+   m + log(sum exp(z - m)) with m = max(z) and the sum in double; the batch sum
+   is accumulated in double in sample order. Its gradient is
+   (softmax(z) - onehot(label)) * grad_scale. A label outside [0, classes) is
+   PDP_ERR_INVALID and a non-finite loss PDP_ERR_NUMERIC, both naming the sample,
+   so a diverging run stops where it diverged instead of training on NaN. On a
+   CUDA device the same formulas run in pdp_cuda.cu (cuda_host.c dispatches);
+   the per-sample losses come back and are summed here in sample order. */
 
 #include "internal.h"
+
+/* ---- loss: cross-entropy ---- */
+
+static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
+                                     int64_t classes, float grad_scale, double *loss_sum,
+                                     float *dlogits, const char *fn)
+{
+    double total = 0.0;
+    int64_t i, j;
+    for (i = 0; i < batch; i++) {
+        const float *z = logits + i * classes;
+        int32_t label = labels[i];
+        float mx = z[0];
+        double sum = 0.0, loss;
+        if (label < 0 || label >= classes)
+            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)",
+                            fn, (long)label, (long long)i, (long long)classes);
+        for (j = 1; j < classes; j++) mx = z[j] > mx ? z[j] : mx;
+        for (j = 0; j < classes; j++) sum += exp((double)z[j] - (double)mx);
+        loss = (double)mx + log(sum) - (double)z[label];
+        if (loss != loss || loss == HUGE_VAL || loss == -HUGE_VAL) {
+            *loss_sum = loss;
+            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at sample %lld", fn,
+                            loss != loss ? "NaN" : "Inf", (long long)i);
+        }
+        total += loss;
+        if (dlogits) {
+            float *d = dlogits + i * classes;
+            double inv = 1.0 / sum;
+            for (j = 0; j < classes; j++)
+                d[j] = (float)(exp((double)z[j] - (double)mx) * inv) * grad_scale;
+            d[label] -= grad_scale;
+        }
+    }
+    *loss_sum = total;
+    return PDP_OK;
+}
+
+/* pdp__cross_entropy with logits and dlogits on device d (CUDA: cuda_host.c). */
+static pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const int32_t *labels,
+                                        int64_t batch, int64_t classes, float grad_scale,
+                                        double *loss_sum, float *dlogits, const char *fn)
+{
+    if (d.kind == PDP_DEVICE_CUDA)
+        return pdp__cuda_cross_entropy(d, logits, labels, batch, classes, grad_scale, loss_sum,
+                                       dlogits, fn);
+    return pdp__cross_entropy(logits, labels, batch, classes, grad_scale, loss_sum, dlogits, fn);
+}
+
+static bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
+{
+    return a->device.kind == b->device.kind && a->device.ordinal == b->device.ordinal;
+}
+
+/* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
+static pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, const char *fn)
+{
+    char buf[96];
+    if (t->ndim != 2)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s must be [batch, classes], got %s", fn, what,
+                        pdp__shape_str(t, buf, sizeof buf));
+    return PDP_OK;
+}
+
+/* Shape equality for messages "dlogits is [3, 4], logits is [3, 5]". */
+static bool pdp__loss_same_shape(const pdp_tensor *a, const pdp_tensor *b)
+{
+    int i;
+    if (a->ndim != b->ndim) return false;
+    for (i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return false;
+    return true;
+}
+
+PDP_API pdp_status pdp_loss_cross_entropy(const pdp_tensor *logits, const int32_t *labels,
+                                          float *loss, pdp_tensor *dlogits)
+{
+    const char *fn = "pdp_loss_cross_entropy";
+    char a[96], b[96];
+    double sum = 0.0;
+    pdp_status st;
+    if (!logits || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if ((st = pdp__loss_check_logits(logits, "logits", fn)) != PDP_OK) return st;
+    if (dlogits) {
+        if ((st = pdp__loss_check_logits(dlogits, "dlogits", fn)) != PDP_OK) return st;
+        if (!pdp__loss_same_device(logits, dlogits))
+            return pdp__err(PDP_ERR_DEVICE, "%s: dlogits on device %d:%d, logits on %d:%d", fn,
+                            dlogits->device.kind, dlogits->device.ordinal, logits->device.kind,
+                            logits->device.ordinal);
+        if (!pdp__loss_same_shape(logits, dlogits))
+            return pdp__err(PDP_ERR_SHAPE, "%s: dlogits is %s, logits is %s", fn,
+                            pdp__shape_str(dlogits, a, sizeof a),
+                            pdp__shape_str(logits, b, sizeof b));
+    }
+    st = pdp__cross_entropy_on(logits->device, logits->data, labels, logits->shape[0],
+                               logits->shape[1], 1.0f / (float)logits->shape[0], &sum,
+                               dlogits ? dlogits->data : NULL, fn);
+    *loss = (float)(sum / (double)logits->shape[0]);
+    return st;
+}
+
+/* ---- loss: mean squared error ---- */
+
+PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target, float *loss,
+                                pdp_tensor *dpred)
+{
+    const char *fn = "pdp_loss_mse";
+    char a[96], b[96];
+    double sum = 0.0;
+    float scale;
+    int64_t i, n;
+    if (!pred || !target || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!pdp__loss_same_device(pred, target) || (dpred && !pdp__loss_same_device(pred, dpred)))
+        return pdp__err(PDP_ERR_DEVICE, "%s: pred, target and dpred must be on one device", fn);
+    if (!pdp__loss_same_shape(pred, target))
+        return pdp__err(PDP_ERR_SHAPE, "%s: pred is %s, target is %s", fn,
+                        pdp__shape_str(pred, a, sizeof a), pdp__shape_str(target, b, sizeof b));
+    if (dpred && !pdp__loss_same_shape(pred, dpred))
+        return pdp__err(PDP_ERR_SHAPE, "%s: dpred is %s, pred is %s", fn,
+                        pdp__shape_str(dpred, a, sizeof a), pdp__shape_str(pred, b, sizeof b));
+    n = pred->count;
+    scale = 2.0f / (float)n;
+    if (pred->device.kind == PDP_DEVICE_CUDA) {
+        pdp_status st = pdp__cuda_mse(pred->device, pred->data, target->data, n, scale, &sum,
+                                      dpred ? dpred->data : NULL, fn);
+        if (st != PDP_OK) return st;
+    }
+    for (i = 0; i < n && pred->device.kind == PDP_DEVICE_CPU; i++) {
+        float d = pred->data[i] - target->data[i];
+        sum += (double)d * (double)d;
+        if (dpred) dpred->data[i] = scale * d;
+    }
+    *loss = (float)(sum / (double)n);
+    if (*loss != *loss || *loss == HUGE_VALF)
+        return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s over %lld elements", fn,
+                        *loss != *loss ? "NaN" : "Inf", (long long)n);
+    return PDP_OK;
+}
+
+/* ---- loss: training pass and accuracy ---- */
+
+PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
+                                              const int32_t *labels, float *loss)
+{
+    const char *fn = "pdp_model_forward_backward";
+    const pdp_tensor *y;
+    pdp_tensor dy;
+    double sum = 0.0;
+    pdp_status st;
+    if (!m || !x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if ((st = pdp_model_forward(m, x, &y)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (y->ndim != 2) {
+        char buf[96];
+        m->have_forward = false;
+        return pdp__err(PDP_ERR_SHAPE, "%s: the model's output is %s; cross-entropy needs "
+                        "[batch, classes] (add a Flatten and a Linear)", fn,
+                        pdp__shape_str(y, buf, sizeof buf));
+    }
+    /* The loss gradient goes to the model's own grad_a, which backward accepts as
+       dy (it ping-pongs between grad_a and grad_b): nothing is allocated. */
+    st = pdp__cross_entropy_on(m->device, y->data, labels, y->shape[0], y->shape[1],
+                               1.0f / (float)y->shape[0], &sum, m->grad_a, fn);
+    *loss = (float)(sum / (double)y->shape[0]);
+    if (st != PDP_OK) {
+        m->have_forward = false;
+        return st;
+    }
+    pdp_tensor_wrap(m->grad_a, m->device, 2, y->shape, &dy);
+    if ((st = pdp_model_backward(m, &dy)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *labels,
+                                     int64_t *correct)
+{
+    const char *fn = "pdp_count_correct";
+    int64_t i, j, classes, hits = 0;
+    const float *data;
+    pdp_status st;
+    if (!logits || !labels || !correct) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    *correct = 0;
+    if ((st = pdp__loss_check_logits(logits, "logits", fn)) != PDP_OK) return st;
+    classes = logits->shape[1];
+    data = logits->data;
+    if (logits->device.kind != PDP_DEVICE_CPU) { /* a host copy in this thread's scratch */
+        float *host = (float *)pdp__thread_scratch((size_t)logits->count * sizeof(float));
+        if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a host copy", fn);
+        if ((st = pdp_tensor_download(logits, host)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+        data = host;
+    }
+    for (i = 0; i < logits->shape[0]; i++) {
+        const float *z = data + i * classes;
+        int64_t best = 0;
+        for (j = 1; j < classes; j++)
+            if (z[j] > z[best]) best = j; /* the first maximum, as torch.argmax */
+        hits += best == labels[i];
+    }
+    *correct = hits;
+    return PDP_OK;
+}

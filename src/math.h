@@ -104,38 +104,60 @@ static inline PDP__HOSTDEV uint32_t pdp__dropout_threshold(float p)
 
    SGD:   d = g + wd p;  b = first ? d : momentum b + (1 - dampening) d;
           d = nesterov ? d + momentum b : b (momentum > 0 only);  p -= lr d.
-   Adam:  g += l2 p (Adam's weight decay; 0 for AdamW);  p *= decay
-          (AdamW's 1 - lr wd; 1 for Adam);  m = beta1 m + (1 - beta1) g;
-          v = beta2 v + (1 - beta2) g g;  p -= step_size m / (sqrt(v) / bc2_sqrt + eps),
-          step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t). */
+   Adam:  g += l2 p (Adam's weight decay; 0 for AdamW);  m = beta1 m + (1 - beta1) g;
+          v = beta2 v + (1 - beta2) g g;  p = p decay (AdamW's 1 - lr wd; 1 for
+          Adam) - step_size m / (sqrt(v) / bc2_sqrt + eps),
+          step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t).
+   Adam is split in two halves around the square root so that a CPU loop can
+   take sqrt of a whole block at once (sqrtf itself blocks auto-vectorisation
+   while errno is on); pdp__adam_update is the two halves for one element. */
 
-/* one_minus_damp = 1 - dampening. first: the momentum buffer is initialised
-   to d (PyTorch's clone on the first step). buf is unused when momentum == 0. */
-static inline PDP__HOSTDEV float pdp__sgd_update(float p, float g, float *buf, float lr,
-                                                 float momentum, float one_minus_damp,
-                                                 float weight_decay, int nesterov, int first)
+/* SGD without momentum. */
+static inline PDP__HOSTDEV float pdp__sgd_update(float p, float g, float lr, float weight_decay)
 {
     float d = weight_decay != 0.0f ? g + weight_decay * p : g;
-    if (momentum != 0.0f) {
-        float b = first ? d : momentum * *buf + one_minus_damp * d;
-        *buf = b;
-        d = nesterov ? d + momentum * b : b;
-    }
     return p - lr * d;
 }
 
-/* Adam and AdamW (see above); *m and *v are the element's moments. */
+/* SGD with momentum > 0; *buf is the element's momentum buffer.
+   one_minus_damp = 1 - dampening; first: the buffer becomes d (PyTorch's clone
+   on the first step). */
+static inline PDP__HOSTDEV float pdp__sgd_momentum_update(float p, float g, float *buf, float lr,
+                                                          float momentum, float one_minus_damp,
+                                                          float weight_decay, int nesterov,
+                                                          int first)
+{
+    float d = weight_decay != 0.0f ? g + weight_decay * p : g;
+    float old = *buf;
+    float b = first ? d : momentum * old + one_minus_damp * d;
+    *buf = b;
+    d = nesterov ? d + momentum * b : b;
+    return p - lr * d;
+}
+
+/* Adam/AdamW, first half: the moments *m and *v of one element. */
+static inline PDP__HOSTDEV void pdp__adam_moments(float p, float g, float *m, float *v, float beta1,
+                                                  float one_minus_beta1, float beta2,
+                                                  float one_minus_beta2, float l2)
+{
+    if (l2 != 0.0f) g = g + l2 * p;
+    *m = beta1 * *m + one_minus_beta1 * g;
+    *v = beta2 * *v + one_minus_beta2 * g * g;
+}
+
+/* Adam/AdamW, second half: the new parameter from m and sqrt(v). */
+static inline PDP__HOSTDEV float pdp__adam_apply(float p, float m, float sqrt_v, float step_size,
+                                                 float bc2_sqrt, float eps, float decay)
+{
+    return p * decay - step_size * m / (sqrt_v / bc2_sqrt + eps);
+}
+
+/* Adam/AdamW, one element: both halves. */
 static inline PDP__HOSTDEV float pdp__adam_update(float p, float g, float *m, float *v, float beta1,
                                                   float one_minus_beta1, float beta2,
                                                   float one_minus_beta2, float step_size,
                                                   float bc2_sqrt, float eps, float l2, float decay)
 {
-    float mm, vv;
-    if (l2 != 0.0f) g = g + l2 * p;
-    p = p * decay;
-    mm = beta1 * *m + one_minus_beta1 * g;
-    vv = beta2 * *v + one_minus_beta2 * g * g;
-    *m = mm;
-    *v = vv;
-    return p - step_size * mm / (sqrtf(vv) / bc2_sqrt + eps);
+    pdp__adam_moments(p, g, m, v, beta1, one_minus_beta1, beta2, one_minus_beta2, l2);
+    return pdp__adam_apply(p, *m, sqrtf(*v), step_size, bc2_sqrt, eps, decay);
 }

@@ -308,6 +308,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->batch = m->batch;
     io->saved = m->saved_block + m->max_batch * m->saved_off[i];
     io->work = m->work_block;
+    io->device = m->device;
     io->training = m->training;
     io->seed = m->seed;
     io->step = m->step;
@@ -323,8 +324,17 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     }
 }
 
+/* A trace event "forward 3 Linear" on the model's track (DDP sets it), t0 to now. */
+static void pdp__model_trace(const pdp_model *m, const char *what, int i, double t0)
+{
+    char name[48];
+    snprintf(name, sizeof name, "%s %d %s", what, i, pdp__layer_kind_name(m->layers[i].kind));
+    pdp__trace_complete(m->trace_pid, m->trace_tid, "compute", name, t0, pdp__now(), NULL);
+}
+
 PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
 {
+    double t0;
     int64_t batch, shape[4];
     const float *in;
     int i, d;
@@ -354,9 +364,11 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
         pdp__model_io(m, i, &io);
         io.x = in;
         io.y = m->act[i];
+        t0 = m->trace_tid ? pdp__now() : 0.0;
         if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
+        if (m->trace_tid) pdp__model_trace(m, "forward", i, t0);
         in = io.y;
     }
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
@@ -383,6 +395,7 @@ bad_shape:
 
 PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
 {
+    double t0;
     const float *g;
     int i, p;
     pdp_status st;
@@ -405,9 +418,11 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.y = m->act[i];
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : NULL;
+            t0 = m->trace_tid ? pdp__now() : 0.0;
             if ((st = pdp__layer_backward(l, &io)) != PDP_OK)
                 return pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                      pdp__layer_kind_name(l->kind));
+            if (m->trace_tid) pdp__model_trace(m, "backward", i, t0);
             if (io.dx) g = io.dx;
         }
         if (m->hook)
@@ -524,6 +539,7 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     m->max_batch = 0;
     m->hook = NULL;
     m->hook_user = NULL;
+    m->trace_tid = 0;
     m->have_forward = false;
     m->params_shared = share_params;
     m->cap_layers = src->nlayers;

@@ -86,3 +86,22 @@ PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user)
    buffer for the loss gradient: nothing is allocated after the first call. */
 PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
                                               const int32_t *labels, float *loss);
+
+/* ---- losses ----
+   As torch.nn.functional with reduction='mean'. Tensors are on the CPU. */
+
+/* Softmax cross-entropy of logits [batch, classes] against integer labels in
+   [0, classes): *loss = mean over the batch of -log softmax(logits)[label].
+   dlogits (same shape, may be NULL) gets (softmax - onehot) / batch. A label out
+   of range fails with PDP_ERR_INVALID, a NaN or Inf loss with PDP_ERR_NUMERIC,
+   each naming the sample. */
+PDP_API pdp_status pdp_loss_cross_entropy(const pdp_tensor *logits, const int32_t *labels,
+                                          float *loss, pdp_tensor *dlogits);
+/* Mean squared error over all elements: *loss = mean((pred - target)^2); dpred
+   (same shape, may be NULL) gets 2 (pred - target) / count. */
+PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target, float *loss,
+                                pdp_tensor *dpred);
+/* *correct = the number of samples whose argmax of logits [batch, classes] (the
+   first maximum) equals the label. */
+PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *labels,
+                                     int64_t *correct);

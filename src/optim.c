@@ -1,3 +1,400 @@
-/* optim: (to be written) */
+/* optim: torch.optim.SGD, Adam and AdamW on the flat parameter block, gradient
+   clipping by global norm (torch.nn.utils.clip_grad_norm_), and llm.c's
+   warm-up + cosine learning-rate schedule.
+
+   Invariants: the optimizer belongs to one model and to that model's parameter
+   count at creation; its state is flat with the parameter block's offsets
+   (state[k][i] belongs to parameter element i) and lives on the model's device:
+     SGD, momentum > 0:  state[0] = momentum_buffer
+     Adam, AdamW:        state[0] = exp_avg, state[1] = exp_avg_sq
+   pdp_optim_create allocates it (zeroed), so a step allocates nothing. steps
+   counts completed updates; the update in flight uses t = steps + 1 (Adam's bias
+   corrections) and "first" = (steps == 0) (SGD's momentum buffer is the first
+   d_p, as PyTorch's clone). The element formulas are the PDP__HOSTDEV helpers of
+   math.h, shared with the CUDA kernels.
+
+   ZeRO: pdp__optim_step_range updates one range of elements, so a rank can
+   update only its shard; the state is still allocated for the whole block here
+   (a sharded optimizer would allocate and save only [lo, hi), with the same
+   per-element code). Whoever calls it for a shard advances steps with
+   pdp__optim_finish_step once every range of the step is done.
+
+   References: torch/optim/sgd.py, adam.py, adamw.py (PyTorch 1.13 single-tensor
+   path); Kingma and Ba, "Adam", ICLR 2015; Loshchilov and Hutter, "Decoupled
+   Weight Decay Regularization", ICLR 2019. */
 
 #include "internal.h"
+
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__SSE2__))
+#  include <immintrin.h>
+#endif
+#if defined(__cplusplus)
+#  define PDP__OPTIM_RESTRICT __restrict__
+#else
+#  define PDP__OPTIM_RESTRICT restrict
+#endif
+
+struct pdp_optim {
+    pdp_model *model;
+    pdp_optim_desc desc;   /* defaults filled in, validated */
+    int64_t count;         /* the model's param_count at creation */
+    int64_t steps;         /* completed updates */
+    int nstate;            /* state buffers in use: 0, 1 or 2 */
+    float *state[2];       /* count floats each, on the model's device */
+};
+
+/* ---- optim: desc ---- */
+
+PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind)
+{
+    switch (kind) {
+    case PDP_OPTIM_SGD: return "SGD";
+    case PDP_OPTIM_ADAM: return "Adam";
+    case PDP_OPTIM_ADAMW: return "AdamW";
+    }
+    return "unknown";
+}
+
+/* Fills zeros with defaults and validates; fn names the public caller. NaNs fail
+   every range check because each is written as !(x in range). */
+static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
+                                          const char *fn)
+{
+    pdp_optim_desc d;
+    bool adam;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.kind != PDP_OPTIM_SGD && d.kind != PDP_OPTIM_ADAM && d.kind != PDP_OPTIM_ADAMW)
+        return pdp__err(PDP_ERR_INVALID, "%s: kind %d is not SGD (0), Adam (1) or AdamW (2)", fn,
+                        (int)d.kind);
+    adam = d.kind != PDP_OPTIM_SGD;
+    d.lr = PDP__DEF(d.lr, adam ? 1e-3f : 1e-2f);
+    d.beta1 = PDP__DEF(d.beta1, 0.9f);
+    d.beta2 = PDP__DEF(d.beta2, 0.999f);
+    d.eps = PDP__DEF(d.eps, 1e-8f);
+    if (!(d.lr >= 0.0f && d.lr <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: lr %g must be finite and >= 0", fn, (double)d.lr);
+    if (!(d.weight_decay >= 0.0f && d.weight_decay <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite and >= 0", fn,
+                        (double)d.weight_decay);
+    if (!adam) {
+        if (!(d.momentum >= 0.0f && d.momentum <= FLT_MAX))
+            return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite and >= 0", fn,
+                            (double)d.momentum);
+        if (!(d.dampening >= 0.0f && d.dampening <= 1.0f))
+            return pdp__err(PDP_ERR_INVALID, "%s: dampening %g must be in [0, 1]", fn,
+                            (double)d.dampening);
+        if (d.nesterov && (d.momentum <= 0.0f || d.dampening != 0.0f))
+            return pdp__err(PDP_ERR_INVALID,
+                            "%s: nesterov needs momentum > 0 and dampening 0 (momentum %g, "
+                            "dampening %g)", fn, (double)d.momentum, (double)d.dampening);
+    } else {
+        if (!(d.beta1 >= 0.0f && d.beta1 < 1.0f))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta1 %g must be in [0, 1)", fn, (double)d.beta1);
+        if (!(d.beta2 >= 0.0f && d.beta2 < 1.0f))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta2 %g must be in [0, 1)", fn, (double)d.beta2);
+        if (!(d.eps >= 0.0f && d.eps <= FLT_MAX))
+            return pdp__err(PDP_ERR_INVALID, "%s: eps %g must be finite and >= 0", fn,
+                            (double)d.eps);
+    }
+    *out = d;
+    return PDP_OK;
+}
+
+/* How many state buffers the resolved desc d needs. */
+static int pdp__optim_nstate(const pdp_optim_desc *d)
+{
+    if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0f ? 1 : 0;
+    return 2;
+}
+
+/* The state_dict key of state buffer k ("momentum_buffer", "exp_avg", "exp_avg_sq"). */
+static const char *pdp__optim_state_name(const pdp_optim *o, int k)
+{
+    if (o->desc.kind == PDP_OPTIM_SGD) return "momentum_buffer";
+    return k == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
+/* ---- optim: lifecycle ---- */
+
+PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
+{
+    pdp_optim *o;
+    pdp_optim_desc d;
+    size_t bytes;
+    int k;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_optim_create: out is NULL");
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_optim_create: model is NULL");
+    if ((st = pdp__optim_desc_resolve(desc, &d, "pdp_optim_create")) != PDP_OK) return st;
+    o = (pdp_optim *)pdp__calloc(sizeof *o);
+    if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_optim_create: no memory");
+    o->model = m;
+    o->desc = d;
+    o->count = m->param_count;
+    o->nstate = pdp__optim_nstate(&d);
+    bytes = (size_t)o->count * sizeof(float);
+    for (k = 0; k < o->nstate; k++) {
+        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
+            (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
+            pdp_optim_free(o);
+            return pdp__err_wrap(st, "pdp_optim_create: %s state for %lld parameters",
+                                 pdp_optim_kind_name(d.kind), (long long)m->param_count);
+        }
+    }
+    *out = o;
+    return PDP_OK;
+}
+
+PDP_API void pdp_optim_free(pdp_optim *o)
+{
+    int k;
+    if (!o) return;
+    for (k = 0; k < 2; k++) pdp__dev_free(o->model->device, o->state[k]);
+    pdp__dealloc(o);
+}
+
+PDP_API void pdp_optim_zero_grad(pdp_optim *o)
+{
+    if (o) pdp_model_zero_grad(o->model);
+}
+
+PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr)
+{
+    if (o) o->desc.lr = lr;
+}
+
+PDP_API float pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0f; }
+PDP_API int64_t pdp_optim_steps(const pdp_optim *o) { return o ? o->steps : 0; }
+
+PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
+{
+    pdp_optim_desc d;
+    if (o) return o->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
+/* ---- optim: the update ---- */
+
+/* Per-step scalars, computed once in double (as PyTorch does in Python) and
+   rounded to float for the element loop. */
+typedef struct pdp__optim_scalars {
+    pdp_optim_kind kind;
+    float lr, momentum, one_minus_damp, weight_decay;
+    int nesterov, first;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
+} pdp__optim_scalars;
+
+static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
+{
+    const pdp_optim_desc *d = &o->desc;
+    double t = (double)(o->steps + 1);
+    memset(s, 0, sizeof *s);
+    s->kind = d->kind;
+    s->lr = d->lr;
+    if (d->kind == PDP_OPTIM_SGD) {
+        s->momentum = d->momentum;
+        s->one_minus_damp = (float)(1.0 - (double)d->dampening);
+        s->weight_decay = d->weight_decay;
+        s->nesterov = d->nesterov;
+        s->first = o->steps == 0;
+        return;
+    }
+    s->beta1 = d->beta1;
+    s->beta2 = d->beta2;
+    s->one_minus_beta1 = (float)(1.0 - (double)d->beta1);
+    s->one_minus_beta2 = (float)(1.0 - (double)d->beta2);
+    s->step_size = (float)((double)d->lr / (1.0 - pow((double)d->beta1, t)));
+    s->bc2_sqrt = (float)sqrt(1.0 - pow((double)d->beta2, t));
+    s->eps = d->eps;
+    s->l2 = d->kind == PDP_OPTIM_ADAM ? d->weight_decay : 0.0f;
+    s->decay = d->kind == PDP_OPTIM_ADAMW ? (float)(1.0 - (double)d->lr * d->weight_decay) : 1.0f;
+}
+
+/* The CPU loops: the math.h helpers per element, in blocks of 16 with a
+   fixed-count inner loop (which GCC's -O2 cost model vectorises; a loop of
+   unknown count it leaves scalar), then a scalar tail. Adam takes the square
+   roots of a block between its two halves with SIMD sqrt where available
+   (IEEE sqrt is correctly rounded: the same bits as sqrtf). */
+#define PDP__OPTIM_BLOCK 16
+
+static void pdp__sqrt_block(float *out, const float *in)
+{
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    _mm512_storeu_ps(out, _mm512_sqrt_ps(_mm512_loadu_ps(in)));
+#elif !defined(PDP_NO_SIMD) && defined(__AVX__)
+    _mm256_storeu_ps(out, _mm256_sqrt_ps(_mm256_loadu_ps(in)));
+    _mm256_storeu_ps(out + 8, _mm256_sqrt_ps(_mm256_loadu_ps(in + 8)));
+#elif !defined(PDP_NO_SIMD) && defined(__SSE2__)
+    int j;
+    for (j = 0; j < PDP__OPTIM_BLOCK; j += 4) _mm_storeu_ps(out + j, _mm_sqrt_ps(_mm_loadu_ps(in + j)));
+#else
+    int j;
+    for (j = 0; j < PDP__OPTIM_BLOCK; j++) out[j] = sqrtf(in[j]);
+#endif
+}
+
+static void pdp__sgd_loop(float *PDP__OPTIM_RESTRICT p, const float *PDP__OPTIM_RESTRICT g,
+                          float *PDP__OPTIM_RESTRICT buf, int64_t n, const pdp__optim_scalars *s)
+{
+    const float lr = s->lr, mom = s->momentum, omd = s->one_minus_damp, wd = s->weight_decay;
+    const int nesterov = s->nesterov, first = s->first;
+    int64_t i = 0;
+    int j;
+    if (mom == 0.0f) {
+        for (; i + PDP__OPTIM_BLOCK <= n; i += PDP__OPTIM_BLOCK)
+            for (j = 0; j < PDP__OPTIM_BLOCK; j++)
+                p[i + j] = pdp__sgd_update(p[i + j], g[i + j], lr, wd);
+        for (; i < n; i++) p[i] = pdp__sgd_update(p[i], g[i], lr, wd);
+        return;
+    }
+    for (; i + PDP__OPTIM_BLOCK <= n; i += PDP__OPTIM_BLOCK)
+        for (j = 0; j < PDP__OPTIM_BLOCK; j++)
+            p[i + j] = pdp__sgd_momentum_update(p[i + j], g[i + j], &buf[i + j], lr, mom, omd, wd,
+                                                nesterov, first);
+    for (; i < n; i++)
+        p[i] = pdp__sgd_momentum_update(p[i], g[i], &buf[i], lr, mom, omd, wd, nesterov, first);
+}
+
+static void pdp__adam_loop(float *PDP__OPTIM_RESTRICT p, const float *PDP__OPTIM_RESTRICT g,
+                           float *PDP__OPTIM_RESTRICT m, float *PDP__OPTIM_RESTRICT v, int64_t n,
+                           const pdp__optim_scalars *s)
+{
+    const float b1 = s->beta1, omb1 = s->one_minus_beta1, b2 = s->beta2, omb2 = s->one_minus_beta2;
+    const float step_size = s->step_size, bc2_sqrt = s->bc2_sqrt, eps = s->eps, l2 = s->l2;
+    const float decay = s->decay;
+    float sq[PDP__OPTIM_BLOCK];
+    int64_t i = 0;
+    int j;
+    for (; i + PDP__OPTIM_BLOCK <= n; i += PDP__OPTIM_BLOCK) {
+        for (j = 0; j < PDP__OPTIM_BLOCK; j++)
+            pdp__adam_moments(p[i + j], g[i + j], &m[i + j], &v[i + j], b1, omb1, b2, omb2, l2);
+        pdp__sqrt_block(sq, v + i);
+        for (j = 0; j < PDP__OPTIM_BLOCK; j++)
+            p[i + j] = pdp__adam_apply(p[i + j], m[i + j], sq[j], step_size, bc2_sqrt, eps, decay);
+    }
+    for (; i < n; i++)
+        p[i] = pdp__adam_update(p[i], g[i], &m[i], &v[i], b1, omb1, b2, omb2, step_size, bc2_sqrt,
+                                eps, l2, decay);
+}
+
+typedef struct pdp__optim_job {
+    const pdp__optim_scalars *s;
+    float *params;
+    const float *grads;
+    float *state[2];
+    int64_t lo, hi;
+} pdp__optim_job;
+
+/* Elements [lo, hi) of the job, part i of n (ranges aligned to 16 floats). */
+static void pdp__optim_part(void *arg, int part, int nparts)
+{
+    const pdp__optim_job *j = (const pdp__optim_job *)arg;
+    int64_t len = j->hi - j->lo;
+    int64_t per = ((len + nparts - 1) / nparts + 15) & ~(int64_t)15;
+    int64_t a = j->lo + per * part, b = PDP__MIN(j->hi, a + per);
+    if (a >= b) return;
+    if (j->s->kind == PDP_OPTIM_SGD)
+        pdp__sgd_loop(j->params + a, j->grads + a, j->state[0] ? j->state[0] + a : NULL, b - a,
+                      j->s);
+    else
+        pdp__adam_loop(j->params + a, j->grads + a, j->state[0] + a, j->state[1] + a, b - a, j->s);
+}
+
+/* Below this many elements per thread, one thread is faster than waking more. */
+#define PDP__OPTIM_MIN_PER_THREAD 32768
+
+/* params and grads are full-size blocks: element i of each is parameter
+   element i, as in the state. */
+static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
+                                        int64_t lo, int64_t hi)
+{
+    pdp__optim_scalars s;
+    pdp__optim_job job;
+    int threads;
+    PDP_ASSERT(o && 0 <= lo && lo <= hi && hi <= o->count);
+    if (lo == hi) return PDP_OK;
+    pdp__optim_scalars_of(o, &s);
+    if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
+        return pdp__cuda_optim_update(o->model->device, &s, params + lo, grads + lo,
+                                      o->state[0] ? o->state[0] + lo : NULL,
+                                      o->state[1] ? o->state[1] + lo : NULL, hi - lo);
+    job.s = &s;
+    job.params = params;
+    job.grads = grads;
+    job.state[0] = o->state[0];
+    job.state[1] = o->state[1];
+    job.lo = lo;
+    job.hi = hi;
+    threads = pdp__threads_for_caller();
+    threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, (hi - lo) / PDP__OPTIM_MIN_PER_THREAD));
+    pdp__parallel_for(threads, pdp__optim_part, &job);
+    return PDP_OK;
+}
+
+/* Marks the update in flight as done (after every range of it). */
+static void pdp__optim_finish_step(pdp_optim *o) { o->steps++; }
+
+PDP_API pdp_status pdp_optim_step(pdp_optim *o)
+{
+    pdp_model *m;
+    pdp_status st;
+    if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_step: optimizer is NULL");
+    m = o->model;
+    if (m->param_count != o->count)
+        return pdp__err(PDP_ERR_STATE,
+                        "pdp_optim_step: the model has %lld parameters, %lld when the optimizer "
+                        "was created (layers added after pdp_optim_create)",
+                        (long long)m->param_count, (long long)o->count);
+    if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, 0, o->count)) != PDP_OK)
+        return pdp__err_wrap(st, "pdp_optim_step");
+    pdp__optim_finish_step(o);
+    return PDP_OK;
+}
+
+/* ---- optim: gradient clipping ---- */
+
+PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm)
+{
+    double sum = 0.0, norm;
+    float coef;
+    const float *g;
+    int64_t i, n;
+    if (total_norm) *total_norm = 0.0f;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
+    if (!(max_norm >= 0.0f))
+        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be >= 0",
+                        (double)max_norm);
+    if (m->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED,
+                        "pdp_clip_grad_norm: CUDA device %d: no CUDA norm kernel yet (pdp_cuda.cu)",
+                        m->device.ordinal);
+    g = m->grad_block;
+    n = m->param_count;
+    for (i = 0; i < n; i++) sum += (double)g[i] * (double)g[i];
+    norm = sqrt(sum);
+    if (total_norm) *total_norm = (float)norm;
+    if (!isfinite(norm))
+        return pdp__err(PDP_ERR_NUMERIC, "pdp_clip_grad_norm: the gradient norm is %g", norm);
+    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
+    coef = (float)((double)max_norm / (norm + 1e-6));
+    if (coef < 1.0f)
+        for (i = 0; i < n; i++) m->grad_block[i] *= coef;
+    return PDP_OK;
+}
+
+/* ---- optim: learning-rate schedule ---- */
+
+PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
+                                   float min_lr)
+{
+    const double pi = 3.14159265358979323846;
+    double progress;
+    if (step < warmup) return (float)((double)base_lr * (double)(step + 1) / (double)warmup);
+    if (step >= total) return min_lr;
+    progress = (double)(step - warmup) / (double)(total - warmup);
+    return (float)((double)min_lr +
+                   0.5 * ((double)base_lr - (double)min_lr) * (1.0 + cos(pi * progress)));
+}

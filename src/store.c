@@ -214,10 +214,10 @@ static uint64_t pdp__store_ms(double seconds)
 /* ---- sockets ---- */
 
 /* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
-   _GNU_SOURCE and the XSI one otherwise. */
+   _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
 static const char *pdp__store_errstr(int e, char *buf, size_t cap)
 {
-#if defined(__GLIBC__) && defined(_GNU_SOURCE)
+#if defined(__GLIBC__) && defined(__USE_GNU) /* what <features.h> saw, not what is defined now */
     return strerror_r(e, buf, cap);
 #else
     if (strerror_r(e, buf, cap) != 0) snprintf(buf, cap, "errno %d", e);
@@ -605,7 +605,9 @@ static void pdp__store_accept(pdp__store_server *srv)
         int fd = accept(srv->listen_fd, NULL, NULL);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED) continue;
-            return; /* EAGAIN: none left; EMFILE and the like: retried on the next poll */
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                pdp__store_sleep(0.01); /* EMFILE and the like: retry soon, without spinning */
+            return;
         }
         pdp__store_tune(fd, true);
         if (srv->n_conns < PDP__STORE_MAX_CONNS) {
@@ -847,21 +849,22 @@ static pdp_status pdp__store_connect(pdp_store *s, const char *host)
     }
 }
 
-/* Sends or receives exactly bytes by deadline: 0, or -1 with why filled. */
-static int pdp__store_io(int fd, bool sending, void *buf, size_t bytes, double deadline,
-                         char *why, size_t cap)
+/* Sends out[0..bytes) or, with out NULL, receives into in[0..bytes), all of it by
+   deadline: 0, or -1 with why filled. */
+static int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
+                         double deadline, char *why, size_t cap)
 {
-    unsigned char *p = (unsigned char *)buf;
-    while (bytes > 0) {
-        ssize_t r = sending ? send(fd, p, bytes, MSG_NOSIGNAL) : recv(fd, p, bytes, 0);
+    size_t done = 0;
+    while (done < bytes) {
+        ssize_t r = out ? send(fd, out + done, bytes - done, MSG_NOSIGNAL)
+                        : recv(fd, in + done, bytes - done, 0);
         if (r > 0) {
-            p += r;
-            bytes -= (size_t)r;
+            done += (size_t)r;
         } else if (r == 0) {
             snprintf(why, cap, "the server closed the connection");
             return -1;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-            int ready = pdp__store_poll1(fd, sending ? POLLOUT : POLLIN, deadline);
+            int ready = pdp__store_poll1(fd, out ? POLLOUT : POLLIN, deadline);
             if (ready == 0) {
                 snprintf(why, cap, "no answer from the server in time");
                 return -1;
@@ -878,16 +881,28 @@ static int pdp__store_io(int fd, bool sending, void *buf, size_t bytes, double d
     return 0;
 }
 
+static int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
+                               size_t cap)
+{
+    return pdp__store_io(fd, (const unsigned char *)buf, NULL, bytes, deadline, why, cap);
+}
+
+static int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
+                               size_t cap)
+{
+    return pdp__store_io(fd, NULL, (unsigned char *)buf, bytes, deadline, why, cap);
+}
+
 /* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
 static int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
                                 char *why, size_t why_cap)
 {
     unsigned char sink[4096];
     size_t keep = PDP__MIN(cap, bytes);
-    if (keep && pdp__store_io(fd, false, buf, keep, deadline, why, why_cap) != 0) return -1;
+    if (keep && pdp__store_recv_all(fd, buf, keep, deadline, why, why_cap) != 0) return -1;
     for (bytes -= keep; bytes > 0; bytes -= PDP__MIN(bytes, sizeof sink))
-        if (pdp__store_io(fd, false, sink, PDP__MIN(bytes, sizeof sink), deadline, why,
-                          why_cap) != 0)
+        if (pdp__store_recv_all(fd, sink, PDP__MIN(bytes, sizeof sink), deadline, why,
+                                why_cap) != 0)
             return -1;
     return 0;
 }
@@ -913,11 +928,11 @@ static pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const ch
                         "by an earlier call", fn, s->host, s->port);
     pdp__store_pack(head, op, (uint32_t)key_bytes, (uint32_t)value_bytes, arg);
     memcpy(head + PDP__STORE_HDR, key, key_bytes);
-    if (pdp__store_io(s->fd, true, head, PDP__STORE_HDR + key_bytes, deadline, why,
-                      sizeof why) != 0 ||
-        (value_bytes && pdp__store_io(s->fd, true, (void *)(uintptr_t)value, value_bytes,
-                                      deadline, why, sizeof why) != 0) ||
-        pdp__store_io(s->fd, false, head, PDP__STORE_HDR, deadline, why, sizeof why) != 0)
+    if (pdp__store_send_all(s->fd, head, PDP__STORE_HDR + key_bytes, deadline, why,
+                            sizeof why) != 0 ||
+        (value_bytes &&
+         pdp__store_send_all(s->fd, value, value_bytes, deadline, why, sizeof why) != 0) ||
+        pdp__store_recv_all(s->fd, head, PDP__STORE_HDR, deadline, why, sizeof why) != 0)
         goto broken;
     h = pdp__store_unpack(head);
     if (h.magic != PDP__STORE_MAGIC || h.version != PDP__STORE_VERSION ||
@@ -977,9 +992,8 @@ PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
     if (strlen(d.host) >= sizeof s->host)
         return pdp__err(PDP_ERR_INVALID, "pdp_store_create: host '%.64s...' is longer than %zu "
                         "bytes", d.host, sizeof s->host - 1);
-    if (d.port < 0 || d.port > 65535 || (d.port == 0 && !d.is_server))
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: port %d is outside %d..65535",
-                        d.port, d.is_server ? 0 : 1);
+    if (d.port < 0 || d.port > 65535)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: port %d is outside 0..65535", d.port);
     if (!(d.timeout_s > 0))
         return pdp__err(PDP_ERR_INVALID, "pdp_store_create: timeout_s = %g must be positive",
                         d.timeout_s);
@@ -1035,7 +1049,8 @@ PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *valu
     if (st != PDP_OK) return st;
     if (bytes > PDP_STORE_MAX_VALUE)
         return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value of %zu bytes exceeds "
-                        "PDP_STORE_MAX_VALUE (%lu)", key, bytes, (unsigned long)PDP_STORE_MAX_VALUE);
+                        "PDP_STORE_MAX_VALUE (%lu)", key, bytes,
+                        (unsigned long)PDP_STORE_MAX_VALUE);
     if (bytes && !value)
         return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value is NULL", key);
     pthread_mutex_lock(&s->lock);

@@ -40,7 +40,8 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out);
 typedef struct pdp_store pdp_store;
 
 typedef struct pdp_store_desc {
-    const char *host; /* server: address to bind; client: address to reach; "127.0.0.1" */
+    const char *host; /* client: server to reach; server: address to bind, "0.0.0.0" for
+                         every interface (needed across machines); "127.0.0.1" */
     int port;         /* 29500; 0 on the server = a free ephemeral port (pdp_store_port) */
     bool is_server;   /* true on exactly one rank (rank 0): serve, then connect as a client */
     int world_size;   /* ranks taking part; default for pdp_store_barrier; 0 = unknown */

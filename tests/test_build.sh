@@ -24,7 +24,7 @@ check "amalgamate_output_is_byte_identical" cmp "$B/one.h" "$B/two.h"
 check "amalgamate_has_no_absolute_paths" sh -c "! grep -q '$(pwd)' '$B/one.h'"
 sed 's/^PDP_API pdp_status pdp_tensor_fill(/PDP_API pdp_status pdp_tensor_fill_stale(/' pdp.h > "$B/stale.h"
 python3 amalgamate.py --check --output "$B/stale.h" > "$B/log" 2>&1; rc=$?
-if [ $rc -eq 1 ] && grep -q "src/tensor.c differs" "$B/log"; then ok "amalgamate_check_names_stale_module"
+if [ $rc -eq 1 ] && grep -q "src/tensor.h differs" "$B/log"; then ok "amalgamate_check_names_stale_module"
 else bad "amalgamate_check_names_stale_module (exit $rc)"; fi
 python3 amalgamate.py --bogus > "$B/log" 2>&1; rc=$?
 if [ $rc -eq 2 ]; then ok "amalgamate_unknown_option_exits_2"; else bad "amalgamate_unknown_option_exits_2 (exit $rc)"; fi

@@ -8,6 +8,19 @@
    tests/test_gemm_nosimd.c builds this file again with -DPDP_NO_SIMD, so the
    portable kernel is tested too. */
 
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+
+/* Every allocation of the library is counted (from any thread). */
+static long alloc_count;
+static void *count_malloc(size_t bytes)
+{
+    __atomic_fetch_add(&alloc_count, 1, __ATOMIC_RELAXED);
+    return malloc(bytes);
+}
+#define PDP_MALLOC(bytes) count_malloc(bytes)
+#define PDP_FREE(ptr) free(ptr)
+
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
@@ -241,8 +254,56 @@ TEST gemm_threads_bit_identical(void)
     PASS();
 }
 
+/* The training loop calls the same shapes every step: after the first call (which
+   may grow the scratch of the caller and of the workers) nothing is allocated. */
+TEST gemm_no_allocation_after_first_call(void)
+{
+    mat a = mat_new(128, 784, 0), w = mat_new(512, 784, 0), y = mat_new(128, 512, 0);
+    mat dx = mat_new(128, 784, 0), dw = mat_new(512, 784, 0);
+    int threads, step;
+    long before = 0;
+    for (threads = 1; threads <= 2; threads++) {
+        pdp_set_num_threads(threads);
+        for (step = 0; step < 3; step++) {
+            if (step == 1) before = __atomic_load_n(&alloc_count, __ATOMIC_RELAXED);
+            /* forward y = x w^T, backward dw = dy^T x and dx = dy w */
+            pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, 128, 512, 784, 1.0f, a.p, 784, w.p, 784, 0.0f,
+                      y.p, 512);
+            pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, 512, 784, 128, 1.0f, y.p, 512, a.p, 784, 0.0f,
+                      dw.p, 784);
+            pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, 128, 784, 512, 1.0f, y.p, 512, w.p, 784, 0.0f,
+                      dx.p, 784);
+        }
+        ASSERT_EQ(before, __atomic_load_n(&alloc_count, __ATOMIC_RELAXED));
+    }
+    pdp_set_num_threads(1);
+    free(a.p);
+    free(w.p);
+    free(y.p);
+    free(dx.p);
+    free(dw.p);
+    PASS();
+}
+
+/* The build picks the kernel the compiler's target allows; PDP_NO_SIMD forces the
+   portable one (tests/test_gemm_nosimd.c relies on that). */
+TEST gemm_kernel_matches_target(void)
+{
+#if defined(PDP_CBLAS)
+    SKIPm("PDP_CBLAS: the product is cblas_sgemm's");
+#elif !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    ASSERT_STR_EQ("avx512 8x32", PDP__GEMM_KERNEL);
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__) && defined(__FMA__)
+    ASSERT_STR_EQ("avx2 6x16", PDP__GEMM_KERNEL);
+#else
+    ASSERT_STR_EQ("portable 4x16", PDP__GEMM_KERNEL);
+#endif
+    PASS();
+}
+
 SUITE(gemm)
 {
+    RUN_TEST(gemm_kernel_matches_target);
     RUN_TEST(gemm_matches_naive_odd_shapes);
     RUN_TEST(gemm_matches_naive_257_cube);
     RUN_TEST(gemm_matches_naive_mixed_shapes);
@@ -250,6 +311,7 @@ SUITE(gemm)
     RUN_TEST(gemm_beta_zero_ignores_nan_in_c);
     RUN_TEST(gemm_k_zero_or_alpha_zero_scales_c);
     RUN_TEST(gemm_threads_bit_identical);
+    RUN_TEST(gemm_no_allocation_after_first_call);
 }
 
 GREATEST_MAIN_DEFS();

@@ -568,7 +568,7 @@ TEST store_get_timeout(void)
     dt = pdp__now() - t0;
     ASSERT_HAS(pdp_last_error(), "pdp_store_get: key 'nobody-sets-this'");
     ASSERT_HAS(pdp_last_error(), "0.3 s");
-    ASSERT(dt >= 0.28 && dt < 0.6);
+    ASSERT(dt >= 0.28 && dt < 0.8);
 
     /* wait: the timeout covers all keys and names the missing one. */
     ASSERT_OK(pdp_store_set(s, "present", "", 0));
@@ -577,7 +577,7 @@ TEST store_get_timeout(void)
     ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, pdp_store_wait(s, keys, 2, 0.2), status_name);
     dt = pdp__now() - t0;
     ASSERT_HAS(pdp_last_error(), "key 'absent' (2 of 2)");
-    ASSERT(dt >= 0.18 && dt < 0.5);
+    ASSERT(dt >= 0.18 && dt < 0.7);
 
     /* A barrier nobody else joins names how many arrived; the store still works. */
     t0 = pdp__now();
@@ -585,7 +585,7 @@ TEST store_get_timeout(void)
     dt = pdp__now() - t0;
     ASSERT_HAS(pdp_last_error(), "'lonely'");
     ASSERT_HAS(pdp_last_error(), "1 of 3 ranks");
-    ASSERT(dt >= 0.18 && dt < 0.5);
+    ASSERT(dt >= 0.18 && dt < 0.7);
     ASSERT_OK(pdp_store_barrier(s, "alone", 0, 0.2)); /* world 1 from the desc */
     {
         pdp_store *c = NULL; /* no world_size in the desc, none in the call */
@@ -749,13 +749,14 @@ TEST store_garbage_peer(void)
 
 TEST store_free_with_clients_connected(void)
 {
-    pdp_store *s = start_server(3, 30.0), *c[2] = {NULL, NULL};
+    pdp_store *s = start_server(3, 30.0), *c[12]; /* more than the server's first table */
     getter g;
     pthread_t th;
     double t0;
     int i;
     ASSERTm(pdp_last_error(), s != NULL);
-    for (i = 0; i < 2; i++) ASSERT_OK(connect_client(&c[i], pdp_store_port(s), 3, 30.0));
+    for (i = 0; i < 12; i++) ASSERT_OK(connect_client(&c[i], pdp_store_port(s), 3, 30.0));
+    for (i = 0; i < 12; i++) ASSERT_OK(pdp_store_add(c[i], "connected", 1, NULL));
     memset(&g, 0, sizeof g);
     g.port = pdp_store_port(s);
     g.key = "never";
@@ -771,7 +772,7 @@ TEST store_free_with_clients_connected(void)
     ASSERT_HAS(pdp_last_error(), "connection to the store at 127.0.0.1:");
     ASSERT_ENUM_EQ(PDP_ERR_COMM, pdp_store_set(c[0], "k", "v", 1), status_name);
     ASSERT_HAS(pdp_last_error(), "lost by an earlier call");
-    for (i = 0; i < 2; i++) pdp_store_free(c[i]);
+    for (i = 0; i < 12; i++) pdp_store_free(c[i]);
     PASS();
 }
 

@@ -1,0 +1,193 @@
+/* bench/train.c: samples/s of a full training step, pdp beside PyTorch, same machine, same run.
+
+   The step: forward, softmax cross-entropy (mean over the batch), backward, SGD step (lr 0.01),
+   gradients zeroed. Models: an MLP 784-512-512-10 (ReLU) at batch 128 and 512, and the CNN of
+   examples/train_cnn.c (conv 1->16 k5 p2, ReLU, pool 2, conv 16->32 k5 p2, ReLU, pool 2,
+   flatten, linear 10) at batch 128; each with 1 and 2 threads (pdp_set_num_threads for ours,
+   torch.set_num_threads for PyTorch). Each figure is the median of 7 timed repetitions after a
+   warm-up; a repetition runs the step for about 0.3 s. Inputs are uniform random, labels random.
+
+   PyTorch runs in bench/train_torch.py under /usr/bin/python3 (Debian's python3-torch) through
+   popen, after ours; when it cannot import torch the table has our figures only and says so.
+
+   make bench                 (or: make build/bench_train && ./build/bench_train [quick])
+   quick: 3 repetitions of about 0.1 s, for a smoke run. */
+
+#define _POSIX_C_SOURCE 200809L
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NCONF 6
+
+typedef struct config {
+    const char *model; /* "mlp" or "cnn", as train_torch.py names them */
+    int64_t batch;
+    int threads;
+    double ours, torch; /* samples/s; 0 = not measured */
+} config;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static void check(pdp_status st, const char *what)
+{
+    if (st == PDP_OK) return;
+    fprintf(stderr, "bench_train: %s: %s: %s\n", what, pdp_status_name(st), pdp_last_error());
+    exit(1);
+}
+
+static pdp_model *build(const char *name)
+{
+    pdp_model_desc md = {0};
+    pdp_model *m;
+    md.seed = 1;
+    if (!strcmp(name, "mlp")) {
+        md.input_shape[0] = 784;
+        check(pdp_model_create(&m, &md), "model");
+        check(pdp_model_add_linear(m, 512), "linear");
+        check(pdp_model_add_relu(m), "relu");
+        check(pdp_model_add_linear(m, 512), "linear");
+        check(pdp_model_add_relu(m), "relu");
+        check(pdp_model_add_linear(m, 10), "linear");
+        return m;
+    }
+    md.input_shape[0] = 1;
+    md.input_shape[1] = 28;
+    md.input_shape[2] = 28;
+    check(pdp_model_create(&m, &md), "model");
+    check(pdp_model_add_conv2d(m, 16, 5, 1, 2), "conv2d");
+    check(pdp_model_add_relu(m), "relu");
+    check(pdp_model_add_maxpool2d(m, 2, 2), "maxpool2d");
+    check(pdp_model_add_conv2d(m, 32, 5, 1, 2), "conv2d");
+    check(pdp_model_add_relu(m), "relu");
+    check(pdp_model_add_maxpool2d(m, 2, 2), "maxpool2d");
+    check(pdp_model_add_flatten(m), "flatten");
+    check(pdp_model_add_linear(m, 10), "linear");
+    return m;
+}
+
+static void step(pdp_model *m, pdp_optim *o, const pdp_tensor *x, const int32_t *y)
+{
+    float loss;
+    check(pdp_model_forward_backward(m, x, y, &loss), "forward_backward");
+    check(pdp_optim_step(o), "optim_step");
+    pdp_optim_zero_grad(o);
+}
+
+static double bench_ours(const config *c, int reps, double rep_s)
+{
+    pdp_model *m = build(c->model);
+    pdp_optim_desc od = {0};
+    pdp_optim *o;
+    pdp_tensor *x;
+    int64_t shape[4] = {c->batch, 784, 1, 1}, i, iters, calls = 0;
+    int32_t *y = (int32_t *)malloc((size_t)c->batch * sizeof *y);
+    double rates[16], t;
+    pdp_rng r;
+    int k;
+    if (!strcmp(c->model, "cnn")) shape[1] = 1, shape[2] = 28, shape[3] = 28;
+    check(pdp_tensor_create(&x, pdp_cpu(), strcmp(c->model, "cnn") ? 2 : 4, shape), "tensor");
+    pdp_rng_seed(&r, 7, 0);
+    check(pdp_tensor_uniform(x, &r, 0.0f, 1.0f), "uniform");
+    for (i = 0; i < c->batch; i++) y[i] = (int32_t)pdp_rng_below(&r, 10);
+    od.kind = PDP_OPTIM_SGD;
+    od.lr = 0.01f;
+    check(pdp_optim_create(&o, m, &od), "optim");
+    check(pdp_set_num_threads(c->threads), "threads");
+    for (k = 0; k < 3; k++) step(m, o, x, y); /* warm-up: buffers, pool, caches */
+    t = now();
+    while (now() - t < rep_s / 2 || calls < 2) step(m, o, x, y), calls++;
+    iters = (int64_t)(rep_s / ((now() - t) / (double)calls));
+    if (iters < 2) iters = 2;
+    for (k = 0; k < reps; k++) {
+        t = now();
+        for (i = 0; i < iters; i++) step(m, o, x, y);
+        rates[k] = (double)(c->batch * iters) / (now() - t);
+    }
+    qsort(rates, (size_t)reps, sizeof *rates, cmp_double);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_tensor_free(x);
+    free(y);
+    return rates[reps / 2];
+}
+
+/* Runs train_torch.py over every configuration; returns false when torch is unavailable. */
+static bool bench_torch(config *cs, int n, int reps, double rep_s, const char *script)
+{
+    char cmd[1024], line[256], name[16];
+    size_t len;
+    FILE *p;
+    int i;
+    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return false;
+    len = (size_t)snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s --reps %d --rep-s %g", script,
+                           reps, rep_s);
+    for (i = 0; i < n && len < sizeof cmd; i++)
+        len += (size_t)snprintf(cmd + len, sizeof cmd - len, " %s:%lld:%d", cs[i].model,
+                                (long long)cs[i].batch, cs[i].threads);
+    if (!(p = popen(cmd, "r"))) return false;
+    while (fgets(line, sizeof line, p)) {
+        long long batch;
+        int threads;
+        double rate;
+        if (sscanf(line, "%15s %lld %d %lf", name, &batch, &threads, &rate) != 4) continue;
+        for (i = 0; i < n; i++)
+            if (!strcmp(cs[i].model, name) && cs[i].batch == batch && cs[i].threads == threads)
+                cs[i].torch = rate;
+    }
+    return pclose(p) == 0;
+}
+
+int main(int argc, char **argv)
+{
+    config cs[NCONF] = {{"mlp", 128, 1, 0, 0}, {"mlp", 128, 2, 0, 0}, {"mlp", 512, 1, 0, 0},
+                        {"mlp", 512, 2, 0, 0}, {"cnn", 128, 1, 0, 0}, {"cnn", 128, 2, 0, 0}};
+    bool quick = argc > 1 && !strcmp(argv[1], "quick"), have_torch;
+    int reps = quick ? 3 : 7, i;
+    double rep_s = quick ? 0.1 : 0.3;
+    const char *script = "bench/train_torch.py";
+    FILE *f;
+    if (!(f = fopen(script, "r"))) script = "../bench/train_torch.py";
+    else fclose(f);
+
+    printf("training step (forward, cross-entropy, backward, SGD) in samples/s, median of %d\n",
+           reps);
+    fflush(stdout);
+    for (i = 0; i < NCONF; i++) {
+        cs[i].ours = bench_ours(&cs[i], reps, rep_s);
+        fprintf(stderr, "  pdp %s batch %lld threads %d: %.0f samples/s\n", cs[i].model,
+                (long long)cs[i].batch, cs[i].threads, cs[i].ours);
+    }
+    pdp_shutdown_threads();
+    have_torch = bench_torch(cs, NCONF, reps, rep_s, script);
+    printf("%-22s %6s %8s %12s %14s %8s %8s\n", "model", "batch", "threads", "pdp", "pytorch",
+           "ratio", "target");
+    for (i = 0; i < NCONF; i++) {
+        bool mlp = !strcmp(cs[i].model, "mlp");
+        printf("%-22s %6lld %8d %12.0f", mlp ? "MLP 784-512-512-10" : "CNN c16-p-c32-p-fc10",
+               (long long)cs[i].batch, cs[i].threads, cs[i].ours);
+        if (cs[i].torch > 0)
+            printf(" %14.0f %7.2fx %7.1fx\n", cs[i].torch, cs[i].ours / cs[i].torch,
+                   mlp ? 1.0 : 1.5);
+        else
+            printf(" %14s %8s %8s\n", "-", "-", "-");
+    }
+    if (!have_torch)
+        printf("PyTorch: /usr/bin/python3 cannot import torch (apt-get install python3-torch); "
+               "only pdp's figures are shown\n");
+    return 0;
+}

@@ -1,0 +1,209 @@
+/* train_ddp.c - DistributedDataParallel: N ranks train one MLP on Fashion-MNIST.
+
+   Every rank holds a full replica of a 784-512-512-10 MLP and trains on its own
+   shard of each global batch (a DistributedSampler splits the data); during
+   backward the gradients are averaged across ranks in buckets, each bucket's
+   all-reduce running while backward goes on with earlier layers. Rank 0 prints
+   the bytes each rank sent per step beside the ring all-reduce figure
+   2(N-1)/N x gradient bytes, and the share of all-reduce time hidden under
+   backward. Ranks are threads of this process (-backend local) or MPI processes.
+
+   Build:  cc -std=c99 -O2 -march=native -I. examples/train_ddp.c -o train_ddp -lm -lpthread
+           mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_ddp.c -o train_ddp_mpi -lm
+           nvcc -O2 -I. examples/train_ddp.c -o train_ddp -lm -lpthread   (CPU ranks as well)
+   Run:    ./train_ddp                       (2 thread-ranks; PDP_SHORT=1 for a few steps)
+           ./train_ddp -np 2 -epochs 2 -batch 256 -lr 0.05 -seed 1
+           mpirun -np 2 ./train_ddp_mpi -backend mpi
+           PDP_TRACE=ddp.json ./train_ddp    then open ddp.json in ui.perfetto.dev
+   Output (2 cores, 2 ranks; ~86% test accuracy after 1 epoch):
+           seed 1: Fashion-MNIST, backend local, 2 ranks, global batch 256 (128 per rank), ...
+           step  100  loss 0.4926  sent/rank 2.67 MB  ring 2(N-1)/N x grads 2.67 MB  hidden 71%
+           epoch 1  loss 0.5531  test 85.95%  5900 samples/s
+   Next:   bench/ddp.c (DDP's scaling measured against one rank). */
+
+#define _POSIX_C_SOURCE 200809L
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(call)                                                                          \
+    do {                                                                                     \
+        pdp_status st_ = (call);                                                             \
+        if (st_ != PDP_OK) {                                                                 \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, pdp_status_name(st_),     \
+                    pdp_last_error());                                                       \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static int np = 2, epochs = 1;
+static int64_t batch = 256; /* global */
+static float lr = 0.05f;
+static unsigned long long seed = 1;
+static bool short_run;
+static pdp_dataset *train, *test;
+static pdp_local_group *group;
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* What every rank runs, on its own thread or process. */
+static void train_rank(pdp_comm *c)
+{
+    int rank = pdp_comm_rank(c), n = pdp_comm_size(c), e;
+    pdp_model_desc md = {0};
+    pdp_optim_desc od = {0};
+    pdp_dist_sampler_desc sd = {0};
+    pdp_model *m;
+    pdp_optim *opt;
+    pdp_ddp *ddp;
+    pdp_dist_sampler *sampler;
+    pdp_ddp_stats s;
+    int64_t step = 0, per_rank = batch / n;
+
+    md.input_shape[0] = 784;
+    md.seed = seed + (unsigned long long)rank; /* differs on purpose: DDP broadcasts rank 0's */
+    CHECK(pdp_model_create(&m, &md));
+    CHECK(pdp_model_add_linear(m, 512));
+    CHECK(pdp_model_add_relu(m));
+    CHECK(pdp_model_add_linear(m, 512));
+    CHECK(pdp_model_add_relu(m));
+    CHECK(pdp_model_add_linear(m, 10));
+    CHECK(pdp_model_reserve(m, per_rank > 1000 ? per_rank : 1000));
+    od.kind = PDP_OPTIM_SGD;
+    od.lr = lr;
+    od.momentum = 0.9f;
+    CHECK(pdp_optim_create(&opt, m, &od));
+    CHECK(pdp_ddp_create(&ddp, m, c, NULL)); /* 25 MB buckets, the first 1 MB, as PyTorch */
+
+    sd.dataset_size = train->count;
+    sd.world_size = n;
+    sd.rank = rank;
+    sd.seed = seed;
+    CHECK(pdp_dist_sampler_create(&sampler, &sd));
+    for (e = 0; e < epochs; e++) {
+        pdp_batcher_desc bd = {0};
+        pdp_batcher *b;
+        pdp_tensor x;
+        const int32_t *y;
+        int64_t got, seen = 0, correct = 0;
+        double loss_sum = 0.0, t0 = seconds();
+        float loss;
+        pdp_dist_sampler_set_epoch(sampler, (uint64_t)e); /* a new shuffle, the same on all */
+        bd.batch_size = per_rank;
+        bd.drop_last = true; /* every rank runs the same number of steps */
+        bd.indices = pdp_dist_sampler_indices(sampler, &bd.num_indices);
+        CHECK(pdp_batcher_create(&b, train, &bd));
+        while (pdp_batcher_next(b, &x, &y, &got)) {
+            CHECK(pdp_ddp_forward_backward(ddp, &x, y, &loss)); /* all-reduces overlap */
+            CHECK(pdp_ddp_step(ddp, opt));                      /* waits, averages, updates */
+            loss_sum += loss;
+            seen += got;
+            pdp_ddp_get_stats(ddp, &s); /* the last step's figures */
+            if (rank == 0 && (++step % (short_run ? 5 : 100) == 0))
+                printf("step %4lld  loss %.4f  sent/rank %.2f MB  ring 2(N-1)/N x grads %.2f MB"
+                       "  hidden %.0f%%\n", (long long)step, (double)loss, s.bytes_sent / 1e6,
+                       2.0 * (n - 1) / n * (double)s.grad_bytes / 1e6, 100.0 * s.hidden_share);
+        }
+        pdp_batcher_free(b);
+        pdp_ddp_get_stats(ddp, &s);
+        if (rank == 0) { /* every rank holds the same parameters: rank 0 evaluates */
+            pdp_tensor tx;
+            const pdp_tensor *logits;
+            int64_t k = test->count < 2000 ? test->count : 2000;
+            double dt = seconds() - t0, hidden = 1.0 - s.total_wait_s / s.total_allreduce_s;
+            pdp_model_set_training(m, false);
+            CHECK(pdp_dataset_view(test, 0, k, &tx));
+            CHECK(pdp_model_forward(m, &tx, &logits));
+            CHECK(pdp_count_correct(logits, test->labels, &correct));
+            pdp_model_set_training(m, true);
+            printf("epoch %d  loss %.4f  test %.2f%% (first %lld)  %.0f samples/s  all-reduce "
+                   "hidden under backward: %.0f%% of %.3f s\n", e + 1,
+                   loss_sum * per_rank / (double)seen, 100.0 * correct / (double)k, (long long)k,
+                   (double)seen * n / dt, 100.0 * (hidden > 0 ? hidden : 0), s.total_allreduce_s);
+        }
+    }
+    pdp_dist_sampler_free(sampler);
+    pdp_ddp_free(ddp);
+    pdp_optim_free(opt);
+    pdp_model_free(m);
+}
+
+static void *rank_thread(void *arg)
+{
+    pdp_comm *c;
+    CHECK(pdp_comm_create_local(&c, group, (int)(intptr_t)arg));
+    train_rank(c);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    const char *backend = "local", *source = "Fashion-MNIST";
+    pdp_dataset_desc dd = {0};
+    int i, rank = 0;
+    pdp_comm *c = NULL;
+    short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
+    for (i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "-backend")) backend = argv[i + 1];
+        else if (!strcmp(argv[i], "-np")) np = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
+        else break;
+    }
+    if (i < argc || np < 1 || np > 64 || epochs < 1 || batch < np ||
+        (strcmp(backend, "local") && strcmp(backend, "mpi"))) {
+        fprintf(stderr, "usage: %s [-backend local|mpi] [-np 2 (local; mpirun sets MPI's)] "
+                "[-epochs 1] [-batch 256 (global)] [-lr 0.05] [-seed 1]\n", argv[0]);
+        return 2;
+    }
+    if (!strcmp(backend, "mpi")) { /* the rank and size come from mpirun */
+        pdp_comm_desc cd = {0};
+        cd.backend = PDP_BACKEND_MPI;
+        CHECK(pdp_comm_init_env(&c, &cd));
+        rank = pdp_comm_rank(c);
+        np = pdp_comm_size(c);
+    }
+    dd.flat = true;
+    dd.mean = PDP_FASHION_MNIST_MEAN;
+    dd.std = PDP_FASHION_MNIST_STD;
+    dd.max_samples = short_run ? 2560 : 0;
+    dd.seed = seed;
+    if (pdp_dataset_load_fashion_mnist(&train, true, &dd) != PDP_OK) {
+        if (rank == 0) printf("%s\n(training on the built-in synthetic task instead)\n",
+                              pdp_last_error());
+        source = "synthetic";
+        CHECK(pdp_dataset_synthetic(&train, true, &dd));
+        CHECK(pdp_dataset_synthetic(&test, false, &dd));
+    } else {
+        CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
+    }
+    if (rank == 0)
+        printf("seed %llu: %s, backend %s, %d ranks, global batch %lld (%lld per rank), MLP "
+               "784-512-512-10, SGD lr %g momentum 0.9\n", seed, source, backend, np,
+               (long long)batch, (long long)(batch / np), (double)lr);
+
+    if (c) { /* MPI: this process is one rank */
+        train_rank(c);
+        pdp_comm_free(c);
+    } else { /* local: np threads share the datasets */
+        pthread_t t[64];
+        CHECK(pdp_local_group_create(&group, np, NULL));
+        for (i = 0; i < np; i++) pthread_create(&t[i], NULL, rank_thread, (void *)(intptr_t)i);
+        for (i = 0; i < np; i++) pthread_join(t[i], NULL);
+        pdp_local_group_free(group);
+    }
+    pdp_dataset_free(train);
+    pdp_dataset_free(test);
+    return 0;
+}

@@ -1,0 +1,174 @@
+/* train_mnist.c - train a 784-256-256-10 MLP on Fashion-MNIST, on one device.
+
+   Shows the whole single-device training loop, top to bottom: load the data,
+   build a model, then per batch forward, cross-entropy, backward, Adam step;
+   evaluate on the test set after each epoch. Without the dataset installed it
+   trains on pdp's built-in synthetic task instead and says how to get the data.
+
+   Build:  cc -std=c99 -O2 -march=native -I. examples/train_mnist.c -o train_mnist -lm -lpthread
+           nvcc -O2 -I. examples/train_mnist.c -o train_mnist -lm -lpthread   (same program; it
+           trains on the CPU, examples/train_ddp.c shows GPUs)
+   Run:    ./train_mnist            (or `make demo`; PDP_SHORT=1 for a few steps only)
+           ./train_mnist -epochs 5 -batch 128 -lr 0.001 -threads 2 -seed 1
+   Output (2 cores; ~88.5% test accuracy after 5 epochs):
+           seed 1: Fashion-MNIST, 60000 train / 10000 test, MLP 784-256-256-10, Adam lr 0.001
+           epoch 1  loss 0.5062  train 82.04%  test 84.73%  41000 samples/s  1.5 s
+           ...
+           epoch 5  loss 0.2541  train 90.57%  test 88.52%  40000 samples/s  7.6 s
+   Next:   examples/train_cnn.c (a convolutional net on the same data). */
+
+#define _POSIX_C_SOURCE 200809L
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Stops the program with pdp's message when a call fails. */
+#define CHECK(call) check((call), __LINE__)
+static void check(pdp_status st, int line)
+{
+    if (st == PDP_OK) return;
+    fprintf(stderr, "line %d: %s: %s\n", line, pdp_status_name(st), pdp_last_error());
+    exit(1);
+}
+
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Accuracy over a whole dataset, in chunks of 1000 samples viewed in place. */
+static double evaluate(pdp_model *m, const pdp_dataset *ds)
+{
+    int64_t first, correct = 0, c;
+    pdp_tensor x;
+    const pdp_tensor *logits;
+    pdp_model_set_training(m, false);
+    for (first = 0; first < ds->count; first += 1000) {
+        int64_t n = ds->count - first < 1000 ? ds->count - first : 1000;
+        CHECK(pdp_dataset_view(ds, first, n, &x));
+        CHECK(pdp_model_forward(m, &x, &logits));
+        CHECK(pdp_count_correct(logits, ds->labels + first, &c));
+        correct += c;
+    }
+    pdp_model_set_training(m, true);
+    return 100.0 * (double)correct / (double)ds->count;
+}
+
+int main(int argc, char **argv)
+{
+    int epochs = 5, threads = 2, i;
+    int64_t batch = 128, step = 0, total_steps, warmup;
+    float lr = 1e-3f;
+    unsigned long long seed = 1;
+    bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT")), tty = isatty(1);
+    pdp_dataset *train, *test;
+    pdp_model *m;
+    pdp_optim *opt;
+    pdp_batcher *batcher;
+    pdp_tensor *dlogits;
+    pdp_status st;
+    const char *source = "Fashion-MNIST";
+    double t0;
+
+    for (i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "-threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
+        else break;
+    }
+    if (i < argc || epochs < 1 || batch < 1) {
+        fprintf(stderr, "usage: %s [-epochs 5] [-batch 128] [-lr 0.001] [-threads 2] [-seed 1]\n"
+                        "  PDP_DATA=dir: where the Fashion-MNIST files are; PDP_SHORT=1: a few "
+                        "steps only\n", argv[0]);
+        return 2;
+    }
+    CHECK(pdp_set_num_threads(threads));
+    if (short_run) epochs = 1;
+
+    /* data: pixels normalised with the training set's mean and std, samples flat (784) */
+    pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
+                           .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 512 : 0,
+                           .seed = seed};
+    if ((st = pdp_dataset_load_fashion_mnist(&train, true, &dd)) == PDP_ERR_IO) {
+        printf("%s\n(training on the built-in synthetic task instead)\n", pdp_last_error());
+        source = "synthetic";
+        CHECK(pdp_dataset_synthetic(&train, true, &dd));
+        CHECK(pdp_dataset_synthetic(&test, false, &dd));
+    } else {
+        CHECK(st);
+        CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
+    }
+
+    /* model and optimizer */
+    pdp_model_desc md = {.input_shape = {784}, .seed = seed};
+    CHECK(pdp_model_create(&m, &md));
+    CHECK(pdp_model_add_linear(m, 256));
+    CHECK(pdp_model_add_relu(m));
+    CHECK(pdp_model_add_linear(m, 256));
+    CHECK(pdp_model_add_relu(m));
+    CHECK(pdp_model_add_linear(m, 10));
+    CHECK(pdp_model_reserve(m, batch > 1000 ? batch : 1000)); /* nothing allocated from here */
+    CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = lr}));
+    CHECK(pdp_tensor_create(&dlogits, pdp_cpu(), 2, (int64_t[]){batch, 10}));
+
+    pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .seed = seed};
+    CHECK(pdp_batcher_create(&batcher, train, &bd));
+    total_steps = epochs * pdp_batcher_num_batches(batcher);
+    warmup = total_steps / 20 < 100 ? total_steps / 20 : 100;
+    printf("seed %llu: %s, %lld train / %lld test, MLP 784-256-256-10, Adam lr %g, batch %lld, "
+           "%d threads\n", seed, source, (long long)train->count, (long long)test->count,
+           (double)lr, (long long)batch, threads);
+
+    t0 = seconds();
+    for (i = 0; i < epochs; i++) {
+        double loss_sum = 0, t_epoch = seconds(), acc;
+        int64_t seen = 0, correct = 0, n, c, b = 0, nb = pdp_batcher_num_batches(batcher);
+        pdp_tensor x, dl;
+        const int32_t *y;
+        const pdp_tensor *logits;
+        float loss;
+        pdp_batcher_reset(batcher, (uint64_t)i);
+        while (pdp_batcher_next(batcher, &x, &y, &n)) {
+            /* cosine decay over the run, after a short warm-up */
+            pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step++, warmup, total_steps, lr, lr / 20));
+            CHECK(pdp_model_forward(m, &x, &logits));
+            CHECK(pdp_tensor_rows_view(dlogits, 0, n, &dl));
+            CHECK(pdp_loss_cross_entropy(logits, y, &loss, &dl));
+            CHECK(pdp_count_correct(logits, y, &c));
+            CHECK(pdp_model_backward(m, &dl));
+            CHECK(pdp_optim_step(opt));
+            pdp_optim_zero_grad(opt);
+            loss_sum += (double)loss * (double)n;
+            correct += c;
+            seen += n;
+            if (tty && (++b % 20 == 0 || b == nb)) { /* progress bar, terminals only */
+                printf("\r  [%-30.*s] %lld/%lld", (int)(30 * b / nb),
+                       "==============================", (long long)b, (long long)nb);
+                fflush(stdout);
+            }
+        }
+        if (tty) printf("\r%60s\r", "");
+        t_epoch = seconds() - t_epoch; /* training only; the evaluation is not counted */
+        acc = evaluate(m, test);
+        printf("epoch %d  loss %.4f  train %.2f%%  test %.2f%%  %.0f samples/s  %.1f s\n", i + 1,
+               loss_sum / (double)seen, 100.0 * (double)correct / (double)seen, acc,
+               (double)seen / t_epoch, seconds() - t0);
+        fflush(stdout);
+    }
+
+    pdp_batcher_free(batcher);
+    pdp_tensor_free(dlogits);
+    pdp_optim_free(opt);
+    pdp_model_free(m);
+    pdp_dataset_free(train);
+    pdp_dataset_free(test);
+    return 0;
+}

@@ -1,0 +1,1460 @@
+/* pdp_cuda.cu - the CUDA side of pdp: device memory, kernels, cuBLAS GEMMs, NCCL.
+
+   Every line of CUDA in pdp lives here. pdp.h built with -DPDP_CUDA calls the
+   plain C functions declared in its "cuda" section (pdp_cudak_*); this file
+   never calls back into pdp.h's implementation: it includes pdp.h WITHOUT
+   PDP_IMPLEMENTATION, i.e. the public API plus the shared PDP__HOSTDEV math
+   block (activations, dropout hash, optimizer element updates), so the GPU
+   runs the very formulas the CPU tests cover.
+
+   Build (sm_90 code plus PTX that later GPUs JIT):
+       nvcc -O2 -std=c++17 -gencode arch=compute_90,code=[sm_90,compute_90] -c pdp_cuda.cu
+       cc -O2 -DPDP_CUDA app.c -c && nvcc app.o pdp_cuda.o -lcublas -lnccl -o app
+   or in one line: nvcc -O2 -arch=sm_90 -DPDP_CUDA app.c pdp_cuda.cu -lcublas -lnccl
+
+   Layout (llm.c's): error mapping; per-device context (stream, cuBLAS handle,
+   caching allocator); one section per op, each a __global__ kernel named
+   pdp__<op>_<fwd|bwd> beside its extern "C" launcher, which validates, sizes
+   the grid with a ceil-div, launches on the device's compute stream, checks
+   cudaGetLastError and returns a pdp_status; the losses; the optimizers; NCCL.
+
+   Invariants. Row-major everywhere; cuBLAS (column-major) sees each row-major
+   matrix as its transpose, so C = A B is issued as C^T = B^T A^T. Reductions
+   are deterministic: no atomics, a fixed tree or a fixed serial order per
+   output (bias and LayerNorm parameter gradients are summed over the batch in
+   sample order, as on the CPU). Every CUDA, cuBLAS and NCCL call is checked and
+   becomes a pdp_status with "<call> failed: <name> (<text>) at pdp_cuda.cu:<line>"
+   left in a thread-local buffer (pdp_cudak_error). Nothing here exits or prints.
+
+   References: llm.c (train_gpt2.cu: cudaCheck, multi_gpu_async_reduce_gradient);
+   NCCL user guide (ncclCommInitRankConfig non-blocking init, ncclCommAbort);
+   cuBLAS row-major trick. */
+
+#include "pdp.h"
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <nccl.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(PDP_MALLOC) != defined(PDP_FREE)
+#  error "pdp_cuda.cu: define both PDP_MALLOC and PDP_FREE, or neither"
+#endif
+#ifndef PDP_MALLOC
+#  define PDP_MALLOC(bytes) malloc(bytes)
+#  define PDP_FREE(ptr) free(ptr)
+#endif
+
+#define PDP__CU_MAX_DEVICES 64
+#define PDP__CU_THREADS 256
+
+/* ---- errors ---- */
+
+static __thread char pdp__cu_msg[512];
+
+extern "C" const char *pdp_cudak_error(void) { return pdp__cu_msg; }
+
+static pdp_status pdp__cu_fail(pdp_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pdp__cu_msg, sizeof pdp__cu_msg, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* "cudaMalloc" from "cudaMalloc(&p, bytes)": the call's name for messages. */
+static const char *pdp__cu_name(const char *expr, char *buf, size_t cap)
+{
+    size_t i = 0;
+    while (expr[i] && expr[i] != '(' && i + 1 < cap) {
+        buf[i] = expr[i];
+        i++;
+    }
+    buf[i] = '\0';
+    return buf;
+}
+
+static pdp_status pdp__cu_cuda_fail(cudaError_t e, const char *expr, int line)
+{
+    char name[64];
+    pdp_status st = (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+                        ? PDP_ERR_NO_DEVICE
+                        : e == cudaErrorMemoryAllocation ? PDP_ERR_OUT_OF_MEMORY : PDP_ERR_CUDA;
+    return pdp__cu_fail(st, "%s failed: %s (%s) at pdp_cuda.cu:%d",
+                        pdp__cu_name(expr, name, sizeof name), cudaGetErrorName(e),
+                        cudaGetErrorString(e), line);
+}
+
+static pdp_status pdp__cu_blas_fail(cublasStatus_t s, const char *expr, int line)
+{
+    char name[64];
+    return pdp__cu_fail(s == CUBLAS_STATUS_ALLOC_FAILED ? PDP_ERR_OUT_OF_MEMORY : PDP_ERR_CUDA,
+                        "%s failed: %s (%s) at pdp_cuda.cu:%d",
+                        pdp__cu_name(expr, name, sizeof name), cublasGetStatusName(s),
+                        cublasGetStatusString(s), line);
+}
+
+static pdp_status pdp__cu_nccl_fail(ncclResult_t r, const char *expr, int line)
+{
+    char name[64];
+    return pdp__cu_fail(PDP_ERR_COMM, "%s failed: ncclResult %d (%s) at pdp_cuda.cu:%d",
+                        pdp__cu_name(expr, name, sizeof name), (int)r, ncclGetErrorString(r),
+                        line);
+}
+
+#define PDP__CU(call)                                                                      \
+    do {                                                                                   \
+        cudaError_t pdp__e = (call);                                                       \
+        if (pdp__e != cudaSuccess) return pdp__cu_cuda_fail(pdp__e, #call, __LINE__);      \
+    } while (0)
+#define PDP__BLAS(call)                                                                    \
+    do {                                                                                   \
+        cublasStatus_t pdp__s = (call);                                                    \
+        if (pdp__s != CUBLAS_STATUS_SUCCESS) return pdp__cu_blas_fail(pdp__s, #call, __LINE__); \
+    } while (0)
+/* After a launch: a bad configuration or an earlier asynchronous fault. */
+#define PDP__LAUNCHED(kernel)                                                              \
+    do {                                                                                   \
+        cudaError_t pdp__e = cudaGetLastError();                                           \
+        if (pdp__e != cudaSuccess) return pdp__cu_cuda_fail(pdp__e, #kernel, __LINE__);   \
+    } while (0)
+#define PDP__ARGS(cond, ...)                                                               \
+    do {                                                                                   \
+        if (!(cond)) return pdp__cu_fail(PDP_ERR_INVALID, __VA_ARGS__);                     \
+    } while (0)
+
+/* ---- device context ----
+   One per device, created on first use under a mutex and kept for the life of
+   the process: the compute stream, the cuBLAS handle bound to it, the caching
+   allocator's blocks, and a grow-only scratch buffer for the losses. A device
+   is driven by one host thread at a time (DP, thread-rank DDP). */
+
+typedef struct pdp__cu_block {
+    void *p;
+    size_t bytes; /* size class */
+    int used;
+} pdp__cu_block;
+
+typedef struct pdp__cu_ctx {
+    int ready;
+    int tf32;                 /* math mode applied to blas */
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    pthread_mutex_t mu;       /* guards the allocator */
+    pdp__cu_block *blocks;
+    int nblocks, cap_blocks;
+    int64_t mallocs;
+    size_t reserved, in_use;
+    void *scratch;            /* losses: labels, per-sample losses, partial sums */
+    size_t scratch_bytes;
+} pdp__cu_ctx;
+
+static pdp__cu_ctx pdp__cu_ctxs[PDP__CU_MAX_DEVICES];
+static pthread_mutex_t pdp__cu_init_mu = PTHREAD_MUTEX_INITIALIZER;
+static int pdp__cu_tf32_on = 0; /* __atomic_* access */
+
+extern "C" pdp_status pdp_cudak_device_count(int *count)
+{
+    cudaError_t e = cudaGetDeviceCount(count);
+    if (e != cudaSuccess) {
+        *count = 0;
+        cudaGetLastError(); /* clear the sticky-free error */
+        return pdp__cu_cuda_fail(e, "cudaGetDeviceCount", __LINE__);
+    }
+    if (*count == 0) return pdp__cu_fail(PDP_ERR_NO_DEVICE, "no CUDA device");
+    return PDP_OK;
+}
+
+extern "C" void pdp_cudak_set_tf32(int on) { __atomic_store_n(&pdp__cu_tf32_on, on ? 1 : 0, __ATOMIC_RELAXED); }
+
+/* Makes dev current and returns its context, creating it the first time. */
+static pdp_status pdp__cu_begin(int dev, pdp__cu_ctx **out)
+{
+    pdp__cu_ctx *c;
+    int n = 0, tf32;
+    if (dev < 0 || dev >= PDP__CU_MAX_DEVICES)
+        return pdp__cu_fail(PDP_ERR_INVALID, "CUDA device %d is outside 0..%d", dev,
+                            PDP__CU_MAX_DEVICES - 1);
+    c = &pdp__cu_ctxs[dev];
+    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE)) {
+        pdp_status st = PDP_OK;
+        pthread_mutex_lock(&pdp__cu_init_mu);
+        if (!c->ready) {
+            cudaError_t e = cudaGetDeviceCount(&n);
+            if (e != cudaSuccess) {
+                st = pdp__cu_cuda_fail(e, "cudaGetDeviceCount", __LINE__);
+            } else if (dev >= n) {
+                st = pdp__cu_fail(PDP_ERR_NO_DEVICE, "CUDA device %d does not exist (%d visible)",
+                                  dev, n);
+            } else if ((e = cudaSetDevice(dev)) != cudaSuccess) {
+                st = pdp__cu_cuda_fail(e, "cudaSetDevice", __LINE__);
+            } else if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) !=
+                       cudaSuccess) {
+                st = pdp__cu_cuda_fail(e, "cudaStreamCreateWithFlags", __LINE__);
+            } else {
+                cublasStatus_t s = cublasCreate(&c->blas);
+                if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(c->blas, c->stream);
+                if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+                if (s != CUBLAS_STATUS_SUCCESS) {
+                    st = pdp__cu_blas_fail(s, "cublasCreate", __LINE__);
+                } else {
+                    pthread_mutex_init(&c->mu, NULL);
+                    c->tf32 = 0;
+                    __atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
+                }
+            }
+        }
+        pthread_mutex_unlock(&pdp__cu_init_mu);
+        if (st != PDP_OK) return st;
+    }
+    PDP__CU(cudaSetDevice(dev));
+    tf32 = __atomic_load_n(&pdp__cu_tf32_on, __ATOMIC_RELAXED);
+    if (tf32 != c->tf32) {
+        /* DEFAULT is plain FP32 since CUDA 11 (no TF32 down-conversion) */
+        PDP__BLAS(cublasSetMathMode(c->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                  : CUBLAS_DEFAULT_MATH));
+        c->tf32 = tf32;
+    }
+    *out = c;
+    return PDP_OK;
+}
+
+static unsigned pdp__cu_grid(int64_t n)
+{
+    int64_t g = (n + PDP__CU_THREADS - 1) / PDP__CU_THREADS;
+    if (g < 1) g = 1;
+    if (g > 65535LL * 32) g = 65535LL * 32; /* the kernels stride over the rest */
+    return (unsigned)g;
+}
+
+#define PDP__FOR(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
+         i += (int64_t)blockDim.x * gridDim.x)
+
+extern "C" pdp_status pdp_cudak_synchronize(int dev)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    PDP__CU(cudaStreamSynchronize(c->stream));
+    return PDP_OK;
+}
+
+/* ---- memory: the caching allocator ----
+   Size classes: powers of two from 512 bytes to 1 MiB, then multiples of
+   2 MiB. A free returns the block to its device's list; an allocation takes
+   the first free block of its class, else cudaMalloc. Blocks are never split,
+   so the state is a flat table per device; models hold a few dozen blocks. */
+
+static size_t pdp__cu_class(size_t bytes)
+{
+    size_t c = 512;
+    if (bytes > ((size_t)1 << 20)) return (bytes + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+    while (c < bytes) c <<= 1;
+    return c;
+}
+
+extern "C" pdp_status pdp_cudak_malloc(int dev, size_t bytes, void **out)
+{
+    pdp__cu_ctx *c;
+    size_t cls = pdp__cu_class(bytes);
+    pdp_status st;
+    void *p = NULL;
+    int i;
+    *out = NULL;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    pthread_mutex_lock(&c->mu);
+    for (i = 0; i < c->nblocks; i++)
+        if (!c->blocks[i].used && c->blocks[i].bytes == cls) {
+            c->blocks[i].used = 1;
+            c->in_use += cls;
+            *out = c->blocks[i].p;
+            pthread_mutex_unlock(&c->mu);
+            return PDP_OK;
+        }
+    if (c->nblocks == c->cap_blocks) {
+        int cap = c->cap_blocks ? 2 * c->cap_blocks : 64;
+        pdp__cu_block *b = (pdp__cu_block *)PDP_MALLOC((size_t)cap * sizeof *b);
+        if (!b) {
+            pthread_mutex_unlock(&c->mu);
+            return pdp__cu_fail(PDP_ERR_OUT_OF_MEMORY, "no host memory for the block table");
+        }
+        if (c->blocks) memcpy(b, c->blocks, (size_t)c->nblocks * sizeof *b);
+        PDP_FREE(c->blocks);
+        c->blocks = b;
+        c->cap_blocks = cap;
+    }
+    {
+        cudaError_t e = cudaMalloc(&p, cls);
+        if (e == cudaErrorMemoryAllocation) { /* give the cached blocks back and retry once */
+            cudaGetLastError();
+            int j = 0;
+            for (i = 0; i < c->nblocks; i++) {
+                if (!c->blocks[i].used) {
+                    cudaFree(c->blocks[i].p);
+                    c->reserved -= c->blocks[i].bytes;
+                } else {
+                    c->blocks[j++] = c->blocks[i];
+                }
+            }
+            c->nblocks = j;
+            e = cudaMalloc(&p, cls);
+        }
+        if (e != cudaSuccess) {
+            pthread_mutex_unlock(&c->mu);
+            cudaGetLastError();
+            return pdp__cu_fail(e == cudaErrorMemoryAllocation ? PDP_ERR_OUT_OF_MEMORY
+                                                               : PDP_ERR_CUDA,
+                                "cudaMalloc failed: %s (%s) for %zu bytes on CUDA device %d at "
+                                "pdp_cuda.cu:%d", cudaGetErrorName(e), cudaGetErrorString(e),
+                                cls, dev, __LINE__);
+        }
+    }
+    c->blocks[c->nblocks].p = p;
+    c->blocks[c->nblocks].bytes = cls;
+    c->blocks[c->nblocks].used = 1;
+    c->nblocks++;
+    c->mallocs++;
+    c->reserved += cls;
+    c->in_use += cls;
+    pthread_mutex_unlock(&c->mu);
+    *out = p;
+    return PDP_OK;
+}
+
+extern "C" void pdp_cudak_free(int dev, void *p)
+{
+    pdp__cu_ctx *c;
+    int i;
+    if (!p || dev < 0 || dev >= PDP__CU_MAX_DEVICES) return;
+    c = &pdp__cu_ctxs[dev];
+    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&c->mu);
+    for (i = 0; i < c->nblocks; i++)
+        if (c->blocks[i].p == p && c->blocks[i].used) {
+            c->blocks[i].used = 0;
+            c->in_use -= c->blocks[i].bytes;
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+}
+
+extern "C" pdp_status pdp_cudak_memory_stats(int dev, int64_t *mallocs, size_t *reserved,
+                                             size_t *in_use)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    pthread_mutex_lock(&c->mu);
+    *mallocs = c->mallocs;
+    *reserved = c->reserved;
+    *in_use = c->in_use;
+    pthread_mutex_unlock(&c->mu);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_empty_cache(int dev)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    int i, j = 0;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    PDP__CU(cudaStreamSynchronize(c->stream));
+    pthread_mutex_lock(&c->mu);
+    for (i = 0; i < c->nblocks; i++) {
+        if (!c->blocks[i].used) {
+            cudaFree(c->blocks[i].p);
+            c->reserved -= c->blocks[i].bytes;
+        } else {
+            c->blocks[j++] = c->blocks[i];
+        }
+    }
+    c->nblocks = j;
+    pthread_mutex_unlock(&c->mu);
+    return PDP_OK;
+}
+
+/* The device's loss scratch, grown (through the cache) to at least bytes. */
+static pdp_status pdp__cu_scratch(int dev, pdp__cu_ctx *c, size_t bytes, void **out)
+{
+    pdp_status st;
+    if (c->scratch_bytes < bytes) {
+        void *p;
+        PDP__CU(cudaStreamSynchronize(c->stream)); /* the old one may still be in use */
+        if ((st = pdp_cudak_malloc(dev, bytes, &p)) != PDP_OK) return st;
+        pdp_cudak_free(dev, c->scratch);
+        c->scratch = p;
+        c->scratch_bytes = bytes;
+    }
+    *out = c->scratch;
+    return PDP_OK;
+}
+
+/* ---- memory: fill, copy, add ---- */
+
+static __global__ void pdp__fill_fwd(float *p, int64_t n, float v)
+{
+    PDP__FOR(i, n) p[i] = v;
+}
+
+static __global__ void pdp__add_fwd(float *dst, const float *src, int64_t n)
+{
+    PDP__FOR(i, n) dst[i] += src[i];
+}
+
+extern "C" pdp_status pdp_cudak_memset0(int dev, void *p, size_t bytes)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (bytes) PDP__CU(cudaMemsetAsync(p, 0, bytes, c->stream));
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_fill(int dev, float *p, int64_t count, float value)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__fill_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(p, count, value);
+    PDP__LAUNCHED(pdp__fill_fwd);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_add(int dev, float *dst, const float *src, int64_t count)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__add_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(dst, src, count);
+    PDP__LAUNCHED(pdp__add_fwd);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_memcpy(int dst_dev, void *dst, int src_dev, const void *src,
+                                       size_t bytes)
+{
+    pdp__cu_ctx *c, *cs;
+    pdp_status st;
+    if (!bytes) return PDP_OK;
+    if (dst_dev < 0 && src_dev < 0) {
+        if (dst != src) memmove(dst, src, bytes);
+        return PDP_OK;
+    }
+    if (src_dev < 0) { /* host to device: ordered after the device's queued work */
+        if ((st = pdp__cu_begin(dst_dev, &c)) != PDP_OK) return st;
+        PDP__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+        PDP__CU(cudaStreamSynchronize(c->stream));
+        return PDP_OK;
+    }
+    if (dst_dev < 0) {
+        if ((st = pdp__cu_begin(src_dev, &c)) != PDP_OK) return st;
+        PDP__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+        PDP__CU(cudaStreamSynchronize(c->stream));
+        return PDP_OK;
+    }
+    if (dst_dev == src_dev) {
+        if ((st = pdp__cu_begin(dst_dev, &c)) != PDP_OK) return st;
+        PDP__CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+        return PDP_OK;
+    }
+    /* peer: the source's writes are done, then the copy runs on the destination's
+       stream and completes before returning (DP's replicate and gather) */
+    if ((st = pdp__cu_begin(src_dev, &cs)) != PDP_OK) return st;
+    PDP__CU(cudaStreamSynchronize(cs->stream));
+    if ((st = pdp__cu_begin(dst_dev, &c)) != PDP_OK) return st;
+    PDP__CU(cudaMemcpyPeerAsync(dst, dst_dev, src, src_dev, bytes, c->stream));
+    PDP__CU(cudaStreamSynchronize(c->stream));
+    return PDP_OK;
+}
+
+/* ---- gemm (cuBLAS) ----
+   Row-major C [m, n] = op(A) op(B) + beta C is column-major C^T = op(B)^T op(A)^T:
+   swap the operands and the m/n roles. The helper takes row-major arguments. */
+
+static pdp_status pdp__cu_sgemm(pdp__cu_ctx *c, bool ta, bool tb, int64_t m, int64_t n,
+                                int64_t k, const float *a, int64_t lda, const float *b,
+                                int64_t ldb, float beta, float *cm, int64_t ldc)
+{
+    const float one = 1.0f;
+    PDP__BLAS(cublasSgemm(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          (int)n, (int)m, (int)k, &one, b, (int)ldb, a, (int)lda, &beta, cm,
+                          (int)ldc));
+    return PDP_OK;
+}
+
+/* The same for `count` matrices at fixed strides (0 = shared operand). */
+static pdp_status pdp__cu_sgemm_batched(pdp__cu_ctx *c, bool ta, bool tb, int64_t m, int64_t n,
+                                        int64_t k, const float *a, int64_t lda, int64_t sa,
+                                        const float *b, int64_t ldb, int64_t sb, float beta,
+                                        float *cm, int64_t ldc, int64_t sc, int64_t count)
+{
+    const float one = 1.0f;
+    PDP__BLAS(cublasSgemmStridedBatched(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k,
+                                        &one, b, (int)ldb, sb, a, (int)lda, sa, &beta, cm,
+                                        (int)ldc, sc, (int)count));
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_gemm(int dev, const float *a, const float *b, float *cm,
+                                     int64_t m, int64_t n, int64_t k)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    return pdp__cu_sgemm(c, false, false, m, n, k, a, k, b, n, 0.0f, cm, n);
+}
+
+/* ---- Linear ---- */
+
+/* y[i, j] = b[j] */
+static __global__ void pdp__bias_rows_fwd(float *y, const float *b, int64_t rows, int64_t cols)
+{
+    PDP__FOR(i, rows * cols) y[i] = b[i % cols];
+}
+
+/* db[j] += sum over rows of g[:, j], in row order (the CPU's order) */
+static __global__ void pdp__colsum_bwd(float *db, const float *g, int64_t rows, int64_t cols)
+{
+    PDP__FOR(j, cols) {
+        float acc = db[j];
+        for (int64_t i = 0; i < rows; i++) acc += g[i * cols + j];
+        db[j] = acc;
+    }
+}
+
+extern "C" pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float *w,
+                                           const float *b, float *y, int64_t batch, int64_t in,
+                                           int64_t out)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    float beta = 0.0f;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (b) { /* y = b, then y += x W^T, as on the CPU */
+        pdp__bias_rows_fwd<<<pdp__cu_grid(batch * out), PDP__CU_THREADS, 0, c->stream>>>(
+            y, b, batch, out);
+        PDP__LAUNCHED(pdp__bias_rows_fwd);
+        beta = 1.0f;
+    }
+    return pdp__cu_sgemm(c, false, true, batch, out, in, x, in, w, in, beta, y, out);
+}
+
+extern "C" pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w,
+                                           const float *dy, float *dw, float *db, float *dx,
+                                           int64_t batch, int64_t in, int64_t out)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    /* dW [out, in] += dY^T X */
+    if ((st = pdp__cu_sgemm(c, true, false, out, in, batch, dy, out, x, in, 1.0f, dw, in)) != PDP_OK)
+        return st;
+    if (db) {
+        pdp__colsum_bwd<<<pdp__cu_grid(out), PDP__CU_THREADS, 0, c->stream>>>(db, dy, batch, out);
+        PDP__LAUNCHED(pdp__colsum_bwd);
+    }
+    if (dx) /* dX = dY W */
+        return pdp__cu_sgemm(c, false, false, batch, in, out, dy, out, w, in, 0.0f, dx, in);
+    return PDP_OK;
+}
+
+/* ---- activations (math.h formulas) ---- */
+
+static __global__ void pdp__act_fwd(int act, const float *x, float *y, int64_t n)
+{
+    PDP__FOR(i, n) {
+        float v = x[i];
+        switch (act) {
+        case PDP_CUDAK_RELU: y[i] = pdp__relu(v); break;
+        case PDP_CUDAK_GELU: y[i] = pdp__gelu(v); break;
+        case PDP_CUDAK_TANH: y[i] = tanhf(v); break;
+        default: y[i] = pdp__sigmoid(v); break;
+        }
+    }
+}
+
+static __global__ void pdp__act_bwd(int act, const float *x, const float *y, const float *dy,
+                                    float *dx, int64_t n)
+{
+    PDP__FOR(i, n) {
+        switch (act) {
+        case PDP_CUDAK_RELU: dx[i] = pdp__relu_grad(dy[i], y[i]); break;
+        case PDP_CUDAK_GELU: dx[i] = pdp__gelu_grad(dy[i], x[i]); break;
+        case PDP_CUDAK_TANH: dx[i] = pdp__tanh_grad(dy[i], y[i]); break;
+        default: dx[i] = pdp__sigmoid_grad(dy[i], y[i]); break;
+        }
+    }
+}
+
+extern "C" pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y,
+                                        int64_t count)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__act_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>((int)act, x, y, count);
+    PDP__LAUNCHED(pdp__act_fwd);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x,
+                                        const float *y, const float *dy, float *dx, int64_t count)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__act_bwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>((int)act, x, y, dy, dx,
+                                                                          count);
+    PDP__LAUNCHED(pdp__act_bwd);
+    return PDP_OK;
+}
+
+/* ---- Dropout: the counter-based mask of math.h, bit-equal to the CPU's ---- */
+
+static __global__ void pdp__dropout_fwd(const float *x, float *y, float *mask, int64_t batch,
+                                        int64_t n, uint32_t thr, float scale, uint64_t seed,
+                                        int layer, uint64_t step, int64_t sample_base)
+{
+    PDP__FOR(i, batch * n) {
+        int64_t s = i / n, j = i % n;
+        uint64_t key = pdp__dropout_key(seed, layer, step, sample_base + s);
+        float m = pdp__dropout_bits(key, j) >= thr ? scale : 0.0f;
+        mask[i] = m;
+        y[i] = x[i] * m;
+    }
+}
+
+static __global__ void pdp__mul_fwd(const float *a, const float *b, float *out, int64_t n)
+{
+    PDP__FOR(i, n) out[i] = a[i] * b[i];
+}
+
+extern "C" pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask,
+                                            int64_t batch, int64_t n, float p, uint64_t seed,
+                                            int layer, uint64_t step, int64_t sample_base)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (batch * n <= 0) return PDP_OK;
+    pdp__dropout_fwd<<<pdp__cu_grid(batch * n), PDP__CU_THREADS, 0, c->stream>>>(
+        x, y, mask, batch, n, pdp__dropout_threshold(p), 1.0f / (1.0f - p), seed, layer, step,
+        sample_base);
+    PDP__LAUNCHED(pdp__dropout_fwd);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_mul(int dev, const float *dy, const float *mask, float *dx,
+                                    int64_t count)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__mul_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(dy, mask, dx, count);
+    PDP__LAUNCHED(pdp__mul_fwd);
+    return PDP_OK;
+}
+
+/* ---- block reductions (double, fixed tree: deterministic) ---- */
+
+static __device__ double pdp__warp_sum(double v)
+{
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* Sum of v over the block (blockDim.x a multiple of 32, <= 1024); every thread
+   gets the result. shared: 32 doubles. */
+static __device__ double pdp__block_sum(double v, double *shared)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = pdp__warp_sum(v);
+    __syncthreads(); /* shared may still be read from a previous call */
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = threadIdx.x < nwarps ? shared[threadIdx.x] : 0.0;
+    if (warp == 0) v = pdp__warp_sum(v);
+    if (threadIdx.x == 0) shared[0] = v;
+    __syncthreads();
+    return shared[0];
+}
+
+/* ---- LayerNorm: one block per sample ---- */
+
+static __global__ void pdp__layernorm_fwd(const float *x, const float *w, const float *b,
+                                          float *y, float *saved, int64_t n, float eps)
+{
+    __shared__ double sh[32];
+    const float *xs = x + (int64_t)blockIdx.x * n;
+    float *ys = y + (int64_t)blockIdx.x * n;
+    double acc = 0.0;
+    float mean, rstd;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) acc += xs[j];
+    mean = (float)(pdp__block_sum(acc, sh) / (double)n);
+    acc = 0.0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        float d = xs[j] - mean;
+        acc += (double)d * (double)d;
+    }
+    rstd = (float)(1.0 / sqrt(pdp__block_sum(acc, sh) / (double)n + (double)eps));
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) ys[j] = (xs[j] - mean) * rstd * w[j] + b[j];
+    if (threadIdx.x == 0) {
+        saved[2 * blockIdx.x] = mean;
+        saved[2 * blockIdx.x + 1] = rstd;
+    }
+}
+
+/* dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w, xh = (x - mean) rstd */
+static __global__ void pdp__layernorm_bwd(const float *x, const float *w, const float *dy,
+                                          const float *saved, float *dx, int64_t n)
+{
+    __shared__ double sh[32];
+    int64_t s = blockIdx.x;
+    const float *xs = x + s * n, *gs = dy + s * n;
+    float mean = saved[2 * s], rstd = saved[2 * s + 1], mg, mgx;
+    double a = 0.0, b = 0.0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        a += (double)gs[j] * w[j];
+        b += (double)gs[j] * w[j] * (xs[j] - mean);
+    }
+    mg = (float)(pdp__block_sum(a, sh) / (double)n);
+    mgx = (float)(pdp__block_sum(b, sh) * (double)rstd / (double)n);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+        dx[s * n + j] = rstd * (gs[j] * w[j] - mg - (xs[j] - mean) * rstd * mgx);
+}
+
+/* dw[j] += sum_s dy xh, db[j] += sum_s dy: one thread per feature, samples in order */
+static __global__ void pdp__layernorm_params_bwd(const float *x, const float *dy,
+                                                 const float *saved, float *dw, float *db,
+                                                 int64_t batch, int64_t n)
+{
+    PDP__FOR(j, n) {
+        float aw = dw[j], ab = db[j];
+        for (int64_t s = 0; s < batch; s++) {
+            float g = dy[s * n + j];
+            aw += g * ((x[s * n + j] - saved[2 * s]) * saved[2 * s + 1]);
+            ab += g;
+        }
+        dw[j] = aw;
+        db[j] = ab;
+    }
+}
+
+extern "C" pdp_status pdp_cudak_layernorm_fwd(int dev, const float *x, const float *w,
+                                              const float *b, float *y, float *saved,
+                                              int64_t batch, int64_t n, float eps)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    PDP__ARGS(batch < 2147483647LL, "LayerNorm: batch %lld too large", (long long)batch);
+    if (batch <= 0) return PDP_OK;
+    pdp__layernorm_fwd<<<(unsigned)batch, PDP__CU_THREADS, 0, c->stream>>>(x, w, b, y, saved, n,
+                                                                            eps);
+    PDP__LAUNCHED(pdp__layernorm_fwd);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_layernorm_bwd(int dev, const float *x, const float *w,
+                                              const float *dy, const float *saved, float *dw,
+                                              float *db, float *dx, int64_t batch, int64_t n)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (batch <= 0) return PDP_OK;
+    pdp__layernorm_params_bwd<<<pdp__cu_grid(n), PDP__CU_THREADS, 0, c->stream>>>(x, dy, saved, dw,
+                                                                                  db, batch, n);
+    PDP__LAUNCHED(pdp__layernorm_params_bwd);
+    if (dx) {
+        pdp__layernorm_bwd<<<(unsigned)batch, PDP__CU_THREADS, 0, c->stream>>>(x, w, dy, saved,
+                                                                                dx, n);
+        PDP__LAUNCHED(pdp__layernorm_bwd);
+    }
+    return PDP_OK;
+}
+
+/* ---- Conv2d: im2col + cuBLAS, col2im by gathering ----
+   The column matrix of the batch is [C k k, batch Ho Wo] (ld = batch Ho Wo), as
+   on the CPU. Forward: y_s [O, HoWo] = W [O, Ckk] col_s, one strided-batched
+   GEMM. Backward: dyt [O, batch HoWo] = dy transposed; db from its rows; dW +=
+   dyt col^T (one GEMM over the batch); dcol_s = W^T dy_s (strided batched), then
+   each input element gathers its column entries in (ki, kj) order. */
+
+static __global__ void pdp__im2col_fwd(const float *x, float *col, pdp_cudak_conv g)
+{
+    int64_t hw = g.Ho * g.Wo, ld = g.batch * hw, rows = g.C * g.k * g.k;
+    PDP__FOR(i, rows * ld) {
+        int64_t r = i / ld, q = i % ld, s = q / hw, p = q % hw;
+        int64_t oh = p / g.Wo, ow = p % g.Wo;
+        int64_t c = r / (g.k * g.k), ki = (r / g.k) % g.k, kj = r % g.k;
+        int64_t ih = oh * g.stride - g.pad + ki, iw = ow * g.stride - g.pad + kj;
+        col[i] = (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W)
+                     ? x[((s * g.C + c) * g.H + ih) * g.W + iw]
+                     : 0.0f;
+    }
+}
+
+static __global__ void pdp__col2im_bwd(const float *col, float *dx, pdp_cudak_conv g)
+{
+    int64_t hw = g.Ho * g.Wo, ld = g.batch * hw, n = g.batch * g.C * g.H * g.W;
+    PDP__FOR(i, n) {
+        int64_t iw = i % g.W, ih = (i / g.W) % g.H, c = (i / (g.W * g.H)) % g.C;
+        int64_t s = i / (g.W * g.H * g.C);
+        float acc = 0.0f;
+        for (int64_t ki = 0; ki < g.k; ki++) {
+            int64_t th = ih + g.pad - ki, oh;
+            if (th < 0 || th % g.stride) continue;
+            oh = th / g.stride;
+            if (oh >= g.Ho) continue;
+            for (int64_t kj = 0; kj < g.k; kj++) {
+                int64_t tw = iw + g.pad - kj, ow;
+                if (tw < 0 || tw % g.stride) continue;
+                ow = tw / g.stride;
+                if (ow >= g.Wo) continue;
+                acc += col[((c * g.k + ki) * g.k + kj) * ld + s * hw + oh * g.Wo + ow];
+            }
+        }
+        dx[i] = acc;
+    }
+}
+
+/* y[s, o, p] = b[o] */
+static __global__ void pdp__conv_bias_fwd(float *y, const float *b, int64_t batch, int64_t O,
+                                          int64_t hw)
+{
+    PDP__FOR(i, batch * O * hw) y[i] = b[(i / hw) % O];
+}
+
+/* dyt[o, s hw + p] = dy[s, o, p] */
+static __global__ void pdp__conv_dyt_bwd(const float *dy, float *dyt, int64_t batch, int64_t O,
+                                         int64_t hw)
+{
+    PDP__FOR(i, batch * O * hw) {
+        int64_t p = i % hw, o = (i / hw) % O, s = i / (hw * O);
+        dyt[o * batch * hw + s * hw + p] = dy[i];
+    }
+}
+
+/* db[o] += sum of row o of dyt: one block per channel */
+static __global__ void pdp__rowsum_bwd(const float *dyt, float *db, int64_t cols)
+{
+    __shared__ double sh[32];
+    const float *row = dyt + (int64_t)blockIdx.x * cols;
+    double acc = 0.0, total;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc += row[j];
+    total = pdp__block_sum(acc, sh);
+    if (threadIdx.x == 0) db[blockIdx.x] += (float)total;
+}
+
+extern "C" pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const float *x,
+                                         const float *w, const float *b, float *y, float *work)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    int64_t hw = g->Ho * g->Wo, ld = g->batch * hw, ckk = g->C * g->k * g->k;
+    float beta = 0.0f;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (g->batch <= 0) return PDP_OK;
+    pdp__im2col_fwd<<<pdp__cu_grid(ckk * ld), PDP__CU_THREADS, 0, c->stream>>>(x, work, *g);
+    PDP__LAUNCHED(pdp__im2col_fwd);
+    if (b) {
+        pdp__conv_bias_fwd<<<pdp__cu_grid(g->batch * g->O * hw), PDP__CU_THREADS, 0, c->stream>>>(
+            y, b, g->batch, g->O, hw);
+        PDP__LAUNCHED(pdp__conv_bias_fwd);
+        beta = 1.0f;
+    }
+    /* y_s [O, hw] (+)= W [O, ckk] col_s [ckk, hw] (ld ld, stride hw) */
+    return pdp__cu_sgemm_batched(c, false, false, g->O, hw, ckk, w, ckk, 0, work, ld, hw, beta, y,
+                                 hw, g->O * hw, g->batch);
+}
+
+extern "C" pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const float *x,
+                                         const float *w, const float *dy, float *dw, float *db,
+                                         float *dx, float *work)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    int64_t hw = g->Ho * g->Wo, ld = g->batch * hw, ckk = g->C * g->k * g->k;
+    float *col = work, *dyt = work + ckk * ld;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (g->batch <= 0) return PDP_OK;
+    pdp__im2col_fwd<<<pdp__cu_grid(ckk * ld), PDP__CU_THREADS, 0, c->stream>>>(x, col, *g);
+    PDP__LAUNCHED(pdp__im2col_fwd);
+    pdp__conv_dyt_bwd<<<pdp__cu_grid(g->O * ld), PDP__CU_THREADS, 0, c->stream>>>(dy, dyt, g->batch,
+                                                                                 g->O, hw);
+    PDP__LAUNCHED(pdp__conv_dyt_bwd);
+    if (db) {
+        pdp__rowsum_bwd<<<(unsigned)g->O, PDP__CU_THREADS, 0, c->stream>>>(dyt, db, ld);
+        PDP__LAUNCHED(pdp__rowsum_bwd);
+    }
+    /* dW [O, ckk] += dyt [O, ld] col^T */
+    if ((st = pdp__cu_sgemm(c, false, true, g->O, ckk, ld, dyt, ld, col, ld, 1.0f, dw, ckk)) !=
+        PDP_OK)
+        return st;
+    if (!dx) return PDP_OK;
+    /* dcol_s [ckk, hw] = W^T [ckk, O] dy_s [O, hw], into the column matrix */
+    if ((st = pdp__cu_sgemm_batched(c, true, false, ckk, hw, g->O, w, ckk, 0, dy, hw, g->O * hw,
+                                    0.0f, col, ld, hw, g->batch)) != PDP_OK)
+        return st;
+    pdp__col2im_bwd<<<pdp__cu_grid(g->batch * g->C * g->H * g->W), PDP__CU_THREADS, 0, c->stream>>>(
+        col, dx, *g);
+    PDP__LAUNCHED(pdp__col2im_bwd);
+    return PDP_OK;
+}
+
+/* ---- MaxPool2d: first maximum in window order wins, NaN wins (the CPU's rule);
+   the argmax is the index within the channel plane, saved as a float ---- */
+
+static __global__ void pdp__maxpool_fwd(const float *x, float *y, float *arg, pdp_cudak_conv g)
+{
+    int64_t per = g.Ho * g.Wo;
+    PDP__FOR(i, g.batch * g.C * per) {
+        int64_t p = i % per, sc = i / per, oh = p / g.Wo, ow = p % g.Wo;
+        const float *xp = x + sc * g.H * g.W;
+        int64_t best_at = oh * g.stride * g.W + ow * g.stride;
+        float best = xp[best_at];
+        for (int64_t ki = 0; ki < g.k; ki++)
+            for (int64_t kj = 0; kj < g.k; kj++) {
+                int64_t at = (oh * g.stride + ki) * g.W + ow * g.stride + kj;
+                float v = xp[at];
+                if (v > best || v != v) {
+                    best = v;
+                    best_at = at;
+                }
+            }
+        y[i] = best;
+        arg[i] = (float)best_at;
+    }
+}
+
+/* Each input element gathers the gradients of the windows that chose it, in
+   output order (the CPU's accumulation order). */
+static __global__ void pdp__maxpool_bwd(const float *dy, const float *arg, float *dx,
+                                        pdp_cudak_conv g)
+{
+    int64_t plane = g.H * g.W, per = g.Ho * g.Wo;
+    PDP__FOR(i, g.batch * g.C * plane) {
+        int64_t q = i % plane, sc = i / plane, ih = q / g.W, iw = q % g.W;
+        int64_t oh0 = ih - g.k + 1 > 0 ? (ih - g.k + 1 + g.stride - 1) / g.stride : 0;
+        int64_t ow0 = iw - g.k + 1 > 0 ? (iw - g.k + 1 + g.stride - 1) / g.stride : 0;
+        int64_t oh1 = ih / g.stride < g.Ho - 1 ? ih / g.stride : g.Ho - 1;
+        int64_t ow1 = iw / g.stride < g.Wo - 1 ? iw / g.stride : g.Wo - 1;
+        float acc = 0.0f;
+        for (int64_t oh = oh0; oh <= oh1; oh++)
+            for (int64_t ow = ow0; ow <= ow1; ow++) {
+                int64_t o = sc * per + oh * g.Wo + ow;
+                if ((int64_t)arg[o] == q) acc += dy[o];
+            }
+        dx[i] = acc;
+    }
+}
+
+extern "C" pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *x,
+                                            float *y, float *argmax)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    int64_t n = g->batch * g->C * g->Ho * g->Wo;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (n <= 0) return PDP_OK;
+    pdp__maxpool_fwd<<<pdp__cu_grid(n), PDP__CU_THREADS, 0, c->stream>>>(x, y, argmax, *g);
+    PDP__LAUNCHED(pdp__maxpool_fwd);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,
+                                            const float *argmax, float *dx)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    int64_t n = g->batch * g->C * g->H * g->W;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (n <= 0) return PDP_OK;
+    pdp__maxpool_bwd<<<pdp__cu_grid(n), PDP__CU_THREADS, 0, c->stream>>>(dy, argmax, dx, *g);
+    PDP__LAUNCHED(pdp__maxpool_bwd);
+    return PDP_OK;
+}
+
+/* ---- losses ----
+   Cross-entropy: one thread per sample, the CPU's formula in the CPU's order
+   (max in float, sum of exp in double, loss in double); the per-sample losses
+   go back to the host, which sums them in sample order. MSE: block partial
+   sums in double, summed by the host in block order. */
+
+static __global__ void pdp__cross_entropy_fwd(const float *logits, const int32_t *labels,
+                                              int64_t batch, int64_t classes, float grad_scale,
+                                              double *loss, float *dlogits)
+{
+    PDP__FOR(i, batch) {
+        const float *z = logits + i * classes;
+        int32_t label = labels[i];
+        float mx = z[0];
+        double sum = 0.0;
+        for (int64_t j = 1; j < classes; j++) mx = z[j] > mx ? z[j] : mx;
+        for (int64_t j = 0; j < classes; j++) sum += exp((double)z[j] - (double)mx);
+        loss[i] = (double)mx + log(sum) - (double)z[label];
+        if (dlogits) {
+            float *d = dlogits + i * classes;
+            double inv = 1.0 / sum;
+            for (int64_t j = 0; j < classes; j++)
+                d[j] = (float)(exp((double)z[j] - (double)mx) * inv) * grad_scale;
+            d[label] -= grad_scale;
+        }
+    }
+}
+
+extern "C" pdp_status pdp_cudak_cross_entropy(int dev, const float *logits,
+                                              const int32_t *host_labels, int64_t batch,
+                                              int64_t classes, float grad_scale,
+                                              double *host_loss, float *dlogits)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    void *scratch;
+    double *loss;
+    int32_t *labels;
+    size_t loss_bytes = (size_t)batch * sizeof(double);
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (batch <= 0) return PDP_OK;
+    if ((st = pdp__cu_scratch(dev, c, loss_bytes + (size_t)batch * sizeof(int32_t), &scratch)) !=
+        PDP_OK)
+        return st;
+    loss = (double *)scratch;
+    labels = (int32_t *)((char *)scratch + loss_bytes);
+    PDP__CU(cudaMemcpyAsync(labels, host_labels, (size_t)batch * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, c->stream));
+    pdp__cross_entropy_fwd<<<pdp__cu_grid(batch), 128, 0, c->stream>>>(logits, labels, batch,
+                                                                       classes, grad_scale, loss,
+                                                                       dlogits);
+    PDP__LAUNCHED(pdp__cross_entropy_fwd);
+    PDP__CU(cudaMemcpyAsync(host_loss, loss, loss_bytes, cudaMemcpyDeviceToHost, c->stream));
+    PDP__CU(cudaStreamSynchronize(c->stream));
+    return PDP_OK;
+}
+
+#define PDP__MSE_BLOCKS 256
+
+static __global__ void pdp__mse_fwd(const float *pred, const float *target, int64_t n, float scale,
+                                    double *partial, float *dpred)
+{
+    __shared__ double sh[32];
+    double acc = 0.0, total;
+    PDP__FOR(i, n) {
+        float d = pred[i] - target[i];
+        acc += (double)d * (double)d;
+        if (dpred) dpred[i] = scale * d;
+    }
+    total = pdp__block_sum(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+extern "C" pdp_status pdp_cudak_mse(int dev, const float *pred, const float *target,
+                                    int64_t count, float scale, double *host_sum, float *dpred)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    void *scratch;
+    double partial[PDP__MSE_BLOCKS], sum = 0.0;
+    unsigned blocks = pdp__cu_grid(count), i;
+    if (blocks > PDP__MSE_BLOCKS) blocks = PDP__MSE_BLOCKS;
+    *host_sum = 0.0;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    if ((st = pdp__cu_scratch(dev, c, PDP__MSE_BLOCKS * sizeof(double), &scratch)) != PDP_OK)
+        return st;
+    pdp__mse_fwd<<<blocks, PDP__CU_THREADS, 0, c->stream>>>(pred, target, count, scale,
+                                                            (double *)scratch, dpred);
+    PDP__LAUNCHED(pdp__mse_fwd);
+    PDP__CU(cudaMemcpyAsync(partial, scratch, blocks * sizeof(double), cudaMemcpyDeviceToHost,
+                            c->stream));
+    PDP__CU(cudaStreamSynchronize(c->stream));
+    for (i = 0; i < blocks; i++) sum += partial[i];
+    *host_sum = sum;
+    return PDP_OK;
+}
+
+/* ---- optimizers: one fused kernel per update, math.h's element formulas ---- */
+
+static __global__ void pdp__sgd_fwd(float *p, const float *g, float *buf, int64_t n, float lr,
+                                    float momentum, float omd, float wd, int nesterov, int first)
+{
+    PDP__FOR(i, n) {
+        p[i] = buf ? pdp__sgd_momentum_update(p[i], g[i], &buf[i], lr, momentum, omd, wd,
+                                              nesterov, first)
+                   : pdp__sgd_update(p[i], g[i], lr, wd);
+    }
+}
+
+static __global__ void pdp__adam_fwd(float *p, const float *g, float *m, float *v, int64_t n,
+                                     float b1, float omb1, float b2, float omb2, float step_size,
+                                     float bc2_sqrt, float eps, float l2, float decay)
+{
+    PDP__FOR(i, n) {
+        p[i] = pdp__adam_update(p[i], g[i], &m[i], &v[i], b1, omb1, b2, omb2, step_size, bc2_sqrt,
+                                eps, l2, decay);
+    }
+}
+
+extern "C" pdp_status pdp_cudak_sgd(int dev, float *p, const float *g, float *buf, int64_t count,
+                                    float lr, float momentum, float one_minus_damp,
+                                    float weight_decay, int nesterov, int first)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    if (momentum == 0.0f) buf = NULL;
+    pdp__sgd_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(
+        p, g, buf, count, lr, momentum, one_minus_damp, weight_decay, nesterov, first);
+    PDP__LAUNCHED(pdp__sgd_fwd);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_adam(int dev, float *p, const float *g, float *m, float *v,
+                                     int64_t count, float beta1, float one_minus_beta1,
+                                     float beta2, float one_minus_beta2, float step_size,
+                                     float bc2_sqrt, float eps, float l2, float decay)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__adam_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(
+        p, g, m, v, count, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt,
+        eps, l2, decay);
+    PDP__LAUNCHED(pdp__adam_fwd);
+    return PDP_OK;
+}
+
+/* ---- NCCL ----
+   A handle is one rank: its NCCL communicator, its device and a stream of its
+   own. A collective waits (on the GPU) for an event recorded on the compute
+   stream at launch, so it sees every gradient written so far and overlaps
+   whatever the compute stream does afterwards; its completion is recorded
+   into a ring of events. Waiting polls the event and ncclCommGetAsyncError
+   against a deadline: on an error or timeout the communicator is aborted
+   (ncclCommAbort) and every later call fails fast. Process ranks are created
+   non-blocking (ncclCommInitRankConfig, blocking = 0) so that even init obeys
+   the deadline; every NCCL call is followed by pdp__nccl_settle. */
+
+struct pdp_cudak_nccl {
+    ncclComm_t comm;
+    int dev;
+    int aborted;
+    cudaStream_t stream;
+    cudaEvent_t ready;
+    cudaEvent_t done[PDP_CUDAK_NCCL_SLOTS];
+    int nevents;
+    int64_t next;
+    void *staging;   /* broadcast_bytes */
+    size_t staging_bytes;
+};
+
+static double pdp__cu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void pdp__cu_nap(void)
+{
+    struct timespec ts = {0, 50000}; /* 50 us */
+    nanosleep(&ts, NULL);
+}
+
+static void pdp__nccl_abort(pdp_cudak_nccl *h)
+{
+    if (h->comm && !h->aborted) ncclCommAbort(h->comm);
+    h->aborted = 1;
+}
+
+/* Waits while the communicator reports ncclInProgress (non-blocking mode). */
+static pdp_status pdp__nccl_settle(pdp_cudak_nccl *h, ncclResult_t r, const char *call, int line,
+                                   double timeout_s)
+{
+    double deadline = pdp__cu_now() + timeout_s;
+    if (r != ncclSuccess && r != ncclInProgress) {
+        pdp__nccl_abort(h);
+        return pdp__cu_nccl_fail(r, call, line);
+    }
+    for (;;) {
+        ncclResult_t a = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(h->comm, &a);
+        if (q != ncclSuccess) {
+            pdp__nccl_abort(h);
+            return pdp__cu_nccl_fail(q, "ncclCommGetAsyncError", __LINE__);
+        }
+        if (a == ncclSuccess) return PDP_OK;
+        if (a != ncclInProgress) {
+            pdp__nccl_abort(h);
+            return pdp__cu_nccl_fail(a, call, line);
+        }
+        if (pdp__cu_now() > deadline) {
+            pdp__nccl_abort(h);
+            return pdp__cu_fail(PDP_ERR_TIMEOUT,
+                                "%s did not complete within %g s on CUDA device %d; the NCCL "
+                                "communicator was aborted (a rank missing or stuck?)",
+                                call, timeout_s, h->dev);
+        }
+        pdp__cu_nap();
+    }
+}
+
+#define PDP__NCCL(h, call, timeout)                                                            \
+    do {                                                                                       \
+        pdp_status pdp__st = pdp__nccl_settle((h), (call), #call, __LINE__, (timeout));        \
+        if (pdp__st != PDP_OK) return pdp__st;                                                 \
+    } while (0)
+
+extern "C" pdp_status pdp_cudak_nccl_unique_id(int dev, void *id)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    ncclUniqueId uid;
+    ncclResult_t r;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if ((r = ncclGetUniqueId(&uid)) != ncclSuccess)
+        return pdp__cu_nccl_fail(r, "ncclGetUniqueId", __LINE__);
+    memcpy(id, &uid, sizeof uid < PDP_CUDAK_NCCL_ID_BYTES ? sizeof uid : PDP_CUDAK_NCCL_ID_BYTES);
+    return PDP_OK;
+}
+
+/* Stream and events of a new handle (the device is current). */
+static pdp_status pdp__nccl_handle_new(int dev, pdp_cudak_nccl **out)
+{
+    pdp_cudak_nccl *h = (pdp_cudak_nccl *)PDP_MALLOC(sizeof *h);
+    *out = NULL;
+    if (!h) return pdp__cu_fail(PDP_ERR_OUT_OF_MEMORY, "no host memory for an NCCL handle");
+    memset(h, 0, sizeof *h);
+    h->dev = dev;
+    *out = h;
+    PDP__CU(cudaStreamCreateWithFlags(&h->stream, cudaStreamNonBlocking));
+    PDP__CU(cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming));
+    for (; h->nevents < PDP_CUDAK_NCCL_SLOTS; h->nevents++)
+        PDP__CU(cudaEventCreateWithFlags(&h->done[h->nevents], cudaEventDisableTiming));
+    return PDP_OK;
+}
+
+extern "C" void pdp_cudak_nccl_free(pdp_cudak_nccl *h, int abort)
+{
+    int i;
+    if (!h) return;
+    cudaSetDevice(h->dev);
+    if (h->comm) {
+        if (abort || h->aborted) {
+            pdp__nccl_abort(h);
+        } else {
+            cudaStreamSynchronize(h->stream);
+            if (pdp__nccl_settle(h, ncclCommFinalize(h->comm), "ncclCommFinalize", __LINE__,
+                                 30.0) == PDP_OK)
+                ncclCommDestroy(h->comm);
+        }
+    }
+    if (h->stream) cudaStreamDestroy(h->stream);
+    if (h->ready) cudaEventDestroy(h->ready);
+    for (i = 0; i < h->nevents; i++) cudaEventDestroy(h->done[i]);
+    pdp_cudak_free(h->dev, h->staging);
+    PDP_FREE(h);
+}
+
+extern "C" pdp_status pdp_cudak_nccl_init_rank(pdp_cudak_nccl **out, int dev, int nranks,
+                                               int rank, const void *id, double timeout_s)
+{
+    pdp__cu_ctx *c;
+    pdp_cudak_nccl *h;
+    ncclUniqueId uid;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    pdp_status st;
+    *out = NULL;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if ((st = pdp__nccl_handle_new(dev, &h)) != PDP_OK) {
+        pdp_cudak_nccl_free(h, 0);
+        return st;
+    }
+    memcpy(&uid, id, sizeof uid < PDP_CUDAK_NCCL_ID_BYTES ? sizeof uid : PDP_CUDAK_NCCL_ID_BYTES);
+    cfg.blocking = 0;
+    {
+        ncclResult_t r = ncclCommInitRankConfig(&h->comm, nranks, uid, rank, &cfg);
+        if (r != ncclSuccess && r != ncclInProgress) {
+            h->comm = NULL;
+            pdp_cudak_nccl_free(h, 1);
+            return pdp__cu_nccl_fail(r, "ncclCommInitRankConfig", __LINE__);
+        }
+        if ((st = pdp__nccl_settle(h, r, "ncclCommInitRankConfig", __LINE__, timeout_s)) != PDP_OK) {
+            char msg[sizeof pdp__cu_msg];
+            memcpy(msg, pdp__cu_msg, sizeof msg);
+            pdp_cudak_nccl_free(h, 1);
+            return pdp__cu_fail(st, "%s (rank %d of %d)", msg, rank, nranks);
+        }
+    }
+    *out = h;
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_nccl_init_all(pdp_cudak_nccl **out, int ndev, const int *devs)
+{
+    ncclComm_t comms[PDP__CU_MAX_DEVICES];
+    ncclResult_t r;
+    pdp_status st;
+    int i;
+    for (i = 0; i < ndev; i++) out[i] = NULL;
+    if (ndev < 1 || ndev > PDP__CU_MAX_DEVICES)
+        return pdp__cu_fail(PDP_ERR_INVALID, "ndev %d outside 1..%d", ndev, PDP__CU_MAX_DEVICES);
+    for (i = 0; i < ndev; i++) {
+        pdp__cu_ctx *c;
+        if ((st = pdp__cu_begin(devs[i], &c)) != PDP_OK) return st;
+    }
+    if ((r = ncclCommInitAll(comms, ndev, devs)) != ncclSuccess)
+        return pdp__cu_nccl_fail(r, "ncclCommInitAll", __LINE__);
+    for (i = 0; i < ndev; i++) {
+        cudaSetDevice(devs[i]);
+        if ((st = pdp__nccl_handle_new(devs[i], &out[i])) != PDP_OK) {
+            int j;
+            if (out[i]) out[i]->comm = comms[i];
+            for (j = 0; j < ndev; j++) {
+                if (j > i) ncclCommAbort(comms[j]);
+                pdp_cudak_nccl_free(out[j], 1);
+                out[j] = NULL;
+            }
+            return st;
+        }
+        out[i]->comm = comms[i];
+    }
+    return PDP_OK;
+}
+
+/* Enqueues one collective after the compute stream's work so far. */
+static pdp_status pdp__nccl_enqueue(pdp_cudak_nccl *h, pdp_cudak_coll kind, const void *send,
+                                    void *recv, size_t count, ncclDataType_t type, int op)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    ncclRedOp_t red = op == 1 ? ncclAvg : ncclSum;
+    if (h->aborted)
+        return pdp__cu_fail(PDP_ERR_COMM, "the NCCL communicator on CUDA device %d was aborted "
+                            "after an earlier failure", h->dev);
+    if ((st = pdp__cu_begin(h->dev, &c)) != PDP_OK) return st;
+    PDP__CU(cudaEventRecord(h->ready, c->stream));
+    PDP__CU(cudaStreamWaitEvent(h->stream, h->ready, 0));
+    switch (kind) {
+    case PDP_CUDAK_ALLREDUCE:
+        PDP__NCCL(h, ncclAllReduce(send, recv, count, type, red, h->comm, h->stream), 60.0);
+        break;
+    case PDP_CUDAK_BROADCAST:
+        PDP__NCCL(h, ncclBroadcast(send, recv, count, type, op, h->comm, h->stream), 60.0);
+        break;
+    case PDP_CUDAK_REDUCE_SCATTER:
+        PDP__NCCL(h, ncclReduceScatter(send, recv, count, type, red, h->comm, h->stream), 60.0);
+        break;
+    case PDP_CUDAK_ALLGATHER:
+        PDP__NCCL(h, ncclAllGather(send, recv, count, type, h->comm, h->stream), 60.0);
+        break;
+    }
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind,
+                                            const float *send, float *recv, int64_t count, int op,
+                                            int *slot)
+{
+    pdp_status st;
+    int s;
+    *slot = -1;
+    if ((st = pdp__nccl_enqueue(h, kind, send, recv, (size_t)count, ncclFloat32, op)) != PDP_OK)
+        return st;
+    s = (int)(h->next++ % PDP_CUDAK_NCCL_SLOTS);
+    PDP__CU(cudaEventRecord(h->done[s], h->stream));
+    *slot = s;
+    return PDP_OK;
+}
+
+extern "C" int pdp_cudak_nccl_query(pdp_cudak_nccl *h, int slot)
+{
+    cudaError_t e;
+    if (h->aborted || slot < 0) return -1;
+    e = cudaEventQuery(h->done[slot]);
+    if (e == cudaSuccess) return 1;
+    if (e == cudaErrorNotReady) return 0;
+    return -1;
+}
+
+extern "C" pdp_status pdp_cudak_nccl_wait(pdp_cudak_nccl *h, int slot, double timeout_s)
+{
+    double deadline = pdp__cu_now() + timeout_s;
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if (h->aborted)
+        return pdp__cu_fail(PDP_ERR_COMM, "the NCCL communicator on CUDA device %d was aborted "
+                            "after an earlier failure", h->dev);
+    if (slot < 0 || slot >= PDP_CUDAK_NCCL_SLOTS)
+        return pdp__cu_fail(PDP_ERR_INVALID, "bad NCCL slot %d", slot);
+    if ((st = pdp__cu_begin(h->dev, &c)) != PDP_OK) return st;
+    for (;;) {
+        ncclResult_t a = ncclSuccess;
+        cudaError_t e = cudaEventQuery(h->done[slot]);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) {
+            pdp__nccl_abort(h);
+            return pdp__cu_cuda_fail(e, "cudaEventQuery", __LINE__);
+        }
+        if (ncclCommGetAsyncError(h->comm, &a) != ncclSuccess ||
+            (a != ncclSuccess && a != ncclInProgress)) {
+            pdp__nccl_abort(h);
+            return pdp__cu_nccl_fail(a, "ncclCommGetAsyncError", __LINE__);
+        }
+        if (pdp__cu_now() > deadline) {
+            pdp__nccl_abort(h);
+            return pdp__cu_fail(PDP_ERR_TIMEOUT,
+                                "the NCCL collective did not complete within %g s on CUDA device "
+                                "%d; ncclCommAbort called (a rank missing or stuck?)",
+                                timeout_s, h->dev);
+        }
+        pdp__cu_nap();
+    }
+    /* later compute (the optimizer) runs after the collective */
+    PDP__CU(cudaStreamWaitEvent(c->stream, h->done[slot], 0));
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *host, size_t bytes,
+                                                     int root, double timeout_s)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    int s;
+    if (!bytes) return PDP_OK;
+    if ((st = pdp__cu_begin(h->dev, &c)) != PDP_OK) return st;
+    if (h->staging_bytes < bytes) {
+        void *p;
+        if ((st = pdp_cudak_malloc(h->dev, bytes, &p)) != PDP_OK) return st;
+        pdp_cudak_free(h->dev, h->staging);
+        h->staging = p;
+        h->staging_bytes = bytes;
+    }
+    PDP__CU(cudaMemcpyAsync(h->staging, host, bytes, cudaMemcpyHostToDevice, c->stream));
+    if ((st = pdp__nccl_enqueue(h, PDP_CUDAK_BROADCAST, h->staging, h->staging, bytes, ncclUint8,
+                                root)) != PDP_OK)
+        return st;
+    s = (int)(h->next++ % PDP_CUDAK_NCCL_SLOTS);
+    PDP__CU(cudaEventRecord(h->done[s], h->stream));
+    if ((st = pdp_cudak_nccl_wait(h, s, timeout_s)) != PDP_OK) return st;
+    PDP__CU(cudaMemcpyAsync(host, h->staging, bytes, cudaMemcpyDeviceToHost, c->stream));
+    PDP__CU(cudaStreamSynchronize(c->stream));
+    return PDP_OK;
+}

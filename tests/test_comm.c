@@ -1,0 +1,436 @@
+/* test_comm.c - the communicator API on the local backend (ranks are threads).
+
+   Every collective is compared against a naive loop over the ranks' inputs in
+   rank order, which is the order the backend reduces in, so sums must match to
+   the bit and every rank must hold the same bits. Faults: a rank that never
+   arrives makes the others time out naming the collective and the rank; a rank
+   that frees its communicator makes the others fail at once; ranks that issue
+   different collectives fail instead of corrupting memory; a broken group fails
+   fast afterwards. Run under TSan by `make tsan`. */
+
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+
+#define MAXR 4
+
+/* ---- helpers: run one function on N rank threads ---- */
+
+typedef struct rank_ctx {
+    pdp_local_group *g;
+    int rank, size;
+    int64_t count;
+    int scenario;
+    bool freed;              /* fn freed its communicator */
+    void *user;
+    pdp_status st;           /* first failure */
+    char msg[1024];
+    double elapsed;
+    pdp_comm_stats stats;
+} rank_ctx;
+
+typedef void (*rank_fn)(rank_ctx *ctx, pdp_comm *c);
+
+typedef struct runner {
+    rank_fn fn;
+    rank_ctx *ctx;
+} runner;
+
+static runner the_runner[MAXR];
+
+static void *rank_main(void *arg)
+{
+    runner *r = (runner *)arg;
+    pdp_comm *c = NULL;
+    pdp_status st = pdp_comm_create_local(&c, r->ctx->g, r->ctx->rank);
+    if (st != PDP_OK) {
+        r->ctx->st = st;
+        snprintf(r->ctx->msg, sizeof r->ctx->msg, "%s", pdp_last_error());
+        return NULL;
+    }
+    r->fn(r->ctx, c);
+    if (r->ctx->freed) return NULL;
+    pdp_comm_get_stats(c, &r->ctx->stats);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* Runs fn on n threads; returns PDP_OK or the status of group creation. */
+static pdp_status run_ranks(int n, double timeout_s, rank_fn fn, rank_ctx *ctx)
+{
+    pthread_t t[MAXR];
+    pdp_local_group *g = NULL;
+    pdp_comm_desc d;
+    pdp_status st;
+    int r;
+    memset(&d, 0, sizeof d);
+    d.timeout_s = timeout_s;
+    d.name = "test";
+    if ((st = pdp_local_group_create(&g, n, &d)) != PDP_OK) return st;
+    for (r = 0; r < n; r++) {
+        ctx[r].g = g;
+        ctx[r].rank = r;
+        ctx[r].size = n;
+        ctx[r].st = PDP_OK;
+        ctx[r].msg[0] = '\0';
+        the_runner[r].fn = fn;
+        the_runner[r].ctx = &ctx[r];
+        pthread_create(&t[r], NULL, rank_main, &the_runner[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+    return PDP_OK;
+}
+
+static void note(rank_ctx *ctx, pdp_status st)
+{
+    if (st != PDP_OK && ctx->st == PDP_OK) {
+        ctx->st = st;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    }
+}
+
+/* Deterministic, rank-dependent inputs with awkward magnitudes (so the order of
+   summation shows in the bits). */
+static float input(int rank, int64_t i)
+{
+    uint32_t h = (uint32_t)(i * 2654435761u) ^ (uint32_t)(rank * 40503u + 17u);
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    return ((float)(h & 0xffffff) / 16777216.0f - 0.5f) * (rank % 2 ? 1e3f : 1e-2f);
+}
+
+/* ---- collectives against naive loops ---- */
+
+typedef struct coll_out {
+    float *ar_sum[MAXR], *ar_avg[MAXR], *bc[MAXR], *rs[MAXR], *ag[MAXR];
+    unsigned char bytes[MAXR][37];
+} coll_out;
+
+static void all_collectives(rank_ctx *ctx, pdp_comm *c)
+{
+    coll_out *o = (coll_out *)ctx->user;
+    int r = ctx->rank, n = ctx->size;
+    int64_t i, cnt = ctx->count;
+    pdp_work *w[5];
+    float *send = (float *)malloc((size_t)(cnt * n + 1) * sizeof(float));
+    for (i = 0; i < cnt; i++) {
+        o->ar_sum[r][i] = input(r, i);
+        o->ar_avg[r][i] = input(r, i);
+        o->bc[r][i] = input(r, i + 7);
+    }
+    for (i = 0; i < cnt * n; i++) send[i] = input(r, i + 3);
+    for (i = 0; i < 37; i++) o->bytes[r][i] = (unsigned char)(r == 1 % n ? i * 3 : 0);
+    /* all five in flight at once, waited in reverse order */
+    note(ctx, pdp_comm_allreduce(c, o->ar_sum[r], cnt, PDP_REDUCE_SUM, &w[0]));
+    note(ctx, pdp_comm_allreduce(c, o->ar_avg[r], cnt, PDP_REDUCE_AVG, &w[1]));
+    note(ctx, pdp_comm_broadcast(c, o->bc[r], cnt, n - 1, &w[2]));
+    note(ctx, pdp_comm_reduce_scatter(c, send, o->rs[r], cnt, PDP_REDUCE_SUM, &w[3]));
+    note(ctx, pdp_comm_allgather(c, send, o->ag[r], cnt, &w[4]));
+    for (i = 4; i >= 0; i--) note(ctx, pdp_work_wait(ctx->st == PDP_OK ? w[i] : NULL));
+    note(ctx, pdp_comm_barrier(c, NULL));
+    note(ctx, pdp_comm_broadcast_bytes(c, o->bytes[r], 37, 1 % n));
+    free(send);
+}
+
+static enum greatest_test_res check_collectives(int n, int64_t cnt)
+{
+    rank_ctx ctx[MAXR];
+    coll_out o;
+    int r, i2;
+    int64_t i;
+    memset(ctx, 0, sizeof ctx);
+    memset(&o, 0, sizeof o);
+    for (r = 0; r < n; r++) {
+        o.ar_sum[r] = (float *)malloc((size_t)(cnt + 1) * sizeof(float));
+        o.ar_avg[r] = (float *)malloc((size_t)(cnt + 1) * sizeof(float));
+        o.bc[r] = (float *)malloc((size_t)(cnt + 1) * sizeof(float));
+        o.rs[r] = (float *)malloc((size_t)(cnt + 1) * sizeof(float));
+        o.ag[r] = (float *)malloc((size_t)(cnt * n + 1) * sizeof(float));
+        ctx[r].count = cnt;
+        ctx[r].user = &o;
+    }
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(n, 30.0, all_collectives, ctx), pdp_status_name);
+    for (r = 0; r < n; r++) ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+    /* all-reduce: rank order sum, the same bits on every rank */
+    for (i = 0; i < cnt; i++) {
+        float s = input(0, i), a;
+        for (r = 1; r < n; r++) s += input(r, i);
+        a = s / (float)n;
+        for (r = 0; r < n; r++) {
+            if (o.ar_sum[r][i] != s || o.ar_avg[r][i] != a) {
+                fprintf(stderr, "n %d count %lld rank %d i %lld: sum %.9g want %.9g, avg %.9g "
+                        "want %.9g\n", n, (long long)cnt, r, (long long)i, o.ar_sum[r][i], s,
+                        o.ar_avg[r][i], a);
+                FAILm("all-reduce differs from the rank-order sum");
+            }
+            if (o.bc[r][i] != input(n - 1, i + 7)) FAILm("broadcast from the last rank differs");
+        }
+    }
+    /* reduce-scatter: rank r holds slice r of the sum of every rank's send */
+    for (r = 0; r < n; r++)
+        for (i = 0; i < cnt; i++) {
+            float s = input(0, r * cnt + i + 3);
+            for (i2 = 1; i2 < n; i2++) s += input(i2, r * cnt + i + 3);
+            if (o.rs[r][i] != s) FAILm("reduce-scatter differs from the naive slice sum");
+        }
+    /* all-gather: block q of every rank's recv is rank q's send */
+    for (r = 0; r < n; r++)
+        for (i2 = 0; i2 < n; i2++)
+            for (i = 0; i < cnt; i++)
+                if (o.ag[r][i2 * cnt + i] != input(i2, i + 3)) FAILm("all-gather block differs");
+    for (r = 0; r < n; r++)
+        for (i = 0; i < 37; i++)
+            ASSERT_EQm("broadcast_bytes", (int)(i * 3) & 0xff, (int)o.bytes[r][i]);
+    /* stats: seven collectives; the ring figure for the two all-reduces */
+    for (r = 0; r < n; r++) {
+        double nn = n, bytes = (double)cnt * 4;
+        int64_t want = 2 * (int64_t)(2.0 * (nn - 1) / nn * bytes) /* two all-reduces */
+                       + (int64_t)((nn - 1) / nn * bytes)          /* broadcast */
+                       + 2 * (int64_t)((nn - 1) * bytes)           /* reduce-scatter, all-gather */
+                       + (int64_t)((nn - 1) / nn * 37);            /* broadcast_bytes */
+        ASSERT_EQ(7, (int)ctx[r].stats.collectives);
+        ASSERT_EQ(want, ctx[r].stats.bytes_sent);
+        ASSERT(ctx[r].stats.busy_s >= 0.0);
+    }
+    for (r = 0; r < n; r++) {
+        free(o.ar_sum[r]);
+        free(o.ar_avg[r]);
+        free(o.bc[r]);
+        free(o.rs[r]);
+        free(o.ag[r]);
+    }
+    PASS();
+}
+
+TEST comm_collectives_match_naive_loops(void)
+{
+    static const int64_t counts[] = {0, 1, 17, 1000, 5003, 70001};
+    int n;
+    size_t k;
+    for (n = 1; n <= MAXR; n++)
+        for (k = 0; k < sizeof counts / sizeof *counts; k++)
+            CHECK_CALL(check_collectives(n, counts[k]));
+    PASS();
+}
+
+/* ---- stats ---- */
+
+static void one_allreduce(rank_ctx *ctx, pdp_comm *c)
+{
+    float *buf = (float *)calloc(1000, sizeof(float));
+    note(ctx, pdp_comm_allreduce(c, buf, 1000, PDP_REDUCE_SUM, NULL));
+    free(buf);
+}
+
+TEST comm_stats_count_ring_bytes(void)
+{
+    rank_ctx ctx[MAXR];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(4, 30.0, one_allreduce, ctx), pdp_status_name);
+    for (r = 0; r < 4; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+        ASSERT_EQ(1, (int)ctx[r].stats.collectives);
+        ASSERT_EQ(6000, (int)ctx[r].stats.bytes_sent); /* 2 * 3/4 * 4000 bytes */
+        ASSERT(ctx[r].stats.busy_s > 0.0);
+    }
+    PASS();
+}
+
+/* ---- faults ---- */
+
+/* scenario 1: the last rank never calls the all-reduce (it waits, then leaves
+   after the others have given up); 2: the last rank frees its communicator
+   instead; 3: rank 1 issues a different count. */
+static pthread_mutex_t fault_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fault_cv = PTHREAD_COND_INITIALIZER;
+static int fault_finished;
+
+static void fault_rank(rank_ctx *ctx, pdp_comm *c)
+{
+    float buf[64];
+    double t0 = pdp__now();
+    int64_t cnt = 64;
+    memset(buf, 0, sizeof buf);
+    if (ctx->rank == ctx->size - 1 && ctx->scenario == 1) { /* absent until the others are done */
+        pthread_mutex_lock(&fault_mu);
+        while (fault_finished < ctx->size - 1) pthread_cond_wait(&fault_cv, &fault_mu);
+        pthread_mutex_unlock(&fault_mu);
+        return;
+    }
+    if (ctx->rank == ctx->size - 1 && ctx->scenario == 99) {
+        pdp_comm_free(c); /* a rank that failed and cleaned up */
+        ctx->freed = true;
+        return;
+    }
+    if (ctx->scenario == 3 && ctx->rank == 1) cnt = 63;
+    note(ctx, pdp_comm_allreduce(c, buf, 8, PDP_REDUCE_SUM, NULL)); /* one that succeeds */
+    note(ctx, pdp_comm_allreduce(c, buf, cnt, PDP_REDUCE_SUM, NULL));
+    ctx->elapsed = pdp__now() - t0;
+    if (ctx->st != PDP_OK) { /* a broken group fails fast from now on */
+        double t1 = pdp__now();
+        pdp_status again = pdp_comm_barrier(c, NULL);
+        if (again == PDP_OK || pdp__now() - t1 > 0.5) ctx->st = PDP_ERR_STATE;
+    }
+    pthread_mutex_lock(&fault_mu);
+    fault_finished++;
+    pthread_cond_broadcast(&fault_cv);
+    pthread_mutex_unlock(&fault_mu);
+}
+
+TEST comm_missing_rank_times_out_naming_it(void)
+{
+    rank_ctx ctx[3];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    for (r = 0; r < 3; r++) ctx[r].scenario = 1;
+    fault_finished = 0;
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(3, 0.5, fault_rank, ctx), pdp_status_name);
+    for (r = 0; r < 2; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_ERR_TIMEOUT, ctx[r].st, pdp_status_name);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "pdp_comm_allreduce") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "allreduce #0") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "rank 2") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "'test'") != NULL);
+        ASSERT(ctx[r].elapsed >= 0.45 && ctx[r].elapsed < 3.0); /* the timeout, not a hang */
+    }
+    PASS();
+}
+
+TEST comm_freed_rank_fails_the_others_at_once(void)
+{
+    rank_ctx ctx[3];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    for (r = 0; r < 3; r++) ctx[r].scenario = 99;
+    fault_finished = 0;
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(3, 60.0, fault_rank, ctx), pdp_status_name);
+    for (r = 0; r < 2; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_ERR_COMM, ctx[r].st, pdp_status_name);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "rank 2 left the group") != NULL);
+        ASSERT(ctx[r].elapsed < 5.0); /* far below the 60 s timeout */
+    }
+    PASS();
+}
+
+TEST comm_mismatched_collectives_fail_on_every_rank(void)
+{
+    rank_ctx ctx[3];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    for (r = 0; r < 3; r++) ctx[r].scenario = 3;
+    fault_finished = 0;
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(3, 60.0, fault_rank, ctx), pdp_status_name);
+    for (r = 0; r < 3; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_ERR_INVALID, ctx[r].st, pdp_status_name);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "rank 1 issued allreduce #1 (count 63") != NULL);
+        ASSERT(ctx[r].elapsed < 5.0);
+    }
+    PASS();
+}
+
+/* ---- arguments ---- */
+
+TEST comm_rejects_bad_arguments(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL, *c2 = NULL;
+    pdp_work *w = (pdp_work *)&g; /* must be reset to NULL on failure */
+    float x = 0.0f;
+    pdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_local_group_create(&g, 0, NULL), pdp_status_name);
+    ASSERT(g == NULL);
+    ASSERT(strstr(pdp_last_error(), "world_size 0") != NULL);
+    d.device = pdp_cuda(0);
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_local_group_create(&g, 2, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_create_local(&c, g, 1), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "rank 1 outside 0..0") != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_create_local(&c2, g, 0), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "rank 0 of group 'comm' already") != NULL);
+    ASSERT_EQ(0, pdp_comm_rank(c));
+    ASSERT_EQ(1, pdp_comm_size(c));
+    ASSERT_EQ(PDP_BACKEND_LOCAL, pdp_comm_backend(c));
+    ASSERT_IN_RANGE(300.0, pdp_comm_timeout(c), 0.0);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_allreduce(c, NULL, 4, PDP_REDUCE_SUM, &w),
+                   pdp_status_name);
+    ASSERT(w == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_comm_allreduce: buf is NULL with count 4") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_allreduce(c, &x, -1, PDP_REDUCE_SUM, NULL),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_allreduce(c, &x, 1, (pdp_reduce_op)7, NULL),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_broadcast(c, &x, 1, 1, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_comm_broadcast: root 1 outside 0..0") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_allreduce(NULL, &x, 1, PDP_REDUCE_SUM, NULL),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_work_wait(NULL), pdp_status_name);
+    ASSERT(pdp_work_done(NULL));
+    /* world size 1: collectives complete at once */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(c, &x, 1, PDP_REDUCE_AVG, &w), pdp_status_name);
+    ASSERT(pdp_work_done(w));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_wait(w), pdp_status_name);
+    pdp_comm_free(c);
+    pdp_comm_free(NULL);
+    pdp_local_group_free(g);
+    pdp_local_group_free(NULL);
+    PASS();
+}
+
+/* ---- overlap: a collective progresses while its rank does something else ---- */
+
+static void overlap_rank(rank_ctx *ctx, pdp_comm *c)
+{
+    float buf[256];
+    pdp_work *w = NULL;
+    double t0;
+    int i;
+    for (i = 0; i < 256; i++) buf[i] = (float)ctx->rank;
+    note(ctx, pdp_comm_allreduce(c, buf, 256, PDP_REDUCE_SUM, &w));
+    /* rank 0 never waits on its own: the collective must finish without it */
+    t0 = pdp__now();
+    while (ctx->st == PDP_OK && !pdp_work_done(w) && pdp__now() - t0 < 10.0) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    ctx->elapsed = pdp_work_done(w) ? 1.0 : 0.0;
+    note(ctx, pdp_work_wait(w));
+    if (buf[255] != (float)(ctx->size * (ctx->size - 1) / 2)) ctx->st = PDP_ERR_STATE;
+}
+
+TEST comm_async_progress_without_waiting(void)
+{
+    rank_ctx ctx[3];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(3, 30.0, overlap_rank, ctx), pdp_status_name);
+    for (r = 0; r < 3; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+        ASSERT_IN_RANGE(1.0, ctx[r].elapsed, 0.0);
+    }
+    PASS();
+}
+
+SUITE(comm)
+{
+    RUN_TEST(comm_collectives_match_naive_loops);
+    RUN_TEST(comm_stats_count_ring_bytes);
+    RUN_TEST(comm_async_progress_without_waiting);
+    RUN_TEST(comm_missing_rank_times_out_naming_it);
+    RUN_TEST(comm_freed_rank_fails_the_others_at_once);
+    RUN_TEST(comm_mismatched_collectives_fail_on_every_rank);
+    RUN_TEST(comm_rejects_bad_arguments);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(comm);
+    GREATEST_MAIN_END();
+}

@@ -1,0 +1,828 @@
+/* test_cuda: CUDA devices, two builds of one file.
+
+   `make test` builds it without PDP_CUDA: every CUDA request must fail with
+   PDP_ERR_UNSUPPORTED and a message naming PDP_CUDA, and nothing else changes.
+
+   `make cuda` builds it with -DPDP_CUDA into build/cuda/test_cuda (linked with
+   pdp_cuda.o, cuBLAS, NCCL). Every test then compares the GPU with the CPU
+   reference of the same model (same seed, so the same initial parameters):
+   each layer's forward output and backward gradients (the tested layer sits
+   after a layer with parameters, so its dx reaches a weight gradient), both
+   losses, SGD/Adam/AdamW, full MLP and CNN training steps, DDP over NCCL at
+   world size 1 and with one thread per GPU, DP over the GPUs present; plus
+   "a step allocates nothing" through the caching allocator's counters.
+   Tolerance: 1e-5 relative to the largest reference magnitude (TF32 off).
+   Without a device (cudaErrorNoDevice, cudaErrorInsufficientDriver) every GPU
+   test skips; PDP_TEST_REQUIRE_CUDA=1 turns those skips into failures. */
+
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+
+#include <pthread.h>
+
+#ifndef PDP_CUDA
+
+/* ---- without PDP_CUDA ---- */
+
+TEST cuda_requests_unsupported_without_macro(void)
+{
+    int64_t shape[2] = {2, 3};
+    pdp_tensor *t = NULL;
+    pdp_model *m = NULL;
+    pdp_model_desc md;
+    pdp_comm *c = NULL;
+    pdp_comm_desc cd;
+    pdp_nccl_group *g = NULL;
+    pdp_device devs[1];
+    int n = 5;
+    devs[0] = pdp_cuda(0);
+
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_tensor_create(&t, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT(t == NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "PDP_CUDA") != NULL);
+
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_cuda_device_count(&n), pdp_status_name);
+    ASSERT_EQ(0, n);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "PDP_CUDA") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_cuda_set_tf32(true), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_cuda_synchronize(pdp_cuda(0)), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_cuda_synchronize") != NULL);
+
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 4;
+    md.device = pdp_cuda(0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &md), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_model_add_linear(m, 3), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_model_add_linear") != NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "PDP_CUDA") != NULL);
+    pdp_model_free(m);
+
+    memset(&cd, 0, sizeof cd);
+    cd.backend = PDP_BACKEND_NCCL;
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_comm_init_env(&c, &cd), pdp_status_name);
+    ASSERT(c == NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "PDP_CUDA") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_nccl_group_create(&g, 1, devs, NULL), pdp_status_name);
+    ASSERT(g == NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "PDP_CUDA") != NULL);
+    PASS();
+}
+
+SUITE(cuda)
+{
+    RUN_TEST(cuda_requests_unsupported_without_macro);
+}
+
+#else /* PDP_CUDA */
+
+/* ---- with PDP_CUDA: helpers ---- */
+
+#define TOL 1e-5
+#define B 6
+
+static int g_ndev = -1;
+
+/* Devices visible, or -1 when there is none (the tests then skip). */
+static int devices(void)
+{
+    if (g_ndev < 0) {
+        int n = 0;
+        pdp_status st = pdp_cuda_device_count(&n);
+        g_ndev = st == PDP_OK ? n : -1;
+        if (st != PDP_OK && st != PDP_ERR_NO_DEVICE)
+            fprintf(stderr, "test_cuda: pdp_cuda_device_count: %s\n", pdp_last_error());
+    }
+    return g_ndev;
+}
+
+#define NEED_GPU()                                                                           \
+    do {                                                                                     \
+        if (devices() < 1) SKIP_NO_CUDAm("no CUDA device (cudaErrorNoDevice or no driver)"); \
+    } while (0)
+
+/* max |a - b| / max |b| (b the CPU reference) */
+static double rel_err(const float *a, const float *b, int64_t n)
+{
+    double num = 0.0, den = 1e-30;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d != d) return 1e30;
+        if (d > num) num = d;
+        if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
+    }
+    return num / den;
+}
+
+/* A host copy of t (malloc'd). */
+static float *host_copy(const pdp_tensor *t)
+{
+    float *h = (float *)malloc((size_t)t->count * sizeof(float));
+    if (h && pdp_tensor_download(t, h) != PDP_OK) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+static void fill_random(float *x, int64_t n, uint64_t seed)
+{
+    pdp_rng r;
+    int64_t i;
+    pdp_rng_seed(&r, seed, 7);
+    for (i = 0; i < n; i++) x[i] = 2.0f * pdp_rng_uniform(&r) - 1.0f;
+}
+
+/* Compares two models' flat params (which = 0) or grads (which = 1). */
+static double model_rel_err(const pdp_model *gpu, const pdp_model *cpu, int which)
+{
+    pdp_tensor gp, gg, cp, cg;
+    float *h;
+    double e;
+    if (pdp_model_flat(gpu, &gp, &gg) != PDP_OK || pdp_model_flat(cpu, &cp, &cg) != PDP_OK)
+        return 1e30;
+    h = host_copy(which ? &gg : &gp);
+    if (!h) return 1e30;
+    e = rel_err(h, which ? cg.data : cp.data, cp.count);
+    free(h);
+    return e;
+}
+
+/* A model on device dev of the given kind (see build). */
+typedef enum { L_LINEAR, L_RELU, L_GELU, L_TANH, L_SIGMOID, L_DROPOUT, L_LAYERNORM, L_CONV,
+               L_MAXPOOL, L_MAXPOOL_OVERLAP, L_FLATTEN, L_COUNT } layer_case;
+
+static const char *case_name[L_COUNT] = {"Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Dropout",
+                                         "LayerNorm", "Conv2d", "MaxPool2d", "MaxPool2d(3,2)",
+                                         "Flatten"};
+
+static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
+{
+    pdp_model_desc d;
+    pdp_model *m;
+    pdp_status st;
+    bool img = k == L_CONV || k == L_MAXPOOL || k == L_MAXPOOL_OVERLAP || k == L_FLATTEN;
+    memset(&d, 0, sizeof d);
+    d.seed = 1234;
+    d.device = dev;
+    if (img) {
+        d.input_ndim = 3;
+        d.input_shape[0] = 2;
+        d.input_shape[1] = 9;
+        d.input_shape[2] = 9;
+    } else {
+        d.input_ndim = 1;
+        d.input_shape[0] = 13;
+    }
+    if ((st = pdp_model_create(&m, &d)) != PDP_OK) return st;
+    /* a first layer with parameters, so the tested layer's dx reaches a gradient */
+    st = img ? pdp_model_add_conv2d(m, 3, 1, 1, 0) : pdp_model_add_linear(m, 12);
+    if (st == PDP_OK) switch (k) {
+        case L_LINEAR: st = pdp_model_add_linear(m, 7); break;
+        case L_RELU: st = pdp_model_add_relu(m); break;
+        case L_GELU: st = pdp_model_add_gelu(m); break;
+        case L_TANH: st = pdp_model_add_tanh(m); break;
+        case L_SIGMOID: st = pdp_model_add_sigmoid(m); break;
+        case L_DROPOUT: st = pdp_model_add_dropout(m, 0.3f); break;
+        case L_LAYERNORM: st = pdp_model_add_layernorm(m, 1e-5f); break;
+        case L_CONV: st = pdp_model_add_conv2d(m, 4, 3, 2, 1); break;
+        case L_MAXPOOL: st = pdp_model_add_maxpool2d(m, 2, 2); break;
+        case L_MAXPOOL_OVERLAP: st = pdp_model_add_maxpool2d(m, 3, 2); break;
+        case L_FLATTEN:
+            st = pdp_model_add_flatten(m);
+            if (st == PDP_OK) st = pdp_model_add_linear(m, 5);
+            break;
+        default: break;
+        }
+    if (st != PDP_OK) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+/* x [B, in] on the CPU and a copy on the GPU */
+static pdp_status make_input(const pdp_model *m, uint64_t seed, pdp_tensor **cpu, pdp_tensor **gpu,
+                             pdp_device dev)
+{
+    int64_t shape[4], in[3];
+    int nd = m->in_ndim, i;
+    pdp_status st;
+    shape[0] = B;
+    memcpy(in, m->in_shape, sizeof in);
+    for (i = 0; i < nd; i++) shape[i + 1] = in[i];
+    if ((st = pdp_tensor_create(cpu, pdp_cpu(), nd + 1, shape)) != PDP_OK) return st;
+    fill_random((*cpu)->data, (*cpu)->count, seed);
+    if ((st = pdp_tensor_create(gpu, dev, nd + 1, shape)) != PDP_OK) return st;
+    return pdp_tensor_upload(*gpu, (*cpu)->data);
+}
+
+/* ---- with PDP_CUDA: basics ---- */
+
+TEST cuda_device_count_and_bad_ordinal(void)
+{
+    int64_t shape[1] = {4};
+    pdp_tensor *t = NULL;
+    NEED_GPU();
+    ASSERT(devices() >= 1);
+    ASSERT(pdp_tensor_create(&t, pdp_cuda(devices() + 3), 1, shape) != PDP_OK);
+    ASSERT(t == NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_cuda") != NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_tensor_create") != NULL);
+    PASS();
+}
+
+TEST cuda_tensor_copies_round_trip(void)
+{
+    int64_t shape[2] = {3, 37};
+    pdp_tensor *a = NULL, *b = NULL;
+    float host[111], back[111];
+    int i;
+    NEED_GPU();
+    for (i = 0; i < 111; i++) host[i] = (float)i * 0.5f - 7.0f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&a, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&b, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(b, back), pdp_status_name);
+    for (i = 0; i < 111; i++) ASSERT_EQ(0.0f, back[i]); /* created zeroed */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(a, host), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_copy(b, a), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(b, back), pdp_status_name);
+    for (i = 0; i < 111; i++) ASSERT_EQ(host[i], back[i]);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_fill(a, 2.5f), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(a, back), pdp_status_name);
+    for (i = 0; i < 111; i++) ASSERT_EQ(2.5f, back[i]);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_zeros(a), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(a, back), pdp_status_name);
+    for (i = 0; i < 111; i++) ASSERT_EQ(0.0f, back[i]);
+    pdp_tensor_free(a);
+    pdp_tensor_free(b);
+    PASS();
+}
+
+/* ---- with PDP_CUDA: every layer, forward and backward ---- */
+
+static enum greatest_test_res check_layer(layer_case k)
+{
+    pdp_model *mc = NULL, *mg = NULL;
+    pdp_tensor *xc = NULL, *xg = NULL, *dyc = NULL, *dyg = NULL;
+    const pdp_tensor *yc, *yg;
+    float *yh;
+    double e;
+    char msg[160];
+    ASSERT_ENUM_EQ(PDP_OK, build(&mc, k, pdp_cpu()), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build(&mg, k, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, make_input(mc, 99 + k, &xc, &xg, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(mc, xc, &yc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_forward(mg, xg, &yg) == PDP_OK);
+    yh = host_copy(yg);
+    ASSERT(yh != NULL);
+    e = rel_err(yh, yc->data, yc->count);
+    snprintf(msg, sizeof msg, "%s forward: relative error %g", case_name[k], e);
+    ASSERTm(msg, e <= TOL);
+    free(yh);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), yc->ndim, yc->shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyg, pdp_cuda(0), yc->ndim, yc->shape), pdp_status_name);
+    fill_random(dyc->data, dyc->count, 555 + k);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dyg, dyc->data), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(mc, dyc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_backward(mg, dyg) == PDP_OK);
+    e = model_rel_err(mg, mc, 1);
+    snprintf(msg, sizeof msg, "%s backward (all parameter gradients): relative error %g",
+             case_name[k], e);
+    ASSERTm(msg, e <= TOL);
+    pdp_tensor_free(xc);
+    pdp_tensor_free(xg);
+    pdp_tensor_free(dyc);
+    pdp_tensor_free(dyg);
+    pdp_model_free(mc);
+    pdp_model_free(mg);
+    PASS();
+}
+
+TEST cuda_layers_match_cpu(void)
+{
+    int k;
+    NEED_GPU();
+    for (k = 0; k < L_COUNT; k++) CHECK_CALL(check_layer((layer_case)k));
+    PASS();
+}
+
+/* ---- with PDP_CUDA: losses ---- */
+
+TEST cuda_losses_match_cpu(void)
+{
+    int64_t shape[2] = {B, 5};
+    int32_t labels[B] = {0, 4, 2, 3, 1, 4};
+    pdp_tensor *zc = NULL, *zg = NULL, *dc = NULL, *dg = NULL, *tc = NULL, *tg = NULL;
+    float lc, lg, *h;
+    NEED_GPU();
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&zc, pdp_cpu(), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dc, pdp_cpu(), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&tc, pdp_cpu(), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&zg, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dg, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&tg, pdp_cuda(0), 2, shape), pdp_status_name);
+    fill_random(zc->data, zc->count, 3);
+    fill_random(tc->data, tc->count, 4);
+    pdp_tensor_upload(zg, zc->data);
+    pdp_tensor_upload(tg, tc->data);
+
+    ASSERT_ENUM_EQ(PDP_OK, pdp_loss_cross_entropy(zc, labels, &lc, dc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_loss_cross_entropy(zg, labels, &lg, dg) == PDP_OK);
+    ASSERT_IN_RANGE(lc, lg, TOL * fabs(lc));
+    h = host_copy(dg);
+    ASSERT(h && rel_err(h, dc->data, dc->count) <= TOL);
+    free(h);
+
+    ASSERT_ENUM_EQ(PDP_OK, pdp_loss_mse(zc, tc, &lc, dc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_loss_mse(zg, tg, &lg, dg) == PDP_OK);
+    ASSERT_IN_RANGE(lc, lg, TOL * fabs(lc));
+    h = host_copy(dg);
+    ASSERT(h && rel_err(h, dc->data, dc->count) <= TOL);
+    free(h);
+
+    labels[2] = 9; /* checked on the host before anything runs, naming the sample */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_loss_cross_entropy(zg, labels, &lg, dg), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "sample 2") != NULL);
+    pdp_tensor_free(zc); pdp_tensor_free(zg); pdp_tensor_free(dc);
+    pdp_tensor_free(dg); pdp_tensor_free(tc); pdp_tensor_free(tg);
+    PASS();
+}
+
+/* ---- with PDP_CUDA: optimizers and training steps ---- */
+
+static enum greatest_test_res check_optim(const pdp_optim_desc *od, const char *name)
+{
+    pdp_model *mc = NULL, *mg = NULL;
+    pdp_optim *oc = NULL, *og = NULL;
+    pdp_tensor cp, cg, gp, gg;
+    char msg[128];
+    double e;
+    int step;
+    ASSERT_ENUM_EQ(PDP_OK, build(&mc, L_LINEAR, pdp_cpu()), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build(&mg, L_LINEAR, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oc, mc, od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&og, mg, od), pdp_status_name);
+    pdp_model_flat(mc, &cp, &cg);
+    pdp_model_flat(mg, &gp, &gg);
+    for (step = 0; step < 3; step++) {
+        fill_random(cg.data, cg.count, 40 + (uint64_t)step); /* the same gradients on both */
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(&gg, cg.data), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oc), pdp_status_name);
+        ASSERTm(pdp_last_error(), pdp_optim_step(og) == PDP_OK);
+    }
+    e = model_rel_err(mg, mc, 0);
+    snprintf(msg, sizeof msg, "%s: parameters after 3 steps, relative error %g", name, e);
+    ASSERTm(msg, e <= TOL);
+    pdp_optim_free(oc);
+    pdp_optim_free(og);
+    pdp_model_free(mc);
+    pdp_model_free(mg);
+    PASS();
+}
+
+TEST cuda_optimizers_match_cpu(void)
+{
+    pdp_optim_desc d;
+    NEED_GPU();
+    memset(&d, 0, sizeof d);
+    d.kind = PDP_OPTIM_SGD;
+    d.lr = 0.1f;
+    CHECK_CALL(check_optim(&d, "SGD"));
+    d.momentum = 0.9f;
+    d.nesterov = true;
+    d.weight_decay = 0.01f;
+    CHECK_CALL(check_optim(&d, "SGD momentum nesterov"));
+    memset(&d, 0, sizeof d);
+    d.kind = PDP_OPTIM_ADAM;
+    d.lr = 0.01f;
+    d.weight_decay = 0.1f;
+    CHECK_CALL(check_optim(&d, "Adam"));
+    d.kind = PDP_OPTIM_ADAMW;
+    CHECK_CALL(check_optim(&d, "AdamW"));
+    PASS();
+}
+
+/* MLP (with dropout) or CNN, three Adam steps through pdp_model_forward_backward. */
+static pdp_status build_net(pdp_model **out, bool cnn, pdp_device dev)
+{
+    pdp_model_desc d;
+    pdp_model *m;
+    pdp_status st;
+    memset(&d, 0, sizeof d);
+    d.seed = 77;
+    d.device = dev;
+    d.input_ndim = cnn ? 3 : 1;
+    d.input_shape[0] = cnn ? 1 : 20;
+    d.input_shape[1] = cnn ? 12 : 0;
+    d.input_shape[2] = cnn ? 12 : 0;
+    if ((st = pdp_model_create(&m, &d)) != PDP_OK) return st;
+    if (cnn) {
+        if ((st = pdp_model_add_conv2d(m, 4, 3, 1, 1)) || (st = pdp_model_add_relu(m)) ||
+            (st = pdp_model_add_maxpool2d(m, 2, 2)) || (st = pdp_model_add_flatten(m)) ||
+            (st = pdp_model_add_linear(m, 5))) {
+            pdp_model_free(m);
+            return st;
+        }
+    } else if ((st = pdp_model_add_linear(m, 32)) || (st = pdp_model_add_gelu(m)) ||
+               (st = pdp_model_add_dropout(m, 0.2f)) || (st = pdp_model_add_layernorm(m, 1e-5f)) ||
+               (st = pdp_model_add_linear(m, 5))) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+static enum greatest_test_res check_training(bool cnn)
+{
+    pdp_model *mc = NULL, *mg = NULL;
+    pdp_optim *oc = NULL, *og = NULL;
+    pdp_optim_desc od;
+    pdp_tensor *xc = NULL, *xg = NULL;
+    int32_t labels[B] = {1, 0, 4, 2, 3, 2};
+    float lc, lg;
+    double e;
+    char msg[128];
+    int step;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAM;
+    od.lr = 0.01f;
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&mc, cnn, pdp_cpu()), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&mg, cnn, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oc, mc, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&og, mg, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, make_input(mc, 5, &xc, &xg, pdp_cuda(0)), pdp_status_name);
+    for (step = 0; step < 3; step++) {
+        pdp_optim_zero_grad(oc);
+        pdp_optim_zero_grad(og);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(mc, xc, labels, &lc), pdp_status_name);
+        ASSERTm(pdp_last_error(), pdp_model_forward_backward(mg, xg, labels, &lg) == PDP_OK);
+        snprintf(msg, sizeof msg, "%s step %d: loss CPU %.9g GPU %.9g", cnn ? "CNN" : "MLP", step,
+                 (double)lc, (double)lg);
+        ASSERTm(msg, fabs((double)lc - lg) <= TOL * fabs((double)lc));
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oc), pdp_status_name);
+        ASSERTm(pdp_last_error(), pdp_optim_step(og) == PDP_OK);
+    }
+    e = model_rel_err(mg, mc, 0);
+    snprintf(msg, sizeof msg, "%s parameters after 3 steps: relative error %g", cnn ? "CNN" : "MLP",
+             e);
+    ASSERTm(msg, e <= TOL);
+    pdp_tensor_free(xc);
+    pdp_tensor_free(xg);
+    pdp_optim_free(oc);
+    pdp_optim_free(og);
+    pdp_model_free(mc);
+    pdp_model_free(mg);
+    PASS();
+}
+
+TEST cuda_mlp_training_matches_cpu(void)
+{
+    NEED_GPU();
+    CHECK_CALL(check_training(false));
+    PASS();
+}
+
+TEST cuda_cnn_training_matches_cpu(void)
+{
+    NEED_GPU();
+    CHECK_CALL(check_training(true));
+    PASS();
+}
+
+TEST cuda_step_allocates_nothing(void)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_tensor *xc = NULL, *xg = NULL;
+    int32_t labels[B] = {1, 0, 4, 2, 3, 2};
+    pdp_cuda_memory_stats before, after;
+    float loss;
+    int step;
+    NEED_GPU();
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&m, true, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, make_input(m, 5, &xc, &xg, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, xg, labels, &loss), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &before), pdp_status_name);
+    for (step = 0; step < 5; step++) {
+        pdp_optim_zero_grad(o);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, xg, labels, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &after), pdp_status_name);
+    ASSERT_EQ(before.device_mallocs, after.device_mallocs);
+    ASSERT_EQ(before.in_use_bytes, after.in_use_bytes);
+    pdp_tensor_free(xc);
+    pdp_tensor_free(xg);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST cuda_tf32_option_changes_gemm_only_slightly(void)
+{
+    pdp_model *mc = NULL, *mg = NULL;
+    pdp_tensor *xc = NULL, *xg = NULL;
+    const pdp_tensor *yc, *yg;
+    float *h;
+    double e;
+    NEED_GPU();
+    ASSERT_ENUM_EQ(PDP_OK, build(&mc, L_LINEAR, pdp_cpu()), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build(&mg, L_LINEAR, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, make_input(mc, 8, &xc, &xg, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_set_tf32(true), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(mc, xc, &yc), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(mg, xg, &yg), pdp_status_name);
+    h = host_copy(yg);
+    pdp_cuda_set_tf32(false);
+    ASSERT(h != NULL);
+    e = rel_err(h, yc->data, yc->count);
+    ASSERTm("TF32 stays within 1e-2", e <= 1e-2);
+    free(h);
+    pdp_tensor_free(xc);
+    pdp_tensor_free(xg);
+    pdp_model_free(mc);
+    pdp_model_free(mg);
+    PASS();
+}
+
+/* ---- with PDP_CUDA: DDP over NCCL, DP over GPUs ---- */
+
+TEST cuda_ddp_nccl_world_size_1_matches_single(void)
+{
+    pdp_model *ms = NULL, *md = NULL;
+    pdp_optim *os = NULL, *od = NULL;
+    pdp_optim_desc sgd;
+    pdp_comm *c = NULL;
+    pdp_comm_desc cd;
+    pdp_ddp *ddp = NULL;
+    pdp_tensor *xc = NULL, *xg = NULL;
+    int32_t labels[B] = {1, 0, 4, 2, 3, 2};
+    float ls, ld;
+    double e;
+    int step;
+    NEED_GPU();
+    if (getenv("WORLD_SIZE") && strcmp(getenv("WORLD_SIZE"), "1") != 0)
+        SKIPm("WORLD_SIZE is set to more than 1 in the environment");
+    memset(&cd, 0, sizeof cd);
+    cd.backend = PDP_BACKEND_NCCL;
+    cd.device = pdp_cuda(0);
+    cd.timeout_s = 60;
+    ASSERTm(pdp_last_error(), pdp_comm_init_env(&c, &cd) == PDP_OK);
+    ASSERT_EQ(0, pdp_comm_rank(c));
+    ASSERT_EQ(1, pdp_comm_size(c));
+    memset(&sgd, 0, sizeof sgd);
+    sgd.lr = 0.1f;
+    sgd.momentum = 0.9f;
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&ms, false, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&md, false, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&os, ms, &sgd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&od, md, &sgd), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_ddp_create(&ddp, md, c, NULL) == PDP_OK);
+    ASSERT_ENUM_EQ(PDP_OK, make_input(ms, 6, &xc, &xg, pdp_cuda(0)), pdp_status_name);
+    for (step = 0; step < 3; step++) {
+        pdp_optim_zero_grad(os);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ms, xg, labels, &ls), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(os), pdp_status_name);
+        ASSERTm(pdp_last_error(), pdp_ddp_forward_backward(ddp, xg, labels, &ld) == PDP_OK);
+        ASSERTm(pdp_last_error(), pdp_ddp_step(ddp, od) == PDP_OK);
+        ASSERT_IN_RANGE(ls, ld, TOL * fabs(ls));
+    }
+    {
+        pdp_tensor a, ga, b, gb;
+        float *ha, *hb;
+        pdp_model_flat(ms, &a, &ga);
+        pdp_model_flat(md, &b, &gb);
+        ha = host_copy(&a);
+        hb = host_copy(&b);
+        ASSERT(ha && hb);
+        e = rel_err(hb, ha, a.count);
+        free(ha);
+        free(hb);
+        ASSERTm("DDP over NCCL (1 rank) == single GPU", e <= TOL);
+    }
+    pdp_ddp_free(ddp);
+    pdp_comm_free(c);
+    pdp_tensor_free(xc);
+    pdp_tensor_free(xg);
+    pdp_optim_free(os);
+    pdp_optim_free(od);
+    pdp_model_free(ms);
+    pdp_model_free(md);
+    PASS();
+}
+
+/* Thread-rank DDP: rank r trains on rows [r B/n, (r+1) B/n) of the global batch on GPU r. */
+typedef struct rank_job {
+    pdp_nccl_group *g;
+    int rank, n;
+    const float *x;      /* host, the global batch [n * per, 20] */
+    const int32_t *labels;
+    int per;
+    float *params_out;   /* host copy of the final parameters */
+    pdp_status st;
+    char msg[1100];
+} rank_job;
+
+static void *rank_main(void *arg)
+{
+    rank_job *j = (rank_job *)arg;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_comm *c = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_tensor *x = NULL, p, g;
+    pdp_optim_desc sgd;
+    int64_t shape[2];
+    float loss;
+    int step;
+    memset(&sgd, 0, sizeof sgd);
+    sgd.lr = 0.1f;
+    shape[0] = j->per;
+    shape[1] = 20;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) ||
+        (j->st = build_net(&m, false, pdp_cuda(j->rank))) ||
+        (j->st = pdp_optim_create(&o, m, &sgd)) || (j->st = pdp_ddp_create(&ddp, m, c, NULL)) ||
+        (j->st = pdp_tensor_create(&x, pdp_cuda(j->rank), 2, shape)) ||
+        (j->st = pdp_tensor_upload(x, j->x + (int64_t)j->rank * j->per * 20)))
+        goto out;
+    pdp_model_set_training(m, false); /* no dropout: shards then equal the global batch */
+    for (step = 0; step < 2; step++)
+        if ((j->st = pdp_ddp_forward_backward(ddp, x, j->labels + j->rank * j->per, &loss)) ||
+            (j->st = pdp_ddp_step(ddp, o)))
+            goto out;
+    pdp_model_flat(m, &p, &g);
+    j->st = pdp_tensor_download(&p, j->params_out);
+out:
+    if (j->st) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    pdp_ddp_free(ddp);
+    pdp_comm_free(c);
+    pdp_tensor_free(x);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return NULL;
+}
+
+TEST cuda_ddp_thread_ranks_match_single(void)
+{
+    enum { PER = 4, MAXR = 8 };
+    int n = devices(), r;
+    pdp_device devs[MAXR];
+    pdp_nccl_group *g = NULL;
+    rank_job jobs[MAXR];
+    pthread_t th[MAXR];
+    float x[MAXR * PER * 20];
+    int32_t labels[MAXR * PER];
+    pdp_model *ms = NULL;
+    pdp_optim *os = NULL;
+    pdp_optim_desc sgd;
+    pdp_tensor *xs = NULL, p, gr;
+    int64_t shape[2];
+    float loss, *ref;
+    double e;
+    NEED_GPU();
+    if (n > MAXR) n = MAXR;
+    for (r = 0; r < MAXR; r++) devs[r] = pdp_cuda(r < n ? r : 0);
+    fill_random(x, (int64_t)n * PER * 20, 11);
+    for (r = 0; r < n * PER; r++) labels[r] = r % 5;
+    ASSERTm(pdp_last_error(), pdp_nccl_group_create(&g, n, devs, NULL) == PDP_OK);
+    for (r = 0; r < n; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r].g = g;
+        jobs[r].rank = r;
+        jobs[r].n = n;
+        jobs[r].x = x;
+        jobs[r].labels = labels;
+        jobs[r].per = PER;
+        jobs[r].params_out = (float *)malloc(4096 * sizeof(float));
+        pthread_create(&th[r], NULL, rank_main, &jobs[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(th[r], NULL);
+    pdp_nccl_group_free(g);
+    for (r = 0; r < n; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    /* the reference: one GPU, the whole batch */
+    memset(&sgd, 0, sizeof sgd);
+    sgd.lr = 0.1f;
+    shape[0] = (int64_t)n * PER;
+    shape[1] = 20;
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&ms, false, pdp_cuda(0)), pdp_status_name);
+    pdp_model_set_training(ms, false);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&os, ms, &sgd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&xs, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(xs, x), pdp_status_name);
+    for (r = 0; r < 2; r++) {
+        pdp_optim_zero_grad(os);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ms, xs, labels, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(os), pdp_status_name);
+    }
+    pdp_model_flat(ms, &p, &gr);
+    ref = host_copy(&p);
+    ASSERT(ref && p.count <= 4096);
+    for (r = 0; r < n; r++) {
+        e = rel_err(jobs[r].params_out, ref, p.count);
+        ASSERTm("thread-rank DDP over NCCL == one GPU on the global batch", e <= TOL);
+        free(jobs[r].params_out);
+    }
+    free(ref);
+    pdp_tensor_free(xs);
+    pdp_optim_free(os);
+    pdp_model_free(ms);
+    PASS();
+}
+
+TEST cuda_dp_over_gpus_matches_single(void)
+{
+    enum { MAXD = 8 };
+    int n = devices(), i, step;
+    pdp_device devs[MAXD];
+    pdp_dp_desc dd;
+    pdp_dp *dp = NULL;
+    pdp_model *mm = NULL, *ms = NULL;
+    pdp_optim *om = NULL, *os = NULL;
+    pdp_optim_desc sgd;
+    pdp_tensor *xc = NULL, *xg = NULL;
+    int32_t labels[B] = {1, 0, 4, 2, 3, 2};
+    float lm, ls;
+    double e;
+    pdp_status st;
+    NEED_GPU();
+    if (n > MAXD) n = MAXD;
+    for (i = 0; i < MAXD; i++) devs[i] = pdp_cuda(i < n ? i : 0);
+    memset(&sgd, 0, sizeof sgd);
+    sgd.lr = 0.1f;
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&mm, false, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&ms, false, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&om, mm, &sgd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&os, ms, &sgd), pdp_status_name);
+    memset(&dd, 0, sizeof dd);
+    dd.num_workers = n;
+    dd.devices = devs;
+    dd.copy_params = true;
+    st = pdp_dp_create(&dp, mm, &dd);
+    if (st == PDP_ERR_UNSUPPORTED) {
+        pdp_optim_free(om); pdp_optim_free(os); pdp_model_free(mm); pdp_model_free(ms);
+        SKIPm("pdp_dp_create does not accept CUDA devices yet (dp.c)");
+    }
+    ASSERTm(pdp_last_error(), st == PDP_OK);
+    ASSERT_ENUM_EQ(PDP_OK, make_input(ms, 6, &xc, &xg, pdp_cuda(0)), pdp_status_name);
+    for (step = 0; step < 3; step++) {
+        ASSERTm(pdp_last_error(), pdp_dp_step(dp, om, xg, labels, &lm) == PDP_OK);
+        pdp_optim_zero_grad(os);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ms, xg, labels, &ls), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(os), pdp_status_name);
+        ASSERT_IN_RANGE(ls, lm, TOL * fabs(ls));
+    }
+    {
+        pdp_tensor a, ga, b, gb;
+        float *ha, *hb;
+        pdp_model_flat(ms, &a, &ga);
+        pdp_model_flat(mm, &b, &gb);
+        ha = host_copy(&a);
+        hb = host_copy(&b);
+        ASSERT(ha && hb);
+        e = rel_err(hb, ha, a.count);
+        free(ha);
+        free(hb);
+        ASSERTm("DP over the GPUs == one GPU", e <= TOL);
+    }
+    pdp_dp_free(dp);
+    pdp_tensor_free(xc);
+    pdp_tensor_free(xg);
+    pdp_optim_free(om);
+    pdp_optim_free(os);
+    pdp_model_free(mm);
+    pdp_model_free(ms);
+    PASS();
+}
+
+SUITE(cuda)
+{
+    RUN_TEST(cuda_device_count_and_bad_ordinal);
+    RUN_TEST(cuda_tensor_copies_round_trip);
+    RUN_TEST(cuda_layers_match_cpu);
+    RUN_TEST(cuda_losses_match_cpu);
+    RUN_TEST(cuda_optimizers_match_cpu);
+    RUN_TEST(cuda_mlp_training_matches_cpu);
+    RUN_TEST(cuda_cnn_training_matches_cpu);
+    RUN_TEST(cuda_step_allocates_nothing);
+    RUN_TEST(cuda_tf32_option_changes_gemm_only_slightly);
+    RUN_TEST(cuda_ddp_nccl_world_size_1_matches_single);
+    RUN_TEST(cuda_ddp_thread_ranks_match_single);
+    RUN_TEST(cuda_dp_over_gpus_matches_single);
+}
+
+#endif /* PDP_CUDA */
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(cuda);
+    GREATEST_MAIN_END();
+}

@@ -1,0 +1,809 @@
+/* test_data.c - the IDX reader, the gzip/DEFLATE decoder, the synthetic task and the batcher.
+
+   The decoder is checked against independent encoders: streams built here bit by bit (stored
+   and fixed-Huffman blocks, gzip headers with every flag), the gzip tool and Python's zlib at
+   several levels and strategies. Corrupt input (every truncation, flipped bytes, bad CRCs,
+   hostile code tables) must fail with PDP_ERR_FORMAT and never touch memory it should not
+   (run under `make sanitize`). The real Fashion-MNIST files are checked when installed. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+
+/* count allocations to prove the batcher allocates nothing per batch */
+static long g_allocs;
+static void *counting_malloc(size_t n) { g_allocs++; return malloc(n); }
+#define PDP_MALLOC(n) counting_malloc(n)
+#define PDP_FREE(p) free(p)
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+
+#include <unistd.h>
+
+static char g_dir[256];
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) & 3;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", g_dir, name);
+    return buf[k];
+}
+
+static int write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    if (fwrite(data, 1, n, f) != n) { fclose(f); return -1; }
+    return fclose(f);
+}
+
+static bool have_tool(const char *cmd) { return system(cmd) == 0; }
+
+/* Decodes a whole file with the library's reader (gunzipping when it is gzip). */
+static pdp_status read_back(const char *path, uint8_t **data, size_t *n)
+{
+    return pdp__read_file(path, data, n, "test");
+}
+
+/* ---- independent encoders ---- */
+
+/* bitwise CRC-32, no table */
+static uint32_t ref_crc32(const uint8_t *p, size_t n)
+{
+    uint32_t c = 0xffffffffu;
+    size_t i;
+    int k;
+    for (i = 0; i < n; i++) {
+        c ^= p[i];
+        for (k = 0; k < 8; k++) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+typedef struct bitw {
+    uint8_t buf[4096];
+    size_t n;   /* bytes */
+    int bit;    /* bits used in buf[n] */
+} bitw;
+
+static void put_bits(bitw *w, uint32_t v, int n) /* LSB first */
+{
+    int i;
+    for (i = 0; i < n; i++) {
+        if (w->bit == 0) w->buf[w->n] = 0;
+        w->buf[w->n] |= (uint8_t)(((v >> i) & 1u) << w->bit);
+        if (++w->bit == 8) { w->bit = 0; w->n++; }
+    }
+}
+
+static void put_code(bitw *w, uint32_t code, int len) /* Huffman codes go MSB first */
+{
+    int i;
+    for (i = len - 1; i >= 0; i--) put_bits(w, (code >> i) & 1u, 1);
+}
+
+static void put_fixed_lit(bitw *w, int sym) /* RFC 1951 3.2.6 */
+{
+    if (sym < 144) put_code(w, 0x30u + (uint32_t)sym, 8);
+    else if (sym < 256) put_code(w, 0x190u + (uint32_t)(sym - 144), 9);
+    else if (sym < 280) put_code(w, (uint32_t)(sym - 256), 7);
+    else put_code(w, 0xc0u + (uint32_t)(sym - 280), 8);
+}
+
+static size_t flush_bits(bitw *w) { if (w->bit) { w->bit = 0; w->n++; } return w->n; }
+
+/* Wraps a raw DEFLATE stream in a gzip member; flags adds FEXTRA/FNAME/FCOMMENT/FHCRC. */
+static size_t gzip_wrap(uint8_t *out, const uint8_t *deflate, size_t dn, const uint8_t *plain,
+                        size_t pn, int flags)
+{
+    size_t n = 0, i;
+    uint32_t crc = ref_crc32(plain, pn);
+    uint8_t head[10] = {0x1f, 0x8b, 8, 0, 1, 2, 3, 4, 0, 3};
+    head[3] = (uint8_t)flags;
+    memcpy(out, head, 10);
+    n = 10;
+    if (flags & 4) { out[n++] = 5; out[n++] = 0; memcpy(out + n, "AB\0xy", 5); n += 5; }
+    if (flags & 8) { memcpy(out + n, "name.idx", 9); n += 9; }
+    if (flags & 16) { memcpy(out + n, "a comment", 10); n += 10; }
+    if (flags & 2) {
+        uint32_t h = ref_crc32(out, n);
+        out[n++] = (uint8_t)h;
+        out[n++] = (uint8_t)(h >> 8);
+    }
+    memcpy(out + n, deflate, dn);
+    n += dn;
+    for (i = 0; i < 4; i++) out[n++] = (uint8_t)(crc >> (8 * i));
+    for (i = 0; i < 4; i++) out[n++] = (uint8_t)(pn >> (8 * i));
+    return n;
+}
+
+/* Decodes a gzip image held in memory through the public reader (via a file). */
+static pdp_status gunzip_mem(const uint8_t *gz, size_t n, uint8_t **out, size_t *out_n)
+{
+    const char *p = tmp_path("mem.gz");
+    if (write_file(p, gz, n) != 0) return PDP_ERR_IO;
+    return read_back(p, out, out_n);
+}
+
+/* ---- inflate ---- */
+
+TEST data_inflate_stored_blocks(void)
+{
+    static const char text[] = "stored block one|two";
+    uint8_t defl[64], gz[256], *out;
+    size_t n = 0, out_n, gn;
+    /* block 1: not final, stored, 16 bytes; block 2: final, stored, 4 bytes; block 3 empty
+       stored blocks are legal too, so put an empty non-final one in between */
+    defl[n++] = 0x00; defl[n++] = 16; defl[n++] = 0; defl[n++] = 0xef; defl[n++] = 0xff;
+    memcpy(defl + n, text, 16); n += 16;
+    defl[n++] = 0x00; defl[n++] = 0; defl[n++] = 0; defl[n++] = 0xff; defl[n++] = 0xff;
+    defl[n++] = 0x01; defl[n++] = 4; defl[n++] = 0; defl[n++] = 0xfb; defl[n++] = 0xff;
+    memcpy(defl + n, text + 16, 4); n += 4;
+    gn = gzip_wrap(gz, defl, n, (const uint8_t *)text, 20, 0);
+    ASSERT_ENUM_EQ(PDP_OK, gunzip_mem(gz, gn, &out, &out_n), pdp_status_name);
+    ASSERT_EQ(20, (int)out_n);
+    ASSERT_MEM_EQ(text, out, 20);
+    pdp__dealloc(out);
+    /* an empty member: one final stored block of length 0 */
+    {
+        static const uint8_t empty[5] = {0x01, 0, 0, 0xff, 0xff};
+        uint8_t egz[64];
+        size_t en = gzip_wrap(egz, empty, 5, (const uint8_t *)"", 0, 0);
+        ASSERT_ENUM_EQ(PDP_OK, gunzip_mem(egz, en, &out, &out_n), pdp_status_name);
+        ASSERT_EQ(0, (int)out_n);
+        pdp__dealloc(out);
+    }
+    /* LEN and NLEN disagree */
+    gz[10 + 3] ^= 1;
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, gunzip_mem(gz, gn, &out, &out_n), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "complement") != NULL);
+    ASSERT(strstr(pdp_last_error(), "mem.gz") != NULL);
+    PASS();
+}
+
+/* "abcabcabcabcabcXYZ..." with overlapping matches and extra bits, in one fixed block. */
+TEST data_inflate_fixed_huffman(void)
+{
+    bitw w;
+    uint8_t gz[512], *out;
+    char want[128];
+    size_t n, gn, out_n;
+    int i;
+    memset(&w, 0, sizeof w);
+    put_bits(&w, 1, 1); /* BFINAL */
+    put_bits(&w, 1, 2); /* BTYPE 01 */
+    put_fixed_lit(&w, 'a'); put_fixed_lit(&w, 'b'); put_fixed_lit(&w, 'c');
+    put_fixed_lit(&w, 263); put_code(&w, 2, 5);                 /* len 9, dist 3 */
+    put_fixed_lit(&w, 0xe9); put_fixed_lit(&w, 200);             /* 9-bit literals */
+    put_fixed_lit(&w, 266); put_bits(&w, 1, 1);                  /* len 13 + 1 = 14 */
+    put_code(&w, 4, 5); put_bits(&w, 1, 1);                      /* dist 5 + 1 = 6 */
+    put_fixed_lit(&w, 285);                                      /* len 258 */
+    put_code(&w, 0, 5);                                          /* dist 1 */
+    put_fixed_lit(&w, 256);
+    n = flush_bits(&w);
+    strcpy(want, "abcabcabcabc");
+    want[12] = (char)0xe9; want[13] = (char)200;
+    for (i = 0; i < 14; i++) want[14 + i] = want[8 + i];
+    {
+        char full[28 + 258];
+        memcpy(full, want, 28);
+        memset(full + 28, full[27], 258);
+        gn = gzip_wrap(gz, w.buf, n, (const uint8_t *)full, sizeof full, 0);
+        ASSERT_ENUM_EQ(PDP_OK, gunzip_mem(gz, gn, &out, &out_n), pdp_status_name);
+        ASSERT_EQ((int)sizeof full, (int)out_n);
+        ASSERT_MEM_EQ(full, out, sizeof full);
+        pdp__dealloc(out);
+    }
+    PASS();
+}
+
+TEST data_inflate_rejects_hostile_streams(void)
+{
+    struct { const char *why, *msg; } cases[] = {
+        {"distance before the start", "distance too far back"},
+        {"reserved block type", "reserved block type"},
+        {"too many length codes", "too many"},
+        {"fixed code symbol 286", "invalid length symbol"},
+        {"fixed distance 30", "invalid distance code"},
+        {"repeat with nothing before", "no previous length"},
+        {"over-subscribed code lengths", "code-length code"},
+    };
+    int c;
+    for (c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
+        bitw w;
+        uint8_t gz[512], *out = NULL;
+        size_t gn, out_n;
+        const uint8_t plain[1] = {0};
+        memset(&w, 0, sizeof w);
+        put_bits(&w, 1, 1);
+        switch (c) {
+        case 0: put_bits(&w, 1, 2); put_fixed_lit(&w, 'a'); put_fixed_lit(&w, 257);
+                put_code(&w, 1, 5); put_fixed_lit(&w, 256); break;          /* dist 2 > 1 */
+        case 1: put_bits(&w, 3, 2); break;
+        case 2: put_bits(&w, 2, 2); put_bits(&w, 30, 5); put_bits(&w, 0, 5); put_bits(&w, 0, 4);
+                break;                                                      /* HLIT 287 */
+        case 3: put_bits(&w, 1, 2); put_fixed_lit(&w, 286); break;
+        case 4: put_bits(&w, 1, 2); put_fixed_lit(&w, 'a'); put_fixed_lit(&w, 257);
+                put_code(&w, 30, 5); break;
+        case 5: /* dynamic: code-length code with symbols 16 and 0..: lengths 1 each for 16, 17 */
+            put_bits(&w, 2, 2); put_bits(&w, 0, 5); put_bits(&w, 0, 5); put_bits(&w, 0, 4);
+            /* order 16, 17, 18, 0: lengths 1, 1, 0, 0 -> 16 is code 0, 17 is code 1 */
+            put_bits(&w, 1, 3); put_bits(&w, 1, 3); put_bits(&w, 0, 3); put_bits(&w, 0, 3);
+            put_code(&w, 0, 1); put_bits(&w, 0, 2);                   /* 16 first: error */
+            break;
+        case 6: /* three code-length codes of length 1: over-subscribed */
+            put_bits(&w, 2, 2); put_bits(&w, 0, 5); put_bits(&w, 0, 5); put_bits(&w, 0, 4);
+            put_bits(&w, 1, 3); put_bits(&w, 1, 3); put_bits(&w, 1, 3); put_bits(&w, 0, 3);
+            break;
+        }
+        put_bits(&w, 0, 16);
+        gn = gzip_wrap(gz, w.buf, flush_bits(&w), plain, 1, 0);
+        ASSERT_ENUM_EQm(cases[c].why, PDP_ERR_FORMAT, gunzip_mem(gz, gn, &out, &out_n),
+                        pdp_status_name);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), cases[c].msg) != NULL);
+        ASSERT(out == NULL);
+    }
+    PASS();
+}
+
+TEST data_gzip_header_flags(void)
+{
+    static const char text[] = "header flags";
+    uint8_t defl[64], gz[256], *out;
+    size_t n = 0, gn, out_n;
+    int flags;
+    defl[n++] = 0x01; defl[n++] = 12; defl[n++] = 0; defl[n++] = 0xf3; defl[n++] = 0xff;
+    memcpy(defl + n, text, 12); n += 12;
+    for (flags = 0; flags < 32; flags += 2) {
+        gn = gzip_wrap(gz, defl, n, (const uint8_t *)text, 12, flags);
+        ASSERT_ENUM_EQm("flags", PDP_OK, gunzip_mem(gz, gn, &out, &out_n), pdp_status_name);
+        ASSERT_EQ(12, (int)out_n);
+        ASSERT_MEM_EQ(text, out, 12);
+        pdp__dealloc(out);
+    }
+    gn = gzip_wrap(gz, defl, n, (const uint8_t *)text, 12, 2 | 8);
+    gz[10 + 9] ^= 0x55; /* header CRC no longer matches */
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, gunzip_mem(gz, gn, &out, &out_n), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "header CRC") != NULL);
+    gn = gzip_wrap(gz, defl, n, (const uint8_t *)text, 12, 0x20); /* reserved flag */
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, gunzip_mem(gz, gn, &out, &out_n), pdp_status_name);
+    /* two members concatenated decode to both texts, as gzip does */
+    gn = gzip_wrap(gz, defl, n, (const uint8_t *)text, 12, 8);
+    memcpy(gz + gn, gz, gn);
+    ASSERT_ENUM_EQ(PDP_OK, gunzip_mem(gz, 2 * gn, &out, &out_n), pdp_status_name);
+    ASSERT_EQ(24, (int)out_n);
+    ASSERT_MEM_EQ(text, out + 12, 12);
+    pdp__dealloc(out);
+    /* trailing garbage */
+    gz[gn] = 'x';
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, gunzip_mem(gz, gn + 20, &out, &out_n), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "trailing") != NULL);
+    PASS();
+}
+
+/* Compressible but not trivial: words, runs and noise. */
+static uint8_t *sample_bytes(size_t n, uint32_t seed)
+{
+    uint8_t *p = (uint8_t *)malloc(n);
+    static const char *words[] = {"tensor ", "gradient ", "all-reduce ", "bucket ", "rank "};
+    pdp_rng r;
+    size_t i = 0;
+    pdp_rng_seed(&r, seed, 7);
+    while (i < n) {
+        uint32_t k = pdp_rng_below(&r, 10), j, len;
+        if (k < 5) {
+            for (j = 0; words[k][j] && i < n; j++) p[i++] = (uint8_t)words[k][j];
+        } else if (k < 7) {
+            len = pdp_rng_below(&r, 300);
+            for (j = 0; j < len && i < n; j++) p[i++] = (uint8_t)k;
+        } else {
+            len = pdp_rng_below(&r, 40);
+            for (j = 0; j < len && i < n; j++) p[i++] = (uint8_t)pdp_rng_u32(&r);
+        }
+    }
+    return p;
+}
+
+TEST data_gzip_matches_gzip_and_zlib(void)
+{
+    static const int py[][2] = {{0, 0}, {1, 0}, {6, 0}, {9, 0}, {6, 2}, {6, 3}, {6, 4}, {9, 1}};
+    const size_t n = 300000;
+    uint8_t *plain = sample_bytes(n, 1), *out;
+    size_t out_n;
+    char cmd[1024];
+    int i, ran = 0;
+    ASSERT_EQ(0, write_file(tmp_path("plain.bin"), plain, n));
+    if (have_tool("gzip --version >/dev/null 2>&1")) {
+        for (i = 1; i <= 9; i += 4) {
+            snprintf(cmd, sizeof cmd, "gzip -%d -c %s > %s", i, tmp_path("plain.bin"),
+                     tmp_path("plain.gz"));
+            ASSERT_EQ(0, system(cmd));
+            ASSERT_ENUM_EQ(PDP_OK, read_back(tmp_path("plain.gz"), &out, &out_n), pdp_status_name);
+            ASSERT_EQ(n, out_n);
+            ASSERT_MEM_EQ(plain, out, n);
+            pdp__dealloc(out);
+            ran++;
+        }
+    }
+    /* level, strategy: 0 default, 1 filtered, 2 Huffman only, 3 RLE, 4 fixed */
+    if (have_tool("python3 -c 'import zlib' >/dev/null 2>&1")) {
+        for (i = 0; i < (int)(sizeof py / sizeof py[0]); i++) {
+            snprintf(cmd, sizeof cmd, "python3 -c \"import zlib,sys; d=open('%s','rb').read(); "
+                     "c=zlib.compressobj(%d, zlib.DEFLATED, 31, 8, %d); "
+                     "open('%s','wb').write(c.compress(d)+c.flush())\"", tmp_path("plain.bin"),
+                     py[i][0], py[i][1], tmp_path("py.gz"));
+            ASSERT_EQ(0, system(cmd));
+            ASSERT_ENUM_EQm(cmd, PDP_OK, read_back(tmp_path("py.gz"), &out, &out_n),
+                            pdp_status_name);
+            ASSERT_EQ(n, out_n);
+            ASSERT_MEM_EQ(plain, out, n);
+            pdp__dealloc(out);
+            ran++;
+        }
+    }
+    free(plain);
+    if (!ran) SKIPm("neither gzip nor python3's zlib is available");
+    PASS();
+}
+
+/* Every prefix of a gzip file, and many single-byte corruptions, fail cleanly. */
+TEST data_gzip_corrupt_and_truncated(void)
+{
+    const size_t n = 5000;
+    uint8_t *plain = sample_bytes(n, 2), *gz, *out, *bad;
+    size_t gn, out_n, cut;
+    FILE *f;
+    pdp_rng r;
+    int i, detected = 0;
+    if (!have_tool("gzip --version >/dev/null 2>&1")) { free(plain); SKIPm("no gzip tool"); }
+    ASSERT_EQ(0, write_file(tmp_path("c.bin"), plain, n));
+    {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "gzip -9 -c %s > %s", tmp_path("c.bin"), tmp_path("c.gz"));
+        ASSERT_EQ(0, system(cmd));
+    }
+    f = fopen(tmp_path("c.gz"), "rb");
+    ASSERT(f != NULL);
+    gz = (uint8_t *)malloc(n + 1000);
+    gn = fread(gz, 1, n + 1000, f);
+    fclose(f);
+    bad = (uint8_t *)malloc(gn);
+    for (cut = 2; cut < gn; cut++) {
+        pdp_status st = gunzip_mem(gz, cut, &out, &out_n);
+        ASSERT_ENUM_EQm("truncated", PDP_ERR_FORMAT, st, pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "c.gz") || strstr(pdp_last_error(), "mem.gz"));
+    }
+    memcpy(bad, gz, gn); /* the stored CRC */
+    bad[gn - 6] ^= 1;
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, gunzip_mem(bad, gn, &out, &out_n), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "CRC-32 mismatch") != NULL);
+    memcpy(bad, gz, gn); /* ISIZE */
+    bad[gn - 2] ^= 1;
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, gunzip_mem(bad, gn, &out, &out_n), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "length mismatch") != NULL);
+    pdp_rng_seed(&r, 3, 0);
+    for (i = 0; i < 400; i++) { /* flip bytes of the compressed data */
+        size_t at = 10 + pdp_rng_below(&r, (uint32_t)(gn - 18));
+        pdp_status st;
+        memcpy(bad, gz, gn);
+        bad[at] ^= (uint8_t)(1 + pdp_rng_below(&r, 255));
+        st = gunzip_mem(bad, gn, &out, &out_n);
+        if (st == PDP_OK) { /* can only happen if the data is still right */
+            ASSERT_EQ(n, out_n);
+            ASSERT_MEM_EQ(plain, out, n);
+            pdp__dealloc(out);
+        } else {
+            ASSERT_ENUM_EQ(PDP_ERR_FORMAT, st, pdp_status_name);
+            detected++;
+        }
+    }
+    ASSERT_GT(detected, 390);
+    for (i = 0; i < 300; i++) { /* random DEFLATE bodies behind a valid header */
+        size_t at;
+        memcpy(bad, gz, gn);
+        for (at = 10; at < gn; at++) bad[at] = (uint8_t)pdp_rng_u32(&r);
+        ASSERT_ENUM_EQ(PDP_ERR_FORMAT, gunzip_mem(bad, gn, &out, &out_n), pdp_status_name);
+    }
+    free(plain);
+    free(gz);
+    free(bad);
+    PASS();
+}
+
+/* ---- idx ---- */
+
+static size_t make_idx_images(uint8_t *buf, uint32_t count, uint32_t rows, uint32_t cols,
+                              uint32_t seed)
+{
+    uint32_t i, dims[3] = {count, rows, cols};
+    size_t n = 0;
+    pdp_rng r;
+    buf[n++] = 0; buf[n++] = 0; buf[n++] = 8; buf[n++] = 3;
+    for (i = 0; i < 3; i++) {
+        buf[n++] = (uint8_t)(dims[i] >> 24); buf[n++] = (uint8_t)(dims[i] >> 16);
+        buf[n++] = (uint8_t)(dims[i] >> 8); buf[n++] = (uint8_t)dims[i];
+    }
+    pdp_rng_seed(&r, seed, 0);
+    for (i = 0; i < count * rows * cols; i++) buf[n++] = (uint8_t)pdp_rng_u32(&r);
+    return n;
+}
+
+static size_t make_idx_labels(uint8_t *buf, uint32_t count)
+{
+    uint32_t i;
+    size_t n = 0;
+    buf[n++] = 0; buf[n++] = 0; buf[n++] = 8; buf[n++] = 1;
+    buf[n++] = (uint8_t)(count >> 24); buf[n++] = (uint8_t)(count >> 16);
+    buf[n++] = (uint8_t)(count >> 8); buf[n++] = (uint8_t)count;
+    for (i = 0; i < count; i++) buf[n++] = (uint8_t)((i * 7) % 10);
+    return n;
+}
+
+TEST data_idx_round_trip(void)
+{
+    static uint8_t img[16 + 37 * 28 * 28], lab[8 + 37];
+    size_t ni = make_idx_images(img, 37, 28, 28, 5), nl = make_idx_labels(lab, 37);
+    pdp_dataset_desc flat = {0}, norm = {0};
+    pdp_dataset *ds;
+    int64_t i;
+    int pass;
+    ASSERT_EQ(0, write_file(tmp_path("i.idx"), img, ni));
+    ASSERT_EQ(0, write_file(tmp_path("l.idx"), lab, nl));
+    flat.flat = true;
+    norm.mean = 0.25f;
+    norm.std = 0.5f;
+    norm.max_samples = 20;
+    for (pass = 0; pass < 2; pass++) {
+        const char *ip = tmp_path(pass ? "i.idx.gz" : "i.idx");
+        const char *lp = tmp_path(pass ? "l.idx.gz" : "l.idx");
+        if (pass) {
+            char cmd[1200];
+            if (!have_tool("gzip --version >/dev/null 2>&1")) break;
+            snprintf(cmd, sizeof cmd, "gzip -c %s > %s && gzip -c %s > %s", tmp_path("i.idx"), ip,
+                     tmp_path("l.idx"), lp);
+            ASSERT_EQ(0, system(cmd));
+        }
+        ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_load_idx(&ds, ip, lp, NULL), pdp_status_name);
+        ASSERT_EQ(37, (int)ds->count);
+        ASSERT_EQ(3, ds->ndim);
+        ASSERT_EQ(1, (int)ds->shape[0]);
+        ASSERT_EQ(28, (int)ds->shape[1]);
+        ASSERT_EQ(784, (int)ds->features);
+        ASSERT_EQ(10, ds->classes);
+        for (i = 0; i < 37 * 784; i++) ASSERT_EQ((float)img[16 + i] / 255.0f, ds->images[i]);
+        for (i = 0; i < 37; i++) ASSERT_EQ((int)lab[8 + i], ds->labels[i]);
+        pdp_dataset_free(ds);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_load_idx(&ds, ip, lp, &flat), pdp_status_name);
+        ASSERT_EQ(1, ds->ndim);
+        ASSERT_EQ(784, (int)ds->shape[0]);
+        pdp_dataset_free(ds);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_load_idx(&ds, ip, lp, &norm), pdp_status_name);
+        ASSERT_EQ(20, (int)ds->count);
+        for (i = 0; i < 20 * 784; i++)
+            ASSERT_IN_RANGE(((float)img[16 + i] / 255.0f - 0.25f) / 0.5f, ds->images[i], 1e-6);
+        pdp_dataset_free(ds);
+    }
+    PASS();
+}
+
+TEST data_idx_errors_name_the_file(void)
+{
+    static uint8_t img[16 + 5 * 4 * 4], lab[8 + 6];
+    size_t ni = make_idx_images(img, 5, 4, 4, 1), nl = make_idx_labels(lab, 5);
+    pdp_dataset *ds = (pdp_dataset *)&ds;
+    const char *ip = tmp_path("e_img.idx"), *lp = tmp_path("e_lab.idx");
+    ASSERT_EQ(0, write_file(lp, lab, nl));
+    /* bad magic: a label file given as images */
+    ASSERT_EQ(0, write_file(ip, lab, nl));
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, ip, lp, NULL), pdp_status_name);
+    ASSERT(ds == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_dataset_load_idx") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), ip) && strstr(pdp_last_error(), "magic 0x00000801"));
+    /* truncated image data */
+    ASSERT_EQ(0, write_file(ip, img, ni - 3));
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, ip, lp, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), ip) && strstr(pdp_last_error(), "truncated"));
+    /* truncated header */
+    ASSERT_EQ(0, write_file(ip, img, 9));
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, ip, lp, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "header"));
+    /* counts disagree */
+    ASSERT_EQ(0, write_file(ip, img, ni));
+    nl = make_idx_labels(lab, 6);
+    ASSERT_EQ(0, write_file(lp, lab, nl));
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, ip, lp, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "5 images") && strstr(pdp_last_error(), "6 labels"));
+    ASSERT(strstr(pdp_last_error(), ip) && strstr(pdp_last_error(), lp));
+    /* dimensions that overflow 64 bits */
+    memset(img + 4, 0xff, 12);
+    ASSERT_EQ(0, write_file(ip, img, ni));
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_dataset_load_idx(&ds, ip, lp, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "overflow"));
+    /* missing file */
+    ASSERT_ENUM_EQ(PDP_ERR_IO, pdp_dataset_load_idx(&ds, tmp_path("nope"), lp, NULL),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), tmp_path("nope")));
+    PASS();
+}
+
+/* ---- fashion-mnist ---- */
+
+TEST data_fashion_mnist_real_files(void)
+{
+    pdp_dataset *tr, *te;
+    int64_t per_class[10] = {0}, i;
+    float lo = 1, hi = 0;
+    pdp_status st = pdp_dataset_load_fashion_mnist(&tr, true, NULL);
+    if (st == PDP_ERR_IO) SKIPm("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)");
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, st, pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_load_fashion_mnist(&te, false, NULL), pdp_status_name);
+    ASSERT_EQ(60000, (int)tr->count);
+    ASSERT_EQ(10000, (int)te->count);
+    ASSERT_EQ(10, tr->classes);
+    ASSERT_EQ(9, tr->labels[0]); /* the first training image is an ankle boot */
+    ASSERT_EQ(0, tr->labels[1]);
+    ASSERT_EQ(9, te->labels[0]);
+    for (i = 0; i < tr->count; i++) per_class[tr->labels[i]]++;
+    for (i = 0; i < 10; i++) ASSERT_EQ(6000, (int)per_class[i]);
+    for (i = 0; i < tr->count * tr->features; i++) {
+        lo = PDP__MIN(lo, tr->images[i]);
+        hi = PDP__MAX(hi, tr->images[i]);
+    }
+    ASSERT_EQ(0.0f, lo);
+    ASSERT_EQ(1.0f, hi);
+    pdp_dataset_free(tr);
+    pdp_dataset_free(te);
+    PASS();
+}
+
+TEST data_fashion_mnist_missing_says_how_to_get_it(void)
+{
+    const char *old = getenv("PDP_DATA");
+    char saved[512] = "";
+    pdp_dataset *ds;
+    pdp_status st;
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    setenv("PDP_DATA", tmp_path("empty"), 1);
+    st = pdp_dataset_load_fashion_mnist(&ds, false, NULL);
+    if (old) setenv("PDP_DATA", saved, 1);
+    else unsetenv("PDP_DATA");
+    ASSERT_ENUM_EQ(PDP_ERR_IO, st, pdp_status_name);
+    ASSERT(ds == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_dataset_load_fashion_mnist") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "empty/t10k-images-idx3-ubyte.gz"));
+    ASSERT(strstr(pdp_last_error(), "empty/t10k-labels-idx1-ubyte,"));
+    ASSERT(strstr(pdp_last_error(), "apt-get install dataset-fashion-mnist"));
+    ASSERT(strstr(pdp_last_error(), "PDP_DATA"));
+    PASS();
+}
+
+/* ---- synthetic ---- */
+
+TEST data_synthetic_is_seeded_and_learnable(void)
+{
+    pdp_dataset_desc d = {0};
+    pdp_dataset *a, *b, *te;
+    double *mean, count[10] = {0};
+    int64_t i, j, right = 0;
+    int c;
+    d.max_samples = 3000;
+    d.seed = 11;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_synthetic(&a, true, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_synthetic(&b, true, &d), pdp_status_name);
+    ASSERT_EQ(3000, (int)a->count);
+    ASSERT_EQ(10, a->classes);
+    ASSERT_MEM_EQ(a->images, b->images, 3000 * 784 * sizeof(float));
+    ASSERT_MEM_EQ(a->labels, b->labels, 3000 * sizeof(int32_t));
+    pdp_dataset_free(b);
+    d.seed = 12;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_synthetic(&b, true, &d), pdp_status_name);
+    ASSERT(memcmp(a->images, b->images, 784 * sizeof(float)) != 0);
+    pdp_dataset_free(b);
+    d.seed = 11;
+    d.max_samples = 1000;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_synthetic(&te, false, &d), pdp_status_name);
+    ASSERT(memcmp(a->images, te->images, 784 * sizeof(float)) != 0);
+    for (i = 0; i < a->count * 784; i++) ASSERT(a->images[i] >= 0 && a->images[i] <= 1);
+    /* nearest class mean, fitted on train, scored on test: far above chance */
+    mean = (double *)calloc(10 * 784, sizeof *mean);
+    for (i = 0; i < a->count; i++)
+    {
+        count[a->labels[i]] += 1;
+        for (j = 0; j < 784; j++) mean[a->labels[i] * 784 + j] += a->images[i * 784 + j];
+    }
+    for (i = 0; i < te->count; i++) {
+        double best = 1e300;
+        int arg = -1;
+        for (c = 0; c < 10; c++) {
+            double dist = 0;
+            for (j = 0; j < 784; j++) {
+                double v = te->images[i * 784 + j] - mean[c * 784 + j] / count[c];
+                dist += v * v;
+            }
+            if (dist < best) { best = dist; arg = c; }
+        }
+        right += arg == te->labels[i];
+    }
+    ASSERT_GT(right, 600);
+    ASSERT_LT(right, 1000); /* and not trivial */
+    free(mean);
+    pdp_dataset_free(a);
+    pdp_dataset_free(te);
+    PASS();
+}
+
+/* ---- permutation and batcher ---- */
+
+TEST data_permutation_is_seeded_permutation(void)
+{
+    int64_t a[1000], b[1000];
+    char seen[1000];
+    int i;
+    pdp_permutation(a, 1000, 42, 3);
+    pdp_permutation(b, 1000, 42, 3);
+    ASSERT_MEM_EQ(a, b, sizeof a);
+    memset(seen, 0, sizeof seen);
+    for (i = 0; i < 1000; i++) {
+        ASSERT(a[i] >= 0 && a[i] < 1000 && !seen[a[i]]);
+        seen[a[i]] = 1;
+    }
+    pdp_permutation(b, 1000, 42, 4);
+    ASSERT(memcmp(a, b, sizeof a) != 0);
+    pdp_permutation(b, 1000, 43, 3);
+    ASSERT(memcmp(a, b, sizeof a) != 0);
+    PASS();
+}
+
+static pdp_dataset *small_dataset(int64_t count)
+{
+    pdp_dataset_desc d = {0};
+    pdp_dataset *ds = NULL;
+    d.max_samples = count;
+    pdp_dataset_synthetic(&ds, true, &d);
+    return ds;
+}
+
+TEST data_batcher_covers_each_sample_once(void)
+{
+    pdp_dataset *ds = small_dataset(103);
+    pdp_batcher_desc bd = {0};
+    pdp_batcher *b;
+    pdp_tensor x;
+    const int32_t *y;
+    int64_t n, seen[103], first_order[103], order_count, batches;
+    const int64_t *order;
+    int epoch, i;
+    ASSERT(ds != NULL);
+    bd.batch_size = 10;
+    bd.shuffle = true;
+    bd.seed = 5;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT_EQ(11, (int)pdp_batcher_num_batches(b));
+    for (epoch = 0; epoch < 3; epoch++) {
+        int64_t pos = 0;
+        pdp_batcher_reset(b, (uint64_t)epoch);
+        order = pdp_batcher_order(b, &order_count);
+        ASSERT_EQ(103, (int)order_count);
+        if (epoch == 0) memcpy(first_order, order, sizeof first_order);
+        else ASSERT(memcmp(first_order, order, sizeof first_order) != 0);
+        memset(seen, 0, sizeof seen);
+        batches = 0;
+        while (pdp_batcher_next(b, &x, &y, &n)) {
+            ASSERT_EQ(batches < 10 ? 10 : 3, (int)n);
+            ASSERT_EQ(4, x.ndim);
+            ASSERT_EQ(n, x.shape[0]);
+            ASSERT_EQ(28, (int)x.shape[3]);
+            for (i = 0; i < n; i++) { /* the copy is the sample the order names */
+                int64_t s = order[pos + i];
+                seen[s]++;
+                ASSERT_EQ(ds->labels[s], y[i]);
+                ASSERT_MEM_EQ(ds->images + s * 784, x.data + i * 784, 784 * sizeof(float));
+            }
+            pos += n;
+            batches++;
+        }
+        ASSERT_EQ(0, (int)n);
+        ASSERT_EQ(11, (int)batches);
+        for (i = 0; i < 103; i++) ASSERT_EQ(1, (int)seen[i]);
+    }
+    pdp_batcher_reset(b, 0); /* an epoch can be replayed */
+    ASSERT_MEM_EQ(first_order, pdp_batcher_order(b, NULL), sizeof first_order);
+    pdp_batcher_free(b);
+    /* drop_last, in order, no shuffle */
+    bd.shuffle = false;
+    bd.drop_last = true;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT_EQ(10, (int)pdp_batcher_num_batches(b));
+    batches = 0;
+    while (pdp_batcher_next(b, &x, &y, &n)) {
+        ASSERT_EQ(ds->labels[batches * 10], y[0]);
+        batches++;
+    }
+    ASSERT_EQ(10, (int)batches);
+    pdp_batcher_free(b);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
+TEST data_batcher_index_lists_and_no_allocation(void)
+{
+    pdp_dataset *ds = small_dataset(50);
+    int64_t idx[7] = {3, 49, 0, 3, 17, 22, 8}, bad[2] = {1, 50}, n, k = 0;
+    pdp_batcher_desc bd = {0};
+    pdp_batcher *b = NULL;
+    pdp_tensor x;
+    const int32_t *y;
+    long before;
+    float buf[2 * 784];
+    int32_t lab[2];
+    bd.batch_size = 3;
+    bd.indices = idx;
+    bd.num_indices = 7;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    before = g_allocs;
+    while (pdp_batcher_next(b, &x, &y, &n)) {
+        int i;
+        for (i = 0; i < n; i++, k++) {
+            ASSERT_EQ(ds->labels[idx[k]], y[i]);
+            ASSERT_EQ(ds->images[idx[k] * 784 + 400], x.data[i * 784 + 400]);
+        }
+    }
+    pdp_batcher_reset(b, 1);
+    while (pdp_batcher_next(b, &x, &y, &n)) {}
+    ASSERT_EQ(before, g_allocs);
+    ASSERT_EQ(7, (int)k);
+    pdp_batcher_free(b);
+    bd.indices = bad;
+    bd.num_indices = 2;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT(b == NULL);
+    ASSERT(strstr(pdp_last_error(), "indices[1] = 50"));
+    /* gather serves the same lists */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_gather(ds, idx + 1, 2, buf, lab), pdp_status_name);
+    ASSERT_EQ(ds->labels[49], lab[0]);
+    ASSERT_MEM_EQ(ds->images + 784 * 0, buf + 784, 784 * sizeof(float));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_gather(ds, bad, 2, buf, lab), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "indices[1] = 50"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_view(ds, 10, 5, &x), pdp_status_name);
+    ASSERT_EQ(5, (int)x.shape[0]);
+    ASSERT(x.data == ds->images + 10 * 784);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_view(ds, 48, 5, &x), pdp_status_name);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
+SUITE(data)
+{
+    RUN_TEST(data_inflate_stored_blocks);
+    RUN_TEST(data_inflate_fixed_huffman);
+    RUN_TEST(data_inflate_rejects_hostile_streams);
+    RUN_TEST(data_gzip_header_flags);
+    RUN_TEST(data_gzip_matches_gzip_and_zlib);
+    RUN_TEST(data_gzip_corrupt_and_truncated);
+    RUN_TEST(data_idx_round_trip);
+    RUN_TEST(data_idx_errors_name_the_file);
+    RUN_TEST(data_fashion_mnist_real_files);
+    RUN_TEST(data_fashion_mnist_missing_says_how_to_get_it);
+    RUN_TEST(data_synthetic_is_seeded_and_learnable);
+    RUN_TEST(data_permutation_is_seeded_permutation);
+    RUN_TEST(data_batcher_covers_each_sample_once);
+    RUN_TEST(data_batcher_index_lists_and_no_allocation);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    char cmd[300];
+    int rc;
+    snprintf(g_dir, sizeof g_dir, "/tmp/pdp_test_data.XXXXXX");
+    if (!mkdtemp(g_dir)) { perror("mkdtemp"); return 1; }
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(data);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    rc = system(cmd);
+    (void)rc;
+    GREATEST_MAIN_END();
+}

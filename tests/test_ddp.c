@@ -1,0 +1,591 @@
+/* test_ddp.c - DistributedDataParallel on the local backend, and the DistributedSampler.
+
+   Equivalence: N rank threads, each with its own model (ranks > 0 start from a
+   different seed, so rank 0's broadcast is tested too), each training on its
+   slice of the same global batches, must end with the parameters of one model
+   trained on the whole global batches (<= 1e-5 relative), and all ranks with
+   the same bits. Swept over world sizes 1-4, bucket caps from one parameter per
+   bucket to one bucket, and with no_sync gradient accumulation. Faults: a
+   parameter mismatch fails on every rank naming the parameter; a rank that
+   never arrives makes the others time out naming the bucket and the rank; a
+   rank that dies mid-backward makes the others fail at once. The hot loop
+   allocates nothing (PDP_MALLOC counts). Run under TSan by `make tsan`. */
+
+#define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
+#include <stdlib.h>
+#include <stdatomic.h>
+static atomic_long test_allocs;
+static void *test_malloc(size_t n)
+{
+    atomic_fetch_add(&test_allocs, 1);
+    return malloc(n);
+}
+#define PDP_MALLOC(n) test_malloc(n)
+#define PDP_FREE(p) free(p)
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+
+#define MAXR 4
+#define IN 20
+#define CLASSES 3
+#define B 12 /* global batch: divisible by 1, 2, 3 and 4 */
+#define STEPS 3
+
+/* ---- helpers ---- */
+
+static pdp_status build_model(pdp_model **out, uint64_t seed, int variant)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_status st;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = IN;
+    md.seed = seed;
+    *out = NULL;
+    if ((st = pdp_model_create(&m, &md)) != PDP_OK) return st;
+    if ((st = pdp_model_add_linear(m, 16)) || (st = pdp_model_add_relu(m)) ||
+        (st = pdp_model_add_linear(m, variant == 1 ? 11 : 12)) || (st = pdp_model_add_tanh(m)) ||
+        (st = pdp_model_add_linear(m, CLASSES))) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+/* Global micro-batch `mb`: B samples, deterministic. */
+static void make_batch(int mb, float *x, int32_t *y)
+{
+    int i, f;
+    for (i = 0; i < B; i++) {
+        for (f = 0; f < IN; f++) {
+            uint32_t h = (uint32_t)((mb * 131 + i) * 2654435761u) ^ (uint32_t)(f * 40503u);
+            h ^= h >> 15;
+            h *= 0x2c1b3c6du;
+            h ^= h >> 12;
+            x[i * IN + f] = (float)(h & 0xffff) / 65536.0f * 2.0f - 1.0f;
+        }
+        y[i] = (int32_t)((i * 7 + mb) % CLASSES);
+    }
+}
+
+static pdp_optim_desc sgd(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_SGD;
+    od.lr = 0.1f;
+    od.momentum = 0.9f;
+    return od;
+}
+
+/* One device on the whole global batches: the reference. accum micro-batches
+   per step, gradients accumulated (as PyTorch's repeated backward). */
+static pdp_status train_single(int accum, float *params_out, int64_t *count)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = sgd();
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {B, IN};
+    pdp_tensor xt;
+    pdp_status st;
+    int s, a;
+    if ((st = build_model(&m, 1, 0)) || (st = pdp_optim_create(&o, m, &od))) goto out;
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < STEPS; s++) {
+        for (a = 0; a < accum; a++) {
+            make_batch(s * accum + a, x, y);
+            if ((st = pdp_model_forward_backward(m, &xt, y, &loss))) goto out;
+        }
+        if ((st = pdp_optim_step(o))) goto out;
+        pdp_model_zero_grad(m);
+    }
+    memcpy(params_out, m->param_block, (size_t)m->param_count * sizeof(float));
+    *count = m->param_count;
+out:
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+/* ---- rank threads ---- */
+
+typedef struct rank_ctx {
+    pdp_local_group *g;
+    int rank, size;
+    double cap_mb;
+    int accum;
+    int scenario;            /* 0 train, 1 param mismatch on rank 1, 2 rank 2 absent, 3 rank 1
+                                dies mid-backward, 4 state errors */
+    pdp_status st;
+    char msg[1024];
+    float params[2048];
+    int64_t count;
+    double elapsed;
+    long allocs_after_first;
+    pdp_ddp_stats stats;
+    int nbuckets;
+} rank_ctx;
+
+static pthread_mutex_t absent_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t absent_cv = PTHREAD_COND_INITIALIZER;
+static int absent_done;
+
+static void finished_one(void)
+{
+    pthread_mutex_lock(&absent_mu);
+    absent_done++;
+    pthread_cond_broadcast(&absent_cv);
+    pthread_mutex_unlock(&absent_mu);
+}
+
+static pdp_status fail(rank_ctx *ctx, pdp_status st)
+{
+    if (st != PDP_OK && ctx->st == PDP_OK) {
+        ctx->st = st;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    }
+    return st;
+}
+
+static void *rank_main(void *arg)
+{
+    rank_ctx *ctx = (rank_ctx *)arg;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_ddp *d = NULL;
+    pdp_ddp_desc dd;
+    pdp_optim_desc od = sgd();
+    int n = ctx->size, r = ctx->rank, local = B / ctx->size, s, a;
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2];
+    pdp_tensor xt;
+    double t0 = pdp__now();
+    memset(&dd, 0, sizeof dd);
+    dd.bucket_cap_mb = ctx->cap_mb;
+    dd.first_bucket_mb = ctx->cap_mb;
+    shape[0] = local;
+    shape[1] = IN;
+    if (fail(ctx, pdp_comm_create_local(&c, ctx->g, r))) return NULL;
+    if (fail(ctx, build_model(&m, r == 0 ? 1 : 50 + (uint64_t)r,
+                              ctx->scenario == 1 && r == 1 ? 1 : 0)) ||
+        fail(ctx, pdp_optim_create(&o, m, &od)))
+        goto out;
+    t0 = pdp__now();
+    if (fail(ctx, pdp_ddp_create(&d, m, c, &dd))) goto out;
+    ctx->nbuckets = pdp_ddp_num_buckets(d);
+    if (ctx->scenario == 2 && r == n - 1) { /* never arrives at the first bucket */
+        pthread_mutex_lock(&absent_mu);
+        while (absent_done < n - 1) pthread_cond_wait(&absent_cv, &absent_mu);
+        pthread_mutex_unlock(&absent_mu);
+        goto out;
+    }
+    if (ctx->scenario == 3 && r == 1) { /* backward reaches the last layer only, then dies */
+        const pdp_tensor *out;
+        make_batch(0, x, y);
+        pdp_tensor_wrap(x + r * local * IN, pdp_cpu(), 2, shape, &xt);
+        pdp_model_forward(m, &xt, &out);
+        pdp__ddp_arm(d);
+        pdp__ddp_hook(d, m, m->nparams - 1);
+        pdp__ddp_hook(d, m, m->nparams - 2);
+        d->state = PDP__DDP_REDUCING; /* as pdp_ddp_forward_backward leaves a failed pass */
+        d->failed = true;
+        d->armed = false;
+        fail(ctx, pdp_ddp_step(d, o)); /* waits for the two buckets, then refuses */
+        goto out; /* frees the DDP and the communicator: the others fail at once */
+    }
+    pdp_tensor_wrap(x + r * local * IN, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < STEPS; s++) {
+        if (s == 1) ctx->allocs_after_first = atomic_load(&test_allocs);
+        for (a = 0; a < ctx->accum; a++) {
+            make_batch(s * ctx->accum + a, x, y);
+            pdp_ddp_set_no_sync(d, a < ctx->accum - 1);
+            if (fail(ctx, pdp_ddp_forward_backward(d, &xt, y + r * local, &loss))) goto out;
+            if (ctx->scenario == 4 && a == ctx->accum - 1) {
+                pdp_status st2 = pdp_ddp_forward_backward(d, &xt, y + r * local, &loss);
+                if (st2 != PDP_ERR_STATE || !strstr(pdp_last_error(), "still being reduced"))
+                    fail(ctx, PDP_ERR_INVALID);
+            }
+            if (ctx->scenario == 4 && a < ctx->accum - 1) {
+                pdp_status st2 = pdp_ddp_finish(d);
+                if (st2 != PDP_ERR_STATE || !strstr(pdp_last_error(), "no_sync"))
+                    fail(ctx, PDP_ERR_INVALID);
+            }
+        }
+        if (fail(ctx, pdp_ddp_step(d, o))) goto out;
+    }
+    ctx->allocs_after_first = atomic_load(&test_allocs) - ctx->allocs_after_first;
+    memcpy(ctx->params, m->param_block, (size_t)m->param_count * sizeof(float));
+    ctx->count = m->param_count;
+    pdp_ddp_get_stats(d, &ctx->stats);
+out:
+    ctx->elapsed = pdp__now() - t0;
+    if (ctx->scenario == 2 && !(r == n - 1)) finished_one();
+    pdp_ddp_free(d);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static void run_ranks(int n, double timeout_s, rank_ctx *ctx)
+{
+    pthread_t t[MAXR];
+    pdp_local_group *g = NULL;
+    pdp_comm_desc cd;
+    int r;
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = timeout_s;
+    cd.name = "ddp";
+    pdp_local_group_create(&g, n, &cd);
+    for (r = 0; r < n; r++) {
+        ctx[r].g = g;
+        ctx[r].rank = r;
+        ctx[r].size = n;
+        pthread_create(&t[r], NULL, rank_main, &ctx[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+}
+
+/* ---- equivalence ---- */
+
+static enum greatest_test_res check_equivalence(int n, double cap_mb, int accum)
+{
+    static rank_ctx ctx[MAXR];
+    static float ref[2048];
+    int64_t count = 0, i;
+    int r;
+    double worst = 0.0, scale = 0.0;
+    ASSERT_ENUM_EQ(PDP_OK, train_single(accum, ref, &count), pdp_status_name);
+    memset(ctx, 0, sizeof ctx);
+    for (r = 0; r < n; r++) {
+        ctx[r].cap_mb = cap_mb;
+        ctx[r].accum = accum;
+    }
+    run_ranks(n, 30.0, ctx);
+    for (r = 0; r < n; r++) ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+    ASSERT_EQ(count, ctx[0].count);
+    for (i = 0; i < count; i++) {
+        worst = fmax(worst, fabs((double)ctx[0].params[i] - ref[i]));
+        scale = fmax(scale, fabs((double)ref[i]));
+    }
+    if (worst > 1e-5 * scale) {
+        fprintf(stderr, "n %d cap %g accum %d: max |ddp - single| = %g, max |single| = %g\n", n,
+                cap_mb, accum, worst, scale);
+        FAILm("DDP parameters differ from single-device training on the global batch");
+    }
+    for (r = 1; r < n; r++)
+        ASSERT_MEM_EQm("ranks differ", ctx[0].params, ctx[r].params, (size_t)count * sizeof(float));
+    for (r = 0; r < n; r++) {
+        ASSERT_EQ_FMT((long)0, ctx[r].allocs_after_first, "%ld");
+        ASSERT_EQ(STEPS, (int)ctx[r].stats.steps);
+        ASSERT(ctx[r].stats.hidden_share >= 0.0 && ctx[r].stats.hidden_share <= 1.0);
+        if (n == 2) ASSERT_EQ(count * 4, ctx[r].stats.bytes_sent); /* 2(N-1)/N = 1 */
+    }
+    PASS();
+}
+
+TEST ddp_equals_single_device_on_the_global_batch(void)
+{
+    static const double caps[] = {1e-9, 0.0008, 1e6}; /* one param per bucket .. one bucket */
+    int n, accum;
+    size_t k;
+    for (n = 1; n <= MAXR; n++)
+        for (k = 0; k < sizeof caps / sizeof *caps; k++)
+            for (accum = 1; accum <= 2; accum++) CHECK_CALL(check_equivalence(n, caps[k], accum));
+    PASS();
+}
+
+TEST ddp_world_size_one_is_plain_training_bit_for_bit(void)
+{
+    static rank_ctx ctx[1];
+    static float ref[2048];
+    int64_t count = 0;
+    memset(ctx, 0, sizeof ctx);
+    ctx[0].cap_mb = 25;
+    ctx[0].accum = 1;
+    ASSERT_ENUM_EQ(PDP_OK, train_single(1, ref, &count), pdp_status_name);
+    run_ranks(1, 30.0, ctx);
+    ASSERT_ENUM_EQm(ctx[0].msg, PDP_OK, ctx[0].st, pdp_status_name);
+    ASSERT_MEM_EQ(ref, ctx[0].params, (size_t)count * sizeof(float));
+    PASS();
+}
+
+/* ---- buckets ---- */
+
+TEST ddp_buckets_follow_reverse_order_and_caps(void)
+{
+    static const double caps[] = {1e-9, 0.0008, 0.002, 25, 1e6};
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_ddp *d = NULL;
+    pdp_ddp_desc dd;
+    size_t k;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 0), pdp_status_name);
+    for (k = 0; k < sizeof caps / sizeof *caps; k++) {
+        /* independent plan: walk from the last parameter, close at >= cap */
+        int want_first[8], want_last[8], nb = 0, p, last = m->nparams - 1, b;
+        double bytes = 0, cap = caps[k] * 1048576.0;
+        for (p = m->nparams - 1; p >= 0; p--) {
+            pdp_param pr;
+            pdp_model_param(m, p, &pr);
+            bytes += (double)pr.value.count * 4;
+            if (bytes >= cap || p == 0) {
+                want_first[nb] = p;
+                want_last[nb++] = last;
+                last = p - 1;
+                bytes = 0;
+            }
+        }
+        memset(&dd, 0, sizeof dd);
+        dd.bucket_cap_mb = caps[k];
+        dd.first_bucket_mb = caps[k];
+        ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d, m, c, &dd), pdp_status_name);
+        ASSERT_EQ(nb, pdp_ddp_num_buckets(d));
+        for (b = 0; b < nb; b++) {
+            pdp_ddp_bucket bi;
+            pdp_param pf, pl;
+            ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_bucket_info(d, b, &bi), pdp_status_name);
+            ASSERT_EQ(want_first[b], bi.first_param);
+            ASSERT_EQ(want_last[b], bi.last_param);
+            pdp_model_param(m, bi.first_param, &pf);
+            pdp_model_param(m, bi.last_param, &pl);
+            ASSERT_EQ(pf.offset, bi.offset); /* a view of the gradient block */
+            ASSERT_EQ(pl.offset + pl.value.count - pf.offset, bi.count);
+        }
+        if (caps[k] < 1e-6) ASSERT_EQ(m->nparams, nb);
+        if (caps[k] >= 25) ASSERT_EQ(1, nb);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_ddp_bucket_info(d, nb, NULL), pdp_status_name);
+        pdp_ddp_free(d);
+        d = NULL;
+    }
+    /* defaults: 25 MB, first bucket 1 MB; a model of 1.5 MB of weights in the last layer
+       and 1 MB before it has two buckets */
+    pdp_model_free(m);
+    {
+        pdp_model_desc md;
+        memset(&md, 0, sizeof md);
+        md.input_shape[0] = 512;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &md), pdp_status_name);
+        pdp_model_add_linear(m, 512);
+        pdp_model_add_linear(m, 768);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+        ASSERT_EQ(2, pdp_ddp_num_buckets(d));
+        pdp_ddp_free(d);
+    }
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
+TEST ddp_state_errors(void)
+{
+    static rank_ctx ctx[2];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    for (r = 0; r < 2; r++) {
+        ctx[r].cap_mb = 0.0008;
+        ctx[r].accum = 2;
+        ctx[r].scenario = 4;
+    }
+    run_ranks(2, 30.0, ctx);
+    for (r = 0; r < 2; r++) ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+    PASS();
+}
+
+/* ---- faults ---- */
+
+TEST ddp_param_mismatch_fails_on_every_rank(void)
+{
+    static rank_ctx ctx[3];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    for (r = 0; r < 3; r++) {
+        ctx[r].cap_mb = 25;
+        ctx[r].accum = 1;
+        ctx[r].scenario = 1;
+    }
+    run_ranks(3, 30.0, ctx);
+    for (r = 0; r < 3; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_ERR_INVALID, ctx[r].st, pdp_status_name);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "pdp_ddp_create") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "'2.weight' [12, 16]") != NULL);
+        ASSERT(ctx[r].elapsed < 5.0);
+    }
+    ASSERTm(ctx[1].msg, strstr(ctx[1].msg, "'2.weight' [11, 16] on rank 1") != NULL);
+    ASSERTm(ctx[0].msg, strstr(ctx[0].msg, "rank 1's parameter 2") != NULL);
+    PASS();
+}
+
+TEST ddp_absent_rank_times_out_naming_bucket_and_rank(void)
+{
+    static rank_ctx ctx[3];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    absent_done = 0;
+    for (r = 0; r < 3; r++) {
+        ctx[r].cap_mb = 0.0008;
+        ctx[r].accum = 1;
+        ctx[r].scenario = 2;
+    }
+    run_ranks(3, 1.0, ctx);
+    for (r = 0; r < 2; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_ERR_TIMEOUT, ctx[r].st, pdp_status_name);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "pdp_ddp_step") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "bucket 0 of 2") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "allreduce #") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "rank 2 (last seen") != NULL);
+        ASSERT(ctx[r].elapsed < 4.0);
+    }
+    PASS();
+}
+
+TEST ddp_rank_dying_mid_backward_fails_the_others_at_once(void)
+{
+    static rank_ctx ctx[3];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    for (r = 0; r < 3; r++) {
+        ctx[r].cap_mb = 1e-9; /* one parameter per bucket: rank 1 launches two of six */
+        ctx[r].accum = 1;
+        ctx[r].scenario = 3;
+    }
+    run_ranks(3, 60.0, ctx);
+    for (r = 0; r < 3; r += 2) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_ERR_COMM, ctx[r].st, pdp_status_name);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "bucket 2 of 6") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "rank 1 left the group") != NULL);
+        ASSERT(ctx[r].elapsed < 10.0); /* far below the 60 s timeout */
+    }
+    ASSERT_ENUM_EQm(ctx[1].msg, PDP_ERR_STATE, ctx[1].st, pdp_status_name);
+    ASSERTm(ctx[1].msg, strstr(ctx[1].msg, "failed after launching 2 of 6 buckets") != NULL);
+    PASS();
+}
+
+/* ---- sampler ---- */
+
+static enum greatest_test_res check_sampler(int64_t n, int world, bool drop_last)
+{
+    pdp_dist_sampler *s[MAXR];
+    pdp_dist_sampler_desc sd;
+    int64_t *perm = (int64_t *)malloc((size_t)n * sizeof *perm), per, total, i, cnt;
+    int r;
+    memset(&sd, 0, sizeof sd);
+    sd.dataset_size = n;
+    sd.world_size = world;
+    sd.seed = 7;
+    sd.drop_last = drop_last;
+    for (r = 0; r < world; r++) {
+        sd.rank = r;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&s[r], &sd), pdp_status_name);
+        pdp_dist_sampler_set_epoch(s[r], 3);
+    }
+    per = drop_last ? n / world : (n + world - 1) / world;
+    total = per * world;
+    pdp_permutation(perm, n, 7, 3);
+    /* entry j of the padded list is perm[j % n]; rank r holds entries r, r + world, ... */
+    for (r = 0; r < world; r++) {
+        const int64_t *idx = pdp_dist_sampler_indices(s[r], &cnt);
+        ASSERT_EQ(per, cnt);
+        ASSERT_EQ(per, pdp_dist_sampler_num_samples(s[r]));
+        for (i = 0; i < per; i++) ASSERT_EQ(perm[(r + i * world) % n], idx[i]);
+    }
+    /* disjoint and covering: every index used once, padding repeats only the first ones */
+    {
+        int *seen = (int *)calloc((size_t)n, sizeof(int));
+        for (r = 0; r < world; r++) {
+            const int64_t *idx = pdp_dist_sampler_indices(s[r], NULL);
+            for (i = 0; i < per; i++) seen[idx[i]]++;
+        }
+        for (i = 0; i < n; i++) {
+            int want = 0;
+            int64_t j;
+            for (j = 0; j < total; j++) want += perm[j % n] == i;
+            ASSERT_EQ(want, seen[i]);
+            if (!drop_last) ASSERT(seen[i] >= 1);
+        }
+        free(seen);
+    }
+    for (r = 0; r < world; r++) pdp_dist_sampler_free(s[r]);
+    free(perm);
+    PASS();
+}
+
+TEST sampler_shards_are_disjoint_and_padded_like_pytorch(void)
+{
+    CHECK_CALL(check_sampler(12, 3, false));
+    CHECK_CALL(check_sampler(10, 3, false)); /* 4 each, 2 repeated */
+    CHECK_CALL(check_sampler(10, 3, true));  /* 3 each, 1 dropped */
+    CHECK_CALL(check_sampler(2, 4, false));  /* padding longer than the dataset */
+    CHECK_CALL(check_sampler(1000, 4, false));
+    PASS();
+}
+
+TEST sampler_set_epoch_reshuffles(void)
+{
+    pdp_dist_sampler *a = NULL, *b = NULL;
+    pdp_dist_sampler_desc sd;
+    int64_t e0[50], i, same = 0;
+    memset(&sd, 0, sizeof sd);
+    sd.dataset_size = 100;
+    sd.world_size = 2;
+    sd.seed = 1;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&a, &sd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&b, &sd), pdp_status_name);
+    memcpy(e0, pdp_dist_sampler_indices(a, NULL), sizeof e0);
+    pdp_dist_sampler_set_epoch(a, 1);
+    for (i = 0; i < 50; i++) same += pdp_dist_sampler_indices(a, NULL)[i] == e0[i];
+    ASSERT(same < 10);
+    pdp_dist_sampler_set_epoch(a, 0); /* replayable */
+    ASSERT_MEM_EQ(e0, pdp_dist_sampler_indices(a, NULL), sizeof e0);
+    ASSERT_MEM_EQ(e0, pdp_dist_sampler_indices(b, NULL), sizeof e0);
+    pdp_dist_sampler_free(a);
+    pdp_dist_sampler_free(b);
+    sd.no_shuffle = true;
+    sd.rank = 1;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&a, &sd), pdp_status_name);
+    for (i = 0; i < 50; i++) ASSERT_EQ(1 + 2 * i, pdp_dist_sampler_indices(a, NULL)[i]);
+    pdp_dist_sampler_free(a);
+    sd.rank = 2;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dist_sampler_create(&a, &sd), pdp_status_name);
+    ASSERT(a == NULL);
+    ASSERT(strstr(pdp_last_error(), "rank 2 outside 0..1") != NULL);
+    PASS();
+}
+
+SUITE(ddp)
+{
+    RUN_TEST(ddp_equals_single_device_on_the_global_batch);
+    RUN_TEST(ddp_world_size_one_is_plain_training_bit_for_bit);
+    RUN_TEST(ddp_buckets_follow_reverse_order_and_caps);
+    RUN_TEST(ddp_state_errors);
+    RUN_TEST(ddp_param_mismatch_fails_on_every_rank);
+    RUN_TEST(ddp_absent_rank_times_out_naming_bucket_and_rank);
+    RUN_TEST(ddp_rank_dying_mid_backward_fails_the_others_at_once);
+}
+
+SUITE(sampler)
+{
+    RUN_TEST(sampler_shards_are_disjoint_and_padded_like_pytorch);
+    RUN_TEST(sampler_set_epoch_reshuffles);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(ddp);
+    RUN_SUITE(sampler);
+    GREATEST_MAIN_END();
+}

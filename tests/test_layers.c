@@ -1,0 +1,818 @@
+/* Tests of the layers (src/layers.c) through small models built with the public API:
+   gradients against central finite differences for every layer kind on odd shapes,
+   forward against naive loops, PyTorch's initialisation, dropout masks (eval
+   identity, determinism, the same mask when a batch is split with sample_base), the
+   grad hook order, error messages, and no allocation after the first step.
+
+   Finite differences: f(x) = sum(y * r) for a fixed random r, summed in double;
+   df/dv ~ (f(v + eps) - f(v - eps)) / (2 eps) with eps = 1e-3, compared with the
+   analytic gradient within 3e-3 + 3e-3 |g|. Outputs a perturbation does not touch
+   round identically in both evaluations, so the float noise stays near 1e-4. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#define PDP_IMPLEMENTATION
+#define PDP_MALLOC(bytes) test_malloc(bytes)
+#define PDP_FREE(ptr) test_free(ptr)
+static long test_allocs; /* allocations through PDP_MALLOC, counted with atomics */
+static void *test_malloc(size_t bytes)
+{
+    __atomic_fetch_add(&test_allocs, 1, __ATOMIC_RELAXED);
+    return malloc(bytes);
+}
+static void test_free(void *p) { free(p); }
+#include "pdp.h"
+#include "pdp_test.h"
+#include "fixture.h"
+
+#define FD_EPS 1e-3
+#define FD_ABS 3e-3
+#define FD_REL 3e-3
+
+/* ---- helpers ---- */
+
+static pdp_model *new_model(int ndim, int64_t a, int64_t b, int64_t c, uint64_t seed)
+{
+    pdp_model_desc d;
+    pdp_model *m = NULL;
+    memset(&d, 0, sizeof d);
+    d.input_ndim = ndim;
+    d.input_shape[0] = a;
+    d.input_shape[1] = b;
+    d.input_shape[2] = c;
+    d.seed = seed;
+    if (pdp_model_create(&m, &d) != PDP_OK) return NULL;
+    return m;
+}
+
+static int64_t out_count(const pdp_model *m)
+{
+    int64_t s[3];
+    int nd = pdp_model_output_shape(m, s), i;
+    int64_t n = 1;
+    for (i = 0; i < nd; i++) n *= s[i];
+    return n;
+}
+
+/* x [batch, input...] as a tensor over caller memory. */
+static void wrap_input(const pdp_model *m, float *data, int64_t batch, pdp_tensor *t)
+{
+    int64_t shape[4];
+    shape[0] = batch;
+    memcpy(shape + 1, m->in_shape, 3 * sizeof *shape);
+    pdp_tensor_wrap(data, pdp_cpu(), m->in_ndim + 1, shape, t);
+}
+
+static void fill_uniform(float *x, int64_t n, pdp_rng *r, float lo, float hi)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) x[i] = lo + (hi - lo) * pdp_rng_uniform(r);
+}
+
+/* Fixed dropout masks across repeated forwards: every forward sees step 42. */
+static void pin_step(pdp_model *m) { m->step = 41; }
+
+/* f = sum(model(x) * r) in double. */
+static double objective(pdp_model *m, const pdp_tensor *x, const float *r)
+{
+    const pdp_tensor *y;
+    double f = 0.0;
+    int64_t i;
+    pin_step(m);
+    if (pdp_model_forward(m, x, &y) != PDP_OK) return NAN;
+    for (i = 0; i < y->count; i++) f += (double)y->data[i] * r[i];
+    return f;
+}
+
+/* Central difference of f with respect to v[i], step eps. */
+static double fd_at(pdp_model *m, const pdp_tensor *x, const float *r, float *v, int64_t i,
+                    double eps)
+{
+    float keep = v[i], up = (float)(keep + eps), down = (float)(keep - eps);
+    double fp, fm;
+    v[i] = up;
+    fp = objective(m, x, r);
+    v[i] = down;
+    fm = objective(m, x, r);
+    v[i] = keep;
+    return (fp - fm) / ((double)up - (double)down);
+}
+
+/* Compares analytic and central-difference derivatives of f with respect to the
+   n values at v; returns how many differ, printing the first few. A mismatch is
+   checked again with eps / 4 before it counts: a ReLU or max-pool kink within eps
+   of the point spoils one difference, rarely both. */
+static int fd_compare(pdp_model *m, const pdp_tensor *x, const float *r, float *v,
+                      const float *grad, int64_t n, const char *what)
+{
+    int64_t i;
+    int bad = 0;
+    for (i = 0; i < n; i++) {
+        double tol = FD_ABS + FD_REL * fabs(grad[i]), fd = fd_at(m, x, r, v, i, FD_EPS);
+        if (fabs(fd - grad[i]) <= tol) continue;
+        fd = fd_at(m, x, r, v, i, FD_EPS / 4);
+        if (fabs(fd - grad[i]) <= tol) continue;
+        if (bad < 5)
+            fprintf(stderr, "  %s[%lld]: analytic %.6g, finite difference %.6g\n", what,
+                    (long long)i, (double)grad[i], fd);
+        bad++;
+    }
+    return bad;
+}
+
+/* Every parameter and every input element of m, at a random x (|x| >= away, for
+   layers with a kink at 0) and a random upstream gradient. Parameters are moved by
+   U(-0.2, 0.2) first, so that LayerNorm's 1 and 0 become generic values. */
+static enum greatest_test_res check_grads(pdp_model *m, int64_t batch, float away, uint64_t seed)
+{
+    pdp_rng r;
+    pdp_tensor x, flat, grads;
+    const pdp_tensor *y;
+    int64_t nin = batch * m->in_count, nout, i;
+    float *xd, *rd, *dx, *gcopy;
+    int bad = 0, p;
+    ASSERT(m != NULL);
+    pdp_rng_seed(&r, seed, 7);
+    nout = batch * out_count(m);
+    xd = (float *)malloc((size_t)nin * sizeof *xd);
+    dx = (float *)malloc((size_t)nin * sizeof *dx);
+    rd = (float *)malloc((size_t)nout * sizeof *rd);
+    ASSERT(xd && dx && rd);
+    for (i = 0; i < nin; i++) {
+        float v = (1.0f - away) * (2.0f * pdp_rng_uniform(&r) - 1.0f);
+        xd[i] = v + (v < 0 ? -away : away);
+    }
+    fill_uniform(rd, nout, &r, -1.0f, 1.0f);
+    wrap_input(m, xd, batch, &x);
+    if (pdp_model_param_count(m) > 0) {
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m, &flat, &grads), pdp_status_name);
+        for (i = 0; i < flat.count; i++) flat.data[i] += 0.4f * pdp_rng_uniform(&r) - 0.2f;
+    }
+
+    /* Analytic parameter gradients through the public backward. */
+    pdp_model_zero_grad(m);
+    pin_step(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_EQ(nout, y->count);
+    {
+        pdp_tensor dy;
+        pdp_tensor_wrap(rd, pdp_cpu(), y->ndim, y->shape, &dy);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name);
+    }
+    gcopy = NULL;
+    if (pdp_model_param_count(m) > 0) {
+        gcopy = (float *)malloc((size_t)grads.count * sizeof *gcopy);
+        ASSERT(gcopy);
+        memcpy(gcopy, grads.data, (size_t)grads.count * sizeof *gcopy);
+    }
+    /* Analytic input gradient. */
+    pin_step(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m, rd, dx), pdp_status_name);
+
+    bad += fd_compare(m, &x, rd, xd, dx, nin, "dx");
+    for (p = 0; p < pdp_model_num_params(m); p++) {
+        pdp_param prm;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_param(m, p, &prm), pdp_status_name);
+        bad += fd_compare(m, &x, rd, prm.value.data, gcopy + prm.offset, prm.value.count,
+                          prm.name);
+    }
+    free(xd);
+    free(dx);
+    free(rd);
+    free(gcopy);
+    ASSERT_EQm("analytic and finite-difference gradients differ", 0, bad);
+    PASS();
+}
+
+/* ---- gradients against finite differences ---- */
+
+TEST layers_linear_grads_match_finite_differences(void)
+{
+    pdp_model *m = new_model(1, 7, 0, 0, 1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 5), pdp_status_name);
+    CHECK_CALL(check_grads(m, 3, 0.0f, 1));
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_activation_grads_match_finite_differences(void)
+{
+    pdp_status (*add[4])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
+                                         pdp_model_add_tanh, pdp_model_add_sigmoid};
+    int k;
+    for (k = 0; k < 4; k++) {
+        pdp_model *m = new_model(1, 7, 0, 0, 2);
+        ASSERT_ENUM_EQ(PDP_OK, add[k](m), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 4), pdp_status_name);
+        CHECK_CALL(check_grads(m, 3, 0.05f, 10 + (uint64_t)k));
+        pdp_model_free(m);
+    }
+    PASS();
+}
+
+TEST layers_dropout_train_grads_match_finite_differences(void)
+{
+    pdp_model *m = new_model(1, 9, 0, 0, 3);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 8), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m, 0.4f), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 3), pdp_status_name);
+    CHECK_CALL(check_grads(m, 3, 0.0f, 3));
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_layernorm_grads_match_finite_differences(void)
+{
+    pdp_model *m = new_model(1, 7, 0, 0, 4);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
+    CHECK_CALL(check_grads(m, 3, 0.0f, 4));
+    pdp_model_free(m);
+    m = new_model(3, 2, 3, 3, 5); /* per-sample (2, 3, 3): weight and bias of that shape */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 1e-3f), pdp_status_name);
+    CHECK_CALL(check_grads(m, 3, 0.0f, 5));
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_conv2d_grads_match_finite_differences(void)
+{
+    pdp_model *m = new_model(3, 2, 5, 5, 6);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 3, 3, 2, 1), pdp_status_name);
+    CHECK_CALL(check_grads(m, 3, 0.0f, 6));
+    pdp_model_free(m);
+    m = new_model(3, 3, 4, 7, 7); /* stride 1, no padding, rectangular */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 2, 1, 0), pdp_status_name);
+    CHECK_CALL(check_grads(m, 2, 0.0f, 7));
+    pdp_model_free(m);
+    m = new_model(3, 1, 6, 5, 8); /* padding larger than half the kernel, stride 3 */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 3, 3, 2), pdp_status_name);
+    CHECK_CALL(check_grads(m, 2, 0.0f, 8));
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_maxpool2d_grads_match_finite_differences(void)
+{
+    /* Distinct, well-spaced inputs would be ideal; random ones with eps 1e-3 rarely
+       come within 2 eps of each other, and the seeds below do not. */
+    pdp_model *m = new_model(3, 2, 5, 5, 9); /* floor: 5 -> 2 */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_maxpool2d(m, 2, 0), pdp_status_name);
+    CHECK_CALL(check_grads(m, 3, 0.0f, 9));
+    pdp_model_free(m);
+    m = new_model(3, 3, 7, 6, 10); /* overlapping windows: gradients add up */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_maxpool2d(m, 3, 2), pdp_status_name);
+    CHECK_CALL(check_grads(m, 2, 0.0f, 10));
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_mlp_grads_match_finite_differences(void)
+{
+    pdp_model *m = new_model(1, 11, 0, 0, 11);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 9), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 6), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_tanh(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 4), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_sigmoid(m), pdp_status_name);
+    CHECK_CALL(check_grads(m, 3, 0.0f, 11));
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_cnn_grads_match_finite_differences(void)
+{
+    pdp_model *m = new_model(3, 2, 7, 7, 12);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 3, 3, 1, 1), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_maxpool2d(m, 2, 2), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_flatten(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 5), pdp_status_name);
+    CHECK_CALL(check_grads(m, 3, 0.0f, 12));
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- forward against naive loops ---- */
+
+TEST layers_linear_and_activations_match_naive(void)
+{
+    pdp_model *m;
+    pdp_param w, b;
+    pdp_tensor x;
+    const pdp_tensor *y;
+    pdp_rng r;
+    float xd[5 * 13];
+    int64_t i, j, k, B = 5;
+    int kind;
+    pdp_status (*add[4])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
+                                         pdp_model_add_tanh, pdp_model_add_sigmoid};
+    pdp_rng_seed(&r, 13, 0);
+    fill_uniform(xd, B * 13, &r, -3.0f, 3.0f);
+    for (kind = 0; kind < 4; kind++) {
+        m = new_model(1, 13, 0, 0, 13);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 6), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, add[kind](m), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.weight", &w), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.bias", &b), pdp_status_name);
+        wrap_input(m, xd, B, &x);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+        for (i = 0; i < B; i++)
+            for (j = 0; j < 6; j++) {
+                double z = b.value.data[j], want;
+                for (k = 0; k < 13; k++) z += (double)xd[i * 13 + k] * w.value.data[j * 13 + k];
+                switch (kind) {
+                case 0: want = z > 0 ? z : 0; break;
+                case 1:
+                    want = 0.5 * z *
+                           (1 + tanh(sqrt(2 / 3.14159265358979323846) * (z + 0.044715 * z * z * z)));
+                    break;
+                case 2: want = tanh(z); break;
+                default: want = 1 / (1 + exp(-z)); break;
+                }
+                ASSERT_IN_RANGE(want, y->data[i * 6 + j], 1e-5 * (1 + fabs(want)));
+            }
+        pdp_model_free(m);
+    }
+    PASS();
+}
+
+TEST layers_conv2d_and_maxpool_match_naive(void)
+{
+    /* (3, 6, 7) -> Conv2d(4, k3, s2, p1) -> (4, 3, 4) -> MaxPool2d(2, 1) -> (4, 2, 3) */
+    int64_t C = 3, H = 6, W = 7, O = 4, K = 3, S = 2, P = 1, Ho = 3, Wo = 4, B = 2;
+    pdp_model *m = new_model(3, C, H, W, 14);
+    pdp_param w, b;
+    pdp_tensor x;
+    const pdp_tensor *y;
+    pdp_rng r;
+    float xd[2 * 3 * 6 * 7], conv[2 * 4 * 3 * 4];
+    int64_t s, o, c, oh, ow, ki, kj, shape[3];
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, O, K, S, P), pdp_status_name);
+    ASSERT_EQ(3, pdp_model_output_shape(m, shape));
+    ASSERT_EQ(Ho, shape[1]);
+    ASSERT_EQ(Wo, shape[2]);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.weight", &w), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.bias", &b), pdp_status_name);
+    ASSERT_EQ(4, w.value.ndim);
+    ASSERT_EQ(O, w.value.shape[0]);
+    ASSERT_EQ(C, w.value.shape[1]);
+    ASSERT_EQ(K, w.value.shape[3]);
+    pdp_rng_seed(&r, 14, 0);
+    fill_uniform(xd, B * C * H * W, &r, -1.0f, 1.0f);
+    wrap_input(m, xd, B, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    for (s = 0; s < B; s++)
+        for (o = 0; o < O; o++)
+            for (oh = 0; oh < Ho; oh++)
+                for (ow = 0; ow < Wo; ow++) {
+                    double z = b.value.data[o];
+                    for (c = 0; c < C; c++)
+                        for (ki = 0; ki < K; ki++)
+                            for (kj = 0; kj < K; kj++) {
+                                int64_t ih = oh * S - P + ki, iw = ow * S - P + kj;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                z += (double)xd[((s * C + c) * H + ih) * W + iw] *
+                                     w.value.data[((o * C + c) * K + ki) * K + kj];
+                            }
+                    conv[((s * O + o) * Ho + oh) * Wo + ow] = (float)z;
+                    ASSERT_IN_RANGE(z, y->data[((s * O + o) * Ho + oh) * Wo + ow], 1e-5);
+                }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_maxpool2d(m, 2, 1), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_EQ(B * O * 2 * 3, y->count);
+    for (s = 0; s < B * O; s++)
+        for (oh = 0; oh < 2; oh++)
+            for (ow = 0; ow < 3; ow++) {
+                float best = -INFINITY;
+                for (ki = 0; ki < 2; ki++)
+                    for (kj = 0; kj < 2; kj++) {
+                        float v = conv[(s * Ho + oh + ki) * Wo + ow + kj];
+                        best = v > best ? v : best;
+                    }
+                ASSERT_IN_RANGE(best, y->data[(s * 2 + oh) * 3 + ow], 1e-5);
+            }
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_maxpool_ties_go_to_the_first_maximum(void)
+{
+    pdp_model *m = new_model(3, 1, 2, 4, 15);
+    float xd[8] = {1, 5, 5, 2, 5, 0, 2, 2}, dy[2] = {1.0f, 10.0f}, dx[8];
+    const float want[8] = {0, 1, 10, 0, 0, 0, 0, 0};
+    pdp_tensor x;
+    const pdp_tensor *y;
+    int i;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_maxpool2d(m, 2, 0), pdp_status_name);
+    wrap_input(m, xd, 1, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_EQ(5.0f, y->data[0]);
+    ASSERT_EQ(5.0f, y->data[1]);
+    ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m, dy, dx), pdp_status_name);
+    for (i = 0; i < 8; i++) ASSERT_EQ(want[i], dx[i]);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- initialisation ---- */
+
+TEST layers_init_follows_pytorch_and_the_seed(void)
+{
+    pdp_model *m = new_model(3, 2, 5, 5, 77), *m2 = new_model(3, 2, 5, 5, 77);
+    pdp_param w, b;
+    pdp_rng r;
+    pdp_tensor ref;
+    float expect[4 * 18 + 4];
+    int64_t n, i;
+    float bound = (float)(1.0 / sqrt(18.0)); /* PyTorch: 1 / math.sqrt(fan_in), a double */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 4, 3, 1, 1), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_flatten(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m2, 4, 3, 1, 1), pdp_status_name);
+    /* weight then bias, from the model's generator seeded with (seed, 0) */
+    pdp_rng_seed(&r, 77, 0);
+    n = 4 * 18;
+    pdp_tensor_wrap(expect, pdp_cpu(), 1, &n, &ref);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_kaiming_uniform(&ref, &r, 18, sqrtf(5.0f)), pdp_status_name);
+    n = 4;
+    pdp_tensor_wrap(expect + 72, pdp_cpu(), 1, &n, &ref);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_uniform(&ref, &r, -bound, bound), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.weight", &w), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.bias", &b), pdp_status_name);
+    ASSERT_MEM_EQ(expect, w.value.data, 72 * sizeof(float));
+    ASSERT_MEM_EQ(expect + 72, b.value.data, 4 * sizeof(float));
+    for (i = 0; i < 72; i++) ASSERT(fabsf(w.value.data[i]) <= bound);
+    /* the same seed gives the same bits, whatever is added later */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m2, "0.weight", &b), pdp_status_name);
+    ASSERT_MEM_EQ(w.value.data, b.value.data, 72 * sizeof(float));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "2.weight", &w), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "2.bias", &b), pdp_status_name);
+    ASSERT_EQ(1, w.value.ndim);
+    ASSERT_EQ(4 * 25, w.value.count);
+    for (i = 0; i < w.value.count; i++) {
+        ASSERT_EQ(1.0f, w.value.data[i]);
+        ASSERT_EQ(0.0f, b.value.data[i]);
+    }
+    pdp_model_free(m);
+    pdp_model_free(m2);
+    PASS();
+}
+
+/* ---- dropout ---- */
+
+TEST layers_dropout_eval_is_identity(void)
+{
+    pdp_model *m = new_model(1, 31, 0, 0, 16);
+    float xd[4 * 31], dx[4 * 31];
+    pdp_tensor x;
+    const pdp_tensor *y;
+    pdp_rng r;
+    pdp_rng_seed(&r, 16, 0);
+    fill_uniform(xd, 4 * 31, &r, -1.0f, 1.0f);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m, 0.5f), pdp_status_name);
+    pdp_model_set_training(m, false);
+    ASSERT(!pdp_model_is_training(m));
+    wrap_input(m, xd, 4, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_MEM_EQ(xd, y->data, sizeof xd);
+    ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m, xd, dx), pdp_status_name);
+    ASSERT_MEM_EQ(xd, dx, sizeof xd);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_dropout_masks_are_deterministic_and_split_invariant(void)
+{
+    enum { B = 6, F = 1000 };
+    static float xd[B * F], whole[B * F], half[B * F], other[B * F];
+    pdp_model *m = new_model(1, F, 0, 0, 17);
+    pdp_tensor x, part;
+    const pdp_tensor *y;
+    int64_t i, kept = 0;
+    const float p = 0.3f, scale = 1.0f / (1.0f - 0.3f);
+    for (i = 0; i < B * F; i++) xd[i] = 1.0f + (float)(i % 7);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m, p), pdp_status_name);
+    wrap_input(m, xd, B, &x);
+    pin_step(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    memcpy(whole, y->data, sizeof whole);
+    for (i = 0; i < B * F; i++) {
+        ASSERT(whole[i] == 0.0f || whole[i] == xd[i] * scale);
+        kept += whole[i] != 0.0f;
+    }
+    /* keep probability 1 - p: 4200 of 6000 expected, sd 35 */
+    ASSERT_IN_RANGE(0.7 * B * F, (double)kept, 200.0);
+    /* the same step gives the same mask */
+    pin_step(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_MEM_EQ(whole, y->data, sizeof whole);
+    /* the batch split in two, as two DP replicas would see it */
+    pin_step(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_rows_view(&x, 0, 2, &part), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &part, &y), pdp_status_name);
+    memcpy(half, y->data, 2 * F * sizeof(float));
+    m->sample_base = 2;
+    pin_step(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_rows_view(&x, 2, B - 2, &part), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &part, &y), pdp_status_name);
+    memcpy(half + 2 * F, y->data, (B - 2) * F * sizeof(float));
+    ASSERT_MEM_EQ(whole, half, sizeof whole);
+    /* the next step draws another mask; so does another seed */
+    m->sample_base = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    memcpy(other, y->data, sizeof other);
+    ASSERT(memcmp(whole, other, sizeof whole) != 0);
+    pdp_model_free(m);
+    m = new_model(1, F, 0, 0, 18);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m, p), pdp_status_name);
+    pin_step(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT(memcmp(whole, y->data, sizeof whole) != 0);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- the grad hook ---- */
+
+typedef struct hook_log {
+    int n, order[16];
+    float *snap[16]; /* each parameter's gradient at the moment of its hook */
+} hook_log;
+
+static void record_hook(void *user, pdp_model *m, int param_index)
+{
+    hook_log *log = (hook_log *)user;
+    pdp_param p;
+    if (log->n >= 16 || pdp_model_param(m, param_index, &p) != PDP_OK) return;
+    log->order[log->n] = param_index;
+    log->snap[log->n] = (float *)malloc((size_t)p.grad.count * sizeof(float));
+    if (log->snap[log->n]) memcpy(log->snap[log->n], p.grad.data, (size_t)p.grad.count * 4);
+    log->n++;
+}
+
+TEST layers_grad_hook_fires_once_per_param_in_reverse_order(void)
+{
+    pdp_model *m = new_model(3, 1, 6, 6, 19);
+    hook_log log;
+    pdp_tensor x, dy;
+    const pdp_tensor *y;
+    float xd[2 * 36], dyd[2 * 4];
+    int i, j, nparams;
+    memset(&log, 0, sizeof log);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 3, 1, 1), pdp_status_name);     /* 0, 1 */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_maxpool2d(m, 2, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_flatten(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);         /* 2, 3 */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 4), pdp_status_name);                /* 4, 5 */
+    nparams = pdp_model_num_params(m);
+    ASSERT_EQ(6, nparams);
+    for (i = 0; i < 2 * 36; i++) xd[i] = (float)((i * 37) % 11) - 5.0f;
+    for (i = 0; i < 8; i++) dyd[i] = (float)(i % 3) - 1.0f;
+    wrap_input(m, xd, 2, &x);
+    pdp_model_set_grad_hook(m, record_hook, &log);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    pdp_tensor_wrap(dyd, pdp_cpu(), 2, y->shape, &dy);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name);
+    ASSERT_EQ(nparams, log.n);
+    for (i = 0; i < nparams; i++) {
+        pdp_param p;
+        ASSERT_EQ(nparams - 1 - i, log.order[i]);
+        ASSERT(log.snap[i] != NULL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_param(m, log.order[i], &p), pdp_status_name);
+        /* final when reported: later layers do not touch it again */
+        ASSERT_MEM_EQ(p.grad.data, log.snap[i], (size_t)p.grad.count * sizeof(float));
+        for (j = 0; j < p.grad.count && p.grad.data[j] == 0.0f; j++) {}
+        ASSERTm("a gradient is all zero", j < p.grad.count);
+        free(log.snap[i]);
+    }
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- errors ---- */
+
+TEST layers_bad_configs_fail_with_messages(void)
+{
+    pdp_model *m = new_model(3, 2, 5, 5, 20), *v = new_model(1, 784, 0, 0, 20);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_conv2d(m, 4, 9, 1, 1), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_add_conv2d: layer 0 (Conv2d)"));
+    ASSERT(strstr(pdp_last_error(), "kernel 9"));
+    ASSERT(strstr(pdp_last_error(), "(2, 5, 5)"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_conv2d(m, 0, 3, 1, 1), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "out_channels 0"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_conv2d(m, 4, 3, -1, 1), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "stride -1"));
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_linear(m, 3), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "layer 0 (Linear)"));
+    ASSERT(strstr(pdp_last_error(), "Flatten"));
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_maxpool2d(m, 6, 0), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "layer 0 (MaxPool2d)"));
+    ASSERT(strstr(pdp_last_error(), "kernel 6"));
+    ASSERT_EQ(0, pdp_model_num_layers(m)); /* failures leave the model unchanged */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 4, 3, 1, 1), pdp_status_name);
+
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_conv2d(v, 4, 3, 1, 1), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "layer 0 (Conv2d)"));
+    ASSERT(strstr(pdp_last_error(), "(784)"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_linear(v, 0), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_add_linear: layer 0 (Linear): out_features 0"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_dropout(v, 1.0f), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "layer 0 (Dropout): p 1 is outside [0, 1)"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_dropout(v, -0.5f), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "p -0.5"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_dropout(v, NAN), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(v, 10), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_linear(v, -3), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "layer 1 (Linear)"));
+    ASSERT(strstr(pdp_last_error(), "(10)"));
+    pdp_model_free(m);
+    pdp_model_free(v);
+    PASS();
+}
+
+TEST layers_wrong_input_width_names_layer_and_shapes(void)
+{
+    pdp_model *m = new_model(1, 7, 0, 0, 21);
+    float xd[3 * 8] = {0};
+    int64_t shape[2] = {3, 8};
+    pdp_tensor x;
+    const pdp_tensor *y = NULL;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 5), pdp_status_name);
+    pdp_tensor_wrap(xd, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT(y == NULL);
+    ASSERT(strstr(pdp_last_error(), "layer 0 (Linear)"));
+    ASSERT(strstr(pdp_last_error(), "[3, 7]"));
+    ASSERT(strstr(pdp_last_error(), "[3, 8]"));
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_backward_without_forward_fails(void)
+{
+    pdp_model *m = new_model(1, 7, 0, 0, 22);
+    float xd[2 * 7] = {0}, dyd[2 * 5] = {0};
+    int64_t shape[2] = {2, 5};
+    pdp_tensor x, dy;
+    const pdp_tensor *y;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 5), pdp_status_name);
+    pdp_tensor_wrap(dyd, pdp_cpu(), 2, shape, &dy);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_backward(m, &dy), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_backward: no forward"));
+    wrap_input(m, xd, 2, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_backward(m, &dy), pdp_status_name); /* twice */
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- allocation discipline and determinism ---- */
+
+static pdp_model *small_cnn(uint64_t seed)
+{
+    pdp_model *m = new_model(3, 2, 12, 12, seed);
+    if (!m || pdp_model_add_conv2d(m, 8, 3, 1, 1) || pdp_model_add_relu(m) ||
+        pdp_model_add_maxpool2d(m, 2, 0) || pdp_model_add_conv2d(m, 8, 3, 1, 1) ||
+        pdp_model_add_gelu(m) || pdp_model_add_flatten(m) || pdp_model_add_layernorm(m, 0.0f) ||
+        pdp_model_add_dropout(m, 0.25f) || pdp_model_add_linear(m, 10)) {
+        pdp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* One step of CNN training on batch B with the given intra-op threads; grads out. */
+static pdp_status cnn_step(pdp_model *m, const float *xd, int64_t B, float *grads_out)
+{
+    static float dyd[16 * 10];
+    pdp_tensor x, dy, g;
+    const pdp_tensor *y;
+    pdp_status st;
+    int64_t i;
+    for (i = 0; i < B * 10; i++) dyd[i] = (float)(i % 5) - 2.0f;
+    wrap_input(m, (float *)xd, B, &x);
+    pdp_model_zero_grad(m);
+    if ((st = pdp_model_forward(m, &x, &y)) != PDP_OK) return st;
+    pdp_tensor_wrap(dyd, pdp_cpu(), 2, y->shape, &dy);
+    if ((st = pdp_model_backward(m, &dy)) != PDP_OK) return st;
+    if (grads_out) {
+        pdp_model_flat(m, NULL, &g);
+        memcpy(grads_out, g.data, (size_t)g.count * sizeof(float));
+    }
+    return PDP_OK;
+}
+
+TEST layers_training_step_allocates_nothing_after_the_first(void)
+{
+    static float xd[16 * 2 * 12 * 12];
+    pdp_model *m = small_cnn(23);
+    pdp_rng r;
+    long before;
+    int k;
+    ASSERT(m != NULL);
+    pdp_rng_seed(&r, 23, 0);
+    fill_uniform(xd, 16 * 288, &r, -1.0f, 1.0f);
+    pdp_set_num_threads(2);
+    ASSERT_ENUM_EQ(PDP_OK, cnn_step(m, xd, 16, NULL), pdp_status_name);
+    before = __atomic_load_n(&test_allocs, __ATOMIC_RELAXED);
+    for (k = 0; k < 3; k++) ASSERT_ENUM_EQ(PDP_OK, cnn_step(m, xd, 16, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, cnn_step(m, xd, 9, NULL), pdp_status_name); /* a smaller batch */
+    ASSERT_EQ(before, __atomic_load_n(&test_allocs, __ATOMIC_RELAXED));
+    pdp_set_num_threads(1);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_gradients_accumulate_across_backwards(void)
+{
+    static float xd[4 * 2 * 12 * 12];
+    pdp_model *m = small_cnn(25);
+    pdp_tensor x, dy, g;
+    const pdp_tensor *y;
+    float dyd[4 * 10], *once;
+    pdp_rng r;
+    int64_t i;
+    int k;
+    ASSERT(m != NULL);
+    pdp_rng_seed(&r, 25, 0);
+    fill_uniform(xd, 4 * 288, &r, -1.0f, 1.0f);
+    fill_uniform(dyd, 40, &r, -1.0f, 1.0f);
+    wrap_input(m, xd, 4, &x);
+    pdp_model_flat(m, NULL, &g);
+    once = (float *)malloc((size_t)g.count * sizeof *once);
+    ASSERT(once != NULL);
+    for (k = 0; k < 2; k++) { /* no zero_grad in between: conv, LayerNorm, Linear add up */
+        pin_step(m);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+        pdp_tensor_wrap(dyd, pdp_cpu(), 2, y->shape, &dy);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name);
+        if (k == 0) memcpy(once, g.data, (size_t)g.count * sizeof *once);
+    }
+    for (i = 0; i < g.count; i++) ASSERT_IN_RANGE(2.0 * once[i], g.data[i], 1e-6 * (1 + fabs(once[i])));
+    free(once);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_results_do_not_depend_on_the_thread_count(void)
+{
+    static float xd[16 * 2 * 12 * 12];
+    pdp_model *a = small_cnn(24), *b = small_cnn(24);
+    float *ga, *gb;
+    pdp_rng r;
+    ASSERT(a && b);
+    ga = (float *)malloc((size_t)pdp_model_param_count(a) * sizeof(float));
+    gb = (float *)malloc((size_t)pdp_model_param_count(a) * sizeof(float));
+    ASSERT(ga && gb);
+    pdp_rng_seed(&r, 24, 0);
+    fill_uniform(xd, 16 * 288, &r, -1.0f, 1.0f);
+    pdp_set_num_threads(1);
+    ASSERT_ENUM_EQ(PDP_OK, cnn_step(a, xd, 16, ga), pdp_status_name);
+    pdp_set_num_threads(2);
+    ASSERT_ENUM_EQ(PDP_OK, cnn_step(b, xd, 16, gb), pdp_status_name);
+    pdp_set_num_threads(1);
+    ASSERT_MEM_EQ(ga, gb, (size_t)pdp_model_param_count(a) * sizeof(float));
+    free(ga);
+    free(gb);
+    pdp_model_free(a);
+    pdp_model_free(b);
+    PASS();
+}
+
+SUITE(layers)
+{
+    RUN_TEST(layers_linear_grads_match_finite_differences);
+    RUN_TEST(layers_activation_grads_match_finite_differences);
+    RUN_TEST(layers_dropout_train_grads_match_finite_differences);
+    RUN_TEST(layers_layernorm_grads_match_finite_differences);
+    RUN_TEST(layers_conv2d_grads_match_finite_differences);
+    RUN_TEST(layers_maxpool2d_grads_match_finite_differences);
+    RUN_TEST(layers_mlp_grads_match_finite_differences);
+    RUN_TEST(layers_cnn_grads_match_finite_differences);
+    RUN_TEST(layers_linear_and_activations_match_naive);
+    RUN_TEST(layers_conv2d_and_maxpool_match_naive);
+    RUN_TEST(layers_maxpool_ties_go_to_the_first_maximum);
+    RUN_TEST(layers_init_follows_pytorch_and_the_seed);
+    RUN_TEST(layers_dropout_eval_is_identity);
+    RUN_TEST(layers_dropout_masks_are_deterministic_and_split_invariant);
+    RUN_TEST(layers_grad_hook_fires_once_per_param_in_reverse_order);
+    RUN_TEST(layers_bad_configs_fail_with_messages);
+    RUN_TEST(layers_wrong_input_width_names_layer_and_shapes);
+    RUN_TEST(layers_backward_without_forward_fails);
+    RUN_TEST(layers_training_step_allocates_nothing_after_the_first);
+    RUN_TEST(layers_gradients_accumulate_across_backwards);
+    RUN_TEST(layers_results_do_not_depend_on_the_thread_count);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(layers);
+    GREATEST_MAIN_END();
+}

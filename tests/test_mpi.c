@@ -1,0 +1,679 @@
+/* Tests of pdp_comm_init_env and of the MPI communicator backend.
+
+   Built two ways:
+     make test       plain cc, no MPI: pdp_comm_init_env's errors (MPI and NCCL
+                     not compiled in, local backend asked for), MPI tests skip;
+     make mpi-test   mpicc -DPDP_MPI, run by mpirun on 1, 2, 3 and 4 ranks:
+                     every collective against naive expected values on odd
+                     counts (1, 7, 1000003, which also crosses PDP_MPI_CHUNK),
+                     an asynchronous launch that returns before the peers
+                     arrive, many collectives in flight, DDP over MPI equal to
+                     single-device training with bit-identical ranks, the trace,
+                     and a rank that does not arrive, at creation or at a
+                     collective (PDP_ERR_TIMEOUT, broken communicator, no hang).
+
+   Under MPI every rank runs every test; a test's result is agreed over
+   MPI_COMM_WORLD (a failure on any rank fails it everywhere, and that rank
+   prints its message on stderr), and only rank 0 prints the harness's report,
+   so the final "P passed, F failed, S skipped" line appears once and every
+   rank exits non-zero on a failure. Values are small integers (or multiples of
+   1/8), so sums are exact in any order and the checks compare bits. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#ifdef PDP_MPI
+#  include <mpi.h>
+#  define PDP_MPI_CHUNK 100000 /* 1000003 floats take 11 MPI calls */
+#endif
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+
+static FILE *test_out; /* rank 0: stdout; other ranks: /dev/null */
+#define GREATEST_STDOUT (test_out ? test_out : stdout)
+#include "pdp_test.h"
+
+static int my_rank = 0, world_size = 1;
+
+/* ---- agreement over ranks ---- */
+
+/* Every rank calls it with its own result; a failure anywhere fails everywhere. */
+static enum greatest_test_res agree(enum greatest_test_res r)
+{
+#ifdef PDP_MPI
+    int mine = r == GREATEST_TEST_RES_FAIL, mask = mine ? 1 << PDP__MIN(my_rank, 30) : 0, all = 0;
+    if (mine && my_rank != 0)
+        fprintf(stderr, "rank %d: FAIL %s: %s (%s:%u)\n", my_rank, greatest_info.name_buf,
+                greatest_info.msg ? greatest_info.msg : "", greatest_info.fail_file ?
+                greatest_info.fail_file : "", greatest_info.fail_line);
+    MPI_Allreduce(&mask, &all, 1, MPI_INT, MPI_BOR, MPI_COMM_WORLD);
+    if (all && !mine) {
+        int i, n = 0;
+        n += snprintf(greatest_info.msg_buf, sizeof greatest_info.msg_buf, "failed on rank(s)");
+        for (i = 0; i <= 30 && n < (int)sizeof greatest_info.msg_buf - 8; i++)
+            if (all & (1 << i)) n += snprintf(greatest_info.msg_buf + n,
+                                              sizeof greatest_info.msg_buf - (size_t)n, " %d", i);
+        greatest_info.msg = greatest_info.msg_buf;
+        greatest_info.fail_file = __FILE__;
+        greatest_info.fail_line = (unsigned int)__LINE__;
+        return GREATEST_TEST_RES_FAIL;
+    }
+#endif
+    return r;
+}
+
+/* TEST name runs name_body on every rank, then agrees on the result. */
+#define MPI_TEST(name)                                                                        \
+    static enum greatest_test_res name##_body(void);                                          \
+    TEST name(void) { return agree(name##_body()); }                                          \
+    static enum greatest_test_res name##_body(void)
+
+/* ---- pdp_comm_init_env: errors (every build) ---- */
+
+MPI_TEST(mpi_init_env_rejects_local_backend)
+{
+    pdp_comm *c = (pdp_comm *)&c;
+    pdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_init_env(&c, &d), pdp_status_name);
+    ASSERT(c == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_comm_init_env") != NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_local_group_create") != NULL);
+    d.backend = PDP_BACKEND_LOCAL;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_init_env(&c, &d), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "LOCAL") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_init_env(&c, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_init_env(NULL, &d), pdp_status_name);
+    d.backend = (pdp_backend)77;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_init_env(&c, &d), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "77") != NULL);
+    PASS();
+}
+
+MPI_TEST(mpi_init_env_nccl_needs_cuda)
+{
+#ifdef PDP_CUDA
+    SKIPm("built with PDP_CUDA: NCCL is tested by the CUDA tests");
+#else
+    pdp_comm *c = (pdp_comm *)&c;
+    pdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_NCCL;
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_comm_init_env(&c, &d), pdp_status_name);
+    ASSERT(c == NULL);
+    ASSERT(strstr(pdp_last_error(), "PDP_CUDA") != NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_comm_init_env") != NULL);
+    PASS();
+#endif
+}
+
+MPI_TEST(mpi_init_env_mpi_needs_pdp_mpi)
+{
+    pdp_comm *c = (pdp_comm *)&c;
+    pdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_MPI;
+#ifdef PDP_MPI
+    d.device = pdp_cuda(0);
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_comm_init_env(&c, &d), pdp_status_name);
+    ASSERT(c == NULL);
+    ASSERT(strstr(pdp_last_error(), "NCCL") != NULL);
+    PASS();
+#else
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_comm_init_env(&c, &d), pdp_status_name);
+    ASSERT(c == NULL);
+    ASSERT(strstr(pdp_last_error(), "PDP_MPI") != NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_comm_init_env") != NULL);
+    PASS();
+#endif
+}
+
+#ifndef PDP_MPI
+TEST mpi_collectives(void) { SKIPm("built without PDP_MPI: run `make mpi-test` (needs mpicc)"); }
+#else
+
+/* ---- MPI: helpers ---- */
+
+static pdp_comm *world; /* created first by main: pdp initialises MPI, and finalises it */
+static pdp_comm *cm;    /* the communicator most tests use */
+static char trace_file[300]; /* this rank's trace file, removed at the end */
+
+static const int64_t counts[] = {1, 7, 1000003};
+
+/* Rank r's value at index i: a small integer, so sums are exact in any order. */
+static float val(int r, int64_t i)
+{
+    return (float)((r + 1) * (int)(i % 251) - 3 * r + (int)(i % 7));
+}
+
+static float *fbuf(int64_t n) { return (float *)malloc((size_t)(n > 0 ? n : 1) * sizeof(float)); }
+
+static pdp_status make_comm(pdp_comm **out, const char *name, double timeout_s)
+{
+    pdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_MPI;
+    d.name = name;
+    d.timeout_s = timeout_s;
+    return pdp_comm_init_env(out, &d);
+}
+
+/* ---- MPI: collectives against naive values ---- */
+
+MPI_TEST(mpi_comm_reports_rank_and_size)
+{
+    int r, s;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &s);
+    ASSERT_EQ(r, pdp_comm_rank(cm));
+    ASSERT_EQ(s, pdp_comm_size(cm));
+    ASSERT_EQ(PDP_BACKEND_MPI, pdp_comm_backend(cm));
+    PASS();
+}
+
+MPI_TEST(mpi_allreduce_sum_and_avg_exact)
+{
+    int ci, op, r;
+    for (ci = 0; ci < 3; ci++) {
+        int64_t n = counts[ci], i;
+        float *b = fbuf(n);
+        for (op = 0; op < 2; op++) {
+            for (i = 0; i < n; i++) b[i] = val(my_rank, i);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(cm, b, n, (pdp_reduce_op)op, NULL),
+                           pdp_status_name);
+            for (i = 0; i < n; i++) {
+                float e = 0.0f;
+                for (r = 0; r < world_size; r++) e += val(r, i);
+                if (op == PDP_REDUCE_AVG) e /= (float)world_size;
+                if (b[i] != e) {
+                    fprintf(stderr, "rank %d: allreduce op %d count %lld [%lld]: %g != %g\n",
+                            my_rank, op, (long long)n, (long long)i, b[i], e);
+                    free(b);
+                    FAILm("all-reduce differs from the naive sum");
+                }
+            }
+        }
+        free(b);
+    }
+    PASS();
+}
+
+MPI_TEST(mpi_broadcast_from_every_root)
+{
+    int ci, root;
+    for (ci = 0; ci < 3; ci++) {
+        int64_t n = counts[ci], i;
+        float *b = fbuf(n);
+        for (root = 0; root < world_size; root++) {
+            for (i = 0; i < n; i++) b[i] = val(my_rank, i);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_comm_broadcast(cm, b, n, root, NULL), pdp_status_name);
+            for (i = 0; i < n; i++)
+                if (b[i] != val(root, i)) {
+                    free(b);
+                    FAILm("broadcast: a value differs from the root's");
+                }
+        }
+        free(b);
+    }
+    PASS();
+}
+
+MPI_TEST(mpi_reduce_scatter_exact)
+{
+    int ci, op, r, inplace;
+    for (ci = 0; ci < 3; ci++) {
+        int64_t n = counts[ci], total = n * world_size, i;
+        float *send = fbuf(total), *recv = fbuf(n);
+        for (inplace = 0; inplace < 2; inplace++)
+            for (op = 0; op < 2; op++) {
+                float *out = inplace ? send + (int64_t)my_rank * n : recv;
+                for (i = 0; i < total; i++) send[i] = val(my_rank, i);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_comm_reduce_scatter(cm, send, out, n,
+                               (pdp_reduce_op)op, NULL), pdp_status_name);
+                for (i = 0; i < n; i++) {
+                    float e = 0.0f;
+                    int64_t g = (int64_t)my_rank * n + i;
+                    for (r = 0; r < world_size; r++) e += val(r, g);
+                    if (op == PDP_REDUCE_AVG) e /= (float)world_size;
+                    if (out[i] != e) {
+                        fprintf(stderr, "rank %d: reduce_scatter in-place %d op %d count %lld "
+                                "[%lld]: %g != %g\n", my_rank, inplace, op, (long long)n,
+                                (long long)i, out[i], e);
+                        free(send);
+                        free(recv);
+                        FAILm("reduce-scatter differs from the naive slice sum");
+                    }
+                }
+            }
+        free(send);
+        free(recv);
+    }
+    PASS();
+}
+
+MPI_TEST(mpi_allgather_exact)
+{
+    int ci, r, inplace;
+    for (ci = 0; ci < 3; ci++) {
+        int64_t n = counts[ci], i;
+        float *send = fbuf(n), *recv = fbuf(n * world_size);
+        for (inplace = 0; inplace < 2; inplace++) {
+            float *src = inplace ? recv + (int64_t)my_rank * n : send;
+            for (i = 0; i < n * world_size; i++) recv[i] = -1.0f;
+            for (i = 0; i < n; i++) src[i] = val(my_rank, i) + 0.125f;
+            ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allgather(cm, src, recv, n, NULL), pdp_status_name);
+            for (r = 0; r < world_size; r++)
+                for (i = 0; i < n; i++)
+                    if (recv[(int64_t)r * n + i] != val(r, i) + 0.125f) {
+                        free(send);
+                        free(recv);
+                        FAILm("all-gather: a block differs from its rank's values");
+                    }
+        }
+        free(send);
+        free(recv);
+    }
+    PASS();
+}
+
+MPI_TEST(mpi_barrier_and_broadcast_bytes)
+{
+    struct { int magic; char text[32]; double x; } blob;
+    int root = world_size - 1;
+    memset(&blob, 0, sizeof blob);
+    if (my_rank == root) {
+        blob.magic = 0x5eed;
+        snprintf(blob.text, sizeof blob.text, "from rank %d", root);
+        blob.x = 0.1;
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_barrier(cm, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_broadcast_bytes(cm, &blob, sizeof blob, root), pdp_status_name);
+    ASSERT_EQ(0x5eed, blob.magic);
+    ASSERT_EQ(0.1, blob.x);
+    ASSERT(strncmp(blob.text, "from rank ", 10) == 0 && atoi(blob.text + 10) == root);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_barrier(cm, NULL), pdp_status_name);
+    PASS();
+}
+
+/* ---- MPI: asynchronous ---- */
+
+/* Rank 0 launches at once; the others launch 300 ms later. Rank 0's launch must
+   return immediately, the handle must not be done while the peers are away,
+   and rank 0 computes meanwhile; the result is still exact. */
+MPI_TEST(mpi_async_launch_returns_before_peers_arrive)
+{
+    const int64_t n = 1 << 20;
+    float *b = fbuf(n), *acc = fbuf(4096);
+    pdp_work *w = NULL;
+    double t0, t_launch, t_compute, t_wait;
+    bool done_early;
+    int64_t i, k;
+    int r;
+    for (i = 0; i < n; i++) b[i] = val(my_rank, i);
+    for (i = 0; i < 4096; i++) acc[i] = 0.0f;
+    if (my_rank != 0) {
+        struct timespec ts = {0, 300000000};
+        nanosleep(&ts, NULL);
+    }
+    t0 = pdp__now();
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(cm, b, n, PDP_REDUCE_SUM, &w), pdp_status_name);
+    t_launch = pdp__now() - t0;
+    done_early = pdp_work_done(w);
+    /* "backward": compute until 200 ms have passed */
+    for (k = 0; pdp__now() - t0 < 0.2; k++)
+        for (i = 0; i < 4096; i++) acc[i] = acc[i] * 0.5f + (float)(i ^ k);
+    t_compute = pdp__now() - t0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_work_wait(w), pdp_status_name);
+    t_wait = pdp__now() - t0 - t_compute;
+    if (my_rank == 0)
+        fprintf(test_out, "\n  async: launch %.3f ms, compute %.1f ms, wait after compute "
+                "%.1f ms (peers launched 300 ms late; %d ranks)\n", t_launch * 1e3,
+                t_compute * 1e3, t_wait * 1e3, world_size);
+    ASSERTm("launching an all-reduce took more than 50 ms", t_launch < 0.05);
+    if (my_rank == 0 && world_size > 1) ASSERTm("done before the peers arrived", !done_early);
+    for (i = 0; i < n; i++) {
+        float e = 0.0f;
+        for (r = 0; r < world_size; r++) e += val(r, i);
+        if (b[i] != e) {
+            free(b);
+            free(acc);
+            FAILm("asynchronous all-reduce result differs");
+        }
+    }
+    ASSERT(acc[1] == acc[1]); /* the compute is used */
+    free(b);
+    free(acc);
+    PASS();
+}
+
+/* 64 collectives in flight (all-reduces of different sizes and a broadcast
+   between them), waited in reverse order: each result exact, done() true. */
+MPI_TEST(mpi_many_inflight_complete_in_order)
+{
+    enum { K = 64 };
+    pdp_work *w[K];
+    float *b[K];
+    int k, r;
+    int64_t i;
+    for (k = 0; k < K; k++) {
+        int64_t n = 1 + k * 37;
+        b[k] = fbuf(n);
+        for (i = 0; i < n; i++) b[k][i] = val(my_rank, i + k);
+        if (k % 8 == 5)
+            ASSERT_ENUM_EQ(PDP_OK, pdp_comm_broadcast(cm, b[k], n, k % world_size, &w[k]),
+                           pdp_status_name);
+        else
+            ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(cm, b[k], n, PDP_REDUCE_SUM, &w[k]),
+                           pdp_status_name);
+    }
+    for (k = K - 1; k >= 0; k--) {
+        int64_t n = 1 + k * 37;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_work_wait(w[k]), pdp_status_name);
+        for (i = 0; i < n; i++) {
+            float e = 0.0f;
+            if (k % 8 == 5) e = val(k % world_size, i + k);
+            else for (r = 0; r < world_size; r++) e += val(r, i + k);
+            ASSERT_EQ(e, b[k][i]);
+        }
+        free(b[k]);
+    }
+    PASS();
+}
+
+/* ---- MPI: DDP equals single-device training ---- */
+
+enum { DDP_IN = 12, DDP_HID = 16, DDP_OUT = 5, DDP_BATCH = 24, DDP_STEPS = 6 };
+
+static pdp_status ddp_model(pdp_model **out)
+{
+    pdp_model_desc d;
+    pdp_status st;
+    memset(&d, 0, sizeof d);
+    d.input_shape[0] = DDP_IN;
+    d.seed = 1234;
+    if ((st = pdp_model_create(out, &d)) != PDP_OK) return st;
+    if ((st = pdp_model_add_linear(*out, DDP_HID)) || (st = pdp_model_add_tanh(*out)) ||
+        (st = pdp_model_add_linear(*out, DDP_HID)) || (st = pdp_model_add_relu(*out)) ||
+        (st = pdp_model_add_linear(*out, DDP_OUT))) {
+        pdp_model_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* Step s's global batch: the same on every rank (seeded by the step). */
+static void ddp_batch(int s, float *x, int32_t *y)
+{
+    pdp_rng r;
+    int i;
+    pdp_rng_seed(&r, 99, (uint64_t)s);
+    for (i = 0; i < DDP_BATCH * DDP_IN; i++) x[i] = pdp_rng_normal(&r);
+    for (i = 0; i < DDP_BATCH; i++) y[i] = (int32_t)pdp_rng_below(&r, DDP_OUT);
+}
+
+MPI_TEST(mpi_ddp_matches_single_device_and_ranks_agree)
+{
+    pdp_model *ref = NULL, *m = NULL;
+    pdp_optim *oref = NULL, *o = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_ddp_desc dd;
+    pdp_optim_desc od;
+    pdp_tensor xr, xs, pr, pm;
+    float x[DDP_BATCH * DDP_IN], loss, *all = NULL, maxdiff = 0.0f;
+    int32_t y[DDP_BATCH];
+    int64_t shape[2], np, i;
+    int s, r, per = DDP_BATCH / world_size;
+    if (DDP_BATCH % world_size) SKIPm("global batch 24 does not split over this many ranks");
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAM;
+    od.lr = 0.01f;
+    memset(&dd, 0, sizeof dd);
+    dd.bucket_cap_mb = 0.0005; /* ~524 bytes: several buckets */
+    dd.first_bucket_mb = 0.0002;
+    ASSERT_ENUM_EQ(PDP_OK, ddp_model(&ref), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, ddp_model(&m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oref, ref, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&ddp, m, cm, &dd), pdp_status_name);
+    ASSERTm("expected several buckets", world_size == 1 || pdp_ddp_num_buckets(ddp) > 1);
+    for (s = 0; s < DDP_STEPS; s++) {
+        ddp_batch(s, x, y);
+        shape[0] = DDP_BATCH;
+        shape[1] = DDP_IN;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xr), pdp_status_name);
+        /* the reference: one device, the whole global batch */
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xr, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oref), pdp_status_name);
+        pdp_optim_zero_grad(oref);
+        /* this rank's shard */
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_rows_view(&xr, (int64_t)my_rank * per, per, &xs),
+                       pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(ddp, &xs, y + my_rank * per, &loss),
+                       pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_step(ddp, o), pdp_status_name);
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(ref, &pr, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m, &pm, NULL), pdp_status_name);
+    np = pm.count;
+    for (i = 0; i < np; i++) {
+        float d = fabsf(pm.data[i] - pr.data[i]);
+        if (d > maxdiff) maxdiff = d;
+    }
+    /* every rank's parameters, through MPI itself (not through pdp) */
+    all = fbuf(np * world_size);
+    MPI_Allgather(pm.data, (int)np, MPI_FLOAT, all, (int)np, MPI_FLOAT, MPI_COMM_WORLD);
+    if (my_rank == 0)
+        fprintf(test_out, "\n  ddp over mpi: %d ranks, %d steps of Adam, %lld params, %d "
+                "buckets: max |ddp - single device| = %.3g\n", world_size, DDP_STEPS,
+                (long long)np, pdp_ddp_num_buckets(ddp), (double)maxdiff);
+    for (r = 1; r < world_size; r++)
+        ASSERTm("ranks' parameters are not bit-identical",
+                memcmp(all, all + (int64_t)r * np, (size_t)np * sizeof(float)) == 0);
+    ASSERT_IN_RANGE(0.0, maxdiff, 2e-5);
+    free(all);
+    pdp_ddp_free(ddp);
+    pdp_optim_free(o);
+    pdp_optim_free(oref);
+    pdp_model_free(m);
+    pdp_model_free(ref);
+    PASS();
+}
+
+/* ---- MPI: trace ---- */
+
+MPI_TEST(mpi_trace_has_collectives_per_rank)
+{
+    char base[256], mine[300], cmd[1024], *p;
+    pdp_comm *t = NULL;
+    float b[3] = {1, 2, 3};
+    int rc;
+    if (system("python3 -c 'import json' >/dev/null 2>&1") != 0) SKIPm("python3 not found");
+    if (my_rank == 0) snprintf(base, sizeof base, "/tmp/pdp_mpi_trace.%ld.json", (long)getpid());
+    MPI_Bcast(base, sizeof base, MPI_CHAR, 0, MPI_COMM_WORLD);
+    setenv("PDP_TRACE", base, 1);
+    ASSERT_ENUM_EQ(PDP_OK, make_comm(&t, "traced", 20.0), pdp_status_name);
+    unsetenv("PDP_TRACE");
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(t, b, 3, PDP_REDUCE_SUM, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_broadcast(t, b, 3, 0, NULL), pdp_status_name);
+    pdp_comm_free(t);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_trace_flush(), pdp_status_name); /* world holds the sink open */
+    snprintf(mine, sizeof mine, "%s", base);
+    p = strrchr(mine, '.');
+    if (world_size > 1) snprintf(p, sizeof mine - (size_t)(p - mine), ".rank%d.json", my_rank);
+    snprintf(trace_file, sizeof trace_file, "%s", mine);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys\n"
+             "ev=json.load(open(sys.argv[1]))[\"traceEvents\"]\n"
+             "r=int(sys.argv[2])\n"
+             "x=[e for e in ev if e[\"ph\"]==\"X\" and e[\"pid\"]==r]\n"
+             "names=[e[\"name\"] for e in x]\n"
+             "th=[e for e in ev if e[\"ph\"]==\"M\" and e[\"name\"]==\"thread_name\"]\n"
+             "ok=names==[\"allreduce\",\"broadcast\"] and all(e[\"dur\"]>=0 for e in x)\n"
+             "ok=ok and any(e[\"args\"][\"name\"]==\"comm traced (mpi)\" for e in th)\n"
+             "ok=ok and sum(1 for e in ev if e[\"ph\"]==\"b\")==2\n"
+             "sys.exit(0 if ok else 1)' '%s' %d", mine, my_rank);
+    rc = system(cmd);
+    ASSERT_EQm("trace file invalid or missing the rank's collectives", 0, rc);
+    PASS();
+}
+
+/* ---- MPI: a rank that does not arrive ---- */
+
+/* Rank 1 does not create the communicator in time: the others' creation fails
+   with PDP_ERR_TIMEOUT after about timeout_s instead of hanging in the
+   duplication. Rank 1 then creates it late, which completes the orphaned
+   duplications (pdp frees them before MPI_Finalize). */
+MPI_TEST(mpi_init_env_times_out_when_a_rank_is_missing)
+{
+    pdp_comm *x = NULL;
+    pdp_status st;
+    double t0, t;
+    int go = 1;
+    if (world_size < 2) SKIPm("needs at least 2 ranks");
+    if (my_rank == 1) {
+        MPI_Recv(&go, 1, MPI_INT, 0, 78, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        ASSERT_ENUM_EQ(PDP_OK, make_comm(&x, "late-init", 20.0), pdp_status_name);
+        pdp_comm_free(x);
+        PASS();
+    }
+    t0 = pdp__now();
+    st = make_comm(&x, "never", 1.0);
+    t = pdp__now() - t0;
+    if (my_rank == 0) MPI_Send(&go, 1, MPI_INT, 1, 78, MPI_COMM_WORLD);
+    ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, st, pdp_status_name);
+    ASSERT(x == NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_comm_init_env") != NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "did not call pdp_comm_init_env") != NULL);
+    ASSERTm("timed out too early", t >= 0.95);
+    ASSERTm("took more than 2 s to time out", t < 2.0);
+    PASS();
+}
+
+/* Rank 1 skips an all-reduce: the others fail with PDP_ERR_TIMEOUT after about
+   timeout_s, naming the collective and its sequence number; the communicator
+   is broken (the next call fails at once). Then rank 1 arrives late (after
+   rank 0 tells it), which completes the orphaned requests, so every rank frees
+   the communicator cleanly and MPI stays usable. */
+MPI_TEST(mpi_missing_rank_times_out_and_breaks_comm)
+{
+    static float b[64], b2[4]; /* MPI may still write b after the timeout: keep it alive */
+    pdp_comm *late = NULL;
+    pdp_status st;
+    double t0, t_fail, t_fast, t_free;
+    int i, go = 1, r;
+    if (world_size < 2) SKIPm("needs at least 2 ranks");
+    ASSERT_ENUM_EQ(PDP_OK, make_comm(&late, "late", 1.0), pdp_status_name);
+    for (i = 0; i < 64; i++) b[i] = val(my_rank, i);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(late, b, 64, PDP_REDUCE_SUM, NULL), pdp_status_name);
+    for (i = 0; i < 64; i++) b[i] = val(my_rank, i);
+    if (my_rank == 1) {
+        MPI_Recv(&go, 1, MPI_INT, 0, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        st = pdp_comm_allreduce(late, b, 64, PDP_REDUCE_SUM, NULL); /* late, but it completes */
+        ASSERT_ENUM_EQ(PDP_OK, st, pdp_status_name);
+        for (i = 0; i < 64; i++) {
+            float e = 0.0f;
+            for (r = 0; r < world_size; r++) e += val(r, i);
+            ASSERT_EQ(e, b[i]);
+        }
+    } else {
+        t0 = pdp__now();
+        st = pdp_comm_allreduce(late, b, 64, PDP_REDUCE_SUM, NULL);
+        t_fail = pdp__now() - t0;
+        if (my_rank == 0) MPI_Send(&go, 1, MPI_INT, 1, 77, MPI_COMM_WORLD);
+        ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, st, pdp_status_name);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "allreduce #1") != NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "'late'") != NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "did not arrive") != NULL);
+        ASSERTm("timed out too early", t_fail >= 0.95);
+        ASSERTm("took more than 2 s to time out", t_fail < 2.0);
+        t0 = pdp__now();
+        st = pdp_comm_barrier(late, NULL);
+        t_fast = pdp__now() - t0;
+        ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, st, pdp_status_name);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "broken") != NULL);
+        ASSERTm("a broken communicator must fail fast", t_fast < 0.05);
+        if (my_rank == 0)
+            fprintf(test_out, "\n  timeout: 1 s limit -> failed after %.3f s; next call failed "
+                    "in %.3f ms\n", t_fail, t_fast * 1e3);
+    }
+    MPI_Barrier(MPI_COMM_WORLD); /* rank 1 has arrived everywhere */
+    t0 = pdp__now();
+    pdp_comm_free(late);
+    t_free = pdp__now() - t0;
+    ASSERTm("freeing the broken communicator took over 1.5 s", t_free < 1.5);
+    /* MPI and the other communicator still work */
+    for (i = 0; i < 4; i++) b2[i] = (float)my_rank;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(cm, b2, 4, PDP_REDUCE_SUM, NULL), pdp_status_name);
+    ASSERT_EQ((float)(world_size * (world_size - 1) / 2), b2[3]);
+    PASS();
+}
+#endif /* PDP_MPI */
+
+SUITE(mpi)
+{
+    RUN_TEST(mpi_init_env_rejects_local_backend);
+    RUN_TEST(mpi_init_env_nccl_needs_cuda);
+    RUN_TEST(mpi_init_env_mpi_needs_pdp_mpi);
+#ifndef PDP_MPI
+    RUN_TEST(mpi_collectives);
+#else
+    RUN_TEST(mpi_comm_reports_rank_and_size);
+    RUN_TEST(mpi_allreduce_sum_and_avg_exact);
+    RUN_TEST(mpi_broadcast_from_every_root);
+    RUN_TEST(mpi_reduce_scatter_exact);
+    RUN_TEST(mpi_allgather_exact);
+    RUN_TEST(mpi_barrier_and_broadcast_bytes);
+    RUN_TEST(mpi_async_launch_returns_before_peers_arrive);
+    RUN_TEST(mpi_many_inflight_complete_in_order);
+    RUN_TEST(mpi_ddp_matches_single_device_and_ranks_agree);
+    RUN_TEST(mpi_trace_has_collectives_per_rank);
+    RUN_TEST(mpi_init_env_times_out_when_a_rank_is_missing);
+    RUN_TEST(mpi_missing_rank_times_out_and_breaks_comm);
+#endif
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    int ok;
+#ifdef PDP_MPI
+    int finalized = 0;
+    pdp_comm_desc d;
+    alarm(120); /* a hang becomes a failure (SIGALRM ends the rank, mpirun reports it) */
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_MPI;
+    d.name = "world";
+    /* pdp initialises MPI here (MPI_THREAD_MULTIPLE) and finalises it when world is freed */
+    if (pdp_comm_init_env(&world, &d) != PDP_OK) {
+        fprintf(stderr, "test_mpi: %s\n", pdp_last_error());
+        return EXIT_FAILURE;
+    }
+    my_rank = pdp_comm_rank(world);
+    world_size = pdp_comm_size(world);
+    test_out = my_rank == 0 ? stdout : fopen("/dev/null", "w");
+    if (make_comm(&cm, "tests", 20.0) != PDP_OK) {
+        fprintf(stderr, "test_mpi: rank %d: %s\n", my_rank, pdp_last_error());
+        return EXIT_FAILURE;
+    }
+#endif
+    (void)my_rank;
+    (void)world_size;
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(mpi);
+    ok = greatest_all_passed();
+#ifdef PDP_MPI
+    pdp_comm_free(cm);
+    pdp_comm_free(world); /* the last MPI communicator: pdp calls MPI_Finalize */
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+        fprintf(stderr, "test_mpi: rank %d: MPI not finalized by the last pdp_comm_free\n",
+                my_rank);
+        ok = 0;
+    }
+    if (trace_file[0]) remove(trace_file);
+#endif
+    GREATEST_PRINT_REPORT();
+    if (test_out && test_out != stdout) fclose(test_out);
+    return ok ? EXIT_SUCCESS : EXIT_FAILURE;
+}

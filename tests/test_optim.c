@@ -1,0 +1,724 @@
+/* test_optim: SGD, Adam and AdamW against a naive double-precision reference
+   written here from the PyTorch documentation's pseudo-code, against PyTorch
+   itself (tests/fixtures/optim_*.bin from tools/gen_optim_fixtures.py), and
+   gradient clipping, the schedule, desc validation and allocation counting. */
+
+#define _POSIX_C_SOURCE 200809L /* before the first system header (pdp.h needs POSIX) */
+#include <stdio.h>
+#include <stdlib.h>
+
+static long test_allocs;
+static void *test_malloc(size_t bytes)
+{
+    test_allocs++;
+    return malloc(bytes);
+}
+#define PDP_MALLOC(bytes) test_malloc(bytes)
+#define PDP_FREE(ptr) free(ptr)
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+#include "fixture.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- helpers ---- */
+
+static const char *status_name(int s) { return pdp_status_name((pdp_status)s); }
+static const char *kind_name(int k) { return pdp_optim_kind_name((pdp_optim_kind)k); }
+
+/* 17 -> 33 -> 7 MLP: 832 parameters in 4 tensors. */
+static pdp_model *small_model(void)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 17;
+    md.seed = 7;
+    if (pdp_model_create(&m, &md) != PDP_OK || pdp_model_add_linear(m, 33) != PDP_OK ||
+        pdp_model_add_relu(m) != PDP_OK || pdp_model_add_linear(m, 7) != PDP_OK) {
+        pdp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static void fill_normal(float *x, int64_t n, pdp_rng *r, float scale)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) x[i] = scale * pdp_rng_normal(r);
+}
+
+/* |got - want| <= 1e-5 |want| + abs_tol; returns the index of the first miss or -1. */
+static int64_t first_mismatch(const float *got, const double *want, int64_t n, double abs_tol)
+{
+    int64_t i;
+    for (i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) <= 1e-5 * fabs(want[i]) + abs_tol)) return i;
+    return -1;
+}
+
+/* ---- naive reference (double precision, PyTorch's documented algorithms) ---- */
+
+typedef struct ref_state {
+    double *p, *buf, *m, *v;
+    int64_t n, t;
+} ref_state;
+
+static void ref_sgd(ref_state *s, const float *g, const pdp_optim_desc *d)
+{
+    int64_t i;
+    for (i = 0; i < s->n; i++) {
+        double gt = (double)g[i];
+        if (d->weight_decay != 0.0f) gt += (double)d->weight_decay * s->p[i];
+        if (d->momentum != 0.0f) {
+            if (s->t == 0) s->buf[i] = gt;
+            else s->buf[i] = (double)d->momentum * s->buf[i] + (1.0 - (double)d->dampening) * gt;
+            if (d->nesterov) gt = gt + (double)d->momentum * s->buf[i];
+            else gt = s->buf[i];
+        }
+        s->p[i] -= (double)d->lr * gt;
+    }
+    s->t++;
+}
+
+static void ref_adam(ref_state *s, const float *g, const pdp_optim_desc *d)
+{
+    double b1 = d->beta1, b2 = d->beta2, lr = d->lr, wd = d->weight_decay, eps = d->eps;
+    int64_t i;
+    s->t++;
+    for (i = 0; i < s->n; i++) {
+        double gt = (double)g[i], mhat, vhat;
+        if (d->kind == PDP_OPTIM_ADAMW) s->p[i] *= 1.0 - lr * wd;
+        else gt += wd * s->p[i];
+        s->m[i] = b1 * s->m[i] + (1.0 - b1) * gt;
+        s->v[i] = b2 * s->v[i] + (1.0 - b2) * gt * gt;
+        mhat = s->m[i] / (1.0 - pow(b1, (double)s->t));
+        vhat = s->v[i] / (1.0 - pow(b2, (double)s->t));
+        s->p[i] -= lr * mhat / (sqrt(vhat) + eps);
+    }
+}
+
+/* Runs `steps` updates of desc on the small model with fresh random gradients
+   each step, against the reference; fails naming the step and element. */
+static enum greatest_test_res check_against_reference(const pdp_optim_desc *desc, int steps)
+{
+    pdp_model *m = small_model();
+    pdp_optim *o = NULL;
+    pdp_tensor params, grads;
+    ref_state s;
+    pdp_rng r;
+    pdp_optim_desc resolved; /* defaults filled in: checked by optim_desc_defaults */
+    int64_t i, n, bad;
+    int step;
+    static char msg[160];
+    ASSERT(m != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, desc), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(m, &params, &grads), status_name);
+    resolved = pdp_optim_get_desc(o);
+    n = params.count;
+    memset(&s, 0, sizeof s);
+    s.n = n;
+    s.p = (double *)calloc((size_t)n, sizeof(double));
+    s.buf = (double *)calloc((size_t)n, sizeof(double));
+    s.m = (double *)calloc((size_t)n, sizeof(double));
+    s.v = (double *)calloc((size_t)n, sizeof(double));
+    ASSERT(s.p && s.buf && s.m && s.v);
+    pdp_rng_seed(&r, 42, 1);
+    fill_normal(params.data, n, &r, 0.5f);
+    for (i = 0; i < n; i++) s.p[i] = params.data[i];
+    bad = -1;
+    for (step = 0; step < steps && bad < 0; step++) {
+        fill_normal(grads.data, n, &r, step == 2 ? 1e-3f : 1.0f); /* one step of tiny grads */
+        if (desc->kind == PDP_OPTIM_SGD) ref_sgd(&s, grads.data, &resolved);
+        else ref_adam(&s, grads.data, &resolved);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), status_name);
+        bad = first_mismatch(params.data, s.p, n, 1e-6);
+    }
+    if (bad >= 0)
+        snprintf(msg, sizeof msg, "step %d, element %lld: got %.9g, reference %.9g", step - 1,
+                 (long long)bad, (double)params.data[bad], s.p[bad]);
+    free(s.p);
+    free(s.buf);
+    free(s.m);
+    free(s.v);
+    ASSERTm(msg, bad < 0);
+    ASSERT_EQ(steps, (int)pdp_optim_steps(o));
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- optimizers against the reference ---- */
+
+TEST optim_sgd_matches_reference_all_options(void)
+{
+    static const float moms[] = {0.0f, 0.9f}, damps[] = {0.0f, 0.3f}, wds[] = {0.0f, 0.01f};
+    int a, b, c, nest;
+    for (a = 0; a < 2; a++)
+        for (b = 0; b < 2; b++)
+            for (c = 0; c < 2; c++)
+                for (nest = 0; nest < 2; nest++) {
+                    pdp_optim_desc d;
+                    enum greatest_test_res res;
+                    if (nest && (moms[a] == 0.0f || damps[b] != 0.0f)) continue;
+                    if (moms[a] == 0.0f && damps[b] != 0.0f) continue;
+                    memset(&d, 0, sizeof d);
+                    d.kind = PDP_OPTIM_SGD;
+                    d.lr = 0.05f;
+                    d.momentum = moms[a];
+                    d.dampening = damps[b];
+                    d.weight_decay = wds[c];
+                    d.nesterov = nest != 0;
+                    res = check_against_reference(&d, 6);
+                    if (res != GREATEST_TEST_RES_PASS) {
+                        fprintf(stderr,
+                                "  (momentum %g dampening %g weight_decay %g nesterov %d)\n",
+                                (double)d.momentum, (double)d.dampening, (double)d.weight_decay,
+                                nest);
+                        return res;
+                    }
+                }
+    PASS();
+}
+
+TEST optim_adam_matches_reference(void)
+{
+    static const float wds[] = {0.0f, 0.05f};
+    int c;
+    for (c = 0; c < 2; c++) {
+        pdp_optim_desc d;
+        memset(&d, 0, sizeof d);
+        d.kind = PDP_OPTIM_ADAM;
+        d.lr = 0.01f;
+        d.weight_decay = wds[c];
+        CHECK_CALL(check_against_reference(&d, 6));
+    }
+    PASS();
+}
+
+TEST optim_adamw_matches_reference(void)
+{
+    static const float wds[] = {0.0f, 0.1f};
+    int c;
+    for (c = 0; c < 2; c++) {
+        pdp_optim_desc d;
+        memset(&d, 0, sizeof d);
+        d.kind = PDP_OPTIM_ADAMW;
+        d.lr = 0.01f;
+        d.beta1 = 0.8f;
+        d.beta2 = 0.99f;
+        d.eps = 1e-6f;
+        d.weight_decay = wds[c];
+        CHECK_CALL(check_against_reference(&d, 6));
+    }
+    PASS();
+}
+
+/* The element updates of math.h by themselves, one known value each. */
+TEST optim_element_helpers_known_values(void)
+{
+    float buf = 0.0f, mm = 0.0f, vv = 0.0f, p;
+    /* SGD, first step with momentum: buf = g + wd p = 1 + 0.5 * 2 = 2; nesterov d = 2 + 0.5 * 2 */
+    p = pdp__sgd_momentum_update(2.0f, 1.0f, &buf, 0.25f, 0.5f, 1.0f, 0.5f, 1, 1);
+    ASSERT_IN_RANGE(2.0f - 0.25f * 3.0f, p, 0.0);
+    ASSERT_IN_RANGE(2.0f, buf, 0.0);
+    /* second step, dampening 0.5: buf = 0.5 * 2 + 0.5 * (1 + 0.5 * 1.25) = 1.8125 */
+    p = pdp__sgd_momentum_update(p, 1.0f, &buf, 0.25f, 0.5f, 0.5f, 0.5f, 0, 0);
+    ASSERT_IN_RANGE(1.8125, buf, 1e-7);
+    ASSERT_IN_RANGE(1.25 - 0.25 * 1.8125, p, 1e-7);
+    ASSERT_IN_RANGE(2.0 - 0.5 * (3.0 + 0.25 * 2.0), pdp__sgd_update(2.0f, 3.0f, 0.5f, 0.25f), 0.0);
+    /* Adam step 1: m = 0.1 g, v = 0.001 g^2, update = lr * sign(g) (eps 0) */
+    p = pdp__adam_update(1.0f, -4.0f, &mm, &vv, 0.9f, 0.1f, 0.999f, 0.001f, 0.5f / 0.1f,
+                         sqrtf(0.001f), 0.0f, 0.0f, 1.0f);
+    ASSERT_IN_RANGE(1.5, p, 1e-6);
+    ASSERT_IN_RANGE(-0.4, mm, 1e-7);
+    ASSERT_IN_RANGE(0.016, vv, 1e-8);
+    PASS();
+}
+
+/* ---- step: threads, allocation, state ---- */
+
+/* The update is element-wise: 1 or 2 threads give the same bits on a block big
+   enough to be split. */
+TEST optim_step_bits_independent_of_threads(void)
+{
+    pdp_model_desc md;
+    pdp_model *a = NULL, *b = NULL;
+    pdp_optim *oa = NULL, *ob = NULL;
+    pdp_optim_desc d;
+    pdp_tensor pa, ga, pb, gb;
+    pdp_rng r;
+    int step;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 300;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&a, &md), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(a, 300), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&b, &md), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(b, 300), status_name);
+    memset(&d, 0, sizeof d);
+    d.kind = PDP_OPTIM_ADAMW;
+    d.weight_decay = 0.01f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oa, a, &d), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&ob, b, &d), status_name);
+    pdp_model_flat(a, &pa, &ga);
+    pdp_model_flat(b, &pb, &gb);
+    ASSERT_MEM_EQ(pa.data, pb.data, (size_t)pa.count * 4);
+    pdp_rng_seed(&r, 3, 0);
+    for (step = 0; step < 3; step++) {
+        fill_normal(ga.data, ga.count, &r, 1.0f);
+        memcpy(gb.data, ga.data, (size_t)ga.count * 4);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_set_num_threads(1), status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oa), status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_set_num_threads(2), status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(ob), status_name);
+    }
+    pdp_set_num_threads(1);
+    ASSERT_MEM_EQ(pa.data, pb.data, (size_t)pa.count * 4);
+    pdp_optim_free(oa);
+    pdp_optim_free(ob);
+    pdp_model_free(a);
+    pdp_model_free(b);
+    PASS();
+}
+
+TEST optim_step_allocates_nothing(void)
+{
+    static const pdp_optim_kind kinds[] = {PDP_OPTIM_SGD, PDP_OPTIM_ADAM, PDP_OPTIM_ADAMW};
+    pdp_model *m = small_model();
+    int k, i;
+    ASSERT(m != NULL);
+    for (k = 0; k < 3; k++) {
+        pdp_optim *o = NULL;
+        pdp_optim_desc d;
+        long before;
+        memset(&d, 0, sizeof d);
+        d.kind = kinds[k];
+        d.momentum = 0.9f;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &d), status_name);
+        before = test_allocs;
+        for (i = 0; i < 5; i++) {
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), status_name);
+            pdp_optim_zero_grad(o);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, 1.0f, NULL), status_name);
+        }
+        ASSERT_EQm("a step allocated", before, test_allocs);
+        pdp_optim_free(o);
+    }
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST optim_zero_grad_zeros_the_gradient_block(void)
+{
+    pdp_model *m = small_model();
+    pdp_optim *o = NULL;
+    pdp_tensor p, g;
+    pdp_rng r;
+    int64_t i;
+    ASSERT(m != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, NULL), status_name);
+    pdp_model_flat(m, &p, &g);
+    pdp_rng_seed(&r, 1, 0);
+    fill_normal(g.data, g.count, &r, 1.0f);
+    pdp_optim_zero_grad(o);
+    for (i = 0; i < g.count; i++) ASSERT_EQ(0.0f, g.data[i]);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST optim_step_fails_after_layers_added(void)
+{
+    pdp_model *m = small_model();
+    pdp_optim *o = NULL;
+    ASSERT(m != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, NULL), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 2), status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_optim_step(o), status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_optim_step") != NULL);
+    ASSERT(strstr(pdp_last_error(), "832") != NULL);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- desc ---- */
+
+TEST optim_desc_defaults(void)
+{
+    pdp_model *m = small_model();
+    pdp_optim *o = NULL;
+    pdp_optim_desc d;
+    ASSERT(m != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, NULL), status_name);
+    d = pdp_optim_get_desc(o);
+    ASSERT_ENUM_EQ(PDP_OPTIM_SGD, d.kind, kind_name);
+    ASSERT_IN_RANGE(0.01f, d.lr, 0.0);
+    ASSERT_IN_RANGE(0.01f, pdp_optim_lr(o), 0.0);
+    pdp_optim_free(o);
+    memset(&d, 0, sizeof d);
+    d.kind = PDP_OPTIM_ADAM;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &d), status_name);
+    d = pdp_optim_get_desc(o);
+    ASSERT_IN_RANGE(0.001f, d.lr, 0.0);
+    ASSERT_IN_RANGE(0.9f, d.beta1, 0.0);
+    ASSERT_IN_RANGE(0.999f, d.beta2, 0.0);
+    ASSERT_IN_RANGE(1e-8f, d.eps, 0.0);
+    ASSERT_IN_RANGE(0.0, d.weight_decay, 0.0);
+    pdp_optim_set_lr(o, 0.5f);
+    ASSERT_IN_RANGE(0.5, pdp_optim_lr(o), 0.0);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    PASS();
+}
+
+typedef struct bad_desc {
+    pdp_optim_desc d;
+    const char *needle;
+} bad_desc;
+
+TEST optim_desc_validation_names_field_and_value(void)
+{
+    pdp_model *m = small_model();
+    bad_desc cases[9];
+    size_t i;
+    ASSERT(m != NULL);
+    memset(cases, 0, sizeof cases);
+    cases[0].d.lr = -0.1f; cases[0].needle = "lr -0.1";
+    cases[1].d.nesterov = true; cases[1].needle = "nesterov";
+    cases[2].d.nesterov = true; cases[2].d.momentum = 0.9f; cases[2].d.dampening = 0.1f;
+    cases[2].needle = "dampening 0.1";
+    cases[3].d.kind = PDP_OPTIM_ADAM; cases[3].d.beta1 = 1.0f; cases[3].needle = "beta1 1";
+    cases[4].d.kind = PDP_OPTIM_ADAMW; cases[4].d.beta2 = 1.5f; cases[4].needle = "beta2 1.5";
+    cases[5].d.momentum = -0.5f; cases[5].needle = "momentum -0.5";
+    cases[6].d.weight_decay = -1.0f; cases[6].needle = "weight_decay -1";
+    cases[7].d.kind = PDP_OPTIM_ADAM; cases[7].d.eps = -1e-3f; cases[7].needle = "eps -0.001";
+    cases[8].d.lr = NAN; cases[8].needle = "lr nan";
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        static int sentinel;
+        pdp_optim *o = (pdp_optim *)(void *)&sentinel; /* must come back NULL */
+        ASSERT_ENUM_EQm(cases[i].needle, PDP_ERR_INVALID, pdp_optim_create(&o, m, &cases[i].d),
+                        status_name);
+        ASSERT(o == NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_optim_create") != NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), cases[i].needle) != NULL);
+    }
+    {
+        pdp_optim_desc d;
+        pdp_optim *o = NULL;
+        memset(&d, 0, sizeof d);
+        d.kind = (pdp_optim_kind)7;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_optim_create(&o, m, &d), status_name);
+        ASSERT(strstr(pdp_last_error(), "kind 7") != NULL);
+    }
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- clipping ---- */
+
+TEST optim_clip_grad_norm_matches_naive_norm(void)
+{
+    pdp_model *m = small_model();
+    pdp_tensor p, g;
+    pdp_rng r;
+    float *before, norm = 0.0f;
+    double sum = 0.0, want, coef;
+    int64_t i;
+    int k;
+    ASSERT(m != NULL);
+    pdp_model_flat(m, &p, &g);
+    before = (float *)malloc((size_t)g.count * 4);
+    ASSERT(before != NULL);
+    pdp_rng_seed(&r, 5, 0);
+    fill_normal(g.data, g.count, &r, 0.3f);
+    memcpy(before, g.data, (size_t)g.count * 4);
+    /* the reference: per-tensor norms, then the norm of those (torch's order) */
+    for (k = 0; k < pdp_model_num_params(m); k++) {
+        pdp_param prm;
+        double t = 0.0;
+        pdp_model_param(m, k, &prm);
+        for (i = 0; i < prm.grad.count; i++) t += (double)prm.grad.data[i] * prm.grad.data[i];
+        sum += t;
+    }
+    want = sqrt(sum);
+    /* no clipping when the norm is below max_norm: bits unchanged */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, (float)(want * 2), &norm), status_name);
+    ASSERT_IN_RANGE(want, norm, want * 1e-6);
+    ASSERT_MEM_EQ(before, g.data, (size_t)g.count * 4);
+    /* clipping to 1 */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, 1.0f, &norm), status_name);
+    ASSERT_IN_RANGE(want, norm, want * 1e-6);
+    coef = 1.0 / (want + 1e-6);
+    for (i = 0; i < g.count; i++) ASSERT_IN_RANGE(before[i] * coef, g.data[i], 1e-6);
+    sum = 0.0;
+    for (i = 0; i < g.count; i++) sum += (double)g.data[i] * g.data[i];
+    ASSERT_IN_RANGE(1.0, sqrt(sum), 1e-5);
+    /* a NaN gradient */
+    memcpy(g.data, before, (size_t)g.count * 4);
+    g.data[100] = NAN;
+    ASSERT_ENUM_EQ(PDP_ERR_NUMERIC, pdp_clip_grad_norm(m, 1.0f, &norm), status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_clip_grad_norm") != NULL);
+    ASSERT_EQ(0, memcmp(before, g.data, 100 * 4)); /* untouched */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_clip_grad_norm(m, -1.0f, NULL), status_name);
+    ASSERT(strstr(pdp_last_error(), "max_norm -1") != NULL);
+    free(before);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- schedule ---- */
+
+TEST optim_warmup_cosine_known_points(void)
+{
+    /* warmup 10, total 110, 1 -> 0.1 */
+    ASSERT_IN_RANGE(0.1, pdp_lr_warmup_cosine(0, 10, 110, 1.0f, 0.1f), 1e-7);
+    ASSERT_IN_RANGE(0.5, pdp_lr_warmup_cosine(4, 10, 110, 1.0f, 0.1f), 1e-7);
+    ASSERT_IN_RANGE(1.0, pdp_lr_warmup_cosine(9, 10, 110, 1.0f, 0.1f), 1e-7);
+    ASSERT_IN_RANGE(1.0, pdp_lr_warmup_cosine(10, 10, 110, 1.0f, 0.1f), 1e-7);
+    ASSERT_IN_RANGE(0.55, pdp_lr_warmup_cosine(60, 10, 110, 1.0f, 0.1f), 1e-6);
+    ASSERT_IN_RANGE(0.1 + 0.45 * (1.0 + cos(acos(-1.0) * 0.25)),
+                    pdp_lr_warmup_cosine(35, 10, 110, 1.0f, 0.1f), 1e-6);
+    ASSERT_IN_RANGE(0.1, pdp_lr_warmup_cosine(110, 10, 110, 1.0f, 0.1f), 1e-7);
+    ASSERT_IN_RANGE(0.1, pdp_lr_warmup_cosine(1000, 10, 110, 1.0f, 0.1f), 1e-7);
+    /* no warm-up */
+    ASSERT_IN_RANGE(2.0, pdp_lr_warmup_cosine(0, 0, 100, 2.0f, 0.0f), 1e-7);
+    ASSERT_IN_RANGE(1.0, pdp_lr_warmup_cosine(50, 0, 100, 2.0f, 0.0f), 1e-6);
+    PASS();
+}
+
+/* ---- PyTorch fixtures ---- */
+
+typedef struct fixture_case {
+    const char *model, *optim;
+} fixture_case;
+
+static void fixture_desc(const char *optim, pdp_optim_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    if (strncmp(optim, "sgd", 3) == 0) {
+        d->kind = PDP_OPTIM_SGD;
+        d->lr = 0.125f;
+        d->momentum = 0.875f;
+        d->weight_decay = 0.0625f;
+        if (strcmp(optim, "sgd_nesterov") == 0) d->nesterov = true;
+        else d->dampening = 0.25f;
+        return;
+    }
+    d->kind = strcmp(optim, "adam") == 0 ? PDP_OPTIM_ADAM : PDP_OPTIM_ADAMW;
+    d->lr = 0.0625f;
+    d->beta1 = 0.875f;
+    d->beta2 = 0.96875f;
+    d->eps = 1.0f / 1048576.0f;
+    d->weight_decay = d->kind == PDP_OPTIM_ADAM ? 0.0625f : 0.25f;
+}
+
+static pdp_model *fixture_model(const char *kind)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_status st;
+    memset(&md, 0, sizeof md);
+    if (strcmp(kind, "mlp") == 0) {
+        md.input_shape[0] = 6;
+        if (pdp_model_create(&m, &md) != PDP_OK) return NULL;
+        st = pdp_model_add_linear(m, 5);
+        if (st == PDP_OK) st = pdp_model_add_relu(m);
+        if (st == PDP_OK) st = pdp_model_add_linear(m, 3);
+    } else {
+        md.input_shape[0] = 1;
+        md.input_shape[1] = 6;
+        md.input_shape[2] = 6;
+        if (pdp_model_create(&m, &md) != PDP_OK) return NULL;
+        st = pdp_model_add_conv2d(m, 2, 3, 1, 0);
+        if (st == PDP_OK) st = pdp_model_add_relu(m);
+        if (st == PDP_OK) st = pdp_model_add_maxpool2d(m, 2, 0);
+        if (st == PDP_OK) st = pdp_model_add_flatten(m);
+        if (st == PDP_OK) st = pdp_model_add_linear(m, 3);
+    }
+    if (st != PDP_OK) {
+        pdp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static enum greatest_test_res run_fixture(const char *model_kind, const char *optim_kind)
+{
+    static char msg[256];
+    static char skip[640];
+    char file[96], name[96];
+    fixture fx;
+    const fixture_tensor *x, *lab, *loss, *t;
+    pdp_model *m;
+    pdp_optim *o = NULL;
+    pdp_optim_desc d;
+    pdp_tensor xv;
+    int32_t labels[16];
+    int i, step;
+    int64_t j;
+    int rc;
+    snprintf(file, sizeof file, "optim_%s_%s.bin", model_kind, optim_kind);
+    rc = fixture_load(&fx, file);
+    if (rc == FIXTURE_MISSING) {
+        snprintf(skip, sizeof skip, "%s missing (run /usr/bin/python3 tools/gen_optim_fixtures.py)",
+                 fx.path);
+        SKIPm(skip);
+    }
+    ASSERT_EQm("the fixture is corrupt", FIXTURE_OK, rc);
+    m = fixture_model(model_kind);
+    ASSERT(m != NULL);
+    x = fixture_find(&fx, "x");
+    lab = fixture_find(&fx, "labels");
+    loss = fixture_find(&fx, "loss");
+    ASSERT(x && lab && loss && lab->count <= 16);
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param p;
+        pdp_model_param(m, i, &p);
+        snprintf(name, sizeof name, "init.%s", p.name);
+        t = fixture_find(&fx, name);
+        ASSERTm(name, t != NULL && t->count == p.value.count);
+        memcpy(p.value.data, t->data, (size_t)t->count * 4);
+    }
+    for (j = 0; j < lab->count; j++) labels[j] = (int32_t)lab->data[j];
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap(x->data, pdp_cpu(), x->ndim, x->shape, &xv),
+                   status_name);
+    fixture_desc(optim_kind, &d);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &d), status_name);
+    for (step = 0; step < 3; step++) {
+        float l = 0.0f;
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_forward_backward(m, &xv, labels, &l),
+                        status_name);
+        ASSERT_IN_RANGE(loss->data[step], l, 1e-5 * fabs(loss->data[step]) + 1e-6);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), status_name);
+        pdp_optim_zero_grad(o);
+    }
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param p;
+        pdp_model_param(m, i, &p);
+        snprintf(name, sizeof name, "final.%s", p.name);
+        t = fixture_find(&fx, name);
+        ASSERTm(name, t != NULL && t->count == p.value.count);
+        for (j = 0; j < t->count; j++) {
+            double want = t->data[j], got = p.value.data[j];
+            if (!(fabs(got - want) <= 1e-5 * fabs(want) + 1e-6)) {
+                snprintf(msg, sizeof msg, "%s %s: %s[%lld] = %.9g, PyTorch %.9g", model_kind,
+                         optim_kind, p.name, (long long)j, got, want);
+                FAILm(msg);
+            }
+        }
+    }
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    fixture_free(&fx);
+    PASS();
+}
+
+TEST optim_pytorch_mlp(void)
+{
+    CHECK_CALL(run_fixture("mlp", "sgd_nesterov"));
+    CHECK_CALL(run_fixture("mlp", "sgd_damp"));
+    CHECK_CALL(run_fixture("mlp", "adam"));
+    CHECK_CALL(run_fixture("mlp", "adamw"));
+    PASS();
+}
+
+TEST optim_pytorch_cnn(void)
+{
+    CHECK_CALL(run_fixture("cnn", "sgd_nesterov"));
+    CHECK_CALL(run_fixture("cnn", "sgd_damp"));
+    CHECK_CALL(run_fixture("cnn", "adam"));
+    CHECK_CALL(run_fixture("cnn", "adamw"));
+    PASS();
+}
+
+/* ---- CUDA ---- */
+
+static bool have_cuda(void)
+{
+    int n = 0;
+    return pdp_cuda_device_count(&n) == PDP_OK && n > 0;
+}
+
+/* The fused CUDA kernels run math.h's formulas: the same updates as the CPU up to
+   FMA contraction on the GPU (1e-6 relative). */
+TEST optim_cuda_matches_cpu(void)
+{
+    static const pdp_optim_kind kinds[] = {PDP_OPTIM_SGD, PDP_OPTIM_ADAM, PDP_OPTIM_ADAMW};
+    pdp_model_desc md;
+    int k, step;
+    if (!have_cuda()) SKIP_NO_CUDA();
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 37;
+    for (k = 0; k < 3; k++) {
+        pdp_model *cpu = NULL, *gpu = NULL;
+        pdp_optim *oc = NULL, *og = NULL;
+        pdp_optim_desc d;
+        pdp_tensor pc, gc, pg, gg;
+        float *back;
+        pdp_rng r;
+        int64_t i;
+        memset(&d, 0, sizeof d);
+        d.kind = kinds[k];
+        d.momentum = 0.9f;
+        d.weight_decay = 0.01f;
+        md.device = pdp_cpu();
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&cpu, &md), status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(cpu, 101), status_name);
+        md.device = pdp_cuda(0);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_create(&gpu, &md), status_name);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_add_linear(gpu, 101), status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oc, cpu, &d), status_name);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_optim_create(&og, gpu, &d), status_name);
+        pdp_model_flat(cpu, &pc, &gc);
+        pdp_model_flat(gpu, &pg, &gg);
+        back = (float *)malloc((size_t)pc.count * 4);
+        ASSERT(back != NULL);
+        pdp_rng_seed(&r, 8, 0);
+        for (step = 0; step < 4; step++) {
+            fill_normal(gc.data, gc.count, &r, 1.0f);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(&gg, gc.data), status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oc), status_name);
+            ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_optim_step(og), status_name);
+        }
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(&pg, back), status_name);
+        for (i = 0; i < pc.count; i++)
+            ASSERT_IN_RANGE(pc.data[i], back[i], 1e-6 * fabs(pc.data[i]) + 1e-7);
+        free(back);
+        pdp_optim_free(oc);
+        pdp_optim_free(og);
+        pdp_model_free(cpu);
+        pdp_model_free(gpu);
+    }
+    PASS();
+}
+
+SUITE(optim)
+{
+    RUN_TEST(optim_sgd_matches_reference_all_options);
+    RUN_TEST(optim_adam_matches_reference);
+    RUN_TEST(optim_adamw_matches_reference);
+    RUN_TEST(optim_element_helpers_known_values);
+    RUN_TEST(optim_step_bits_independent_of_threads);
+    RUN_TEST(optim_step_allocates_nothing);
+    RUN_TEST(optim_zero_grad_zeros_the_gradient_block);
+    RUN_TEST(optim_step_fails_after_layers_added);
+    RUN_TEST(optim_desc_defaults);
+    RUN_TEST(optim_desc_validation_names_field_and_value);
+    RUN_TEST(optim_clip_grad_norm_matches_naive_norm);
+    RUN_TEST(optim_warmup_cosine_known_points);
+    RUN_TEST(optim_pytorch_mlp);
+    RUN_TEST(optim_pytorch_cnn);
+    RUN_TEST(optim_cuda_matches_cpu);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(optim);
+    GREATEST_MAIN_END();
+}

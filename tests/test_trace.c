@@ -1,0 +1,296 @@
+/* Tests of the Chrome trace sink (src/trace.c): off without PDP_TRACE, valid
+   JSON (checked by Python's json module, independently of our writer) with the
+   expected events, units and escaping, per-rank file names, reference-counted
+   open/close, a mid-run pdp_trace_flush, and a hot path that allocates nothing
+   after warm-up while four threads record far more events than the buffer
+   holds. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <stddef.h>
+
+static void *trace_test_malloc(size_t bytes);
+static void trace_test_free(void *p);
+#define PDP_MALLOC(bytes) trace_test_malloc(bytes)
+#define PDP_FREE(p) trace_test_free(p)
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+#include <unistd.h>
+#include <sys/stat.h>
+
+static long trace_allocs;
+
+static void *trace_test_malloc(size_t bytes)
+{
+    __atomic_add_fetch(&trace_allocs, 1, __ATOMIC_RELAXED);
+    return malloc(bytes);
+}
+
+static void trace_test_free(void *p) { free(p); }
+
+static long allocs_now(void) { return __atomic_load_n(&trace_allocs, __ATOMIC_RELAXED); }
+
+static char tmpdir[256];
+
+static void path_of(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", tmpdir, name);
+}
+
+/* Reads a whole file into a malloc'd string (NULL when missing). */
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    long n;
+    char *s;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    s = (char *)malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+    if (s) s[n] = '\0';
+    fclose(f);
+    return s;
+}
+
+/* Parses path with Python's json module (an independent JSON reader) and counts
+   events by phase; also checks that every "b" has an "e" with the same id and
+   that the name a"b\c survived escaping. -1 when the file is not valid JSON. */
+typedef struct counts { int x, b, e, m, esc, pairs_ok; } counts;
+
+static int json_counts(const char *path, counts *c)
+{
+    char cmd[2048], out[300], *s;
+    int rc;
+    memset(c, 0, sizeof *c);
+    snprintf(out, sizeof out, "%s.counts", path);
+    snprintf(cmd, sizeof cmd,
+             "python3 -c 'import json,sys\n"
+             "ev=json.load(open(sys.argv[1]))[\"traceEvents\"]\n"
+             "n=lambda p: sum(1 for e in ev if e[\"ph\"]==p)\n"
+             "b=sorted(e[\"id\"] for e in ev if e[\"ph\"]==\"b\")\n"
+             "e=sorted(e[\"id\"] for e in ev if e[\"ph\"]==\"e\")\n"
+             "esc=sum(1 for x in ev if x[\"name\"]==chr(97)+chr(34)+chr(98)+chr(92)+chr(99))\n"
+             "open(sys.argv[2],\"w\").write(\"%%d %%d %%d %%d %%d %%d\" %% (n(\"X\"),n(\"b\"),"
+             "n(\"e\"),n(\"M\"),esc,int(b==e)))' '%s' '%s' 2>&1",
+             path, out);
+    rc = system(cmd);
+    if (rc != 0) return -1;
+    s = slurp(out);
+    if (!s) return -1;
+    rc = sscanf(s, "%d %d %d %d %d %d", &c->x, &c->b, &c->e, &c->m, &c->esc, &c->pairs_ok);
+    free(s);
+    remove(out);
+    return rc == 6 ? 0 : -1;
+}
+
+static bool have_python(void) { return system("python3 -c 'import json' >/dev/null 2>&1") == 0; }
+
+TEST trace_off_without_env(void)
+{
+    unsetenv("PDP_TRACE");
+    ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(-1), pdp_status_name);
+    ASSERT_FALSE(pdp__trace_enabled());
+    ASSERT_EQ(0, pdp__trace_track(0, "compute"));
+    pdp__trace_complete(0, 1, "compute", "forward", 1.0, 2.0, NULL); /* no-op, no crash */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_trace_flush(), pdp_status_name);
+    pdp__trace_close();
+    ASSERT_FALSE(pdp__trace_enabled());
+    PASS();
+}
+
+TEST trace_writes_valid_json_with_expected_events(void)
+{
+    char path[512], *s;
+    int tc0, tc1, tcomm;
+    counts c;
+    if (!have_python()) SKIPm("python3 with json not found");
+    path_of(path, sizeof path, "events.json");
+    setenv("PDP_TRACE", path, 1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(-1), pdp_status_name);
+    ASSERT(pdp__trace_enabled());
+    tc0 = pdp__trace_track(0, "compute");
+    tc1 = pdp__trace_track(1, "compute");
+    tcomm = pdp__trace_track(0, "comm world");
+    ASSERT(tc0 > 0 && tc1 > 0 && tcomm > 0);
+    ASSERT(tc0 != tc1 && tc1 != tcomm && tc0 != tcomm);
+    pdp__trace_complete(0, tc0, "compute", "backward", 1.0, 1.0025, "\"layer\":3");
+    pdp__trace_complete(1, tc1, "compute", "a\"b\\c", 2.0, 2.5, NULL);
+    pdp__trace_async(0, tcomm, "comm", "allreduce", 7, 1.001, 1.004, "\"seq\":0");
+    pdp__trace_async(0, tcomm, "comm", "allreduce", 8, 1.002, 1.005, "\"seq\":1");
+    pdp__trace_close();
+    ASSERT_FALSE(pdp__trace_enabled());
+
+    ASSERT_EQm("not valid JSON (python3 json.load failed)", 0, json_counts(path, &c));
+    ASSERT_EQ(2, c.x);
+    ASSERT_EQ(2, c.b);
+    ASSERT_EQ(2, c.e);
+    ASSERT_EQm("async begin and end ids differ", 1, c.pairs_ok);
+    ASSERT_EQ(1, c.esc);
+    /* process_name + sort index for ranks 0 and 1, thread_name + sort index per track */
+    ASSERT_EQ(2 * 2 + 3 * 2, c.m);
+    s = slurp(path);
+    ASSERT(s != NULL);
+    ASSERT(strncmp(s, "{\"traceEvents\":[", 16) == 0);
+    ASSERTm("microseconds: ts 1 s = 1000000, dur 2.5 ms = 2500",
+            strstr(s, "\"ts\":1000000.000,\"dur\":2500.000") != NULL);
+    ASSERT(strstr(s, "\"name\":\"process_name\",\"args\":{\"name\":\"rank 1\"}") != NULL);
+    ASSERT(strstr(s, "\"name\":\"thread_name\",\"args\":{\"name\":\"comm world\"}") != NULL);
+    ASSERT(strstr(s, "\"args\":{\"layer\":3}") != NULL);
+    ASSERT(strstr(s, "\"ph\":\"e\",\"pid\":0,\"tid\":") != NULL);
+    free(s);
+    remove(path);
+    PASS();
+}
+
+TEST trace_rank_file_names(void)
+{
+    char base[512], expect[512];
+    FILE *f;
+    path_of(base, sizeof base, "ranked.json");
+    setenv("PDP_TRACE", base, 1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(2), pdp_status_name);
+    pdp__trace_close();
+    path_of(expect, sizeof expect, "ranked.rank2.json");
+    f = fopen(expect, "rb");
+    ASSERTm("PDP_TRACE=ranked.json on rank 2 writes ranked.rank2.json", f != NULL);
+    fclose(f);
+    remove(expect);
+    ASSERTm("the unranked name is not written", fopen(base, "rb") == NULL);
+
+    path_of(base, sizeof base, "noext");
+    setenv("PDP_TRACE", base, 1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(11), pdp_status_name);
+    pdp__trace_close();
+    path_of(expect, sizeof expect, "noext.rank11");
+    f = fopen(expect, "rb");
+    ASSERTm("no extension: the suffix is appended", f != NULL);
+    fclose(f);
+    remove(expect);
+    PASS();
+}
+
+TEST trace_bad_path_fails_with_message(void)
+{
+    setenv("PDP_TRACE", "/nonexistent-dir-pdp/x.json", 1);
+    ASSERT_ENUM_EQ(PDP_ERR_IO, pdp__trace_open(-1), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "/nonexistent-dir-pdp/x.json") != NULL);
+    ASSERT(strstr(pdp_last_error(), "PDP_TRACE") != NULL);
+    ASSERT_FALSE(pdp__trace_enabled());
+    /* the failed open holds no reference: the next one starts afresh */
+    unsetenv("PDP_TRACE");
+    ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(-1), pdp_status_name);
+    ASSERT_FALSE(pdp__trace_enabled());
+    pdp__trace_close();
+    PASS();
+}
+
+TEST trace_refcounted_and_flush_mid_run(void)
+{
+    char path[512];
+    int t;
+    counts c;
+    if (!have_python()) SKIPm("python3 with json not found");
+    path_of(path, sizeof path, "refs.json");
+    setenv("PDP_TRACE", path, 1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(-1), pdp_status_name); /* e.g. the DDP object */
+    ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(-1), pdp_status_name); /* e.g. its communicator */
+    unsetenv("PDP_TRACE"); /* read once, at the first open */
+    t = pdp__trace_track(0, "compute");
+    pdp__trace_complete(0, t, "compute", "step", 1.0, 2.0, NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_trace_flush(), pdp_status_name);
+    ASSERT_EQm("valid JSON after a flush, while still open", 0, json_counts(path, &c));
+    ASSERT_EQ(1, c.x);
+    pdp__trace_close();
+    ASSERTm("one reference left: still on", pdp__trace_enabled());
+    pdp__trace_complete(0, t, "compute", "step", 2.0, 3.0, NULL);
+    pdp__trace_close();
+    ASSERT_FALSE(pdp__trace_enabled());
+    ASSERT_EQ(0, json_counts(path, &c));
+    ASSERT_EQ(2, c.x);
+    remove(path);
+    PASS();
+}
+
+/* ---- hot path: four threads, many buffer refills, no allocation ---- */
+
+#define HOT_THREADS 4
+#define HOT_EVENTS 50000 /* per thread; the buffer holds PDP_TRACE_BUFFER_EVENTS */
+
+typedef struct hot_arg { int rank, tid; } hot_arg;
+
+static void *hot_thread(void *p)
+{
+    hot_arg *a = (hot_arg *)p;
+    int i;
+    char args[48];
+    for (i = 0; i < HOT_EVENTS; i++) {
+        double t = pdp__now();
+        snprintf(args, sizeof args, "\"i\":%d", i);
+        if (i % 10 == 9) pdp__trace_async(a->rank, a->tid, "comm", "allreduce", (uint64_t)i, t,
+                                          t + 1e-6, args);
+        else pdp__trace_complete(a->rank, a->tid, "compute", "layer", t, t + 1e-6, args);
+    }
+    return NULL;
+}
+
+TEST trace_hot_path_allocates_nothing(void)
+{
+    char path[512];
+    pthread_t th[HOT_THREADS];
+    hot_arg a[HOT_THREADS];
+    long before;
+    double t0, t1;
+    int i;
+    counts c;
+    path_of(path, sizeof path, "hot.json");
+    setenv("PDP_TRACE", path, 1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(-1), pdp_status_name);
+    for (i = 0; i < HOT_THREADS; i++) {
+        a[i].rank = i;
+        a[i].tid = pdp__trace_track(i, "compute");
+    }
+    pdp__trace_complete(0, a[0].tid, "compute", "warm-up", 0.0, 1.0, NULL);
+    before = allocs_now();
+    t0 = pdp__now();
+    for (i = 0; i < HOT_THREADS; i++) pthread_create(&th[i], NULL, hot_thread, &a[i]);
+    for (i = 0; i < HOT_THREADS; i++) pthread_join(th[i], NULL);
+    t1 = pdp__now();
+    ASSERT_EQm("recording (with buffer write-outs) called PDP_MALLOC", before, allocs_now());
+    pdp__trace_close();
+    printf("\ntrace: %d events from %d threads in %.1f ms (%.0f ns/event, file writes included)\n",
+           HOT_THREADS * HOT_EVENTS, HOT_THREADS, (t1 - t0) * 1e3,
+           (t1 - t0) * 1e9 / (HOT_THREADS * HOT_EVENTS));
+    if (have_python()) {
+        ASSERT_EQ(0, json_counts(path, &c));
+        ASSERT_EQ(1 + HOT_THREADS * (HOT_EVENTS - HOT_EVENTS / 10), c.x);
+        ASSERT_EQ(HOT_THREADS * (HOT_EVENTS / 10), c.b);
+        ASSERT_EQ(c.b, c.e);
+    }
+    remove(path);
+    PASS();
+}
+
+SUITE(trace)
+{
+    RUN_TEST(trace_off_without_env);
+    RUN_TEST(trace_writes_valid_json_with_expected_events);
+    RUN_TEST(trace_rank_file_names);
+    RUN_TEST(trace_bad_path_fails_with_message);
+    RUN_TEST(trace_refcounted_and_flush_mid_run);
+    RUN_TEST(trace_hot_path_allocates_nothing);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    const char *t = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof tmpdir, "%s/pdp_trace_test.%ld", t && *t ? t : "/tmp", (long)getpid());
+    mkdir(tmpdir, 0700);
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(trace);
+    rmdir(tmpdir);
+    GREATEST_MAIN_END();
+}
