@@ -52,10 +52,10 @@ test: $(TESTS) $(EXAMPLES)
 	@B=$(B) sh tests/run_all.sh $(TESTS) $(TEST_SH) -- $(EXAMPLES)
 
 sanitize:
-	$(MAKE) B=build/asan OPT="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" test
+	$(MAKE) B=build/asan OPT="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" TEST_SH= test
 
 tsan:
-	$(MAKE) B=build/tsan OPT="-O1 -g -fsanitize=thread" TSAN=1 test
+	$(MAKE) B=build/tsan OPT="-O1 -g -fsanitize=thread" TSAN=1 TEST_SH= test
 
 bench: $(BENCHES)
 	@for b in $(BENCHES); do echo "== $$b"; ./$$b || exit 1; done
@@ -94,7 +94,7 @@ mpi-test:
 	    echo "mpi-test: skipped: mpicc not found"; \
 	fi
 
-# ---- cuda: pdp_cuda.cu with nvcc, then every example, test_cuda and the GPU bench with
+# ---- cuda: pdp_cuda.cu with nvcc, then every example, the CUDA tests and the GPU bench with
 # -DPDP_CUDA, linked against cudart, cuBLAS and NCCL. Compile and link only: nothing runs
 # here, so it works on a machine without a GPU (CI runs it whenever nvcc exists). The .c
 # files are compiled by $(CC) as strict C99 (pdp.h's implementation is C, not C++); nvcc
@@ -104,8 +104,9 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_GENCODE ?= -gencode arch=compute_90,code=[sm_90,compute_90]
 CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -Xlinker -rpath=$(CUDA_HOME)/lib64 -lcublas -lnccl -lm -lpthread
 CB         = $(B)/cuda
+CUDA_TESTS = $(CB)/test_cuda $(CB)/test_optim $(CB)/test_checkpoint
 CUDA_PROGS = $(patsubst examples/%.c,$(CB)/%,$(sort $(wildcard examples/*.c))) \
-             $(CB)/test_cuda $(CB)/bench_gpu
+             $(CUDA_TESTS) $(CB)/bench_gpu
 
 cuda: $(CUDA_PROGS)
 
@@ -118,7 +119,9 @@ $(CB)/pdp_cuda.o: pdp_cuda.cu pdp.h | $(CB)
 $(CB)/%.o: examples/%.c pdp.h | $(CB)
 	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
-$(CB)/test_cuda.o: tests/test_cuda.c pdp.h tests/pdp_test.h | $(CB)
+# the tests with CUDA cases of their own (test_optim: optim_cuda_matches_cpu; test_checkpoint:
+# checkpoint_cuda_round_trip) are built here too; tests/gpu/run.sh runs CUDA_TESTS
+$(CB)/test_%.o: tests/test_%.c pdp.h tests/pdp_test.h | $(CB)
 	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
 $(CB)/bench_gpu.o: bench/cuda/gpu.c pdp.h | $(CB)
@@ -126,4 +129,4 @@ $(CB)/bench_gpu.o: bench/cuda/gpu.c pdp.h | $(CB)
 
 $(CB)/%: $(CB)/%.o $(CB)/pdp_cuda.o
 	$(NVCC) $(CUDA_GENCODE) $^ -o $@ $(CUDA_LIBS)
-.PRECIOUS: $(CB)/%.o
+.PRECIOUS: $(CB)/%.o $(CB)/test_%.o

@@ -844,11 +844,14 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);
 
    Replica 0 is the master itself; replicas 1..N-1 are clones. On the CPU they
    read the master's parameter memory (replicate copies nothing, but stays a
-   stage you can time) unless copy_params asks for real copies, as separate
-   GPUs need. Shards are balanced: sizes differ by at most one and replica i
-   gets the samples before replica i + 1's; with more workers than samples the
-   extra workers sit idle for that step. Results equal one device on the same
-   global batch to float rounding (bit for bit with one worker). */
+   stage you can time) unless copy_params asks for real copies. On GPUs
+   (PDP_CUDA) each replica owns its parameters on its device and every stage
+   moves real bytes: peer copies from and to device 0, one host thread per
+   replica; several replicas may share a GPU. Shards are balanced: sizes differ
+   by at most one and replica i gets the samples before replica i + 1's; with
+   more workers than samples the extra workers sit idle for that step. Results
+   equal one device on the same global batch to float rounding (bit for bit
+   with one worker). */
 
 typedef struct pdp_dp pdp_dp;
 
@@ -857,13 +860,15 @@ typedef struct pdp_dp pdp_dp;
 typedef struct pdp_dp_desc {
     int num_workers;          /* replicas, one thread each; 0 = one per online core;
                                  negative or > PDP_DP_MAX_WORKERS is an error */
-    const pdp_device *devices;/* num_workers devices, devices[0] = the master's; NULL = all
-                                 CPU. CUDA needs PDP_CUDA (returns PDP_ERR_UNSUPPORTED) */
+    const pdp_device *devices;/* num_workers devices (num_workers must then be > 0),
+                                 devices[0] = the master's; NULL = all CPU. All CPU or all
+                                 CUDA (a device may repeat); CUDA needs PDP_CUDA, else
+                                 PDP_ERR_UNSUPPORTED */
     int threads_per_worker;   /* intra-op threads of each worker; default 1 (the intra-op
                                  pool is one per process: workers that ask for more at the
                                  same moment take turns, results unchanged) */
     bool copy_params;         /* CPU: give each replica its own parameter copy, refreshed by
-                                 replicate every step (what GPUs must do); default false:
+                                 replicate every step (what GPUs always do); default false:
                                  replicas read the master's memory */
     bool reduce_on_master;    /* run the whole reduce on the master's thread, as
                                  torch.nn.DataParallel does on device 0; default false:
@@ -880,7 +885,8 @@ PDP_API void pdp_dp_free(pdp_dp *dp);
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp);
 
 /* One training step for classification on the global batch x [B, ...] with B
-   labels: zero the master's gradients, replicate, scatter, parallel apply
+   labels in host memory (x on the master's device, or on the host for a GPU
+   master): zero the master's gradients, replicate, scatter, parallel apply
    (softmax cross-entropy, mean over the global batch), gather, reduce, then
    pdp_optim_step(opt) on the master (opt must have been created on the master).
    *loss (may be NULL) gets the global mean loss. The gradients stay readable
@@ -1036,7 +1042,9 @@ typedef struct pdp_ddp_stats {
     /* the last finished step */
     int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes) */
     double backward_s;         /* forward + loss + backward, launches included */
-    double allreduce_s;        /* execution time of this step's bucket all-reduces */
+    double allreduce_s;        /* execution time of this step's bucket all-reduces, from the
+                                  moment the backend starts each (waiting for slower ranks
+                                  included) to its completion; queueing excluded */
     double wait_s;             /* time pdp_ddp_finish waited: communication left exposed */
     double hidden_share;       /* 1 - wait_s / allreduce_s, in [0, 1] (1 with nothing to do) */
     /* sums over all finished steps */
@@ -1091,8 +1099,8 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    created on first use and kept for the life of the process (like the intra-op
    pool, the documented exception to "no globals"). Layer, loss and optimizer
    calls on a CUDA model enqueue kernels on that stream and return; anything
-   that hands a value to the host (a download, a loss) waits for it. Use one
-   host thread per device at a time (DP and thread-rank DDP do).
+   that hands a value to the host (a download, a loss) waits for it. Give each
+   model its own host thread; several threads may share a device (see below).
 
    Numerics. GEMMs run in full FP32 (TF32 off) so GPU results match the CPU to
    about 1e-5 relative; pdp_cuda_set_tf32(true) trades that for tensor-core
@@ -1102,7 +1110,12 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    Memory. Device buffers come from a caching allocator: freed blocks go back to
    a free list of their size class on their device and are reused, so after
    the first step nothing reaches cudaMalloc (pdp_cuda_memory_stats counts the
-   calls). pdp_cuda_empty_cache returns the free blocks to the driver. */
+   calls). pdp_cuda_empty_cache returns the free blocks to the driver.
+
+   DataParallel over GPUs (dp.c) runs one worker thread per replica; several
+   workers may share a device (more workers than GPUs): their kernels then
+   interleave on that device's stream, and the reductions that hand a value to
+   the host (losses, the gradient norm) take turns on its scratch buffer. */
 
 /* Number of CUDA devices visible to this process. No device (or no driver):
    *count = 0 and PDP_ERR_NO_DEVICE. */
@@ -1227,6 +1240,11 @@ pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *
 pdp_status pdp_cudak_mse(int dev, const float *pred, const float *target, int64_t count,
                          float scale, double *host_sum, float *dpred);
 
+/* gradient clipping: *host_sum = sum of x^2 in double (block partial sums in a
+   fixed order: the same bits every run); x *= s in float */
+pdp_status pdp_cudak_sumsq(int dev, const float *x, int64_t count, double *host_sum);
+pdp_status pdp_cudak_scale(int dev, float *x, int64_t count, float s);
+
 /* optimizers: elements [0, count) of the given pointers, the math.h updates */
 pdp_status pdp_cudak_sgd(int dev, float *p, const float *g, float *buf, int64_t count, float lr,
                          float momentum, float one_minus_damp, float weight_decay, int nesterov,
@@ -1334,7 +1352,10 @@ static inline PDP__HOSTDEV float pdp__sigmoid(float x)
         return e / (1.0f + e);
     }
 }
-static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y) { return dy * y * (1.0f - y); }
+static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y)
+{
+    return dy * y * (1.0f - y);
+}
 
 /* ---- math: dropout masks ----
    The mask bit of element j of sample s is a pure function of
@@ -1664,6 +1685,11 @@ static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_s
                                          int64_t n) PDP__UNUSED;
 static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
                                int64_t count) PDP__UNUSED;
+/* Gradient clipping on d: *sum = sum of x^2 (double, fixed order); x *= s. */
+static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                  const char *fn) PDP__UNUSED;
+static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
+                                  const char *fn) PDP__UNUSED;
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal
@@ -2812,7 +2838,7 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
      (details in "layers: Conv2d").
    - MaxPool2d: square window, no padding, floor output size; the first maximum
      in row-major window order wins ties, NaN wins over numbers (as PyTorch's CPU
-     kernel). The winning index is saved as a float (exact below 2^24).
+     kernel). The winning index is saved as an int32 in the saved floats' memory.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
    - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
@@ -2837,6 +2863,24 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
 #else
 #  define PDP__RESTRICT restrict
 #endif
+
+/* for (i = 0; i < n; i++) { body }, in blocks of 16 with a constant trip count,
+   then the rest one by one: gcc -O2 vectorises the blocks (its cheap cost model
+   skips a plain loop of unknown length, which would need an epilogue). */
+#define PDP__FOR_BLOCKED(i, n, ...)                                                            \
+    do {                                                                                       \
+        int64_t pdp__b_ = 0, pdp__n_ = (n);                                                    \
+        int pdp__k_;                                                                           \
+        for (; pdp__b_ + 16 <= pdp__n_; pdp__b_ += 16)                                         \
+            for (pdp__k_ = 0; pdp__k_ < 16; pdp__k_++) {                                       \
+                int64_t i = pdp__b_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        for (; pdp__b_ < pdp__n_; pdp__b_++) {                                                 \
+            int64_t i = pdp__b_;                                                               \
+            __VA_ARGS__                                                                        \
+        }                                                                                      \
+    } while (0)
 
 /* ---- layers: names and small helpers ---- */
 
@@ -2914,15 +2958,23 @@ static double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RE
     return s;
 }
 
-/* Samples [*s0, *s1) of part i of n. */
-static void pdp__layers_part_range(int64_t batch, int i, int n, int64_t *s0, int64_t *s1)
+/* Sum of a[i] * b[i] * (c[i] - m), same scheme. */
+static double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                               const float *PDP__RESTRICT c, float m, int64_t n)
 {
-    *s0 = batch * i / n;
-    *s1 = batch * (i + 1) / n;
+    float lane[16] = {0};
+    double s = 0.0;
+    int64_t i = 0;
+    int k;
+    for (; i + 16 <= n; i += 16)
+        for (k = 0; k < 16; k++) lane[k] += a[i + k] * b[i + k] * (c[i + k] - m);
+    for (; i < n; i++) s += (double)a[i] * b[i] * (c[i] - m);
+    for (k = 0; k < 16; k++) s += lane[k];
+    return s;
 }
 
-/* Parts for a job over the batch: the caller's intra-op threads, at most one per
-   sample. */
+/* Parts for a job split by sample: the caller's intra-op threads, at most one
+   per sample. */
 static int pdp__layers_batch_parts(int64_t batch)
 {
     return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), batch);
@@ -3015,7 +3067,8 @@ static pdp_status pdp__layer_setup(pdp__layer *l, int64_t wshape[4], int *wndim,
         if (l->in_ndim != 3)
             return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
         if (k > H || k > W)
-            return pdp__err(PDP_ERR_SHAPE, "kernel %lld is larger than the input %lldx%lld (input %s)",
+            return pdp__err(PDP_ERR_SHAPE,
+                            "kernel %lld is larger than the input %lldx%lld (input %s)",
                             (long long)k, (long long)H, (long long)W, in);
         l->out_shape[1] = (H - k) / s + 1;
         l->out_shape[2] = (W - k) / s + 1;
@@ -3077,7 +3130,7 @@ static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     float beta = 0.0f;
-    if (io->b) { /* y = b, then y += x W^T: the bias costs no extra pass over y */
+    if (io->b) { /* y = b, then the GEMM adds x W^T (beta 1): no second pass for the bias */
         for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
         beta = 1.0f;
     }
@@ -3086,14 +3139,14 @@ static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 
 static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = io->batch, in = l->in_count, out = l->out_features, i, j;
+    int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     /* dW += dY^T X */
     pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, io->dy, out, io->x, in, 1.0f, io->dw, in);
     if (io->db) { /* db += column sums of dY, sample by sample */
         float *PDP__RESTRICT db = io->db;
         for (i = 0; i < B; i++) {
             const float *PDP__RESTRICT g = io->dy + i * out;
-            for (j = 0; j < out; j++) db[j] += g[j];
+            PDP__FOR_BLOCKED(j, out, db[j] += g[j];);
         }
     }
     if (io->dx) /* dX = dY W */
@@ -3110,7 +3163,7 @@ static void pdp__activation_forward(const pdp__layer *l, const pdp__layer_io *io
     float *PDP__RESTRICT y = io->y;
     switch (l->kind) {
     case PDP__RELU:
-        for (i = 0; i < n; i++) y[i] = pdp__relu(x[i]);
+        PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
         break;
     case PDP__GELU:
         for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
@@ -3132,16 +3185,16 @@ static void pdp__activation_backward(const pdp__layer *l, const pdp__layer_io *i
     if (!dx) return;
     switch (l->kind) {
     case PDP__RELU:
-        for (i = 0; i < n; i++) dx[i] = pdp__relu_grad(dy[i], y[i]);
+        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
         break;
     case PDP__GELU:
         for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
         break;
     case PDP__TANH:
-        for (i = 0; i < n; i++) dx[i] = pdp__tanh_grad(dy[i], y[i]);
+        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
         break;
     default: /* PDP__SIGMOID */
-        for (i = 0; i < n; i++) dx[i] = pdp__sigmoid_grad(dy[i], y[i]);
+        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
         break;
     }
 }
@@ -3150,7 +3203,7 @@ static void pdp__activation_backward(const pdp__layer *l, const pdp__layer_io *i
 
 static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = io->batch, n = l->in_count, s, j;
+    int64_t B = io->batch, n = l->in_count, s;
     uint32_t thr;
     float scale;
     if (!io->training || l->p == 0.0f) {
@@ -3163,16 +3216,16 @@ static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
         uint64_t key = pdp__dropout_key(io->seed, l->index, io->step, io->sample_base + s);
         const float *PDP__RESTRICT x = io->x + s * n;
         float *PDP__RESTRICT y = io->y + s * n, *PDP__RESTRICT mask = io->saved + s * n;
-        for (j = 0; j < n; j++) {
+        PDP__FOR_BLOCKED(j, n, {
             mask[j] = pdp__dropout_bits(key, j) >= thr ? scale : 0.0f;
             y[j] = x[j] * mask[j];
-        }
+        });
     }
 }
 
 static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t n = io->batch * l->in_count, i;
+    int64_t n = io->batch * l->in_count;
     const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
     float *PDP__RESTRICT dx = io->dx;
     if (!dx) return;
@@ -3180,14 +3233,14 @@ static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
         memcpy(dx, dy, (size_t)n * sizeof(float));
         return;
     }
-    for (i = 0; i < n; i++) dx[i] = dy[i] * mask[i];
+    PDP__FOR_BLOCKED(i, n, dx[i] = dy[i] * mask[i];);
 }
 
 /* ---- layers: LayerNorm ---- */
 
 static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = io->batch, n = l->in_count, s, j;
+    int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
     for (s = 0; s < B; s++) {
         const float *PDP__RESTRICT x = io->x + s * n;
@@ -3195,25 +3248,10 @@ static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
         float mean = (float)(pdp__layers_sum(x, n) / (double)n);
         double var = pdp__layers_sumsq_dev(x, mean, n) / (double)n;
         float rstd = (float)(1.0 / sqrt(var + (double)l->eps));
-        for (j = 0; j < n; j++) y[j] = (x[j] - mean) * rstd * w[j] + b[j];
+        PDP__FOR_BLOCKED(j, n, y[j] = (x[j] - mean) * rstd * w[j] + b[j];);
         io->saved[2 * s] = mean;
         io->saved[2 * s + 1] = rstd;
     }
-}
-
-/* Sum of a[i] * b[i] * (c[i] - m), same scheme as pdp__layers_sum. */
-static double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
-                        const float *PDP__RESTRICT c, float m, int64_t n)
-{
-    float lane[16] = {0};
-    double s = 0.0;
-    int64_t i = 0;
-    int k;
-    for (; i + 16 <= n; i += 16)
-        for (k = 0; k < 16; k++) lane[k] += a[i + k] * b[i + k] * (c[i + k] - m);
-    for (; i < n; i++) s += (double)a[i] * b[i] * (c[i] - m);
-    for (k = 0; k < 16; k++) s += lane[k];
-    return s;
 }
 
 /* With xh = (x - mean) rstd and g = dy w:
@@ -3221,23 +3259,24 @@ static double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__R
    Two passes over each sample, nothing stored. */
 static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = io->batch, n = l->in_count, s, j;
+    int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w;
     float *PDP__RESTRICT dw = io->dw, *PDP__RESTRICT db = io->db;
     for (s = 0; s < B; s++) {
         const float *PDP__RESTRICT x = io->x + s * n, *PDP__RESTRICT dy = io->dy + s * n;
         float mean = io->saved[2 * s], rstd = io->saved[2 * s + 1], mg, mgx;
-        for (j = 0; j < n; j++) {
+        PDP__FOR_BLOCKED(j, n, {
             dw[j] += dy[j] * ((x[j] - mean) * rstd);
             db[j] += dy[j];
-        }
+        });
         if (!io->dx) continue;
         mg = (float)(pdp__layers_dot(dy, w, n) / (double)n);
         mgx = (float)(pdp__layers_dot3(dy, w, x, mean, n) * (double)rstd / (double)n);
         {
             float *PDP__RESTRICT dx = io->dx + s * n;
-            for (j = 0; j < n; j++)
+            PDP__FOR_BLOCKED(j, n, {
                 dx[j] = rstd * (dy[j] * w[j] - mg - (x[j] - mean) * rstd * mgx);
+            });
         }
     }
 }
@@ -3247,11 +3286,11 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
    of `per_chunk` samples, a number that depends on the layer's geometry only (so
    do the results): enough that a chunk's column matrix is about
    PDP__CONV_CHUNK_FLOATS, which keeps im2col, the GEMMs and col2im of one chunk in
-   L2. The intra-op threads take whole chunks. Chunk c keeps its scratch in the
-   workspace slots of its own samples: the column matrix [C k k, n], O x n floats
-   for the output (forward) or the output gradient (backward), a zero-padded copy
-   of one input sample, and the chunk's shares of dW and db, which backward adds up
-   in chunk order after all chunks are done.
+   L2. The intra-op threads take whole chunks, each thread reusing one scratch
+   region: the column matrix [C k k, n], O x n floats for the output (forward) or
+   the output gradient (backward), and a zero-padded copy of one input sample.
+   Each chunk leaves its shares of dW and db apart; backward adds them up in chunk
+   order after all chunks are done.
 
    Stride 1 uses a wide grid: output columns are counted on the padded input's
    width Wp instead of Wo, so that row (c, ki, kj) of a sample's columns is ONE
@@ -3361,7 +3400,7 @@ static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
 static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
                         float *PDP__RESTRICT dx, float *PDP__RESTRICT buf)
 {
-    int64_t c, ki, kj, oh, ow, ih, j;
+    int64_t c, ki, kj, oh, ow, ih;
     if (g->wide) {
         memset(buf, 0, (size_t)g->padded * sizeof(float));
         for (c = 0; c < g->C; c++)
@@ -3369,11 +3408,12 @@ static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col,
                 for (kj = 0; kj < g->k; kj++) {
                     const float *PDP__RESTRICT src = col + ((c * g->k + ki) * g->k + kj) * ld;
                     float *PDP__RESTRICT dst = buf + (c * g->Hp + ki) * g->Wp + kj;
-                    for (j = 0; j < g->cols; j++) dst[j] += src[j];
+                    PDP__FOR_BLOCKED(j, g->cols, dst[j] += src[j];);
                 }
         for (c = 0; c < g->C; c++)
             for (ih = 0; ih < g->H; ih++)
-                memcpy(dx + (c * g->H + ih) * g->W, buf + (c * g->Hp + ih + g->pad) * g->Wp + g->pad,
+                memcpy(dx + (c * g->H + ih) * g->W,
+                       buf + (c * g->Hp + ih + g->pad) * g->Wp + g->pad,
                        (size_t)g->W * sizeof(float));
         memset(buf, 0, (size_t)g->padded * sizeof(float));
         return;
@@ -3400,27 +3440,42 @@ typedef struct pdp__conv_job {
     const pdp__layer_io *io;
     pdp__conv_geom g;
     int64_t chunks;
+    int64_t chunk_cap;  /* samples in the largest chunk: min(per_chunk, batch) */
+    int parts;
 } pdp__conv_job;
 
-/* Chunk c: its samples [s0, s1), its n columns and its scratch. */
+/* Chunk c: its samples [s0, s1), its n columns, the scratch of the part that runs
+   it, and where its dW and db shares go. */
 typedef struct pdp__conv_chunk {
     int64_t s0, s1, n;
-    float *col, *out, *buf, *part;
+    float *col, *out, *buf, *share;
 } pdp__conv_chunk;
 
-static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c)
+/* Workspace: the chunks' shares (O ckk + O floats each) first, then one scratch
+   region per part, reused by all of the part's chunks so that it stays in cache:
+   the columns, O rows of as many columns, and the padded-sample buffer. */
+static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, int part)
 {
     const pdp__conv_geom *g = &job->g;
+    int64_t share = g->O * g->ckk + g->O;
+    int64_t scratch = job->chunk_cap * (g->ckk + g->O) * g->cols + g->padded;
     pdp__conv_chunk k;
     k.s0 = c * g->per_chunk;
     k.s1 = PDP__MIN(job->io->batch, k.s0 + g->per_chunk);
     k.n = (k.s1 - k.s0) * g->cols;
-    k.col = job->io->work + k.s0 * g->slot;
+    k.share = job->io->work + c * share;
+    k.col = job->io->work + job->chunks * share + part * scratch;
     k.out = k.col + g->ckk * k.n;
-    k.buf = k.out + g->O * k.n;
-    k.part = k.buf + g->padded;
-    if (g->padded) memset(k.buf, 0, (size_t)g->padded * sizeof(float));
+    k.buf = k.col + job->chunk_cap * (g->ckk + g->O) * g->cols;
     return k;
+}
+
+/* Zeroes part i's padded-sample buffer (im2col and col2im keep it zero outside
+   the input). */
+static void pdp__conv_part_begin(const pdp__conv_job *job, int i)
+{
+    pdp__conv_chunk k = pdp__conv_chunk_of(job, 0, i);
+    if (job->g.padded) memset(k.buf, 0, (size_t)job->g.padded * sizeof(float));
 }
 
 /* Forward of the chunks of part i: im2col; out [O, n] = W col; y = out + b. */
@@ -3430,8 +3485,9 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
     int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh, ow;
+    pdp__conv_part_begin(job, i);
     for (c = c0; c < c1; c++) {
-        pdp__conv_chunk k = pdp__conv_chunk_of(job, c);
+        pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++)
             pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n, k.buf);
         pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f, io->w, g->ckk, k.col, k.n,
@@ -3440,7 +3496,8 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
             for (o = 0; o < g->O; o++) {
                 float bo = io->b ? io->b[o] : 0.0f;
                 for (oh = 0; oh < g->Ho; oh++) {
-                    const float *PDP__RESTRICT src = k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
+                    const float *PDP__RESTRICT src =
+                        k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
                     float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
                     for (ow = 0; ow < g->Wo; ow++) dst[ow] = src[ow] + bo;
                 }
@@ -3473,8 +3530,9 @@ static void pdp__conv_backward_part(void *arg, int i, int parts)
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
     int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    pdp__conv_part_begin(job, i);
     for (c = c0; c < c1; c++) {
-        pdp__conv_chunk k = pdp__conv_chunk_of(job, c);
+        pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++) {
             pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n, k.buf);
             for (o = 0; o < g->O; o++)
@@ -3482,12 +3540,13 @@ static void pdp__conv_backward_part(void *arg, int i, int parts)
                     float *dst = k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
                     memcpy(dst, io->dy + ((s * g->O + o) * g->Ho + oh) * g->Wo,
                            (size_t)g->Wo * sizeof(float));
-                    if (g->gw > g->Wo) memset(dst + g->Wo, 0, (size_t)(g->gw - g->Wo) * sizeof(float));
+                    if (g->gw > g->Wo)
+                        memset(dst + g->Wo, 0, (size_t)(g->gw - g->Wo) * sizeof(float));
                 }
         }
-        pdp__conv_dw_share(g, k.out, k.col, k.n, k.part);
+        pdp__conv_dw_share(g, k.out, k.col, k.n, k.share);
         for (o = 0; o < g->O; o++)
-            k.part[g->O * g->ckk + o] = (float)pdp__layers_sum(k.out + o * k.n, k.n);
+            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(k.out + o * k.n, k.n);
         if (!io->dx) continue;
         pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, g->ckk, k.n, g->O, 1.0f, io->w, g->ckk, k.out, k.n,
                   0.0f, k.col, k.n);
@@ -3496,26 +3555,26 @@ static void pdp__conv_backward_part(void *arg, int i, int parts)
     }
 }
 
+/* Parts: the caller's threads, at most one per chunk, and few enough that their
+   scratch regions fit the workspace. A single part runs on the caller without
+   taking the pool, so its GEMMs can still use the threads. */
 static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io)
 {
+    int64_t parts;
     job->l = l;
     job->io = io;
     job->g = pdp__conv_geom_of(l);
     job->chunks = (io->batch + job->g.per_chunk - 1) / job->g.per_chunk;
-}
-
-/* Parts for the chunks: the caller's threads, at most one per chunk. A single part
-   runs on the caller without taking the pool, so its GEMMs can still use it. */
-static int pdp__conv_parts(const pdp__conv_job *job)
-{
-    return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
+    job->chunk_cap = PDP__MIN(job->g.per_chunk, io->batch);
+    parts = PDP__MIN((int64_t)pdp__threads_for_caller(), io->batch / job->chunk_cap);
+    job->parts = (int)PDP__MAX(1, parts);
 }
 
 static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     pdp__conv_job_init(&job, l, io);
-    pdp__parallel_for(pdp__conv_parts(&job), pdp__conv_forward_part, &job);
+    pdp__parallel_for(job.parts, pdp__conv_forward_part, &job);
 }
 
 static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
@@ -3524,85 +3583,146 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
     const pdp__conv_geom *g = &job.g;
     int64_t c, j, o;
     pdp__conv_job_init(&job, l, io);
-    pdp__parallel_for(pdp__conv_parts(&job), pdp__conv_backward_part, &job);
+    pdp__parallel_for(job.parts, pdp__conv_backward_part, &job);
     for (c = 0; c < job.chunks; c++) { /* the chunks' shares, in chunk order */
-        const float *part = io->work + c * g->per_chunk * g->slot;
-        int64_t n = (PDP__MIN(io->batch, (c + 1) * g->per_chunk) - c * g->per_chunk) * g->cols;
-        part += (g->ckk + g->O) * n + g->padded;
+        const float *share = io->work + c * (g->O * g->ckk + g->O);
         for (o = 0; o < g->O; o++)
-            for (j = 0; j < g->ckk; j++) io->dw[o * g->ckk + j] += part[j * g->O + o];
+            for (j = 0; j < g->ckk; j++) io->dw[o * g->ckk + j] += share[j * g->O + o];
         if (io->db)
-            for (o = 0; o < g->O; o++) io->db[o] += part[g->O * g->ckk + o];
+            for (o = 0; o < g->O; o++) io->db[o] += share[g->O * g->ckk + o];
     }
 }
 
 /* ---- layers: MaxPool2d ---- */
 
-/* One output row at a time: y and the winner's index start at the window's first
-   element and are updated element by element in PyTorch's order (ki, then kj), so
-   ties keep the first maximum and a NaN replaces whatever came before. The inner
-   loop runs over the output columns, which the compiler vectorises. */
-static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
+/* One output row at a time: y and the winner's index (an int32 in the saved
+   floats' memory, an offset into the sample's channel plane) start at the
+   window's first element and are updated element by element in PyTorch's order
+   (ki, then kj): an element replaces the current one when it is greater or NaN,
+   so ties keep the first maximum and a NaN wins. The loops run in blocks of 16,
+   8 and 4 columns, the remainder as the last 4 columns once more (an update is
+   idempotent): constant trip counts, which gcc -O2 vectorises (its cheap cost
+   model skips loops that would need a scalar epilogue) into selects instead of
+   the branches a scalar loop gets, which mispredict on the half zeros a ReLU
+   leaves. (The conditions are spelled out in each select on purpose: gcc 12
+   vectorises that form, not an int flag computed once; 10x here.) */
+#define PDP__POOL_BLOCKS(...)                                                                  \
+    do {                                                                                       \
+        for (; ow + 16 <= n; ow += 16)                                                         \
+            for (j = 0; j < 16; j++) __VA_ARGS__                                               \
+        for (; ow + 8 <= n; ow += 8)                                                           \
+            for (j = 0; j < 8; j++) __VA_ARGS__                                                \
+        for (; ow + 4 <= n; ow += 4)                                                           \
+            for (j = 0; j < 4; j++) __VA_ARGS__                                                \
+        if (ow < n && n >= 4) /* the last 4 again: both bodies are idempotent */              \
+            for (ow = n - 4, j = 0; j < 4; j++) __VA_ARGS__                                    \
+        else                                                                                   \
+            for (; ow < n; ow++)                                                               \
+                for (j = 0; j < 1; j++) __VA_ARGS__                                            \
+    } while (0)
+
+/* Window element (ki, kj) against the running maximum of n outputs. */
+static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
+                                float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
 {
-    int64_t C = l->in_shape[0], H = l->in_shape[1], W = l->in_shape[2];
-    int64_t Ho = l->out_shape[1], Wo = l->out_shape[2], k = l->kernel, st = l->stride;
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j;
+        float v = src[o * st], m = y[o];
+        y[o] = (v > m || v != v) ? v : m;
+        arg[o] = (v > m || v != v) ? at + o * st : arg[o];
+    });
+}
+
+/* The common 2 x 2 window with stride 2: the two elements of each input row,
+   then the two rows. Same result as the element-by-element order: the second
+   row's winner replaces the first's only when greater or NaN. */
+static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
+                             int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
+                             int32_t at, int32_t w)
+{
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j;
+        float a = r0[2 * o], b = r0[2 * o + 1], c = r1[2 * o], d = r1[2 * o + 1];
+        float m0 = (b > a || b != b) ? b : a, m1 = (d > c || d != d) ? d : c;
+        int32_t i0 = (b > a || b != b) ? at + 2 * o + 1 : at + 2 * o;
+        int32_t i1 = (d > c || d != d) ? at + w + 2 * o + 1 : at + w + 2 * o;
+        int t = (m1 > m0 || m1 != m1);
+        y[o] = t ? m1 : m0;
+        arg[o] = t ? i1 : i0;
+    });
+}
+
+typedef struct pdp__pool_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+} pdp__pool_job;
+
+/* The channel planes of part i: first element of each window, then the rest. */
+static void pdp__maxpool_forward_part(void *argp, int i, int parts)
+{
+    const pdp__pool_job *job = (const pdp__pool_job *)argp;
+    const pdp__layer *l = job->l;
+    const pdp__layer_io *io = job->io;
+    int64_t H = l->in_shape[1], W = l->in_shape[2], Ho = l->out_shape[1], Wo = l->out_shape[2];
+    int64_t k = l->kernel, st = l->stride, planes = io->batch * l->in_shape[0];
     int64_t plane, oh, ow, ki, kj;
-    for (plane = 0; plane < io->batch * C; plane++) {
+    for (plane = planes * i / parts; plane < planes * (i + 1) / parts; plane++) {
         const float *x = io->x + plane * H * W;
         for (oh = 0; oh < Ho; oh++) {
-            float *PDP__RESTRICT y = io->y + (plane * Ho + oh) * Wo;
-            float *PDP__RESTRICT arg = io->saved + (plane * Ho + oh) * Wo;
+            float *y = io->y + (plane * Ho + oh) * Wo;
+            int32_t *arg = (int32_t *)(void *)(io->saved + (plane * Ho + oh) * Wo);
+            int64_t row = oh * st * W;
+            if (k == 2 && st == 2) {
+                pdp__maxpool_2x2(x + row, x + row + W, Wo, y, arg, (int32_t)row, (int32_t)W);
+                continue;
+            }
+            for (ow = 0; ow < Wo; ow++) {
+                y[ow] = x[row + ow * st];
+                arg[ow] = (int32_t)(row + ow * st);
+            }
             for (ki = 0; ki < k; ki++)
-                for (kj = 0; kj < k; kj++) {
-                    int64_t row = (oh * st + ki) * W + kj;
-                    const float *PDP__RESTRICT src = x + row;
-                    if (ki == 0 && kj == 0) {
-                        for (ow = 0; ow < Wo; ow++) {
-                            y[ow] = src[ow * st];
-                            arg[ow] = (float)(row + ow * st);
-                        }
-                        continue;
-                    }
-                    for (ow = 0; ow < Wo; ow++) {
-                        float v = src[ow * st];
-                        int take = (v > y[ow]) | (v != v);
-                        y[ow] = take ? v : y[ow];
-                        arg[ow] = take ? (float)(row + ow * st) : arg[ow];
-                    }
-                }
+                for (kj = ki ? 0 : 1; kj < k; kj++)
+                    pdp__maxpool_update(x + row + ki * W + kj, (int32_t)st, Wo, y, arg,
+                                        (int32_t)(row + ki * W + kj));
         }
     }
 }
 
+/* Split by channel plane over the intra-op threads. */
+static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__pool_job job;
+    job.l = l;
+    job.io = io;
+    pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_forward_part, &job);
+}
+
 static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t C = l->in_shape[0], plane = l->in_shape[1] * l->in_shape[2];
-    int64_t per = l->out_shape[1] * l->out_shape[2], s, c, j;
+    int64_t plane = l->in_shape[1] * l->in_shape[2], per = l->out_shape[1] * l->out_shape[2];
+    int64_t p, j;
     if (!io->dx) return;
     memset(io->dx, 0, (size_t)(io->batch * l->in_count) * sizeof(float));
-    for (s = 0; s < io->batch; s++)
-        for (c = 0; c < C; c++) {
-            float *dx = io->dx + s * l->in_count + c * plane;
-            const float *dy = io->dy + s * l->out_count + c * per;
-            const float *arg = io->saved + s * l->out_count + c * per;
-            for (j = 0; j < per; j++) dx[(int64_t)arg[j]] += dy[j];
-        }
+    for (p = 0; p < io->batch * l->in_shape[0]; p++) {
+        float *dx = io->dx + p * plane;
+        const float *dy = io->dy + p * per;
+        const int32_t *arg = (const int32_t *)(const void *)(io->saved + p * per);
+        for (j = 0; j < per; j++) dx[arg[j]] += dy[j];
+    }
 }
 
 /* ---- layers: dispatch ---- */
 
-/* Until pdp_cuda.cu has the kernels, layers run on CPU memory only. */
-static pdp_status pdp__layer_device_check(const pdp__layer_io *io)
-{
-    if (io->device.kind == PDP_DEVICE_CPU) return PDP_OK;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "no CUDA kernels for layers yet (device %d)",
-                    io->device.ordinal);
-}
+/* CUDA memory goes to the kernels of pdp_cuda.cu (through cuda_host.c); the rest
+   is CPU memory. */
 
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_forward(l, io); /* cuda_host.c */
-    if (pdp__layer_device_check(io) != PDP_OK) return PDP_ERR_UNSUPPORTED;
+    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_forward(l, io);
     switch (l->kind) {
     case PDP__LINEAR: pdp__linear_forward(l, io); break;
     case PDP__RELU:
@@ -3623,8 +3743,7 @@ static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *i
 
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_backward(l, io); /* cuda_host.c */
-    if (pdp__layer_device_check(io) != PDP_OK) return PDP_ERR_UNSUPPORTED;
+    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_backward(l, io);
     switch (l->kind) {
     case PDP__LINEAR: pdp__linear_backward(l, io); break;
     case PDP__RELU:
@@ -4807,21 +4926,25 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     if (!(max_norm >= 0.0f))
         return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be >= 0",
                         (double)max_norm);
-    if (m->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED,
-                        "pdp_clip_grad_norm: CUDA device %d: no CUDA norm kernel yet (pdp_cuda.cu)",
-                        m->device.ordinal);
     g = m->grad_block;
     n = m->param_count;
-    for (i = 0; i < n; i++) sum += (double)g[i] * (double)g[i];
+    if (m->device.kind != PDP_DEVICE_CPU) {
+        /* pdp_cuda.cu: block partial sums in double, added by the host in block order */
+        pdp_status st = pdp__cuda_sumsq(m->device, g, n, &sum, "pdp_clip_grad_norm");
+        if (st != PDP_OK) return st;
+    } else {
+        for (i = 0; i < n; i++) sum += (double)g[i] * (double)g[i];
+    }
     norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
     if (!isfinite(norm))
         return pdp__err(PDP_ERR_NUMERIC, "pdp_clip_grad_norm: the gradient norm is %g", norm);
     /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
     coef = (float)((double)max_norm / (norm + 1e-6));
-    if (coef < 1.0f)
-        for (i = 0; i < n; i++) m->grad_block[i] *= coef;
+    if (coef >= 1.0f) return PDP_OK;
+    if (m->device.kind != PDP_DEVICE_CPU)
+        return pdp__cuda_scale(m->device, m->grad_block, n, coef, "pdp_clip_grad_norm");
+    for (i = 0; i < n; i++) m->grad_block[i] *= coef;
     return PDP_OK;
 }
 
@@ -9893,9 +10016,22 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
    one sample above the others. torch reduces on device 0 (reduce_add); on a
    CPU that would leave N-1 cores idle, so by default each worker sums one slice
    of the flat gradient (reduce_on_master restores torch's placement, with the
-   same bits). CUDA replicas need a device-side add for the reduce; until
-   pdp_cuda.cu provides it, pdp_dp_create refuses CUDA devices with
-   PDP_ERR_UNSUPPORTED - every other stage already moves data with pdp__dev_copy. */
+   same bits).
+
+   GPUs. With CUDA devices the stages are torch's own: replicate copies the
+   master's parameters (device 0) into each replica's own parameter block on its
+   device (a peer copy; a device-local copy for a replica on device 0); scatter
+   copies each shard's rows to its replica's device (host -> device i or device
+   0 -> device i) unless they already live there; each worker thread drives its
+   GPU (pdp_cuda.cu makes the thread's device current on every call), so the
+   apply of N GPUs runs at once; gather peer-copies the outputs to device 0; and
+   reduce, on the calling thread, peer-copies replica r's gradients into one
+   staging block on device 0 (allocated at create) and adds them into the
+   master's, r = 1, 2, ... in order - torch's reduce_add. A replica on device 0
+   is added straight from its own block. Several workers may share a GPU (more
+   workers than devices): each has its own replica and buffers, their kernels
+   interleave on that device's stream. All devices are CUDA or none is; without
+   PDP_CUDA, CUDA devices fail with PDP_ERR_UNSUPPORTED naming the macro. */
 
 /* #include "internal.h" (already above) */
 #include <unistd.h>
@@ -9917,7 +10053,9 @@ typedef struct pdp__dp_worker {
     pdp_model *replica;  /* index 0: the master itself */
     /* written by scatter (caller), read by the worker */
     int64_t first, rows; /* global samples [first, first + rows) */
-    pdp_tensor x;        /* those rows of the batch (a view on the CPU) */
+    pdp_tensor x;        /* those rows of the batch (a view, or xbuf on another device) */
+    float *xbuf;         /* [cap_xbuf] the rows when the batch lives on another device */
+    int64_t cap_xbuf;    /* floats */
     const int32_t *labels;
     float *dlogits;      /* [cap_rows, classes] loss gradient, on the replica's device */
     int64_t cap_rows;
@@ -9935,6 +10073,9 @@ struct pdp_dp {
     int threads_per_worker;
     bool copy_params;
     bool reduce_on_master;
+    bool cuda;           /* the replicas are on CUDA devices */
+    float *stage;        /* [param_count] on the master's device: one replica's gradients
+                            in flight to the reduce (CUDA, replicas on other devices) */
     int64_t classes;
     pdp__dp_worker *workers;
     /* the handoff; the fields below up to `stop` are guarded by lock */
@@ -9984,12 +10125,14 @@ static void pdp__dp_memory(pdp_dp *dp)
     size_t replica = 0;
     int i;
     dp->stats.master_bytes = pdp__dp_model_bytes(dp->master) + dp->optim_bytes +
-                             (size_t)(dp->out_cap + dp->workers[0].cap_rows * dp->classes) *
-                                 sizeof(float);
+                             (size_t)(dp->out_cap + dp->workers[0].cap_rows * dp->classes +
+                                      dp->workers[0].cap_xbuf) * sizeof(float);
+    if (dp->stage) dp->stats.master_bytes += (size_t)dp->master->param_count * sizeof(float);
     for (i = 1; i < dp->n; i++) {
         const pdp__dp_worker *w = &dp->workers[i];
         replica = PDP__MAX(replica, pdp__dp_model_bytes(w->replica) +
-                                        (size_t)(w->cap_rows * dp->classes) * sizeof(float));
+                                        (size_t)(w->cap_rows * dp->classes + w->cap_xbuf) *
+                                            sizeof(float));
     }
     dp->stats.replica_bytes = replica;
 }
@@ -10022,12 +10165,13 @@ static void pdp__dp_apply_one(pdp__dp_worker *w)
     if (w->rows == 0) return; /* idle this step */
     if (w->index > 0 || dp->zero_master) pdp_model_zero_grad(m);
     if ((st = pdp_model_forward(m, &w->x, &y)) != PDP_OK) goto fail;
-    if ((st = pdp__cross_entropy(y->data, w->labels, w->rows, dp->classes, dp->grad_scale,
-                                 &w->loss_sum, w->dlogits, "cross_entropy")) != PDP_OK)
+    if ((st = pdp__cross_entropy_on(m->device, y->data, w->labels, w->rows, dp->classes,
+                                    dp->grad_scale, &w->loss_sum, w->dlogits,
+                                    "cross_entropy")) != PDP_OK)
         goto fail;
     if (!isfinite(w->loss_sum)) {
-        st = pdp__err(PDP_ERR_NUMERIC, "the loss of samples [%lld, %lld) is %g", (long long)w->first,
-                      (long long)(w->first + w->rows), w->loss_sum);
+        st = pdp__err(PDP_ERR_NUMERIC, "the loss of samples [%lld, %lld) is %g",
+                      (long long)w->first, (long long)(w->first + w->rows), w->loss_sum);
         goto fail;
     }
     shape[0] = w->rows;
@@ -10127,8 +10271,12 @@ static void pdp__dp_destroy(pdp_dp *dp)
         pdp__dp_worker *w = &dp->workers[i];
         if (i > 0) pdp_model_free(w->replica);
         pdp__dev_free(w->device, w->dlogits);
+        pdp__dev_free(w->device, w->xbuf);
     }
-    if (dp->master) pdp__dev_free(dp->master->device, dp->out_block);
+    if (dp->master) {
+        pdp__dev_free(dp->master->device, dp->out_block);
+        pdp__dev_free(dp->master->device, dp->stage);
+    }
     if (dp->sync_ok) {
         pthread_cond_destroy(&dp->done);
         pthread_cond_destroy(&dp->wake);
@@ -10154,7 +10302,8 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     if (!master) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: master model is NULL");
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
-    if (master->nlayers == 0) return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
+    if (master->nlayers == 0)
+        return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
     if (master->layers[master->nlayers - 1].out_ndim != 1)
         return pdp__err(PDP_ERR_SHAPE,
                         "pdp_dp_create: the last layer %d (%s) gives %d-d samples; the "
@@ -10167,6 +10316,9 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         return pdp__err(PDP_ERR_INVALID,
                         "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)", n,
                         PDP_DP_MAX_WORKERS);
+    if (n == 0 && d.devices)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
     if (n == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
@@ -10180,18 +10332,19 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
             return pdp__err(PDP_ERR_DEVICE,
                             "pdp_dp_create: devices[0] (%d:%d) must be the master's device (%d:%d)",
                             dev.kind, dev.ordinal, master->device.kind, master->device.ordinal);
+#ifndef PDP_CUDA
         if (dev.kind != PDP_DEVICE_CPU)
-#ifdef PDP_CUDA
-            return pdp__err(PDP_ERR_UNSUPPORTED,
-                            "pdp_dp_create: devices[%d] is CUDA %d: DP over CUDA devices needs the "
-                            "device-side reduce of pdp_cuda.cu, not written yet",
-                            i, dev.ordinal);
-#else
             return pdp__err(PDP_ERR_UNSUPPORTED,
                             "pdp_dp_create: devices[%d] is CUDA %d: built without PDP_CUDA "
                             "(compile with -DPDP_CUDA and link pdp_cuda.o)",
                             i, dev.ordinal);
 #endif
+        if (dev.kind != master->device.kind)
+            return pdp__err(PDP_ERR_DEVICE,
+                            "pdp_dp_create: devices[%d] (%d:%d) and the master (%d:%d) differ in "
+                            "kind: the workers must be all CPU or all CUDA",
+                            i, dev.kind, dev.ordinal, master->device.kind,
+                            master->device.ordinal);
     }
 
     dp = (pdp_dp *)pdp__calloc(sizeof *dp);
@@ -10199,7 +10352,8 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     dp->master = master;
     dp->n = n;
     dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
-    dp->copy_params = d.copy_params;
+    dp->cuda = master->device.kind == PDP_DEVICE_CUDA;
+    dp->copy_params = d.copy_params || dp->cuda; /* a GPU reads only its own memory */
     dp->reduce_on_master = d.reduce_on_master;
     dp->classes = master->layers[master->nlayers - 1].out_count;
     dp->workers = (pdp__dp_worker *)pdp__calloc((size_t)n * sizeof *dp->workers);
@@ -10227,10 +10381,19 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         w->device = d.devices ? d.devices[i] : pdp_cpu();
         if (i == 0) {
             w->replica = master;
-        } else if ((st = pdp__model_clone(master, w->device, !d.copy_params, &w->replica)) !=
+        } else if ((st = pdp__model_clone(master, w->device, !dp->copy_params, &w->replica)) !=
                    PDP_OK) {
             pdp__dp_destroy(dp);
-            return pdp__err_wrap(st, "pdp_dp_create: replica %d", i);
+            return pdp__err_wrap(st, "pdp_dp_create: replica %d on device %d:%d", i,
+                                 w->device.kind, w->device.ordinal);
+        }
+        /* the reduce's staging block, once, if any replica's gradients live elsewhere */
+        if (i > 0 && dp->cuda && !dp->stage && !pdp__same_device(w->device, master->device) &&
+            master->param_count > 0 &&
+            (st = pdp__dev_alloc(master->device, (size_t)master->param_count * sizeof(float),
+                                 (void **)&dp->stage)) != PDP_OK) {
+            pdp__dp_destroy(dp);
+            return pdp__err_wrap(st, "pdp_dp_create: the reduce's staging block");
         }
     }
     for (i = 0; i < n; i++) {
@@ -10244,7 +10407,7 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         w->started = true;
     }
     dp->stats.num_workers = n;
-    dp->stats.params_shared = !d.copy_params;
+    dp->stats.params_shared = !dp->copy_params;
     pdp__dp_memory(dp);
     *out = dp;
     return PDP_OK;
@@ -10321,6 +10484,22 @@ static pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t
         if (w->rows == 0) continue;
         pdp_tensor_rows_view(x, w->first, w->rows, &w->x);
         w->labels = labels + w->first;
+        if (!pdp__same_device(x->device, w->device)) {
+            /* a GPU replica whose rows live on the host or another GPU: copy them over */
+            size_t bytes = (size_t)w->x.count * sizeof(float);
+            if (w->x.count > w->cap_xbuf) {
+                pdp__dev_free(w->device, w->xbuf);
+                w->xbuf = NULL;
+                w->cap_xbuf = 0;
+                if ((st = pdp__dev_alloc(w->device, bytes, (void **)&w->xbuf)) != PDP_OK)
+                    return pdp__err_wrap(st, "%s: worker %d: input rows", fn, i);
+                w->cap_xbuf = w->x.count;
+            }
+            if ((st = pdp__dev_copy(w->device, w->xbuf, x->device, w->x.data, bytes)) != PDP_OK)
+                return pdp__err_wrap(st, "%s: scatter to worker %d", fn, i);
+            w->x.data = w->xbuf;
+            w->x.device = w->device;
+        }
         if (i > 0) dp->stats.scatter_bytes += (size_t)w->rows * row_bytes;
         if (w->rows > w->cap_rows) {
             pdp__dev_free(w->device, w->dlogits);
@@ -10351,7 +10530,8 @@ static pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *c
         if (w->status != PDP_OK)
             return pdp__err(w->status, "%s: worker %d (samples %lld..%lld): %s", fn, i,
                             (long long)w->first, (long long)(w->first + w->rows - 1), w->msg);
-        if (i == 0 || w->apply_s < dp->stats.apply_worker_min) dp->stats.apply_worker_min = w->apply_s;
+        if (i == 0 || w->apply_s < dp->stats.apply_worker_min)
+            dp->stats.apply_worker_min = w->apply_s;
         dp->stats.apply_worker_max = PDP__MAX(dp->stats.apply_worker_max, w->apply_s);
         *cpu = PDP__MAX(*cpu, w->cpu_s);
     }
@@ -10371,8 +10551,8 @@ static pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
         dp->out_block = NULL;
         dp->out_cap = 0;
         dp->have_output = false;
-        if ((st = pdp__dev_alloc(m->device, (size_t)need * sizeof(float), (void **)&dp->out_block)) !=
-            PDP_OK)
+        st = pdp__dev_alloc(m->device, (size_t)need * sizeof(float), (void **)&dp->out_block);
+        if (st != PDP_OK)
             return pdp__err_wrap(st, "%s: gathered outputs", fn);
         dp->out_cap = need;
     }
@@ -10408,6 +10588,32 @@ static void pdp__dp_reduce(pdp_dp *dp, double *cpu)
     for (i = 0; i < dp->n; i++) *cpu = PDP__MAX(*cpu, dp->workers[i].cpu_s);
 }
 
+/* Reduce on GPUs, on the calling thread (device 0): replica r's gradients are
+   peer-copied into the staging block and added into the master's, r = 1, 2, ...
+   in order, so every element is g0 + g1 + g2 + ... as on the CPU. The copy waits
+   for replica r's backward; the adds queue on device 0's stream in order. */
+static pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
+{
+    pdp_model *m = dp->master;
+    size_t bytes = (size_t)m->param_count * sizeof(float);
+    pdp_status st;
+    int r;
+    dp->stats.reduce_bytes = 0;
+    for (r = 1; r < dp->active; r++) {
+        const pdp__dp_worker *w = &dp->workers[r];
+        const float *src = w->replica->grad_block;
+        if (!pdp__same_device(w->device, m->device)) {
+            if ((st = pdp__dev_copy(m->device, dp->stage, w->device, src, bytes)) != PDP_OK)
+                return pdp__err_wrap(st, "%s: reduce from replica %d", fn, r);
+            src = dp->stage;
+        }
+        if ((st = pdp__dev_add(m->device, m->grad_block, src, m->param_count)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: reduce from replica %d", fn, r);
+        dp->stats.reduce_bytes += bytes;
+    }
+    return PDP_OK;
+}
+
 /* Step: the optimizer updates the master's parameters; replicas see them at the
    next replicate. */
 static pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
@@ -10436,7 +10642,9 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
         return pdp__err(PDP_ERR_SHAPE, "%s: x is %s; expected [batch, sample...] with batch >= 1",
                         fn, pdp__shape_str(x, a, sizeof a));
     }
-    if (!pdp__same_device(x->device, dp->master->device))
+    /* a GPU master also takes a host batch: scatter uploads each shard */
+    if (!pdp__same_device(x->device, dp->master->device) &&
+        !(dp->cuda && x->device.kind == PDP_DEVICE_CPU))
         return pdp__err(PDP_ERR_DEVICE, "%s: x on device %d:%d, master on %d:%d", fn,
                         x->device.kind, x->device.ordinal, dp->master->device.kind,
                         dp->master->device.ordinal);
@@ -10457,7 +10665,11 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
     if ((st = pdp__dp_gather(dp, &loss_sum, fn)) != PDP_OK) return st;
     t.gather = pdp__now() - ts;
     ts = pdp__now();
-    pdp__dp_reduce(dp, &t.reduce_cpu);
+    if (dp->cuda) {
+        if ((st = pdp__dp_reduce_device(dp, fn)) != PDP_OK) return st;
+    } else {
+        pdp__dp_reduce(dp, &t.reduce_cpu);
+    }
     t.reduce = pdp__now() - ts;
     if (zero_and_step) {
         ts = pdp__now();
@@ -11522,6 +11734,36 @@ static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *ta
 #else
     (void)pred, (void)target, (void)count, (void)scale, (void)dpred;
     *sum = 0.0;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+/* ---- cuda_host: gradient clipping (optim.c's pdp_clip_grad_norm) ---- */
+
+static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                  const char *fn)
+{
+#ifdef PDP_CUDA
+    pdp_status st;
+    if ((st = pdp_cudak_sumsq(d.ordinal, x, count, sum)) != PDP_OK)
+        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
+    return PDP_OK;
+#else
+    (void)x, (void)count;
+    *sum = 0.0;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn)
+{
+#ifdef PDP_CUDA
+    pdp_status st;
+    if ((st = pdp_cudak_scale(d.ordinal, x, count, s)) != PDP_OK)
+        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
+    return PDP_OK;
+#else
+    (void)x, (void)count, (void)s;
     return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
 #endif
 }

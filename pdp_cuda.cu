@@ -16,7 +16,8 @@
    caching allocator); one section per op, each a __global__ kernel named
    pdp__<op>_<fwd|bwd> beside its extern "C" launcher, which validates, sizes
    the grid with a ceil-div, launches on the device's compute stream, checks
-   cudaGetLastError and returns a pdp_status; the losses; the optimizers; NCCL.
+   cudaGetLastError and returns a pdp_status; the losses; the gradient norm;
+   the optimizers; NCCL.
 
    Invariants. Row-major everywhere; cuBLAS (column-major) sees each row-major
    matrix as its transpose, so C = A B is issued as C^T = B^T A^T. Reductions
@@ -133,8 +134,13 @@ static pdp_status pdp__cu_nccl_fail(ncclResult_t r, const char *expr, int line)
 /* ---- device context ----
    One per device, created on first use under a mutex and kept for the life of
    the process: the compute stream, the cuBLAS handle bound to it, the caching
-   allocator's blocks, and a grow-only scratch buffer for the losses. A device
-   is driven by one host thread at a time (DP, thread-rank DDP). */
+   allocator's blocks, and a grow-only scratch buffer for the losses and norms.
+   A device is normally driven by one host thread at a time (DP, thread-rank
+   DDP), but several may share one (DP with more workers than GPUs): their
+   kernels interleave on the one stream, each on its own buffers; the shared
+   pieces are guarded - the allocator and the math mode by mu, the scratch by
+   scratch_mu from the moment a reduction takes it until its result is on the
+   host. cuBLAS allows several threads on one handle while its settings stay. */
 
 typedef struct pdp__cu_block {
     void *p;
@@ -152,6 +158,7 @@ typedef struct pdp__cu_ctx {
     int nblocks, cap_blocks;
     int64_t mallocs;
     size_t reserved, in_use;
+    pthread_mutex_t scratch_mu; /* held from taking the scratch until the host has read it */
     void *scratch;            /* losses: labels, per-sample losses, partial sums */
     size_t scratch_bytes;
 } pdp__cu_ctx;
@@ -206,6 +213,7 @@ static pdp_status pdp__cu_begin(int dev, pdp__cu_ctx **out)
                     st = pdp__cu_blas_fail(s, "cublasCreate", __LINE__);
                 } else {
                     pthread_mutex_init(&c->mu, NULL);
+                    pthread_mutex_init(&c->scratch_mu, NULL);
                     c->tf32 = 0;
                     __atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
                 }
@@ -216,11 +224,17 @@ static pdp_status pdp__cu_begin(int dev, pdp__cu_ctx **out)
     }
     PDP__CU(cudaSetDevice(dev));
     tf32 = __atomic_load_n(&pdp__cu_tf32_on, __ATOMIC_RELAXED);
-    if (tf32 != c->tf32) {
-        /* DEFAULT is plain FP32 since CUDA 11 (no TF32 down-conversion) */
-        PDP__BLAS(cublasSetMathMode(c->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                  : CUBLAS_DEFAULT_MATH));
-        c->tf32 = tf32;
+    if (tf32 != __atomic_load_n(&c->tf32, __ATOMIC_ACQUIRE)) {
+        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+        pthread_mutex_lock(&c->mu);
+        if (tf32 != c->tf32) {
+            /* DEFAULT is plain FP32 since CUDA 11 (no TF32 down-conversion) */
+            s = cublasSetMathMode(c->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                : CUBLAS_DEFAULT_MATH);
+            if (s == CUBLAS_STATUS_SUCCESS) __atomic_store_n(&c->tf32, tf32, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (s != CUBLAS_STATUS_SUCCESS) return pdp__cu_blas_fail(s, "cublasSetMathMode", __LINE__);
     }
     *out = c;
     return PDP_OK;
@@ -381,7 +395,8 @@ extern "C" pdp_status pdp_cudak_empty_cache(int dev)
     return PDP_OK;
 }
 
-/* The device's loss scratch, grown (through the cache) to at least bytes. */
+/* The device's loss scratch, grown (through the cache) to at least bytes. The
+   caller holds c->scratch_mu until it no longer needs the contents. */
 static pdp_status pdp__cu_scratch(int dev, pdp__cu_ctx *c, size_t bytes, void **out)
 {
     pdp_status st;
@@ -1018,19 +1033,19 @@ static __global__ void pdp__cross_entropy_fwd(const float *logits, const int32_t
     }
 }
 
-extern "C" pdp_status pdp_cudak_cross_entropy(int dev, const float *logits,
-                                              const int32_t *host_labels, int64_t batch,
-                                              int64_t classes, float grad_scale,
-                                              double *host_loss, float *dlogits)
+/* The launchers below run under c->scratch_mu (taken by their public wrapper),
+   so that two host threads on one device cannot overwrite each other's labels
+   or partial sums between the launch and the copy back. */
+static pdp_status pdp__cu_cross_entropy(int dev, pdp__cu_ctx *c, const float *logits,
+                                        const int32_t *host_labels, int64_t batch,
+                                        int64_t classes, float grad_scale, double *host_loss,
+                                        float *dlogits)
 {
-    pdp__cu_ctx *c;
     pdp_status st;
     void *scratch;
     double *loss;
     int32_t *labels;
     size_t loss_bytes = (size_t)batch * sizeof(double);
-    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
-    if (batch <= 0) return PDP_OK;
     if ((st = pdp__cu_scratch(dev, c, loss_bytes + (size_t)batch * sizeof(int32_t), &scratch)) !=
         PDP_OK)
         return st;
@@ -1047,7 +1062,46 @@ extern "C" pdp_status pdp_cudak_cross_entropy(int dev, const float *logits,
     return PDP_OK;
 }
 
-#define PDP__MSE_BLOCKS 256
+extern "C" pdp_status pdp_cudak_cross_entropy(int dev, const float *logits,
+                                              const int32_t *host_labels, int64_t batch,
+                                              int64_t classes, float grad_scale,
+                                              double *host_loss, float *dlogits)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (batch <= 0) return PDP_OK;
+    pthread_mutex_lock(&c->scratch_mu);
+    st = pdp__cu_cross_entropy(dev, c, logits, host_labels, batch, classes, grad_scale, host_loss,
+                               dlogits);
+    pthread_mutex_unlock(&c->scratch_mu);
+    return st;
+}
+
+/* Block partial sums: a fixed grid (a function of the count only) and a fixed
+   tree inside each block, summed by the host in block order - the same bits on
+   every run. */
+#define PDP__SUM_BLOCKS 256
+
+static unsigned pdp__cu_sum_grid(int64_t n)
+{
+    unsigned blocks = pdp__cu_grid(n);
+    return blocks > PDP__SUM_BLOCKS ? PDP__SUM_BLOCKS : blocks;
+}
+
+/* Copies the first `blocks` partial sums to the host and adds them in order. */
+static pdp_status pdp__cu_sum_partials(pdp__cu_ctx *c, const double *partial_dev,
+                                       unsigned blocks, double *host_sum)
+{
+    double partial[PDP__SUM_BLOCKS], sum = 0.0;
+    unsigned i;
+    PDP__CU(cudaMemcpyAsync(partial, partial_dev, blocks * sizeof(double), cudaMemcpyDeviceToHost,
+                            c->stream));
+    PDP__CU(cudaStreamSynchronize(c->stream));
+    for (i = 0; i < blocks; i++) sum += partial[i];
+    *host_sum = sum;
+    return PDP_OK;
+}
 
 static __global__ void pdp__mse_fwd(const float *pred, const float *target, int64_t n, float scale,
                                     double *partial, float *dpred)
@@ -1063,28 +1117,87 @@ static __global__ void pdp__mse_fwd(const float *pred, const float *target, int6
     if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
+static pdp_status pdp__cu_mse(int dev, pdp__cu_ctx *c, const float *pred, const float *target,
+                              int64_t count, float scale, double *host_sum, float *dpred)
+{
+    pdp_status st;
+    void *scratch;
+    unsigned blocks = pdp__cu_sum_grid(count);
+    if ((st = pdp__cu_scratch(dev, c, PDP__SUM_BLOCKS * sizeof(double), &scratch)) != PDP_OK)
+        return st;
+    pdp__mse_fwd<<<blocks, PDP__CU_THREADS, 0, c->stream>>>(pred, target, count, scale,
+                                                            (double *)scratch, dpred);
+    PDP__LAUNCHED(pdp__mse_fwd);
+    return pdp__cu_sum_partials(c, (const double *)scratch, blocks, host_sum);
+}
+
 extern "C" pdp_status pdp_cudak_mse(int dev, const float *pred, const float *target,
                                     int64_t count, float scale, double *host_sum, float *dpred)
 {
     pdp__cu_ctx *c;
     pdp_status st;
-    void *scratch;
-    double partial[PDP__MSE_BLOCKS], sum = 0.0;
-    unsigned blocks = pdp__cu_grid(count), i;
-    if (blocks > PDP__MSE_BLOCKS) blocks = PDP__MSE_BLOCKS;
     *host_sum = 0.0;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
     if (count <= 0) return PDP_OK;
-    if ((st = pdp__cu_scratch(dev, c, PDP__MSE_BLOCKS * sizeof(double), &scratch)) != PDP_OK)
+    pthread_mutex_lock(&c->scratch_mu);
+    st = pdp__cu_mse(dev, c, pred, target, count, scale, host_sum, dpred);
+    pthread_mutex_unlock(&c->scratch_mu);
+    return st;
+}
+
+/* ---- gradient norm and scale (pdp_clip_grad_norm) ----
+   The sum of squares in double with the partial-sum scheme above; the host
+   takes the square root. The scale is one multiply per element, in float, as
+   the CPU does it. */
+
+static __global__ void pdp__sumsq_fwd(const float *x, int64_t n, double *partial)
+{
+    __shared__ double sh[32];
+    double acc = 0.0, total;
+    PDP__FOR(i, n) acc += (double)x[i] * (double)x[i];
+    total = pdp__block_sum(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+static __global__ void pdp__scale_fwd(float *x, int64_t n, float s)
+{
+    PDP__FOR(i, n) x[i] *= s;
+}
+
+static pdp_status pdp__cu_sumsq(int dev, pdp__cu_ctx *c, const float *x, int64_t count,
+                                double *host_sum)
+{
+    pdp_status st;
+    void *scratch;
+    unsigned blocks = pdp__cu_sum_grid(count);
+    if ((st = pdp__cu_scratch(dev, c, PDP__SUM_BLOCKS * sizeof(double), &scratch)) != PDP_OK)
         return st;
-    pdp__mse_fwd<<<blocks, PDP__CU_THREADS, 0, c->stream>>>(pred, target, count, scale,
-                                                            (double *)scratch, dpred);
-    PDP__LAUNCHED(pdp__mse_fwd);
-    PDP__CU(cudaMemcpyAsync(partial, scratch, blocks * sizeof(double), cudaMemcpyDeviceToHost,
-                            c->stream));
-    PDP__CU(cudaStreamSynchronize(c->stream));
-    for (i = 0; i < blocks; i++) sum += partial[i];
-    *host_sum = sum;
+    pdp__sumsq_fwd<<<blocks, PDP__CU_THREADS, 0, c->stream>>>(x, count, (double *)scratch);
+    PDP__LAUNCHED(pdp__sumsq_fwd);
+    return pdp__cu_sum_partials(c, (const double *)scratch, blocks, host_sum);
+}
+
+extern "C" pdp_status pdp_cudak_sumsq(int dev, const float *x, int64_t count, double *host_sum)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    *host_sum = 0.0;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pthread_mutex_lock(&c->scratch_mu);
+    st = pdp__cu_sumsq(dev, c, x, count, host_sum);
+    pthread_mutex_unlock(&c->scratch_mu);
+    return st;
+}
+
+extern "C" pdp_status pdp_cudak_scale(int dev, float *x, int64_t count, float s)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__scale_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(x, count, s);
+    PDP__LAUNCHED(pdp__scale_fwd);
     return PDP_OK;
 }
 

@@ -13,6 +13,9 @@
      1 dev      pdp_model_forward_backward + pdp_optim_step, 1 thread
      DDP 1      pdp_ddp_forward_backward + pdp_ddp_step, local backend, 1 rank
      DDP 2      the same on 2 thread-ranks (local backend), 1 thread each
+     2 x 1 dev  two independent single-device trainings at once, no communication:
+                the scaling the machine allows right now ("free2" = 2 x 1 dev / 1 dev;
+                on a quiet 2-core machine about 2x, lower when neighbours load it)
      DDP 2 MPI  the same on 2 MPI processes (built with -DPDP_MPI, run by mpirun -np 2)
    A figure is the median over the rounds of samples/s (a round runs about
    0.25 s of steps after 3 warm-up steps; both ranks run the same step count).
@@ -38,7 +41,7 @@
 #include <string.h>
 
 #define MAX_ROUNDS 7
-#define NPEERS 4
+#define NPEERS 5
 #define CHECK(call)                                                                         \
     do {                                                                                    \
         pdp_status st_ = (call);                                                            \
@@ -49,8 +52,9 @@
         }                                                                                   \
     } while (0)
 
-enum { P_SINGLE, P_DDP1, P_DDP2, P_MPI2 };
-static const char *peer_names[NPEERS] = {"1 dev", "DDP 1", "DDP 2", "DDP 2 MPI"};
+enum { P_SINGLE, P_DDP1, P_DDP2, P_FREE2, P_MPI2 };
+static const char *peer_names[NPEERS] = {"1 dev", "DDP 1", "DDP 2", "2 x 1 dev", "DDP 2 MPI"};
+static pthread_barrier_t free_barrier;
 
 typedef struct job {
     bool cnn;
@@ -177,6 +181,46 @@ static void *ddp_thread(void *arg)
     return NULL;
 }
 
+/* Plain single-device training on samples [rank, rank + 1) x batch / size; with
+   size 2 (the "2 x 1 dev" peer) two threads time their steps between barriers. */
+static void single_rank(job *j)
+{
+    pdp_model *m = make_model(j->cnn);
+    pdp_optim *o;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t per = j->batch / j->size;
+    float loss;
+    double t0 = now(), c0 = cpu_now();
+    int k;
+    memset(&od, 0, sizeof od);
+    od.lr = 0.01f;
+    CHECK(pdp_optim_create(&o, m, &od));
+    view(j, j->rank * per, per, &x);
+    for (k = 0; k < 3 + j->steps; k++) {
+        if (k == 3) {
+            if (j->size > 1) pthread_barrier_wait(&free_barrier);
+            t0 = now();
+            c0 = cpu_now();
+        }
+        CHECK(pdp_model_forward_backward(m, &x, j->labels + j->rank * per, &loss));
+        CHECK(pdp_optim_step(o));
+        pdp_optim_zero_grad(o);
+    }
+    if (j->size > 1) pthread_barrier_wait(&free_barrier);
+    j->seconds = now() - t0;
+    j->cpu = cpu_now() - c0;
+    j->hidden = 1.0;
+    pdp_optim_free(o);
+    pdp_model_free(m);
+}
+
+static void *single_thread(void *arg)
+{
+    single_rank((job *)arg);
+    return NULL;
+}
+
 /* Seconds for j->steps steps of peer p (rank 0's view). */
 static double run_peer(job *base, int p)
 {
@@ -184,31 +228,24 @@ static double run_peer(job *base, int p)
     pthread_t t[2];
     int r, n = p == P_DDP2 ? 2 : 1;
     if (p == P_SINGLE) {
-        pdp_model *m = make_model(base->cnn);
-        pdp_optim *o;
-        pdp_optim_desc od;
-        pdp_tensor x;
-        float loss;
-        double t0 = now(), c0 = cpu_now();
-        int k;
-        memset(&od, 0, sizeof od);
-        od.lr = 0.01f;
-        CHECK(pdp_optim_create(&o, m, &od));
-        view(base, 0, base->batch, &x);
-        for (k = 0; k < 3 + base->steps; k++) {
-            if (k == 3) {
-                t0 = now();
-                c0 = cpu_now();
-            }
-            CHECK(pdp_model_forward_backward(m, &x, base->labels, &loss));
-            CHECK(pdp_optim_step(o));
-            pdp_optim_zero_grad(o);
+        base->rank = 0;
+        base->size = 1;
+        single_rank(base);
+        return base->seconds;
+    }
+    if (p == P_FREE2) { /* two independent trainings at once: what the machine allows now */
+        pthread_barrier_init(&free_barrier, NULL, 2);
+        for (r = 0; r < 2; r++) {
+            js[r] = *base;
+            js[r].rank = r;
+            js[r].size = 2;
+            pthread_create(&t[r], NULL, single_thread, &js[r]);
         }
-        base->seconds = now() - t0;
-        base->cpu = cpu_now() - c0;
+        for (r = 0; r < 2; r++) pthread_join(t[r], NULL);
+        pthread_barrier_destroy(&free_barrier);
         base->hidden = 1.0;
-        pdp_optim_free(o);
-        pdp_model_free(m);
+        base->seconds = js[0].seconds;
+        base->cpu = js[0].cpu;
         return base->seconds;
     }
     if (p == P_MPI2) {
@@ -241,7 +278,7 @@ static void run(const char *name, bool cnn, int64_t batch, bool per_rank, int ro
     job j;
     pdp_rng r;
     int64_t i;
-    int p, k, rank = mpi ? pdp_comm_rank(mpi) : 0, npeers = mpi && pdp_comm_size(mpi) == 2 ? 4 : 3;
+    int p, k, rank = mpi ? pdp_comm_rank(mpi) : 0, npeers = mpi && pdp_comm_size(mpi) == 2 ? 5 : 4;
     memset(&j, 0, sizeof j);
     j.cnn = cnn;
     j.batch = batch;
@@ -261,7 +298,7 @@ static void run(const char *name, bool cnn, int64_t batch, bool per_rank, int ro
     if (mpi) CHECK(pdp_comm_broadcast_bytes(mpi, &j.steps, sizeof j.steps, 0));
     for (k = 0; k < rounds; k++)
         for (p = 0; p < npeers; p++) {
-            j.batch = per_rank && (p == P_DDP2 || p == P_MPI2) ? 2 * batch : batch;
+            j.batch = per_rank && p >= P_DDP2 ? 2 * batch : batch;
             if (p == P_MPI2) {
                 CHECK(pdp_comm_barrier(mpi, NULL)); /* rank 1 waited here during the rest */
                 run_peer(&j, p);
@@ -284,12 +321,13 @@ static void run(const char *name, bool cnn, int64_t batch, bool per_rank, int ro
         cmed[p] = cps[p][rounds / 2];
     }
     printf("%-14s %5lld %-6s |", name, (long long)batch, per_rank ? "/rank" : "global");
-    for (p = 0; p < npeers; p++) printf(" %9.0f", med[p]);
-    printf(" | %5.2fx %5.2fx", med[P_DDP2] / med[P_DDP1], med[P_DDP1] / med[P_SINGLE]);
-    if (npeers == 4) printf(" %5.2fx", med[P_MPI2] / med[P_DDP1]);
+    for (p = 0; p < npeers; p++) printf(" %10.0f", med[p]);
+    printf(" | %5.2fx %5.2fx %5.2fx", med[P_DDP2] / med[P_DDP1], med[P_DDP1] / med[P_SINGLE],
+           med[P_FREE2] / med[P_SINGLE]);
+    if (npeers == 5) printf(" %5.2fx", med[P_MPI2] / med[P_DDP1]);
     printf(" | %5.2fx", 2.0 * cmed[P_DDP2] / cmed[P_DDP1]);
     printf(" | %3.0f%%", 100.0 * hmed[P_DDP2]);
-    if (npeers == 4) printf(" %3.0f%%", 100.0 * hmed[P_MPI2]);
+    if (npeers == 5) printf(" %3.0f%%", 100.0 * hmed[P_MPI2]);
     printf("\n");
     fflush(stdout);
     free(j.data);
@@ -298,23 +336,23 @@ static void run(const char *name, bool cnn, int64_t batch, bool per_rank, int ro
 
 int main(int argc, char **argv)
 {
-    int rounds = argc > 1 && !strcmp(argv[1], "quick") ? 3 : MAX_ROUNDS, p, npeers = 3;
+    int rounds = argc > 1 && !strcmp(argv[1], "quick") ? 3 : MAX_ROUNDS, p, npeers = 4;
     pdp_comm *mpi = NULL;
     if (getenv("OMPI_COMM_WORLD_SIZE")) {
         pdp_comm_desc cd;
         memset(&cd, 0, sizeof cd);
         cd.backend = PDP_BACKEND_MPI;
         CHECK(pdp_comm_init_env(&mpi, &cd));
-        if (pdp_comm_size(mpi) == 2) npeers = 4;
+        if (pdp_comm_size(mpi) == 2) npeers = 5;
     }
     if (!mpi || pdp_comm_rank(mpi) == 0) {
         printf("DDP, samples/s, median of %d rounds; 1 thread per rank. batch /rank: each rank "
                "computes B samples\n(DDP 2 trains on 2B per step); global: DDP 2 splits B into "
                "2 x B/2\n", rounds);
         printf("%-14s %-12s |", "workload", "batch");
-        for (p = 0; p < npeers; p++) printf(" %9s", peer_names[p]);
-        printf(" | %6s %6s%s | %6s | hidden (DDP 2%s)\n", "2/1", "1/dev",
-               npeers == 4 ? "  MPI/1" : "", "cpu2/1", npeers == 4 ? ", MPI" : "");
+        for (p = 0; p < npeers; p++) printf(" %10s", peer_names[p]);
+        printf(" | %6s %6s %6s%s | %6s | hidden (DDP 2%s)\n", "2/1", "1/dev", "free2",
+               npeers == 5 ? "  MPI/1" : "", "cpu2/1", npeers == 5 ? ", MPI" : "");
     }
     run("MLP 784-512x2", false, 128, true, rounds, mpi);
     run("MLP 784-512x2", false, 512, true, rounds, mpi);

@@ -8,7 +8,9 @@
    warm-up; a repetition runs the step for about 0.3 s. Inputs are uniform random, labels random.
 
    PyTorch runs in bench/train_torch.py under /usr/bin/python3 (Debian's python3-torch) through
-   popen, after ours; when it cannot import torch the table has our figures only and says so.
+   popen, right after ours for the same configuration, so that both see the same machine (the
+   load of a shared box drifts); when it cannot import torch the table has our figures only
+   and says so.
 
    make bench                 (or: make build/bench_train && ./build/bench_train [quick])
    quick: 3 repetitions of about 0.1 s, for a smoke run. */
@@ -126,30 +128,20 @@ static double bench_ours(const config *c, int reps, double rep_s)
     return rates[reps / 2];
 }
 
-/* Runs train_torch.py over every configuration; returns false when torch is unavailable. */
-static bool bench_torch(config *cs, int n, int reps, double rep_s, const char *script)
+/* Runs train_torch.py for one configuration; returns 0 when torch is unavailable. */
+static double bench_torch(const config *c, int reps, double rep_s, const char *script)
 {
     char cmd[1024], line[256], name[16];
-    size_t len;
+    double rate = 0, r;
+    long long batch;
+    int threads;
     FILE *p;
-    int i;
-    if (system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return false;
-    len = (size_t)snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s --reps %d --rep-s %g", script,
-                           reps, rep_s);
-    for (i = 0; i < n && len < sizeof cmd; i++)
-        len += (size_t)snprintf(cmd + len, sizeof cmd - len, " %s:%lld:%d", cs[i].model,
-                                (long long)cs[i].batch, cs[i].threads);
-    if (!(p = popen(cmd, "r"))) return false;
-    while (fgets(line, sizeof line, p)) {
-        long long batch;
-        int threads;
-        double rate;
-        if (sscanf(line, "%15s %lld %d %lf", name, &batch, &threads, &rate) != 4) continue;
-        for (i = 0; i < n; i++)
-            if (!strcmp(cs[i].model, name) && cs[i].batch == batch && cs[i].threads == threads)
-                cs[i].torch = rate;
-    }
-    return pclose(p) == 0;
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s --reps %d --rep-s %g %s:%lld:%d", script, reps,
+             rep_s, c->model, (long long)c->batch, c->threads);
+    if (!(p = popen(cmd, "r"))) return 0;
+    while (fgets(line, sizeof line, p))
+        if (sscanf(line, "%15s %lld %d %lf", name, &batch, &threads, &r) == 4) rate = r;
+    return pclose(p) == 0 ? rate : 0;
 }
 
 int main(int argc, char **argv)
@@ -167,13 +159,14 @@ int main(int argc, char **argv)
     printf("training step (forward, cross-entropy, backward, SGD) in samples/s, median of %d\n",
            reps);
     fflush(stdout);
-    for (i = 0; i < NCONF; i++) {
+    have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    for (i = 0; i < NCONF; i++) { /* ours, then PyTorch, config by config: same conditions */
         cs[i].ours = bench_ours(&cs[i], reps, rep_s);
-        fprintf(stderr, "  pdp %s batch %lld threads %d: %.0f samples/s\n", cs[i].model,
-                (long long)cs[i].batch, cs[i].threads, cs[i].ours);
+        pdp_shutdown_threads(); /* no pdp workers alive while PyTorch runs */
+        if (have_torch) cs[i].torch = bench_torch(&cs[i], reps, rep_s, script);
+        fprintf(stderr, "  %s batch %lld threads %d: pdp %.0f, pytorch %.0f samples/s\n",
+                cs[i].model, (long long)cs[i].batch, cs[i].threads, cs[i].ours, cs[i].torch);
     }
-    pdp_shutdown_threads();
-    have_torch = bench_torch(cs, NCONF, reps, rep_s, script);
     printf("%-22s %6s %8s %12s %14s %8s %8s\n", "model", "batch", "threads", "pdp", "pytorch",
            "ratio", "target");
     for (i = 0; i < NCONF; i++) {

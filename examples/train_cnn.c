@@ -6,13 +6,16 @@
    pdp's built-in synthetic task instead and says how to get the data.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_cnn.c -o train_cnn -lm -lpthread
-           nvcc -O2 -I. examples/train_cnn.c -o train_cnn -lm -lpthread   (same program; it
-           trains on the CPU, examples/train_ddp.c shows GPUs)
+           make cuda   (cc -DPDP_CUDA, then nvcc links pdp_cuda.o, cuBLAS and NCCL: the same
+                        program, training on the CPU; examples/train_ddp.c shows GPUs)
    Run:    ./train_cnn              (PDP_SHORT=1 for a few steps only)
            ./train_cnn -epochs 5 -batch 64 -lr 0.001 -threads 2 -seed 1
-   Output (2 cores; >= 90% test accuracy after 3 epochs):
+   Output (2 cores, Fashion-MNIST installed; 90.7% test accuracy after 5 epochs, about 3 min
+   on an idle machine):
            seed 1: Fashion-MNIST, 60000 train / 10000 test, CNN conv16-pool-conv32-pool-fc10, ...
-           epoch 1  loss ...
+           epoch 1  loss 0.5088  train 82.20%  test 86.74%  631 samples/s  107.1 s
+           ...
+           epoch 5  loss 0.2086  train 92.47%  test 90.67%  2077 samples/s  361.8 s
    Next:   examples/train_dp.c (the same training spread over threads with DataParallel). */
 
 #define _POSIX_C_SOURCE 200809L
@@ -61,7 +64,7 @@ static double evaluate(pdp_model *m, const pdp_dataset *ds)
 int main(int argc, char **argv)
 {
     int epochs = 5, threads = 2, i;
-    int64_t batch = 128, step = 0, total_steps, warmup;
+    int64_t batch = 64, step = 0, total_steps, warmup;
     float lr = 1e-3f;
     unsigned long long seed = 1;
     bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT")), tty = isatty(1);
@@ -83,7 +86,7 @@ int main(int argc, char **argv)
         else break;
     }
     if (i < argc || epochs < 1 || batch < 1) {
-        fprintf(stderr, "usage: %s [-epochs 5] [-batch 128] [-lr 0.001] [-threads 2] [-seed 1]\n"
+        fprintf(stderr, "usage: %s [-epochs 5] [-batch 64] [-lr 0.001] [-threads 2] [-seed 1]\n"
                         "  PDP_DATA=dir: where the Fashion-MNIST files are; PDP_SHORT=1: a few "
                         "steps only\n", argv[0]);
         return 2;
@@ -93,7 +96,7 @@ int main(int argc, char **argv)
 
     /* data: pixels normalised with the training set's mean and std, samples (1, 28, 28) */
     pdp_dataset_desc dd = {.mean = PDP_FASHION_MNIST_MEAN, .std = PDP_FASHION_MNIST_STD,
-                           .max_samples = short_run ? 512 : 0, .seed = seed};
+                           .max_samples = short_run ? 256 : 0, .seed = seed};
     if ((st = pdp_dataset_load_fashion_mnist(&train, true, &dd)) == PDP_ERR_IO) {
         printf("%s\n(training on the built-in synthetic task instead)\n", pdp_last_error());
         source = "synthetic";

@@ -9,8 +9,8 @@
    created on first use and kept for the life of the process (like the intra-op
    pool, the documented exception to "no globals"). Layer, loss and optimizer
    calls on a CUDA model enqueue kernels on that stream and return; anything
-   that hands a value to the host (a download, a loss) waits for it. Use one
-   host thread per device at a time (DP and thread-rank DDP do).
+   that hands a value to the host (a download, a loss) waits for it. Give each
+   model its own host thread; several threads may share a device (see below).
 
    Numerics. GEMMs run in full FP32 (TF32 off) so GPU results match the CPU to
    about 1e-5 relative; pdp_cuda_set_tf32(true) trades that for tensor-core
@@ -20,7 +20,12 @@
    Memory. Device buffers come from a caching allocator: freed blocks go back to
    a free list of their size class on their device and are reused, so after
    the first step nothing reaches cudaMalloc (pdp_cuda_memory_stats counts the
-   calls). pdp_cuda_empty_cache returns the free blocks to the driver. */
+   calls). pdp_cuda_empty_cache returns the free blocks to the driver.
+
+   DataParallel over GPUs (dp.c) runs one worker thread per replica; several
+   workers may share a device (more workers than GPUs): their kernels then
+   interleave on that device's stream, and the reductions that hand a value to
+   the host (losses, the gradient norm) take turns on its scratch buffer. */
 
 /* Number of CUDA devices visible to this process. No device (or no driver):
    *count = 0 and PDP_ERR_NO_DEVICE. */
@@ -144,6 +149,11 @@ pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *
 /* *host_sum = sum of (pred - target)^2 in double; dpred (may be NULL) = scale (pred - target). */
 pdp_status pdp_cudak_mse(int dev, const float *pred, const float *target, int64_t count,
                          float scale, double *host_sum, float *dpred);
+
+/* gradient clipping: *host_sum = sum of x^2 in double (block partial sums in a
+   fixed order: the same bits every run); x *= s in float */
+pdp_status pdp_cudak_sumsq(int dev, const float *x, int64_t count, double *host_sum);
+pdp_status pdp_cudak_scale(int dev, float *x, int64_t count, float s);
 
 /* optimizers: elements [0, count) of the given pointers, the math.h updates */
 pdp_status pdp_cudak_sgd(int dev, float *p, const float *g, float *buf, int64_t count, float lr,

@@ -393,6 +393,36 @@ static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *ta
 #endif
 }
 
+/* ---- cuda_host: gradient clipping (optim.c's pdp_clip_grad_norm) ---- */
+
+static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                  const char *fn)
+{
+#ifdef PDP_CUDA
+    pdp_status st;
+    if ((st = pdp_cudak_sumsq(d.ordinal, x, count, sum)) != PDP_OK)
+        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
+    return PDP_OK;
+#else
+    (void)x, (void)count;
+    *sum = 0.0;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn)
+{
+#ifdef PDP_CUDA
+    pdp_status st;
+    if ((st = pdp_cudak_scale(d.ordinal, x, count, s)) != PDP_OK)
+        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
+    return PDP_OK;
+#else
+    (void)x, (void)count, (void)s;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
 /* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
 
 static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,

@@ -96,7 +96,9 @@ typedef struct pdp_ddp_stats {
     /* the last finished step */
     int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes) */
     double backward_s;         /* forward + loss + backward, launches included */
-    double allreduce_s;        /* execution time of this step's bucket all-reduces */
+    double allreduce_s;        /* execution time of this step's bucket all-reduces, from the
+                                  moment the backend starts each (waiting for slower ranks
+                                  included) to its completion; queueing excluded */
     double wait_s;             /* time pdp_ddp_finish waited: communication left exposed */
     double hidden_share;       /* 1 - wait_s / allreduce_s, in [0, 1] (1 with nothing to do) */
     /* sums over all finished steps */

@@ -46,9 +46,22 @@
    one sample above the others. torch reduces on device 0 (reduce_add); on a
    CPU that would leave N-1 cores idle, so by default each worker sums one slice
    of the flat gradient (reduce_on_master restores torch's placement, with the
-   same bits). CUDA replicas need a device-side add for the reduce; until
-   pdp_cuda.cu provides it, pdp_dp_create refuses CUDA devices with
-   PDP_ERR_UNSUPPORTED - every other stage already moves data with pdp__dev_copy. */
+   same bits).
+
+   GPUs. With CUDA devices the stages are torch's own: replicate copies the
+   master's parameters (device 0) into each replica's own parameter block on its
+   device (a peer copy; a device-local copy for a replica on device 0); scatter
+   copies each shard's rows to its replica's device (host -> device i or device
+   0 -> device i) unless they already live there; each worker thread drives its
+   GPU (pdp_cuda.cu makes the thread's device current on every call), so the
+   apply of N GPUs runs at once; gather peer-copies the outputs to device 0; and
+   reduce, on the calling thread, peer-copies replica r's gradients into one
+   staging block on device 0 (allocated at create) and adds them into the
+   master's, r = 1, 2, ... in order - torch's reduce_add. A replica on device 0
+   is added straight from its own block. Several workers may share a GPU (more
+   workers than devices): each has its own replica and buffers, their kernels
+   interleave on that device's stream. All devices are CUDA or none is; without
+   PDP_CUDA, CUDA devices fail with PDP_ERR_UNSUPPORTED naming the macro. */
 
 #include "internal.h"
 #include <unistd.h>
@@ -70,7 +83,9 @@ typedef struct pdp__dp_worker {
     pdp_model *replica;  /* index 0: the master itself */
     /* written by scatter (caller), read by the worker */
     int64_t first, rows; /* global samples [first, first + rows) */
-    pdp_tensor x;        /* those rows of the batch (a view on the CPU) */
+    pdp_tensor x;        /* those rows of the batch (a view, or xbuf on another device) */
+    float *xbuf;         /* [cap_xbuf] the rows when the batch lives on another device */
+    int64_t cap_xbuf;    /* floats */
     const int32_t *labels;
     float *dlogits;      /* [cap_rows, classes] loss gradient, on the replica's device */
     int64_t cap_rows;
@@ -88,6 +103,9 @@ struct pdp_dp {
     int threads_per_worker;
     bool copy_params;
     bool reduce_on_master;
+    bool cuda;           /* the replicas are on CUDA devices */
+    float *stage;        /* [param_count] on the master's device: one replica's gradients
+                            in flight to the reduce (CUDA, replicas on other devices) */
     int64_t classes;
     pdp__dp_worker *workers;
     /* the handoff; the fields below up to `stop` are guarded by lock */
@@ -137,12 +155,14 @@ static void pdp__dp_memory(pdp_dp *dp)
     size_t replica = 0;
     int i;
     dp->stats.master_bytes = pdp__dp_model_bytes(dp->master) + dp->optim_bytes +
-                             (size_t)(dp->out_cap + dp->workers[0].cap_rows * dp->classes) *
-                                 sizeof(float);
+                             (size_t)(dp->out_cap + dp->workers[0].cap_rows * dp->classes +
+                                      dp->workers[0].cap_xbuf) * sizeof(float);
+    if (dp->stage) dp->stats.master_bytes += (size_t)dp->master->param_count * sizeof(float);
     for (i = 1; i < dp->n; i++) {
         const pdp__dp_worker *w = &dp->workers[i];
         replica = PDP__MAX(replica, pdp__dp_model_bytes(w->replica) +
-                                        (size_t)(w->cap_rows * dp->classes) * sizeof(float));
+                                        (size_t)(w->cap_rows * dp->classes + w->cap_xbuf) *
+                                            sizeof(float));
     }
     dp->stats.replica_bytes = replica;
 }
@@ -175,12 +195,13 @@ static void pdp__dp_apply_one(pdp__dp_worker *w)
     if (w->rows == 0) return; /* idle this step */
     if (w->index > 0 || dp->zero_master) pdp_model_zero_grad(m);
     if ((st = pdp_model_forward(m, &w->x, &y)) != PDP_OK) goto fail;
-    if ((st = pdp__cross_entropy(y->data, w->labels, w->rows, dp->classes, dp->grad_scale,
-                                 &w->loss_sum, w->dlogits, "cross_entropy")) != PDP_OK)
+    if ((st = pdp__cross_entropy_on(m->device, y->data, w->labels, w->rows, dp->classes,
+                                    dp->grad_scale, &w->loss_sum, w->dlogits,
+                                    "cross_entropy")) != PDP_OK)
         goto fail;
     if (!isfinite(w->loss_sum)) {
-        st = pdp__err(PDP_ERR_NUMERIC, "the loss of samples [%lld, %lld) is %g", (long long)w->first,
-                      (long long)(w->first + w->rows), w->loss_sum);
+        st = pdp__err(PDP_ERR_NUMERIC, "the loss of samples [%lld, %lld) is %g",
+                      (long long)w->first, (long long)(w->first + w->rows), w->loss_sum);
         goto fail;
     }
     shape[0] = w->rows;
@@ -280,8 +301,12 @@ static void pdp__dp_destroy(pdp_dp *dp)
         pdp__dp_worker *w = &dp->workers[i];
         if (i > 0) pdp_model_free(w->replica);
         pdp__dev_free(w->device, w->dlogits);
+        pdp__dev_free(w->device, w->xbuf);
     }
-    if (dp->master) pdp__dev_free(dp->master->device, dp->out_block);
+    if (dp->master) {
+        pdp__dev_free(dp->master->device, dp->out_block);
+        pdp__dev_free(dp->master->device, dp->stage);
+    }
     if (dp->sync_ok) {
         pthread_cond_destroy(&dp->done);
         pthread_cond_destroy(&dp->wake);
@@ -307,7 +332,8 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     if (!master) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: master model is NULL");
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
-    if (master->nlayers == 0) return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
+    if (master->nlayers == 0)
+        return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
     if (master->layers[master->nlayers - 1].out_ndim != 1)
         return pdp__err(PDP_ERR_SHAPE,
                         "pdp_dp_create: the last layer %d (%s) gives %d-d samples; the "
@@ -320,6 +346,9 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         return pdp__err(PDP_ERR_INVALID,
                         "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)", n,
                         PDP_DP_MAX_WORKERS);
+    if (n == 0 && d.devices)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
     if (n == 0) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
@@ -333,18 +362,19 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
             return pdp__err(PDP_ERR_DEVICE,
                             "pdp_dp_create: devices[0] (%d:%d) must be the master's device (%d:%d)",
                             dev.kind, dev.ordinal, master->device.kind, master->device.ordinal);
+#ifndef PDP_CUDA
         if (dev.kind != PDP_DEVICE_CPU)
-#ifdef PDP_CUDA
-            return pdp__err(PDP_ERR_UNSUPPORTED,
-                            "pdp_dp_create: devices[%d] is CUDA %d: DP over CUDA devices needs the "
-                            "device-side reduce of pdp_cuda.cu, not written yet",
-                            i, dev.ordinal);
-#else
             return pdp__err(PDP_ERR_UNSUPPORTED,
                             "pdp_dp_create: devices[%d] is CUDA %d: built without PDP_CUDA "
                             "(compile with -DPDP_CUDA and link pdp_cuda.o)",
                             i, dev.ordinal);
 #endif
+        if (dev.kind != master->device.kind)
+            return pdp__err(PDP_ERR_DEVICE,
+                            "pdp_dp_create: devices[%d] (%d:%d) and the master (%d:%d) differ in "
+                            "kind: the workers must be all CPU or all CUDA",
+                            i, dev.kind, dev.ordinal, master->device.kind,
+                            master->device.ordinal);
     }
 
     dp = (pdp_dp *)pdp__calloc(sizeof *dp);
@@ -352,7 +382,8 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     dp->master = master;
     dp->n = n;
     dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
-    dp->copy_params = d.copy_params;
+    dp->cuda = master->device.kind == PDP_DEVICE_CUDA;
+    dp->copy_params = d.copy_params || dp->cuda; /* a GPU reads only its own memory */
     dp->reduce_on_master = d.reduce_on_master;
     dp->classes = master->layers[master->nlayers - 1].out_count;
     dp->workers = (pdp__dp_worker *)pdp__calloc((size_t)n * sizeof *dp->workers);
@@ -380,10 +411,19 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         w->device = d.devices ? d.devices[i] : pdp_cpu();
         if (i == 0) {
             w->replica = master;
-        } else if ((st = pdp__model_clone(master, w->device, !d.copy_params, &w->replica)) !=
+        } else if ((st = pdp__model_clone(master, w->device, !dp->copy_params, &w->replica)) !=
                    PDP_OK) {
             pdp__dp_destroy(dp);
-            return pdp__err_wrap(st, "pdp_dp_create: replica %d", i);
+            return pdp__err_wrap(st, "pdp_dp_create: replica %d on device %d:%d", i,
+                                 w->device.kind, w->device.ordinal);
+        }
+        /* the reduce's staging block, once, if any replica's gradients live elsewhere */
+        if (i > 0 && dp->cuda && !dp->stage && !pdp__same_device(w->device, master->device) &&
+            master->param_count > 0 &&
+            (st = pdp__dev_alloc(master->device, (size_t)master->param_count * sizeof(float),
+                                 (void **)&dp->stage)) != PDP_OK) {
+            pdp__dp_destroy(dp);
+            return pdp__err_wrap(st, "pdp_dp_create: the reduce's staging block");
         }
     }
     for (i = 0; i < n; i++) {
@@ -397,7 +437,7 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         w->started = true;
     }
     dp->stats.num_workers = n;
-    dp->stats.params_shared = !d.copy_params;
+    dp->stats.params_shared = !dp->copy_params;
     pdp__dp_memory(dp);
     *out = dp;
     return PDP_OK;
@@ -474,6 +514,22 @@ static pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t
         if (w->rows == 0) continue;
         pdp_tensor_rows_view(x, w->first, w->rows, &w->x);
         w->labels = labels + w->first;
+        if (!pdp__same_device(x->device, w->device)) {
+            /* a GPU replica whose rows live on the host or another GPU: copy them over */
+            size_t bytes = (size_t)w->x.count * sizeof(float);
+            if (w->x.count > w->cap_xbuf) {
+                pdp__dev_free(w->device, w->xbuf);
+                w->xbuf = NULL;
+                w->cap_xbuf = 0;
+                if ((st = pdp__dev_alloc(w->device, bytes, (void **)&w->xbuf)) != PDP_OK)
+                    return pdp__err_wrap(st, "%s: worker %d: input rows", fn, i);
+                w->cap_xbuf = w->x.count;
+            }
+            if ((st = pdp__dev_copy(w->device, w->xbuf, x->device, w->x.data, bytes)) != PDP_OK)
+                return pdp__err_wrap(st, "%s: scatter to worker %d", fn, i);
+            w->x.data = w->xbuf;
+            w->x.device = w->device;
+        }
         if (i > 0) dp->stats.scatter_bytes += (size_t)w->rows * row_bytes;
         if (w->rows > w->cap_rows) {
             pdp__dev_free(w->device, w->dlogits);
@@ -504,7 +560,8 @@ static pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *c
         if (w->status != PDP_OK)
             return pdp__err(w->status, "%s: worker %d (samples %lld..%lld): %s", fn, i,
                             (long long)w->first, (long long)(w->first + w->rows - 1), w->msg);
-        if (i == 0 || w->apply_s < dp->stats.apply_worker_min) dp->stats.apply_worker_min = w->apply_s;
+        if (i == 0 || w->apply_s < dp->stats.apply_worker_min)
+            dp->stats.apply_worker_min = w->apply_s;
         dp->stats.apply_worker_max = PDP__MAX(dp->stats.apply_worker_max, w->apply_s);
         *cpu = PDP__MAX(*cpu, w->cpu_s);
     }
@@ -524,8 +581,8 @@ static pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
         dp->out_block = NULL;
         dp->out_cap = 0;
         dp->have_output = false;
-        if ((st = pdp__dev_alloc(m->device, (size_t)need * sizeof(float), (void **)&dp->out_block)) !=
-            PDP_OK)
+        st = pdp__dev_alloc(m->device, (size_t)need * sizeof(float), (void **)&dp->out_block);
+        if (st != PDP_OK)
             return pdp__err_wrap(st, "%s: gathered outputs", fn);
         dp->out_cap = need;
     }
@@ -561,6 +618,32 @@ static void pdp__dp_reduce(pdp_dp *dp, double *cpu)
     for (i = 0; i < dp->n; i++) *cpu = PDP__MAX(*cpu, dp->workers[i].cpu_s);
 }
 
+/* Reduce on GPUs, on the calling thread (device 0): replica r's gradients are
+   peer-copied into the staging block and added into the master's, r = 1, 2, ...
+   in order, so every element is g0 + g1 + g2 + ... as on the CPU. The copy waits
+   for replica r's backward; the adds queue on device 0's stream in order. */
+static pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
+{
+    pdp_model *m = dp->master;
+    size_t bytes = (size_t)m->param_count * sizeof(float);
+    pdp_status st;
+    int r;
+    dp->stats.reduce_bytes = 0;
+    for (r = 1; r < dp->active; r++) {
+        const pdp__dp_worker *w = &dp->workers[r];
+        const float *src = w->replica->grad_block;
+        if (!pdp__same_device(w->device, m->device)) {
+            if ((st = pdp__dev_copy(m->device, dp->stage, w->device, src, bytes)) != PDP_OK)
+                return pdp__err_wrap(st, "%s: reduce from replica %d", fn, r);
+            src = dp->stage;
+        }
+        if ((st = pdp__dev_add(m->device, m->grad_block, src, m->param_count)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: reduce from replica %d", fn, r);
+        dp->stats.reduce_bytes += bytes;
+    }
+    return PDP_OK;
+}
+
 /* Step: the optimizer updates the master's parameters; replicas see them at the
    next replicate. */
 static pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
@@ -589,7 +672,9 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
         return pdp__err(PDP_ERR_SHAPE, "%s: x is %s; expected [batch, sample...] with batch >= 1",
                         fn, pdp__shape_str(x, a, sizeof a));
     }
-    if (!pdp__same_device(x->device, dp->master->device))
+    /* a GPU master also takes a host batch: scatter uploads each shard */
+    if (!pdp__same_device(x->device, dp->master->device) &&
+        !(dp->cuda && x->device.kind == PDP_DEVICE_CPU))
         return pdp__err(PDP_ERR_DEVICE, "%s: x on device %d:%d, master on %d:%d", fn,
                         x->device.kind, x->device.ordinal, dp->master->device.kind,
                         dp->master->device.ordinal);
@@ -610,7 +695,11 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
     if ((st = pdp__dp_gather(dp, &loss_sum, fn)) != PDP_OK) return st;
     t.gather = pdp__now() - ts;
     ts = pdp__now();
-    pdp__dp_reduce(dp, &t.reduce_cpu);
+    if (dp->cuda) {
+        if ((st = pdp__dp_reduce_device(dp, fn)) != PDP_OK) return st;
+    } else {
+        pdp__dp_reduce(dp, &t.reduce_cpu);
+    }
     t.reduce = pdp__now() - ts;
     if (zero_and_step) {
         ts = pdp__now();

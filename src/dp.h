@@ -14,11 +14,14 @@
 
    Replica 0 is the master itself; replicas 1..N-1 are clones. On the CPU they
    read the master's parameter memory (replicate copies nothing, but stays a
-   stage you can time) unless copy_params asks for real copies, as separate
-   GPUs need. Shards are balanced: sizes differ by at most one and replica i
-   gets the samples before replica i + 1's; with more workers than samples the
-   extra workers sit idle for that step. Results equal one device on the same
-   global batch to float rounding (bit for bit with one worker). */
+   stage you can time) unless copy_params asks for real copies. On GPUs
+   (PDP_CUDA) each replica owns its parameters on its device and every stage
+   moves real bytes: peer copies from and to device 0, one host thread per
+   replica; several replicas may share a GPU. Shards are balanced: sizes differ
+   by at most one and replica i gets the samples before replica i + 1's; with
+   more workers than samples the extra workers sit idle for that step. Results
+   equal one device on the same global batch to float rounding (bit for bit
+   with one worker). */
 
 typedef struct pdp_dp pdp_dp;
 
@@ -27,13 +30,15 @@ typedef struct pdp_dp pdp_dp;
 typedef struct pdp_dp_desc {
     int num_workers;          /* replicas, one thread each; 0 = one per online core;
                                  negative or > PDP_DP_MAX_WORKERS is an error */
-    const pdp_device *devices;/* num_workers devices, devices[0] = the master's; NULL = all
-                                 CPU. CUDA needs PDP_CUDA (returns PDP_ERR_UNSUPPORTED) */
+    const pdp_device *devices;/* num_workers devices (num_workers must then be > 0),
+                                 devices[0] = the master's; NULL = all CPU. All CPU or all
+                                 CUDA (a device may repeat); CUDA needs PDP_CUDA, else
+                                 PDP_ERR_UNSUPPORTED */
     int threads_per_worker;   /* intra-op threads of each worker; default 1 (the intra-op
                                  pool is one per process: workers that ask for more at the
                                  same moment take turns, results unchanged) */
     bool copy_params;         /* CPU: give each replica its own parameter copy, refreshed by
-                                 replicate every step (what GPUs must do); default false:
+                                 replicate every step (what GPUs always do); default false:
                                  replicas read the master's memory */
     bool reduce_on_master;    /* run the whole reduce on the master's thread, as
                                  torch.nn.DataParallel does on device 0; default false:
@@ -50,7 +55,8 @@ PDP_API void pdp_dp_free(pdp_dp *dp);
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp);
 
 /* One training step for classification on the global batch x [B, ...] with B
-   labels: zero the master's gradients, replicate, scatter, parallel apply
+   labels in host memory (x on the master's device, or on the host for a GPU
+   master): zero the master's gradients, replicate, scatter, parallel apply
    (softmax cross-entropy, mean over the global batch), gather, reduce, then
    pdp_optim_step(opt) on the master (opt must have been created on the master).
    *loss (may be NULL) gets the global mean loss. The gradients stay readable

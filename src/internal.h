@@ -207,6 +207,11 @@ static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_s
                                          int64_t n) PDP__UNUSED;
 static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
                                int64_t count) PDP__UNUSED;
+/* Gradient clipping on d: *sum = sum of x^2 (double, fixed order); x *= s. */
+static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                  const char *fn) PDP__UNUSED;
+static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
+                                  const char *fn) PDP__UNUSED;
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal

@@ -55,7 +55,10 @@ static inline PDP__HOSTDEV float pdp__sigmoid(float x)
         return e / (1.0f + e);
     }
 }
-static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y) { return dy * y * (1.0f - y); }
+static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y)
+{
+    return dy * y * (1.0f - y);
+}
 
 /* ---- math: dropout masks ----
    The mask bit of element j of sample s is a pure function of

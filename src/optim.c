@@ -367,21 +367,25 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     if (!(max_norm >= 0.0f))
         return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be >= 0",
                         (double)max_norm);
-    if (m->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED,
-                        "pdp_clip_grad_norm: CUDA device %d: no CUDA norm kernel yet (pdp_cuda.cu)",
-                        m->device.ordinal);
     g = m->grad_block;
     n = m->param_count;
-    for (i = 0; i < n; i++) sum += (double)g[i] * (double)g[i];
+    if (m->device.kind != PDP_DEVICE_CPU) {
+        /* pdp_cuda.cu: block partial sums in double, added by the host in block order */
+        pdp_status st = pdp__cuda_sumsq(m->device, g, n, &sum, "pdp_clip_grad_norm");
+        if (st != PDP_OK) return st;
+    } else {
+        for (i = 0; i < n; i++) sum += (double)g[i] * (double)g[i];
+    }
     norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
     if (!isfinite(norm))
         return pdp__err(PDP_ERR_NUMERIC, "pdp_clip_grad_norm: the gradient norm is %g", norm);
     /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
     coef = (float)((double)max_norm / (norm + 1e-6));
-    if (coef < 1.0f)
-        for (i = 0; i < n; i++) m->grad_block[i] *= coef;
+    if (coef >= 1.0f) return PDP_OK;
+    if (m->device.kind != PDP_DEVICE_CPU)
+        return pdp__cuda_scale(m->device, m->grad_block, n, coef, "pdp_clip_grad_norm");
+    for (i = 0; i < n; i++) m->grad_block[i] *= coef;
     return PDP_OK;
 }
 

@@ -8,9 +8,11 @@
    reference of the same model (same seed, so the same initial parameters):
    each layer's forward output and backward gradients (the tested layer sits
    after a layer with parameters, so its dx reaches a weight gradient), both
-   losses, SGD/Adam/AdamW, full MLP and CNN training steps, DDP over NCCL at
-   world size 1 and with one thread per GPU, DP over the GPUs present; plus
-   "a step allocates nothing" through the caching allocator's counters.
+   losses, SGD/Adam/AdamW, gradient clipping, full MLP and CNN training steps,
+   DDP over NCCL at world size 1 and with one thread per GPU, DP over the GPUs
+   present (at least two workers, so one GPU still runs DP's multi-worker path)
+   against one CPU model on the global batch; plus "a step allocates nothing"
+   through the caching allocator's counters, for one model and for DP.
    Tolerance: 1e-5 relative to the largest reference magnitude (TF32 off).
    Without a device (cudaErrorNoDevice, cudaErrorInsufficientDriver) every GPU
    test skips; PDP_TEST_REQUIRE_CUDA=1 turns those skips into failures. */
@@ -38,7 +40,8 @@ TEST cuda_requests_unsupported_without_macro(void)
     int n = 5;
     devs[0] = pdp_cuda(0);
 
-    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_tensor_create(&t, pdp_cuda(0), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_tensor_create(&t, pdp_cuda(0), 2, shape),
+                   pdp_status_name);
     ASSERT(t == NULL);
     ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "PDP_CUDA") != NULL);
 
@@ -282,8 +285,10 @@ static enum greatest_test_res check_layer(layer_case k)
     snprintf(msg, sizeof msg, "%s forward: relative error %g", case_name[k], e);
     ASSERTm(msg, e <= TOL);
     free(yh);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), yc->ndim, yc->shape), pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyg, pdp_cuda(0), yc->ndim, yc->shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), yc->ndim, yc->shape),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyg, pdp_cuda(0), yc->ndim, yc->shape),
+                   pdp_status_name);
     fill_random(dyc->data, dyc->count, 555 + k);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dyg, dyc->data), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(mc, dyc), pdp_status_name);
@@ -617,6 +622,82 @@ TEST cuda_ddp_nccl_world_size_1_matches_single(void)
     PASS();
 }
 
+/* One DDP rank on communicator c: trains on rows [rank per, (rank + 1) per) of the
+   global batch x [n per, 20] (host) for two SGD steps on device dev, no dropout (so
+   the shards add up to the global batch), and downloads the final parameters. */
+static pdp_status train_ddp_shard(pdp_comm *c, pdp_device dev, const float *x,
+                                  const int32_t *labels, int per, float *params_out)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_tensor *xs = NULL, p, g;
+    pdp_optim_desc sgd;
+    int64_t shape[2];
+    int rank = pdp_comm_rank(c), step;
+    float loss;
+    pdp_status st;
+    memset(&sgd, 0, sizeof sgd);
+    sgd.lr = 0.1f;
+    shape[0] = per;
+    shape[1] = 20;
+    if ((st = build_net(&m, false, dev)) || (st = pdp_optim_create(&o, m, &sgd)) ||
+        (st = pdp_ddp_create(&ddp, m, c, NULL)) ||
+        (st = pdp_tensor_create(&xs, dev, 2, shape)) ||
+        (st = pdp_tensor_upload(xs, x + (int64_t)rank * per * 20)))
+        goto out;
+    pdp_model_set_training(m, false);
+    for (step = 0; step < 2; step++)
+        if ((st = pdp_ddp_forward_backward(ddp, xs, labels + rank * per, &loss)) ||
+            (st = pdp_ddp_step(ddp, o)))
+            goto out;
+    pdp_model_flat(m, &p, &g);
+    st = pdp_tensor_download(&p, params_out);
+out:
+    pdp_ddp_free(ddp);
+    pdp_tensor_free(xs);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+/* The reference of train_ddp_shard: one model on dev, the whole batch [rows, 20]. */
+static pdp_status train_single(pdp_device dev, const float *x, const int32_t *labels,
+                               int64_t rows, float **params_out, int64_t *count)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_tensor *xs = NULL, p, g;
+    pdp_optim_desc sgd;
+    int64_t shape[2];
+    float loss;
+    pdp_status st;
+    int step;
+    *params_out = NULL;
+    memset(&sgd, 0, sizeof sgd);
+    sgd.lr = 0.1f;
+    shape[0] = rows;
+    shape[1] = 20;
+    if ((st = build_net(&m, false, dev)) || (st = pdp_optim_create(&o, m, &sgd)) ||
+        (st = pdp_tensor_create(&xs, dev, 2, shape)) || (st = pdp_tensor_upload(xs, x)))
+        goto out;
+    pdp_model_set_training(m, false);
+    for (step = 0; step < 2; step++) {
+        pdp_optim_zero_grad(o);
+        if ((st = pdp_model_forward_backward(m, xs, labels, &loss)) || (st = pdp_optim_step(o)))
+            goto out;
+    }
+    pdp_model_flat(m, &p, &g);
+    *count = p.count;
+    *params_out = host_copy(&p);
+    if (!*params_out) st = PDP_ERR_OUT_OF_MEMORY;
+out:
+    pdp_tensor_free(xs);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
 /* Thread-rank DDP: rank r trains on rows [r B/n, (r+1) B/n) of the global batch on GPU r. */
 typedef struct rank_job {
     pdp_nccl_group *g;
@@ -632,39 +713,11 @@ typedef struct rank_job {
 static void *rank_main(void *arg)
 {
     rank_job *j = (rank_job *)arg;
-    pdp_model *m = NULL;
-    pdp_optim *o = NULL;
     pdp_comm *c = NULL;
-    pdp_ddp *ddp = NULL;
-    pdp_tensor *x = NULL, p, g;
-    pdp_optim_desc sgd;
-    int64_t shape[2];
-    float loss;
-    int step;
-    memset(&sgd, 0, sizeof sgd);
-    sgd.lr = 0.1f;
-    shape[0] = j->per;
-    shape[1] = 20;
-    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) ||
-        (j->st = build_net(&m, false, pdp_cuda(j->rank))) ||
-        (j->st = pdp_optim_create(&o, m, &sgd)) || (j->st = pdp_ddp_create(&ddp, m, c, NULL)) ||
-        (j->st = pdp_tensor_create(&x, pdp_cuda(j->rank), 2, shape)) ||
-        (j->st = pdp_tensor_upload(x, j->x + (int64_t)j->rank * j->per * 20)))
-        goto out;
-    pdp_model_set_training(m, false); /* no dropout: shards then equal the global batch */
-    for (step = 0; step < 2; step++)
-        if ((j->st = pdp_ddp_forward_backward(ddp, x, j->labels + j->rank * j->per, &loss)) ||
-            (j->st = pdp_ddp_step(ddp, o)))
-            goto out;
-    pdp_model_flat(m, &p, &g);
-    j->st = pdp_tensor_download(&p, j->params_out);
-out:
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) == PDP_OK)
+        j->st = train_ddp_shard(c, pdp_cuda(j->rank), j->x, j->labels, j->per, j->params_out);
     if (j->st) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
-    pdp_ddp_free(ddp);
     pdp_comm_free(c);
-    pdp_tensor_free(x);
-    pdp_optim_free(o);
-    pdp_model_free(m);
     return NULL;
 }
 
@@ -678,12 +731,8 @@ TEST cuda_ddp_thread_ranks_match_single(void)
     pthread_t th[MAXR];
     float x[MAXR * PER * 20];
     int32_t labels[MAXR * PER];
-    pdp_model *ms = NULL;
-    pdp_optim *os = NULL;
-    pdp_optim_desc sgd;
-    pdp_tensor *xs = NULL, p, gr;
-    int64_t shape[2];
-    float loss, *ref;
+    float *ref = NULL;
+    int64_t count = 0;
     double e;
     NEED_GPU();
     if (n > MAXR) n = MAXR;
@@ -706,97 +755,278 @@ TEST cuda_ddp_thread_ranks_match_single(void)
     pdp_nccl_group_free(g);
     for (r = 0; r < n; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
     /* the reference: one GPU, the whole batch */
-    memset(&sgd, 0, sizeof sgd);
-    sgd.lr = 0.1f;
-    shape[0] = (int64_t)n * PER;
-    shape[1] = 20;
-    ASSERT_ENUM_EQ(PDP_OK, build_net(&ms, false, pdp_cuda(0)), pdp_status_name);
-    pdp_model_set_training(ms, false);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&os, ms, &sgd), pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&xs, pdp_cuda(0), 2, shape), pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(xs, x), pdp_status_name);
-    for (r = 0; r < 2; r++) {
-        pdp_optim_zero_grad(os);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ms, xs, labels, &loss), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(os), pdp_status_name);
-    }
-    pdp_model_flat(ms, &p, &gr);
-    ref = host_copy(&p);
-    ASSERT(ref && p.count <= 4096);
+    ASSERTm(pdp_last_error(),
+            train_single(pdp_cuda(0), x, labels, (int64_t)n * PER, &ref, &count) == PDP_OK);
+    ASSERT(count <= 4096);
     for (r = 0; r < n; r++) {
-        e = rel_err(jobs[r].params_out, ref, p.count);
+        e = rel_err(jobs[r].params_out, ref, count);
         ASSERTm("thread-rank DDP over NCCL == one GPU on the global batch", e <= TOL);
         free(jobs[r].params_out);
     }
     free(ref);
-    pdp_tensor_free(xs);
-    pdp_optim_free(os);
-    pdp_model_free(ms);
     PASS();
 }
 
-TEST cuda_dp_over_gpus_matches_single(void)
+/* Process-rank DDP over NCCL: tests/gpu/run.sh starts one process per GPU with
+   torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and
+   `-t cuda_ddp_nccl_processes`; each rank trains its shard on GPU LOCAL_RANK and
+   compares its parameters with one GPU trained on the global batch. Skips (never
+   fails) when WORLD_SIZE is not above 1, i.e. in an ordinary run. */
+TEST cuda_ddp_nccl_processes_match_single(void)
 {
-    enum { MAXD = 8 };
-    int n = devices(), i, step;
-    pdp_device devs[MAXD];
+    enum { PER = 4, MAXR = 8 };
+    const char *ws = getenv("WORLD_SIZE");
+    pdp_env_info env;
+    pdp_comm_desc cd;
+    pdp_comm *c = NULL;
+    float x[MAXR * PER * 20], mine[4096], *ref = NULL;
+    int32_t labels[MAXR * PER];
+    int64_t count = 0;
+    pdp_status st;
+    double e;
+    int r;
+    char msg[1100];
+    if (!ws || atoi(ws) < 2)
+        SKIPm("WORLD_SIZE is not above 1 (tests/gpu/run.sh starts one process per GPU)");
+    NEED_GPU();
+    ASSERTm(pdp_last_error(), pdp_env_read(&env) == PDP_OK);
+    ASSERTm("WORLD_SIZE above 8", env.world_size <= MAXR);
+    ASSERTm("LOCAL_RANK names no GPU of this machine", env.local_rank < devices());
+    fill_random(x, (int64_t)env.world_size * PER * 20, 11);
+    for (r = 0; r < env.world_size * PER; r++) labels[r] = r % 5;
+    memset(&cd, 0, sizeof cd);
+    cd.backend = PDP_BACKEND_NCCL;
+    cd.device = pdp_cuda(env.local_rank);
+    cd.timeout_s = 60;
+    ASSERTm(pdp_last_error(), pdp_comm_init_env(&c, &cd) == PDP_OK);
+    ASSERT_EQ(env.rank, pdp_comm_rank(c));
+    ASSERT_EQ(env.world_size, pdp_comm_size(c));
+    st = train_ddp_shard(c, pdp_cuda(env.local_rank), x, labels, PER, mine);
+    snprintf(msg, sizeof msg, "rank %d: %s", env.rank, st == PDP_OK ? "" : pdp_last_error());
+    pdp_comm_free(c);
+    ASSERTm(msg, st == PDP_OK);
+    ASSERTm(pdp_last_error(), train_single(pdp_cuda(env.local_rank), x, labels,
+                                           (int64_t)env.world_size * PER, &ref, &count) == PDP_OK);
+    ASSERT(count <= 4096);
+    e = rel_err(mine, ref, count);
+    free(ref);
+    snprintf(msg, sizeof msg, "rank %d of %d: DDP over NCCL processes vs one GPU: relative "
+             "error %g", env.rank, env.world_size, e);
+    ASSERTm(msg, e <= TOL);
+    PASS();
+}
+
+/* DP over every GPU present (at least two workers: with one GPU both share device 0,
+   which still runs every stage - replicate, scatter, per-worker apply, gather, the
+   reduce through device 0 - and two host threads on one device) against one CPU
+   training on the global batch: the loss, the gathered outputs and the parameters
+   after each SGD-momentum step, with dropout on (masks keyed by global sample). */
+#define DP_B 10
+
+static enum greatest_test_res check_dp(int n, const pdp_device *devs, bool host_input,
+                                       const char *what)
+{
     pdp_dp_desc dd;
     pdp_dp *dp = NULL;
-    pdp_model *mm = NULL, *ms = NULL;
-    pdp_optim *om = NULL, *os = NULL;
+    pdp_dp_stats stats;
+    pdp_model *mg = NULL, *mc = NULL;
+    pdp_optim *og = NULL, *oc = NULL;
     pdp_optim_desc sgd;
-    pdp_tensor *xc = NULL, *xg = NULL;
-    int32_t labels[B] = {1, 0, 4, 2, 3, 2};
-    float lm, ls;
+    pdp_tensor *xc = NULL, *xg = NULL, *dyc = NULL;
+    const pdp_tensor *yc, *yg;
+    pdp_cuda_memory_stats before[8], after[8];
+    int64_t shape[2] = {DP_B, 20};
+    int32_t labels[DP_B];
+    int ndev = devices() < 8 ? devices() : 8, i, step;
+    float lg, lc, *h;
     double e;
-    pdp_status st;
-    NEED_GPU();
-    if (n > MAXD) n = MAXD;
-    for (i = 0; i < MAXD; i++) devs[i] = pdp_cuda(i < n ? i : 0);
+    char msg[256];
+    for (i = 0; i < DP_B; i++) labels[i] = (i * 3 + 1) % 5;
+    memset(before, 0, sizeof before);
+    memset(after, 0, sizeof after);
     memset(&sgd, 0, sizeof sgd);
     sgd.lr = 0.1f;
-    ASSERT_ENUM_EQ(PDP_OK, build_net(&mm, false, pdp_cuda(0)), pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_OK, build_net(&ms, false, pdp_cuda(0)), pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&om, mm, &sgd), pdp_status_name);
-    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&os, ms, &sgd), pdp_status_name);
+    sgd.momentum = 0.9f;
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&mc, false, pdp_cpu()), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&mg, false, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oc, mc, &sgd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&og, mg, &sgd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&xc, pdp_cpu(), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&xg, pdp_cuda(0), 2, shape), pdp_status_name);
+    fill_random(xc->data, xc->count, 21);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(xg, xc->data), pdp_status_name);
+    shape[1] = 5;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), 2, shape), pdp_status_name);
     memset(&dd, 0, sizeof dd);
     dd.num_workers = n;
     dd.devices = devs;
-    dd.copy_params = true;
-    st = pdp_dp_create(&dp, mm, &dd);
-    if (st == PDP_ERR_UNSUPPORTED) {
-        pdp_optim_free(om); pdp_optim_free(os); pdp_model_free(mm); pdp_model_free(ms);
-        SKIPm("pdp_dp_create does not accept CUDA devices yet (dp.c)");
+    ASSERTm(pdp_last_error(), pdp_dp_create(&dp, mg, &dd) == PDP_OK);
+    for (step = 0; step < 4; step++) {
+        if (step == 2) /* the first steps grew every buffer; from here nothing is allocated */
+            for (i = 0; i < ndev; i++)
+                ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(i), &before[i]),
+                               pdp_status_name);
+        ASSERTm(pdp_last_error(), pdp_dp_step(dp, og, host_input ? xc : xg, labels, &lg) == PDP_OK);
+        /* the reference: one CPU model, the whole batch */
+        pdp_model_zero_grad(mc);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(mc, xc, &yc), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_loss_cross_entropy(yc, labels, &lc, dyc), pdp_status_name);
+        yg = pdp_dp_output(dp);
+        ASSERT(yg != NULL);
+        ASSERT_EQ(yc->count, yg->count);
+        h = host_copy(yg);
+        ASSERT(h != NULL);
+        e = rel_err(h, yc->data, yc->count);
+        free(h);
+        snprintf(msg, sizeof msg, "%s step %d: gathered outputs, relative error %g", what, step,
+                 e);
+        ASSERTm(msg, e <= TOL);
+        snprintf(msg, sizeof msg, "%s step %d: loss CPU %.9g DP %.9g", what, step, (double)lc,
+                 (double)lg);
+        ASSERTm(msg, fabs((double)lc - lg) <= TOL * fabs((double)lc));
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(mc, dyc), pdp_status_name);
+        e = model_rel_err(mg, mc, 1);
+        snprintf(msg, sizeof msg, "%s step %d: reduced gradients, relative error %g", what, step,
+                 e);
+        ASSERTm(msg, e <= TOL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oc), pdp_status_name);
+        e = model_rel_err(mg, mc, 0);
+        snprintf(msg, sizeof msg, "%s step %d: parameters, relative error %g", what, step, e);
+        ASSERTm(msg, e <= TOL);
     }
-    ASSERTm(pdp_last_error(), st == PDP_OK);
-    ASSERT_ENUM_EQ(PDP_OK, make_input(ms, 6, &xc, &xg, pdp_cuda(0)), pdp_status_name);
-    for (step = 0; step < 3; step++) {
-        ASSERTm(pdp_last_error(), pdp_dp_step(dp, om, xg, labels, &lm) == PDP_OK);
-        pdp_optim_zero_grad(os);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ms, xg, labels, &ls), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(os), pdp_status_name);
-        ASSERT_IN_RANGE(ls, lm, TOL * fabs(ls));
+    for (i = 0; i < ndev; i++) {
+        ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(i), &after[i]), pdp_status_name);
+        snprintf(msg, sizeof msg, "%s: cudaMalloc calls on GPU %d after warm-up: %lld -> %lld",
+                 what, i, (long long)before[i].device_mallocs, (long long)after[i].device_mallocs);
+        ASSERTm(msg, before[i].device_mallocs == after[i].device_mallocs);
+        ASSERT_EQ(before[i].in_use_bytes, after[i].in_use_bytes);
     }
-    {
-        pdp_tensor a, ga, b, gb;
-        float *ha, *hb;
-        pdp_model_flat(ms, &a, &ga);
-        pdp_model_flat(mm, &b, &gb);
-        ha = host_copy(&a);
-        hb = host_copy(&b);
-        ASSERT(ha && hb);
-        e = rel_err(hb, ha, a.count);
-        free(ha);
-        free(hb);
-        ASSERTm("DP over the GPUs == one GPU", e <= TOL);
-    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dp_get_stats(dp, &stats), pdp_status_name);
+    ASSERT_EQ(n, stats.num_workers);
+    ASSERT_EQ(n < DP_B ? n : DP_B, stats.active_workers);
+    ASSERT(!stats.params_shared);
+    ASSERT_EQ((size_t)(stats.active_workers - 1) * (size_t)pdp_model_param_count(mg) *
+                  sizeof(float),
+              stats.reduce_bytes);
     pdp_dp_free(dp);
     pdp_tensor_free(xc);
     pdp_tensor_free(xg);
-    pdp_optim_free(om);
-    pdp_optim_free(os);
-    pdp_model_free(mm);
-    pdp_model_free(ms);
+    pdp_tensor_free(dyc);
+    pdp_optim_free(og);
+    pdp_optim_free(oc);
+    pdp_model_free(mg);
+    pdp_model_free(mc);
+    PASS();
+}
+
+TEST cuda_dp_over_gpus_matches_cpu(void)
+{
+    enum { MAXW = 17 };
+    pdp_device devs[MAXW];
+    int ndev, n, i;
+    char what[96];
+    NEED_GPU();
+    ndev = devices() < 8 ? devices() : 8;
+    /* one worker per GPU (two on one GPU), the batch on device 0 */
+    n = ndev < 2 ? 2 : ndev;
+    for (i = 0; i < n; i++) devs[i] = pdp_cuda(i % ndev);
+    snprintf(what, sizeof what, "DP, %d workers on %d GPU(s), batch on GPU 0", n, ndev);
+    CHECK_CALL(check_dp(n, devs, false, what));
+    /* the batch on the host: scatter uploads every shard */
+    snprintf(what, sizeof what, "DP, %d workers on %d GPU(s), batch on the host", n, ndev);
+    CHECK_CALL(check_dp(n, devs, true, what));
+    /* two workers per GPU, plus one: several host threads drive each device */
+    n = 2 * ndev + 1;
+    for (i = 0; i < n; i++) devs[i] = pdp_cuda(i % ndev);
+    snprintf(what, sizeof what, "DP, %d workers on %d GPU(s)", n, ndev);
+    CHECK_CALL(check_dp(n, devs, false, what));
+    PASS();
+}
+
+/* Needs no GPU: the device list is checked before any device is touched. */
+TEST cuda_dp_rejects_mixed_devices(void)
+{
+    pdp_model *m = NULL;
+    pdp_dp *dp = NULL;
+    pdp_dp_desc dd;
+    pdp_device devs[2];
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&m, false, pdp_cpu()), pdp_status_name);
+    devs[0] = pdp_cpu();
+    devs[1] = pdp_cuda(0);
+    memset(&dd, 0, sizeof dd);
+    dd.num_workers = 2;
+    dd.devices = devs;
+    ASSERT_ENUM_EQ(PDP_ERR_DEVICE, pdp_dp_create(&dp, m, &dd), pdp_status_name);
+    ASSERT(dp == NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "devices[1]") != NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "all CPU or all CUDA") != NULL);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- with PDP_CUDA: gradient clipping ---- */
+
+/* 90,300 gradients (more than the 256 blocks x 256 threads of one pass of the norm
+   kernel): the norm and the clipped gradients against the CPU, the same bits on a
+   second run, nothing clipped under a large max_norm, NaN reported. */
+TEST cuda_clip_grad_norm_matches_cpu(void)
+{
+    pdp_model_desc d;
+    pdp_model *mc = NULL, *mg = NULL;
+    pdp_tensor cp, cg, gp, gg;
+    float nc, ng, ng2, *src = NULL, *h = NULL;
+    double e;
+    char msg[128];
+    int64_t i;
+    NEED_GPU();
+    memset(&d, 0, sizeof d);
+    d.seed = 5;
+    d.input_shape[0] = 300;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&mc, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(mc, 300), pdp_status_name);
+    d.device = pdp_cuda(0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&mg, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(mg, 300), pdp_status_name);
+    pdp_model_flat(mc, &cp, &cg);
+    pdp_model_flat(mg, &gp, &gg);
+    ASSERT_EQ(90300, cg.count);
+    src = (float *)malloc((size_t)cg.count * sizeof(float));
+    h = (float *)malloc((size_t)cg.count * sizeof(float));
+    ASSERT(src && h);
+    fill_random(src, cg.count, 77);
+
+    memcpy(cg.data, src, (size_t)cg.count * sizeof(float));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(&gg, src), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(mc, 1.0f, &nc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_clip_grad_norm(mg, 1.0f, &ng) == PDP_OK);
+    snprintf(msg, sizeof msg, "norm CPU %.9g GPU %.9g", (double)nc, (double)ng);
+    ASSERTm(msg, nc > 100.0f && fabs((double)nc - ng) <= 1e-6 * nc);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(&gg, h), pdp_status_name);
+    e = rel_err(h, cg.data, cg.count);
+    snprintf(msg, sizeof msg, "clipped gradients: relative error %g", e);
+    ASSERTm(msg, e <= 1e-6);
+
+    /* deterministic: the same gradients give the same bits */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(&gg, src), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(mg, 1.0f, &ng2), pdp_status_name);
+    ASSERT_EQ(ng, ng2);
+
+    /* under the limit: untouched */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(&gg, src), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(mg, 1e6f, &ng2), pdp_status_name);
+    ASSERT_EQ(ng, ng2);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(&gg, h), pdp_status_name);
+    for (i = 0; i < cg.count; i++)
+        if (h[i] != src[i]) FAILm("gradients changed although the norm is below max_norm");
+
+    src[4321] = NAN;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(&gg, src), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_NUMERIC, pdp_clip_grad_norm(mg, 1.0f, NULL), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_clip_grad_norm") != NULL);
+    free(src);
+    free(h);
+    pdp_model_free(mc);
+    pdp_model_free(mg);
     PASS();
 }
 
@@ -813,7 +1043,10 @@ SUITE(cuda)
     RUN_TEST(cuda_tf32_option_changes_gemm_only_slightly);
     RUN_TEST(cuda_ddp_nccl_world_size_1_matches_single);
     RUN_TEST(cuda_ddp_thread_ranks_match_single);
-    RUN_TEST(cuda_dp_over_gpus_matches_single);
+    RUN_TEST(cuda_ddp_nccl_processes_match_single);
+    RUN_TEST(cuda_dp_over_gpus_matches_cpu);
+    RUN_TEST(cuda_dp_rejects_mixed_devices);
+    RUN_TEST(cuda_clip_grad_norm_matches_cpu);
 }
 
 #endif /* PDP_CUDA */

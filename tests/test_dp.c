@@ -571,6 +571,10 @@ TEST dp_bad_arguments_are_reported(void)
     ASSERT(strstr(pdp_last_error(), "devices[1]") != NULL);
     devs[0] = pdp_cuda(0);
     ASSERT_ENUM_EQ(PDP_ERR_DEVICE, pdp_dp_create(&dp, master, &dd), pdp_status_name);
+    dd.num_workers = 0;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dp_create(&dp, master, &dd), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "devices") != NULL);
+    dd.num_workers = 2;
     dd.devices = NULL;
 
     memset(&md, 0, sizeof md);

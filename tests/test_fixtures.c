@@ -168,7 +168,8 @@ TEST fixtures_activations(void)
         fixture f;
         pdp_model *m;
         int rc = fixture_load(&f, files[k]);
-        if (rc == FIXTURE_MISSING) SKIPm("fixture missing (run /usr/bin/python3 tools/gen_fixtures.py)");
+        if (rc == FIXTURE_MISSING)
+            SKIPm("fixture missing (run /usr/bin/python3 tools/gen_fixtures.py)");
         ASSERT_EQm(files[k], FIXTURE_OK, rc);
         m = model_for(fixture_find(&f, "x"), 2);
         ASSERT_ENUM_EQ(PDP_OK, add[k](m), pdp_status_name);

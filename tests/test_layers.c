@@ -11,6 +11,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #define PDP_IMPLEMENTATION
+/* Conv2d chunks of ~512 floats instead of 64K: these small shapes then run as
+   several chunks (of 1, 2 or 3 samples, the last one partial), split over threads. */
+#define PDP__CONV_CHUNK_FLOATS 512
 #define PDP_MALLOC(bytes) test_malloc(bytes)
 #define PDP_FREE(ptr) test_free(ptr)
 static long test_allocs; /* allocations through PDP_MALLOC, counted with atomics */
@@ -244,6 +247,10 @@ TEST layers_conv2d_grads_match_finite_differences(void)
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 2, 1, 0), pdp_status_name);
     CHECK_CALL(check_grads(m, 2, 0.0f, 7));
     pdp_model_free(m);
+    m = new_model(3, 3, 4, 5, 13); /* 1 x 1: the wide grid has no extra columns */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 1, 1, 0), pdp_status_name);
+    CHECK_CALL(check_grads(m, 3, 0.0f, 13));
+    pdp_model_free(m);
     m = new_model(3, 1, 6, 5, 8); /* padding larger than half the kernel, stride 3 */
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 3, 3, 2), pdp_status_name);
     CHECK_CALL(check_grads(m, 2, 0.0f, 8));
@@ -325,8 +332,8 @@ TEST layers_linear_and_activations_match_naive(void)
                 switch (kind) {
                 case 0: want = z > 0 ? z : 0; break;
                 case 1:
-                    want = 0.5 * z *
-                           (1 + tanh(sqrt(2 / 3.14159265358979323846) * (z + 0.044715 * z * z * z)));
+                    want = 0.5 * z * (1 + tanh(sqrt(2 / 3.14159265358979323846) *
+                                               (z + 0.044715 * z * z * z)));
                     break;
                 case 2: want = tanh(z); break;
                 default: want = 1 / (1 + exp(-z)); break;
@@ -413,6 +420,35 @@ TEST layers_maxpool_ties_go_to_the_first_maximum(void)
     ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m, dy, dx), pdp_status_name);
     for (i = 0; i < 8; i++) ASSERT_EQ(want[i], dx[i]);
     pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_maxpool_nan_wins_as_in_pytorch(void)
+{
+    /* PyTorch's scan: an element replaces the maximum when greater or NaN, so the
+       last NaN of a window wins. 2x2 windows (its own code path) and 2x2 stride 1
+       (the general one). */
+    float xd[8] = {1, NAN, 3, 4, 7, 2, NAN, NAN}, dy[3] = {1.0f, 10.0f, 100.0f}, dx[8];
+    const float want2[8] = {0, 1, 0, 0, 0, 0, 0, 10}, want1[8] = {0, 1, 0, 0, 0, 0, 10, 100};
+    pdp_model *m = new_model(3, 1, 2, 4, 26), *g = new_model(3, 1, 2, 4, 26);
+    pdp_tensor x;
+    const pdp_tensor *y;
+    int i;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_maxpool2d(m, 2, 2), pdp_status_name);
+    wrap_input(m, xd, 1, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT(y->data[0] != y->data[0] && y->data[1] != y->data[1]);
+    ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m, dy, dx), pdp_status_name);
+    for (i = 0; i < 8; i++) ASSERT_EQ(want2[i], dx[i]);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_maxpool2d(g, 2, 1), pdp_status_name); /* 1 x 3 */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(g, &x, &y), pdp_status_name);
+    ASSERT_EQ(3, y->count);
+    ASSERT(y->data[0] != y->data[0] && y->data[1] != y->data[1] && y->data[2] != y->data[2]);
+    ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(g, dy, dx), pdp_status_name);
+    /* windows {1, NaN; 7, 2} -> 1, {NaN, 3; 2, NaN} -> 6, {3, 4; NaN, NaN} -> 7 (as torch) */
+    for (i = 0; i < 8; i++) ASSERT_EQ(want1[i], dx[i]);
+    pdp_model_free(m);
+    pdp_model_free(g);
     PASS();
 }
 
@@ -752,7 +788,8 @@ TEST layers_gradients_accumulate_across_backwards(void)
         ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name);
         if (k == 0) memcpy(once, g.data, (size_t)g.count * sizeof *once);
     }
-    for (i = 0; i < g.count; i++) ASSERT_IN_RANGE(2.0 * once[i], g.data[i], 1e-6 * (1 + fabs(once[i])));
+    for (i = 0; i < g.count; i++)
+        ASSERT_IN_RANGE(2.0 * once[i], g.data[i], 1e-6 * (1 + fabs(once[i])));
     free(once);
     pdp_model_free(m);
     PASS();
@@ -796,6 +833,7 @@ SUITE(layers)
     RUN_TEST(layers_linear_and_activations_match_naive);
     RUN_TEST(layers_conv2d_and_maxpool_match_naive);
     RUN_TEST(layers_maxpool_ties_go_to_the_first_maximum);
+    RUN_TEST(layers_maxpool_nan_wins_as_in_pytorch);
     RUN_TEST(layers_init_follows_pytorch_and_the_seed);
     RUN_TEST(layers_dropout_eval_is_identity);
     RUN_TEST(layers_dropout_masks_are_deterministic_and_split_invariant);

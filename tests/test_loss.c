@@ -55,7 +55,7 @@ TEST loss_cross_entropy_matches_reference_and_finite_differences(void)
         z[i] = keep - (float)h;
         for (s = 0; s < 4; s++) lm += ce_ref(z + s * 5, 5, labels[s]);
         z[i] = keep;
-        fd = (lp - lm) / 4 / (((double)(float)(keep + (float)h)) - (double)(float)(keep - (float)h));
+        fd = (lp - lm) / 4 / ((double)(float)(keep + (float)h) - (double)(float)(keep - (float)h));
         ASSERT_IN_RANGE(fd, dz[i], 1e-4);
     }
     /* the gradient of every sample sums to zero (softmax minus a one-hot) */
@@ -163,7 +163,8 @@ TEST loss_mse_matches_reference_and_finite_differences(void)
 
 TEST loss_count_correct_uses_the_first_maximum(void)
 {
-    float z[12] = {0, 2, 2, /* tie: class 1 */ 5, 1, 0, /* 0 */ -1, -1, -3, /* 0 */ 1, 2, 3 /* 2 */};
+    /* argmax: 1 (a tie of 1 and 2), 0, 0 (a tie), 2 */
+    float z[12] = {0, 2, 2, 5, 1, 0, -1, -1, -3, 1, 2, 3};
     int32_t labels[4] = {1, 0, 1, 1};
     int64_t shape[2] = {4, 3}, correct = -1;
     pdp_tensor t;

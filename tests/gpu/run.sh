@@ -1,35 +1,140 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh: everything that needs a GPU, in one script (under 5 minutes on one H100/H200).
+# tests/gpu/run.sh: everything that needs a GPU, in one script, under 5 minutes on one H100/H200.
 #
-#   1. builds pdp_cuda.cu, the CUDA test, the GPU bench and the examples with nvcc (make cuda);
-#   2. runs build/cuda/test_cuda with PDP_TEST_REQUIRE_CUDA=1 (a skip for "no device" fails):
+#   1. make cuda: pdp_cuda.cu, the CUDA tests (test_cuda, test_optim, test_checkpoint), the GPU
+#      bench and the examples, with nvcc (about 75 s on 2 cores, less with more);
+#   2. build/cuda/test_cuda with PDP_TEST_REQUIRE_CUDA=1 (a skip for "no device" fails):
 #      CPU-vs-GPU equivalence of every layer's forward and backward, both losses, SGD/Adam/AdamW,
-#      full MLP and CNN training steps (1e-5 relative, TF32 off), no allocation after warm-up,
-#      DDP at world size 1 over NCCL, thread-rank DDP and DP over every GPU present;
-#   3. runs the NCCL world-size-1 test again with torchrun's variables set (the env path);
-#   4. prints the bench table: MLP and CNN samples/s, GEMM TFLOP/s beside cublasSgemm,
-#      elementwise GB/s beside a device-to-device copy.
+#      gradient clipping, full MLP and CNN training steps (1e-5 relative, TF32 off), no
+#      allocation after warm-up, DDP at world size 1 over NCCL, thread-rank DDP over every GPU,
+#      DP over every GPU (at least two workers, so one GPU runs it with two threads) against
+#      one CPU model;
+#   3. build/cuda/test_optim and build/cuda/test_checkpoint (their CUDA cases:
+#      optim_cuda_matches_cpu, checkpoint_cuda_round_trip), also with PDP_TEST_REQUIRE_CUDA=1;
+#   4. the NCCL world-size-1 test again with torchrun's variables set (the env path);
+#   5. DDP over NCCL with two processes, one per GPU, when there are two GPUs or more. NCCL
+#      does not allow two ranks of one communicator on the same device, so with one GPU this
+#      step prints "skipped: one GPU";
+#   6. the bench table: MLP and CNN samples/s, GEMM TFLOP/s beside cublasSgemm, elementwise
+#      GB/s beside a device-to-device copy.
 #
-# Usage: tests/gpu/run.sh [--quick]     (exit status: 0 only when every test passed)
-set -euo pipefail
+# Every step runs under a timeout cut to what is left of a 290 s budget, so the script ends
+# within 5 minutes whatever hangs; a step that finds no time left fails. It ends with a table
+# (step, result, seconds, the test binary's "P passed, F failed, S skipped" line).
+#
+# Usage: tests/gpu/run.sh [--quick]     (--quick: shorter bench; exit status 0 only when every
+#                                        step passed or was skipped for want of a second GPU)
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 quick=${1:-}
+budget=290
+t_begin=$(date +%s)
+names=(); results=(); secs=(); lines=()
+failed=0
+
+left() { echo $(( budget - ($(date +%s) - t_begin) )); }
+
+# record NAME RESULT SECONDS LINE
+record() {
+    names+=("$1"); results+=("$2"); secs+=("$3"); lines+=("$4")
+    [ "$2" = FAIL ] && failed=1
+    return 0
+}
+
+# step NAME CAP_SECONDS COMMAND...: runs COMMAND under min(CAP, time left), tees its output,
+# and records PASS/FAIL with the harness summary line when there is one.
+step() {
+    local name=$1 cap=$2 t rc t0 out line
+    shift 2
+    t=$(left)
+    [ "$t" -gt "$cap" ] && t=$cap
+    echo "== $name (timeout ${t} s)"
+    if [ "$t" -lt 5 ]; then
+        record "$name" FAIL 0 "not run: the 290 s budget is spent"
+        return 0
+    fi
+    t0=$(date +%s)
+    out=$(mktemp)
+    timeout "$t" "$@" 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$out" | tail -n 1)
+    rm -f "$out"
+    [ "$rc" -eq 124 ] && line="timed out after ${t} s${line:+; $line}"
+    if [ "$rc" -eq 0 ]; then
+        record "$name" PASS $(( $(date +%s) - t0 )) "$line"
+    else
+        record "$name" FAIL $(( $(date +%s) - t0 )) "exit $rc${line:+; $line}"
+    fi
+}
 
 echo "== devices"
-nvidia-smi -L 2>/dev/null || echo "(nvidia-smi not found)"
+ngpu=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -L || true
+    ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+else
+    echo "(nvidia-smi not found)"
+fi
 
-echo "== make cuda"
-start=$(date +%s)
-make -j"$(nproc)" cuda
-echo "built in $(( $(date +%s) - start )) s"
+step "make cuda" 200 make -j"$(nproc)" cuda
 
-echo "== CUDA tests (skips are failures)"
-PDP_TEST_REQUIRE_CUDA=1 timeout 180 ./build/cuda/test_cuda -v
+if [ "${results[0]}" = PASS ]; then
+    export PDP_TEST_REQUIRE_CUDA=1
+    step "test_cuda" 90 ./build/cuda/test_cuda -v
+    step "test_optim (CUDA build)" 30 ./build/cuda/test_optim
+    step "test_checkpoint (CUDA build)" 30 ./build/cuda/test_checkpoint
+    # RANK=0 WORLD_SIZE=1, as torchrun --nproc-per-node 1 sets them
+    step "NCCL from the environment, 1 process" 45 \
+        env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29533 \
+        ./build/cuda/test_cuda -t cuda_ddp_nccl_world_size_1
 
-echo "== NCCL from the environment (RANK=0 WORLD_SIZE=1, as torchrun --nproc-per-node 1 sets)"
-RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29533 \
-    PDP_TEST_REQUIRE_CUDA=1 timeout 60 ./build/cuda/test_cuda -t cuda_ddp_nccl_world_size_1
+    if [ "$ngpu" -ge 2 ]; then
+        name="DDP over NCCL, 2 processes on 2 GPUs"
+        t=$(left); [ "$t" -gt 60 ] && t=60
+        echo "== $name (timeout ${t} s)"
+        t0=$(date +%s)
+        mp_rc=0
+        summary=""
+        if [ "$t" -lt 5 ]; then
+            mp_rc=1; summary="not run: the 290 s budget is spent"
+        else
+            pids=()
+            for r in 0 1; do
+                RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+                    MASTER_PORT=29541 timeout "$t" ./build/cuda/test_cuda -v \
+                    -t cuda_ddp_nccl_processes > "build/cuda/ddp_rank$r.log" 2>&1 &
+                pids+=($!)
+            done
+            for r in 0 1; do
+                wait "${pids[$r]}" || mp_rc=1
+                sed "s/^/[rank $r] /" "build/cuda/ddp_rank$r.log"
+                l=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' \
+                    "build/cuda/ddp_rank$r.log" | tail -n 1)
+                summary="$summary${summary:+; }rank $r: ${l:-no summary}"
+                # the test skips without WORLD_SIZE: here it must have run and passed
+                [ "$l" = "1 passed, 0 failed, 0 skipped" ] || mp_rc=1
+            done
+        fi
+        if [ "$mp_rc" -eq 0 ]; then
+            record "$name" PASS $(( $(date +%s) - t0 )) "$summary"
+        else
+            record "$name" FAIL $(( $(date +%s) - t0 )) "$summary"
+        fi
+    else
+        why="skipped: one GPU"
+        [ "$ngpu" -eq 1 ] || why="skipped: $ngpu GPUs"
+        echo "== DDP over NCCL, 2 processes: $why (NCCL needs a device per rank)"
+        record "DDP over NCCL, 2 processes" SKIP 0 "$why"
+    fi
+    unset PDP_TEST_REQUIRE_CUDA
 
-echo "== bench"
-timeout 120 ./build/cuda/bench_gpu $quick
-echo "== done in $(( $(date +%s) - start )) s"
+    step "bench_gpu${quick:+ $quick}" 60 ./build/cuda/bench_gpu $quick
+fi
+
+echo
+echo "== summary (whole run $(( $(date +%s) - t_begin )) s, budget ${budget} s)"
+printf '%-40s %-6s %6s  %s\n' "step" "result" "s" "tests"
+for i in "${!names[@]}"; do
+    printf '%-40s %-6s %6s  %s\n' "${names[$i]}" "${results[$i]}" "${secs[$i]}" "${lines[$i]}"
+done
+exit $failed
