@@ -130,3 +130,38 @@ $(CB)/bench_gpu.o: bench/cuda/gpu.c pdp.h | $(CB)
 $(CB)/%: $(CB)/%.o $(CB)/pdp_cuda.o
 	$(NVCC) $(CUDA_GENCODE) $^ -o $@ $(CUDA_LIBS)
 .PRECIOUS: $(CB)/%.o $(CB)/test_%.o
+
+# ---- fake-cuda-test: the host side of CUDA without a GPU (tests/fake_cuda/fake_cuda.c) ----
+# make fake-cuda-test   builds CUDA_TESTS (test_cuda, test_optim, test_checkpoint) with
+#                       -DPDP_CUDA by $(CC) into $(B)/fake_cuda/, links them against
+#                       fake_cuda.c (a host-memory test double of pdp_cuda.cu: no nvcc, no
+#                       CUDA headers) and runs each with PDP_FAKE_CUDA_DEVICES = 1, 2, 3. It
+#                       checks cuda_host.c's dispatch, dp.c's replicate/scatter/gather/reduce
+#                       over devices, clipping, the NCCL backend over thread ranks, device-
+#                       pointer and allocation discipline; NOT GPU numerics (tests/gpu/run.sh).
+#                       PDP_TEST_REQUIRE_CUDA=1: a test that skips for want of a device fails.
+# Under TSan:           make fake-cuda-test B=build/tsan OPT="-O1 -g -fsanitize=thread"
+FB                = $(B)/fake_cuda
+FAKE_CUDA_DEVICES ?= 1 2 3
+FAKE_CUDA_TESTS   = $(patsubst $(CB)/%,$(FB)/%,$(CUDA_TESTS))
+.PHONY: fake-cuda-test
+
+$(FB)/fake_cuda.o: tests/fake_cuda/fake_cuda.c pdp.h
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+
+$(FB)/test_%.o: tests/test_%.c pdp.h tests/pdp_test.h
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+
+$(FB)/test_%: $(FB)/test_%.o $(FB)/fake_cuda.o
+	$(CC) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
+.PRECIOUS: $(FB)/test_%.o
+
+fake-cuda-test: $(FAKE_CUDA_TESTS)
+	@for t in $(FAKE_CUDA_TESTS); do \
+	    for n in $(FAKE_CUDA_DEVICES); do \
+	        echo "== PDP_FAKE_CUDA_DEVICES=$$n $$t"; \
+	        PDP_FAKE_CUDA_DEVICES=$$n PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$$t || exit 1; \
+	    done; \
+	done

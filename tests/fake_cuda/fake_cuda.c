@@ -1,0 +1,1149 @@
+/* fake_cuda: a host-memory TEST DOUBLE of pdp_cuda.cu. It is NOT a GPU test.
+
+   It provides every pdp_cudak_* function that src/cuda.h declares, in plain C,
+   so that pdp.h's host side of CUDA (cuda_host.c: dispatch of every layer,
+   loss and optimizer; dp.c: replicate, scatter, per-worker apply, gather and
+   the reduce over devices through staging buffers; gradient clipping; the
+   NCCL communicator backend) runs on a machine without a GPU, under gcc, the
+   sanitizers and TSan. `make fake-cuda-test` links tests/test_cuda.c,
+   tests/test_optim.c and tests/test_checkpoint.c (built with -DPDP_CUDA)
+   against it and runs them with PDP_FAKE_CUDA_DEVICES = 1, 2 and 3.
+
+   What it checks (each violation fails the call with PDP_ERR_CUDA and a
+   message "fake_cuda: ...", which the host side turns into a failed test):
+   - Device-pointer discipline. "Device memory" is malloc'd blocks tagged with
+     their device. Every kernel checks that each pointer it is given, with the
+     extent the kernel touches, lies inside a live block of the device it runs
+     on: a pointer of another device, a host pointer, a freed block or an
+     overrun is caught here, where a GPU would fault or silently read another
+     GPU's memory through peer access. Copies check both sides, and that a
+     "host" side is not fake-device memory.
+   - Allocation discipline. The allocator caches freed blocks by exact size on
+     their device and counts the mallocs it makes, as the real caching
+     allocator counts cudaMalloc calls ("a step allocates nothing").
+   - Uninitialised and freed memory. New blocks and freed blocks are filled
+     with NaN, and each kernel's scratch (conv's work buffer) is filled with NaN
+     before use, so host code that reads memory nobody wrote shows up as NaN.
+   - NCCL collectives. The ranks of one process (pdp_nccl_group, or
+     init_rank with one id) form a clique; the n-th collective of every rank
+     must agree on kind, count and op (NCCL would hang or corrupt otherwise);
+     it completes when the last rank launches it, summing in rank order.
+
+   What it cannot check: anything about the GPU itself. Kernels run
+   synchronously on the calling thread with naive loops (double accumulators
+   where the CPU uses them), so missing stream synchronisation, races between
+   streams, cuBLAS/TF32 numerics (pdp_cuda_set_tf32 is accepted and ignored),
+   launch configurations and real NCCL transport (process ranks; they time out
+   here with a message saying so) need a GPU: tests/gpu/run.sh.
+
+   PDP_FAKE_CUDA_DEVICES: the number of fake devices (default 2; 0 reports no
+   device, as cudaErrorNoDevice does, and the GPU tests skip). */
+
+#define _POSIX_C_SOURCE 200809L
+#include "pdp.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define FAKE__MAX_DEVICES 16
+#define FAKE__MAX_RANKS 64
+#define F(n) ((size_t)(n) * sizeof(float))
+
+/* ---- fake_cuda: errors ---- */
+
+static __thread char fake__msg[512];
+
+const char *pdp_cudak_error(void) { return fake__msg; }
+
+static pdp_status fake__fail(pdp_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+static pdp_status fake__fail(pdp_status st, const char *fmt, ...)
+{
+    va_list ap;
+    int n = snprintf(fake__msg, sizeof fake__msg, "fake_cuda: ");
+    va_start(ap, fmt);
+    vsnprintf(fake__msg + n, sizeof fake__msg - (size_t)n, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+#define FAKE__NOT_IMPLEMENTED(what) \
+    fake__fail(PDP_ERR_UNSUPPORTED, "%s not implemented (needs a GPU: tests/gpu/run.sh)", what)
+
+static int fake__ndev(void)
+{
+    static int n = -1;
+    if (n < 0) {
+        const char *e = getenv("PDP_FAKE_CUDA_DEVICES");
+        int v = e && *e ? atoi(e) : 2;
+        __atomic_store_n(&n, v < 0 ? 0 : v > FAKE__MAX_DEVICES ? FAKE__MAX_DEVICES : v,
+                         __ATOMIC_RELAXED);
+    }
+    return __atomic_load_n(&n, __ATOMIC_RELAXED);
+}
+
+#define FAKE__DEV(dev)                                                                      \
+    do {                                                                                    \
+        if ((dev) < 0 || (dev) >= fake__ndev())                                             \
+            return fake__fail(PDP_ERR_CUDA, "%s: device %d does not exist (%d fake devices)", \
+                              __func__, (dev), fake__ndev());                               \
+    } while (0)
+
+/* ---- fake_cuda: device memory ---- */
+
+typedef struct fake__block {
+    char *p;
+    size_t bytes;
+    int dev, used;
+} fake__block;
+
+static pthread_mutex_t fake__mem_mu = PTHREAD_MUTEX_INITIALIZER;
+static fake__block *fake__blocks;
+static int fake__nblocks, fake__cap;
+static int64_t fake__mallocs[FAKE__MAX_DEVICES];
+
+static void fake__poison(void *p, size_t bytes)
+{
+    size_t i;
+    float nan = NAN;
+    for (i = 0; i + sizeof(float) <= bytes; i += sizeof(float)) memcpy((char *)p + i, &nan, 4);
+}
+
+/* The live block of any device holding [p, p + bytes), or NULL. Caller holds the lock. */
+static fake__block *fake__find(const void *p, size_t bytes)
+{
+    int i;
+    for (i = 0; i < fake__nblocks; i++) {
+        fake__block *b = &fake__blocks[i];
+        if (b->used && (const char *)p >= b->p && (const char *)p < b->p + b->bytes)
+            return bytes <= (size_t)(b->p + b->bytes - (const char *)p) ? b : NULL;
+    }
+    return NULL;
+}
+
+/* 0 when [p, p + bytes) lies in a live block of dev; else fills the message. */
+static int fake__check(const char *fn, const char *name, int dev, const void *p, size_t bytes)
+{
+    fake__block *b;
+    int i, owner = -1, freed = 0;
+    if (bytes == 0) return 0;
+    if (!p) {
+        fake__fail(PDP_ERR_CUDA, "%s: %s is NULL (%zu bytes on device %d)", fn, name, bytes, dev);
+        return -1;
+    }
+    pthread_mutex_lock(&fake__mem_mu);
+    b = fake__find(p, bytes);
+    if (b && b->dev == dev) {
+        pthread_mutex_unlock(&fake__mem_mu);
+        return 0;
+    }
+    for (i = 0; i < fake__nblocks; i++) {
+        const fake__block *q = &fake__blocks[i];
+        if ((const char *)p >= q->p && (const char *)p < q->p + q->bytes) {
+            owner = q->dev;
+            freed = !q->used;
+            if (q->used) break;
+        }
+    }
+    pthread_mutex_unlock(&fake__mem_mu);
+    if (b)
+        fake__fail(PDP_ERR_CUDA, "%s: %s (%zu bytes) is memory of device %d, not of device %d",
+                   fn, name, bytes, b->dev, dev);
+    else if (owner >= 0 && freed)
+        fake__fail(PDP_ERR_CUDA, "%s: %s is a freed block of device %d", fn, name, owner);
+    else if (owner >= 0)
+        fake__fail(PDP_ERR_CUDA, "%s: %s (%zu bytes) overruns its block on device %d", fn, name,
+                   bytes, owner);
+    else
+        fake__fail(PDP_ERR_CUDA, "%s: %s (%zu bytes) is not device memory (a host pointer?) "
+                   "on device %d", fn, name, bytes, dev);
+    return -1;
+}
+
+/* OWN(dev, p, bytes): p must be device memory of dev, or the calling kernel fails. */
+#define OWN(dev, p, bytes)                                                                 \
+    do {                                                                                   \
+        if (fake__check(__func__, #p, (dev), (p), (size_t)(bytes))) return PDP_ERR_CUDA;   \
+    } while (0)
+
+pdp_status pdp_cudak_device_count(int *count)
+{
+    *count = fake__ndev();
+    if (*count == 0) return fake__fail(PDP_ERR_NO_DEVICE, "no CUDA device (PDP_FAKE_CUDA_DEVICES=0)");
+    return PDP_OK;
+}
+
+void pdp_cudak_set_tf32(int on) { (void)on; }
+
+pdp_status pdp_cudak_synchronize(int dev)
+{
+    FAKE__DEV(dev);
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_malloc(int dev, size_t bytes, void **out)
+{
+    int i;
+    fake__block *b = NULL;
+    *out = NULL;
+    FAKE__DEV(dev);
+    pthread_mutex_lock(&fake__mem_mu);
+    for (i = 0; i < fake__nblocks && !b; i++)
+        if (!fake__blocks[i].used && fake__blocks[i].dev == dev && fake__blocks[i].bytes == bytes)
+            b = &fake__blocks[i];
+    if (!b) {
+        char *p = (char *)malloc(bytes ? bytes : 1);
+        if (p && fake__nblocks == fake__cap) {
+            int cap = fake__cap ? 2 * fake__cap : 256;
+            fake__block *nb = (fake__block *)realloc(fake__blocks, (size_t)cap * sizeof *nb);
+            if (nb) {
+                fake__blocks = nb;
+                fake__cap = cap;
+            }
+        }
+        if (!p || fake__nblocks == fake__cap) {
+            pthread_mutex_unlock(&fake__mem_mu);
+            free(p);
+            return fake__fail(PDP_ERR_OUT_OF_MEMORY, "cudaMalloc(%zu) on device %d: no host memory",
+                              bytes, dev);
+        }
+        b = &fake__blocks[fake__nblocks++];
+        b->p = p;
+        b->bytes = bytes;
+        b->dev = dev;
+        fake__mallocs[dev]++;
+    }
+    b->used = 1;
+    fake__poison(b->p, b->bytes); /* cudaMalloc memory is not initialised */
+    *out = b->p;
+    pthread_mutex_unlock(&fake__mem_mu);
+    return PDP_OK;
+}
+
+/* A free of the wrong device or of a pointer that is no live block is reported on
+   stderr (the real free has no status to return) and counted: see the destructor. */
+static int fake__bad_frees;
+
+void pdp_cudak_free(int dev, void *p)
+{
+    int i;
+    if (!p) return;
+    pthread_mutex_lock(&fake__mem_mu);
+    for (i = 0; i < fake__nblocks; i++)
+        if (fake__blocks[i].p == p && fake__blocks[i].used) break;
+    if (i == fake__nblocks || fake__blocks[i].dev != dev) {
+        fake__bad_frees++;
+        fprintf(stderr, "fake_cuda: pdp_cudak_free(device %d, %p): %s\n", dev, p,
+                i == fake__nblocks ? "not a live block (double free?)" : "block of another device");
+    } else {
+        fake__blocks[i].used = 0;
+        fake__poison(p, fake__blocks[i].bytes);
+    }
+    pthread_mutex_unlock(&fake__mem_mu);
+}
+
+pdp_status pdp_cudak_memory_stats(int dev, int64_t *mallocs, size_t *reserved, size_t *in_use)
+{
+    int i;
+    size_t r = 0, u = 0;
+    FAKE__DEV(dev);
+    pthread_mutex_lock(&fake__mem_mu);
+    for (i = 0; i < fake__nblocks; i++)
+        if (fake__blocks[i].dev == dev) {
+            r += fake__blocks[i].bytes;
+            if (fake__blocks[i].used) u += fake__blocks[i].bytes;
+        }
+    *mallocs = fake__mallocs[dev];
+    pthread_mutex_unlock(&fake__mem_mu);
+    *reserved = r;
+    *in_use = u;
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_empty_cache(int dev)
+{
+    int i, j = 0;
+    FAKE__DEV(dev);
+    pthread_mutex_lock(&fake__mem_mu);
+    for (i = 0; i < fake__nblocks; i++) {
+        if (!fake__blocks[i].used && fake__blocks[i].dev == dev)
+            free(fake__blocks[i].p);
+        else
+            fake__blocks[j++] = fake__blocks[i];
+    }
+    fake__nblocks = j;
+    pthread_mutex_unlock(&fake__mem_mu);
+    return PDP_OK;
+}
+
+/* At exit: blocks still in use are device-memory leaks of the program (reported, as
+   a leak checker would); wrong frees make the process fail. */
+static void fake__at_exit(void) __attribute__((destructor));
+static void fake__at_exit(void)
+{
+    int i, live = 0;
+    size_t bytes = 0;
+    for (i = 0; i < fake__nblocks; i++) {
+        if (fake__blocks[i].used) {
+            live++;
+            bytes += fake__blocks[i].bytes;
+        }
+        free(fake__blocks[i].p);
+    }
+    free(fake__blocks);
+    if (live) fprintf(stderr, "fake_cuda: %d device blocks (%zu bytes) never freed\n", live, bytes);
+    if (fake__bad_frees) {
+        fprintf(stderr, "fake_cuda: %d bad frees\n", fake__bad_frees);
+        _Exit(1);
+    }
+}
+
+pdp_status pdp_cudak_memset0(int dev, void *p, size_t bytes)
+{
+    FAKE__DEV(dev);
+    OWN(dev, p, bytes);
+    memset(p, 0, bytes);
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_fill(int dev, float *p, int64_t count, float value)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, p, F(count));
+    for (i = 0; i < count; i++) p[i] = value;
+    return PDP_OK;
+}
+
+/* A side given as host memory (-1) must not be fake-device memory. */
+static int fake__check_host(const char *name, const void *p, size_t bytes)
+{
+    fake__block *b;
+    pthread_mutex_lock(&fake__mem_mu);
+    b = fake__find(p, 1);
+    pthread_mutex_unlock(&fake__mem_mu);
+    if (b && bytes) {
+        fake__fail(PDP_ERR_CUDA, "pdp_cudak_memcpy: %s is given as host memory but is memory of "
+                   "device %d", name, b->dev);
+        return -1;
+    }
+    return 0;
+}
+
+pdp_status pdp_cudak_memcpy(int dst_dev, void *dst, int src_dev, const void *src, size_t bytes)
+{
+    if (dst_dev >= 0) {
+        FAKE__DEV(dst_dev);
+        OWN(dst_dev, dst, bytes);
+    } else if (fake__check_host("dst", dst, bytes)) {
+        return PDP_ERR_CUDA;
+    }
+    if (src_dev >= 0) {
+        FAKE__DEV(src_dev);
+        OWN(src_dev, src, bytes);
+    } else if (fake__check_host("src", src, bytes)) {
+        return PDP_ERR_CUDA;
+    }
+    if (bytes) memmove(dst, src, bytes);
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_add(int dev, float *dst, const float *src, int64_t count)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, dst, F(count));
+    OWN(dev, src, F(count));
+    for (i = 0; i < count; i++) dst[i] += src[i];
+    return PDP_OK;
+}
+
+/* ---- fake_cuda: layers ---- */
+
+pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float *w, const float *b, float *y,
+                                int64_t batch, int64_t in, int64_t out)
+{
+    int64_t s, j, k;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(batch * in));
+    OWN(dev, w, F(in * out));
+    if (b) OWN(dev, b, F(out));
+    OWN(dev, y, F(batch * out));
+    for (s = 0; s < batch; s++)
+        for (j = 0; j < out; j++) {
+            double acc = b ? b[j] : 0.0;
+            for (k = 0; k < in; k++) acc += (double)x[s * in + k] * w[j * in + k];
+            y[s * out + j] = (float)acc;
+        }
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const float *dy,
+                                float *dw, float *db, float *dx, int64_t batch, int64_t in,
+                                int64_t out)
+{
+    int64_t s, j, k;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(batch * in));
+    OWN(dev, w, F(in * out));
+    OWN(dev, dy, F(batch * out));
+    OWN(dev, dw, F(in * out));
+    if (db) OWN(dev, db, F(out));
+    if (dx) OWN(dev, dx, F(batch * in));
+    for (j = 0; j < out; j++)
+        for (k = 0; k < in; k++) {
+            double acc = 0.0;
+            for (s = 0; s < batch; s++) acc += (double)dy[s * out + j] * x[s * in + k];
+            dw[j * in + k] += (float)acc;
+        }
+    if (db)
+        for (j = 0; j < out; j++) {
+            double acc = 0.0;
+            for (s = 0; s < batch; s++) acc += dy[s * out + j];
+            db[j] += (float)acc;
+        }
+    if (dx)
+        for (s = 0; s < batch; s++)
+            for (k = 0; k < in; k++) {
+                double acc = 0.0;
+                for (j = 0; j < out; j++) acc += (double)dy[s * out + j] * w[j * in + k];
+                dx[s * in + k] = (float)acc;
+            }
+    return PDP_OK;
+}
+
+static float fake__act(pdp_cudak_act act, float x)
+{
+    switch (act) {
+    case PDP_CUDAK_RELU: return pdp__relu(x);
+    case PDP_CUDAK_GELU: return pdp__gelu(x);
+    case PDP_CUDAK_TANH: return tanhf(x);
+    default: return pdp__sigmoid(x);
+    }
+}
+
+pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(count));
+    OWN(dev, y, F(count));
+    for (i = 0; i < count; i++) y[i] = fake__act(act, x[i]);
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const float *y,
+                             const float *dy, float *dx, int64_t count)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(count));
+    OWN(dev, y, F(count));
+    OWN(dev, dy, F(count));
+    OWN(dev, dx, F(count));
+    for (i = 0; i < count; i++) {
+        switch (act) {
+        case PDP_CUDAK_RELU: dx[i] = pdp__relu_grad(dy[i], y[i]); break;
+        case PDP_CUDAK_GELU: dx[i] = pdp__gelu_grad(dy[i], x[i]); break;
+        case PDP_CUDAK_TANH: dx[i] = pdp__tanh_grad(dy[i], y[i]); break;
+        default: dx[i] = pdp__sigmoid_grad(dy[i], y[i]); break;
+        }
+    }
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask, int64_t batch,
+                                 int64_t n, float p, uint64_t seed, int layer, uint64_t step,
+                                 int64_t sample_base)
+{
+    uint32_t thr = pdp__dropout_threshold(p);
+    float scale = 1.0f / (1.0f - p);
+    int64_t s, j;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(batch * n));
+    OWN(dev, y, F(batch * n));
+    OWN(dev, mask, F(batch * n));
+    for (s = 0; s < batch; s++) {
+        uint64_t key = pdp__dropout_key(seed, layer, step, (uint64_t)(sample_base + s));
+        for (j = 0; j < n; j++) {
+            float m = pdp__dropout_bits(key, j) >= thr ? scale : 0.0f;
+            mask[s * n + j] = m;
+            y[s * n + j] = x[s * n + j] * m;
+        }
+    }
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_mul(int dev, const float *dy, const float *mask, float *dx, int64_t count)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, dy, F(count));
+    OWN(dev, mask, F(count));
+    OWN(dev, dx, F(count));
+    for (i = 0; i < count; i++) dx[i] = dy[i] * mask[i];
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_layernorm_fwd(int dev, const float *x, const float *w, const float *b,
+                                   float *y, float *saved, int64_t batch, int64_t n, float eps)
+{
+    int64_t s, j;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(batch * n));
+    OWN(dev, w, F(n));
+    OWN(dev, b, F(n));
+    OWN(dev, y, F(batch * n));
+    OWN(dev, saved, F(2 * batch));
+    for (s = 0; s < batch; s++) {
+        const float *xs = x + s * n;
+        double acc = 0.0;
+        float mean, rstd;
+        for (j = 0; j < n; j++) acc += xs[j];
+        mean = (float)(acc / (double)n);
+        acc = 0.0;
+        for (j = 0; j < n; j++) acc += (double)(xs[j] - mean) * (xs[j] - mean);
+        rstd = (float)(1.0 / sqrt(acc / (double)n + eps));
+        for (j = 0; j < n; j++) y[s * n + j] = (xs[j] - mean) * rstd * w[j] + b[j];
+        saved[2 * s] = mean;
+        saved[2 * s + 1] = rstd;
+    }
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_layernorm_bwd(int dev, const float *x, const float *w, const float *dy,
+                                   const float *saved, float *dw, float *db, float *dx,
+                                   int64_t batch, int64_t n)
+{
+    int64_t s, j;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(batch * n));
+    OWN(dev, w, F(n));
+    OWN(dev, dy, F(batch * n));
+    OWN(dev, saved, F(2 * batch));
+    OWN(dev, dw, F(n));
+    OWN(dev, db, F(n));
+    if (dx) OWN(dev, dx, F(batch * n));
+    for (j = 0; j < n; j++) {
+        double aw = 0.0, ab = 0.0;
+        for (s = 0; s < batch; s++) {
+            float g = dy[s * n + j];
+            aw += (double)g * ((x[s * n + j] - saved[2 * s]) * saved[2 * s + 1]);
+            ab += g;
+        }
+        dw[j] += (float)aw;
+        db[j] += (float)ab;
+    }
+    if (dx)
+        for (s = 0; s < batch; s++) {
+            const float *xs = x + s * n, *gs = dy + s * n;
+            float mean = saved[2 * s], rstd = saved[2 * s + 1], mg, mgx;
+            double a = 0.0, b = 0.0;
+            for (j = 0; j < n; j++) {
+                a += (double)gs[j] * w[j];
+                b += (double)gs[j] * w[j] * (xs[j] - mean);
+            }
+            mg = (float)(a / (double)n);
+            mgx = (float)(b * rstd / (double)n);
+            for (j = 0; j < n; j++)
+                dx[s * n + j] = rstd * (gs[j] * w[j] - mg - (xs[j] - mean) * rstd * mgx);
+        }
+    return PDP_OK;
+}
+
+/* Conv2d, direct loops. x [batch, C, H, W], w [O, C, k, k], y [batch, O, Ho, Wo]. The
+   work buffer ((C k k + O) Ho Wo floats per sample) is checked and poisoned: the real
+   kernels use it as scratch, so its contents must mean nothing to the host. */
+static float fake__conv_x(const pdp_cudak_conv *g, const float *x, int64_t s, int64_t c,
+                          int64_t ih, int64_t iw)
+{
+    if (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W) return 0.0f;
+    return x[((s * g->C + c) * g->H + ih) * g->W + iw];
+}
+
+pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
+                              const float *b, float *y, float *work)
+{
+    int64_t s, o, oh, ow, c, ki, kj, hw = g->Ho * g->Wo, ckk = g->C * g->k * g->k;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(g->batch * g->C * g->H * g->W));
+    OWN(dev, w, F(g->O * ckk));
+    if (b) OWN(dev, b, F(g->O));
+    OWN(dev, y, F(g->batch * g->O * hw));
+    OWN(dev, work, F(g->batch * ckk * hw));
+    fake__poison(work, F(g->batch * ckk * hw));
+    for (s = 0; s < g->batch; s++)
+        for (o = 0; o < g->O; o++)
+            for (oh = 0; oh < g->Ho; oh++)
+                for (ow = 0; ow < g->Wo; ow++) {
+                    double acc = b ? b[o] : 0.0;
+                    for (c = 0; c < g->C; c++)
+                        for (ki = 0; ki < g->k; ki++)
+                            for (kj = 0; kj < g->k; kj++)
+                                acc += (double)w[((o * g->C + c) * g->k + ki) * g->k + kj] *
+                                       fake__conv_x(g, x, s, c, oh * g->stride - g->pad + ki,
+                                                    ow * g->stride - g->pad + kj);
+                    y[((s * g->O + o) * g->Ho + oh) * g->Wo + ow] = (float)acc;
+                }
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
+                              const float *dy, float *dw, float *db, float *dx, float *work)
+{
+    int64_t s, o, oh, ow, c, ki, kj, hw = g->Ho * g->Wo, ckk = g->C * g->k * g->k;
+    int64_t nx = g->batch * g->C * g->H * g->W;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(nx));
+    OWN(dev, w, F(g->O * ckk));
+    OWN(dev, dy, F(g->batch * g->O * hw));
+    OWN(dev, dw, F(g->O * ckk));
+    if (db) OWN(dev, db, F(g->O));
+    if (dx) OWN(dev, dx, F(nx));
+    OWN(dev, work, F(g->batch * (ckk + g->O) * hw));
+    fake__poison(work, F(g->batch * (ckk + g->O) * hw));
+    if (db)
+        for (o = 0; o < g->O; o++) {
+            double acc = 0.0;
+            for (s = 0; s < g->batch; s++)
+                for (oh = 0; oh < hw; oh++) acc += dy[(s * g->O + o) * hw + oh];
+            db[o] += (float)acc;
+        }
+    for (o = 0; o < g->O; o++)
+        for (c = 0; c < g->C; c++)
+            for (ki = 0; ki < g->k; ki++)
+                for (kj = 0; kj < g->k; kj++) {
+                    double acc = 0.0;
+                    for (s = 0; s < g->batch; s++)
+                        for (oh = 0; oh < g->Ho; oh++)
+                            for (ow = 0; ow < g->Wo; ow++)
+                                acc += (double)dy[((s * g->O + o) * g->Ho + oh) * g->Wo + ow] *
+                                       fake__conv_x(g, x, s, c, oh * g->stride - g->pad + ki,
+                                                    ow * g->stride - g->pad + kj);
+                    dw[((o * g->C + c) * g->k + ki) * g->k + kj] += (float)acc;
+                }
+    if (!dx) return PDP_OK;
+    memset(dx, 0, F(nx));
+    for (s = 0; s < g->batch; s++)
+        for (o = 0; o < g->O; o++)
+            for (oh = 0; oh < g->Ho; oh++)
+                for (ow = 0; ow < g->Wo; ow++) {
+                    float d = dy[((s * g->O + o) * g->Ho + oh) * g->Wo + ow];
+                    for (c = 0; c < g->C; c++)
+                        for (ki = 0; ki < g->k; ki++)
+                            for (kj = 0; kj < g->k; kj++) {
+                                int64_t ih = oh * g->stride - g->pad + ki;
+                                int64_t iw = ow * g->stride - g->pad + kj;
+                                if (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W) continue;
+                                dx[((s * g->C + c) * g->H + ih) * g->W + iw] +=
+                                    w[((o * g->C + c) * g->k + ki) * g->k + kj] * d;
+                            }
+                }
+    return PDP_OK;
+}
+
+/* MaxPool2d: the first maximum in window order wins, NaN wins; the argmax is the
+   index within the channel plane, saved as a float (pdp_cuda.cu's layout). */
+pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *x, float *y,
+                                 float *argmax)
+{
+    int64_t sc, oh, ow, ki, kj, plane = g->H * g->W, per = g->Ho * g->Wo;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(g->batch * g->C * plane));
+    OWN(dev, y, F(g->batch * g->C * per));
+    OWN(dev, argmax, F(g->batch * g->C * per));
+    for (sc = 0; sc < g->batch * g->C; sc++)
+        for (oh = 0; oh < g->Ho; oh++)
+            for (ow = 0; ow < g->Wo; ow++) {
+                const float *xp = x + sc * plane;
+                int64_t at0 = oh * g->stride * g->W + ow * g->stride, best_at = at0;
+                float best = xp[at0];
+                for (ki = 0; ki < g->k; ki++)
+                    for (kj = 0; kj < g->k; kj++) {
+                        int64_t at = at0 + ki * g->W + kj;
+                        if (xp[at] > best || xp[at] != xp[at]) {
+                            best = xp[at];
+                            best_at = at;
+                        }
+                    }
+                y[sc * per + oh * g->Wo + ow] = best;
+                argmax[sc * per + oh * g->Wo + ow] = (float)best_at;
+            }
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,
+                                 const float *argmax, float *dx)
+{
+    int64_t sc, p, plane = g->H * g->W, per = g->Ho * g->Wo;
+    FAKE__DEV(dev);
+    OWN(dev, dy, F(g->batch * g->C * per));
+    OWN(dev, argmax, F(g->batch * g->C * per));
+    OWN(dev, dx, F(g->batch * g->C * plane));
+    memset(dx, 0, F(g->batch * g->C * plane));
+    for (sc = 0; sc < g->batch * g->C; sc++)
+        for (p = 0; p < per; p++) {
+            int64_t q = (int64_t)argmax[sc * per + p];
+            if (q < 0 || q >= plane)
+                return fake__fail(PDP_ERR_CUDA, "%s: argmax %lld outside the %lld-element plane",
+                                  __func__, (long long)q, (long long)plane);
+            dx[sc * plane + q] += dy[sc * per + p];
+        }
+    return PDP_OK;
+}
+
+/* ---- fake_cuda: losses, clipping, optimizers ---- */
+
+pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *host_labels,
+                                   int64_t batch, int64_t classes, float grad_scale,
+                                   double *host_loss, float *dlogits)
+{
+    int64_t s, j;
+    FAKE__DEV(dev);
+    OWN(dev, logits, F(batch * classes));
+    if (dlogits) OWN(dev, dlogits, F(batch * classes));
+    if (batch > 0 && (fake__check_host("host_labels", host_labels, 1) ||
+                      fake__check_host("host_loss", host_loss, 1)))
+        return PDP_ERR_CUDA;
+    for (s = 0; s < batch; s++) {
+        const float *z = logits + s * classes;
+        int32_t label = host_labels[s];
+        float mx = z[0];
+        double sum = 0.0;
+        if (label < 0 || label >= classes)
+            return fake__fail(PDP_ERR_CUDA, "%s: label %d of sample %lld outside [0, %lld) "
+                              "(the host must check labels)", __func__, (int)label, (long long)s,
+                              (long long)classes);
+        for (j = 1; j < classes; j++) mx = z[j] > mx ? z[j] : mx;
+        for (j = 0; j < classes; j++) sum += exp((double)z[j] - (double)mx);
+        host_loss[s] = (double)mx + log(sum) - (double)z[label];
+        if (dlogits) {
+            for (j = 0; j < classes; j++)
+                dlogits[s * classes + j] = (float)(exp((double)z[j] - (double)mx) / sum) * grad_scale;
+            dlogits[s * classes + label] -= grad_scale;
+        }
+    }
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_mse(int dev, const float *pred, const float *target, int64_t count,
+                         float scale, double *host_sum, float *dpred)
+{
+    int64_t i;
+    double acc = 0.0;
+    FAKE__DEV(dev);
+    OWN(dev, pred, F(count));
+    OWN(dev, target, F(count));
+    if (dpred) OWN(dev, dpred, F(count));
+    for (i = 0; i < count; i++) {
+        float d = pred[i] - target[i];
+        acc += (double)d * (double)d;
+        if (dpred) dpred[i] = scale * d;
+    }
+    *host_sum = acc;
+    return PDP_OK;
+}
+
+/* Partial sums over 256 strided lanes, then in lane order: a fixed order (the same
+   bits every run) that is not the CPU's sequential one, as on the GPU. */
+pdp_status pdp_cudak_sumsq(int dev, const float *x, int64_t count, double *host_sum)
+{
+    double lane[256] = {0}, s = 0.0;
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(count));
+    for (i = 0; i < count; i++) lane[i % 256] += (double)x[i] * x[i];
+    for (i = 0; i < 256; i++) s += lane[i];
+    *host_sum = s;
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_scale(int dev, float *x, int64_t count, float s)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, x, F(count));
+    for (i = 0; i < count; i++) x[i] *= s;
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_sgd(int dev, float *p, const float *g, float *buf, int64_t count, float lr,
+                         float momentum, float one_minus_damp, float weight_decay, int nesterov,
+                         int first)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, p, F(count));
+    OWN(dev, g, F(count));
+    if (momentum != 0.0f) OWN(dev, buf, F(count));
+    for (i = 0; i < count; i++)
+        p[i] = momentum != 0.0f
+                   ? pdp__sgd_momentum_update(p[i], g[i], &buf[i], lr, momentum, one_minus_damp,
+                                              weight_decay, nesterov, first)
+                   : pdp__sgd_update(p[i], g[i], lr, weight_decay);
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_adam(int dev, float *p, const float *g, float *m, float *v, int64_t count,
+                          float beta1, float one_minus_beta1, float beta2, float one_minus_beta2,
+                          float step_size, float bc2_sqrt, float eps, float l2, float decay)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, p, F(count));
+    OWN(dev, g, F(count));
+    OWN(dev, m, F(count));
+    OWN(dev, v, F(count));
+    for (i = 0; i < count; i++)
+        p[i] = pdp__adam_update(p[i], g[i], &m[i], &v[i], beta1, one_minus_beta1, beta2,
+                                one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay);
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_gemm(int dev, const float *a, const float *b, float *c, int64_t m, int64_t n,
+                          int64_t k)
+{
+    (void)dev, (void)a, (void)b, (void)c, (void)m, (void)n, (void)k;
+    return FAKE__NOT_IMPLEMENTED("pdp_cudak_gemm (cuBLAS benchmark)");
+}
+
+/* ---- fake_cuda: NCCL ----
+   A clique is the ranks of one communicator, all threads of this process: made
+   whole by init_all, or joined rank by rank by init_rank with one id. Rank r's
+   n-th collective goes into op slot n % SLOTS; the last rank to launch it runs it
+   (sums in rank order, in float, like a ring of one process would not promise,
+   but deterministic) and wakes the waiters. One lock guards every clique. */
+
+#define FAKE__BYTES_BCAST (-1) /* broadcast_bytes, on host memory */
+
+typedef struct fake__op {
+    int64_t seq;      /* collective number; -1 before the first */
+    int kind, op, arrived, done;
+    int64_t count;    /* elements (bytes for FAKE__BYTES_BCAST) */
+    const void *send[FAKE__MAX_RANKS];
+    void *recv[FAKE__MAX_RANKS];
+} fake__op;
+
+typedef struct fake__clique {
+    char id[PDP_CUDAK_NCCL_ID_BYTES];
+    int nranks, joined, refs, aborted;
+    struct fake__clique *next;
+    fake__op ops[PDP_CUDAK_NCCL_SLOTS];
+} fake__clique;
+
+struct pdp_cudak_nccl {
+    fake__clique *q;
+    int rank, dev;
+    int64_t next;                             /* this rank's next collective number */
+    int64_t slot_seq[PDP_CUDAK_NCCL_SLOTS];   /* collective number behind each slot */
+};
+
+static pthread_mutex_t fake__nccl_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fake__nccl_cv = PTHREAD_COND_INITIALIZER;
+static fake__clique *fake__cliques; /* those made by init_rank, found by id */
+static int fake__next_id;
+
+static const char *fake__coll_name(int kind)
+{
+    static const char *names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather"};
+    return kind == FAKE__BYTES_BCAST ? "broadcast_bytes" : kind >= 0 && kind < 4 ? names[kind] : "?";
+}
+
+static fake__clique *fake__clique_new(int nranks, const void *id)
+{
+    fake__clique *q = (fake__clique *)calloc(1, sizeof *q);
+    int i;
+    if (!q) return NULL;
+    q->nranks = nranks;
+    if (id) memcpy(q->id, id, sizeof q->id);
+    for (i = 0; i < PDP_CUDAK_NCCL_SLOTS; i++) q->ops[i].seq = -1;
+    return q;
+}
+
+static pdp_status fake__handle_new(pdp_cudak_nccl **out, fake__clique *q, int rank, int dev)
+{
+    pdp_cudak_nccl *h = (pdp_cudak_nccl *)calloc(1, sizeof *h);
+    if (!h) return fake__fail(PDP_ERR_OUT_OF_MEMORY, "no host memory for an NCCL handle");
+    h->q = q;
+    h->rank = rank;
+    h->dev = dev;
+    q->refs++;
+    *out = h;
+    return PDP_OK;
+}
+
+/* Absolute deadline timeout_s from now (CLOCK_REALTIME, for pthread_cond_timedwait). */
+static struct timespec fake__deadline(double timeout_s)
+{
+    struct timespec ts;
+    double whole;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (timeout_s > 1e6) timeout_s = 1e6;
+    whole = floor(timeout_s);
+    ts.tv_sec += (time_t)whole;
+    ts.tv_nsec += (long)((timeout_s - whole) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+pdp_status pdp_cudak_nccl_unique_id(int dev, void *id)
+{
+    int n;
+    FAKE__DEV(dev);
+    pthread_mutex_lock(&fake__nccl_mu);
+    n = ++fake__next_id;
+    pthread_mutex_unlock(&fake__nccl_mu);
+    memset(id, 0, PDP_CUDAK_NCCL_ID_BYTES);
+    snprintf((char *)id, PDP_CUDAK_NCCL_ID_BYTES, "fake_cuda nccl id %d", n);
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_nccl_init_rank(pdp_cudak_nccl **out, int dev, int nranks, int rank,
+                                    const void *id, double timeout_s)
+{
+    struct timespec dl = fake__deadline(timeout_s);
+    fake__clique *q;
+    pdp_status st;
+    int rc = 0;
+    *out = NULL;
+    FAKE__DEV(dev);
+    if (nranks < 1 || nranks > FAKE__MAX_RANKS || rank < 0 || rank >= nranks)
+        return fake__fail(PDP_ERR_CUDA, "ncclCommInitRank: rank %d of %d", rank, nranks);
+    pthread_mutex_lock(&fake__nccl_mu);
+    for (q = fake__cliques; q && memcmp(q->id, id, sizeof q->id) != 0; q = q->next) {
+    }
+    if (!q) {
+        if (!(q = fake__clique_new(nranks, id))) {
+            pthread_mutex_unlock(&fake__nccl_mu);
+            return fake__fail(PDP_ERR_OUT_OF_MEMORY, "no host memory for an NCCL clique");
+        }
+        q->next = fake__cliques;
+        fake__cliques = q;
+    }
+    if ((st = fake__handle_new(out, q, rank, dev)) != PDP_OK) {
+        pthread_mutex_unlock(&fake__nccl_mu);
+        return st;
+    }
+    q->joined++;
+    pthread_cond_broadcast(&fake__nccl_cv);
+    while (q->joined < q->nranks && rc == 0)
+        rc = pthread_cond_timedwait(&fake__nccl_cv, &fake__nccl_mu, &dl);
+    if (q->joined < q->nranks) {
+        int joined = q->joined;
+        pthread_mutex_unlock(&fake__nccl_mu);
+        pdp_cudak_nccl_free(*out, 1);
+        *out = NULL;
+        return fake__fail(PDP_ERR_TIMEOUT, "ncclCommInitRank: %d of %d ranks joined within %g s "
+                          "(the fake's NCCL connects the threads of one process only; process "
+                          "ranks need a GPU: tests/gpu/run.sh)", joined, nranks, timeout_s);
+    }
+    pthread_mutex_unlock(&fake__nccl_mu);
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_nccl_init_all(pdp_cudak_nccl **out, int ndev, const int *devs)
+{
+    fake__clique *q;
+    int r;
+    pdp_status st = PDP_OK;
+    if (ndev < 1 || ndev > FAKE__MAX_RANKS)
+        return fake__fail(PDP_ERR_CUDA, "ncclCommInitAll: %d devices", ndev);
+    for (r = 0; r < ndev; r++) {
+        out[r] = NULL;
+        FAKE__DEV(devs[r]);
+    }
+    if (!(q = fake__clique_new(ndev, NULL)))
+        return fake__fail(PDP_ERR_OUT_OF_MEMORY, "no host memory for an NCCL clique");
+    pthread_mutex_lock(&fake__nccl_mu);
+    q->joined = ndev;
+    for (r = 0; r < ndev && st == PDP_OK; r++) st = fake__handle_new(&out[r], q, r, devs[r]);
+    pthread_mutex_unlock(&fake__nccl_mu);
+    if (st != PDP_OK) {
+        for (r = 0; r < ndev; r++) pdp_cudak_nccl_free(out[r], 1), out[r] = NULL;
+        if (q->refs == 0) free(q);
+    }
+    return st;
+}
+
+void pdp_cudak_nccl_free(pdp_cudak_nccl *h, int abort)
+{
+    fake__clique *q, **pp;
+    if (!h) return;
+    pthread_mutex_lock(&fake__nccl_mu);
+    q = h->q;
+    if (abort) {
+        q->aborted = 1;
+        pthread_cond_broadcast(&fake__nccl_cv);
+    }
+    if (--q->refs == 0) {
+        for (pp = &fake__cliques; *pp && *pp != q; pp = &(*pp)->next) {
+        }
+        if (*pp) *pp = q->next;
+        free(q);
+    }
+    pthread_mutex_unlock(&fake__nccl_mu);
+    free(h);
+}
+
+/* Runs op o of clique q (every rank has launched it). Caller holds the lock. */
+static pdp_status fake__run(const fake__clique *q, const fake__op *o)
+{
+    int n = q->nranks, r, k;
+    int64_t i, c = o->count;
+    float *tmp;
+    if (o->kind == FAKE__BYTES_BCAST) {
+        for (r = 0; r < n; r++)
+            if (r != o->op) memcpy(o->recv[r], o->send[o->op], (size_t)c);
+        return PDP_OK;
+    }
+    if (o->kind == PDP_CUDAK_BROADCAST) {
+        for (r = 0; r < n; r++)
+            if (o->recv[r] != o->send[o->op]) memcpy(o->recv[r], o->send[o->op], F(c));
+        return PDP_OK;
+    }
+    if (o->kind == PDP_CUDAK_ALLGATHER) {
+        for (r = 0; r < n; r++)
+            for (k = 0; k < n; k++) memcpy((float *)o->recv[r] + k * c, o->send[k], F(c));
+        return PDP_OK;
+    }
+    /* the reductions: the sum of every rank's contribution in rank order */
+    if (!(tmp = (float *)malloc(F(o->kind == PDP_CUDAK_REDUCE_SCATTER ? c * n : c) + 1)))
+        return fake__fail(PDP_ERR_OUT_OF_MEMORY, "no host memory for a reduction");
+    for (i = 0; i < (o->kind == PDP_CUDAK_REDUCE_SCATTER ? c * n : c); i++) {
+        float acc = ((const float *)o->send[0])[i];
+        for (k = 1; k < n; k++) acc += ((const float *)o->send[k])[i];
+        tmp[i] = o->op == 1 ? acc / (float)n : acc;
+    }
+    for (r = 0; r < n; r++)
+        memcpy(o->recv[r], tmp + (o->kind == PDP_CUDAK_REDUCE_SCATTER ? r * c : 0), F(c));
+    free(tmp);
+    return PDP_OK;
+}
+
+/* Rank h's next collective: checks it against the other ranks', records it, and
+   runs it when it is the last to arrive. *slot gets its slot. */
+static pdp_status fake__launch(pdp_cudak_nccl *h, int kind, const void *send, void *recv,
+                               int64_t count, int op, int *slot)
+{
+    fake__clique *q = h->q;
+    fake__op *o;
+    int64_t s;
+    pdp_status st = PDP_OK;
+    pthread_mutex_lock(&fake__nccl_mu);
+    s = h->next;
+    o = &q->ops[s % PDP_CUDAK_NCCL_SLOTS];
+    if (q->aborted) {
+        st = fake__fail(PDP_ERR_COMM, "the NCCL communicator was aborted");
+    } else if (o->seq > s || (o->seq >= 0 && o->seq < s && !o->done)) {
+        st = fake__fail(PDP_ERR_CUDA, "rank %d: collective #%lld: more than %d collectives in "
+                        "flight", h->rank, (long long)s, PDP_CUDAK_NCCL_SLOTS);
+    } else if (o->seq == s && (o->kind != kind || o->count != count || o->op != op)) {
+        st = fake__fail(PDP_ERR_CUDA, "rank %d: collective #%lld is %s of %lld (op %d) but "
+                        "another rank launched %s of %lld (op %d): NCCL would hang or corrupt",
+                        h->rank, (long long)s, fake__coll_name(kind), (long long)count, op,
+                        fake__coll_name(o->kind), (long long)o->count, o->op);
+    } else {
+        if (o->seq != s) {
+            memset(o, 0, sizeof *o);
+            o->seq = s;
+            o->kind = kind;
+            o->count = count;
+            o->op = op;
+        }
+        o->send[h->rank] = send;
+        o->recv[h->rank] = recv;
+        h->slot_seq[s % PDP_CUDAK_NCCL_SLOTS] = s;
+        h->next++;
+        *slot = (int)(s % PDP_CUDAK_NCCL_SLOTS);
+        if (++o->arrived == q->nranks) {
+            st = fake__run(q, o);
+            if (st != PDP_OK) q->aborted = 1;
+            o->done = 1;
+            pthread_cond_broadcast(&fake__nccl_cv);
+        }
+    }
+    pthread_mutex_unlock(&fake__nccl_mu);
+    return st;
+}
+
+pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind, const float *send,
+                                 float *recv, int64_t count, int op, int *slot)
+{
+    int n = h->q->nranks;
+    int64_t in = kind == PDP_CUDAK_REDUCE_SCATTER ? count * n : count;
+    int64_t out = kind == PDP_CUDAK_ALLGATHER ? count * n : count;
+    *slot = -1;
+    if ((int)kind < 0 || (int)kind > 3)
+        return fake__fail(PDP_ERR_CUDA, "nccl_launch: unknown collective %d", (int)kind);
+    OWN(h->dev, send, F(in));
+    OWN(h->dev, recv, F(out));
+    return fake__launch(h, (int)kind, send, recv, count, op, slot);
+}
+
+/* 1 when the collective behind slot is done, 0 pending, -1 failed. Caller holds the lock. */
+static int fake__state(const pdp_cudak_nccl *h, int slot)
+{
+    int64_t s = h->slot_seq[slot];
+    const fake__op *o = &h->q->ops[slot];
+    if (o->seq > s || (o->seq == s && o->done)) return 1;
+    return h->q->aborted ? -1 : 0;
+}
+
+int pdp_cudak_nccl_query(pdp_cudak_nccl *h, int slot)
+{
+    int r;
+    if (slot < 0 || slot >= PDP_CUDAK_NCCL_SLOTS) return -1;
+    pthread_mutex_lock(&fake__nccl_mu);
+    r = fake__state(h, slot);
+    pthread_mutex_unlock(&fake__nccl_mu);
+    return r;
+}
+
+pdp_status pdp_cudak_nccl_wait(pdp_cudak_nccl *h, int slot, double timeout_s)
+{
+    struct timespec dl = fake__deadline(timeout_s);
+    int r, rc = 0, arrived;
+    if (slot < 0 || slot >= PDP_CUDAK_NCCL_SLOTS)
+        return fake__fail(PDP_ERR_INVALID, "bad NCCL slot %d", slot);
+    pthread_mutex_lock(&fake__nccl_mu);
+    while ((r = fake__state(h, slot)) == 0 && rc == 0)
+        rc = pthread_cond_timedwait(&fake__nccl_cv, &fake__nccl_mu, &dl);
+    arrived = h->q->ops[slot].arrived;
+    if (r == 0) {
+        h->q->aborted = 1;
+        pthread_cond_broadcast(&fake__nccl_cv);
+    }
+    pthread_mutex_unlock(&fake__nccl_mu);
+    if (r == 1) return PDP_OK;
+    if (r < 0)
+        return fake__fail(PDP_ERR_COMM, "the NCCL communicator on device %d was aborted after an "
+                          "earlier failure", h->dev);
+    return fake__fail(PDP_ERR_TIMEOUT, "collective #%lld did not complete within %g s on device "
+                      "%d: %d of %d ranks launched it (a rank missing or stuck?)",
+                      (long long)h->slot_seq[slot], timeout_s, h->dev, arrived, h->q->nranks);
+}
+
+pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *host, size_t bytes, int root,
+                                          double timeout_s)
+{
+    pdp_status st;
+    int slot;
+    if (!bytes) return PDP_OK;
+    if (fake__check_host("host", host, bytes)) return PDP_ERR_CUDA;
+    if ((st = fake__launch(h, FAKE__BYTES_BCAST, host, host, (int64_t)bytes, root, &slot)) !=
+        PDP_OK)
+        return st;
+    return pdp_cudak_nccl_wait(h, slot, timeout_s);
+}
