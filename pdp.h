@@ -73,19 +73,44 @@
 
    DISTRIBUTED
    ===========
-   DataParallel (pdp_dp): one process, one worker thread per device; replicate,
-   scatter, parallel forward/backward, gather, reduce to the master, master step.
-   DistributedDataParallel (pdp_ddp): one full replica per rank over a pdp_comm;
-   gradients are all-reduced in buckets while backward still runs. Communicators:
-   local (thread ranks, no dependency), mpi (PDP_MPI), nccl (PDP_CUDA).
-   Rendezvous as torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT
-   (or OMPI_COMM_WORLD_* under mpirun); a TCP store on rank 0. PDP_TRACE=out.json
-   writes a Chrome trace of the steps and the collectives.
+   DataParallel, one process (dp.h): pdp_dp_create(&dp, master, &desc) starts one
+   persistent worker thread per device; pdp_dp_step(dp, opt, x, y, &loss) runs the
+   stages replicate, scatter, parallel apply, gather, reduce (to the master, in a
+   fixed order) and the master's optimizer step. pdp_dp_get_stats shows the bytes
+   through the master and the time per stage. N workers reproduce one device on the
+   same global batch; one worker, bit for bit.
+
+   DistributedDataParallel (ddp.h): every rank holds a full model and a pdp_comm.
+   pdp_ddp_create checks that all ranks have the same parameters and broadcasts
+   rank 0's; buckets (25 MB, the first 1 MB) are ranges of the gradient block, so
+   there is no copy; each bucket's all-reduce starts as soon as backward produced
+   its last gradient. pdp_ddp_forward_backward, then pdp_ddp_step (wait, average,
+   step). pdp_ddp_set_no_sync accumulates locally. pdp_dist_sampler gives each
+   rank a disjoint shard of a seeded permutation (pad or drop_last).
+
+   Communicators (comm.h): all-reduce, broadcast, reduce-scatter, all-gather,
+   barrier, each asynchronous (pdp_wait). Backends: local (ranks are threads:
+   pdp_local_group_create + pdp_comm_create_local; no dependency), mpi (PDP_MPI,
+   pdp_comm_init_env under mpirun), nccl (PDP_CUDA; process per GPU through
+   pdp_comm_init_env, thread per GPU through pdp_nccl_group_create). A rank that
+   does not arrive within timeout_s (default 300) makes the others fail with
+   PDP_ERR_TIMEOUT naming the collective and the rank: nothing hangs.
+
+   Rendezvous as torchrun (store.h): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+   MASTER_PORT, or OMPI_COMM_WORLD_* under mpirun (pdp_env_read). A TCP key-value
+   store served by rank 0 (pdp_store_*; host "0.0.0.0" listens on every interface)
+   hands out the NCCL unique id.
+
+   Tracing: PDP_TRACE=out.json writes a Chrome trace (Perfetto, chrome://tracing):
+   per rank, forward and backward per layer, each bucket's all-reduce from launch
+   to completion, the final wait, the optimizer step. A process that is one rank
+   of several writes out.rank<r>.json. pdp_trace_flush() writes it out early.
 
    NON-GOALS
    =========
-   No autograd graph (models are sequential), no dtypes other than float32, no
-   Windows threads yet, no ZeRO yet.
+   No autograd graph (models are sequential); float32 only; no Windows threads
+   yet; ZeRO sharding is designed for (flat optimizer state, range updates) but
+   not built yet.
 
    VERSION HISTORY
    ===============
