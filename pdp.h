@@ -1344,9 +1344,11 @@ pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *host, size_t 
    upstream gradient and whatever forward value is cheapest to reuse (x for GELU,
    y for the others). */
 
-static inline PDP__HOSTDEV float pdp__relu(float x) { return x > 0.0f ? x : 0.0f; }
-/* From the output: y > 0 exactly where x > 0 (PyTorch's threshold_backward). */
-static inline PDP__HOSTDEV float pdp__relu_grad(float dy, float y) { return y > 0.0f ? dy : 0.0f; }
+/* NaN propagates (torch.relu(nan) is nan): the test is x <= 0, false for NaN. */
+static inline PDP__HOSTDEV float pdp__relu(float x) { return x <= 0.0f ? 0.0f : x; }
+/* From the output, as PyTorch's threshold_backward(dy, y, 0): 0 where y <= 0, dy
+   elsewhere, so dy passes where x > 0 and where x is NaN (y is NaN there too). */
+static inline PDP__HOSTDEV float pdp__relu_grad(float dy, float y) { return y <= 0.0f ? 0.0f : dy; }
 
 /* GELU, tanh approximation (PyTorch's approximate='tanh', Hendrycks and Gimpel
    2016): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). */
@@ -1708,6 +1710,7 @@ static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *ta
 static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
                                          float *p, const float *g, float *s0, float *s1,
                                          int64_t n) PDP__UNUSED;
+static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
                                int64_t count) PDP__UNUSED;
 /* Gradient clipping on d: *sum = sum of x^2 (double, fixed order); x *= s. */
@@ -1725,8 +1728,10 @@ static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float
 
 /* ---- communicator internals (comm.c, comm_mpi.c, pdp_cuda.cu's NCCL) ----
    Each backend fills one table; the public pdp_comm_* functions validate their
-   arguments, then call it. A backend keeps its own handle pool so that a
-   training step allocates nothing. */
+   arguments, then call it. A backend keeps a fixed handle pool so that a
+   training step allocates nothing: the local and MPI backends share comm.c's
+   collective queue (pdp__workq: pool, FIFO, progress thread, wait/done);
+   NCCL's stream orders its collectives, with a pool of event slots. */
 typedef struct pdp__comm_ops {
     pdp_status (*allreduce)(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op, pdp_work **w);
     pdp_status (*broadcast)(pdp_comm *c, float *buf, int64_t count, int root, pdp_work **w);
@@ -2438,6 +2443,22 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
                 (int)PDP__MAX(lda, 1), b, (int)PDP__MAX(ldb, 1), beta, c, (int)ldc);
 }
 
+/* Plain loops: with PDP_CBLAS, Conv2d takes its im2col path and never calls this. */
+static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, const float *b,
+                            const int64_t *brow, float beta, float *c, int64_t ldc)
+{
+    int64_t i, j, p;
+    for (i = 0; i < m; i++)
+        for (j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (p = 0; p < k; p++)
+                acc += (ta == PDP_NO_TRANS ? a[i * lda + p] : a[p * lda + i]) *
+                       (tb == PDP_NO_TRANS ? b[brow[p] + j] : b[brow[j] + p]);
+            c[i * ldc + j] = alpha * acc + (beta != 0.0f ? beta * c[i * ldc + j] : 0.0f);
+        }
+}
+
 #else /* our own */
 
 /* ---- gemm: micro-kernels ---- */
@@ -2610,13 +2631,13 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 #  include <immintrin.h>
 #  define PDP__GEMM_T8 1
 
-/* dst[q * ldd + r] = src[r * lds + q] for r, q in [0, 8). */
-static void pdp__gemm_transpose8(const float *src, int64_t lds, float *dst, int64_t ldd)
+/* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8). */
+static void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd)
 {
-    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
-    __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
-    __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
-    __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+    __m256 r0 = _mm256_loadu_ps(s[0] + p), r1 = _mm256_loadu_ps(s[1] + p);
+    __m256 r2 = _mm256_loadu_ps(s[2] + p), r3 = _mm256_loadu_ps(s[3] + p);
+    __m256 r4 = _mm256_loadu_ps(s[4] + p), r5 = _mm256_loadu_ps(s[5] + p);
+    __m256 r6 = _mm256_loadu_ps(s[6] + p), r7 = _mm256_loadu_ps(s[7] + p);
     __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
     __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
     __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
@@ -2638,25 +2659,33 @@ static void pdp__gemm_transpose8(const float *src, int64_t lds, float *dst, int6
 #  define PDP__GEMM_T8 0
 #endif
 
-/* rows x kc of a source contiguous in k (row stride lds) into dst[p * ldd + r];
-   the part of [0, ldd) past `rows` is zeroed. */
-static void pdp__gemm_pack_t(const float *src, int64_t lds, int rows, int64_t kc, float *dst,
-                             int64_t ldd)
+/* Source row r of a packing routine: src + off[r] with a row-offset table (the
+   gathered B of pdp__sgemm_rows), else src + r * lds. */
+static const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off, int64_t r)
+{
+    return off ? src + off[r] : src + r * lds;
+}
+
+/* rows x kc of a source contiguous in k (row r at pdp__gemm_row) into
+   dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. */
+static void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
+                             int64_t kc, float *dst, int64_t ldd)
 {
     int r = 0;
     int64_t p;
 #if PDP__GEMM_T8
     for (; r + 8 <= rows; r += 8) {
-        const float *s = src + r * lds;
+        const float *s[8];
         int i;
-        for (p = 0; p + 8 <= kc; p += 8) pdp__gemm_transpose8(s + p, lds, dst + p * ldd + r, ldd);
+        for (i = 0; i < 8; i++) s[i] = pdp__gemm_row(src, lds, off, r + i);
+        for (p = 0; p + 8 <= kc; p += 8) pdp__gemm_transpose8(s, p, dst + p * ldd + r, ldd);
         for (; p < kc; p++) {
-            for (i = 0; i < 8; i++) dst[p * ldd + r + i] = s[i * lds + p];
+            for (i = 0; i < 8; i++) dst[p * ldd + r + i] = s[i][p];
         }
     }
 #endif
     for (; r < rows; r++) {
-        const float *s = src + r * lds;
+        const float *s = pdp__gemm_row(src, lds, off, r);
         for (p = 0; p < kc; p++) dst[p * ldd + r] = s[p];
     }
     for (; r < ldd; r++) {
@@ -2664,22 +2693,24 @@ static void pdp__gemm_pack_t(const float *src, int64_t lds, int rows, int64_t kc
     }
 }
 
-/* rows x cols of a source contiguous in the panel's fast index into dst[p * ldd + j];
-   the part of [0, ldd) past `cols` is zeroed. Always inlined with a constant ldd (MR
+/* kc x cols of a source contiguous in the panel's fast index (row p at
+   pdp__gemm_row) into dst[p * ldd + j]; the part of [0, ldd) past `cols` is
+   zeroed. Always inlined with a constant ldd (MR
    or NR), so that a full row is a fixed-size copy the compiler turns into vector
    moves: the plain loop of unknown length stays scalar at -O2 and cost a fifth of
    a 512^3 NN or TN product. */
-static inline void pdp__gemm_pack_n(const float *src, int64_t lds, int cols, int64_t kc,
-                                    float *dst, const int ldd)
+static inline void pdp__gemm_pack_n(const float *src, int64_t lds, const int64_t *off, int cols,
+                                    int64_t kc, float *dst, const int ldd)
 {
     int64_t p;
     int j;
     if (cols == ldd) {
-        for (p = 0; p < kc; p++) memcpy(dst + p * ldd, src + p * lds, (size_t)ldd * sizeof(float));
+        for (p = 0; p < kc; p++)
+            memcpy(dst + p * ldd, pdp__gemm_row(src, lds, off, p), (size_t)ldd * sizeof(float));
         return;
     }
     for (p = 0; p < kc; p++) {
-        const float *s = src + p * lds;
+        const float *s = pdp__gemm_row(src, lds, off, p);
         float *d = dst + p * ldd;
         for (j = 0; j < cols; j++) d[j] = s[j];
         for (; j < ldd; j++) d[j] = 0.0f;
@@ -2691,23 +2722,28 @@ static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, 
                              float *PDP__GEMM_RESTRICT ap)
 {
     if (ta == PDP_NO_TRANS) /* op(A)(i, p) = a[i * lda + p] */
-        pdp__gemm_pack_t(a, lda, mr, kc, ap, PDP__GEMM_MR);
+        pdp__gemm_pack_t(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR);
     else /* op(A)(i, p) = a[p * lda + i] */
-        pdp__gemm_pack_n(a, lda, mr, kc, ap, PDP__GEMM_MR);
+        pdp__gemm_pack_n(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR);
 }
 
-/* op(B) rows [0, kc) x columns [0, nc) into panels of NR columns:
-   bp[(j / NR) * kc * NR + p * NR + j % NR]. */
-static void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, int64_t kc, int64_t nc,
+/* op(B) rows [pc, pc + kc) x columns [jc, jc + nc) into panels of NR columns:
+   bp[(j / NR) * kc * NR + p * NR + j % NR]. B's storage row r starts at
+   b + r * ldb, or at b + brow[r] when the caller gave a row-offset table. */
+static void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, const int64_t *brow,
+                             int64_t pc, int64_t jc, int64_t kc, int64_t nc,
                              float *PDP__GEMM_RESTRICT bp)
 {
     int64_t j0;
     for (j0 = 0; j0 < nc; j0 += PDP__GEMM_NR) {
         int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - j0);
-        if (tb == PDP_NO_TRANS) /* op(B)(p, j) = b[p * ldb + j] */
-            pdp__gemm_pack_n(b + j0, ldb, nr, kc, bp + j0 * kc, PDP__GEMM_NR);
-        else /* op(B)(p, j) = b[j * ldb + p] */
-            pdp__gemm_pack_t(b + j0 * ldb, ldb, nr, kc, bp + j0 * kc, PDP__GEMM_NR);
+        int64_t j = jc + j0;
+        if (tb == PDP_NO_TRANS) /* op(B)(p, j) = storage row p, element j */
+            pdp__gemm_pack_n(brow ? b + j : b + pc * ldb + j, ldb, brow ? brow + pc : NULL, nr,
+                             kc, bp + j0 * kc, PDP__GEMM_NR);
+        else /* op(B)(p, j) = storage row j, element p */
+            pdp__gemm_pack_t(brow ? b + pc : b + j * ldb + pc, ldb, brow ? brow + j : NULL, nr,
+                             kc, bp + j0 * kc, PDP__GEMM_NR);
     }
 }
 
@@ -2718,6 +2754,7 @@ typedef struct pdp__gemm_args {
     int64_t m, n, k;
     float alpha, beta;
     const float *a, *b;
+    const int64_t *brow; /* B's row offsets (pdp__sgemm_rows), or NULL: row r at b + r ldb */
     float *c;
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
@@ -2745,9 +2782,7 @@ static void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int
         for (pc = 0; pc < g->k; pc += g->kb) {
             int64_t kc = PDP__MIN(g->kb, g->k - pc);
             float beta = pc == 0 ? g->beta : 1.0f;
-            const float *bsrc = g->tb == PDP_NO_TRANS ? g->b + pc * g->ldb + jc
-                                                      : g->b + jc * g->ldb + pc;
-            pdp__gemm_pack_b(g->tb, bsrc, g->ldb, kc, nc, bp);
+            pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp);
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
@@ -2773,7 +2808,8 @@ static void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, 
             float acc = 0.0f, *cij = g->c + i * g->ldc + j;
             for (p = 0; p < g->k; p++) {
                 float x = g->ta == PDP_NO_TRANS ? g->a[i * g->lda + p] : g->a[p * g->lda + i];
-                float y = g->tb == PDP_NO_TRANS ? g->b[p * g->ldb + j] : g->b[j * g->ldb + p];
+                float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
+                                                : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
                 acc += x * y;
             }
             *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
@@ -2802,9 +2838,10 @@ static void pdp__gemm_part(void *arg, int i, int n)
         pdp__gemm_unpacked(g, m0, m1, n0, n1);
 }
 
-PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
-                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                       float *c, int64_t ldc)
+/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
+static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                          const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -2818,7 +2855,8 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
         }
         return;
     }
-    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m) && ldb >= (tb == PDP_NO_TRANS ? n : k));
+    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m));
+    PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
     g.ta = ta;
     g.tb = tb;
     g.m = m;
@@ -2828,6 +2866,7 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
     g.beta = beta;
     g.a = a;
     g.b = b;
+    g.brow = brow;
     g.c = c;
     g.lda = lda;
     g.ldb = ldb;
@@ -2845,6 +2884,28 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
         parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
     }
     pdp__parallel_for(parts, pdp__gemm_part, &g);
+}
+
+PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
+{
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, b, ldb, NULL, beta, c, ldc);
+}
+
+/* ---- gemm: gathered B ----
+   pdp_sgemm whose B rows are anywhere: storage row r of B starts at b + brow[r], so
+   op(B)(p, j) = b[brow[p] + j] (tb == PDP_NO_TRANS) or b[brow[j] + p] (PDP_TRANS).
+   Conv2d's implicit im2col: row (c, ki, kj) of a sample's column matrix is one
+   contiguous run of the zero-padded input, so the B packing reads the input itself
+   and the column matrix is never written. Same blocking, threads and bits as
+   pdp_sgemm on the materialised B. */
+
+static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, const float *b,
+                            const int64_t *brow, float beta, float *c, int64_t ldc)
+{
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, b, 0, brow, beta, c, ldc);
 }
 
 #endif /* PDP_CBLAS */
@@ -3314,35 +3375,55 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
 }
 
 /* ---- layers: Conv2d ----
-   im2col + GEMM on cache-sized chunks of samples. The batch is cut into chunks
-   of `per_chunk` samples, a number that depends on the layer's geometry only (so
-   do the results): enough that a chunk's column matrix is about
-   PDP__CONV_CHUNK_FLOATS, which keeps im2col, the GEMMs and col2im of one chunk in
-   L2. The intra-op threads take whole chunks, each thread reusing one scratch
-   region: the column matrix [C k k, n], O x n floats for the output (forward) or
-   the output gradient (backward), and a zero-padded copy of one input sample.
-   Each chunk leaves its shares of dW and db apart; backward adds them up in chunk
-   order after all chunks are done.
+   Two paths, both cutting the batch into chunks of `per_chunk` samples, a number
+   that depends on the layer's geometry only (so do the results). The intra-op
+   threads take whole chunks, each thread reusing one scratch region; each chunk
+   leaves its shares of dW and db apart, and backward adds them up in chunk order
+   after all chunks are done.
 
-   Stride 1 uses a wide grid: output columns are counted on the padded input's
-   width Wp instead of Wo, so that row (c, ki, kj) of a sample's columns is ONE
-   contiguous run of the padded input (Ho Wp floats from (c, ki, kj)), and col2im
-   is one vector add per row. The Wp - Wo extra columns per output row compute
-   values nobody reads (forward drops them; backward gives them a zero output
-   gradient, so they add nothing to dW or dx): a few percent more GEMM work for
-   copies 10x cheaper than Ho short ones. Other strides use exact Wo columns. */
+   Implicit GEMM (stride 1, padding <= k - 1; the common case). Output columns are
+   counted on a wide grid, the padded input's width Wp instead of Wo, so that row
+   (c, ki, kj) of a sample's column matrix is ONE contiguous run of the zero-padded
+   input (Ho Wp floats from (c, ki, kj)). The GEMM packs those runs straight from
+   the padded input through a row-offset table (pdp__sgemm_rows): the column matrix
+   is never written, which for a 16 -> 32 channel 5x5 layer is 12 floats written and
+   read per multiply-add pair saved. Per sample:
+     forward   grid [O, Ho Wp] = W [O, C k k] col;  y = grid's first Wo columns + b
+     dW share  += dy_grid [O, Ho Wp] col^T          (dy_grid zero in the extra columns)
+     dx        = the forward convolution of dy, zero-padded by k - 1 - pad, with the
+                 flipped, transposed weights W'[c, (o, qi, qj)] = W[o, c, k-1-qi, k-1-qj],
+                 on the same kind of wide grid (Dumoulin and Visin, "A guide to
+                 convolution arithmetic for deep learning", 2016, section 4): no col2im.
+   The Wp - Wo extra columns per output row compute values nobody reads: a few
+   percent more GEMM work for no copies at all.
+
+   im2col (any other stride or padding, and PDP_CBLAS builds): the column matrix
+   [C k k, n] of a chunk is materialised with exact Wo columns (Chellapilla et al.,
+   "High performance convolutional neural networks for document processing",
+   2006): forward y = W col; backward dW = dy col^T and dcol = W^T dy, then col2im.
+   Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
 #endif
+/* Samples per chunk on the implicit path: 8 keeps the dW shares small and still
+   gives two threads 8 chunks each at batch 128. */
+#ifndef PDP__CONV_IMPLICIT_CHUNK
+#  define PDP__CONV_IMPLICIT_CHUNK 8
+#endif
 
 typedef struct pdp__conv_geom {
     int64_t C, H, W, O, k, stride, pad, Ho, Wo;
-    int64_t Hp, Wp;         /* padded input */
     int64_t ckk;            /* rows of the column matrix */
-    int64_t gw, cols;       /* grid width (Wp when wide, else Wo); columns per sample */
-    int wide;               /* stride 1 */
-    int64_t padded;         /* floats of the padded-sample buffer (+ k for the last run) */
+    int implicit;           /* the implicit-GEMM path */
+    int64_t Hp, Wp;         /* implicit: padded input; its output grid is Ho x Wp */
+    int64_t q, Hq, Wq;      /* implicit: dy padded by q = k - 1 - pad, for dx on an H x Wq grid */
+    int64_t cols;           /* output columns per sample: Ho Wp (implicit) or Ho Wo */
+    int64_t xpad, dypad;    /* implicit: floats of the padded input and padded dy (+ k slack) */
+    int64_t grid;           /* implicit: floats of the output / dy / dx grid */
+    int64_t fixed;          /* workspace floats before the shares: offset tables, W' */
+    int64_t share;          /* floats of one chunk's dW and db shares */
+    int64_t scratch;        /* floats of one part's scratch */
     int64_t per_chunk;      /* samples per chunk */
     int64_t slot;           /* workspace floats per sample */
 } pdp__conv_geom;
@@ -3359,15 +3440,37 @@ static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
     g.pad = l->padding;
     g.Ho = l->out_shape[1];
     g.Wo = l->out_shape[2];
+    g.ckk = g.C * g.k * g.k;
+#if defined(PDP_CBLAS)
+    g.implicit = 0;
+#else
+    g.implicit = g.stride == 1 && g.pad <= g.k - 1;
+#endif
     g.Hp = g.H + 2 * g.pad;
     g.Wp = g.W + 2 * g.pad;
-    g.ckk = g.C * g.k * g.k;
-    g.wide = g.stride == 1;
-    g.gw = g.wide ? g.Wp : g.Wo;
-    g.cols = g.Ho * g.gw;
-    g.padded = g.wide ? g.C * g.Hp * g.Wp + g.k : 0;
-    g.per_chunk = PDP__MAX(1, PDP__CONV_CHUNK_FLOATS / (g.ckk * g.cols));
-    g.slot = (g.ckk + g.O) * g.cols + g.padded + g.O * g.ckk + g.O;
+    g.q = g.k - 1 - g.pad;
+    g.Hq = g.Ho + 2 * g.q;
+    g.Wq = g.Wo + 2 * g.q;
+    g.share = g.O * g.ckk + g.O;
+    if (g.implicit) {
+        /* the last run of a padded buffer starts at (C - 1, k - 1, k - 1) of it and
+           is Ho Wp (or H Wq) long: k - 1 floats past its end */
+        g.cols = g.Ho * g.Wp;
+        g.xpad = g.C * g.Hp * g.Wp + g.k;
+        g.dypad = g.O * g.Hq * g.Wq + g.k;
+        g.grid = PDP__MAX(g.O * g.cols, g.C * g.H * g.Wq);
+        g.fixed = 2 * g.ckk + 2 * g.O * g.k * g.k + g.C * g.O * g.k * g.k; /* int64 offsets, W' */
+        g.scratch = g.xpad + g.dypad + g.grid;
+        g.per_chunk = PDP__CONV_IMPLICIT_CHUNK;
+    } else {
+        g.cols = g.Ho * g.Wo;
+        g.xpad = g.dypad = g.grid = g.fixed = 0;
+        g.per_chunk = PDP__MAX(1, PDP__CONV_CHUNK_FLOATS / (g.ckk * g.cols));
+        g.scratch = g.per_chunk * (g.ckk + g.O) * g.cols;
+    }
+    /* per sample: its share of the fixed part, one share and one part's scratch
+       (chunks and parts never outnumber samples) */
+    g.slot = g.fixed + g.share + g.scratch;
     return g;
 }
 
@@ -3386,25 +3489,12 @@ static void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, 
 }
 
 /* One sample's columns into col (row stride ld): row (c, ki, kj), column
-   oh * gw + ow holds x[c, oh s - pad + ki, ow s - pad + kj], zero outside the
-   input. buf: the padded-sample buffer (wide grid only), zero outside the input
-   on entry and on return. */
+   oh * Wo + ow holds x[c, oh s - pad + ki, ow s - pad + kj], zero outside the
+   input. */
 static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
-                        float *PDP__RESTRICT col, int64_t ld, float *PDP__RESTRICT buf)
+                        float *PDP__RESTRICT col, int64_t ld)
 {
     int64_t c, ki, kj, oh, ow, ih;
-    if (g->wide) {
-        for (c = 0; c < g->C; c++)
-            for (ih = 0; ih < g->H; ih++)
-                memcpy(buf + (c * g->Hp + ih + g->pad) * g->Wp + g->pad, x + (c * g->H + ih) * g->W,
-                       (size_t)g->W * sizeof(float));
-        for (c = 0; c < g->C; c++)
-            for (ki = 0; ki < g->k; ki++)
-                for (kj = 0; kj < g->k; kj++)
-                    memcpy(col + ((c * g->k + ki) * g->k + kj) * ld,
-                           buf + (c * g->Hp + ki) * g->Wp + kj, (size_t)g->cols * sizeof(float));
-        return;
-    }
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++) {
@@ -3427,29 +3517,11 @@ static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
 }
 
 /* dx of one sample = the sum of its columns' entries over the positions they were
-   copied from, in row order (a fixed summation order). buf as for im2col; it is
-   left zero outside the input. */
+   copied from, in row order (a fixed summation order). */
 static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
-                        float *PDP__RESTRICT dx, float *PDP__RESTRICT buf)
+                        float *PDP__RESTRICT dx)
 {
     int64_t c, ki, kj, oh, ow, ih;
-    if (g->wide) {
-        memset(buf, 0, (size_t)g->padded * sizeof(float));
-        for (c = 0; c < g->C; c++)
-            for (ki = 0; ki < g->k; ki++)
-                for (kj = 0; kj < g->k; kj++) {
-                    const float *PDP__RESTRICT src = col + ((c * g->k + ki) * g->k + kj) * ld;
-                    float *PDP__RESTRICT dst = buf + (c * g->Hp + ki) * g->Wp + kj;
-                    PDP__FOR_BLOCKED(j, g->cols, dst[j] += src[j];);
-                }
-        for (c = 0; c < g->C; c++)
-            for (ih = 0; ih < g->H; ih++)
-                memcpy(dx + (c * g->H + ih) * g->W,
-                       buf + (c * g->Hp + ih + g->pad) * g->Wp + g->pad,
-                       (size_t)g->W * sizeof(float));
-        memset(buf, 0, (size_t)g->padded * sizeof(float));
-        return;
-    }
     memset(dx, 0, (size_t)(g->C * g->H * g->W) * sizeof(float));
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
@@ -3467,48 +3539,165 @@ static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col,
             }
 }
 
+/* planes x rows x n floats from src (plane stride sp, row stride sr) into dst
+   (plane stride dp, row stride dr). */
+static void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *dst, int64_t dp,
+                             int64_t dr, int64_t planes, int64_t rows, int64_t n)
+{
+    int64_t p, r;
+    for (p = 0; p < planes; p++)
+        for (r = 0; r < rows; r++)
+            memcpy(dst + p * dp + r * dr, src + p * sp + r * sr, (size_t)n * sizeof(float));
+}
+
 typedef struct pdp__conv_job {
     const pdp__layer *l;
     const pdp__layer_io *io;
     pdp__conv_geom g;
     int64_t chunks;
-    int64_t chunk_cap;  /* samples in the largest chunk: min(per_chunk, batch) */
     int parts;
+    const int64_t *offx, *offdy; /* implicit: row offsets into the padded input, padded dy */
+    const float *wt;             /* implicit backward: W' [C, O k k] */
 } pdp__conv_job;
 
-/* Chunk c: its samples [s0, s1), its n columns, the scratch of the part that runs
-   it, and where its dW and db shares go. */
+/* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
+   [O]), and the scratch of the part that runs it. Workspace: the fixed part, the
+   chunks' shares, then one scratch region per part, reused by all of the part's
+   chunks so that it stays in cache. Implicit: the padded input, the padded dy and
+   the grid; im2col: the column matrix [C k k, n] and O rows of n columns. */
 typedef struct pdp__conv_chunk {
     int64_t s0, s1, n;
-    float *col, *out, *buf, *share;
+    float *share;
+    float *xp, *dyp, *grid; /* implicit */
+    float *col, *out;       /* im2col */
 } pdp__conv_chunk;
 
-/* Workspace: the chunks' shares (O ckk + O floats each) first, then one scratch
-   region per part, reused by all of the part's chunks so that it stays in cache:
-   the columns, O rows of as many columns, and the padded-sample buffer. */
 static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, int part)
 {
     const pdp__conv_geom *g = &job->g;
-    int64_t share = g->O * g->ckk + g->O;
-    int64_t scratch = job->chunk_cap * (g->ckk + g->O) * g->cols + g->padded;
+    float *base = job->io->work + g->fixed + job->chunks * g->share + part * g->scratch;
     pdp__conv_chunk k;
     k.s0 = c * g->per_chunk;
     k.s1 = PDP__MIN(job->io->batch, k.s0 + g->per_chunk);
     k.n = (k.s1 - k.s0) * g->cols;
-    k.share = job->io->work + c * share;
-    k.col = job->io->work + job->chunks * share + part * scratch;
-    k.out = k.col + g->ckk * k.n;
-    k.buf = k.col + job->chunk_cap * (g->ckk + g->O) * g->cols;
+    k.share = job->io->work + g->fixed + c * g->share;
+    k.xp = base;
+    k.dyp = base + g->xpad;
+    k.grid = k.dyp + g->dypad;
+    k.col = base;
+    k.out = base + g->ckk * k.n;
     return k;
 }
 
-/* Zeroes part i's padded-sample buffer (im2col and col2im keep it zero outside
-   the input). */
-static void pdp__conv_part_begin(const pdp__conv_job *job, int i)
+/* ---- layers: Conv2d, implicit GEMM ---- */
+
+/* The offset tables (int64 in the workspace's first floats) and, for backward,
+   W'. Run by the caller before the parts start. */
+static void pdp__conv_implicit_setup(pdp__conv_job *job, bool backward)
+{
+    const pdp__conv_geom *g = &job->g;
+    int64_t *offx = (int64_t *)(void *)job->io->work, *offdy = offx + g->ckk;
+    float *wt = (float *)(void *)(offdy + g->O * g->k * g->k);
+    int64_t c, o, ki, kj, okk = g->O * g->k * g->k;
+    for (c = 0; c < g->C; c++)
+        for (ki = 0; ki < g->k; ki++)
+            for (kj = 0; kj < g->k; kj++)
+                offx[(c * g->k + ki) * g->k + kj] = (c * g->Hp + ki) * g->Wp + kj;
+    for (o = 0; o < g->O; o++)
+        for (ki = 0; ki < g->k; ki++)
+            for (kj = 0; kj < g->k; kj++)
+                offdy[(o * g->k + ki) * g->k + kj] = (o * g->Hq + ki) * g->Wq + kj;
+    if (backward && job->io->dx)
+        for (c = 0; c < g->C; c++)
+            for (o = 0; o < g->O; o++)
+                for (ki = 0; ki < g->k; ki++)
+                    for (kj = 0; kj < g->k; kj++)
+                        wt[c * okk + (o * g->k + ki) * g->k + kj] =
+                            job->io->w[((o * g->C + c) * g->k + g->k - 1 - ki) * g->k + g->k - 1 - kj];
+    job->offx = offx;
+    job->offdy = offdy;
+    job->wt = wt;
+}
+
+/* Zeroes part i's padded buffers: only their interiors are ever written. */
+static void pdp__conv_implicit_begin(const pdp__conv_job *job, int i, bool backward)
 {
     pdp__conv_chunk k = pdp__conv_chunk_of(job, 0, i);
-    if (job->g.padded) memset(k.buf, 0, (size_t)job->g.padded * sizeof(float));
+    memset(k.xp, 0, (size_t)job->g.xpad * sizeof(float));
+    if (backward) memset(k.dyp, 0, (size_t)job->g.dypad * sizeof(float));
 }
+
+/* Sample s into the interior of the padded input. */
+static void pdp__conv_pad_input(const pdp__conv_job *job, int64_t s, float *xp)
+{
+    const pdp__conv_geom *g = &job->g;
+    pdp__conv_copy2d(job->io->x + s * job->l->in_count, g->H * g->W, g->W,
+                     xp + g->pad * g->Wp + g->pad, g->Hp * g->Wp, g->Wp, g->C, g->H, g->W);
+}
+
+static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
+{
+    const pdp__conv_job *job = (const pdp__conv_job *)arg;
+    const pdp__conv_geom *g = &job->g;
+    const pdp__layer_io *io = job->io;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    pdp__conv_implicit_begin(job, i, false);
+    for (c = c0; c < c1; c++) {
+        pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
+        for (s = k.s0; s < k.s1; s++) {
+            pdp__conv_pad_input(job, s, k.xp);
+            pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, g->cols, g->ckk, 1.0f, io->w, g->ckk,
+                            k.xp, job->offx, 0.0f, k.grid, g->cols);
+            for (o = 0; o < g->O; o++) {
+                float bo = io->b ? io->b[o] : 0.0f;
+                for (oh = 0; oh < g->Ho; oh++) {
+                    const float *PDP__RESTRICT src = k.grid + o * g->cols + oh * g->Wp;
+                    float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
+                    PDP__FOR_BLOCKED(ow, g->Wo, dst[ow] = src[ow] + bo;);
+                }
+            }
+        }
+    }
+}
+
+static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
+{
+    const pdp__conv_job *job = (const pdp__conv_job *)arg;
+    const pdp__conv_geom *g = &job->g;
+    const pdp__layer_io *io = job->io;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    int64_t okk = g->O * g->k * g->k, dxcols = g->H * g->Wq;
+    pdp__conv_implicit_begin(job, i, true);
+    for (c = c0; c < c1; c++) {
+        pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
+        for (s = k.s0; s < k.s1; s++) {
+            const float *dy = io->dy + s * job->l->out_count;
+            float first = s == k.s0 ? 0.0f : 1.0f; /* the share: = first sample, += the rest */
+            pdp__conv_pad_input(job, s, k.xp);
+            for (o = 0; o < g->O; o++) /* dy on the wide grid, zero in the extra columns */
+                for (oh = 0; oh < g->Ho; oh++) {
+                    float *dst = k.grid + o * g->cols + oh * g->Wp;
+                    memcpy(dst, dy + (o * g->Ho + oh) * g->Wo, (size_t)g->Wo * sizeof(float));
+                    memset(dst + g->Wo, 0, (size_t)(g->Wp - g->Wo) * sizeof(float));
+                }
+            pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, g->cols, 1.0f, k.grid, g->cols,
+                            k.xp, job->offx, first, k.share, g->ckk);
+            for (o = 0; o < g->O; o++) {
+                float sum = (float)pdp__layers_sum(k.grid + o * g->cols, g->cols);
+                k.share[g->O * g->ckk + o] = first != 0.0f ? k.share[g->O * g->ckk + o] + sum : sum;
+            }
+            if (!io->dx) continue;
+            pdp__conv_copy2d(dy, g->Ho * g->Wo, g->Wo, k.dyp + g->q * g->Wq + g->q, g->Hq * g->Wq,
+                             g->Wq, g->O, g->Ho, g->Wo);
+            pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, dxcols, okk, 1.0f, job->wt, okk,
+                            k.dyp, job->offdy, 0.0f, k.grid, dxcols);
+            pdp__conv_copy2d(k.grid, dxcols, g->Wq, io->dx + s * job->l->in_count, g->H * g->W,
+                             g->W, g->C, g->H, g->W);
+        }
+    }
+}
+
+/* ---- layers: Conv2d, im2col ---- */
 
 /* Forward of the chunks of part i: im2col; out [O, n] = W col; y = out + b. */
 static void pdp__conv_forward_part(void *arg, int i, int parts)
@@ -3517,11 +3706,10 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
     int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh, ow;
-    pdp__conv_part_begin(job, i);
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++)
-            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n, k.buf);
+            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
         pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f, io->w, g->ckk, k.col, k.n,
                   0.0f, k.out, k.n);
         for (s = k.s0; s < k.s1; s++)
@@ -3529,7 +3717,7 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
                 float bo = io->b ? io->b[o] : 0.0f;
                 for (oh = 0; oh < g->Ho; oh++) {
                     const float *PDP__RESTRICT src =
-                        k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
+                        k.out + o * k.n + (s - k.s0) * g->cols + oh * g->Wo;
                     float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
                     for (ow = 0; ow < g->Wo; ow++) dst[ow] = src[ow] + bo;
                 }
@@ -3537,89 +3725,72 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
     }
 }
 
-/* The chunk's share of dW, transposed: part [ckk, O] = col [ckk, n] out^T. A GEMM
-   with ckk >= 32 rows; below that (a first layer on 1 or 3 channels) the tiles
-   would be mostly padding, and plain dot products of length n are faster. */
-static void pdp__conv_dw_share(const pdp__conv_geom *g, const float *out, const float *col,
-                               int64_t n, float *part)
-{
-    int64_t r, o;
-    if (g->ckk >= 32) {
-        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->ckk, g->O, n, 1.0f, col, n, out, n, 0.0f, part, g->O);
-        return;
-    }
-    for (r = 0; r < g->ckk; r++)
-        for (o = 0; o < g->O; o++)
-            part[r * g->O + o] = (float)pdp__layers_dot(col + r * n, out + o * n, n);
-}
-
-/* Backward of the chunks of part i: im2col again; dy gathered into out [O, n]
-   (zero in the wide grid's extra columns); the chunk's dW share (col out^T,
-   transposed) and db share; then dcol = W^T out over col, and col2im into dx. */
+/* Backward of the chunks of part i: im2col again; dy gathered into out [O, n]; the
+   chunk's dW share dy col^T and db share; then dcol = W^T out over col, and col2im
+   into dx. */
 static void pdp__conv_backward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
-    pdp__conv_part_begin(job, i);
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++) {
-            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n, k.buf);
-            for (o = 0; o < g->O; o++)
-                for (oh = 0; oh < g->Ho; oh++) {
-                    float *dst = k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
-                    memcpy(dst, io->dy + ((s * g->O + o) * g->Ho + oh) * g->Wo,
-                           (size_t)g->Wo * sizeof(float));
-                    if (g->gw > g->Wo)
-                        memset(dst + g->Wo, 0, (size_t)(g->gw - g->Wo) * sizeof(float));
-                }
+            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
+            pdp__conv_copy2d(io->dy + s * job->l->out_count, g->cols, 0,
+                             k.out + (s - k.s0) * g->cols, k.n, 0, g->O, 1, g->cols);
         }
-        pdp__conv_dw_share(g, k.out, k.col, k.n, k.share);
+        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, k.n, 1.0f, k.out, k.n, k.col, k.n, 0.0f,
+                  k.share, g->ckk);
         for (o = 0; o < g->O; o++)
             k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(k.out + o * k.n, k.n);
         if (!io->dx) continue;
         pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, g->ckk, k.n, g->O, 1.0f, io->w, g->ckk, k.out, k.n,
                   0.0f, k.col, k.n);
         for (s = k.s0; s < k.s1; s++)
-            pdp__col2im(g, k.col + (s - k.s0) * g->cols, k.n, io->dx + s * job->l->in_count, k.buf);
+            pdp__col2im(g, k.col + (s - k.s0) * g->cols, k.n, io->dx + s * job->l->in_count);
     }
 }
 
-/* Parts: the caller's threads, at most one per chunk, and few enough that their
-   scratch regions fit the workspace. A single part runs on the caller without
-   taking the pool, so its GEMMs can still use the threads. */
-static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io)
+/* ---- layers: Conv2d, driver ---- */
+
+/* Parts: the caller's threads, at most one per chunk (scratch regions are sized
+   for as many parts as samples). A single part runs on the caller without taking
+   the pool, so its GEMMs can still use the threads. */
+static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
+                               bool backward)
 {
-    int64_t parts;
     job->l = l;
     job->io = io;
     job->g = pdp__conv_geom_of(l);
     job->chunks = (io->batch + job->g.per_chunk - 1) / job->g.per_chunk;
-    job->chunk_cap = PDP__MIN(job->g.per_chunk, io->batch);
-    parts = PDP__MIN((int64_t)pdp__threads_for_caller(), io->batch / job->chunk_cap);
-    job->parts = (int)PDP__MAX(1, parts);
+    job->parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
+    job->offx = job->offdy = NULL;
+    job->wt = NULL;
+    if (job->g.implicit) pdp__conv_implicit_setup(job, backward);
 }
 
 static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
-    pdp__conv_job_init(&job, l, io);
-    pdp__parallel_for(job.parts, pdp__conv_forward_part, &job);
+    pdp__conv_job_init(&job, l, io, false);
+    pdp__parallel_for(job.parts, job.g.implicit ? pdp__conv_implicit_forward_part
+                                                : pdp__conv_forward_part, &job);
 }
 
 static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     const pdp__conv_geom *g = &job.g;
-    int64_t c, j, o;
-    pdp__conv_job_init(&job, l, io);
-    pdp__parallel_for(job.parts, pdp__conv_backward_part, &job);
+    int64_t c, o;
+    pdp__conv_job_init(&job, l, io, true);
+    pdp__parallel_for(job.parts, g->implicit ? pdp__conv_implicit_backward_part
+                                             : pdp__conv_backward_part, &job);
     for (c = 0; c < job.chunks; c++) { /* the chunks' shares, in chunk order */
-        const float *share = io->work + c * (g->O * g->ckk + g->O);
-        for (o = 0; o < g->O; o++)
-            for (j = 0; j < g->ckk; j++) io->dw[o * g->ckk + j] += share[j * g->O + o];
+        const float *PDP__RESTRICT share = io->work + g->fixed + c * g->share;
+        float *PDP__RESTRICT dw = io->dw;
+        PDP__FOR_BLOCKED(j, g->O * g->ckk, dw[j] += share[j];);
         if (io->db)
             for (o = 0; o < g->O; o++) io->db[o] += share[g->O * g->ckk + o];
     }
@@ -4072,7 +4243,7 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
         if (l->kind != PDP__FLATTEN) act += l->out_count;
         m->saved_off[i] = saved;
         saved += l->saved_per_sample;
-        work = PDP__MAX(work, l->work_per_sample);
+        work = PDP__MAX(work, pdp__layer_work_per_sample(l, m->device));
         widest = PDP__MAX(widest, l->out_count);
     }
     if ((st = pdp__dev_alloc(m->device, (size_t)(b * act + 1) * 4, (void **)&m->act_block)) ||
@@ -8351,7 +8522,8 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
 
 /* ---- begin src/comm.c ---- */
 /* comm: the public communicator API (argument checks, statistics, dispatch to a
-   backend's pdp__comm_ops table) and the local backend.
+   backend's pdp__comm_ops table), the collective queue that the local and MPI
+   backends share (handle pool, FIFO, progress thread), and the local backend.
 
    ---- the public layer ----
    Every pdp_comm_* collective validates its arguments here, stamps the handle's
@@ -8364,8 +8536,9 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
 
    ---- the local backend ----
    N ranks are threads of one process; a pdp_local_group is their shared
-   meeting point. Each rank's communicator owns one persistent progress thread
-   that runs the rank's collectives in issue order, so an asynchronous
+   meeting point. Each rank's communicator owns a collective queue (below,
+   shared with the MPI backend) whose persistent progress thread runs the
+   rank's collectives in issue order, so an asynchronous
    collective progresses while the rank's own thread computes (DDP overlaps a
    bucket's all-reduce with the rest of backward this way). One collective is:
 
@@ -8394,10 +8567,10 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
    communicator does).
 
    Locks: group->mu guards the barrier state, the slots and the broken flag;
-   each communicator's mu guards its queue, its handle pool and the handles'
-   done flags. The progress thread never holds both. Buffer contents pass
-   between threads only across these mutexes, so the backend is TSan clean.
-   Handles come from a fixed pool per communicator: nothing is allocated per
+   the queue's mu guards its queue, its handle pool and the handles' done
+   flags. The progress thread never holds both. Buffer contents pass between
+   threads only across these mutexes, so the backend is TSan clean. Handles
+   come from a fixed pool per communicator: nothing is allocated per
    collective. */
 
 /* #include "internal.h" (already above) */
@@ -8590,13 +8763,36 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
 
 /* pdp_comm_init_env (MPI, NCCL from the environment) lives in comm_mpi.c. */
 
-/* ---- comm: local backend, the group ---- */
+/* ---- comm: the collective queue (local and MPI backends) ----
 
-#define PDP__MSG_CAP 512          /* bytes of a collective's failure message */
-#define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
-#ifndef PDP_LOCAL_MAX_INFLIGHT
-#  define PDP_LOCAL_MAX_INFLIGHT 256 /* handles per local communicator */
-#endif
+   What the local and MPI backends share: a fixed pool of handles, a FIFO of
+   launched collectives and one progress thread per communicator that runs
+   them in issue order through the backend's exec callback; the backend keeps
+   only how one collective executes. A launch takes a handle from the free
+   list (nothing is allocated per collective; an empty list fails with
+   PDP_ERR_STATE naming the backend's PDP_*_MAX_INFLIGHT), queues it and
+   returns. The progress thread stamps t_start when it dequeues a handle and
+   t_done when exec returns. Wait blocks until done (exec enforces timeouts),
+   leaves a failure's message as the thread's error and returns the handle to
+   the free list; its head stays readable until the next launch (internal.h).
+   Without a progress thread (threaded = false: a local group of one) a launch
+   executes inline.
+
+   Set by the backend before pdp__workq_init (the queue is zeroed memory):
+     comm, exec  the communicator served and "run one collective";
+     sticky      the first failure breaks the queue: queued and later
+                 collectives fail at once with its status and message (MPI;
+                 the local backend keeps that state in its group instead);
+     idle        optional; called by the progress thread, mu held, when nothing
+                 is queued: false sleeps until woken, true calls it again (MPI
+                 keeps a timed-out request moving this way);
+     trace_tid   a trace track (0: off): each collective is a complete event
+                 (execution) and an async event (launch to done).
+   Locks: mu guards the queue, the free list, the handles' done/status/msg and
+   the broken state; exec runs without it, and buffers pass to the progress
+   thread and back across it. */
+
+#define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
 typedef enum pdp__coll_kind {
     PDP__COLL_ALLREDUCE,
@@ -8618,6 +8814,298 @@ typedef struct pdp__coll_args {
     float *recv;
     void *bytes_buf;      /* broadcast_bytes */
 } pdp__coll_args;
+
+typedef struct pdp__workq_item {
+    pdp_work head;                 /* first member: a pdp_work * is a pdp__workq_item * */
+    struct pdp__workq_item *next;  /* free list or queue */
+    pdp__coll_args args;
+    double t_queued;               /* launch, for the trace */
+    bool done;
+    pdp_status status;
+    char msg[PDP__MSG_CAP];
+} pdp__workq_item;
+
+typedef struct pdp__workq pdp__workq;
+
+/* Runs w to completion (progress thread, q->mu not held). On failure returns
+   the status with the message, without a function-name prefix, in msg. */
+typedef pdp_status (*pdp__workq_exec_fn)(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap);
+
+struct pdp__workq {
+    pdp_comm *comm;                /* its communicator: comm->impl points here */
+    pdp__workq_exec_fn exec;
+    bool (*idle)(pdp__workq *q);
+    bool sticky;
+    int trace_tid;
+    const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
+    int capacity;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;           /* queue not empty, or stopping */
+    pthread_cond_t done;           /* a handle completed */
+    pthread_t thread;
+    bool threaded;
+    bool stopping;
+    double stop_time;
+    pdp__workq_item *free_list, *q_head, *q_tail;
+    int64_t next_seq;
+    bool broken;                   /* sticky: first failure wins; later collectives fail fast */
+    pdp_status broken_status;
+    char broken_msg[PDP__MSG_CAP];
+};
+
+static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, double t_start,
+                             double t_done, pdp_status st)
+{
+    char args[88];
+    if (!q->trace_tid) return;
+    snprintf(args, sizeof args, "\"seq\":%lld,\"count\":%lld,\"status\":%d",
+             (long long)w->head.seq, (long long)w->args.count, (int)st);
+    pdp__trace_complete(q->comm->rank, q->trace_tid, "comm", w->head.op_name, t_start, t_done,
+                        args);
+    pdp__trace_async(q->comm->rank, q->trace_tid, "comm", w->head.op_name,
+                     ((uint64_t)(uintptr_t)q->comm << 20) ^ (uint64_t)w->head.seq, w->t_queued,
+                     t_done, args);
+}
+
+/* Executes w and completes it; q->mu held on entry and on return. */
+static void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
+{
+    double t_start = w->head.t_start = pdp__now(), t_done;
+    pdp_status st;
+    char msg[PDP__MSG_CAP];
+    if (q->broken) {
+        w->head.t_done = t_start;
+        w->status = q->broken_status;
+        snprintf(w->msg, sizeof w->msg, "%s #%lld not run: %.300s", w->head.op_name,
+                 (long long)w->head.seq, q->broken_msg);
+    } else {
+        pthread_mutex_unlock(&q->mu);
+        msg[0] = '\0';
+        st = q->exec(q, w, msg, sizeof msg);
+        t_done = pdp__now();
+        pdp__workq_trace(q, w, t_start, t_done, st);
+        pthread_mutex_lock(&q->mu);
+        if (st != PDP_OK && q->sticky && !q->broken) {
+            q->broken = true;
+            q->broken_status = st;
+            snprintf(q->broken_msg, sizeof q->broken_msg, "%s", msg);
+        }
+        w->head.t_done = t_done;
+        w->status = st;
+        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
+    }
+    w->done = true;
+    pthread_cond_broadcast(&q->done);
+}
+
+static void *pdp__workq_progress(void *arg)
+{
+    pdp__workq *q = (pdp__workq *)arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        pdp__workq_item *w;
+        while (!q->q_head && !q->stopping)
+            if (!q->idle || !q->idle(q)) pthread_cond_wait(&q->wake, &q->mu);
+        if (!q->q_head) break; /* stopping with nothing queued */
+        w = q->q_head;
+        q->q_head = w->next;
+        if (!q->q_head) q->q_tail = NULL;
+        pdp__workq_run(q, w);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+/* Threads pool[0, capacity) into the free list, creates the locks and, when
+   threaded, starts the progress thread. On failure nothing is left to release;
+   fn names the public caller. */
+static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
+                                  const char *limit_macro, bool threaded, const char *fn)
+{
+    int i;
+    q->capacity = capacity;
+    q->limit_macro = limit_macro;
+    for (i = capacity - 1; i >= 0; i--) {
+        pool[i].next = q->free_list;
+        q->free_list = &pool[i];
+    }
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->wake, NULL);
+    pthread_cond_init(&q->done, NULL);
+    q->threaded = threaded;
+    if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->wake);
+        pthread_cond_destroy(&q->done);
+        return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
+                        q->comm->rank);
+    }
+    return PDP_OK;
+}
+
+/* True once pdp__workq_shutdown began (*since: when); for an exec that polls. */
+static bool pdp__workq_stopping(pdp__workq *q, double *since)
+{
+    bool s;
+    pthread_mutex_lock(&q->mu);
+    s = q->stopping;
+    *since = q->stop_time;
+    pthread_mutex_unlock(&q->mu);
+    return s;
+}
+
+/* Lets the progress thread run what is queued, joins it and destroys the locks. */
+static void pdp__workq_shutdown(pdp__workq *q)
+{
+    if (q->threaded) {
+        pthread_mutex_lock(&q->mu);
+        q->stopping = true;
+        q->stop_time = pdp__now();
+        pthread_cond_signal(&q->wake);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->thread, NULL);
+    }
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->wake);
+    pthread_cond_destroy(&q->done);
+}
+
+/* Takes a handle, fills it and queues it (or runs it inline without a thread). */
+static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
+{
+    pdp__workq *q = (pdp__workq *)c->impl;
+    pdp__workq_item *w;
+    pthread_mutex_lock(&q->mu);
+    if (q->broken) {
+        pdp_status st = q->broken_status;
+        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
+                 pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
+        pthread_mutex_unlock(&q->mu);
+        return st;
+    }
+    w = q->free_list;
+    if (!w) {
+        pthread_mutex_unlock(&q->mu);
+        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
+                        "some (%s)", q->capacity, c->name, c->rank, q->limit_macro);
+    }
+    q->free_list = w->next;
+    w->next = NULL;
+    w->args = *args;
+    w->args.seq = q->next_seq++;
+    w->head.comm = c;
+    w->head.op_name = pdp__op_names[args->kind];
+    w->head.seq = w->args.seq;
+    w->head.t_start = w->head.t_done = 0.0;
+    w->t_queued = pdp__now();
+    w->done = false;
+    w->status = PDP_OK;
+    w->msg[0] = '\0';
+    if (q->threaded) {
+        if (q->q_tail) q->q_tail->next = w;
+        else q->q_head = w;
+        q->q_tail = w;
+        pthread_cond_signal(&q->wake);
+    } else {
+        pdp__workq_run(q, w);
+    }
+    pthread_mutex_unlock(&q->mu);
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__workq_wait(pdp_work *work)
+{
+    pdp__workq_item *w = (pdp__workq_item *)work;
+    pdp__workq *q = (pdp__workq *)work->comm->impl;
+    pdp_status st;
+    pthread_mutex_lock(&q->mu);
+    while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
+    st = w->status;
+    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
+    w->next = q->free_list; /* recycled; the head stays readable until the next launch */
+    q->free_list = w;
+    pthread_mutex_unlock(&q->mu);
+    return st;
+}
+
+static bool pdp__workq_done(pdp_work *work)
+{
+    pdp__workq_item *w = (pdp__workq_item *)work;
+    pdp__workq *q = (pdp__workq *)work->comm->impl;
+    bool d;
+    pthread_mutex_lock(&q->mu);
+    d = w->done;
+    pthread_mutex_unlock(&q->mu);
+    return d;
+}
+
+/* The pdp__comm_ops entries of a queue backend: pack the arguments, submit. */
+
+static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
+                                  float *buf, const float *send, float *recv, pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.op = op;
+    a.buf = buf;
+    a.send = send;
+    a.recv = recv;
+    return pdp__workq_submit(c, &a, w);
+}
+
+static pdp_status pdp__workq_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                       pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, buf, NULL, NULL, w);
+}
+
+static pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                       pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, buf, NULL, NULL, w);
+}
+
+static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, NULL, send, recv, w);
+}
+
+static pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
+                                       int64_t send_count, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, NULL, send, recv, w);
+}
+
+static pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, NULL, NULL, NULL, w);
+}
+
+/* Synchronous, but queued like the others so that it keeps its place in the order. */
+static pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    pdp__coll_args a;
+    pdp_work *w = NULL;
+    pdp_status st;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_BROADCAST_BYTES;
+    a.count = (int64_t)bytes;
+    a.op = root;
+    a.bytes_buf = buf;
+    if ((st = pdp__workq_submit(c, &a, &w)) != PDP_OK) return st;
+    return pdp__workq_wait(w);
+}
+
+/* ---- comm: local backend, the group ---- */
+
+#define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
+#ifndef PDP_LOCAL_MAX_INFLIGHT
+#  define PDP_LOCAL_MAX_INFLIGHT 256 /* handles per local communicator */
+#endif
 
 struct pdp_local_group {
     int size;
@@ -8903,36 +9391,22 @@ static void pdp__local_execute(pdp_local_group *g, int r)
     }
 }
 
-/* ---- comm: local backend, communicators and the progress thread ---- */
-
-typedef struct pdp__local_work {
-    pdp_work head;                 /* first member: a pdp_work * is a pdp__local_work * */
-    struct pdp__local_work *next;  /* free list or queue */
-    pdp__coll_args args;
-    bool done;
-    pdp_status status;
-    char msg[PDP__MSG_CAP];
-} pdp__local_work;
+/* ---- comm: local backend, communicators ---- */
 
 typedef struct pdp__local_comm {
     pdp_comm head;                 /* first member */
+    pdp__workq q;                  /* head.impl points here */
     pdp_local_group *g;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;           /* queue not empty, or stopping */
-    pthread_cond_t done;           /* a handle completed */
-    pthread_t thread;
-    bool has_thread;
-    bool stopping;
-    pdp__local_work *free_list, *q_head, *q_tail;
-    int64_t next_seq;
-    pdp__local_work pool[PDP_LOCAL_MAX_INFLIGHT];
+    pdp__workq_item pool[PDP_LOCAL_MAX_INFLIGHT];
 } pdp__local_comm;
 
-/* Runs one collective for this rank: barrier A, its share of the work, barrier B. */
-static pdp_status pdp__local_run(pdp__local_comm *lc, const pdp__coll_args *a, char *msg,
-                                 size_t cap)
+/* The queue's exec: one collective for this rank, barrier A, its share of the
+   work, barrier B. */
+static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
 {
+    pdp__local_comm *lc = (pdp__local_comm *)q->comm;
     pdp_local_group *g = lc->g;
+    const pdp__coll_args *a = &w->args;
     int r = lc->head.rank;
     pdp_status st;
     if (g->size == 1) {
@@ -8946,177 +9420,6 @@ static pdp_status pdp__local_run(pdp__local_comm *lc, const pdp__coll_args *a, c
     return pdp__group_barrier(g, r, a, false, msg, cap);
 }
 
-static void *pdp__local_progress(void *arg)
-{
-    pdp__local_comm *lc = (pdp__local_comm *)arg;
-    pthread_mutex_lock(&lc->mu);
-    for (;;) {
-        pdp__local_work *w;
-        pdp__coll_args a;
-        pdp_status st;
-        char msg[PDP__MSG_CAP];
-        while (!lc->q_head && !lc->stopping) pthread_cond_wait(&lc->wake, &lc->mu);
-        if (!lc->q_head) break; /* stopping with nothing queued */
-        w = lc->q_head;
-        lc->q_head = w->next;
-        if (!lc->q_head) lc->q_tail = NULL;
-        a = w->args;
-        w->head.t_start = pdp__now();
-        pthread_mutex_unlock(&lc->mu);
-
-        msg[0] = '\0';
-        st = pdp__local_run(lc, &a, msg, sizeof msg);
-
-        pthread_mutex_lock(&lc->mu);
-        w->head.t_done = pdp__now();
-        w->status = st;
-        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
-        w->done = true;
-        pthread_cond_broadcast(&lc->done);
-    }
-    pthread_mutex_unlock(&lc->mu);
-    return NULL;
-}
-
-/* Takes a handle, fills it and queues it (or runs it inline for a group of one). */
-static pdp_status pdp__local_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
-{
-    pdp__local_comm *lc = (pdp__local_comm *)c;
-    pdp__local_work *w;
-    pthread_mutex_lock(&lc->mu);
-    w = lc->free_list;
-    if (!w) {
-        pthread_mutex_unlock(&lc->mu);
-        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
-                        "some (PDP_LOCAL_MAX_INFLIGHT)", PDP_LOCAL_MAX_INFLIGHT, c->name, c->rank);
-    }
-    lc->free_list = w->next;
-    w->next = NULL;
-    w->args = *args;
-    w->args.seq = lc->next_seq++;
-    w->head.comm = c;
-    w->head.op_name = pdp__op_names[args->kind];
-    w->head.seq = w->args.seq;
-    w->head.t_start = w->head.t_done = 0.0;
-    w->done = false;
-    w->status = PDP_OK;
-    w->msg[0] = '\0';
-    if (!lc->has_thread) { /* world size 1: every collective is local and immediate */
-        char msg[8];
-        w->head.t_start = pdp__now();
-        w->status = pdp__local_run(lc, &w->args, msg, sizeof msg);
-        w->head.t_done = pdp__now();
-        w->done = true;
-    } else {
-        if (lc->q_tail) lc->q_tail->next = w;
-        else lc->q_head = w;
-        lc->q_tail = w;
-        pthread_cond_signal(&lc->wake);
-    }
-    pthread_mutex_unlock(&lc->mu);
-    *out = &w->head;
-    return PDP_OK;
-}
-
-static pdp_status pdp__local_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                       pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_ALLREDUCE;
-    a.count = count;
-    a.op = (int)op;
-    a.buf = buf;
-    return pdp__local_submit(c, &a, w);
-}
-
-static pdp_status pdp__local_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                       pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_BROADCAST;
-    a.count = count;
-    a.op = root;
-    a.buf = buf;
-    return pdp__local_submit(c, &a, w);
-}
-
-static pdp_status pdp__local_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_REDUCE_SCATTER;
-    a.count = recv_count;
-    a.op = (int)op;
-    a.send = send;
-    a.recv = recv;
-    return pdp__local_submit(c, &a, w);
-}
-
-static pdp_status pdp__local_allgather(pdp_comm *c, const float *send, float *recv,
-                                       int64_t send_count, pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_ALLGATHER;
-    a.count = send_count;
-    a.send = send;
-    a.recv = recv;
-    return pdp__local_submit(c, &a, w);
-}
-
-static pdp_status pdp__local_barrier(pdp_comm *c, pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_BARRIER;
-    return pdp__local_submit(c, &a, w);
-}
-
-static pdp_status pdp__local_wait(pdp_work *work);
-
-static pdp_status pdp__local_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
-{
-    pdp__coll_args a;
-    pdp_work *w = NULL;
-    pdp_status st;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_BROADCAST_BYTES;
-    a.count = (int64_t)bytes;
-    a.op = root;
-    a.bytes_buf = buf;
-    if ((st = pdp__local_submit(c, &a, &w)) != PDP_OK) return st;
-    return pdp__local_wait(w);
-}
-
-static pdp_status pdp__local_wait(pdp_work *work)
-{
-    pdp__local_work *w = (pdp__local_work *)work;
-    pdp__local_comm *lc = (pdp__local_comm *)work->comm;
-    pdp_status st;
-    pthread_mutex_lock(&lc->mu);
-    while (!w->done) pthread_cond_wait(&lc->done, &lc->mu); /* the progress thread times out */
-    st = w->status;
-    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
-    w->next = lc->free_list; /* recycled; the head stays readable until the next launch */
-    lc->free_list = w;
-    pthread_mutex_unlock(&lc->mu);
-    return st;
-}
-
-static bool pdp__local_done(pdp_work *work)
-{
-    pdp__local_work *w = (pdp__local_work *)work;
-    pdp__local_comm *lc = (pdp__local_comm *)work->comm;
-    bool d;
-    pthread_mutex_lock(&lc->mu);
-    d = w->done;
-    pthread_mutex_unlock(&lc->mu);
-    return d;
-}
-
 static void pdp__local_destroy(pdp_comm *c)
 {
     pdp__local_comm *lc = (pdp__local_comm *)c;
@@ -9127,30 +9430,21 @@ static void pdp__local_destroy(pdp_comm *c)
     g->gone[c->rank] = true;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
-    if (lc->has_thread) {
-        pthread_mutex_lock(&lc->mu);
-        lc->stopping = true;
-        pthread_cond_signal(&lc->wake);
-        pthread_mutex_unlock(&lc->mu);
-        pthread_join(lc->thread, NULL);
-    }
-    pthread_mutex_destroy(&lc->mu);
-    pthread_cond_destroy(&lc->wake);
-    pthread_cond_destroy(&lc->done);
+    pdp__workq_shutdown(&lc->q);
     pdp__dealloc(lc);
 }
 
 static const pdp__comm_ops pdp__local_ops = {
-    pdp__local_allreduce, pdp__local_broadcast,  pdp__local_reduce_scatter,
-    pdp__local_allgather, pdp__local_barrier,    pdp__local_broadcast_bytes,
-    pdp__local_wait,      pdp__local_done,       pdp__local_destroy,
+    pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
+    pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__workq_wait,      pdp__workq_done,      pdp__local_destroy,
 };
 
 PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank)
 {
     static const char *fn = "pdp_comm_create_local";
     pdp__local_comm *lc;
-    int i;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
@@ -9174,28 +9468,18 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
     lc->head.timeout_s = g->timeout_s;
     lc->head.device = g->device;
     memcpy(lc->head.name, g->name, sizeof lc->head.name);
-    lc->head.impl = lc;
+    lc->head.impl = &lc->q;
     lc->g = g;
-    for (i = PDP_LOCAL_MAX_INFLIGHT - 1; i >= 0; i--) {
-        lc->pool[i].next = lc->free_list;
-        lc->free_list = &lc->pool[i];
-    }
-    pthread_mutex_init(&lc->mu, NULL);
-    pthread_cond_init(&lc->wake, NULL);
-    pthread_cond_init(&lc->done, NULL);
-    if (g->size > 1) {
-        if (pthread_create(&lc->thread, NULL, pdp__local_progress, lc) != 0) {
-            pthread_mutex_lock(&g->mu);
-            g->joined[rank] = false;
-            pthread_mutex_unlock(&g->mu);
-            pthread_mutex_destroy(&lc->mu);
-            pthread_cond_destroy(&lc->wake);
-            pthread_cond_destroy(&lc->done);
-            pdp__dealloc(lc);
-            return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
-                            rank);
-        }
-        lc->has_thread = true;
+    lc->q.comm = &lc->head;
+    lc->q.exec = pdp__local_exec;
+    /* world size 1: every collective is local and immediate, no thread */
+    if ((st = pdp__workq_init(&lc->q, lc->pool, PDP_LOCAL_MAX_INFLIGHT, "PDP_LOCAL_MAX_INFLIGHT",
+                              g->size > 1, fn)) != PDP_OK) {
+        pthread_mutex_lock(&g->mu);
+        g->joined[rank] = false;
+        pthread_mutex_unlock(&g->mu);
+        pdp__dealloc(lc);
+        return st;
     }
     *out = &lc->head;
     return PDP_OK;
@@ -9228,9 +9512,10 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    MPI's error string.
 
    One progress thread per communicator runs the collectives in issue order,
-   as PyTorch's ProcessGroupMPI does: a launch only queues a handle from a
-   fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is allocated per collective) and
-   returns, so the calling rank keeps computing backward while the all-reduce
+   as PyTorch's ProcessGroupMPI does (comm.c's collective queue, shared with
+   the local backend; this file supplies its exec, idle and destroy): a launch
+   only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
+   allocated per collective) and returns, so the calling rank keeps computing backward while the all-reduce
    runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
    MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
    MPI_Test: spinning first, then yielding, then sleeping 50 us, so an idle
@@ -9245,8 +9530,9 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    collective that has not completed timeout_s after the thread posted it fails
    with PDP_ERR_TIMEOUT naming the collective, its sequence number and the
    communicator (MPI cannot say which rank is missing). The communicator is
-   then broken: queued and later collectives fail at once with the same status
-   and message, as an aborted NCCL communicator does. The timed-out request
+   then broken (the queue is sticky): queued and later collectives fail at
+   once with the same status and message, as an aborted NCCL communicator
+   does. The timed-out request
    cannot be cancelled (MPI forbids cancelling collectives); the thread keeps
    testing it, so a late rank still completes it and the communicator can be
    freed cleanly. pdp_comm_free gives an in-flight request one more second,
@@ -9263,8 +9549,9 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    live communicators and whether pdp initialised MPI) is process-wide,
    behind a mutex, because MPI's own initialisation is.
 
-   Locks: mc->mu guards the queue, the pool, the handles' done/status and the
-   broken state; the progress thread never holds it inside an MPI call.
+   Locks: the queue's mu guards the queue, the pool, the handles' done/status,
+   the broken state and the orphan; the progress thread never holds it inside
+   an MPI call.
    Buffers pass to the progress thread and back across that mutex (TSan finds
    nothing in this file; OpenMPI's own internals draw reports of their own).
    Reference: MPI 3.1, chapter 5.12 (non-blocking collectives). */
@@ -9307,57 +9594,17 @@ static MPI_Comm pdp__mpi_init_comm;
 
 /* ---- comm_mpi: state ---- */
 
-typedef enum pdp__mpi_kind {
-    PDP__MPI_ALLREDUCE,
-    PDP__MPI_BROADCAST,
-    PDP__MPI_REDUCE_SCATTER,
-    PDP__MPI_ALLGATHER,
-    PDP__MPI_BARRIER,
-    PDP__MPI_BROADCAST_BYTES
-} pdp__mpi_kind;
-
-static const char *const pdp__mpi_kind_names[] = {"allreduce", "broadcast", "reduce_scatter",
-                                                  "allgather", "barrier",   "broadcast_bytes"};
-
-typedef struct pdp__mpi_work {
-    pdp_work head;               /* first member */
-    struct pdp__mpi_work *next;  /* free list or queue */
-    pdp__mpi_kind kind;
-    pdp_reduce_op op;
-    int root;
-    float *buf;                  /* all-reduce, broadcast */
-    const float *send;           /* reduce-scatter, all-gather */
-    float *recv;
-    void *bytes_buf;             /* broadcast_bytes */
-    int64_t count;               /* elements (bytes for broadcast_bytes) */
-    double t_queued;             /* for the trace (head.t_launch is the caller's) */
-    bool done;
-    pdp_status status;
-    char msg[400];
-} pdp__mpi_work;
-
 typedef struct pdp__mpi_comm {
     pdp_comm head;               /* first member */
+    pdp__workq q;                /* head.impl points here; sticky, with an idle poll */
     MPI_Comm mcomm;              /* our duplicate of MPI_COMM_WORLD */
-    pthread_mutex_t mu;
-    pthread_cond_t wake;         /* queue not empty, or stopping */
-    pthread_cond_t done;         /* a handle completed */
-    pthread_t thread;
-    bool stopping;
-    double stop_time;
-    pdp__mpi_work *free_list, *q_head, *q_tail;
-    int64_t next_seq;
-    bool broken;                 /* first failure wins; later collectives fail fast */
-    pdp_status broken_status;
-    char broken_msg[400];
-    bool orphan;                 /* a timed-out request is still pending */
+    bool orphan;                 /* a timed-out request is still pending (q.mu) */
     MPI_Request orphan_req;
-    int trace_tid;               /* 0 when tracing is off */
     bool traced;                 /* pdp__trace_open succeeded: close at free */
-    pdp__mpi_work pool[PDP_MPI_MAX_INFLIGHT];
+    pdp__workq_item pool[PDP_MPI_MAX_INFLIGHT];
 } pdp__mpi_comm;
 
-/* ---- comm_mpi: progress thread ---- */
+/* ---- comm_mpi: executing a collective (the queue's exec and idle) ---- */
 
 static void pdp__mpi_errstr(int rc, char *out, size_t cap)
 {
@@ -9368,20 +9615,10 @@ static void pdp__mpi_errstr(int rc, char *out, size_t cap)
     snprintf(out, cap, "%s (MPI error %d)", len ? s : "unknown", rc);
 }
 
-static bool pdp__mpi_stopping(pdp__mpi_comm *mc, double *since)
-{
-    bool s;
-    pthread_mutex_lock(&mc->mu);
-    s = mc->stopping;
-    *since = mc->stop_time;
-    pthread_mutex_unlock(&mc->mu);
-    return s;
-}
-
 /* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
    PDP_ERR_COMM when the communicator is being freed, with *req left pending
    (the caller records it as the orphan). */
-static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, pdp__mpi_work *w, MPI_Request *req,
+static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
                                  double deadline, char *msg, size_t cap)
 {
     pdp_comm *c = &mc->head;
@@ -9403,10 +9640,10 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, pdp__mpi_work *w, MPI_Reques
                      "%g s on rank %d of %d: at least one rank did not arrive (it skipped the "
                      "collective, issued another one, hangs or died; MPI cannot say which); "
                      "the communicator is broken", w->head.op_name, (long long)w->head.seq,
-                     (long long)w->count, c->name, c->timeout_s, c->rank, c->size);
+                     (long long)w->args.count, c->name, c->timeout_s, c->rank, c->size);
             return PDP_ERR_TIMEOUT;
         }
-        if ((++polls & 63) == 0 && pdp__mpi_stopping(mc, &since) &&
+        if ((++polls & 63) == 0 && pdp__workq_stopping(&mc->q, &since) &&
             now > since + PDP__MPI_FREE_GRACE_S) {
             snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d): abandoned in flight when the "
                      "communicator was freed", w->head.op_name, (long long)w->head.seq, c->name,
@@ -9424,7 +9661,7 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, pdp__mpi_work *w, MPI_Reques
 }
 
 /* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
-static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, pdp__mpi_work *w, int rc, const char *call,
+static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
                                   char *msg, size_t cap)
 {
     char e[256];
@@ -9443,209 +9680,116 @@ static void pdp__mpi_divide(float *p, int64_t n, int size)
 }
 
 /* Runs one collective to completion on the progress thread. */
-static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, pdp__mpi_work *w, MPI_Request *req, char *msg,
-                               size_t cap)
+static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
+                               char *msg, size_t cap)
 {
+    const pdp__coll_args *a = &w->args;
     MPI_Comm mcomm = mc->mcomm;
     double deadline = w->head.t_start + mc->head.timeout_s;
     int size = mc->head.size, rank = mc->head.rank, n;
     int64_t off, len;
     pdp_status st;
     *req = MPI_REQUEST_NULL;
-    switch (w->kind) {
-    case PDP__MPI_ALLREDUCE:
-    case PDP__MPI_BROADCAST:
-    case PDP__MPI_BROADCAST_BYTES:
-        for (off = 0; off < w->count; off += len) {
-            len = PDP__MIN(w->count - off, (int64_t)PDP_MPI_CHUNK);
+    switch (a->kind) {
+    case PDP__COLL_ALLREDUCE:
+    case PDP__COLL_BROADCAST:
+    case PDP__COLL_BROADCAST_BYTES:
+        for (off = 0; off < a->count; off += len) {
+            len = PDP__MIN(a->count - off, (int64_t)PDP_MPI_CHUNK);
             n = (int)len;
-            if (w->kind == PDP__MPI_ALLREDUCE)
-                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, w->buf + off, n,
+            if (a->kind == PDP__COLL_ALLREDUCE)
+                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, a->buf + off, n,
                                      MPI_FLOAT, MPI_SUM, mcomm, req), "MPI_Iallreduce", msg, cap);
-            else if (w->kind == PDP__MPI_BROADCAST)
-                st = pdp__mpi_posted(mc, w, MPI_Ibcast(w->buf + off, n, MPI_FLOAT, w->root, mcomm,
+            else if (a->kind == PDP__COLL_BROADCAST)
+                st = pdp__mpi_posted(mc, w, MPI_Ibcast(a->buf + off, n, MPI_FLOAT, a->op, mcomm,
                                      req), "MPI_Ibcast", msg, cap);
             else
-                st = pdp__mpi_posted(mc, w, MPI_Ibcast((char *)w->bytes_buf + off, n, MPI_BYTE,
-                                     w->root, mcomm, req), "MPI_Ibcast", msg, cap);
+                st = pdp__mpi_posted(mc, w, MPI_Ibcast((char *)a->bytes_buf + off, n, MPI_BYTE,
+                                     a->op, mcomm, req), "MPI_Ibcast", msg, cap);
             if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
             if (st != PDP_OK) return st;
         }
-        if (w->kind == PDP__MPI_ALLREDUCE && w->op == PDP_REDUCE_AVG)
-            pdp__mpi_divide(w->buf, w->count, size);
+        if (a->kind == PDP__COLL_ALLREDUCE && a->op == PDP_REDUCE_AVG)
+            pdp__mpi_divide(a->buf, a->count, size);
         return PDP_OK;
-    case PDP__MPI_REDUCE_SCATTER: {
-        float *mine = (float *)w->send + (int64_t)rank * w->count; /* in-place slot */
-        bool in_place = w->recv == mine;
-        n = (int)w->count;
+    case PDP__COLL_REDUCE_SCATTER: {
+        float *mine = (float *)a->send + (int64_t)rank * a->count; /* in-place slot */
+        bool in_place = a->recv == mine;
+        n = (int)a->count;
         if (size == 1) {
-            if (w->recv != w->send && n > 0) memmove(w->recv, w->send, (size_t)n * sizeof(float));
+            if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
         } else {
             /* in place, MPI leaves the result at the start of the buffer */
             st = pdp__mpi_posted(mc, w, MPI_Ireduce_scatter_block(
-                                     in_place ? MPI_IN_PLACE : (void *)w->send,
-                                     in_place ? (void *)w->send : (void *)w->recv, n, MPI_FLOAT,
+                                     in_place ? MPI_IN_PLACE : (void *)a->send,
+                                     in_place ? (void *)a->send : (void *)a->recv, n, MPI_FLOAT,
                                      MPI_SUM, mcomm, req),
                                  "MPI_Ireduce_scatter_block", msg, cap);
             if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
             if (st != PDP_OK) return st;
-            if (in_place && rank > 0) memmove(w->recv, w->send, (size_t)n * sizeof(float));
+            if (in_place && rank > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
         }
-        if (w->op == PDP_REDUCE_AVG) pdp__mpi_divide(w->recv, w->count, size);
+        if (a->op == PDP_REDUCE_AVG) pdp__mpi_divide(a->recv, a->count, size);
         return PDP_OK;
     }
-    case PDP__MPI_ALLGATHER: {
-        bool in_place = w->send == w->recv + (int64_t)rank * w->count;
-        n = (int)w->count;
-        st = pdp__mpi_posted(mc, w, MPI_Iallgather(in_place ? MPI_IN_PLACE : (void *)w->send,
-                             n, MPI_FLOAT, w->recv, n, MPI_FLOAT, mcomm, req),
+    case PDP__COLL_ALLGATHER: {
+        bool in_place = a->send == a->recv + (int64_t)rank * a->count;
+        n = (int)a->count;
+        st = pdp__mpi_posted(mc, w, MPI_Iallgather(in_place ? MPI_IN_PLACE : (void *)a->send,
+                             n, MPI_FLOAT, a->recv, n, MPI_FLOAT, mcomm, req),
                              "MPI_Iallgather", msg, cap);
         if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
         return st;
     }
-    case PDP__MPI_BARRIER:
+    case PDP__COLL_BARRIER:
         st = pdp__mpi_posted(mc, w, MPI_Ibarrier(mcomm, req), "MPI_Ibarrier", msg, cap);
         if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
         return st;
     }
-    snprintf(msg, cap, "comm_mpi: unknown collective kind %d", (int)w->kind);
+    snprintf(msg, cap, "comm_mpi: unknown collective kind %d", (int)a->kind);
     return PDP_ERR_STATE;
 }
 
-static void pdp__mpi_trace(pdp__mpi_comm *mc, const pdp__mpi_work *w, double t_start,
-                           double t_done, pdp_status st)
+/* The queue's exec; a request posted but never completed becomes the orphan. */
+static pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
 {
-    char args[88];
-    if (!mc->trace_tid) return;
-    snprintf(args, sizeof args, "\"seq\":%lld,\"count\":%lld,\"status\":%d",
-             (long long)w->head.seq, (long long)w->count, (int)st);
-    pdp__trace_complete(mc->head.rank, mc->trace_tid, "comm", w->head.op_name, t_start, t_done,
-                        args);
-    pdp__trace_async(mc->head.rank, mc->trace_tid, "comm", w->head.op_name,
-                     ((uint64_t)(uintptr_t)mc << 20) ^ (uint64_t)w->head.seq, w->t_queued, t_done,
-                     args);
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    MPI_Request req;
+    pdp_status st = pdp__mpi_run(mc, w, &req, msg, cap);
+    if (st != PDP_OK && req != MPI_REQUEST_NULL) {
+        pthread_mutex_lock(&q->mu);
+        mc->orphan = true;
+        mc->orphan_req = req;
+        pthread_mutex_unlock(&q->mu);
+    }
+    return st;
 }
 
-static void *pdp__mpi_progress(void *arg)
+/* Sleeps 1 ms, then tests the orphan once: true when it completed. */
+static bool pdp__mpi_orphan_test(MPI_Request *req)
 {
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)arg;
-    pthread_mutex_lock(&mc->mu);
-    for (;;) {
-        pdp__mpi_work *w;
-        MPI_Request req;
-        pdp_status st;
-        double t_start, t_done;
-        char msg[400];
-        while (!mc->q_head && !mc->stopping) {
-            if (mc->orphan) { /* keep a timed-out request moving: a late rank completes it */
-                int flag = 0;
-                struct timespec ts = {0, 1000000}; /* 1 ms */
-                pthread_mutex_unlock(&mc->mu);
-                nanosleep(&ts, NULL);
-                if (MPI_Test(&mc->orphan_req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
-                pthread_mutex_lock(&mc->mu);
-                if (flag) mc->orphan = false;
-            } else {
-                pthread_cond_wait(&mc->wake, &mc->mu);
-            }
-        }
-        if (!mc->q_head) break; /* stopping with nothing queued */
-        w = mc->q_head;
-        mc->q_head = w->next;
-        if (!mc->q_head) mc->q_tail = NULL;
-        t_start = w->head.t_start = pdp__now();
-        if (mc->broken) {
-            w->head.t_done = t_start;
-            w->status = mc->broken_status;
-            snprintf(w->msg, sizeof w->msg, "%s #%lld not run: %.300s", w->head.op_name,
-                     (long long)w->head.seq, mc->broken_msg);
-            w->done = true;
-            pthread_cond_broadcast(&mc->done);
-            continue;
-        }
-        pthread_mutex_unlock(&mc->mu);
+    int flag = 0;
+    struct timespec ts = {0, 1000000}; /* 1 ms */
+    nanosleep(&ts, NULL);
+    if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
+    return flag != 0;
+}
 
-        msg[0] = '\0';
-        st = pdp__mpi_run(mc, w, &req, msg, sizeof msg);
-        t_done = pdp__now();
-        pdp__mpi_trace(mc, w, t_start, t_done, st);
-
-        pthread_mutex_lock(&mc->mu);
-        if (st != PDP_OK && req != MPI_REQUEST_NULL) { /* posted, never completed */
-            mc->orphan = true;
-            mc->orphan_req = req;
-        }
-        if (st != PDP_OK && !mc->broken) {
-            mc->broken = true;
-            mc->broken_status = st;
-            snprintf(mc->broken_msg, sizeof mc->broken_msg, "%s", msg);
-        }
-        w->head.t_done = t_done;
-        w->status = st;
-        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
-        w->done = true;
-        pthread_cond_broadcast(&mc->done);
-    }
-    /* freeing: give a timed-out request a last chance to complete */
-    while (mc->orphan && pdp__now() < mc->stop_time + PDP__MPI_FREE_GRACE_S) {
-        int flag = 0;
-        struct timespec ts = {0, 1000000};
-        pthread_mutex_unlock(&mc->mu);
-        nanosleep(&ts, NULL);
-        if (MPI_Test(&mc->orphan_req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
-        pthread_mutex_lock(&mc->mu);
-        if (flag) mc->orphan = false;
-    }
-    pthread_mutex_unlock(&mc->mu);
-    return NULL;
+/* The queue's idle hook (q->mu held): keep a timed-out request moving, so
+   that a late rank completes it and the communicator can be freed cleanly. */
+static bool pdp__mpi_idle(pdp__workq *q)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    bool done;
+    if (!mc->orphan) return false;
+    pthread_mutex_unlock(&q->mu);
+    done = pdp__mpi_orphan_test(&mc->orphan_req);
+    pthread_mutex_lock(&q->mu);
+    if (done) mc->orphan = false;
+    return true;
 }
 
 /* ---- comm_mpi: the ops table ---- */
-
-static pdp_status pdp__mpi_submit(pdp_comm *c, pdp__mpi_work *args, pdp_work **out)
-{
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
-    pdp__mpi_work *w;
-    pthread_mutex_lock(&mc->mu);
-    if (mc->broken) {
-        pdp_status st = mc->broken_status;
-        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
-                 pdp__mpi_kind_names[args->kind], c->name, c->rank, c->size, mc->broken_msg);
-        pthread_mutex_unlock(&mc->mu);
-        return st;
-    }
-    w = mc->free_list;
-    if (!w) {
-        pthread_mutex_unlock(&mc->mu);
-        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
-                        "some (PDP_MPI_MAX_INFLIGHT)", PDP_MPI_MAX_INFLIGHT, c->name, c->rank);
-    }
-    mc->free_list = w->next;
-    w->next = NULL;
-    w->kind = args->kind;
-    w->op = args->op;
-    w->root = args->root;
-    w->buf = args->buf;
-    w->send = args->send;
-    w->recv = args->recv;
-    w->bytes_buf = args->bytes_buf;
-    w->count = args->count;
-    w->head.comm = c;
-    w->head.op_name = pdp__mpi_kind_names[args->kind];
-    w->head.seq = mc->next_seq++;
-    w->head.t_start = w->head.t_done = 0.0;
-    w->t_queued = pdp__now();
-    w->done = false;
-    w->status = PDP_OK;
-    w->msg[0] = '\0';
-    if (mc->q_tail) mc->q_tail->next = w;
-    else mc->q_head = w;
-    mc->q_tail = w;
-    pthread_cond_signal(&mc->wake);
-    pthread_mutex_unlock(&mc->mu);
-    *out = &w->head;
-    return PDP_OK;
-}
 
 static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const char *what)
 {
@@ -9655,105 +9799,20 @@ static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const cha
                     c->name, c->rank, (int)INT32_MAX);
 }
 
-static pdp_status pdp__mpi_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                     pdp_work **w)
-{
-    pdp__mpi_work a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_ALLREDUCE;
-    a.count = count;
-    a.op = op;
-    a.buf = buf;
-    return pdp__mpi_submit(c, &a, w);
-}
-
-static pdp_status pdp__mpi_broadcast(pdp_comm *c, float *buf, int64_t count, int root, pdp_work **w)
-{
-    pdp__mpi_work a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_BROADCAST;
-    a.count = count;
-    a.root = root;
-    a.buf = buf;
-    return pdp__mpi_submit(c, &a, w);
-}
-
 static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const float *send, float *recv,
                                           int64_t recv_count, pdp_reduce_op op, pdp_work **w)
 {
-    pdp__mpi_work a;
     pdp_status st;
     if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_REDUCE_SCATTER;
-    a.count = recv_count;
-    a.op = op;
-    a.send = send;
-    a.recv = recv;
-    return pdp__mpi_submit(c, &a, w);
+    return pdp__workq_reduce_scatter(c, send, recv, recv_count, op, w);
 }
 
 static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
                                      int64_t send_count, pdp_work **w)
 {
-    pdp__mpi_work a;
     pdp_status st;
     if ((st = pdp__mpi_int_count(c, send_count, "allgather")) != PDP_OK) return st;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_ALLGATHER;
-    a.count = send_count;
-    a.send = send;
-    a.recv = recv;
-    return pdp__mpi_submit(c, &a, w);
-}
-
-static pdp_status pdp__mpi_barrier(pdp_comm *c, pdp_work **w)
-{
-    pdp__mpi_work a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_BARRIER;
-    return pdp__mpi_submit(c, &a, w);
-}
-
-static pdp_status pdp__mpi_wait(pdp_work *work)
-{
-    pdp__mpi_work *w = (pdp__mpi_work *)work;
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)work->comm;
-    pdp_status st;
-    pthread_mutex_lock(&mc->mu);
-    while (!w->done) pthread_cond_wait(&mc->done, &mc->mu); /* the progress thread times out */
-    st = w->status;
-    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
-    w->next = mc->free_list; /* recycled; the head stays readable until the next launch */
-    mc->free_list = w;
-    pthread_mutex_unlock(&mc->mu);
-    return st;
-}
-
-static bool pdp__mpi_done(pdp_work *work)
-{
-    pdp__mpi_work *w = (pdp__mpi_work *)work;
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)work->comm;
-    bool d;
-    pthread_mutex_lock(&mc->mu);
-    d = w->done;
-    pthread_mutex_unlock(&mc->mu);
-    return d;
-}
-
-/* Synchronous, queued like the others so it keeps its place in the order. */
-static pdp_status pdp__mpi_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
-{
-    pdp__mpi_work a;
-    pdp_work *w = NULL;
-    pdp_status st;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_BROADCAST_BYTES;
-    a.count = (int64_t)bytes;
-    a.root = root;
-    a.bytes_buf = buf;
-    if ((st = pdp__mpi_submit(c, &a, &w)) != PDP_OK) return st;
-    return pdp__mpi_wait(w);
+    return pdp__workq_allgather(c, send, recv, send_count, w);
 }
 
 /* Tests *req until it completes (true) or deadline passes (false). */
@@ -9794,15 +9853,11 @@ static void pdp__mpi_release(void)
 static void pdp__mpi_destroy(pdp_comm *c)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
-    bool leaked;
-    pthread_mutex_lock(&mc->mu);
-    mc->stopping = true;
-    mc->stop_time = pdp__now();
-    pthread_cond_signal(&mc->wake);
-    pthread_mutex_unlock(&mc->mu);
-    pthread_join(mc->thread, NULL);
-    leaked = mc->orphan;
-    if (leaked) { /* a request that never completed still references mcomm: leave both */
+    pdp__workq_shutdown(&mc->q);
+    /* give a timed-out request a last chance to complete */
+    while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
+        if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
+    if (mc->orphan) { /* a request that never completed still references mcomm: leave both */
         pthread_mutex_lock(&pdp__mpi_mu);
         pdp__mpi_unclean = true;
         pthread_mutex_unlock(&pdp__mpi_mu);
@@ -9810,17 +9865,14 @@ static void pdp__mpi_destroy(pdp_comm *c)
         MPI_Comm_free(&mc->mcomm);
     }
     if (mc->traced) pdp__trace_close();
-    pthread_mutex_destroy(&mc->mu);
-    pthread_cond_destroy(&mc->wake);
-    pthread_cond_destroy(&mc->done);
     pdp__dealloc(mc);
     pdp__mpi_release();
 }
 
 static const pdp__comm_ops pdp__mpi_ops = {
-    pdp__mpi_allreduce, pdp__mpi_broadcast, pdp__mpi_reduce_scatter,
-    pdp__mpi_allgather, pdp__mpi_barrier,   pdp__mpi_broadcast_bytes,
-    pdp__mpi_wait,      pdp__mpi_done,      pdp__mpi_destroy,
+    pdp__workq_allreduce, pdp__workq_broadcast, pdp__mpi_reduce_scatter,
+    pdp__mpi_allgather,   pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };
 
 /* ---- comm_mpi: creation ---- */
@@ -9874,7 +9926,7 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     pdp__mpi_comm *mc;
     MPI_Comm mcomm = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
-    int rank = 0, size = 1, rc, i;
+    int rank = 0, size = 1, rc;
     double timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
     pdp_status st;
     if (desc && desc->device.kind != PDP_DEVICE_CPU)
@@ -9932,12 +9984,12 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     mc->head.timeout_s = timeout_s;
     mc->head.device = pdp_cpu();
     snprintf(mc->head.name, sizeof mc->head.name, "%s", desc && desc->name ? desc->name : "comm");
-    mc->head.impl = mc;
+    mc->head.impl = &mc->q;
     mc->mcomm = mcomm;
-    for (i = PDP_MPI_MAX_INFLIGHT - 1; i >= 0; i--) {
-        mc->pool[i].next = mc->free_list;
-        mc->free_list = &mc->pool[i];
-    }
+    mc->q.comm = &mc->head;
+    mc->q.exec = pdp__mpi_exec;
+    mc->q.idle = pdp__mpi_idle;
+    mc->q.sticky = true;
     if ((st = pdp__trace_open(size > 1 ? rank : -1)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s (rank %d)", fn, rank);
         goto fail;
@@ -9946,18 +9998,11 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     if (pdp__trace_enabled()) {
         char track[48];
         snprintf(track, sizeof track, "comm %s (mpi)", mc->head.name);
-        mc->trace_tid = pdp__trace_track(rank, track);
+        mc->q.trace_tid = pdp__trace_track(rank, track);
     }
-    pthread_mutex_init(&mc->mu, NULL);
-    pthread_cond_init(&mc->wake, NULL);
-    pthread_cond_init(&mc->done, NULL);
-    if (pthread_create(&mc->thread, NULL, pdp__mpi_progress, mc) != 0) {
-        pthread_mutex_destroy(&mc->mu);
-        pthread_cond_destroy(&mc->wake);
-        pthread_cond_destroy(&mc->done);
-        st = pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn, rank);
+    if ((st = pdp__workq_init(&mc->q, mc->pool, PDP_MPI_MAX_INFLIGHT, "PDP_MPI_MAX_INFLIGHT", true,
+                              fn)) != PDP_OK)
         goto fail;
-    }
     *out = &mc->head;
     return PDP_OK;
 fail:
@@ -10146,7 +10191,7 @@ static size_t pdp__dp_model_bytes(const pdp_model *m)
         const pdp__layer *l = &m->layers[i];
         if (l->kind != PDP__FLATTEN) act += l->out_count;
         saved += l->saved_per_sample;
-        work = PDP__MAX(work, l->work_per_sample);
+        work = PDP__MAX(work, pdp__layer_work_per_sample(l, m->device));
         widest = PDP__MAX(widest, l->out_count);
     }
     return bytes + (size_t)(b * (act + saved + work + 2 * widest) + 3) * sizeof(float);
@@ -10985,6 +11030,25 @@ static void pdp__ddp_sig_str(const pdp__ddp_sig *s, char *out, size_t cap)
     if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
+/* All-gather of count host floats per rank. Collective buffers live on the
+   communicator's device (NCCL reads GPU memory only), so a GPU communicator
+   stages them through a small device buffer; used once, at construction. */
+static pdp_status pdp__ddp_allgather_host(pdp_comm *c, const float *send, float *recv,
+                                          int64_t count)
+{
+    float *dev = NULL;
+    size_t send_bytes = (size_t)count * sizeof(float);
+    pdp_status st;
+    if (c->device.kind == PDP_DEVICE_CPU) return pdp_comm_allgather(c, send, recv, count, NULL);
+    if ((st = pdp__dev_alloc(c->device, send_bytes * (size_t)(c->size + 1), (void **)&dev)) ==
+            PDP_OK &&
+        (st = pdp__dev_copy(c->device, dev, pdp_cpu(), send, send_bytes)) == PDP_OK &&
+        (st = pdp_comm_allgather(c, dev, dev + count, count, NULL)) == PDP_OK)
+        st = pdp__dev_copy(pdp_cpu(), recv, c->device, dev + count, send_bytes * (size_t)c->size);
+    pdp__dev_free(c->device, dev);
+    return st;
+}
+
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
 static pdp_status pdp__ddp_check_params(pdp_ddp *d)
@@ -11026,7 +11090,7 @@ static pdp_status pdp__ddp_check_params(pdp_ddp *d)
         }
     }
     diff = (float)mine_at;
-    if ((st = pdp_comm_allgather(c, &diff, all, 1, NULL)) != PDP_OK) {
+    if ((st = pdp__ddp_allgather_host(c, &diff, all, 1)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: rank %d: exchanging the check's verdicts", fn, c->rank);
         goto out;
     }
@@ -11610,6 +11674,17 @@ static pdp_cudak_conv pdp__cuda_geom(const pdp__layer *l, int64_t batch)
 }
 #endif
 
+/* Workspace floats per sample a layer needs on device d: the CPU's algorithm
+   sizes its own (layers.c); the CUDA conv kernels unfold the whole sample and
+   keep the output beside it, (C k k + O) Ho Wo (cuda.h). */
+static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
+{
+    if (d.kind == PDP_DEVICE_CUDA && l->kind == PDP__CONV2D)
+        return PDP__MAX(l->work_per_sample, (l->in_shape[0] * l->kernel * l->kernel +
+                                             l->out_features) * l->out_shape[1] * l->out_shape[2]);
+    return l->work_per_sample;
+}
+
 static pdp_status pdp__cuda_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
 #ifdef PDP_CUDA
@@ -11851,9 +11926,8 @@ typedef struct pdp__nccl_comm {
     pdp__nccl_work pool[PDP_CUDAK_NCCL_SLOTS];
 } pdp__nccl_comm;
 
-static const char *pdp__nccl_op_names[] = {"allreduce", "broadcast", "reduce_scatter",
-                                           "allgather"};
-
+/* kind names the collective through comm.c's pdp__op_names, whose first four
+   entries follow pdp_cudak_coll's order. */
 static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float *send,
                                   float *recv, int64_t count, int op, pdp_work **w)
 {
@@ -11868,14 +11942,14 @@ static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float 
                         "some before issuing more", PDP_CUDAK_NCCL_SLOTS, c->name, c->rank);
     if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, &slot)) != PDP_OK)
         return pdp__err(st, "%s #%lld (count %lld) on comm '%s', rank %d of %d: pdp_cuda: %s",
-                        pdp__nccl_op_names[kind], (long long)nc->seq, (long long)count, c->name,
+                        pdp__op_names[kind], (long long)nc->seq, (long long)count, c->name,
                         c->rank, c->size, pdp_cudak_error());
     PDP_ASSERT(slot == nc->next);
     nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS;
     wk->busy = true;
     wk->slot = slot;
     wk->head.comm = c;
-    wk->head.op_name = pdp__nccl_op_names[kind];
+    wk->head.op_name = pdp__op_names[kind];
     wk->head.seq = nc->seq++;
     wk->head.t_start = pdp__now();
     wk->head.t_done = 0.0;
@@ -11918,6 +11992,7 @@ static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_status st = pdp_cudak_nccl_broadcast_bytes(nc->h, buf, bytes, root, c->timeout_s);
+    if (bytes) nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS; /* it used one event slot */
     if (st != PDP_OK)
         return pdp__err(st, "broadcast of %zu bytes from rank %d on comm '%s', rank %d of %d: "
                         "pdp_cuda: %s", bytes, root, c->name, c->rank, c->size, pdp_cudak_error());

@@ -36,22 +36,10 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "bench.h"
 
 #define MAX_ROUNDS 7
 #define NPEERS 5
-#define CHECK(call)                                                                         \
-    do {                                                                                    \
-        pdp_status st_ = (call);                                                            \
-        if (st_ != PDP_OK) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, pdp_status_name(st_),    \
-                    pdp_last_error());                                                      \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
-
 enum { P_SINGLE, P_DDP1, P_DDP2, P_FREE2, P_MPI2 };
 static const char *peer_names[NPEERS] = {"1 dev", "DDP 1", "DDP 2", "2 x 1 dev", "DDP 2 MPI"};
 static pthread_barrier_t free_barrier;
@@ -69,55 +57,6 @@ typedef struct job {
     double cpu;              /* process CPU seconds over the timed steps (all threads) */
 } job;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-static pdp_model *make_model(bool cnn)
-{
-    pdp_model_desc md;
-    pdp_model *m;
-    memset(&md, 0, sizeof md);
-    md.seed = 1;
-    md.input_shape[0] = cnn ? 1 : 784;
-    md.input_shape[1] = cnn ? 28 : 0;
-    md.input_shape[2] = cnn ? 28 : 0;
-    CHECK(pdp_model_create(&m, &md));
-    if (cnn) {
-        CHECK(pdp_model_add_conv2d(m, 16, 5, 1, 2));
-        CHECK(pdp_model_add_relu(m));
-        CHECK(pdp_model_add_maxpool2d(m, 2, 0));
-        CHECK(pdp_model_add_conv2d(m, 32, 5, 1, 2));
-        CHECK(pdp_model_add_relu(m));
-        CHECK(pdp_model_add_maxpool2d(m, 2, 0));
-        CHECK(pdp_model_add_flatten(m));
-        CHECK(pdp_model_add_linear(m, 10));
-    } else {
-        CHECK(pdp_model_add_linear(m, 512));
-        CHECK(pdp_model_add_relu(m));
-        CHECK(pdp_model_add_linear(m, 512));
-        CHECK(pdp_model_add_relu(m));
-        CHECK(pdp_model_add_linear(m, 10));
-    }
-    return m;
-}
-
 static void view(const job *j, int64_t first, int64_t n, pdp_tensor *x)
 {
     int64_t shape[4] = {n, 784, 1, 1};
@@ -131,7 +70,7 @@ static void view(const job *j, int64_t first, int64_t n, pdp_tensor *x)
 /* One rank of a DDP peer: 3 warm-up steps, a barrier, the timed steps, a barrier. */
 static void ddp_rank(job *j, pdp_comm *c)
 {
-    pdp_model *m = make_model(j->cnn);
+    pdp_model *m = bench_make_model(j->cnn);
     pdp_optim *o;
     pdp_ddp *d;
     pdp_optim_desc od;
@@ -152,16 +91,16 @@ static void ddp_rank(job *j, pdp_comm *c)
     }
     pdp_ddp_reset_stats(d);
     CHECK(pdp_comm_barrier(c, NULL));
-    t0 = now();
-    c0 = cpu_now();
+    t0 = bench_now();
+    c0 = bench_process_cpu();
     for (k = 0; k < j->steps; k++) {
         CHECK(pdp_ddp_forward_backward(d, &x, j->labels + pdp_comm_rank(c) * per, &loss));
         CHECK(pdp_ddp_step(d, o));
     }
     CHECK(pdp_comm_barrier(c, NULL));
     if (pdp_comm_rank(c) == 0) {
-        j->seconds = now() - t0;
-        j->cpu = cpu_now() - c0;
+        j->seconds = bench_now() - t0;
+        j->cpu = bench_process_cpu() - c0;
         pdp_ddp_get_stats(d, &s);
         j->hidden = s.total_allreduce_s > 0 ? 1.0 - s.total_wait_s / s.total_allreduce_s : 1.0;
         j->hidden = j->hidden < 0.0 ? 0.0 : j->hidden;
@@ -185,13 +124,13 @@ static void *ddp_thread(void *arg)
    size 2 (the "2 x 1 dev" peer) two threads time their steps between barriers. */
 static void single_rank(job *j)
 {
-    pdp_model *m = make_model(j->cnn);
+    pdp_model *m = bench_make_model(j->cnn);
     pdp_optim *o;
     pdp_optim_desc od;
     pdp_tensor x;
     int64_t per = j->batch / j->size;
     float loss;
-    double t0 = now(), c0 = cpu_now();
+    double t0 = bench_now(), c0 = bench_process_cpu();
     int k;
     memset(&od, 0, sizeof od);
     od.lr = 0.01f;
@@ -200,16 +139,16 @@ static void single_rank(job *j)
     for (k = 0; k < 3 + j->steps; k++) {
         if (k == 3) {
             if (j->size > 1) pthread_barrier_wait(&free_barrier);
-            t0 = now();
-            c0 = cpu_now();
+            t0 = bench_now();
+            c0 = bench_process_cpu();
         }
         CHECK(pdp_model_forward_backward(m, &x, j->labels + j->rank * per, &loss));
         CHECK(pdp_optim_step(o));
         pdp_optim_zero_grad(o);
     }
     if (j->size > 1) pthread_barrier_wait(&free_barrier);
-    j->seconds = now() - t0;
-    j->cpu = cpu_now() - c0;
+    j->seconds = bench_now() - t0;
+    j->cpu = bench_process_cpu() - c0;
     j->hidden = 1.0;
     pdp_optim_free(o);
     pdp_model_free(m);
@@ -313,12 +252,9 @@ static void run(const char *name, bool cnn, int64_t batch, bool per_rank, int ro
         }
     if (mpi && rank != 0) return;
     for (p = 0; p < npeers; p++) {
-        qsort(sps[p], (size_t)rounds, sizeof(double), cmp_double);
-        qsort(hid[p], (size_t)rounds, sizeof(double), cmp_double);
-        qsort(cps[p], (size_t)rounds, sizeof(double), cmp_double);
-        med[p] = sps[p][rounds / 2];
-        hmed[p] = hid[p][rounds / 2];
-        cmed[p] = cps[p][rounds / 2];
+        med[p] = bench_median(sps[p], rounds);
+        hmed[p] = bench_median(hid[p], rounds);
+        cmed[p] = bench_median(cps[p], rounds);
     }
     printf("%-14s %5lld %-6s |", name, (long long)batch, per_rank ? "/rank" : "global");
     for (p = 0; p < npeers; p++) printf(" %10.0f", med[p]);
@@ -360,9 +296,11 @@ int main(int argc, char **argv)
     run("MLP 784-512x2", false, 128, false, rounds, mpi);
     run("MLP 784-512x2", false, 512, false, rounds, mpi);
     run("CNN c16-c32", true, 128, false, rounds, mpi);
-    if (!mpi || pdp_comm_rank(mpi) == 0)
+    if (!mpi || pdp_comm_rank(mpi) == 0) {
         printf("targets: DDP 2 / DDP 1 >= 1.8x at batch 512; DDP 1 within 3%% of 1 dev "
                "(1/dev >= 0.97x)\n");
+        if (bench_print_load("end")) printf("trust cpu2/1 more than the wall-clock ratios\n");
+    }
     pdp_comm_free(mpi);
     pdp_shutdown_threads();
     return 0;

@@ -20,7 +20,7 @@
    apply_cpu, reduce_cpu) - which is what the step would take with a core per
    thread and no neighbours ("cpu" columns; not defined for 1 dev 2T, whose pool
    threads are not counted). Compare the two speed-ups, and the load average
-   printed at the end.
+   printed at the end (bench/bench.h).
 
    make bench           ./build/bench_dp [quick]   quick: 3 rounds, for a smoke run */
 
@@ -28,78 +28,12 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
+#include "bench.h"
 
 #define MAX_ROUNDS 7
 #define NPEERS 4
 
-#define CHECK(call)                                                                         \
-    do {                                                                                    \
-        pdp_status st_ = (call);                                                            \
-        if (st_ != PDP_OK) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, pdp_status_name(st_),    \
-                    pdp_last_error());                                                      \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
-
 static const char *peer_names[NPEERS] = {"1 dev 1T", "1 dev 2T", "DP 1", "DP 2"};
-
-static double thread_cpu(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-static pdp_model *make_model(bool cnn)
-{
-    pdp_model_desc md;
-    pdp_model *m;
-    memset(&md, 0, sizeof md);
-    md.seed = 1;
-    if (cnn) {
-        md.input_shape[0] = 1;
-        md.input_shape[1] = 28;
-        md.input_shape[2] = 28;
-    } else {
-        md.input_shape[0] = 784;
-    }
-    CHECK(pdp_model_create(&m, &md));
-    if (cnn) {
-        CHECK(pdp_model_add_conv2d(m, 16, 5, 1, 2));
-        CHECK(pdp_model_add_relu(m));
-        CHECK(pdp_model_add_maxpool2d(m, 2, 0));
-        CHECK(pdp_model_add_conv2d(m, 32, 5, 1, 2));
-        CHECK(pdp_model_add_relu(m));
-        CHECK(pdp_model_add_maxpool2d(m, 2, 0));
-        CHECK(pdp_model_add_flatten(m));
-        CHECK(pdp_model_add_linear(m, 10));
-    } else {
-        CHECK(pdp_model_add_linear(m, 512));
-        CHECK(pdp_model_add_relu(m));
-        CHECK(pdp_model_add_linear(m, 512));
-        CHECK(pdp_model_add_relu(m));
-        CHECK(pdp_model_add_linear(m, 10));
-    }
-    return m;
-}
 
 typedef struct peer {
     pdp_model *m;
@@ -127,19 +61,19 @@ static void peer_step(peer *p, const pdp_tensor *x, const int32_t *y)
 static double time_round(peer *p, const pdp_tensor *x, const int32_t *y, double budget, double *cpu)
 {
     int steps = 0;
-    double t0 = now(), c0 = thread_cpu(), t, workers = 0.0;
+    double t0 = bench_now(), c0 = bench_thread_cpu(), t, workers = 0.0;
     pdp_dp_stats s0, s1;
     if (p->dp) CHECK(pdp_dp_get_stats(p->dp, &s0));
     do {
         peer_step(p, x, y);
         steps++;
-        t = now() - t0;
+        t = bench_now() - t0;
     } while (t < budget);
     if (p->dp) {
         CHECK(pdp_dp_get_stats(p->dp, &s1));
         workers = s1.sum.apply_cpu - s0.sum.apply_cpu + s1.sum.reduce_cpu - s0.sum.reduce_cpu;
     }
-    *cpu = (thread_cpu() - c0 + workers) / steps;
+    *cpu = (bench_thread_cpu() - c0 + workers) / steps;
     return t / steps;
 }
 
@@ -169,7 +103,7 @@ static void run(const char *name, bool cnn, int64_t batch, int rounds, double ra
     for (k = 0; k < NPEERS; k++) {
         peer *p = &peers[k];
         memset(p, 0, sizeof *p);
-        p->m = make_model(cnn);
+        p->m = bench_make_model(cnn);
         p->threads = k == 1 ? 2 : 1;
         CHECK(pdp_optim_create(&p->opt, p->m, &od));
         if (k >= 2) {
@@ -184,10 +118,8 @@ static void run(const char *name, bool cnn, int64_t batch, int rounds, double ra
         for (k = 0; k < NPEERS; k++)
             times[k][round] = time_round(&peers[k], &x, labels, 0.15, &cpus[k][round]);
     for (k = 0; k < NPEERS; k++) {
-        qsort(times[k], (size_t)rounds, sizeof(double), cmp_double);
-        qsort(cpus[k], (size_t)rounds, sizeof(double), cmp_double);
-        med[k] = times[k][rounds / 2];
-        cmed[k] = cpus[k][rounds / 2];
+        med[k] = bench_median(times[k], rounds);
+        cmed[k] = bench_median(cpus[k], rounds);
     }
     ratios[0] = med[2] / med[3];
     ratios[1] = cmed[2] / cmed[3];
@@ -239,16 +171,8 @@ int main(int argc, char **argv)
            mlp512[1] >= 1.8 ? "met" : "NOT met");
     (void)mlp128;
     (void)cnn128;
-    {
-        double load[3];
-        FILE *f = fopen("/proc/loadavg", "r");
-        if (f && fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) == 3)
-            printf("load average during the run: %.2f (1 min) on %ld cores%s\n", load[0],
-                   sysconf(_SC_NPROCESSORS_ONLN),
-                   load[0] > 2.5 ? " - other processes shared the cores: trust the cpu columns"
-                                 : "");
-        if (f) fclose(f);
-    }
+    if (bench_print_load("end"))
+        printf("other processes shared the cores: trust the cpu columns\n");
     pdp_shutdown_threads();
     return 0;
 }

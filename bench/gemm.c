@@ -17,9 +17,7 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "bench.h"
 
 #ifdef PDP_BENCH_OPENBLAS
 #  include <cblas.h>
@@ -31,19 +29,6 @@ typedef struct shape {
     int64_t m, k, n;
     pdp_trans ta, tb;
 } shape;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
 
 typedef struct problem {
     shape s;
@@ -71,18 +56,18 @@ static int calibrate(void (*fn)(const problem *), const problem *p)
 {
     double t;
     fn(p); /* warm-up: pool, scratch, caches */
-    t = now();
+    t = bench_now();
     fn(p);
-    t = now() - t;
+    t = bench_now() - t;
     return t < 0.025 ? (int)(0.025 / (t > 1e-6 ? t : 1e-6)) + 1 : 1;
 }
 
 static double time_reps(void (*fn)(const problem *), const problem *p, int iters)
 {
-    double t = now();
+    double t = bench_now();
     int i;
     for (i = 0; i < iters; i++) fn(p);
-    return (now() - t) / iters;
+    return (bench_now() - t) / iters;
 }
 
 /* Median GFLOP/s of ours (rate[0]) and, when built with it, OpenBLAS (rate[1]) over
@@ -109,12 +94,7 @@ static void measure(const problem *p, int threads, double rate[2])
         (void)threads;
 #endif
     }
-    for (lib = 0; lib < 2; lib++) {
-        rate[lib] = 0.0;
-        if (lib >= libs) break;
-        qsort(r[lib], REPS, sizeof r[lib][0], cmp_double);
-        rate[lib] = r[lib][REPS / 2];
-    }
+    for (lib = 0; lib < 2; lib++) rate[lib] = lib < libs ? bench_median(r[lib], REPS) : 0.0;
 }
 
 static const char *layout(const shape *s)
@@ -135,7 +115,7 @@ int main(int argc, char **argv)
     };
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     size_t count = quick ? 2 : sizeof all / sizeof all[0], i, j;
-    double start = now();
+    double start = bench_now();
     const char *coretype = getenv("OPENBLAS_CORETYPE");
 
     printf("pdp_sgemm %s, kernel %s; shapes M x K x N; GFLOP/s, median of %d\n",
@@ -194,7 +174,8 @@ int main(int argc, char **argv)
         free(p.c);
     }
     printf("ratio: ours / OpenBLAS at the same thread count; ours x: our 2-thread speed-up. %.0f s\n",
-           now() - start);
+           bench_now() - start);
+    bench_print_load("end");
     pdp_shutdown_threads();
     return 0;
 }

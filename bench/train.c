@@ -4,16 +4,20 @@
    gradients zeroed. Models: an MLP 784-512-512-10 (ReLU) at batch 128 and 512, and the CNN of
    examples/train_cnn.c (conv 1->16 k5 p2, ReLU, pool 2, conv 16->32 k5 p2, ReLU, pool 2,
    flatten, linear 10) at batch 128; each with 1 and 2 threads (pdp_set_num_threads for ours,
-   torch.set_num_threads for PyTorch). Each figure is the median of 7 timed repetitions after a
-   warm-up; a repetition runs the step for about 0.3 s. Inputs are uniform random, labels random.
+   torch.set_num_threads for PyTorch, in its own process). Inputs are uniform random, labels
+   random.
 
-   PyTorch runs in bench/train_torch.py under /usr/bin/python3 (Debian's python3-torch) through
-   popen, right after ours for the same configuration, so that both see the same machine (the
-   load of a shared box drifts); when it cannot import torch the table has our figures only
-   and says so.
+   Measurement: ROUNDS rounds; in each, every configuration is measured for ours and then for
+   PyTorch (bench/train_torch.py under /usr/bin/python3, Debian's python3-torch, through
+   popen), so the two sides of a ratio always run back to back and the drift of a shared box's
+   load is spread over all configurations. One measurement is the median of 5 timed
+   repetitions of about 0.2 s after a warm-up; the table shows, per side, the median over the
+   rounds. The load average (/proc/loadavg) is printed at the start and at the end, with a
+   warning when it is above half a core per core: the figures are not worth much then. When
+   /usr/bin/python3 cannot import torch the table has our figures only and says so.
 
    make bench                 (or: make build/bench_train && ./build/bench_train [quick])
-   quick: 3 repetitions of about 0.1 s, for a smoke run. */
+   quick: 1 round of 3 repetitions of about 0.1 s, for a smoke run. */
 
 #define _POSIX_C_SOURCE 200809L
 #define PDP_IMPLEMENTATION
@@ -22,14 +26,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define NCONF 6
+#define ROUNDS 5
 
 typedef struct config {
     const char *model; /* "mlp" or "cnn", as train_torch.py names them */
     int64_t batch;
     int threads;
-    double ours, torch; /* samples/s; 0 = not measured */
+    double ours[ROUNDS], torch[ROUNDS]; /* samples/s per round; 0 = not measured */
 } config;
 
 static double now(void)
@@ -43,6 +49,35 @@ static int cmp_double(const void *x, const void *y)
 {
     double a = *(const double *)x, b = *(const double *)y;
     return (a > b) - (a < b);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Prints the 1-minute load average; returns 1 when it is above half a core per core. */
+static int print_load(const char *when)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double l1 = -1, l5 = -1, l15 = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf %lf %lf", &l1, &l5, &l15) != 3) l1 = -1;
+        fclose(f);
+    }
+    if (l1 < 0) {
+        printf("load average at the %s: unknown (no /proc/loadavg)\n", when);
+        return 0;
+    }
+    printf("load average at the %s: %.2f %.2f %.2f (%ld cores)\n", when, l1, l5, l15, cores);
+    if (cores > 0 && l1 > 0.5 * (double)cores) {
+        printf("WARNING: load %.2f is above %.1f (half a core per core): other work shares the "
+               "cores and the figures below are unreliable\n", l1, 0.5 * (double)cores);
+        return 1;
+    }
+    return 0;
 }
 
 static void check(pdp_status st, const char *what)
@@ -120,12 +155,11 @@ static double bench_ours(const config *c, int reps, double rep_s)
         for (i = 0; i < iters; i++) step(m, o, x, y);
         rates[k] = (double)(c->batch * iters) / (now() - t);
     }
-    qsort(rates, (size_t)reps, sizeof *rates, cmp_double);
     pdp_optim_free(o);
     pdp_model_free(m);
     pdp_tensor_free(x);
     free(y);
-    return rates[reps / 2];
+    return median(rates, reps);
 }
 
 /* Runs train_torch.py for one configuration; returns 0 when torch is unavailable. */
@@ -146,41 +180,47 @@ static double bench_torch(const config *c, int reps, double rep_s, const char *s
 
 int main(int argc, char **argv)
 {
-    config cs[NCONF] = {{"mlp", 128, 1, 0, 0}, {"mlp", 128, 2, 0, 0}, {"mlp", 512, 1, 0, 0},
-                        {"mlp", 512, 2, 0, 0}, {"cnn", 128, 1, 0, 0}, {"cnn", 128, 2, 0, 0}};
+    config cs[NCONF] = {{"mlp", 128, 1, {0}, {0}}, {"mlp", 128, 2, {0}, {0}},
+                        {"mlp", 512, 1, {0}, {0}}, {"mlp", 512, 2, {0}, {0}},
+                        {"cnn", 128, 1, {0}, {0}}, {"cnn", 128, 2, {0}, {0}}};
     bool quick = argc > 1 && !strcmp(argv[1], "quick"), have_torch;
-    int reps = quick ? 3 : 7, i;
-    double rep_s = quick ? 0.1 : 0.3;
+    int reps = quick ? 3 : 5, rounds = quick ? 1 : ROUNDS, i, r;
+    double rep_s = quick ? 0.1 : 0.2, t0 = now();
     const char *script = "bench/train_torch.py";
     FILE *f;
     if (!(f = fopen(script, "r"))) script = "../bench/train_torch.py";
     else fclose(f);
 
-    printf("training step (forward, cross-entropy, backward, SGD) in samples/s, median of %d\n",
-           reps);
+    printf("training step (forward, cross-entropy, backward, SGD) in samples/s: per side, the "
+           "median over %d rounds of the median of %d repetitions\n", rounds, reps);
+    print_load("start");
     fflush(stdout);
     have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
-    for (i = 0; i < NCONF; i++) { /* ours, then PyTorch, config by config: same conditions */
-        cs[i].ours = bench_ours(&cs[i], reps, rep_s);
-        pdp_shutdown_threads(); /* no pdp workers alive while PyTorch runs */
-        if (have_torch) cs[i].torch = bench_torch(&cs[i], reps, rep_s, script);
-        fprintf(stderr, "  %s batch %lld threads %d: pdp %.0f, pytorch %.0f samples/s\n",
-                cs[i].model, (long long)cs[i].batch, cs[i].threads, cs[i].ours, cs[i].torch);
-    }
+    for (r = 0; r < rounds; r++)
+        for (i = 0; i < NCONF; i++) { /* ours, then PyTorch, config by config: same conditions */
+            cs[i].ours[r] = bench_ours(&cs[i], reps, rep_s);
+            pdp_shutdown_threads(); /* no pdp workers alive while PyTorch runs */
+            if (have_torch) cs[i].torch[r] = bench_torch(&cs[i], reps, rep_s, script);
+            fprintf(stderr, "  round %d: %s batch %lld threads %d: pdp %.0f, pytorch %.0f samples/s\n",
+                    r + 1, cs[i].model, (long long)cs[i].batch, cs[i].threads, cs[i].ours[r],
+                    cs[i].torch[r]);
+        }
     printf("%-22s %6s %8s %12s %14s %8s %8s\n", "model", "batch", "threads", "pdp", "pytorch",
            "ratio", "target");
     for (i = 0; i < NCONF; i++) {
         bool mlp = !strcmp(cs[i].model, "mlp");
+        double ours = median(cs[i].ours, rounds), torch = median(cs[i].torch, rounds);
         printf("%-22s %6lld %8d %12.0f", mlp ? "MLP 784-512-512-10" : "CNN c16-p-c32-p-fc10",
-               (long long)cs[i].batch, cs[i].threads, cs[i].ours);
-        if (cs[i].torch > 0)
-            printf(" %14.0f %7.2fx %7.1fx\n", cs[i].torch, cs[i].ours / cs[i].torch,
-                   mlp ? 1.0 : 1.5);
+               (long long)cs[i].batch, cs[i].threads, ours);
+        if (torch > 0)
+            printf(" %14.0f %7.2fx %7.1fx\n", torch, ours / torch, mlp ? 1.0 : 1.5);
         else
             printf(" %14s %8s %8s\n", "-", "-", "-");
     }
     if (!have_torch)
         printf("PyTorch: /usr/bin/python3 cannot import torch (apt-get install python3-torch); "
                "only pdp's figures are shown\n");
+    print_load("end");
+    printf("%.0f s\n", now() - t0);
     return 0;
 }

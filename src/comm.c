@@ -1,5 +1,6 @@
 /* comm: the public communicator API (argument checks, statistics, dispatch to a
-   backend's pdp__comm_ops table) and the local backend.
+   backend's pdp__comm_ops table), the collective queue that the local and MPI
+   backends share (handle pool, FIFO, progress thread), and the local backend.
 
    ---- the public layer ----
    Every pdp_comm_* collective validates its arguments here, stamps the handle's
@@ -12,8 +13,9 @@
 
    ---- the local backend ----
    N ranks are threads of one process; a pdp_local_group is their shared
-   meeting point. Each rank's communicator owns one persistent progress thread
-   that runs the rank's collectives in issue order, so an asynchronous
+   meeting point. Each rank's communicator owns a collective queue (below,
+   shared with the MPI backend) whose persistent progress thread runs the
+   rank's collectives in issue order, so an asynchronous
    collective progresses while the rank's own thread computes (DDP overlaps a
    bucket's all-reduce with the rest of backward this way). One collective is:
 
@@ -42,10 +44,10 @@
    communicator does).
 
    Locks: group->mu guards the barrier state, the slots and the broken flag;
-   each communicator's mu guards its queue, its handle pool and the handles'
-   done flags. The progress thread never holds both. Buffer contents pass
-   between threads only across these mutexes, so the backend is TSan clean.
-   Handles come from a fixed pool per communicator: nothing is allocated per
+   the queue's mu guards its queue, its handle pool and the handles' done
+   flags. The progress thread never holds both. Buffer contents pass between
+   threads only across these mutexes, so the backend is TSan clean. Handles
+   come from a fixed pool per communicator: nothing is allocated per
    collective. */
 
 #include "internal.h"
@@ -238,13 +240,36 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
 
 /* pdp_comm_init_env (MPI, NCCL from the environment) lives in comm_mpi.c. */
 
-/* ---- comm: local backend, the group ---- */
+/* ---- comm: the collective queue (local and MPI backends) ----
 
-#define PDP__MSG_CAP 512          /* bytes of a collective's failure message */
-#define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
-#ifndef PDP_LOCAL_MAX_INFLIGHT
-#  define PDP_LOCAL_MAX_INFLIGHT 256 /* handles per local communicator */
-#endif
+   What the local and MPI backends share: a fixed pool of handles, a FIFO of
+   launched collectives and one progress thread per communicator that runs
+   them in issue order through the backend's exec callback; the backend keeps
+   only how one collective executes. A launch takes a handle from the free
+   list (nothing is allocated per collective; an empty list fails with
+   PDP_ERR_STATE naming the backend's PDP_*_MAX_INFLIGHT), queues it and
+   returns. The progress thread stamps t_start when it dequeues a handle and
+   t_done when exec returns. Wait blocks until done (exec enforces timeouts),
+   leaves a failure's message as the thread's error and returns the handle to
+   the free list; its head stays readable until the next launch (internal.h).
+   Without a progress thread (threaded = false: a local group of one) a launch
+   executes inline.
+
+   Set by the backend before pdp__workq_init (the queue is zeroed memory):
+     comm, exec  the communicator served and "run one collective";
+     sticky      the first failure breaks the queue: queued and later
+                 collectives fail at once with its status and message (MPI;
+                 the local backend keeps that state in its group instead);
+     idle        optional; called by the progress thread, mu held, when nothing
+                 is queued: false sleeps until woken, true calls it again (MPI
+                 keeps a timed-out request moving this way);
+     trace_tid   a trace track (0: off): each collective is a complete event
+                 (execution) and an async event (launch to done).
+   Locks: mu guards the queue, the free list, the handles' done/status/msg and
+   the broken state; exec runs without it, and buffers pass to the progress
+   thread and back across it. */
+
+#define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
 typedef enum pdp__coll_kind {
     PDP__COLL_ALLREDUCE,
@@ -266,6 +291,298 @@ typedef struct pdp__coll_args {
     float *recv;
     void *bytes_buf;      /* broadcast_bytes */
 } pdp__coll_args;
+
+typedef struct pdp__workq_item {
+    pdp_work head;                 /* first member: a pdp_work * is a pdp__workq_item * */
+    struct pdp__workq_item *next;  /* free list or queue */
+    pdp__coll_args args;
+    double t_queued;               /* launch, for the trace */
+    bool done;
+    pdp_status status;
+    char msg[PDP__MSG_CAP];
+} pdp__workq_item;
+
+typedef struct pdp__workq pdp__workq;
+
+/* Runs w to completion (progress thread, q->mu not held). On failure returns
+   the status with the message, without a function-name prefix, in msg. */
+typedef pdp_status (*pdp__workq_exec_fn)(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap);
+
+struct pdp__workq {
+    pdp_comm *comm;                /* its communicator: comm->impl points here */
+    pdp__workq_exec_fn exec;
+    bool (*idle)(pdp__workq *q);
+    bool sticky;
+    int trace_tid;
+    const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
+    int capacity;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;           /* queue not empty, or stopping */
+    pthread_cond_t done;           /* a handle completed */
+    pthread_t thread;
+    bool threaded;
+    bool stopping;
+    double stop_time;
+    pdp__workq_item *free_list, *q_head, *q_tail;
+    int64_t next_seq;
+    bool broken;                   /* sticky: first failure wins; later collectives fail fast */
+    pdp_status broken_status;
+    char broken_msg[PDP__MSG_CAP];
+};
+
+static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, double t_start,
+                             double t_done, pdp_status st)
+{
+    char args[88];
+    if (!q->trace_tid) return;
+    snprintf(args, sizeof args, "\"seq\":%lld,\"count\":%lld,\"status\":%d",
+             (long long)w->head.seq, (long long)w->args.count, (int)st);
+    pdp__trace_complete(q->comm->rank, q->trace_tid, "comm", w->head.op_name, t_start, t_done,
+                        args);
+    pdp__trace_async(q->comm->rank, q->trace_tid, "comm", w->head.op_name,
+                     ((uint64_t)(uintptr_t)q->comm << 20) ^ (uint64_t)w->head.seq, w->t_queued,
+                     t_done, args);
+}
+
+/* Executes w and completes it; q->mu held on entry and on return. */
+static void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
+{
+    double t_start = w->head.t_start = pdp__now(), t_done;
+    pdp_status st;
+    char msg[PDP__MSG_CAP];
+    if (q->broken) {
+        w->head.t_done = t_start;
+        w->status = q->broken_status;
+        snprintf(w->msg, sizeof w->msg, "%s #%lld not run: %.300s", w->head.op_name,
+                 (long long)w->head.seq, q->broken_msg);
+    } else {
+        pthread_mutex_unlock(&q->mu);
+        msg[0] = '\0';
+        st = q->exec(q, w, msg, sizeof msg);
+        t_done = pdp__now();
+        pdp__workq_trace(q, w, t_start, t_done, st);
+        pthread_mutex_lock(&q->mu);
+        if (st != PDP_OK && q->sticky && !q->broken) {
+            q->broken = true;
+            q->broken_status = st;
+            snprintf(q->broken_msg, sizeof q->broken_msg, "%s", msg);
+        }
+        w->head.t_done = t_done;
+        w->status = st;
+        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
+    }
+    w->done = true;
+    pthread_cond_broadcast(&q->done);
+}
+
+static void *pdp__workq_progress(void *arg)
+{
+    pdp__workq *q = (pdp__workq *)arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        pdp__workq_item *w;
+        while (!q->q_head && !q->stopping)
+            if (!q->idle || !q->idle(q)) pthread_cond_wait(&q->wake, &q->mu);
+        if (!q->q_head) break; /* stopping with nothing queued */
+        w = q->q_head;
+        q->q_head = w->next;
+        if (!q->q_head) q->q_tail = NULL;
+        pdp__workq_run(q, w);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+/* Threads pool[0, capacity) into the free list, creates the locks and, when
+   threaded, starts the progress thread. On failure nothing is left to release;
+   fn names the public caller. */
+static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
+                                  const char *limit_macro, bool threaded, const char *fn)
+{
+    int i;
+    q->capacity = capacity;
+    q->limit_macro = limit_macro;
+    for (i = capacity - 1; i >= 0; i--) {
+        pool[i].next = q->free_list;
+        q->free_list = &pool[i];
+    }
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->wake, NULL);
+    pthread_cond_init(&q->done, NULL);
+    q->threaded = threaded;
+    if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->wake);
+        pthread_cond_destroy(&q->done);
+        return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
+                        q->comm->rank);
+    }
+    return PDP_OK;
+}
+
+/* True once pdp__workq_shutdown began (*since: when); for an exec that polls. */
+static bool pdp__workq_stopping(pdp__workq *q, double *since)
+{
+    bool s;
+    pthread_mutex_lock(&q->mu);
+    s = q->stopping;
+    *since = q->stop_time;
+    pthread_mutex_unlock(&q->mu);
+    return s;
+}
+
+/* Lets the progress thread run what is queued, joins it and destroys the locks. */
+static void pdp__workq_shutdown(pdp__workq *q)
+{
+    if (q->threaded) {
+        pthread_mutex_lock(&q->mu);
+        q->stopping = true;
+        q->stop_time = pdp__now();
+        pthread_cond_signal(&q->wake);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->thread, NULL);
+    }
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->wake);
+    pthread_cond_destroy(&q->done);
+}
+
+/* Takes a handle, fills it and queues it (or runs it inline without a thread). */
+static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
+{
+    pdp__workq *q = (pdp__workq *)c->impl;
+    pdp__workq_item *w;
+    pthread_mutex_lock(&q->mu);
+    if (q->broken) {
+        pdp_status st = q->broken_status;
+        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
+                 pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
+        pthread_mutex_unlock(&q->mu);
+        return st;
+    }
+    w = q->free_list;
+    if (!w) {
+        pthread_mutex_unlock(&q->mu);
+        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
+                        "some (%s)", q->capacity, c->name, c->rank, q->limit_macro);
+    }
+    q->free_list = w->next;
+    w->next = NULL;
+    w->args = *args;
+    w->args.seq = q->next_seq++;
+    w->head.comm = c;
+    w->head.op_name = pdp__op_names[args->kind];
+    w->head.seq = w->args.seq;
+    w->head.t_start = w->head.t_done = 0.0;
+    w->t_queued = pdp__now();
+    w->done = false;
+    w->status = PDP_OK;
+    w->msg[0] = '\0';
+    if (q->threaded) {
+        if (q->q_tail) q->q_tail->next = w;
+        else q->q_head = w;
+        q->q_tail = w;
+        pthread_cond_signal(&q->wake);
+    } else {
+        pdp__workq_run(q, w);
+    }
+    pthread_mutex_unlock(&q->mu);
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__workq_wait(pdp_work *work)
+{
+    pdp__workq_item *w = (pdp__workq_item *)work;
+    pdp__workq *q = (pdp__workq *)work->comm->impl;
+    pdp_status st;
+    pthread_mutex_lock(&q->mu);
+    while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
+    st = w->status;
+    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
+    w->next = q->free_list; /* recycled; the head stays readable until the next launch */
+    q->free_list = w;
+    pthread_mutex_unlock(&q->mu);
+    return st;
+}
+
+static bool pdp__workq_done(pdp_work *work)
+{
+    pdp__workq_item *w = (pdp__workq_item *)work;
+    pdp__workq *q = (pdp__workq *)work->comm->impl;
+    bool d;
+    pthread_mutex_lock(&q->mu);
+    d = w->done;
+    pthread_mutex_unlock(&q->mu);
+    return d;
+}
+
+/* The pdp__comm_ops entries of a queue backend: pack the arguments, submit. */
+
+static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
+                                  float *buf, const float *send, float *recv, pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.op = op;
+    a.buf = buf;
+    a.send = send;
+    a.recv = recv;
+    return pdp__workq_submit(c, &a, w);
+}
+
+static pdp_status pdp__workq_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                       pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, buf, NULL, NULL, w);
+}
+
+static pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                       pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, buf, NULL, NULL, w);
+}
+
+static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, NULL, send, recv, w);
+}
+
+static pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
+                                       int64_t send_count, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, NULL, send, recv, w);
+}
+
+static pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, NULL, NULL, NULL, w);
+}
+
+/* Synchronous, but queued like the others so that it keeps its place in the order. */
+static pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    pdp__coll_args a;
+    pdp_work *w = NULL;
+    pdp_status st;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_BROADCAST_BYTES;
+    a.count = (int64_t)bytes;
+    a.op = root;
+    a.bytes_buf = buf;
+    if ((st = pdp__workq_submit(c, &a, &w)) != PDP_OK) return st;
+    return pdp__workq_wait(w);
+}
+
+/* ---- comm: local backend, the group ---- */
+
+#define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
+#ifndef PDP_LOCAL_MAX_INFLIGHT
+#  define PDP_LOCAL_MAX_INFLIGHT 256 /* handles per local communicator */
+#endif
 
 struct pdp_local_group {
     int size;
@@ -551,36 +868,22 @@ static void pdp__local_execute(pdp_local_group *g, int r)
     }
 }
 
-/* ---- comm: local backend, communicators and the progress thread ---- */
-
-typedef struct pdp__local_work {
-    pdp_work head;                 /* first member: a pdp_work * is a pdp__local_work * */
-    struct pdp__local_work *next;  /* free list or queue */
-    pdp__coll_args args;
-    bool done;
-    pdp_status status;
-    char msg[PDP__MSG_CAP];
-} pdp__local_work;
+/* ---- comm: local backend, communicators ---- */
 
 typedef struct pdp__local_comm {
     pdp_comm head;                 /* first member */
+    pdp__workq q;                  /* head.impl points here */
     pdp_local_group *g;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;           /* queue not empty, or stopping */
-    pthread_cond_t done;           /* a handle completed */
-    pthread_t thread;
-    bool has_thread;
-    bool stopping;
-    pdp__local_work *free_list, *q_head, *q_tail;
-    int64_t next_seq;
-    pdp__local_work pool[PDP_LOCAL_MAX_INFLIGHT];
+    pdp__workq_item pool[PDP_LOCAL_MAX_INFLIGHT];
 } pdp__local_comm;
 
-/* Runs one collective for this rank: barrier A, its share of the work, barrier B. */
-static pdp_status pdp__local_run(pdp__local_comm *lc, const pdp__coll_args *a, char *msg,
-                                 size_t cap)
+/* The queue's exec: one collective for this rank, barrier A, its share of the
+   work, barrier B. */
+static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
 {
+    pdp__local_comm *lc = (pdp__local_comm *)q->comm;
     pdp_local_group *g = lc->g;
+    const pdp__coll_args *a = &w->args;
     int r = lc->head.rank;
     pdp_status st;
     if (g->size == 1) {
@@ -594,177 +897,6 @@ static pdp_status pdp__local_run(pdp__local_comm *lc, const pdp__coll_args *a, c
     return pdp__group_barrier(g, r, a, false, msg, cap);
 }
 
-static void *pdp__local_progress(void *arg)
-{
-    pdp__local_comm *lc = (pdp__local_comm *)arg;
-    pthread_mutex_lock(&lc->mu);
-    for (;;) {
-        pdp__local_work *w;
-        pdp__coll_args a;
-        pdp_status st;
-        char msg[PDP__MSG_CAP];
-        while (!lc->q_head && !lc->stopping) pthread_cond_wait(&lc->wake, &lc->mu);
-        if (!lc->q_head) break; /* stopping with nothing queued */
-        w = lc->q_head;
-        lc->q_head = w->next;
-        if (!lc->q_head) lc->q_tail = NULL;
-        a = w->args;
-        w->head.t_start = pdp__now();
-        pthread_mutex_unlock(&lc->mu);
-
-        msg[0] = '\0';
-        st = pdp__local_run(lc, &a, msg, sizeof msg);
-
-        pthread_mutex_lock(&lc->mu);
-        w->head.t_done = pdp__now();
-        w->status = st;
-        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
-        w->done = true;
-        pthread_cond_broadcast(&lc->done);
-    }
-    pthread_mutex_unlock(&lc->mu);
-    return NULL;
-}
-
-/* Takes a handle, fills it and queues it (or runs it inline for a group of one). */
-static pdp_status pdp__local_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
-{
-    pdp__local_comm *lc = (pdp__local_comm *)c;
-    pdp__local_work *w;
-    pthread_mutex_lock(&lc->mu);
-    w = lc->free_list;
-    if (!w) {
-        pthread_mutex_unlock(&lc->mu);
-        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
-                        "some (PDP_LOCAL_MAX_INFLIGHT)", PDP_LOCAL_MAX_INFLIGHT, c->name, c->rank);
-    }
-    lc->free_list = w->next;
-    w->next = NULL;
-    w->args = *args;
-    w->args.seq = lc->next_seq++;
-    w->head.comm = c;
-    w->head.op_name = pdp__op_names[args->kind];
-    w->head.seq = w->args.seq;
-    w->head.t_start = w->head.t_done = 0.0;
-    w->done = false;
-    w->status = PDP_OK;
-    w->msg[0] = '\0';
-    if (!lc->has_thread) { /* world size 1: every collective is local and immediate */
-        char msg[8];
-        w->head.t_start = pdp__now();
-        w->status = pdp__local_run(lc, &w->args, msg, sizeof msg);
-        w->head.t_done = pdp__now();
-        w->done = true;
-    } else {
-        if (lc->q_tail) lc->q_tail->next = w;
-        else lc->q_head = w;
-        lc->q_tail = w;
-        pthread_cond_signal(&lc->wake);
-    }
-    pthread_mutex_unlock(&lc->mu);
-    *out = &w->head;
-    return PDP_OK;
-}
-
-static pdp_status pdp__local_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                       pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_ALLREDUCE;
-    a.count = count;
-    a.op = (int)op;
-    a.buf = buf;
-    return pdp__local_submit(c, &a, w);
-}
-
-static pdp_status pdp__local_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                       pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_BROADCAST;
-    a.count = count;
-    a.op = root;
-    a.buf = buf;
-    return pdp__local_submit(c, &a, w);
-}
-
-static pdp_status pdp__local_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_REDUCE_SCATTER;
-    a.count = recv_count;
-    a.op = (int)op;
-    a.send = send;
-    a.recv = recv;
-    return pdp__local_submit(c, &a, w);
-}
-
-static pdp_status pdp__local_allgather(pdp_comm *c, const float *send, float *recv,
-                                       int64_t send_count, pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_ALLGATHER;
-    a.count = send_count;
-    a.send = send;
-    a.recv = recv;
-    return pdp__local_submit(c, &a, w);
-}
-
-static pdp_status pdp__local_barrier(pdp_comm *c, pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_BARRIER;
-    return pdp__local_submit(c, &a, w);
-}
-
-static pdp_status pdp__local_wait(pdp_work *work);
-
-static pdp_status pdp__local_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
-{
-    pdp__coll_args a;
-    pdp_work *w = NULL;
-    pdp_status st;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_BROADCAST_BYTES;
-    a.count = (int64_t)bytes;
-    a.op = root;
-    a.bytes_buf = buf;
-    if ((st = pdp__local_submit(c, &a, &w)) != PDP_OK) return st;
-    return pdp__local_wait(w);
-}
-
-static pdp_status pdp__local_wait(pdp_work *work)
-{
-    pdp__local_work *w = (pdp__local_work *)work;
-    pdp__local_comm *lc = (pdp__local_comm *)work->comm;
-    pdp_status st;
-    pthread_mutex_lock(&lc->mu);
-    while (!w->done) pthread_cond_wait(&lc->done, &lc->mu); /* the progress thread times out */
-    st = w->status;
-    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
-    w->next = lc->free_list; /* recycled; the head stays readable until the next launch */
-    lc->free_list = w;
-    pthread_mutex_unlock(&lc->mu);
-    return st;
-}
-
-static bool pdp__local_done(pdp_work *work)
-{
-    pdp__local_work *w = (pdp__local_work *)work;
-    pdp__local_comm *lc = (pdp__local_comm *)work->comm;
-    bool d;
-    pthread_mutex_lock(&lc->mu);
-    d = w->done;
-    pthread_mutex_unlock(&lc->mu);
-    return d;
-}
-
 static void pdp__local_destroy(pdp_comm *c)
 {
     pdp__local_comm *lc = (pdp__local_comm *)c;
@@ -775,30 +907,21 @@ static void pdp__local_destroy(pdp_comm *c)
     g->gone[c->rank] = true;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
-    if (lc->has_thread) {
-        pthread_mutex_lock(&lc->mu);
-        lc->stopping = true;
-        pthread_cond_signal(&lc->wake);
-        pthread_mutex_unlock(&lc->mu);
-        pthread_join(lc->thread, NULL);
-    }
-    pthread_mutex_destroy(&lc->mu);
-    pthread_cond_destroy(&lc->wake);
-    pthread_cond_destroy(&lc->done);
+    pdp__workq_shutdown(&lc->q);
     pdp__dealloc(lc);
 }
 
 static const pdp__comm_ops pdp__local_ops = {
-    pdp__local_allreduce, pdp__local_broadcast,  pdp__local_reduce_scatter,
-    pdp__local_allgather, pdp__local_barrier,    pdp__local_broadcast_bytes,
-    pdp__local_wait,      pdp__local_done,       pdp__local_destroy,
+    pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
+    pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__workq_wait,      pdp__workq_done,      pdp__local_destroy,
 };
 
 PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank)
 {
     static const char *fn = "pdp_comm_create_local";
     pdp__local_comm *lc;
-    int i;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
@@ -822,28 +945,18 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
     lc->head.timeout_s = g->timeout_s;
     lc->head.device = g->device;
     memcpy(lc->head.name, g->name, sizeof lc->head.name);
-    lc->head.impl = lc;
+    lc->head.impl = &lc->q;
     lc->g = g;
-    for (i = PDP_LOCAL_MAX_INFLIGHT - 1; i >= 0; i--) {
-        lc->pool[i].next = lc->free_list;
-        lc->free_list = &lc->pool[i];
-    }
-    pthread_mutex_init(&lc->mu, NULL);
-    pthread_cond_init(&lc->wake, NULL);
-    pthread_cond_init(&lc->done, NULL);
-    if (g->size > 1) {
-        if (pthread_create(&lc->thread, NULL, pdp__local_progress, lc) != 0) {
-            pthread_mutex_lock(&g->mu);
-            g->joined[rank] = false;
-            pthread_mutex_unlock(&g->mu);
-            pthread_mutex_destroy(&lc->mu);
-            pthread_cond_destroy(&lc->wake);
-            pthread_cond_destroy(&lc->done);
-            pdp__dealloc(lc);
-            return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
-                            rank);
-        }
-        lc->has_thread = true;
+    lc->q.comm = &lc->head;
+    lc->q.exec = pdp__local_exec;
+    /* world size 1: every collective is local and immediate, no thread */
+    if ((st = pdp__workq_init(&lc->q, lc->pool, PDP_LOCAL_MAX_INFLIGHT, "PDP_LOCAL_MAX_INFLIGHT",
+                              g->size > 1, fn)) != PDP_OK) {
+        pthread_mutex_lock(&g->mu);
+        g->joined[rank] = false;
+        pthread_mutex_unlock(&g->mu);
+        pdp__dealloc(lc);
+        return st;
     }
     *out = &lc->head;
     return PDP_OK;

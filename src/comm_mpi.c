@@ -23,9 +23,10 @@
    MPI's error string.
 
    One progress thread per communicator runs the collectives in issue order,
-   as PyTorch's ProcessGroupMPI does: a launch only queues a handle from a
-   fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is allocated per collective) and
-   returns, so the calling rank keeps computing backward while the all-reduce
+   as PyTorch's ProcessGroupMPI does (comm.c's collective queue, shared with
+   the local backend; this file supplies its exec, idle and destroy): a launch
+   only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
+   allocated per collective) and returns, so the calling rank keeps computing backward while the all-reduce
    runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
    MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
    MPI_Test: spinning first, then yielding, then sleeping 50 us, so an idle
@@ -40,8 +41,9 @@
    collective that has not completed timeout_s after the thread posted it fails
    with PDP_ERR_TIMEOUT naming the collective, its sequence number and the
    communicator (MPI cannot say which rank is missing). The communicator is
-   then broken: queued and later collectives fail at once with the same status
-   and message, as an aborted NCCL communicator does. The timed-out request
+   then broken (the queue is sticky): queued and later collectives fail at
+   once with the same status and message, as an aborted NCCL communicator
+   does. The timed-out request
    cannot be cancelled (MPI forbids cancelling collectives); the thread keeps
    testing it, so a late rank still completes it and the communicator can be
    freed cleanly. pdp_comm_free gives an in-flight request one more second,
@@ -58,8 +60,9 @@
    live communicators and whether pdp initialised MPI) is process-wide,
    behind a mutex, because MPI's own initialisation is.
 
-   Locks: mc->mu guards the queue, the pool, the handles' done/status and the
-   broken state; the progress thread never holds it inside an MPI call.
+   Locks: the queue's mu guards the queue, the pool, the handles' done/status,
+   the broken state and the orphan; the progress thread never holds it inside
+   an MPI call.
    Buffers pass to the progress thread and back across that mutex (TSan finds
    nothing in this file; OpenMPI's own internals draw reports of their own).
    Reference: MPI 3.1, chapter 5.12 (non-blocking collectives). */
@@ -102,57 +105,17 @@ static MPI_Comm pdp__mpi_init_comm;
 
 /* ---- comm_mpi: state ---- */
 
-typedef enum pdp__mpi_kind {
-    PDP__MPI_ALLREDUCE,
-    PDP__MPI_BROADCAST,
-    PDP__MPI_REDUCE_SCATTER,
-    PDP__MPI_ALLGATHER,
-    PDP__MPI_BARRIER,
-    PDP__MPI_BROADCAST_BYTES
-} pdp__mpi_kind;
-
-static const char *const pdp__mpi_kind_names[] = {"allreduce", "broadcast", "reduce_scatter",
-                                                  "allgather", "barrier",   "broadcast_bytes"};
-
-typedef struct pdp__mpi_work {
-    pdp_work head;               /* first member */
-    struct pdp__mpi_work *next;  /* free list or queue */
-    pdp__mpi_kind kind;
-    pdp_reduce_op op;
-    int root;
-    float *buf;                  /* all-reduce, broadcast */
-    const float *send;           /* reduce-scatter, all-gather */
-    float *recv;
-    void *bytes_buf;             /* broadcast_bytes */
-    int64_t count;               /* elements (bytes for broadcast_bytes) */
-    double t_queued;             /* for the trace (head.t_launch is the caller's) */
-    bool done;
-    pdp_status status;
-    char msg[400];
-} pdp__mpi_work;
-
 typedef struct pdp__mpi_comm {
     pdp_comm head;               /* first member */
+    pdp__workq q;                /* head.impl points here; sticky, with an idle poll */
     MPI_Comm mcomm;              /* our duplicate of MPI_COMM_WORLD */
-    pthread_mutex_t mu;
-    pthread_cond_t wake;         /* queue not empty, or stopping */
-    pthread_cond_t done;         /* a handle completed */
-    pthread_t thread;
-    bool stopping;
-    double stop_time;
-    pdp__mpi_work *free_list, *q_head, *q_tail;
-    int64_t next_seq;
-    bool broken;                 /* first failure wins; later collectives fail fast */
-    pdp_status broken_status;
-    char broken_msg[400];
-    bool orphan;                 /* a timed-out request is still pending */
+    bool orphan;                 /* a timed-out request is still pending (q.mu) */
     MPI_Request orphan_req;
-    int trace_tid;               /* 0 when tracing is off */
     bool traced;                 /* pdp__trace_open succeeded: close at free */
-    pdp__mpi_work pool[PDP_MPI_MAX_INFLIGHT];
+    pdp__workq_item pool[PDP_MPI_MAX_INFLIGHT];
 } pdp__mpi_comm;
 
-/* ---- comm_mpi: progress thread ---- */
+/* ---- comm_mpi: executing a collective (the queue's exec and idle) ---- */
 
 static void pdp__mpi_errstr(int rc, char *out, size_t cap)
 {
@@ -163,20 +126,10 @@ static void pdp__mpi_errstr(int rc, char *out, size_t cap)
     snprintf(out, cap, "%s (MPI error %d)", len ? s : "unknown", rc);
 }
 
-static bool pdp__mpi_stopping(pdp__mpi_comm *mc, double *since)
-{
-    bool s;
-    pthread_mutex_lock(&mc->mu);
-    s = mc->stopping;
-    *since = mc->stop_time;
-    pthread_mutex_unlock(&mc->mu);
-    return s;
-}
-
 /* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
    PDP_ERR_COMM when the communicator is being freed, with *req left pending
    (the caller records it as the orphan). */
-static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, pdp__mpi_work *w, MPI_Request *req,
+static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
                                  double deadline, char *msg, size_t cap)
 {
     pdp_comm *c = &mc->head;
@@ -198,10 +151,10 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, pdp__mpi_work *w, MPI_Reques
                      "%g s on rank %d of %d: at least one rank did not arrive (it skipped the "
                      "collective, issued another one, hangs or died; MPI cannot say which); "
                      "the communicator is broken", w->head.op_name, (long long)w->head.seq,
-                     (long long)w->count, c->name, c->timeout_s, c->rank, c->size);
+                     (long long)w->args.count, c->name, c->timeout_s, c->rank, c->size);
             return PDP_ERR_TIMEOUT;
         }
-        if ((++polls & 63) == 0 && pdp__mpi_stopping(mc, &since) &&
+        if ((++polls & 63) == 0 && pdp__workq_stopping(&mc->q, &since) &&
             now > since + PDP__MPI_FREE_GRACE_S) {
             snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d): abandoned in flight when the "
                      "communicator was freed", w->head.op_name, (long long)w->head.seq, c->name,
@@ -219,7 +172,7 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, pdp__mpi_work *w, MPI_Reques
 }
 
 /* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
-static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, pdp__mpi_work *w, int rc, const char *call,
+static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
                                   char *msg, size_t cap)
 {
     char e[256];
@@ -238,209 +191,116 @@ static void pdp__mpi_divide(float *p, int64_t n, int size)
 }
 
 /* Runs one collective to completion on the progress thread. */
-static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, pdp__mpi_work *w, MPI_Request *req, char *msg,
-                               size_t cap)
+static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
+                               char *msg, size_t cap)
 {
+    const pdp__coll_args *a = &w->args;
     MPI_Comm mcomm = mc->mcomm;
     double deadline = w->head.t_start + mc->head.timeout_s;
     int size = mc->head.size, rank = mc->head.rank, n;
     int64_t off, len;
     pdp_status st;
     *req = MPI_REQUEST_NULL;
-    switch (w->kind) {
-    case PDP__MPI_ALLREDUCE:
-    case PDP__MPI_BROADCAST:
-    case PDP__MPI_BROADCAST_BYTES:
-        for (off = 0; off < w->count; off += len) {
-            len = PDP__MIN(w->count - off, (int64_t)PDP_MPI_CHUNK);
+    switch (a->kind) {
+    case PDP__COLL_ALLREDUCE:
+    case PDP__COLL_BROADCAST:
+    case PDP__COLL_BROADCAST_BYTES:
+        for (off = 0; off < a->count; off += len) {
+            len = PDP__MIN(a->count - off, (int64_t)PDP_MPI_CHUNK);
             n = (int)len;
-            if (w->kind == PDP__MPI_ALLREDUCE)
-                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, w->buf + off, n,
+            if (a->kind == PDP__COLL_ALLREDUCE)
+                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, a->buf + off, n,
                                      MPI_FLOAT, MPI_SUM, mcomm, req), "MPI_Iallreduce", msg, cap);
-            else if (w->kind == PDP__MPI_BROADCAST)
-                st = pdp__mpi_posted(mc, w, MPI_Ibcast(w->buf + off, n, MPI_FLOAT, w->root, mcomm,
+            else if (a->kind == PDP__COLL_BROADCAST)
+                st = pdp__mpi_posted(mc, w, MPI_Ibcast(a->buf + off, n, MPI_FLOAT, a->op, mcomm,
                                      req), "MPI_Ibcast", msg, cap);
             else
-                st = pdp__mpi_posted(mc, w, MPI_Ibcast((char *)w->bytes_buf + off, n, MPI_BYTE,
-                                     w->root, mcomm, req), "MPI_Ibcast", msg, cap);
+                st = pdp__mpi_posted(mc, w, MPI_Ibcast((char *)a->bytes_buf + off, n, MPI_BYTE,
+                                     a->op, mcomm, req), "MPI_Ibcast", msg, cap);
             if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
             if (st != PDP_OK) return st;
         }
-        if (w->kind == PDP__MPI_ALLREDUCE && w->op == PDP_REDUCE_AVG)
-            pdp__mpi_divide(w->buf, w->count, size);
+        if (a->kind == PDP__COLL_ALLREDUCE && a->op == PDP_REDUCE_AVG)
+            pdp__mpi_divide(a->buf, a->count, size);
         return PDP_OK;
-    case PDP__MPI_REDUCE_SCATTER: {
-        float *mine = (float *)w->send + (int64_t)rank * w->count; /* in-place slot */
-        bool in_place = w->recv == mine;
-        n = (int)w->count;
+    case PDP__COLL_REDUCE_SCATTER: {
+        float *mine = (float *)a->send + (int64_t)rank * a->count; /* in-place slot */
+        bool in_place = a->recv == mine;
+        n = (int)a->count;
         if (size == 1) {
-            if (w->recv != w->send && n > 0) memmove(w->recv, w->send, (size_t)n * sizeof(float));
+            if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
         } else {
             /* in place, MPI leaves the result at the start of the buffer */
             st = pdp__mpi_posted(mc, w, MPI_Ireduce_scatter_block(
-                                     in_place ? MPI_IN_PLACE : (void *)w->send,
-                                     in_place ? (void *)w->send : (void *)w->recv, n, MPI_FLOAT,
+                                     in_place ? MPI_IN_PLACE : (void *)a->send,
+                                     in_place ? (void *)a->send : (void *)a->recv, n, MPI_FLOAT,
                                      MPI_SUM, mcomm, req),
                                  "MPI_Ireduce_scatter_block", msg, cap);
             if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
             if (st != PDP_OK) return st;
-            if (in_place && rank > 0) memmove(w->recv, w->send, (size_t)n * sizeof(float));
+            if (in_place && rank > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
         }
-        if (w->op == PDP_REDUCE_AVG) pdp__mpi_divide(w->recv, w->count, size);
+        if (a->op == PDP_REDUCE_AVG) pdp__mpi_divide(a->recv, a->count, size);
         return PDP_OK;
     }
-    case PDP__MPI_ALLGATHER: {
-        bool in_place = w->send == w->recv + (int64_t)rank * w->count;
-        n = (int)w->count;
-        st = pdp__mpi_posted(mc, w, MPI_Iallgather(in_place ? MPI_IN_PLACE : (void *)w->send,
-                             n, MPI_FLOAT, w->recv, n, MPI_FLOAT, mcomm, req),
+    case PDP__COLL_ALLGATHER: {
+        bool in_place = a->send == a->recv + (int64_t)rank * a->count;
+        n = (int)a->count;
+        st = pdp__mpi_posted(mc, w, MPI_Iallgather(in_place ? MPI_IN_PLACE : (void *)a->send,
+                             n, MPI_FLOAT, a->recv, n, MPI_FLOAT, mcomm, req),
                              "MPI_Iallgather", msg, cap);
         if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
         return st;
     }
-    case PDP__MPI_BARRIER:
+    case PDP__COLL_BARRIER:
         st = pdp__mpi_posted(mc, w, MPI_Ibarrier(mcomm, req), "MPI_Ibarrier", msg, cap);
         if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
         return st;
     }
-    snprintf(msg, cap, "comm_mpi: unknown collective kind %d", (int)w->kind);
+    snprintf(msg, cap, "comm_mpi: unknown collective kind %d", (int)a->kind);
     return PDP_ERR_STATE;
 }
 
-static void pdp__mpi_trace(pdp__mpi_comm *mc, const pdp__mpi_work *w, double t_start,
-                           double t_done, pdp_status st)
+/* The queue's exec; a request posted but never completed becomes the orphan. */
+static pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
 {
-    char args[88];
-    if (!mc->trace_tid) return;
-    snprintf(args, sizeof args, "\"seq\":%lld,\"count\":%lld,\"status\":%d",
-             (long long)w->head.seq, (long long)w->count, (int)st);
-    pdp__trace_complete(mc->head.rank, mc->trace_tid, "comm", w->head.op_name, t_start, t_done,
-                        args);
-    pdp__trace_async(mc->head.rank, mc->trace_tid, "comm", w->head.op_name,
-                     ((uint64_t)(uintptr_t)mc << 20) ^ (uint64_t)w->head.seq, w->t_queued, t_done,
-                     args);
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    MPI_Request req;
+    pdp_status st = pdp__mpi_run(mc, w, &req, msg, cap);
+    if (st != PDP_OK && req != MPI_REQUEST_NULL) {
+        pthread_mutex_lock(&q->mu);
+        mc->orphan = true;
+        mc->orphan_req = req;
+        pthread_mutex_unlock(&q->mu);
+    }
+    return st;
 }
 
-static void *pdp__mpi_progress(void *arg)
+/* Sleeps 1 ms, then tests the orphan once: true when it completed. */
+static bool pdp__mpi_orphan_test(MPI_Request *req)
 {
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)arg;
-    pthread_mutex_lock(&mc->mu);
-    for (;;) {
-        pdp__mpi_work *w;
-        MPI_Request req;
-        pdp_status st;
-        double t_start, t_done;
-        char msg[400];
-        while (!mc->q_head && !mc->stopping) {
-            if (mc->orphan) { /* keep a timed-out request moving: a late rank completes it */
-                int flag = 0;
-                struct timespec ts = {0, 1000000}; /* 1 ms */
-                pthread_mutex_unlock(&mc->mu);
-                nanosleep(&ts, NULL);
-                if (MPI_Test(&mc->orphan_req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
-                pthread_mutex_lock(&mc->mu);
-                if (flag) mc->orphan = false;
-            } else {
-                pthread_cond_wait(&mc->wake, &mc->mu);
-            }
-        }
-        if (!mc->q_head) break; /* stopping with nothing queued */
-        w = mc->q_head;
-        mc->q_head = w->next;
-        if (!mc->q_head) mc->q_tail = NULL;
-        t_start = w->head.t_start = pdp__now();
-        if (mc->broken) {
-            w->head.t_done = t_start;
-            w->status = mc->broken_status;
-            snprintf(w->msg, sizeof w->msg, "%s #%lld not run: %.300s", w->head.op_name,
-                     (long long)w->head.seq, mc->broken_msg);
-            w->done = true;
-            pthread_cond_broadcast(&mc->done);
-            continue;
-        }
-        pthread_mutex_unlock(&mc->mu);
+    int flag = 0;
+    struct timespec ts = {0, 1000000}; /* 1 ms */
+    nanosleep(&ts, NULL);
+    if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
+    return flag != 0;
+}
 
-        msg[0] = '\0';
-        st = pdp__mpi_run(mc, w, &req, msg, sizeof msg);
-        t_done = pdp__now();
-        pdp__mpi_trace(mc, w, t_start, t_done, st);
-
-        pthread_mutex_lock(&mc->mu);
-        if (st != PDP_OK && req != MPI_REQUEST_NULL) { /* posted, never completed */
-            mc->orphan = true;
-            mc->orphan_req = req;
-        }
-        if (st != PDP_OK && !mc->broken) {
-            mc->broken = true;
-            mc->broken_status = st;
-            snprintf(mc->broken_msg, sizeof mc->broken_msg, "%s", msg);
-        }
-        w->head.t_done = t_done;
-        w->status = st;
-        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
-        w->done = true;
-        pthread_cond_broadcast(&mc->done);
-    }
-    /* freeing: give a timed-out request a last chance to complete */
-    while (mc->orphan && pdp__now() < mc->stop_time + PDP__MPI_FREE_GRACE_S) {
-        int flag = 0;
-        struct timespec ts = {0, 1000000};
-        pthread_mutex_unlock(&mc->mu);
-        nanosleep(&ts, NULL);
-        if (MPI_Test(&mc->orphan_req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
-        pthread_mutex_lock(&mc->mu);
-        if (flag) mc->orphan = false;
-    }
-    pthread_mutex_unlock(&mc->mu);
-    return NULL;
+/* The queue's idle hook (q->mu held): keep a timed-out request moving, so
+   that a late rank completes it and the communicator can be freed cleanly. */
+static bool pdp__mpi_idle(pdp__workq *q)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    bool done;
+    if (!mc->orphan) return false;
+    pthread_mutex_unlock(&q->mu);
+    done = pdp__mpi_orphan_test(&mc->orphan_req);
+    pthread_mutex_lock(&q->mu);
+    if (done) mc->orphan = false;
+    return true;
 }
 
 /* ---- comm_mpi: the ops table ---- */
-
-static pdp_status pdp__mpi_submit(pdp_comm *c, pdp__mpi_work *args, pdp_work **out)
-{
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
-    pdp__mpi_work *w;
-    pthread_mutex_lock(&mc->mu);
-    if (mc->broken) {
-        pdp_status st = mc->broken_status;
-        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
-                 pdp__mpi_kind_names[args->kind], c->name, c->rank, c->size, mc->broken_msg);
-        pthread_mutex_unlock(&mc->mu);
-        return st;
-    }
-    w = mc->free_list;
-    if (!w) {
-        pthread_mutex_unlock(&mc->mu);
-        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
-                        "some (PDP_MPI_MAX_INFLIGHT)", PDP_MPI_MAX_INFLIGHT, c->name, c->rank);
-    }
-    mc->free_list = w->next;
-    w->next = NULL;
-    w->kind = args->kind;
-    w->op = args->op;
-    w->root = args->root;
-    w->buf = args->buf;
-    w->send = args->send;
-    w->recv = args->recv;
-    w->bytes_buf = args->bytes_buf;
-    w->count = args->count;
-    w->head.comm = c;
-    w->head.op_name = pdp__mpi_kind_names[args->kind];
-    w->head.seq = mc->next_seq++;
-    w->head.t_start = w->head.t_done = 0.0;
-    w->t_queued = pdp__now();
-    w->done = false;
-    w->status = PDP_OK;
-    w->msg[0] = '\0';
-    if (mc->q_tail) mc->q_tail->next = w;
-    else mc->q_head = w;
-    mc->q_tail = w;
-    pthread_cond_signal(&mc->wake);
-    pthread_mutex_unlock(&mc->mu);
-    *out = &w->head;
-    return PDP_OK;
-}
 
 static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const char *what)
 {
@@ -450,105 +310,20 @@ static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const cha
                     c->name, c->rank, (int)INT32_MAX);
 }
 
-static pdp_status pdp__mpi_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                     pdp_work **w)
-{
-    pdp__mpi_work a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_ALLREDUCE;
-    a.count = count;
-    a.op = op;
-    a.buf = buf;
-    return pdp__mpi_submit(c, &a, w);
-}
-
-static pdp_status pdp__mpi_broadcast(pdp_comm *c, float *buf, int64_t count, int root, pdp_work **w)
-{
-    pdp__mpi_work a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_BROADCAST;
-    a.count = count;
-    a.root = root;
-    a.buf = buf;
-    return pdp__mpi_submit(c, &a, w);
-}
-
 static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const float *send, float *recv,
                                           int64_t recv_count, pdp_reduce_op op, pdp_work **w)
 {
-    pdp__mpi_work a;
     pdp_status st;
     if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_REDUCE_SCATTER;
-    a.count = recv_count;
-    a.op = op;
-    a.send = send;
-    a.recv = recv;
-    return pdp__mpi_submit(c, &a, w);
+    return pdp__workq_reduce_scatter(c, send, recv, recv_count, op, w);
 }
 
 static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
                                      int64_t send_count, pdp_work **w)
 {
-    pdp__mpi_work a;
     pdp_status st;
     if ((st = pdp__mpi_int_count(c, send_count, "allgather")) != PDP_OK) return st;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_ALLGATHER;
-    a.count = send_count;
-    a.send = send;
-    a.recv = recv;
-    return pdp__mpi_submit(c, &a, w);
-}
-
-static pdp_status pdp__mpi_barrier(pdp_comm *c, pdp_work **w)
-{
-    pdp__mpi_work a;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_BARRIER;
-    return pdp__mpi_submit(c, &a, w);
-}
-
-static pdp_status pdp__mpi_wait(pdp_work *work)
-{
-    pdp__mpi_work *w = (pdp__mpi_work *)work;
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)work->comm;
-    pdp_status st;
-    pthread_mutex_lock(&mc->mu);
-    while (!w->done) pthread_cond_wait(&mc->done, &mc->mu); /* the progress thread times out */
-    st = w->status;
-    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
-    w->next = mc->free_list; /* recycled; the head stays readable until the next launch */
-    mc->free_list = w;
-    pthread_mutex_unlock(&mc->mu);
-    return st;
-}
-
-static bool pdp__mpi_done(pdp_work *work)
-{
-    pdp__mpi_work *w = (pdp__mpi_work *)work;
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)work->comm;
-    bool d;
-    pthread_mutex_lock(&mc->mu);
-    d = w->done;
-    pthread_mutex_unlock(&mc->mu);
-    return d;
-}
-
-/* Synchronous, queued like the others so it keeps its place in the order. */
-static pdp_status pdp__mpi_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
-{
-    pdp__mpi_work a;
-    pdp_work *w = NULL;
-    pdp_status st;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__MPI_BROADCAST_BYTES;
-    a.count = (int64_t)bytes;
-    a.root = root;
-    a.bytes_buf = buf;
-    if ((st = pdp__mpi_submit(c, &a, &w)) != PDP_OK) return st;
-    return pdp__mpi_wait(w);
+    return pdp__workq_allgather(c, send, recv, send_count, w);
 }
 
 /* Tests *req until it completes (true) or deadline passes (false). */
@@ -589,15 +364,11 @@ static void pdp__mpi_release(void)
 static void pdp__mpi_destroy(pdp_comm *c)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
-    bool leaked;
-    pthread_mutex_lock(&mc->mu);
-    mc->stopping = true;
-    mc->stop_time = pdp__now();
-    pthread_cond_signal(&mc->wake);
-    pthread_mutex_unlock(&mc->mu);
-    pthread_join(mc->thread, NULL);
-    leaked = mc->orphan;
-    if (leaked) { /* a request that never completed still references mcomm: leave both */
+    pdp__workq_shutdown(&mc->q);
+    /* give a timed-out request a last chance to complete */
+    while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
+        if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
+    if (mc->orphan) { /* a request that never completed still references mcomm: leave both */
         pthread_mutex_lock(&pdp__mpi_mu);
         pdp__mpi_unclean = true;
         pthread_mutex_unlock(&pdp__mpi_mu);
@@ -605,17 +376,14 @@ static void pdp__mpi_destroy(pdp_comm *c)
         MPI_Comm_free(&mc->mcomm);
     }
     if (mc->traced) pdp__trace_close();
-    pthread_mutex_destroy(&mc->mu);
-    pthread_cond_destroy(&mc->wake);
-    pthread_cond_destroy(&mc->done);
     pdp__dealloc(mc);
     pdp__mpi_release();
 }
 
 static const pdp__comm_ops pdp__mpi_ops = {
-    pdp__mpi_allreduce, pdp__mpi_broadcast, pdp__mpi_reduce_scatter,
-    pdp__mpi_allgather, pdp__mpi_barrier,   pdp__mpi_broadcast_bytes,
-    pdp__mpi_wait,      pdp__mpi_done,      pdp__mpi_destroy,
+    pdp__workq_allreduce, pdp__workq_broadcast, pdp__mpi_reduce_scatter,
+    pdp__mpi_allgather,   pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };
 
 /* ---- comm_mpi: creation ---- */
@@ -669,7 +437,7 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     pdp__mpi_comm *mc;
     MPI_Comm mcomm = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
-    int rank = 0, size = 1, rc, i;
+    int rank = 0, size = 1, rc;
     double timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
     pdp_status st;
     if (desc && desc->device.kind != PDP_DEVICE_CPU)
@@ -727,12 +495,12 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     mc->head.timeout_s = timeout_s;
     mc->head.device = pdp_cpu();
     snprintf(mc->head.name, sizeof mc->head.name, "%s", desc && desc->name ? desc->name : "comm");
-    mc->head.impl = mc;
+    mc->head.impl = &mc->q;
     mc->mcomm = mcomm;
-    for (i = PDP_MPI_MAX_INFLIGHT - 1; i >= 0; i--) {
-        mc->pool[i].next = mc->free_list;
-        mc->free_list = &mc->pool[i];
-    }
+    mc->q.comm = &mc->head;
+    mc->q.exec = pdp__mpi_exec;
+    mc->q.idle = pdp__mpi_idle;
+    mc->q.sticky = true;
     if ((st = pdp__trace_open(size > 1 ? rank : -1)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s (rank %d)", fn, rank);
         goto fail;
@@ -741,18 +509,11 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     if (pdp__trace_enabled()) {
         char track[48];
         snprintf(track, sizeof track, "comm %s (mpi)", mc->head.name);
-        mc->trace_tid = pdp__trace_track(rank, track);
+        mc->q.trace_tid = pdp__trace_track(rank, track);
     }
-    pthread_mutex_init(&mc->mu, NULL);
-    pthread_cond_init(&mc->wake, NULL);
-    pthread_cond_init(&mc->done, NULL);
-    if (pthread_create(&mc->thread, NULL, pdp__mpi_progress, mc) != 0) {
-        pthread_mutex_destroy(&mc->mu);
-        pthread_cond_destroy(&mc->wake);
-        pthread_cond_destroy(&mc->done);
-        st = pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn, rank);
+    if ((st = pdp__workq_init(&mc->q, mc->pool, PDP_MPI_MAX_INFLIGHT, "PDP_MPI_MAX_INFLIGHT", true,
+                              fn)) != PDP_OK)
         goto fail;
-    }
     *out = &mc->head;
     return PDP_OK;
 fail:

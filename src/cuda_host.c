@@ -233,6 +233,17 @@ static pdp_cudak_conv pdp__cuda_geom(const pdp__layer *l, int64_t batch)
 }
 #endif
 
+/* Workspace floats per sample a layer needs on device d: the CPU's algorithm
+   sizes its own (layers.c); the CUDA conv kernels unfold the whole sample and
+   keep the output beside it, (C k k + O) Ho Wo (cuda.h). */
+static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
+{
+    if (d.kind == PDP_DEVICE_CUDA && l->kind == PDP__CONV2D)
+        return PDP__MAX(l->work_per_sample, (l->in_shape[0] * l->kernel * l->kernel +
+                                             l->out_features) * l->out_shape[1] * l->out_shape[2]);
+    return l->work_per_sample;
+}
+
 static pdp_status pdp__cuda_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
 #ifdef PDP_CUDA
@@ -474,9 +485,8 @@ typedef struct pdp__nccl_comm {
     pdp__nccl_work pool[PDP_CUDAK_NCCL_SLOTS];
 } pdp__nccl_comm;
 
-static const char *pdp__nccl_op_names[] = {"allreduce", "broadcast", "reduce_scatter",
-                                           "allgather"};
-
+/* kind names the collective through comm.c's pdp__op_names, whose first four
+   entries follow pdp_cudak_coll's order. */
 static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float *send,
                                   float *recv, int64_t count, int op, pdp_work **w)
 {
@@ -491,14 +501,14 @@ static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float 
                         "some before issuing more", PDP_CUDAK_NCCL_SLOTS, c->name, c->rank);
     if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, &slot)) != PDP_OK)
         return pdp__err(st, "%s #%lld (count %lld) on comm '%s', rank %d of %d: pdp_cuda: %s",
-                        pdp__nccl_op_names[kind], (long long)nc->seq, (long long)count, c->name,
+                        pdp__op_names[kind], (long long)nc->seq, (long long)count, c->name,
                         c->rank, c->size, pdp_cudak_error());
     PDP_ASSERT(slot == nc->next);
     nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS;
     wk->busy = true;
     wk->slot = slot;
     wk->head.comm = c;
-    wk->head.op_name = pdp__nccl_op_names[kind];
+    wk->head.op_name = pdp__op_names[kind];
     wk->head.seq = nc->seq++;
     wk->head.t_start = pdp__now();
     wk->head.t_done = 0.0;
@@ -541,6 +551,7 @@ static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_status st = pdp_cudak_nccl_broadcast_bytes(nc->h, buf, bytes, root, c->timeout_s);
+    if (bytes) nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS; /* it used one event slot */
     if (st != PDP_OK)
         return pdp__err(st, "broadcast of %zu bytes from rank %d on comm '%s', rank %d of %d: "
                         "pdp_cuda: %s", bytes, root, c->name, c->rank, c->size, pdp_cudak_error());

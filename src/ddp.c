@@ -198,6 +198,25 @@ static void pdp__ddp_sig_str(const pdp__ddp_sig *s, char *out, size_t cap)
     if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
+/* All-gather of count host floats per rank. Collective buffers live on the
+   communicator's device (NCCL reads GPU memory only), so a GPU communicator
+   stages them through a small device buffer; used once, at construction. */
+static pdp_status pdp__ddp_allgather_host(pdp_comm *c, const float *send, float *recv,
+                                          int64_t count)
+{
+    float *dev = NULL;
+    size_t send_bytes = (size_t)count * sizeof(float);
+    pdp_status st;
+    if (c->device.kind == PDP_DEVICE_CPU) return pdp_comm_allgather(c, send, recv, count, NULL);
+    if ((st = pdp__dev_alloc(c->device, send_bytes * (size_t)(c->size + 1), (void **)&dev)) ==
+            PDP_OK &&
+        (st = pdp__dev_copy(c->device, dev, pdp_cpu(), send, send_bytes)) == PDP_OK &&
+        (st = pdp_comm_allgather(c, dev, dev + count, count, NULL)) == PDP_OK)
+        st = pdp__dev_copy(pdp_cpu(), recv, c->device, dev + count, send_bytes * (size_t)c->size);
+    pdp__dev_free(c->device, dev);
+    return st;
+}
+
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
 static pdp_status pdp__ddp_check_params(pdp_ddp *d)
@@ -239,7 +258,7 @@ static pdp_status pdp__ddp_check_params(pdp_ddp *d)
         }
     }
     diff = (float)mine_at;
-    if ((st = pdp_comm_allgather(c, &diff, all, 1, NULL)) != PDP_OK) {
+    if ((st = pdp__ddp_allgather_host(c, &diff, all, 1)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: rank %d: exchanging the check's verdicts", fn, c->rank);
         goto out;
     }

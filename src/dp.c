@@ -144,7 +144,7 @@ static size_t pdp__dp_model_bytes(const pdp_model *m)
         const pdp__layer *l = &m->layers[i];
         if (l->kind != PDP__FLATTEN) act += l->out_count;
         saved += l->saved_per_sample;
-        work = PDP__MAX(work, l->work_per_sample);
+        work = PDP__MAX(work, pdp__layer_work_per_sample(l, m->device));
         widest = PDP__MAX(widest, l->out_count);
     }
     return bytes + (size_t)(b * (act + saved + work + 2 * widest) + 3) * sizeof(float);

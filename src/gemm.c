@@ -56,6 +56,22 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
                 (int)PDP__MAX(lda, 1), b, (int)PDP__MAX(ldb, 1), beta, c, (int)ldc);
 }
 
+/* Plain loops: with PDP_CBLAS, Conv2d takes its im2col path and never calls this. */
+static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, const float *b,
+                            const int64_t *brow, float beta, float *c, int64_t ldc)
+{
+    int64_t i, j, p;
+    for (i = 0; i < m; i++)
+        for (j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (p = 0; p < k; p++)
+                acc += (ta == PDP_NO_TRANS ? a[i * lda + p] : a[p * lda + i]) *
+                       (tb == PDP_NO_TRANS ? b[brow[p] + j] : b[brow[j] + p]);
+            c[i * ldc + j] = alpha * acc + (beta != 0.0f ? beta * c[i * ldc + j] : 0.0f);
+        }
+}
+
 #else /* our own */
 
 /* ---- gemm: micro-kernels ---- */
@@ -228,13 +244,13 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 #  include <immintrin.h>
 #  define PDP__GEMM_T8 1
 
-/* dst[q * ldd + r] = src[r * lds + q] for r, q in [0, 8). */
-static void pdp__gemm_transpose8(const float *src, int64_t lds, float *dst, int64_t ldd)
+/* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8). */
+static void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd)
 {
-    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
-    __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
-    __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
-    __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+    __m256 r0 = _mm256_loadu_ps(s[0] + p), r1 = _mm256_loadu_ps(s[1] + p);
+    __m256 r2 = _mm256_loadu_ps(s[2] + p), r3 = _mm256_loadu_ps(s[3] + p);
+    __m256 r4 = _mm256_loadu_ps(s[4] + p), r5 = _mm256_loadu_ps(s[5] + p);
+    __m256 r6 = _mm256_loadu_ps(s[6] + p), r7 = _mm256_loadu_ps(s[7] + p);
     __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
     __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
     __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
@@ -256,25 +272,33 @@ static void pdp__gemm_transpose8(const float *src, int64_t lds, float *dst, int6
 #  define PDP__GEMM_T8 0
 #endif
 
-/* rows x kc of a source contiguous in k (row stride lds) into dst[p * ldd + r];
-   the part of [0, ldd) past `rows` is zeroed. */
-static void pdp__gemm_pack_t(const float *src, int64_t lds, int rows, int64_t kc, float *dst,
-                             int64_t ldd)
+/* Source row r of a packing routine: src + off[r] with a row-offset table (the
+   gathered B of pdp__sgemm_rows), else src + r * lds. */
+static const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off, int64_t r)
+{
+    return off ? src + off[r] : src + r * lds;
+}
+
+/* rows x kc of a source contiguous in k (row r at pdp__gemm_row) into
+   dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. */
+static void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
+                             int64_t kc, float *dst, int64_t ldd)
 {
     int r = 0;
     int64_t p;
 #if PDP__GEMM_T8
     for (; r + 8 <= rows; r += 8) {
-        const float *s = src + r * lds;
+        const float *s[8];
         int i;
-        for (p = 0; p + 8 <= kc; p += 8) pdp__gemm_transpose8(s + p, lds, dst + p * ldd + r, ldd);
+        for (i = 0; i < 8; i++) s[i] = pdp__gemm_row(src, lds, off, r + i);
+        for (p = 0; p + 8 <= kc; p += 8) pdp__gemm_transpose8(s, p, dst + p * ldd + r, ldd);
         for (; p < kc; p++) {
-            for (i = 0; i < 8; i++) dst[p * ldd + r + i] = s[i * lds + p];
+            for (i = 0; i < 8; i++) dst[p * ldd + r + i] = s[i][p];
         }
     }
 #endif
     for (; r < rows; r++) {
-        const float *s = src + r * lds;
+        const float *s = pdp__gemm_row(src, lds, off, r);
         for (p = 0; p < kc; p++) dst[p * ldd + r] = s[p];
     }
     for (; r < ldd; r++) {
@@ -282,22 +306,24 @@ static void pdp__gemm_pack_t(const float *src, int64_t lds, int rows, int64_t kc
     }
 }
 
-/* rows x cols of a source contiguous in the panel's fast index into dst[p * ldd + j];
-   the part of [0, ldd) past `cols` is zeroed. Always inlined with a constant ldd (MR
+/* kc x cols of a source contiguous in the panel's fast index (row p at
+   pdp__gemm_row) into dst[p * ldd + j]; the part of [0, ldd) past `cols` is
+   zeroed. Always inlined with a constant ldd (MR
    or NR), so that a full row is a fixed-size copy the compiler turns into vector
    moves: the plain loop of unknown length stays scalar at -O2 and cost a fifth of
    a 512^3 NN or TN product. */
-static inline void pdp__gemm_pack_n(const float *src, int64_t lds, int cols, int64_t kc,
-                                    float *dst, const int ldd)
+static inline void pdp__gemm_pack_n(const float *src, int64_t lds, const int64_t *off, int cols,
+                                    int64_t kc, float *dst, const int ldd)
 {
     int64_t p;
     int j;
     if (cols == ldd) {
-        for (p = 0; p < kc; p++) memcpy(dst + p * ldd, src + p * lds, (size_t)ldd * sizeof(float));
+        for (p = 0; p < kc; p++)
+            memcpy(dst + p * ldd, pdp__gemm_row(src, lds, off, p), (size_t)ldd * sizeof(float));
         return;
     }
     for (p = 0; p < kc; p++) {
-        const float *s = src + p * lds;
+        const float *s = pdp__gemm_row(src, lds, off, p);
         float *d = dst + p * ldd;
         for (j = 0; j < cols; j++) d[j] = s[j];
         for (; j < ldd; j++) d[j] = 0.0f;
@@ -309,23 +335,28 @@ static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, 
                              float *PDP__GEMM_RESTRICT ap)
 {
     if (ta == PDP_NO_TRANS) /* op(A)(i, p) = a[i * lda + p] */
-        pdp__gemm_pack_t(a, lda, mr, kc, ap, PDP__GEMM_MR);
+        pdp__gemm_pack_t(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR);
     else /* op(A)(i, p) = a[p * lda + i] */
-        pdp__gemm_pack_n(a, lda, mr, kc, ap, PDP__GEMM_MR);
+        pdp__gemm_pack_n(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR);
 }
 
-/* op(B) rows [0, kc) x columns [0, nc) into panels of NR columns:
-   bp[(j / NR) * kc * NR + p * NR + j % NR]. */
-static void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, int64_t kc, int64_t nc,
+/* op(B) rows [pc, pc + kc) x columns [jc, jc + nc) into panels of NR columns:
+   bp[(j / NR) * kc * NR + p * NR + j % NR]. B's storage row r starts at
+   b + r * ldb, or at b + brow[r] when the caller gave a row-offset table. */
+static void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, const int64_t *brow,
+                             int64_t pc, int64_t jc, int64_t kc, int64_t nc,
                              float *PDP__GEMM_RESTRICT bp)
 {
     int64_t j0;
     for (j0 = 0; j0 < nc; j0 += PDP__GEMM_NR) {
         int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - j0);
-        if (tb == PDP_NO_TRANS) /* op(B)(p, j) = b[p * ldb + j] */
-            pdp__gemm_pack_n(b + j0, ldb, nr, kc, bp + j0 * kc, PDP__GEMM_NR);
-        else /* op(B)(p, j) = b[j * ldb + p] */
-            pdp__gemm_pack_t(b + j0 * ldb, ldb, nr, kc, bp + j0 * kc, PDP__GEMM_NR);
+        int64_t j = jc + j0;
+        if (tb == PDP_NO_TRANS) /* op(B)(p, j) = storage row p, element j */
+            pdp__gemm_pack_n(brow ? b + j : b + pc * ldb + j, ldb, brow ? brow + pc : NULL, nr,
+                             kc, bp + j0 * kc, PDP__GEMM_NR);
+        else /* op(B)(p, j) = storage row j, element p */
+            pdp__gemm_pack_t(brow ? b + pc : b + j * ldb + pc, ldb, brow ? brow + j : NULL, nr,
+                             kc, bp + j0 * kc, PDP__GEMM_NR);
     }
 }
 
@@ -336,6 +367,7 @@ typedef struct pdp__gemm_args {
     int64_t m, n, k;
     float alpha, beta;
     const float *a, *b;
+    const int64_t *brow; /* B's row offsets (pdp__sgemm_rows), or NULL: row r at b + r ldb */
     float *c;
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
@@ -363,9 +395,7 @@ static void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int
         for (pc = 0; pc < g->k; pc += g->kb) {
             int64_t kc = PDP__MIN(g->kb, g->k - pc);
             float beta = pc == 0 ? g->beta : 1.0f;
-            const float *bsrc = g->tb == PDP_NO_TRANS ? g->b + pc * g->ldb + jc
-                                                      : g->b + jc * g->ldb + pc;
-            pdp__gemm_pack_b(g->tb, bsrc, g->ldb, kc, nc, bp);
+            pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp);
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
@@ -391,7 +421,8 @@ static void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, 
             float acc = 0.0f, *cij = g->c + i * g->ldc + j;
             for (p = 0; p < g->k; p++) {
                 float x = g->ta == PDP_NO_TRANS ? g->a[i * g->lda + p] : g->a[p * g->lda + i];
-                float y = g->tb == PDP_NO_TRANS ? g->b[p * g->ldb + j] : g->b[j * g->ldb + p];
+                float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
+                                                : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
                 acc += x * y;
             }
             *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
@@ -420,9 +451,10 @@ static void pdp__gemm_part(void *arg, int i, int n)
         pdp__gemm_unpacked(g, m0, m1, n0, n1);
 }
 
-PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
-                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                       float *c, int64_t ldc)
+/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
+static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                          const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -436,7 +468,8 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
         }
         return;
     }
-    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m) && ldb >= (tb == PDP_NO_TRANS ? n : k));
+    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m));
+    PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
     g.ta = ta;
     g.tb = tb;
     g.m = m;
@@ -446,6 +479,7 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
     g.beta = beta;
     g.a = a;
     g.b = b;
+    g.brow = brow;
     g.c = c;
     g.lda = lda;
     g.ldb = ldb;
@@ -463,6 +497,28 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
         parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
     }
     pdp__parallel_for(parts, pdp__gemm_part, &g);
+}
+
+PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc)
+{
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, b, ldb, NULL, beta, c, ldc);
+}
+
+/* ---- gemm: gathered B ----
+   pdp_sgemm whose B rows are anywhere: storage row r of B starts at b + brow[r], so
+   op(B)(p, j) = b[brow[p] + j] (tb == PDP_NO_TRANS) or b[brow[j] + p] (PDP_TRANS).
+   Conv2d's implicit im2col: row (c, ki, kj) of a sample's column matrix is one
+   contiguous run of the zero-padded input, so the B packing reads the input itself
+   and the column matrix is never written. Same blocking, threads and bits as
+   pdp_sgemm on the materialised B. */
+
+static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float *a, int64_t lda, const float *b,
+                            const int64_t *brow, float beta, float *c, int64_t ldc)
+{
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, b, 0, brow, beta, c, ldc);
 }
 
 #endif /* PDP_CBLAS */

@@ -205,6 +205,7 @@ static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *ta
 static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
                                          float *p, const float *g, float *s0, float *s1,
                                          int64_t n) PDP__UNUSED;
+static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
                                int64_t count) PDP__UNUSED;
 /* Gradient clipping on d: *sum = sum of x^2 (double, fixed order); x *= s. */
@@ -222,8 +223,10 @@ static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float
 
 /* ---- communicator internals (comm.c, comm_mpi.c, pdp_cuda.cu's NCCL) ----
    Each backend fills one table; the public pdp_comm_* functions validate their
-   arguments, then call it. A backend keeps its own handle pool so that a
-   training step allocates nothing. */
+   arguments, then call it. A backend keeps a fixed handle pool so that a
+   training step allocates nothing: the local and MPI backends share comm.c's
+   collective queue (pdp__workq: pool, FIFO, progress thread, wait/done);
+   NCCL's stream orders its collectives, with a pool of event slots. */
 typedef struct pdp__comm_ops {
     pdp_status (*allreduce)(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op, pdp_work **w);
     pdp_status (*broadcast)(pdp_comm *c, float *buf, int64_t count, int root, pdp_work **w);

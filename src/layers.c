@@ -455,35 +455,55 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
 }
 
 /* ---- layers: Conv2d ----
-   im2col + GEMM on cache-sized chunks of samples. The batch is cut into chunks
-   of `per_chunk` samples, a number that depends on the layer's geometry only (so
-   do the results): enough that a chunk's column matrix is about
-   PDP__CONV_CHUNK_FLOATS, which keeps im2col, the GEMMs and col2im of one chunk in
-   L2. The intra-op threads take whole chunks, each thread reusing one scratch
-   region: the column matrix [C k k, n], O x n floats for the output (forward) or
-   the output gradient (backward), and a zero-padded copy of one input sample.
-   Each chunk leaves its shares of dW and db apart; backward adds them up in chunk
-   order after all chunks are done.
+   Two paths, both cutting the batch into chunks of `per_chunk` samples, a number
+   that depends on the layer's geometry only (so do the results). The intra-op
+   threads take whole chunks, each thread reusing one scratch region; each chunk
+   leaves its shares of dW and db apart, and backward adds them up in chunk order
+   after all chunks are done.
 
-   Stride 1 uses a wide grid: output columns are counted on the padded input's
-   width Wp instead of Wo, so that row (c, ki, kj) of a sample's columns is ONE
-   contiguous run of the padded input (Ho Wp floats from (c, ki, kj)), and col2im
-   is one vector add per row. The Wp - Wo extra columns per output row compute
-   values nobody reads (forward drops them; backward gives them a zero output
-   gradient, so they add nothing to dW or dx): a few percent more GEMM work for
-   copies 10x cheaper than Ho short ones. Other strides use exact Wo columns. */
+   Implicit GEMM (stride 1, padding <= k - 1; the common case). Output columns are
+   counted on a wide grid, the padded input's width Wp instead of Wo, so that row
+   (c, ki, kj) of a sample's column matrix is ONE contiguous run of the zero-padded
+   input (Ho Wp floats from (c, ki, kj)). The GEMM packs those runs straight from
+   the padded input through a row-offset table (pdp__sgemm_rows): the column matrix
+   is never written, which for a 16 -> 32 channel 5x5 layer is 12 floats written and
+   read per multiply-add pair saved. Per sample:
+     forward   grid [O, Ho Wp] = W [O, C k k] col;  y = grid's first Wo columns + b
+     dW share  += dy_grid [O, Ho Wp] col^T          (dy_grid zero in the extra columns)
+     dx        = the forward convolution of dy, zero-padded by k - 1 - pad, with the
+                 flipped, transposed weights W'[c, (o, qi, qj)] = W[o, c, k-1-qi, k-1-qj],
+                 on the same kind of wide grid (Dumoulin and Visin, "A guide to
+                 convolution arithmetic for deep learning", 2016, section 4): no col2im.
+   The Wp - Wo extra columns per output row compute values nobody reads: a few
+   percent more GEMM work for no copies at all.
+
+   im2col (any other stride or padding, and PDP_CBLAS builds): the column matrix
+   [C k k, n] of a chunk is materialised with exact Wo columns (Chellapilla et al.,
+   "High performance convolutional neural networks for document processing",
+   2006): forward y = W col; backward dW = dy col^T and dcol = W^T dy, then col2im.
+   Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
 #endif
+/* Samples per chunk on the implicit path: 8 keeps the dW shares small and still
+   gives two threads 8 chunks each at batch 128. */
+#ifndef PDP__CONV_IMPLICIT_CHUNK
+#  define PDP__CONV_IMPLICIT_CHUNK 8
+#endif
 
 typedef struct pdp__conv_geom {
     int64_t C, H, W, O, k, stride, pad, Ho, Wo;
-    int64_t Hp, Wp;         /* padded input */
     int64_t ckk;            /* rows of the column matrix */
-    int64_t gw, cols;       /* grid width (Wp when wide, else Wo); columns per sample */
-    int wide;               /* stride 1 */
-    int64_t padded;         /* floats of the padded-sample buffer (+ k for the last run) */
+    int implicit;           /* the implicit-GEMM path */
+    int64_t Hp, Wp;         /* implicit: padded input; its output grid is Ho x Wp */
+    int64_t q, Hq, Wq;      /* implicit: dy padded by q = k - 1 - pad, for dx on an H x Wq grid */
+    int64_t cols;           /* output columns per sample: Ho Wp (implicit) or Ho Wo */
+    int64_t xpad, dypad;    /* implicit: floats of the padded input and padded dy (+ k slack) */
+    int64_t grid;           /* implicit: floats of the output / dy / dx grid */
+    int64_t fixed;          /* workspace floats before the shares: offset tables, W' */
+    int64_t share;          /* floats of one chunk's dW and db shares */
+    int64_t scratch;        /* floats of one part's scratch */
     int64_t per_chunk;      /* samples per chunk */
     int64_t slot;           /* workspace floats per sample */
 } pdp__conv_geom;
@@ -500,15 +520,37 @@ static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
     g.pad = l->padding;
     g.Ho = l->out_shape[1];
     g.Wo = l->out_shape[2];
+    g.ckk = g.C * g.k * g.k;
+#if defined(PDP_CBLAS)
+    g.implicit = 0;
+#else
+    g.implicit = g.stride == 1 && g.pad <= g.k - 1;
+#endif
     g.Hp = g.H + 2 * g.pad;
     g.Wp = g.W + 2 * g.pad;
-    g.ckk = g.C * g.k * g.k;
-    g.wide = g.stride == 1;
-    g.gw = g.wide ? g.Wp : g.Wo;
-    g.cols = g.Ho * g.gw;
-    g.padded = g.wide ? g.C * g.Hp * g.Wp + g.k : 0;
-    g.per_chunk = PDP__MAX(1, PDP__CONV_CHUNK_FLOATS / (g.ckk * g.cols));
-    g.slot = (g.ckk + g.O) * g.cols + g.padded + g.O * g.ckk + g.O;
+    g.q = g.k - 1 - g.pad;
+    g.Hq = g.Ho + 2 * g.q;
+    g.Wq = g.Wo + 2 * g.q;
+    g.share = g.O * g.ckk + g.O;
+    if (g.implicit) {
+        /* the last run of a padded buffer starts at (C - 1, k - 1, k - 1) of it and
+           is Ho Wp (or H Wq) long: k - 1 floats past its end */
+        g.cols = g.Ho * g.Wp;
+        g.xpad = g.C * g.Hp * g.Wp + g.k;
+        g.dypad = g.O * g.Hq * g.Wq + g.k;
+        g.grid = PDP__MAX(g.O * g.cols, g.C * g.H * g.Wq);
+        g.fixed = 2 * g.ckk + 2 * g.O * g.k * g.k + g.C * g.O * g.k * g.k; /* int64 offsets, W' */
+        g.scratch = g.xpad + g.dypad + g.grid;
+        g.per_chunk = PDP__CONV_IMPLICIT_CHUNK;
+    } else {
+        g.cols = g.Ho * g.Wo;
+        g.xpad = g.dypad = g.grid = g.fixed = 0;
+        g.per_chunk = PDP__MAX(1, PDP__CONV_CHUNK_FLOATS / (g.ckk * g.cols));
+        g.scratch = g.per_chunk * (g.ckk + g.O) * g.cols;
+    }
+    /* per sample: its share of the fixed part, one share and one part's scratch
+       (chunks and parts never outnumber samples) */
+    g.slot = g.fixed + g.share + g.scratch;
     return g;
 }
 
@@ -527,25 +569,12 @@ static void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, 
 }
 
 /* One sample's columns into col (row stride ld): row (c, ki, kj), column
-   oh * gw + ow holds x[c, oh s - pad + ki, ow s - pad + kj], zero outside the
-   input. buf: the padded-sample buffer (wide grid only), zero outside the input
-   on entry and on return. */
+   oh * Wo + ow holds x[c, oh s - pad + ki, ow s - pad + kj], zero outside the
+   input. */
 static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
-                        float *PDP__RESTRICT col, int64_t ld, float *PDP__RESTRICT buf)
+                        float *PDP__RESTRICT col, int64_t ld)
 {
     int64_t c, ki, kj, oh, ow, ih;
-    if (g->wide) {
-        for (c = 0; c < g->C; c++)
-            for (ih = 0; ih < g->H; ih++)
-                memcpy(buf + (c * g->Hp + ih + g->pad) * g->Wp + g->pad, x + (c * g->H + ih) * g->W,
-                       (size_t)g->W * sizeof(float));
-        for (c = 0; c < g->C; c++)
-            for (ki = 0; ki < g->k; ki++)
-                for (kj = 0; kj < g->k; kj++)
-                    memcpy(col + ((c * g->k + ki) * g->k + kj) * ld,
-                           buf + (c * g->Hp + ki) * g->Wp + kj, (size_t)g->cols * sizeof(float));
-        return;
-    }
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++) {
@@ -568,29 +597,11 @@ static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
 }
 
 /* dx of one sample = the sum of its columns' entries over the positions they were
-   copied from, in row order (a fixed summation order). buf as for im2col; it is
-   left zero outside the input. */
+   copied from, in row order (a fixed summation order). */
 static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
-                        float *PDP__RESTRICT dx, float *PDP__RESTRICT buf)
+                        float *PDP__RESTRICT dx)
 {
     int64_t c, ki, kj, oh, ow, ih;
-    if (g->wide) {
-        memset(buf, 0, (size_t)g->padded * sizeof(float));
-        for (c = 0; c < g->C; c++)
-            for (ki = 0; ki < g->k; ki++)
-                for (kj = 0; kj < g->k; kj++) {
-                    const float *PDP__RESTRICT src = col + ((c * g->k + ki) * g->k + kj) * ld;
-                    float *PDP__RESTRICT dst = buf + (c * g->Hp + ki) * g->Wp + kj;
-                    PDP__FOR_BLOCKED(j, g->cols, dst[j] += src[j];);
-                }
-        for (c = 0; c < g->C; c++)
-            for (ih = 0; ih < g->H; ih++)
-                memcpy(dx + (c * g->H + ih) * g->W,
-                       buf + (c * g->Hp + ih + g->pad) * g->Wp + g->pad,
-                       (size_t)g->W * sizeof(float));
-        memset(buf, 0, (size_t)g->padded * sizeof(float));
-        return;
-    }
     memset(dx, 0, (size_t)(g->C * g->H * g->W) * sizeof(float));
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
@@ -608,48 +619,165 @@ static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col,
             }
 }
 
+/* planes x rows x n floats from src (plane stride sp, row stride sr) into dst
+   (plane stride dp, row stride dr). */
+static void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *dst, int64_t dp,
+                             int64_t dr, int64_t planes, int64_t rows, int64_t n)
+{
+    int64_t p, r;
+    for (p = 0; p < planes; p++)
+        for (r = 0; r < rows; r++)
+            memcpy(dst + p * dp + r * dr, src + p * sp + r * sr, (size_t)n * sizeof(float));
+}
+
 typedef struct pdp__conv_job {
     const pdp__layer *l;
     const pdp__layer_io *io;
     pdp__conv_geom g;
     int64_t chunks;
-    int64_t chunk_cap;  /* samples in the largest chunk: min(per_chunk, batch) */
     int parts;
+    const int64_t *offx, *offdy; /* implicit: row offsets into the padded input, padded dy */
+    const float *wt;             /* implicit backward: W' [C, O k k] */
 } pdp__conv_job;
 
-/* Chunk c: its samples [s0, s1), its n columns, the scratch of the part that runs
-   it, and where its dW and db shares go. */
+/* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
+   [O]), and the scratch of the part that runs it. Workspace: the fixed part, the
+   chunks' shares, then one scratch region per part, reused by all of the part's
+   chunks so that it stays in cache. Implicit: the padded input, the padded dy and
+   the grid; im2col: the column matrix [C k k, n] and O rows of n columns. */
 typedef struct pdp__conv_chunk {
     int64_t s0, s1, n;
-    float *col, *out, *buf, *share;
+    float *share;
+    float *xp, *dyp, *grid; /* implicit */
+    float *col, *out;       /* im2col */
 } pdp__conv_chunk;
 
-/* Workspace: the chunks' shares (O ckk + O floats each) first, then one scratch
-   region per part, reused by all of the part's chunks so that it stays in cache:
-   the columns, O rows of as many columns, and the padded-sample buffer. */
 static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, int part)
 {
     const pdp__conv_geom *g = &job->g;
-    int64_t share = g->O * g->ckk + g->O;
-    int64_t scratch = job->chunk_cap * (g->ckk + g->O) * g->cols + g->padded;
+    float *base = job->io->work + g->fixed + job->chunks * g->share + part * g->scratch;
     pdp__conv_chunk k;
     k.s0 = c * g->per_chunk;
     k.s1 = PDP__MIN(job->io->batch, k.s0 + g->per_chunk);
     k.n = (k.s1 - k.s0) * g->cols;
-    k.share = job->io->work + c * share;
-    k.col = job->io->work + job->chunks * share + part * scratch;
-    k.out = k.col + g->ckk * k.n;
-    k.buf = k.col + job->chunk_cap * (g->ckk + g->O) * g->cols;
+    k.share = job->io->work + g->fixed + c * g->share;
+    k.xp = base;
+    k.dyp = base + g->xpad;
+    k.grid = k.dyp + g->dypad;
+    k.col = base;
+    k.out = base + g->ckk * k.n;
     return k;
 }
 
-/* Zeroes part i's padded-sample buffer (im2col and col2im keep it zero outside
-   the input). */
-static void pdp__conv_part_begin(const pdp__conv_job *job, int i)
+/* ---- layers: Conv2d, implicit GEMM ---- */
+
+/* The offset tables (int64 in the workspace's first floats) and, for backward,
+   W'. Run by the caller before the parts start. */
+static void pdp__conv_implicit_setup(pdp__conv_job *job, bool backward)
+{
+    const pdp__conv_geom *g = &job->g;
+    int64_t *offx = (int64_t *)(void *)job->io->work, *offdy = offx + g->ckk;
+    float *wt = (float *)(void *)(offdy + g->O * g->k * g->k);
+    int64_t c, o, ki, kj, okk = g->O * g->k * g->k;
+    for (c = 0; c < g->C; c++)
+        for (ki = 0; ki < g->k; ki++)
+            for (kj = 0; kj < g->k; kj++)
+                offx[(c * g->k + ki) * g->k + kj] = (c * g->Hp + ki) * g->Wp + kj;
+    for (o = 0; o < g->O; o++)
+        for (ki = 0; ki < g->k; ki++)
+            for (kj = 0; kj < g->k; kj++)
+                offdy[(o * g->k + ki) * g->k + kj] = (o * g->Hq + ki) * g->Wq + kj;
+    if (backward && job->io->dx)
+        for (c = 0; c < g->C; c++)
+            for (o = 0; o < g->O; o++)
+                for (ki = 0; ki < g->k; ki++)
+                    for (kj = 0; kj < g->k; kj++)
+                        wt[c * okk + (o * g->k + ki) * g->k + kj] =
+                            job->io->w[((o * g->C + c) * g->k + g->k - 1 - ki) * g->k + g->k - 1 - kj];
+    job->offx = offx;
+    job->offdy = offdy;
+    job->wt = wt;
+}
+
+/* Zeroes part i's padded buffers: only their interiors are ever written. */
+static void pdp__conv_implicit_begin(const pdp__conv_job *job, int i, bool backward)
 {
     pdp__conv_chunk k = pdp__conv_chunk_of(job, 0, i);
-    if (job->g.padded) memset(k.buf, 0, (size_t)job->g.padded * sizeof(float));
+    memset(k.xp, 0, (size_t)job->g.xpad * sizeof(float));
+    if (backward) memset(k.dyp, 0, (size_t)job->g.dypad * sizeof(float));
 }
+
+/* Sample s into the interior of the padded input. */
+static void pdp__conv_pad_input(const pdp__conv_job *job, int64_t s, float *xp)
+{
+    const pdp__conv_geom *g = &job->g;
+    pdp__conv_copy2d(job->io->x + s * job->l->in_count, g->H * g->W, g->W,
+                     xp + g->pad * g->Wp + g->pad, g->Hp * g->Wp, g->Wp, g->C, g->H, g->W);
+}
+
+static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
+{
+    const pdp__conv_job *job = (const pdp__conv_job *)arg;
+    const pdp__conv_geom *g = &job->g;
+    const pdp__layer_io *io = job->io;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    pdp__conv_implicit_begin(job, i, false);
+    for (c = c0; c < c1; c++) {
+        pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
+        for (s = k.s0; s < k.s1; s++) {
+            pdp__conv_pad_input(job, s, k.xp);
+            pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, g->cols, g->ckk, 1.0f, io->w, g->ckk,
+                            k.xp, job->offx, 0.0f, k.grid, g->cols);
+            for (o = 0; o < g->O; o++) {
+                float bo = io->b ? io->b[o] : 0.0f;
+                for (oh = 0; oh < g->Ho; oh++) {
+                    const float *PDP__RESTRICT src = k.grid + o * g->cols + oh * g->Wp;
+                    float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
+                    PDP__FOR_BLOCKED(ow, g->Wo, dst[ow] = src[ow] + bo;);
+                }
+            }
+        }
+    }
+}
+
+static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
+{
+    const pdp__conv_job *job = (const pdp__conv_job *)arg;
+    const pdp__conv_geom *g = &job->g;
+    const pdp__layer_io *io = job->io;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    int64_t okk = g->O * g->k * g->k, dxcols = g->H * g->Wq;
+    pdp__conv_implicit_begin(job, i, true);
+    for (c = c0; c < c1; c++) {
+        pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
+        for (s = k.s0; s < k.s1; s++) {
+            const float *dy = io->dy + s * job->l->out_count;
+            float first = s == k.s0 ? 0.0f : 1.0f; /* the share: = first sample, += the rest */
+            pdp__conv_pad_input(job, s, k.xp);
+            for (o = 0; o < g->O; o++) /* dy on the wide grid, zero in the extra columns */
+                for (oh = 0; oh < g->Ho; oh++) {
+                    float *dst = k.grid + o * g->cols + oh * g->Wp;
+                    memcpy(dst, dy + (o * g->Ho + oh) * g->Wo, (size_t)g->Wo * sizeof(float));
+                    memset(dst + g->Wo, 0, (size_t)(g->Wp - g->Wo) * sizeof(float));
+                }
+            pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, g->cols, 1.0f, k.grid, g->cols,
+                            k.xp, job->offx, first, k.share, g->ckk);
+            for (o = 0; o < g->O; o++) {
+                float sum = (float)pdp__layers_sum(k.grid + o * g->cols, g->cols);
+                k.share[g->O * g->ckk + o] = first != 0.0f ? k.share[g->O * g->ckk + o] + sum : sum;
+            }
+            if (!io->dx) continue;
+            pdp__conv_copy2d(dy, g->Ho * g->Wo, g->Wo, k.dyp + g->q * g->Wq + g->q, g->Hq * g->Wq,
+                             g->Wq, g->O, g->Ho, g->Wo);
+            pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, dxcols, okk, 1.0f, job->wt, okk,
+                            k.dyp, job->offdy, 0.0f, k.grid, dxcols);
+            pdp__conv_copy2d(k.grid, dxcols, g->Wq, io->dx + s * job->l->in_count, g->H * g->W,
+                             g->W, g->C, g->H, g->W);
+        }
+    }
+}
+
+/* ---- layers: Conv2d, im2col ---- */
 
 /* Forward of the chunks of part i: im2col; out [O, n] = W col; y = out + b. */
 static void pdp__conv_forward_part(void *arg, int i, int parts)
@@ -658,11 +786,10 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
     int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh, ow;
-    pdp__conv_part_begin(job, i);
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++)
-            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n, k.buf);
+            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
         pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f, io->w, g->ckk, k.col, k.n,
                   0.0f, k.out, k.n);
         for (s = k.s0; s < k.s1; s++)
@@ -670,7 +797,7 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
                 float bo = io->b ? io->b[o] : 0.0f;
                 for (oh = 0; oh < g->Ho; oh++) {
                     const float *PDP__RESTRICT src =
-                        k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
+                        k.out + o * k.n + (s - k.s0) * g->cols + oh * g->Wo;
                     float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
                     for (ow = 0; ow < g->Wo; ow++) dst[ow] = src[ow] + bo;
                 }
@@ -678,89 +805,72 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
     }
 }
 
-/* The chunk's share of dW, transposed: part [ckk, O] = col [ckk, n] out^T. A GEMM
-   with ckk >= 32 rows; below that (a first layer on 1 or 3 channels) the tiles
-   would be mostly padding, and plain dot products of length n are faster. */
-static void pdp__conv_dw_share(const pdp__conv_geom *g, const float *out, const float *col,
-                               int64_t n, float *part)
-{
-    int64_t r, o;
-    if (g->ckk >= 32) {
-        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->ckk, g->O, n, 1.0f, col, n, out, n, 0.0f, part, g->O);
-        return;
-    }
-    for (r = 0; r < g->ckk; r++)
-        for (o = 0; o < g->O; o++)
-            part[r * g->O + o] = (float)pdp__layers_dot(col + r * n, out + o * n, n);
-}
-
-/* Backward of the chunks of part i: im2col again; dy gathered into out [O, n]
-   (zero in the wide grid's extra columns); the chunk's dW share (col out^T,
-   transposed) and db share; then dcol = W^T out over col, and col2im into dx. */
+/* Backward of the chunks of part i: im2col again; dy gathered into out [O, n]; the
+   chunk's dW share dy col^T and db share; then dcol = W^T out over col, and col2im
+   into dx. */
 static void pdp__conv_backward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
-    pdp__conv_part_begin(job, i);
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++) {
-            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n, k.buf);
-            for (o = 0; o < g->O; o++)
-                for (oh = 0; oh < g->Ho; oh++) {
-                    float *dst = k.out + o * k.n + (s - k.s0) * g->cols + oh * g->gw;
-                    memcpy(dst, io->dy + ((s * g->O + o) * g->Ho + oh) * g->Wo,
-                           (size_t)g->Wo * sizeof(float));
-                    if (g->gw > g->Wo)
-                        memset(dst + g->Wo, 0, (size_t)(g->gw - g->Wo) * sizeof(float));
-                }
+            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
+            pdp__conv_copy2d(io->dy + s * job->l->out_count, g->cols, 0,
+                             k.out + (s - k.s0) * g->cols, k.n, 0, g->O, 1, g->cols);
         }
-        pdp__conv_dw_share(g, k.out, k.col, k.n, k.share);
+        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, k.n, 1.0f, k.out, k.n, k.col, k.n, 0.0f,
+                  k.share, g->ckk);
         for (o = 0; o < g->O; o++)
             k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(k.out + o * k.n, k.n);
         if (!io->dx) continue;
         pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, g->ckk, k.n, g->O, 1.0f, io->w, g->ckk, k.out, k.n,
                   0.0f, k.col, k.n);
         for (s = k.s0; s < k.s1; s++)
-            pdp__col2im(g, k.col + (s - k.s0) * g->cols, k.n, io->dx + s * job->l->in_count, k.buf);
+            pdp__col2im(g, k.col + (s - k.s0) * g->cols, k.n, io->dx + s * job->l->in_count);
     }
 }
 
-/* Parts: the caller's threads, at most one per chunk, and few enough that their
-   scratch regions fit the workspace. A single part runs on the caller without
-   taking the pool, so its GEMMs can still use the threads. */
-static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io)
+/* ---- layers: Conv2d, driver ---- */
+
+/* Parts: the caller's threads, at most one per chunk (scratch regions are sized
+   for as many parts as samples). A single part runs on the caller without taking
+   the pool, so its GEMMs can still use the threads. */
+static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
+                               bool backward)
 {
-    int64_t parts;
     job->l = l;
     job->io = io;
     job->g = pdp__conv_geom_of(l);
     job->chunks = (io->batch + job->g.per_chunk - 1) / job->g.per_chunk;
-    job->chunk_cap = PDP__MIN(job->g.per_chunk, io->batch);
-    parts = PDP__MIN((int64_t)pdp__threads_for_caller(), io->batch / job->chunk_cap);
-    job->parts = (int)PDP__MAX(1, parts);
+    job->parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
+    job->offx = job->offdy = NULL;
+    job->wt = NULL;
+    if (job->g.implicit) pdp__conv_implicit_setup(job, backward);
 }
 
 static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
-    pdp__conv_job_init(&job, l, io);
-    pdp__parallel_for(job.parts, pdp__conv_forward_part, &job);
+    pdp__conv_job_init(&job, l, io, false);
+    pdp__parallel_for(job.parts, job.g.implicit ? pdp__conv_implicit_forward_part
+                                                : pdp__conv_forward_part, &job);
 }
 
 static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     const pdp__conv_geom *g = &job.g;
-    int64_t c, j, o;
-    pdp__conv_job_init(&job, l, io);
-    pdp__parallel_for(job.parts, pdp__conv_backward_part, &job);
+    int64_t c, o;
+    pdp__conv_job_init(&job, l, io, true);
+    pdp__parallel_for(job.parts, g->implicit ? pdp__conv_implicit_backward_part
+                                             : pdp__conv_backward_part, &job);
     for (c = 0; c < job.chunks; c++) { /* the chunks' shares, in chunk order */
-        const float *share = io->work + c * (g->O * g->ckk + g->O);
-        for (o = 0; o < g->O; o++)
-            for (j = 0; j < g->ckk; j++) io->dw[o * g->ckk + j] += share[j * g->O + o];
+        const float *PDP__RESTRICT share = io->work + g->fixed + c * g->share;
+        float *PDP__RESTRICT dw = io->dw;
+        PDP__FOR_BLOCKED(j, g->O * g->ckk, dw[j] += share[j];);
         if (io->db)
             for (o = 0; o < g->O; o++) io->db[o] += share[g->O * g->ckk + o];
     }

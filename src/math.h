@@ -22,9 +22,11 @@
    upstream gradient and whatever forward value is cheapest to reuse (x for GELU,
    y for the others). */
 
-static inline PDP__HOSTDEV float pdp__relu(float x) { return x > 0.0f ? x : 0.0f; }
-/* From the output: y > 0 exactly where x > 0 (PyTorch's threshold_backward). */
-static inline PDP__HOSTDEV float pdp__relu_grad(float dy, float y) { return y > 0.0f ? dy : 0.0f; }
+/* NaN propagates (torch.relu(nan) is nan): the test is x <= 0, false for NaN. */
+static inline PDP__HOSTDEV float pdp__relu(float x) { return x <= 0.0f ? 0.0f : x; }
+/* From the output, as PyTorch's threshold_backward(dy, y, 0): 0 where y <= 0, dy
+   elsewhere, so dy passes where x > 0 and where x is NaN (y is NaN there too). */
+static inline PDP__HOSTDEV float pdp__relu_grad(float dy, float y) { return y <= 0.0f ? 0.0f : dy; }
 
 /* GELU, tanh approximation (PyTorch's approximate='tanh', Hendrycks and Gimpel
    2016): 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3). */

@@ -273,7 +273,7 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
         if (l->kind != PDP__FLATTEN) act += l->out_count;
         m->saved_off[i] = saved;
         saved += l->saved_per_sample;
-        work = PDP__MAX(work, l->work_per_sample);
+        work = PDP__MAX(work, pdp__layer_work_per_sample(l, m->device));
         widest = PDP__MAX(widest, l->out_count);
     }
     if ((st = pdp__dev_alloc(m->device, (size_t)(b * act + 1) * 4, (void **)&m->act_block)) ||

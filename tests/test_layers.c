@@ -452,6 +452,42 @@ TEST layers_maxpool_nan_wins_as_in_pytorch(void)
     PASS();
 }
 
+TEST layers_relu_nan_as_in_pytorch(void)
+{
+    /* torch.relu([nan, -1, 2, 0, -0., -inf, inf]) = [nan, 0, 2, 0, 0, 0, inf]; backward
+       (threshold_backward on the output) passes dy where the output is not <= 0: at
+       2, inf and at the NaN. 20 elements so the blocked loop runs once, then the rest. */
+    float xd[20], dy[20], dx[20];
+    const float in[7] = {NAN, -1.0f, 2.0f, 0.0f, -0.0f, -INFINITY, INFINITY};
+    pdp_model *m = new_model(1, 20, 0, 0, 3);
+    pdp_tensor x;
+    const pdp_tensor *y;
+    int i;
+    for (i = 0; i < 20; i++) {
+        xd[i] = in[i % 7];
+        dy[i] = (float)(i + 1);
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m), pdp_status_name);
+    wrap_input(m, xd, 1, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m, dy, dx), pdp_status_name);
+    for (i = 0; i < 20; i++) {
+        float v = xd[i];
+        if (v != v) {
+            ASSERTm("relu(nan) is nan", y->data[i] != y->data[i]);
+            ASSERT_EQ(dy[i], dx[i]);
+        } else if (v > 0.0f) {
+            ASSERT_EQ(v, y->data[i]);
+            ASSERT_EQ(dy[i], dx[i]);
+        } else {
+            ASSERT_EQ(0.0f, y->data[i]);
+            ASSERT_EQ(0.0f, dx[i]);
+        }
+    }
+    pdp_model_free(m);
+    PASS();
+}
+
 /* ---- initialisation ---- */
 
 TEST layers_init_follows_pytorch_and_the_seed(void)
@@ -834,6 +870,7 @@ SUITE(layers)
     RUN_TEST(layers_conv2d_and_maxpool_match_naive);
     RUN_TEST(layers_maxpool_ties_go_to_the_first_maximum);
     RUN_TEST(layers_maxpool_nan_wins_as_in_pytorch);
+    RUN_TEST(layers_relu_nan_as_in_pytorch);
     RUN_TEST(layers_init_follows_pytorch_and_the_seed);
     RUN_TEST(layers_dropout_eval_is_identity);
     RUN_TEST(layers_dropout_masks_are_deterministic_and_split_invariant);
