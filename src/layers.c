@@ -461,21 +461,23 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
    leaves its shares of dW and db apart, and backward adds them up in chunk order
    after all chunks are done.
 
-   Implicit GEMM (stride 1, padding <= k - 1; the common case). Output columns are
-   counted on a wide grid, the padded input's width Wp instead of Wo, so that row
-   (c, ki, kj) of a sample's column matrix is ONE contiguous run of the zero-padded
-   input (Ho Wp floats from (c, ki, kj)). The GEMM packs those runs straight from
-   the padded input through a row-offset table (pdp__sgemm_rows): the column matrix
-   is never written, which for a 16 -> 32 channel 5x5 layer is 12 floats written and
-   read per multiply-add pair saved. Per sample:
-     forward   grid [O, Ho Wp] = W [O, C k k] col;  y = grid's first Wo columns + b
-     dW share  += dy_grid [O, Ho Wp] col^T          (dy_grid zero in the extra columns)
-     dx        = the forward convolution of dy, zero-padded by k - 1 - pad, with the
-                 flipped, transposed weights W'[c, (o, qi, qj)] = W[o, c, k-1-qi, k-1-qj],
-                 on the same kind of wide grid (Dumoulin and Visin, "A guide to
-                 convolution arithmetic for deep learning", 2016, section 4): no col2im.
-   The Wp - Wo extra columns per output row compute values nobody reads: a few
-   percent more GEMM work for no copies at all.
+   Implicit GEMM (stride 1, padding <= k - 1; the common case). The n samples of a
+   chunk are laid side by side in one zero-padded image, rows of
+   Wt = n (W + pad) + pad floats (sample j's columns start at pad + j (W + pad): one
+   band of `pad` zeros between neighbours is enough for both of them). Output columns
+   are counted on that wide grid, Ho x Wt, so that row (c, ki, kj) of the chunk's
+   column matrix is ONE contiguous run of the padded image (Ho Wt floats from
+   (c, ki, kj)), and the GEMM packs those runs straight from the image through a
+   row-offset table (pdp__sgemm_rows): the column matrix is never written. Per chunk:
+     forward   grid [O, Ho Wt] = W [O, C k k] col;  y = each sample's Wo columns + b
+     dW share  = dy_grid [O, Ho Wt] col^T           (dy_grid zero in the other columns)
+     dx        = the forward convolution of dy, zero-padded by q = k - 1 - pad (laid
+                 out the same way, bands of q), with the flipped, transposed weights
+                 W'[c, (o, qi, qj)] = W[o, c, k-1-qi, k-1-qj] (Dumoulin and Visin, "A
+                 guide to convolution arithmetic for deep learning", 2016, section 4):
+                 no col2im.
+   The grid's columns over the bands compute values nobody reads: pad / (W + pad) more
+   GEMM work (12% for a 5x5 "same" convolution on 14x14) for no copies at all.
 
    im2col (any other stride or padding, and PDP_CBLAS builds): the column matrix
    [C k k, n] of a chunk is materialised with exact Wo columns (Chellapilla et al.,
@@ -486,8 +488,8 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
 #endif
-/* Samples per chunk on the implicit path: 8 keeps the dW shares small and still
-   gives two threads 8 chunks each at batch 128. */
+/* Samples per chunk on the implicit path: wide GEMMs and few dW shares, and still
+   8 chunks for each of two threads at batch 128. */
 #ifndef PDP__CONV_IMPLICIT_CHUNK
 #  define PDP__CONV_IMPLICIT_CHUNK 8
 #endif
@@ -496,16 +498,11 @@ typedef struct pdp__conv_geom {
     int64_t C, H, W, O, k, stride, pad, Ho, Wo;
     int64_t ckk;            /* rows of the column matrix */
     int implicit;           /* the implicit-GEMM path */
-    int64_t Hp, Wp;         /* implicit: padded input; its output grid is Ho x Wp */
-    int64_t q, Hq, Wq;      /* implicit: dy padded by q = k - 1 - pad, for dx on an H x Wq grid */
-    int64_t cols;           /* output columns per sample: Ho Wp (implicit) or Ho Wo */
-    int64_t xpad, dypad;    /* implicit: floats of the padded input and padded dy (+ k slack) */
-    int64_t grid;           /* implicit: floats of the output / dy / dx grid */
-    int64_t fixed;          /* workspace floats before the shares: offset tables, W' */
+    int64_t Hp, q, Hq;      /* implicit: padded heights of x (by pad) and of dy (by q) */
+    int64_t cols;           /* im2col: output columns per sample, Ho Wo */
+    int64_t fixed;          /* workspace floats before the shares: W' (implicit) */
     int64_t share;          /* floats of one chunk's dW and db shares */
-    int64_t scratch;        /* floats of one part's scratch */
     int64_t per_chunk;      /* samples per chunk */
-    int64_t slot;           /* workspace floats per sample */
 } pdp__conv_geom;
 
 static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
@@ -527,34 +524,47 @@ static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
     g.implicit = g.stride == 1 && g.pad <= g.k - 1;
 #endif
     g.Hp = g.H + 2 * g.pad;
-    g.Wp = g.W + 2 * g.pad;
     g.q = g.k - 1 - g.pad;
     g.Hq = g.Ho + 2 * g.q;
-    g.Wq = g.Wo + 2 * g.q;
+    g.cols = g.Ho * g.Wo;
     g.share = g.O * g.ckk + g.O;
     if (g.implicit) {
-        /* the last run of a padded buffer starts at (C - 1, k - 1, k - 1) of it and
-           is Ho Wp (or H Wq) long: k - 1 floats past its end */
-        g.cols = g.Ho * g.Wp;
-        g.xpad = g.C * g.Hp * g.Wp + g.k;
-        g.dypad = g.O * g.Hq * g.Wq + g.k;
-        g.grid = PDP__MAX(g.O * g.cols, g.C * g.H * g.Wq);
-        g.fixed = 2 * g.ckk + 2 * g.O * g.k * g.k + g.C * g.O * g.k * g.k; /* int64 offsets, W' */
-        g.scratch = g.xpad + g.dypad + g.grid;
+        g.fixed = g.C * g.O * g.k * g.k;
         g.per_chunk = PDP__CONV_IMPLICIT_CHUNK;
     } else {
-        g.cols = g.Ho * g.Wo;
-        g.xpad = g.dypad = g.grid = g.fixed = 0;
+        g.fixed = 0;
         g.per_chunk = PDP__MAX(1, PDP__CONV_CHUNK_FLOATS / (g.ckk * g.cols));
-        g.scratch = g.per_chunk * (g.ckk + g.O) * g.cols;
     }
-    /* per sample: its share of the fixed part, one share and one part's scratch
-       (chunks and parts never outnumber samples) */
-    g.slot = g.fixed + g.share + g.scratch;
     return g;
 }
 
-static int64_t pdp__conv_work_per_sample(const pdp__layer *l) { return pdp__conv_geom_of(l).slot; }
+/* Implicit path, a chunk of n samples: row widths of the padded image and padded dy. */
+static int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n) { return n * (g->W + g->pad) + g->pad; }
+static int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n) { return n * (g->Wo + g->q) + g->q; }
+
+/* Floats of one part's scratch for chunks of at most n samples. Implicit: the two
+   offset tables (int64), the padded image and padded dy (the last run of each starts
+   at (C - 1, k - 1, k - 1) and ends k - 1 floats past it: + k), and the grid that
+   holds the output, dy, then dx. im2col: the column matrix and O rows as long. */
+static int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
+{
+    int64_t okk = g->O * g->k * g->k;
+    if (!g->implicit) return n * (g->ckk + g->O) * g->cols;
+    return 2 * (g->ckk + okk) + g->C * g->Hp * pdp__conv_wt(g, n) + g->k +
+           g->O * g->Hq * pdp__conv_wqt(g, n) + g->k +
+           PDP__MAX(g->O * g->Ho * pdp__conv_wt(g, n), g->C * g->H * pdp__conv_wqt(g, n));
+}
+
+/* Per sample: W' (once is enough; simpler per sample), one share, and twice a
+   one-sample scratch. Enough: chunks <= batch, and scratch(n) <= n scratch(1) (each
+   term is affine with a non-negative constant), so the parts' scratch for chunks of
+   cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
+static int64_t pdp__conv_work_per_sample(const pdp__layer *l)
+{
+    pdp__conv_geom g = pdp__conv_geom_of(l);
+    return g.fixed + g.share + 2 * pdp__conv_scratch(&g, 1);
+}
+
 
 /* Output columns [*lo, *hi) whose input column ow * stride - pad + kj is inside
    [0, W). */
@@ -635,9 +645,9 @@ typedef struct pdp__conv_job {
     const pdp__layer_io *io;
     pdp__conv_geom g;
     int64_t chunks;
+    int64_t scratch;  /* floats of each part's scratch: pdp__conv_scratch(chunk size) */
     int parts;
-    const int64_t *offx, *offdy; /* implicit: row offsets into the padded input, padded dy */
-    const float *wt;             /* implicit backward: W' [C, O k k] */
+    const float *wt;  /* implicit backward: W' [C, O k k] */
 } pdp__conv_job;
 
 /* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
@@ -646,24 +656,31 @@ typedef struct pdp__conv_job {
    chunks so that it stays in cache. Implicit: the padded input, the padded dy and
    the grid; im2col: the column matrix [C k k, n] and O rows of n columns. */
 typedef struct pdp__conv_chunk {
-    int64_t s0, s1, n;
+    int64_t s0, s1, n;   /* n: im2col columns (samples x Ho Wo) */
     float *share;
-    float *xp, *dyp, *grid; /* implicit */
-    float *col, *out;       /* im2col */
+    int64_t wt, wqt;     /* implicit: row widths of the padded image and padded dy */
+    int64_t *offx, *offdy;
+    float *xp, *dyp, *grid;
+    float *col, *out;    /* im2col */
 } pdp__conv_chunk;
 
 static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, int part)
 {
     const pdp__conv_geom *g = &job->g;
-    float *base = job->io->work + g->fixed + job->chunks * g->share + part * g->scratch;
+    float *base = job->io->work + g->fixed + job->chunks * g->share + part * job->scratch;
+    int64_t cap = PDP__MIN(g->per_chunk, job->io->batch), okk = g->O * g->k * g->k;
     pdp__conv_chunk k;
     k.s0 = c * g->per_chunk;
     k.s1 = PDP__MIN(job->io->batch, k.s0 + g->per_chunk);
     k.n = (k.s1 - k.s0) * g->cols;
     k.share = job->io->work + g->fixed + c * g->share;
-    k.xp = base;
-    k.dyp = base + g->xpad;
-    k.grid = k.dyp + g->dypad;
+    k.wt = pdp__conv_wt(g, k.s1 - k.s0);
+    k.wqt = pdp__conv_wqt(g, k.s1 - k.s0);
+    k.offx = (int64_t *)(void *)base;
+    k.offdy = k.offx + g->ckk;
+    k.xp = base + 2 * (g->ckk + okk);
+    k.dyp = k.xp + g->C * g->Hp * pdp__conv_wt(g, cap) + g->k;
+    k.grid = k.dyp + g->O * g->Hq * pdp__conv_wqt(g, cap) + g->k;
     k.col = base;
     k.out = base + g->ckk * k.n;
     return k;
@@ -671,48 +688,47 @@ static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, i
 
 /* ---- layers: Conv2d, implicit GEMM ---- */
 
-/* The offset tables (int64 in the workspace's first floats) and, for backward,
-   W'. Run by the caller before the parts start. */
-static void pdp__conv_implicit_setup(pdp__conv_job *job, bool backward)
+/* W' for backward, run by the caller before the parts start. */
+static void pdp__conv_implicit_setup(pdp__conv_job *job)
 {
     const pdp__conv_geom *g = &job->g;
-    int64_t *offx = (int64_t *)(void *)job->io->work, *offdy = offx + g->ckk;
-    float *wt = (float *)(void *)(offdy + g->O * g->k * g->k);
-    int64_t c, o, ki, kj, okk = g->O * g->k * g->k;
+    float *wt = job->io->work;
+    int64_t c, o, ki, kj, okk = g->O * g->k * g->k, k1 = g->k - 1;
     for (c = 0; c < g->C; c++)
-        for (ki = 0; ki < g->k; ki++)
-            for (kj = 0; kj < g->k; kj++)
-                offx[(c * g->k + ki) * g->k + kj] = (c * g->Hp + ki) * g->Wp + kj;
-    for (o = 0; o < g->O; o++)
-        for (ki = 0; ki < g->k; ki++)
-            for (kj = 0; kj < g->k; kj++)
-                offdy[(o * g->k + ki) * g->k + kj] = (o * g->Hq + ki) * g->Wq + kj;
-    if (backward && job->io->dx)
-        for (c = 0; c < g->C; c++)
-            for (o = 0; o < g->O; o++)
-                for (ki = 0; ki < g->k; ki++)
-                    for (kj = 0; kj < g->k; kj++)
-                        wt[c * okk + (o * g->k + ki) * g->k + kj] =
-                            job->io->w[((o * g->C + c) * g->k + g->k - 1 - ki) * g->k + g->k - 1 - kj];
-    job->offx = offx;
-    job->offdy = offdy;
+        for (o = 0; o < g->O; o++)
+            for (ki = 0; ki < g->k; ki++)
+                for (kj = 0; kj < g->k; kj++)
+                    wt[c * okk + (o * g->k + ki) * g->k + kj] =
+                        job->io->w[((o * g->C + c) * g->k + k1 - ki) * g->k + k1 - kj];
     job->wt = wt;
 }
 
-/* Zeroes part i's padded buffers: only their interiors are ever written. */
-static void pdp__conv_implicit_begin(const pdp__conv_job *job, int i, bool backward)
-{
-    pdp__conv_chunk k = pdp__conv_chunk_of(job, 0, i);
-    memset(k.xp, 0, (size_t)job->g.xpad * sizeof(float));
-    if (backward) memset(k.dyp, 0, (size_t)job->g.dypad * sizeof(float));
-}
-
-/* Sample s into the interior of the padded input. */
-static void pdp__conv_pad_input(const pdp__conv_job *job, int64_t s, float *xp)
+/* The chunk's samples into its zeroed padded image (and their dy into the padded
+   dy when dy is not NULL), and the offset tables of both. */
+static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_chunk *k,
+                                    const float *dy)
 {
     const pdp__conv_geom *g = &job->g;
-    pdp__conv_copy2d(job->io->x + s * job->l->in_count, g->H * g->W, g->W,
-                     xp + g->pad * g->Wp + g->pad, g->Hp * g->Wp, g->Wp, g->C, g->H, g->W);
+    int64_t c, o, ki, kj, s, ns = k->s1 - k->s0;
+    memset(k->xp, 0, (size_t)(g->C * g->Hp * k->wt + g->k) * sizeof(float));
+    for (s = 0; s < ns; s++)
+        pdp__conv_copy2d(job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
+                         k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt,
+                         k->wt, g->C, g->H, g->W);
+    for (c = 0; c < g->C; c++)
+        for (ki = 0; ki < g->k; ki++)
+            for (kj = 0; kj < g->k; kj++)
+                k->offx[(c * g->k + ki) * g->k + kj] = (c * g->Hp + ki) * k->wt + kj;
+    if (!dy) return;
+    memset(k->dyp, 0, (size_t)(g->O * g->Hq * k->wqt + g->k) * sizeof(float));
+    for (s = 0; s < ns; s++)
+        pdp__conv_copy2d(dy + (k->s0 + s) * job->l->out_count, g->Ho * g->Wo, g->Wo,
+                         k->dyp + g->q * k->wqt + g->q + s * (g->Wo + g->q), g->Hq * k->wqt,
+                         k->wqt, g->O, g->Ho, g->Wo);
+    for (o = 0; o < g->O; o++)
+        for (ki = 0; ki < g->k; ki++)
+            for (kj = 0; kj < g->k; kj++)
+                k->offdy[(o * g->k + ki) * g->k + kj] = (o * g->Hq + ki) * k->wqt + kj;
 }
 
 static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
@@ -721,22 +737,22 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
     int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
-    pdp__conv_implicit_begin(job, i, false);
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
-        for (s = k.s0; s < k.s1; s++) {
-            pdp__conv_pad_input(job, s, k.xp);
-            pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, g->cols, g->ckk, 1.0f, io->w, g->ckk,
-                            k.xp, job->offx, 0.0f, k.grid, g->cols);
+        int64_t cols = g->Ho * k.wt;
+        pdp__conv_implicit_load(job, &k, NULL);
+        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, io->w, g->ckk, k.xp,
+                        k.offx, 0.0f, k.grid, cols);
+        for (s = k.s0; s < k.s1; s++)
             for (o = 0; o < g->O; o++) {
                 float bo = io->b ? io->b[o] : 0.0f;
                 for (oh = 0; oh < g->Ho; oh++) {
-                    const float *PDP__RESTRICT src = k.grid + o * g->cols + oh * g->Wp;
+                    const float *PDP__RESTRICT src =
+                        k.grid + o * cols + oh * k.wt + (s - k.s0) * (g->W + g->pad);
                     float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
                     PDP__FOR_BLOCKED(ow, g->Wo, dst[ow] = src[ow] + bo;);
                 }
             }
-        }
     }
 }
 
@@ -745,35 +761,28 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
-    int64_t okk = g->O * g->k * g->k, dxcols = g->H * g->Wq;
-    pdp__conv_implicit_begin(job, i, true);
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o;
+    int64_t okk = g->O * g->k * g->k;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
-        for (s = k.s0; s < k.s1; s++) {
-            const float *dy = io->dy + s * job->l->out_count;
-            float first = s == k.s0 ? 0.0f : 1.0f; /* the share: = first sample, += the rest */
-            pdp__conv_pad_input(job, s, k.xp);
-            for (o = 0; o < g->O; o++) /* dy on the wide grid, zero in the extra columns */
-                for (oh = 0; oh < g->Ho; oh++) {
-                    float *dst = k.grid + o * g->cols + oh * g->Wp;
-                    memcpy(dst, dy + (o * g->Ho + oh) * g->Wo, (size_t)g->Wo * sizeof(float));
-                    memset(dst + g->Wo, 0, (size_t)(g->Wp - g->Wo) * sizeof(float));
-                }
-            pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, g->cols, 1.0f, k.grid, g->cols,
-                            k.xp, job->offx, first, k.share, g->ckk);
-            for (o = 0; o < g->O; o++) {
-                float sum = (float)pdp__layers_sum(k.grid + o * g->cols, g->cols);
-                k.share[g->O * g->ckk + o] = first != 0.0f ? k.share[g->O * g->ckk + o] + sum : sum;
-            }
-            if (!io->dx) continue;
-            pdp__conv_copy2d(dy, g->Ho * g->Wo, g->Wo, k.dyp + g->q * g->Wq + g->q, g->Hq * g->Wq,
-                             g->Wq, g->O, g->Ho, g->Wo);
-            pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, dxcols, okk, 1.0f, job->wt, okk,
-                            k.dyp, job->offdy, 0.0f, k.grid, dxcols);
-            pdp__conv_copy2d(k.grid, dxcols, g->Wq, io->dx + s * job->l->in_count, g->H * g->W,
-                             g->W, g->C, g->H, g->W);
-        }
+        int64_t cols = g->Ho * k.wt, dxcols = g->H * k.wqt;
+        pdp__conv_implicit_load(job, &k, io->dx ? io->dy : NULL);
+        /* dy on the output grid, zero in the columns nobody reads */
+        memset(k.grid, 0, (size_t)(g->O * cols) * sizeof(float));
+        for (s = k.s0; s < k.s1; s++)
+            pdp__conv_copy2d(io->dy + s * job->l->out_count, g->Ho * g->Wo, g->Wo,
+                             k.grid + (s - k.s0) * (g->W + g->pad), cols, k.wt, g->O, g->Ho,
+                             g->Wo);
+        pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols, 1.0f, k.grid, cols, k.xp,
+                        k.offx, 0.0f, k.share, g->ckk);
+        for (o = 0; o < g->O; o++)
+            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(k.grid + o * cols, cols);
+        if (!io->dx) continue;
+        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, dxcols, okk, 1.0f, job->wt, okk, k.dyp,
+                        k.offdy, 0.0f, k.grid, dxcols);
+        for (s = k.s0; s < k.s1; s++)
+            pdp__conv_copy2d(k.grid + (s - k.s0) * (g->Wo + g->q), dxcols, k.wqt,
+                             io->dx + s * job->l->in_count, g->H * g->W, g->W, g->C, g->H, g->W);
     }
 }
 
@@ -845,10 +854,10 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     job->io = io;
     job->g = pdp__conv_geom_of(l);
     job->chunks = (io->batch + job->g.per_chunk - 1) / job->g.per_chunk;
+    job->scratch = pdp__conv_scratch(&job->g, PDP__MIN(job->g.per_chunk, io->batch));
     job->parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
-    job->offx = job->offdy = NULL;
     job->wt = NULL;
-    if (job->g.implicit) pdp__conv_implicit_setup(job, backward);
+    if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
 }
 
 static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)

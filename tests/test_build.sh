@@ -46,6 +46,10 @@ fails "malloc_without_free_is_an_error" "define both PDP_MALLOC and PDP_FREE" gc
 fails "late_posix_define_is_an_error_with_hint" "define _POSIX_C_SOURCE 200809L" gcc $STRICT -c tests/build/tu_late_posix.c -o "$B/x.o"
 check "gnu_mode_needs_no_posix_define" gcc -std=gnu11 -Wall -Wextra -Werror -I. -c tests/build/tu_late_posix.c -o "$B/gnu.o"
 
+# ---- the README's quick start compiles and trains ----
+awk '/^```c$/{f=1;next}/^```$/{f=0}f' README.md > "$B/readme.c"
+check "readme_quick_start_compiles_and_runs" sh -c "gcc $STRICT -O2 $B/readme.c -o $B/readme -lm -lpthread && $B/readme | grep -q 'last batch loss'"
+
 # ---- option macros whose toolchains may be missing ----
 if [ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ]; then
     check "option_pdp_cblas" sh -c "gcc $STRICT -DPDP_CBLAS -c tests/build/tu_impl.c -o $B/cblas.o && gcc $B/cblas.o tests/build/tu_api.c -I. -o $B/cblas -lopenblas -lm -lpthread && $B/cblas"
