@@ -43,7 +43,7 @@ $(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h | $(B)
 $(B)/%: examples/%.c pdp.h | $(B)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/bench_%: bench/%.c pdp.h | $(B)
+$(B)/bench_%: bench/%.c bench/bench.h pdp.h | $(B)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS) $(BENCH_LIBS_$*)
 
 examples: $(EXAMPLES)
@@ -93,6 +93,16 @@ mpi-test:
 	else \
 	    echo "mpi-test: skipped: mpicc not found"; \
 	fi
+
+# make bench-mpi  bench/ddp.c built with -DPDP_MPI under mpirun -np 2: rank 0 measures the
+#                 in-process peers (1 device, DDP 1 and 2 on the local backend), then both
+#                 ranks run DDP 2 over MPI, all in one run.
+.PHONY: bench-mpi
+bench-mpi: $(B)/mpi/bench_ddp
+	$(MPIRUN) $(MPIRUN_FLAGS) -np 2 ./$(B)/mpi/bench_ddp
+$(B)/mpi/bench_ddp: bench/ddp.c bench/bench.h pdp.h
+	@mkdir -p $(@D)
+	$(MPICC) -DPDP_MPI $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS)
 
 # ---- cuda: pdp_cuda.cu with nvcc, then every example, the CUDA tests and the GPU bench with
 # -DPDP_CUDA, linked against cudart, cuBLAS and NCCL. Compile and link only: nothing runs

@@ -329,11 +329,48 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 
 /* ---- layers: activations ---- */
 
-static void pdp__activation_forward(const pdp__layer *l, const pdp__layer_io *io)
+/* Element-wise layers split [0, batch * in_count) into equal ranges (multiples of
+   16) over the intra-op threads when there is enough work to pay for the hand-off;
+   every element is computed alone, so the split never changes a bit. */
+#ifndef PDP__ELEMWISE_PAR_MIN
+#  define PDP__ELEMWISE_PAR_MIN 65536
+#endif
+
+typedef struct pdp__elem_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+    int64_t n;
+    void (*fn)(const pdp__layer *l, const pdp__layer_io *io, int64_t lo, int64_t hi);
+} pdp__elem_job;
+
+static void pdp__elem_part(void *arg, int i, int parts)
 {
-    int64_t n = io->batch * l->in_count, i;
-    const float *PDP__RESTRICT x = io->x;
-    float *PDP__RESTRICT y = io->y;
+    const pdp__elem_job *job = (const pdp__elem_job *)arg;
+    int64_t blocks = (job->n + 15) / 16;
+    int64_t lo = PDP__MIN(job->n, blocks * i / parts * 16);
+    int64_t hi = PDP__MIN(job->n, blocks * (i + 1) / parts * 16);
+    if (lo < hi) job->fn(job->l, job->io, lo, hi);
+}
+
+static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
+                          void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t, int64_t))
+{
+    pdp__elem_job job;
+    int parts = pdp__threads_for_caller();
+    job.l = l;
+    job.io = io;
+    job.n = io->batch * l->in_count;
+    job.fn = fn;
+    if (job.n < PDP__ELEMWISE_PAR_MIN) parts = 1;
+    pdp__parallel_for(parts, pdp__elem_part, &job);
+}
+
+static void pdp__activation_forward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                          int64_t lo, int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
     switch (l->kind) {
     case PDP__RELU:
         PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
@@ -350,12 +387,13 @@ static void pdp__activation_forward(const pdp__layer *l, const pdp__layer_io *io
     }
 }
 
-static void pdp__activation_backward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__activation_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                           int64_t lo, int64_t hi)
 {
-    int64_t n = io->batch * l->in_count, i;
-    const float *PDP__RESTRICT x = io->x, *PDP__RESTRICT y = io->y, *PDP__RESTRICT dy = io->dy;
-    float *PDP__RESTRICT dx = io->dx;
-    if (!dx) return;
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT y = io->y + lo;
+    const float *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
     switch (l->kind) {
     case PDP__RELU:
         PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
@@ -370,6 +408,16 @@ static void pdp__activation_backward(const pdp__layer *l, const pdp__layer_io *i
         PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
         break;
     }
+}
+
+static void pdp__activation_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__activation_forward_range);
+}
+
+static void pdp__activation_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__activation_backward_range);
 }
 
 /* ---- layers: Dropout ---- */
@@ -993,18 +1041,32 @@ static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_forward_part, &job);
 }
 
-static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
+/* The channel planes of part i: zero, then scatter each output's gradient to its
+   winner (planes are independent, so any split gives the same bits). */
+static void pdp__maxpool_backward_part(void *argp, int i, int parts)
 {
+    const pdp__pool_job *job = (const pdp__pool_job *)argp;
+    const pdp__layer *l = job->l;
+    const pdp__layer_io *io = job->io;
     int64_t plane = l->in_shape[1] * l->in_shape[2], per = l->out_shape[1] * l->out_shape[2];
-    int64_t p, j;
-    if (!io->dx) return;
-    memset(io->dx, 0, (size_t)(io->batch * l->in_count) * sizeof(float));
-    for (p = 0; p < io->batch * l->in_shape[0]; p++) {
+    int64_t planes = io->batch * l->in_shape[0], p0 = planes * i / parts;
+    int64_t p1 = planes * (i + 1) / parts, p, j;
+    memset(io->dx + p0 * plane, 0, (size_t)((p1 - p0) * plane) * sizeof(float));
+    for (p = p0; p < p1; p++) {
         float *dx = io->dx + p * plane;
         const float *dy = io->dy + p * per;
         const int32_t *arg = (const int32_t *)(const void *)(io->saved + p * per);
         for (j = 0; j < per; j++) dx[arg[j]] += dy[j];
     }
+}
+
+static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__pool_job job;
+    if (!io->dx) return;
+    job.l = l;
+    job.io = io;
+    pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_backward_part, &job);
 }
 
 /* ---- layers: dispatch ---- */

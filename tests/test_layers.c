@@ -14,6 +14,9 @@
 /* Conv2d chunks of ~512 floats instead of 64K: these small shapes then run as
    several chunks (of 1, 2 or 3 samples, the last one partial), split over threads. */
 #define PDP__CONV_CHUNK_FLOATS 512
+/* Stride-1 Conv2d (the implicit-GEMM path) in chunks of 3 samples instead of 8: a
+   batch of 5 is a full chunk and a partial one. */
+#define PDP__CONV_IMPLICIT_CHUNK 3
 #define PDP_MALLOC(bytes) test_malloc(bytes)
 #define PDP_FREE(ptr) test_free(ptr)
 static long test_allocs; /* allocations through PDP_MALLOC, counted with atomics */
@@ -237,6 +240,55 @@ TEST layers_layernorm_grads_match_finite_differences(void)
     PASS();
 }
 
+/* Stride-1 convolutions (the implicit-GEMM path, samples side by side) against
+   naive loops on 5 samples (chunks of 3 and 2), 1 and 2 threads. */
+TEST layers_conv2d_stride1_matches_naive(void)
+{
+    static const int64_t cfg[4][6] = {/* C, H, W, O, k, pad */
+                                      {2, 7, 6, 3, 5, 2}, {3, 5, 5, 4, 3, 0},
+                                      {1, 6, 4, 2, 2, 1}, {2, 4, 5, 3, 3, 2}};
+    float xd[5 * 3 * 7 * 6];
+    int t, threads;
+    for (t = 0; t < 4; t++)
+        for (threads = 1; threads <= 2; threads++) {
+            int64_t C = cfg[t][0], H = cfg[t][1], W = cfg[t][2], O = cfg[t][3], K = cfg[t][4];
+            int64_t P = cfg[t][5], Ho = H + 2 * P - K + 1, Wo = W + 2 * P - K + 1, B = 5;
+            int64_t s, o, c, oh, ow, ki, kj;
+            pdp_model *m = new_model(3, C, H, W, 40 + (uint64_t)t);
+            pdp_param w, b;
+            pdp_tensor x;
+            const pdp_tensor *y;
+            pdp_rng r;
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, O, K, 1, P), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.weight", &w), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "0.bias", &b), pdp_status_name);
+            pdp_rng_seed(&r, 40 + (uint64_t)t, 0);
+            fill_uniform(xd, B * C * H * W, &r, -1.0f, 1.0f);
+            wrap_input(m, xd, B, &x);
+            pdp_set_num_threads(threads);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+            pdp_set_num_threads(1);
+            ASSERT_EQ(B * O * Ho * Wo, y->count);
+            for (s = 0; s < B; s++)
+                for (o = 0; o < O; o++)
+                    for (oh = 0; oh < Ho; oh++)
+                        for (ow = 0; ow < Wo; ow++) {
+                            double z = b.value.data[o];
+                            for (c = 0; c < C; c++)
+                                for (ki = 0; ki < K; ki++)
+                                    for (kj = 0; kj < K; kj++) {
+                                        int64_t ih = oh - P + ki, iw = ow - P + kj;
+                                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                        z += (double)xd[((s * C + c) * H + ih) * W + iw] *
+                                             w.value.data[((o * C + c) * K + ki) * K + kj];
+                                    }
+                            ASSERT_IN_RANGE(z, y->data[((s * O + o) * Ho + oh) * Wo + ow], 1e-5);
+                        }
+            pdp_model_free(m);
+        }
+    PASS();
+}
+
 TEST layers_conv2d_grads_match_finite_differences(void)
 {
     pdp_model *m = new_model(3, 2, 5, 5, 6);
@@ -250,6 +302,18 @@ TEST layers_conv2d_grads_match_finite_differences(void)
     m = new_model(3, 3, 4, 5, 13); /* 1 x 1: the wide grid has no extra columns */
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 1, 1, 0), pdp_status_name);
     CHECK_CALL(check_grads(m, 3, 0.0f, 13));
+    pdp_model_free(m);
+    m = new_model(3, 2, 5, 6, 9); /* stride 1, "same" padding, 5 samples: 2 chunks */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 3, 3, 1, 1), pdp_status_name);
+    CHECK_CALL(check_grads(m, 5, 0.0f, 9));
+    pdp_model_free(m);
+    m = new_model(3, 2, 4, 5, 10); /* stride 1, padding k - 1 (dx needs no extra padding) */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 3, 1, 2), pdp_status_name);
+    CHECK_CALL(check_grads(m, 4, 0.0f, 10));
+    pdp_model_free(m);
+    m = new_model(3, 1, 4, 4, 11); /* stride 1, padding > k - 1: the im2col path */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 2, 1, 2), pdp_status_name);
+    CHECK_CALL(check_grads(m, 2, 0.0f, 11));
     pdp_model_free(m);
     m = new_model(3, 1, 6, 5, 8); /* padding larger than half the kernel, stride 3 */
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 3, 3, 2), pdp_status_name);
@@ -868,6 +932,7 @@ SUITE(layers)
     RUN_TEST(layers_cnn_grads_match_finite_differences);
     RUN_TEST(layers_linear_and_activations_match_naive);
     RUN_TEST(layers_conv2d_and_maxpool_match_naive);
+    RUN_TEST(layers_conv2d_stride1_matches_naive);
     RUN_TEST(layers_maxpool_ties_go_to_the_first_maximum);
     RUN_TEST(layers_maxpool_nan_wins_as_in_pytorch);
     RUN_TEST(layers_relu_nan_as_in_pytorch);
