@@ -33,18 +33,18 @@ check "amalgamate_line_directives_point_into_src" grep -q '^#line 1 "src/tensor.
 check "header_line_one_names_version" sh -c "head -n 1 pdp.h | grep -q \"pdp.h - v\$(sed -n 's/#define PDP_VERSION_MAJOR //p' src/base.h)\""
 
 # ---- compilers ----
-check "gcc_c99_two_translation_units" sh -c "gcc $STRICT -c tests/build/tu_impl.c -o $B/impl.o && gcc $STRICT -c tests/build/tu_api.c -o $B/api.o && gcc $B/impl.o $B/api.o -o $B/two -lm -lpthread && $B/two"
+check "gcc_c99_two_translation_units" sh -c "gcc $STRICT -c tests/compile/tu_impl.c -o $B/impl.o && gcc $STRICT -c tests/compile/tu_api.c -o $B/api.o && gcc $B/impl.o $B/api.o -o $B/two -lm -lpthread && $B/two"
 if command -v clang > /dev/null; then
-    check "clang_c99_two_translation_units" sh -c "clang $STRICT -c tests/build/tu_impl.c -o $B/cimpl.o && clang $STRICT -c tests/build/tu_api.c -o $B/capi.o && clang $B/cimpl.o $B/capi.o -o $B/ctwo -lm -lpthread && $B/ctwo"
+    check "clang_c99_two_translation_units" sh -c "clang $STRICT -c tests/compile/tu_impl.c -o $B/cimpl.o && clang $STRICT -c tests/compile/tu_api.c -o $B/capi.o && clang $B/cimpl.o $B/capi.o -o $B/ctwo -lm -lpthread && $B/ctwo"
 else skip "clang_c99_two_translation_units" "clang not installed"; fi
 if command -v g++ > /dev/null; then
-    check "cxx_api_section_links_with_c_impl" sh -c "g++ -x c++ -std=c++11 -Wall -Wextra -pedantic -Werror -I. -c tests/build/tu_api.c -o $B/xapi.o && g++ $B/impl.o $B/xapi.o -o $B/xtwo -lm -lpthread && $B/xtwo"
+    check "cxx_api_section_links_with_c_impl" sh -c "g++ -x c++ -std=c++11 -Wall -Wextra -pedantic -Werror -I. -c tests/compile/tu_api.c -o $B/xapi.o && g++ $B/impl.o $B/xapi.o -o $B/xtwo -lm -lpthread && $B/xtwo"
 else skip "cxx_api_section_links_with_c_impl" "g++ not installed"; fi
-check "static_twice_in_one_program" sh -c "gcc $STRICT -c tests/build/tu_static.c -o $B/sa.o -DTU_MAIN && gcc $STRICT -c tests/build/tu_static.c -o $B/sb.o -DTU_NAME=tu_static_b && gcc $B/sa.o $B/sb.o -o $B/static2 -lm -lpthread && $B/static2"
-check "malloc_free_overrides_count_every_allocation" sh -c "gcc $STRICT tests/build/tu_alloc.c -o $B/alloc -lm -lpthread && $B/alloc"
-fails "malloc_without_free_is_an_error" "define both PDP_MALLOC and PDP_FREE" gcc $STRICT -c tests/build/tu_half_alloc.c -o "$B/x.o"
-fails "late_posix_define_is_an_error_with_hint" "define _POSIX_C_SOURCE 200809L" gcc $STRICT -c tests/build/tu_late_posix.c -o "$B/x.o"
-check "gnu_mode_needs_no_posix_define" gcc -std=gnu11 -Wall -Wextra -Werror -I. -c tests/build/tu_late_posix.c -o "$B/gnu.o"
+check "static_twice_in_one_program" sh -c "gcc $STRICT -c tests/compile/tu_static.c -o $B/sa.o -DTU_MAIN && gcc $STRICT -c tests/compile/tu_static.c -o $B/sb.o -DTU_NAME=tu_static_b && gcc $B/sa.o $B/sb.o -o $B/static2 -lm -lpthread && $B/static2"
+check "malloc_free_overrides_count_every_allocation" sh -c "gcc $STRICT tests/compile/tu_alloc.c -o $B/alloc -lm -lpthread && $B/alloc"
+fails "malloc_without_free_is_an_error" "define both PDP_MALLOC and PDP_FREE" gcc $STRICT -c tests/compile/tu_half_alloc.c -o "$B/x.o"
+fails "late_posix_define_is_an_error_with_hint" "define _POSIX_C_SOURCE 200809L" gcc $STRICT -c tests/compile/tu_late_posix.c -o "$B/x.o"
+check "gnu_mode_needs_no_posix_define" gcc -std=gnu11 -Wall -Wextra -Werror -I. -c tests/compile/tu_late_posix.c -o "$B/gnu.o"
 
 # ---- the README's quick start compiles and trains ----
 awk '/^```c$/{f=1;next}/^```$/{f=0}f' README.md > "$B/readme.c"
@@ -52,10 +52,10 @@ check "readme_quick_start_compiles_and_runs" sh -c "gcc $STRICT -O2 $B/readme.c 
 
 # ---- option macros whose toolchains may be missing ----
 if [ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ]; then
-    check "option_pdp_cblas" sh -c "gcc $STRICT -DPDP_CBLAS -c tests/build/tu_impl.c -o $B/cblas.o && gcc $B/cblas.o tests/build/tu_api.c -I. -o $B/cblas -lopenblas -lm -lpthread && $B/cblas"
+    check "option_pdp_cblas" sh -c "gcc $STRICT -DPDP_CBLAS -c tests/compile/tu_impl.c -o $B/cblas.o && gcc $B/cblas.o tests/compile/tu_api.c -I. -o $B/cblas -lopenblas -lm -lpthread && $B/cblas"
 else skip "option_pdp_cblas" "no cblas.h (apt-get install libopenblas-dev)"; fi
 if command -v mpicc > /dev/null; then
-    check "option_pdp_mpi" sh -c "mpicc $STRICT -DPDP_MPI -c tests/build/tu_impl.c -o $B/mpi.o"
+    check "option_pdp_mpi" sh -c "mpicc $STRICT -DPDP_MPI -c tests/compile/tu_impl.c -o $B/mpi.o"
 else skip "option_pdp_mpi" "mpicc not found (apt-get install libopenmpi-dev)"; fi
 
 echo "$p passed, $f failed, $s skipped"

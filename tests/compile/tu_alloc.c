@@ -1,0 +1,19 @@
+/* PDP_MALLOC / PDP_FREE overrides: every allocation goes through them. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+static long live;
+static void *count_malloc(size_t n) { live++; return malloc(n); }
+static void count_free(void *p) { if (p) live--; free(p); }
+#define PDP_MALLOC(bytes) count_malloc(bytes)
+#define PDP_FREE(ptr) count_free(ptr)
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+
+int main(void)
+{
+    pdp_tensor *t;
+    int64_t shape[2] = {8, 8};
+    if (pdp_tensor_create(&t, pdp_cpu(), 2, shape) != PDP_OK || live != 2) return 1;
+    pdp_tensor_free(t);
+    return live == 0 ? 0 : 2;
+}
