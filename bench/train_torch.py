@@ -9,18 +9,27 @@ repetitions after a warm-up, each repetition running the step for about
 
     <model> <batch> <threads> <samples_per_second>
 
+Threads: torch.set_num_threads(n) sets OpenMP's count, but Debian's torch runs
+Linear's GEMMs on OpenBLAS (BLAS_INFO=generic), whose own thread pool ignores it:
+"1 thread" then used both cores of the box (182% CPU for mlp:512:1). So the thread
+count is also put into OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS
+before torch is imported; configurations with different thread counts therefore
+run in one child process per count.
+
 Usage: /usr/bin/python3 bench/train_torch.py [--reps 7] [--rep-s 0.3] mlp:128:1 cnn:128:2 ...
 """
+import os
 import statistics
+import subprocess
 import sys
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def make_model(name):
+    import torch.nn as nn
+
     if name == "mlp":
         return nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                              nn.Linear(512, 10)), (784,)
@@ -32,6 +41,8 @@ def make_model(name):
 
 
 def bench(name, batch, threads, reps, rep_s):
+    import torch
+    import torch.nn.functional as F
     torch.set_num_threads(threads)
     torch.manual_seed(1)
     model, shape = make_model(name)
@@ -75,6 +86,15 @@ def main(argv):
         else:
             name, batch, threads = a.split(":")
             configs.append((name, int(batch), int(threads)))
+    if not configs:
+        raise SystemExit("train_torch.py: no configuration given (model:batch:threads)")
+    counts = sorted({t for _, _, t in configs})
+    if len(counts) > 1 or any(os.environ.get(v) != str(counts[0]) for v in THREAD_VARS):
+        for n in counts:  # a child per thread count, with the pools' sizes in its environment
+            env = dict(os.environ, **{v: str(n) for v in THREAD_VARS})
+            subprocess.run([sys.executable, __file__, "--reps", str(reps), "--rep-s", str(rep_s)]
+                           + ["%s:%d:%d" % c for c in configs if c[2] == n], env=env, check=True)
+        return
     for name, batch, threads in configs:
         rate = bench(name, batch, threads, reps, rep_s)
         print("%s %d %d %.1f" % (name, batch, threads, rate), flush=True)

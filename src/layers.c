@@ -553,6 +553,9 @@ typedef struct pdp__conv_geom {
     int64_t per_chunk;      /* samples per chunk */
 } pdp__conv_geom;
 
+/* Workspace regions start on 64-byte boundaries (the offset tables are int64). */
+static int64_t pdp__conv_round16(int64_t floats) { return (floats + 15) / 16 * 16; }
+
 static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
 {
     pdp__conv_geom g;
@@ -575,9 +578,9 @@ static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
     g.q = g.k - 1 - g.pad;
     g.Hq = g.Ho + 2 * g.q;
     g.cols = g.Ho * g.Wo;
-    g.share = g.O * g.ckk + g.O;
+    g.share = pdp__conv_round16(g.O * g.ckk + g.O);
     if (g.implicit) {
-        g.fixed = g.C * g.O * g.k * g.k;
+        g.fixed = pdp__conv_round16(g.C * g.O * g.k * g.k);
         g.per_chunk = PDP__CONV_IMPLICIT_CHUNK;
     } else {
         g.fixed = 0;
@@ -597,15 +600,16 @@ static int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n) { return n * (g
 static int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
 {
     int64_t okk = g->O * g->k * g->k;
-    if (!g->implicit) return n * (g->ckk + g->O) * g->cols;
-    return 2 * (g->ckk + okk) + g->C * g->Hp * pdp__conv_wt(g, n) + g->k +
-           g->O * g->Hq * pdp__conv_wqt(g, n) + g->k +
-           PDP__MAX(g->O * g->Ho * pdp__conv_wt(g, n), g->C * g->H * pdp__conv_wqt(g, n));
+    if (!g->implicit) return pdp__conv_round16(n * (g->ckk + g->O) * g->cols);
+    return pdp__conv_round16(
+        2 * (g->ckk + okk) + g->C * g->Hp * pdp__conv_wt(g, n) + g->k +
+        g->O * g->Hq * pdp__conv_wqt(g, n) + g->k +
+        PDP__MAX(g->O * g->Ho * pdp__conv_wt(g, n), g->C * g->H * pdp__conv_wqt(g, n)));
 }
 
 /* Per sample: W' (once is enough; simpler per sample), one share, and twice a
    one-sample scratch. Enough: chunks <= batch, and scratch(n) <= n scratch(1) (each
-   term is affine with a non-negative constant), so the parts' scratch for chunks of
+   term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch for chunks of
    cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
 static int64_t pdp__conv_work_per_sample(const pdp__layer *l)
 {
