@@ -1627,6 +1627,8 @@ typedef struct pdp__layer_io {
     float *work;         /* [batch, work_per_sample] scratch, shared by all layers */
     pdp_device device;   /* where every pointer above lives */
     bool training;
+    bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
+                            y = relu(.); backward: dy masked by y > 0); model.c aliases it */
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
@@ -2462,6 +2464,23 @@ static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, in
         }
 }
 
+/* The work an m x n product does per k: m n here (see the other definition). */
+static int64_t pdp__gemm_tiles(int64_t m, int64_t n) { return m * n; }
+
+static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                             const float *a, const int64_t *arow, const float *b, int64_t ldb,
+                             float beta, float *c, int64_t ldc)
+{
+    int64_t i, j, p;
+    for (i = 0; i < m; i++)
+        for (j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (p = 0; p < k; p++)
+                acc += a[arow[i] + p] * (tb == PDP_NO_TRANS ? b[p * ldb + j] : b[j * ldb + p]);
+            c[i * ldc + j] = alpha * acc + (beta != 0.0f ? beta * c[i * ldc + j] : 0.0f);
+        }
+}
+
 #else /* our own */
 
 /* ---- gemm: micro-kernels ---- */
@@ -2518,6 +2537,110 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
             } else {
                 if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
                 _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
+            }
+        }
+    }
+}
+
+/* The same tile with B read in place instead of packed: row p of the tile's B is
+   the nr floats at b + brow[p] (a gathered B, pdp__sgemm_rows without transpose,
+   whose rows are runs of a small image that stays in cache). Packing such a B
+   costs as much as a tenth of the product when m is small (Conv2d's O rows), and
+   this skips it. Masked loads read no float past column nr; same FMA chain as the
+   packed kernel, so the same bits. */
+#  define PDP__GEMM_DIRECT_B 1
+static void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                  const float *b, const int64_t *brow, float *c, int64_t ldc,
+                                  int mr, int nr, float alpha, float beta)
+{
+    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[PDP__GEMM_NV];
+    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int64_t p;
+    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        int left = nr - v * PDP__GEMM_VL;
+        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
+    }
+    for (p = 0; p < kc; p++) {
+        const float *row = b + brow[p];
+        __m512 bv[PDP__GEMM_NV];
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            bv[v] = _mm512_maskz_loadu_ps(mask[v], row + v * PDP__GEMM_VL);
+        }
+        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+            __m512 ai = _mm512_set1_ps(ap[i]);
+            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+                acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+            }
+        }
+        ap += PDP__GEMM_MR;
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (i >= mr) break;
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (full) {
+                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), r);
+                _mm512_storeu_ps(ci + v * 16, r);
+            } else {
+                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
+                _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
+            }
+        }
+    }
+}
+
+/* The same tile with A read in place: row i of the tile's A is a8[i] (a gathered
+   A, pdp__sgemm_arows; rows past mr repeat row 0 and are never stored), each
+   element broadcast straight from its row, as the packed kernel broadcasts it
+   from the panel. Same FMA chain, so the same bits. */
+static void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta)
+{
+    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[PDP__GEMM_NV];
+    const float *r[PDP__GEMM_MR];
+    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int64_t p;
+    for (i = 0; i < PDP__GEMM_MR; i++) r[i] = a8[i];
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
+    }
+    for (p = 0; p < kc; p++) {
+        __m512 bv[PDP__GEMM_NV];
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            bv[v] = _mm512_load_ps(bp + v * PDP__GEMM_VL);
+        }
+        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+            __m512 ai = _mm512_set1_ps(r[i][p]);
+            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+                acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+            }
+        }
+        bp += PDP__GEMM_NV * PDP__GEMM_VL;
+    }
+    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        int left = nr - v * PDP__GEMM_VL;
+        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (i >= mr) break;
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            __m512 o = _mm512_mul_ps(va, acc[i][v]);
+            if (full) {
+                if (beta != 0.0f) o = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), o);
+                _mm512_storeu_ps(ci + v * 16, o);
+            } else {
+                if (beta != 0.0f) o = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), o);
+                _mm512_mask_storeu_ps(ci + v * 16, mask[v], o);
             }
         }
     }
@@ -2670,21 +2793,33 @@ static const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *
 }
 
 /* rows x kc of a source contiguous in k (row r at pdp__gemm_row) into
-   dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. */
+   dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. With AVX, groups of
+   8 rows go through pdp__gemm_transpose8, and so does a last partial group when the
+   panel has room for 8, its missing rows read from a row of zeros (a ragged edge,
+   N = 25 say, would otherwise be packed and zeroed one strided float at a time). */
+#if PDP__GEMM_T8
+static const float pdp__gemm_zeros[PDP__GEMM_KC] = {0};
+#endif
+
 static void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
                              int64_t kc, float *dst, int64_t ldd)
 {
     int r = 0;
     int64_t p;
 #if PDP__GEMM_T8
-    for (; r + 8 <= rows; r += 8) {
+    for (; r + 8 <= ldd && (r + 8 <= rows || (r < rows && kc <= PDP__GEMM_KC)); r += 8) {
         const float *s[8];
         int i;
-        for (i = 0; i < 8; i++) s[i] = pdp__gemm_row(src, lds, off, r + i);
+        for (i = 0; i < 8; i++)
+            s[i] = r + i < rows ? pdp__gemm_row(src, lds, off, r + i) : pdp__gemm_zeros;
         for (p = 0; p + 8 <= kc; p += 8) pdp__gemm_transpose8(s, p, dst + p * ldd + r, ldd);
         for (; p < kc; p++) {
             for (i = 0; i < 8; i++) dst[p * ldd + r + i] = s[i][p];
         }
+    }
+    if (r >= rows) { /* the rest of the panel: zero, 8 columns at a time */
+        for (; r + 8 <= ldd; r += 8)
+            for (p = 0; p < kc; p++) memset(dst + p * ldd + r, 0, 8 * sizeof(float));
     }
 #endif
     for (; r < rows; r++) {
@@ -2758,6 +2893,7 @@ typedef struct pdp__gemm_args {
     float alpha, beta;
     const float *a, *b;
     const int64_t *brow; /* B's row offsets (pdp__sgemm_rows), or NULL: row r at b + r ldb */
+    const int64_t *arow; /* A's row offsets (pdp__sgemm_arows; A not transposed), or NULL */
     float *c;
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
@@ -2785,12 +2921,47 @@ static void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int
         for (pc = 0; pc < g->k; pc += g->kb) {
             int64_t kc = PDP__MIN(g->kb, g->k - pc);
             float beta = pc == 0 ? g->beta : 1.0f;
+#if defined(PDP__GEMM_DIRECT_B)
+            if (g->brow && g->tb == PDP_NO_TRANS) { /* B read in place */
+                for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
+                    int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
+                    const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
+                                                              : g->a + pc * g->lda + ir;
+                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                    for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
+                        int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
+                        pdp__gemm_kernel_rows(kc, ap, g->b + jc + jr, g->brow + pc,
+                                              g->c + ir * g->ldc + jc + jr, g->ldc, mr, nr,
+                                              g->alpha, beta);
+                    }
+                }
+                continue;
+            }
+#endif
             pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp);
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
                                                           : g->a + pc * g->lda + ir;
-                pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                if (g->arow) {
+#if defined(PDP__GEMM_DIRECT_B)
+                    const float *a8[PDP__GEMM_MR];
+                    int i;
+                    for (i = 0; i < PDP__GEMM_MR; i++)
+                        a8[i] = g->a + g->arow[ir + (i < mr ? i : 0)] + pc;
+                    for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
+                        int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
+                        pdp__gemm_kernel_arows(kc, a8, bp + jr * kc,
+                                               g->c + ir * g->ldc + jc + jr, g->ldc, mr, nr,
+                                               g->alpha, beta);
+                    }
+                    continue;
+#else
+                    pdp__gemm_pack_t(g->a + pc, 0, g->arow + ir, mr, kc, ap, PDP__GEMM_MR);
+#endif
+                } else {
+                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                }
                 for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
                     int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
                     pdp__gemm_kernel(kc, ap, bp + jr * kc, g->c + ir * g->ldc + jc + jr, g->ldc,
@@ -2810,7 +2981,8 @@ static void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, 
         for (j = n0; j < n1; j++) {
             float acc = 0.0f, *cij = g->c + i * g->ldc + j;
             for (p = 0; p < g->k; p++) {
-                float x = g->ta == PDP_NO_TRANS ? g->a[i * g->lda + p] : g->a[p * g->lda + i];
+                float x = g->ta == PDP_NO_TRANS ? pdp__gemm_row(g->a, g->lda, g->arow, i)[p]
+                                                : g->a[p * g->lda + i];
                 float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
                                                 : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
                 acc += x * y;
@@ -2843,8 +3015,9 @@ static void pdp__gemm_part(void *arg, int i, int n)
 
 /* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
 static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
-                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                          const int64_t *brow, float beta, float *c, int64_t ldc)
+                          float alpha, const float *a, int64_t lda, const int64_t *arow,
+                          const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
+                          int64_t ldc)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -2858,7 +3031,7 @@ static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int6
         }
         return;
     }
-    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m));
+    PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
     PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
     g.ta = ta;
     g.tb = tb;
@@ -2870,6 +3043,7 @@ static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int6
     g.a = a;
     g.b = b;
     g.brow = brow;
+    g.arow = arow;
     g.c = c;
     g.lda = lda;
     g.ldb = ldb;
@@ -2893,7 +3067,7 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, b, ldb, NULL, beta, c, ldc);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc);
 }
 
 /* ---- gemm: gathered B ----
@@ -2908,7 +3082,25 @@ static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, in
                             float alpha, const float *a, int64_t lda, const float *b,
                             const int64_t *brow, float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, b, 0, brow, beta, c, ldc);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc);
+}
+
+/* The work an m x n product does per k, padded to whole MR x NR tiles: what a
+   caller that can compute C or C^T compares to pick the cheaper. */
+static int64_t pdp__gemm_tiles(int64_t m, int64_t n)
+{
+    return pdp__gemm_round_up(m, PDP__GEMM_MR) * pdp__gemm_round_up(n, PDP__GEMM_NR);
+}
+
+/* C = alpha A op(B) + beta C with A's storage rows anywhere: row i of A starts at
+   a + arow[i] (A not transposed). Conv2d's dW as dW^T = col dy^T, whose A is the
+   implicit column matrix: with AVX-512 the kernel broadcasts A straight from the
+   padded image, no packing. */
+static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                             const float *a, const int64_t *arow, const float *b, int64_t ldb,
+                             float beta, float *c, int64_t ldc)
+{
+    pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc);
 }
 
 #endif /* PDP_CBLAS */
@@ -2944,7 +3136,10 @@ static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, in
      probability 1 - p and scale by 1 / (1 - p); the scaled mask is saved for
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
-     forward or backward for it (they copy, should anything else).
+     forward or backward for it (they copy, should anything else). So is a ReLU
+     right after a Conv2d on the CPU: the Conv2d applies it (io->fused_relu:
+     forward stores relu(y), backward masks dy by y > 0 as it gathers dy), which
+     saves two passes over the largest activations and gives the same bits.
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
    sized by work_per_sample); backward accumulates into dw and db (+=) and writes
@@ -3447,6 +3642,10 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
                  W'[c, (o, qi, qj)] = W[o, c, k-1-qi, k-1-qj] (Dumoulin and Visin, "A
                  guide to convolution arithmetic for deep learning", 2016, section 4):
                  no col2im.
+   For a "same" convolution (q == pad) the padded dy's interior is dy on the grid,
+   so the dW share reads it in place. When it makes fewer padded GEMM tiles (O small
+   next to C k k), the share is computed transposed, share^T = col dy^T, with the
+   column matrix as a gathered A (pdp__sgemm_arows) and summed back transposed.
    The grid's columns over the bands compute values nobody reads: pad / (W + pad) more
    GEMM work (12% for a 5x5 "same" convolution on 14x14) for no copies at all.
 
@@ -3474,6 +3673,8 @@ typedef struct pdp__conv_geom {
     int64_t fixed;          /* workspace floats before the shares: W' (implicit) */
     int64_t share;          /* floats of one chunk's dW and db shares */
     int64_t per_chunk;      /* samples per chunk */
+    int dw_t;               /* implicit: the dW share is computed and kept transposed,
+                               [C k k, O] (fewer padded GEMM tiles, A read in place) */
 } pdp__conv_geom;
 
 /* Workspace regions start on 64-byte boundaries (the offset tables are int64). */
@@ -3502,6 +3703,7 @@ static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
     g.Hq = g.Ho + 2 * g.q;
     g.cols = g.Ho * g.Wo;
     g.share = pdp__conv_round16(g.O * g.ckk + g.O);
+    g.dw_t = g.implicit && pdp__gemm_tiles(g.ckk, g.O) < pdp__gemm_tiles(g.O, g.ckk);
     if (g.implicit) {
         g.fixed = pdp__conv_round16(g.C * g.O * g.k * g.k);
         g.per_chunk = PDP__CONV_IMPLICIT_CHUNK;
@@ -3615,6 +3817,36 @@ static void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *ds
             memcpy(dst + p * dp + r * dr, src + p * sp + r * sr, (size_t)n * sizeof(float));
 }
 
+/* One sample's dy, [O, Ho, Wo], into dst (plane stride dp, row stride dr); with a
+   fused ReLU, masked by the layer's output y (same layout as dy): the ReLU's
+   backward, done on the way. */
+static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
+                              float *dst, int64_t dp, int64_t dr)
+{
+    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r;
+    if (!io->fused_relu) {
+        pdp__conv_copy2d(io->dy + s * l->out_count, Ho * Wo, Wo, dst, dp, dr, O, Ho, Wo);
+        return;
+    }
+    for (p = 0; p < O; p++)
+        for (r = 0; r < Ho; r++) {
+            const float *PDP__RESTRICT g = io->dy + s * l->out_count + (p * Ho + r) * Wo;
+            const float *PDP__RESTRICT y = io->y + s * l->out_count + (p * Ho + r) * Wo;
+            float *PDP__RESTRICT d = dst + p * dp + r * dr;
+            PDP__FOR_BLOCKED(j, Wo, d[j] = pdp__relu_grad(g[j], y[j]););
+        }
+}
+
+/* Row n of y = src + bias, through the fused ReLU when there is one. */
+static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool relu,
+                                float *PDP__RESTRICT dst, int64_t n)
+{
+    if (relu)
+        PDP__FOR_BLOCKED(j, n, dst[j] = pdp__relu(src[j] + bo););
+    else
+        PDP__FOR_BLOCKED(j, n, dst[j] = src[j] + bo;);
+}
+
 typedef struct pdp__conv_job {
     const pdp__layer *l;
     const pdp__layer_io *io;
@@ -3697,9 +3929,9 @@ static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_ch
     if (!dy) return;
     memset(k->dyp, 0, (size_t)(g->O * g->Hq * k->wqt + g->k) * sizeof(float));
     for (s = 0; s < ns; s++)
-        pdp__conv_copy2d(dy + (k->s0 + s) * job->l->out_count, g->Ho * g->Wo, g->Wo,
-                         k->dyp + g->q * k->wqt + g->q + s * (g->Wo + g->q), g->Hq * k->wqt,
-                         k->wqt, g->O, g->Ho, g->Wo);
+        pdp__conv_copy_dy(job->io, k->s0 + s, job->l,
+                          k->dyp + g->q * k->wqt + g->q + s * (g->Wo + g->q), g->Hq * k->wqt,
+                          k->wqt);
     for (o = 0; o < g->O; o++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++)
@@ -3724,8 +3956,8 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
                 for (oh = 0; oh < g->Ho; oh++) {
                     const float *PDP__RESTRICT src =
                         k.grid + o * cols + oh * k.wt + (s - k.s0) * (g->W + g->pad);
-                    float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
-                    PDP__FOR_BLOCKED(ow, g->Wo, dst[ow] = src[ow] + bo;);
+                    pdp__conv_store_row(src, bo, io->fused_relu,
+                                        io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
                 }
             }
     }
@@ -3740,18 +3972,28 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
     int64_t okk = g->O * g->k * g->k;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
-        int64_t cols = g->Ho * k.wt, dxcols = g->H * k.wqt;
+        int64_t cols = g->Ho * k.wt, dxcols = g->H * k.wqt, ldg = cols;
+        const float *grid = k.grid;
         pdp__conv_implicit_load(job, &k, io->dx ? io->dy : NULL);
-        /* dy on the output grid, zero in the columns nobody reads */
-        memset(k.grid, 0, (size_t)(g->O * cols) * sizeof(float));
-        for (s = k.s0; s < k.s1; s++)
-            pdp__conv_copy2d(io->dy + s * job->l->out_count, g->Ho * g->Wo, g->Wo,
-                             k.grid + (s - k.s0) * (g->W + g->pad), cols, k.wt, g->O, g->Ho,
-                             g->Wo);
-        pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols, 1.0f, k.grid, cols, k.xp,
-                        k.offx, 0.0f, k.share, g->ckk);
+        if (io->dx && g->q == g->pad) {
+            /* a "same" convolution: the padded dy has the grid's row width (wqt ==
+               wt) and zeros in its bands, so its interior IS dy on the grid */
+            grid = k.dyp + g->q * k.wqt + g->q;
+            ldg = g->Hq * k.wqt;
+        } else { /* dy on the output grid, zero in the columns nobody reads */
+            memset(k.grid, 0, (size_t)(g->O * cols) * sizeof(float));
+            for (s = k.s0; s < k.s1; s++)
+                pdp__conv_copy_dy(io, s, job->l, k.grid + (s - k.s0) * (g->W + g->pad), cols,
+                                  k.wt);
+        }
+        if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
+            pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
+                             k.share, g->O);
+        else
+            pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols, 1.0f, grid, ldg, k.xp,
+                            k.offx, 0.0f, k.share, g->ckk);
         for (o = 0; o < g->O; o++)
-            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(k.grid + o * cols, cols);
+            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
         if (!io->dx) continue;
         pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, dxcols, okk, 1.0f, job->wt, okk, k.dyp,
                         k.offdy, 0.0f, k.grid, dxcols);
@@ -3769,7 +4011,7 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh, ow;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++)
@@ -3782,8 +4024,8 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
                 for (oh = 0; oh < g->Ho; oh++) {
                     const float *PDP__RESTRICT src =
                         k.out + o * k.n + (s - k.s0) * g->cols + oh * g->Wo;
-                    float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
-                    for (ow = 0; ow < g->Wo; ow++) dst[ow] = src[ow] + bo;
+                    pdp__conv_store_row(src, bo, io->fused_relu,
+                                        io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
                 }
             }
     }
@@ -3802,8 +4044,7 @@ static void pdp__conv_backward_part(void *arg, int i, int parts)
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++) {
             pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
-            pdp__conv_copy2d(io->dy + s * job->l->out_count, g->cols, 0,
-                             k.out + (s - k.s0) * g->cols, k.n, 0, g->O, 1, g->cols);
+            pdp__conv_copy_dy(io, s, job->l, k.out + (s - k.s0) * g->cols, k.n, g->Wo);
         }
         pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, k.n, 1.0f, k.out, k.n, k.col, k.n, 0.0f,
                   k.share, g->ckk);
@@ -3854,7 +4095,13 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
     for (c = 0; c < job.chunks; c++) { /* the chunks' shares, in chunk order */
         const float *PDP__RESTRICT share = io->work + g->fixed + c * g->share;
         float *PDP__RESTRICT dw = io->dw;
-        PDP__FOR_BLOCKED(j, g->O * g->ckk, dw[j] += share[j];);
+        if (g->dw_t) {
+            int64_t r;
+            for (o = 0; o < g->O; o++)
+                for (r = 0; r < g->ckk; r++) dw[o * g->ckk + r] += share[r * g->O + o];
+        } else {
+            PDP__FOR_BLOCKED(j, g->O * g->ckk, dw[j] += share[j];);
+        }
         if (io->db)
             for (o = 0; o < g->O; o++) io->db[o] += share[g->O * g->ckk + o];
     }
@@ -4053,7 +4300,8 @@ static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *
    Invariants: params[i].offset is the sum of the counts before it (registration
    order, no gaps), so the gradient of parameters j..k is one contiguous range;
    act[i] holds layer i's output from the last forward (Flatten aliases its
-   input instead of copying); backward needs the forward's input to stay alive,
+   input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
+   Conv2d applies itself); backward needs the forward's input to stay alive,
    as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
    largest batch), forward and backward allocate nothing. */
 
@@ -4348,6 +4596,15 @@ oom:
 
 /* ---- model: forward and backward ---- */
 
+/* Layer i is a ReLU that the Conv2d before it applies in its own forward and
+   backward (CPU only; never the last layer, whose output the caller reads): the
+   ReLU is then a view, as Flatten, and is skipped. Same bits as running it. */
+static bool pdp__model_relu_fused(const pdp_model *m, int i)
+{
+    return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
+           m->layers[i].kind == PDP__RELU && m->layers[i - 1].kind == PDP__CONV2D;
+}
+
 /* Fills the per-call part of io for layer i. */
 static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
 {
@@ -4361,6 +4618,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->seed = m->seed;
     io->step = m->step;
     io->sample_base = m->sample_base;
+    io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
     if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];
         io->w = m->param_block + w->offset;
@@ -4405,7 +4663,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
-        if (l->kind == PDP__FLATTEN) { /* a view: the output is the input */
+        if (l->kind == PDP__FLATTEN || pdp__model_relu_fused(m, i)) { /* a view: y is x */
             m->act[i] = (float *)in;
             continue;
         }
@@ -4460,7 +4718,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
-        if (l->kind != PDP__FLATTEN) {
+        if (l->kind != PDP__FLATTEN && !pdp__model_relu_fused(m, i)) {
             pdp__model_io(m, i, &io);
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
             io.y = m->act[i];

@@ -72,6 +72,23 @@ static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, in
         }
 }
 
+/* The work an m x n product does per k: m n here (see the other definition). */
+static int64_t pdp__gemm_tiles(int64_t m, int64_t n) { return m * n; }
+
+static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                             const float *a, const int64_t *arow, const float *b, int64_t ldb,
+                             float beta, float *c, int64_t ldc)
+{
+    int64_t i, j, p;
+    for (i = 0; i < m; i++)
+        for (j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (p = 0; p < k; p++)
+                acc += a[arow[i] + p] * (tb == PDP_NO_TRANS ? b[p * ldb + j] : b[j * ldb + p]);
+            c[i * ldc + j] = alpha * acc + (beta != 0.0f ? beta * c[i * ldc + j] : 0.0f);
+        }
+}
+
 #else /* our own */
 
 /* ---- gemm: micro-kernels ---- */
@@ -128,6 +145,110 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
             } else {
                 if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
                 _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
+            }
+        }
+    }
+}
+
+/* The same tile with B read in place instead of packed: row p of the tile's B is
+   the nr floats at b + brow[p] (a gathered B, pdp__sgemm_rows without transpose,
+   whose rows are runs of a small image that stays in cache). Packing such a B
+   costs as much as a tenth of the product when m is small (Conv2d's O rows), and
+   this skips it. Masked loads read no float past column nr; same FMA chain as the
+   packed kernel, so the same bits. */
+#  define PDP__GEMM_DIRECT_B 1
+static void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                  const float *b, const int64_t *brow, float *c, int64_t ldc,
+                                  int mr, int nr, float alpha, float beta)
+{
+    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[PDP__GEMM_NV];
+    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int64_t p;
+    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        int left = nr - v * PDP__GEMM_VL;
+        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
+    }
+    for (p = 0; p < kc; p++) {
+        const float *row = b + brow[p];
+        __m512 bv[PDP__GEMM_NV];
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            bv[v] = _mm512_maskz_loadu_ps(mask[v], row + v * PDP__GEMM_VL);
+        }
+        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+            __m512 ai = _mm512_set1_ps(ap[i]);
+            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+                acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+            }
+        }
+        ap += PDP__GEMM_MR;
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (i >= mr) break;
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (full) {
+                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), r);
+                _mm512_storeu_ps(ci + v * 16, r);
+            } else {
+                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
+                _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
+            }
+        }
+    }
+}
+
+/* The same tile with A read in place: row i of the tile's A is a8[i] (a gathered
+   A, pdp__sgemm_arows; rows past mr repeat row 0 and are never stored), each
+   element broadcast straight from its row, as the packed kernel broadcasts it
+   from the panel. Same FMA chain, so the same bits. */
+static void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta)
+{
+    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[PDP__GEMM_NV];
+    const float *r[PDP__GEMM_MR];
+    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int64_t p;
+    for (i = 0; i < PDP__GEMM_MR; i++) r[i] = a8[i];
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
+    }
+    for (p = 0; p < kc; p++) {
+        __m512 bv[PDP__GEMM_NV];
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            bv[v] = _mm512_load_ps(bp + v * PDP__GEMM_VL);
+        }
+        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+            __m512 ai = _mm512_set1_ps(r[i][p]);
+            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+                acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+            }
+        }
+        bp += PDP__GEMM_NV * PDP__GEMM_VL;
+    }
+    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        int left = nr - v * PDP__GEMM_VL;
+        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (i >= mr) break;
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            __m512 o = _mm512_mul_ps(va, acc[i][v]);
+            if (full) {
+                if (beta != 0.0f) o = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), o);
+                _mm512_storeu_ps(ci + v * 16, o);
+            } else {
+                if (beta != 0.0f) o = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), o);
+                _mm512_mask_storeu_ps(ci + v * 16, mask[v], o);
             }
         }
     }
@@ -280,21 +401,33 @@ static const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *
 }
 
 /* rows x kc of a source contiguous in k (row r at pdp__gemm_row) into
-   dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. */
+   dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. With AVX, groups of
+   8 rows go through pdp__gemm_transpose8, and so does a last partial group when the
+   panel has room for 8, its missing rows read from a row of zeros (a ragged edge,
+   N = 25 say, would otherwise be packed and zeroed one strided float at a time). */
+#if PDP__GEMM_T8
+static const float pdp__gemm_zeros[PDP__GEMM_KC] = {0};
+#endif
+
 static void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
                              int64_t kc, float *dst, int64_t ldd)
 {
     int r = 0;
     int64_t p;
 #if PDP__GEMM_T8
-    for (; r + 8 <= rows; r += 8) {
+    for (; r + 8 <= ldd && (r + 8 <= rows || (r < rows && kc <= PDP__GEMM_KC)); r += 8) {
         const float *s[8];
         int i;
-        for (i = 0; i < 8; i++) s[i] = pdp__gemm_row(src, lds, off, r + i);
+        for (i = 0; i < 8; i++)
+            s[i] = r + i < rows ? pdp__gemm_row(src, lds, off, r + i) : pdp__gemm_zeros;
         for (p = 0; p + 8 <= kc; p += 8) pdp__gemm_transpose8(s, p, dst + p * ldd + r, ldd);
         for (; p < kc; p++) {
             for (i = 0; i < 8; i++) dst[p * ldd + r + i] = s[i][p];
         }
+    }
+    if (r >= rows) { /* the rest of the panel: zero, 8 columns at a time */
+        for (; r + 8 <= ldd; r += 8)
+            for (p = 0; p < kc; p++) memset(dst + p * ldd + r, 0, 8 * sizeof(float));
     }
 #endif
     for (; r < rows; r++) {
@@ -368,6 +501,7 @@ typedef struct pdp__gemm_args {
     float alpha, beta;
     const float *a, *b;
     const int64_t *brow; /* B's row offsets (pdp__sgemm_rows), or NULL: row r at b + r ldb */
+    const int64_t *arow; /* A's row offsets (pdp__sgemm_arows; A not transposed), or NULL */
     float *c;
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
@@ -395,12 +529,47 @@ static void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int
         for (pc = 0; pc < g->k; pc += g->kb) {
             int64_t kc = PDP__MIN(g->kb, g->k - pc);
             float beta = pc == 0 ? g->beta : 1.0f;
+#if defined(PDP__GEMM_DIRECT_B)
+            if (g->brow && g->tb == PDP_NO_TRANS) { /* B read in place */
+                for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
+                    int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
+                    const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
+                                                              : g->a + pc * g->lda + ir;
+                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                    for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
+                        int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
+                        pdp__gemm_kernel_rows(kc, ap, g->b + jc + jr, g->brow + pc,
+                                              g->c + ir * g->ldc + jc + jr, g->ldc, mr, nr,
+                                              g->alpha, beta);
+                    }
+                }
+                continue;
+            }
+#endif
             pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp);
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
                                                           : g->a + pc * g->lda + ir;
-                pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                if (g->arow) {
+#if defined(PDP__GEMM_DIRECT_B)
+                    const float *a8[PDP__GEMM_MR];
+                    int i;
+                    for (i = 0; i < PDP__GEMM_MR; i++)
+                        a8[i] = g->a + g->arow[ir + (i < mr ? i : 0)] + pc;
+                    for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
+                        int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
+                        pdp__gemm_kernel_arows(kc, a8, bp + jr * kc,
+                                               g->c + ir * g->ldc + jc + jr, g->ldc, mr, nr,
+                                               g->alpha, beta);
+                    }
+                    continue;
+#else
+                    pdp__gemm_pack_t(g->a + pc, 0, g->arow + ir, mr, kc, ap, PDP__GEMM_MR);
+#endif
+                } else {
+                    pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                }
                 for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
                     int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
                     pdp__gemm_kernel(kc, ap, bp + jr * kc, g->c + ir * g->ldc + jc + jr, g->ldc,
@@ -420,7 +589,8 @@ static void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, 
         for (j = n0; j < n1; j++) {
             float acc = 0.0f, *cij = g->c + i * g->ldc + j;
             for (p = 0; p < g->k; p++) {
-                float x = g->ta == PDP_NO_TRANS ? g->a[i * g->lda + p] : g->a[p * g->lda + i];
+                float x = g->ta == PDP_NO_TRANS ? pdp__gemm_row(g->a, g->lda, g->arow, i)[p]
+                                                : g->a[p * g->lda + i];
                 float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
                                                 : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
                 acc += x * y;
@@ -453,8 +623,9 @@ static void pdp__gemm_part(void *arg, int i, int n)
 
 /* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
 static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
-                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-                          const int64_t *brow, float beta, float *c, int64_t ldc)
+                          float alpha, const float *a, int64_t lda, const int64_t *arow,
+                          const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
+                          int64_t ldc)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -468,7 +639,7 @@ static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int6
         }
         return;
     }
-    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m));
+    PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
     PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
     g.ta = ta;
     g.tb = tb;
@@ -480,6 +651,7 @@ static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int6
     g.a = a;
     g.b = b;
     g.brow = brow;
+    g.arow = arow;
     g.c = c;
     g.lda = lda;
     g.ldb = ldb;
@@ -503,7 +675,7 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, b, ldb, NULL, beta, c, ldc);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc);
 }
 
 /* ---- gemm: gathered B ----
@@ -518,7 +690,25 @@ static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, in
                             float alpha, const float *a, int64_t lda, const float *b,
                             const int64_t *brow, float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, b, 0, brow, beta, c, ldc);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc);
+}
+
+/* The work an m x n product does per k, padded to whole MR x NR tiles: what a
+   caller that can compute C or C^T compares to pick the cheaper. */
+static int64_t pdp__gemm_tiles(int64_t m, int64_t n)
+{
+    return pdp__gemm_round_up(m, PDP__GEMM_MR) * pdp__gemm_round_up(n, PDP__GEMM_NR);
+}
+
+/* C = alpha A op(B) + beta C with A's storage rows anywhere: row i of A starts at
+   a + arow[i] (A not transposed). Conv2d's dW as dW^T = col dy^T, whose A is the
+   implicit column matrix: with AVX-512 the kernel broadcasts A straight from the
+   padded image, no packing. */
+static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                             const float *a, const int64_t *arow, const float *b, int64_t ldb,
+                             float beta, float *c, int64_t ldc)
+{
+    pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc);
 }
 
 #endif /* PDP_CBLAS */

@@ -119,6 +119,8 @@ typedef struct pdp__layer_io {
     float *work;         /* [batch, work_per_sample] scratch, shared by all layers */
     pdp_device device;   /* where every pointer above lives */
     bool training;
+    bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
+                            y = relu(.); backward: dy masked by y > 0); model.c aliases it */
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;

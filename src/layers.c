@@ -21,7 +21,10 @@
      probability 1 - p and scale by 1 / (1 - p); the scaled mask is saved for
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
-     forward or backward for it (they copy, should anything else).
+     forward or backward for it (they copy, should anything else). So is a ReLU
+     right after a Conv2d on the CPU: the Conv2d applies it (io->fused_relu:
+     forward stores relu(y), backward masks dy by y > 0 as it gathers dy), which
+     saves two passes over the largest activations and gives the same bits.
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
    sized by work_per_sample); backward accumulates into dw and db (+=) and writes
@@ -524,6 +527,10 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
                  W'[c, (o, qi, qj)] = W[o, c, k-1-qi, k-1-qj] (Dumoulin and Visin, "A
                  guide to convolution arithmetic for deep learning", 2016, section 4):
                  no col2im.
+   For a "same" convolution (q == pad) the padded dy's interior is dy on the grid,
+   so the dW share reads it in place. When it makes fewer padded GEMM tiles (O small
+   next to C k k), the share is computed transposed, share^T = col dy^T, with the
+   column matrix as a gathered A (pdp__sgemm_arows) and summed back transposed.
    The grid's columns over the bands compute values nobody reads: pad / (W + pad) more
    GEMM work (12% for a 5x5 "same" convolution on 14x14) for no copies at all.
 
@@ -551,6 +558,8 @@ typedef struct pdp__conv_geom {
     int64_t fixed;          /* workspace floats before the shares: W' (implicit) */
     int64_t share;          /* floats of one chunk's dW and db shares */
     int64_t per_chunk;      /* samples per chunk */
+    int dw_t;               /* implicit: the dW share is computed and kept transposed,
+                               [C k k, O] (fewer padded GEMM tiles, A read in place) */
 } pdp__conv_geom;
 
 /* Workspace regions start on 64-byte boundaries (the offset tables are int64). */
@@ -579,6 +588,7 @@ static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
     g.Hq = g.Ho + 2 * g.q;
     g.cols = g.Ho * g.Wo;
     g.share = pdp__conv_round16(g.O * g.ckk + g.O);
+    g.dw_t = g.implicit && pdp__gemm_tiles(g.ckk, g.O) < pdp__gemm_tiles(g.O, g.ckk);
     if (g.implicit) {
         g.fixed = pdp__conv_round16(g.C * g.O * g.k * g.k);
         g.per_chunk = PDP__CONV_IMPLICIT_CHUNK;
@@ -692,6 +702,36 @@ static void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *ds
             memcpy(dst + p * dp + r * dr, src + p * sp + r * sr, (size_t)n * sizeof(float));
 }
 
+/* One sample's dy, [O, Ho, Wo], into dst (plane stride dp, row stride dr); with a
+   fused ReLU, masked by the layer's output y (same layout as dy): the ReLU's
+   backward, done on the way. */
+static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
+                              float *dst, int64_t dp, int64_t dr)
+{
+    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r;
+    if (!io->fused_relu) {
+        pdp__conv_copy2d(io->dy + s * l->out_count, Ho * Wo, Wo, dst, dp, dr, O, Ho, Wo);
+        return;
+    }
+    for (p = 0; p < O; p++)
+        for (r = 0; r < Ho; r++) {
+            const float *PDP__RESTRICT g = io->dy + s * l->out_count + (p * Ho + r) * Wo;
+            const float *PDP__RESTRICT y = io->y + s * l->out_count + (p * Ho + r) * Wo;
+            float *PDP__RESTRICT d = dst + p * dp + r * dr;
+            PDP__FOR_BLOCKED(j, Wo, d[j] = pdp__relu_grad(g[j], y[j]););
+        }
+}
+
+/* Row n of y = src + bias, through the fused ReLU when there is one. */
+static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool relu,
+                                float *PDP__RESTRICT dst, int64_t n)
+{
+    if (relu)
+        PDP__FOR_BLOCKED(j, n, dst[j] = pdp__relu(src[j] + bo););
+    else
+        PDP__FOR_BLOCKED(j, n, dst[j] = src[j] + bo;);
+}
+
 typedef struct pdp__conv_job {
     const pdp__layer *l;
     const pdp__layer_io *io;
@@ -774,9 +814,9 @@ static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_ch
     if (!dy) return;
     memset(k->dyp, 0, (size_t)(g->O * g->Hq * k->wqt + g->k) * sizeof(float));
     for (s = 0; s < ns; s++)
-        pdp__conv_copy2d(dy + (k->s0 + s) * job->l->out_count, g->Ho * g->Wo, g->Wo,
-                         k->dyp + g->q * k->wqt + g->q + s * (g->Wo + g->q), g->Hq * k->wqt,
-                         k->wqt, g->O, g->Ho, g->Wo);
+        pdp__conv_copy_dy(job->io, k->s0 + s, job->l,
+                          k->dyp + g->q * k->wqt + g->q + s * (g->Wo + g->q), g->Hq * k->wqt,
+                          k->wqt);
     for (o = 0; o < g->O; o++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++)
@@ -801,8 +841,8 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
                 for (oh = 0; oh < g->Ho; oh++) {
                     const float *PDP__RESTRICT src =
                         k.grid + o * cols + oh * k.wt + (s - k.s0) * (g->W + g->pad);
-                    float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
-                    PDP__FOR_BLOCKED(ow, g->Wo, dst[ow] = src[ow] + bo;);
+                    pdp__conv_store_row(src, bo, io->fused_relu,
+                                        io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
                 }
             }
     }
@@ -817,18 +857,28 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
     int64_t okk = g->O * g->k * g->k;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
-        int64_t cols = g->Ho * k.wt, dxcols = g->H * k.wqt;
+        int64_t cols = g->Ho * k.wt, dxcols = g->H * k.wqt, ldg = cols;
+        const float *grid = k.grid;
         pdp__conv_implicit_load(job, &k, io->dx ? io->dy : NULL);
-        /* dy on the output grid, zero in the columns nobody reads */
-        memset(k.grid, 0, (size_t)(g->O * cols) * sizeof(float));
-        for (s = k.s0; s < k.s1; s++)
-            pdp__conv_copy2d(io->dy + s * job->l->out_count, g->Ho * g->Wo, g->Wo,
-                             k.grid + (s - k.s0) * (g->W + g->pad), cols, k.wt, g->O, g->Ho,
-                             g->Wo);
-        pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols, 1.0f, k.grid, cols, k.xp,
-                        k.offx, 0.0f, k.share, g->ckk);
+        if (io->dx && g->q == g->pad) {
+            /* a "same" convolution: the padded dy has the grid's row width (wqt ==
+               wt) and zeros in its bands, so its interior IS dy on the grid */
+            grid = k.dyp + g->q * k.wqt + g->q;
+            ldg = g->Hq * k.wqt;
+        } else { /* dy on the output grid, zero in the columns nobody reads */
+            memset(k.grid, 0, (size_t)(g->O * cols) * sizeof(float));
+            for (s = k.s0; s < k.s1; s++)
+                pdp__conv_copy_dy(io, s, job->l, k.grid + (s - k.s0) * (g->W + g->pad), cols,
+                                  k.wt);
+        }
+        if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
+            pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
+                             k.share, g->O);
+        else
+            pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols, 1.0f, grid, ldg, k.xp,
+                            k.offx, 0.0f, k.share, g->ckk);
         for (o = 0; o < g->O; o++)
-            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(k.grid + o * cols, cols);
+            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
         if (!io->dx) continue;
         pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, dxcols, okk, 1.0f, job->wt, okk, k.dyp,
                         k.offdy, 0.0f, k.grid, dxcols);
@@ -846,7 +896,7 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh, ow;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++)
@@ -859,8 +909,8 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
                 for (oh = 0; oh < g->Ho; oh++) {
                     const float *PDP__RESTRICT src =
                         k.out + o * k.n + (s - k.s0) * g->cols + oh * g->Wo;
-                    float *PDP__RESTRICT dst = io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo;
-                    for (ow = 0; ow < g->Wo; ow++) dst[ow] = src[ow] + bo;
+                    pdp__conv_store_row(src, bo, io->fused_relu,
+                                        io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
                 }
             }
     }
@@ -879,8 +929,7 @@ static void pdp__conv_backward_part(void *arg, int i, int parts)
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++) {
             pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
-            pdp__conv_copy2d(io->dy + s * job->l->out_count, g->cols, 0,
-                             k.out + (s - k.s0) * g->cols, k.n, 0, g->O, 1, g->cols);
+            pdp__conv_copy_dy(io, s, job->l, k.out + (s - k.s0) * g->cols, k.n, g->Wo);
         }
         pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, k.n, 1.0f, k.out, k.n, k.col, k.n, 0.0f,
                   k.share, g->ckk);
@@ -931,7 +980,13 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
     for (c = 0; c < job.chunks; c++) { /* the chunks' shares, in chunk order */
         const float *PDP__RESTRICT share = io->work + g->fixed + c * g->share;
         float *PDP__RESTRICT dw = io->dw;
-        PDP__FOR_BLOCKED(j, g->O * g->ckk, dw[j] += share[j];);
+        if (g->dw_t) {
+            int64_t r;
+            for (o = 0; o < g->O; o++)
+                for (r = 0; r < g->ckk; r++) dw[o * g->ckk + r] += share[r * g->O + o];
+        } else {
+            PDP__FOR_BLOCKED(j, g->O * g->ckk, dw[j] += share[j];);
+        }
         if (io->db)
             for (o = 0; o < g->O; o++) io->db[o] += share[g->O * g->ckk + o];
     }

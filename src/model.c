@@ -5,7 +5,8 @@
    Invariants: params[i].offset is the sum of the counts before it (registration
    order, no gaps), so the gradient of parameters j..k is one contiguous range;
    act[i] holds layer i's output from the last forward (Flatten aliases its
-   input instead of copying); backward needs the forward's input to stay alive,
+   input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
+   Conv2d applies itself); backward needs the forward's input to stay alive,
    as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
    largest batch), forward and backward allocate nothing. */
 
@@ -300,6 +301,15 @@ oom:
 
 /* ---- model: forward and backward ---- */
 
+/* Layer i is a ReLU that the Conv2d before it applies in its own forward and
+   backward (CPU only; never the last layer, whose output the caller reads): the
+   ReLU is then a view, as Flatten, and is skipped. Same bits as running it. */
+static bool pdp__model_relu_fused(const pdp_model *m, int i)
+{
+    return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
+           m->layers[i].kind == PDP__RELU && m->layers[i - 1].kind == PDP__CONV2D;
+}
+
 /* Fills the per-call part of io for layer i. */
 static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
 {
@@ -313,6 +323,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->seed = m->seed;
     io->step = m->step;
     io->sample_base = m->sample_base;
+    io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
     if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];
         io->w = m->param_block + w->offset;
@@ -357,7 +368,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
-        if (l->kind == PDP__FLATTEN) { /* a view: the output is the input */
+        if (l->kind == PDP__FLATTEN || pdp__model_relu_fused(m, i)) { /* a view: y is x */
             m->act[i] = (float *)in;
             continue;
         }
@@ -412,7 +423,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
-        if (l->kind != PDP__FLATTEN) {
+        if (l->kind != PDP__FLATTEN && !pdp__model_relu_fused(m, i)) {
             pdp__model_io(m, i, &io);
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
             io.y = m->act[i];
