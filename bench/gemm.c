@@ -4,11 +4,12 @@
    NN is A*B, TN is A^T*B, NT is A*B^T (row-major, as pdp_sgemm takes them). The
    128-row shapes are the MLP's (batch 128, layers 784->512 and 512->512).
    Each figure is the median of 7 timed repetitions after a warm-up; a repetition
-   loops the call for about 25 ms, and ours and OpenBLAS's alternate repetition by
-   repetition, so that a noisy neighbour on the machine hits both alike. OpenBLAS's
-   workers spin for a while after each call and would steal the second core from
-   ours, so with 2 threads the bench sleeps 150 ms after each OpenBLAS repetition. 1 and 2 threads: pdp_set_num_threads for ours,
-   openblas_set_num_threads for OpenBLAS.
+   loops the call for about 25 ms. Per shape and thread count the two libraries run
+   one after the other, each after a 200 ms pause: OpenBLAS's workers keep spinning
+   for a while after each call and steal the second core from whatever runs next,
+   so alternating them repetition by repetition measured the spinning, not ours.
+   1 and 2 threads: pdp_set_num_threads for ours, openblas_set_num_threads for
+   OpenBLAS.
 
    make bench        (links OpenBLAS and defines PDP_BENCH_OPENBLAS when pkg-config
                       finds it; without it only our figures are printed)
@@ -71,30 +72,28 @@ static double time_reps(void (*fn)(const problem *), const problem *p, int iters
 }
 
 /* Median GFLOP/s of ours (rate[0]) and, when built with it, OpenBLAS (rate[1]) over
-   REPS repetitions, alternating the two so that both see the same machine state. */
-static void measure(const problem *p, int threads, double rate[2])
+   REPS repetitions each. The libraries run in separate blocks, each after a pause:
+   OpenBLAS's workers keep spinning a while after a call, and ours would lose the
+   second core to them if the two alternated rep by rep. */
+static void measure(const problem *p, double rate[2])
 {
     double flops = 2.0 * (double)p->s.m * (double)p->s.n * (double)p->s.k;
-    double r[2][REPS];
-    int it[2], rep, lib, libs = 1;
-    it[0] = calibrate(run_ours, p);
+    double r[REPS];
+    struct timespec park = {0, 200000000};
+    void (*fn[2])(const problem *) = {run_ours, NULL};
+    int rep, lib, libs = 1, iters;
 #ifdef PDP_BENCH_OPENBLAS
-    it[1] = calibrate(run_openblas, p);
+    fn[1] = run_openblas;
     libs = 2;
 #endif
-    for (rep = 0; rep < REPS; rep++) {
-        r[0][rep] = flops / time_reps(run_ours, p, it[0]) * 1e-9;
-#ifdef PDP_BENCH_OPENBLAS
-        r[1][rep] = flops / time_reps(run_openblas, p, it[1]) * 1e-9;
-        if (threads > 1) { /* OpenBLAS's workers spin a while after a call: let them park */
-            struct timespec park = {0, 150000000};
-            nanosleep(&park, NULL);
-        }
-#else
-        (void)threads;
-#endif
+    for (lib = 0; lib < 2; lib++) {
+        rate[lib] = 0.0;
+        if (lib >= libs) continue;
+        nanosleep(&park, NULL);
+        iters = calibrate(fn[lib], p);
+        for (rep = 0; rep < REPS; rep++) r[rep] = flops / time_reps(fn[lib], p, iters) * 1e-9;
+        rate[lib] = bench_median(r, REPS);
     }
-    for (lib = 0; lib < 2; lib++) rate[lib] = lib < libs ? bench_median(r[lib], REPS) : 0.0;
 }
 
 static const char *layout(const shape *s)
@@ -155,7 +154,7 @@ int main(int argc, char **argv)
 #ifdef PDP_BENCH_OPENBLAS
             openblas_set_num_threads(t + 1);
 #endif
-            measure(&p, t + 1, rate);
+            measure(&p, rate);
             ours[t] = rate[0];
             ob[t] = rate[1];
         }
