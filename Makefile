@@ -96,10 +96,12 @@ mpi-test:
 
 # make bench-mpi  bench/ddp.c built with -DPDP_MPI under mpirun -np 2: rank 0 measures the
 #                 in-process peers (1 device, DDP 1 and 2 on the local backend), then both
-#                 ranks run DDP 2 over MPI, all in one run.
+#                 ranks run DDP 2 over MPI, all in one run. --bind-to none: mpirun binds
+#                 each rank to one core by default, which would leave rank 0's in-process
+#                 peers (two thread-ranks) a single core.
 .PHONY: bench-mpi
 bench-mpi: $(B)/mpi/bench_ddp
-	$(MPIRUN) $(MPIRUN_FLAGS) -np 2 ./$(B)/mpi/bench_ddp
+	$(MPIRUN) $(MPIRUN_FLAGS) --bind-to none -np 2 ./$(B)/mpi/bench_ddp
 $(B)/mpi/bench_ddp: bench/ddp.c bench/bench.h pdp.h
 	@mkdir -p $(@D)
 	$(MPICC) -DPDP_MPI $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS)

@@ -3104,6 +3104,77 @@ static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, floa
 }
 
 #endif /* PDP_CBLAS */
+
+/* ---- gemm: small products as dot products ----
+   C [m, n] = A B^T for an m x n too small to pay for packing and a long k (Conv2d's
+   dW share of a layer with few weights: 16 x 25 over thousands of columns): row i of
+   A at a + i lda, row j of B at b + brow[j]. Blocks of 4 x 4 dot products run in
+   16-float lanes over k in slices of PDP__GEMM_DOTS_KC (A's and B's slices stay in
+   L1), the lanes kept on the stack between slices, and are reduced at the end in a
+   fixed order: the bits depend on m, n, k and the data only. */
+#define PDP__GEMM_DOTS_MAX 512 /* lanes of the 4 x 4 blocks, counted whole */
+#define PDP__GEMM_DOTS_KC 512
+
+static int pdp__sgemm_dots_fits(int64_t m, int64_t n)
+{
+    return (m + 3) / 4 * ((n + 3) / 4) * 16 <= PDP__GEMM_DOTS_MAX;
+}
+
+#if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                            const float *b, const int64_t *brow, float *c, int64_t ldc)
+{
+    __m512 lanes[PDP__GEMM_DOTS_MAX];
+    int64_t i0, j0, p0, p, nb = (n + 3) / 4;
+    PDP_ASSERT(pdp__sgemm_dots_fits(m, n));
+    for (p = 0; p < (m + 3) / 4 * nb * 16; p++) lanes[p] = _mm512_setzero_ps();
+    for (p0 = 0; p0 < k; p0 += PDP__GEMM_DOTS_KC)
+        for (i0 = 0; i0 < m; i0 += 4)
+            for (j0 = 0; j0 < n; j0 += 4) {
+                const float *ar[4], *br[4];
+                __m512 acc[4][4], *save = lanes + (i0 / 4 * nb + j0 / 4) * 16;
+                int64_t p1 = PDP__MIN(k, p0 + PDP__GEMM_DOTS_KC);
+                int i, j;
+                _Pragma("GCC unroll 4") for (i = 0; i < 4; i++) { /* past the edge: unused */
+                    ar[i] = a + PDP__MIN(i0 + i, m - 1) * lda;
+                    br[i] = b + brow[PDP__MIN(j0 + i, n - 1)];
+                    _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) acc[i][j] = save[i * 4 + j];
+                }
+                for (p = p0; p < p1; p += 16) {
+                    __mmask16 mk = (__mmask16)(p + 16 <= p1 ? 0xffff : (1u << (p1 - p)) - 1);
+                    __m512 va[4], vb[4];
+                    _Pragma("GCC unroll 4") for (i = 0; i < 4; i++) {
+                        va[i] = _mm512_maskz_loadu_ps(mk, ar[i] + p);
+                        vb[i] = _mm512_maskz_loadu_ps(mk, br[i] + p);
+                    }
+                    _Pragma("GCC unroll 4") for (i = 0; i < 4; i++) {
+                        _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) {
+                            acc[i][j] = _mm512_fmadd_ps(va[i], vb[j], acc[i][j]);
+                        }
+                    }
+                }
+                _Pragma("GCC unroll 4") for (i = 0; i < 4; i++) {
+                    _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) save[i * 4 + j] = acc[i][j];
+                }
+            }
+    for (i0 = 0; i0 < m; i0++)
+        for (j0 = 0; j0 < n; j0++)
+            c[i0 * ldc + j0] =
+                _mm512_reduce_add_ps(lanes[(i0 / 4 * nb + j0 / 4) * 16 + i0 % 4 * 4 + j0 % 4]);
+}
+#else
+static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                            const float *b, const int64_t *brow, float *c, int64_t ldc)
+{
+    int64_t i, j, p;
+    for (i = 0; i < m; i++)
+        for (j = 0; j < n; j++) {
+            float acc = 0.0f;
+            for (p = 0; p < k; p++) acc += a[i * lda + p] * b[brow[j] + p];
+            c[i * ldc + j] = acc;
+        }
+}
+#endif
 /* ---- end src/gemm.c ---- */
 
 /* ---- begin src/ops.c ---- */
@@ -3645,7 +3716,9 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
    For a "same" convolution (q == pad) the padded dy's interior is dy on the grid,
    so the dW share reads it in place. When it makes fewer padded GEMM tiles (O small
    next to C k k), the share is computed transposed, share^T = col dy^T, with the
-   column matrix as a gathered A (pdp__sgemm_arows) and summed back transposed.
+   column matrix as a gathered A (pdp__sgemm_arows) and summed back transposed. With
+   few weights (conv 1 -> 16, k 5: 400) it is O C k k dot products over the grid
+   (pdp__sgemm_dots): nothing packed, where packing cost more than the products.
    The grid's columns over the bands compute values nobody reads: pad / (W + pad) more
    GEMM work (12% for a 5x5 "same" convolution on 14x14) for no copies at all.
 
@@ -3675,6 +3748,8 @@ typedef struct pdp__conv_geom {
     int64_t per_chunk;      /* samples per chunk */
     int dw_t;               /* implicit: the dW share is computed and kept transposed,
                                [C k k, O] (fewer padded GEMM tiles, A read in place) */
+    int dw_dots;            /* implicit: few weights (conv 1 -> 16, k 5), the dW share as
+                               O C k k dot products (pdp__sgemm_dots, nothing packed) */
 } pdp__conv_geom;
 
 /* Workspace regions start on 64-byte boundaries (the offset tables are int64). */
@@ -3703,7 +3778,8 @@ static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
     g.Hq = g.Ho + 2 * g.q;
     g.cols = g.Ho * g.Wo;
     g.share = pdp__conv_round16(g.O * g.ckk + g.O);
-    g.dw_t = g.implicit && pdp__gemm_tiles(g.ckk, g.O) < pdp__gemm_tiles(g.O, g.ckk);
+    g.dw_dots = g.implicit && pdp__sgemm_dots_fits(g.O, g.ckk);
+    g.dw_t = g.implicit && !g.dw_dots && pdp__gemm_tiles(g.ckk, g.O) < pdp__gemm_tiles(g.O, g.ckk);
     if (g.implicit) {
         g.fixed = pdp__conv_round16(g.C * g.O * g.k * g.k);
         g.per_chunk = PDP__CONV_IMPLICIT_CHUNK;
@@ -3817,6 +3893,54 @@ static void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *ds
             memcpy(dst + p * dp + r * dr, src + p * sp + r * sr, (size_t)n * sizeof(float));
 }
 
+/* `body` for j in [0, n) of a short row (an image row: 28, 14 or 7 floats) in
+   blocks of 16, 8 and 4, the remainder as the last 4 once more: constant trip
+   counts, which gcc -O2 vectorises where PDP__FOR_BLOCKED's scalar tail would
+   carry most of such a row. The body must be idempotent (write what it reads
+   elsewhere). */
+#define PDP__CONV_ROW(j, n, ...)                                                               \
+    do {                                                                                       \
+        int64_t pdp__o_ = 0, pdp__n_ = (n);                                                    \
+        int pdp__k_;                                                                           \
+        for (; pdp__o_ + 16 <= pdp__n_; pdp__o_ += 16)                                         \
+            for (pdp__k_ = 0; pdp__k_ < 16; pdp__k_++) {                                       \
+                int64_t j = pdp__o_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        for (; pdp__o_ + 8 <= pdp__n_; pdp__o_ += 8)                                           \
+            for (pdp__k_ = 0; pdp__k_ < 8; pdp__k_++) {                                        \
+                int64_t j = pdp__o_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        for (; pdp__o_ + 4 <= pdp__n_; pdp__o_ += 4)                                           \
+            for (pdp__k_ = 0; pdp__k_ < 4; pdp__k_++) {                                        \
+                int64_t j = pdp__o_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        if (pdp__o_ < pdp__n_ && pdp__n_ >= 4)                                                 \
+            pdp__o_ = pdp__n_ - 4;                                                             \
+        if (pdp__o_ < pdp__n_ && pdp__n_ >= 4)                                                 \
+            for (pdp__k_ = 0; pdp__k_ < 4; pdp__k_++) {                                        \
+                int64_t j = pdp__o_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        else                                                                                   \
+            for (; pdp__o_ < pdp__n_; pdp__o_++) {                                             \
+                int64_t j = pdp__o_;                                                           \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+    } while (0)
+
+/* d = dy masked by y > 0 (the fused ReLU's backward), one row. */
+static void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *PDP__RESTRICT y,
+                                    float *PDP__RESTRICT d, int64_t n)
+{
+    PDP__CONV_ROW(j, n, {
+        float gj = g[j], yj = y[j]; /* both loaded first: gcc -O2 then vectorises */
+        d[j] = pdp__relu_grad(gj, yj);
+    });
+}
+
 /* One sample's dy, [O, Ho, Wo], into dst (plane stride dp, row stride dr); with a
    fused ReLU, masked by the layer's output y (same layout as dy): the ReLU's
    backward, done on the way. */
@@ -3833,7 +3957,7 @@ static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__lay
             const float *PDP__RESTRICT g = io->dy + s * l->out_count + (p * Ho + r) * Wo;
             const float *PDP__RESTRICT y = io->y + s * l->out_count + (p * Ho + r) * Wo;
             float *PDP__RESTRICT d = dst + p * dp + r * dr;
-            PDP__FOR_BLOCKED(j, Wo, d[j] = pdp__relu_grad(g[j], y[j]););
+            pdp__conv_relu_grad_row(g, y, d, Wo);
         }
 }
 
@@ -3842,9 +3966,9 @@ static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool r
                                 float *PDP__RESTRICT dst, int64_t n)
 {
     if (relu)
-        PDP__FOR_BLOCKED(j, n, dst[j] = pdp__relu(src[j] + bo););
+        PDP__CONV_ROW(j, n, dst[j] = pdp__relu(src[j] + bo););
     else
-        PDP__FOR_BLOCKED(j, n, dst[j] = src[j] + bo;);
+        PDP__CONV_ROW(j, n, dst[j] = src[j] + bo;);
 }
 
 typedef struct pdp__conv_job {
@@ -3986,7 +4110,9 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
                 pdp__conv_copy_dy(io, s, job->l, k.grid + (s - k.s0) * (g->W + g->pad), cols,
                                   k.wt);
         }
-        if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
+        if (g->dw_dots)
+            pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
+        else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
             pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
                              k.share, g->O);
         else
@@ -4215,6 +4341,25 @@ static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_forward_part, &job);
 }
 
+/* The common 2 x 2 window with stride 2 tiling the plane exactly: each window's
+   four dx written at once, the output's gradient at its winner and zeros elsewhere
+   (no memset, no scatter; in PDP__POOL_BLOCKS, whose selects gcc vectorises). */
+static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
+                                      const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
+                                      int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
+{
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j, a = arg[o] - at - 2 * o;
+        float g = dy[o];
+        d0[2 * o] = a == 0 ? g : 0.0f;
+        d0[2 * o + 1] = a == 1 ? g : 0.0f;
+        d1[2 * o] = a == w ? g : 0.0f;
+        d1[2 * o + 1] = a == w + 1 ? g : 0.0f;
+    });
+}
+
 /* The channel planes of part i: zero, then scatter each output's gradient to its
    winner (planes are independent, so any split gives the same bits). */
 static void pdp__maxpool_backward_part(void *argp, int i, int parts)
@@ -4225,6 +4370,17 @@ static void pdp__maxpool_backward_part(void *argp, int i, int parts)
     int64_t plane = l->in_shape[1] * l->in_shape[2], per = l->out_shape[1] * l->out_shape[2];
     int64_t planes = io->batch * l->in_shape[0], p0 = planes * i / parts;
     int64_t p1 = planes * (i + 1) / parts, p, j;
+    int64_t W = l->in_shape[2], Ho = l->out_shape[1], Wo = l->out_shape[2];
+    if (l->kernel == 2 && l->stride == 2 && l->in_shape[1] == 2 * Ho && W == 2 * Wo) {
+        for (p = p0; p < p1; p++)
+            for (j = 0; j < Ho; j++)
+                pdp__maxpool_2x2_backward(
+                    io->dy + p * per + j * Wo,
+                    (const int32_t *)(const void *)(io->saved + p * per + j * Wo), Wo,
+                    (int32_t)(2 * j * W), (int32_t)W, io->dx + p * plane + 2 * j * W,
+                    io->dx + p * plane + (2 * j + 1) * W);
+        return;
+    }
     memset(io->dx + p0 * plane, 0, (size_t)((p1 - p0) * plane) * sizeof(float));
     for (p = p0; p < p1; p++) {
         float *dx = io->dx + p * plane;
@@ -9854,8 +10010,8 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    allocated per collective) and returns, so the calling rank keeps computing backward while the all-reduce
    runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
    MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
-   MPI_Test: spinning first, then yielding, then sleeping 50 us, so an idle
-   rank leaves the core to compute. AVG is SUM followed by a division by the
+   MPI_Test: spinning first, then yielding, then sleeping 50 us (500 us once a
+   collective has waited 20 ms), so an idle rank leaves the core to compute. AVG is SUM followed by a division by the
    size on every element, as the local backend does. MPI counts are int: an
    all-reduce or broadcast is split into calls of PDP_MPI_CHUNK elements;
    reduce-scatter and all-gather take at most INT_MAX elements per rank.
@@ -9989,8 +10145,9 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
         if (polls < 256) continue;                 /* spin: small collectives finish here */
         if (now - t0 < 1e-3) {
             sched_yield();
-        } else {
-            struct timespec ts = {0, 50000};        /* 50 us */
+        } else { /* 50 us; 500 us once a peer has kept us 20 ms (it is busy elsewhere, and
+                    every poll would take CPU from this rank's own work) */
+            struct timespec ts = {0, now - t0 < 20e-3 ? 50000 : 500000};
             nanosleep(&ts, NULL);
         }
     }

@@ -29,7 +29,7 @@
    make bench        ./build/bench_ddp [quick]          quick: 3 rounds
    make bench-mpi    the same plus DDP 2 over MPI (the two lines below)
    mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. bench/ddp.c -o build/bench_ddp_mpi -lm
-   mpirun --allow-run-as-root --oversubscribe -np 2 ./build/bench_ddp_mpi
+   mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 ./build/bench_ddp_mpi
                      (rank 0 runs the in-process peers while rank 1 waits, then both
                       run DDP 2 MPI) */
 

@@ -29,8 +29,8 @@
    allocated per collective) and returns, so the calling rank keeps computing backward while the all-reduce
    runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
    MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
-   MPI_Test: spinning first, then yielding, then sleeping 50 us, so an idle
-   rank leaves the core to compute. AVG is SUM followed by a division by the
+   MPI_Test: spinning first, then yielding, then sleeping 50 us (500 us once a
+   collective has waited 20 ms), so an idle rank leaves the core to compute. AVG is SUM followed by a division by the
    size on every element, as the local backend does. MPI counts are int: an
    all-reduce or broadcast is split into calls of PDP_MPI_CHUNK elements;
    reduce-scatter and all-gather take at most INT_MAX elements per rank.
@@ -164,8 +164,9 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
         if (polls < 256) continue;                 /* spin: small collectives finish here */
         if (now - t0 < 1e-3) {
             sched_yield();
-        } else {
-            struct timespec ts = {0, 50000};        /* 50 us */
+        } else { /* 50 us; 500 us once a peer has kept us 20 ms (it is busy elsewhere, and
+                    every poll would take CPU from this rank's own work) */
+            struct timespec ts = {0, now - t0 < 20e-3 ? 50000 : 500000};
             nanosleep(&ts, NULL);
         }
     }
