@@ -3103,6 +3103,148 @@ static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, floa
     pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc);
 }
 
+#if defined(PDP__GEMM_DIRECT_B)
+/* ---- gemm: gathered B, columns in runs ----
+   C [m, n] = A [m, k] B (alpha 1, beta 0, on the calling thread) where B is gathered
+   as in pdp__sgemm_rows and only some of its columns are wanted: logical column
+   L = (r runs + u) run + t, for r < rows, u < runs, t < run, is B's column
+   r rstride + u ustride + t, and C holds the logical columns only. Conv2d's
+   implicit GEMM: samples side by side with bands of padding between them, whose
+   columns nobody reads. Each 16-lane vector of a tile is loaded as a few masked
+   loads, one per run it meets, so no lane computes a band. Each C element is the
+   same FMA chain over k, in the same k blocks, as in pdp__sgemm_rows. */
+#  define PDP__GEMM_RUNS 1
+
+/* segs: the masked loads per vector (a constant after inlining, the rest of the
+   masks zero when a vector has fewer), or 0: each vector's own count, nseg[v]. */
+static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
+    int64_t kc, const float *PDP__GEMM_RESTRICT ap, const float *b, const int64_t *brow,
+    const int64_t *soff, const __mmask16 *smask, const int *nseg, float *c, int64_t ldc, int mr,
+    int nr, float beta, const int segs)
+{
+    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
+    __mmask16 mask[PDP__GEMM_NV], sm[PDP__GEMM_NV][3];
+    int64_t so[PDP__GEMM_NV][3];
+    int i, v, s;
+    int64_t p;
+    for (v = 0; v < PDP__GEMM_NV; v++)
+        for (s = 0; s < 3; s++) {
+            sm[v][s] = s < nseg[v] ? smask[v * PDP__GEMM_VL + s] : 0;
+            so[v][s] = s < nseg[v] ? soff[v * PDP__GEMM_VL + s] : 0;
+        }
+    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        int left = nr - v * PDP__GEMM_VL;
+        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
+    }
+    for (p = 0; p < kc; p++) {
+        const float *row = b + brow[p];
+        __m512 bv[PDP__GEMM_NV];
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            if (segs) {
+                bv[v] = _mm512_maskz_loadu_ps(sm[v][0], row + so[v][0]);
+                _Pragma("GCC unroll 4") for (s = 1; s < segs; s++)
+                    bv[v] = _mm512_mask_loadu_ps(bv[v], sm[v][s], row + so[v][s]);
+            } else {
+                const int64_t *o = soff + v * PDP__GEMM_VL;
+                const __mmask16 *mk = smask + v * PDP__GEMM_VL;
+                bv[v] = _mm512_maskz_loadu_ps(mk[0], row + o[0]);
+                for (s = 1; s < nseg[v]; s++)
+                    bv[v] = _mm512_mask_loadu_ps(bv[v], mk[s], row + o[s]);
+            }
+        }
+        _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+            __m512 ai = _mm512_set1_ps(ap[i]);
+            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+                acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+            }
+        }
+        ap += PDP__GEMM_MR;
+    }
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (i >= mr) break;
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            __m512 r = acc[i][v];
+            if (beta != 0.0f) r = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
+            _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
+        }
+    }
+}
+
+static void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                  const float *b, const int64_t *brow, const int64_t *soff,
+                                  const __mmask16 *smask, const int *nseg, float *c, int64_t ldc,
+                                  int mr, int nr, float beta)
+{
+    int most = PDP__MAX(nseg[0], nseg[1]);
+    if (most == 1)
+        pdp__gemm_kernel_runs_n(kc, ap, b, brow, soff, smask, nseg, c, ldc, mr, nr, beta, 1);
+    else if (most == 2)
+        pdp__gemm_kernel_runs_n(kc, ap, b, brow, soff, smask, nseg, c, ldc, mr, nr, beta, 2);
+    else if (most == 3)
+        pdp__gemm_kernel_runs_n(kc, ap, b, brow, soff, smask, nseg, c, ldc, mr, nr, beta, 3);
+    else
+        pdp__gemm_kernel_runs_n(kc, ap, b, brow, soff, smask, nseg, c, ldc, mr, nr, beta, 0);
+}
+
+static void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, const float *b,
+                            const int64_t *brow, int64_t rows, int64_t runs, int64_t run,
+                            int64_t rstride, int64_t ustride, float *c, int64_t ldc)
+{
+    float ap[PDP__GEMM_KC * PDP__GEMM_MR];
+    int64_t soff[PDP__GEMM_NR];
+    __mmask16 smask[PDP__GEMM_NR];
+    int nseg[PDP__GEMM_NV];
+    int64_t n = rows * runs * run, blocks = (k + PDP__GEMM_KC - 1) / PDP__GEMM_KC;
+    int64_t kb = (k + blocks - 1) / blocks, pc, ir, L0;
+    for (pc = 0; pc < k; pc += kb) {
+        int64_t kc = PDP__MIN(kb, k - pc);
+        for (ir = 0; ir < m; ir += PDP__GEMM_MR) {
+            int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m - ir);
+            pdp__gemm_pack_a(PDP_NO_TRANS, a + ir * lda + pc, lda, mr, kc, ap);
+            for (L0 = 0; L0 < n; L0 += PDP__GEMM_NR) {
+                int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, n - L0), v, l;
+                int64_t t = L0 % run, u = L0 / run % runs, r = L0 / run / runs, prev = -2;
+                for (v = 0; v < PDP__GEMM_NV; v++) {
+                    nseg[v] = 1;
+                    soff[v * PDP__GEMM_VL] = 0;
+                    smask[v * PDP__GEMM_VL] = 0;
+                }
+                for (l = 0; l < nr; l++) { /* lane l of the tile reads B column phys */
+                    int64_t phys = r * rstride + u * ustride + t;
+                    int vl = l % PDP__GEMM_VL, vv = l / PDP__GEMM_VL;
+                    int64_t *o = soff + vv * PDP__GEMM_VL;
+                    __mmask16 *mk = smask + vv * PDP__GEMM_VL;
+                    if (vl == 0) {
+                        o[0] = phys;
+                        mk[0] = 1;
+                    } else if (phys == prev + 1) {
+                        mk[nseg[vv] - 1] |= (__mmask16)(1u << vl);
+                    } else {
+                        o[nseg[vv]] = phys - vl;
+                        mk[nseg[vv]] = (__mmask16)(1u << vl);
+                        nseg[vv]++;
+                    }
+                    prev = phys;
+                    if (++t == run) {
+                        t = 0;
+                        if (++u == runs) {
+                            u = 0;
+                            r++;
+                        }
+                    }
+                }
+                pdp__gemm_kernel_runs(kc, ap, b, brow + pc, soff, smask, nseg,
+                                      c + ir * ldc + L0, ldc, mr, nr, pc == 0 ? 0.0f : 1.0f);
+            }
+        }
+    }
+}
+#endif
+
 #endif /* PDP_CBLAS */
 
 /* ---- gemm: small products as dot products ----
@@ -3737,6 +3879,13 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
 #  define PDP__CONV_IMPLICIT_CHUNK 8
 #endif
 
+/* Implicit path: products of at least this depth (C k k forward, O k k for dx)
+   skip the band columns (pdp__sgemm_runs); shallower ones (conv 1 -> 16, k 5: 25)
+   cost less computing the bands than setting up the runs' masked loads. */
+#ifndef PDP__CONV_RUNS_MIN_K
+#  define PDP__CONV_RUNS_MIN_K 128
+#endif
+
 typedef struct pdp__conv_geom {
     int64_t C, H, W, O, k, stride, pad, Ho, Wo;
     int64_t ckk;            /* rows of the column matrix */
@@ -4071,7 +4220,19 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         int64_t cols = g->Ho * k.wt;
+        int64_t ldo = cols, ldr = k.wt, lds = g->W + g->pad;
         pdp__conv_implicit_load(job, &k, NULL);
+#if defined(PDP__GEMM_RUNS)
+        if (g->ckk >= PDP__CONV_RUNS_MIN_K) {
+            /* only the samples' columns, not the bands: grid [O, Ho, ns, Wo] */
+            int64_t ns = k.s1 - k.s0;
+            ldo = g->Ho * ns * g->Wo;
+            ldr = ns * g->Wo;
+            lds = g->Wo;
+            pdp__sgemm_runs(g->O, g->ckk, io->w, g->ckk, k.xp, k.offx, g->Ho, ns, g->Wo, k.wt,
+                            g->W + g->pad, k.grid, ldo);
+        } else
+#endif
         pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, io->w, g->ckk, k.xp,
                         k.offx, 0.0f, k.grid, cols);
         for (s = k.s0; s < k.s1; s++)
@@ -4079,7 +4240,7 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
                 float bo = io->b ? io->b[o] : 0.0f;
                 for (oh = 0; oh < g->Ho; oh++) {
                     const float *PDP__RESTRICT src =
-                        k.grid + o * cols + oh * k.wt + (s - k.s0) * (g->W + g->pad);
+                        k.grid + o * ldo + oh * ldr + (s - k.s0) * lds;
                     pdp__conv_store_row(src, bo, io->fused_relu,
                                         io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
                 }
@@ -4096,7 +4257,7 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
     int64_t okk = g->O * g->k * g->k;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
-        int64_t cols = g->Ho * k.wt, dxcols = g->H * k.wqt, ldg = cols;
+        int64_t cols = g->Ho * k.wt, ldg = cols;
         const float *grid = k.grid;
         pdp__conv_implicit_load(job, &k, io->dx ? io->dy : NULL);
         if (io->dx && g->q == g->pad) {
@@ -4121,10 +4282,23 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         for (o = 0; o < g->O; o++)
             k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
         if (!io->dx) continue;
-        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, dxcols, okk, 1.0f, job->wt, okk, k.dyp,
-                        k.offdy, 0.0f, k.grid, dxcols);
+#if defined(PDP__GEMM_RUNS)
+        if (okk >= PDP__CONV_RUNS_MIN_K) {
+            /* only the samples' columns, not the bands: grid [C, H, ns, W] */
+            int64_t ns = k.s1 - k.s0;
+            pdp__sgemm_runs(g->C, okk, job->wt, okk, k.dyp, k.offdy, g->H, ns, g->W, k.wqt,
+                            g->Wo + g->q, k.grid, g->H * ns * g->W);
+            for (s = k.s0; s < k.s1; s++)
+                pdp__conv_copy2d(k.grid + (s - k.s0) * g->W, g->H * ns * g->W, ns * g->W,
+                                 io->dx + s * job->l->in_count, g->H * g->W, g->W, g->C, g->H,
+                                 g->W);
+            continue;
+        }
+#endif
+        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f, job->wt, okk,
+                        k.dyp, k.offdy, 0.0f, k.grid, g->H * k.wqt);
         for (s = k.s0; s < k.s1; s++)
-            pdp__conv_copy2d(k.grid + (s - k.s0) * (g->Wo + g->q), dxcols, k.wqt,
+            pdp__conv_copy2d(k.grid + (s - k.s0) * (g->Wo + g->q), g->H * k.wqt, k.wqt,
                              io->dx + s * job->l->in_count, g->H * g->W, g->W, g->C, g->H, g->W);
     }
 }

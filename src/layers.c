@@ -551,6 +551,13 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
 #  define PDP__CONV_IMPLICIT_CHUNK 8
 #endif
 
+/* Implicit path: products of at least this depth (C k k forward, O k k for dx)
+   skip the band columns (pdp__sgemm_runs); shallower ones (conv 1 -> 16, k 5: 25)
+   cost less computing the bands than setting up the runs' masked loads. */
+#ifndef PDP__CONV_RUNS_MIN_K
+#  define PDP__CONV_RUNS_MIN_K 128
+#endif
+
 typedef struct pdp__conv_geom {
     int64_t C, H, W, O, k, stride, pad, Ho, Wo;
     int64_t ckk;            /* rows of the column matrix */
@@ -885,7 +892,19 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         int64_t cols = g->Ho * k.wt;
+        int64_t ldo = cols, ldr = k.wt, lds = g->W + g->pad;
         pdp__conv_implicit_load(job, &k, NULL);
+#if defined(PDP__GEMM_RUNS)
+        if (g->ckk >= PDP__CONV_RUNS_MIN_K) {
+            /* only the samples' columns, not the bands: grid [O, Ho, ns, Wo] */
+            int64_t ns = k.s1 - k.s0;
+            ldo = g->Ho * ns * g->Wo;
+            ldr = ns * g->Wo;
+            lds = g->Wo;
+            pdp__sgemm_runs(g->O, g->ckk, io->w, g->ckk, k.xp, k.offx, g->Ho, ns, g->Wo, k.wt,
+                            g->W + g->pad, k.grid, ldo);
+        } else
+#endif
         pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, io->w, g->ckk, k.xp,
                         k.offx, 0.0f, k.grid, cols);
         for (s = k.s0; s < k.s1; s++)
@@ -893,7 +912,7 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
                 float bo = io->b ? io->b[o] : 0.0f;
                 for (oh = 0; oh < g->Ho; oh++) {
                     const float *PDP__RESTRICT src =
-                        k.grid + o * cols + oh * k.wt + (s - k.s0) * (g->W + g->pad);
+                        k.grid + o * ldo + oh * ldr + (s - k.s0) * lds;
                     pdp__conv_store_row(src, bo, io->fused_relu,
                                         io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
                 }
@@ -910,7 +929,7 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
     int64_t okk = g->O * g->k * g->k;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
-        int64_t cols = g->Ho * k.wt, dxcols = g->H * k.wqt, ldg = cols;
+        int64_t cols = g->Ho * k.wt, ldg = cols;
         const float *grid = k.grid;
         pdp__conv_implicit_load(job, &k, io->dx ? io->dy : NULL);
         if (io->dx && g->q == g->pad) {
@@ -935,10 +954,23 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         for (o = 0; o < g->O; o++)
             k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
         if (!io->dx) continue;
-        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, dxcols, okk, 1.0f, job->wt, okk, k.dyp,
-                        k.offdy, 0.0f, k.grid, dxcols);
+#if defined(PDP__GEMM_RUNS)
+        if (okk >= PDP__CONV_RUNS_MIN_K) {
+            /* only the samples' columns, not the bands: grid [C, H, ns, W] */
+            int64_t ns = k.s1 - k.s0;
+            pdp__sgemm_runs(g->C, okk, job->wt, okk, k.dyp, k.offdy, g->H, ns, g->W, k.wqt,
+                            g->Wo + g->q, k.grid, g->H * ns * g->W);
+            for (s = k.s0; s < k.s1; s++)
+                pdp__conv_copy2d(k.grid + (s - k.s0) * g->W, g->H * ns * g->W, ns * g->W,
+                                 io->dx + s * job->l->in_count, g->H * g->W, g->W, g->C, g->H,
+                                 g->W);
+            continue;
+        }
+#endif
+        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f, job->wt, okk,
+                        k.dyp, k.offdy, 0.0f, k.grid, g->H * k.wqt);
         for (s = k.s0; s < k.s1; s++)
-            pdp__conv_copy2d(k.grid + (s - k.s0) * (g->Wo + g->q), dxcols, k.wqt,
+            pdp__conv_copy2d(k.grid + (s - k.s0) * (g->Wo + g->q), g->H * k.wqt, k.wqt,
                              io->dx + s * job->l->in_count, g->H * g->W, g->W, g->C, g->H, g->W);
     }
 }

@@ -244,12 +244,14 @@ TEST layers_layernorm_grads_match_finite_differences(void)
    naive loops on 5 samples (chunks of 3 and 2), 1 and 2 threads. */
 TEST layers_conv2d_stride1_matches_naive(void)
 {
-    static const int64_t cfg[4][6] = {/* C, H, W, O, k, pad */
+    /* the last is deep enough (C k k >= PDP__CONV_RUNS_MIN_K) for the band-skipping GEMM */
+    static const int64_t cfg[5][6] = {/* C, H, W, O, k, pad */
                                       {2, 7, 6, 3, 5, 2}, {3, 5, 5, 4, 3, 0},
-                                      {1, 6, 4, 2, 2, 1}, {2, 4, 5, 3, 3, 2}};
-    float xd[5 * 3 * 7 * 6];
+                                      {1, 6, 4, 2, 2, 1}, {2, 4, 5, 3, 3, 2},
+                                      {6, 7, 6, 3, 5, 2}};
+    float xd[5 * 6 * 7 * 6];
     int t, threads;
-    for (t = 0; t < 4; t++)
+    for (t = 0; t < 5; t++)
         for (threads = 1; threads <= 2; threads++) {
             int64_t C = cfg[t][0], H = cfg[t][1], W = cfg[t][2], O = cfg[t][3], K = cfg[t][4];
             int64_t P = cfg[t][5], Ho = H + 2 * P - K + 1, Wo = W + 2 * P - K + 1, B = 5;
