@@ -4881,9 +4881,51 @@ PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 
 /* ---- model: buffers ---- */
 
+/* Layer i is a ReLU that the Conv2d before it applies in its own forward and
+   backward (CPU only; never the last layer, whose output the caller reads): the
+   ReLU is then a view, as Flatten, and is skipped. Same bits as running it. */
+static bool pdp__model_relu_fused(const pdp_model *m, int i)
+{
+    return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
+           m->layers[i].kind == PDP__RELU && m->layers[i - 1].kind == PDP__CONV2D;
+}
+
+/* Layer i's output is its input seen again (Flatten, a fused ReLU): no buffer, no call. */
+static bool pdp__model_is_view(const pdp_model *m, int i)
+{
+    return m->layers[i].kind == PDP__FLATTEN || pdp__model_relu_fused(m, i);
+}
+
+/* Per-sample floats of the activation buffers (one plan for pdp_model_reserve and for
+   DP's memory accounting): outputs of the layers that are not views, what forward
+   keeps for backward, the largest workspace, and the widest activation (the two
+   gradient ping-pong buffers). saved_off, when not NULL, gets each layer's offset. */
+typedef struct pdp__model_plan {
+    int64_t act, saved, work, widest;
+} pdp__model_plan;
+
+static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
+{
+    pdp__model_plan p;
+    int i;
+    p.act = p.saved = p.work = 0;
+    p.widest = m->in_count;
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (!pdp__model_is_view(m, i)) p.act += l->out_count;
+        if (saved_off) saved_off[i] = p.saved;
+        p.saved += l->saved_per_sample;
+        p.work = PDP__MAX(p.work, pdp__layer_work_per_sample(l, m->device));
+        p.widest = PDP__MAX(p.widest, l->out_count);
+    }
+    return p;
+}
+
+
 PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
 {
-    int64_t act = 0, saved = 0, work = 0, widest = m ? m->in_count : 0, b = max_batch;
+    int64_t b = max_batch, act = 0;
+    pdp__model_plan p;
     int i;
     pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_reserve: model is NULL");
@@ -4894,25 +4936,17 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
     m->act = (float **)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->act);
     m->saved_off = (int64_t *)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->saved_off);
     if (!m->act || !m->saved_off) goto oom;
-    for (i = 0; i < m->nlayers; i++) {
-        const pdp__layer *l = &m->layers[i];
-        if (l->kind != PDP__FLATTEN) act += l->out_count;
-        m->saved_off[i] = saved;
-        saved += l->saved_per_sample;
-        work = PDP__MAX(work, pdp__layer_work_per_sample(l, m->device));
-        widest = PDP__MAX(widest, l->out_count);
-    }
-    if ((st = pdp__dev_alloc(m->device, (size_t)(b * act + 1) * 4, (void **)&m->act_block)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * saved + 1) * 4, (void **)&m->saved_block)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * work + 1) * 4, (void **)&m->work_block)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * widest) * 4, (void **)&m->grad_a)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * widest) * 4, (void **)&m->grad_b))) {
+    p = pdp__model_plan_of(m, m->saved_off);
+    if ((st = pdp__dev_alloc(m->device, (size_t)(b * p.act + 1) * 4, (void **)&m->act_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * p.saved + 1) * 4, (void **)&m->saved_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * p.work + 1) * 4, (void **)&m->work_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * p.widest) * 4, (void **)&m->grad_a)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)(b * p.widest) * 4, (void **)&m->grad_b))) {
         pdp__model_free_buffers(m);
         return pdp__err_wrap(st, "pdp_model_reserve: batch %lld", (long long)b);
     }
-    act = 0;
     for (i = 0; i < m->nlayers; i++) {
-        if (m->layers[i].kind == PDP__FLATTEN) continue;
+        if (pdp__model_is_view(m, i)) continue;
         m->act[i] = m->act_block + b * act;
         act += m->layers[i].out_count;
     }
@@ -4925,15 +4959,6 @@ oom:
 }
 
 /* ---- model: forward and backward ---- */
-
-/* Layer i is a ReLU that the Conv2d before it applies in its own forward and
-   backward (CPU only; never the last layer, whose output the caller reads): the
-   ReLU is then a view, as Flatten, and is skipped. Same bits as running it. */
-static bool pdp__model_relu_fused(const pdp_model *m, int i)
-{
-    return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
-           m->layers[i].kind == PDP__RELU && m->layers[i - 1].kind == PDP__CONV2D;
-}
 
 /* Fills the per-call part of io for layer i. */
 static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
@@ -4993,7 +5018,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
-        if (l->kind == PDP__FLATTEN || pdp__model_relu_fused(m, i)) { /* a view: y is x */
+        if (pdp__model_is_view(m, i)) { /* y is x */
             m->act[i] = (float *)in;
             continue;
         }
@@ -5048,7 +5073,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
-        if (l->kind != PDP__FLATTEN && !pdp__model_relu_fused(m, i)) {
+        if (!pdp__model_is_view(m, i)) {
             pdp__model_io(m, i, &io);
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
             io.y = m->act[i];
@@ -10846,22 +10871,16 @@ struct pdp_dp {
 
 /* ---- dp: memory accounting ---- */
 
-/* Bytes a model holds on its device, from the same sums pdp_model_reserve uses. */
+/* Bytes a model holds on its device, from the plan pdp_model_reserve allocates by. */
 static size_t pdp__dp_model_bytes(const pdp_model *m)
 {
-    int64_t act = 0, saved = 0, work = 0, widest = m->in_count, b = m->max_batch;
     size_t bytes = (size_t)m->param_count * sizeof(float); /* gradients */
-    int i;
+    pdp__model_plan p;
     if (!m->params_shared) bytes += (size_t)m->param_count * sizeof(float);
-    if (b == 0) return bytes;
-    for (i = 0; i < m->nlayers; i++) {
-        const pdp__layer *l = &m->layers[i];
-        if (l->kind != PDP__FLATTEN) act += l->out_count;
-        saved += l->saved_per_sample;
-        work = PDP__MAX(work, pdp__layer_work_per_sample(l, m->device));
-        widest = PDP__MAX(widest, l->out_count);
-    }
-    return bytes + (size_t)(b * (act + saved + work + 2 * widest) + 3) * sizeof(float);
+    if (m->max_batch == 0) return bytes;
+    p = pdp__model_plan_of(m, NULL);
+    return bytes + (size_t)(m->max_batch * (p.act + p.saved + p.work + 2 * p.widest) + 3) *
+                       sizeof(float);
 }
 
 static void pdp__dp_memory(pdp_dp *dp)

@@ -132,22 +132,16 @@ struct pdp_dp {
 
 /* ---- dp: memory accounting ---- */
 
-/* Bytes a model holds on its device, from the same sums pdp_model_reserve uses. */
+/* Bytes a model holds on its device, from the plan pdp_model_reserve allocates by. */
 static size_t pdp__dp_model_bytes(const pdp_model *m)
 {
-    int64_t act = 0, saved = 0, work = 0, widest = m->in_count, b = m->max_batch;
     size_t bytes = (size_t)m->param_count * sizeof(float); /* gradients */
-    int i;
+    pdp__model_plan p;
     if (!m->params_shared) bytes += (size_t)m->param_count * sizeof(float);
-    if (b == 0) return bytes;
-    for (i = 0; i < m->nlayers; i++) {
-        const pdp__layer *l = &m->layers[i];
-        if (l->kind != PDP__FLATTEN) act += l->out_count;
-        saved += l->saved_per_sample;
-        work = PDP__MAX(work, pdp__layer_work_per_sample(l, m->device));
-        widest = PDP__MAX(widest, l->out_count);
-    }
-    return bytes + (size_t)(b * (act + saved + work + 2 * widest) + 3) * sizeof(float);
+    if (m->max_batch == 0) return bytes;
+    p = pdp__model_plan_of(m, NULL);
+    return bytes + (size_t)(m->max_batch * (p.act + p.saved + p.work + 2 * p.widest) + 3) *
+                       sizeof(float);
 }
 
 static void pdp__dp_memory(pdp_dp *dp)
