@@ -177,3 +177,52 @@ fake-cuda-test: $(FAKE_CUDA_TESTS)
 	        PDP_FAKE_CUDA_DEVICES=$$n PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$$t || exit 1; \
 	    done; \
 	done
+
+# ---- emu-cuda-test: the REAL pdp_cuda.cu on the CPU (tests/cuda_emu/) ----
+# make emu-cuda-test    rewrites pdp_cuda.cu's kernel launches (tests/cuda_emu/rewrite.py),
+#                       compiles it with $(CXX) -std=c++17 against the shim headers in
+#                       tests/cuda_emu/include (CUDA runtime, cuBLAS, NCCL subset), links it
+#                       with tests/cuda_emu/cuda_emu.cc (a CPU emulation: kernels as coroutine
+#                       blocks, naive cuBLAS with cuBLAS's argument checks, in-process NCCL)
+#                       and CUDA_TESTS built by $(CC) with -DPDP_CUDA, into $(B)/emu_cuda/,
+#                       then runs each with PDP_EMU_CUDA_DEVICES = 1, 2, 3. Needs g++, not nvcc.
+#                       Checks pdp_cuda.cu's kernels, launch configurations, GEMM argument
+#                       conventions, allocator and NCCL calls; NOT GPU timing, stream
+#                       concurrency or TF32 numerics (tests/gpu/run.sh).
+# Under sanitizers:     make emu-cuda-test B=build/asan OPT="-O1 -g -fsanitize=address,undefined"
+#                       (ASan warns once that it does not fully support swapcontext; the
+#                       emulator annotates its fiber switches, so reports are genuine) and
+#                       make emu-cuda-test B=build/tsan OPT="-O1 -g -fsanitize=thread" (slow)
+EB               = $(B)/emu_cuda
+EMU_CUDA_DEVICES ?= 1 2 3
+EMU_CUDA_TESTS    = $(patsubst $(CB)/%,$(EB)/%,$(CUDA_TESTS))
+EMU_CXXFLAGS      = -std=c++17 -Wall -Wextra -Werror -DPDP_CUDA -Itests/cuda_emu/include -I.
+EMU_HEADERS       = $(wildcard tests/cuda_emu/include/*.h)
+.PHONY: emu-cuda-test
+
+$(EB)/pdp_cuda_emu.cc: pdp_cuda.cu tests/cuda_emu/rewrite.py
+	@mkdir -p $(@D)
+	python3 tests/cuda_emu/rewrite.py pdp_cuda.cu $@
+
+$(EB)/pdp_cuda.o: $(EB)/pdp_cuda_emu.cc pdp.h $(EMU_HEADERS)
+	$(CXX) $(EMU_CXXFLAGS) $(OPT) $(CFLAGS) -c $< -o $@
+
+$(EB)/cuda_emu.o: tests/cuda_emu/cuda_emu.cc $(EMU_HEADERS)
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) $(OPT) $(CFLAGS) -c $< -o $@
+
+$(EB)/test_%.o: tests/test_%.c pdp.h tests/pdp_test.h
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+
+$(EB)/test_%: $(EB)/test_%.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
+	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
+.PRECIOUS: $(EB)/test_%.o
+
+emu-cuda-test: $(EMU_CUDA_TESTS)
+	@for t in $(EMU_CUDA_TESTS); do \
+	    for n in $(EMU_CUDA_DEVICES); do \
+	        echo "== PDP_EMU_CUDA_DEVICES=$$n $$t"; \
+	        PDP_EMU_CUDA_DEVICES=$$n PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$$t || exit 1; \
+	    done; \
+	done

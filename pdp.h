@@ -655,7 +655,9 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
    optimizer.load_state_dict does. Tensors named "optim.*" are ignored when o is
    NULL; any other tensor m does not have is an error (PyTorch's strict=True).
    The whole file is validated into a staging buffer before anything is copied:
-   on failure m and o are untouched. Errors, each naming the file and tensor:
+   on failure m and o are untouched (one exception: a model on a GPU whose
+   host-to-device copy itself fails, PDP_ERR_CUDA, a device fault, may be left
+   partly loaded; the message says so). Errors, each naming the file and tensor:
    PDP_ERR_IO (cannot open or read), PDP_ERR_FORMAT (not safetensors, truncated,
    corrupt header, overlapping or uncovered data, wrong dtype, optimizer kind),
    PDP_ERR_SHAPE (a missing, extra or differently shaped tensor). The header is
@@ -1543,6 +1545,32 @@ static inline PDP__HOSTDEV float pdp__adam_update(float p, float g, float *m, fl
 #else
 #  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
 #endif
+
+/* Hot element loops. gcc -O2 (its "very cheap" vectoriser) skips a loop of unknown
+   length, which would need an epilogue, and any loop whose pointers may alias; so
+   hot loops take PDP__RESTRICT pointers and run in blocks of PDP__VEC floats with a
+   constant trip count, then the rest one by one. PDP__FOR_BLOCKED(i, n, body)
+   writes that shape: body sees int64_t i. */
+#if defined(__cplusplus)
+#  define PDP__RESTRICT __restrict__
+#else
+#  define PDP__RESTRICT restrict
+#endif
+#define PDP__VEC 16
+#define PDP__FOR_BLOCKED(i, n, ...)                                                            \
+    do {                                                                                       \
+        int64_t pdp__b_ = 0, pdp__n_ = (n);                                                    \
+        int pdp__k_;                                                                           \
+        for (; pdp__b_ + PDP__VEC <= pdp__n_; pdp__b_ += PDP__VEC)                             \
+            for (pdp__k_ = 0; pdp__k_ < PDP__VEC; pdp__k_++) {                                 \
+                int64_t i = pdp__b_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        for (; pdp__b_ < pdp__n_; pdp__b_++) {                                                 \
+            int64_t i = pdp__b_;                                                               \
+            __VA_ARGS__                                                                        \
+        }                                                                                      \
+    } while (0)
 
 #define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
@@ -3361,30 +3389,6 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
    bit-reproducible. */
 
 /* #include "internal.h" (already above) */
-
-#if defined(__cplusplus)
-#  define PDP__RESTRICT __restrict__
-#else
-#  define PDP__RESTRICT restrict
-#endif
-
-/* for (i = 0; i < n; i++) { body }, in blocks of 16 with a constant trip count,
-   then the rest one by one: gcc -O2 vectorises the blocks (its cheap cost model
-   skips a plain loop of unknown length, which would need an epilogue). */
-#define PDP__FOR_BLOCKED(i, n, ...)                                                            \
-    do {                                                                                       \
-        int64_t pdp__b_ = 0, pdp__n_ = (n);                                                    \
-        int pdp__k_;                                                                           \
-        for (; pdp__b_ + 16 <= pdp__n_; pdp__b_ += 16)                                         \
-            for (pdp__k_ = 0; pdp__k_ < 16; pdp__k_++) {                                       \
-                int64_t i = pdp__b_ + pdp__k_;                                                 \
-                __VA_ARGS__                                                                    \
-            }                                                                                  \
-        for (; pdp__b_ < pdp__n_; pdp__b_++) {                                                 \
-            int64_t i = pdp__b_;                                                               \
-            __VA_ARGS__                                                                        \
-        }                                                                                      \
-    } while (0)
 
 /* ---- layers: names and small helpers ---- */
 
@@ -5481,11 +5485,6 @@ PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *la
 #if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__SSE2__))
 #  include <immintrin.h>
 #endif
-#if defined(__cplusplus)
-#  define PDP__OPTIM_RESTRICT __restrict__
-#else
-#  define PDP__OPTIM_RESTRICT restrict
-#endif
 
 struct pdp_optim {
     pdp_model *model;
@@ -5689,8 +5688,8 @@ static void pdp__sqrt_block(float *out, const float *in)
 #endif
 }
 
-static void pdp__sgd_loop(float *PDP__OPTIM_RESTRICT p, const float *PDP__OPTIM_RESTRICT g,
-                          float *PDP__OPTIM_RESTRICT buf, int64_t n, const pdp__optim_scalars *s)
+static void pdp__sgd_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
+                          float *PDP__RESTRICT buf, int64_t n, const pdp__optim_scalars *s)
 {
     const float lr = s->lr, mom = s->momentum, omd = s->one_minus_damp, wd = s->weight_decay;
     const int nesterov = s->nesterov, first = s->first;
@@ -5711,8 +5710,8 @@ static void pdp__sgd_loop(float *PDP__OPTIM_RESTRICT p, const float *PDP__OPTIM_
         p[i] = pdp__sgd_momentum_update(p[i], g[i], &buf[i], lr, mom, omd, wd, nesterov, first);
 }
 
-static void pdp__adam_loop(float *PDP__OPTIM_RESTRICT p, const float *PDP__OPTIM_RESTRICT g,
-                           float *PDP__OPTIM_RESTRICT m, float *PDP__OPTIM_RESTRICT v, int64_t n,
+static void pdp__adam_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
+                           float *PDP__RESTRICT m, float *PDP__RESTRICT v, int64_t n,
                            const pdp__optim_scalars *s)
 {
     const float b1 = s->beta1, omb1 = s->one_minus_beta1, b2 = s->beta2, omb2 = s->one_minus_beta2;
@@ -7674,7 +7673,8 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     /* all checks passed: apply */
     if (count && (st = pdp__dev_copy(m->device, m->param_block, pdp_cpu(), staging,
                                      (size_t)count * 4)) != PDP_OK) {
-        st = pdp__err_wrap(st, "%s: %s", fn, path);
+        st = pdp__err_wrap(st, "%s: %s: copying the parameters to the device failed; they "
+                           "may be partly loaded", fn, path);
         goto done;
     }
     if (have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
@@ -7684,7 +7684,9 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
             if (count && (st = pdp__dev_copy(m->device, o->state[k], pdp_cpu(),
                                              staging + (k + 1) * count, (size_t)count * 4)) !=
                              PDP_OK) {
-                st = pdp__err_wrap(st, "%s: %s", fn, path);
+                st = pdp__err_wrap(st, "%s: %s: copying the optimizer state to the device "
+                                   "failed; the parameters are loaded, the state may be partly "
+                                   "loaded", fn, path);
                 goto done;
             }
         o->desc = desc;
@@ -9537,6 +9539,7 @@ struct pdp__workq {
     bool threaded;
     bool stopping;
     double stop_time;
+    int waiters;                   /* threads blocked in pdp__workq_wait (their core is idle) */
     pdp__workq_item *free_list, *q_head, *q_tail;
     int64_t next_seq;
     bool broken;                   /* sticky: first failure wins; later collectives fail fast */
@@ -9645,6 +9648,17 @@ static bool pdp__workq_stopping(pdp__workq *q, double *since)
     return s;
 }
 
+/* True while a thread is blocked waiting on this queue: its core is idle, so an
+   exec that polls may poll hard instead of sleeping between polls. */
+static bool pdp__workq_awaited(pdp__workq *q)
+{
+    bool a;
+    pthread_mutex_lock(&q->mu);
+    a = q->waiters > 0;
+    pthread_mutex_unlock(&q->mu);
+    return a;
+}
+
 /* Lets the progress thread run what is queued, joins it and destroys the locks. */
 static void pdp__workq_shutdown(pdp__workq *q)
 {
@@ -9711,7 +9725,9 @@ static pdp_status pdp__workq_wait(pdp_work *work)
     pdp__workq *q = (pdp__workq *)work->comm->impl;
     pdp_status st;
     pthread_mutex_lock(&q->mu);
+    q->waiters++;
     while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
+    q->waiters--;
     st = w->status;
     if (st != PDP_OK) pdp__err(st, "%s", w->msg);
     w->next = q->free_list; /* recycled; the head stays readable until the next launch */
@@ -10014,20 +10030,28 @@ static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
 
 #define PDP__CHUNK 2048
 
-/* acc[0..n) <- op over ranks of src[i][0..n), in rank order. */
-static void pdp__reduce_chunk(float *acc, const float *const *src, int nsrc, int64_t off,
-                              int64_t n, pdp_reduce_op op)
+/* acc[0..n) <- op over ranks of src[i][off..off+n), in rank order: ((s0 + s1) + s2) + ...,
+   then / nsrc for AVG. acc is the caller's chunk, never one of the sources, so every
+   loop is a restrict-qualified blocked loop that gcc -O2 vectorises (one pass per
+   source; the chunk stays in L1). */
+static void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src, int nsrc,
+                              int64_t off, int64_t n, pdp_reduce_op op)
 {
-    int i;
-    int64_t j;
-    memcpy(acc, src[0] + off, (size_t)n * sizeof *acc);
-    for (i = 1; i < nsrc; i++) {
-        const float *s = src[i] + off;
-        for (j = 0; j < n; j++) acc[j] += s[j];
+    const float *PDP__RESTRICT s0 = src[0] + off;
+    int r;
+    if (nsrc == 1) {
+        memcpy(acc, s0, (size_t)n * sizeof *acc);
+    } else {
+        const float *PDP__RESTRICT s1 = src[1] + off;
+        PDP__FOR_BLOCKED(j, n, acc[j] = s0[j] + s1[j];);
+    }
+    for (r = 2; r < nsrc; r++) {
+        const float *PDP__RESTRICT s = src[r] + off;
+        PDP__FOR_BLOCKED(j, n, acc[j] += s[j];);
     }
     if (op == PDP_REDUCE_AVG) {
         float div = (float)nsrc;
-        for (j = 0; j < n; j++) acc[j] /= div;
+        PDP__FOR_BLOCKED(j, n, acc[j] /= div;);
     }
 }
 
@@ -10210,8 +10234,11 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
    MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
    MPI_Test: spinning first, then yielding, then sleeping 50 us (500 us once a
-   collective has waited 20 ms), so an idle rank leaves the core to compute. AVG is SUM followed by a division by the
-   size on every element, as the local backend does. MPI counts are int: an
+   collective has waited 20 ms), so that a rank still computing keeps its core;
+   while the rank's own thread is blocked in pdp_wait its core is idle, and the
+   thread yields instead of sleeping (the exposed tail of backward completes
+   sooner). AVG is SUM followed by a division by the size on every element, as
+   the local backend does. MPI counts are int: an
    all-reduce or broadcast is split into calls of PDP_MPI_CHUNK elements;
    reduce-scatter and all-gather take at most INT_MAX elements per rank.
    In-place forms: all-gather with send == recv + rank * count, and
@@ -10342,7 +10369,7 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
             return PDP_ERR_COMM;
         }
         if (polls < 256) continue;                 /* spin: small collectives finish here */
-        if (now - t0 < 1e-3) {
+        if (now - t0 < 1e-3 || pdp__workq_awaited(&mc->q)) { /* young, or the rank waits */
             sched_yield();
         } else { /* 50 us; 500 us once a peer has kept us 20 ms (it is busy elsewhere, and
                     every poll would take CPU from this rank's own work) */
@@ -10364,11 +10391,10 @@ static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, i
     return PDP_ERR_COMM;
 }
 
-static void pdp__mpi_divide(float *p, int64_t n, int size)
+static void pdp__mpi_divide(float *PDP__RESTRICT p, int64_t n, int size)
 {
     float div = (float)size;
-    int64_t i;
-    for (i = 0; i < n; i++) p[i] /= div;
+    PDP__FOR_BLOCKED(i, n, p[i] /= div;);
 }
 
 /* Runs one collective to completion on the progress thread. */
@@ -10964,14 +10990,15 @@ static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
 {
     int64_t count = dp->master->param_count;
     int64_t per = ((count + nslices - 1) / nslices + 15) / 16 * 16;
-    int64_t lo = PDP__MIN(count, (int64_t)slice * per), hi = PDP__MIN(count, lo + per), c, j;
+    int64_t lo = PDP__MIN(count, (int64_t)slice * per), hi = PDP__MIN(count, lo + per), c;
     float *dst = dp->master->grad_block;
     int r;
     for (c = lo; c < hi; c += 4096) {
-        int64_t end = PDP__MIN(hi, c + 4096);
+        int64_t len = PDP__MIN(hi, c + 4096) - c;
         for (r = 1; r < dp->active; r++) {
-            const float *src = dp->workers[r].replica->grad_block;
-            for (j = c; j < end; j++) dst[j] += src[j];
+            float *PDP__RESTRICT d = dst + c;
+            const float *PDP__RESTRICT s = dp->workers[r].replica->grad_block + c;
+            PDP__FOR_BLOCKED(j, len, d[j] += s[j];);
         }
     }
 }

@@ -701,7 +701,7 @@ static __device__ double pdp__block_sum(double v, double *shared)
     __syncthreads(); /* shared may still be read from a previous call */
     if (lane == 0) shared[warp] = v;
     __syncthreads();
-    v = threadIdx.x < nwarps ? shared[threadIdx.x] : 0.0;
+    v = (int)threadIdx.x < nwarps ? shared[threadIdx.x] : 0.0;
     if (warp == 0) v = pdp__warp_sum(v);
     if (threadIdx.x == 0) shared[0] = v;
     __syncthreads();

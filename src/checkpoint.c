@@ -865,7 +865,8 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     /* all checks passed: apply */
     if (count && (st = pdp__dev_copy(m->device, m->param_block, pdp_cpu(), staging,
                                      (size_t)count * 4)) != PDP_OK) {
-        st = pdp__err_wrap(st, "%s: %s", fn, path);
+        st = pdp__err_wrap(st, "%s: %s: copying the parameters to the device failed; they "
+                           "may be partly loaded", fn, path);
         goto done;
     }
     if (have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
@@ -875,7 +876,9 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
             if (count && (st = pdp__dev_copy(m->device, o->state[k], pdp_cpu(),
                                              staging + (k + 1) * count, (size_t)count * 4)) !=
                              PDP_OK) {
-                st = pdp__err_wrap(st, "%s: %s", fn, path);
+                st = pdp__err_wrap(st, "%s: %s: copying the optimizer state to the device "
+                                   "failed; the parameters are loaded, the state may be partly "
+                                   "loaded", fn, path);
                 goto done;
             }
         o->desc = desc;

@@ -35,7 +35,9 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
    optimizer.load_state_dict does. Tensors named "optim.*" are ignored when o is
    NULL; any other tensor m does not have is an error (PyTorch's strict=True).
    The whole file is validated into a staging buffer before anything is copied:
-   on failure m and o are untouched. Errors, each naming the file and tensor:
+   on failure m and o are untouched (one exception: a model on a GPU whose
+   host-to-device copy itself fails, PDP_ERR_CUDA, a device fault, may be left
+   partly loaded; the message says so). Errors, each naming the file and tensor:
    PDP_ERR_IO (cannot open or read), PDP_ERR_FORMAT (not safetensors, truncated,
    corrupt header, overlapping or uncovered data, wrong dtype, optimizer kind),
    PDP_ERR_SHAPE (a missing, extra or differently shaped tensor). The header is

@@ -30,8 +30,11 @@
    runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
    MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
    MPI_Test: spinning first, then yielding, then sleeping 50 us (500 us once a
-   collective has waited 20 ms), so an idle rank leaves the core to compute. AVG is SUM followed by a division by the
-   size on every element, as the local backend does. MPI counts are int: an
+   collective has waited 20 ms), so that a rank still computing keeps its core;
+   while the rank's own thread is blocked in pdp_wait its core is idle, and the
+   thread yields instead of sleeping (the exposed tail of backward completes
+   sooner). AVG is SUM followed by a division by the size on every element, as
+   the local backend does. MPI counts are int: an
    all-reduce or broadcast is split into calls of PDP_MPI_CHUNK elements;
    reduce-scatter and all-gather take at most INT_MAX elements per rank.
    In-place forms: all-gather with send == recv + rank * count, and
@@ -162,7 +165,7 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
             return PDP_ERR_COMM;
         }
         if (polls < 256) continue;                 /* spin: small collectives finish here */
-        if (now - t0 < 1e-3) {
+        if (now - t0 < 1e-3 || pdp__workq_awaited(&mc->q)) { /* young, or the rank waits */
             sched_yield();
         } else { /* 50 us; 500 us once a peer has kept us 20 ms (it is busy elsewhere, and
                     every poll would take CPU from this rank's own work) */
@@ -184,11 +187,10 @@ static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, i
     return PDP_ERR_COMM;
 }
 
-static void pdp__mpi_divide(float *p, int64_t n, int size)
+static void pdp__mpi_divide(float *PDP__RESTRICT p, int64_t n, int size)
 {
     float div = (float)size;
-    int64_t i;
-    for (i = 0; i < n; i++) p[i] /= div;
+    PDP__FOR_BLOCKED(i, n, p[i] /= div;);
 }
 
 /* Runs one collective to completion on the progress thread. */

@@ -225,14 +225,15 @@ static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
 {
     int64_t count = dp->master->param_count;
     int64_t per = ((count + nslices - 1) / nslices + 15) / 16 * 16;
-    int64_t lo = PDP__MIN(count, (int64_t)slice * per), hi = PDP__MIN(count, lo + per), c, j;
+    int64_t lo = PDP__MIN(count, (int64_t)slice * per), hi = PDP__MIN(count, lo + per), c;
     float *dst = dp->master->grad_block;
     int r;
     for (c = lo; c < hi; c += 4096) {
-        int64_t end = PDP__MIN(hi, c + 4096);
+        int64_t len = PDP__MIN(hi, c + 4096) - c;
         for (r = 1; r < dp->active; r++) {
-            const float *src = dp->workers[r].replica->grad_block;
-            for (j = c; j < end; j++) dst[j] += src[j];
+            float *PDP__RESTRICT d = dst + c;
+            const float *PDP__RESTRICT s = dp->workers[r].replica->grad_block + c;
+            PDP__FOR_BLOCKED(j, len, d[j] += s[j];);
         }
     }
 }

@@ -34,30 +34,6 @@
 
 #include "internal.h"
 
-#if defined(__cplusplus)
-#  define PDP__RESTRICT __restrict__
-#else
-#  define PDP__RESTRICT restrict
-#endif
-
-/* for (i = 0; i < n; i++) { body }, in blocks of 16 with a constant trip count,
-   then the rest one by one: gcc -O2 vectorises the blocks (its cheap cost model
-   skips a plain loop of unknown length, which would need an epilogue). */
-#define PDP__FOR_BLOCKED(i, n, ...)                                                            \
-    do {                                                                                       \
-        int64_t pdp__b_ = 0, pdp__n_ = (n);                                                    \
-        int pdp__k_;                                                                           \
-        for (; pdp__b_ + 16 <= pdp__n_; pdp__b_ += 16)                                         \
-            for (pdp__k_ = 0; pdp__k_ < 16; pdp__k_++) {                                       \
-                int64_t i = pdp__b_ + pdp__k_;                                                 \
-                __VA_ARGS__                                                                    \
-            }                                                                                  \
-        for (; pdp__b_ < pdp__n_; pdp__b_++) {                                                 \
-            int64_t i = pdp__b_;                                                               \
-            __VA_ARGS__                                                                        \
-        }                                                                                      \
-    } while (0)
-
 /* ---- layers: names and small helpers ---- */
 
 static const char *pdp__layer_kind_name(pdp__layer_kind k)

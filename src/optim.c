@@ -28,11 +28,6 @@
 #if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__SSE2__))
 #  include <immintrin.h>
 #endif
-#if defined(__cplusplus)
-#  define PDP__OPTIM_RESTRICT __restrict__
-#else
-#  define PDP__OPTIM_RESTRICT restrict
-#endif
 
 struct pdp_optim {
     pdp_model *model;
@@ -236,8 +231,8 @@ static void pdp__sqrt_block(float *out, const float *in)
 #endif
 }
 
-static void pdp__sgd_loop(float *PDP__OPTIM_RESTRICT p, const float *PDP__OPTIM_RESTRICT g,
-                          float *PDP__OPTIM_RESTRICT buf, int64_t n, const pdp__optim_scalars *s)
+static void pdp__sgd_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
+                          float *PDP__RESTRICT buf, int64_t n, const pdp__optim_scalars *s)
 {
     const float lr = s->lr, mom = s->momentum, omd = s->one_minus_damp, wd = s->weight_decay;
     const int nesterov = s->nesterov, first = s->first;
@@ -258,8 +253,8 @@ static void pdp__sgd_loop(float *PDP__OPTIM_RESTRICT p, const float *PDP__OPTIM_
         p[i] = pdp__sgd_momentum_update(p[i], g[i], &buf[i], lr, mom, omd, wd, nesterov, first);
 }
 
-static void pdp__adam_loop(float *PDP__OPTIM_RESTRICT p, const float *PDP__OPTIM_RESTRICT g,
-                           float *PDP__OPTIM_RESTRICT m, float *PDP__OPTIM_RESTRICT v, int64_t n,
+static void pdp__adam_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
+                           float *PDP__RESTRICT m, float *PDP__RESTRICT v, int64_t n,
                            const pdp__optim_scalars *s)
 {
     const float b1 = s->beta1, omb1 = s->one_minus_beta1, b2 = s->beta2, omb2 = s->one_minus_beta2;

@@ -297,6 +297,21 @@ static enum greatest_test_res check_layer(layer_case k)
     snprintf(msg, sizeof msg, "%s backward (all parameter gradients): relative error %g",
              case_name[k], e);
     ASSERTm(msg, e <= TOL);
+    /* a second pass on another batch without zeroing: backward accumulates (dw +=), as
+       gradient accumulation and DDP's no_sync rely on; an overwrite shows up here */
+    pdp_tensor_free(xc);
+    pdp_tensor_free(xg);
+    ASSERT_ENUM_EQ(PDP_OK, make_input(mc, 7 + k, &xc, &xg, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(mc, xc, &yc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_forward(mg, xg, &yg) == PDP_OK);
+    fill_random(dyc->data, dyc->count, 77 + k);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dyg, dyc->data), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(mc, dyc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_backward(mg, dyg) == PDP_OK);
+    e = model_rel_err(mg, mc, 1);
+    snprintf(msg, sizeof msg, "%s second backward (gradients accumulated over two batches): "
+             "relative error %g", case_name[k], e);
+    ASSERTm(msg, e <= TOL);
     pdp_tensor_free(xc);
     pdp_tensor_free(xg);
     pdp_tensor_free(dyc);
