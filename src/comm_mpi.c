@@ -29,11 +29,11 @@
    allocated per collective) and returns, so the calling rank keeps computing backward while the all-reduce
    runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
    MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
-   MPI_Test: spinning first, then yielding, then sleeping 50 us (500 us once a
-   collective has waited 20 ms), so that a rank still computing keeps its core;
-   while the rank's own thread is blocked in pdp_wait its core is idle, and the
-   thread yields instead of sleeping (the exposed tail of backward completes
-   sooner). AVG is SUM followed by a division by the size on every element, as
+   MPI_Test: spinning for a few hundred polls (small collectives finish there),
+   then, while the rank's own thread is blocked in pdp_wait and its core is
+   idle, yielding between polls; while the rank computes, sleeping 50 us
+   between polls (500 us once a collective has waited 20 ms), so that backward
+   keeps its core and the poll latency hides under it. AVG is SUM followed by a division by the size on every element, as
    the local backend does. MPI counts are int: an
    all-reduce or broadcast is split into calls of PDP_MPI_CHUNK elements;
    reduce-scatter and all-gather take at most INT_MAX elements per rank.
@@ -165,10 +165,11 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
             return PDP_ERR_COMM;
         }
         if (polls < 256) continue;                 /* spin: small collectives finish here */
-        if (now - t0 < 1e-3 || pdp__workq_awaited(&mc->q)) { /* young, or the rank waits */
+        if (pdp__workq_awaited(&mc->q)) { /* the rank waits: its core is ours */
             sched_yield();
-        } else { /* 50 us; 500 us once a peer has kept us 20 ms (it is busy elsewhere, and
-                    every poll would take CPU from this rank's own work) */
+        } else { /* the rank computes: sleep 50 us between polls (500 us once a peer has
+                    kept us 20 ms), as a yielding poller would take a share of the core
+                    from backward; the latency this adds is hidden under it */
             struct timespec ts = {0, now - t0 < 20e-3 ? 50000 : 500000};
             nanosleep(&ts, NULL);
         }

@@ -12,7 +12,13 @@
    DDP over NCCL at world size 1 and with one thread per GPU, DP over the GPUs
    present (at least two workers, so one GPU still runs DP's multi-worker path)
    against one CPU model on the global batch; plus "a step allocates nothing"
-   through the caching allocator's counters, for one model and for DP.
+   through the caching allocator's counters, for one model and for DP. Cases
+   that random data never reach have tests of their own (each added after a
+   mutant of pdp_cuda.cu survived): block reuse and empty_cache through the
+   allocator's counters, MaxPool's tie and NaN rules, windows that miss the last
+   row (10 x 10), logits ~1e3, SGD dampening, Adam eps, TF32 switched off again,
+   and every NCCL collective (AVG, non-zero roots, reduce-scatter, all-gather)
+   against naive loops.
    Tolerance: 1e-5 relative to the largest reference magnitude (TF32 off).
    Without a device (cudaErrorNoDevice, cudaErrorInsufficientDriver) every GPU
    test skips; PDP_TEST_REQUIRE_CUDA=1 turns those skips into failures. */
@@ -152,28 +158,35 @@ static double model_rel_err(const pdp_model *gpu, const pdp_model *cpu, int whic
     return e;
 }
 
-/* A model on device dev of the given kind (see build). */
+/* A model on device dev of the given kind (see build). The *_EDGE cases take a
+   10 x 10 image, whose last row and column no window reaches (k 3, stride 2, no
+   padding): col2im and the pooling backward must skip window positions past
+   Ho - 1 there, which the 9 x 9 cases never meet. */
 typedef enum { L_LINEAR, L_RELU, L_GELU, L_TANH, L_SIGMOID, L_DROPOUT, L_LAYERNORM, L_CONV,
-               L_MAXPOOL, L_MAXPOOL_OVERLAP, L_FLATTEN, L_COUNT } layer_case;
+               L_MAXPOOL, L_MAXPOOL_OVERLAP, L_FLATTEN, L_CONV_EDGE, L_MAXPOOL_EDGE,
+               L_COUNT } layer_case;
 
 static const char *case_name[L_COUNT] = {"Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Dropout",
                                          "LayerNorm", "Conv2d", "MaxPool2d", "MaxPool2d(3,2)",
-                                         "Flatten"};
+                                         "Flatten", "Conv2d(3,2,0) on 10x10",
+                                         "MaxPool2d(3,2) on 10x10"};
 
 static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
 {
     pdp_model_desc d;
     pdp_model *m;
     pdp_status st;
-    bool img = k == L_CONV || k == L_MAXPOOL || k == L_MAXPOOL_OVERLAP || k == L_FLATTEN;
+    bool img = k == L_CONV || k == L_MAXPOOL || k == L_MAXPOOL_OVERLAP || k == L_FLATTEN ||
+               k == L_CONV_EDGE || k == L_MAXPOOL_EDGE;
+    int64_t side = k == L_CONV_EDGE || k == L_MAXPOOL_EDGE ? 10 : 9;
     memset(&d, 0, sizeof d);
     d.seed = 1234;
     d.device = dev;
     if (img) {
         d.input_ndim = 3;
         d.input_shape[0] = 2;
-        d.input_shape[1] = 9;
-        d.input_shape[2] = 9;
+        d.input_shape[1] = side;
+        d.input_shape[2] = side;
     } else {
         d.input_ndim = 1;
         d.input_shape[0] = 13;
@@ -192,6 +205,8 @@ static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
         case L_CONV: st = pdp_model_add_conv2d(m, 4, 3, 2, 1); break;
         case L_MAXPOOL: st = pdp_model_add_maxpool2d(m, 2, 2); break;
         case L_MAXPOOL_OVERLAP: st = pdp_model_add_maxpool2d(m, 3, 2); break;
+        case L_CONV_EDGE: st = pdp_model_add_conv2d(m, 4, 3, 2, 0); break;
+        case L_MAXPOOL_EDGE: st = pdp_model_add_maxpool2d(m, 3, 2); break;
         case L_FLATTEN:
             st = pdp_model_add_flatten(m);
             if (st == PDP_OK) st = pdp_model_add_linear(m, 5);
@@ -264,6 +279,51 @@ TEST cuda_tensor_copies_round_trip(void)
     PASS();
 }
 
+/* The caching allocator through its counters: a freed block goes back to the
+   cache and the next allocation of its size takes it (no cudaMalloc, in-use
+   bytes back where they were); a smaller request does not take a larger free
+   block; pdp_cuda_empty_cache gives every free block back. */
+TEST cuda_caching_allocator_reuses_freed_blocks(void)
+{
+    int64_t big[1] = {4096}, small[1] = {100};
+    pdp_tensor *t = NULL;
+    pdp_cuda_memory_stats base, s;
+    NEED_GPU();
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_empty_cache(pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &base), pdp_status_name);
+    ASSERT_EQ(base.in_use_bytes, base.reserved_bytes); /* nothing cached after empty_cache */
+
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cuda(0), 1, big), pdp_status_name);
+    pdp_tensor_free(t);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &s), pdp_status_name);
+    ASSERT_EQ(base.device_mallocs + 1, s.device_mallocs);
+    ASSERT_EQ(base.in_use_bytes, s.in_use_bytes);
+    ASSERT(s.reserved_bytes >= base.reserved_bytes + 4096 * sizeof(float));
+
+    /* the same size again: the cached block, no cudaMalloc */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cuda(0), 1, big), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &s), pdp_status_name);
+    ASSERT_EQ(base.device_mallocs + 1, s.device_mallocs);
+    ASSERT(s.in_use_bytes >= base.in_use_bytes + 4096 * sizeof(float));
+    pdp_tensor_free(t);
+
+    /* a small tensor gets a block of its own size, not the cached 16 KiB one */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cuda(0), 1, small), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &s), pdp_status_name);
+    ASSERT_EQ(base.device_mallocs + 2, s.device_mallocs);
+    ASSERT(s.in_use_bytes >= base.in_use_bytes + 100 * sizeof(float));
+    ASSERT(s.in_use_bytes < base.in_use_bytes + 4096 * sizeof(float));
+    pdp_tensor_free(t);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &s), pdp_status_name);
+    ASSERT_EQ(base.in_use_bytes, s.in_use_bytes);
+
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_empty_cache(pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &s), pdp_status_name);
+    ASSERT_EQ(base.reserved_bytes, s.reserved_bytes);
+    ASSERT_EQ(base.in_use_bytes, s.in_use_bytes);
+    PASS();
+}
+
 /* ---- with PDP_CUDA: every layer, forward and backward ---- */
 
 static enum greatest_test_res check_layer(layer_case k)
@@ -273,7 +333,7 @@ static enum greatest_test_res check_layer(layer_case k)
     const pdp_tensor *yc, *yg;
     float *yh;
     double e;
-    char msg[160];
+    static char msg[160]; /* static: greatest keeps the pointer after we return */
     ASSERT_ENUM_EQ(PDP_OK, build(&mc, k, pdp_cpu()), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, build(&mg, k, pdp_cuda(0)), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, make_input(mc, 99 + k, &xc, &xg, pdp_cuda(0)), pdp_status_name);
@@ -329,6 +389,88 @@ TEST cuda_layers_match_cpu(void)
     PASS();
 }
 
+/* MaxPool's tie and NaN rules (the first maximum in window order wins, a NaN
+   wins), which random inputs never exercise. The 1x1 conv before the pool gets
+   all-ones weights and the input small integers, so its two channels sum to
+   many equal values that come from different inputs: a pool that picks another
+   of the tied positions sends the gradient to another input and changes the
+   conv's weight gradient. Then one NaN pixel, last in its 2x2 window: the pooled
+   output must be NaN exactly where the CPU's is. */
+static enum greatest_test_res check_maxpool_ties(layer_case k)
+{
+    pdp_model *mc = NULL, *mg = NULL;
+    pdp_tensor *xc = NULL, *xg = NULL, *dyc = NULL, *dyg = NULL, pc, pg;
+    const pdp_tensor *yc, *yg;
+    static char msg[160];
+    float *yh;
+    double e;
+    pdp_rng r;
+    int64_t i;
+    ASSERT_ENUM_EQ(PDP_OK, build(&mc, k, pdp_cpu()), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build(&mg, k, pdp_cuda(0)), pdp_status_name);
+    pdp_model_flat(mc, &pc, NULL);
+    pdp_model_flat(mg, &pg, NULL);
+    for (i = 0; i < pc.count; i++) pc.data[i] = 1.0f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(&pg, pc.data), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, make_input(mc, 1, &xc, &xg, pdp_cuda(0)), pdp_status_name);
+    pdp_rng_seed(&r, 31, 7);
+    for (i = 0; i < xc->count; i++) xc->data[i] = (float)(int)(3.0f * pdp_rng_uniform(&r));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(xg, xc->data), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(mc, xc, &yc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_forward(mg, xg, &yg) == PDP_OK);
+    yh = host_copy(yg);
+    ASSERT(yh != NULL);
+    e = rel_err(yh, yc->data, yc->count);
+    free(yh);
+    snprintf(msg, sizeof msg, "%s with ties: forward relative error %g", case_name[k], e);
+    ASSERTm(msg, e == 0.0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), yc->ndim, yc->shape),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyg, pdp_cuda(0), yc->ndim, yc->shape),
+                   pdp_status_name);
+    fill_random(dyc->data, dyc->count, 3);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dyg, dyc->data), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(mc, dyc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_backward(mg, dyg) == PDP_OK);
+    e = model_rel_err(mg, mc, 1);
+    snprintf(msg, sizeof msg, "%s with ties: gradients relative error %g (another tied "
+             "position chosen?)", case_name[k], e);
+    ASSERTm(msg, e <= TOL);
+
+    /* sample 0, channel 0, pixel (3, 3): the last of 2x2 window (1, 1) */
+    xc->data[3 * xc->shape[3] + 3] = NAN;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(xg, xc->data), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(mc, xc, &yc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_forward(mg, xg, &yg) == PDP_OK);
+    yh = host_copy(yg);
+    ASSERT(yh != NULL);
+    for (i = 0; i < yc->count; i++) { /* NaN exactly where the CPU has NaN, equal elsewhere */
+        bool nc = yc->data[i] != yc->data[i], ng = yh[i] != yh[i];
+        snprintf(msg, sizeof msg, "%s with a NaN input: output %lld is %g on the GPU, %g on "
+                 "the CPU", case_name[k], (long long)i, (double)yh[i], (double)yc->data[i]);
+        if (nc != ng || (!nc && yh[i] != yc->data[i])) {
+            free(yh);
+            FAILm(msg);
+        }
+    }
+    free(yh);
+    pdp_tensor_free(xc);
+    pdp_tensor_free(xg);
+    pdp_tensor_free(dyc);
+    pdp_tensor_free(dyg);
+    pdp_model_free(mc);
+    pdp_model_free(mg);
+    PASS();
+}
+
+TEST cuda_maxpool_ties_and_nan_match_cpu(void)
+{
+    NEED_GPU();
+    CHECK_CALL(check_maxpool_ties(L_MAXPOOL));
+    CHECK_CALL(check_maxpool_ties(L_MAXPOOL_OVERLAP));
+    PASS();
+}
+
 /* ---- with PDP_CUDA: losses ---- */
 
 TEST cuda_losses_match_cpu(void)
@@ -337,6 +479,8 @@ TEST cuda_losses_match_cpu(void)
     int32_t labels[B] = {0, 4, 2, 3, 1, 4};
     pdp_tensor *zc = NULL, *zg = NULL, *dc = NULL, *dg = NULL, *tc = NULL, *tg = NULL;
     float lc, lg, *h;
+    char msg[128];
+    int64_t i;
     NEED_GPU();
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&zc, pdp_cpu(), 2, shape), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dc, pdp_cpu(), 2, shape), pdp_status_name);
@@ -363,6 +507,20 @@ TEST cuda_losses_match_cpu(void)
     ASSERT(h && rel_err(h, dc->data, dc->count) <= TOL);
     free(h);
 
+    /* logits far apart (exp of their differences overflows even a double) with the
+       largest in the last class: the max that keeps exp finite must see every class */
+    for (i = 0; i < zc->count; i++) zc->data[i] *= 1000.0f;
+    zc->data[4] = 2000.0f;
+    pdp_tensor_upload(zg, zc->data);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_loss_cross_entropy(zc, labels, &lc, dc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_loss_cross_entropy(zg, labels, &lg, dg) == PDP_OK);
+    snprintf(msg, sizeof msg, "cross-entropy of logits ~1e3: CPU %.9g GPU %.9g", (double)lc,
+             (double)lg);
+    ASSERTm(msg, isfinite(lc) && fabs((double)lc - lg) <= TOL * fabs((double)lc));
+    h = host_copy(dg);
+    ASSERT(h && rel_err(h, dc->data, dc->count) <= TOL);
+    free(h);
+
     labels[2] = 9; /* checked on the host before anything runs, naming the sample */
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_loss_cross_entropy(zg, labels, &lg, dg), pdp_status_name);
     ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "sample 2") != NULL);
@@ -378,7 +536,7 @@ static enum greatest_test_res check_optim(const pdp_optim_desc *od, const char *
     pdp_model *mc = NULL, *mg = NULL;
     pdp_optim *oc = NULL, *og = NULL;
     pdp_tensor cp, cg, gp, gg;
-    char msg[128];
+    static char msg[128];
     double e;
     int step;
     ASSERT_ENUM_EQ(PDP_OK, build(&mc, L_LINEAR, pdp_cpu()), pdp_status_name);
@@ -415,6 +573,11 @@ TEST cuda_optimizers_match_cpu(void)
     d.nesterov = true;
     d.weight_decay = 0.01f;
     CHECK_CALL(check_optim(&d, "SGD momentum nesterov"));
+    d.nesterov = false; /* dampening: the first step's buffer is the plain gradient */
+    d.dampening = 0.5f;
+    CHECK_CALL(check_optim(&d, "SGD momentum dampening"));
+    d.momentum = 0.0f; /* no momentum: dampening must not touch the plain update */
+    CHECK_CALL(check_optim(&d, "SGD dampening without momentum"));
     memset(&d, 0, sizeof d);
     d.kind = PDP_OPTIM_ADAM;
     d.lr = 0.01f;
@@ -422,6 +585,10 @@ TEST cuda_optimizers_match_cpu(void)
     CHECK_CALL(check_optim(&d, "Adam"));
     d.kind = PDP_OPTIM_ADAMW;
     CHECK_CALL(check_optim(&d, "AdamW"));
+    d.eps = 0.1f; /* where eps enters (outside the square root, after bias correction) */
+    CHECK_CALL(check_optim(&d, "AdamW eps 0.1"));
+    d.kind = PDP_OPTIM_ADAM;
+    CHECK_CALL(check_optim(&d, "Adam eps 0.1"));
     PASS();
 }
 
@@ -465,7 +632,7 @@ static enum greatest_test_res check_training(bool cnn)
     int32_t labels[B] = {1, 0, 4, 2, 3, 2};
     float lc, lg;
     double e;
-    char msg[128];
+    static char msg[128];
     int step;
     memset(&od, 0, sizeof od);
     od.kind = PDP_OPTIM_ADAM;
@@ -564,6 +731,14 @@ TEST cuda_tf32_option_changes_gemm_only_slightly(void)
     e = rel_err(h, yc->data, yc->count);
     ASSERTm("TF32 stays within 1e-2", e <= 1e-2);
     free(h);
+    /* switched off again: plain FP32 (the emulators ignore the math mode; a GPU's
+       TF32 GEMM would miss this tolerance) */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(mg, xg, &yg), pdp_status_name);
+    h = host_copy(yg);
+    ASSERT(h != NULL);
+    e = rel_err(h, yc->data, yc->count);
+    free(h);
+    ASSERTm("after pdp_cuda_set_tf32(false) the GEMM is FP32 again", e <= TOL);
     pdp_tensor_free(xc);
     pdp_tensor_free(xg);
     pdp_model_free(mc);
@@ -782,6 +957,134 @@ TEST cuda_ddp_thread_ranks_match_single(void)
     PASS();
 }
 
+/* Every collective of the NCCL backend, one thread per GPU, against naive
+   loops: SUM and AVG all-reduce, broadcast and broadcast_bytes from the LAST
+   rank (DDP only ever uses root 0), SUM and AVG reduce-scatter, all-gather.
+   Rank r contributes r * 1000 + i + 1 (exact in float; AVG within a rounding). */
+enum { COLL_N = 37, COLL_MAXR = 8 };
+
+typedef struct coll_job {
+    pdp_nccl_group *g;
+    int rank, n;
+    pdp_status st;
+    char msg[1100];
+} coll_job;
+
+static float coll_val(int rank, int64_t i) { return (float)(rank * 1000 + i + 1); }
+
+/* Runs one collective on device buffers and brings recv back; returns the status. */
+static pdp_status coll_run(pdp_comm *c, int kind, const float *send_h, int64_t send_n,
+                           float *recv_h, int64_t recv_n)
+{
+    int dev = pdp_comm_rank(c);
+    int64_t s1[1] = {send_n}, s2[1] = {recv_n};
+    pdp_tensor *ts = NULL, *tr = NULL;
+    pdp_work *w = NULL;
+    pdp_status st;
+    int n = pdp_comm_size(c);
+    if ((st = pdp_tensor_create(&ts, pdp_cuda(dev), 1, s1)) != PDP_OK ||
+        (st = pdp_tensor_create(&tr, pdp_cuda(dev), 1, s2)) != PDP_OK ||
+        (st = pdp_tensor_upload(ts, send_h)) != PDP_OK)
+        goto done;
+    switch (kind) {
+    case 0: st = pdp_comm_allreduce(c, ts->data, send_n, PDP_REDUCE_SUM, &w); break;
+    case 1: st = pdp_comm_allreduce(c, ts->data, send_n, PDP_REDUCE_AVG, &w); break;
+    case 2: st = pdp_comm_broadcast(c, ts->data, send_n, n - 1, &w); break;
+    case 3: st = pdp_comm_reduce_scatter(c, ts->data, tr->data, recv_n, PDP_REDUCE_SUM, &w); break;
+    case 4: st = pdp_comm_reduce_scatter(c, ts->data, tr->data, recv_n, PDP_REDUCE_AVG, &w); break;
+    default: st = pdp_comm_allgather(c, ts->data, tr->data, send_n, &w); break;
+    }
+    if (st == PDP_OK) st = pdp_work_wait(w);
+    if (st == PDP_OK) st = pdp_tensor_download(kind <= 2 ? ts : tr, recv_h);
+done:
+    pdp_tensor_free(ts);
+    pdp_tensor_free(tr);
+    return st;
+}
+
+static void *coll_main(void *arg)
+{
+    static const char *names[6] = {"all-reduce SUM", "all-reduce AVG", "broadcast from rank n-1",
+                                   "reduce-scatter SUM", "reduce-scatter AVG", "all-gather"};
+    coll_job *j = (coll_job *)arg;
+    pdp_comm *c = NULL;
+    float send[COLL_MAXR * COLL_N], got[COLL_MAXR * COLL_N], want;
+    char bytes[24];
+    int n = j->n, kind, k;
+    int64_t i, send_n, recv_n;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) != PDP_OK) {
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+        return NULL;
+    }
+    for (kind = 0; kind < 6 && j->st == PDP_OK; kind++) {
+        send_n = kind == 3 || kind == 4 ? n * COLL_N : COLL_N;
+        recv_n = kind == 5 ? n * COLL_N : kind >= 3 ? COLL_N : send_n;
+        for (i = 0; i < send_n; i++) send[i] = coll_val(j->rank, i);
+        if ((j->st = coll_run(c, kind, send, send_n, got, recv_n)) != PDP_OK) {
+            snprintf(j->msg, sizeof j->msg, "rank %d, %s: %s", j->rank, names[kind],
+                     pdp_last_error());
+            break;
+        }
+        for (i = 0; i < recv_n; i++) {
+            double sum = 0.0;
+            int64_t at = kind >= 3 && kind <= 4 ? j->rank * COLL_N + i : i;
+            for (k = 0; k < n; k++) sum += coll_val(k, at);
+            switch (kind) {
+            case 0: case 3: want = (float)sum; break;
+            case 1: case 4: want = (float)(sum / n); break;
+            case 2: want = coll_val(n - 1, i); break;
+            default: want = coll_val((int)(i / COLL_N), i % COLL_N); break;
+            }
+            if (fabs((double)got[i] - want) > 1e-6 * fabs((double)want)) {
+                j->st = PDP_ERR_COMM;
+                snprintf(j->msg, sizeof j->msg, "rank %d of %d, %s: element %lld is %.9g, "
+                         "want %.9g", j->rank, n, names[kind], (long long)i, (double)got[i],
+                         (double)want);
+                break;
+            }
+        }
+    }
+    if (j->st == PDP_OK) { /* host bytes from the last rank */
+        snprintf(bytes, sizeof bytes, "from rank %d", j->rank);
+        j->st = pdp_comm_broadcast_bytes(c, bytes, sizeof bytes, n - 1);
+        snprintf((char *)send, sizeof bytes, "from rank %d", n - 1);
+        if (j->st != PDP_OK)
+            snprintf(j->msg, sizeof j->msg, "rank %d, broadcast_bytes: %s", j->rank,
+                     pdp_last_error());
+        else if (strcmp(bytes, (char *)send) != 0) {
+            j->st = PDP_ERR_COMM;
+            snprintf(j->msg, sizeof j->msg, "rank %d, broadcast_bytes from rank %d: got \"%s\"",
+                     j->rank, n - 1, bytes);
+        }
+    }
+    pdp_comm_free(c);
+    return NULL;
+}
+
+TEST cuda_nccl_collectives_match_naive(void)
+{
+    int n = devices(), r;
+    pdp_device devs[COLL_MAXR];
+    pdp_nccl_group *g = NULL;
+    coll_job jobs[COLL_MAXR];
+    pthread_t th[COLL_MAXR];
+    NEED_GPU();
+    if (n > COLL_MAXR) n = COLL_MAXR;
+    for (r = 0; r < COLL_MAXR; r++) devs[r] = pdp_cuda(r < n ? r : 0);
+    ASSERTm(pdp_last_error(), pdp_nccl_group_create(&g, n, devs, NULL) == PDP_OK);
+    for (r = 0; r < n; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r].g = g;
+        jobs[r].rank = r;
+        jobs[r].n = n;
+        pthread_create(&th[r], NULL, coll_main, &jobs[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(th[r], NULL);
+    pdp_nccl_group_free(g);
+    for (r = 0; r < n; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    PASS();
+}
+
 /* Process-rank DDP over NCCL: tests/gpu/run.sh starts one process per GPU with
    torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and
    `-t cuda_ddp_nccl_processes`; each rank trains its shard on GPU LOCAL_RANK and
@@ -855,7 +1158,7 @@ static enum greatest_test_res check_dp(int n, const pdp_device *devs, bool host_
     int ndev = devices() < 8 ? devices() : 8, i, step;
     float lg, lc, *h;
     double e;
-    char msg[256];
+    static char msg[256];
     for (i = 0; i < DP_B; i++) labels[i] = (i * 3 + 1) % 5;
     memset(before, 0, sizeof before);
     memset(after, 0, sizeof after);
@@ -1049,7 +1352,9 @@ SUITE(cuda)
 {
     RUN_TEST(cuda_device_count_and_bad_ordinal);
     RUN_TEST(cuda_tensor_copies_round_trip);
+    RUN_TEST(cuda_caching_allocator_reuses_freed_blocks);
     RUN_TEST(cuda_layers_match_cpu);
+    RUN_TEST(cuda_maxpool_ties_and_nan_match_cpu);
     RUN_TEST(cuda_losses_match_cpu);
     RUN_TEST(cuda_optimizers_match_cpu);
     RUN_TEST(cuda_mlp_training_matches_cpu);
@@ -1058,6 +1363,7 @@ SUITE(cuda)
     RUN_TEST(cuda_tf32_option_changes_gemm_only_slightly);
     RUN_TEST(cuda_ddp_nccl_world_size_1_matches_single);
     RUN_TEST(cuda_ddp_thread_ranks_match_single);
+    RUN_TEST(cuda_nccl_collectives_match_naive);
     RUN_TEST(cuda_ddp_nccl_processes_match_single);
     RUN_TEST(cuda_dp_over_gpus_matches_cpu);
     RUN_TEST(cuda_dp_rejects_mixed_devices);
