@@ -10235,9 +10235,10 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
    MPI_Test: spinning for a few hundred polls (small collectives finish there),
    then, while the rank's own thread is blocked in pdp_wait and its core is
-   idle, yielding between polls; while the rank computes, sleeping 50 us
-   between polls (500 us once a collective has waited 20 ms), so that backward
-   keeps its core and the poll latency hides under it. AVG is SUM followed by a division by the size on every element, as
+   idle, yielding between polls for up to 2 ms; otherwise (the rank computes,
+   or a peer is late) sleeping 50 us between polls (500 us once a collective has
+   waited 20 ms), so that backward keeps its core and the poll latency hides
+   under it. AVG is SUM followed by a division by the size on every element, as
    the local backend does. MPI counts are int: an
    all-reduce or broadcast is split into calls of PDP_MPI_CHUNK elements;
    reduce-scatter and all-gather take at most INT_MAX elements per rank.
@@ -10369,11 +10370,12 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
             return PDP_ERR_COMM;
         }
         if (polls < 256) continue;                 /* spin: small collectives finish here */
-        if (pdp__workq_awaited(&mc->q)) { /* the rank waits: its core is ours */
+        if (now - t0 < 2e-3 && pdp__workq_awaited(&mc->q)) { /* the rank waits: its core
+                                                                 is ours, for a while */
             sched_yield();
-        } else { /* the rank computes: sleep 50 us between polls (500 us once a peer has
-                    kept us 20 ms), as a yielding poller would take a share of the core
-                    from backward; the latency this adds is hidden under it */
+        } else { /* the rank computes, or a peer is late: sleep 50 us between polls (500 us
+                    once a peer has kept us 20 ms), as a yielding poller would take a share
+                    of a core from backward (or from whatever keeps the peer busy) */
             struct timespec ts = {0, now - t0 < 20e-3 ? 50000 : 500000};
             nanosleep(&ts, NULL);
         }
