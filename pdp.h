@@ -9485,6 +9485,20 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
    the broken state; exec runs without it, and buffers pass to the progress
    thread and back across it. */
 
+/* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
+   variable created with a monotonic clock. */
+static void pdp__deadline(struct timespec *ts, double seconds)
+{
+    double whole = floor(seconds);
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)whole;
+    ts->tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
 #define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
 typedef enum pdp__coll_kind {
@@ -9623,8 +9637,12 @@ static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capa
         pool[i].next = q->free_list;
         q->free_list = &pool[i];
     }
+    pthread_condattr_t ca;
     pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->wake, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */
+    pthread_cond_init(&q->wake, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_cond_init(&q->done, NULL);
     q->threaded = threaded;
     if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
@@ -9648,15 +9666,24 @@ static bool pdp__workq_stopping(pdp__workq *q, double *since)
     return s;
 }
 
-/* True while a thread is blocked waiting on this queue: its core is idle, so an
-   exec that polls may poll hard instead of sleeping between polls. */
-static bool pdp__workq_awaited(pdp__workq *q)
+/* For an exec that polls, between polls. With `eager` and a thread blocked in
+   pdp__workq_wait (its core is idle), returns false at once: poll again. Otherwise
+   sleeps up to `seconds` and returns true; a thread that begins to wait ends the
+   sleep early (the check and the sleep are atomic under mu, so that wake-up is
+   never lost). A rank that computes keeps its core; a rank that waits gets its
+   collective's completion at once. */
+static bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
 {
-    bool a;
+    struct timespec deadline;
+    bool slept = false;
+    pdp__deadline(&deadline, seconds);
     pthread_mutex_lock(&q->mu);
-    a = q->waiters > 0;
+    if (!eager || !q->waiters) {
+        pthread_cond_timedwait(&q->wake, &q->mu, &deadline);
+        slept = true;
+    }
     pthread_mutex_unlock(&q->mu);
-    return a;
+    return slept;
 }
 
 /* Lets the progress thread run what is queued, joins it and destroys the locks. */
@@ -9726,6 +9753,7 @@ static pdp_status pdp__workq_wait(pdp_work *work)
     pdp_status st;
     pthread_mutex_lock(&q->mu);
     q->waiters++;
+    pthread_cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
     while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
     q->waiters--;
     st = w->status;
@@ -9898,18 +9926,6 @@ static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
     g->broken_status = st;
     snprintf(g->broken_msg, sizeof g->broken_msg, "%s", msg);
     pthread_cond_broadcast(&g->cv);
-}
-
-static void pdp__deadline(struct timespec *ts, double seconds)
-{
-    double whole = floor(seconds);
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += (time_t)whole;
-    ts->tv_nsec += (long)((seconds - whole) * 1e9);
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
 }
 
 /* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
@@ -10236,7 +10252,7 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    MPI_Test: spinning for a few hundred polls (small collectives finish there),
    then, while the rank's own thread is blocked in pdp_wait and its core is
    idle, yielding between polls for up to 2 ms; otherwise (the rank computes,
-   or a peer is late) sleeping 50 us between polls (500 us once a collective has
+   or a peer is late) sleeping 200 us between polls (500 us once a collective has
    waited 20 ms), so that backward keeps its core and the poll latency hides
    under it. AVG is SUM followed by a division by the size on every element, as
    the local backend does. MPI counts are int: an
@@ -10369,16 +10385,12 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
                      c->rank);
             return PDP_ERR_COMM;
         }
-        if (polls < 256) continue;                 /* spin: small collectives finish here */
-        if (now - t0 < 2e-3 && pdp__workq_awaited(&mc->q)) { /* the rank waits: its core
-                                                                 is ours, for a while */
+        if (polls < 256) continue; /* spin: small collectives finish here */
+        /* then yield while the rank waits (for 2 ms: its core is ours); otherwise nap
+           200 us (500 us once a peer has kept us 20 ms), since a yielding poller would
+           take a share of a core from backward or from whatever keeps the peer busy */
+        if (!pdp__workq_nap(&mc->q, now - t0 < 20e-3 ? 200e-6 : 500e-6, now - t0 < 2e-3))
             sched_yield();
-        } else { /* the rank computes, or a peer is late: sleep 50 us between polls (500 us
-                    once a peer has kept us 20 ms), as a yielding poller would take a share
-                    of a core from backward (or from whatever keeps the peer busy) */
-            struct timespec ts = {0, now - t0 < 20e-3 ? 50000 : 500000};
-            nanosleep(&ts, NULL);
-        }
     }
 }
 

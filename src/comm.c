@@ -269,6 +269,20 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
    the broken state; exec runs without it, and buffers pass to the progress
    thread and back across it. */
 
+/* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
+   variable created with a monotonic clock. */
+static void pdp__deadline(struct timespec *ts, double seconds)
+{
+    double whole = floor(seconds);
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)whole;
+    ts->tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
 #define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
 typedef enum pdp__coll_kind {
@@ -407,8 +421,12 @@ static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capa
         pool[i].next = q->free_list;
         q->free_list = &pool[i];
     }
+    pthread_condattr_t ca;
     pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->wake, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */
+    pthread_cond_init(&q->wake, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_cond_init(&q->done, NULL);
     q->threaded = threaded;
     if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
@@ -432,15 +450,24 @@ static bool pdp__workq_stopping(pdp__workq *q, double *since)
     return s;
 }
 
-/* True while a thread is blocked waiting on this queue: its core is idle, so an
-   exec that polls may poll hard instead of sleeping between polls. */
-static bool pdp__workq_awaited(pdp__workq *q)
+/* For an exec that polls, between polls. With `eager` and a thread blocked in
+   pdp__workq_wait (its core is idle), returns false at once: poll again. Otherwise
+   sleeps up to `seconds` and returns true; a thread that begins to wait ends the
+   sleep early (the check and the sleep are atomic under mu, so that wake-up is
+   never lost). A rank that computes keeps its core; a rank that waits gets its
+   collective's completion at once. */
+static bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
 {
-    bool a;
+    struct timespec deadline;
+    bool slept = false;
+    pdp__deadline(&deadline, seconds);
     pthread_mutex_lock(&q->mu);
-    a = q->waiters > 0;
+    if (!eager || !q->waiters) {
+        pthread_cond_timedwait(&q->wake, &q->mu, &deadline);
+        slept = true;
+    }
     pthread_mutex_unlock(&q->mu);
-    return a;
+    return slept;
 }
 
 /* Lets the progress thread run what is queued, joins it and destroys the locks. */
@@ -510,6 +537,7 @@ static pdp_status pdp__workq_wait(pdp_work *work)
     pdp_status st;
     pthread_mutex_lock(&q->mu);
     q->waiters++;
+    pthread_cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
     while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
     q->waiters--;
     st = w->status;
@@ -682,18 +710,6 @@ static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
     g->broken_status = st;
     snprintf(g->broken_msg, sizeof g->broken_msg, "%s", msg);
     pthread_cond_broadcast(&g->cv);
-}
-
-static void pdp__deadline(struct timespec *ts, double seconds)
-{
-    double whole = floor(seconds);
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += (time_t)whole;
-    ts->tv_nsec += (long)((seconds - whole) * 1e9);
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
 }
 
 /* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */

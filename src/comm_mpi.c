@@ -32,7 +32,7 @@
    MPI_Test: spinning for a few hundred polls (small collectives finish there),
    then, while the rank's own thread is blocked in pdp_wait and its core is
    idle, yielding between polls for up to 2 ms; otherwise (the rank computes,
-   or a peer is late) sleeping 50 us between polls (500 us once a collective has
+   or a peer is late) sleeping 200 us between polls (500 us once a collective has
    waited 20 ms), so that backward keeps its core and the poll latency hides
    under it. AVG is SUM followed by a division by the size on every element, as
    the local backend does. MPI counts are int: an
@@ -165,16 +165,12 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
                      c->rank);
             return PDP_ERR_COMM;
         }
-        if (polls < 256) continue;                 /* spin: small collectives finish here */
-        if (now - t0 < 2e-3 && pdp__workq_awaited(&mc->q)) { /* the rank waits: its core
-                                                                 is ours, for a while */
+        if (polls < 256) continue; /* spin: small collectives finish here */
+        /* then yield while the rank waits (for 2 ms: its core is ours); otherwise nap
+           200 us (500 us once a peer has kept us 20 ms), since a yielding poller would
+           take a share of a core from backward or from whatever keeps the peer busy */
+        if (!pdp__workq_nap(&mc->q, now - t0 < 20e-3 ? 200e-6 : 500e-6, now - t0 < 2e-3))
             sched_yield();
-        } else { /* the rank computes, or a peer is late: sleep 50 us between polls (500 us
-                    once a peer has kept us 20 ms), as a yielding poller would take a share
-                    of a core from backward (or from whatever keeps the peer busy) */
-            struct timespec ts = {0, now - t0 < 20e-3 ? 50000 : 500000};
-            nanosleep(&ts, NULL);
-        }
     }
 }
 
