@@ -9481,9 +9481,12 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
                  keeps a timed-out request moving this way);
      trace_tid   a trace track (0: off): each collective is a complete event
                  (execution) and an async event (launch to done).
-   Locks: mu guards the queue, the free list, the handles' done/status/msg and
-   the broken state; exec runs without it, and buffers pass to the progress
-   thread and back across it. */
+   An exec that polls (MPI) naps between polls with pdp__workq_nap, which a
+   thread that begins to wait ends at once: a rank that computes keeps its core,
+   a rank that waits is served at once.
+   Locks: mu guards the queue, the free list, the handles' done/status/msg, the
+   waiter count and the broken state; exec runs without it, and buffers pass to
+   the progress thread and back across it. */
 
 /* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
    variable created with a monotonic clock. */
@@ -9630,6 +9633,7 @@ static void *pdp__workq_progress(void *arg)
 static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
                                   const char *limit_macro, bool threaded, const char *fn)
 {
+    pthread_condattr_t ca;
     int i;
     q->capacity = capacity;
     q->limit_macro = limit_macro;
@@ -9637,7 +9641,6 @@ static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capa
         pool[i].next = q->free_list;
         q->free_list = &pool[i];
     }
-    pthread_condattr_t ca;
     pthread_mutex_init(&q->mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */
@@ -10246,8 +10249,8 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    as PyTorch's ProcessGroupMPI does (comm.c's collective queue, shared with
    the local backend; this file supplies its exec, idle and destroy): a launch
    only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
-   allocated per collective) and returns, so the calling rank keeps computing backward while the all-reduce
-   runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
+   allocated per collective) and returns, so the calling rank keeps computing
+   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
    MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
    MPI_Test: spinning for a few hundred polls (small collectives finish there),
    then, while the rank's own thread is blocked in pdp_wait and its core is
@@ -10255,9 +10258,9 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    or a peer is late) sleeping 200 us between polls (500 us once a collective has
    waited 20 ms), so that backward keeps its core and the poll latency hides
    under it. AVG is SUM followed by a division by the size on every element, as
-   the local backend does. MPI counts are int: an
-   all-reduce or broadcast is split into calls of PDP_MPI_CHUNK elements;
-   reduce-scatter and all-gather take at most INT_MAX elements per rank.
+   the local backend does. MPI counts are int: an all-reduce or broadcast is
+   split into calls of PDP_MPI_CHUNK elements; reduce-scatter and all-gather take
+   at most INT_MAX elements per rank.
    In-place forms: all-gather with send == recv + rank * count, and
    reduce-scatter with recv == send + rank * count (NCCL's convention).
 

@@ -265,9 +265,12 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
                  keeps a timed-out request moving this way);
      trace_tid   a trace track (0: off): each collective is a complete event
                  (execution) and an async event (launch to done).
-   Locks: mu guards the queue, the free list, the handles' done/status/msg and
-   the broken state; exec runs without it, and buffers pass to the progress
-   thread and back across it. */
+   An exec that polls (MPI) naps between polls with pdp__workq_nap, which a
+   thread that begins to wait ends at once: a rank that computes keeps its core,
+   a rank that waits is served at once.
+   Locks: mu guards the queue, the free list, the handles' done/status/msg, the
+   waiter count and the broken state; exec runs without it, and buffers pass to
+   the progress thread and back across it. */
 
 /* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
    variable created with a monotonic clock. */
@@ -414,6 +417,7 @@ static void *pdp__workq_progress(void *arg)
 static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
                                   const char *limit_macro, bool threaded, const char *fn)
 {
+    pthread_condattr_t ca;
     int i;
     q->capacity = capacity;
     q->limit_macro = limit_macro;
@@ -421,7 +425,6 @@ static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capa
         pool[i].next = q->free_list;
         q->free_list = &pool[i];
     }
-    pthread_condattr_t ca;
     pthread_mutex_init(&q->mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */

@@ -26,8 +26,8 @@
    as PyTorch's ProcessGroupMPI does (comm.c's collective queue, shared with
    the local backend; this file supplies its exec, idle and destroy): a launch
    only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
-   allocated per collective) and returns, so the calling rank keeps computing backward while the all-reduce
-   runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
+   allocated per collective) and returns, so the calling rank keeps computing
+   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
    MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
    MPI_Test: spinning for a few hundred polls (small collectives finish there),
    then, while the rank's own thread is blocked in pdp_wait and its core is
@@ -35,9 +35,9 @@
    or a peer is late) sleeping 200 us between polls (500 us once a collective has
    waited 20 ms), so that backward keeps its core and the poll latency hides
    under it. AVG is SUM followed by a division by the size on every element, as
-   the local backend does. MPI counts are int: an
-   all-reduce or broadcast is split into calls of PDP_MPI_CHUNK elements;
-   reduce-scatter and all-gather take at most INT_MAX elements per rank.
+   the local backend does. MPI counts are int: an all-reduce or broadcast is
+   split into calls of PDP_MPI_CHUNK elements; reduce-scatter and all-gather take
+   at most INT_MAX elements per rank.
    In-place forms: all-gather with send == recv + rank * count, and
    reduce-scatter with recv == send + rank * count (NCCL's convention).
 
