@@ -219,10 +219,20 @@ $(EB)/test_%: $(EB)/test_%.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
 	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
 .PRECIOUS: $(EB)/test_%.o
 
-emu-cuda-test: $(EMU_CUDA_TESTS)
+$(EB)/bench_gpu.o: bench/cuda/gpu.c pdp.h
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+
+$(EB)/bench_gpu: $(EB)/bench_gpu.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
+	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# ... then bench/cuda/gpu.c once at toy sizes (--smoke): the GPU bench runs to the end.
+emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu
 	@for t in $(EMU_CUDA_TESTS); do \
 	    for n in $(EMU_CUDA_DEVICES); do \
 	        echo "== PDP_EMU_CUDA_DEVICES=$$n $$t"; \
 	        PDP_EMU_CUDA_DEVICES=$$n PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$$t || exit 1; \
 	    done; \
 	done
+	@echo "== PDP_EMU_CUDA_DEVICES=1 $(EB)/bench_gpu --smoke"
+	@PDP_EMU_CUDA_DEVICES=1 timeout 600 ./$(EB)/bench_gpu --smoke

@@ -7,7 +7,9 @@
      training     MLP and CNN samples/s (forward, cross-entropy, backward, Adam step)
 
    Build: make cuda (build/cuda/bench_gpu); run on a GPU machine: ./build/cuda/bench_gpu
-   [--quick]. Not built by `make bench` (it needs nvcc). tests/gpu/run.sh runs it. */
+   [--quick]. Not built by `make bench` (it needs nvcc). tests/gpu/run.sh runs it.
+   --smoke runs every path once at toy sizes (make emu-cuda-test does, on the CPU emulation
+   of CUDA, so this program is known to run before it meets a GPU). */
 
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
@@ -198,11 +200,16 @@ static int bench_training(int cnn, int64_t batch, int steps)
 int main(int argc, char **argv)
 {
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0, n = 0;
+    int smoke = argc > 1 && strcmp(argv[1], "--smoke") == 0;
     if (pdp_cuda_device_count(&n) != PDP_OK) {
         printf("bench_gpu: no CUDA device (%s); nothing to measure\n", pdp_last_error());
-        return 0;
+        return 2; /* not a pass: tests/gpu/run.sh records a failed step */
     }
     printf("pdp %s on CUDA device 0 (%d visible); TF32 off unless marked\n", pdp_version_string(), n);
+    if (smoke) /* every path once at toy sizes: make emu-cuda-test runs this on the CPU
+                  emulation of CUDA; the figures mean nothing there */
+        return bench_gemm(64, 1) || bench_elementwise(1 << 16, 1) || bench_training(0, 8, 1) ||
+               bench_training(1, 4, 1);
     if (bench_gemm(quick ? 2048 : 4096, quick ? 5 : 20)) return 1;
     if (bench_elementwise((int64_t)(quick ? 16 : 64) << 20, quick ? 5 : 20)) return 1;
     if (bench_training(0, 512, quick ? 20 : 100)) return 1;
