@@ -226,18 +226,20 @@ $(EB)/bench_gpu.o: bench/cuda/gpu.c pdp.h
 $(EB)/bench_gpu: $(EB)/bench_gpu.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
 	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(EB)/train_mnist.o: examples/train_mnist.c pdp.h
+$(EB)/train_%.o: examples/train_%.c pdp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
-$(EB)/train_mnist: $(EB)/train_mnist.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
+$(EB)/train_%: $(EB)/train_%.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
 	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
+.PRECIOUS: $(EB)/train_%.o
 
 # ... then bench/cuda/gpu.c once at toy sizes (--smoke): the GPU bench runs to the end; and
-# examples/train_mnist.c in short mode with -device cuda, whose epoch line (loss, train and
-# test accuracy) must read as the CPU's. (train_cnn -device cuda matches too, but takes
-# 85 s on the emulator: run it by hand.)
-emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist
+# two examples in short mode on emulated GPUs, whose losses and accuracies must read as their
+# CPU runs' (tests/cuda_emu/same_figures.sh): train_mnist -device cuda, and train_ddp over
+# NCCL with a thread per GPU. (train_cnn -device cuda matches too, but takes 85 s on the
+# emulator: run it by hand.)
+emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_ddp
 	@for t in $(EMU_CUDA_TESTS); do \
 	    for n in $(EMU_CUDA_DEVICES); do \
 	        echo "== PDP_EMU_CUDA_DEVICES=$$n $$t"; \
@@ -246,15 +248,9 @@ emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist
 	done
 	@echo "== PDP_EMU_CUDA_DEVICES=1 $(EB)/bench_gpu --smoke"
 	@PDP_EMU_CUDA_DEVICES=1 timeout 600 ./$(EB)/bench_gpu --smoke
-	@echo "== PDP_SHORT=1 $(EB)/train_mnist -device cuda, against -device cpu"
-	@for d in cpu cuda; do \
-	    PDP_SHORT=1 PDP_EMU_CUDA_DEVICES=1 timeout 600 ./$(EB)/train_mnist -device $$d \
-	        > $(EB)/train_mnist.$$d.out || { cat $(EB)/train_mnist.$$d.out; exit 1; }; \
-	    grep '^epoch' $(EB)/train_mnist.$$d.out | sed 's/  [0-9]* samples.*//' \
-	        > $(EB)/train_mnist.$$d.epoch; \
-	done; \
-	cat $(EB)/train_mnist.cuda.out; \
-	test -s $(EB)/train_mnist.cuda.epoch && \
-	    cmp -s $(EB)/train_mnist.cpu.epoch $(EB)/train_mnist.cuda.epoch || \
-	    { echo "train_mnist -device cuda differs from -device cpu:"; \
-	      diff $(EB)/train_mnist.cpu.epoch $(EB)/train_mnist.cuda.epoch; exit 1; }
+	@echo "== $(EB)/train_mnist -device cuda, against -device cpu"
+	@PDP_EMU_CUDA_DEVICES=1 sh tests/cuda_emu/same_figures.sh \
+	    "./$(EB)/train_mnist -device cpu" "./$(EB)/train_mnist -device cuda"
+	@echo "== $(EB)/train_ddp -backend nccl -np 2 (a thread per GPU), against -backend local"
+	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
+	    "./$(EB)/train_ddp -backend local -np 2" "./$(EB)/train_ddp -backend nccl -np 2"

@@ -6,14 +6,18 @@
    all-reduce running while backward goes on with earlier layers. Rank 0 prints
    the bytes each rank sent per step beside the ring all-reduce figure
    2(N-1)/N x gradient bytes, and the share of all-reduce time hidden under
-   backward. Ranks are threads of this process (-backend local) or MPI processes.
+   backward. Ranks are threads of this process (-backend local), MPI processes
+   (-backend mpi), or GPUs over NCCL (-backend nccl: one thread per GPU in this
+   process, or one process per GPU under torchrun / mpirun, which set WORLD_SIZE).
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_ddp.c -o train_ddp -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_ddp.c -o train_ddp_mpi -lm
-           nvcc -O2 -I. examples/train_ddp.c -o train_ddp -lm -lpthread   (CPU ranks as well)
+           make cuda   (build/cuda/train_ddp, with -DPDP_CUDA: -backend nccl)
    Run:    ./train_ddp                       (2 thread-ranks; PDP_SHORT=1 for a few steps)
            ./train_ddp -np 2 -epochs 2 -batch 256 -lr 0.05 -seed 1
            mpirun -np 2 ./train_ddp_mpi -backend mpi
+           ./build/cuda/train_ddp -backend nccl -np 2           (2 GPUs, one thread each)
+           torchrun --nproc-per-node 2 --no-python ./build/cuda/train_ddp -backend nccl
            PDP_TRACE=ddp.json ./train_ddp    then open ddp.json in ui.perfetto.dev
    Output (2 cores, 2 ranks, seed 1; mpirun -np 2 with -backend mpi prints the same losses):
            seed 1: Fashion-MNIST, backend local, 2 ranks, global batch 256 (128 per rank), ...
@@ -49,6 +53,7 @@ static unsigned long long seed = 1;
 static bool short_run;
 static pdp_dataset *train, *test;
 static pdp_local_group *group;
+static pdp_nccl_group *ngroup;
 
 static double seconds(void)
 {
@@ -57,8 +62,19 @@ static double seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* What every rank runs, on its own thread or process. */
-static void train_rank(pdp_comm *c)
+/* x itself for a replica on the CPU; for one on a GPU, x copied into the first rows of
+   the device buffer dev (a view of them in *view). */
+static const pdp_tensor *on_device(const pdp_tensor *x, const pdp_tensor *dev, pdp_tensor *view)
+{
+    if (!dev) return x;
+    CHECK(pdp_tensor_rows_view(dev, 0, x->shape[0], view));
+    CHECK(pdp_tensor_copy(view, x));
+    return view;
+}
+
+/* What every rank runs, on its own thread or process; dev is where its replica lives
+   (the CPU, or the rank's GPU under NCCL, where each batch is copied to xdev first). */
+static void train_rank(pdp_comm *c, pdp_device dev)
 {
     int rank = pdp_comm_rank(c), n = pdp_comm_size(c), e;
     pdp_model_desc md = {0};
@@ -69,9 +85,11 @@ static void train_rank(pdp_comm *c)
     pdp_ddp *ddp;
     pdp_dist_sampler *sampler;
     pdp_ddp_stats s;
+    pdp_tensor *xdev = NULL;
     int64_t step = 0, per_rank = batch / n;
 
     md.input_shape[0] = 784;
+    md.device = dev;
     md.seed = seed + (unsigned long long)rank; /* differs on purpose: DDP broadcasts rank 0's */
     CHECK(pdp_model_create(&m, &md));
     CHECK(pdp_model_add_linear(m, 512));
@@ -85,6 +103,9 @@ static void train_rank(pdp_comm *c)
     od.momentum = 0.9f;
     CHECK(pdp_optim_create(&opt, m, &od));
     CHECK(pdp_ddp_create(&ddp, m, c, NULL)); /* 25 MB buckets, the first 1 MB, as PyTorch */
+    if (dev.kind != PDP_DEVICE_CPU) /* a batch, or the evaluation's 1000 samples */
+        CHECK(pdp_tensor_create(&xdev, dev, 2, (int64_t[]){per_rank > 1000 ? per_rank : 1000,
+                                                           784}));
 
     sd.dataset_size = train->count;
     sd.world_size = n;
@@ -94,7 +115,7 @@ static void train_rank(pdp_comm *c)
     for (e = 0; e < epochs; e++) {
         pdp_batcher_desc bd = {0};
         pdp_batcher *b;
-        pdp_tensor x;
+        pdp_tensor x, xv;
         const int32_t *y;
         int64_t got, seen = 0, correct = 0;
         double loss_sum = 0.0, t0 = seconds();
@@ -105,7 +126,8 @@ static void train_rank(pdp_comm *c)
         bd.indices = pdp_dist_sampler_indices(sampler, &bd.num_indices);
         CHECK(pdp_batcher_create(&b, train, &bd));
         while (pdp_batcher_next(b, &x, &y, &got)) {
-            CHECK(pdp_ddp_forward_backward(ddp, &x, y, &loss)); /* all-reduces overlap */
+            /* forward, loss, backward; each bucket's all-reduce starts as it fills */
+            CHECK(pdp_ddp_forward_backward(ddp, on_device(&x, xdev, &xv), y, &loss));
             CHECK(pdp_ddp_step(ddp, opt));                      /* waits, averages, updates */
             loss_sum += loss;
             seen += got;
@@ -118,13 +140,13 @@ static void train_rank(pdp_comm *c)
         pdp_batcher_free(b);
         pdp_ddp_get_stats(ddp, &s);
         if (rank == 0) { /* every rank holds the same parameters: rank 0 evaluates */
-            pdp_tensor tx;
+            pdp_tensor tx, tv;
             const pdp_tensor *logits;
             int64_t k = test->count < 1000 ? test->count : 1000;
             double dt = seconds() - t0, hidden = 1.0 - s.total_wait_s / s.total_allreduce_s;
             pdp_model_set_training(m, false);
             CHECK(pdp_dataset_view(test, 0, k, &tx));
-            CHECK(pdp_model_forward(m, &tx, &logits));
+            CHECK(pdp_model_forward(m, on_device(&tx, xdev, &tv), &logits));
             CHECK(pdp_count_correct(logits, test->labels, &correct));
             pdp_model_set_training(m, true);
             printf("epoch %d  loss %.4f  test %.2f%% (first %lld)  %.0f samples/s  all-reduce "
@@ -134,6 +156,7 @@ static void train_rank(pdp_comm *c)
         }
     }
     pdp_dist_sampler_free(sampler);
+    pdp_tensor_free(xdev);
     pdp_ddp_free(ddp);
     pdp_optim_free(opt);
     pdp_model_free(m);
@@ -141,9 +164,11 @@ static void train_rank(pdp_comm *c)
 
 static void *rank_thread(void *arg)
 {
+    int rank = (int)(intptr_t)arg;
     pdp_comm *c;
-    CHECK(pdp_comm_create_local(&c, group, (int)(intptr_t)arg));
-    train_rank(c);
+    if (ngroup) CHECK(pdp_comm_create_nccl(&c, ngroup, rank));
+    else CHECK(pdp_comm_create_local(&c, group, rank));
+    train_rank(c, ngroup ? pdp_cuda(rank) : pdp_cpu());
     pdp_comm_free(c);
     return NULL;
 }
@@ -154,6 +179,7 @@ int main(int argc, char **argv)
     pdp_dataset_desc dd = {0};
     int i, rank = 0;
     pdp_comm *c = NULL;
+    pdp_device dev = pdp_cpu();
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-backend")) backend = argv[i + 1];
@@ -165,8 +191,9 @@ int main(int argc, char **argv)
         else break;
     }
     if (i < argc || np < 1 || np > 64 || epochs < 1 || batch < np ||
-        (strcmp(backend, "local") && strcmp(backend, "mpi"))) {
-        fprintf(stderr, "usage: %s [-backend local|mpi] [-np 2 (local; mpirun sets MPI's)] "
+        (strcmp(backend, "local") && strcmp(backend, "mpi") && strcmp(backend, "nccl"))) {
+        fprintf(stderr, "usage: %s [-backend local|mpi|nccl] [-np 2 (threads; mpirun or "
+                "torchrun set it for processes)] "
                 "[-epochs 1] [-batch 256 (global)] [-lr 0.05] [-seed 1]\n", argv[0]);
         return 2;
     }
@@ -176,6 +203,13 @@ int main(int argc, char **argv)
         CHECK(pdp_comm_init_env(&c, &cd));
         rank = pdp_comm_rank(c);
         np = pdp_comm_size(c);
+    } else if (!strcmp(backend, "nccl") && getenv("WORLD_SIZE")) { /* one process per GPU */
+        pdp_comm_desc cd = {0};
+        cd.backend = PDP_BACKEND_NCCL; /* the GPU is LOCAL_RANK's */
+        CHECK(pdp_comm_init_env(&c, &cd));
+        rank = pdp_comm_rank(c);
+        np = pdp_comm_size(c);
+        dev = pdp_cuda(getenv("LOCAL_RANK") ? atoi(getenv("LOCAL_RANK")) : 0);
     }
     dd.flat = true;
     dd.mean = PDP_FASHION_MNIST_MEAN;
@@ -197,15 +231,22 @@ int main(int argc, char **argv)
                "784-512-512-10, SGD lr %g momentum 0.9\n", seed, source, backend, np,
                (long long)batch, (long long)(batch / np), (double)lr);
 
-    if (c) { /* MPI: this process is one rank */
-        train_rank(c);
+    if (c) { /* MPI or NCCL processes: this process is one rank */
+        train_rank(c, dev);
         pdp_comm_free(c);
-    } else { /* local: np threads share the datasets */
+    } else { /* np threads share the datasets: CPU ranks, or one per GPU over NCCL */
         pthread_t t[64];
-        CHECK(pdp_local_group_create(&group, np, NULL));
+        if (!strcmp(backend, "nccl")) {
+            pdp_device devs[64];
+            for (i = 0; i < np; i++) devs[i] = pdp_cuda(i);
+            CHECK(pdp_nccl_group_create(&ngroup, np, devs, NULL));
+        } else {
+            CHECK(pdp_local_group_create(&group, np, NULL));
+        }
         for (i = 0; i < np; i++) pthread_create(&t[i], NULL, rank_thread, (void *)(intptr_t)i);
         for (i = 0; i < np; i++) pthread_join(t[i], NULL);
-        pdp_local_group_free(group);
+        if (ngroup) pdp_nccl_group_free(ngroup);
+        else pdp_local_group_free(group);
     }
     pdp_dataset_free(train);
     pdp_dataset_free(test);
