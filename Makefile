@@ -235,11 +235,12 @@ $(EB)/train_%: $(EB)/train_%.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
 .PRECIOUS: $(EB)/train_%.o
 
 # ... then bench/cuda/gpu.c once at toy sizes (--smoke): the GPU bench runs to the end; and
-# two examples in short mode on emulated GPUs, whose losses and accuracies must read as their
-# CPU runs' (tests/cuda_emu/same_figures.sh): train_mnist -device cuda, and train_ddp over
-# NCCL with a thread per GPU. (train_cnn -device cuda matches too, but takes 85 s on the
+# three examples in short mode on emulated GPUs, whose losses and accuracies must read as
+# their CPU runs' (tests/cuda_emu/same_figures.sh): train_mnist -device cuda, train_dp on 2
+# GPUs, and train_ddp over NCCL with a thread per GPU. (train_cnn -device cuda matches too, but takes 85 s on the
 # emulator: run it by hand.)
-emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_ddp
+emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_dp \
+               $(EB)/train_ddp
 	@for t in $(EMU_CUDA_TESTS); do \
 	    for n in $(EMU_CUDA_DEVICES); do \
 	        echo "== PDP_EMU_CUDA_DEVICES=$$n $$t"; \
@@ -251,6 +252,9 @@ emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_d
 	@echo "== $(EB)/train_mnist -device cuda, against -device cpu"
 	@PDP_EMU_CUDA_DEVICES=1 sh tests/cuda_emu/same_figures.sh \
 	    "./$(EB)/train_mnist -device cpu" "./$(EB)/train_mnist -device cuda"
+	@echo "== $(EB)/train_dp -j 2 -gpus 2 (DP on GPUs), against -j 2 on the CPU"
+	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
+	    "./$(EB)/train_dp -j 2" "./$(EB)/train_dp -j 2 -gpus 2"
 	@echo "== $(EB)/train_ddp -backend nccl -np 2 (a thread per GPU), against -backend local"
 	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
 	    "./$(EB)/train_ddp -backend local -np 2" "./$(EB)/train_ddp -backend nccl -np 2"

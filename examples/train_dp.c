@@ -10,10 +10,12 @@
    bytes through the master, and the master's memory against a replica's.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_dp.c -o train_dp -lm -lpthread
-           nvcc -O2 -I. examples/train_dp.c -o train_dp -lm -lpthread   (CPU workers; GPU
-           workers: a PDP_CUDA build, a master on pdp_cuda(0) and desc.devices = pdp_cuda(i))
+           make cuda   (build/cuda/train_dp, with -DPDP_CUDA: -gpus)
    Run:    ./train_dp               (2 workers; PDP_SHORT=1 for a few steps only)
            ./train_dp -j 4 -epochs 5 -batch 128 -lr 0.001 -seed 1
+           ./build/cuda/train_dp -gpus 2 -j 2   (DP on GPUs: the master on GPU 0, worker i
+                        on GPU i mod 2; parameters replicated by peer copies, the batch
+                        scattered from the host, outputs and gradients gathered on GPU 0)
    Output (2 cores, -j 2; train_mnist.c reaches 88.76% with the same seed, -j 3 88.91%):
            seed 1: Fashion-MNIST, 60000 train / 10000 test, MLP 784-256-256-10, Adam lr 0.001, ...
            epoch 1  loss 0.5748  train 80.31%  test 85.33%  16681 samples/s  3.6 s
@@ -53,17 +55,22 @@ static double seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Test accuracy on the master, in chunks of 1000 samples viewed in place. */
-static double evaluate(pdp_model *m, const pdp_dataset *ds)
+/* Test accuracy on the master, in chunks of 1000 samples viewed in place (copied to the
+   device buffer dev first when the master is on a GPU). */
+static double evaluate(pdp_model *m, const pdp_dataset *ds, const pdp_tensor *dev)
 {
     int64_t first, correct = 0, c;
-    pdp_tensor x;
+    pdp_tensor x, xv;
     const pdp_tensor *logits;
     pdp_model_set_training(m, false);
     for (first = 0; first < ds->count; first += 1000) {
         int64_t n = ds->count - first < 1000 ? ds->count - first : 1000;
         CHECK(pdp_dataset_view(ds, first, n, &x));
-        CHECK(pdp_model_forward(m, &x, &logits));
+        if (dev) {
+            CHECK(pdp_tensor_rows_view(dev, 0, n, &xv));
+            CHECK(pdp_tensor_copy(&xv, &x));
+        }
+        CHECK(pdp_model_forward(m, dev ? &xv : &x, &logits));
         CHECK(pdp_count_correct(logits, ds->labels + first, &c));
         correct += c;
     }
@@ -73,7 +80,7 @@ static double evaluate(pdp_model *m, const pdp_dataset *ds)
 
 int main(int argc, char **argv)
 {
-    int epochs = 5, workers = 2, i;
+    int epochs = 5, workers = 2, gpus = 0, i;
     int64_t batch = 128, step = 0, total_steps;
     float lr = 1e-3f;
     unsigned long long seed = 1;
@@ -88,20 +95,25 @@ int main(int argc, char **argv)
     pdp_optim *opt;
     pdp_batcher *batcher;
     pdp_dp *dp;
+    pdp_device devices[64];
+    pdp_tensor *xdev = NULL;
     const char *source = "Fashion-MNIST";
     char report[1024];
     double t0;
 
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-j")) workers = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-gpus")) gpus = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
         else break;
     }
-    if (i < argc || epochs < 1 || batch < 1 || workers < 0) {
-        fprintf(stderr, "usage: %s [-j 2 (0 = one per core)] [-epochs 5] [-batch 128] "
+    if (i < argc || epochs < 1 || batch < 1 || workers < 0 || workers > 64 || gpus < 0 ||
+        (gpus > 0 && workers < 1)) {
+        fprintf(stderr, "usage: %s [-j 2 (0 = one per core)] [-gpus 0 (workers on GPUs "
+                        "0..gpus-1)] [-epochs 5] [-batch 128] "
                         "[-lr 0.001] [-seed 1]\n  PDP_DATA=dir: the Fashion-MNIST files; "
                         "PDP_SHORT=1: a few steps on synthetic data\n", argv[0]);
         return 2;
@@ -127,6 +139,7 @@ int main(int argc, char **argv)
     /* the master model and its optimizer; DP clones the replicas from it */
     md.input_shape[0] = 784;
     md.seed = seed;
+    md.device = gpus ? pdp_cuda(0) : pdp_cpu();
     CHECK(pdp_model_create(&m, &md));
     CHECK(pdp_model_add_linear(m, 256));
     CHECK(pdp_model_add_relu(m));
@@ -137,6 +150,11 @@ int main(int argc, char **argv)
     od.lr = lr;
     CHECK(pdp_optim_create(&opt, m, &od));
     dpd.num_workers = workers;
+    if (gpus) { /* worker i on GPU i mod gpus; the batches stay on the host until scattered */
+        for (i = 0; i < workers; i++) devices[i] = pdp_cuda(i % gpus);
+        dpd.devices = devices;
+        CHECK(pdp_tensor_create(&xdev, pdp_cuda(0), 2, (int64_t[]){1000, 784})); /* eval */
+    }
     CHECK(pdp_dp_create(&dp, m, &dpd));
 
     bd.batch_size = batch;
@@ -145,8 +163,10 @@ int main(int argc, char **argv)
     CHECK(pdp_batcher_create(&batcher, train, &bd));
     total_steps = epochs * pdp_batcher_num_batches(batcher);
     printf("seed %llu: %s, %lld train / %lld test, MLP 784-256-256-10, Adam lr %g, batch %lld, "
-           "DP over %d workers\n", seed, source, (long long)train->count, (long long)test->count,
+           "DP over %d workers", seed, source, (long long)train->count, (long long)test->count,
            (double)lr, (long long)batch, pdp_dp_num_workers(dp));
+    if (gpus) printf(" on %d GPU%s", gpus, gpus > 1 ? "s" : "");
+    printf("\n");
 
     t0 = seconds();
     for (i = 0; i < epochs; i++) {
@@ -169,7 +189,7 @@ int main(int argc, char **argv)
         t_epoch = seconds() - t_epoch;
         printf("epoch %d  loss %.4f  train %.2f%%  test %.2f%%  %.0f samples/s  %.1f s\n", i + 1,
                loss_sum / (double)seen, 100.0 * (double)correct / (double)seen,
-               evaluate(m, test), (double)seen / t_epoch, seconds() - t0);
+               evaluate(m, test, xdev), (double)seen / t_epoch, seconds() - t0);
         CHECK(pdp_dp_get_stats(dp, &stats));
         pdp_dp_stats_format(&stats, report, sizeof report);
         printf("%s", report);
@@ -177,6 +197,7 @@ int main(int argc, char **argv)
     }
 
     pdp_dp_free(dp);
+    pdp_tensor_free(xdev);
     pdp_batcher_free(batcher);
     pdp_optim_free(opt);
     pdp_model_free(m);
