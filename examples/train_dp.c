@@ -55,6 +55,16 @@ static double seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* x itself for a master on the CPU; for one on a GPU, x copied into the first rows of
+   the device buffer dev (a view of them in *view). */
+static const pdp_tensor *on_device(const pdp_tensor *x, const pdp_tensor *dev, pdp_tensor *view)
+{
+    if (!dev) return x;
+    CHECK(pdp_tensor_rows_view(dev, 0, x->shape[0], view));
+    CHECK(pdp_tensor_copy(view, x));
+    return view;
+}
+
 /* Test accuracy on the master, in chunks of 1000 samples viewed in place (copied to the
    device buffer dev first when the master is on a GPU). */
 static double evaluate(pdp_model *m, const pdp_dataset *ds, const pdp_tensor *dev)
@@ -66,11 +76,7 @@ static double evaluate(pdp_model *m, const pdp_dataset *ds, const pdp_tensor *de
     for (first = 0; first < ds->count; first += 1000) {
         int64_t n = ds->count - first < 1000 ? ds->count - first : 1000;
         CHECK(pdp_dataset_view(ds, first, n, &x));
-        if (dev) {
-            CHECK(pdp_tensor_rows_view(dev, 0, n, &xv));
-            CHECK(pdp_tensor_copy(&xv, &x));
-        }
-        CHECK(pdp_model_forward(m, dev ? &xv : &x, &logits));
+        CHECK(pdp_model_forward(m, on_device(&x, dev, &xv), &logits));
         CHECK(pdp_count_correct(logits, ds->labels + first, &c));
         correct += c;
     }

@@ -81,9 +81,8 @@ static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
 
 static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value)
 {
-    int64_t i;
     if (d.kind == PDP_DEVICE_CPU) {
-        for (i = 0; i < count; i++) p[i] = value;
+        PDP__FOR_BLOCKED(i, count, p[i] = value;);
         return PDP_OK;
     }
 #ifdef PDP_CUDA
@@ -111,11 +110,11 @@ static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_de
 #endif
 }
 
-static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src, int64_t count)
+static pdp_status pdp__dev_add(pdp_device d, float *PDP__RESTRICT dst,
+                               const float *PDP__RESTRICT src, int64_t count)
 {
-    int64_t i;
     if (d.kind == PDP_DEVICE_CPU) {
-        for (i = 0; i < count; i++) dst[i] += src[i];
+        PDP__FOR_BLOCKED(i, count, dst[i] += src[i];);
         return PDP_OK;
     }
 #ifdef PDP_CUDA

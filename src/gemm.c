@@ -104,14 +104,49 @@ static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, floa
 #  define PDP__GEMM_NV 2
 #  define PDP__GEMM_VL 16
 
+/* Lane masks of a tile's nr valid columns, one per vector of a B row. */
+static inline __attribute__((always_inline)) void pdp__gemm_col_masks(int nr, __mmask16 mask[PDP__GEMM_NV])
+{
+    int v;
+    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        int left = nr - v * PDP__GEMM_VL;
+        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+}
+
+/* How every AVX-512 kernel ends: the top-left mr x nr of acc to c (row stride ldc) as
+   alpha * acc + beta * c, reading c only when beta != 0; a full tile unmasked. Always
+   inlined: a call would take acc's address and keep the accumulators in memory. */
+static inline __attribute__((always_inline)) void pdp__gemm_store_tile(
+    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV], float *c, int64_t ldc, int mr, int nr, float alpha,
+    float beta)
+{
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[PDP__GEMM_NV];
+    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    pdp__gemm_col_masks(nr, mask);
+    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
+        float *ci = c + i * ldc;
+        if (i >= mr) break;
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (full) {
+                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), r);
+                _mm512_storeu_ps(ci + v * 16, r);
+            } else {
+                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
+                _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
+            }
+        }
+    }
+}
+
 static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
                              const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
                              int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    __mmask16 mask[PDP__GEMM_NV];
-    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int i, v;
     int64_t p;
     _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
         _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
@@ -130,24 +165,7 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
         ap += PDP__GEMM_MR;
         bp += PDP__GEMM_NV * PDP__GEMM_VL;
     }
-    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
-        int left = nr - v * PDP__GEMM_VL;
-        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-    }
-    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
-        float *ci = c + i * ldc;
-        if (i >= mr) break;
-        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
-            __m512 r = _mm512_mul_ps(va, acc[i][v]);
-            if (full) {
-                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), r);
-                _mm512_storeu_ps(ci + v * 16, r);
-            } else {
-                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
-                _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
-            }
-        }
-    }
+    pdp__gemm_store_tile(acc, c, ldc, mr, nr, alpha, beta);
 }
 
 /* The same tile with B read in place instead of packed: row p of the tile's B is
@@ -162,14 +180,10 @@ static void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap
                                   int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     __mmask16 mask[PDP__GEMM_NV];
-    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int i, v;
     int64_t p;
-    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
-        int left = nr - v * PDP__GEMM_VL;
-        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-    }
+    pdp__gemm_col_masks(nr, mask);
     _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
         _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
     }
@@ -187,20 +201,7 @@ static void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap
         }
         ap += PDP__GEMM_MR;
     }
-    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
-        float *ci = c + i * ldc;
-        if (i >= mr) break;
-        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
-            __m512 r = _mm512_mul_ps(va, acc[i][v]);
-            if (full) {
-                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), r);
-                _mm512_storeu_ps(ci + v * 16, r);
-            } else {
-                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
-                _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
-            }
-        }
-    }
+    pdp__gemm_store_tile(acc, c, ldc, mr, nr, alpha, beta);
 }
 
 /* The same tile with A read in place: row i of the tile's A is a8[i] (a gathered
@@ -212,10 +213,8 @@ static void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
                                    int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    __mmask16 mask[PDP__GEMM_NV];
     const float *r[PDP__GEMM_MR];
-    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
+    int i, v;
     int64_t p;
     for (i = 0; i < PDP__GEMM_MR; i++) r[i] = a8[i];
     _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
@@ -234,24 +233,7 @@ static void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
         }
         bp += PDP__GEMM_NV * PDP__GEMM_VL;
     }
-    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
-        int left = nr - v * PDP__GEMM_VL;
-        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-    }
-    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
-        float *ci = c + i * ldc;
-        if (i >= mr) break;
-        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
-            __m512 o = _mm512_mul_ps(va, acc[i][v]);
-            if (full) {
-                if (beta != 0.0f) o = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), o);
-                _mm512_storeu_ps(ci + v * 16, o);
-            } else {
-                if (beta != 0.0f) o = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), o);
-                _mm512_mask_storeu_ps(ci + v * 16, mask[v], o);
-            }
-        }
-    }
+    pdp__gemm_store_tile(acc, c, ldc, mr, nr, alpha, beta);
 }
 
 #elif !defined(PDP_NO_SIMD) && defined(__AVX2__) && defined(__FMA__)
@@ -731,7 +713,7 @@ static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
     int nr, float beta, const int segs)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
-    __mmask16 mask[PDP__GEMM_NV], sm[PDP__GEMM_NV][3];
+    __mmask16 sm[PDP__GEMM_NV][3];
     int64_t so[PDP__GEMM_NV][3];
     int i, v, s;
     int64_t p;
@@ -740,10 +722,6 @@ static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
             sm[v][s] = s < nseg[v] ? smask[v * PDP__GEMM_VL + s] : 0;
             so[v][s] = s < nseg[v] ? soff[v * PDP__GEMM_VL + s] : 0;
         }
-    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
-        int left = nr - v * PDP__GEMM_VL;
-        mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-    }
     _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
         _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
     }
@@ -771,15 +749,7 @@ static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
         }
         ap += PDP__GEMM_MR;
     }
-    _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
-        float *ci = c + i * ldc;
-        if (i >= mr) break;
-        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
-            __m512 r = acc[i][v];
-            if (beta != 0.0f) r = _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
-            _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
-        }
-    }
+    pdp__gemm_store_tile(acc, c, ldc, mr, nr, 1.0f, beta); /* beta 0 or 1: = c + acc */
 }
 
 static void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
