@@ -8,17 +8,25 @@
        #define PDP_IMPLEMENTATION
        #include "pdp.h"
 
+       #define CHECK(call) do { if ((call) != PDP_OK) { puts(pdp_last_error()); return 1; } } while (0)
+
        pdp_dataset *data;  pdp_batcher *batches;  pdp_model *m;  pdp_optim *opt;
        pdp_tensor x;  const int32_t *y;  int64_t n;  float loss;
-       pdp_dataset_load_fashion_mnist(&data, true, &(pdp_dataset_desc){.flat = true});
-       pdp_batcher_create(&batches, data, &(pdp_batcher_desc){.batch_size = 64, .shuffle = true});
-       pdp_model_create(&m, &(pdp_model_desc){.input_shape = {784}, .seed = 1});
-       pdp_model_add_linear(m, 256);  pdp_model_add_relu(m);  pdp_model_add_linear(m, 10);
-       pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = 1e-3f});
+       CHECK(pdp_dataset_load_fashion_mnist(&data, true, &(pdp_dataset_desc){.flat = true}));
+       CHECK(pdp_batcher_create(&batches, data, &(pdp_batcher_desc){.batch_size = 64, .shuffle = true}));
+       CHECK(pdp_model_create(&m, &(pdp_model_desc){.input_shape = {784}, .seed = 1}));
+       CHECK(pdp_model_add_linear(m, 256));  CHECK(pdp_model_add_relu(m));
+       CHECK(pdp_model_add_linear(m, 10));
+       CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = 1e-3f}));
        while (pdp_batcher_next(batches, &x, &y, &n)) {
-           if (pdp_model_forward_backward(m, &x, y, &loss) != PDP_OK) puts(pdp_last_error());
-           pdp_optim_step(opt);  pdp_optim_zero_grad(opt);
+           CHECK(pdp_model_forward_backward(m, &x, y, &loss));
+           CHECK(pdp_optim_step(opt));  pdp_optim_zero_grad(opt);
        }
+       pdp_optim_free(opt);  pdp_model_free(m);  pdp_batcher_free(batches);  pdp_dataset_free(data);
+       pdp_shutdown_threads();   /* optional: joins the GEMM thread pool */
+
+   Link with -lm -lpthread. C++ and .cu files have no compound literals: declare the
+   desc zeroed (pdp_model_desc md = {};), set its fields, pass &md.
 
    Every function that can fail returns a pdp_status; on failure pdp_last_error()
    says what and where ("pdp_model_forward: layer 0 (Linear) expects [64, 784],
@@ -1410,7 +1418,7 @@ static inline PDP__HOSTDEV uint64_t pdp__mix64(uint64_t z)
 static inline PDP__HOSTDEV uint64_t pdp__dropout_key(uint64_t seed, int layer, uint64_t step,
                                                      int64_t sample)
 {
-    uint64_t k = pdp__mix64(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(layer + 1));
+    uint64_t k = pdp__mix64(seed + UINT64_C(0x9e3779b97f4a7c15) * (uint64_t)(layer + 1));
     k = pdp__mix64(k ^ (step * 0xd1b54a32d192ed03ull));
     return pdp__mix64(k ^ ((uint64_t)sample * 0x8cb92ba72f3d8dd7ull));
 }
@@ -1444,10 +1452,14 @@ static inline PDP__HOSTDEV uint32_t pdp__dropout_threshold(float p)
    take sqrt of a whole block at once (sqrtf itself blocks auto-vectorisation
    while errno is on); pdp__adam_update is the two halves for one element. */
 
+/* x != 0 for the finite hyper-parameters (validated by optim.c), written without == on
+   floats so that the block stays quiet under a user's -Wfloat-equal. */
+static inline PDP__HOSTDEV int pdp__nonzero(float x) { return x < 0.0f || x > 0.0f; }
+
 /* SGD without momentum. */
 static inline PDP__HOSTDEV float pdp__sgd_update(float p, float g, float lr, float weight_decay)
 {
-    float d = weight_decay != 0.0f ? g + weight_decay * p : g;
+    float d = pdp__nonzero(weight_decay) ? g + weight_decay * p : g;
     return p - lr * d;
 }
 
@@ -1459,7 +1471,7 @@ static inline PDP__HOSTDEV float pdp__sgd_momentum_update(float p, float g, floa
                                                           float weight_decay, int nesterov,
                                                           int first)
 {
-    float d = weight_decay != 0.0f ? g + weight_decay * p : g;
+    float d = pdp__nonzero(weight_decay) ? g + weight_decay * p : g;
     float old = *buf;
     float b = first ? d : momentum * old + one_minus_damp * d;
     *buf = b;
@@ -1472,7 +1484,7 @@ static inline PDP__HOSTDEV void pdp__adam_moments(float p, float g, float *m, fl
                                                   float one_minus_beta1, float beta2,
                                                   float one_minus_beta2, float l2)
 {
-    if (l2 != 0.0f) g = g + l2 * p;
+    if (pdp__nonzero(l2)) g = g + l2 * p;
     *m = beta1 * *m + one_minus_beta1 * g;
     *v = beta2 * *v + one_minus_beta2 * g * g;
 }

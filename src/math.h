@@ -83,7 +83,7 @@ static inline PDP__HOSTDEV uint64_t pdp__mix64(uint64_t z)
 static inline PDP__HOSTDEV uint64_t pdp__dropout_key(uint64_t seed, int layer, uint64_t step,
                                                      int64_t sample)
 {
-    uint64_t k = pdp__mix64(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(layer + 1));
+    uint64_t k = pdp__mix64(seed + UINT64_C(0x9e3779b97f4a7c15) * (uint64_t)(layer + 1));
     k = pdp__mix64(k ^ (step * 0xd1b54a32d192ed03ull));
     return pdp__mix64(k ^ ((uint64_t)sample * 0x8cb92ba72f3d8dd7ull));
 }
@@ -117,10 +117,14 @@ static inline PDP__HOSTDEV uint32_t pdp__dropout_threshold(float p)
    take sqrt of a whole block at once (sqrtf itself blocks auto-vectorisation
    while errno is on); pdp__adam_update is the two halves for one element. */
 
+/* x != 0 for the finite hyper-parameters (validated by optim.c), written without == on
+   floats so that the block stays quiet under a user's -Wfloat-equal. */
+static inline PDP__HOSTDEV int pdp__nonzero(float x) { return x < 0.0f || x > 0.0f; }
+
 /* SGD without momentum. */
 static inline PDP__HOSTDEV float pdp__sgd_update(float p, float g, float lr, float weight_decay)
 {
-    float d = weight_decay != 0.0f ? g + weight_decay * p : g;
+    float d = pdp__nonzero(weight_decay) ? g + weight_decay * p : g;
     return p - lr * d;
 }
 
@@ -132,7 +136,7 @@ static inline PDP__HOSTDEV float pdp__sgd_momentum_update(float p, float g, floa
                                                           float weight_decay, int nesterov,
                                                           int first)
 {
-    float d = weight_decay != 0.0f ? g + weight_decay * p : g;
+    float d = pdp__nonzero(weight_decay) ? g + weight_decay * p : g;
     float old = *buf;
     float b = first ? d : momentum * old + one_minus_damp * d;
     *buf = b;
@@ -145,7 +149,7 @@ static inline PDP__HOSTDEV void pdp__adam_moments(float p, float g, float *m, fl
                                                   float one_minus_beta1, float beta2,
                                                   float one_minus_beta2, float l2)
 {
-    if (l2 != 0.0f) g = g + l2 * p;
+    if (pdp__nonzero(l2)) g = g + l2 * p;
     *m = beta1 * *m + one_minus_beta1 * g;
     *v = beta2 * *v + one_minus_beta2 * g * g;
 }
