@@ -666,35 +666,14 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
 /* ---- end src/checkpoint.h ---- */
 
 /* ---- begin src/store.h ---- */
-/* store: rendezvous the way torchrun does it, and a small TCP key-value store.
-
-   pdp_env_read() tells a process who it is: RANK, WORLD_SIZE, LOCAL_RANK,
-   LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun exports them, or
-   OpenMPI's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} under mpirun.
+/* store: a small TCP key-value store (rendezvous.h says who the ranks are and
+   where rank 0 serves it).
 
    The store is PyTorch's TCPStore in miniature: rank 0 serves it from a thread
    inside its own process, every rank (rank 0 too, through loopback) is a client.
    Ranks exchange small blobs through it before a collective library exists (the
    NCCL unique id) and synchronise with counters and barriers. Every blocking call
    ends by its timeout with PDP_ERR_TIMEOUT naming the key; nothing hangs. */
-
-/* Who this process is. Defaults when nothing is set: rank 0 of 1, local rank 0
-   of 1, 127.0.0.1:29500, from_env false. */
-typedef struct pdp_env_info {
-    int rank;              /* RANK, else OMPI_COMM_WORLD_RANK; 0 */
-    int world_size;        /* WORLD_SIZE, else OMPI_COMM_WORLD_SIZE; 1 */
-    int local_rank;        /* LOCAL_RANK, else OMPI_COMM_WORLD_LOCAL_RANK; else rank */
-    int local_world_size;  /* LOCAL_WORLD_SIZE, else OMPI_COMM_WORLD_LOCAL_SIZE; else world */
-    char master_addr[256]; /* MASTER_ADDR; "127.0.0.1" */
-    int master_port;       /* MASTER_PORT; 29500 */
-    bool from_env;         /* true when RANK/WORLD_SIZE or OMPI_COMM_WORLD_* were set */
-} pdp_env_info;
-
-/* Fills *out from the environment (torchrun's variables win over OpenMPI's; an
-   empty variable counts as unset). PDP_ERR_INVALID, naming the variable and its
-   value, for a non-integer, rank >= world size, a port outside 1..65535, or only
-   one of RANK and WORLD_SIZE set. *out holds the defaults on failure. */
-PDP_API pdp_status pdp_env_read(pdp_env_info *out);
 
 /* Limits a server enforces on every request (a foreign peer gets an error reply
    and is disconnected); a client checks them before sending. */
@@ -749,6 +728,34 @@ PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, i
 PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
                                      double timeout_s);
 /* ---- end src/store.h ---- */
+
+/* ---- begin src/rendezvous.h ---- */
+/* rendezvous: who this process is, the way torchrun and mpirun say it.
+
+   pdp_env_read() tells a process who it is: RANK, WORLD_SIZE, LOCAL_RANK,
+   LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun exports them, or
+   OpenMPI's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} under mpirun.
+   MASTER_ADDR and MASTER_PORT say where rank 0 serves the TCP store (store.h)
+   through which a backend hands out its unique id (pdp_comm_init_env). */
+
+/* Who this process is. Defaults when nothing is set: rank 0 of 1, local rank 0
+   of 1, 127.0.0.1:29500, from_env false. */
+typedef struct pdp_env_info {
+    int rank;              /* RANK, else OMPI_COMM_WORLD_RANK; 0 */
+    int world_size;        /* WORLD_SIZE, else OMPI_COMM_WORLD_SIZE; 1 */
+    int local_rank;        /* LOCAL_RANK, else OMPI_COMM_WORLD_LOCAL_RANK; else rank */
+    int local_world_size;  /* LOCAL_WORLD_SIZE, else OMPI_COMM_WORLD_LOCAL_SIZE; else world */
+    char master_addr[256]; /* MASTER_ADDR; "127.0.0.1" */
+    int master_port;       /* MASTER_PORT; 29500 */
+    bool from_env;         /* true when RANK/WORLD_SIZE or OMPI_COMM_WORLD_* were set */
+} pdp_env_info;
+
+/* Fills *out from the environment (torchrun's variables win over OpenMPI's; an
+   empty variable counts as unset). PDP_ERR_INVALID, naming the variable and its
+   value, for a non-integer, rank >= world size, a port outside 1..65535, or only
+   one of RANK and WORLD_SIZE set. *out holds the defaults on failure. */
+PDP_API pdp_status pdp_env_read(pdp_env_info *out);
+/* ---- end src/rendezvous.h ---- */
 
 /* ---- begin src/comm.h ---- */
 /* comm: communicators. One table of collectives (all-reduce, broadcast,
@@ -8043,7 +8050,8 @@ PDP_API pdp_status pdp_trace_flush(void)
 /* ---- end src/trace.c ---- */
 
 /* ---- begin src/store.c ---- */
-/* store: torchrun-style rendezvous from the environment, and a TCP key-value store.
+/* store: a TCP key-value store, PyTorch's TCPStore in miniature (rendezvous.c reads
+   who the ranks are and hands a unique id out through it).
 
    Server. One thread in the rank-0 process runs a poll() loop over a wake pipe,
    the listening socket and every client connection; all sockets are non-blocking
@@ -8105,94 +8113,6 @@ PDP_API pdp_status pdp_trace_flush(void)
 #define PDP__STORE_GRACE_S 5.0          /* client waits this much past a server-side timeout */
 #define PDP__STORE_MAX_CONNS 4096       /* further connections are accepted and closed */
 #define PDP__STORE_MAX_TIMEOUT_MS 1000000000000ull
-
-/* ---- environment ---- */
-
-/* getenv, with an empty value counting as unset (`RANK= ./train`). */
-static const char *pdp__env_get(const char *name)
-{
-    const char *v = getenv(name);
-    return (v && v[0]) ? v : NULL;
-}
-
-/* Parses the whole of value as a decimal integer in [lo, hi]; why says what the
-   range means in the message. */
-static pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
-                               const char *why, int *out)
-{
-    char *end;
-    long x;
-    errno = 0;
-    x = strtol(value, &end, 10);
-    if (end == value || *end != '\0' || errno == ERANGE)
-        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s='%.64s' is not an integer", name, value);
-    if (x < lo || x > hi)
-        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s=%ld is outside %ld..%ld%s", name, x, lo,
-                        hi, why);
-    *out = (int)x;
-    return PDP_OK;
-}
-
-PDP_API pdp_status pdp_env_read(pdp_env_info *out)
-{
-    static const char *const torchrun[4] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                            "LOCAL_WORLD_SIZE"};
-    static const char *const ompi[4] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                        "OMPI_COMM_WORLD_LOCAL_RANK",
-                                        "OMPI_COMM_WORLD_LOCAL_SIZE"};
-    const char *const *names = NULL;
-    const char *v;
-    char why[96];
-    pdp_env_info e;
-    pdp_status st;
-
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_env_read: out is NULL");
-    memset(&e, 0, sizeof e);
-    e.world_size = 1;
-    e.local_world_size = 1;
-    strcpy(e.master_addr, PDP__STORE_DEFAULT_HOST);
-    e.master_port = PDP__STORE_DEFAULT_PORT;
-    *out = e;
-
-    if (pdp__env_get(torchrun[0]) || pdp__env_get(torchrun[1])) names = torchrun;
-    else if (pdp__env_get(ompi[0]) || pdp__env_get(ompi[1])) names = ompi;
-    if (names) {
-        if (!pdp__env_get(names[0]) || !pdp__env_get(names[1]))
-            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s is set but %s is not",
-                            pdp__env_get(names[0]) ? names[0] : names[1],
-                            pdp__env_get(names[0]) ? names[1] : names[0]);
-        st = pdp__env_int(names[1], pdp__env_get(names[1]), 1, INT_MAX, "", &e.world_size);
-        if (st != PDP_OK) return st;
-        snprintf(why, sizeof why, " (it must be below %s=%d)", names[1], e.world_size);
-        st = pdp__env_int(names[0], pdp__env_get(names[0]), 0, e.world_size - 1, why, &e.rank);
-        if (st != PDP_OK) return st;
-        e.local_world_size = e.world_size;
-        if ((v = pdp__env_get(names[3])) != NULL) {
-            snprintf(why, sizeof why, " (it cannot exceed %s=%d)", names[1], e.world_size);
-            st = pdp__env_int(names[3], v, 1, e.world_size, why, &e.local_world_size);
-            if (st != PDP_OK) return st;
-        }
-        e.local_rank = e.rank % e.local_world_size; /* ranks laid out node by node */
-        if ((v = pdp__env_get(names[2])) != NULL) {
-            snprintf(why, sizeof why, " (it must be below %s=%d)", names[3], e.local_world_size);
-            st = pdp__env_int(names[2], v, 0, e.local_world_size - 1, why, &e.local_rank);
-            if (st != PDP_OK) return st;
-        }
-        e.from_env = true;
-    }
-    if ((v = pdp__env_get("MASTER_ADDR")) != NULL) {
-        if (strlen(v) >= sizeof e.master_addr)
-            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: MASTER_ADDR='%.64s...' is %zu bytes "
-                            "long (at most %zu)", v, strlen(v), sizeof e.master_addr - 1);
-        strcpy(e.master_addr, v);
-    }
-    if ((v = pdp__env_get("MASTER_PORT")) != NULL) {
-        st = pdp__env_int("MASTER_PORT", v, 1, 65535, "", &e.master_port);
-        if (st != PDP_OK) return st;
-    }
-    *out = e;
-    return PDP_OK;
-}
 
 /* ---- wire protocol ---- */
 
@@ -9203,6 +9123,173 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
     return PDP_OK;
 }
 /* ---- end src/store.c ---- */
+
+/* ---- begin src/rendezvous.c ---- */
+/* rendezvous: who the ranks are and how they meet, the way torchrun does it.
+
+   pdp_env_read reads the launcher's variables (torchrun's RANK, WORLD_SIZE,
+   LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, else OpenMPI's
+   OMPI_COMM_WORLD_*); every value is checked, and a bad one is PDP_ERR_INVALID
+   naming the variable. It never talks to anyone.
+
+   A backend whose library needs one blob made on rank 0 before it can start
+   (NCCL's unique id) meets the other ranks through the TCP store (store.c):
+     pdp__rendezvous_store   every rank opens the store at MASTER_ADDR: rank 0
+                             serves it. The port is MASTER_PORT, or MASTER_PORT + 1
+                             under torchrun (TORCHELASTIC_RUN_ID is set: torchrun's
+                             own store holds MASTER_PORT), or PDP_STORE_PORT when
+                             set. A world of one opens nothing (store NULL).
+     pdp__rendezvous_share   rank 0 sets the blob at key, the others get it, and
+                             all meet at the barrier "<key>_read", so every rank
+                             holds the blob before rank 0's store may go away.
+   The caller keeps the store open until its library's own, collective,
+   initialisation has returned, then frees it: rank 0's server then outlives
+   every rank's barrier reply. Every wait ends by the timeout (PDP_ERR_TIMEOUT
+   naming the key); messages name the public caller, the library and the rank. */
+
+/* #include "internal.h" (already above) */
+#include <limits.h>
+
+/* ---- rendezvous: the environment ---- */
+
+/* getenv, with an empty value counting as unset (`RANK= ./train`). */
+static const char *pdp__env_get(const char *name)
+{
+    const char *v = getenv(name);
+    return (v && v[0]) ? v : NULL;
+}
+
+/* Parses the whole of value as a decimal integer in [lo, hi]; why says what the
+   range means in the message. */
+static pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
+                               const char *why, int *out)
+{
+    char *end;
+    long x;
+    errno = 0;
+    x = strtol(value, &end, 10);
+    if (end == value || *end != '\0' || errno == ERANGE)
+        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s='%.64s' is not an integer", name, value);
+    if (x < lo || x > hi)
+        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s=%ld is outside %ld..%ld%s", name, x, lo,
+                        hi, why);
+    *out = (int)x;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_env_read(pdp_env_info *out)
+{
+    static const char *const torchrun[4] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                            "LOCAL_WORLD_SIZE"};
+    static const char *const ompi[4] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                        "OMPI_COMM_WORLD_LOCAL_RANK",
+                                        "OMPI_COMM_WORLD_LOCAL_SIZE"};
+    const char *const *names = NULL;
+    const char *v;
+    char why[96];
+    pdp_env_info e;
+    pdp_status st;
+
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_env_read: out is NULL");
+    memset(&e, 0, sizeof e);
+    e.world_size = 1;
+    e.local_world_size = 1;
+    strcpy(e.master_addr, PDP__STORE_DEFAULT_HOST);
+    e.master_port = PDP__STORE_DEFAULT_PORT;
+    *out = e;
+
+    if (pdp__env_get(torchrun[0]) || pdp__env_get(torchrun[1])) names = torchrun;
+    else if (pdp__env_get(ompi[0]) || pdp__env_get(ompi[1])) names = ompi;
+    if (names) {
+        if (!pdp__env_get(names[0]) || !pdp__env_get(names[1]))
+            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s is set but %s is not",
+                            pdp__env_get(names[0]) ? names[0] : names[1],
+                            pdp__env_get(names[0]) ? names[1] : names[0]);
+        st = pdp__env_int(names[1], pdp__env_get(names[1]), 1, INT_MAX, "", &e.world_size);
+        if (st != PDP_OK) return st;
+        snprintf(why, sizeof why, " (it must be below %s=%d)", names[1], e.world_size);
+        st = pdp__env_int(names[0], pdp__env_get(names[0]), 0, e.world_size - 1, why, &e.rank);
+        if (st != PDP_OK) return st;
+        e.local_world_size = e.world_size;
+        if ((v = pdp__env_get(names[3])) != NULL) {
+            snprintf(why, sizeof why, " (it cannot exceed %s=%d)", names[1], e.world_size);
+            st = pdp__env_int(names[3], v, 1, e.world_size, why, &e.local_world_size);
+            if (st != PDP_OK) return st;
+        }
+        e.local_rank = e.rank % e.local_world_size; /* ranks laid out node by node */
+        if ((v = pdp__env_get(names[2])) != NULL) {
+            snprintf(why, sizeof why, " (it must be below %s=%d)", names[3], e.local_world_size);
+            st = pdp__env_int(names[2], v, 0, e.local_world_size - 1, why, &e.local_rank);
+            if (st != PDP_OK) return st;
+        }
+        e.from_env = true;
+    }
+    if ((v = pdp__env_get("MASTER_ADDR")) != NULL) {
+        if (strlen(v) >= sizeof e.master_addr)
+            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: MASTER_ADDR='%.64s...' is %zu bytes "
+                            "long (at most %zu)", v, strlen(v), sizeof e.master_addr - 1);
+        strcpy(e.master_addr, v);
+    }
+    if ((v = pdp__env_get("MASTER_PORT")) != NULL) {
+        st = pdp__env_int("MASTER_PORT", v, 1, 65535, "", &e.master_port);
+        if (st != PDP_OK) return st;
+    }
+    *out = e;
+    return PDP_OK;
+}
+
+/* ---- rendezvous: a blob from rank 0, through the TCP store ---- */
+
+/* Opens env's store (*out NULL for a world of one); what names the library
+   ("NCCL") and fn the public caller in messages. */
+static pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env,
+                                        double timeout_s, const char *what, const char *fn)
+{
+    pdp_store_desc sd;
+    const char *port_env;
+    pdp_status st;
+    *out = NULL;
+    memset(&sd, 0, sizeof sd);
+    sd.host = env->master_addr;
+    sd.port = env->master_port;
+    /* torchrun's own store holds MASTER_PORT; ours takes the next port */
+    if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env->master_port + 1;
+    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) sd.port = atoi(port_env);
+    sd.is_server = env->rank == 0;
+    sd.world_size = env->world_size;
+    sd.timeout_s = timeout_s;
+    if (env->world_size > 1) {
+        if ((st = pdp_store_create(out, &sd)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: %s rank %d of %d: the TCP store", fn, what, env->rank,
+                                 env->world_size);
+    }
+    return PDP_OK;
+}
+
+/* Rank 0's blob[0..bytes) (made before the call) reaches every rank's blob through
+   store (NULL: a world of one, nothing to do); then every rank meets at
+   "<key>_read". */
+static pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_info *env,
+                                        const char *key, void *blob, size_t bytes,
+                                        double timeout_s, const char *what, const char *fn)
+{
+    char read_key[PDP_STORE_MAX_KEY + 1];
+    pdp_status st;
+    if (!store) return PDP_OK;
+    if (env->rank == 0) {
+        if ((st = pdp_store_set(store, key, blob, bytes)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank 0 publishing the %s id", fn, what);
+    } else if ((st = pdp_store_get(store, key, blob, bytes, NULL)) != PDP_OK) {
+        return pdp__err_wrap(st, "%s: rank %d of %d waiting for the %s id from rank 0", fn,
+                             env->rank, env->world_size, what);
+    }
+    /* everyone holds the id before rank 0's store may go away */
+    snprintf(read_key, sizeof read_key, "%s_read", key);
+    if ((st = pdp_store_barrier(store, read_key, env->world_size, timeout_s)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d of %d", fn, env->rank, env->world_size);
+    return PDP_OK;
+}
+/* ---- end src/rendezvous.c ---- */
 
 /* ---- begin src/comm_queue.c ---- */
 /* comm_queue: the collective queue that the local and MPI backends share (handle
@@ -10547,8 +10634,8 @@ static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *de
    event recorded on the compute stream, and pdp_work_wait polls it against the
    communicator's timeout (pdp_cuda.cu aborts the NCCL communicator on failure).
    Thread ranks come from one pdp_nccl_group (ncclCommInitAll); process ranks
-   (pdp_comm_init_env) rendezvous through the TCP store (store.c): rank 0 makes
-   the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
+   (pdp_comm_init_env) rendezvous through the TCP store (rendezvous.c, store.c):
+   rank 0 makes the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
    every entry point fails with PDP_ERR_UNSUPPORTED naming the macro. */
 
 /* #include "internal.h" (already above) */
@@ -10749,58 +10836,32 @@ static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int
     return PDP_OK;
 }
 
-/* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. */
+/* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. The unique id
+   travels through rendezvous.c; the store stays open until ncclCommInitRank
+   (collective) has returned on this rank. */
 static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
     pdp_env_info env;
-    pdp_store_desc sd;
     pdp_store *store = NULL;
     pdp_cudak_nccl *h = NULL;
     unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
     double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
-    const char *port_env;
     int dev;
     pdp_status st;
     *out = NULL;
     if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
     dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
-    memset(&sd, 0, sizeof sd);
-    sd.host = env.master_addr;
-    sd.port = env.master_port;
-    /* torchrun's own store holds MASTER_PORT; ours takes the next port */
-    if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env.master_port + 1;
-    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) sd.port = atoi(port_env);
-    sd.is_server = env.rank == 0;
-    sd.world_size = env.world_size;
-    sd.timeout_s = timeout;
     memset(id, 0, sizeof id);
-    if (env.world_size > 1) {
-        if ((st = pdp_store_create(&store, &sd)) != PDP_OK)
-            return pdp__err_wrap(st, "%s: NCCL rank %d of %d: the TCP store", fn, env.rank,
-                                 env.world_size);
-    }
-    if (env.rank == 0) {
-        if ((st = pdp_cudak_nccl_unique_id(dev, id)) != PDP_OK) {
-            st = pdp__err(st, "%s: rank 0: pdp_cuda: %s", fn, pdp_cudak_error());
-            goto done;
-        }
-        if (store && (st = pdp_store_set(store, "pdp/nccl_id", id, sizeof id)) != PDP_OK) {
-            st = pdp__err_wrap(st, "%s: rank 0 publishing the NCCL id", fn);
-            goto done;
-        }
-    } else if ((st = pdp_store_get(store, "pdp/nccl_id", id, sizeof id, NULL)) != PDP_OK) {
-        st = pdp__err_wrap(st, "%s: rank %d of %d waiting for the NCCL id from rank 0", fn,
-                           env.rank, env.world_size);
+    if ((st = pdp__rendezvous_store(&store, &env, timeout, "NCCL", fn)) != PDP_OK) return st;
+    if (env.rank == 0 && (st = pdp_cudak_nccl_unique_id(dev, id)) != PDP_OK) {
+        st = pdp__err(st, "%s: rank 0: pdp_cuda: %s", fn, pdp_cudak_error());
         goto done;
     }
-    /* everyone holds the id before rank 0's store may go away */
-    if (store && (st = pdp_store_barrier(store, "pdp/nccl_id_read", env.world_size, timeout)) !=
-                     PDP_OK) {
-        st = pdp__err_wrap(st, "%s: rank %d of %d", fn, env.rank, env.world_size);
+    if ((st = pdp__rendezvous_share(store, &env, "pdp/nccl_id", id, sizeof id, timeout, "NCCL",
+                                    fn)) != PDP_OK)
         goto done;
-    }
     if ((st = pdp_cudak_nccl_init_rank(&h, dev, env.world_size, env.rank, id, timeout)) != PDP_OK) {
         st = pdp__err(st, "%s: NCCL rank %d of %d on CUDA device %d: pdp_cuda: %s", fn, env.rank,
                       env.world_size, dev, pdp_cudak_error());

@@ -8,8 +8,8 @@
    event recorded on the compute stream, and pdp_work_wait polls it against the
    communicator's timeout (pdp_cuda.cu aborts the NCCL communicator on failure).
    Thread ranks come from one pdp_nccl_group (ncclCommInitAll); process ranks
-   (pdp_comm_init_env) rendezvous through the TCP store (store.c): rank 0 makes
-   the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
+   (pdp_comm_init_env) rendezvous through the TCP store (rendezvous.c, store.c):
+   rank 0 makes the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
    every entry point fails with PDP_ERR_UNSUPPORTED naming the macro. */
 
 #include "internal.h"
@@ -210,58 +210,32 @@ static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int
     return PDP_OK;
 }
 
-/* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. */
+/* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. The unique id
+   travels through rendezvous.c; the store stays open until ncclCommInitRank
+   (collective) has returned on this rank. */
 static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
     pdp_env_info env;
-    pdp_store_desc sd;
     pdp_store *store = NULL;
     pdp_cudak_nccl *h = NULL;
     unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
     double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
-    const char *port_env;
     int dev;
     pdp_status st;
     *out = NULL;
     if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
     dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
-    memset(&sd, 0, sizeof sd);
-    sd.host = env.master_addr;
-    sd.port = env.master_port;
-    /* torchrun's own store holds MASTER_PORT; ours takes the next port */
-    if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env.master_port + 1;
-    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) sd.port = atoi(port_env);
-    sd.is_server = env.rank == 0;
-    sd.world_size = env.world_size;
-    sd.timeout_s = timeout;
     memset(id, 0, sizeof id);
-    if (env.world_size > 1) {
-        if ((st = pdp_store_create(&store, &sd)) != PDP_OK)
-            return pdp__err_wrap(st, "%s: NCCL rank %d of %d: the TCP store", fn, env.rank,
-                                 env.world_size);
-    }
-    if (env.rank == 0) {
-        if ((st = pdp_cudak_nccl_unique_id(dev, id)) != PDP_OK) {
-            st = pdp__err(st, "%s: rank 0: pdp_cuda: %s", fn, pdp_cudak_error());
-            goto done;
-        }
-        if (store && (st = pdp_store_set(store, "pdp/nccl_id", id, sizeof id)) != PDP_OK) {
-            st = pdp__err_wrap(st, "%s: rank 0 publishing the NCCL id", fn);
-            goto done;
-        }
-    } else if ((st = pdp_store_get(store, "pdp/nccl_id", id, sizeof id, NULL)) != PDP_OK) {
-        st = pdp__err_wrap(st, "%s: rank %d of %d waiting for the NCCL id from rank 0", fn,
-                           env.rank, env.world_size);
+    if ((st = pdp__rendezvous_store(&store, &env, timeout, "NCCL", fn)) != PDP_OK) return st;
+    if (env.rank == 0 && (st = pdp_cudak_nccl_unique_id(dev, id)) != PDP_OK) {
+        st = pdp__err(st, "%s: rank 0: pdp_cuda: %s", fn, pdp_cudak_error());
         goto done;
     }
-    /* everyone holds the id before rank 0's store may go away */
-    if (store && (st = pdp_store_barrier(store, "pdp/nccl_id_read", env.world_size, timeout)) !=
-                     PDP_OK) {
-        st = pdp__err_wrap(st, "%s: rank %d of %d", fn, env.rank, env.world_size);
+    if ((st = pdp__rendezvous_share(store, &env, "pdp/nccl_id", id, sizeof id, timeout, "NCCL",
+                                    fn)) != PDP_OK)
         goto done;
-    }
     if ((st = pdp_cudak_nccl_init_rank(&h, dev, env.world_size, env.rank, id, timeout)) != PDP_OK) {
         st = pdp__err(st, "%s: NCCL rank %d of %d on CUDA device %d: pdp_cuda: %s", fn, env.rank,
                       env.world_size, dev, pdp_cudak_error());
