@@ -12590,8 +12590,9 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
 /* ---- begin src/cuda_host.c ---- */
 /* cuda_host: the host side of CUDA devices. Routes device memory, every layer's
    forward and backward, the losses and the optimizer updates to the plain C
-   functions of pdp_cuda.cu (declared in cuda.h) when built with PDP_CUDA; without it, every CUDA request fails with
-   PDP_ERR_UNSUPPORTED naming the macro, and the CPU paths are untouched.
+   functions of pdp_cuda.cu (declared in cuda.h) when built with PDP_CUDA;
+   without it, every CUDA request fails with PDP_ERR_UNSUPPORTED naming the
+   macro, and the CPU paths are untouched.
 
    Errors: a pdp_cudak_* function that fails leaves "<call> failed: <name>
    (<text>) at pdp_cuda.cu:<line>" in its own thread-local buffer; this module
