@@ -674,35 +674,14 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
 /* ---- end src/checkpoint.h ---- */
 
 /* ---- begin src/store.h ---- */
-/* store: rendezvous the way torchrun does it, and a small TCP key-value store.
-
-   pdp_env_read() tells a process who it is: RANK, WORLD_SIZE, LOCAL_RANK,
-   LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun exports them, or
-   OpenMPI's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} under mpirun.
+/* store: a small TCP key-value store (rendezvous.h says who the ranks are and
+   where rank 0 serves it).
 
    The store is PyTorch's TCPStore in miniature: rank 0 serves it from a thread
    inside its own process, every rank (rank 0 too, through loopback) is a client.
    Ranks exchange small blobs through it before a collective library exists (the
    NCCL unique id) and synchronise with counters and barriers. Every blocking call
    ends by its timeout with PDP_ERR_TIMEOUT naming the key; nothing hangs. */
-
-/* Who this process is. Defaults when nothing is set: rank 0 of 1, local rank 0
-   of 1, 127.0.0.1:29500, from_env false. */
-typedef struct pdp_env_info {
-    int rank;              /* RANK, else OMPI_COMM_WORLD_RANK; 0 */
-    int world_size;        /* WORLD_SIZE, else OMPI_COMM_WORLD_SIZE; 1 */
-    int local_rank;        /* LOCAL_RANK, else OMPI_COMM_WORLD_LOCAL_RANK; else rank */
-    int local_world_size;  /* LOCAL_WORLD_SIZE, else OMPI_COMM_WORLD_LOCAL_SIZE; else world */
-    char master_addr[256]; /* MASTER_ADDR; "127.0.0.1" */
-    int master_port;       /* MASTER_PORT; 29500 */
-    bool from_env;         /* true when RANK/WORLD_SIZE or OMPI_COMM_WORLD_* were set */
-} pdp_env_info;
-
-/* Fills *out from the environment (torchrun's variables win over OpenMPI's; an
-   empty variable counts as unset). PDP_ERR_INVALID, naming the variable and its
-   value, for a non-integer, rank >= world size, a port outside 1..65535, or only
-   one of RANK and WORLD_SIZE set. *out holds the defaults on failure. */
-PDP_API pdp_status pdp_env_read(pdp_env_info *out);
 
 /* Limits a server enforces on every request (a foreign peer gets an error reply
    and is disconnected); a client checks them before sending. */
@@ -758,6 +737,34 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
                                      double timeout_s);
 /* ---- end src/store.h ---- */
 
+/* ---- begin src/rendezvous.h ---- */
+/* rendezvous: who this process is, the way torchrun and mpirun say it.
+
+   pdp_env_read() tells a process who it is: RANK, WORLD_SIZE, LOCAL_RANK,
+   LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun exports them, or
+   OpenMPI's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE} under mpirun.
+   MASTER_ADDR and MASTER_PORT say where rank 0 serves the TCP store (store.h)
+   through which a backend hands out its unique id (pdp_comm_init_env). */
+
+/* Who this process is. Defaults when nothing is set: rank 0 of 1, local rank 0
+   of 1, 127.0.0.1:29500, from_env false. */
+typedef struct pdp_env_info {
+    int rank;              /* RANK, else OMPI_COMM_WORLD_RANK; 0 */
+    int world_size;        /* WORLD_SIZE, else OMPI_COMM_WORLD_SIZE; 1 */
+    int local_rank;        /* LOCAL_RANK, else OMPI_COMM_WORLD_LOCAL_RANK; else rank */
+    int local_world_size;  /* LOCAL_WORLD_SIZE, else OMPI_COMM_WORLD_LOCAL_SIZE; else world */
+    char master_addr[256]; /* MASTER_ADDR; "127.0.0.1" */
+    int master_port;       /* MASTER_PORT; 29500 */
+    bool from_env;         /* true when RANK/WORLD_SIZE or OMPI_COMM_WORLD_* were set */
+} pdp_env_info;
+
+/* Fills *out from the environment (torchrun's variables win over OpenMPI's; an
+   empty variable counts as unset). PDP_ERR_INVALID, naming the variable and its
+   value, for a non-integer, rank >= world size, a port outside 1..65535, or only
+   one of RANK and WORLD_SIZE set. *out holds the defaults on failure. */
+PDP_API pdp_status pdp_env_read(pdp_env_info *out);
+/* ---- end src/rendezvous.h ---- */
+
 /* ---- begin src/comm.h ---- */
 /* comm: communicators. One table of collectives (all-reduce, broadcast,
    reduce-scatter, all-gather, barrier) behind every backend:
@@ -772,7 +779,11 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
    Collectives on one communicator complete in the order they were issued, and
    every rank must issue the same collectives in the same order (as in MPI and
    NCCL). A rank that does not arrive within timeout_s makes the others fail
-   with PDP_ERR_TIMEOUT naming the collective and the missing rank. */
+   with PDP_ERR_TIMEOUT naming the collective and the missing rank.
+   One module per backend in src/ (comm_local.c, comm_mpi.c, comm_nccl.c) fills
+   one table of functions; comm.c holds this API and the dispatcher. A new
+   backend is one new file plus one line in the dispatcher (and its value in
+   pdp_backend). */
 
 typedef struct pdp_comm pdp_comm;
 typedef struct pdp_work pdp_work;
@@ -1771,10 +1782,11 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi);
 
-/* ---- communicator internals (comm.c, comm_mpi.c, pdp_cuda.cu's NCCL) ----
-   Each backend fills one table; the public pdp_comm_* functions validate their
-   arguments, then call it. A backend keeps a fixed handle pool so that a
-   training step allocates nothing: the local and MPI backends share comm.c's
+/* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
+   comm_nccl.c; comm_queue.c) ----
+   Each backend fills one table; the public pdp_comm_* functions (comm.c) validate
+   their arguments, then call it. A backend keeps a fixed handle pool so that a
+   training step allocates nothing: the local and MPI backends share comm_queue.c's
    collective queue (pdp__workq: pool, FIFO, progress thread, wait/done);
    NCCL's stream orders its collectives, with a pool of event slots. */
 typedef struct pdp__comm_ops {
@@ -1822,9 +1834,25 @@ struct pdp_work {
     double t_done;        /* pdp__now() at completion */
 };
 
-/* NCCL from the environment: pdp_comm_init_env (comm_mpi.c) calls it for
-   PDP_BACKEND_NCCL. Defined in cuda_host.c under PDP_CUDA; without PDP_CUDA,
-   comm_mpi.c defines it to return PDP_ERR_UNSUPPORTED naming the macro. */
+/* The collectives and their names (messages, the trace); pdp_cudak_coll (cuda.h)
+   follows the first four. */
+typedef enum pdp__coll_kind {
+    PDP__COLL_ALLREDUCE,
+    PDP__COLL_BROADCAST,
+    PDP__COLL_REDUCE_SCATTER,
+    PDP__COLL_ALLGATHER,
+    PDP__COLL_BARRIER,
+    PDP__COLL_BROADCAST_BYTES
+} pdp__coll_kind;
+
+static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
+                                      "barrier", "broadcast_bytes"};
+
+/* A backend's entry in comm.c's dispatcher (pdp_comm_init_env), defined by its
+   module, which comes before comm.c: under its macro it creates the communicator
+   from the environment; without it, it fails with PDP_ERR_UNSUPPORTED naming the
+   macro. Errors start with "pdp_comm_init_env". */
+static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc);
 static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
 
 /* ---- trace (trace.c) ----
@@ -8034,7 +8062,8 @@ PDP_API pdp_status pdp_trace_flush(void)
 /* ---- end src/trace.c ---- */
 
 /* ---- begin src/store.c ---- */
-/* store: torchrun-style rendezvous from the environment, and a TCP key-value store.
+/* store: a TCP key-value store, PyTorch's TCPStore in miniature (rendezvous.c reads
+   who the ranks are and hands a unique id out through it).
 
    Server. One thread in the rank-0 process runs a poll() loop over a wake pipe,
    the listening socket and every client connection; all sockets are non-blocking
@@ -8096,94 +8125,6 @@ PDP_API pdp_status pdp_trace_flush(void)
 #define PDP__STORE_GRACE_S 5.0          /* client waits this much past a server-side timeout */
 #define PDP__STORE_MAX_CONNS 4096       /* further connections are accepted and closed */
 #define PDP__STORE_MAX_TIMEOUT_MS 1000000000000ull
-
-/* ---- environment ---- */
-
-/* getenv, with an empty value counting as unset (`RANK= ./train`). */
-static const char *pdp__env_get(const char *name)
-{
-    const char *v = getenv(name);
-    return (v && v[0]) ? v : NULL;
-}
-
-/* Parses the whole of value as a decimal integer in [lo, hi]; why says what the
-   range means in the message. */
-static pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
-                               const char *why, int *out)
-{
-    char *end;
-    long x;
-    errno = 0;
-    x = strtol(value, &end, 10);
-    if (end == value || *end != '\0' || errno == ERANGE)
-        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s='%.64s' is not an integer", name, value);
-    if (x < lo || x > hi)
-        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s=%ld is outside %ld..%ld%s", name, x, lo,
-                        hi, why);
-    *out = (int)x;
-    return PDP_OK;
-}
-
-PDP_API pdp_status pdp_env_read(pdp_env_info *out)
-{
-    static const char *const torchrun[4] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                            "LOCAL_WORLD_SIZE"};
-    static const char *const ompi[4] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                        "OMPI_COMM_WORLD_LOCAL_RANK",
-                                        "OMPI_COMM_WORLD_LOCAL_SIZE"};
-    const char *const *names = NULL;
-    const char *v;
-    char why[96];
-    pdp_env_info e;
-    pdp_status st;
-
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_env_read: out is NULL");
-    memset(&e, 0, sizeof e);
-    e.world_size = 1;
-    e.local_world_size = 1;
-    strcpy(e.master_addr, PDP__STORE_DEFAULT_HOST);
-    e.master_port = PDP__STORE_DEFAULT_PORT;
-    *out = e;
-
-    if (pdp__env_get(torchrun[0]) || pdp__env_get(torchrun[1])) names = torchrun;
-    else if (pdp__env_get(ompi[0]) || pdp__env_get(ompi[1])) names = ompi;
-    if (names) {
-        if (!pdp__env_get(names[0]) || !pdp__env_get(names[1]))
-            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s is set but %s is not",
-                            pdp__env_get(names[0]) ? names[0] : names[1],
-                            pdp__env_get(names[0]) ? names[1] : names[0]);
-        st = pdp__env_int(names[1], pdp__env_get(names[1]), 1, INT_MAX, "", &e.world_size);
-        if (st != PDP_OK) return st;
-        snprintf(why, sizeof why, " (it must be below %s=%d)", names[1], e.world_size);
-        st = pdp__env_int(names[0], pdp__env_get(names[0]), 0, e.world_size - 1, why, &e.rank);
-        if (st != PDP_OK) return st;
-        e.local_world_size = e.world_size;
-        if ((v = pdp__env_get(names[3])) != NULL) {
-            snprintf(why, sizeof why, " (it cannot exceed %s=%d)", names[1], e.world_size);
-            st = pdp__env_int(names[3], v, 1, e.world_size, why, &e.local_world_size);
-            if (st != PDP_OK) return st;
-        }
-        e.local_rank = e.rank % e.local_world_size; /* ranks laid out node by node */
-        if ((v = pdp__env_get(names[2])) != NULL) {
-            snprintf(why, sizeof why, " (it must be below %s=%d)", names[3], e.local_world_size);
-            st = pdp__env_int(names[2], v, 0, e.local_world_size - 1, why, &e.local_rank);
-            if (st != PDP_OK) return st;
-        }
-        e.from_env = true;
-    }
-    if ((v = pdp__env_get("MASTER_ADDR")) != NULL) {
-        if (strlen(v) >= sizeof e.master_addr)
-            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: MASTER_ADDR='%.64s...' is %zu bytes "
-                            "long (at most %zu)", v, strlen(v), sizeof e.master_addr - 1);
-        strcpy(e.master_addr, v);
-    }
-    if ((v = pdp__env_get("MASTER_PORT")) != NULL) {
-        st = pdp__env_int("MASTER_PORT", v, 1, 65535, "", &e.master_port);
-        if (st != PDP_OK) return st;
-    }
-    *out = e;
-    return PDP_OK;
-}
 
 /* ---- wire protocol ---- */
 
@@ -9195,250 +9136,177 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
 }
 /* ---- end src/store.c ---- */
 
-/* ---- begin src/comm.c ---- */
-/* comm: the public communicator API (argument checks, statistics, dispatch to a
-   backend's pdp__comm_ops table), the collective queue that the local and MPI
-   backends share (handle pool, FIFO, progress thread), and the local backend.
+/* ---- begin src/rendezvous.c ---- */
+/* rendezvous: who the ranks are and how they meet, the way torchrun does it.
 
-   ---- the public layer ----
-   Every pdp_comm_* collective validates its arguments here, stamps the handle's
-   launch time, counts the collective and the bytes this rank moves in the
-   bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x bytes, reduce-scatter
-   and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent bytes), then calls
-   the backend. A call with work == NULL is made synchronous here, so backends
-   always return a handle. pdp_work_wait adds the collective's execution time
-   (t_done - t_start, queueing excluded) to the communicator's busy_s.
+   pdp_env_read reads the launcher's variables (torchrun's RANK, WORLD_SIZE,
+   LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, else OpenMPI's
+   OMPI_COMM_WORLD_*); every value is checked, and a bad one is PDP_ERR_INVALID
+   naming the variable. It never talks to anyone.
 
-   ---- the local backend ----
-   N ranks are threads of one process; a pdp_local_group is their shared
-   meeting point. Each rank's communicator owns a collective queue (below,
-   shared with the MPI backend) whose persistent progress thread runs the
-   rank's collectives in issue order, so an asynchronous
-   collective progresses while the rank's own thread computes (DDP overlaps a
-   bucket's all-reduce with the rest of backward this way). One collective is:
-
-     arrive    the progress thread publishes its arguments in the group's slot
-               for its rank and enters barrier A. The last rank to arrive checks
-               that all ranks issued the same collective (kind, count, op, root);
-     work      rank r's progress thread handles slice r of the data: for an
-               all-reduce it sums slice r of every rank's buffer in rank order
-               0, 1, ..., N-1 (fixed, so every rank gets bit-identical sums)
-               and writes the result into every rank's buffer; broadcast,
-               reduce-scatter and all-gather split the same way;
-     leave     barrier B: no rank's buffer is touched after it, so the handle
-               completes and the rank may reuse its buffers and its slot.
-
-   The work of one collective is therefore spread over the ranks (each moves
-   about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
-   rank's buffers are only written by progress threads between A and B.
-
-   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
-   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
-   makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
-   sequence number and the missing rank; a rank whose communicator is freed
-   marks itself as gone, and a rank waiting for it fails at once with
-   PDP_ERR_COMM. Either way the group becomes broken: every later collective on
-   any rank fails fast with the first failure's message (as an aborted NCCL
-   communicator does).
-
-   Locks: group->mu guards the barrier state, the slots and the broken flag;
-   the queue's mu guards its queue, its handle pool and the handles' done
-   flags. The progress thread never holds both. Buffer contents pass between
-   threads only across these mutexes, so the backend is TSan clean. Handles
-   come from a fixed pool per communicator: nothing is allocated per
-   collective. */
+   A backend whose library needs one blob made on rank 0 before it can start
+   (NCCL's unique id) meets the other ranks through the TCP store (store.c):
+     pdp__rendezvous_store   every rank opens the store at MASTER_ADDR: rank 0
+                             serves it. The port is MASTER_PORT, or MASTER_PORT + 1
+                             under torchrun (TORCHELASTIC_RUN_ID is set: torchrun's
+                             own store holds MASTER_PORT), or PDP_STORE_PORT when
+                             set. A world of one opens nothing (store NULL).
+     pdp__rendezvous_share   rank 0 sets the blob at key, the others get it, and
+                             all meet at the barrier "<key>_read", so every rank
+                             holds the blob before rank 0's store may go away.
+   The caller keeps the store open until its library's own, collective,
+   initialisation has returned, then frees it: rank 0's server then outlives
+   every rank's barrier reply. Every wait ends by the timeout (PDP_ERR_TIMEOUT
+   naming the key); messages name the public caller, the library and the rank. */
 
 /* #include "internal.h" (already above) */
+#include <limits.h>
 
-/* ---- comm: public layer ---- */
+/* ---- rendezvous: the environment ---- */
 
-static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
-                                      "barrier", "broadcast_bytes"};
-
-static pdp_status pdp__comm_check(const pdp_comm *c, const char *fn)
+/* getenv, with an empty value counting as unset (`RANK= ./train`). */
+static const char *pdp__env_get(const char *name)
 {
-    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: communicator is NULL", fn);
+    const char *v = getenv(name);
+    return (v && v[0]) ? v : NULL;
+}
+
+/* Parses the whole of value as a decimal integer in [lo, hi]; why says what the
+   range means in the message. */
+static pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
+                               const char *why, int *out)
+{
+    char *end;
+    long x;
+    errno = 0;
+    x = strtol(value, &end, 10);
+    if (end == value || *end != '\0' || errno == ERANGE)
+        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s='%.64s' is not an integer", name, value);
+    if (x < lo || x > hi)
+        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s=%ld is outside %ld..%ld%s", name, x, lo,
+                        hi, why);
+    *out = (int)x;
     return PDP_OK;
 }
 
-static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
-                                        const char *what, const char *fn)
+PDP_API pdp_status pdp_env_read(pdp_env_info *out)
 {
-    if (count < 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: %s count %lld < 0 (comm '%s', rank %d of %d)", fn,
-                        what, (long long)count, c->name, c->rank, c->size);
-    if (count > 0 && !p)
-        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL with count %lld (comm '%s', rank %d)",
-                        fn, what, (long long)count, c->name, c->rank);
-    return PDP_OK;
-}
+    static const char *const torchrun[4] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                            "LOCAL_WORLD_SIZE"};
+    static const char *const ompi[4] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                        "OMPI_COMM_WORLD_LOCAL_RANK",
+                                        "OMPI_COMM_WORLD_LOCAL_SIZE"};
+    const char *const *names = NULL;
+    const char *v;
+    char why[96];
+    pdp_env_info e;
+    pdp_status st;
 
-static pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn)
-{
-    if (op != PDP_REDUCE_SUM && op != PDP_REDUCE_AVG)
-        return pdp__err(PDP_ERR_INVALID, "%s: unknown reduce op %d (comm '%s', rank %d)", fn,
-                        (int)op, c->name, c->rank);
-    return PDP_OK;
-}
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_env_read: out is NULL");
+    memset(&e, 0, sizeof e);
+    e.world_size = 1;
+    e.local_world_size = 1;
+    strcpy(e.master_addr, PDP__STORE_DEFAULT_HOST);
+    e.master_port = PDP__STORE_DEFAULT_PORT;
+    *out = e;
 
-static pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn)
-{
-    if (root < 0 || root >= c->size)
-        return pdp__err(PDP_ERR_INVALID, "%s: root %d outside 0..%d (comm '%s', rank %d)", fn,
-                        root, c->size - 1, c->name, c->rank);
-    return PDP_OK;
-}
-
-/* After the backend accepted a collective: stats, the launch stamp, and the
-   synchronous form when the caller passed no handle pointer. */
-static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
-                                     double bytes, pdp_work **work, const char *fn)
-{
-    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    w->t_launch = t_launch;
-    c->stats.collectives++;
-    c->stats.bytes_sent += (int64_t)bytes;
-    if (work) {
-        *work = w;
-        return PDP_OK;
+    if (pdp__env_get(torchrun[0]) || pdp__env_get(torchrun[1])) names = torchrun;
+    else if (pdp__env_get(ompi[0]) || pdp__env_get(ompi[1])) names = ompi;
+    if (names) {
+        if (!pdp__env_get(names[0]) || !pdp__env_get(names[1]))
+            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s is set but %s is not",
+                            pdp__env_get(names[0]) ? names[0] : names[1],
+                            pdp__env_get(names[0]) ? names[1] : names[0]);
+        st = pdp__env_int(names[1], pdp__env_get(names[1]), 1, INT_MAX, "", &e.world_size);
+        if (st != PDP_OK) return st;
+        snprintf(why, sizeof why, " (it must be below %s=%d)", names[1], e.world_size);
+        st = pdp__env_int(names[0], pdp__env_get(names[0]), 0, e.world_size - 1, why, &e.rank);
+        if (st != PDP_OK) return st;
+        e.local_world_size = e.world_size;
+        if ((v = pdp__env_get(names[3])) != NULL) {
+            snprintf(why, sizeof why, " (it cannot exceed %s=%d)", names[1], e.world_size);
+            st = pdp__env_int(names[3], v, 1, e.world_size, why, &e.local_world_size);
+            if (st != PDP_OK) return st;
+        }
+        e.local_rank = e.rank % e.local_world_size; /* ranks laid out node by node */
+        if ((v = pdp__env_get(names[2])) != NULL) {
+            snprintf(why, sizeof why, " (it must be below %s=%d)", names[3], e.local_world_size);
+            st = pdp__env_int(names[2], v, 0, e.local_world_size - 1, why, &e.local_rank);
+            if (st != PDP_OK) return st;
+        }
+        e.from_env = true;
     }
-    st = c->ops->wait(w);
-    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
-    return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
-}
-
-PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                      pdp_work **work)
-{
-    static const char *fn = "pdp_comm_allreduce";
-    pdp_work *w = NULL;
-    double t = pdp__now(), n;
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)))
-        return st;
-    n = (double)c->size;
-    st = c->ops->allreduce(c, buf, count, op, &w);
-    return pdp__comm_launched(c, st, w, t, 2.0 * (n - 1.0) / n * (double)count * 4.0, work, fn);
-}
-
-PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                      pdp_work **work)
-{
-    static const char *fn = "pdp_comm_broadcast";
-    pdp_work *w = NULL;
-    double t = pdp__now(), n;
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_root(c, root, fn)))
-        return st;
-    n = (double)c->size;
-    st = c->ops->broadcast(c, buf, count, root, &w);
-    return pdp__comm_launched(c, st, w, t, (n - 1.0) / n * (double)count * 4.0, work, fn);
-}
-
-PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work)
-{
-    static const char *fn = "pdp_comm_reduce_scatter";
-    pdp_work *w = NULL;
-    double t = pdp__now();
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn)) ||
-        (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
-        (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)))
-        return st;
-    st = c->ops->reduce_scatter(c, send, recv, recv_count, op, &w);
-    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)recv_count * 4.0, work,
-                              fn);
-}
-
-PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *recv,
-                                      int64_t send_count, pdp_work **work)
-{
-    static const char *fn = "pdp_comm_allgather";
-    pdp_work *w = NULL;
-    double t = pdp__now();
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn)) ||
-        (st = pdp__comm_check_count(c, send, send_count, "send", fn)) ||
-        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)))
-        return st;
-    st = c->ops->allgather(c, send, recv, send_count, &w);
-    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)send_count * 4.0, work,
-                              fn);
-}
-
-PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work)
-{
-    static const char *fn = "pdp_comm_barrier";
-    pdp_work *w = NULL;
-    double t = pdp__now();
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn))) return st;
-    st = c->ops->barrier(c, &w);
-    return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
-}
-
-PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
-{
-    static const char *fn = "pdp_comm_broadcast_bytes";
-    pdp_status st;
-    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_root(c, root, fn))) return st;
-    if (bytes > 0 && !buf)
-        return pdp__err(PDP_ERR_INVALID, "%s: buf is NULL with %zu bytes (comm '%s', rank %d)", fn,
-                        bytes, c->name, c->rank);
-    if ((st = c->ops->broadcast_bytes(c, buf, bytes, root)) != PDP_OK)
-        return pdp__err_wrap(st, "%s", fn);
-    c->stats.collectives++;
-    c->stats.bytes_sent += (int64_t)((double)(c->size - 1) / c->size * (double)bytes);
+    if ((v = pdp__env_get("MASTER_ADDR")) != NULL) {
+        if (strlen(v) >= sizeof e.master_addr)
+            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: MASTER_ADDR='%.64s...' is %zu bytes "
+                            "long (at most %zu)", v, strlen(v), sizeof e.master_addr - 1);
+        strcpy(e.master_addr, v);
+    }
+    if ((v = pdp__env_get("MASTER_PORT")) != NULL) {
+        st = pdp__env_int("MASTER_PORT", v, 1, 65535, "", &e.master_port);
+        if (st != PDP_OK) return st;
+    }
+    *out = e;
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_work_wait(pdp_work *w)
+/* ---- rendezvous: a blob from rank 0, through the TCP store ---- */
+
+/* Opens env's store (*out NULL for a world of one); what names the library
+   ("NCCL") and fn the public caller in messages. */
+static pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env,
+                                        double timeout_s, const char *what, const char *fn)
 {
-    pdp_comm *c;
+    pdp_store_desc sd;
+    const char *port_env;
     pdp_status st;
-    if (!w) return PDP_OK;
-    c = w->comm;
-    st = c->ops->wait(w); /* recycles w; its head fields stay readable (internal.h) */
-    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
-    return st == PDP_OK ? st : pdp__err_wrap(st, "pdp_work_wait");
+    *out = NULL;
+    memset(&sd, 0, sizeof sd);
+    sd.host = env->master_addr;
+    sd.port = env->master_port;
+    /* torchrun's own store holds MASTER_PORT; ours takes the next port */
+    if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env->master_port + 1;
+    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) sd.port = atoi(port_env);
+    sd.is_server = env->rank == 0;
+    sd.world_size = env->world_size;
+    sd.timeout_s = timeout_s;
+    if (env->world_size > 1) {
+        if ((st = pdp_store_create(out, &sd)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: %s rank %d of %d: the TCP store", fn, what, env->rank,
+                                 env->world_size);
+    }
+    return PDP_OK;
 }
 
-PDP_API pdp_status pdp_wait(pdp_work *work) { return pdp_work_wait(work); }
-
-PDP_API bool pdp_work_done(pdp_work *w) { return !w || w->comm->ops->done(w); }
-
-PDP_API void pdp_comm_free(pdp_comm *c)
+/* Rank 0's blob[0..bytes) (made before the call) reaches every rank's blob through
+   store (NULL: a world of one, nothing to do); then every rank meets at
+   "<key>_read". */
+static pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_info *env,
+                                        const char *key, void *blob, size_t bytes,
+                                        double timeout_s, const char *what, const char *fn)
 {
-    if (c) c->ops->destroy(c);
+    char read_key[PDP_STORE_MAX_KEY + 1];
+    pdp_status st;
+    if (!store) return PDP_OK;
+    if (env->rank == 0) {
+        if ((st = pdp_store_set(store, key, blob, bytes)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank 0 publishing the %s id", fn, what);
+    } else if ((st = pdp_store_get(store, key, blob, bytes, NULL)) != PDP_OK) {
+        return pdp__err_wrap(st, "%s: rank %d of %d waiting for the %s id from rank 0", fn,
+                             env->rank, env->world_size, what);
+    }
+    /* everyone holds the id before rank 0's store may go away */
+    snprintf(read_key, sizeof read_key, "%s_read", key);
+    if ((st = pdp_store_barrier(store, read_key, env->world_size, timeout_s)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d of %d", fn, env->rank, env->world_size);
+    return PDP_OK;
 }
+/* ---- end src/rendezvous.c ---- */
 
-PDP_API int pdp_comm_rank(const pdp_comm *c) { return c ? c->rank : -1; }
-PDP_API int pdp_comm_size(const pdp_comm *c) { return c ? c->size : 0; }
-PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
-{
-    return c ? c->backend : PDP_BACKEND_DEFAULT;
-}
-PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
-
-PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
-{
-    if (!out) return;
-    memset(out, 0, sizeof *out);
-    if (c) *out = c->stats;
-}
-
-/* pdp_comm_init_env (MPI, NCCL from the environment) lives in comm_mpi.c. */
-
-/* ---- comm: the collective queue (local and MPI backends) ----
+/* ---- begin src/comm_queue.c ---- */
+/* comm_queue: the collective queue that the local and MPI backends share (handle
+   pool, FIFO, progress thread, wait/done); comm_local.c and comm_mpi.c supply only how
+   one collective executes.
 
    What the local and MPI backends share: a fixed pool of handles, a FIFO of
    launched collectives and one progress thread per communicator that runs
@@ -9470,6 +9338,8 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
    waiter count and the broken state; exec runs without it, and buffers pass to
    the progress thread and back across it. */
 
+/* #include "internal.h" (already above) */
+
 /* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
    variable created with a monotonic clock. */
 static void pdp__deadline(struct timespec *ts, double seconds)
@@ -9485,15 +9355,6 @@ static void pdp__deadline(struct timespec *ts, double seconds)
 }
 
 #define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
-
-typedef enum pdp__coll_kind {
-    PDP__COLL_ALLREDUCE,
-    PDP__COLL_BROADCAST,
-    PDP__COLL_REDUCE_SCATTER,
-    PDP__COLL_ALLGATHER,
-    PDP__COLL_BARRIER,
-    PDP__COLL_BROADCAST_BYTES
-} pdp__coll_kind;
 
 /* One collective's arguments, as one rank issued it. */
 typedef struct pdp__coll_args {
@@ -9819,8 +9680,53 @@ static pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t byte
     if ((st = pdp__workq_submit(c, &a, &w)) != PDP_OK) return st;
     return pdp__workq_wait(w);
 }
+/* ---- end src/comm_queue.c ---- */
 
-/* ---- comm: local backend, the group ---- */
+/* ---- begin src/comm_local.c ---- */
+/* comm_local: the local backend: N ranks are threads of one process, buffers in shared
+   memory, no dependency; the default, and what the tests use.
+
+   N ranks are threads of one process; a pdp_local_group is their shared
+   meeting point. Each rank's communicator owns a collective queue (comm_queue.c,
+   shared with the MPI backend) whose persistent progress thread runs the
+   rank's collectives in issue order, so an asynchronous
+   collective progresses while the rank's own thread computes (DDP overlaps a
+   bucket's all-reduce with the rest of backward this way). One collective is:
+
+     arrive    the progress thread publishes its arguments in the group's slot
+               for its rank and enters barrier A. The last rank to arrive checks
+               that all ranks issued the same collective (kind, count, op, root);
+     work      rank r's progress thread handles slice r of the data: for an
+               all-reduce it sums slice r of every rank's buffer in rank order
+               0, 1, ..., N-1 (fixed, so every rank gets bit-identical sums)
+               and writes the result into every rank's buffer; broadcast,
+               reduce-scatter and all-gather split the same way;
+     leave     barrier B: no rank's buffer is touched after it, so the handle
+               completes and the rank may reuse its buffers and its slot.
+
+   The work of one collective is therefore spread over the ranks (each moves
+   about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
+   rank's buffers are only written by progress threads between A and B.
+
+   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
+   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
+   makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
+   sequence number and the missing rank; a rank whose communicator is freed
+   marks itself as gone, and a rank waiting for it fails at once with
+   PDP_ERR_COMM. Either way the group becomes broken: every later collective on
+   any rank fails fast with the first failure's message (as an aborted NCCL
+   communicator does).
+
+   Locks: group->mu guards the barrier state, the slots and the broken flag;
+   the queue's mu guards its queue, its handle pool and the handles' done
+   flags. The progress thread never holds both. Buffer contents pass between
+   threads only across these mutexes, so the backend is TSan clean. Handles
+   come from a fixed pool per communicator: nothing is allocated per
+   collective. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- comm_local: the group ---- */
 
 #define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
 #ifndef PDP_LOCAL_MAX_INFLIGHT
@@ -10017,7 +9923,7 @@ out:
     return st;
 }
 
-/* ---- comm: local backend, the data movement ---- */
+/* ---- comm_local: the data movement ---- */
 
 /* [lo, hi) of n items for part r of parts, with boundaries on 16 floats (one cache line)
    so that two ranks never write the same line. */
@@ -10107,7 +10013,7 @@ static void pdp__local_execute(pdp_local_group *g, int r)
     }
 }
 
-/* ---- comm: local backend, communicators ---- */
+/* ---- comm_local: communicators ---- */
 
 typedef struct pdp__local_comm {
     pdp_comm head;                 /* first member */
@@ -10200,20 +10106,13 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
     *out = &lc->head;
     return PDP_OK;
 }
-/* ---- end src/comm.c ---- */
+/* ---- end src/comm_local.c ---- */
 
 /* ---- begin src/comm_mpi.c ---- */
-/* comm_mpi: pdp_comm_init_env, and the MPI communicator backend (-DPDP_MPI).
-
-   ---- pdp_comm_init_env ----
-   Creates the communicator of a process launched by mpirun or torchrun:
-     PDP_BACKEND_MPI    the MPI backend below; without PDP_MPI it fails with
-                        PDP_ERR_UNSUPPORTED naming the macro.
-     PDP_BACKEND_NCCL   pdp__comm_init_nccl_env, defined by cuda_host.c under
-                        PDP_CUDA; without PDP_CUDA the stub here fails with
-                        PDP_ERR_UNSUPPORTED naming the macro.
-     DEFAULT / LOCAL    PDP_ERR_INVALID: thread-ranks have no environment to
-                        read; they need pdp_local_group_create.
+/* comm_mpi: the MPI communicator backend (-DPDP_MPI), and its entry in comm.c's
+   dispatcher, pdp__comm_init_mpi_env: pdp_comm_init_env with PDP_BACKEND_MPI
+   creates the communicator below; without PDP_MPI it fails with
+   PDP_ERR_UNSUPPORTED naming the macro.
 
    ---- the MPI backend ----
    Rank and size come from MPI_COMM_WORLD, which every process duplicates once
@@ -10228,7 +10127,7 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    MPI's error string.
 
    One progress thread per communicator runs the collectives in issue order,
-   as PyTorch's ProcessGroupMPI does (comm.c's collective queue, shared with
+   as PyTorch's ProcessGroupMPI does (comm_queue.c's collective queue, shared with
    the local backend; this file supplies its exec, idle and destroy): a launch
    only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
    allocated per collective) and returns, so the calling rank keeps computing
@@ -10277,18 +10176,6 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    Reference: MPI 3.1, chapter 5.12 (non-blocking collectives). */
 
 /* #include "internal.h" (already above) */
-
-/* ---- comm_mpi: NCCL stub ---- */
-
-#ifndef PDP_CUDA
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
-{
-    (void)desc;
-    *out = NULL;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_comm_init_env: backend NCCL: built without PDP_CUDA "
-                    "(compile with -DPDP_CUDA and link pdp_cuda.o)");
-}
-#endif
 
 #ifdef PDP_MPI
 #include <mpi.h>
@@ -10734,6 +10621,574 @@ fail:
 
 /* ---- comm_mpi: pdp_comm_init_env ---- */
 
+static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_comm_init_env";
+#ifdef PDP_MPI
+    return pdp__mpi_create(out, desc, fn);
+#else
+    (void)desc;
+    *out = NULL;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: backend MPI: built without PDP_MPI (compile "
+                    "with -DPDP_MPI using mpicc, and run under mpirun)", fn);
+#endif
+}
+/* ---- end src/comm_mpi.c ---- */
+
+/* ---- begin src/comm_nccl.c ---- */
+/* comm_nccl: the NCCL communicator backend, host side (-DPDP_CUDA; the NCCL calls
+   themselves are in pdp_cuda.cu, behind cuda.h's pdp_cudak_nccl_* functions), and
+   its entry in comm.c's dispatcher, pdp__comm_init_nccl_env.
+
+   The NCCL communicator is a pdp__comm_ops backend like local and mpi: its
+   handles come from a fixed pool (one per completion-event slot), so a step
+   allocates nothing; a collective is launched on the NCCL stream after an
+   event recorded on the compute stream, and pdp_work_wait polls it against the
+   communicator's timeout (pdp_cuda.cu aborts the NCCL communicator on failure).
+   Thread ranks come from one pdp_nccl_group (ncclCommInitAll); process ranks
+   (pdp_comm_init_env) rendezvous through the TCP store (rendezvous.c, store.c):
+   rank 0 makes the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
+   every entry point fails with PDP_ERR_UNSUPPORTED naming the macro. */
+
+/* #include "internal.h" (already above) */
+
+/* the same text as cuda_host.c's (an identical redefinition is valid C) */
+#define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
+
+#ifndef PDP_CUDA
+static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
+{
+    (void)desc;
+    *out = NULL;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_comm_init_env: backend NCCL: built without PDP_CUDA "
+                    "(compile with -DPDP_CUDA and link pdp_cuda.o)");
+}
+#endif
+
+/* ---- comm_nccl: the communicator ---- */
+
+struct pdp_nccl_group {
+    int n;
+    double timeout_s;
+    char name[32];
+    pdp_device *devices;
+#ifdef PDP_CUDA
+    pdp_cudak_nccl **handles; /* taken by pdp_comm_create_nccl (NULL once taken) */
+#endif
+};
+
+#ifdef PDP_CUDA
+
+typedef struct pdp__nccl_work {
+    pdp_work head;
+    int slot;
+    bool busy;
+} pdp__nccl_work;
+
+typedef struct pdp__nccl_comm {
+    pdp_comm head;
+    pdp_cudak_nccl *h;
+    float *barrier_buf;     /* one float on the device */
+    int next;               /* the pool entry of the next collective */
+    int64_t seq;
+    bool traced;
+    int trace_tid;          /* 0: not traced */
+    pdp__nccl_work pool[PDP_CUDAK_NCCL_SLOTS];
+} pdp__nccl_comm;
+
+/* kind names the collective through internal.h's pdp__op_names, whose first four
+   entries follow pdp_cudak_coll's order. */
+static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float *send,
+                                  float *recv, int64_t count, int op, pdp_work **w)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp__nccl_work *wk;
+    int slot;
+    pdp_status st;
+    /* the pool entry k shares event slot k: a handle is free again once waited */
+    wk = &nc->pool[nc->next];
+    if (wk->busy)
+        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait on "
+                        "some before issuing more", PDP_CUDAK_NCCL_SLOTS, c->name, c->rank);
+    if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, &slot)) != PDP_OK)
+        return pdp__err(st, "%s #%lld (count %lld) on comm '%s', rank %d of %d: pdp_cuda: %s",
+                        pdp__op_names[kind], (long long)nc->seq, (long long)count, c->name,
+                        c->rank, c->size, pdp_cudak_error());
+    PDP_ASSERT(slot == nc->next);
+    nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS;
+    wk->busy = true;
+    wk->slot = slot;
+    wk->head.comm = c;
+    wk->head.op_name = pdp__op_names[kind];
+    wk->head.seq = nc->seq++;
+    wk->head.t_start = pdp__now();
+    wk->head.t_done = 0.0;
+    *w = &wk->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__nccl_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                      pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, w);
+}
+
+static pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                      pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, w);
+}
+
+static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                           int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_REDUCE_SCATTER, send, recv, recv_count,
+                           op == PDP_REDUCE_AVG, w);
+}
+
+static pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
+                                      int64_t send_count, pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, w);
+}
+
+static pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0, w);
+}
+
+static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_status st = pdp_cudak_nccl_broadcast_bytes(nc->h, buf, bytes, root, c->timeout_s);
+    if (bytes) nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS; /* it used one event slot */
+    if (st != PDP_OK)
+        return pdp__err(st, "broadcast of %zu bytes from rank %d on comm '%s', rank %d of %d: "
+                        "pdp_cuda: %s", bytes, root, c->name, c->rank, c->size, pdp_cudak_error());
+    return PDP_OK;
+}
+
+static pdp_status pdp__nccl_wait(pdp_work *w)
+{
+    pdp__nccl_work *wk = (pdp__nccl_work *)w;
+    pdp_comm *c = w->comm;
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_status st = pdp_cudak_nccl_wait(nc->h, wk->slot, c->timeout_s);
+    w->t_done = pdp__now();
+    wk->busy = false;
+    if (st != PDP_OK)
+        return pdp__err(st, "%s #%lld on comm '%s', rank %d of %d: pdp_cuda: %s", w->op_name,
+                        (long long)w->seq, c->name, c->rank, c->size, pdp_cudak_error());
+    if (nc->trace_tid) {
+        char args[64];
+        snprintf(args, sizeof args, "\"seq\":%lld", (long long)w->seq);
+        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start, w->t_done,
+                         args);
+    }
+    return PDP_OK;
+}
+
+static bool pdp__nccl_done(pdp_work *w)
+{
+    pdp__nccl_work *wk = (pdp__nccl_work *)w;
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)w->comm->impl;
+    return pdp_cudak_nccl_query(nc->h, wk->slot) != 0;
+}
+
+static void pdp__nccl_destroy(pdp_comm *c)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_cudak_free(c->device.ordinal, nc->barrier_buf);
+    pdp_cudak_nccl_free(nc->h, 0);
+    if (nc->traced) pdp__trace_close();
+    pdp__dealloc(nc);
+}
+
+static const pdp__comm_ops pdp__nccl_ops = {
+    pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
+    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_wait,     pdp__nccl_done,
+    pdp__nccl_destroy};
+
+/* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
+static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
+                                 double timeout_s, const char *name, bool process_rank,
+                                 const char *fn)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
+    pdp_status st;
+    if (!nc) {
+        pdp_cudak_nccl_free(h, 0);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
+    }
+    nc->h = h;
+    nc->head.ops = &pdp__nccl_ops;
+    nc->head.backend = PDP_BACKEND_NCCL;
+    nc->head.rank = rank;
+    nc->head.size = size;
+    nc->head.timeout_s = timeout_s;
+    nc->head.device = pdp_cuda(dev);
+    snprintf(nc->head.name, sizeof nc->head.name, "%s", name ? name : "comm");
+    nc->head.impl = nc;
+    if ((st = pdp_cudak_malloc(dev, sizeof(float), (void **)&nc->barrier_buf)) != PDP_OK ||
+        (st = pdp_cudak_memset0(dev, nc->barrier_buf, sizeof(float))) != PDP_OK) {
+        st = pdp__err(st, "%s: rank %d: pdp_cuda: %s", fn, rank, pdp_cudak_error());
+        pdp__nccl_destroy(&nc->head);
+        return st;
+    }
+    if (pdp__trace_open(process_rank && size > 1 ? rank : -1) == PDP_OK) {
+        nc->traced = true;
+        if (pdp__trace_enabled()) {
+            char track[48];
+            snprintf(track, sizeof track, "comm %s (nccl)", nc->head.name);
+            nc->trace_tid = pdp__trace_track(rank, track);
+        }
+    }
+    *out = &nc->head;
+    return PDP_OK;
+}
+
+/* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. The unique id
+   travels through rendezvous.c; the store stays open until ncclCommInitRank
+   (collective) has returned on this rank. */
+static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_comm_init_env";
+    pdp_env_info env;
+    pdp_store *store = NULL;
+    pdp_cudak_nccl *h = NULL;
+    unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
+    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    int dev;
+    pdp_status st;
+    *out = NULL;
+    if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
+    dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
+    memset(id, 0, sizeof id);
+    if ((st = pdp__rendezvous_store(&store, &env, timeout, "NCCL", fn)) != PDP_OK) return st;
+    if (env.rank == 0 && (st = pdp_cudak_nccl_unique_id(dev, id)) != PDP_OK) {
+        st = pdp__err(st, "%s: rank 0: pdp_cuda: %s", fn, pdp_cudak_error());
+        goto done;
+    }
+    if ((st = pdp__rendezvous_share(store, &env, "pdp/nccl_id", id, sizeof id, timeout, "NCCL",
+                                    fn)) != PDP_OK)
+        goto done;
+    if ((st = pdp_cudak_nccl_init_rank(&h, dev, env.world_size, env.rank, id, timeout)) != PDP_OK) {
+        st = pdp__err(st, "%s: NCCL rank %d of %d on CUDA device %d: pdp_cuda: %s", fn, env.rank,
+                      env.world_size, dev, pdp_cudak_error());
+        goto done;
+    }
+    st = pdp__nccl_wrap(out, h, dev, env.rank, env.world_size, timeout,
+                        desc ? desc->name : NULL, true, fn);
+done:
+    pdp_store_free(store);
+    return st;
+}
+
+#endif /* PDP_CUDA */
+
+/* ---- comm_nccl: thread ranks (pdp_nccl_group) ---- */
+
+PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
+                                         const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_nccl_group_create";
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (ndev < 1 || ndev > 64 || !devices)
+        return pdp__err(PDP_ERR_INVALID, "%s: ndev %d outside 1..64 or devices NULL", fn, ndev);
+    for (i = 0; i < ndev; i++)
+        if (devices[i].kind != PDP_DEVICE_CUDA)
+            return pdp__err(PDP_ERR_DEVICE, "%s: devices[%d] is not a CUDA device", fn, i);
+#ifdef PDP_CUDA
+    {
+        int devs[64];
+        pdp_status st;
+        pdp_nccl_group *g = (pdp_nccl_group *)pdp__calloc(sizeof *g);
+        if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        g->n = ndev;
+        g->timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+        snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
+        g->devices = (pdp_device *)pdp__calloc((size_t)ndev * sizeof *g->devices);
+        g->handles = (pdp_cudak_nccl **)pdp__calloc((size_t)ndev * sizeof *g->handles);
+        if (!g->devices || !g->handles) {
+            pdp_nccl_group_free(g);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, ndev);
+        }
+        for (i = 0; i < ndev; i++) {
+            g->devices[i] = devices[i];
+            devs[i] = devices[i].ordinal;
+        }
+        if ((st = pdp_cudak_nccl_init_all(g->handles, ndev, devs)) != PDP_OK) {
+            st = pdp__err(st, "%s: %d GPUs: pdp_cuda: %s", fn, ndev, pdp_cudak_error());
+            pdp_nccl_group_free(g);
+            return st;
+        }
+        *out = g;
+        return PDP_OK;
+    }
+#else
+    (void)desc;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the NCCL backend is " PDP__NO_CUDA_MSG, fn);
+#endif
+}
+
+PDP_API void pdp_nccl_group_free(pdp_nccl_group *g)
+{
+    if (!g) return;
+#ifdef PDP_CUDA
+    if (g->handles) {
+        int i;
+        for (i = 0; i < g->n; i++) pdp_cudak_nccl_free(g->handles[i], 0);
+    }
+    pdp__dealloc(g->handles);
+#endif
+    pdp__dealloc(g->devices);
+    pdp__dealloc(g);
+}
+
+PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int rank)
+{
+    static const char *fn = "pdp_comm_create_nccl";
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
+    if (rank < 0 || rank >= g->n)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->n - 1);
+#ifdef PDP_CUDA
+    {
+        pdp_cudak_nccl *h = g->handles[rank];
+        if (!h)
+            return pdp__err(PDP_ERR_STATE, "%s: rank %d already has its communicator", fn, rank);
+        g->handles[rank] = NULL;
+        return pdp__nccl_wrap(out, h, g->devices[rank].ordinal, rank, g->n, g->timeout_s, g->name,
+                              false, fn);
+    }
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: " PDP__NO_CUDA_MSG, fn);
+#endif
+}
+/* ---- end src/comm_nccl.c ---- */
+
+/* ---- begin src/comm.c ---- */
+/* comm: the public communicator API and the backend dispatcher. Each backend is
+   one module that fills a pdp__comm_ops table (internal.h):
+     comm_local.c   ranks are threads of one process (the default);
+     comm_mpi.c     ranks are MPI processes (-DPDP_MPI);
+     comm_nccl.c    ranks are GPUs, the host side of pdp_cuda.cu's NCCL (-DPDP_CUDA);
+   the local and MPI backends share comm_queue.c's collective queue, and every
+   backend shares internal.h's communicator contract (pdp_comm, pdp_work, the
+   collective kinds and their names). This module comes after the backends in
+   pdp.h, so nothing here is called before it is defined.
+
+   ---- the public layer ----
+   Every pdp_comm_* collective validates its arguments here, stamps the handle's
+   launch time, counts the collective and the bytes this rank moves in the
+   bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x bytes, reduce-scatter
+   and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent bytes), then calls
+   the backend. A call with work == NULL is made synchronous here, so backends
+   always return a handle. pdp_work_wait adds the collective's execution time
+   (t_done - t_start, queueing excluded) to the communicator's busy_s.
+
+   ---- the dispatcher ----
+   pdp_comm_init_env creates the communicator of a process launched by mpirun
+   or torchrun: one line per backend calls its pdp__comm_init_<backend>_env,
+   which every backend module defines, as a stub that fails with
+   PDP_ERR_UNSUPPORTED naming the macro when the backend was not compiled in.
+   DEFAULT and LOCAL fail with PDP_ERR_INVALID: thread-ranks have no
+   environment to read; they need pdp_local_group_create. A new backend is one
+   new module (its ops table, its creation, its pdp__comm_init_<backend>_env),
+   one pdp_backend value and one line in the switch below. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- comm: public layer ---- */
+
+static pdp_status pdp__comm_check(const pdp_comm *c, const char *fn)
+{
+    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: communicator is NULL", fn);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
+                                        const char *what, const char *fn)
+{
+    if (count < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s count %lld < 0 (comm '%s', rank %d of %d)", fn,
+                        what, (long long)count, c->name, c->rank, c->size);
+    if (count > 0 && !p)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL with count %lld (comm '%s', rank %d)",
+                        fn, what, (long long)count, c->name, c->rank);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn)
+{
+    if (op != PDP_REDUCE_SUM && op != PDP_REDUCE_AVG)
+        return pdp__err(PDP_ERR_INVALID, "%s: unknown reduce op %d (comm '%s', rank %d)", fn,
+                        (int)op, c->name, c->rank);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn)
+{
+    if (root < 0 || root >= c->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: root %d outside 0..%d (comm '%s', rank %d)", fn,
+                        root, c->size - 1, c->name, c->rank);
+    return PDP_OK;
+}
+
+/* After the backend accepted a collective: stats, the launch stamp, and the
+   synchronous form when the caller passed no handle pointer. */
+static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
+                                     double bytes, pdp_work **work, const char *fn)
+{
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    w->t_launch = t_launch;
+    c->stats.collectives++;
+    c->stats.bytes_sent += (int64_t)bytes;
+    if (work) {
+        *work = w;
+        return PDP_OK;
+    }
+    st = c->ops->wait(w);
+    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
+}
+
+PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                      pdp_work **work)
+{
+    static const char *fn = "pdp_comm_allreduce";
+    pdp_work *w = NULL;
+    double t = pdp__now(), n;
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_op(c, op, fn)))
+        return st;
+    n = (double)c->size;
+    st = c->ops->allreduce(c, buf, count, op, &w);
+    return pdp__comm_launched(c, st, w, t, 2.0 * (n - 1.0) / n * (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                      pdp_work **work)
+{
+    static const char *fn = "pdp_comm_broadcast";
+    pdp_work *w = NULL;
+    double t = pdp__now(), n;
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_root(c, root, fn)))
+        return st;
+    n = (double)c->size;
+    st = c->ops->broadcast(c, buf, count, root, &w);
+    return pdp__comm_launched(c, st, w, t, (n - 1.0) / n * (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_reduce_scatter";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) ||
+        (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
+        (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
+        (st = pdp__comm_check_op(c, op, fn)))
+        return st;
+    st = c->ops->reduce_scatter(c, send, recv, recv_count, op, &w);
+    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)recv_count * 4.0, work,
+                              fn);
+}
+
+PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *recv,
+                                      int64_t send_count, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_allgather";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) ||
+        (st = pdp__comm_check_count(c, send, send_count, "send", fn)) ||
+        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)))
+        return st;
+    st = c->ops->allgather(c, send, recv, send_count, &w);
+    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)send_count * 4.0, work,
+                              fn);
+}
+
+PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_barrier";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn))) return st;
+    st = c->ops->barrier(c, &w);
+    return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    static const char *fn = "pdp_comm_broadcast_bytes";
+    pdp_status st;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_root(c, root, fn))) return st;
+    if (bytes > 0 && !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: buf is NULL with %zu bytes (comm '%s', rank %d)", fn,
+                        bytes, c->name, c->rank);
+    if ((st = c->ops->broadcast_bytes(c, buf, bytes, root)) != PDP_OK)
+        return pdp__err_wrap(st, "%s", fn);
+    c->stats.collectives++;
+    c->stats.bytes_sent += (int64_t)((double)(c->size - 1) / c->size * (double)bytes);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_work_wait(pdp_work *w)
+{
+    pdp_comm *c;
+    pdp_status st;
+    if (!w) return PDP_OK;
+    c = w->comm;
+    st = c->ops->wait(w); /* recycles w; its head fields stay readable (internal.h) */
+    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "pdp_work_wait");
+}
+
+PDP_API pdp_status pdp_wait(pdp_work *work) { return pdp_work_wait(work); }
+
+PDP_API bool pdp_work_done(pdp_work *w) { return !w || w->comm->ops->done(w); }
+
+PDP_API void pdp_comm_free(pdp_comm *c)
+{
+    if (c) c->ops->destroy(c);
+}
+
+PDP_API int pdp_comm_rank(const pdp_comm *c) { return c ? c->rank : -1; }
+PDP_API int pdp_comm_size(const pdp_comm *c) { return c ? c->size : 0; }
+PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
+{
+    return c ? c->backend : PDP_BACKEND_DEFAULT;
+}
+PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
+
+PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
+{
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (c) *out = c->stats;
+}
+
+/* ---- comm: pdp_comm_init_env, the dispatcher ---- */
+
 PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
@@ -10741,15 +11196,8 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     switch (b) {
-    case PDP_BACKEND_MPI:
-#ifdef PDP_MPI
-        return pdp__mpi_create(out, desc, fn);
-#else
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: backend MPI: built without PDP_MPI (compile "
-                        "with -DPDP_MPI using mpicc, and run under mpirun)", fn);
-#endif
-    case PDP_BACKEND_NCCL:
-        return pdp__comm_init_nccl_env(out, desc);
+    case PDP_BACKEND_MPI: return pdp__comm_init_mpi_env(out, desc);
+    case PDP_BACKEND_NCCL: return pdp__comm_init_nccl_env(out, desc);
     case PDP_BACKEND_DEFAULT:
     case PDP_BACKEND_LOCAL:
         return pdp__err(PDP_ERR_INVALID, "%s: backend %s: the local backend's ranks are threads "
@@ -10760,7 +11208,7 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
     }
     return pdp__err(PDP_ERR_INVALID, "%s: unknown backend %d", fn, (int)b);
 }
-/* ---- end src/comm_mpi.c ---- */
+/* ---- end src/comm.c ---- */
 
 /* ---- begin src/dp.c ---- */
 /* dp: DataParallel over persistent worker threads, parameter-server style.
@@ -12153,10 +12601,10 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
 
 /* ---- begin src/cuda_host.c ---- */
 /* cuda_host: the host side of CUDA devices. Routes device memory, every layer's
-   forward and backward, the losses, the optimizer updates and the NCCL
-   communicator to the plain C functions of pdp_cuda.cu (declared in cuda.h)
-   when built with PDP_CUDA; without it, every CUDA request fails with
-   PDP_ERR_UNSUPPORTED naming the macro, and the CPU paths are untouched.
+   forward and backward, the losses and the optimizer updates to the plain C
+   functions of pdp_cuda.cu (declared in cuda.h) when built with PDP_CUDA;
+   without it, every CUDA request fails with PDP_ERR_UNSUPPORTED naming the
+   macro, and the CPU paths are untouched.
 
    Errors: a pdp_cudak_* function that fails leaves "<call> failed: <name>
    (<text>) at pdp_cuda.cu:<line>" in its own thread-local buffer; this module
@@ -12164,13 +12612,7 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    prefixes its name and the layer ("pdp_model_forward: layer 0 (Linear):
    pdp_cuda: cublasSgemm failed: CUBLAS_STATUS_... at pdp_cuda.cu:123").
 
-   The NCCL communicator is a pdp__comm_ops backend like local and mpi: its
-   handles come from a fixed pool (one per completion-event slot), so a step
-   allocates nothing; a collective is launched on the NCCL stream after an
-   event recorded on the compute stream, and pdp_work_wait polls it against the
-   communicator's timeout (pdp_cuda.cu aborts the NCCL communicator on failure).
-   Process ranks rendezvous through the TCP store (store.c): rank 0 makes the
-   unique id and sets "pdp/nccl_id", the others get it. */
+   The NCCL communicator's host side is comm_nccl.c. */
 
 /* #include "internal.h" (already above) */
 
@@ -12604,336 +13046,6 @@ static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_s
 #else
     (void)s, (void)p, (void)g, (void)s0, (void)s1, (void)n;
     return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
-#endif
-}
-
-/* ---- cuda_host: the NCCL communicator ---- */
-
-struct pdp_nccl_group {
-    int n;
-    double timeout_s;
-    char name[32];
-    pdp_device *devices;
-#ifdef PDP_CUDA
-    pdp_cudak_nccl **handles; /* taken by pdp_comm_create_nccl (NULL once taken) */
-#endif
-};
-
-#ifdef PDP_CUDA
-
-typedef struct pdp__nccl_work {
-    pdp_work head;
-    int slot;
-    bool busy;
-} pdp__nccl_work;
-
-typedef struct pdp__nccl_comm {
-    pdp_comm head;
-    pdp_cudak_nccl *h;
-    float *barrier_buf;     /* one float on the device */
-    int next;               /* the pool entry of the next collective */
-    int64_t seq;
-    bool traced;
-    int trace_tid;          /* 0: not traced */
-    pdp__nccl_work pool[PDP_CUDAK_NCCL_SLOTS];
-} pdp__nccl_comm;
-
-/* kind names the collective through comm.c's pdp__op_names, whose first four
-   entries follow pdp_cudak_coll's order. */
-static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float *send,
-                                  float *recv, int64_t count, int op, pdp_work **w)
-{
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    pdp__nccl_work *wk;
-    int slot;
-    pdp_status st;
-    /* the pool entry k shares event slot k: a handle is free again once waited */
-    wk = &nc->pool[nc->next];
-    if (wk->busy)
-        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait on "
-                        "some before issuing more", PDP_CUDAK_NCCL_SLOTS, c->name, c->rank);
-    if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, &slot)) != PDP_OK)
-        return pdp__err(st, "%s #%lld (count %lld) on comm '%s', rank %d of %d: pdp_cuda: %s",
-                        pdp__op_names[kind], (long long)nc->seq, (long long)count, c->name,
-                        c->rank, c->size, pdp_cudak_error());
-    PDP_ASSERT(slot == nc->next);
-    nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS;
-    wk->busy = true;
-    wk->slot = slot;
-    wk->head.comm = c;
-    wk->head.op_name = pdp__op_names[kind];
-    wk->head.seq = nc->seq++;
-    wk->head.t_start = pdp__now();
-    wk->head.t_done = 0.0;
-    *w = &wk->head;
-    return PDP_OK;
-}
-
-static pdp_status pdp__nccl_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                      pdp_work **w)
-{
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, w);
-}
-
-static pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                      pdp_work **w)
-{
-    return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, w);
-}
-
-static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                           int64_t recv_count, pdp_reduce_op op, pdp_work **w)
-{
-    return pdp__nccl_issue(c, PDP_CUDAK_REDUCE_SCATTER, send, recv, recv_count,
-                           op == PDP_REDUCE_AVG, w);
-}
-
-static pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
-                                      int64_t send_count, pdp_work **w)
-{
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, w);
-}
-
-static pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
-{
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0, w);
-}
-
-static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
-{
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    pdp_status st = pdp_cudak_nccl_broadcast_bytes(nc->h, buf, bytes, root, c->timeout_s);
-    if (bytes) nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS; /* it used one event slot */
-    if (st != PDP_OK)
-        return pdp__err(st, "broadcast of %zu bytes from rank %d on comm '%s', rank %d of %d: "
-                        "pdp_cuda: %s", bytes, root, c->name, c->rank, c->size, pdp_cudak_error());
-    return PDP_OK;
-}
-
-static pdp_status pdp__nccl_wait(pdp_work *w)
-{
-    pdp__nccl_work *wk = (pdp__nccl_work *)w;
-    pdp_comm *c = w->comm;
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    pdp_status st = pdp_cudak_nccl_wait(nc->h, wk->slot, c->timeout_s);
-    w->t_done = pdp__now();
-    wk->busy = false;
-    if (st != PDP_OK)
-        return pdp__err(st, "%s #%lld on comm '%s', rank %d of %d: pdp_cuda: %s", w->op_name,
-                        (long long)w->seq, c->name, c->rank, c->size, pdp_cudak_error());
-    if (nc->trace_tid) {
-        char args[64];
-        snprintf(args, sizeof args, "\"seq\":%lld", (long long)w->seq);
-        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start, w->t_done,
-                         args);
-    }
-    return PDP_OK;
-}
-
-static bool pdp__nccl_done(pdp_work *w)
-{
-    pdp__nccl_work *wk = (pdp__nccl_work *)w;
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)w->comm->impl;
-    return pdp_cudak_nccl_query(nc->h, wk->slot) != 0;
-}
-
-static void pdp__nccl_destroy(pdp_comm *c)
-{
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    pdp_cudak_free(c->device.ordinal, nc->barrier_buf);
-    pdp_cudak_nccl_free(nc->h, 0);
-    if (nc->traced) pdp__trace_close();
-    pdp__dealloc(nc);
-}
-
-static const pdp__comm_ops pdp__nccl_ops = {
-    pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
-    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_wait,     pdp__nccl_done,
-    pdp__nccl_destroy};
-
-/* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
-static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                 double timeout_s, const char *name, bool process_rank,
-                                 const char *fn)
-{
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
-    pdp_status st;
-    if (!nc) {
-        pdp_cudak_nccl_free(h, 0);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
-    }
-    nc->h = h;
-    nc->head.ops = &pdp__nccl_ops;
-    nc->head.backend = PDP_BACKEND_NCCL;
-    nc->head.rank = rank;
-    nc->head.size = size;
-    nc->head.timeout_s = timeout_s;
-    nc->head.device = pdp_cuda(dev);
-    snprintf(nc->head.name, sizeof nc->head.name, "%s", name ? name : "comm");
-    nc->head.impl = nc;
-    if ((st = pdp_cudak_malloc(dev, sizeof(float), (void **)&nc->barrier_buf)) != PDP_OK ||
-        (st = pdp_cudak_memset0(dev, nc->barrier_buf, sizeof(float))) != PDP_OK) {
-        st = pdp__err(st, "%s: rank %d: pdp_cuda: %s", fn, rank, pdp_cudak_error());
-        pdp__nccl_destroy(&nc->head);
-        return st;
-    }
-    if (pdp__trace_open(process_rank && size > 1 ? rank : -1) == PDP_OK) {
-        nc->traced = true;
-        if (pdp__trace_enabled()) {
-            char track[48];
-            snprintf(track, sizeof track, "comm %s (nccl)", nc->head.name);
-            nc->trace_tid = pdp__trace_track(rank, track);
-        }
-    }
-    *out = &nc->head;
-    return PDP_OK;
-}
-
-/* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. */
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
-{
-    static const char *fn = "pdp_comm_init_env";
-    pdp_env_info env;
-    pdp_store_desc sd;
-    pdp_store *store = NULL;
-    pdp_cudak_nccl *h = NULL;
-    unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
-    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
-    const char *port_env;
-    int dev;
-    pdp_status st;
-    *out = NULL;
-    if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
-    dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
-    memset(&sd, 0, sizeof sd);
-    sd.host = env.master_addr;
-    sd.port = env.master_port;
-    /* torchrun's own store holds MASTER_PORT; ours takes the next port */
-    if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env.master_port + 1;
-    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) sd.port = atoi(port_env);
-    sd.is_server = env.rank == 0;
-    sd.world_size = env.world_size;
-    sd.timeout_s = timeout;
-    memset(id, 0, sizeof id);
-    if (env.world_size > 1) {
-        if ((st = pdp_store_create(&store, &sd)) != PDP_OK)
-            return pdp__err_wrap(st, "%s: NCCL rank %d of %d: the TCP store", fn, env.rank,
-                                 env.world_size);
-    }
-    if (env.rank == 0) {
-        if ((st = pdp_cudak_nccl_unique_id(dev, id)) != PDP_OK) {
-            st = pdp__err(st, "%s: rank 0: pdp_cuda: %s", fn, pdp_cudak_error());
-            goto done;
-        }
-        if (store && (st = pdp_store_set(store, "pdp/nccl_id", id, sizeof id)) != PDP_OK) {
-            st = pdp__err_wrap(st, "%s: rank 0 publishing the NCCL id", fn);
-            goto done;
-        }
-    } else if ((st = pdp_store_get(store, "pdp/nccl_id", id, sizeof id, NULL)) != PDP_OK) {
-        st = pdp__err_wrap(st, "%s: rank %d of %d waiting for the NCCL id from rank 0", fn,
-                           env.rank, env.world_size);
-        goto done;
-    }
-    /* everyone holds the id before rank 0's store may go away */
-    if (store && (st = pdp_store_barrier(store, "pdp/nccl_id_read", env.world_size, timeout)) !=
-                     PDP_OK) {
-        st = pdp__err_wrap(st, "%s: rank %d of %d", fn, env.rank, env.world_size);
-        goto done;
-    }
-    if ((st = pdp_cudak_nccl_init_rank(&h, dev, env.world_size, env.rank, id, timeout)) != PDP_OK) {
-        st = pdp__err(st, "%s: NCCL rank %d of %d on CUDA device %d: pdp_cuda: %s", fn, env.rank,
-                      env.world_size, dev, pdp_cudak_error());
-        goto done;
-    }
-    st = pdp__nccl_wrap(out, h, dev, env.rank, env.world_size, timeout,
-                        desc ? desc->name : NULL, true, fn);
-done:
-    pdp_store_free(store);
-    return st;
-}
-
-#endif /* PDP_CUDA */
-
-PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
-                                         const pdp_comm_desc *desc)
-{
-    static const char *fn = "pdp_nccl_group_create";
-    int i;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (ndev < 1 || ndev > 64 || !devices)
-        return pdp__err(PDP_ERR_INVALID, "%s: ndev %d outside 1..64 or devices NULL", fn, ndev);
-    for (i = 0; i < ndev; i++)
-        if (devices[i].kind != PDP_DEVICE_CUDA)
-            return pdp__err(PDP_ERR_DEVICE, "%s: devices[%d] is not a CUDA device", fn, i);
-#ifdef PDP_CUDA
-    {
-        int devs[64];
-        pdp_status st;
-        pdp_nccl_group *g = (pdp_nccl_group *)pdp__calloc(sizeof *g);
-        if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-        g->n = ndev;
-        g->timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
-        snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
-        g->devices = (pdp_device *)pdp__calloc((size_t)ndev * sizeof *g->devices);
-        g->handles = (pdp_cudak_nccl **)pdp__calloc((size_t)ndev * sizeof *g->handles);
-        if (!g->devices || !g->handles) {
-            pdp_nccl_group_free(g);
-            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, ndev);
-        }
-        for (i = 0; i < ndev; i++) {
-            g->devices[i] = devices[i];
-            devs[i] = devices[i].ordinal;
-        }
-        if ((st = pdp_cudak_nccl_init_all(g->handles, ndev, devs)) != PDP_OK) {
-            st = pdp__err(st, "%s: %d GPUs: pdp_cuda: %s", fn, ndev, pdp_cudak_error());
-            pdp_nccl_group_free(g);
-            return st;
-        }
-        *out = g;
-        return PDP_OK;
-    }
-#else
-    (void)desc;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the NCCL backend is " PDP__NO_CUDA_MSG, fn);
-#endif
-}
-
-PDP_API void pdp_nccl_group_free(pdp_nccl_group *g)
-{
-    if (!g) return;
-#ifdef PDP_CUDA
-    if (g->handles) {
-        int i;
-        for (i = 0; i < g->n; i++) pdp_cudak_nccl_free(g->handles[i], 0);
-    }
-    pdp__dealloc(g->handles);
-#endif
-    pdp__dealloc(g->devices);
-    pdp__dealloc(g);
-}
-
-PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int rank)
-{
-    static const char *fn = "pdp_comm_create_nccl";
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
-    if (rank < 0 || rank >= g->n)
-        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->n - 1);
-#ifdef PDP_CUDA
-    {
-        pdp_cudak_nccl *h = g->handles[rank];
-        if (!h)
-            return pdp__err(PDP_ERR_STATE, "%s: rank %d already has its communicator", fn, rank);
-        g->handles[rank] = NULL;
-        return pdp__nccl_wrap(out, h, g->devices[rank].ordinal, rank, g->n, g->timeout_s, g->name,
-                              false, fn);
-    }
-#else
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: " PDP__NO_CUDA_MSG, fn);
 #endif
 }
 /* ---- end src/cuda_host.c ---- */

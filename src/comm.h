@@ -11,7 +11,11 @@
    Collectives on one communicator complete in the order they were issued, and
    every rank must issue the same collectives in the same order (as in MPI and
    NCCL). A rank that does not arrive within timeout_s makes the others fail
-   with PDP_ERR_TIMEOUT naming the collective and the missing rank. */
+   with PDP_ERR_TIMEOUT naming the collective and the missing rank.
+   One module per backend in src/ (comm_local.c, comm_mpi.c, comm_nccl.c) fills
+   one table of functions; comm.c holds this API and the dispatcher. A new
+   backend is one new file plus one line in the dispatcher (and its value in
+   pdp_backend). */
 
 typedef struct pdp_comm pdp_comm;
 typedef struct pdp_work pdp_work;

@@ -1,14 +1,7 @@
-/* comm_mpi: pdp_comm_init_env, and the MPI communicator backend (-DPDP_MPI).
-
-   ---- pdp_comm_init_env ----
-   Creates the communicator of a process launched by mpirun or torchrun:
-     PDP_BACKEND_MPI    the MPI backend below; without PDP_MPI it fails with
-                        PDP_ERR_UNSUPPORTED naming the macro.
-     PDP_BACKEND_NCCL   pdp__comm_init_nccl_env, defined by cuda_host.c under
-                        PDP_CUDA; without PDP_CUDA the stub here fails with
-                        PDP_ERR_UNSUPPORTED naming the macro.
-     DEFAULT / LOCAL    PDP_ERR_INVALID: thread-ranks have no environment to
-                        read; they need pdp_local_group_create.
+/* comm_mpi: the MPI communicator backend (-DPDP_MPI), and its entry in comm.c's
+   dispatcher, pdp__comm_init_mpi_env: pdp_comm_init_env with PDP_BACKEND_MPI
+   creates the communicator below; without PDP_MPI it fails with
+   PDP_ERR_UNSUPPORTED naming the macro.
 
    ---- the MPI backend ----
    Rank and size come from MPI_COMM_WORLD, which every process duplicates once
@@ -23,7 +16,7 @@
    MPI's error string.
 
    One progress thread per communicator runs the collectives in issue order,
-   as PyTorch's ProcessGroupMPI does (comm.c's collective queue, shared with
+   as PyTorch's ProcessGroupMPI does (comm_queue.c's collective queue, shared with
    the local backend; this file supplies its exec, idle and destroy): a launch
    only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
    allocated per collective) and returns, so the calling rank keeps computing
@@ -72,18 +65,6 @@
    Reference: MPI 3.1, chapter 5.12 (non-blocking collectives). */
 
 #include "internal.h"
-
-/* ---- comm_mpi: NCCL stub ---- */
-
-#ifndef PDP_CUDA
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
-{
-    (void)desc;
-    *out = NULL;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_comm_init_env: backend NCCL: built without PDP_CUDA "
-                    "(compile with -DPDP_CUDA and link pdp_cuda.o)");
-}
-#endif
 
 #ifdef PDP_MPI
 #include <mpi.h>
@@ -529,29 +510,15 @@ fail:
 
 /* ---- comm_mpi: pdp_comm_init_env ---- */
 
-PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
+static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
-    pdp_backend b = desc ? desc->backend : PDP_BACKEND_DEFAULT;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    switch (b) {
-    case PDP_BACKEND_MPI:
 #ifdef PDP_MPI
-        return pdp__mpi_create(out, desc, fn);
+    return pdp__mpi_create(out, desc, fn);
 #else
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: backend MPI: built without PDP_MPI (compile "
-                        "with -DPDP_MPI using mpicc, and run under mpirun)", fn);
+    (void)desc;
+    *out = NULL;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: backend MPI: built without PDP_MPI (compile "
+                    "with -DPDP_MPI using mpicc, and run under mpirun)", fn);
 #endif
-    case PDP_BACKEND_NCCL:
-        return pdp__comm_init_nccl_env(out, desc);
-    case PDP_BACKEND_DEFAULT:
-    case PDP_BACKEND_LOCAL:
-        return pdp__err(PDP_ERR_INVALID, "%s: backend %s: the local backend's ranks are threads "
-                        "of one process and have no environment to read; create them with "
-                        "pdp_local_group_create and pdp_comm_create_local (or set desc.backend "
-                        "to PDP_BACKEND_MPI or PDP_BACKEND_NCCL)", fn,
-                        b == PDP_BACKEND_LOCAL ? "LOCAL" : "DEFAULT (local)");
-    }
-    return pdp__err(PDP_ERR_INVALID, "%s: unknown backend %d", fn, (int)b);
 }

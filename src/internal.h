@@ -249,10 +249,11 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi);
 
-/* ---- communicator internals (comm.c, comm_mpi.c, pdp_cuda.cu's NCCL) ----
-   Each backend fills one table; the public pdp_comm_* functions validate their
-   arguments, then call it. A backend keeps a fixed handle pool so that a
-   training step allocates nothing: the local and MPI backends share comm.c's
+/* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
+   comm_nccl.c; comm_queue.c) ----
+   Each backend fills one table; the public pdp_comm_* functions (comm.c) validate
+   their arguments, then call it. A backend keeps a fixed handle pool so that a
+   training step allocates nothing: the local and MPI backends share comm_queue.c's
    collective queue (pdp__workq: pool, FIFO, progress thread, wait/done);
    NCCL's stream orders its collectives, with a pool of event slots. */
 typedef struct pdp__comm_ops {
@@ -300,9 +301,25 @@ struct pdp_work {
     double t_done;        /* pdp__now() at completion */
 };
 
-/* NCCL from the environment: pdp_comm_init_env (comm_mpi.c) calls it for
-   PDP_BACKEND_NCCL. Defined in cuda_host.c under PDP_CUDA; without PDP_CUDA,
-   comm_mpi.c defines it to return PDP_ERR_UNSUPPORTED naming the macro. */
+/* The collectives and their names (messages, the trace); pdp_cudak_coll (cuda.h)
+   follows the first four. */
+typedef enum pdp__coll_kind {
+    PDP__COLL_ALLREDUCE,
+    PDP__COLL_BROADCAST,
+    PDP__COLL_REDUCE_SCATTER,
+    PDP__COLL_ALLGATHER,
+    PDP__COLL_BARRIER,
+    PDP__COLL_BROADCAST_BYTES
+} pdp__coll_kind;
+
+static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
+                                      "barrier", "broadcast_bytes"};
+
+/* A backend's entry in comm.c's dispatcher (pdp_comm_init_env), defined by its
+   module, which comes before comm.c: under its macro it creates the communicator
+   from the environment; without it, it fails with PDP_ERR_UNSUPPORTED naming the
+   macro. Errors start with "pdp_comm_init_env". */
+static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc);
 static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
 
 /* ---- trace (trace.c) ----

@@ -1,4 +1,5 @@
-/* store: torchrun-style rendezvous from the environment, and a TCP key-value store.
+/* store: a TCP key-value store, PyTorch's TCPStore in miniature (rendezvous.c reads
+   who the ranks are and hands a unique id out through it).
 
    Server. One thread in the rank-0 process runs a poll() loop over a wake pipe,
    the listening socket and every client connection; all sockets are non-blocking
@@ -60,94 +61,6 @@
 #define PDP__STORE_GRACE_S 5.0          /* client waits this much past a server-side timeout */
 #define PDP__STORE_MAX_CONNS 4096       /* further connections are accepted and closed */
 #define PDP__STORE_MAX_TIMEOUT_MS 1000000000000ull
-
-/* ---- environment ---- */
-
-/* getenv, with an empty value counting as unset (`RANK= ./train`). */
-static const char *pdp__env_get(const char *name)
-{
-    const char *v = getenv(name);
-    return (v && v[0]) ? v : NULL;
-}
-
-/* Parses the whole of value as a decimal integer in [lo, hi]; why says what the
-   range means in the message. */
-static pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
-                               const char *why, int *out)
-{
-    char *end;
-    long x;
-    errno = 0;
-    x = strtol(value, &end, 10);
-    if (end == value || *end != '\0' || errno == ERANGE)
-        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s='%.64s' is not an integer", name, value);
-    if (x < lo || x > hi)
-        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s=%ld is outside %ld..%ld%s", name, x, lo,
-                        hi, why);
-    *out = (int)x;
-    return PDP_OK;
-}
-
-PDP_API pdp_status pdp_env_read(pdp_env_info *out)
-{
-    static const char *const torchrun[4] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                            "LOCAL_WORLD_SIZE"};
-    static const char *const ompi[4] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                        "OMPI_COMM_WORLD_LOCAL_RANK",
-                                        "OMPI_COMM_WORLD_LOCAL_SIZE"};
-    const char *const *names = NULL;
-    const char *v;
-    char why[96];
-    pdp_env_info e;
-    pdp_status st;
-
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_env_read: out is NULL");
-    memset(&e, 0, sizeof e);
-    e.world_size = 1;
-    e.local_world_size = 1;
-    strcpy(e.master_addr, PDP__STORE_DEFAULT_HOST);
-    e.master_port = PDP__STORE_DEFAULT_PORT;
-    *out = e;
-
-    if (pdp__env_get(torchrun[0]) || pdp__env_get(torchrun[1])) names = torchrun;
-    else if (pdp__env_get(ompi[0]) || pdp__env_get(ompi[1])) names = ompi;
-    if (names) {
-        if (!pdp__env_get(names[0]) || !pdp__env_get(names[1]))
-            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s is set but %s is not",
-                            pdp__env_get(names[0]) ? names[0] : names[1],
-                            pdp__env_get(names[0]) ? names[1] : names[0]);
-        st = pdp__env_int(names[1], pdp__env_get(names[1]), 1, INT_MAX, "", &e.world_size);
-        if (st != PDP_OK) return st;
-        snprintf(why, sizeof why, " (it must be below %s=%d)", names[1], e.world_size);
-        st = pdp__env_int(names[0], pdp__env_get(names[0]), 0, e.world_size - 1, why, &e.rank);
-        if (st != PDP_OK) return st;
-        e.local_world_size = e.world_size;
-        if ((v = pdp__env_get(names[3])) != NULL) {
-            snprintf(why, sizeof why, " (it cannot exceed %s=%d)", names[1], e.world_size);
-            st = pdp__env_int(names[3], v, 1, e.world_size, why, &e.local_world_size);
-            if (st != PDP_OK) return st;
-        }
-        e.local_rank = e.rank % e.local_world_size; /* ranks laid out node by node */
-        if ((v = pdp__env_get(names[2])) != NULL) {
-            snprintf(why, sizeof why, " (it must be below %s=%d)", names[3], e.local_world_size);
-            st = pdp__env_int(names[2], v, 0, e.local_world_size - 1, why, &e.local_rank);
-            if (st != PDP_OK) return st;
-        }
-        e.from_env = true;
-    }
-    if ((v = pdp__env_get("MASTER_ADDR")) != NULL) {
-        if (strlen(v) >= sizeof e.master_addr)
-            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: MASTER_ADDR='%.64s...' is %zu bytes "
-                            "long (at most %zu)", v, strlen(v), sizeof e.master_addr - 1);
-        strcpy(e.master_addr, v);
-    }
-    if ((v = pdp__env_get("MASTER_PORT")) != NULL) {
-        st = pdp__env_int("MASTER_PORT", v, 1, 65535, "", &e.master_port);
-        if (st != PDP_OK) return st;
-    }
-    *out = e;
-    return PDP_OK;
-}
 
 /* ---- wire protocol ---- */
 

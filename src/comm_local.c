@@ -1,0 +1,423 @@
+/* comm_local: the local backend: N ranks are threads of one process, buffers in shared
+   memory, no dependency; the default, and what the tests use.
+
+   N ranks are threads of one process; a pdp_local_group is their shared
+   meeting point. Each rank's communicator owns a collective queue (comm_queue.c,
+   shared with the MPI backend) whose persistent progress thread runs the
+   rank's collectives in issue order, so an asynchronous
+   collective progresses while the rank's own thread computes (DDP overlaps a
+   bucket's all-reduce with the rest of backward this way). One collective is:
+
+     arrive    the progress thread publishes its arguments in the group's slot
+               for its rank and enters barrier A. The last rank to arrive checks
+               that all ranks issued the same collective (kind, count, op, root);
+     work      rank r's progress thread handles slice r of the data: for an
+               all-reduce it sums slice r of every rank's buffer in rank order
+               0, 1, ..., N-1 (fixed, so every rank gets bit-identical sums)
+               and writes the result into every rank's buffer; broadcast,
+               reduce-scatter and all-gather split the same way;
+     leave     barrier B: no rank's buffer is touched after it, so the handle
+               completes and the rank may reuse its buffers and its slot.
+
+   The work of one collective is therefore spread over the ranks (each moves
+   about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
+   rank's buffers are only written by progress threads between A and B.
+
+   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
+   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
+   makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
+   sequence number and the missing rank; a rank whose communicator is freed
+   marks itself as gone, and a rank waiting for it fails at once with
+   PDP_ERR_COMM. Either way the group becomes broken: every later collective on
+   any rank fails fast with the first failure's message (as an aborted NCCL
+   communicator does).
+
+   Locks: group->mu guards the barrier state, the slots and the broken flag;
+   the queue's mu guards its queue, its handle pool and the handles' done
+   flags. The progress thread never holds both. Buffer contents pass between
+   threads only across these mutexes, so the backend is TSan clean. Handles
+   come from a fixed pool per communicator: nothing is allocated per
+   collective. */
+
+#include "internal.h"
+
+/* ---- comm_local: the group ---- */
+
+#define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
+#ifndef PDP_LOCAL_MAX_INFLIGHT
+#  define PDP_LOCAL_MAX_INFLIGHT 256 /* handles per local communicator */
+#endif
+
+struct pdp_local_group {
+    int size;
+    double timeout_s;
+    pdp_device device;
+    char name[32];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* barrier progress, departures, breakage */
+    int arrived;              /* ranks in the current barrier */
+    uint64_t gen;             /* barriers completed */
+    int64_t *phase;           /* per rank: barriers entered */
+    pdp__coll_args *slot;     /* per rank: the collective it is executing */
+    bool *joined;             /* per rank: a communicator was created */
+    bool *gone;               /* per rank: its communicator was freed */
+    bool broken;
+    pdp_status broken_status;
+    char broken_msg[PDP__MSG_CAP];
+};
+
+PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
+                                          const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_local_group_create";
+    pdp_local_group *g;
+    pthread_condattr_t ca;
+    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (world_size < 1 || world_size > PDP__LOCAL_MAX_RANKS)
+        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d outside 1..%d", fn, world_size,
+                        PDP__LOCAL_MAX_RANKS);
+    if (desc && desc->backend != PDP_BACKEND_DEFAULT && desc->backend != PDP_BACKEND_LOCAL)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc->backend is %d; a local group is backend local",
+                        fn, (int)desc->backend);
+    if (desc && desc->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the local backend keeps buffers on the CPU "
+                        "(desc->device is CUDA:%d; use the nccl backend)", fn,
+                        desc->device.ordinal);
+    g = (pdp_local_group *)pdp__calloc(sizeof *g);
+    if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    g->size = world_size;
+    g->timeout_s = timeout;
+    g->device = pdp_cpu();
+    snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
+    g->phase = (int64_t *)pdp__calloc((size_t)world_size * sizeof *g->phase);
+    g->slot = (pdp__coll_args *)pdp__calloc((size_t)world_size * sizeof *g->slot);
+    g->joined = (bool *)pdp__calloc((size_t)world_size * sizeof *g->joined);
+    g->gone = (bool *)pdp__calloc((size_t)world_size * sizeof *g->gone);
+    if (!g->phase || !g->slot || !g->joined || !g->gone) {
+        pdp__dealloc(g->phase);
+        pdp__dealloc(g->slot);
+        pdp__dealloc(g->joined);
+        pdp__dealloc(g->gone);
+        pdp__dealloc(g);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, world_size);
+    }
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    *out = g;
+    return PDP_OK;
+}
+
+PDP_API void pdp_local_group_free(pdp_local_group *g)
+{
+    if (!g) return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    pdp__dealloc(g->phase);
+    pdp__dealloc(g->slot);
+    pdp__dealloc(g->joined);
+    pdp__dealloc(g->gone);
+    pdp__dealloc(g);
+}
+
+/* Marks the group broken with a message (first failure wins); g->mu held. */
+static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
+{
+    if (g->broken) return;
+    g->broken = true;
+    g->broken_status = st;
+    snprintf(g->broken_msg, sizeof g->broken_msg, "%s", msg);
+    pthread_cond_broadcast(&g->cv);
+}
+
+/* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
+static void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__coll_args *a,
+                               char *out, size_t cap)
+{
+    snprintf(out, cap, "%s #%lld (count %lld) on comm '%s', rank %d of %d",
+             pdp__op_names[a->kind], (long long)a->seq, (long long)a->count, g->name, rank,
+             g->size);
+}
+
+/* The last rank into barrier A checks that everyone issued the same collective;
+   g->mu held. Returns false (and breaks the group) on a mismatch. */
+static bool pdp__group_validate(pdp_local_group *g)
+{
+    const pdp__coll_args *a = &g->slot[0];
+    int r;
+    for (r = 1; r < g->size; r++) {
+        const pdp__coll_args *b = &g->slot[r];
+        if (b->kind != a->kind || b->count != a->count || b->op != a->op) {
+            char msg[PDP__MSG_CAP];
+            snprintf(msg, sizeof msg,
+                     "collectives differ across ranks on comm '%s': rank 0 issued %s #%lld "
+                     "(count %lld, op/root %d), rank %d issued %s #%lld (count %lld, op/root %d); "
+                     "every rank must issue the same collectives in the same order",
+                     g->name, pdp__op_names[a->kind], (long long)a->seq, (long long)a->count,
+                     a->op, r, pdp__op_names[b->kind], (long long)b->seq, (long long)b->count,
+                     b->op);
+            pdp__group_break(g, PDP_ERR_INVALID, msg);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Barrier A (publish = true: also publishes *args in this rank's slot) or B.
+   On failure returns the status and leaves the message in msg. */
+static pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
+                                     bool publish, char *msg, size_t cap)
+{
+    struct timespec deadline;
+    uint64_t gen;
+    int64_t my_phase;
+    char what[160];
+    pdp_status st = PDP_OK;
+    pdp__coll_describe(g, rank, args, what, sizeof what);
+    pdp__deadline(&deadline, g->timeout_s);
+    pthread_mutex_lock(&g->mu);
+    if (g->broken) {
+        snprintf(msg, cap, "%.150s: the group is broken: %.300s", what, g->broken_msg);
+        st = g->broken_status;
+        goto out;
+    }
+    if (publish) g->slot[rank] = *args;
+    my_phase = ++g->phase[rank];
+    gen = g->gen;
+    if (++g->arrived == g->size) {
+        g->arrived = 0;
+        if (!publish || pdp__group_validate(g)) {
+            g->gen++;
+            pthread_cond_broadcast(&g->cv);
+        }
+    }
+    while (g->gen == gen) {
+        int r, rc;
+        if (g->broken) {
+            snprintf(msg, cap, "%.150s: %.300s", what, g->broken_msg);
+            st = g->broken_status;
+            goto out;
+        }
+        if (g->gone[rank]) {
+            snprintf(msg, cap, "%s: rank %d freed its communicator while the collective was "
+                     "in flight", what, rank);
+            st = PDP_ERR_COMM;
+            pdp__group_break(g, st, msg);
+            goto out;
+        }
+        for (r = 0; r < g->size; r++)
+            if (g->phase[r] < my_phase && g->gone[r]) {
+                snprintf(msg, cap, "%s: rank %d left the group (freed its communicator) after "
+                         "collective #%lld and will never arrive", what, r,
+                         (long long)g->slot[r].seq);
+                st = PDP_ERR_COMM;
+                pdp__group_break(g, st, msg);
+                goto out;
+            }
+        rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
+        if (rc == ETIMEDOUT && g->gen == gen && !g->broken) {
+            size_t n;
+            n = (size_t)snprintf(msg, cap, "%s: no arrival within %.3g s from rank", what,
+                                 g->timeout_s);
+            for (r = 0; r < g->size && n < cap; r++)
+                if (g->phase[r] < my_phase)
+                    n += (size_t)snprintf(msg + n, cap - n, " %d (last seen at %s #%lld)", r,
+                                          pdp__op_names[g->slot[r].kind],
+                                          (long long)g->slot[r].seq);
+            st = PDP_ERR_TIMEOUT;
+            pdp__group_break(g, st, msg);
+            goto out;
+        }
+    }
+out:
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+/* ---- comm_local: the data movement ---- */
+
+/* [lo, hi) of n items for part r of parts, with boundaries on 16 floats (one cache line)
+   so that two ranks never write the same line. */
+static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
+{
+    int64_t a = n * r / parts, b = n * (r + 1) / parts;
+    *lo = r == 0 ? 0 : a & ~(int64_t)15;
+    *hi = r == parts - 1 ? n : b & ~(int64_t)15;
+    if (*hi < *lo) *hi = *lo;
+}
+
+#define PDP__CHUNK 2048
+
+/* acc[0..n) <- op over ranks of src[i][off..off+n), in rank order: ((s0 + s1) + s2) + ...,
+   then / nsrc for AVG. acc is the caller's chunk, never one of the sources, so every
+   loop is a restrict-qualified blocked loop that gcc -O2 vectorises (one pass per
+   source; the chunk stays in L1). */
+static void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src, int nsrc,
+                              int64_t off, int64_t n, pdp_reduce_op op)
+{
+    const float *PDP__RESTRICT s0 = src[0] + off;
+    int r;
+    if (nsrc == 1) {
+        memcpy(acc, s0, (size_t)n * sizeof *acc);
+    } else {
+        const float *PDP__RESTRICT s1 = src[1] + off;
+        PDP__FOR_BLOCKED(j, n, acc[j] = s0[j] + s1[j];);
+    }
+    for (r = 2; r < nsrc; r++) {
+        const float *PDP__RESTRICT s = src[r] + off;
+        PDP__FOR_BLOCKED(j, n, acc[j] += s[j];);
+    }
+    if (op == PDP_REDUCE_AVG) {
+        float div = (float)nsrc;
+        PDP__FOR_BLOCKED(j, n, acc[j] /= div;);
+    }
+}
+
+/* Rank r's share of the collective whose arguments every rank published. */
+static void pdp__local_execute(pdp_local_group *g, int r)
+{
+    const pdp__coll_args *me = &g->slot[r];
+    int n = g->size, i;
+    float acc[PDP__CHUNK];
+    const float *src[PDP__LOCAL_MAX_RANKS];
+    int64_t lo, hi, off, len;
+    switch (me->kind) {
+    case PDP__COLL_ALLREDUCE:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++) src[i] = g->slot[i].buf;
+        for (off = lo; off < hi; off += len) {
+            len = PDP__MIN(hi - off, PDP__CHUNK);
+            pdp__reduce_chunk(acc, src, n, off, len, (pdp_reduce_op)me->op);
+            for (i = 0; i < n; i++) memcpy(g->slot[i].buf + off, acc, (size_t)len * sizeof *acc);
+        }
+        break;
+    case PDP__COLL_BROADCAST:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++)
+            if (i != me->op && hi > lo)
+                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo, (size_t)(hi - lo) * 4);
+        break;
+    case PDP__COLL_BROADCAST_BYTES:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++)
+            if (i != me->op && hi > lo)
+                memcpy((char *)g->slot[i].bytes_buf + lo, (char *)g->slot[me->op].bytes_buf + lo,
+                       (size_t)(hi - lo));
+        break;
+    case PDP__COLL_REDUCE_SCATTER: /* rank r reduces slice r into its own recv */
+        for (i = 0; i < n; i++) src[i] = g->slot[i].send + (int64_t)r * me->count;
+        for (off = 0; off < me->count; off += len) {
+            len = PDP__MIN(me->count - off, PDP__CHUNK);
+            pdp__reduce_chunk(acc, src, n, off, len, (pdp_reduce_op)me->op);
+            memcpy(me->recv + off, acc, (size_t)len * sizeof *acc);
+        }
+        break;
+    case PDP__COLL_ALLGATHER: /* rank r writes its block into every recv */
+        for (i = 0; i < n; i++) {
+            float *dst = g->slot[i].recv + (int64_t)r * me->count;
+            if (dst != me->send && me->count > 0)
+                memmove(dst, me->send, (size_t)me->count * sizeof *dst);
+        }
+        break;
+    case PDP__COLL_BARRIER:
+        break;
+    }
+}
+
+/* ---- comm_local: communicators ---- */
+
+typedef struct pdp__local_comm {
+    pdp_comm head;                 /* first member */
+    pdp__workq q;                  /* head.impl points here */
+    pdp_local_group *g;
+    pdp__workq_item pool[PDP_LOCAL_MAX_INFLIGHT];
+} pdp__local_comm;
+
+/* The queue's exec: one collective for this rank, barrier A, its share of the
+   work, barrier B. */
+static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)q->comm;
+    pdp_local_group *g = lc->g;
+    const pdp__coll_args *a = &w->args;
+    int r = lc->head.rank;
+    pdp_status st;
+    if (g->size == 1) {
+        if (a->kind == PDP__COLL_REDUCE_SCATTER || a->kind == PDP__COLL_ALLGATHER)
+            if (a->recv != a->send && a->count > 0)
+                memmove(a->recv, a->send, (size_t)a->count * sizeof *a->recv);
+        return PDP_OK;
+    }
+    if ((st = pdp__group_barrier(g, r, a, true, msg, cap)) != PDP_OK) return st;
+    pdp__local_execute(g, r);
+    return pdp__group_barrier(g, r, a, false, msg, cap);
+}
+
+static void pdp__local_destroy(pdp_comm *c)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp_local_group *g = lc->g;
+    /* gone first: a progress thread blocked in a barrier on our behalf, or a peer
+       waiting for us, wakes up and fails instead of waiting out the timeout */
+    pthread_mutex_lock(&g->mu);
+    g->gone[c->rank] = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    pdp__workq_shutdown(&lc->q);
+    pdp__dealloc(lc);
+}
+
+static const pdp__comm_ops pdp__local_ops = {
+    pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
+    pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__workq_wait,      pdp__workq_done,      pdp__local_destroy,
+};
+
+PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank)
+{
+    static const char *fn = "pdp_comm_create_local";
+    pdp__local_comm *lc;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
+    if (rank < 0 || rank >= g->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->size - 1);
+    lc = (pdp__local_comm *)pdp__calloc(sizeof *lc);
+    if (!lc) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
+    pthread_mutex_lock(&g->mu);
+    if (g->joined[rank]) {
+        pthread_mutex_unlock(&g->mu);
+        pdp__dealloc(lc);
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d of group '%s' already has a communicator",
+                        fn, rank, g->name);
+    }
+    g->joined[rank] = true;
+    pthread_mutex_unlock(&g->mu);
+    lc->head.ops = &pdp__local_ops;
+    lc->head.backend = PDP_BACKEND_LOCAL;
+    lc->head.rank = rank;
+    lc->head.size = g->size;
+    lc->head.timeout_s = g->timeout_s;
+    lc->head.device = g->device;
+    memcpy(lc->head.name, g->name, sizeof lc->head.name);
+    lc->head.impl = &lc->q;
+    lc->g = g;
+    lc->q.comm = &lc->head;
+    lc->q.exec = pdp__local_exec;
+    /* world size 1: every collective is local and immediate, no thread */
+    if ((st = pdp__workq_init(&lc->q, lc->pool, PDP_LOCAL_MAX_INFLIGHT, "PDP_LOCAL_MAX_INFLIGHT",
+                              g->size > 1, fn)) != PDP_OK) {
+        pthread_mutex_lock(&g->mu);
+        g->joined[rank] = false;
+        pthread_mutex_unlock(&g->mu);
+        pdp__dealloc(lc);
+        return st;
+    }
+    *out = &lc->head;
+    return PDP_OK;
+}

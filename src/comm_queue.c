@@ -1,0 +1,376 @@
+/* comm_queue: the collective queue that the local and MPI backends share (handle
+   pool, FIFO, progress thread, wait/done); comm_local.c and comm_mpi.c supply only how
+   one collective executes.
+
+   What the local and MPI backends share: a fixed pool of handles, a FIFO of
+   launched collectives and one progress thread per communicator that runs
+   them in issue order through the backend's exec callback; the backend keeps
+   only how one collective executes. A launch takes a handle from the free
+   list (nothing is allocated per collective; an empty list fails with
+   PDP_ERR_STATE naming the backend's PDP_*_MAX_INFLIGHT), queues it and
+   returns. The progress thread stamps t_start when it dequeues a handle and
+   t_done when exec returns. Wait blocks until done (exec enforces timeouts),
+   leaves a failure's message as the thread's error and returns the handle to
+   the free list; its head stays readable until the next launch (internal.h).
+   Without a progress thread (threaded = false: a local group of one) a launch
+   executes inline.
+
+   Set by the backend before pdp__workq_init (the queue is zeroed memory):
+     comm, exec  the communicator served and "run one collective";
+     sticky      the first failure breaks the queue: queued and later
+                 collectives fail at once with its status and message (MPI;
+                 the local backend keeps that state in its group instead);
+     idle        optional; called by the progress thread, mu held, when nothing
+                 is queued: false sleeps until woken, true calls it again (MPI
+                 keeps a timed-out request moving this way);
+     trace_tid   a trace track (0: off): each collective is a complete event
+                 (execution) and an async event (launch to done).
+   An exec that polls (MPI) naps between polls with pdp__workq_nap, which a
+   thread that begins to wait ends at once: a rank that computes keeps its core,
+   a rank that waits is served at once.
+   Locks: mu guards the queue, the free list, the handles' done/status/msg, the
+   waiter count and the broken state; exec runs without it, and buffers pass to
+   the progress thread and back across it. */
+
+#include "internal.h"
+
+/* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
+   variable created with a monotonic clock. */
+static void pdp__deadline(struct timespec *ts, double seconds)
+{
+    double whole = floor(seconds);
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)whole;
+    ts->tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+#define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
+
+/* One collective's arguments, as one rank issued it. */
+typedef struct pdp__coll_args {
+    pdp__coll_kind kind;
+    int64_t seq;
+    int64_t count;        /* floats (bytes for BROADCAST_BYTES) */
+    int op;               /* pdp_reduce_op or root */
+    float *buf;           /* allreduce, broadcast */
+    const float *send;    /* reduce_scatter, allgather */
+    float *recv;
+    void *bytes_buf;      /* broadcast_bytes */
+} pdp__coll_args;
+
+typedef struct pdp__workq_item {
+    pdp_work head;                 /* first member: a pdp_work * is a pdp__workq_item * */
+    struct pdp__workq_item *next;  /* free list or queue */
+    pdp__coll_args args;
+    double t_queued;               /* launch, for the trace */
+    bool done;
+    pdp_status status;
+    char msg[PDP__MSG_CAP];
+} pdp__workq_item;
+
+typedef struct pdp__workq pdp__workq;
+
+/* Runs w to completion (progress thread, q->mu not held). On failure returns
+   the status with the message, without a function-name prefix, in msg. */
+typedef pdp_status (*pdp__workq_exec_fn)(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap);
+
+struct pdp__workq {
+    pdp_comm *comm;                /* its communicator: comm->impl points here */
+    pdp__workq_exec_fn exec;
+    bool (*idle)(pdp__workq *q);
+    bool sticky;
+    int trace_tid;
+    const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
+    int capacity;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;           /* queue not empty, or stopping */
+    pthread_cond_t done;           /* a handle completed */
+    pthread_t thread;
+    bool threaded;
+    bool stopping;
+    double stop_time;
+    int waiters;                   /* threads blocked in pdp__workq_wait (their core is idle) */
+    pdp__workq_item *free_list, *q_head, *q_tail;
+    int64_t next_seq;
+    bool broken;                   /* sticky: first failure wins; later collectives fail fast */
+    pdp_status broken_status;
+    char broken_msg[PDP__MSG_CAP];
+};
+
+static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, double t_start,
+                             double t_done, pdp_status st)
+{
+    char args[88];
+    if (!q->trace_tid) return;
+    snprintf(args, sizeof args, "\"seq\":%lld,\"count\":%lld,\"status\":%d",
+             (long long)w->head.seq, (long long)w->args.count, (int)st);
+    pdp__trace_complete(q->comm->rank, q->trace_tid, "comm", w->head.op_name, t_start, t_done,
+                        args);
+    pdp__trace_async(q->comm->rank, q->trace_tid, "comm", w->head.op_name,
+                     ((uint64_t)(uintptr_t)q->comm << 20) ^ (uint64_t)w->head.seq, w->t_queued,
+                     t_done, args);
+}
+
+/* Executes w and completes it; q->mu held on entry and on return. */
+static void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
+{
+    double t_start = w->head.t_start = pdp__now(), t_done;
+    pdp_status st;
+    char msg[PDP__MSG_CAP];
+    if (q->broken) {
+        w->head.t_done = t_start;
+        w->status = q->broken_status;
+        snprintf(w->msg, sizeof w->msg, "%s #%lld not run: %.300s", w->head.op_name,
+                 (long long)w->head.seq, q->broken_msg);
+    } else {
+        pthread_mutex_unlock(&q->mu);
+        msg[0] = '\0';
+        st = q->exec(q, w, msg, sizeof msg);
+        t_done = pdp__now();
+        pdp__workq_trace(q, w, t_start, t_done, st);
+        pthread_mutex_lock(&q->mu);
+        if (st != PDP_OK && q->sticky && !q->broken) {
+            q->broken = true;
+            q->broken_status = st;
+            snprintf(q->broken_msg, sizeof q->broken_msg, "%s", msg);
+        }
+        w->head.t_done = t_done;
+        w->status = st;
+        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
+    }
+    w->done = true;
+    pthread_cond_broadcast(&q->done);
+}
+
+static void *pdp__workq_progress(void *arg)
+{
+    pdp__workq *q = (pdp__workq *)arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        pdp__workq_item *w;
+        while (!q->q_head && !q->stopping)
+            if (!q->idle || !q->idle(q)) pthread_cond_wait(&q->wake, &q->mu);
+        if (!q->q_head) break; /* stopping with nothing queued */
+        w = q->q_head;
+        q->q_head = w->next;
+        if (!q->q_head) q->q_tail = NULL;
+        pdp__workq_run(q, w);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+/* Threads pool[0, capacity) into the free list, creates the locks and, when
+   threaded, starts the progress thread. On failure nothing is left to release;
+   fn names the public caller. */
+static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
+                                  const char *limit_macro, bool threaded, const char *fn)
+{
+    pthread_condattr_t ca;
+    int i;
+    q->capacity = capacity;
+    q->limit_macro = limit_macro;
+    for (i = capacity - 1; i >= 0; i--) {
+        pool[i].next = q->free_list;
+        q->free_list = &pool[i];
+    }
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */
+    pthread_cond_init(&q->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&q->done, NULL);
+    q->threaded = threaded;
+    if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->wake);
+        pthread_cond_destroy(&q->done);
+        return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
+                        q->comm->rank);
+    }
+    return PDP_OK;
+}
+
+/* True once pdp__workq_shutdown began (*since: when); for an exec that polls. */
+static bool pdp__workq_stopping(pdp__workq *q, double *since)
+{
+    bool s;
+    pthread_mutex_lock(&q->mu);
+    s = q->stopping;
+    *since = q->stop_time;
+    pthread_mutex_unlock(&q->mu);
+    return s;
+}
+
+/* For an exec that polls, between polls. With `eager` and a thread blocked in
+   pdp__workq_wait (its core is idle), returns false at once: poll again. Otherwise
+   sleeps up to `seconds` and returns true; a thread that begins to wait ends the
+   sleep early (the check and the sleep are atomic under mu, so that wake-up is
+   never lost). A rank that computes keeps its core; a rank that waits gets its
+   collective's completion at once. */
+static bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
+{
+    struct timespec deadline;
+    bool slept = false;
+    pdp__deadline(&deadline, seconds);
+    pthread_mutex_lock(&q->mu);
+    if (!eager || !q->waiters) {
+        pthread_cond_timedwait(&q->wake, &q->mu, &deadline);
+        slept = true;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return slept;
+}
+
+/* Lets the progress thread run what is queued, joins it and destroys the locks. */
+static void pdp__workq_shutdown(pdp__workq *q)
+{
+    if (q->threaded) {
+        pthread_mutex_lock(&q->mu);
+        q->stopping = true;
+        q->stop_time = pdp__now();
+        pthread_cond_signal(&q->wake);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->thread, NULL);
+    }
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->wake);
+    pthread_cond_destroy(&q->done);
+}
+
+/* Takes a handle, fills it and queues it (or runs it inline without a thread). */
+static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
+{
+    pdp__workq *q = (pdp__workq *)c->impl;
+    pdp__workq_item *w;
+    pthread_mutex_lock(&q->mu);
+    if (q->broken) {
+        pdp_status st = q->broken_status;
+        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
+                 pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
+        pthread_mutex_unlock(&q->mu);
+        return st;
+    }
+    w = q->free_list;
+    if (!w) {
+        pthread_mutex_unlock(&q->mu);
+        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
+                        "some (%s)", q->capacity, c->name, c->rank, q->limit_macro);
+    }
+    q->free_list = w->next;
+    w->next = NULL;
+    w->args = *args;
+    w->args.seq = q->next_seq++;
+    w->head.comm = c;
+    w->head.op_name = pdp__op_names[args->kind];
+    w->head.seq = w->args.seq;
+    w->head.t_start = w->head.t_done = 0.0;
+    w->t_queued = pdp__now();
+    w->done = false;
+    w->status = PDP_OK;
+    w->msg[0] = '\0';
+    if (q->threaded) {
+        if (q->q_tail) q->q_tail->next = w;
+        else q->q_head = w;
+        q->q_tail = w;
+        pthread_cond_signal(&q->wake);
+    } else {
+        pdp__workq_run(q, w);
+    }
+    pthread_mutex_unlock(&q->mu);
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__workq_wait(pdp_work *work)
+{
+    pdp__workq_item *w = (pdp__workq_item *)work;
+    pdp__workq *q = (pdp__workq *)work->comm->impl;
+    pdp_status st;
+    pthread_mutex_lock(&q->mu);
+    q->waiters++;
+    pthread_cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
+    while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
+    q->waiters--;
+    st = w->status;
+    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
+    w->next = q->free_list; /* recycled; the head stays readable until the next launch */
+    q->free_list = w;
+    pthread_mutex_unlock(&q->mu);
+    return st;
+}
+
+static bool pdp__workq_done(pdp_work *work)
+{
+    pdp__workq_item *w = (pdp__workq_item *)work;
+    pdp__workq *q = (pdp__workq *)work->comm->impl;
+    bool d;
+    pthread_mutex_lock(&q->mu);
+    d = w->done;
+    pthread_mutex_unlock(&q->mu);
+    return d;
+}
+
+/* The pdp__comm_ops entries of a queue backend: pack the arguments, submit. */
+
+static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
+                                  float *buf, const float *send, float *recv, pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.op = op;
+    a.buf = buf;
+    a.send = send;
+    a.recv = recv;
+    return pdp__workq_submit(c, &a, w);
+}
+
+static pdp_status pdp__workq_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                       pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, buf, NULL, NULL, w);
+}
+
+static pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                       pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, buf, NULL, NULL, w);
+}
+
+static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, NULL, send, recv, w);
+}
+
+static pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
+                                       int64_t send_count, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, NULL, send, recv, w);
+}
+
+static pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, NULL, NULL, NULL, w);
+}
+
+/* Synchronous, but queued like the others so that it keeps its place in the order. */
+static pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    pdp__coll_args a;
+    pdp_work *w = NULL;
+    pdp_status st;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_BROADCAST_BYTES;
+    a.count = (int64_t)bytes;
+    a.op = root;
+    a.bytes_buf = buf;
+    if ((st = pdp__workq_submit(c, &a, &w)) != PDP_OK) return st;
+    return pdp__workq_wait(w);
+}
