@@ -1,5 +1,7 @@
-/* layers: shape inference, initialisation, forward and backward of every layer
-   kind on the CPU; model.c drives them in order.
+/* layers: every layer kind's code, kind by kind: setup (shape inference and
+   validation), parameter initialisation, forward and backward on the CPU, and the
+   CUDA entries that hand a CUDA device's work to pdp_cuda.cu. layers_table.c lists
+   them in one table of kinds; model.c drives them in order.
 
    Conventions (PyTorch's, so that state_dicts and results carry over):
    - Linear: y = x W^T + b, W [out, in], on 1-D samples.
@@ -30,28 +32,15 @@
    sized by work_per_sample); backward accumulates into dw and db (+=) and writes
    dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
    in a fixed order that does not depend on the thread count, so results are
-   bit-reproducible. */
+   bit-reproducible. A setup starts from the output shape = the input shape and no
+   saved floats, workspace or parameters (layers_table.c's pdp__layer_setup), and
+   its messages name what is wrong and the input shape `in`; pdp__model_add adds
+   the function and the layer. A CUDA entry returns pdp_cuda.cu's status as it is
+   (layers_table.c turns a failure into "pdp_cuda: <its message>"). */
 
 #include "internal.h"
 
-/* ---- layers: names and small helpers ---- */
-
-static const char *pdp__layer_kind_name(pdp__layer_kind k)
-{
-    switch (k) {
-    case PDP__LINEAR: return "Linear";
-    case PDP__RELU: return "ReLU";
-    case PDP__GELU: return "GELU";
-    case PDP__TANH: return "Tanh";
-    case PDP__SIGMOID: return "Sigmoid";
-    case PDP__DROPOUT: return "Dropout";
-    case PDP__LAYERNORM: return "LayerNorm";
-    case PDP__CONV2D: return "Conv2d";
-    case PDP__MAXPOOL2D: return "MaxPool2d";
-    case PDP__FLATTEN: return "Flatten";
-    }
-    return "?";
-}
+/* ---- layers: small helpers ---- */
 
 /* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
 static const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
@@ -132,143 +121,23 @@ static int pdp__layers_batch_parts(int64_t batch)
     return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), batch);
 }
 
-/* Conv2d's workspace floats per sample (defined with the layer below). */
-static int64_t pdp__conv_work_per_sample(const pdp__layer *l);
-
-/* ---- layers: setup ---- */
-
-static pdp_status pdp__layer_setup(pdp__layer *l, int64_t wshape[4], int *wndim, int64_t bshape[4],
-                                   int *bndim)
+/* Parameters: the product of a shape. */
+static int64_t pdp__layers_count(int ndim, const int64_t *shape)
 {
-    char in[64];
-    int64_t k = l->kernel, s = l->stride, pad = l->padding, C, H, W, Ho, Wo;
-    pdp__layers_dims_str(l->in_ndim, l->in_shape, in, sizeof in);
-    *wndim = *bndim = 0;
-    l->out_ndim = l->in_ndim;
-    memcpy(l->out_shape, l->in_shape, sizeof l->out_shape);
-    l->saved_per_sample = 0;
-    l->work_per_sample = 0;
-    C = l->in_shape[0];
-    H = l->in_shape[1];
-    W = l->in_shape[2];
-    switch (l->kind) {
-    case PDP__LINEAR:
-        if (l->out_features < 1)
-            return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
-                            (long long)l->out_features, in);
-        if (l->in_ndim != 1)
-            return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
-        l->out_shape[0] = l->out_features;
-        wshape[0] = l->out_features;
-        wshape[1] = l->in_count;
-        *wndim = 2;
-        bshape[0] = l->out_features;
-        *bndim = 1;
-        break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID:
-        break;
-    case PDP__DROPOUT:
-        if (!(l->p >= 0.0f && l->p < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "p %g is outside [0, 1) (input %s)", (double)l->p, in);
-        l->saved_per_sample = l->in_count; /* the scaled mask */
-        break;
-    case PDP__LAYERNORM:
-        if (!(l->eps > 0.0f))
-            return pdp__err(PDP_ERR_INVALID, "eps %g must be > 0 (input %s)", (double)l->eps, in);
-        memcpy(wshape, l->in_shape, 3 * sizeof *wshape);
-        memcpy(bshape, l->in_shape, 3 * sizeof *bshape);
-        *wndim = *bndim = l->in_ndim;
-        l->saved_per_sample = 2; /* mean, rstd */
-        break;
-    case PDP__CONV2D:
-        if (l->out_features < 1 || k < 1 || s < 1 || pad < 0)
-            return pdp__err(PDP_ERR_INVALID,
-                            "out_channels %lld, kernel %lld, stride %lld, padding %lld: need "
-                            "out_channels, kernel, stride >= 1 and padding >= 0 (input %s)",
-                            (long long)l->out_features, (long long)k, (long long)s,
-                            (long long)pad, in);
-        if (l->in_ndim != 3)
-            return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
-        if (k > H + 2 * pad || k > W + 2 * pad)
-            return pdp__err(PDP_ERR_SHAPE,
-                            "kernel %lld is larger than the padded input %lldx%lld (input %s, "
-                            "padding %lld)",
-                            (long long)k, (long long)(H + 2 * pad), (long long)(W + 2 * pad), in,
-                            (long long)pad);
-        Ho = (H + 2 * pad - k) / s + 1;
-        Wo = (W + 2 * pad - k) / s + 1;
-        l->out_shape[0] = l->out_features;
-        l->out_shape[1] = Ho;
-        l->out_shape[2] = Wo;
-        wshape[0] = l->out_features;
-        wshape[1] = C;
-        wshape[2] = k;
-        wshape[3] = k;
-        *wndim = 4;
-        bshape[0] = l->out_features;
-        *bndim = 1;
-        l->work_per_sample = pdp__conv_work_per_sample(l);
-        break;
-    case PDP__MAXPOOL2D:
-        if (k < 1 || s < 1)
-            return pdp__err(PDP_ERR_INVALID, "kernel %lld, stride %lld must be >= 1 (input %s)",
-                            (long long)k, (long long)s, in);
-        if (l->in_ndim != 3)
-            return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
-        if (k > H || k > W)
-            return pdp__err(PDP_ERR_SHAPE,
-                            "kernel %lld is larger than the input %lldx%lld (input %s)",
-                            (long long)k, (long long)H, (long long)W, in);
-        l->out_shape[1] = (H - k) / s + 1;
-        l->out_shape[2] = (W - k) / s + 1;
-        l->saved_per_sample = C * l->out_shape[1] * l->out_shape[2]; /* argmax per output */
-        break;
-    case PDP__FLATTEN:
-        l->out_ndim = 1;
-        l->out_shape[0] = l->in_count;
-        l->out_shape[1] = l->out_shape[2] = 1;
-        break;
-    default:
-        return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
-    if (l->out_ndim == 1) l->out_shape[1] = l->out_shape[2] = 1;
-    l->out_count = l->out_shape[0] * l->out_shape[1] * l->out_shape[2];
-    return PDP_OK;
+    int64_t n = 1;
+    int i;
+    for (i = 0; i < ndim; i++) n *= shape[i];
+    return n;
 }
 
-/* ---- layers: initialisation ---- */
-
-/* PyTorch's reset_parameters: weight Kaiming uniform with a = sqrt(5) (bound
-   1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)), in that order
-   from r; LayerNorm weight 1, bias 0. w and b are host memory. */
-static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+/* PyTorch's reset_parameters for Linear and Conv2d: weight Kaiming uniform with
+   a = sqrt(5) (bound 1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+   in that order from r. w and b are host memory. */
+static void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
+                                     pdp_rng *r)
 {
-    int64_t fan_in, nw, nb, i;
     pdp_tensor t;
     float bound;
-    switch (l->kind) {
-    case PDP__LINEAR:
-        fan_in = l->in_count;
-        nw = l->out_features * fan_in;
-        nb = l->out_features;
-        break;
-    case PDP__CONV2D:
-        fan_in = l->in_shape[0] * l->kernel * l->kernel;
-        nw = l->out_features * fan_in;
-        nb = l->out_features;
-        break;
-    case PDP__LAYERNORM:
-        for (i = 0; i < l->in_count; i++) {
-            w[i] = 1.0f;
-            b[i] = 0.0f;
-        }
-        return;
-    default:
-        return;
-    }
     pdp_tensor_wrap(w, pdp_cpu(), 1, &nw, &t);
     pdp_tensor_kaiming_uniform(&t, r, fan_in, sqrtf(5.0f));
     bound = (float)(1.0 / sqrt((double)fan_in));
@@ -276,7 +145,36 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
     pdp_tensor_uniform(&t, r, -bound, bound);
 }
 
+/* Setup of a layer whose output has its input's shape and that keeps nothing
+   (the activations): nothing to check. */
+static pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)l, (void)ps, (void)in;
+    return PDP_OK;
+}
+
 /* ---- layers: Linear ---- */
+
+static pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    if (l->out_features < 1)
+        return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
+                        (long long)l->out_features, in);
+    if (l->in_ndim != 1)
+        return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
+    l->out_shape[0] = l->out_features;
+    ps->wshape[0] = l->out_features;
+    ps->wshape[1] = l->in_count;
+    ps->wndim = 2;
+    ps->bshape[0] = l->out_features;
+    ps->bndim = 1;
+    return PDP_OK;
+}
+
+static void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
+}
 
 static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -305,6 +203,20 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
         pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy, out, io->w, in, 0.0f,
                   io->dx, in);
 }
+
+#ifdef PDP_CUDA
+static pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->batch,
+                                l->in_count, l->out_features);
+}
+
+static pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_linear_bwd(io->device.ordinal, io->x, io->w, io->dy, io->dw, io->db, io->dx,
+                                io->batch, l->in_count, l->out_features);
+}
+#endif
 
 /* ---- layers: activations ---- */
 
@@ -344,62 +256,195 @@ static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
     pdp__parallel_for(parts, pdp__elem_part, &job);
 }
 
-static void pdp__activation_forward_range(const pdp__layer *l, const pdp__layer_io *io,
-                                          int64_t lo, int64_t hi)
+/* ReLU, GELU, Tanh, Sigmoid: elements [lo, hi) of forward (y from x) and of
+   backward (dx from dy and y, or x for GELU). */
+static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
+{
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
+}
+
+static void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
+{
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
+}
+
+static void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
     float *PDP__RESTRICT y = io->y + lo;
-    switch (l->kind) {
-    case PDP__RELU:
-        PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
-        break;
-    case PDP__GELU:
-        for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
-        break;
-    case PDP__TANH:
-        for (i = 0; i < n; i++) y[i] = tanhf(x[i]);
-        break;
-    default: /* PDP__SIGMOID */
-        for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
-        break;
-    }
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
 }
 
-static void pdp__activation_backward_range(const pdp__layer *l, const pdp__layer_io *io,
-                                           int64_t lo, int64_t hi)
+static void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
 {
     int64_t n = hi - lo, i;
-    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT y = io->y + lo;
-    const float *PDP__RESTRICT dy = io->dy + lo;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
     float *PDP__RESTRICT dx = io->dx + lo;
-    switch (l->kind) {
-    case PDP__RELU:
-        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
-        break;
-    case PDP__GELU:
-        for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
-        break;
-    case PDP__TANH:
-        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
-        break;
-    default: /* PDP__SIGMOID */
-        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
-        break;
-    }
+    (void)l;
+    for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
 }
 
-static void pdp__activation_forward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
 {
-    pdp__elem_run(l, io, pdp__activation_forward_range);
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = tanhf(x[i]);
 }
 
-static void pdp__activation_backward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
 {
-    if (io->dx) pdp__elem_run(l, io, pdp__activation_backward_range);
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
 }
+
+static void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                       int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
+}
+
+static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                        int64_t hi)
+{
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
+}
+
+static void pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__relu_forward_range);
+}
+
+static void pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__relu_backward_range);
+}
+
+static void pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__gelu_forward_range);
+}
+
+static void pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__gelu_backward_range);
+}
+
+static void pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__tanh_forward_range);
+}
+
+static void pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__tanh_backward_range);
+}
+
+static void pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__sigmoid_forward_range);
+}
+
+static void pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__sigmoid_backward_range);
+}
+
+#ifdef PDP_CUDA
+/* One kernel pair for the four, told which by pdp_cudak_act. */
+static pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
+                                        pdp_cudak_act act)
+{
+    return pdp_cudak_act_fwd(io->device.ordinal, act, io->x, io->y, io->batch * l->in_count);
+}
+
+static pdp_status pdp__act_cuda_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                         pdp_cudak_act act)
+{
+    if (!io->dx) return PDP_OK;
+    return pdp_cudak_act_bwd(io->device.ordinal, act, io->x, io->y, io->dy, io->dx,
+                             io->batch * l->in_count);
+}
+
+static pdp_status pdp__relu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_RELU);
+}
+
+static pdp_status pdp__relu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_RELU);
+}
+
+static pdp_status pdp__gelu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_GELU);
+}
+
+static pdp_status pdp__gelu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_GELU);
+}
+
+static pdp_status pdp__tanh_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_TANH);
+}
+
+static pdp_status pdp__tanh_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_TANH);
+}
+
+static pdp_status pdp__sigmoid_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_SIGMOID);
+}
+
+static pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_SIGMOID);
+}
+#endif
 
 /* ---- layers: Dropout ---- */
+
+static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps;
+    if (!(l->p >= 0.0f && l->p < 1.0f))
+        return pdp__err(PDP_ERR_INVALID, "p %g is outside [0, 1) (input %s)", (double)l->p, in);
+    l->saved_per_sample = l->in_count; /* the scaled mask */
+    return PDP_OK;
+}
 
 static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -436,7 +481,53 @@ static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
     PDP__FOR_BLOCKED(i, n, dx[i] = dy[i] * mask[i];);
 }
 
+
+#ifdef PDP_CUDA
+static pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    int64_t n = io->batch * l->in_count;
+    if (io->training && l->p != 0.0f)
+        return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
+                                     io->seed, l->index, io->step, io->sample_base);
+    if (io->y == io->x) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
+}
+
+static pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    int64_t n = io->batch * l->in_count;
+    if (!io->dx) return PDP_OK;
+    if (!io->training || l->p == 0.0f)
+        return pdp_cudak_memcpy(dev, io->dx, dev, io->dy, (size_t)n * sizeof(float));
+    return pdp_cudak_mul(dev, io->dy, io->saved, io->dx, n);
+}
+#endif
+
 /* ---- layers: LayerNorm ---- */
+
+static pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    if (!(l->eps > 0.0f))
+        return pdp__err(PDP_ERR_INVALID, "eps %g must be > 0 (input %s)", (double)l->eps, in);
+    memcpy(ps->wshape, l->in_shape, 3 * sizeof *ps->wshape);
+    memcpy(ps->bshape, l->in_shape, 3 * sizeof *ps->bshape);
+    ps->wndim = ps->bndim = l->in_ndim;
+    l->saved_per_sample = 2; /* mean, rstd */
+    return PDP_OK;
+}
+
+/* weight 1, bias 0 (PyTorch's) */
+static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    int64_t i;
+    (void)r;
+    for (i = 0; i < l->in_count; i++) {
+        w[i] = 1.0f;
+        b[i] = 0.0f;
+    }
+}
 
 static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -480,6 +571,62 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
         }
     }
 }
+
+#ifdef PDP_CUDA
+static pdp_status pdp__layernorm_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_layernorm_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->saved,
+                                   io->batch, l->in_count, l->eps);
+}
+
+static pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_layernorm_bwd(io->device.ordinal, io->x, io->w, io->dy, io->saved, io->dw,
+                                   io->db, io->dx, io->batch, l->in_count);
+}
+#endif
+
+/* ---- layers: Flatten ----
+   A view (PDP__LAYER_VIEW): model.c never calls these; they copy, should anything
+   else. */
+
+static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps, (void)in;
+    l->out_ndim = 1;
+    l->out_shape[0] = l->in_count;
+    l->out_shape[1] = l->out_shape[2] = 1;
+    return PDP_OK;
+}
+
+static void pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+static void pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx && io->dx != io->dy)
+        memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+#ifdef PDP_CUDA
+static pdp_status pdp__flatten_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    if (io->y == io->x) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->y, dev, io->x,
+                            (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    if (!io->dx || io->dx == io->dy) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->dx, dev, io->dy,
+                            (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+#endif
 
 /* ---- layers: Conv2d ----
    Two paths, both cutting the batch into chunks of `per_chunk` samples, a number
@@ -1055,6 +1202,87 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
     }
 }
 
+/* ---- layers: Conv2d, setup and CUDA ---- */
+
+static pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    int64_t k = l->kernel, s = l->stride, pad = l->padding;
+    int64_t C = l->in_shape[0], H = l->in_shape[1], W = l->in_shape[2];
+    if (l->out_features < 1 || k < 1 || s < 1 || pad < 0)
+        return pdp__err(PDP_ERR_INVALID,
+                        "out_channels %lld, kernel %lld, stride %lld, padding %lld: need "
+                        "out_channels, kernel, stride >= 1 and padding >= 0 (input %s)",
+                        (long long)l->out_features, (long long)k, (long long)s,
+                        (long long)pad, in);
+    if (l->in_ndim != 3)
+        return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
+    if (k > H + 2 * pad || k > W + 2 * pad)
+        return pdp__err(PDP_ERR_SHAPE,
+                        "kernel %lld is larger than the padded input %lldx%lld (input %s, "
+                        "padding %lld)",
+                        (long long)k, (long long)(H + 2 * pad), (long long)(W + 2 * pad), in,
+                        (long long)pad);
+    l->out_shape[0] = l->out_features;
+    l->out_shape[1] = (H + 2 * pad - k) / s + 1;
+    l->out_shape[2] = (W + 2 * pad - k) / s + 1;
+    ps->wshape[0] = l->out_features;
+    ps->wshape[1] = C;
+    ps->wshape[2] = k;
+    ps->wshape[3] = k;
+    ps->wndim = 4;
+    ps->bshape[0] = l->out_features;
+    ps->bndim = 1;
+    l->work_per_sample = pdp__conv_work_per_sample(l);
+    return PDP_OK;
+}
+
+static void pdp__conv_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    int64_t fan_in = l->in_shape[0] * l->kernel * l->kernel;
+    pdp__layers_init_kaiming(w, l->out_features * fan_in, b, l->out_features, fan_in, r);
+}
+
+/* Workspace floats per sample of pdp_cuda.cu's conv kernels: they unfold the whole
+   sample and keep the output beside it, (C k k + O) Ho Wo (cuda.h). */
+static int64_t pdp__conv_cuda_work(const pdp__layer *l)
+{
+    return (l->in_shape[0] * l->kernel * l->kernel + l->out_features) * l->out_shape[1] *
+           l->out_shape[2];
+}
+
+#ifdef PDP_CUDA
+/* The geometry pdp_cuda.cu's Conv2d and MaxPool2d kernels take. */
+static pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, int64_t O,
+                                          int64_t pad)
+{
+    pdp_cudak_conv g;
+    g.batch = batch;
+    g.C = l->in_shape[0];
+    g.H = l->in_shape[1];
+    g.W = l->in_shape[2];
+    g.O = O;
+    g.k = l->kernel;
+    g.stride = l->stride;
+    g.pad = pad;
+    g.Ho = l->out_shape[1];
+    g.Wo = l->out_shape[2];
+    return g;
+}
+
+static pdp_status pdp__conv_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
+    return pdp_cudak_conv_fwd(io->device.ordinal, &g, io->x, io->w, io->b, io->y, io->work);
+}
+
+static pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
+    return pdp_cudak_conv_bwd(io->device.ordinal, &g, io->x, io->w, io->dy, io->dw, io->db,
+                              io->dx, io->work);
+}
+#endif
+
 /* ---- layers: MaxPool2d ---- */
 
 /* One output row at a time: y and the winner's index (an int32 in the saved
@@ -1221,50 +1449,37 @@ static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_backward_part, &job);
 }
 
-/* ---- layers: dispatch ---- */
-
-/* CUDA memory goes to the kernels of pdp_cuda.cu (through cuda_host.c); the rest
-   is CPU memory. */
-
-static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_forward(l, io);
-    switch (l->kind) {
-    case PDP__LINEAR: pdp__linear_forward(l, io); break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID: pdp__activation_forward(l, io); break;
-    case PDP__DROPOUT: pdp__dropout_forward(l, io); break;
-    case PDP__LAYERNORM: pdp__layernorm_forward(l, io); break;
-    case PDP__CONV2D: pdp__conv_forward(l, io); break;
-    case PDP__MAXPOOL2D: pdp__maxpool_forward(l, io); break;
-    case PDP__FLATTEN:
-        if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
-        break;
-    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
+    int64_t k = l->kernel, s = l->stride, C = l->in_shape[0], H = l->in_shape[1];
+    int64_t W = l->in_shape[2];
+    (void)ps;
+    if (k < 1 || s < 1)
+        return pdp__err(PDP_ERR_INVALID, "kernel %lld, stride %lld must be >= 1 (input %s)",
+                        (long long)k, (long long)s, in);
+    if (l->in_ndim != 3)
+        return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
+    if (k > H || k > W)
+        return pdp__err(PDP_ERR_SHAPE,
+                        "kernel %lld is larger than the input %lldx%lld (input %s)",
+                        (long long)k, (long long)H, (long long)W, in);
+    l->out_shape[1] = (H - k) / s + 1;
+    l->out_shape[2] = (W - k) / s + 1;
+    l->saved_per_sample = C * l->out_shape[1] * l->out_shape[2]; /* argmax per output */
     return PDP_OK;
 }
 
-static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+#ifdef PDP_CUDA
+static pdp_status pdp__maxpool_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_backward(l, io);
-    switch (l->kind) {
-    case PDP__LINEAR: pdp__linear_backward(l, io); break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID: pdp__activation_backward(l, io); break;
-    case PDP__DROPOUT: pdp__dropout_backward(l, io); break;
-    case PDP__LAYERNORM: pdp__layernorm_backward(l, io); break;
-    case PDP__CONV2D: pdp__conv_backward(l, io); break;
-    case PDP__MAXPOOL2D: pdp__maxpool_backward(l, io); break;
-    case PDP__FLATTEN:
-        if (io->dx && io->dx != io->dy)
-            memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
-        break;
-    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
-    return PDP_OK;
+    pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->in_shape[0], 0);
+    return pdp_cudak_maxpool_fwd(io->device.ordinal, &g, io->x, io->y, io->saved);
 }
+
+static pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->in_shape[0], 0);
+    if (!io->dx) return PDP_OK;
+    return pdp_cudak_maxpool_bwd(io->device.ordinal, &g, io->dy, io->saved, io->dx);
+}
+#endif
