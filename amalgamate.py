@@ -48,6 +48,7 @@ IMPL = [
     "gemm.c",
     "ops.c",
     "layers.c",
+    "layers_conv.c",
     "layers_table.c",
     "model.c",
     "loss.c",

@@ -3361,15 +3361,7 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
 
    Conventions (PyTorch's, so that state_dicts and results carry over):
    - Linear: y = x W^T + b, W [out, in], on 1-D samples.
-   - Conv2d: samples (C, H, W), W [O, C, k, k], b [O], square kernel, zero
-     padding, output (O, Ho, Wo) with Ho = (H + 2 pad - k) / stride + 1. Computed
-     by im2col + GEMM (Chellapilla et al., "High performance convolutional neural
-     networks for document processing", 2006) on cache-sized chunks of samples:
-     forward y = W col, backward dW = dy col^T and dcol = W^T dy, then col2im
-     (details in "layers: Conv2d").
-   - MaxPool2d: square window, no padding, floor output size; the first maximum
-     in row-major window order wins ties, NaN wins over numbers (as PyTorch's CPU
-     kernel). The winning index is saved as an int32 in the saved floats' memory.
+   - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
    - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
@@ -3380,9 +3372,7 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
      forward or backward for it (they copy, should anything else). So is a ReLU
-     right after a Conv2d on the CPU: the Conv2d applies it (io->fused_relu:
-     forward stores relu(y), backward masks dy by y > 0 as it gathers dy), which
-     saves two passes over the largest activations and gives the same bits.
+     right after a Conv2d on the CPU (layers_conv.c).
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
    sized by work_per_sample); backward accumulates into dw and db (+=) and writes
@@ -3983,6 +3973,32 @@ static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__lay
                             (size_t)(io->batch * l->in_count) * sizeof(float));
 }
 #endif
+/* ---- end src/layers.c ---- */
+
+/* ---- begin src/layers_conv.c ---- */
+/* layers_conv: the image layers, Conv2d and MaxPool2d, kind by kind as in
+   layers.c (setup, init, CPU forward and backward, CUDA entries), listed in
+   layers_table.c. Uses layers.c's helpers (sums, batch parts, Kaiming init).
+
+   Conventions (PyTorch's):
+   - Conv2d: samples (C, H, W), W [O, C, k, k], b [O], square kernel, zero
+     padding, output (O, Ho, Wo) with Ho = (H + 2 pad - k) / stride + 1. Computed
+     by im2col + GEMM (Chellapilla et al., "High performance convolutional neural
+     networks for document processing", 2006) on cache-sized chunks of samples:
+     forward y = W col, backward dW = dy col^T and dcol = W^T dy, then col2im
+     (details in "layers: Conv2d").
+   - MaxPool2d: square window, no padding, floor output size; the first maximum
+     in row-major window order wins ties, NaN wins over numbers (as PyTorch's CPU
+     kernel). The winning index is saved as an int32 in the saved floats' memory.
+   - A ReLU right after a Conv2d on the CPU is a view (PDP__LAYER_FUSES_RELU): the
+     Conv2d applies it (io->fused_relu: forward stores relu(y), backward masks dy
+     by y > 0 as it gathers dy), which saves two passes over the largest
+     activations and gives the same bits.
+
+   Invariants: layers.c's (nothing allocated; dw, db accumulated; dx written, or
+   skipped when NULL; fixed reduction order whatever the thread count). */
+
+/* #include "internal.h" (already above) */
 
 /* ---- layers: Conv2d ----
    Two paths, both cutting the batch into chunks of `per_chunk` samples, a number
@@ -4839,7 +4855,7 @@ static pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__lay
     return pdp_cudak_maxpool_bwd(io->device.ordinal, &g, io->dy, io->saved, io->dx);
 }
 #endif
-/* ---- end src/layers.c ---- */
+/* ---- end src/layers_conv.c ---- */
 
 /* ---- begin src/layers_table.c ---- */
 /* layers_table: the table of layer kinds and the dispatch through it. One entry per
