@@ -49,6 +49,8 @@ IMPL = [
     "gemm.c",
     "ops.c",
     "layers.c",
+    "layers_conv.c",
+    "layers_table.c",
     "model.c",
     "loss.c",
     "optim.c",

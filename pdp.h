@@ -23,7 +23,7 @@
            CHECK(pdp_optim_step(opt));  pdp_optim_zero_grad(opt);
        }
        pdp_optim_free(opt);  pdp_model_free(m);  pdp_batcher_free(batches);  pdp_dataset_free(data);
-       pdp_shutdown_threads();   /* optional: joins the GEMM thread pool */
+       pdp_shutdown_threads();   // optional: joins the GEMM thread pool
 
    Link with -lm -lpthread. C++ and .cu files have no compound literals: declare the
    desc zeroed (pdp_model_desc md = {};), set its fields, pass &md.
@@ -1646,7 +1646,8 @@ typedef enum pdp__layer_kind {
     PDP__LAYERNORM,
     PDP__CONV2D,
     PDP__MAXPOOL2D,
-    PDP__FLATTEN
+    PDP__FLATTEN,
+    PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
 /* A layer's definition: immutable once added, shared by replicas. */
@@ -1685,14 +1686,46 @@ typedef struct pdp__layer_io {
     int64_t sample_base;
 } pdp__layer_io;
 
-/* layers.c: shape inference and validation (fills out_*, saved/work sizes and the
-   parameter shapes), parameter initialisation, forward, backward. */
-static pdp_status pdp__layer_setup(pdp__layer *l, int64_t wshape[4], int *wndim, int64_t bshape[4],
-                                   int *bndim);
+/* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
+typedef struct pdp__param_shapes {
+    int wndim, bndim;
+    int64_t wshape[4], bshape[4];
+} pdp__param_shapes;
+
+/* Flags of a layer kind (model.c plans with them). */
+#define PDP__LAYER_VIEW 1u       /* output = input seen again (Flatten): model.c aliases it
+                                    and never calls forward or backward */
+#define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
+                                    io->fused_relu (model.c then makes the ReLU a view) */
+
+/* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
+   setup fills out_*, saved_per_sample, work_per_sample and *ps from the
+   configuration and in_* (in: the input shape as text, for messages); init
+   (NULL: no parameters) fills host memory w, b from r; forward and backward run on
+   the CPU; the CUDA entries (NULL: none) return pdp_cuda.cu's status; cuda_work
+   (NULL: none) is the workspace floats per sample pdp_cuda.cu's kernels need. */
+typedef struct pdp__layer_kind_info {
+    const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
+    pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+    void (*init)(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+    void (*forward)(const pdp__layer *l, const pdp__layer_io *io);
+    void (*backward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*cuda_forward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
+    int64_t (*cuda_work)(const pdp__layer *l);
+    unsigned flags; /* PDP__LAYER_* */
+} pdp__layer_kind_info;
+
+/* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
+   validation; pdp__layer_init_params: parameter initialisation; forward and
+   backward on io->device; the workspace floats per sample on device d. */
+static const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
+static pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
 static const char *pdp__layer_kind_name(pdp__layer_kind k);
+static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 
 typedef struct pdp__param_entry {
     char name[32];
@@ -1749,13 +1782,11 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
                                      float *dlogits, const char *fn);
 
 /* ---- CUDA dispatch (cuda_host.c) ----
-   layers.c, loss.c and optim.c hand work on a CUDA device to these; without
+   loss.c and optim.c hand work on a CUDA device to these; without
    PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
    as the CPU functions they stand in for (pointers on device d or io->device;
    labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
 struct pdp__optim_scalars;
-static pdp_status pdp__cuda_layer_forward(const pdp__layer *l, const pdp__layer_io *io) PDP__UNUSED;
-static pdp_status pdp__cuda_layer_backward(const pdp__layer *l, const pdp__layer_io *io) PDP__UNUSED;
 static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
                                           int64_t batch, int64_t classes, float grad_scale,
                                           double *loss_sum, float *dlogits,
@@ -1766,7 +1797,6 @@ static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *ta
 static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
                                          float *p, const float *g, float *s0, float *s1,
                                          int64_t n) PDP__UNUSED;
-static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
                                int64_t count) PDP__UNUSED;
 /* Gradient clipping on d: *sum = sum of x^2 (double, fixed order); x *= s. */
@@ -3364,20 +3394,14 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
 /* ---- end src/ops.c ---- */
 
 /* ---- begin src/layers.c ---- */
-/* layers: shape inference, initialisation, forward and backward of every layer
-   kind on the CPU; model.c drives them in order.
+/* layers: every layer kind's code, kind by kind: setup (shape inference and
+   validation), parameter initialisation, forward and backward on the CPU, and the
+   CUDA entries that hand a CUDA device's work to pdp_cuda.cu. layers_table.c lists
+   them in one table of kinds; model.c drives them in order.
 
    Conventions (PyTorch's, so that state_dicts and results carry over):
    - Linear: y = x W^T + b, W [out, in], on 1-D samples.
-   - Conv2d: samples (C, H, W), W [O, C, k, k], b [O], square kernel, zero
-     padding, output (O, Ho, Wo) with Ho = (H + 2 pad - k) / stride + 1. Computed
-     by im2col + GEMM (Chellapilla et al., "High performance convolutional neural
-     networks for document processing", 2006) on cache-sized chunks of samples:
-     forward y = W col, backward dW = dy col^T and dcol = W^T dy, then col2im
-     (details in "layers: Conv2d").
-   - MaxPool2d: square window, no padding, floor output size; the first maximum
-     in row-major window order wins ties, NaN wins over numbers (as PyTorch's CPU
-     kernel). The winning index is saved as an int32 in the saved floats' memory.
+   - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
    - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
@@ -3388,36 +3412,21 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
      forward or backward for it (they copy, should anything else). So is a ReLU
-     right after a Conv2d on the CPU: the Conv2d applies it (io->fused_relu:
-     forward stores relu(y), backward masks dy by y > 0 as it gathers dy), which
-     saves two passes over the largest activations and gives the same bits.
+     right after a Conv2d on the CPU (layers_conv.c).
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
    sized by work_per_sample); backward accumulates into dw and db (+=) and writes
    dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
    in a fixed order that does not depend on the thread count, so results are
-   bit-reproducible. */
+   bit-reproducible. A setup starts from the output shape = the input shape and no
+   saved floats, workspace or parameters (layers_table.c's pdp__layer_setup), and
+   its messages name what is wrong and the input shape `in`; pdp__model_add adds
+   the function and the layer. A CUDA entry returns pdp_cuda.cu's status as it is
+   (layers_table.c turns a failure into "pdp_cuda: <its message>"). */
 
 /* #include "internal.h" (already above) */
 
-/* ---- layers: names and small helpers ---- */
-
-static const char *pdp__layer_kind_name(pdp__layer_kind k)
-{
-    switch (k) {
-    case PDP__LINEAR: return "Linear";
-    case PDP__RELU: return "ReLU";
-    case PDP__GELU: return "GELU";
-    case PDP__TANH: return "Tanh";
-    case PDP__SIGMOID: return "Sigmoid";
-    case PDP__DROPOUT: return "Dropout";
-    case PDP__LAYERNORM: return "LayerNorm";
-    case PDP__CONV2D: return "Conv2d";
-    case PDP__MAXPOOL2D: return "MaxPool2d";
-    case PDP__FLATTEN: return "Flatten";
-    }
-    return "?";
-}
+/* ---- layers: small helpers ---- */
 
 /* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
 static const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
@@ -3498,143 +3507,23 @@ static int pdp__layers_batch_parts(int64_t batch)
     return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), batch);
 }
 
-/* Conv2d's workspace floats per sample (defined with the layer below). */
-static int64_t pdp__conv_work_per_sample(const pdp__layer *l);
-
-/* ---- layers: setup ---- */
-
-static pdp_status pdp__layer_setup(pdp__layer *l, int64_t wshape[4], int *wndim, int64_t bshape[4],
-                                   int *bndim)
+/* Parameters: the product of a shape. */
+static int64_t pdp__layers_count(int ndim, const int64_t *shape)
 {
-    char in[64];
-    int64_t k = l->kernel, s = l->stride, pad = l->padding, C, H, W, Ho, Wo;
-    pdp__layers_dims_str(l->in_ndim, l->in_shape, in, sizeof in);
-    *wndim = *bndim = 0;
-    l->out_ndim = l->in_ndim;
-    memcpy(l->out_shape, l->in_shape, sizeof l->out_shape);
-    l->saved_per_sample = 0;
-    l->work_per_sample = 0;
-    C = l->in_shape[0];
-    H = l->in_shape[1];
-    W = l->in_shape[2];
-    switch (l->kind) {
-    case PDP__LINEAR:
-        if (l->out_features < 1)
-            return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
-                            (long long)l->out_features, in);
-        if (l->in_ndim != 1)
-            return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
-        l->out_shape[0] = l->out_features;
-        wshape[0] = l->out_features;
-        wshape[1] = l->in_count;
-        *wndim = 2;
-        bshape[0] = l->out_features;
-        *bndim = 1;
-        break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID:
-        break;
-    case PDP__DROPOUT:
-        if (!(l->p >= 0.0f && l->p < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "p %g is outside [0, 1) (input %s)", (double)l->p, in);
-        l->saved_per_sample = l->in_count; /* the scaled mask */
-        break;
-    case PDP__LAYERNORM:
-        if (!(l->eps > 0.0f))
-            return pdp__err(PDP_ERR_INVALID, "eps %g must be > 0 (input %s)", (double)l->eps, in);
-        memcpy(wshape, l->in_shape, 3 * sizeof *wshape);
-        memcpy(bshape, l->in_shape, 3 * sizeof *bshape);
-        *wndim = *bndim = l->in_ndim;
-        l->saved_per_sample = 2; /* mean, rstd */
-        break;
-    case PDP__CONV2D:
-        if (l->out_features < 1 || k < 1 || s < 1 || pad < 0)
-            return pdp__err(PDP_ERR_INVALID,
-                            "out_channels %lld, kernel %lld, stride %lld, padding %lld: need "
-                            "out_channels, kernel, stride >= 1 and padding >= 0 (input %s)",
-                            (long long)l->out_features, (long long)k, (long long)s,
-                            (long long)pad, in);
-        if (l->in_ndim != 3)
-            return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
-        if (k > H + 2 * pad || k > W + 2 * pad)
-            return pdp__err(PDP_ERR_SHAPE,
-                            "kernel %lld is larger than the padded input %lldx%lld (input %s, "
-                            "padding %lld)",
-                            (long long)k, (long long)(H + 2 * pad), (long long)(W + 2 * pad), in,
-                            (long long)pad);
-        Ho = (H + 2 * pad - k) / s + 1;
-        Wo = (W + 2 * pad - k) / s + 1;
-        l->out_shape[0] = l->out_features;
-        l->out_shape[1] = Ho;
-        l->out_shape[2] = Wo;
-        wshape[0] = l->out_features;
-        wshape[1] = C;
-        wshape[2] = k;
-        wshape[3] = k;
-        *wndim = 4;
-        bshape[0] = l->out_features;
-        *bndim = 1;
-        l->work_per_sample = pdp__conv_work_per_sample(l);
-        break;
-    case PDP__MAXPOOL2D:
-        if (k < 1 || s < 1)
-            return pdp__err(PDP_ERR_INVALID, "kernel %lld, stride %lld must be >= 1 (input %s)",
-                            (long long)k, (long long)s, in);
-        if (l->in_ndim != 3)
-            return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
-        if (k > H || k > W)
-            return pdp__err(PDP_ERR_SHAPE,
-                            "kernel %lld is larger than the input %lldx%lld (input %s)",
-                            (long long)k, (long long)H, (long long)W, in);
-        l->out_shape[1] = (H - k) / s + 1;
-        l->out_shape[2] = (W - k) / s + 1;
-        l->saved_per_sample = C * l->out_shape[1] * l->out_shape[2]; /* argmax per output */
-        break;
-    case PDP__FLATTEN:
-        l->out_ndim = 1;
-        l->out_shape[0] = l->in_count;
-        l->out_shape[1] = l->out_shape[2] = 1;
-        break;
-    default:
-        return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
-    if (l->out_ndim == 1) l->out_shape[1] = l->out_shape[2] = 1;
-    l->out_count = l->out_shape[0] * l->out_shape[1] * l->out_shape[2];
-    return PDP_OK;
+    int64_t n = 1;
+    int i;
+    for (i = 0; i < ndim; i++) n *= shape[i];
+    return n;
 }
 
-/* ---- layers: initialisation ---- */
-
-/* PyTorch's reset_parameters: weight Kaiming uniform with a = sqrt(5) (bound
-   1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)), in that order
-   from r; LayerNorm weight 1, bias 0. w and b are host memory. */
-static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+/* PyTorch's reset_parameters for Linear and Conv2d: weight Kaiming uniform with
+   a = sqrt(5) (bound 1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+   in that order from r. w and b are host memory. */
+static void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
+                                     pdp_rng *r)
 {
-    int64_t fan_in, nw, nb, i;
     pdp_tensor t;
     float bound;
-    switch (l->kind) {
-    case PDP__LINEAR:
-        fan_in = l->in_count;
-        nw = l->out_features * fan_in;
-        nb = l->out_features;
-        break;
-    case PDP__CONV2D:
-        fan_in = l->in_shape[0] * l->kernel * l->kernel;
-        nw = l->out_features * fan_in;
-        nb = l->out_features;
-        break;
-    case PDP__LAYERNORM:
-        for (i = 0; i < l->in_count; i++) {
-            w[i] = 1.0f;
-            b[i] = 0.0f;
-        }
-        return;
-    default:
-        return;
-    }
     pdp_tensor_wrap(w, pdp_cpu(), 1, &nw, &t);
     pdp_tensor_kaiming_uniform(&t, r, fan_in, sqrtf(5.0f));
     bound = (float)(1.0 / sqrt((double)fan_in));
@@ -3642,7 +3531,36 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
     pdp_tensor_uniform(&t, r, -bound, bound);
 }
 
+/* Setup of a layer whose output has its input's shape and that keeps nothing
+   (the activations): nothing to check. */
+static pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)l, (void)ps, (void)in;
+    return PDP_OK;
+}
+
 /* ---- layers: Linear ---- */
+
+static pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    if (l->out_features < 1)
+        return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
+                        (long long)l->out_features, in);
+    if (l->in_ndim != 1)
+        return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
+    l->out_shape[0] = l->out_features;
+    ps->wshape[0] = l->out_features;
+    ps->wshape[1] = l->in_count;
+    ps->wndim = 2;
+    ps->bshape[0] = l->out_features;
+    ps->bndim = 1;
+    return PDP_OK;
+}
+
+static void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
+}
 
 static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -3671,6 +3589,20 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
         pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy, out, io->w, in, 0.0f,
                   io->dx, in);
 }
+
+#ifdef PDP_CUDA
+static pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->batch,
+                                l->in_count, l->out_features);
+}
+
+static pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_linear_bwd(io->device.ordinal, io->x, io->w, io->dy, io->dw, io->db, io->dx,
+                                io->batch, l->in_count, l->out_features);
+}
+#endif
 
 /* ---- layers: activations ---- */
 
@@ -3710,62 +3642,195 @@ static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
     pdp__parallel_for(parts, pdp__elem_part, &job);
 }
 
-static void pdp__activation_forward_range(const pdp__layer *l, const pdp__layer_io *io,
-                                          int64_t lo, int64_t hi)
+/* ReLU, GELU, Tanh, Sigmoid: elements [lo, hi) of forward (y from x) and of
+   backward (dx from dy and y, or x for GELU). */
+static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
+{
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
+}
+
+static void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
+{
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
+}
+
+static void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
     float *PDP__RESTRICT y = io->y + lo;
-    switch (l->kind) {
-    case PDP__RELU:
-        PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
-        break;
-    case PDP__GELU:
-        for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
-        break;
-    case PDP__TANH:
-        for (i = 0; i < n; i++) y[i] = tanhf(x[i]);
-        break;
-    default: /* PDP__SIGMOID */
-        for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
-        break;
-    }
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
 }
 
-static void pdp__activation_backward_range(const pdp__layer *l, const pdp__layer_io *io,
-                                           int64_t lo, int64_t hi)
+static void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
 {
     int64_t n = hi - lo, i;
-    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT y = io->y + lo;
-    const float *PDP__RESTRICT dy = io->dy + lo;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
     float *PDP__RESTRICT dx = io->dx + lo;
-    switch (l->kind) {
-    case PDP__RELU:
-        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
-        break;
-    case PDP__GELU:
-        for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
-        break;
-    case PDP__TANH:
-        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
-        break;
-    default: /* PDP__SIGMOID */
-        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
-        break;
-    }
+    (void)l;
+    for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
 }
 
-static void pdp__activation_forward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
 {
-    pdp__elem_run(l, io, pdp__activation_forward_range);
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = tanhf(x[i]);
 }
 
-static void pdp__activation_backward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
 {
-    if (io->dx) pdp__elem_run(l, io, pdp__activation_backward_range);
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
 }
+
+static void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                       int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
+}
+
+static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                        int64_t hi)
+{
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
+}
+
+static void pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__relu_forward_range);
+}
+
+static void pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__relu_backward_range);
+}
+
+static void pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__gelu_forward_range);
+}
+
+static void pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__gelu_backward_range);
+}
+
+static void pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__tanh_forward_range);
+}
+
+static void pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__tanh_backward_range);
+}
+
+static void pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__sigmoid_forward_range);
+}
+
+static void pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__sigmoid_backward_range);
+}
+
+#ifdef PDP_CUDA
+/* One kernel pair for the four, told which by pdp_cudak_act. */
+static pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
+                                        pdp_cudak_act act)
+{
+    return pdp_cudak_act_fwd(io->device.ordinal, act, io->x, io->y, io->batch * l->in_count);
+}
+
+static pdp_status pdp__act_cuda_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                         pdp_cudak_act act)
+{
+    if (!io->dx) return PDP_OK;
+    return pdp_cudak_act_bwd(io->device.ordinal, act, io->x, io->y, io->dy, io->dx,
+                             io->batch * l->in_count);
+}
+
+static pdp_status pdp__relu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_RELU);
+}
+
+static pdp_status pdp__relu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_RELU);
+}
+
+static pdp_status pdp__gelu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_GELU);
+}
+
+static pdp_status pdp__gelu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_GELU);
+}
+
+static pdp_status pdp__tanh_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_TANH);
+}
+
+static pdp_status pdp__tanh_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_TANH);
+}
+
+static pdp_status pdp__sigmoid_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_SIGMOID);
+}
+
+static pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_SIGMOID);
+}
+#endif
 
 /* ---- layers: Dropout ---- */
+
+static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps;
+    if (!(l->p >= 0.0f && l->p < 1.0f))
+        return pdp__err(PDP_ERR_INVALID, "p %g is outside [0, 1) (input %s)", (double)l->p, in);
+    l->saved_per_sample = l->in_count; /* the scaled mask */
+    return PDP_OK;
+}
 
 static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -3802,7 +3867,53 @@ static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
     PDP__FOR_BLOCKED(i, n, dx[i] = dy[i] * mask[i];);
 }
 
+
+#ifdef PDP_CUDA
+static pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    int64_t n = io->batch * l->in_count;
+    if (io->training && l->p != 0.0f)
+        return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
+                                     io->seed, l->index, io->step, io->sample_base);
+    if (io->y == io->x) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
+}
+
+static pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    int64_t n = io->batch * l->in_count;
+    if (!io->dx) return PDP_OK;
+    if (!io->training || l->p == 0.0f)
+        return pdp_cudak_memcpy(dev, io->dx, dev, io->dy, (size_t)n * sizeof(float));
+    return pdp_cudak_mul(dev, io->dy, io->saved, io->dx, n);
+}
+#endif
+
 /* ---- layers: LayerNorm ---- */
+
+static pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    if (!(l->eps > 0.0f))
+        return pdp__err(PDP_ERR_INVALID, "eps %g must be > 0 (input %s)", (double)l->eps, in);
+    memcpy(ps->wshape, l->in_shape, 3 * sizeof *ps->wshape);
+    memcpy(ps->bshape, l->in_shape, 3 * sizeof *ps->bshape);
+    ps->wndim = ps->bndim = l->in_ndim;
+    l->saved_per_sample = 2; /* mean, rstd */
+    return PDP_OK;
+}
+
+/* weight 1, bias 0 (PyTorch's) */
+static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    int64_t i;
+    (void)r;
+    for (i = 0; i < l->in_count; i++) {
+        w[i] = 1.0f;
+        b[i] = 0.0f;
+    }
+}
 
 static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -3846,6 +3957,88 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
         }
     }
 }
+
+#ifdef PDP_CUDA
+static pdp_status pdp__layernorm_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_layernorm_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->saved,
+                                   io->batch, l->in_count, l->eps);
+}
+
+static pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_layernorm_bwd(io->device.ordinal, io->x, io->w, io->dy, io->saved, io->dw,
+                                   io->db, io->dx, io->batch, l->in_count);
+}
+#endif
+
+/* ---- layers: Flatten ----
+   A view (PDP__LAYER_VIEW): model.c never calls these; they copy, should anything
+   else. */
+
+static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps, (void)in;
+    l->out_ndim = 1;
+    l->out_shape[0] = l->in_count;
+    l->out_shape[1] = l->out_shape[2] = 1;
+    return PDP_OK;
+}
+
+static void pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+static void pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx && io->dx != io->dy)
+        memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+#ifdef PDP_CUDA
+static pdp_status pdp__flatten_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    if (io->y == io->x) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->y, dev, io->x,
+                            (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    if (!io->dx || io->dx == io->dy) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->dx, dev, io->dy,
+                            (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+#endif
+/* ---- end src/layers.c ---- */
+
+/* ---- begin src/layers_conv.c ---- */
+/* layers_conv: the image layers, Conv2d and MaxPool2d, kind by kind as in
+   layers.c (setup, init, CPU forward and backward, CUDA entries), listed in
+   layers_table.c. Uses layers.c's helpers (sums, batch parts, Kaiming init).
+
+   Conventions (PyTorch's):
+   - Conv2d: samples (C, H, W), W [O, C, k, k], b [O], square kernel, zero
+     padding, output (O, Ho, Wo) with Ho = (H + 2 pad - k) / stride + 1. Computed
+     by im2col + GEMM (Chellapilla et al., "High performance convolutional neural
+     networks for document processing", 2006) on cache-sized chunks of samples:
+     forward y = W col, backward dW = dy col^T and dcol = W^T dy, then col2im
+     (details in "layers: Conv2d").
+   - MaxPool2d: square window, no padding, floor output size; the first maximum
+     in row-major window order wins ties, NaN wins over numbers (as PyTorch's CPU
+     kernel). The winning index is saved as an int32 in the saved floats' memory.
+   - A ReLU right after a Conv2d on the CPU is a view (PDP__LAYER_FUSES_RELU): the
+     Conv2d applies it (io->fused_relu: forward stores relu(y), backward masks dy
+     by y > 0 as it gathers dy), which saves two passes over the largest
+     activations and gives the same bits.
+
+   Invariants: layers.c's (nothing allocated; dw, db accumulated; dx written, or
+   skipped when NULL; fixed reduction order whatever the thread count). */
+
+/* #include "internal.h" (already above) */
 
 /* ---- layers: Conv2d ----
    Two paths, both cutting the batch into chunks of `per_chunk` samples, a number
@@ -4421,6 +4614,87 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
     }
 }
 
+/* ---- layers: Conv2d, setup and CUDA ---- */
+
+static pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    int64_t k = l->kernel, s = l->stride, pad = l->padding;
+    int64_t C = l->in_shape[0], H = l->in_shape[1], W = l->in_shape[2];
+    if (l->out_features < 1 || k < 1 || s < 1 || pad < 0)
+        return pdp__err(PDP_ERR_INVALID,
+                        "out_channels %lld, kernel %lld, stride %lld, padding %lld: need "
+                        "out_channels, kernel, stride >= 1 and padding >= 0 (input %s)",
+                        (long long)l->out_features, (long long)k, (long long)s,
+                        (long long)pad, in);
+    if (l->in_ndim != 3)
+        return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
+    if (k > H + 2 * pad || k > W + 2 * pad)
+        return pdp__err(PDP_ERR_SHAPE,
+                        "kernel %lld is larger than the padded input %lldx%lld (input %s, "
+                        "padding %lld)",
+                        (long long)k, (long long)(H + 2 * pad), (long long)(W + 2 * pad), in,
+                        (long long)pad);
+    l->out_shape[0] = l->out_features;
+    l->out_shape[1] = (H + 2 * pad - k) / s + 1;
+    l->out_shape[2] = (W + 2 * pad - k) / s + 1;
+    ps->wshape[0] = l->out_features;
+    ps->wshape[1] = C;
+    ps->wshape[2] = k;
+    ps->wshape[3] = k;
+    ps->wndim = 4;
+    ps->bshape[0] = l->out_features;
+    ps->bndim = 1;
+    l->work_per_sample = pdp__conv_work_per_sample(l);
+    return PDP_OK;
+}
+
+static void pdp__conv_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    int64_t fan_in = l->in_shape[0] * l->kernel * l->kernel;
+    pdp__layers_init_kaiming(w, l->out_features * fan_in, b, l->out_features, fan_in, r);
+}
+
+/* Workspace floats per sample of pdp_cuda.cu's conv kernels: they unfold the whole
+   sample and keep the output beside it, (C k k + O) Ho Wo (cuda.h). */
+static int64_t pdp__conv_cuda_work(const pdp__layer *l)
+{
+    return (l->in_shape[0] * l->kernel * l->kernel + l->out_features) * l->out_shape[1] *
+           l->out_shape[2];
+}
+
+#ifdef PDP_CUDA
+/* The geometry pdp_cuda.cu's Conv2d and MaxPool2d kernels take. */
+static pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, int64_t O,
+                                          int64_t pad)
+{
+    pdp_cudak_conv g;
+    g.batch = batch;
+    g.C = l->in_shape[0];
+    g.H = l->in_shape[1];
+    g.W = l->in_shape[2];
+    g.O = O;
+    g.k = l->kernel;
+    g.stride = l->stride;
+    g.pad = pad;
+    g.Ho = l->out_shape[1];
+    g.Wo = l->out_shape[2];
+    return g;
+}
+
+static pdp_status pdp__conv_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
+    return pdp_cudak_conv_fwd(io->device.ordinal, &g, io->x, io->w, io->b, io->y, io->work);
+}
+
+static pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
+    return pdp_cudak_conv_bwd(io->device.ordinal, &g, io->x, io->w, io->dy, io->dw, io->db,
+                              io->dx, io->work);
+}
+#endif
+
 /* ---- layers: MaxPool2d ---- */
 
 /* One output row at a time: y and the winner's index (an int32 in the saved
@@ -4587,59 +4861,211 @@ static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_backward_part, &job);
 }
 
-/* ---- layers: dispatch ---- */
+static pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    int64_t k = l->kernel, s = l->stride, C = l->in_shape[0], H = l->in_shape[1];
+    int64_t W = l->in_shape[2];
+    (void)ps;
+    if (k < 1 || s < 1)
+        return pdp__err(PDP_ERR_INVALID, "kernel %lld, stride %lld must be >= 1 (input %s)",
+                        (long long)k, (long long)s, in);
+    if (l->in_ndim != 3)
+        return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
+    if (k > H || k > W)
+        return pdp__err(PDP_ERR_SHAPE,
+                        "kernel %lld is larger than the input %lldx%lld (input %s)",
+                        (long long)k, (long long)H, (long long)W, in);
+    l->out_shape[1] = (H - k) / s + 1;
+    l->out_shape[2] = (W - k) / s + 1;
+    l->saved_per_sample = C * l->out_shape[1] * l->out_shape[2]; /* argmax per output */
+    return PDP_OK;
+}
 
-/* CUDA memory goes to the kernels of pdp_cuda.cu (through cuda_host.c); the rest
-   is CPU memory. */
+#ifdef PDP_CUDA
+static pdp_status pdp__maxpool_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->in_shape[0], 0);
+    return pdp_cudak_maxpool_fwd(io->device.ordinal, &g, io->x, io->y, io->saved);
+}
 
+static pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->in_shape[0], 0);
+    if (!io->dx) return PDP_OK;
+    return pdp_cudak_maxpool_bwd(io->device.ordinal, &g, io->dy, io->saved, io->dx);
+}
+#endif
+/* ---- end src/layers_conv.c ---- */
+
+/* ---- begin src/layers_table.c ---- */
+/* layers_table: the table of layer kinds and the dispatch through it. One entry per
+   kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
+   inference and validation, parameter shapes, saved and workspace floats),
+   parameter initialisation, CPU forward and backward, CUDA forward and backward
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags that model.c plans
+   with (a view; fuses a following ReLU). Nothing else in pdp switches over kinds:
+   model.c, dp.c and the executors go through pdp__layer_setup, pdp__layer_forward
+   and the other functions below, once per layer call (never per element).
+
+   Adding a layer kind takes:
+   1. its code in layers.c (or a file of its own, listed in amalgamate.py before
+      this one, as layers_conv.c): setup, forward and backward, init when it has
+      parameters, and its CUDA entries under #ifdef PDP_CUDA (see layers.c's
+      conventions);
+   2. its value in pdp__layer_kind (internal.h) and its entry below;
+   3. its public constructor pdp_model_add_<kind> (model.h, model.c);
+   4. for CUDA: its kernels and their plain C functions in pdp_cuda.cu, declared in
+      cuda.h, and the same functions in tests/fake_cuda/fake_cuda.c, where each is a
+      few lines that rebuild the layer and run pdp's CPU entry through fake__layer.
+   A kind without CUDA entries (NULL) works on the CPU; on a CUDA device its calls
+   fail with PDP_ERR_UNSUPPORTED naming the layer.
+
+   Invariants: every kind has an entry (tests/test_layers.c checks the name, setup,
+   forward and backward of each); a setup starts from output = input shape and
+   nothing saved, workspace 0, no parameters. */
+
+/* #include "internal.h" (already above) */
+
+#ifdef PDP_CUDA
+#  define PDP__CUDA_ENTRY(fn) fn
+#else
+#  define PDP__CUDA_ENTRY(fn) NULL
+#endif
+
+/* ---- layers_table: the table ---- */
+
+/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags */
+static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
+    [PDP__LINEAR] = {"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
+                     pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
+                     PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+    [PDP__RELU] = {"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward, pdp__relu_backward,
+                   PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
+                   PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL, 0},
+    [PDP__GELU] = {"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward, pdp__gelu_backward,
+                   PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
+                   PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, 0},
+    [PDP__TANH] = {"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward, pdp__tanh_backward,
+                   PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
+                   PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, 0},
+    [PDP__SIGMOID] = {"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
+                      pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
+                      PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL, 0},
+    [PDP__DROPOUT] = {"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
+                      pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
+                      PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
+    [PDP__LAYERNORM] = {"LayerNorm", pdp__layernorm_setup, pdp__layernorm_init,
+                        pdp__layernorm_forward, pdp__layernorm_backward,
+                        PDP__CUDA_ENTRY(pdp__layernorm_cuda_forward),
+                        PDP__CUDA_ENTRY(pdp__layernorm_cuda_backward), NULL, 0},
+    [PDP__CONV2D] = {"Conv2d", pdp__conv_setup, pdp__conv_init, pdp__conv_forward,
+                     pdp__conv_backward, PDP__CUDA_ENTRY(pdp__conv_cuda_forward),
+                     PDP__CUDA_ENTRY(pdp__conv_cuda_backward), pdp__conv_cuda_work,
+                     PDP__LAYER_FUSES_RELU},
+    [PDP__MAXPOOL2D] = {"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
+                        pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
+                        PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL, 0},
+    [PDP__FLATTEN] = {"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
+                      pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
+                      PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
+};
+
+/* The entry of kind k; NULL for a value outside the table. */
+static const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k)
+{
+    return (unsigned)k < PDP__LAYER_KIND_COUNT ? &pdp__layer_kinds[k] : NULL;
+}
+
+static const char *pdp__layer_kind_name(pdp__layer_kind k)
+{
+    const pdp__layer_kind_info *info = pdp__layer_kind_of(k);
+    return info && info->name ? info->name : "?";
+}
+
+/* ---- layers_table: setup and initialisation ---- */
+
+static pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps)
+{
+    const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
+    char in[64];
+    pdp_status st;
+    memset(ps, 0, sizeof *ps);
+    if (!info || !info->setup)
+        return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    pdp__layers_dims_str(l->in_ndim, l->in_shape, in, sizeof in);
+    l->out_ndim = l->in_ndim;
+    memcpy(l->out_shape, l->in_shape, sizeof l->out_shape);
+    l->saved_per_sample = 0;
+    l->work_per_sample = 0;
+    if ((st = info->setup(l, ps, in)) != PDP_OK) return st;
+    if (l->out_ndim == 1) l->out_shape[1] = l->out_shape[2] = 1;
+    l->out_count = l->out_shape[0] * l->out_shape[1] * l->out_shape[2];
+    return PDP_OK;
+}
+
+static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
+    if (info && info->init) info->init(l, w, b, r);
+}
+
+/* Workspace floats per sample a layer needs on device d: the CPU's algorithm sizes
+   its own (setup); on CUDA the larger of that and the kind's CUDA kernels' need. */
+static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
+{
+    const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
+    if (d.kind == PDP_DEVICE_CUDA && info && info->cuda_work)
+        return PDP__MAX(l->work_per_sample, info->cuda_work(l));
+    return l->work_per_sample;
+}
+
+/* ---- layers_table: forward and backward ---- */
+
+/* A CUDA entry's call: pdp_cuda.cu's message on failure; without the entry (or
+   without PDP_CUDA), PDP_ERR_UNSUPPORTED. */
+static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
+                                  pdp_status (*fn)(const pdp__layer *, const pdp__layer_io *))
+{
+#ifdef PDP_CUDA
+    pdp_status st;
+    if (!fn)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s has no CUDA kernel (CUDA device %d)",
+                        pdp__layer_kind_name(l->kind), io->device.ordinal);
+    if ((st = fn(l, io)) != PDP_OK) return pdp__err(st, "pdp_cuda: %s", pdp_cudak_error());
+    return PDP_OK;
+#else
+    (void)l, (void)fn;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: built without PDP_CUDA (compile with "
+                    "-DPDP_CUDA and link pdp_cuda.o)", io->device.ordinal);
+#endif
+}
+
+/* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
+   CPU memory. */
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_forward(l, io);
-    switch (l->kind) {
-    case PDP__LINEAR: pdp__linear_forward(l, io); break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID: pdp__activation_forward(l, io); break;
-    case PDP__DROPOUT: pdp__dropout_forward(l, io); break;
-    case PDP__LAYERNORM: pdp__layernorm_forward(l, io); break;
-    case PDP__CONV2D: pdp__conv_forward(l, io); break;
-    case PDP__MAXPOOL2D: pdp__maxpool_forward(l, io); break;
-    case PDP__FLATTEN:
-        if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
-        break;
-    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
+    const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
+    if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_forward);
+    info->forward(l, io);
     return PDP_OK;
 }
 
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_backward(l, io);
-    switch (l->kind) {
-    case PDP__LINEAR: pdp__linear_backward(l, io); break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID: pdp__activation_backward(l, io); break;
-    case PDP__DROPOUT: pdp__dropout_backward(l, io); break;
-    case PDP__LAYERNORM: pdp__layernorm_backward(l, io); break;
-    case PDP__CONV2D: pdp__conv_backward(l, io); break;
-    case PDP__MAXPOOL2D: pdp__maxpool_backward(l, io); break;
-    case PDP__FLATTEN:
-        if (io->dx && io->dx != io->dy)
-            memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
-        break;
-    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
+    const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
+    if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_backward);
+    info->backward(l, io);
     return PDP_OK;
 }
-/* ---- end src/layers.c ---- */
+/* ---- end src/layers_table.c ---- */
 
 /* ---- begin src/model.c ---- */
 /* model: the sequential container. Owns the layer list, the parameter registry
    and the flat parameter and gradient blocks, sizes the activation buffers, and
-   drives forward and backward over the layers of layers.c.
+   drives forward and backward over the layers through the table of kinds
+   (layers_table.c).
 
    Invariants: params[i].offset is the sum of the counts before it (registration
    order, no gaps), so the gradient of parameters j..k is one contiguous range;
@@ -4755,8 +5181,9 @@ static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what,
    gradient blocks to their new size. On failure the model is unchanged. */
 static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
 {
-    int64_t wshape[4], bshape[4], old_count;
-    int wndim = 0, bndim = 0, old_nparams;
+    pdp__param_shapes ps;
+    int64_t old_count;
+    int old_nparams;
     float *params = NULL, *grads = NULL, *host = NULL;
     size_t bytes;
     pdp_status st;
@@ -4772,7 +5199,7 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
         memcpy(l.in_shape, m->in_shape, sizeof l.in_shape);
     }
     l.in_count = l.in_shape[0] * l.in_shape[1] * l.in_shape[2];
-    if ((st = pdp__layer_setup(&l, wshape, &wndim, bshape, &bndim)) != PDP_OK)
+    if ((st = pdp__layer_setup(&l, &ps)) != PDP_OK)
         return pdp__err_wrap(st, "%s: layer %d (%s)", fn, l.index, pdp__layer_kind_name(l.kind));
     l.out_count = l.out_shape[0] * l.out_shape[1] * l.out_shape[2];
 
@@ -4781,9 +5208,9 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
     old_count = m->param_count;
     old_nparams = m->nparams;
     l.param_first = m->nparams;
-    l.nparams = (wndim > 0) + (bndim > 0);
-    if ((wndim && pdp__model_register(m, l.index, "weight", wndim, wshape) != PDP_OK) ||
-        (bndim && pdp__model_register(m, l.index, "bias", bndim, bshape) != PDP_OK))
+    l.nparams = (ps.wndim > 0) + (ps.bndim > 0);
+    if ((ps.wndim && pdp__model_register(m, l.index, "weight", ps.wndim, ps.wshape) != PDP_OK) ||
+        (ps.bndim && pdp__model_register(m, l.index, "bias", ps.bndim, ps.bshape) != PDP_OK))
         goto oom;
     if (m->param_count != old_count) {
         bytes = (size_t)m->param_count * sizeof(float);
@@ -4792,8 +5219,8 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
         if (old_count && (st = pdp__dev_copy(pdp_cpu(), host, m->device, m->param_block,
                                              (size_t)old_count * sizeof(float))) != PDP_OK)
             goto fail;
-        pdp__layer_init_params(&l, wndim ? host + m->params[l.param_first].offset : NULL,
-                               bndim ? host + m->params[m->nparams - 1].offset : NULL,
+        pdp__layer_init_params(&l, ps.wndim ? host + m->params[l.param_first].offset : NULL,
+                               ps.bndim ? host + m->params[m->nparams - 1].offset : NULL,
                                &m->init_rng);
         if ((st = pdp__dev_alloc(m->device, bytes, (void **)&params)) != PDP_OK ||
             (st = pdp__dev_alloc(m->device, bytes, (void **)&grads)) != PDP_OK ||
@@ -4895,19 +5322,23 @@ PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 
 /* ---- model: buffers ---- */
 
-/* Layer i is a ReLU that the Conv2d before it applies in its own forward and
-   backward (CPU only; never the last layer, whose output the caller reads): the
-   ReLU is then a view, as Flatten, and is skipped. Same bits as running it. */
+/* Layer i is a ReLU that the layer before it (a Conv2d: PDP__LAYER_FUSES_RELU)
+   applies in its own forward and backward (CPU only; never the last layer, whose
+   output the caller reads): the ReLU is then a view, as Flatten, and is skipped.
+   Same bits as running it. */
 static bool pdp__model_relu_fused(const pdp_model *m, int i)
 {
     return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
-           m->layers[i].kind == PDP__RELU && m->layers[i - 1].kind == PDP__CONV2D;
+           m->layers[i].kind == PDP__RELU &&
+           (pdp__layer_kind_of(m->layers[i - 1].kind)->flags & PDP__LAYER_FUSES_RELU);
 }
 
-/* Layer i's output is its input seen again (Flatten, a fused ReLU): no buffer, no call. */
+/* Layer i's output is its input seen again (PDP__LAYER_VIEW: Flatten; a fused ReLU):
+   no buffer, no call. */
 static bool pdp__model_is_view(const pdp_model *m, int i)
 {
-    return m->layers[i].kind == PDP__FLATTEN || pdp__model_relu_fused(m, i);
+    return (pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_VIEW) ||
+           pdp__model_relu_fused(m, i);
 }
 
 /* Per-sample floats of the activation buffers (one plan for pdp_model_reserve and for
@@ -12600,19 +13031,17 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
 /* ---- end src/ddp.c ---- */
 
 /* ---- begin src/cuda_host.c ---- */
-/* cuda_host: the host side of CUDA devices. Routes device memory, every layer's
-   forward and backward, the losses and the optimizer updates to the plain C
-   functions of pdp_cuda.cu (declared in cuda.h) when built with PDP_CUDA;
-   without it, every CUDA request fails with PDP_ERR_UNSUPPORTED naming the
-   macro, and the CPU paths are untouched.
+/* cuda_host: the host side of CUDA devices. Routes device memory, the losses and
+   the optimizer updates to the plain C functions of pdp_cuda.cu (declared in
+   cuda.h) when built with PDP_CUDA; without it, every CUDA request fails with
+   PDP_ERR_UNSUPPORTED naming the macro, and the CPU paths are untouched. Each
+   layer's CUDA entry lives beside its CPU code (layers*.c), NCCL in comm_nccl.c.
 
    Errors: a pdp_cudak_* function that fails leaves "<call> failed: <name>
    (<text>) at pdp_cuda.cu:<line>" in its own thread-local buffer; this module
    copies it into pdp's message as "pdp_cuda: ..." and the public caller
    prefixes its name and the layer ("pdp_model_forward: layer 0 (Linear):
-   pdp_cuda: cublasSgemm failed: CUBLAS_STATUS_... at pdp_cuda.cu:123").
-
-   The NCCL communicator's host side is comm_nccl.c. */
+   pdp_cuda: cublasSgemm failed: CUBLAS_STATUS_... at pdp_cuda.cu:123"). */
 
 /* #include "internal.h" (already above) */
 
@@ -12796,150 +13225,6 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
         return pdp__err(st, "pdp_cuda_empty_cache: pdp_cuda: %s", pdp_cudak_error());
 #endif
     return PDP_OK;
-}
-
-/* ---- cuda_host: layers ---- */
-
-#ifdef PDP_CUDA
-static pdp_cudak_act pdp__cuda_act_of(pdp__layer_kind k)
-{
-    switch (k) {
-    case PDP__RELU: return PDP_CUDAK_RELU;
-    case PDP__GELU: return PDP_CUDAK_GELU;
-    case PDP__TANH: return PDP_CUDAK_TANH;
-    default: return PDP_CUDAK_SIGMOID;
-    }
-}
-
-static pdp_cudak_conv pdp__cuda_geom(const pdp__layer *l, int64_t batch)
-{
-    pdp_cudak_conv g;
-    g.batch = batch;
-    g.C = l->in_shape[0];
-    g.H = l->in_shape[1];
-    g.W = l->in_shape[2];
-    g.O = l->kind == PDP__CONV2D ? l->out_features : l->in_shape[0];
-    g.k = l->kernel;
-    g.stride = l->stride;
-    g.pad = l->kind == PDP__CONV2D ? l->padding : 0;
-    g.Ho = l->out_shape[1];
-    g.Wo = l->out_shape[2];
-    return g;
-}
-#endif
-
-/* Workspace floats per sample a layer needs on device d: the CPU's algorithm
-   sizes its own (layers.c); the CUDA conv kernels unfold the whole sample and
-   keep the output beside it, (C k k + O) Ho Wo (cuda.h). */
-static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
-{
-    if (d.kind == PDP_DEVICE_CUDA && l->kind == PDP__CONV2D)
-        return PDP__MAX(l->work_per_sample, (l->in_shape[0] * l->kernel * l->kernel +
-                                             l->out_features) * l->out_shape[1] * l->out_shape[2]);
-    return l->work_per_sample;
-}
-
-static pdp_status pdp__cuda_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
-{
-#ifdef PDP_CUDA
-    int dev = io->device.ordinal;
-    int64_t B = io->batch, n = B * l->in_count;
-    pdp_cudak_conv g;
-    switch (l->kind) {
-    case PDP__LINEAR:
-        PDP__CUDA_TRY(pdp_cudak_linear_fwd(dev, io->x, io->w, io->b, io->y, B, l->in_count,
-                                           l->out_features));
-        break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID:
-        PDP__CUDA_TRY(pdp_cudak_act_fwd(dev, pdp__cuda_act_of(l->kind), io->x, io->y, n));
-        break;
-    case PDP__DROPOUT:
-        if (!io->training || l->p == 0.0f) {
-            if (io->y != io->x)
-                PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float)));
-        } else {
-            PDP__CUDA_TRY(pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, B, l->in_count, l->p,
-                                                io->seed, l->index, io->step, io->sample_base));
-        }
-        break;
-    case PDP__LAYERNORM:
-        PDP__CUDA_TRY(pdp_cudak_layernorm_fwd(dev, io->x, io->w, io->b, io->y, io->saved, B,
-                                              l->in_count, l->eps));
-        break;
-    case PDP__CONV2D:
-        g = pdp__cuda_geom(l, B);
-        PDP__CUDA_TRY(pdp_cudak_conv_fwd(dev, &g, io->x, io->w, io->b, io->y, io->work));
-        break;
-    case PDP__MAXPOOL2D:
-        g = pdp__cuda_geom(l, B);
-        PDP__CUDA_TRY(pdp_cudak_maxpool_fwd(dev, &g, io->x, io->y, io->saved));
-        break;
-    case PDP__FLATTEN:
-        if (io->y != io->x)
-            PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float)));
-        break;
-    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
-    return PDP_OK;
-#else
-    (void)l;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, io->device.ordinal);
-#endif
-}
-
-static pdp_status pdp__cuda_layer_backward(const pdp__layer *l, const pdp__layer_io *io)
-{
-#ifdef PDP_CUDA
-    int dev = io->device.ordinal;
-    int64_t B = io->batch, n = B * l->in_count;
-    pdp_cudak_conv g;
-    switch (l->kind) {
-    case PDP__LINEAR:
-        PDP__CUDA_TRY(pdp_cudak_linear_bwd(dev, io->x, io->w, io->dy, io->dw, io->db, io->dx, B,
-                                           l->in_count, l->out_features));
-        break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID:
-        if (io->dx)
-            PDP__CUDA_TRY(pdp_cudak_act_bwd(dev, pdp__cuda_act_of(l->kind), io->x, io->y, io->dy,
-                                            io->dx, n));
-        break;
-    case PDP__DROPOUT:
-        if (!io->dx) break;
-        if (!io->training || l->p == 0.0f)
-            PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->dx, dev, io->dy, (size_t)n * sizeof(float)));
-        else
-            PDP__CUDA_TRY(pdp_cudak_mul(dev, io->dy, io->saved, io->dx, n));
-        break;
-    case PDP__LAYERNORM:
-        PDP__CUDA_TRY(pdp_cudak_layernorm_bwd(dev, io->x, io->w, io->dy, io->saved, io->dw, io->db,
-                                              io->dx, B, l->in_count));
-        break;
-    case PDP__CONV2D:
-        g = pdp__cuda_geom(l, B);
-        PDP__CUDA_TRY(pdp_cudak_conv_bwd(dev, &g, io->x, io->w, io->dy, io->dw, io->db, io->dx,
-                                         io->work));
-        break;
-    case PDP__MAXPOOL2D:
-        g = pdp__cuda_geom(l, B);
-        if (io->dx) PDP__CUDA_TRY(pdp_cudak_maxpool_bwd(dev, &g, io->dy, io->saved, io->dx));
-        break;
-    case PDP__FLATTEN:
-        if (io->dx && io->dx != io->dy)
-            PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->dx, dev, io->dy, (size_t)n * sizeof(float)));
-        break;
-    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
-    return PDP_OK;
-#else
-    (void)l;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, io->device.ordinal);
-#endif
 }
 
 /* ---- cuda_host: losses ----

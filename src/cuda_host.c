@@ -1,16 +1,14 @@
-/* cuda_host: the host side of CUDA devices. Routes device memory, every layer's
-   forward and backward, the losses and the optimizer updates to the plain C
-   functions of pdp_cuda.cu (declared in cuda.h) when built with PDP_CUDA;
-   without it, every CUDA request fails with PDP_ERR_UNSUPPORTED naming the
-   macro, and the CPU paths are untouched.
+/* cuda_host: the host side of CUDA devices. Routes device memory, the losses and
+   the optimizer updates to the plain C functions of pdp_cuda.cu (declared in
+   cuda.h) when built with PDP_CUDA; without it, every CUDA request fails with
+   PDP_ERR_UNSUPPORTED naming the macro, and the CPU paths are untouched. Each
+   layer's CUDA entry lives beside its CPU code (layers*.c), NCCL in comm_nccl.c.
 
    Errors: a pdp_cudak_* function that fails leaves "<call> failed: <name>
    (<text>) at pdp_cuda.cu:<line>" in its own thread-local buffer; this module
    copies it into pdp's message as "pdp_cuda: ..." and the public caller
    prefixes its name and the layer ("pdp_model_forward: layer 0 (Linear):
-   pdp_cuda: cublasSgemm failed: CUBLAS_STATUS_... at pdp_cuda.cu:123").
-
-   The NCCL communicator's host side is comm_nccl.c. */
+   pdp_cuda: cublasSgemm failed: CUBLAS_STATUS_... at pdp_cuda.cu:123"). */
 
 #include "internal.h"
 
@@ -194,150 +192,6 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
         return pdp__err(st, "pdp_cuda_empty_cache: pdp_cuda: %s", pdp_cudak_error());
 #endif
     return PDP_OK;
-}
-
-/* ---- cuda_host: layers ---- */
-
-#ifdef PDP_CUDA
-static pdp_cudak_act pdp__cuda_act_of(pdp__layer_kind k)
-{
-    switch (k) {
-    case PDP__RELU: return PDP_CUDAK_RELU;
-    case PDP__GELU: return PDP_CUDAK_GELU;
-    case PDP__TANH: return PDP_CUDAK_TANH;
-    default: return PDP_CUDAK_SIGMOID;
-    }
-}
-
-static pdp_cudak_conv pdp__cuda_geom(const pdp__layer *l, int64_t batch)
-{
-    pdp_cudak_conv g;
-    g.batch = batch;
-    g.C = l->in_shape[0];
-    g.H = l->in_shape[1];
-    g.W = l->in_shape[2];
-    g.O = l->kind == PDP__CONV2D ? l->out_features : l->in_shape[0];
-    g.k = l->kernel;
-    g.stride = l->stride;
-    g.pad = l->kind == PDP__CONV2D ? l->padding : 0;
-    g.Ho = l->out_shape[1];
-    g.Wo = l->out_shape[2];
-    return g;
-}
-#endif
-
-/* Workspace floats per sample a layer needs on device d: the CPU's algorithm
-   sizes its own (layers.c); the CUDA conv kernels unfold the whole sample and
-   keep the output beside it, (C k k + O) Ho Wo (cuda.h). */
-static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
-{
-    if (d.kind == PDP_DEVICE_CUDA && l->kind == PDP__CONV2D)
-        return PDP__MAX(l->work_per_sample, (l->in_shape[0] * l->kernel * l->kernel +
-                                             l->out_features) * l->out_shape[1] * l->out_shape[2]);
-    return l->work_per_sample;
-}
-
-static pdp_status pdp__cuda_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
-{
-#ifdef PDP_CUDA
-    int dev = io->device.ordinal;
-    int64_t B = io->batch, n = B * l->in_count;
-    pdp_cudak_conv g;
-    switch (l->kind) {
-    case PDP__LINEAR:
-        PDP__CUDA_TRY(pdp_cudak_linear_fwd(dev, io->x, io->w, io->b, io->y, B, l->in_count,
-                                           l->out_features));
-        break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID:
-        PDP__CUDA_TRY(pdp_cudak_act_fwd(dev, pdp__cuda_act_of(l->kind), io->x, io->y, n));
-        break;
-    case PDP__DROPOUT:
-        if (!io->training || l->p == 0.0f) {
-            if (io->y != io->x)
-                PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float)));
-        } else {
-            PDP__CUDA_TRY(pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, B, l->in_count, l->p,
-                                                io->seed, l->index, io->step, io->sample_base));
-        }
-        break;
-    case PDP__LAYERNORM:
-        PDP__CUDA_TRY(pdp_cudak_layernorm_fwd(dev, io->x, io->w, io->b, io->y, io->saved, B,
-                                              l->in_count, l->eps));
-        break;
-    case PDP__CONV2D:
-        g = pdp__cuda_geom(l, B);
-        PDP__CUDA_TRY(pdp_cudak_conv_fwd(dev, &g, io->x, io->w, io->b, io->y, io->work));
-        break;
-    case PDP__MAXPOOL2D:
-        g = pdp__cuda_geom(l, B);
-        PDP__CUDA_TRY(pdp_cudak_maxpool_fwd(dev, &g, io->x, io->y, io->saved));
-        break;
-    case PDP__FLATTEN:
-        if (io->y != io->x)
-            PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float)));
-        break;
-    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
-    return PDP_OK;
-#else
-    (void)l;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, io->device.ordinal);
-#endif
-}
-
-static pdp_status pdp__cuda_layer_backward(const pdp__layer *l, const pdp__layer_io *io)
-{
-#ifdef PDP_CUDA
-    int dev = io->device.ordinal;
-    int64_t B = io->batch, n = B * l->in_count;
-    pdp_cudak_conv g;
-    switch (l->kind) {
-    case PDP__LINEAR:
-        PDP__CUDA_TRY(pdp_cudak_linear_bwd(dev, io->x, io->w, io->dy, io->dw, io->db, io->dx, B,
-                                           l->in_count, l->out_features));
-        break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID:
-        if (io->dx)
-            PDP__CUDA_TRY(pdp_cudak_act_bwd(dev, pdp__cuda_act_of(l->kind), io->x, io->y, io->dy,
-                                            io->dx, n));
-        break;
-    case PDP__DROPOUT:
-        if (!io->dx) break;
-        if (!io->training || l->p == 0.0f)
-            PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->dx, dev, io->dy, (size_t)n * sizeof(float)));
-        else
-            PDP__CUDA_TRY(pdp_cudak_mul(dev, io->dy, io->saved, io->dx, n));
-        break;
-    case PDP__LAYERNORM:
-        PDP__CUDA_TRY(pdp_cudak_layernorm_bwd(dev, io->x, io->w, io->dy, io->saved, io->dw, io->db,
-                                              io->dx, B, l->in_count));
-        break;
-    case PDP__CONV2D:
-        g = pdp__cuda_geom(l, B);
-        PDP__CUDA_TRY(pdp_cudak_conv_bwd(dev, &g, io->x, io->w, io->dy, io->dw, io->db, io->dx,
-                                         io->work));
-        break;
-    case PDP__MAXPOOL2D:
-        g = pdp__cuda_geom(l, B);
-        if (io->dx) PDP__CUDA_TRY(pdp_cudak_maxpool_bwd(dev, &g, io->dy, io->saved, io->dx));
-        break;
-    case PDP__FLATTEN:
-        if (io->dx && io->dx != io->dy)
-            PDP__CUDA_TRY(pdp_cudak_memcpy(dev, io->dx, dev, io->dy, (size_t)n * sizeof(float)));
-        break;
-    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
-    return PDP_OK;
-#else
-    (void)l;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, io->device.ordinal);
-#endif
 }
 
 /* ---- cuda_host: losses ----

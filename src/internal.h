@@ -113,7 +113,8 @@ typedef enum pdp__layer_kind {
     PDP__LAYERNORM,
     PDP__CONV2D,
     PDP__MAXPOOL2D,
-    PDP__FLATTEN
+    PDP__FLATTEN,
+    PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
 /* A layer's definition: immutable once added, shared by replicas. */
@@ -152,14 +153,46 @@ typedef struct pdp__layer_io {
     int64_t sample_base;
 } pdp__layer_io;
 
-/* layers.c: shape inference and validation (fills out_*, saved/work sizes and the
-   parameter shapes), parameter initialisation, forward, backward. */
-static pdp_status pdp__layer_setup(pdp__layer *l, int64_t wshape[4], int *wndim, int64_t bshape[4],
-                                   int *bndim);
+/* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
+typedef struct pdp__param_shapes {
+    int wndim, bndim;
+    int64_t wshape[4], bshape[4];
+} pdp__param_shapes;
+
+/* Flags of a layer kind (model.c plans with them). */
+#define PDP__LAYER_VIEW 1u       /* output = input seen again (Flatten): model.c aliases it
+                                    and never calls forward or backward */
+#define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
+                                    io->fused_relu (model.c then makes the ReLU a view) */
+
+/* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
+   setup fills out_*, saved_per_sample, work_per_sample and *ps from the
+   configuration and in_* (in: the input shape as text, for messages); init
+   (NULL: no parameters) fills host memory w, b from r; forward and backward run on
+   the CPU; the CUDA entries (NULL: none) return pdp_cuda.cu's status; cuda_work
+   (NULL: none) is the workspace floats per sample pdp_cuda.cu's kernels need. */
+typedef struct pdp__layer_kind_info {
+    const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
+    pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+    void (*init)(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+    void (*forward)(const pdp__layer *l, const pdp__layer_io *io);
+    void (*backward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*cuda_forward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
+    int64_t (*cuda_work)(const pdp__layer *l);
+    unsigned flags; /* PDP__LAYER_* */
+} pdp__layer_kind_info;
+
+/* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
+   validation; pdp__layer_init_params: parameter initialisation; forward and
+   backward on io->device; the workspace floats per sample on device d. */
+static const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
+static pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
 static const char *pdp__layer_kind_name(pdp__layer_kind k);
+static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 
 typedef struct pdp__param_entry {
     char name[32];
@@ -216,13 +249,11 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
                                      float *dlogits, const char *fn);
 
 /* ---- CUDA dispatch (cuda_host.c) ----
-   layers.c, loss.c and optim.c hand work on a CUDA device to these; without
+   loss.c and optim.c hand work on a CUDA device to these; without
    PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
    as the CPU functions they stand in for (pointers on device d or io->device;
    labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
 struct pdp__optim_scalars;
-static pdp_status pdp__cuda_layer_forward(const pdp__layer *l, const pdp__layer_io *io) PDP__UNUSED;
-static pdp_status pdp__cuda_layer_backward(const pdp__layer *l, const pdp__layer_io *io) PDP__UNUSED;
 static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
                                           int64_t batch, int64_t classes, float grad_scale,
                                           double *loss_sum, float *dlogits,
@@ -233,7 +264,6 @@ static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *ta
 static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
                                          float *p, const float *g, float *s0, float *s1,
                                          int64_t n) PDP__UNUSED;
-static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
                                int64_t count) PDP__UNUSED;
 /* Gradient clipping on d: *sum = sum of x^2 (double, fixed order); x *= s. */

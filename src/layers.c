@@ -1,17 +1,11 @@
-/* layers: shape inference, initialisation, forward and backward of every layer
-   kind on the CPU; model.c drives them in order.
+/* layers: every layer kind's code, kind by kind: setup (shape inference and
+   validation), parameter initialisation, forward and backward on the CPU, and the
+   CUDA entries that hand a CUDA device's work to pdp_cuda.cu. layers_table.c lists
+   them in one table of kinds; model.c drives them in order.
 
    Conventions (PyTorch's, so that state_dicts and results carry over):
    - Linear: y = x W^T + b, W [out, in], on 1-D samples.
-   - Conv2d: samples (C, H, W), W [O, C, k, k], b [O], square kernel, zero
-     padding, output (O, Ho, Wo) with Ho = (H + 2 pad - k) / stride + 1. Computed
-     by im2col + GEMM (Chellapilla et al., "High performance convolutional neural
-     networks for document processing", 2006) on cache-sized chunks of samples:
-     forward y = W col, backward dW = dy col^T and dcol = W^T dy, then col2im
-     (details in "layers: Conv2d").
-   - MaxPool2d: square window, no padding, floor output size; the first maximum
-     in row-major window order wins ties, NaN wins over numbers (as PyTorch's CPU
-     kernel). The winning index is saved as an int32 in the saved floats' memory.
+   - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
    - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
@@ -22,36 +16,21 @@
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
      forward or backward for it (they copy, should anything else). So is a ReLU
-     right after a Conv2d on the CPU: the Conv2d applies it (io->fused_relu:
-     forward stores relu(y), backward masks dy by y > 0 as it gathers dy), which
-     saves two passes over the largest activations and gives the same bits.
+     right after a Conv2d on the CPU (layers_conv.c).
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
    sized by work_per_sample); backward accumulates into dw and db (+=) and writes
    dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
    in a fixed order that does not depend on the thread count, so results are
-   bit-reproducible. */
+   bit-reproducible. A setup starts from the output shape = the input shape and no
+   saved floats, workspace or parameters (layers_table.c's pdp__layer_setup), and
+   its messages name what is wrong and the input shape `in`; pdp__model_add adds
+   the function and the layer. A CUDA entry returns pdp_cuda.cu's status as it is
+   (layers_table.c turns a failure into "pdp_cuda: <its message>"). */
 
 #include "internal.h"
 
-/* ---- layers: names and small helpers ---- */
-
-static const char *pdp__layer_kind_name(pdp__layer_kind k)
-{
-    switch (k) {
-    case PDP__LINEAR: return "Linear";
-    case PDP__RELU: return "ReLU";
-    case PDP__GELU: return "GELU";
-    case PDP__TANH: return "Tanh";
-    case PDP__SIGMOID: return "Sigmoid";
-    case PDP__DROPOUT: return "Dropout";
-    case PDP__LAYERNORM: return "LayerNorm";
-    case PDP__CONV2D: return "Conv2d";
-    case PDP__MAXPOOL2D: return "MaxPool2d";
-    case PDP__FLATTEN: return "Flatten";
-    }
-    return "?";
-}
+/* ---- layers: small helpers ---- */
 
 /* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
 static const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
@@ -132,143 +111,23 @@ static int pdp__layers_batch_parts(int64_t batch)
     return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), batch);
 }
 
-/* Conv2d's workspace floats per sample (defined with the layer below). */
-static int64_t pdp__conv_work_per_sample(const pdp__layer *l);
-
-/* ---- layers: setup ---- */
-
-static pdp_status pdp__layer_setup(pdp__layer *l, int64_t wshape[4], int *wndim, int64_t bshape[4],
-                                   int *bndim)
+/* Parameters: the product of a shape. */
+static int64_t pdp__layers_count(int ndim, const int64_t *shape)
 {
-    char in[64];
-    int64_t k = l->kernel, s = l->stride, pad = l->padding, C, H, W, Ho, Wo;
-    pdp__layers_dims_str(l->in_ndim, l->in_shape, in, sizeof in);
-    *wndim = *bndim = 0;
-    l->out_ndim = l->in_ndim;
-    memcpy(l->out_shape, l->in_shape, sizeof l->out_shape);
-    l->saved_per_sample = 0;
-    l->work_per_sample = 0;
-    C = l->in_shape[0];
-    H = l->in_shape[1];
-    W = l->in_shape[2];
-    switch (l->kind) {
-    case PDP__LINEAR:
-        if (l->out_features < 1)
-            return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
-                            (long long)l->out_features, in);
-        if (l->in_ndim != 1)
-            return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
-        l->out_shape[0] = l->out_features;
-        wshape[0] = l->out_features;
-        wshape[1] = l->in_count;
-        *wndim = 2;
-        bshape[0] = l->out_features;
-        *bndim = 1;
-        break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID:
-        break;
-    case PDP__DROPOUT:
-        if (!(l->p >= 0.0f && l->p < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "p %g is outside [0, 1) (input %s)", (double)l->p, in);
-        l->saved_per_sample = l->in_count; /* the scaled mask */
-        break;
-    case PDP__LAYERNORM:
-        if (!(l->eps > 0.0f))
-            return pdp__err(PDP_ERR_INVALID, "eps %g must be > 0 (input %s)", (double)l->eps, in);
-        memcpy(wshape, l->in_shape, 3 * sizeof *wshape);
-        memcpy(bshape, l->in_shape, 3 * sizeof *bshape);
-        *wndim = *bndim = l->in_ndim;
-        l->saved_per_sample = 2; /* mean, rstd */
-        break;
-    case PDP__CONV2D:
-        if (l->out_features < 1 || k < 1 || s < 1 || pad < 0)
-            return pdp__err(PDP_ERR_INVALID,
-                            "out_channels %lld, kernel %lld, stride %lld, padding %lld: need "
-                            "out_channels, kernel, stride >= 1 and padding >= 0 (input %s)",
-                            (long long)l->out_features, (long long)k, (long long)s,
-                            (long long)pad, in);
-        if (l->in_ndim != 3)
-            return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
-        if (k > H + 2 * pad || k > W + 2 * pad)
-            return pdp__err(PDP_ERR_SHAPE,
-                            "kernel %lld is larger than the padded input %lldx%lld (input %s, "
-                            "padding %lld)",
-                            (long long)k, (long long)(H + 2 * pad), (long long)(W + 2 * pad), in,
-                            (long long)pad);
-        Ho = (H + 2 * pad - k) / s + 1;
-        Wo = (W + 2 * pad - k) / s + 1;
-        l->out_shape[0] = l->out_features;
-        l->out_shape[1] = Ho;
-        l->out_shape[2] = Wo;
-        wshape[0] = l->out_features;
-        wshape[1] = C;
-        wshape[2] = k;
-        wshape[3] = k;
-        *wndim = 4;
-        bshape[0] = l->out_features;
-        *bndim = 1;
-        l->work_per_sample = pdp__conv_work_per_sample(l);
-        break;
-    case PDP__MAXPOOL2D:
-        if (k < 1 || s < 1)
-            return pdp__err(PDP_ERR_INVALID, "kernel %lld, stride %lld must be >= 1 (input %s)",
-                            (long long)k, (long long)s, in);
-        if (l->in_ndim != 3)
-            return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
-        if (k > H || k > W)
-            return pdp__err(PDP_ERR_SHAPE,
-                            "kernel %lld is larger than the input %lldx%lld (input %s)",
-                            (long long)k, (long long)H, (long long)W, in);
-        l->out_shape[1] = (H - k) / s + 1;
-        l->out_shape[2] = (W - k) / s + 1;
-        l->saved_per_sample = C * l->out_shape[1] * l->out_shape[2]; /* argmax per output */
-        break;
-    case PDP__FLATTEN:
-        l->out_ndim = 1;
-        l->out_shape[0] = l->in_count;
-        l->out_shape[1] = l->out_shape[2] = 1;
-        break;
-    default:
-        return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
-    if (l->out_ndim == 1) l->out_shape[1] = l->out_shape[2] = 1;
-    l->out_count = l->out_shape[0] * l->out_shape[1] * l->out_shape[2];
-    return PDP_OK;
+    int64_t n = 1;
+    int i;
+    for (i = 0; i < ndim; i++) n *= shape[i];
+    return n;
 }
 
-/* ---- layers: initialisation ---- */
-
-/* PyTorch's reset_parameters: weight Kaiming uniform with a = sqrt(5) (bound
-   1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)), in that order
-   from r; LayerNorm weight 1, bias 0. w and b are host memory. */
-static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+/* PyTorch's reset_parameters for Linear and Conv2d: weight Kaiming uniform with
+   a = sqrt(5) (bound 1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+   in that order from r. w and b are host memory. */
+static void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
+                                     pdp_rng *r)
 {
-    int64_t fan_in, nw, nb, i;
     pdp_tensor t;
     float bound;
-    switch (l->kind) {
-    case PDP__LINEAR:
-        fan_in = l->in_count;
-        nw = l->out_features * fan_in;
-        nb = l->out_features;
-        break;
-    case PDP__CONV2D:
-        fan_in = l->in_shape[0] * l->kernel * l->kernel;
-        nw = l->out_features * fan_in;
-        nb = l->out_features;
-        break;
-    case PDP__LAYERNORM:
-        for (i = 0; i < l->in_count; i++) {
-            w[i] = 1.0f;
-            b[i] = 0.0f;
-        }
-        return;
-    default:
-        return;
-    }
     pdp_tensor_wrap(w, pdp_cpu(), 1, &nw, &t);
     pdp_tensor_kaiming_uniform(&t, r, fan_in, sqrtf(5.0f));
     bound = (float)(1.0 / sqrt((double)fan_in));
@@ -276,7 +135,36 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
     pdp_tensor_uniform(&t, r, -bound, bound);
 }
 
+/* Setup of a layer whose output has its input's shape and that keeps nothing
+   (the activations): nothing to check. */
+static pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)l, (void)ps, (void)in;
+    return PDP_OK;
+}
+
 /* ---- layers: Linear ---- */
+
+static pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    if (l->out_features < 1)
+        return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
+                        (long long)l->out_features, in);
+    if (l->in_ndim != 1)
+        return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
+    l->out_shape[0] = l->out_features;
+    ps->wshape[0] = l->out_features;
+    ps->wshape[1] = l->in_count;
+    ps->wndim = 2;
+    ps->bshape[0] = l->out_features;
+    ps->bndim = 1;
+    return PDP_OK;
+}
+
+static void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
+}
 
 static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -305,6 +193,20 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
         pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy, out, io->w, in, 0.0f,
                   io->dx, in);
 }
+
+#ifdef PDP_CUDA
+static pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->batch,
+                                l->in_count, l->out_features);
+}
+
+static pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_linear_bwd(io->device.ordinal, io->x, io->w, io->dy, io->dw, io->db, io->dx,
+                                io->batch, l->in_count, l->out_features);
+}
+#endif
 
 /* ---- layers: activations ---- */
 
@@ -344,62 +246,195 @@ static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
     pdp__parallel_for(parts, pdp__elem_part, &job);
 }
 
-static void pdp__activation_forward_range(const pdp__layer *l, const pdp__layer_io *io,
-                                          int64_t lo, int64_t hi)
+/* ReLU, GELU, Tanh, Sigmoid: elements [lo, hi) of forward (y from x) and of
+   backward (dx from dy and y, or x for GELU). */
+static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
+{
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
+}
+
+static void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
+{
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
+}
+
+static void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
     float *PDP__RESTRICT y = io->y + lo;
-    switch (l->kind) {
-    case PDP__RELU:
-        PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
-        break;
-    case PDP__GELU:
-        for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
-        break;
-    case PDP__TANH:
-        for (i = 0; i < n; i++) y[i] = tanhf(x[i]);
-        break;
-    default: /* PDP__SIGMOID */
-        for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
-        break;
-    }
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
 }
 
-static void pdp__activation_backward_range(const pdp__layer *l, const pdp__layer_io *io,
-                                           int64_t lo, int64_t hi)
+static void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
 {
     int64_t n = hi - lo, i;
-    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT y = io->y + lo;
-    const float *PDP__RESTRICT dy = io->dy + lo;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
     float *PDP__RESTRICT dx = io->dx + lo;
-    switch (l->kind) {
-    case PDP__RELU:
-        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
-        break;
-    case PDP__GELU:
-        for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
-        break;
-    case PDP__TANH:
-        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
-        break;
-    default: /* PDP__SIGMOID */
-        PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
-        break;
-    }
+    (void)l;
+    for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
 }
 
-static void pdp__activation_forward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
 {
-    pdp__elem_run(l, io, pdp__activation_forward_range);
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = tanhf(x[i]);
 }
 
-static void pdp__activation_backward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
 {
-    if (io->dx) pdp__elem_run(l, io, pdp__activation_backward_range);
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
 }
+
+static void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                       int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
+}
+
+static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                        int64_t hi)
+{
+    int64_t n = hi - lo;
+    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
+}
+
+static void pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__relu_forward_range);
+}
+
+static void pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__relu_backward_range);
+}
+
+static void pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__gelu_forward_range);
+}
+
+static void pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__gelu_backward_range);
+}
+
+static void pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__tanh_forward_range);
+}
+
+static void pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__tanh_backward_range);
+}
+
+static void pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__sigmoid_forward_range);
+}
+
+static void pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__sigmoid_backward_range);
+}
+
+#ifdef PDP_CUDA
+/* One kernel pair for the four, told which by pdp_cudak_act. */
+static pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
+                                        pdp_cudak_act act)
+{
+    return pdp_cudak_act_fwd(io->device.ordinal, act, io->x, io->y, io->batch * l->in_count);
+}
+
+static pdp_status pdp__act_cuda_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                         pdp_cudak_act act)
+{
+    if (!io->dx) return PDP_OK;
+    return pdp_cudak_act_bwd(io->device.ordinal, act, io->x, io->y, io->dy, io->dx,
+                             io->batch * l->in_count);
+}
+
+static pdp_status pdp__relu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_RELU);
+}
+
+static pdp_status pdp__relu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_RELU);
+}
+
+static pdp_status pdp__gelu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_GELU);
+}
+
+static pdp_status pdp__gelu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_GELU);
+}
+
+static pdp_status pdp__tanh_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_TANH);
+}
+
+static pdp_status pdp__tanh_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_TANH);
+}
+
+static pdp_status pdp__sigmoid_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_SIGMOID);
+}
+
+static pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_SIGMOID);
+}
+#endif
 
 /* ---- layers: Dropout ---- */
+
+static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps;
+    if (!(l->p >= 0.0f && l->p < 1.0f))
+        return pdp__err(PDP_ERR_INVALID, "p %g is outside [0, 1) (input %s)", (double)l->p, in);
+    l->saved_per_sample = l->in_count; /* the scaled mask */
+    return PDP_OK;
+}
 
 static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -436,7 +471,53 @@ static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
     PDP__FOR_BLOCKED(i, n, dx[i] = dy[i] * mask[i];);
 }
 
+
+#ifdef PDP_CUDA
+static pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    int64_t n = io->batch * l->in_count;
+    if (io->training && l->p != 0.0f)
+        return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
+                                     io->seed, l->index, io->step, io->sample_base);
+    if (io->y == io->x) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
+}
+
+static pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    int64_t n = io->batch * l->in_count;
+    if (!io->dx) return PDP_OK;
+    if (!io->training || l->p == 0.0f)
+        return pdp_cudak_memcpy(dev, io->dx, dev, io->dy, (size_t)n * sizeof(float));
+    return pdp_cudak_mul(dev, io->dy, io->saved, io->dx, n);
+}
+#endif
+
 /* ---- layers: LayerNorm ---- */
+
+static pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    if (!(l->eps > 0.0f))
+        return pdp__err(PDP_ERR_INVALID, "eps %g must be > 0 (input %s)", (double)l->eps, in);
+    memcpy(ps->wshape, l->in_shape, 3 * sizeof *ps->wshape);
+    memcpy(ps->bshape, l->in_shape, 3 * sizeof *ps->bshape);
+    ps->wndim = ps->bndim = l->in_ndim;
+    l->saved_per_sample = 2; /* mean, rstd */
+    return PDP_OK;
+}
+
+/* weight 1, bias 0 (PyTorch's) */
+static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    int64_t i;
+    (void)r;
+    for (i = 0; i < l->in_count; i++) {
+        w[i] = 1.0f;
+        b[i] = 0.0f;
+    }
+}
 
 static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
@@ -481,790 +562,58 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
     }
 }
 
-/* ---- layers: Conv2d ----
-   Two paths, both cutting the batch into chunks of `per_chunk` samples, a number
-   that depends on the layer's geometry only (so do the results). The intra-op
-   threads take whole chunks, each thread reusing one scratch region; each chunk
-   leaves its shares of dW and db apart, and backward adds them up in chunk order
-   after all chunks are done.
+#ifdef PDP_CUDA
+static pdp_status pdp__layernorm_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_layernorm_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->saved,
+                                   io->batch, l->in_count, l->eps);
+}
 
-   Implicit GEMM (stride 1, padding <= k - 1; the common case). The n samples of a
-   chunk are laid side by side in one zero-padded image, rows of
-   Wt = n (W + pad) + pad floats (sample j's columns start at pad + j (W + pad): one
-   band of `pad` zeros between neighbours is enough for both of them). Output columns
-   are counted on that wide grid, Ho x Wt, so that row (c, ki, kj) of the chunk's
-   column matrix is ONE contiguous run of the padded image (Ho Wt floats from
-   (c, ki, kj)), and the GEMM packs those runs straight from the image through a
-   row-offset table (pdp__sgemm_rows): the column matrix is never written. Per chunk:
-     forward   grid [O, Ho Wt] = W [O, C k k] col;  y = each sample's Wo columns + b
-     dW share  = dy_grid [O, Ho Wt] col^T           (dy_grid zero in the other columns)
-     dx        = the forward convolution of dy, zero-padded by q = k - 1 - pad (laid
-                 out the same way, bands of q), with the flipped, transposed weights
-                 W'[c, (o, qi, qj)] = W[o, c, k-1-qi, k-1-qj] (Dumoulin and Visin, "A
-                 guide to convolution arithmetic for deep learning", 2016, section 4):
-                 no col2im.
-   For a "same" convolution (q == pad) the padded dy's interior is dy on the grid,
-   so the dW share reads it in place. When it makes fewer padded GEMM tiles (O small
-   next to C k k), the share is computed transposed, share^T = col dy^T, with the
-   column matrix as a gathered A (pdp__sgemm_arows) and summed back transposed. With
-   few weights (conv 1 -> 16, k 5: 400) it is O C k k dot products over the grid
-   (pdp__sgemm_dots): nothing packed, where packing cost more than the products.
-   The grid's columns over the bands compute values nobody reads: pad / (W + pad) more
-   GEMM work (12% for a 5x5 "same" convolution on 14x14) for no copies at all.
-
-   im2col (any other stride or padding, and PDP_CBLAS builds): the column matrix
-   [C k k, n] of a chunk is materialised with exact Wo columns (Chellapilla et al.,
-   "High performance convolutional neural networks for document processing",
-   2006): forward y = W col; backward dW = dy col^T and dcol = W^T dy, then col2im.
-   Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2. */
-
-#ifndef PDP__CONV_CHUNK_FLOATS
-#  define PDP__CONV_CHUNK_FLOATS 65536
-#endif
-/* Samples per chunk on the implicit path: wide GEMMs and few dW shares, and still
-   8 chunks for each of two threads at batch 128. */
-#ifndef PDP__CONV_IMPLICIT_CHUNK
-#  define PDP__CONV_IMPLICIT_CHUNK 8
+static pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_layernorm_bwd(io->device.ordinal, io->x, io->w, io->dy, io->saved, io->dw,
+                                   io->db, io->dx, io->batch, l->in_count);
+}
 #endif
 
-/* Implicit path: products of at least this depth (C k k forward, O k k for dx)
-   skip the band columns (pdp__sgemm_runs); shallower ones (conv 1 -> 16, k 5: 25)
-   cost less computing the bands than setting up the runs' masked loads. */
-#ifndef PDP__CONV_RUNS_MIN_K
-#  define PDP__CONV_RUNS_MIN_K 128
-#endif
+/* ---- layers: Flatten ----
+   A view (PDP__LAYER_VIEW): model.c never calls these; they copy, should anything
+   else. */
 
-typedef struct pdp__conv_geom {
-    int64_t C, H, W, O, k, stride, pad, Ho, Wo;
-    int64_t ckk;            /* rows of the column matrix */
-    int implicit;           /* the implicit-GEMM path */
-    int64_t Hp, q, Hq;      /* implicit: padded heights of x (by pad) and of dy (by q) */
-    int64_t cols;           /* im2col: output columns per sample, Ho Wo */
-    int64_t fixed;          /* workspace floats before the shares: W' (implicit) */
-    int64_t share;          /* floats of one chunk's dW and db shares */
-    int64_t per_chunk;      /* samples per chunk */
-    int dw_t;               /* implicit: the dW share is computed and kept transposed,
-                               [C k k, O] (fewer padded GEMM tiles, A read in place) */
-    int dw_dots;            /* implicit: few weights (conv 1 -> 16, k 5), the dW share as
-                               O C k k dot products (pdp__sgemm_dots, nothing packed) */
-} pdp__conv_geom;
-
-/* Workspace regions start on 64-byte boundaries (the offset tables are int64). */
-static int64_t pdp__conv_round16(int64_t floats) { return (floats + 15) / 16 * 16; }
-
-static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
+static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
-    pdp__conv_geom g;
-    g.C = l->in_shape[0];
-    g.H = l->in_shape[1];
-    g.W = l->in_shape[2];
-    g.O = l->out_features;
-    g.k = l->kernel;
-    g.stride = l->stride;
-    g.pad = l->padding;
-    g.Ho = l->out_shape[1];
-    g.Wo = l->out_shape[2];
-    g.ckk = g.C * g.k * g.k;
-#if defined(PDP_CBLAS)
-    g.implicit = 0;
-#else
-    g.implicit = g.stride == 1 && g.pad <= g.k - 1;
-#endif
-    g.Hp = g.H + 2 * g.pad;
-    g.q = g.k - 1 - g.pad;
-    g.Hq = g.Ho + 2 * g.q;
-    g.cols = g.Ho * g.Wo;
-    g.share = pdp__conv_round16(g.O * g.ckk + g.O);
-    g.dw_dots = g.implicit && pdp__sgemm_dots_fits(g.O, g.ckk);
-    g.dw_t = g.implicit && !g.dw_dots && pdp__gemm_tiles(g.ckk, g.O) < pdp__gemm_tiles(g.O, g.ckk);
-    if (g.implicit) {
-        g.fixed = pdp__conv_round16(g.C * g.O * g.k * g.k);
-        g.per_chunk = PDP__CONV_IMPLICIT_CHUNK;
-    } else {
-        g.fixed = 0;
-        g.per_chunk = PDP__MAX(1, PDP__CONV_CHUNK_FLOATS / (g.ckk * g.cols));
-    }
-    return g;
-}
-
-/* Implicit path, a chunk of n samples: row widths of the padded image and padded dy. */
-static int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n) { return n * (g->W + g->pad) + g->pad; }
-static int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n) { return n * (g->Wo + g->q) + g->q; }
-
-/* Floats of one part's scratch for chunks of at most n samples. Implicit: the two
-   offset tables (int64), the padded image and padded dy (the last run of each starts
-   at (C - 1, k - 1, k - 1) and ends k - 1 floats past it: + k), and the grid that
-   holds the output, dy, then dx. im2col: the column matrix and O rows as long. */
-static int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
-{
-    int64_t okk = g->O * g->k * g->k;
-    if (!g->implicit) return pdp__conv_round16(n * (g->ckk + g->O) * g->cols);
-    return pdp__conv_round16(
-        2 * (g->ckk + okk) + g->C * g->Hp * pdp__conv_wt(g, n) + g->k +
-        g->O * g->Hq * pdp__conv_wqt(g, n) + g->k +
-        PDP__MAX(g->O * g->Ho * pdp__conv_wt(g, n), g->C * g->H * pdp__conv_wqt(g, n)));
-}
-
-/* Per sample: W' (once is enough; simpler per sample), one share, and twice a
-   one-sample scratch. Enough: chunks <= batch, and scratch(n) <= n scratch(1) (each
-   term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch for chunks of
-   cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
-static int64_t pdp__conv_work_per_sample(const pdp__layer *l)
-{
-    pdp__conv_geom g = pdp__conv_geom_of(l);
-    return g.fixed + g.share + 2 * pdp__conv_scratch(&g, 1);
-}
-
-
-/* Output columns [*lo, *hi) whose input column ow * stride - pad + kj is inside
-   [0, W). */
-static void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, int64_t kj,
-                            int64_t *lo, int64_t *hi)
-{
-    int64_t off = pad - kj; /* iw = ow * stride - off */
-    *lo = off > 0 ? (off + stride - 1) / stride : 0;
-    *hi = (W - 1 + off) >= 0 ? (W - 1 + off) / stride + 1 : 0;
-    if (*hi > Wo) *hi = Wo;
-    if (*lo > *hi) *lo = *hi;
-}
-
-/* One sample's columns into col (row stride ld): row (c, ki, kj), column
-   oh * Wo + ow holds x[c, oh s - pad + ki, ow s - pad + kj], zero outside the
-   input. */
-static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
-                        float *PDP__RESTRICT col, int64_t ld)
-{
-    int64_t c, ki, kj, oh, ow, ih;
-    for (c = 0; c < g->C; c++)
-        for (ki = 0; ki < g->k; ki++)
-            for (kj = 0; kj < g->k; kj++) {
-                float *dst = col + ((c * g->k + ki) * g->k + kj) * ld;
-                int64_t lo, hi;
-                pdp__conv_valid(g->W, g->Wo, g->stride, g->pad, kj, &lo, &hi);
-                for (oh = 0; oh < g->Ho; oh++, dst += g->Wo) {
-                    int64_t row;
-                    ih = oh * g->stride - g->pad + ki;
-                    if (ih < 0 || ih >= g->H) {
-                        memset(dst, 0, (size_t)g->Wo * sizeof(float));
-                        continue;
-                    }
-                    row = (c * g->H + ih) * g->W + kj - g->pad; /* + ow * stride: in range */
-                    for (ow = 0; ow < lo; ow++) dst[ow] = 0.0f;
-                    for (ow = lo; ow < hi; ow++) dst[ow] = x[row + ow * g->stride];
-                    for (ow = hi; ow < g->Wo; ow++) dst[ow] = 0.0f;
-                }
-            }
-}
-
-/* dx of one sample = the sum of its columns' entries over the positions they were
-   copied from, in row order (a fixed summation order). */
-static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
-                        float *PDP__RESTRICT dx)
-{
-    int64_t c, ki, kj, oh, ow, ih;
-    memset(dx, 0, (size_t)(g->C * g->H * g->W) * sizeof(float));
-    for (c = 0; c < g->C; c++)
-        for (ki = 0; ki < g->k; ki++)
-            for (kj = 0; kj < g->k; kj++) {
-                const float *src = col + ((c * g->k + ki) * g->k + kj) * ld;
-                int64_t lo, hi;
-                pdp__conv_valid(g->W, g->Wo, g->stride, g->pad, kj, &lo, &hi);
-                for (oh = 0; oh < g->Ho; oh++, src += g->Wo) {
-                    int64_t row;
-                    ih = oh * g->stride - g->pad + ki;
-                    if (ih < 0 || ih >= g->H) continue;
-                    row = (c * g->H + ih) * g->W + kj - g->pad;
-                    for (ow = lo; ow < hi; ow++) dx[row + ow * g->stride] += src[ow];
-                }
-            }
-}
-
-/* planes x rows x n floats from src (plane stride sp, row stride sr) into dst
-   (plane stride dp, row stride dr). */
-static void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *dst, int64_t dp,
-                             int64_t dr, int64_t planes, int64_t rows, int64_t n)
-{
-    int64_t p, r;
-    for (p = 0; p < planes; p++)
-        for (r = 0; r < rows; r++)
-            memcpy(dst + p * dp + r * dr, src + p * sp + r * sr, (size_t)n * sizeof(float));
-}
-
-/* `body` for j in [0, n) of a short row (an image row: 28, 14 or 7 floats) in
-   blocks of 16, 8 and 4, the remainder as the last 4 once more: constant trip
-   counts, which gcc -O2 vectorises where PDP__FOR_BLOCKED's scalar tail would
-   carry most of such a row. The body must be idempotent (write what it reads
-   elsewhere). */
-#define PDP__CONV_ROW(j, n, ...)                                                               \
-    do {                                                                                       \
-        int64_t pdp__o_ = 0, pdp__n_ = (n);                                                    \
-        int pdp__k_;                                                                           \
-        for (; pdp__o_ + 16 <= pdp__n_; pdp__o_ += 16)                                         \
-            for (pdp__k_ = 0; pdp__k_ < 16; pdp__k_++) {                                       \
-                int64_t j = pdp__o_ + pdp__k_;                                                 \
-                __VA_ARGS__                                                                    \
-            }                                                                                  \
-        for (; pdp__o_ + 8 <= pdp__n_; pdp__o_ += 8)                                           \
-            for (pdp__k_ = 0; pdp__k_ < 8; pdp__k_++) {                                        \
-                int64_t j = pdp__o_ + pdp__k_;                                                 \
-                __VA_ARGS__                                                                    \
-            }                                                                                  \
-        for (; pdp__o_ + 4 <= pdp__n_; pdp__o_ += 4)                                           \
-            for (pdp__k_ = 0; pdp__k_ < 4; pdp__k_++) {                                        \
-                int64_t j = pdp__o_ + pdp__k_;                                                 \
-                __VA_ARGS__                                                                    \
-            }                                                                                  \
-        if (pdp__o_ < pdp__n_ && pdp__n_ >= 4)                                                 \
-            pdp__o_ = pdp__n_ - 4;                                                             \
-        if (pdp__o_ < pdp__n_ && pdp__n_ >= 4)                                                 \
-            for (pdp__k_ = 0; pdp__k_ < 4; pdp__k_++) {                                        \
-                int64_t j = pdp__o_ + pdp__k_;                                                 \
-                __VA_ARGS__                                                                    \
-            }                                                                                  \
-        else                                                                                   \
-            for (; pdp__o_ < pdp__n_; pdp__o_++) {                                             \
-                int64_t j = pdp__o_;                                                           \
-                __VA_ARGS__                                                                    \
-            }                                                                                  \
-    } while (0)
-
-/* d = dy masked by y > 0 (the fused ReLU's backward), one row. */
-static void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *PDP__RESTRICT y,
-                                    float *PDP__RESTRICT d, int64_t n)
-{
-    PDP__CONV_ROW(j, n, {
-        float gj = g[j], yj = y[j]; /* both loaded first: gcc -O2 then vectorises */
-        d[j] = pdp__relu_grad(gj, yj);
-    });
-}
-
-/* One sample's dy, [O, Ho, Wo], into dst (plane stride dp, row stride dr); with a
-   fused ReLU, masked by the layer's output y (same layout as dy): the ReLU's
-   backward, done on the way. */
-static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
-                              float *dst, int64_t dp, int64_t dr)
-{
-    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r;
-    if (!io->fused_relu) {
-        pdp__conv_copy2d(io->dy + s * l->out_count, Ho * Wo, Wo, dst, dp, dr, O, Ho, Wo);
-        return;
-    }
-    for (p = 0; p < O; p++)
-        for (r = 0; r < Ho; r++) {
-            const float *PDP__RESTRICT g = io->dy + s * l->out_count + (p * Ho + r) * Wo;
-            const float *PDP__RESTRICT y = io->y + s * l->out_count + (p * Ho + r) * Wo;
-            float *PDP__RESTRICT d = dst + p * dp + r * dr;
-            pdp__conv_relu_grad_row(g, y, d, Wo);
-        }
-}
-
-/* Row n of y = src + bias, through the fused ReLU when there is one. */
-static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool relu,
-                                float *PDP__RESTRICT dst, int64_t n)
-{
-    if (relu)
-        PDP__CONV_ROW(j, n, dst[j] = pdp__relu(src[j] + bo););
-    else
-        PDP__CONV_ROW(j, n, dst[j] = src[j] + bo;);
-}
-
-typedef struct pdp__conv_job {
-    const pdp__layer *l;
-    const pdp__layer_io *io;
-    pdp__conv_geom g;
-    int64_t chunks;
-    int64_t scratch;  /* floats of each part's scratch: pdp__conv_scratch(chunk size) */
-    int parts;
-    const float *wt;  /* implicit backward: W' [C, O k k] */
-} pdp__conv_job;
-
-/* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
-   [O]), and the scratch of the part that runs it. Workspace: the fixed part, the
-   chunks' shares, then one scratch region per part, reused by all of the part's
-   chunks so that it stays in cache. Implicit: the padded input, the padded dy and
-   the grid; im2col: the column matrix [C k k, n] and O rows of n columns. */
-typedef struct pdp__conv_chunk {
-    int64_t s0, s1, n;   /* n: im2col columns (samples x Ho Wo) */
-    float *share;
-    int64_t wt, wqt;     /* implicit: row widths of the padded image and padded dy */
-    int64_t *offx, *offdy;
-    float *xp, *dyp, *grid;
-    float *col, *out;    /* im2col */
-} pdp__conv_chunk;
-
-static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, int part)
-{
-    const pdp__conv_geom *g = &job->g;
-    float *base = job->io->work + g->fixed + job->chunks * g->share + part * job->scratch;
-    int64_t cap = PDP__MIN(g->per_chunk, job->io->batch), okk = g->O * g->k * g->k;
-    pdp__conv_chunk k;
-    k.s0 = c * g->per_chunk;
-    k.s1 = PDP__MIN(job->io->batch, k.s0 + g->per_chunk);
-    k.n = (k.s1 - k.s0) * g->cols;
-    k.share = job->io->work + g->fixed + c * g->share;
-    k.wt = pdp__conv_wt(g, k.s1 - k.s0);
-    k.wqt = pdp__conv_wqt(g, k.s1 - k.s0);
-    k.offx = (int64_t *)(void *)base;
-    k.offdy = k.offx + g->ckk;
-    k.xp = base + 2 * (g->ckk + okk);
-    k.dyp = k.xp + g->C * g->Hp * pdp__conv_wt(g, cap) + g->k;
-    k.grid = k.dyp + g->O * g->Hq * pdp__conv_wqt(g, cap) + g->k;
-    k.col = base;
-    k.out = base + g->ckk * k.n;
-    return k;
-}
-
-/* ---- layers: Conv2d, implicit GEMM ---- */
-
-/* W' for backward, run by the caller before the parts start. */
-static void pdp__conv_implicit_setup(pdp__conv_job *job)
-{
-    const pdp__conv_geom *g = &job->g;
-    float *wt = job->io->work;
-    int64_t c, o, ki, kj, okk = g->O * g->k * g->k, k1 = g->k - 1;
-    for (c = 0; c < g->C; c++)
-        for (o = 0; o < g->O; o++)
-            for (ki = 0; ki < g->k; ki++)
-                for (kj = 0; kj < g->k; kj++)
-                    wt[c * okk + (o * g->k + ki) * g->k + kj] =
-                        job->io->w[((o * g->C + c) * g->k + k1 - ki) * g->k + k1 - kj];
-    job->wt = wt;
-}
-
-/* The chunk's samples into its zeroed padded image (and their dy into the padded
-   dy when dy is not NULL), and the offset tables of both. */
-static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_chunk *k,
-                                    const float *dy)
-{
-    const pdp__conv_geom *g = &job->g;
-    int64_t c, o, ki, kj, s, ns = k->s1 - k->s0;
-    memset(k->xp, 0, (size_t)(g->C * g->Hp * k->wt + g->k) * sizeof(float));
-    for (s = 0; s < ns; s++)
-        pdp__conv_copy2d(job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
-                         k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt,
-                         k->wt, g->C, g->H, g->W);
-    for (c = 0; c < g->C; c++)
-        for (ki = 0; ki < g->k; ki++)
-            for (kj = 0; kj < g->k; kj++)
-                k->offx[(c * g->k + ki) * g->k + kj] = (c * g->Hp + ki) * k->wt + kj;
-    if (!dy) return;
-    memset(k->dyp, 0, (size_t)(g->O * g->Hq * k->wqt + g->k) * sizeof(float));
-    for (s = 0; s < ns; s++)
-        pdp__conv_copy_dy(job->io, k->s0 + s, job->l,
-                          k->dyp + g->q * k->wqt + g->q + s * (g->Wo + g->q), g->Hq * k->wqt,
-                          k->wqt);
-    for (o = 0; o < g->O; o++)
-        for (ki = 0; ki < g->k; ki++)
-            for (kj = 0; kj < g->k; kj++)
-                k->offdy[(o * g->k + ki) * g->k + kj] = (o * g->Hq + ki) * k->wqt + kj;
-}
-
-static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
-{
-    const pdp__conv_job *job = (const pdp__conv_job *)arg;
-    const pdp__conv_geom *g = &job->g;
-    const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
-    for (c = c0; c < c1; c++) {
-        pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
-        int64_t cols = g->Ho * k.wt;
-        int64_t ldo = cols, ldr = k.wt, lds = g->W + g->pad;
-        pdp__conv_implicit_load(job, &k, NULL);
-#if defined(PDP__GEMM_RUNS)
-        if (g->ckk >= PDP__CONV_RUNS_MIN_K) {
-            /* only the samples' columns, not the bands: grid [O, Ho, ns, Wo] */
-            int64_t ns = k.s1 - k.s0;
-            ldo = g->Ho * ns * g->Wo;
-            ldr = ns * g->Wo;
-            lds = g->Wo;
-            pdp__sgemm_runs(g->O, g->ckk, io->w, g->ckk, k.xp, k.offx, g->Ho, ns, g->Wo, k.wt,
-                            g->W + g->pad, k.grid, ldo);
-        } else
-#endif
-        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, io->w, g->ckk, k.xp,
-                        k.offx, 0.0f, k.grid, cols);
-        for (s = k.s0; s < k.s1; s++)
-            for (o = 0; o < g->O; o++) {
-                float bo = io->b ? io->b[o] : 0.0f;
-                for (oh = 0; oh < g->Ho; oh++) {
-                    const float *PDP__RESTRICT src =
-                        k.grid + o * ldo + oh * ldr + (s - k.s0) * lds;
-                    pdp__conv_store_row(src, bo, io->fused_relu,
-                                        io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
-                }
-            }
-    }
-}
-
-static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
-{
-    const pdp__conv_job *job = (const pdp__conv_job *)arg;
-    const pdp__conv_geom *g = &job->g;
-    const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o;
-    int64_t okk = g->O * g->k * g->k;
-    for (c = c0; c < c1; c++) {
-        pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
-        int64_t cols = g->Ho * k.wt, ldg = cols;
-        const float *grid = k.grid;
-        pdp__conv_implicit_load(job, &k, io->dx ? io->dy : NULL);
-        if (io->dx && g->q == g->pad) {
-            /* a "same" convolution: the padded dy has the grid's row width (wqt ==
-               wt) and zeros in its bands, so its interior IS dy on the grid */
-            grid = k.dyp + g->q * k.wqt + g->q;
-            ldg = g->Hq * k.wqt;
-        } else { /* dy on the output grid, zero in the columns nobody reads */
-            memset(k.grid, 0, (size_t)(g->O * cols) * sizeof(float));
-            for (s = k.s0; s < k.s1; s++)
-                pdp__conv_copy_dy(io, s, job->l, k.grid + (s - k.s0) * (g->W + g->pad), cols,
-                                  k.wt);
-        }
-        if (g->dw_dots)
-            pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
-        else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
-            pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
-                             k.share, g->O);
-        else
-            pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols, 1.0f, grid, ldg, k.xp,
-                            k.offx, 0.0f, k.share, g->ckk);
-        for (o = 0; o < g->O; o++)
-            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
-        if (!io->dx) continue;
-#if defined(PDP__GEMM_RUNS)
-        if (okk >= PDP__CONV_RUNS_MIN_K) {
-            /* only the samples' columns, not the bands: grid [C, H, ns, W] */
-            int64_t ns = k.s1 - k.s0;
-            pdp__sgemm_runs(g->C, okk, job->wt, okk, k.dyp, k.offdy, g->H, ns, g->W, k.wqt,
-                            g->Wo + g->q, k.grid, g->H * ns * g->W);
-            for (s = k.s0; s < k.s1; s++)
-                pdp__conv_copy2d(k.grid + (s - k.s0) * g->W, g->H * ns * g->W, ns * g->W,
-                                 io->dx + s * job->l->in_count, g->H * g->W, g->W, g->C, g->H,
-                                 g->W);
-            continue;
-        }
-#endif
-        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f, job->wt, okk,
-                        k.dyp, k.offdy, 0.0f, k.grid, g->H * k.wqt);
-        for (s = k.s0; s < k.s1; s++)
-            pdp__conv_copy2d(k.grid + (s - k.s0) * (g->Wo + g->q), g->H * k.wqt, k.wqt,
-                             io->dx + s * job->l->in_count, g->H * g->W, g->W, g->C, g->H, g->W);
-    }
-}
-
-/* ---- layers: Conv2d, im2col ---- */
-
-/* Forward of the chunks of part i: im2col; out [O, n] = W col; y = out + b. */
-static void pdp__conv_forward_part(void *arg, int i, int parts)
-{
-    const pdp__conv_job *job = (const pdp__conv_job *)arg;
-    const pdp__conv_geom *g = &job->g;
-    const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
-    for (c = c0; c < c1; c++) {
-        pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
-        for (s = k.s0; s < k.s1; s++)
-            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
-        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f, io->w, g->ckk, k.col, k.n,
-                  0.0f, k.out, k.n);
-        for (s = k.s0; s < k.s1; s++)
-            for (o = 0; o < g->O; o++) {
-                float bo = io->b ? io->b[o] : 0.0f;
-                for (oh = 0; oh < g->Ho; oh++) {
-                    const float *PDP__RESTRICT src =
-                        k.out + o * k.n + (s - k.s0) * g->cols + oh * g->Wo;
-                    pdp__conv_store_row(src, bo, io->fused_relu,
-                                        io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
-                }
-            }
-    }
-}
-
-/* Backward of the chunks of part i: im2col again; dy gathered into out [O, n]; the
-   chunk's dW share dy col^T and db share; then dcol = W^T out over col, and col2im
-   into dx. */
-static void pdp__conv_backward_part(void *arg, int i, int parts)
-{
-    const pdp__conv_job *job = (const pdp__conv_job *)arg;
-    const pdp__conv_geom *g = &job->g;
-    const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o;
-    for (c = c0; c < c1; c++) {
-        pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
-        for (s = k.s0; s < k.s1; s++) {
-            pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
-            pdp__conv_copy_dy(io, s, job->l, k.out + (s - k.s0) * g->cols, k.n, g->Wo);
-        }
-        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, k.n, 1.0f, k.out, k.n, k.col, k.n, 0.0f,
-                  k.share, g->ckk);
-        for (o = 0; o < g->O; o++)
-            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(k.out + o * k.n, k.n);
-        if (!io->dx) continue;
-        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, g->ckk, k.n, g->O, 1.0f, io->w, g->ckk, k.out, k.n,
-                  0.0f, k.col, k.n);
-        for (s = k.s0; s < k.s1; s++)
-            pdp__col2im(g, k.col + (s - k.s0) * g->cols, k.n, io->dx + s * job->l->in_count);
-    }
-}
-
-/* ---- layers: Conv2d, driver ---- */
-
-/* Parts: the caller's threads, at most one per chunk (scratch regions are sized
-   for as many parts as samples). A single part runs on the caller without taking
-   the pool, so its GEMMs can still use the threads. */
-static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
-                               bool backward)
-{
-    job->l = l;
-    job->io = io;
-    job->g = pdp__conv_geom_of(l);
-    job->chunks = (io->batch + job->g.per_chunk - 1) / job->g.per_chunk;
-    job->scratch = pdp__conv_scratch(&job->g, PDP__MIN(job->g.per_chunk, io->batch));
-    job->parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
-    job->wt = NULL;
-    if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
-}
-
-static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
-{
-    pdp__conv_job job;
-    pdp__conv_job_init(&job, l, io, false);
-    pdp__parallel_for(job.parts, job.g.implicit ? pdp__conv_implicit_forward_part
-                                                : pdp__conv_forward_part, &job);
-}
-
-static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
-{
-    pdp__conv_job job;
-    const pdp__conv_geom *g = &job.g;
-    int64_t c, o;
-    pdp__conv_job_init(&job, l, io, true);
-    pdp__parallel_for(job.parts, g->implicit ? pdp__conv_implicit_backward_part
-                                             : pdp__conv_backward_part, &job);
-    for (c = 0; c < job.chunks; c++) { /* the chunks' shares, in chunk order */
-        const float *PDP__RESTRICT share = io->work + g->fixed + c * g->share;
-        float *PDP__RESTRICT dw = io->dw;
-        if (g->dw_t) {
-            int64_t r;
-            for (o = 0; o < g->O; o++)
-                for (r = 0; r < g->ckk; r++) dw[o * g->ckk + r] += share[r * g->O + o];
-        } else {
-            PDP__FOR_BLOCKED(j, g->O * g->ckk, dw[j] += share[j];);
-        }
-        if (io->db)
-            for (o = 0; o < g->O; o++) io->db[o] += share[g->O * g->ckk + o];
-    }
-}
-
-/* ---- layers: MaxPool2d ---- */
-
-/* One output row at a time: y and the winner's index (an int32 in the saved
-   floats' memory, an offset into the sample's channel plane) start at the
-   window's first element and are updated element by element in PyTorch's order
-   (ki, then kj): an element replaces the current one when it is greater or NaN,
-   so ties keep the first maximum and a NaN wins. The loops run in blocks of 16,
-   8 and 4 columns, the remainder as the last 4 columns once more (an update is
-   idempotent): constant trip counts, which gcc -O2 vectorises (its cheap cost
-   model skips loops that would need a scalar epilogue) into selects instead of
-   the branches a scalar loop gets, which mispredict on the half zeros a ReLU
-   leaves. (The conditions are spelled out in each select on purpose: gcc 12
-   vectorises that form, not an int flag computed once; 10x here.) */
-#define PDP__POOL_BLOCKS(...)                                                                  \
-    do {                                                                                       \
-        for (; ow + 16 <= n; ow += 16)                                                         \
-            for (j = 0; j < 16; j++) __VA_ARGS__                                               \
-        for (; ow + 8 <= n; ow += 8)                                                           \
-            for (j = 0; j < 8; j++) __VA_ARGS__                                                \
-        for (; ow + 4 <= n; ow += 4)                                                           \
-            for (j = 0; j < 4; j++) __VA_ARGS__                                                \
-        if (ow < n && n >= 4) /* the last 4 again: both bodies are idempotent */              \
-            for (ow = n - 4, j = 0; j < 4; j++) __VA_ARGS__                                    \
-        else                                                                                   \
-            for (; ow < n; ow++)                                                               \
-                for (j = 0; j < 1; j++) __VA_ARGS__                                            \
-    } while (0)
-
-/* Window element (ki, kj) against the running maximum of n outputs. */
-static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
-                                float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
-{
-    int64_t ow = 0;
-    int j;
-    PDP__POOL_BLOCKS({
-        int32_t o = (int32_t)ow + j;
-        float v = src[o * st], m = y[o];
-        y[o] = (v > m || v != v) ? v : m;
-        arg[o] = (v > m || v != v) ? at + o * st : arg[o];
-    });
-}
-
-/* The common 2 x 2 window with stride 2: the two elements of each input row,
-   then the two rows. Same result as the element-by-element order: the second
-   row's winner replaces the first's only when greater or NaN. */
-static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
-                             int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
-                             int32_t at, int32_t w)
-{
-    int64_t ow = 0;
-    int j;
-    PDP__POOL_BLOCKS({
-        int32_t o = (int32_t)ow + j;
-        float a = r0[2 * o], b = r0[2 * o + 1], c = r1[2 * o], d = r1[2 * o + 1];
-        float m0 = (b > a || b != b) ? b : a, m1 = (d > c || d != d) ? d : c;
-        int32_t i0 = (b > a || b != b) ? at + 2 * o + 1 : at + 2 * o;
-        int32_t i1 = (d > c || d != d) ? at + w + 2 * o + 1 : at + w + 2 * o;
-        int t = (m1 > m0 || m1 != m1);
-        y[o] = t ? m1 : m0;
-        arg[o] = t ? i1 : i0;
-    });
-}
-
-typedef struct pdp__pool_job {
-    const pdp__layer *l;
-    const pdp__layer_io *io;
-} pdp__pool_job;
-
-/* The channel planes of part i: first element of each window, then the rest. */
-static void pdp__maxpool_forward_part(void *argp, int i, int parts)
-{
-    const pdp__pool_job *job = (const pdp__pool_job *)argp;
-    const pdp__layer *l = job->l;
-    const pdp__layer_io *io = job->io;
-    int64_t H = l->in_shape[1], W = l->in_shape[2], Ho = l->out_shape[1], Wo = l->out_shape[2];
-    int64_t k = l->kernel, st = l->stride, planes = io->batch * l->in_shape[0];
-    int64_t plane, oh, ow, ki, kj;
-    for (plane = planes * i / parts; plane < planes * (i + 1) / parts; plane++) {
-        const float *x = io->x + plane * H * W;
-        for (oh = 0; oh < Ho; oh++) {
-            float *y = io->y + (plane * Ho + oh) * Wo;
-            int32_t *arg = (int32_t *)(void *)(io->saved + (plane * Ho + oh) * Wo);
-            int64_t row = oh * st * W;
-            if (k == 2 && st == 2) {
-                pdp__maxpool_2x2(x + row, x + row + W, Wo, y, arg, (int32_t)row, (int32_t)W);
-                continue;
-            }
-            for (ow = 0; ow < Wo; ow++) {
-                y[ow] = x[row + ow * st];
-                arg[ow] = (int32_t)(row + ow * st);
-            }
-            for (ki = 0; ki < k; ki++)
-                for (kj = ki ? 0 : 1; kj < k; kj++)
-                    pdp__maxpool_update(x + row + ki * W + kj, (int32_t)st, Wo, y, arg,
-                                        (int32_t)(row + ki * W + kj));
-        }
-    }
-}
-
-/* Split by channel plane over the intra-op threads. */
-static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
-{
-    pdp__pool_job job;
-    job.l = l;
-    job.io = io;
-    pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_forward_part, &job);
-}
-
-/* The common 2 x 2 window with stride 2 tiling the plane exactly: each window's
-   four dx written at once, the output's gradient at its winner and zeros elsewhere
-   (no memset, no scatter; in PDP__POOL_BLOCKS, whose selects gcc vectorises). */
-static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
-                                      const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
-                                      int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
-{
-    int64_t ow = 0;
-    int j;
-    PDP__POOL_BLOCKS({
-        int32_t o = (int32_t)ow + j, a = arg[o] - at - 2 * o;
-        float g = dy[o];
-        d0[2 * o] = a == 0 ? g : 0.0f;
-        d0[2 * o + 1] = a == 1 ? g : 0.0f;
-        d1[2 * o] = a == w ? g : 0.0f;
-        d1[2 * o + 1] = a == w + 1 ? g : 0.0f;
-    });
-}
-
-/* The channel planes of part i: zero, then scatter each output's gradient to its
-   winner (planes are independent, so any split gives the same bits). */
-static void pdp__maxpool_backward_part(void *argp, int i, int parts)
-{
-    const pdp__pool_job *job = (const pdp__pool_job *)argp;
-    const pdp__layer *l = job->l;
-    const pdp__layer_io *io = job->io;
-    int64_t plane = l->in_shape[1] * l->in_shape[2], per = l->out_shape[1] * l->out_shape[2];
-    int64_t planes = io->batch * l->in_shape[0], p0 = planes * i / parts;
-    int64_t p1 = planes * (i + 1) / parts, p, j;
-    int64_t W = l->in_shape[2], Ho = l->out_shape[1], Wo = l->out_shape[2];
-    if (l->kernel == 2 && l->stride == 2 && l->in_shape[1] == 2 * Ho && W == 2 * Wo) {
-        for (p = p0; p < p1; p++)
-            for (j = 0; j < Ho; j++)
-                pdp__maxpool_2x2_backward(
-                    io->dy + p * per + j * Wo,
-                    (const int32_t *)(const void *)(io->saved + p * per + j * Wo), Wo,
-                    (int32_t)(2 * j * W), (int32_t)W, io->dx + p * plane + 2 * j * W,
-                    io->dx + p * plane + (2 * j + 1) * W);
-        return;
-    }
-    memset(io->dx + p0 * plane, 0, (size_t)((p1 - p0) * plane) * sizeof(float));
-    for (p = p0; p < p1; p++) {
-        float *dx = io->dx + p * plane;
-        const float *dy = io->dy + p * per;
-        const int32_t *arg = (const int32_t *)(const void *)(io->saved + p * per);
-        for (j = 0; j < per; j++) dx[arg[j]] += dy[j];
-    }
-}
-
-static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
-{
-    pdp__pool_job job;
-    if (!io->dx) return;
-    job.l = l;
-    job.io = io;
-    pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_backward_part, &job);
-}
-
-/* ---- layers: dispatch ---- */
-
-/* CUDA memory goes to the kernels of pdp_cuda.cu (through cuda_host.c); the rest
-   is CPU memory. */
-
-static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
-{
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_forward(l, io);
-    switch (l->kind) {
-    case PDP__LINEAR: pdp__linear_forward(l, io); break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID: pdp__activation_forward(l, io); break;
-    case PDP__DROPOUT: pdp__dropout_forward(l, io); break;
-    case PDP__LAYERNORM: pdp__layernorm_forward(l, io); break;
-    case PDP__CONV2D: pdp__conv_forward(l, io); break;
-    case PDP__MAXPOOL2D: pdp__maxpool_forward(l, io); break;
-    case PDP__FLATTEN:
-        if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
-        break;
-    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
+    (void)ps, (void)in;
+    l->out_ndim = 1;
+    l->out_shape[0] = l->in_count;
+    l->out_shape[1] = l->out_shape[2] = 1;
     return PDP_OK;
 }
 
-static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__cuda_layer_backward(l, io);
-    switch (l->kind) {
-    case PDP__LINEAR: pdp__linear_backward(l, io); break;
-    case PDP__RELU:
-    case PDP__GELU:
-    case PDP__TANH:
-    case PDP__SIGMOID: pdp__activation_backward(l, io); break;
-    case PDP__DROPOUT: pdp__dropout_backward(l, io); break;
-    case PDP__LAYERNORM: pdp__layernorm_backward(l, io); break;
-    case PDP__CONV2D: pdp__conv_backward(l, io); break;
-    case PDP__MAXPOOL2D: pdp__maxpool_backward(l, io); break;
-    case PDP__FLATTEN:
-        if (io->dx && io->dx != io->dy)
-            memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
-        break;
-    default: return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    }
-    return PDP_OK;
+    if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
 }
+
+static void pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx && io->dx != io->dy)
+        memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+#ifdef PDP_CUDA
+static pdp_status pdp__flatten_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    if (io->y == io->x) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->y, dev, io->x,
+                            (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    if (!io->dx || io->dx == io->dy) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->dx, dev, io->dy,
+                            (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+#endif

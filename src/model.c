@@ -1,6 +1,7 @@
 /* model: the sequential container. Owns the layer list, the parameter registry
    and the flat parameter and gradient blocks, sizes the activation buffers, and
-   drives forward and backward over the layers of layers.c.
+   drives forward and backward over the layers through the table of kinds
+   (layers_table.c).
 
    Invariants: params[i].offset is the sum of the counts before it (registration
    order, no gaps), so the gradient of parameters j..k is one contiguous range;
@@ -116,8 +117,9 @@ static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what,
    gradient blocks to their new size. On failure the model is unchanged. */
 static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
 {
-    int64_t wshape[4], bshape[4], old_count;
-    int wndim = 0, bndim = 0, old_nparams;
+    pdp__param_shapes ps;
+    int64_t old_count;
+    int old_nparams;
     float *params = NULL, *grads = NULL, *host = NULL;
     size_t bytes;
     pdp_status st;
@@ -133,7 +135,7 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
         memcpy(l.in_shape, m->in_shape, sizeof l.in_shape);
     }
     l.in_count = l.in_shape[0] * l.in_shape[1] * l.in_shape[2];
-    if ((st = pdp__layer_setup(&l, wshape, &wndim, bshape, &bndim)) != PDP_OK)
+    if ((st = pdp__layer_setup(&l, &ps)) != PDP_OK)
         return pdp__err_wrap(st, "%s: layer %d (%s)", fn, l.index, pdp__layer_kind_name(l.kind));
     l.out_count = l.out_shape[0] * l.out_shape[1] * l.out_shape[2];
 
@@ -142,9 +144,9 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
     old_count = m->param_count;
     old_nparams = m->nparams;
     l.param_first = m->nparams;
-    l.nparams = (wndim > 0) + (bndim > 0);
-    if ((wndim && pdp__model_register(m, l.index, "weight", wndim, wshape) != PDP_OK) ||
-        (bndim && pdp__model_register(m, l.index, "bias", bndim, bshape) != PDP_OK))
+    l.nparams = (ps.wndim > 0) + (ps.bndim > 0);
+    if ((ps.wndim && pdp__model_register(m, l.index, "weight", ps.wndim, ps.wshape) != PDP_OK) ||
+        (ps.bndim && pdp__model_register(m, l.index, "bias", ps.bndim, ps.bshape) != PDP_OK))
         goto oom;
     if (m->param_count != old_count) {
         bytes = (size_t)m->param_count * sizeof(float);
@@ -153,8 +155,8 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
         if (old_count && (st = pdp__dev_copy(pdp_cpu(), host, m->device, m->param_block,
                                              (size_t)old_count * sizeof(float))) != PDP_OK)
             goto fail;
-        pdp__layer_init_params(&l, wndim ? host + m->params[l.param_first].offset : NULL,
-                               bndim ? host + m->params[m->nparams - 1].offset : NULL,
+        pdp__layer_init_params(&l, ps.wndim ? host + m->params[l.param_first].offset : NULL,
+                               ps.bndim ? host + m->params[m->nparams - 1].offset : NULL,
                                &m->init_rng);
         if ((st = pdp__dev_alloc(m->device, bytes, (void **)&params)) != PDP_OK ||
             (st = pdp__dev_alloc(m->device, bytes, (void **)&grads)) != PDP_OK ||
@@ -256,19 +258,23 @@ PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 
 /* ---- model: buffers ---- */
 
-/* Layer i is a ReLU that the Conv2d before it applies in its own forward and
-   backward (CPU only; never the last layer, whose output the caller reads): the
-   ReLU is then a view, as Flatten, and is skipped. Same bits as running it. */
+/* Layer i is a ReLU that the layer before it (a Conv2d: PDP__LAYER_FUSES_RELU)
+   applies in its own forward and backward (CPU only; never the last layer, whose
+   output the caller reads): the ReLU is then a view, as Flatten, and is skipped.
+   Same bits as running it. */
 static bool pdp__model_relu_fused(const pdp_model *m, int i)
 {
     return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
-           m->layers[i].kind == PDP__RELU && m->layers[i - 1].kind == PDP__CONV2D;
+           m->layers[i].kind == PDP__RELU &&
+           (pdp__layer_kind_of(m->layers[i - 1].kind)->flags & PDP__LAYER_FUSES_RELU);
 }
 
-/* Layer i's output is its input seen again (Flatten, a fused ReLU): no buffer, no call. */
+/* Layer i's output is its input seen again (PDP__LAYER_VIEW: Flatten; a fused ReLU):
+   no buffer, no call. */
 static bool pdp__model_is_view(const pdp_model *m, int i)
 {
-    return m->layers[i].kind == PDP__FLATTEN || pdp__model_relu_fused(m, i);
+    return (pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_VIEW) ||
+           pdp__model_relu_fused(m, i);
 }
 
 /* Per-sample floats of the activation buffers (one plan for pdp_model_reserve and for

@@ -2,7 +2,8 @@
    gradients against central finite differences for every layer kind on odd shapes,
    forward against naive loops, PyTorch's initialisation, dropout masks (eval
    identity, determinism, the same mask when a batch is split with sample_base), the
-   grad hook order, error messages, and no allocation after the first step.
+   grad hook order, error messages, no allocation after the first step, and the
+   table of kinds (an entry per kind; pdp_model_layer_name, pdp_model_device).
 
    Finite differences: f(x) = sum(y * r) for a fixed random r, summed in double;
    df/dv ~ (f(v + eps) - f(v - eps)) / (2 eps) with eps = 1e-3, compared with the
@@ -922,6 +923,92 @@ TEST layers_results_do_not_depend_on_the_thread_count(void)
     PASS();
 }
 
+/* ---- the table of kinds, names and devices ---- */
+
+TEST layers_table_has_an_entry_for_every_kind(void)
+{
+    int k, j;
+    for (k = 0; k < PDP__LAYER_KIND_COUNT; k++) {
+        const pdp__layer_kind_info *info = pdp__layer_kind_of((pdp__layer_kind)k);
+        ASSERT(info != NULL);
+        ASSERT(info->name != NULL);
+        ASSERT(info->setup != NULL);
+        ASSERT(info->forward != NULL);
+        ASSERT(info->backward != NULL);
+#ifndef PDP_CUDA
+        ASSERT(info->cuda_forward == NULL && info->cuda_backward == NULL);
+#endif
+        for (j = 0; j < k; j++) ASSERT(strcmp(info->name, pdp__layer_kinds[j].name) != 0);
+    }
+    ASSERT(pdp__layer_kind_of(PDP__LAYER_KIND_COUNT) == NULL);
+    ASSERT_STR_EQ("?", pdp__layer_kind_name(PDP__LAYER_KIND_COUNT));
+    PASS();
+}
+
+TEST layers_model_layer_name_names_every_layer(void)
+{
+    static const char *const want[] = {"Conv2d", "ReLU", "MaxPool2d", "Flatten", "Linear",
+                                       "GELU", "Tanh", "Sigmoid", "Dropout", "LayerNorm"};
+    pdp_model *m = new_model(3, 2, 6, 6, 21);
+    int i;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 3, 3, 1, 1), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_maxpool2d(m, 2, 2), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_flatten(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 8), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_tanh(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_sigmoid(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m, 0.25f), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
+    ASSERT_EQ(10, pdp_model_num_layers(m));
+    for (i = 0; i < 10; i++) ASSERT_STR_EQ(want[i], pdp_model_layer_name(m, i));
+    ASSERT(pdp_model_layer_name(m, -1) == NULL);
+    ASSERT(pdp_model_layer_name(m, 10) == NULL);
+    ASSERT(pdp_model_layer_name(NULL, 0) == NULL);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST layers_model_device_is_the_desc_device(void)
+{
+    pdp_model_desc d;
+    pdp_model *m = new_model(1, 5, 0, 0, 22), *g = NULL;
+    pdp_device dev = pdp_model_device(m);
+    ASSERT_EQ(PDP_DEVICE_CPU, dev.kind);
+    dev = pdp_model_device(NULL); /* no model: the CPU */
+    ASSERT_EQ(PDP_DEVICE_CPU, dev.kind);
+    memset(&d, 0, sizeof d);
+    d.input_shape[0] = 5;
+    d.device = pdp_cuda(1); /* creating allocates nothing, so this works without a GPU */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&g, &d), pdp_status_name);
+    dev = pdp_model_device(g);
+    ASSERT_EQ(PDP_DEVICE_CUDA, dev.kind);
+    ASSERT_EQ(1, dev.ordinal);
+    pdp_model_free(g);
+    pdp_model_free(m);
+    PASS();
+}
+
+#ifndef PDP_CUDA
+/* A layer call on CUDA memory goes to the kind's CUDA entry; without PDP_CUDA it
+   fails naming the macro (the table's entries are NULL). */
+TEST layers_cuda_call_without_pdp_cuda_names_the_macro(void)
+{
+    pdp__layer l;
+    pdp__layer_io io;
+    memset(&l, 0, sizeof l);
+    memset(&io, 0, sizeof io);
+    l.kind = PDP__RELU;
+    io.device = pdp_cuda(0);
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp__layer_forward(&l, &io), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "PDP_CUDA"));
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp__layer_backward(&l, &io), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "CUDA device 0"));
+    PASS();
+}
+#endif
+
 SUITE(layers)
 {
     RUN_TEST(layers_linear_grads_match_finite_differences);
@@ -948,6 +1035,12 @@ SUITE(layers)
     RUN_TEST(layers_training_step_allocates_nothing_after_the_first);
     RUN_TEST(layers_gradients_accumulate_across_backwards);
     RUN_TEST(layers_results_do_not_depend_on_the_thread_count);
+    RUN_TEST(layers_table_has_an_entry_for_every_kind);
+    RUN_TEST(layers_model_layer_name_names_every_layer);
+    RUN_TEST(layers_model_device_is_the_desc_device);
+#ifndef PDP_CUDA
+    RUN_TEST(layers_cuda_call_without_pdp_cuda_names_the_macro);
+#endif
 }
 
 GREATEST_MAIN_DEFS();

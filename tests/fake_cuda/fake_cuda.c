@@ -29,9 +29,16 @@
      must agree on kind, count and op (NCCL would hang or corrupt otherwise);
      it completes when the last rank launches it, summing in rank order.
 
+   - Layer calls. Each layer function rebuilds its layer from its arguments and
+     sets it up through pdp's table of kinds: arguments that make no such layer
+     (a conv output size that is not the layer's) fail, and every pointer is
+     checked against the extent that layer implies ("fake_cuda: layers").
+
    What it cannot check: anything about the GPU itself. Kernels run
-   synchronously on the calling thread with naive loops (double accumulators
-   where the CPU uses them), so missing stream synchronisation, races between
+   synchronously on the calling thread, the layers as pdp's own CPU layers and
+   the rest as naive loops (double accumulators where the CPU uses them), so
+   layer numerics are the CPU's (emu-cuda-test runs the real kernels); missing
+   stream synchronisation, races between
    streams, cuBLAS/TF32 numerics (pdp_cuda_set_tf32 is accepted and ignored),
    launch configurations and real NCCL transport (process ranks; they time out
    here with a message saying so) need a GPU: tests/gpu/run.sh.
@@ -40,7 +47,20 @@
    device, as cudaErrorNoDevice does, and the GPU tests skip). */
 
 #define _POSIX_C_SOURCE 200809L
+/* A private copy of pdp's implementation (PDP_STATIC: every symbol static, so it
+   does not clash with the test's): the layer functions run its CPU layers. */
+#define PDP_STATIC
+#define PDP_IMPLEMENTATION
+#if defined(__GNUC__) && !defined(__clang__)
+#  pragma GCC diagnostic push
+/* all-static inlining makes gcc -O2 see a tensor count "maybe uninitialized" on a path
+   that returns an error first */
+#  pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "pdp.h"
+#if defined(__GNUC__) && !defined(__clang__)
+#  pragma GCC diagnostic pop
+#endif
 
 #include <math.h>
 #include <pthread.h>
@@ -367,120 +387,148 @@ pdp_status pdp_cudak_add(int dev, float *dst, const float *src, int64_t count)
     return PDP_OK;
 }
 
-/* ---- fake_cuda: layers ---- */
+/* ---- fake_cuda: layers ----
+   One generic kernel, fake__layer, behind every layer function: it rebuilds the
+   layer from the call's arguments, sets it up through pdp's table of kinds (shape
+   inference: the output, saved and parameter sizes), checks every pointer against
+   the extent the call implies, and runs pdp's own CPU forward or backward (the
+   private copy included above) on the fake device's host memory. So a new layer
+   kind costs a few lines here per pdp_cudak_* function, and its numerics are
+   tested once, on the CPU (tests/test_layers.c; the real kernels in
+   emu-cuda-test). The CPU kernels run on the calling thread (this copy's
+   intra-op setting is never raised) with their own workspace. */
+
+/* Pointers of a layer call the function's contract requires (not NULL). */
+enum { FAKE__X = 1, FAKE__Y = 2, FAKE__DY = 4, FAKE__DX = 8, FAKE__W = 16, FAKE__B = 32,
+       FAKE__DW = 64, FAKE__DB = 128, FAKE__SAVED = 256 };
+
+/* A layer of kind k on samples of shape (n) or (C, H, W), for fake__layer. */
+static pdp__layer fake__layer_of(pdp__layer_kind k, int ndim, int64_t c, int64_t h, int64_t w)
+{
+    pdp__layer l;
+    memset(&l, 0, sizeof l);
+    l.kind = k;
+    l.in_ndim = ndim;
+    l.in_shape[0] = c;
+    l.in_shape[1] = h;
+    l.in_shape[2] = w;
+    return l;
+}
+
+/* Checks p (the io field named name) for count floats when required or given. */
+#define FAKE__PTR(bit, p, count)                                                           \
+    do {                                                                                   \
+        if (((need & (bit)) || (p)) && fake__check(fn, #p, dev, (p), F(count)))            \
+            return PDP_ERR_CUDA;                                                           \
+    } while (0)
+
+/* Runs layer l's CPU forward (backward = 0) or backward on io, after the checks.
+   g, when not NULL, is the call's conv/pool geometry: its output size must be the
+   layer's. */
+static pdp_status fake__layer(const char *fn, int dev, pdp__layer *l, pdp__layer_io *io,
+                              int backward, unsigned need, const pdp_cudak_conv *g)
+{
+    pdp__param_shapes ps;
+    int64_t B = io->batch, nw = 1, nb = 1, i;
+    float *work = NULL;
+    pdp_status st;
+    if (dev < 0 || dev >= fake__ndev())
+        return fake__fail(PDP_ERR_CUDA, "%s: device %d does not exist (%d fake devices)", fn, dev,
+                          fake__ndev());
+    l->in_count = l->in_shape[0] * l->in_shape[1] * l->in_shape[2];
+    if (pdp__layer_setup(l, &ps) != PDP_OK)
+        return fake__fail(PDP_ERR_CUDA, "%s: the arguments make no %s: %s", fn,
+                          pdp__layer_kind_name(l->kind), pdp_last_error());
+    if (g && (g->Ho != l->out_shape[1] || g->Wo != l->out_shape[2]))
+        return fake__fail(PDP_ERR_CUDA, "%s: output %lldx%lld given, the layer's is %lldx%lld",
+                          fn, (long long)g->Ho, (long long)g->Wo, (long long)l->out_shape[1],
+                          (long long)l->out_shape[2]);
+    for (i = 0; i < ps.wndim; i++) nw *= ps.wshape[i];
+    for (i = 0; i < ps.bndim; i++) nb *= ps.bshape[i];
+    FAKE__PTR(FAKE__X, io->x, B * l->in_count);
+    FAKE__PTR(FAKE__Y, io->y, B * l->out_count);
+    FAKE__PTR(FAKE__DY, io->dy, B * l->out_count);
+    FAKE__PTR(FAKE__DX, io->dx, B * l->in_count);
+    FAKE__PTR(FAKE__W, io->w, nw);
+    FAKE__PTR(FAKE__B, io->b, nb);
+    FAKE__PTR(FAKE__DW, io->dw, nw);
+    FAKE__PTR(FAKE__DB, io->db, nb);
+    FAKE__PTR(FAKE__SAVED, io->saved, B * l->saved_per_sample);
+    if (l->work_per_sample && !(work = (float *)malloc(F(B * l->work_per_sample))))
+        return fake__fail(PDP_ERR_OUT_OF_MEMORY, "%s: no host memory for the workspace", fn);
+    io->work = work;
+    io->device = pdp_cpu();
+    st = backward ? pdp__layer_backward(l, io) : pdp__layer_forward(l, io);
+    free(work);
+    if (st != PDP_OK) return fake__fail(PDP_ERR_CUDA, "%s: %s", fn, pdp_last_error());
+    return PDP_OK;
+}
+
+static pdp__layer_io fake__io(int64_t batch)
+{
+    pdp__layer_io io;
+    memset(&io, 0, sizeof io);
+    io.batch = batch;
+    return io;
+}
 
 pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float *w, const float *b, float *y,
                                 int64_t batch, int64_t in, int64_t out)
 {
-    int64_t s, j, k;
-    FAKE__DEV(dev);
-    OWN(dev, x, F(batch * in));
-    OWN(dev, w, F(in * out));
-    if (b) OWN(dev, b, F(out));
-    OWN(dev, y, F(batch * out));
-    for (s = 0; s < batch; s++)
-        for (j = 0; j < out; j++) {
-            double acc = b ? b[j] : 0.0;
-            for (k = 0; k < in; k++) acc += (double)x[s * in + k] * w[j * in + k];
-            y[s * out + j] = (float)acc;
-        }
-    return PDP_OK;
+    pdp__layer l = fake__layer_of(PDP__LINEAR, 1, in, 1, 1);
+    pdp__layer_io io = fake__io(batch);
+    l.out_features = out;
+    io.x = x, io.w = (float *)w, io.b = (float *)b, io.y = y;
+    return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__W | FAKE__Y, NULL);
 }
 
 pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const float *dy,
                                 float *dw, float *db, float *dx, int64_t batch, int64_t in,
                                 int64_t out)
 {
-    int64_t s, j, k;
-    FAKE__DEV(dev);
-    OWN(dev, x, F(batch * in));
-    OWN(dev, w, F(in * out));
-    OWN(dev, dy, F(batch * out));
-    OWN(dev, dw, F(in * out));
-    if (db) OWN(dev, db, F(out));
-    if (dx) OWN(dev, dx, F(batch * in));
-    for (j = 0; j < out; j++)
-        for (k = 0; k < in; k++) {
-            double acc = 0.0;
-            for (s = 0; s < batch; s++) acc += (double)dy[s * out + j] * x[s * in + k];
-            dw[j * in + k] += (float)acc;
-        }
-    if (db)
-        for (j = 0; j < out; j++) {
-            double acc = 0.0;
-            for (s = 0; s < batch; s++) acc += dy[s * out + j];
-            db[j] += (float)acc;
-        }
-    if (dx)
-        for (s = 0; s < batch; s++)
-            for (k = 0; k < in; k++) {
-                double acc = 0.0;
-                for (j = 0; j < out; j++) acc += (double)dy[s * out + j] * w[j * in + k];
-                dx[s * in + k] = (float)acc;
-            }
-    return PDP_OK;
+    pdp__layer l = fake__layer_of(PDP__LINEAR, 1, in, 1, 1);
+    pdp__layer_io io = fake__io(batch);
+    l.out_features = out;
+    io.x = x, io.w = (float *)w, io.dy = dy, io.dw = dw, io.db = db, io.dx = dx;
+    return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__W | FAKE__DY | FAKE__DW, NULL);
 }
 
-static float fake__act(pdp_cudak_act act, float x)
+static const pdp__layer_kind fake__act_kind[] = {PDP__RELU, PDP__GELU, PDP__TANH, PDP__SIGMOID};
+
+/* An activation code outside the enum fails fake__layer's setup (kind -1). */
+static pdp__layer_kind fake__act(pdp_cudak_act act)
 {
-    switch (act) {
-    case PDP_CUDAK_RELU: return pdp__relu(x);
-    case PDP_CUDAK_GELU: return pdp__gelu(x);
-    case PDP_CUDAK_TANH: return tanhf(x);
-    default: return pdp__sigmoid(x);
-    }
+    return (unsigned)act < 4 ? fake__act_kind[act] : (pdp__layer_kind)-1;
 }
 
 pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count)
 {
-    int64_t i;
-    FAKE__DEV(dev);
-    OWN(dev, x, F(count));
-    OWN(dev, y, F(count));
-    for (i = 0; i < count; i++) y[i] = fake__act(act, x[i]);
-    return PDP_OK;
+    pdp__layer l = fake__layer_of(fake__act(act), 1, count, 1, 1);
+    pdp__layer_io io = fake__io(1);
+    io.x = x, io.y = y;
+    return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__Y, NULL);
 }
 
 pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const float *y,
                              const float *dy, float *dx, int64_t count)
 {
-    int64_t i;
-    FAKE__DEV(dev);
-    OWN(dev, x, F(count));
-    OWN(dev, y, F(count));
-    OWN(dev, dy, F(count));
-    OWN(dev, dx, F(count));
-    for (i = 0; i < count; i++) {
-        switch (act) {
-        case PDP_CUDAK_RELU: dx[i] = pdp__relu_grad(dy[i], y[i]); break;
-        case PDP_CUDAK_GELU: dx[i] = pdp__gelu_grad(dy[i], x[i]); break;
-        case PDP_CUDAK_TANH: dx[i] = pdp__tanh_grad(dy[i], y[i]); break;
-        default: dx[i] = pdp__sigmoid_grad(dy[i], y[i]); break;
-        }
-    }
-    return PDP_OK;
+    pdp__layer l = fake__layer_of(fake__act(act), 1, count, 1, 1);
+    pdp__layer_io io = fake__io(1);
+    io.x = x, io.y = (float *)y, io.dy = dy, io.dx = dx;
+    return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__Y | FAKE__DY | FAKE__DX, NULL);
 }
 
 pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask, int64_t batch,
                                  int64_t n, float p, uint64_t seed, int layer, uint64_t step,
                                  int64_t sample_base)
 {
-    uint32_t thr = pdp__dropout_threshold(p);
-    float scale = 1.0f / (1.0f - p);
-    int64_t s, j;
-    FAKE__DEV(dev);
-    OWN(dev, x, F(batch * n));
-    OWN(dev, y, F(batch * n));
-    OWN(dev, mask, F(batch * n));
-    for (s = 0; s < batch; s++) {
-        uint64_t key = pdp__dropout_key(seed, layer, step, (uint64_t)(sample_base + s));
-        for (j = 0; j < n; j++) {
-            float m = pdp__dropout_bits(key, j) >= thr ? scale : 0.0f;
-            mask[s * n + j] = m;
-            y[s * n + j] = x[s * n + j] * m;
-        }
-    }
-    return PDP_OK;
+    pdp__layer l = fake__layer_of(PDP__DROPOUT, 1, n, 1, 1);
+    pdp__layer_io io = fake__io(batch);
+    l.p = p;
+    l.index = layer;
+    io.x = x, io.y = y, io.saved = mask;
+    io.training = true, io.seed = seed, io.step = step, io.sample_base = sample_base;
+    return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__Y | FAKE__SAVED, NULL);
 }
 
 pdp_status pdp_cudak_mul(int dev, const float *dy, const float *mask, float *dx, int64_t count)
@@ -497,208 +545,101 @@ pdp_status pdp_cudak_mul(int dev, const float *dy, const float *mask, float *dx,
 pdp_status pdp_cudak_layernorm_fwd(int dev, const float *x, const float *w, const float *b,
                                    float *y, float *saved, int64_t batch, int64_t n, float eps)
 {
-    int64_t s, j;
-    FAKE__DEV(dev);
-    OWN(dev, x, F(batch * n));
-    OWN(dev, w, F(n));
-    OWN(dev, b, F(n));
-    OWN(dev, y, F(batch * n));
-    OWN(dev, saved, F(2 * batch));
-    for (s = 0; s < batch; s++) {
-        const float *xs = x + s * n;
-        double acc = 0.0;
-        float mean, rstd;
-        for (j = 0; j < n; j++) acc += xs[j];
-        mean = (float)(acc / (double)n);
-        acc = 0.0;
-        for (j = 0; j < n; j++) acc += (double)(xs[j] - mean) * (xs[j] - mean);
-        rstd = (float)(1.0 / sqrt(acc / (double)n + eps));
-        for (j = 0; j < n; j++) y[s * n + j] = (xs[j] - mean) * rstd * w[j] + b[j];
-        saved[2 * s] = mean;
-        saved[2 * s + 1] = rstd;
-    }
-    return PDP_OK;
+    pdp__layer l = fake__layer_of(PDP__LAYERNORM, 1, n, 1, 1);
+    pdp__layer_io io = fake__io(batch);
+    l.eps = eps;
+    io.x = x, io.w = (float *)w, io.b = (float *)b, io.y = y, io.saved = saved;
+    return fake__layer(__func__, dev, &l, &io, 0,
+                       FAKE__X | FAKE__W | FAKE__B | FAKE__Y | FAKE__SAVED, NULL);
 }
 
 pdp_status pdp_cudak_layernorm_bwd(int dev, const float *x, const float *w, const float *dy,
                                    const float *saved, float *dw, float *db, float *dx,
                                    int64_t batch, int64_t n)
 {
-    int64_t s, j;
-    FAKE__DEV(dev);
-    OWN(dev, x, F(batch * n));
-    OWN(dev, w, F(n));
-    OWN(dev, dy, F(batch * n));
-    OWN(dev, saved, F(2 * batch));
-    OWN(dev, dw, F(n));
-    OWN(dev, db, F(n));
-    if (dx) OWN(dev, dx, F(batch * n));
-    for (j = 0; j < n; j++) {
-        double aw = 0.0, ab = 0.0;
-        for (s = 0; s < batch; s++) {
-            float g = dy[s * n + j];
-            aw += (double)g * ((x[s * n + j] - saved[2 * s]) * saved[2 * s + 1]);
-            ab += g;
-        }
-        dw[j] += (float)aw;
-        db[j] += (float)ab;
-    }
-    if (dx)
-        for (s = 0; s < batch; s++) {
-            const float *xs = x + s * n, *gs = dy + s * n;
-            float mean = saved[2 * s], rstd = saved[2 * s + 1], mg, mgx;
-            double a = 0.0, b = 0.0;
-            for (j = 0; j < n; j++) {
-                a += (double)gs[j] * w[j];
-                b += (double)gs[j] * w[j] * (xs[j] - mean);
-            }
-            mg = (float)(a / (double)n);
-            mgx = (float)(b * rstd / (double)n);
-            for (j = 0; j < n; j++)
-                dx[s * n + j] = rstd * (gs[j] * w[j] - mg - (xs[j] - mean) * rstd * mgx);
-        }
-    return PDP_OK;
+    pdp__layer l = fake__layer_of(PDP__LAYERNORM, 1, n, 1, 1);
+    pdp__layer_io io = fake__io(batch);
+    l.eps = 1e-5f; /* setup checks it; backward does not read it */
+    io.x = x, io.w = (float *)w, io.dy = dy, io.saved = (float *)saved;
+    io.dw = dw, io.db = db, io.dx = dx;
+    return fake__layer(__func__, dev, &l, &io, 1,
+                       FAKE__X | FAKE__W | FAKE__DY | FAKE__SAVED | FAKE__DW | FAKE__DB, NULL);
 }
 
-/* Conv2d, direct loops. x [batch, C, H, W], w [O, C, k, k], y [batch, O, Ho, Wo]. The
-   work buffer ((C k k + O) Ho Wo floats per sample) is checked and poisoned: the real
-   kernels use it as scratch, so its contents must mean nothing to the host. */
-static float fake__conv_x(const pdp_cudak_conv *g, const float *x, int64_t s, int64_t c,
-                          int64_t ih, int64_t iw)
+/* Conv2d and MaxPool2d take their geometry as a pdp_cudak_conv. */
+static pdp__layer fake__conv_layer(pdp__layer_kind k, const pdp_cudak_conv *g)
 {
-    if (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W) return 0.0f;
-    return x[((s * g->C + c) * g->H + ih) * g->W + iw];
+    pdp__layer l = fake__layer_of(k, 3, g->C, g->H, g->W);
+    l.kernel = g->k;
+    l.stride = g->stride;
+    if (k == PDP__CONV2D) {
+        l.out_features = g->O;
+        l.padding = g->pad;
+    }
+    return l;
+}
+
+/* The work buffer ((C k k + O) Ho Wo floats per sample; forward needs the first
+   C k k Ho Wo) is checked and poisoned: the real kernels use it as scratch, so its
+   contents must mean nothing to the host. */
+static int fake__conv_work(const char *fn, int dev, const pdp_cudak_conv *g, float *work,
+                           int64_t per_sample)
+{
+    if (fake__check(fn, "work", dev, work, F(g->batch * per_sample * g->Ho * g->Wo))) return -1;
+    fake__poison(work, F(g->batch * per_sample * g->Ho * g->Wo));
+    return 0;
 }
 
 pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
                               const float *b, float *y, float *work)
 {
-    int64_t s, o, oh, ow, c, ki, kj, hw = g->Ho * g->Wo, ckk = g->C * g->k * g->k;
+    pdp__layer l = fake__conv_layer(PDP__CONV2D, g);
+    pdp__layer_io io = fake__io(g->batch);
     FAKE__DEV(dev);
-    OWN(dev, x, F(g->batch * g->C * g->H * g->W));
-    OWN(dev, w, F(g->O * ckk));
-    if (b) OWN(dev, b, F(g->O));
-    OWN(dev, y, F(g->batch * g->O * hw));
-    OWN(dev, work, F(g->batch * ckk * hw));
-    fake__poison(work, F(g->batch * ckk * hw));
-    for (s = 0; s < g->batch; s++)
-        for (o = 0; o < g->O; o++)
-            for (oh = 0; oh < g->Ho; oh++)
-                for (ow = 0; ow < g->Wo; ow++) {
-                    double acc = b ? b[o] : 0.0;
-                    for (c = 0; c < g->C; c++)
-                        for (ki = 0; ki < g->k; ki++)
-                            for (kj = 0; kj < g->k; kj++)
-                                acc += (double)w[((o * g->C + c) * g->k + ki) * g->k + kj] *
-                                       fake__conv_x(g, x, s, c, oh * g->stride - g->pad + ki,
-                                                    ow * g->stride - g->pad + kj);
-                    y[((s * g->O + o) * g->Ho + oh) * g->Wo + ow] = (float)acc;
-                }
-    return PDP_OK;
+    if (fake__conv_work(__func__, dev, g, work, g->C * g->k * g->k)) return PDP_ERR_CUDA;
+    io.x = x, io.w = (float *)w, io.b = (float *)b, io.y = y;
+    return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__W | FAKE__Y, g);
 }
 
 pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
                               const float *dy, float *dw, float *db, float *dx, float *work)
 {
-    int64_t s, o, oh, ow, c, ki, kj, hw = g->Ho * g->Wo, ckk = g->C * g->k * g->k;
-    int64_t nx = g->batch * g->C * g->H * g->W;
+    pdp__layer l = fake__conv_layer(PDP__CONV2D, g);
+    pdp__layer_io io = fake__io(g->batch);
     FAKE__DEV(dev);
-    OWN(dev, x, F(nx));
-    OWN(dev, w, F(g->O * ckk));
-    OWN(dev, dy, F(g->batch * g->O * hw));
-    OWN(dev, dw, F(g->O * ckk));
-    if (db) OWN(dev, db, F(g->O));
-    if (dx) OWN(dev, dx, F(nx));
-    OWN(dev, work, F(g->batch * (ckk + g->O) * hw));
-    fake__poison(work, F(g->batch * (ckk + g->O) * hw));
-    if (db)
-        for (o = 0; o < g->O; o++) {
-            double acc = 0.0;
-            for (s = 0; s < g->batch; s++)
-                for (oh = 0; oh < hw; oh++) acc += dy[(s * g->O + o) * hw + oh];
-            db[o] += (float)acc;
-        }
-    for (o = 0; o < g->O; o++)
-        for (c = 0; c < g->C; c++)
-            for (ki = 0; ki < g->k; ki++)
-                for (kj = 0; kj < g->k; kj++) {
-                    double acc = 0.0;
-                    for (s = 0; s < g->batch; s++)
-                        for (oh = 0; oh < g->Ho; oh++)
-                            for (ow = 0; ow < g->Wo; ow++)
-                                acc += (double)dy[((s * g->O + o) * g->Ho + oh) * g->Wo + ow] *
-                                       fake__conv_x(g, x, s, c, oh * g->stride - g->pad + ki,
-                                                    ow * g->stride - g->pad + kj);
-                    dw[((o * g->C + c) * g->k + ki) * g->k + kj] += (float)acc;
-                }
-    if (!dx) return PDP_OK;
-    memset(dx, 0, F(nx));
-    for (s = 0; s < g->batch; s++)
-        for (o = 0; o < g->O; o++)
-            for (oh = 0; oh < g->Ho; oh++)
-                for (ow = 0; ow < g->Wo; ow++) {
-                    float d = dy[((s * g->O + o) * g->Ho + oh) * g->Wo + ow];
-                    for (c = 0; c < g->C; c++)
-                        for (ki = 0; ki < g->k; ki++)
-                            for (kj = 0; kj < g->k; kj++) {
-                                int64_t ih = oh * g->stride - g->pad + ki;
-                                int64_t iw = ow * g->stride - g->pad + kj;
-                                if (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W) continue;
-                                dx[((s * g->C + c) * g->H + ih) * g->W + iw] +=
-                                    w[((o * g->C + c) * g->k + ki) * g->k + kj] * d;
-                            }
-                }
-    return PDP_OK;
+    if (fake__conv_work(__func__, dev, g, work, g->C * g->k * g->k + g->O)) return PDP_ERR_CUDA;
+    io.x = x, io.w = (float *)w, io.dy = dy, io.dw = dw, io.db = db, io.dx = dx;
+    return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__W | FAKE__DY | FAKE__DW, g);
 }
 
-/* MaxPool2d: the first maximum in window order wins, NaN wins; the argmax is the
-   index within the channel plane, saved as a float (pdp_cuda.cu's layout). */
+/* MaxPool2d: the saved argmax is pdp's CPU layout (an int32 index into the channel
+   plane), which only these two functions read; backward checks each index. */
 pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *x, float *y,
                                  float *argmax)
 {
-    int64_t sc, oh, ow, ki, kj, plane = g->H * g->W, per = g->Ho * g->Wo;
-    FAKE__DEV(dev);
-    OWN(dev, x, F(g->batch * g->C * plane));
-    OWN(dev, y, F(g->batch * g->C * per));
-    OWN(dev, argmax, F(g->batch * g->C * per));
-    for (sc = 0; sc < g->batch * g->C; sc++)
-        for (oh = 0; oh < g->Ho; oh++)
-            for (ow = 0; ow < g->Wo; ow++) {
-                const float *xp = x + sc * plane;
-                int64_t at0 = oh * g->stride * g->W + ow * g->stride, best_at = at0;
-                float best = xp[at0];
-                for (ki = 0; ki < g->k; ki++)
-                    for (kj = 0; kj < g->k; kj++) {
-                        int64_t at = at0 + ki * g->W + kj;
-                        if (xp[at] > best || xp[at] != xp[at]) {
-                            best = xp[at];
-                            best_at = at;
-                        }
-                    }
-                y[sc * per + oh * g->Wo + ow] = best;
-                argmax[sc * per + oh * g->Wo + ow] = (float)best_at;
-            }
-    return PDP_OK;
+    pdp__layer l = fake__conv_layer(PDP__MAXPOOL2D, g);
+    pdp__layer_io io = fake__io(g->batch);
+    io.x = x, io.y = y, io.saved = argmax;
+    return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__Y | FAKE__SAVED, g);
 }
 
 pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,
                                  const float *argmax, float *dx)
 {
-    int64_t sc, p, plane = g->H * g->W, per = g->Ho * g->Wo;
+    pdp__layer l = fake__conv_layer(PDP__MAXPOOL2D, g);
+    pdp__layer_io io = fake__io(g->batch);
+    int64_t i, plane = g->H * g->W, n = g->batch * g->C * g->Ho * g->Wo;
     FAKE__DEV(dev);
-    OWN(dev, dy, F(g->batch * g->C * per));
-    OWN(dev, argmax, F(g->batch * g->C * per));
-    OWN(dev, dx, F(g->batch * g->C * plane));
-    memset(dx, 0, F(g->batch * g->C * plane));
-    for (sc = 0; sc < g->batch * g->C; sc++)
-        for (p = 0; p < per; p++) {
-            int64_t q = (int64_t)argmax[sc * per + p];
-            if (q < 0 || q >= plane)
-                return fake__fail(PDP_ERR_CUDA, "%s: argmax %lld outside the %lld-element plane",
-                                  __func__, (long long)q, (long long)plane);
-            dx[sc * plane + q] += dy[sc * per + p];
-        }
-    return PDP_OK;
+    OWN(dev, argmax, F(n));
+    for (i = 0; i < n; i++) {
+        int32_t q;
+        memcpy(&q, argmax + i, sizeof q);
+        if (q < 0 || q >= plane)
+            return fake__fail(PDP_ERR_CUDA, "%s: argmax %ld outside the %lld-element plane",
+                              __func__, (long)q, (long long)plane);
+    }
+    io.dy = dy, io.saved = (float *)argmax, io.dx = dx;
+    return fake__layer(__func__, dev, &l, &io, 1, FAKE__DY | FAKE__SAVED | FAKE__DX, g);
 }
 
 /* ---- fake_cuda: losses, clipping, optimizers ---- */
