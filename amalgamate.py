@@ -52,6 +52,8 @@ IMPL = [
     "loss.c",
     "optim.c",
     "data.c",
+    "sampler.c",
+    "json.c",
     "checkpoint.c",
     "trace.c",
     "store.c",

@@ -6775,58 +6775,120 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count)
 }
 /* ---- end src/data.c ---- */
 
-/* ---- begin src/checkpoint.c ---- */
-/* checkpoint: safetensors files for a model's parameters and its optimizer
-   state, with our own small strict parser of the format's JSON header.
+/* ---- begin src/sampler.c ---- */
+/* sampler: torch.utils.data.DistributedSampler (declared in ddp.h).
 
-   Format (https://github.com/huggingface/safetensors, "Format"): 8 bytes
-   little-endian u64 N, then N bytes of JSON, then the data. The JSON is one
-   object: tensor name -> {"dtype": "F32", "shape": [..], "data_offsets":
-   [begin, end]} with offsets relative to the data start, plus an optional
-   "__metadata__" object of string -> string. Names are unique; the tensors'
-   byte ranges must tile the data section exactly (no gap, no overlap);
-   trailing spaces pad the header.
-
-   Invariants. Save never exposes a half-written file: it writes
-   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory.
-   Load never half-applies a file: it reads the header (at most
-   PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
-   validates every entry, reads every expected tensor into one staging buffer,
-   and only then copies into the model and the optimizer. The parser accepts
-   only what the format needs (objects, strings, non-negative integers, arrays of
-   them), holds no recursion, and bounds every count by the header length. */
+   The permutation of epoch e is pdp_permutation(seed, e) (0..n-1 with
+   no_shuffle), padded by repeating from its start (or cut with drop_last) to a
+   multiple of the world size N, and rank r takes every N-th entry from r.
+   Invariants: every rank with the same seed and epoch computes the same
+   permutation without communicating; indices[] holds num_samples entries and is
+   rewritten only by set_epoch. */
 
 /* #include "internal.h" (already above) */
-#include <fcntl.h>
-#include <limits.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
 
-#ifndef PDP__CKPT_MAX_HEADER
-#  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
-#endif
+/* ---- sampler ---- */
+
+struct pdp_dist_sampler {
+    pdp_dist_sampler_desc desc;
+    int64_t num_samples, total;
+    int64_t *perm;      /* dataset_size */
+    int64_t *indices;   /* num_samples: this rank's */
+};
+
+PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,
+                                           const pdp_dist_sampler_desc *desc)
+{
+    static const char *fn = "pdp_dist_sampler_create";
+    pdp_dist_sampler *s;
+    pdp_dist_sampler_desc dd;
+    int64_t n;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!desc) return pdp__err(PDP_ERR_INVALID, "%s: desc is NULL (dataset_size is required)", fn);
+    dd = *desc;
+    dd.world_size = PDP__DEF(dd.world_size, 1);
+    n = dd.dataset_size;
+    if (n < 1) return pdp__err(PDP_ERR_INVALID, "%s: dataset_size %lld < 1", fn, (long long)n);
+    if (dd.world_size < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d < 1", fn, dd.world_size);
+    if (dd.rank < 0 || dd.rank >= dd.world_size)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, dd.rank,
+                        dd.world_size - 1);
+    if (dd.drop_last && n < dd.world_size)
+        return pdp__err(PDP_ERR_INVALID, "%s: drop_last with %lld samples for %d ranks leaves "
+                        "none", fn, (long long)n, dd.world_size);
+    s = (pdp_dist_sampler *)pdp__calloc(sizeof *s);
+    if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    s->desc = dd;
+    s->num_samples = dd.drop_last ? n / dd.world_size : (n + dd.world_size - 1) / dd.world_size;
+    s->total = s->num_samples * dd.world_size;
+    s->perm = (int64_t *)pdp__alloc((size_t)n * sizeof *s->perm);
+    s->indices = (int64_t *)pdp__alloc((size_t)s->num_samples * sizeof *s->indices);
+    if (!s->perm || !s->indices) {
+        pdp_dist_sampler_free(s);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices", fn, (long long)n);
+    }
+    pdp_dist_sampler_set_epoch(s, 0);
+    *out = s;
+    return PDP_OK;
+}
+
+PDP_API void pdp_dist_sampler_free(pdp_dist_sampler *s)
+{
+    if (!s) return;
+    pdp__dealloc(s->perm);
+    pdp__dealloc(s->indices);
+    pdp__dealloc(s);
+}
+
+PDP_API void pdp_dist_sampler_set_epoch(pdp_dist_sampler *s, uint64_t epoch)
+{
+    int64_t i, n;
+    if (!s) return;
+    n = s->desc.dataset_size;
+    if (s->desc.no_shuffle)
+        for (i = 0; i < n; i++) s->perm[i] = i;
+    else
+        pdp_permutation(s->perm, n, s->desc.seed, epoch);
+    /* entry j of the padded (or cut) list is perm[j mod n]; rank r takes j = r + k N */
+    for (i = 0; i < s->num_samples; i++)
+        s->indices[i] = s->perm[(s->desc.rank + i * (int64_t)s->desc.world_size) % n];
+}
+
+PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s)
+{
+    return s ? s->num_samples : 0;
+}
+
+PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count)
+{
+    if (count) *count = s ? s->num_samples : 0;
+    return s ? s->indices : NULL;
+}
+/* ---- end src/sampler.c ---- */
+
+/* ---- begin src/json.c ---- */
+/* json: the reader of a safetensors header, a small strict JSON parser.
+
+   Format (https://github.com/huggingface/safetensors, "Format"): the header is
+   one JSON object: tensor name -> {"dtype": "F32", "shape": [..],
+   "data_offsets": [begin, end]} with offsets relative to the data start, plus
+   an optional "__metadata__" object of string -> string. Names are unique; the
+   tensors' byte ranges must tile the data section exactly (no gap, no
+   overlap); trailing spaces pad the header.
+
+   Invariants: the parser accepts only what the format needs (objects, strings,
+   non-negative integers, arrays of them), holds no recursion, and bounds every
+   count by the header length; decoded strings live in one arena no longer than
+   the header. Messages start with the caller's public function (fn) and name
+   the file and the header byte. Used by checkpoint.c. */
+
+/* #include "internal.h" (already above) */
+
 #define PDP__CKPT_MAX_DIMS 16
 
-static bool pdp__little_endian(void)
-{
-    const uint32_t one = 1;
-    unsigned char b;
-    memcpy(&b, &one, 1);
-    return b == 1;
-}
-
-static void pdp__bswap32(void *data, int64_t count)
-{
-    unsigned char *p = (unsigned char *)data, t;
-    int64_t i;
-    for (i = 0; i < count; i++, p += 4) {
-        t = p[0]; p[0] = p[3]; p[3] = t;
-        t = p[1]; p[1] = p[2]; p[2] = t;
-    }
-}
-
-/* ---- checkpoint: header parser ---- */
+/* ---- json: header parser ---- */
 
 typedef struct pdp__st_entry {
     const char *name;           /* decoded, NUL-terminated, in the parser's arena */
@@ -6846,12 +6908,12 @@ typedef struct pdp__st_parser {
     const char **meta;          /* key, value, key, value, ... */
     int nmeta, cap_meta;
     const char *file;           /* for messages */
+    const char *fn;             /* the public caller, for messages */
 } pdp__st_parser;
 
 static pdp_status pdp__st_fail(const pdp__st_parser *p, const char *what)
 {
-    return pdp__err(PDP_ERR_FORMAT, "pdp_checkpoint_load: %s: header byte %zu: %s", p->file, p->pos,
-                    what);
+    return pdp__err(PDP_ERR_FORMAT, "%s: %s: header byte %zu: %s", p->fn, p->file, p->pos, what);
 }
 
 static void pdp__st_ws(pdp__st_parser *p)
@@ -7041,7 +7103,7 @@ static pdp_status pdp__st_metadata(pdp__st_parser *p)
     if (p->meta) return pdp__st_fail(p, "__metadata__ twice");
     p->cap_meta = (int)(p->n / 6 + 1) * 2; /* "k":"v", takes at least 6 bytes */
     p->meta = (const char **)pdp__alloc((size_t)p->cap_meta * sizeof *p->meta);
-    if (!p->meta) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_checkpoint_load: no memory");
+    if (!p->meta) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", p->fn);
     if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (__metadata__)");
     if (pdp__st_expect(p, '}')) return PDP_OK;
     for (;;) {
@@ -7066,8 +7128,8 @@ static pdp_status pdp__st_parse(pdp__st_parser *p)
     p->cap_entries = (int)(p->n / 45 + 1);
     p->entries = (pdp__st_entry *)pdp__calloc((size_t)p->cap_entries * sizeof *p->entries);
     if (!p->arena || !p->entries)
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_checkpoint_load: %s: no memory for a %zu-byte "
-                        "header", p->file, p->n);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for a %zu-byte header", p->fn,
+                        p->file, p->n);
     if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (not a safetensors file?)");
     if (!pdp__st_expect(p, '}')) {
         for (;;) {
@@ -7139,7 +7201,7 @@ static int pdp__st_by_name(const void *a, const void *b)
 static pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
                                    pdp__st_entry **sorted)
 {
-    const char *fn = "pdp_checkpoint_load";
+    const char *fn = p->fn;
     uint64_t at = 0;
     int i, d;
     for (i = 0; i < p->nentries; i++) {
@@ -7196,6 +7258,51 @@ static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, co
         else hi = mid - 1;
     }
     return NULL;
+}
+/* ---- end src/json.c ---- */
+
+/* ---- begin src/checkpoint.c ---- */
+/* checkpoint: safetensors files for a model's parameters and its optimizer
+   state; the header is read by json.c's strict parser.
+
+   Format (https://github.com/huggingface/safetensors, "Format"): 8 bytes
+   little-endian u64 N, then N bytes of JSON, then the data (json.c checks the
+   JSON and the tiling of the data section).
+
+   Invariants. Save never exposes a half-written file: it writes
+   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory.
+   Load never half-applies a file: it reads the header (at most
+   PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
+   validates every entry, reads every expected tensor into one staging buffer,
+   and only then copies into the model and the optimizer. */
+
+/* #include "internal.h" (already above) */
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#ifndef PDP__CKPT_MAX_HEADER
+#  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
+#endif
+
+static bool pdp__little_endian(void)
+{
+    const uint32_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+static void pdp__bswap32(void *data, int64_t count)
+{
+    unsigned char *p = (unsigned char *)data, t;
+    int64_t i;
+    for (i = 0; i < count; i++, p += 4) {
+        t = p[0]; p[0] = p[3]; p[3] = t;
+        t = p[1]; p[1] = p[2]; p[2] = t;
+    }
 }
 
 /* ---- checkpoint: save ---- */
@@ -7577,6 +7684,7 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     p.s = header;
     p.n = (size_t)hlen;
     p.file = path;
+    p.fn = fn;
     if ((st = pdp__st_parse(&p)) != PDP_OK) goto done;
     sorted = (pdp__st_entry **)pdp__alloc((size_t)PDP__MAX(1, p.nentries) * sizeof *sorted);
     if (!sorted) {
@@ -11531,7 +11639,7 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
 /* ---- end src/dp.c ---- */
 
 /* ---- begin src/ddp.c ---- */
-/* ddp: the DistributedDataParallel reducer and the DistributedSampler.
+/* ddp: the DistributedDataParallel reducer.
 
    The reducer follows PyTorch's (torch/csrc/distributed/c10d/reducer.cpp) in
    miniature. Buckets are planned once, at construction, walking the parameters
@@ -11557,11 +11665,7 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
    not reduced), REDUCING (a synchronised backward launched its buckets and
    pdp_ddp_finish has not run). The progress of a bucket's all-reduce writes the
    gradient memory, so nothing else may touch the gradients while REDUCING: a
-   second backward is refused and pdp_ddp_free waits first.
-
-   The sampler is torch.utils.data.DistributedSampler: the permutation of epoch
-   e is pdp_permutation(seed, e), padded by repeating from its start (or cut
-   with drop_last), and rank r takes every N-th entry from r. */
+   second backward is refused and pdp_ddp_free waits first. */
 
 /* #include "internal.h" (already above) */
 
@@ -12056,86 +12160,6 @@ PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
     memset(&d->stats, 0, sizeof d->stats);
     d->stats.buckets = d->nbuckets;
     d->stats.grad_bytes = d->m->param_count * (int64_t)sizeof(float);
-}
-
-/* ---- sampler ---- */
-
-struct pdp_dist_sampler {
-    pdp_dist_sampler_desc desc;
-    int64_t num_samples, total;
-    int64_t *perm;      /* dataset_size */
-    int64_t *indices;   /* num_samples: this rank's */
-};
-
-PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,
-                                           const pdp_dist_sampler_desc *desc)
-{
-    static const char *fn = "pdp_dist_sampler_create";
-    pdp_dist_sampler *s;
-    pdp_dist_sampler_desc dd;
-    int64_t n;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!desc) return pdp__err(PDP_ERR_INVALID, "%s: desc is NULL (dataset_size is required)", fn);
-    dd = *desc;
-    dd.world_size = PDP__DEF(dd.world_size, 1);
-    n = dd.dataset_size;
-    if (n < 1) return pdp__err(PDP_ERR_INVALID, "%s: dataset_size %lld < 1", fn, (long long)n);
-    if (dd.world_size < 1)
-        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d < 1", fn, dd.world_size);
-    if (dd.rank < 0 || dd.rank >= dd.world_size)
-        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, dd.rank,
-                        dd.world_size - 1);
-    if (dd.drop_last && n < dd.world_size)
-        return pdp__err(PDP_ERR_INVALID, "%s: drop_last with %lld samples for %d ranks leaves "
-                        "none", fn, (long long)n, dd.world_size);
-    s = (pdp_dist_sampler *)pdp__calloc(sizeof *s);
-    if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    s->desc = dd;
-    s->num_samples = dd.drop_last ? n / dd.world_size : (n + dd.world_size - 1) / dd.world_size;
-    s->total = s->num_samples * dd.world_size;
-    s->perm = (int64_t *)pdp__alloc((size_t)n * sizeof *s->perm);
-    s->indices = (int64_t *)pdp__alloc((size_t)s->num_samples * sizeof *s->indices);
-    if (!s->perm || !s->indices) {
-        pdp_dist_sampler_free(s);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices", fn, (long long)n);
-    }
-    pdp_dist_sampler_set_epoch(s, 0);
-    *out = s;
-    return PDP_OK;
-}
-
-PDP_API void pdp_dist_sampler_free(pdp_dist_sampler *s)
-{
-    if (!s) return;
-    pdp__dealloc(s->perm);
-    pdp__dealloc(s->indices);
-    pdp__dealloc(s);
-}
-
-PDP_API void pdp_dist_sampler_set_epoch(pdp_dist_sampler *s, uint64_t epoch)
-{
-    int64_t i, n;
-    if (!s) return;
-    n = s->desc.dataset_size;
-    if (s->desc.no_shuffle)
-        for (i = 0; i < n; i++) s->perm[i] = i;
-    else
-        pdp_permutation(s->perm, n, s->desc.seed, epoch);
-    /* entry j of the padded (or cut) list is perm[j mod n]; rank r takes j = r + k N */
-    for (i = 0; i < s->num_samples; i++)
-        s->indices[i] = s->perm[(s->desc.rank + i * (int64_t)s->desc.world_size) % n];
-}
-
-PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s)
-{
-    return s ? s->num_samples : 0;
-}
-
-PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count)
-{
-    if (count) *count = s ? s->num_samples : 0;
-    return s ? s->indices : NULL;
 }
 /* ---- end src/ddp.c ---- */
 
