@@ -60,6 +60,7 @@ IMPL = [
     "comm.c",
     "comm_mpi.c",
     "dp.c",
+    "reducer.c",
     "ddp.c",
     "cuda_host.c",
 ]
