@@ -1758,6 +1758,29 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
    caller-visible pdp_optim_step only. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi);
+/* An optimizer holding state for [lo, hi) of the flat block only (ZeRO: one
+   rank's range; pdp_optim_create is [0, param_count)). pdp_optim_step on it
+   updates [lo, hi) only, with the bits a full optimizer gives that range.
+   fn names the public caller. */
+static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                          const char *fn);
+
+/* ---- checkpoint ranges (checkpoint.c) ----
+   One rank's part of a checkpoint under ZeRO: the parameters and/or optimizer
+   state of [lo, hi) of the flat block. params: hi - lo floats on m's device
+   holding elements [lo, hi) (m->param_block + lo when the rank keeps the whole
+   block), or NULL for none; o: an optimizer whose range contains [lo, hi), or
+   NULL for none. Save writes a shard file (flat tensors, see checkpoint.c);
+   load reads a shard file of exactly [lo, hi) or the slice [lo, hi) of a full
+   checkpoint, validating everything before it copies. fn names the public
+   caller in messages. */
+static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                             const float *params, const pdp_optim *o,
+                                             int64_t lo, int64_t hi, const char *fn);
+static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                             pdp_optim *o, int64_t lo, int64_t hi,
+                                             const char *fn);
 
 /* ---- communicator internals (comm.c, comm_mpi.c, pdp_cuda.cu's NCCL) ----
    Each backend fills one table; the public pdp_comm_* functions validate their
@@ -5430,8 +5453,10 @@ PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *la
    warm-up + cosine learning-rate schedule.
 
    Invariants: the optimizer belongs to one model and to that model's parameter
-   count at creation; its state is flat with the parameter block's offsets
-   (state[k][i] belongs to parameter element i) and lives on the model's device:
+   count at creation; it holds state for one range [lo, hi) of the flat block
+   (all of it, [0, count), for pdp_optim_create), flat with the parameter
+   block's offsets (state[k][i - lo] belongs to parameter element i), on the
+   model's device:
      SGD, momentum > 0:  state[0] = momentum_buffer
      Adam, AdamW:        state[0] = exp_avg, state[1] = exp_avg_sq
    pdp_optim_create allocates it (zeroed), so a step allocates nothing. steps
@@ -5440,10 +5465,12 @@ PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *la
    d_p, as PyTorch's clone). The element formulas are the PDP__HOSTDEV helpers of
    math.h, shared with the CUDA kernels.
 
-   ZeRO: pdp__optim_step_range updates one range of elements, so a rank can
-   update only its shard; the state is still allocated for the whole block here
-   (a sharded optimizer would allocate and save only [lo, hi), with the same
-   per-element code). Whoever calls it for a shard advances steps with
+   ZeRO: pdp__optim_create_range allocates state for one rank's range only, and
+   pdp_optim_step on such an optimizer updates that range only (checkpoint.c
+   saves and loads it with pdp__checkpoint_save_range/load_range). The element
+   code is the same, so a range optimizer stepping its range gives the bits of
+   a full optimizer on that range. pdp__optim_step_range updates any sub-range
+   of the held range; whoever calls it directly advances steps with
    pdp__optim_finish_step once every range of the step is done.
 
    References: torch/optim/sgd.py, adam.py, adamw.py (PyTorch 1.13 single-tensor
@@ -5460,9 +5487,10 @@ struct pdp_optim {
     pdp_model *model;
     pdp_optim_desc desc;   /* defaults filled in, validated */
     int64_t count;         /* the model's param_count at creation */
+    int64_t lo, hi;        /* the range of the flat block the state covers */
     int64_t steps;         /* completed updates */
     int nstate;            /* state buffers in use: 0, 1 or 2 */
-    float *state[2];       /* count floats each, on the model's device */
+    float *state[2];       /* hi - lo floats each, on the model's device */
 };
 
 /* ---- optim: desc ---- */
@@ -5539,35 +5567,51 @@ static const char *pdp__optim_state_name(const pdp_optim *o, int k)
 
 /* ---- optim: lifecycle ---- */
 
-PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
+static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                          const char *fn)
 {
     pdp_optim *o;
     pdp_optim_desc d;
     size_t bytes;
     int k;
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_optim_create: out is NULL");
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_optim_create: model is NULL");
-    if ((st = pdp__optim_desc_resolve(desc, &d, "pdp_optim_create")) != PDP_OK) return st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
+                        "parameters", fn, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    if ((st = pdp__optim_desc_resolve(desc, &d, fn)) != PDP_OK) return st;
     o = (pdp_optim *)pdp__calloc(sizeof *o);
-    if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_optim_create: no memory");
+    if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     o->model = m;
     o->desc = d;
     o->count = m->param_count;
+    o->lo = lo;
+    o->hi = hi;
     o->nstate = pdp__optim_nstate(&d);
-    bytes = (size_t)o->count * sizeof(float);
+    bytes = (size_t)(hi - lo) * sizeof(float);
     for (k = 0; k < o->nstate; k++) {
         if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
             (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
             pdp_optim_free(o);
-            return pdp__err_wrap(st, "pdp_optim_create: %s state for %lld parameters",
-                                 pdp_optim_kind_name(d.kind), (long long)m->param_count);
+            return pdp__err_wrap(st, "%s: %s state for %lld parameters", fn,
+                                 pdp_optim_kind_name(d.kind), (long long)(hi - lo));
         }
     }
     *out = o;
     return PDP_OK;
 }
+
+PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
+{
+    return pdp__optim_create_range(out, m, desc, 0, m ? m->param_count : 0, "pdp_optim_create");
+}
+
+/* Whether o holds state for the whole block (the public functions' optimizer). */
+static bool pdp__optim_is_full(const pdp_optim *o) { return o->lo == 0 && o->hi == o->count; }
 
 PDP_API void pdp_optim_free(pdp_optim *o)
 {
@@ -5706,7 +5750,8 @@ typedef struct pdp__optim_job {
     const pdp__optim_scalars *s;
     float *params;
     const float *grads;
-    float *state[2];
+    float *state[2];     /* state[k][i - state_lo] belongs to element i */
+    int64_t state_lo;
     int64_t lo, hi;
 } pdp__optim_job;
 
@@ -5716,38 +5761,40 @@ static void pdp__optim_part(void *arg, int part, int nparts)
     const pdp__optim_job *j = (const pdp__optim_job *)arg;
     int64_t len = j->hi - j->lo;
     int64_t per = ((len + nparts - 1) / nparts + 15) & ~(int64_t)15;
-    int64_t a = j->lo + per * part, b = PDP__MIN(j->hi, a + per);
+    int64_t a = j->lo + per * part, b = PDP__MIN(j->hi, a + per), sa = a - j->state_lo;
     if (a >= b) return;
     if (j->s->kind == PDP_OPTIM_SGD)
-        pdp__sgd_loop(j->params + a, j->grads + a, j->state[0] ? j->state[0] + a : NULL, b - a,
+        pdp__sgd_loop(j->params + a, j->grads + a, j->state[0] ? j->state[0] + sa : NULL, b - a,
                       j->s);
     else
-        pdp__adam_loop(j->params + a, j->grads + a, j->state[0] + a, j->state[1] + a, b - a, j->s);
+        pdp__adam_loop(j->params + a, j->grads + a, j->state[0] + sa, j->state[1] + sa, b - a,
+                       j->s);
 }
 
 /* Below this many elements per thread, one thread is faster than waking more. */
 #define PDP__OPTIM_MIN_PER_THREAD 32768
 
 /* params and grads are full-size blocks: element i of each is parameter
-   element i, as in the state. */
+   element i; [lo, hi) lies inside the range o holds state for. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi)
 {
     pdp__optim_scalars s;
     pdp__optim_job job;
     int threads;
-    PDP_ASSERT(o && 0 <= lo && lo <= hi && hi <= o->count);
+    PDP_ASSERT(o && o->lo <= lo && lo <= hi && hi <= o->hi);
     if (lo == hi) return PDP_OK;
     pdp__optim_scalars_of(o, &s);
     if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
         return pdp__cuda_optim_update(o->model->device, &s, params + lo, grads + lo,
-                                      o->state[0] ? o->state[0] + lo : NULL,
-                                      o->state[1] ? o->state[1] + lo : NULL, hi - lo);
+                                      o->state[0] ? o->state[0] + (lo - o->lo) : NULL,
+                                      o->state[1] ? o->state[1] + (lo - o->lo) : NULL, hi - lo);
     job.s = &s;
     job.params = params;
     job.grads = grads;
     job.state[0] = o->state[0];
     job.state[1] = o->state[1];
+    job.state_lo = o->lo;
     job.lo = lo;
     job.hi = hi;
     threads = pdp__threads_for_caller();
@@ -5770,7 +5817,7 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
                         "pdp_optim_step: the model has %lld parameters, %lld when the optimizer "
                         "was created (layers added after pdp_optim_create)",
                         (long long)m->param_count, (long long)o->count);
-    if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, 0, o->count)) != PDP_OK)
+    if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_optim_step");
     pdp__optim_finish_step(o);
     return PDP_OK;
@@ -7321,19 +7368,27 @@ static void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const ch
 }
 
 /* The header JSON, padded with spaces to a multiple of 8 bytes. Parameter names
-   are "<layer>.<weight|bias>": nothing in them needs escaping. */
-static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, char **out, size_t *len)
+   are "<layer>.<weight|bias>": nothing in them needs escaping. shard: a shard
+   file of [lo, hi) (flat "params" when with_params, flat "optim.<state>");
+   otherwise every parameter and state tensor of the model (with_params is
+   then true, lo = 0, hi = param_count). */
+static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                   int64_t lo, int64_t hi, bool shard, char **out, size_t *len)
 {
-    size_t cap = 1024 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
+    size_t cap = 2048 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
     char *h = (char *)pdp__alloc(cap);
     bool ok = true;
     uint64_t at = 0;
     int k, i, d;
     if (!h) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for the header");
     pdp__ckpt_put(h, cap, &n, &ok,
-                  "{\"__metadata__\":{\"format\":\"pdp\",\"pdp_version\":\"%s\","
+                  "{\"__metadata__\":{\"format\":\"%s\",\"pdp_version\":\"%s\","
                   "\"model.seed\":\"%llu\",\"model.step\":\"%llu\"",
-                  PDP_VERSION_STRING, (unsigned long long)m->seed, (unsigned long long)m->step);
+                  shard ? "pdp-shard" : "pdp", PDP_VERSION_STRING, (unsigned long long)m->seed, (unsigned long long)m->step);
+    if (shard)
+        pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.lo\":\"%lld\",\"shard.hi\":\"%lld\","
+                      "\"shard.count\":\"%lld\"", (long long)lo, (long long)hi,
+                      (long long)m->param_count);
     if (o) {
         const pdp_optim_desc *dd = &o->desc;
         pdp__ckpt_put(h, cap, &n, &ok,
@@ -7347,7 +7402,18 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, char 
                       (double)dd->eps);
     }
     pdp__ckpt_put(h, cap, &n, &ok, "}");
-    for (k = -1; k < (o ? o->nstate : 0); k++) {
+    for (k = shard && !with_params ? 0 : -1; shard && k < (o ? o->nstate : 0); k++) {
+        if (k < 0)
+            pdp__ckpt_put(h, cap, &n, &ok, ",\"params\":{\"dtype\":\"F32\",\"shape\":[%lld],",
+                          (long long)(hi - lo));
+        else
+            pdp__ckpt_put(h, cap, &n, &ok, ",\"optim.%s\":{\"dtype\":\"F32\",\"shape\":[%lld],",
+                          pdp__optim_state_name(o, k), (long long)(hi - lo));
+        pdp__ckpt_put(h, cap, &n, &ok, "\"data_offsets\":[%llu,%llu]}", (unsigned long long)at,
+                      (unsigned long long)(at + (uint64_t)(hi - lo) * 4));
+        at += (uint64_t)(hi - lo) * 4;
+    }
+    for (k = -1; !shard && k < (o ? o->nstate : 0); k++) {
         for (i = 0; i < m->nparams; i++) {
             const pdp__param_entry *e = &m->params[i];
             if (k < 0)
@@ -7411,9 +7477,13 @@ static int pdp__ckpt_sync_dir(const char *path)
     return rc;
 }
 
-PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+/* Writes the parameters [lo, hi) (params holds them; skipped unless
+   with_params) and o's state for [lo, hi) (o may be NULL) as a full
+   checkpoint (shard false: lo = 0, hi = param_count) or a shard file. */
+static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
+                                 bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
+                                 bool shard, const char *fn)
 {
-    const char *fn = "pdp_checkpoint_save";
     char *header = NULL, *tmp = NULL;
     unsigned char len8[8];
     size_t hlen = 0, tmp_bytes;
@@ -7422,15 +7492,10 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
     const char *failed = NULL;
     int k, err = 0;
     pdp_status st;
-    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if (o && o->count != m->param_count)
-        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
-                        "the model has %lld", fn, path, (long long)o->count,
-                        (long long)m->param_count);
-    if ((st = pdp__ckpt_header(m, o, &header, &hlen)) != PDP_OK)
+    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, &header, &hlen)) != PDP_OK)
         return pdp__err_wrap(st, "%s: %s", fn, path);
     if (m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian()) {
-        host = (float *)pdp__alloc((size_t)PDP__MAX(1, m->param_count) * 4);
+        host = (float *)pdp__alloc((size_t)PDP__MAX(1, hi - lo) * 4);
         if (!host) {
             pdp__dealloc(header);
             return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no staging memory", fn, path);
@@ -7451,12 +7516,12 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
         goto io_error;
     }
     if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen ||
-        !pdp__ckpt_write_floats(f, m->device, m->param_block, m->param_count, host)) {
+        (with_params && !pdp__ckpt_write_floats(f, m->device, params, hi - lo, host))) {
         failed = "write";
         goto io_error;
     }
     for (k = 0; o && k < o->nstate; k++)
-        if (!pdp__ckpt_write_floats(f, m->device, o->state[k], o->count, host)) {
+        if (!pdp__ckpt_write_floats(f, m->device, o->state[k] + (lo - o->lo), hi - lo, host)) {
             failed = "write";
             goto io_error;
         }
@@ -7497,6 +7562,50 @@ io_error:
     return st;
 }
 
+PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_save";
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    if (o && !pdp__optim_is_full(o))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
+                        (long long)o->hi, (long long)o->count);
+    return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+}
+
+/* Checks a range call's arguments: [lo, hi) inside the model, o's range
+   containing it, something to save or load. */
+static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
+                                       const pdp_optim *o, int64_t lo, int64_t hi, const char *fn)
+{
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!params && !o)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: neither parameters nor an optimizer", fn, path);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: range [%lld, %lld) is not inside the model's "
+                        "%lld parameters", fn, path, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    if (o && (o->count != m->param_count || lo < o->lo || hi > o->hi))
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "%lld parameters, not for [%lld, %lld) of %lld", fn, path,
+                        (long long)o->lo, (long long)o->hi, (long long)o->count, (long long)lo,
+                        (long long)hi, (long long)m->param_count);
+    return PDP_OK;
+}
+
+static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                             const float *params, const pdp_optim *o,
+                                             int64_t lo, int64_t hi, const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, fn);
+}
+
 /* ---- checkpoint: load ---- */
 
 /* A float from a metadata string ("%.9g" on save); false when absent or bad. */
@@ -7516,7 +7625,7 @@ static bool pdp__ckpt_meta_float(const pdp__st_parser *p, const char *key, float
 static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
                                        pdp_optim_desc *desc, int64_t *steps)
 {
-    const char *fn = "pdp_checkpoint_load", *kind = pdp__st_meta(p, "optim.kind");
+    const char *fn = p->fn, *kind = pdp__st_meta(p, "optim.kind");
     const char *s = pdp__st_meta(p, "optim.steps"), *nest = pdp__st_meta(p, "optim.nesterov");
     static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
                                        "optim.weight_decay", "optim.beta1", "optim.beta2",
@@ -7610,23 +7719,40 @@ static void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shap
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-/* Reads tensor e of the file f (data at data_start) into dst (count floats). */
-static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *file, uint64_t data_start,
-                                        const pdp__st_entry *e, float *dst, int64_t count)
+/* Reads elements [first, first + count) of tensor e of the file f (data at
+   data_start) into dst. */
+static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *file,
+                                        uint64_t data_start, const pdp__st_entry *e,
+                                        int64_t first, float *dst, int64_t count)
 {
-    uint64_t at = data_start + e->begin;
+    uint64_t at = data_start + e->begin + (uint64_t)first * 4;
     if (at > (uint64_t)LONG_MAX || fseek(f, (long)at, SEEK_SET) != 0 ||
         fread(dst, 4, (size_t)count, f) != (size_t)count)
-        return pdp__err(PDP_ERR_IO, "pdp_checkpoint_load: %s: tensor \"%s\": read failed (%s)",
-                        file, e->name,
+        return pdp__err(PDP_ERR_IO, "%s: %s: tensor \"%s\": read failed (%s)", fn, file, e->name,
                         ferror(f) ? strerror(errno) : "file shorter than its header");
     if (!pdp__little_endian()) pdp__bswap32(dst, count);
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+/* Whether a tensor name of a shard file is one load expects (or may ignore). */
+static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
 {
-    const char *fn = "pdp_checkpoint_load";
+    int k;
+    if (strcmp(name, "params") == 0) return true; /* ignored when not loading parameters */
+    if (strncmp(name, "optim.", 6) != 0) return false;
+    if (!o) return true; /* ignored */
+    for (k = 0; k < o->nstate; k++)
+        if (strcmp(name + 6, pdp__optim_state_name(o, k)) == 0) return true;
+    return false;
+}
+
+/* Loads the parameters [lo, hi) into params (when with_params) and o's state
+   for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
+   allow_shard, from a shard file of exactly [lo, hi). */
+static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
+                                 pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
+                                 const char *fn)
+{
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
     unsigned char len8[8];
@@ -7638,18 +7764,15 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     uint64_t seed = 0, mstep = 0;
     bool have_seed = false, have_step = false;
     struct stat sb;
+    const char *format;
+    bool shard;
     FILE *f;
     int i, k, nstate;
     pdp_status st = PDP_OK;
 
     memset(&p, 0, sizeof p);
     memset(&desc, 0, sizeof desc);
-    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if (o && o->count != m->param_count)
-        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
-                        "the model has %lld", fn, path, (long long)o->count,
-                        (long long)m->param_count);
-    count = m->param_count;
+    count = hi - lo;
     nstate = o ? o->nstate : 0;
     if (!(f = fopen(path, "rb")))
         return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
@@ -7699,6 +7822,33 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                       "not a count", fn, path);
         goto done;
     }
+    format = pdp__st_meta(&p, "format");
+    shard = format && strcmp(format, "pdp-shard") == 0;
+    if (shard && !allow_shard) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard file (one rank's range of a ZeRO run), not a "
+                      "checkpoint of the whole model", fn, path);
+        goto done;
+    }
+    if (shard) {
+        uint64_t slo = 0, shi = 0, scount = 0;
+        bool have[3];
+        if (!pdp__ckpt_meta_u64(&p, "shard.lo", &slo, &have[0]) ||
+            !pdp__ckpt_meta_u64(&p, "shard.hi", &shi, &have[1]) ||
+            !pdp__ckpt_meta_u64(&p, "shard.count", &scount, &have[2]) || !have[0] || !have[1] ||
+            !have[2]) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"shard.lo\", \"shard.hi\" or "
+                          "\"shard.count\" is missing or not a count", fn, path);
+            goto done;
+        }
+        if (slo != (uint64_t)lo || shi != (uint64_t)hi || scount != (uint64_t)m->param_count) {
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the file holds [%llu, %llu) of %llu parameters, "
+                          "this rank loads [%lld, %lld) of %lld", fn, path,
+                          (unsigned long long)slo, (unsigned long long)shi,
+                          (unsigned long long)scount, (long long)lo, (long long)hi,
+                          (long long)m->param_count);
+            goto done;
+        }
+    }
 
     /* every expected tensor: present, F32, same shape */
     staging = (float *)pdp__alloc((size_t)PDP__MAX(1, count * (1 + nstate)) * sizeof(float));
@@ -7707,10 +7857,29 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                       (long long)(count * (1 + nstate)));
         goto done;
     }
-    for (k = -1; k < nstate; k++) {
+    for (k = with_params ? -1 : 0; shard && k < nstate; k++) {
+        const pdp__st_entry *e;
+        if (k < 0) snprintf(name, sizeof name, "params");
+        else snprintf(name, sizeof name, "optim.%s", pdp__optim_state_name(o, k));
+        if (!(e = pdp__st_find(sorted, p.nentries, name))) {
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
+            goto done;
+        }
+        if (strcmp(e->dtype, "F32") != 0 || e->ndim != 1 || e->shape[0] != count) {
+            pdp__shape_text(a, sizeof a, e->ndim, e->shape);
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is %s %s, expected F32 [%lld]", fn,
+                          path, name, e->dtype, a, (long long)count);
+            goto done;
+        }
+        if ((st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, 0, staging + (k + 1) * count,
+                                        count)) != PDP_OK)
+            goto done;
+    }
+    for (k = with_params ? -1 : 0; !shard && k < nstate; k++) {
         for (i = 0; i < m->nparams; i++) {
             const pdp__param_entry *pe = &m->params[i];
             const pdp__st_entry *e;
+            int64_t from = PDP__MAX(lo, pe->offset), to = PDP__MIN(hi, pe->offset + pe->count);
             bool same = true;
             int d;
             if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
@@ -7733,14 +7902,16 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                               "the model's is %s", fn, path, name, a, b);
                 goto done;
             }
-            if ((st = pdp__ckpt_read_tensor(f, path, data_start, e,
-                                            staging + (k + 1) * count + pe->offset, pe->count)) !=
-                PDP_OK)
+            if (from < to &&
+                (st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, from - pe->offset,
+                                            staging + (k + 1) * count + (from - lo), to - from)) !=
+                    PDP_OK)
                 goto done;
         }
     }
     for (i = 0; i < p.nentries; i++)
-        if (!pdp__ckpt_expected(m, o, p.entries[i].name)) {
+        if (shard ? !pdp__ckpt_shard_expected(o, p.entries[i].name)
+                  : !pdp__ckpt_expected(m, o, p.entries[i].name)) {
             st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", fn, path,
                           p.entries[i].name,
                           strncmp(p.entries[i].name, "optim.", 6) == 0 ? "optimizer's state"
@@ -7749,17 +7920,17 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
         }
 
     /* all checks passed: apply */
-    if (count && (st = pdp__dev_copy(m->device, m->param_block, pdp_cpu(), staging,
-                                     (size_t)count * 4)) != PDP_OK) {
+    if (with_params && count &&
+        (st = pdp__dev_copy(m->device, params, pdp_cpu(), staging, (size_t)count * 4)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: %s: copying the parameters to the device failed; they "
                            "may be partly loaded", fn, path);
         goto done;
     }
-    if (have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
-    if (have_step) m->step = mstep;
+    if (with_params && have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
+    if (with_params && have_step) m->step = mstep;
     if (o) {
         for (k = 0; k < nstate; k++)
-            if (count && (st = pdp__dev_copy(m->device, o->state[k], pdp_cpu(),
+            if (count && (st = pdp__dev_copy(m->device, o->state[k] + (lo - o->lo), pdp_cpu(),
                                              staging + (k + 1) * count, (size_t)count * 4)) !=
                              PDP_OK) {
                 st = pdp__err_wrap(st, "%s: %s: copying the optimizer state to the device "
@@ -7777,6 +7948,30 @@ done:
     pdp__dealloc(sorted);
     pdp__dealloc(staging);
     return st;
+}
+
+PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_load";
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    if (o && !pdp__optim_is_full(o))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
+                        (long long)o->hi, (long long)o->count);
+    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+}
+
+static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                             pdp_optim *o, int64_t lo, int64_t hi,
+                                             const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, fn);
 }
 /* ---- end src/checkpoint.c ---- */
 

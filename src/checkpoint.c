@@ -57,19 +57,27 @@ static void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const ch
 }
 
 /* The header JSON, padded with spaces to a multiple of 8 bytes. Parameter names
-   are "<layer>.<weight|bias>": nothing in them needs escaping. */
-static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, char **out, size_t *len)
+   are "<layer>.<weight|bias>": nothing in them needs escaping. shard: a shard
+   file of [lo, hi) (flat "params" when with_params, flat "optim.<state>");
+   otherwise every parameter and state tensor of the model (with_params is
+   then true, lo = 0, hi = param_count). */
+static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                   int64_t lo, int64_t hi, bool shard, char **out, size_t *len)
 {
-    size_t cap = 1024 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
+    size_t cap = 2048 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
     char *h = (char *)pdp__alloc(cap);
     bool ok = true;
     uint64_t at = 0;
     int k, i, d;
     if (!h) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for the header");
     pdp__ckpt_put(h, cap, &n, &ok,
-                  "{\"__metadata__\":{\"format\":\"pdp\",\"pdp_version\":\"%s\","
+                  "{\"__metadata__\":{\"format\":\"%s\",\"pdp_version\":\"%s\","
                   "\"model.seed\":\"%llu\",\"model.step\":\"%llu\"",
-                  PDP_VERSION_STRING, (unsigned long long)m->seed, (unsigned long long)m->step);
+                  shard ? "pdp-shard" : "pdp", PDP_VERSION_STRING, (unsigned long long)m->seed, (unsigned long long)m->step);
+    if (shard)
+        pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.lo\":\"%lld\",\"shard.hi\":\"%lld\","
+                      "\"shard.count\":\"%lld\"", (long long)lo, (long long)hi,
+                      (long long)m->param_count);
     if (o) {
         const pdp_optim_desc *dd = &o->desc;
         pdp__ckpt_put(h, cap, &n, &ok,
@@ -83,7 +91,18 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, char 
                       (double)dd->eps);
     }
     pdp__ckpt_put(h, cap, &n, &ok, "}");
-    for (k = -1; k < (o ? o->nstate : 0); k++) {
+    for (k = shard && !with_params ? 0 : -1; shard && k < (o ? o->nstate : 0); k++) {
+        if (k < 0)
+            pdp__ckpt_put(h, cap, &n, &ok, ",\"params\":{\"dtype\":\"F32\",\"shape\":[%lld],",
+                          (long long)(hi - lo));
+        else
+            pdp__ckpt_put(h, cap, &n, &ok, ",\"optim.%s\":{\"dtype\":\"F32\",\"shape\":[%lld],",
+                          pdp__optim_state_name(o, k), (long long)(hi - lo));
+        pdp__ckpt_put(h, cap, &n, &ok, "\"data_offsets\":[%llu,%llu]}", (unsigned long long)at,
+                      (unsigned long long)(at + (uint64_t)(hi - lo) * 4));
+        at += (uint64_t)(hi - lo) * 4;
+    }
+    for (k = -1; !shard && k < (o ? o->nstate : 0); k++) {
         for (i = 0; i < m->nparams; i++) {
             const pdp__param_entry *e = &m->params[i];
             if (k < 0)
@@ -147,9 +166,13 @@ static int pdp__ckpt_sync_dir(const char *path)
     return rc;
 }
 
-PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+/* Writes the parameters [lo, hi) (params holds them; skipped unless
+   with_params) and o's state for [lo, hi) (o may be NULL) as a full
+   checkpoint (shard false: lo = 0, hi = param_count) or a shard file. */
+static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
+                                 bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
+                                 bool shard, const char *fn)
 {
-    const char *fn = "pdp_checkpoint_save";
     char *header = NULL, *tmp = NULL;
     unsigned char len8[8];
     size_t hlen = 0, tmp_bytes;
@@ -158,15 +181,10 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
     const char *failed = NULL;
     int k, err = 0;
     pdp_status st;
-    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if (o && o->count != m->param_count)
-        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
-                        "the model has %lld", fn, path, (long long)o->count,
-                        (long long)m->param_count);
-    if ((st = pdp__ckpt_header(m, o, &header, &hlen)) != PDP_OK)
+    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, &header, &hlen)) != PDP_OK)
         return pdp__err_wrap(st, "%s: %s", fn, path);
     if (m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian()) {
-        host = (float *)pdp__alloc((size_t)PDP__MAX(1, m->param_count) * 4);
+        host = (float *)pdp__alloc((size_t)PDP__MAX(1, hi - lo) * 4);
         if (!host) {
             pdp__dealloc(header);
             return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no staging memory", fn, path);
@@ -187,12 +205,12 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
         goto io_error;
     }
     if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen ||
-        !pdp__ckpt_write_floats(f, m->device, m->param_block, m->param_count, host)) {
+        (with_params && !pdp__ckpt_write_floats(f, m->device, params, hi - lo, host))) {
         failed = "write";
         goto io_error;
     }
     for (k = 0; o && k < o->nstate; k++)
-        if (!pdp__ckpt_write_floats(f, m->device, o->state[k], o->count, host)) {
+        if (!pdp__ckpt_write_floats(f, m->device, o->state[k] + (lo - o->lo), hi - lo, host)) {
             failed = "write";
             goto io_error;
         }
@@ -233,6 +251,50 @@ io_error:
     return st;
 }
 
+PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_save";
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    if (o && !pdp__optim_is_full(o))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
+                        (long long)o->hi, (long long)o->count);
+    return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+}
+
+/* Checks a range call's arguments: [lo, hi) inside the model, o's range
+   containing it, something to save or load. */
+static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
+                                       const pdp_optim *o, int64_t lo, int64_t hi, const char *fn)
+{
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!params && !o)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: neither parameters nor an optimizer", fn, path);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: range [%lld, %lld) is not inside the model's "
+                        "%lld parameters", fn, path, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    if (o && (o->count != m->param_count || lo < o->lo || hi > o->hi))
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "%lld parameters, not for [%lld, %lld) of %lld", fn, path,
+                        (long long)o->lo, (long long)o->hi, (long long)o->count, (long long)lo,
+                        (long long)hi, (long long)m->param_count);
+    return PDP_OK;
+}
+
+static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                             const float *params, const pdp_optim *o,
+                                             int64_t lo, int64_t hi, const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, fn);
+}
+
 /* ---- checkpoint: load ---- */
 
 /* A float from a metadata string ("%.9g" on save); false when absent or bad. */
@@ -252,7 +314,7 @@ static bool pdp__ckpt_meta_float(const pdp__st_parser *p, const char *key, float
 static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
                                        pdp_optim_desc *desc, int64_t *steps)
 {
-    const char *fn = "pdp_checkpoint_load", *kind = pdp__st_meta(p, "optim.kind");
+    const char *fn = p->fn, *kind = pdp__st_meta(p, "optim.kind");
     const char *s = pdp__st_meta(p, "optim.steps"), *nest = pdp__st_meta(p, "optim.nesterov");
     static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
                                        "optim.weight_decay", "optim.beta1", "optim.beta2",
@@ -346,23 +408,40 @@ static void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shap
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-/* Reads tensor e of the file f (data at data_start) into dst (count floats). */
-static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *file, uint64_t data_start,
-                                        const pdp__st_entry *e, float *dst, int64_t count)
+/* Reads elements [first, first + count) of tensor e of the file f (data at
+   data_start) into dst. */
+static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *file,
+                                        uint64_t data_start, const pdp__st_entry *e,
+                                        int64_t first, float *dst, int64_t count)
 {
-    uint64_t at = data_start + e->begin;
+    uint64_t at = data_start + e->begin + (uint64_t)first * 4;
     if (at > (uint64_t)LONG_MAX || fseek(f, (long)at, SEEK_SET) != 0 ||
         fread(dst, 4, (size_t)count, f) != (size_t)count)
-        return pdp__err(PDP_ERR_IO, "pdp_checkpoint_load: %s: tensor \"%s\": read failed (%s)",
-                        file, e->name,
+        return pdp__err(PDP_ERR_IO, "%s: %s: tensor \"%s\": read failed (%s)", fn, file, e->name,
                         ferror(f) ? strerror(errno) : "file shorter than its header");
     if (!pdp__little_endian()) pdp__bswap32(dst, count);
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+/* Whether a tensor name of a shard file is one load expects (or may ignore). */
+static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
 {
-    const char *fn = "pdp_checkpoint_load";
+    int k;
+    if (strcmp(name, "params") == 0) return true; /* ignored when not loading parameters */
+    if (strncmp(name, "optim.", 6) != 0) return false;
+    if (!o) return true; /* ignored */
+    for (k = 0; k < o->nstate; k++)
+        if (strcmp(name + 6, pdp__optim_state_name(o, k)) == 0) return true;
+    return false;
+}
+
+/* Loads the parameters [lo, hi) into params (when with_params) and o's state
+   for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
+   allow_shard, from a shard file of exactly [lo, hi). */
+static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
+                                 pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
+                                 const char *fn)
+{
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
     unsigned char len8[8];
@@ -374,18 +453,15 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     uint64_t seed = 0, mstep = 0;
     bool have_seed = false, have_step = false;
     struct stat sb;
+    const char *format;
+    bool shard;
     FILE *f;
     int i, k, nstate;
     pdp_status st = PDP_OK;
 
     memset(&p, 0, sizeof p);
     memset(&desc, 0, sizeof desc);
-    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if (o && o->count != m->param_count)
-        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
-                        "the model has %lld", fn, path, (long long)o->count,
-                        (long long)m->param_count);
-    count = m->param_count;
+    count = hi - lo;
     nstate = o ? o->nstate : 0;
     if (!(f = fopen(path, "rb")))
         return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
@@ -435,6 +511,33 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                       "not a count", fn, path);
         goto done;
     }
+    format = pdp__st_meta(&p, "format");
+    shard = format && strcmp(format, "pdp-shard") == 0;
+    if (shard && !allow_shard) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard file (one rank's range of a ZeRO run), not a "
+                      "checkpoint of the whole model", fn, path);
+        goto done;
+    }
+    if (shard) {
+        uint64_t slo = 0, shi = 0, scount = 0;
+        bool have[3];
+        if (!pdp__ckpt_meta_u64(&p, "shard.lo", &slo, &have[0]) ||
+            !pdp__ckpt_meta_u64(&p, "shard.hi", &shi, &have[1]) ||
+            !pdp__ckpt_meta_u64(&p, "shard.count", &scount, &have[2]) || !have[0] || !have[1] ||
+            !have[2]) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"shard.lo\", \"shard.hi\" or "
+                          "\"shard.count\" is missing or not a count", fn, path);
+            goto done;
+        }
+        if (slo != (uint64_t)lo || shi != (uint64_t)hi || scount != (uint64_t)m->param_count) {
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the file holds [%llu, %llu) of %llu parameters, "
+                          "this rank loads [%lld, %lld) of %lld", fn, path,
+                          (unsigned long long)slo, (unsigned long long)shi,
+                          (unsigned long long)scount, (long long)lo, (long long)hi,
+                          (long long)m->param_count);
+            goto done;
+        }
+    }
 
     /* every expected tensor: present, F32, same shape */
     staging = (float *)pdp__alloc((size_t)PDP__MAX(1, count * (1 + nstate)) * sizeof(float));
@@ -443,10 +546,29 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                       (long long)(count * (1 + nstate)));
         goto done;
     }
-    for (k = -1; k < nstate; k++) {
+    for (k = with_params ? -1 : 0; shard && k < nstate; k++) {
+        const pdp__st_entry *e;
+        if (k < 0) snprintf(name, sizeof name, "params");
+        else snprintf(name, sizeof name, "optim.%s", pdp__optim_state_name(o, k));
+        if (!(e = pdp__st_find(sorted, p.nentries, name))) {
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
+            goto done;
+        }
+        if (strcmp(e->dtype, "F32") != 0 || e->ndim != 1 || e->shape[0] != count) {
+            pdp__shape_text(a, sizeof a, e->ndim, e->shape);
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is %s %s, expected F32 [%lld]", fn,
+                          path, name, e->dtype, a, (long long)count);
+            goto done;
+        }
+        if ((st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, 0, staging + (k + 1) * count,
+                                        count)) != PDP_OK)
+            goto done;
+    }
+    for (k = with_params ? -1 : 0; !shard && k < nstate; k++) {
         for (i = 0; i < m->nparams; i++) {
             const pdp__param_entry *pe = &m->params[i];
             const pdp__st_entry *e;
+            int64_t from = PDP__MAX(lo, pe->offset), to = PDP__MIN(hi, pe->offset + pe->count);
             bool same = true;
             int d;
             if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
@@ -469,14 +591,16 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                               "the model's is %s", fn, path, name, a, b);
                 goto done;
             }
-            if ((st = pdp__ckpt_read_tensor(f, path, data_start, e,
-                                            staging + (k + 1) * count + pe->offset, pe->count)) !=
-                PDP_OK)
+            if (from < to &&
+                (st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, from - pe->offset,
+                                            staging + (k + 1) * count + (from - lo), to - from)) !=
+                    PDP_OK)
                 goto done;
         }
     }
     for (i = 0; i < p.nentries; i++)
-        if (!pdp__ckpt_expected(m, o, p.entries[i].name)) {
+        if (shard ? !pdp__ckpt_shard_expected(o, p.entries[i].name)
+                  : !pdp__ckpt_expected(m, o, p.entries[i].name)) {
             st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", fn, path,
                           p.entries[i].name,
                           strncmp(p.entries[i].name, "optim.", 6) == 0 ? "optimizer's state"
@@ -485,17 +609,17 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
         }
 
     /* all checks passed: apply */
-    if (count && (st = pdp__dev_copy(m->device, m->param_block, pdp_cpu(), staging,
-                                     (size_t)count * 4)) != PDP_OK) {
+    if (with_params && count &&
+        (st = pdp__dev_copy(m->device, params, pdp_cpu(), staging, (size_t)count * 4)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: %s: copying the parameters to the device failed; they "
                            "may be partly loaded", fn, path);
         goto done;
     }
-    if (have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
-    if (have_step) m->step = mstep;
+    if (with_params && have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
+    if (with_params && have_step) m->step = mstep;
     if (o) {
         for (k = 0; k < nstate; k++)
-            if (count && (st = pdp__dev_copy(m->device, o->state[k], pdp_cpu(),
+            if (count && (st = pdp__dev_copy(m->device, o->state[k] + (lo - o->lo), pdp_cpu(),
                                              staging + (k + 1) * count, (size_t)count * 4)) !=
                              PDP_OK) {
                 st = pdp__err_wrap(st, "%s: %s: copying the optimizer state to the device "
@@ -513,4 +637,28 @@ done:
     pdp__dealloc(sorted);
     pdp__dealloc(staging);
     return st;
+}
+
+PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_load";
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    if (o && !pdp__optim_is_full(o))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
+                        (long long)o->hi, (long long)o->count);
+    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+}
+
+static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                             pdp_optim *o, int64_t lo, int64_t hi,
+                                             const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, fn);
 }
