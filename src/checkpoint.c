@@ -10,7 +10,17 @@
    Load never half-applies a file: it reads the header (at most
    PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
    validates every entry, reads every expected tensor into one staging buffer,
-   and only then copies into the model and the optimizer. */
+   and only then copies into the model and the optimizer.
+
+   Ranges (ZeRO): pdp__checkpoint_save_range writes one rank's range [lo, hi)
+   of the flat block as a shard file: flat F32 tensors "params" and
+   "optim.<state>" ([hi - lo] each, either may be left out), __metadata__
+   "format": "pdp-shard", "shard.lo", "shard.hi", "shard.count" (the model's
+   parameter count) and the same model and optimizer keys as a full file.
+   pdp__checkpoint_load_range reads a shard file of exactly that range, or the
+   slice [lo, hi) of a full checkpoint (every tensor still checked). The public
+   load refuses a shard file; the public save and load refuse a range
+   optimizer. */
 
 #include "internal.h"
 #include <fcntl.h>
