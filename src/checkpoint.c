@@ -83,7 +83,8 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool 
     pdp__ckpt_put(h, cap, &n, &ok,
                   "{\"__metadata__\":{\"format\":\"%s\",\"pdp_version\":\"%s\","
                   "\"model.seed\":\"%llu\",\"model.step\":\"%llu\"",
-                  shard ? "pdp-shard" : "pdp", PDP_VERSION_STRING, (unsigned long long)m->seed, (unsigned long long)m->step);
+                  shard ? "pdp-shard" : "pdp", PDP_VERSION_STRING, (unsigned long long)m->seed,
+                  (unsigned long long)m->step);
     if (shard)
         pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.lo\":\"%lld\",\"shard.hi\":\"%lld\","
                       "\"shard.count\":\"%lld\"", (long long)lo, (long long)hi,
@@ -524,8 +525,8 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
     format = pdp__st_meta(&p, "format");
     shard = format && strcmp(format, "pdp-shard") == 0;
     if (shard && !allow_shard) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard file (one rank's range of a ZeRO run), not a "
-                      "checkpoint of the whole model", fn, path);
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard file (one rank's range of a ZeRO run), "
+                      "not a checkpoint of the whole model", fn, path);
         goto done;
     }
     if (shard) {
