@@ -55,6 +55,8 @@ IMPL = [
     "loss.c",
     "optim.c",
     "data.c",
+    "sampler.c",
+    "json.c",
     "checkpoint.c",
     "trace.c",
     "store.c",
@@ -65,6 +67,7 @@ IMPL = [
     "comm_nccl.c",
     "comm.c",
     "dp.c",
+    "reducer.c",
     "ddp.c",
     "cuda_host.c",
 ]

@@ -669,7 +669,7 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
    PDP_ERR_IO (cannot open or read), PDP_ERR_FORMAT (not safetensors, truncated,
    corrupt header, overlapping or uncovered data, wrong dtype, optimizer kind),
    PDP_ERR_SHAPE (a missing, extra or differently shaped tensor). The header is
-   limited to 100 MB. */
+   limited to 100 MB (10^8 bytes). */
 PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);
 /* ---- end src/checkpoint.h ---- */
 
@@ -1037,8 +1037,8 @@ typedef struct pdp_ddp pdp_ddp;
 
 typedef struct pdp_ddp_desc {
     double bucket_cap_mb;    /* bucket capacity in MiB (2^20 bytes); default 25 */
-    double first_bucket_mb;  /* capacity of the first bucket (the last layers' gradients,
-                                ready first); default min(1, bucket_cap_mb) */
+    double first_bucket_mb;  /* capacity of the first bucket in MiB (the last layers'
+                                gradients, ready first); default min(1, bucket_cap_mb) */
 } pdp_ddp_desc;
 
 /* Wraps m (which stays owned by the caller, must outlive ddp and gets no new
@@ -1811,6 +1811,29 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
    caller-visible pdp_optim_step only. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi);
+/* An optimizer holding state for [lo, hi) of the flat block only (ZeRO: one
+   rank's range; pdp_optim_create is [0, param_count)). pdp_optim_step on it
+   updates [lo, hi) only, with the bits a full optimizer gives that range.
+   fn names the public caller. */
+static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                          const char *fn);
+
+/* ---- checkpoint ranges (checkpoint.c) ----
+   One rank's part of a checkpoint under ZeRO: the parameters and/or optimizer
+   state of [lo, hi) of the flat block. params: hi - lo floats on m's device
+   holding elements [lo, hi) (m->param_block + lo when the rank keeps the whole
+   block), or NULL for none; o: an optimizer whose range contains [lo, hi), or
+   NULL for none. Save writes a shard file (flat tensors, see checkpoint.c);
+   load reads a shard file of exactly [lo, hi) or the slice [lo, hi) of a full
+   checkpoint, validating everything before it copies. fn names the public
+   caller in messages. */
+static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                             const float *params, const pdp_optim *o,
+                                             int64_t lo, int64_t hi, const char *fn);
+static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                             pdp_optim *o, int64_t lo, int64_t hi,
+                                             const char *fn);
 
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----
@@ -5901,8 +5924,10 @@ PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *la
    warm-up + cosine learning-rate schedule.
 
    Invariants: the optimizer belongs to one model and to that model's parameter
-   count at creation; its state is flat with the parameter block's offsets
-   (state[k][i] belongs to parameter element i) and lives on the model's device:
+   count at creation; it holds state for one range [lo, hi) of the flat block
+   (all of it, [0, count), for pdp_optim_create), flat with the parameter
+   block's offsets (state[k][i - lo] belongs to parameter element i), on the
+   model's device:
      SGD, momentum > 0:  state[0] = momentum_buffer
      Adam, AdamW:        state[0] = exp_avg, state[1] = exp_avg_sq
    pdp_optim_create allocates it (zeroed), so a step allocates nothing. steps
@@ -5911,10 +5936,12 @@ PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *la
    d_p, as PyTorch's clone). The element formulas are the PDP__HOSTDEV helpers of
    math.h, shared with the CUDA kernels.
 
-   ZeRO: pdp__optim_step_range updates one range of elements, so a rank can
-   update only its shard; the state is still allocated for the whole block here
-   (a sharded optimizer would allocate and save only [lo, hi), with the same
-   per-element code). Whoever calls it for a shard advances steps with
+   ZeRO: pdp__optim_create_range allocates state for one rank's range only, and
+   pdp_optim_step on such an optimizer updates that range only (checkpoint.c
+   saves and loads it with pdp__checkpoint_save_range/load_range). The element
+   code is the same, so a range optimizer stepping its range gives the bits of
+   a full optimizer on that range. pdp__optim_step_range updates any sub-range
+   of the held range; whoever calls it directly advances steps with
    pdp__optim_finish_step once every range of the step is done.
 
    References: torch/optim/sgd.py, adam.py, adamw.py (PyTorch 1.13 single-tensor
@@ -5931,9 +5958,10 @@ struct pdp_optim {
     pdp_model *model;
     pdp_optim_desc desc;   /* defaults filled in, validated */
     int64_t count;         /* the model's param_count at creation */
+    int64_t lo, hi;        /* the range of the flat block the state covers */
     int64_t steps;         /* completed updates */
     int nstate;            /* state buffers in use: 0, 1 or 2 */
-    float *state[2];       /* count floats each, on the model's device */
+    float *state[2];       /* hi - lo floats each, on the model's device */
 };
 
 /* ---- optim: desc ---- */
@@ -6010,35 +6038,51 @@ static const char *pdp__optim_state_name(const pdp_optim *o, int k)
 
 /* ---- optim: lifecycle ---- */
 
-PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
+static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                          const char *fn)
 {
     pdp_optim *o;
     pdp_optim_desc d;
     size_t bytes;
     int k;
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_optim_create: out is NULL");
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_optim_create: model is NULL");
-    if ((st = pdp__optim_desc_resolve(desc, &d, "pdp_optim_create")) != PDP_OK) return st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
+                        "parameters", fn, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    if ((st = pdp__optim_desc_resolve(desc, &d, fn)) != PDP_OK) return st;
     o = (pdp_optim *)pdp__calloc(sizeof *o);
-    if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_optim_create: no memory");
+    if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     o->model = m;
     o->desc = d;
     o->count = m->param_count;
+    o->lo = lo;
+    o->hi = hi;
     o->nstate = pdp__optim_nstate(&d);
-    bytes = (size_t)o->count * sizeof(float);
+    bytes = (size_t)(hi - lo) * sizeof(float);
     for (k = 0; k < o->nstate; k++) {
         if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
             (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
             pdp_optim_free(o);
-            return pdp__err_wrap(st, "pdp_optim_create: %s state for %lld parameters",
-                                 pdp_optim_kind_name(d.kind), (long long)m->param_count);
+            return pdp__err_wrap(st, "%s: %s state for %lld parameters", fn,
+                                 pdp_optim_kind_name(d.kind), (long long)(hi - lo));
         }
     }
     *out = o;
     return PDP_OK;
 }
+
+PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
+{
+    return pdp__optim_create_range(out, m, desc, 0, m ? m->param_count : 0, "pdp_optim_create");
+}
+
+/* Whether o holds state for the whole block (the public functions' optimizer). */
+static bool pdp__optim_is_full(const pdp_optim *o) { return o->lo == 0 && o->hi == o->count; }
 
 PDP_API void pdp_optim_free(pdp_optim *o)
 {
@@ -6177,7 +6221,8 @@ typedef struct pdp__optim_job {
     const pdp__optim_scalars *s;
     float *params;
     const float *grads;
-    float *state[2];
+    float *state[2];     /* state[k][i - state_lo] belongs to element i */
+    int64_t state_lo;
     int64_t lo, hi;
 } pdp__optim_job;
 
@@ -6187,38 +6232,40 @@ static void pdp__optim_part(void *arg, int part, int nparts)
     const pdp__optim_job *j = (const pdp__optim_job *)arg;
     int64_t len = j->hi - j->lo;
     int64_t per = ((len + nparts - 1) / nparts + 15) & ~(int64_t)15;
-    int64_t a = j->lo + per * part, b = PDP__MIN(j->hi, a + per);
+    int64_t a = j->lo + per * part, b = PDP__MIN(j->hi, a + per), sa = a - j->state_lo;
     if (a >= b) return;
     if (j->s->kind == PDP_OPTIM_SGD)
-        pdp__sgd_loop(j->params + a, j->grads + a, j->state[0] ? j->state[0] + a : NULL, b - a,
+        pdp__sgd_loop(j->params + a, j->grads + a, j->state[0] ? j->state[0] + sa : NULL, b - a,
                       j->s);
     else
-        pdp__adam_loop(j->params + a, j->grads + a, j->state[0] + a, j->state[1] + a, b - a, j->s);
+        pdp__adam_loop(j->params + a, j->grads + a, j->state[0] + sa, j->state[1] + sa, b - a,
+                       j->s);
 }
 
 /* Below this many elements per thread, one thread is faster than waking more. */
 #define PDP__OPTIM_MIN_PER_THREAD 32768
 
 /* params and grads are full-size blocks: element i of each is parameter
-   element i, as in the state. */
+   element i; [lo, hi) lies inside the range o holds state for. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi)
 {
     pdp__optim_scalars s;
     pdp__optim_job job;
     int threads;
-    PDP_ASSERT(o && 0 <= lo && lo <= hi && hi <= o->count);
+    PDP_ASSERT(o && o->lo <= lo && lo <= hi && hi <= o->hi);
     if (lo == hi) return PDP_OK;
     pdp__optim_scalars_of(o, &s);
     if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
         return pdp__cuda_optim_update(o->model->device, &s, params + lo, grads + lo,
-                                      o->state[0] ? o->state[0] + lo : NULL,
-                                      o->state[1] ? o->state[1] + lo : NULL, hi - lo);
+                                      o->state[0] ? o->state[0] + (lo - o->lo) : NULL,
+                                      o->state[1] ? o->state[1] + (lo - o->lo) : NULL, hi - lo);
     job.s = &s;
     job.params = params;
     job.grads = grads;
     job.state[0] = o->state[0];
     job.state[1] = o->state[1];
+    job.state_lo = o->lo;
     job.lo = lo;
     job.hi = hi;
     threads = pdp__threads_for_caller();
@@ -6241,7 +6288,7 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
                         "pdp_optim_step: the model has %lld parameters, %lld when the optimizer "
                         "was created (layers added after pdp_optim_create)",
                         (long long)m->param_count, (long long)o->count);
-    if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, 0, o->count)) != PDP_OK)
+    if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_optim_step");
     pdp__optim_finish_step(o);
     return PDP_OK;
@@ -7246,58 +7293,120 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count)
 }
 /* ---- end src/data.c ---- */
 
-/* ---- begin src/checkpoint.c ---- */
-/* checkpoint: safetensors files for a model's parameters and its optimizer
-   state, with our own small strict parser of the format's JSON header.
+/* ---- begin src/sampler.c ---- */
+/* sampler: torch.utils.data.DistributedSampler (declared in ddp.h).
 
-   Format (https://github.com/huggingface/safetensors, "Format"): 8 bytes
-   little-endian u64 N, then N bytes of JSON, then the data. The JSON is one
-   object: tensor name -> {"dtype": "F32", "shape": [..], "data_offsets":
-   [begin, end]} with offsets relative to the data start, plus an optional
-   "__metadata__" object of string -> string. Names are unique; the tensors'
-   byte ranges must tile the data section exactly (no gap, no overlap);
-   trailing spaces pad the header.
-
-   Invariants. Save never exposes a half-written file: it writes
-   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory.
-   Load never half-applies a file: it reads the header (at most
-   PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
-   validates every entry, reads every expected tensor into one staging buffer,
-   and only then copies into the model and the optimizer. The parser accepts
-   only what the format needs (objects, strings, non-negative integers, arrays of
-   them), holds no recursion, and bounds every count by the header length. */
+   The permutation of epoch e is pdp_permutation(seed, e) (0..n-1 with
+   no_shuffle), padded by repeating from its start (or cut with drop_last) to a
+   multiple of the world size N, and rank r takes every N-th entry from r.
+   Invariants: every rank with the same seed and epoch computes the same
+   permutation without communicating; indices[] holds num_samples entries and is
+   rewritten only by set_epoch. */
 
 /* #include "internal.h" (already above) */
-#include <fcntl.h>
-#include <limits.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
 
-#ifndef PDP__CKPT_MAX_HEADER
-#  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
-#endif
+/* ---- sampler ---- */
+
+struct pdp_dist_sampler {
+    pdp_dist_sampler_desc desc;
+    int64_t num_samples, total;
+    int64_t *perm;      /* dataset_size */
+    int64_t *indices;   /* num_samples: this rank's */
+};
+
+PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,
+                                           const pdp_dist_sampler_desc *desc)
+{
+    static const char *fn = "pdp_dist_sampler_create";
+    pdp_dist_sampler *s;
+    pdp_dist_sampler_desc dd;
+    int64_t n;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!desc) return pdp__err(PDP_ERR_INVALID, "%s: desc is NULL (dataset_size is required)", fn);
+    dd = *desc;
+    dd.world_size = PDP__DEF(dd.world_size, 1);
+    n = dd.dataset_size;
+    if (n < 1) return pdp__err(PDP_ERR_INVALID, "%s: dataset_size %lld < 1", fn, (long long)n);
+    if (dd.world_size < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d < 1", fn, dd.world_size);
+    if (dd.rank < 0 || dd.rank >= dd.world_size)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, dd.rank,
+                        dd.world_size - 1);
+    if (dd.drop_last && n < dd.world_size)
+        return pdp__err(PDP_ERR_INVALID, "%s: drop_last with %lld samples for %d ranks leaves "
+                        "none", fn, (long long)n, dd.world_size);
+    s = (pdp_dist_sampler *)pdp__calloc(sizeof *s);
+    if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    s->desc = dd;
+    s->num_samples = dd.drop_last ? n / dd.world_size : (n + dd.world_size - 1) / dd.world_size;
+    s->total = s->num_samples * dd.world_size;
+    s->perm = (int64_t *)pdp__alloc((size_t)n * sizeof *s->perm);
+    s->indices = (int64_t *)pdp__alloc((size_t)s->num_samples * sizeof *s->indices);
+    if (!s->perm || !s->indices) {
+        pdp_dist_sampler_free(s);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices", fn, (long long)n);
+    }
+    pdp_dist_sampler_set_epoch(s, 0);
+    *out = s;
+    return PDP_OK;
+}
+
+PDP_API void pdp_dist_sampler_free(pdp_dist_sampler *s)
+{
+    if (!s) return;
+    pdp__dealloc(s->perm);
+    pdp__dealloc(s->indices);
+    pdp__dealloc(s);
+}
+
+PDP_API void pdp_dist_sampler_set_epoch(pdp_dist_sampler *s, uint64_t epoch)
+{
+    int64_t i, n;
+    if (!s) return;
+    n = s->desc.dataset_size;
+    if (s->desc.no_shuffle)
+        for (i = 0; i < n; i++) s->perm[i] = i;
+    else
+        pdp_permutation(s->perm, n, s->desc.seed, epoch);
+    /* entry j of the padded (or cut) list is perm[j mod n]; rank r takes j = r + k N */
+    for (i = 0; i < s->num_samples; i++)
+        s->indices[i] = s->perm[(s->desc.rank + i * (int64_t)s->desc.world_size) % n];
+}
+
+PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s)
+{
+    return s ? s->num_samples : 0;
+}
+
+PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count)
+{
+    if (count) *count = s ? s->num_samples : 0;
+    return s ? s->indices : NULL;
+}
+/* ---- end src/sampler.c ---- */
+
+/* ---- begin src/json.c ---- */
+/* json: the reader of a safetensors header, a small strict JSON parser.
+
+   Format (https://github.com/huggingface/safetensors, "Format"): the header is
+   one JSON object: tensor name -> {"dtype": "F32", "shape": [..],
+   "data_offsets": [begin, end]} with offsets relative to the data start, plus
+   an optional "__metadata__" object of string -> string. Names are unique; the
+   tensors' byte ranges must tile the data section exactly (no gap, no
+   overlap); trailing spaces pad the header.
+
+   Invariants: the parser accepts only what the format needs (objects, strings,
+   non-negative integers, arrays of them), holds no recursion, and bounds every
+   count by the header length; decoded strings live in one arena no longer than
+   the header. Messages start with the caller's public function (fn) and name
+   the file and the header byte. Used by checkpoint.c. */
+
+/* #include "internal.h" (already above) */
+
 #define PDP__CKPT_MAX_DIMS 16
 
-static bool pdp__little_endian(void)
-{
-    const uint32_t one = 1;
-    unsigned char b;
-    memcpy(&b, &one, 1);
-    return b == 1;
-}
-
-static void pdp__bswap32(void *data, int64_t count)
-{
-    unsigned char *p = (unsigned char *)data, t;
-    int64_t i;
-    for (i = 0; i < count; i++, p += 4) {
-        t = p[0]; p[0] = p[3]; p[3] = t;
-        t = p[1]; p[1] = p[2]; p[2] = t;
-    }
-}
-
-/* ---- checkpoint: header parser ---- */
+/* ---- json: header parser ---- */
 
 typedef struct pdp__st_entry {
     const char *name;           /* decoded, NUL-terminated, in the parser's arena */
@@ -7317,12 +7426,12 @@ typedef struct pdp__st_parser {
     const char **meta;          /* key, value, key, value, ... */
     int nmeta, cap_meta;
     const char *file;           /* for messages */
+    const char *fn;             /* the public caller, for messages */
 } pdp__st_parser;
 
 static pdp_status pdp__st_fail(const pdp__st_parser *p, const char *what)
 {
-    return pdp__err(PDP_ERR_FORMAT, "pdp_checkpoint_load: %s: header byte %zu: %s", p->file, p->pos,
-                    what);
+    return pdp__err(PDP_ERR_FORMAT, "%s: %s: header byte %zu: %s", p->fn, p->file, p->pos, what);
 }
 
 static void pdp__st_ws(pdp__st_parser *p)
@@ -7512,7 +7621,7 @@ static pdp_status pdp__st_metadata(pdp__st_parser *p)
     if (p->meta) return pdp__st_fail(p, "__metadata__ twice");
     p->cap_meta = (int)(p->n / 6 + 1) * 2; /* "k":"v", takes at least 6 bytes */
     p->meta = (const char **)pdp__alloc((size_t)p->cap_meta * sizeof *p->meta);
-    if (!p->meta) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_checkpoint_load: no memory");
+    if (!p->meta) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", p->fn);
     if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (__metadata__)");
     if (pdp__st_expect(p, '}')) return PDP_OK;
     for (;;) {
@@ -7537,8 +7646,8 @@ static pdp_status pdp__st_parse(pdp__st_parser *p)
     p->cap_entries = (int)(p->n / 45 + 1);
     p->entries = (pdp__st_entry *)pdp__calloc((size_t)p->cap_entries * sizeof *p->entries);
     if (!p->arena || !p->entries)
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_checkpoint_load: %s: no memory for a %zu-byte "
-                        "header", p->file, p->n);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for a %zu-byte header", p->fn,
+                        p->file, p->n);
     if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (not a safetensors file?)");
     if (!pdp__st_expect(p, '}')) {
         for (;;) {
@@ -7610,7 +7719,7 @@ static int pdp__st_by_name(const void *a, const void *b)
 static pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
                                    pdp__st_entry **sorted)
 {
-    const char *fn = "pdp_checkpoint_load";
+    const char *fn = p->fn;
     uint64_t at = 0;
     int i, d;
     for (i = 0; i < p->nentries; i++) {
@@ -7668,6 +7777,61 @@ static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, co
     }
     return NULL;
 }
+/* ---- end src/json.c ---- */
+
+/* ---- begin src/checkpoint.c ---- */
+/* checkpoint: safetensors files for a model's parameters and its optimizer
+   state; the header is read by json.c's strict parser.
+
+   Format (https://github.com/huggingface/safetensors, "Format"): 8 bytes
+   little-endian u64 N, then N bytes of JSON, then the data (json.c checks the
+   JSON and the tiling of the data section).
+
+   Invariants. Save never exposes a half-written file: it writes
+   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory.
+   Load never half-applies a file: it reads the header (at most
+   PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
+   validates every entry, reads every expected tensor into one staging buffer,
+   and only then copies into the model and the optimizer.
+
+   Ranges (ZeRO): pdp__checkpoint_save_range writes one rank's range [lo, hi)
+   of the flat block as a shard file: flat F32 tensors "params" and
+   "optim.<state>" ([hi - lo] each, either may be left out), __metadata__
+   "format": "pdp-shard", "shard.lo", "shard.hi", "shard.count" (the model's
+   parameter count) and the same model and optimizer keys as a full file.
+   pdp__checkpoint_load_range reads a shard file of exactly that range, or the
+   slice [lo, hi) of a full checkpoint (every tensor still checked). The public
+   load refuses a shard file; the public save and load refuse a range
+   optimizer. */
+
+/* #include "internal.h" (already above) */
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#ifndef PDP__CKPT_MAX_HEADER
+#  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
+#endif
+
+static bool pdp__little_endian(void)
+{
+    const uint32_t one = 1;
+    unsigned char b;
+    memcpy(&b, &one, 1);
+    return b == 1;
+}
+
+static void pdp__bswap32(void *data, int64_t count)
+{
+    unsigned char *p = (unsigned char *)data, t;
+    int64_t i;
+    for (i = 0; i < count; i++, p += 4) {
+        t = p[0]; p[0] = p[3]; p[3] = t;
+        t = p[1]; p[1] = p[2]; p[2] = t;
+    }
+}
 
 /* ---- checkpoint: save ---- */
 
@@ -7685,19 +7849,28 @@ static void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const ch
 }
 
 /* The header JSON, padded with spaces to a multiple of 8 bytes. Parameter names
-   are "<layer>.<weight|bias>": nothing in them needs escaping. */
-static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, char **out, size_t *len)
+   are "<layer>.<weight|bias>": nothing in them needs escaping. shard: a shard
+   file of [lo, hi) (flat "params" when with_params, flat "optim.<state>");
+   otherwise every parameter and state tensor of the model (with_params is
+   then true, lo = 0, hi = param_count). */
+static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                   int64_t lo, int64_t hi, bool shard, char **out, size_t *len)
 {
-    size_t cap = 1024 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
+    size_t cap = 2048 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
     char *h = (char *)pdp__alloc(cap);
     bool ok = true;
     uint64_t at = 0;
     int k, i, d;
     if (!h) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for the header");
     pdp__ckpt_put(h, cap, &n, &ok,
-                  "{\"__metadata__\":{\"format\":\"pdp\",\"pdp_version\":\"%s\","
+                  "{\"__metadata__\":{\"format\":\"%s\",\"pdp_version\":\"%s\","
                   "\"model.seed\":\"%llu\",\"model.step\":\"%llu\"",
-                  PDP_VERSION_STRING, (unsigned long long)m->seed, (unsigned long long)m->step);
+                  shard ? "pdp-shard" : "pdp", PDP_VERSION_STRING, (unsigned long long)m->seed,
+                  (unsigned long long)m->step);
+    if (shard)
+        pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.lo\":\"%lld\",\"shard.hi\":\"%lld\","
+                      "\"shard.count\":\"%lld\"", (long long)lo, (long long)hi,
+                      (long long)m->param_count);
     if (o) {
         const pdp_optim_desc *dd = &o->desc;
         pdp__ckpt_put(h, cap, &n, &ok,
@@ -7711,7 +7884,18 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, char 
                       (double)dd->eps);
     }
     pdp__ckpt_put(h, cap, &n, &ok, "}");
-    for (k = -1; k < (o ? o->nstate : 0); k++) {
+    for (k = shard && !with_params ? 0 : -1; shard && k < (o ? o->nstate : 0); k++) {
+        if (k < 0)
+            pdp__ckpt_put(h, cap, &n, &ok, ",\"params\":{\"dtype\":\"F32\",\"shape\":[%lld],",
+                          (long long)(hi - lo));
+        else
+            pdp__ckpt_put(h, cap, &n, &ok, ",\"optim.%s\":{\"dtype\":\"F32\",\"shape\":[%lld],",
+                          pdp__optim_state_name(o, k), (long long)(hi - lo));
+        pdp__ckpt_put(h, cap, &n, &ok, "\"data_offsets\":[%llu,%llu]}", (unsigned long long)at,
+                      (unsigned long long)(at + (uint64_t)(hi - lo) * 4));
+        at += (uint64_t)(hi - lo) * 4;
+    }
+    for (k = -1; !shard && k < (o ? o->nstate : 0); k++) {
         for (i = 0; i < m->nparams; i++) {
             const pdp__param_entry *e = &m->params[i];
             if (k < 0)
@@ -7775,9 +7959,13 @@ static int pdp__ckpt_sync_dir(const char *path)
     return rc;
 }
 
-PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+/* Writes the parameters [lo, hi) (params holds them; skipped unless
+   with_params) and o's state for [lo, hi) (o may be NULL) as a full
+   checkpoint (shard false: lo = 0, hi = param_count) or a shard file. */
+static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
+                                 bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
+                                 bool shard, const char *fn)
 {
-    const char *fn = "pdp_checkpoint_save";
     char *header = NULL, *tmp = NULL;
     unsigned char len8[8];
     size_t hlen = 0, tmp_bytes;
@@ -7786,15 +7974,10 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
     const char *failed = NULL;
     int k, err = 0;
     pdp_status st;
-    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if (o && o->count != m->param_count)
-        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
-                        "the model has %lld", fn, path, (long long)o->count,
-                        (long long)m->param_count);
-    if ((st = pdp__ckpt_header(m, o, &header, &hlen)) != PDP_OK)
+    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, &header, &hlen)) != PDP_OK)
         return pdp__err_wrap(st, "%s: %s", fn, path);
     if (m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian()) {
-        host = (float *)pdp__alloc((size_t)PDP__MAX(1, m->param_count) * 4);
+        host = (float *)pdp__alloc((size_t)PDP__MAX(1, hi - lo) * 4);
         if (!host) {
             pdp__dealloc(header);
             return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no staging memory", fn, path);
@@ -7815,12 +7998,12 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
         goto io_error;
     }
     if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen ||
-        !pdp__ckpt_write_floats(f, m->device, m->param_block, m->param_count, host)) {
+        (with_params && !pdp__ckpt_write_floats(f, m->device, params, hi - lo, host))) {
         failed = "write";
         goto io_error;
     }
     for (k = 0; o && k < o->nstate; k++)
-        if (!pdp__ckpt_write_floats(f, m->device, o->state[k], o->count, host)) {
+        if (!pdp__ckpt_write_floats(f, m->device, o->state[k] + (lo - o->lo), hi - lo, host)) {
             failed = "write";
             goto io_error;
         }
@@ -7861,6 +8044,50 @@ io_error:
     return st;
 }
 
+PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_save";
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    if (o && !pdp__optim_is_full(o))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
+                        (long long)o->hi, (long long)o->count);
+    return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+}
+
+/* Checks a range call's arguments: [lo, hi) inside the model, o's range
+   containing it, something to save or load. */
+static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
+                                       const pdp_optim *o, int64_t lo, int64_t hi, const char *fn)
+{
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!params && !o)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: neither parameters nor an optimizer", fn, path);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: range [%lld, %lld) is not inside the model's "
+                        "%lld parameters", fn, path, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    if (o && (o->count != m->param_count || lo < o->lo || hi > o->hi))
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "%lld parameters, not for [%lld, %lld) of %lld", fn, path,
+                        (long long)o->lo, (long long)o->hi, (long long)o->count, (long long)lo,
+                        (long long)hi, (long long)m->param_count);
+    return PDP_OK;
+}
+
+static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                             const float *params, const pdp_optim *o,
+                                             int64_t lo, int64_t hi, const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, fn);
+}
+
 /* ---- checkpoint: load ---- */
 
 /* A float from a metadata string ("%.9g" on save); false when absent or bad. */
@@ -7880,7 +8107,7 @@ static bool pdp__ckpt_meta_float(const pdp__st_parser *p, const char *key, float
 static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
                                        pdp_optim_desc *desc, int64_t *steps)
 {
-    const char *fn = "pdp_checkpoint_load", *kind = pdp__st_meta(p, "optim.kind");
+    const char *fn = p->fn, *kind = pdp__st_meta(p, "optim.kind");
     const char *s = pdp__st_meta(p, "optim.steps"), *nest = pdp__st_meta(p, "optim.nesterov");
     static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
                                        "optim.weight_decay", "optim.beta1", "optim.beta2",
@@ -7974,23 +8201,40 @@ static void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shap
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-/* Reads tensor e of the file f (data at data_start) into dst (count floats). */
-static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *file, uint64_t data_start,
-                                        const pdp__st_entry *e, float *dst, int64_t count)
+/* Reads elements [first, first + count) of tensor e of the file f (data at
+   data_start) into dst. */
+static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *file,
+                                        uint64_t data_start, const pdp__st_entry *e,
+                                        int64_t first, float *dst, int64_t count)
 {
-    uint64_t at = data_start + e->begin;
+    uint64_t at = data_start + e->begin + (uint64_t)first * 4;
     if (at > (uint64_t)LONG_MAX || fseek(f, (long)at, SEEK_SET) != 0 ||
         fread(dst, 4, (size_t)count, f) != (size_t)count)
-        return pdp__err(PDP_ERR_IO, "pdp_checkpoint_load: %s: tensor \"%s\": read failed (%s)",
-                        file, e->name,
+        return pdp__err(PDP_ERR_IO, "%s: %s: tensor \"%s\": read failed (%s)", fn, file, e->name,
                         ferror(f) ? strerror(errno) : "file shorter than its header");
     if (!pdp__little_endian()) pdp__bswap32(dst, count);
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+/* Whether a tensor name of a shard file is one load expects (or may ignore). */
+static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
 {
-    const char *fn = "pdp_checkpoint_load";
+    int k;
+    if (strcmp(name, "params") == 0) return true; /* ignored when not loading parameters */
+    if (strncmp(name, "optim.", 6) != 0) return false;
+    if (!o) return true; /* ignored */
+    for (k = 0; k < o->nstate; k++)
+        if (strcmp(name + 6, pdp__optim_state_name(o, k)) == 0) return true;
+    return false;
+}
+
+/* Loads the parameters [lo, hi) into params (when with_params) and o's state
+   for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
+   allow_shard, from a shard file of exactly [lo, hi). */
+static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
+                                 pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
+                                 const char *fn)
+{
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
     unsigned char len8[8];
@@ -8002,18 +8246,15 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     uint64_t seed = 0, mstep = 0;
     bool have_seed = false, have_step = false;
     struct stat sb;
+    const char *format;
+    bool shard;
     FILE *f;
     int i, k, nstate;
     pdp_status st = PDP_OK;
 
     memset(&p, 0, sizeof p);
     memset(&desc, 0, sizeof desc);
-    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if (o && o->count != m->param_count)
-        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
-                        "the model has %lld", fn, path, (long long)o->count,
-                        (long long)m->param_count);
-    count = m->param_count;
+    count = hi - lo;
     nstate = o ? o->nstate : 0;
     if (!(f = fopen(path, "rb")))
         return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
@@ -8048,6 +8289,7 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     p.s = header;
     p.n = (size_t)hlen;
     p.file = path;
+    p.fn = fn;
     if ((st = pdp__st_parse(&p)) != PDP_OK) goto done;
     sorted = (pdp__st_entry **)pdp__alloc((size_t)PDP__MAX(1, p.nentries) * sizeof *sorted);
     if (!sorted) {
@@ -8062,6 +8304,33 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                       "not a count", fn, path);
         goto done;
     }
+    format = pdp__st_meta(&p, "format");
+    shard = format && strcmp(format, "pdp-shard") == 0;
+    if (shard && !allow_shard) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard file (one rank's range of a ZeRO run), "
+                      "not a checkpoint of the whole model", fn, path);
+        goto done;
+    }
+    if (shard) {
+        uint64_t slo = 0, shi = 0, scount = 0;
+        bool have[3];
+        if (!pdp__ckpt_meta_u64(&p, "shard.lo", &slo, &have[0]) ||
+            !pdp__ckpt_meta_u64(&p, "shard.hi", &shi, &have[1]) ||
+            !pdp__ckpt_meta_u64(&p, "shard.count", &scount, &have[2]) || !have[0] || !have[1] ||
+            !have[2]) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"shard.lo\", \"shard.hi\" or "
+                          "\"shard.count\" is missing or not a count", fn, path);
+            goto done;
+        }
+        if (slo != (uint64_t)lo || shi != (uint64_t)hi || scount != (uint64_t)m->param_count) {
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the file holds [%llu, %llu) of %llu parameters, "
+                          "this rank loads [%lld, %lld) of %lld", fn, path,
+                          (unsigned long long)slo, (unsigned long long)shi,
+                          (unsigned long long)scount, (long long)lo, (long long)hi,
+                          (long long)m->param_count);
+            goto done;
+        }
+    }
 
     /* every expected tensor: present, F32, same shape */
     staging = (float *)pdp__alloc((size_t)PDP__MAX(1, count * (1 + nstate)) * sizeof(float));
@@ -8070,10 +8339,29 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                       (long long)(count * (1 + nstate)));
         goto done;
     }
-    for (k = -1; k < nstate; k++) {
+    for (k = with_params ? -1 : 0; shard && k < nstate; k++) {
+        const pdp__st_entry *e;
+        if (k < 0) snprintf(name, sizeof name, "params");
+        else snprintf(name, sizeof name, "optim.%s", pdp__optim_state_name(o, k));
+        if (!(e = pdp__st_find(sorted, p.nentries, name))) {
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
+            goto done;
+        }
+        if (strcmp(e->dtype, "F32") != 0 || e->ndim != 1 || e->shape[0] != count) {
+            pdp__shape_text(a, sizeof a, e->ndim, e->shape);
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is %s %s, expected F32 [%lld]", fn,
+                          path, name, e->dtype, a, (long long)count);
+            goto done;
+        }
+        if ((st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, 0, staging + (k + 1) * count,
+                                        count)) != PDP_OK)
+            goto done;
+    }
+    for (k = with_params ? -1 : 0; !shard && k < nstate; k++) {
         for (i = 0; i < m->nparams; i++) {
             const pdp__param_entry *pe = &m->params[i];
             const pdp__st_entry *e;
+            int64_t from = PDP__MAX(lo, pe->offset), to = PDP__MIN(hi, pe->offset + pe->count);
             bool same = true;
             int d;
             if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
@@ -8096,14 +8384,16 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                               "the model's is %s", fn, path, name, a, b);
                 goto done;
             }
-            if ((st = pdp__ckpt_read_tensor(f, path, data_start, e,
-                                            staging + (k + 1) * count + pe->offset, pe->count)) !=
-                PDP_OK)
+            if (from < to &&
+                (st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, from - pe->offset,
+                                            staging + (k + 1) * count + (from - lo), to - from)) !=
+                    PDP_OK)
                 goto done;
         }
     }
     for (i = 0; i < p.nentries; i++)
-        if (!pdp__ckpt_expected(m, o, p.entries[i].name)) {
+        if (shard ? !pdp__ckpt_shard_expected(o, p.entries[i].name)
+                  : !pdp__ckpt_expected(m, o, p.entries[i].name)) {
             st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", fn, path,
                           p.entries[i].name,
                           strncmp(p.entries[i].name, "optim.", 6) == 0 ? "optimizer's state"
@@ -8112,17 +8402,17 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
         }
 
     /* all checks passed: apply */
-    if (count && (st = pdp__dev_copy(m->device, m->param_block, pdp_cpu(), staging,
-                                     (size_t)count * 4)) != PDP_OK) {
+    if (with_params && count &&
+        (st = pdp__dev_copy(m->device, params, pdp_cpu(), staging, (size_t)count * 4)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: %s: copying the parameters to the device failed; they "
                            "may be partly loaded", fn, path);
         goto done;
     }
-    if (have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
-    if (have_step) m->step = mstep;
+    if (with_params && have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
+    if (with_params && have_step) m->step = mstep;
     if (o) {
         for (k = 0; k < nstate; k++)
-            if (count && (st = pdp__dev_copy(m->device, o->state[k], pdp_cpu(),
+            if (count && (st = pdp__dev_copy(m->device, o->state[k] + (lo - o->lo), pdp_cpu(),
                                              staging + (k + 1) * count, (size_t)count * 4)) !=
                              PDP_OK) {
                 st = pdp__err_wrap(st, "%s: %s: copying the optimizer state to the device "
@@ -8140,6 +8430,30 @@ done:
     pdp__dealloc(sorted);
     pdp__dealloc(staging);
     return st;
+}
+
+PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_load";
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    if (o && !pdp__optim_is_full(o))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
+                        (long long)o->hi, (long long)o->count);
+    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+}
+
+static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                             pdp_optim *o, int64_t lo, int64_t hi,
+                                             const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, fn);
 }
 /* ---- end src/checkpoint.c ---- */
 
@@ -12421,67 +12735,92 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
 }
 /* ---- end src/dp.c ---- */
 
-/* ---- begin src/ddp.c ---- */
-/* ddp: the DistributedDataParallel reducer and the DistributedSampler.
+/* ---- begin src/reducer.c ---- */
+/* reducer: the bucket reducer that DDP and ZeRO share, PyTorch's Reducer
+   (torch/csrc/distributed/c10d/reducer.cpp) in miniature, with the collective
+   of a bucket as a parameter.
 
-   The reducer follows PyTorch's (torch/csrc/distributed/c10d/reducer.cpp) in
-   miniature. Buckets are planned once, at construction, walking the parameters
-   in reverse registration order and closing a bucket as soon as it holds
-   bucket_cap bytes or more (the first: first_bucket bytes), PyTorch's
-   compute_bucket_assignment_by_size. Because the model keeps its gradients in
-   one block in registration order, a bucket of consecutive parameters in
-   reverse order is one contiguous range of that block: the all-reduce runs in
-   place on the gradients, with no flattening copy (PyTorch's
-   gradient_as_bucket_view=True, here by construction).
+   Buckets are planned once, at construction, walking the parameters in reverse
+   registration order and closing a bucket as soon as it holds cap bytes or more
+   (the first: first bytes), PyTorch's compute_bucket_assignment_by_size.
+   Because the model keeps its gradients in one block in registration order, a
+   bucket of consecutive parameters in reverse order is one contiguous range
+   [offset, offset + count) of that block: the collective runs on the gradients
+   themselves, with no flattening copy (PyTorch's gradient_as_bucket_view=True,
+   here by construction).
+
+   The executor hands in its collective, one function pointer called once per
+   bucket per synchronised backward (the only indirection on the hot path):
+   DDP all-reduces (average) the bucket in place; ZeRO reduce-scatters it into
+   the part of the flat block its rank owns. An optional after_step hook runs
+   after the optimizer step (ZeRO: all-gather the updated parameters); op_name
+   names the collective in the trace ("allreduce bucket 3").
 
    Per synchronised backward: pending[b] starts at the number of parameters in
    bucket b; the model's grad hook, fired once per parameter right after its
    layer's backward, decrements it; at zero the bucket is ready. Ready buckets
    launch strictly in bucket order (a later bucket that is ready first waits for
-   the earlier ones), so every rank issues the same all-reduces in the same
+   the earlier ones), so every rank issues the same collectives in the same
    order whatever order its hooks fire in. A bucket whose parameters never get
    a gradient (unused in this forward) launches at the end of backward, so no
-   rank waits on it. pdp_ddp_finish waits for the buckets in order and reports
-   the first failure naming the bucket and its parameters.
+   rank waits on it. pdp__reducer_finish waits for the buckets in order and
+   reports the first failure naming the bucket and its parameters.
 
    States: IDLE (nothing pending), LOCAL (gradients accumulated under no_sync,
    not reduced), REDUCING (a synchronised backward launched its buckets and
-   pdp_ddp_finish has not run). The progress of a bucket's all-reduce writes the
+   finish has not run). The progress of a bucket's collective writes the
    gradient memory, so nothing else may touch the gradients while REDUCING: a
-   second backward is refused and pdp_ddp_free waits first.
-
-   The sampler is torch.utils.data.DistributedSampler: the permutation of epoch
-   e is pdp_permutation(seed, e), padded by repeating from its start (or cut
-   with drop_last), and rank r takes every N-th entry from r. */
+   second backward is refused and pdp__reducer_release waits first. Nothing on
+   the per-step path allocates: buckets, handles (the backends' pools) and
+   messages are fixed-size. Every function takes fn, the public function on
+   whose behalf it runs, to start its messages. */
 
 /* #include "internal.h" (already above) */
 
-/* ---- ddp: state ---- */
+/* ---- reducer: state ---- */
 
-typedef enum pdp__ddp_state {
-    PDP__DDP_IDLE,
-    PDP__DDP_LOCAL,
-    PDP__DDP_REDUCING
-} pdp__ddp_state;
+typedef enum pdp__red_state {
+    PDP__RED_IDLE,
+    PDP__RED_LOCAL,
+    PDP__RED_REDUCING
+} pdp__red_state;
 
-typedef struct pdp__ddp_bucket {
+typedef struct pdp__reducer pdp__reducer;
+
+/* Launches bucket b's collective (asynchronously, handle in *w) on r->c; the
+   bucket is r->buckets[b].info, the gradients r->m->grad_block. */
+typedef pdp_status (*pdp__reduce_fn)(pdp__reducer *r, int b, pdp_work **w);
+/* Runs after the optimizer step of pdp__reducer_step (ZeRO: all-gather). */
+typedef pdp_status (*pdp__after_step_fn)(pdp__reducer *r, const char *fn);
+
+typedef struct pdp__reducer_desc {
+    double cap_bytes;              /* close a bucket at >= this many bytes */
+    double first_bytes;            /* the same for bucket 0 */
+    pdp__reduce_fn reduce;         /* required */
+    pdp__after_step_fn after_step; /* NULL: nothing */
+    const char *op_name;           /* the collective's name in the trace ("allreduce") */
+    const char *finish_names;      /* for messages: "pdp_ddp_step or pdp_ddp_finish" */
+    void *user;                    /* the executor, for reduce and after_step */
+} pdp__reducer_desc;
+
+typedef struct pdp__red_bucket {
     pdp_ddp_bucket info;
     int nparams;
     int pending;          /* parameters still to report in this backward */
     bool ready, launched;
     pdp_work *work;
     double t_launch;
-} pdp__ddp_bucket;
+} pdp__red_bucket;
 
-struct pdp_ddp {
+struct pdp__reducer {
     pdp_model *m;
     pdp_comm *c;
-    pdp_ddp_desc desc;
-    pdp__ddp_bucket *buckets;
+    pdp__reducer_desc desc;
+    pdp__red_bucket *buckets;
     int nbuckets;
     int *bucket_of;       /* per parameter */
     int next_launch;      /* the first bucket not launched yet */
-    pdp__ddp_state state;
+    pdp__red_state state;
     bool no_sync;
     bool armed;           /* the hook reduces (a synchronised backward is running) */
     bool failed;          /* the last synchronised backward failed: gradients incomplete */
@@ -12490,28 +12829,28 @@ struct pdp_ddp {
     int twice_param;      /* a parameter reported twice in one backward, or -1 */
     int64_t bytes_at_arm;
     double backward_acc;  /* forward + backward seconds since the last finish */
-    pdp_ddp_stats stats;
+    pdp_ddp_stats stats;  /* grad_bytes is the executor's to set */
     bool traced;
     int trace_compute, trace_comm;
 };
 
-/* ---- ddp: buckets ---- */
+/* ---- reducer: buckets ---- */
 
-static pdp_status pdp__ddp_plan(pdp_ddp *d)
+static pdp_status pdp__reducer_plan(pdp__reducer *r)
 {
-    const pdp_model *m = d->m;
-    double cap = d->desc.bucket_cap_mb * 1048576.0, first = d->desc.first_bucket_mb * 1048576.0;
+    const pdp_model *m = r->m;
+    double cap = r->desc.cap_bytes, first = r->desc.first_bytes;
     double bytes = 0.0;
     int p, b = 0, last = m->nparams - 1;
-    d->buckets = (pdp__ddp_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
-                                                 sizeof *d->buckets);
-    d->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *d->bucket_of);
-    if (!d->buckets || !d->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
+    r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
+                                                sizeof *r->buckets);
+    r->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *r->bucket_of);
+    if (!r->buckets || !r->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
     for (p = m->nparams - 1; p >= 0; p--) {
         bytes += (double)m->params[p].count * sizeof(float);
-        d->bucket_of[p] = b;
+        r->bucket_of[p] = b;
         if (bytes >= (b == 0 ? first : cap) || p == 0) { /* close bucket b: params p..last */
-            pdp__ddp_bucket *k = &d->buckets[b];
+            pdp__red_bucket *k = &r->buckets[b];
             k->info.first_param = p;
             k->info.last_param = last;
             k->info.offset = m->params[p].offset;
@@ -12522,89 +12861,88 @@ static pdp_status pdp__ddp_plan(pdp_ddp *d)
             bytes = 0.0;
         }
     }
-    d->nbuckets = b;
+    r->nbuckets = b;
     return PDP_OK;
 }
 
-/* "bucket 1 of 3 (0.weight..0.bias, 1.57 MB)" */
-static void pdp__ddp_bucket_name(const pdp_ddp *d, int b, char *out, size_t cap)
+/* "bucket 1 of 3 (0.weight..0.bias, 1.57 MiB)" */
+static void pdp__red_bucket_name(const pdp__reducer *r, int b, char *out, size_t cap)
 {
-    const pdp__ddp_bucket *k = &d->buckets[b];
-    snprintf(out, cap, "bucket %d of %d (%s..%s, %.3g MB)", b, d->nbuckets,
-             d->m->params[k->info.first_param].name, d->m->params[k->info.last_param].name,
+    const pdp__red_bucket *k = &r->buckets[b];
+    snprintf(out, cap, "bucket %d of %d (%s..%s, %.3g MiB)", b, r->nbuckets,
+             r->m->params[k->info.first_param].name, r->m->params[k->info.last_param].name,
              (double)k->info.count * 4.0 / 1048576.0);
 }
 
-static void pdp__ddp_launch(pdp_ddp *d, int b)
+static void pdp__reducer_launch(pdp__reducer *r, int b)
 {
-    pdp__ddp_bucket *k = &d->buckets[b];
+    pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
     k->launched = true;
     k->t_launch = pdp__now();
-    st = pdp_comm_allreduce(d->c, d->m->grad_block + k->info.offset, k->info.count,
-                            PDP_REDUCE_AVG, &k->work);
-    if (st != PDP_OK && d->launch_status == PDP_OK) {
+    st = r->desc.reduce(r, b, &k->work);
+    if (st != PDP_OK && r->launch_status == PDP_OK) {
         char name[160];
-        pdp__ddp_bucket_name(d, b, name, sizeof name);
-        d->launch_status = st;
-        snprintf(d->launch_msg, sizeof d->launch_msg, "%s: %.300s", name, pdp_last_error());
+        pdp__red_bucket_name(r, b, name, sizeof name);
+        r->launch_status = st;
+        snprintf(r->launch_msg, sizeof r->launch_msg, "%s: %.300s", name, pdp_last_error());
     }
 }
 
 /* Launches every ready bucket that has no unlaunched bucket before it. */
-static void pdp__ddp_launch_ready(pdp_ddp *d)
+static void pdp__reducer_launch_ready(pdp__reducer *r)
 {
-    while (d->next_launch < d->nbuckets && d->buckets[d->next_launch].ready)
-        pdp__ddp_launch(d, d->next_launch++);
+    while (r->next_launch < r->nbuckets && r->buckets[r->next_launch].ready)
+        pdp__reducer_launch(r, r->next_launch++);
 }
 
 /* The model's grad hook: parameter p's gradient is final for this backward. */
-static void pdp__ddp_hook(void *user, pdp_model *m, int p)
+static void pdp__reducer_hook(void *user, pdp_model *m, int p)
 {
-    pdp_ddp *d = (pdp_ddp *)user;
-    pdp__ddp_bucket *k;
+    pdp__reducer *r = (pdp__reducer *)user;
+    pdp__red_bucket *k;
     (void)m;
-    if (!d->armed) return; /* no_sync: accumulate locally */
-    k = &d->buckets[d->bucket_of[p]];
+    if (!r->armed) return; /* no_sync: accumulate locally */
+    k = &r->buckets[r->bucket_of[p]];
     if (k->ready) {
-        if (d->twice_param < 0) d->twice_param = p;
+        if (r->twice_param < 0) r->twice_param = p;
         return;
     }
     if (--k->pending == 0) {
         k->ready = true;
-        pdp__ddp_launch_ready(d);
+        pdp__reducer_launch_ready(r);
     }
 }
 
-static void pdp__ddp_arm(pdp_ddp *d)
+static void pdp__reducer_arm(pdp__reducer *r)
 {
     pdp_comm_stats cs;
     int b;
-    for (b = 0; b < d->nbuckets; b++) {
-        pdp__ddp_bucket *k = &d->buckets[b];
+    for (b = 0; b < r->nbuckets; b++) {
+        pdp__red_bucket *k = &r->buckets[b];
         k->pending = k->nparams;
         k->ready = k->launched = false;
         k->work = NULL;
     }
-    d->next_launch = 0;
-    d->launch_status = PDP_OK;
-    d->launch_msg[0] = '\0';
-    d->twice_param = -1;
-    pdp_comm_get_stats(d->c, &cs);
-    d->bytes_at_arm = cs.bytes_sent;
-    d->armed = true;
+    r->next_launch = 0;
+    r->launch_status = PDP_OK;
+    r->launch_msg[0] = '\0';
+    r->twice_param = -1;
+    pdp_comm_get_stats(r->c, &cs);
+    r->bytes_at_arm = cs.bytes_sent;
+    r->armed = true;
 }
 
-/* ---- ddp: construction ---- */
+/* ---- reducer: construction ---- */
 
 /* One parameter as the construction check compares it. */
-typedef struct pdp__ddp_sig {
+typedef struct pdp__red_sig {
     char name[32];
     int64_t ndim;
     int64_t shape[4];
-} pdp__ddp_sig;
+} pdp__red_sig;
 
-static void pdp__ddp_sig_of(const pdp_model *m, int p, pdp__ddp_sig *s)
+static void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s)
 {
     const pdp__param_entry *e = &m->params[p];
     memset(s, 0, sizeof *s);
@@ -12613,7 +12951,7 @@ static void pdp__ddp_sig_of(const pdp_model *m, int p, pdp__ddp_sig *s)
     memcpy(s->shape, e->shape, sizeof s->shape);
 }
 
-static void pdp__ddp_sig_str(const pdp__ddp_sig *s, char *out, size_t cap)
+static void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap)
 {
     int i;
     size_t n = (size_t)snprintf(out, cap, "'%.32s' [", s->name);
@@ -12625,8 +12963,8 @@ static void pdp__ddp_sig_str(const pdp__ddp_sig *s, char *out, size_t cap)
 /* All-gather of count host floats per rank. Collective buffers live on the
    communicator's device (NCCL reads GPU memory only), so a GPU communicator
    stages them through a small device buffer; used once, at construction. */
-static pdp_status pdp__ddp_allgather_host(pdp_comm *c, const float *send, float *recv,
-                                          int64_t count)
+static pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, float *recv,
+                                              int64_t count)
 {
     float *dev = NULL;
     size_t send_bytes = (size_t)count * sizeof(float);
@@ -12643,21 +12981,18 @@ static pdp_status pdp__ddp_allgather_host(pdp_comm *c, const float *send, float 
 
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
-static pdp_status pdp__ddp_check_params(pdp_ddp *d)
+static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, const char *fn)
 {
-    static const char *fn = "pdp_ddp_create";
-    const pdp_model *m = d->m;
-    pdp_comm *c = d->c;
     int64_t n0 = m->nparams;
-    pdp__ddp_sig *table = NULL, mine;
+    pdp__red_sig *table = NULL, mine;
     float diff, *all = NULL;
-    int p, r, mine_at = -1, worst_rank = -1, worst_at = -1, size = c->size;
+    int p, q, mine_at = -1, worst_rank = -1, worst_at = -1, size = c->size;
     pdp_status st;
     if ((st = pdp_comm_broadcast_bytes(c, &n0, sizeof n0, 0)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: exchanging parameter counts", fn, c->rank);
     if (n0 < 0 || n0 > (1 << 24))
         return pdp__err(PDP_ERR_INVALID, "%s: rank 0 reports %lld parameters", fn, (long long)n0);
-    table = (pdp__ddp_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
+    table = (pdp__red_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
     all = (float *)pdp__calloc((size_t)size * sizeof *all);
     if (!table || !all) {
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameter signatures", fn,
@@ -12665,7 +13000,7 @@ static pdp_status pdp__ddp_check_params(pdp_ddp *d)
         goto out; /* the others then time out on the next collective: memory is gone anyway */
     }
     if (c->rank == 0)
-        for (p = 0; p < n0; p++) pdp__ddp_sig_of(m, p, &table[p]);
+        for (p = 0; p < n0; p++) pdp__red_sig_of(m, p, &table[p]);
     if ((st = pdp_comm_broadcast_bytes(c, table, (size_t)n0 * sizeof *table, 0)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: rank %d: exchanging parameter signatures", fn, c->rank);
         goto out;
@@ -12675,34 +13010,34 @@ static pdp_status pdp__ddp_check_params(pdp_ddp *d)
             mine_at = p;
             break;
         }
-        pdp__ddp_sig_of(m, p, &mine);
+        pdp__red_sig_of(m, p, &mine);
         if (memcmp(&mine, &table[p], sizeof mine) != 0) {
             mine_at = p;
             break;
         }
     }
     diff = (float)mine_at;
-    if ((st = pdp__ddp_allgather_host(c, &diff, all, 1)) != PDP_OK) {
+    if ((st = pdp__reducer_allgather_host(c, &diff, all, 1)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: rank %d: exchanging the check's verdicts", fn, c->rank);
         goto out;
     }
-    for (r = 0; r < size; r++)
-        if (all[r] >= 0.0f && (worst_at < 0 || (int)all[r] < worst_at)) {
-            worst_at = (int)all[r];
-            worst_rank = r;
+    for (q = 0; q < size; q++)
+        if (all[q] >= 0.0f && (worst_at < 0 || (int)all[q] < worst_at)) {
+            worst_at = (int)all[q];
+            worst_rank = q;
         }
     if (worst_at >= 0) {
         char a[160], b[160];
         if (mine_at >= 0) {
-            if (mine_at < m->nparams) pdp__ddp_sig_of(m, mine_at, &mine);
-            if (mine_at < m->nparams) pdp__ddp_sig_str(&mine, a, sizeof a);
+            if (mine_at < m->nparams) pdp__red_sig_of(m, mine_at, &mine);
+            if (mine_at < m->nparams) pdp__red_sig_str(&mine, a, sizeof a);
             else snprintf(a, sizeof a, "missing (it has %d parameters)", m->nparams);
-            if (mine_at < n0) pdp__ddp_sig_str(&table[mine_at], b, sizeof b);
+            if (mine_at < n0) pdp__red_sig_str(&table[mine_at], b, sizeof b);
             else snprintf(b, sizeof b, "missing (it has %lld parameters)", (long long)n0);
             st = pdp__err(PDP_ERR_INVALID, "%s: parameters differ across ranks: parameter %d is "
                           "%s on rank %d but %s on rank 0", fn, mine_at, a, c->rank, b);
         } else {
-            if (worst_at < n0) pdp__ddp_sig_str(&table[worst_at], b, sizeof b);
+            if (worst_at < n0) pdp__red_sig_str(&table[worst_at], b, sizeof b);
             else snprintf(b, sizeof b, "missing on rank 0 (%lld parameters)", (long long)n0);
             st = pdp__err(PDP_ERR_INVALID, "%s: parameters differ across ranks: rank %d's "
                           "parameter %d differs from rank 0's %s (rank %d's error names both)",
@@ -12715,15 +13050,18 @@ out:
     return st;
 }
 
-PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
-                                  const pdp_ddp_desc *desc)
+
+/* Sets up r (zeroed memory, owned by the executor) on m and c: checks that the
+   model can take a reducer, plans the buckets, and then, collectively (every
+   rank of c runs the same calls), checks that every rank has the same
+   parameters, copies rank 0's parameters to every rank, zeroes the gradients,
+   opens the trace and installs the grad hook. On failure the executor calls
+   pdp__reducer_release(r). */
+static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
+                                    const pdp__reducer_desc *desc, const char *fn)
 {
-    static const char *fn = "pdp_ddp_create";
-    pdp_ddp *d;
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
+    PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
     if (m->params_shared)
         return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
     if (m->hook)
@@ -12732,64 +13070,249 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, m->device.kind, m->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
+    r->m = m;
+    r->c = c;
+    r->desc = *desc;
+    if (pdp__reducer_plan(r) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d buckets", fn, m->nparams);
+    /* collective from here on: every rank runs the same calls */
+    if ((st = pdp__reducer_check_params(m, c, fn)) != PDP_OK) return st;
+    if (m->param_count &&
+        (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
+    pdp_model_zero_grad(m);
+    if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : c->rank) == PDP_OK) {
+        r->traced = true;
+        if (pdp__trace_enabled()) {
+            char name[64];
+            r->trace_compute = pdp__trace_track(c->rank, "compute");
+            snprintf(name, sizeof name, "comm %s", c->name);
+            r->trace_comm = pdp__trace_track(c->rank, name);
+            m->trace_pid = c->rank;
+            m->trace_tid = r->trace_compute;
+        }
+    }
+    pdp_model_set_grad_hook(m, pdp__reducer_hook, r);
+    r->stats.buckets = r->nbuckets;
+    return PDP_OK;
+}
+
+/* Waits for buckets still in flight, removes the hook, frees the buckets. */
+static void pdp__reducer_release(pdp__reducer *r)
+{
+    int b;
+    if (r->buckets)
+        for (b = 0; b < r->nbuckets; b++) /* the progress thread may still write gradients */
+            if (r->buckets[b].launched && r->buckets[b].work) pdp_work_wait(r->buckets[b].work);
+    if (r->m && r->m->hook == pdp__reducer_hook && r->m->hook_user == r) {
+        pdp_model_set_grad_hook(r->m, NULL, NULL);
+        r->m->trace_tid = 0;
+    }
+    if (r->traced) pdp__trace_close();
+    pdp__dealloc(r->buckets);
+    pdp__dealloc(r->bucket_of);
+    r->buckets = NULL;
+    r->bucket_of = NULL;
+    r->traced = false;
+}
+
+/* ---- reducer: training ---- */
+
+/* Forward, loss and backward on this rank's shard; the buckets launch as their
+   gradients become ready (unless no_sync). */
+static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
+                                        const int32_t *labels, float *loss, const char *fn)
+{
+    double t0 = pdp__now();
+    pdp_status st;
+    if (r->state == PDP__RED_REDUCING)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
+                        "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+    if (!r->no_sync) pdp__reducer_arm(r);
+    st = pdp_model_forward_backward(r->m, x, labels, loss);
+    if (r->no_sync) {
+        if (st == PDP_OK) r->state = PDP__RED_LOCAL;
+    } else {
+        r->state = PDP__RED_REDUCING;
+        r->failed = st != PDP_OK;
+        if (st == PDP_OK) { /* buckets of parameters that got no gradient */
+            int b;
+            for (b = 0; b < r->nbuckets; b++) r->buckets[b].ready = true;
+            pdp__reducer_launch_ready(r);
+        }
+        r->armed = false;
+    }
+    r->backward_acc += pdp__now() - t0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* Waits for every bucket of the last synchronised backward, in bucket order;
+   the first failure names its bucket and parameters. */
+static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
+{
+    pdp_status st = PDP_OK, first = PDP_OK;
+    pdp_comm_stats cs;
+    double t0, t1, busy = 0.0;
+    char msg[768];
+    int b;
+    if (r->state == PDP__RED_IDLE) return PDP_OK;
+    if (r->state == PDP__RED_LOCAL)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward ran under no_sync; run one "
+                        "backward with no_sync off to reduce the accumulated gradients", fn,
+                        r->c->rank);
+    msg[0] = '\0';
+    t0 = pdp__now();
+    for (b = 0; b < r->nbuckets; b++) {
+        pdp__red_bucket *k = &r->buckets[b];
+        if (!k->launched || !k->work) continue;
+        st = pdp_work_wait(k->work);
+        if (st != PDP_OK && first == PDP_OK) {
+            char name[160];
+            first = st;
+            pdp__red_bucket_name(r, b, name, sizeof name);
+            snprintf(msg, sizeof msg, "%s: %.600s", name, pdp_last_error());
+        }
+        busy += k->work->t_done > k->work->t_start ? k->work->t_done - k->work->t_start : 0.0;
+        if (r->trace_comm) {
+            char name[48], args[88];
+            snprintf(name, sizeof name, "%.24s bucket %d", r->desc.op_name, b);
+            snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
+                     (long long)k->info.count * 4, (long long)k->work->seq,
+                     (k->work->t_start - k->t_launch) * 1e6);
+            pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
+                             ((uint64_t)r->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
+                             k->work->t_done, args);
+        }
+        k->work = NULL;
+    }
+    t1 = pdp__now();
+    r->state = PDP__RED_IDLE;
+    if (r->trace_compute) pdp__trace_complete(r->c->rank, r->trace_compute, "compute",
+                                              "wait for buckets", t0, t1, NULL);
+    if (first == PDP_OK && r->launch_status != PDP_OK) {
+        first = r->launch_status;
+        snprintf(msg, sizeof msg, "%.700s", r->launch_msg);
+    }
+    if (first == PDP_OK && r->failed) {
+        r->failed = false;
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward failed after launching %d "
+                        "of %d buckets: the gradients are incomplete (this rank must leave the "
+                        "group: free its communicator so that the others fail at once)", fn,
+                        r->c->rank, r->next_launch, r->nbuckets);
+    }
+    if (first == PDP_OK && r->twice_param >= 0) {
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: parameter '%s' reported its gradient twice "
+                        "in one backward", fn, r->c->rank, r->m->params[r->twice_param].name);
+    }
+    if (first != PDP_OK)
+        return pdp__err(first, "%s: rank %d: %s", fn, r->c->rank, msg);
+    pdp_comm_get_stats(r->c, &cs);
+    r->stats.steps++;
+    r->stats.bytes_sent = cs.bytes_sent - r->bytes_at_arm;
+    r->stats.backward_s = r->backward_acc;
+    r->stats.allreduce_s = busy;
+    r->stats.wait_s = t1 - t0;
+    r->stats.hidden_share = busy > 0.0 ? PDP__MAX(0.0, PDP__MIN(1.0, 1.0 - (t1 - t0) / busy)) : 1.0;
+    r->stats.total_bytes_sent += r->stats.bytes_sent;
+    r->stats.total_backward_s += r->backward_acc;
+    r->stats.total_allreduce_s += busy;
+    r->stats.total_wait_s += t1 - t0;
+    r->backward_acc = 0.0;
+    return PDP_OK;
+}
+
+/* After a successful finish: opt's step (a range optimizer steps its range
+   only), zeroed gradients, then the executor's after_step. */
+static pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const char *fn)
+{
+    pdp_status st;
+    double t0 = pdp__now();
+    if ((st = pdp_optim_step(opt)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+    pdp_model_zero_grad(r->m);
+    if (r->trace_compute)
+        pdp__trace_complete(r->c->rank, r->trace_compute, "compute", "optimizer step", t0,
+                            pdp__now(), NULL);
+    if (r->desc.after_step && (st = r->desc.after_step(r, fn)) != PDP_OK) return st;
+    return PDP_OK;
+}
+
+static void pdp__reducer_reset_stats(pdp__reducer *r)
+{
+    int64_t grad_bytes = r->stats.grad_bytes;
+    memset(&r->stats, 0, sizeof r->stats);
+    r->stats.buckets = r->nbuckets;
+    r->stats.grad_bytes = grad_bytes;
+}
+/* ---- end src/reducer.c ---- */
+
+/* ---- begin src/ddp.c ---- */
+/* ddp: DistributedDataParallel, the executor that runs reducer.c's bucket
+   reducer with an all-reduce.
+
+   Each bucket's collective is an all-reduce (average over ranks) in place on
+   the bucket's range of the model's gradient block, so after pdp_ddp_finish
+   every rank holds the averaged gradients of the whole block and steps a full
+   optimizer on it; there is no after-step collective. Buckets are planned from
+   bucket_cap_mb and first_bucket_mb (MiB, 2^20 bytes, as PyTorch's). The
+   states, the ordering of launches and the failure reports are the reducer's
+   (reducer.c). */
+
+/* #include "internal.h" (already above) */
+
+struct pdp_ddp {
+    pdp__reducer r;       /* first: the grad hook's user pointer is &d->r */
+    pdp_ddp_desc desc;
+};
+
+/* The DDP collective: bucket b's gradients, averaged in place. */
+static pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w)
+{
+    const pdp_ddp_bucket *k = &r->buckets[b].info;
+    return pdp_comm_allreduce(r->c, r->m->grad_block + k->offset, k->count, PDP_REDUCE_AVG, w);
+}
+
+/* ---- ddp: construction ---- */
+
+PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
+                                  const pdp_ddp_desc *desc)
+{
+    static const char *fn = "pdp_ddp_create";
+    pdp__reducer_desc rd;
+    pdp_ddp *d;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
     if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0))
         return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
                         ">= 0", fn, desc->bucket_cap_mb, desc->first_bucket_mb);
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
     if (!d) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    d->m = m;
-    d->c = c;
     if (desc) d->desc = *desc;
     d->desc.bucket_cap_mb = PDP__DEF(d->desc.bucket_cap_mb, 25.0);
     d->desc.first_bucket_mb = PDP__DEF(d->desc.first_bucket_mb,
                                        PDP__MIN(1.0, d->desc.bucket_cap_mb));
-    if (pdp__ddp_plan(d) != PDP_OK) {
-        pdp_ddp_free(d);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d buckets", fn, m->nparams);
-    }
-    /* collective from here on: every rank runs the same calls */
-    if ((st = pdp__ddp_check_params(d)) != PDP_OK) {
+    memset(&rd, 0, sizeof rd);
+    rd.cap_bytes = d->desc.bucket_cap_mb * 1048576.0;
+    rd.first_bytes = d->desc.first_bucket_mb * 1048576.0;
+    rd.reduce = pdp__ddp_allreduce;
+    rd.op_name = "allreduce";
+    rd.finish_names = "pdp_ddp_step or pdp_ddp_finish";
+    rd.user = d;
+    if ((st = pdp__reducer_init(&d->r, m, c, &rd, fn)) != PDP_OK) {
         pdp_ddp_free(d);
         return st;
     }
-    if (m->param_count &&
-        (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK) {
-        pdp_ddp_free(d);
-        return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
-    }
-    pdp_model_zero_grad(m);
-    if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : c->rank) == PDP_OK) {
-        d->traced = true;
-        if (pdp__trace_enabled()) {
-            char name[64];
-            d->trace_compute = pdp__trace_track(c->rank, "compute");
-            snprintf(name, sizeof name, "comm %s", c->name);
-            d->trace_comm = pdp__trace_track(c->rank, name);
-            m->trace_pid = c->rank;
-            m->trace_tid = d->trace_compute;
-        }
-    }
-    pdp_model_set_grad_hook(m, pdp__ddp_hook, d);
-    d->stats.buckets = d->nbuckets;
-    d->stats.grad_bytes = m->param_count * (int64_t)sizeof(float);
+    d->r.stats.grad_bytes = m->param_count * (int64_t)sizeof(float);
     *out = d;
     return PDP_OK;
 }
 
 PDP_API void pdp_ddp_free(pdp_ddp *d)
 {
-    int b;
     if (!d) return;
-    if (d->buckets)
-        for (b = 0; b < d->nbuckets; b++) /* the progress thread may still write gradients */
-            if (d->buckets[b].launched && d->buckets[b].work) pdp_work_wait(d->buckets[b].work);
-    if (d->m && d->m->hook == pdp__ddp_hook && d->m->hook_user == d) {
-        pdp_model_set_grad_hook(d->m, NULL, NULL);
-        d->m->trace_tid = 0;
-    }
-    if (d->traced) pdp__trace_close();
-    pdp__dealloc(d->buckets);
-    pdp__dealloc(d->bucket_of);
+    pdp__reducer_release(&d->r);
     pdp__dealloc(d);
 }
 
@@ -12799,138 +13322,42 @@ PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *d, const pdp_tensor *x,
                                             const int32_t *labels, float *loss)
 {
     static const char *fn = "pdp_ddp_forward_backward";
-    double t0 = pdp__now();
-    pdp_status st;
     if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
-    if (d->state == PDP__DDP_REDUCING)
-        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
-                        "reduced; call pdp_ddp_step or pdp_ddp_finish first", fn, d->c->rank);
-    if (!d->no_sync) pdp__ddp_arm(d);
-    st = pdp_model_forward_backward(d->m, x, labels, loss);
-    if (d->no_sync) {
-        if (st == PDP_OK) d->state = PDP__DDP_LOCAL;
-    } else {
-        d->state = PDP__DDP_REDUCING;
-        d->failed = st != PDP_OK;
-        if (st == PDP_OK) { /* buckets of parameters that got no gradient */
-            int b;
-            for (b = 0; b < d->nbuckets; b++) d->buckets[b].ready = true;
-            pdp__ddp_launch_ready(d);
-        }
-        d->armed = false;
-    }
-    d->backward_acc += pdp__now() - t0;
-    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, d->c->rank);
+    return pdp__reducer_backward(&d->r, x, labels, loss, fn);
 }
 
 PDP_API pdp_status pdp_ddp_finish(pdp_ddp *d)
 {
     static const char *fn = "pdp_ddp_finish";
-    pdp_status st = PDP_OK, first = PDP_OK;
-    pdp_comm_stats cs;
-    double t0, t1, busy = 0.0;
-    char msg[768];
-    int b;
     if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
-    if (d->state == PDP__DDP_IDLE) return PDP_OK;
-    if (d->state == PDP__DDP_LOCAL)
-        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward ran under no_sync; run one "
-                        "backward with no_sync off to reduce the accumulated gradients", fn,
-                        d->c->rank);
-    msg[0] = '\0';
-    t0 = pdp__now();
-    for (b = 0; b < d->nbuckets; b++) {
-        pdp__ddp_bucket *k = &d->buckets[b];
-        if (!k->launched || !k->work) continue;
-        st = pdp_work_wait(k->work);
-        if (st != PDP_OK && first == PDP_OK) {
-            char name[160];
-            first = st;
-            pdp__ddp_bucket_name(d, b, name, sizeof name);
-            snprintf(msg, sizeof msg, "%s: %.600s", name, pdp_last_error());
-        }
-        busy += k->work->t_done > k->work->t_start ? k->work->t_done - k->work->t_start : 0.0;
-        if (d->trace_comm) {
-            char name[48], args[88];
-            snprintf(name, sizeof name, "allreduce bucket %d", b);
-            snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
-                     (long long)k->info.count * 4, (long long)k->work->seq,
-                     (k->work->t_start - k->t_launch) * 1e6);
-            pdp__trace_async(d->c->rank, d->trace_comm, "comm", name,
-                             ((uint64_t)d->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
-                             k->work->t_done, args);
-        }
-        k->work = NULL;
-    }
-    t1 = pdp__now();
-    d->state = PDP__DDP_IDLE;
-    if (d->trace_compute) pdp__trace_complete(d->c->rank, d->trace_compute, "compute",
-                                              "wait for buckets", t0, t1, NULL);
-    if (first == PDP_OK && d->launch_status != PDP_OK) {
-        first = d->launch_status;
-        snprintf(msg, sizeof msg, "%.700s", d->launch_msg);
-    }
-    if (first == PDP_OK && d->failed) {
-        d->failed = false;
-        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward failed after launching %d "
-                        "of %d buckets: the gradients are incomplete (this rank must leave the "
-                        "group: free its communicator so that the others fail at once)", fn,
-                        d->c->rank, d->next_launch, d->nbuckets);
-    }
-    if (first == PDP_OK && d->twice_param >= 0) {
-        return pdp__err(PDP_ERR_STATE, "%s: rank %d: parameter '%s' reported its gradient twice "
-                        "in one backward", fn, d->c->rank, d->m->params[d->twice_param].name);
-    }
-    if (first != PDP_OK)
-        return pdp__err(first, "%s: rank %d: %s", fn, d->c->rank, msg);
-    pdp_comm_get_stats(d->c, &cs);
-    d->stats.steps++;
-    d->stats.bytes_sent = cs.bytes_sent - d->bytes_at_arm;
-    d->stats.backward_s = d->backward_acc;
-    d->stats.allreduce_s = busy;
-    d->stats.wait_s = t1 - t0;
-    d->stats.hidden_share = busy > 0.0 ? PDP__MAX(0.0, PDP__MIN(1.0, 1.0 - (t1 - t0) / busy)) : 1.0;
-    d->stats.total_bytes_sent += d->stats.bytes_sent;
-    d->stats.total_backward_s += d->backward_acc;
-    d->stats.total_allreduce_s += busy;
-    d->stats.total_wait_s += t1 - t0;
-    d->backward_acc = 0.0;
-    return PDP_OK;
+    return pdp__reducer_finish(&d->r, fn);
 }
 
 PDP_API pdp_status pdp_ddp_step(pdp_ddp *d, pdp_optim *opt)
 {
     static const char *fn = "pdp_ddp_step";
     pdp_status st;
-    double t0;
     if (!d || !opt) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, d ? "opt" : "ddp");
     if ((st = pdp_ddp_finish(d)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    t0 = pdp__now();
-    if ((st = pdp_optim_step(opt)) != PDP_OK)
-        return pdp__err_wrap(st, "%s: rank %d", fn, d->c->rank);
-    pdp_model_zero_grad(d->m);
-    if (d->trace_compute)
-        pdp__trace_complete(d->c->rank, d->trace_compute, "compute", "optimizer step", t0,
-                            pdp__now(), NULL);
-    return PDP_OK;
+    return pdp__reducer_step(&d->r, opt, fn);
 }
 
 PDP_API void pdp_ddp_set_no_sync(pdp_ddp *d, bool no_sync)
 {
-    if (d) d->no_sync = no_sync;
+    if (d) d->r.no_sync = no_sync;
 }
 
-PDP_API pdp_model *pdp_ddp_model(const pdp_ddp *d) { return d ? d->m : NULL; }
-PDP_API pdp_comm *pdp_ddp_comm(const pdp_ddp *d) { return d ? d->c : NULL; }
-PDP_API int pdp_ddp_num_buckets(const pdp_ddp *d) { return d ? d->nbuckets : 0; }
+PDP_API pdp_model *pdp_ddp_model(const pdp_ddp *d) { return d ? d->r.m : NULL; }
+PDP_API pdp_comm *pdp_ddp_comm(const pdp_ddp *d) { return d ? d->r.c : NULL; }
+PDP_API int pdp_ddp_num_buckets(const pdp_ddp *d) { return d ? d->r.nbuckets : 0; }
 
 PDP_API pdp_status pdp_ddp_bucket_info(const pdp_ddp *d, int b, pdp_ddp_bucket *out)
 {
     if (!d || !out) return pdp__err(PDP_ERR_INVALID, "pdp_ddp_bucket_info: NULL argument");
-    if (b < 0 || b >= d->nbuckets)
+    if (b < 0 || b >= d->r.nbuckets)
         return pdp__err(PDP_ERR_INVALID, "pdp_ddp_bucket_info: bucket %d outside 0..%d", b,
-                        d->nbuckets - 1);
-    *out = d->buckets[b].info;
+                        d->r.nbuckets - 1);
+    *out = d->r.buckets[b].info;
     return PDP_OK;
 }
 
@@ -12938,95 +13365,12 @@ PDP_API void pdp_ddp_get_stats(const pdp_ddp *d, pdp_ddp_stats *out)
 {
     if (!out) return;
     memset(out, 0, sizeof *out);
-    if (d) *out = d->stats;
+    if (d) *out = d->r.stats;
 }
 
 PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
 {
-    if (!d) return;
-    memset(&d->stats, 0, sizeof d->stats);
-    d->stats.buckets = d->nbuckets;
-    d->stats.grad_bytes = d->m->param_count * (int64_t)sizeof(float);
-}
-
-/* ---- sampler ---- */
-
-struct pdp_dist_sampler {
-    pdp_dist_sampler_desc desc;
-    int64_t num_samples, total;
-    int64_t *perm;      /* dataset_size */
-    int64_t *indices;   /* num_samples: this rank's */
-};
-
-PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,
-                                           const pdp_dist_sampler_desc *desc)
-{
-    static const char *fn = "pdp_dist_sampler_create";
-    pdp_dist_sampler *s;
-    pdp_dist_sampler_desc dd;
-    int64_t n;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!desc) return pdp__err(PDP_ERR_INVALID, "%s: desc is NULL (dataset_size is required)", fn);
-    dd = *desc;
-    dd.world_size = PDP__DEF(dd.world_size, 1);
-    n = dd.dataset_size;
-    if (n < 1) return pdp__err(PDP_ERR_INVALID, "%s: dataset_size %lld < 1", fn, (long long)n);
-    if (dd.world_size < 1)
-        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d < 1", fn, dd.world_size);
-    if (dd.rank < 0 || dd.rank >= dd.world_size)
-        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, dd.rank,
-                        dd.world_size - 1);
-    if (dd.drop_last && n < dd.world_size)
-        return pdp__err(PDP_ERR_INVALID, "%s: drop_last with %lld samples for %d ranks leaves "
-                        "none", fn, (long long)n, dd.world_size);
-    s = (pdp_dist_sampler *)pdp__calloc(sizeof *s);
-    if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    s->desc = dd;
-    s->num_samples = dd.drop_last ? n / dd.world_size : (n + dd.world_size - 1) / dd.world_size;
-    s->total = s->num_samples * dd.world_size;
-    s->perm = (int64_t *)pdp__alloc((size_t)n * sizeof *s->perm);
-    s->indices = (int64_t *)pdp__alloc((size_t)s->num_samples * sizeof *s->indices);
-    if (!s->perm || !s->indices) {
-        pdp_dist_sampler_free(s);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices", fn, (long long)n);
-    }
-    pdp_dist_sampler_set_epoch(s, 0);
-    *out = s;
-    return PDP_OK;
-}
-
-PDP_API void pdp_dist_sampler_free(pdp_dist_sampler *s)
-{
-    if (!s) return;
-    pdp__dealloc(s->perm);
-    pdp__dealloc(s->indices);
-    pdp__dealloc(s);
-}
-
-PDP_API void pdp_dist_sampler_set_epoch(pdp_dist_sampler *s, uint64_t epoch)
-{
-    int64_t i, n;
-    if (!s) return;
-    n = s->desc.dataset_size;
-    if (s->desc.no_shuffle)
-        for (i = 0; i < n; i++) s->perm[i] = i;
-    else
-        pdp_permutation(s->perm, n, s->desc.seed, epoch);
-    /* entry j of the padded (or cut) list is perm[j mod n]; rank r takes j = r + k N */
-    for (i = 0; i < s->num_samples; i++)
-        s->indices[i] = s->perm[(s->desc.rank + i * (int64_t)s->desc.world_size) % n];
-}
-
-PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s)
-{
-    return s ? s->num_samples : 0;
-}
-
-PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count)
-{
-    if (count) *count = s ? s->num_samples : 0;
-    return s ? s->indices : NULL;
+    if (d) pdp__reducer_reset_stats(&d->r);
 }
 /* ---- end src/ddp.c ---- */
 

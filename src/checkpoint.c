@@ -1,22 +1,26 @@
 /* checkpoint: safetensors files for a model's parameters and its optimizer
-   state, with our own small strict parser of the format's JSON header.
+   state; the header is read by json.c's strict parser.
 
    Format (https://github.com/huggingface/safetensors, "Format"): 8 bytes
-   little-endian u64 N, then N bytes of JSON, then the data. The JSON is one
-   object: tensor name -> {"dtype": "F32", "shape": [..], "data_offsets":
-   [begin, end]} with offsets relative to the data start, plus an optional
-   "__metadata__" object of string -> string. Names are unique; the tensors'
-   byte ranges must tile the data section exactly (no gap, no overlap);
-   trailing spaces pad the header.
+   little-endian u64 N, then N bytes of JSON, then the data (json.c checks the
+   JSON and the tiling of the data section).
 
    Invariants. Save never exposes a half-written file: it writes
    "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory.
    Load never half-applies a file: it reads the header (at most
    PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
    validates every entry, reads every expected tensor into one staging buffer,
-   and only then copies into the model and the optimizer. The parser accepts
-   only what the format needs (objects, strings, non-negative integers, arrays of
-   them), holds no recursion, and bounds every count by the header length. */
+   and only then copies into the model and the optimizer.
+
+   Ranges (ZeRO): pdp__checkpoint_save_range writes one rank's range [lo, hi)
+   of the flat block as a shard file: flat F32 tensors "params" and
+   "optim.<state>" ([hi - lo] each, either may be left out), __metadata__
+   "format": "pdp-shard", "shard.lo", "shard.hi", "shard.count" (the model's
+   parameter count) and the same model and optimizer keys as a full file.
+   pdp__checkpoint_load_range reads a shard file of exactly that range, or the
+   slice [lo, hi) of a full checkpoint (every tensor still checked). The public
+   load refuses a shard file; the public save and load refuse a range
+   optimizer. */
 
 #include "internal.h"
 #include <fcntl.h>
@@ -28,7 +32,6 @@
 #ifndef PDP__CKPT_MAX_HEADER
 #  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
 #endif
-#define PDP__CKPT_MAX_DIMS 16
 
 static bool pdp__little_endian(void)
 {
@@ -48,378 +51,6 @@ static void pdp__bswap32(void *data, int64_t count)
     }
 }
 
-/* ---- checkpoint: header parser ---- */
-
-typedef struct pdp__st_entry {
-    const char *name;           /* decoded, NUL-terminated, in the parser's arena */
-    const char *dtype;
-    int ndim;
-    int64_t shape[PDP__CKPT_MAX_DIMS];
-    uint64_t begin, end;        /* data_offsets */
-} pdp__st_entry;
-
-typedef struct pdp__st_parser {
-    const char *s;              /* the header */
-    size_t n, pos;
-    char *arena;                /* decoded strings; never longer than their source */
-    size_t arena_used;
-    pdp__st_entry *entries;
-    int nentries, cap_entries;
-    const char **meta;          /* key, value, key, value, ... */
-    int nmeta, cap_meta;
-    const char *file;           /* for messages */
-} pdp__st_parser;
-
-static pdp_status pdp__st_fail(const pdp__st_parser *p, const char *what)
-{
-    return pdp__err(PDP_ERR_FORMAT, "pdp_checkpoint_load: %s: header byte %zu: %s", p->file, p->pos,
-                    what);
-}
-
-static void pdp__st_ws(pdp__st_parser *p)
-{
-    while (p->pos < p->n && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' ||
-                             p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
-        p->pos++;
-}
-
-/* Skips whitespace, then consumes c or fails. */
-static bool pdp__st_expect(pdp__st_parser *p, char c)
-{
-    pdp__st_ws(p);
-    if (p->pos < p->n && p->s[p->pos] == c) {
-        p->pos++;
-        return true;
-    }
-    return false;
-}
-
-static int pdp__st_hex(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* A JSON string, decoded into the arena as UTF-8 (\uXXXX escapes, surrogate
-   pairs included). */
-static pdp_status pdp__st_string(pdp__st_parser *p, const char **out)
-{
-    char *o = p->arena + p->arena_used;
-    size_t len = 0;
-    if (!pdp__st_expect(p, '"')) return pdp__st_fail(p, "expected a string");
-    for (;;) {
-        unsigned char c;
-        if (p->pos >= p->n) return pdp__st_fail(p, "unterminated string");
-        c = (unsigned char)p->s[p->pos++];
-        if (c == '"') break;
-        if (c < 0x20) return pdp__st_fail(p, "control character in a string");
-        if (c != '\\') {
-            o[len++] = (char)c;
-            continue;
-        }
-        if (p->pos >= p->n) return pdp__st_fail(p, "unterminated escape");
-        c = (unsigned char)p->s[p->pos++];
-        switch (c) {
-        case '"': case '\\': case '/': o[len++] = (char)c; break;
-        case 'b': o[len++] = '\b'; break;
-        case 'f': o[len++] = '\f'; break;
-        case 'n': o[len++] = '\n'; break;
-        case 'r': o[len++] = '\r'; break;
-        case 't': o[len++] = '\t'; break;
-        case 'u': {
-            uint32_t cp = 0;
-            int i, h, pair;
-            for (pair = 0; pair < 2; pair++) {
-                uint32_t u = 0;
-                if (p->n - p->pos < 4) return pdp__st_fail(p, "short \\u escape");
-                for (i = 0; i < 4; i++) {
-                    if ((h = pdp__st_hex(p->s[p->pos++])) < 0)
-                        return pdp__st_fail(p, "bad \\u escape");
-                    u = u * 16 + (uint32_t)h;
-                }
-                if (pair == 0) {
-                    cp = u;
-                    if (u >= 0xdc00 && u <= 0xdfff) return pdp__st_fail(p, "lone low surrogate");
-                    if (u < 0xd800 || u > 0xdbff) break;
-                    if (p->n - p->pos < 2 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u')
-                        return pdp__st_fail(p, "lone high surrogate");
-                    p->pos += 2;
-                } else {
-                    if (u < 0xdc00 || u > 0xdfff) return pdp__st_fail(p, "bad surrogate pair");
-                    cp = 0x10000 + ((cp - 0xd800) << 10) + (u - 0xdc00);
-                }
-            }
-            if (cp == 0) return pdp__st_fail(p, "NUL in a string");
-            /* at most 4 output bytes for at least 6 (12 for a pair) input bytes */
-            if (cp < 0x80) {
-                o[len++] = (char)cp;
-            } else if (cp < 0x800) {
-                o[len++] = (char)(0xc0 | (cp >> 6));
-                o[len++] = (char)(0x80 | (cp & 0x3f));
-            } else if (cp < 0x10000) {
-                o[len++] = (char)(0xe0 | (cp >> 12));
-                o[len++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-                o[len++] = (char)(0x80 | (cp & 0x3f));
-            } else {
-                o[len++] = (char)(0xf0 | (cp >> 18));
-                o[len++] = (char)(0x80 | ((cp >> 12) & 0x3f));
-                o[len++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-                o[len++] = (char)(0x80 | (cp & 0x3f));
-            }
-            break;
-        }
-        default: return pdp__st_fail(p, "unknown escape");
-        }
-    }
-    o[len] = '\0';
-    p->arena_used += len + 1;
-    *out = o;
-    return PDP_OK;
-}
-
-/* A non-negative integer without sign, fraction, exponent or leading zeros. */
-static pdp_status pdp__st_uint(pdp__st_parser *p, uint64_t *out)
-{
-    uint64_t v = 0;
-    size_t start;
-    pdp__st_ws(p);
-    start = p->pos;
-    while (p->pos < p->n && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
-        unsigned d = (unsigned)(p->s[p->pos] - '0');
-        if (v > (UINT64_MAX - d) / 10) return pdp__st_fail(p, "integer overflows 64 bits");
-        v = v * 10 + d;
-        p->pos++;
-    }
-    if (p->pos == start) return pdp__st_fail(p, "expected a non-negative integer");
-    if (p->s[start] == '0' && p->pos - start > 1) return pdp__st_fail(p, "leading zero");
-    if (p->pos < p->n && (p->s[p->pos] == '.' || p->s[p->pos] == 'e' || p->s[p->pos] == 'E'))
-        return pdp__st_fail(p, "expected an integer");
-    *out = v;
-    return PDP_OK;
-}
-
-/* [u, u, ...] with at most max elements. */
-static pdp_status pdp__st_uint_array(pdp__st_parser *p, uint64_t *out, int max, int *count)
-{
-    pdp_status st;
-    *count = 0;
-    if (!pdp__st_expect(p, '[')) return pdp__st_fail(p, "expected '['");
-    if (pdp__st_expect(p, ']')) return PDP_OK;
-    for (;;) {
-        if (*count == max) return pdp__st_fail(p, "array too long");
-        if ((st = pdp__st_uint(p, &out[(*count)++])) != PDP_OK) return st;
-        if (pdp__st_expect(p, ']')) return PDP_OK;
-        if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or ']'");
-    }
-}
-
-/* {"dtype": s, "shape": [..], "data_offsets": [b, e]}, each key exactly once. */
-static pdp_status pdp__st_tensor(pdp__st_parser *p, pdp__st_entry *e)
-{
-    bool have_dtype = false, have_shape = false, have_offsets = false;
-    uint64_t v[PDP__CKPT_MAX_DIMS];
-    const char *key;
-    int i, n;
-    pdp_status st;
-    if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (tensor info)");
-    if (pdp__st_expect(p, '}')) return pdp__st_fail(p, "empty tensor info");
-    for (;;) {
-        if ((st = pdp__st_string(p, &key)) != PDP_OK) return st;
-        if (!pdp__st_expect(p, ':')) return pdp__st_fail(p, "expected ':'");
-        if (strcmp(key, "dtype") == 0 && !have_dtype) {
-            if ((st = pdp__st_string(p, &e->dtype)) != PDP_OK) return st;
-            have_dtype = true;
-        } else if (strcmp(key, "shape") == 0 && !have_shape) {
-            if ((st = pdp__st_uint_array(p, v, PDP__CKPT_MAX_DIMS, &n)) != PDP_OK) return st;
-            for (i = 0; i < n; i++) {
-                if (v[i] > (uint64_t)INT64_MAX) return pdp__st_fail(p, "dimension too large");
-                e->shape[i] = (int64_t)v[i];
-            }
-            e->ndim = n;
-            have_shape = true;
-        } else if (strcmp(key, "data_offsets") == 0 && !have_offsets) {
-            if ((st = pdp__st_uint_array(p, v, 2, &n)) != PDP_OK) return st;
-            if (n != 2) return pdp__st_fail(p, "data_offsets needs 2 integers");
-            e->begin = v[0];
-            e->end = v[1];
-            have_offsets = true;
-        } else {
-            return pdp__st_fail(p, "unknown or repeated key in tensor info");
-        }
-        if (pdp__st_expect(p, '}')) break;
-        if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or '}'");
-    }
-    if (!have_dtype || !have_shape || !have_offsets)
-        return pdp__st_fail(p, "tensor info needs dtype, shape and data_offsets");
-    return PDP_OK;
-}
-
-/* {"key": "value", ...} */
-static pdp_status pdp__st_metadata(pdp__st_parser *p)
-{
-    pdp_status st;
-    if (p->meta) return pdp__st_fail(p, "__metadata__ twice");
-    p->cap_meta = (int)(p->n / 6 + 1) * 2; /* "k":"v", takes at least 6 bytes */
-    p->meta = (const char **)pdp__alloc((size_t)p->cap_meta * sizeof *p->meta);
-    if (!p->meta) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_checkpoint_load: no memory");
-    if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (__metadata__)");
-    if (pdp__st_expect(p, '}')) return PDP_OK;
-    for (;;) {
-        PDP_ASSERT(p->nmeta + 2 <= p->cap_meta);
-        if ((st = pdp__st_string(p, &p->meta[p->nmeta])) != PDP_OK) return st;
-        if (!pdp__st_expect(p, ':')) return pdp__st_fail(p, "expected ':'");
-        if ((st = pdp__st_string(p, &p->meta[p->nmeta + 1])) != PDP_OK) return st;
-        p->nmeta += 2;
-        if (pdp__st_expect(p, '}')) return PDP_OK;
-        if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or '}'");
-    }
-}
-
-/* The whole header. Allocations (arena, entries, metadata) are freed by
-   pdp__st_parser_free, also after a failure. */
-static pdp_status pdp__st_parse(pdp__st_parser *p)
-{
-    const char *key;
-    pdp_status st;
-    p->arena = (char *)pdp__alloc(p->n + 1);
-    /* the shortest entry, "":{"dtype":"","shape":[],"data_offsets":[0,0]}, has 45 bytes */
-    p->cap_entries = (int)(p->n / 45 + 1);
-    p->entries = (pdp__st_entry *)pdp__calloc((size_t)p->cap_entries * sizeof *p->entries);
-    if (!p->arena || !p->entries)
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_checkpoint_load: %s: no memory for a %zu-byte "
-                        "header", p->file, p->n);
-    if (!pdp__st_expect(p, '{')) return pdp__st_fail(p, "expected '{' (not a safetensors file?)");
-    if (!pdp__st_expect(p, '}')) {
-        for (;;) {
-            if ((st = pdp__st_string(p, &key)) != PDP_OK) return st;
-            if (!pdp__st_expect(p, ':')) return pdp__st_fail(p, "expected ':'");
-            if (strcmp(key, "__metadata__") == 0) {
-                if ((st = pdp__st_metadata(p)) != PDP_OK) return st;
-            } else {
-                pdp__st_entry *e;
-                if (p->nentries == p->cap_entries) return pdp__st_fail(p, "too many tensors");
-                e = &p->entries[p->nentries++];
-                e->name = key;
-                if ((st = pdp__st_tensor(p, e)) != PDP_OK) return st;
-            }
-            if (pdp__st_expect(p, '}')) break;
-            if (!pdp__st_expect(p, ',')) return pdp__st_fail(p, "expected ',' or '}'");
-        }
-    }
-    pdp__st_ws(p);
-    if (p->pos != p->n) return pdp__st_fail(p, "bytes after the header object");
-    return PDP_OK;
-}
-
-static void pdp__st_parser_free(pdp__st_parser *p)
-{
-    pdp__dealloc(p->arena);
-    pdp__dealloc(p->entries);
-    pdp__dealloc((void *)p->meta);
-}
-
-static const char *pdp__st_meta(const pdp__st_parser *p, const char *key)
-{
-    int i;
-    for (i = 0; i < p->nmeta; i += 2)
-        if (strcmp(p->meta[i], key) == 0) return p->meta[i + 1];
-    return NULL;
-}
-
-/* Bytes per element of a safetensors dtype; 0 when unknown. */
-static int pdp__st_dtype_bytes(const char *d)
-{
-    static const char *const names[] = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8",
-                                        "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
-    static const int bytes[] = {8, 4, 2, 2, 8, 4, 2, 1, 8, 4, 2, 1, 1, 1, 1};
-    size_t i;
-    for (i = 0; i < sizeof bytes / sizeof bytes[0]; i++)
-        if (strcmp(d, names[i]) == 0) return bytes[i];
-    return 0;
-}
-
-static int pdp__st_by_begin(const void *a, const void *b)
-{
-    const pdp__st_entry *x = *(const pdp__st_entry *const *)a;
-    const pdp__st_entry *y = *(const pdp__st_entry *const *)b;
-    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
-    return x->end < y->end ? -1 : x->end > y->end;
-}
-
-static int pdp__st_by_name(const void *a, const void *b)
-{
-    const pdp__st_entry *x = *(const pdp__st_entry *const *)a;
-    const pdp__st_entry *y = *(const pdp__st_entry *const *)b;
-    return strcmp(x->name, y->name);
-}
-
-/* Per-entry checks (known dtype, byte count = elements * size, inside the data),
-   unique names, and exact tiling of the data section. sorted gets the entries
-   by name. */
-static pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
-                                   pdp__st_entry **sorted)
-{
-    const char *fn = "pdp_checkpoint_load";
-    uint64_t at = 0;
-    int i, d;
-    for (i = 0; i < p->nentries; i++) {
-        const pdp__st_entry *e = &p->entries[i];
-        uint64_t bytes = (uint64_t)pdp__st_dtype_bytes(e->dtype);
-        if (!bytes)
-            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\": unknown dtype \"%s\"", fn,
-                            p->file, e->name, e->dtype);
-        for (d = 0; d < e->ndim; d++) {
-            if (e->shape[d] && bytes > UINT64_MAX / (uint64_t)e->shape[d])
-                return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\": shape overflows", fn,
-                                p->file, e->name);
-            bytes *= (uint64_t)e->shape[d];
-        }
-        if (e->end < e->begin || e->end > data_bytes)
-            return pdp__err(PDP_ERR_FORMAT,
-                            "%s: %s: tensor \"%s\": data_offsets [%llu, %llu] outside the %llu "
-                            "data bytes (truncated file?)", fn, p->file, e->name,
-                            (unsigned long long)e->begin, (unsigned long long)e->end,
-                            (unsigned long long)data_bytes);
-        if (e->end - e->begin != bytes)
-            return pdp__err(PDP_ERR_FORMAT,
-                            "%s: %s: tensor \"%s\": data_offsets hold %llu bytes, its dtype and "
-                            "shape need %llu", fn, p->file, e->name,
-                            (unsigned long long)(e->end - e->begin), (unsigned long long)bytes);
-        sorted[i] = &p->entries[i];
-    }
-    qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_begin);
-    for (i = 0; i < p->nentries; i++) {
-        if (sorted[i]->begin != at)
-            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" starts at data byte %llu, "
-                            "expected %llu (overlap or gap)", fn, p->file, sorted[i]->name,
-                            (unsigned long long)sorted[i]->begin, (unsigned long long)at);
-        at = sorted[i]->end;
-    }
-    if (at != data_bytes)
-        return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensors cover %llu of the %llu data bytes", fn,
-                        p->file, (unsigned long long)at, (unsigned long long)data_bytes);
-    qsort(sorted, (size_t)p->nentries, sizeof *sorted, pdp__st_by_name);
-    for (i = 1; i < p->nentries; i++)
-        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
-            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" appears twice", fn, p->file,
-                            sorted[i]->name);
-    return PDP_OK;
-}
-
-static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name)
-{
-    int lo = 0, hi = n - 1;
-    while (lo <= hi) {
-        int mid = lo + (hi - lo) / 2, c = strcmp(sorted[mid]->name, name);
-        if (c == 0) return sorted[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
-    }
-    return NULL;
-}
-
 /* ---- checkpoint: save ---- */
 
 /* Appends printf output to a bounded buffer; *ok turns false on overflow. */
@@ -436,19 +67,28 @@ static void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const ch
 }
 
 /* The header JSON, padded with spaces to a multiple of 8 bytes. Parameter names
-   are "<layer>.<weight|bias>": nothing in them needs escaping. */
-static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, char **out, size_t *len)
+   are "<layer>.<weight|bias>": nothing in them needs escaping. shard: a shard
+   file of [lo, hi) (flat "params" when with_params, flat "optim.<state>");
+   otherwise every parameter and state tensor of the model (with_params is
+   then true, lo = 0, hi = param_count). */
+static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                   int64_t lo, int64_t hi, bool shard, char **out, size_t *len)
 {
-    size_t cap = 1024 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
+    size_t cap = 2048 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
     char *h = (char *)pdp__alloc(cap);
     bool ok = true;
     uint64_t at = 0;
     int k, i, d;
     if (!h) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for the header");
     pdp__ckpt_put(h, cap, &n, &ok,
-                  "{\"__metadata__\":{\"format\":\"pdp\",\"pdp_version\":\"%s\","
+                  "{\"__metadata__\":{\"format\":\"%s\",\"pdp_version\":\"%s\","
                   "\"model.seed\":\"%llu\",\"model.step\":\"%llu\"",
-                  PDP_VERSION_STRING, (unsigned long long)m->seed, (unsigned long long)m->step);
+                  shard ? "pdp-shard" : "pdp", PDP_VERSION_STRING, (unsigned long long)m->seed,
+                  (unsigned long long)m->step);
+    if (shard)
+        pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.lo\":\"%lld\",\"shard.hi\":\"%lld\","
+                      "\"shard.count\":\"%lld\"", (long long)lo, (long long)hi,
+                      (long long)m->param_count);
     if (o) {
         const pdp_optim_desc *dd = &o->desc;
         pdp__ckpt_put(h, cap, &n, &ok,
@@ -462,7 +102,18 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, char 
                       (double)dd->eps);
     }
     pdp__ckpt_put(h, cap, &n, &ok, "}");
-    for (k = -1; k < (o ? o->nstate : 0); k++) {
+    for (k = shard && !with_params ? 0 : -1; shard && k < (o ? o->nstate : 0); k++) {
+        if (k < 0)
+            pdp__ckpt_put(h, cap, &n, &ok, ",\"params\":{\"dtype\":\"F32\",\"shape\":[%lld],",
+                          (long long)(hi - lo));
+        else
+            pdp__ckpt_put(h, cap, &n, &ok, ",\"optim.%s\":{\"dtype\":\"F32\",\"shape\":[%lld],",
+                          pdp__optim_state_name(o, k), (long long)(hi - lo));
+        pdp__ckpt_put(h, cap, &n, &ok, "\"data_offsets\":[%llu,%llu]}", (unsigned long long)at,
+                      (unsigned long long)(at + (uint64_t)(hi - lo) * 4));
+        at += (uint64_t)(hi - lo) * 4;
+    }
+    for (k = -1; !shard && k < (o ? o->nstate : 0); k++) {
         for (i = 0; i < m->nparams; i++) {
             const pdp__param_entry *e = &m->params[i];
             if (k < 0)
@@ -526,9 +177,13 @@ static int pdp__ckpt_sync_dir(const char *path)
     return rc;
 }
 
-PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+/* Writes the parameters [lo, hi) (params holds them; skipped unless
+   with_params) and o's state for [lo, hi) (o may be NULL) as a full
+   checkpoint (shard false: lo = 0, hi = param_count) or a shard file. */
+static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
+                                 bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
+                                 bool shard, const char *fn)
 {
-    const char *fn = "pdp_checkpoint_save";
     char *header = NULL, *tmp = NULL;
     unsigned char len8[8];
     size_t hlen = 0, tmp_bytes;
@@ -537,15 +192,10 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
     const char *failed = NULL;
     int k, err = 0;
     pdp_status st;
-    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if (o && o->count != m->param_count)
-        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
-                        "the model has %lld", fn, path, (long long)o->count,
-                        (long long)m->param_count);
-    if ((st = pdp__ckpt_header(m, o, &header, &hlen)) != PDP_OK)
+    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, &header, &hlen)) != PDP_OK)
         return pdp__err_wrap(st, "%s: %s", fn, path);
     if (m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian()) {
-        host = (float *)pdp__alloc((size_t)PDP__MAX(1, m->param_count) * 4);
+        host = (float *)pdp__alloc((size_t)PDP__MAX(1, hi - lo) * 4);
         if (!host) {
             pdp__dealloc(header);
             return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no staging memory", fn, path);
@@ -566,12 +216,12 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
         goto io_error;
     }
     if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen ||
-        !pdp__ckpt_write_floats(f, m->device, m->param_block, m->param_count, host)) {
+        (with_params && !pdp__ckpt_write_floats(f, m->device, params, hi - lo, host))) {
         failed = "write";
         goto io_error;
     }
     for (k = 0; o && k < o->nstate; k++)
-        if (!pdp__ckpt_write_floats(f, m->device, o->state[k], o->count, host)) {
+        if (!pdp__ckpt_write_floats(f, m->device, o->state[k] + (lo - o->lo), hi - lo, host)) {
             failed = "write";
             goto io_error;
         }
@@ -612,6 +262,50 @@ io_error:
     return st;
 }
 
+PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_save";
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    if (o && !pdp__optim_is_full(o))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
+                        (long long)o->hi, (long long)o->count);
+    return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+}
+
+/* Checks a range call's arguments: [lo, hi) inside the model, o's range
+   containing it, something to save or load. */
+static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
+                                       const pdp_optim *o, int64_t lo, int64_t hi, const char *fn)
+{
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!params && !o)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: neither parameters nor an optimizer", fn, path);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: range [%lld, %lld) is not inside the model's "
+                        "%lld parameters", fn, path, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    if (o && (o->count != m->param_count || lo < o->lo || hi > o->hi))
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "%lld parameters, not for [%lld, %lld) of %lld", fn, path,
+                        (long long)o->lo, (long long)o->hi, (long long)o->count, (long long)lo,
+                        (long long)hi, (long long)m->param_count);
+    return PDP_OK;
+}
+
+static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                             const float *params, const pdp_optim *o,
+                                             int64_t lo, int64_t hi, const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, fn);
+}
+
 /* ---- checkpoint: load ---- */
 
 /* A float from a metadata string ("%.9g" on save); false when absent or bad. */
@@ -631,7 +325,7 @@ static bool pdp__ckpt_meta_float(const pdp__st_parser *p, const char *key, float
 static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
                                        pdp_optim_desc *desc, int64_t *steps)
 {
-    const char *fn = "pdp_checkpoint_load", *kind = pdp__st_meta(p, "optim.kind");
+    const char *fn = p->fn, *kind = pdp__st_meta(p, "optim.kind");
     const char *s = pdp__st_meta(p, "optim.steps"), *nest = pdp__st_meta(p, "optim.nesterov");
     static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
                                        "optim.weight_decay", "optim.beta1", "optim.beta2",
@@ -725,23 +419,40 @@ static void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shap
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
-/* Reads tensor e of the file f (data at data_start) into dst (count floats). */
-static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *file, uint64_t data_start,
-                                        const pdp__st_entry *e, float *dst, int64_t count)
+/* Reads elements [first, first + count) of tensor e of the file f (data at
+   data_start) into dst. */
+static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *file,
+                                        uint64_t data_start, const pdp__st_entry *e,
+                                        int64_t first, float *dst, int64_t count)
 {
-    uint64_t at = data_start + e->begin;
+    uint64_t at = data_start + e->begin + (uint64_t)first * 4;
     if (at > (uint64_t)LONG_MAX || fseek(f, (long)at, SEEK_SET) != 0 ||
         fread(dst, 4, (size_t)count, f) != (size_t)count)
-        return pdp__err(PDP_ERR_IO, "pdp_checkpoint_load: %s: tensor \"%s\": read failed (%s)",
-                        file, e->name,
+        return pdp__err(PDP_ERR_IO, "%s: %s: tensor \"%s\": read failed (%s)", fn, file, e->name,
                         ferror(f) ? strerror(errno) : "file shorter than its header");
     if (!pdp__little_endian()) pdp__bswap32(dst, count);
     return PDP_OK;
 }
 
-PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+/* Whether a tensor name of a shard file is one load expects (or may ignore). */
+static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
 {
-    const char *fn = "pdp_checkpoint_load";
+    int k;
+    if (strcmp(name, "params") == 0) return true; /* ignored when not loading parameters */
+    if (strncmp(name, "optim.", 6) != 0) return false;
+    if (!o) return true; /* ignored */
+    for (k = 0; k < o->nstate; k++)
+        if (strcmp(name + 6, pdp__optim_state_name(o, k)) == 0) return true;
+    return false;
+}
+
+/* Loads the parameters [lo, hi) into params (when with_params) and o's state
+   for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
+   allow_shard, from a shard file of exactly [lo, hi). */
+static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
+                                 pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
+                                 const char *fn)
+{
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
     unsigned char len8[8];
@@ -753,18 +464,15 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     uint64_t seed = 0, mstep = 0;
     bool have_seed = false, have_step = false;
     struct stat sb;
+    const char *format;
+    bool shard;
     FILE *f;
     int i, k, nstate;
     pdp_status st = PDP_OK;
 
     memset(&p, 0, sizeof p);
     memset(&desc, 0, sizeof desc);
-    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if (o && o->count != m->param_count)
-        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
-                        "the model has %lld", fn, path, (long long)o->count,
-                        (long long)m->param_count);
-    count = m->param_count;
+    count = hi - lo;
     nstate = o ? o->nstate : 0;
     if (!(f = fopen(path, "rb")))
         return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
@@ -799,6 +507,7 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     p.s = header;
     p.n = (size_t)hlen;
     p.file = path;
+    p.fn = fn;
     if ((st = pdp__st_parse(&p)) != PDP_OK) goto done;
     sorted = (pdp__st_entry **)pdp__alloc((size_t)PDP__MAX(1, p.nentries) * sizeof *sorted);
     if (!sorted) {
@@ -813,6 +522,33 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                       "not a count", fn, path);
         goto done;
     }
+    format = pdp__st_meta(&p, "format");
+    shard = format && strcmp(format, "pdp-shard") == 0;
+    if (shard && !allow_shard) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard file (one rank's range of a ZeRO run), "
+                      "not a checkpoint of the whole model", fn, path);
+        goto done;
+    }
+    if (shard) {
+        uint64_t slo = 0, shi = 0, scount = 0;
+        bool have[3];
+        if (!pdp__ckpt_meta_u64(&p, "shard.lo", &slo, &have[0]) ||
+            !pdp__ckpt_meta_u64(&p, "shard.hi", &shi, &have[1]) ||
+            !pdp__ckpt_meta_u64(&p, "shard.count", &scount, &have[2]) || !have[0] || !have[1] ||
+            !have[2]) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"shard.lo\", \"shard.hi\" or "
+                          "\"shard.count\" is missing or not a count", fn, path);
+            goto done;
+        }
+        if (slo != (uint64_t)lo || shi != (uint64_t)hi || scount != (uint64_t)m->param_count) {
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the file holds [%llu, %llu) of %llu parameters, "
+                          "this rank loads [%lld, %lld) of %lld", fn, path,
+                          (unsigned long long)slo, (unsigned long long)shi,
+                          (unsigned long long)scount, (long long)lo, (long long)hi,
+                          (long long)m->param_count);
+            goto done;
+        }
+    }
 
     /* every expected tensor: present, F32, same shape */
     staging = (float *)pdp__alloc((size_t)PDP__MAX(1, count * (1 + nstate)) * sizeof(float));
@@ -821,10 +557,29 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                       (long long)(count * (1 + nstate)));
         goto done;
     }
-    for (k = -1; k < nstate; k++) {
+    for (k = with_params ? -1 : 0; shard && k < nstate; k++) {
+        const pdp__st_entry *e;
+        if (k < 0) snprintf(name, sizeof name, "params");
+        else snprintf(name, sizeof name, "optim.%s", pdp__optim_state_name(o, k));
+        if (!(e = pdp__st_find(sorted, p.nentries, name))) {
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
+            goto done;
+        }
+        if (strcmp(e->dtype, "F32") != 0 || e->ndim != 1 || e->shape[0] != count) {
+            pdp__shape_text(a, sizeof a, e->ndim, e->shape);
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is %s %s, expected F32 [%lld]", fn,
+                          path, name, e->dtype, a, (long long)count);
+            goto done;
+        }
+        if ((st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, 0, staging + (k + 1) * count,
+                                        count)) != PDP_OK)
+            goto done;
+    }
+    for (k = with_params ? -1 : 0; !shard && k < nstate; k++) {
         for (i = 0; i < m->nparams; i++) {
             const pdp__param_entry *pe = &m->params[i];
             const pdp__st_entry *e;
+            int64_t from = PDP__MAX(lo, pe->offset), to = PDP__MIN(hi, pe->offset + pe->count);
             bool same = true;
             int d;
             if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
@@ -847,14 +602,16 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                               "the model's is %s", fn, path, name, a, b);
                 goto done;
             }
-            if ((st = pdp__ckpt_read_tensor(f, path, data_start, e,
-                                            staging + (k + 1) * count + pe->offset, pe->count)) !=
-                PDP_OK)
+            if (from < to &&
+                (st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, from - pe->offset,
+                                            staging + (k + 1) * count + (from - lo), to - from)) !=
+                    PDP_OK)
                 goto done;
         }
     }
     for (i = 0; i < p.nentries; i++)
-        if (!pdp__ckpt_expected(m, o, p.entries[i].name)) {
+        if (shard ? !pdp__ckpt_shard_expected(o, p.entries[i].name)
+                  : !pdp__ckpt_expected(m, o, p.entries[i].name)) {
             st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", fn, path,
                           p.entries[i].name,
                           strncmp(p.entries[i].name, "optim.", 6) == 0 ? "optimizer's state"
@@ -863,17 +620,17 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
         }
 
     /* all checks passed: apply */
-    if (count && (st = pdp__dev_copy(m->device, m->param_block, pdp_cpu(), staging,
-                                     (size_t)count * 4)) != PDP_OK) {
+    if (with_params && count &&
+        (st = pdp__dev_copy(m->device, params, pdp_cpu(), staging, (size_t)count * 4)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: %s: copying the parameters to the device failed; they "
                            "may be partly loaded", fn, path);
         goto done;
     }
-    if (have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
-    if (have_step) m->step = mstep;
+    if (with_params && have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
+    if (with_params && have_step) m->step = mstep;
     if (o) {
         for (k = 0; k < nstate; k++)
-            if (count && (st = pdp__dev_copy(m->device, o->state[k], pdp_cpu(),
+            if (count && (st = pdp__dev_copy(m->device, o->state[k] + (lo - o->lo), pdp_cpu(),
                                              staging + (k + 1) * count, (size_t)count * 4)) !=
                              PDP_OK) {
                 st = pdp__err_wrap(st, "%s: %s: copying the optimizer state to the device "
@@ -891,4 +648,28 @@ done:
     pdp__dealloc(sorted);
     pdp__dealloc(staging);
     return st;
+}
+
+PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_load";
+    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && o->count != m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
+                        "the model has %lld", fn, path, (long long)o->count,
+                        (long long)m->param_count);
+    if (o && !pdp__optim_is_full(o))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
+                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
+                        (long long)o->hi, (long long)o->count);
+    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+}
+
+static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                             pdp_optim *o, int64_t lo, int64_t hi,
+                                             const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, fn);
 }

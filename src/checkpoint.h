@@ -41,5 +41,5 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
    PDP_ERR_IO (cannot open or read), PDP_ERR_FORMAT (not safetensors, truncated,
    corrupt header, overlapping or uncovered data, wrong dtype, optimizer kind),
    PDP_ERR_SHAPE (a missing, extra or differently shaped tensor). The header is
-   limited to 100 MB. */
+   limited to 100 MB (10^8 bytes). */
 PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);

@@ -42,8 +42,8 @@ typedef struct pdp_ddp pdp_ddp;
 
 typedef struct pdp_ddp_desc {
     double bucket_cap_mb;    /* bucket capacity in MiB (2^20 bytes); default 25 */
-    double first_bucket_mb;  /* capacity of the first bucket (the last layers' gradients,
-                                ready first); default min(1, bucket_cap_mb) */
+    double first_bucket_mb;  /* capacity of the first bucket in MiB (the last layers'
+                                gradients, ready first); default min(1, bucket_cap_mb) */
 } pdp_ddp_desc;
 
 /* Wraps m (which stays owned by the caller, must outlive ddp and gets no new

@@ -278,6 +278,29 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
    caller-visible pdp_optim_step only. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi);
+/* An optimizer holding state for [lo, hi) of the flat block only (ZeRO: one
+   rank's range; pdp_optim_create is [0, param_count)). pdp_optim_step on it
+   updates [lo, hi) only, with the bits a full optimizer gives that range.
+   fn names the public caller. */
+static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                          const char *fn);
+
+/* ---- checkpoint ranges (checkpoint.c) ----
+   One rank's part of a checkpoint under ZeRO: the parameters and/or optimizer
+   state of [lo, hi) of the flat block. params: hi - lo floats on m's device
+   holding elements [lo, hi) (m->param_block + lo when the rank keeps the whole
+   block), or NULL for none; o: an optimizer whose range contains [lo, hi), or
+   NULL for none. Save writes a shard file (flat tensors, see checkpoint.c);
+   load reads a shard file of exactly [lo, hi) or the slice [lo, hi) of a full
+   checkpoint, validating everything before it copies. fn names the public
+   caller in messages. */
+static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                             const float *params, const pdp_optim *o,
+                                             int64_t lo, int64_t hi, const char *fn);
+static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                             pdp_optim *o, int64_t lo, int64_t hi,
+                                             const char *fn);
 
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----

@@ -3,8 +3,10 @@
    warm-up + cosine learning-rate schedule.
 
    Invariants: the optimizer belongs to one model and to that model's parameter
-   count at creation; its state is flat with the parameter block's offsets
-   (state[k][i] belongs to parameter element i) and lives on the model's device:
+   count at creation; it holds state for one range [lo, hi) of the flat block
+   (all of it, [0, count), for pdp_optim_create), flat with the parameter
+   block's offsets (state[k][i - lo] belongs to parameter element i), on the
+   model's device:
      SGD, momentum > 0:  state[0] = momentum_buffer
      Adam, AdamW:        state[0] = exp_avg, state[1] = exp_avg_sq
    pdp_optim_create allocates it (zeroed), so a step allocates nothing. steps
@@ -13,10 +15,12 @@
    d_p, as PyTorch's clone). The element formulas are the PDP__HOSTDEV helpers of
    math.h, shared with the CUDA kernels.
 
-   ZeRO: pdp__optim_step_range updates one range of elements, so a rank can
-   update only its shard; the state is still allocated for the whole block here
-   (a sharded optimizer would allocate and save only [lo, hi), with the same
-   per-element code). Whoever calls it for a shard advances steps with
+   ZeRO: pdp__optim_create_range allocates state for one rank's range only, and
+   pdp_optim_step on such an optimizer updates that range only (checkpoint.c
+   saves and loads it with pdp__checkpoint_save_range/load_range). The element
+   code is the same, so a range optimizer stepping its range gives the bits of
+   a full optimizer on that range. pdp__optim_step_range updates any sub-range
+   of the held range; whoever calls it directly advances steps with
    pdp__optim_finish_step once every range of the step is done.
 
    References: torch/optim/sgd.py, adam.py, adamw.py (PyTorch 1.13 single-tensor
@@ -33,9 +37,10 @@ struct pdp_optim {
     pdp_model *model;
     pdp_optim_desc desc;   /* defaults filled in, validated */
     int64_t count;         /* the model's param_count at creation */
+    int64_t lo, hi;        /* the range of the flat block the state covers */
     int64_t steps;         /* completed updates */
     int nstate;            /* state buffers in use: 0, 1 or 2 */
-    float *state[2];       /* count floats each, on the model's device */
+    float *state[2];       /* hi - lo floats each, on the model's device */
 };
 
 /* ---- optim: desc ---- */
@@ -112,35 +117,51 @@ static const char *pdp__optim_state_name(const pdp_optim *o, int k)
 
 /* ---- optim: lifecycle ---- */
 
-PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
+static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                          const char *fn)
 {
     pdp_optim *o;
     pdp_optim_desc d;
     size_t bytes;
     int k;
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_optim_create: out is NULL");
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_optim_create: model is NULL");
-    if ((st = pdp__optim_desc_resolve(desc, &d, "pdp_optim_create")) != PDP_OK) return st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
+                        "parameters", fn, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    if ((st = pdp__optim_desc_resolve(desc, &d, fn)) != PDP_OK) return st;
     o = (pdp_optim *)pdp__calloc(sizeof *o);
-    if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_optim_create: no memory");
+    if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     o->model = m;
     o->desc = d;
     o->count = m->param_count;
+    o->lo = lo;
+    o->hi = hi;
     o->nstate = pdp__optim_nstate(&d);
-    bytes = (size_t)o->count * sizeof(float);
+    bytes = (size_t)(hi - lo) * sizeof(float);
     for (k = 0; k < o->nstate; k++) {
         if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
             (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
             pdp_optim_free(o);
-            return pdp__err_wrap(st, "pdp_optim_create: %s state for %lld parameters",
-                                 pdp_optim_kind_name(d.kind), (long long)m->param_count);
+            return pdp__err_wrap(st, "%s: %s state for %lld parameters", fn,
+                                 pdp_optim_kind_name(d.kind), (long long)(hi - lo));
         }
     }
     *out = o;
     return PDP_OK;
 }
+
+PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
+{
+    return pdp__optim_create_range(out, m, desc, 0, m ? m->param_count : 0, "pdp_optim_create");
+}
+
+/* Whether o holds state for the whole block (the public functions' optimizer). */
+static bool pdp__optim_is_full(const pdp_optim *o) { return o->lo == 0 && o->hi == o->count; }
 
 PDP_API void pdp_optim_free(pdp_optim *o)
 {
@@ -279,7 +300,8 @@ typedef struct pdp__optim_job {
     const pdp__optim_scalars *s;
     float *params;
     const float *grads;
-    float *state[2];
+    float *state[2];     /* state[k][i - state_lo] belongs to element i */
+    int64_t state_lo;
     int64_t lo, hi;
 } pdp__optim_job;
 
@@ -289,38 +311,40 @@ static void pdp__optim_part(void *arg, int part, int nparts)
     const pdp__optim_job *j = (const pdp__optim_job *)arg;
     int64_t len = j->hi - j->lo;
     int64_t per = ((len + nparts - 1) / nparts + 15) & ~(int64_t)15;
-    int64_t a = j->lo + per * part, b = PDP__MIN(j->hi, a + per);
+    int64_t a = j->lo + per * part, b = PDP__MIN(j->hi, a + per), sa = a - j->state_lo;
     if (a >= b) return;
     if (j->s->kind == PDP_OPTIM_SGD)
-        pdp__sgd_loop(j->params + a, j->grads + a, j->state[0] ? j->state[0] + a : NULL, b - a,
+        pdp__sgd_loop(j->params + a, j->grads + a, j->state[0] ? j->state[0] + sa : NULL, b - a,
                       j->s);
     else
-        pdp__adam_loop(j->params + a, j->grads + a, j->state[0] + a, j->state[1] + a, b - a, j->s);
+        pdp__adam_loop(j->params + a, j->grads + a, j->state[0] + sa, j->state[1] + sa, b - a,
+                       j->s);
 }
 
 /* Below this many elements per thread, one thread is faster than waking more. */
 #define PDP__OPTIM_MIN_PER_THREAD 32768
 
 /* params and grads are full-size blocks: element i of each is parameter
-   element i, as in the state. */
+   element i; [lo, hi) lies inside the range o holds state for. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi)
 {
     pdp__optim_scalars s;
     pdp__optim_job job;
     int threads;
-    PDP_ASSERT(o && 0 <= lo && lo <= hi && hi <= o->count);
+    PDP_ASSERT(o && o->lo <= lo && lo <= hi && hi <= o->hi);
     if (lo == hi) return PDP_OK;
     pdp__optim_scalars_of(o, &s);
     if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
         return pdp__cuda_optim_update(o->model->device, &s, params + lo, grads + lo,
-                                      o->state[0] ? o->state[0] + lo : NULL,
-                                      o->state[1] ? o->state[1] + lo : NULL, hi - lo);
+                                      o->state[0] ? o->state[0] + (lo - o->lo) : NULL,
+                                      o->state[1] ? o->state[1] + (lo - o->lo) : NULL, hi - lo);
     job.s = &s;
     job.params = params;
     job.grads = grads;
     job.state[0] = o->state[0];
     job.state[1] = o->state[1];
+    job.state_lo = o->lo;
     job.lo = lo;
     job.hi = hi;
     threads = pdp__threads_for_caller();
@@ -343,7 +367,7 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
                         "pdp_optim_step: the model has %lld parameters, %lld when the optimizer "
                         "was created (layers added after pdp_optim_create)",
                         (long long)m->param_count, (long long)o->count);
-    if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, 0, o->count)) != PDP_OK)
+    if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_optim_step");
     pdp__optim_finish_step(o);
     return PDP_OK;

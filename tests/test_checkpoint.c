@@ -203,6 +203,103 @@ TEST checkpoint_round_trip_with_optimizer(void)
     PASS();
 }
 
+/* ZeRO's seam: a rank's range [lo, hi) of parameters and optimizer state,
+   from the slice of a full checkpoint and through a shard file, each bit for
+   bit; elements outside the range untouched; state only and parameters only;
+   mismatched ranges and files refused, naming both. */
+TEST checkpoint_range_save_and_load(void)
+{
+    static const int kinds[] = {PDP_OPTIM_SGD, PDP_OPTIM_ADAMW};
+    char full[128], shard[128];
+    int v, k;
+    path_in_tmp(full, sizeof full, "range_full.safetensors");
+    path_in_tmp(shard, sizeof shard, "range_shard.safetensors");
+    for (v = 0; v < 2; v++) {
+        pdp_model *a = make_model(5, 9, 3, false, 1), *b = make_model(5, 9, 3, false, 2);
+        pdp_model *c = make_model(5, 9, 3, false, 3);
+        pdp_optim *oa = NULL, *rb = NULL, *rc = NULL, *other = NULL;
+        pdp_optim_desc d = kinds[v] == PDP_OPTIM_SGD ? sgd_desc() : adam_desc();
+        int64_t lo, hi, n, i;
+        float *b0, *c0;
+        d.kind = (pdp_optim_kind)kinds[v];
+        ASSERT(a && b && c);
+        n = a->param_count;
+        lo = 7; /* inside 0.weight */
+        hi = n - 5; /* inside the last bias */
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oa, a, &d), status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp__optim_create_range(&rb, b, &d, lo, hi, "t"), status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp__optim_create_range(&rc, c, &d, lo, hi, "t"), status_name);
+        random_steps(a, oa, 3, 11);
+        a->step = 9;
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_save(full, a, oa), status_name);
+        b0 = (float *)malloc((size_t)n * 4);
+        c0 = (float *)malloc((size_t)n * 4);
+        memcpy(b0, b->param_block, (size_t)n * 4);
+        memcpy(c0, c->param_block, (size_t)n * 4);
+
+        /* the slice of a full checkpoint */
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
+                        pdp__checkpoint_load_range(full, b, b->param_block + lo, rb, lo, hi, "z"),
+                        status_name);
+        for (i = 0; i < n; i++)
+            ASSERT_EQ_FMT(i >= lo && i < hi ? a->param_block[i] : b0[i], b->param_block[i],
+                          "%.9g");
+        for (k = 0; k < oa->nstate; k++)
+            ASSERT_MEM_EQ(oa->state[k] + lo, rb->state[k], (size_t)(hi - lo) * 4);
+        ASSERT_EQ(3, (int)pdp_optim_steps(rb));
+        ASSERT_EQ(9, (int)b->step);
+
+        /* a shard file: state only first (parameters untouched), then both */
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
+                        pdp__checkpoint_save_range(shard, b, b->param_block + lo, rb, lo, hi, "z"),
+                        status_name);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
+                        pdp__checkpoint_load_range(shard, c, NULL, rc, lo, hi, "z"), status_name);
+        ASSERT_MEM_EQ(c0, c->param_block, (size_t)n * 4);
+        for (k = 0; k < oa->nstate; k++)
+            ASSERT_MEM_EQ(oa->state[k] + lo, rc->state[k], (size_t)(hi - lo) * 4);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
+                        pdp__checkpoint_load_range(shard, c, c->param_block + lo, NULL, lo, hi,
+                                                   "z"), status_name);
+        ASSERT_MEM_EQ(b->param_block + lo, c->param_block + lo, (size_t)(hi - lo) * 4);
+        ASSERT_MEM_EQ(c0, c->param_block, (size_t)lo * 4);
+
+        /* refusals */
+        ASSERT_ENUM_EQ(PDP_ERR_SHAPE,
+                       pdp__checkpoint_load_range(shard, c, c->param_block + lo - 1, rc, lo - 1,
+                                                  hi, "pdp_zero_load"), status_name);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_zero_load") != NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "the optimizer holds state for") !=
+                                      NULL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp__optim_create_range(&other, c, &d, lo + 1, hi, "t"),
+                       status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_SHAPE,
+                       pdp__checkpoint_load_range(shard, c, c->param_block + lo + 1, other,
+                                                  lo + 1, hi, "pdp_zero_load"), status_name);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "the file holds [7, ") != NULL);
+        ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_checkpoint_load(shard, c, NULL), status_name);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "a shard file") != NULL);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_checkpoint_save(full, b, rb), status_name);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "[7, ") != NULL);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_checkpoint_load(full, b, rb), status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID,
+                       pdp__checkpoint_load_range(shard, c, NULL, NULL, lo, hi, "z"), status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID,
+                       pdp__checkpoint_save_range(shard, c, c->param_block, NULL, 0, n + 1, "z"),
+                       status_name);
+        free(b0);
+        free(c0);
+        pdp_optim_free(oa);
+        pdp_optim_free(rb);
+        pdp_optim_free(rc);
+        pdp_optim_free(other);
+        pdp_model_free(a);
+        pdp_model_free(b);
+        pdp_model_free(c);
+    }
+    PASS();
+}
+
 TEST checkpoint_round_trip_model_only(void)
 {
     char path[128], path2[128];
@@ -872,6 +969,7 @@ SUITE(checkpoint)
 {
     RUN_TEST(checkpoint_round_trip_with_optimizer);
     RUN_TEST(checkpoint_round_trip_model_only);
+    RUN_TEST(checkpoint_range_save_and_load);
     RUN_TEST(checkpoint_file_layout);
     RUN_TEST(checkpoint_python_safetensors_interop);
     RUN_TEST(checkpoint_missing_file);

@@ -9,7 +9,10 @@
    parameter mismatch fails on every rank naming the parameter; a rank that
    never arrives makes the others time out naming the bucket and the rank; a
    rank that dies mid-backward makes the others fail at once. The hot loop
-   allocates nothing (PDP_MALLOC counts). Run under TSan by `make tsan`. */
+   allocates nothing (PDP_MALLOC counts). The reducer seam: a reducer with its
+   own collective and after-step hook (as ZeRO will have) launches every bucket
+   once per synchronised backward, in bucket order, and runs the hook once per
+   step. Run under TSan by `make tsan`. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include <stdlib.h>
@@ -190,12 +193,12 @@ static void *rank_main(void *arg)
         make_batch(0, x, y);
         pdp_tensor_wrap(x + r * local * IN, pdp_cpu(), 2, shape, &xt);
         pdp_model_forward(m, &xt, &out);
-        pdp__ddp_arm(d);
-        pdp__ddp_hook(d, m, m->nparams - 1);
-        pdp__ddp_hook(d, m, m->nparams - 2);
-        d->state = PDP__DDP_REDUCING; /* as pdp_ddp_forward_backward leaves a failed pass */
-        d->failed = true;
-        d->armed = false;
+        pdp__reducer_arm(&d->r);
+        pdp__reducer_hook(&d->r, m, m->nparams - 1);
+        pdp__reducer_hook(&d->r, m, m->nparams - 2);
+        d->r.state = PDP__RED_REDUCING; /* as pdp_ddp_forward_backward leaves a failed pass */
+        d->r.failed = true;
+        d->r.armed = false;
         fail(ctx, pdp_ddp_step(d, o)); /* waits for the two buckets, then refuses */
         goto out; /* frees the DDP and the communicator: the others fail at once */
     }
@@ -368,8 +371,8 @@ TEST ddp_buckets_follow_reverse_order_and_caps(void)
         pdp_ddp_free(d);
         d = NULL;
     }
-    /* defaults: 25 MB, first bucket 1 MB; a model of 1.5 MB of weights in the last layer
-       and 1 MB before it has two buckets */
+    /* defaults: 25 MiB, first bucket 1 MiB; a model of 1.5 MiB of weights in the last layer
+       and 1 MiB before it has two buckets */
     pdp_model_free(m);
     {
         pdp_model_desc md;
@@ -400,6 +403,118 @@ TEST ddp_state_errors(void)
     }
     run_ranks(2, 30.0, ctx);
     for (r = 0; r < 2; r++) ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+    PASS();
+}
+
+TEST ddp_model_and_comm_are_what_it_wraps(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_ddp *d = NULL;
+    ASSERT_EQ(NULL, pdp_ddp_model(NULL));
+    ASSERT_EQ(NULL, pdp_ddp_comm(NULL));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+    ASSERT_EQ(m, pdp_ddp_model(d));
+    ASSERT_EQ(c, pdp_ddp_comm(d));
+    ASSERT_EQ(0, pdp_comm_rank(pdp_ddp_comm(d)));
+    ASSERT_EQ(m->nparams, pdp_model_num_params(pdp_ddp_model(d)));
+    pdp_ddp_free(d);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
+/* ---- the reducer seam ---- */
+
+/* A collective that records the order of launches and sums instead of
+   averaging; an after-step hook that counts. */
+typedef struct seam_log {
+    int launched[64], nlaunched, after_steps;
+} seam_log;
+
+static pdp_status seam_reduce(pdp__reducer *r, int b, pdp_work **w)
+{
+    seam_log *log = (seam_log *)r->desc.user;
+    const pdp_ddp_bucket *k = &r->buckets[b].info;
+    if (log->nlaunched < 64) log->launched[log->nlaunched++] = b;
+    return pdp_comm_allreduce(r->c, r->m->grad_block + k->offset, k->count, PDP_REDUCE_SUM, w);
+}
+
+static pdp_status seam_after_step(pdp__reducer *r, const char *fn)
+{
+    seam_log *log = (seam_log *)r->desc.user;
+    (void)fn;
+    log->after_steps++;
+    return log->after_steps == 3 ? pdp__err(PDP_ERR_COMM, "seam_after_step: third") : PDP_OK;
+}
+
+TEST reducer_collective_and_after_step_are_parameters(void)
+{
+    static pdp__reducer r; /* zeroed */
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = sgd();
+    pdp__reducer_desc rd;
+    seam_log log;
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {B, IN};
+    pdp_tensor xt;
+    int b, step;
+    memset(&log, 0, sizeof log);
+    memset(&rd, 0, sizeof rd);
+    rd.cap_bytes = 1.0; /* one parameter per bucket */
+    rd.first_bytes = 1.0;
+    rd.reduce = seam_reduce;
+    rd.after_step = seam_after_step;
+    rd.op_name = "sum";
+    rd.finish_names = "the seam test's finish";
+    rd.user = &log;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__reducer_init(&r, m, c, &rd, "seam"), pdp_status_name);
+    ASSERT_EQ(m->nparams, r.nbuckets);
+    ASSERT(m->hook != NULL);
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    for (step = 0; step < 3; step++) {
+        make_batch(step, x, y);
+        r.no_sync = true; /* accumulates: nothing launched */
+        ASSERT_ENUM_EQ(PDP_OK, pdp__reducer_backward(&r, &xt, y, &loss, "seam"), pdp_status_name);
+        ASSERT_EQ(step * m->nparams, log.nlaunched);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp__reducer_finish(&r, "seam"), pdp_status_name);
+        r.no_sync = false;
+        ASSERT_ENUM_EQ(PDP_OK, pdp__reducer_backward(&r, &xt, y, &loss, "seam"), pdp_status_name);
+        ASSERT_EQ((step + 1) * m->nparams, log.nlaunched);
+        for (b = 0; b < m->nparams; b++) ASSERT_EQ(b, log.launched[step * m->nparams + b]);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp__reducer_backward(&r, &xt, y, &loss, "seam"),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "call the seam test's finish first") != NULL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp__reducer_finish(&r, "seam"), pdp_status_name);
+        ASSERT_EQ(step + 1, (int)r.stats.steps);
+        if (step < 2) {
+            ASSERT_ENUM_EQ(PDP_OK, pdp__reducer_step(&r, o, "seam"), pdp_status_name);
+        } else { /* the hook's failure is the step's */
+            ASSERT_ENUM_EQ(PDP_ERR_COMM, pdp__reducer_step(&r, o, "seam"), pdp_status_name);
+            ASSERT(strstr(pdp_last_error(), "third") != NULL);
+        }
+        ASSERT_EQ(step + 1, log.after_steps);
+        ASSERT_EQ(step + 1, (int)pdp_optim_steps(o));
+    }
+    pdp__reducer_release(&r);
+    ASSERT(m->hook == NULL);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
     PASS();
 }
 
@@ -569,9 +684,15 @@ SUITE(ddp)
     RUN_TEST(ddp_world_size_one_is_plain_training_bit_for_bit);
     RUN_TEST(ddp_buckets_follow_reverse_order_and_caps);
     RUN_TEST(ddp_state_errors);
+    RUN_TEST(ddp_model_and_comm_are_what_it_wraps);
     RUN_TEST(ddp_param_mismatch_fails_on_every_rank);
     RUN_TEST(ddp_absent_rank_times_out_naming_bucket_and_rank);
     RUN_TEST(ddp_rank_dying_mid_backward_fails_the_others_at_once);
+}
+
+SUITE(reducer)
+{
+    RUN_TEST(reducer_collective_and_after_step_are_parameters);
 }
 
 SUITE(sampler)
@@ -586,6 +707,7 @@ int main(int argc, char **argv)
 {
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(ddp);
+    RUN_SUITE(reducer);
     RUN_SUITE(sampler);
     GREATEST_MAIN_END();
 }

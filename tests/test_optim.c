@@ -1,7 +1,8 @@
 /* test_optim: SGD, Adam and AdamW against a naive double-precision reference
    written here from the PyTorch documentation's pseudo-code, against PyTorch
    itself (tests/fixtures/optim_*.bin from tools/gen_optim_fixtures.py), and
-   gradient clipping, the schedule, desc validation and allocation counting. */
+   gradient clipping, the schedule, desc validation and allocation counting;
+   optimizers holding state for a range of the block (ZeRO) against the full one. */
 
 #define _POSIX_C_SOURCE 200809L /* before the first system header (pdp.h needs POSIX) */
 #include <stdio.h>
@@ -280,6 +281,104 @@ TEST optim_step_bits_independent_of_threads(void)
     pdp_optim_free(ob);
     pdp_model_free(a);
     pdp_model_free(b);
+    PASS();
+}
+
+/* ZeRO's seam: optimizers holding state for three uneven ranges that tile the
+   block, each stepping its range (as three ranks would), give the bits of one
+   full optimizer, parameters and state; a lone range optimizer leaves every
+   element outside its range alone. Large enough for two threads per range. */
+static enum greatest_test_res check_range_equals_full(const pdp_optim_desc *d)
+{
+    pdp_model_desc md;
+    pdp_model *a = NULL, *b = NULL, *c = NULL;
+    pdp_optim *full = NULL, *part[3] = {NULL, NULL, NULL}, *lone = NULL;
+    pdp_tensor pa, ga, pb, gb, pc, gc;
+    pdp_rng r;
+    int64_t cut[4], lone_lo, lone_hi, i;
+    float *before;
+    int step, q, k;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 300;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&a, &md), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(a, 300), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&b, &md), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(b, 300), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&c, &md), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(c, 300), status_name);
+    cut[0] = 0;
+    cut[1] = 1001; /* not a multiple of 16: the blocked loops' tails move */
+    cut[2] = 70013;
+    cut[3] = a->param_count;
+    lone_lo = 90000 - 77777;
+    lone_hi = 90000;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&full, a, d), status_name);
+    for (q = 0; q < 3; q++)
+        ASSERT_ENUM_EQ(PDP_OK, pdp__optim_create_range(&part[q], b, d, cut[q], cut[q + 1], "t"),
+                       status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__optim_create_range(&lone, c, d, lone_lo, lone_hi, "t"),
+                   status_name);
+    pdp_model_flat(a, &pa, &ga);
+    pdp_model_flat(b, &pb, &gb);
+    pdp_model_flat(c, &pc, &gc);
+    before = (float *)malloc((size_t)pc.count * 4);
+    memcpy(before, pc.data, (size_t)pc.count * 4);
+    pdp_rng_seed(&r, 5, 0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_set_num_threads(2), status_name);
+    for (step = 0; step < 4; step++) {
+        fill_normal(ga.data, ga.count, &r, 1.0f);
+        memcpy(gb.data, ga.data, (size_t)ga.count * 4);
+        memcpy(gc.data, ga.data, (size_t)ga.count * 4);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(full), status_name);
+        for (q = 0; q < 3; q++) ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(part[q]), status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(lone), status_name);
+    }
+    pdp_set_num_threads(1);
+    ASSERT_MEM_EQ(pa.data, pb.data, (size_t)pa.count * 4);
+    for (q = 0; q < 3; q++) {
+        ASSERT_EQ(4, (int)pdp_optim_steps(part[q]));
+        ASSERT_EQ(full->nstate, part[q]->nstate);
+        for (k = 0; k < full->nstate; k++)
+            ASSERT_MEM_EQ(full->state[k] + cut[q], part[q]->state[k],
+                          (size_t)(cut[q + 1] - cut[q]) * 4);
+    }
+    for (i = 0; i < pc.count; i++) {
+        if (i >= lone_lo && i < lone_hi) ASSERT_EQ_FMT(pa.data[i], pc.data[i], "%.9g");
+        else ASSERT_EQ_FMT(before[i], pc.data[i], "%.9g");
+    }
+    free(before);
+    pdp_optim_free(full);
+    for (q = 0; q < 3; q++) pdp_optim_free(part[q]);
+    pdp_optim_free(lone);
+    pdp_model_free(a);
+    pdp_model_free(b);
+    pdp_model_free(c);
+    PASS();
+}
+
+TEST optim_range_state_steps_like_the_full_optimizer(void)
+{
+    pdp_optim_desc d;
+    pdp_model *m = small_model();
+    pdp_optim *o = NULL;
+    int v;
+    for (v = 0; v < 5; v++) {
+        memset(&d, 0, sizeof d);
+        d.kind = v < 3 ? PDP_OPTIM_SGD : v == 3 ? PDP_OPTIM_ADAM : PDP_OPTIM_ADAMW;
+        d.lr = 0.01f;
+        d.weight_decay = v == 0 ? 0.0f : 0.01f;
+        if (v == 1) d.momentum = 0.9f, d.dampening = 0.1f;
+        if (v == 2) d.momentum = 0.9f, d.nesterov = true;
+        CHECK_CALL(check_range_equals_full(&d));
+    }
+    ASSERT(m != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp__optim_create_range(&o, m, NULL, 5, m->param_count + 1,
+                                                             "pdp_zero_create"), status_name);
+    ASSERT(o == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_zero_create: range [5, 833) is not inside the model's "
+                                    "832 parameters") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp__optim_create_range(&o, m, NULL, 7, 6, "f"), status_name);
+    pdp_model_free(m);
     PASS();
 }
 
@@ -702,6 +801,7 @@ SUITE(optim)
     RUN_TEST(optim_adamw_matches_reference);
     RUN_TEST(optim_element_helpers_known_values);
     RUN_TEST(optim_step_bits_independent_of_threads);
+    RUN_TEST(optim_range_state_steps_like_the_full_optimizer);
     RUN_TEST(optim_step_allocates_nothing);
     RUN_TEST(optim_zero_grad_zeros_the_gradient_block);
     RUN_TEST(optim_step_fails_after_layers_added);

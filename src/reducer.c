@@ -1,0 +1,508 @@
+/* reducer: the bucket reducer that DDP and ZeRO share, PyTorch's Reducer
+   (torch/csrc/distributed/c10d/reducer.cpp) in miniature, with the collective
+   of a bucket as a parameter.
+
+   Buckets are planned once, at construction, walking the parameters in reverse
+   registration order and closing a bucket as soon as it holds cap bytes or more
+   (the first: first bytes), PyTorch's compute_bucket_assignment_by_size.
+   Because the model keeps its gradients in one block in registration order, a
+   bucket of consecutive parameters in reverse order is one contiguous range
+   [offset, offset + count) of that block: the collective runs on the gradients
+   themselves, with no flattening copy (PyTorch's gradient_as_bucket_view=True,
+   here by construction).
+
+   The executor hands in its collective, one function pointer called once per
+   bucket per synchronised backward (the only indirection on the hot path):
+   DDP all-reduces (average) the bucket in place; ZeRO reduce-scatters it into
+   the part of the flat block its rank owns. An optional after_step hook runs
+   after the optimizer step (ZeRO: all-gather the updated parameters); op_name
+   names the collective in the trace ("allreduce bucket 3").
+
+   Per synchronised backward: pending[b] starts at the number of parameters in
+   bucket b; the model's grad hook, fired once per parameter right after its
+   layer's backward, decrements it; at zero the bucket is ready. Ready buckets
+   launch strictly in bucket order (a later bucket that is ready first waits for
+   the earlier ones), so every rank issues the same collectives in the same
+   order whatever order its hooks fire in. A bucket whose parameters never get
+   a gradient (unused in this forward) launches at the end of backward, so no
+   rank waits on it. pdp__reducer_finish waits for the buckets in order and
+   reports the first failure naming the bucket and its parameters.
+
+   States: IDLE (nothing pending), LOCAL (gradients accumulated under no_sync,
+   not reduced), REDUCING (a synchronised backward launched its buckets and
+   finish has not run). The progress of a bucket's collective writes the
+   gradient memory, so nothing else may touch the gradients while REDUCING: a
+   second backward is refused and pdp__reducer_release waits first. Nothing on
+   the per-step path allocates: buckets, handles (the backends' pools) and
+   messages are fixed-size. Every function takes fn, the public function on
+   whose behalf it runs, to start its messages. */
+
+#include "internal.h"
+
+/* ---- reducer: state ---- */
+
+typedef enum pdp__red_state {
+    PDP__RED_IDLE,
+    PDP__RED_LOCAL,
+    PDP__RED_REDUCING
+} pdp__red_state;
+
+typedef struct pdp__reducer pdp__reducer;
+
+/* Launches bucket b's collective (asynchronously, handle in *w) on r->c; the
+   bucket is r->buckets[b].info, the gradients r->m->grad_block. */
+typedef pdp_status (*pdp__reduce_fn)(pdp__reducer *r, int b, pdp_work **w);
+/* Runs after the optimizer step of pdp__reducer_step (ZeRO: all-gather). */
+typedef pdp_status (*pdp__after_step_fn)(pdp__reducer *r, const char *fn);
+
+typedef struct pdp__reducer_desc {
+    double cap_bytes;              /* close a bucket at >= this many bytes */
+    double first_bytes;            /* the same for bucket 0 */
+    pdp__reduce_fn reduce;         /* required */
+    pdp__after_step_fn after_step; /* NULL: nothing */
+    const char *op_name;           /* the collective's name in the trace ("allreduce") */
+    const char *finish_names;      /* for messages: "pdp_ddp_step or pdp_ddp_finish" */
+    void *user;                    /* the executor, for reduce and after_step */
+} pdp__reducer_desc;
+
+typedef struct pdp__red_bucket {
+    pdp_ddp_bucket info;
+    int nparams;
+    int pending;          /* parameters still to report in this backward */
+    bool ready, launched;
+    pdp_work *work;
+    double t_launch;
+} pdp__red_bucket;
+
+struct pdp__reducer {
+    pdp_model *m;
+    pdp_comm *c;
+    pdp__reducer_desc desc;
+    pdp__red_bucket *buckets;
+    int nbuckets;
+    int *bucket_of;       /* per parameter */
+    int next_launch;      /* the first bucket not launched yet */
+    pdp__red_state state;
+    bool no_sync;
+    bool armed;           /* the hook reduces (a synchronised backward is running) */
+    bool failed;          /* the last synchronised backward failed: gradients incomplete */
+    pdp_status launch_status;
+    char launch_msg[512];
+    int twice_param;      /* a parameter reported twice in one backward, or -1 */
+    int64_t bytes_at_arm;
+    double backward_acc;  /* forward + backward seconds since the last finish */
+    pdp_ddp_stats stats;  /* grad_bytes is the executor's to set */
+    bool traced;
+    int trace_compute, trace_comm;
+};
+
+/* ---- reducer: buckets ---- */
+
+static pdp_status pdp__reducer_plan(pdp__reducer *r)
+{
+    const pdp_model *m = r->m;
+    double cap = r->desc.cap_bytes, first = r->desc.first_bytes;
+    double bytes = 0.0;
+    int p, b = 0, last = m->nparams - 1;
+    r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
+                                                sizeof *r->buckets);
+    r->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *r->bucket_of);
+    if (!r->buckets || !r->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
+    for (p = m->nparams - 1; p >= 0; p--) {
+        bytes += (double)m->params[p].count * sizeof(float);
+        r->bucket_of[p] = b;
+        if (bytes >= (b == 0 ? first : cap) || p == 0) { /* close bucket b: params p..last */
+            pdp__red_bucket *k = &r->buckets[b];
+            k->info.first_param = p;
+            k->info.last_param = last;
+            k->info.offset = m->params[p].offset;
+            k->info.count = m->params[last].offset + m->params[last].count - k->info.offset;
+            k->nparams = last - p + 1;
+            b++;
+            last = p - 1;
+            bytes = 0.0;
+        }
+    }
+    r->nbuckets = b;
+    return PDP_OK;
+}
+
+/* "bucket 1 of 3 (0.weight..0.bias, 1.57 MiB)" */
+static void pdp__red_bucket_name(const pdp__reducer *r, int b, char *out, size_t cap)
+{
+    const pdp__red_bucket *k = &r->buckets[b];
+    snprintf(out, cap, "bucket %d of %d (%s..%s, %.3g MiB)", b, r->nbuckets,
+             r->m->params[k->info.first_param].name, r->m->params[k->info.last_param].name,
+             (double)k->info.count * 4.0 / 1048576.0);
+}
+
+static void pdp__reducer_launch(pdp__reducer *r, int b)
+{
+    pdp__red_bucket *k = &r->buckets[b];
+    pdp_status st;
+    k->launched = true;
+    k->t_launch = pdp__now();
+    st = r->desc.reduce(r, b, &k->work);
+    if (st != PDP_OK && r->launch_status == PDP_OK) {
+        char name[160];
+        pdp__red_bucket_name(r, b, name, sizeof name);
+        r->launch_status = st;
+        snprintf(r->launch_msg, sizeof r->launch_msg, "%s: %.300s", name, pdp_last_error());
+    }
+}
+
+/* Launches every ready bucket that has no unlaunched bucket before it. */
+static void pdp__reducer_launch_ready(pdp__reducer *r)
+{
+    while (r->next_launch < r->nbuckets && r->buckets[r->next_launch].ready)
+        pdp__reducer_launch(r, r->next_launch++);
+}
+
+/* The model's grad hook: parameter p's gradient is final for this backward. */
+static void pdp__reducer_hook(void *user, pdp_model *m, int p)
+{
+    pdp__reducer *r = (pdp__reducer *)user;
+    pdp__red_bucket *k;
+    (void)m;
+    if (!r->armed) return; /* no_sync: accumulate locally */
+    k = &r->buckets[r->bucket_of[p]];
+    if (k->ready) {
+        if (r->twice_param < 0) r->twice_param = p;
+        return;
+    }
+    if (--k->pending == 0) {
+        k->ready = true;
+        pdp__reducer_launch_ready(r);
+    }
+}
+
+static void pdp__reducer_arm(pdp__reducer *r)
+{
+    pdp_comm_stats cs;
+    int b;
+    for (b = 0; b < r->nbuckets; b++) {
+        pdp__red_bucket *k = &r->buckets[b];
+        k->pending = k->nparams;
+        k->ready = k->launched = false;
+        k->work = NULL;
+    }
+    r->next_launch = 0;
+    r->launch_status = PDP_OK;
+    r->launch_msg[0] = '\0';
+    r->twice_param = -1;
+    pdp_comm_get_stats(r->c, &cs);
+    r->bytes_at_arm = cs.bytes_sent;
+    r->armed = true;
+}
+
+/* ---- reducer: construction ---- */
+
+/* One parameter as the construction check compares it. */
+typedef struct pdp__red_sig {
+    char name[32];
+    int64_t ndim;
+    int64_t shape[4];
+} pdp__red_sig;
+
+static void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s)
+{
+    const pdp__param_entry *e = &m->params[p];
+    memset(s, 0, sizeof *s);
+    memcpy(s->name, e->name, sizeof s->name);
+    s->ndim = e->ndim;
+    memcpy(s->shape, e->shape, sizeof s->shape);
+}
+
+static void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap)
+{
+    int i;
+    size_t n = (size_t)snprintf(out, cap, "'%.32s' [", s->name);
+    for (i = 0; i < s->ndim && i < 4 && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, i ? ", %lld" : "%lld", (long long)s->shape[i]);
+    if (n < cap) snprintf(out + n, cap - n, "]");
+}
+
+/* All-gather of count host floats per rank. Collective buffers live on the
+   communicator's device (NCCL reads GPU memory only), so a GPU communicator
+   stages them through a small device buffer; used once, at construction. */
+static pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, float *recv,
+                                              int64_t count)
+{
+    float *dev = NULL;
+    size_t send_bytes = (size_t)count * sizeof(float);
+    pdp_status st;
+    if (c->device.kind == PDP_DEVICE_CPU) return pdp_comm_allgather(c, send, recv, count, NULL);
+    if ((st = pdp__dev_alloc(c->device, send_bytes * (size_t)(c->size + 1), (void **)&dev)) ==
+            PDP_OK &&
+        (st = pdp__dev_copy(c->device, dev, pdp_cpu(), send, send_bytes)) == PDP_OK &&
+        (st = pdp_comm_allgather(c, dev, dev + count, count, NULL)) == PDP_OK)
+        st = pdp__dev_copy(pdp_cpu(), recv, c->device, dev + count, send_bytes * (size_t)c->size);
+    pdp__dev_free(c->device, dev);
+    return st;
+}
+
+/* Every rank compares its registry with rank 0's; all learn the first
+   difference of every rank through an all-gather, so all fail together. */
+static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, const char *fn)
+{
+    int64_t n0 = m->nparams;
+    pdp__red_sig *table = NULL, mine;
+    float diff, *all = NULL;
+    int p, q, mine_at = -1, worst_rank = -1, worst_at = -1, size = c->size;
+    pdp_status st;
+    if ((st = pdp_comm_broadcast_bytes(c, &n0, sizeof n0, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: exchanging parameter counts", fn, c->rank);
+    if (n0 < 0 || n0 > (1 << 24))
+        return pdp__err(PDP_ERR_INVALID, "%s: rank 0 reports %lld parameters", fn, (long long)n0);
+    table = (pdp__red_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
+    all = (float *)pdp__calloc((size_t)size * sizeof *all);
+    if (!table || !all) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameter signatures", fn,
+                      (long long)n0);
+        goto out; /* the others then time out on the next collective: memory is gone anyway */
+    }
+    if (c->rank == 0)
+        for (p = 0; p < n0; p++) pdp__red_sig_of(m, p, &table[p]);
+    if ((st = pdp_comm_broadcast_bytes(c, table, (size_t)n0 * sizeof *table, 0)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s: rank %d: exchanging parameter signatures", fn, c->rank);
+        goto out;
+    }
+    for (p = 0; p < PDP__MAX(n0, (int64_t)m->nparams); p++) {
+        if (p >= n0 || p >= m->nparams) {
+            mine_at = p;
+            break;
+        }
+        pdp__red_sig_of(m, p, &mine);
+        if (memcmp(&mine, &table[p], sizeof mine) != 0) {
+            mine_at = p;
+            break;
+        }
+    }
+    diff = (float)mine_at;
+    if ((st = pdp__reducer_allgather_host(c, &diff, all, 1)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s: rank %d: exchanging the check's verdicts", fn, c->rank);
+        goto out;
+    }
+    for (q = 0; q < size; q++)
+        if (all[q] >= 0.0f && (worst_at < 0 || (int)all[q] < worst_at)) {
+            worst_at = (int)all[q];
+            worst_rank = q;
+        }
+    if (worst_at >= 0) {
+        char a[160], b[160];
+        if (mine_at >= 0) {
+            if (mine_at < m->nparams) pdp__red_sig_of(m, mine_at, &mine);
+            if (mine_at < m->nparams) pdp__red_sig_str(&mine, a, sizeof a);
+            else snprintf(a, sizeof a, "missing (it has %d parameters)", m->nparams);
+            if (mine_at < n0) pdp__red_sig_str(&table[mine_at], b, sizeof b);
+            else snprintf(b, sizeof b, "missing (it has %lld parameters)", (long long)n0);
+            st = pdp__err(PDP_ERR_INVALID, "%s: parameters differ across ranks: parameter %d is "
+                          "%s on rank %d but %s on rank 0", fn, mine_at, a, c->rank, b);
+        } else {
+            if (worst_at < n0) pdp__red_sig_str(&table[worst_at], b, sizeof b);
+            else snprintf(b, sizeof b, "missing on rank 0 (%lld parameters)", (long long)n0);
+            st = pdp__err(PDP_ERR_INVALID, "%s: parameters differ across ranks: rank %d's "
+                          "parameter %d differs from rank 0's %s (rank %d's error names both)",
+                          fn, worst_rank, worst_at, b, worst_rank);
+        }
+    }
+out:
+    pdp__dealloc(table);
+    pdp__dealloc(all);
+    return st;
+}
+
+
+/* Sets up r (zeroed memory, owned by the executor) on m and c: checks that the
+   model can take a reducer, plans the buckets, and then, collectively (every
+   rank of c runs the same calls), checks that every rank has the same
+   parameters, copies rank 0's parameters to every rank, zeroes the gradients,
+   opens the trace and installs the grad hook. On failure the executor calls
+   pdp__reducer_release(r). */
+static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
+                                    const pdp__reducer_desc *desc, const char *fn)
+{
+    pdp_status st;
+    PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
+    if (m->params_shared)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
+    if (m->hook)
+        return pdp__err(PDP_ERR_STATE, "%s: the model already has a grad hook (another DDP?)", fn);
+    if (m->device.kind != c->device.kind || m->device.ordinal != c->device.ordinal)
+        return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
+                        fn, m->device.kind, m->device.ordinal, c->name, c->device.kind,
+                        c->device.ordinal);
+    r->m = m;
+    r->c = c;
+    r->desc = *desc;
+    if (pdp__reducer_plan(r) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d buckets", fn, m->nparams);
+    /* collective from here on: every rank runs the same calls */
+    if ((st = pdp__reducer_check_params(m, c, fn)) != PDP_OK) return st;
+    if (m->param_count &&
+        (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
+    pdp_model_zero_grad(m);
+    if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : c->rank) == PDP_OK) {
+        r->traced = true;
+        if (pdp__trace_enabled()) {
+            char name[64];
+            r->trace_compute = pdp__trace_track(c->rank, "compute");
+            snprintf(name, sizeof name, "comm %s", c->name);
+            r->trace_comm = pdp__trace_track(c->rank, name);
+            m->trace_pid = c->rank;
+            m->trace_tid = r->trace_compute;
+        }
+    }
+    pdp_model_set_grad_hook(m, pdp__reducer_hook, r);
+    r->stats.buckets = r->nbuckets;
+    return PDP_OK;
+}
+
+/* Waits for buckets still in flight, removes the hook, frees the buckets. */
+static void pdp__reducer_release(pdp__reducer *r)
+{
+    int b;
+    if (r->buckets)
+        for (b = 0; b < r->nbuckets; b++) /* the progress thread may still write gradients */
+            if (r->buckets[b].launched && r->buckets[b].work) pdp_work_wait(r->buckets[b].work);
+    if (r->m && r->m->hook == pdp__reducer_hook && r->m->hook_user == r) {
+        pdp_model_set_grad_hook(r->m, NULL, NULL);
+        r->m->trace_tid = 0;
+    }
+    if (r->traced) pdp__trace_close();
+    pdp__dealloc(r->buckets);
+    pdp__dealloc(r->bucket_of);
+    r->buckets = NULL;
+    r->bucket_of = NULL;
+    r->traced = false;
+}
+
+/* ---- reducer: training ---- */
+
+/* Forward, loss and backward on this rank's shard; the buckets launch as their
+   gradients become ready (unless no_sync). */
+static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
+                                        const int32_t *labels, float *loss, const char *fn)
+{
+    double t0 = pdp__now();
+    pdp_status st;
+    if (r->state == PDP__RED_REDUCING)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
+                        "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+    if (!r->no_sync) pdp__reducer_arm(r);
+    st = pdp_model_forward_backward(r->m, x, labels, loss);
+    if (r->no_sync) {
+        if (st == PDP_OK) r->state = PDP__RED_LOCAL;
+    } else {
+        r->state = PDP__RED_REDUCING;
+        r->failed = st != PDP_OK;
+        if (st == PDP_OK) { /* buckets of parameters that got no gradient */
+            int b;
+            for (b = 0; b < r->nbuckets; b++) r->buckets[b].ready = true;
+            pdp__reducer_launch_ready(r);
+        }
+        r->armed = false;
+    }
+    r->backward_acc += pdp__now() - t0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* Waits for every bucket of the last synchronised backward, in bucket order;
+   the first failure names its bucket and parameters. */
+static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
+{
+    pdp_status st = PDP_OK, first = PDP_OK;
+    pdp_comm_stats cs;
+    double t0, t1, busy = 0.0;
+    char msg[768];
+    int b;
+    if (r->state == PDP__RED_IDLE) return PDP_OK;
+    if (r->state == PDP__RED_LOCAL)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward ran under no_sync; run one "
+                        "backward with no_sync off to reduce the accumulated gradients", fn,
+                        r->c->rank);
+    msg[0] = '\0';
+    t0 = pdp__now();
+    for (b = 0; b < r->nbuckets; b++) {
+        pdp__red_bucket *k = &r->buckets[b];
+        if (!k->launched || !k->work) continue;
+        st = pdp_work_wait(k->work);
+        if (st != PDP_OK && first == PDP_OK) {
+            char name[160];
+            first = st;
+            pdp__red_bucket_name(r, b, name, sizeof name);
+            snprintf(msg, sizeof msg, "%s: %.600s", name, pdp_last_error());
+        }
+        busy += k->work->t_done > k->work->t_start ? k->work->t_done - k->work->t_start : 0.0;
+        if (r->trace_comm) {
+            char name[48], args[88];
+            snprintf(name, sizeof name, "%.24s bucket %d", r->desc.op_name, b);
+            snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
+                     (long long)k->info.count * 4, (long long)k->work->seq,
+                     (k->work->t_start - k->t_launch) * 1e6);
+            pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
+                             ((uint64_t)r->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
+                             k->work->t_done, args);
+        }
+        k->work = NULL;
+    }
+    t1 = pdp__now();
+    r->state = PDP__RED_IDLE;
+    if (r->trace_compute) pdp__trace_complete(r->c->rank, r->trace_compute, "compute",
+                                              "wait for buckets", t0, t1, NULL);
+    if (first == PDP_OK && r->launch_status != PDP_OK) {
+        first = r->launch_status;
+        snprintf(msg, sizeof msg, "%.700s", r->launch_msg);
+    }
+    if (first == PDP_OK && r->failed) {
+        r->failed = false;
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward failed after launching %d "
+                        "of %d buckets: the gradients are incomplete (this rank must leave the "
+                        "group: free its communicator so that the others fail at once)", fn,
+                        r->c->rank, r->next_launch, r->nbuckets);
+    }
+    if (first == PDP_OK && r->twice_param >= 0) {
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: parameter '%s' reported its gradient twice "
+                        "in one backward", fn, r->c->rank, r->m->params[r->twice_param].name);
+    }
+    if (first != PDP_OK)
+        return pdp__err(first, "%s: rank %d: %s", fn, r->c->rank, msg);
+    pdp_comm_get_stats(r->c, &cs);
+    r->stats.steps++;
+    r->stats.bytes_sent = cs.bytes_sent - r->bytes_at_arm;
+    r->stats.backward_s = r->backward_acc;
+    r->stats.allreduce_s = busy;
+    r->stats.wait_s = t1 - t0;
+    r->stats.hidden_share = busy > 0.0 ? PDP__MAX(0.0, PDP__MIN(1.0, 1.0 - (t1 - t0) / busy)) : 1.0;
+    r->stats.total_bytes_sent += r->stats.bytes_sent;
+    r->stats.total_backward_s += r->backward_acc;
+    r->stats.total_allreduce_s += busy;
+    r->stats.total_wait_s += t1 - t0;
+    r->backward_acc = 0.0;
+    return PDP_OK;
+}
+
+/* After a successful finish: opt's step (a range optimizer steps its range
+   only), zeroed gradients, then the executor's after_step. */
+static pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const char *fn)
+{
+    pdp_status st;
+    double t0 = pdp__now();
+    if ((st = pdp_optim_step(opt)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+    pdp_model_zero_grad(r->m);
+    if (r->trace_compute)
+        pdp__trace_complete(r->c->rank, r->trace_compute, "compute", "optimizer step", t0,
+                            pdp__now(), NULL);
+    if (r->desc.after_step && (st = r->desc.after_step(r, fn)) != PDP_OK) return st;
+    return PDP_OK;
+}
+
+static void pdp__reducer_reset_stats(pdp__reducer *r)
+{
+    int64_t grad_bytes = r->stats.grad_bytes;
+    memset(&r->stats, 0, sizeof r->stats);
+    r->stats.buckets = r->nbuckets;
+    r->stats.grad_bytes = grad_bytes;
+}
