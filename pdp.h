@@ -23,7 +23,7 @@
            CHECK(pdp_optim_step(opt));  pdp_optim_zero_grad(opt);
        }
        pdp_optim_free(opt);  pdp_model_free(m);  pdp_batcher_free(batches);  pdp_dataset_free(data);
-       pdp_shutdown_threads();   /* optional: joins the GEMM thread pool */
+       pdp_shutdown_threads();   // optional: joins the GEMM thread pool
 
    Link with -lm -lpthread. C++ and .cu files have no compound literals: declare the
    desc zeroed (pdp_model_desc md = {};), set its fields, pass &md.
