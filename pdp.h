@@ -806,6 +806,8 @@ typedef struct pdp_comm_desc {
     double timeout_s;     /* a collective waits this long for a missing rank; default 300 */
     pdp_device device;    /* where buffers live; default CPU (NCCL: the rank's GPU) */
     const char *name;     /* for messages and the trace; default "comm" */
+    pdp_log_fn log;       /* optional: the MPI start-up watchdog reports through it; NULL */
+    void *log_user;       /* passed to log */
 } pdp_comm_desc;
 
 /* ---- local backend: ranks are threads ----
@@ -830,7 +832,34 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or OMPI_COMM_WORLD_*), the unique id
    through the TCP store on rank 0. Local is not available here (it needs a
    group). A backend that was not compiled in fails with PDP_ERR_UNSUPPORTED
-   naming the macro. */
+   naming the macro.
+
+   MPI start-up, what is and is not bounded by timeout_s (when pdp initialises
+   MPI, i.e. the program did not call MPI_Init_thread itself):
+   - bounded, naming the missing rank: with a store port in the environment
+     (PDP_STORE_PORT, or MASTER_PORT; MASTER_ADDR says where rank 0 is) and the
+     ranks named by the launcher (mpirun's OMPI_COMM_WORLD_*, or RANK and
+     WORLD_SIZE), every rank checks in at a TCP store served by rank 0 BEFORE
+     MPI_Init_thread. A rank that has not checked in within timeout_s makes the
+     others fail with PDP_ERR_TIMEOUT, "missing rank 2: it did not call
+     pdp_comm_init_env within 5 s", and MPI_Init_thread is never called (e.g.
+     `PDP_STORE_PORT=29511 mpirun -np 4 ./train`);
+   - reported, not bounded: MPI_Init_thread itself has no timeout and cannot be
+     interrupted. If it has not returned timeout_s after it was called (a rank
+     never started and there was no start-up check, or a rank died after its
+     check), desc.log gets one PDP_LOG_ERROR message from a watchdog thread
+     naming this rank; the call still blocks until MPI returns or the launcher
+     ends the job (OpenMPI's mpirun does when a rank exits or dies). Without
+     desc.log nothing is printed;
+   - bounded: duplicating MPI_COMM_WORLD (MPI_Comm_idup, polled against
+     timeout_s; PDP_ERR_TIMEOUT "did not call pdp_comm_init_env") and every
+     collective, point-to-point and split afterwards.
+   A rank killed later (SIGKILL, OOM): by default OpenMPI's mpirun then kills
+   every rank at once, so the others get no pdp error at all. Run with
+   `mpirun --enable-recovery` to keep the survivors alive: their pending
+   collective then fails with PDP_ERR_TIMEOUT at timeout_s (measured: 2 ranks,
+   timeout 2 s, the survivor's all-reduce failed after 2.0 s) and they can
+   save a checkpoint and exit. */
 PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc);
 
 PDP_API void pdp_comm_free(pdp_comm *c);
@@ -10480,10 +10509,172 @@ static const pdp__comm_ops pdp__mpi_ops = {
     pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };
 
+/* ---- comm_mpi: bounded start-up ----
+   MPI_Init_thread cannot be interrupted and has no timeout: a rank that never
+   starts leaves the others inside it until the launcher gives up. pdp bounds
+   what it can around it (comm.h states the contract):
+     the start-up check  with a store port in the environment (PDP_STORE_PORT or
+                         MASTER_PORT) and the ranks named by the launcher
+                         (OMPI_COMM_WORLD_* or RANK/WORLD_SIZE), every rank checks
+                         in at the TCP store (rendezvous.c; rank 0 serves it) BEFORE
+                         calling MPI_Init_thread, and waits up to timeout_s for all
+                         the others: a missing rank makes the others fail with
+                         PDP_ERR_TIMEOUT naming it, and MPI_Init_thread is never
+                         called, so nothing hangs. The store stays open until
+                         MPI_Init_thread returned (rank 0 serves the latecomers);
+     the watchdog        a thread started before MPI_Init_thread: when it has not
+                         returned timeout_s later, the watchdog calls desc->log
+                         (PDP_LOG_ERROR, from the watchdog thread) once, naming this
+                         rank, what it waits for and, when the start-up check passed,
+                         that every rank had checked in. It never exits or aborts:
+                         the rank stays in MPI_Init_thread until MPI returns or the
+                         launcher ends the job. */
+
+typedef struct pdp__mpi_watch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* CLOCK_MONOTONIC */
+    bool done;              /* MPI_Init_thread returned */
+    double timeout_s;
+    pdp_log_fn log;
+    void *log_user;
+    char msg[512];
+} pdp__mpi_watch;
+
+static void *pdp__mpi_watchdog(void *arg)
+{
+    pdp__mpi_watch *w = (pdp__mpi_watch *)arg;
+    struct timespec deadline;
+    bool fired = false;
+    pdp__deadline(&deadline, w->timeout_s);
+    pthread_mutex_lock(&w->mu);
+    while (!w->done && !fired)
+        fired = pthread_cond_timedwait(&w->cv, &w->mu, &deadline) == ETIMEDOUT && !w->done;
+    pthread_mutex_unlock(&w->mu);
+    if (fired && w->log) w->log(PDP_LOG_ERROR, w->msg, w->log_user);
+    return NULL;
+}
+
+/* The start-up check (above); *store is left open for the caller to free after
+   MPI_Init_thread, NULL when no check ran. *checked: every rank checked in. */
+static pdp_status pdp__mpi_start_check(pdp_store **store, const pdp_env_info *env,
+                                       double timeout_s, bool *checked, const char *fn)
+{
+    double deadline = pdp__now() + timeout_s;
+    char key[64], missing[200];
+    const char *k = key;
+    size_t len = 0;
+    int r, nmissing = 0;
+    pdp_status st;
+    *store = NULL;
+    *checked = false;
+    if (!env->from_env || env->world_size < 2) return PDP_OK;
+    if (!getenv("PDP_STORE_PORT") && !getenv("MASTER_PORT")) return PDP_OK;
+    if ((st = pdp__rendezvous_store(store, env, timeout_s, "MPI start-up check", fn)) != PDP_OK) {
+        if (st == PDP_ERR_TIMEOUT && env->rank != 0)
+            return pdp__err(st, "%s: MPI start-up check: rank %d of %d: missing rank 0: it did not "
+                            "start within %g s (its TCP store at %s never answered); "
+                            "MPI_Init_thread was not called", fn, env->rank, env->world_size,
+                            timeout_s, env->master_addr);
+        return st;
+    }
+    snprintf(key, sizeof key, "pdp/mpi_start/%d", env->rank);
+    if ((st = pdp_store_set(*store, key, "", 0)) != PDP_OK) goto fail;
+    missing[0] = '\0';
+    for (r = 0; r < env->world_size; r++) {
+        double left = deadline - pdp__now();
+        snprintf(key, sizeof key, "pdp/mpi_start/%d", r);
+        st = pdp_store_wait(*store, &k, 1, left > 1e-3 ? left : 1e-3);
+        if (st == PDP_ERR_TIMEOUT) {
+            if (len < sizeof missing - 16)
+                len += (size_t)snprintf(missing + len, sizeof missing - len, " %d", r);
+            nmissing++;
+        } else if (st != PDP_OK) {
+            goto fail;
+        }
+    }
+    if (env->rank != 0) { /* rank 0 keeps serving until every present rank has its answer */
+        snprintf(key, sizeof key, "pdp/mpi_start_seen/%d", env->rank);
+        if (nmissing && (st = pdp_store_set(*store, key, "", 0)) != PDP_OK) goto fail;
+    } else if (nmissing) {
+        double grace = pdp__now() + (timeout_s < 1.0 ? timeout_s : 1.0);
+        for (r = 1; r < env->world_size; r++) {
+            double left = grace - pdp__now();
+            snprintf(key, sizeof key, "pdp/mpi_start/%d", r);
+            if (pdp_store_wait(*store, &k, 1, 1e-3) != PDP_OK) continue; /* a missing rank */
+            snprintf(key, sizeof key, "pdp/mpi_start_seen/%d", r);
+            (void)pdp_store_wait(*store, &k, 1, left > 1e-3 ? left : 1e-3);
+        }
+    }
+    if (nmissing) {
+        pdp_store_free(*store);
+        *store = NULL;
+        return pdp__err(PDP_ERR_TIMEOUT, "%s: MPI start-up check: rank %d of %d: missing rank%s"
+                        "%s: %s not call pdp_comm_init_env within %g s (checked at the TCP "
+                        "store before MPI_Init_thread, which was therefore not called)", fn,
+                        env->rank, env->world_size, nmissing > 1 ? "s" : "", missing,
+                        nmissing > 1 ? "they did" : "it did", timeout_s);
+    }
+    *checked = true;
+    return PDP_OK;
+fail:
+    pdp_store_free(*store);
+    *store = NULL;
+    return pdp__err_wrap(st, "%s: MPI start-up check: rank %d of %d", fn, env->rank,
+                         env->world_size);
+}
+
+/* MPI_Init_thread after the start-up check, under the watchdog; mpi_mu held. */
+static int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, int *provided,
+                                 pdp_status *st, const char *fn)
+{
+    pdp__mpi_watch w;
+    pthread_condattr_t ca;
+    pthread_t tid;
+    pdp_env_info env;
+    pdp_store *store = NULL;
+    bool checked = false, watching;
+    int rc;
+    if (pdp_env_read(&env) != PDP_OK) { /* the launcher's variables are not ours to judge */
+        memset(&env, 0, sizeof env);
+        env.rank = -1;
+    }
+    if ((*st = pdp__mpi_start_check(&store, &env, timeout_s, &checked, fn)) != PDP_OK)
+        return MPI_ERR_OTHER;
+    memset(&w, 0, sizeof w);
+    w.timeout_s = timeout_s;
+    w.log = desc ? desc->log : NULL;
+    w.log_user = desc ? desc->log_user : NULL;
+    snprintf(w.msg, sizeof w.msg, "%s: rank %d of %d: MPI_Init_thread has not returned after %g s "
+             "(timeout_s): %s; pdp cannot interrupt MPI_Init_thread, so this rank waits until "
+             "MPI returns or the launcher ends the job", fn, env.rank, env.world_size, timeout_s,
+             checked ? "every rank checked in at the start-up check, so a rank died or hangs "
+                       "inside MPI's start-up (MPI cannot say which)"
+                     : "a rank did not start or is stuck before pdp_comm_init_env (MPI cannot "
+                       "say which; set PDP_STORE_PORT for a start-up check that names it)");
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    watching = w.log && pthread_create(&tid, NULL, pdp__mpi_watchdog, &w) == 0;
+    rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, provided);
+    if (watching) {
+        pthread_mutex_lock(&w.mu);
+        w.done = true;
+        pthread_cond_signal(&w.cv);
+        pthread_mutex_unlock(&w.mu);
+        pthread_join(tid, NULL);
+    }
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    pdp_store_free(store); /* every rank is past MPI's start-up: nobody needs it now */
+    return rc;
+}
+
 /* ---- comm_mpi: creation ---- */
 
-/* Initialises MPI when nobody has and takes one reference to it. */
-static pdp_status pdp__mpi_acquire(const char *fn)
+/* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
+static pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
 {
     int inited = 0, finalized = 0, provided = 0, rc;
     pdp_status st = PDP_OK;
@@ -10498,7 +10689,8 @@ static pdp_status pdp__mpi_acquire(const char *fn)
     }
     MPI_Initialized(&inited);
     if (!inited) {
-        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+        rc = pdp__mpi_init_bounded(desc, timeout_s, &provided, &st, fn);
+        if (st != PDP_OK) goto out;
         if (rc != MPI_SUCCESS) {
             char e[256];
             pdp__mpi_errstr(rc, e, sizeof e);
@@ -10539,7 +10731,7 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
                         "CUDA %d needs PDP_BACKEND_NCCL", fn, desc->device.ordinal);
     if (desc && desc->timeout_s < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: timeout_s %g < 0", fn, desc->timeout_s);
-    if ((st = pdp__mpi_acquire(fn)) != PDP_OK) return st;
+    if ((st = pdp__mpi_acquire(desc, timeout_s, fn)) != PDP_OK) return st;
     pthread_mutex_lock(&pdp__mpi_mu);
     if (pdp__mpi_init_orphan && pdp__mpi_poll_until(&pdp__mpi_init_req, 0.0)) {
         MPI_Comm_free(&pdp__mpi_init_comm); /* an earlier timed-out duplication completed */

@@ -38,6 +38,8 @@ typedef struct pdp_comm_desc {
     double timeout_s;     /* a collective waits this long for a missing rank; default 300 */
     pdp_device device;    /* where buffers live; default CPU (NCCL: the rank's GPU) */
     const char *name;     /* for messages and the trace; default "comm" */
+    pdp_log_fn log;       /* optional: the MPI start-up watchdog reports through it; NULL */
+    void *log_user;       /* passed to log */
 } pdp_comm_desc;
 
 /* ---- local backend: ranks are threads ----
@@ -62,7 +64,34 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or OMPI_COMM_WORLD_*), the unique id
    through the TCP store on rank 0. Local is not available here (it needs a
    group). A backend that was not compiled in fails with PDP_ERR_UNSUPPORTED
-   naming the macro. */
+   naming the macro.
+
+   MPI start-up, what is and is not bounded by timeout_s (when pdp initialises
+   MPI, i.e. the program did not call MPI_Init_thread itself):
+   - bounded, naming the missing rank: with a store port in the environment
+     (PDP_STORE_PORT, or MASTER_PORT; MASTER_ADDR says where rank 0 is) and the
+     ranks named by the launcher (mpirun's OMPI_COMM_WORLD_*, or RANK and
+     WORLD_SIZE), every rank checks in at a TCP store served by rank 0 BEFORE
+     MPI_Init_thread. A rank that has not checked in within timeout_s makes the
+     others fail with PDP_ERR_TIMEOUT, "missing rank 2: it did not call
+     pdp_comm_init_env within 5 s", and MPI_Init_thread is never called (e.g.
+     `PDP_STORE_PORT=29511 mpirun -np 4 ./train`);
+   - reported, not bounded: MPI_Init_thread itself has no timeout and cannot be
+     interrupted. If it has not returned timeout_s after it was called (a rank
+     never started and there was no start-up check, or a rank died after its
+     check), desc.log gets one PDP_LOG_ERROR message from a watchdog thread
+     naming this rank; the call still blocks until MPI returns or the launcher
+     ends the job (OpenMPI's mpirun does when a rank exits or dies). Without
+     desc.log nothing is printed;
+   - bounded: duplicating MPI_COMM_WORLD (MPI_Comm_idup, polled against
+     timeout_s; PDP_ERR_TIMEOUT "did not call pdp_comm_init_env") and every
+     collective, point-to-point and split afterwards.
+   A rank killed later (SIGKILL, OOM): by default OpenMPI's mpirun then kills
+   every rank at once, so the others get no pdp error at all. Run with
+   `mpirun --enable-recovery` to keep the survivors alive: their pending
+   collective then fails with PDP_ERR_TIMEOUT at timeout_s (measured: 2 ranks,
+   timeout 2 s, the survivor's all-reduce failed after 2.0 s) and they can
+   save a checkpoint and exit. */
 PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc);
 
 PDP_API void pdp_comm_free(pdp_comm *c);

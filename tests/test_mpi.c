@@ -24,6 +24,7 @@
 #include <unistd.h>
 #ifdef PDP_MPI
 #  include <mpi.h>
+#  include <signal.h>
 #  define PDP_MPI_CHUNK 100000 /* 1000003 floats take 11 MPI calls */
 #endif
 #define PDP_IMPLEMENTATION
@@ -634,12 +635,78 @@ SUITE(mpi)
 
 GREATEST_MAIN_DEFS();
 
+#ifdef PDP_MPI
+/* ---- start-up and a killed rank (tests/test_mpi_startup.sh runs these under mpirun) ----
+   test_mpi --startup MISSING SLEEP: the rank MISSING (OMPI_COMM_WORLD_RANK) sleeps SLEEP s and
+   exits without MPI; every other rank calls pdp_comm_init_env with a 2 s timeout and prints
+   "startup: rank R: STATUS after T s: message"; the watchdog's log lines read "startup-log: ...".
+   test_mpi --killed: rank 1 SIGKILLs itself after a barrier; rank 0's all-reduce prints
+   "killed: rank 0: STATUS after T s: message". */
+static void startup_log(pdp_log_level level, const char *msg, void *user)
+{
+    (void)level;
+    (void)user;
+    printf("startup-log: %s\n", msg);
+    fflush(stdout);
+}
+
+static int startup_main(char **argv)
+{
+    const char *e = getenv("OMPI_COMM_WORLD_RANK");
+    int rank = e ? atoi(e) : 0;
+    double t0;
+    pdp_comm *c = NULL;
+    pdp_comm_desc d;
+    pdp_status st;
+    if (rank == atoi(argv[2])) {
+        sleep((unsigned)atoi(argv[3]));
+        return 0;
+    }
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_MPI;
+    d.timeout_s = 2.0;
+    d.log = startup_log;
+    t0 = pdp__now();
+    st = pdp_comm_init_env(&c, &d);
+    printf("startup: rank %d: %s after %.1f s: %s\n", rank, pdp_status_name(st), pdp__now() - t0,
+           st != PDP_OK ? pdp_last_error() : "");
+    fflush(stdout);
+    pdp_comm_free(c);
+    return 0;
+}
+
+static int killed_main(void)
+{
+    float b[4] = {0, 0, 0, 0};
+    pdp_comm *c = NULL;
+    pdp_comm_desc d;
+    pdp_status st;
+    double t0;
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_MPI;
+    d.timeout_s = 2.0;
+    if (pdp_comm_init_env(&c, &d) != PDP_OK || pdp_comm_barrier(c, NULL) != PDP_OK) {
+        printf("killed: %s\n", pdp_last_error());
+        return 1;
+    }
+    if (pdp_comm_rank(c) == 1) raise(SIGKILL);
+    t0 = pdp__now();
+    st = pdp_comm_allreduce(c, b, 4, PDP_REDUCE_SUM, NULL);
+    printf("killed: rank %d: %s after %.1f s: %s\n", pdp_comm_rank(c), pdp_status_name(st),
+           pdp__now() - t0, st != PDP_OK ? pdp_last_error() : "");
+    fflush(stdout);
+    _exit(0); /* MPI_Finalize could wait for the dead rank */
+}
+#endif
+
 int main(int argc, char **argv)
 {
     int ok;
 #ifdef PDP_MPI
     int finalized = 0;
     pdp_comm_desc d;
+    if (argc > 3 && strcmp(argv[1], "--startup") == 0) return startup_main(argv);
+    if (argc > 1 && strcmp(argv[1], "--killed") == 0) return killed_main();
     alarm(120); /* a hang becomes a failure (SIGALRM ends the rank, mpirun reports it) */
     memset(&d, 0, sizeof d);
     d.backend = PDP_BACKEND_MPI;
