@@ -803,7 +803,10 @@ typedef enum pdp_reduce_op {
 
 typedef struct pdp_comm_desc {
     pdp_backend backend;  /* default local */
-    double timeout_s;     /* a collective waits this long for a missing rank; default 300 */
+    double timeout_s;     /* a collective waits this long for a missing rank; default 300.
+                             As every numeric desc field: 0 means the default; a negative,
+                             NaN or infinite value (or above 1e9) is PDP_ERR_INVALID naming
+                             the function and the field */
     pdp_device device;    /* where buffers live; default CPU (NCCL: the rank's GPU) */
     const char *name;     /* for messages and the trace; default "comm" */
     pdp_log_fn log;       /* optional: the MPI start-up watchdog reports through it; NULL */
@@ -9385,6 +9388,25 @@ static void pdp__deadline(struct timespec *ts, double seconds)
 
 #define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
+#define PDP__COMM_TIMEOUT_DEFAULT 300.0 /* seconds, when a desc's timeout_s is 0 */
+#define PDP__COMM_TIMEOUT_MAX 1e9       /* seconds: beyond it a deadline overflows time_t math */
+
+/* The one rule for a communicator desc's numeric fields (timeout_s is the only one):
+   zero means the default; a negative, NaN or infinite value (or one above
+   PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
+   field. Every communicator constructor calls it first (desc may be NULL). */
+static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
+{
+    double t = desc ? desc->timeout_s : 0.0;
+    *out = PDP__COMM_TIMEOUT_DEFAULT;
+    if (!(t >= 0.0 && t <= PDP__COMM_TIMEOUT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc->timeout_s = %g: it must be a finite number "
+                        "of seconds, 0 (the default, %g s) up to %g", fn, t,
+                        PDP__COMM_TIMEOUT_DEFAULT, PDP__COMM_TIMEOUT_MAX);
+    if (t > 0.0) *out = t;
+    return PDP_OK;
+}
+
 /* One collective's arguments, as one rank issued it. */
 typedef struct pdp__coll_args {
     pdp__coll_kind kind;
@@ -9786,9 +9808,11 @@ PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
     static const char *fn = "pdp_local_group_create";
     pdp_local_group *g;
     pthread_condattr_t ca;
-    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     if (world_size < 1 || world_size > PDP__LOCAL_MAX_RANKS)
         return pdp__err(PDP_ERR_INVALID, "%s: world_size %d outside 1..%d", fn, world_size,
                         PDP__LOCAL_MAX_RANKS);
@@ -10724,13 +10748,12 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     MPI_Comm mcomm = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
     int rank = 0, size = 1, rc;
-    double timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout_s;
     pdp_status st;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout_s, fn)) != PDP_OK) return st;
     if (desc && desc->device.kind != PDP_DEVICE_CPU)
         return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the MPI backend moves CPU buffers; device "
                         "CUDA %d needs PDP_BACKEND_NCCL", fn, desc->device.ordinal);
-    if (desc && desc->timeout_s < 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: timeout_s %g < 0", fn, desc->timeout_s);
     if ((st = pdp__mpi_acquire(desc, timeout_s, fn)) != PDP_OK) return st;
     pthread_mutex_lock(&pdp__mpi_mu);
     if (pdp__mpi_init_orphan && pdp__mpi_poll_until(&pdp__mpi_init_req, 0.0)) {
@@ -11050,10 +11073,11 @@ static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *d
     pdp_store *store = NULL;
     pdp_cudak_nccl *h = NULL;
     unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
-    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout;
     int dev;
     pdp_status st;
     *out = NULL;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
     dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
@@ -11086,9 +11110,12 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
                                          const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_nccl_group_create";
+    double timeout;
+    pdp_status st0;
     int i;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    if ((st0 = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st0;
     if (ndev < 1 || ndev > 64 || !devices)
         return pdp__err(PDP_ERR_INVALID, "%s: ndev %d outside 1..64 or devices NULL", fn, ndev);
     for (i = 0; i < ndev; i++)
@@ -11101,7 +11128,7 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
         pdp_nccl_group *g = (pdp_nccl_group *)pdp__calloc(sizeof *g);
         if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         g->n = ndev;
-        g->timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+        g->timeout_s = timeout;
         snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
         g->devices = (pdp_device *)pdp__calloc((size_t)ndev * sizeof *g->devices);
         g->handles = (pdp_cudak_nccl **)pdp__calloc((size_t)ndev * sizeof *g->handles);
@@ -11122,7 +11149,7 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
         return PDP_OK;
     }
 #else
-    (void)desc;
+    (void)timeout;
     return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the NCCL backend is " PDP__NO_CUDA_MSG, fn);
 #endif
 }
@@ -11385,8 +11412,12 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
     pdp_backend b = desc ? desc->backend : PDP_BACKEND_DEFAULT;
+    double timeout;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    /* the desc rule first, so that every build checks it, whatever the backend */
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     switch (b) {
     case PDP_BACKEND_MPI: return pdp__comm_init_mpi_env(out, desc);
     case PDP_BACKEND_NCCL: return pdp__comm_init_nccl_env(out, desc);

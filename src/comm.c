@@ -218,8 +218,12 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
     pdp_backend b = desc ? desc->backend : PDP_BACKEND_DEFAULT;
+    double timeout;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    /* the desc rule first, so that every build checks it, whatever the backend */
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     switch (b) {
     case PDP_BACKEND_MPI: return pdp__comm_init_mpi_env(out, desc);
     case PDP_BACKEND_NCCL: return pdp__comm_init_nccl_env(out, desc);

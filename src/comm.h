@@ -35,7 +35,10 @@ typedef enum pdp_reduce_op {
 
 typedef struct pdp_comm_desc {
     pdp_backend backend;  /* default local */
-    double timeout_s;     /* a collective waits this long for a missing rank; default 300 */
+    double timeout_s;     /* a collective waits this long for a missing rank; default 300.
+                             As every numeric desc field: 0 means the default; a negative,
+                             NaN or infinite value (or above 1e9) is PDP_ERR_INVALID naming
+                             the function and the field */
     pdp_device device;    /* where buffers live; default CPU (NCCL: the rank's GPU) */
     const char *name;     /* for messages and the trace; default "comm" */
     pdp_log_fn log;       /* optional: the MPI start-up watchdog reports through it; NULL */

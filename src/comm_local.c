@@ -72,9 +72,11 @@ PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
     static const char *fn = "pdp_local_group_create";
     pdp_local_group *g;
     pthread_condattr_t ca;
-    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     if (world_size < 1 || world_size > PDP__LOCAL_MAX_RANKS)
         return pdp__err(PDP_ERR_INVALID, "%s: world_size %d outside 1..%d", fn, world_size,
                         PDP__LOCAL_MAX_RANKS);

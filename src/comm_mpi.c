@@ -584,13 +584,12 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     MPI_Comm mcomm = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
     int rank = 0, size = 1, rc;
-    double timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout_s;
     pdp_status st;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout_s, fn)) != PDP_OK) return st;
     if (desc && desc->device.kind != PDP_DEVICE_CPU)
         return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the MPI backend moves CPU buffers; device "
                         "CUDA %d needs PDP_BACKEND_NCCL", fn, desc->device.ordinal);
-    if (desc && desc->timeout_s < 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: timeout_s %g < 0", fn, desc->timeout_s);
     if ((st = pdp__mpi_acquire(desc, timeout_s, fn)) != PDP_OK) return st;
     pthread_mutex_lock(&pdp__mpi_mu);
     if (pdp__mpi_init_orphan && pdp__mpi_poll_until(&pdp__mpi_init_req, 0.0)) {

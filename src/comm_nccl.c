@@ -220,10 +220,11 @@ static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *d
     pdp_store *store = NULL;
     pdp_cudak_nccl *h = NULL;
     unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
-    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout;
     int dev;
     pdp_status st;
     *out = NULL;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
     dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
@@ -256,9 +257,12 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
                                          const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_nccl_group_create";
+    double timeout;
+    pdp_status st0;
     int i;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    if ((st0 = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st0;
     if (ndev < 1 || ndev > 64 || !devices)
         return pdp__err(PDP_ERR_INVALID, "%s: ndev %d outside 1..64 or devices NULL", fn, ndev);
     for (i = 0; i < ndev; i++)
@@ -271,7 +275,7 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
         pdp_nccl_group *g = (pdp_nccl_group *)pdp__calloc(sizeof *g);
         if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         g->n = ndev;
-        g->timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+        g->timeout_s = timeout;
         snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
         g->devices = (pdp_device *)pdp__calloc((size_t)ndev * sizeof *g->devices);
         g->handles = (pdp_cudak_nccl **)pdp__calloc((size_t)ndev * sizeof *g->handles);
@@ -292,7 +296,7 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
         return PDP_OK;
     }
 #else
-    (void)desc;
+    (void)timeout;
     return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the NCCL backend is " PDP__NO_CUDA_MSG, fn);
 #endif
 }

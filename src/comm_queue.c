@@ -50,6 +50,25 @@ static void pdp__deadline(struct timespec *ts, double seconds)
 
 #define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
+#define PDP__COMM_TIMEOUT_DEFAULT 300.0 /* seconds, when a desc's timeout_s is 0 */
+#define PDP__COMM_TIMEOUT_MAX 1e9       /* seconds: beyond it a deadline overflows time_t math */
+
+/* The one rule for a communicator desc's numeric fields (timeout_s is the only one):
+   zero means the default; a negative, NaN or infinite value (or one above
+   PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
+   field. Every communicator constructor calls it first (desc may be NULL). */
+static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
+{
+    double t = desc ? desc->timeout_s : 0.0;
+    *out = PDP__COMM_TIMEOUT_DEFAULT;
+    if (!(t >= 0.0 && t <= PDP__COMM_TIMEOUT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc->timeout_s = %g: it must be a finite number "
+                        "of seconds, 0 (the default, %g s) up to %g", fn, t,
+                        PDP__COMM_TIMEOUT_DEFAULT, PDP__COMM_TIMEOUT_MAX);
+    if (t > 0.0) *out = t;
+    return PDP_OK;
+}
+
 /* One collective's arguments, as one rank issued it. */
 typedef struct pdp__coll_args {
     pdp__coll_kind kind;

@@ -381,6 +381,45 @@ TEST comm_rejects_bad_arguments(void)
     PASS();
 }
 
+/* One rule for a desc's timeout_s: 0 is the default; negative, NaN, infinite fail naming
+   the function and the field (a local group used to accept -1, which MPI rejects). */
+TEST comm_desc_timeout_rule(void)
+{
+    static const double bad[] = {-1.0, -1e-9, 0.0 / 0.0, 1.0 / 0.0, -1.0 / 0.0, 1e12};
+    pdp_local_group *g = NULL;
+    pdp_comm *c = (pdp_comm *)&g;
+    pdp_comm_desc d;
+    int i;
+    memset(&d, 0, sizeof d);
+    for (i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
+        d.timeout_s = bad[i];
+        d.backend = PDP_BACKEND_LOCAL;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_local_group_create(&g, 2, &d), pdp_status_name);
+        ASSERT(g == NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_local_group_create: "
+                                         "desc->timeout_s") != NULL);
+        d.backend = PDP_BACKEND_MPI; /* checked before the backend, in every build */
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_init_env(&c, &d), pdp_status_name);
+        ASSERT(c == NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_comm_init_env: "
+                                         "desc->timeout_s") != NULL);
+    }
+    d.backend = PDP_BACKEND_LOCAL;
+    d.timeout_s = 0.0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_IN_RANGE(300.0, pdp_comm_timeout(c), 0.0);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    d.timeout_s = 2.5;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_IN_RANGE(2.5, pdp_comm_timeout(c), 0.0);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 /* ---- overlap: a collective progresses while its rank does something else ---- */
 
 static void overlap_rank(rank_ctx *ctx, pdp_comm *c)
@@ -424,6 +463,7 @@ SUITE(comm)
     RUN_TEST(comm_freed_rank_fails_the_others_at_once);
     RUN_TEST(comm_mismatched_collectives_fail_on_every_rank);
     RUN_TEST(comm_rejects_bad_arguments);
+    RUN_TEST(comm_desc_timeout_rule);
 }
 
 GREATEST_MAIN_DEFS();

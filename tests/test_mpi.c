@@ -129,6 +129,26 @@ MPI_TEST(mpi_init_env_mpi_needs_pdp_mpi)
 #endif
 }
 
+/* The desc rule (comm.h): a negative, NaN or infinite timeout_s is PDP_ERR_INVALID naming
+   pdp_comm_init_env and the field, before MPI is touched, in every build. */
+MPI_TEST(mpi_init_env_rejects_bad_timeout)
+{
+    static const double bad[] = {-1.0, 0.0 / 0.0, 1.0 / 0.0};
+    pdp_comm *c = (pdp_comm *)&c;
+    pdp_comm_desc d;
+    int i;
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_MPI;
+    for (i = 0; i < 3; i++) {
+        d.timeout_s = bad[i];
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_init_env(&c, &d), pdp_status_name);
+        ASSERT(c == NULL);
+        ASSERTm(pdp_last_error(),
+                strstr(pdp_last_error(), "pdp_comm_init_env: desc->timeout_s") != NULL);
+    }
+    PASS();
+}
+
 #ifndef PDP_MPI
 TEST mpi_collectives(void) { SKIPm("built without PDP_MPI: run `make mpi-test` (needs mpicc)"); }
 #else
@@ -615,6 +635,7 @@ SUITE(mpi)
     RUN_TEST(mpi_init_env_rejects_local_backend);
     RUN_TEST(mpi_init_env_nccl_needs_cuda);
     RUN_TEST(mpi_init_env_mpi_needs_pdp_mpi);
+    RUN_TEST(mpi_init_env_rejects_bad_timeout);
 #ifndef PDP_MPI
     RUN_TEST(mpi_collectives);
 #else
