@@ -90,6 +90,13 @@ static MPI_Comm pdp__mpi_init_comm;
 
 /* ---- comm_mpi: state ---- */
 
+/* A message in flight: its MPI request (and, for a receive, whether MPI has matched it). */
+typedef struct pdp__mpi_p2p {
+    bool active;        /* launched, not completed */
+    bool posted;        /* a send: always; a receive: matched by MPI_Improbe, MPI_Imrecv posted */
+    MPI_Request req;
+} pdp__mpi_p2p;
+
 typedef struct pdp__mpi_comm {
     pdp_comm head;               /* first member */
     pdp__workq q;                /* head.impl points here; sticky, with an idle poll */
@@ -97,7 +104,10 @@ typedef struct pdp__mpi_comm {
     bool orphan;                 /* a timed-out request is still pending (q.mu) */
     MPI_Request orphan_req;
     bool traced;                 /* pdp__trace_open succeeded: close at free */
+    pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
+    int p2p_active;              /* messages in flight */
     pdp__workq_item pool[PDP_MPI_MAX_INFLIGHT];
+    pdp__mpi_p2p p2p[PDP_MPI_MAX_INFLIGHT]; /* by pool index */
 } pdp__mpi_comm;
 
 /* ---- comm_mpi: executing a collective (the queue's exec and idle) ---- */
@@ -109,6 +119,157 @@ static void pdp__mpi_errstr(int rc, char *out, size_t cap)
     if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) len = 0;
     s[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING - 1] = '\0';
     snprintf(out, cap, "%s (MPI error %d)", len ? s : "unknown", rc);
+}
+
+/* ---- comm_mpi: point-to-point ----
+   MPI_Isend at launch; a receive is matched with MPI_Improbe first, so that a
+   count mismatch names both counts (the message is then consumed with a
+   zero-count MPI_Mrecv), then MPI_Imrecv. Every pending message of the
+   communicator is advanced by whoever polls: a thread in pdp_work_wait or
+   pdp_work_done on a message, and the progress thread while it drives a
+   collective or idles, so a ring where every rank sends first completes even
+   under MPI's rendezvous protocol. A message not complete timeout_s after its
+   launch fails with PDP_ERR_TIMEOUT naming peer and tag: an unmatched receive
+   is simply withdrawn; a send or a matched receive is cancelled (MPI_Cancel),
+   and if MPI does not confirm within a second its request is abandoned (pdp
+   then never calls MPI_Finalize, as for a timed-out collective). */
+
+static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
+                              const char *msg)
+{
+    mc->p2p[w - mc->pool].active = false;
+    mc->p2p_active--;
+    pdp__workq_finish(&mc->q, w, st, msg);
+}
+
+/* Advances one message (p2p_mu held). */
+static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w)
+{
+    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
+    const pdp__coll_args *a = &w->args;
+    char msg[PDP__MSG_CAP], what[200], e[256];
+    int flag = 0, rc, n = 0;
+    MPI_Status status;
+    if (!p->posted) { /* an unmatched receive */
+        MPI_Message m;
+        rc = MPI_Improbe(a->peer, a->tag, mc->mcomm, &flag, &m, &status);
+        if (rc == MPI_SUCCESS && !flag) return;
+        if (rc == MPI_SUCCESS) rc = MPI_Get_count(&status, MPI_FLOAT, &n);
+        if (rc == MPI_SUCCESS && (int64_t)n != a->count) {
+            MPI_Mrecv(NULL, 0, MPI_FLOAT, &m, MPI_STATUS_IGNORE); /* consume: MPI_ERR_TRUNCATE */
+            pdp__p2p_describe(w, what, sizeof what);
+            snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %d floats, rank %d "
+                     "receives %lld", what, a->peer, n, mc->head.rank, (long long)a->count);
+            pdp__mpi_p2p_fail(mc, w, PDP_ERR_INVALID, msg);
+            return;
+        }
+        if (rc == MPI_SUCCESS) rc = MPI_Imrecv(a->recv, (int)a->count, MPI_FLOAT, &m, &p->req);
+        if (rc != MPI_SUCCESS) goto mpi_error;
+        p->posted = true;
+    }
+    rc = MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) goto mpi_error;
+    if (!flag) return;
+    p->active = false;
+    mc->p2p_active--;
+    pdp__workq_finish(&mc->q, w, PDP_OK, "");
+    return;
+mpi_error:
+    pdp__mpi_errstr(rc, e, sizeof e);
+    pdp__p2p_describe(w, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s: %s", what, e);
+    pdp__mpi_p2p_fail(mc, w, PDP_ERR_COMM, msg);
+}
+
+static void pdp__mpi_p2p_poll(pdp__workq *q)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    int i;
+    pthread_mutex_lock(&mc->p2p_mu);
+    for (i = 0; i < PDP_MPI_MAX_INFLIGHT && mc->p2p_active; i++)
+        if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i]);
+    pthread_mutex_unlock(&mc->p2p_mu);
+}
+
+static void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
+    char msg[PDP__MSG_CAP];
+    pthread_mutex_lock(&mc->p2p_mu);
+    if (p->active) {
+        if (p->posted) { /* cancel; MPI completes a cancelled request */
+            double give_up = pdp__now() + PDP__MPI_FREE_GRACE_S;
+            int flag = 0;
+            MPI_Cancel(&p->req);
+            while (!flag && pdp__now() < give_up)
+                if (MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+            if (!flag) {
+                MPI_Request_free(&p->req);
+                pthread_mutex_lock(&pdp__mpi_mu);
+                pdp__mpi_unclean = true;
+                pthread_mutex_unlock(&pdp__mpi_mu);
+            }
+        }
+        pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
+        pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
+    }
+    pthread_mutex_unlock(&mc->p2p_mu);
+}
+
+static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
+                                      int64_t count, int peer, int tag, pdp_work **out)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    pdp__coll_args a;
+    pdp__workq_item *w = NULL;
+    pdp__mpi_p2p *p;
+    pdp_status st;
+    int rc = MPI_SUCCESS;
+    if (count > INT32_MAX)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements on comm '%s' (rank %d): the MPI "
+                        "backend takes at most %d (MPI counts are int)", pdp__op_names[kind],
+                        (long long)count, c->name, c->rank, (int)INT32_MAX);
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.peer = peer;
+    a.tag = tag;
+    if (kind == PDP__COLL_SEND) a.send = buf;
+    else a.recv = buf;
+    if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
+    p = &mc->p2p[w - mc->pool];
+    pthread_mutex_lock(&mc->p2p_mu);
+    p->posted = kind == PDP__COLL_SEND;
+    if (kind == PDP__COLL_SEND)
+        rc = MPI_Isend(buf, (int)count, MPI_FLOAT, peer, tag, mc->mcomm, &p->req);
+    if (rc == MPI_SUCCESS) {
+        p->active = true;
+        mc->p2p_active++;
+        pdp__mpi_p2p_step(mc, w); /* a receive whose message is already here matches now */
+    }
+    pthread_mutex_unlock(&mc->p2p_mu);
+    if (rc != MPI_SUCCESS) {
+        char e[256];
+        pdp__mpi_errstr(rc, e, sizeof e);
+        pdp__workq_untake(&mc->q, w);
+        return pdp__err(PDP_ERR_COMM, "send to rank %d with tag %d on comm '%s' (rank %d): "
+                        "MPI_Isend failed: %s", peer, tag, c->name, c->rank, e);
+    }
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                pdp_work **w)
+{
+    return pdp__mpi_p2p_launch(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
+}
+
+static pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                pdp_work **w)
+{
+    return pdp__mpi_p2p_launch(c, PDP__COLL_RECV, buf, count, peer, tag, w);
 }
 
 /* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
@@ -146,6 +307,7 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
                      c->rank);
             return PDP_ERR_COMM;
         }
+        if ((polls & 63) == 0) pdp__mpi_p2p_poll(&mc->q);
         if (polls < 256) continue; /* spin: small collectives finish here */
         /* then yield while the rank waits (for 2 ms: its core is ours); otherwise nap
            200 us (500 us once a peer has kept us 20 ms), since a yielding poller would
@@ -239,6 +401,12 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
         st = pdp__mpi_posted(mc, w, MPI_Ibarrier(mcomm, req), "MPI_Ibarrier", msg, cap);
         if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
         return st;
+    case PDP__COLL_SPLIT: /* blocking, but every rank is known to have arrived (comm.c) */
+        return pdp__mpi_posted(mc, w, MPI_Comm_split(mcomm, a->op < 0 ? MPI_UNDEFINED : a->op,
+                               (int)a->count, (MPI_Comm *)a->out), "MPI_Comm_split", msg, cap);
+    case PDP__COLL_SEND: /* never queued */
+    case PDP__COLL_RECV:
+        break;
     }
     snprintf(msg, cap, "comm_mpi: unknown collective kind %d", (int)a->kind);
     return PDP_ERR_STATE;
@@ -275,6 +443,14 @@ static bool pdp__mpi_idle(pdp__workq *q)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     bool done;
+    if (q->p2p_live) { /* keep messages moving while the rank computes */
+        struct timespec ts = {0, 200000}; /* 200 us */
+        pthread_mutex_unlock(&q->mu);
+        pdp__mpi_p2p_poll(q);
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&q->mu);
+        return true;
+    }
     if (!mc->orphan) return false;
     pthread_mutex_unlock(&q->mu);
     done = pdp__mpi_orphan_test(&mc->orphan_req);
@@ -347,7 +523,22 @@ static void pdp__mpi_release(void)
 static void pdp__mpi_destroy(pdp_comm *c)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    int i;
     pdp__workq_shutdown(&mc->q);
+    /* messages never waited: an unmatched receive is dropped, the rest cancelled */
+    pthread_mutex_lock(&mc->p2p_mu);
+    for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
+        if (mc->p2p[i].active && mc->p2p[i].posted) {
+            int flag = 0;
+            MPI_Test(&mc->p2p[i].req, &flag, MPI_STATUS_IGNORE);
+            if (!flag) {
+                MPI_Cancel(&mc->p2p[i].req);
+                if (!pdp__mpi_poll_until(&mc->p2p[i].req, pdp__now() + PDP__MPI_FREE_GRACE_S))
+                    mc->orphan = true; /* leave mcomm alone and never finalise */
+            }
+        }
+    pthread_mutex_unlock(&mc->p2p_mu);
+    pthread_mutex_destroy(&mc->p2p_mu);
     /* give a timed-out request a last chance to complete */
     while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
         if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
@@ -363,9 +554,13 @@ static void pdp__mpi_destroy(pdp_comm *c)
     pdp__mpi_release();
 }
 
+static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                 int leader, pdp_comm **out);
+
 static const pdp__comm_ops pdp__mpi_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__mpi_reduce_scatter,
     pdp__mpi_allgather,   pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__mpi_send,        pdp__mpi_recv,        pdp__mpi_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };
 
@@ -578,9 +773,11 @@ out:
     return st;
 }
 
+static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                double timeout_s, const char *fn);
+
 static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn)
 {
-    pdp__mpi_comm *mc;
     MPI_Comm mcomm = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
     int rank = 0, size = 1, rc;
@@ -626,6 +823,21 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
         pdp__mpi_release();
         return pdp__err(PDP_ERR_COMM, "%s: duplicating MPI_COMM_WORLD failed: %s", fn, e);
     }
+    return pdp__mpi_wrap(out, mcomm, desc && desc->name ? desc->name : "comm", timeout_s, fn);
+}
+
+/* Wraps mcomm (errors returned, one reference to MPI taken by the caller; both given
+   up on failure) as a communicator with its own queue, progress thread and p2p state. */
+static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                double timeout_s, const char *fn)
+{
+    pdp__mpi_comm *mc;
+    int rank = 0, size = 1, world_rank = 0, world_size = 1;
+    pdp_status st;
+    MPI_Comm_rank(mcomm, &rank);
+    MPI_Comm_size(mcomm, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank); /* the trace is per process */
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     mc = (pdp__mpi_comm *)pdp__calloc(sizeof *mc);
     if (!mc) {
         MPI_Comm_free(&mcomm);
@@ -633,20 +845,23 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for the MPI communicator (rank %d)",
                         fn, rank);
     }
+    pthread_mutex_init(&mc->p2p_mu, NULL);
     mc->head.ops = &pdp__mpi_ops;
     mc->head.backend = PDP_BACKEND_MPI;
     mc->head.rank = rank;
     mc->head.size = size;
     mc->head.timeout_s = timeout_s;
     mc->head.device = pdp_cpu();
-    snprintf(mc->head.name, sizeof mc->head.name, "%s", desc && desc->name ? desc->name : "comm");
+    snprintf(mc->head.name, sizeof mc->head.name, "%s", name);
     mc->head.impl = &mc->q;
     mc->mcomm = mcomm;
     mc->q.comm = &mc->head;
     mc->q.exec = pdp__mpi_exec;
     mc->q.idle = pdp__mpi_idle;
+    mc->q.p2p_poll = pdp__mpi_p2p_poll;
+    mc->q.p2p_expire = pdp__mpi_p2p_expire;
     mc->q.sticky = true;
-    if ((st = pdp__trace_open(size > 1 ? rank : -1)) != PDP_OK) {
+    if ((st = pdp__trace_open(world_size > 1 ? world_rank : -1)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s (rank %d)", fn, rank);
         goto fail;
     }
@@ -654,7 +869,8 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     if (pdp__trace_enabled()) {
         char track[48];
         snprintf(track, sizeof track, "comm %s (mpi)", mc->head.name);
-        mc->q.trace_tid = pdp__trace_track(rank, track);
+        mc->q.trace_pid = world_rank;
+        mc->q.trace_tid = pdp__trace_track(world_rank, track);
     }
     if ((st = pdp__workq_init(&mc->q, mc->pool, PDP_MPI_MAX_INFLIGHT, "PDP_MPI_MAX_INFLIGHT", true,
                               fn)) != PDP_OK)
@@ -663,10 +879,44 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     return PDP_OK;
 fail:
     if (mc->traced) pdp__trace_close();
+    pthread_mutex_destroy(&mc->p2p_mu);
     pdp__dealloc(mc);
     MPI_Comm_free(&mcomm);
     pdp__mpi_release();
     return st;
+}
+
+/* pdp_comm_split: MPI_Comm_split runs on the progress thread, in order with the
+   collectives (MPI forbids two threads in collectives on one communicator); comm.c's
+   colour exchange has already proved every rank arrived, so it does not block long. */
+static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                 int leader, pdp_comm **out)
+{
+    MPI_Comm nc = MPI_COMM_NULL;
+    pdp__coll_args a;
+    pdp_work *w = NULL;
+    char name[48];
+    pdp_status st;
+    (void)new_rank;
+    (void)new_size;
+    (void)leader;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_SPLIT;
+    a.op = colour;
+    a.count = key;
+    a.out = &nc;
+    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mpi_live++; /* the new communicator's reference, taken before anything can finalise */
+    pthread_mutex_unlock(&pdp__mpi_mu);
+    if ((st = pdp__workq_submit(c, &a, &w)) == PDP_OK) st = pdp__workq_wait(w);
+    if (st != PDP_OK || colour < 0 || nc == MPI_COMM_NULL) {
+        if (nc != MPI_COMM_NULL) MPI_Comm_free(&nc);
+        pdp__mpi_release();
+        return st;
+    }
+    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+    snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
+    return pdp__mpi_wrap(out, nc, name, c->timeout_s, "pdp_comm_split");
 }
 #endif /* PDP_MPI */
 

@@ -167,10 +167,38 @@ static void pdp__nccl_destroy(pdp_comm *c)
     pdp__dealloc(nc);
 }
 
+/* Point-to-point and split are not on the NCCL backend yet (ncclSend/ncclRecv in a
+   group, ncclCommSplit): they fail with PDP_ERR_UNSUPPORTED naming the operation. */
+static pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **w)
+{
+    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "send on comm '%s' (rank %d): point-to-point is not "
+                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
+                    c->rank);
+}
+
+static pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **w)
+{
+    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "recv on comm '%s' (rank %d): point-to-point is not "
+                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
+                    c->rank);
+}
+
+static pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                  int leader, pdp_comm **out)
+{
+    (void)colour, (void)key, (void)new_rank, (void)new_size, (void)leader, (void)out;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "split of comm '%s' (rank %d): not implemented on the "
+                    "NCCL backend yet (local and MPI have it)", c->name, c->rank);
+}
+
 static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
-    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_wait,     pdp__nccl_done,
-    pdp__nccl_destroy};
+    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_send,     pdp__nccl_recv,
+    pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
 static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
