@@ -751,7 +751,7 @@ SUITE(mpi)
 GREATEST_MAIN_DEFS();
 
 #ifdef PDP_MPI
-/* ---- start-up and a killed rank (tests/test_mpi_startup.sh runs these under mpirun) ----
+/* ---- start-up and a killed rank (tests/mpi_startup.sh runs these under mpirun) ----
    test_mpi --startup MISSING SLEEP: the rank MISSING (OMPI_COMM_WORLD_RANK) sleeps SLEEP s and
    exits without MPI; every other rank calls pdp_comm_init_env with a 2 s timeout and prints
    "startup: rank R: STATUS after T s: message"; the watchdog's log lines read "startup-log: ...".

@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_mpi_startup.sh BIN MPIRUN [FLAGS...]: MPI start-up and a killed rank under mpirun
+# mpi_startup.sh BIN MPIRUN [FLAGS...]: MPI start-up and a killed rank under mpirun
 # (`make mpi-test` runs it after the test_mpi runs). BIN is build/mpi/test_mpi; its
 # --startup and --killed modes print one line per rank, checked here (comm.h, "MPI start-up"):
 #   1. rank 2 of 3 never starts, PDP_STORE_PORT set: ranks 0 and 1 fail with PDP_ERR_TIMEOUT
