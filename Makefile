@@ -90,6 +90,8 @@ mpi-test:
 	        echo "== $(MPIRUN) -np $$n $(B)/mpi/test_mpi"; \
 	        timeout 180 $(MPIRUN) $(MPIRUN_FLAGS) -np $$n ./$(B)/mpi/test_mpi || exit 1; \
 	    done; \
+	    echo "== tests/mpi_startup.sh (start-up check, watchdog, killed rank)"; \
+	    sh tests/mpi_startup.sh ./$(B)/mpi/test_mpi $(MPIRUN) $(MPIRUN_FLAGS) || exit 1; \
 	else \
 	    echo "mpi-test: skipped: mpicc not found"; \
 	fi

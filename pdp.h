@@ -803,9 +803,14 @@ typedef enum pdp_reduce_op {
 
 typedef struct pdp_comm_desc {
     pdp_backend backend;  /* default local */
-    double timeout_s;     /* a collective waits this long for a missing rank; default 300 */
+    double timeout_s;     /* a collective waits this long for a missing rank; default 300.
+                             As every numeric desc field: 0 means the default; a negative,
+                             NaN or infinite value (or above 1e9) is PDP_ERR_INVALID naming
+                             the function and the field */
     pdp_device device;    /* where buffers live; default CPU (NCCL: the rank's GPU) */
     const char *name;     /* for messages and the trace; default "comm" */
+    pdp_log_fn log;       /* optional: the MPI start-up watchdog reports through it; NULL */
+    void *log_user;       /* passed to log */
 } pdp_comm_desc;
 
 /* ---- local backend: ranks are threads ----
@@ -830,7 +835,34 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or OMPI_COMM_WORLD_*), the unique id
    through the TCP store on rank 0. Local is not available here (it needs a
    group). A backend that was not compiled in fails with PDP_ERR_UNSUPPORTED
-   naming the macro. */
+   naming the macro.
+
+   MPI start-up, what is and is not bounded by timeout_s (when pdp initialises
+   MPI, i.e. the program did not call MPI_Init_thread itself):
+   - bounded, naming the missing rank: with a store port in the environment
+     (PDP_STORE_PORT, or MASTER_PORT; MASTER_ADDR says where rank 0 is) and the
+     ranks named by the launcher (mpirun's OMPI_COMM_WORLD_*, or RANK and
+     WORLD_SIZE), every rank checks in at a TCP store served by rank 0 BEFORE
+     MPI_Init_thread. A rank that has not checked in within timeout_s makes the
+     others fail with PDP_ERR_TIMEOUT, "missing rank 2: it did not call
+     pdp_comm_init_env within 5 s", and MPI_Init_thread is never called (e.g.
+     `PDP_STORE_PORT=29511 mpirun -np 4 ./train`);
+   - reported, not bounded: MPI_Init_thread itself has no timeout and cannot be
+     interrupted. If it has not returned timeout_s after it was called (a rank
+     never started and there was no start-up check, or a rank died after its
+     check), desc.log gets one PDP_LOG_ERROR message from a watchdog thread
+     naming this rank; the call still blocks until MPI returns or the launcher
+     ends the job (OpenMPI's mpirun does when a rank exits or dies). Without
+     desc.log nothing is printed;
+   - bounded: duplicating MPI_COMM_WORLD (MPI_Comm_idup, polled against
+     timeout_s; PDP_ERR_TIMEOUT "did not call pdp_comm_init_env") and every
+     collective, point-to-point and split afterwards.
+   A rank killed later (SIGKILL, OOM): by default OpenMPI's mpirun then kills
+   every rank at once, so the others get no pdp error at all. Run with
+   `mpirun --enable-recovery` to keep the survivors alive: their pending
+   collective then fails with PDP_ERR_TIMEOUT at timeout_s (measured: 2 ranks,
+   timeout 2 s, the survivor's all-reduce failed after 2.0 s) and they can
+   save a checkpoint and exit. */
 PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc);
 
 PDP_API void pdp_comm_free(pdp_comm *c);
@@ -855,6 +887,45 @@ PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work);
 /* Host bytes from root to every rank, synchronous (descriptions, signatures). */
 PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root);
 
+/* ---- point-to-point ----
+   send: count floats of buf to rank peer; recv: count floats from rank peer into buf.
+   Asynchronous with a handle, as the collectives (work == NULL: synchronous). A send
+   and a receive match when they name each other's rank and the same tag (0..
+   PDP_COMM_TAG_MAX); messages between two ranks with one tag are received in the
+   order they were sent; a rank may send to itself (local, MPI). Send and recv
+   buffers must stay untouched until the handle is waited. The counts must be
+   equal: a mismatch fails with PDP_ERR_INVALID naming both counts (on the
+   receiver; on the local backend on both sides). A message not matched within
+   timeout_s of its launch fails its wait with PDP_ERR_TIMEOUT naming the peer
+   and the tag (the communicator stays usable: the unmatched message is
+   withdrawn; an MPI send already under way may be cancelled). A peer whose local
+   communicator is freed fails the pending messages naming it with PDP_ERR_COMM.
+   Point-to-point is ordered with nothing else: collectives and messages may be
+   interleaved freely (as in MPI). Handles come from the same fixed pool as the
+   collectives' (nothing is allocated per message). Stats: bytes_sent counts the
+   bytes sent, p2p the messages. */
+#define PDP_COMM_TAG_MAX 32767 /* MPI guarantees tags up to 32767 */
+PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **work);
+PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **work);
+
+/* ---- process groups ----
+   Splits c by colour and key, as MPI_Comm_split: collective over c (every rank
+   calls it, in the same order as its collectives; bounded by timeout_s); the
+   ranks with the same colour (>= 0) form one new communicator in *out, ranked
+   by (key, rank in c). colour PDP_COMM_SPLIT_NONE (-1) takes part but joins
+   nothing (*out = NULL, PDP_OK). The new communicator has the backend, device
+   and timeout of c, the name "<name of c>.<colour>", its own rank numbering,
+   progress thread, handle pool and stats, and is independent of c: free each
+   with pdp_comm_free, in any order (a local group made by a split is freed with
+   its last communicator; pdp_local_group_free stays for groups the program made).
+   E.g. 4 ranks as 2 data-parallel x 2 model-parallel groups:
+     pdp_comm_split(world, rank / 2, rank, &mp);   ranks {0,1} and {2,3}
+     pdp_comm_split(world, rank % 2, rank, &dp);   ranks {0,2} and {1,3} */
+#define PDP_COMM_SPLIT_NONE (-1)
+PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out);
+
 /* Completes a collective and recycles its handle (NULL is fine). The error of
    a failed collective is returned here, with its message. */
 PDP_API pdp_status pdp_work_wait(pdp_work *work);
@@ -871,7 +942,10 @@ typedef struct pdp_comm_stats {
                               reduce-scatter (N-1)/N x bytes, all-gather (N-1) x sent */
     double busy_s;         /* summed execution time of the waited collectives, from the
                               moment the backend starts one to its completion (queueing
-                              behind earlier collectives excluded) */
+                              behind earlier collectives excluded); a message's from its
+                              launch to its completion */
+    int64_t p2p;           /* point-to-point messages issued (sends and receives); their
+                              bytes_sent is count x 4 per send */
 } pdp_comm_stats;
 PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);
 /* ---- end src/comm.h ---- */
@@ -1851,6 +1925,15 @@ typedef struct pdp__comm_ops {
                             pdp_work **w);
     pdp_status (*barrier)(pdp_comm *c, pdp_work **w);
     pdp_status (*broadcast_bytes)(pdp_comm *c, void *buf, size_t bytes, int root);
+    /* point-to-point (comm.c validated peer, tag and count) */
+    pdp_status (*send)(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                       pdp_work **w);
+    pdp_status (*recv)(pdp_comm *c, float *buf, int64_t count, int peer, int tag, pdp_work **w);
+    /* collective over c: comm.c has exchanged every rank's (colour, key) and computed this
+       rank's place (new_rank of new_size; leader: the old rank of new rank 0); colour < 0
+       joins nothing (*out stays NULL) but takes part */
+    pdp_status (*split)(pdp_comm *c, int colour, int key, int new_rank, int new_size, int leader,
+                        pdp_comm **out);
     pdp_status (*wait)(pdp_work *w);
     bool (*done)(pdp_work *w);
     void (*destroy)(pdp_comm *c);
@@ -1895,11 +1978,14 @@ typedef enum pdp__coll_kind {
     PDP__COLL_REDUCE_SCATTER,
     PDP__COLL_ALLGATHER,
     PDP__COLL_BARRIER,
-    PDP__COLL_BROADCAST_BYTES
+    PDP__COLL_BROADCAST_BYTES,
+    PDP__COLL_SEND,            /* point-to-point: not collectives, but the same handles */
+    PDP__COLL_RECV,
+    PDP__COLL_SPLIT
 } pdp__coll_kind;
 
 static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
-                                      "barrier", "broadcast_bytes"};
+                                      "barrier", "broadcast_bytes", "send", "recv", "split"};
 
 /* A backend's entry in comm.c's dispatcher (pdp_comm_init_env), defined by its
    module, which comes before comm.c: under its macro it creates the communicator
@@ -10101,6 +10187,25 @@ static void pdp__deadline(struct timespec *ts, double seconds)
 
 #define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
+#define PDP__COMM_TIMEOUT_DEFAULT 300.0 /* seconds, when a desc's timeout_s is 0 */
+#define PDP__COMM_TIMEOUT_MAX 1e9       /* seconds: beyond it a deadline overflows time_t math */
+
+/* The one rule for a communicator desc's numeric fields (timeout_s is the only one):
+   zero means the default; a negative, NaN or infinite value (or one above
+   PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
+   field. Every communicator constructor calls it first (desc may be NULL). */
+static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
+{
+    double t = desc ? desc->timeout_s : 0.0;
+    *out = PDP__COMM_TIMEOUT_DEFAULT;
+    if (!(t >= 0.0 && t <= PDP__COMM_TIMEOUT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc->timeout_s = %g: it must be a finite number "
+                        "of seconds, 0 (the default, %g s) up to %g", fn, t,
+                        PDP__COMM_TIMEOUT_DEFAULT, PDP__COMM_TIMEOUT_MAX);
+    if (t > 0.0) *out = t;
+    return PDP_OK;
+}
+
 /* One collective's arguments, as one rank issued it. */
 typedef struct pdp__coll_args {
     pdp__coll_kind kind;
@@ -10111,6 +10216,8 @@ typedef struct pdp__coll_args {
     const float *send;    /* reduce_scatter, allgather */
     float *recv;
     void *bytes_buf;      /* broadcast_bytes */
+    int peer, tag;        /* send, recv */
+    void *out;            /* split: where the backend leaves its result */
 } pdp__coll_args;
 
 typedef struct pdp__workq_item {
@@ -10118,6 +10225,8 @@ typedef struct pdp__workq_item {
     struct pdp__workq_item *next;  /* free list or queue */
     pdp__coll_args args;
     double t_queued;               /* launch, for the trace */
+    bool p2p;                      /* a send or recv: never queued (see below) */
+    struct pdp__workq_item *p2p_next; /* the backend's list of unmatched messages */
     bool done;
     pdp_status status;
     char msg[PDP__MSG_CAP];
@@ -10133,8 +10242,15 @@ struct pdp__workq {
     pdp_comm *comm;                /* its communicator: comm->impl points here */
     pdp__workq_exec_fn exec;
     bool (*idle)(pdp__workq *q);
+    /* point-to-point (both set by a backend with send/recv): poll advances every
+       pending message of the communicator (optional, q->mu not held); expire is
+       called by a waiter past the deadline: it withdraws w if still unmatched and
+       completes it with PDP_ERR_TIMEOUT (q->mu not held) */
+    void (*p2p_poll)(pdp__workq *q);
+    void (*p2p_expire)(pdp__workq *q, pdp__workq_item *w);
     bool sticky;
     int trace_tid;
+    int trace_pid;                 /* the trace's process lane (MPI: the world rank) */
     const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
     int capacity;
     pthread_mutex_t mu;
@@ -10145,6 +10261,7 @@ struct pdp__workq {
     bool stopping;
     double stop_time;
     int waiters;                   /* threads blocked in pdp__workq_wait (their core is idle) */
+    int p2p_live;                  /* messages taken and not yet finished */
     pdp__workq_item *free_list, *q_head, *q_tail;
     int64_t next_seq;
     bool broken;                   /* sticky: first failure wins; later collectives fail fast */
@@ -10159,9 +10276,9 @@ static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, doub
     if (!q->trace_tid) return;
     snprintf(args, sizeof args, "\"seq\":%lld,\"count\":%lld,\"status\":%d",
              (long long)w->head.seq, (long long)w->args.count, (int)st);
-    pdp__trace_complete(q->comm->rank, q->trace_tid, "comm", w->head.op_name, t_start, t_done,
+    pdp__trace_complete(q->trace_pid, q->trace_tid, "comm", w->head.op_name, t_start, t_done,
                         args);
-    pdp__trace_async(q->comm->rank, q->trace_tid, "comm", w->head.op_name,
+    pdp__trace_async(q->trace_pid, q->trace_tid, "comm", w->head.op_name,
                      ((uint64_t)(uintptr_t)q->comm << 20) ^ (uint64_t)w->head.seq, w->t_queued,
                      t_done, args);
 }
@@ -10233,8 +10350,8 @@ static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capa
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */
     pthread_cond_init(&q->wake, &ca);
+    pthread_cond_init(&q->done, &ca); /* a message's wait times out */
     pthread_condattr_destroy(&ca);
-    pthread_cond_init(&q->done, NULL);
     q->threaded = threaded;
     if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
         pthread_mutex_destroy(&q->mu);
@@ -10321,6 +10438,7 @@ static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp
     w->head.seq = w->args.seq;
     w->head.t_start = w->head.t_done = 0.0;
     w->t_queued = pdp__now();
+    w->p2p = false;
     w->done = false;
     w->status = PDP_OK;
     w->msg[0] = '\0';
@@ -10337,6 +10455,123 @@ static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp
     return PDP_OK;
 }
 
+/* ---- comm_queue: point-to-point ----
+   A send or receive is not queued behind the collectives (it would deadlock a
+   ring, where every rank sends before it receives): the backend matches it
+   itself (the local group's mailbox, MPI's own matching), taking its handle from
+   the same pool with pdp__workq_take and completing it with pdp__workq_finish.
+   Its wait is timed: timeout_s after the launch, p2p_expire withdraws an
+   unmatched message and completes it with PDP_ERR_TIMEOUT. */
+
+/* A handle for a message, t_start = launch; PDP_ERR_STATE when the pool is empty,
+   the broken status when the queue is broken. */
+static pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out)
+{
+    pdp__workq *q = (pdp__workq *)c->impl;
+    pdp__workq_item *w;
+    pthread_mutex_lock(&q->mu);
+    if (q->broken) {
+        pdp_status st = q->broken_status;
+        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
+                 pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
+        pthread_mutex_unlock(&q->mu);
+        return st;
+    }
+    if (!(w = q->free_list)) {
+        pthread_mutex_unlock(&q->mu);
+        return pdp__err(PDP_ERR_STATE, "%d collectives and messages in flight on comm '%s' "
+                        "(rank %d): wait for some (%s)", q->capacity, c->name, c->rank,
+                        q->limit_macro);
+    }
+    q->free_list = w->next;
+    w->next = w->p2p_next = NULL;
+    w->args = *args;
+    w->args.seq = q->next_seq++;
+    w->head.comm = c;
+    w->head.op_name = pdp__op_names[args->kind];
+    w->head.seq = w->args.seq;
+    w->head.t_start = w->t_queued = pdp__now();
+    w->head.t_done = 0.0;
+    w->p2p = true;
+    q->p2p_live++;
+    w->done = false;
+    w->status = PDP_OK;
+    w->msg[0] = '\0';
+    pthread_mutex_unlock(&q->mu);
+    *out = w;
+    return PDP_OK;
+}
+
+/* Returns a handle that was never handed out (its launch failed). */
+static void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
+{
+    pthread_mutex_lock(&q->mu);
+    q->p2p_live--;
+    w->next = q->free_list;
+    q->free_list = w;
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
+static void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg)
+{
+    double t = pdp__now();
+    pdp__workq_trace(q, w, w->head.t_start, t, st);
+    pthread_mutex_lock(&q->mu);
+    w->head.t_done = t;
+    w->status = st;
+    if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
+    w->done = true;
+    q->p2p_live--;
+    pthread_cond_broadcast(&q->done);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* "recv #4 (count 7) from rank 1 with tag 5 on comm 'comm', rank 0 of 2" */
+static void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap)
+{
+    const pdp_comm *c = w->head.comm;
+    snprintf(out, cap, "%s #%lld (count %lld) %s rank %d with tag %d on comm '%s', rank %d of %d",
+             w->head.op_name, (long long)w->head.seq, (long long)w->args.count,
+             w->args.kind == PDP__COLL_SEND ? "to" : "from", w->args.peer, w->args.tag, c->name,
+             c->rank, c->size);
+}
+
+static void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size_t cap)
+{
+    char what[200];
+    pdp__p2p_describe(w, what, sizeof what);
+    snprintf(msg, cap, "%s: no matching %s from rank %d within %g s (peer %d, tag %d)", what,
+             w->args.kind == PDP__COLL_SEND ? "recv" : "send", w->args.peer,
+             w->head.comm->timeout_s, w->args.peer, w->args.tag);
+}
+
+/* Waits for a message (q->mu held on entry and return): polls, times out. */
+static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
+{
+    double deadline = w->head.t_start + w->head.comm->timeout_s;
+    while (!w->done) {
+        struct timespec ts;
+        double now = pdp__now(), nap;
+        if (q->p2p_poll) {
+            pthread_mutex_unlock(&q->mu);
+            q->p2p_poll(q);
+            pthread_mutex_lock(&q->mu);
+            if (w->done) break;
+        }
+        if (now > deadline) {
+            pthread_mutex_unlock(&q->mu);
+            q->p2p_expire(q, w);
+            pthread_mutex_lock(&q->mu);
+            continue;
+        }
+        nap = deadline - now + 1e-4;
+        if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
+        pdp__deadline(&ts, nap);
+        pthread_cond_timedwait(&q->done, &q->mu, &ts);
+    }
+}
+
 static pdp_status pdp__workq_wait(pdp_work *work)
 {
     pdp__workq_item *w = (pdp__workq_item *)work;
@@ -10345,6 +10580,7 @@ static pdp_status pdp__workq_wait(pdp_work *work)
     pthread_mutex_lock(&q->mu);
     q->waiters++;
     pthread_cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
+    if (w->p2p) pdp__workq_p2p_block(q, w);
     while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
     q->waiters--;
     st = w->status;
@@ -10360,6 +10596,7 @@ static bool pdp__workq_done(pdp_work *work)
     pdp__workq_item *w = (pdp__workq_item *)work;
     pdp__workq *q = (pdp__workq *)work->comm->impl;
     bool d;
+    if (w->p2p && q->p2p_poll) q->p2p_poll(q);
     pthread_mutex_lock(&q->mu);
     d = w->done;
     pthread_mutex_unlock(&q->mu);
@@ -10494,6 +10731,9 @@ struct pdp_local_group {
     bool broken;
     pdp_status broken_status;
     char broken_msg[PDP__MSG_CAP];
+    pdp__workq_item *p2p_head, *p2p_tail; /* unmatched sends and receives, in launch order */
+    void *split_out;          /* pdp_comm_split: the group this rank made as a leader */
+    int refs;                 /* made by a split: communicators yet to be freed; else 0 */
 };
 
 PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
@@ -10502,9 +10742,11 @@ PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
     static const char *fn = "pdp_local_group_create";
     pdp_local_group *g;
     pthread_condattr_t ca;
-    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     if (world_size < 1 || world_size > PDP__LOCAL_MAX_RANKS)
         return pdp__err(PDP_ERR_INVALID, "%s: world_size %d outside 1..%d", fn, world_size,
                         PDP__LOCAL_MAX_RANKS);
@@ -10754,11 +10996,12 @@ static void pdp__local_execute(pdp_local_group *g, int r)
         }
         break;
     case PDP__COLL_BARRIER:
+    case PDP__COLL_SEND: /* never queued */
+    case PDP__COLL_RECV:
+    case PDP__COLL_SPLIT:
         break;
     }
 }
-
-/* ---- comm_local: communicators ---- */
 
 typedef struct pdp__local_comm {
     pdp_comm head;                 /* first member */
@@ -10766,6 +11009,144 @@ typedef struct pdp__local_comm {
     pdp_local_group *g;
     pdp__workq_item pool[PDP_LOCAL_MAX_INFLIGHT];
 } pdp__local_comm;
+
+/* ---- comm_local: point-to-point ----
+   The group's mailbox is one list of unmatched messages in launch order. A new
+   send looks for the first receive its peer posted from this rank with the same
+   tag (a new receive, for the first such send); found, the thread that launched
+   the second half copies the floats and completes both handles; otherwise the
+   message joins the list. Everything happens under g->mu (then the owners'
+   queue locks: g->mu before q->mu, never the reverse), so no progress thread
+   is involved and a ring where every rank sends first cannot deadlock. */
+
+static int pdp__p2p_owner(const pdp__workq_item *w) { return w->head.comm->rank; }
+
+/* Unlinks w from the mailbox; false when it is not there (matched or withdrawn). */
+static bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w)
+{
+    pdp__workq_item **pp, *prev = NULL;
+    for (pp = &g->p2p_head; *pp; prev = *pp, pp = &(*pp)->p2p_next)
+        if (*pp == w) {
+            *pp = w->p2p_next;
+            if (g->p2p_tail == w) g->p2p_tail = prev;
+            w->p2p_next = NULL;
+            return true;
+        }
+    return false;
+}
+
+/* Completes a matched pair (g->mu held): copy, or a count mismatch on both sides. */
+static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
+{
+    char msg[PDP__MSG_CAP], what[200];
+    if (send->args.count == recv->args.count) {
+        if (send->args.count > 0 && recv->args.recv != send->args.send)
+            memmove(recv->args.recv, send->args.send, (size_t)send->args.count * sizeof(float));
+        pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_OK, "");
+        pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_OK, "");
+        return;
+    }
+    pdp__p2p_describe(send, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %lld floats, rank %d receives "
+             "%lld (recv #%lld)", what, pdp__p2p_owner(send), (long long)send->args.count,
+             pdp__p2p_owner(recv), (long long)recv->args.count, (long long)recv->head.seq);
+    pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_ERR_INVALID, msg);
+    pdp__p2p_describe(recv, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %lld floats (send #%lld), rank "
+             "%d receives %lld", what, pdp__p2p_owner(send), (long long)send->args.count,
+             (long long)send->head.seq, pdp__p2p_owner(recv), (long long)recv->args.count);
+    pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_ERR_INVALID, msg);
+}
+
+static pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, int64_t count,
+                                 int peer, int tag, pdp_work **out)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp_local_group *g = lc->g;
+    pdp__workq *q = (pdp__workq *)c->impl;
+    pdp__coll_args a;
+    pdp__workq_item *w = NULL, *m;
+    pdp_status st;
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.peer = peer;
+    a.tag = tag;
+    if (kind == PDP__COLL_SEND) a.send = buf;
+    else a.recv = buf;
+    if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
+    pthread_mutex_lock(&g->mu);
+    if (g->broken || g->gone[peer]) {
+        char what[200];
+        pdp__p2p_describe(w, what, sizeof what);
+        st = g->broken ? g->broken_status : PDP_ERR_COMM;
+        if (g->broken) pdp__err(st, "%.200s: the group is broken: %.250s", what, g->broken_msg);
+        else pdp__err(st, "%s: rank %d left the group (freed its communicator)", what, peer);
+        pthread_mutex_unlock(&g->mu);
+        pdp__workq_untake(q, w);
+        return st;
+    }
+    for (m = g->p2p_head; m; m = m->p2p_next)
+        if (pdp__p2p_owner(m) == peer && m->args.peer == c->rank && m->args.tag == tag &&
+            m->args.kind != kind)
+            break;
+    if (m) {
+        pdp__mailbox_remove(g, m);
+        if (kind == PDP__COLL_SEND) pdp__p2p_match(w, m);
+        else pdp__p2p_match(m, w);
+    } else {
+        if (g->p2p_tail) g->p2p_tail->p2p_next = w;
+        else g->p2p_head = w;
+        g->p2p_tail = w;
+    }
+    pthread_mutex_unlock(&g->mu);
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                  pdp_work **w)
+{
+    return pdp__local_p2p(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
+}
+
+static pdp_status pdp__local_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                  pdp_work **w)
+{
+    return pdp__local_p2p(c, PDP__COLL_RECV, buf, count, peer, tag, w);
+}
+
+static void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+{
+    pdp_local_group *g = ((pdp__local_comm *)q->comm)->g;
+    char msg[PDP__MSG_CAP];
+    bool withdrawn;
+    pthread_mutex_lock(&g->mu);
+    withdrawn = pdp__mailbox_remove(g, w);
+    pthread_mutex_unlock(&g->mu);
+    if (!withdrawn) return; /* matched meanwhile: completed */
+    pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
+    pdp__workq_finish(q, w, PDP_ERR_TIMEOUT, msg);
+}
+
+/* Rank r's communicator is going (g->mu held): its unmatched messages are withdrawn, and
+   those of other ranks that name it fail with PDP_ERR_COMM. */
+static void pdp__mailbox_depart(pdp_local_group *g, int r)
+{
+    pdp__workq_item *m = g->p2p_head, *next;
+    for (; m; m = next) {
+        char msg[PDP__MSG_CAP], what[200];
+        next = m->p2p_next;
+        if (pdp__p2p_owner(m) != r && m->args.peer != r) continue;
+        pdp__mailbox_remove(g, m);
+        pdp__p2p_describe(m, what, sizeof what);
+        snprintf(msg, sizeof msg, "%s: rank %d left the group (freed its communicator) before "
+                 "the message was matched", what, r);
+        pdp__workq_finish((pdp__workq *)m->head.comm->impl, m, PDP_ERR_COMM, msg);
+    }
+}
+
+/* ---- comm_local: communicators ---- */
 
 /* The queue's exec: one collective for this rank, barrier A, its share of the
    work, barrier B. */
@@ -10793,17 +11174,65 @@ static void pdp__local_destroy(pdp_comm *c)
     pdp_local_group *g = lc->g;
     /* gone first: a progress thread blocked in a barrier on our behalf, or a peer
        waiting for us, wakes up and fails instead of waiting out the timeout */
+    bool last;
     pthread_mutex_lock(&g->mu);
     g->gone[c->rank] = true;
+    pdp__mailbox_depart(g, c->rank);
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
     pdp__workq_shutdown(&lc->q);
     pdp__dealloc(lc);
+    pthread_mutex_lock(&g->mu);
+    last = g->refs > 0 && --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) pdp_local_group_free(g); /* a split's group goes with its last communicator */
+}
+
+/* ---- comm_local: split ----
+   The member that becomes rank 0 of a colour creates its group (refs = its size: the
+   group frees itself with the last of them) and every rank broadcasts the pointer of
+   the group it made, or NULL, over c; each member then joins its leader's group. */
+static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                   int leader, pdp_comm **out)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp_local_group *mine = NULL, *g = NULL;
+    pdp_comm_desc d;
+    char name[48];
+    int r;
+    pdp_status st;
+    (void)key;
+    if (colour >= 0 && new_rank == 0) {
+        memset(&d, 0, sizeof d);
+        d.timeout_s = c->timeout_s;
+        snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
+        d.name = name;
+        if ((st = pdp_local_group_create(&mine, new_size, &d)) != PDP_OK) return st;
+        mine->refs = new_size;
+    }
+    for (r = 0; r < c->size; r++) {
+        void *p = r == c->rank ? (void *)mine : NULL;
+        if ((st = pdp_comm_broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return st;
+        if (r == leader) g = (pdp_local_group *)p;
+    }
+    (void)lc;
+    if (colour < 0) return PDP_OK;
+    if ((st = pdp_comm_create_local(out, g, new_rank)) != PDP_OK) {
+        bool last;
+        pthread_mutex_lock(&g->mu);
+        g->gone[new_rank] = true;
+        last = --g->refs == 0;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        if (last) pdp_local_group_free(g);
+    }
+    return st;
 }
 
 static const pdp__comm_ops pdp__local_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
     pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__local_send,      pdp__local_recv,      pdp__local_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__local_destroy,
 };
 
@@ -10839,6 +11268,7 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
     lc->g = g;
     lc->q.comm = &lc->head;
     lc->q.exec = pdp__local_exec;
+    lc->q.p2p_expire = pdp__local_p2p_expire;
     /* world size 1: every collective is local and immediate, no thread */
     if ((st = pdp__workq_init(&lc->q, lc->pool, PDP_LOCAL_MAX_INFLIGHT, "PDP_LOCAL_MAX_INFLIGHT",
                               g->size > 1, fn)) != PDP_OK) {
@@ -10946,6 +11376,13 @@ static MPI_Comm pdp__mpi_init_comm;
 
 /* ---- comm_mpi: state ---- */
 
+/* A message in flight: its MPI request (and, for a receive, whether MPI has matched it). */
+typedef struct pdp__mpi_p2p {
+    bool active;        /* launched, not completed */
+    bool posted;        /* a send: always; a receive: matched by MPI_Improbe, MPI_Imrecv posted */
+    MPI_Request req;
+} pdp__mpi_p2p;
+
 typedef struct pdp__mpi_comm {
     pdp_comm head;               /* first member */
     pdp__workq q;                /* head.impl points here; sticky, with an idle poll */
@@ -10953,7 +11390,10 @@ typedef struct pdp__mpi_comm {
     bool orphan;                 /* a timed-out request is still pending (q.mu) */
     MPI_Request orphan_req;
     bool traced;                 /* pdp__trace_open succeeded: close at free */
+    pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
+    int p2p_active;              /* messages in flight */
     pdp__workq_item pool[PDP_MPI_MAX_INFLIGHT];
+    pdp__mpi_p2p p2p[PDP_MPI_MAX_INFLIGHT]; /* by pool index */
 } pdp__mpi_comm;
 
 /* ---- comm_mpi: executing a collective (the queue's exec and idle) ---- */
@@ -10965,6 +11405,157 @@ static void pdp__mpi_errstr(int rc, char *out, size_t cap)
     if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) len = 0;
     s[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING - 1] = '\0';
     snprintf(out, cap, "%s (MPI error %d)", len ? s : "unknown", rc);
+}
+
+/* ---- comm_mpi: point-to-point ----
+   MPI_Isend at launch; a receive is matched with MPI_Improbe first, so that a
+   count mismatch names both counts (the message is then consumed with a
+   zero-count MPI_Mrecv), then MPI_Imrecv. Every pending message of the
+   communicator is advanced by whoever polls: a thread in pdp_work_wait or
+   pdp_work_done on a message, and the progress thread while it drives a
+   collective or idles, so a ring where every rank sends first completes even
+   under MPI's rendezvous protocol. A message not complete timeout_s after its
+   launch fails with PDP_ERR_TIMEOUT naming peer and tag: an unmatched receive
+   is simply withdrawn; a send or a matched receive is cancelled (MPI_Cancel),
+   and if MPI does not confirm within a second its request is abandoned (pdp
+   then never calls MPI_Finalize, as for a timed-out collective). */
+
+static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
+                              const char *msg)
+{
+    mc->p2p[w - mc->pool].active = false;
+    mc->p2p_active--;
+    pdp__workq_finish(&mc->q, w, st, msg);
+}
+
+/* Advances one message (p2p_mu held). */
+static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w)
+{
+    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
+    const pdp__coll_args *a = &w->args;
+    char msg[PDP__MSG_CAP], what[200], e[256];
+    int flag = 0, rc, n = 0;
+    MPI_Status status;
+    if (!p->posted) { /* an unmatched receive */
+        MPI_Message m;
+        rc = MPI_Improbe(a->peer, a->tag, mc->mcomm, &flag, &m, &status);
+        if (rc == MPI_SUCCESS && !flag) return;
+        if (rc == MPI_SUCCESS) rc = MPI_Get_count(&status, MPI_FLOAT, &n);
+        if (rc == MPI_SUCCESS && (int64_t)n != a->count) {
+            MPI_Mrecv(NULL, 0, MPI_FLOAT, &m, MPI_STATUS_IGNORE); /* consume: MPI_ERR_TRUNCATE */
+            pdp__p2p_describe(w, what, sizeof what);
+            snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %d floats, rank %d "
+                     "receives %lld", what, a->peer, n, mc->head.rank, (long long)a->count);
+            pdp__mpi_p2p_fail(mc, w, PDP_ERR_INVALID, msg);
+            return;
+        }
+        if (rc == MPI_SUCCESS) rc = MPI_Imrecv(a->recv, (int)a->count, MPI_FLOAT, &m, &p->req);
+        if (rc != MPI_SUCCESS) goto mpi_error;
+        p->posted = true;
+    }
+    rc = MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) goto mpi_error;
+    if (!flag) return;
+    p->active = false;
+    mc->p2p_active--;
+    pdp__workq_finish(&mc->q, w, PDP_OK, "");
+    return;
+mpi_error:
+    pdp__mpi_errstr(rc, e, sizeof e);
+    pdp__p2p_describe(w, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s: %s", what, e);
+    pdp__mpi_p2p_fail(mc, w, PDP_ERR_COMM, msg);
+}
+
+static void pdp__mpi_p2p_poll(pdp__workq *q)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    int i;
+    pthread_mutex_lock(&mc->p2p_mu);
+    for (i = 0; i < PDP_MPI_MAX_INFLIGHT && mc->p2p_active; i++)
+        if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i]);
+    pthread_mutex_unlock(&mc->p2p_mu);
+}
+
+static void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
+    char msg[PDP__MSG_CAP];
+    pthread_mutex_lock(&mc->p2p_mu);
+    if (p->active) {
+        if (p->posted) { /* cancel; MPI completes a cancelled request */
+            double give_up = pdp__now() + PDP__MPI_FREE_GRACE_S;
+            int flag = 0;
+            MPI_Cancel(&p->req);
+            while (!flag && pdp__now() < give_up)
+                if (MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+            if (!flag) {
+                MPI_Request_free(&p->req);
+                pthread_mutex_lock(&pdp__mpi_mu);
+                pdp__mpi_unclean = true;
+                pthread_mutex_unlock(&pdp__mpi_mu);
+            }
+        }
+        pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
+        pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
+    }
+    pthread_mutex_unlock(&mc->p2p_mu);
+}
+
+static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
+                                      int64_t count, int peer, int tag, pdp_work **out)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    pdp__coll_args a;
+    pdp__workq_item *w = NULL;
+    pdp__mpi_p2p *p;
+    pdp_status st;
+    int rc = MPI_SUCCESS;
+    if (count > INT32_MAX)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements on comm '%s' (rank %d): the MPI "
+                        "backend takes at most %d (MPI counts are int)", pdp__op_names[kind],
+                        (long long)count, c->name, c->rank, (int)INT32_MAX);
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.peer = peer;
+    a.tag = tag;
+    if (kind == PDP__COLL_SEND) a.send = buf;
+    else a.recv = buf;
+    if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
+    p = &mc->p2p[w - mc->pool];
+    pthread_mutex_lock(&mc->p2p_mu);
+    p->posted = kind == PDP__COLL_SEND;
+    if (kind == PDP__COLL_SEND)
+        rc = MPI_Isend(buf, (int)count, MPI_FLOAT, peer, tag, mc->mcomm, &p->req);
+    if (rc == MPI_SUCCESS) {
+        p->active = true;
+        mc->p2p_active++;
+        pdp__mpi_p2p_step(mc, w); /* a receive whose message is already here matches now */
+    }
+    pthread_mutex_unlock(&mc->p2p_mu);
+    if (rc != MPI_SUCCESS) {
+        char e[256];
+        pdp__mpi_errstr(rc, e, sizeof e);
+        pdp__workq_untake(&mc->q, w);
+        return pdp__err(PDP_ERR_COMM, "send to rank %d with tag %d on comm '%s' (rank %d): "
+                        "MPI_Isend failed: %s", peer, tag, c->name, c->rank, e);
+    }
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                pdp_work **w)
+{
+    return pdp__mpi_p2p_launch(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
+}
+
+static pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                pdp_work **w)
+{
+    return pdp__mpi_p2p_launch(c, PDP__COLL_RECV, buf, count, peer, tag, w);
 }
 
 /* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
@@ -11002,6 +11593,7 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
                      c->rank);
             return PDP_ERR_COMM;
         }
+        if ((polls & 63) == 0) pdp__mpi_p2p_poll(&mc->q);
         if (polls < 256) continue; /* spin: small collectives finish here */
         /* then yield while the rank waits (for 2 ms: its core is ours); otherwise nap
            200 us (500 us once a peer has kept us 20 ms), since a yielding poller would
@@ -11095,6 +11687,12 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
         st = pdp__mpi_posted(mc, w, MPI_Ibarrier(mcomm, req), "MPI_Ibarrier", msg, cap);
         if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
         return st;
+    case PDP__COLL_SPLIT: /* blocking, but every rank is known to have arrived (comm.c) */
+        return pdp__mpi_posted(mc, w, MPI_Comm_split(mcomm, a->op < 0 ? MPI_UNDEFINED : a->op,
+                               (int)a->count, (MPI_Comm *)a->out), "MPI_Comm_split", msg, cap);
+    case PDP__COLL_SEND: /* never queued */
+    case PDP__COLL_RECV:
+        break;
     }
     snprintf(msg, cap, "comm_mpi: unknown collective kind %d", (int)a->kind);
     return PDP_ERR_STATE;
@@ -11131,6 +11729,14 @@ static bool pdp__mpi_idle(pdp__workq *q)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     bool done;
+    if (q->p2p_live) { /* keep messages moving while the rank computes */
+        struct timespec ts = {0, 200000}; /* 200 us */
+        pthread_mutex_unlock(&q->mu);
+        pdp__mpi_p2p_poll(q);
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&q->mu);
+        return true;
+    }
     if (!mc->orphan) return false;
     pthread_mutex_unlock(&q->mu);
     done = pdp__mpi_orphan_test(&mc->orphan_req);
@@ -11203,7 +11809,22 @@ static void pdp__mpi_release(void)
 static void pdp__mpi_destroy(pdp_comm *c)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    int i;
     pdp__workq_shutdown(&mc->q);
+    /* messages never waited: an unmatched receive is dropped, the rest cancelled */
+    pthread_mutex_lock(&mc->p2p_mu);
+    for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
+        if (mc->p2p[i].active && mc->p2p[i].posted) {
+            int flag = 0;
+            MPI_Test(&mc->p2p[i].req, &flag, MPI_STATUS_IGNORE);
+            if (!flag) {
+                MPI_Cancel(&mc->p2p[i].req);
+                if (!pdp__mpi_poll_until(&mc->p2p[i].req, pdp__now() + PDP__MPI_FREE_GRACE_S))
+                    mc->orphan = true; /* leave mcomm alone and never finalise */
+            }
+        }
+    pthread_mutex_unlock(&mc->p2p_mu);
+    pthread_mutex_destroy(&mc->p2p_mu);
     /* give a timed-out request a last chance to complete */
     while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
         if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
@@ -11219,16 +11840,182 @@ static void pdp__mpi_destroy(pdp_comm *c)
     pdp__mpi_release();
 }
 
+static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                 int leader, pdp_comm **out);
+
 static const pdp__comm_ops pdp__mpi_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__mpi_reduce_scatter,
     pdp__mpi_allgather,   pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__mpi_send,        pdp__mpi_recv,        pdp__mpi_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };
 
+/* ---- comm_mpi: bounded start-up ----
+   MPI_Init_thread cannot be interrupted and has no timeout: a rank that never
+   starts leaves the others inside it until the launcher gives up. pdp bounds
+   what it can around it (comm.h states the contract):
+     the start-up check  with a store port in the environment (PDP_STORE_PORT or
+                         MASTER_PORT) and the ranks named by the launcher
+                         (OMPI_COMM_WORLD_* or RANK/WORLD_SIZE), every rank checks
+                         in at the TCP store (rendezvous.c; rank 0 serves it) BEFORE
+                         calling MPI_Init_thread, and waits up to timeout_s for all
+                         the others: a missing rank makes the others fail with
+                         PDP_ERR_TIMEOUT naming it, and MPI_Init_thread is never
+                         called, so nothing hangs. The store stays open until
+                         MPI_Init_thread returned (rank 0 serves the latecomers);
+     the watchdog        a thread started before MPI_Init_thread: when it has not
+                         returned timeout_s later, the watchdog calls desc->log
+                         (PDP_LOG_ERROR, from the watchdog thread) once, naming this
+                         rank, what it waits for and, when the start-up check passed,
+                         that every rank had checked in. It never exits or aborts:
+                         the rank stays in MPI_Init_thread until MPI returns or the
+                         launcher ends the job. */
+
+typedef struct pdp__mpi_watch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* CLOCK_MONOTONIC */
+    bool done;              /* MPI_Init_thread returned */
+    double timeout_s;
+    pdp_log_fn log;
+    void *log_user;
+    char msg[512];
+} pdp__mpi_watch;
+
+static void *pdp__mpi_watchdog(void *arg)
+{
+    pdp__mpi_watch *w = (pdp__mpi_watch *)arg;
+    struct timespec deadline;
+    bool fired = false;
+    pdp__deadline(&deadline, w->timeout_s);
+    pthread_mutex_lock(&w->mu);
+    while (!w->done && !fired)
+        fired = pthread_cond_timedwait(&w->cv, &w->mu, &deadline) == ETIMEDOUT && !w->done;
+    pthread_mutex_unlock(&w->mu);
+    if (fired && w->log) w->log(PDP_LOG_ERROR, w->msg, w->log_user);
+    return NULL;
+}
+
+/* The start-up check (above); *store is left open for the caller to free after
+   MPI_Init_thread, NULL when no check ran. *checked: every rank checked in. */
+static pdp_status pdp__mpi_start_check(pdp_store **store, const pdp_env_info *env,
+                                       double timeout_s, bool *checked, const char *fn)
+{
+    double deadline = pdp__now() + timeout_s;
+    char key[64], missing[200];
+    const char *k = key;
+    size_t len = 0;
+    int r, nmissing = 0;
+    pdp_status st;
+    *store = NULL;
+    *checked = false;
+    if (!env->from_env || env->world_size < 2) return PDP_OK;
+    if (!getenv("PDP_STORE_PORT") && !getenv("MASTER_PORT")) return PDP_OK;
+    if ((st = pdp__rendezvous_store(store, env, timeout_s, "MPI start-up check", fn)) != PDP_OK) {
+        if (st == PDP_ERR_TIMEOUT && env->rank != 0)
+            return pdp__err(st, "%s: MPI start-up check: rank %d of %d: missing rank 0: it did not "
+                            "start within %g s (its TCP store at %s never answered); "
+                            "MPI_Init_thread was not called", fn, env->rank, env->world_size,
+                            timeout_s, env->master_addr);
+        return st;
+    }
+    snprintf(key, sizeof key, "pdp/mpi_start/%d", env->rank);
+    if ((st = pdp_store_set(*store, key, "", 0)) != PDP_OK) goto fail;
+    missing[0] = '\0';
+    for (r = 0; r < env->world_size; r++) {
+        double left = deadline - pdp__now();
+        snprintf(key, sizeof key, "pdp/mpi_start/%d", r);
+        st = pdp_store_wait(*store, &k, 1, left > 1e-3 ? left : 1e-3);
+        if (st == PDP_ERR_TIMEOUT) {
+            if (len < sizeof missing - 16)
+                len += (size_t)snprintf(missing + len, sizeof missing - len, " %d", r);
+            nmissing++;
+        } else if (st != PDP_OK) {
+            goto fail;
+        }
+    }
+    if (env->rank != 0) { /* rank 0 keeps serving until every present rank has its answer */
+        snprintf(key, sizeof key, "pdp/mpi_start_seen/%d", env->rank);
+        if (nmissing && (st = pdp_store_set(*store, key, "", 0)) != PDP_OK) goto fail;
+    } else if (nmissing) {
+        double grace = pdp__now() + (timeout_s < 1.0 ? timeout_s : 1.0);
+        for (r = 1; r < env->world_size; r++) {
+            double left = grace - pdp__now();
+            snprintf(key, sizeof key, "pdp/mpi_start/%d", r);
+            if (pdp_store_wait(*store, &k, 1, 1e-3) != PDP_OK) continue; /* a missing rank */
+            snprintf(key, sizeof key, "pdp/mpi_start_seen/%d", r);
+            (void)pdp_store_wait(*store, &k, 1, left > 1e-3 ? left : 1e-3);
+        }
+    }
+    if (nmissing) {
+        pdp_store_free(*store);
+        *store = NULL;
+        return pdp__err(PDP_ERR_TIMEOUT, "%s: MPI start-up check: rank %d of %d: missing rank%s"
+                        "%s: %s not call pdp_comm_init_env within %g s (checked at the TCP "
+                        "store before MPI_Init_thread, which was therefore not called)", fn,
+                        env->rank, env->world_size, nmissing > 1 ? "s" : "", missing,
+                        nmissing > 1 ? "they did" : "it did", timeout_s);
+    }
+    *checked = true;
+    return PDP_OK;
+fail:
+    pdp_store_free(*store);
+    *store = NULL;
+    return pdp__err_wrap(st, "%s: MPI start-up check: rank %d of %d", fn, env->rank,
+                         env->world_size);
+}
+
+/* MPI_Init_thread after the start-up check, under the watchdog; mpi_mu held. */
+static int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, int *provided,
+                                 pdp_status *st, const char *fn)
+{
+    pdp__mpi_watch w;
+    pthread_condattr_t ca;
+    pthread_t tid;
+    pdp_env_info env;
+    pdp_store *store = NULL;
+    bool checked = false, watching;
+    int rc;
+    if (pdp_env_read(&env) != PDP_OK) { /* the launcher's variables are not ours to judge */
+        memset(&env, 0, sizeof env);
+        env.rank = -1;
+    }
+    if ((*st = pdp__mpi_start_check(&store, &env, timeout_s, &checked, fn)) != PDP_OK)
+        return MPI_ERR_OTHER;
+    memset(&w, 0, sizeof w);
+    w.timeout_s = timeout_s;
+    w.log = desc ? desc->log : NULL;
+    w.log_user = desc ? desc->log_user : NULL;
+    snprintf(w.msg, sizeof w.msg, "%s: rank %d of %d: MPI_Init_thread has not returned after %g s "
+             "(timeout_s): %s; pdp cannot interrupt MPI_Init_thread, so this rank waits until "
+             "MPI returns or the launcher ends the job", fn, env.rank, env.world_size, timeout_s,
+             checked ? "every rank checked in at the start-up check, so a rank died or hangs "
+                       "inside MPI's start-up (MPI cannot say which)"
+                     : "a rank did not start or is stuck before pdp_comm_init_env (MPI cannot "
+                       "say which; set PDP_STORE_PORT for a start-up check that names it)");
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    watching = w.log && pthread_create(&tid, NULL, pdp__mpi_watchdog, &w) == 0;
+    rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, provided);
+    if (watching) {
+        pthread_mutex_lock(&w.mu);
+        w.done = true;
+        pthread_cond_signal(&w.cv);
+        pthread_mutex_unlock(&w.mu);
+        pthread_join(tid, NULL);
+    }
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    pdp_store_free(store); /* every rank is past MPI's start-up: nobody needs it now */
+    return rc;
+}
+
 /* ---- comm_mpi: creation ---- */
 
-/* Initialises MPI when nobody has and takes one reference to it. */
-static pdp_status pdp__mpi_acquire(const char *fn)
+/* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
+static pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
 {
     int inited = 0, finalized = 0, provided = 0, rc;
     pdp_status st = PDP_OK;
@@ -11243,7 +12030,8 @@ static pdp_status pdp__mpi_acquire(const char *fn)
     }
     MPI_Initialized(&inited);
     if (!inited) {
-        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+        rc = pdp__mpi_init_bounded(desc, timeout_s, &provided, &st, fn);
+        if (st != PDP_OK) goto out;
         if (rc != MPI_SUCCESS) {
             char e[256];
             pdp__mpi_errstr(rc, e, sizeof e);
@@ -11271,20 +12059,21 @@ out:
     return st;
 }
 
+static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                double timeout_s, const char *fn);
+
 static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn)
 {
-    pdp__mpi_comm *mc;
     MPI_Comm mcomm = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
     int rank = 0, size = 1, rc;
-    double timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout_s;
     pdp_status st;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout_s, fn)) != PDP_OK) return st;
     if (desc && desc->device.kind != PDP_DEVICE_CPU)
         return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the MPI backend moves CPU buffers; device "
                         "CUDA %d needs PDP_BACKEND_NCCL", fn, desc->device.ordinal);
-    if (desc && desc->timeout_s < 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: timeout_s %g < 0", fn, desc->timeout_s);
-    if ((st = pdp__mpi_acquire(fn)) != PDP_OK) return st;
+    if ((st = pdp__mpi_acquire(desc, timeout_s, fn)) != PDP_OK) return st;
     pthread_mutex_lock(&pdp__mpi_mu);
     if (pdp__mpi_init_orphan && pdp__mpi_poll_until(&pdp__mpi_init_req, 0.0)) {
         MPI_Comm_free(&pdp__mpi_init_comm); /* an earlier timed-out duplication completed */
@@ -11320,6 +12109,21 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
         pdp__mpi_release();
         return pdp__err(PDP_ERR_COMM, "%s: duplicating MPI_COMM_WORLD failed: %s", fn, e);
     }
+    return pdp__mpi_wrap(out, mcomm, desc && desc->name ? desc->name : "comm", timeout_s, fn);
+}
+
+/* Wraps mcomm (errors returned, one reference to MPI taken by the caller; both given
+   up on failure) as a communicator with its own queue, progress thread and p2p state. */
+static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                double timeout_s, const char *fn)
+{
+    pdp__mpi_comm *mc;
+    int rank = 0, size = 1, world_rank = 0, world_size = 1;
+    pdp_status st;
+    MPI_Comm_rank(mcomm, &rank);
+    MPI_Comm_size(mcomm, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank); /* the trace is per process */
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     mc = (pdp__mpi_comm *)pdp__calloc(sizeof *mc);
     if (!mc) {
         MPI_Comm_free(&mcomm);
@@ -11327,20 +12131,23 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for the MPI communicator (rank %d)",
                         fn, rank);
     }
+    pthread_mutex_init(&mc->p2p_mu, NULL);
     mc->head.ops = &pdp__mpi_ops;
     mc->head.backend = PDP_BACKEND_MPI;
     mc->head.rank = rank;
     mc->head.size = size;
     mc->head.timeout_s = timeout_s;
     mc->head.device = pdp_cpu();
-    snprintf(mc->head.name, sizeof mc->head.name, "%s", desc && desc->name ? desc->name : "comm");
+    snprintf(mc->head.name, sizeof mc->head.name, "%s", name);
     mc->head.impl = &mc->q;
     mc->mcomm = mcomm;
     mc->q.comm = &mc->head;
     mc->q.exec = pdp__mpi_exec;
     mc->q.idle = pdp__mpi_idle;
+    mc->q.p2p_poll = pdp__mpi_p2p_poll;
+    mc->q.p2p_expire = pdp__mpi_p2p_expire;
     mc->q.sticky = true;
-    if ((st = pdp__trace_open(size > 1 ? rank : -1)) != PDP_OK) {
+    if ((st = pdp__trace_open(world_size > 1 ? world_rank : -1)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s (rank %d)", fn, rank);
         goto fail;
     }
@@ -11348,7 +12155,8 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     if (pdp__trace_enabled()) {
         char track[48];
         snprintf(track, sizeof track, "comm %s (mpi)", mc->head.name);
-        mc->q.trace_tid = pdp__trace_track(rank, track);
+        mc->q.trace_pid = world_rank;
+        mc->q.trace_tid = pdp__trace_track(world_rank, track);
     }
     if ((st = pdp__workq_init(&mc->q, mc->pool, PDP_MPI_MAX_INFLIGHT, "PDP_MPI_MAX_INFLIGHT", true,
                               fn)) != PDP_OK)
@@ -11357,10 +12165,44 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     return PDP_OK;
 fail:
     if (mc->traced) pdp__trace_close();
+    pthread_mutex_destroy(&mc->p2p_mu);
     pdp__dealloc(mc);
     MPI_Comm_free(&mcomm);
     pdp__mpi_release();
     return st;
+}
+
+/* pdp_comm_split: MPI_Comm_split runs on the progress thread, in order with the
+   collectives (MPI forbids two threads in collectives on one communicator); comm.c's
+   colour exchange has already proved every rank arrived, so it does not block long. */
+static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                 int leader, pdp_comm **out)
+{
+    MPI_Comm nc = MPI_COMM_NULL;
+    pdp__coll_args a;
+    pdp_work *w = NULL;
+    char name[48];
+    pdp_status st;
+    (void)new_rank;
+    (void)new_size;
+    (void)leader;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_SPLIT;
+    a.op = colour;
+    a.count = key;
+    a.out = &nc;
+    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mpi_live++; /* the new communicator's reference, taken before anything can finalise */
+    pthread_mutex_unlock(&pdp__mpi_mu);
+    if ((st = pdp__workq_submit(c, &a, &w)) == PDP_OK) st = pdp__workq_wait(w);
+    if (st != PDP_OK || colour < 0 || nc == MPI_COMM_NULL) {
+        if (nc != MPI_COMM_NULL) MPI_Comm_free(&nc);
+        pdp__mpi_release();
+        return st;
+    }
+    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+    snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
+    return pdp__mpi_wrap(out, nc, name, c->timeout_s, "pdp_comm_split");
 }
 #endif /* PDP_MPI */
 
@@ -11550,10 +12392,38 @@ static void pdp__nccl_destroy(pdp_comm *c)
     pdp__dealloc(nc);
 }
 
+/* Point-to-point and split are not on the NCCL backend yet (ncclSend/ncclRecv in a
+   group, ncclCommSplit): they fail with PDP_ERR_UNSUPPORTED naming the operation. */
+static pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **w)
+{
+    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "send on comm '%s' (rank %d): point-to-point is not "
+                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
+                    c->rank);
+}
+
+static pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **w)
+{
+    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "recv on comm '%s' (rank %d): point-to-point is not "
+                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
+                    c->rank);
+}
+
+static pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                  int leader, pdp_comm **out)
+{
+    (void)colour, (void)key, (void)new_rank, (void)new_size, (void)leader, (void)out;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "split of comm '%s' (rank %d): not implemented on the "
+                    "NCCL backend yet (local and MPI have it)", c->name, c->rank);
+}
+
 static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
-    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_wait,     pdp__nccl_done,
-    pdp__nccl_destroy};
+    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_send,     pdp__nccl_recv,
+    pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
 static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
@@ -11603,10 +12473,11 @@ static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *d
     pdp_store *store = NULL;
     pdp_cudak_nccl *h = NULL;
     unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
-    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout;
     int dev;
     pdp_status st;
     *out = NULL;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
     dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
@@ -11639,9 +12510,12 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
                                          const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_nccl_group_create";
+    double timeout;
+    pdp_status st0;
     int i;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    if ((st0 = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st0;
     if (ndev < 1 || ndev > 64 || !devices)
         return pdp__err(PDP_ERR_INVALID, "%s: ndev %d outside 1..64 or devices NULL", fn, ndev);
     for (i = 0; i < ndev; i++)
@@ -11654,7 +12528,7 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
         pdp_nccl_group *g = (pdp_nccl_group *)pdp__calloc(sizeof *g);
         if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         g->n = ndev;
-        g->timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+        g->timeout_s = timeout;
         snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
         g->devices = (pdp_device *)pdp__calloc((size_t)ndev * sizeof *g->devices);
         g->handles = (pdp_cudak_nccl **)pdp__calloc((size_t)ndev * sizeof *g->handles);
@@ -11675,7 +12549,7 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
         return PDP_OK;
     }
 #else
-    (void)desc;
+    (void)timeout;
     return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the NCCL backend is " PDP__NO_CUDA_MSG, fn);
 #endif
 }
@@ -11792,7 +12666,8 @@ static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, do
 {
     if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     w->t_launch = t_launch;
-    c->stats.collectives++;
+    if (strcmp(fn, "pdp_comm_send") == 0 || strcmp(fn, "pdp_comm_recv") == 0) c->stats.p2p++;
+    else c->stats.collectives++;
     c->stats.bytes_sent += (int64_t)bytes;
     if (work) {
         *work = w;
@@ -11882,6 +12757,93 @@ PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work)
     return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
 }
 
+/* ---- comm: point-to-point ---- */
+
+static pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag, const char *fn)
+{
+    if (peer < 0 || peer >= c->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: peer %d outside 0..%d (comm '%s', rank %d)", fn,
+                        peer, c->size - 1, c->name, c->rank);
+    if (tag < 0 || tag > PDP_COMM_TAG_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: tag %d outside 0..%d (comm '%s', rank %d)", fn, tag,
+                        PDP_COMM_TAG_MAX, c->name, c->rank);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **work)
+{
+    static const char *fn = "pdp_comm_send";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        return st;
+    st = c->ops->send(c, buf, count, peer, tag, &w);
+    return pdp__comm_launched(c, st, w, t, (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **work)
+{
+    static const char *fn = "pdp_comm_recv";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        return st;
+    st = c->ops->recv(c, buf, count, peer, tag, &w);
+    return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
+}
+
+/* ---- comm: process groups ---- */
+
+#define PDP__SPLIT_MAX_RANKS 4096 /* the (colour, key) table lives on the stack */
+
+PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out)
+{
+    static const char *fn = "pdp_comm_split";
+    int table[2 * PDP__SPLIT_MAX_RANKS], r, new_rank = 0, new_size = 0, leader = -1;
+    pdp_status st;
+    if (out) *out = NULL;
+    if ((st = pdp__comm_check(c, fn))) return st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL (comm '%s')", fn, c->name);
+    if (colour < PDP_COMM_SPLIT_NONE)
+        return pdp__err(PDP_ERR_INVALID, "%s: colour %d (comm '%s', rank %d): a colour is >= 0, "
+                        "or PDP_COMM_SPLIT_NONE (-1) to join no group", fn, colour, c->name,
+                        c->rank);
+    if (c->size > PDP__SPLIT_MAX_RANKS)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: comm '%s' has %d ranks; splits take at most %d",
+                        fn, c->name, c->size, PDP__SPLIT_MAX_RANKS);
+    /* every rank's (colour, key), through the communicator itself (bounded by its timeout) */
+    for (r = 0; r < c->size; r++) {
+        table[2 * r] = colour;
+        table[2 * r + 1] = key;
+        if ((st = pdp_comm_broadcast_bytes(c, &table[2 * r], 2 * sizeof(int), r)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: exchanging colours", fn);
+    }
+    /* place in the new group: order by (key, old rank) among the same colour */
+    for (r = 0; r < c->size; r++) {
+        int k = table[2 * r + 1];
+        if (table[2 * r] != colour) continue;
+        if (k < key || (k == key && r < c->rank)) new_rank++;
+        new_size++;
+    }
+    for (r = 0; r < c->size && colour >= 0; r++) { /* the member that becomes rank 0 */
+        int k = table[2 * r + 1], lk;
+        if (table[2 * r] != colour) continue;
+        lk = leader < 0 ? 0 : table[2 * leader + 1];
+        if (leader < 0 || k < lk) leader = r;
+    }
+    if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, out)) != PDP_OK)
+        return pdp__err_wrap(st, "%s", fn);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
 {
     static const char *fn = "pdp_comm_broadcast_bytes";
@@ -11938,8 +12900,12 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
     pdp_backend b = desc ? desc->backend : PDP_BACKEND_DEFAULT;
+    double timeout;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    /* the desc rule first, so that every build checks it, whatever the backend */
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     switch (b) {
     case PDP_BACKEND_MPI: return pdp__comm_init_mpi_env(out, desc);
     case PDP_BACKEND_NCCL: return pdp__comm_init_nccl_env(out, desc);

@@ -72,7 +72,8 @@ static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, do
 {
     if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     w->t_launch = t_launch;
-    c->stats.collectives++;
+    if (strcmp(fn, "pdp_comm_send") == 0 || strcmp(fn, "pdp_comm_recv") == 0) c->stats.p2p++;
+    else c->stats.collectives++;
     c->stats.bytes_sent += (int64_t)bytes;
     if (work) {
         *work = w;
@@ -162,6 +163,93 @@ PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work)
     return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
 }
 
+/* ---- comm: point-to-point ---- */
+
+static pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag, const char *fn)
+{
+    if (peer < 0 || peer >= c->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: peer %d outside 0..%d (comm '%s', rank %d)", fn,
+                        peer, c->size - 1, c->name, c->rank);
+    if (tag < 0 || tag > PDP_COMM_TAG_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: tag %d outside 0..%d (comm '%s', rank %d)", fn, tag,
+                        PDP_COMM_TAG_MAX, c->name, c->rank);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **work)
+{
+    static const char *fn = "pdp_comm_send";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        return st;
+    st = c->ops->send(c, buf, count, peer, tag, &w);
+    return pdp__comm_launched(c, st, w, t, (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **work)
+{
+    static const char *fn = "pdp_comm_recv";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        return st;
+    st = c->ops->recv(c, buf, count, peer, tag, &w);
+    return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
+}
+
+/* ---- comm: process groups ---- */
+
+#define PDP__SPLIT_MAX_RANKS 4096 /* the (colour, key) table lives on the stack */
+
+PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out)
+{
+    static const char *fn = "pdp_comm_split";
+    int table[2 * PDP__SPLIT_MAX_RANKS], r, new_rank = 0, new_size = 0, leader = -1;
+    pdp_status st;
+    if (out) *out = NULL;
+    if ((st = pdp__comm_check(c, fn))) return st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL (comm '%s')", fn, c->name);
+    if (colour < PDP_COMM_SPLIT_NONE)
+        return pdp__err(PDP_ERR_INVALID, "%s: colour %d (comm '%s', rank %d): a colour is >= 0, "
+                        "or PDP_COMM_SPLIT_NONE (-1) to join no group", fn, colour, c->name,
+                        c->rank);
+    if (c->size > PDP__SPLIT_MAX_RANKS)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: comm '%s' has %d ranks; splits take at most %d",
+                        fn, c->name, c->size, PDP__SPLIT_MAX_RANKS);
+    /* every rank's (colour, key), through the communicator itself (bounded by its timeout) */
+    for (r = 0; r < c->size; r++) {
+        table[2 * r] = colour;
+        table[2 * r + 1] = key;
+        if ((st = pdp_comm_broadcast_bytes(c, &table[2 * r], 2 * sizeof(int), r)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: exchanging colours", fn);
+    }
+    /* place in the new group: order by (key, old rank) among the same colour */
+    for (r = 0; r < c->size; r++) {
+        int k = table[2 * r + 1];
+        if (table[2 * r] != colour) continue;
+        if (k < key || (k == key && r < c->rank)) new_rank++;
+        new_size++;
+    }
+    for (r = 0; r < c->size && colour >= 0; r++) { /* the member that becomes rank 0 */
+        int k = table[2 * r + 1], lk;
+        if (table[2 * r] != colour) continue;
+        lk = leader < 0 ? 0 : table[2 * leader + 1];
+        if (leader < 0 || k < lk) leader = r;
+    }
+    if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, out)) != PDP_OK)
+        return pdp__err_wrap(st, "%s", fn);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
 {
     static const char *fn = "pdp_comm_broadcast_bytes";
@@ -218,8 +306,12 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
     pdp_backend b = desc ? desc->backend : PDP_BACKEND_DEFAULT;
+    double timeout;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    /* the desc rule first, so that every build checks it, whatever the backend */
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     switch (b) {
     case PDP_BACKEND_MPI: return pdp__comm_init_mpi_env(out, desc);
     case PDP_BACKEND_NCCL: return pdp__comm_init_nccl_env(out, desc);

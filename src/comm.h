@@ -35,9 +35,14 @@ typedef enum pdp_reduce_op {
 
 typedef struct pdp_comm_desc {
     pdp_backend backend;  /* default local */
-    double timeout_s;     /* a collective waits this long for a missing rank; default 300 */
+    double timeout_s;     /* a collective waits this long for a missing rank; default 300.
+                             As every numeric desc field: 0 means the default; a negative,
+                             NaN or infinite value (or above 1e9) is PDP_ERR_INVALID naming
+                             the function and the field */
     pdp_device device;    /* where buffers live; default CPU (NCCL: the rank's GPU) */
     const char *name;     /* for messages and the trace; default "comm" */
+    pdp_log_fn log;       /* optional: the MPI start-up watchdog reports through it; NULL */
+    void *log_user;       /* passed to log */
 } pdp_comm_desc;
 
 /* ---- local backend: ranks are threads ----
@@ -62,7 +67,34 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    LOCAL_RANK, MASTER_ADDR, MASTER_PORT (or OMPI_COMM_WORLD_*), the unique id
    through the TCP store on rank 0. Local is not available here (it needs a
    group). A backend that was not compiled in fails with PDP_ERR_UNSUPPORTED
-   naming the macro. */
+   naming the macro.
+
+   MPI start-up, what is and is not bounded by timeout_s (when pdp initialises
+   MPI, i.e. the program did not call MPI_Init_thread itself):
+   - bounded, naming the missing rank: with a store port in the environment
+     (PDP_STORE_PORT, or MASTER_PORT; MASTER_ADDR says where rank 0 is) and the
+     ranks named by the launcher (mpirun's OMPI_COMM_WORLD_*, or RANK and
+     WORLD_SIZE), every rank checks in at a TCP store served by rank 0 BEFORE
+     MPI_Init_thread. A rank that has not checked in within timeout_s makes the
+     others fail with PDP_ERR_TIMEOUT, "missing rank 2: it did not call
+     pdp_comm_init_env within 5 s", and MPI_Init_thread is never called (e.g.
+     `PDP_STORE_PORT=29511 mpirun -np 4 ./train`);
+   - reported, not bounded: MPI_Init_thread itself has no timeout and cannot be
+     interrupted. If it has not returned timeout_s after it was called (a rank
+     never started and there was no start-up check, or a rank died after its
+     check), desc.log gets one PDP_LOG_ERROR message from a watchdog thread
+     naming this rank; the call still blocks until MPI returns or the launcher
+     ends the job (OpenMPI's mpirun does when a rank exits or dies). Without
+     desc.log nothing is printed;
+   - bounded: duplicating MPI_COMM_WORLD (MPI_Comm_idup, polled against
+     timeout_s; PDP_ERR_TIMEOUT "did not call pdp_comm_init_env") and every
+     collective, point-to-point and split afterwards.
+   A rank killed later (SIGKILL, OOM): by default OpenMPI's mpirun then kills
+   every rank at once, so the others get no pdp error at all. Run with
+   `mpirun --enable-recovery` to keep the survivors alive: their pending
+   collective then fails with PDP_ERR_TIMEOUT at timeout_s (measured: 2 ranks,
+   timeout 2 s, the survivor's all-reduce failed after 2.0 s) and they can
+   save a checkpoint and exit. */
 PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc);
 
 PDP_API void pdp_comm_free(pdp_comm *c);
@@ -87,6 +119,45 @@ PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work);
 /* Host bytes from root to every rank, synchronous (descriptions, signatures). */
 PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root);
 
+/* ---- point-to-point ----
+   send: count floats of buf to rank peer; recv: count floats from rank peer into buf.
+   Asynchronous with a handle, as the collectives (work == NULL: synchronous). A send
+   and a receive match when they name each other's rank and the same tag (0..
+   PDP_COMM_TAG_MAX); messages between two ranks with one tag are received in the
+   order they were sent; a rank may send to itself (local, MPI). Send and recv
+   buffers must stay untouched until the handle is waited. The counts must be
+   equal: a mismatch fails with PDP_ERR_INVALID naming both counts (on the
+   receiver; on the local backend on both sides). A message not matched within
+   timeout_s of its launch fails its wait with PDP_ERR_TIMEOUT naming the peer
+   and the tag (the communicator stays usable: the unmatched message is
+   withdrawn; an MPI send already under way may be cancelled). A peer whose local
+   communicator is freed fails the pending messages naming it with PDP_ERR_COMM.
+   Point-to-point is ordered with nothing else: collectives and messages may be
+   interleaved freely (as in MPI). Handles come from the same fixed pool as the
+   collectives' (nothing is allocated per message). Stats: bytes_sent counts the
+   bytes sent, p2p the messages. */
+#define PDP_COMM_TAG_MAX 32767 /* MPI guarantees tags up to 32767 */
+PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **work);
+PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **work);
+
+/* ---- process groups ----
+   Splits c by colour and key, as MPI_Comm_split: collective over c (every rank
+   calls it, in the same order as its collectives; bounded by timeout_s); the
+   ranks with the same colour (>= 0) form one new communicator in *out, ranked
+   by (key, rank in c). colour PDP_COMM_SPLIT_NONE (-1) takes part but joins
+   nothing (*out = NULL, PDP_OK). The new communicator has the backend, device
+   and timeout of c, the name "<name of c>.<colour>", its own rank numbering,
+   progress thread, handle pool and stats, and is independent of c: free each
+   with pdp_comm_free, in any order (a local group made by a split is freed with
+   its last communicator; pdp_local_group_free stays for groups the program made).
+   E.g. 4 ranks as 2 data-parallel x 2 model-parallel groups:
+     pdp_comm_split(world, rank / 2, rank, &mp);   ranks {0,1} and {2,3}
+     pdp_comm_split(world, rank % 2, rank, &dp);   ranks {0,2} and {1,3} */
+#define PDP_COMM_SPLIT_NONE (-1)
+PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out);
+
 /* Completes a collective and recycles its handle (NULL is fine). The error of
    a failed collective is returned here, with its message. */
 PDP_API pdp_status pdp_work_wait(pdp_work *work);
@@ -103,6 +174,9 @@ typedef struct pdp_comm_stats {
                               reduce-scatter (N-1)/N x bytes, all-gather (N-1) x sent */
     double busy_s;         /* summed execution time of the waited collectives, from the
                               moment the backend starts one to its completion (queueing
-                              behind earlier collectives excluded) */
+                              behind earlier collectives excluded); a message's from its
+                              launch to its completion */
+    int64_t p2p;           /* point-to-point messages issued (sends and receives); their
+                              bytes_sent is count x 4 per send */
 } pdp_comm_stats;
 PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);

@@ -64,6 +64,9 @@ struct pdp_local_group {
     bool broken;
     pdp_status broken_status;
     char broken_msg[PDP__MSG_CAP];
+    pdp__workq_item *p2p_head, *p2p_tail; /* unmatched sends and receives, in launch order */
+    void *split_out;          /* pdp_comm_split: the group this rank made as a leader */
+    int refs;                 /* made by a split: communicators yet to be freed; else 0 */
 };
 
 PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
@@ -72,9 +75,11 @@ PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
     static const char *fn = "pdp_local_group_create";
     pdp_local_group *g;
     pthread_condattr_t ca;
-    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     if (world_size < 1 || world_size > PDP__LOCAL_MAX_RANKS)
         return pdp__err(PDP_ERR_INVALID, "%s: world_size %d outside 1..%d", fn, world_size,
                         PDP__LOCAL_MAX_RANKS);
@@ -324,11 +329,12 @@ static void pdp__local_execute(pdp_local_group *g, int r)
         }
         break;
     case PDP__COLL_BARRIER:
+    case PDP__COLL_SEND: /* never queued */
+    case PDP__COLL_RECV:
+    case PDP__COLL_SPLIT:
         break;
     }
 }
-
-/* ---- comm_local: communicators ---- */
 
 typedef struct pdp__local_comm {
     pdp_comm head;                 /* first member */
@@ -336,6 +342,144 @@ typedef struct pdp__local_comm {
     pdp_local_group *g;
     pdp__workq_item pool[PDP_LOCAL_MAX_INFLIGHT];
 } pdp__local_comm;
+
+/* ---- comm_local: point-to-point ----
+   The group's mailbox is one list of unmatched messages in launch order. A new
+   send looks for the first receive its peer posted from this rank with the same
+   tag (a new receive, for the first such send); found, the thread that launched
+   the second half copies the floats and completes both handles; otherwise the
+   message joins the list. Everything happens under g->mu (then the owners'
+   queue locks: g->mu before q->mu, never the reverse), so no progress thread
+   is involved and a ring where every rank sends first cannot deadlock. */
+
+static int pdp__p2p_owner(const pdp__workq_item *w) { return w->head.comm->rank; }
+
+/* Unlinks w from the mailbox; false when it is not there (matched or withdrawn). */
+static bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w)
+{
+    pdp__workq_item **pp, *prev = NULL;
+    for (pp = &g->p2p_head; *pp; prev = *pp, pp = &(*pp)->p2p_next)
+        if (*pp == w) {
+            *pp = w->p2p_next;
+            if (g->p2p_tail == w) g->p2p_tail = prev;
+            w->p2p_next = NULL;
+            return true;
+        }
+    return false;
+}
+
+/* Completes a matched pair (g->mu held): copy, or a count mismatch on both sides. */
+static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
+{
+    char msg[PDP__MSG_CAP], what[200];
+    if (send->args.count == recv->args.count) {
+        if (send->args.count > 0 && recv->args.recv != send->args.send)
+            memmove(recv->args.recv, send->args.send, (size_t)send->args.count * sizeof(float));
+        pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_OK, "");
+        pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_OK, "");
+        return;
+    }
+    pdp__p2p_describe(send, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %lld floats, rank %d receives "
+             "%lld (recv #%lld)", what, pdp__p2p_owner(send), (long long)send->args.count,
+             pdp__p2p_owner(recv), (long long)recv->args.count, (long long)recv->head.seq);
+    pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_ERR_INVALID, msg);
+    pdp__p2p_describe(recv, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %lld floats (send #%lld), rank "
+             "%d receives %lld", what, pdp__p2p_owner(send), (long long)send->args.count,
+             (long long)send->head.seq, pdp__p2p_owner(recv), (long long)recv->args.count);
+    pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_ERR_INVALID, msg);
+}
+
+static pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, int64_t count,
+                                 int peer, int tag, pdp_work **out)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp_local_group *g = lc->g;
+    pdp__workq *q = (pdp__workq *)c->impl;
+    pdp__coll_args a;
+    pdp__workq_item *w = NULL, *m;
+    pdp_status st;
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.peer = peer;
+    a.tag = tag;
+    if (kind == PDP__COLL_SEND) a.send = buf;
+    else a.recv = buf;
+    if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
+    pthread_mutex_lock(&g->mu);
+    if (g->broken || g->gone[peer]) {
+        char what[200];
+        pdp__p2p_describe(w, what, sizeof what);
+        st = g->broken ? g->broken_status : PDP_ERR_COMM;
+        if (g->broken) pdp__err(st, "%.200s: the group is broken: %.250s", what, g->broken_msg);
+        else pdp__err(st, "%s: rank %d left the group (freed its communicator)", what, peer);
+        pthread_mutex_unlock(&g->mu);
+        pdp__workq_untake(q, w);
+        return st;
+    }
+    for (m = g->p2p_head; m; m = m->p2p_next)
+        if (pdp__p2p_owner(m) == peer && m->args.peer == c->rank && m->args.tag == tag &&
+            m->args.kind != kind)
+            break;
+    if (m) {
+        pdp__mailbox_remove(g, m);
+        if (kind == PDP__COLL_SEND) pdp__p2p_match(w, m);
+        else pdp__p2p_match(m, w);
+    } else {
+        if (g->p2p_tail) g->p2p_tail->p2p_next = w;
+        else g->p2p_head = w;
+        g->p2p_tail = w;
+    }
+    pthread_mutex_unlock(&g->mu);
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                  pdp_work **w)
+{
+    return pdp__local_p2p(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
+}
+
+static pdp_status pdp__local_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                  pdp_work **w)
+{
+    return pdp__local_p2p(c, PDP__COLL_RECV, buf, count, peer, tag, w);
+}
+
+static void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+{
+    pdp_local_group *g = ((pdp__local_comm *)q->comm)->g;
+    char msg[PDP__MSG_CAP];
+    bool withdrawn;
+    pthread_mutex_lock(&g->mu);
+    withdrawn = pdp__mailbox_remove(g, w);
+    pthread_mutex_unlock(&g->mu);
+    if (!withdrawn) return; /* matched meanwhile: completed */
+    pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
+    pdp__workq_finish(q, w, PDP_ERR_TIMEOUT, msg);
+}
+
+/* Rank r's communicator is going (g->mu held): its unmatched messages are withdrawn, and
+   those of other ranks that name it fail with PDP_ERR_COMM. */
+static void pdp__mailbox_depart(pdp_local_group *g, int r)
+{
+    pdp__workq_item *m = g->p2p_head, *next;
+    for (; m; m = next) {
+        char msg[PDP__MSG_CAP], what[200];
+        next = m->p2p_next;
+        if (pdp__p2p_owner(m) != r && m->args.peer != r) continue;
+        pdp__mailbox_remove(g, m);
+        pdp__p2p_describe(m, what, sizeof what);
+        snprintf(msg, sizeof msg, "%s: rank %d left the group (freed its communicator) before "
+                 "the message was matched", what, r);
+        pdp__workq_finish((pdp__workq *)m->head.comm->impl, m, PDP_ERR_COMM, msg);
+    }
+}
+
+/* ---- comm_local: communicators ---- */
 
 /* The queue's exec: one collective for this rank, barrier A, its share of the
    work, barrier B. */
@@ -363,17 +507,65 @@ static void pdp__local_destroy(pdp_comm *c)
     pdp_local_group *g = lc->g;
     /* gone first: a progress thread blocked in a barrier on our behalf, or a peer
        waiting for us, wakes up and fails instead of waiting out the timeout */
+    bool last;
     pthread_mutex_lock(&g->mu);
     g->gone[c->rank] = true;
+    pdp__mailbox_depart(g, c->rank);
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
     pdp__workq_shutdown(&lc->q);
     pdp__dealloc(lc);
+    pthread_mutex_lock(&g->mu);
+    last = g->refs > 0 && --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) pdp_local_group_free(g); /* a split's group goes with its last communicator */
+}
+
+/* ---- comm_local: split ----
+   The member that becomes rank 0 of a colour creates its group (refs = its size: the
+   group frees itself with the last of them) and every rank broadcasts the pointer of
+   the group it made, or NULL, over c; each member then joins its leader's group. */
+static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                   int leader, pdp_comm **out)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp_local_group *mine = NULL, *g = NULL;
+    pdp_comm_desc d;
+    char name[48];
+    int r;
+    pdp_status st;
+    (void)key;
+    if (colour >= 0 && new_rank == 0) {
+        memset(&d, 0, sizeof d);
+        d.timeout_s = c->timeout_s;
+        snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
+        d.name = name;
+        if ((st = pdp_local_group_create(&mine, new_size, &d)) != PDP_OK) return st;
+        mine->refs = new_size;
+    }
+    for (r = 0; r < c->size; r++) {
+        void *p = r == c->rank ? (void *)mine : NULL;
+        if ((st = pdp_comm_broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return st;
+        if (r == leader) g = (pdp_local_group *)p;
+    }
+    (void)lc;
+    if (colour < 0) return PDP_OK;
+    if ((st = pdp_comm_create_local(out, g, new_rank)) != PDP_OK) {
+        bool last;
+        pthread_mutex_lock(&g->mu);
+        g->gone[new_rank] = true;
+        last = --g->refs == 0;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        if (last) pdp_local_group_free(g);
+    }
+    return st;
 }
 
 static const pdp__comm_ops pdp__local_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
     pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__local_send,      pdp__local_recv,      pdp__local_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__local_destroy,
 };
 
@@ -409,6 +601,7 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
     lc->g = g;
     lc->q.comm = &lc->head;
     lc->q.exec = pdp__local_exec;
+    lc->q.p2p_expire = pdp__local_p2p_expire;
     /* world size 1: every collective is local and immediate, no thread */
     if ((st = pdp__workq_init(&lc->q, lc->pool, PDP_LOCAL_MAX_INFLIGHT, "PDP_LOCAL_MAX_INFLIGHT",
                               g->size > 1, fn)) != PDP_OK) {

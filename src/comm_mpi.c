@@ -90,6 +90,13 @@ static MPI_Comm pdp__mpi_init_comm;
 
 /* ---- comm_mpi: state ---- */
 
+/* A message in flight: its MPI request (and, for a receive, whether MPI has matched it). */
+typedef struct pdp__mpi_p2p {
+    bool active;        /* launched, not completed */
+    bool posted;        /* a send: always; a receive: matched by MPI_Improbe, MPI_Imrecv posted */
+    MPI_Request req;
+} pdp__mpi_p2p;
+
 typedef struct pdp__mpi_comm {
     pdp_comm head;               /* first member */
     pdp__workq q;                /* head.impl points here; sticky, with an idle poll */
@@ -97,7 +104,10 @@ typedef struct pdp__mpi_comm {
     bool orphan;                 /* a timed-out request is still pending (q.mu) */
     MPI_Request orphan_req;
     bool traced;                 /* pdp__trace_open succeeded: close at free */
+    pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
+    int p2p_active;              /* messages in flight */
     pdp__workq_item pool[PDP_MPI_MAX_INFLIGHT];
+    pdp__mpi_p2p p2p[PDP_MPI_MAX_INFLIGHT]; /* by pool index */
 } pdp__mpi_comm;
 
 /* ---- comm_mpi: executing a collective (the queue's exec and idle) ---- */
@@ -109,6 +119,157 @@ static void pdp__mpi_errstr(int rc, char *out, size_t cap)
     if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) len = 0;
     s[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING - 1] = '\0';
     snprintf(out, cap, "%s (MPI error %d)", len ? s : "unknown", rc);
+}
+
+/* ---- comm_mpi: point-to-point ----
+   MPI_Isend at launch; a receive is matched with MPI_Improbe first, so that a
+   count mismatch names both counts (the message is then consumed with a
+   zero-count MPI_Mrecv), then MPI_Imrecv. Every pending message of the
+   communicator is advanced by whoever polls: a thread in pdp_work_wait or
+   pdp_work_done on a message, and the progress thread while it drives a
+   collective or idles, so a ring where every rank sends first completes even
+   under MPI's rendezvous protocol. A message not complete timeout_s after its
+   launch fails with PDP_ERR_TIMEOUT naming peer and tag: an unmatched receive
+   is simply withdrawn; a send or a matched receive is cancelled (MPI_Cancel),
+   and if MPI does not confirm within a second its request is abandoned (pdp
+   then never calls MPI_Finalize, as for a timed-out collective). */
+
+static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
+                              const char *msg)
+{
+    mc->p2p[w - mc->pool].active = false;
+    mc->p2p_active--;
+    pdp__workq_finish(&mc->q, w, st, msg);
+}
+
+/* Advances one message (p2p_mu held). */
+static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w)
+{
+    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
+    const pdp__coll_args *a = &w->args;
+    char msg[PDP__MSG_CAP], what[200], e[256];
+    int flag = 0, rc, n = 0;
+    MPI_Status status;
+    if (!p->posted) { /* an unmatched receive */
+        MPI_Message m;
+        rc = MPI_Improbe(a->peer, a->tag, mc->mcomm, &flag, &m, &status);
+        if (rc == MPI_SUCCESS && !flag) return;
+        if (rc == MPI_SUCCESS) rc = MPI_Get_count(&status, MPI_FLOAT, &n);
+        if (rc == MPI_SUCCESS && (int64_t)n != a->count) {
+            MPI_Mrecv(NULL, 0, MPI_FLOAT, &m, MPI_STATUS_IGNORE); /* consume: MPI_ERR_TRUNCATE */
+            pdp__p2p_describe(w, what, sizeof what);
+            snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %d floats, rank %d "
+                     "receives %lld", what, a->peer, n, mc->head.rank, (long long)a->count);
+            pdp__mpi_p2p_fail(mc, w, PDP_ERR_INVALID, msg);
+            return;
+        }
+        if (rc == MPI_SUCCESS) rc = MPI_Imrecv(a->recv, (int)a->count, MPI_FLOAT, &m, &p->req);
+        if (rc != MPI_SUCCESS) goto mpi_error;
+        p->posted = true;
+    }
+    rc = MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) goto mpi_error;
+    if (!flag) return;
+    p->active = false;
+    mc->p2p_active--;
+    pdp__workq_finish(&mc->q, w, PDP_OK, "");
+    return;
+mpi_error:
+    pdp__mpi_errstr(rc, e, sizeof e);
+    pdp__p2p_describe(w, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s: %s", what, e);
+    pdp__mpi_p2p_fail(mc, w, PDP_ERR_COMM, msg);
+}
+
+static void pdp__mpi_p2p_poll(pdp__workq *q)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    int i;
+    pthread_mutex_lock(&mc->p2p_mu);
+    for (i = 0; i < PDP_MPI_MAX_INFLIGHT && mc->p2p_active; i++)
+        if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i]);
+    pthread_mutex_unlock(&mc->p2p_mu);
+}
+
+static void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
+    char msg[PDP__MSG_CAP];
+    pthread_mutex_lock(&mc->p2p_mu);
+    if (p->active) {
+        if (p->posted) { /* cancel; MPI completes a cancelled request */
+            double give_up = pdp__now() + PDP__MPI_FREE_GRACE_S;
+            int flag = 0;
+            MPI_Cancel(&p->req);
+            while (!flag && pdp__now() < give_up)
+                if (MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+            if (!flag) {
+                MPI_Request_free(&p->req);
+                pthread_mutex_lock(&pdp__mpi_mu);
+                pdp__mpi_unclean = true;
+                pthread_mutex_unlock(&pdp__mpi_mu);
+            }
+        }
+        pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
+        pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
+    }
+    pthread_mutex_unlock(&mc->p2p_mu);
+}
+
+static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
+                                      int64_t count, int peer, int tag, pdp_work **out)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    pdp__coll_args a;
+    pdp__workq_item *w = NULL;
+    pdp__mpi_p2p *p;
+    pdp_status st;
+    int rc = MPI_SUCCESS;
+    if (count > INT32_MAX)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements on comm '%s' (rank %d): the MPI "
+                        "backend takes at most %d (MPI counts are int)", pdp__op_names[kind],
+                        (long long)count, c->name, c->rank, (int)INT32_MAX);
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.peer = peer;
+    a.tag = tag;
+    if (kind == PDP__COLL_SEND) a.send = buf;
+    else a.recv = buf;
+    if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
+    p = &mc->p2p[w - mc->pool];
+    pthread_mutex_lock(&mc->p2p_mu);
+    p->posted = kind == PDP__COLL_SEND;
+    if (kind == PDP__COLL_SEND)
+        rc = MPI_Isend(buf, (int)count, MPI_FLOAT, peer, tag, mc->mcomm, &p->req);
+    if (rc == MPI_SUCCESS) {
+        p->active = true;
+        mc->p2p_active++;
+        pdp__mpi_p2p_step(mc, w); /* a receive whose message is already here matches now */
+    }
+    pthread_mutex_unlock(&mc->p2p_mu);
+    if (rc != MPI_SUCCESS) {
+        char e[256];
+        pdp__mpi_errstr(rc, e, sizeof e);
+        pdp__workq_untake(&mc->q, w);
+        return pdp__err(PDP_ERR_COMM, "send to rank %d with tag %d on comm '%s' (rank %d): "
+                        "MPI_Isend failed: %s", peer, tag, c->name, c->rank, e);
+    }
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                pdp_work **w)
+{
+    return pdp__mpi_p2p_launch(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
+}
+
+static pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                pdp_work **w)
+{
+    return pdp__mpi_p2p_launch(c, PDP__COLL_RECV, buf, count, peer, tag, w);
 }
 
 /* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
@@ -146,6 +307,7 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
                      c->rank);
             return PDP_ERR_COMM;
         }
+        if ((polls & 63) == 0) pdp__mpi_p2p_poll(&mc->q);
         if (polls < 256) continue; /* spin: small collectives finish here */
         /* then yield while the rank waits (for 2 ms: its core is ours); otherwise nap
            200 us (500 us once a peer has kept us 20 ms), since a yielding poller would
@@ -239,6 +401,12 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
         st = pdp__mpi_posted(mc, w, MPI_Ibarrier(mcomm, req), "MPI_Ibarrier", msg, cap);
         if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
         return st;
+    case PDP__COLL_SPLIT: /* blocking, but every rank is known to have arrived (comm.c) */
+        return pdp__mpi_posted(mc, w, MPI_Comm_split(mcomm, a->op < 0 ? MPI_UNDEFINED : a->op,
+                               (int)a->count, (MPI_Comm *)a->out), "MPI_Comm_split", msg, cap);
+    case PDP__COLL_SEND: /* never queued */
+    case PDP__COLL_RECV:
+        break;
     }
     snprintf(msg, cap, "comm_mpi: unknown collective kind %d", (int)a->kind);
     return PDP_ERR_STATE;
@@ -275,6 +443,14 @@ static bool pdp__mpi_idle(pdp__workq *q)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     bool done;
+    if (q->p2p_live) { /* keep messages moving while the rank computes */
+        struct timespec ts = {0, 200000}; /* 200 us */
+        pthread_mutex_unlock(&q->mu);
+        pdp__mpi_p2p_poll(q);
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&q->mu);
+        return true;
+    }
     if (!mc->orphan) return false;
     pthread_mutex_unlock(&q->mu);
     done = pdp__mpi_orphan_test(&mc->orphan_req);
@@ -347,7 +523,22 @@ static void pdp__mpi_release(void)
 static void pdp__mpi_destroy(pdp_comm *c)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    int i;
     pdp__workq_shutdown(&mc->q);
+    /* messages never waited: an unmatched receive is dropped, the rest cancelled */
+    pthread_mutex_lock(&mc->p2p_mu);
+    for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
+        if (mc->p2p[i].active && mc->p2p[i].posted) {
+            int flag = 0;
+            MPI_Test(&mc->p2p[i].req, &flag, MPI_STATUS_IGNORE);
+            if (!flag) {
+                MPI_Cancel(&mc->p2p[i].req);
+                if (!pdp__mpi_poll_until(&mc->p2p[i].req, pdp__now() + PDP__MPI_FREE_GRACE_S))
+                    mc->orphan = true; /* leave mcomm alone and never finalise */
+            }
+        }
+    pthread_mutex_unlock(&mc->p2p_mu);
+    pthread_mutex_destroy(&mc->p2p_mu);
     /* give a timed-out request a last chance to complete */
     while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
         if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
@@ -363,16 +554,182 @@ static void pdp__mpi_destroy(pdp_comm *c)
     pdp__mpi_release();
 }
 
+static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                 int leader, pdp_comm **out);
+
 static const pdp__comm_ops pdp__mpi_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__mpi_reduce_scatter,
     pdp__mpi_allgather,   pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__mpi_send,        pdp__mpi_recv,        pdp__mpi_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };
 
+/* ---- comm_mpi: bounded start-up ----
+   MPI_Init_thread cannot be interrupted and has no timeout: a rank that never
+   starts leaves the others inside it until the launcher gives up. pdp bounds
+   what it can around it (comm.h states the contract):
+     the start-up check  with a store port in the environment (PDP_STORE_PORT or
+                         MASTER_PORT) and the ranks named by the launcher
+                         (OMPI_COMM_WORLD_* or RANK/WORLD_SIZE), every rank checks
+                         in at the TCP store (rendezvous.c; rank 0 serves it) BEFORE
+                         calling MPI_Init_thread, and waits up to timeout_s for all
+                         the others: a missing rank makes the others fail with
+                         PDP_ERR_TIMEOUT naming it, and MPI_Init_thread is never
+                         called, so nothing hangs. The store stays open until
+                         MPI_Init_thread returned (rank 0 serves the latecomers);
+     the watchdog        a thread started before MPI_Init_thread: when it has not
+                         returned timeout_s later, the watchdog calls desc->log
+                         (PDP_LOG_ERROR, from the watchdog thread) once, naming this
+                         rank, what it waits for and, when the start-up check passed,
+                         that every rank had checked in. It never exits or aborts:
+                         the rank stays in MPI_Init_thread until MPI returns or the
+                         launcher ends the job. */
+
+typedef struct pdp__mpi_watch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* CLOCK_MONOTONIC */
+    bool done;              /* MPI_Init_thread returned */
+    double timeout_s;
+    pdp_log_fn log;
+    void *log_user;
+    char msg[512];
+} pdp__mpi_watch;
+
+static void *pdp__mpi_watchdog(void *arg)
+{
+    pdp__mpi_watch *w = (pdp__mpi_watch *)arg;
+    struct timespec deadline;
+    bool fired = false;
+    pdp__deadline(&deadline, w->timeout_s);
+    pthread_mutex_lock(&w->mu);
+    while (!w->done && !fired)
+        fired = pthread_cond_timedwait(&w->cv, &w->mu, &deadline) == ETIMEDOUT && !w->done;
+    pthread_mutex_unlock(&w->mu);
+    if (fired && w->log) w->log(PDP_LOG_ERROR, w->msg, w->log_user);
+    return NULL;
+}
+
+/* The start-up check (above); *store is left open for the caller to free after
+   MPI_Init_thread, NULL when no check ran. *checked: every rank checked in. */
+static pdp_status pdp__mpi_start_check(pdp_store **store, const pdp_env_info *env,
+                                       double timeout_s, bool *checked, const char *fn)
+{
+    double deadline = pdp__now() + timeout_s;
+    char key[64], missing[200];
+    const char *k = key;
+    size_t len = 0;
+    int r, nmissing = 0;
+    pdp_status st;
+    *store = NULL;
+    *checked = false;
+    if (!env->from_env || env->world_size < 2) return PDP_OK;
+    if (!getenv("PDP_STORE_PORT") && !getenv("MASTER_PORT")) return PDP_OK;
+    if ((st = pdp__rendezvous_store(store, env, timeout_s, "MPI start-up check", fn)) != PDP_OK) {
+        if (st == PDP_ERR_TIMEOUT && env->rank != 0)
+            return pdp__err(st, "%s: MPI start-up check: rank %d of %d: missing rank 0: it did not "
+                            "start within %g s (its TCP store at %s never answered); "
+                            "MPI_Init_thread was not called", fn, env->rank, env->world_size,
+                            timeout_s, env->master_addr);
+        return st;
+    }
+    snprintf(key, sizeof key, "pdp/mpi_start/%d", env->rank);
+    if ((st = pdp_store_set(*store, key, "", 0)) != PDP_OK) goto fail;
+    missing[0] = '\0';
+    for (r = 0; r < env->world_size; r++) {
+        double left = deadline - pdp__now();
+        snprintf(key, sizeof key, "pdp/mpi_start/%d", r);
+        st = pdp_store_wait(*store, &k, 1, left > 1e-3 ? left : 1e-3);
+        if (st == PDP_ERR_TIMEOUT) {
+            if (len < sizeof missing - 16)
+                len += (size_t)snprintf(missing + len, sizeof missing - len, " %d", r);
+            nmissing++;
+        } else if (st != PDP_OK) {
+            goto fail;
+        }
+    }
+    if (env->rank != 0) { /* rank 0 keeps serving until every present rank has its answer */
+        snprintf(key, sizeof key, "pdp/mpi_start_seen/%d", env->rank);
+        if (nmissing && (st = pdp_store_set(*store, key, "", 0)) != PDP_OK) goto fail;
+    } else if (nmissing) {
+        double grace = pdp__now() + (timeout_s < 1.0 ? timeout_s : 1.0);
+        for (r = 1; r < env->world_size; r++) {
+            double left = grace - pdp__now();
+            snprintf(key, sizeof key, "pdp/mpi_start/%d", r);
+            if (pdp_store_wait(*store, &k, 1, 1e-3) != PDP_OK) continue; /* a missing rank */
+            snprintf(key, sizeof key, "pdp/mpi_start_seen/%d", r);
+            (void)pdp_store_wait(*store, &k, 1, left > 1e-3 ? left : 1e-3);
+        }
+    }
+    if (nmissing) {
+        pdp_store_free(*store);
+        *store = NULL;
+        return pdp__err(PDP_ERR_TIMEOUT, "%s: MPI start-up check: rank %d of %d: missing rank%s"
+                        "%s: %s not call pdp_comm_init_env within %g s (checked at the TCP "
+                        "store before MPI_Init_thread, which was therefore not called)", fn,
+                        env->rank, env->world_size, nmissing > 1 ? "s" : "", missing,
+                        nmissing > 1 ? "they did" : "it did", timeout_s);
+    }
+    *checked = true;
+    return PDP_OK;
+fail:
+    pdp_store_free(*store);
+    *store = NULL;
+    return pdp__err_wrap(st, "%s: MPI start-up check: rank %d of %d", fn, env->rank,
+                         env->world_size);
+}
+
+/* MPI_Init_thread after the start-up check, under the watchdog; mpi_mu held. */
+static int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, int *provided,
+                                 pdp_status *st, const char *fn)
+{
+    pdp__mpi_watch w;
+    pthread_condattr_t ca;
+    pthread_t tid;
+    pdp_env_info env;
+    pdp_store *store = NULL;
+    bool checked = false, watching;
+    int rc;
+    if (pdp_env_read(&env) != PDP_OK) { /* the launcher's variables are not ours to judge */
+        memset(&env, 0, sizeof env);
+        env.rank = -1;
+    }
+    if ((*st = pdp__mpi_start_check(&store, &env, timeout_s, &checked, fn)) != PDP_OK)
+        return MPI_ERR_OTHER;
+    memset(&w, 0, sizeof w);
+    w.timeout_s = timeout_s;
+    w.log = desc ? desc->log : NULL;
+    w.log_user = desc ? desc->log_user : NULL;
+    snprintf(w.msg, sizeof w.msg, "%s: rank %d of %d: MPI_Init_thread has not returned after %g s "
+             "(timeout_s): %s; pdp cannot interrupt MPI_Init_thread, so this rank waits until "
+             "MPI returns or the launcher ends the job", fn, env.rank, env.world_size, timeout_s,
+             checked ? "every rank checked in at the start-up check, so a rank died or hangs "
+                       "inside MPI's start-up (MPI cannot say which)"
+                     : "a rank did not start or is stuck before pdp_comm_init_env (MPI cannot "
+                       "say which; set PDP_STORE_PORT for a start-up check that names it)");
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    watching = w.log && pthread_create(&tid, NULL, pdp__mpi_watchdog, &w) == 0;
+    rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, provided);
+    if (watching) {
+        pthread_mutex_lock(&w.mu);
+        w.done = true;
+        pthread_cond_signal(&w.cv);
+        pthread_mutex_unlock(&w.mu);
+        pthread_join(tid, NULL);
+    }
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    pdp_store_free(store); /* every rank is past MPI's start-up: nobody needs it now */
+    return rc;
+}
+
 /* ---- comm_mpi: creation ---- */
 
-/* Initialises MPI when nobody has and takes one reference to it. */
-static pdp_status pdp__mpi_acquire(const char *fn)
+/* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
+static pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
 {
     int inited = 0, finalized = 0, provided = 0, rc;
     pdp_status st = PDP_OK;
@@ -387,7 +744,8 @@ static pdp_status pdp__mpi_acquire(const char *fn)
     }
     MPI_Initialized(&inited);
     if (!inited) {
-        rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+        rc = pdp__mpi_init_bounded(desc, timeout_s, &provided, &st, fn);
+        if (st != PDP_OK) goto out;
         if (rc != MPI_SUCCESS) {
             char e[256];
             pdp__mpi_errstr(rc, e, sizeof e);
@@ -415,20 +773,21 @@ out:
     return st;
 }
 
+static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                double timeout_s, const char *fn);
+
 static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn)
 {
-    pdp__mpi_comm *mc;
     MPI_Comm mcomm = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
     int rank = 0, size = 1, rc;
-    double timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout_s;
     pdp_status st;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout_s, fn)) != PDP_OK) return st;
     if (desc && desc->device.kind != PDP_DEVICE_CPU)
         return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the MPI backend moves CPU buffers; device "
                         "CUDA %d needs PDP_BACKEND_NCCL", fn, desc->device.ordinal);
-    if (desc && desc->timeout_s < 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: timeout_s %g < 0", fn, desc->timeout_s);
-    if ((st = pdp__mpi_acquire(fn)) != PDP_OK) return st;
+    if ((st = pdp__mpi_acquire(desc, timeout_s, fn)) != PDP_OK) return st;
     pthread_mutex_lock(&pdp__mpi_mu);
     if (pdp__mpi_init_orphan && pdp__mpi_poll_until(&pdp__mpi_init_req, 0.0)) {
         MPI_Comm_free(&pdp__mpi_init_comm); /* an earlier timed-out duplication completed */
@@ -464,6 +823,21 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
         pdp__mpi_release();
         return pdp__err(PDP_ERR_COMM, "%s: duplicating MPI_COMM_WORLD failed: %s", fn, e);
     }
+    return pdp__mpi_wrap(out, mcomm, desc && desc->name ? desc->name : "comm", timeout_s, fn);
+}
+
+/* Wraps mcomm (errors returned, one reference to MPI taken by the caller; both given
+   up on failure) as a communicator with its own queue, progress thread and p2p state. */
+static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                double timeout_s, const char *fn)
+{
+    pdp__mpi_comm *mc;
+    int rank = 0, size = 1, world_rank = 0, world_size = 1;
+    pdp_status st;
+    MPI_Comm_rank(mcomm, &rank);
+    MPI_Comm_size(mcomm, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank); /* the trace is per process */
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     mc = (pdp__mpi_comm *)pdp__calloc(sizeof *mc);
     if (!mc) {
         MPI_Comm_free(&mcomm);
@@ -471,20 +845,23 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for the MPI communicator (rank %d)",
                         fn, rank);
     }
+    pthread_mutex_init(&mc->p2p_mu, NULL);
     mc->head.ops = &pdp__mpi_ops;
     mc->head.backend = PDP_BACKEND_MPI;
     mc->head.rank = rank;
     mc->head.size = size;
     mc->head.timeout_s = timeout_s;
     mc->head.device = pdp_cpu();
-    snprintf(mc->head.name, sizeof mc->head.name, "%s", desc && desc->name ? desc->name : "comm");
+    snprintf(mc->head.name, sizeof mc->head.name, "%s", name);
     mc->head.impl = &mc->q;
     mc->mcomm = mcomm;
     mc->q.comm = &mc->head;
     mc->q.exec = pdp__mpi_exec;
     mc->q.idle = pdp__mpi_idle;
+    mc->q.p2p_poll = pdp__mpi_p2p_poll;
+    mc->q.p2p_expire = pdp__mpi_p2p_expire;
     mc->q.sticky = true;
-    if ((st = pdp__trace_open(size > 1 ? rank : -1)) != PDP_OK) {
+    if ((st = pdp__trace_open(world_size > 1 ? world_rank : -1)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s (rank %d)", fn, rank);
         goto fail;
     }
@@ -492,7 +869,8 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     if (pdp__trace_enabled()) {
         char track[48];
         snprintf(track, sizeof track, "comm %s (mpi)", mc->head.name);
-        mc->q.trace_tid = pdp__trace_track(rank, track);
+        mc->q.trace_pid = world_rank;
+        mc->q.trace_tid = pdp__trace_track(world_rank, track);
     }
     if ((st = pdp__workq_init(&mc->q, mc->pool, PDP_MPI_MAX_INFLIGHT, "PDP_MPI_MAX_INFLIGHT", true,
                               fn)) != PDP_OK)
@@ -501,10 +879,44 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
     return PDP_OK;
 fail:
     if (mc->traced) pdp__trace_close();
+    pthread_mutex_destroy(&mc->p2p_mu);
     pdp__dealloc(mc);
     MPI_Comm_free(&mcomm);
     pdp__mpi_release();
     return st;
+}
+
+/* pdp_comm_split: MPI_Comm_split runs on the progress thread, in order with the
+   collectives (MPI forbids two threads in collectives on one communicator); comm.c's
+   colour exchange has already proved every rank arrived, so it does not block long. */
+static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                 int leader, pdp_comm **out)
+{
+    MPI_Comm nc = MPI_COMM_NULL;
+    pdp__coll_args a;
+    pdp_work *w = NULL;
+    char name[48];
+    pdp_status st;
+    (void)new_rank;
+    (void)new_size;
+    (void)leader;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_SPLIT;
+    a.op = colour;
+    a.count = key;
+    a.out = &nc;
+    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mpi_live++; /* the new communicator's reference, taken before anything can finalise */
+    pthread_mutex_unlock(&pdp__mpi_mu);
+    if ((st = pdp__workq_submit(c, &a, &w)) == PDP_OK) st = pdp__workq_wait(w);
+    if (st != PDP_OK || colour < 0 || nc == MPI_COMM_NULL) {
+        if (nc != MPI_COMM_NULL) MPI_Comm_free(&nc);
+        pdp__mpi_release();
+        return st;
+    }
+    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+    snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
+    return pdp__mpi_wrap(out, nc, name, c->timeout_s, "pdp_comm_split");
 }
 #endif /* PDP_MPI */
 

@@ -167,10 +167,38 @@ static void pdp__nccl_destroy(pdp_comm *c)
     pdp__dealloc(nc);
 }
 
+/* Point-to-point and split are not on the NCCL backend yet (ncclSend/ncclRecv in a
+   group, ncclCommSplit): they fail with PDP_ERR_UNSUPPORTED naming the operation. */
+static pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **w)
+{
+    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "send on comm '%s' (rank %d): point-to-point is not "
+                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
+                    c->rank);
+}
+
+static pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **w)
+{
+    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "recv on comm '%s' (rank %d): point-to-point is not "
+                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
+                    c->rank);
+}
+
+static pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                  int leader, pdp_comm **out)
+{
+    (void)colour, (void)key, (void)new_rank, (void)new_size, (void)leader, (void)out;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "split of comm '%s' (rank %d): not implemented on the "
+                    "NCCL backend yet (local and MPI have it)", c->name, c->rank);
+}
+
 static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
-    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_wait,     pdp__nccl_done,
-    pdp__nccl_destroy};
+    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_send,     pdp__nccl_recv,
+    pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
 static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
@@ -220,10 +248,11 @@ static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *d
     pdp_store *store = NULL;
     pdp_cudak_nccl *h = NULL;
     unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
-    double timeout = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+    double timeout;
     int dev;
     pdp_status st;
     *out = NULL;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
     if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
     dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
@@ -256,9 +285,12 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
                                          const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_nccl_group_create";
+    double timeout;
+    pdp_status st0;
     int i;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
+    if ((st0 = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st0;
     if (ndev < 1 || ndev > 64 || !devices)
         return pdp__err(PDP_ERR_INVALID, "%s: ndev %d outside 1..64 or devices NULL", fn, ndev);
     for (i = 0; i < ndev; i++)
@@ -271,7 +303,7 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
         pdp_nccl_group *g = (pdp_nccl_group *)pdp__calloc(sizeof *g);
         if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         g->n = ndev;
-        g->timeout_s = desc && desc->timeout_s > 0 ? desc->timeout_s : 300.0;
+        g->timeout_s = timeout;
         snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
         g->devices = (pdp_device *)pdp__calloc((size_t)ndev * sizeof *g->devices);
         g->handles = (pdp_cudak_nccl **)pdp__calloc((size_t)ndev * sizeof *g->handles);
@@ -292,7 +324,7 @@ PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const p
         return PDP_OK;
     }
 #else
-    (void)desc;
+    (void)timeout;
     return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the NCCL backend is " PDP__NO_CUDA_MSG, fn);
 #endif
 }

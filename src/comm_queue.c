@@ -50,6 +50,25 @@ static void pdp__deadline(struct timespec *ts, double seconds)
 
 #define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
 
+#define PDP__COMM_TIMEOUT_DEFAULT 300.0 /* seconds, when a desc's timeout_s is 0 */
+#define PDP__COMM_TIMEOUT_MAX 1e9       /* seconds: beyond it a deadline overflows time_t math */
+
+/* The one rule for a communicator desc's numeric fields (timeout_s is the only one):
+   zero means the default; a negative, NaN or infinite value (or one above
+   PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
+   field. Every communicator constructor calls it first (desc may be NULL). */
+static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
+{
+    double t = desc ? desc->timeout_s : 0.0;
+    *out = PDP__COMM_TIMEOUT_DEFAULT;
+    if (!(t >= 0.0 && t <= PDP__COMM_TIMEOUT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc->timeout_s = %g: it must be a finite number "
+                        "of seconds, 0 (the default, %g s) up to %g", fn, t,
+                        PDP__COMM_TIMEOUT_DEFAULT, PDP__COMM_TIMEOUT_MAX);
+    if (t > 0.0) *out = t;
+    return PDP_OK;
+}
+
 /* One collective's arguments, as one rank issued it. */
 typedef struct pdp__coll_args {
     pdp__coll_kind kind;
@@ -60,6 +79,8 @@ typedef struct pdp__coll_args {
     const float *send;    /* reduce_scatter, allgather */
     float *recv;
     void *bytes_buf;      /* broadcast_bytes */
+    int peer, tag;        /* send, recv */
+    void *out;            /* split: where the backend leaves its result */
 } pdp__coll_args;
 
 typedef struct pdp__workq_item {
@@ -67,6 +88,8 @@ typedef struct pdp__workq_item {
     struct pdp__workq_item *next;  /* free list or queue */
     pdp__coll_args args;
     double t_queued;               /* launch, for the trace */
+    bool p2p;                      /* a send or recv: never queued (see below) */
+    struct pdp__workq_item *p2p_next; /* the backend's list of unmatched messages */
     bool done;
     pdp_status status;
     char msg[PDP__MSG_CAP];
@@ -82,8 +105,15 @@ struct pdp__workq {
     pdp_comm *comm;                /* its communicator: comm->impl points here */
     pdp__workq_exec_fn exec;
     bool (*idle)(pdp__workq *q);
+    /* point-to-point (both set by a backend with send/recv): poll advances every
+       pending message of the communicator (optional, q->mu not held); expire is
+       called by a waiter past the deadline: it withdraws w if still unmatched and
+       completes it with PDP_ERR_TIMEOUT (q->mu not held) */
+    void (*p2p_poll)(pdp__workq *q);
+    void (*p2p_expire)(pdp__workq *q, pdp__workq_item *w);
     bool sticky;
     int trace_tid;
+    int trace_pid;                 /* the trace's process lane (MPI: the world rank) */
     const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
     int capacity;
     pthread_mutex_t mu;
@@ -94,6 +124,7 @@ struct pdp__workq {
     bool stopping;
     double stop_time;
     int waiters;                   /* threads blocked in pdp__workq_wait (their core is idle) */
+    int p2p_live;                  /* messages taken and not yet finished */
     pdp__workq_item *free_list, *q_head, *q_tail;
     int64_t next_seq;
     bool broken;                   /* sticky: first failure wins; later collectives fail fast */
@@ -108,9 +139,9 @@ static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, doub
     if (!q->trace_tid) return;
     snprintf(args, sizeof args, "\"seq\":%lld,\"count\":%lld,\"status\":%d",
              (long long)w->head.seq, (long long)w->args.count, (int)st);
-    pdp__trace_complete(q->comm->rank, q->trace_tid, "comm", w->head.op_name, t_start, t_done,
+    pdp__trace_complete(q->trace_pid, q->trace_tid, "comm", w->head.op_name, t_start, t_done,
                         args);
-    pdp__trace_async(q->comm->rank, q->trace_tid, "comm", w->head.op_name,
+    pdp__trace_async(q->trace_pid, q->trace_tid, "comm", w->head.op_name,
                      ((uint64_t)(uintptr_t)q->comm << 20) ^ (uint64_t)w->head.seq, w->t_queued,
                      t_done, args);
 }
@@ -182,8 +213,8 @@ static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capa
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */
     pthread_cond_init(&q->wake, &ca);
+    pthread_cond_init(&q->done, &ca); /* a message's wait times out */
     pthread_condattr_destroy(&ca);
-    pthread_cond_init(&q->done, NULL);
     q->threaded = threaded;
     if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
         pthread_mutex_destroy(&q->mu);
@@ -270,6 +301,7 @@ static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp
     w->head.seq = w->args.seq;
     w->head.t_start = w->head.t_done = 0.0;
     w->t_queued = pdp__now();
+    w->p2p = false;
     w->done = false;
     w->status = PDP_OK;
     w->msg[0] = '\0';
@@ -286,6 +318,123 @@ static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp
     return PDP_OK;
 }
 
+/* ---- comm_queue: point-to-point ----
+   A send or receive is not queued behind the collectives (it would deadlock a
+   ring, where every rank sends before it receives): the backend matches it
+   itself (the local group's mailbox, MPI's own matching), taking its handle from
+   the same pool with pdp__workq_take and completing it with pdp__workq_finish.
+   Its wait is timed: timeout_s after the launch, p2p_expire withdraws an
+   unmatched message and completes it with PDP_ERR_TIMEOUT. */
+
+/* A handle for a message, t_start = launch; PDP_ERR_STATE when the pool is empty,
+   the broken status when the queue is broken. */
+static pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out)
+{
+    pdp__workq *q = (pdp__workq *)c->impl;
+    pdp__workq_item *w;
+    pthread_mutex_lock(&q->mu);
+    if (q->broken) {
+        pdp_status st = q->broken_status;
+        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
+                 pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
+        pthread_mutex_unlock(&q->mu);
+        return st;
+    }
+    if (!(w = q->free_list)) {
+        pthread_mutex_unlock(&q->mu);
+        return pdp__err(PDP_ERR_STATE, "%d collectives and messages in flight on comm '%s' "
+                        "(rank %d): wait for some (%s)", q->capacity, c->name, c->rank,
+                        q->limit_macro);
+    }
+    q->free_list = w->next;
+    w->next = w->p2p_next = NULL;
+    w->args = *args;
+    w->args.seq = q->next_seq++;
+    w->head.comm = c;
+    w->head.op_name = pdp__op_names[args->kind];
+    w->head.seq = w->args.seq;
+    w->head.t_start = w->t_queued = pdp__now();
+    w->head.t_done = 0.0;
+    w->p2p = true;
+    q->p2p_live++;
+    w->done = false;
+    w->status = PDP_OK;
+    w->msg[0] = '\0';
+    pthread_mutex_unlock(&q->mu);
+    *out = w;
+    return PDP_OK;
+}
+
+/* Returns a handle that was never handed out (its launch failed). */
+static void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
+{
+    pthread_mutex_lock(&q->mu);
+    q->p2p_live--;
+    w->next = q->free_list;
+    q->free_list = w;
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
+static void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg)
+{
+    double t = pdp__now();
+    pdp__workq_trace(q, w, w->head.t_start, t, st);
+    pthread_mutex_lock(&q->mu);
+    w->head.t_done = t;
+    w->status = st;
+    if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
+    w->done = true;
+    q->p2p_live--;
+    pthread_cond_broadcast(&q->done);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* "recv #4 (count 7) from rank 1 with tag 5 on comm 'comm', rank 0 of 2" */
+static void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap)
+{
+    const pdp_comm *c = w->head.comm;
+    snprintf(out, cap, "%s #%lld (count %lld) %s rank %d with tag %d on comm '%s', rank %d of %d",
+             w->head.op_name, (long long)w->head.seq, (long long)w->args.count,
+             w->args.kind == PDP__COLL_SEND ? "to" : "from", w->args.peer, w->args.tag, c->name,
+             c->rank, c->size);
+}
+
+static void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size_t cap)
+{
+    char what[200];
+    pdp__p2p_describe(w, what, sizeof what);
+    snprintf(msg, cap, "%s: no matching %s from rank %d within %g s (peer %d, tag %d)", what,
+             w->args.kind == PDP__COLL_SEND ? "recv" : "send", w->args.peer,
+             w->head.comm->timeout_s, w->args.peer, w->args.tag);
+}
+
+/* Waits for a message (q->mu held on entry and return): polls, times out. */
+static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
+{
+    double deadline = w->head.t_start + w->head.comm->timeout_s;
+    while (!w->done) {
+        struct timespec ts;
+        double now = pdp__now(), nap;
+        if (q->p2p_poll) {
+            pthread_mutex_unlock(&q->mu);
+            q->p2p_poll(q);
+            pthread_mutex_lock(&q->mu);
+            if (w->done) break;
+        }
+        if (now > deadline) {
+            pthread_mutex_unlock(&q->mu);
+            q->p2p_expire(q, w);
+            pthread_mutex_lock(&q->mu);
+            continue;
+        }
+        nap = deadline - now + 1e-4;
+        if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
+        pdp__deadline(&ts, nap);
+        pthread_cond_timedwait(&q->done, &q->mu, &ts);
+    }
+}
+
 static pdp_status pdp__workq_wait(pdp_work *work)
 {
     pdp__workq_item *w = (pdp__workq_item *)work;
@@ -294,6 +443,7 @@ static pdp_status pdp__workq_wait(pdp_work *work)
     pthread_mutex_lock(&q->mu);
     q->waiters++;
     pthread_cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
+    if (w->p2p) pdp__workq_p2p_block(q, w);
     while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
     q->waiters--;
     st = w->status;
@@ -309,6 +459,7 @@ static bool pdp__workq_done(pdp_work *work)
     pdp__workq_item *w = (pdp__workq_item *)work;
     pdp__workq *q = (pdp__workq *)work->comm->impl;
     bool d;
+    if (w->p2p && q->p2p_poll) q->p2p_poll(q);
     pthread_mutex_lock(&q->mu);
     d = w->done;
     pthread_mutex_unlock(&q->mu);

@@ -318,6 +318,15 @@ typedef struct pdp__comm_ops {
                             pdp_work **w);
     pdp_status (*barrier)(pdp_comm *c, pdp_work **w);
     pdp_status (*broadcast_bytes)(pdp_comm *c, void *buf, size_t bytes, int root);
+    /* point-to-point (comm.c validated peer, tag and count) */
+    pdp_status (*send)(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                       pdp_work **w);
+    pdp_status (*recv)(pdp_comm *c, float *buf, int64_t count, int peer, int tag, pdp_work **w);
+    /* collective over c: comm.c has exchanged every rank's (colour, key) and computed this
+       rank's place (new_rank of new_size; leader: the old rank of new rank 0); colour < 0
+       joins nothing (*out stays NULL) but takes part */
+    pdp_status (*split)(pdp_comm *c, int colour, int key, int new_rank, int new_size, int leader,
+                        pdp_comm **out);
     pdp_status (*wait)(pdp_work *w);
     bool (*done)(pdp_work *w);
     void (*destroy)(pdp_comm *c);
@@ -362,11 +371,14 @@ typedef enum pdp__coll_kind {
     PDP__COLL_REDUCE_SCATTER,
     PDP__COLL_ALLGATHER,
     PDP__COLL_BARRIER,
-    PDP__COLL_BROADCAST_BYTES
+    PDP__COLL_BROADCAST_BYTES,
+    PDP__COLL_SEND,            /* point-to-point: not collectives, but the same handles */
+    PDP__COLL_RECV,
+    PDP__COLL_SPLIT
 } pdp__coll_kind;
 
 static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
-                                      "barrier", "broadcast_bytes"};
+                                      "barrier", "broadcast_bytes", "send", "recv", "split"};
 
 /* A backend's entry in comm.c's dispatcher (pdp_comm_init_env), defined by its
    module, which comes before comm.c: under its macro it creates the communicator

@@ -381,6 +381,238 @@ TEST comm_rejects_bad_arguments(void)
     PASS();
 }
 
+/* One rule for a desc's timeout_s: 0 is the default; negative, NaN, infinite fail naming
+   the function and the field (a local group used to accept -1, which MPI rejects). */
+TEST comm_desc_timeout_rule(void)
+{
+    static const double bad[] = {-1.0, -1e-9, 0.0 / 0.0, 1.0 / 0.0, -1.0 / 0.0, 1e12};
+    pdp_local_group *g = NULL;
+    pdp_comm *c = (pdp_comm *)&g;
+    pdp_comm_desc d;
+    int i;
+    memset(&d, 0, sizeof d);
+    for (i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
+        d.timeout_s = bad[i];
+        d.backend = PDP_BACKEND_LOCAL;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_local_group_create(&g, 2, &d), pdp_status_name);
+        ASSERT(g == NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_local_group_create: "
+                                         "desc->timeout_s") != NULL);
+        d.backend = PDP_BACKEND_MPI; /* checked before the backend, in every build */
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_init_env(&c, &d), pdp_status_name);
+        ASSERT(c == NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_comm_init_env: "
+                                         "desc->timeout_s") != NULL);
+    }
+    d.backend = PDP_BACKEND_LOCAL;
+    d.timeout_s = 0.0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_IN_RANGE(300.0, pdp_comm_timeout(c), 0.0);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    d.timeout_s = 2.5;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_IN_RANGE(2.5, pdp_comm_timeout(c), 0.0);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
+/* ---- point-to-point ---- */
+
+#define P2P_N 1001
+
+/* Every rank sends P2P_N floats to the next rank (tag 7) and to itself (tag 3), receives
+   from the previous rank and from itself; all four launched before any wait. */
+static void ring_rank(rank_ctx *ctx, pdp_comm *c)
+{
+    static float out[MAXR][P2P_N], in[MAXR][P2P_N], self_in[MAXR][P2P_N];
+    int r = ctx->rank, n = ctx->size, i, rep;
+    pdp_work *w[4];
+    for (rep = 0; rep < 3; rep++) { /* handles recycle: the pool, not the heap */
+        for (i = 0; i < P2P_N; i++) out[r][i] = input(r, i + rep);
+        note(ctx, pdp_comm_send(c, out[r], P2P_N, (r + 1) % n, 7, &w[0]));
+        note(ctx, pdp_comm_send(c, out[r], P2P_N, r, 3, &w[1]));
+        note(ctx, pdp_comm_recv(c, in[r], P2P_N, (r + n - 1) % n, 7, &w[2]));
+        note(ctx, pdp_comm_recv(c, self_in[r], P2P_N, r, 3, &w[3]));
+        if (ctx->st != PDP_OK) return;
+        for (i = 0; i < 4; i++) note(ctx, pdp_work_wait(w[i]));
+        for (i = 0; i < P2P_N && ctx->st == PDP_OK; i++)
+            if (in[r][i] != input((r + n - 1) % n, i + rep) || self_in[r][i] != out[r][i]) {
+                ctx->st = PDP_ERR_COMM;
+                snprintf(ctx->msg, sizeof ctx->msg, "rank %d of %d: element %d differs", r, n, i);
+            }
+    }
+}
+
+TEST comm_p2p_ring_and_self_send_at_world_sizes_1_to_4(void)
+{
+    rank_ctx ctx[MAXR];
+    int n, r;
+    for (n = 1; n <= MAXR; n++) {
+        memset(ctx, 0, sizeof ctx);
+        ASSERT_ENUM_EQ(PDP_OK, run_ranks(n, 20.0, ring_rank, ctx), pdp_status_name);
+        for (r = 0; r < n; r++) {
+            ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+            ASSERT_EQ(12, ctx[r].stats.p2p);
+            ASSERT_EQ(0, ctx[r].stats.collectives);
+            ASSERT_EQ(6 * P2P_N * 4, ctx[r].stats.bytes_sent); /* sends only */
+        }
+    }
+    PASS();
+}
+
+static void mismatch_rank(rank_ctx *ctx, pdp_comm *c)
+{
+    float b[7] = {0};
+    if (ctx->rank == 0) note(ctx, pdp_comm_send(c, b, 7, 1, 5, NULL));
+    else note(ctx, pdp_comm_recv(c, b, 5, 0, 5, NULL));
+}
+
+TEST comm_p2p_count_mismatch_names_both_counts(void)
+{
+    rank_ctx ctx[2];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(2, 5.0, mismatch_rank, ctx), pdp_status_name);
+    for (r = 0; r < 2; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_ERR_INVALID, ctx[r].st, pdp_status_name);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, r ? "pdp_comm_recv" : "pdp_comm_send") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "rank 0 sends 7 floats") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "rank 1 receives 5") != NULL);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "tag 5") != NULL);
+    }
+    PASS();
+}
+
+/* Rank 1 waits for a message rank 0 never sends (rank 0 stays until rank 1 is done). */
+static pthread_mutex_t silent_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t silent_cv = PTHREAD_COND_INITIALIZER;
+static int silent_done;
+
+static void silent_rank(rank_ctx *ctx, pdp_comm *c)
+{
+    float b[4] = {0};
+    double t0 = pdp__now();
+    if (ctx->rank == 1) {
+        pdp_work *w = NULL;
+        note(ctx, pdp_comm_recv(c, b, 4, 0, 9, &w));
+        note(ctx, pdp_work_wait(w));
+        ctx->elapsed = pdp__now() - t0;
+        /* the communicator stays usable: the unmatched receive was withdrawn */
+        if (pdp_comm_send(c, b, 4, 1, 1, &w) != PDP_OK || pdp_comm_recv(c, b, 4, 1, 1, NULL) ||
+            pdp_work_wait(w) != PDP_OK)
+            ctx->st = PDP_ERR_STATE;
+        pthread_mutex_lock(&silent_mu);
+        silent_done = 1;
+        pthread_cond_broadcast(&silent_cv);
+        pthread_mutex_unlock(&silent_mu);
+    } else {
+        pthread_mutex_lock(&silent_mu);
+        while (!silent_done) pthread_cond_wait(&silent_cv, &silent_mu);
+        pthread_mutex_unlock(&silent_mu);
+    }
+}
+
+TEST comm_p2p_peer_that_never_sends_times_out_naming_peer_and_tag(void)
+{
+    rank_ctx ctx[2];
+    memset(ctx, 0, sizeof ctx);
+    silent_done = 0;
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(2, 0.5, silent_rank, ctx), pdp_status_name);
+    ASSERT_ENUM_EQm(ctx[1].msg, PDP_ERR_TIMEOUT, ctx[1].st, pdp_status_name);
+    ASSERTm(ctx[1].msg, strstr(ctx[1].msg, "pdp_work_wait") != NULL);
+    ASSERTm(ctx[1].msg, strstr(ctx[1].msg, "recv #0 (count 4) from rank 0 with tag 9") != NULL);
+    ASSERTm(ctx[1].msg, strstr(ctx[1].msg, "no matching send from rank 0 within 0.5 s") != NULL);
+    ASSERT(ctx[1].elapsed >= 0.45 && ctx[1].elapsed < 3.0);
+    ASSERT_ENUM_EQm(ctx[0].msg, PDP_OK, ctx[0].st, pdp_status_name);
+    PASS();
+}
+
+/* ---- process groups: 4 ranks as 2 x 2 ---- */
+
+static void split_rank(rank_ctx *ctx, pdp_comm *c)
+{
+    pdp_comm *mp = NULL, *dp = NULL, *none = (pdp_comm *)c;
+    float a[5], b[5];
+    int r = ctx->rank, i, k;
+    /* model-parallel pairs {0,1} {2,3}; data-parallel pairs {0,2} {1,3}, keys reversed */
+    note(ctx, pdp_comm_split(c, r / 2, r, &mp));
+    note(ctx, pdp_comm_split(c, r % 2, -r, &dp));
+    note(ctx, pdp_comm_split(c, r == 3 ? PDP_COMM_SPLIT_NONE : 0, 0, &none));
+    if (ctx->st != PDP_OK) return;
+    if (pdp_comm_size(mp) != 2 || pdp_comm_rank(mp) != r % 2 || pdp_comm_size(dp) != 2 ||
+        pdp_comm_rank(dp) != (r < 2 ? 1 : 0) || (r == 3) != (none == NULL) ||
+        (none && (pdp_comm_size(none) != 3 || pdp_comm_rank(none) != r))) {
+        ctx->st = PDP_ERR_STATE;
+        snprintf(ctx->msg, sizeof ctx->msg, "rank %d: mp %d/%d, dp %d/%d", r, pdp_comm_rank(mp),
+                 pdp_comm_size(mp), pdp_comm_rank(dp), pdp_comm_size(dp));
+    }
+    for (i = 0; i < 5; i++) a[i] = b[i] = input(r, i);
+    note(ctx, pdp_comm_allreduce(mp, a, 5, PDP_REDUCE_SUM, NULL));
+    note(ctx, pdp_comm_allreduce(dp, b, 5, PDP_REDUCE_SUM, NULL));
+    for (i = 0; i < 5 && ctx->st == PDP_OK; i++) {
+        int m0 = (r / 2) * 2, d0 = r % 2; /* the lower old rank first: new rank order */
+        float want_mp = input(m0, i) + input(m0 + 1, i);
+        float want_dp = input(d0 + 2, i) + input(d0, i); /* dp new rank 0 is old rank 2 or 3 */
+        if (a[i] != want_mp || b[i] != want_dp) {
+            ctx->st = PDP_ERR_COMM;
+            snprintf(ctx->msg, sizeof ctx->msg, "rank %d element %d: mp %g want %g, dp %g want "
+                     "%g", r, i, a[i], want_mp, b[i], want_dp);
+        }
+    }
+    /* point-to-point inside a group, by the group's ranks */
+    k = pdp_comm_rank(mp);
+    a[0] = (float)r;
+    if (k == 0) note(ctx, pdp_comm_send(mp, a, 1, 1, 0, NULL));
+    else note(ctx, pdp_comm_recv(mp, a, 1, 0, 0, NULL));
+    if (ctx->st == PDP_OK && a[0] != (float)((r / 2) * 2)) ctx->st = PDP_ERR_COMM;
+    pdp_comm_get_stats(mp, &ctx->stats); /* its own counters */
+    if (ctx->stats.collectives != 1 || ctx->stats.p2p != 1) ctx->st = PDP_ERR_STATE;
+    /* any order: the parent first, then the groups (freed with their last communicator) */
+    pdp_comm_free(c);
+    ctx->freed = true;
+    pdp_comm_free(dp);
+    pdp_comm_free(none);
+    pdp_comm_free(mp);
+}
+
+TEST comm_split_2x2_collectives_match_naive(void)
+{
+    rank_ctx ctx[4];
+    int r;
+    memset(ctx, 0, sizeof ctx);
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(4, 20.0, split_rank, ctx), pdp_status_name);
+    for (r = 0; r < 4; r++) ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+    PASS();
+}
+
+TEST comm_p2p_and_split_reject_bad_arguments(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL, *o = NULL;
+    float x = 0.0f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_send(c, &x, 1, 1, 0, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_comm_send: peer 1 outside 0..0") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_recv(c, &x, 1, 0, -1, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_comm_recv: tag -1 outside 0..32767") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_recv(c, NULL, 3, 0, 0, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_split(c, -2, 0, &o), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_comm_split: colour -2") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_split(c, 0, 0, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_split(c, 5, 0, &o), pdp_status_name);
+    ASSERT_EQ(1, pdp_comm_size(o));
+    ASSERT(strcmp(o->name, "comm.5") == 0);
+    pdp_comm_free(o);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 /* ---- overlap: a collective progresses while its rank does something else ---- */
 
 static void overlap_rank(rank_ctx *ctx, pdp_comm *c)
@@ -424,6 +656,12 @@ SUITE(comm)
     RUN_TEST(comm_freed_rank_fails_the_others_at_once);
     RUN_TEST(comm_mismatched_collectives_fail_on_every_rank);
     RUN_TEST(comm_rejects_bad_arguments);
+    RUN_TEST(comm_desc_timeout_rule);
+    RUN_TEST(comm_p2p_ring_and_self_send_at_world_sizes_1_to_4);
+    RUN_TEST(comm_p2p_count_mismatch_names_both_counts);
+    RUN_TEST(comm_p2p_peer_that_never_sends_times_out_naming_peer_and_tag);
+    RUN_TEST(comm_split_2x2_collectives_match_naive);
+    RUN_TEST(comm_p2p_and_split_reject_bad_arguments);
 }
 
 GREATEST_MAIN_DEFS();

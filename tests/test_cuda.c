@@ -1085,6 +1085,33 @@ TEST cuda_nccl_collectives_match_naive(void)
     PASS();
 }
 
+/* The desc rule (comm.h) for NCCL groups and process ranks: a negative, NaN or infinite
+   timeout_s is PDP_ERR_INVALID naming the function and the field, before any NCCL call. */
+TEST cuda_nccl_desc_timeout_rule(void)
+{
+    static const double bad[] = {-1.0, 0.0 / 0.0, 1.0 / 0.0};
+    pdp_device devs[1];
+    pdp_nccl_group *g = (pdp_nccl_group *)&g;
+    pdp_comm *c = (pdp_comm *)&c;
+    pdp_comm_desc d;
+    int i;
+    devs[0] = pdp_cuda(0);
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_NCCL;
+    for (i = 0; i < 3; i++) {
+        d.timeout_s = bad[i];
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_nccl_group_create(&g, 1, devs, &d), pdp_status_name);
+        ASSERT(g == NULL);
+        ASSERTm(pdp_last_error(),
+                strstr(pdp_last_error(), "pdp_nccl_group_create: desc->timeout_s") != NULL);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_init_env(&c, &d), pdp_status_name);
+        ASSERT(c == NULL);
+        ASSERTm(pdp_last_error(),
+                strstr(pdp_last_error(), "pdp_comm_init_env: desc->timeout_s") != NULL);
+    }
+    PASS();
+}
+
 /* Process-rank DDP over NCCL: tests/gpu/run.sh starts one process per GPU with
    torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and
    `-t cuda_ddp_nccl_processes`; each rank trains its shard on GPU LOCAL_RANK and
@@ -1364,6 +1391,7 @@ SUITE(cuda)
     RUN_TEST(cuda_ddp_nccl_world_size_1_matches_single);
     RUN_TEST(cuda_ddp_thread_ranks_match_single);
     RUN_TEST(cuda_nccl_collectives_match_naive);
+    RUN_TEST(cuda_nccl_desc_timeout_rule);
     RUN_TEST(cuda_ddp_nccl_processes_match_single);
     RUN_TEST(cuda_dp_over_gpus_matches_cpu);
     RUN_TEST(cuda_dp_rejects_mixed_devices);

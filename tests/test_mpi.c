@@ -24,6 +24,7 @@
 #include <unistd.h>
 #ifdef PDP_MPI
 #  include <mpi.h>
+#  include <signal.h>
 #  define PDP_MPI_CHUNK 100000 /* 1000003 floats take 11 MPI calls */
 #endif
 #define PDP_IMPLEMENTATION
@@ -126,6 +127,26 @@ MPI_TEST(mpi_init_env_mpi_needs_pdp_mpi)
     ASSERT(strstr(pdp_last_error(), "pdp_comm_init_env") != NULL);
     PASS();
 #endif
+}
+
+/* The desc rule (comm.h): a negative, NaN or infinite timeout_s is PDP_ERR_INVALID naming
+   pdp_comm_init_env and the field, before MPI is touched, in every build. */
+MPI_TEST(mpi_init_env_rejects_bad_timeout)
+{
+    static const double bad[] = {-1.0, 0.0 / 0.0, 1.0 / 0.0};
+    pdp_comm *c = (pdp_comm *)&c;
+    pdp_comm_desc d;
+    int i;
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_MPI;
+    for (i = 0; i < 3; i++) {
+        d.timeout_s = bad[i];
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_init_env(&c, &d), pdp_status_name);
+        ASSERT(c == NULL);
+        ASSERTm(pdp_last_error(),
+                strstr(pdp_last_error(), "pdp_comm_init_env: desc->timeout_s") != NULL);
+    }
+    PASS();
 }
 
 #ifndef PDP_MPI
@@ -479,6 +500,97 @@ MPI_TEST(mpi_ddp_matches_single_device_and_ranks_agree)
     PASS();
 }
 
+/* ---- MPI: point-to-point and split ---- */
+
+/* A ring (to rank+1, tag 7) and a self-send (tag 3), all launched before any wait, on
+   1000003 floats (MPI's rendezvous protocol: sends complete only once matched). */
+MPI_TEST(mpi_p2p_ring_and_self_send)
+{
+    int64_t n = 1000003, i;
+    int next = (my_rank + 1) % world_size, prev = (my_rank + world_size - 1) % world_size, k;
+    float *out = fbuf(n), *in = fbuf(n), *self = fbuf(n);
+    pdp_work *w[4];
+    pdp_comm_stats s0, s1;
+    pdp_comm_get_stats(cm, &s0);
+    for (i = 0; i < n; i++) out[i] = val(my_rank, i);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_send(cm, out, n, next, 7, &w[0]), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_send(cm, out, n, my_rank, 3, &w[1]), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_recv(cm, in, n, prev, 7, &w[2]), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_recv(cm, self, n, my_rank, 3, &w[3]), pdp_status_name);
+    for (k = 0; k < 4; k++) ASSERTm(pdp_last_error(), pdp_work_wait(w[k]) == PDP_OK);
+    for (i = 0; i < n; i++)
+        if (in[i] != val(prev, i) || self[i] != out[i]) FAILm("a message differs");
+    pdp_comm_get_stats(cm, &s1);
+    ASSERT_EQ(4, s1.p2p - s0.p2p);
+    ASSERT_EQ(2 * n * 4, s1.bytes_sent - s0.bytes_sent);
+    free(out);
+    free(in);
+    free(self);
+    PASS();
+}
+
+MPI_TEST(mpi_p2p_mismatch_and_silent_peer)
+{
+    float b[8] = {0};
+    pdp_comm *t = NULL;
+    pdp_status st;
+    double t0;
+    if (world_size < 2) SKIPm("needs at least 2 ranks");
+    ASSERT_ENUM_EQ(PDP_OK, make_comm(&t, "p2p", 1.0), pdp_status_name);
+    if (my_rank == 0) ASSERT_ENUM_EQ(PDP_OK, pdp_comm_send(t, b, 7, 1, 5, NULL), pdp_status_name);
+    if (my_rank == 1) {
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_recv(t, b, 5, 0, 5, NULL), pdp_status_name);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "rank 0 sends 7 floats, rank 1 "
+                                         "receives 5") != NULL);
+        t0 = pdp__now();
+        st = pdp_comm_recv(t, b, 4, 0, 9, NULL); /* rank 0 never sends it */
+        ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, st, pdp_status_name);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "from rank 0 with tag 9") != NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "no matching send") != NULL);
+        ASSERT(pdp__now() - t0 >= 0.95 && pdp__now() - t0 < 3.0);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    pdp_comm_free(t);
+    PASS();
+}
+
+/* 2 x 2 (or what the world size allows): groups by rank / 2 and by rank % 2 with the keys
+   reversed; all-reduces in both equal naive sums; colour -1 joins nothing. */
+MPI_TEST(mpi_split_groups_match_naive)
+{
+    pdp_comm *mp = NULL, *dp = NULL, *none = cm;
+    float a[3], b[3];
+    int i, r, mp_size = 0, dp_size = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_split(cm, my_rank / 2, my_rank, &mp), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_split(cm, my_rank % 2, -my_rank, &dp), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_split(cm, my_rank == 0 ? PDP_COMM_SPLIT_NONE : 1, 0, &none),
+                   pdp_status_name);
+    ASSERT((my_rank == 0) == (none == NULL));
+    for (r = 0; r < world_size; r++) {
+        mp_size += r / 2 == my_rank / 2;
+        dp_size += r % 2 == my_rank % 2;
+    }
+    ASSERT_EQ(mp_size, pdp_comm_size(mp));
+    ASSERT_EQ(my_rank % 2, pdp_comm_rank(mp));
+    ASSERT_EQ(dp_size, pdp_comm_size(dp));
+    for (i = 0; i < 3; i++) a[i] = b[i] = val(my_rank, i);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(mp, a, 3, PDP_REDUCE_SUM, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(dp, b, 3, PDP_REDUCE_SUM, NULL), pdp_status_name);
+    for (i = 0; i < 3; i++) {
+        float em = 0.0f, ed = 0.0f;
+        for (r = 0; r < world_size; r++) {
+            if (r / 2 == my_rank / 2) em += val(r, i);
+            if (r % 2 == my_rank % 2) ed += val(r, i);
+        }
+        ASSERT_EQ(em, a[i]);
+        ASSERT_EQ(ed, b[i]);
+    }
+    pdp_comm_free(mp);
+    pdp_comm_free(none);
+    pdp_comm_free(dp);
+    PASS();
+}
+
 /* ---- MPI: trace ---- */
 
 MPI_TEST(mpi_trace_has_collectives_per_rank)
@@ -614,6 +726,7 @@ SUITE(mpi)
     RUN_TEST(mpi_init_env_rejects_local_backend);
     RUN_TEST(mpi_init_env_nccl_needs_cuda);
     RUN_TEST(mpi_init_env_mpi_needs_pdp_mpi);
+    RUN_TEST(mpi_init_env_rejects_bad_timeout);
 #ifndef PDP_MPI
     RUN_TEST(mpi_collectives);
 #else
@@ -626,6 +739,9 @@ SUITE(mpi)
     RUN_TEST(mpi_async_launch_returns_before_peers_arrive);
     RUN_TEST(mpi_many_inflight_complete_in_order);
     RUN_TEST(mpi_ddp_matches_single_device_and_ranks_agree);
+    RUN_TEST(mpi_p2p_ring_and_self_send);
+    RUN_TEST(mpi_p2p_mismatch_and_silent_peer);
+    RUN_TEST(mpi_split_groups_match_naive);
     RUN_TEST(mpi_trace_has_collectives_per_rank);
     RUN_TEST(mpi_init_env_times_out_when_a_rank_is_missing);
     RUN_TEST(mpi_missing_rank_times_out_and_breaks_comm);
@@ -634,12 +750,78 @@ SUITE(mpi)
 
 GREATEST_MAIN_DEFS();
 
+#ifdef PDP_MPI
+/* ---- start-up and a killed rank (tests/mpi_startup.sh runs these under mpirun) ----
+   test_mpi --startup MISSING SLEEP: the rank MISSING (OMPI_COMM_WORLD_RANK) sleeps SLEEP s and
+   exits without MPI; every other rank calls pdp_comm_init_env with a 2 s timeout and prints
+   "startup: rank R: STATUS after T s: message"; the watchdog's log lines read "startup-log: ...".
+   test_mpi --killed: rank 1 SIGKILLs itself after a barrier; rank 0's all-reduce prints
+   "killed: rank 0: STATUS after T s: message". */
+static void startup_log(pdp_log_level level, const char *msg, void *user)
+{
+    (void)level;
+    (void)user;
+    printf("startup-log: %s\n", msg);
+    fflush(stdout);
+}
+
+static int startup_main(char **argv)
+{
+    const char *e = getenv("OMPI_COMM_WORLD_RANK");
+    int rank = e ? atoi(e) : 0;
+    double t0;
+    pdp_comm *c = NULL;
+    pdp_comm_desc d;
+    pdp_status st;
+    if (rank == atoi(argv[2])) {
+        sleep((unsigned)atoi(argv[3]));
+        return 0;
+    }
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_MPI;
+    d.timeout_s = 2.0;
+    d.log = startup_log;
+    t0 = pdp__now();
+    st = pdp_comm_init_env(&c, &d);
+    printf("startup: rank %d: %s after %.1f s: %s\n", rank, pdp_status_name(st), pdp__now() - t0,
+           st != PDP_OK ? pdp_last_error() : "");
+    fflush(stdout);
+    pdp_comm_free(c);
+    return 0;
+}
+
+static int killed_main(void)
+{
+    float b[4] = {0, 0, 0, 0};
+    pdp_comm *c = NULL;
+    pdp_comm_desc d;
+    pdp_status st;
+    double t0;
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_MPI;
+    d.timeout_s = 2.0;
+    if (pdp_comm_init_env(&c, &d) != PDP_OK || pdp_comm_barrier(c, NULL) != PDP_OK) {
+        printf("killed: %s\n", pdp_last_error());
+        return 1;
+    }
+    if (pdp_comm_rank(c) == 1) raise(SIGKILL);
+    t0 = pdp__now();
+    st = pdp_comm_allreduce(c, b, 4, PDP_REDUCE_SUM, NULL);
+    printf("killed: rank %d: %s after %.1f s: %s\n", pdp_comm_rank(c), pdp_status_name(st),
+           pdp__now() - t0, st != PDP_OK ? pdp_last_error() : "");
+    fflush(stdout);
+    _exit(0); /* MPI_Finalize could wait for the dead rank */
+}
+#endif
+
 int main(int argc, char **argv)
 {
     int ok;
 #ifdef PDP_MPI
     int finalized = 0;
     pdp_comm_desc d;
+    if (argc > 3 && strcmp(argv[1], "--startup") == 0) return startup_main(argv);
+    if (argc > 1 && strcmp(argv[1], "--killed") == 0) return killed_main();
     alarm(120); /* a hang becomes a failure (SIGALRM ends the rank, mpirun reports it) */
     memset(&d, 0, sizeof d);
     d.backend = PDP_BACKEND_MPI;
