@@ -85,8 +85,9 @@ examples: $(EXAMPLES)
 # Each program runs as soon as it is built (make -j2 overlaps runs with the other builds),
 # into $(B)/run/NAME.log and .rc; tests/run_all.sh --saved then prints them in order, the
 # total, and the skipped tests with their reasons.
-RUNS = $(patsubst $(B)/%,$(B)/run/%.rc,$(TESTS) $(EXAMPLES)) \
-       $(patsubst tests/%,$(B)/run/%.rc,$(TEST_SH))
+# (test_build.sh first: it is the longest, and compiles on its own)
+RUNS = $(patsubst tests/%,$(B)/run/%.rc,$(TEST_SH)) \
+       $(patsubst $(B)/%,$(B)/run/%.rc,$(TESTS) $(EXAMPLES))
 .PHONY: FORCE
 $(B)/run/test_%.sh.rc: tests/test_%.sh FORCE
 	@B=$(B) sh tests/run_all.sh --run-one $<
@@ -95,7 +96,7 @@ $(B)/run/test_%.rc: $(B)/test_% FORCE
 $(B)/run/%.rc: $(B)/% FORCE
 	@B=$(B) sh tests/run_all.sh --run-example $<
 
-test: $(TESTS) $(EXAMPLES) $(RUNS)
+test: $(RUNS)
 	@B=$(B) sh tests/run_all.sh --saved $(TESTS) $(TEST_SH) -- $(EXAMPLES)
 
 sanitize:
