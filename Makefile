@@ -1,6 +1,7 @@
 # pdp: `make test` is the test command. Everything builds into build/.
 #
-#   make test       every test binary (strict C99, -Werror), then the examples in short mode
+#   make test       every test binary (strict C99, -Werror), then the examples in short mode;
+#                   each runs as soon as it is built; ends with the skipped tests and why
 #   make sanitize   the same tests under ASan + UBSan
 #   make tsan       the threaded tests under ThreadSanitizer
 #   make bench      benchmarks (ratios against peers measured in the same run)
@@ -37,7 +38,40 @@ pdp.h: $(SRCS)
 $(B):
 	mkdir -p $(B)
 
-$(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h | $(B)
+# ---- building the tests: compile the implementation as few times as the tests allow ----
+# Compiling pdp.h's implementation is most of a program's build time. Three kinds of build:
+# - SHARED_TESTS use the public API only: tests/pdp_impl.c compiles the implementation once,
+#   into $(IMPL_OBJ), with the counting PDP_MALLOC of tests/counting_alloc.h
+#   (pdp_test_allocs()); these tests are compiled with IMPL_LINKED (the guard
+#   PDP__IMPLEMENTATION_INCLUDED makes their own `#define PDP_IMPLEMENTATION` compile nothing)
+#   and linked against it.
+# - STATIC_TESTS call pdp__ internals or read internal structs and macros, but reach little of
+#   the library: they compile the implementation themselves with PDP_STATIC, so every API
+#   function is static too and the compiler drops (never optimises) what the test does not
+#   reach: 1-2 s instead of 5.
+#   test_tensor (pdp__err), test_comm test_store test_mpi (pdp__now, store internals),
+#   test_threads (the pool), test_trace (the trace writer), test_data (pdp__read_file, the
+#   inflater), test_gemm and test_gemm_nosimd (PDP__GEMM_KERNEL; nosimd adds PDP_NO_SIMD).
+# - The rest keep a plain strict build of their own: they read internal structs (pdp_model,
+#   pdp_dp, pdp__layer: test_checkpoint, test_fixtures, test_dp, test_ddp, test_optim,
+#   test_layers, which also shrinks the convolution's chunks) and reach most of the library,
+#   so PDP_STATIC saves them nothing; test_harness has no pdp.h. The examples are built the
+#   way a user builds them (the line in their top comment), from their own source alone.
+SHARED_TESTS = $(addprefix $(B)/test_,cuda loss)
+STATIC_TESTS = $(addprefix $(B)/test_,tensor comm store mpi threads trace data gemm gemm_nosimd)
+IMPL_LINKED  = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
+IMPL_OBJ     = $(B)/pdp_impl.o
+
+$(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h | $(B)
+	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+
+$(SHARED_TESTS): $(B)/test_%: tests/test_%.c $(IMPL_OBJ) pdp.h tests/pdp_test.h tests/counting_alloc.h
+	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $(IMPL_LINKED) $< $(IMPL_OBJ) -o $@ $(LDLIBS)
+
+$(STATIC_TESTS): $(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h tests/counting_alloc.h | $(B)
+	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) -DPDP_STATIC $< -o $@ $(LDLIBS) $(EXTRA_LIBS_$*)
+
+$(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h tests/counting_alloc.h | $(B)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS) $(EXTRA_LIBS_$*)
 
 $(B)/%: examples/%.c pdp.h | $(B)
@@ -48,8 +82,22 @@ $(B)/bench_%: bench/%.c bench/bench.h pdp.h | $(B)
 
 examples: $(EXAMPLES)
 
-test: $(TESTS) $(EXAMPLES)
-	@B=$(B) sh tests/run_all.sh $(TESTS) $(TEST_SH) -- $(EXAMPLES)
+# Each program runs as soon as it is built (make -j2 overlaps runs with the other builds),
+# into $(B)/run/NAME.log and .rc; tests/run_all.sh --saved then prints them in order, the
+# total, and the skipped tests with their reasons.
+# (test_build.sh first: it is the longest, and compiles on its own)
+RUNS = $(patsubst tests/%,$(B)/run/%.rc,$(TEST_SH)) \
+       $(patsubst $(B)/%,$(B)/run/%.rc,$(TESTS) $(EXAMPLES))
+.PHONY: FORCE
+$(B)/run/test_%.sh.rc: tests/test_%.sh FORCE
+	@B=$(B) sh tests/run_all.sh --run-one $<
+$(B)/run/test_%.rc: $(B)/test_% FORCE
+	@B=$(B) sh tests/run_all.sh --run-one $<
+$(B)/run/%.rc: $(B)/% FORCE
+	@B=$(B) sh tests/run_all.sh --run-example $<
+
+test: $(RUNS)
+	@B=$(B) sh tests/run_all.sh --saved $(TESTS) $(TEST_SH) -- $(EXAMPLES)
 
 sanitize:
 	$(MAKE) B=build/asan OPT="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" TEST_SH= test

@@ -7,7 +7,10 @@ modules below, in order, under PDP_IMPLEMENTATION) + licence.
 
 Usage:
   python3 amalgamate.py                   write pdp.h
-  python3 amalgamate.py --check           exit 1, naming the module, when pdp.h is stale
+  python3 amalgamate.py --check           exit 1 when pdp.h is stale (naming the module), or when
+                                          an IMPL module uses a name that a later module defines
+                                          (one line each: caller:line, name, defining module)
+  python3 amalgamate.py --order           only the dependency-order check; exit 1 on a violation
   python3 amalgamate.py --output PATH     write PATH instead of pdp.h
   python3 amalgamate.py --line-directives emit #line directives into src/ (development
                                           builds only; never for the committed pdp.h)
@@ -26,7 +29,7 @@ SRC = os.path.join(ROOT, "src")
 API = [
     "base.h",
     "tensor.h",
-    "ops.h",
+    "gemm.h",
     "model.h",
     "optim.h",
     "data.h",
@@ -40,26 +43,27 @@ API = [
 ]
 # Math written once for the CPU and for pdp_cuda.cu (PDP__HOSTDEV helpers).
 SHARED = ["math.h"]
-# The implementation, in dependency order.
+# The implementation, in dependency order (`--check` holds it to that; see check_order).
 IMPL = [
     "internal.h",
     "base.c",
     "threads.c",
+    "trace.c",
+    "store.c",
+    "cuda_host.c",
     "tensor.c",
     "gemm.c",
-    "ops.c",
     "layers.c",
     "layers_conv.c",
     "layers_table.c",
     "model.c",
     "loss.c",
     "optim.c",
+    "inflate.c",
     "data.c",
     "sampler.c",
     "json.c",
     "checkpoint.c",
-    "trace.c",
-    "store.c",
     "rendezvous.c",
     "comm_queue.c",
     "comm_local.c",
@@ -69,7 +73,6 @@ IMPL = [
     "dp.c",
     "reducer.c",
     "ddp.c",
-    "cuda_host.c",
 ]
 EXTRA = ["manual.txt", "license.txt"]
 
@@ -87,6 +90,166 @@ def read(name):
             return f.read()
     except OSError as e:
         raise Error("cannot read src/%s: %s" % (name, e.strerror))
+
+
+# ---- dependency order of the IMPL modules ----
+#
+# For every use in module M of a pdp_/pdp__ name (a function, a file-scope table or variable,
+# a struct/union/enum tag or a typedef) whose definition is in module N, N must not come after
+# M in IMPL: then the amalgamation compiles top to bottom, under every option, without forward
+# declarations of later modules. Comments, strings and character literals are blanked first
+# (newlines kept, for line numbers). At brace depth 0 a definition is: a name followed by a
+# parenthesised list and `{` (a function; followed by `;` it is a prototype, which is no use
+# of the name itself); `struct|union|enum NAME {`; a name followed by `[` or `=` (a table or
+# variable); the name a typedef declares. Every other occurrence is a use. A name defined in
+# several modules (variants under #ifdef) counts as defined in the first of them. A struct
+# declared incomplete earlier (`struct X;`, `typedef struct X X;`, in the API or an earlier
+# module) may be used by pointer before its definition: such uses are not reported, and
+# neither is field access through such a pointer, which this scan cannot see; the compile
+# tests under each option (tests/test_build.sh, make cuda) catch that.
+
+NAME_RE = re.compile(r"\b(pdp__?[A-Za-z0-9_]*)\b")
+TAG_RE = re.compile(r"(?:struct|union|enum)\s+$")
+
+
+def blank_comments(text):
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            out.append(c + re.sub(r"[^\n]", " ", text[i + 1:j - 1]) + c)
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def scan(name):
+    """Returns (definitions, uses, forward declarations) of src/name: {name: line},
+    [(line, name)], {name}."""
+    text = blank_comments(read(name))
+    # preprocessor lines keep their identifiers (a macro body's call is a use) but not their
+    # braces, which may be unbalanced across #if branches
+    pre = set()
+    cont = False
+    for k, line in enumerate(text.split("\n")):
+        if cont or line.lstrip().startswith("#"):
+            pre.add(k + 1)
+        cont = line.rstrip().endswith("\\")
+    defs, uses, fwds = {}, [], set()
+    depth, line, stmt = 0, 1, 0  # stmt: where the current file-scope statement starts
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line += 1
+        elif c in "{};" and line not in pre:
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+            elif depth == 0:
+                stmt = i + 1
+        elif (c.isalpha() or c == "_") and (i == 0 or not (text[i - 1].isalnum() or
+                                                           text[i - 1] == "_")):
+            j = i
+            while j < n and (text[j].isalnum() or text[j] == "_"):
+                j += 1
+            m = NAME_RE.match(text, i)
+            if not m or m.end() != j:
+                i = j
+                continue
+            ident = m.group(1)
+            k = j
+            while k < n and text[k] in " \t\n":
+                k += 1
+            nxt = text[k] if k < n else ""
+            kind = "use"
+            if depth == 0 and line not in pre:
+                before = text[stmt:i]
+                prev = before.rstrip()[-1:]
+                if TAG_RE.search(before):
+                    kind = "def" if nxt == "{" else "fwd" if nxt == ";" else "use"
+                elif nxt == "(" and not prev == "(":
+                    # a function definition (`) {`) or a prototype (`);`) at file scope
+                    d = 0
+                    while k < n:
+                        if text[k] == "(":
+                            d += 1
+                        elif text[k] == ")":
+                            d -= 1
+                            if d == 0:
+                                break
+                        k += 1
+                    k += 1
+                    while k < n and text[k] in " \t\n":
+                        k += 1
+                    kind = "def" if k < n and text[k] == "{" else "decl"
+                elif before.lstrip().startswith("typedef") and (
+                        nxt in ";[," or (nxt == ")" and prev == "*")):
+                    # `typedef struct X X;` only names an incomplete type
+                    kind = "fwd" if re.match(r"typedef\s+(struct|union)\s+\w+\s+$",
+                                             before.lstrip()) else "def"
+                elif nxt in "[=" and not before.lstrip().startswith("extern"):
+                    kind = "def"
+            if kind == "def":
+                defs.setdefault(ident, line)
+            elif kind == "fwd":
+                fwds.add(ident)
+            elif kind == "use":
+                uses.append((line, ident))
+            i = j
+            continue
+        i += 1
+    if depth != 0:
+        raise Error("src/%s: unbalanced braces (depth %d at the end); check_order cannot read it"
+                    % (name, depth))
+    return defs, uses, fwds
+
+
+def check_order():
+    """One message per use of a name defined by a later IMPL module (the first use per name and
+    module)."""
+    defined_in, fwd = {}, set()
+    for name in API:
+        fwd |= scan(name)[2]
+    scans = []
+    for idx, name in enumerate(IMPL):
+        defs, uses, fwds = scan(name)
+        scans.append((uses, fwd | fwds))  # incomplete types declared before it, or in it
+        fwd |= fwds
+        for f in defs:
+            defined_in.setdefault(f, []).append(idx)
+    problems = []
+    for idx, name in enumerate(IMPL):
+        seen = set()
+        uses, declared = scans[idx]
+        for line, f in uses:
+            where = defined_in.get(f)
+            if not where or min(where) <= idx or f in seen or f in declared:
+                continue
+            seen.add(f)
+            later = IMPL[min(where)]
+            problems.append("src/%s:%d: uses %s, defined in src/%s, which comes after it in IMPL"
+                            % (name, line, f, later))
+    return problems
+
 
 
 def module(name, seen, lines_out, owners, line_directives):
@@ -208,12 +371,15 @@ def build(line_directives=False):
 def main(argv):
     out = os.path.join(ROOT, "pdp.h")
     check = False
+    order = False
     line_directives = False
     args = list(argv)
     while args:
         a = args.pop(0)
         if a == "--check":
             check = True
+        elif a == "--order":
+            order = True
         elif a == "--line-directives":
             line_directives = True
         elif a == "--output":
@@ -232,7 +398,23 @@ def main(argv):
     except Error as e:
         sys.stderr.write("amalgamate.py: %s\n" % e)
         return 2
-    if check:
+    if check or order:
+        try:
+            problems = check_order()
+        except Error as e:
+            sys.stderr.write("amalgamate.py: %s\n" % e)
+            return 2
+        for p in problems:
+            sys.stderr.write("%s\n" % p)
+        if problems:
+            sys.stderr.write("amalgamate.py: %d name%s used before the module that defines it; "
+                             "fix: reorder IMPL in amalgamate.py, or move the definition into an "
+                             "earlier module\n" % (len(problems), "" if len(problems) == 1 else "s"))
+        bad_order = bool(problems)
+        if order:
+            sys.stdout.write("%d violation%s of the dependency order\n"
+                             % (len(problems), "" if len(problems) == 1 else "s"))
+            return 1 if bad_order else 0
         try:
             with open(out, encoding="utf-8") as f:
                 old = f.read()
@@ -240,7 +422,7 @@ def main(argv):
             sys.stderr.write("%s is missing; fix: python3 amalgamate.py\n" % out)
             return 1
         if old == text:
-            return 0
+            return 1 if bad_order else 0
         new_lines, old_lines = text.split("\n"), old.split("\n")
         n = 0
         while n < min(len(new_lines), len(old_lines)) and new_lines[n] == old_lines[n]:

@@ -244,8 +244,9 @@ PDP_API pdp_status pdp_trace_flush(void);
 /* tensor: float32 tensors of 1 to 4 dimensions, contiguous, on a device; and the
    seeded random number generator used for initialisation and dropout.
 
-   A tensor either owns its data (pdp_tensor_create) or is a view of another's
-   (pdp_tensor_view, pdp_tensor_reshape_view) that lives as long as the owner.
+   A tensor either owns its data (pdp_tensor_create) or is a view: a caller-owned
+   struct filled by pdp_tensor_reshape_view or pdp_tensor_rows_view (valid as long as
+   the tensor it views) or by pdp_tensor_wrap (over caller memory).
    Sizes are int64_t element counts; byte counts are size_t and called bytes. */
 
 #define PDP_MAX_DIMS 4
@@ -321,9 +322,9 @@ PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t 
                                              int64_t fan_out);
 /* ---- end src/tensor.h ---- */
 
-/* ---- begin src/ops.h ---- */
-/* ops: CPU math kernels. SGEMM in the three layouts training needs, and the
-   element and row operations the layers are built from.
+/* ---- begin src/gemm.h ---- */
+/* gemm: the public single-precision matrix product (src/gemm.c) in all four layouts.
+   pdp has no public element or row operations: the layers' own loops are private.
 
    C[M,N] = alpha * op(A) * op(B) + beta * C, row-major, op(X) = X or X^T.
    Linear forward is A*B^T (x * W^T), backward dW = dY^T * X (A^T*B) and
@@ -340,7 +341,7 @@ typedef enum pdp_trans {
 PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc);
-/* ---- end src/ops.h ---- */
+/* ---- end src/gemm.h ---- */
 
 /* ---- begin src/model.h ---- */
 /* model: a sequential model, its layers, and its one parameter registry.
@@ -1860,7 +1861,15 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
    PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
    as the CPU functions they stand in for (pointers on device d or io->device;
    labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
-struct pdp__optim_scalars;
+/* Per-step scalars, computed once in double (as PyTorch does in Python) and
+   rounded to float for the element loop (optim.c's CPU loop, cuda_host.c's kernels). */
+typedef struct pdp__optim_scalars {
+    pdp_optim_kind kind;
+    float lr, momentum, one_minus_damp, weight_decay;
+    int nesterov, first;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
+} pdp__optim_scalars;
+
 static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
                                           int64_t batch, int64_t classes, float grad_scale,
                                           double *loss_sum, float *dlogits,
@@ -2307,6 +2316,1735 @@ PDP_API void pdp_shutdown_threads(void)
 }
 /* ---- end src/threads.c ---- */
 
+/* ---- begin src/trace.c ---- */
+/* trace: a Chrome trace of what each rank did and when, for Perfetto
+   (ui.perfetto.dev) and chrome://tracing.
+
+   Set PDP_TRACE=path and every object that traces (the DDP reducer, the MPI
+   communicator, ...) records events into one process-wide sink; the file is
+   the JSON Object Format of the Trace Event Format:
+       {"traceEvents":[ {...}, {...} ],"displayTimeUnit":"ms"}
+   with complete events ("ph":"X", ts and dur in microseconds), nestable async
+   begin/end pairs for collectives ("ph":"b"/"e", one id per collective) and
+   metadata that names processes and threads ("ph":"M", process_name,
+   thread_name, *_sort_index). "pid" is the rank, "tid" a track: one compute
+   track per rank and one per communicator, handed out by pdp__trace_track.
+
+   Why one process-wide sink, not an object: tracing is a process-level
+   debugging switch (an environment variable, like NCCL_DEBUG), and thread-ranks
+   of one process must share one file with pid = rank. The sink is the one
+   documented exception to "no hidden globals": a mutex-guarded struct that
+   exists only between the first pdp__trace_open and the last pdp__trace_close
+   (reference counted); PDP_TRACE is read by every open while tracing is off
+   (the first open that finds it set starts the file; objects opened before
+   stay silent), and the file is completed when the last reference closes, or
+   brought up to date by pdp_trace_flush() before that. With PDP_STATIC
+   and two copies of pdp in one program there are two sinks: give them
+   different PDP_TRACE values or trace only one.
+
+   Files: a process that is one rank of several (MPI, torchrun) passes its
+   rank to pdp__trace_open and writes path with ".rank<r>" inserted before the
+   extension (trace.json -> trace.rank1.json); otherwise path as given.
+   Timestamps are CLOCK_MONOTONIC microseconds, shared by every process of a
+   machine, so the per-rank files of one machine line up: merge them with
+       python3 -c 'import json,sys; print(json.dumps({"traceEvents": sum(
+           (json.load(open(f))["traceEvents"] for f in sys.argv[1:]), [])}))' \
+           trace.rank*.json > trace.json
+
+   Invariants: events are fixed-size records in a buffer of
+   PDP_TRACE_BUFFER_EVENTS allocated at the first open; recording copies one
+   record under the mutex and never allocates. A full buffer is written out
+   (the recording thread pays for that write, ~1 ms per 10^4 events) and
+   reused. After every write the file ends with the closing "]}" (the next
+   write seeks back over it), so the file is valid JSON after each flush and
+   after close, and pdp_trace_flush() makes it current at any time. Names are
+   copied (truncated to 47 bytes) and escaped when written; args are a JSON
+   object body built by pdp code ("\"bytes\":4096,\"seq\":3"), copied as is.
+   Reference: "Trace Event Format", Google, docs.google.com/document/d/
+   1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU. */
+
+/* #include "internal.h" (already above) */
+
+#ifndef PDP_TRACE_BUFFER_EVENTS
+#  define PDP_TRACE_BUFFER_EVENTS 16384 /* records kept in memory between writes (160 B each) */
+#endif
+#define PDP__TRACE_MAX_PIDS 4096        /* ranks whose process gets a name */
+
+/* GCC/Clang atomics: valid C99 and C++, so the flag read on the hot path needs
+   no <stdatomic.h>. */
+#define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+/* ---- trace: records ---- */
+
+typedef struct pdp__trace_ev {
+    double ts, dur;   /* microseconds */
+    uint64_t id;      /* async pair id */
+    int pid, tid;
+    char ph;          /* 'X' complete, 'A' async pair (written as "b" and "e"), 'M' metadata */
+    const char *cat;  /* a string literal */
+    char name[48];
+    char args[88];    /* JSON object body, without braces; "" for none */
+} pdp__trace_ev;
+
+typedef struct pdp__trace_sink {
+    int refs;                 /* open minus close calls */
+    int enabled;              /* read with PDP__LOAD_ACQ on the hot path */
+    FILE *f;
+    char path[1024];
+    long data_end;            /* file offset where the closing trailer starts */
+    int64_t written;          /* events written so far (for the separator) */
+    pdp__trace_ev *ev;
+    int n, cap;
+    int next_tid;
+    pdp_status io_status;     /* first write error, reported by pdp_trace_flush */
+    unsigned char named_pid[PDP__TRACE_MAX_PIDS / 8];
+} pdp__trace_sink;
+
+static pthread_mutex_t pdp__trace_mu = PTHREAD_MUTEX_INITIALIZER;
+static pdp__trace_sink pdp__trace_g; /* the documented exception, see above */
+
+static const char pdp__trace_trailer[] = "\n],\"displayTimeUnit\":\"ms\"}\n";
+
+/* ---- trace: writing ---- */
+
+static void pdp__trace_put_escaped(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+}
+
+static void pdp__trace_put_one(FILE *f, const pdp__trace_ev *e, char ph, double ts, bool dur)
+{
+    fprintf(f, "{\"ph\":\"%c\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", ph, e->pid, e->tid, ts);
+    if (dur) fprintf(f, ",\"dur\":%.3f", e->dur);
+    if (e->ph == 'A') fprintf(f, ",\"id\":\"0x%llx\"", (unsigned long long)e->id);
+    if (e->cat) fprintf(f, ",\"cat\":\"%s\"", e->cat);
+    fputs(",\"name\":\"", f);
+    pdp__trace_put_escaped(f, e->name);
+    fprintf(f, "\",\"args\":{%s}}", e->args);
+}
+
+/* Appends the buffered records after the last one written, then the trailer.
+   Called with the mutex held. */
+static void pdp__trace_write_locked(pdp__trace_sink *s)
+{
+    int i;
+    if (!s->f) return;
+    if (fseek(s->f, s->data_end, SEEK_SET) != 0) s->io_status = PDP_ERR_IO;
+    for (i = 0; i < s->n; i++) {
+        const pdp__trace_ev *e = &s->ev[i];
+        fputs(s->written++ ? ",\n" : "\n", s->f);
+        if (e->ph == 'A') { /* a begin and an end with the same id */
+            pdp__trace_put_one(s->f, e, 'b', e->ts, false);
+            fputs(",\n", s->f);
+            pdp__trace_put_one(s->f, e, 'e', e->ts + e->dur, false);
+        } else {
+            pdp__trace_put_one(s->f, e, e->ph, e->ts, e->ph == 'X');
+        }
+    }
+    s->n = 0;
+    s->data_end = ftell(s->f);
+    fputs(pdp__trace_trailer, s->f);
+    if (fflush(s->f) != 0 || ferror(s->f) || s->data_end < 0) s->io_status = PDP_ERR_IO;
+}
+
+/* The next free record (writing the buffer out when it is full). Mutex held. */
+static pdp__trace_ev *pdp__trace_slot_locked(pdp__trace_sink *s)
+{
+    pdp__trace_ev *e;
+    if (s->n == s->cap) pdp__trace_write_locked(s);
+    e = &s->ev[s->n++];
+    memset(e, 0, sizeof *e);
+    return e;
+}
+
+static void pdp__trace_copy(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strlen(src) : 0;
+    if (n >= cap) n = cap - 1;
+    if (n) memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* args = "\"name\":\"<escaped s>\"" for metadata records. */
+static void pdp__trace_name_arg(char *dst, size_t cap, const char *s)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(dst, cap, "\"name\":\"");
+    for (; *s && o + 8 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') { dst[o++] = '\\'; dst[o++] = (char)c; }
+        else if (c >= 0x20) dst[o++] = (char)c;
+    }
+    dst[o++] = '"';
+    dst[o] = '\0';
+}
+
+static void pdp__trace_meta_locked(pdp__trace_sink *s, int pid, int tid, const char *what,
+                                   const char *name, int sort_index)
+{
+    pdp__trace_ev *e = pdp__trace_slot_locked(s);
+    char sort_what[32];
+    e->ph = 'M';
+    e->pid = pid;
+    e->tid = tid;
+    snprintf(e->name, sizeof e->name, "%.12s_name", what);
+    pdp__trace_name_arg(e->args, sizeof e->args, name);
+    e = pdp__trace_slot_locked(s);
+    e->ph = 'M';
+    e->pid = pid;
+    e->tid = tid;
+    snprintf(sort_what, sizeof sort_what, "%.12s_sort_index", what);
+    pdp__trace_copy(e->name, sizeof e->name, sort_what);
+    snprintf(e->args, sizeof e->args, "\"sort_index\":%d", sort_index);
+}
+
+/* ---- trace: the private API ---- */
+
+/* Opens (process_rank >= 0: this process is that rank of several) or joins
+   the sink. Reads PDP_TRACE while no file is open; unset or empty means
+   tracing stays off and every call below is a no-op. Each successful call
+   must be matched by one pdp__trace_close. */
+static pdp_status pdp__trace_open(int process_rank)
+{
+    pdp__trace_sink *s = &pdp__trace_g;
+    const char *env;
+    pdp_status st = PDP_OK;
+    pthread_mutex_lock(&pdp__trace_mu);
+    s->refs++;
+    if (s->f) goto out; /* already tracing: join */
+    env = getenv("PDP_TRACE");
+    if (!env || !*env) goto out;
+    {
+        const char *slash = strrchr(env, '/'), *dot = strrchr(env, '.');
+        int len;
+        if (!dot || (slash && dot < slash)) dot = env + strlen(env); /* no extension */
+        if (process_rank >= 0)
+            len = snprintf(s->path, sizeof s->path, "%.*s.rank%d%s", (int)(dot - env), env,
+                           process_rank, dot);
+        else
+            len = snprintf(s->path, sizeof s->path, "%s", env);
+        if (len < 0 || (size_t)len >= sizeof s->path) {
+            st = pdp__err(PDP_ERR_INVALID, "PDP_TRACE: path longer than %zu bytes",
+                          sizeof s->path - 1);
+            goto fail;
+        }
+    }
+    s->ev = (pdp__trace_ev *)pdp__alloc(sizeof(pdp__trace_ev) * PDP_TRACE_BUFFER_EVENTS);
+    if (!s->ev) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "PDP_TRACE: no memory for %d trace events",
+                      PDP_TRACE_BUFFER_EVENTS);
+        goto fail;
+    }
+    s->f = fopen(s->path, "w+b");
+    if (!s->f) {
+        st = pdp__err(PDP_ERR_IO, "PDP_TRACE: cannot open '%s' for writing: %s", s->path,
+                      strerror(errno));
+        goto fail;
+    }
+    fputs("{\"traceEvents\":[", s->f);
+    s->data_end = ftell(s->f);
+    s->cap = PDP_TRACE_BUFFER_EVENTS;
+    s->n = 0;
+    s->written = 0;
+    s->next_tid = 1;
+    s->io_status = PDP_OK;
+    memset(s->named_pid, 0, sizeof s->named_pid);
+    pdp__trace_write_locked(s); /* a valid, empty trace from the start */
+    PDP__STORE_REL(&s->enabled, 1);
+    goto out;
+fail:
+    pdp__dealloc(s->ev);
+    s->ev = NULL;
+    s->refs--;
+out:
+    pthread_mutex_unlock(&pdp__trace_mu);
+    return st;
+}
+
+/* The last close writes everything, closes the file and frees the buffer. */
+static void pdp__trace_close(void)
+{
+    pdp__trace_sink *s = &pdp__trace_g;
+    pthread_mutex_lock(&pdp__trace_mu);
+    if (s->refs > 0 && --s->refs == 0 && s->f) {
+        PDP__STORE_REL(&s->enabled, 0);
+        pdp__trace_write_locked(s);
+        fclose(s->f);
+        s->f = NULL;
+        pdp__dealloc(s->ev);
+        s->ev = NULL;
+        s->cap = s->n = 0;
+    }
+    pthread_mutex_unlock(&pdp__trace_mu);
+}
+
+/* Cheap enough for every event site: one atomic load. */
+static bool pdp__trace_enabled(void) { return PDP__LOAD_ACQ(&pdp__trace_g.enabled) != 0; }
+
+/* A new track (tid) on process pid (a rank) named name ("compute", "comm world");
+   the first track of a pid also names the process "rank <pid>". 0 when off. */
+static int pdp__trace_track(int pid, const char *name)
+{
+    pdp__trace_sink *s = &pdp__trace_g;
+    int tid = 0;
+    if (!pdp__trace_enabled()) return 0;
+    pthread_mutex_lock(&pdp__trace_mu);
+    if (s->f) {
+        tid = s->next_tid++;
+        if (pid >= 0 && pid < PDP__TRACE_MAX_PIDS && !(s->named_pid[pid / 8] & (1u << (pid % 8)))) {
+            char pname[32];
+            s->named_pid[pid / 8] |= (unsigned char)(1u << (pid % 8));
+            snprintf(pname, sizeof pname, "rank %d", pid);
+            pdp__trace_meta_locked(s, pid, 0, "process", pname, pid);
+        }
+        pdp__trace_meta_locked(s, pid, tid, "thread", name, tid);
+    }
+    pthread_mutex_unlock(&pdp__trace_mu);
+    return tid;
+}
+
+static void pdp__trace_record(char ph, int pid, int tid, const char *cat, const char *name,
+                              uint64_t id, double t0, double t1, const char *args)
+{
+    pdp__trace_sink *s = &pdp__trace_g;
+    pdp__trace_ev *e;
+    if (!pdp__trace_enabled()) return;
+    pthread_mutex_lock(&pdp__trace_mu);
+    if (s->f) {
+        e = pdp__trace_slot_locked(s);
+        e->ph = ph;
+        e->pid = pid;
+        e->tid = tid;
+        e->cat = cat;
+        e->id = id;
+        e->ts = t0 * 1e6;
+        e->dur = (t1 > t0 ? t1 - t0 : 0.0) * 1e6;
+        pdp__trace_copy(e->name, sizeof e->name, name);
+        pdp__trace_copy(e->args, sizeof e->args, args);
+    }
+    pthread_mutex_unlock(&pdp__trace_mu);
+}
+
+/* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
+   seconds). cat: a string literal ("compute", "comm"); args: NULL or a JSON
+   object body. */
+static void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
+                                double t1, const char *args)
+{
+    pdp__trace_record('X', pid, tid, cat, name, 0, t0, t1, args);
+}
+
+/* An async begin/end pair (a collective from launch to completion, which may
+   overlap the compute track); id distinguishes concurrent pairs of one name. */
+static void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
+                             double t0, double t1, const char *args)
+{
+    pdp__trace_record('A', pid, tid, cat, name, id, t0, t1, args);
+}
+
+/* ---- trace: public ---- */
+
+PDP_API pdp_status pdp_trace_flush(void)
+{
+    pdp__trace_sink *s = &pdp__trace_g;
+    pdp_status st = PDP_OK;
+    pthread_mutex_lock(&pdp__trace_mu);
+    if (s->f) {
+        pdp__trace_write_locked(s);
+        if (s->io_status != PDP_OK)
+            st = pdp__err(s->io_status, "pdp_trace_flush: writing '%s' failed", s->path);
+    }
+    pthread_mutex_unlock(&pdp__trace_mu);
+    return st;
+}
+/* ---- end src/trace.c ---- */
+
+/* ---- begin src/store.c ---- */
+/* store: a TCP key-value store, PyTorch's TCPStore in miniature (rendezvous.c reads
+   who the ranks are and hands a unique id out through it).
+
+   Server. One thread in the rank-0 process runs a poll() loop over a wake pipe,
+   the listening socket and every client connection; all sockets are non-blocking
+   and only that thread touches the table of keys, so the server needs no lock and
+   a slow, stuck or hostile peer cannot stall the others. Each connection carries
+   one request at a time. A GET or WAIT for a missing key is parked on its
+   connection with a deadline: the SET or ADD that creates the key answers it,
+   otherwise the loop answers TIMEOUT when the deadline passes (poll sleeps until
+   the nearest one). Timeouts are therefore decided by the server and the stream
+   never falls out of step; a client only adds a grace period so that a server
+   that vanished silently cannot hang it. pdp_store_free writes one byte into the
+   wake pipe, joins the thread and closes what is left: clients still connected
+   see EOF.
+
+   Client. A blocking request/response on a non-blocking socket, every wait
+   bounded by poll() against a deadline. Connecting retries (10 ms doubling to
+   250 ms) until the timeout, so ranks may start before rank 0. Any I/O failure
+   closes the connection and later calls fail with PDP_ERR_COMM; the store does
+   not reconnect, since a request in flight could have been applied or not.
+
+   Wire format (both ways, big-endian): a 24-byte header
+       u32 magic 'PDPS' | u8 op or status | u8 version (1) | u16 0 |
+       u32 key bytes | u32 value bytes | u64 arg
+   then the key, then the value. arg is the timeout in ms for GET and WAIT, the
+   delta (two's complement) for ADD, and ADD's new value in its reply. Replies
+   carry no key; an ERROR reply carries a message as its value. The server checks
+   every header before it allocates: a wrong magic is dropped at once, a bad
+   version, op, key length (1..PDP_STORE_MAX_KEY) or value length (at most
+   PDP_STORE_MAX_VALUE) gets an ERROR reply and then the connection is closed.
+
+   Counters (ADD) are decimal text, as in PyTorch's TCPStore. Barriers are an ADD
+   on "pdp/barrier/<name>" plus a WAIT on "pdp/barrier/<name>/<generation>", which
+   the last rank of each generation sets, so one name can be reused. Keys live in
+   a flat array searched linearly: a rendezvous store holds tens of keys, and
+   every barrier generation adds one.
+
+   SIGPIPE: every send uses MSG_NOSIGNAL (SO_NOSIGPIPE where that is missing), so
+   process-wide signal handling is never touched. */
+
+/* #include "internal.h" (already above) */
+#include <limits.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <unistd.h>
+#include <sys/types.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+
+#ifndef MSG_NOSIGNAL
+#  define MSG_NOSIGNAL 0 /* BSD and macOS: SO_NOSIGPIPE is set on every socket instead */
+#endif
+
+#define PDP__STORE_DEFAULT_HOST "127.0.0.1"
+#define PDP__STORE_DEFAULT_PORT 29500
+#define PDP__STORE_DEFAULT_TIMEOUT 300.0
+#define PDP__STORE_GRACE_S 5.0          /* client waits this much past a server-side timeout */
+#define PDP__STORE_MAX_CONNS 4096       /* further connections are accepted and closed */
+#define PDP__STORE_MAX_TIMEOUT_MS 1000000000000ull
+
+/* ---- wire protocol ---- */
+
+#define PDP__STORE_MAGIC 0x50445053u /* "PDPS" */
+#define PDP__STORE_VERSION 1
+#define PDP__STORE_HDR 24
+
+enum { PDP__STORE_SET = 1, PDP__STORE_GET = 2, PDP__STORE_WAIT = 3, PDP__STORE_ADD = 4 };
+enum { PDP__STORE_OK = 0, PDP__STORE_TIMEOUT = 1, PDP__STORE_ERROR = 2 };
+
+typedef struct pdp__store_hdr {
+    uint32_t magic;
+    int code; /* op in a request, status in a reply */
+    int version;
+    uint32_t key_bytes, value_bytes;
+    uint64_t arg;
+} pdp__store_hdr;
+
+static void pdp__store_put(unsigned char *p, uint64_t x, int bytes)
+{
+    int i;
+    for (i = bytes - 1; i >= 0; i--, x >>= 8) p[i] = (unsigned char)(x & 0xff);
+}
+
+static uint64_t pdp__store_take(const unsigned char *p, int bytes)
+{
+    uint64_t x = 0;
+    int i;
+    for (i = 0; i < bytes; i++) x = (x << 8) | p[i];
+    return x;
+}
+
+static void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint32_t value_bytes,
+                            uint64_t arg)
+{
+    pdp__store_put(p, PDP__STORE_MAGIC, 4);
+    p[4] = (unsigned char)code;
+    p[5] = PDP__STORE_VERSION;
+    p[6] = p[7] = 0;
+    pdp__store_put(p + 8, key_bytes, 4);
+    pdp__store_put(p + 12, value_bytes, 4);
+    pdp__store_put(p + 16, arg, 8);
+}
+
+static pdp__store_hdr pdp__store_unpack(const unsigned char *p)
+{
+    pdp__store_hdr h;
+    h.magic = (uint32_t)pdp__store_take(p, 4);
+    h.code = p[4];
+    h.version = p[5];
+    h.key_bytes = (uint32_t)pdp__store_take(p + 8, 4);
+    h.value_bytes = (uint32_t)pdp__store_take(p + 12, 4);
+    h.arg = pdp__store_take(p + 16, 8);
+    return h;
+}
+
+static uint64_t pdp__store_ms(double seconds)
+{
+    double ms = ceil(seconds * 1000.0);
+    if (!(ms > 0.0)) return 0;
+    return ms >= (double)PDP__STORE_MAX_TIMEOUT_MS ? PDP__STORE_MAX_TIMEOUT_MS : (uint64_t)ms;
+}
+
+/* ---- sockets ---- */
+
+/* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
+   _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
+static const char *pdp__store_errstr(int e, char *buf, size_t cap)
+{
+#if defined(__GLIBC__) && defined(__USE_GNU) /* what <features.h> saw, not what is defined now */
+    return strerror_r(e, buf, cap);
+#else
+    if (strerror_r(e, buf, cap) != 0) snprintf(buf, cap, "errno %d", e);
+    return buf;
+#endif
+}
+
+/* Non-blocking, close-on-exec, no SIGPIPE, no Nagle (requests are small and
+   latency-bound). */
+static void pdp__store_tune(int fd, bool tcp)
+{
+    int one = 1;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
+#ifdef SO_NOSIGPIPE
+    setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+#endif
+    if (tcp) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+static void pdp__store_sleep(double seconds)
+{
+    struct timespec ts;
+    if (seconds <= 0) return;
+    ts.tv_sec = (time_t)seconds;
+    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* poll() one fd for events until deadline (pdp__now() seconds): 1 ready, 0 timed
+   out, -1 error (errno). */
+static int pdp__store_poll1(int fd, short events, double deadline)
+{
+    for (;;) {
+        struct pollfd p;
+        double left = deadline - pdp__now();
+        int r;
+        if (left <= 0) return 0;
+        p.fd = fd;
+        p.events = events;
+        p.revents = 0;
+        r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1000.0));
+        if (r > 0) return 1;
+        if (r < 0 && errno != EINTR) return -1;
+    }
+}
+
+static int pdp__store_port_of(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
+    if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return -1;
+}
+
+/* ---- server: key table ---- */
+
+typedef struct pdp__store_entry {
+    unsigned char *data; /* key bytes then value bytes, one allocation */
+    uint32_t key_bytes, value_bytes;
+} pdp__store_entry;
+
+typedef struct pdp__store_conn {
+    int fd;
+    unsigned char hdr[PDP__STORE_HDR];
+    size_t hdr_got;
+    pdp__store_hdr req;       /* valid once hdr_got == PDP__STORE_HDR */
+    unsigned char *body;      /* the request's key then value */
+    size_t body_cap, body_got;
+    unsigned char *out;       /* the reply being sent */
+    size_t out_cap, out_len, out_sent;
+    bool waiting;             /* a GET/WAIT parked until its key appears or deadline */
+    double deadline;
+    bool close_after_reply;   /* protocol error: hang up once the ERROR reply is out */
+    bool dead;
+} pdp__store_conn;
+
+typedef struct pdp__store_server {
+    int listen_fd;
+    int wake[2];              /* pipe: pdp_store_free writes, the loop reads and stops */
+    pthread_t thread;
+    pdp__store_conn **conns;
+    int n_conns, cap_conns;
+    struct pollfd *pfds;      /* wake, listen, then one per connection */
+    int cap_pfds;
+    pdp__store_entry *entries;
+    int n_entries, cap_entries;
+} pdp__store_server;
+
+/* Returns an array of at least need elements of elem bytes holding p's *cap old
+   ones: p itself when it is big enough, else a new block (p freed, *cap updated);
+   NULL when out of memory, with p untouched. */
+static void *pdp__store_grow(void *p, int *cap, int need, size_t elem)
+{
+    int n = *cap ? *cap : 8;
+    void *q;
+    if (need <= *cap) return p;
+    while (n < need) n *= 2;
+    q = pdp__calloc((size_t)n * elem);
+    if (!q) return NULL;
+    if (p) memcpy(q, p, (size_t)*cap * elem);
+    pdp__dealloc(p);
+    *cap = n;
+    return q;
+}
+
+static bool pdp__store_reserve(unsigned char **buf, size_t *cap, size_t need)
+{
+    unsigned char *q;
+    if (need <= *cap) return true;
+    q = (unsigned char *)pdp__alloc(need);
+    if (!q) return false;
+    pdp__dealloc(*buf);
+    *buf = q;
+    *cap = need;
+    return true;
+}
+
+static pdp__store_entry *pdp__store_find(pdp__store_server *srv, const unsigned char *key,
+                                         uint32_t key_bytes)
+{
+    int i;
+    for (i = 0; i < srv->n_entries; i++) {
+        pdp__store_entry *e = &srv->entries[i];
+        if (e->key_bytes == key_bytes && memcmp(e->data, key, key_bytes) == 0) return e;
+    }
+    return NULL;
+}
+
+/* Sets key to value (replacing), or returns false when out of memory. */
+static bool pdp__store_put_entry(pdp__store_server *srv, const unsigned char *key,
+                                 uint32_t key_bytes, const void *value, uint32_t value_bytes)
+{
+    pdp__store_entry *e = pdp__store_find(srv, key, key_bytes);
+    unsigned char *data = (unsigned char *)pdp__alloc((size_t)key_bytes + value_bytes);
+    if (!data) return false;
+    if (!e) {
+        pdp__store_entry *grown = (pdp__store_entry *)pdp__store_grow(
+            srv->entries, &srv->cap_entries, srv->n_entries + 1, sizeof *srv->entries);
+        if (!grown) {
+            pdp__dealloc(data);
+            return false;
+        }
+        srv->entries = grown;
+        e = &srv->entries[srv->n_entries++];
+        e->data = NULL;
+    }
+    memcpy(data, key, key_bytes);
+    if (value_bytes) memcpy(data + key_bytes, value, value_bytes);
+    pdp__dealloc(e->data);
+    e->data = data;
+    e->key_bytes = key_bytes;
+    e->value_bytes = value_bytes;
+    return true;
+}
+
+/* ---- server: connections ---- */
+
+/* Sends what it can of c's reply; the rest goes when poll reports POLLOUT. */
+static void pdp__store_flush(pdp__store_conn *c)
+{
+    while (c->out_sent < c->out_len) {
+        ssize_t r = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL);
+        if (r > 0) {
+            c->out_sent += (size_t)r;
+        } else if (r < 0 && errno == EINTR) {
+            continue;
+        } else {
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+            c->dead = true;
+            return;
+        }
+    }
+    c->out_len = c->out_sent = 0;
+    if (c->close_after_reply) c->dead = true;
+}
+
+/* Queues a reply, ends the current request and starts sending. */
+static void pdp__store_reply(pdp__store_conn *c, int status, const void *value, uint32_t bytes,
+                             uint64_t arg)
+{
+    if (!pdp__store_reserve(&c->out, &c->out_cap, PDP__STORE_HDR + (size_t)bytes)) {
+        c->dead = true; /* the client sees EOF: PDP_ERR_COMM on its side */
+        return;
+    }
+    pdp__store_pack(c->out, status, 0, bytes, arg);
+    if (bytes) memcpy(c->out + PDP__STORE_HDR, value, bytes);
+    c->out_len = PDP__STORE_HDR + (size_t)bytes;
+    c->out_sent = 0;
+    c->waiting = false;
+    c->hdr_got = c->body_got = 0;
+    pdp__store_flush(c);
+}
+
+static void pdp__store_reply_error(pdp__store_conn *c, bool hang_up, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    c->close_after_reply = hang_up;
+    pdp__store_reply(c, PDP__STORE_ERROR, msg, (uint32_t)strlen(msg), 0);
+}
+
+/* Answers a parked GET/WAIT from entry e. */
+static void pdp__store_answer(pdp__store_conn *c, const pdp__store_entry *e)
+{
+    if (c->req.code == PDP__STORE_GET)
+        pdp__store_reply(c, PDP__STORE_OK, e->data + e->key_bytes, e->value_bytes, 0);
+    else
+        pdp__store_reply(c, PDP__STORE_OK, NULL, 0, 0);
+}
+
+/* A key was created or changed: answer everyone waiting for it. */
+static void pdp__store_wake_waiters(pdp__store_server *srv, const pdp__store_entry *e)
+{
+    int i;
+    for (i = 0; i < srv->n_conns; i++) {
+        pdp__store_conn *c = srv->conns[i];
+        if (c->waiting && !c->dead && c->req.key_bytes == e->key_bytes &&
+            memcmp(c->body, e->data, e->key_bytes) == 0)
+            pdp__store_answer(c, e);
+    }
+}
+
+/* Applies ADD: counters are decimal text; a value that is not one is an error. */
+static void pdp__store_add_op(pdp__store_server *srv, pdp__store_conn *c)
+{
+    const unsigned char *key = c->body;
+    uint32_t kb = c->req.key_bytes;
+    int64_t delta = (int64_t)c->req.arg, cur = 0, next;
+    pdp__store_entry *e = pdp__store_find(srv, key, kb);
+    char text[32];
+    if (e) {
+        char *end;
+        if (e->value_bytes == 0 || e->value_bytes >= sizeof text) {
+            pdp__store_reply_error(c, false, "value of '%.*s' is not a counter", (int)kb,
+                                   (const char *)key);
+            return;
+        }
+        memcpy(text, e->data + kb, e->value_bytes);
+        text[e->value_bytes] = '\0';
+        errno = 0;
+        cur = (int64_t)strtoll(text, &end, 10);
+        if (*end != '\0' || errno == ERANGE) {
+            pdp__store_reply_error(c, false, "value of '%.*s' is not a counter", (int)kb,
+                                   (const char *)key);
+            return;
+        }
+    }
+    if ((delta > 0 && cur > INT64_MAX - delta) || (delta < 0 && cur < INT64_MIN - delta)) {
+        pdp__store_reply_error(c, false, "counter '%.*s' would overflow", (int)kb,
+                               (const char *)key);
+        return;
+    }
+    next = cur + delta;
+    snprintf(text, sizeof text, "%lld", (long long)next);
+    if (!pdp__store_put_entry(srv, key, kb, text, (uint32_t)strlen(text))) {
+        pdp__store_reply_error(c, false, "server out of memory");
+        return;
+    }
+    pdp__store_reply(c, PDP__STORE_OK, NULL, 0, (uint64_t)next);
+    pdp__store_wake_waiters(srv, pdp__store_find(srv, key, kb));
+}
+
+/* The request in c (header and body) is complete: carry it out. */
+static void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c)
+{
+    const unsigned char *key = c->body;
+    uint32_t kb = c->req.key_bytes;
+    pdp__store_entry *e;
+    switch (c->req.code) {
+    case PDP__STORE_SET:
+        if (!pdp__store_put_entry(srv, key, kb, c->body + kb, c->req.value_bytes)) {
+            pdp__store_reply_error(c, false, "server out of memory");
+            return;
+        }
+        pdp__store_reply(c, PDP__STORE_OK, NULL, 0, 0);
+        pdp__store_wake_waiters(srv, pdp__store_find(srv, key, kb));
+        return;
+    case PDP__STORE_GET:
+    case PDP__STORE_WAIT:
+        if ((e = pdp__store_find(srv, key, kb)) != NULL) {
+            pdp__store_answer(c, e);
+        } else {
+            c->waiting = true;
+            c->deadline = pdp__now() + (double)c->req.arg / 1000.0;
+        }
+        return;
+    case PDP__STORE_ADD:
+        pdp__store_add_op(srv, c);
+        return;
+    default:
+        PDP_ASSERT(!"op validated with the header");
+    }
+}
+
+/* A complete header arrived: validate it before anything is allocated. */
+static void pdp__store_check_header(pdp__store_conn *c)
+{
+    pdp__store_hdr h = pdp__store_unpack(c->hdr);
+    size_t need;
+    c->req = h;
+    if (h.magic != PDP__STORE_MAGIC) {
+        c->dead = true; /* not our protocol: no reply at all */
+        return;
+    }
+    if (h.version != PDP__STORE_VERSION) {
+        pdp__store_reply_error(c, true, "protocol version %d, server speaks %d", h.version,
+                               PDP__STORE_VERSION);
+        return;
+    }
+    if (h.code < PDP__STORE_SET || h.code > PDP__STORE_ADD) {
+        pdp__store_reply_error(c, true, "unknown request %d", h.code);
+        return;
+    }
+    if (h.key_bytes == 0 || h.key_bytes > PDP_STORE_MAX_KEY) {
+        pdp__store_reply_error(c, true, "key of %lu bytes (1..%d allowed)",
+                               (unsigned long)h.key_bytes, PDP_STORE_MAX_KEY);
+        return;
+    }
+    if (h.value_bytes > (h.code == PDP__STORE_SET ? (uint32_t)PDP_STORE_MAX_VALUE : 0u)) {
+        pdp__store_reply_error(c, true, "value of %lu bytes (at most %lu allowed for request %d)",
+                               (unsigned long)h.value_bytes,
+                               h.code == PDP__STORE_SET ? (unsigned long)PDP_STORE_MAX_VALUE : 0ul,
+                               h.code);
+        return;
+    }
+    need = (size_t)h.key_bytes + h.value_bytes;
+    if (!pdp__store_reserve(&c->body, &c->body_cap, need)) {
+        pdp__store_reply_error(c, true, "server out of memory");
+        return;
+    }
+    c->body_got = 0;
+}
+
+/* Reads what is there for c's current request; executes it once complete. */
+static void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
+{
+    unsigned char *dst;
+    size_t want;
+    ssize_t r;
+    if (c->hdr_got < PDP__STORE_HDR) {
+        dst = c->hdr + c->hdr_got;
+        want = PDP__STORE_HDR - c->hdr_got;
+    } else {
+        dst = c->body + c->body_got;
+        want = (size_t)c->req.key_bytes + c->req.value_bytes - c->body_got;
+    }
+    r = recv(c->fd, dst, want, 0);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        c->dead = true; /* EOF or reset: the client left */
+        return;
+    }
+    if (r < 0) return;
+    if (c->hdr_got < PDP__STORE_HDR) {
+        c->hdr_got += (size_t)r;
+        if (c->hdr_got < PDP__STORE_HDR) return;
+        pdp__store_check_header(c);
+        if (c->dead || c->out_len) return; /* rejected */
+    } else {
+        c->body_got += (size_t)r;
+    }
+    if (c->body_got == (size_t)c->req.key_bytes + c->req.value_bytes) pdp__store_execute(srv, c);
+}
+
+static void pdp__store_conn_free(pdp__store_conn *c)
+{
+    if (!c) return;
+    if (c->fd >= 0) close(c->fd);
+    pdp__dealloc(c->body);
+    pdp__dealloc(c->out);
+    pdp__dealloc(c);
+}
+
+static void pdp__store_accept(pdp__store_server *srv)
+{
+    for (;;) {
+        pdp__store_conn **conns, *c = NULL;
+        struct pollfd *pfds;
+        int fd = accept(srv->listen_fd, NULL, NULL);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                pdp__store_sleep(0.01); /* EMFILE and the like: retry soon, without spinning */
+            return;
+        }
+        pdp__store_tune(fd, true);
+        if (srv->n_conns < PDP__STORE_MAX_CONNS) {
+            conns = (pdp__store_conn **)pdp__store_grow(srv->conns, &srv->cap_conns,
+                                                        srv->n_conns + 1, sizeof *conns);
+            if (conns) srv->conns = conns;
+            pfds = (struct pollfd *)pdp__store_grow(srv->pfds, &srv->cap_pfds, srv->n_conns + 3,
+                                                    sizeof *pfds);
+            if (pfds) srv->pfds = pfds;
+            if (conns && pfds) c = (pdp__store_conn *)pdp__calloc(sizeof *c);
+        }
+        if (!c) {
+            close(fd); /* too many connections, or out of memory */
+            continue;
+        }
+        c->fd = fd;
+        srv->conns[srv->n_conns++] = c;
+    }
+}
+
+/* ---- server: the loop ---- */
+
+static void *pdp__store_serve(void *arg)
+{
+    pdp__store_server *srv = (pdp__store_server *)arg;
+    for (;;) {
+        int i, n, r, timeout_ms = -1, polled;
+        double now = pdp__now();
+        polled = srv->n_conns;
+        srv->pfds[0].fd = srv->wake[0];
+        srv->pfds[0].events = POLLIN;
+        srv->pfds[1].fd = srv->listen_fd;
+        srv->pfds[1].events = POLLIN;
+        for (i = 0; i < polled; i++) {
+            pdp__store_conn *c = srv->conns[i];
+            srv->pfds[i + 2].fd = c->fd;
+            srv->pfds[i + 2].events = c->out_len ? POLLOUT : POLLIN;
+            if (c->waiting) {
+                double left = c->deadline - now;
+                int ms = left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)ceil(left * 1000.0);
+                if (timeout_ms < 0 || ms < timeout_ms) timeout_ms = ms;
+            }
+        }
+        for (i = 0; i < polled + 2; i++) srv->pfds[i].revents = 0;
+        r = poll(srv->pfds, (nfds_t)(polled + 2), timeout_ms);
+        if (r < 0 && errno != EINTR) pdp__store_sleep(0.001); /* ENOMEM: try again */
+        if (srv->pfds[0].revents) break;
+        for (i = 0; i < polled; i++) {
+            pdp__store_conn *c = srv->conns[i];
+            short ev = srv->pfds[i + 2].revents;
+            if (!ev || c->dead) continue;
+            if (c->out_len) {
+                pdp__store_flush(c);
+            } else if (c->waiting) {
+                /* A parked client sends nothing: readable means it left (EOF) or
+                   broke the protocol; either way the connection goes. */
+                c->dead = true;
+            } else {
+                pdp__store_read(srv, c);
+            }
+        }
+        if (srv->pfds[1].revents) pdp__store_accept(srv);
+        now = pdp__now();
+        for (i = 0; i < srv->n_conns; i++) {
+            pdp__store_conn *c = srv->conns[i];
+            if (c->waiting && !c->dead && now >= c->deadline)
+                pdp__store_reply(c, PDP__STORE_TIMEOUT, NULL, 0, 0);
+        }
+        for (i = n = 0; i < srv->n_conns; i++) {
+            if (srv->conns[i]->dead) pdp__store_conn_free(srv->conns[i]);
+            else srv->conns[n++] = srv->conns[i];
+        }
+        srv->n_conns = n;
+    }
+    return NULL;
+}
+
+static void pdp__store_server_free(pdp__store_server *srv)
+{
+    int i;
+    if (!srv) return;
+    for (i = 0; i < srv->n_conns; i++) pdp__store_conn_free(srv->conns[i]);
+    for (i = 0; i < srv->n_entries; i++) pdp__dealloc(srv->entries[i].data);
+    if (srv->listen_fd >= 0) close(srv->listen_fd);
+    if (srv->wake[0] >= 0) close(srv->wake[0]);
+    if (srv->wake[1] >= 0) close(srv->wake[1]);
+    pdp__dealloc(srv->conns);
+    pdp__dealloc(srv->pfds);
+    pdp__dealloc(srv->entries);
+    pdp__dealloc(srv);
+}
+
+/* Binds host:port, listens and starts the loop; *port gets the port bound. */
+static pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    pdp__store_server *srv;
+    char service[16], why[128] = "no usable address";
+    int rc, one = 1;
+
+    *out = NULL;
+    srv = (pdp__store_server *)pdp__calloc(sizeof *srv);
+    if (!srv) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
+    srv->listen_fd = srv->wake[0] = srv->wake[1] = -1;
+    srv->pfds = (struct pollfd *)pdp__store_grow(NULL, &srv->cap_pfds, 2, sizeof *srv->pfds);
+    if (!srv->pfds) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
+    }
+
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    snprintf(service, sizeof service, "%d", *port);
+    rc = getaddrinfo(host, service, &hints, &res);
+    if (rc != 0) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot resolve server address '%s': %s",
+                        host, gai_strerror(rc));
+    }
+    for (ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        if (fd < 0) {
+            pdp__store_errstr(errno, why, sizeof why);
+            continue;
+        }
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+            srv->listen_fd = fd;
+            break;
+        }
+        pdp__store_errstr(errno, why, sizeof why);
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (srv->listen_fd < 0) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot listen on %s:%d: %s", host, *port,
+                        why);
+    }
+    pdp__store_tune(srv->listen_fd, false);
+    *port = pdp__store_port_of(srv->listen_fd);
+    if (pipe(srv->wake) != 0) {
+        srv->wake[0] = srv->wake[1] = -1;
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: pipe failed: %s",
+                        pdp__store_errstr(errno, why, sizeof why));
+    }
+    pdp__store_tune(srv->wake[0], false);
+    pdp__store_tune(srv->wake[1], false);
+    if ((rc = pthread_create(&srv->thread, NULL, pdp__store_serve, srv)) != 0) {
+        pdp__store_server_free(srv);
+        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot start the server thread: %s",
+                        pdp__store_errstr(rc, why, sizeof why));
+    }
+    *out = srv;
+    return PDP_OK;
+}
+
+static void pdp__store_server_stop(pdp__store_server *srv)
+{
+    char byte = 1;
+    if (!srv) return;
+    while (write(srv->wake[1], &byte, 1) < 0 && errno == EINTR) {
+    }
+    pthread_join(srv->thread, NULL);
+    pdp__store_server_free(srv);
+}
+
+/* ---- client ---- */
+
+struct pdp_store {
+    int fd;                     /* connection to the server; -1 once it broke */
+    pthread_mutex_t lock;       /* one request at a time on this handle */
+    char host[256];             /* as given (the server's own client may use loopback) */
+    int port;
+    int world_size;
+    double timeout_s;
+    pdp__store_server *server;  /* on the serving rank only */
+};
+
+/* One non-blocking connect to ai, bounded by deadline; the fd, or -1 with why. */
+static int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
+                                  size_t cap)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), err = 0, r;
+    socklen_t len = sizeof err;
+    if (fd < 0) {
+        pdp__store_errstr(errno, why, cap);
+        return -1;
+    }
+    pdp__store_tune(fd, true);
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return fd;
+    if (errno != EINPROGRESS && errno != EINTR) {
+        pdp__store_errstr(errno, why, cap);
+        close(fd);
+        return -1;
+    }
+    r = pdp__store_poll1(fd, POLLOUT, deadline);
+    if (r == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) return fd;
+    pdp__store_errstr(r == 0 ? ETIMEDOUT : r < 0 ? errno : err, why, cap);
+    close(fd);
+    return -1;
+}
+
+/* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
+static pdp_status pdp__store_connect(pdp_store *s, const char *host)
+{
+    double deadline = pdp__now() + s->timeout_s, backoff = 0.01;
+    char service[16], why[128] = "no attempt";
+    snprintf(service, sizeof service, "%d", s->port);
+    for (;;) {
+        struct addrinfo hints, *res = NULL, *ai;
+        double left;
+        int rc;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        hints.ai_flags = AI_NUMERICSERV;
+        rc = getaddrinfo(host, service, &hints, &res);
+        if (rc == 0) {
+            for (ai = res; ai && s->fd < 0; ai = ai->ai_next)
+                s->fd = pdp__store_try_connect(ai, deadline, why, sizeof why);
+            freeaddrinfo(res);
+            if (s->fd >= 0) return PDP_OK;
+        } else if (rc == EAI_AGAIN) {
+            snprintf(why, sizeof why, "%s", gai_strerror(rc)); /* DNS not ready yet */
+        } else {
+            return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot resolve store address '%s': %s",
+                            host, gai_strerror(rc));
+        }
+        left = deadline - pdp__now();
+        if (left <= 0)
+            return pdp__err(PDP_ERR_TIMEOUT, "pdp_store_create: no store server at %s:%d within "
+                            "%g s (last error: %s)", host, s->port, s->timeout_s, why);
+        pdp__store_sleep(PDP__MIN(backoff, left));
+        backoff = PDP__MIN(backoff * 2, 0.25);
+    }
+}
+
+/* Sends out[0..bytes) or, with out NULL, receives into in[0..bytes), all of it by
+   deadline: 0, or -1 with why filled. */
+static int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
+                         double deadline, char *why, size_t cap)
+{
+    size_t done = 0;
+    while (done < bytes) {
+        ssize_t r = out ? send(fd, out + done, bytes - done, MSG_NOSIGNAL)
+                        : recv(fd, in + done, bytes - done, 0);
+        if (r > 0) {
+            done += (size_t)r;
+        } else if (r == 0) {
+            snprintf(why, cap, "the server closed the connection");
+            return -1;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            int ready = pdp__store_poll1(fd, out ? POLLOUT : POLLIN, deadline);
+            if (ready == 0) {
+                snprintf(why, cap, "no answer from the server in time");
+                return -1;
+            }
+            if (ready < 0) {
+                pdp__store_errstr(errno, why, cap);
+                return -1;
+            }
+        } else {
+            pdp__store_errstr(errno, why, cap);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
+                               size_t cap)
+{
+    return pdp__store_io(fd, (const unsigned char *)buf, NULL, bytes, deadline, why, cap);
+}
+
+static int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
+                               size_t cap)
+{
+    return pdp__store_io(fd, NULL, (unsigned char *)buf, bytes, deadline, why, cap);
+}
+
+/* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
+static int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
+                                char *why, size_t why_cap)
+{
+    unsigned char sink[4096];
+    size_t keep = PDP__MIN(cap, bytes);
+    if (keep && pdp__store_recv_all(fd, buf, keep, deadline, why, why_cap) != 0) return -1;
+    for (bytes -= keep; bytes > 0; bytes -= PDP__MIN(bytes, sizeof sink))
+        if (pdp__store_recv_all(fd, sink, PDP__MIN(bytes, sizeof sink), deadline, why,
+                                why_cap) != 0)
+            return -1;
+    return 0;
+}
+
+/* One request and its reply (caller holds s->lock). wait_s is the server-side
+   wait of GET/WAIT; the client itself gives up PDP__STORE_GRACE_S later. The
+   reply's value goes to buf[0..cap) (its full length in *bytes), its arg to
+   *arg. PDP_ERR_TIMEOUT without a message when the server reports a timeout (the
+   caller words it); PDP_ERR_COMM with one when the connection or the server fails. */
+static pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const char *key,
+                                  const void *value, size_t value_bytes, uint64_t arg,
+                                  double wait_s, void *buf, size_t cap, size_t *bytes,
+                                  uint64_t *reply_arg)
+{
+    unsigned char head[PDP__STORE_HDR + PDP_STORE_MAX_KEY];
+    size_t key_bytes = strlen(key);
+    double deadline = pdp__now() + wait_s + PDP__STORE_GRACE_S;
+    char why[160];
+    pdp__store_hdr h;
+
+    if (s->fd < 0)
+        return pdp__err(PDP_ERR_COMM, "%s: the connection to the store at %s:%d was lost "
+                        "by an earlier call", fn, s->host, s->port);
+    pdp__store_pack(head, op, (uint32_t)key_bytes, (uint32_t)value_bytes, arg);
+    memcpy(head + PDP__STORE_HDR, key, key_bytes);
+    if (pdp__store_send_all(s->fd, head, PDP__STORE_HDR + key_bytes, deadline, why,
+                            sizeof why) != 0 ||
+        (value_bytes &&
+         pdp__store_send_all(s->fd, value, value_bytes, deadline, why, sizeof why) != 0) ||
+        pdp__store_recv_all(s->fd, head, PDP__STORE_HDR, deadline, why, sizeof why) != 0)
+        goto broken;
+    h = pdp__store_unpack(head);
+    if (h.magic != PDP__STORE_MAGIC || h.version != PDP__STORE_VERSION ||
+        h.value_bytes > PDP_STORE_MAX_VALUE) {
+        snprintf(why, sizeof why, "malformed reply (not a pdp store?)");
+        goto broken;
+    }
+    if (h.code == PDP__STORE_ERROR) {
+        char msg[257];
+        if (pdp__store_recv_into(s->fd, msg, sizeof msg - 1, h.value_bytes, deadline, why,
+                                 sizeof why) != 0)
+            goto broken;
+        msg[PDP__MIN(h.value_bytes, sizeof msg - 1)] = '\0';
+        return pdp__err(PDP_ERR_COMM, "%s: the store at %s:%d refused key '%s': %s", fn,
+                        s->host, s->port, key, msg);
+    }
+    if (pdp__store_recv_into(s->fd, buf, cap, h.value_bytes, deadline, why, sizeof why) != 0)
+        goto broken;
+    if (bytes) *bytes = h.value_bytes;
+    if (reply_arg) *reply_arg = h.arg;
+    return h.code == PDP__STORE_TIMEOUT ? PDP_ERR_TIMEOUT : PDP_OK;
+broken:
+    close(s->fd);
+    s->fd = -1;
+    return pdp__err(PDP_ERR_COMM, "%s: key '%s': connection to the store at %s:%d failed: %s",
+                    fn, key, s->host, s->port, why);
+}
+
+static pdp_status pdp__store_check(const pdp_store *s, const char *fn, const char *key)
+{
+    size_t n;
+    if (!s) return pdp__err(PDP_ERR_INVALID, "%s: store is NULL", fn);
+    if (!key) return pdp__err(PDP_ERR_INVALID, "%s: key is NULL", fn);
+    n = strlen(key);
+    if (n == 0 || n > PDP_STORE_MAX_KEY)
+        return pdp__err(PDP_ERR_INVALID, "%s: key '%.64s' is %zu bytes long (1..%d allowed)", fn,
+                        key, n, PDP_STORE_MAX_KEY);
+    return PDP_OK;
+}
+
+/* ---- public API ---- */
+
+PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
+{
+    pdp_store_desc d;
+    pdp_store *s;
+    const char *self;
+    pdp_status st;
+
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_store_create: out is NULL");
+    *out = NULL;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    d.host = (d.host && d.host[0]) ? d.host : PDP__STORE_DEFAULT_HOST;
+    d.timeout_s = PDP__DEF(d.timeout_s, PDP__STORE_DEFAULT_TIMEOUT);
+    if (!d.is_server) d.port = PDP__DEF(d.port, PDP__STORE_DEFAULT_PORT);
+    if (strlen(d.host) >= sizeof s->host)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: host '%.64s...' is longer than %zu "
+                        "bytes", d.host, sizeof s->host - 1);
+    if (d.port < 0 || d.port > 65535)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: port %d is outside 0..65535", d.port);
+    if (!(d.timeout_s > 0))
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: timeout_s = %g must be positive",
+                        d.timeout_s);
+    if (d.world_size < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: world_size = %d is negative",
+                        d.world_size);
+
+    s = (pdp_store *)pdp__calloc(sizeof *s);
+    if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
+    s->fd = -1;
+    strcpy(s->host, d.host);
+    s->port = d.port;
+    s->world_size = d.world_size;
+    s->timeout_s = d.timeout_s;
+    if (pthread_mutex_init(&s->lock, NULL) != 0) {
+        pdp__dealloc(s);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: pthread_mutex_init failed");
+    }
+    self = d.host;
+    if (d.is_server) {
+        st = pdp__store_server_start(&s->server, d.host, &s->port);
+        if (st != PDP_OK) {
+            pdp_store_free(s);
+            return st;
+        }
+        /* The serving rank is a client too; a wildcard address is reached via loopback. */
+        if (strcmp(self, "0.0.0.0") == 0) self = "127.0.0.1";
+        else if (strcmp(self, "::") == 0) self = "::1";
+    }
+    st = pdp__store_connect(s, self);
+    if (st != PDP_OK) {
+        pdp_store_free(s);
+        return st;
+    }
+    *out = s;
+    return PDP_OK;
+}
+
+PDP_API void pdp_store_free(pdp_store *s)
+{
+    if (!s) return;
+    if (s->fd >= 0) close(s->fd);
+    pdp__store_server_stop(s->server);
+    pthread_mutex_destroy(&s->lock);
+    pdp__dealloc(s);
+}
+
+PDP_API int pdp_store_port(const pdp_store *s) { return s ? s->port : -1; }
+
+PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *value, size_t bytes)
+{
+    pdp_status st = pdp__store_check(s, "pdp_store_set", key);
+    if (st != PDP_OK) return st;
+    if (bytes > PDP_STORE_MAX_VALUE)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value of %zu bytes exceeds "
+                        "PDP_STORE_MAX_VALUE (%lu)", key, bytes,
+                        (unsigned long)PDP_STORE_MAX_VALUE);
+    if (bytes && !value)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value is NULL", key);
+    pthread_mutex_lock(&s->lock);
+    st = pdp__store_call(s, "pdp_store_set", PDP__STORE_SET, key, value, bytes, 0, s->timeout_s,
+                         NULL, 0, NULL, NULL);
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
+PDP_API pdp_status pdp_store_get(pdp_store *s, const char *key, void *buf, size_t cap,
+                                 size_t *bytes)
+{
+    size_t got = 0;
+    pdp_status st = pdp__store_check(s, "pdp_store_get", key);
+    if (st != PDP_OK) return st;
+    if (cap && !buf) return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s': buf is NULL", key);
+    pthread_mutex_lock(&s->lock);
+    st = pdp__store_call(s, "pdp_store_get", PDP__STORE_GET, key, NULL, 0,
+                         pdp__store_ms(s->timeout_s), s->timeout_s, buf, cap, &got, NULL);
+    pthread_mutex_unlock(&s->lock);
+    if (bytes) *bytes = got;
+    if (st == PDP_ERR_TIMEOUT)
+        return pdp__err(st, "pdp_store_get: key '%s' was not set within %g s (store %s:%d)", key,
+                        s->timeout_s, s->host, s->port);
+    if (st == PDP_OK && got > cap)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s' holds %zu bytes, the buffer "
+                        "only %zu", key, got, cap);
+    return st;
+}
+
+PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double timeout_s)
+{
+    double t, deadline;
+    pdp_status st = PDP_OK;
+    int i;
+    if (!s) return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: store is NULL");
+    if (n < 0 || (n > 0 && !keys))
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: %d keys at %p", n, (const void *)keys);
+    if (timeout_s < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: timeout_s = %g is negative", timeout_s);
+    for (i = 0; i < n; i++)
+        if ((st = pdp__store_check(s, "pdp_store_wait", keys[i])) != PDP_OK) return st;
+    t = PDP__DEF(timeout_s, s->timeout_s);
+    deadline = pdp__now() + t;
+    pthread_mutex_lock(&s->lock);
+    for (i = 0; i < n && st == PDP_OK; i++) {
+        double left = PDP__MAX(deadline - pdp__now(), 0.0);
+        st = pdp__store_call(s, "pdp_store_wait", PDP__STORE_WAIT, keys[i], NULL, 0,
+                             pdp__store_ms(left), left, NULL, 0, NULL, NULL);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (st == PDP_ERR_TIMEOUT)
+        return pdp__err(st, "pdp_store_wait: key '%s' (%d of %d) was not set within %g s "
+                        "(store %s:%d)", keys[i - 1], i, n, t, s->host, s->port);
+    return st;
+}
+
+PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, int64_t *result)
+{
+    uint64_t r = 0;
+    pdp_status st = pdp__store_check(s, "pdp_store_add", key);
+    if (st != PDP_OK) return st;
+    pthread_mutex_lock(&s->lock);
+    st = pdp__store_call(s, "pdp_store_add", PDP__STORE_ADD, key, NULL, 0, (uint64_t)delta,
+                         s->timeout_s, NULL, 0, NULL, &r);
+    pthread_mutex_unlock(&s->lock);
+    if (st == PDP_OK && result) *result = (int64_t)r;
+    return st;
+}
+
+PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
+                                     double timeout_s)
+{
+    char counter[PDP_STORE_MAX_KEY + 1], done[PDP_STORE_MAX_KEY + 1];
+    const char *keys[1];
+    int64_t arrived = 0, gen, now_in = 0;
+    int world;
+    pdp_status st;
+
+    if (!s) return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: store is NULL");
+    if (!name) return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: name is NULL");
+    world = world_size > 0 ? world_size : s->world_size;
+    if (world <= 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: '%s': world_size = %d and the store "
+                        "was created without one", name, world_size);
+    if (strlen(name) + 40 > PDP_STORE_MAX_KEY)
+        return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: name '%.64s...' is too long", name);
+    timeout_s = PDP__DEF(timeout_s, s->timeout_s);
+    snprintf(counter, sizeof counter, "pdp/barrier/%s", name);
+    if ((st = pdp_store_add(s, counter, 1, &arrived)) != PDP_OK)
+        return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
+    gen = (arrived - 1) / world;
+    snprintf(done, sizeof done, "pdp/barrier/%s/%lld", name, (long long)gen);
+    if (arrived % world == 0 && (st = pdp_store_set(s, done, "", 0)) != PDP_OK)
+        return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
+    keys[0] = done;
+    st = pdp_store_wait(s, keys, 1, timeout_s);
+    if (st == PDP_ERR_TIMEOUT) {
+        pdp_store_add(s, counter, 0, &now_in); /* best effort, for the message */
+        return pdp__err(st, "pdp_store_barrier: '%s' (round %lld): %lld of %d ranks arrived "
+                        "within %g s (store %s:%d)", name, (long long)gen,
+                        (long long)(now_in - gen * world), world, timeout_s, s->host, s->port);
+    }
+    if (st != PDP_OK) return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
+    return PDP_OK;
+}
+/* ---- end src/store.c ---- */
+
+/* ---- begin src/cuda_host.c ---- */
+/* cuda_host: the host side of CUDA devices. Routes device memory, the losses and
+   the optimizer updates to the plain C functions of pdp_cuda.cu (declared in
+   cuda.h) when built with PDP_CUDA; without it, every CUDA request fails with
+   PDP_ERR_UNSUPPORTED naming the macro, and the CPU paths are untouched. Each
+   layer's CUDA entry lives beside its CPU code (layers*.c), NCCL in comm_nccl.c.
+
+   Errors: a pdp_cudak_* function that fails leaves "<call> failed: <name>
+   (<text>) at pdp_cuda.cu:<line>" in its own thread-local buffer; this module
+   copies it into pdp's message as "pdp_cuda: ..." and the public caller
+   prefixes its name and the layer ("pdp_model_forward: layer 0 (Linear):
+   pdp_cuda: cublasSgemm failed: CUBLAS_STATUS_... at pdp_cuda.cu:123"). */
+
+/* #include "internal.h" (already above) */
+
+#define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
+
+#ifdef PDP_CUDA
+/* ---- cuda_host: errors ---- */
+
+/* Turns a failed pdp_cudak_* status into pdp's message. */
+static pdp_status pdp__cuda_fail(pdp_status st)
+{
+    return pdp__err(st, "pdp_cuda: %s", pdp_cudak_error());
+}
+
+#define PDP__CUDA_TRY(call)                                                  \
+    do {                                                                     \
+        pdp_status pdp__cst = (call);                                        \
+        if (pdp__cst != PDP_OK) return pdp__cuda_fail(pdp__cst);             \
+    } while (0)
+
+static int pdp__cuda_ordinal(pdp_device d) { return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal; }
+#endif
+
+/* ---- cuda_host: memory ---- */
+
+static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (d.kind == PDP_DEVICE_CPU) {
+        *out = pdp__alloc(bytes);
+        return *out ? PDP_OK : pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for %zu bytes", bytes);
+    }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_malloc(d.ordinal, bytes ? bytes : 1, out));
+    return PDP_OK;
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+
+static void pdp__dev_free(pdp_device d, void *p)
+{
+    if (d.kind == PDP_DEVICE_CPU) pdp__dealloc(p);
+#ifdef PDP_CUDA
+    else pdp_cudak_free(d.ordinal, p);
+#endif
+}
+
+static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
+{
+    if (d.kind == PDP_DEVICE_CPU) {
+        memset(p, 0, bytes);
+        return PDP_OK;
+    }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_memset0(d.ordinal, p, bytes));
+    return PDP_OK;
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+
+static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value)
+{
+    if (d.kind == PDP_DEVICE_CPU) {
+        PDP__FOR_BLOCKED(i, count, p[i] = value;);
+        return PDP_OK;
+    }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_fill(d.ordinal, p, count, value));
+    return PDP_OK;
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+
+static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
+                                size_t bytes)
+{
+    if (dst_dev.kind == PDP_DEVICE_CPU && src_dev.kind == PDP_DEVICE_CPU) {
+        if (dst != src) memmove(dst, src, bytes);
+        return PDP_OK;
+    }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_memcpy(pdp__cuda_ordinal(dst_dev), dst, pdp__cuda_ordinal(src_dev), src,
+                                   bytes));
+    return PDP_OK;
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG,
+                    dst_dev.kind == PDP_DEVICE_CPU ? src_dev.ordinal : dst_dev.ordinal);
+#endif
+}
+
+static pdp_status pdp__dev_add(pdp_device d, float *PDP__RESTRICT dst,
+                               const float *PDP__RESTRICT src, int64_t count)
+{
+    if (d.kind == PDP_DEVICE_CPU) {
+        PDP__FOR_BLOCKED(i, count, dst[i] += src[i];);
+        return PDP_OK;
+    }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_add(d.ordinal, dst, src, count));
+    return PDP_OK;
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+
+/* ---- cuda_host: public device functions ---- */
+
+PDP_API pdp_status pdp_cuda_device_count(int *count)
+{
+    if (!count) return pdp__err(PDP_ERR_INVALID, "pdp_cuda_device_count: count is NULL");
+    *count = 0;
+#ifdef PDP_CUDA
+    {
+        pdp_status st = pdp_cudak_device_count(count);
+        if (st != PDP_OK)
+            return pdp__err(st, "pdp_cuda_device_count: pdp_cuda: %s", pdp_cudak_error());
+        return PDP_OK;
+    }
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_cuda_device_count: " PDP__NO_CUDA_MSG);
+#endif
+}
+
+PDP_API pdp_status pdp_cuda_set_tf32(bool on)
+{
+#ifdef PDP_CUDA
+    pdp_cudak_set_tf32(on ? 1 : 0);
+    return PDP_OK;
+#else
+    (void)on;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_cuda_set_tf32: " PDP__NO_CUDA_MSG);
+#endif
+}
+
+/* The common check of the public functions that take a CUDA device. */
+static pdp_status pdp__cuda_check_device(pdp_device d, const char *fn)
+{
+    if (d.kind != PDP_DEVICE_CUDA)
+        return pdp__err(PDP_ERR_DEVICE, "%s: device kind %d is not CUDA", fn, (int)d.kind);
+#ifdef PDP_CUDA
+    return PDP_OK;
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+PDP_API pdp_status pdp_cuda_synchronize(pdp_device d)
+{
+    pdp_status st;
+    if ((st = pdp__cuda_check_device(d, "pdp_cuda_synchronize")) != PDP_OK) return st;
+#ifdef PDP_CUDA
+    if ((st = pdp_cudak_synchronize(d.ordinal)) != PDP_OK)
+        return pdp__err(st, "pdp_cuda_synchronize: pdp_cuda: %s", pdp_cudak_error());
+#endif
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_cuda_memory_stats_get(pdp_device d, pdp_cuda_memory_stats *out)
+{
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_cuda_memory_stats_get: out is NULL");
+    memset(out, 0, sizeof *out);
+    if ((st = pdp__cuda_check_device(d, "pdp_cuda_memory_stats_get")) != PDP_OK) return st;
+#ifdef PDP_CUDA
+    if ((st = pdp_cudak_memory_stats(d.ordinal, &out->device_mallocs, &out->reserved_bytes,
+                                     &out->in_use_bytes)) != PDP_OK)
+        return pdp__err(st, "pdp_cuda_memory_stats_get: pdp_cuda: %s", pdp_cudak_error());
+#endif
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
+{
+    pdp_status st;
+    if ((st = pdp__cuda_check_device(d, "pdp_cuda_empty_cache")) != PDP_OK) return st;
+#ifdef PDP_CUDA
+    if ((st = pdp_cudak_empty_cache(d.ordinal)) != PDP_OK)
+        return pdp__err(st, "pdp_cuda_empty_cache: pdp_cuda: %s", pdp_cudak_error());
+#endif
+    return PDP_OK;
+}
+
+/* ---- cuda_host: losses ----
+   The same contract as loss.c's pdp__cross_entropy, logits and dlogits on
+   device d: labels (host memory) are checked here in sample order, the device
+   computes per-sample losses, and the host sums them in sample order. */
+
+static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
+                                          int64_t batch, int64_t classes, float grad_scale,
+                                          double *loss_sum, float *dlogits, const char *fn)
+{
+#ifdef PDP_CUDA
+    double *loss = (double *)pdp__thread_scratch((size_t)batch * sizeof(double)), total = 0.0;
+    int64_t i;
+    pdp_status st;
+    *loss_sum = 0.0;
+    if (!loss) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld losses", fn,
+                               (long long)batch);
+    for (i = 0; i < batch; i++)
+        if (labels[i] < 0 || labels[i] >= classes)
+            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)",
+                            fn, (long)labels[i], (long long)i, (long long)classes);
+    if ((st = pdp_cudak_cross_entropy(d.ordinal, logits, labels, batch, classes, grad_scale, loss,
+                                      dlogits)) != PDP_OK)
+        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
+    for (i = 0; i < batch; i++) {
+        if (loss[i] != loss[i] || loss[i] == HUGE_VAL || loss[i] == -HUGE_VAL) {
+            *loss_sum = loss[i];
+            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at sample %lld", fn,
+                            loss[i] != loss[i] ? "NaN" : "Inf", (long long)i);
+        }
+        total += loss[i];
+    }
+    *loss_sum = total;
+    return PDP_OK;
+#else
+    (void)logits, (void)labels, (void)batch, (void)classes, (void)grad_scale, (void)dlogits;
+    *loss_sum = 0.0;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+/* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
+static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
+                                int64_t count, float scale, double *sum, float *dpred,
+                                const char *fn)
+{
+#ifdef PDP_CUDA
+    pdp_status st;
+    if ((st = pdp_cudak_mse(d.ordinal, pred, target, count, scale, sum, dpred)) != PDP_OK)
+        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
+    return PDP_OK;
+#else
+    (void)pred, (void)target, (void)count, (void)scale, (void)dpred;
+    *sum = 0.0;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+/* ---- cuda_host: gradient clipping (optim.c's pdp_clip_grad_norm) ---- */
+
+static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                  const char *fn)
+{
+#ifdef PDP_CUDA
+    pdp_status st;
+    if ((st = pdp_cudak_sumsq(d.ordinal, x, count, sum)) != PDP_OK)
+        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
+    return PDP_OK;
+#else
+    (void)x, (void)count;
+    *sum = 0.0;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn)
+{
+#ifdef PDP_CUDA
+    pdp_status st;
+    if ((st = pdp_cudak_scale(d.ordinal, x, count, s)) != PDP_OK)
+        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
+    return PDP_OK;
+#else
+    (void)x, (void)count, (void)s;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
+#endif
+}
+
+/* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
+
+static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
+                                         float *p, const float *g, float *s0, float *s1, int64_t n)
+{
+#ifdef PDP_CUDA
+    if (s->kind == PDP_OPTIM_SGD)
+        PDP__CUDA_TRY(pdp_cudak_sgd(d.ordinal, p, g, s0, n, s->lr, s->momentum, s->one_minus_damp,
+                                    s->weight_decay, s->nesterov, s->first));
+    else
+        PDP__CUDA_TRY(pdp_cudak_adam(d.ordinal, p, g, s0, s1, n, s->beta1, s->one_minus_beta1,
+                                     s->beta2, s->one_minus_beta2, s->step_size, s->bc2_sqrt,
+                                     s->eps, s->l2, s->decay));
+    return PDP_OK;
+#else
+    (void)s, (void)p, (void)g, (void)s0, (void)s1, (void)n;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+/* ---- end src/cuda_host.c ---- */
+
 /* ---- begin src/tensor.c ---- */
 /* tensor: creation, views, copies and initialisers; the PCG32 generator.
 
@@ -2365,7 +4103,7 @@ PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int nd
                                      const int64_t *shape)
 {
     pdp_tensor *t;
-    int64_t count;
+    int64_t count = 0; /* set by pdp__check_shape; 0 keeps -Wmaybe-uninitialized quiet */
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_create: out is NULL");
     *out = NULL;
@@ -2411,7 +4149,7 @@ PDP_API void pdp_tensor_free(pdp_tensor *t)
 PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape,
                                    pdp_tensor *view)
 {
-    int64_t count;
+    int64_t count = 0; /* set by pdp__check_shape; 0 keeps -Wmaybe-uninitialized quiet */
     pdp_status st;
     if (!view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_wrap: view is NULL");
     if (!data) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_wrap: data is NULL");
@@ -2426,7 +4164,7 @@ PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, con
 PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,
                                            pdp_tensor *view)
 {
-    int64_t count;
+    int64_t count = 0; /* set by pdp__check_shape; 0 keeps -Wmaybe-uninitialized quiet */
     pdp_status st;
     char a[96];
     if (!t || !view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_reshape_view: NULL tensor");
@@ -3495,12 +5233,6 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
 }
 #endif
 /* ---- end src/gemm.c ---- */
-
-/* ---- begin src/ops.c ---- */
-/* ops: (to be written) */
-
-/* #include "internal.h" (already above) */
-/* ---- end src/ops.c ---- */
 
 /* ---- begin src/layers.c ---- */
 /* layers: every layer kind's code, kind by kind: setup (shape inference and
@@ -6201,15 +7933,6 @@ PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
 
 /* ---- optim: the update ---- */
 
-/* Per-step scalars, computed once in double (as PyTorch does in Python) and
-   rounded to float for the element loop. */
-typedef struct pdp__optim_scalars {
-    pdp_optim_kind kind;
-    float lr, momentum, one_minus_damp, weight_decay;
-    int nesterov, first;
-    float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
-} pdp__optim_scalars;
-
 static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
 {
     const pdp_optim_desc *d = &o->desc;
@@ -6430,9 +8153,8 @@ PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, 
 }
 /* ---- end src/optim.c ---- */
 
-/* ---- begin src/data.c ---- */
-/* data: the IDX reader, gzip and DEFLATE decoding, the synthetic task, the
-   batcher.
+/* ---- begin src/inflate.c ---- */
+/* inflate: the gzip (RFC 1952) and DEFLATE (RFC 1951) decoder behind the data loaders.
 
    The inflater decodes a whole DEFLATE stream (RFC 1951: stored, fixed-Huffman
    and dynamic-Huffman blocks) from memory into one growing output buffer, so a
@@ -6446,10 +8168,8 @@ PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, 
    out-of-bounds access, and the output is capped at PDP_MAX_FILE_BYTES. The
    gzip wrapper (RFC 1952) parses FEXTRA, FNAME, FCOMMENT and FHCRC, verifies
    CRC-32 and ISIZE per member, and accepts concatenated members as gzip does.
-
-   IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
-   TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the
-   bytes. A dataset keeps pixels as floats, [count, features]. */
+   Entry points: pdp__is_gzip (the magic) and pdp__gunzip (every member, into
+   one pdp__alloc'd buffer); messages name the caller's public function and path. */
 
 /* #include "internal.h" (already above) */
 
@@ -6800,11 +8520,6 @@ static uint32_t pdp__le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static uint32_t pdp__be32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
-}
-
 static bool pdp__is_gzip(const uint8_t *p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
 
 /* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes). */
@@ -6897,6 +8612,17 @@ done:
     pdp__dealloc(s);
     return st;
 }
+/* ---- end src/inflate.c ---- */
+
+/* ---- begin src/data.c ---- */
+/* data: the IDX reader, the synthetic task, the batcher. Files that start with the
+   gzip magic are decoded by src/inflate.c (pdp__gunzip).
+
+   IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
+   TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the
+   bytes. A dataset keeps pixels as floats, [count, features]. */
+
+/* #include "internal.h" (already above) */
 
 /* ---- files ---- */
 
@@ -6944,6 +8670,11 @@ static pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes
 }
 
 /* ---- idx ---- */
+
+static uint32_t pdp__be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
 
 /* Checks an IDX header of unsigned bytes with ndim dimensions against the file
    size; fills dims and the payload pointer. */
@@ -8543,1430 +10274,6 @@ static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, flo
 }
 /* ---- end src/checkpoint.c ---- */
 
-/* ---- begin src/trace.c ---- */
-/* trace: a Chrome trace of what each rank did and when, for Perfetto
-   (ui.perfetto.dev) and chrome://tracing.
-
-   Set PDP_TRACE=path and every object that traces (the DDP reducer, the MPI
-   communicator, ...) records events into one process-wide sink; the file is
-   the JSON Object Format of the Trace Event Format:
-       {"traceEvents":[ {...}, {...} ],"displayTimeUnit":"ms"}
-   with complete events ("ph":"X", ts and dur in microseconds), nestable async
-   begin/end pairs for collectives ("ph":"b"/"e", one id per collective) and
-   metadata that names processes and threads ("ph":"M", process_name,
-   thread_name, *_sort_index). "pid" is the rank, "tid" a track: one compute
-   track per rank and one per communicator, handed out by pdp__trace_track.
-
-   Why one process-wide sink, not an object: tracing is a process-level
-   debugging switch (an environment variable, like NCCL_DEBUG), and thread-ranks
-   of one process must share one file with pid = rank. The sink is the one
-   documented exception to "no hidden globals": a mutex-guarded struct that
-   exists only between the first pdp__trace_open and the last pdp__trace_close
-   (reference counted); PDP_TRACE is read by every open while tracing is off
-   (the first open that finds it set starts the file; objects opened before
-   stay silent), and the file is completed when the last reference closes, or
-   brought up to date by pdp_trace_flush() before that. With PDP_STATIC
-   and two copies of pdp in one program there are two sinks: give them
-   different PDP_TRACE values or trace only one.
-
-   Files: a process that is one rank of several (MPI, torchrun) passes its
-   rank to pdp__trace_open and writes path with ".rank<r>" inserted before the
-   extension (trace.json -> trace.rank1.json); otherwise path as given.
-   Timestamps are CLOCK_MONOTONIC microseconds, shared by every process of a
-   machine, so the per-rank files of one machine line up: merge them with
-       python3 -c 'import json,sys; print(json.dumps({"traceEvents": sum(
-           (json.load(open(f))["traceEvents"] for f in sys.argv[1:]), [])}))' \
-           trace.rank*.json > trace.json
-
-   Invariants: events are fixed-size records in a buffer of
-   PDP_TRACE_BUFFER_EVENTS allocated at the first open; recording copies one
-   record under the mutex and never allocates. A full buffer is written out
-   (the recording thread pays for that write, ~1 ms per 10^4 events) and
-   reused. After every write the file ends with the closing "]}" (the next
-   write seeks back over it), so the file is valid JSON after each flush and
-   after close, and pdp_trace_flush() makes it current at any time. Names are
-   copied (truncated to 47 bytes) and escaped when written; args are a JSON
-   object body built by pdp code ("\"bytes\":4096,\"seq\":3"), copied as is.
-   Reference: "Trace Event Format", Google, docs.google.com/document/d/
-   1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU. */
-
-/* #include "internal.h" (already above) */
-
-#ifndef PDP_TRACE_BUFFER_EVENTS
-#  define PDP_TRACE_BUFFER_EVENTS 16384 /* records kept in memory between writes (160 B each) */
-#endif
-#define PDP__TRACE_MAX_PIDS 4096        /* ranks whose process gets a name */
-
-/* GCC/Clang atomics: valid C99 and C++, so the flag read on the hot path needs
-   no <stdatomic.h>. */
-#define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-
-/* ---- trace: records ---- */
-
-typedef struct pdp__trace_ev {
-    double ts, dur;   /* microseconds */
-    uint64_t id;      /* async pair id */
-    int pid, tid;
-    char ph;          /* 'X' complete, 'A' async pair (written as "b" and "e"), 'M' metadata */
-    const char *cat;  /* a string literal */
-    char name[48];
-    char args[88];    /* JSON object body, without braces; "" for none */
-} pdp__trace_ev;
-
-typedef struct pdp__trace_sink {
-    int refs;                 /* open minus close calls */
-    int enabled;              /* read with PDP__LOAD_ACQ on the hot path */
-    FILE *f;
-    char path[1024];
-    long data_end;            /* file offset where the closing trailer starts */
-    int64_t written;          /* events written so far (for the separator) */
-    pdp__trace_ev *ev;
-    int n, cap;
-    int next_tid;
-    pdp_status io_status;     /* first write error, reported by pdp_trace_flush */
-    unsigned char named_pid[PDP__TRACE_MAX_PIDS / 8];
-} pdp__trace_sink;
-
-static pthread_mutex_t pdp__trace_mu = PTHREAD_MUTEX_INITIALIZER;
-static pdp__trace_sink pdp__trace_g; /* the documented exception, see above */
-
-static const char pdp__trace_trailer[] = "\n],\"displayTimeUnit\":\"ms\"}\n";
-
-/* ---- trace: writing ---- */
-
-static void pdp__trace_put_escaped(FILE *f, const char *s)
-{
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-}
-
-static void pdp__trace_put_one(FILE *f, const pdp__trace_ev *e, char ph, double ts, bool dur)
-{
-    fprintf(f, "{\"ph\":\"%c\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", ph, e->pid, e->tid, ts);
-    if (dur) fprintf(f, ",\"dur\":%.3f", e->dur);
-    if (e->ph == 'A') fprintf(f, ",\"id\":\"0x%llx\"", (unsigned long long)e->id);
-    if (e->cat) fprintf(f, ",\"cat\":\"%s\"", e->cat);
-    fputs(",\"name\":\"", f);
-    pdp__trace_put_escaped(f, e->name);
-    fprintf(f, "\",\"args\":{%s}}", e->args);
-}
-
-/* Appends the buffered records after the last one written, then the trailer.
-   Called with the mutex held. */
-static void pdp__trace_write_locked(pdp__trace_sink *s)
-{
-    int i;
-    if (!s->f) return;
-    if (fseek(s->f, s->data_end, SEEK_SET) != 0) s->io_status = PDP_ERR_IO;
-    for (i = 0; i < s->n; i++) {
-        const pdp__trace_ev *e = &s->ev[i];
-        fputs(s->written++ ? ",\n" : "\n", s->f);
-        if (e->ph == 'A') { /* a begin and an end with the same id */
-            pdp__trace_put_one(s->f, e, 'b', e->ts, false);
-            fputs(",\n", s->f);
-            pdp__trace_put_one(s->f, e, 'e', e->ts + e->dur, false);
-        } else {
-            pdp__trace_put_one(s->f, e, e->ph, e->ts, e->ph == 'X');
-        }
-    }
-    s->n = 0;
-    s->data_end = ftell(s->f);
-    fputs(pdp__trace_trailer, s->f);
-    if (fflush(s->f) != 0 || ferror(s->f) || s->data_end < 0) s->io_status = PDP_ERR_IO;
-}
-
-/* The next free record (writing the buffer out when it is full). Mutex held. */
-static pdp__trace_ev *pdp__trace_slot_locked(pdp__trace_sink *s)
-{
-    pdp__trace_ev *e;
-    if (s->n == s->cap) pdp__trace_write_locked(s);
-    e = &s->ev[s->n++];
-    memset(e, 0, sizeof *e);
-    return e;
-}
-
-static void pdp__trace_copy(char *dst, size_t cap, const char *src)
-{
-    size_t n = src ? strlen(src) : 0;
-    if (n >= cap) n = cap - 1;
-    if (n) memcpy(dst, src, n);
-    dst[n] = '\0';
-}
-
-/* args = "\"name\":\"<escaped s>\"" for metadata records. */
-static void pdp__trace_name_arg(char *dst, size_t cap, const char *s)
-{
-    size_t o = 0;
-    o += (size_t)snprintf(dst, cap, "\"name\":\"");
-    for (; *s && o + 8 < cap; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') { dst[o++] = '\\'; dst[o++] = (char)c; }
-        else if (c >= 0x20) dst[o++] = (char)c;
-    }
-    dst[o++] = '"';
-    dst[o] = '\0';
-}
-
-static void pdp__trace_meta_locked(pdp__trace_sink *s, int pid, int tid, const char *what,
-                                   const char *name, int sort_index)
-{
-    pdp__trace_ev *e = pdp__trace_slot_locked(s);
-    char sort_what[32];
-    e->ph = 'M';
-    e->pid = pid;
-    e->tid = tid;
-    snprintf(e->name, sizeof e->name, "%.12s_name", what);
-    pdp__trace_name_arg(e->args, sizeof e->args, name);
-    e = pdp__trace_slot_locked(s);
-    e->ph = 'M';
-    e->pid = pid;
-    e->tid = tid;
-    snprintf(sort_what, sizeof sort_what, "%.12s_sort_index", what);
-    pdp__trace_copy(e->name, sizeof e->name, sort_what);
-    snprintf(e->args, sizeof e->args, "\"sort_index\":%d", sort_index);
-}
-
-/* ---- trace: the private API ---- */
-
-/* Opens (process_rank >= 0: this process is that rank of several) or joins
-   the sink. Reads PDP_TRACE while no file is open; unset or empty means
-   tracing stays off and every call below is a no-op. Each successful call
-   must be matched by one pdp__trace_close. */
-static pdp_status pdp__trace_open(int process_rank)
-{
-    pdp__trace_sink *s = &pdp__trace_g;
-    const char *env;
-    pdp_status st = PDP_OK;
-    pthread_mutex_lock(&pdp__trace_mu);
-    s->refs++;
-    if (s->f) goto out; /* already tracing: join */
-    env = getenv("PDP_TRACE");
-    if (!env || !*env) goto out;
-    {
-        const char *slash = strrchr(env, '/'), *dot = strrchr(env, '.');
-        int len;
-        if (!dot || (slash && dot < slash)) dot = env + strlen(env); /* no extension */
-        if (process_rank >= 0)
-            len = snprintf(s->path, sizeof s->path, "%.*s.rank%d%s", (int)(dot - env), env,
-                           process_rank, dot);
-        else
-            len = snprintf(s->path, sizeof s->path, "%s", env);
-        if (len < 0 || (size_t)len >= sizeof s->path) {
-            st = pdp__err(PDP_ERR_INVALID, "PDP_TRACE: path longer than %zu bytes",
-                          sizeof s->path - 1);
-            goto fail;
-        }
-    }
-    s->ev = (pdp__trace_ev *)pdp__alloc(sizeof(pdp__trace_ev) * PDP_TRACE_BUFFER_EVENTS);
-    if (!s->ev) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "PDP_TRACE: no memory for %d trace events",
-                      PDP_TRACE_BUFFER_EVENTS);
-        goto fail;
-    }
-    s->f = fopen(s->path, "w+b");
-    if (!s->f) {
-        st = pdp__err(PDP_ERR_IO, "PDP_TRACE: cannot open '%s' for writing: %s", s->path,
-                      strerror(errno));
-        goto fail;
-    }
-    fputs("{\"traceEvents\":[", s->f);
-    s->data_end = ftell(s->f);
-    s->cap = PDP_TRACE_BUFFER_EVENTS;
-    s->n = 0;
-    s->written = 0;
-    s->next_tid = 1;
-    s->io_status = PDP_OK;
-    memset(s->named_pid, 0, sizeof s->named_pid);
-    pdp__trace_write_locked(s); /* a valid, empty trace from the start */
-    PDP__STORE_REL(&s->enabled, 1);
-    goto out;
-fail:
-    pdp__dealloc(s->ev);
-    s->ev = NULL;
-    s->refs--;
-out:
-    pthread_mutex_unlock(&pdp__trace_mu);
-    return st;
-}
-
-/* The last close writes everything, closes the file and frees the buffer. */
-static void pdp__trace_close(void)
-{
-    pdp__trace_sink *s = &pdp__trace_g;
-    pthread_mutex_lock(&pdp__trace_mu);
-    if (s->refs > 0 && --s->refs == 0 && s->f) {
-        PDP__STORE_REL(&s->enabled, 0);
-        pdp__trace_write_locked(s);
-        fclose(s->f);
-        s->f = NULL;
-        pdp__dealloc(s->ev);
-        s->ev = NULL;
-        s->cap = s->n = 0;
-    }
-    pthread_mutex_unlock(&pdp__trace_mu);
-}
-
-/* Cheap enough for every event site: one atomic load. */
-static bool pdp__trace_enabled(void) { return PDP__LOAD_ACQ(&pdp__trace_g.enabled) != 0; }
-
-/* A new track (tid) on process pid (a rank) named name ("compute", "comm world");
-   the first track of a pid also names the process "rank <pid>". 0 when off. */
-static int pdp__trace_track(int pid, const char *name)
-{
-    pdp__trace_sink *s = &pdp__trace_g;
-    int tid = 0;
-    if (!pdp__trace_enabled()) return 0;
-    pthread_mutex_lock(&pdp__trace_mu);
-    if (s->f) {
-        tid = s->next_tid++;
-        if (pid >= 0 && pid < PDP__TRACE_MAX_PIDS && !(s->named_pid[pid / 8] & (1u << (pid % 8)))) {
-            char pname[32];
-            s->named_pid[pid / 8] |= (unsigned char)(1u << (pid % 8));
-            snprintf(pname, sizeof pname, "rank %d", pid);
-            pdp__trace_meta_locked(s, pid, 0, "process", pname, pid);
-        }
-        pdp__trace_meta_locked(s, pid, tid, "thread", name, tid);
-    }
-    pthread_mutex_unlock(&pdp__trace_mu);
-    return tid;
-}
-
-static void pdp__trace_record(char ph, int pid, int tid, const char *cat, const char *name,
-                              uint64_t id, double t0, double t1, const char *args)
-{
-    pdp__trace_sink *s = &pdp__trace_g;
-    pdp__trace_ev *e;
-    if (!pdp__trace_enabled()) return;
-    pthread_mutex_lock(&pdp__trace_mu);
-    if (s->f) {
-        e = pdp__trace_slot_locked(s);
-        e->ph = ph;
-        e->pid = pid;
-        e->tid = tid;
-        e->cat = cat;
-        e->id = id;
-        e->ts = t0 * 1e6;
-        e->dur = (t1 > t0 ? t1 - t0 : 0.0) * 1e6;
-        pdp__trace_copy(e->name, sizeof e->name, name);
-        pdp__trace_copy(e->args, sizeof e->args, args);
-    }
-    pthread_mutex_unlock(&pdp__trace_mu);
-}
-
-/* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
-   seconds). cat: a string literal ("compute", "comm"); args: NULL or a JSON
-   object body. */
-static void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                double t1, const char *args)
-{
-    pdp__trace_record('X', pid, tid, cat, name, 0, t0, t1, args);
-}
-
-/* An async begin/end pair (a collective from launch to completion, which may
-   overlap the compute track); id distinguishes concurrent pairs of one name. */
-static void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
-                             double t0, double t1, const char *args)
-{
-    pdp__trace_record('A', pid, tid, cat, name, id, t0, t1, args);
-}
-
-/* ---- trace: public ---- */
-
-PDP_API pdp_status pdp_trace_flush(void)
-{
-    pdp__trace_sink *s = &pdp__trace_g;
-    pdp_status st = PDP_OK;
-    pthread_mutex_lock(&pdp__trace_mu);
-    if (s->f) {
-        pdp__trace_write_locked(s);
-        if (s->io_status != PDP_OK)
-            st = pdp__err(s->io_status, "pdp_trace_flush: writing '%s' failed", s->path);
-    }
-    pthread_mutex_unlock(&pdp__trace_mu);
-    return st;
-}
-/* ---- end src/trace.c ---- */
-
-/* ---- begin src/store.c ---- */
-/* store: a TCP key-value store, PyTorch's TCPStore in miniature (rendezvous.c reads
-   who the ranks are and hands a unique id out through it).
-
-   Server. One thread in the rank-0 process runs a poll() loop over a wake pipe,
-   the listening socket and every client connection; all sockets are non-blocking
-   and only that thread touches the table of keys, so the server needs no lock and
-   a slow, stuck or hostile peer cannot stall the others. Each connection carries
-   one request at a time. A GET or WAIT for a missing key is parked on its
-   connection with a deadline: the SET or ADD that creates the key answers it,
-   otherwise the loop answers TIMEOUT when the deadline passes (poll sleeps until
-   the nearest one). Timeouts are therefore decided by the server and the stream
-   never falls out of step; a client only adds a grace period so that a server
-   that vanished silently cannot hang it. pdp_store_free writes one byte into the
-   wake pipe, joins the thread and closes what is left: clients still connected
-   see EOF.
-
-   Client. A blocking request/response on a non-blocking socket, every wait
-   bounded by poll() against a deadline. Connecting retries (10 ms doubling to
-   250 ms) until the timeout, so ranks may start before rank 0. Any I/O failure
-   closes the connection and later calls fail with PDP_ERR_COMM; the store does
-   not reconnect, since a request in flight could have been applied or not.
-
-   Wire format (both ways, big-endian): a 24-byte header
-       u32 magic 'PDPS' | u8 op or status | u8 version (1) | u16 0 |
-       u32 key bytes | u32 value bytes | u64 arg
-   then the key, then the value. arg is the timeout in ms for GET and WAIT, the
-   delta (two's complement) for ADD, and ADD's new value in its reply. Replies
-   carry no key; an ERROR reply carries a message as its value. The server checks
-   every header before it allocates: a wrong magic is dropped at once, a bad
-   version, op, key length (1..PDP_STORE_MAX_KEY) or value length (at most
-   PDP_STORE_MAX_VALUE) gets an ERROR reply and then the connection is closed.
-
-   Counters (ADD) are decimal text, as in PyTorch's TCPStore. Barriers are an ADD
-   on "pdp/barrier/<name>" plus a WAIT on "pdp/barrier/<name>/<generation>", which
-   the last rank of each generation sets, so one name can be reused. Keys live in
-   a flat array searched linearly: a rendezvous store holds tens of keys, and
-   every barrier generation adds one.
-
-   SIGPIPE: every send uses MSG_NOSIGNAL (SO_NOSIGPIPE where that is missing), so
-   process-wide signal handling is never touched. */
-
-/* #include "internal.h" (already above) */
-#include <limits.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <unistd.h>
-#include <sys/types.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <arpa/inet.h>
-
-#ifndef MSG_NOSIGNAL
-#  define MSG_NOSIGNAL 0 /* BSD and macOS: SO_NOSIGPIPE is set on every socket instead */
-#endif
-
-#define PDP__STORE_DEFAULT_HOST "127.0.0.1"
-#define PDP__STORE_DEFAULT_PORT 29500
-#define PDP__STORE_DEFAULT_TIMEOUT 300.0
-#define PDP__STORE_GRACE_S 5.0          /* client waits this much past a server-side timeout */
-#define PDP__STORE_MAX_CONNS 4096       /* further connections are accepted and closed */
-#define PDP__STORE_MAX_TIMEOUT_MS 1000000000000ull
-
-/* ---- wire protocol ---- */
-
-#define PDP__STORE_MAGIC 0x50445053u /* "PDPS" */
-#define PDP__STORE_VERSION 1
-#define PDP__STORE_HDR 24
-
-enum { PDP__STORE_SET = 1, PDP__STORE_GET = 2, PDP__STORE_WAIT = 3, PDP__STORE_ADD = 4 };
-enum { PDP__STORE_OK = 0, PDP__STORE_TIMEOUT = 1, PDP__STORE_ERROR = 2 };
-
-typedef struct pdp__store_hdr {
-    uint32_t magic;
-    int code; /* op in a request, status in a reply */
-    int version;
-    uint32_t key_bytes, value_bytes;
-    uint64_t arg;
-} pdp__store_hdr;
-
-static void pdp__store_put(unsigned char *p, uint64_t x, int bytes)
-{
-    int i;
-    for (i = bytes - 1; i >= 0; i--, x >>= 8) p[i] = (unsigned char)(x & 0xff);
-}
-
-static uint64_t pdp__store_take(const unsigned char *p, int bytes)
-{
-    uint64_t x = 0;
-    int i;
-    for (i = 0; i < bytes; i++) x = (x << 8) | p[i];
-    return x;
-}
-
-static void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint32_t value_bytes,
-                            uint64_t arg)
-{
-    pdp__store_put(p, PDP__STORE_MAGIC, 4);
-    p[4] = (unsigned char)code;
-    p[5] = PDP__STORE_VERSION;
-    p[6] = p[7] = 0;
-    pdp__store_put(p + 8, key_bytes, 4);
-    pdp__store_put(p + 12, value_bytes, 4);
-    pdp__store_put(p + 16, arg, 8);
-}
-
-static pdp__store_hdr pdp__store_unpack(const unsigned char *p)
-{
-    pdp__store_hdr h;
-    h.magic = (uint32_t)pdp__store_take(p, 4);
-    h.code = p[4];
-    h.version = p[5];
-    h.key_bytes = (uint32_t)pdp__store_take(p + 8, 4);
-    h.value_bytes = (uint32_t)pdp__store_take(p + 12, 4);
-    h.arg = pdp__store_take(p + 16, 8);
-    return h;
-}
-
-static uint64_t pdp__store_ms(double seconds)
-{
-    double ms = ceil(seconds * 1000.0);
-    if (!(ms > 0.0)) return 0;
-    return ms >= (double)PDP__STORE_MAX_TIMEOUT_MS ? PDP__STORE_MAX_TIMEOUT_MS : (uint64_t)ms;
-}
-
-/* ---- sockets ---- */
-
-/* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
-   _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
-static const char *pdp__store_errstr(int e, char *buf, size_t cap)
-{
-#if defined(__GLIBC__) && defined(__USE_GNU) /* what <features.h> saw, not what is defined now */
-    return strerror_r(e, buf, cap);
-#else
-    if (strerror_r(e, buf, cap) != 0) snprintf(buf, cap, "errno %d", e);
-    return buf;
-#endif
-}
-
-/* Non-blocking, close-on-exec, no SIGPIPE, no Nagle (requests are small and
-   latency-bound). */
-static void pdp__store_tune(int fd, bool tcp)
-{
-    int one = 1;
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
-#ifdef SO_NOSIGPIPE
-    setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
-#endif
-    if (tcp) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-static void pdp__store_sleep(double seconds)
-{
-    struct timespec ts;
-    if (seconds <= 0) return;
-    ts.tv_sec = (time_t)seconds;
-    ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-/* poll() one fd for events until deadline (pdp__now() seconds): 1 ready, 0 timed
-   out, -1 error (errno). */
-static int pdp__store_poll1(int fd, short events, double deadline)
-{
-    for (;;) {
-        struct pollfd p;
-        double left = deadline - pdp__now();
-        int r;
-        if (left <= 0) return 0;
-        p.fd = fd;
-        p.events = events;
-        p.revents = 0;
-        r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1000.0));
-        if (r > 0) return 1;
-        if (r < 0 && errno != EINTR) return -1;
-    }
-}
-
-static int pdp__store_port_of(int fd)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) return -1;
-    if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    return -1;
-}
-
-/* ---- server: key table ---- */
-
-typedef struct pdp__store_entry {
-    unsigned char *data; /* key bytes then value bytes, one allocation */
-    uint32_t key_bytes, value_bytes;
-} pdp__store_entry;
-
-typedef struct pdp__store_conn {
-    int fd;
-    unsigned char hdr[PDP__STORE_HDR];
-    size_t hdr_got;
-    pdp__store_hdr req;       /* valid once hdr_got == PDP__STORE_HDR */
-    unsigned char *body;      /* the request's key then value */
-    size_t body_cap, body_got;
-    unsigned char *out;       /* the reply being sent */
-    size_t out_cap, out_len, out_sent;
-    bool waiting;             /* a GET/WAIT parked until its key appears or deadline */
-    double deadline;
-    bool close_after_reply;   /* protocol error: hang up once the ERROR reply is out */
-    bool dead;
-} pdp__store_conn;
-
-typedef struct pdp__store_server {
-    int listen_fd;
-    int wake[2];              /* pipe: pdp_store_free writes, the loop reads and stops */
-    pthread_t thread;
-    pdp__store_conn **conns;
-    int n_conns, cap_conns;
-    struct pollfd *pfds;      /* wake, listen, then one per connection */
-    int cap_pfds;
-    pdp__store_entry *entries;
-    int n_entries, cap_entries;
-} pdp__store_server;
-
-/* Returns an array of at least need elements of elem bytes holding p's *cap old
-   ones: p itself when it is big enough, else a new block (p freed, *cap updated);
-   NULL when out of memory, with p untouched. */
-static void *pdp__store_grow(void *p, int *cap, int need, size_t elem)
-{
-    int n = *cap ? *cap : 8;
-    void *q;
-    if (need <= *cap) return p;
-    while (n < need) n *= 2;
-    q = pdp__calloc((size_t)n * elem);
-    if (!q) return NULL;
-    if (p) memcpy(q, p, (size_t)*cap * elem);
-    pdp__dealloc(p);
-    *cap = n;
-    return q;
-}
-
-static bool pdp__store_reserve(unsigned char **buf, size_t *cap, size_t need)
-{
-    unsigned char *q;
-    if (need <= *cap) return true;
-    q = (unsigned char *)pdp__alloc(need);
-    if (!q) return false;
-    pdp__dealloc(*buf);
-    *buf = q;
-    *cap = need;
-    return true;
-}
-
-static pdp__store_entry *pdp__store_find(pdp__store_server *srv, const unsigned char *key,
-                                         uint32_t key_bytes)
-{
-    int i;
-    for (i = 0; i < srv->n_entries; i++) {
-        pdp__store_entry *e = &srv->entries[i];
-        if (e->key_bytes == key_bytes && memcmp(e->data, key, key_bytes) == 0) return e;
-    }
-    return NULL;
-}
-
-/* Sets key to value (replacing), or returns false when out of memory. */
-static bool pdp__store_put_entry(pdp__store_server *srv, const unsigned char *key,
-                                 uint32_t key_bytes, const void *value, uint32_t value_bytes)
-{
-    pdp__store_entry *e = pdp__store_find(srv, key, key_bytes);
-    unsigned char *data = (unsigned char *)pdp__alloc((size_t)key_bytes + value_bytes);
-    if (!data) return false;
-    if (!e) {
-        pdp__store_entry *grown = (pdp__store_entry *)pdp__store_grow(
-            srv->entries, &srv->cap_entries, srv->n_entries + 1, sizeof *srv->entries);
-        if (!grown) {
-            pdp__dealloc(data);
-            return false;
-        }
-        srv->entries = grown;
-        e = &srv->entries[srv->n_entries++];
-        e->data = NULL;
-    }
-    memcpy(data, key, key_bytes);
-    if (value_bytes) memcpy(data + key_bytes, value, value_bytes);
-    pdp__dealloc(e->data);
-    e->data = data;
-    e->key_bytes = key_bytes;
-    e->value_bytes = value_bytes;
-    return true;
-}
-
-/* ---- server: connections ---- */
-
-/* Sends what it can of c's reply; the rest goes when poll reports POLLOUT. */
-static void pdp__store_flush(pdp__store_conn *c)
-{
-    while (c->out_sent < c->out_len) {
-        ssize_t r = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL);
-        if (r > 0) {
-            c->out_sent += (size_t)r;
-        } else if (r < 0 && errno == EINTR) {
-            continue;
-        } else {
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-            c->dead = true;
-            return;
-        }
-    }
-    c->out_len = c->out_sent = 0;
-    if (c->close_after_reply) c->dead = true;
-}
-
-/* Queues a reply, ends the current request and starts sending. */
-static void pdp__store_reply(pdp__store_conn *c, int status, const void *value, uint32_t bytes,
-                             uint64_t arg)
-{
-    if (!pdp__store_reserve(&c->out, &c->out_cap, PDP__STORE_HDR + (size_t)bytes)) {
-        c->dead = true; /* the client sees EOF: PDP_ERR_COMM on its side */
-        return;
-    }
-    pdp__store_pack(c->out, status, 0, bytes, arg);
-    if (bytes) memcpy(c->out + PDP__STORE_HDR, value, bytes);
-    c->out_len = PDP__STORE_HDR + (size_t)bytes;
-    c->out_sent = 0;
-    c->waiting = false;
-    c->hdr_got = c->body_got = 0;
-    pdp__store_flush(c);
-}
-
-static void pdp__store_reply_error(pdp__store_conn *c, bool hang_up, const char *fmt, ...)
-{
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    c->close_after_reply = hang_up;
-    pdp__store_reply(c, PDP__STORE_ERROR, msg, (uint32_t)strlen(msg), 0);
-}
-
-/* Answers a parked GET/WAIT from entry e. */
-static void pdp__store_answer(pdp__store_conn *c, const pdp__store_entry *e)
-{
-    if (c->req.code == PDP__STORE_GET)
-        pdp__store_reply(c, PDP__STORE_OK, e->data + e->key_bytes, e->value_bytes, 0);
-    else
-        pdp__store_reply(c, PDP__STORE_OK, NULL, 0, 0);
-}
-
-/* A key was created or changed: answer everyone waiting for it. */
-static void pdp__store_wake_waiters(pdp__store_server *srv, const pdp__store_entry *e)
-{
-    int i;
-    for (i = 0; i < srv->n_conns; i++) {
-        pdp__store_conn *c = srv->conns[i];
-        if (c->waiting && !c->dead && c->req.key_bytes == e->key_bytes &&
-            memcmp(c->body, e->data, e->key_bytes) == 0)
-            pdp__store_answer(c, e);
-    }
-}
-
-/* Applies ADD: counters are decimal text; a value that is not one is an error. */
-static void pdp__store_add_op(pdp__store_server *srv, pdp__store_conn *c)
-{
-    const unsigned char *key = c->body;
-    uint32_t kb = c->req.key_bytes;
-    int64_t delta = (int64_t)c->req.arg, cur = 0, next;
-    pdp__store_entry *e = pdp__store_find(srv, key, kb);
-    char text[32];
-    if (e) {
-        char *end;
-        if (e->value_bytes == 0 || e->value_bytes >= sizeof text) {
-            pdp__store_reply_error(c, false, "value of '%.*s' is not a counter", (int)kb,
-                                   (const char *)key);
-            return;
-        }
-        memcpy(text, e->data + kb, e->value_bytes);
-        text[e->value_bytes] = '\0';
-        errno = 0;
-        cur = (int64_t)strtoll(text, &end, 10);
-        if (*end != '\0' || errno == ERANGE) {
-            pdp__store_reply_error(c, false, "value of '%.*s' is not a counter", (int)kb,
-                                   (const char *)key);
-            return;
-        }
-    }
-    if ((delta > 0 && cur > INT64_MAX - delta) || (delta < 0 && cur < INT64_MIN - delta)) {
-        pdp__store_reply_error(c, false, "counter '%.*s' would overflow", (int)kb,
-                               (const char *)key);
-        return;
-    }
-    next = cur + delta;
-    snprintf(text, sizeof text, "%lld", (long long)next);
-    if (!pdp__store_put_entry(srv, key, kb, text, (uint32_t)strlen(text))) {
-        pdp__store_reply_error(c, false, "server out of memory");
-        return;
-    }
-    pdp__store_reply(c, PDP__STORE_OK, NULL, 0, (uint64_t)next);
-    pdp__store_wake_waiters(srv, pdp__store_find(srv, key, kb));
-}
-
-/* The request in c (header and body) is complete: carry it out. */
-static void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c)
-{
-    const unsigned char *key = c->body;
-    uint32_t kb = c->req.key_bytes;
-    pdp__store_entry *e;
-    switch (c->req.code) {
-    case PDP__STORE_SET:
-        if (!pdp__store_put_entry(srv, key, kb, c->body + kb, c->req.value_bytes)) {
-            pdp__store_reply_error(c, false, "server out of memory");
-            return;
-        }
-        pdp__store_reply(c, PDP__STORE_OK, NULL, 0, 0);
-        pdp__store_wake_waiters(srv, pdp__store_find(srv, key, kb));
-        return;
-    case PDP__STORE_GET:
-    case PDP__STORE_WAIT:
-        if ((e = pdp__store_find(srv, key, kb)) != NULL) {
-            pdp__store_answer(c, e);
-        } else {
-            c->waiting = true;
-            c->deadline = pdp__now() + (double)c->req.arg / 1000.0;
-        }
-        return;
-    case PDP__STORE_ADD:
-        pdp__store_add_op(srv, c);
-        return;
-    default:
-        PDP_ASSERT(!"op validated with the header");
-    }
-}
-
-/* A complete header arrived: validate it before anything is allocated. */
-static void pdp__store_check_header(pdp__store_conn *c)
-{
-    pdp__store_hdr h = pdp__store_unpack(c->hdr);
-    size_t need;
-    c->req = h;
-    if (h.magic != PDP__STORE_MAGIC) {
-        c->dead = true; /* not our protocol: no reply at all */
-        return;
-    }
-    if (h.version != PDP__STORE_VERSION) {
-        pdp__store_reply_error(c, true, "protocol version %d, server speaks %d", h.version,
-                               PDP__STORE_VERSION);
-        return;
-    }
-    if (h.code < PDP__STORE_SET || h.code > PDP__STORE_ADD) {
-        pdp__store_reply_error(c, true, "unknown request %d", h.code);
-        return;
-    }
-    if (h.key_bytes == 0 || h.key_bytes > PDP_STORE_MAX_KEY) {
-        pdp__store_reply_error(c, true, "key of %lu bytes (1..%d allowed)",
-                               (unsigned long)h.key_bytes, PDP_STORE_MAX_KEY);
-        return;
-    }
-    if (h.value_bytes > (h.code == PDP__STORE_SET ? (uint32_t)PDP_STORE_MAX_VALUE : 0u)) {
-        pdp__store_reply_error(c, true, "value of %lu bytes (at most %lu allowed for request %d)",
-                               (unsigned long)h.value_bytes,
-                               h.code == PDP__STORE_SET ? (unsigned long)PDP_STORE_MAX_VALUE : 0ul,
-                               h.code);
-        return;
-    }
-    need = (size_t)h.key_bytes + h.value_bytes;
-    if (!pdp__store_reserve(&c->body, &c->body_cap, need)) {
-        pdp__store_reply_error(c, true, "server out of memory");
-        return;
-    }
-    c->body_got = 0;
-}
-
-/* Reads what is there for c's current request; executes it once complete. */
-static void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
-{
-    unsigned char *dst;
-    size_t want;
-    ssize_t r;
-    if (c->hdr_got < PDP__STORE_HDR) {
-        dst = c->hdr + c->hdr_got;
-        want = PDP__STORE_HDR - c->hdr_got;
-    } else {
-        dst = c->body + c->body_got;
-        want = (size_t)c->req.key_bytes + c->req.value_bytes - c->body_got;
-    }
-    r = recv(c->fd, dst, want, 0);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        c->dead = true; /* EOF or reset: the client left */
-        return;
-    }
-    if (r < 0) return;
-    if (c->hdr_got < PDP__STORE_HDR) {
-        c->hdr_got += (size_t)r;
-        if (c->hdr_got < PDP__STORE_HDR) return;
-        pdp__store_check_header(c);
-        if (c->dead || c->out_len) return; /* rejected */
-    } else {
-        c->body_got += (size_t)r;
-    }
-    if (c->body_got == (size_t)c->req.key_bytes + c->req.value_bytes) pdp__store_execute(srv, c);
-}
-
-static void pdp__store_conn_free(pdp__store_conn *c)
-{
-    if (!c) return;
-    if (c->fd >= 0) close(c->fd);
-    pdp__dealloc(c->body);
-    pdp__dealloc(c->out);
-    pdp__dealloc(c);
-}
-
-static void pdp__store_accept(pdp__store_server *srv)
-{
-    for (;;) {
-        pdp__store_conn **conns, *c = NULL;
-        struct pollfd *pfds;
-        int fd = accept(srv->listen_fd, NULL, NULL);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                pdp__store_sleep(0.01); /* EMFILE and the like: retry soon, without spinning */
-            return;
-        }
-        pdp__store_tune(fd, true);
-        if (srv->n_conns < PDP__STORE_MAX_CONNS) {
-            conns = (pdp__store_conn **)pdp__store_grow(srv->conns, &srv->cap_conns,
-                                                        srv->n_conns + 1, sizeof *conns);
-            if (conns) srv->conns = conns;
-            pfds = (struct pollfd *)pdp__store_grow(srv->pfds, &srv->cap_pfds, srv->n_conns + 3,
-                                                    sizeof *pfds);
-            if (pfds) srv->pfds = pfds;
-            if (conns && pfds) c = (pdp__store_conn *)pdp__calloc(sizeof *c);
-        }
-        if (!c) {
-            close(fd); /* too many connections, or out of memory */
-            continue;
-        }
-        c->fd = fd;
-        srv->conns[srv->n_conns++] = c;
-    }
-}
-
-/* ---- server: the loop ---- */
-
-static void *pdp__store_serve(void *arg)
-{
-    pdp__store_server *srv = (pdp__store_server *)arg;
-    for (;;) {
-        int i, n, r, timeout_ms = -1, polled;
-        double now = pdp__now();
-        polled = srv->n_conns;
-        srv->pfds[0].fd = srv->wake[0];
-        srv->pfds[0].events = POLLIN;
-        srv->pfds[1].fd = srv->listen_fd;
-        srv->pfds[1].events = POLLIN;
-        for (i = 0; i < polled; i++) {
-            pdp__store_conn *c = srv->conns[i];
-            srv->pfds[i + 2].fd = c->fd;
-            srv->pfds[i + 2].events = c->out_len ? POLLOUT : POLLIN;
-            if (c->waiting) {
-                double left = c->deadline - now;
-                int ms = left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)ceil(left * 1000.0);
-                if (timeout_ms < 0 || ms < timeout_ms) timeout_ms = ms;
-            }
-        }
-        for (i = 0; i < polled + 2; i++) srv->pfds[i].revents = 0;
-        r = poll(srv->pfds, (nfds_t)(polled + 2), timeout_ms);
-        if (r < 0 && errno != EINTR) pdp__store_sleep(0.001); /* ENOMEM: try again */
-        if (srv->pfds[0].revents) break;
-        for (i = 0; i < polled; i++) {
-            pdp__store_conn *c = srv->conns[i];
-            short ev = srv->pfds[i + 2].revents;
-            if (!ev || c->dead) continue;
-            if (c->out_len) {
-                pdp__store_flush(c);
-            } else if (c->waiting) {
-                /* A parked client sends nothing: readable means it left (EOF) or
-                   broke the protocol; either way the connection goes. */
-                c->dead = true;
-            } else {
-                pdp__store_read(srv, c);
-            }
-        }
-        if (srv->pfds[1].revents) pdp__store_accept(srv);
-        now = pdp__now();
-        for (i = 0; i < srv->n_conns; i++) {
-            pdp__store_conn *c = srv->conns[i];
-            if (c->waiting && !c->dead && now >= c->deadline)
-                pdp__store_reply(c, PDP__STORE_TIMEOUT, NULL, 0, 0);
-        }
-        for (i = n = 0; i < srv->n_conns; i++) {
-            if (srv->conns[i]->dead) pdp__store_conn_free(srv->conns[i]);
-            else srv->conns[n++] = srv->conns[i];
-        }
-        srv->n_conns = n;
-    }
-    return NULL;
-}
-
-static void pdp__store_server_free(pdp__store_server *srv)
-{
-    int i;
-    if (!srv) return;
-    for (i = 0; i < srv->n_conns; i++) pdp__store_conn_free(srv->conns[i]);
-    for (i = 0; i < srv->n_entries; i++) pdp__dealloc(srv->entries[i].data);
-    if (srv->listen_fd >= 0) close(srv->listen_fd);
-    if (srv->wake[0] >= 0) close(srv->wake[0]);
-    if (srv->wake[1] >= 0) close(srv->wake[1]);
-    pdp__dealloc(srv->conns);
-    pdp__dealloc(srv->pfds);
-    pdp__dealloc(srv->entries);
-    pdp__dealloc(srv);
-}
-
-/* Binds host:port, listens and starts the loop; *port gets the port bound. */
-static pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port)
-{
-    struct addrinfo hints, *res = NULL, *ai;
-    pdp__store_server *srv;
-    char service[16], why[128] = "no usable address";
-    int rc, one = 1;
-
-    *out = NULL;
-    srv = (pdp__store_server *)pdp__calloc(sizeof *srv);
-    if (!srv) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
-    srv->listen_fd = srv->wake[0] = srv->wake[1] = -1;
-    srv->pfds = (struct pollfd *)pdp__store_grow(NULL, &srv->cap_pfds, 2, sizeof *srv->pfds);
-    if (!srv->pfds) {
-        pdp__store_server_free(srv);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
-    }
-
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    snprintf(service, sizeof service, "%d", *port);
-    rc = getaddrinfo(host, service, &hints, &res);
-    if (rc != 0) {
-        pdp__store_server_free(srv);
-        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot resolve server address '%s': %s",
-                        host, gai_strerror(rc));
-    }
-    for (ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-        if (fd < 0) {
-            pdp__store_errstr(errno, why, sizeof why);
-            continue;
-        }
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 128) == 0) {
-            srv->listen_fd = fd;
-            break;
-        }
-        pdp__store_errstr(errno, why, sizeof why);
-        close(fd);
-    }
-    freeaddrinfo(res);
-    if (srv->listen_fd < 0) {
-        pdp__store_server_free(srv);
-        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot listen on %s:%d: %s", host, *port,
-                        why);
-    }
-    pdp__store_tune(srv->listen_fd, false);
-    *port = pdp__store_port_of(srv->listen_fd);
-    if (pipe(srv->wake) != 0) {
-        srv->wake[0] = srv->wake[1] = -1;
-        pdp__store_server_free(srv);
-        return pdp__err(PDP_ERR_COMM, "pdp_store_create: pipe failed: %s",
-                        pdp__store_errstr(errno, why, sizeof why));
-    }
-    pdp__store_tune(srv->wake[0], false);
-    pdp__store_tune(srv->wake[1], false);
-    if ((rc = pthread_create(&srv->thread, NULL, pdp__store_serve, srv)) != 0) {
-        pdp__store_server_free(srv);
-        return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot start the server thread: %s",
-                        pdp__store_errstr(rc, why, sizeof why));
-    }
-    *out = srv;
-    return PDP_OK;
-}
-
-static void pdp__store_server_stop(pdp__store_server *srv)
-{
-    char byte = 1;
-    if (!srv) return;
-    while (write(srv->wake[1], &byte, 1) < 0 && errno == EINTR) {
-    }
-    pthread_join(srv->thread, NULL);
-    pdp__store_server_free(srv);
-}
-
-/* ---- client ---- */
-
-struct pdp_store {
-    int fd;                     /* connection to the server; -1 once it broke */
-    pthread_mutex_t lock;       /* one request at a time on this handle */
-    char host[256];             /* as given (the server's own client may use loopback) */
-    int port;
-    int world_size;
-    double timeout_s;
-    pdp__store_server *server;  /* on the serving rank only */
-};
-
-/* One non-blocking connect to ai, bounded by deadline; the fd, or -1 with why. */
-static int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
-                                  size_t cap)
-{
-    int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), err = 0, r;
-    socklen_t len = sizeof err;
-    if (fd < 0) {
-        pdp__store_errstr(errno, why, cap);
-        return -1;
-    }
-    pdp__store_tune(fd, true);
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return fd;
-    if (errno != EINPROGRESS && errno != EINTR) {
-        pdp__store_errstr(errno, why, cap);
-        close(fd);
-        return -1;
-    }
-    r = pdp__store_poll1(fd, POLLOUT, deadline);
-    if (r == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) return fd;
-    pdp__store_errstr(r == 0 ? ETIMEDOUT : r < 0 ? errno : err, why, cap);
-    close(fd);
-    return -1;
-}
-
-/* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
-static pdp_status pdp__store_connect(pdp_store *s, const char *host)
-{
-    double deadline = pdp__now() + s->timeout_s, backoff = 0.01;
-    char service[16], why[128] = "no attempt";
-    snprintf(service, sizeof service, "%d", s->port);
-    for (;;) {
-        struct addrinfo hints, *res = NULL, *ai;
-        double left;
-        int rc;
-        memset(&hints, 0, sizeof hints);
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        hints.ai_flags = AI_NUMERICSERV;
-        rc = getaddrinfo(host, service, &hints, &res);
-        if (rc == 0) {
-            for (ai = res; ai && s->fd < 0; ai = ai->ai_next)
-                s->fd = pdp__store_try_connect(ai, deadline, why, sizeof why);
-            freeaddrinfo(res);
-            if (s->fd >= 0) return PDP_OK;
-        } else if (rc == EAI_AGAIN) {
-            snprintf(why, sizeof why, "%s", gai_strerror(rc)); /* DNS not ready yet */
-        } else {
-            return pdp__err(PDP_ERR_COMM, "pdp_store_create: cannot resolve store address '%s': %s",
-                            host, gai_strerror(rc));
-        }
-        left = deadline - pdp__now();
-        if (left <= 0)
-            return pdp__err(PDP_ERR_TIMEOUT, "pdp_store_create: no store server at %s:%d within "
-                            "%g s (last error: %s)", host, s->port, s->timeout_s, why);
-        pdp__store_sleep(PDP__MIN(backoff, left));
-        backoff = PDP__MIN(backoff * 2, 0.25);
-    }
-}
-
-/* Sends out[0..bytes) or, with out NULL, receives into in[0..bytes), all of it by
-   deadline: 0, or -1 with why filled. */
-static int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
-                         double deadline, char *why, size_t cap)
-{
-    size_t done = 0;
-    while (done < bytes) {
-        ssize_t r = out ? send(fd, out + done, bytes - done, MSG_NOSIGNAL)
-                        : recv(fd, in + done, bytes - done, 0);
-        if (r > 0) {
-            done += (size_t)r;
-        } else if (r == 0) {
-            snprintf(why, cap, "the server closed the connection");
-            return -1;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-            int ready = pdp__store_poll1(fd, out ? POLLOUT : POLLIN, deadline);
-            if (ready == 0) {
-                snprintf(why, cap, "no answer from the server in time");
-                return -1;
-            }
-            if (ready < 0) {
-                pdp__store_errstr(errno, why, cap);
-                return -1;
-            }
-        } else {
-            pdp__store_errstr(errno, why, cap);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
-                               size_t cap)
-{
-    return pdp__store_io(fd, (const unsigned char *)buf, NULL, bytes, deadline, why, cap);
-}
-
-static int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
-                               size_t cap)
-{
-    return pdp__store_io(fd, NULL, (unsigned char *)buf, bytes, deadline, why, cap);
-}
-
-/* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
-static int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
-                                char *why, size_t why_cap)
-{
-    unsigned char sink[4096];
-    size_t keep = PDP__MIN(cap, bytes);
-    if (keep && pdp__store_recv_all(fd, buf, keep, deadline, why, why_cap) != 0) return -1;
-    for (bytes -= keep; bytes > 0; bytes -= PDP__MIN(bytes, sizeof sink))
-        if (pdp__store_recv_all(fd, sink, PDP__MIN(bytes, sizeof sink), deadline, why,
-                                why_cap) != 0)
-            return -1;
-    return 0;
-}
-
-/* One request and its reply (caller holds s->lock). wait_s is the server-side
-   wait of GET/WAIT; the client itself gives up PDP__STORE_GRACE_S later. The
-   reply's value goes to buf[0..cap) (its full length in *bytes), its arg to
-   *arg. PDP_ERR_TIMEOUT without a message when the server reports a timeout (the
-   caller words it); PDP_ERR_COMM with one when the connection or the server fails. */
-static pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const char *key,
-                                  const void *value, size_t value_bytes, uint64_t arg,
-                                  double wait_s, void *buf, size_t cap, size_t *bytes,
-                                  uint64_t *reply_arg)
-{
-    unsigned char head[PDP__STORE_HDR + PDP_STORE_MAX_KEY];
-    size_t key_bytes = strlen(key);
-    double deadline = pdp__now() + wait_s + PDP__STORE_GRACE_S;
-    char why[160];
-    pdp__store_hdr h;
-
-    if (s->fd < 0)
-        return pdp__err(PDP_ERR_COMM, "%s: the connection to the store at %s:%d was lost "
-                        "by an earlier call", fn, s->host, s->port);
-    pdp__store_pack(head, op, (uint32_t)key_bytes, (uint32_t)value_bytes, arg);
-    memcpy(head + PDP__STORE_HDR, key, key_bytes);
-    if (pdp__store_send_all(s->fd, head, PDP__STORE_HDR + key_bytes, deadline, why,
-                            sizeof why) != 0 ||
-        (value_bytes &&
-         pdp__store_send_all(s->fd, value, value_bytes, deadline, why, sizeof why) != 0) ||
-        pdp__store_recv_all(s->fd, head, PDP__STORE_HDR, deadline, why, sizeof why) != 0)
-        goto broken;
-    h = pdp__store_unpack(head);
-    if (h.magic != PDP__STORE_MAGIC || h.version != PDP__STORE_VERSION ||
-        h.value_bytes > PDP_STORE_MAX_VALUE) {
-        snprintf(why, sizeof why, "malformed reply (not a pdp store?)");
-        goto broken;
-    }
-    if (h.code == PDP__STORE_ERROR) {
-        char msg[257];
-        if (pdp__store_recv_into(s->fd, msg, sizeof msg - 1, h.value_bytes, deadline, why,
-                                 sizeof why) != 0)
-            goto broken;
-        msg[PDP__MIN(h.value_bytes, sizeof msg - 1)] = '\0';
-        return pdp__err(PDP_ERR_COMM, "%s: the store at %s:%d refused key '%s': %s", fn,
-                        s->host, s->port, key, msg);
-    }
-    if (pdp__store_recv_into(s->fd, buf, cap, h.value_bytes, deadline, why, sizeof why) != 0)
-        goto broken;
-    if (bytes) *bytes = h.value_bytes;
-    if (reply_arg) *reply_arg = h.arg;
-    return h.code == PDP__STORE_TIMEOUT ? PDP_ERR_TIMEOUT : PDP_OK;
-broken:
-    close(s->fd);
-    s->fd = -1;
-    return pdp__err(PDP_ERR_COMM, "%s: key '%s': connection to the store at %s:%d failed: %s",
-                    fn, key, s->host, s->port, why);
-}
-
-static pdp_status pdp__store_check(const pdp_store *s, const char *fn, const char *key)
-{
-    size_t n;
-    if (!s) return pdp__err(PDP_ERR_INVALID, "%s: store is NULL", fn);
-    if (!key) return pdp__err(PDP_ERR_INVALID, "%s: key is NULL", fn);
-    n = strlen(key);
-    if (n == 0 || n > PDP_STORE_MAX_KEY)
-        return pdp__err(PDP_ERR_INVALID, "%s: key '%.64s' is %zu bytes long (1..%d allowed)", fn,
-                        key, n, PDP_STORE_MAX_KEY);
-    return PDP_OK;
-}
-
-/* ---- public API ---- */
-
-PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc)
-{
-    pdp_store_desc d;
-    pdp_store *s;
-    const char *self;
-    pdp_status st;
-
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_store_create: out is NULL");
-    *out = NULL;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    d.host = (d.host && d.host[0]) ? d.host : PDP__STORE_DEFAULT_HOST;
-    d.timeout_s = PDP__DEF(d.timeout_s, PDP__STORE_DEFAULT_TIMEOUT);
-    if (!d.is_server) d.port = PDP__DEF(d.port, PDP__STORE_DEFAULT_PORT);
-    if (strlen(d.host) >= sizeof s->host)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: host '%.64s...' is longer than %zu "
-                        "bytes", d.host, sizeof s->host - 1);
-    if (d.port < 0 || d.port > 65535)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: port %d is outside 0..65535", d.port);
-    if (!(d.timeout_s > 0))
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: timeout_s = %g must be positive",
-                        d.timeout_s);
-    if (d.world_size < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_create: world_size = %d is negative",
-                        d.world_size);
-
-    s = (pdp_store *)pdp__calloc(sizeof *s);
-    if (!s) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: out of memory");
-    s->fd = -1;
-    strcpy(s->host, d.host);
-    s->port = d.port;
-    s->world_size = d.world_size;
-    s->timeout_s = d.timeout_s;
-    if (pthread_mutex_init(&s->lock, NULL) != 0) {
-        pdp__dealloc(s);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_store_create: pthread_mutex_init failed");
-    }
-    self = d.host;
-    if (d.is_server) {
-        st = pdp__store_server_start(&s->server, d.host, &s->port);
-        if (st != PDP_OK) {
-            pdp_store_free(s);
-            return st;
-        }
-        /* The serving rank is a client too; a wildcard address is reached via loopback. */
-        if (strcmp(self, "0.0.0.0") == 0) self = "127.0.0.1";
-        else if (strcmp(self, "::") == 0) self = "::1";
-    }
-    st = pdp__store_connect(s, self);
-    if (st != PDP_OK) {
-        pdp_store_free(s);
-        return st;
-    }
-    *out = s;
-    return PDP_OK;
-}
-
-PDP_API void pdp_store_free(pdp_store *s)
-{
-    if (!s) return;
-    if (s->fd >= 0) close(s->fd);
-    pdp__store_server_stop(s->server);
-    pthread_mutex_destroy(&s->lock);
-    pdp__dealloc(s);
-}
-
-PDP_API int pdp_store_port(const pdp_store *s) { return s ? s->port : -1; }
-
-PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *value, size_t bytes)
-{
-    pdp_status st = pdp__store_check(s, "pdp_store_set", key);
-    if (st != PDP_OK) return st;
-    if (bytes > PDP_STORE_MAX_VALUE)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value of %zu bytes exceeds "
-                        "PDP_STORE_MAX_VALUE (%lu)", key, bytes,
-                        (unsigned long)PDP_STORE_MAX_VALUE);
-    if (bytes && !value)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_set: key '%s': value is NULL", key);
-    pthread_mutex_lock(&s->lock);
-    st = pdp__store_call(s, "pdp_store_set", PDP__STORE_SET, key, value, bytes, 0, s->timeout_s,
-                         NULL, 0, NULL, NULL);
-    pthread_mutex_unlock(&s->lock);
-    return st;
-}
-
-PDP_API pdp_status pdp_store_get(pdp_store *s, const char *key, void *buf, size_t cap,
-                                 size_t *bytes)
-{
-    size_t got = 0;
-    pdp_status st = pdp__store_check(s, "pdp_store_get", key);
-    if (st != PDP_OK) return st;
-    if (cap && !buf) return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s': buf is NULL", key);
-    pthread_mutex_lock(&s->lock);
-    st = pdp__store_call(s, "pdp_store_get", PDP__STORE_GET, key, NULL, 0,
-                         pdp__store_ms(s->timeout_s), s->timeout_s, buf, cap, &got, NULL);
-    pthread_mutex_unlock(&s->lock);
-    if (bytes) *bytes = got;
-    if (st == PDP_ERR_TIMEOUT)
-        return pdp__err(st, "pdp_store_get: key '%s' was not set within %g s (store %s:%d)", key,
-                        s->timeout_s, s->host, s->port);
-    if (st == PDP_OK && got > cap)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_get: key '%s' holds %zu bytes, the buffer "
-                        "only %zu", key, got, cap);
-    return st;
-}
-
-PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double timeout_s)
-{
-    double t, deadline;
-    pdp_status st = PDP_OK;
-    int i;
-    if (!s) return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: store is NULL");
-    if (n < 0 || (n > 0 && !keys))
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: %d keys at %p", n, (const void *)keys);
-    if (timeout_s < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_wait: timeout_s = %g is negative", timeout_s);
-    for (i = 0; i < n; i++)
-        if ((st = pdp__store_check(s, "pdp_store_wait", keys[i])) != PDP_OK) return st;
-    t = PDP__DEF(timeout_s, s->timeout_s);
-    deadline = pdp__now() + t;
-    pthread_mutex_lock(&s->lock);
-    for (i = 0; i < n && st == PDP_OK; i++) {
-        double left = PDP__MAX(deadline - pdp__now(), 0.0);
-        st = pdp__store_call(s, "pdp_store_wait", PDP__STORE_WAIT, keys[i], NULL, 0,
-                             pdp__store_ms(left), left, NULL, 0, NULL, NULL);
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (st == PDP_ERR_TIMEOUT)
-        return pdp__err(st, "pdp_store_wait: key '%s' (%d of %d) was not set within %g s "
-                        "(store %s:%d)", keys[i - 1], i, n, t, s->host, s->port);
-    return st;
-}
-
-PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, int64_t *result)
-{
-    uint64_t r = 0;
-    pdp_status st = pdp__store_check(s, "pdp_store_add", key);
-    if (st != PDP_OK) return st;
-    pthread_mutex_lock(&s->lock);
-    st = pdp__store_call(s, "pdp_store_add", PDP__STORE_ADD, key, NULL, 0, (uint64_t)delta,
-                         s->timeout_s, NULL, 0, NULL, &r);
-    pthread_mutex_unlock(&s->lock);
-    if (st == PDP_OK && result) *result = (int64_t)r;
-    return st;
-}
-
-PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size,
-                                     double timeout_s)
-{
-    char counter[PDP_STORE_MAX_KEY + 1], done[PDP_STORE_MAX_KEY + 1];
-    const char *keys[1];
-    int64_t arrived = 0, gen, now_in = 0;
-    int world;
-    pdp_status st;
-
-    if (!s) return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: store is NULL");
-    if (!name) return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: name is NULL");
-    world = world_size > 0 ? world_size : s->world_size;
-    if (world <= 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: '%s': world_size = %d and the store "
-                        "was created without one", name, world_size);
-    if (strlen(name) + 40 > PDP_STORE_MAX_KEY)
-        return pdp__err(PDP_ERR_INVALID, "pdp_store_barrier: name '%.64s...' is too long", name);
-    timeout_s = PDP__DEF(timeout_s, s->timeout_s);
-    snprintf(counter, sizeof counter, "pdp/barrier/%s", name);
-    if ((st = pdp_store_add(s, counter, 1, &arrived)) != PDP_OK)
-        return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
-    gen = (arrived - 1) / world;
-    snprintf(done, sizeof done, "pdp/barrier/%s/%lld", name, (long long)gen);
-    if (arrived % world == 0 && (st = pdp_store_set(s, done, "", 0)) != PDP_OK)
-        return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
-    keys[0] = done;
-    st = pdp_store_wait(s, keys, 1, timeout_s);
-    if (st == PDP_ERR_TIMEOUT) {
-        pdp_store_add(s, counter, 0, &now_in); /* best effort, for the message */
-        return pdp__err(st, "pdp_store_barrier: '%s' (round %lld): %lld of %d ranks arrived "
-                        "within %g s (store %s:%d)", name, (long long)gen,
-                        (long long)(now_in - gen * world), world, timeout_s, s->host, s->port);
-    }
-    if (st != PDP_OK) return pdp__err_wrap(st, "pdp_store_barrier: '%s'", name);
-    return PDP_OK;
-}
-/* ---- end src/store.c ---- */
-
 /* ---- begin src/rendezvous.c ---- */
 /* rendezvous: who the ranks are and how they meet, the way torchrun does it.
 
@@ -11212,7 +11519,7 @@ static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_ran
     }
     for (r = 0; r < c->size; r++) {
         void *p = r == c->rank ? (void *)mine : NULL;
-        if ((st = pdp_comm_broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return st;
+        if ((st = c->ops->broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return st;
         if (r == leader) g = (pdp_local_group *)p;
     }
     (void)lc;
@@ -14339,311 +14646,6 @@ PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
     if (d) pdp__reducer_reset_stats(&d->r);
 }
 /* ---- end src/ddp.c ---- */
-
-/* ---- begin src/cuda_host.c ---- */
-/* cuda_host: the host side of CUDA devices. Routes device memory, the losses and
-   the optimizer updates to the plain C functions of pdp_cuda.cu (declared in
-   cuda.h) when built with PDP_CUDA; without it, every CUDA request fails with
-   PDP_ERR_UNSUPPORTED naming the macro, and the CPU paths are untouched. Each
-   layer's CUDA entry lives beside its CPU code (layers*.c), NCCL in comm_nccl.c.
-
-   Errors: a pdp_cudak_* function that fails leaves "<call> failed: <name>
-   (<text>) at pdp_cuda.cu:<line>" in its own thread-local buffer; this module
-   copies it into pdp's message as "pdp_cuda: ..." and the public caller
-   prefixes its name and the layer ("pdp_model_forward: layer 0 (Linear):
-   pdp_cuda: cublasSgemm failed: CUBLAS_STATUS_... at pdp_cuda.cu:123"). */
-
-/* #include "internal.h" (already above) */
-
-#define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
-
-#ifdef PDP_CUDA
-/* ---- cuda_host: errors ---- */
-
-/* Turns a failed pdp_cudak_* status into pdp's message. */
-static pdp_status pdp__cuda_fail(pdp_status st)
-{
-    return pdp__err(st, "pdp_cuda: %s", pdp_cudak_error());
-}
-
-#define PDP__CUDA_TRY(call)                                                  \
-    do {                                                                     \
-        pdp_status pdp__cst = (call);                                        \
-        if (pdp__cst != PDP_OK) return pdp__cuda_fail(pdp__cst);             \
-    } while (0)
-
-static int pdp__cuda_ordinal(pdp_device d) { return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal; }
-#endif
-
-/* ---- cuda_host: memory ---- */
-
-static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
-{
-    *out = NULL;
-    if (d.kind == PDP_DEVICE_CPU) {
-        *out = pdp__alloc(bytes);
-        return *out ? PDP_OK : pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for %zu bytes", bytes);
-    }
-#ifdef PDP_CUDA
-    PDP__CUDA_TRY(pdp_cudak_malloc(d.ordinal, bytes ? bytes : 1, out));
-    return PDP_OK;
-#else
-    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
-#endif
-}
-
-static void pdp__dev_free(pdp_device d, void *p)
-{
-    if (d.kind == PDP_DEVICE_CPU) pdp__dealloc(p);
-#ifdef PDP_CUDA
-    else pdp_cudak_free(d.ordinal, p);
-#endif
-}
-
-static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
-{
-    if (d.kind == PDP_DEVICE_CPU) {
-        memset(p, 0, bytes);
-        return PDP_OK;
-    }
-#ifdef PDP_CUDA
-    PDP__CUDA_TRY(pdp_cudak_memset0(d.ordinal, p, bytes));
-    return PDP_OK;
-#else
-    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
-#endif
-}
-
-static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value)
-{
-    if (d.kind == PDP_DEVICE_CPU) {
-        PDP__FOR_BLOCKED(i, count, p[i] = value;);
-        return PDP_OK;
-    }
-#ifdef PDP_CUDA
-    PDP__CUDA_TRY(pdp_cudak_fill(d.ordinal, p, count, value));
-    return PDP_OK;
-#else
-    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
-#endif
-}
-
-static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                size_t bytes)
-{
-    if (dst_dev.kind == PDP_DEVICE_CPU && src_dev.kind == PDP_DEVICE_CPU) {
-        if (dst != src) memmove(dst, src, bytes);
-        return PDP_OK;
-    }
-#ifdef PDP_CUDA
-    PDP__CUDA_TRY(pdp_cudak_memcpy(pdp__cuda_ordinal(dst_dev), dst, pdp__cuda_ordinal(src_dev), src,
-                                   bytes));
-    return PDP_OK;
-#else
-    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG,
-                    dst_dev.kind == PDP_DEVICE_CPU ? src_dev.ordinal : dst_dev.ordinal);
-#endif
-}
-
-static pdp_status pdp__dev_add(pdp_device d, float *PDP__RESTRICT dst,
-                               const float *PDP__RESTRICT src, int64_t count)
-{
-    if (d.kind == PDP_DEVICE_CPU) {
-        PDP__FOR_BLOCKED(i, count, dst[i] += src[i];);
-        return PDP_OK;
-    }
-#ifdef PDP_CUDA
-    PDP__CUDA_TRY(pdp_cudak_add(d.ordinal, dst, src, count));
-    return PDP_OK;
-#else
-    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
-#endif
-}
-
-/* ---- cuda_host: public device functions ---- */
-
-PDP_API pdp_status pdp_cuda_device_count(int *count)
-{
-    if (!count) return pdp__err(PDP_ERR_INVALID, "pdp_cuda_device_count: count is NULL");
-    *count = 0;
-#ifdef PDP_CUDA
-    {
-        pdp_status st = pdp_cudak_device_count(count);
-        if (st != PDP_OK)
-            return pdp__err(st, "pdp_cuda_device_count: pdp_cuda: %s", pdp_cudak_error());
-        return PDP_OK;
-    }
-#else
-    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_cuda_device_count: " PDP__NO_CUDA_MSG);
-#endif
-}
-
-PDP_API pdp_status pdp_cuda_set_tf32(bool on)
-{
-#ifdef PDP_CUDA
-    pdp_cudak_set_tf32(on ? 1 : 0);
-    return PDP_OK;
-#else
-    (void)on;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_cuda_set_tf32: " PDP__NO_CUDA_MSG);
-#endif
-}
-
-/* The common check of the public functions that take a CUDA device. */
-static pdp_status pdp__cuda_check_device(pdp_device d, const char *fn)
-{
-    if (d.kind != PDP_DEVICE_CUDA)
-        return pdp__err(PDP_ERR_DEVICE, "%s: device kind %d is not CUDA", fn, (int)d.kind);
-#ifdef PDP_CUDA
-    return PDP_OK;
-#else
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
-#endif
-}
-
-PDP_API pdp_status pdp_cuda_synchronize(pdp_device d)
-{
-    pdp_status st;
-    if ((st = pdp__cuda_check_device(d, "pdp_cuda_synchronize")) != PDP_OK) return st;
-#ifdef PDP_CUDA
-    if ((st = pdp_cudak_synchronize(d.ordinal)) != PDP_OK)
-        return pdp__err(st, "pdp_cuda_synchronize: pdp_cuda: %s", pdp_cudak_error());
-#endif
-    return PDP_OK;
-}
-
-PDP_API pdp_status pdp_cuda_memory_stats_get(pdp_device d, pdp_cuda_memory_stats *out)
-{
-    pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_cuda_memory_stats_get: out is NULL");
-    memset(out, 0, sizeof *out);
-    if ((st = pdp__cuda_check_device(d, "pdp_cuda_memory_stats_get")) != PDP_OK) return st;
-#ifdef PDP_CUDA
-    if ((st = pdp_cudak_memory_stats(d.ordinal, &out->device_mallocs, &out->reserved_bytes,
-                                     &out->in_use_bytes)) != PDP_OK)
-        return pdp__err(st, "pdp_cuda_memory_stats_get: pdp_cuda: %s", pdp_cudak_error());
-#endif
-    return PDP_OK;
-}
-
-PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
-{
-    pdp_status st;
-    if ((st = pdp__cuda_check_device(d, "pdp_cuda_empty_cache")) != PDP_OK) return st;
-#ifdef PDP_CUDA
-    if ((st = pdp_cudak_empty_cache(d.ordinal)) != PDP_OK)
-        return pdp__err(st, "pdp_cuda_empty_cache: pdp_cuda: %s", pdp_cudak_error());
-#endif
-    return PDP_OK;
-}
-
-/* ---- cuda_host: losses ----
-   The same contract as loss.c's pdp__cross_entropy, logits and dlogits on
-   device d: labels (host memory) are checked here in sample order, the device
-   computes per-sample losses, and the host sums them in sample order. */
-
-static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                          int64_t batch, int64_t classes, float grad_scale,
-                                          double *loss_sum, float *dlogits, const char *fn)
-{
-#ifdef PDP_CUDA
-    double *loss = (double *)pdp__thread_scratch((size_t)batch * sizeof(double)), total = 0.0;
-    int64_t i;
-    pdp_status st;
-    *loss_sum = 0.0;
-    if (!loss) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld losses", fn,
-                               (long long)batch);
-    for (i = 0; i < batch; i++)
-        if (labels[i] < 0 || labels[i] >= classes)
-            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)",
-                            fn, (long)labels[i], (long long)i, (long long)classes);
-    if ((st = pdp_cudak_cross_entropy(d.ordinal, logits, labels, batch, classes, grad_scale, loss,
-                                      dlogits)) != PDP_OK)
-        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
-    for (i = 0; i < batch; i++) {
-        if (loss[i] != loss[i] || loss[i] == HUGE_VAL || loss[i] == -HUGE_VAL) {
-            *loss_sum = loss[i];
-            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at sample %lld", fn,
-                            loss[i] != loss[i] ? "NaN" : "Inf", (long long)i);
-        }
-        total += loss[i];
-    }
-    *loss_sum = total;
-    return PDP_OK;
-#else
-    (void)logits, (void)labels, (void)batch, (void)classes, (void)grad_scale, (void)dlogits;
-    *loss_sum = 0.0;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
-#endif
-}
-
-/* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
-static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
-                                int64_t count, float scale, double *sum, float *dpred,
-                                const char *fn)
-{
-#ifdef PDP_CUDA
-    pdp_status st;
-    if ((st = pdp_cudak_mse(d.ordinal, pred, target, count, scale, sum, dpred)) != PDP_OK)
-        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
-    return PDP_OK;
-#else
-    (void)pred, (void)target, (void)count, (void)scale, (void)dpred;
-    *sum = 0.0;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
-#endif
-}
-
-/* ---- cuda_host: gradient clipping (optim.c's pdp_clip_grad_norm) ---- */
-
-static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
-                                  const char *fn)
-{
-#ifdef PDP_CUDA
-    pdp_status st;
-    if ((st = pdp_cudak_sumsq(d.ordinal, x, count, sum)) != PDP_OK)
-        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
-    return PDP_OK;
-#else
-    (void)x, (void)count;
-    *sum = 0.0;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
-#endif
-}
-
-static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn)
-{
-#ifdef PDP_CUDA
-    pdp_status st;
-    if ((st = pdp_cudak_scale(d.ordinal, x, count, s)) != PDP_OK)
-        return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
-    return PDP_OK;
-#else
-    (void)x, (void)count, (void)s;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
-#endif
-}
-
-/* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
-
-static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
-                                         float *p, const float *g, float *s0, float *s1, int64_t n)
-{
-#ifdef PDP_CUDA
-    if (s->kind == PDP_OPTIM_SGD)
-        PDP__CUDA_TRY(pdp_cudak_sgd(d.ordinal, p, g, s0, n, s->lr, s->momentum, s->one_minus_damp,
-                                    s->weight_decay, s->nesterov, s->first));
-    else
-        PDP__CUDA_TRY(pdp_cudak_adam(d.ordinal, p, g, s0, s1, n, s->beta1, s->one_minus_beta1,
-                                     s->beta2, s->one_minus_beta2, s->step_size, s->bc2_sqrt,
-                                     s->eps, s->l2, s->decay));
-    return PDP_OK;
-#else
-    (void)s, (void)p, (void)g, (void)s0, (void)s1, (void)n;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
-#endif
-}
-/* ---- end src/cuda_host.c ---- */
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop

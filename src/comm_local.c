@@ -545,7 +545,7 @@ static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_ran
     }
     for (r = 0; r < c->size; r++) {
         void *p = r == c->rank ? (void *)mine : NULL;
-        if ((st = pdp_comm_broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return st;
+        if ((st = c->ops->broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return st;
         if (r == leader) g = (pdp_local_group *)p;
     }
     (void)lc;

@@ -253,7 +253,15 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
    PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
    as the CPU functions they stand in for (pointers on device d or io->device;
    labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
-struct pdp__optim_scalars;
+/* Per-step scalars, computed once in double (as PyTorch does in Python) and
+   rounded to float for the element loop (optim.c's CPU loop, cuda_host.c's kernels). */
+typedef struct pdp__optim_scalars {
+    pdp_optim_kind kind;
+    float lr, momentum, one_minus_damp, weight_decay;
+    int nesterov, first;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
+} pdp__optim_scalars;
+
 static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
                                           int64_t batch, int64_t classes, float grad_scale,
                                           double *loss_sum, float *dlogits,

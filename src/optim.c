@@ -194,15 +194,6 @@ PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
 
 /* ---- optim: the update ---- */
 
-/* Per-step scalars, computed once in double (as PyTorch does in Python) and
-   rounded to float for the element loop. */
-typedef struct pdp__optim_scalars {
-    pdp_optim_kind kind;
-    float lr, momentum, one_minus_damp, weight_decay;
-    int nesterov, first;
-    float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
-} pdp__optim_scalars;
-
 static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
 {
     const pdp_optim_desc *d = &o->desc;

@@ -55,7 +55,7 @@ PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int nd
                                      const int64_t *shape)
 {
     pdp_tensor *t;
-    int64_t count;
+    int64_t count = 0; /* set by pdp__check_shape; 0 keeps -Wmaybe-uninitialized quiet */
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_create: out is NULL");
     *out = NULL;
@@ -101,7 +101,7 @@ PDP_API void pdp_tensor_free(pdp_tensor *t)
 PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape,
                                    pdp_tensor *view)
 {
-    int64_t count;
+    int64_t count = 0; /* set by pdp__check_shape; 0 keeps -Wmaybe-uninitialized quiet */
     pdp_status st;
     if (!view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_wrap: view is NULL");
     if (!data) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_wrap: data is NULL");
@@ -116,7 +116,7 @@ PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, con
 PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,
                                            pdp_tensor *view)
 {
-    int64_t count;
+    int64_t count = 0; /* set by pdp__check_shape; 0 keeps -Wmaybe-uninitialized quiet */
     pdp_status st;
     char a[96];
     if (!t || !view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_reshape_view: NULL tensor");

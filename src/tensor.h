@@ -1,8 +1,9 @@
 /* tensor: float32 tensors of 1 to 4 dimensions, contiguous, on a device; and the
    seeded random number generator used for initialisation and dropout.
 
-   A tensor either owns its data (pdp_tensor_create) or is a view of another's
-   (pdp_tensor_view, pdp_tensor_reshape_view) that lives as long as the owner.
+   A tensor either owns its data (pdp_tensor_create) or is a view: a caller-owned
+   struct filled by pdp_tensor_reshape_view or pdp_tensor_rows_view (valid as long as
+   the tensor it views) or by pdp_tensor_wrap (over caller memory).
    Sizes are int64_t element counts; byte counts are size_t and called bytes. */
 
 #define PDP_MAX_DIMS 4

@@ -26,6 +26,12 @@ sed 's/^PDP_API pdp_status pdp_tensor_fill(/PDP_API pdp_status pdp_tensor_fill_s
 python3 amalgamate.py --check --output "$B/stale.h" > "$B/log" 2>&1; rc=$?
 if [ $rc -eq 1 ] && grep -q "src/tensor.h differs" "$B/log"; then ok "amalgamate_check_names_stale_module"
 else bad "amalgamate_check_names_stale_module (exit $rc)"; fi
+rm -rf "$B/order" && mkdir -p "$B/order" && cp -r src amalgamate.py "$B/order/"
+sed -i 's/^    "cuda_host.c",$/    "CUDA_HOST_LATER",/; s/^    "ddp.c",$/    "ddp.c",\n    "cuda_host.c",/; /"CUDA_HOST_LATER"/d' "$B/order/amalgamate.py"
+python3 "$B/order/amalgamate.py" --order > "$B/log" 2>&1; rc=$?
+if [ $rc -eq 1 ] && grep -q "src/tensor.c:[0-9]*: uses pdp__dev_alloc, defined in src/cuda_host.c" "$B/log"; then
+    ok "amalgamate_order_check_names_caller_and_module"
+else bad "amalgamate_order_check_names_caller_and_module (exit $rc)"; fi
 python3 amalgamate.py --bogus > "$B/log" 2>&1; rc=$?
 if [ $rc -eq 2 ]; then ok "amalgamate_unknown_option_exits_2"; else bad "amalgamate_unknown_option_exits_2 (exit $rc)"; fi
 python3 amalgamate.py --line-directives --output "$B/dev.h" > "$B/log" 2>&1

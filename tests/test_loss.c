@@ -6,15 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #define PDP_IMPLEMENTATION
-#define PDP_MALLOC(bytes) test_malloc(bytes)
-#define PDP_FREE(ptr) test_free(ptr)
-static long test_allocs;
-static void *test_malloc(size_t bytes)
-{
-    __atomic_fetch_add(&test_allocs, 1, __ATOMIC_RELAXED);
-    return malloc(bytes);
-}
-static void test_free(void *p) { free(p); }
+#include "counting_alloc.h" /* PDP_MALLOC calls: pdp_test_allocs() */
 #include "pdp.h"
 #include "pdp_test.h"
 
@@ -219,9 +211,9 @@ TEST loss_forward_backward_equals_the_separate_calls(void)
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(b, NULL, &gb), pdp_status_name);
     ASSERT_MEM_EQ(gb.data, ga.data, (size_t)ga.count * sizeof(float));
     /* gradients accumulate; later calls allocate nothing */
-    before = __atomic_load_n(&test_allocs, __ATOMIC_RELAXED);
+    before = pdp_test_allocs();
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(a, &x, labels, &loss_a), pdp_status_name);
-    ASSERT_EQ(before, __atomic_load_n(&test_allocs, __ATOMIC_RELAXED));
+    ASSERT_EQ(before, pdp_test_allocs());
     for (i = 0; i < ga.count; i++) ASSERT_IN_RANGE(2.0 * gb.data[i], ga.data[i], 1e-6);
     pdp_model_free(a);
     pdp_model_free(b);

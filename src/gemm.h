@@ -1,5 +1,5 @@
-/* ops: CPU math kernels. SGEMM in the three layouts training needs, and the
-   element and row operations the layers are built from.
+/* gemm: the public single-precision matrix product (src/gemm.c) in all four layouts.
+   pdp has no public element or row operations: the layers' own loops are private.
 
    C[M,N] = alpha * op(A) * op(B) + beta * C, row-major, op(X) = X or X^T.
    Linear forward is A*B^T (x * W^T), backward dW = dY^T * X (A^T*B) and

@@ -1,3 +1,0 @@
-/* ops: (to be written) */
-
-#include "internal.h"
