@@ -93,24 +93,40 @@
 
    DistributedDataParallel (ddp.h): every rank holds a full model and a pdp_comm.
    pdp_ddp_create checks that all ranks have the same parameters and broadcasts
-   rank 0's; buckets (25 MB, the first 1 MB) are ranges of the gradient block, so
+   rank 0's; buckets (25 MiB, the first 1 MiB) are ranges of the gradient block, so
    there is no copy; each bucket's all-reduce starts as soon as backward produced
    its last gradient. pdp_ddp_forward_backward, then pdp_ddp_step (wait, average,
    step). pdp_ddp_set_no_sync accumulates locally. pdp_dist_sampler gives each
    rank a disjoint shard of a seeded permutation (pad or drop_last).
 
    Communicators (comm.h): all-reduce, broadcast, reduce-scatter, all-gather,
-   barrier, each asynchronous (pdp_wait). Backends: local (ranks are threads:
-   pdp_local_group_create + pdp_comm_create_local; no dependency), mpi (PDP_MPI,
-   pdp_comm_init_env under mpirun), nccl (PDP_CUDA; process per GPU through
-   pdp_comm_init_env, thread per GPU through pdp_nccl_group_create). A rank that
-   does not arrive within timeout_s (default 300) makes the others fail with
-   PDP_ERR_TIMEOUT naming the collective and the rank: nothing hangs.
+   barrier, point-to-point send/recv (matched by peer and tag), each asynchronous
+   (pdp_wait), and pdp_comm_split (colour, key; as MPI_Comm_split) for process
+   groups such as 2 data-parallel x 2 model-parallel. Backends, one file each:
+   local (ranks are threads: pdp_local_group_create + pdp_comm_create_local; no
+   dependency), mpi (PDP_MPI, pdp_comm_init_env under mpirun), nccl (PDP_CUDA;
+   process per GPU through pdp_comm_init_env, thread per GPU through
+   pdp_nccl_group_create; point-to-point and split are local and MPI only for
+   now). A rank that does not arrive within timeout_s (default 300) makes the
+   others fail with PDP_ERR_TIMEOUT naming the collective (or the peer and tag)
+   and the rank: nothing hangs. MPI start-up: with PDP_STORE_PORT (or MASTER_PORT)
+   set, every rank checks in at rank 0's store before MPI_Init_thread, so a rank
+   that never starts is named within timeout_s; MPI_Init_thread itself cannot be
+   bounded (a watchdog reports through desc.log). A killed rank takes mpirun's
+   whole job down unless it runs with --enable-recovery; then the survivors get
+   PDP_ERR_TIMEOUT. comm.h says exactly what is bounded.
 
-   Rendezvous as torchrun (store.h): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-   MASTER_PORT, or OMPI_COMM_WORLD_* under mpirun (pdp_env_read). A TCP key-value
-   store served by rank 0 (pdp_store_*; host "0.0.0.0" listens on every interface)
-   hands out the NCCL unique id.
+   Rendezvous as torchrun (rendezvous.h): RANK, WORLD_SIZE, LOCAL_RANK,
+   MASTER_ADDR, MASTER_PORT, or OMPI_COMM_WORLD_* under mpirun (pdp_env_read). A
+   TCP key-value store served by rank 0 (store.h, pdp_store_*; host "0.0.0.0"
+   listens on every interface) hands out the NCCL unique id.
+
+   OPTION VALUES
+   =============
+   In every desc, zero means the default. A value outside a field's documented
+   range (negative where it must be positive, NaN, infinite) fails with
+   PDP_ERR_INVALID naming the function and the field; it is never clamped or
+   silently replaced.
 
    Tracing: PDP_TRACE=out.json writes a Chrome trace (Perfetto, chrome://tracing):
    per rank, forward and backward per layer, each bucket's all-reduce from launch
