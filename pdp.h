@@ -1210,6 +1210,108 @@ PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s);
 PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count);
 /* ---- end src/ddp.h ---- */
 
+/* ---- begin src/tp.h ---- */
+/* tp: tensor parallelism, Megatron-LM's MLP block (Shoeybi et al., "Megatron-LM:
+   Training Multi-Billion Parameter Language Models Using Model Parallelism", 2019,
+   section 3): one layer's matrices split across the ranks of a TP communicator.
+
+   The block is five layers of the usual model, each a named, visible step:
+
+       f       CopyToModelParallelRegion      forward: identity (the input is replicated)
+                                              backward: all-reduce (sum) of the input gradient
+       A       ColumnParallelLinear(H)        weight split by output features: rank r holds
+                                              rows [lo_r, lo_r + n_r) of W1 [H, in] and of b1;
+                                              output sharded: [B, n_r]
+       act     ReLU, GELU, Tanh or Sigmoid    element-wise, on the shard
+       B       RowParallelLinear(d)           weight split by input features: rank r holds
+                                              columns [lo_r, lo_r + n_r) of W2 [d, H]; output
+                                              x_r W2_r^T, a partial sum; the bias (whole on
+                                              every rank) is added on TP rank 0 only, so once
+       g       ReduceFromModelParallelRegion  forward: all-reduce (sum) of the partial sums
+                                              backward: identity
+
+   f and g are conjugate: each is the other's transpose. After g every rank holds the
+   same output bits (the communicator reduces in a fixed order), so the layers after the
+   block, the loss and the output gradient are replicated, and so is b2's gradient. Per
+   block and step the ranks exchange one all-reduce of B x d floats forward (g) and one of
+   B x in floats backward (f; none when f is the model's first layer, whose input needs
+   no gradient): with the ring algorithm each rank sends 2(N-1)/N of those bytes.
+
+   Splits: n_r = H / N, plus one for the first H % N ranks (pdp_tp_split), so widths
+   that do not divide work. Initialisation: each rank draws the whole weight from the
+   model's seed, as a plain Linear(H) and Linear(d) would, and keeps its slice, so a TP
+   model starts with exactly the single-device model's values; with the same batches
+   it trains to the same parameters up to float rounding (the partial sums are added in
+   another order). State_dict names: f and g are functions in Megatron-LM, not modules,
+   so they are not numbered: f, Linear, ReLU, Linear, g is named as nn.Sequential(
+   Linear, ReLU, Linear), "0.weight", "0.bias", "2.weight", "2.bias", on every rank
+   (each holding its slice under the full tensor's name).
+
+   Use: every rank of the TP communicator builds the same model, calling
+   pdp_model_set_tp before its first TP layer. The usual optimizer, DDP and the loss work
+   unchanged: a TP model is a model whose parameters are this rank's slices. 2-D
+   parallel: split a world of D x T ranks into TP groups (pdp_comm_split(world, rank / T,
+   rank, &tp)) and DP groups (pdp_comm_split(world, rank % T, rank, &dp)), build the TP
+   model on tp and wrap it in pdp_ddp_create(..., dp, ...): DDP averages each slice's
+   gradient over the ranks holding the same slice.
+
+   Checkpoints: pdp_tp_checkpoint_save gathers the full tensors (and the optimizer's
+   state) and writes one ordinary checkpoint, the file pdp_checkpoint_save writes for
+   the single-device model (loadable by pdp_checkpoint_load on one device and by
+   PyTorch); pdp_tp_checkpoint_load reads such a file into any TP layout. Both are
+   collective over the TP communicator. pdp_checkpoint_save/load on a TP model see only
+   this rank's slices (shapes [n_r, in], ...): a file of the slices, which only the same
+   rank of the same layout loads back.
+
+   Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
+   all-reduce on the device's buffers); no Dropout inside the block (its masks are
+   keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
+   supported. */
+
+/* Megatron's split: rank r of size holds [*lo, *lo + *count) of full features; the first
+   full % size ranks hold one more. */
+PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t *count);
+
+/* Attaches the TP communicator (owned by the caller, outliving m) to m; before the first
+   TP layer (afterwards: PDP_ERR_STATE). Its device must be the model's. */
+PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp);
+PDP_API pdp_comm *pdp_model_tp(const pdp_model *m); /* NULL when none */
+
+/* The block's layers, appended as the other pdp_model_add_* (errors name the function and
+   the layer). Each needs the TP communicator. column_parallel_linear must follow f;
+   row_parallel_linear must follow a column_parallel_linear with only element-wise
+   activations between (its input is that layer's slice); tp_reduce must follow a
+   row_parallel_linear. out_features are the full (unsplit) widths. */
+PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m);   /* f */
+PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features);
+PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features);
+PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m); /* g */
+
+/* What the TP layers exchanged since the model's creation or the last reset. */
+typedef struct pdp_tp_stats {
+    int64_t forward_allreduces;   /* g's */
+    int64_t backward_allreduces;  /* f's */
+    int64_t forward_bytes;        /* payload of g's all-reduces: batch x width x 4 each */
+    int64_t backward_bytes;       /* payload of f's */
+    int64_t bytes_sent;           /* by this rank, the ring figure 2(N-1)/N x payload */
+    double allreduce_s;           /* time in them (synchronous: compute waits for them) */
+} pdp_tp_stats;
+PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out);
+PDP_API void pdp_tp_reset_stats(pdp_model *m);
+
+/* Collective over m's TP communicator (every rank calls it). Save: the full tensors
+   (and, with o, the optimizer's full state) gathered, then written by TP rank 0 to path
+   as pdp_checkpoint_save writes the single-device model; every rank returns rank 0's
+   status. Load: every rank reads path (a checkpoint of the single-device model, as
+   pdp_checkpoint_load reads it, into a staging copy of the full model) and keeps its
+   slices; when any rank fails, all fail and nothing is changed. o: an optimizer of m
+   (pdp_optim_create), or NULL. Errors as pdp_checkpoint_save/load's, and
+   PDP_ERR_STATE for a model without a TP communicator. */
+PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m,
+                                          const pdp_optim *o);
+PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);
+/* ---- end src/tp.h ---- */
+
 /* ---- begin src/cuda.h ---- */
 /* cuda: CUDA devices, the NCCL communicator for thread ranks, and the plain C
    functions of pdp_cuda.cu.
@@ -1721,6 +1823,10 @@ typedef enum pdp__layer_kind {
     PDP__CONV2D,
     PDP__MAXPOOL2D,
     PDP__FLATTEN,
+    PDP__TP_COPY,                /* tensor parallel (tp.c): f, g and the split Linears */
+    PDP__COLUMN_PARALLEL_LINEAR,
+    PDP__ROW_PARALLEL_LINEAR,
+    PDP__TP_REDUCE,
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -1738,6 +1844,11 @@ typedef struct pdp__layer {
     float eps;                           /* LayerNorm */
     int64_t saved_per_sample;            /* floats kept from forward for backward */
     int64_t work_per_sample;             /* floats of temporary workspace */
+    struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
+    int64_t tp_lo, tp_full;              /* TP Linears: this rank holds [tp_lo, tp_lo + local)
+                                            of the split dimension, tp_full wide */
+    bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
+                                            input gradient is needed */
 } pdp__layer;
 
 /* What one layer call sees. Pointers are on the model's device. */
@@ -1758,6 +1869,8 @@ typedef struct pdp__layer_io {
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
+    pdp_status *status;  /* PDP__LAYER_COLLECTIVE kinds: where their failure goes (the table's
+                            dispatch points it at its own variable) */
 } pdp__layer_io;
 
 /* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
@@ -1771,6 +1884,12 @@ typedef struct pdp__param_shapes {
                                     and never calls forward or backward */
 #define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
                                     io->fused_relu (model.c then makes the ReLU a view) */
+#define PDP__LAYER_COLLECTIVE 4u /* runs a collective (TP's f and g): its CPU entries run on
+                                    every device (the communicator moves the device's
+                                    buffers) and report a failure through io->status */
+#define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
+                                    functions in Megatron-LM): the layers after it are named
+                                    as if it were absent ("0.weight", "2.weight", ...) */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
@@ -1809,6 +1928,34 @@ typedef struct pdp__param_entry {
     int64_t offset, count;
 } pdp__param_entry;
 
+/* ---- tensor parallel (tp.c) ----
+   A model's TP state: the communicator its TP layers all-reduce on (NULL: none), this
+   rank's place in it, and the counters. Embedded in the model, pointed at by its TP
+   layers (and by a replica's, which share it). The TP kinds' table entries follow. */
+typedef struct pdp__tp_state {
+    pdp_comm *comm;
+    int rank, size;
+    int nlayers;          /* TP layers added */
+    pdp_tp_stats stats;
+} pdp__tp_state;
+
+static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+#ifdef PDP_CUDA
+static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -1837,6 +1984,7 @@ struct pdp_model {
     void *hook_user;
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
+    pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
@@ -5077,6 +5225,23 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     [PDP__FLATTEN] = {"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                       pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
+    /* tensor parallel (tp.c): f and g run their collective on every device; the split
+       Linears are Linear's kernels on this rank's slice */
+    [PDP__TP_COPY] = {"CopyToModelParallelRegion", pdp__tp_copy_setup, NULL,
+                      pdp__tp_copy_forward, pdp__tp_copy_backward, NULL, NULL, NULL,
+                      PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+    [PDP__COLUMN_PARALLEL_LINEAR] = {"ColumnParallelLinear", pdp__tp_column_setup,
+                                     pdp__tp_column_init, pdp__linear_forward,
+                                     pdp__tp_column_backward,
+                                     PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
+                                     PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0},
+    [PDP__ROW_PARALLEL_LINEAR] = {"RowParallelLinear", pdp__tp_row_setup, pdp__tp_row_init,
+                                  pdp__tp_row_forward, pdp__linear_backward,
+                                  PDP__CUDA_ENTRY(pdp__tp_row_cuda_forward),
+                                  PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+    [PDP__TP_REDUCE] = {"ReduceFromModelParallelRegion", pdp__tp_reduce_setup, NULL,
+                        pdp__tp_reduce_forward, pdp__tp_reduce_backward, NULL, NULL, NULL,
+                        PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -5149,12 +5314,25 @@ static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
 #endif
 }
 
+/* A PDP__LAYER_COLLECTIVE kind's call, on any device: its failure comes back through
+   io->status, pointed at a variable of this call. */
+static pdp_status pdp__layer_collective(const pdp__layer *l, const pdp__layer_io *io,
+                                        void (*fn)(const pdp__layer *, const pdp__layer_io *))
+{
+    pdp_status st = PDP_OK;
+    pdp__layer_io run = *io;
+    run.status = &st;
+    fn(l, &run);
+    return st;
+}
+
 /* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
-   CPU memory. */
+   CPU memory. A collective kind's host entry runs on every device. */
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->forward);
     if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_forward);
     info->forward(l, io);
     return PDP_OK;
@@ -5164,6 +5342,7 @@ static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->backward);
     if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_backward);
     info->backward(l, io);
     return PDP_OK;
@@ -5263,6 +5442,16 @@ static pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
     return PDP_OK;
 }
 
+/* The state_dict number of the next layer: layers so far, less the unnumbered ones
+   (PDP__LAYER_UNNUMBERED: TP's f and g). */
+static int pdp__model_next_number(const pdp_model *m)
+{
+    int i, n = 0;
+    for (i = 0; i < m->nlayers; i++)
+        n += !(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_UNNUMBERED);
+    return n;
+}
+
 static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
                                       const int64_t *shape)
 {
@@ -5272,7 +5461,7 @@ static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what,
         return PDP_ERR_OUT_OF_MEMORY;
     e = &m->params[m->nparams++];
     memset(e, 0, sizeof *e);
-    snprintf(e->name, sizeof e->name, "%d.%s", layer, what);
+    snprintf(e->name, sizeof e->name, "%d.%s", pdp__model_next_number(m), what);
     e->layer = layer;
     e->ndim = ndim;
     e->count = 1;
@@ -14339,6 +14528,546 @@ PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
     if (d) pdp__reducer_reset_stats(&d->r);
 }
 /* ---- end src/ddp.c ---- */
+
+/* ---- begin src/tp.c ---- */
+/* tp: tensor parallelism (see tp.h for the design): the four TP layer kinds of
+   layers_table.c (f, g and the column- and row-parallel Linears), their constructors,
+   the model's TP communicator, and full-tensor checkpoints.
+
+   The split Linears ARE Linear (layers.c's kernels, CPU and CUDA) on this rank's
+   slice: a ColumnParallelLinear is a Linear of n_r outputs, a RowParallelLinear a
+   Linear of n_r inputs whose bias only TP rank 0 adds. What is theirs is the slice:
+   setup computes it (pdp_tp_split), init draws the full tensors from the model's
+   generator in the plain Linear's order and keeps the slice, and the checkpoint code
+   maps the slice into the full tensor (pdp__tp_runs). f and g are collective kinds
+   (PDP__LAYER_COLLECTIVE): one host entry for every device that copies the activation
+   and all-reduces it on the TP communicator, synchronously.
+
+   Invariants: every rank of the TP communicator has the same layers in the same order,
+   so f and g issue the same all-reduces in the same order; the model's TP state
+   (comm, rank, size) is fixed once a TP layer exists; after g every rank holds the
+   same bits. Nothing here allocates during training; the checkpoint functions build a
+   staging copy of the full (single-device) model. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- tp: splits ---- */
+
+PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t *count)
+{
+    int64_t base, extra;
+    if (size < 1) size = 1;
+    base = full / size;
+    extra = full % size;
+    if (lo) *lo = rank * base + PDP__MIN((int64_t)rank, extra);
+    if (count) *count = base + (rank < extra);
+}
+
+/* ---- tp: f and g, the conjugate operators ---- */
+
+/* The TP all-reduce (sum, synchronous) of count floats at buf, counted in the stats;
+   what: "g forward" or "f backward", for messages. */
+static pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t batch,
+                                    int64_t width, bool forward)
+{
+    pdp__tp_state *tp = l->tp;
+    double t0 = pdp__now(), n = (double)tp->size;
+    int64_t bytes = batch * width * (int64_t)sizeof(float);
+    pdp_status st = pdp_comm_allreduce(tp->comm, buf, batch * width, PDP_REDUCE_SUM, NULL);
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: all-reduce of %lld x %lld activations (TP rank %d of %d)",
+                             forward ? "g forward" : "f backward", (long long)batch,
+                             (long long)width, tp->rank, tp->size);
+    if (forward) {
+        tp->stats.forward_allreduces++;
+        tp->stats.forward_bytes += bytes;
+    } else {
+        tp->stats.backward_allreduces++;
+        tp->stats.backward_bytes += bytes;
+    }
+    tp->stats.bytes_sent += (int64_t)(2.0 * (n - 1.0) / n * (double)bytes);
+    tp->stats.allreduce_s += pdp__now() - t0;
+    return PDP_OK;
+}
+
+/* dst <- src, count floats on io's device; a failure goes to *io->status. */
+static bool pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src, int64_t count)
+{
+    pdp_status st = pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
+    if (st != PDP_OK) *io->status = st;
+    return st == PDP_OK;
+}
+
+static pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
+{
+    if (!l->tp)
+        return pdp__err(PDP_ERR_STATE, "no TP communicator (call pdp_model_set_tp first; input %s)",
+                        in);
+    return PDP_OK;
+}
+
+static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps;
+    return pdp__tp_op_setup(l, in);
+}
+
+static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps;
+    return pdp__tp_op_setup(l, in);
+}
+
+/* f forward: identity. */
+static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
+}
+
+/* f backward: the input gradient is the sum of every rank's partial gradient (each rank's
+   ColumnParallelLinear saw only its output slice). Nothing when no input gradient is
+   needed (f is the first layer): every rank skips it alike. */
+static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_status st;
+    if (!io->dx || !pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count)) return;
+    if ((st = pdp__tp_allreduce(l, io->dx, io->batch, l->in_count, false)) != PDP_OK)
+        *io->status = st;
+}
+
+/* g forward: the sum of every rank's partial output (RowParallelLinear's x_r W_r^T). */
+static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_status st;
+    if (!pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) return;
+    if ((st = pdp__tp_allreduce(l, io->y, io->batch, l->in_count, true)) != PDP_OK)
+        *io->status = st;
+}
+
+/* g backward: identity (the output gradient is replicated). */
+static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count);
+}
+
+/* ---- tp: the column- and row-parallel Linears ---- */
+
+static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    pdp_status st;
+    if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
+    if (l->tp_full < l->tp->size)
+        return pdp__err(PDP_ERR_INVALID, "out_features %lld < TP size %d: a rank would hold no "
+                        "output feature (input %s)", (long long)l->tp_full, l->tp->size, in);
+    pdp_tp_split(l->tp_full, l->tp->rank, l->tp->size, &l->tp_lo, &l->out_features);
+    return pdp__linear_setup(l, ps, in);
+}
+
+/* The input is the slice [tp_lo, tp_lo + in_count) of tp_full features (pdp_model_add_
+   row_parallel_linear took both from the ColumnParallelLinear before it). */
+static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    pdp_status st;
+    int64_t lo, n;
+    if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
+    pdp_tp_split(l->tp_full, l->tp->rank, l->tp->size, &lo, &n);
+    if (lo != l->tp_lo || n != l->in_count)
+        return pdp__err(PDP_ERR_SHAPE, "input %s is not TP rank %d's slice of %lld features "
+                        "(%lld at %lld)", in, l->tp->rank, (long long)l->tp_full, (long long)n,
+                        (long long)lo);
+    return pdp__linear_setup(l, ps, in);
+}
+
+/* `count` draws of pdp__layers_init_kaiming's generator for the tensor U(lo, hi) with the
+   formula of pdp_tensor_uniform; element k is kept in dst[map(k)] when keep(k). The
+   slice draws exactly what the full tensor would, in the same order. */
+typedef struct pdp__tp_slice2d {
+    int64_t cols;         /* the full tensor's row length */
+    int64_t c0, c1;       /* kept columns [c0, c1) */
+    int64_t r0, r1;       /* kept rows [r0, r1) */
+} pdp__tp_slice2d;
+
+static void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
+                         pdp_rng *r)
+{
+    int64_t i, j, w = s.c1 - s.c0;
+    for (i = 0; i < rows; i++)
+        for (j = 0; j < s.cols; j++) {
+            float v = lo + (hi - lo) * pdp_rng_uniform(r);
+            if (i >= s.r0 && i < s.r1 && j >= s.c0 && j < s.c1)
+                dst[(i - s.r0) * w + (j - s.c0)] = v;
+        }
+}
+
+/* The bounds pdp__layers_init_kaiming uses for fan_in (Kaiming uniform with a = sqrt(5),
+   then the bias's 1/sqrt(fan_in)), computed as pdp_tensor_kaiming_uniform does. */
+static void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
+{
+    float a = sqrtf(5.0f);
+    double gain = sqrt(2.0 / (1.0 + (double)a * a));
+    *wb = (float)(gain * sqrt(3.0 / (double)fan_in));
+    *bb = (float)(1.0 / sqrt((double)fan_in));
+}
+
+/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) and the same entries of b1. */
+static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    pdp__tp_slice2d s;
+    float wb, bb;
+    pdp__tp_bounds(l->in_count, &wb, &bb);
+    s.cols = l->in_count, s.c0 = 0, s.c1 = l->in_count;
+    s.r0 = l->tp_lo, s.r1 = l->tp_lo + l->out_features;
+    pdp__tp_draw(w, l->tp_full, s, -wb, wb, r);
+    s.cols = 1, s.c0 = 0, s.c1 = 1;
+    pdp__tp_draw(b, l->tp_full, s, -bb, bb, r);
+}
+
+/* W2 [d, tp_full]: columns [tp_lo, tp_lo + n); b2 whole. fan_in is the full width. */
+static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    pdp__tp_slice2d s;
+    float wb, bb;
+    pdp__tp_bounds(l->tp_full, &wb, &bb);
+    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + l->in_count;
+    s.r0 = 0, s.r1 = l->out_features;
+    pdp__tp_draw(w, l->out_features, s, -wb, wb, r);
+    s.cols = 1, s.c0 = 0, s.c1 = 1;
+    pdp__tp_draw(b, l->out_features, s, -bb, bb, r);
+}
+
+/* Backward of Linear, without the input gradient when f is the first layer. */
+static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__layer_io run = *io;
+    if (l->tp_skip_dx) run.dx = NULL;
+    pdp__linear_backward(l, &run);
+}
+
+/* x_r W_r^T, plus the bias on TP rank 0 only: g's sum then adds it once. */
+static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__layer_io run = *io;
+    if (l->tp->rank != 0) run.b = NULL;
+    pdp__linear_forward(l, &run);
+}
+
+#ifdef PDP_CUDA
+static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__layer_io run = *io;
+    if (l->tp_skip_dx) run.dx = NULL;
+    return pdp__linear_cuda_backward(l, &run);
+}
+
+static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__layer_io run = *io;
+    if (l->tp->rank != 0) run.b = NULL;
+    return pdp__linear_cuda_forward(l, &run);
+}
+#endif
+
+/* ---- tp: the model's communicator and the constructors ---- */
+
+PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
+{
+    if (!m || !tp) return pdp__err(PDP_ERR_INVALID, "pdp_model_set_tp: NULL argument");
+    if (m->tp.nlayers)
+        return pdp__err(PDP_ERR_STATE, "pdp_model_set_tp: the model already has %d TP layers "
+                        "(set the communicator before the first)", m->tp.nlayers);
+    if (tp->device.kind != m->device.kind || tp->device.ordinal != m->device.ordinal)
+        return pdp__err(PDP_ERR_DEVICE, "pdp_model_set_tp: communicator '%s' on device %d:%d, "
+                        "model on %d:%d", tp->name, tp->device.kind, tp->device.ordinal,
+                        m->device.kind, m->device.ordinal);
+    m->tp.comm = tp;
+    m->tp.rank = pdp_comm_rank(tp);
+    m->tp.size = pdp_comm_size(tp);
+    return PDP_OK;
+}
+
+PDP_API pdp_comm *pdp_model_tp(const pdp_model *m) { return m ? m->tp.comm : NULL; }
+
+/* Appends TP layer l (kind and configuration set) to m. */
+static pdp_status pdp__tp_add(pdp_model *m, pdp__layer l, const char *fn)
+{
+    pdp_status st;
+    l.tp = m->tp.comm ? &m->tp : NULL;
+    if ((st = pdp__model_add(m, l, fn)) == PDP_OK) m->tp.nlayers++;
+    return st;
+}
+
+/* The kind of m's last layer (-1: none). */
+static int pdp__tp_last_kind(const pdp_model *m)
+{
+    return m->nlayers ? (int)m->layers[m->nlayers - 1].kind : -1;
+}
+
+PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m)
+{
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_add_tp_copy: model is NULL");
+    return pdp__tp_add(m, pdp__layer_of(PDP__TP_COPY), "pdp_model_add_tp_copy");
+}
+
+PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features)
+{
+    static const char *fn = "pdp_model_add_column_parallel_linear";
+    pdp__layer l = pdp__layer_of(PDP__COLUMN_PARALLEL_LINEAR);
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (pdp__tp_last_kind(m) != PDP__TP_COPY)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow f (pdp_model_add_tp_copy), "
+                        "not %s", fn, m->nlayers,
+                        m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
+    l.tp_full = out_features;
+    l.tp_skip_dx = m->nlayers == 1;
+    return pdp__tp_add(m, l, fn);
+}
+
+PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features)
+{
+    static const char *fn = "pdp_model_add_row_parallel_linear";
+    pdp__layer l = pdp__layer_of(PDP__ROW_PARALLEL_LINEAR);
+    int i;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    for (i = m->nlayers - 1; i >= 0; i--) {
+        pdp__layer_kind k = m->layers[i].kind;
+        if (k == PDP__COLUMN_PARALLEL_LINEAR) break;
+        if (k != PDP__RELU && k != PDP__GELU && k != PDP__TANH && k != PDP__SIGMOID) i = 0;
+    }
+    if (i < 0 || m->layers[i].kind != PDP__COLUMN_PARALLEL_LINEAR)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a ColumnParallelLinear with only "
+                        "element-wise activations (ReLU, GELU, Tanh, Sigmoid) between", fn,
+                        m->nlayers);
+    l.out_features = out_features;
+    l.tp_full = m->layers[i].tp_full;
+    l.tp_lo = m->layers[i].tp_lo;
+    return pdp__tp_add(m, l, fn);
+}
+
+PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m)
+{
+    static const char *fn = "pdp_model_add_tp_reduce";
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (pdp__tp_last_kind(m) != PDP__ROW_PARALLEL_LINEAR)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a RowParallelLinear, not %s",
+                        fn, m->nlayers,
+                        m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
+    return pdp__tp_add(m, pdp__layer_of(PDP__TP_REDUCE), fn);
+}
+
+PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out)
+{
+    if (!out) return;
+    if (m) *out = m->tp.stats;
+    else memset(out, 0, sizeof *out);
+}
+
+PDP_API void pdp_tp_reset_stats(pdp_model *m)
+{
+    if (m) memset(&m->tp.stats, 0, sizeof m->tp.stats);
+}
+
+/* ---- tp: full-tensor checkpoints ---- */
+
+/* The single-device model of m: the same layers with f and g left out and the split
+   Linears whole, on m's device (its parameters are overwritten by the caller). */
+static pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, const char *fn)
+{
+    pdp_model_desc md;
+    pdp_model *full = NULL;
+    pdp_status st;
+    int i;
+    memset(&md, 0, sizeof md);
+    md.input_ndim = m->in_ndim;
+    memcpy(md.input_shape, m->in_shape, sizeof md.input_shape);
+    md.seed = m->seed;
+    md.device = m->device;
+    if ((st = pdp_model_create(&full, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    for (i = 0; i < m->nlayers; i++) {
+        pdp__layer l = m->layers[i];
+        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_UNNUMBERED) continue;
+        if (l.kind == PDP__COLUMN_PARALLEL_LINEAR) l.out_features = l.tp_full;
+        if (l.kind == PDP__COLUMN_PARALLEL_LINEAR || l.kind == PDP__ROW_PARALLEL_LINEAR)
+            l.kind = PDP__LINEAR;
+        l.tp = NULL;
+        if ((st = pdp__model_add(full, l, fn)) != PDP_OK) {
+            pdp_model_free(full);
+            return st;
+        }
+    }
+    full->step = m->step;
+    *out = full;
+    return PDP_OK;
+}
+
+/* Copies between parameter p's slice (local, in m's block layout) and its full tensor
+   (full), to_full or back, on device d: the contiguous runs of the slice. Replicated
+   parameters are one run of the whole tensor. */
+static pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *full,
+                               float *local, bool to_full)
+{
+    const pdp__param_entry *e = &m->params[p];
+    const pdp__layer *l = &m->layers[e->layer];
+    bool weight = p == l->param_first;
+    int64_t rows = 1, len = e->count, fstride = 0, foff = 0, i;
+    pdp_status st;
+    if (l->kind == PDP__COLUMN_PARALLEL_LINEAR) {     /* rows [lo, lo + n) of [H, in], b[lo..] */
+        foff = l->tp_lo * (weight ? l->in_count : 1);
+    } else if (l->kind == PDP__ROW_PARALLEL_LINEAR && weight) { /* columns of [d, H] */
+        rows = l->out_features;
+        len = l->in_count;
+        fstride = l->tp_full;
+        foff = l->tp_lo;
+    }
+    for (i = 0; i < rows; i++) {
+        float *f = full + foff + i * fstride, *s = local + i * len;
+        size_t bytes = (size_t)len * sizeof(float);
+        st = to_full ? pdp__dev_copy(d, f, d, s, bytes) : pdp__dev_copy(d, s, d, f, bytes);
+        if (st != PDP_OK) return st;
+    }
+    return PDP_OK;
+}
+
+/* Whether parameter p is split across the TP ranks (else every rank holds all of it). */
+static bool pdp__tp_is_split(const pdp_model *m, int p)
+{
+    const pdp__layer *l = &m->layers[m->params[p].layer];
+    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
+           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
+}
+
+/* dst (full's layout) <- the full tensors from every rank's slices of src (m's layout):
+   each rank writes its slices (rank 0 also the replicated tensors) into zeros, and one
+   all-reduce sums them. */
+static pdp_status pdp__tp_gather(const pdp_model *m, const pdp_model *full, const float *src,
+                                 float *dst)
+{
+    int p;
+    pdp_status st;
+    if ((st = pdp__dev_memset0(m->device, dst, (size_t)full->param_count * sizeof(float))))
+        return st;
+    for (p = 0; p < m->nparams; p++)
+        if ((m->tp.rank == 0 || pdp__tp_is_split(m, p)) &&
+            (st = pdp__tp_runs(m, p, m->device, dst + full->params[p].offset,
+                               (float *)src + m->params[p].offset, true)) != PDP_OK)
+            return st;
+    return pdp_comm_allreduce(m->tp.comm, dst, full->param_count, PDP_REDUCE_SUM, NULL);
+}
+
+/* dst (m's layout) <- this rank's slices of src (full's layout). */
+static pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
+                                  float *dst)
+{
+    int p;
+    pdp_status st;
+    for (p = 0; p < m->nparams; p++)
+        if ((st = pdp__tp_runs(m, p, m->device, (float *)src + full->params[p].offset,
+                               dst + m->params[p].offset, false)) != PDP_OK)
+            return st;
+    return PDP_OK;
+}
+
+static pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, const char *fn)
+{
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!m->tp.comm)
+        return pdp__err(PDP_ERR_STATE, "%s: the model has no TP communicator (pdp_model_set_tp; "
+                        "pdp_checkpoint_save/load serve a plain model)", fn);
+    if (o && (o->model != m || o->lo != 0 || o->hi != m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: the optimizer is not a full optimizer of this "
+                        "model", fn);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m,
+                                          const pdp_optim *o)
+{
+    static const char *fn = "pdp_tp_checkpoint_save";
+    pdp_model *full = NULL;
+    pdp_optim *fo = NULL;
+    pdp_status st;
+    int32_t root_st;
+    int k;
+    if ((st = pdp__tp_ckpt_args(m, o, fn)) != PDP_OK) return st;
+    if ((st = pdp__tp_full_model(m, &full, fn)) != PDP_OK) return st;
+    if ((st = pdp__tp_gather(m, full, m->param_block, full->param_block)) != PDP_OK) goto out;
+    if (o) {
+        if ((st = pdp_optim_create(&fo, full, &o->desc)) != PDP_OK) goto out;
+        fo->steps = o->steps;
+        for (k = 0; k < o->nstate; k++)
+            if ((st = pdp__tp_gather(m, full, o->state[k], fo->state[k])) != PDP_OK) goto out;
+    }
+    st = m->tp.rank == 0 ? pdp_checkpoint_save(path, full, fo) : PDP_OK;
+    root_st = (int32_t)st;
+    if ((st = pdp_comm_broadcast_bytes(m->tp.comm, &root_st, sizeof root_st, 0)) != PDP_OK)
+        goto out;
+    if (m->tp.rank != 0 && root_st != PDP_OK)
+        st = pdp__err((pdp_status)root_st, "%s: TP rank 0 could not write %s", fn, path);
+    else
+        st = (pdp_status)root_st;
+out:
+    pdp_optim_free(fo);
+    pdp_model_free(full);
+    if (st != PDP_OK && strncmp(pdp_last_error(), fn, strlen(fn)) != 0)
+        return pdp__err_wrap(st, "%s", fn);
+    return st;
+}
+
+/* *failed <- the number of TP ranks passing failed = true (an all-reduce of one float on
+   the communicator's device). On failure the message is set. */
+static pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, float *count)
+{
+    float *buf = NULL, one = failed ? 1.0f : 0.0f;
+    pdp_status st;
+    if ((st = pdp__dev_alloc(m->device, sizeof(float), (void **)&buf)) != PDP_OK) return st;
+    if ((st = pdp__dev_copy(m->device, buf, pdp_cpu(), &one, sizeof one)) == PDP_OK &&
+        (st = pdp_comm_allreduce(m->tp.comm, buf, 1, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+        st = pdp__dev_copy(pdp_cpu(), count, m->device, buf, sizeof *count);
+    pdp__dev_free(m->device, buf);
+    return st;
+}
+
+PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+{
+    static const char *fn = "pdp_tp_checkpoint_load";
+    pdp_model *full = NULL;
+    pdp_optim *fo = NULL;
+    pdp_status st, mine;
+    float failed;
+    int k;
+    if ((st = pdp__tp_ckpt_args(m, o, fn)) != PDP_OK) return st;
+    if ((mine = pdp__tp_full_model(m, &full, fn)) == PDP_OK && o)
+        mine = pdp_optim_create(&fo, full, &o->desc);
+    if (mine == PDP_OK) mine = pdp_checkpoint_load(path, full, fo);
+    /* every rank learns whether any failed before anything is changed */
+    if ((st = pdp__tp_count_failed(m, mine != PDP_OK, &failed)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s", fn);
+        goto out;
+    }
+    if (mine != PDP_OK) {
+        st = mine;
+        goto out;
+    }
+    if (failed > 0.0f) {
+        st = pdp__err(PDP_ERR_IO, "%s: %s: %g other TP ranks could not load it (nothing changed)",
+                      fn, path, (double)failed);
+        goto out;
+    }
+    if ((st = pdp__tp_scatter(m, full, full->param_block, m->param_block)) != PDP_OK) goto out;
+    if (o) {
+        for (k = 0; k < o->nstate; k++)
+            if ((st = pdp__tp_scatter(m, full, fo->state[k], o->state[k])) != PDP_OK) goto out;
+        o->desc = fo->desc;
+        o->steps = fo->steps;
+    }
+    m->step = full->step;
+out:
+    pdp_optim_free(fo);
+    pdp_model_free(full);
+    if (st != PDP_OK && strncmp(pdp_last_error(), fn, strlen(fn)) != 0)
+        return pdp__err_wrap(st, "%s", fn);
+    return st;
+}
+/* ---- end src/tp.c ---- */
 
 /* ---- begin src/cuda_host.c ---- */
 /* cuda_host: the host side of CUDA devices. Routes device memory, the losses and
