@@ -39,6 +39,7 @@ API = [
     "comm.h",
     "dp.h",
     "ddp.h",
+    "tp.h",
     "cuda.h",
 ]
 # Math written once for the CPU and for pdp_cuda.cu (PDP__HOSTDEV helpers).
@@ -53,8 +54,15 @@ IMPL = [
     "cuda_host.c",
     "tensor.c",
     "gemm.c",
+    "rendezvous.c",
+    "comm_queue.c",
+    "comm_local.c",
+    "comm_mpi.c",
+    "comm_nccl.c",
+    "comm.c",
     "layers.c",
     "layers_conv.c",
+    "layers_tp.c",
     "layers_table.c",
     "model.c",
     "loss.c",
@@ -64,15 +72,10 @@ IMPL = [
     "sampler.c",
     "json.c",
     "checkpoint.c",
-    "rendezvous.c",
-    "comm_queue.c",
-    "comm_local.c",
-    "comm_mpi.c",
-    "comm_nccl.c",
-    "comm.c",
     "dp.c",
     "reducer.c",
     "ddp.c",
+    "tp.c",
 ]
 EXTRA = ["manual.txt", "license.txt"]
 

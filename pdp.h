@@ -99,6 +99,20 @@
    step). pdp_ddp_set_no_sync accumulates locally. pdp_dist_sampler gives each
    rank a disjoint shard of a seeded permutation (pad or drop_last).
 
+   Tensor parallel (tp.h), Megatron-LM's MLP block: build the same model on every
+   rank of a TP communicator, pdp_model_set_tp(m, tp), then pdp_model_add_tp_copy
+   (f: identity forward, all-reduce backward), pdp_model_add_column_parallel_linear
+   (rank r holds its slice of the output features), an element-wise activation,
+   pdp_model_add_row_parallel_linear (the matching input slice; TP rank 0 adds the
+   bias), pdp_model_add_tp_reduce (g: all-reduce forward, identity backward). Widths
+   the TP size does not divide split as pdp_tp_split says. Each rank draws the full
+   weights from the seed and keeps its slice, so TP trains as one device does
+   (tested at 1e-5 on 1-4 ranks); f and g are not numbered in state_dict names.
+   pdp_tp_get_stats counts the all-reduced bytes (B x d forward and backward per
+   block). pdp_tp_checkpoint_save/load (collective) read and write the full tensors,
+   the file one device would write. 2-D: split a world into TP groups and DP groups
+   with pdp_comm_split and wrap the TP model in pdp_ddp_create on the DP group.
+
    Communicators (comm.h): all-reduce, broadcast, reduce-scatter, all-gather,
    barrier, point-to-point send/recv (matched by peer and tag), each asynchronous
    (pdp_wait), and pdp_comm_split (colour, key; as MPI_Comm_split) for process
@@ -1227,6 +1241,108 @@ PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s);
 PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count);
 /* ---- end src/ddp.h ---- */
 
+/* ---- begin src/tp.h ---- */
+/* tp: tensor parallelism, Megatron-LM's MLP block (Shoeybi et al., "Megatron-LM:
+   Training Multi-Billion Parameter Language Models Using Model Parallelism", 2019,
+   section 3): one layer's matrices split across the ranks of a TP communicator.
+
+   The block is five layers of the usual model, each a named, visible step:
+
+       f       CopyToModelParallelRegion      forward: identity (the input is replicated)
+                                              backward: all-reduce (sum) of the input gradient
+       A       ColumnParallelLinear(H)        weight split by output features: rank r holds
+                                              rows [lo_r, lo_r + n_r) of W1 [H, in] and of b1;
+                                              output sharded: [B, n_r]
+       act     ReLU, GELU, Tanh or Sigmoid    element-wise, on the shard
+       B       RowParallelLinear(d)           weight split by input features: rank r holds
+                                              columns [lo_r, lo_r + n_r) of W2 [d, H]; output
+                                              x_r W2_r^T, a partial sum; the bias (whole on
+                                              every rank) is added on TP rank 0 only, so once
+       g       ReduceFromModelParallelRegion  forward: all-reduce (sum) of the partial sums
+                                              backward: identity
+
+   f and g are conjugate: each is the other's transpose. After g every rank holds the
+   same output bits (the communicator reduces in a fixed order), so the layers after the
+   block, the loss and the output gradient are replicated, and so is b2's gradient. Per
+   block and step the ranks exchange one all-reduce of B x d floats forward (g) and one of
+   B x in floats backward (f; none when f is the model's first layer, whose input needs
+   no gradient): with the ring algorithm each rank sends 2(N-1)/N of those bytes.
+
+   Splits: n_r = H / N, plus one for the first H % N ranks (pdp_tp_split), so widths
+   that do not divide work. Initialisation: each rank draws the whole weight from the
+   model's seed, as a plain Linear(H) and Linear(d) would, and keeps its slice, so a TP
+   model starts with exactly the single-device model's values; with the same batches
+   it trains to the same parameters up to float rounding (the partial sums are added in
+   another order). State_dict names: f and g are functions in Megatron-LM, not modules,
+   so they are not numbered: f, Linear, ReLU, Linear, g is named as nn.Sequential(
+   Linear, ReLU, Linear), "0.weight", "0.bias", "2.weight", "2.bias", on every rank
+   (each holding its slice under the full tensor's name).
+
+   Use: every rank of the TP communicator builds the same model, calling
+   pdp_model_set_tp before its first TP layer. The usual optimizer, DDP and the loss work
+   unchanged: a TP model is a model whose parameters are this rank's slices. 2-D
+   parallel: split a world of D x T ranks into TP groups (pdp_comm_split(world, rank / T,
+   rank, &tp)) and DP groups (pdp_comm_split(world, rank % T, rank, &dp)), build the TP
+   model on tp and wrap it in pdp_ddp_create(..., dp, ...): DDP averages each slice's
+   gradient over the ranks holding the same slice.
+
+   Checkpoints: pdp_tp_checkpoint_save gathers the full tensors (and the optimizer's
+   state) and writes one ordinary checkpoint, the file pdp_checkpoint_save writes for
+   the single-device model (loadable by pdp_checkpoint_load on one device and by
+   PyTorch); pdp_tp_checkpoint_load reads such a file into any TP layout. Both are
+   collective over the TP communicator. pdp_checkpoint_save/load on a TP model see only
+   this rank's slices (shapes [n_r, in], ...): a file of the slices, which only the same
+   rank of the same layout loads back.
+
+   Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
+   all-reduce on the device's buffers); no Dropout inside the block (its masks are
+   keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
+   supported. */
+
+/* Megatron's split: rank r of size holds [*lo, *lo + *count) of full features; the first
+   full % size ranks hold one more. */
+PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t *count);
+
+/* Attaches the TP communicator (owned by the caller, outliving m) to m; before the first
+   TP layer (afterwards: PDP_ERR_STATE). Its device must be the model's. */
+PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp);
+PDP_API pdp_comm *pdp_model_tp(const pdp_model *m); /* NULL when none */
+
+/* The block's layers, appended as the other pdp_model_add_* (errors name the function and
+   the layer). Each needs the TP communicator. column_parallel_linear must follow f;
+   row_parallel_linear must follow a column_parallel_linear with only element-wise
+   activations between (its input is that layer's slice); tp_reduce must follow a
+   row_parallel_linear. out_features are the full (unsplit) widths. */
+PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m);   /* f */
+PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features);
+PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features);
+PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m); /* g */
+
+/* What the TP layers exchanged since the model's creation or the last reset. */
+typedef struct pdp_tp_stats {
+    int64_t forward_allreduces;   /* g's */
+    int64_t backward_allreduces;  /* f's */
+    int64_t forward_bytes;        /* payload of g's all-reduces: batch x width x 4 each */
+    int64_t backward_bytes;       /* payload of f's */
+    int64_t bytes_sent;           /* by this rank, the ring figure 2(N-1)/N x payload */
+    double allreduce_s;           /* time in them (synchronous: compute waits for them) */
+} pdp_tp_stats;
+PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out);
+PDP_API void pdp_tp_reset_stats(pdp_model *m);
+
+/* Collective over m's TP communicator (every rank calls it). Save: the full tensors
+   (and, with o, the optimizer's full state) gathered, then written by TP rank 0 to path
+   as pdp_checkpoint_save writes the single-device model; every rank returns rank 0's
+   status. Load: every rank reads path (a checkpoint of the single-device model, as
+   pdp_checkpoint_load reads it, into a staging copy of the full model) and keeps its
+   slices; when any rank fails, all fail and nothing is changed. o: an optimizer of m
+   (pdp_optim_create), or NULL. Errors as pdp_checkpoint_save/load's, and
+   PDP_ERR_STATE for a model without a TP communicator. */
+PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m,
+                                          const pdp_optim *o);
+PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);
+/* ---- end src/tp.h ---- */
+
 /* ---- begin src/cuda.h ---- */
 /* cuda: CUDA devices, the NCCL communicator for thread ranks, and the plain C
    functions of pdp_cuda.cu.
@@ -1738,6 +1854,10 @@ typedef enum pdp__layer_kind {
     PDP__CONV2D,
     PDP__MAXPOOL2D,
     PDP__FLATTEN,
+    PDP__TP_COPY,                /* tensor parallel (tp.c): f, g and the split Linears */
+    PDP__COLUMN_PARALLEL_LINEAR,
+    PDP__ROW_PARALLEL_LINEAR,
+    PDP__TP_REDUCE,
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -1755,6 +1875,11 @@ typedef struct pdp__layer {
     float eps;                           /* LayerNorm */
     int64_t saved_per_sample;            /* floats kept from forward for backward */
     int64_t work_per_sample;             /* floats of temporary workspace */
+    struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
+    int64_t tp_lo, tp_full;              /* TP Linears: this rank holds [tp_lo, tp_lo + local)
+                                            of the split dimension, tp_full wide */
+    bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
+                                            input gradient is needed */
 } pdp__layer;
 
 /* What one layer call sees. Pointers are on the model's device. */
@@ -1775,6 +1900,8 @@ typedef struct pdp__layer_io {
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
+    pdp_status *status;  /* PDP__LAYER_COLLECTIVE kinds: where their failure goes (the table's
+                            dispatch points it at its own variable) */
 } pdp__layer_io;
 
 /* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
@@ -1788,6 +1915,12 @@ typedef struct pdp__param_shapes {
                                     and never calls forward or backward */
 #define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
                                     io->fused_relu (model.c then makes the ReLU a view) */
+#define PDP__LAYER_COLLECTIVE 4u /* runs a collective (TP's f and g): its CPU entries run on
+                                    every device (the communicator moves the device's
+                                    buffers) and report a failure through io->status */
+#define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
+                                    functions in Megatron-LM): the layers after it are named
+                                    as if it were absent ("0.weight", "2.weight", ...) */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
@@ -1826,6 +1959,34 @@ typedef struct pdp__param_entry {
     int64_t offset, count;
 } pdp__param_entry;
 
+/* ---- tensor parallel (tp.c) ----
+   A model's TP state: the communicator its TP layers all-reduce on (NULL: none), this
+   rank's place in it, and the counters. Embedded in the model, pointed at by its TP
+   layers (and by a replica's, which share it). The TP kinds' table entries follow. */
+typedef struct pdp__tp_state {
+    pdp_comm *comm;
+    int rank, size;
+    int nlayers;          /* TP layers added */
+    pdp_tp_stats stats;
+} pdp__tp_state;
+
+static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+#ifdef PDP_CUDA
+static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -1854,6 +2015,7 @@ struct pdp_model {
     void *hook_user;
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
+    pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
@@ -5250,6 +5412,2960 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
 #endif
 /* ---- end src/gemm.c ---- */
 
+/* ---- begin src/rendezvous.c ---- */
+/* rendezvous: who the ranks are and how they meet, the way torchrun does it.
+
+   pdp_env_read reads the launcher's variables (torchrun's RANK, WORLD_SIZE,
+   LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, else OpenMPI's
+   OMPI_COMM_WORLD_*); every value is checked, and a bad one is PDP_ERR_INVALID
+   naming the variable. It never talks to anyone.
+
+   A backend whose library needs one blob made on rank 0 before it can start
+   (NCCL's unique id) meets the other ranks through the TCP store (store.c):
+     pdp__rendezvous_store   every rank opens the store at MASTER_ADDR: rank 0
+                             serves it. The port is MASTER_PORT, or MASTER_PORT + 1
+                             under torchrun (TORCHELASTIC_RUN_ID is set: torchrun's
+                             own store holds MASTER_PORT), or PDP_STORE_PORT when
+                             set. A world of one opens nothing (store NULL).
+     pdp__rendezvous_share   rank 0 sets the blob at key, the others get it, and
+                             all meet at the barrier "<key>_read", so every rank
+                             holds the blob before rank 0's store may go away.
+   The caller keeps the store open until its library's own, collective,
+   initialisation has returned, then frees it: rank 0's server then outlives
+   every rank's barrier reply. Every wait ends by the timeout (PDP_ERR_TIMEOUT
+   naming the key); messages name the public caller, the library and the rank. */
+
+/* #include "internal.h" (already above) */
+#include <limits.h>
+
+/* ---- rendezvous: the environment ---- */
+
+/* getenv, with an empty value counting as unset (`RANK= ./train`). */
+static const char *pdp__env_get(const char *name)
+{
+    const char *v = getenv(name);
+    return (v && v[0]) ? v : NULL;
+}
+
+/* Parses the whole of value as a decimal integer in [lo, hi]; why says what the
+   range means in the message. */
+static pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
+                               const char *why, int *out)
+{
+    char *end;
+    long x;
+    errno = 0;
+    x = strtol(value, &end, 10);
+    if (end == value || *end != '\0' || errno == ERANGE)
+        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s='%.64s' is not an integer", name, value);
+    if (x < lo || x > hi)
+        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s=%ld is outside %ld..%ld%s", name, x, lo,
+                        hi, why);
+    *out = (int)x;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_env_read(pdp_env_info *out)
+{
+    static const char *const torchrun[4] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                            "LOCAL_WORLD_SIZE"};
+    static const char *const ompi[4] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                        "OMPI_COMM_WORLD_LOCAL_RANK",
+                                        "OMPI_COMM_WORLD_LOCAL_SIZE"};
+    const char *const *names = NULL;
+    const char *v;
+    char why[96];
+    pdp_env_info e;
+    pdp_status st;
+
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_env_read: out is NULL");
+    memset(&e, 0, sizeof e);
+    e.world_size = 1;
+    e.local_world_size = 1;
+    strcpy(e.master_addr, PDP__STORE_DEFAULT_HOST);
+    e.master_port = PDP__STORE_DEFAULT_PORT;
+    *out = e;
+
+    if (pdp__env_get(torchrun[0]) || pdp__env_get(torchrun[1])) names = torchrun;
+    else if (pdp__env_get(ompi[0]) || pdp__env_get(ompi[1])) names = ompi;
+    if (names) {
+        if (!pdp__env_get(names[0]) || !pdp__env_get(names[1]))
+            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s is set but %s is not",
+                            pdp__env_get(names[0]) ? names[0] : names[1],
+                            pdp__env_get(names[0]) ? names[1] : names[0]);
+        st = pdp__env_int(names[1], pdp__env_get(names[1]), 1, INT_MAX, "", &e.world_size);
+        if (st != PDP_OK) return st;
+        snprintf(why, sizeof why, " (it must be below %s=%d)", names[1], e.world_size);
+        st = pdp__env_int(names[0], pdp__env_get(names[0]), 0, e.world_size - 1, why, &e.rank);
+        if (st != PDP_OK) return st;
+        e.local_world_size = e.world_size;
+        if ((v = pdp__env_get(names[3])) != NULL) {
+            snprintf(why, sizeof why, " (it cannot exceed %s=%d)", names[1], e.world_size);
+            st = pdp__env_int(names[3], v, 1, e.world_size, why, &e.local_world_size);
+            if (st != PDP_OK) return st;
+        }
+        e.local_rank = e.rank % e.local_world_size; /* ranks laid out node by node */
+        if ((v = pdp__env_get(names[2])) != NULL) {
+            snprintf(why, sizeof why, " (it must be below %s=%d)", names[3], e.local_world_size);
+            st = pdp__env_int(names[2], v, 0, e.local_world_size - 1, why, &e.local_rank);
+            if (st != PDP_OK) return st;
+        }
+        e.from_env = true;
+    }
+    if ((v = pdp__env_get("MASTER_ADDR")) != NULL) {
+        if (strlen(v) >= sizeof e.master_addr)
+            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: MASTER_ADDR='%.64s...' is %zu bytes "
+                            "long (at most %zu)", v, strlen(v), sizeof e.master_addr - 1);
+        strcpy(e.master_addr, v);
+    }
+    if ((v = pdp__env_get("MASTER_PORT")) != NULL) {
+        st = pdp__env_int("MASTER_PORT", v, 1, 65535, "", &e.master_port);
+        if (st != PDP_OK) return st;
+    }
+    *out = e;
+    return PDP_OK;
+}
+
+/* ---- rendezvous: a blob from rank 0, through the TCP store ---- */
+
+/* Opens env's store (*out NULL for a world of one); what names the library
+   ("NCCL") and fn the public caller in messages. */
+static pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env,
+                                        double timeout_s, const char *what, const char *fn)
+{
+    pdp_store_desc sd;
+    const char *port_env;
+    pdp_status st;
+    *out = NULL;
+    memset(&sd, 0, sizeof sd);
+    sd.host = env->master_addr;
+    sd.port = env->master_port;
+    /* torchrun's own store holds MASTER_PORT; ours takes the next port */
+    if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env->master_port + 1;
+    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) sd.port = atoi(port_env);
+    sd.is_server = env->rank == 0;
+    sd.world_size = env->world_size;
+    sd.timeout_s = timeout_s;
+    if (env->world_size > 1) {
+        if ((st = pdp_store_create(out, &sd)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: %s rank %d of %d: the TCP store", fn, what, env->rank,
+                                 env->world_size);
+    }
+    return PDP_OK;
+}
+
+/* Rank 0's blob[0..bytes) (made before the call) reaches every rank's blob through
+   store (NULL: a world of one, nothing to do); then every rank meets at
+   "<key>_read". */
+static pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_info *env,
+                                        const char *key, void *blob, size_t bytes,
+                                        double timeout_s, const char *what, const char *fn)
+{
+    char read_key[PDP_STORE_MAX_KEY + 1];
+    pdp_status st;
+    if (!store) return PDP_OK;
+    if (env->rank == 0) {
+        if ((st = pdp_store_set(store, key, blob, bytes)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank 0 publishing the %s id", fn, what);
+    } else if ((st = pdp_store_get(store, key, blob, bytes, NULL)) != PDP_OK) {
+        return pdp__err_wrap(st, "%s: rank %d of %d waiting for the %s id from rank 0", fn,
+                             env->rank, env->world_size, what);
+    }
+    /* everyone holds the id before rank 0's store may go away */
+    snprintf(read_key, sizeof read_key, "%s_read", key);
+    if ((st = pdp_store_barrier(store, read_key, env->world_size, timeout_s)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d of %d", fn, env->rank, env->world_size);
+    return PDP_OK;
+}
+/* ---- end src/rendezvous.c ---- */
+
+/* ---- begin src/comm_queue.c ---- */
+/* comm_queue: the collective queue that the local and MPI backends share (handle
+   pool, FIFO, progress thread, wait/done); comm_local.c and comm_mpi.c supply only how
+   one collective executes.
+
+   What the local and MPI backends share: a fixed pool of handles, a FIFO of
+   launched collectives and one progress thread per communicator that runs
+   them in issue order through the backend's exec callback; the backend keeps
+   only how one collective executes. A launch takes a handle from the free
+   list (nothing is allocated per collective; an empty list fails with
+   PDP_ERR_STATE naming the backend's PDP_*_MAX_INFLIGHT), queues it and
+   returns. The progress thread stamps t_start when it dequeues a handle and
+   t_done when exec returns. Wait blocks until done (exec enforces timeouts),
+   leaves a failure's message as the thread's error and returns the handle to
+   the free list; its head stays readable until the next launch (internal.h).
+   Without a progress thread (threaded = false: a local group of one) a launch
+   executes inline.
+
+   Set by the backend before pdp__workq_init (the queue is zeroed memory):
+     comm, exec  the communicator served and "run one collective";
+     sticky      the first failure breaks the queue: queued and later
+                 collectives fail at once with its status and message (MPI;
+                 the local backend keeps that state in its group instead);
+     idle        optional; called by the progress thread, mu held, when nothing
+                 is queued: false sleeps until woken, true calls it again (MPI
+                 keeps a timed-out request moving this way);
+     trace_tid   a trace track (0: off): each collective is a complete event
+                 (execution) and an async event (launch to done).
+   An exec that polls (MPI) naps between polls with pdp__workq_nap, which a
+   thread that begins to wait ends at once: a rank that computes keeps its core,
+   a rank that waits is served at once.
+   Locks: mu guards the queue, the free list, the handles' done/status/msg, the
+   waiter count and the broken state; exec runs without it, and buffers pass to
+   the progress thread and back across it. */
+
+/* #include "internal.h" (already above) */
+
+/* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
+   variable created with a monotonic clock. */
+static void pdp__deadline(struct timespec *ts, double seconds)
+{
+    double whole = floor(seconds);
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)whole;
+    ts->tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+#define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
+
+#define PDP__COMM_TIMEOUT_DEFAULT 300.0 /* seconds, when a desc's timeout_s is 0 */
+#define PDP__COMM_TIMEOUT_MAX 1e9       /* seconds: beyond it a deadline overflows time_t math */
+
+/* The one rule for a communicator desc's numeric fields (timeout_s is the only one):
+   zero means the default; a negative, NaN or infinite value (or one above
+   PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
+   field. Every communicator constructor calls it first (desc may be NULL). */
+static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
+{
+    double t = desc ? desc->timeout_s : 0.0;
+    *out = PDP__COMM_TIMEOUT_DEFAULT;
+    if (!(t >= 0.0 && t <= PDP__COMM_TIMEOUT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: desc->timeout_s = %g: it must be a finite number "
+                        "of seconds, 0 (the default, %g s) up to %g", fn, t,
+                        PDP__COMM_TIMEOUT_DEFAULT, PDP__COMM_TIMEOUT_MAX);
+    if (t > 0.0) *out = t;
+    return PDP_OK;
+}
+
+/* One collective's arguments, as one rank issued it. */
+typedef struct pdp__coll_args {
+    pdp__coll_kind kind;
+    int64_t seq;
+    int64_t count;        /* floats (bytes for BROADCAST_BYTES) */
+    int op;               /* pdp_reduce_op or root */
+    float *buf;           /* allreduce, broadcast */
+    const float *send;    /* reduce_scatter, allgather */
+    float *recv;
+    void *bytes_buf;      /* broadcast_bytes */
+    int peer, tag;        /* send, recv */
+    void *out;            /* split: where the backend leaves its result */
+} pdp__coll_args;
+
+typedef struct pdp__workq_item {
+    pdp_work head;                 /* first member: a pdp_work * is a pdp__workq_item * */
+    struct pdp__workq_item *next;  /* free list or queue */
+    pdp__coll_args args;
+    double t_queued;               /* launch, for the trace */
+    bool p2p;                      /* a send or recv: never queued (see below) */
+    struct pdp__workq_item *p2p_next; /* the backend's list of unmatched messages */
+    bool done;
+    pdp_status status;
+    char msg[PDP__MSG_CAP];
+} pdp__workq_item;
+
+typedef struct pdp__workq pdp__workq;
+
+/* Runs w to completion (progress thread, q->mu not held). On failure returns
+   the status with the message, without a function-name prefix, in msg. */
+typedef pdp_status (*pdp__workq_exec_fn)(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap);
+
+struct pdp__workq {
+    pdp_comm *comm;                /* its communicator: comm->impl points here */
+    pdp__workq_exec_fn exec;
+    bool (*idle)(pdp__workq *q);
+    /* point-to-point (both set by a backend with send/recv): poll advances every
+       pending message of the communicator (optional, q->mu not held); expire is
+       called by a waiter past the deadline: it withdraws w if still unmatched and
+       completes it with PDP_ERR_TIMEOUT (q->mu not held) */
+    void (*p2p_poll)(pdp__workq *q);
+    void (*p2p_expire)(pdp__workq *q, pdp__workq_item *w);
+    bool sticky;
+    int trace_tid;
+    int trace_pid;                 /* the trace's process lane (MPI: the world rank) */
+    const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
+    int capacity;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;           /* queue not empty, or stopping */
+    pthread_cond_t done;           /* a handle completed */
+    pthread_t thread;
+    bool threaded;
+    bool stopping;
+    double stop_time;
+    int waiters;                   /* threads blocked in pdp__workq_wait (their core is idle) */
+    int p2p_live;                  /* messages taken and not yet finished */
+    pdp__workq_item *free_list, *q_head, *q_tail;
+    int64_t next_seq;
+    bool broken;                   /* sticky: first failure wins; later collectives fail fast */
+    pdp_status broken_status;
+    char broken_msg[PDP__MSG_CAP];
+};
+
+static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, double t_start,
+                             double t_done, pdp_status st)
+{
+    char args[88];
+    if (!q->trace_tid) return;
+    snprintf(args, sizeof args, "\"seq\":%lld,\"count\":%lld,\"status\":%d",
+             (long long)w->head.seq, (long long)w->args.count, (int)st);
+    pdp__trace_complete(q->trace_pid, q->trace_tid, "comm", w->head.op_name, t_start, t_done,
+                        args);
+    pdp__trace_async(q->trace_pid, q->trace_tid, "comm", w->head.op_name,
+                     ((uint64_t)(uintptr_t)q->comm << 20) ^ (uint64_t)w->head.seq, w->t_queued,
+                     t_done, args);
+}
+
+/* Executes w and completes it; q->mu held on entry and on return. */
+static void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
+{
+    double t_start = w->head.t_start = pdp__now(), t_done;
+    pdp_status st;
+    char msg[PDP__MSG_CAP];
+    if (q->broken) {
+        w->head.t_done = t_start;
+        w->status = q->broken_status;
+        snprintf(w->msg, sizeof w->msg, "%s #%lld not run: %.300s", w->head.op_name,
+                 (long long)w->head.seq, q->broken_msg);
+    } else {
+        pthread_mutex_unlock(&q->mu);
+        msg[0] = '\0';
+        st = q->exec(q, w, msg, sizeof msg);
+        t_done = pdp__now();
+        pdp__workq_trace(q, w, t_start, t_done, st);
+        pthread_mutex_lock(&q->mu);
+        if (st != PDP_OK && q->sticky && !q->broken) {
+            q->broken = true;
+            q->broken_status = st;
+            snprintf(q->broken_msg, sizeof q->broken_msg, "%s", msg);
+        }
+        w->head.t_done = t_done;
+        w->status = st;
+        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
+    }
+    w->done = true;
+    pthread_cond_broadcast(&q->done);
+}
+
+static void *pdp__workq_progress(void *arg)
+{
+    pdp__workq *q = (pdp__workq *)arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        pdp__workq_item *w;
+        while (!q->q_head && !q->stopping)
+            if (!q->idle || !q->idle(q)) pthread_cond_wait(&q->wake, &q->mu);
+        if (!q->q_head) break; /* stopping with nothing queued */
+        w = q->q_head;
+        q->q_head = w->next;
+        if (!q->q_head) q->q_tail = NULL;
+        pdp__workq_run(q, w);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+/* Threads pool[0, capacity) into the free list, creates the locks and, when
+   threaded, starts the progress thread. On failure nothing is left to release;
+   fn names the public caller. */
+static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
+                                  const char *limit_macro, bool threaded, const char *fn)
+{
+    pthread_condattr_t ca;
+    int i;
+    q->capacity = capacity;
+    q->limit_macro = limit_macro;
+    for (i = capacity - 1; i >= 0; i--) {
+        pool[i].next = q->free_list;
+        q->free_list = &pool[i];
+    }
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */
+    pthread_cond_init(&q->wake, &ca);
+    pthread_cond_init(&q->done, &ca); /* a message's wait times out */
+    pthread_condattr_destroy(&ca);
+    q->threaded = threaded;
+    if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->wake);
+        pthread_cond_destroy(&q->done);
+        return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
+                        q->comm->rank);
+    }
+    return PDP_OK;
+}
+
+/* True once pdp__workq_shutdown began (*since: when); for an exec that polls. */
+static bool pdp__workq_stopping(pdp__workq *q, double *since)
+{
+    bool s;
+    pthread_mutex_lock(&q->mu);
+    s = q->stopping;
+    *since = q->stop_time;
+    pthread_mutex_unlock(&q->mu);
+    return s;
+}
+
+/* For an exec that polls, between polls. With `eager` and a thread blocked in
+   pdp__workq_wait (its core is idle), returns false at once: poll again. Otherwise
+   sleeps up to `seconds` and returns true; a thread that begins to wait ends the
+   sleep early (the check and the sleep are atomic under mu, so that wake-up is
+   never lost). A rank that computes keeps its core; a rank that waits gets its
+   collective's completion at once. */
+static bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
+{
+    struct timespec deadline;
+    bool slept = false;
+    pdp__deadline(&deadline, seconds);
+    pthread_mutex_lock(&q->mu);
+    if (!eager || !q->waiters) {
+        pthread_cond_timedwait(&q->wake, &q->mu, &deadline);
+        slept = true;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return slept;
+}
+
+/* Lets the progress thread run what is queued, joins it and destroys the locks. */
+static void pdp__workq_shutdown(pdp__workq *q)
+{
+    if (q->threaded) {
+        pthread_mutex_lock(&q->mu);
+        q->stopping = true;
+        q->stop_time = pdp__now();
+        pthread_cond_signal(&q->wake);
+        pthread_mutex_unlock(&q->mu);
+        pthread_join(q->thread, NULL);
+    }
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->wake);
+    pthread_cond_destroy(&q->done);
+}
+
+/* Takes a handle, fills it and queues it (or runs it inline without a thread). */
+static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
+{
+    pdp__workq *q = (pdp__workq *)c->impl;
+    pdp__workq_item *w;
+    pthread_mutex_lock(&q->mu);
+    if (q->broken) {
+        pdp_status st = q->broken_status;
+        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
+                 pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
+        pthread_mutex_unlock(&q->mu);
+        return st;
+    }
+    w = q->free_list;
+    if (!w) {
+        pthread_mutex_unlock(&q->mu);
+        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
+                        "some (%s)", q->capacity, c->name, c->rank, q->limit_macro);
+    }
+    q->free_list = w->next;
+    w->next = NULL;
+    w->args = *args;
+    w->args.seq = q->next_seq++;
+    w->head.comm = c;
+    w->head.op_name = pdp__op_names[args->kind];
+    w->head.seq = w->args.seq;
+    w->head.t_start = w->head.t_done = 0.0;
+    w->t_queued = pdp__now();
+    w->p2p = false;
+    w->done = false;
+    w->status = PDP_OK;
+    w->msg[0] = '\0';
+    if (q->threaded) {
+        if (q->q_tail) q->q_tail->next = w;
+        else q->q_head = w;
+        q->q_tail = w;
+        pthread_cond_signal(&q->wake);
+    } else {
+        pdp__workq_run(q, w);
+    }
+    pthread_mutex_unlock(&q->mu);
+    *out = &w->head;
+    return PDP_OK;
+}
+
+/* ---- comm_queue: point-to-point ----
+   A send or receive is not queued behind the collectives (it would deadlock a
+   ring, where every rank sends before it receives): the backend matches it
+   itself (the local group's mailbox, MPI's own matching), taking its handle from
+   the same pool with pdp__workq_take and completing it with pdp__workq_finish.
+   Its wait is timed: timeout_s after the launch, p2p_expire withdraws an
+   unmatched message and completes it with PDP_ERR_TIMEOUT. */
+
+/* A handle for a message, t_start = launch; PDP_ERR_STATE when the pool is empty,
+   the broken status when the queue is broken. */
+static pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out)
+{
+    pdp__workq *q = (pdp__workq *)c->impl;
+    pdp__workq_item *w;
+    pthread_mutex_lock(&q->mu);
+    if (q->broken) {
+        pdp_status st = q->broken_status;
+        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
+                 pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
+        pthread_mutex_unlock(&q->mu);
+        return st;
+    }
+    if (!(w = q->free_list)) {
+        pthread_mutex_unlock(&q->mu);
+        return pdp__err(PDP_ERR_STATE, "%d collectives and messages in flight on comm '%s' "
+                        "(rank %d): wait for some (%s)", q->capacity, c->name, c->rank,
+                        q->limit_macro);
+    }
+    q->free_list = w->next;
+    w->next = w->p2p_next = NULL;
+    w->args = *args;
+    w->args.seq = q->next_seq++;
+    w->head.comm = c;
+    w->head.op_name = pdp__op_names[args->kind];
+    w->head.seq = w->args.seq;
+    w->head.t_start = w->t_queued = pdp__now();
+    w->head.t_done = 0.0;
+    w->p2p = true;
+    q->p2p_live++;
+    w->done = false;
+    w->status = PDP_OK;
+    w->msg[0] = '\0';
+    pthread_mutex_unlock(&q->mu);
+    *out = w;
+    return PDP_OK;
+}
+
+/* Returns a handle that was never handed out (its launch failed). */
+static void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
+{
+    pthread_mutex_lock(&q->mu);
+    q->p2p_live--;
+    w->next = q->free_list;
+    q->free_list = w;
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
+static void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg)
+{
+    double t = pdp__now();
+    pdp__workq_trace(q, w, w->head.t_start, t, st);
+    pthread_mutex_lock(&q->mu);
+    w->head.t_done = t;
+    w->status = st;
+    if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
+    w->done = true;
+    q->p2p_live--;
+    pthread_cond_broadcast(&q->done);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* "recv #4 (count 7) from rank 1 with tag 5 on comm 'comm', rank 0 of 2" */
+static void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap)
+{
+    const pdp_comm *c = w->head.comm;
+    snprintf(out, cap, "%s #%lld (count %lld) %s rank %d with tag %d on comm '%s', rank %d of %d",
+             w->head.op_name, (long long)w->head.seq, (long long)w->args.count,
+             w->args.kind == PDP__COLL_SEND ? "to" : "from", w->args.peer, w->args.tag, c->name,
+             c->rank, c->size);
+}
+
+static void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size_t cap)
+{
+    char what[200];
+    pdp__p2p_describe(w, what, sizeof what);
+    snprintf(msg, cap, "%s: no matching %s from rank %d within %g s (peer %d, tag %d)", what,
+             w->args.kind == PDP__COLL_SEND ? "recv" : "send", w->args.peer,
+             w->head.comm->timeout_s, w->args.peer, w->args.tag);
+}
+
+/* Waits for a message (q->mu held on entry and return): polls, times out. */
+static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
+{
+    double deadline = w->head.t_start + w->head.comm->timeout_s;
+    while (!w->done) {
+        struct timespec ts;
+        double now = pdp__now(), nap;
+        if (q->p2p_poll) {
+            pthread_mutex_unlock(&q->mu);
+            q->p2p_poll(q);
+            pthread_mutex_lock(&q->mu);
+            if (w->done) break;
+        }
+        if (now > deadline) {
+            pthread_mutex_unlock(&q->mu);
+            q->p2p_expire(q, w);
+            pthread_mutex_lock(&q->mu);
+            continue;
+        }
+        nap = deadline - now + 1e-4;
+        if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
+        pdp__deadline(&ts, nap);
+        pthread_cond_timedwait(&q->done, &q->mu, &ts);
+    }
+}
+
+static pdp_status pdp__workq_wait(pdp_work *work)
+{
+    pdp__workq_item *w = (pdp__workq_item *)work;
+    pdp__workq *q = (pdp__workq *)work->comm->impl;
+    pdp_status st;
+    pthread_mutex_lock(&q->mu);
+    q->waiters++;
+    pthread_cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
+    if (w->p2p) pdp__workq_p2p_block(q, w);
+    while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
+    q->waiters--;
+    st = w->status;
+    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
+    w->next = q->free_list; /* recycled; the head stays readable until the next launch */
+    q->free_list = w;
+    pthread_mutex_unlock(&q->mu);
+    return st;
+}
+
+static bool pdp__workq_done(pdp_work *work)
+{
+    pdp__workq_item *w = (pdp__workq_item *)work;
+    pdp__workq *q = (pdp__workq *)work->comm->impl;
+    bool d;
+    if (w->p2p && q->p2p_poll) q->p2p_poll(q);
+    pthread_mutex_lock(&q->mu);
+    d = w->done;
+    pthread_mutex_unlock(&q->mu);
+    return d;
+}
+
+/* The pdp__comm_ops entries of a queue backend: pack the arguments, submit. */
+
+static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
+                                  float *buf, const float *send, float *recv, pdp_work **w)
+{
+    pdp__coll_args a;
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.op = op;
+    a.buf = buf;
+    a.send = send;
+    a.recv = recv;
+    return pdp__workq_submit(c, &a, w);
+}
+
+static pdp_status pdp__workq_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                       pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, buf, NULL, NULL, w);
+}
+
+static pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                       pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, buf, NULL, NULL, w);
+}
+
+static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, NULL, send, recv, w);
+}
+
+static pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
+                                       int64_t send_count, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, NULL, send, recv, w);
+}
+
+static pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
+{
+    return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, NULL, NULL, NULL, w);
+}
+
+/* Synchronous, but queued like the others so that it keeps its place in the order. */
+static pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    pdp__coll_args a;
+    pdp_work *w = NULL;
+    pdp_status st;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_BROADCAST_BYTES;
+    a.count = (int64_t)bytes;
+    a.op = root;
+    a.bytes_buf = buf;
+    if ((st = pdp__workq_submit(c, &a, &w)) != PDP_OK) return st;
+    return pdp__workq_wait(w);
+}
+/* ---- end src/comm_queue.c ---- */
+
+/* ---- begin src/comm_local.c ---- */
+/* comm_local: the local backend: N ranks are threads of one process, buffers in shared
+   memory, no dependency; the default, and what the tests use.
+
+   N ranks are threads of one process; a pdp_local_group is their shared
+   meeting point. Each rank's communicator owns a collective queue (comm_queue.c,
+   shared with the MPI backend) whose persistent progress thread runs the
+   rank's collectives in issue order, so an asynchronous
+   collective progresses while the rank's own thread computes (DDP overlaps a
+   bucket's all-reduce with the rest of backward this way). One collective is:
+
+     arrive    the progress thread publishes its arguments in the group's slot
+               for its rank and enters barrier A. The last rank to arrive checks
+               that all ranks issued the same collective (kind, count, op, root);
+     work      rank r's progress thread handles slice r of the data: for an
+               all-reduce it sums slice r of every rank's buffer in rank order
+               0, 1, ..., N-1 (fixed, so every rank gets bit-identical sums)
+               and writes the result into every rank's buffer; broadcast,
+               reduce-scatter and all-gather split the same way;
+     leave     barrier B: no rank's buffer is touched after it, so the handle
+               completes and the rank may reuse its buffers and its slot.
+
+   The work of one collective is therefore spread over the ranks (each moves
+   about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
+   rank's buffers are only written by progress threads between A and B.
+
+   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
+   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
+   makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
+   sequence number and the missing rank; a rank whose communicator is freed
+   marks itself as gone, and a rank waiting for it fails at once with
+   PDP_ERR_COMM. Either way the group becomes broken: every later collective on
+   any rank fails fast with the first failure's message (as an aborted NCCL
+   communicator does).
+
+   Locks: group->mu guards the barrier state, the slots and the broken flag;
+   the queue's mu guards its queue, its handle pool and the handles' done
+   flags. The progress thread never holds both. Buffer contents pass between
+   threads only across these mutexes, so the backend is TSan clean. Handles
+   come from a fixed pool per communicator: nothing is allocated per
+   collective. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- comm_local: the group ---- */
+
+#define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
+#ifndef PDP_LOCAL_MAX_INFLIGHT
+#  define PDP_LOCAL_MAX_INFLIGHT 256 /* handles per local communicator */
+#endif
+
+struct pdp_local_group {
+    int size;
+    double timeout_s;
+    pdp_device device;
+    char name[32];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* barrier progress, departures, breakage */
+    int arrived;              /* ranks in the current barrier */
+    uint64_t gen;             /* barriers completed */
+    int64_t *phase;           /* per rank: barriers entered */
+    pdp__coll_args *slot;     /* per rank: the collective it is executing */
+    bool *joined;             /* per rank: a communicator was created */
+    bool *gone;               /* per rank: its communicator was freed */
+    bool broken;
+    pdp_status broken_status;
+    char broken_msg[PDP__MSG_CAP];
+    pdp__workq_item *p2p_head, *p2p_tail; /* unmatched sends and receives, in launch order */
+    void *split_out;          /* pdp_comm_split: the group this rank made as a leader */
+    int refs;                 /* made by a split: communicators yet to be freed; else 0 */
+};
+
+PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
+                                          const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_local_group_create";
+    pdp_local_group *g;
+    pthread_condattr_t ca;
+    double timeout;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
+    if (world_size < 1 || world_size > PDP__LOCAL_MAX_RANKS)
+        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d outside 1..%d", fn, world_size,
+                        PDP__LOCAL_MAX_RANKS);
+    if (desc && desc->backend != PDP_BACKEND_DEFAULT && desc->backend != PDP_BACKEND_LOCAL)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc->backend is %d; a local group is backend local",
+                        fn, (int)desc->backend);
+    if (desc && desc->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the local backend keeps buffers on the CPU "
+                        "(desc->device is CUDA:%d; use the nccl backend)", fn,
+                        desc->device.ordinal);
+    g = (pdp_local_group *)pdp__calloc(sizeof *g);
+    if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    g->size = world_size;
+    g->timeout_s = timeout;
+    g->device = pdp_cpu();
+    snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
+    g->phase = (int64_t *)pdp__calloc((size_t)world_size * sizeof *g->phase);
+    g->slot = (pdp__coll_args *)pdp__calloc((size_t)world_size * sizeof *g->slot);
+    g->joined = (bool *)pdp__calloc((size_t)world_size * sizeof *g->joined);
+    g->gone = (bool *)pdp__calloc((size_t)world_size * sizeof *g->gone);
+    if (!g->phase || !g->slot || !g->joined || !g->gone) {
+        pdp__dealloc(g->phase);
+        pdp__dealloc(g->slot);
+        pdp__dealloc(g->joined);
+        pdp__dealloc(g->gone);
+        pdp__dealloc(g);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, world_size);
+    }
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    *out = g;
+    return PDP_OK;
+}
+
+PDP_API void pdp_local_group_free(pdp_local_group *g)
+{
+    if (!g) return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    pdp__dealloc(g->phase);
+    pdp__dealloc(g->slot);
+    pdp__dealloc(g->joined);
+    pdp__dealloc(g->gone);
+    pdp__dealloc(g);
+}
+
+/* Marks the group broken with a message (first failure wins); g->mu held. */
+static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
+{
+    if (g->broken) return;
+    g->broken = true;
+    g->broken_status = st;
+    snprintf(g->broken_msg, sizeof g->broken_msg, "%s", msg);
+    pthread_cond_broadcast(&g->cv);
+}
+
+/* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
+static void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__coll_args *a,
+                               char *out, size_t cap)
+{
+    snprintf(out, cap, "%s #%lld (count %lld) on comm '%s', rank %d of %d",
+             pdp__op_names[a->kind], (long long)a->seq, (long long)a->count, g->name, rank,
+             g->size);
+}
+
+/* The last rank into barrier A checks that everyone issued the same collective;
+   g->mu held. Returns false (and breaks the group) on a mismatch. */
+static bool pdp__group_validate(pdp_local_group *g)
+{
+    const pdp__coll_args *a = &g->slot[0];
+    int r;
+    for (r = 1; r < g->size; r++) {
+        const pdp__coll_args *b = &g->slot[r];
+        if (b->kind != a->kind || b->count != a->count || b->op != a->op) {
+            char msg[PDP__MSG_CAP];
+            snprintf(msg, sizeof msg,
+                     "collectives differ across ranks on comm '%s': rank 0 issued %s #%lld "
+                     "(count %lld, op/root %d), rank %d issued %s #%lld (count %lld, op/root %d); "
+                     "every rank must issue the same collectives in the same order",
+                     g->name, pdp__op_names[a->kind], (long long)a->seq, (long long)a->count,
+                     a->op, r, pdp__op_names[b->kind], (long long)b->seq, (long long)b->count,
+                     b->op);
+            pdp__group_break(g, PDP_ERR_INVALID, msg);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Barrier A (publish = true: also publishes *args in this rank's slot) or B.
+   On failure returns the status and leaves the message in msg. */
+static pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
+                                     bool publish, char *msg, size_t cap)
+{
+    struct timespec deadline;
+    uint64_t gen;
+    int64_t my_phase;
+    char what[160];
+    pdp_status st = PDP_OK;
+    pdp__coll_describe(g, rank, args, what, sizeof what);
+    pdp__deadline(&deadline, g->timeout_s);
+    pthread_mutex_lock(&g->mu);
+    if (g->broken) {
+        snprintf(msg, cap, "%.150s: the group is broken: %.300s", what, g->broken_msg);
+        st = g->broken_status;
+        goto out;
+    }
+    if (publish) g->slot[rank] = *args;
+    my_phase = ++g->phase[rank];
+    gen = g->gen;
+    if (++g->arrived == g->size) {
+        g->arrived = 0;
+        if (!publish || pdp__group_validate(g)) {
+            g->gen++;
+            pthread_cond_broadcast(&g->cv);
+        }
+    }
+    while (g->gen == gen) {
+        int r, rc;
+        if (g->broken) {
+            snprintf(msg, cap, "%.150s: %.300s", what, g->broken_msg);
+            st = g->broken_status;
+            goto out;
+        }
+        if (g->gone[rank]) {
+            snprintf(msg, cap, "%s: rank %d freed its communicator while the collective was "
+                     "in flight", what, rank);
+            st = PDP_ERR_COMM;
+            pdp__group_break(g, st, msg);
+            goto out;
+        }
+        for (r = 0; r < g->size; r++)
+            if (g->phase[r] < my_phase && g->gone[r]) {
+                snprintf(msg, cap, "%s: rank %d left the group (freed its communicator) after "
+                         "collective #%lld and will never arrive", what, r,
+                         (long long)g->slot[r].seq);
+                st = PDP_ERR_COMM;
+                pdp__group_break(g, st, msg);
+                goto out;
+            }
+        rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
+        if (rc == ETIMEDOUT && g->gen == gen && !g->broken) {
+            size_t n;
+            n = (size_t)snprintf(msg, cap, "%s: no arrival within %.3g s from rank", what,
+                                 g->timeout_s);
+            for (r = 0; r < g->size && n < cap; r++)
+                if (g->phase[r] < my_phase)
+                    n += (size_t)snprintf(msg + n, cap - n, " %d (last seen at %s #%lld)", r,
+                                          pdp__op_names[g->slot[r].kind],
+                                          (long long)g->slot[r].seq);
+            st = PDP_ERR_TIMEOUT;
+            pdp__group_break(g, st, msg);
+            goto out;
+        }
+    }
+out:
+    pthread_mutex_unlock(&g->mu);
+    return st;
+}
+
+/* ---- comm_local: the data movement ---- */
+
+/* [lo, hi) of n items for part r of parts, with boundaries on 16 floats (one cache line)
+   so that two ranks never write the same line. */
+static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
+{
+    int64_t a = n * r / parts, b = n * (r + 1) / parts;
+    *lo = r == 0 ? 0 : a & ~(int64_t)15;
+    *hi = r == parts - 1 ? n : b & ~(int64_t)15;
+    if (*hi < *lo) *hi = *lo;
+}
+
+#define PDP__CHUNK 2048
+
+/* acc[0..n) <- op over ranks of src[i][off..off+n), in rank order: ((s0 + s1) + s2) + ...,
+   then / nsrc for AVG. acc is the caller's chunk, never one of the sources, so every
+   loop is a restrict-qualified blocked loop that gcc -O2 vectorises (one pass per
+   source; the chunk stays in L1). */
+static void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src, int nsrc,
+                              int64_t off, int64_t n, pdp_reduce_op op)
+{
+    const float *PDP__RESTRICT s0 = src[0] + off;
+    int r;
+    if (nsrc == 1) {
+        memcpy(acc, s0, (size_t)n * sizeof *acc);
+    } else {
+        const float *PDP__RESTRICT s1 = src[1] + off;
+        PDP__FOR_BLOCKED(j, n, acc[j] = s0[j] + s1[j];);
+    }
+    for (r = 2; r < nsrc; r++) {
+        const float *PDP__RESTRICT s = src[r] + off;
+        PDP__FOR_BLOCKED(j, n, acc[j] += s[j];);
+    }
+    if (op == PDP_REDUCE_AVG) {
+        float div = (float)nsrc;
+        PDP__FOR_BLOCKED(j, n, acc[j] /= div;);
+    }
+}
+
+/* Rank r's share of the collective whose arguments every rank published. */
+static void pdp__local_execute(pdp_local_group *g, int r)
+{
+    const pdp__coll_args *me = &g->slot[r];
+    int n = g->size, i;
+    float acc[PDP__CHUNK];
+    const float *src[PDP__LOCAL_MAX_RANKS];
+    int64_t lo, hi, off, len;
+    switch (me->kind) {
+    case PDP__COLL_ALLREDUCE:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++) src[i] = g->slot[i].buf;
+        for (off = lo; off < hi; off += len) {
+            len = PDP__MIN(hi - off, PDP__CHUNK);
+            pdp__reduce_chunk(acc, src, n, off, len, (pdp_reduce_op)me->op);
+            for (i = 0; i < n; i++) memcpy(g->slot[i].buf + off, acc, (size_t)len * sizeof *acc);
+        }
+        break;
+    case PDP__COLL_BROADCAST:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++)
+            if (i != me->op && hi > lo)
+                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo, (size_t)(hi - lo) * 4);
+        break;
+    case PDP__COLL_BROADCAST_BYTES:
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++)
+            if (i != me->op && hi > lo)
+                memcpy((char *)g->slot[i].bytes_buf + lo, (char *)g->slot[me->op].bytes_buf + lo,
+                       (size_t)(hi - lo));
+        break;
+    case PDP__COLL_REDUCE_SCATTER: /* rank r reduces slice r into its own recv */
+        for (i = 0; i < n; i++) src[i] = g->slot[i].send + (int64_t)r * me->count;
+        for (off = 0; off < me->count; off += len) {
+            len = PDP__MIN(me->count - off, PDP__CHUNK);
+            pdp__reduce_chunk(acc, src, n, off, len, (pdp_reduce_op)me->op);
+            memcpy(me->recv + off, acc, (size_t)len * sizeof *acc);
+        }
+        break;
+    case PDP__COLL_ALLGATHER: /* rank r writes its block into every recv */
+        for (i = 0; i < n; i++) {
+            float *dst = g->slot[i].recv + (int64_t)r * me->count;
+            if (dst != me->send && me->count > 0)
+                memmove(dst, me->send, (size_t)me->count * sizeof *dst);
+        }
+        break;
+    case PDP__COLL_BARRIER:
+    case PDP__COLL_SEND: /* never queued */
+    case PDP__COLL_RECV:
+    case PDP__COLL_SPLIT:
+        break;
+    }
+}
+
+typedef struct pdp__local_comm {
+    pdp_comm head;                 /* first member */
+    pdp__workq q;                  /* head.impl points here */
+    pdp_local_group *g;
+    pdp__workq_item pool[PDP_LOCAL_MAX_INFLIGHT];
+} pdp__local_comm;
+
+/* ---- comm_local: point-to-point ----
+   The group's mailbox is one list of unmatched messages in launch order. A new
+   send looks for the first receive its peer posted from this rank with the same
+   tag (a new receive, for the first such send); found, the thread that launched
+   the second half copies the floats and completes both handles; otherwise the
+   message joins the list. Everything happens under g->mu (then the owners'
+   queue locks: g->mu before q->mu, never the reverse), so no progress thread
+   is involved and a ring where every rank sends first cannot deadlock. */
+
+static int pdp__p2p_owner(const pdp__workq_item *w) { return w->head.comm->rank; }
+
+/* Unlinks w from the mailbox; false when it is not there (matched or withdrawn). */
+static bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w)
+{
+    pdp__workq_item **pp, *prev = NULL;
+    for (pp = &g->p2p_head; *pp; prev = *pp, pp = &(*pp)->p2p_next)
+        if (*pp == w) {
+            *pp = w->p2p_next;
+            if (g->p2p_tail == w) g->p2p_tail = prev;
+            w->p2p_next = NULL;
+            return true;
+        }
+    return false;
+}
+
+/* Completes a matched pair (g->mu held): copy, or a count mismatch on both sides. */
+static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
+{
+    char msg[PDP__MSG_CAP], what[200];
+    if (send->args.count == recv->args.count) {
+        if (send->args.count > 0 && recv->args.recv != send->args.send)
+            memmove(recv->args.recv, send->args.send, (size_t)send->args.count * sizeof(float));
+        pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_OK, "");
+        pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_OK, "");
+        return;
+    }
+    pdp__p2p_describe(send, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %lld floats, rank %d receives "
+             "%lld (recv #%lld)", what, pdp__p2p_owner(send), (long long)send->args.count,
+             pdp__p2p_owner(recv), (long long)recv->args.count, (long long)recv->head.seq);
+    pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_ERR_INVALID, msg);
+    pdp__p2p_describe(recv, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %lld floats (send #%lld), rank "
+             "%d receives %lld", what, pdp__p2p_owner(send), (long long)send->args.count,
+             (long long)send->head.seq, pdp__p2p_owner(recv), (long long)recv->args.count);
+    pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_ERR_INVALID, msg);
+}
+
+static pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, int64_t count,
+                                 int peer, int tag, pdp_work **out)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp_local_group *g = lc->g;
+    pdp__workq *q = (pdp__workq *)c->impl;
+    pdp__coll_args a;
+    pdp__workq_item *w = NULL, *m;
+    pdp_status st;
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.peer = peer;
+    a.tag = tag;
+    if (kind == PDP__COLL_SEND) a.send = buf;
+    else a.recv = buf;
+    if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
+    pthread_mutex_lock(&g->mu);
+    if (g->broken || g->gone[peer]) {
+        char what[200];
+        pdp__p2p_describe(w, what, sizeof what);
+        st = g->broken ? g->broken_status : PDP_ERR_COMM;
+        if (g->broken) pdp__err(st, "%.200s: the group is broken: %.250s", what, g->broken_msg);
+        else pdp__err(st, "%s: rank %d left the group (freed its communicator)", what, peer);
+        pthread_mutex_unlock(&g->mu);
+        pdp__workq_untake(q, w);
+        return st;
+    }
+    for (m = g->p2p_head; m; m = m->p2p_next)
+        if (pdp__p2p_owner(m) == peer && m->args.peer == c->rank && m->args.tag == tag &&
+            m->args.kind != kind)
+            break;
+    if (m) {
+        pdp__mailbox_remove(g, m);
+        if (kind == PDP__COLL_SEND) pdp__p2p_match(w, m);
+        else pdp__p2p_match(m, w);
+    } else {
+        if (g->p2p_tail) g->p2p_tail->p2p_next = w;
+        else g->p2p_head = w;
+        g->p2p_tail = w;
+    }
+    pthread_mutex_unlock(&g->mu);
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                  pdp_work **w)
+{
+    return pdp__local_p2p(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
+}
+
+static pdp_status pdp__local_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                  pdp_work **w)
+{
+    return pdp__local_p2p(c, PDP__COLL_RECV, buf, count, peer, tag, w);
+}
+
+static void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+{
+    pdp_local_group *g = ((pdp__local_comm *)q->comm)->g;
+    char msg[PDP__MSG_CAP];
+    bool withdrawn;
+    pthread_mutex_lock(&g->mu);
+    withdrawn = pdp__mailbox_remove(g, w);
+    pthread_mutex_unlock(&g->mu);
+    if (!withdrawn) return; /* matched meanwhile: completed */
+    pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
+    pdp__workq_finish(q, w, PDP_ERR_TIMEOUT, msg);
+}
+
+/* Rank r's communicator is going (g->mu held): its unmatched messages are withdrawn, and
+   those of other ranks that name it fail with PDP_ERR_COMM. */
+static void pdp__mailbox_depart(pdp_local_group *g, int r)
+{
+    pdp__workq_item *m = g->p2p_head, *next;
+    for (; m; m = next) {
+        char msg[PDP__MSG_CAP], what[200];
+        next = m->p2p_next;
+        if (pdp__p2p_owner(m) != r && m->args.peer != r) continue;
+        pdp__mailbox_remove(g, m);
+        pdp__p2p_describe(m, what, sizeof what);
+        snprintf(msg, sizeof msg, "%s: rank %d left the group (freed its communicator) before "
+                 "the message was matched", what, r);
+        pdp__workq_finish((pdp__workq *)m->head.comm->impl, m, PDP_ERR_COMM, msg);
+    }
+}
+
+/* ---- comm_local: communicators ---- */
+
+/* The queue's exec: one collective for this rank, barrier A, its share of the
+   work, barrier B. */
+static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)q->comm;
+    pdp_local_group *g = lc->g;
+    const pdp__coll_args *a = &w->args;
+    int r = lc->head.rank;
+    pdp_status st;
+    if (g->size == 1) {
+        if (a->kind == PDP__COLL_REDUCE_SCATTER || a->kind == PDP__COLL_ALLGATHER)
+            if (a->recv != a->send && a->count > 0)
+                memmove(a->recv, a->send, (size_t)a->count * sizeof *a->recv);
+        return PDP_OK;
+    }
+    if ((st = pdp__group_barrier(g, r, a, true, msg, cap)) != PDP_OK) return st;
+    pdp__local_execute(g, r);
+    return pdp__group_barrier(g, r, a, false, msg, cap);
+}
+
+static void pdp__local_destroy(pdp_comm *c)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp_local_group *g = lc->g;
+    /* gone first: a progress thread blocked in a barrier on our behalf, or a peer
+       waiting for us, wakes up and fails instead of waiting out the timeout */
+    bool last;
+    pthread_mutex_lock(&g->mu);
+    g->gone[c->rank] = true;
+    pdp__mailbox_depart(g, c->rank);
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    pdp__workq_shutdown(&lc->q);
+    pdp__dealloc(lc);
+    pthread_mutex_lock(&g->mu);
+    last = g->refs > 0 && --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) pdp_local_group_free(g); /* a split's group goes with its last communicator */
+}
+
+/* ---- comm_local: split ----
+   The member that becomes rank 0 of a colour creates its group (refs = its size: the
+   group frees itself with the last of them) and every rank broadcasts the pointer of
+   the group it made, or NULL, over c; each member then joins its leader's group. */
+static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                   int leader, pdp_comm **out)
+{
+    pdp__local_comm *lc = (pdp__local_comm *)c;
+    pdp_local_group *mine = NULL, *g = NULL;
+    pdp_comm_desc d;
+    char name[48];
+    int r;
+    pdp_status st;
+    (void)key;
+    if (colour >= 0 && new_rank == 0) {
+        memset(&d, 0, sizeof d);
+        d.timeout_s = c->timeout_s;
+        snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
+        d.name = name;
+        if ((st = pdp_local_group_create(&mine, new_size, &d)) != PDP_OK) return st;
+        mine->refs = new_size;
+    }
+    for (r = 0; r < c->size; r++) {
+        void *p = r == c->rank ? (void *)mine : NULL;
+        if ((st = c->ops->broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return st;
+        if (r == leader) g = (pdp_local_group *)p;
+    }
+    (void)lc;
+    if (colour < 0) return PDP_OK;
+    if ((st = pdp_comm_create_local(out, g, new_rank)) != PDP_OK) {
+        bool last;
+        pthread_mutex_lock(&g->mu);
+        g->gone[new_rank] = true;
+        last = --g->refs == 0;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        if (last) pdp_local_group_free(g);
+    }
+    return st;
+}
+
+static const pdp__comm_ops pdp__local_ops = {
+    pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
+    pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__local_send,      pdp__local_recv,      pdp__local_split,
+    pdp__workq_wait,      pdp__workq_done,      pdp__local_destroy,
+};
+
+PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank)
+{
+    static const char *fn = "pdp_comm_create_local";
+    pdp__local_comm *lc;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
+    if (rank < 0 || rank >= g->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->size - 1);
+    lc = (pdp__local_comm *)pdp__calloc(sizeof *lc);
+    if (!lc) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
+    pthread_mutex_lock(&g->mu);
+    if (g->joined[rank]) {
+        pthread_mutex_unlock(&g->mu);
+        pdp__dealloc(lc);
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d of group '%s' already has a communicator",
+                        fn, rank, g->name);
+    }
+    g->joined[rank] = true;
+    pthread_mutex_unlock(&g->mu);
+    lc->head.ops = &pdp__local_ops;
+    lc->head.backend = PDP_BACKEND_LOCAL;
+    lc->head.rank = rank;
+    lc->head.size = g->size;
+    lc->head.timeout_s = g->timeout_s;
+    lc->head.device = g->device;
+    memcpy(lc->head.name, g->name, sizeof lc->head.name);
+    lc->head.impl = &lc->q;
+    lc->g = g;
+    lc->q.comm = &lc->head;
+    lc->q.exec = pdp__local_exec;
+    lc->q.p2p_expire = pdp__local_p2p_expire;
+    /* world size 1: every collective is local and immediate, no thread */
+    if ((st = pdp__workq_init(&lc->q, lc->pool, PDP_LOCAL_MAX_INFLIGHT, "PDP_LOCAL_MAX_INFLIGHT",
+                              g->size > 1, fn)) != PDP_OK) {
+        pthread_mutex_lock(&g->mu);
+        g->joined[rank] = false;
+        pthread_mutex_unlock(&g->mu);
+        pdp__dealloc(lc);
+        return st;
+    }
+    *out = &lc->head;
+    return PDP_OK;
+}
+/* ---- end src/comm_local.c ---- */
+
+/* ---- begin src/comm_mpi.c ---- */
+/* comm_mpi: the MPI communicator backend (-DPDP_MPI), and its entry in comm.c's
+   dispatcher, pdp__comm_init_mpi_env: pdp_comm_init_env with PDP_BACKEND_MPI
+   creates the communicator below; without PDP_MPI it fails with
+   PDP_ERR_UNSUPPORTED naming the macro.
+
+   ---- the MPI backend ----
+   Rank and size come from MPI_COMM_WORLD, which every process duplicates once
+   (collective: every rank calls pdp_comm_init_env, in the same order as its
+   other collectives on MPI_COMM_WORLD), so pdp's traffic never matches the
+   application's own messages. The duplication is MPI_Comm_idup, polled
+   against timeout_s: a rank that never creates its communicator makes the
+   others fail with PDP_ERR_TIMEOUT instead of hanging; the orphaned request
+   is kept, and completed (or given up) before MPI_Finalize. The duplicate
+   reports errors (MPI_ERRORS_RETURN) instead of aborting the job: library
+   code never calls MPI_Abort, and an MPI error becomes PDP_ERR_COMM with
+   MPI's error string.
+
+   One progress thread per communicator runs the collectives in issue order,
+   as PyTorch's ProcessGroupMPI does (comm_queue.c's collective queue, shared with
+   the local backend; this file supplies its exec, idle and destroy): a launch
+   only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
+   allocated per collective) and returns, so the calling rank keeps computing
+   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
+   MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
+   MPI_Test: spinning for a few hundred polls (small collectives finish there),
+   then, while the rank's own thread is blocked in pdp_wait and its core is
+   idle, yielding between polls for up to 2 ms; otherwise (the rank computes,
+   or a peer is late) sleeping 200 us between polls (500 us once a collective has
+   waited 20 ms), so that backward keeps its core and the poll latency hides
+   under it. AVG is SUM followed by a division by the size on every element, as
+   the local backend does. MPI counts are int: an all-reduce or broadcast is
+   split into calls of PDP_MPI_CHUNK elements; reduce-scatter and all-gather take
+   at most INT_MAX elements per rank.
+   In-place forms: all-gather with send == recv + rank * count, and
+   reduce-scatter with recv == send + rank * count (NCCL's convention).
+
+   Timeouts: MPI cannot time out, so the progress thread is the watchdog. A
+   collective that has not completed timeout_s after the thread posted it fails
+   with PDP_ERR_TIMEOUT naming the collective, its sequence number and the
+   communicator (MPI cannot say which rank is missing). The communicator is
+   then broken (the queue is sticky): queued and later collectives fail at
+   once with the same status and message, as an aborted NCCL communicator
+   does. The timed-out request
+   cannot be cancelled (MPI forbids cancelling collectives); the thread keeps
+   testing it, so a late rank still completes it and the communicator can be
+   freed cleanly. pdp_comm_free gives an in-flight request one more second,
+   then abandons it: the duplicate communicator and the request are leaked,
+   and pdp will not call MPI_Finalize, because that may hang on them.
+
+   MPI initialisation: if MPI is not initialised, the first pdp_comm_init_env
+   calls MPI_Init_thread(MPI_THREAD_MULTIPLE), and pdp_comm_free of the last
+   MPI communicator calls MPI_Finalize (MPI cannot be initialised twice, so a
+   program that creates MPI communicators one after another, or uses MPI
+   itself, calls MPI_Init_thread first and MPI_Finalize last; pdp then never
+   finalises). MPI_THREAD_MULTIPLE is required: the progress thread calls MPI
+   while the application's threads may. That ownership record (a count of
+   live communicators and whether pdp initialised MPI) is process-wide,
+   behind a mutex, because MPI's own initialisation is.
+
+   Locks: the queue's mu guards the queue, the pool, the handles' done/status,
+   the broken state and the orphan; the progress thread never holds it inside
+   an MPI call.
+   Buffers pass to the progress thread and back across that mutex (TSan finds
+   nothing in this file; OpenMPI's own internals draw reports of their own).
+   Reference: MPI 3.1, chapter 5.12 (non-blocking collectives). */
+
+/* #include "internal.h" (already above) */
+
+#ifdef PDP_MPI
+#include <mpi.h>
+#include <sched.h>
+
+#ifndef PDP_MPI_MAX_INFLIGHT
+#  define PDP_MPI_MAX_INFLIGHT 256 /* handles per MPI communicator */
+#endif
+#ifndef PDP_MPI_CHUNK
+#  define PDP_MPI_CHUNK (1 << 30)  /* elements per MPI call of an all-reduce or broadcast */
+#endif
+#define PDP__MPI_FREE_GRACE_S 1.0  /* pdp_comm_free waits this long for an in-flight request */
+
+/* ---- comm_mpi: process-wide MPI ownership ---- */
+
+static pthread_mutex_t pdp__mpi_mu = PTHREAD_MUTEX_INITIALIZER;
+static int pdp__mpi_live;          /* MPI communicators alive */
+static bool pdp__mpi_we_init;      /* pdp called MPI_Init_thread, so it finalises */
+static bool pdp__mpi_unclean;      /* a request was abandoned: never call MPI_Finalize */
+static bool pdp__mpi_init_orphan;  /* a timed-out MPI_Comm_idup, completed before finalising */
+static MPI_Request pdp__mpi_init_req;
+static MPI_Comm pdp__mpi_init_comm;
+
+/* ---- comm_mpi: state ---- */
+
+/* A message in flight: its MPI request (and, for a receive, whether MPI has matched it). */
+typedef struct pdp__mpi_p2p {
+    bool active;        /* launched, not completed */
+    bool posted;        /* a send: always; a receive: matched by MPI_Improbe, MPI_Imrecv posted */
+    MPI_Request req;
+} pdp__mpi_p2p;
+
+typedef struct pdp__mpi_comm {
+    pdp_comm head;               /* first member */
+    pdp__workq q;                /* head.impl points here; sticky, with an idle poll */
+    MPI_Comm mcomm;              /* our duplicate of MPI_COMM_WORLD */
+    bool orphan;                 /* a timed-out request is still pending (q.mu) */
+    MPI_Request orphan_req;
+    bool traced;                 /* pdp__trace_open succeeded: close at free */
+    pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
+    int p2p_active;              /* messages in flight */
+    pdp__workq_item pool[PDP_MPI_MAX_INFLIGHT];
+    pdp__mpi_p2p p2p[PDP_MPI_MAX_INFLIGHT]; /* by pool index */
+} pdp__mpi_comm;
+
+/* ---- comm_mpi: executing a collective (the queue's exec and idle) ---- */
+
+static void pdp__mpi_errstr(int rc, char *out, size_t cap)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) len = 0;
+    s[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING - 1] = '\0';
+    snprintf(out, cap, "%s (MPI error %d)", len ? s : "unknown", rc);
+}
+
+/* ---- comm_mpi: point-to-point ----
+   MPI_Isend at launch; a receive is matched with MPI_Improbe first, so that a
+   count mismatch names both counts (the message is then consumed with a
+   zero-count MPI_Mrecv), then MPI_Imrecv. Every pending message of the
+   communicator is advanced by whoever polls: a thread in pdp_work_wait or
+   pdp_work_done on a message, and the progress thread while it drives a
+   collective or idles, so a ring where every rank sends first completes even
+   under MPI's rendezvous protocol. A message not complete timeout_s after its
+   launch fails with PDP_ERR_TIMEOUT naming peer and tag: an unmatched receive
+   is simply withdrawn; a send or a matched receive is cancelled (MPI_Cancel),
+   and if MPI does not confirm within a second its request is abandoned (pdp
+   then never calls MPI_Finalize, as for a timed-out collective). */
+
+static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
+                              const char *msg)
+{
+    mc->p2p[w - mc->pool].active = false;
+    mc->p2p_active--;
+    pdp__workq_finish(&mc->q, w, st, msg);
+}
+
+/* Advances one message (p2p_mu held). */
+static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w)
+{
+    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
+    const pdp__coll_args *a = &w->args;
+    char msg[PDP__MSG_CAP], what[200], e[256];
+    int flag = 0, rc, n = 0;
+    MPI_Status status;
+    if (!p->posted) { /* an unmatched receive */
+        MPI_Message m;
+        rc = MPI_Improbe(a->peer, a->tag, mc->mcomm, &flag, &m, &status);
+        if (rc == MPI_SUCCESS && !flag) return;
+        if (rc == MPI_SUCCESS) rc = MPI_Get_count(&status, MPI_FLOAT, &n);
+        if (rc == MPI_SUCCESS && (int64_t)n != a->count) {
+            MPI_Mrecv(NULL, 0, MPI_FLOAT, &m, MPI_STATUS_IGNORE); /* consume: MPI_ERR_TRUNCATE */
+            pdp__p2p_describe(w, what, sizeof what);
+            snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %d floats, rank %d "
+                     "receives %lld", what, a->peer, n, mc->head.rank, (long long)a->count);
+            pdp__mpi_p2p_fail(mc, w, PDP_ERR_INVALID, msg);
+            return;
+        }
+        if (rc == MPI_SUCCESS) rc = MPI_Imrecv(a->recv, (int)a->count, MPI_FLOAT, &m, &p->req);
+        if (rc != MPI_SUCCESS) goto mpi_error;
+        p->posted = true;
+    }
+    rc = MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) goto mpi_error;
+    if (!flag) return;
+    p->active = false;
+    mc->p2p_active--;
+    pdp__workq_finish(&mc->q, w, PDP_OK, "");
+    return;
+mpi_error:
+    pdp__mpi_errstr(rc, e, sizeof e);
+    pdp__p2p_describe(w, what, sizeof what);
+    snprintf(msg, sizeof msg, "%s: %s", what, e);
+    pdp__mpi_p2p_fail(mc, w, PDP_ERR_COMM, msg);
+}
+
+static void pdp__mpi_p2p_poll(pdp__workq *q)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    int i;
+    pthread_mutex_lock(&mc->p2p_mu);
+    for (i = 0; i < PDP_MPI_MAX_INFLIGHT && mc->p2p_active; i++)
+        if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i]);
+    pthread_mutex_unlock(&mc->p2p_mu);
+}
+
+static void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
+    char msg[PDP__MSG_CAP];
+    pthread_mutex_lock(&mc->p2p_mu);
+    if (p->active) {
+        if (p->posted) { /* cancel; MPI completes a cancelled request */
+            double give_up = pdp__now() + PDP__MPI_FREE_GRACE_S;
+            int flag = 0;
+            MPI_Cancel(&p->req);
+            while (!flag && pdp__now() < give_up)
+                if (MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+            if (!flag) {
+                MPI_Request_free(&p->req);
+                pthread_mutex_lock(&pdp__mpi_mu);
+                pdp__mpi_unclean = true;
+                pthread_mutex_unlock(&pdp__mpi_mu);
+            }
+        }
+        pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
+        pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
+    }
+    pthread_mutex_unlock(&mc->p2p_mu);
+}
+
+static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
+                                      int64_t count, int peer, int tag, pdp_work **out)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    pdp__coll_args a;
+    pdp__workq_item *w = NULL;
+    pdp__mpi_p2p *p;
+    pdp_status st;
+    int rc = MPI_SUCCESS;
+    if (count > INT32_MAX)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements on comm '%s' (rank %d): the MPI "
+                        "backend takes at most %d (MPI counts are int)", pdp__op_names[kind],
+                        (long long)count, c->name, c->rank, (int)INT32_MAX);
+    memset(&a, 0, sizeof a);
+    a.kind = kind;
+    a.count = count;
+    a.peer = peer;
+    a.tag = tag;
+    if (kind == PDP__COLL_SEND) a.send = buf;
+    else a.recv = buf;
+    if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
+    p = &mc->p2p[w - mc->pool];
+    pthread_mutex_lock(&mc->p2p_mu);
+    p->posted = kind == PDP__COLL_SEND;
+    if (kind == PDP__COLL_SEND)
+        rc = MPI_Isend(buf, (int)count, MPI_FLOAT, peer, tag, mc->mcomm, &p->req);
+    if (rc == MPI_SUCCESS) {
+        p->active = true;
+        mc->p2p_active++;
+        pdp__mpi_p2p_step(mc, w); /* a receive whose message is already here matches now */
+    }
+    pthread_mutex_unlock(&mc->p2p_mu);
+    if (rc != MPI_SUCCESS) {
+        char e[256];
+        pdp__mpi_errstr(rc, e, sizeof e);
+        pdp__workq_untake(&mc->q, w);
+        return pdp__err(PDP_ERR_COMM, "send to rank %d with tag %d on comm '%s' (rank %d): "
+                        "MPI_Isend failed: %s", peer, tag, c->name, c->rank, e);
+    }
+    *out = &w->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                pdp_work **w)
+{
+    return pdp__mpi_p2p_launch(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
+}
+
+static pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                pdp_work **w)
+{
+    return pdp__mpi_p2p_launch(c, PDP__COLL_RECV, buf, count, peer, tag, w);
+}
+
+/* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
+   PDP_ERR_COMM when the communicator is being freed, with *req left pending
+   (the caller records it as the orphan). */
+static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
+                                 double deadline, char *msg, size_t cap)
+{
+    pdp_comm *c = &mc->head;
+    double t0 = pdp__now(), now, since;
+    long polls = 0;
+    for (;;) {
+        int flag = 0, rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char e[256];
+            pdp__mpi_errstr(rc, e, sizeof e);
+            snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d of %d): MPI_Test failed: %s",
+                     w->head.op_name, (long long)w->head.seq, c->name, c->rank, c->size, e);
+            return PDP_ERR_COMM;
+        }
+        if (flag) return PDP_OK;
+        now = pdp__now();
+        if (now > deadline) {
+            snprintf(msg, cap, "%s #%lld (%lld elements) on comm '%s' did not complete within "
+                     "%g s on rank %d of %d: at least one rank did not arrive (it skipped the "
+                     "collective, issued another one, hangs or died; MPI cannot say which); "
+                     "the communicator is broken", w->head.op_name, (long long)w->head.seq,
+                     (long long)w->args.count, c->name, c->timeout_s, c->rank, c->size);
+            return PDP_ERR_TIMEOUT;
+        }
+        if ((++polls & 63) == 0 && pdp__workq_stopping(&mc->q, &since) &&
+            now > since + PDP__MPI_FREE_GRACE_S) {
+            snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d): abandoned in flight when the "
+                     "communicator was freed", w->head.op_name, (long long)w->head.seq, c->name,
+                     c->rank);
+            return PDP_ERR_COMM;
+        }
+        if ((polls & 63) == 0) pdp__mpi_p2p_poll(&mc->q);
+        if (polls < 256) continue; /* spin: small collectives finish here */
+        /* then yield while the rank waits (for 2 ms: its core is ours); otherwise nap
+           200 us (500 us once a peer has kept us 20 ms), since a yielding poller would
+           take a share of a core from backward or from whatever keeps the peer busy */
+        if (!pdp__workq_nap(&mc->q, now - t0 < 20e-3 ? 200e-6 : 500e-6, now - t0 < 2e-3))
+            sched_yield();
+    }
+}
+
+/* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
+static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
+                                  char *msg, size_t cap)
+{
+    char e[256];
+    if (rc == MPI_SUCCESS) return PDP_OK;
+    pdp__mpi_errstr(rc, e, sizeof e);
+    snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d of %d): %s failed: %s", w->head.op_name,
+             (long long)w->head.seq, mc->head.name, mc->head.rank, mc->head.size, call, e);
+    return PDP_ERR_COMM;
+}
+
+static void pdp__mpi_divide(float *PDP__RESTRICT p, int64_t n, int size)
+{
+    float div = (float)size;
+    PDP__FOR_BLOCKED(i, n, p[i] /= div;);
+}
+
+/* Runs one collective to completion on the progress thread. */
+static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
+                               char *msg, size_t cap)
+{
+    const pdp__coll_args *a = &w->args;
+    MPI_Comm mcomm = mc->mcomm;
+    double deadline = w->head.t_start + mc->head.timeout_s;
+    int size = mc->head.size, rank = mc->head.rank, n;
+    int64_t off, len;
+    pdp_status st;
+    *req = MPI_REQUEST_NULL;
+    switch (a->kind) {
+    case PDP__COLL_ALLREDUCE:
+    case PDP__COLL_BROADCAST:
+    case PDP__COLL_BROADCAST_BYTES:
+        for (off = 0; off < a->count; off += len) {
+            len = PDP__MIN(a->count - off, (int64_t)PDP_MPI_CHUNK);
+            n = (int)len;
+            if (a->kind == PDP__COLL_ALLREDUCE)
+                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, a->buf + off, n,
+                                     MPI_FLOAT, MPI_SUM, mcomm, req), "MPI_Iallreduce", msg, cap);
+            else if (a->kind == PDP__COLL_BROADCAST)
+                st = pdp__mpi_posted(mc, w, MPI_Ibcast(a->buf + off, n, MPI_FLOAT, a->op, mcomm,
+                                     req), "MPI_Ibcast", msg, cap);
+            else
+                st = pdp__mpi_posted(mc, w, MPI_Ibcast((char *)a->bytes_buf + off, n, MPI_BYTE,
+                                     a->op, mcomm, req), "MPI_Ibcast", msg, cap);
+            if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
+            if (st != PDP_OK) return st;
+        }
+        if (a->kind == PDP__COLL_ALLREDUCE && a->op == PDP_REDUCE_AVG)
+            pdp__mpi_divide(a->buf, a->count, size);
+        return PDP_OK;
+    case PDP__COLL_REDUCE_SCATTER: {
+        float *mine = (float *)a->send + (int64_t)rank * a->count; /* in-place slot */
+        bool in_place = a->recv == mine;
+        n = (int)a->count;
+        if (size == 1) {
+            if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
+        } else {
+            /* in place, MPI leaves the result at the start of the buffer */
+            st = pdp__mpi_posted(mc, w, MPI_Ireduce_scatter_block(
+                                     in_place ? MPI_IN_PLACE : (void *)a->send,
+                                     in_place ? (void *)a->send : (void *)a->recv, n, MPI_FLOAT,
+                                     MPI_SUM, mcomm, req),
+                                 "MPI_Ireduce_scatter_block", msg, cap);
+            if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
+            if (st != PDP_OK) return st;
+            if (in_place && rank > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
+        }
+        if (a->op == PDP_REDUCE_AVG) pdp__mpi_divide(a->recv, a->count, size);
+        return PDP_OK;
+    }
+    case PDP__COLL_ALLGATHER: {
+        bool in_place = a->send == a->recv + (int64_t)rank * a->count;
+        n = (int)a->count;
+        st = pdp__mpi_posted(mc, w, MPI_Iallgather(in_place ? MPI_IN_PLACE : (void *)a->send,
+                             n, MPI_FLOAT, a->recv, n, MPI_FLOAT, mcomm, req),
+                             "MPI_Iallgather", msg, cap);
+        if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
+        return st;
+    }
+    case PDP__COLL_BARRIER:
+        st = pdp__mpi_posted(mc, w, MPI_Ibarrier(mcomm, req), "MPI_Ibarrier", msg, cap);
+        if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
+        return st;
+    case PDP__COLL_SPLIT: /* blocking, but every rank is known to have arrived (comm.c) */
+        return pdp__mpi_posted(mc, w, MPI_Comm_split(mcomm, a->op < 0 ? MPI_UNDEFINED : a->op,
+                               (int)a->count, (MPI_Comm *)a->out), "MPI_Comm_split", msg, cap);
+    case PDP__COLL_SEND: /* never queued */
+    case PDP__COLL_RECV:
+        break;
+    }
+    snprintf(msg, cap, "comm_mpi: unknown collective kind %d", (int)a->kind);
+    return PDP_ERR_STATE;
+}
+
+/* The queue's exec; a request posted but never completed becomes the orphan. */
+static pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    MPI_Request req;
+    pdp_status st = pdp__mpi_run(mc, w, &req, msg, cap);
+    if (st != PDP_OK && req != MPI_REQUEST_NULL) {
+        pthread_mutex_lock(&q->mu);
+        mc->orphan = true;
+        mc->orphan_req = req;
+        pthread_mutex_unlock(&q->mu);
+    }
+    return st;
+}
+
+/* Sleeps 1 ms, then tests the orphan once: true when it completed. */
+static bool pdp__mpi_orphan_test(MPI_Request *req)
+{
+    int flag = 0;
+    struct timespec ts = {0, 1000000}; /* 1 ms */
+    nanosleep(&ts, NULL);
+    if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
+    return flag != 0;
+}
+
+/* The queue's idle hook (q->mu held): keep a timed-out request moving, so
+   that a late rank completes it and the communicator can be freed cleanly. */
+static bool pdp__mpi_idle(pdp__workq *q)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    bool done;
+    if (q->p2p_live) { /* keep messages moving while the rank computes */
+        struct timespec ts = {0, 200000}; /* 200 us */
+        pthread_mutex_unlock(&q->mu);
+        pdp__mpi_p2p_poll(q);
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&q->mu);
+        return true;
+    }
+    if (!mc->orphan) return false;
+    pthread_mutex_unlock(&q->mu);
+    done = pdp__mpi_orphan_test(&mc->orphan_req);
+    pthread_mutex_lock(&q->mu);
+    if (done) mc->orphan = false;
+    return true;
+}
+
+/* ---- comm_mpi: the ops table ---- */
+
+static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const char *what)
+{
+    if (count <= INT32_MAX) return PDP_OK;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements per rank on comm '%s' (rank %d): the "
+                    "MPI backend takes at most %d (MPI counts are int)", what, (long long)count,
+                    c->name, c->rank, (int)INT32_MAX);
+}
+
+static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                          int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    pdp_status st;
+    if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
+    return pdp__workq_reduce_scatter(c, send, recv, recv_count, op, w);
+}
+
+static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
+                                     int64_t send_count, pdp_work **w)
+{
+    pdp_status st;
+    if ((st = pdp__mpi_int_count(c, send_count, "allgather")) != PDP_OK) return st;
+    return pdp__workq_allgather(c, send, recv, send_count, w);
+}
+
+/* Tests *req until it completes (true) or deadline passes (false). */
+static bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
+{
+    for (;;) {
+        int flag = 0;
+        struct timespec ts = {0, 100000}; /* 100 us: creation and shutdown only */
+        if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+        if (flag) return true;
+        if (pdp__now() > deadline) return false;
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Drops one reference to MPI; the last one finalises it if pdp initialised it
+   (after completing a timed-out duplication, if its late rank came after all). */
+static void pdp__mpi_release(void)
+{
+    pthread_mutex_lock(&pdp__mpi_mu);
+    if (--pdp__mpi_live == 0 && pdp__mpi_init_orphan) {
+        if (pdp__mpi_poll_until(&pdp__mpi_init_req, pdp__now() + PDP__MPI_FREE_GRACE_S)) {
+            MPI_Comm_free(&pdp__mpi_init_comm);
+            pdp__mpi_init_orphan = false;
+        } else {
+            pdp__mpi_unclean = true;
+        }
+    }
+    if (pdp__mpi_live == 0 && pdp__mpi_we_init && !pdp__mpi_unclean) {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Finalize();
+        pdp__mpi_we_init = false;
+    }
+    pthread_mutex_unlock(&pdp__mpi_mu);
+}
+
+static void pdp__mpi_destroy(pdp_comm *c)
+{
+    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    int i;
+    pdp__workq_shutdown(&mc->q);
+    /* messages never waited: an unmatched receive is dropped, the rest cancelled */
+    pthread_mutex_lock(&mc->p2p_mu);
+    for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
+        if (mc->p2p[i].active && mc->p2p[i].posted) {
+            int flag = 0;
+            MPI_Test(&mc->p2p[i].req, &flag, MPI_STATUS_IGNORE);
+            if (!flag) {
+                MPI_Cancel(&mc->p2p[i].req);
+                if (!pdp__mpi_poll_until(&mc->p2p[i].req, pdp__now() + PDP__MPI_FREE_GRACE_S))
+                    mc->orphan = true; /* leave mcomm alone and never finalise */
+            }
+        }
+    pthread_mutex_unlock(&mc->p2p_mu);
+    pthread_mutex_destroy(&mc->p2p_mu);
+    /* give a timed-out request a last chance to complete */
+    while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
+        if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
+    if (mc->orphan) { /* a request that never completed still references mcomm: leave both */
+        pthread_mutex_lock(&pdp__mpi_mu);
+        pdp__mpi_unclean = true;
+        pthread_mutex_unlock(&pdp__mpi_mu);
+    } else {
+        MPI_Comm_free(&mc->mcomm);
+    }
+    if (mc->traced) pdp__trace_close();
+    pdp__dealloc(mc);
+    pdp__mpi_release();
+}
+
+static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                 int leader, pdp_comm **out);
+
+static const pdp__comm_ops pdp__mpi_ops = {
+    pdp__workq_allreduce, pdp__workq_broadcast, pdp__mpi_reduce_scatter,
+    pdp__mpi_allgather,   pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__mpi_send,        pdp__mpi_recv,        pdp__mpi_split,
+    pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
+};
+
+/* ---- comm_mpi: bounded start-up ----
+   MPI_Init_thread cannot be interrupted and has no timeout: a rank that never
+   starts leaves the others inside it until the launcher gives up. pdp bounds
+   what it can around it (comm.h states the contract):
+     the start-up check  with a store port in the environment (PDP_STORE_PORT or
+                         MASTER_PORT) and the ranks named by the launcher
+                         (OMPI_COMM_WORLD_* or RANK/WORLD_SIZE), every rank checks
+                         in at the TCP store (rendezvous.c; rank 0 serves it) BEFORE
+                         calling MPI_Init_thread, and waits up to timeout_s for all
+                         the others: a missing rank makes the others fail with
+                         PDP_ERR_TIMEOUT naming it, and MPI_Init_thread is never
+                         called, so nothing hangs. The store stays open until
+                         MPI_Init_thread returned (rank 0 serves the latecomers);
+     the watchdog        a thread started before MPI_Init_thread: when it has not
+                         returned timeout_s later, the watchdog calls desc->log
+                         (PDP_LOG_ERROR, from the watchdog thread) once, naming this
+                         rank, what it waits for and, when the start-up check passed,
+                         that every rank had checked in. It never exits or aborts:
+                         the rank stays in MPI_Init_thread until MPI returns or the
+                         launcher ends the job. */
+
+typedef struct pdp__mpi_watch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* CLOCK_MONOTONIC */
+    bool done;              /* MPI_Init_thread returned */
+    double timeout_s;
+    pdp_log_fn log;
+    void *log_user;
+    char msg[512];
+} pdp__mpi_watch;
+
+static void *pdp__mpi_watchdog(void *arg)
+{
+    pdp__mpi_watch *w = (pdp__mpi_watch *)arg;
+    struct timespec deadline;
+    bool fired = false;
+    pdp__deadline(&deadline, w->timeout_s);
+    pthread_mutex_lock(&w->mu);
+    while (!w->done && !fired)
+        fired = pthread_cond_timedwait(&w->cv, &w->mu, &deadline) == ETIMEDOUT && !w->done;
+    pthread_mutex_unlock(&w->mu);
+    if (fired && w->log) w->log(PDP_LOG_ERROR, w->msg, w->log_user);
+    return NULL;
+}
+
+/* The start-up check (above); *store is left open for the caller to free after
+   MPI_Init_thread, NULL when no check ran. *checked: every rank checked in. */
+static pdp_status pdp__mpi_start_check(pdp_store **store, const pdp_env_info *env,
+                                       double timeout_s, bool *checked, const char *fn)
+{
+    double deadline = pdp__now() + timeout_s;
+    char key[64], missing[200];
+    const char *k = key;
+    size_t len = 0;
+    int r, nmissing = 0;
+    pdp_status st;
+    *store = NULL;
+    *checked = false;
+    if (!env->from_env || env->world_size < 2) return PDP_OK;
+    if (!getenv("PDP_STORE_PORT") && !getenv("MASTER_PORT")) return PDP_OK;
+    if ((st = pdp__rendezvous_store(store, env, timeout_s, "MPI start-up check", fn)) != PDP_OK) {
+        if (st == PDP_ERR_TIMEOUT && env->rank != 0)
+            return pdp__err(st, "%s: MPI start-up check: rank %d of %d: missing rank 0: it did not "
+                            "start within %g s (its TCP store at %s never answered); "
+                            "MPI_Init_thread was not called", fn, env->rank, env->world_size,
+                            timeout_s, env->master_addr);
+        return st;
+    }
+    snprintf(key, sizeof key, "pdp/mpi_start/%d", env->rank);
+    if ((st = pdp_store_set(*store, key, "", 0)) != PDP_OK) goto fail;
+    missing[0] = '\0';
+    for (r = 0; r < env->world_size; r++) {
+        double left = deadline - pdp__now();
+        snprintf(key, sizeof key, "pdp/mpi_start/%d", r);
+        st = pdp_store_wait(*store, &k, 1, left > 1e-3 ? left : 1e-3);
+        if (st == PDP_ERR_TIMEOUT) {
+            if (len < sizeof missing - 16)
+                len += (size_t)snprintf(missing + len, sizeof missing - len, " %d", r);
+            nmissing++;
+        } else if (st != PDP_OK) {
+            goto fail;
+        }
+    }
+    if (env->rank != 0) { /* rank 0 keeps serving until every present rank has its answer */
+        snprintf(key, sizeof key, "pdp/mpi_start_seen/%d", env->rank);
+        if (nmissing && (st = pdp_store_set(*store, key, "", 0)) != PDP_OK) goto fail;
+    } else if (nmissing) {
+        double grace = pdp__now() + (timeout_s < 1.0 ? timeout_s : 1.0);
+        for (r = 1; r < env->world_size; r++) {
+            double left = grace - pdp__now();
+            snprintf(key, sizeof key, "pdp/mpi_start/%d", r);
+            if (pdp_store_wait(*store, &k, 1, 1e-3) != PDP_OK) continue; /* a missing rank */
+            snprintf(key, sizeof key, "pdp/mpi_start_seen/%d", r);
+            (void)pdp_store_wait(*store, &k, 1, left > 1e-3 ? left : 1e-3);
+        }
+    }
+    if (nmissing) {
+        pdp_store_free(*store);
+        *store = NULL;
+        return pdp__err(PDP_ERR_TIMEOUT, "%s: MPI start-up check: rank %d of %d: missing rank%s"
+                        "%s: %s not call pdp_comm_init_env within %g s (checked at the TCP "
+                        "store before MPI_Init_thread, which was therefore not called)", fn,
+                        env->rank, env->world_size, nmissing > 1 ? "s" : "", missing,
+                        nmissing > 1 ? "they did" : "it did", timeout_s);
+    }
+    *checked = true;
+    return PDP_OK;
+fail:
+    pdp_store_free(*store);
+    *store = NULL;
+    return pdp__err_wrap(st, "%s: MPI start-up check: rank %d of %d", fn, env->rank,
+                         env->world_size);
+}
+
+/* MPI_Init_thread after the start-up check, under the watchdog; mpi_mu held. */
+static int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, int *provided,
+                                 pdp_status *st, const char *fn)
+{
+    pdp__mpi_watch w;
+    pthread_condattr_t ca;
+    pthread_t tid;
+    pdp_env_info env;
+    pdp_store *store = NULL;
+    bool checked = false, watching;
+    int rc;
+    if (pdp_env_read(&env) != PDP_OK) { /* the launcher's variables are not ours to judge */
+        memset(&env, 0, sizeof env);
+        env.rank = -1;
+    }
+    if ((*st = pdp__mpi_start_check(&store, &env, timeout_s, &checked, fn)) != PDP_OK)
+        return MPI_ERR_OTHER;
+    memset(&w, 0, sizeof w);
+    w.timeout_s = timeout_s;
+    w.log = desc ? desc->log : NULL;
+    w.log_user = desc ? desc->log_user : NULL;
+    snprintf(w.msg, sizeof w.msg, "%s: rank %d of %d: MPI_Init_thread has not returned after %g s "
+             "(timeout_s): %s; pdp cannot interrupt MPI_Init_thread, so this rank waits until "
+             "MPI returns or the launcher ends the job", fn, env.rank, env.world_size, timeout_s,
+             checked ? "every rank checked in at the start-up check, so a rank died or hangs "
+                       "inside MPI's start-up (MPI cannot say which)"
+                     : "a rank did not start or is stuck before pdp_comm_init_env (MPI cannot "
+                       "say which; set PDP_STORE_PORT for a start-up check that names it)");
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    watching = w.log && pthread_create(&tid, NULL, pdp__mpi_watchdog, &w) == 0;
+    rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, provided);
+    if (watching) {
+        pthread_mutex_lock(&w.mu);
+        w.done = true;
+        pthread_cond_signal(&w.cv);
+        pthread_mutex_unlock(&w.mu);
+        pthread_join(tid, NULL);
+    }
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+    pdp_store_free(store); /* every rank is past MPI's start-up: nobody needs it now */
+    return rc;
+}
+
+/* ---- comm_mpi: creation ---- */
+
+/* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
+static pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
+{
+    int inited = 0, finalized = 0, provided = 0, rc;
+    pdp_status st = PDP_OK;
+    pthread_mutex_lock(&pdp__mpi_mu);
+    MPI_Finalized(&finalized);
+    if (finalized) {
+        st = pdp__err(PDP_ERR_STATE, "%s: MPI is already finalized and cannot start again (pdp "
+                      "finalises MPI with the last communicator when it initialised MPI itself; "
+                      "to create MPI communicators one after another call MPI_Init_thread "
+                      "before the first and MPI_Finalize after the last)", fn);
+        goto out;
+    }
+    MPI_Initialized(&inited);
+    if (!inited) {
+        rc = pdp__mpi_init_bounded(desc, timeout_s, &provided, &st, fn);
+        if (st != PDP_OK) goto out;
+        if (rc != MPI_SUCCESS) {
+            char e[256];
+            pdp__mpi_errstr(rc, e, sizeof e);
+            st = pdp__err(PDP_ERR_COMM, "%s: MPI_Init_thread failed: %s", fn, e);
+            goto out;
+        }
+        pdp__mpi_we_init = true;
+    } else {
+        MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_MULTIPLE) {
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: MPI provides thread level %d, but the progress "
+                      "thread of the MPI backend needs MPI_THREAD_MULTIPLE (%d): initialise MPI "
+                      "with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) and use an MPI built "
+                      "with thread support", fn, provided, MPI_THREAD_MULTIPLE);
+        if (pdp__mpi_we_init && pdp__mpi_live == 0) {
+            MPI_Finalize();
+            pdp__mpi_we_init = false;
+        }
+        goto out;
+    }
+    pdp__mpi_live++;
+out:
+    pthread_mutex_unlock(&pdp__mpi_mu);
+    return st;
+}
+
+static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                double timeout_s, const char *fn);
+
+static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn)
+{
+    MPI_Comm mcomm = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rank = 0, size = 1, rc;
+    double timeout_s;
+    pdp_status st;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout_s, fn)) != PDP_OK) return st;
+    if (desc && desc->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the MPI backend moves CPU buffers; device "
+                        "CUDA %d needs PDP_BACKEND_NCCL", fn, desc->device.ordinal);
+    if ((st = pdp__mpi_acquire(desc, timeout_s, fn)) != PDP_OK) return st;
+    pthread_mutex_lock(&pdp__mpi_mu);
+    if (pdp__mpi_init_orphan && pdp__mpi_poll_until(&pdp__mpi_init_req, 0.0)) {
+        MPI_Comm_free(&pdp__mpi_init_comm); /* an earlier timed-out duplication completed */
+        pdp__mpi_init_orphan = false;
+    }
+    pthread_mutex_unlock(&pdp__mpi_mu);
+    rc = MPI_Comm_idup(MPI_COMM_WORLD, &mcomm, &req);
+    if (rc == MPI_SUCCESS && !pdp__mpi_poll_until(&req, pdp__now() + timeout_s)) {
+        int world_rank = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+        pthread_mutex_lock(&pdp__mpi_mu);
+        if (pdp__mpi_init_orphan) {
+            pdp__mpi_unclean = true; /* a second orphan: no slot to keep it */
+        } else {
+            pdp__mpi_init_orphan = true;
+            pdp__mpi_init_req = req;
+            pdp__mpi_init_comm = mcomm;
+        }
+        pthread_mutex_unlock(&pdp__mpi_mu);
+        pdp__mpi_release();
+        return pdp__err(PDP_ERR_TIMEOUT, "%s: rank %d: duplicating MPI_COMM_WORLD did not "
+                        "complete within %g s: at least one rank did not call "
+                        "pdp_comm_init_env (or called it in another order)", fn, world_rank,
+                        timeout_s);
+    }
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(mcomm, MPI_ERRORS_RETURN);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(mcomm, &rank);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(mcomm, &size);
+    if (rc != MPI_SUCCESS) {
+        char e[256];
+        pdp__mpi_errstr(rc, e, sizeof e);
+        if (mcomm != MPI_COMM_NULL) MPI_Comm_free(&mcomm);
+        pdp__mpi_release();
+        return pdp__err(PDP_ERR_COMM, "%s: duplicating MPI_COMM_WORLD failed: %s", fn, e);
+    }
+    return pdp__mpi_wrap(out, mcomm, desc && desc->name ? desc->name : "comm", timeout_s, fn);
+}
+
+/* Wraps mcomm (errors returned, one reference to MPI taken by the caller; both given
+   up on failure) as a communicator with its own queue, progress thread and p2p state. */
+static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                double timeout_s, const char *fn)
+{
+    pdp__mpi_comm *mc;
+    int rank = 0, size = 1, world_rank = 0, world_size = 1;
+    pdp_status st;
+    MPI_Comm_rank(mcomm, &rank);
+    MPI_Comm_size(mcomm, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank); /* the trace is per process */
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    mc = (pdp__mpi_comm *)pdp__calloc(sizeof *mc);
+    if (!mc) {
+        MPI_Comm_free(&mcomm);
+        pdp__mpi_release();
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for the MPI communicator (rank %d)",
+                        fn, rank);
+    }
+    pthread_mutex_init(&mc->p2p_mu, NULL);
+    mc->head.ops = &pdp__mpi_ops;
+    mc->head.backend = PDP_BACKEND_MPI;
+    mc->head.rank = rank;
+    mc->head.size = size;
+    mc->head.timeout_s = timeout_s;
+    mc->head.device = pdp_cpu();
+    snprintf(mc->head.name, sizeof mc->head.name, "%s", name);
+    mc->head.impl = &mc->q;
+    mc->mcomm = mcomm;
+    mc->q.comm = &mc->head;
+    mc->q.exec = pdp__mpi_exec;
+    mc->q.idle = pdp__mpi_idle;
+    mc->q.p2p_poll = pdp__mpi_p2p_poll;
+    mc->q.p2p_expire = pdp__mpi_p2p_expire;
+    mc->q.sticky = true;
+    if ((st = pdp__trace_open(world_size > 1 ? world_rank : -1)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s (rank %d)", fn, rank);
+        goto fail;
+    }
+    mc->traced = true;
+    if (pdp__trace_enabled()) {
+        char track[48];
+        snprintf(track, sizeof track, "comm %s (mpi)", mc->head.name);
+        mc->q.trace_pid = world_rank;
+        mc->q.trace_tid = pdp__trace_track(world_rank, track);
+    }
+    if ((st = pdp__workq_init(&mc->q, mc->pool, PDP_MPI_MAX_INFLIGHT, "PDP_MPI_MAX_INFLIGHT", true,
+                              fn)) != PDP_OK)
+        goto fail;
+    *out = &mc->head;
+    return PDP_OK;
+fail:
+    if (mc->traced) pdp__trace_close();
+    pthread_mutex_destroy(&mc->p2p_mu);
+    pdp__dealloc(mc);
+    MPI_Comm_free(&mcomm);
+    pdp__mpi_release();
+    return st;
+}
+
+/* pdp_comm_split: MPI_Comm_split runs on the progress thread, in order with the
+   collectives (MPI forbids two threads in collectives on one communicator); comm.c's
+   colour exchange has already proved every rank arrived, so it does not block long. */
+static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                 int leader, pdp_comm **out)
+{
+    MPI_Comm nc = MPI_COMM_NULL;
+    pdp__coll_args a;
+    pdp_work *w = NULL;
+    char name[48];
+    pdp_status st;
+    (void)new_rank;
+    (void)new_size;
+    (void)leader;
+    memset(&a, 0, sizeof a);
+    a.kind = PDP__COLL_SPLIT;
+    a.op = colour;
+    a.count = key;
+    a.out = &nc;
+    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mpi_live++; /* the new communicator's reference, taken before anything can finalise */
+    pthread_mutex_unlock(&pdp__mpi_mu);
+    if ((st = pdp__workq_submit(c, &a, &w)) == PDP_OK) st = pdp__workq_wait(w);
+    if (st != PDP_OK || colour < 0 || nc == MPI_COMM_NULL) {
+        if (nc != MPI_COMM_NULL) MPI_Comm_free(&nc);
+        pdp__mpi_release();
+        return st;
+    }
+    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+    snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
+    return pdp__mpi_wrap(out, nc, name, c->timeout_s, "pdp_comm_split");
+}
+#endif /* PDP_MPI */
+
+/* ---- comm_mpi: pdp_comm_init_env ---- */
+
+static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_comm_init_env";
+#ifdef PDP_MPI
+    return pdp__mpi_create(out, desc, fn);
+#else
+    (void)desc;
+    *out = NULL;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: backend MPI: built without PDP_MPI (compile "
+                    "with -DPDP_MPI using mpicc, and run under mpirun)", fn);
+#endif
+}
+/* ---- end src/comm_mpi.c ---- */
+
+/* ---- begin src/comm_nccl.c ---- */
+/* comm_nccl: the NCCL communicator backend, host side (-DPDP_CUDA; the NCCL calls
+   themselves are in pdp_cuda.cu, behind cuda.h's pdp_cudak_nccl_* functions), and
+   its entry in comm.c's dispatcher, pdp__comm_init_nccl_env.
+
+   The NCCL communicator is a pdp__comm_ops backend like local and mpi: its
+   handles come from a fixed pool (one per completion-event slot), so a step
+   allocates nothing; a collective is launched on the NCCL stream after an
+   event recorded on the compute stream, and pdp_work_wait polls it against the
+   communicator's timeout (pdp_cuda.cu aborts the NCCL communicator on failure).
+   Thread ranks come from one pdp_nccl_group (ncclCommInitAll); process ranks
+   (pdp_comm_init_env) rendezvous through the TCP store (rendezvous.c, store.c):
+   rank 0 makes the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
+   every entry point fails with PDP_ERR_UNSUPPORTED naming the macro. */
+
+/* #include "internal.h" (already above) */
+
+/* the same text as cuda_host.c's (an identical redefinition is valid C) */
+#define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
+
+#ifndef PDP_CUDA
+static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
+{
+    (void)desc;
+    *out = NULL;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_comm_init_env: backend NCCL: built without PDP_CUDA "
+                    "(compile with -DPDP_CUDA and link pdp_cuda.o)");
+}
+#endif
+
+/* ---- comm_nccl: the communicator ---- */
+
+struct pdp_nccl_group {
+    int n;
+    double timeout_s;
+    char name[32];
+    pdp_device *devices;
+#ifdef PDP_CUDA
+    pdp_cudak_nccl **handles; /* taken by pdp_comm_create_nccl (NULL once taken) */
+#endif
+};
+
+#ifdef PDP_CUDA
+
+typedef struct pdp__nccl_work {
+    pdp_work head;
+    int slot;
+    bool busy;
+} pdp__nccl_work;
+
+typedef struct pdp__nccl_comm {
+    pdp_comm head;
+    pdp_cudak_nccl *h;
+    float *barrier_buf;     /* one float on the device */
+    int next;               /* the pool entry of the next collective */
+    int64_t seq;
+    bool traced;
+    int trace_tid;          /* 0: not traced */
+    pdp__nccl_work pool[PDP_CUDAK_NCCL_SLOTS];
+} pdp__nccl_comm;
+
+/* kind names the collective through internal.h's pdp__op_names, whose first four
+   entries follow pdp_cudak_coll's order. */
+static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float *send,
+                                  float *recv, int64_t count, int op, pdp_work **w)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp__nccl_work *wk;
+    int slot;
+    pdp_status st;
+    /* the pool entry k shares event slot k: a handle is free again once waited */
+    wk = &nc->pool[nc->next];
+    if (wk->busy)
+        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait on "
+                        "some before issuing more", PDP_CUDAK_NCCL_SLOTS, c->name, c->rank);
+    if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, &slot)) != PDP_OK)
+        return pdp__err(st, "%s #%lld (count %lld) on comm '%s', rank %d of %d: pdp_cuda: %s",
+                        pdp__op_names[kind], (long long)nc->seq, (long long)count, c->name,
+                        c->rank, c->size, pdp_cudak_error());
+    PDP_ASSERT(slot == nc->next);
+    nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS;
+    wk->busy = true;
+    wk->slot = slot;
+    wk->head.comm = c;
+    wk->head.op_name = pdp__op_names[kind];
+    wk->head.seq = nc->seq++;
+    wk->head.t_start = pdp__now();
+    wk->head.t_done = 0.0;
+    *w = &wk->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__nccl_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                      pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, w);
+}
+
+static pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                      pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, w);
+}
+
+static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                           int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_REDUCE_SCATTER, send, recv, recv_count,
+                           op == PDP_REDUCE_AVG, w);
+}
+
+static pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
+                                      int64_t send_count, pdp_work **w)
+{
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, w);
+}
+
+static pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0, w);
+}
+
+static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_status st = pdp_cudak_nccl_broadcast_bytes(nc->h, buf, bytes, root, c->timeout_s);
+    if (bytes) nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS; /* it used one event slot */
+    if (st != PDP_OK)
+        return pdp__err(st, "broadcast of %zu bytes from rank %d on comm '%s', rank %d of %d: "
+                        "pdp_cuda: %s", bytes, root, c->name, c->rank, c->size, pdp_cudak_error());
+    return PDP_OK;
+}
+
+static pdp_status pdp__nccl_wait(pdp_work *w)
+{
+    pdp__nccl_work *wk = (pdp__nccl_work *)w;
+    pdp_comm *c = w->comm;
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_status st = pdp_cudak_nccl_wait(nc->h, wk->slot, c->timeout_s);
+    w->t_done = pdp__now();
+    wk->busy = false;
+    if (st != PDP_OK)
+        return pdp__err(st, "%s #%lld on comm '%s', rank %d of %d: pdp_cuda: %s", w->op_name,
+                        (long long)w->seq, c->name, c->rank, c->size, pdp_cudak_error());
+    if (nc->trace_tid) {
+        char args[64];
+        snprintf(args, sizeof args, "\"seq\":%lld", (long long)w->seq);
+        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start, w->t_done,
+                         args);
+    }
+    return PDP_OK;
+}
+
+static bool pdp__nccl_done(pdp_work *w)
+{
+    pdp__nccl_work *wk = (pdp__nccl_work *)w;
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)w->comm->impl;
+    return pdp_cudak_nccl_query(nc->h, wk->slot) != 0;
+}
+
+static void pdp__nccl_destroy(pdp_comm *c)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_cudak_free(c->device.ordinal, nc->barrier_buf);
+    pdp_cudak_nccl_free(nc->h, 0);
+    if (nc->traced) pdp__trace_close();
+    pdp__dealloc(nc);
+}
+
+/* Point-to-point and split are not on the NCCL backend yet (ncclSend/ncclRecv in a
+   group, ncclCommSplit): they fail with PDP_ERR_UNSUPPORTED naming the operation. */
+static pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **w)
+{
+    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "send on comm '%s' (rank %d): point-to-point is not "
+                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
+                    c->rank);
+}
+
+static pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **w)
+{
+    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "recv on comm '%s' (rank %d): point-to-point is not "
+                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
+                    c->rank);
+}
+
+static pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                  int leader, pdp_comm **out)
+{
+    (void)colour, (void)key, (void)new_rank, (void)new_size, (void)leader, (void)out;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "split of comm '%s' (rank %d): not implemented on the "
+                    "NCCL backend yet (local and MPI have it)", c->name, c->rank);
+}
+
+static const pdp__comm_ops pdp__nccl_ops = {
+    pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
+    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_send,     pdp__nccl_recv,
+    pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
+
+/* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
+static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
+                                 double timeout_s, const char *name, bool process_rank,
+                                 const char *fn)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
+    pdp_status st;
+    if (!nc) {
+        pdp_cudak_nccl_free(h, 0);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
+    }
+    nc->h = h;
+    nc->head.ops = &pdp__nccl_ops;
+    nc->head.backend = PDP_BACKEND_NCCL;
+    nc->head.rank = rank;
+    nc->head.size = size;
+    nc->head.timeout_s = timeout_s;
+    nc->head.device = pdp_cuda(dev);
+    snprintf(nc->head.name, sizeof nc->head.name, "%s", name ? name : "comm");
+    nc->head.impl = nc;
+    if ((st = pdp_cudak_malloc(dev, sizeof(float), (void **)&nc->barrier_buf)) != PDP_OK ||
+        (st = pdp_cudak_memset0(dev, nc->barrier_buf, sizeof(float))) != PDP_OK) {
+        st = pdp__err(st, "%s: rank %d: pdp_cuda: %s", fn, rank, pdp_cudak_error());
+        pdp__nccl_destroy(&nc->head);
+        return st;
+    }
+    if (pdp__trace_open(process_rank && size > 1 ? rank : -1) == PDP_OK) {
+        nc->traced = true;
+        if (pdp__trace_enabled()) {
+            char track[48];
+            snprintf(track, sizeof track, "comm %s (nccl)", nc->head.name);
+            nc->trace_tid = pdp__trace_track(rank, track);
+        }
+    }
+    *out = &nc->head;
+    return PDP_OK;
+}
+
+/* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. The unique id
+   travels through rendezvous.c; the store stays open until ncclCommInitRank
+   (collective) has returned on this rank. */
+static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_comm_init_env";
+    pdp_env_info env;
+    pdp_store *store = NULL;
+    pdp_cudak_nccl *h = NULL;
+    unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
+    double timeout;
+    int dev;
+    pdp_status st;
+    *out = NULL;
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
+    if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
+    dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
+    memset(id, 0, sizeof id);
+    if ((st = pdp__rendezvous_store(&store, &env, timeout, "NCCL", fn)) != PDP_OK) return st;
+    if (env.rank == 0 && (st = pdp_cudak_nccl_unique_id(dev, id)) != PDP_OK) {
+        st = pdp__err(st, "%s: rank 0: pdp_cuda: %s", fn, pdp_cudak_error());
+        goto done;
+    }
+    if ((st = pdp__rendezvous_share(store, &env, "pdp/nccl_id", id, sizeof id, timeout, "NCCL",
+                                    fn)) != PDP_OK)
+        goto done;
+    if ((st = pdp_cudak_nccl_init_rank(&h, dev, env.world_size, env.rank, id, timeout)) != PDP_OK) {
+        st = pdp__err(st, "%s: NCCL rank %d of %d on CUDA device %d: pdp_cuda: %s", fn, env.rank,
+                      env.world_size, dev, pdp_cudak_error());
+        goto done;
+    }
+    st = pdp__nccl_wrap(out, h, dev, env.rank, env.world_size, timeout,
+                        desc ? desc->name : NULL, true, fn);
+done:
+    pdp_store_free(store);
+    return st;
+}
+
+#endif /* PDP_CUDA */
+
+/* ---- comm_nccl: thread ranks (pdp_nccl_group) ---- */
+
+PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
+                                         const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_nccl_group_create";
+    double timeout;
+    pdp_status st0;
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((st0 = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st0;
+    if (ndev < 1 || ndev > 64 || !devices)
+        return pdp__err(PDP_ERR_INVALID, "%s: ndev %d outside 1..64 or devices NULL", fn, ndev);
+    for (i = 0; i < ndev; i++)
+        if (devices[i].kind != PDP_DEVICE_CUDA)
+            return pdp__err(PDP_ERR_DEVICE, "%s: devices[%d] is not a CUDA device", fn, i);
+#ifdef PDP_CUDA
+    {
+        int devs[64];
+        pdp_status st;
+        pdp_nccl_group *g = (pdp_nccl_group *)pdp__calloc(sizeof *g);
+        if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        g->n = ndev;
+        g->timeout_s = timeout;
+        snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
+        g->devices = (pdp_device *)pdp__calloc((size_t)ndev * sizeof *g->devices);
+        g->handles = (pdp_cudak_nccl **)pdp__calloc((size_t)ndev * sizeof *g->handles);
+        if (!g->devices || !g->handles) {
+            pdp_nccl_group_free(g);
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, ndev);
+        }
+        for (i = 0; i < ndev; i++) {
+            g->devices[i] = devices[i];
+            devs[i] = devices[i].ordinal;
+        }
+        if ((st = pdp_cudak_nccl_init_all(g->handles, ndev, devs)) != PDP_OK) {
+            st = pdp__err(st, "%s: %d GPUs: pdp_cuda: %s", fn, ndev, pdp_cudak_error());
+            pdp_nccl_group_free(g);
+            return st;
+        }
+        *out = g;
+        return PDP_OK;
+    }
+#else
+    (void)timeout;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the NCCL backend is " PDP__NO_CUDA_MSG, fn);
+#endif
+}
+
+PDP_API void pdp_nccl_group_free(pdp_nccl_group *g)
+{
+    if (!g) return;
+#ifdef PDP_CUDA
+    if (g->handles) {
+        int i;
+        for (i = 0; i < g->n; i++) pdp_cudak_nccl_free(g->handles[i], 0);
+    }
+    pdp__dealloc(g->handles);
+#endif
+    pdp__dealloc(g->devices);
+    pdp__dealloc(g);
+}
+
+PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int rank)
+{
+    static const char *fn = "pdp_comm_create_nccl";
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
+    if (rank < 0 || rank >= g->n)
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->n - 1);
+#ifdef PDP_CUDA
+    {
+        pdp_cudak_nccl *h = g->handles[rank];
+        if (!h)
+            return pdp__err(PDP_ERR_STATE, "%s: rank %d already has its communicator", fn, rank);
+        g->handles[rank] = NULL;
+        return pdp__nccl_wrap(out, h, g->devices[rank].ordinal, rank, g->n, g->timeout_s, g->name,
+                              false, fn);
+    }
+#else
+    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: " PDP__NO_CUDA_MSG, fn);
+#endif
+}
+/* ---- end src/comm_nccl.c ---- */
+
+/* ---- begin src/comm.c ---- */
+/* comm: the public communicator API and the backend dispatcher. Each backend is
+   one module that fills a pdp__comm_ops table (internal.h):
+     comm_local.c   ranks are threads of one process (the default);
+     comm_mpi.c     ranks are MPI processes (-DPDP_MPI);
+     comm_nccl.c    ranks are GPUs, the host side of pdp_cuda.cu's NCCL (-DPDP_CUDA);
+   the local and MPI backends share comm_queue.c's collective queue, and every
+   backend shares internal.h's communicator contract (pdp_comm, pdp_work, the
+   collective kinds and their names). This module comes after the backends in
+   pdp.h, so nothing here is called before it is defined.
+
+   ---- the public layer ----
+   Every pdp_comm_* collective validates its arguments here, stamps the handle's
+   launch time, counts the collective and the bytes this rank moves in the
+   bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x bytes, reduce-scatter
+   and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent bytes), then calls
+   the backend. A call with work == NULL is made synchronous here, so backends
+   always return a handle. pdp_work_wait adds the collective's execution time
+   (t_done - t_start, queueing excluded) to the communicator's busy_s.
+
+   ---- the dispatcher ----
+   pdp_comm_init_env creates the communicator of a process launched by mpirun
+   or torchrun: one line per backend calls its pdp__comm_init_<backend>_env,
+   which every backend module defines, as a stub that fails with
+   PDP_ERR_UNSUPPORTED naming the macro when the backend was not compiled in.
+   DEFAULT and LOCAL fail with PDP_ERR_INVALID: thread-ranks have no
+   environment to read; they need pdp_local_group_create. A new backend is one
+   new module (its ops table, its creation, its pdp__comm_init_<backend>_env),
+   one pdp_backend value and one line in the switch below. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- comm: public layer ---- */
+
+static pdp_status pdp__comm_check(const pdp_comm *c, const char *fn)
+{
+    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: communicator is NULL", fn);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
+                                        const char *what, const char *fn)
+{
+    if (count < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s count %lld < 0 (comm '%s', rank %d of %d)", fn,
+                        what, (long long)count, c->name, c->rank, c->size);
+    if (count > 0 && !p)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL with count %lld (comm '%s', rank %d)",
+                        fn, what, (long long)count, c->name, c->rank);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn)
+{
+    if (op != PDP_REDUCE_SUM && op != PDP_REDUCE_AVG)
+        return pdp__err(PDP_ERR_INVALID, "%s: unknown reduce op %d (comm '%s', rank %d)", fn,
+                        (int)op, c->name, c->rank);
+    return PDP_OK;
+}
+
+static pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn)
+{
+    if (root < 0 || root >= c->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: root %d outside 0..%d (comm '%s', rank %d)", fn,
+                        root, c->size - 1, c->name, c->rank);
+    return PDP_OK;
+}
+
+/* After the backend accepted a collective: stats, the launch stamp, and the
+   synchronous form when the caller passed no handle pointer. */
+static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
+                                     double bytes, pdp_work **work, const char *fn)
+{
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    w->t_launch = t_launch;
+    if (strcmp(fn, "pdp_comm_send") == 0 || strcmp(fn, "pdp_comm_recv") == 0) c->stats.p2p++;
+    else c->stats.collectives++;
+    c->stats.bytes_sent += (int64_t)bytes;
+    if (work) {
+        *work = w;
+        return PDP_OK;
+    }
+    st = c->ops->wait(w);
+    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
+}
+
+PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                      pdp_work **work)
+{
+    static const char *fn = "pdp_comm_allreduce";
+    pdp_work *w = NULL;
+    double t = pdp__now(), n;
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_op(c, op, fn)))
+        return st;
+    n = (double)c->size;
+    st = c->ops->allreduce(c, buf, count, op, &w);
+    return pdp__comm_launched(c, st, w, t, 2.0 * (n - 1.0) / n * (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                      pdp_work **work)
+{
+    static const char *fn = "pdp_comm_broadcast";
+    pdp_work *w = NULL;
+    double t = pdp__now(), n;
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_root(c, root, fn)))
+        return st;
+    n = (double)c->size;
+    st = c->ops->broadcast(c, buf, count, root, &w);
+    return pdp__comm_launched(c, st, w, t, (n - 1.0) / n * (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_reduce_scatter";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) ||
+        (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
+        (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
+        (st = pdp__comm_check_op(c, op, fn)))
+        return st;
+    st = c->ops->reduce_scatter(c, send, recv, recv_count, op, &w);
+    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)recv_count * 4.0, work,
+                              fn);
+}
+
+PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *recv,
+                                      int64_t send_count, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_allgather";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) ||
+        (st = pdp__comm_check_count(c, send, send_count, "send", fn)) ||
+        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)))
+        return st;
+    st = c->ops->allgather(c, send, recv, send_count, &w);
+    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)send_count * 4.0, work,
+                              fn);
+}
+
+PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work)
+{
+    static const char *fn = "pdp_comm_barrier";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn))) return st;
+    st = c->ops->barrier(c, &w);
+    return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
+}
+
+/* ---- comm: point-to-point ---- */
+
+static pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag, const char *fn)
+{
+    if (peer < 0 || peer >= c->size)
+        return pdp__err(PDP_ERR_INVALID, "%s: peer %d outside 0..%d (comm '%s', rank %d)", fn,
+                        peer, c->size - 1, c->name, c->rank);
+    if (tag < 0 || tag > PDP_COMM_TAG_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: tag %d outside 0..%d (comm '%s', rank %d)", fn, tag,
+                        PDP_COMM_TAG_MAX, c->name, c->rank);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **work)
+{
+    static const char *fn = "pdp_comm_send";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        return st;
+    st = c->ops->send(c, buf, count, peer, tag, &w);
+    return pdp__comm_launched(c, st, w, t, (double)count * 4.0, work, fn);
+}
+
+PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **work)
+{
+    static const char *fn = "pdp_comm_recv";
+    pdp_work *w = NULL;
+    double t = pdp__now();
+    pdp_status st;
+    if (work) *work = NULL;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        return st;
+    st = c->ops->recv(c, buf, count, peer, tag, &w);
+    return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
+}
+
+/* ---- comm: process groups ---- */
+
+#define PDP__SPLIT_MAX_RANKS 4096 /* the (colour, key) table lives on the stack */
+
+PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out)
+{
+    static const char *fn = "pdp_comm_split";
+    int table[2 * PDP__SPLIT_MAX_RANKS], r, new_rank = 0, new_size = 0, leader = -1;
+    pdp_status st;
+    if (out) *out = NULL;
+    if ((st = pdp__comm_check(c, fn))) return st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL (comm '%s')", fn, c->name);
+    if (colour < PDP_COMM_SPLIT_NONE)
+        return pdp__err(PDP_ERR_INVALID, "%s: colour %d (comm '%s', rank %d): a colour is >= 0, "
+                        "or PDP_COMM_SPLIT_NONE (-1) to join no group", fn, colour, c->name,
+                        c->rank);
+    if (c->size > PDP__SPLIT_MAX_RANKS)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: comm '%s' has %d ranks; splits take at most %d",
+                        fn, c->name, c->size, PDP__SPLIT_MAX_RANKS);
+    /* every rank's (colour, key), through the communicator itself (bounded by its timeout) */
+    for (r = 0; r < c->size; r++) {
+        table[2 * r] = colour;
+        table[2 * r + 1] = key;
+        if ((st = pdp_comm_broadcast_bytes(c, &table[2 * r], 2 * sizeof(int), r)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: exchanging colours", fn);
+    }
+    /* place in the new group: order by (key, old rank) among the same colour */
+    for (r = 0; r < c->size; r++) {
+        int k = table[2 * r + 1];
+        if (table[2 * r] != colour) continue;
+        if (k < key || (k == key && r < c->rank)) new_rank++;
+        new_size++;
+    }
+    for (r = 0; r < c->size && colour >= 0; r++) { /* the member that becomes rank 0 */
+        int k = table[2 * r + 1], lk;
+        if (table[2 * r] != colour) continue;
+        lk = leader < 0 ? 0 : table[2 * leader + 1];
+        if (leader < 0 || k < lk) leader = r;
+    }
+    if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, out)) != PDP_OK)
+        return pdp__err_wrap(st, "%s", fn);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+{
+    static const char *fn = "pdp_comm_broadcast_bytes";
+    pdp_status st;
+    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_root(c, root, fn))) return st;
+    if (bytes > 0 && !buf)
+        return pdp__err(PDP_ERR_INVALID, "%s: buf is NULL with %zu bytes (comm '%s', rank %d)", fn,
+                        bytes, c->name, c->rank);
+    if ((st = c->ops->broadcast_bytes(c, buf, bytes, root)) != PDP_OK)
+        return pdp__err_wrap(st, "%s", fn);
+    c->stats.collectives++;
+    c->stats.bytes_sent += (int64_t)((double)(c->size - 1) / c->size * (double)bytes);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_work_wait(pdp_work *w)
+{
+    pdp_comm *c;
+    pdp_status st;
+    if (!w) return PDP_OK;
+    c = w->comm;
+    st = c->ops->wait(w); /* recycles w; its head fields stay readable (internal.h) */
+    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "pdp_work_wait");
+}
+
+PDP_API pdp_status pdp_wait(pdp_work *work) { return pdp_work_wait(work); }
+
+PDP_API bool pdp_work_done(pdp_work *w) { return !w || w->comm->ops->done(w); }
+
+PDP_API void pdp_comm_free(pdp_comm *c)
+{
+    if (c) c->ops->destroy(c);
+}
+
+PDP_API int pdp_comm_rank(const pdp_comm *c) { return c ? c->rank : -1; }
+PDP_API int pdp_comm_size(const pdp_comm *c) { return c ? c->size : 0; }
+PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
+{
+    return c ? c->backend : PDP_BACKEND_DEFAULT;
+}
+PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
+
+PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
+{
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (c) *out = c->stats;
+}
+
+/* ---- comm: pdp_comm_init_env, the dispatcher ---- */
+
+PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
+{
+    static const char *fn = "pdp_comm_init_env";
+    pdp_backend b = desc ? desc->backend : PDP_BACKEND_DEFAULT;
+    double timeout;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    /* the desc rule first, so that every build checks it, whatever the backend */
+    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
+    switch (b) {
+    case PDP_BACKEND_MPI: return pdp__comm_init_mpi_env(out, desc);
+    case PDP_BACKEND_NCCL: return pdp__comm_init_nccl_env(out, desc);
+    case PDP_BACKEND_DEFAULT:
+    case PDP_BACKEND_LOCAL:
+        return pdp__err(PDP_ERR_INVALID, "%s: backend %s: the local backend's ranks are threads "
+                        "of one process and have no environment to read; create them with "
+                        "pdp_local_group_create and pdp_comm_create_local (or set desc.backend "
+                        "to PDP_BACKEND_MPI or PDP_BACKEND_NCCL)", fn,
+                        b == PDP_BACKEND_LOCAL ? "LOCAL" : "DEFAULT (local)");
+    }
+    return pdp__err(PDP_ERR_INVALID, "%s: unknown backend %d", fn, (int)b);
+}
+/* ---- end src/comm.c ---- */
+
 /* ---- begin src/layers.c ---- */
 /* layers: every layer kind's code, kind by kind: setup (shape inference and
    validation), parameter initialisation, forward and backward on the CPU, and the
@@ -6754,6 +9870,243 @@ static pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__lay
 #endif
 /* ---- end src/layers_conv.c ---- */
 
+/* ---- begin src/layers_tp.c ---- */
+/* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
+   the conjugate operators, and the column- and row-parallel Linears, as entries of
+   layers_table.c. The API around them (the model's TP communicator, constructors,
+   statistics, full-tensor checkpoints) is tp.c.
+
+   The split Linears ARE Linear (layers.c's kernels, CPU and CUDA) on this rank's
+   slice: a ColumnParallelLinear is a Linear of n_r outputs, a RowParallelLinear a
+   Linear of n_r inputs whose bias only TP rank 0 adds. What is theirs is the slice:
+   setup computes it (pdp_tp_split), init draws the full tensors from the model's
+   generator in the plain Linear's order and keeps the slice. f and g are collective
+   kinds (PDP__LAYER_COLLECTIVE): one host entry for every device that copies the
+   activation and all-reduces it on the TP communicator, synchronously.
+
+   Invariants: every rank of the TP communicator has the same layers in the same order,
+   so f and g issue the same all-reduces in the same order; after g every rank holds
+   the same bits. Nothing here allocates. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- tp: splits ---- */
+
+PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t *count)
+{
+    int64_t base, extra;
+    if (size < 1) size = 1;
+    base = full / size;
+    extra = full % size;
+    if (lo) *lo = rank * base + PDP__MIN((int64_t)rank, extra);
+    if (count) *count = base + (rank < extra);
+}
+
+/* ---- tp: f and g, the conjugate operators ---- */
+
+/* The TP all-reduce (sum, synchronous) of count floats at buf, counted in the stats;
+   what: "g forward" or "f backward", for messages. */
+static pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t batch,
+                                    int64_t width, bool forward)
+{
+    pdp__tp_state *tp = l->tp;
+    double t0 = pdp__now(), n = (double)tp->size;
+    int64_t bytes = batch * width * (int64_t)sizeof(float);
+    pdp_status st = pdp_comm_allreduce(tp->comm, buf, batch * width, PDP_REDUCE_SUM, NULL);
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: all-reduce of %lld x %lld activations (TP rank %d of %d)",
+                             forward ? "g forward" : "f backward", (long long)batch,
+                             (long long)width, tp->rank, tp->size);
+    if (forward) {
+        tp->stats.forward_allreduces++;
+        tp->stats.forward_bytes += bytes;
+    } else {
+        tp->stats.backward_allreduces++;
+        tp->stats.backward_bytes += bytes;
+    }
+    tp->stats.bytes_sent += (int64_t)(2.0 * (n - 1.0) / n * (double)bytes);
+    tp->stats.allreduce_s += pdp__now() - t0;
+    return PDP_OK;
+}
+
+/* dst <- src, count floats on io's device; a failure goes to *io->status. */
+static bool pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src, int64_t count)
+{
+    pdp_status st = pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
+    if (st != PDP_OK) *io->status = st;
+    return st == PDP_OK;
+}
+
+static pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
+{
+    if (!l->tp)
+        return pdp__err(PDP_ERR_STATE, "no TP communicator (call pdp_model_set_tp first; input %s)",
+                        in);
+    return PDP_OK;
+}
+
+static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps;
+    return pdp__tp_op_setup(l, in);
+}
+
+static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps;
+    return pdp__tp_op_setup(l, in);
+}
+
+/* f forward: identity. */
+static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
+}
+
+/* f backward: the input gradient is the sum of every rank's partial gradient (each rank's
+   ColumnParallelLinear saw only its output slice). Nothing when no input gradient is
+   needed (f is the first layer): every rank skips it alike. */
+static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_status st;
+    if (!io->dx || !pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count)) return;
+    if ((st = pdp__tp_allreduce(l, io->dx, io->batch, l->in_count, false)) != PDP_OK)
+        *io->status = st;
+}
+
+/* g forward: the sum of every rank's partial output (RowParallelLinear's x_r W_r^T). */
+static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_status st;
+    if (!pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) return;
+    if ((st = pdp__tp_allreduce(l, io->y, io->batch, l->in_count, true)) != PDP_OK)
+        *io->status = st;
+}
+
+/* g backward: identity (the output gradient is replicated). */
+static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count);
+}
+
+/* ---- tp: the column- and row-parallel Linears ---- */
+
+static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    pdp_status st;
+    if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
+    if (l->tp_full < l->tp->size)
+        return pdp__err(PDP_ERR_INVALID, "out_features %lld < TP size %d: a rank would hold no "
+                        "output feature (input %s)", (long long)l->tp_full, l->tp->size, in);
+    pdp_tp_split(l->tp_full, l->tp->rank, l->tp->size, &l->tp_lo, &l->out_features);
+    return pdp__linear_setup(l, ps, in);
+}
+
+/* The input is the slice [tp_lo, tp_lo + in_count) of tp_full features (pdp_model_add_
+   row_parallel_linear took both from the ColumnParallelLinear before it). */
+static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    pdp_status st;
+    int64_t lo, n;
+    if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
+    pdp_tp_split(l->tp_full, l->tp->rank, l->tp->size, &lo, &n);
+    if (lo != l->tp_lo || n != l->in_count)
+        return pdp__err(PDP_ERR_SHAPE, "input %s is not TP rank %d's slice of %lld features "
+                        "(%lld at %lld)", in, l->tp->rank, (long long)l->tp_full, (long long)n,
+                        (long long)lo);
+    return pdp__linear_setup(l, ps, in);
+}
+
+/* `count` draws of pdp__layers_init_kaiming's generator for the tensor U(lo, hi) with the
+   formula of pdp_tensor_uniform; element k is kept in dst[map(k)] when keep(k). The
+   slice draws exactly what the full tensor would, in the same order. */
+typedef struct pdp__tp_slice2d {
+    int64_t cols;         /* the full tensor's row length */
+    int64_t c0, c1;       /* kept columns [c0, c1) */
+    int64_t r0, r1;       /* kept rows [r0, r1) */
+} pdp__tp_slice2d;
+
+static void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
+                         pdp_rng *r)
+{
+    int64_t i, j, w = s.c1 - s.c0;
+    for (i = 0; i < rows; i++)
+        for (j = 0; j < s.cols; j++) {
+            float v = lo + (hi - lo) * pdp_rng_uniform(r);
+            if (i >= s.r0 && i < s.r1 && j >= s.c0 && j < s.c1)
+                dst[(i - s.r0) * w + (j - s.c0)] = v;
+        }
+}
+
+/* The bounds pdp__layers_init_kaiming uses for fan_in (Kaiming uniform with a = sqrt(5),
+   then the bias's 1/sqrt(fan_in)), computed as pdp_tensor_kaiming_uniform does. */
+static void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
+{
+    float a = sqrtf(5.0f);
+    double gain = sqrt(2.0 / (1.0 + (double)a * a));
+    *wb = (float)(gain * sqrt(3.0 / (double)fan_in));
+    *bb = (float)(1.0 / sqrt((double)fan_in));
+}
+
+/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) and the same entries of b1. */
+static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    pdp__tp_slice2d s;
+    float wb, bb;
+    pdp__tp_bounds(l->in_count, &wb, &bb);
+    s.cols = l->in_count, s.c0 = 0, s.c1 = l->in_count;
+    s.r0 = l->tp_lo, s.r1 = l->tp_lo + l->out_features;
+    pdp__tp_draw(w, l->tp_full, s, -wb, wb, r);
+    s.cols = 1, s.c0 = 0, s.c1 = 1;
+    pdp__tp_draw(b, l->tp_full, s, -bb, bb, r);
+}
+
+/* W2 [d, tp_full]: columns [tp_lo, tp_lo + n); b2 whole. fan_in is the full width. */
+static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    pdp__tp_slice2d s;
+    float wb, bb;
+    pdp__tp_bounds(l->tp_full, &wb, &bb);
+    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + l->in_count;
+    s.r0 = 0, s.r1 = l->out_features;
+    pdp__tp_draw(w, l->out_features, s, -wb, wb, r);
+    s.cols = 1, s.c0 = 0, s.c1 = 1;
+    pdp__tp_draw(b, l->out_features, s, -bb, bb, r);
+}
+
+/* Backward of Linear, without the input gradient when f is the first layer. */
+static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__layer_io run = *io;
+    if (l->tp_skip_dx) run.dx = NULL;
+    pdp__linear_backward(l, &run);
+}
+
+/* x_r W_r^T, plus the bias on TP rank 0 only: g's sum then adds it once. */
+static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__layer_io run = *io;
+    if (l->tp->rank != 0) run.b = NULL;
+    pdp__linear_forward(l, &run);
+}
+
+#ifdef PDP_CUDA
+static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__layer_io run = *io;
+    if (l->tp_skip_dx) run.dx = NULL;
+    return pdp__linear_cuda_backward(l, &run);
+}
+
+static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__layer_io run = *io;
+    if (l->tp->rank != 0) run.b = NULL;
+    return pdp__linear_cuda_forward(l, &run);
+}
+#endif
+/* ---- end src/layers_tp.c ---- */
+
 /* ---- begin src/layers_table.c ---- */
 /* layers_table: the table of layer kinds and the dispatch through it. One entry per
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
@@ -6825,6 +10178,23 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     [PDP__FLATTEN] = {"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                       pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
+    /* tensor parallel (tp.c): f and g run their collective on every device; the split
+       Linears are Linear's kernels on this rank's slice */
+    [PDP__TP_COPY] = {"CopyToModelParallelRegion", pdp__tp_copy_setup, NULL,
+                      pdp__tp_copy_forward, pdp__tp_copy_backward, NULL, NULL, NULL,
+                      PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+    [PDP__COLUMN_PARALLEL_LINEAR] = {"ColumnParallelLinear", pdp__tp_column_setup,
+                                     pdp__tp_column_init, pdp__linear_forward,
+                                     pdp__tp_column_backward,
+                                     PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
+                                     PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0},
+    [PDP__ROW_PARALLEL_LINEAR] = {"RowParallelLinear", pdp__tp_row_setup, pdp__tp_row_init,
+                                  pdp__tp_row_forward, pdp__linear_backward,
+                                  PDP__CUDA_ENTRY(pdp__tp_row_cuda_forward),
+                                  PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+    [PDP__TP_REDUCE] = {"ReduceFromModelParallelRegion", pdp__tp_reduce_setup, NULL,
+                        pdp__tp_reduce_forward, pdp__tp_reduce_backward, NULL, NULL, NULL,
+                        PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -6897,12 +10267,25 @@ static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
 #endif
 }
 
+/* A PDP__LAYER_COLLECTIVE kind's call, on any device: its failure comes back through
+   io->status, pointed at a variable of this call. */
+static pdp_status pdp__layer_collective(const pdp__layer *l, const pdp__layer_io *io,
+                                        void (*fn)(const pdp__layer *, const pdp__layer_io *))
+{
+    pdp_status st = PDP_OK;
+    pdp__layer_io run = *io;
+    run.status = &st;
+    fn(l, &run);
+    return st;
+}
+
 /* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
-   CPU memory. */
+   CPU memory. A collective kind's host entry runs on every device. */
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->forward);
     if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_forward);
     info->forward(l, io);
     return PDP_OK;
@@ -6912,6 +10295,7 @@ static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->backward);
     if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_backward);
     info->backward(l, io);
     return PDP_OK;
@@ -7011,6 +10395,16 @@ static pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
     return PDP_OK;
 }
 
+/* The state_dict number of the next layer: layers so far, less the unnumbered ones
+   (PDP__LAYER_UNNUMBERED: TP's f and g). */
+static int pdp__model_next_number(const pdp_model *m)
+{
+    int i, n = 0;
+    for (i = 0; i < m->nlayers; i++)
+        n += !(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_UNNUMBERED);
+    return n;
+}
+
 static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
                                       const int64_t *shape)
 {
@@ -7020,7 +10414,7 @@ static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what,
         return PDP_ERR_OUT_OF_MEMORY;
     e = &m->params[m->nparams++];
     memset(e, 0, sizeof *e);
-    snprintf(e->name, sizeof e->name, "%d.%s", layer, what);
+    snprintf(e->name, sizeof e->name, "%d.%s", pdp__model_next_number(m), what);
     e->layer = layer;
     e->ndim = ndim;
     e->count = 1;
@@ -10290,2960 +13684,6 @@ static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, flo
 }
 /* ---- end src/checkpoint.c ---- */
 
-/* ---- begin src/rendezvous.c ---- */
-/* rendezvous: who the ranks are and how they meet, the way torchrun does it.
-
-   pdp_env_read reads the launcher's variables (torchrun's RANK, WORLD_SIZE,
-   LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, else OpenMPI's
-   OMPI_COMM_WORLD_*); every value is checked, and a bad one is PDP_ERR_INVALID
-   naming the variable. It never talks to anyone.
-
-   A backend whose library needs one blob made on rank 0 before it can start
-   (NCCL's unique id) meets the other ranks through the TCP store (store.c):
-     pdp__rendezvous_store   every rank opens the store at MASTER_ADDR: rank 0
-                             serves it. The port is MASTER_PORT, or MASTER_PORT + 1
-                             under torchrun (TORCHELASTIC_RUN_ID is set: torchrun's
-                             own store holds MASTER_PORT), or PDP_STORE_PORT when
-                             set. A world of one opens nothing (store NULL).
-     pdp__rendezvous_share   rank 0 sets the blob at key, the others get it, and
-                             all meet at the barrier "<key>_read", so every rank
-                             holds the blob before rank 0's store may go away.
-   The caller keeps the store open until its library's own, collective,
-   initialisation has returned, then frees it: rank 0's server then outlives
-   every rank's barrier reply. Every wait ends by the timeout (PDP_ERR_TIMEOUT
-   naming the key); messages name the public caller, the library and the rank. */
-
-/* #include "internal.h" (already above) */
-#include <limits.h>
-
-/* ---- rendezvous: the environment ---- */
-
-/* getenv, with an empty value counting as unset (`RANK= ./train`). */
-static const char *pdp__env_get(const char *name)
-{
-    const char *v = getenv(name);
-    return (v && v[0]) ? v : NULL;
-}
-
-/* Parses the whole of value as a decimal integer in [lo, hi]; why says what the
-   range means in the message. */
-static pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
-                               const char *why, int *out)
-{
-    char *end;
-    long x;
-    errno = 0;
-    x = strtol(value, &end, 10);
-    if (end == value || *end != '\0' || errno == ERANGE)
-        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s='%.64s' is not an integer", name, value);
-    if (x < lo || x > hi)
-        return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s=%ld is outside %ld..%ld%s", name, x, lo,
-                        hi, why);
-    *out = (int)x;
-    return PDP_OK;
-}
-
-PDP_API pdp_status pdp_env_read(pdp_env_info *out)
-{
-    static const char *const torchrun[4] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                            "LOCAL_WORLD_SIZE"};
-    static const char *const ompi[4] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                                        "OMPI_COMM_WORLD_LOCAL_RANK",
-                                        "OMPI_COMM_WORLD_LOCAL_SIZE"};
-    const char *const *names = NULL;
-    const char *v;
-    char why[96];
-    pdp_env_info e;
-    pdp_status st;
-
-    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_env_read: out is NULL");
-    memset(&e, 0, sizeof e);
-    e.world_size = 1;
-    e.local_world_size = 1;
-    strcpy(e.master_addr, PDP__STORE_DEFAULT_HOST);
-    e.master_port = PDP__STORE_DEFAULT_PORT;
-    *out = e;
-
-    if (pdp__env_get(torchrun[0]) || pdp__env_get(torchrun[1])) names = torchrun;
-    else if (pdp__env_get(ompi[0]) || pdp__env_get(ompi[1])) names = ompi;
-    if (names) {
-        if (!pdp__env_get(names[0]) || !pdp__env_get(names[1]))
-            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: %s is set but %s is not",
-                            pdp__env_get(names[0]) ? names[0] : names[1],
-                            pdp__env_get(names[0]) ? names[1] : names[0]);
-        st = pdp__env_int(names[1], pdp__env_get(names[1]), 1, INT_MAX, "", &e.world_size);
-        if (st != PDP_OK) return st;
-        snprintf(why, sizeof why, " (it must be below %s=%d)", names[1], e.world_size);
-        st = pdp__env_int(names[0], pdp__env_get(names[0]), 0, e.world_size - 1, why, &e.rank);
-        if (st != PDP_OK) return st;
-        e.local_world_size = e.world_size;
-        if ((v = pdp__env_get(names[3])) != NULL) {
-            snprintf(why, sizeof why, " (it cannot exceed %s=%d)", names[1], e.world_size);
-            st = pdp__env_int(names[3], v, 1, e.world_size, why, &e.local_world_size);
-            if (st != PDP_OK) return st;
-        }
-        e.local_rank = e.rank % e.local_world_size; /* ranks laid out node by node */
-        if ((v = pdp__env_get(names[2])) != NULL) {
-            snprintf(why, sizeof why, " (it must be below %s=%d)", names[3], e.local_world_size);
-            st = pdp__env_int(names[2], v, 0, e.local_world_size - 1, why, &e.local_rank);
-            if (st != PDP_OK) return st;
-        }
-        e.from_env = true;
-    }
-    if ((v = pdp__env_get("MASTER_ADDR")) != NULL) {
-        if (strlen(v) >= sizeof e.master_addr)
-            return pdp__err(PDP_ERR_INVALID, "pdp_env_read: MASTER_ADDR='%.64s...' is %zu bytes "
-                            "long (at most %zu)", v, strlen(v), sizeof e.master_addr - 1);
-        strcpy(e.master_addr, v);
-    }
-    if ((v = pdp__env_get("MASTER_PORT")) != NULL) {
-        st = pdp__env_int("MASTER_PORT", v, 1, 65535, "", &e.master_port);
-        if (st != PDP_OK) return st;
-    }
-    *out = e;
-    return PDP_OK;
-}
-
-/* ---- rendezvous: a blob from rank 0, through the TCP store ---- */
-
-/* Opens env's store (*out NULL for a world of one); what names the library
-   ("NCCL") and fn the public caller in messages. */
-static pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env,
-                                        double timeout_s, const char *what, const char *fn)
-{
-    pdp_store_desc sd;
-    const char *port_env;
-    pdp_status st;
-    *out = NULL;
-    memset(&sd, 0, sizeof sd);
-    sd.host = env->master_addr;
-    sd.port = env->master_port;
-    /* torchrun's own store holds MASTER_PORT; ours takes the next port */
-    if (getenv("TORCHELASTIC_RUN_ID")) sd.port = env->master_port + 1;
-    if ((port_env = getenv("PDP_STORE_PORT")) && *port_env) sd.port = atoi(port_env);
-    sd.is_server = env->rank == 0;
-    sd.world_size = env->world_size;
-    sd.timeout_s = timeout_s;
-    if (env->world_size > 1) {
-        if ((st = pdp_store_create(out, &sd)) != PDP_OK)
-            return pdp__err_wrap(st, "%s: %s rank %d of %d: the TCP store", fn, what, env->rank,
-                                 env->world_size);
-    }
-    return PDP_OK;
-}
-
-/* Rank 0's blob[0..bytes) (made before the call) reaches every rank's blob through
-   store (NULL: a world of one, nothing to do); then every rank meets at
-   "<key>_read". */
-static pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_info *env,
-                                        const char *key, void *blob, size_t bytes,
-                                        double timeout_s, const char *what, const char *fn)
-{
-    char read_key[PDP_STORE_MAX_KEY + 1];
-    pdp_status st;
-    if (!store) return PDP_OK;
-    if (env->rank == 0) {
-        if ((st = pdp_store_set(store, key, blob, bytes)) != PDP_OK)
-            return pdp__err_wrap(st, "%s: rank 0 publishing the %s id", fn, what);
-    } else if ((st = pdp_store_get(store, key, blob, bytes, NULL)) != PDP_OK) {
-        return pdp__err_wrap(st, "%s: rank %d of %d waiting for the %s id from rank 0", fn,
-                             env->rank, env->world_size, what);
-    }
-    /* everyone holds the id before rank 0's store may go away */
-    snprintf(read_key, sizeof read_key, "%s_read", key);
-    if ((st = pdp_store_barrier(store, read_key, env->world_size, timeout_s)) != PDP_OK)
-        return pdp__err_wrap(st, "%s: rank %d of %d", fn, env->rank, env->world_size);
-    return PDP_OK;
-}
-/* ---- end src/rendezvous.c ---- */
-
-/* ---- begin src/comm_queue.c ---- */
-/* comm_queue: the collective queue that the local and MPI backends share (handle
-   pool, FIFO, progress thread, wait/done); comm_local.c and comm_mpi.c supply only how
-   one collective executes.
-
-   What the local and MPI backends share: a fixed pool of handles, a FIFO of
-   launched collectives and one progress thread per communicator that runs
-   them in issue order through the backend's exec callback; the backend keeps
-   only how one collective executes. A launch takes a handle from the free
-   list (nothing is allocated per collective; an empty list fails with
-   PDP_ERR_STATE naming the backend's PDP_*_MAX_INFLIGHT), queues it and
-   returns. The progress thread stamps t_start when it dequeues a handle and
-   t_done when exec returns. Wait blocks until done (exec enforces timeouts),
-   leaves a failure's message as the thread's error and returns the handle to
-   the free list; its head stays readable until the next launch (internal.h).
-   Without a progress thread (threaded = false: a local group of one) a launch
-   executes inline.
-
-   Set by the backend before pdp__workq_init (the queue is zeroed memory):
-     comm, exec  the communicator served and "run one collective";
-     sticky      the first failure breaks the queue: queued and later
-                 collectives fail at once with its status and message (MPI;
-                 the local backend keeps that state in its group instead);
-     idle        optional; called by the progress thread, mu held, when nothing
-                 is queued: false sleeps until woken, true calls it again (MPI
-                 keeps a timed-out request moving this way);
-     trace_tid   a trace track (0: off): each collective is a complete event
-                 (execution) and an async event (launch to done).
-   An exec that polls (MPI) naps between polls with pdp__workq_nap, which a
-   thread that begins to wait ends at once: a rank that computes keeps its core,
-   a rank that waits is served at once.
-   Locks: mu guards the queue, the free list, the handles' done/status/msg, the
-   waiter count and the broken state; exec runs without it, and buffers pass to
-   the progress thread and back across it. */
-
-/* #include "internal.h" (already above) */
-
-/* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
-   variable created with a monotonic clock. */
-static void pdp__deadline(struct timespec *ts, double seconds)
-{
-    double whole = floor(seconds);
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += (time_t)whole;
-    ts->tv_nsec += (long)((seconds - whole) * 1e9);
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
-#define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
-
-#define PDP__COMM_TIMEOUT_DEFAULT 300.0 /* seconds, when a desc's timeout_s is 0 */
-#define PDP__COMM_TIMEOUT_MAX 1e9       /* seconds: beyond it a deadline overflows time_t math */
-
-/* The one rule for a communicator desc's numeric fields (timeout_s is the only one):
-   zero means the default; a negative, NaN or infinite value (or one above
-   PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
-   field. Every communicator constructor calls it first (desc may be NULL). */
-static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
-{
-    double t = desc ? desc->timeout_s : 0.0;
-    *out = PDP__COMM_TIMEOUT_DEFAULT;
-    if (!(t >= 0.0 && t <= PDP__COMM_TIMEOUT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "%s: desc->timeout_s = %g: it must be a finite number "
-                        "of seconds, 0 (the default, %g s) up to %g", fn, t,
-                        PDP__COMM_TIMEOUT_DEFAULT, PDP__COMM_TIMEOUT_MAX);
-    if (t > 0.0) *out = t;
-    return PDP_OK;
-}
-
-/* One collective's arguments, as one rank issued it. */
-typedef struct pdp__coll_args {
-    pdp__coll_kind kind;
-    int64_t seq;
-    int64_t count;        /* floats (bytes for BROADCAST_BYTES) */
-    int op;               /* pdp_reduce_op or root */
-    float *buf;           /* allreduce, broadcast */
-    const float *send;    /* reduce_scatter, allgather */
-    float *recv;
-    void *bytes_buf;      /* broadcast_bytes */
-    int peer, tag;        /* send, recv */
-    void *out;            /* split: where the backend leaves its result */
-} pdp__coll_args;
-
-typedef struct pdp__workq_item {
-    pdp_work head;                 /* first member: a pdp_work * is a pdp__workq_item * */
-    struct pdp__workq_item *next;  /* free list or queue */
-    pdp__coll_args args;
-    double t_queued;               /* launch, for the trace */
-    bool p2p;                      /* a send or recv: never queued (see below) */
-    struct pdp__workq_item *p2p_next; /* the backend's list of unmatched messages */
-    bool done;
-    pdp_status status;
-    char msg[PDP__MSG_CAP];
-} pdp__workq_item;
-
-typedef struct pdp__workq pdp__workq;
-
-/* Runs w to completion (progress thread, q->mu not held). On failure returns
-   the status with the message, without a function-name prefix, in msg. */
-typedef pdp_status (*pdp__workq_exec_fn)(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap);
-
-struct pdp__workq {
-    pdp_comm *comm;                /* its communicator: comm->impl points here */
-    pdp__workq_exec_fn exec;
-    bool (*idle)(pdp__workq *q);
-    /* point-to-point (both set by a backend with send/recv): poll advances every
-       pending message of the communicator (optional, q->mu not held); expire is
-       called by a waiter past the deadline: it withdraws w if still unmatched and
-       completes it with PDP_ERR_TIMEOUT (q->mu not held) */
-    void (*p2p_poll)(pdp__workq *q);
-    void (*p2p_expire)(pdp__workq *q, pdp__workq_item *w);
-    bool sticky;
-    int trace_tid;
-    int trace_pid;                 /* the trace's process lane (MPI: the world rank) */
-    const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
-    int capacity;
-    pthread_mutex_t mu;
-    pthread_cond_t wake;           /* queue not empty, or stopping */
-    pthread_cond_t done;           /* a handle completed */
-    pthread_t thread;
-    bool threaded;
-    bool stopping;
-    double stop_time;
-    int waiters;                   /* threads blocked in pdp__workq_wait (their core is idle) */
-    int p2p_live;                  /* messages taken and not yet finished */
-    pdp__workq_item *free_list, *q_head, *q_tail;
-    int64_t next_seq;
-    bool broken;                   /* sticky: first failure wins; later collectives fail fast */
-    pdp_status broken_status;
-    char broken_msg[PDP__MSG_CAP];
-};
-
-static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, double t_start,
-                             double t_done, pdp_status st)
-{
-    char args[88];
-    if (!q->trace_tid) return;
-    snprintf(args, sizeof args, "\"seq\":%lld,\"count\":%lld,\"status\":%d",
-             (long long)w->head.seq, (long long)w->args.count, (int)st);
-    pdp__trace_complete(q->trace_pid, q->trace_tid, "comm", w->head.op_name, t_start, t_done,
-                        args);
-    pdp__trace_async(q->trace_pid, q->trace_tid, "comm", w->head.op_name,
-                     ((uint64_t)(uintptr_t)q->comm << 20) ^ (uint64_t)w->head.seq, w->t_queued,
-                     t_done, args);
-}
-
-/* Executes w and completes it; q->mu held on entry and on return. */
-static void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
-{
-    double t_start = w->head.t_start = pdp__now(), t_done;
-    pdp_status st;
-    char msg[PDP__MSG_CAP];
-    if (q->broken) {
-        w->head.t_done = t_start;
-        w->status = q->broken_status;
-        snprintf(w->msg, sizeof w->msg, "%s #%lld not run: %.300s", w->head.op_name,
-                 (long long)w->head.seq, q->broken_msg);
-    } else {
-        pthread_mutex_unlock(&q->mu);
-        msg[0] = '\0';
-        st = q->exec(q, w, msg, sizeof msg);
-        t_done = pdp__now();
-        pdp__workq_trace(q, w, t_start, t_done, st);
-        pthread_mutex_lock(&q->mu);
-        if (st != PDP_OK && q->sticky && !q->broken) {
-            q->broken = true;
-            q->broken_status = st;
-            snprintf(q->broken_msg, sizeof q->broken_msg, "%s", msg);
-        }
-        w->head.t_done = t_done;
-        w->status = st;
-        if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
-    }
-    w->done = true;
-    pthread_cond_broadcast(&q->done);
-}
-
-static void *pdp__workq_progress(void *arg)
-{
-    pdp__workq *q = (pdp__workq *)arg;
-    pthread_mutex_lock(&q->mu);
-    for (;;) {
-        pdp__workq_item *w;
-        while (!q->q_head && !q->stopping)
-            if (!q->idle || !q->idle(q)) pthread_cond_wait(&q->wake, &q->mu);
-        if (!q->q_head) break; /* stopping with nothing queued */
-        w = q->q_head;
-        q->q_head = w->next;
-        if (!q->q_head) q->q_tail = NULL;
-        pdp__workq_run(q, w);
-    }
-    pthread_mutex_unlock(&q->mu);
-    return NULL;
-}
-
-/* Threads pool[0, capacity) into the free list, creates the locks and, when
-   threaded, starts the progress thread. On failure nothing is left to release;
-   fn names the public caller. */
-static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
-                                  const char *limit_macro, bool threaded, const char *fn)
-{
-    pthread_condattr_t ca;
-    int i;
-    q->capacity = capacity;
-    q->limit_macro = limit_macro;
-    for (i = capacity - 1; i >= 0; i--) {
-        pool[i].next = q->free_list;
-        q->free_list = &pool[i];
-    }
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* pdp__workq_nap's timed wait */
-    pthread_cond_init(&q->wake, &ca);
-    pthread_cond_init(&q->done, &ca); /* a message's wait times out */
-    pthread_condattr_destroy(&ca);
-    q->threaded = threaded;
-    if (threaded && pthread_create(&q->thread, NULL, pdp__workq_progress, q) != 0) {
-        pthread_mutex_destroy(&q->mu);
-        pthread_cond_destroy(&q->wake);
-        pthread_cond_destroy(&q->done);
-        return pdp__err(PDP_ERR_WORKER, "%s: cannot start the progress thread of rank %d", fn,
-                        q->comm->rank);
-    }
-    return PDP_OK;
-}
-
-/* True once pdp__workq_shutdown began (*since: when); for an exec that polls. */
-static bool pdp__workq_stopping(pdp__workq *q, double *since)
-{
-    bool s;
-    pthread_mutex_lock(&q->mu);
-    s = q->stopping;
-    *since = q->stop_time;
-    pthread_mutex_unlock(&q->mu);
-    return s;
-}
-
-/* For an exec that polls, between polls. With `eager` and a thread blocked in
-   pdp__workq_wait (its core is idle), returns false at once: poll again. Otherwise
-   sleeps up to `seconds` and returns true; a thread that begins to wait ends the
-   sleep early (the check and the sleep are atomic under mu, so that wake-up is
-   never lost). A rank that computes keeps its core; a rank that waits gets its
-   collective's completion at once. */
-static bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
-{
-    struct timespec deadline;
-    bool slept = false;
-    pdp__deadline(&deadline, seconds);
-    pthread_mutex_lock(&q->mu);
-    if (!eager || !q->waiters) {
-        pthread_cond_timedwait(&q->wake, &q->mu, &deadline);
-        slept = true;
-    }
-    pthread_mutex_unlock(&q->mu);
-    return slept;
-}
-
-/* Lets the progress thread run what is queued, joins it and destroys the locks. */
-static void pdp__workq_shutdown(pdp__workq *q)
-{
-    if (q->threaded) {
-        pthread_mutex_lock(&q->mu);
-        q->stopping = true;
-        q->stop_time = pdp__now();
-        pthread_cond_signal(&q->wake);
-        pthread_mutex_unlock(&q->mu);
-        pthread_join(q->thread, NULL);
-    }
-    pthread_mutex_destroy(&q->mu);
-    pthread_cond_destroy(&q->wake);
-    pthread_cond_destroy(&q->done);
-}
-
-/* Takes a handle, fills it and queues it (or runs it inline without a thread). */
-static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
-{
-    pdp__workq *q = (pdp__workq *)c->impl;
-    pdp__workq_item *w;
-    pthread_mutex_lock(&q->mu);
-    if (q->broken) {
-        pdp_status st = q->broken_status;
-        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
-                 pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
-        pthread_mutex_unlock(&q->mu);
-        return st;
-    }
-    w = q->free_list;
-    if (!w) {
-        pthread_mutex_unlock(&q->mu);
-        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait for "
-                        "some (%s)", q->capacity, c->name, c->rank, q->limit_macro);
-    }
-    q->free_list = w->next;
-    w->next = NULL;
-    w->args = *args;
-    w->args.seq = q->next_seq++;
-    w->head.comm = c;
-    w->head.op_name = pdp__op_names[args->kind];
-    w->head.seq = w->args.seq;
-    w->head.t_start = w->head.t_done = 0.0;
-    w->t_queued = pdp__now();
-    w->p2p = false;
-    w->done = false;
-    w->status = PDP_OK;
-    w->msg[0] = '\0';
-    if (q->threaded) {
-        if (q->q_tail) q->q_tail->next = w;
-        else q->q_head = w;
-        q->q_tail = w;
-        pthread_cond_signal(&q->wake);
-    } else {
-        pdp__workq_run(q, w);
-    }
-    pthread_mutex_unlock(&q->mu);
-    *out = &w->head;
-    return PDP_OK;
-}
-
-/* ---- comm_queue: point-to-point ----
-   A send or receive is not queued behind the collectives (it would deadlock a
-   ring, where every rank sends before it receives): the backend matches it
-   itself (the local group's mailbox, MPI's own matching), taking its handle from
-   the same pool with pdp__workq_take and completing it with pdp__workq_finish.
-   Its wait is timed: timeout_s after the launch, p2p_expire withdraws an
-   unmatched message and completes it with PDP_ERR_TIMEOUT. */
-
-/* A handle for a message, t_start = launch; PDP_ERR_STATE when the pool is empty,
-   the broken status when the queue is broken. */
-static pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out)
-{
-    pdp__workq *q = (pdp__workq *)c->impl;
-    pdp__workq_item *w;
-    pthread_mutex_lock(&q->mu);
-    if (q->broken) {
-        pdp_status st = q->broken_status;
-        pdp__err(st, "%s on comm '%s' (rank %d of %d): the communicator is broken: %s",
-                 pdp__op_names[args->kind], c->name, c->rank, c->size, q->broken_msg);
-        pthread_mutex_unlock(&q->mu);
-        return st;
-    }
-    if (!(w = q->free_list)) {
-        pthread_mutex_unlock(&q->mu);
-        return pdp__err(PDP_ERR_STATE, "%d collectives and messages in flight on comm '%s' "
-                        "(rank %d): wait for some (%s)", q->capacity, c->name, c->rank,
-                        q->limit_macro);
-    }
-    q->free_list = w->next;
-    w->next = w->p2p_next = NULL;
-    w->args = *args;
-    w->args.seq = q->next_seq++;
-    w->head.comm = c;
-    w->head.op_name = pdp__op_names[args->kind];
-    w->head.seq = w->args.seq;
-    w->head.t_start = w->t_queued = pdp__now();
-    w->head.t_done = 0.0;
-    w->p2p = true;
-    q->p2p_live++;
-    w->done = false;
-    w->status = PDP_OK;
-    w->msg[0] = '\0';
-    pthread_mutex_unlock(&q->mu);
-    *out = w;
-    return PDP_OK;
-}
-
-/* Returns a handle that was never handed out (its launch failed). */
-static void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
-{
-    pthread_mutex_lock(&q->mu);
-    q->p2p_live--;
-    w->next = q->free_list;
-    q->free_list = w;
-    pthread_mutex_unlock(&q->mu);
-}
-
-/* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
-static void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg)
-{
-    double t = pdp__now();
-    pdp__workq_trace(q, w, w->head.t_start, t, st);
-    pthread_mutex_lock(&q->mu);
-    w->head.t_done = t;
-    w->status = st;
-    if (st != PDP_OK) snprintf(w->msg, sizeof w->msg, "%s", msg);
-    w->done = true;
-    q->p2p_live--;
-    pthread_cond_broadcast(&q->done);
-    pthread_mutex_unlock(&q->mu);
-}
-
-/* "recv #4 (count 7) from rank 1 with tag 5 on comm 'comm', rank 0 of 2" */
-static void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap)
-{
-    const pdp_comm *c = w->head.comm;
-    snprintf(out, cap, "%s #%lld (count %lld) %s rank %d with tag %d on comm '%s', rank %d of %d",
-             w->head.op_name, (long long)w->head.seq, (long long)w->args.count,
-             w->args.kind == PDP__COLL_SEND ? "to" : "from", w->args.peer, w->args.tag, c->name,
-             c->rank, c->size);
-}
-
-static void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size_t cap)
-{
-    char what[200];
-    pdp__p2p_describe(w, what, sizeof what);
-    snprintf(msg, cap, "%s: no matching %s from rank %d within %g s (peer %d, tag %d)", what,
-             w->args.kind == PDP__COLL_SEND ? "recv" : "send", w->args.peer,
-             w->head.comm->timeout_s, w->args.peer, w->args.tag);
-}
-
-/* Waits for a message (q->mu held on entry and return): polls, times out. */
-static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
-{
-    double deadline = w->head.t_start + w->head.comm->timeout_s;
-    while (!w->done) {
-        struct timespec ts;
-        double now = pdp__now(), nap;
-        if (q->p2p_poll) {
-            pthread_mutex_unlock(&q->mu);
-            q->p2p_poll(q);
-            pthread_mutex_lock(&q->mu);
-            if (w->done) break;
-        }
-        if (now > deadline) {
-            pthread_mutex_unlock(&q->mu);
-            q->p2p_expire(q, w);
-            pthread_mutex_lock(&q->mu);
-            continue;
-        }
-        nap = deadline - now + 1e-4;
-        if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
-        pdp__deadline(&ts, nap);
-        pthread_cond_timedwait(&q->done, &q->mu, &ts);
-    }
-}
-
-static pdp_status pdp__workq_wait(pdp_work *work)
-{
-    pdp__workq_item *w = (pdp__workq_item *)work;
-    pdp__workq *q = (pdp__workq *)work->comm->impl;
-    pdp_status st;
-    pthread_mutex_lock(&q->mu);
-    q->waiters++;
-    pthread_cond_signal(&q->wake); /* ends a pdp__workq_nap: poll hard from now on */
-    if (w->p2p) pdp__workq_p2p_block(q, w);
-    while (!w->done) pthread_cond_wait(&q->done, &q->mu); /* exec times out */
-    q->waiters--;
-    st = w->status;
-    if (st != PDP_OK) pdp__err(st, "%s", w->msg);
-    w->next = q->free_list; /* recycled; the head stays readable until the next launch */
-    q->free_list = w;
-    pthread_mutex_unlock(&q->mu);
-    return st;
-}
-
-static bool pdp__workq_done(pdp_work *work)
-{
-    pdp__workq_item *w = (pdp__workq_item *)work;
-    pdp__workq *q = (pdp__workq *)work->comm->impl;
-    bool d;
-    if (w->p2p && q->p2p_poll) q->p2p_poll(q);
-    pthread_mutex_lock(&q->mu);
-    d = w->done;
-    pthread_mutex_unlock(&q->mu);
-    return d;
-}
-
-/* The pdp__comm_ops entries of a queue backend: pack the arguments, submit. */
-
-static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
-                                  float *buf, const float *send, float *recv, pdp_work **w)
-{
-    pdp__coll_args a;
-    memset(&a, 0, sizeof a);
-    a.kind = kind;
-    a.count = count;
-    a.op = op;
-    a.buf = buf;
-    a.send = send;
-    a.recv = recv;
-    return pdp__workq_submit(c, &a, w);
-}
-
-static pdp_status pdp__workq_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                       pdp_work **w)
-{
-    return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, buf, NULL, NULL, w);
-}
-
-static pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                       pdp_work **w)
-{
-    return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, buf, NULL, NULL, w);
-}
-
-static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
-{
-    return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, NULL, send, recv, w);
-}
-
-static pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
-                                       int64_t send_count, pdp_work **w)
-{
-    return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, NULL, send, recv, w);
-}
-
-static pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
-{
-    return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, NULL, NULL, NULL, w);
-}
-
-/* Synchronous, but queued like the others so that it keeps its place in the order. */
-static pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
-{
-    pdp__coll_args a;
-    pdp_work *w = NULL;
-    pdp_status st;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_BROADCAST_BYTES;
-    a.count = (int64_t)bytes;
-    a.op = root;
-    a.bytes_buf = buf;
-    if ((st = pdp__workq_submit(c, &a, &w)) != PDP_OK) return st;
-    return pdp__workq_wait(w);
-}
-/* ---- end src/comm_queue.c ---- */
-
-/* ---- begin src/comm_local.c ---- */
-/* comm_local: the local backend: N ranks are threads of one process, buffers in shared
-   memory, no dependency; the default, and what the tests use.
-
-   N ranks are threads of one process; a pdp_local_group is their shared
-   meeting point. Each rank's communicator owns a collective queue (comm_queue.c,
-   shared with the MPI backend) whose persistent progress thread runs the
-   rank's collectives in issue order, so an asynchronous
-   collective progresses while the rank's own thread computes (DDP overlaps a
-   bucket's all-reduce with the rest of backward this way). One collective is:
-
-     arrive    the progress thread publishes its arguments in the group's slot
-               for its rank and enters barrier A. The last rank to arrive checks
-               that all ranks issued the same collective (kind, count, op, root);
-     work      rank r's progress thread handles slice r of the data: for an
-               all-reduce it sums slice r of every rank's buffer in rank order
-               0, 1, ..., N-1 (fixed, so every rank gets bit-identical sums)
-               and writes the result into every rank's buffer; broadcast,
-               reduce-scatter and all-gather split the same way;
-     leave     barrier B: no rank's buffer is touched after it, so the handle
-               completes and the rank may reuse its buffers and its slot.
-
-   The work of one collective is therefore spread over the ranks (each moves
-   about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
-   rank's buffers are only written by progress threads between A and B.
-
-   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
-   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
-   makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
-   sequence number and the missing rank; a rank whose communicator is freed
-   marks itself as gone, and a rank waiting for it fails at once with
-   PDP_ERR_COMM. Either way the group becomes broken: every later collective on
-   any rank fails fast with the first failure's message (as an aborted NCCL
-   communicator does).
-
-   Locks: group->mu guards the barrier state, the slots and the broken flag;
-   the queue's mu guards its queue, its handle pool and the handles' done
-   flags. The progress thread never holds both. Buffer contents pass between
-   threads only across these mutexes, so the backend is TSan clean. Handles
-   come from a fixed pool per communicator: nothing is allocated per
-   collective. */
-
-/* #include "internal.h" (already above) */
-
-/* ---- comm_local: the group ---- */
-
-#define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
-#ifndef PDP_LOCAL_MAX_INFLIGHT
-#  define PDP_LOCAL_MAX_INFLIGHT 256 /* handles per local communicator */
-#endif
-
-struct pdp_local_group {
-    int size;
-    double timeout_s;
-    pdp_device device;
-    char name[32];
-    pthread_mutex_t mu;
-    pthread_cond_t cv;        /* barrier progress, departures, breakage */
-    int arrived;              /* ranks in the current barrier */
-    uint64_t gen;             /* barriers completed */
-    int64_t *phase;           /* per rank: barriers entered */
-    pdp__coll_args *slot;     /* per rank: the collective it is executing */
-    bool *joined;             /* per rank: a communicator was created */
-    bool *gone;               /* per rank: its communicator was freed */
-    bool broken;
-    pdp_status broken_status;
-    char broken_msg[PDP__MSG_CAP];
-    pdp__workq_item *p2p_head, *p2p_tail; /* unmatched sends and receives, in launch order */
-    void *split_out;          /* pdp_comm_split: the group this rank made as a leader */
-    int refs;                 /* made by a split: communicators yet to be freed; else 0 */
-};
-
-PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size,
-                                          const pdp_comm_desc *desc)
-{
-    static const char *fn = "pdp_local_group_create";
-    pdp_local_group *g;
-    pthread_condattr_t ca;
-    double timeout;
-    pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
-    if (world_size < 1 || world_size > PDP__LOCAL_MAX_RANKS)
-        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d outside 1..%d", fn, world_size,
-                        PDP__LOCAL_MAX_RANKS);
-    if (desc && desc->backend != PDP_BACKEND_DEFAULT && desc->backend != PDP_BACKEND_LOCAL)
-        return pdp__err(PDP_ERR_INVALID, "%s: desc->backend is %d; a local group is backend local",
-                        fn, (int)desc->backend);
-    if (desc && desc->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the local backend keeps buffers on the CPU "
-                        "(desc->device is CUDA:%d; use the nccl backend)", fn,
-                        desc->device.ordinal);
-    g = (pdp_local_group *)pdp__calloc(sizeof *g);
-    if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    g->size = world_size;
-    g->timeout_s = timeout;
-    g->device = pdp_cpu();
-    snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
-    g->phase = (int64_t *)pdp__calloc((size_t)world_size * sizeof *g->phase);
-    g->slot = (pdp__coll_args *)pdp__calloc((size_t)world_size * sizeof *g->slot);
-    g->joined = (bool *)pdp__calloc((size_t)world_size * sizeof *g->joined);
-    g->gone = (bool *)pdp__calloc((size_t)world_size * sizeof *g->gone);
-    if (!g->phase || !g->slot || !g->joined || !g->gone) {
-        pdp__dealloc(g->phase);
-        pdp__dealloc(g->slot);
-        pdp__dealloc(g->joined);
-        pdp__dealloc(g->gone);
-        pdp__dealloc(g);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, world_size);
-    }
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&g->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    *out = g;
-    return PDP_OK;
-}
-
-PDP_API void pdp_local_group_free(pdp_local_group *g)
-{
-    if (!g) return;
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
-    pdp__dealloc(g->phase);
-    pdp__dealloc(g->slot);
-    pdp__dealloc(g->joined);
-    pdp__dealloc(g->gone);
-    pdp__dealloc(g);
-}
-
-/* Marks the group broken with a message (first failure wins); g->mu held. */
-static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
-{
-    if (g->broken) return;
-    g->broken = true;
-    g->broken_status = st;
-    snprintf(g->broken_msg, sizeof g->broken_msg, "%s", msg);
-    pthread_cond_broadcast(&g->cv);
-}
-
-/* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
-static void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__coll_args *a,
-                               char *out, size_t cap)
-{
-    snprintf(out, cap, "%s #%lld (count %lld) on comm '%s', rank %d of %d",
-             pdp__op_names[a->kind], (long long)a->seq, (long long)a->count, g->name, rank,
-             g->size);
-}
-
-/* The last rank into barrier A checks that everyone issued the same collective;
-   g->mu held. Returns false (and breaks the group) on a mismatch. */
-static bool pdp__group_validate(pdp_local_group *g)
-{
-    const pdp__coll_args *a = &g->slot[0];
-    int r;
-    for (r = 1; r < g->size; r++) {
-        const pdp__coll_args *b = &g->slot[r];
-        if (b->kind != a->kind || b->count != a->count || b->op != a->op) {
-            char msg[PDP__MSG_CAP];
-            snprintf(msg, sizeof msg,
-                     "collectives differ across ranks on comm '%s': rank 0 issued %s #%lld "
-                     "(count %lld, op/root %d), rank %d issued %s #%lld (count %lld, op/root %d); "
-                     "every rank must issue the same collectives in the same order",
-                     g->name, pdp__op_names[a->kind], (long long)a->seq, (long long)a->count,
-                     a->op, r, pdp__op_names[b->kind], (long long)b->seq, (long long)b->count,
-                     b->op);
-            pdp__group_break(g, PDP_ERR_INVALID, msg);
-            return false;
-        }
-    }
-    return true;
-}
-
-/* Barrier A (publish = true: also publishes *args in this rank's slot) or B.
-   On failure returns the status and leaves the message in msg. */
-static pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
-                                     bool publish, char *msg, size_t cap)
-{
-    struct timespec deadline;
-    uint64_t gen;
-    int64_t my_phase;
-    char what[160];
-    pdp_status st = PDP_OK;
-    pdp__coll_describe(g, rank, args, what, sizeof what);
-    pdp__deadline(&deadline, g->timeout_s);
-    pthread_mutex_lock(&g->mu);
-    if (g->broken) {
-        snprintf(msg, cap, "%.150s: the group is broken: %.300s", what, g->broken_msg);
-        st = g->broken_status;
-        goto out;
-    }
-    if (publish) g->slot[rank] = *args;
-    my_phase = ++g->phase[rank];
-    gen = g->gen;
-    if (++g->arrived == g->size) {
-        g->arrived = 0;
-        if (!publish || pdp__group_validate(g)) {
-            g->gen++;
-            pthread_cond_broadcast(&g->cv);
-        }
-    }
-    while (g->gen == gen) {
-        int r, rc;
-        if (g->broken) {
-            snprintf(msg, cap, "%.150s: %.300s", what, g->broken_msg);
-            st = g->broken_status;
-            goto out;
-        }
-        if (g->gone[rank]) {
-            snprintf(msg, cap, "%s: rank %d freed its communicator while the collective was "
-                     "in flight", what, rank);
-            st = PDP_ERR_COMM;
-            pdp__group_break(g, st, msg);
-            goto out;
-        }
-        for (r = 0; r < g->size; r++)
-            if (g->phase[r] < my_phase && g->gone[r]) {
-                snprintf(msg, cap, "%s: rank %d left the group (freed its communicator) after "
-                         "collective #%lld and will never arrive", what, r,
-                         (long long)g->slot[r].seq);
-                st = PDP_ERR_COMM;
-                pdp__group_break(g, st, msg);
-                goto out;
-            }
-        rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
-        if (rc == ETIMEDOUT && g->gen == gen && !g->broken) {
-            size_t n;
-            n = (size_t)snprintf(msg, cap, "%s: no arrival within %.3g s from rank", what,
-                                 g->timeout_s);
-            for (r = 0; r < g->size && n < cap; r++)
-                if (g->phase[r] < my_phase)
-                    n += (size_t)snprintf(msg + n, cap - n, " %d (last seen at %s #%lld)", r,
-                                          pdp__op_names[g->slot[r].kind],
-                                          (long long)g->slot[r].seq);
-            st = PDP_ERR_TIMEOUT;
-            pdp__group_break(g, st, msg);
-            goto out;
-        }
-    }
-out:
-    pthread_mutex_unlock(&g->mu);
-    return st;
-}
-
-/* ---- comm_local: the data movement ---- */
-
-/* [lo, hi) of n items for part r of parts, with boundaries on 16 floats (one cache line)
-   so that two ranks never write the same line. */
-static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
-{
-    int64_t a = n * r / parts, b = n * (r + 1) / parts;
-    *lo = r == 0 ? 0 : a & ~(int64_t)15;
-    *hi = r == parts - 1 ? n : b & ~(int64_t)15;
-    if (*hi < *lo) *hi = *lo;
-}
-
-#define PDP__CHUNK 2048
-
-/* acc[0..n) <- op over ranks of src[i][off..off+n), in rank order: ((s0 + s1) + s2) + ...,
-   then / nsrc for AVG. acc is the caller's chunk, never one of the sources, so every
-   loop is a restrict-qualified blocked loop that gcc -O2 vectorises (one pass per
-   source; the chunk stays in L1). */
-static void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src, int nsrc,
-                              int64_t off, int64_t n, pdp_reduce_op op)
-{
-    const float *PDP__RESTRICT s0 = src[0] + off;
-    int r;
-    if (nsrc == 1) {
-        memcpy(acc, s0, (size_t)n * sizeof *acc);
-    } else {
-        const float *PDP__RESTRICT s1 = src[1] + off;
-        PDP__FOR_BLOCKED(j, n, acc[j] = s0[j] + s1[j];);
-    }
-    for (r = 2; r < nsrc; r++) {
-        const float *PDP__RESTRICT s = src[r] + off;
-        PDP__FOR_BLOCKED(j, n, acc[j] += s[j];);
-    }
-    if (op == PDP_REDUCE_AVG) {
-        float div = (float)nsrc;
-        PDP__FOR_BLOCKED(j, n, acc[j] /= div;);
-    }
-}
-
-/* Rank r's share of the collective whose arguments every rank published. */
-static void pdp__local_execute(pdp_local_group *g, int r)
-{
-    const pdp__coll_args *me = &g->slot[r];
-    int n = g->size, i;
-    float acc[PDP__CHUNK];
-    const float *src[PDP__LOCAL_MAX_RANKS];
-    int64_t lo, hi, off, len;
-    switch (me->kind) {
-    case PDP__COLL_ALLREDUCE:
-        pdp__slice(me->count, r, n, &lo, &hi);
-        for (i = 0; i < n; i++) src[i] = g->slot[i].buf;
-        for (off = lo; off < hi; off += len) {
-            len = PDP__MIN(hi - off, PDP__CHUNK);
-            pdp__reduce_chunk(acc, src, n, off, len, (pdp_reduce_op)me->op);
-            for (i = 0; i < n; i++) memcpy(g->slot[i].buf + off, acc, (size_t)len * sizeof *acc);
-        }
-        break;
-    case PDP__COLL_BROADCAST:
-        pdp__slice(me->count, r, n, &lo, &hi);
-        for (i = 0; i < n; i++)
-            if (i != me->op && hi > lo)
-                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo, (size_t)(hi - lo) * 4);
-        break;
-    case PDP__COLL_BROADCAST_BYTES:
-        pdp__slice(me->count, r, n, &lo, &hi);
-        for (i = 0; i < n; i++)
-            if (i != me->op && hi > lo)
-                memcpy((char *)g->slot[i].bytes_buf + lo, (char *)g->slot[me->op].bytes_buf + lo,
-                       (size_t)(hi - lo));
-        break;
-    case PDP__COLL_REDUCE_SCATTER: /* rank r reduces slice r into its own recv */
-        for (i = 0; i < n; i++) src[i] = g->slot[i].send + (int64_t)r * me->count;
-        for (off = 0; off < me->count; off += len) {
-            len = PDP__MIN(me->count - off, PDP__CHUNK);
-            pdp__reduce_chunk(acc, src, n, off, len, (pdp_reduce_op)me->op);
-            memcpy(me->recv + off, acc, (size_t)len * sizeof *acc);
-        }
-        break;
-    case PDP__COLL_ALLGATHER: /* rank r writes its block into every recv */
-        for (i = 0; i < n; i++) {
-            float *dst = g->slot[i].recv + (int64_t)r * me->count;
-            if (dst != me->send && me->count > 0)
-                memmove(dst, me->send, (size_t)me->count * sizeof *dst);
-        }
-        break;
-    case PDP__COLL_BARRIER:
-    case PDP__COLL_SEND: /* never queued */
-    case PDP__COLL_RECV:
-    case PDP__COLL_SPLIT:
-        break;
-    }
-}
-
-typedef struct pdp__local_comm {
-    pdp_comm head;                 /* first member */
-    pdp__workq q;                  /* head.impl points here */
-    pdp_local_group *g;
-    pdp__workq_item pool[PDP_LOCAL_MAX_INFLIGHT];
-} pdp__local_comm;
-
-/* ---- comm_local: point-to-point ----
-   The group's mailbox is one list of unmatched messages in launch order. A new
-   send looks for the first receive its peer posted from this rank with the same
-   tag (a new receive, for the first such send); found, the thread that launched
-   the second half copies the floats and completes both handles; otherwise the
-   message joins the list. Everything happens under g->mu (then the owners'
-   queue locks: g->mu before q->mu, never the reverse), so no progress thread
-   is involved and a ring where every rank sends first cannot deadlock. */
-
-static int pdp__p2p_owner(const pdp__workq_item *w) { return w->head.comm->rank; }
-
-/* Unlinks w from the mailbox; false when it is not there (matched or withdrawn). */
-static bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w)
-{
-    pdp__workq_item **pp, *prev = NULL;
-    for (pp = &g->p2p_head; *pp; prev = *pp, pp = &(*pp)->p2p_next)
-        if (*pp == w) {
-            *pp = w->p2p_next;
-            if (g->p2p_tail == w) g->p2p_tail = prev;
-            w->p2p_next = NULL;
-            return true;
-        }
-    return false;
-}
-
-/* Completes a matched pair (g->mu held): copy, or a count mismatch on both sides. */
-static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
-{
-    char msg[PDP__MSG_CAP], what[200];
-    if (send->args.count == recv->args.count) {
-        if (send->args.count > 0 && recv->args.recv != send->args.send)
-            memmove(recv->args.recv, send->args.send, (size_t)send->args.count * sizeof(float));
-        pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_OK, "");
-        pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_OK, "");
-        return;
-    }
-    pdp__p2p_describe(send, what, sizeof what);
-    snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %lld floats, rank %d receives "
-             "%lld (recv #%lld)", what, pdp__p2p_owner(send), (long long)send->args.count,
-             pdp__p2p_owner(recv), (long long)recv->args.count, (long long)recv->head.seq);
-    pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_ERR_INVALID, msg);
-    pdp__p2p_describe(recv, what, sizeof what);
-    snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %lld floats (send #%lld), rank "
-             "%d receives %lld", what, pdp__p2p_owner(send), (long long)send->args.count,
-             (long long)send->head.seq, pdp__p2p_owner(recv), (long long)recv->args.count);
-    pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_ERR_INVALID, msg);
-}
-
-static pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, int64_t count,
-                                 int peer, int tag, pdp_work **out)
-{
-    pdp__local_comm *lc = (pdp__local_comm *)c;
-    pdp_local_group *g = lc->g;
-    pdp__workq *q = (pdp__workq *)c->impl;
-    pdp__coll_args a;
-    pdp__workq_item *w = NULL, *m;
-    pdp_status st;
-    memset(&a, 0, sizeof a);
-    a.kind = kind;
-    a.count = count;
-    a.peer = peer;
-    a.tag = tag;
-    if (kind == PDP__COLL_SEND) a.send = buf;
-    else a.recv = buf;
-    if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
-    pthread_mutex_lock(&g->mu);
-    if (g->broken || g->gone[peer]) {
-        char what[200];
-        pdp__p2p_describe(w, what, sizeof what);
-        st = g->broken ? g->broken_status : PDP_ERR_COMM;
-        if (g->broken) pdp__err(st, "%.200s: the group is broken: %.250s", what, g->broken_msg);
-        else pdp__err(st, "%s: rank %d left the group (freed its communicator)", what, peer);
-        pthread_mutex_unlock(&g->mu);
-        pdp__workq_untake(q, w);
-        return st;
-    }
-    for (m = g->p2p_head; m; m = m->p2p_next)
-        if (pdp__p2p_owner(m) == peer && m->args.peer == c->rank && m->args.tag == tag &&
-            m->args.kind != kind)
-            break;
-    if (m) {
-        pdp__mailbox_remove(g, m);
-        if (kind == PDP__COLL_SEND) pdp__p2p_match(w, m);
-        else pdp__p2p_match(m, w);
-    } else {
-        if (g->p2p_tail) g->p2p_tail->p2p_next = w;
-        else g->p2p_head = w;
-        g->p2p_tail = w;
-    }
-    pthread_mutex_unlock(&g->mu);
-    *out = &w->head;
-    return PDP_OK;
-}
-
-static pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                  pdp_work **w)
-{
-    return pdp__local_p2p(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
-}
-
-static pdp_status pdp__local_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                  pdp_work **w)
-{
-    return pdp__local_p2p(c, PDP__COLL_RECV, buf, count, peer, tag, w);
-}
-
-static void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
-{
-    pdp_local_group *g = ((pdp__local_comm *)q->comm)->g;
-    char msg[PDP__MSG_CAP];
-    bool withdrawn;
-    pthread_mutex_lock(&g->mu);
-    withdrawn = pdp__mailbox_remove(g, w);
-    pthread_mutex_unlock(&g->mu);
-    if (!withdrawn) return; /* matched meanwhile: completed */
-    pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
-    pdp__workq_finish(q, w, PDP_ERR_TIMEOUT, msg);
-}
-
-/* Rank r's communicator is going (g->mu held): its unmatched messages are withdrawn, and
-   those of other ranks that name it fail with PDP_ERR_COMM. */
-static void pdp__mailbox_depart(pdp_local_group *g, int r)
-{
-    pdp__workq_item *m = g->p2p_head, *next;
-    for (; m; m = next) {
-        char msg[PDP__MSG_CAP], what[200];
-        next = m->p2p_next;
-        if (pdp__p2p_owner(m) != r && m->args.peer != r) continue;
-        pdp__mailbox_remove(g, m);
-        pdp__p2p_describe(m, what, sizeof what);
-        snprintf(msg, sizeof msg, "%s: rank %d left the group (freed its communicator) before "
-                 "the message was matched", what, r);
-        pdp__workq_finish((pdp__workq *)m->head.comm->impl, m, PDP_ERR_COMM, msg);
-    }
-}
-
-/* ---- comm_local: communicators ---- */
-
-/* The queue's exec: one collective for this rank, barrier A, its share of the
-   work, barrier B. */
-static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
-{
-    pdp__local_comm *lc = (pdp__local_comm *)q->comm;
-    pdp_local_group *g = lc->g;
-    const pdp__coll_args *a = &w->args;
-    int r = lc->head.rank;
-    pdp_status st;
-    if (g->size == 1) {
-        if (a->kind == PDP__COLL_REDUCE_SCATTER || a->kind == PDP__COLL_ALLGATHER)
-            if (a->recv != a->send && a->count > 0)
-                memmove(a->recv, a->send, (size_t)a->count * sizeof *a->recv);
-        return PDP_OK;
-    }
-    if ((st = pdp__group_barrier(g, r, a, true, msg, cap)) != PDP_OK) return st;
-    pdp__local_execute(g, r);
-    return pdp__group_barrier(g, r, a, false, msg, cap);
-}
-
-static void pdp__local_destroy(pdp_comm *c)
-{
-    pdp__local_comm *lc = (pdp__local_comm *)c;
-    pdp_local_group *g = lc->g;
-    /* gone first: a progress thread blocked in a barrier on our behalf, or a peer
-       waiting for us, wakes up and fails instead of waiting out the timeout */
-    bool last;
-    pthread_mutex_lock(&g->mu);
-    g->gone[c->rank] = true;
-    pdp__mailbox_depart(g, c->rank);
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-    pdp__workq_shutdown(&lc->q);
-    pdp__dealloc(lc);
-    pthread_mutex_lock(&g->mu);
-    last = g->refs > 0 && --g->refs == 0;
-    pthread_mutex_unlock(&g->mu);
-    if (last) pdp_local_group_free(g); /* a split's group goes with its last communicator */
-}
-
-/* ---- comm_local: split ----
-   The member that becomes rank 0 of a colour creates its group (refs = its size: the
-   group frees itself with the last of them) and every rank broadcasts the pointer of
-   the group it made, or NULL, over c; each member then joins its leader's group. */
-static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                   int leader, pdp_comm **out)
-{
-    pdp__local_comm *lc = (pdp__local_comm *)c;
-    pdp_local_group *mine = NULL, *g = NULL;
-    pdp_comm_desc d;
-    char name[48];
-    int r;
-    pdp_status st;
-    (void)key;
-    if (colour >= 0 && new_rank == 0) {
-        memset(&d, 0, sizeof d);
-        d.timeout_s = c->timeout_s;
-        snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
-        d.name = name;
-        if ((st = pdp_local_group_create(&mine, new_size, &d)) != PDP_OK) return st;
-        mine->refs = new_size;
-    }
-    for (r = 0; r < c->size; r++) {
-        void *p = r == c->rank ? (void *)mine : NULL;
-        if ((st = c->ops->broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return st;
-        if (r == leader) g = (pdp_local_group *)p;
-    }
-    (void)lc;
-    if (colour < 0) return PDP_OK;
-    if ((st = pdp_comm_create_local(out, g, new_rank)) != PDP_OK) {
-        bool last;
-        pthread_mutex_lock(&g->mu);
-        g->gone[new_rank] = true;
-        last = --g->refs == 0;
-        pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-        if (last) pdp_local_group_free(g);
-    }
-    return st;
-}
-
-static const pdp__comm_ops pdp__local_ops = {
-    pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
-    pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
-    pdp__local_send,      pdp__local_recv,      pdp__local_split,
-    pdp__workq_wait,      pdp__workq_done,      pdp__local_destroy,
-};
-
-PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank)
-{
-    static const char *fn = "pdp_comm_create_local";
-    pdp__local_comm *lc;
-    pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
-    if (rank < 0 || rank >= g->size)
-        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->size - 1);
-    lc = (pdp__local_comm *)pdp__calloc(sizeof *lc);
-    if (!lc) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
-    pthread_mutex_lock(&g->mu);
-    if (g->joined[rank]) {
-        pthread_mutex_unlock(&g->mu);
-        pdp__dealloc(lc);
-        return pdp__err(PDP_ERR_INVALID, "%s: rank %d of group '%s' already has a communicator",
-                        fn, rank, g->name);
-    }
-    g->joined[rank] = true;
-    pthread_mutex_unlock(&g->mu);
-    lc->head.ops = &pdp__local_ops;
-    lc->head.backend = PDP_BACKEND_LOCAL;
-    lc->head.rank = rank;
-    lc->head.size = g->size;
-    lc->head.timeout_s = g->timeout_s;
-    lc->head.device = g->device;
-    memcpy(lc->head.name, g->name, sizeof lc->head.name);
-    lc->head.impl = &lc->q;
-    lc->g = g;
-    lc->q.comm = &lc->head;
-    lc->q.exec = pdp__local_exec;
-    lc->q.p2p_expire = pdp__local_p2p_expire;
-    /* world size 1: every collective is local and immediate, no thread */
-    if ((st = pdp__workq_init(&lc->q, lc->pool, PDP_LOCAL_MAX_INFLIGHT, "PDP_LOCAL_MAX_INFLIGHT",
-                              g->size > 1, fn)) != PDP_OK) {
-        pthread_mutex_lock(&g->mu);
-        g->joined[rank] = false;
-        pthread_mutex_unlock(&g->mu);
-        pdp__dealloc(lc);
-        return st;
-    }
-    *out = &lc->head;
-    return PDP_OK;
-}
-/* ---- end src/comm_local.c ---- */
-
-/* ---- begin src/comm_mpi.c ---- */
-/* comm_mpi: the MPI communicator backend (-DPDP_MPI), and its entry in comm.c's
-   dispatcher, pdp__comm_init_mpi_env: pdp_comm_init_env with PDP_BACKEND_MPI
-   creates the communicator below; without PDP_MPI it fails with
-   PDP_ERR_UNSUPPORTED naming the macro.
-
-   ---- the MPI backend ----
-   Rank and size come from MPI_COMM_WORLD, which every process duplicates once
-   (collective: every rank calls pdp_comm_init_env, in the same order as its
-   other collectives on MPI_COMM_WORLD), so pdp's traffic never matches the
-   application's own messages. The duplication is MPI_Comm_idup, polled
-   against timeout_s: a rank that never creates its communicator makes the
-   others fail with PDP_ERR_TIMEOUT instead of hanging; the orphaned request
-   is kept, and completed (or given up) before MPI_Finalize. The duplicate
-   reports errors (MPI_ERRORS_RETURN) instead of aborting the job: library
-   code never calls MPI_Abort, and an MPI error becomes PDP_ERR_COMM with
-   MPI's error string.
-
-   One progress thread per communicator runs the collectives in issue order,
-   as PyTorch's ProcessGroupMPI does (comm_queue.c's collective queue, shared with
-   the local backend; this file supplies its exec, idle and destroy): a launch
-   only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
-   allocated per collective) and returns, so the calling rank keeps computing
-   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
-   MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
-   MPI_Test: spinning for a few hundred polls (small collectives finish there),
-   then, while the rank's own thread is blocked in pdp_wait and its core is
-   idle, yielding between polls for up to 2 ms; otherwise (the rank computes,
-   or a peer is late) sleeping 200 us between polls (500 us once a collective has
-   waited 20 ms), so that backward keeps its core and the poll latency hides
-   under it. AVG is SUM followed by a division by the size on every element, as
-   the local backend does. MPI counts are int: an all-reduce or broadcast is
-   split into calls of PDP_MPI_CHUNK elements; reduce-scatter and all-gather take
-   at most INT_MAX elements per rank.
-   In-place forms: all-gather with send == recv + rank * count, and
-   reduce-scatter with recv == send + rank * count (NCCL's convention).
-
-   Timeouts: MPI cannot time out, so the progress thread is the watchdog. A
-   collective that has not completed timeout_s after the thread posted it fails
-   with PDP_ERR_TIMEOUT naming the collective, its sequence number and the
-   communicator (MPI cannot say which rank is missing). The communicator is
-   then broken (the queue is sticky): queued and later collectives fail at
-   once with the same status and message, as an aborted NCCL communicator
-   does. The timed-out request
-   cannot be cancelled (MPI forbids cancelling collectives); the thread keeps
-   testing it, so a late rank still completes it and the communicator can be
-   freed cleanly. pdp_comm_free gives an in-flight request one more second,
-   then abandons it: the duplicate communicator and the request are leaked,
-   and pdp will not call MPI_Finalize, because that may hang on them.
-
-   MPI initialisation: if MPI is not initialised, the first pdp_comm_init_env
-   calls MPI_Init_thread(MPI_THREAD_MULTIPLE), and pdp_comm_free of the last
-   MPI communicator calls MPI_Finalize (MPI cannot be initialised twice, so a
-   program that creates MPI communicators one after another, or uses MPI
-   itself, calls MPI_Init_thread first and MPI_Finalize last; pdp then never
-   finalises). MPI_THREAD_MULTIPLE is required: the progress thread calls MPI
-   while the application's threads may. That ownership record (a count of
-   live communicators and whether pdp initialised MPI) is process-wide,
-   behind a mutex, because MPI's own initialisation is.
-
-   Locks: the queue's mu guards the queue, the pool, the handles' done/status,
-   the broken state and the orphan; the progress thread never holds it inside
-   an MPI call.
-   Buffers pass to the progress thread and back across that mutex (TSan finds
-   nothing in this file; OpenMPI's own internals draw reports of their own).
-   Reference: MPI 3.1, chapter 5.12 (non-blocking collectives). */
-
-/* #include "internal.h" (already above) */
-
-#ifdef PDP_MPI
-#include <mpi.h>
-#include <sched.h>
-
-#ifndef PDP_MPI_MAX_INFLIGHT
-#  define PDP_MPI_MAX_INFLIGHT 256 /* handles per MPI communicator */
-#endif
-#ifndef PDP_MPI_CHUNK
-#  define PDP_MPI_CHUNK (1 << 30)  /* elements per MPI call of an all-reduce or broadcast */
-#endif
-#define PDP__MPI_FREE_GRACE_S 1.0  /* pdp_comm_free waits this long for an in-flight request */
-
-/* ---- comm_mpi: process-wide MPI ownership ---- */
-
-static pthread_mutex_t pdp__mpi_mu = PTHREAD_MUTEX_INITIALIZER;
-static int pdp__mpi_live;          /* MPI communicators alive */
-static bool pdp__mpi_we_init;      /* pdp called MPI_Init_thread, so it finalises */
-static bool pdp__mpi_unclean;      /* a request was abandoned: never call MPI_Finalize */
-static bool pdp__mpi_init_orphan;  /* a timed-out MPI_Comm_idup, completed before finalising */
-static MPI_Request pdp__mpi_init_req;
-static MPI_Comm pdp__mpi_init_comm;
-
-/* ---- comm_mpi: state ---- */
-
-/* A message in flight: its MPI request (and, for a receive, whether MPI has matched it). */
-typedef struct pdp__mpi_p2p {
-    bool active;        /* launched, not completed */
-    bool posted;        /* a send: always; a receive: matched by MPI_Improbe, MPI_Imrecv posted */
-    MPI_Request req;
-} pdp__mpi_p2p;
-
-typedef struct pdp__mpi_comm {
-    pdp_comm head;               /* first member */
-    pdp__workq q;                /* head.impl points here; sticky, with an idle poll */
-    MPI_Comm mcomm;              /* our duplicate of MPI_COMM_WORLD */
-    bool orphan;                 /* a timed-out request is still pending (q.mu) */
-    MPI_Request orphan_req;
-    bool traced;                 /* pdp__trace_open succeeded: close at free */
-    pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
-    int p2p_active;              /* messages in flight */
-    pdp__workq_item pool[PDP_MPI_MAX_INFLIGHT];
-    pdp__mpi_p2p p2p[PDP_MPI_MAX_INFLIGHT]; /* by pool index */
-} pdp__mpi_comm;
-
-/* ---- comm_mpi: executing a collective (the queue's exec and idle) ---- */
-
-static void pdp__mpi_errstr(int rc, char *out, size_t cap)
-{
-    char s[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) len = 0;
-    s[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING - 1] = '\0';
-    snprintf(out, cap, "%s (MPI error %d)", len ? s : "unknown", rc);
-}
-
-/* ---- comm_mpi: point-to-point ----
-   MPI_Isend at launch; a receive is matched with MPI_Improbe first, so that a
-   count mismatch names both counts (the message is then consumed with a
-   zero-count MPI_Mrecv), then MPI_Imrecv. Every pending message of the
-   communicator is advanced by whoever polls: a thread in pdp_work_wait or
-   pdp_work_done on a message, and the progress thread while it drives a
-   collective or idles, so a ring where every rank sends first completes even
-   under MPI's rendezvous protocol. A message not complete timeout_s after its
-   launch fails with PDP_ERR_TIMEOUT naming peer and tag: an unmatched receive
-   is simply withdrawn; a send or a matched receive is cancelled (MPI_Cancel),
-   and if MPI does not confirm within a second its request is abandoned (pdp
-   then never calls MPI_Finalize, as for a timed-out collective). */
-
-static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
-                              const char *msg)
-{
-    mc->p2p[w - mc->pool].active = false;
-    mc->p2p_active--;
-    pdp__workq_finish(&mc->q, w, st, msg);
-}
-
-/* Advances one message (p2p_mu held). */
-static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w)
-{
-    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
-    const pdp__coll_args *a = &w->args;
-    char msg[PDP__MSG_CAP], what[200], e[256];
-    int flag = 0, rc, n = 0;
-    MPI_Status status;
-    if (!p->posted) { /* an unmatched receive */
-        MPI_Message m;
-        rc = MPI_Improbe(a->peer, a->tag, mc->mcomm, &flag, &m, &status);
-        if (rc == MPI_SUCCESS && !flag) return;
-        if (rc == MPI_SUCCESS) rc = MPI_Get_count(&status, MPI_FLOAT, &n);
-        if (rc == MPI_SUCCESS && (int64_t)n != a->count) {
-            MPI_Mrecv(NULL, 0, MPI_FLOAT, &m, MPI_STATUS_IGNORE); /* consume: MPI_ERR_TRUNCATE */
-            pdp__p2p_describe(w, what, sizeof what);
-            snprintf(msg, sizeof msg, "%s: count mismatch: rank %d sends %d floats, rank %d "
-                     "receives %lld", what, a->peer, n, mc->head.rank, (long long)a->count);
-            pdp__mpi_p2p_fail(mc, w, PDP_ERR_INVALID, msg);
-            return;
-        }
-        if (rc == MPI_SUCCESS) rc = MPI_Imrecv(a->recv, (int)a->count, MPI_FLOAT, &m, &p->req);
-        if (rc != MPI_SUCCESS) goto mpi_error;
-        p->posted = true;
-    }
-    rc = MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) goto mpi_error;
-    if (!flag) return;
-    p->active = false;
-    mc->p2p_active--;
-    pdp__workq_finish(&mc->q, w, PDP_OK, "");
-    return;
-mpi_error:
-    pdp__mpi_errstr(rc, e, sizeof e);
-    pdp__p2p_describe(w, what, sizeof what);
-    snprintf(msg, sizeof msg, "%s: %s", what, e);
-    pdp__mpi_p2p_fail(mc, w, PDP_ERR_COMM, msg);
-}
-
-static void pdp__mpi_p2p_poll(pdp__workq *q)
-{
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
-    int i;
-    pthread_mutex_lock(&mc->p2p_mu);
-    for (i = 0; i < PDP_MPI_MAX_INFLIGHT && mc->p2p_active; i++)
-        if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i]);
-    pthread_mutex_unlock(&mc->p2p_mu);
-}
-
-static void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
-{
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
-    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
-    char msg[PDP__MSG_CAP];
-    pthread_mutex_lock(&mc->p2p_mu);
-    if (p->active) {
-        if (p->posted) { /* cancel; MPI completes a cancelled request */
-            double give_up = pdp__now() + PDP__MPI_FREE_GRACE_S;
-            int flag = 0;
-            MPI_Cancel(&p->req);
-            while (!flag && pdp__now() < give_up)
-                if (MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
-            if (!flag) {
-                MPI_Request_free(&p->req);
-                pthread_mutex_lock(&pdp__mpi_mu);
-                pdp__mpi_unclean = true;
-                pthread_mutex_unlock(&pdp__mpi_mu);
-            }
-        }
-        pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
-        pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
-    }
-    pthread_mutex_unlock(&mc->p2p_mu);
-}
-
-static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
-                                      int64_t count, int peer, int tag, pdp_work **out)
-{
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
-    pdp__coll_args a;
-    pdp__workq_item *w = NULL;
-    pdp__mpi_p2p *p;
-    pdp_status st;
-    int rc = MPI_SUCCESS;
-    if (count > INT32_MAX)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements on comm '%s' (rank %d): the MPI "
-                        "backend takes at most %d (MPI counts are int)", pdp__op_names[kind],
-                        (long long)count, c->name, c->rank, (int)INT32_MAX);
-    memset(&a, 0, sizeof a);
-    a.kind = kind;
-    a.count = count;
-    a.peer = peer;
-    a.tag = tag;
-    if (kind == PDP__COLL_SEND) a.send = buf;
-    else a.recv = buf;
-    if ((st = pdp__workq_take(c, &a, &w)) != PDP_OK) return st;
-    p = &mc->p2p[w - mc->pool];
-    pthread_mutex_lock(&mc->p2p_mu);
-    p->posted = kind == PDP__COLL_SEND;
-    if (kind == PDP__COLL_SEND)
-        rc = MPI_Isend(buf, (int)count, MPI_FLOAT, peer, tag, mc->mcomm, &p->req);
-    if (rc == MPI_SUCCESS) {
-        p->active = true;
-        mc->p2p_active++;
-        pdp__mpi_p2p_step(mc, w); /* a receive whose message is already here matches now */
-    }
-    pthread_mutex_unlock(&mc->p2p_mu);
-    if (rc != MPI_SUCCESS) {
-        char e[256];
-        pdp__mpi_errstr(rc, e, sizeof e);
-        pdp__workq_untake(&mc->q, w);
-        return pdp__err(PDP_ERR_COMM, "send to rank %d with tag %d on comm '%s' (rank %d): "
-                        "MPI_Isend failed: %s", peer, tag, c->name, c->rank, e);
-    }
-    *out = &w->head;
-    return PDP_OK;
-}
-
-static pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                pdp_work **w)
-{
-    return pdp__mpi_p2p_launch(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
-}
-
-static pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                pdp_work **w)
-{
-    return pdp__mpi_p2p_launch(c, PDP__COLL_RECV, buf, count, peer, tag, w);
-}
-
-/* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
-   PDP_ERR_COMM when the communicator is being freed, with *req left pending
-   (the caller records it as the orphan). */
-static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
-                                 double deadline, char *msg, size_t cap)
-{
-    pdp_comm *c = &mc->head;
-    double t0 = pdp__now(), now, since;
-    long polls = 0;
-    for (;;) {
-        int flag = 0, rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) {
-            char e[256];
-            pdp__mpi_errstr(rc, e, sizeof e);
-            snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d of %d): MPI_Test failed: %s",
-                     w->head.op_name, (long long)w->head.seq, c->name, c->rank, c->size, e);
-            return PDP_ERR_COMM;
-        }
-        if (flag) return PDP_OK;
-        now = pdp__now();
-        if (now > deadline) {
-            snprintf(msg, cap, "%s #%lld (%lld elements) on comm '%s' did not complete within "
-                     "%g s on rank %d of %d: at least one rank did not arrive (it skipped the "
-                     "collective, issued another one, hangs or died; MPI cannot say which); "
-                     "the communicator is broken", w->head.op_name, (long long)w->head.seq,
-                     (long long)w->args.count, c->name, c->timeout_s, c->rank, c->size);
-            return PDP_ERR_TIMEOUT;
-        }
-        if ((++polls & 63) == 0 && pdp__workq_stopping(&mc->q, &since) &&
-            now > since + PDP__MPI_FREE_GRACE_S) {
-            snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d): abandoned in flight when the "
-                     "communicator was freed", w->head.op_name, (long long)w->head.seq, c->name,
-                     c->rank);
-            return PDP_ERR_COMM;
-        }
-        if ((polls & 63) == 0) pdp__mpi_p2p_poll(&mc->q);
-        if (polls < 256) continue; /* spin: small collectives finish here */
-        /* then yield while the rank waits (for 2 ms: its core is ours); otherwise nap
-           200 us (500 us once a peer has kept us 20 ms), since a yielding poller would
-           take a share of a core from backward or from whatever keeps the peer busy */
-        if (!pdp__workq_nap(&mc->q, now - t0 < 20e-3 ? 200e-6 : 500e-6, now - t0 < 2e-3))
-            sched_yield();
-    }
-}
-
-/* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
-static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
-                                  char *msg, size_t cap)
-{
-    char e[256];
-    if (rc == MPI_SUCCESS) return PDP_OK;
-    pdp__mpi_errstr(rc, e, sizeof e);
-    snprintf(msg, cap, "%s #%lld on comm '%s' (rank %d of %d): %s failed: %s", w->head.op_name,
-             (long long)w->head.seq, mc->head.name, mc->head.rank, mc->head.size, call, e);
-    return PDP_ERR_COMM;
-}
-
-static void pdp__mpi_divide(float *PDP__RESTRICT p, int64_t n, int size)
-{
-    float div = (float)size;
-    PDP__FOR_BLOCKED(i, n, p[i] /= div;);
-}
-
-/* Runs one collective to completion on the progress thread. */
-static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
-                               char *msg, size_t cap)
-{
-    const pdp__coll_args *a = &w->args;
-    MPI_Comm mcomm = mc->mcomm;
-    double deadline = w->head.t_start + mc->head.timeout_s;
-    int size = mc->head.size, rank = mc->head.rank, n;
-    int64_t off, len;
-    pdp_status st;
-    *req = MPI_REQUEST_NULL;
-    switch (a->kind) {
-    case PDP__COLL_ALLREDUCE:
-    case PDP__COLL_BROADCAST:
-    case PDP__COLL_BROADCAST_BYTES:
-        for (off = 0; off < a->count; off += len) {
-            len = PDP__MIN(a->count - off, (int64_t)PDP_MPI_CHUNK);
-            n = (int)len;
-            if (a->kind == PDP__COLL_ALLREDUCE)
-                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, a->buf + off, n,
-                                     MPI_FLOAT, MPI_SUM, mcomm, req), "MPI_Iallreduce", msg, cap);
-            else if (a->kind == PDP__COLL_BROADCAST)
-                st = pdp__mpi_posted(mc, w, MPI_Ibcast(a->buf + off, n, MPI_FLOAT, a->op, mcomm,
-                                     req), "MPI_Ibcast", msg, cap);
-            else
-                st = pdp__mpi_posted(mc, w, MPI_Ibcast((char *)a->bytes_buf + off, n, MPI_BYTE,
-                                     a->op, mcomm, req), "MPI_Ibcast", msg, cap);
-            if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
-            if (st != PDP_OK) return st;
-        }
-        if (a->kind == PDP__COLL_ALLREDUCE && a->op == PDP_REDUCE_AVG)
-            pdp__mpi_divide(a->buf, a->count, size);
-        return PDP_OK;
-    case PDP__COLL_REDUCE_SCATTER: {
-        float *mine = (float *)a->send + (int64_t)rank * a->count; /* in-place slot */
-        bool in_place = a->recv == mine;
-        n = (int)a->count;
-        if (size == 1) {
-            if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
-        } else {
-            /* in place, MPI leaves the result at the start of the buffer */
-            st = pdp__mpi_posted(mc, w, MPI_Ireduce_scatter_block(
-                                     in_place ? MPI_IN_PLACE : (void *)a->send,
-                                     in_place ? (void *)a->send : (void *)a->recv, n, MPI_FLOAT,
-                                     MPI_SUM, mcomm, req),
-                                 "MPI_Ireduce_scatter_block", msg, cap);
-            if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
-            if (st != PDP_OK) return st;
-            if (in_place && rank > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
-        }
-        if (a->op == PDP_REDUCE_AVG) pdp__mpi_divide(a->recv, a->count, size);
-        return PDP_OK;
-    }
-    case PDP__COLL_ALLGATHER: {
-        bool in_place = a->send == a->recv + (int64_t)rank * a->count;
-        n = (int)a->count;
-        st = pdp__mpi_posted(mc, w, MPI_Iallgather(in_place ? MPI_IN_PLACE : (void *)a->send,
-                             n, MPI_FLOAT, a->recv, n, MPI_FLOAT, mcomm, req),
-                             "MPI_Iallgather", msg, cap);
-        if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
-        return st;
-    }
-    case PDP__COLL_BARRIER:
-        st = pdp__mpi_posted(mc, w, MPI_Ibarrier(mcomm, req), "MPI_Ibarrier", msg, cap);
-        if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
-        return st;
-    case PDP__COLL_SPLIT: /* blocking, but every rank is known to have arrived (comm.c) */
-        return pdp__mpi_posted(mc, w, MPI_Comm_split(mcomm, a->op < 0 ? MPI_UNDEFINED : a->op,
-                               (int)a->count, (MPI_Comm *)a->out), "MPI_Comm_split", msg, cap);
-    case PDP__COLL_SEND: /* never queued */
-    case PDP__COLL_RECV:
-        break;
-    }
-    snprintf(msg, cap, "comm_mpi: unknown collective kind %d", (int)a->kind);
-    return PDP_ERR_STATE;
-}
-
-/* The queue's exec; a request posted but never completed becomes the orphan. */
-static pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
-{
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
-    MPI_Request req;
-    pdp_status st = pdp__mpi_run(mc, w, &req, msg, cap);
-    if (st != PDP_OK && req != MPI_REQUEST_NULL) {
-        pthread_mutex_lock(&q->mu);
-        mc->orphan = true;
-        mc->orphan_req = req;
-        pthread_mutex_unlock(&q->mu);
-    }
-    return st;
-}
-
-/* Sleeps 1 ms, then tests the orphan once: true when it completed. */
-static bool pdp__mpi_orphan_test(MPI_Request *req)
-{
-    int flag = 0;
-    struct timespec ts = {0, 1000000}; /* 1 ms */
-    nanosleep(&ts, NULL);
-    if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) flag = 0;
-    return flag != 0;
-}
-
-/* The queue's idle hook (q->mu held): keep a timed-out request moving, so
-   that a late rank completes it and the communicator can be freed cleanly. */
-static bool pdp__mpi_idle(pdp__workq *q)
-{
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
-    bool done;
-    if (q->p2p_live) { /* keep messages moving while the rank computes */
-        struct timespec ts = {0, 200000}; /* 200 us */
-        pthread_mutex_unlock(&q->mu);
-        pdp__mpi_p2p_poll(q);
-        nanosleep(&ts, NULL);
-        pthread_mutex_lock(&q->mu);
-        return true;
-    }
-    if (!mc->orphan) return false;
-    pthread_mutex_unlock(&q->mu);
-    done = pdp__mpi_orphan_test(&mc->orphan_req);
-    pthread_mutex_lock(&q->mu);
-    if (done) mc->orphan = false;
-    return true;
-}
-
-/* ---- comm_mpi: the ops table ---- */
-
-static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const char *what)
-{
-    if (count <= INT32_MAX) return PDP_OK;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements per rank on comm '%s' (rank %d): the "
-                    "MPI backend takes at most %d (MPI counts are int)", what, (long long)count,
-                    c->name, c->rank, (int)INT32_MAX);
-}
-
-static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                          int64_t recv_count, pdp_reduce_op op, pdp_work **w)
-{
-    pdp_status st;
-    if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
-    return pdp__workq_reduce_scatter(c, send, recv, recv_count, op, w);
-}
-
-static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
-                                     int64_t send_count, pdp_work **w)
-{
-    pdp_status st;
-    if ((st = pdp__mpi_int_count(c, send_count, "allgather")) != PDP_OK) return st;
-    return pdp__workq_allgather(c, send, recv, send_count, w);
-}
-
-/* Tests *req until it completes (true) or deadline passes (false). */
-static bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
-{
-    for (;;) {
-        int flag = 0;
-        struct timespec ts = {0, 100000}; /* 100 us: creation and shutdown only */
-        if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
-        if (flag) return true;
-        if (pdp__now() > deadline) return false;
-        nanosleep(&ts, NULL);
-    }
-}
-
-/* Drops one reference to MPI; the last one finalises it if pdp initialised it
-   (after completing a timed-out duplication, if its late rank came after all). */
-static void pdp__mpi_release(void)
-{
-    pthread_mutex_lock(&pdp__mpi_mu);
-    if (--pdp__mpi_live == 0 && pdp__mpi_init_orphan) {
-        if (pdp__mpi_poll_until(&pdp__mpi_init_req, pdp__now() + PDP__MPI_FREE_GRACE_S)) {
-            MPI_Comm_free(&pdp__mpi_init_comm);
-            pdp__mpi_init_orphan = false;
-        } else {
-            pdp__mpi_unclean = true;
-        }
-    }
-    if (pdp__mpi_live == 0 && pdp__mpi_we_init && !pdp__mpi_unclean) {
-        int finalized = 0;
-        MPI_Finalized(&finalized);
-        if (!finalized) MPI_Finalize();
-        pdp__mpi_we_init = false;
-    }
-    pthread_mutex_unlock(&pdp__mpi_mu);
-}
-
-static void pdp__mpi_destroy(pdp_comm *c)
-{
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
-    int i;
-    pdp__workq_shutdown(&mc->q);
-    /* messages never waited: an unmatched receive is dropped, the rest cancelled */
-    pthread_mutex_lock(&mc->p2p_mu);
-    for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
-        if (mc->p2p[i].active && mc->p2p[i].posted) {
-            int flag = 0;
-            MPI_Test(&mc->p2p[i].req, &flag, MPI_STATUS_IGNORE);
-            if (!flag) {
-                MPI_Cancel(&mc->p2p[i].req);
-                if (!pdp__mpi_poll_until(&mc->p2p[i].req, pdp__now() + PDP__MPI_FREE_GRACE_S))
-                    mc->orphan = true; /* leave mcomm alone and never finalise */
-            }
-        }
-    pthread_mutex_unlock(&mc->p2p_mu);
-    pthread_mutex_destroy(&mc->p2p_mu);
-    /* give a timed-out request a last chance to complete */
-    while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
-        if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
-    if (mc->orphan) { /* a request that never completed still references mcomm: leave both */
-        pthread_mutex_lock(&pdp__mpi_mu);
-        pdp__mpi_unclean = true;
-        pthread_mutex_unlock(&pdp__mpi_mu);
-    } else {
-        MPI_Comm_free(&mc->mcomm);
-    }
-    if (mc->traced) pdp__trace_close();
-    pdp__dealloc(mc);
-    pdp__mpi_release();
-}
-
-static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                 int leader, pdp_comm **out);
-
-static const pdp__comm_ops pdp__mpi_ops = {
-    pdp__workq_allreduce, pdp__workq_broadcast, pdp__mpi_reduce_scatter,
-    pdp__mpi_allgather,   pdp__workq_barrier,   pdp__workq_broadcast_bytes,
-    pdp__mpi_send,        pdp__mpi_recv,        pdp__mpi_split,
-    pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
-};
-
-/* ---- comm_mpi: bounded start-up ----
-   MPI_Init_thread cannot be interrupted and has no timeout: a rank that never
-   starts leaves the others inside it until the launcher gives up. pdp bounds
-   what it can around it (comm.h states the contract):
-     the start-up check  with a store port in the environment (PDP_STORE_PORT or
-                         MASTER_PORT) and the ranks named by the launcher
-                         (OMPI_COMM_WORLD_* or RANK/WORLD_SIZE), every rank checks
-                         in at the TCP store (rendezvous.c; rank 0 serves it) BEFORE
-                         calling MPI_Init_thread, and waits up to timeout_s for all
-                         the others: a missing rank makes the others fail with
-                         PDP_ERR_TIMEOUT naming it, and MPI_Init_thread is never
-                         called, so nothing hangs. The store stays open until
-                         MPI_Init_thread returned (rank 0 serves the latecomers);
-     the watchdog        a thread started before MPI_Init_thread: when it has not
-                         returned timeout_s later, the watchdog calls desc->log
-                         (PDP_LOG_ERROR, from the watchdog thread) once, naming this
-                         rank, what it waits for and, when the start-up check passed,
-                         that every rank had checked in. It never exits or aborts:
-                         the rank stays in MPI_Init_thread until MPI returns or the
-                         launcher ends the job. */
-
-typedef struct pdp__mpi_watch {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;      /* CLOCK_MONOTONIC */
-    bool done;              /* MPI_Init_thread returned */
-    double timeout_s;
-    pdp_log_fn log;
-    void *log_user;
-    char msg[512];
-} pdp__mpi_watch;
-
-static void *pdp__mpi_watchdog(void *arg)
-{
-    pdp__mpi_watch *w = (pdp__mpi_watch *)arg;
-    struct timespec deadline;
-    bool fired = false;
-    pdp__deadline(&deadline, w->timeout_s);
-    pthread_mutex_lock(&w->mu);
-    while (!w->done && !fired)
-        fired = pthread_cond_timedwait(&w->cv, &w->mu, &deadline) == ETIMEDOUT && !w->done;
-    pthread_mutex_unlock(&w->mu);
-    if (fired && w->log) w->log(PDP_LOG_ERROR, w->msg, w->log_user);
-    return NULL;
-}
-
-/* The start-up check (above); *store is left open for the caller to free after
-   MPI_Init_thread, NULL when no check ran. *checked: every rank checked in. */
-static pdp_status pdp__mpi_start_check(pdp_store **store, const pdp_env_info *env,
-                                       double timeout_s, bool *checked, const char *fn)
-{
-    double deadline = pdp__now() + timeout_s;
-    char key[64], missing[200];
-    const char *k = key;
-    size_t len = 0;
-    int r, nmissing = 0;
-    pdp_status st;
-    *store = NULL;
-    *checked = false;
-    if (!env->from_env || env->world_size < 2) return PDP_OK;
-    if (!getenv("PDP_STORE_PORT") && !getenv("MASTER_PORT")) return PDP_OK;
-    if ((st = pdp__rendezvous_store(store, env, timeout_s, "MPI start-up check", fn)) != PDP_OK) {
-        if (st == PDP_ERR_TIMEOUT && env->rank != 0)
-            return pdp__err(st, "%s: MPI start-up check: rank %d of %d: missing rank 0: it did not "
-                            "start within %g s (its TCP store at %s never answered); "
-                            "MPI_Init_thread was not called", fn, env->rank, env->world_size,
-                            timeout_s, env->master_addr);
-        return st;
-    }
-    snprintf(key, sizeof key, "pdp/mpi_start/%d", env->rank);
-    if ((st = pdp_store_set(*store, key, "", 0)) != PDP_OK) goto fail;
-    missing[0] = '\0';
-    for (r = 0; r < env->world_size; r++) {
-        double left = deadline - pdp__now();
-        snprintf(key, sizeof key, "pdp/mpi_start/%d", r);
-        st = pdp_store_wait(*store, &k, 1, left > 1e-3 ? left : 1e-3);
-        if (st == PDP_ERR_TIMEOUT) {
-            if (len < sizeof missing - 16)
-                len += (size_t)snprintf(missing + len, sizeof missing - len, " %d", r);
-            nmissing++;
-        } else if (st != PDP_OK) {
-            goto fail;
-        }
-    }
-    if (env->rank != 0) { /* rank 0 keeps serving until every present rank has its answer */
-        snprintf(key, sizeof key, "pdp/mpi_start_seen/%d", env->rank);
-        if (nmissing && (st = pdp_store_set(*store, key, "", 0)) != PDP_OK) goto fail;
-    } else if (nmissing) {
-        double grace = pdp__now() + (timeout_s < 1.0 ? timeout_s : 1.0);
-        for (r = 1; r < env->world_size; r++) {
-            double left = grace - pdp__now();
-            snprintf(key, sizeof key, "pdp/mpi_start/%d", r);
-            if (pdp_store_wait(*store, &k, 1, 1e-3) != PDP_OK) continue; /* a missing rank */
-            snprintf(key, sizeof key, "pdp/mpi_start_seen/%d", r);
-            (void)pdp_store_wait(*store, &k, 1, left > 1e-3 ? left : 1e-3);
-        }
-    }
-    if (nmissing) {
-        pdp_store_free(*store);
-        *store = NULL;
-        return pdp__err(PDP_ERR_TIMEOUT, "%s: MPI start-up check: rank %d of %d: missing rank%s"
-                        "%s: %s not call pdp_comm_init_env within %g s (checked at the TCP "
-                        "store before MPI_Init_thread, which was therefore not called)", fn,
-                        env->rank, env->world_size, nmissing > 1 ? "s" : "", missing,
-                        nmissing > 1 ? "they did" : "it did", timeout_s);
-    }
-    *checked = true;
-    return PDP_OK;
-fail:
-    pdp_store_free(*store);
-    *store = NULL;
-    return pdp__err_wrap(st, "%s: MPI start-up check: rank %d of %d", fn, env->rank,
-                         env->world_size);
-}
-
-/* MPI_Init_thread after the start-up check, under the watchdog; mpi_mu held. */
-static int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, int *provided,
-                                 pdp_status *st, const char *fn)
-{
-    pdp__mpi_watch w;
-    pthread_condattr_t ca;
-    pthread_t tid;
-    pdp_env_info env;
-    pdp_store *store = NULL;
-    bool checked = false, watching;
-    int rc;
-    if (pdp_env_read(&env) != PDP_OK) { /* the launcher's variables are not ours to judge */
-        memset(&env, 0, sizeof env);
-        env.rank = -1;
-    }
-    if ((*st = pdp__mpi_start_check(&store, &env, timeout_s, &checked, fn)) != PDP_OK)
-        return MPI_ERR_OTHER;
-    memset(&w, 0, sizeof w);
-    w.timeout_s = timeout_s;
-    w.log = desc ? desc->log : NULL;
-    w.log_user = desc ? desc->log_user : NULL;
-    snprintf(w.msg, sizeof w.msg, "%s: rank %d of %d: MPI_Init_thread has not returned after %g s "
-             "(timeout_s): %s; pdp cannot interrupt MPI_Init_thread, so this rank waits until "
-             "MPI returns or the launcher ends the job", fn, env.rank, env.world_size, timeout_s,
-             checked ? "every rank checked in at the start-up check, so a rank died or hangs "
-                       "inside MPI's start-up (MPI cannot say which)"
-                     : "a rank did not start or is stuck before pdp_comm_init_env (MPI cannot "
-                       "say which; set PDP_STORE_PORT for a start-up check that names it)");
-    pthread_mutex_init(&w.mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w.cv, &ca);
-    pthread_condattr_destroy(&ca);
-    watching = w.log && pthread_create(&tid, NULL, pdp__mpi_watchdog, &w) == 0;
-    rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, provided);
-    if (watching) {
-        pthread_mutex_lock(&w.mu);
-        w.done = true;
-        pthread_cond_signal(&w.cv);
-        pthread_mutex_unlock(&w.mu);
-        pthread_join(tid, NULL);
-    }
-    pthread_mutex_destroy(&w.mu);
-    pthread_cond_destroy(&w.cv);
-    pdp_store_free(store); /* every rank is past MPI's start-up: nobody needs it now */
-    return rc;
-}
-
-/* ---- comm_mpi: creation ---- */
-
-/* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
-static pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
-{
-    int inited = 0, finalized = 0, provided = 0, rc;
-    pdp_status st = PDP_OK;
-    pthread_mutex_lock(&pdp__mpi_mu);
-    MPI_Finalized(&finalized);
-    if (finalized) {
-        st = pdp__err(PDP_ERR_STATE, "%s: MPI is already finalized and cannot start again (pdp "
-                      "finalises MPI with the last communicator when it initialised MPI itself; "
-                      "to create MPI communicators one after another call MPI_Init_thread "
-                      "before the first and MPI_Finalize after the last)", fn);
-        goto out;
-    }
-    MPI_Initialized(&inited);
-    if (!inited) {
-        rc = pdp__mpi_init_bounded(desc, timeout_s, &provided, &st, fn);
-        if (st != PDP_OK) goto out;
-        if (rc != MPI_SUCCESS) {
-            char e[256];
-            pdp__mpi_errstr(rc, e, sizeof e);
-            st = pdp__err(PDP_ERR_COMM, "%s: MPI_Init_thread failed: %s", fn, e);
-            goto out;
-        }
-        pdp__mpi_we_init = true;
-    } else {
-        MPI_Query_thread(&provided);
-    }
-    if (provided < MPI_THREAD_MULTIPLE) {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "%s: MPI provides thread level %d, but the progress "
-                      "thread of the MPI backend needs MPI_THREAD_MULTIPLE (%d): initialise MPI "
-                      "with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) and use an MPI built "
-                      "with thread support", fn, provided, MPI_THREAD_MULTIPLE);
-        if (pdp__mpi_we_init && pdp__mpi_live == 0) {
-            MPI_Finalize();
-            pdp__mpi_we_init = false;
-        }
-        goto out;
-    }
-    pdp__mpi_live++;
-out:
-    pthread_mutex_unlock(&pdp__mpi_mu);
-    return st;
-}
-
-static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
-                                double timeout_s, const char *fn);
-
-static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn)
-{
-    MPI_Comm mcomm = MPI_COMM_NULL;
-    MPI_Request req = MPI_REQUEST_NULL;
-    int rank = 0, size = 1, rc;
-    double timeout_s;
-    pdp_status st;
-    if ((st = pdp__comm_desc_timeout(desc, &timeout_s, fn)) != PDP_OK) return st;
-    if (desc && desc->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the MPI backend moves CPU buffers; device "
-                        "CUDA %d needs PDP_BACKEND_NCCL", fn, desc->device.ordinal);
-    if ((st = pdp__mpi_acquire(desc, timeout_s, fn)) != PDP_OK) return st;
-    pthread_mutex_lock(&pdp__mpi_mu);
-    if (pdp__mpi_init_orphan && pdp__mpi_poll_until(&pdp__mpi_init_req, 0.0)) {
-        MPI_Comm_free(&pdp__mpi_init_comm); /* an earlier timed-out duplication completed */
-        pdp__mpi_init_orphan = false;
-    }
-    pthread_mutex_unlock(&pdp__mpi_mu);
-    rc = MPI_Comm_idup(MPI_COMM_WORLD, &mcomm, &req);
-    if (rc == MPI_SUCCESS && !pdp__mpi_poll_until(&req, pdp__now() + timeout_s)) {
-        int world_rank = -1;
-        MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-        pthread_mutex_lock(&pdp__mpi_mu);
-        if (pdp__mpi_init_orphan) {
-            pdp__mpi_unclean = true; /* a second orphan: no slot to keep it */
-        } else {
-            pdp__mpi_init_orphan = true;
-            pdp__mpi_init_req = req;
-            pdp__mpi_init_comm = mcomm;
-        }
-        pthread_mutex_unlock(&pdp__mpi_mu);
-        pdp__mpi_release();
-        return pdp__err(PDP_ERR_TIMEOUT, "%s: rank %d: duplicating MPI_COMM_WORLD did not "
-                        "complete within %g s: at least one rank did not call "
-                        "pdp_comm_init_env (or called it in another order)", fn, world_rank,
-                        timeout_s);
-    }
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(mcomm, MPI_ERRORS_RETURN);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(mcomm, &rank);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_size(mcomm, &size);
-    if (rc != MPI_SUCCESS) {
-        char e[256];
-        pdp__mpi_errstr(rc, e, sizeof e);
-        if (mcomm != MPI_COMM_NULL) MPI_Comm_free(&mcomm);
-        pdp__mpi_release();
-        return pdp__err(PDP_ERR_COMM, "%s: duplicating MPI_COMM_WORLD failed: %s", fn, e);
-    }
-    return pdp__mpi_wrap(out, mcomm, desc && desc->name ? desc->name : "comm", timeout_s, fn);
-}
-
-/* Wraps mcomm (errors returned, one reference to MPI taken by the caller; both given
-   up on failure) as a communicator with its own queue, progress thread and p2p state. */
-static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
-                                double timeout_s, const char *fn)
-{
-    pdp__mpi_comm *mc;
-    int rank = 0, size = 1, world_rank = 0, world_size = 1;
-    pdp_status st;
-    MPI_Comm_rank(mcomm, &rank);
-    MPI_Comm_size(mcomm, &size);
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank); /* the trace is per process */
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    mc = (pdp__mpi_comm *)pdp__calloc(sizeof *mc);
-    if (!mc) {
-        MPI_Comm_free(&mcomm);
-        pdp__mpi_release();
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for the MPI communicator (rank %d)",
-                        fn, rank);
-    }
-    pthread_mutex_init(&mc->p2p_mu, NULL);
-    mc->head.ops = &pdp__mpi_ops;
-    mc->head.backend = PDP_BACKEND_MPI;
-    mc->head.rank = rank;
-    mc->head.size = size;
-    mc->head.timeout_s = timeout_s;
-    mc->head.device = pdp_cpu();
-    snprintf(mc->head.name, sizeof mc->head.name, "%s", name);
-    mc->head.impl = &mc->q;
-    mc->mcomm = mcomm;
-    mc->q.comm = &mc->head;
-    mc->q.exec = pdp__mpi_exec;
-    mc->q.idle = pdp__mpi_idle;
-    mc->q.p2p_poll = pdp__mpi_p2p_poll;
-    mc->q.p2p_expire = pdp__mpi_p2p_expire;
-    mc->q.sticky = true;
-    if ((st = pdp__trace_open(world_size > 1 ? world_rank : -1)) != PDP_OK) {
-        st = pdp__err_wrap(st, "%s (rank %d)", fn, rank);
-        goto fail;
-    }
-    mc->traced = true;
-    if (pdp__trace_enabled()) {
-        char track[48];
-        snprintf(track, sizeof track, "comm %s (mpi)", mc->head.name);
-        mc->q.trace_pid = world_rank;
-        mc->q.trace_tid = pdp__trace_track(world_rank, track);
-    }
-    if ((st = pdp__workq_init(&mc->q, mc->pool, PDP_MPI_MAX_INFLIGHT, "PDP_MPI_MAX_INFLIGHT", true,
-                              fn)) != PDP_OK)
-        goto fail;
-    *out = &mc->head;
-    return PDP_OK;
-fail:
-    if (mc->traced) pdp__trace_close();
-    pthread_mutex_destroy(&mc->p2p_mu);
-    pdp__dealloc(mc);
-    MPI_Comm_free(&mcomm);
-    pdp__mpi_release();
-    return st;
-}
-
-/* pdp_comm_split: MPI_Comm_split runs on the progress thread, in order with the
-   collectives (MPI forbids two threads in collectives on one communicator); comm.c's
-   colour exchange has already proved every rank arrived, so it does not block long. */
-static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                 int leader, pdp_comm **out)
-{
-    MPI_Comm nc = MPI_COMM_NULL;
-    pdp__coll_args a;
-    pdp_work *w = NULL;
-    char name[48];
-    pdp_status st;
-    (void)new_rank;
-    (void)new_size;
-    (void)leader;
-    memset(&a, 0, sizeof a);
-    a.kind = PDP__COLL_SPLIT;
-    a.op = colour;
-    a.count = key;
-    a.out = &nc;
-    pthread_mutex_lock(&pdp__mpi_mu);
-    pdp__mpi_live++; /* the new communicator's reference, taken before anything can finalise */
-    pthread_mutex_unlock(&pdp__mpi_mu);
-    if ((st = pdp__workq_submit(c, &a, &w)) == PDP_OK) st = pdp__workq_wait(w);
-    if (st != PDP_OK || colour < 0 || nc == MPI_COMM_NULL) {
-        if (nc != MPI_COMM_NULL) MPI_Comm_free(&nc);
-        pdp__mpi_release();
-        return st;
-    }
-    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
-    snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
-    return pdp__mpi_wrap(out, nc, name, c->timeout_s, "pdp_comm_split");
-}
-#endif /* PDP_MPI */
-
-/* ---- comm_mpi: pdp_comm_init_env ---- */
-
-static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc)
-{
-    static const char *fn = "pdp_comm_init_env";
-#ifdef PDP_MPI
-    return pdp__mpi_create(out, desc, fn);
-#else
-    (void)desc;
-    *out = NULL;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: backend MPI: built without PDP_MPI (compile "
-                    "with -DPDP_MPI using mpicc, and run under mpirun)", fn);
-#endif
-}
-/* ---- end src/comm_mpi.c ---- */
-
-/* ---- begin src/comm_nccl.c ---- */
-/* comm_nccl: the NCCL communicator backend, host side (-DPDP_CUDA; the NCCL calls
-   themselves are in pdp_cuda.cu, behind cuda.h's pdp_cudak_nccl_* functions), and
-   its entry in comm.c's dispatcher, pdp__comm_init_nccl_env.
-
-   The NCCL communicator is a pdp__comm_ops backend like local and mpi: its
-   handles come from a fixed pool (one per completion-event slot), so a step
-   allocates nothing; a collective is launched on the NCCL stream after an
-   event recorded on the compute stream, and pdp_work_wait polls it against the
-   communicator's timeout (pdp_cuda.cu aborts the NCCL communicator on failure).
-   Thread ranks come from one pdp_nccl_group (ncclCommInitAll); process ranks
-   (pdp_comm_init_env) rendezvous through the TCP store (rendezvous.c, store.c):
-   rank 0 makes the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
-   every entry point fails with PDP_ERR_UNSUPPORTED naming the macro. */
-
-/* #include "internal.h" (already above) */
-
-/* the same text as cuda_host.c's (an identical redefinition is valid C) */
-#define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
-
-#ifndef PDP_CUDA
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
-{
-    (void)desc;
-    *out = NULL;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_comm_init_env: backend NCCL: built without PDP_CUDA "
-                    "(compile with -DPDP_CUDA and link pdp_cuda.o)");
-}
-#endif
-
-/* ---- comm_nccl: the communicator ---- */
-
-struct pdp_nccl_group {
-    int n;
-    double timeout_s;
-    char name[32];
-    pdp_device *devices;
-#ifdef PDP_CUDA
-    pdp_cudak_nccl **handles; /* taken by pdp_comm_create_nccl (NULL once taken) */
-#endif
-};
-
-#ifdef PDP_CUDA
-
-typedef struct pdp__nccl_work {
-    pdp_work head;
-    int slot;
-    bool busy;
-} pdp__nccl_work;
-
-typedef struct pdp__nccl_comm {
-    pdp_comm head;
-    pdp_cudak_nccl *h;
-    float *barrier_buf;     /* one float on the device */
-    int next;               /* the pool entry of the next collective */
-    int64_t seq;
-    bool traced;
-    int trace_tid;          /* 0: not traced */
-    pdp__nccl_work pool[PDP_CUDAK_NCCL_SLOTS];
-} pdp__nccl_comm;
-
-/* kind names the collective through internal.h's pdp__op_names, whose first four
-   entries follow pdp_cudak_coll's order. */
-static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float *send,
-                                  float *recv, int64_t count, int op, pdp_work **w)
-{
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    pdp__nccl_work *wk;
-    int slot;
-    pdp_status st;
-    /* the pool entry k shares event slot k: a handle is free again once waited */
-    wk = &nc->pool[nc->next];
-    if (wk->busy)
-        return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait on "
-                        "some before issuing more", PDP_CUDAK_NCCL_SLOTS, c->name, c->rank);
-    if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, &slot)) != PDP_OK)
-        return pdp__err(st, "%s #%lld (count %lld) on comm '%s', rank %d of %d: pdp_cuda: %s",
-                        pdp__op_names[kind], (long long)nc->seq, (long long)count, c->name,
-                        c->rank, c->size, pdp_cudak_error());
-    PDP_ASSERT(slot == nc->next);
-    nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS;
-    wk->busy = true;
-    wk->slot = slot;
-    wk->head.comm = c;
-    wk->head.op_name = pdp__op_names[kind];
-    wk->head.seq = nc->seq++;
-    wk->head.t_start = pdp__now();
-    wk->head.t_done = 0.0;
-    *w = &wk->head;
-    return PDP_OK;
-}
-
-static pdp_status pdp__nccl_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                      pdp_work **w)
-{
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, w);
-}
-
-static pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                      pdp_work **w)
-{
-    return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, w);
-}
-
-static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                           int64_t recv_count, pdp_reduce_op op, pdp_work **w)
-{
-    return pdp__nccl_issue(c, PDP_CUDAK_REDUCE_SCATTER, send, recv, recv_count,
-                           op == PDP_REDUCE_AVG, w);
-}
-
-static pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
-                                      int64_t send_count, pdp_work **w)
-{
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, w);
-}
-
-static pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
-{
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0, w);
-}
-
-static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
-{
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    pdp_status st = pdp_cudak_nccl_broadcast_bytes(nc->h, buf, bytes, root, c->timeout_s);
-    if (bytes) nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS; /* it used one event slot */
-    if (st != PDP_OK)
-        return pdp__err(st, "broadcast of %zu bytes from rank %d on comm '%s', rank %d of %d: "
-                        "pdp_cuda: %s", bytes, root, c->name, c->rank, c->size, pdp_cudak_error());
-    return PDP_OK;
-}
-
-static pdp_status pdp__nccl_wait(pdp_work *w)
-{
-    pdp__nccl_work *wk = (pdp__nccl_work *)w;
-    pdp_comm *c = w->comm;
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    pdp_status st = pdp_cudak_nccl_wait(nc->h, wk->slot, c->timeout_s);
-    w->t_done = pdp__now();
-    wk->busy = false;
-    if (st != PDP_OK)
-        return pdp__err(st, "%s #%lld on comm '%s', rank %d of %d: pdp_cuda: %s", w->op_name,
-                        (long long)w->seq, c->name, c->rank, c->size, pdp_cudak_error());
-    if (nc->trace_tid) {
-        char args[64];
-        snprintf(args, sizeof args, "\"seq\":%lld", (long long)w->seq);
-        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start, w->t_done,
-                         args);
-    }
-    return PDP_OK;
-}
-
-static bool pdp__nccl_done(pdp_work *w)
-{
-    pdp__nccl_work *wk = (pdp__nccl_work *)w;
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)w->comm->impl;
-    return pdp_cudak_nccl_query(nc->h, wk->slot) != 0;
-}
-
-static void pdp__nccl_destroy(pdp_comm *c)
-{
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    pdp_cudak_free(c->device.ordinal, nc->barrier_buf);
-    pdp_cudak_nccl_free(nc->h, 0);
-    if (nc->traced) pdp__trace_close();
-    pdp__dealloc(nc);
-}
-
-/* Point-to-point and split are not on the NCCL backend yet (ncclSend/ncclRecv in a
-   group, ncclCommSplit): they fail with PDP_ERR_UNSUPPORTED naming the operation. */
-static pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                 pdp_work **w)
-{
-    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "send on comm '%s' (rank %d): point-to-point is not "
-                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
-                    c->rank);
-}
-
-static pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                 pdp_work **w)
-{
-    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "recv on comm '%s' (rank %d): point-to-point is not "
-                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
-                    c->rank);
-}
-
-static pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                  int leader, pdp_comm **out)
-{
-    (void)colour, (void)key, (void)new_rank, (void)new_size, (void)leader, (void)out;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "split of comm '%s' (rank %d): not implemented on the "
-                    "NCCL backend yet (local and MPI have it)", c->name, c->rank);
-}
-
-static const pdp__comm_ops pdp__nccl_ops = {
-    pdp__nccl_allreduce, pdp__nccl_broadcast, pdp__nccl_reduce_scatter, pdp__nccl_allgather,
-    pdp__nccl_barrier,   pdp__nccl_broadcast_bytes, pdp__nccl_send,     pdp__nccl_recv,
-    pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
-
-/* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
-static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                 double timeout_s, const char *name, bool process_rank,
-                                 const char *fn)
-{
-    pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
-    pdp_status st;
-    if (!nc) {
-        pdp_cudak_nccl_free(h, 0);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory (rank %d)", fn, rank);
-    }
-    nc->h = h;
-    nc->head.ops = &pdp__nccl_ops;
-    nc->head.backend = PDP_BACKEND_NCCL;
-    nc->head.rank = rank;
-    nc->head.size = size;
-    nc->head.timeout_s = timeout_s;
-    nc->head.device = pdp_cuda(dev);
-    snprintf(nc->head.name, sizeof nc->head.name, "%s", name ? name : "comm");
-    nc->head.impl = nc;
-    if ((st = pdp_cudak_malloc(dev, sizeof(float), (void **)&nc->barrier_buf)) != PDP_OK ||
-        (st = pdp_cudak_memset0(dev, nc->barrier_buf, sizeof(float))) != PDP_OK) {
-        st = pdp__err(st, "%s: rank %d: pdp_cuda: %s", fn, rank, pdp_cudak_error());
-        pdp__nccl_destroy(&nc->head);
-        return st;
-    }
-    if (pdp__trace_open(process_rank && size > 1 ? rank : -1) == PDP_OK) {
-        nc->traced = true;
-        if (pdp__trace_enabled()) {
-            char track[48];
-            snprintf(track, sizeof track, "comm %s (nccl)", nc->head.name);
-            nc->trace_tid = pdp__trace_track(rank, track);
-        }
-    }
-    *out = &nc->head;
-    return PDP_OK;
-}
-
-/* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. The unique id
-   travels through rendezvous.c; the store stays open until ncclCommInitRank
-   (collective) has returned on this rank. */
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
-{
-    static const char *fn = "pdp_comm_init_env";
-    pdp_env_info env;
-    pdp_store *store = NULL;
-    pdp_cudak_nccl *h = NULL;
-    unsigned char id[PDP_CUDAK_NCCL_ID_BYTES];
-    double timeout;
-    int dev;
-    pdp_status st;
-    *out = NULL;
-    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
-    if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    /* the rank's GPU: desc->device when it names one, else LOCAL_RANK */
-    dev = desc && desc->device.kind == PDP_DEVICE_CUDA ? desc->device.ordinal : env.local_rank;
-    memset(id, 0, sizeof id);
-    if ((st = pdp__rendezvous_store(&store, &env, timeout, "NCCL", fn)) != PDP_OK) return st;
-    if (env.rank == 0 && (st = pdp_cudak_nccl_unique_id(dev, id)) != PDP_OK) {
-        st = pdp__err(st, "%s: rank 0: pdp_cuda: %s", fn, pdp_cudak_error());
-        goto done;
-    }
-    if ((st = pdp__rendezvous_share(store, &env, "pdp/nccl_id", id, sizeof id, timeout, "NCCL",
-                                    fn)) != PDP_OK)
-        goto done;
-    if ((st = pdp_cudak_nccl_init_rank(&h, dev, env.world_size, env.rank, id, timeout)) != PDP_OK) {
-        st = pdp__err(st, "%s: NCCL rank %d of %d on CUDA device %d: pdp_cuda: %s", fn, env.rank,
-                      env.world_size, dev, pdp_cudak_error());
-        goto done;
-    }
-    st = pdp__nccl_wrap(out, h, dev, env.rank, env.world_size, timeout,
-                        desc ? desc->name : NULL, true, fn);
-done:
-    pdp_store_free(store);
-    return st;
-}
-
-#endif /* PDP_CUDA */
-
-/* ---- comm_nccl: thread ranks (pdp_nccl_group) ---- */
-
-PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
-                                         const pdp_comm_desc *desc)
-{
-    static const char *fn = "pdp_nccl_group_create";
-    double timeout;
-    pdp_status st0;
-    int i;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if ((st0 = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st0;
-    if (ndev < 1 || ndev > 64 || !devices)
-        return pdp__err(PDP_ERR_INVALID, "%s: ndev %d outside 1..64 or devices NULL", fn, ndev);
-    for (i = 0; i < ndev; i++)
-        if (devices[i].kind != PDP_DEVICE_CUDA)
-            return pdp__err(PDP_ERR_DEVICE, "%s: devices[%d] is not a CUDA device", fn, i);
-#ifdef PDP_CUDA
-    {
-        int devs[64];
-        pdp_status st;
-        pdp_nccl_group *g = (pdp_nccl_group *)pdp__calloc(sizeof *g);
-        if (!g) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-        g->n = ndev;
-        g->timeout_s = timeout;
-        snprintf(g->name, sizeof g->name, "%s", desc && desc->name ? desc->name : "comm");
-        g->devices = (pdp_device *)pdp__calloc((size_t)ndev * sizeof *g->devices);
-        g->handles = (pdp_cudak_nccl **)pdp__calloc((size_t)ndev * sizeof *g->handles);
-        if (!g->devices || !g->handles) {
-            pdp_nccl_group_free(g);
-            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn, ndev);
-        }
-        for (i = 0; i < ndev; i++) {
-            g->devices[i] = devices[i];
-            devs[i] = devices[i].ordinal;
-        }
-        if ((st = pdp_cudak_nccl_init_all(g->handles, ndev, devs)) != PDP_OK) {
-            st = pdp__err(st, "%s: %d GPUs: pdp_cuda: %s", fn, ndev, pdp_cudak_error());
-            pdp_nccl_group_free(g);
-            return st;
-        }
-        *out = g;
-        return PDP_OK;
-    }
-#else
-    (void)timeout;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the NCCL backend is " PDP__NO_CUDA_MSG, fn);
-#endif
-}
-
-PDP_API void pdp_nccl_group_free(pdp_nccl_group *g)
-{
-    if (!g) return;
-#ifdef PDP_CUDA
-    if (g->handles) {
-        int i;
-        for (i = 0; i < g->n; i++) pdp_cudak_nccl_free(g->handles[i], 0);
-    }
-    pdp__dealloc(g->handles);
-#endif
-    pdp__dealloc(g->devices);
-    pdp__dealloc(g);
-}
-
-PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int rank)
-{
-    static const char *fn = "pdp_comm_create_nccl";
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!g) return pdp__err(PDP_ERR_INVALID, "%s: group is NULL", fn);
-    if (rank < 0 || rank >= g->n)
-        return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, rank, g->n - 1);
-#ifdef PDP_CUDA
-    {
-        pdp_cudak_nccl *h = g->handles[rank];
-        if (!h)
-            return pdp__err(PDP_ERR_STATE, "%s: rank %d already has its communicator", fn, rank);
-        g->handles[rank] = NULL;
-        return pdp__nccl_wrap(out, h, g->devices[rank].ordinal, rank, g->n, g->timeout_s, g->name,
-                              false, fn);
-    }
-#else
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s: " PDP__NO_CUDA_MSG, fn);
-#endif
-}
-/* ---- end src/comm_nccl.c ---- */
-
-/* ---- begin src/comm.c ---- */
-/* comm: the public communicator API and the backend dispatcher. Each backend is
-   one module that fills a pdp__comm_ops table (internal.h):
-     comm_local.c   ranks are threads of one process (the default);
-     comm_mpi.c     ranks are MPI processes (-DPDP_MPI);
-     comm_nccl.c    ranks are GPUs, the host side of pdp_cuda.cu's NCCL (-DPDP_CUDA);
-   the local and MPI backends share comm_queue.c's collective queue, and every
-   backend shares internal.h's communicator contract (pdp_comm, pdp_work, the
-   collective kinds and their names). This module comes after the backends in
-   pdp.h, so nothing here is called before it is defined.
-
-   ---- the public layer ----
-   Every pdp_comm_* collective validates its arguments here, stamps the handle's
-   launch time, counts the collective and the bytes this rank moves in the
-   bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x bytes, reduce-scatter
-   and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent bytes), then calls
-   the backend. A call with work == NULL is made synchronous here, so backends
-   always return a handle. pdp_work_wait adds the collective's execution time
-   (t_done - t_start, queueing excluded) to the communicator's busy_s.
-
-   ---- the dispatcher ----
-   pdp_comm_init_env creates the communicator of a process launched by mpirun
-   or torchrun: one line per backend calls its pdp__comm_init_<backend>_env,
-   which every backend module defines, as a stub that fails with
-   PDP_ERR_UNSUPPORTED naming the macro when the backend was not compiled in.
-   DEFAULT and LOCAL fail with PDP_ERR_INVALID: thread-ranks have no
-   environment to read; they need pdp_local_group_create. A new backend is one
-   new module (its ops table, its creation, its pdp__comm_init_<backend>_env),
-   one pdp_backend value and one line in the switch below. */
-
-/* #include "internal.h" (already above) */
-
-/* ---- comm: public layer ---- */
-
-static pdp_status pdp__comm_check(const pdp_comm *c, const char *fn)
-{
-    if (!c) return pdp__err(PDP_ERR_INVALID, "%s: communicator is NULL", fn);
-    return PDP_OK;
-}
-
-static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
-                                        const char *what, const char *fn)
-{
-    if (count < 0)
-        return pdp__err(PDP_ERR_INVALID, "%s: %s count %lld < 0 (comm '%s', rank %d of %d)", fn,
-                        what, (long long)count, c->name, c->rank, c->size);
-    if (count > 0 && !p)
-        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL with count %lld (comm '%s', rank %d)",
-                        fn, what, (long long)count, c->name, c->rank);
-    return PDP_OK;
-}
-
-static pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn)
-{
-    if (op != PDP_REDUCE_SUM && op != PDP_REDUCE_AVG)
-        return pdp__err(PDP_ERR_INVALID, "%s: unknown reduce op %d (comm '%s', rank %d)", fn,
-                        (int)op, c->name, c->rank);
-    return PDP_OK;
-}
-
-static pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn)
-{
-    if (root < 0 || root >= c->size)
-        return pdp__err(PDP_ERR_INVALID, "%s: root %d outside 0..%d (comm '%s', rank %d)", fn,
-                        root, c->size - 1, c->name, c->rank);
-    return PDP_OK;
-}
-
-/* After the backend accepted a collective: stats, the launch stamp, and the
-   synchronous form when the caller passed no handle pointer. */
-static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
-                                     double bytes, pdp_work **work, const char *fn)
-{
-    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    w->t_launch = t_launch;
-    if (strcmp(fn, "pdp_comm_send") == 0 || strcmp(fn, "pdp_comm_recv") == 0) c->stats.p2p++;
-    else c->stats.collectives++;
-    c->stats.bytes_sent += (int64_t)bytes;
-    if (work) {
-        *work = w;
-        return PDP_OK;
-    }
-    st = c->ops->wait(w);
-    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
-    return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
-}
-
-PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                      pdp_work **work)
-{
-    static const char *fn = "pdp_comm_allreduce";
-    pdp_work *w = NULL;
-    double t = pdp__now(), n;
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)))
-        return st;
-    n = (double)c->size;
-    st = c->ops->allreduce(c, buf, count, op, &w);
-    return pdp__comm_launched(c, st, w, t, 2.0 * (n - 1.0) / n * (double)count * 4.0, work, fn);
-}
-
-PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                      pdp_work **work)
-{
-    static const char *fn = "pdp_comm_broadcast";
-    pdp_work *w = NULL;
-    double t = pdp__now(), n;
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_root(c, root, fn)))
-        return st;
-    n = (double)c->size;
-    st = c->ops->broadcast(c, buf, count, root, &w);
-    return pdp__comm_launched(c, st, w, t, (n - 1.0) / n * (double)count * 4.0, work, fn);
-}
-
-PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work)
-{
-    static const char *fn = "pdp_comm_reduce_scatter";
-    pdp_work *w = NULL;
-    double t = pdp__now();
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn)) ||
-        (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
-        (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)))
-        return st;
-    st = c->ops->reduce_scatter(c, send, recv, recv_count, op, &w);
-    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)recv_count * 4.0, work,
-                              fn);
-}
-
-PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *recv,
-                                      int64_t send_count, pdp_work **work)
-{
-    static const char *fn = "pdp_comm_allgather";
-    pdp_work *w = NULL;
-    double t = pdp__now();
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn)) ||
-        (st = pdp__comm_check_count(c, send, send_count, "send", fn)) ||
-        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)))
-        return st;
-    st = c->ops->allgather(c, send, recv, send_count, &w);
-    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)send_count * 4.0, work,
-                              fn);
-}
-
-PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work)
-{
-    static const char *fn = "pdp_comm_barrier";
-    pdp_work *w = NULL;
-    double t = pdp__now();
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn))) return st;
-    st = c->ops->barrier(c, &w);
-    return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
-}
-
-/* ---- comm: point-to-point ---- */
-
-static pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag, const char *fn)
-{
-    if (peer < 0 || peer >= c->size)
-        return pdp__err(PDP_ERR_INVALID, "%s: peer %d outside 0..%d (comm '%s', rank %d)", fn,
-                        peer, c->size - 1, c->name, c->rank);
-    if (tag < 0 || tag > PDP_COMM_TAG_MAX)
-        return pdp__err(PDP_ERR_INVALID, "%s: tag %d outside 0..%d (comm '%s', rank %d)", fn, tag,
-                        PDP_COMM_TAG_MAX, c->name, c->rank);
-    return PDP_OK;
-}
-
-PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                 pdp_work **work)
-{
-    static const char *fn = "pdp_comm_send";
-    pdp_work *w = NULL;
-    double t = pdp__now();
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
-        return st;
-    st = c->ops->send(c, buf, count, peer, tag, &w);
-    return pdp__comm_launched(c, st, w, t, (double)count * 4.0, work, fn);
-}
-
-PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                 pdp_work **work)
-{
-    static const char *fn = "pdp_comm_recv";
-    pdp_work *w = NULL;
-    double t = pdp__now();
-    pdp_status st;
-    if (work) *work = NULL;
-    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
-        return st;
-    st = c->ops->recv(c, buf, count, peer, tag, &w);
-    return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
-}
-
-/* ---- comm: process groups ---- */
-
-#define PDP__SPLIT_MAX_RANKS 4096 /* the (colour, key) table lives on the stack */
-
-PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out)
-{
-    static const char *fn = "pdp_comm_split";
-    int table[2 * PDP__SPLIT_MAX_RANKS], r, new_rank = 0, new_size = 0, leader = -1;
-    pdp_status st;
-    if (out) *out = NULL;
-    if ((st = pdp__comm_check(c, fn))) return st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL (comm '%s')", fn, c->name);
-    if (colour < PDP_COMM_SPLIT_NONE)
-        return pdp__err(PDP_ERR_INVALID, "%s: colour %d (comm '%s', rank %d): a colour is >= 0, "
-                        "or PDP_COMM_SPLIT_NONE (-1) to join no group", fn, colour, c->name,
-                        c->rank);
-    if (c->size > PDP__SPLIT_MAX_RANKS)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: comm '%s' has %d ranks; splits take at most %d",
-                        fn, c->name, c->size, PDP__SPLIT_MAX_RANKS);
-    /* every rank's (colour, key), through the communicator itself (bounded by its timeout) */
-    for (r = 0; r < c->size; r++) {
-        table[2 * r] = colour;
-        table[2 * r + 1] = key;
-        if ((st = pdp_comm_broadcast_bytes(c, &table[2 * r], 2 * sizeof(int), r)) != PDP_OK)
-            return pdp__err_wrap(st, "%s: exchanging colours", fn);
-    }
-    /* place in the new group: order by (key, old rank) among the same colour */
-    for (r = 0; r < c->size; r++) {
-        int k = table[2 * r + 1];
-        if (table[2 * r] != colour) continue;
-        if (k < key || (k == key && r < c->rank)) new_rank++;
-        new_size++;
-    }
-    for (r = 0; r < c->size && colour >= 0; r++) { /* the member that becomes rank 0 */
-        int k = table[2 * r + 1], lk;
-        if (table[2 * r] != colour) continue;
-        lk = leader < 0 ? 0 : table[2 * leader + 1];
-        if (leader < 0 || k < lk) leader = r;
-    }
-    if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, out)) != PDP_OK)
-        return pdp__err_wrap(st, "%s", fn);
-    return PDP_OK;
-}
-
-PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
-{
-    static const char *fn = "pdp_comm_broadcast_bytes";
-    pdp_status st;
-    if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_root(c, root, fn))) return st;
-    if (bytes > 0 && !buf)
-        return pdp__err(PDP_ERR_INVALID, "%s: buf is NULL with %zu bytes (comm '%s', rank %d)", fn,
-                        bytes, c->name, c->rank);
-    if ((st = c->ops->broadcast_bytes(c, buf, bytes, root)) != PDP_OK)
-        return pdp__err_wrap(st, "%s", fn);
-    c->stats.collectives++;
-    c->stats.bytes_sent += (int64_t)((double)(c->size - 1) / c->size * (double)bytes);
-    return PDP_OK;
-}
-
-PDP_API pdp_status pdp_work_wait(pdp_work *w)
-{
-    pdp_comm *c;
-    pdp_status st;
-    if (!w) return PDP_OK;
-    c = w->comm;
-    st = c->ops->wait(w); /* recycles w; its head fields stay readable (internal.h) */
-    c->stats.busy_s += w->t_done > w->t_start ? w->t_done - w->t_start : 0.0;
-    return st == PDP_OK ? st : pdp__err_wrap(st, "pdp_work_wait");
-}
-
-PDP_API pdp_status pdp_wait(pdp_work *work) { return pdp_work_wait(work); }
-
-PDP_API bool pdp_work_done(pdp_work *w) { return !w || w->comm->ops->done(w); }
-
-PDP_API void pdp_comm_free(pdp_comm *c)
-{
-    if (c) c->ops->destroy(c);
-}
-
-PDP_API int pdp_comm_rank(const pdp_comm *c) { return c ? c->rank : -1; }
-PDP_API int pdp_comm_size(const pdp_comm *c) { return c ? c->size : 0; }
-PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
-{
-    return c ? c->backend : PDP_BACKEND_DEFAULT;
-}
-PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
-
-PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
-{
-    if (!out) return;
-    memset(out, 0, sizeof *out);
-    if (c) *out = c->stats;
-}
-
-/* ---- comm: pdp_comm_init_env, the dispatcher ---- */
-
-PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
-{
-    static const char *fn = "pdp_comm_init_env";
-    pdp_backend b = desc ? desc->backend : PDP_BACKEND_DEFAULT;
-    double timeout;
-    pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    /* the desc rule first, so that every build checks it, whatever the backend */
-    if ((st = pdp__comm_desc_timeout(desc, &timeout, fn)) != PDP_OK) return st;
-    switch (b) {
-    case PDP_BACKEND_MPI: return pdp__comm_init_mpi_env(out, desc);
-    case PDP_BACKEND_NCCL: return pdp__comm_init_nccl_env(out, desc);
-    case PDP_BACKEND_DEFAULT:
-    case PDP_BACKEND_LOCAL:
-        return pdp__err(PDP_ERR_INVALID, "%s: backend %s: the local backend's ranks are threads "
-                        "of one process and have no environment to read; create them with "
-                        "pdp_local_group_create and pdp_comm_create_local (or set desc.backend "
-                        "to PDP_BACKEND_MPI or PDP_BACKEND_NCCL)", fn,
-                        b == PDP_BACKEND_LOCAL ? "LOCAL" : "DEFAULT (local)");
-    }
-    return pdp__err(PDP_ERR_INVALID, "%s: unknown backend %d", fn, (int)b);
-}
-/* ---- end src/comm.c ---- */
-
 /* ---- begin src/dp.c ---- */
 /* dp: DataParallel over persistent worker threads, parameter-server style.
 
@@ -14662,6 +15102,319 @@ PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
     if (d) pdp__reducer_reset_stats(&d->r);
 }
 /* ---- end src/ddp.c ---- */
+
+/* ---- begin src/tp.c ---- */
+/* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
+   constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
+   and full-tensor checkpoints, which map each rank's slice into the full tensor
+   (pdp__tp_runs) through a staging copy of the full (single-device) model.
+
+   Invariants: the model's TP state (comm, rank, size) is fixed once a TP layer exists.
+   Nothing here runs during training. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- tp: the model's communicator and the constructors ---- */
+
+PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
+{
+    if (!m || !tp) return pdp__err(PDP_ERR_INVALID, "pdp_model_set_tp: NULL argument");
+    if (m->tp.nlayers)
+        return pdp__err(PDP_ERR_STATE, "pdp_model_set_tp: the model already has %d TP layers "
+                        "(set the communicator before the first)", m->tp.nlayers);
+    if (tp->device.kind != m->device.kind || tp->device.ordinal != m->device.ordinal)
+        return pdp__err(PDP_ERR_DEVICE, "pdp_model_set_tp: communicator '%s' on device %d:%d, "
+                        "model on %d:%d", tp->name, tp->device.kind, tp->device.ordinal,
+                        m->device.kind, m->device.ordinal);
+    m->tp.comm = tp;
+    m->tp.rank = pdp_comm_rank(tp);
+    m->tp.size = pdp_comm_size(tp);
+    return PDP_OK;
+}
+
+PDP_API pdp_comm *pdp_model_tp(const pdp_model *m) { return m ? m->tp.comm : NULL; }
+
+/* Appends TP layer l (kind and configuration set) to m. */
+static pdp_status pdp__tp_add(pdp_model *m, pdp__layer l, const char *fn)
+{
+    pdp_status st;
+    l.tp = m->tp.comm ? &m->tp : NULL;
+    if ((st = pdp__model_add(m, l, fn)) == PDP_OK) m->tp.nlayers++;
+    return st;
+}
+
+/* The kind of m's last layer (-1: none). */
+static int pdp__tp_last_kind(const pdp_model *m)
+{
+    return m->nlayers ? (int)m->layers[m->nlayers - 1].kind : -1;
+}
+
+PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m)
+{
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_add_tp_copy: model is NULL");
+    return pdp__tp_add(m, pdp__layer_of(PDP__TP_COPY), "pdp_model_add_tp_copy");
+}
+
+PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features)
+{
+    static const char *fn = "pdp_model_add_column_parallel_linear";
+    pdp__layer l = pdp__layer_of(PDP__COLUMN_PARALLEL_LINEAR);
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (pdp__tp_last_kind(m) != PDP__TP_COPY)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow f (pdp_model_add_tp_copy), "
+                        "not %s", fn, m->nlayers,
+                        m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
+    l.tp_full = out_features;
+    l.tp_skip_dx = m->nlayers == 1;
+    return pdp__tp_add(m, l, fn);
+}
+
+PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features)
+{
+    static const char *fn = "pdp_model_add_row_parallel_linear";
+    pdp__layer l = pdp__layer_of(PDP__ROW_PARALLEL_LINEAR);
+    int i;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    for (i = m->nlayers - 1; i >= 0; i--) {
+        pdp__layer_kind k = m->layers[i].kind;
+        if (k == PDP__COLUMN_PARALLEL_LINEAR) break;
+        if (k != PDP__RELU && k != PDP__GELU && k != PDP__TANH && k != PDP__SIGMOID) i = 0;
+    }
+    if (i < 0 || m->layers[i].kind != PDP__COLUMN_PARALLEL_LINEAR)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a ColumnParallelLinear with only "
+                        "element-wise activations (ReLU, GELU, Tanh, Sigmoid) between", fn,
+                        m->nlayers);
+    l.out_features = out_features;
+    l.tp_full = m->layers[i].tp_full;
+    l.tp_lo = m->layers[i].tp_lo;
+    return pdp__tp_add(m, l, fn);
+}
+
+PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m)
+{
+    static const char *fn = "pdp_model_add_tp_reduce";
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (pdp__tp_last_kind(m) != PDP__ROW_PARALLEL_LINEAR)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a RowParallelLinear, not %s",
+                        fn, m->nlayers,
+                        m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
+    return pdp__tp_add(m, pdp__layer_of(PDP__TP_REDUCE), fn);
+}
+
+PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out)
+{
+    if (!out) return;
+    if (m) *out = m->tp.stats;
+    else memset(out, 0, sizeof *out);
+}
+
+PDP_API void pdp_tp_reset_stats(pdp_model *m)
+{
+    if (m) memset(&m->tp.stats, 0, sizeof m->tp.stats);
+}
+
+/* ---- tp: full-tensor checkpoints ---- */
+
+/* The single-device model of m: the same layers with f and g left out and the split
+   Linears whole, on m's device (its parameters are overwritten by the caller). */
+static pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, const char *fn)
+{
+    pdp_model_desc md;
+    pdp_model *full = NULL;
+    pdp_status st;
+    int i;
+    memset(&md, 0, sizeof md);
+    md.input_ndim = m->in_ndim;
+    memcpy(md.input_shape, m->in_shape, sizeof md.input_shape);
+    md.seed = m->seed;
+    md.device = m->device;
+    if ((st = pdp_model_create(&full, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    for (i = 0; i < m->nlayers; i++) {
+        pdp__layer l = m->layers[i];
+        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_UNNUMBERED) continue;
+        if (l.kind == PDP__COLUMN_PARALLEL_LINEAR) l.out_features = l.tp_full;
+        if (l.kind == PDP__COLUMN_PARALLEL_LINEAR || l.kind == PDP__ROW_PARALLEL_LINEAR)
+            l.kind = PDP__LINEAR;
+        l.tp = NULL;
+        if ((st = pdp__model_add(full, l, fn)) != PDP_OK) {
+            pdp_model_free(full);
+            return st;
+        }
+    }
+    full->step = m->step;
+    *out = full;
+    return PDP_OK;
+}
+
+/* Copies between parameter p's slice (local, in m's block layout) and its full tensor
+   (full), to_full or back, on device d: the contiguous runs of the slice. Replicated
+   parameters are one run of the whole tensor. */
+static pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *full,
+                               float *local, bool to_full)
+{
+    const pdp__param_entry *e = &m->params[p];
+    const pdp__layer *l = &m->layers[e->layer];
+    bool weight = p == l->param_first;
+    int64_t rows = 1, len = e->count, fstride = 0, foff = 0, i;
+    pdp_status st;
+    if (l->kind == PDP__COLUMN_PARALLEL_LINEAR) {     /* rows [lo, lo + n) of [H, in], b[lo..] */
+        foff = l->tp_lo * (weight ? l->in_count : 1);
+    } else if (l->kind == PDP__ROW_PARALLEL_LINEAR && weight) { /* columns of [d, H] */
+        rows = l->out_features;
+        len = l->in_count;
+        fstride = l->tp_full;
+        foff = l->tp_lo;
+    }
+    for (i = 0; i < rows; i++) {
+        float *f = full + foff + i * fstride, *s = local + i * len;
+        size_t bytes = (size_t)len * sizeof(float);
+        st = to_full ? pdp__dev_copy(d, f, d, s, bytes) : pdp__dev_copy(d, s, d, f, bytes);
+        if (st != PDP_OK) return st;
+    }
+    return PDP_OK;
+}
+
+/* Whether parameter p is split across the TP ranks (else every rank holds all of it). */
+static bool pdp__tp_is_split(const pdp_model *m, int p)
+{
+    const pdp__layer *l = &m->layers[m->params[p].layer];
+    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
+           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
+}
+
+/* dst (full's layout) <- the full tensors from every rank's slices of src (m's layout):
+   each rank writes its slices (rank 0 also the replicated tensors) into zeros, and one
+   all-reduce sums them. */
+static pdp_status pdp__tp_gather(const pdp_model *m, const pdp_model *full, const float *src,
+                                 float *dst)
+{
+    int p;
+    pdp_status st;
+    if ((st = pdp__dev_memset0(m->device, dst, (size_t)full->param_count * sizeof(float))))
+        return st;
+    for (p = 0; p < m->nparams; p++)
+        if ((m->tp.rank == 0 || pdp__tp_is_split(m, p)) &&
+            (st = pdp__tp_runs(m, p, m->device, dst + full->params[p].offset,
+                               (float *)src + m->params[p].offset, true)) != PDP_OK)
+            return st;
+    return pdp_comm_allreduce(m->tp.comm, dst, full->param_count, PDP_REDUCE_SUM, NULL);
+}
+
+/* dst (m's layout) <- this rank's slices of src (full's layout). */
+static pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
+                                  float *dst)
+{
+    int p;
+    pdp_status st;
+    for (p = 0; p < m->nparams; p++)
+        if ((st = pdp__tp_runs(m, p, m->device, (float *)src + full->params[p].offset,
+                               dst + m->params[p].offset, false)) != PDP_OK)
+            return st;
+    return PDP_OK;
+}
+
+static pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, const char *fn)
+{
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!m->tp.comm)
+        return pdp__err(PDP_ERR_STATE, "%s: the model has no TP communicator (pdp_model_set_tp; "
+                        "pdp_checkpoint_save/load serve a plain model)", fn);
+    if (o && (o->model != m || o->lo != 0 || o->hi != m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: the optimizer is not a full optimizer of this "
+                        "model", fn);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m,
+                                          const pdp_optim *o)
+{
+    static const char *fn = "pdp_tp_checkpoint_save";
+    pdp_model *full = NULL;
+    pdp_optim *fo = NULL;
+    pdp_status st;
+    int32_t root_st;
+    int k;
+    if ((st = pdp__tp_ckpt_args(m, o, fn)) != PDP_OK) return st;
+    if ((st = pdp__tp_full_model(m, &full, fn)) != PDP_OK) return st;
+    if ((st = pdp__tp_gather(m, full, m->param_block, full->param_block)) != PDP_OK) goto out;
+    if (o) {
+        if ((st = pdp_optim_create(&fo, full, &o->desc)) != PDP_OK) goto out;
+        fo->steps = o->steps;
+        for (k = 0; k < o->nstate; k++)
+            if ((st = pdp__tp_gather(m, full, o->state[k], fo->state[k])) != PDP_OK) goto out;
+    }
+    st = m->tp.rank == 0 ? pdp_checkpoint_save(path, full, fo) : PDP_OK;
+    root_st = (int32_t)st;
+    if ((st = pdp_comm_broadcast_bytes(m->tp.comm, &root_st, sizeof root_st, 0)) != PDP_OK)
+        goto out;
+    if (m->tp.rank != 0 && root_st != PDP_OK)
+        st = pdp__err((pdp_status)root_st, "%s: TP rank 0 could not write %s", fn, path);
+    else
+        st = (pdp_status)root_st;
+out:
+    pdp_optim_free(fo);
+    pdp_model_free(full);
+    if (st != PDP_OK && strncmp(pdp_last_error(), fn, strlen(fn)) != 0)
+        return pdp__err_wrap(st, "%s", fn);
+    return st;
+}
+
+/* *failed <- the number of TP ranks passing failed = true (an all-reduce of one float on
+   the communicator's device). On failure the message is set. */
+static pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, float *count)
+{
+    float *buf = NULL, one = failed ? 1.0f : 0.0f;
+    pdp_status st;
+    if ((st = pdp__dev_alloc(m->device, sizeof(float), (void **)&buf)) != PDP_OK) return st;
+    if ((st = pdp__dev_copy(m->device, buf, pdp_cpu(), &one, sizeof one)) == PDP_OK &&
+        (st = pdp_comm_allreduce(m->tp.comm, buf, 1, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+        st = pdp__dev_copy(pdp_cpu(), count, m->device, buf, sizeof *count);
+    pdp__dev_free(m->device, buf);
+    return st;
+}
+
+PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+{
+    static const char *fn = "pdp_tp_checkpoint_load";
+    pdp_model *full = NULL;
+    pdp_optim *fo = NULL;
+    pdp_status st, mine;
+    float failed;
+    int k;
+    if ((st = pdp__tp_ckpt_args(m, o, fn)) != PDP_OK) return st;
+    if ((mine = pdp__tp_full_model(m, &full, fn)) == PDP_OK && o)
+        mine = pdp_optim_create(&fo, full, &o->desc);
+    if (mine == PDP_OK) mine = pdp_checkpoint_load(path, full, fo);
+    /* every rank learns whether any failed before anything is changed */
+    if ((st = pdp__tp_count_failed(m, mine != PDP_OK, &failed)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s", fn);
+        goto out;
+    }
+    if (mine != PDP_OK) {
+        st = mine;
+        goto out;
+    }
+    if (failed > 0.0f) {
+        st = pdp__err(PDP_ERR_IO, "%s: %s: %g other TP ranks could not load it (nothing changed)",
+                      fn, path, (double)failed);
+        goto out;
+    }
+    if ((st = pdp__tp_scatter(m, full, full->param_block, m->param_block)) != PDP_OK) goto out;
+    if (o) {
+        for (k = 0; k < o->nstate; k++)
+            if ((st = pdp__tp_scatter(m, full, fo->state[k], o->state[k])) != PDP_OK) goto out;
+        o->desc = fo->desc;
+        o->steps = fo->steps;
+    }
+    m->step = full->step;
+out:
+    pdp_optim_free(fo);
+    pdp_model_free(full);
+    if (st != PDP_OK && strncmp(pdp_last_error(), fn, strlen(fn)) != 0)
+        return pdp__err_wrap(st, "%s", fn);
+    return st;
+}
+/* ---- end src/tp.c ---- */
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop

@@ -114,6 +114,10 @@ typedef enum pdp__layer_kind {
     PDP__CONV2D,
     PDP__MAXPOOL2D,
     PDP__FLATTEN,
+    PDP__TP_COPY,                /* tensor parallel (tp.c): f, g and the split Linears */
+    PDP__COLUMN_PARALLEL_LINEAR,
+    PDP__ROW_PARALLEL_LINEAR,
+    PDP__TP_REDUCE,
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -131,6 +135,11 @@ typedef struct pdp__layer {
     float eps;                           /* LayerNorm */
     int64_t saved_per_sample;            /* floats kept from forward for backward */
     int64_t work_per_sample;             /* floats of temporary workspace */
+    struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
+    int64_t tp_lo, tp_full;              /* TP Linears: this rank holds [tp_lo, tp_lo + local)
+                                            of the split dimension, tp_full wide */
+    bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
+                                            input gradient is needed */
 } pdp__layer;
 
 /* What one layer call sees. Pointers are on the model's device. */
@@ -151,6 +160,8 @@ typedef struct pdp__layer_io {
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
+    pdp_status *status;  /* PDP__LAYER_COLLECTIVE kinds: where their failure goes (the table's
+                            dispatch points it at its own variable) */
 } pdp__layer_io;
 
 /* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
@@ -164,6 +175,12 @@ typedef struct pdp__param_shapes {
                                     and never calls forward or backward */
 #define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
                                     io->fused_relu (model.c then makes the ReLU a view) */
+#define PDP__LAYER_COLLECTIVE 4u /* runs a collective (TP's f and g): its CPU entries run on
+                                    every device (the communicator moves the device's
+                                    buffers) and report a failure through io->status */
+#define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
+                                    functions in Megatron-LM): the layers after it are named
+                                    as if it were absent ("0.weight", "2.weight", ...) */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
@@ -202,6 +219,34 @@ typedef struct pdp__param_entry {
     int64_t offset, count;
 } pdp__param_entry;
 
+/* ---- tensor parallel (tp.c) ----
+   A model's TP state: the communicator its TP layers all-reduce on (NULL: none), this
+   rank's place in it, and the counters. Embedded in the model, pointed at by its TP
+   layers (and by a replica's, which share it). The TP kinds' table entries follow. */
+typedef struct pdp__tp_state {
+    pdp_comm *comm;
+    int rank, size;
+    int nlayers;          /* TP layers added */
+    pdp_tp_stats stats;
+} pdp__tp_state;
+
+static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+#ifdef PDP_CUDA
+static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -230,6 +275,7 @@ struct pdp_model {
     void *hook_user;
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
+    pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the

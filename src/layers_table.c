@@ -68,6 +68,23 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     [PDP__FLATTEN] = {"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                       pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
+    /* tensor parallel (tp.c): f and g run their collective on every device; the split
+       Linears are Linear's kernels on this rank's slice */
+    [PDP__TP_COPY] = {"CopyToModelParallelRegion", pdp__tp_copy_setup, NULL,
+                      pdp__tp_copy_forward, pdp__tp_copy_backward, NULL, NULL, NULL,
+                      PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+    [PDP__COLUMN_PARALLEL_LINEAR] = {"ColumnParallelLinear", pdp__tp_column_setup,
+                                     pdp__tp_column_init, pdp__linear_forward,
+                                     pdp__tp_column_backward,
+                                     PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
+                                     PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0},
+    [PDP__ROW_PARALLEL_LINEAR] = {"RowParallelLinear", pdp__tp_row_setup, pdp__tp_row_init,
+                                  pdp__tp_row_forward, pdp__linear_backward,
+                                  PDP__CUDA_ENTRY(pdp__tp_row_cuda_forward),
+                                  PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+    [PDP__TP_REDUCE] = {"ReduceFromModelParallelRegion", pdp__tp_reduce_setup, NULL,
+                        pdp__tp_reduce_forward, pdp__tp_reduce_backward, NULL, NULL, NULL,
+                        PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -140,12 +157,25 @@ static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
 #endif
 }
 
+/* A PDP__LAYER_COLLECTIVE kind's call, on any device: its failure comes back through
+   io->status, pointed at a variable of this call. */
+static pdp_status pdp__layer_collective(const pdp__layer *l, const pdp__layer_io *io,
+                                        void (*fn)(const pdp__layer *, const pdp__layer_io *))
+{
+    pdp_status st = PDP_OK;
+    pdp__layer_io run = *io;
+    run.status = &st;
+    fn(l, &run);
+    return st;
+}
+
 /* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
-   CPU memory. */
+   CPU memory. A collective kind's host entry runs on every device. */
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->forward);
     if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_forward);
     info->forward(l, io);
     return PDP_OK;
@@ -155,6 +185,7 @@ static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
+    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->backward);
     if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_backward);
     info->backward(l, io);
     return PDP_OK;

@@ -90,6 +90,16 @@ static pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
     return PDP_OK;
 }
 
+/* The state_dict number of the next layer: layers so far, less the unnumbered ones
+   (PDP__LAYER_UNNUMBERED: TP's f and g). */
+static int pdp__model_next_number(const pdp_model *m)
+{
+    int i, n = 0;
+    for (i = 0; i < m->nlayers; i++)
+        n += !(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_UNNUMBERED);
+    return n;
+}
+
 static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
                                       const int64_t *shape)
 {
@@ -99,7 +109,7 @@ static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what,
         return PDP_ERR_OUT_OF_MEMORY;
     e = &m->params[m->nparams++];
     memset(e, 0, sizeof *e);
-    snprintf(e->name, sizeof e->name, "%d.%s", layer, what);
+    snprintf(e->name, sizeof e->name, "%d.%s", pdp__model_next_number(m), what);
     e->layer = layer;
     e->ndim = ndim;
     e->count = 1;

@@ -8,7 +8,9 @@
                      counts (1, 7, 1000003, which also crosses PDP_MPI_CHUNK),
                      an asynchronous launch that returns before the peers
                      arrive, many collectives in flight, DDP over MPI equal to
-                     single-device training with bit-identical ranks, the trace,
+                     single-device training with bit-identical ranks, tensor
+                     parallel (and DDP x TP) equal to single-device training with
+                     its full-tensor checkpoint, the trace,
                      and a rank that does not arrive, at creation or at a
                      collective (PDP_ERR_TIMEOUT, broken communicator, no hang).
 
@@ -719,6 +721,195 @@ MPI_TEST(mpi_missing_rank_times_out_and_breaks_comm)
     ASSERT_EQ((float)(world_size * (world_size - 1) / 2), b2[3]);
     PASS();
 }
+
+/* ---- MPI: tensor parallel (tp.h) ----
+   A model of two TP blocks with widths 10 and 7 (uneven over 3 and 4 ranks) against the
+   single-device model on the same batches (the DDP test's data): TP over every rank, then
+   its full-tensor checkpoint, loaded on one device and back into the TP layout; and 2-D:
+   DDP across groups x TP inside (2 x 2 on 4 ranks, 1 x 2 on 2, 3 x 1 on 3). */
+
+enum { TP_H1 = 10, TP_H2 = 7, TP_STEPS = 4 };
+
+/* tp == NULL: the single-device model Linear(10) Tanh Linear(12) ReLU Linear(7) GELU
+   Linear(5); otherwise the same with both Linear pairs as TP blocks on tp. */
+static pdp_status tp_model(pdp_model **out, pdp_comm *tp)
+{
+    pdp_model_desc d;
+    pdp_model *m = NULL;
+    pdp_status st;
+    memset(&d, 0, sizeof d);
+    d.input_shape[0] = DDP_IN;
+    d.seed = 4321;
+    *out = NULL;
+    if ((st = pdp_model_create(&m, &d)) != PDP_OK) return st;
+    if (!tp)
+        (void)((st = pdp_model_add_linear(m, TP_H1)) || (st = pdp_model_add_tanh(m)) ||
+               (st = pdp_model_add_linear(m, DDP_IN)) || (st = pdp_model_add_relu(m)) ||
+               (st = pdp_model_add_linear(m, TP_H2)) || (st = pdp_model_add_gelu(m)) ||
+               (st = pdp_model_add_linear(m, DDP_OUT)));
+    else
+        (void)((st = pdp_model_set_tp(m, tp)) || (st = pdp_model_add_tp_copy(m)) ||
+               (st = pdp_model_add_column_parallel_linear(m, TP_H1)) ||
+               (st = pdp_model_add_tanh(m)) ||
+               (st = pdp_model_add_row_parallel_linear(m, DDP_IN)) ||
+               (st = pdp_model_add_tp_reduce(m)) || (st = pdp_model_add_relu(m)) ||
+               (st = pdp_model_add_tp_copy(m)) ||
+               (st = pdp_model_add_column_parallel_linear(m, TP_H2)) ||
+               (st = pdp_model_add_gelu(m)) ||
+               (st = pdp_model_add_row_parallel_linear(m, DDP_OUT)) ||
+               (st = pdp_model_add_tp_reduce(m)));
+    if (st != PDP_OK) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+/* Worst |slice - full| over a TP model's parameters against the single-device model
+   `full` (same registry order), by the layout tp.h states. */
+static double tp_worst(const pdp_model *m, const pdp_model *full, double *scale)
+{
+    double worst = 0.0;
+    int p;
+    int64_t i, lo, n, k;
+    *scale = 0.0;
+    for (p = 0; p < m->nparams; p++) {
+        const pdp__param_entry *e = &m->params[p];
+        const pdp__layer *l = &m->layers[e->layer];
+        const float *f = full->param_block + full->params[p].offset;
+        pdp_tp_split(l->tp_full, m->tp.rank, m->tp.size, &lo, &n);
+        for (i = 0; i < e->count; i++) {
+            if (l->kind == PDP__COLUMN_PARALLEL_LINEAR)
+                k = (p == l->param_first ? lo * l->in_count : lo) + i;
+            else if (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first)
+                k = (i / n) * l->tp_full + lo + i % n;
+            else
+                k = i;
+            worst = fmax(worst, fabs((double)m->param_block[e->offset + i] - f[k]));
+            *scale = fmax(*scale, fabs((double)f[k]));
+        }
+    }
+    return worst;
+}
+
+/* steps of Adam from step `first` on the plain model ref (whole batch) and on the TP
+   model m (DDP over dp when not NULL: this DP rank's shard of dp_size). */
+static enum greatest_test_res tp_train(pdp_model *ref, pdp_optim *oref, pdp_model *m,
+                                       pdp_optim *o, pdp_ddp *ddp, int dp_rank, int dp_size)
+{
+    float x[DDP_BATCH * DDP_IN], loss;
+    int32_t y[DDP_BATCH];
+    int64_t shape[2] = {DDP_BATCH, DDP_IN};
+    int s, per = DDP_BATCH / dp_size;
+    pdp_tensor xr, xs;
+    for (s = 0; s < TP_STEPS; s++) {
+        ddp_batch(s, x, y);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xr), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xr, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oref), pdp_status_name);
+        pdp_optim_zero_grad(oref);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_rows_view(&xr, (int64_t)dp_rank * per, per, &xs),
+                       pdp_status_name);
+        if (ddp) {
+            ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(ddp, &xs, y + dp_rank * per, &loss),
+                           pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_step(ddp, o), pdp_status_name);
+        } else {
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, &xs, y, &loss), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+            pdp_optim_zero_grad(o);
+        }
+    }
+    PASS();
+}
+
+MPI_TEST(mpi_tp_matches_single_device_and_checkpoints_full_tensors)
+{
+    pdp_model *ref = NULL, *m = NULL, *one = NULL;
+    pdp_optim *oref = NULL, *o = NULL;
+    pdp_optim_desc od;
+    pdp_tp_stats ts;
+    char path[300];
+    float *before;
+    double worst, scale;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAM;
+    od.lr = 0.01f;
+    ASSERT_ENUM_EQ(PDP_OK, tp_model(&ref, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, tp_model(&m, cm), pdp_status_name);
+    ASSERT_EQ(0.0, tp_worst(m, ref, &scale)); /* the slices of the same initialisation */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oref, ref, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    CHECK_CALL(tp_train(ref, oref, m, o, NULL, 0, 1));
+    worst = tp_worst(m, ref, &scale);
+    pdp_tp_get_stats(m, &ts);
+    if (my_rank == 0)
+        fprintf(test_out, "\n  tp over mpi: %d ranks, %d steps of Adam: max |tp - single device|"
+                " = %.3g; %lld bytes sent per rank per step\n", world_size, TP_STEPS, worst,
+                (long long)(ts.bytes_sent / TP_STEPS));
+    ASSERT(worst <= 1e-5 * scale);
+    ASSERT_EQ((int64_t)TP_STEPS * 2, ts.forward_allreduces);
+    ASSERT_EQ((int64_t)TP_STEPS, ts.backward_allreduces);
+    /* the full-tensor checkpoint: one device loads it, and so does the TP layout */
+    snprintf(path, sizeof path, "/tmp/pdp_test_mpi_tp_%d.safetensors", (int)getppid());
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tp_checkpoint_save(path, m, o), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, tp_model(&one, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(path, one, NULL), pdp_status_name);
+    ASSERT_EQ(0.0, tp_worst(m, one, &scale));
+    before = fbuf(m->param_count);
+    memcpy(before, m->param_block, (size_t)m->param_count * sizeof(float));
+    memset(m->param_block, 0, (size_t)m->param_count * sizeof(float));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tp_checkpoint_load(path, m, o), pdp_status_name);
+    ASSERT(memcmp(before, m->param_block, (size_t)m->param_count * sizeof(float)) == 0);
+    ASSERT_EQ(TP_STEPS, pdp_optim_steps(o));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_barrier(cm, NULL), pdp_status_name);
+    if (my_rank == 0) remove(path);
+    free(before);
+    pdp_model_free(one);
+    pdp_optim_free(o);
+    pdp_optim_free(oref);
+    pdp_model_free(m);
+    pdp_model_free(ref);
+    PASS();
+}
+
+MPI_TEST(mpi_tp_2d_ddp_across_tp_groups_matches_single_device)
+{
+    pdp_model *ref = NULL, *m = NULL;
+    pdp_optim *oref = NULL, *o = NULL;
+    pdp_comm *tp = NULL, *dp = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_optim_desc od;
+    double worst, scale;
+    int T = world_size % 2 == 0 ? 2 : 1, D = world_size / T;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAM;
+    od.lr = 0.01f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_split(cm, my_rank / T, my_rank, &tp), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_split(cm, my_rank % T, my_rank, &dp), pdp_status_name);
+    ASSERT_EQ(T, pdp_comm_size(tp));
+    ASSERT_EQ(D, pdp_comm_size(dp));
+    ASSERT_ENUM_EQ(PDP_OK, tp_model(&ref, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, tp_model(&m, tp), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oref, ref, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&ddp, m, dp, NULL), pdp_status_name);
+    CHECK_CALL(tp_train(ref, oref, m, o, ddp, pdp_comm_rank(dp), D));
+    worst = tp_worst(m, ref, &scale);
+    if (my_rank == 0)
+        fprintf(test_out, "\n  2-D over mpi: %d DP x %d TP: max |2-D - single device| = %.3g\n",
+                D, T, worst);
+    ASSERT(worst <= 1e-5 * scale);
+    pdp_ddp_free(ddp);
+    pdp_optim_free(o);
+    pdp_optim_free(oref);
+    pdp_model_free(m);
+    pdp_model_free(ref);
+    pdp_comm_free(dp);
+    pdp_comm_free(tp);
+    PASS();
+}
 #endif /* PDP_MPI */
 
 SUITE(mpi)
@@ -742,6 +933,8 @@ SUITE(mpi)
     RUN_TEST(mpi_p2p_ring_and_self_send);
     RUN_TEST(mpi_p2p_mismatch_and_silent_peer);
     RUN_TEST(mpi_split_groups_match_naive);
+    RUN_TEST(mpi_tp_matches_single_device_and_checkpoints_full_tensors);
+    RUN_TEST(mpi_tp_2d_ddp_across_tp_groups_matches_single_device);
     RUN_TEST(mpi_trace_has_collectives_per_rank);
     RUN_TEST(mpi_init_env_times_out_when_a_rank_is_missing);
     RUN_TEST(mpi_missing_rank_times_out_and_breaks_comm);

@@ -1,0 +1,310 @@
+/* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
+   constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
+   and full-tensor checkpoints, which map each rank's slice into the full tensor
+   (pdp__tp_runs) through a staging copy of the full (single-device) model.
+
+   Invariants: the model's TP state (comm, rank, size) is fixed once a TP layer exists.
+   Nothing here runs during training. */
+
+#include "internal.h"
+
+/* ---- tp: the model's communicator and the constructors ---- */
+
+PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
+{
+    if (!m || !tp) return pdp__err(PDP_ERR_INVALID, "pdp_model_set_tp: NULL argument");
+    if (m->tp.nlayers)
+        return pdp__err(PDP_ERR_STATE, "pdp_model_set_tp: the model already has %d TP layers "
+                        "(set the communicator before the first)", m->tp.nlayers);
+    if (tp->device.kind != m->device.kind || tp->device.ordinal != m->device.ordinal)
+        return pdp__err(PDP_ERR_DEVICE, "pdp_model_set_tp: communicator '%s' on device %d:%d, "
+                        "model on %d:%d", tp->name, tp->device.kind, tp->device.ordinal,
+                        m->device.kind, m->device.ordinal);
+    m->tp.comm = tp;
+    m->tp.rank = pdp_comm_rank(tp);
+    m->tp.size = pdp_comm_size(tp);
+    return PDP_OK;
+}
+
+PDP_API pdp_comm *pdp_model_tp(const pdp_model *m) { return m ? m->tp.comm : NULL; }
+
+/* Appends TP layer l (kind and configuration set) to m. */
+static pdp_status pdp__tp_add(pdp_model *m, pdp__layer l, const char *fn)
+{
+    pdp_status st;
+    l.tp = m->tp.comm ? &m->tp : NULL;
+    if ((st = pdp__model_add(m, l, fn)) == PDP_OK) m->tp.nlayers++;
+    return st;
+}
+
+/* The kind of m's last layer (-1: none). */
+static int pdp__tp_last_kind(const pdp_model *m)
+{
+    return m->nlayers ? (int)m->layers[m->nlayers - 1].kind : -1;
+}
+
+PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m)
+{
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_add_tp_copy: model is NULL");
+    return pdp__tp_add(m, pdp__layer_of(PDP__TP_COPY), "pdp_model_add_tp_copy");
+}
+
+PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features)
+{
+    static const char *fn = "pdp_model_add_column_parallel_linear";
+    pdp__layer l = pdp__layer_of(PDP__COLUMN_PARALLEL_LINEAR);
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (pdp__tp_last_kind(m) != PDP__TP_COPY)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow f (pdp_model_add_tp_copy), "
+                        "not %s", fn, m->nlayers,
+                        m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
+    l.tp_full = out_features;
+    l.tp_skip_dx = m->nlayers == 1;
+    return pdp__tp_add(m, l, fn);
+}
+
+PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features)
+{
+    static const char *fn = "pdp_model_add_row_parallel_linear";
+    pdp__layer l = pdp__layer_of(PDP__ROW_PARALLEL_LINEAR);
+    int i;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    for (i = m->nlayers - 1; i >= 0; i--) {
+        pdp__layer_kind k = m->layers[i].kind;
+        if (k == PDP__COLUMN_PARALLEL_LINEAR) break;
+        if (k != PDP__RELU && k != PDP__GELU && k != PDP__TANH && k != PDP__SIGMOID) i = 0;
+    }
+    if (i < 0 || m->layers[i].kind != PDP__COLUMN_PARALLEL_LINEAR)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a ColumnParallelLinear with only "
+                        "element-wise activations (ReLU, GELU, Tanh, Sigmoid) between", fn,
+                        m->nlayers);
+    l.out_features = out_features;
+    l.tp_full = m->layers[i].tp_full;
+    l.tp_lo = m->layers[i].tp_lo;
+    return pdp__tp_add(m, l, fn);
+}
+
+PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m)
+{
+    static const char *fn = "pdp_model_add_tp_reduce";
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (pdp__tp_last_kind(m) != PDP__ROW_PARALLEL_LINEAR)
+        return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a RowParallelLinear, not %s",
+                        fn, m->nlayers,
+                        m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
+    return pdp__tp_add(m, pdp__layer_of(PDP__TP_REDUCE), fn);
+}
+
+PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out)
+{
+    if (!out) return;
+    if (m) *out = m->tp.stats;
+    else memset(out, 0, sizeof *out);
+}
+
+PDP_API void pdp_tp_reset_stats(pdp_model *m)
+{
+    if (m) memset(&m->tp.stats, 0, sizeof m->tp.stats);
+}
+
+/* ---- tp: full-tensor checkpoints ---- */
+
+/* The single-device model of m: the same layers with f and g left out and the split
+   Linears whole, on m's device (its parameters are overwritten by the caller). */
+static pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, const char *fn)
+{
+    pdp_model_desc md;
+    pdp_model *full = NULL;
+    pdp_status st;
+    int i;
+    memset(&md, 0, sizeof md);
+    md.input_ndim = m->in_ndim;
+    memcpy(md.input_shape, m->in_shape, sizeof md.input_shape);
+    md.seed = m->seed;
+    md.device = m->device;
+    if ((st = pdp_model_create(&full, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    for (i = 0; i < m->nlayers; i++) {
+        pdp__layer l = m->layers[i];
+        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_UNNUMBERED) continue;
+        if (l.kind == PDP__COLUMN_PARALLEL_LINEAR) l.out_features = l.tp_full;
+        if (l.kind == PDP__COLUMN_PARALLEL_LINEAR || l.kind == PDP__ROW_PARALLEL_LINEAR)
+            l.kind = PDP__LINEAR;
+        l.tp = NULL;
+        if ((st = pdp__model_add(full, l, fn)) != PDP_OK) {
+            pdp_model_free(full);
+            return st;
+        }
+    }
+    full->step = m->step;
+    *out = full;
+    return PDP_OK;
+}
+
+/* Copies between parameter p's slice (local, in m's block layout) and its full tensor
+   (full), to_full or back, on device d: the contiguous runs of the slice. Replicated
+   parameters are one run of the whole tensor. */
+static pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *full,
+                               float *local, bool to_full)
+{
+    const pdp__param_entry *e = &m->params[p];
+    const pdp__layer *l = &m->layers[e->layer];
+    bool weight = p == l->param_first;
+    int64_t rows = 1, len = e->count, fstride = 0, foff = 0, i;
+    pdp_status st;
+    if (l->kind == PDP__COLUMN_PARALLEL_LINEAR) {     /* rows [lo, lo + n) of [H, in], b[lo..] */
+        foff = l->tp_lo * (weight ? l->in_count : 1);
+    } else if (l->kind == PDP__ROW_PARALLEL_LINEAR && weight) { /* columns of [d, H] */
+        rows = l->out_features;
+        len = l->in_count;
+        fstride = l->tp_full;
+        foff = l->tp_lo;
+    }
+    for (i = 0; i < rows; i++) {
+        float *f = full + foff + i * fstride, *s = local + i * len;
+        size_t bytes = (size_t)len * sizeof(float);
+        st = to_full ? pdp__dev_copy(d, f, d, s, bytes) : pdp__dev_copy(d, s, d, f, bytes);
+        if (st != PDP_OK) return st;
+    }
+    return PDP_OK;
+}
+
+/* Whether parameter p is split across the TP ranks (else every rank holds all of it). */
+static bool pdp__tp_is_split(const pdp_model *m, int p)
+{
+    const pdp__layer *l = &m->layers[m->params[p].layer];
+    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
+           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
+}
+
+/* dst (full's layout) <- the full tensors from every rank's slices of src (m's layout):
+   each rank writes its slices (rank 0 also the replicated tensors) into zeros, and one
+   all-reduce sums them. */
+static pdp_status pdp__tp_gather(const pdp_model *m, const pdp_model *full, const float *src,
+                                 float *dst)
+{
+    int p;
+    pdp_status st;
+    if ((st = pdp__dev_memset0(m->device, dst, (size_t)full->param_count * sizeof(float))))
+        return st;
+    for (p = 0; p < m->nparams; p++)
+        if ((m->tp.rank == 0 || pdp__tp_is_split(m, p)) &&
+            (st = pdp__tp_runs(m, p, m->device, dst + full->params[p].offset,
+                               (float *)src + m->params[p].offset, true)) != PDP_OK)
+            return st;
+    return pdp_comm_allreduce(m->tp.comm, dst, full->param_count, PDP_REDUCE_SUM, NULL);
+}
+
+/* dst (m's layout) <- this rank's slices of src (full's layout). */
+static pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
+                                  float *dst)
+{
+    int p;
+    pdp_status st;
+    for (p = 0; p < m->nparams; p++)
+        if ((st = pdp__tp_runs(m, p, m->device, (float *)src + full->params[p].offset,
+                               dst + m->params[p].offset, false)) != PDP_OK)
+            return st;
+    return PDP_OK;
+}
+
+static pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, const char *fn)
+{
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!m->tp.comm)
+        return pdp__err(PDP_ERR_STATE, "%s: the model has no TP communicator (pdp_model_set_tp; "
+                        "pdp_checkpoint_save/load serve a plain model)", fn);
+    if (o && (o->model != m || o->lo != 0 || o->hi != m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: the optimizer is not a full optimizer of this "
+                        "model", fn);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m,
+                                          const pdp_optim *o)
+{
+    static const char *fn = "pdp_tp_checkpoint_save";
+    pdp_model *full = NULL;
+    pdp_optim *fo = NULL;
+    pdp_status st;
+    int32_t root_st;
+    int k;
+    if ((st = pdp__tp_ckpt_args(m, o, fn)) != PDP_OK) return st;
+    if ((st = pdp__tp_full_model(m, &full, fn)) != PDP_OK) return st;
+    if ((st = pdp__tp_gather(m, full, m->param_block, full->param_block)) != PDP_OK) goto out;
+    if (o) {
+        if ((st = pdp_optim_create(&fo, full, &o->desc)) != PDP_OK) goto out;
+        fo->steps = o->steps;
+        for (k = 0; k < o->nstate; k++)
+            if ((st = pdp__tp_gather(m, full, o->state[k], fo->state[k])) != PDP_OK) goto out;
+    }
+    st = m->tp.rank == 0 ? pdp_checkpoint_save(path, full, fo) : PDP_OK;
+    root_st = (int32_t)st;
+    if ((st = pdp_comm_broadcast_bytes(m->tp.comm, &root_st, sizeof root_st, 0)) != PDP_OK)
+        goto out;
+    if (m->tp.rank != 0 && root_st != PDP_OK)
+        st = pdp__err((pdp_status)root_st, "%s: TP rank 0 could not write %s", fn, path);
+    else
+        st = (pdp_status)root_st;
+out:
+    pdp_optim_free(fo);
+    pdp_model_free(full);
+    if (st != PDP_OK && strncmp(pdp_last_error(), fn, strlen(fn)) != 0)
+        return pdp__err_wrap(st, "%s", fn);
+    return st;
+}
+
+/* *failed <- the number of TP ranks passing failed = true (an all-reduce of one float on
+   the communicator's device). On failure the message is set. */
+static pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, float *count)
+{
+    float *buf = NULL, one = failed ? 1.0f : 0.0f;
+    pdp_status st;
+    if ((st = pdp__dev_alloc(m->device, sizeof(float), (void **)&buf)) != PDP_OK) return st;
+    if ((st = pdp__dev_copy(m->device, buf, pdp_cpu(), &one, sizeof one)) == PDP_OK &&
+        (st = pdp_comm_allreduce(m->tp.comm, buf, 1, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+        st = pdp__dev_copy(pdp_cpu(), count, m->device, buf, sizeof *count);
+    pdp__dev_free(m->device, buf);
+    return st;
+}
+
+PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
+{
+    static const char *fn = "pdp_tp_checkpoint_load";
+    pdp_model *full = NULL;
+    pdp_optim *fo = NULL;
+    pdp_status st, mine;
+    float failed;
+    int k;
+    if ((st = pdp__tp_ckpt_args(m, o, fn)) != PDP_OK) return st;
+    if ((mine = pdp__tp_full_model(m, &full, fn)) == PDP_OK && o)
+        mine = pdp_optim_create(&fo, full, &o->desc);
+    if (mine == PDP_OK) mine = pdp_checkpoint_load(path, full, fo);
+    /* every rank learns whether any failed before anything is changed */
+    if ((st = pdp__tp_count_failed(m, mine != PDP_OK, &failed)) != PDP_OK) {
+        st = pdp__err_wrap(st, "%s", fn);
+        goto out;
+    }
+    if (mine != PDP_OK) {
+        st = mine;
+        goto out;
+    }
+    if (failed > 0.0f) {
+        st = pdp__err(PDP_ERR_IO, "%s: %s: %g other TP ranks could not load it (nothing changed)",
+                      fn, path, (double)failed);
+        goto out;
+    }
+    if ((st = pdp__tp_scatter(m, full, full->param_block, m->param_block)) != PDP_OK) goto out;
+    if (o) {
+        for (k = 0; k < o->nstate; k++)
+            if ((st = pdp__tp_scatter(m, full, fo->state[k], o->state[k])) != PDP_OK) goto out;
+        o->desc = fo->desc;
+        o->steps = fo->steps;
+    }
+    m->step = full->step;
+out:
+    pdp_optim_free(fo);
+    pdp_model_free(full);
+    if (st != PDP_OK && strncmp(pdp_last_error(), fn, strlen(fn)) != 0)
+        return pdp__err_wrap(st, "%s", fn);
+    return st;
+}

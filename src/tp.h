@@ -1,0 +1,99 @@
+/* tp: tensor parallelism, Megatron-LM's MLP block (Shoeybi et al., "Megatron-LM:
+   Training Multi-Billion Parameter Language Models Using Model Parallelism", 2019,
+   section 3): one layer's matrices split across the ranks of a TP communicator.
+
+   The block is five layers of the usual model, each a named, visible step:
+
+       f       CopyToModelParallelRegion      forward: identity (the input is replicated)
+                                              backward: all-reduce (sum) of the input gradient
+       A       ColumnParallelLinear(H)        weight split by output features: rank r holds
+                                              rows [lo_r, lo_r + n_r) of W1 [H, in] and of b1;
+                                              output sharded: [B, n_r]
+       act     ReLU, GELU, Tanh or Sigmoid    element-wise, on the shard
+       B       RowParallelLinear(d)           weight split by input features: rank r holds
+                                              columns [lo_r, lo_r + n_r) of W2 [d, H]; output
+                                              x_r W2_r^T, a partial sum; the bias (whole on
+                                              every rank) is added on TP rank 0 only, so once
+       g       ReduceFromModelParallelRegion  forward: all-reduce (sum) of the partial sums
+                                              backward: identity
+
+   f and g are conjugate: each is the other's transpose. After g every rank holds the
+   same output bits (the communicator reduces in a fixed order), so the layers after the
+   block, the loss and the output gradient are replicated, and so is b2's gradient. Per
+   block and step the ranks exchange one all-reduce of B x d floats forward (g) and one of
+   B x in floats backward (f; none when f is the model's first layer, whose input needs
+   no gradient): with the ring algorithm each rank sends 2(N-1)/N of those bytes.
+
+   Splits: n_r = H / N, plus one for the first H % N ranks (pdp_tp_split), so widths
+   that do not divide work. Initialisation: each rank draws the whole weight from the
+   model's seed, as a plain Linear(H) and Linear(d) would, and keeps its slice, so a TP
+   model starts with exactly the single-device model's values; with the same batches
+   it trains to the same parameters up to float rounding (the partial sums are added in
+   another order). State_dict names: f and g are functions in Megatron-LM, not modules,
+   so they are not numbered: f, Linear, ReLU, Linear, g is named as nn.Sequential(
+   Linear, ReLU, Linear), "0.weight", "0.bias", "2.weight", "2.bias", on every rank
+   (each holding its slice under the full tensor's name).
+
+   Use: every rank of the TP communicator builds the same model, calling
+   pdp_model_set_tp before its first TP layer. The usual optimizer, DDP and the loss work
+   unchanged: a TP model is a model whose parameters are this rank's slices. 2-D
+   parallel: split a world of D x T ranks into TP groups (pdp_comm_split(world, rank / T,
+   rank, &tp)) and DP groups (pdp_comm_split(world, rank % T, rank, &dp)), build the TP
+   model on tp and wrap it in pdp_ddp_create(..., dp, ...): DDP averages each slice's
+   gradient over the ranks holding the same slice.
+
+   Checkpoints: pdp_tp_checkpoint_save gathers the full tensors (and the optimizer's
+   state) and writes one ordinary checkpoint, the file pdp_checkpoint_save writes for
+   the single-device model (loadable by pdp_checkpoint_load on one device and by
+   PyTorch); pdp_tp_checkpoint_load reads such a file into any TP layout. Both are
+   collective over the TP communicator. pdp_checkpoint_save/load on a TP model see only
+   this rank's slices (shapes [n_r, in], ...): a file of the slices, which only the same
+   rank of the same layout loads back.
+
+   Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
+   all-reduce on the device's buffers); no Dropout inside the block (its masks are
+   keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
+   supported. */
+
+/* Megatron's split: rank r of size holds [*lo, *lo + *count) of full features; the first
+   full % size ranks hold one more. */
+PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t *count);
+
+/* Attaches the TP communicator (owned by the caller, outliving m) to m; before the first
+   TP layer (afterwards: PDP_ERR_STATE). Its device must be the model's. */
+PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp);
+PDP_API pdp_comm *pdp_model_tp(const pdp_model *m); /* NULL when none */
+
+/* The block's layers, appended as the other pdp_model_add_* (errors name the function and
+   the layer). Each needs the TP communicator. column_parallel_linear must follow f;
+   row_parallel_linear must follow a column_parallel_linear with only element-wise
+   activations between (its input is that layer's slice); tp_reduce must follow a
+   row_parallel_linear. out_features are the full (unsplit) widths. */
+PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m);   /* f */
+PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features);
+PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features);
+PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m); /* g */
+
+/* What the TP layers exchanged since the model's creation or the last reset. */
+typedef struct pdp_tp_stats {
+    int64_t forward_allreduces;   /* g's */
+    int64_t backward_allreduces;  /* f's */
+    int64_t forward_bytes;        /* payload of g's all-reduces: batch x width x 4 each */
+    int64_t backward_bytes;       /* payload of f's */
+    int64_t bytes_sent;           /* by this rank, the ring figure 2(N-1)/N x payload */
+    double allreduce_s;           /* time in them (synchronous: compute waits for them) */
+} pdp_tp_stats;
+PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out);
+PDP_API void pdp_tp_reset_stats(pdp_model *m);
+
+/* Collective over m's TP communicator (every rank calls it). Save: the full tensors
+   (and, with o, the optimizer's full state) gathered, then written by TP rank 0 to path
+   as pdp_checkpoint_save writes the single-device model; every rank returns rank 0's
+   status. Load: every rank reads path (a checkpoint of the single-device model, as
+   pdp_checkpoint_load reads it, into a staging copy of the full model) and keeps its
+   slices; when any rank fails, all fail and nothing is changed. o: an optimizer of m
+   (pdp_optim_create), or NULL. Errors as pdp_checkpoint_save/load's, and
+   PDP_ERR_STATE for a model without a TP communicator. */
+PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m,
+                                          const pdp_optim *o);
+PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);

@@ -1,0 +1,636 @@
+/* test_tp.c - tensor parallelism (Megatron's MLP block) on the local backend.
+
+   Equivalence: N thread ranks (1-4) of one TP communicator train a model of two TP
+   blocks (f, ColumnParallelLinear, act, RowParallelLinear, g; the first at layer 0, the
+   second mid-model so f's backward all-reduce runs) with widths 10 and 7, which 3 and 4
+   do not divide; every rank's slices must equal the slices of one model trained on the
+   same batches (<= 1e-5 relative; exact at step 0: initialisation takes the slice of the
+   full draw), replicated tensors must be the same bits on every rank, and the losses
+   must match. 2-D: 4 ranks as 2 DDP groups x 2 TP groups (and 2 x 3 on 6 ranks) equal
+   the same single-device run. Traffic: the stats count one forward all-reduce of B x d
+   per block and one backward of B x in (none for the block at layer 0), and the ring
+   figure. Checkpoints: a TP save on 3 ranks writes the bytes pdp_checkpoint_save writes
+   for the single-device model holding the same values; it loads on one device and into
+   2 TP ranks, which then train on as the single device does. Errors: block order,
+   missing communicator, a width below the TP size, a late pdp_model_set_tp, a TP
+   checkpoint of a plain model, a rank that never arrives (timeout naming g), and the
+   hot loop allocates nothing. */
+
+#define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
+#include <stdlib.h>
+#include <stdatomic.h>
+#include <unistd.h>
+static atomic_long test_allocs;
+static void *test_malloc(size_t n)
+{
+    atomic_fetch_add(&test_allocs, 1);
+    return malloc(n);
+}
+#define PDP_MALLOC(n) test_malloc(n)
+#define PDP_FREE(p) free(p)
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+
+#define MAXR 6
+#define IN 6
+#define H1 10 /* first block's hidden width: 3 and 4 do not divide it */
+#define D1 9  /* its output */
+#define H2 7  /* second block's hidden width */
+#define CLASSES 3
+#define B 12 /* global batch */
+#define STEPS 4
+
+/* ---- models and data ---- */
+
+/* The single-device model: Linear(10) ReLU Linear(9) Tanh Linear(7) GELU Linear(3). */
+static pdp_status build_plain(pdp_model **out)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_status st;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = IN;
+    md.seed = 7;
+    if ((st = pdp_model_create(&m, &md))) return st;
+    if ((st = pdp_model_add_linear(m, H1)) || (st = pdp_model_add_relu(m)) ||
+        (st = pdp_model_add_linear(m, D1)) || (st = pdp_model_add_tanh(m)) ||
+        (st = pdp_model_add_linear(m, H2)) || (st = pdp_model_add_gelu(m)) ||
+        (st = pdp_model_add_linear(m, CLASSES))) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+/* The same model with both Linear pairs as TP blocks on tp. */
+static pdp_status build_tp(pdp_model **out, pdp_comm *tp)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_status st;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = IN;
+    md.seed = 7;
+    *out = NULL;
+    if ((st = pdp_model_create(&m, &md))) return st;
+    if ((st = pdp_model_set_tp(m, tp)) || (st = pdp_model_add_tp_copy(m)) ||
+        (st = pdp_model_add_column_parallel_linear(m, H1)) || (st = pdp_model_add_relu(m)) ||
+        (st = pdp_model_add_row_parallel_linear(m, D1)) || (st = pdp_model_add_tp_reduce(m)) ||
+        (st = pdp_model_add_tanh(m)) || (st = pdp_model_add_tp_copy(m)) ||
+        (st = pdp_model_add_column_parallel_linear(m, H2)) || (st = pdp_model_add_gelu(m)) ||
+        (st = pdp_model_add_row_parallel_linear(m, CLASSES)) ||
+        (st = pdp_model_add_tp_reduce(m))) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+static void make_batch(int step, float *x, int32_t *y)
+{
+    int i, f;
+    for (i = 0; i < B; i++) {
+        for (f = 0; f < IN; f++) {
+            uint32_t h = (uint32_t)((step * 131 + i) * 2654435761u) ^ (uint32_t)(f * 40503u);
+            h ^= h >> 15;
+            h *= 0x2c1b3c6du;
+            h ^= h >> 12;
+            x[i * IN + f] = (float)(h & 0xffff) / 65536.0f * 2.0f - 1.0f;
+        }
+        y[i] = (int32_t)((i * 5 + step) % CLASSES);
+    }
+}
+
+static pdp_optim_desc adam(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAM;
+    od.lr = 0.01f;
+    return od;
+}
+
+/* The reference: the plain model after `steps` Adam steps on the global batches
+   from `first`; its parameters (ref_params, filled by reference()) and losses. */
+static float ref_params[4096], ref_losses[2 * STEPS], ref_init[4096];
+static int64_t ref_count;
+
+static pdp_status train_steps(pdp_model *m, pdp_optim *o, int first, int steps, float *losses)
+{
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {B, IN};
+    pdp_tensor xt;
+    pdp_status st;
+    int s;
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < steps; s++) {
+        make_batch(first + s, x, y);
+        if ((st = pdp_model_forward_backward(m, &xt, y, &loss))) return st;
+        if ((st = pdp_optim_step(o))) return st;
+        pdp_model_zero_grad(m);
+        if (losses) losses[s] = loss;
+    }
+    return PDP_OK;
+}
+
+static pdp_status reference(void)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = adam();
+    pdp_status st;
+    if ((st = build_plain(&m)) || (st = pdp_optim_create(&o, m, &od))) goto out;
+    memcpy(ref_init, m->param_block, (size_t)m->param_count * sizeof(float));
+    if ((st = train_steps(m, o, 0, STEPS, ref_losses))) goto out;
+    memcpy(ref_params, m->param_block, (size_t)m->param_count * sizeof(float));
+    ref_count = m->param_count;
+out:
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+/* Element i of TP parameter p's slice: its index in the full tensor (written from the
+   layout tp.h states, apart from tp.c's own mapping). */
+static int64_t full_index(const pdp_model *m, int p, int64_t i)
+{
+    const pdp__param_entry *e = &m->params[p];
+    const pdp__layer *l = &m->layers[e->layer];
+    int64_t lo, n;
+    if (l->kind != PDP__COLUMN_PARALLEL_LINEAR && l->kind != PDP__ROW_PARALLEL_LINEAR) return i;
+    pdp_tp_split(l->tp_full, m->tp.rank, m->tp.size, &lo, &n);
+    if (l->kind == PDP__COLUMN_PARALLEL_LINEAR)
+        return (p == l->param_first ? lo * l->in_count : lo) + i;
+    if (p != l->param_first) return i; /* the row-parallel bias is whole */
+    return (i / n) * l->tp_full + lo + i % n;
+}
+
+/* Worst |tp - full| over m's slices against full values in the plain model's layout
+   (same registry order), and the largest |full|. */
+static void compare(const pdp_model *m, const pdp_model *plain_layout, const float *full,
+                    double *worst, double *scale)
+{
+    int p;
+    int64_t i;
+    *worst = 0.0;
+    *scale = 0.0;
+    for (p = 0; p < m->nparams; p++) {
+        const pdp__param_entry *e = &m->params[p];
+        const float *f = full + plain_layout->params[p].offset;
+        for (i = 0; i < e->count; i++) {
+            double want = f[full_index(m, p, i)];
+            *worst = fmax(*worst, fabs((double)m->param_block[e->offset + i] - want));
+            *scale = fmax(*scale, fabs(want));
+        }
+    }
+}
+
+/* ---- rank threads ---- */
+
+typedef struct rank_ctx {
+    pdp_local_group *g;
+    int rank, size;   /* in the world */
+    int dp;           /* DDP groups (1: TP only); TP size = size / dp */
+    int scenario;     /* 0 train, 1 rank size-1 never arrives, 2 checkpoint save,
+                         3 checkpoint load then train */
+    const char *path;
+    pdp_status st;
+    char msg[1024];
+    double worst, scale, init_worst;
+    float losses[STEPS];
+    float replicated[64]; /* the last RowParallelLinear's bias */
+    long allocs_hot;
+    pdp_tp_stats stats;
+    int nlayers;
+    char names[8][32];
+} rank_ctx;
+
+static pdp_model *plain_layout; /* the reference model's registry, for compare() */
+
+static pdp_status fail(rank_ctx *ctx, pdp_status st)
+{
+    if (st != PDP_OK && ctx->st == PDP_OK) {
+        ctx->st = st;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    }
+    return st;
+}
+
+static pthread_mutex_t absent_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t absent_cv = PTHREAD_COND_INITIALIZER;
+static int absent_done;
+
+static void finished_one(void)
+{
+    pthread_mutex_lock(&absent_mu);
+    absent_done++;
+    pthread_cond_broadcast(&absent_cv);
+    pthread_mutex_unlock(&absent_mu);
+}
+
+static void *rank_main(void *arg)
+{
+    rank_ctx *ctx = (rank_ctx *)arg;
+    pdp_comm *world = NULL, *tp = NULL, *dp = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_ddp *d = NULL;
+    pdp_optim_desc od = adam();
+    int T = ctx->size / ctx->dp, r = ctx->rank, dpr = r / T, local = B / ctx->dp, s, p;
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {local, IN};
+    pdp_tensor xt;
+    long before = 0;
+    double scale;
+    if (fail(ctx, pdp_comm_create_local(&world, ctx->g, r))) return NULL;
+    /* TP groups of consecutive ranks; DP groups of the ranks with the same TP rank */
+    if (fail(ctx, pdp_comm_split(world, r / T, r, &tp)) ||
+        fail(ctx, pdp_comm_split(world, r % T, r, &dp)) || fail(ctx, build_tp(&m, tp)) ||
+        fail(ctx, pdp_optim_create(&o, m, &od)))
+        goto out;
+    compare(m, plain_layout, ref_init, &ctx->init_worst, &scale);
+    ctx->nlayers = m->nlayers;
+    for (p = 0; p < m->nparams && p < 8; p++) snprintf(ctx->names[p], 32, "%s", m->params[p].name);
+    if (ctx->dp > 1 && fail(ctx, pdp_ddp_create(&d, m, dp, NULL))) goto out;
+    if (ctx->scenario == 1 && r == ctx->size - 1) { /* never runs a forward; leaves last */
+        pthread_mutex_lock(&absent_mu);
+        while (absent_done < ctx->size - 1) pthread_cond_wait(&absent_cv, &absent_mu);
+        pthread_mutex_unlock(&absent_mu);
+        goto out;
+    }
+    if (ctx->scenario == 3) {
+        if (fail(ctx, pdp_tp_checkpoint_load(ctx->path, m, o))) goto out;
+        compare(m, plain_layout, ref_init, &ctx->init_worst, &scale); /* the loaded values */
+    }
+    pdp_tensor_wrap(x + dpr * local * IN, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < STEPS; s++) {
+        make_batch(ctx->scenario == 3 ? STEPS + s : s, x, y);
+        if (s == 1) before = atomic_load(&test_allocs);
+        if (d) {
+            if (fail(ctx, pdp_ddp_forward_backward(d, &xt, y + dpr * local, &loss)) ||
+                fail(ctx, pdp_ddp_step(d, o)))
+                goto out;
+        } else if (fail(ctx, pdp_model_forward_backward(m, &xt, y, &loss)) ||
+                   fail(ctx, pdp_optim_step(o))) {
+            goto out;
+        } else {
+            pdp_model_zero_grad(m);
+        }
+        if (s == 1) ctx->allocs_hot = atomic_load(&test_allocs) - before;
+        ctx->losses[s] = loss;
+        if (s == 0) pdp_tp_get_stats(m, &ctx->stats);
+        if (ctx->scenario == 2 && s == STEPS / 2 - 1) break;
+    }
+    if (ctx->scenario == 2 && fail(ctx, pdp_tp_checkpoint_save(ctx->path, m, o))) goto out;
+    if (ctx->scenario == 1) goto out;
+    compare(m, plain_layout, ref_params, &ctx->worst, &ctx->scale);
+    {
+        pdp_param bias;
+        if (!fail(ctx, pdp_model_find_param(m, "6.bias", &bias)))
+            memcpy(ctx->replicated, bias.value.data, (size_t)bias.value.count * sizeof(float));
+    }
+out:
+    if (ctx->scenario == 1 && r != ctx->size - 1) finished_one();
+    pdp_ddp_free(d);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(dp);
+    pdp_comm_free(tp);
+    pdp_comm_free(world);
+    return NULL;
+}
+
+static void run_ranks(rank_ctx *ctx, int n, int dp, int scenario, const char *path,
+                      double timeout_s)
+{
+    pthread_t th[MAXR];
+    pdp_comm_desc cd;
+    pdp_local_group *g = NULL;
+    int r;
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = timeout_s;
+    memset(ctx, 0, sizeof *ctx * (size_t)n);
+    if (pdp_local_group_create(&g, n, &cd) != PDP_OK) return;
+    for (r = 0; r < n; r++) {
+        ctx[r].g = g;
+        ctx[r].rank = r;
+        ctx[r].size = n;
+        ctx[r].dp = dp;
+        ctx[r].scenario = scenario;
+        ctx[r].path = path;
+        pthread_create(&th[r], NULL, rank_main, &ctx[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(th[r], NULL);
+    pdp_local_group_free(g);
+}
+
+/* Every rank: no error, init exact, parameters and losses as the single device's,
+   replicated bias the same bits as rank 0's. */
+static enum greatest_test_res check_equivalence(rank_ctx *ctx, int n, int steps)
+{
+    int r, s;
+    for (r = 0; r < n; r++) {
+        if (ctx[r].st != PDP_OK) FAILm(ctx[r].msg);
+        ASSERT_EQ(0.0, ctx[r].init_worst);
+        if (ctx[r].worst > 1e-5 * ctx[r].scale) {
+            fprintf(stderr, "rank %d of %d: worst %g, scale %g\n", r, n, ctx[r].worst,
+                    ctx[r].scale);
+            FAIL();
+        }
+        for (s = 0; s < steps; s++)
+            ASSERT_IN_RANGE(ref_losses[s], ctx[r].losses[s], 1e-5f * (1.0f + ref_losses[s]));
+        ASSERT_MEM_EQ(ctx[0].replicated, ctx[r].replicated, CLASSES * sizeof(float));
+    }
+    PASS();
+}
+
+/* ---- tests ---- */
+
+TEST tp_split_covers_the_width_unevenly(void)
+{
+    int64_t lo, n, next = 0;
+    int r;
+    for (r = 0; r < 4; r++) {
+        pdp_tp_split(10, r, 4, &lo, &n);
+        ASSERT_EQ(next, lo);
+        ASSERT_EQ(r < 2 ? 3 : 2, n);
+        next = lo + n;
+    }
+    ASSERT_EQ(10, next);
+    pdp_tp_split(7, 2, 3, &lo, &n);
+    ASSERT_EQ(5, lo);
+    ASSERT_EQ(2, n);
+    PASS();
+}
+
+TEST tp_equals_single_device_on_1_to_4_ranks(void)
+{
+    rank_ctx ctx[MAXR];
+    int n;
+    for (n = 1; n <= 4; n++) {
+        enum greatest_test_res res;
+        run_ranks(ctx, n, 1, 0, NULL, 0);
+        res = check_equivalence(ctx, n, STEPS);
+        if (res != GREATEST_TEST_RES_PASS) {
+            fprintf(stderr, "TP over %d ranks\n", n);
+            return res;
+        }
+    }
+    PASS();
+}
+
+TEST tp_names_are_the_single_device_state_dict_names(void)
+{
+    rank_ctx ctx[MAXR];
+    int p;
+    run_ranks(ctx, 2, 1, 0, NULL, 0);
+    if (ctx[0].st != PDP_OK) FAILm(ctx[0].msg);
+    ASSERT_EQ(11, ctx[0].nlayers);
+    for (p = 0; p < 8; p++) ASSERT_STR_EQ(plain_layout->params[p].name, ctx[0].names[p]);
+    ASSERT_STR_EQ("2.weight", ctx[1].names[2]);
+    PASS();
+}
+
+TEST tp_counts_one_allreduce_per_block_each_way(void)
+{
+    rank_ctx ctx[MAXR];
+    int n = 3;
+    int64_t fwd = (int64_t)B * (D1 + CLASSES) * 4, bwd = (int64_t)B * D1 * 4;
+    run_ranks(ctx, n, 1, 0, NULL, 0);
+    if (ctx[0].st != PDP_OK) FAILm(ctx[0].msg);
+    ASSERT_EQ(2, ctx[1].stats.forward_allreduces);  /* g of each block */
+    ASSERT_EQ(1, ctx[1].stats.backward_allreduces); /* f of the second only: the first is
+                                                       layer 0 and needs no input gradient */
+    ASSERT_EQ(fwd, ctx[1].stats.forward_bytes);
+    ASSERT_EQ(bwd, ctx[1].stats.backward_bytes);
+    ASSERT_EQ((int64_t)(2.0 * (n - 1) / n * (double)(fwd + bwd)), ctx[1].stats.bytes_sent);
+    PASS();
+}
+
+TEST tp_hot_loop_allocates_nothing(void)
+{
+    rank_ctx ctx[MAXR];
+    run_ranks(ctx, 2, 1, 0, NULL, 0);
+    if (ctx[0].st != PDP_OK) FAILm(ctx[0].msg);
+    ASSERT_EQ(0, ctx[0].allocs_hot);
+    PASS();
+}
+
+TEST tp_2d_ddp_across_groups_equals_single_device(void)
+{
+    rank_ctx ctx[MAXR];
+    enum greatest_test_res res;
+    run_ranks(ctx, 4, 2, 0, NULL, 0); /* 2 DP x 2 TP */
+    if ((res = check_equivalence(ctx, 4, 0)) != GREATEST_TEST_RES_PASS) return res;
+    run_ranks(ctx, 6, 2, 0, NULL, 0); /* 2 DP x 3 TP: uneven slices */
+    if ((res = check_equivalence(ctx, 6, 0)) != GREATEST_TEST_RES_PASS) return res;
+    PASS();
+}
+
+/* The bytes of a file (malloc'd; *len). */
+static unsigned char *slurp(const char *path, long *len)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = (unsigned char *)malloc((size_t)*len + 1);
+    if (buf && fread(buf, 1, (size_t)*len, f) != (size_t)*len) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
+TEST tp_checkpoint_is_the_single_device_file_and_loads_anywhere(void)
+{
+    rank_ctx ctx[MAXR];
+    char path[64], plain_path[64];
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = adam();
+    unsigned char *a, *b;
+    long la = 0, lb = 0;
+    int r;
+    snprintf(path, sizeof path, "/tmp/pdp_test_tp_%d.safetensors", (int)getpid());
+    snprintf(plain_path, sizeof plain_path, "/tmp/pdp_test_tp_%d_plain.safetensors",
+             (int)getpid());
+    /* 3 TP ranks train STEPS/2 steps and save */
+    run_ranks(ctx, 3, 1, 2, path, 0);
+    for (r = 0; r < 3; r++)
+        if (ctx[r].st != PDP_OK) FAILm(ctx[r].msg);
+    /* the single device loads it, re-saves the same bytes, and trains on */
+    ASSERT_EQ(PDP_OK, build_plain(&m));
+    ASSERT_EQ(PDP_OK, pdp_optim_create(&o, m, &od));
+    ASSERT_EQ_FMT(PDP_OK, pdp_checkpoint_load(path, m, o), "%d");
+    ASSERT_EQ(STEPS / 2, pdp_optim_steps(o));
+    memcpy(ref_init, m->param_block, sizeof(float) * (size_t)m->param_count); /* as loaded */
+    ASSERT_EQ(PDP_OK, pdp_checkpoint_save(plain_path, m, o));
+    a = slurp(path, &la);
+    b = slurp(plain_path, &lb);
+    ASSERT(a && b);
+    ASSERT_EQ(la, lb);
+    ASSERT(memcmp(a, b, (size_t)la) == 0);
+    free(a);
+    free(b);
+    /* 2 TP ranks load it and train STEPS more steps beside the single device */
+    ASSERT_EQ(PDP_OK, train_steps(m, o, STEPS, STEPS, ref_losses + STEPS));
+    memcpy(ref_params, m->param_block, sizeof(float) * (size_t)m->param_count);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    run_ranks(ctx, 2, 1, 3, path, 0);
+    for (r = 0; r < 2; r++) {
+        int s;
+        if (ctx[r].st != PDP_OK) FAILm(ctx[r].msg);
+        ASSERT_EQ(0.0, ctx[r].init_worst); /* loaded: the file's slices, exactly */
+        if (ctx[r].worst > 1e-5 * ctx[r].scale) {
+            fprintf(stderr, "rank %d: worst %g, scale %g\n", r, ctx[r].worst, ctx[r].scale);
+            FAIL();
+        }
+        for (s = 0; s < STEPS; s++)
+            ASSERT_IN_RANGE(ref_losses[STEPS + s], ctx[r].losses[s],
+                            1e-5f * (1.0f + ref_losses[STEPS + s]));
+    }
+    remove(path);
+    remove(plain_path);
+    ASSERT_EQ(PDP_OK, reference()); /* restore ref_init and ref_params for other tests */
+    PASS();
+}
+
+TEST tp_block_order_and_state_errors(void)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = IN;
+    ASSERT_EQ(PDP_OK, pdp_model_create(&m, &md));
+    ASSERT_EQ(PDP_ERR_STATE, pdp_model_add_tp_copy(m));
+    ASSERT(strstr(pdp_last_error(), "pdp_model_add_tp_copy") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "pdp_model_set_tp") != NULL);
+    ASSERT_EQ(PDP_ERR_STATE, pdp_tp_checkpoint_save("/tmp/x", m, NULL));
+    ASSERT(strstr(pdp_last_error(), "pdp_tp_checkpoint_save: the model has no TP") != NULL);
+    ASSERT_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL));
+    ASSERT_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0));
+    ASSERT_EQ(PDP_OK, pdp_model_set_tp(m, c));
+    ASSERT(pdp_model_tp(m) == c);
+    ASSERT_EQ(PDP_ERR_STATE, pdp_model_add_column_parallel_linear(m, 4));
+    ASSERT(strstr(pdp_last_error(), "must follow f") != NULL);
+    ASSERT_EQ(PDP_ERR_STATE, pdp_model_add_row_parallel_linear(m, 4));
+    ASSERT(strstr(pdp_last_error(), "ColumnParallelLinear") != NULL);
+    ASSERT_EQ(PDP_OK, pdp_model_add_tp_copy(m));
+    ASSERT_EQ(PDP_ERR_STATE, pdp_model_add_tp_reduce(m));
+    ASSERT(strstr(pdp_last_error(), "must follow a RowParallelLinear") != NULL);
+    ASSERT_EQ(PDP_OK, pdp_model_add_column_parallel_linear(m, 4));
+    ASSERT_EQ(PDP_OK, pdp_model_add_layernorm(m, 0));
+    ASSERT_EQ(PDP_ERR_STATE, pdp_model_add_row_parallel_linear(m, 4)); /* not element-wise */
+    ASSERT_EQ(PDP_ERR_STATE, pdp_model_set_tp(m, c));
+    ASSERT(strstr(pdp_last_error(), "already has 2 TP layers") != NULL);
+    ASSERT_STR_EQ("CopyToModelParallelRegion", pdp_model_layer_name(m, 0));
+    ASSERT_STR_EQ("ColumnParallelLinear", pdp_model_layer_name(m, 1));
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
+typedef struct narrow_ctx {
+    pdp_local_group *g;
+    int rank;
+    pdp_status st;
+    char msg[1024];
+} narrow_ctx;
+
+/* A width below the TP size leaves a rank without features. */
+static void *narrow_main(void *arg)
+{
+    narrow_ctx *ctx = (narrow_ctx *)arg;
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_comm *c = NULL;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = IN;
+    if ((ctx->st = pdp_comm_create_local(&c, ctx->g, ctx->rank)) == PDP_OK &&
+        (ctx->st = pdp_model_create(&m, &md)) == PDP_OK &&
+        (ctx->st = pdp_model_set_tp(m, c)) == PDP_OK &&
+        (ctx->st = pdp_model_add_tp_copy(m)) == PDP_OK)
+        ctx->st = pdp_model_add_column_parallel_linear(m, 2);
+    snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+TEST tp_width_below_the_tp_size_fails(void)
+{
+    narrow_ctx ctx[3];
+    pthread_t th[3];
+    pdp_local_group *g = NULL;
+    int r;
+    ASSERT_EQ(PDP_OK, pdp_local_group_create(&g, 3, NULL));
+    for (r = 0; r < 3; r++) {
+        ctx[r].g = g;
+        ctx[r].rank = r;
+        pthread_create(&th[r], NULL, narrow_main, &ctx[r]);
+    }
+    for (r = 0; r < 3; r++) pthread_join(th[r], NULL);
+    pdp_local_group_free(g);
+    for (r = 0; r < 3; r++) {
+        ASSERT_EQ(PDP_ERR_INVALID, ctx[r].st);
+        ASSERT(strstr(ctx[r].msg, "pdp_model_add_column_parallel_linear: layer 1 "
+                                  "(ColumnParallelLinear)") == ctx[r].msg);
+        ASSERT(strstr(ctx[r].msg, "out_features 2 < TP size 3") != NULL);
+    }
+    PASS();
+}
+
+TEST tp_absent_rank_times_out_in_g(void)
+{
+    rank_ctx ctx[MAXR];
+    int r;
+    run_ranks(ctx, 3, 1, 1, NULL, 0.5);
+    for (r = 0; r < 2; r++) {
+        ASSERT_EQ_FMT(PDP_ERR_TIMEOUT, ctx[r].st, "%d");
+        ASSERT(strstr(ctx[r].msg, "pdp_model_forward") != NULL);
+        ASSERT(strstr(ctx[r].msg, "ReduceFromModelParallelRegion") != NULL);
+        ASSERT(strstr(ctx[r].msg, "g forward") != NULL);
+    }
+    PASS();
+}
+
+SUITE(tp)
+{
+    RUN_TEST(tp_split_covers_the_width_unevenly);
+    RUN_TEST(tp_equals_single_device_on_1_to_4_ranks);
+    RUN_TEST(tp_names_are_the_single_device_state_dict_names);
+    RUN_TEST(tp_counts_one_allreduce_per_block_each_way);
+    RUN_TEST(tp_hot_loop_allocates_nothing);
+    RUN_TEST(tp_2d_ddp_across_groups_equals_single_device);
+    RUN_TEST(tp_checkpoint_is_the_single_device_file_and_loads_anywhere);
+    RUN_TEST(tp_block_order_and_state_errors);
+    RUN_TEST(tp_width_below_the_tp_size_fails);
+    RUN_TEST(tp_absent_rank_times_out_in_g);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    if (reference() != PDP_OK || build_plain(&plain_layout) != PDP_OK) {
+        fprintf(stderr, "test_tp: the reference run failed: %s\n", pdp_last_error());
+        return 1;
+    }
+    RUN_SUITE(tp);
+    pdp_model_free(plain_layout);
+    GREATEST_MAIN_END();
+}
