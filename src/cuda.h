@@ -191,5 +191,30 @@ pdp_status pdp_cudak_nccl_wait(pdp_cudak_nccl *h, int slot, double timeout_s);
 /* Host bytes from root to every rank (staged through the device). */
 pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *host, size_t bytes, int root,
                                           double timeout_s);
+/* Point-to-point: n sends and receives enqueued in ONE ncclGroupStart/ncclGroupEnd
+   (so a ring where every rank sends first cannot deadlock), after an event recorded
+   on the compute stream; each op's completion is recorded into its own event slot,
+   in order (ops[i].slot out). NCCL has no tags: each message is preceded, in the
+   same group, by a 3-int64 header {magic, tag, count} from the sender into the
+   receiver's header slot, which pdp_cudak_nccl_p2p_header reads back. ncclGroupEnd
+   (where a first message between two ranks connects them) is bounded by timeout_s. */
+typedef struct pdp_cudak_p2p {
+    int is_send;   /* 1 ncclSend, 0 ncclRecv */
+    int peer;
+    int tag;
+    int64_t count; /* floats; 0 sends the header only */
+    float *buf;
+    int slot;      /* out */
+} pdp_cudak_p2p;
+pdp_status pdp_cudak_nccl_p2p(pdp_cudak_nccl *h, pdp_cudak_p2p *ops, int n, double timeout_s);
+/* The header a receive in slot got: *arrived 0 when none came (then tag and count
+   are untouched); call after the slot completed or failed (a copy on the compute
+   stream, which an aborted communicator does not block). */
+pdp_status pdp_cudak_nccl_p2p_header(pdp_cudak_nccl *h, int slot, int *arrived, int64_t *tag,
+                                     int64_t *count);
+/* ncclCommSplit (NCCL >= 2.18): collective over h's ranks; colour < 0 joins nothing
+   (*out = NULL). The new handle is on h's device with its own stream and events. */
+pdp_status pdp_cudak_nccl_split(pdp_cudak_nccl *h, int colour, int key, pdp_cudak_nccl **out,
+                                double timeout_s);
 
 #endif /* PDP_CUDA || __CUDACC__ */
