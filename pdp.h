@@ -1260,7 +1260,7 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
 
 /* ---- cuda: NCCL thread ranks ----
    One process drives N GPUs with one thread per GPU: create the group once
-   (ncclCommInitAll over devices[0..ndev-1]), then rank r's thread calls
+   (one NCCL communicator per device of devices[0..ndev-1]), then rank r's thread calls
    pdp_comm_create_nccl(&c, g, r) and uses c like any communicator (DDP with
    thread ranks). The group outlives its communicators. Processes with one GPU
    each use pdp_comm_init_env with desc.backend = PDP_BACKEND_NCCL instead:
@@ -1270,7 +1270,16 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
    stream of their own after waiting on an event recorded on the compute
    stream, so they overlap whatever the compute stream does next; pdp_work_wait
    polls with the communicator's timeout and, on timeout or an NCCL error,
-   aborts the NCCL communicator (ncclCommAbort) and fails instead of hanging. */
+   aborts the NCCL communicator (ncclCommAbort) and fails instead of hanging.
+   Thread ranks are initialised non-blocking (ncclCommInitRankConfig in one
+   group), like process ranks, so every NCCL call obeys the timeout.
+   pdp_comm_send/recv work over NCCL (ncclSend/ncclRecv, batched into one
+   ncclGroupStart/End at the next wait, pdp_work_done, collective or split, so a
+   ring where every rank sends first does not deadlock); NCCL has no tags, so a
+   pair's messages match in issue order and a header makes the receiver check the
+   tag and count (PDP_ERR_INVALID naming both). Messages share the collectives'
+   stream, and a message's timeout aborts the communicator (comm_nccl.c has the
+   details). pdp_comm_split is ncclCommSplit (NCCL 2.18 or later). */
 typedef struct pdp_nccl_group pdp_nccl_group;
 PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
                                          const pdp_comm_desc *desc);
@@ -12260,7 +12269,25 @@ static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *de
    Thread ranks come from one pdp_nccl_group (ncclCommInitAll); process ranks
    (pdp_comm_init_env) rendezvous through the TCP store (rendezvous.c, store.c):
    rank 0 makes the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
-   every entry point fails with PDP_ERR_UNSUPPORTED naming the macro. */
+   every entry point fails with PDP_ERR_UNSUPPORTED naming the macro.
+
+   Point-to-point (section below) and split follow comm.h, with what NCCL imposes:
+   - NCCL has no tags. A pair's messages match in the order they were issued; each
+     carries a header (tag, count) and the receiver's wait fails with PDP_ERR_INVALID
+     naming both when the tags or counts differ;
+   - sends and receives are enqueued in batches (one ncclGroupStart/End) when one of
+     them is waited or queried with pdp_work_done, or before a collective or split on
+     the communicator: call pdp_work_done on a handle to start a batch early (overlap);
+   - messages and collectives share the NCCL stream: every rank must issue them in
+     an order that cannot deadlock (a send before a collective on one rank needs its
+     receive before that collective on the other), as with NCCL itself;
+   - a message not matched within timeout_s fails with PDP_ERR_TIMEOUT naming the
+     peer and the tag, but NCCL cannot withdraw it: the communicator is aborted and
+     every later call on it fails (PDP_ERR_COMM), as after a collective's timeout.
+     A count mismatch usually hangs NCCL: the receiver then fails with
+     PDP_ERR_INVALID naming both counts (from the header), the sender times out;
+   - pdp_comm_split is ncclCommSplit (NCCL 2.18 or later), for thread ranks and
+     process ranks alike. */
 
 /* #include "internal.h" (already above) */
 
@@ -12428,9 +12455,14 @@ static pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
     pdp_status st;
     if (wk->pending) pdp__nccl_flush(c); /* a failure lands in wk->err */
     pdp__nccl_describe(wk, what, sizeof what);
-    if (wk->err != PDP_OK) {
+    if (wk->err != PDP_OK) { /* never enqueued: ncclGroupEnd failed or timed out (connecting) */
         wk->head.t_done = pdp__now();
         wk->busy = false;
+        if (wk->err == PDP_ERR_TIMEOUT)
+            return pdp__err(wk->err, "%s: no matching %s from rank %d within %g s (peer %d, tag "
+                            "%d); NCCL cannot withdraw a message: the communicator was aborted "
+                            "(%s)", what, wk->is_send ? "recv" : "send", wk->peer, c->timeout_s,
+                            wk->peer, wk->tag, wk->msg);
         return pdp__err(wk->err, "%s: %s", what, wk->msg);
     }
     st = pdp_cudak_nccl_wait(nc->h, wk->slot, c->timeout_s);

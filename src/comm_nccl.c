@@ -10,7 +10,25 @@
    Thread ranks come from one pdp_nccl_group (ncclCommInitAll); process ranks
    (pdp_comm_init_env) rendezvous through the TCP store (rendezvous.c, store.c):
    rank 0 makes the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
-   every entry point fails with PDP_ERR_UNSUPPORTED naming the macro. */
+   every entry point fails with PDP_ERR_UNSUPPORTED naming the macro.
+
+   Point-to-point (section below) and split follow comm.h, with what NCCL imposes:
+   - NCCL has no tags. A pair's messages match in the order they were issued; each
+     carries a header (tag, count) and the receiver's wait fails with PDP_ERR_INVALID
+     naming both when the tags or counts differ;
+   - sends and receives are enqueued in batches (one ncclGroupStart/End) when one of
+     them is waited or queried with pdp_work_done, or before a collective or split on
+     the communicator: call pdp_work_done on a handle to start a batch early (overlap);
+   - messages and collectives share the NCCL stream: every rank must issue them in
+     an order that cannot deadlock (a send before a collective on one rank needs its
+     receive before that collective on the other), as with NCCL itself;
+   - a message not matched within timeout_s fails with PDP_ERR_TIMEOUT naming the
+     peer and the tag, but NCCL cannot withdraw it: the communicator is aborted and
+     every later call on it fails (PDP_ERR_COMM), as after a collective's timeout.
+     A count mismatch usually hangs NCCL: the receiver then fails with
+     PDP_ERR_INVALID naming both counts (from the header), the sender times out;
+   - pdp_comm_split is ncclCommSplit (NCCL 2.18 or later), for thread ranks and
+     process ranks alike. */
 
 #include "internal.h"
 
@@ -178,9 +196,14 @@ static pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
     pdp_status st;
     if (wk->pending) pdp__nccl_flush(c); /* a failure lands in wk->err */
     pdp__nccl_describe(wk, what, sizeof what);
-    if (wk->err != PDP_OK) {
+    if (wk->err != PDP_OK) { /* never enqueued: ncclGroupEnd failed or timed out (connecting) */
         wk->head.t_done = pdp__now();
         wk->busy = false;
+        if (wk->err == PDP_ERR_TIMEOUT)
+            return pdp__err(wk->err, "%s: no matching %s from rank %d within %g s (peer %d, tag "
+                            "%d); NCCL cannot withdraw a message: the communicator was aborted "
+                            "(%s)", what, wk->is_send ? "recv" : "send", wk->peer, c->timeout_s,
+                            wk->peer, wk->tag, wk->msg);
         return pdp__err(wk->err, "%s: %s", what, wk->msg);
     }
     st = pdp_cudak_nccl_wait(nc->h, wk->slot, c->timeout_s);

@@ -47,7 +47,7 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
 
 /* ---- cuda: NCCL thread ranks ----
    One process drives N GPUs with one thread per GPU: create the group once
-   (ncclCommInitAll over devices[0..ndev-1]), then rank r's thread calls
+   (one NCCL communicator per device of devices[0..ndev-1]), then rank r's thread calls
    pdp_comm_create_nccl(&c, g, r) and uses c like any communicator (DDP with
    thread ranks). The group outlives its communicators. Processes with one GPU
    each use pdp_comm_init_env with desc.backend = PDP_BACKEND_NCCL instead:
@@ -57,7 +57,16 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
    stream of their own after waiting on an event recorded on the compute
    stream, so they overlap whatever the compute stream does next; pdp_work_wait
    polls with the communicator's timeout and, on timeout or an NCCL error,
-   aborts the NCCL communicator (ncclCommAbort) and fails instead of hanging. */
+   aborts the NCCL communicator (ncclCommAbort) and fails instead of hanging.
+   Thread ranks are initialised non-blocking (ncclCommInitRankConfig in one
+   group), like process ranks, so every NCCL call obeys the timeout.
+   pdp_comm_send/recv work over NCCL (ncclSend/ncclRecv, batched into one
+   ncclGroupStart/End at the next wait, pdp_work_done, collective or split, so a
+   ring where every rank sends first does not deadlock); NCCL has no tags, so a
+   pair's messages match in issue order and a header makes the receiver check the
+   tag and count (PDP_ERR_INVALID naming both). Messages share the collectives'
+   stream, and a message's timeout aborts the communicator (comm_nccl.c has the
+   details). pdp_comm_split is ncclCommSplit (NCCL 2.18 or later). */
 typedef struct pdp_nccl_group pdp_nccl_group;
 PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
                                          const pdp_comm_desc *desc);

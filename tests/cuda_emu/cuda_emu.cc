@@ -43,7 +43,12 @@
      work waits. The n-th collective of every rank must agree on kind, count,
      datatype, op and root, else the clique fails with ncclInvalidUsage.
      Non-blocking communicators answer ncclInProgress to init, each collective
-     and finalize, and ncclCommGetAsyncError settles them.
+     and finalize, and ncclCommGetAsyncError settles them. ncclSend/ncclRecv
+     queue in the thread's ncclGroupStart/End group and match per (sender,
+     receiver) pair in issue order; a group completes when all its messages
+     have; a count or datatype mismatch is reported and never completes (NCCL
+     hangs or corrupts). ncclCommSplit (config NULL) blocks until every rank of
+     the clique calls it and ranks the new cliques by (key, old rank).
 
    What it cannot check: real concurrency between streams (work runs at
    enqueue, except collectives), timing, warp-synchronous code without

@@ -28,6 +28,9 @@
      init_rank with one id) form a clique; the n-th collective of every rank
      must agree on kind, count and op (NCCL would hang or corrupt otherwise);
      it completes when the last rank launches it, summing in rank order.
+     Sends and receives match per (sender, receiver) pair in launch order, with
+     the sender's tag and count as the receiver's header; a count mismatch never
+     completes (NCCL hangs). Splits rank the new cliques by (key, old rank).
 
    - Layer calls. Each layer function rebuilds its layer from its arguments and
      sets it up through pdp's table of kinds: arguments that make no such layer
