@@ -227,6 +227,8 @@ fake-cuda-test: $(FAKE_CUDA_TESTS)
 	        PDP_FAKE_CUDA_DEVICES=$$n PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$$t || exit 1; \
 	    done; \
 	done
+	@echo "== PDP_FAKE_CUDA_DEVICES=4 $(FB)/test_cuda -t cuda_nccl (split 2 x 2 needs 4 GPUs)"
+	@PDP_FAKE_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(FB)/test_cuda -t cuda_nccl
 
 # ---- emu-cuda-test: the REAL pdp_cuda.cu on the CPU (tests/cuda_emu/) ----
 # make emu-cuda-test    rewrites pdp_cuda.cu's kernel launches (tests/cuda_emu/rewrite.py),
@@ -235,7 +237,8 @@ fake-cuda-test: $(FAKE_CUDA_TESTS)
 #                       with tests/cuda_emu/cuda_emu.cc (a CPU emulation: kernels as coroutine
 #                       blocks, naive cuBLAS with cuBLAS's argument checks, in-process NCCL)
 #                       and CUDA_TESTS built by $(CC) with -DPDP_CUDA, into $(B)/emu_cuda/,
-#                       then runs each with PDP_EMU_CUDA_DEVICES = 1, 2, 3. Needs g++, not nvcc.
+#                       then runs each with PDP_EMU_CUDA_DEVICES = 1, 2, 3 (and test_cuda's
+#                       NCCL tests with 4, for the 2 x 2 split). Needs g++, not nvcc.
 #                       Checks pdp_cuda.cu's kernels, launch configurations, GEMM argument
 #                       conventions, allocator and NCCL calls; NOT GPU timing, stream
 #                       concurrency or TF32 numerics (tests/gpu/run.sh).
@@ -297,6 +300,8 @@ emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_d
 	        PDP_EMU_CUDA_DEVICES=$$n PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$$t || exit 1; \
 	    done; \
 	done
+	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t cuda_nccl (split 2 x 2 needs 4 GPUs)"
+	@PDP_EMU_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(EB)/test_cuda -t cuda_nccl
 	@echo "== PDP_EMU_CUDA_DEVICES=1 $(EB)/bench_gpu --smoke"
 	@PDP_EMU_CUDA_DEVICES=1 timeout 600 ./$(EB)/bench_gpu --smoke
 	@echo "== $(EB)/train_mnist -device cuda, against -device cpu"

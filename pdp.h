@@ -1393,7 +1393,7 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
 
 /* ---- cuda: NCCL thread ranks ----
    One process drives N GPUs with one thread per GPU: create the group once
-   (ncclCommInitAll over devices[0..ndev-1]), then rank r's thread calls
+   (one NCCL communicator per device of devices[0..ndev-1]), then rank r's thread calls
    pdp_comm_create_nccl(&c, g, r) and uses c like any communicator (DDP with
    thread ranks). The group outlives its communicators. Processes with one GPU
    each use pdp_comm_init_env with desc.backend = PDP_BACKEND_NCCL instead:
@@ -1403,7 +1403,16 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
    stream of their own after waiting on an event recorded on the compute
    stream, so they overlap whatever the compute stream does next; pdp_work_wait
    polls with the communicator's timeout and, on timeout or an NCCL error,
-   aborts the NCCL communicator (ncclCommAbort) and fails instead of hanging. */
+   aborts the NCCL communicator (ncclCommAbort) and fails instead of hanging.
+   Thread ranks are initialised non-blocking (ncclCommInitRankConfig in one
+   group), like process ranks, so every NCCL call obeys the timeout.
+   pdp_comm_send/recv work over NCCL (ncclSend/ncclRecv, batched into one
+   ncclGroupStart/End at the next wait, pdp_work_done, collective or split, so a
+   ring where every rank sends first does not deadlock); NCCL has no tags, so a
+   pair's messages match in issue order and a header makes the receiver check the
+   tag and count (PDP_ERR_INVALID naming both). Messages share the collectives'
+   stream, and a message's timeout aborts the communicator (comm_nccl.c has the
+   details). pdp_comm_split is ncclCommSplit (NCCL 2.18 or later). */
 typedef struct pdp_nccl_group pdp_nccl_group;
 PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
                                          const pdp_comm_desc *desc);
@@ -1537,6 +1546,31 @@ pdp_status pdp_cudak_nccl_wait(pdp_cudak_nccl *h, int slot, double timeout_s);
 /* Host bytes from root to every rank (staged through the device). */
 pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *host, size_t bytes, int root,
                                           double timeout_s);
+/* Point-to-point: n sends and receives enqueued in ONE ncclGroupStart/ncclGroupEnd
+   (so a ring where every rank sends first cannot deadlock), after an event recorded
+   on the compute stream; each op's completion is recorded into its own event slot,
+   in order (ops[i].slot out). NCCL has no tags: each message is preceded, in the
+   same group, by a 3-int64 header {magic, tag, count} from the sender into the
+   receiver's header slot, which pdp_cudak_nccl_p2p_header reads back. ncclGroupEnd
+   (where a first message between two ranks connects them) is bounded by timeout_s. */
+typedef struct pdp_cudak_p2p {
+    int is_send;   /* 1 ncclSend, 0 ncclRecv */
+    int peer;
+    int tag;
+    int64_t count; /* floats; 0 sends the header only */
+    float *buf;
+    int slot;      /* out */
+} pdp_cudak_p2p;
+pdp_status pdp_cudak_nccl_p2p(pdp_cudak_nccl *h, pdp_cudak_p2p *ops, int n, double timeout_s);
+/* The header a receive in slot got: *arrived 0 when none came (then tag and count
+   are untouched); call after the slot completed or failed (a copy on the compute
+   stream, which an aborted communicator does not block). */
+pdp_status pdp_cudak_nccl_p2p_header(pdp_cudak_nccl *h, int slot, int *arrived, int64_t *tag,
+                                     int64_t *count);
+/* ncclCommSplit (NCCL >= 2.18): collective over h's ranks; colour < 0 joins nothing
+   (*out = NULL). The new handle is on h's device with its own stream and events. */
+pdp_status pdp_cudak_nccl_split(pdp_cudak_nccl *h, int colour, int key, pdp_cudak_nccl **out,
+                                double timeout_s);
 
 #endif /* PDP_CUDA || __CUDACC__ */
 /* ---- end src/cuda.h ---- */
@@ -7680,7 +7714,25 @@ static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *de
    Thread ranks come from one pdp_nccl_group (ncclCommInitAll); process ranks
    (pdp_comm_init_env) rendezvous through the TCP store (rendezvous.c, store.c):
    rank 0 makes the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
-   every entry point fails with PDP_ERR_UNSUPPORTED naming the macro. */
+   every entry point fails with PDP_ERR_UNSUPPORTED naming the macro.
+
+   Point-to-point (section below) and split follow comm.h, with what NCCL imposes:
+   - NCCL has no tags. A pair's messages match in the order they were issued; each
+     carries a header (tag, count) and the receiver's wait fails with PDP_ERR_INVALID
+     naming both when the tags or counts differ;
+   - sends and receives are enqueued in batches (one ncclGroupStart/End) when one of
+     them is waited or queried with pdp_work_done, or before a collective or split on
+     the communicator: call pdp_work_done on a handle to start a batch early (overlap);
+   - messages and collectives share the NCCL stream: every rank must issue them in
+     an order that cannot deadlock (a send before a collective on one rank needs its
+     receive before that collective on the other), as with NCCL itself;
+   - a message not matched within timeout_s fails with PDP_ERR_TIMEOUT naming the
+     peer and the tag, but NCCL cannot withdraw it: the communicator is aborted and
+     every later call on it fails (PDP_ERR_COMM), as after a collective's timeout.
+     A count mismatch usually hangs NCCL: the receiver then fails with
+     PDP_ERR_INVALID naming both counts (from the header), the sender times out;
+   - pdp_comm_split is ncclCommSplit (NCCL 2.18 or later), for thread ranks and
+     process ranks alike. */
 
 /* #include "internal.h" (already above) */
 
@@ -7715,6 +7767,13 @@ typedef struct pdp__nccl_work {
     pdp_work head;
     int slot;
     bool busy;
+    bool pending;           /* a message taken but not yet enqueued (see flush) */
+    bool is_p2p, is_send;
+    int peer, tag;
+    int64_t count;
+    float *buf;
+    pdp_status err;         /* the flush that should have enqueued it failed: msg says why */
+    char msg[256];
 } pdp__nccl_work;
 
 typedef struct pdp__nccl_comm {
@@ -7722,11 +7781,160 @@ typedef struct pdp__nccl_comm {
     pdp_cudak_nccl *h;
     float *barrier_buf;     /* one float on the device */
     int next;               /* the pool entry of the next collective */
+    int npending;           /* messages in pool[next - npending .. next - 1], not enqueued */
     int64_t seq;
     bool traced;
+    bool traced_process;    /* a process rank: its trace file is per rank */
     int trace_tid;          /* 0: not traced */
     pdp__nccl_work pool[PDP_CUDAK_NCCL_SLOTS];
 } pdp__nccl_comm;
+
+/* ---- comm_nccl: point-to-point ----
+   NCCL has no tags and matches a pair's messages in the order they were issued; a
+   send waits (on the GPU) for its receive, so a ring where every rank sends first
+   deadlocks unless each rank's send and receive are in one ncclGroupStart/End.
+   So pdp_comm_send/recv only take a handle (pending); the pending messages are
+   enqueued together, as one group, by the first of: a wait or done query on any of
+   them, a collective or a split on this communicator. Each message carries a
+   header (tag, count) that the receiver checks at its wait: a different tag or
+   count is PDP_ERR_INVALID naming both (a count mismatch usually hangs NCCL
+   first: then the receiver still names both counts once its wait times out). */
+
+static void pdp__nccl_describe(const pdp__nccl_work *wk, char *out, size_t cap)
+{
+    const pdp_comm *c = wk->head.comm;
+    snprintf(out, cap, "%s #%lld (count %lld) %s rank %d with tag %d on comm '%s', rank %d of %d",
+             wk->head.op_name, (long long)wk->head.seq, (long long)wk->count,
+             wk->is_send ? "to" : "from", wk->peer, wk->tag, c->name, c->rank, c->size);
+}
+
+/* Enqueues the pending messages as one group. On failure each of them keeps the
+   error for its wait, and the error is also returned (with its message). */
+static pdp_status pdp__nccl_flush(pdp_comm *c)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_cudak_p2p ops[PDP_CUDAK_NCCL_SLOTS];
+    int n = nc->npending, first, i;
+    pdp_status st;
+    double t;
+    if (n == 0) return PDP_OK;
+    first = (nc->next - n + PDP_CUDAK_NCCL_SLOTS) % PDP_CUDAK_NCCL_SLOTS;
+    for (i = 0; i < n; i++) {
+        const pdp__nccl_work *wk = &nc->pool[(first + i) % PDP_CUDAK_NCCL_SLOTS];
+        ops[i].is_send = wk->is_send;
+        ops[i].peer = wk->peer;
+        ops[i].tag = wk->tag;
+        ops[i].count = wk->count;
+        ops[i].buf = wk->buf;
+        ops[i].slot = -1;
+    }
+    nc->npending = 0;
+    st = pdp_cudak_nccl_p2p(nc->h, ops, n, c->timeout_s);
+    t = pdp__now();
+    for (i = 0; i < n; i++) {
+        pdp__nccl_work *wk = &nc->pool[(first + i) % PDP_CUDAK_NCCL_SLOTS];
+        wk->pending = false;
+        wk->head.t_start = t;
+        if (st != PDP_OK) {
+            wk->err = st;
+            snprintf(wk->msg, sizeof wk->msg, "pdp_cuda: %s", pdp_cudak_error());
+            continue;
+        }
+        PDP_ASSERT(ops[i].slot == (first + i) % PDP_CUDAK_NCCL_SLOTS);
+        wk->slot = ops[i].slot;
+    }
+    if (st != PDP_OK)
+        return pdp__err(st, "%d message(s) from rank %d on comm '%s': pdp_cuda: %s", n, c->rank,
+                        c->name, pdp_cudak_error());
+    return PDP_OK;
+}
+
+static pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count, int peer,
+                                int tag, pdp_work **w)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp__nccl_work *wk = &nc->pool[nc->next];
+    if (wk->busy)
+        return pdp__err(PDP_ERR_STATE, "%s to/from rank %d on comm '%s' (rank %d): %d "
+                        "collectives and messages in flight: wait on some before issuing more",
+                        is_send ? "send" : "recv", peer, c->name, c->rank, PDP_CUDAK_NCCL_SLOTS);
+    nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS;
+    nc->npending++;
+    wk->busy = wk->pending = wk->is_p2p = true;
+    wk->is_send = is_send;
+    wk->peer = peer;
+    wk->tag = tag;
+    wk->count = count;
+    wk->buf = buf;
+    wk->err = PDP_OK;
+    wk->msg[0] = '\0';
+    wk->slot = -1;
+    wk->head.comm = c;
+    wk->head.op_name = pdp__op_names[is_send ? PDP__COLL_SEND : PDP__COLL_RECV];
+    wk->head.seq = nc->seq++;
+    wk->head.t_start = pdp__now();
+    wk->head.t_done = 0.0;
+    *w = &wk->head;
+    return PDP_OK;
+}
+
+static pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **w)
+{
+    return pdp__nccl_p2p(c, true, (float *)buf, count, peer, tag, w);
+}
+
+static pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                 pdp_work **w)
+{
+    return pdp__nccl_p2p(c, false, buf, count, peer, tag, w);
+}
+
+/* A message's wait: its group's completion, then (a receive) the sender's header. */
+static pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
+{
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    char what[200];
+    int arrived = 0;
+    int64_t tag = 0, count = 0;
+    pdp_status st;
+    if (wk->pending) pdp__nccl_flush(c); /* a failure lands in wk->err */
+    pdp__nccl_describe(wk, what, sizeof what);
+    if (wk->err != PDP_OK) { /* never enqueued: ncclGroupEnd failed or timed out (connecting) */
+        wk->head.t_done = pdp__now();
+        wk->busy = false;
+        if (wk->err == PDP_ERR_TIMEOUT)
+            return pdp__err(wk->err, "%s: no matching %s from rank %d within %g s (peer %d, tag "
+                            "%d); NCCL cannot withdraw a message: the communicator was aborted "
+                            "(%s)", what, wk->is_send ? "recv" : "send", wk->peer, c->timeout_s,
+                            wk->peer, wk->tag, wk->msg);
+        return pdp__err(wk->err, "%s: %s", what, wk->msg);
+    }
+    st = pdp_cudak_nccl_wait(nc->h, wk->slot, c->timeout_s);
+    wk->head.t_done = pdp__now();
+    wk->busy = false;
+    if (!wk->is_send && pdp_cudak_nccl_p2p_header(nc->h, wk->slot, &arrived, &tag, &count) !=
+                            PDP_OK)
+        arrived = 0;
+    if (arrived && count != wk->count)
+        return pdp__err(PDP_ERR_INVALID, "%s: count mismatch: rank %d sends %lld floats (tag "
+                        "%lld), rank %d receives %lld%s", what, wk->peer, (long long)count,
+                        (long long)tag, c->rank, (long long)wk->count,
+                        st == PDP_OK ? "" : " (NCCL hung on it: the communicator was aborted)");
+    if (st != PDP_OK) {
+        if (st == PDP_ERR_TIMEOUT)
+            return pdp__err(st, "%s: no matching %s from rank %d within %g s (peer %d, tag %d); "
+                            "NCCL cannot withdraw a message: the communicator was aborted "
+                            "(pdp_cuda: %s)", what, wk->is_send ? "recv" : "send", wk->peer,
+                            c->timeout_s, wk->peer, wk->tag, pdp_cudak_error());
+        return pdp__err(st, "%s: pdp_cuda: %s", what, pdp_cudak_error());
+    }
+    if (arrived && tag != wk->tag)
+        return pdp__err(PDP_ERR_INVALID, "%s: tag mismatch: rank %d sent tag %lld; NCCL has no "
+                        "tags: messages between two ranks match in issue order, and their tags "
+                        "must agree", what, wk->peer, (long long)tag);
+    return PDP_OK;
+}
 
 /* kind names the collective through internal.h's pdp__op_names, whose first four
    entries follow pdp_cudak_coll's order. */
@@ -7737,6 +7945,11 @@ static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float 
     pdp__nccl_work *wk;
     int slot;
     pdp_status st;
+    /* messages issued before it go on the stream first (one stream orders everything) */
+    if ((st = pdp__nccl_flush(c)) != PDP_OK)
+        return pdp__err_wrap(st, "%s #%lld (count %lld) on comm '%s', rank %d of %d: enqueuing "
+                             "the messages issued before it", pdp__op_names[kind],
+                             (long long)nc->seq, (long long)count, c->name, c->rank, c->size);
     /* the pool entry k shares event slot k: a handle is free again once waited */
     wk = &nc->pool[nc->next];
     if (wk->busy)
@@ -7749,6 +7962,7 @@ static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float 
     PDP_ASSERT(slot == nc->next);
     nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS;
     wk->busy = true;
+    wk->is_p2p = false;
     wk->slot = slot;
     wk->head.comm = c;
     wk->head.op_name = pdp__op_names[kind];
@@ -7793,7 +8007,12 @@ static pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
 static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    pdp_status st = pdp_cudak_nccl_broadcast_bytes(nc->h, buf, bytes, root, c->timeout_s);
+    pdp_status st;
+    if ((st = pdp__nccl_flush(c)) != PDP_OK)
+        return pdp__err_wrap(st, "broadcast of %zu bytes from rank %d on comm '%s', rank %d of "
+                             "%d: enqueuing the messages issued before it", bytes, root, c->name,
+                             c->rank, c->size);
+    st = pdp_cudak_nccl_broadcast_bytes(nc->h, buf, bytes, root, c->timeout_s);
     if (bytes) nc->next = (nc->next + 1) % PDP_CUDAK_NCCL_SLOTS; /* it used one event slot */
     if (st != PDP_OK)
         return pdp__err(st, "broadcast of %zu bytes from rank %d on comm '%s', rank %d of %d: "
@@ -7806,9 +8025,14 @@ static pdp_status pdp__nccl_wait(pdp_work *w)
     pdp__nccl_work *wk = (pdp__nccl_work *)w;
     pdp_comm *c = w->comm;
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    pdp_status st = pdp_cudak_nccl_wait(nc->h, wk->slot, c->timeout_s);
-    w->t_done = pdp__now();
-    wk->busy = false;
+    pdp_status st;
+    if (wk->is_p2p) st = pdp__nccl_p2p_wait(c, wk);
+    else {
+        st = pdp_cudak_nccl_wait(nc->h, wk->slot, c->timeout_s);
+        w->t_done = pdp__now();
+        wk->busy = false;
+    }
+    if (st != PDP_OK && wk->is_p2p) return st;
     if (st != PDP_OK)
         return pdp__err(st, "%s #%lld on comm '%s', rank %d of %d: pdp_cuda: %s", w->op_name,
                         (long long)w->seq, c->name, c->rank, c->size, pdp_cudak_error());
@@ -7825,6 +8049,8 @@ static bool pdp__nccl_done(pdp_work *w)
 {
     pdp__nccl_work *wk = (pdp__nccl_work *)w;
     pdp__nccl_comm *nc = (pdp__nccl_comm *)w->comm->impl;
+    if (wk->pending) pdp__nccl_flush(w->comm); /* starts the messages; errors wait for wait */
+    if (wk->err != PDP_OK) return true;
     return pdp_cudak_nccl_query(nc->h, wk->slot) != 0;
 }
 
@@ -7837,32 +8063,35 @@ static void pdp__nccl_destroy(pdp_comm *c)
     pdp__dealloc(nc);
 }
 
-/* Point-to-point and split are not on the NCCL backend yet (ncclSend/ncclRecv in a
-   group, ncclCommSplit): they fail with PDP_ERR_UNSUPPORTED naming the operation. */
-static pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                 pdp_work **w)
-{
-    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "send on comm '%s' (rank %d): point-to-point is not "
-                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
-                    c->rank);
-}
+static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
+                                 double timeout_s, const char *name, bool process_rank,
+                                 const char *fn);
 
-static pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                 pdp_work **w)
-{
-    (void)buf, (void)count, (void)peer, (void)tag, (void)w;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "recv on comm '%s' (rank %d): point-to-point is not "
-                    "implemented on the NCCL backend yet (local and MPI have it)", c->name,
-                    c->rank);
-}
-
+/* ---- comm_nccl: split ----
+   ncclCommSplit over c (thread ranks and process ranks alike: it needs NCCL 2.18),
+   after the messages pending on c are enqueued. comm.c has already exchanged the
+   colours over c, so every rank is here; the key orders the new ranks as
+   comm.c's new_rank does (ties by rank in c, as NCCL's). */
 static pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
                                   int leader, pdp_comm **out)
 {
-    (void)colour, (void)key, (void)new_rank, (void)new_size, (void)leader, (void)out;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "split of comm '%s' (rank %d): not implemented on the "
-                    "NCCL backend yet (local and MPI have it)", c->name, c->rank);
+    pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
+    pdp_cudak_nccl *h = NULL;
+    char name[48];
+    pdp_status st;
+    (void)leader;
+    if ((st = pdp__nccl_flush(c)) != PDP_OK)
+        return pdp__err_wrap(st, "split of comm '%s' (rank %d): enqueuing the messages issued "
+                             "before it", c->name, c->rank);
+    if ((st = pdp_cudak_nccl_split(nc->h, colour, key, &h, c->timeout_s)) != PDP_OK)
+        return pdp__err(st, "split of comm '%s' (rank %d of %d, colour %d): pdp_cuda: %s",
+                        c->name, c->rank, c->size, colour, pdp_cudak_error());
+    if (colour < 0) return PDP_OK;
+    snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
+    if ((st = pdp__nccl_wrap(out, h, c->device.ordinal, new_rank, new_size, c->timeout_s, name,
+                             nc->traced_process, "split")) != PDP_OK)
+        return st;
+    return PDP_OK;
 }
 
 static const pdp__comm_ops pdp__nccl_ops = {
@@ -7896,6 +8125,7 @@ static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int
         pdp__nccl_destroy(&nc->head);
         return st;
     }
+    nc->traced_process = process_rank;
     if (pdp__trace_open(process_rank && size > 1 ? rank : -1) == PDP_OK) {
         nc->traced = true;
         if (pdp__trace_enabled()) {

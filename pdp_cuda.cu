@@ -1276,6 +1276,7 @@ struct pdp_cudak_nccl {
     int64_t next;
     void *staging;   /* broadcast_bytes */
     size_t staging_bytes;
+    int64_t *hdr;    /* point-to-point headers: 3 per event slot */
 };
 
 static double pdp__cu_now(void)
@@ -1361,7 +1362,7 @@ static pdp_status pdp__nccl_handle_new(int dev, pdp_cudak_nccl **out)
     PDP__CU(cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming));
     for (; h->nevents < PDP_CUDAK_NCCL_SLOTS; h->nevents++)
         PDP__CU(cudaEventCreateWithFlags(&h->done[h->nevents], cudaEventDisableTiming));
-    return PDP_OK;
+    return pdp_cudak_malloc(dev, 3 * sizeof(int64_t) * PDP_CUDAK_NCCL_SLOTS, (void **)&h->hdr);
 }
 
 extern "C" void pdp_cudak_nccl_free(pdp_cudak_nccl *h, int abort)
@@ -1383,6 +1384,7 @@ extern "C" void pdp_cudak_nccl_free(pdp_cudak_nccl *h, int abort)
     if (h->ready) cudaEventDestroy(h->ready);
     for (i = 0; i < h->nevents; i++) cudaEventDestroy(h->done[i]);
     pdp_cudak_free(h->dev, h->staging);
+    pdp_cudak_free(h->dev, h->hdr);
     PDP_FREE(h);
 }
 
@@ -1420,34 +1422,61 @@ extern "C" pdp_status pdp_cudak_nccl_init_rank(pdp_cudak_nccl **out, int dev, in
     return PDP_OK;
 }
 
+/* ncclCommInitAll's work, but non-blocking (ncclCommInitRankConfig with blocking = 0
+   for every device, in one group), so that every later call on a thread rank - the
+   connection a first message between two ranks makes inside ncclGroupEnd included -
+   obeys the communicator's deadline as process ranks do. */
 extern "C" pdp_status pdp_cudak_nccl_init_all(pdp_cudak_nccl **out, int ndev, const int *devs)
 {
     ncclComm_t comms[PDP__CU_MAX_DEVICES];
-    ncclResult_t r;
+    ncclUniqueId uid;
+    ncclResult_t r, g;
     pdp_status st;
-    int i;
+    int i, j;
     for (i = 0; i < ndev; i++) out[i] = NULL;
     if (ndev < 1 || ndev > PDP__CU_MAX_DEVICES)
         return pdp__cu_fail(PDP_ERR_INVALID, "ndev %d outside 1..%d", ndev, PDP__CU_MAX_DEVICES);
     for (i = 0; i < ndev; i++) {
         pdp__cu_ctx *c;
+        comms[i] = NULL;
         if ((st = pdp__cu_begin(devs[i], &c)) != PDP_OK) return st;
+        for (j = 0; j < i; j++)
+            if (devs[j] == devs[i])
+                return pdp__cu_fail(PDP_ERR_INVALID, "ncclCommInitAll: CUDA device %d twice",
+                                    devs[i]);
     }
-    if ((r = ncclCommInitAll(comms, ndev, devs)) != ncclSuccess)
-        return pdp__cu_nccl_fail(r, "ncclCommInitAll", __LINE__);
+    if ((r = ncclGetUniqueId(&uid)) != ncclSuccess)
+        return pdp__cu_nccl_fail(r, "ncclGetUniqueId", __LINE__);
     for (i = 0; i < ndev; i++) {
         cudaSetDevice(devs[i]);
         if ((st = pdp__nccl_handle_new(devs[i], &out[i])) != PDP_OK) {
-            int j;
-            if (out[i]) out[i]->comm = comms[i];
-            for (j = 0; j < ndev; j++) {
-                if (j > i) ncclCommAbort(comms[j]);
-                pdp_cudak_nccl_free(out[j], 1);
-                out[j] = NULL;
-            }
+            for (j = 0; j <= i; j++) pdp_cudak_nccl_free(out[j], 1), out[j] = NULL;
             return st;
         }
+    }
+    r = ncclGroupStart();
+    for (i = 0; i < ndev && (r == ncclSuccess || r == ncclInProgress); i++) {
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 0;
+        cudaSetDevice(devs[i]);
+        r = ncclCommInitRankConfig(&comms[i], ndev, uid, i, &cfg);
+    }
+    g = ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress) r = g;
+    st = PDP_OK;
+    for (i = 0; i < ndev; i++) {
         out[i]->comm = comms[i];
+        cudaSetDevice(devs[i]);
+        if (st == PDP_OK && (r != ncclSuccess && r != ncclInProgress))
+            st = pdp__cu_nccl_fail(r, "ncclCommInitRankConfig", __LINE__);
+        if (st == PDP_OK) /* the ranks initialise together: settling the first settles all */
+            st = pdp__nccl_settle(out[i], ncclSuccess, "ncclCommInitRankConfig", __LINE__, 60.0);
+    }
+    if (st != PDP_OK) {
+        char msg[sizeof pdp__cu_msg];
+        memcpy(msg, pdp__cu_msg, sizeof msg);
+        for (i = 0; i < ndev; i++) pdp_cudak_nccl_free(out[i], 1), out[i] = NULL;
+        return pdp__cu_fail(st, "%s (ncclCommInitAll of %d devices)", msg, ndev);
     }
     return PDP_OK;
 }
@@ -1570,4 +1599,140 @@ extern "C" pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *ho
     PDP__CU(cudaMemcpyAsync(host, h->staging, bytes, cudaMemcpyDeviceToHost, c->stream));
     PDP__CU(cudaStreamSynchronize(c->stream));
     return PDP_OK;
+}
+
+/* ---- NCCL: point-to-point and split ----
+   pdp_cudak_nccl_p2p enqueues a batch in one group: comm_nccl.c collects a rank's
+   sends and receives until something needs them on the stream (a wait, a done
+   query, a collective), so that every rank's batch holds both halves of a ring
+   and no send waits behind its own rank's receive. Each message is preceded by a
+   header {magic, tag, count} (NCCL has no tags; the receiver checks both): the
+   sender writes it with a one-thread kernel on the compute stream, the receiver
+   clears its slot there, before the ready event the NCCL stream waits on. */
+
+#define PDP__P2P_MAGIC 0x7064705f6d736721LL
+
+static __global__ void pdp__p2p_header_fwd(int64_t *hdr, int64_t tag, int64_t count)
+{
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        hdr[0] = PDP__P2P_MAGIC;
+        hdr[1] = tag;
+        hdr[2] = count;
+    }
+}
+
+extern "C" pdp_status pdp_cudak_nccl_p2p(pdp_cudak_nccl *h, pdp_cudak_p2p *ops, int n,
+                                         double timeout_s)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    ncclResult_t r = ncclSuccess, g;
+    int i;
+    for (i = 0; i < n; i++) ops[i].slot = -1;
+    if (h->aborted)
+        return pdp__cu_fail(PDP_ERR_COMM, "the NCCL communicator on CUDA device %d was aborted "
+                            "after an earlier failure", h->dev);
+    if ((st = pdp__cu_begin(h->dev, &c)) != PDP_OK) return st;
+    for (i = 0; i < n; i++) {
+        int64_t *hd = h->hdr + 3 * ((h->next + i) % PDP_CUDAK_NCCL_SLOTS);
+        if (ops[i].is_send) {
+            pdp__p2p_header_fwd<<<1, 1, 0, c->stream>>>(hd, ops[i].tag, ops[i].count);
+            PDP__LAUNCHED(pdp__p2p_header_fwd);
+        } else {
+            PDP__CU(cudaMemsetAsync(hd, 0, 3 * sizeof *hd, c->stream));
+        }
+    }
+    PDP__CU(cudaEventRecord(h->ready, c->stream));
+    PDP__CU(cudaStreamWaitEvent(h->stream, h->ready, 0));
+    if ((r = ncclGroupStart()) != ncclSuccess) return pdp__cu_nccl_fail(r, "ncclGroupStart", __LINE__);
+    for (i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
+        int64_t *hd = h->hdr + 3 * ((h->next + i) % PDP_CUDAK_NCCL_SLOTS);
+        size_t cnt = (size_t)ops[i].count;
+        if (ops[i].is_send) {
+            r = ncclSend(hd, 3, ncclInt64, ops[i].peer, h->comm, h->stream);
+            if (cnt && (r == ncclSuccess || r == ncclInProgress))
+                r = ncclSend(ops[i].buf, cnt, ncclFloat32, ops[i].peer, h->comm, h->stream);
+        } else {
+            r = ncclRecv(hd, 3, ncclInt64, ops[i].peer, h->comm, h->stream);
+            if (cnt && (r == ncclSuccess || r == ncclInProgress))
+                r = ncclRecv(ops[i].buf, cnt, ncclFloat32, ops[i].peer, h->comm, h->stream);
+        }
+    }
+    g = ncclGroupEnd();
+    if (r != ncclSuccess && r != ncclInProgress) {
+        pdp__nccl_abort(h);
+        return pdp__cu_nccl_fail(r, ops[i - 1].is_send ? "ncclSend" : "ncclRecv", __LINE__);
+    }
+    /* non-blocking: a first message between two ranks connects them in here */
+    PDP__NCCL(h, g, timeout_s);
+    for (i = 0; i < n; i++) {
+        int s = (int)(h->next++ % PDP_CUDAK_NCCL_SLOTS);
+        PDP__CU(cudaEventRecord(h->done[s], h->stream));
+        ops[i].slot = s;
+    }
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_nccl_p2p_header(pdp_cudak_nccl *h, int slot, int *arrived,
+                                                int64_t *tag, int64_t *count)
+{
+    int64_t hd[3];
+    pdp_status st;
+    *arrived = 0;
+    if (slot < 0 || slot >= PDP_CUDAK_NCCL_SLOTS)
+        return pdp__cu_fail(PDP_ERR_INVALID, "bad NCCL slot %d", slot);
+    if ((st = pdp_cudak_memcpy(-1, hd, h->dev, h->hdr + 3 * slot, sizeof hd)) != PDP_OK)
+        return st;
+    if (hd[0] != PDP__P2P_MAGIC) return PDP_OK;
+    *arrived = 1;
+    *tag = hd[1];
+    *count = hd[2];
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_nccl_split(pdp_cudak_nccl *h, int colour, int key,
+                                           pdp_cudak_nccl **out, double timeout_s)
+{
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= 21800
+    pdp__cu_ctx *c;
+    pdp_cudak_nccl *nh = NULL;
+    ncclComm_t nc = NULL;
+    ncclResult_t r;
+    pdp_status st;
+    *out = NULL;
+    if (h->aborted)
+        return pdp__cu_fail(PDP_ERR_COMM, "the NCCL communicator on CUDA device %d was aborted "
+                            "after an earlier failure", h->dev);
+    if ((st = pdp__cu_begin(h->dev, &c)) != PDP_OK) return st;
+    if (colour >= 0 && (st = pdp__nccl_handle_new(h->dev, &nh)) != PDP_OK) {
+        pdp_cudak_nccl_free(nh, 0);
+        return st;
+    }
+    /* config NULL: the new communicator inherits h's (non-blocking) */
+    r = ncclCommSplit(h->comm, colour >= 0 ? colour : NCCL_SPLIT_NOCOLOR, key, &nc, NULL);
+    if ((st = pdp__nccl_settle(h, r, "ncclCommSplit", __LINE__, timeout_s)) != PDP_OK) {
+        if (nh) nh->comm = nc;
+        pdp_cudak_nccl_free(nh, 1);
+        return st;
+    }
+    if (!nh) {
+        if (nc) ncclCommDestroy(nc);
+        return PDP_OK;
+    }
+    nh->comm = nc;
+    if (!nc || (st = pdp__nccl_settle(nh, ncclSuccess, "ncclCommSplit", __LINE__, timeout_s)) !=
+                   PDP_OK) {
+        if (!nc) st = pdp__cu_fail(PDP_ERR_COMM, "ncclCommSplit gave no communicator for colour "
+                                   "%d", colour);
+        pdp_cudak_nccl_free(nh, 1);
+        return st;
+    }
+    *out = nh;
+    return PDP_OK;
+#else
+    (void)h, (void)colour, (void)key, (void)timeout_s;
+    *out = NULL;
+    return pdp__cu_fail(PDP_ERR_UNSUPPORTED, "ncclCommSplit needs NCCL 2.18 or later (pdp_cuda.cu "
+                        "was compiled against an older nccl.h)");
+#endif
 }

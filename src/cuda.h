@@ -47,7 +47,7 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
 
 /* ---- cuda: NCCL thread ranks ----
    One process drives N GPUs with one thread per GPU: create the group once
-   (ncclCommInitAll over devices[0..ndev-1]), then rank r's thread calls
+   (one NCCL communicator per device of devices[0..ndev-1]), then rank r's thread calls
    pdp_comm_create_nccl(&c, g, r) and uses c like any communicator (DDP with
    thread ranks). The group outlives its communicators. Processes with one GPU
    each use pdp_comm_init_env with desc.backend = PDP_BACKEND_NCCL instead:
@@ -57,7 +57,16 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d);
    stream of their own after waiting on an event recorded on the compute
    stream, so they overlap whatever the compute stream does next; pdp_work_wait
    polls with the communicator's timeout and, on timeout or an NCCL error,
-   aborts the NCCL communicator (ncclCommAbort) and fails instead of hanging. */
+   aborts the NCCL communicator (ncclCommAbort) and fails instead of hanging.
+   Thread ranks are initialised non-blocking (ncclCommInitRankConfig in one
+   group), like process ranks, so every NCCL call obeys the timeout.
+   pdp_comm_send/recv work over NCCL (ncclSend/ncclRecv, batched into one
+   ncclGroupStart/End at the next wait, pdp_work_done, collective or split, so a
+   ring where every rank sends first does not deadlock); NCCL has no tags, so a
+   pair's messages match in issue order and a header makes the receiver check the
+   tag and count (PDP_ERR_INVALID naming both). Messages share the collectives'
+   stream, and a message's timeout aborts the communicator (comm_nccl.c has the
+   details). pdp_comm_split is ncclCommSplit (NCCL 2.18 or later). */
 typedef struct pdp_nccl_group pdp_nccl_group;
 PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices,
                                          const pdp_comm_desc *desc);
@@ -191,5 +200,30 @@ pdp_status pdp_cudak_nccl_wait(pdp_cudak_nccl *h, int slot, double timeout_s);
 /* Host bytes from root to every rank (staged through the device). */
 pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *host, size_t bytes, int root,
                                           double timeout_s);
+/* Point-to-point: n sends and receives enqueued in ONE ncclGroupStart/ncclGroupEnd
+   (so a ring where every rank sends first cannot deadlock), after an event recorded
+   on the compute stream; each op's completion is recorded into its own event slot,
+   in order (ops[i].slot out). NCCL has no tags: each message is preceded, in the
+   same group, by a 3-int64 header {magic, tag, count} from the sender into the
+   receiver's header slot, which pdp_cudak_nccl_p2p_header reads back. ncclGroupEnd
+   (where a first message between two ranks connects them) is bounded by timeout_s. */
+typedef struct pdp_cudak_p2p {
+    int is_send;   /* 1 ncclSend, 0 ncclRecv */
+    int peer;
+    int tag;
+    int64_t count; /* floats; 0 sends the header only */
+    float *buf;
+    int slot;      /* out */
+} pdp_cudak_p2p;
+pdp_status pdp_cudak_nccl_p2p(pdp_cudak_nccl *h, pdp_cudak_p2p *ops, int n, double timeout_s);
+/* The header a receive in slot got: *arrived 0 when none came (then tag and count
+   are untouched); call after the slot completed or failed (a copy on the compute
+   stream, which an aborted communicator does not block). */
+pdp_status pdp_cudak_nccl_p2p_header(pdp_cudak_nccl *h, int slot, int *arrived, int64_t *tag,
+                                     int64_t *count);
+/* ncclCommSplit (NCCL >= 2.18): collective over h's ranks; colour < 0 joins nothing
+   (*out = NULL). The new handle is on h's device with its own stream and events. */
+pdp_status pdp_cudak_nccl_split(pdp_cudak_nccl *h, int colour, int key, pdp_cudak_nccl **out,
+                                double timeout_s);
 
 #endif /* PDP_CUDA || __CUDACC__ */

@@ -1085,6 +1085,363 @@ TEST cuda_nccl_collectives_match_naive(void)
     PASS();
 }
 
+/* ---- NCCL point-to-point and split, one thread per GPU ----
+   Each scenario runs on every rank's thread with its own communicator; world sizes
+   follow the devices (1..4), a rank may talk to itself (ncclSend/ncclRecv to self in
+   one group). */
+enum { P2P_N = 1000, P2P_MAXR = 4 };
+
+typedef struct p2p_job {
+    pdp_nccl_group *g;
+    int rank, n;
+    pdp_status st, st2;   /* scenario results (the mismatch tests: receiver, sender) */
+    char msg[1100], msg2[1100];
+} p2p_job;
+
+static float p2p_val(int rank, int tag, int64_t i) { return (float)(rank * 100000 + tag * 1000 + i); }
+
+/* Device buffer of count floats filled with p2p_val(rank, tag, i); NULL on failure. */
+static pdp_tensor *p2p_buf(int dev, int64_t count, int rank, int tag)
+{
+    float h[P2P_N];
+    int64_t shape[1] = {count}, i;
+    pdp_tensor *t = NULL;
+    for (i = 0; i < count && i < P2P_N; i++) h[i] = p2p_val(rank, tag, i);
+    if (pdp_tensor_create(&t, pdp_cuda(dev), 1, shape) != PDP_OK) return NULL;
+    if (pdp_tensor_upload(t, h) != PDP_OK) {
+        pdp_tensor_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static int p2p_check(const pdp_tensor *t, int64_t count, int rank, int tag, char *msg, size_t cap,
+                     const char *what)
+{
+    float h[P2P_N];
+    int64_t i;
+    if (pdp_tensor_download(t, h) != PDP_OK) {
+        snprintf(msg, cap, "%s: download: %s", what, pdp_last_error());
+        return 0;
+    }
+    for (i = 0; i < count; i++)
+        if (h[i] != p2p_val(rank, tag, i)) {
+            snprintf(msg, cap, "%s: element %lld is %.9g, want %.9g (from rank %d, tag %d)", what,
+                     (long long)i, (double)h[i], (double)p2p_val(rank, tag, i), rank, tag);
+            return 0;
+        }
+    return 1;
+}
+
+/* Ring: every rank sends to the next (tag 7) and to itself (tag 3) FIRST, then posts
+   both receives, then waits in issue order (sends first: NCCL would deadlock without
+   the group). Round 2 puts an all-reduce after the messages (it enqueues them), then
+   waits the all-reduce before the messages. */
+static void *p2p_ring_main(void *arg)
+{
+    p2p_job *j = (p2p_job *)arg;
+    int r = j->rank, n = j->n, next = (r + 1) % n, prev = (r + n - 1) % n, round, k;
+    pdp_comm *c = NULL;
+    pdp_tensor *s7 = NULL, *s3 = NULL, *r7 = NULL, *r3 = NULL, *ar = NULL;
+    pdp_work *w[5];
+    pdp_comm_stats stats;
+    char *m = j->msg;
+    size_t cap = sizeof j->msg;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, r)) != PDP_OK) {
+        snprintf(m, cap, "rank %d: %s", r, pdp_last_error());
+        return NULL;
+    }
+    s7 = p2p_buf(r, P2P_N, r, 7);
+    s3 = p2p_buf(r, P2P_N, r, 3);
+    r7 = p2p_buf(r, P2P_N, -1, 0);
+    r3 = p2p_buf(r, P2P_N, -1, 0);
+    ar = p2p_buf(r, 1, 0, 0);
+    j->st = s7 && s3 && r7 && r3 && ar ? PDP_OK : PDP_ERR_CUDA;
+    if (j->st != PDP_OK) snprintf(m, cap, "rank %d: buffers: %s", r, pdp_last_error());
+    for (round = 0; round < 2 && j->st == PDP_OK; round++) {
+        float one = 1.0f, sum = 0.0f;
+        memset(w, 0, sizeof w);
+        if ((j->st = pdp_tensor_upload(ar, &one)) != PDP_OK ||
+            (j->st = pdp_comm_send(c, s7->data, P2P_N, next, 7, &w[0])) != PDP_OK ||
+            (j->st = pdp_comm_send(c, s3->data, P2P_N, r, 3, &w[1])) != PDP_OK ||
+            (j->st = pdp_comm_recv(c, r7->data, P2P_N, prev, 7, &w[2])) != PDP_OK ||
+            (j->st = pdp_comm_recv(c, r3->data, P2P_N, r, 3, &w[3])) != PDP_OK) {
+            snprintf(m, cap, "rank %d, round %d: issue: %s", r, round, pdp_last_error());
+            break;
+        }
+        if (round == 1 && ((j->st = pdp_comm_allreduce(c, ar->data, 1, PDP_REDUCE_SUM, &w[4])) !=
+                               PDP_OK ||
+                           (j->st = pdp_work_wait(w[4])) != PDP_OK ||
+                           (j->st = pdp_tensor_download(ar, &sum)) != PDP_OK ||
+                           (sum != (float)n && (j->st = PDP_ERR_COMM)))) {
+            snprintf(m, cap, "rank %d: all-reduce after the messages: %s (sum %g)", r,
+                     pdp_last_error(), (double)sum);
+            break;
+        }
+        for (k = 0; k < 4; k++)
+            if ((j->st = pdp_work_wait(w[k])) != PDP_OK) {
+                snprintf(m, cap, "rank %d, round %d: wait %d: %s", r, round, k, pdp_last_error());
+                break;
+            }
+        if (j->st != PDP_OK) break;
+        if (!p2p_check(r7, P2P_N, prev, 7, m, cap, "recv from prev") ||
+            !p2p_check(r3, P2P_N, r, 3, m, cap, "recv from self"))
+            j->st = PDP_ERR_COMM;
+    }
+    pdp_comm_get_stats(c, &stats);
+    if (j->st == PDP_OK && (stats.p2p != 8 || stats.bytes_sent < 4 * 2 * 2 * P2P_N)) {
+        j->st = PDP_ERR_STATE;
+        snprintf(m, cap, "rank %d: stats: p2p %lld, bytes_sent %lld", r, (long long)stats.p2p,
+                 (long long)stats.bytes_sent);
+    }
+    pdp_tensor_free(s7);
+    pdp_tensor_free(s3);
+    pdp_tensor_free(r7);
+    pdp_tensor_free(r3);
+    pdp_tensor_free(ar);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* Runs fn on n rank threads of a fresh group (timeout_s); 0 when the group failed. */
+static int p2p_run(int n, double timeout_s, void *(*fn)(void *), p2p_job *jobs)
+{
+    pdp_device devs[P2P_MAXR];
+    pdp_comm_desc d;
+    pdp_nccl_group *g = NULL;
+    pthread_t th[P2P_MAXR];
+    int r;
+    memset(&d, 0, sizeof d);
+    d.timeout_s = timeout_s;
+    d.name = "p2p";
+    for (r = 0; r < P2P_MAXR; r++) devs[r] = pdp_cuda(r < n ? r : 0);
+    if (pdp_nccl_group_create(&g, n, devs, &d) != PDP_OK) return 0;
+    for (r = 0; r < n; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r].g = g;
+        jobs[r].rank = r;
+        jobs[r].n = n;
+        pthread_create(&th[r], NULL, fn, &jobs[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(th[r], NULL);
+    pdp_nccl_group_free(g);
+    return 1;
+}
+
+TEST cuda_nccl_p2p_ring_with_self_send_matches_naive(void)
+{
+    p2p_job jobs[P2P_MAXR];
+    int n = devices(), r;
+    NEED_GPU();
+    if (n > P2P_MAXR) n = P2P_MAXR;
+    ASSERTm(pdp_last_error(), p2p_run(n, 0.0, p2p_ring_main, jobs));
+    for (r = 0; r < n; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    PASS();
+}
+
+/* Rank 0 sends, rank n-1 receives (the same thread at world size 1): tags 1 and 2
+   (equal counts: the message arrives, the receiver names both tags, the sender is
+   fine), or counts 5 and 7 with timeout 0.5 s (NCCL hangs on it; the receiver still
+   names both counts, from the header). */
+static int g_mismatch_counts;
+
+static void *p2p_mismatch_main(void *arg)
+{
+    p2p_job *j = (p2p_job *)arg;
+    int r = j->rank, n = j->n;
+    int64_t sc = g_mismatch_counts ? 5 : 4, rc = g_mismatch_counts ? 7 : 4;
+    int rtag = g_mismatch_counts ? 5 : 2, stag = g_mismatch_counts ? 5 : 1;
+    pdp_comm *c = NULL;
+    pdp_tensor *sb = NULL, *rb = NULL;
+    pdp_work *ws = NULL, *wr = NULL;
+    j->st = j->st2 = PDP_OK;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, r)) != PDP_OK) {
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", r, pdp_last_error());
+        return NULL;
+    }
+    sb = p2p_buf(r, 8, r, 0);
+    rb = p2p_buf(r, 8, r, 0);
+    if (r == 0 && (j->st2 = pdp_comm_send(c, sb->data, sc, n - 1, stag, &ws)) != PDP_OK)
+        snprintf(j->msg2, sizeof j->msg2, "%s", pdp_last_error());
+    if (r == n - 1 && (j->st = pdp_comm_recv(c, rb->data, rc, 0, rtag, &wr)) != PDP_OK)
+        snprintf(j->msg, sizeof j->msg, "%s", pdp_last_error());
+    if (wr && (j->st = pdp_work_wait(wr)) != PDP_OK)
+        snprintf(j->msg, sizeof j->msg, "%s", pdp_last_error());
+    if (ws && (j->st2 = pdp_work_wait(ws)) != PDP_OK)
+        snprintf(j->msg2, sizeof j->msg2, "%s", pdp_last_error());
+    pdp_tensor_free(sb);
+    pdp_tensor_free(rb);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+TEST cuda_nccl_p2p_tag_and_count_mismatch_name_both(void)
+{
+    p2p_job jobs[P2P_MAXR];
+    int n = devices(), last;
+    NEED_GPU();
+    if (n > 2) n = 2;
+    last = n - 1;
+    g_mismatch_counts = 0;
+    ASSERTm(pdp_last_error(), p2p_run(n, 0.0, p2p_mismatch_main, jobs));
+    ASSERTm(jobs[0].msg2, jobs[0].st2 == PDP_OK);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, jobs[last].st, pdp_status_name);
+    ASSERTm(jobs[last].msg, strstr(jobs[last].msg, "pdp_work_wait: recv #") != NULL);
+    ASSERTm(jobs[last].msg, strstr(jobs[last].msg, "(count 4) from rank 0 with tag 2") != NULL);
+    ASSERTm(jobs[last].msg, strstr(jobs[last].msg, "tag mismatch: rank 0 sent tag 1") != NULL);
+    g_mismatch_counts = 1;
+    ASSERTm(pdp_last_error(), p2p_run(n, 0.5, p2p_mismatch_main, jobs));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, jobs[last].st, pdp_status_name);
+    ASSERTm(jobs[last].msg, strstr(jobs[last].msg, "count mismatch: rank 0 sends 5 floats (tag "
+                                   "5), rank " ) != NULL);
+    ASSERTm(jobs[last].msg, strstr(jobs[last].msg, "receives 7") != NULL);
+    ASSERTm(jobs[0].msg2, jobs[0].st2 != PDP_OK); /* NCCL hung: timeout (or aborted, same thread) */
+    PASS();
+}
+
+/* The last rank waits for a message rank 0 never sends: PDP_ERR_TIMEOUT after the
+   communicator's timeout, naming the peer and the tag. */
+static void *p2p_silent_main(void *arg)
+{
+    p2p_job *j = (p2p_job *)arg;
+    pdp_comm *c = NULL;
+    pdp_tensor *rb = NULL;
+    double t0;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) != PDP_OK) {
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+        return NULL;
+    }
+    if (j->rank == j->n - 1) {
+        rb = p2p_buf(j->rank, 4, 0, 0);
+        t0 = pdp__now();
+        j->st = pdp_comm_recv(c, rb->data, 4, 0, 9, NULL);
+        snprintf(j->msg, sizeof j->msg, "%s", pdp_last_error());
+        j->st2 = pdp__now() - t0 < 0.4 ? PDP_ERR_STATE : PDP_OK; /* it did wait */
+    }
+    pdp_tensor_free(rb);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+TEST cuda_nccl_p2p_silent_peer_times_out_naming_peer_and_tag(void)
+{
+    p2p_job jobs[P2P_MAXR];
+    int n = devices(), last;
+    NEED_GPU();
+    if (n > 2) n = 2;
+    last = n - 1;
+    ASSERTm(pdp_last_error(), p2p_run(n, 0.5, p2p_silent_main, jobs));
+    ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, jobs[last].st, pdp_status_name);
+    ASSERTm(jobs[last].msg, strstr(jobs[last].msg, "pdp_comm_recv: recv #0 (count 4) from rank 0 "
+                                   "with tag 9 on comm 'p2p'") != NULL);
+    ASSERTm(jobs[last].msg, strstr(jobs[last].msg, "no matching send from rank 0 within 0.5 s "
+                                   "(peer 0, tag 9)") != NULL);
+    ASSERT_EQm("the wait lasted the timeout", PDP_OK, jobs[last].st2);
+    PASS();
+}
+
+/* Split: by rank / 2 (model-parallel pairs) and rank % 2 (data-parallel), 2 x 2 at 4
+   GPUs (smaller worlds split into what they have), then one group in reverse rank
+   order (key n - rank) with rank 1 left out (PDP_COMM_SPLIT_NONE). In each group
+   an all-reduce and a broadcast from its rank 0 equal naive loops over the members. */
+static pdp_status split_check(pdp_comm *g, const int *members, int size, int my_new_rank,
+                              int world_rank, char *m, size_t cap, const char *what)
+{
+    pdp_tensor *t = NULL, *b = NULL;
+    float got = 0.0f, want = 0.0f, bgot = 0.0f, v = (float)(world_rank * world_rank + 1);
+    int k;
+    pdp_status st;
+    if (pdp_comm_size(g) != size || pdp_comm_rank(g) != my_new_rank) {
+        snprintf(m, cap, "%s: rank %d of %d, want %d of %d", what, pdp_comm_rank(g),
+                 pdp_comm_size(g), my_new_rank, size);
+        return PDP_ERR_STATE;
+    }
+    for (k = 0; k < size; k++) want += (float)(members[k] * members[k] + 1);
+    if (!(t = p2p_buf(g->device.ordinal, 1, 0, 0)) || !(b = p2p_buf(g->device.ordinal, 1, 0, 0)) ||
+        (st = pdp_tensor_upload(t, &v)) != PDP_OK || (st = pdp_tensor_upload(b, &v)) != PDP_OK ||
+        (st = pdp_comm_allreduce(g, t->data, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK ||
+        (st = pdp_comm_broadcast(g, b->data, 1, 0, NULL)) != PDP_OK ||
+        (st = pdp_tensor_download(t, &got)) != PDP_OK || (st = pdp_tensor_download(b, &bgot)) !=
+        PDP_OK) {
+        snprintf(m, cap, "%s: %s", what, pdp_last_error());
+        st = PDP_ERR_COMM;
+    } else if (got != want || bgot != (float)(members[0] * members[0] + 1)) {
+        snprintf(m, cap, "%s (world rank %d): all-reduce %g want %g, broadcast %g want %g", what,
+                 world_rank, (double)got, (double)want, (double)bgot,
+                 (double)(members[0] * members[0] + 1));
+        st = PDP_ERR_COMM;
+    } else if (strncmp(g->name, "p2p.", 4) != 0) {
+        snprintf(m, cap, "%s: name '%s'", what, g->name);
+        st = PDP_ERR_STATE;
+    }
+    pdp_tensor_free(t);
+    pdp_tensor_free(b);
+    return st;
+}
+
+static void *split_main(void *arg)
+{
+    p2p_job *j = (p2p_job *)arg;
+    int r = j->rank, n = j->n, k, members[P2P_MAXR] = {0}, size, me;
+    pdp_comm *c = NULL, *mp = NULL, *dp = NULL, *rev = NULL;
+    char *m = j->msg;
+    size_t cap = sizeof j->msg;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, r)) != PDP_OK) {
+        snprintf(m, cap, "rank %d: %s", r, pdp_last_error());
+        return NULL;
+    }
+    if ((j->st = pdp_comm_split(c, r / 2, r, &mp)) != PDP_OK ||
+        (j->st = pdp_comm_split(c, r % 2, r, &dp)) != PDP_OK ||
+        (j->st = pdp_comm_split(c, r == 1 ? PDP_COMM_SPLIT_NONE : 0, n - r, &rev)) != PDP_OK) {
+        snprintf(m, cap, "rank %d: split: %s", r, pdp_last_error());
+        goto out;
+    }
+    for (size = 0, me = 0, k = 0; k < n; k++) /* mp: ranks with the same r / 2, in rank order */
+        if (k / 2 == r / 2) {
+            if (k == r) me = size;
+            members[size++] = k;
+        }
+    if ((j->st = split_check(mp, members, size, me, r, m, cap, "mp (rank / 2)")) != PDP_OK)
+        goto out;
+    for (size = 0, me = 0, k = 0; k < n; k++)
+        if (k % 2 == r % 2) {
+            if (k == r) me = size;
+            members[size++] = k;
+        }
+    if ((j->st = split_check(dp, members, size, me, r, m, cap, "dp (rank % 2)")) != PDP_OK)
+        goto out;
+    if (r == 1) {
+        if (rev) {
+            j->st = PDP_ERR_STATE;
+            snprintf(m, cap, "rank 1 joined no group but got a communicator");
+        }
+        goto out;
+    }
+    for (size = 0, me = 0, k = n - 1; k >= 0; k--) /* key n - rank: reverse order */
+        if (k != 1) {
+            if (k == r) me = size;
+            members[size++] = k;
+        }
+    j->st = split_check(rev, members, size, me, r, m, cap, "reversed, rank 1 out");
+out:
+    pdp_comm_free(rev); /* in any order, before or after the parent */
+    pdp_comm_free(c);
+    pdp_comm_free(mp);
+    pdp_comm_free(dp);
+    return NULL;
+}
+
+TEST cuda_nccl_split_2x2_collectives_match_naive(void)
+{
+    p2p_job jobs[P2P_MAXR];
+    int n = devices(), r;
+    NEED_GPU();
+    if (n > P2P_MAXR) n = P2P_MAXR;
+    ASSERTm(pdp_last_error(), p2p_run(n, 0.0, split_main, jobs));
+    for (r = 0; r < n; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    PASS();
+}
+
 /* The desc rule (comm.h) for NCCL groups and process ranks: a negative, NaN or infinite
    timeout_s is PDP_ERR_INVALID naming the function and the field, before any NCCL call. */
 TEST cuda_nccl_desc_timeout_rule(void)
@@ -1391,6 +1748,10 @@ SUITE(cuda)
     RUN_TEST(cuda_ddp_nccl_world_size_1_matches_single);
     RUN_TEST(cuda_ddp_thread_ranks_match_single);
     RUN_TEST(cuda_nccl_collectives_match_naive);
+    RUN_TEST(cuda_nccl_p2p_ring_with_self_send_matches_naive);
+    RUN_TEST(cuda_nccl_p2p_tag_and_count_mismatch_name_both);
+    RUN_TEST(cuda_nccl_p2p_silent_peer_times_out_naming_peer_and_tag);
+    RUN_TEST(cuda_nccl_split_2x2_collectives_match_naive);
     RUN_TEST(cuda_nccl_desc_timeout_rule);
     RUN_TEST(cuda_ddp_nccl_processes_match_single);
     RUN_TEST(cuda_dp_over_gpus_matches_cpu);

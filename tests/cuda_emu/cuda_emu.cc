@@ -43,7 +43,12 @@
      work waits. The n-th collective of every rank must agree on kind, count,
      datatype, op and root, else the clique fails with ncclInvalidUsage.
      Non-blocking communicators answer ncclInProgress to init, each collective
-     and finalize, and ncclCommGetAsyncError settles them.
+     and finalize, and ncclCommGetAsyncError settles them. ncclSend/ncclRecv
+     queue in the thread's ncclGroupStart/End group and match per (sender,
+     receiver) pair in issue order; a group completes when all its messages
+     have; a count or datatype mismatch is reported and never completes (NCCL
+     hangs or corrupts). ncclCommSplit (config NULL) blocks until every rank of
+     the clique calls it and ranks the new cliques by (key, old rank).
 
    What it cannot check: real concurrency between streams (work runs at
    enqueue, except collectives), timing, warp-synchronous code without
@@ -66,10 +71,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -163,10 +170,13 @@ bool on_host(const char *what, const void *p)
 /* ---- cuda_emu: asynchronous work (collectives), streams and events ---- */
 
 struct Clique;
-/* "collective seq of clique clq": done once clq->completed > seq; empty = done */
+struct Group;
+/* "collective seq of clique clq": done once clq->completed > seq; or "the send/recv
+   group grp": done once all its messages are; empty = done */
 struct Pending {
     std::shared_ptr<Clique> clq;
     uint64_t seq = 0;
+    std::shared_ptr<Group> grp;
     bool done() const;
 };
 
@@ -174,8 +184,8 @@ bool wait_for(std::unique_lock<std::mutex> &lk, const Pending &p, const char *wh
 {
     if (cv.wait_for(lk, std::chrono::duration<double>(WAIT_S), [&] { return p.done(); }))
         return true;
-    complain("%s: a collective enqueued before it did not complete within %g s (a rank "
-             "missing?)", what, WAIT_S);
+    complain("%s: a collective or send/recv group enqueued before it did not complete within %g "
+             "s (a rank missing?)", what, WAIT_S);
     return false;
 }
 
@@ -863,15 +873,44 @@ struct Op {
     std::vector<void *> recv;
 };
 
+/* ncclGroupEnd's unit of completion: its messages still to complete */
+struct Group {
+    size_t left = 0;
+};
+
+/* one ncclSend or ncclRecv, queued per (sender, receiver) pair until matched */
+struct P2p {
+    pdp_emu_comm *comm;
+    int src, dst, type;
+    bool is_send;
+    const void *send;
+    void *recv;
+    size_t count;
+    cudaStream_t stream;
+    std::shared_ptr<Group> grp;
+};
+
+struct SplitOp {
+    int arrived = 0, taken = 0;
+    bool done = false;
+    std::vector<int> colour, key;
+    std::vector<pdp_emu_comm *> out;
+};
+
 struct Clique {
     int nranks, joined = 0;
     ncclResult_t error = ncclSuccess;
     std::vector<pdp_emu_comm *> ranks;
     uint64_t completed = 0; /* collectives 0 .. completed-1 are done */
     std::map<uint64_t, Op> ops;
+    std::map<std::pair<int, int>, std::deque<std::shared_ptr<P2p>>> sendq, recvq;
+    std::map<uint64_t, SplitOp> splits; /* by split number */
 };
 
-bool Pending::done() const { return !clq || clq->completed > seq; }
+bool Pending::done() const
+{
+    return (!clq || clq->completed > seq) && (!grp || grp->left == 0);
+}
 } /* namespace */
 
 struct pdp_emu_comm {
@@ -880,10 +919,13 @@ struct pdp_emu_comm {
     bool blocking, finalizing = false;
     int in_progress = 0; /* non-blocking: polls that still answer ncclInProgress */
     uint64_t next = 0;   /* sequence number of this rank's next collective */
+    uint64_t nsplit = 0; /* number of this rank's next ncclCommSplit */
 };
 
 namespace {
 std::set<pdp_emu_comm *> comms;
+thread_local int group_depth = 0;                         /* ncclGroupStart nesting */
+thread_local std::vector<std::shared_ptr<P2p>> group_ops; /* queued by ncclSend/ncclRecv */
 std::map<std::string, std::shared_ptr<Clique>> joining; /* by unique id, until complete */
 
 size_t type_size(int t)
@@ -958,6 +1000,10 @@ ncclResult_t collective(int kind, const void *send, void *recv, size_t count, nc
     const char *fn = coll_name[kind];
     std::unique_lock<std::mutex> lk(mu);
     if (!comms.count(c)) return ncclInvalidArgument;
+    if (group_depth) {
+        complain("%s inside ncclGroupStart/ncclGroupEnd is not emulated", fn);
+        return ncclInvalidUsage;
+    }
     Clique &q = *c->clq;
     int n = q.nranks;
     size_t es = type_size(type), bytes = count * es;
@@ -1006,7 +1052,7 @@ ncclResult_t collective(int kind, const void *send, void *recv, size_t count, nc
     }
     op.send[c->rank] = send;
     op.recv[c->rank] = recv;
-    stream->last = Pending{c->clq, seq};
+    stream->last = Pending{c->clq, seq, nullptr};
     if (++op.arrived == n) {
         if (count) execute(q, op);
         q.ops.erase(seq);
@@ -1020,6 +1066,11 @@ ncclResult_t collective(int kind, const void *send, void *recv, size_t count, nc
 
 void comm_free(pdp_emu_comm *c)
 {
+    /* its unmatched messages are withdrawn (they never complete) */
+    for (auto *qs : {&c->clq->sendq, &c->clq->recvq})
+        for (auto &kv : *qs)
+            for (auto it = kv.second.begin(); it != kv.second.end();)
+                it = (*it)->comm == c ? kv.second.erase(it) : it + 1;
     comms.erase(c);
     c->clq->ranks[c->rank] = nullptr;
     delete c;
@@ -1142,7 +1193,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t c)
     if (!comms.count(c)) return ncclInvalidArgument;
     c->finalizing = true;
     if (!c->blocking) return ncclInProgress;
-    Pending p{c->clq, c->next ? c->next - 1 : 0};
+    Pending p{c->clq, c->next ? c->next - 1 : 0, nullptr};
     if (c->next && !wait_for(lk, p, "ncclCommFinalize")) return ncclSystemError;
     return ncclSuccess;
 }
@@ -1183,4 +1234,218 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclD
                            ncclComm_t comm, cudaStream_t stream)
 {
     return collective(C_ALLGATHER, send, recv, sendcount, type, ncclSum, 0, comm, stream);
+}
+
+/* ---- cuda_emu: NCCL point-to-point and split ----
+   ncclSend/ncclRecv queue a message in the calling thread's group (a call outside
+   ncclGroupStart/End is a group of one). ncclGroupEnd first waits, as every
+   enqueue here, for the work already on each message's stream, then enters the
+   messages into their clique's queues per (sender, receiver) pair: the n-th send
+   from a to b matches the n-th receive of b from a, as in NCCL, whichever group
+   they were issued in. A matched pair with the same count and datatype copies
+   (also a rank to itself); a different count or datatype is what NCCL would hang
+   or corrupt on: it is reported and neither message ever completes. The group,
+   and the events recorded after it on its streams, complete when all its
+   messages have. A communicator freed or aborted withdraws its unmatched ones. */
+
+namespace {
+
+/* Matches the pair's queued messages, in order. Under mu. */
+void p2p_match(Clique &q, std::pair<int, int> key);
+
+/* The calling thread's group: wait for each stream's earlier work, queue, match. */
+ncclResult_t group_end()
+{
+    std::vector<std::shared_ptr<P2p>> ops;
+    ops.swap(group_ops);
+    if (ops.empty()) return ncclSuccess;
+    std::unique_lock<std::mutex> lk(mu);
+    for (auto &m : ops) {
+        if (!streams.count(m->stream) || !comms.count(m->comm)) {
+            complain("ncclGroupEnd: a stream or communicator was destroyed inside the group");
+            return ncclInvalidUsage;
+        }
+        if (!wait_for(lk, m->stream->last, "ncclGroupEnd")) return ncclSystemError;
+    }
+    bool blocking = true;
+    auto grp = std::make_shared<Group>();
+    grp->left = ops.size();
+    for (auto &m : ops) {
+        if (!comms.count(m->comm)) return ncclInvalidUsage; /* aborted while we waited */
+        Clique &q = *m->comm->clq;
+        if (q.error != ncclSuccess) return q.error;
+        m->grp = grp;
+        (m->is_send ? q.sendq : q.recvq)[{m->src, m->dst}].push_back(m);
+        m->stream->last = Pending{nullptr, 0, grp};
+        if (!m->comm->blocking) {
+            blocking = false;
+            m->comm->in_progress = 1;
+        }
+    }
+    for (auto &m : ops) p2p_match(*m->comm->clq, {m->src, m->dst});
+    cv.notify_all();
+    return blocking ? ncclSuccess : ncclInProgress;
+}
+
+void p2p_match(Clique &q, std::pair<int, int> key)
+{
+    auto &S = q.sendq[key], &R = q.recvq[key];
+    while (!S.empty() && !R.empty()) {
+        std::shared_ptr<P2p> s = S.front(), r = R.front();
+        S.pop_front();
+        R.pop_front();
+        size_t bytes = s->count * type_size(s->type);
+        if (s->count != r->count || s->type != r->type) {
+            complain("ncclSend/ncclRecv: rank %d sends %zu elements of datatype %d to rank %d, "
+                     "which receives %zu of datatype %d: NCCL would hang or corrupt; neither "
+                     "completes", s->src, s->count, s->type, s->dst, r->count, r->type);
+            continue;
+        }
+        if (bytes && (!on_dev("ncclSend", s->send, bytes, s->comm->dev) ||
+                      !on_dev("ncclRecv", r->recv, bytes, r->comm->dev))) {
+            complain("ncclSend/ncclRecv: rank %d to rank %d: a buffer is gone before the "
+                     "message ran", s->src, s->dst);
+            q.error = ncclUnhandledCudaError;
+            continue;
+        }
+        if (bytes) memmove(r->recv, s->send, bytes);
+        s->grp->left--;
+        r->grp->left--;
+    }
+}
+
+ncclResult_t p2p(bool is_send, const void *send, void *recv, size_t count, ncclDataType_t type,
+                 int peer, ncclComm_t c, cudaStream_t stream)
+{
+    const char *fn = is_send ? "ncclSend" : "ncclRecv";
+    std::unique_lock<std::mutex> lk(mu);
+    if (!comms.count(c)) return ncclInvalidArgument;
+    Clique &q = *c->clq;
+    if (q.error != ncclSuccess) return q.error;
+    if (q.joined < q.nranks || c->finalizing) {
+        complain("%s: rank %d: the communicator is %s", fn, c->rank,
+                 c->finalizing ? "being finalized" : "not initialised yet");
+        return ncclInvalidUsage;
+    }
+    if (!type_size(type) || peer < 0 || peer >= q.nranks) {
+        complain("%s: rank %d: peer %d of %d, datatype %d", fn, c->rank, peer, q.nranks,
+                 (int)type);
+        return ncclInvalidArgument;
+    }
+    if (!stream || !streams.count(stream) || stream->dev != c->dev) {
+        complain("%s: rank %d: the stream is not a live stream of the communicator's device %d",
+                 fn, c->rank, c->dev);
+        return ncclInvalidArgument;
+    }
+    if (count && !on_dev(fn, is_send ? send : recv, count * type_size(type), c->dev))
+        return ncclInvalidArgument;
+    auto m = std::make_shared<P2p>();
+    m->comm = c;
+    m->src = is_send ? c->rank : peer;
+    m->dst = is_send ? peer : c->rank;
+    m->type = type;
+    m->is_send = is_send;
+    m->send = send;
+    m->recv = recv;
+    m->count = count;
+    m->stream = stream;
+    group_ops.push_back(m);
+    lk.unlock();
+    if (group_depth == 0) return group_end();
+    return ncclSuccess;
+}
+
+} /* namespace */
+
+ncclResult_t ncclGroupStart(void)
+{
+    group_depth++;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void)
+{
+    if (group_depth <= 0) {
+        complain("ncclGroupEnd without ncclGroupStart");
+        return ncclInvalidUsage;
+    }
+    if (--group_depth > 0) return ncclSuccess;
+    return group_end();
+}
+
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream)
+{
+    return p2p(true, sendbuff, nullptr, count, datatype, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream)
+{
+    return p2p(false, nullptr, recvbuff, count, datatype, peer, comm, stream);
+}
+
+/* Collective over comm's clique: each rank blocks until every rank has called it (the
+   n-th split of each rank is one split); the last to arrive makes the new cliques,
+   ranked by (key, old rank), on the same devices. config must be NULL (inherit). */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config)
+{
+    std::unique_lock<std::mutex> lk(mu);
+    *newcomm = nullptr;
+    if (!comms.count(comm)) return ncclInvalidArgument;
+    if (config || (color < 0 && color != NCCL_SPLIT_NOCOLOR)) {
+        complain("ncclCommSplit: rank %d: colour %d%s", comm->rank, color,
+                 config ? ", a config (not emulated: pass NULL to inherit the parent's)" : "");
+        return ncclInvalidArgument;
+    }
+    std::shared_ptr<Clique> qp = comm->clq;
+    Clique &q = *qp;
+    int n = q.nranks, rank = comm->rank;
+    if (q.error != ncclSuccess) return q.error;
+    if (group_depth || q.joined < n || comm->finalizing) {
+        complain("ncclCommSplit: rank %d: %s", rank, group_depth ? "inside a group (not "
+                 "emulated)" : "the communicator is not initialised or being finalized");
+        return ncclInvalidUsage;
+    }
+    uint64_t seq = comm->nsplit++;
+    SplitOp &op = q.splits[seq];
+    if (!op.arrived) {
+        op.colour.assign(n, NCCL_SPLIT_NOCOLOR);
+        op.key.assign(n, 0);
+        op.out.assign(n, nullptr);
+    }
+    op.colour[rank] = color;
+    op.key[rank] = key;
+    if (++op.arrived == n) {
+        std::map<int, std::vector<int>> members;
+        for (int r = 0; r < n; r++)
+            if (op.colour[r] >= 0) members[op.colour[r]].push_back(r);
+        for (auto &kv : members) {
+            std::vector<int> &v = kv.second;
+            std::stable_sort(v.begin(), v.end(), [&](int a, int b) { return op.key[a] < op.key[b]; });
+            auto nq = std::make_shared<Clique>();
+            nq->nranks = nq->joined = (int)v.size();
+            nq->ranks.assign(v.size(), nullptr);
+            for (size_t i = 0; i < v.size(); i++) {
+                pdp_emu_comm *parent = q.ranks[v[i]];
+                auto *c = new pdp_emu_comm{nq, (int)i, parent ? parent->dev : -1,
+                                           parent ? parent->blocking : true};
+                nq->ranks[i] = c;
+                comms.insert(c);
+                op.out[v[i]] = c;
+            }
+        }
+        op.done = true;
+        cv.notify_all();
+    } else if (!cv.wait_for(lk, std::chrono::duration<double>(WAIT_S),
+                            [&] { return op.done || q.error != ncclSuccess; }) ||
+               !op.done) {
+        complain("ncclCommSplit: rank %d of %d: the other ranks did not call it within %g s",
+                 rank, n, WAIT_S);
+        return q.error != ncclSuccess ? q.error : ncclSystemError;
+    }
+    *newcomm = op.out[rank];
+    if (++op.taken == n) q.splits.erase(seq);
+    return ncclSuccess;
 }

@@ -28,6 +28,9 @@
      init_rank with one id) form a clique; the n-th collective of every rank
      must agree on kind, count and op (NCCL would hang or corrupt otherwise);
      it completes when the last rank launches it, summing in rank order.
+     Sends and receives match per (sender, receiver) pair in launch order, with
+     the sender's tag and count as the receiver's header; a count mismatch never
+     completes (NCCL hangs). Splits rank the new cliques by (key, old rank).
 
    - Layer calls. Each layer function rebuilds its layer from its arguments and
      sets it up through pdp's table of kinds: arguments that make no such layer
@@ -774,18 +777,38 @@ typedef struct fake__op {
     void *recv[FAKE__MAX_RANKS];
 } fake__op;
 
+/* a send or receive not yet matched, in the clique's list in launch order */
+typedef struct fake__p2pmsg {
+    struct pdp_cudak_nccl *h;
+    int slot, is_send, src, dst, tag;
+    int64_t count;
+    float *buf;
+    struct fake__p2pmsg *next;
+} fake__p2pmsg;
+
 typedef struct fake__clique {
     char id[PDP_CUDAK_NCCL_ID_BYTES];
     int nranks, joined, refs, aborted;
     struct fake__clique *next;
     fake__op ops[PDP_CUDAK_NCCL_SLOTS];
+    fake__p2pmsg *msgs;
+    /* the split in progress: arrivals, then each rank takes its new handle */
+    int split_arrived, split_taken, split_busy;
+    int split_colour[FAKE__MAX_RANKS], split_key[FAKE__MAX_RANKS];
+    struct pdp_cudak_nccl *split_out[FAKE__MAX_RANKS];
+    pdp_status split_st;
 } fake__clique;
 
 struct pdp_cudak_nccl {
     fake__clique *q;
     int rank, dev;
     int64_t next;                             /* this rank's next collective number */
+    int64_t slot_next;                        /* this rank's next event slot (mod SLOTS) */
     int64_t slot_seq[PDP_CUDAK_NCCL_SLOTS];   /* collective number behind each slot */
+    /* point-to-point slots: done, and the header the receive got (tag, count) */
+    char slot_p2p[PDP_CUDAK_NCCL_SLOTS], p2p_done[PDP_CUDAK_NCCL_SLOTS];
+    char hdr_arrived[PDP_CUDAK_NCCL_SLOTS];
+    int64_t hdr_tag[PDP_CUDAK_NCCL_SLOTS], hdr_count[PDP_CUDAK_NCCL_SLOTS];
 };
 
 static pthread_mutex_t fake__nccl_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -924,6 +947,17 @@ void pdp_cudak_nccl_free(pdp_cudak_nccl *h, int abort)
     if (!h) return;
     pthread_mutex_lock(&fake__nccl_mu);
     q = h->q;
+    { /* its unmatched messages are withdrawn */
+        fake__p2pmsg **pp = &q->msgs;
+        while (*pp)
+            if ((*pp)->h == h) {
+                fake__p2pmsg *m = *pp;
+                *pp = m->next;
+                free(m);
+            } else {
+                pp = &(*pp)->next;
+            }
+    }
     if (abort) {
         q->aborted = 1;
         pthread_cond_broadcast(&fake__nccl_cv);
@@ -1005,9 +1039,10 @@ static pdp_status fake__launch(pdp_cudak_nccl *h, int kind, const void *send, vo
         }
         o->send[h->rank] = send;
         o->recv[h->rank] = recv;
-        h->slot_seq[s % PDP_CUDAK_NCCL_SLOTS] = s;
+        *slot = (int)(h->slot_next++ % PDP_CUDAK_NCCL_SLOTS);
+        h->slot_seq[*slot] = s;
+        h->slot_p2p[*slot] = 0;
         h->next++;
-        *slot = (int)(s % PDP_CUDAK_NCCL_SLOTS);
         if (++o->arrived == q->nranks) {
             st = fake__run(q, o);
             if (st != PDP_OK) q->aborted = 1;
@@ -1037,7 +1072,8 @@ pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind, const f
 static int fake__state(const pdp_cudak_nccl *h, int slot)
 {
     int64_t s = h->slot_seq[slot];
-    const fake__op *o = &h->q->ops[slot];
+    const fake__op *o = &h->q->ops[s % PDP_CUDAK_NCCL_SLOTS];
+    if (h->slot_p2p[slot]) return h->p2p_done[slot] ? 1 : h->q->aborted ? -1 : 0;
     if (o->seq > s || (o->seq == s && o->done)) return 1;
     return h->q->aborted ? -1 : 0;
 }
@@ -1061,7 +1097,7 @@ pdp_status pdp_cudak_nccl_wait(pdp_cudak_nccl *h, int slot, double timeout_s)
     pthread_mutex_lock(&fake__nccl_mu);
     while ((r = fake__state(h, slot)) == 0 && rc == 0)
         rc = pthread_cond_timedwait(&fake__nccl_cv, &fake__nccl_mu, &dl);
-    arrived = h->q->ops[slot].arrived;
+    arrived = h->slot_p2p[slot] ? -1 : h->q->ops[h->slot_seq[slot] % PDP_CUDAK_NCCL_SLOTS].arrived;
     if (r == 0) {
         h->q->aborted = 1;
         pthread_cond_broadcast(&fake__nccl_cv);
@@ -1071,6 +1107,10 @@ pdp_status pdp_cudak_nccl_wait(pdp_cudak_nccl *h, int slot, double timeout_s)
     if (r < 0)
         return fake__fail(PDP_ERR_COMM, "the NCCL communicator on device %d was aborted after an "
                           "earlier failure", h->dev);
+    if (arrived < 0)
+        return fake__fail(PDP_ERR_TIMEOUT, "a send/recv group did not complete within %g s on "
+                          "device %d (its peer never posted the matching message?)", timeout_s,
+                          h->dev);
     return fake__fail(PDP_ERR_TIMEOUT, "collective #%lld did not complete within %g s on device "
                       "%d: %d of %d ranks launched it (a rank missing or stuck?)",
                       (long long)h->slot_seq[slot], timeout_s, h->dev, arrived, h->q->nranks);
@@ -1087,4 +1127,182 @@ pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *host, size_t 
         PDP_OK)
         return st;
     return pdp_cudak_nccl_wait(h, slot, timeout_s);
+}
+
+/* ---- fake_cuda: NCCL point-to-point and split ----
+   A message joins the clique's list and matches the first opposite message of
+   the same (sender, receiver) pair, in launch order, as NCCL pairs them. Equal
+   counts copy and complete both (each message on its own: the fake's launches
+   never block, so grouping cannot matter here); the receiver's header records
+   the sender's tag and count. Different counts are what NCCL would hang on:
+   the header is recorded, and neither message ever completes. */
+
+static void fake__p2p_match(fake__clique *q, fake__p2pmsg *m)
+{
+    fake__p2pmsg **pp, *o = NULL;
+    for (pp = &q->msgs; *pp; pp = &(*pp)->next)
+        if ((*pp)->src == m->src && (*pp)->dst == m->dst && (*pp)->is_send != m->is_send) {
+            o = *pp;
+            *pp = o->next;
+            break;
+        }
+    if (!o) { /* append: launch order */
+        for (pp = &q->msgs; *pp; pp = &(*pp)->next) {
+        }
+        m->next = NULL;
+        *pp = m;
+        return;
+    }
+    {
+        fake__p2pmsg *snd = m->is_send ? m : o, *rcv = m->is_send ? o : m;
+        rcv->h->hdr_arrived[rcv->slot] = 1;
+        rcv->h->hdr_tag[rcv->slot] = snd->tag;
+        rcv->h->hdr_count[rcv->slot] = snd->count;
+        if (snd->count == rcv->count) {
+            if (snd->count > 0 && rcv->buf != snd->buf) memmove(rcv->buf, snd->buf, F(snd->count));
+            snd->h->p2p_done[snd->slot] = 1;
+            rcv->h->p2p_done[rcv->slot] = 1;
+        }
+        free(snd);
+        free(rcv);
+    }
+    pthread_cond_broadcast(&fake__nccl_cv);
+}
+
+pdp_status pdp_cudak_nccl_p2p(pdp_cudak_nccl *h, pdp_cudak_p2p *ops, int n, double timeout_s)
+{
+    int i;
+    (void)timeout_s;
+    for (i = 0; i < n; i++) {
+        ops[i].slot = -1;
+        if (ops[i].peer < 0 || ops[i].peer >= h->q->nranks || ops[i].count < 0)
+            return fake__fail(PDP_ERR_CUDA, "nccl_p2p: peer %d of %d, count %lld", ops[i].peer,
+                              h->q->nranks, (long long)ops[i].count);
+        if (ops[i].count > 0) OWN(h->dev, ops[i].buf, F(ops[i].count));
+    }
+    pthread_mutex_lock(&fake__nccl_mu);
+    if (h->q->aborted) {
+        pthread_mutex_unlock(&fake__nccl_mu);
+        return fake__fail(PDP_ERR_COMM, "the NCCL communicator was aborted");
+    }
+    for (i = 0; i < n; i++) {
+        fake__p2pmsg *m = (fake__p2pmsg *)calloc(1, sizeof *m);
+        int s = (int)(h->slot_next++ % PDP_CUDAK_NCCL_SLOTS);
+        if (!m) {
+            h->q->aborted = 1;
+            pthread_mutex_unlock(&fake__nccl_mu);
+            return fake__fail(PDP_ERR_OUT_OF_MEMORY, "no host memory for a message");
+        }
+        h->slot_p2p[s] = 1;
+        h->p2p_done[s] = 0;
+        h->hdr_arrived[s] = 0;
+        m->h = h;
+        m->slot = s;
+        m->is_send = ops[i].is_send;
+        m->src = ops[i].is_send ? h->rank : ops[i].peer;
+        m->dst = ops[i].is_send ? ops[i].peer : h->rank;
+        m->tag = ops[i].tag;
+        m->count = ops[i].count;
+        m->buf = ops[i].buf;
+        ops[i].slot = s;
+        fake__p2p_match(h->q, m);
+    }
+    pthread_mutex_unlock(&fake__nccl_mu);
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_nccl_p2p_header(pdp_cudak_nccl *h, int slot, int *arrived, int64_t *tag,
+                                     int64_t *count)
+{
+    *arrived = 0;
+    if (slot < 0 || slot >= PDP_CUDAK_NCCL_SLOTS)
+        return fake__fail(PDP_ERR_INVALID, "bad NCCL slot %d", slot);
+    pthread_mutex_lock(&fake__nccl_mu);
+    if (h->slot_p2p[slot] && h->hdr_arrived[slot]) {
+        *arrived = 1;
+        *tag = h->hdr_tag[slot];
+        *count = h->hdr_count[slot];
+    }
+    pthread_mutex_unlock(&fake__nccl_mu);
+    return PDP_OK;
+}
+
+/* ncclCommSplit: the last rank to arrive makes every new clique and handle, ranked by
+   (key, old rank); each rank takes its own; the next split waits until all have. */
+pdp_status pdp_cudak_nccl_split(pdp_cudak_nccl *h, int colour, int key, pdp_cudak_nccl **out,
+                                double timeout_s)
+{
+    struct timespec dl = fake__deadline(timeout_s);
+    fake__clique *q = h->q;
+    int n = q->nranks, rc = 0, r, i;
+    pdp_status st;
+    *out = NULL;
+    pthread_mutex_lock(&fake__nccl_mu);
+    while (q->split_busy && !q->aborted && rc == 0)
+        rc = pthread_cond_timedwait(&fake__nccl_cv, &fake__nccl_mu, &dl);
+    if (q->aborted || rc != 0) {
+        pthread_mutex_unlock(&fake__nccl_mu);
+        return fake__fail(q->aborted ? PDP_ERR_COMM : PDP_ERR_TIMEOUT, "ncclCommSplit: the "
+                          "communicator was aborted, or an earlier split is still being taken");
+    }
+    q->split_colour[h->rank] = colour;
+    q->split_key[h->rank] = key;
+    if (++q->split_arrived == n) {
+        q->split_st = PDP_OK;
+        for (r = 0; r < n; r++) q->split_out[r] = NULL;
+        for (r = 0; r < n && q->split_st == PDP_OK; r++) {
+            int size = 0;
+            fake__clique *nq;
+            if (q->split_colour[r] < 0 || q->split_out[r]) continue;
+            for (i = 0; i < n; i++)
+                if (q->split_colour[i] == q->split_colour[r]) size++;
+            if (!(nq = fake__clique_new(size, NULL))) {
+                q->split_st = fake__fail(PDP_ERR_OUT_OF_MEMORY, "no memory for a split clique");
+                break;
+            }
+            nq->joined = size;
+            for (i = 0; i < n; i++) { /* each member's rank: its place by (key, old rank) */
+                int j, nr = 0;
+                if (q->split_colour[i] != q->split_colour[r]) continue;
+                for (j = 0; j < n; j++)
+                    if (q->split_colour[j] == q->split_colour[r] &&
+                        (q->split_key[j] < q->split_key[i] ||
+                         (q->split_key[j] == q->split_key[i] && j < i)))
+                        nr++;
+                if ((st = fake__handle_new(&q->split_out[i], nq, nr, -1)) != PDP_OK) {
+                    q->split_st = st;
+                    break;
+                }
+            }
+        }
+        q->split_busy = 1;
+        q->split_taken = 0;
+        pthread_cond_broadcast(&fake__nccl_cv);
+    } else {
+        rc = 0;
+        while (!q->split_busy && !q->aborted && rc == 0)
+            rc = pthread_cond_timedwait(&fake__nccl_cv, &fake__nccl_mu, &dl);
+        if (!q->split_busy) {
+            int arrived = q->split_arrived;
+            pthread_mutex_unlock(&fake__nccl_mu);
+            return fake__fail(q->aborted ? PDP_ERR_COMM : PDP_ERR_TIMEOUT, "ncclCommSplit: %d of "
+                              "%d ranks called it within %g s", arrived, n, timeout_s);
+        }
+    }
+    st = q->split_st;
+    *out = q->split_out[h->rank];
+    if (*out) (*out)->dev = h->dev;
+    q->split_out[h->rank] = NULL;
+    if (++q->split_taken == n) {
+        q->split_busy = 0;
+        q->split_arrived = 0;
+        pthread_cond_broadcast(&fake__nccl_cv);
+    }
+    pthread_mutex_unlock(&fake__nccl_mu);
+    if (st != PDP_OK) {
+        pdp_cudak_nccl_free(*out, 1);
+        *out = NULL;
+        return fake__fail(st, "ncclCommSplit: no memory for the new communicators");
+    }
+    return PDP_OK;
 }

@@ -7,6 +7,10 @@
 
 #include <climits>
 
+#define NCCL_VERSION(X, Y, Z) ((X) * 10000 + (Y) * 100 + (Z))
+#define NCCL_VERSION_CODE NCCL_VERSION(2, 18, 0) /* the API level emulated (ncclCommSplit) */
+#define NCCL_SPLIT_NOCOLOR (-1)
+
 #define NCCL_UNIQUE_ID_BYTES 128
 typedef struct {
     char internal[NCCL_UNIQUE_ID_BYTES];
@@ -59,5 +63,13 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount,
                                cudaStream_t stream);
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                      ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config);
 
 #endif
