@@ -120,8 +120,8 @@
    local (ranks are threads: pdp_local_group_create + pdp_comm_create_local; no
    dependency), mpi (PDP_MPI, pdp_comm_init_env under mpirun), nccl (PDP_CUDA;
    process per GPU through pdp_comm_init_env, thread per GPU through
-   pdp_nccl_group_create; point-to-point and split are local and MPI only for
-   now). A rank that does not arrive within timeout_s (default 300) makes the
+   pdp_nccl_group_create; point-to-point batched into NCCL groups, split through
+   ncclCommSplit, NCCL 2.18+; comm.h lists where NCCL's messages differ). A rank that does not arrive within timeout_s (default 300) makes the
    others fail with PDP_ERR_TIMEOUT naming the collective (or the peer and tag)
    and the rank: nothing hangs. MPI start-up: with PDP_STORE_PORT (or MASTER_PORT)
    set, every rank checks in at rank 0's store before MPI_Init_thread, so a rank
@@ -934,7 +934,16 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
    Point-to-point is ordered with nothing else: collectives and messages may be
    interleaved freely (as in MPI). Handles come from the same fixed pool as the
    collectives' (nothing is allocated per message). Stats: bytes_sent counts the
-   bytes sent, p2p the messages. */
+   bytes sent, p2p the messages.
+   NCCL (ncclSend/ncclRecv; no tags in NCCL, so each message carries a small header
+   with its tag and count, checked by the receiver): posted messages go out together
+   in one ncclGroupStart/End at the first wait or pdp_work_done on one of them, or
+   before the next collective or split on that communicator (call pdp_work_done
+   right after posting to start them early). Unlike local and MPI: messages and
+   collectives share one stream, so ranks must issue them in an order that cannot
+   deadlock; a self-send needs its receive posted in the same batch; a timed-out
+   message aborts the communicator (NCCL cannot withdraw it), as a timed-out
+   collective does. */
 #define PDP_COMM_TAG_MAX 32767 /* MPI guarantees tags up to 32767 */
 PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
                                  pdp_work **work);
