@@ -55,8 +55,9 @@ $(B):
 # - The rest keep a plain strict build of their own: they read internal structs (pdp_model,
 #   pdp_dp, pdp__layer: test_checkpoint, test_fixtures, test_dp, test_ddp, test_optim,
 #   test_layers, which also shrinks the convolution's chunks) and reach most of the library,
-#   so PDP_STATIC saves them nothing; test_harness has no pdp.h. The examples are built the
-#   way a user builds them (the line in their top comment), from their own source alone.
+#   so PDP_STATIC saves them nothing; test_harness has no pdp.h. The examples use the public
+#   API only and link $(IMPL_OBJ) too; each also builds alone, as the line in its top comment
+#   says (tests/test_build.sh builds one that way).
 SHARED_TESTS = $(addprefix $(B)/test_,cuda loss)
 STATIC_TESTS = $(addprefix $(B)/test_,tensor comm store mpi threads trace data gemm gemm_nosimd)
 IMPL_LINKED  = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
@@ -74,8 +75,8 @@ $(STATIC_TESTS): $(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h tests/counti
 $(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h tests/counting_alloc.h | $(B)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS) $(EXTRA_LIBS_$*)
 
-$(B)/%: examples/%.c pdp.h | $(B)
-	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS)
+$(B)/%: examples/%.c $(IMPL_OBJ) pdp.h | $(B)
+	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $(IMPL_LINKED) $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
 $(B)/bench_%: bench/%.c bench/bench.h pdp.h | $(B)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS) $(BENCH_LIBS_$*)

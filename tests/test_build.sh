@@ -52,6 +52,12 @@ fails "malloc_without_free_is_an_error" "define both PDP_MALLOC and PDP_FREE" gc
 fails "late_posix_define_is_an_error_with_hint" "define _POSIX_C_SOURCE 200809L" gcc $STRICT -c tests/compile/tu_late_posix.c -o "$B/x.o"
 check "gnu_mode_needs_no_posix_define" gcc -std=gnu11 -Wall -Wextra -Werror -I. -c tests/compile/tu_late_posix.c -o "$B/gnu.o"
 
+# ---- each example builds alone, as its top comment says (make test links them to one
+# implementation object instead) ----
+for e in examples/*.c; do
+    check "example_builds_alone_$(basename "$e" .c)" gcc $STRICT -fsyntax-only "$e"
+done
+
 # ---- the README's quick start compiles and trains ----
 awk '/^```c$/{f=1;next}/^```$/{f=0}f' README.md > "$B/readme.c"
 check "readme_quick_start_compiles_and_runs" sh -c "gcc $STRICT -O2 $B/readme.c -o $B/readme -lm -lpthread && $B/readme | grep -q 'last batch loss'"
