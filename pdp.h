@@ -948,6 +948,12 @@ PDP_API pdp_status pdp_dp_step(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
    through DataParallel does. */
 PDP_API pdp_status pdp_dp_forward_backward(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
                                            float *loss);
+/* An own loss (MSE, a hand-written one): DP runs the loss inside its workers and
+   offers softmax cross-entropy only. pdp_model_forward, the loss and
+   pdp_model_backward on the master work as on any model, on the calling thread
+   alone: correct gradients and steps (pdp_optim_step), no parallelism, nothing
+   to synchronise, since the replicas take the master's parameters at the next
+   replicate. For a data-parallel own loss use DDP (pdp_ddp_backward). */
 /* The gathered outputs [B, classes] of the last step (on the master), or NULL. */
 PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp);
 
@@ -1029,9 +1035,21 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
    bucket, the collective and the missing rank; a rank that fails and frees its
    communicator makes the others fail at once.
 
+   Any loss: every backward of the wrapped model synchronises, however its
+   output gradient was computed. pdp_ddp_forward_backward is the built-in
+   cross-entropy; for an own loss run pdp_ddp_forward (or pdp_model_forward),
+   compute the loss and its gradient dy with respect to the output (the mean
+   over this rank's samples, as the built-in losses do, so that the average
+   over ranks is the global batch's), then pdp_ddp_backward(ddp, dy) (or
+   pdp_model_backward): the buckets are reduced the same way. A second backward
+   before pdp_ddp_step/pdp_ddp_finish fails with PDP_ERR_STATE saying so.
+
    Typical step (each rank, on its own thread or process):
        pdp_ddp_forward_backward(ddp, x_shard, labels_shard, &loss);
-       pdp_ddp_step(ddp, opt);          wait for the buckets, update, zero grads */
+       pdp_ddp_step(ddp, opt);          wait for the buckets, update, zero grads
+   or, with an own loss:
+       pdp_ddp_forward(ddp, x_shard, &y);  my_loss(y, target, &loss, &dy);
+       pdp_ddp_backward(ddp, &dy);  pdp_ddp_step(ddp, opt); */
 
 typedef struct pdp_ddp pdp_ddp;
 
@@ -1058,6 +1076,14 @@ PDP_API void pdp_ddp_free(pdp_ddp *ddp);
    (pdp_ddp_step or pdp_ddp_finish) before the next one. */
 PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *ddp, const pdp_tensor *x,
                                             const int32_t *labels, float *loss);
+/* An own loss: forward on this rank's shard; *y is the model's output tensor
+   (valid until the next forward). Then compute dy = dloss/dy (same shape, on the
+   model's device) and call pdp_ddp_backward. */
+PDP_API pdp_status pdp_ddp_forward(pdp_ddp *ddp, const pdp_tensor *x, const pdp_tensor **y);
+/* Backward from dy; buckets are all-reduced as their gradients become ready,
+   exactly as in pdp_ddp_forward_backward (pdp_model_backward on the wrapped
+   model does the same; this entry adds the timing to the stats). */
+PDP_API pdp_status pdp_ddp_backward(pdp_ddp *ddp, const pdp_tensor *dy);
 /* Waits for every bucket of the last synchronised backward: the model's
    gradients are then the average over ranks. PDP_ERR_STATE when the last
    backward ran under no_sync. OK and nothing to do when nothing is pending. */
@@ -1096,6 +1122,8 @@ typedef struct pdp_ddp_stats {
                                   included) to its completion; queueing excluded */
     double wait_s;             /* time pdp_ddp_finish waited: communication left exposed */
     double hidden_share;       /* 1 - wait_s / allreduce_s, in [0, 1] (1 with nothing to do) */
+    int64_t launched_in_backward; /* buckets launched while backward still ran (the others
+                                     launch at its end: those of unused parameters) */
     /* sums over all finished steps */
     int64_t total_bytes_sent;
     double total_backward_s, total_allreduce_s, total_wait_s;
@@ -1735,6 +1763,21 @@ typedef struct pdp__param_entry {
     int64_t offset, count;
 } pdp__param_entry;
 
+/* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
+   and gradients live. The event function (NULL: off) is called before the forward
+   of each layer with parameters (FORWARD_LAYER), when pdp_model_backward starts
+   (BACKWARD_BEGIN: a failure refuses the backward, its message stands), before the
+   backward of each layer with parameters (BACKWARD_LAYER), and after the last layer
+   or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+typedef enum pdp__model_event {
+    PDP__EV_FORWARD_LAYER,
+    PDP__EV_BACKWARD_BEGIN,
+    PDP__EV_BACKWARD_LAYER,
+    PDP__EV_BACKWARD_END
+} pdp__model_event;
+typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
+                                          int layer, pdp_status st);
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -1763,6 +1806,11 @@ struct pdp_model {
     void *hook_user;
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
+    pdp__model_event_fn event; /* the executor seam (above); NULL: off */
+    void *event_user;
+    float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
+                                    weight's offset): where the executor put the layer's
+                                    weight (its bias follows it) and their gradients */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
@@ -5096,7 +5144,14 @@ static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself); backward needs the forward's input to stay alive,
    as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
-   largest batch), forward and backward allocate nothing. */
+   largest batch), forward and backward allocate nothing.
+
+   The executor seam (internal.h): an executor may listen to the pass's events
+   (m->event: before each layer with parameters, forward and backward, and at
+   the start and end of every backward: DDP and ZeRO synchronise any backward
+   this way) and point a layer's weight/bias and their gradients at buffers of
+   its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
+   (NULL) by default: one pointer test per layer. */
 
 /* #include "internal.h" (already above) */
 
@@ -5444,8 +5499,8 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
     if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];
-        io->w = m->param_block + w->offset;
-        io->dw = m->grad_block + w->offset;
+        io->w = m->layer_w && m->layer_w[i] ? m->layer_w[i] : m->param_block + w->offset;
+        io->dw = m->layer_dw && m->layer_dw[i] ? m->layer_dw[i] : m->grad_block + w->offset;
         if (l->nparams > 1) {
             io->b = io->w + w->count;
             io->db = io->dw + w->count;
@@ -5490,6 +5545,10 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
             m->act[i] = (float *)in;
             continue;
         }
+        if (m->event && l->nparams &&
+            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
         pdp__model_io(m, i, &io);
         io.x = in;
         io.y = m->act[i];
@@ -5536,11 +5595,20 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s",
                         pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
     }
+    if (m->event && (st = m->event(m->event_user, m, PDP__EV_BACKWARD_BEGIN, -1, PDP_OK)))
+        return pdp__err_wrap(st, "pdp_model_backward");
     m->have_forward = false;
     g = dy->data;
+    st = PDP_OK;
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
+        if (m->event && l->nparams &&
+            (st = m->event(m->event_user, m, PDP__EV_BACKWARD_LAYER, i, PDP_OK)) != PDP_OK) {
+            st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
+                               pdp__layer_kind_name(l->kind));
+            break;
+        }
         if (!pdp__model_is_view(m, i)) {
             pdp__model_io(m, i, &io);
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
@@ -5548,9 +5616,11 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : NULL;
             t0 = m->trace_tid ? pdp__now() : 0.0;
-            if ((st = pdp__layer_backward(l, &io)) != PDP_OK)
-                return pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
-                                     pdp__layer_kind_name(l->kind));
+            if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
+                st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
+                                   pdp__layer_kind_name(l->kind));
+                break;
+            }
             if (m->trace_tid) pdp__model_trace(m, "backward", i, t0);
             if (io.dx) g = io.dx;
         }
@@ -5558,12 +5628,13 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--)
                 m->hook(m->hook_user, m, p);
     }
-    return PDP_OK;
+    if (m->event) m->event(m->event_user, m, PDP__EV_BACKWARD_END, -1, st);
+    return st;
 }
 
 PDP_API void pdp_model_zero_grad(pdp_model *m)
 {
-    if (m && m->param_count)
+    if (m && m->param_count && m->grad_block) /* NULL: ZeRO holds the gradients */
         pdp__dev_memset0(m->device, m->grad_block, (size_t)m->param_count * sizeof(float));
 }
 
@@ -5668,6 +5739,9 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     m->max_batch = 0;
     m->hook = NULL;
     m->hook_user = NULL;
+    m->event = NULL;
+    m->event_user = NULL;
+    m->layer_w = m->layer_dw = NULL;
     m->trace_tid = 0;
     m->have_forward = false;
     m->params_shared = share_params;
@@ -12754,7 +12828,21 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
    DDP all-reduces (average) the bucket in place; ZeRO reduce-scatters it into
    the part of the flat block its rank owns. An optional after_step hook runs
    after the optimizer step (ZeRO: all-gather the updated parameters); op_name
-   names the collective in the trace ("allreduce bucket 3").
+   names the collective in the trace ("allreduce bucket 3"). With whole_layers
+   a bucket never splits a layer's weight from its bias (ZeRO's units, whose
+   layers it points at per-unit buffers). bucket_done (optional) runs after a
+   bucket's collective has completed successfully, whoever waited for it
+   (pdp__reducer_wait_bucket: finish, or the executor reusing a buffer).
+
+   Every backward of the wrapped model synchronises, whatever computed its
+   output gradient (the built-in cross-entropy, pdp_loss_mse, a user's own
+   loss): the reducer listens to the model's BACKWARD_BEGIN and BACKWARD_END
+   events (the executor seam of internal.h), arms itself at the start of every
+   pdp_model_backward unless no_sync is on, and launches the leftover buckets
+   at its end. A backward while the last one's buckets are still being reduced
+   is refused by BACKWARD_BEGIN with a message naming the executor's finish.
+   The executor may listen to the per-layer events too (desc.layer_event: ZeRO
+   points the layers at its buffers there).
 
    Per synchronised backward: pending[b] starts at the number of parameters in
    bucket b; the model's grad hook, fired once per parameter right after its
@@ -12792,6 +12880,8 @@ typedef struct pdp__reducer pdp__reducer;
 typedef pdp_status (*pdp__reduce_fn)(pdp__reducer *r, int b, pdp_work **w);
 /* Runs after the optimizer step of pdp__reducer_step (ZeRO: all-gather). */
 typedef pdp_status (*pdp__after_step_fn)(pdp__reducer *r, const char *fn);
+/* Runs once bucket b's collective has completed successfully. */
+typedef void (*pdp__bucket_done_fn)(pdp__reducer *r, int b);
 
 typedef struct pdp__reducer_desc {
     double cap_bytes;              /* close a bucket at >= this many bytes */
@@ -12801,6 +12891,10 @@ typedef struct pdp__reducer_desc {
     const char *op_name;           /* the collective's name in the trace ("allreduce") */
     const char *finish_names;      /* for messages: "pdp_ddp_step or pdp_ddp_finish" */
     void *user;                    /* the executor, for reduce and after_step */
+    bool whole_layers;             /* never split a layer between buckets */
+    pdp__bucket_done_fn bucket_done;  /* NULL: nothing */
+    pdp__model_event_fn layer_event;  /* the model's FORWARD_LAYER and BACKWARD_LAYER
+                                         events, user = the reducer; NULL: none */
 } pdp__reducer_desc;
 
 typedef struct pdp__red_bucket {
@@ -12827,6 +12921,10 @@ struct pdp__reducer {
     pdp_status launch_status;
     char launch_msg[512];
     int twice_param;      /* a parameter reported twice in one backward, or -1 */
+    int launched_in_backward; /* buckets launched by the grad hook (before backward ended) */
+    pdp_status wait_status;   /* the first failed bucket wait of this backward */
+    char wait_msg[768];
+    double busy;              /* execution seconds of this backward's waited buckets */
     int64_t bytes_at_arm;
     double backward_acc;  /* forward + backward seconds since the last finish */
     pdp_ddp_stats stats;  /* grad_bytes is the executor's to set */
@@ -12849,6 +12947,8 @@ static pdp_status pdp__reducer_plan(pdp__reducer *r)
     for (p = m->nparams - 1; p >= 0; p--) {
         bytes += (double)m->params[p].count * sizeof(float);
         r->bucket_of[p] = b;
+        if (r->desc.whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
+            continue; /* the layer's weight joins its bias */
         if (bytes >= (b == 0 ? first : cap) || p == 0) { /* close bucket b: params p..last */
             pdp__red_bucket *k = &r->buckets[b];
             k->info.first_param = p;
@@ -12909,8 +13009,10 @@ static void pdp__reducer_hook(void *user, pdp_model *m, int p)
         return;
     }
     if (--k->pending == 0) {
+        int before = r->next_launch;
         k->ready = true;
         pdp__reducer_launch_ready(r);
+        r->launched_in_backward += r->next_launch - before;
     }
 }
 
@@ -12928,9 +13030,46 @@ static void pdp__reducer_arm(pdp__reducer *r)
     r->launch_status = PDP_OK;
     r->launch_msg[0] = '\0';
     r->twice_param = -1;
+    r->launched_in_backward = 0;
+    r->wait_status = PDP_OK;
+    r->wait_msg[0] = '\0';
+    r->busy = 0.0;
     pdp_comm_get_stats(r->c, &cs);
     r->bytes_at_arm = cs.bytes_sent;
     r->armed = true;
+}
+
+/* The model's events. BACKWARD_BEGIN refuses a backward while the last one is
+   being reduced and arms the reducer (unless no_sync); BACKWARD_END launches the
+   buckets whose parameters got no gradient and records the state. */
+static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                     pdp_status st)
+{
+    pdp__reducer *r = (pdp__reducer *)user;
+    switch (ev) {
+    case PDP__EV_BACKWARD_BEGIN:
+        if (r->state == PDP__RED_REDUCING)
+            return pdp__err(PDP_ERR_STATE, "rank %d: the last backward's buckets are still being "
+                            "reduced; call %s first", r->c->rank, r->desc.finish_names);
+        if (!r->no_sync) pdp__reducer_arm(r);
+        return PDP_OK;
+    case PDP__EV_BACKWARD_END:
+        if (r->armed) {
+            r->state = PDP__RED_REDUCING;
+            r->failed = st != PDP_OK;
+            if (st == PDP_OK) { /* buckets of parameters that got no gradient */
+                int b;
+                for (b = 0; b < r->nbuckets; b++) r->buckets[b].ready = true;
+                pdp__reducer_launch_ready(r);
+            }
+            r->armed = false;
+        } else if (st == PDP_OK) {
+            r->state = PDP__RED_LOCAL;
+        }
+        return PDP_OK;
+    default:
+        return r->desc.layer_event ? r->desc.layer_event(user, m, ev, layer, st) : PDP_OK;
+    }
 }
 
 /* ---- reducer: construction ---- */
@@ -13064,7 +13203,7 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
     PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
     if (m->params_shared)
         return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
-    if (m->hook)
+    if (m->hook || m->event)
         return pdp__err(PDP_ERR_STATE, "%s: the model already has a grad hook (another DDP?)", fn);
     if (m->device.kind != c->device.kind || m->device.ordinal != c->device.ordinal)
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
@@ -13093,6 +13232,8 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
         }
     }
     pdp_model_set_grad_hook(m, pdp__reducer_hook, r);
+    m->event = pdp__reducer_event;
+    m->event_user = r;
     r->stats.buckets = r->nbuckets;
     return PDP_OK;
 }
@@ -13106,6 +13247,8 @@ static void pdp__reducer_release(pdp__reducer *r)
             if (r->buckets[b].launched && r->buckets[b].work) pdp_work_wait(r->buckets[b].work);
     if (r->m && r->m->hook == pdp__reducer_hook && r->m->hook_user == r) {
         pdp_model_set_grad_hook(r->m, NULL, NULL);
+        r->m->event = NULL;
+        r->m->event_user = NULL;
         r->m->trace_tid = 0;
     }
     if (r->traced) pdp__trace_close();
@@ -13119,40 +13262,81 @@ static void pdp__reducer_release(pdp__reducer *r)
 /* ---- reducer: training ---- */
 
 /* Forward, loss and backward on this rank's shard; the buckets launch as their
-   gradients become ready (unless no_sync). */
+   gradients become ready (unless no_sync): the model's events do it. */
 static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
                                         const int32_t *labels, float *loss, const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
+    if (r->state == PDP__RED_REDUCING) /* before the forward, which would be wasted */
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
+                        "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+    st = pdp_model_forward_backward(r->m, x, labels, loss);
+    r->backward_acc += pdp__now() - t0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* A user's own loss: forward on this rank's shard (*y: the model's output). */
+static pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
+                                       const char *fn)
+{
+    double t0 = pdp__now();
+    pdp_status st;
+    if (y) *y = NULL;
     if (r->state == PDP__RED_REDUCING)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
                         "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
-    if (!r->no_sync) pdp__reducer_arm(r);
-    st = pdp_model_forward_backward(r->m, x, labels, loss);
-    if (r->no_sync) {
-        if (st == PDP_OK) r->state = PDP__RED_LOCAL;
-    } else {
-        r->state = PDP__RED_REDUCING;
-        r->failed = st != PDP_OK;
-        if (st == PDP_OK) { /* buckets of parameters that got no gradient */
-            int b;
-            for (b = 0; b < r->nbuckets; b++) r->buckets[b].ready = true;
-            pdp__reducer_launch_ready(r);
-        }
-        r->armed = false;
-    }
+    st = pdp_model_forward(r->m, x, y);
     r->backward_acc += pdp__now() - t0;
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* ... and backward from dy, the gradient of the user's loss with respect to y. */
+static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
+{
+    double t0 = pdp__now();
+    pdp_status st = pdp_model_backward(r->m, dy);
+    r->backward_acc += pdp__now() - t0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* Waits for bucket b if it was launched and not waited yet: records its time,
+   its trace event and the first failure (named after the bucket), then runs
+   bucket_done on success. */
+static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
+{
+    pdp__red_bucket *k = &r->buckets[b];
+    pdp_status st;
+    if (!k->launched || !k->work) return;
+    st = pdp_work_wait(k->work);
+    if (st != PDP_OK && r->wait_status == PDP_OK) {
+        char name[160];
+        r->wait_status = st;
+        pdp__red_bucket_name(r, b, name, sizeof name);
+        snprintf(r->wait_msg, sizeof r->wait_msg, "%s: %.600s", name, pdp_last_error());
+    }
+    r->busy += k->work->t_done > k->work->t_start ? k->work->t_done - k->work->t_start : 0.0;
+    if (r->trace_comm) {
+        char name[48], args[88];
+        snprintf(name, sizeof name, "%.24s bucket %d", r->desc.op_name, b);
+        snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
+                 (long long)k->info.count * 4, (long long)k->work->seq,
+                 (k->work->t_start - k->t_launch) * 1e6);
+        pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
+                         ((uint64_t)r->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
+                         k->work->t_done, args);
+    }
+    k->work = NULL;
+    if (st == PDP_OK && r->desc.bucket_done) r->desc.bucket_done(r, b);
 }
 
 /* Waits for every bucket of the last synchronised backward, in bucket order;
    the first failure names its bucket and parameters. */
 static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
 {
-    pdp_status st = PDP_OK, first = PDP_OK;
+    pdp_status first;
     pdp_comm_stats cs;
-    double t0, t1, busy = 0.0;
+    double t0, t1, busy;
     char msg[768];
     int b;
     if (r->state == PDP__RED_IDLE) return PDP_OK;
@@ -13160,32 +13344,12 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward ran under no_sync; run one "
                         "backward with no_sync off to reduce the accumulated gradients", fn,
                         r->c->rank);
-    msg[0] = '\0';
     t0 = pdp__now();
-    for (b = 0; b < r->nbuckets; b++) {
-        pdp__red_bucket *k = &r->buckets[b];
-        if (!k->launched || !k->work) continue;
-        st = pdp_work_wait(k->work);
-        if (st != PDP_OK && first == PDP_OK) {
-            char name[160];
-            first = st;
-            pdp__red_bucket_name(r, b, name, sizeof name);
-            snprintf(msg, sizeof msg, "%s: %.600s", name, pdp_last_error());
-        }
-        busy += k->work->t_done > k->work->t_start ? k->work->t_done - k->work->t_start : 0.0;
-        if (r->trace_comm) {
-            char name[48], args[88];
-            snprintf(name, sizeof name, "%.24s bucket %d", r->desc.op_name, b);
-            snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
-                     (long long)k->info.count * 4, (long long)k->work->seq,
-                     (k->work->t_start - k->t_launch) * 1e6);
-            pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
-                             ((uint64_t)r->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
-                             k->work->t_done, args);
-        }
-        k->work = NULL;
-    }
+    for (b = 0; b < r->nbuckets; b++) pdp__reducer_wait_bucket(r, b);
     t1 = pdp__now();
+    first = r->wait_status;
+    busy = r->busy;
+    snprintf(msg, sizeof msg, "%s", r->wait_msg);
     r->state = PDP__RED_IDLE;
     if (r->trace_compute) pdp__trace_complete(r->c->rank, r->trace_compute, "compute",
                                               "wait for buckets", t0, t1, NULL);
@@ -13213,6 +13377,7 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
     r->stats.allreduce_s = busy;
     r->stats.wait_s = t1 - t0;
     r->stats.hidden_share = busy > 0.0 ? PDP__MAX(0.0, PDP__MIN(1.0, 1.0 - (t1 - t0) / busy)) : 1.0;
+    r->stats.launched_in_backward = r->launched_in_backward;
     r->stats.total_bytes_sent += r->stats.bytes_sent;
     r->stats.total_backward_s += r->backward_acc;
     r->stats.total_allreduce_s += busy;
@@ -13324,6 +13489,21 @@ PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *d, const pdp_tensor *x,
     static const char *fn = "pdp_ddp_forward_backward";
     if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
     return pdp__reducer_backward(&d->r, x, labels, loss, fn);
+}
+
+PDP_API pdp_status pdp_ddp_forward(pdp_ddp *d, const pdp_tensor *x, const pdp_tensor **y)
+{
+    static const char *fn = "pdp_ddp_forward";
+    if (y) *y = NULL;
+    if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
+    return pdp__reducer_forward(&d->r, x, y, fn);
+}
+
+PDP_API pdp_status pdp_ddp_backward(pdp_ddp *d, const pdp_tensor *dy)
+{
+    static const char *fn = "pdp_ddp_backward";
+    if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
+    return pdp__reducer_backward_dy(&d->r, dy, fn);
 }
 
 PDP_API pdp_status pdp_ddp_finish(pdp_ddp *d)

@@ -202,6 +202,21 @@ typedef struct pdp__param_entry {
     int64_t offset, count;
 } pdp__param_entry;
 
+/* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
+   and gradients live. The event function (NULL: off) is called before the forward
+   of each layer with parameters (FORWARD_LAYER), when pdp_model_backward starts
+   (BACKWARD_BEGIN: a failure refuses the backward, its message stands), before the
+   backward of each layer with parameters (BACKWARD_LAYER), and after the last layer
+   or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+typedef enum pdp__model_event {
+    PDP__EV_FORWARD_LAYER,
+    PDP__EV_BACKWARD_BEGIN,
+    PDP__EV_BACKWARD_LAYER,
+    PDP__EV_BACKWARD_END
+} pdp__model_event;
+typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
+                                          int layer, pdp_status st);
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -230,6 +245,11 @@ struct pdp_model {
     void *hook_user;
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
+    pdp__model_event_fn event; /* the executor seam (above); NULL: off */
+    void *event_user;
+    float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
+                                    weight's offset): where the executor put the layer's
+                                    weight (its bias follows it) and their gradients */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
