@@ -29,8 +29,8 @@
    pdp_model_backward unless no_sync is on, and launches the leftover buckets
    at its end. A backward while the last one's buckets are still being reduced
    is refused by BACKWARD_BEGIN with a message naming the executor's finish.
-   The executor may listen to the per-layer events too (desc.layer_event: ZeRO
-   points the layers at its buffers there).
+   The executor may listen to the events too (desc.event: ZeRO points the
+   layers at its buffers there).
 
    Per synchronised backward: pending[b] starts at the number of parameters in
    bucket b; the model's grad hook, fired once per parameter right after its
@@ -81,8 +81,8 @@ typedef struct pdp__reducer_desc {
     void *user;                    /* the executor, for reduce and after_step */
     bool whole_layers;             /* never split a layer between buckets */
     pdp__bucket_done_fn bucket_done;  /* NULL: nothing */
-    pdp__model_event_fn layer_event;  /* the model's FORWARD_LAYER and BACKWARD_LAYER
-                                         events, user = the reducer; NULL: none */
+    pdp__model_event_fn event;        /* the model's events (BACKWARD_BEGIN/END after the
+                                         reducer's own handling), user = the reducer */
 } pdp__reducer_desc;
 
 typedef struct pdp__red_bucket {
@@ -240,7 +240,7 @@ static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event 
             return pdp__err(PDP_ERR_STATE, "rank %d: the last backward's buckets are still being "
                             "reduced; call %s first", r->c->rank, r->desc.finish_names);
         if (!r->no_sync) pdp__reducer_arm(r);
-        return PDP_OK;
+        break;
     case PDP__EV_BACKWARD_END:
         if (r->armed) {
             r->state = PDP__RED_REDUCING;
@@ -254,10 +254,11 @@ static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event 
         } else if (st == PDP_OK) {
             r->state = PDP__RED_LOCAL;
         }
-        return PDP_OK;
+        break;
     default:
-        return r->desc.layer_event ? r->desc.layer_event(user, m, ev, layer, st) : PDP_OK;
+        break;
     }
+    return r->desc.event ? r->desc.event(user, m, ev, layer, st) : PDP_OK;
 }
 
 /* ---- reducer: construction ---- */
