@@ -532,6 +532,7 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
 /* Stages 1-2: every rank's updated slices into every rank's full parameters. */
 static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
 {
+    double t0;
     pdp_status st;
     int u;
     for (u = 0; u < z->nunits; u++) {
@@ -541,7 +542,14 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
                (size_t)k->mine * sizeof(float));
         memset(mine + k->mine, 0, (size_t)(k->s - k->mine) * sizeof(float));
         z->gathers++;
-        if ((st = pdp_comm_allgather(z->c, mine, z->staging, k->s, NULL)) != PDP_OK) {
+        t0 = pdp__now();
+        st = pdp_comm_allgather(z->c, mine, z->staging, k->s, NULL);
+        if (z->r.trace_comm && st == PDP_OK) {
+            char ev[48];
+            snprintf(ev, sizeof ev, "allgather unit %d", u);
+            pdp__trace_complete(z->rank, z->r.trace_comm, "comm", ev, t0, pdp__now(), NULL);
+        }
+        if (st != PDP_OK) {
             char name[96];
             pdp__zero_unit_name(z, u, name, sizeof name);
             return pdp__err_wrap(st, "%s: rank %d: allgather of %s", fn, z->rank, name);
