@@ -40,6 +40,7 @@ API = [
     "dp.h",
     "ddp.h",
     "tp.h",
+    "zero.h",
     "cuda.h",
 ]
 # Math written once for the CPU and for pdp_cuda.cu (PDP__HOSTDEV helpers).
@@ -76,6 +77,7 @@ IMPL = [
     "reducer.c",
     "ddp.c",
     "tp.c",
+    "zero.c",
 ]
 EXTRA = ["manual.txt", "license.txt"]
 

@@ -1062,6 +1062,12 @@ PDP_API pdp_status pdp_dp_step(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
    through DataParallel does. */
 PDP_API pdp_status pdp_dp_forward_backward(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
                                            float *loss);
+/* An own loss (MSE, a hand-written one): DP runs the loss inside its workers and
+   offers softmax cross-entropy only. pdp_model_forward, the loss and
+   pdp_model_backward on the master work as on any model, on the calling thread
+   alone: correct gradients and steps (pdp_optim_step), no parallelism, nothing
+   to synchronise, since the replicas take the master's parameters at the next
+   replicate. For a data-parallel own loss use DDP (pdp_ddp_backward). */
 /* The gathered outputs [B, classes] of the last step (on the master), or NULL. */
 PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp);
 
@@ -1143,9 +1149,21 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
    bucket, the collective and the missing rank; a rank that fails and frees its
    communicator makes the others fail at once.
 
+   Any loss: every backward of the wrapped model synchronises, however its
+   output gradient was computed. pdp_ddp_forward_backward is the built-in
+   cross-entropy; for an own loss run pdp_ddp_forward (or pdp_model_forward),
+   compute the loss and its gradient dy with respect to the output (the mean
+   over this rank's samples, as the built-in losses do, so that the average
+   over ranks is the global batch's), then pdp_ddp_backward(ddp, dy) (or
+   pdp_model_backward): the buckets are reduced the same way. A second backward
+   before pdp_ddp_step/pdp_ddp_finish fails with PDP_ERR_STATE saying so.
+
    Typical step (each rank, on its own thread or process):
        pdp_ddp_forward_backward(ddp, x_shard, labels_shard, &loss);
-       pdp_ddp_step(ddp, opt);          wait for the buckets, update, zero grads */
+       pdp_ddp_step(ddp, opt);          wait for the buckets, update, zero grads
+   or, with an own loss:
+       pdp_ddp_forward(ddp, x_shard, &y);  my_loss(y, target, &loss, &dy);
+       pdp_ddp_backward(ddp, &dy);  pdp_ddp_step(ddp, opt); */
 
 typedef struct pdp_ddp pdp_ddp;
 
@@ -1172,6 +1190,14 @@ PDP_API void pdp_ddp_free(pdp_ddp *ddp);
    (pdp_ddp_step or pdp_ddp_finish) before the next one. */
 PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *ddp, const pdp_tensor *x,
                                             const int32_t *labels, float *loss);
+/* An own loss: forward on this rank's shard; *y is the model's output tensor
+   (valid until the next forward). Then compute dy = dloss/dy (same shape, on the
+   model's device) and call pdp_ddp_backward. */
+PDP_API pdp_status pdp_ddp_forward(pdp_ddp *ddp, const pdp_tensor *x, const pdp_tensor **y);
+/* Backward from dy; buckets are all-reduced as their gradients become ready,
+   exactly as in pdp_ddp_forward_backward (pdp_model_backward on the wrapped
+   model does the same; this entry adds the timing to the stats). */
+PDP_API pdp_status pdp_ddp_backward(pdp_ddp *ddp, const pdp_tensor *dy);
 /* Waits for every bucket of the last synchronised backward: the model's
    gradients are then the average over ranks. PDP_ERR_STATE when the last
    backward ran under no_sync. OK and nothing to do when nothing is pending. */
@@ -1210,6 +1236,8 @@ typedef struct pdp_ddp_stats {
                                   included) to its completion; queueing excluded */
     double wait_s;             /* time pdp_ddp_finish waited: communication left exposed */
     double hidden_share;       /* 1 - wait_s / allreduce_s, in [0, 1] (1 with nothing to do) */
+    int64_t launched_in_backward; /* buckets launched while backward still ran (the others
+                                     launch at its end: those of unused parameters) */
     /* sums over all finished steps */
     int64_t total_bytes_sent;
     double total_backward_s, total_allreduce_s, total_wait_s;
@@ -1351,6 +1379,170 @@ PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m,
                                           const pdp_optim *o);
 PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);
 /* ---- end src/tp.h ---- */
+
+/* ---- begin src/zero.h ---- */
+/* zero: sharded data parallelism, ZeRO stages 1, 2 and 3 (DeepSpeed's ZeRO,
+   PyTorch's ZeroRedundancyOptimizer and FSDP FULL_SHARD), with DDP's step shape.
+
+   Each rank trains on its shard of the global batch, as in DDP, but holds only a
+   1/N part of what DDP replicates:
+     stage 1 (P_os)         optimizer state (Adam's m and v, SGD's momentum);
+     stage 2 (P_os+g)       and the reduced gradients;
+     stage 3 (P_os+g+p)     and the parameters.
+   After k steps the parameters are those of DDP and of one device on the
+   global batch (to float rounding), at DDP's communication volume (stages 1-2:
+   a reduce-scatter plus an all-gather is one all-reduce) or 1.5x it (stage 3).
+
+   Sharding per unit. A unit is a bucket of whole layers, planned as DDP plans
+   its buckets (reverse layer order, closed at bucket_cap_mb; the first at
+   first_bucket_mb), the same units for every stage. Unit u of count_u floats is
+   padded to N * s_u, s_u = ceil(count_u / N) rounded up to 16 floats, and rank r
+   owns slice r, elements [r s_u, (r + 1) s_u) of the unit; the rank's shard is
+   the concatenation of its slices in flat-block order. Why per unit and not one
+   global contiguous range per rank: a reduce-scatter needs each rank's slice to
+   be an equal, contiguous piece of its send buffer, so one global partition
+   cannot give one reduce-scatter per bucket while buckets overlap backward;
+   per unit it does, with exact balance (the shards differ by nothing: padding is
+   zeros), and with one unit it is exactly llm.c's ZeRO-1 partition of the flat
+   block. PyTorch's ZeroRedundancyOptimizer instead hands whole parameters to
+   ranks greedily (largest first, to the least loaded rank): no padding, but the
+   balance is only as good as the parameter sizes allow, and it reduces with a
+   full all-reduce (no gradient sharding). The padding costs at most 16 N floats
+   per unit and is counted in every figure (pdp_zero_memory: padded_count).
+
+   Where things live (fp32, Psi = parameters, Psi_pad = sum of N s_u):
+     stage 1: parameters in the model's block (4 Psi); gradients in per-unit
+              padded buffers (4 Psi_pad), which backward writes through the
+              model's executor seam; each unit's buffer is reduce-scattered in
+              place (average) as soon as backward has produced it, and rank r
+              steps its slices; the model's own gradient block is freed;
+     stage 2: the same, but backward writes into a bounded set of bucket
+              buffers (grad_buffers of them, each N s_max floats), reused
+              round-robin once their reduce-scatter has completed and its slice
+              has been added to the rank's gradient shard (4 Psi_pad / N);
+     stage 3: as stage 2, and the parameters are the rank's parameter shard
+              (4 Psi_pad / N); the model's parameter block is freed. Before a
+              unit's forward and again before its backward its parameters are
+              all-gathered into one of param_buffers reusable buffers (N s_max
+              floats each, the cap on live gathered bytes) while the next unit's
+              gather is already in flight (prefetch); a buffer is released when
+              a later unit needs it (all at the start of backward and after a
+              step: FSDP's reshard after forward).
+   Optimizer state: a shard optimizer (pdp_zero_optim_create), nstate x 4 Psi_pad
+   / N bytes, stepped per unit slice in place (no master copy). Stages 1 and 2
+   then all-gather the updated slices into every rank's full parameters (through
+   a staging buffer of N s_max floats, since the model's block is unpadded).
+   Memory per rank with Adam (K = 8 state bytes per parameter), as the ZeRO paper
+   counts it, plus the working buffers this implementation states:
+     DDP 16 Psi; stage 1: 8 Psi + 8 Psi/N; stage 2: 4 Psi + 12 Psi/N;
+     stage 3: 16 Psi/N; buffers: stage 1 one staging buffer, stage 2 staging +
+     grad_buffers, stage 3 grad_buffers + param_buffers, each 4 N s_max bytes.
+   pdp_zero_memory reports the measured figures beside those formulas (with
+   Psi_pad where padding applies).
+
+   Communication per rank per step (bytes counted by the communicator): stages 1
+   and 2: one reduce-scatter and one all-gather of every unit, 2 (N-1)/N Psi_pad
+   x 4 = DDP's all-reduce volume; stage 3: two all-gathers (forward and backward)
+   and one reduce-scatter, 3 (N-1)/N Psi_pad x 4.
+
+   Gradient accumulation: under no_sync stage 1 accumulates in its full gradient
+   buffers without communicating (as DDP); stages 2 and 3 hold no full gradient,
+   so every backward reduce-scatters and adds its slice to the shard (DeepSpeed's
+   behaviour): the same sums, k times the gradient traffic.
+
+   Every backward of the wrapped model synchronises, whatever the loss
+   (pdp_zero_forward_backward, or pdp_zero_forward + own loss +
+   pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model).
+   While wrapped, read gradients with pdp_zero_grad_norm/clip only (the model's
+   gradient block is gone) and, at stage 3, parameters with
+   pdp_zero_gather_params. Faults never hang: a missing rank makes the
+   reduce-scatter (named with its unit) or the all-gather fail with
+   PDP_ERR_TIMEOUT naming the rank, within the communicator's timeout.
+   CPU models only for now (a CUDA model fails with PDP_ERR_UNSUPPORTED).
+
+   Typical step (each rank):
+       pdp_zero_forward_backward(z, x_shard, labels_shard, &loss);
+       pdp_zero_step(z, opt);    wait for the reduce-scatters, step the shard, gather */
+
+typedef struct pdp_zero pdp_zero;
+
+typedef struct pdp_zero_desc {
+    int stage;               /* 1, 2 or 3; default 1 */
+    double bucket_cap_mb;    /* unit size in MiB; default 25 */
+    double first_bucket_mb;  /* the first unit (the last layers); default min(1, cap) */
+    int grad_buffers;        /* stages 2-3: gradient bucket buffers; default 2 */
+    int param_buffers;       /* stage 3: gathered parameter buffers, >= 2; default 2 */
+} pdp_zero_desc;
+
+/* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
+   parameters everywhere), then shards: frees the model's gradient block (and at
+   stage 3 its parameter block) and points its layers at ZeRO's buffers. */
+PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
+                                   const pdp_zero_desc *desc);
+/* Waits for collectives in flight and gives the model back its gradient block
+   (zeroed) and, at stage 3, a parameter block holding this rank's slices only
+   (call pdp_zero_gather_params(z, NULL) first for the full values). Not
+   collective. NULL is fine. */
+PDP_API void pdp_zero_free(pdp_zero *z);
+/* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
+   (pdp_optim_step refuses it). Free it with pdp_optim_free. */
+PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z,
+                                         const pdp_optim_desc *desc);
+
+PDP_API pdp_status pdp_zero_forward_backward(pdp_zero *z, const pdp_tensor *x,
+                                             const int32_t *labels, float *loss);
+PDP_API pdp_status pdp_zero_forward(pdp_zero *z, const pdp_tensor *x, const pdp_tensor **y);
+PDP_API pdp_status pdp_zero_backward(pdp_zero *z, const pdp_tensor *dy);
+/* Waits for every reduce-scatter of the last backward: the shard then holds the
+   averaged gradients. PDP_ERR_STATE when stage 1's last backward ran under no_sync. */
+PDP_API pdp_status pdp_zero_finish(pdp_zero *z);
+/* Gradient clipping from shards (after finish, before step): the squared norm
+   of the shard, all-reduced (sum); every rank scales its shard by the same
+   coefficient (torch.nn.utils.clip_grad_norm_'s). Collective. */
+PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm);
+/* pdp_zero_finish, then the shard's update with opt (from pdp_zero_optim_create),
+   zeroed gradients, and (stages 1-2) the all-gather of the updated parameters. */
+PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt);
+PDP_API void pdp_zero_set_no_sync(pdp_zero *z, bool no_sync);
+/* The full parameters (param_count floats, flat-block order) into dst, or into
+   the model's parameter block when dst is NULL (stage 3: allocated if absent,
+   valid until the next step). Collective at stage 3. */
+PDP_API pdp_status pdp_zero_gather_params(pdp_zero *z, float *dst);
+
+PDP_API pdp_model *pdp_zero_model(const pdp_zero *z);
+PDP_API int pdp_zero_stage(const pdp_zero *z);
+PDP_API int pdp_zero_num_units(const pdp_zero *z);
+
+typedef struct pdp_zero_memory {
+    int64_t param_count;     /* Psi */
+    int64_t padded_count;    /* Psi_pad = sum over units of N s_u */
+    int64_t shard_count;     /* Psi_pad / N: this rank's slices */
+    int state_per_param;     /* optimizer state floats per parameter (Adam 2, momentum 1) */
+    /* measured: bytes this rank holds */
+    int64_t param_bytes, grad_bytes, optim_bytes;
+    int64_t buffer_bytes;    /* working buffers (staging, bucket and gather buffers) */
+    int64_t total_bytes;
+    /* the ZeRO paper's formula for this stage with Psi (DDP's beside it), and the
+       stated bound on buffer_bytes */
+    double formula_bytes, ddp_bytes;
+    int64_t buffer_bound;
+} pdp_zero_memory;
+
+/* opt may be NULL (no optimizer state counted). */
+PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out);
+
+typedef struct pdp_zero_stats {
+    int64_t steps;             /* synchronised backward passes finished */
+    int64_t units;
+    int64_t bytes_sent;        /* the last step, by this rank: backward + step */
+    int64_t formula_bytes;     /* 2 (N-1)/N Psi_pad 4 (stages 1-2), 3 (N-1)/N Psi_pad 4 (3) */
+    int64_t gathers;           /* all-gathers of the last step */
+    double backward_s, reduce_s, wait_s;
+    int64_t total_bytes_sent;
+} pdp_zero_stats;
+
+PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
+/* ---- end src/zero.h ---- */
 
 /* ---- begin src/cuda.h ---- */
 /* cuda: CUDA devices, the NCCL communicator for thread ranks, and the plain C
@@ -2029,6 +2221,20 @@ static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
 #endif
+/* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
+   and gradients live. The event function (NULL: off) is called before the forward
+   of each layer with parameters (FORWARD_LAYER), when pdp_model_backward starts
+   (BACKWARD_BEGIN: a failure refuses the backward, its message stands), before the
+   backward of each layer with parameters (BACKWARD_LAYER), and after the last layer
+   or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+typedef enum pdp__model_event {
+    PDP__EV_FORWARD_LAYER,
+    PDP__EV_BACKWARD_BEGIN,
+    PDP__EV_BACKWARD_LAYER,
+    PDP__EV_BACKWARD_END
+} pdp__model_event;
+typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
+                                          int layer, pdp_status st);
 
 struct pdp_model {
     pdp_device device;
@@ -2059,6 +2265,11 @@ struct pdp_model {
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
+    pdp__model_event_fn event; /* the executor seam (above); NULL: off */
+    void *event_user;
+    float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
+                                    weight's offset): where the executor put the layer's
+                                    weight (its bias follows it) and their gradients */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
@@ -10553,7 +10764,14 @@ static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself); backward needs the forward's input to stay alive,
    as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
-   largest batch), forward and backward allocate nothing. */
+   largest batch), forward and backward allocate nothing.
+
+   The executor seam (internal.h): an executor may listen to the pass's events
+   (m->event: before each layer with parameters, forward and backward, and at
+   the start and end of every backward: DDP and ZeRO synchronise any backward
+   this way) and point a layer's weight/bias and their gradients at buffers of
+   its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
+   (NULL) by default: one pointer test per layer. */
 
 /* #include "internal.h" (already above) */
 
@@ -10911,8 +11129,8 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
     if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];
-        io->w = m->param_block + w->offset;
-        io->dw = m->grad_block + w->offset;
+        io->w = m->layer_w && m->layer_w[i] ? m->layer_w[i] : m->param_block + w->offset;
+        io->dw = m->layer_dw && m->layer_dw[i] ? m->layer_dw[i] : m->grad_block + w->offset;
         if (l->nparams > 1) {
             io->b = io->w + w->count;
             io->db = io->dw + w->count;
@@ -10957,6 +11175,10 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
             m->act[i] = (float *)in;
             continue;
         }
+        if (m->event && l->nparams &&
+            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
         pdp__model_io(m, i, &io);
         io.x = in;
         io.y = m->act[i];
@@ -11003,11 +11225,20 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s",
                         pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
     }
+    if (m->event && (st = m->event(m->event_user, m, PDP__EV_BACKWARD_BEGIN, -1, PDP_OK)))
+        return pdp__err_wrap(st, "pdp_model_backward");
     m->have_forward = false;
     g = dy->data;
+    st = PDP_OK;
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
+        if (m->event && l->nparams &&
+            (st = m->event(m->event_user, m, PDP__EV_BACKWARD_LAYER, i, PDP_OK)) != PDP_OK) {
+            st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
+                               pdp__layer_kind_name(l->kind));
+            break;
+        }
         if (!pdp__model_is_view(m, i)) {
             pdp__model_io(m, i, &io);
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
@@ -11015,9 +11246,11 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : NULL;
             t0 = m->trace_tid ? pdp__now() : 0.0;
-            if ((st = pdp__layer_backward(l, &io)) != PDP_OK)
-                return pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
-                                     pdp__layer_kind_name(l->kind));
+            if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
+                st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
+                                   pdp__layer_kind_name(l->kind));
+                break;
+            }
             if (m->trace_tid) pdp__model_trace(m, "backward", i, t0);
             if (io.dx) g = io.dx;
         }
@@ -11025,12 +11258,13 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--)
                 m->hook(m->hook_user, m, p);
     }
-    return PDP_OK;
+    if (m->event) m->event(m->event_user, m, PDP__EV_BACKWARD_END, -1, st);
+    return st;
 }
 
 PDP_API void pdp_model_zero_grad(pdp_model *m)
 {
-    if (m && m->param_count)
+    if (m && m->param_count && m->grad_block) /* NULL: ZeRO holds the gradients */
         pdp__dev_memset0(m->device, m->grad_block, (size_t)m->param_count * sizeof(float));
 }
 
@@ -11135,6 +11369,9 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     m->max_batch = 0;
     m->hook = NULL;
     m->hook_user = NULL;
+    m->event = NULL;
+    m->event_user = NULL;
+    m->layer_w = m->layer_dw = NULL;
     m->trace_tid = 0;
     m->have_forward = false;
     m->params_shared = share_params;
@@ -11429,6 +11666,9 @@ struct pdp_optim {
     int64_t steps;         /* completed updates */
     int nstate;            /* state buffers in use: 0, 1 or 2 */
     float *state[2];       /* hi - lo floats each, on the model's device */
+    bool shard;            /* ZeRO's layout (pdp__optim_create_shard): hi floats of state
+                              addressed by the executor's offsets, not the flat block's;
+                              only pdp__optim_step_at steps it */
 };
 
 /* ---- optim: desc ---- */
@@ -11543,13 +11783,43 @@ static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
     return PDP_OK;
 }
 
+/* ZeRO: state for count floats in the executor's shard layout (zero.c), stepped
+   by pdp__optim_step_at only; pdp_optim_step and the full checkpoints refuse it. */
+static pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t count,
+                                          const char *fn)
+{
+    pdp_status st = pdp__optim_create_range(out, m, desc, 0, 0, fn);
+    size_t bytes = (size_t)count * sizeof(float);
+    pdp_optim *o = *out;
+    int k;
+    if (st != PDP_OK) return st;
+    o->shard = true;
+    o->hi = count;
+    for (k = 0; k < o->nstate; k++) {
+        pdp__dev_free(m->device, o->state[k]);
+        o->state[k] = NULL;
+        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
+            (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
+            pdp_optim_free(o);
+            *out = NULL;
+            return pdp__err_wrap(st, "%s: %s state for a shard of %lld floats", fn,
+                                 pdp_optim_kind_name(o->desc.kind), (long long)count);
+        }
+    }
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
 {
     return pdp__optim_create_range(out, m, desc, 0, m ? m->param_count : 0, "pdp_optim_create");
 }
 
 /* Whether o holds state for the whole block (the public functions' optimizer). */
-static bool pdp__optim_is_full(const pdp_optim *o) { return o->lo == 0 && o->hi == o->count; }
+static bool pdp__optim_is_full(const pdp_optim *o)
+{
+    return o->lo == 0 && o->hi == o->count && !o->shard;
+}
 
 PDP_API void pdp_optim_free(pdp_optim *o)
 {
@@ -11703,33 +11973,44 @@ static void pdp__optim_part(void *arg, int part, int nparts)
 /* Below this many elements per thread, one thread is faster than waking more. */
 #define PDP__OPTIM_MIN_PER_THREAD 32768
 
+/* The state-offset step: n elements, params[i] from grads[i] with state element
+   state_off + i of o's buffers (ZeRO: a unit's slice, the parameters in the
+   model's block or the shard, the gradients in the executor's buffer). Does not
+   advance steps (pdp__optim_finish_step). */
+static pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
+                                     int64_t state_off, int64_t n)
+{
+    pdp__optim_scalars s;
+    pdp__optim_job job;
+    int threads;
+    PDP_ASSERT(o && state_off >= 0 && n >= 0 && state_off + n <= o->hi - o->lo);
+    if (n == 0) return PDP_OK;
+    pdp__optim_scalars_of(o, &s);
+    if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
+        return pdp__cuda_optim_update(o->model->device, &s, params, grads,
+                                      o->state[0] ? o->state[0] + state_off : NULL,
+                                      o->state[1] ? o->state[1] + state_off : NULL, n);
+    job.s = &s;
+    job.params = params;
+    job.grads = grads;
+    job.state[0] = o->state[0] ? o->state[0] + state_off : NULL;
+    job.state[1] = o->state[1] ? o->state[1] + state_off : NULL;
+    job.state_lo = 0;
+    job.lo = 0;
+    job.hi = n;
+    threads = pdp__threads_for_caller();
+    threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, n / PDP__OPTIM_MIN_PER_THREAD));
+    pdp__parallel_for(threads, pdp__optim_part, &job);
+    return PDP_OK;
+}
+
 /* params and grads are full-size blocks: element i of each is parameter
    element i; [lo, hi) lies inside the range o holds state for. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi)
 {
-    pdp__optim_scalars s;
-    pdp__optim_job job;
-    int threads;
     PDP_ASSERT(o && o->lo <= lo && lo <= hi && hi <= o->hi);
-    if (lo == hi) return PDP_OK;
-    pdp__optim_scalars_of(o, &s);
-    if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
-        return pdp__cuda_optim_update(o->model->device, &s, params + lo, grads + lo,
-                                      o->state[0] ? o->state[0] + (lo - o->lo) : NULL,
-                                      o->state[1] ? o->state[1] + (lo - o->lo) : NULL, hi - lo);
-    job.s = &s;
-    job.params = params;
-    job.grads = grads;
-    job.state[0] = o->state[0];
-    job.state[1] = o->state[1];
-    job.state_lo = o->lo;
-    job.lo = lo;
-    job.hi = hi;
-    threads = pdp__threads_for_caller();
-    threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, (hi - lo) / PDP__OPTIM_MIN_PER_THREAD));
-    pdp__parallel_for(threads, pdp__optim_part, &job);
-    return PDP_OK;
+    return pdp__optim_step_at(o, params + lo, grads + lo, lo - o->lo, hi - lo);
 }
 
 /* Marks the update in flight as done (after every range of it). */
@@ -11746,6 +12027,12 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
                         "pdp_optim_step: the model has %lld parameters, %lld when the optimizer "
                         "was created (layers added after pdp_optim_create)",
                         (long long)m->param_count, (long long)o->count);
+    if (o->shard)
+        return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the optimizer holds a ZeRO shard "
+                        "(pdp_zero_optim_create): step it with pdp_zero_step");
+    if (!m->param_block || !m->grad_block)
+        return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the model's %s sharded by ZeRO: step "
+                        "with pdp_zero_step", m->grad_block ? "parameters are" : "gradients are");
     if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_optim_step");
     pdp__optim_finish_step(o);
@@ -11767,6 +12054,9 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
                         (double)max_norm);
     g = m->grad_block;
     n = m->param_count;
+    if (!g && n)
+        return pdp__err(PDP_ERR_STATE, "pdp_clip_grad_norm: the model's gradients are sharded "
+                        "by ZeRO: use pdp_zero_clip_grad_norm");
     if (m->device.kind != PDP_DEVICE_CPU) {
         /* pdp_cuda.cu: block partial sums in double, added by the host in block order */
         pdp_status st = pdp__cuda_sumsq(m->device, g, n, &sum, "pdp_clip_grad_norm");
@@ -14722,7 +15012,21 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
    DDP all-reduces (average) the bucket in place; ZeRO reduce-scatters it into
    the part of the flat block its rank owns. An optional after_step hook runs
    after the optimizer step (ZeRO: all-gather the updated parameters); op_name
-   names the collective in the trace ("allreduce bucket 3").
+   names the collective in the trace ("allreduce bucket 3"). With whole_layers
+   a bucket never splits a layer's weight from its bias (ZeRO's units, whose
+   layers it points at per-unit buffers). bucket_done (optional) runs after a
+   bucket's collective has completed successfully, whoever waited for it
+   (pdp__reducer_wait_bucket: finish, or the executor reusing a buffer).
+
+   Every backward of the wrapped model synchronises, whatever computed its
+   output gradient (the built-in cross-entropy, pdp_loss_mse, a user's own
+   loss): the reducer listens to the model's BACKWARD_BEGIN and BACKWARD_END
+   events (the executor seam of internal.h), arms itself at the start of every
+   pdp_model_backward unless no_sync is on, and launches the leftover buckets
+   at its end. A backward while the last one's buckets are still being reduced
+   is refused by BACKWARD_BEGIN with a message naming the executor's finish.
+   The executor may listen to the events too (desc.event: ZeRO points the
+   layers at its buffers there).
 
    Per synchronised backward: pending[b] starts at the number of parameters in
    bucket b; the model's grad hook, fired once per parameter right after its
@@ -14760,6 +15064,8 @@ typedef struct pdp__reducer pdp__reducer;
 typedef pdp_status (*pdp__reduce_fn)(pdp__reducer *r, int b, pdp_work **w);
 /* Runs after the optimizer step of pdp__reducer_step (ZeRO: all-gather). */
 typedef pdp_status (*pdp__after_step_fn)(pdp__reducer *r, const char *fn);
+/* Runs once bucket b's collective has completed successfully. */
+typedef void (*pdp__bucket_done_fn)(pdp__reducer *r, int b);
 
 typedef struct pdp__reducer_desc {
     double cap_bytes;              /* close a bucket at >= this many bytes */
@@ -14769,6 +15075,10 @@ typedef struct pdp__reducer_desc {
     const char *op_name;           /* the collective's name in the trace ("allreduce") */
     const char *finish_names;      /* for messages: "pdp_ddp_step or pdp_ddp_finish" */
     void *user;                    /* the executor, for reduce and after_step */
+    bool whole_layers;             /* never split a layer between buckets */
+    pdp__bucket_done_fn bucket_done;  /* NULL: nothing */
+    pdp__model_event_fn event;        /* the model's events (BACKWARD_BEGIN/END after the
+                                         reducer's own handling), user = the reducer */
 } pdp__reducer_desc;
 
 typedef struct pdp__red_bucket {
@@ -14795,6 +15105,10 @@ struct pdp__reducer {
     pdp_status launch_status;
     char launch_msg[512];
     int twice_param;      /* a parameter reported twice in one backward, or -1 */
+    int launched_in_backward; /* buckets launched by the grad hook (before backward ended) */
+    pdp_status wait_status;   /* the first failed bucket wait of this backward */
+    char wait_msg[768];
+    double busy;              /* execution seconds of this backward's waited buckets */
     int64_t bytes_at_arm;
     double backward_acc;  /* forward + backward seconds since the last finish */
     pdp_ddp_stats stats;  /* grad_bytes is the executor's to set */
@@ -14817,6 +15131,8 @@ static pdp_status pdp__reducer_plan(pdp__reducer *r)
     for (p = m->nparams - 1; p >= 0; p--) {
         bytes += (double)m->params[p].count * sizeof(float);
         r->bucket_of[p] = b;
+        if (r->desc.whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
+            continue; /* the layer's weight joins its bias */
         if (bytes >= (b == 0 ? first : cap) || p == 0) { /* close bucket b: params p..last */
             pdp__red_bucket *k = &r->buckets[b];
             k->info.first_param = p;
@@ -14877,8 +15193,10 @@ static void pdp__reducer_hook(void *user, pdp_model *m, int p)
         return;
     }
     if (--k->pending == 0) {
+        int before = r->next_launch;
         k->ready = true;
         pdp__reducer_launch_ready(r);
+        r->launched_in_backward += r->next_launch - before;
     }
 }
 
@@ -14896,9 +15214,47 @@ static void pdp__reducer_arm(pdp__reducer *r)
     r->launch_status = PDP_OK;
     r->launch_msg[0] = '\0';
     r->twice_param = -1;
+    r->launched_in_backward = 0;
+    r->wait_status = PDP_OK;
+    r->wait_msg[0] = '\0';
+    r->busy = 0.0;
     pdp_comm_get_stats(r->c, &cs);
     r->bytes_at_arm = cs.bytes_sent;
     r->armed = true;
+}
+
+/* The model's events. BACKWARD_BEGIN refuses a backward while the last one is
+   being reduced and arms the reducer (unless no_sync); BACKWARD_END launches the
+   buckets whose parameters got no gradient and records the state. */
+static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                     pdp_status st)
+{
+    pdp__reducer *r = (pdp__reducer *)user;
+    switch (ev) {
+    case PDP__EV_BACKWARD_BEGIN:
+        if (r->state == PDP__RED_REDUCING)
+            return pdp__err(PDP_ERR_STATE, "rank %d: the last backward's buckets are still being "
+                            "reduced; call %s first", r->c->rank, r->desc.finish_names);
+        if (!r->no_sync) pdp__reducer_arm(r);
+        break;
+    case PDP__EV_BACKWARD_END:
+        if (r->armed) {
+            r->state = PDP__RED_REDUCING;
+            r->failed = st != PDP_OK;
+            if (st == PDP_OK) { /* buckets of parameters that got no gradient */
+                int b;
+                for (b = 0; b < r->nbuckets; b++) r->buckets[b].ready = true;
+                pdp__reducer_launch_ready(r);
+            }
+            r->armed = false;
+        } else if (st == PDP_OK) {
+            r->state = PDP__RED_LOCAL;
+        }
+        break;
+    default:
+        break;
+    }
+    return r->desc.event ? r->desc.event(user, m, ev, layer, st) : PDP_OK;
 }
 
 /* ---- reducer: construction ---- */
@@ -15032,7 +15388,7 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
     PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
     if (m->params_shared)
         return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
-    if (m->hook)
+    if (m->hook || m->event)
         return pdp__err(PDP_ERR_STATE, "%s: the model already has a grad hook (another DDP?)", fn);
     if (m->device.kind != c->device.kind || m->device.ordinal != c->device.ordinal)
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
@@ -15061,6 +15417,8 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
         }
     }
     pdp_model_set_grad_hook(m, pdp__reducer_hook, r);
+    m->event = pdp__reducer_event;
+    m->event_user = r;
     r->stats.buckets = r->nbuckets;
     return PDP_OK;
 }
@@ -15074,6 +15432,8 @@ static void pdp__reducer_release(pdp__reducer *r)
             if (r->buckets[b].launched && r->buckets[b].work) pdp_work_wait(r->buckets[b].work);
     if (r->m && r->m->hook == pdp__reducer_hook && r->m->hook_user == r) {
         pdp_model_set_grad_hook(r->m, NULL, NULL);
+        r->m->event = NULL;
+        r->m->event_user = NULL;
         r->m->trace_tid = 0;
     }
     if (r->traced) pdp__trace_close();
@@ -15087,40 +15447,81 @@ static void pdp__reducer_release(pdp__reducer *r)
 /* ---- reducer: training ---- */
 
 /* Forward, loss and backward on this rank's shard; the buckets launch as their
-   gradients become ready (unless no_sync). */
+   gradients become ready (unless no_sync): the model's events do it. */
 static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
                                         const int32_t *labels, float *loss, const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
+    if (r->state == PDP__RED_REDUCING) /* before the forward, which would be wasted */
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
+                        "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+    st = pdp_model_forward_backward(r->m, x, labels, loss);
+    r->backward_acc += pdp__now() - t0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* A user's own loss: forward on this rank's shard (*y: the model's output). */
+static pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
+                                       const char *fn)
+{
+    double t0 = pdp__now();
+    pdp_status st;
+    if (y) *y = NULL;
     if (r->state == PDP__RED_REDUCING)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
                         "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
-    if (!r->no_sync) pdp__reducer_arm(r);
-    st = pdp_model_forward_backward(r->m, x, labels, loss);
-    if (r->no_sync) {
-        if (st == PDP_OK) r->state = PDP__RED_LOCAL;
-    } else {
-        r->state = PDP__RED_REDUCING;
-        r->failed = st != PDP_OK;
-        if (st == PDP_OK) { /* buckets of parameters that got no gradient */
-            int b;
-            for (b = 0; b < r->nbuckets; b++) r->buckets[b].ready = true;
-            pdp__reducer_launch_ready(r);
-        }
-        r->armed = false;
-    }
+    st = pdp_model_forward(r->m, x, y);
     r->backward_acc += pdp__now() - t0;
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* ... and backward from dy, the gradient of the user's loss with respect to y. */
+static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
+{
+    double t0 = pdp__now();
+    pdp_status st = pdp_model_backward(r->m, dy);
+    r->backward_acc += pdp__now() - t0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* Waits for bucket b if it was launched and not waited yet: records its time,
+   its trace event and the first failure (named after the bucket), then runs
+   bucket_done on success. */
+static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
+{
+    pdp__red_bucket *k = &r->buckets[b];
+    pdp_status st;
+    if (!k->launched || !k->work) return;
+    st = pdp_work_wait(k->work);
+    if (st != PDP_OK && r->wait_status == PDP_OK) {
+        char name[160];
+        r->wait_status = st;
+        pdp__red_bucket_name(r, b, name, sizeof name);
+        snprintf(r->wait_msg, sizeof r->wait_msg, "%s: %.600s", name, pdp_last_error());
+    }
+    r->busy += k->work->t_done > k->work->t_start ? k->work->t_done - k->work->t_start : 0.0;
+    if (r->trace_comm) {
+        char name[48], args[88];
+        snprintf(name, sizeof name, "%.24s bucket %d", r->desc.op_name, b);
+        snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
+                 (long long)k->info.count * 4, (long long)k->work->seq,
+                 (k->work->t_start - k->t_launch) * 1e6);
+        pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
+                         ((uint64_t)r->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
+                         k->work->t_done, args);
+    }
+    k->work = NULL;
+    if (st == PDP_OK && r->desc.bucket_done) r->desc.bucket_done(r, b);
 }
 
 /* Waits for every bucket of the last synchronised backward, in bucket order;
    the first failure names its bucket and parameters. */
 static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
 {
-    pdp_status st = PDP_OK, first = PDP_OK;
+    pdp_status first;
     pdp_comm_stats cs;
-    double t0, t1, busy = 0.0;
+    double t0, t1, busy;
     char msg[768];
     int b;
     if (r->state == PDP__RED_IDLE) return PDP_OK;
@@ -15128,32 +15529,12 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward ran under no_sync; run one "
                         "backward with no_sync off to reduce the accumulated gradients", fn,
                         r->c->rank);
-    msg[0] = '\0';
     t0 = pdp__now();
-    for (b = 0; b < r->nbuckets; b++) {
-        pdp__red_bucket *k = &r->buckets[b];
-        if (!k->launched || !k->work) continue;
-        st = pdp_work_wait(k->work);
-        if (st != PDP_OK && first == PDP_OK) {
-            char name[160];
-            first = st;
-            pdp__red_bucket_name(r, b, name, sizeof name);
-            snprintf(msg, sizeof msg, "%s: %.600s", name, pdp_last_error());
-        }
-        busy += k->work->t_done > k->work->t_start ? k->work->t_done - k->work->t_start : 0.0;
-        if (r->trace_comm) {
-            char name[48], args[88];
-            snprintf(name, sizeof name, "%.24s bucket %d", r->desc.op_name, b);
-            snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
-                     (long long)k->info.count * 4, (long long)k->work->seq,
-                     (k->work->t_start - k->t_launch) * 1e6);
-            pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
-                             ((uint64_t)r->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
-                             k->work->t_done, args);
-        }
-        k->work = NULL;
-    }
+    for (b = 0; b < r->nbuckets; b++) pdp__reducer_wait_bucket(r, b);
     t1 = pdp__now();
+    first = r->wait_status;
+    busy = r->busy;
+    snprintf(msg, sizeof msg, "%s", r->wait_msg);
     r->state = PDP__RED_IDLE;
     if (r->trace_compute) pdp__trace_complete(r->c->rank, r->trace_compute, "compute",
                                               "wait for buckets", t0, t1, NULL);
@@ -15181,6 +15562,7 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
     r->stats.allreduce_s = busy;
     r->stats.wait_s = t1 - t0;
     r->stats.hidden_share = busy > 0.0 ? PDP__MAX(0.0, PDP__MIN(1.0, 1.0 - (t1 - t0) / busy)) : 1.0;
+    r->stats.launched_in_backward = r->launched_in_backward;
     r->stats.total_bytes_sent += r->stats.bytes_sent;
     r->stats.total_backward_s += r->backward_acc;
     r->stats.total_allreduce_s += busy;
@@ -15292,6 +15674,21 @@ PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *d, const pdp_tensor *x,
     static const char *fn = "pdp_ddp_forward_backward";
     if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
     return pdp__reducer_backward(&d->r, x, labels, loss, fn);
+}
+
+PDP_API pdp_status pdp_ddp_forward(pdp_ddp *d, const pdp_tensor *x, const pdp_tensor **y)
+{
+    static const char *fn = "pdp_ddp_forward";
+    if (y) *y = NULL;
+    if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
+    return pdp__reducer_forward(&d->r, x, y, fn);
+}
+
+PDP_API pdp_status pdp_ddp_backward(pdp_ddp *d, const pdp_tensor *dy)
+{
+    static const char *fn = "pdp_ddp_backward";
+    if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
+    return pdp__reducer_backward_dy(&d->r, dy, fn);
 }
 
 PDP_API pdp_status pdp_ddp_finish(pdp_ddp *d)
@@ -15654,6 +16051,698 @@ out:
     return st;
 }
 /* ---- end src/tp.c ---- */
+
+/* ---- begin src/zero.c ---- */
+/* zero: the sharded executor, ZeRO stages 1-3 on reducer.c's bucket reducer
+   with a reduce-scatter as its collective (the layout, the formulas and the
+   reasons are in zero.h).
+
+   Invariants: the units are the reducer's buckets (planned with whole_layers,
+   so a layer's weight and bias share a unit and one pointer per layer places
+   both); unit u's slice of rank r is elements [r s_u, r s_u + mine_u) of the
+   unit (mine_u <= s_u real elements, the rest padding that stays zero in every
+   buffer); shard offsets follow the flat block's order. The model's layers read
+   their gradients (and at stage 3 their parameters) through m->layer_dw
+   (m->layer_w), which this module sets: stage 1 once, stages 2-3 when a unit's
+   backward starts (a gradient bucket buffer, taken round-robin: unit u uses
+   buffer u mod grad_buffers, after the reduce-scatter of the unit that held it
+   has completed and its slice was added to the shard), stage 3 also when its
+   parameters are gathered (a gather slot, least recently used first, never the
+   unit being computed). Nothing is allocated after construction: the buffers
+   are fixed, the handles come from the backends' pools. */
+
+/* #include "internal.h" (already above) */
+
+typedef struct pdp__zero_unit {
+    int64_t off, count;  /* the unit's range of the flat block */
+    int64_t s;           /* slice floats per rank, a multiple of 16 */
+    int64_t shard_off;   /* this rank's slice in its shard (and optimizer state) */
+    int64_t mine;        /* real elements of this rank's slice */
+    int first_layer, last_layer;
+    float *gbuf;         /* N s floats: stage 1 its own; stages 2-3 a held bucket buffer */
+    int pslot;           /* stage 3: the gather slot holding its parameters, or -1 */
+} pdp__zero_unit;
+
+typedef struct pdp__zero_pslot {
+    float *buf;          /* N s_max floats */
+    int unit;            /* -1: free */
+    pdp_work *work;      /* its all-gather, until waited */
+    uint64_t used;       /* LRU stamp */
+    double t_launch;
+} pdp__zero_pslot;
+
+struct pdp_zero {
+    pdp__reducer r;      /* first: the reducer's user pointer is the executor */
+    pdp_zero_desc desc;
+    pdp_model *m;
+    pdp_comm *c;
+    int stage, rank, size, nunits;
+    pdp__zero_unit *units;
+    int *unit_of_layer;  /* -1 for layers without parameters */
+    int64_t shard_count, padded_count, smax;
+    float *grad_all;     /* stage 1: every unit's padded gradient buffer */
+    float *grad_shard;   /* stages 2-3 */
+    float *param_shard;  /* stage 3 */
+    float *staging;      /* stages 1-2: the after-step all-gather */
+    float **gbufs;       /* stages 2-3: grad_buffers bucket buffers */
+    int *gbuf_unit;      /* the unit holding each, or -1 */
+    pdp__zero_pslot *pslots;
+    uint64_t clock;
+    float **layer_w, **layer_dw;
+    float scalar;        /* clipping's all-reduced squared norm */
+    bool no_sync;
+    bool sharded;        /* the model's blocks were handed over (free gives them back) */
+    pdp_status deferred; /* a failure inside a no_sync backward (stages 2-3) */
+    char deferred_msg[768];
+    int64_t buffer_bytes, bytes_at_step, gathers, gathers_at_step;
+    pdp_zero_stats stats;
+};
+
+static int64_t pdp__zero_align(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* "unit 1 of 3 (layers 2..4)" */
+static void pdp__zero_unit_name(const pdp_zero *z, int u, char *out, size_t cap)
+{
+    snprintf(out, cap, "unit %d of %d (layers %d..%d)", u, z->nunits, z->units[u].first_layer,
+             z->units[u].last_layer);
+}
+
+/* Points unit u's layers' gradients (dw) or parameters (w) at buf, the unit's padded copy. */
+static void pdp__zero_point(pdp_zero *z, int u, float **ptrs, float *buf)
+{
+    const pdp__zero_unit *k = &z->units[u];
+    int l;
+    for (l = k->first_layer; l <= k->last_layer; l++) {
+        const pdp__layer *ly = &z->m->layers[l];
+        if (ly->nparams) ptrs[l] = buf + (z->m->params[ly->param_first].offset - k->off);
+    }
+}
+
+/* ---- zero: gradient buffers (stages 2-3) ---- */
+
+/* Releases unit u's bucket buffer after its reduce-scatter: its slice into the shard. */
+static void pdp__zero_bucket_done(pdp__reducer *r, int b)
+{
+    pdp_zero *z = (pdp_zero *)r->desc.user;
+    pdp__zero_unit *k = &z->units[b];
+    float *PDP__RESTRICT dst;
+    const float *PDP__RESTRICT src;
+    int i;
+    if (z->stage == 1 || !k->gbuf) return;
+    dst = z->grad_shard + k->shard_off;
+    src = k->gbuf + (int64_t)z->rank * k->s;
+    PDP__FOR_BLOCKED(e, k->mine, dst[e] += src[e];);
+    for (i = 0; i < z->desc.grad_buffers; i++)
+        if (z->gbuf_unit[i] == b) z->gbuf_unit[i] = -1;
+    k->gbuf = NULL;
+}
+
+/* Gives unit u a zeroed bucket buffer, waiting for the reduce-scatter of the unit
+   that held it (bucket_done then frees it). */
+static void pdp__zero_take_gbuf(pdp_zero *z, int u)
+{
+    int slot = u % z->desc.grad_buffers, v = z->gbuf_unit[slot];
+    pdp__zero_unit *k = &z->units[u];
+    if (v >= 0) pdp__reducer_wait_bucket(&z->r, v);
+    if ((v = z->gbuf_unit[slot]) >= 0) { /* its collective failed or never ran */
+        z->units[v].gbuf = NULL;
+        z->gbuf_unit[slot] = -1;
+    }
+    memset(z->gbufs[slot], 0, (size_t)(z->size * k->s) * sizeof(float));
+    z->gbuf_unit[slot] = u;
+    k->gbuf = z->gbufs[slot];
+    pdp__zero_point(z, u, z->layer_dw, k->gbuf);
+}
+
+/* The collective of bucket (unit) b: reduce-scatter (average) in place. */
+static pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
+{
+    pdp_zero *z = (pdp_zero *)r->desc.user;
+    pdp__zero_unit *k = &z->units[b];
+    if (!k->gbuf) pdp__zero_take_gbuf(z, b); /* no backward reached it: zeros */
+    return pdp_comm_reduce_scatter(z->c, k->gbuf, k->gbuf + (int64_t)z->rank * k->s, k->s,
+                                   PDP_REDUCE_AVG, w);
+}
+
+/* ---- zero: gathered parameters (stage 3) ---- */
+
+/* Waits for slot i's all-gather; a failure names the unit. */
+static pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
+{
+    pdp__zero_pslot *p = &z->pslots[i];
+    pdp_status st;
+    char name[96];
+    if (!p->work) return PDP_OK;
+    st = pdp_work_wait(p->work);
+    if (z->r.trace_comm && st == PDP_OK) {
+        char ev[48], args[64];
+        snprintf(ev, sizeof ev, "allgather unit %d", p->unit);
+        snprintf(args, sizeof args, "\"bytes\":%lld", (long long)z->units[p->unit].s * 4 * z->size);
+        pdp__trace_async(z->rank, z->r.trace_comm, "comm", ev,
+                         ((uint64_t)z->rank << 40) | (uint64_t)p->work->seq, p->t_launch,
+                         p->work->t_done, args);
+    }
+    p->work = NULL;
+    if (st == PDP_OK) return PDP_OK;
+    pdp__zero_unit_name(z, p->unit, name, sizeof name);
+    z->units[p->unit].pslot = -1;
+    p->unit = -1;
+    return pdp__err_wrap(st, "rank %d: allgather of %s", z->rank, name);
+}
+
+/* Starts the all-gather of unit u's parameters into a slot: a free one, else the
+   least recently used (whose gather has completed or is waited here) other than
+   keep's. */
+static pdp_status pdp__zero_gather_launch(pdp_zero *z, int u, int keep)
+{
+    pdp__zero_unit *k = &z->units[u];
+    pdp__zero_pslot *p;
+    int i, best = -1;
+    pdp_status st;
+    char name[96];
+    for (i = 0; i < z->desc.param_buffers; i++) {
+        if (keep >= 0 && z->pslots[i].unit == keep) continue;
+        if (z->pslots[i].unit < 0) {
+            best = i;
+            break;
+        }
+        if (best < 0 || z->pslots[i].used < z->pslots[best].used) best = i;
+    }
+    PDP_ASSERT(best >= 0);
+    p = &z->pslots[best];
+    if (p->unit >= 0) {
+        if ((st = pdp__zero_wait_slot(z, best)) != PDP_OK) return st;
+        if (p->unit >= 0) z->units[p->unit].pslot = -1;
+    }
+    p->unit = u;
+    p->used = ++z->clock;
+    k->pslot = best;
+    memcpy(p->buf + (int64_t)z->rank * k->s, z->param_shard + k->shard_off,
+           (size_t)k->s * sizeof(float));
+    p->t_launch = pdp__now();
+    z->gathers++;
+    st = pdp_comm_allgather(z->c, p->buf + (int64_t)z->rank * k->s, p->buf, k->s, &p->work);
+    if (st == PDP_OK) return PDP_OK;
+    k->pslot = -1;
+    p->unit = -1;
+    pdp__zero_unit_name(z, u, name, sizeof name);
+    return pdp__err_wrap(st, "rank %d: allgather of %s", z->rank, name);
+}
+
+/* Unit u's parameters gathered and its layers pointed at them; then the next
+   unit's gather (next >= 0) launched, so it runs while u computes. */
+static pdp_status pdp__zero_need(pdp_zero *z, int u, int next)
+{
+    pdp__zero_unit *k = &z->units[u];
+    pdp_status st;
+    if (k->pslot < 0 && (st = pdp__zero_gather_launch(z, u, -1)) != PDP_OK) return st;
+    if ((st = pdp__zero_wait_slot(z, k->pslot)) != PDP_OK) return st;
+    z->pslots[k->pslot].used = ++z->clock;
+    pdp__zero_point(z, u, z->layer_w, z->pslots[k->pslot].buf);
+    if (next >= 0 && next < z->nunits && z->units[next].pslot < 0)
+        return pdp__zero_gather_launch(z, next, u);
+    return PDP_OK;
+}
+
+/* Every slot free (FSDP's reshard): waits for gathers in flight first. */
+static pdp_status pdp__zero_release_params(pdp_zero *z)
+{
+    pdp_status st, first = PDP_OK;
+    int i;
+    for (i = 0; z->pslots && i < z->desc.param_buffers; i++) {
+        if ((st = pdp__zero_wait_slot(z, i)) != PDP_OK && first == PDP_OK) first = st;
+        if (z->pslots[i].unit >= 0) z->units[z->pslots[i].unit].pslot = -1;
+        z->pslots[i].unit = -1;
+    }
+    return first;
+}
+
+/* ---- zero: the model's events ---- */
+
+static pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                  pdp_status st)
+{
+    pdp__reducer *r = (pdp__reducer *)user;
+    pdp_zero *z = (pdp_zero *)r->desc.user;
+    int u = layer >= 0 ? z->unit_of_layer[layer] : -1, i;
+    (void)m;
+    switch (ev) {
+    case PDP__EV_FORWARD_LAYER: /* forward runs the units from the last index down */
+        return z->stage == 3 ? pdp__zero_need(z, u, u - 1) : PDP_OK;
+    case PDP__EV_BACKWARD_BEGIN:
+        if (z->stage >= 2)
+            for (i = 0; i < z->desc.grad_buffers; i++)
+                if (z->gbuf_unit[i] >= 0) {
+                    z->units[z->gbuf_unit[i]].gbuf = NULL;
+                    z->gbuf_unit[i] = -1;
+                }
+        return z->stage == 3 ? pdp__zero_release_params(z) : PDP_OK;
+    case PDP__EV_BACKWARD_LAYER: /* backward runs them from 0 up */
+        if (z->stage >= 2 && !z->units[u].gbuf) pdp__zero_take_gbuf(z, u);
+        return z->stage == 3 ? pdp__zero_need(z, u, u + 1) : PDP_OK;
+    case PDP__EV_BACKWARD_END:
+        /* stages 2-3 under no_sync: reduce now, into the shard (no full gradient to
+           accumulate in); a failure is reported by the next finish */
+        if (z->stage >= 2 && z->no_sync && st == PDP_OK &&
+            (st = pdp__reducer_finish(r, "pdp_zero_backward")) != PDP_OK &&
+            z->deferred == PDP_OK) {
+            z->deferred = st;
+            snprintf(z->deferred_msg, sizeof z->deferred_msg, "%.760s", pdp_last_error());
+        }
+        return PDP_OK;
+    }
+    return PDP_OK;
+}
+
+/* ---- zero: construction ---- */
+
+PDP_API void pdp_zero_free(pdp_zero *z)
+{
+    pdp_model *m;
+    int i;
+    if (!z) return;
+    m = z->m;
+    pdp__zero_release_params(z);
+    pdp__reducer_release(&z->r); /* waits for the reduce-scatters */
+    if (m && z->sharded) {
+        m->layer_w = m->layer_dw = NULL;
+        if (!m->grad_block && m->param_count &&
+            pdp__dev_alloc(m->device, (size_t)m->param_count * sizeof(float),
+                           (void **)&m->grad_block) == PDP_OK)
+            memset(m->grad_block, 0, (size_t)m->param_count * sizeof(float));
+        if (!m->param_block && m->param_count &&
+            pdp__dev_alloc(m->device, (size_t)m->param_count * sizeof(float),
+                           (void **)&m->param_block) == PDP_OK) {
+            memset(m->param_block, 0, (size_t)m->param_count * sizeof(float));
+            for (i = 0; z->param_shard && i < z->nunits; i++) {
+                const pdp__zero_unit *k = &z->units[i];
+                memcpy(m->param_block + k->off + (int64_t)z->rank * k->s,
+                       z->param_shard + k->shard_off, (size_t)k->mine * sizeof(float));
+            }
+        }
+    }
+    for (i = 0; z->gbufs && i < z->desc.grad_buffers; i++) pdp__dealloc(z->gbufs[i]);
+    for (i = 0; z->pslots && i < z->desc.param_buffers; i++) pdp__dealloc(z->pslots[i].buf);
+    pdp__dealloc(z->gbufs);
+    pdp__dealloc(z->gbuf_unit);
+    pdp__dealloc(z->pslots);
+    pdp__dealloc(z->grad_all);
+    pdp__dealloc(z->grad_shard);
+    pdp__dealloc(z->param_shard);
+    pdp__dealloc(z->staging);
+    pdp__dealloc(z->units);
+    pdp__dealloc(z->unit_of_layer);
+    pdp__dealloc(z->layer_w);
+    pdp__dealloc(z->layer_dw);
+    pdp__dealloc(z);
+}
+
+/* A zeroed buffer of count floats, counted as a working buffer when work. */
+static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
+{
+    float *p = (float *)pdp__calloc((size_t)PDP__MAX(1, count) * sizeof(float));
+    if (p && work) z->buffer_bytes += count * (int64_t)sizeof(float);
+    return p;
+}
+
+PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
+                                   const pdp_zero_desc *desc)
+{
+    static const char *fn = "pdp_zero_create";
+    pdp__reducer_desc rd;
+    pdp_comm_stats cs;
+    pdp_zero *z;
+    pdp_status st;
+    int64_t acc, base;
+    int b, l, n;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
+    if (desc && (desc->stage < 0 || desc->stage > 3))
+        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, desc->stage);
+    if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0 ||
+                 desc->grad_buffers < 0 || desc->param_buffers < 0 || desc->param_buffers == 1))
+        return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
+                        ">= 0, grad_buffers %d >= 0, param_buffers %d 0 or >= 2", fn,
+                        desc->bucket_cap_mb, desc->first_bucket_mb, desc->grad_buffers,
+                        desc->param_buffers);
+    if (m->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: ZeRO runs on CPU models only so far", fn);
+    z = (pdp_zero *)pdp__calloc(sizeof *z);
+    if (!z) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (desc) z->desc = *desc;
+    z->desc.stage = PDP__DEF(z->desc.stage, 1);
+    z->desc.bucket_cap_mb = PDP__DEF(z->desc.bucket_cap_mb, 25.0);
+    z->desc.first_bucket_mb = PDP__DEF(z->desc.first_bucket_mb,
+                                       PDP__MIN(1.0, z->desc.bucket_cap_mb));
+    z->desc.grad_buffers = z->desc.stage >= 2 ? PDP__DEF(z->desc.grad_buffers, 2) : 0;
+    z->desc.param_buffers = z->desc.stage == 3 ? PDP__DEF(z->desc.param_buffers, 2) : 0;
+    z->stage = z->desc.stage;
+    z->m = m;
+    z->c = c;
+    z->rank = c->rank;
+    z->size = n = c->size;
+    memset(&rd, 0, sizeof rd);
+    rd.cap_bytes = z->desc.bucket_cap_mb * 1048576.0;
+    rd.first_bytes = z->desc.first_bucket_mb * 1048576.0;
+    rd.reduce = pdp__zero_reduce;
+    rd.bucket_done = pdp__zero_bucket_done;
+    rd.event = pdp__zero_event;
+    rd.whole_layers = true;
+    rd.op_name = "reduce_scatter";
+    rd.finish_names = "pdp_zero_step or pdp_zero_finish";
+    rd.user = z;
+    if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
+    /* units: the buckets; shard offsets in flat-block order (the last bucket first) */
+    z->nunits = z->r.nbuckets;
+    z->units = (pdp__zero_unit *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *z->units);
+    z->unit_of_layer = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
+    z->layer_w = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
+    z->layer_dw = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
+    if (!z->units || !z->unit_of_layer || !z->layer_w || !z->layer_dw) goto oom;
+    for (l = 0; l < m->nlayers; l++) z->unit_of_layer[l] = -1;
+    acc = 0;
+    for (b = z->nunits - 1; b >= 0; b--) {
+        pdp__zero_unit *k = &z->units[b];
+        const pdp_ddp_bucket *info = &z->r.buckets[b].info;
+        k->off = info->offset;
+        k->count = info->count;
+        k->s = pdp__zero_align((k->count + n - 1) / n);
+        k->shard_off = acc;
+        k->mine = PDP__MAX(0, PDP__MIN(k->s, k->count - (int64_t)z->rank * k->s));
+        k->first_layer = m->params[info->first_param].layer;
+        k->last_layer = m->params[info->last_param].layer;
+        k->pslot = -1;
+        for (l = k->first_layer; l <= k->last_layer; l++) z->unit_of_layer[l] = b;
+        acc += k->s;
+        z->smax = PDP__MAX(z->smax, k->s);
+    }
+    z->shard_count = acc;
+    z->padded_count = acc * n;
+    /* the shards first, then the model's blocks go, then the working buffers */
+    z->sharded = true;
+    if (z->stage == 1) {
+        if (!(z->grad_all = pdp__zero_buf(z, z->padded_count, false))) goto oom;
+        for (base = 0, b = z->nunits - 1; b >= 0; b--) {
+            z->units[b].gbuf = z->grad_all + base;
+            pdp__zero_point(z, b, z->layer_dw, z->units[b].gbuf);
+            base += n * z->units[b].s;
+        }
+    } else {
+        if (!(z->grad_shard = pdp__zero_buf(z, z->shard_count, false))) goto oom;
+    }
+    if (z->stage == 3) {
+        if (!(z->param_shard = pdp__zero_buf(z, z->shard_count, false))) goto oom;
+        for (b = 0; b < z->nunits; b++) {
+            const pdp__zero_unit *k = &z->units[b];
+            memcpy(z->param_shard + k->shard_off, m->param_block + k->off + (int64_t)z->rank * k->s,
+                   (size_t)k->mine * sizeof(float));
+        }
+        pdp__dev_free(m->device, m->param_block);
+        m->param_block = NULL;
+        m->layer_w = z->layer_w;
+    }
+    pdp__dev_free(m->device, m->grad_block);
+    m->grad_block = NULL;
+    m->layer_dw = z->layer_dw;
+    if (z->stage <= 2 && !(z->staging = pdp__zero_buf(z, n * z->smax, true))) goto oom;
+    if (z->stage >= 2) {
+        z->gbufs = (float **)pdp__calloc((size_t)z->desc.grad_buffers * sizeof(float *));
+        z->gbuf_unit = (int *)pdp__calloc((size_t)z->desc.grad_buffers * sizeof(int));
+        if (!z->gbufs || !z->gbuf_unit) goto oom;
+        for (b = 0; b < z->desc.grad_buffers; b++) {
+            z->gbuf_unit[b] = -1;
+            if (!(z->gbufs[b] = pdp__zero_buf(z, n * z->smax, true))) goto oom;
+        }
+    }
+    if (z->stage == 3) {
+        z->pslots = (pdp__zero_pslot *)pdp__calloc((size_t)z->desc.param_buffers *
+                                                   sizeof *z->pslots);
+        if (!z->pslots) goto oom;
+        for (b = 0; b < z->desc.param_buffers; b++) {
+            z->pslots[b].unit = -1;
+            if (!(z->pslots[b].buf = pdp__zero_buf(z, n * z->smax, true))) goto oom;
+        }
+    }
+    z->stats.units = z->nunits;
+    pdp_comm_get_stats(c, &cs);
+    z->bytes_at_step = cs.bytes_sent;
+    *out = z;
+    return PDP_OK;
+oom:
+    st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory for the stage %d shards and "
+                  "buffers (%lld floats of parameters, %d units)", fn, c->rank, z->stage,
+                  (long long)m->param_count, z->nunits);
+fail:
+    pdp_zero_free(z);
+    return st;
+}
+
+PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
+{
+    static const char *fn = "pdp_zero_optim_create";
+    if (out) *out = NULL;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    return pdp__optim_create_shard(out, z->m, desc, z->shard_count, fn);
+}
+
+/* ---- zero: training ---- */
+
+PDP_API pdp_status pdp_zero_forward_backward(pdp_zero *z, const pdp_tensor *x,
+                                             const int32_t *labels, float *loss)
+{
+    static const char *fn = "pdp_zero_forward_backward";
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    return pdp__reducer_backward(&z->r, x, labels, loss, fn);
+}
+
+PDP_API pdp_status pdp_zero_forward(pdp_zero *z, const pdp_tensor *x, const pdp_tensor **y)
+{
+    static const char *fn = "pdp_zero_forward";
+    if (y) *y = NULL;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    return pdp__reducer_forward(&z->r, x, y, fn);
+}
+
+PDP_API pdp_status pdp_zero_backward(pdp_zero *z, const pdp_tensor *dy)
+{
+    static const char *fn = "pdp_zero_backward";
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    return pdp__reducer_backward_dy(&z->r, dy, fn);
+}
+
+PDP_API pdp_status pdp_zero_finish(pdp_zero *z)
+{
+    static const char *fn = "pdp_zero_finish";
+    pdp_status st;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    if (z->deferred != PDP_OK) {
+        st = z->deferred;
+        z->deferred = PDP_OK;
+        return pdp__err(st, "%s: %s", fn, z->deferred_msg);
+    }
+    return pdp__reducer_finish(&z->r, fn);
+}
+
+/* Stage 1: the rank's slice of unit u in its padded buffer; stages 2-3: in the shard. */
+static float *pdp__zero_grad_slice(pdp_zero *z, int u)
+{
+    const pdp__zero_unit *k = &z->units[u];
+    return z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
+}
+
+PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm)
+{
+    static const char *fn = "pdp_zero_clip_grad_norm";
+    double sum = 0.0, norm;
+    float coef;
+    int u;
+    int64_t i;
+    pdp_status st;
+    if (total_norm) *total_norm = 0.0f;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    if (!(max_norm >= 0.0f))
+        return pdp__err(PDP_ERR_INVALID, "%s: max_norm %g must be >= 0", fn, (double)max_norm);
+    if (z->r.state != PDP__RED_IDLE)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: call pdp_zero_finish first", fn, z->rank);
+    for (u = 0; u < z->nunits; u++) {
+        const float *g = pdp__zero_grad_slice(z, u);
+        for (i = 0; i < z->units[u].mine; i++) sum += (double)g[i] * (double)g[i];
+    }
+    z->scalar = (float)sum;
+    if ((st = pdp_comm_allreduce(z->c, &z->scalar, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: all-reducing the squared norm", fn, z->rank);
+    norm = sqrt((double)z->scalar);
+    if (total_norm) *total_norm = (float)norm;
+    if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
+    coef = (float)((double)max_norm / (norm + 1e-6));
+    if (coef >= 1.0f) return PDP_OK;
+    for (u = 0; u < z->nunits; u++) {
+        float *g = pdp__zero_grad_slice(z, u);
+        for (i = 0; i < z->units[u].mine; i++) g[i] *= coef;
+    }
+    return PDP_OK;
+}
+
+/* Stages 1-2: every rank's updated slices into every rank's full parameters. */
+static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
+{
+    double t0;
+    pdp_status st;
+    int u;
+    for (u = 0; u < z->nunits; u++) {
+        const pdp__zero_unit *k = &z->units[u];
+        float *mine = z->staging + (int64_t)z->rank * k->s;
+        memcpy(mine, z->m->param_block + k->off + (int64_t)z->rank * k->s,
+               (size_t)k->mine * sizeof(float));
+        memset(mine + k->mine, 0, (size_t)(k->s - k->mine) * sizeof(float));
+        z->gathers++;
+        t0 = pdp__now();
+        st = pdp_comm_allgather(z->c, mine, z->staging, k->s, NULL);
+        if (z->r.trace_comm && st == PDP_OK) {
+            char ev[48];
+            snprintf(ev, sizeof ev, "allgather unit %d", u);
+            pdp__trace_complete(z->rank, z->r.trace_comm, "comm", ev, t0, pdp__now(), NULL);
+        }
+        if (st != PDP_OK) {
+            char name[96];
+            pdp__zero_unit_name(z, u, name, sizeof name);
+            return pdp__err_wrap(st, "%s: rank %d: allgather of %s", fn, z->rank, name);
+        }
+        memcpy(dst + k->off, z->staging, (size_t)k->count * sizeof(float));
+    }
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
+{
+    static const char *fn = "pdp_zero_step";
+    pdp_comm_stats cs;
+    double t0;
+    pdp_status st;
+    int u;
+    if (!z || !opt) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, z ? "opt" : "zero");
+    if (!opt->shard || opt->model != z->m || opt->hi != z->shard_count)
+        return pdp__err(PDP_ERR_INVALID, "%s: opt was not made by pdp_zero_optim_create for this "
+                        "executor", fn);
+    if ((st = pdp_zero_finish(z)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    t0 = pdp__now();
+    for (u = 0; u < z->nunits; u++) {
+        const pdp__zero_unit *k = &z->units[u];
+        float *p = z->stage == 3 ? z->param_shard + k->shard_off
+                                 : z->m->param_block + k->off + (int64_t)z->rank * k->s;
+        if ((st = pdp__optim_step_at(opt, p, pdp__zero_grad_slice(z, u), k->shard_off,
+                                     k->mine)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d", fn, z->rank);
+    }
+    pdp__optim_finish_step(opt);
+    if (z->stage == 1) memset(z->grad_all, 0, (size_t)z->padded_count * sizeof(float));
+    else memset(z->grad_shard, 0, (size_t)z->shard_count * sizeof(float));
+    if (z->r.trace_compute)
+        pdp__trace_complete(z->rank, z->r.trace_compute, "compute", "optimizer step", t0,
+                            pdp__now(), NULL);
+    if (z->stage <= 2) {
+        if ((st = pdp__zero_gather_full(z, z->m->param_block, fn)) != PDP_OK) return st;
+    } else {
+        if ((st = pdp__zero_release_params(z)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+        if (z->m->param_block) { /* a gathered copy (pdp_zero_gather_params): now stale */
+            pdp__dev_free(z->m->device, z->m->param_block);
+            z->m->param_block = NULL;
+        }
+    }
+    pdp_comm_get_stats(z->c, &cs);
+    z->stats.steps = z->r.stats.steps;
+    z->stats.bytes_sent = cs.bytes_sent - z->bytes_at_step;
+    z->stats.total_bytes_sent += z->stats.bytes_sent;
+    z->stats.gathers = z->gathers - z->gathers_at_step;
+    z->stats.formula_bytes = (z->stage == 3 ? 3 : 2) * (int64_t)(z->size - 1) * z->shard_count * 4;
+    z->stats.backward_s = z->r.stats.backward_s;
+    z->stats.reduce_s = z->r.stats.allreduce_s;
+    z->stats.wait_s = z->r.stats.wait_s;
+    z->bytes_at_step = cs.bytes_sent;
+    z->gathers_at_step = z->gathers;
+    return PDP_OK;
+}
+
+PDP_API void pdp_zero_set_no_sync(pdp_zero *z, bool no_sync)
+{
+    if (!z) return;
+    z->no_sync = no_sync;
+    z->r.no_sync = no_sync && z->stage == 1; /* stages 2-3 reduce every backward */
+}
+
+PDP_API pdp_status pdp_zero_gather_params(pdp_zero *z, float *dst)
+{
+    static const char *fn = "pdp_zero_gather_params";
+    pdp_model *m;
+    pdp_status st;
+    int u;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    m = z->m;
+    if (z->stage <= 2) {
+        if (dst) memcpy(dst, m->param_block, (size_t)m->param_count * sizeof(float));
+        return PDP_OK;
+    }
+    if (!dst) {
+        if (!m->param_block &&
+            pdp__dev_alloc(m->device, (size_t)m->param_count * sizeof(float),
+                           (void **)&m->param_block) != PDP_OK)
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameters", fn,
+                            (long long)m->param_count);
+        dst = m->param_block;
+    }
+    for (u = z->nunits - 1; u >= 0; u--) {
+        const pdp__zero_unit *k = &z->units[u];
+        if ((st = pdp__zero_need(z, u, u - 1)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+        memcpy(dst + k->off, z->pslots[k->pslot].buf, (size_t)k->count * sizeof(float));
+    }
+    return PDP_OK;
+}
+
+/* ---- zero: queries ---- */
+
+PDP_API pdp_model *pdp_zero_model(const pdp_zero *z) { return z ? z->m : NULL; }
+PDP_API int pdp_zero_stage(const pdp_zero *z) { return z ? z->stage : 0; }
+PDP_API int pdp_zero_num_units(const pdp_zero *z) { return z ? z->nunits : 0; }
+
+PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out)
+{
+    double psi, n, k;
+    int64_t per;
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!z) return;
+    out->param_count = z->m->param_count;
+    out->padded_count = z->padded_count;
+    out->shard_count = z->shard_count;
+    out->state_per_param = opt ? opt->nstate : 0;
+    out->param_bytes = (z->stage == 3 ? z->shard_count : 0) * 4 +
+                       (z->m->param_block ? z->m->param_count * 4 : 0);
+    out->grad_bytes = (z->stage == 1 ? z->padded_count : z->shard_count) * 4 +
+                      (z->m->grad_block ? z->m->param_count * 4 : 0);
+    out->optim_bytes = opt ? opt->nstate * (opt->hi - opt->lo) * 4 : 0;
+    out->buffer_bytes = z->buffer_bytes;
+    out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes + out->buffer_bytes;
+    psi = (double)z->m->param_count;
+    n = (double)z->size;
+    k = 4.0 * out->state_per_param;
+    out->ddp_bytes = (8.0 + k) * psi;
+    out->formula_bytes = z->stage == 1   ? 8.0 * psi + k * psi / n
+                         : z->stage == 2 ? 4.0 * psi + (4.0 + k) * psi / n
+                                         : (8.0 + k) * psi / n;
+    per = 4 * (int64_t)z->size * z->smax;
+    out->buffer_bound = per * (z->stage == 1   ? 1
+                               : z->stage == 2 ? 1 + z->desc.grad_buffers
+                                               : z->desc.grad_buffers + z->desc.param_buffers);
+}
+
+PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
+{
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (z) *out = z->stats;
+}
+/* ---- end src/zero.c ---- */
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop

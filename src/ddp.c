@@ -77,6 +77,21 @@ PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *d, const pdp_tensor *x,
     return pdp__reducer_backward(&d->r, x, labels, loss, fn);
 }
 
+PDP_API pdp_status pdp_ddp_forward(pdp_ddp *d, const pdp_tensor *x, const pdp_tensor **y)
+{
+    static const char *fn = "pdp_ddp_forward";
+    if (y) *y = NULL;
+    if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
+    return pdp__reducer_forward(&d->r, x, y, fn);
+}
+
+PDP_API pdp_status pdp_ddp_backward(pdp_ddp *d, const pdp_tensor *dy)
+{
+    static const char *fn = "pdp_ddp_backward";
+    if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
+    return pdp__reducer_backward_dy(&d->r, dy, fn);
+}
+
 PDP_API pdp_status pdp_ddp_finish(pdp_ddp *d)
 {
     static const char *fn = "pdp_ddp_finish";

@@ -34,9 +34,21 @@
    bucket, the collective and the missing rank; a rank that fails and frees its
    communicator makes the others fail at once.
 
+   Any loss: every backward of the wrapped model synchronises, however its
+   output gradient was computed. pdp_ddp_forward_backward is the built-in
+   cross-entropy; for an own loss run pdp_ddp_forward (or pdp_model_forward),
+   compute the loss and its gradient dy with respect to the output (the mean
+   over this rank's samples, as the built-in losses do, so that the average
+   over ranks is the global batch's), then pdp_ddp_backward(ddp, dy) (or
+   pdp_model_backward): the buckets are reduced the same way. A second backward
+   before pdp_ddp_step/pdp_ddp_finish fails with PDP_ERR_STATE saying so.
+
    Typical step (each rank, on its own thread or process):
        pdp_ddp_forward_backward(ddp, x_shard, labels_shard, &loss);
-       pdp_ddp_step(ddp, opt);          wait for the buckets, update, zero grads */
+       pdp_ddp_step(ddp, opt);          wait for the buckets, update, zero grads
+   or, with an own loss:
+       pdp_ddp_forward(ddp, x_shard, &y);  my_loss(y, target, &loss, &dy);
+       pdp_ddp_backward(ddp, &dy);  pdp_ddp_step(ddp, opt); */
 
 typedef struct pdp_ddp pdp_ddp;
 
@@ -63,6 +75,14 @@ PDP_API void pdp_ddp_free(pdp_ddp *ddp);
    (pdp_ddp_step or pdp_ddp_finish) before the next one. */
 PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *ddp, const pdp_tensor *x,
                                             const int32_t *labels, float *loss);
+/* An own loss: forward on this rank's shard; *y is the model's output tensor
+   (valid until the next forward). Then compute dy = dloss/dy (same shape, on the
+   model's device) and call pdp_ddp_backward. */
+PDP_API pdp_status pdp_ddp_forward(pdp_ddp *ddp, const pdp_tensor *x, const pdp_tensor **y);
+/* Backward from dy; buckets are all-reduced as their gradients become ready,
+   exactly as in pdp_ddp_forward_backward (pdp_model_backward on the wrapped
+   model does the same; this entry adds the timing to the stats). */
+PDP_API pdp_status pdp_ddp_backward(pdp_ddp *ddp, const pdp_tensor *dy);
 /* Waits for every bucket of the last synchronised backward: the model's
    gradients are then the average over ranks. PDP_ERR_STATE when the last
    backward ran under no_sync. OK and nothing to do when nothing is pending. */
@@ -101,6 +121,8 @@ typedef struct pdp_ddp_stats {
                                   included) to its completion; queueing excluded */
     double wait_s;             /* time pdp_ddp_finish waited: communication left exposed */
     double hidden_share;       /* 1 - wait_s / allreduce_s, in [0, 1] (1 with nothing to do) */
+    int64_t launched_in_backward; /* buckets launched while backward still ran (the others
+                                     launch at its end: those of unused parameters) */
     /* sums over all finished steps */
     int64_t total_bytes_sent;
     double total_backward_s, total_allreduce_s, total_wait_s;

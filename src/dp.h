@@ -69,6 +69,12 @@ PDP_API pdp_status pdp_dp_step(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
    through DataParallel does. */
 PDP_API pdp_status pdp_dp_forward_backward(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
                                            float *loss);
+/* An own loss (MSE, a hand-written one): DP runs the loss inside its workers and
+   offers softmax cross-entropy only. pdp_model_forward, the loss and
+   pdp_model_backward on the master work as on any model, on the calling thread
+   alone: correct gradients and steps (pdp_optim_step), no parallelism, nothing
+   to synchronise, since the replicas take the master's parameters at the next
+   replicate. For a data-parallel own loss use DDP (pdp_ddp_backward). */
 /* The gathered outputs [B, classes] of the last step (on the master), or NULL. */
 PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp);
 

@@ -246,6 +246,20 @@ static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
 #endif
+/* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
+   and gradients live. The event function (NULL: off) is called before the forward
+   of each layer with parameters (FORWARD_LAYER), when pdp_model_backward starts
+   (BACKWARD_BEGIN: a failure refuses the backward, its message stands), before the
+   backward of each layer with parameters (BACKWARD_LAYER), and after the last layer
+   or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+typedef enum pdp__model_event {
+    PDP__EV_FORWARD_LAYER,
+    PDP__EV_BACKWARD_BEGIN,
+    PDP__EV_BACKWARD_LAYER,
+    PDP__EV_BACKWARD_END
+} pdp__model_event;
+typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
+                                          int layer, pdp_status st);
 
 struct pdp_model {
     pdp_device device;
@@ -276,6 +290,11 @@ struct pdp_model {
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
+    pdp__model_event_fn event; /* the executor seam (above); NULL: off */
+    void *event_user;
+    float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
+                                    weight's offset): where the executor put the layer's
+                                    weight (its bias follows it) and their gradients */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the

@@ -9,7 +9,14 @@
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself); backward needs the forward's input to stay alive,
    as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
-   largest batch), forward and backward allocate nothing. */
+   largest batch), forward and backward allocate nothing.
+
+   The executor seam (internal.h): an executor may listen to the pass's events
+   (m->event: before each layer with parameters, forward and backward, and at
+   the start and end of every backward: DDP and ZeRO synchronise any backward
+   this way) and point a layer's weight/bias and their gradients at buffers of
+   its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
+   (NULL) by default: one pointer test per layer. */
 
 #include "internal.h"
 
@@ -367,8 +374,8 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
     if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];
-        io->w = m->param_block + w->offset;
-        io->dw = m->grad_block + w->offset;
+        io->w = m->layer_w && m->layer_w[i] ? m->layer_w[i] : m->param_block + w->offset;
+        io->dw = m->layer_dw && m->layer_dw[i] ? m->layer_dw[i] : m->grad_block + w->offset;
         if (l->nparams > 1) {
             io->b = io->w + w->count;
             io->db = io->dw + w->count;
@@ -413,6 +420,10 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
             m->act[i] = (float *)in;
             continue;
         }
+        if (m->event && l->nparams &&
+            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
         pdp__model_io(m, i, &io);
         io.x = in;
         io.y = m->act[i];
@@ -459,11 +470,20 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_backward: dy is %s, the output was %s",
                         pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
     }
+    if (m->event && (st = m->event(m->event_user, m, PDP__EV_BACKWARD_BEGIN, -1, PDP_OK)))
+        return pdp__err_wrap(st, "pdp_model_backward");
     m->have_forward = false;
     g = dy->data;
+    st = PDP_OK;
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
+        if (m->event && l->nparams &&
+            (st = m->event(m->event_user, m, PDP__EV_BACKWARD_LAYER, i, PDP_OK)) != PDP_OK) {
+            st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
+                               pdp__layer_kind_name(l->kind));
+            break;
+        }
         if (!pdp__model_is_view(m, i)) {
             pdp__model_io(m, i, &io);
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
@@ -471,9 +491,11 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : NULL;
             t0 = m->trace_tid ? pdp__now() : 0.0;
-            if ((st = pdp__layer_backward(l, &io)) != PDP_OK)
-                return pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
-                                     pdp__layer_kind_name(l->kind));
+            if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
+                st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
+                                   pdp__layer_kind_name(l->kind));
+                break;
+            }
             if (m->trace_tid) pdp__model_trace(m, "backward", i, t0);
             if (io.dx) g = io.dx;
         }
@@ -481,12 +503,13 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--)
                 m->hook(m->hook_user, m, p);
     }
-    return PDP_OK;
+    if (m->event) m->event(m->event_user, m, PDP__EV_BACKWARD_END, -1, st);
+    return st;
 }
 
 PDP_API void pdp_model_zero_grad(pdp_model *m)
 {
-    if (m && m->param_count)
+    if (m && m->param_count && m->grad_block) /* NULL: ZeRO holds the gradients */
         pdp__dev_memset0(m->device, m->grad_block, (size_t)m->param_count * sizeof(float));
 }
 
@@ -591,6 +614,9 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     m->max_batch = 0;
     m->hook = NULL;
     m->hook_user = NULL;
+    m->event = NULL;
+    m->event_user = NULL;
+    m->layer_w = m->layer_dw = NULL;
     m->trace_tid = 0;
     m->have_forward = false;
     m->params_shared = share_params;

@@ -41,6 +41,9 @@ struct pdp_optim {
     int64_t steps;         /* completed updates */
     int nstate;            /* state buffers in use: 0, 1 or 2 */
     float *state[2];       /* hi - lo floats each, on the model's device */
+    bool shard;            /* ZeRO's layout (pdp__optim_create_shard): hi floats of state
+                              addressed by the executor's offsets, not the flat block's;
+                              only pdp__optim_step_at steps it */
 };
 
 /* ---- optim: desc ---- */
@@ -155,13 +158,43 @@ static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
     return PDP_OK;
 }
 
+/* ZeRO: state for count floats in the executor's shard layout (zero.c), stepped
+   by pdp__optim_step_at only; pdp_optim_step and the full checkpoints refuse it. */
+static pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t count,
+                                          const char *fn)
+{
+    pdp_status st = pdp__optim_create_range(out, m, desc, 0, 0, fn);
+    size_t bytes = (size_t)count * sizeof(float);
+    pdp_optim *o = *out;
+    int k;
+    if (st != PDP_OK) return st;
+    o->shard = true;
+    o->hi = count;
+    for (k = 0; k < o->nstate; k++) {
+        pdp__dev_free(m->device, o->state[k]);
+        o->state[k] = NULL;
+        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
+            (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
+            pdp_optim_free(o);
+            *out = NULL;
+            return pdp__err_wrap(st, "%s: %s state for a shard of %lld floats", fn,
+                                 pdp_optim_kind_name(o->desc.kind), (long long)count);
+        }
+    }
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
 {
     return pdp__optim_create_range(out, m, desc, 0, m ? m->param_count : 0, "pdp_optim_create");
 }
 
 /* Whether o holds state for the whole block (the public functions' optimizer). */
-static bool pdp__optim_is_full(const pdp_optim *o) { return o->lo == 0 && o->hi == o->count; }
+static bool pdp__optim_is_full(const pdp_optim *o)
+{
+    return o->lo == 0 && o->hi == o->count && !o->shard;
+}
 
 PDP_API void pdp_optim_free(pdp_optim *o)
 {
@@ -315,33 +348,44 @@ static void pdp__optim_part(void *arg, int part, int nparts)
 /* Below this many elements per thread, one thread is faster than waking more. */
 #define PDP__OPTIM_MIN_PER_THREAD 32768
 
+/* The state-offset step: n elements, params[i] from grads[i] with state element
+   state_off + i of o's buffers (ZeRO: a unit's slice, the parameters in the
+   model's block or the shard, the gradients in the executor's buffer). Does not
+   advance steps (pdp__optim_finish_step). */
+static pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
+                                     int64_t state_off, int64_t n)
+{
+    pdp__optim_scalars s;
+    pdp__optim_job job;
+    int threads;
+    PDP_ASSERT(o && state_off >= 0 && n >= 0 && state_off + n <= o->hi - o->lo);
+    if (n == 0) return PDP_OK;
+    pdp__optim_scalars_of(o, &s);
+    if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
+        return pdp__cuda_optim_update(o->model->device, &s, params, grads,
+                                      o->state[0] ? o->state[0] + state_off : NULL,
+                                      o->state[1] ? o->state[1] + state_off : NULL, n);
+    job.s = &s;
+    job.params = params;
+    job.grads = grads;
+    job.state[0] = o->state[0] ? o->state[0] + state_off : NULL;
+    job.state[1] = o->state[1] ? o->state[1] + state_off : NULL;
+    job.state_lo = 0;
+    job.lo = 0;
+    job.hi = n;
+    threads = pdp__threads_for_caller();
+    threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, n / PDP__OPTIM_MIN_PER_THREAD));
+    pdp__parallel_for(threads, pdp__optim_part, &job);
+    return PDP_OK;
+}
+
 /* params and grads are full-size blocks: element i of each is parameter
    element i; [lo, hi) lies inside the range o holds state for. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi)
 {
-    pdp__optim_scalars s;
-    pdp__optim_job job;
-    int threads;
     PDP_ASSERT(o && o->lo <= lo && lo <= hi && hi <= o->hi);
-    if (lo == hi) return PDP_OK;
-    pdp__optim_scalars_of(o, &s);
-    if (o->model->device.kind != PDP_DEVICE_CPU) /* one fused kernel (cuda_host.c) */
-        return pdp__cuda_optim_update(o->model->device, &s, params + lo, grads + lo,
-                                      o->state[0] ? o->state[0] + (lo - o->lo) : NULL,
-                                      o->state[1] ? o->state[1] + (lo - o->lo) : NULL, hi - lo);
-    job.s = &s;
-    job.params = params;
-    job.grads = grads;
-    job.state[0] = o->state[0];
-    job.state[1] = o->state[1];
-    job.state_lo = o->lo;
-    job.lo = lo;
-    job.hi = hi;
-    threads = pdp__threads_for_caller();
-    threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, (hi - lo) / PDP__OPTIM_MIN_PER_THREAD));
-    pdp__parallel_for(threads, pdp__optim_part, &job);
-    return PDP_OK;
+    return pdp__optim_step_at(o, params + lo, grads + lo, lo - o->lo, hi - lo);
 }
 
 /* Marks the update in flight as done (after every range of it). */
@@ -358,6 +402,12 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
                         "pdp_optim_step: the model has %lld parameters, %lld when the optimizer "
                         "was created (layers added after pdp_optim_create)",
                         (long long)m->param_count, (long long)o->count);
+    if (o->shard)
+        return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the optimizer holds a ZeRO shard "
+                        "(pdp_zero_optim_create): step it with pdp_zero_step");
+    if (!m->param_block || !m->grad_block)
+        return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the model's %s sharded by ZeRO: step "
+                        "with pdp_zero_step", m->grad_block ? "parameters are" : "gradients are");
     if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_optim_step");
     pdp__optim_finish_step(o);
@@ -379,6 +429,9 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
                         (double)max_norm);
     g = m->grad_block;
     n = m->param_count;
+    if (!g && n)
+        return pdp__err(PDP_ERR_STATE, "pdp_clip_grad_norm: the model's gradients are sharded "
+                        "by ZeRO: use pdp_zero_clip_grad_norm");
     if (m->device.kind != PDP_DEVICE_CPU) {
         /* pdp_cuda.cu: block partial sums in double, added by the host in block order */
         pdp_status st = pdp__cuda_sumsq(m->device, g, n, &sum, "pdp_clip_grad_norm");

@@ -16,7 +16,21 @@
    DDP all-reduces (average) the bucket in place; ZeRO reduce-scatters it into
    the part of the flat block its rank owns. An optional after_step hook runs
    after the optimizer step (ZeRO: all-gather the updated parameters); op_name
-   names the collective in the trace ("allreduce bucket 3").
+   names the collective in the trace ("allreduce bucket 3"). With whole_layers
+   a bucket never splits a layer's weight from its bias (ZeRO's units, whose
+   layers it points at per-unit buffers). bucket_done (optional) runs after a
+   bucket's collective has completed successfully, whoever waited for it
+   (pdp__reducer_wait_bucket: finish, or the executor reusing a buffer).
+
+   Every backward of the wrapped model synchronises, whatever computed its
+   output gradient (the built-in cross-entropy, pdp_loss_mse, a user's own
+   loss): the reducer listens to the model's BACKWARD_BEGIN and BACKWARD_END
+   events (the executor seam of internal.h), arms itself at the start of every
+   pdp_model_backward unless no_sync is on, and launches the leftover buckets
+   at its end. A backward while the last one's buckets are still being reduced
+   is refused by BACKWARD_BEGIN with a message naming the executor's finish.
+   The executor may listen to the events too (desc.event: ZeRO points the
+   layers at its buffers there).
 
    Per synchronised backward: pending[b] starts at the number of parameters in
    bucket b; the model's grad hook, fired once per parameter right after its
@@ -54,6 +68,8 @@ typedef struct pdp__reducer pdp__reducer;
 typedef pdp_status (*pdp__reduce_fn)(pdp__reducer *r, int b, pdp_work **w);
 /* Runs after the optimizer step of pdp__reducer_step (ZeRO: all-gather). */
 typedef pdp_status (*pdp__after_step_fn)(pdp__reducer *r, const char *fn);
+/* Runs once bucket b's collective has completed successfully. */
+typedef void (*pdp__bucket_done_fn)(pdp__reducer *r, int b);
 
 typedef struct pdp__reducer_desc {
     double cap_bytes;              /* close a bucket at >= this many bytes */
@@ -63,6 +79,10 @@ typedef struct pdp__reducer_desc {
     const char *op_name;           /* the collective's name in the trace ("allreduce") */
     const char *finish_names;      /* for messages: "pdp_ddp_step or pdp_ddp_finish" */
     void *user;                    /* the executor, for reduce and after_step */
+    bool whole_layers;             /* never split a layer between buckets */
+    pdp__bucket_done_fn bucket_done;  /* NULL: nothing */
+    pdp__model_event_fn event;        /* the model's events (BACKWARD_BEGIN/END after the
+                                         reducer's own handling), user = the reducer */
 } pdp__reducer_desc;
 
 typedef struct pdp__red_bucket {
@@ -89,6 +109,10 @@ struct pdp__reducer {
     pdp_status launch_status;
     char launch_msg[512];
     int twice_param;      /* a parameter reported twice in one backward, or -1 */
+    int launched_in_backward; /* buckets launched by the grad hook (before backward ended) */
+    pdp_status wait_status;   /* the first failed bucket wait of this backward */
+    char wait_msg[768];
+    double busy;              /* execution seconds of this backward's waited buckets */
     int64_t bytes_at_arm;
     double backward_acc;  /* forward + backward seconds since the last finish */
     pdp_ddp_stats stats;  /* grad_bytes is the executor's to set */
@@ -111,6 +135,8 @@ static pdp_status pdp__reducer_plan(pdp__reducer *r)
     for (p = m->nparams - 1; p >= 0; p--) {
         bytes += (double)m->params[p].count * sizeof(float);
         r->bucket_of[p] = b;
+        if (r->desc.whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
+            continue; /* the layer's weight joins its bias */
         if (bytes >= (b == 0 ? first : cap) || p == 0) { /* close bucket b: params p..last */
             pdp__red_bucket *k = &r->buckets[b];
             k->info.first_param = p;
@@ -171,8 +197,10 @@ static void pdp__reducer_hook(void *user, pdp_model *m, int p)
         return;
     }
     if (--k->pending == 0) {
+        int before = r->next_launch;
         k->ready = true;
         pdp__reducer_launch_ready(r);
+        r->launched_in_backward += r->next_launch - before;
     }
 }
 
@@ -190,9 +218,47 @@ static void pdp__reducer_arm(pdp__reducer *r)
     r->launch_status = PDP_OK;
     r->launch_msg[0] = '\0';
     r->twice_param = -1;
+    r->launched_in_backward = 0;
+    r->wait_status = PDP_OK;
+    r->wait_msg[0] = '\0';
+    r->busy = 0.0;
     pdp_comm_get_stats(r->c, &cs);
     r->bytes_at_arm = cs.bytes_sent;
     r->armed = true;
+}
+
+/* The model's events. BACKWARD_BEGIN refuses a backward while the last one is
+   being reduced and arms the reducer (unless no_sync); BACKWARD_END launches the
+   buckets whose parameters got no gradient and records the state. */
+static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                     pdp_status st)
+{
+    pdp__reducer *r = (pdp__reducer *)user;
+    switch (ev) {
+    case PDP__EV_BACKWARD_BEGIN:
+        if (r->state == PDP__RED_REDUCING)
+            return pdp__err(PDP_ERR_STATE, "rank %d: the last backward's buckets are still being "
+                            "reduced; call %s first", r->c->rank, r->desc.finish_names);
+        if (!r->no_sync) pdp__reducer_arm(r);
+        break;
+    case PDP__EV_BACKWARD_END:
+        if (r->armed) {
+            r->state = PDP__RED_REDUCING;
+            r->failed = st != PDP_OK;
+            if (st == PDP_OK) { /* buckets of parameters that got no gradient */
+                int b;
+                for (b = 0; b < r->nbuckets; b++) r->buckets[b].ready = true;
+                pdp__reducer_launch_ready(r);
+            }
+            r->armed = false;
+        } else if (st == PDP_OK) {
+            r->state = PDP__RED_LOCAL;
+        }
+        break;
+    default:
+        break;
+    }
+    return r->desc.event ? r->desc.event(user, m, ev, layer, st) : PDP_OK;
 }
 
 /* ---- reducer: construction ---- */
@@ -326,7 +392,7 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
     PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
     if (m->params_shared)
         return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
-    if (m->hook)
+    if (m->hook || m->event)
         return pdp__err(PDP_ERR_STATE, "%s: the model already has a grad hook (another DDP?)", fn);
     if (m->device.kind != c->device.kind || m->device.ordinal != c->device.ordinal)
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
@@ -355,6 +421,8 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
         }
     }
     pdp_model_set_grad_hook(m, pdp__reducer_hook, r);
+    m->event = pdp__reducer_event;
+    m->event_user = r;
     r->stats.buckets = r->nbuckets;
     return PDP_OK;
 }
@@ -368,6 +436,8 @@ static void pdp__reducer_release(pdp__reducer *r)
             if (r->buckets[b].launched && r->buckets[b].work) pdp_work_wait(r->buckets[b].work);
     if (r->m && r->m->hook == pdp__reducer_hook && r->m->hook_user == r) {
         pdp_model_set_grad_hook(r->m, NULL, NULL);
+        r->m->event = NULL;
+        r->m->event_user = NULL;
         r->m->trace_tid = 0;
     }
     if (r->traced) pdp__trace_close();
@@ -381,40 +451,81 @@ static void pdp__reducer_release(pdp__reducer *r)
 /* ---- reducer: training ---- */
 
 /* Forward, loss and backward on this rank's shard; the buckets launch as their
-   gradients become ready (unless no_sync). */
+   gradients become ready (unless no_sync): the model's events do it. */
 static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
                                         const int32_t *labels, float *loss, const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
+    if (r->state == PDP__RED_REDUCING) /* before the forward, which would be wasted */
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
+                        "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+    st = pdp_model_forward_backward(r->m, x, labels, loss);
+    r->backward_acc += pdp__now() - t0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* A user's own loss: forward on this rank's shard (*y: the model's output). */
+static pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
+                                       const char *fn)
+{
+    double t0 = pdp__now();
+    pdp_status st;
+    if (y) *y = NULL;
     if (r->state == PDP__RED_REDUCING)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
                         "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
-    if (!r->no_sync) pdp__reducer_arm(r);
-    st = pdp_model_forward_backward(r->m, x, labels, loss);
-    if (r->no_sync) {
-        if (st == PDP_OK) r->state = PDP__RED_LOCAL;
-    } else {
-        r->state = PDP__RED_REDUCING;
-        r->failed = st != PDP_OK;
-        if (st == PDP_OK) { /* buckets of parameters that got no gradient */
-            int b;
-            for (b = 0; b < r->nbuckets; b++) r->buckets[b].ready = true;
-            pdp__reducer_launch_ready(r);
-        }
-        r->armed = false;
-    }
+    st = pdp_model_forward(r->m, x, y);
     r->backward_acc += pdp__now() - t0;
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* ... and backward from dy, the gradient of the user's loss with respect to y. */
+static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
+{
+    double t0 = pdp__now();
+    pdp_status st = pdp_model_backward(r->m, dy);
+    r->backward_acc += pdp__now() - t0;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* Waits for bucket b if it was launched and not waited yet: records its time,
+   its trace event and the first failure (named after the bucket), then runs
+   bucket_done on success. */
+static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
+{
+    pdp__red_bucket *k = &r->buckets[b];
+    pdp_status st;
+    if (!k->launched || !k->work) return;
+    st = pdp_work_wait(k->work);
+    if (st != PDP_OK && r->wait_status == PDP_OK) {
+        char name[160];
+        r->wait_status = st;
+        pdp__red_bucket_name(r, b, name, sizeof name);
+        snprintf(r->wait_msg, sizeof r->wait_msg, "%s: %.600s", name, pdp_last_error());
+    }
+    r->busy += k->work->t_done > k->work->t_start ? k->work->t_done - k->work->t_start : 0.0;
+    if (r->trace_comm) {
+        char name[48], args[88];
+        snprintf(name, sizeof name, "%.24s bucket %d", r->desc.op_name, b);
+        snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
+                 (long long)k->info.count * 4, (long long)k->work->seq,
+                 (k->work->t_start - k->t_launch) * 1e6);
+        pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
+                         ((uint64_t)r->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
+                         k->work->t_done, args);
+    }
+    k->work = NULL;
+    if (st == PDP_OK && r->desc.bucket_done) r->desc.bucket_done(r, b);
 }
 
 /* Waits for every bucket of the last synchronised backward, in bucket order;
    the first failure names its bucket and parameters. */
 static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
 {
-    pdp_status st = PDP_OK, first = PDP_OK;
+    pdp_status first;
     pdp_comm_stats cs;
-    double t0, t1, busy = 0.0;
+    double t0, t1, busy;
     char msg[768];
     int b;
     if (r->state == PDP__RED_IDLE) return PDP_OK;
@@ -422,32 +533,12 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward ran under no_sync; run one "
                         "backward with no_sync off to reduce the accumulated gradients", fn,
                         r->c->rank);
-    msg[0] = '\0';
     t0 = pdp__now();
-    for (b = 0; b < r->nbuckets; b++) {
-        pdp__red_bucket *k = &r->buckets[b];
-        if (!k->launched || !k->work) continue;
-        st = pdp_work_wait(k->work);
-        if (st != PDP_OK && first == PDP_OK) {
-            char name[160];
-            first = st;
-            pdp__red_bucket_name(r, b, name, sizeof name);
-            snprintf(msg, sizeof msg, "%s: %.600s", name, pdp_last_error());
-        }
-        busy += k->work->t_done > k->work->t_start ? k->work->t_done - k->work->t_start : 0.0;
-        if (r->trace_comm) {
-            char name[48], args[88];
-            snprintf(name, sizeof name, "%.24s bucket %d", r->desc.op_name, b);
-            snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
-                     (long long)k->info.count * 4, (long long)k->work->seq,
-                     (k->work->t_start - k->t_launch) * 1e6);
-            pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
-                             ((uint64_t)r->c->rank << 40) | (uint64_t)k->work->seq, k->t_launch,
-                             k->work->t_done, args);
-        }
-        k->work = NULL;
-    }
+    for (b = 0; b < r->nbuckets; b++) pdp__reducer_wait_bucket(r, b);
     t1 = pdp__now();
+    first = r->wait_status;
+    busy = r->busy;
+    snprintf(msg, sizeof msg, "%s", r->wait_msg);
     r->state = PDP__RED_IDLE;
     if (r->trace_compute) pdp__trace_complete(r->c->rank, r->trace_compute, "compute",
                                               "wait for buckets", t0, t1, NULL);
@@ -475,6 +566,7 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
     r->stats.allreduce_s = busy;
     r->stats.wait_s = t1 - t0;
     r->stats.hidden_share = busy > 0.0 ? PDP__MAX(0.0, PDP__MIN(1.0, 1.0 - (t1 - t0) / busy)) : 1.0;
+    r->stats.launched_in_backward = r->launched_in_backward;
     r->stats.total_bytes_sent += r->stats.bytes_sent;
     r->stats.total_backward_s += r->backward_acc;
     r->stats.total_allreduce_s += busy;

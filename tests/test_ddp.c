@@ -83,9 +83,43 @@ static pdp_optim_desc sgd(void)
     return od;
 }
 
+/* A pass with an own loss (kind 1: pdp_loss_mse against one-hot targets, through
+   pdp_model_forward and pdp_model_backward, the loop issue 13 tried; kind 2: a
+   log-cosh loss written here, through pdp_ddp_forward and pdp_ddp_backward), the
+   mean over the batch passed in. d NULL: single device on m. */
+static pdp_status own_loss_pass(int kind, pdp_model *m, pdp_ddp *d, const pdp_tensor *x,
+                                const int32_t *labels, float *loss)
+{
+    float target[B * CLASSES], grad[B * CLASSES];
+    const pdp_tensor *y = NULL;
+    pdp_tensor tt, dy;
+    int64_t n, i, j;
+    double sum = 0.0;
+    pdp_status st;
+    st = kind == 2 && d ? pdp_ddp_forward(d, x, &y) : pdp_model_forward(m, x, &y);
+    if (st) return st;
+    n = y->shape[0];
+    for (i = 0; i < n; i++)
+        for (j = 0; j < CLASSES; j++) target[i * CLASSES + j] = labels[i] == j ? 1.0f : 0.0f;
+    pdp_tensor_wrap(target, pdp_cpu(), 2, y->shape, &tt);
+    pdp_tensor_wrap(grad, pdp_cpu(), 2, y->shape, &dy);
+    if (kind == 1) {
+        if ((st = pdp_loss_mse(y, &tt, loss, &dy))) return st;
+        return pdp_model_backward(m, &dy);
+    }
+    for (i = 0; i < n * CLASSES; i++) { /* log cosh(y - t), mean over samples */
+        double e = (double)y->data[i] - target[i];
+        sum += log(cosh(e));
+        grad[i] = (float)(tanh(e) / (double)n);
+    }
+    *loss = (float)(sum / (double)n);
+    return d ? pdp_ddp_backward(d, &dy) : pdp_model_backward(m, &dy);
+}
+
 /* One device on the whole global batches: the reference. accum micro-batches
-   per step, gradients accumulated (as PyTorch's repeated backward). */
-static pdp_status train_single(int accum, float *params_out, int64_t *count)
+   per step, gradients accumulated (as PyTorch's repeated backward). loss_kind 0:
+   cross-entropy; 1, 2: own_loss_pass. */
+static pdp_status train_single_loss(int accum, int loss_kind, float *params_out, int64_t *count)
 {
     pdp_model *m = NULL;
     pdp_optim *o = NULL;
@@ -101,7 +135,9 @@ static pdp_status train_single(int accum, float *params_out, int64_t *count)
     for (s = 0; s < STEPS; s++) {
         for (a = 0; a < accum; a++) {
             make_batch(s * accum + a, x, y);
-            if ((st = pdp_model_forward_backward(m, &xt, y, &loss))) goto out;
+            if (loss_kind) st = own_loss_pass(loss_kind, m, NULL, &xt, y, &loss);
+            else st = pdp_model_forward_backward(m, &xt, y, &loss);
+            if (st) goto out;
         }
         if ((st = pdp_optim_step(o))) goto out;
         pdp_model_zero_grad(m);
@@ -114,6 +150,11 @@ out:
     return st;
 }
 
+static pdp_status train_single(int accum, float *params_out, int64_t *count)
+{
+    return train_single_loss(accum, 0, params_out, count);
+}
+
 /* ---- rank threads ---- */
 
 typedef struct rank_ctx {
@@ -122,7 +163,9 @@ typedef struct rank_ctx {
     double cap_mb;
     int accum;
     int scenario;            /* 0 train, 1 param mismatch on rank 1, 2 rank 2 absent, 3 rank 1
-                                dies mid-backward, 4 state errors */
+                                dies mid-backward, 4 state errors, 5 a second own-loss
+                                backward before the step */
+    int loss_kind;           /* 0 cross-entropy, 1 and 2 own losses (own_loss_pass) */
     pdp_status st;
     char msg[1024];
     float params[2048];
@@ -208,7 +251,18 @@ static void *rank_main(void *arg)
         for (a = 0; a < ctx->accum; a++) {
             make_batch(s * ctx->accum + a, x, y);
             pdp_ddp_set_no_sync(d, a < ctx->accum - 1);
-            if (fail(ctx, pdp_ddp_forward_backward(d, &xt, y + r * local, &loss))) goto out;
+            if (ctx->loss_kind) {
+                if (fail(ctx, own_loss_pass(ctx->loss_kind, m, d, &xt, y + r * local, &loss)))
+                    goto out;
+            } else if (fail(ctx, pdp_ddp_forward_backward(d, &xt, y + r * local, &loss))) {
+                goto out;
+            }
+            if (ctx->scenario == 5 && a == ctx->accum - 1) { /* no step in between: refused */
+                pdp_status st2 = own_loss_pass(ctx->loss_kind, m, d, &xt, y + r * local, &loss);
+                if (st2 != PDP_ERR_STATE || !strstr(pdp_last_error(), "still being reduced") ||
+                    !strstr(pdp_last_error(), "call pdp_ddp_step or pdp_ddp_finish first"))
+                    fail(ctx, PDP_ERR_INVALID);
+            }
             if (ctx->scenario == 4 && a == ctx->accum - 1) {
                 pdp_status st2 = pdp_ddp_forward_backward(d, &xt, y + r * local, &loss);
                 if (st2 != PDP_ERR_STATE || !strstr(pdp_last_error(), "still being reduced"))
@@ -258,18 +312,21 @@ static void run_ranks(int n, double timeout_s, rank_ctx *ctx)
 
 /* ---- equivalence ---- */
 
-static enum greatest_test_res check_equivalence(int n, double cap_mb, int accum)
+static enum greatest_test_res check_equivalence_loss(int n, double cap_mb, int accum,
+                                                     int loss_kind, int scenario)
 {
     static rank_ctx ctx[MAXR];
     static float ref[2048];
     int64_t count = 0, i;
     int r;
     double worst = 0.0, scale = 0.0;
-    ASSERT_ENUM_EQ(PDP_OK, train_single(accum, ref, &count), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, train_single_loss(accum, loss_kind, ref, &count), pdp_status_name);
     memset(ctx, 0, sizeof ctx);
     for (r = 0; r < n; r++) {
         ctx[r].cap_mb = cap_mb;
         ctx[r].accum = accum;
+        ctx[r].loss_kind = loss_kind;
+        ctx[r].scenario = scenario;
     }
     run_ranks(n, 30.0, ctx);
     for (r = 0; r < n; r++) ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
@@ -279,8 +336,8 @@ static enum greatest_test_res check_equivalence(int n, double cap_mb, int accum)
         scale = fmax(scale, fabs((double)ref[i]));
     }
     if (worst > 1e-5 * scale) {
-        fprintf(stderr, "n %d cap %g accum %d: max |ddp - single| = %g, max |single| = %g\n", n,
-                cap_mb, accum, worst, scale);
+        fprintf(stderr, "n %d cap %g accum %d loss %d: max |ddp - single| = %g, max |single| = "
+                "%g\n", n, cap_mb, accum, loss_kind, worst, scale);
         FAILm("DDP parameters differ from single-device training on the global batch");
     }
     for (r = 1; r < n; r++)
@@ -288,10 +345,18 @@ static enum greatest_test_res check_equivalence(int n, double cap_mb, int accum)
     for (r = 0; r < n; r++) {
         ASSERT_EQ_FMT((long)0, ctx[r].allocs_after_first, "%ld");
         ASSERT_EQ(STEPS, (int)ctx[r].stats.steps);
-        ASSERT(ctx[r].stats.hidden_share >= 0.0 && ctx[r].stats.hidden_share <= 1.0);
+        /* every bucket launched from the grad hook, while backward still ran: none waited
+           for the end of backward (the overlap DDP is for) */
+        ASSERT_EQ(ctx[r].nbuckets, (int)ctx[r].stats.launched_in_backward);
         if (n == 2) ASSERT_EQ(count * 4, ctx[r].stats.bytes_sent); /* 2(N-1)/N = 1 */
+        if (n > 1) ASSERT(ctx[r].stats.bytes_sent > 0);
     }
     PASS();
+}
+
+static enum greatest_test_res check_equivalence(int n, double cap_mb, int accum)
+{
+    return check_equivalence_loss(n, cap_mb, accum, 0, 0);
 }
 
 TEST ddp_equals_single_device_on_the_global_batch(void)
@@ -302,6 +367,28 @@ TEST ddp_equals_single_device_on_the_global_batch(void)
     for (n = 1; n <= MAXR; n++)
         for (k = 0; k < sizeof caps / sizeof *caps; k++)
             for (accum = 1; accum <= 2; accum++) CHECK_CALL(check_equivalence(n, caps[k], accum));
+    PASS();
+}
+
+/* Issue 13 item 1: a loop with an own loss (pdp_model_forward, pdp_loss_mse,
+   pdp_model_backward, pdp_ddp_step) used to all-reduce nothing and let the ranks
+   drift; every backward of a wrapped model now synchronises. */
+TEST ddp_own_loss_equals_single_device(void)
+{
+    int n, kind, accum;
+    for (kind = 1; kind <= 2; kind++)
+        for (n = 2; n <= MAXR; n++)
+            for (accum = 1; accum <= 2; accum++)
+                CHECK_CALL(check_equivalence_loss(n, 0.0008, accum, kind, 0));
+    PASS();
+}
+
+/* A second own-loss backward before the step: PDP_ERR_STATE naming what to call;
+   training then goes on as if it had not been tried. */
+TEST ddp_own_loss_second_backward_is_refused(void)
+{
+    CHECK_CALL(check_equivalence_loss(2, 0.0008, 1, 1, 5));
+    CHECK_CALL(check_equivalence_loss(3, 0.0008, 2, 2, 5));
     PASS();
 }
 
@@ -426,6 +513,102 @@ TEST ddp_model_and_comm_are_what_it_wraps(void)
     pdp_model_free(m);
     pdp_comm_free(c);
     pdp_local_group_free(g);
+    PASS();
+}
+
+/* ---- unused parameters ----
+   In this sequential model every backward reports every parameter, so a
+   parameter without a gradient only arises through the executor seam (a model
+   with frozen or skipped layers would produce it): here a synchronised backward
+   reports the last layer only, after a no_sync pass accumulated rank-dependent
+   gradients everywhere. The buckets of the unreported parameters must still be
+   all-reduced, at the end of backward; otherwise they stay rank-local. */
+
+typedef struct unused_ctx {
+    pdp_local_group *g;
+    int rank;
+    pdp_status st;
+    char msg[1024];
+    float before[2048], after[2048];
+    int64_t count;
+    int nbuckets;
+    pdp_ddp_stats stats;
+} unused_ctx;
+
+static void *unused_rank(void *arg)
+{
+    unused_ctx *u = (unused_ctx *)arg;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_ddp *d = NULL;
+    pdp_ddp_desc dd;
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {B / 2, IN};
+    const pdp_tensor *out;
+    pdp_tensor xt;
+    pdp_status st;
+    memset(&dd, 0, sizeof dd);
+    dd.bucket_cap_mb = 1e-9; /* one parameter per bucket */
+    dd.first_bucket_mb = 1e-9;
+    make_batch(0, x, y);
+    pdp_tensor_wrap(x + u->rank * (B / 2) * IN, pdp_cpu(), 2, shape, &xt);
+    if ((st = pdp_comm_create_local(&c, u->g, u->rank)) || (st = build_model(&m, 1, 0)) ||
+        (st = pdp_ddp_create(&d, m, c, &dd)))
+        goto out;
+    u->nbuckets = pdp_ddp_num_buckets(d);
+    pdp_ddp_set_no_sync(d, true);
+    if ((st = pdp_ddp_forward_backward(d, &xt, y + u->rank * (B / 2), &loss))) goto out;
+    memcpy(u->before, m->grad_block, (size_t)m->param_count * sizeof(float));
+    u->count = m->param_count;
+    pdp_ddp_set_no_sync(d, false);
+    if ((st = pdp_model_forward(m, &xt, &out))) goto out;
+    /* a synchronised backward that reaches the last layer only */
+    if ((st = m->event(m->event_user, m, PDP__EV_BACKWARD_BEGIN, -1, PDP_OK))) goto out;
+    m->hook(m->hook_user, m, m->nparams - 1);
+    m->hook(m->hook_user, m, m->nparams - 2);
+    m->event(m->event_user, m, PDP__EV_BACKWARD_END, -1, PDP_OK);
+    if ((st = pdp_ddp_finish(d))) goto out;
+    memcpy(u->after, m->grad_block, (size_t)m->param_count * sizeof(float));
+    pdp_ddp_get_stats(d, &u->stats);
+out:
+    u->st = st;
+    if (st) snprintf(u->msg, sizeof u->msg, "%s", pdp_last_error());
+    pdp_ddp_free(d);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+TEST ddp_buckets_of_unused_parameters_launch_at_the_end_of_backward(void)
+{
+    static unused_ctx u[2];
+    pthread_t t[2];
+    pdp_local_group *g = NULL;
+    int64_t i, differ = 0;
+    int r;
+    memset(u, 0, sizeof u);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 2, NULL), pdp_status_name);
+    for (r = 0; r < 2; r++) {
+        u[r].g = g;
+        u[r].rank = r;
+        pthread_create(&t[r], NULL, unused_rank, &u[r]);
+    }
+    for (r = 0; r < 2; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+    for (r = 0; r < 2; r++) ASSERT_ENUM_EQm(u[r].msg, PDP_OK, u[r].st, pdp_status_name);
+    for (i = 0; i < u[0].count; i++) differ += u[0].before[i] != u[1].before[i];
+    ASSERT(differ > u[0].count / 2); /* the ranks' accumulated gradients differ */
+    for (r = 0; r < 2; r++) {
+        ASSERT_EQ(2, (int)u[r].stats.launched_in_backward); /* the last layer's two */
+        ASSERT_EQ(u[r].nbuckets, (int)u[r].stats.buckets);
+        ASSERT_EQ(u[0].count * 4, u[r].stats.bytes_sent); /* every bucket: 2(N-1)/N = 1 */
+        for (i = 0; i < u[0].count; i++) {
+            float want = (u[0].before[i] + u[1].before[i]) / 2.0f;
+            ASSERT_IN_RANGE(want, u[r].after[i], 1e-6 * (fabs(want) + 1e-3));
+        }
+    }
+    ASSERT_MEM_EQ(u[0].after, u[1].after, (size_t)u[0].count * sizeof(float));
     PASS();
 }
 
@@ -681,9 +864,12 @@ TEST sampler_set_epoch_reshuffles(void)
 SUITE(ddp)
 {
     RUN_TEST(ddp_equals_single_device_on_the_global_batch);
+    RUN_TEST(ddp_own_loss_equals_single_device);
+    RUN_TEST(ddp_own_loss_second_backward_is_refused);
     RUN_TEST(ddp_world_size_one_is_plain_training_bit_for_bit);
     RUN_TEST(ddp_buckets_follow_reverse_order_and_caps);
     RUN_TEST(ddp_state_errors);
+    RUN_TEST(ddp_buckets_of_unused_parameters_launch_at_the_end_of_backward);
     RUN_TEST(ddp_model_and_comm_are_what_it_wraps);
     RUN_TEST(ddp_param_mismatch_fails_on_every_rank);
     RUN_TEST(ddp_absent_rank_times_out_naming_bucket_and_rank);

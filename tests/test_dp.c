@@ -221,6 +221,82 @@ static enum greatest_test_res run_equivalence(int net, pdp_optim_kind kind)
     PASS();
 }
 
+/* Issue 13 item 1, DP's side: DP computes the loss inside its workers, and its
+   entries offer the built-in cross-entropy only. An own loss runs on the master
+   as on any model (pdp_model_forward, the loss, pdp_model_backward,
+   pdp_optim_step): one thread, no parallelism, nothing to synchronise (the
+   replicas take the master's parameters at the next replicate). Pinned here:
+   such steps equal single-device training bit for bit, and a pdp_dp_step after
+   them (replicas sharing or copying the parameters) still equals one device. */
+TEST dp_own_loss_trains_the_master_alone(void)
+{
+    int copy;
+    for (copy = 0; copy <= 1; copy++) {
+        pdp_model *ref = NULL, *master = NULL;
+        pdp_optim *oref = NULL, *odp = NULL;
+        pdp_dp *dp = NULL;
+        pdp_dp_desc dd;
+        pdp_optim_desc od;
+        data dt;
+        float lref = 0.0f, ldp = 0.0f, target[8 * 5], grad[8 * 5];
+        int s, i;
+        memset(&dd, 0, sizeof dd);
+        dd.num_workers = 3;
+        dd.copy_params = copy != 0;
+        memset(&od, 0, sizeof od);
+        od.kind = PDP_OPTIM_ADAM;
+        od.lr = 0.01f;
+        data_make(&dt, NET_MLP, 8 * 4, 9);
+        CHECK_OK(make_net(NET_MLP, 42, &ref));
+        CHECK_OK(make_net(NET_MLP, 42, &master));
+        CHECK_OK(pdp_optim_create(&oref, ref, &od));
+        CHECK_OK(pdp_optim_create(&odp, master, &od));
+        CHECK_OK(pdp_dp_create(&dp, master, &dd));
+        for (s = 0; s < 3; s++) {
+            pdp_model *mm[2];
+            pdp_optim *oo[2];
+            int k;
+            pdp_tensor x;
+            mm[0] = ref;
+            mm[1] = master;
+            oo[0] = oref;
+            oo[1] = odp;
+            data_batch(&dt, NET_MLP, s * 8, 8, &x);
+            for (i = 0; i < 8 * 5; i++) target[i] = dt.y[s * 8 + i / 5] == i % 5 ? 1.0f : 0.0f;
+            for (k = 0; k < 2; k++) {
+                const pdp_tensor *y;
+                pdp_tensor tt, dy;
+                pdp_optim_zero_grad(oo[k]);
+                CHECK_OK(pdp_model_forward(mm[k], &x, &y));
+                pdp_tensor_wrap(target, pdp_cpu(), 2, y->shape, &tt);
+                pdp_tensor_wrap(grad, pdp_cpu(), 2, y->shape, &dy);
+                CHECK_OK(pdp_loss_mse(y, &tt, k ? &ldp : &lref, &dy));
+                CHECK_OK(pdp_model_backward(mm[k], &dy));
+                CHECK_OK(pdp_optim_step(oo[k]));
+            }
+            ASSERT_EQ(lref, ldp);
+            ASSERT(same_bits(ref, master));
+        }
+        {
+            pdp_tensor x;
+            data_batch(&dt, NET_MLP, 24, 8, &x);
+            pdp_optim_zero_grad(oref);
+            CHECK_OK(pdp_model_forward_backward(ref, &x, dt.y + 24, &lref));
+            CHECK_OK(pdp_optim_step(oref));
+            CHECK_OK(pdp_dp_step(dp, odp, &x, dt.y + 24, &ldp));
+            ASSERT_IN_RANGE(lref, ldp, 1e-5 * (1.0 + fabs(lref)));
+            ASSERT(rel_diff(ref, master, false) <= 1e-5);
+        }
+        pdp_dp_free(dp);
+        pdp_optim_free(oref);
+        pdp_optim_free(odp);
+        pdp_model_free(ref);
+        pdp_model_free(master);
+        data_free(&dt);
+    }
+    PASS();
+}
+
 TEST dp_matches_single_device_mlp_sgd(void) { return run_equivalence(NET_MLP, PDP_OPTIM_SGD); }
 TEST dp_matches_single_device_mlp_adam(void) { return run_equivalence(NET_MLP, PDP_OPTIM_ADAM); }
 TEST dp_matches_single_device_mlp_dropout_sgd(void)
@@ -705,6 +781,7 @@ SUITE(dp)
     RUN_TEST(dp_matches_single_device_cnn_adam);
     RUN_TEST(dp_dropout_reference_is_sensitive);
     RUN_TEST(dp_forward_backward_gathers_outputs_and_sums_gradients);
+    RUN_TEST(dp_own_loss_trains_the_master_alone);
     RUN_TEST(dp_reduce_and_replicate_modes_are_bit_identical);
     RUN_TEST(dp_more_workers_than_samples_idle_and_stay_correct);
     RUN_TEST(dp_stats_count_bytes_and_master_memory);

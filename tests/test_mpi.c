@@ -593,6 +593,83 @@ MPI_TEST(mpi_split_groups_match_naive)
     PASS();
 }
 
+/* ---- MPI: ZeRO stages 1-3 equal single-device training ---- */
+
+MPI_TEST(mpi_zero_matches_single_device_and_ranks_agree)
+{
+    int stage;
+    int per = DDP_BATCH / world_size;
+    if (DDP_BATCH % world_size) SKIPm("global batch 24 does not split over this many ranks");
+    for (stage = 1; stage <= 3; stage++) {
+        pdp_model *ref = NULL, *m = NULL;
+        pdp_optim *oref = NULL, *o = NULL;
+        pdp_zero *z = NULL;
+        pdp_zero_desc zd;
+        pdp_zero_stats zs;
+        pdp_optim_desc od;
+        pdp_tensor xr, xs, pr;
+        float x[DDP_BATCH * DDP_IN], loss, *all = NULL, *mine = NULL, maxdiff = 0.0f;
+        int32_t y[DDP_BATCH];
+        int64_t shape[2], np, i;
+        int s, r;
+        memset(&od, 0, sizeof od);
+        od.kind = PDP_OPTIM_ADAM;
+        od.lr = 0.01f;
+        memset(&zd, 0, sizeof zd);
+        zd.stage = stage;
+        zd.bucket_cap_mb = 0.0005;
+        zd.first_bucket_mb = 0.0002;
+        ASSERT_ENUM_EQ(PDP_OK, ddp_model(&ref), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, ddp_model(&m), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oref, ref, &od), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, cm, &zd), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_optim_create(&o, z, &od), pdp_status_name);
+        for (s = 0; s < DDP_STEPS; s++) {
+            ddp_batch(s, x, y);
+            shape[0] = DDP_BATCH;
+            shape[1] = DDP_IN;
+            ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xr), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xr, y, &loss),
+                           pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oref), pdp_status_name);
+            pdp_optim_zero_grad(oref);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_rows_view(&xr, (int64_t)my_rank * per, per, &xs),
+                           pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_zero_forward_backward(z, &xs, y + my_rank * per, &loss),
+                           pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_zero_step(z, o), pdp_status_name);
+        }
+        pdp_zero_get_stats(z, &zs);
+        ASSERT_EQ(zs.formula_bytes, zs.bytes_sent);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(ref, &pr, NULL), pdp_status_name);
+        np = pr.count;
+        mine = fbuf(np);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_gather_params(z, mine), pdp_status_name);
+        for (i = 0; i < np; i++) {
+            float d = fabsf(mine[i] - pr.data[i]);
+            if (d > maxdiff) maxdiff = d;
+        }
+        all = fbuf(np * world_size);
+        MPI_Allgather(mine, (int)np, MPI_FLOAT, all, (int)np, MPI_FLOAT, MPI_COMM_WORLD);
+        if (my_rank == 0)
+            fprintf(test_out, "\n  zero stage %d over mpi: %d ranks, %d units: max |zero - single "
+                    "device| = %.3g, %lld bytes sent per step\n", stage, world_size,
+                    pdp_zero_num_units(z), (double)maxdiff, (long long)zs.bytes_sent);
+        for (r = 1; r < world_size; r++)
+            ASSERTm("ranks' parameters are not bit-identical",
+                    memcmp(all, all + (int64_t)r * np, (size_t)np * sizeof(float)) == 0);
+        ASSERT_IN_RANGE(0.0, maxdiff, 2e-5);
+        free(all);
+        free(mine);
+        pdp_zero_free(z);
+        pdp_optim_free(o);
+        pdp_optim_free(oref);
+        pdp_model_free(m);
+        pdp_model_free(ref);
+    }
+    PASS();
+}
+
 /* ---- MPI: trace ---- */
 
 MPI_TEST(mpi_trace_has_collectives_per_rank)
@@ -935,6 +1012,7 @@ SUITE(mpi)
     RUN_TEST(mpi_split_groups_match_naive);
     RUN_TEST(mpi_tp_matches_single_device_and_checkpoints_full_tensors);
     RUN_TEST(mpi_tp_2d_ddp_across_tp_groups_matches_single_device);
+    RUN_TEST(mpi_zero_matches_single_device_and_ranks_agree);
     RUN_TEST(mpi_trace_has_collectives_per_rank);
     RUN_TEST(mpi_init_env_times_out_when_a_rank_is_missing);
     RUN_TEST(mpi_missing_rank_times_out_and_breaks_comm);

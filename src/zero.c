@@ -1,0 +1,689 @@
+/* zero: the sharded executor, ZeRO stages 1-3 on reducer.c's bucket reducer
+   with a reduce-scatter as its collective (the layout, the formulas and the
+   reasons are in zero.h).
+
+   Invariants: the units are the reducer's buckets (planned with whole_layers,
+   so a layer's weight and bias share a unit and one pointer per layer places
+   both); unit u's slice of rank r is elements [r s_u, r s_u + mine_u) of the
+   unit (mine_u <= s_u real elements, the rest padding that stays zero in every
+   buffer); shard offsets follow the flat block's order. The model's layers read
+   their gradients (and at stage 3 their parameters) through m->layer_dw
+   (m->layer_w), which this module sets: stage 1 once, stages 2-3 when a unit's
+   backward starts (a gradient bucket buffer, taken round-robin: unit u uses
+   buffer u mod grad_buffers, after the reduce-scatter of the unit that held it
+   has completed and its slice was added to the shard), stage 3 also when its
+   parameters are gathered (a gather slot, least recently used first, never the
+   unit being computed). Nothing is allocated after construction: the buffers
+   are fixed, the handles come from the backends' pools. */
+
+#include "internal.h"
+
+typedef struct pdp__zero_unit {
+    int64_t off, count;  /* the unit's range of the flat block */
+    int64_t s;           /* slice floats per rank, a multiple of 16 */
+    int64_t shard_off;   /* this rank's slice in its shard (and optimizer state) */
+    int64_t mine;        /* real elements of this rank's slice */
+    int first_layer, last_layer;
+    float *gbuf;         /* N s floats: stage 1 its own; stages 2-3 a held bucket buffer */
+    int pslot;           /* stage 3: the gather slot holding its parameters, or -1 */
+} pdp__zero_unit;
+
+typedef struct pdp__zero_pslot {
+    float *buf;          /* N s_max floats */
+    int unit;            /* -1: free */
+    pdp_work *work;      /* its all-gather, until waited */
+    uint64_t used;       /* LRU stamp */
+    double t_launch;
+} pdp__zero_pslot;
+
+struct pdp_zero {
+    pdp__reducer r;      /* first: the reducer's user pointer is the executor */
+    pdp_zero_desc desc;
+    pdp_model *m;
+    pdp_comm *c;
+    int stage, rank, size, nunits;
+    pdp__zero_unit *units;
+    int *unit_of_layer;  /* -1 for layers without parameters */
+    int64_t shard_count, padded_count, smax;
+    float *grad_all;     /* stage 1: every unit's padded gradient buffer */
+    float *grad_shard;   /* stages 2-3 */
+    float *param_shard;  /* stage 3 */
+    float *staging;      /* stages 1-2: the after-step all-gather */
+    float **gbufs;       /* stages 2-3: grad_buffers bucket buffers */
+    int *gbuf_unit;      /* the unit holding each, or -1 */
+    pdp__zero_pslot *pslots;
+    uint64_t clock;
+    float **layer_w, **layer_dw;
+    float scalar;        /* clipping's all-reduced squared norm */
+    bool no_sync;
+    bool sharded;        /* the model's blocks were handed over (free gives them back) */
+    pdp_status deferred; /* a failure inside a no_sync backward (stages 2-3) */
+    char deferred_msg[768];
+    int64_t buffer_bytes, bytes_at_step, gathers, gathers_at_step;
+    pdp_zero_stats stats;
+};
+
+static int64_t pdp__zero_align(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* "unit 1 of 3 (layers 2..4)" */
+static void pdp__zero_unit_name(const pdp_zero *z, int u, char *out, size_t cap)
+{
+    snprintf(out, cap, "unit %d of %d (layers %d..%d)", u, z->nunits, z->units[u].first_layer,
+             z->units[u].last_layer);
+}
+
+/* Points unit u's layers' gradients (dw) or parameters (w) at buf, the unit's padded copy. */
+static void pdp__zero_point(pdp_zero *z, int u, float **ptrs, float *buf)
+{
+    const pdp__zero_unit *k = &z->units[u];
+    int l;
+    for (l = k->first_layer; l <= k->last_layer; l++) {
+        const pdp__layer *ly = &z->m->layers[l];
+        if (ly->nparams) ptrs[l] = buf + (z->m->params[ly->param_first].offset - k->off);
+    }
+}
+
+/* ---- zero: gradient buffers (stages 2-3) ---- */
+
+/* Releases unit u's bucket buffer after its reduce-scatter: its slice into the shard. */
+static void pdp__zero_bucket_done(pdp__reducer *r, int b)
+{
+    pdp_zero *z = (pdp_zero *)r->desc.user;
+    pdp__zero_unit *k = &z->units[b];
+    float *PDP__RESTRICT dst;
+    const float *PDP__RESTRICT src;
+    int i;
+    if (z->stage == 1 || !k->gbuf) return;
+    dst = z->grad_shard + k->shard_off;
+    src = k->gbuf + (int64_t)z->rank * k->s;
+    PDP__FOR_BLOCKED(e, k->mine, dst[e] += src[e];);
+    for (i = 0; i < z->desc.grad_buffers; i++)
+        if (z->gbuf_unit[i] == b) z->gbuf_unit[i] = -1;
+    k->gbuf = NULL;
+}
+
+/* Gives unit u a zeroed bucket buffer, waiting for the reduce-scatter of the unit
+   that held it (bucket_done then frees it). */
+static void pdp__zero_take_gbuf(pdp_zero *z, int u)
+{
+    int slot = u % z->desc.grad_buffers, v = z->gbuf_unit[slot];
+    pdp__zero_unit *k = &z->units[u];
+    if (v >= 0) pdp__reducer_wait_bucket(&z->r, v);
+    if ((v = z->gbuf_unit[slot]) >= 0) { /* its collective failed or never ran */
+        z->units[v].gbuf = NULL;
+        z->gbuf_unit[slot] = -1;
+    }
+    memset(z->gbufs[slot], 0, (size_t)(z->size * k->s) * sizeof(float));
+    z->gbuf_unit[slot] = u;
+    k->gbuf = z->gbufs[slot];
+    pdp__zero_point(z, u, z->layer_dw, k->gbuf);
+}
+
+/* The collective of bucket (unit) b: reduce-scatter (average) in place. */
+static pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
+{
+    pdp_zero *z = (pdp_zero *)r->desc.user;
+    pdp__zero_unit *k = &z->units[b];
+    if (!k->gbuf) pdp__zero_take_gbuf(z, b); /* no backward reached it: zeros */
+    return pdp_comm_reduce_scatter(z->c, k->gbuf, k->gbuf + (int64_t)z->rank * k->s, k->s,
+                                   PDP_REDUCE_AVG, w);
+}
+
+/* ---- zero: gathered parameters (stage 3) ---- */
+
+/* Waits for slot i's all-gather; a failure names the unit. */
+static pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
+{
+    pdp__zero_pslot *p = &z->pslots[i];
+    pdp_status st;
+    char name[96];
+    if (!p->work) return PDP_OK;
+    st = pdp_work_wait(p->work);
+    if (z->r.trace_comm && st == PDP_OK) {
+        char ev[48], args[64];
+        snprintf(ev, sizeof ev, "allgather unit %d", p->unit);
+        snprintf(args, sizeof args, "\"bytes\":%lld", (long long)z->units[p->unit].s * 4 * z->size);
+        pdp__trace_async(z->rank, z->r.trace_comm, "comm", ev,
+                         ((uint64_t)z->rank << 40) | (uint64_t)p->work->seq, p->t_launch,
+                         p->work->t_done, args);
+    }
+    p->work = NULL;
+    if (st == PDP_OK) return PDP_OK;
+    pdp__zero_unit_name(z, p->unit, name, sizeof name);
+    z->units[p->unit].pslot = -1;
+    p->unit = -1;
+    return pdp__err_wrap(st, "rank %d: allgather of %s", z->rank, name);
+}
+
+/* Starts the all-gather of unit u's parameters into a slot: a free one, else the
+   least recently used (whose gather has completed or is waited here) other than
+   keep's. */
+static pdp_status pdp__zero_gather_launch(pdp_zero *z, int u, int keep)
+{
+    pdp__zero_unit *k = &z->units[u];
+    pdp__zero_pslot *p;
+    int i, best = -1;
+    pdp_status st;
+    char name[96];
+    for (i = 0; i < z->desc.param_buffers; i++) {
+        if (keep >= 0 && z->pslots[i].unit == keep) continue;
+        if (z->pslots[i].unit < 0) {
+            best = i;
+            break;
+        }
+        if (best < 0 || z->pslots[i].used < z->pslots[best].used) best = i;
+    }
+    PDP_ASSERT(best >= 0);
+    p = &z->pslots[best];
+    if (p->unit >= 0) {
+        if ((st = pdp__zero_wait_slot(z, best)) != PDP_OK) return st;
+        if (p->unit >= 0) z->units[p->unit].pslot = -1;
+    }
+    p->unit = u;
+    p->used = ++z->clock;
+    k->pslot = best;
+    memcpy(p->buf + (int64_t)z->rank * k->s, z->param_shard + k->shard_off,
+           (size_t)k->s * sizeof(float));
+    p->t_launch = pdp__now();
+    z->gathers++;
+    st = pdp_comm_allgather(z->c, p->buf + (int64_t)z->rank * k->s, p->buf, k->s, &p->work);
+    if (st == PDP_OK) return PDP_OK;
+    k->pslot = -1;
+    p->unit = -1;
+    pdp__zero_unit_name(z, u, name, sizeof name);
+    return pdp__err_wrap(st, "rank %d: allgather of %s", z->rank, name);
+}
+
+/* Unit u's parameters gathered and its layers pointed at them; then the next
+   unit's gather (next >= 0) launched, so it runs while u computes. */
+static pdp_status pdp__zero_need(pdp_zero *z, int u, int next)
+{
+    pdp__zero_unit *k = &z->units[u];
+    pdp_status st;
+    if (k->pslot < 0 && (st = pdp__zero_gather_launch(z, u, -1)) != PDP_OK) return st;
+    if ((st = pdp__zero_wait_slot(z, k->pslot)) != PDP_OK) return st;
+    z->pslots[k->pslot].used = ++z->clock;
+    pdp__zero_point(z, u, z->layer_w, z->pslots[k->pslot].buf);
+    if (next >= 0 && next < z->nunits && z->units[next].pslot < 0)
+        return pdp__zero_gather_launch(z, next, u);
+    return PDP_OK;
+}
+
+/* Every slot free (FSDP's reshard): waits for gathers in flight first. */
+static pdp_status pdp__zero_release_params(pdp_zero *z)
+{
+    pdp_status st, first = PDP_OK;
+    int i;
+    for (i = 0; z->pslots && i < z->desc.param_buffers; i++) {
+        if ((st = pdp__zero_wait_slot(z, i)) != PDP_OK && first == PDP_OK) first = st;
+        if (z->pslots[i].unit >= 0) z->units[z->pslots[i].unit].pslot = -1;
+        z->pslots[i].unit = -1;
+    }
+    return first;
+}
+
+/* ---- zero: the model's events ---- */
+
+static pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                  pdp_status st)
+{
+    pdp__reducer *r = (pdp__reducer *)user;
+    pdp_zero *z = (pdp_zero *)r->desc.user;
+    int u = layer >= 0 ? z->unit_of_layer[layer] : -1, i;
+    (void)m;
+    switch (ev) {
+    case PDP__EV_FORWARD_LAYER: /* forward runs the units from the last index down */
+        return z->stage == 3 ? pdp__zero_need(z, u, u - 1) : PDP_OK;
+    case PDP__EV_BACKWARD_BEGIN:
+        if (z->stage >= 2)
+            for (i = 0; i < z->desc.grad_buffers; i++)
+                if (z->gbuf_unit[i] >= 0) {
+                    z->units[z->gbuf_unit[i]].gbuf = NULL;
+                    z->gbuf_unit[i] = -1;
+                }
+        return z->stage == 3 ? pdp__zero_release_params(z) : PDP_OK;
+    case PDP__EV_BACKWARD_LAYER: /* backward runs them from 0 up */
+        if (z->stage >= 2 && !z->units[u].gbuf) pdp__zero_take_gbuf(z, u);
+        return z->stage == 3 ? pdp__zero_need(z, u, u + 1) : PDP_OK;
+    case PDP__EV_BACKWARD_END:
+        /* stages 2-3 under no_sync: reduce now, into the shard (no full gradient to
+           accumulate in); a failure is reported by the next finish */
+        if (z->stage >= 2 && z->no_sync && st == PDP_OK &&
+            (st = pdp__reducer_finish(r, "pdp_zero_backward")) != PDP_OK &&
+            z->deferred == PDP_OK) {
+            z->deferred = st;
+            snprintf(z->deferred_msg, sizeof z->deferred_msg, "%.760s", pdp_last_error());
+        }
+        return PDP_OK;
+    }
+    return PDP_OK;
+}
+
+/* ---- zero: construction ---- */
+
+PDP_API void pdp_zero_free(pdp_zero *z)
+{
+    pdp_model *m;
+    int i;
+    if (!z) return;
+    m = z->m;
+    pdp__zero_release_params(z);
+    pdp__reducer_release(&z->r); /* waits for the reduce-scatters */
+    if (m && z->sharded) {
+        m->layer_w = m->layer_dw = NULL;
+        if (!m->grad_block && m->param_count &&
+            pdp__dev_alloc(m->device, (size_t)m->param_count * sizeof(float),
+                           (void **)&m->grad_block) == PDP_OK)
+            memset(m->grad_block, 0, (size_t)m->param_count * sizeof(float));
+        if (!m->param_block && m->param_count &&
+            pdp__dev_alloc(m->device, (size_t)m->param_count * sizeof(float),
+                           (void **)&m->param_block) == PDP_OK) {
+            memset(m->param_block, 0, (size_t)m->param_count * sizeof(float));
+            for (i = 0; z->param_shard && i < z->nunits; i++) {
+                const pdp__zero_unit *k = &z->units[i];
+                memcpy(m->param_block + k->off + (int64_t)z->rank * k->s,
+                       z->param_shard + k->shard_off, (size_t)k->mine * sizeof(float));
+            }
+        }
+    }
+    for (i = 0; z->gbufs && i < z->desc.grad_buffers; i++) pdp__dealloc(z->gbufs[i]);
+    for (i = 0; z->pslots && i < z->desc.param_buffers; i++) pdp__dealloc(z->pslots[i].buf);
+    pdp__dealloc(z->gbufs);
+    pdp__dealloc(z->gbuf_unit);
+    pdp__dealloc(z->pslots);
+    pdp__dealloc(z->grad_all);
+    pdp__dealloc(z->grad_shard);
+    pdp__dealloc(z->param_shard);
+    pdp__dealloc(z->staging);
+    pdp__dealloc(z->units);
+    pdp__dealloc(z->unit_of_layer);
+    pdp__dealloc(z->layer_w);
+    pdp__dealloc(z->layer_dw);
+    pdp__dealloc(z);
+}
+
+/* A zeroed buffer of count floats, counted as a working buffer when work. */
+static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
+{
+    float *p = (float *)pdp__calloc((size_t)PDP__MAX(1, count) * sizeof(float));
+    if (p && work) z->buffer_bytes += count * (int64_t)sizeof(float);
+    return p;
+}
+
+PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
+                                   const pdp_zero_desc *desc)
+{
+    static const char *fn = "pdp_zero_create";
+    pdp__reducer_desc rd;
+    pdp_comm_stats cs;
+    pdp_zero *z;
+    pdp_status st;
+    int64_t acc, base;
+    int b, l, n;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
+    if (desc && (desc->stage < 0 || desc->stage > 3))
+        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, desc->stage);
+    if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0 ||
+                 desc->grad_buffers < 0 || desc->param_buffers < 0 || desc->param_buffers == 1))
+        return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
+                        ">= 0, grad_buffers %d >= 0, param_buffers %d 0 or >= 2", fn,
+                        desc->bucket_cap_mb, desc->first_bucket_mb, desc->grad_buffers,
+                        desc->param_buffers);
+    if (m->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: ZeRO runs on CPU models only so far", fn);
+    z = (pdp_zero *)pdp__calloc(sizeof *z);
+    if (!z) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (desc) z->desc = *desc;
+    z->desc.stage = PDP__DEF(z->desc.stage, 1);
+    z->desc.bucket_cap_mb = PDP__DEF(z->desc.bucket_cap_mb, 25.0);
+    z->desc.first_bucket_mb = PDP__DEF(z->desc.first_bucket_mb,
+                                       PDP__MIN(1.0, z->desc.bucket_cap_mb));
+    z->desc.grad_buffers = z->desc.stage >= 2 ? PDP__DEF(z->desc.grad_buffers, 2) : 0;
+    z->desc.param_buffers = z->desc.stage == 3 ? PDP__DEF(z->desc.param_buffers, 2) : 0;
+    z->stage = z->desc.stage;
+    z->m = m;
+    z->c = c;
+    z->rank = c->rank;
+    z->size = n = c->size;
+    memset(&rd, 0, sizeof rd);
+    rd.cap_bytes = z->desc.bucket_cap_mb * 1048576.0;
+    rd.first_bytes = z->desc.first_bucket_mb * 1048576.0;
+    rd.reduce = pdp__zero_reduce;
+    rd.bucket_done = pdp__zero_bucket_done;
+    rd.event = pdp__zero_event;
+    rd.whole_layers = true;
+    rd.op_name = "reduce_scatter";
+    rd.finish_names = "pdp_zero_step or pdp_zero_finish";
+    rd.user = z;
+    if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
+    /* units: the buckets; shard offsets in flat-block order (the last bucket first) */
+    z->nunits = z->r.nbuckets;
+    z->units = (pdp__zero_unit *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *z->units);
+    z->unit_of_layer = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
+    z->layer_w = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
+    z->layer_dw = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
+    if (!z->units || !z->unit_of_layer || !z->layer_w || !z->layer_dw) goto oom;
+    for (l = 0; l < m->nlayers; l++) z->unit_of_layer[l] = -1;
+    acc = 0;
+    for (b = z->nunits - 1; b >= 0; b--) {
+        pdp__zero_unit *k = &z->units[b];
+        const pdp_ddp_bucket *info = &z->r.buckets[b].info;
+        k->off = info->offset;
+        k->count = info->count;
+        k->s = pdp__zero_align((k->count + n - 1) / n);
+        k->shard_off = acc;
+        k->mine = PDP__MAX(0, PDP__MIN(k->s, k->count - (int64_t)z->rank * k->s));
+        k->first_layer = m->params[info->first_param].layer;
+        k->last_layer = m->params[info->last_param].layer;
+        k->pslot = -1;
+        for (l = k->first_layer; l <= k->last_layer; l++) z->unit_of_layer[l] = b;
+        acc += k->s;
+        z->smax = PDP__MAX(z->smax, k->s);
+    }
+    z->shard_count = acc;
+    z->padded_count = acc * n;
+    /* the shards first, then the model's blocks go, then the working buffers */
+    z->sharded = true;
+    if (z->stage == 1) {
+        if (!(z->grad_all = pdp__zero_buf(z, z->padded_count, false))) goto oom;
+        for (base = 0, b = z->nunits - 1; b >= 0; b--) {
+            z->units[b].gbuf = z->grad_all + base;
+            pdp__zero_point(z, b, z->layer_dw, z->units[b].gbuf);
+            base += n * z->units[b].s;
+        }
+    } else {
+        if (!(z->grad_shard = pdp__zero_buf(z, z->shard_count, false))) goto oom;
+    }
+    if (z->stage == 3) {
+        if (!(z->param_shard = pdp__zero_buf(z, z->shard_count, false))) goto oom;
+        for (b = 0; b < z->nunits; b++) {
+            const pdp__zero_unit *k = &z->units[b];
+            memcpy(z->param_shard + k->shard_off, m->param_block + k->off + (int64_t)z->rank * k->s,
+                   (size_t)k->mine * sizeof(float));
+        }
+        pdp__dev_free(m->device, m->param_block);
+        m->param_block = NULL;
+        m->layer_w = z->layer_w;
+    }
+    pdp__dev_free(m->device, m->grad_block);
+    m->grad_block = NULL;
+    m->layer_dw = z->layer_dw;
+    if (z->stage <= 2 && !(z->staging = pdp__zero_buf(z, n * z->smax, true))) goto oom;
+    if (z->stage >= 2) {
+        z->gbufs = (float **)pdp__calloc((size_t)z->desc.grad_buffers * sizeof(float *));
+        z->gbuf_unit = (int *)pdp__calloc((size_t)z->desc.grad_buffers * sizeof(int));
+        if (!z->gbufs || !z->gbuf_unit) goto oom;
+        for (b = 0; b < z->desc.grad_buffers; b++) {
+            z->gbuf_unit[b] = -1;
+            if (!(z->gbufs[b] = pdp__zero_buf(z, n * z->smax, true))) goto oom;
+        }
+    }
+    if (z->stage == 3) {
+        z->pslots = (pdp__zero_pslot *)pdp__calloc((size_t)z->desc.param_buffers *
+                                                   sizeof *z->pslots);
+        if (!z->pslots) goto oom;
+        for (b = 0; b < z->desc.param_buffers; b++) {
+            z->pslots[b].unit = -1;
+            if (!(z->pslots[b].buf = pdp__zero_buf(z, n * z->smax, true))) goto oom;
+        }
+    }
+    z->stats.units = z->nunits;
+    pdp_comm_get_stats(c, &cs);
+    z->bytes_at_step = cs.bytes_sent;
+    *out = z;
+    return PDP_OK;
+oom:
+    st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory for the stage %d shards and "
+                  "buffers (%lld floats of parameters, %d units)", fn, c->rank, z->stage,
+                  (long long)m->param_count, z->nunits);
+fail:
+    pdp_zero_free(z);
+    return st;
+}
+
+PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
+{
+    static const char *fn = "pdp_zero_optim_create";
+    if (out) *out = NULL;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    return pdp__optim_create_shard(out, z->m, desc, z->shard_count, fn);
+}
+
+/* ---- zero: training ---- */
+
+PDP_API pdp_status pdp_zero_forward_backward(pdp_zero *z, const pdp_tensor *x,
+                                             const int32_t *labels, float *loss)
+{
+    static const char *fn = "pdp_zero_forward_backward";
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    return pdp__reducer_backward(&z->r, x, labels, loss, fn);
+}
+
+PDP_API pdp_status pdp_zero_forward(pdp_zero *z, const pdp_tensor *x, const pdp_tensor **y)
+{
+    static const char *fn = "pdp_zero_forward";
+    if (y) *y = NULL;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    return pdp__reducer_forward(&z->r, x, y, fn);
+}
+
+PDP_API pdp_status pdp_zero_backward(pdp_zero *z, const pdp_tensor *dy)
+{
+    static const char *fn = "pdp_zero_backward";
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    return pdp__reducer_backward_dy(&z->r, dy, fn);
+}
+
+PDP_API pdp_status pdp_zero_finish(pdp_zero *z)
+{
+    static const char *fn = "pdp_zero_finish";
+    pdp_status st;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    if (z->deferred != PDP_OK) {
+        st = z->deferred;
+        z->deferred = PDP_OK;
+        return pdp__err(st, "%s: %s", fn, z->deferred_msg);
+    }
+    return pdp__reducer_finish(&z->r, fn);
+}
+
+/* Stage 1: the rank's slice of unit u in its padded buffer; stages 2-3: in the shard. */
+static float *pdp__zero_grad_slice(pdp_zero *z, int u)
+{
+    const pdp__zero_unit *k = &z->units[u];
+    return z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
+}
+
+PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm)
+{
+    static const char *fn = "pdp_zero_clip_grad_norm";
+    double sum = 0.0, norm;
+    float coef;
+    int u;
+    int64_t i;
+    pdp_status st;
+    if (total_norm) *total_norm = 0.0f;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    if (!(max_norm >= 0.0f))
+        return pdp__err(PDP_ERR_INVALID, "%s: max_norm %g must be >= 0", fn, (double)max_norm);
+    if (z->r.state != PDP__RED_IDLE)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: call pdp_zero_finish first", fn, z->rank);
+    for (u = 0; u < z->nunits; u++) {
+        const float *g = pdp__zero_grad_slice(z, u);
+        for (i = 0; i < z->units[u].mine; i++) sum += (double)g[i] * (double)g[i];
+    }
+    z->scalar = (float)sum;
+    if ((st = pdp_comm_allreduce(z->c, &z->scalar, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: all-reducing the squared norm", fn, z->rank);
+    norm = sqrt((double)z->scalar);
+    if (total_norm) *total_norm = (float)norm;
+    if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
+    coef = (float)((double)max_norm / (norm + 1e-6));
+    if (coef >= 1.0f) return PDP_OK;
+    for (u = 0; u < z->nunits; u++) {
+        float *g = pdp__zero_grad_slice(z, u);
+        for (i = 0; i < z->units[u].mine; i++) g[i] *= coef;
+    }
+    return PDP_OK;
+}
+
+/* Stages 1-2: every rank's updated slices into every rank's full parameters. */
+static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
+{
+    double t0;
+    pdp_status st;
+    int u;
+    for (u = 0; u < z->nunits; u++) {
+        const pdp__zero_unit *k = &z->units[u];
+        float *mine = z->staging + (int64_t)z->rank * k->s;
+        memcpy(mine, z->m->param_block + k->off + (int64_t)z->rank * k->s,
+               (size_t)k->mine * sizeof(float));
+        memset(mine + k->mine, 0, (size_t)(k->s - k->mine) * sizeof(float));
+        z->gathers++;
+        t0 = pdp__now();
+        st = pdp_comm_allgather(z->c, mine, z->staging, k->s, NULL);
+        if (z->r.trace_comm && st == PDP_OK) {
+            char ev[48];
+            snprintf(ev, sizeof ev, "allgather unit %d", u);
+            pdp__trace_complete(z->rank, z->r.trace_comm, "comm", ev, t0, pdp__now(), NULL);
+        }
+        if (st != PDP_OK) {
+            char name[96];
+            pdp__zero_unit_name(z, u, name, sizeof name);
+            return pdp__err_wrap(st, "%s: rank %d: allgather of %s", fn, z->rank, name);
+        }
+        memcpy(dst + k->off, z->staging, (size_t)k->count * sizeof(float));
+    }
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
+{
+    static const char *fn = "pdp_zero_step";
+    pdp_comm_stats cs;
+    double t0;
+    pdp_status st;
+    int u;
+    if (!z || !opt) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, z ? "opt" : "zero");
+    if (!opt->shard || opt->model != z->m || opt->hi != z->shard_count)
+        return pdp__err(PDP_ERR_INVALID, "%s: opt was not made by pdp_zero_optim_create for this "
+                        "executor", fn);
+    if ((st = pdp_zero_finish(z)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    t0 = pdp__now();
+    for (u = 0; u < z->nunits; u++) {
+        const pdp__zero_unit *k = &z->units[u];
+        float *p = z->stage == 3 ? z->param_shard + k->shard_off
+                                 : z->m->param_block + k->off + (int64_t)z->rank * k->s;
+        if ((st = pdp__optim_step_at(opt, p, pdp__zero_grad_slice(z, u), k->shard_off,
+                                     k->mine)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d", fn, z->rank);
+    }
+    pdp__optim_finish_step(opt);
+    if (z->stage == 1) memset(z->grad_all, 0, (size_t)z->padded_count * sizeof(float));
+    else memset(z->grad_shard, 0, (size_t)z->shard_count * sizeof(float));
+    if (z->r.trace_compute)
+        pdp__trace_complete(z->rank, z->r.trace_compute, "compute", "optimizer step", t0,
+                            pdp__now(), NULL);
+    if (z->stage <= 2) {
+        if ((st = pdp__zero_gather_full(z, z->m->param_block, fn)) != PDP_OK) return st;
+    } else {
+        if ((st = pdp__zero_release_params(z)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+        if (z->m->param_block) { /* a gathered copy (pdp_zero_gather_params): now stale */
+            pdp__dev_free(z->m->device, z->m->param_block);
+            z->m->param_block = NULL;
+        }
+    }
+    pdp_comm_get_stats(z->c, &cs);
+    z->stats.steps = z->r.stats.steps;
+    z->stats.bytes_sent = cs.bytes_sent - z->bytes_at_step;
+    z->stats.total_bytes_sent += z->stats.bytes_sent;
+    z->stats.gathers = z->gathers - z->gathers_at_step;
+    z->stats.formula_bytes = (z->stage == 3 ? 3 : 2) * (int64_t)(z->size - 1) * z->shard_count * 4;
+    z->stats.backward_s = z->r.stats.backward_s;
+    z->stats.reduce_s = z->r.stats.allreduce_s;
+    z->stats.wait_s = z->r.stats.wait_s;
+    z->bytes_at_step = cs.bytes_sent;
+    z->gathers_at_step = z->gathers;
+    return PDP_OK;
+}
+
+PDP_API void pdp_zero_set_no_sync(pdp_zero *z, bool no_sync)
+{
+    if (!z) return;
+    z->no_sync = no_sync;
+    z->r.no_sync = no_sync && z->stage == 1; /* stages 2-3 reduce every backward */
+}
+
+PDP_API pdp_status pdp_zero_gather_params(pdp_zero *z, float *dst)
+{
+    static const char *fn = "pdp_zero_gather_params";
+    pdp_model *m;
+    pdp_status st;
+    int u;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    m = z->m;
+    if (z->stage <= 2) {
+        if (dst) memcpy(dst, m->param_block, (size_t)m->param_count * sizeof(float));
+        return PDP_OK;
+    }
+    if (!dst) {
+        if (!m->param_block &&
+            pdp__dev_alloc(m->device, (size_t)m->param_count * sizeof(float),
+                           (void **)&m->param_block) != PDP_OK)
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameters", fn,
+                            (long long)m->param_count);
+        dst = m->param_block;
+    }
+    for (u = z->nunits - 1; u >= 0; u--) {
+        const pdp__zero_unit *k = &z->units[u];
+        if ((st = pdp__zero_need(z, u, u - 1)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+        memcpy(dst + k->off, z->pslots[k->pslot].buf, (size_t)k->count * sizeof(float));
+    }
+    return PDP_OK;
+}
+
+/* ---- zero: queries ---- */
+
+PDP_API pdp_model *pdp_zero_model(const pdp_zero *z) { return z ? z->m : NULL; }
+PDP_API int pdp_zero_stage(const pdp_zero *z) { return z ? z->stage : 0; }
+PDP_API int pdp_zero_num_units(const pdp_zero *z) { return z ? z->nunits : 0; }
+
+PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out)
+{
+    double psi, n, k;
+    int64_t per;
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!z) return;
+    out->param_count = z->m->param_count;
+    out->padded_count = z->padded_count;
+    out->shard_count = z->shard_count;
+    out->state_per_param = opt ? opt->nstate : 0;
+    out->param_bytes = (z->stage == 3 ? z->shard_count : 0) * 4 +
+                       (z->m->param_block ? z->m->param_count * 4 : 0);
+    out->grad_bytes = (z->stage == 1 ? z->padded_count : z->shard_count) * 4 +
+                      (z->m->grad_block ? z->m->param_count * 4 : 0);
+    out->optim_bytes = opt ? opt->nstate * (opt->hi - opt->lo) * 4 : 0;
+    out->buffer_bytes = z->buffer_bytes;
+    out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes + out->buffer_bytes;
+    psi = (double)z->m->param_count;
+    n = (double)z->size;
+    k = 4.0 * out->state_per_param;
+    out->ddp_bytes = (8.0 + k) * psi;
+    out->formula_bytes = z->stage == 1   ? 8.0 * psi + k * psi / n
+                         : z->stage == 2 ? 4.0 * psi + (4.0 + k) * psi / n
+                                         : (8.0 + k) * psi / n;
+    per = 4 * (int64_t)z->size * z->smax;
+    out->buffer_bound = per * (z->stage == 1   ? 1
+                               : z->stage == 2 ? 1 + z->desc.grad_buffers
+                                               : z->desc.grad_buffers + z->desc.param_buffers);
+}
+
+PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
+{
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (z) *out = z->stats;
+}

@@ -1,0 +1,622 @@
+/* test_zero.c - ZeRO stages 1-3 (src/zero.c) on the local backend.
+
+   Equivalence: N rank threads (ranks > 0 start from another seed, so the
+   construction's broadcast is tested too) train on their slices of the same
+   global batches; after STEPS steps every rank's gathered parameters are
+   bit-identical and equal one device on the global batch and DDP (<= 1e-5
+   relative), for stages 1-3 x N = 1-4 x with and without accumulation x with
+   and without clipping x Adam and SGD-momentum, with units of one layer and one
+   unit for the whole model; the model's 559 parameters divide by none of 2, 3, 4.
+   Memory: the measured bytes equal the ZeRO formulas with the padded count, the
+   buffers stay within their stated bound, and the allocator's live bytes agree;
+   under a per-rank allocation budget DDP fails with PDP_ERR_OUT_OF_MEMORY while
+   stage 3 trains. Bytes: the communicator's count per step equals 2 (stages 1-2)
+   or 3 (stage 3) x (N-1)/N x Psi_pad x 4. No allocation after the first step.
+   Faults: an absent rank times out naming the collective, the unit and the
+   rank. An own loss under ZeRO synchronises too. */
+
+#define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
+#include <stdlib.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+/* Allocation accounting: a count, and per thread the live bytes and a budget (0: none). */
+static atomic_long test_allocs;
+static __thread long long thread_live, thread_budget, thread_allocs;
+typedef struct alloc_head {
+    long long *owner;
+    size_t bytes;
+    double pad[2]; /* keeps the block 16-byte aligned */
+} alloc_head;
+static void *test_malloc(size_t n)
+{
+    alloc_head *h;
+    atomic_fetch_add(&test_allocs, 1);
+    thread_allocs++;
+    if (thread_budget && thread_live + (long long)n > thread_budget) return NULL;
+    h = (alloc_head *)malloc(sizeof *h + n);
+    if (!h) return NULL;
+    h->owner = &thread_live;
+    h->bytes = n;
+    thread_live += (long long)n;
+    return h + 1;
+}
+static void test_free(void *p)
+{
+    alloc_head *h;
+    if (!p) return;
+    h = (alloc_head *)p - 1;
+    if (h->owner == &thread_live) thread_live -= (long long)h->bytes; /* same thread only */
+    free(h);
+}
+#define PDP_MALLOC(n) test_malloc(n)
+#define PDP_FREE(p) test_free(p)
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+
+#define MAXR 4
+#define IN 20
+#define CLASSES 3
+#define B 12 /* global batch: divisible by 1, 2, 3 and 4 */
+#define STEPS 3
+#define MAXP 2048
+
+/* ---- helpers ---- */
+
+/* hidden 0: the budget test's deeper model, 20-256-256-256-256-3 */
+static pdp_status build_model(pdp_model **out, uint64_t seed, int hidden)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_status st;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = IN;
+    md.seed = seed;
+    *out = NULL;
+    if ((st = pdp_model_create(&m, &md)) != PDP_OK) return st;
+    if (!hidden) {
+        int l;
+        for (l = 0; l < 4 && st == PDP_OK; l++)
+            if (!(st = pdp_model_add_linear(m, 256))) st = pdp_model_add_relu(m);
+        if (st || (st = pdp_model_add_linear(m, CLASSES))) pdp_model_free(m);
+        else *out = m;
+        return st;
+    }
+    if ((st = pdp_model_add_linear(m, hidden)) || (st = pdp_model_add_relu(m)) ||
+        (st = pdp_model_add_linear(m, 11)) || (st = pdp_model_add_tanh(m)) ||
+        (st = pdp_model_add_linear(m, CLASSES))) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+static void make_batch(int mb, float *x, int32_t *y)
+{
+    int i, f;
+    for (i = 0; i < B; i++) {
+        for (f = 0; f < IN; f++) {
+            uint32_t h = (uint32_t)((mb * 131 + i) * 2654435761u) ^ (uint32_t)(f * 40503u);
+            h ^= h >> 15;
+            h *= 0x2c1b3c6du;
+            h ^= h >> 12;
+            x[i * IN + f] = (float)(h & 0xffff) / 65536.0f * 2.0f - 1.0f;
+        }
+        y[i] = (int32_t)((i * 7 + mb) % CLASSES);
+    }
+}
+
+typedef struct config {
+    int stage;      /* 0: DDP */
+    int n, accum;
+    bool adam, clip;
+    double cap_mb;
+    int own_loss;   /* 1: pdp_zero_forward + MSE + pdp_zero_backward */
+    int scenario;   /* 0 train; 1 rank n-1 absent before the first reduce-scatter; 2 rank n-1
+                       absent before the first forward (stage 3: all-gather) */
+    long long budget; /* per-rank allocation budget in bytes, 0: none */
+} config;
+
+static pdp_optim_desc optim_of(const config *cf)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    if (cf->adam) {
+        od.kind = PDP_OPTIM_ADAM;
+        od.lr = 0.01f;
+    } else {
+        od.kind = PDP_OPTIM_SGD;
+        od.lr = 0.1f;
+        od.momentum = 0.9f;
+    }
+    return od;
+}
+
+#define CLIP 0.05f /* below the gradient norms of this model: clipping acts */
+
+/* MSE against one-hot targets, through the executor's forward and backward. */
+static pdp_status own_pass(pdp_zero *z, pdp_model *m, const pdp_tensor *x, const int32_t *labels,
+                           float *loss)
+{
+    float target[B * CLASSES], grad[B * CLASSES];
+    const pdp_tensor *y = NULL;
+    pdp_tensor tt, dy;
+    int64_t i;
+    pdp_status st = z ? pdp_zero_forward(z, x, &y) : pdp_model_forward(m, x, &y);
+    if (st) return st;
+    for (i = 0; i < y->shape[0] * CLASSES; i++)
+        target[i] = labels[i / CLASSES] == (int32_t)(i % CLASSES) ? 1.0f : 0.0f;
+    pdp_tensor_wrap(target, pdp_cpu(), 2, y->shape, &tt);
+    pdp_tensor_wrap(grad, pdp_cpu(), 2, y->shape, &dy);
+    if ((st = pdp_loss_mse(y, &tt, loss, &dy))) return st;
+    return z ? pdp_zero_backward(z, &dy) : pdp_model_backward(m, &dy);
+}
+
+/* One device on the global batches. */
+static pdp_status train_single(const config *cf, float *params, int64_t *count)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = optim_of(cf);
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {B, IN};
+    pdp_tensor xt;
+    pdp_status st;
+    int s, a;
+    if ((st = build_model(&m, 1, 16)) || (st = pdp_optim_create(&o, m, &od))) goto out;
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < STEPS; s++) {
+        for (a = 0; a < cf->accum; a++) {
+            make_batch(s * cf->accum + a, x, y);
+            st = cf->own_loss ? own_pass(NULL, m, &xt, y, &loss)
+                              : pdp_model_forward_backward(m, &xt, y, &loss);
+            if (st) goto out;
+        }
+        if (cf->clip && (st = pdp_clip_grad_norm(m, CLIP, NULL))) goto out;
+        if ((st = pdp_optim_step(o))) goto out;
+        pdp_model_zero_grad(m);
+    }
+    memcpy(params, m->param_block, (size_t)m->param_count * sizeof(float));
+    *count = m->param_count;
+out:
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+/* ---- rank threads ---- */
+
+typedef struct rank_ctx {
+    pdp_local_group *g;
+    const config *cf;
+    int rank;
+    pdp_status st;
+    char msg[1024];
+    float params[MAXP];
+    int64_t count;
+    long allocs_after_first;
+    double elapsed;
+    pdp_zero_stats stats;
+    pdp_zero_memory mem;
+    long long live_before, live_after, model_bytes;
+    int units;
+} rank_ctx;
+
+static pthread_mutex_t absent_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t absent_cv = PTHREAD_COND_INITIALIZER;
+static int absent_done;
+
+static pdp_status fail(rank_ctx *ctx, pdp_status st)
+{
+    if (st != PDP_OK && ctx->st == PDP_OK) {
+        ctx->st = st;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    }
+    return st;
+}
+
+static void *rank_main(void *arg)
+{
+    rank_ctx *ctx = (rank_ctx *)arg;
+    const config *cf = ctx->cf;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_zero *z = NULL;
+    pdp_ddp *d = NULL;
+    pdp_zero_desc zd;
+    pdp_ddp_desc dd;
+    pdp_optim_desc od = optim_of(cf);
+    int n = cf->n, r = ctx->rank, local = B / cf->n, s, a;
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2];
+    pdp_tensor xt;
+    double t0 = pdp__now();
+    memset(&zd, 0, sizeof zd);
+    zd.stage = cf->stage;
+    zd.bucket_cap_mb = cf->cap_mb;
+    zd.first_bucket_mb = cf->cap_mb;
+    memset(&dd, 0, sizeof dd);
+    dd.bucket_cap_mb = cf->cap_mb;
+    dd.first_bucket_mb = cf->cap_mb;
+    shape[0] = local;
+    shape[1] = IN;
+    if (fail(ctx, pdp_comm_create_local(&c, ctx->g, r))) return NULL;
+    if (fail(ctx, build_model(&m, r == 0 ? 1 : 50 + (uint64_t)r, cf->budget ? 0 : 16)))
+        goto out;
+    thread_budget = cf->budget; /* the rank's memory, the model's blocks included */
+    ctx->model_bytes = thread_live;
+    ctx->live_before = thread_live;
+    if (cf->stage == 0) {
+        if (fail(ctx, pdp_ddp_create(&d, m, c, &dd)) || fail(ctx, pdp_optim_create(&o, m, &od)))
+            goto out;
+    } else {
+        if (fail(ctx, pdp_zero_create(&z, m, c, &zd)) ||
+            fail(ctx, pdp_zero_optim_create(&o, z, &od)))
+            goto out;
+        ctx->units = pdp_zero_num_units(z);
+        ctx->live_after = thread_live;
+        pdp_zero_get_memory(z, o, &ctx->mem);
+    }
+    if (cf->scenario && r == n - 1) { /* never arrives */
+        pthread_mutex_lock(&absent_mu);
+        while (absent_done < n - 1) pthread_cond_wait(&absent_cv, &absent_mu);
+        pthread_mutex_unlock(&absent_mu);
+        goto out;
+    }
+    pdp_tensor_wrap(x + r * local * IN, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < STEPS; s++) {
+        if (s == 1) ctx->allocs_after_first = (long)thread_allocs; /* this rank's */
+        for (a = 0; a < cf->accum; a++) {
+            make_batch(s * cf->accum + a, x, y);
+            if (d) {
+                pdp_ddp_set_no_sync(d, a < cf->accum - 1);
+                if (fail(ctx, cf->own_loss ? own_pass(NULL, m, &xt, y + r * local, &loss)
+                                           : pdp_ddp_forward_backward(d, &xt, y + r * local,
+                                                                      &loss)))
+                    goto out;
+                continue;
+            }
+            pdp_zero_set_no_sync(z, a < cf->accum - 1);
+            if (fail(ctx, cf->own_loss ? own_pass(z, m, &xt, y + r * local, &loss)
+                                       : pdp_zero_forward_backward(z, &xt, y + r * local, &loss)))
+                goto out;
+        }
+        if (d) {
+            if (fail(ctx, pdp_ddp_finish(d))) goto out;
+            if (cf->clip && fail(ctx, pdp_clip_grad_norm(m, CLIP, NULL))) goto out;
+            if (fail(ctx, pdp_ddp_step(d, o))) goto out;
+        } else {
+            if (fail(ctx, pdp_zero_finish(z))) goto out;
+            if (cf->clip && fail(ctx, pdp_zero_clip_grad_norm(z, CLIP, NULL))) goto out;
+            if (fail(ctx, pdp_zero_step(z, o))) goto out;
+        }
+    }
+    ctx->allocs_after_first = (long)thread_allocs - ctx->allocs_after_first;
+    ctx->count = m->param_count;
+    if (d) {
+        if (ctx->count <= MAXP)
+            memcpy(ctx->params, m->param_block, (size_t)m->param_count * sizeof(float));
+    } else {
+        if (ctx->count <= MAXP && fail(ctx, pdp_zero_gather_params(z, ctx->params))) goto out;
+        pdp_zero_get_stats(z, &ctx->stats);
+    }
+out:
+    ctx->elapsed = pdp__now() - t0;
+    if (cf->scenario && r != n - 1) {
+        pthread_mutex_lock(&absent_mu);
+        absent_done++;
+        pthread_cond_broadcast(&absent_cv);
+        pthread_mutex_unlock(&absent_mu);
+    }
+    pdp_zero_free(z);
+    pdp_ddp_free(d);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    thread_budget = 0;
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static void run_ranks(const config *cf, double timeout_s, rank_ctx *ctx)
+{
+    pthread_t t[MAXR];
+    pdp_local_group *g = NULL;
+    pdp_comm_desc cd;
+    int r;
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = timeout_s;
+    cd.name = "zero";
+    absent_done = 0;
+    pdp_local_group_create(&g, cf->n, &cd);
+    for (r = 0; r < cf->n; r++) {
+        memset(&ctx[r], 0, sizeof ctx[r]);
+        ctx[r].g = g;
+        ctx[r].cf = cf;
+        ctx[r].rank = r;
+        pthread_create(&t[r], NULL, rank_main, &ctx[r]);
+    }
+    for (r = 0; r < cf->n; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+}
+
+static double rel_diff(const float *a, const float *ref, int64_t count)
+{
+    double worst = 0.0, scale = 0.0;
+    int64_t i;
+    for (i = 0; i < count; i++) {
+        worst = fmax(worst, fabs((double)a[i] - ref[i]));
+        scale = fmax(scale, fabs((double)ref[i]));
+    }
+    return scale > 0.0 ? worst / scale : worst;
+}
+
+/* ---- equivalence ---- */
+
+static enum greatest_test_res check_equivalence(const config *cf)
+{
+    static rank_ctx ctx[MAXR], ddp[MAXR];
+    static float ref[MAXP];
+    config dcf = *cf;
+    int64_t count = 0;
+    int r;
+    double e1, e2;
+    static char msg[200];
+    ASSERT_ENUM_EQ(PDP_OK, train_single(cf, ref, &count), pdp_status_name);
+    run_ranks(cf, 30.0, ctx);
+    for (r = 0; r < cf->n; r++) ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+    dcf.stage = 0;
+    run_ranks(&dcf, 30.0, ddp);
+    for (r = 0; r < cf->n; r++) ASSERT_ENUM_EQm(ddp[r].msg, PDP_OK, ddp[r].st, pdp_status_name);
+    ASSERT_EQ(count, ctx[0].count);
+    e1 = rel_diff(ctx[0].params, ref, count);
+    e2 = rel_diff(ctx[0].params, ddp[0].params, count);
+    snprintf(msg, sizeof msg, "stage %d N %d accum %d %s clip %d cap %g own %d: |zero - single| "
+             "%.3g, |zero - ddp| %.3g", cf->stage, cf->n, cf->accum, cf->adam ? "Adam" : "SGD",
+             cf->clip, cf->cap_mb, cf->own_loss, e1, e2);
+    ASSERTm(msg, e1 <= 1e-5 && e2 <= 1e-5);
+    for (r = 1; r < cf->n; r++)
+        ASSERT_MEM_EQm("ranks differ", ctx[0].params, ctx[r].params, (size_t)count * 4);
+    for (r = 0; r < cf->n; r++) {
+        ASSERT_EQ_FMT((long)0, ctx[r].allocs_after_first, "%ld");
+        ASSERT_EQ(STEPS * (cf->stage == 1 ? 1 : cf->accum), (int)ctx[r].stats.steps);
+    }
+    PASS();
+}
+
+TEST zero_equals_ddp_and_single_device(void)
+{
+    static const double caps[] = {1e-9, 1e6}; /* a unit per layer; one unit */
+    config cf;
+    int stage, n, accum, adam, clip;
+    size_t k;
+    for (stage = 1; stage <= 3; stage++)
+        for (n = 1; n <= MAXR; n++)
+            for (accum = 1; accum <= 2; accum++)
+                for (adam = 0; adam <= 1; adam++)
+                    for (clip = 0; clip <= 1; clip++)
+                        for (k = 0; k < 2; k++) {
+                            if (k == 1 && (clip || accum == 2)) continue;
+                            memset(&cf, 0, sizeof cf);
+                            cf.stage = stage;
+                            cf.n = n;
+                            cf.accum = accum;
+                            cf.adam = adam != 0;
+                            cf.clip = clip != 0;
+                            cf.cap_mb = caps[k];
+                            CHECK_CALL(check_equivalence(&cf));
+                        }
+    PASS();
+}
+
+TEST zero_own_loss_synchronises(void)
+{
+    config cf;
+    int stage;
+    for (stage = 1; stage <= 3; stage++) {
+        memset(&cf, 0, sizeof cf);
+        cf.stage = stage;
+        cf.n = 3;
+        cf.accum = 2;
+        cf.adam = true;
+        cf.cap_mb = 1e-9;
+        cf.own_loss = 1;
+        CHECK_CALL(check_equivalence(&cf));
+    }
+    PASS();
+}
+
+/* ---- memory and bytes ---- */
+
+TEST zero_memory_and_bytes_match_the_formulas(void)
+{
+    static rank_ctx ctx[MAXR];
+    config cf;
+    int stage, n, r;
+    static char msg[300];
+    for (stage = 1; stage <= 3; stage++)
+        for (n = 1; n <= MAXR; n++) {
+            memset(&cf, 0, sizeof cf);
+            cf.stage = stage;
+            cf.n = n;
+            cf.accum = 1;
+            cf.adam = true;
+            cf.cap_mb = 1e-9;
+            run_ranks(&cf, 30.0, ctx);
+            for (r = 0; r < n; r++) {
+                const pdp_zero_memory *mm = &ctx[r].mem;
+                double psi = (double)mm->param_count, pad = (double)mm->padded_count;
+                double want;
+                ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+                ASSERT_EQ(559, mm->param_count);
+                ASSERT_EQ(n * mm->shard_count, mm->padded_count);
+                /* padding: under 16 floats per rank and unit */
+                ASSERT(mm->padded_count >= psi && mm->padded_count < psi + 16 * n * ctx[r].units);
+                ASSERT_EQ(2, mm->state_per_param);
+                /* the formulas with Psi_pad where the layout pads */
+                want = stage == 1   ? 4 * psi + 4 * pad + 8 * pad / n
+                       : stage == 2 ? 4 * psi + 12 * pad / n
+                                    : 16 * pad / n;
+                snprintf(msg, sizeof msg, "stage %d N %d: measured %lld (params %lld grads %lld "
+                         "state %lld), formula %.0f (with Psi: %.0f)", stage, n,
+                         (long long)(mm->param_bytes + mm->grad_bytes + mm->optim_bytes),
+                         (long long)mm->param_bytes, (long long)mm->grad_bytes,
+                         (long long)mm->optim_bytes, want, mm->formula_bytes);
+                ASSERT_EQm(msg, (long long)want,
+                           (long long)(mm->param_bytes + mm->grad_bytes + mm->optim_bytes));
+                ASSERTm(msg, fabs(want - mm->formula_bytes) <= 16.0 * (pad - psi));
+                ASSERT_EQ(16.0 * psi, mm->ddp_bytes);
+                ASSERT(mm->buffer_bytes <= mm->buffer_bound);
+                ASSERT(mm->buffer_bytes > 0);
+                /* the allocator agrees: what ZeRO added and freed (the model's gradient
+                   block, at stage 3 its parameters too), within 8 KiB of bookkeeping */
+                {
+                    long long added = ctx[r].live_after - ctx[r].live_before;
+                    long long held = mm->grad_bytes + mm->optim_bytes + mm->buffer_bytes +
+                                     (stage == 3 ? mm->param_bytes : 0) - 4 * (long long)psi -
+                                     (stage == 3 ? 4 * (long long)psi : 0);
+                    snprintf(msg, sizeof msg, "stage %d N %d: allocator %lld, reported %lld",
+                             stage, n, added, held);
+                    ASSERTm(msg, added >= held && added - held < 8192);
+                }
+                /* bytes sent per step, counted by the communicator */
+                snprintf(msg, sizeof msg, "stage %d N %d: sent %lld, formula %lld", stage, n,
+                         (long long)ctx[r].stats.bytes_sent, (long long)ctx[r].stats.formula_bytes);
+                ASSERT_EQm(msg, ctx[r].stats.formula_bytes, ctx[r].stats.bytes_sent);
+                ASSERT_EQ((long long)((stage == 3 ? 3 : 2) * (n - 1) * (long long)pad / n * 4),
+                          (long long)ctx[r].stats.bytes_sent);
+                /* stage 3 gathers every unit twice per step; stages 1-2 once */
+                ASSERT_EQ((stage == 3 ? 2 : 1) * ctx[r].units, (int)ctx[r].stats.gathers);
+            }
+        }
+    PASS();
+}
+
+/* A per-rank budget of 12 bytes per parameter, between the stage-3 footprint
+   and DDP's 16: DDP cannot create its optimizer state, stage 3 trains (4 ranks,
+   the deeper model, whose largest unit is a third of it). */
+TEST zero_stage3_trains_where_ddp_does_not_fit(void)
+{
+    static rank_ctx ctx[MAXR];
+    config cf;
+    int r;
+    memset(&cf, 0, sizeof cf);
+    cf.n = 4;
+    cf.accum = 1;
+    cf.adam = true;
+    cf.cap_mb = 1e-9;
+    /* Psi = 5376 + 3 * 65792 + 771 = 203523 floats; the model holds 8 bytes per parameter
+       (values and gradients), DDP adds 8 of Adam state */
+    cf.budget = 12LL * 203523;
+    cf.stage = 0;
+    run_ranks(&cf, 30.0, ctx);
+    for (r = 0; r < 4; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_ERR_OUT_OF_MEMORY, ctx[r].st, pdp_status_name);
+        ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "pdp_optim_create") != NULL);
+    }
+    cf.stage = 3;
+    run_ranks(&cf, 30.0, ctx);
+    for (r = 0; r < 4; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+        ASSERT_EQ(203523, ctx[r].mem.param_count);
+        ASSERT(ctx[r].mem.total_bytes < 0.7 * ctx[r].mem.ddp_bytes);
+    }
+    PASS();
+}
+
+/* ---- faults ---- */
+
+TEST zero_absent_rank_times_out_naming_collective_unit_and_rank(void)
+{
+    static rank_ctx ctx[3];
+    config cf;
+    int stage, r;
+    for (stage = 2; stage <= 3; stage++) {
+        memset(&cf, 0, sizeof cf);
+        cf.stage = stage;
+        cf.n = 3;
+        cf.accum = 1;
+        cf.cap_mb = 1e-9;
+        cf.scenario = 1;
+        run_ranks(&cf, 1.0, ctx);
+        for (r = 0; r < 2; r++) {
+            const char *want = stage == 3 ? "allgather of unit 2 of 3" : "bucket 0 of 3";
+            ASSERT_ENUM_EQm(ctx[r].msg, PDP_ERR_TIMEOUT, ctx[r].st, pdp_status_name);
+            ASSERTm(ctx[r].msg, strstr(ctx[r].msg, want) != NULL);
+            ASSERTm(ctx[r].msg, strstr(ctx[r].msg, stage == 3 ? "allgather #" :
+                                       "reduce_scatter #") != NULL);
+            ASSERTm(ctx[r].msg, strstr(ctx[r].msg, "rank 2 (last seen") != NULL);
+            ASSERTm(ctx[r].msg, strstr(ctx[r].msg, stage == 3 ? "pdp_zero_forward_backward"
+                                                              : "pdp_zero_finish") != NULL);
+            ASSERT(ctx[r].elapsed < 5.0);
+        }
+    }
+    PASS();
+}
+
+/* ---- misuse ---- */
+
+TEST zero_refuses_misuse(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_zero *z = NULL, *z2 = NULL;
+    pdp_optim *o = NULL, *full = NULL;
+    pdp_zero_desc zd;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 16), pdp_status_name);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 4;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_zero_create: stage 4") != NULL);
+    zd.stage = 3;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&full, m, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT_EQ(3, pdp_zero_stage(z));
+    ASSERT_EQ(m, pdp_zero_model(z));
+    ASSERT(m->param_block == NULL && m->grad_block == NULL); /* sharded away */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_optim_create(&o, z, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_optim_step(o), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_zero_step") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_optim_step(full), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_clip_grad_norm(m, 1.0f, NULL), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_zero_clip_grad_norm") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_step(z, full), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_zero_create(&z2, m, c, NULL), pdp_status_name);
+    ASSERT(z2 == NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_gather_params(z, NULL), pdp_status_name);
+    pdp_zero_free(z);
+    ASSERT(m->param_block != NULL && m->grad_block != NULL && m->event == NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(full), pdp_status_name); /* whole again */
+    pdp_optim_free(o);
+    pdp_optim_free(full);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
+SUITE(zero)
+{
+    RUN_TEST(zero_equals_ddp_and_single_device);
+    RUN_TEST(zero_own_loss_synchronises);
+    RUN_TEST(zero_memory_and_bytes_match_the_formulas);
+    RUN_TEST(zero_stage3_trains_where_ddp_does_not_fit);
+    RUN_TEST(zero_absent_rank_times_out_naming_collective_unit_and_rank);
+    RUN_TEST(zero_refuses_misuse);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(zero);
+    GREATEST_MAIN_END();
+}
