@@ -765,7 +765,8 @@ static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *fil
             crc = pdp__crc32c_update(&sums->crc, crc, sums->chunk, (size_t)n);
             a = PDP__MAX(done, want_lo);
             b = PDP__MIN(done + n, want_hi);
-            if (a < b) memcpy((unsigned char *)dst + (a - want_lo), sums->chunk + (a - done), b - a);
+            if (a < b)
+                memcpy((unsigned char *)dst + (a - want_lo), sums->chunk + (a - done), b - a);
         }
     }
     if (sums && crc != e->crc)
