@@ -690,7 +690,11 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
        optimizer "optim.kind" ("SGD", "Adam", "AdamW"), "optim.steps",
        "optim.lr", "optim.momentum", "optim.dampening", "optim.nesterov"
        ("true"/"false"), "optim.weight_decay", "optim.beta1", "optim.beta2",
-       "optim.eps" (floats printed with 9 significant digits: exact round trip).
+       "optim.eps" (floats printed with 9 significant digits: exact round trip),
+       and checksums: "crc32c.<tensor>" for every tensor (CRC-32C of its data
+       bytes as stored) and "crc32c.header" (of the header's content: the
+       metadata but itself, the tensors' names, dtypes and shapes; exactly as
+       defined in checkpoint.c), each 8 lowercase hex digits.
    The header is padded with spaces so the data starts 8-byte aligned.
    In PyTorch: sd = safetensors.torch.load_file(path); model.load_state_dict(
    {k: v for k, v in sd.items() if not k.startswith("optim.")}) (or pass the
@@ -699,7 +703,9 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
 /* Writes path atomically: the bytes go to "<path>.tmp.<pid>", which is
    flushed, fsync'd and renamed over path, then the directory is fsync'd. A
    failure or a crash at any point leaves any previous file at path intact (and
-   on failure the temporary is removed). o may be NULL (parameters only).
+   on failure the temporary is removed). Temporaries "<path>.tmp.<pid>" that a
+   killed writer left behind are removed first, when no process has that pid
+   (another live writer's are kept). o may be NULL (parameters only).
    Errors: PDP_ERR_IO naming the file and the failed call. */
 PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o);
 
@@ -712,9 +718,13 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
    The whole file is validated into a staging buffer before anything is copied:
    on failure m and o are untouched (one exception: a model on a GPU whose
    host-to-device copy itself fails, PDP_ERR_CUDA, a device fault, may be left
-   partly loaded; the message says so). Errors, each naming the file and tensor:
-   PDP_ERR_IO (cannot open or read), PDP_ERR_FORMAT (not safetensors, truncated,
-   corrupt header, overlapping or uncovered data, wrong dtype, optimizer kind),
+   partly loaded; the message says so). A file with checksums (pdp's) is
+   verified: the header, and every tensor load reads, whole; a file without
+   them (another tool's, or an older pdp's) loads unverified. Errors, each
+   message starting with "pdp_checkpoint_load: <path>: " and naming the tensor
+   or the header: PDP_ERR_IO (cannot open or read), PDP_ERR_FORMAT (not
+   safetensors, truncated, corrupt header, a checksum mismatch, overlapping or
+   uncovered data, wrong dtype, optimizer kind or hyper-parameters),
    PDP_ERR_SHAPE (a missing, extra or differently shaped tensor). The header is
    limited to 100 MB (10^8 bytes). */
 PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);
@@ -13186,6 +13196,8 @@ typedef struct pdp__st_entry {
     int ndim;
     int64_t shape[PDP__CKPT_MAX_DIMS];
     uint64_t begin, end;        /* data_offsets */
+    uint32_t crc;               /* its checksum, when has_crc (set by checkpoint.c) */
+    bool has_crc;
 } pdp__st_entry;
 
 typedef struct pdp__st_parser {
@@ -13560,11 +13572,23 @@ static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, co
    JSON and the tiling of the data section).
 
    Invariants. Save never exposes a half-written file: it writes
-   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory.
+   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory;
+   first it removes the temporaries of path whose pid is no live process (a
+   writer killed mid-save), never a live writer's.
    Load never half-applies a file: it reads the header (at most
    PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
    validates every entry, reads every expected tensor into one staging buffer,
    and only then copies into the model and the optimizer.
+
+   Checksums (safetensors has none): __metadata__ "crc32c.<tensor>" is the
+   CRC-32C of the tensor's data bytes as stored, "crc32c.header" that of the
+   header's parsed content (pdp__ckpt_header_crc says exactly what), so a file
+   Python rewrote with our metadata still verifies. Save writes the header with
+   placeholder digits, streams the data computing each tensor's CRC, then
+   rewrites the sealed header in place (same length: 8 digits each). Load
+   verifies a file that has any "crc32c.*" key completely (all keys present,
+   the header, every tensor it reads, whole) and loads one without any
+   unverified: other tools write no checksums.
 
    Ranges (ZeRO): pdp__checkpoint_save_range writes one rank's range [lo, hi)
    of the flat block as a shard file: flat F32 tensors "params" and
@@ -13572,13 +13596,16 @@ static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, co
    "format": "pdp-shard", "shard.lo", "shard.hi", "shard.count" (the model's
    parameter count) and the same model and optimizer keys as a full file.
    pdp__checkpoint_load_range reads a shard file of exactly that range, or the
-   slice [lo, hi) of a full checkpoint (every tensor still checked). The public
+   slice [lo, hi) of a full checkpoint (every tensor still checked; the ones
+   the slice touches are read whole to verify their checksums). The public
    load refuses a shard file; the public save and load refuse a range
    optimizer. */
 
 /* #include "internal.h" (already above) */
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -13605,6 +13632,127 @@ static void pdp__bswap32(void *data, int64_t count)
     }
 }
 
+/* ---- checkpoint: checksums ---- */
+
+/* CRC-32C (Castagnoli: polynomial 0x1EDC6F41, reflected 0x82F63B78, initial
+   value and final xor 0xffffffff; "123456789" gives e3069283), computed by
+   slicing by 8: eight 256-entry tables, built once per save or load. */
+typedef struct pdp__crc32c {
+    uint32_t t[8][256];
+} pdp__crc32c;
+
+static void pdp__crc32c_init(pdp__crc32c *c)
+{
+    uint32_t i, v;
+    int j, k;
+    for (i = 0; i < 256; i++) {
+        v = i;
+        for (j = 0; j < 8; j++) v = (v >> 1) ^ (0x82F63B78u & (0u - (v & 1u)));
+        c->t[0][i] = v;
+    }
+    for (k = 1; k < 8; k++)
+        for (i = 0; i < 256; i++)
+            c->t[k][i] = (c->t[k - 1][i] >> 8) ^ c->t[0][c->t[k - 1][i] & 0xff];
+}
+
+/* crc continued over bytes (start with 0). */
+static uint32_t pdp__crc32c_update(const pdp__crc32c *c, uint32_t crc, const void *data,
+                                   size_t bytes)
+{
+    const unsigned char *p = (const unsigned char *)data;
+    crc = ~crc;
+    for (; bytes >= 8; p += 8, bytes -= 8) {
+        uint32_t a = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                            (uint32_t)p[3] << 24);
+        uint32_t b = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 |
+                     (uint32_t)p[7] << 24;
+        crc = c->t[7][a & 0xff] ^ c->t[6][(a >> 8) & 0xff] ^ c->t[5][(a >> 16) & 0xff] ^
+              c->t[4][a >> 24] ^ c->t[3][b & 0xff] ^ c->t[2][(b >> 8) & 0xff] ^
+              c->t[1][(b >> 16) & 0xff] ^ c->t[0][b >> 24];
+    }
+    for (; bytes; p++, bytes--) crc = (crc >> 8) ^ c->t[0][(crc ^ *p) & 0xff];
+    return ~crc;
+}
+
+/* The 8 lowercase hex digits of v (no NUL). */
+static void pdp__ckpt_hex8(char *dst, uint32_t v)
+{
+    static const char digits[] = "0123456789abcdef";
+    int i;
+    for (i = 0; i < 8; i++) dst[i] = digits[(v >> (28 - 4 * i)) & 15];
+}
+
+/* Exactly 8 lowercase hex digits: a flipped case is corruption, not the same value. */
+static bool pdp__ckpt_unhex8(const char *s, uint32_t *out)
+{
+    uint32_t v = 0;
+    int i;
+    for (i = 0; i < 8; i++) {
+        char c = s[i];
+        if (c >= '0' && c <= '9') v = v << 4 | (uint32_t)(c - '0');
+        else if (c >= 'a' && c <= 'f') v = v << 4 | (uint32_t)(c - 'a' + 10);
+        else return false;
+    }
+    if (s[8] != '\0') return false;
+    *out = v;
+    return true;
+}
+
+static int pdp__ckpt_by_meta_key(const void *a, const void *b)
+{
+    const char *const *x = *(const char *const *const *)a;
+    const char *const *y = *(const char *const *const *)b;
+    int c = strcmp(x[0], y[0]);
+    return c ? c : strcmp(x[1], y[1]);
+}
+
+/* The header checksum ("crc32c.header"): CRC-32C of the parsed header, not of
+   its bytes, so that a tool that rewrites the file with the same metadata
+   (its own key order, spacing, escapes and data order) keeps it valid:
+     for every __metadata__ entry but "crc32c.header", in strcmp order of the
+       keys: key NUL value NUL;
+     then for every tensor, in strcmp order of the names: name NUL dtype NUL,
+       each dimension in decimal followed by ',', NUL.
+   Strings as decoded (escapes resolved). data_offsets are left out: the tiling
+   check pins them, and a tensor read from elsewhere fails its own checksum.
+   sorted: the tensors by name (pdp__st_validate). A key twice is an error. */
+static pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_entry *const *sorted,
+                                       const pdp__crc32c *c, uint32_t *out)
+{
+    const char ***keys;
+    char num[24];
+    uint32_t crc = 0;
+    int i, d, n = 0;
+    keys = (const char ***)pdp__alloc((size_t)PDP__MAX(1, p->nmeta / 2) * sizeof *keys);
+    if (!keys) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", p->fn, p->file);
+    for (i = 0; i < p->nmeta; i += 2)
+        if (strcmp(p->meta[i], "crc32c.header") != 0) keys[n++] = &p->meta[i];
+    qsort((void *)keys, (size_t)n, sizeof *keys, pdp__ckpt_by_meta_key);
+    for (i = 0; i < n; i++) {
+        if (i && strcmp(keys[i - 1][0], keys[i][0]) == 0) {
+            pdp_status st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ key \"%s\" appears "
+                                     "twice", p->fn, p->file, keys[i][0]);
+            pdp__dealloc((void *)keys);
+            return st;
+        }
+        crc = pdp__crc32c_update(c, crc, keys[i][0], strlen(keys[i][0]) + 1);
+        crc = pdp__crc32c_update(c, crc, keys[i][1], strlen(keys[i][1]) + 1);
+    }
+    pdp__dealloc((void *)keys);
+    for (i = 0; i < p->nentries; i++) {
+        const pdp__st_entry *e = sorted[i];
+        crc = pdp__crc32c_update(c, crc, e->name, strlen(e->name) + 1);
+        crc = pdp__crc32c_update(c, crc, e->dtype, strlen(e->dtype) + 1);
+        for (d = 0; d < e->ndim; d++) {
+            snprintf(num, sizeof num, "%lld,", (long long)e->shape[d]);
+            crc = pdp__crc32c_update(c, crc, num, strlen(num));
+        }
+        crc = pdp__crc32c_update(c, crc, "", 1);
+    }
+    *out = crc;
+    return PDP_OK;
+}
+
 /* ---- checkpoint: save ---- */
 
 /* Appends printf output to a bounded buffer; *ok turns false on overflow. */
@@ -13620,19 +13768,58 @@ static void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const ch
     else *len += (size_t)n;
 }
 
-/* The header JSON, padded with spaces to a multiple of 8 bytes. Parameter names
-   are "<layer>.<weight|bias>": nothing in them needs escaping. shard: a shard
-   file of [lo, hi) (flat "params" when with_params, flat "optim.<state>");
-   otherwise every parameter and state tensor of the model (with_params is
-   then true, lo = 0, hi = param_count). */
-static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                   int64_t lo, int64_t hi, bool shard, char **out, size_t *len)
+/* One tensor of a file, in data order. shard: "params" (when with_params),
+   then "optim.<state>", each the flat range [lo, hi); otherwise every
+   parameter by its state_dict name, then per state "optim.<param>.<state>". */
+typedef struct pdp__ckpt_tensor {
+    char name[96];
+    int state;                          /* -1: parameters; else o's state index */
+    int64_t offset, count;              /* elements [offset, offset + count) of the block */
+    const pdp__param_entry *param;      /* its parameter; NULL in a shard file */
+} pdp__ckpt_tensor;
+
+static int pdp__ckpt_ntensors(const pdp_model *m, const pdp_optim *o, bool with_params,
+                              bool shard)
 {
-    size_t cap = 2048 + (size_t)m->nparams * (1 + (o ? (size_t)o->nstate : 0)) * 320, n = 0;
+    int ns = o ? o->nstate : 0;
+    return shard ? (with_params ? 1 : 0) + ns : m->nparams * (1 + ns);
+}
+
+static void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                int64_t lo, int64_t hi, bool shard, int t, pdp__ckpt_tensor *r)
+{
+    if (shard) {
+        r->state = with_params ? t - 1 : t;
+        r->offset = lo;
+        r->count = hi - lo;
+        r->param = NULL;
+        if (r->state < 0) snprintf(r->name, sizeof r->name, "params");
+        else snprintf(r->name, sizeof r->name, "optim.%s", pdp__optim_state_name(o, r->state));
+        return;
+    }
+    r->state = t / m->nparams - 1;
+    r->param = &m->params[t % m->nparams];
+    r->offset = r->param->offset;
+    r->count = r->param->count;
+    if (r->state < 0) snprintf(r->name, sizeof r->name, "%s", r->param->name);
+    else snprintf(r->name, sizeof r->name, "optim.%s.%s", r->param->name,
+                  pdp__optim_state_name(o, r->state));
+}
+
+/* The header JSON, padded with spaces to a multiple of 8 bytes, its checksums
+   "00000000" placeholders: crc_at[0] gets the offset of the header checksum's
+   digits, crc_at[1 + t] those of tensor t's. Parameter names are
+   "<layer>.<weight|bias>": nothing in them needs escaping. */
+static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                   int64_t lo, int64_t hi, bool shard, char **out, size_t *len,
+                                   size_t *crc_at)
+{
+    int nt = pdp__ckpt_ntensors(m, o, with_params, shard), t, d;
+    size_t cap = 2048 + (size_t)nt * 384, n = 0;
     char *h = (char *)pdp__alloc(cap);
+    pdp__ckpt_tensor r;
     bool ok = true;
     uint64_t at = 0;
-    int k, i, d;
     if (!h) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for the header");
     pdp__ckpt_put(h, cap, &n, &ok,
                   "{\"__metadata__\":{\"format\":\"%s\",\"pdp_version\":\"%s\","
@@ -13655,33 +13842,29 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool 
                       (double)dd->weight_decay, (double)dd->beta1, (double)dd->beta2,
                       (double)dd->eps);
     }
-    pdp__ckpt_put(h, cap, &n, &ok, "}");
-    for (k = shard && !with_params ? 0 : -1; shard && k < (o ? o->nstate : 0); k++) {
-        if (k < 0)
-            pdp__ckpt_put(h, cap, &n, &ok, ",\"params\":{\"dtype\":\"F32\",\"shape\":[%lld],",
-                          (long long)(hi - lo));
-        else
-            pdp__ckpt_put(h, cap, &n, &ok, ",\"optim.%s\":{\"dtype\":\"F32\",\"shape\":[%lld],",
-                          pdp__optim_state_name(o, k), (long long)(hi - lo));
-        pdp__ckpt_put(h, cap, &n, &ok, "\"data_offsets\":[%llu,%llu]}", (unsigned long long)at,
-                      (unsigned long long)(at + (uint64_t)(hi - lo) * 4));
-        at += (uint64_t)(hi - lo) * 4;
-    }
-    for (k = -1; !shard && k < (o ? o->nstate : 0); k++) {
-        for (i = 0; i < m->nparams; i++) {
-            const pdp__param_entry *e = &m->params[i];
-            if (k < 0)
-                pdp__ckpt_put(h, cap, &n, &ok, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", e->name);
-            else
-                pdp__ckpt_put(h, cap, &n, &ok, ",\"optim.%s.%s\":{\"dtype\":\"F32\",\"shape\":[",
-                              e->name, pdp__optim_state_name(o, k));
-            for (d = 0; d < e->ndim; d++)
-                pdp__ckpt_put(h, cap, &n, &ok, "%s%lld", d ? "," : "", (long long)e->shape[d]);
-            pdp__ckpt_put(h, cap, &n, &ok, "],\"data_offsets\":[%llu,%llu]}",
-                          (unsigned long long)at,
-                          (unsigned long long)(at + (uint64_t)e->count * 4));
-            at += (uint64_t)e->count * 4;
+    for (t = -1; t < nt; t++) {
+        if (t < 0) {
+            pdp__ckpt_put(h, cap, &n, &ok, ",\"crc32c.header\":\"");
+        } else {
+            pdp__ckpt_tensor_at(m, o, with_params, lo, hi, shard, t, &r);
+            pdp__ckpt_put(h, cap, &n, &ok, ",\"crc32c.%s\":\"", r.name);
         }
+        crc_at[1 + t] = n;
+        pdp__ckpt_put(h, cap, &n, &ok, "00000000\"");
+    }
+    pdp__ckpt_put(h, cap, &n, &ok, "}");
+    for (t = 0; t < nt; t++) {
+        pdp__ckpt_tensor_at(m, o, with_params, lo, hi, shard, t, &r);
+        pdp__ckpt_put(h, cap, &n, &ok, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", r.name);
+        if (r.param)
+            for (d = 0; d < r.param->ndim; d++)
+                pdp__ckpt_put(h, cap, &n, &ok, "%s%lld", d ? "," : "",
+                              (long long)r.param->shape[d]);
+        else
+            pdp__ckpt_put(h, cap, &n, &ok, "%lld", (long long)r.count);
+        pdp__ckpt_put(h, cap, &n, &ok, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)at,
+                      (unsigned long long)(at + (uint64_t)r.count * 4));
+        at += (uint64_t)r.count * 4;
     }
     pdp__ckpt_put(h, cap, &n, &ok, "}");
     while (ok && n % 8) pdp__ckpt_put(h, cap, &n, &ok, " ");
@@ -13694,35 +13877,75 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool 
     return PDP_OK;
 }
 
-/* Writes count floats from dev memory, staging through host (when the data is
-   not on the CPU or the host is big-endian). */
-static bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, int64_t count,
-                                   float *host)
+/* Fills in the header's checksums: tensor t's from crcs[t], then the header's
+   own, computed from the header as pdp__ckpt_header_crc reads it back. */
+static pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_at,
+                                        const uint32_t *crcs, int nt, uint64_t data_bytes,
+                                        const pdp__crc32c *c, const char *fn, const char *path)
 {
+    pdp__st_parser p;
+    pdp__st_entry **sorted = NULL;
+    uint32_t hcrc = 0;
+    pdp_status st;
+    int t;
+    for (t = 0; t < nt; t++) pdp__ckpt_hex8(h + crc_at[1 + t], crcs[t]);
+    memset(&p, 0, sizeof p);
+    p.s = h;
+    p.n = len;
+    p.file = path;
+    p.fn = fn;
+    if ((st = pdp__st_parse(&p)) == PDP_OK) {
+        sorted = (pdp__st_entry **)pdp__alloc((size_t)PDP__MAX(1, p.nentries) * sizeof *sorted);
+        if (!sorted) st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+    }
+    if (st == PDP_OK) st = pdp__st_validate(&p, data_bytes, sorted);
+    if (st == PDP_OK) st = pdp__ckpt_header_crc(&p, sorted, c, &hcrc);
+    if (st == PDP_OK) pdp__ckpt_hex8(h + crc_at[0], hcrc);
+    pdp__dealloc(sorted);
+    pdp__st_parser_free(&p);
+    return st;
+}
+
+/* Writes count floats from dev memory, staging through host (when the data is
+   not on the CPU or the host is big-endian); *crc gets the bytes' CRC-32C. */
+static bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, int64_t count,
+                                   float *host, const pdp__crc32c *c, uint32_t *crc)
+{
+    *crc = 0;
     if (!count) return true;
-    if (dev.kind == PDP_DEVICE_CPU && !host)
+    if (dev.kind == PDP_DEVICE_CPU && !host) {
+        *crc = pdp__crc32c_update(c, 0, data, (size_t)count * 4);
         return fwrite(data, 4, (size_t)count, f) == (size_t)count;
+    }
     if (pdp__dev_copy(pdp_cpu(), host, dev, data, (size_t)count * 4) != PDP_OK) return false;
     if (!pdp__little_endian()) pdp__bswap32(host, count);
+    *crc = pdp__crc32c_update(c, 0, host, (size_t)count * 4);
     return fwrite(host, 4, (size_t)count, f) == (size_t)count;
+}
+
+/* The directory part of path ("." for none); false when it does not fit. */
+static bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
+{
+    const char *slash = strrchr(path, '/');
+    size_t n;
+    if (!slash) {
+        strcpy(dir, ".");
+    } else {
+        n = (size_t)(slash - path);
+        if (n == 0) n = 1; /* "/file" */
+        if (n >= cap) return false;
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+    }
+    return true;
 }
 
 /* fsyncs the directory holding path, so the rename itself is durable. */
 static int pdp__ckpt_sync_dir(const char *path)
 {
     char dir[4096];
-    const char *slash = strrchr(path, '/');
-    size_t n;
     int fd, rc;
-    if (!slash) {
-        strcpy(dir, ".");
-    } else {
-        n = (size_t)(slash - path);
-        if (n == 0) n = 1; /* "/file" */
-        if (n >= sizeof dir) return 0;
-        memcpy(dir, path, n);
-        dir[n] = '\0';
-    }
+    if (!pdp__ckpt_dirname(path, dir, sizeof dir)) return 0;
     fd = open(dir, O_RDONLY);
     if (fd < 0) return -1;
     rc = fsync(fd);
@@ -13731,37 +13954,77 @@ static int pdp__ckpt_sync_dir(const char *path)
     return rc;
 }
 
+/* Removes the temporaries "<path>.tmp.<pid>" that writers of path killed
+   mid-save left behind: only those whose pid names no live process
+   (kill(pid, 0) fails with ESRCH), never another live writer's, nor ours.
+   Best effort: what cannot be listed or removed stays. (A pid is a local
+   name: on a filesystem shared between machines, writers of one path on two
+   machines are not told apart; ranks write their own paths.) */
+static void pdp__ckpt_remove_stale(const char *path)
+{
+    char dir[4096];
+    const char *base = strrchr(path, '/'), *s;
+    struct dirent *e;
+    size_t blen;
+    DIR *d;
+    base = base ? base + 1 : path;
+    blen = strlen(base);
+    if (!blen || !pdp__ckpt_dirname(path, dir, sizeof dir) || !(d = opendir(dir))) return;
+    while ((e = readdir(d)) != NULL) {
+        long pid = 0;
+        if (strncmp(e->d_name, base, blen) != 0 || strncmp(e->d_name + blen, ".tmp.", 5) != 0)
+            continue;
+        for (s = e->d_name + blen + 5; *s >= '0' && *s <= '9' && pid <= INT_MAX / 10; s++)
+            pid = pid * 10 + (*s - '0');
+        if (*s || s == e->d_name + blen + 5 || pid <= 0 || pid > INT_MAX ||
+            (pid_t)pid == getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or EPERM: alive) */
+        unlinkat(dirfd(d), e->d_name, 0);
+    }
+    closedir(d);
+}
+
 /* Writes the parameters [lo, hi) (params holds them; skipped unless
    with_params) and o's state for [lo, hi) (o may be NULL) as a full
-   checkpoint (shard false: lo = 0, hi = param_count) or a shard file. */
+   checkpoint (shard false: lo = 0, hi = param_count) or a shard file: the
+   header with placeholder checksums, the data (each tensor's CRC-32C taken
+   from the bytes written), then the sealed header over the first. */
 static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
                                  bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
                                  bool shard, const char *fn)
 {
+    int nt = pdp__ckpt_ntensors(m, o, with_params, shard);
+    bool staged = m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian();
     char *header = NULL, *tmp = NULL;
     unsigned char len8[8];
-    size_t hlen = 0, tmp_bytes;
+    size_t hlen = 0, tmp_bytes, *crc_at = NULL;
+    uint32_t *crcs = NULL;
+    uint64_t data_bytes = 0;
+    pdp__crc32c *crc = NULL;
+    pdp__ckpt_tensor r;
     float *host = NULL;
     FILE *f = NULL;
     const char *failed = NULL;
-    int k, err = 0;
+    int k, t, err = 0;
     pdp_status st;
-    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, &header, &hlen)) != PDP_OK)
-        return pdp__err_wrap(st, "%s: %s", fn, path);
-    if (m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian()) {
-        host = (float *)pdp__alloc((size_t)PDP__MAX(1, hi - lo) * 4);
-        if (!host) {
-            pdp__dealloc(header);
-            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no staging memory", fn, path);
-        }
-    }
+    crc_at = (size_t *)pdp__alloc((size_t)(nt + 1) * sizeof *crc_at);
+    crcs = (uint32_t *)pdp__alloc((size_t)PDP__MAX(1, nt) * sizeof *crcs);
+    crc = (pdp__crc32c *)pdp__alloc(sizeof *crc);
     tmp_bytes = strlen(path) + 32;
     tmp = (char *)pdp__alloc(tmp_bytes);
-    if (!tmp) {
-        pdp__dealloc(header);
-        pdp__dealloc(host);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+    if (staged) host = (float *)pdp__alloc((size_t)PDP__MAX(1, hi - lo) * 4);
+    if (!crc_at || !crcs || !crc || !tmp || (staged && !host)) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+        goto done;
     }
+    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, &header, &hlen, crc_at)) !=
+        PDP_OK) {
+        st = pdp__err_wrap(st, "%s: %s", fn, path);
+        goto done;
+    }
+    pdp__crc32c_init(crc);
+    pdp__ckpt_remove_stale(path);
     snprintf(tmp, tmp_bytes, "%s.tmp.%ld", path, (long)getpid());
     for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)hlen >> (8 * k));
 
@@ -13769,16 +14032,30 @@ static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const flo
         failed = "fopen";
         goto io_error;
     }
-    if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen ||
-        (with_params && !pdp__ckpt_write_floats(f, m->device, params, hi - lo, host))) {
+    if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen) {
         failed = "write";
         goto io_error;
     }
-    for (k = 0; o && k < o->nstate; k++)
-        if (!pdp__ckpt_write_floats(f, m->device, o->state[k] + (lo - o->lo), hi - lo, host)) {
+    for (t = 0; t < nt; t++) {
+        const float *src;
+        pdp__ckpt_tensor_at(m, o, with_params, lo, hi, shard, t, &r);
+        src = r.state < 0 ? params + (r.offset - lo) : o->state[r.state] + (r.offset - o->lo);
+        if (!pdp__ckpt_write_floats(f, m->device, src, r.count, host, crc, &crcs[t])) {
             failed = "write";
             goto io_error;
         }
+        data_bytes += (uint64_t)r.count * 4;
+    }
+    if ((st = pdp__ckpt_header_seal(header, hlen, crc_at, crcs, nt, data_bytes, crc, fn,
+                                    path)) != PDP_OK) {
+        fclose(f);
+        remove(tmp);
+        goto done;
+    }
+    if (fseek(f, 8, SEEK_SET) != 0 || fwrite(header, 1, hlen, f) != hlen) {
+        failed = "write";
+        goto io_error;
+    }
     if (fflush(f) != 0) {
         failed = "fflush";
         goto io_error;
@@ -13797,22 +14074,24 @@ static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const flo
         failed = "rename";
         goto io_error;
     }
-    pdp__dealloc(header);
-    pdp__dealloc(host);
-    pdp__dealloc(tmp);
+    st = PDP_OK;
     if (pdp__ckpt_sync_dir(path) != 0)
-        return pdp__err(PDP_ERR_IO, "%s: %s: written, but fsync of its directory failed: %s", fn,
-                        path, strerror(errno));
-    return PDP_OK;
+        st = pdp__err(PDP_ERR_IO, "%s: %s: written, but fsync of its directory failed: %s", fn,
+                      path, strerror(errno));
+    goto done;
 io_error:
     err = errno;
     if (f) fclose(f);
     remove(tmp);
     st = pdp__err(PDP_ERR_IO, "%s: %s: %s of %s failed: %s (the previous file, if any, is "
                   "unchanged)", fn, path, failed, tmp, err ? strerror(err) : "short write");
+done:
     pdp__dealloc(header);
     pdp__dealloc(host);
     pdp__dealloc(tmp);
+    pdp__dealloc(crc_at);
+    pdp__dealloc(crcs);
+    pdp__dealloc(crc);
     return st;
 }
 
@@ -13886,10 +14165,9 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
                                        "optim.eps"};
     float *fields[7];
     pdp_optim_desc d, resolved;
-    char *end;
+    char *end, where[512];
     long long n;
     int i;
-    pdp_status st;
     if (!kind)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: no optimizer state in the file (no \"optim.kind\" "
                         "in __metadata__)", fn, p->file);
@@ -13912,8 +14190,9 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     if (!s || !*s || *end || errno || n < 0)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"optim.steps\" is missing or not a "
                         "count", fn, p->file);
-    if ((st = pdp__optim_desc_resolve(&d, &resolved, fn)) != PDP_OK)
-        return pdp__err_wrap(PDP_ERR_FORMAT, "%s: __metadata__", p->file);
+    /* resolve's message then starts with where, and so with fn */
+    snprintf(where, sizeof where, "%s: %s: __metadata__", fn, p->file);
+    if (pdp__optim_desc_resolve(&d, &resolved, where) != PDP_OK) return PDP_ERR_FORMAT;
     if (pdp__optim_nstate(&resolved) != o->nstate)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: the file's %s (momentum %g) keeps %d state "
                         "tensors per parameter, the optimizer %d", fn, p->file, kind,
@@ -13973,19 +14252,98 @@ static void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shap
     if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
+/* The checksums of a file being loaded: the tables and a chunk for reading a
+   tensor of which only a slice is loaded (it is verified whole). */
+#define PDP__CKPT_CHUNK 65536 /* bytes */
+typedef struct pdp__ckpt_sums {
+    pdp__crc32c crc;
+    unsigned char chunk[PDP__CKPT_CHUNK];
+} pdp__ckpt_sums;
+
+/* A file with checksums (any __metadata__ key "crc32c.*": written by pdp)
+   must have them all: "crc32c.header", matching the header, and one
+   "crc32c.<name>" for every tensor, none for anything else; each value 8
+   lowercase hex digits. Sets the entries' crc; *has tells whether the file has
+   checksums (a file of another tool has none and is loaded unverified). */
+static pdp_status pdp__ckpt_check_sums(pdp__st_parser *p, pdp__st_entry *const *sorted,
+                                       const pdp__crc32c *c, bool *has)
+{
+    const char *fn = p->fn, *hs = pdp__st_meta(p, "crc32c.header");
+    uint32_t want, got;
+    pdp__st_entry *e;
+    pdp_status st;
+    int i;
+    *has = false;
+    for (i = 0; i < p->nmeta && !*has; i += 2) *has = strncmp(p->meta[i], "crc32c.", 7) == 0;
+    if (!*has) return PDP_OK;
+    if (!hs)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: the header is corrupt: __metadata__ has tensor "
+                        "checksums but no \"crc32c.header\"", fn, p->file);
+    if (!pdp__ckpt_unhex8(hs, &want))
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: the header is corrupt: __metadata__ "
+                        "\"crc32c.header\" is \"%s\", not 8 lowercase hex digits", fn, p->file,
+                        hs);
+    if ((st = pdp__ckpt_header_crc(p, sorted, c, &got)) != PDP_OK) return st;
+    if (got != want)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: the header is corrupt: its checksum is %08lx, "
+                        "__metadata__ \"crc32c.header\" says %08lx", fn, p->file,
+                        (unsigned long)got, (unsigned long)want);
+    for (i = 0; i < p->nmeta; i += 2) {
+        const char *key = p->meta[i];
+        if (strncmp(key, "crc32c.", 7) != 0 || strcmp(key, "crc32c.header") == 0) continue;
+        if (!(e = (pdp__st_entry *)pdp__st_find(sorted, p->nentries, key + 7)))
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"%s\" is the checksum of a "
+                            "tensor the file does not have", fn, p->file, key);
+        if (e->has_crc || !pdp__ckpt_unhex8(p->meta[i + 1], &e->crc))
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\": __metadata__ \"%s\" is "
+                            "repeated or not 8 lowercase hex digits", fn, p->file, e->name, key);
+        e->has_crc = true;
+    }
+    for (i = 0; i < p->nentries; i++)
+        if (!p->entries[i].has_crc)
+            return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" has no checksum (no "
+                            "\"crc32c.%s\" in __metadata__)", fn, p->file, p->entries[i].name,
+                            p->entries[i].name);
+    return PDP_OK;
+}
+
 /* Reads elements [first, first + count) of tensor e of the file f (data at
-   data_start) into dst. */
+   data_start) into dst. With sums, the whole tensor is read and checked
+   against its checksum (through sums->chunk when only a slice is wanted). */
 static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *file,
                                         uint64_t data_start, const pdp__st_entry *e,
-                                        int64_t first, float *dst, int64_t count)
+                                        int64_t first, float *dst, int64_t count,
+                                        pdp__ckpt_sums *sums)
 {
-    uint64_t at = data_start + e->begin + (uint64_t)first * 4;
-    if (at > (uint64_t)LONG_MAX || fseek(f, (long)at, SEEK_SET) != 0 ||
-        fread(dst, 4, (size_t)count, f) != (size_t)count)
-        return pdp__err(PDP_ERR_IO, "%s: %s: tensor \"%s\": read failed (%s)", fn, file, e->name,
-                        ferror(f) ? strerror(errno) : "file shorter than its header");
+    uint64_t bytes = e->end - e->begin, want_lo = (uint64_t)first * 4;
+    uint64_t want_hi = want_lo + (uint64_t)count * 4, at = data_start + e->begin, done, n, a, b;
+    uint32_t crc = 0;
+    bool whole = !sums || (want_lo == 0 && want_hi == bytes);
+    if (whole) at += want_lo;
+    if (at > (uint64_t)LONG_MAX || fseek(f, (long)at, SEEK_SET) != 0) goto read_error;
+    if (whole) {
+        if (fread(dst, 4, (size_t)count, f) != (size_t)count) goto read_error;
+        if (sums) crc = pdp__crc32c_update(&sums->crc, 0, dst, (size_t)count * 4);
+    } else {
+        for (done = 0; done < bytes; done += n) {
+            n = PDP__MIN(bytes - done, (uint64_t)PDP__CKPT_CHUNK);
+            if (fread(sums->chunk, 1, (size_t)n, f) != (size_t)n) goto read_error;
+            crc = pdp__crc32c_update(&sums->crc, crc, sums->chunk, (size_t)n);
+            a = PDP__MAX(done, want_lo);
+            b = PDP__MIN(done + n, want_hi);
+            if (a < b)
+                memcpy((unsigned char *)dst + (a - want_lo), sums->chunk + (a - done), b - a);
+        }
+    }
+    if (sums && crc != e->crc)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" is corrupt: its data's checksum "
+                        "is %08lx, __metadata__ \"crc32c.%s\" says %08lx", fn, file, e->name,
+                        (unsigned long)crc, e->name, (unsigned long)e->crc);
     if (!pdp__little_endian()) pdp__bswap32(dst, count);
     return PDP_OK;
+read_error:
+    return pdp__err(PDP_ERR_IO, "%s: %s: tensor \"%s\": read failed (%s)", fn, file, e->name,
+                    ferror(f) ? strerror(errno) : "file shorter than its header");
 }
 
 /* Whether a tensor name of a shard file is one load expects (or may ignore). */
@@ -14009,6 +14367,7 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
 {
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
+    pdp__ckpt_sums *sums = NULL, *check = NULL;
     unsigned char len8[8];
     uint64_t hlen = 0, file_bytes, data_start;
     float *staging = NULL;
@@ -14016,7 +14375,7 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
     pdp_optim_desc desc;
     int64_t steps = 0, count;
     uint64_t seed = 0, mstep = 0;
-    bool have_seed = false, have_step = false;
+    bool have_seed = false, have_step = false, has_sums = false;
     struct stat sb;
     const char *format;
     bool shard;
@@ -14069,6 +14428,13 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
         goto done;
     }
     if ((st = pdp__st_validate(&p, file_bytes - data_start, sorted)) != PDP_OK) goto done;
+    if (!(sums = (pdp__ckpt_sums *)pdp__alloc(sizeof *sums))) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+        goto done;
+    }
+    pdp__crc32c_init(&sums->crc);
+    if ((st = pdp__ckpt_check_sums(&p, sorted, &sums->crc, &has_sums)) != PDP_OK) goto done;
+    check = has_sums ? sums : NULL;
     if (o && (st = pdp__ckpt_read_optim(&p, o, &desc, &steps)) != PDP_OK) goto done;
     if (!pdp__ckpt_meta_u64(&p, "model.seed", &seed, &have_seed) ||
         !pdp__ckpt_meta_u64(&p, "model.step", &mstep, &have_step)) {
@@ -14126,7 +14492,7 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
             goto done;
         }
         if ((st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, 0, staging + (k + 1) * count,
-                                        count)) != PDP_OK)
+                                        count, check)) != PDP_OK)
             goto done;
     }
     for (k = with_params ? -1 : 0; !shard && k < nstate; k++) {
@@ -14158,8 +14524,8 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
             }
             if (from < to &&
                 (st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, from - pe->offset,
-                                            staging + (k + 1) * count + (from - lo), to - from)) !=
-                    PDP_OK)
+                                            staging + (k + 1) * count + (from - lo), to - from,
+                                            check)) != PDP_OK)
                 goto done;
         }
     }
@@ -14201,6 +14567,7 @@ done:
     pdp__dealloc(header);
     pdp__dealloc(sorted);
     pdp__dealloc(staging);
+    pdp__dealloc(sums);
     return st;
 }
 

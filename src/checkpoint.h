@@ -15,7 +15,11 @@
        optimizer "optim.kind" ("SGD", "Adam", "AdamW"), "optim.steps",
        "optim.lr", "optim.momentum", "optim.dampening", "optim.nesterov"
        ("true"/"false"), "optim.weight_decay", "optim.beta1", "optim.beta2",
-       "optim.eps" (floats printed with 9 significant digits: exact round trip).
+       "optim.eps" (floats printed with 9 significant digits: exact round trip),
+       and checksums: "crc32c.<tensor>" for every tensor (CRC-32C of its data
+       bytes as stored) and "crc32c.header" (of the header's content: the
+       metadata but itself, the tensors' names, dtypes and shapes; exactly as
+       defined in checkpoint.c), each 8 lowercase hex digits.
    The header is padded with spaces so the data starts 8-byte aligned.
    In PyTorch: sd = safetensors.torch.load_file(path); model.load_state_dict(
    {k: v for k, v in sd.items() if not k.startswith("optim.")}) (or pass the
@@ -24,7 +28,9 @@
 /* Writes path atomically: the bytes go to "<path>.tmp.<pid>", which is
    flushed, fsync'd and renamed over path, then the directory is fsync'd. A
    failure or a crash at any point leaves any previous file at path intact (and
-   on failure the temporary is removed). o may be NULL (parameters only).
+   on failure the temporary is removed). Temporaries "<path>.tmp.<pid>" that a
+   killed writer left behind are removed first, when no process has that pid
+   (another live writer's are kept). o may be NULL (parameters only).
    Errors: PDP_ERR_IO naming the file and the failed call. */
 PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o);
 
@@ -37,9 +43,13 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
    The whole file is validated into a staging buffer before anything is copied:
    on failure m and o are untouched (one exception: a model on a GPU whose
    host-to-device copy itself fails, PDP_ERR_CUDA, a device fault, may be left
-   partly loaded; the message says so). Errors, each naming the file and tensor:
-   PDP_ERR_IO (cannot open or read), PDP_ERR_FORMAT (not safetensors, truncated,
-   corrupt header, overlapping or uncovered data, wrong dtype, optimizer kind),
+   partly loaded; the message says so). A file with checksums (pdp's) is
+   verified: the header, and every tensor load reads, whole; a file without
+   them (another tool's, or an older pdp's) loads unverified. Errors, each
+   message starting with "pdp_checkpoint_load: <path>: " and naming the tensor
+   or the header: PDP_ERR_IO (cannot open or read), PDP_ERR_FORMAT (not
+   safetensors, truncated, corrupt header, a checksum mismatch, overlapping or
+   uncovered data, wrong dtype, optimizer kind or hyper-parameters),
    PDP_ERR_SHAPE (a missing, extra or differently shaped tensor). The header is
    limited to 100 MB (10^8 bytes). */
 PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o);

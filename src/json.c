@@ -25,6 +25,8 @@ typedef struct pdp__st_entry {
     int ndim;
     int64_t shape[PDP__CKPT_MAX_DIMS];
     uint64_t begin, end;        /* data_offsets */
+    uint32_t crc;               /* its checksum, when has_crc (set by checkpoint.c) */
+    bool has_crc;
 } pdp__st_entry;
 
 typedef struct pdp__st_parser {

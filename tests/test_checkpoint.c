@@ -366,9 +366,10 @@ TEST checkpoint_file_layout(void)
 
 static const char *py_script =
     "import sys\n"
+    "import numpy as np\n"
     "from safetensors import safe_open\n"
     "from safetensors.numpy import load_file, save_file\n"
-    "src, dst = sys.argv[1], sys.argv[2]\n"
+    "src, dst, nosum, stale, nohead = sys.argv[1:6]\n"
     "t = load_file(src)\n"
     "with safe_open(src, 'np') as f:\n"
     "    meta = f.metadata()\n"
@@ -378,23 +379,55 @@ static const char *py_script =
     "    assert t['optim.' + k + '.exp_avg'].shape == shape\n"
     "assert meta['optim.kind'] == 'Adam' and meta['optim.steps'] == '3', meta\n"
     "assert len(t) == 12, sorted(t)\n"
+    "def crc32c(data, crc=0):\n"
+    "    crc ^= 0xffffffff\n"
+    "    for b in data:\n"
+    "        crc ^= b\n"
+    "        for _ in range(8):\n"
+    "            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)\n"
+    "    return crc ^ 0xffffffff\n"
+    "assert crc32c(b'123456789') == 0xe3069283\n"
+    "# the checksums, recomputed from their definition (checkpoint.h, checkpoint.c)\n"
+    "for k, v in t.items():\n"
+    "    assert meta['crc32c.' + k] == '%08x' % crc32c(v.astype('<f4').tobytes()), k\n"
+    "assert sorted(k for k in meta if k.startswith('crc32c.')) == \\\n"
+    "    sorted(['crc32c.header'] + ['crc32c.' + k for k in t])\n"
+    "canon = b''\n"
+    "for k in sorted(k for k in meta if k != 'crc32c.header'):\n"
+    "    canon += k.encode() + b'\\0' + meta[k].encode() + b'\\0'\n"
+    "for k in sorted(t):\n"
+    "    canon += k.encode() + b'\\0F32\\0' + b''.join(b'%d,' % d for d in t[k].shape) + b'\\0'\n"
+    "assert meta['crc32c.header'] == '%08x' % crc32c(canon), 'header checksum'\n"
+    "# rewritten by Python with our metadata: still verifies\n"
     "save_file(t, dst, metadata=meta)\n"
+    "# another tool's file: no checksums, loads unverified\n"
+    "save_file(t, nosum, metadata={k: v for k, v in meta.items() if not k.startswith('crc32c.')})\n"
+    "# a tensor changed, the old checksums kept: refused, naming the tensor\n"
+    "t2 = dict(t)\n"
+    "t2['2.bias'] = t['2.bias'] + np.float32(1)\n"
+    "save_file(t2, stale, metadata=meta)\n"
+    "# tensor checksums without the header's: refused\n"
+    "save_file(t, nohead, metadata={k: v for k, v in meta.items() if k != 'crc32c.header'})\n"
     "try:\n"
     "    import torch\n"
     "    from safetensors.torch import load_file as tload\n"
     "except ImportError:\n"
+    "    print('torch not installed: its load_state_dict not checked')\n"
     "    sys.exit(0)\n"
     "net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))\n"
     "sd = tload(src)\n"
     "net.load_state_dict({k: v for k, v in sd.items() if not k.startswith('optim.')})\n"
     "print('torch load_state_dict ok')\n";
 
-/* Python reads our file (names, shapes, dtype, metadata) and writes it back
-   with its own writer (its own tensor order and padding); we load that file and
-   get our bits back. */
+/* Python reads our file (names, shapes, dtype, metadata, and the checksums
+   recomputed from their definition) and writes it back with its own writer
+   (its own tensor order and padding); we load that file and get our bits
+   back. Files Python writes without our checksums load; with a stale tensor
+   checksum or without the header checksum they are refused, the model
+   untouched. */
 TEST checkpoint_python_safetensors_interop(void)
 {
-    char path[128], back[128], script[128], cmd[512];
+    char path[128], back[128], nosum[128], stale[128], nohead[128], script[128], cmd[1024];
     pdp_model *a = make_model(5, 8, 3, false, 1), *b = make_model(5, 8, 3, false, 2);
     pdp_optim *oa = NULL, *ob = NULL;
     pdp_optim_desc d = adam_desc();
@@ -408,17 +441,39 @@ TEST checkpoint_python_safetensors_interop(void)
     ASSERT(a && b);
     path_in_tmp(path, sizeof path, "py_src.safetensors");
     path_in_tmp(back, sizeof back, "py_back.safetensors");
+    path_in_tmp(nosum, sizeof nosum, "py_nosum.safetensors");
+    path_in_tmp(stale, sizeof stale, "py_stale.safetensors");
+    path_in_tmp(nohead, sizeof nohead, "py_nohead.safetensors");
     path_in_tmp(script, sizeof script, "interop.py");
     ASSERT_EQ(0, write_all(script, py_script, (long)strlen(py_script)));
     ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oa, a, &d), status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&ob, b, &d), status_name);
     random_steps(a, oa, 3, 5);
     ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_save(path, a, oa), status_name);
-    snprintf(cmd, sizeof cmd, "python3 %s %s %s", script, path, back);
+    snprintf(cmd, sizeof cmd, "python3 %s %s %s %s %s %s", script, path, back, nosum, stale,
+             nohead);
     rc = system(cmd);
     ASSERT_EQm("the Python check failed (its traceback is above)", 0, rc);
     ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(back, b, ob), status_name);
     snap_take(&s, a, oa);
+    ASSERT(snap_same(&s, b, ob));
+    /* refused files leave b as it is */
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_checkpoint_load(stale, b, ob), status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "tensor \"2.bias\" is corrupt") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, pdp_checkpoint_load(nohead, b, ob), status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "no \"crc32c.header\"") != NULL);
+    ASSERT(snap_same(&s, b, ob));
+    snap_free(&s);
+    /* no checksums: loads (into a fresh model), bit for bit */
+    pdp_optim_free(ob);
+    pdp_model_free(b);
+    b = make_model(5, 8, 3, false, 3);
+    ob = NULL;
+    ASSERT(b != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&ob, b, &d), status_name);
+    snap_take(&s, a, oa);
+    ASSERT_FALSE(snap_same(&s, b, ob));
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(nosum, b, ob), status_name);
     ASSERT(snap_same(&s, b, ob));
     snap_free(&s);
     pdp_optim_free(oa);
@@ -461,9 +516,10 @@ static enum greatest_test_res expect_load_fails(victim *v, const char *path, pdp
                                                 const char *needle1, const char *needle2)
 {
     pdp_status st = pdp_checkpoint_load(path, v->m, v->o);
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "pdp_checkpoint_load: %s: ", path);
     ASSERT_ENUM_EQm(pdp_last_error(), status, st, status_name);
-    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_checkpoint_load") != NULL);
-    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), path) != NULL);
+    ASSERTm(pdp_last_error(), strncmp(pdp_last_error(), prefix, strlen(prefix)) == 0);
     if (needle1) ASSERTm(pdp_last_error(), strstr(pdp_last_error(), needle1) != NULL);
     if (needle2) ASSERTm(pdp_last_error(), strstr(pdp_last_error(), needle2) != NULL);
     ASSERTm("the model or optimizer changed", snap_same(&v->s, v->m, v->o));
@@ -548,8 +604,8 @@ TEST checkpoint_flipped_header_bytes(void)
     ASSERT_EQ(0, write_all(bad, buf, bytes));
     CHECK_CALL(expect_load_fails(&v, bad, PDP_ERR_FORMAT, "header byte", NULL));
     hit[8] = '[';
-    /* every header byte with its low bit flipped: failures leave v untouched;
-       successes (a flip inside a metadata value) are allowed */
+    /* every header byte with its low bit flipped fails (the header checksum
+       catches a flip inside a metadata value) and leaves v untouched */
     for (i = 8; i < 8 + n; i++) {
         pdp_status st;
         buf[i] ^= 1;
@@ -565,7 +621,7 @@ TEST checkpoint_flipped_header_bytes(void)
         ASSERTm(pdp_last_error(), st == PDP_ERR_FORMAT || st == PDP_ERR_SHAPE);
         ASSERTm(pdp_last_error(), snap_same(&v.s, v.m, v.o));
     }
-    ASSERT_GT(failures, n * 9 / 10);
+    ASSERT_EQ(n, (long)failures);
     free(buf);
     victim_free(&v);
     PASS();
@@ -675,6 +731,454 @@ TEST checkpoint_wrong_optimizer_kind(void)
     PASS();
 }
 
+/* ---- checksums ---- */
+
+/* CRC-32C bit by bit: the definition itself. */
+static uint32_t crc32c_ref(const unsigned char *p, size_t n)
+{
+    uint32_t crc = 0xffffffffu;
+    int k;
+    while (n--) {
+        crc ^= *p++;
+        for (k = 0; k < 8; k++) crc = (crc >> 1) ^ (crc & 1u ? 0x82F63B78u : 0u);
+    }
+    return ~crc;
+}
+
+static uint64_t header_len(const unsigned char *buf)
+{
+    uint64_t n = 0;
+    int k;
+    for (k = 7; k >= 0; k--) n = n << 8 | buf[k];
+    return n;
+}
+
+/* The file offset of the first byte of needle inside the header of buf; -1 if absent. */
+static long header_find(const unsigned char *buf, const char *needle)
+{
+    long n = (long)header_len(buf), len = (long)strlen(needle), i;
+    for (i = 8; i + len <= 8 + n; i++)
+        if (memcmp(buf + i, needle, (size_t)len) == 0) return i;
+    return -1;
+}
+
+/* The file offsets [*begin, *end) of tensor name's data; 0 on success. */
+static int tensor_bytes(const unsigned char *buf, const char *name, long *begin, long *end)
+{
+    char needle[128];
+    unsigned long long b, e;
+    long at;
+    snprintf(needle, sizeof needle, "\"%s\":{", name);
+    if ((at = header_find(buf, needle)) < 0) return -1;
+    {
+        const char *s = strstr((const char *)buf + at, "\"data_offsets\":[");
+        if (!s || sscanf(s, "\"data_offsets\":[%llu,%llu]", &b, &e) != 2) return -1;
+    }
+    *begin = 8 + (long)header_len(buf) + (long)b;
+    *end = 8 + (long)header_len(buf) + (long)e;
+    return 0;
+}
+
+static const char *const all_tensors[] = {
+    "0.weight", "0.bias", "2.weight", "2.bias",
+    "optim.0.weight.exp_avg", "optim.0.bias.exp_avg", "optim.2.weight.exp_avg",
+    "optim.2.bias.exp_avg", "optim.0.weight.exp_avg_sq", "optim.0.bias.exp_avg_sq",
+    "optim.2.weight.exp_avg_sq", "optim.2.bias.exp_avg_sq"};
+
+TEST checkpoint_crc32c_matches_definition(void)
+{
+    pdp__crc32c *c = (pdp__crc32c *)malloc(sizeof *c);
+    unsigned char buf[80];
+    size_t n, off, split;
+    pdp_rng r;
+    ASSERT(c != NULL);
+    pdp__crc32c_init(c);
+    ASSERT_EQ_FMT(0xe3069283u, (unsigned)pdp__crc32c_update(c, 0, "123456789", 9), "%08x");
+    ASSERT_EQ_FMT(0u, (unsigned)pdp__crc32c_update(c, 0, "", 0), "%08x");
+    pdp_rng_seed(&r, 3, 3);
+    for (n = 0; n < sizeof buf; n++) buf[n] = (unsigned char)pdp_rng_below(&r, 256);
+    for (n = 0; n + 8 <= sizeof buf; n++)
+        for (off = 0; off < 8; off++) {
+            uint32_t want = crc32c_ref(buf + off, n);
+            split = n / 3;
+            ASSERT_EQ_FMT((unsigned)want, (unsigned)pdp__crc32c_update(c, 0, buf + off, n),
+                          "%08x");
+            ASSERT_EQ_FMT((unsigned)want,
+                          (unsigned)pdp__crc32c_update(
+                              c, pdp__crc32c_update(c, 0, buf + off, split), buf + off + split,
+                              n - split), "%08x");
+        }
+    free(c);
+    PASS();
+}
+
+/* Our file carries "crc32c.header" and one "crc32c.<tensor>" per tensor,
+   each the CRC-32C of the tensor's bytes in the file. */
+TEST checkpoint_checksums_in_metadata(void)
+{
+    char path[128], needle[128];
+    unsigned char *buf;
+    long bytes, b, e, at;
+    size_t t;
+    unsigned x;
+    path_in_tmp(path, sizeof path, "sums.safetensors");
+    ASSERT_EQ(0, good_file(path));
+    buf = read_all(path, &bytes);
+    ASSERT(buf != NULL);
+    ASSERT(header_find(buf, "\"crc32c.header\":\"") > 0);
+    for (t = 0; t < sizeof all_tensors / sizeof all_tensors[0]; t++) {
+        ASSERT_EQ(0, tensor_bytes(buf, all_tensors[t], &b, &e));
+        snprintf(needle, sizeof needle, "\"crc32c.%s\":\"", all_tensors[t]);
+        at = header_find(buf, needle);
+        ASSERTm(needle, at > 0);
+        ASSERT_EQ(1, sscanf((const char *)buf + at + strlen(needle), "%8x", &x));
+        ASSERT_EQ_FMTm(all_tensors[t], (unsigned)crc32c_ref(buf + b, (size_t)(e - b)), x, "%08x");
+    }
+    free(buf);
+    PASS();
+}
+
+/* One byte flipped in the data of each tensor: refused, naming the tensor. */
+TEST checkpoint_flipped_tensor_bytes(void)
+{
+    char good[128], bad[128], want[128];
+    unsigned char *buf;
+    long bytes, b, e;
+    size_t t;
+    victim v;
+    ASSERT_EQ(0, victim_make(&v));
+    path_in_tmp(good, sizeof good, "tflip_good.safetensors");
+    path_in_tmp(bad, sizeof bad, "tflip.safetensors");
+    ASSERT_EQ(0, good_file(good));
+    buf = read_all(good, &bytes);
+    ASSERT(buf != NULL);
+    for (t = 0; t < sizeof all_tensors / sizeof all_tensors[0]; t++) {
+        long at;
+        ASSERT_EQ(0, tensor_bytes(buf, all_tensors[t], &b, &e));
+        at = b + (e - b) / 2 + (long)t % 4; /* any byte of a float, the sign and exponent too */
+        buf[at] ^= (unsigned char)(1u << (t % 8));
+        ASSERT_EQ(0, write_all(bad, buf, bytes));
+        buf[at] ^= (unsigned char)(1u << (t % 8));
+        snprintf(want, sizeof want, "tensor \"%s\" is corrupt", all_tensors[t]);
+        CHECK_CALL(expect_load_fails(&v, bad, PDP_ERR_FORMAT, want, "checksum"));
+    }
+    /* the last byte of the file */
+    buf[bytes - 1] ^= 0x80;
+    ASSERT_EQ(0, write_all(bad, buf, bytes));
+    CHECK_CALL(expect_load_fails(&v, bad, PDP_ERR_FORMAT,
+                                 "tensor \"optim.2.bias.exp_avg_sq\" is corrupt", NULL));
+    free(buf);
+    victim_free(&v);
+    PASS();
+}
+
+/* The checksums themselves corrupted: a digit of a tensor's or of the
+   header's, a key's name, a digit's case: refused, naming the header. */
+TEST checkpoint_flipped_checksum_metadata(void)
+{
+    static const char *const keys[] = {"\"crc32c.0.bias\":\"", "\"crc32c.header\":\"",
+                                       "\"crc32c.optim.2.weight.exp_avg_sq\":\""};
+    char good[128], bad[128];
+    unsigned char *buf;
+    long bytes, at;
+    size_t k;
+    int d;
+    victim v;
+    ASSERT_EQ(0, victim_make(&v));
+    path_in_tmp(good, sizeof good, "sflip_good.safetensors");
+    path_in_tmp(bad, sizeof bad, "sflip.safetensors");
+    ASSERT_EQ(0, good_file(good));
+    buf = read_all(good, &bytes);
+    ASSERT(buf != NULL);
+    for (k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        at = header_find(buf, keys[k]);
+        ASSERT(at > 0);
+        at += (long)strlen(keys[k]);
+        for (d = 0; d < 8; d++) { /* each digit to another valid digit */
+            unsigned char was = buf[at + d];
+            buf[at + d] = (unsigned char)(was == '0' ? '1' : '0');
+            ASSERT_EQ(0, write_all(bad, buf, bytes));
+            buf[at + d] = was;
+            CHECK_CALL(expect_load_fails(&v, bad, PDP_ERR_FORMAT, "the header is corrupt",
+                                         "checksum"));
+        }
+        /* a digit's case: 8 lowercase digits, or corrupt */
+        for (d = 0; d < 8 && !(buf[at + d] >= 'a' && buf[at + d] <= 'f'); d++) continue;
+        if (d < 8) {
+            buf[at + d] ^= 0x20;
+            ASSERT_EQ(0, write_all(bad, buf, bytes));
+            buf[at + d] ^= 0x20;
+            CHECK_CALL(expect_load_fails(&v, bad, PDP_ERR_FORMAT, "header", NULL));
+        }
+        /* the key's name (its last letter, before "\":\"") */
+        at -= 4;
+        buf[at] ^= 1;
+        ASSERT_EQ(0, write_all(bad, buf, bytes));
+        buf[at] ^= 1;
+        CHECK_CALL(expect_load_fails(&v, bad, PDP_ERR_FORMAT, "header is corrupt", NULL));
+    }
+    free(buf);
+    victim_free(&v);
+    PASS();
+}
+
+static bool json_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Random single-byte corruptions anywhere in the file (at most 20,000, at most
+   about 5 seconds): each either loads bit-identical data (only possible when
+   header whitespace became other whitespace) or fails with PDP_ERR_FORMAT or
+   PDP_ERR_SHAPE, its message starting with pdp_checkpoint_load, the model and
+   optimizer untouched. Every flip in the data fails. */
+TEST checkpoint_fuzz_random_byte_flips(void)
+{
+    char good[128], bad[128], prefix[256];
+    unsigned char *buf;
+    long bytes, hend, i, loaded = 0, failed = 0;
+    double t0 = now_seconds();
+    FILE *f;
+    pdp_rng r;
+    victim v;
+    ASSERT_EQ(0, victim_make(&v));
+    path_in_tmp(good, sizeof good, "fuzz_good.safetensors");
+    path_in_tmp(bad, sizeof bad, "fuzz.safetensors");
+    snprintf(prefix, sizeof prefix, "pdp_checkpoint_load: %s: ", bad);
+    ASSERT_EQ(0, good_file(good));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(good, v.m, v.o), status_name);
+    snap_free(&v.s);
+    snap_take(&v.s, v.m, v.o);
+    buf = read_all(good, &bytes);
+    ASSERT(buf != NULL);
+    hend = 8 + (long)header_len(buf);
+    ASSERT_EQ(0, write_all(bad, buf, bytes));
+    f = fopen(bad, "r+b");
+    ASSERT(f != NULL);
+    pdp_rng_seed(&r, 20000, 1);
+    for (i = 0; i < 20000 && now_seconds() - t0 < 5.0; i++) {
+        long at = (long)pdp_rng_below(&r, (uint32_t)bytes);
+        unsigned char x = (unsigned char)(1 + pdp_rng_below(&r, 255)), was = buf[at];
+        pdp_status st;
+        ASSERT(fseek(f, at, SEEK_SET) == 0 && fputc(was ^ x, f) != EOF && fflush(f) == 0);
+        st = pdp_checkpoint_load(bad, v.m, v.o);
+        ASSERT(fseek(f, at, SEEK_SET) == 0 && fputc(was, f) != EOF && fflush(f) == 0);
+        ASSERTm("the model or optimizer changed", snap_same(&v.s, v.m, v.o));
+        if (st == PDP_OK) {
+            loaded++;
+            ASSERTm("a flip other than whitespace to whitespace loaded",
+                    at >= 8 && at < hend && json_space(was) && json_space(was ^ x));
+            continue;
+        }
+        failed++;
+        ASSERTm(pdp_last_error(), st == PDP_ERR_FORMAT || st == PDP_ERR_SHAPE);
+        ASSERTm(pdp_last_error(), strncmp(pdp_last_error(), prefix, strlen(prefix)) == 0);
+        if (at >= hend) ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "is corrupt"));
+    }
+    fclose(f);
+    ASSERT_GT(i, 200);
+    printf("    fuzz: %ld single-byte flips in %.1f s: %ld failed cleanly, %ld loaded "
+           "bit-identical data\n", i, now_seconds() - t0, failed, loaded);
+    free(buf);
+    victim_free(&v);
+    PASS();
+}
+
+/* Shard files and slices of full files are verified too: a slice reads the
+   tensors it touches whole. */
+TEST checkpoint_range_files_checksummed(void)
+{
+    char full[128], shard[128], bad[128];
+    pdp_model *a = make_model(5, 9, 3, false, 1), *b = make_model(5, 9, 3, false, 2);
+    pdp_optim *oa = NULL, *rb = NULL;
+    pdp_optim_desc d = adam_desc();
+    unsigned char *buf;
+    long bytes, tb, te;
+    int64_t lo = 7, hi = 20, n;
+    float *b0;
+    ASSERT(a && b);
+    n = b->param_count;
+    path_in_tmp(full, sizeof full, "rsum_full.safetensors");
+    path_in_tmp(shard, sizeof shard, "rsum_shard.safetensors");
+    path_in_tmp(bad, sizeof bad, "rsum_bad.safetensors");
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oa, a, &d), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__optim_create_range(&rb, b, &d, lo, hi, "t"), status_name);
+    random_steps(a, oa, 2, 5);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_save(full, a, oa), status_name);
+    b0 = (float *)malloc((size_t)n * 4);
+    ASSERT(b0 != NULL);
+    memcpy(b0, b->param_block, (size_t)n * 4);
+
+    /* a full file: a flip in 0.weight outside [7, 20) still fails the slice */
+    buf = read_all(full, &bytes);
+    ASSERT(buf != NULL);
+    ASSERT_EQ(0, tensor_bytes(buf, "0.weight", &tb, &te));
+    buf[tb + 4 * 30] ^= 1; /* element 30 */
+    ASSERT_EQ(0, write_all(bad, buf, bytes));
+    buf[tb + 4 * 30] ^= 1;
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT,
+                   pdp__checkpoint_load_range(bad, b, b->param_block + lo, rb, lo, hi, "z"),
+                   status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "tensor \"0.weight\" is corrupt"));
+    ASSERT_MEM_EQ(b0, b->param_block, (size_t)n * 4);
+    /* a tensor the slice does not touch is not read, so not verified (its owner verifies it) */
+    ASSERT_EQ(0, tensor_bytes(buf, "2.bias", &tb, &te));
+    buf[tb] ^= 1;
+    ASSERT_EQ(0, write_all(bad, buf, bytes));
+    buf[tb] ^= 1;
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
+                    pdp__checkpoint_load_range(bad, b, b->param_block + lo, rb, lo, hi, "z"),
+                    status_name);
+    ASSERT_MEM_EQ(a->param_block + lo, b->param_block + lo, (size_t)(hi - lo) * 4);
+    free(buf);
+
+    /* a shard file */
+    ASSERT_ENUM_EQ(PDP_OK, pdp__checkpoint_save_range(shard, b, b->param_block + lo, rb, lo, hi,
+                                                      "z"), status_name);
+    buf = read_all(shard, &bytes);
+    ASSERT(buf != NULL);
+    ASSERT(header_find(buf, "\"crc32c.header\":\"") > 0);
+    ASSERT(header_find(buf, "\"crc32c.params\":\"") > 0);
+    ASSERT(header_find(buf, "\"crc32c.optim.exp_avg_sq\":\"") > 0);
+    memcpy(b0, b->param_block, (size_t)n * 4);
+    ASSERT_EQ(0, tensor_bytes(buf, "params", &tb, &te));
+    buf[tb + 5] ^= 4;
+    ASSERT_EQ(0, write_all(bad, buf, bytes));
+    buf[tb + 5] ^= 4;
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT,
+                   pdp__checkpoint_load_range(bad, b, b->param_block + lo, rb, lo, hi,
+                                              "pdp_zero_load"), status_name);
+    ASSERTm(pdp_last_error(), strncmp(pdp_last_error(), "pdp_zero_load: ", 15) == 0);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "tensor \"params\" is corrupt"));
+    ASSERT_EQ(0, tensor_bytes(buf, "optim.exp_avg", &tb, &te));
+    buf[te - 1] ^= 0x40;
+    ASSERT_EQ(0, write_all(bad, buf, bytes));
+    buf[te - 1] ^= 0x40;
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT,
+                   pdp__checkpoint_load_range(bad, b, NULL, rb, lo, hi, "z"), status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "tensor \"optim.exp_avg\" is corrupt"));
+    ASSERT_MEM_EQ(b0, b->param_block, (size_t)n * 4);
+    /* the header */
+    buf[8 + 20] ^= 1;
+    ASSERT_EQ(0, write_all(bad, buf, bytes));
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT,
+                   pdp__checkpoint_load_range(bad, b, b->param_block + lo, rb, lo, hi, "z"),
+                   status_name);
+    ASSERT_MEM_EQ(b0, b->param_block, (size_t)n * 4);
+    free(buf);
+    free(b0);
+    pdp_optim_free(oa);
+    pdp_optim_free(rb);
+    pdp_model_free(a);
+    pdp_model_free(b);
+    PASS();
+}
+
+/* ---- data offsets: gaps, overlaps, trailing bytes ---- */
+
+/* A safetensors file of a 1 -> 2 Linear ("0.weight" [2, 1], "0.bias" [2]) with
+   the given data_offsets and data_bytes of data (floats 1, 2, 3, ...), no
+   checksums (as another tool writes it). */
+static int craft_file(const char *path, int wb, int we, int bb, int be, int data_bytes)
+{
+    char h[256];
+    unsigned char out[512];
+    float f;
+    int n, i;
+    n = snprintf(h, sizeof h, "{\"0.weight\":{\"dtype\":\"F32\",\"shape\":[2,1],\"data_offsets\":"
+                 "[%d,%d]},\"0.bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[%d,%d]}}",
+                 wb, we, bb, be);
+    while (n % 8) h[n++] = ' ';
+    memset(out, 0, 8);
+    out[0] = (unsigned char)n;
+    memcpy(out + 8, h, (size_t)n);
+    for (i = 0; i < data_bytes / 4; i++) {
+        f = (float)(i + 1);
+        memcpy(out + 8 + n + 4 * i, &f, 4);
+    }
+    return write_all(path, out, 8 + n + data_bytes);
+}
+
+TEST checkpoint_gaps_and_overlaps(void)
+{
+    char path[128], prefix[256];
+    pdp_model *m = make_model(1, 2, 0, false, 1);
+    snapshot s;
+    static const struct {
+        int wb, we, bb, be, data;
+        const char *needle;
+    } bad[] = {
+        {0, 8, 12, 20, 20, "\"0.bias\" starts at data byte 12, expected 8 (overlap or gap)"},
+        {0, 8, 4, 12, 12, "\"0.bias\" starts at data byte 4, expected 8 (overlap or gap)"},
+        {4, 12, 12, 20, 20, "\"0.weight\" starts at data byte 4, expected 0"},
+        {0, 8, 8, 16, 20, "tensors cover 16 of the 20 data bytes"},
+    };
+    size_t k;
+    ASSERT(m != NULL);
+    path_in_tmp(path, sizeof path, "offsets.safetensors");
+    snprintf(prefix, sizeof prefix, "pdp_checkpoint_load: %s: ", path);
+    snap_take(&s, m, NULL);
+    for (k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        ASSERT_EQ(0, craft_file(path, bad[k].wb, bad[k].we, bad[k].bb, bad[k].be, bad[k].data));
+        ASSERT_ENUM_EQm(bad[k].needle, PDP_ERR_FORMAT, pdp_checkpoint_load(path, m, NULL),
+                        status_name);
+        ASSERTm(pdp_last_error(), strncmp(pdp_last_error(), prefix, strlen(prefix)) == 0);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), bad[k].needle) != NULL);
+        ASSERT(snap_same(&s, m, NULL));
+    }
+    /* the same file tiled exactly loads (a file without checksums) */
+    ASSERT_EQ(0, craft_file(path, 0, 8, 8, 16, 16));
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(path, m, NULL), status_name);
+    ASSERT_EQ_FMT(1.0f, m->param_block[0], "%g");
+    ASSERT_EQ_FMT(4.0f, m->param_block[3], "%g");
+    snap_free(&s);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- messages ---- */
+
+/* Hyper-parameters in the metadata that the optimizer refuses: the message
+   starts with pdp_checkpoint_load and the file, as base.h promises. */
+TEST checkpoint_metadata_errors_start_with_the_function(void)
+{
+    char path[128], prefix[256];
+    pdp_model *m = make_model(5, 8, 3, false, 1);
+    pdp_optim *adam = NULL, *sgd = NULL;
+    pdp_optim_desc da = adam_desc(), ds = sgd_desc();
+    snapshot s;
+    int c;
+    ASSERT(m != NULL);
+    path_in_tmp(path, sizeof path, "meta.safetensors");
+    snprintf(prefix, sizeof prefix, "pdp_checkpoint_load: %s: __metadata__: ", path);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&adam, m, &da), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&sgd, m, &ds), status_name);
+    for (c = 0; c < 3; c++) {
+        pdp_optim *o = c < 2 ? adam : sgd;
+        pdp_optim_desc keep = o->desc;
+        const char *needle = c == 0 ? "lr -1" : c == 1 ? "beta1 1.5" : "dampening 2";
+        if (c == 0) o->desc.lr = -1.0f;
+        if (c == 1) o->desc.beta1 = 1.5f;
+        if (c == 2) o->desc.dampening = 2.0f;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_save(path, m, o), status_name);
+        o->desc = keep;
+        snap_take(&s, m, o);
+        ASSERT_ENUM_EQm(needle, PDP_ERR_FORMAT, pdp_checkpoint_load(path, m, o), status_name);
+        ASSERTm(pdp_last_error(), strncmp(pdp_last_error(), prefix, strlen(prefix)) == 0);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), needle) != NULL);
+        ASSERT(snap_same(&s, m, o));
+        snap_free(&s);
+    }
+    pdp_optim_free(adam);
+    pdp_optim_free(sgd);
+    pdp_model_free(m);
+    PASS();
+}
+
 /* ---- interrupted save ---- */
 
 static int tmp_files_left(const char *prefix)
@@ -738,6 +1242,124 @@ TEST checkpoint_failed_save_keeps_previous_file(void)
     ASSERT_EQ(0, (int)pdp_optim_steps(o));
     free(before);
     pdp_optim_free(o);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- stale temporaries ---- */
+
+static int exists(const char *path) { return access(path, F_OK) == 0; }
+
+static int touch(const char *path) { return write_all(path, "x", 1); }
+
+/* A pid that was a process and is no more (reaped). */
+static pid_t dead_pid(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    if (pid > 0) waitpid(pid, NULL, 0);
+    return pid;
+}
+
+/* "<target>.tmp.<pid>" of a dead pid is removed by the next save of target,
+   full or shard; a live pid's is kept (until it dies); names that only look
+   alike are kept. */
+TEST checkpoint_stale_temporaries_removed(void)
+{
+    char target[128], shard[128], dead[192], live[192], other[192], odd[192], sdead[192];
+    pdp_model *m = make_model(5, 8, 3, false, 1);
+    pid_t dpid = dead_pid(), lpid;
+    bool made, kept_live;
+    pdp_status st;
+    ASSERT(m != NULL && dpid > 0);
+    lpid = fork();
+    if (lpid == 0) {
+        pause();
+        _exit(0);
+    }
+    ASSERT(lpid > 0);
+    path_in_tmp(target, sizeof target, "stale.safetensors");
+    path_in_tmp(shard, sizeof shard, "stale_shard.safetensors");
+    snprintf(dead, sizeof dead, "%s.tmp.%ld", target, (long)dpid);
+    snprintf(live, sizeof live, "%s.tmp.%ld", target, (long)lpid);
+    snprintf(other, sizeof other, "%s.old.tmp.%ld", target, (long)dpid);
+    snprintf(odd, sizeof odd, "%s.tmp.%ldx", target, (long)dpid);
+    snprintf(sdead, sizeof sdead, "%s.tmp.%ld", shard, (long)dpid);
+    made = touch(dead) == 0 && touch(live) == 0 && touch(other) == 0 && touch(odd) == 0 &&
+           touch(sdead) == 0;
+    st = pdp_checkpoint_save(target, m, NULL);
+    kept_live = exists(live);
+    /* the live writer dies (reaped before any assertion can return) */
+    kill(lpid, SIGKILL);
+    waitpid(lpid, NULL, 0);
+    ASSERT(made);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, st, status_name);
+    ASSERTm("a dead writer's temporary was kept", !exists(dead));
+    ASSERTm("a live writer's temporary was removed", kept_live);
+    ASSERTm("another target's temporary was removed", exists(other));
+    ASSERTm("a name that only looks alike was removed", exists(odd));
+    ASSERTm("another target's temporary was removed", exists(sdead));
+    /* the next save removes the now dead writer's temporary */
+    ASSERT(exists(live));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_save(target, m, NULL), status_name);
+    ASSERT(!exists(live));
+    ASSERT(exists(other) && exists(odd));
+    /* a shard file's save does the same */
+    ASSERT_ENUM_EQ(PDP_OK, pdp__checkpoint_save_range(shard, m, m->param_block + 3, NULL, 3, 10,
+                                                      "z"), status_name);
+    ASSERT(!exists(sdead));
+    remove(other);
+    remove(odd);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* The child of checkpoint_killed_save_leaves_nothing: saves a large model to
+   path until killed. */
+static int save_loop_child(const char *path)
+{
+    pdp_model *m = make_model(512, 1024, 512, false, 1);
+    if (!m) return 2;
+    for (;;)
+        if (pdp_checkpoint_save(path, m, NULL) != PDP_OK) return 1;
+}
+
+/* A writer SIGKILLed mid-save leaves "<path>.tmp.<its pid>" behind; the next
+   save of path (by anyone) removes it. */
+TEST checkpoint_killed_save_cleaned_up(void)
+{
+    char path[128], tmp[192];
+    pdp_model *m = make_model(5, 8, 3, false, 1);
+    int tries, left = 0;
+    ASSERT(m != NULL);
+    path_in_tmp(path, sizeof path, "killed.safetensors");
+    for (tries = 0; tries < 5 && !left; tries++) {
+        double t0 = now_seconds();
+        pid_t pid;
+        fflush(stdout);
+        fflush(stderr);
+        pid = fork();
+        ASSERT(pid >= 0);
+        if (pid == 0) {
+            execl("/proc/self/exe", "test_checkpoint", "save-loop", path, (char *)NULL);
+            _exit(127);
+        }
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)pid);
+        while (!exists(tmp) && now_seconds() - t0 < 5.0) {
+            struct timespec pause_ = {0, 100000}; /* 0.1 ms */
+            nanosleep(&pause_, NULL);
+        }
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        left = exists(tmp);
+    }
+    if (!left) {
+        pdp_model_free(m);
+        SKIPm("no kill landed inside a save in 5 tries");
+    }
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_save(path, m, NULL), status_name);
+    ASSERTm("the killed writer's temporary is still there", !exists(tmp));
+    ASSERT_EQ(0, tmp_files_left("killed.safetensors"));
     pdp_model_free(m);
     PASS();
 }
@@ -979,7 +1601,17 @@ SUITE(checkpoint)
     RUN_TEST(checkpoint_missing_and_extra_tensor);
     RUN_TEST(checkpoint_foreign_file);
     RUN_TEST(checkpoint_wrong_optimizer_kind);
+    RUN_TEST(checkpoint_crc32c_matches_definition);
+    RUN_TEST(checkpoint_checksums_in_metadata);
+    RUN_TEST(checkpoint_flipped_tensor_bytes);
+    RUN_TEST(checkpoint_flipped_checksum_metadata);
+    RUN_TEST(checkpoint_fuzz_random_byte_flips);
+    RUN_TEST(checkpoint_range_files_checksummed);
+    RUN_TEST(checkpoint_gaps_and_overlaps);
+    RUN_TEST(checkpoint_metadata_errors_start_with_the_function);
     RUN_TEST(checkpoint_failed_save_keeps_previous_file);
+    RUN_TEST(checkpoint_stale_temporaries_removed);
+    RUN_TEST(checkpoint_killed_save_cleaned_up);
     RUN_TEST(checkpoint_exact_resume_adam_fresh_process);
     RUN_TEST(checkpoint_exact_resume_sgd_momentum_fresh_process);
     RUN_TEST(checkpoint_cuda_round_trip);
@@ -1006,6 +1638,7 @@ int main(int argc, char **argv)
 {
     if (argc == 5 && strcmp(argv[1], "resume-child") == 0)
         return resume_child(argv[2], argv[3], argv[4]);
+    if (argc == 3 && strcmp(argv[1], "save-loop") == 0) return save_loop_child(argv[2]);
     strcpy(tmpdir, "/tmp/pdp_ckpt_XXXXXX");
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");
