@@ -1353,9 +1353,9 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    state) and writes one ordinary checkpoint, the file pdp_checkpoint_save writes for
    the single-device model (loadable by pdp_checkpoint_load on one device and by
    PyTorch); pdp_tp_checkpoint_load reads such a file into any TP layout. Both are
-   collective over the TP communicator. pdp_checkpoint_save/load on a TP model see only
-   this rank's slices (shapes [n_r, in], ...): a file of the slices, which only the same
-   rank of the same layout loads back.
+   collective over the TP communicator. pdp_checkpoint_save/load refuse a model with TP
+   layers (PDP_ERR_STATE naming pdp_tp_checkpoint_save/load): its parameters are slices.
+   DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED).
 
    Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
    all-reduce on the device's buffers); no Dropout inside the block (its masks are
@@ -14099,6 +14099,10 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
 {
     const char *fn = "pdp_checkpoint_save";
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (m->tp.nlayers)
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the model has %d tensor-parallel layers, so its "
+                        "parameters are this rank's slices; use pdp_tp_checkpoint_save (collective) "
+                        "for the full tensors", fn, path, m->tp.nlayers);
     if (o && o->count != m->param_count)
         return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
                         "the model has %lld", fn, path, (long long)o->count,
@@ -14575,6 +14579,10 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
 {
     const char *fn = "pdp_checkpoint_load";
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (m->tp.nlayers)
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the model has %d tensor-parallel layers, so its "
+                        "parameters are this rank's slices; use pdp_tp_checkpoint_load (collective) "
+                        "for the full tensors", fn, path, m->tp.nlayers);
     if (o && o->count != m->param_count)
         return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
                         "the model has %lld", fn, path, (long long)o->count,
@@ -14928,6 +14936,10 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     if (desc) d = *desc;
     if (master->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
+    if (master->tp.nlayers)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_dp_create: the model has %d tensor-parallel "
+                        "layers, whose collectives thread replicas cannot share; use DDP across "
+                        "TP groups (tp.h)", master->tp.nlayers);
     if (master->layers[master->nlayers - 1].out_ndim != 1)
         return pdp__err(PDP_ERR_SHAPE,
                         "pdp_dp_create: the last layer %d (%s) gives %d-d samples; the "

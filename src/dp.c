@@ -329,6 +329,10 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     if (desc) d = *desc;
     if (master->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
+    if (master->tp.nlayers)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_dp_create: the model has %d tensor-parallel "
+                        "layers, whose collectives thread replicas cannot share; use DDP across "
+                        "TP groups (tp.h)", master->tp.nlayers);
     if (master->layers[master->nlayers - 1].out_ndim != 1)
         return pdp__err(PDP_ERR_SHAPE,
                         "pdp_dp_create: the last layer %d (%s) gives %d-d samples; the "

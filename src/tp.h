@@ -46,9 +46,9 @@
    state) and writes one ordinary checkpoint, the file pdp_checkpoint_save writes for
    the single-device model (loadable by pdp_checkpoint_load on one device and by
    PyTorch); pdp_tp_checkpoint_load reads such a file into any TP layout. Both are
-   collective over the TP communicator. pdp_checkpoint_save/load on a TP model see only
-   this rank's slices (shapes [n_r, in], ...): a file of the slices, which only the same
-   rank of the same layout loads back.
+   collective over the TP communicator. pdp_checkpoint_save/load refuse a model with TP
+   layers (PDP_ERR_STATE naming pdp_tp_checkpoint_save/load): its parameters are slices.
+   DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED).
 
    Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
    all-reduce on the device's buffers); no Dropout inside the block (its masks are

@@ -537,6 +537,18 @@ TEST tp_block_order_and_state_errors(void)
     ASSERT(strstr(pdp_last_error(), "already has 2 TP layers") != NULL);
     ASSERT_STR_EQ("CopyToModelParallelRegion", pdp_model_layer_name(m, 0));
     ASSERT_STR_EQ("ColumnParallelLinear", pdp_model_layer_name(m, 1));
+    /* the plain checkpoint functions and DP's replicas refuse a model of slices */
+    ASSERT_EQ(PDP_ERR_STATE, pdp_checkpoint_save("/tmp/pdp_test_tp_refused", m, NULL));
+    ASSERT(strstr(pdp_last_error(), "pdp_checkpoint_save: ") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "use pdp_tp_checkpoint_save") != NULL);
+    ASSERT_EQ(PDP_ERR_STATE, pdp_checkpoint_load("/tmp/pdp_test_tp_refused", m, NULL));
+    ASSERT(strstr(pdp_last_error(), "use pdp_tp_checkpoint_load") != NULL);
+    {
+        pdp_dp *dp = NULL;
+        ASSERT_EQ(PDP_ERR_UNSUPPORTED, pdp_dp_create(&dp, m, NULL));
+        ASSERT(strstr(pdp_last_error(), "tensor-parallel") != NULL);
+        ASSERT(dp == NULL);
+    }
     pdp_model_free(m);
     pdp_comm_free(c);
     pdp_local_group_free(g);
