@@ -514,7 +514,8 @@ PDP_API void pdp_optim_free(pdp_optim *o); /* NULL is fine */
 PDP_API pdp_status pdp_optim_step(pdp_optim *o);
 /* Zeros the gradient block of the model the optimizer was created on. */
 PDP_API void pdp_optim_zero_grad(pdp_optim *o);
-PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr);
+/* lr: finite and >= 0, else PDP_ERR_INVALID and the optimizer keeps its lr. */
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr);
 PDP_API float pdp_optim_lr(const pdp_optim *o);
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o); /* updates done so far */
 /* The desc in use, defaults filled in (sokol's query-defaults). */
@@ -523,13 +524,16 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind); /* "SGD", "Adam", 
 
 /* Scales all gradients so their global L2 norm is at most max_norm (as
    torch.nn.utils.clip_grad_norm_); *total_norm gets the norm before clipping
-   (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC. */
+   (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC; max_norm must be finite
+   and >= 0 (else PDP_ERR_INVALID). */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm);
 
 /* Linear warm-up, then cosine decay (llm.c's schedule). step counts from 0:
    step < warmup: base_lr * (step + 1) / warmup (the first step is not spent at
    lr 0); warmup <= step < total: min_lr + (base_lr - min_lr) * (1 + cos(pi *
-   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. */
+   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. It cannot return a
+   status: for a negative step, warmup or total, or a base_lr or min_lr that is negative,
+   NaN or infinite, it returns NaN (which pdp_optim_set_lr then rejects). */
 PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
                                    float min_lr);
 /* ---- end src/optim.h ---- */
@@ -7240,7 +7244,7 @@ PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps)
 {
     pdp__layer l = pdp__layer_of(PDP__LAYERNORM);
-    l.eps = eps > 0.0f ? eps : 1e-5f;
+    l.eps = eps == 0.0f ? 1e-5f : eps; /* 0: the default; the setup rejects < 0, NaN, inf */
     return pdp__model_add(m, l, "pdp_model_add_layernorm");
 }
 
@@ -8039,9 +8043,14 @@ PDP_API void pdp_optim_zero_grad(pdp_optim *o)
     if (o) pdp_model_zero_grad(o->model);
 }
 
-PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr)
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr)
 {
-    if (o) o->desc.lr = lr;
+    if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: optimizer is NULL");
+    if (!(lr >= 0.0f && lr <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite and >= 0 (the "
+                        "optimizer keeps lr %g)", (double)lr, (double)o->desc.lr);
+    o->desc.lr = lr;
+    return PDP_OK;
 }
 
 PDP_API float pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0f; }
@@ -8237,8 +8246,8 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     int64_t i, n;
     if (total_norm) *total_norm = 0.0f;
     if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
-    if (!(max_norm >= 0.0f))
-        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be >= 0",
+    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be finite and >= 0",
                         (double)max_norm);
     g = m->grad_block;
     n = m->param_count;
@@ -8269,6 +8278,10 @@ PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, 
 {
     const double pi = 3.14159265358979323846;
     double progress;
+    /* no status to return: an input outside the documented ranges gives NaN (optim.h) */
+    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0f && base_lr <= FLT_MAX) ||
+        !(min_lr >= 0.0f && min_lr <= FLT_MAX))
+        return NAN;
     if (step < warmup) return (float)((double)base_lr * (double)(step + 1) / (double)warmup);
     if (step >= total) return min_lr;
     progress = (double)(step - warmup) / (double)(total - warmup);
@@ -14693,9 +14706,11 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0))
+    if (desc && !(desc->bucket_cap_mb >= 0.0 && desc->bucket_cap_mb <= 1e12 &&
+                  desc->first_bucket_mb >= 0.0 && desc->first_bucket_mb <= 1e12))
         return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
-                        ">= 0", fn, desc->bucket_cap_mb, desc->first_bucket_mb);
+                        ">= 0 and finite (at most 1e12)", fn, desc->bucket_cap_mb,
+                        desc->first_bucket_mb);
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
     if (!d) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     if (desc) d->desc = *desc;

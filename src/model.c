@@ -241,7 +241,7 @@ PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps)
 {
     pdp__layer l = pdp__layer_of(PDP__LAYERNORM);
-    l.eps = eps > 0.0f ? eps : 1e-5f;
+    l.eps = eps == 0.0f ? 1e-5f : eps; /* 0: the default; the setup rejects < 0, NaN, inf */
     return pdp__model_add(m, l, "pdp_model_add_layernorm");
 }
 

@@ -836,6 +836,32 @@ TEST layers_sizes_that_overflow_fail(void)
     PASS();
 }
 
+/* Issue 13, item 5: a negative or NaN eps was replaced by the default; now zero is the
+   default and a value outside (0, inf) fails naming the layer and the value. */
+TEST layers_option_values_outside_their_range_fail(void)
+{
+    pdp_model *m = new_model(1, 6, 0, 0, 1);
+    ASSERT(m != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_layernorm(m, -1e-5f), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_add_layernorm: layer 0 (LayerNorm): eps -1e-05"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_layernorm(m, NAN), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "eps nan"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_layernorm(m, INFINITY), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "eps inf"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_layernorm(m, -INFINITY), pdp_status_name);
+    ASSERT_EQ(0, pdp_model_num_layers(m));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
+    ASSERT_EQ(1e-5f, m->layers[0].eps); /* zero: the default */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 1e-3f), pdp_status_name);
+    ASSERT_EQ(1e-3f, m->layers[1].eps);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_dropout(m, INFINITY), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_dropout(m, NAN), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_add_dropout: layer 2 (Dropout): p nan"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_maxpool2d(m, -2, 0), pdp_status_name);
+    pdp_model_free(m);
+    PASS();
+}
+
 TEST layers_wrong_input_width_names_layer_and_shapes(void)
 {
     pdp_model *m = new_model(1, 7, 0, 0, 21);
@@ -1096,6 +1122,7 @@ SUITE(layers)
     RUN_TEST(layers_bad_configs_fail_with_messages);
     RUN_TEST(layers_wrong_input_width_names_layer_and_shapes);
     RUN_TEST(layers_sizes_that_overflow_fail);
+    RUN_TEST(layers_option_values_outside_their_range_fail);
     RUN_TEST(layers_backward_without_forward_fails);
     RUN_TEST(layers_training_step_allocates_nothing_after_the_first);
     RUN_TEST(layers_gradients_accumulate_across_backwards);
