@@ -344,7 +344,7 @@ TEST data_gzip_matches_gzip_and_zlib(void)
         }
     }
     free(plain);
-    if (!ran) SKIPm("neither gzip nor python3's zlib is available");
+    if (!ran) SKIPm("neither gzip nor python3's zlib is available (apt-get install gzip)");
     PASS();
 }
 
@@ -357,7 +357,10 @@ TEST data_gzip_corrupt_and_truncated(void)
     FILE *f;
     pdp_rng r;
     int i, detected = 0;
-    if (!have_tool("gzip --version >/dev/null 2>&1")) { free(plain); SKIPm("no gzip tool"); }
+    if (!have_tool("gzip --version >/dev/null 2>&1")) {
+        free(plain);
+        SKIPm("no gzip tool (apt-get install gzip)");
+    }
     ASSERT_EQ(0, write_file(tmp_path("c.bin"), plain, n));
     {
         char cmd[600];
