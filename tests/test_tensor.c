@@ -80,7 +80,7 @@ TEST tensor_views_share_data_and_check_counts(void)
    check of the wrap stopped it, after a signed overflow that UBSan reports). */
 TEST tensor_sizes_that_overflow_fail(void)
 {
-    pdp_tensor *t, rows;
+    pdp_tensor *t, *u, rows;
     int64_t big[2] = {(int64_t)1 << 31, (int64_t)1 << 30};
     ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cpu(), 2, s2), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_rows_view(t, 2, INT64_MAX, &rows), pdp_status_name);
@@ -91,9 +91,10 @@ TEST tensor_sizes_that_overflow_fail(void)
     ASSERT(strstr(pdp_last_error(), "rows [1, 4) outside [3, 5]"));
     /* 2^61 elements: their bytes overflow a 64-bit size at 8 bytes each; a shape error
        (it was PDP_ERR_OUT_OF_MEMORY, after multiplying), before any allocation */
-    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_create(&t, pdp_cpu(), 2, big), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_create(&u, pdp_cpu(), 2, big), pdp_status_name);
+    ASSERT(u == NULL);
     ASSERT(strstr(pdp_last_error(), "pdp_tensor_create: element count overflows at dimension 1"));
-    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_wrap(rows.data, pdp_cpu(), 2, big, &rows),
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_wrap(t->data, pdp_cpu(), 2, big, &rows),
                    pdp_status_name);
     pdp_tensor_free(t);
     PASS();
