@@ -544,7 +544,8 @@ PDP_API void pdp_optim_free(pdp_optim *o); /* NULL is fine */
 PDP_API pdp_status pdp_optim_step(pdp_optim *o);
 /* Zeros the gradient block of the model the optimizer was created on. */
 PDP_API void pdp_optim_zero_grad(pdp_optim *o);
-PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr);
+/* lr: finite and >= 0, else PDP_ERR_INVALID and the optimizer keeps its lr. */
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr);
 PDP_API float pdp_optim_lr(const pdp_optim *o);
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o); /* updates done so far */
 /* The desc in use, defaults filled in (sokol's query-defaults). */
@@ -553,13 +554,16 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind); /* "SGD", "Adam", 
 
 /* Scales all gradients so their global L2 norm is at most max_norm (as
    torch.nn.utils.clip_grad_norm_); *total_norm gets the norm before clipping
-   (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC. */
+   (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC; max_norm must be finite
+   and >= 0 (else PDP_ERR_INVALID). */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm);
 
 /* Linear warm-up, then cosine decay (llm.c's schedule). step counts from 0:
    step < warmup: base_lr * (step + 1) / warmup (the first step is not spent at
    lr 0); warmup <= step < total: min_lr + (base_lr - min_lr) * (1 + cos(pi *
-   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. */
+   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. It cannot return a
+   status: for a negative step, warmup or total, or a base_lr or min_lr that is negative,
+   NaN or infinite, it returns NaN (which pdp_optim_set_lr then rejects). */
 PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
                                    float min_lr);
 /* ---- end src/optim.h ---- */
@@ -2067,6 +2071,54 @@ static inline PDP__HOSTDEV float pdp__adam_update(float p, float g, float *m, fl
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
 #define PDP__DEF(val, def) ((val) ? (val) : (def))
 #define PDP__ALIGN 64
+
+/* ---- checked size arithmetic ----
+   Every element count, byte count or offset computed from user input (shapes, batch sizes,
+   feature counts, padding, first + n) goes through these. Each writes *out and returns 1 when
+   a and b are >= 0 and the result is at most PDP__COUNT_MAX; else it returns 0 and leaves *out
+   alone, and the caller fails with a message naming its function. PDP__COUNT_MAX is the most
+   elements any buffer may have: at 8 bytes each (float, double, int64_t) its byte count still
+   fits in int64_t and size_t, so a count that passed may be multiplied by an element size. */
+#define PDP__COUNT_MAX                                                                         \
+    ((int64_t)(((uint64_t)INT64_MAX < (uint64_t)SIZE_MAX ? (uint64_t)INT64_MAX                 \
+                                                         : (uint64_t)SIZE_MAX) / 8u))
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5)
+#  define PDP__HAVE_OVERFLOW_BUILTINS 1
+#endif
+static PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out)
+{
+    int64_t r;
+    if (a < 0 || b < 0) return 0;
+#ifdef PDP__HAVE_OVERFLOW_BUILTINS
+    if (__builtin_mul_overflow(a, b, &r)) return 0;
+#else
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    r = a * b;
+#endif
+    if (r > PDP__COUNT_MAX) return 0;
+    *out = r;
+    return 1;
+}
+static PDP__UNUSED int pdp__add_ok(int64_t a, int64_t b, int64_t *out)
+{
+    int64_t r;
+    if (a < 0 || b < 0) return 0;
+#ifdef PDP__HAVE_OVERFLOW_BUILTINS
+    if (__builtin_add_overflow(a, b, &r)) return 0;
+#else
+    if (b > INT64_MAX - a) return 0;
+    r = a + b;
+#endif
+    if (r > PDP__COUNT_MAX) return 0;
+    *out = r;
+    return 1;
+}
+/* a * b * c, checked as above (a convolution's C * k * k, a batch's n * h * w). */
+static PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64_t *out)
+{
+    int64_t ab;
+    return pdp__mul_ok(a, b, &ab) && pdp__mul_ok(ab, c, out);
+}
 
 /* Formats the thread-local message and returns status: a failing branch is one
    line, `return pdp__err(PDP_ERR_SHAPE, "pdp_x: layer %d ...", ...)`. */
@@ -4526,9 +4578,9 @@ static pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shap
         if (shape[i] < 1)
             return pdp__err(PDP_ERR_SHAPE, "%s: dimension %d is %lld (must be >= 1)", fn, i,
                             (long long)shape[i]);
-        if (n > INT64_MAX / shape[i])
-            return pdp__err(PDP_ERR_SHAPE, "%s: element count overflows at dimension %d", fn, i);
-        n *= shape[i];
+        if (!pdp__mul_ok(n, shape[i], &n))
+            return pdp__err(PDP_ERR_SHAPE, "%s: element count overflows at dimension %d (more "
+                            "than %lld elements)", fn, i, (long long)PDP__COUNT_MAX);
     }
     *count = n;
     return PDP_OK;
@@ -4636,12 +4688,15 @@ PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const 
 PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows,
                                         pdp_tensor *view)
 {
-    int64_t shape[PDP_MAX_DIMS], row;
+    int64_t shape[PDP_MAX_DIMS], row, end = 0;
     char a[96];
     if (!t || !view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_rows_view: NULL tensor");
-    if (first < 0 || rows < 1 || first + rows > t->shape[0])
+    if (first < 0 || rows < 1 || !pdp__add_ok(first, rows, &end))
+        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_rows_view: %lld rows from row %lld outside %s",
+                        (long long)rows, (long long)first, pdp__shape_str(t, a, sizeof a));
+    if (end > t->shape[0])
         return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_rows_view: rows [%lld, %lld) outside %s",
-                        (long long)first, (long long)(first + rows), pdp__shape_str(t, a, sizeof a));
+                        (long long)first, (long long)end, pdp__shape_str(t, a, sizeof a));
     memcpy(shape, t->shape, sizeof shape);
     row = t->count / t->shape[0];
     shape[0] = rows;
@@ -8992,11 +9047,16 @@ static pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, c
 
 static pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
+    int64_t weights;
     if (l->out_features < 1)
         return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
                         (long long)l->out_features, in);
     if (l->in_ndim != 1)
         return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
+    if (!pdp__mul_ok(l->out_features, l->in_count, &weights))
+        return pdp__err(PDP_ERR_SHAPE, "out_features %lld x %lld inputs: more than %lld weights "
+                        "(input %s)", (long long)l->out_features, (long long)l->in_count,
+                        (long long)PDP__COUNT_MAX, in);
     l->out_shape[0] = l->out_features;
     ps->wshape[0] = l->out_features;
     ps->wshape[1] = l->in_count;
@@ -9344,8 +9404,9 @@ static pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__lay
 
 static pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
-    if (!(l->eps > 0.0f))
-        return pdp__err(PDP_ERR_INVALID, "eps %g must be > 0 (input %s)", (double)l->eps, in);
+    if (!(l->eps > 0.0f) || isinf(l->eps))
+        return pdp__err(PDP_ERR_INVALID, "eps %g must be finite and > 0 (input %s)",
+                        (double)l->eps, in);
     memcpy(ps->wshape, l->in_shape, 3 * sizeof *ps->wshape);
     memcpy(ps->bshape, l->in_shape, 3 * sizeof *ps->bshape);
     ps->wndim = ps->bndim = l->in_ndim;
@@ -10067,25 +10128,46 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
 
 static pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
-    int64_t k = l->kernel, s = l->stride, pad = l->padding;
+    int64_t k = l->kernel, s = l->stride, pad = l->padding, O = l->out_features;
     int64_t C = l->in_shape[0], H = l->in_shape[1], W = l->in_shape[2];
-    if (l->out_features < 1 || k < 1 || s < 1 || pad < 0)
+    int64_t pad2 = 0, Hp = 0, Wp = 0, Ho, Wo, out = 0, ckk = 0, weights = 0;
+    double work;
+    if (O < 1 || k < 1 || s < 1 || pad < 0)
         return pdp__err(PDP_ERR_INVALID,
                         "out_channels %lld, kernel %lld, stride %lld, padding %lld: need "
                         "out_channels, kernel, stride >= 1 and padding >= 0 (input %s)",
-                        (long long)l->out_features, (long long)k, (long long)s,
-                        (long long)pad, in);
+                        (long long)O, (long long)k, (long long)s, (long long)pad, in);
     if (l->in_ndim != 3)
         return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
-    if (k > H + 2 * pad || k > W + 2 * pad)
+    if (!pdp__mul_ok(2, pad, &pad2) || !pdp__add_ok(H, pad2, &Hp) || !pdp__add_ok(W, pad2, &Wp))
+        return pdp__err(PDP_ERR_SHAPE, "padding %lld: the padded input has more than %lld rows "
+                        "(input %s)", (long long)pad, (long long)PDP__COUNT_MAX, in);
+    if (k > Hp || k > Wp)
         return pdp__err(PDP_ERR_SHAPE,
                         "kernel %lld is larger than the padded input %lldx%lld (input %s, "
                         "padding %lld)",
-                        (long long)k, (long long)(H + 2 * pad), (long long)(W + 2 * pad), in,
-                        (long long)pad);
+                        (long long)k, (long long)Hp, (long long)Wp, in, (long long)pad);
+    Ho = (Hp - k) / s + 1;
+    Wo = (Wp - k) / s + 1;
+    /* the output, the weights, and an upper bound of every workspace term below
+       (pdp__conv_work_per_sample, pdp__conv_cuda_work: each a sum of products of C k k, O,
+       Hp + 2k, Wp + 2k and the weight count) must fit, so none of them can overflow */
+    if (!pdp__mul3_ok(O, Ho, Wo, &out) || !pdp__mul3_ok(C, k, k, &ckk) ||
+        !pdp__mul_ok(O, ckk, &weights))
+        return pdp__err(PDP_ERR_SHAPE, "out_channels %lld, kernel %lld, padding %lld: output "
+                        "(%lld, %lld, %lld) or weights (%lld, %lld, %lld, %lld) exceed %lld elements "
+                        "(input %s)", (long long)O, (long long)k, (long long)pad, (long long)O,
+                        (long long)Ho, (long long)Wo, (long long)O, (long long)C, (long long)k,
+                        (long long)k, (long long)PDP__COUNT_MAX, in);
+    work = 16.0 * ((double)(ckk + O) * (double)(Hp + 2 * k) * (double)(Wp + 2 * k) +
+                   (double)weights + (double)O + (double)k + 64.0);
+    if (work > (double)PDP__COUNT_MAX)
+        return pdp__err(PDP_ERR_SHAPE, "out_channels %lld, kernel %lld, padding %lld: the "
+                        "workspace exceeds %lld floats per sample (input %s)", (long long)O,
+                        (long long)k, (long long)pad, (long long)PDP__COUNT_MAX, in);
     l->out_shape[0] = l->out_features;
-    l->out_shape[1] = (H + 2 * pad - k) / s + 1;
-    l->out_shape[2] = (W + 2 * pad - k) / s + 1;
+    l->out_shape[1] = Ho;
+    l->out_shape[2] = Wo;
     ps->wshape[0] = l->out_features;
     ps->wshape[1] = C;
     ps->wshape[2] = k;
@@ -10806,6 +10888,7 @@ static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
 {
     pdp_model *m;
+    int64_t count;
     int i, ndim = 0;
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: out is NULL");
     *out = NULL;
@@ -10818,6 +10901,10 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
         if (desc->input_shape[i] < 1)
             return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape[%d] is %lld", i,
                             (long long)desc->input_shape[i]);
+    if (!pdp__mul3_ok(ndim > 0 ? desc->input_shape[0] : 1, ndim > 1 ? desc->input_shape[1] : 1,
+                      ndim > 2 ? desc->input_shape[2] : 1, &count))
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape has more than %lld elements",
+                        (long long)PDP__COUNT_MAX);
     m = (pdp_model *)pdp__calloc(sizeof *m);
     if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_create: no memory");
     m->device = desc->device;
@@ -10892,9 +10979,17 @@ static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what,
                                       const int64_t *shape)
 {
     pdp__param_entry *e;
+    int64_t count = 1, total;
     int i;
+    for (i = 0; i < ndim; i++)
+        if (!pdp__mul_ok(count, shape[i], &count))
+            return pdp__err(PDP_ERR_SHAPE, "%s has more than %lld elements", what,
+                            (long long)PDP__COUNT_MAX);
+    if (!pdp__add_ok(m->param_count, count, &total))
+        return pdp__err(PDP_ERR_SHAPE, "the model would have more than %lld parameters with "
+                        "%lld more", (long long)PDP__COUNT_MAX, (long long)count);
     if (pdp__grow((void **)&m->params, m->nparams, &m->cap_params, sizeof *m->params) != PDP_OK)
-        return PDP_ERR_OUT_OF_MEMORY;
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
     e = &m->params[m->nparams++];
     memset(e, 0, sizeof *e);
     snprintf(e->name, sizeof e->name, "%d.%s", pdp__model_next_number(m), what);
@@ -10935,7 +11030,7 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
     l.in_count = l.in_shape[0] * l.in_shape[1] * l.in_shape[2];
     if ((st = pdp__layer_setup(&l, &ps)) != PDP_OK)
         return pdp__err_wrap(st, "%s: layer %d (%s)", fn, l.index, pdp__layer_kind_name(l.kind));
-    l.out_count = l.out_shape[0] * l.out_shape[1] * l.out_shape[2];
+    l.out_count = l.out_shape[0] * l.out_shape[1] * l.out_shape[2]; /* the setup checked it */
 
     if (pdp__grow((void **)&m->layers, m->nlayers, &m->cap_layers, sizeof *m->layers) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
@@ -10943,9 +11038,9 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
     old_nparams = m->nparams;
     l.param_first = m->nparams;
     l.nparams = (ps.wndim > 0) + (ps.bndim > 0);
-    if ((ps.wndim && pdp__model_register(m, l.index, "weight", ps.wndim, ps.wshape) != PDP_OK) ||
-        (ps.bndim && pdp__model_register(m, l.index, "bias", ps.bndim, ps.bshape) != PDP_OK))
-        goto oom;
+    if ((ps.wndim && (st = pdp__model_register(m, l.index, "weight", ps.wndim, ps.wshape))) ||
+        (ps.bndim && (st = pdp__model_register(m, l.index, "bias", ps.bndim, ps.bshape))))
+        goto fail;
     if (m->param_count != old_count) {
         bytes = (size_t)m->param_count * sizeof(float);
         host = (float *)pdp__alloc(bytes);
@@ -11026,7 +11121,7 @@ PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps)
 {
     pdp__layer l = pdp__layer_of(PDP__LAYERNORM);
-    l.eps = eps > 0.0f ? eps : 1e-5f;
+    l.eps = eps == 0.0f ? 1e-5f : eps; /* 0: the default; the setup rejects < 0, NaN, inf */
     return pdp__model_add(m, l, "pdp_model_add_layernorm");
 }
 
@@ -11083,6 +11178,12 @@ typedef struct pdp__model_plan {
     int64_t act, saved, work, widest;
 } pdp__model_plan;
 
+/* *acc += v, or INT64_MAX (which stays) past PDP__COUNT_MAX: reserve then fails. */
+static void pdp__model_plan_add(int64_t *acc, int64_t v)
+{
+    if (!pdp__add_ok(*acc, v, acc)) *acc = INT64_MAX;
+}
+
 static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
 {
     pdp__model_plan p;
@@ -11091,9 +11192,9 @@ static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off
     p.widest = m->in_count;
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
-        if (!pdp__model_is_view(m, i)) p.act += l->out_count;
+        if (!pdp__model_is_view(m, i)) pdp__model_plan_add(&p.act, l->out_count);
         if (saved_off) saved_off[i] = p.saved;
-        p.saved += l->saved_per_sample;
+        pdp__model_plan_add(&p.saved, l->saved_per_sample);
         p.work = PDP__MAX(p.work, pdp__layer_work_per_sample(l, m->device));
         p.widest = PDP__MAX(p.widest, l->out_count);
     }
@@ -11103,7 +11204,7 @@ static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off
 
 PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
 {
-    int64_t b = max_batch, act = 0;
+    int64_t b = max_batch, act = 0, n[4], sum;
     pdp__model_plan p;
     int i;
     pdp_status st;
@@ -11116,11 +11217,22 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
     m->saved_off = (int64_t *)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->saved_off);
     if (!m->act || !m->saved_off) goto oom;
     p = pdp__model_plan_of(m, m->saved_off);
-    if ((st = pdp__dev_alloc(m->device, (size_t)(b * p.act + 1) * 4, (void **)&m->act_block)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * p.saved + 1) * 4, (void **)&m->saved_block)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * p.work + 1) * 4, (void **)&m->work_block)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * p.widest) * 4, (void **)&m->grad_a)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * p.widest) * 4, (void **)&m->grad_b))) {
+    /* the floats of each buffer, and of all five (pdp__dp_model_bytes adds them up) */
+    if (!pdp__mul_ok(b, p.act, &n[0]) || !pdp__add_ok(n[0], 1, &n[0]) ||
+        !pdp__mul_ok(b, p.saved, &n[1]) || !pdp__add_ok(n[1], 1, &n[1]) ||
+        !pdp__mul_ok(b, p.work, &n[2]) || !pdp__add_ok(n[2], 1, &n[2]) ||
+        !pdp__mul_ok(b, p.widest, &n[3]) || !pdp__add_ok(n[0], n[1], &sum) ||
+        !pdp__add_ok(sum, n[2], &sum) || !pdp__add_ok(sum, n[3], &sum) ||
+        !pdp__add_ok(sum, n[3], &sum)) {
+        pdp__model_free_buffers(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_reserve: batch %lld needs more than "
+                        "%lld floats of activations", (long long)b, (long long)PDP__COUNT_MAX);
+    }
+    if ((st = pdp__dev_alloc(m->device, (size_t)n[0] * 4, (void **)&m->act_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)n[1] * 4, (void **)&m->saved_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)n[2] * 4, (void **)&m->work_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_a)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_b))) {
         pdp__model_free_buffers(m);
         return pdp__err_wrap(st, "pdp_model_reserve: batch %lld", (long long)b);
     }
@@ -11175,7 +11287,7 @@ static void pdp__model_trace(const pdp_model *m, const char *what, int i, double
 PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
 {
     double t0;
-    int64_t batch, shape[4];
+    int64_t batch, shape[4], n;
     const float *in;
     int i, d;
     pdp_status st;
@@ -11183,7 +11295,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     *y = NULL;
     if (m->nlayers == 0) return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
     batch = x->shape[0];
-    if (x->ndim != m->in_ndim + 1 || x->count != batch * m->in_count)
+    if (x->ndim != m->in_ndim + 1 || !pdp__mul_ok(batch, m->in_count, &n) || x->count != n)
         goto bad_shape;
     for (d = 0; d < m->in_ndim; d++)
         if (x->shape[d + 1] != m->in_shape[d]) goto bad_shape;
@@ -11860,9 +11972,14 @@ PDP_API void pdp_optim_zero_grad(pdp_optim *o)
     if (o) pdp_model_zero_grad(o->model);
 }
 
-PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr)
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr)
 {
-    if (o) o->desc.lr = lr;
+    if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: optimizer is NULL");
+    if (!(lr >= 0.0f && lr <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite and >= 0 (the "
+                        "optimizer keeps lr %g)", (double)lr, (double)o->desc.lr);
+    o->desc.lr = lr;
+    return PDP_OK;
 }
 
 PDP_API float pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0f; }
@@ -12075,8 +12192,8 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     int64_t i, n;
     if (total_norm) *total_norm = 0.0f;
     if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
-    if (!(max_norm >= 0.0f))
-        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be >= 0",
+    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be finite and >= 0",
                         (double)max_norm);
     g = m->grad_block;
     n = m->param_count;
@@ -12110,6 +12227,10 @@ PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, 
 {
     const double pi = 3.14159265358979323846;
     double progress;
+    /* no status to return: an input outside the documented ranges gives NaN (optim.h) */
+    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0f && base_lr <= FLT_MAX) ||
+        !(min_lr >= 0.0f && min_lr <= FLT_MAX))
+        return NAN;
     if (step < warmup) return (float)((double)base_lr * (double)(step + 1) / (double)warmup);
     if (step >= total) return min_lr;
     progress = (double)(step - warmup) / (double)(total - warmup);
@@ -12684,9 +12805,14 @@ static pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t 
 static pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, int64_t w,
                                    const pdp_dataset_desc *desc, const char *fn)
 {
-    pdp_dataset *ds = (pdp_dataset *)pdp__calloc(sizeof *ds);
+    pdp_dataset *ds;
     bool flat = desc && desc->flat;
+    int64_t floats;
     *out = NULL;
+    if (!pdp__mul3_ok(count, h, w, &floats) || !pdp__add_ok(floats, 1, &floats))
+        return pdp__err(PDP_ERR_INVALID, "%s: %lld samples of %lldx%lld exceed %lld floats", fn,
+                        (long long)count, (long long)h, (long long)w, (long long)PDP__COUNT_MAX);
+    ds = (pdp_dataset *)pdp__calloc(sizeof *ds);
     if (!ds) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     ds->count = count;
     ds->features = h * w;
@@ -12694,7 +12820,7 @@ static pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, 
     ds->shape[0] = flat ? h * w : 1;
     ds->shape[1] = flat ? 1 : h;
     ds->shape[2] = flat ? 1 : w;
-    ds->images = (float *)pdp__alloc((size_t)(count * ds->features + 1) * sizeof(float));
+    ds->images = (float *)pdp__alloc((size_t)floats * sizeof(float));
     ds->labels = (int32_t *)pdp__alloc((size_t)(count + 1) * sizeof(int32_t));
     if (!ds->images || !ds->labels) {
         pdp_dataset_free(ds);
@@ -12925,10 +13051,14 @@ static pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t 
 PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_t n,
                                     pdp_tensor *x)
 {
+    int64_t end = 0;
     if (!ds || !x) return pdp__err(PDP_ERR_INVALID, "pdp_dataset_view: NULL argument");
-    if (first < 0 || n < 1 || first > ds->count - n)
+    if (first < 0 || n < 1 || !pdp__add_ok(first, n, &end))
+        return pdp__err(PDP_ERR_INVALID, "pdp_dataset_view: %lld samples from sample %lld outside "
+                        "[0, %lld)", (long long)n, (long long)first, (long long)ds->count);
+    if (end > ds->count)
         return pdp__err(PDP_ERR_INVALID, "pdp_dataset_view: samples [%lld, %lld) outside [0, %lld)",
-                        (long long)first, (long long)(first + n), (long long)ds->count);
+                        (long long)first, (long long)end, (long long)ds->count);
     return pdp__dataset_wrap(ds, ds->images + first * ds->features, n, x);
 }
 
@@ -13115,6 +13245,9 @@ PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,
     if (dd.rank < 0 || dd.rank >= dd.world_size)
         return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, dd.rank,
                         dd.world_size - 1);
+    if (n > PDP__COUNT_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: dataset_size %lld exceeds %lld", fn, (long long)n,
+                        (long long)PDP__COUNT_MAX);
     if (dd.drop_last && n < dd.world_size)
         return pdp__err(PDP_ERR_INVALID, "%s: drop_last with %lld samples for %d ranks leaves "
                         "none", fn, (long long)n, dd.world_size);
@@ -16029,9 +16162,11 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0))
+    if (desc && !(desc->bucket_cap_mb >= 0.0 && desc->bucket_cap_mb <= 1e12 &&
+                  desc->first_bucket_mb >= 0.0 && desc->first_bucket_mb <= 1e12))
         return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
-                        ">= 0", fn, desc->bucket_cap_mb, desc->first_bucket_mb);
+                        ">= 0 and finite (at most 1e12)", fn, desc->bucket_cap_mb,
+                        desc->first_bucket_mb);
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
     if (!d) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     if (desc) d->desc = *desc;

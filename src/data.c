@@ -102,9 +102,14 @@ static pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t 
 static pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, int64_t w,
                                    const pdp_dataset_desc *desc, const char *fn)
 {
-    pdp_dataset *ds = (pdp_dataset *)pdp__calloc(sizeof *ds);
+    pdp_dataset *ds;
     bool flat = desc && desc->flat;
+    int64_t floats;
     *out = NULL;
+    if (!pdp__mul3_ok(count, h, w, &floats) || !pdp__add_ok(floats, 1, &floats))
+        return pdp__err(PDP_ERR_INVALID, "%s: %lld samples of %lldx%lld exceed %lld floats", fn,
+                        (long long)count, (long long)h, (long long)w, (long long)PDP__COUNT_MAX);
+    ds = (pdp_dataset *)pdp__calloc(sizeof *ds);
     if (!ds) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     ds->count = count;
     ds->features = h * w;
@@ -112,7 +117,7 @@ static pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, 
     ds->shape[0] = flat ? h * w : 1;
     ds->shape[1] = flat ? 1 : h;
     ds->shape[2] = flat ? 1 : w;
-    ds->images = (float *)pdp__alloc((size_t)(count * ds->features + 1) * sizeof(float));
+    ds->images = (float *)pdp__alloc((size_t)floats * sizeof(float));
     ds->labels = (int32_t *)pdp__alloc((size_t)(count + 1) * sizeof(int32_t));
     if (!ds->images || !ds->labels) {
         pdp_dataset_free(ds);
@@ -343,10 +348,14 @@ static pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t 
 PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_t n,
                                     pdp_tensor *x)
 {
+    int64_t end = 0;
     if (!ds || !x) return pdp__err(PDP_ERR_INVALID, "pdp_dataset_view: NULL argument");
-    if (first < 0 || n < 1 || first > ds->count - n)
+    if (first < 0 || n < 1 || !pdp__add_ok(first, n, &end))
+        return pdp__err(PDP_ERR_INVALID, "pdp_dataset_view: %lld samples from sample %lld outside "
+                        "[0, %lld)", (long long)n, (long long)first, (long long)ds->count);
+    if (end > ds->count)
         return pdp__err(PDP_ERR_INVALID, "pdp_dataset_view: samples [%lld, %lld) outside [0, %lld)",
-                        (long long)first, (long long)(first + n), (long long)ds->count);
+                        (long long)first, (long long)end, (long long)ds->count);
     return pdp__dataset_wrap(ds, ds->images + first * ds->features, n, x);
 }
 

@@ -35,9 +35,11 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0))
+    if (desc && !(desc->bucket_cap_mb >= 0.0 && desc->bucket_cap_mb <= 1e12 &&
+                  desc->first_bucket_mb >= 0.0 && desc->first_bucket_mb <= 1e12))
         return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
-                        ">= 0", fn, desc->bucket_cap_mb, desc->first_bucket_mb);
+                        ">= 0 and finite (at most 1e12)", fn, desc->bucket_cap_mb,
+                        desc->first_bucket_mb);
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
     if (!d) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     if (desc) d->desc = *desc;

@@ -67,6 +67,54 @@
 #define PDP__DEF(val, def) ((val) ? (val) : (def))
 #define PDP__ALIGN 64
 
+/* ---- checked size arithmetic ----
+   Every element count, byte count or offset computed from user input (shapes, batch sizes,
+   feature counts, padding, first + n) goes through these. Each writes *out and returns 1 when
+   a and b are >= 0 and the result is at most PDP__COUNT_MAX; else it returns 0 and leaves *out
+   alone, and the caller fails with a message naming its function. PDP__COUNT_MAX is the most
+   elements any buffer may have: at 8 bytes each (float, double, int64_t) its byte count still
+   fits in int64_t and size_t, so a count that passed may be multiplied by an element size. */
+#define PDP__COUNT_MAX                                                                         \
+    ((int64_t)(((uint64_t)INT64_MAX < (uint64_t)SIZE_MAX ? (uint64_t)INT64_MAX                 \
+                                                         : (uint64_t)SIZE_MAX) / 8u))
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5)
+#  define PDP__HAVE_OVERFLOW_BUILTINS 1
+#endif
+static PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out)
+{
+    int64_t r;
+    if (a < 0 || b < 0) return 0;
+#ifdef PDP__HAVE_OVERFLOW_BUILTINS
+    if (__builtin_mul_overflow(a, b, &r)) return 0;
+#else
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    r = a * b;
+#endif
+    if (r > PDP__COUNT_MAX) return 0;
+    *out = r;
+    return 1;
+}
+static PDP__UNUSED int pdp__add_ok(int64_t a, int64_t b, int64_t *out)
+{
+    int64_t r;
+    if (a < 0 || b < 0) return 0;
+#ifdef PDP__HAVE_OVERFLOW_BUILTINS
+    if (__builtin_add_overflow(a, b, &r)) return 0;
+#else
+    if (b > INT64_MAX - a) return 0;
+    r = a + b;
+#endif
+    if (r > PDP__COUNT_MAX) return 0;
+    *out = r;
+    return 1;
+}
+/* a * b * c, checked as above (a convolution's C * k * k, a batch's n * h * w). */
+static PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64_t *out)
+{
+    int64_t ab;
+    return pdp__mul_ok(a, b, &ab) && pdp__mul_ok(ab, c, out);
+}
+
 /* Formats the thread-local message and returns status: a failing branch is one
    line, `return pdp__err(PDP_ERR_SHAPE, "pdp_x: layer %d ...", ...)`. */
 static pdp_status pdp__err(pdp_status status, const char *fmt, ...);

@@ -147,11 +147,16 @@ static pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, c
 
 static pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
+    int64_t weights;
     if (l->out_features < 1)
         return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
                         (long long)l->out_features, in);
     if (l->in_ndim != 1)
         return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
+    if (!pdp__mul_ok(l->out_features, l->in_count, &weights))
+        return pdp__err(PDP_ERR_SHAPE, "out_features %lld x %lld inputs: more than %lld weights "
+                        "(input %s)", (long long)l->out_features, (long long)l->in_count,
+                        (long long)PDP__COUNT_MAX, in);
     l->out_shape[0] = l->out_features;
     ps->wshape[0] = l->out_features;
     ps->wshape[1] = l->in_count;
@@ -499,8 +504,9 @@ static pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__lay
 
 static pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
-    if (!(l->eps > 0.0f))
-        return pdp__err(PDP_ERR_INVALID, "eps %g must be > 0 (input %s)", (double)l->eps, in);
+    if (!(l->eps > 0.0f) || isinf(l->eps))
+        return pdp__err(PDP_ERR_INVALID, "eps %g must be finite and > 0 (input %s)",
+                        (double)l->eps, in);
     memcpy(ps->wshape, l->in_shape, 3 * sizeof *ps->wshape);
     memcpy(ps->bshape, l->in_shape, 3 * sizeof *ps->bshape);
     ps->wndim = ps->bndim = l->in_ndim;

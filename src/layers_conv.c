@@ -600,25 +600,46 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
 
 static pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
-    int64_t k = l->kernel, s = l->stride, pad = l->padding;
+    int64_t k = l->kernel, s = l->stride, pad = l->padding, O = l->out_features;
     int64_t C = l->in_shape[0], H = l->in_shape[1], W = l->in_shape[2];
-    if (l->out_features < 1 || k < 1 || s < 1 || pad < 0)
+    int64_t pad2 = 0, Hp = 0, Wp = 0, Ho, Wo, out = 0, ckk = 0, weights = 0;
+    double work;
+    if (O < 1 || k < 1 || s < 1 || pad < 0)
         return pdp__err(PDP_ERR_INVALID,
                         "out_channels %lld, kernel %lld, stride %lld, padding %lld: need "
                         "out_channels, kernel, stride >= 1 and padding >= 0 (input %s)",
-                        (long long)l->out_features, (long long)k, (long long)s,
-                        (long long)pad, in);
+                        (long long)O, (long long)k, (long long)s, (long long)pad, in);
     if (l->in_ndim != 3)
         return pdp__err(PDP_ERR_SHAPE, "needs (C, H, W) samples, got %s", in);
-    if (k > H + 2 * pad || k > W + 2 * pad)
+    if (!pdp__mul_ok(2, pad, &pad2) || !pdp__add_ok(H, pad2, &Hp) || !pdp__add_ok(W, pad2, &Wp))
+        return pdp__err(PDP_ERR_SHAPE, "padding %lld: the padded input has more than %lld rows "
+                        "(input %s)", (long long)pad, (long long)PDP__COUNT_MAX, in);
+    if (k > Hp || k > Wp)
         return pdp__err(PDP_ERR_SHAPE,
                         "kernel %lld is larger than the padded input %lldx%lld (input %s, "
                         "padding %lld)",
-                        (long long)k, (long long)(H + 2 * pad), (long long)(W + 2 * pad), in,
-                        (long long)pad);
+                        (long long)k, (long long)Hp, (long long)Wp, in, (long long)pad);
+    Ho = (Hp - k) / s + 1;
+    Wo = (Wp - k) / s + 1;
+    /* the output, the weights, and an upper bound of every workspace term below
+       (pdp__conv_work_per_sample, pdp__conv_cuda_work: each a sum of products of C k k, O,
+       Hp + 2k, Wp + 2k and the weight count) must fit, so none of them can overflow */
+    if (!pdp__mul3_ok(O, Ho, Wo, &out) || !pdp__mul3_ok(C, k, k, &ckk) ||
+        !pdp__mul_ok(O, ckk, &weights))
+        return pdp__err(PDP_ERR_SHAPE, "out_channels %lld, kernel %lld, padding %lld: output "
+                        "(%lld, %lld, %lld) or weights (%lld, %lld, %lld, %lld) exceed %lld elements "
+                        "(input %s)", (long long)O, (long long)k, (long long)pad, (long long)O,
+                        (long long)Ho, (long long)Wo, (long long)O, (long long)C, (long long)k,
+                        (long long)k, (long long)PDP__COUNT_MAX, in);
+    work = 16.0 * ((double)(ckk + O) * (double)(Hp + 2 * k) * (double)(Wp + 2 * k) +
+                   (double)weights + (double)O + (double)k + 64.0);
+    if (work > (double)PDP__COUNT_MAX)
+        return pdp__err(PDP_ERR_SHAPE, "out_channels %lld, kernel %lld, padding %lld: the "
+                        "workspace exceeds %lld floats per sample (input %s)", (long long)O,
+                        (long long)k, (long long)pad, (long long)PDP__COUNT_MAX, in);
     l->out_shape[0] = l->out_features;
-    l->out_shape[1] = (H + 2 * pad - k) / s + 1;
-    l->out_shape[2] = (W + 2 * pad - k) / s + 1;
+    l->out_shape[1] = Ho;
+    l->out_shape[2] = Wo;
     ps->wshape[0] = l->out_features;
     ps->wshape[1] = C;
     ps->wshape[2] = k;

@@ -25,6 +25,7 @@
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
 {
     pdp_model *m;
+    int64_t count;
     int i, ndim = 0;
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: out is NULL");
     *out = NULL;
@@ -37,6 +38,10 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
         if (desc->input_shape[i] < 1)
             return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape[%d] is %lld", i,
                             (long long)desc->input_shape[i]);
+    if (!pdp__mul3_ok(ndim > 0 ? desc->input_shape[0] : 1, ndim > 1 ? desc->input_shape[1] : 1,
+                      ndim > 2 ? desc->input_shape[2] : 1, &count))
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape has more than %lld elements",
+                        (long long)PDP__COUNT_MAX);
     m = (pdp_model *)pdp__calloc(sizeof *m);
     if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_create: no memory");
     m->device = desc->device;
@@ -111,9 +116,17 @@ static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what,
                                       const int64_t *shape)
 {
     pdp__param_entry *e;
+    int64_t count = 1, total;
     int i;
+    for (i = 0; i < ndim; i++)
+        if (!pdp__mul_ok(count, shape[i], &count))
+            return pdp__err(PDP_ERR_SHAPE, "%s has more than %lld elements", what,
+                            (long long)PDP__COUNT_MAX);
+    if (!pdp__add_ok(m->param_count, count, &total))
+        return pdp__err(PDP_ERR_SHAPE, "the model would have more than %lld parameters with "
+                        "%lld more", (long long)PDP__COUNT_MAX, (long long)count);
     if (pdp__grow((void **)&m->params, m->nparams, &m->cap_params, sizeof *m->params) != PDP_OK)
-        return PDP_ERR_OUT_OF_MEMORY;
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
     e = &m->params[m->nparams++];
     memset(e, 0, sizeof *e);
     snprintf(e->name, sizeof e->name, "%d.%s", pdp__model_next_number(m), what);
@@ -154,7 +167,7 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
     l.in_count = l.in_shape[0] * l.in_shape[1] * l.in_shape[2];
     if ((st = pdp__layer_setup(&l, &ps)) != PDP_OK)
         return pdp__err_wrap(st, "%s: layer %d (%s)", fn, l.index, pdp__layer_kind_name(l.kind));
-    l.out_count = l.out_shape[0] * l.out_shape[1] * l.out_shape[2];
+    l.out_count = l.out_shape[0] * l.out_shape[1] * l.out_shape[2]; /* the setup checked it */
 
     if (pdp__grow((void **)&m->layers, m->nlayers, &m->cap_layers, sizeof *m->layers) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
@@ -162,9 +175,9 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
     old_nparams = m->nparams;
     l.param_first = m->nparams;
     l.nparams = (ps.wndim > 0) + (ps.bndim > 0);
-    if ((ps.wndim && pdp__model_register(m, l.index, "weight", ps.wndim, ps.wshape) != PDP_OK) ||
-        (ps.bndim && pdp__model_register(m, l.index, "bias", ps.bndim, ps.bshape) != PDP_OK))
-        goto oom;
+    if ((ps.wndim && (st = pdp__model_register(m, l.index, "weight", ps.wndim, ps.wshape))) ||
+        (ps.bndim && (st = pdp__model_register(m, l.index, "bias", ps.bndim, ps.bshape))))
+        goto fail;
     if (m->param_count != old_count) {
         bytes = (size_t)m->param_count * sizeof(float);
         host = (float *)pdp__alloc(bytes);
@@ -245,7 +258,7 @@ PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps)
 {
     pdp__layer l = pdp__layer_of(PDP__LAYERNORM);
-    l.eps = eps > 0.0f ? eps : 1e-5f;
+    l.eps = eps == 0.0f ? 1e-5f : eps; /* 0: the default; the setup rejects < 0, NaN, inf */
     return pdp__model_add(m, l, "pdp_model_add_layernorm");
 }
 
@@ -302,6 +315,12 @@ typedef struct pdp__model_plan {
     int64_t act, saved, work, widest;
 } pdp__model_plan;
 
+/* *acc += v, or INT64_MAX (which stays) past PDP__COUNT_MAX: reserve then fails. */
+static void pdp__model_plan_add(int64_t *acc, int64_t v)
+{
+    if (!pdp__add_ok(*acc, v, acc)) *acc = INT64_MAX;
+}
+
 static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
 {
     pdp__model_plan p;
@@ -310,9 +329,9 @@ static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off
     p.widest = m->in_count;
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
-        if (!pdp__model_is_view(m, i)) p.act += l->out_count;
+        if (!pdp__model_is_view(m, i)) pdp__model_plan_add(&p.act, l->out_count);
         if (saved_off) saved_off[i] = p.saved;
-        p.saved += l->saved_per_sample;
+        pdp__model_plan_add(&p.saved, l->saved_per_sample);
         p.work = PDP__MAX(p.work, pdp__layer_work_per_sample(l, m->device));
         p.widest = PDP__MAX(p.widest, l->out_count);
     }
@@ -322,7 +341,7 @@ static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off
 
 PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
 {
-    int64_t b = max_batch, act = 0;
+    int64_t b = max_batch, act = 0, n[4], sum;
     pdp__model_plan p;
     int i;
     pdp_status st;
@@ -335,11 +354,22 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
     m->saved_off = (int64_t *)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->saved_off);
     if (!m->act || !m->saved_off) goto oom;
     p = pdp__model_plan_of(m, m->saved_off);
-    if ((st = pdp__dev_alloc(m->device, (size_t)(b * p.act + 1) * 4, (void **)&m->act_block)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * p.saved + 1) * 4, (void **)&m->saved_block)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * p.work + 1) * 4, (void **)&m->work_block)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * p.widest) * 4, (void **)&m->grad_a)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)(b * p.widest) * 4, (void **)&m->grad_b))) {
+    /* the floats of each buffer, and of all five (pdp__dp_model_bytes adds them up) */
+    if (!pdp__mul_ok(b, p.act, &n[0]) || !pdp__add_ok(n[0], 1, &n[0]) ||
+        !pdp__mul_ok(b, p.saved, &n[1]) || !pdp__add_ok(n[1], 1, &n[1]) ||
+        !pdp__mul_ok(b, p.work, &n[2]) || !pdp__add_ok(n[2], 1, &n[2]) ||
+        !pdp__mul_ok(b, p.widest, &n[3]) || !pdp__add_ok(n[0], n[1], &sum) ||
+        !pdp__add_ok(sum, n[2], &sum) || !pdp__add_ok(sum, n[3], &sum) ||
+        !pdp__add_ok(sum, n[3], &sum)) {
+        pdp__model_free_buffers(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_reserve: batch %lld needs more than "
+                        "%lld floats of activations", (long long)b, (long long)PDP__COUNT_MAX);
+    }
+    if ((st = pdp__dev_alloc(m->device, (size_t)n[0] * 4, (void **)&m->act_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)n[1] * 4, (void **)&m->saved_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)n[2] * 4, (void **)&m->work_block)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_a)) ||
+        (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_b))) {
         pdp__model_free_buffers(m);
         return pdp__err_wrap(st, "pdp_model_reserve: batch %lld", (long long)b);
     }
@@ -394,7 +424,7 @@ static void pdp__model_trace(const pdp_model *m, const char *what, int i, double
 PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
 {
     double t0;
-    int64_t batch, shape[4];
+    int64_t batch, shape[4], n;
     const float *in;
     int i, d;
     pdp_status st;
@@ -402,7 +432,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     *y = NULL;
     if (m->nlayers == 0) return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
     batch = x->shape[0];
-    if (x->ndim != m->in_ndim + 1 || x->count != batch * m->in_count)
+    if (x->ndim != m->in_ndim + 1 || !pdp__mul_ok(batch, m->in_count, &n) || x->count != n)
         goto bad_shape;
     for (d = 0; d < m->in_ndim; d++)
         if (x->shape[d + 1] != m->in_shape[d]) goto bad_shape;

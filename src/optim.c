@@ -209,9 +209,14 @@ PDP_API void pdp_optim_zero_grad(pdp_optim *o)
     if (o) pdp_model_zero_grad(o->model);
 }
 
-PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr)
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr)
 {
-    if (o) o->desc.lr = lr;
+    if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: optimizer is NULL");
+    if (!(lr >= 0.0f && lr <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite and >= 0 (the "
+                        "optimizer keeps lr %g)", (double)lr, (double)o->desc.lr);
+    o->desc.lr = lr;
+    return PDP_OK;
 }
 
 PDP_API float pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0f; }
@@ -424,8 +429,8 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     int64_t i, n;
     if (total_norm) *total_norm = 0.0f;
     if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
-    if (!(max_norm >= 0.0f))
-        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be >= 0",
+    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be finite and >= 0",
                         (double)max_norm);
     g = m->grad_block;
     n = m->param_count;
@@ -459,6 +464,10 @@ PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, 
 {
     const double pi = 3.14159265358979323846;
     double progress;
+    /* no status to return: an input outside the documented ranges gives NaN (optim.h) */
+    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0f && base_lr <= FLT_MAX) ||
+        !(min_lr >= 0.0f && min_lr <= FLT_MAX))
+        return NAN;
     if (step < warmup) return (float)((double)base_lr * (double)(step + 1) / (double)warmup);
     if (step >= total) return min_lr;
     progress = (double)(step - warmup) / (double)(total - warmup);

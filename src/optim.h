@@ -42,7 +42,8 @@ PDP_API void pdp_optim_free(pdp_optim *o); /* NULL is fine */
 PDP_API pdp_status pdp_optim_step(pdp_optim *o);
 /* Zeros the gradient block of the model the optimizer was created on. */
 PDP_API void pdp_optim_zero_grad(pdp_optim *o);
-PDP_API void pdp_optim_set_lr(pdp_optim *o, float lr);
+/* lr: finite and >= 0, else PDP_ERR_INVALID and the optimizer keeps its lr. */
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr);
 PDP_API float pdp_optim_lr(const pdp_optim *o);
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o); /* updates done so far */
 /* The desc in use, defaults filled in (sokol's query-defaults). */
@@ -51,12 +52,15 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind); /* "SGD", "Adam", 
 
 /* Scales all gradients so their global L2 norm is at most max_norm (as
    torch.nn.utils.clip_grad_norm_); *total_norm gets the norm before clipping
-   (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC. */
+   (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC; max_norm must be finite
+   and >= 0 (else PDP_ERR_INVALID). */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm);
 
 /* Linear warm-up, then cosine decay (llm.c's schedule). step counts from 0:
    step < warmup: base_lr * (step + 1) / warmup (the first step is not spent at
    lr 0); warmup <= step < total: min_lr + (base_lr - min_lr) * (1 + cos(pi *
-   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. */
+   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. It cannot return a
+   status: for a negative step, warmup or total, or a base_lr or min_lr that is negative,
+   NaN or infinite, it returns NaN (which pdp_optim_set_lr then rejects). */
 PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
                                    float min_lr);

@@ -37,6 +37,9 @@ PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out,
     if (dd.rank < 0 || dd.rank >= dd.world_size)
         return pdp__err(PDP_ERR_INVALID, "%s: rank %d outside 0..%d", fn, dd.rank,
                         dd.world_size - 1);
+    if (n > PDP__COUNT_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: dataset_size %lld exceeds %lld", fn, (long long)n,
+                        (long long)PDP__COUNT_MAX);
     if (dd.drop_last && n < dd.world_size)
         return pdp__err(PDP_ERR_INVALID, "%s: drop_last with %lld samples for %d ranks leaves "
                         "none", fn, (long long)n, dd.world_size);

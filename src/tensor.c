@@ -20,9 +20,9 @@ static pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shap
         if (shape[i] < 1)
             return pdp__err(PDP_ERR_SHAPE, "%s: dimension %d is %lld (must be >= 1)", fn, i,
                             (long long)shape[i]);
-        if (n > INT64_MAX / shape[i])
-            return pdp__err(PDP_ERR_SHAPE, "%s: element count overflows at dimension %d", fn, i);
-        n *= shape[i];
+        if (!pdp__mul_ok(n, shape[i], &n))
+            return pdp__err(PDP_ERR_SHAPE, "%s: element count overflows at dimension %d (more "
+                            "than %lld elements)", fn, i, (long long)PDP__COUNT_MAX);
     }
     *count = n;
     return PDP_OK;
@@ -130,12 +130,15 @@ PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const 
 PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows,
                                         pdp_tensor *view)
 {
-    int64_t shape[PDP_MAX_DIMS], row;
+    int64_t shape[PDP_MAX_DIMS], row, end = 0;
     char a[96];
     if (!t || !view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_rows_view: NULL tensor");
-    if (first < 0 || rows < 1 || first + rows > t->shape[0])
+    if (first < 0 || rows < 1 || !pdp__add_ok(first, rows, &end))
+        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_rows_view: %lld rows from row %lld outside %s",
+                        (long long)rows, (long long)first, pdp__shape_str(t, a, sizeof a));
+    if (end > t->shape[0])
         return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_rows_view: rows [%lld, %lld) outside %s",
-                        (long long)first, (long long)(first + rows), pdp__shape_str(t, a, sizeof a));
+                        (long long)first, (long long)end, pdp__shape_str(t, a, sizeof a));
     memcpy(shape, t->shape, sizeof shape);
     row = t->count / t->shape[0];
     shape[0] = rows;

@@ -38,7 +38,10 @@
  * STR*, MEM and ENUM assertion first prints "Expected: ..." / "     Got: ...". ASSERT_EQ_FMT
  * evaluates its arguments again to print them: keep side effects out of them. name_fn has
  * type `const char *fn(int)`. Every ASSERT* counts one assertion, pass or fail.
- * Results: PASS() FAIL() SKIP() PASSm(msg) FAILm(msg) SKIPm(msg). Others: RUN_TESTp(t, ...)
+ * Results: PASS() FAIL() SKIP() PASSm(msg) FAILm(msg) SKIPm(msg); the message (and an
+ * assertion's) is copied, so it may live in the test's own stack or in memory the teardown
+ * frees; one over PDP_TEST_MSG_COPY_SIZE - 1 bytes (1023) is cut to end in "...", unlike
+ * greatest, which keeps the pointer. Others: RUN_TESTp(t, ...)
  * (C99), IGNORE_TEST(t), greatest_set_test_suffix("129") (next RUN_TEST* reports
  * `name_129`), SET_TEARDOWN(fn, udata). Setup and teardown run around every selected test,
  * also a failing one, and are cleared when a suite starts and ends.
@@ -118,6 +121,9 @@
 #define GREATEST_TESTNAME_BUF_SIZE 128
 #endif
 #define PDP_TEST_MSG_BUF_SIZE 256
+#ifndef PDP_TEST_MSG_COPY_SIZE
+#define PDP_TEST_MSG_COPY_SIZE 1024    /* a result message is copied into this many bytes */
+#endif
 
 #if defined(__cplusplus) || (defined(__STDC_VERSION__) && __STDC_VERSION__ >= 199901L)
 #define PDP_TEST__FN static inline
@@ -158,6 +164,7 @@ struct greatest_run_info {
     struct greatest_suite_info suite;
     const char *suite_filter, *test_filter, *test_exclude, *name_suffix;
     const char *msg;                 /* set by PASSm/FAILm/SKIPm, NULL prints as "" */
+    char msg_copy[PDP_TEST_MSG_COPY_SIZE];    /* what msg points to after PASSm/FAILm/SKIPm */
     const char *fail_file;
     unsigned int fail_line;
     greatest_setup_cb *setup;
@@ -204,15 +211,17 @@ extern struct greatest_run_info greatest_info;      /* defined by GREATEST_MAIN_
 
 /* ---- results ---- */
 
+/* The message is copied (pdp_test__keep_msg): a test may pass a buffer of its own stack, or
+ * one it frees or rewrites in a teardown, since the line is printed after the test returned. */
 #define GREATEST_PASSm(MSG) \
-    do { greatest_info.msg = (MSG); return GREATEST_TEST_RES_PASS; } while (0)
+    do { greatest_info.msg = pdp_test__keep_msg(MSG); return GREATEST_TEST_RES_PASS; } while (0)
 #define GREATEST_SKIPm(MSG) \
-    do { greatest_info.msg = (MSG); return GREATEST_TEST_RES_SKIP; } while (0)
+    do { greatest_info.msg = pdp_test__keep_msg(MSG); return GREATEST_TEST_RES_SKIP; } while (0)
 #define GREATEST_FAILm(MSG) \
     do { \
         greatest_info.fail_file = __FILE__; \
         greatest_info.fail_line = (unsigned int)__LINE__; \
-        greatest_info.msg = (MSG); \
+        greatest_info.msg = pdp_test__keep_msg(MSG); \
         if (greatest_info.abort_on_fail) { fflush(GREATEST_STDOUT); abort(); } \
         return GREATEST_TEST_RES_FAIL; \
     } while (0)
@@ -317,6 +326,22 @@ PDP_TEST__FN int pdp_test__match(const char *name, const char *filter, int exact
 {
     if (filter == NULL || filter[0] == '\0') return if_none;
     return exact ? strcmp(name, filter) == 0 : strstr(name, filter) != NULL;
+}
+
+/* Copies a result message into greatest_info.msg_copy and returns the copy (NULL stays NULL).
+ * A longer message is cut at a character boundary of the buffer and ends in "...". */
+PDP_TEST__FN const char *pdp_test__keep_msg(const char *msg)
+{
+    char *copy = greatest_info.msg_copy;
+    size_t n, cap = sizeof greatest_info.msg_copy;
+    if (msg == NULL) return NULL;
+    if (msg == copy) return copy;
+    for (n = 0; n < cap - 1 && msg[n] != '\0'; n++) copy[n] = msg[n];    /* byte by byte: */
+    copy[n] = '\0';                       /* msg may be shorter than the buffer, or overlap it */
+    if (msg[n] != '\0') {
+        for (n = cap - 4; n < cap - 1; n++) copy[n] = '.';
+    }
+    return copy;
 }
 
 PDP_TEST__FN void pdp_test__init(void)

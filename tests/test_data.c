@@ -344,7 +344,7 @@ TEST data_gzip_matches_gzip_and_zlib(void)
         }
     }
     free(plain);
-    if (!ran) SKIPm("neither gzip nor python3's zlib is available");
+    if (!ran) SKIPm("neither gzip nor python3's zlib is available (apt-get install gzip)");
     PASS();
 }
 
@@ -357,7 +357,10 @@ TEST data_gzip_corrupt_and_truncated(void)
     FILE *f;
     pdp_rng r;
     int i, detected = 0;
-    if (!have_tool("gzip --version >/dev/null 2>&1")) { free(plain); SKIPm("no gzip tool"); }
+    if (!have_tool("gzip --version >/dev/null 2>&1")) {
+        free(plain);
+        SKIPm("no gzip tool (apt-get install gzip)");
+    }
     ASSERT_EQ(0, write_file(tmp_path("c.bin"), plain, n));
     {
         char cmd[600];
@@ -770,7 +773,47 @@ TEST data_batcher_index_lists_and_no_allocation(void)
     ASSERT_EQ(5, (int)x.shape[0]);
     ASSERT(x.data == ds->images + 10 * 784);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_view(ds, 48, 5, &x), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_dataset_view: samples [48, 53) outside [0, 50)"));
     pdp_dataset_free(ds);
+    PASS();
+}
+
+/* Issue 13, item 2: sizes computed from user input that used to wrap around. */
+TEST data_sizes_that_overflow_fail(void)
+{
+    pdp_dataset_desc d;
+    pdp_dataset *ds;
+    pdp_dist_sampler *s = NULL;
+    pdp_dist_sampler_desc sd;
+    pdp_batcher *b;
+    pdp_batcher_desc bd;
+    pdp_tensor x;
+    memset(&d, 0, sizeof d);
+    d.max_samples = 5;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_synthetic(&ds, true, &d), pdp_status_name);
+    /* first + n overflowed in the message (a signed overflow that UBSan reports) */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_view(ds, INT64_MAX, 2, &x), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(),
+                  "pdp_dataset_view: 2 samples from sample 9223372036854775807 outside [0, 5)"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_view(ds, 2, INT64_MAX, &x), pdp_status_name);
+    /* a batch whose floats overflow */
+    memset(&bd, 0, sizeof bd);
+    bd.batch_size = INT64_MAX;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    pdp_dataset_free(ds);
+    /* max_samples x 784 floats wrapped: a small buffer, then writes past it */
+    d.max_samples = (int64_t)1 << 60;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_synthetic(&ds, true, &d), pdp_status_name);
+    ASSERT(ds == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_dataset_synthetic: 1152921504606846976 samples of "
+                                    "28x28 exceed"));
+    /* the sampler's dataset_size + world_size - 1 overflowed */
+    memset(&sd, 0, sizeof sd);
+    sd.dataset_size = INT64_MAX;
+    sd.world_size = 2;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dist_sampler_create(&s, &sd), pdp_status_name);
+    ASSERT(s == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_dist_sampler_create: dataset_size 9223372036854775807"));
     PASS();
 }
 
@@ -790,6 +833,7 @@ SUITE(data)
     RUN_TEST(data_permutation_is_seeded_permutation);
     RUN_TEST(data_batcher_covers_each_sample_once);
     RUN_TEST(data_batcher_index_lists_and_no_allocation);
+    RUN_TEST(data_sizes_that_overflow_fail);
 }
 
 GREATEST_MAIN_DEFS();

@@ -121,6 +121,60 @@ SUITE(inner_hooks)
 
 SUITE(inner_hooks_cleared) { RUN_TEST(inner_pass); }
 
+/* Messages whose memory is gone by the time the result line prints (after the teardown): the
+ * harness must have copied them. A kept pointer would print the teardown's scribble. */
+static char scratch_msg[64];
+static char *heap_msg;
+
+static void scribble_teardown(void *udata)
+{
+    (void)udata;
+    strcpy(scratch_msg, "scribbled by teardown");
+    if (heap_msg != NULL) {
+        memset(heap_msg, 'x', strlen(heap_msg));
+        free(heap_msg);
+        heap_msg = NULL;
+    }
+}
+
+TEST msg_rewritten_fail(void)
+{
+    strcpy(scratch_msg, "the original failure");
+    FAILm(scratch_msg);
+}
+
+TEST msg_rewritten_assert(void)
+{
+    strcpy(scratch_msg, "the original assertion");
+    ASSERTm(scratch_msg, two() == 3);
+    PASS();
+}
+
+TEST msg_freed_skip(void)
+{
+    heap_msg = (char *)malloc(32);
+    if (heap_msg == NULL) FAILm("out of memory");
+    strcpy(heap_msg, "the freed skip");
+    SKIPm(heap_msg);
+}
+
+TEST msg_too_long(void)
+{
+    static char longmsg[3000];
+    memset(longmsg, 'y', sizeof longmsg - 1);
+    longmsg[sizeof longmsg - 1] = '\0';
+    FAILm(longmsg);
+}
+
+SUITE(inner_messages)
+{
+    SET_TEARDOWN(scribble_teardown, NULL);
+    RUN_TEST(msg_rewritten_fail);
+    RUN_TEST(msg_rewritten_assert);
+    RUN_TEST(msg_freed_skip);
+    RUN_TEST(msg_too_long);
+}
+
 static void run_inner(const char *scenario)
 {
     if (strcmp(scenario, "basic") == 0) {
@@ -132,6 +186,8 @@ static void run_inner(const char *scenario)
         RUN_SUITE(inner_cuda);
     } else if (strcmp(scenario, "suffix") == 0) {
         RUN_SUITE(inner_suffix);
+    } else if (strcmp(scenario, "messages") == 0) {
+        RUN_SUITE(inner_messages);
     } else if (strcmp(scenario, "hooks") == 0) {
         RUN_SUITE(inner_hooks);
         RUN_SUITE(inner_hooks_cleared);
@@ -366,6 +422,26 @@ TEST harness_suffix_names_one_test(void)
     PASS();
 }
 
+TEST harness_copies_the_message(void)
+{
+    static char cut[1100];
+    ASSERT_NEQ(0, inner("", "messages", "-v"));
+    ASSERT_HAS("\nFAIL msg_rewritten_fail: the original failure (");
+    ASSERT_HAS("\nFAIL msg_rewritten_assert: the original assertion (");
+    ASSERT_HAS("\nSKIP msg_freed_skip: the freed skip (");
+    ASSERT_LACKS("scribbled");
+    ASSERT_LACKS("xxxx");
+    memset(cut, 'y', 1020);                     /* 1023 bytes in all: 1020 of it, then ... */
+    strcpy(cut + 1020, "... (");
+    ASSERT_HAS("\nFAIL msg_too_long: ");
+    ASSERT_HAS(cut);
+    cut[1020] = 'y';                            /* and no more of it */
+    cut[1021] = '\0';
+    ASSERT_LACKS(cut);
+    ASSERT_STR_EQ("0 passed, 3 failed, 1 skipped", last);
+    PASS();
+}
+
 SUITE(harness_selftest)
 {
     RUN_TEST(harness_failure_is_reported_and_exits_nonzero);
@@ -381,6 +457,7 @@ SUITE(harness_selftest)
     RUN_TEST(harness_require_cuda_turns_skip_into_failure);
     RUN_TEST(harness_hooks_run_around_failures_and_are_cleared);
     RUN_TEST(harness_suffix_names_one_test);
+    RUN_TEST(harness_copies_the_message);
 }
 
 /* ---- in-process: every assertion passes when it should ---- */

@@ -772,6 +772,96 @@ TEST layers_bad_configs_fail_with_messages(void)
     PASS();
 }
 
+/* Issue 13, item 2: sizes computed from user input that used to wrap around. Each failed
+   with a wrapped size before (PDP_OK, or a buffer too small for the next forward). */
+TEST layers_sizes_that_overflow_fail(void)
+{
+    pdp_model *m = new_model(1, 8, 0, 0, 1), *big;
+    pdp_model_desc d;
+    const pdp_tensor *y;
+    pdp_tensor x;
+    float xd[16] = {0};
+    ASSERT(m != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 3), pdp_status_name);
+    /* reserve: batch 2^62 x 3 activations wrapped, and the next forward on a batch of 2
+       wrote past the (small) activation buffer */
+    ASSERT_ENUM_EQ(PDP_ERR_OUT_OF_MEMORY, pdp_model_reserve(m, (int64_t)1 << 62), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_reserve: batch 4611686018427387904 needs more"));
+    ASSERT_ENUM_EQ(PDP_ERR_OUT_OF_MEMORY, pdp_model_reserve(m, INT64_MAX), pdp_status_name);
+    wrap_input(m, xd, 2, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_EQ(2, m->max_batch);
+    pdp_model_free(m);
+
+    /* an input of 2^62 features: its count is over the limit at create */
+    memset(&d, 0, sizeof d);
+    d.input_shape[0] = (int64_t)1 << 62;
+    big = (pdp_model *)&d;
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_create(&big, &d), pdp_status_name);
+    ASSERT(big == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_create: input_shape has more than"));
+    d.input_ndim = 3;
+    d.input_shape[0] = d.input_shape[1] = d.input_shape[2] = (int64_t)1 << 22;
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_create(&big, &d), pdp_status_name);
+
+    /* Linear: 2^40 inputs x 2^24 outputs = 2^64 weights wrapped to 0, and add_linear
+       returned PDP_OK with the bias as its only parameters */
+    ASSERT((m = new_model(1, (int64_t)1 << 40, 0, 0, 1)) != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_linear(m, (int64_t)1 << 24), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_add_linear: layer 0 (Linear): out_features "
+                                    "16777216 x 1099511627776 inputs: more than"));
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_linear(m, INT64_MAX), pdp_status_name);
+    ASSERT_EQ(0, pdp_model_num_layers(m));
+    ASSERT_EQ(0, m->param_count);
+    pdp_model_free(m);
+
+    /* Conv2d: padding 2^40 gave a (2, 2^41, 2^41) output; padding 2^62 overflows H + 2 pad */
+    ASSERT((m = new_model(3, 1, 4, 4, 1)) != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_conv2d(m, 2, 3, 1, (int64_t)1 << 40),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_add_conv2d: layer 0 (Conv2d): out_channels 2, "
+                                    "kernel 3, padding 1099511627776: output"));
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_conv2d(m, 2, 3, 1, (int64_t)1 << 62),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "padding 4611686018427387904: the padded input"));
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_conv2d(m, (int64_t)1 << 50, 3, 1, 1),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_conv2d(m, 1, (int64_t)1 << 31, 1, (int64_t)1 << 31),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_add_conv2d(m, 1 << 24, 1, 1, 1 << 16), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "workspace exceeds"));
+    ASSERT_EQ(0, pdp_model_num_layers(m));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 2, 3, 1, 1), pdp_status_name);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* Issue 13, item 5: a negative or NaN eps was replaced by the default; now zero is the
+   default and a value outside (0, inf) fails naming the layer and the value. */
+TEST layers_option_values_outside_their_range_fail(void)
+{
+    pdp_model *m = new_model(1, 6, 0, 0, 1);
+    ASSERT(m != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_layernorm(m, -1e-5f), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_add_layernorm: layer 0 (LayerNorm): eps -1e-05"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_layernorm(m, NAN), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "eps nan"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_layernorm(m, INFINITY), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "eps inf"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_layernorm(m, -INFINITY), pdp_status_name);
+    ASSERT_EQ(0, pdp_model_num_layers(m));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
+    ASSERT_EQ(1e-5f, m->layers[0].eps); /* zero: the default */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 1e-3f), pdp_status_name);
+    ASSERT_EQ(1e-3f, m->layers[1].eps);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_dropout(m, INFINITY), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_dropout(m, NAN), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_add_dropout: layer 2 (Dropout): p nan"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_maxpool2d(m, -2, 0), pdp_status_name);
+    pdp_model_free(m);
+    PASS();
+}
+
 TEST layers_wrong_input_width_names_layer_and_shapes(void)
 {
     pdp_model *m = new_model(1, 7, 0, 0, 21);
@@ -1031,6 +1121,8 @@ SUITE(layers)
     RUN_TEST(layers_grad_hook_fires_once_per_param_in_reverse_order);
     RUN_TEST(layers_bad_configs_fail_with_messages);
     RUN_TEST(layers_wrong_input_width_names_layer_and_shapes);
+    RUN_TEST(layers_sizes_that_overflow_fail);
+    RUN_TEST(layers_option_values_outside_their_range_fail);
     RUN_TEST(layers_backward_without_forward_fails);
     RUN_TEST(layers_training_step_allocates_nothing_after_the_first);
     RUN_TEST(layers_gradients_accumulate_across_backwards);

@@ -568,6 +568,91 @@ TEST optim_clip_grad_norm_matches_naive_norm(void)
     PASS();
 }
 
+/* ---- option values (issue 13, item 5): zero means the default; outside the range fails ---- */
+
+/* Each of these was accepted before: set_lr(NaN) stored NaN, clip_grad_norm(inf) passed,
+   the schedule returned -inf for step -2 with warmup 0, a NaN bucket size reached the reducer. */
+TEST optim_option_values_outside_their_range_fail(void)
+{
+    pdp_model *m = small_model();
+    pdp_optim *o;
+    pdp_optim_desc d;
+    pdp_local_group *g;
+    pdp_comm *c;
+    pdp_ddp *ddp = NULL;
+    pdp_ddp_desc dd;
+    float lr;
+    ASSERT(m != NULL);
+    memset(&d, 0, sizeof d);
+    d.lr = INFINITY;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_optim_create(&o, m, &d), status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_optim_create: lr inf") != NULL);
+    d.lr = 0.0f; /* the default */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &d), status_name);
+    ASSERT_EQ(0.01f, pdp_optim_lr(o));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_set_lr(o, 0.25f), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_set_lr(o, 0.0f), status_name); /* lr 0 is a value here */
+    ASSERT_IN_RANGE(0.0, pdp_optim_lr(o), 0.0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_set_lr(o, 0.25f), status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_optim_set_lr(o, NAN), status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_optim_set_lr: lr nan") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_optim_set_lr(o, -1e-3f), status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_optim_set_lr: lr -0.001") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_optim_set_lr(o, -INFINITY), status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_optim_set_lr(o, INFINITY), status_name);
+    ASSERT_IN_RANGE(0.25, pdp_optim_lr(o), 0.0); /* unchanged by the failures */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_optim_set_lr(NULL, 0.1f), status_name);
+    pdp_optim_free(o);
+
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_clip_grad_norm(m, NAN, NULL), status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_clip_grad_norm: max_norm nan") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_clip_grad_norm(m, INFINITY, NULL), status_name);
+    ASSERT(strstr(pdp_last_error(), "max_norm inf") != NULL);
+
+    /* the schedule returns a float: NaN for an input outside its range */
+    lr = pdp_lr_warmup_cosine(-2, 0, 100, 1.0f, 0.1f);
+    ASSERTm("step -2, warmup 0: NaN (it was -inf)", lr != lr);
+    lr = pdp_lr_warmup_cosine(-1, 0, 100, 1.0f, 0.1f);
+    ASSERT(lr != lr);
+    lr = pdp_lr_warmup_cosine(-1, 10, 100, 1.0f, 0.1f);
+    ASSERT(lr != lr);
+    lr = pdp_lr_warmup_cosine(3, -1, 100, 1.0f, 0.1f);
+    ASSERT(lr != lr);
+    lr = pdp_lr_warmup_cosine(3, 0, -5, 1.0f, 0.1f);
+    ASSERT(lr != lr);
+    lr = pdp_lr_warmup_cosine(3, 10, 100, NAN, 0.1f);
+    ASSERT(lr != lr);
+    lr = pdp_lr_warmup_cosine(3, 10, 100, 1.0f, -0.1f);
+    ASSERT(lr != lr);
+    lr = pdp_lr_warmup_cosine(3, 10, 100, INFINITY, 0.1f);
+    ASSERT(lr != lr);
+    ASSERT_IN_RANGE(1.0, pdp_lr_warmup_cosine(0, 0, 100, 1.0f, 0.1f), 1e-7); /* warmup 0 */
+    ASSERT_IN_RANGE(0.1, pdp_lr_warmup_cosine(5, 0, 0, 1.0f, 0.1f), 1e-7);   /* total 0 */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, NULL), status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_optim_set_lr(o, pdp_lr_warmup_cosine(-2, 0, 9, 1, 0)),
+                   status_name);
+    pdp_optim_free(o);
+
+    /* DDP's bucket sizes: NaN and infinite fail before anything is communicated */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), status_name);
+    memset(&dd, 0, sizeof dd);
+    dd.bucket_cap_mb = NAN;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_ddp_create(&ddp, m, c, &dd), status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_ddp_create: bucket_cap_mb nan") != NULL);
+    dd.bucket_cap_mb = 0.0;
+    dd.first_bucket_mb = INFINITY;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_ddp_create(&ddp, m, c, &dd), status_name);
+    ASSERT(strstr(pdp_last_error(), "first_bucket_mb inf") != NULL);
+    dd.first_bucket_mb = -1.0;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_ddp_create(&ddp, m, c, &dd), status_name);
+    ASSERT(ddp == NULL);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    pdp_model_free(m);
+    PASS();
+}
+
 /* ---- schedule ---- */
 
 TEST optim_warmup_cosine_known_points(void)
@@ -809,6 +894,7 @@ SUITE(optim)
     RUN_TEST(optim_desc_validation_names_field_and_value);
     RUN_TEST(optim_clip_grad_norm_matches_naive_norm);
     RUN_TEST(optim_warmup_cosine_known_points);
+    RUN_TEST(optim_option_values_outside_their_range_fail);
     RUN_TEST(optim_pytorch_mlp);
     RUN_TEST(optim_pytorch_cnn);
     RUN_TEST(optim_cuda_matches_cpu);

@@ -76,6 +76,30 @@ TEST tensor_views_share_data_and_check_counts(void)
     PASS();
 }
 
+/* Issue 13, item 2: first + rows overflowed, so the bounds check passed (the element-count
+   check of the wrap stopped it, after a signed overflow that UBSan reports). */
+TEST tensor_sizes_that_overflow_fail(void)
+{
+    pdp_tensor *t, *u, rows;
+    int64_t big[2] = {(int64_t)1 << 31, (int64_t)1 << 30};
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cpu(), 2, s2), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_rows_view(t, 2, INT64_MAX, &rows), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(),
+                  "pdp_tensor_rows_view: 9223372036854775807 rows from row 2 outside [3, 5]"));
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_rows_view(t, INT64_MAX, 1, &rows), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_rows_view(t, 1, 3, &rows), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "rows [1, 4) outside [3, 5]"));
+    /* 2^61 elements: their bytes overflow a 64-bit size at 8 bytes each; a shape error
+       (it was PDP_ERR_OUT_OF_MEMORY, after multiplying), before any allocation */
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_create(&u, pdp_cpu(), 2, big), pdp_status_name);
+    ASSERT(u == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_tensor_create: element count overflows at dimension 1"));
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_tensor_wrap(t->data, pdp_cpu(), 2, big, &rows),
+                   pdp_status_name);
+    pdp_tensor_free(t);
+    PASS();
+}
+
 TEST tensor_copy_checks_count(void)
 {
     pdp_tensor *a, *b, *c;
@@ -232,6 +256,7 @@ SUITE(tensor)
     RUN_TEST(tensor_bad_shapes_fail_with_messages);
     RUN_TEST(tensor_cuda_without_pdp_cuda_is_unsupported);
     RUN_TEST(tensor_views_share_data_and_check_counts);
+    RUN_TEST(tensor_sizes_that_overflow_fail);
     RUN_TEST(tensor_copy_checks_count);
     RUN_TEST(base_status_names_and_version);
 }
