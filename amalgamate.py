@@ -36,6 +36,7 @@ API = [
     "comm.h",
     "dp.h",
     "ddp.h",
+    "pp.h",
     "cuda.h",
 ]
 # Math written once for the CPU and for pdp_cuda.cu (PDP__HOSTDEV helpers).
@@ -69,6 +70,7 @@ IMPL = [
     "dp.c",
     "reducer.c",
     "ddp.c",
+    "pp.c",
     "cuda_host.c",
 ]
 EXTRA = ["manual.txt", "license.txt"]
