@@ -19,6 +19,9 @@
    pdp_pp_stats: 1 - compute / step time) beside (p-1)/(m+p-1). The model ignores that
    smaller micro-batches run smaller, less efficient GEMMs and that sends, receives and
    the pipeline's two barriers per step cost time; "of model" is what is left of them.
+   Then each stage's peak activation memory (pdp_pp_stats: micro-batches held at once x
+   one micro-batch's outputs, saved tensors and received input) for GPipe and 1F1B at
+   m = 1, 2, 4, 8 with micro-batches of 64 rows: GPipe grows with m, 1F1B stays <= p.
    When free2 is well below 2x, neighbours hold the cores and no ratio can reach the
    model; the measured bubble, a share of each stage's own step time, suffers less.
 
@@ -48,6 +51,9 @@ typedef struct job {
     int rank;
     bool pair;               /* the "2 x 1 dev" peer */
     double seconds, bubble;
+    pdp_pp_schedule schedule;
+    int64_t rows;            /* the batch (BATCH unless set) */
+    pdp_pp_stats stats;      /* of the last run */
 } job;
 
 static pdp_model *make_model(void)
@@ -69,7 +75,7 @@ static pdp_model *make_model(void)
 
 static void batch_view(const job *j, pdp_tensor *x)
 {
-    int64_t shape[2] = {BATCH, WIDTH};
+    int64_t shape[2] = {j->rows ? j->rows : BATCH, WIDTH};
     CHECK(pdp_tensor_wrap(j->data, pdp_cpu(), 2, shape, x));
 }
 
@@ -126,6 +132,7 @@ static void *pp_thread(void *arg)
     memset(&pd, 0, sizeof pd);
     pd.micro_batches = j->m;
     pd.first_layer = first;
+    pd.schedule = j->schedule;
     CHECK(pdp_pp_create(&pp, full, c, &pd));
     pdp_model_free(full);
     memset(&od, 0, sizeof od);
@@ -146,6 +153,7 @@ static void *pp_thread(void *arg)
     CHECK(pdp_comm_barrier(c, NULL));
     j->seconds = bench_now() - t0;
     pdp_pp_get_stats(pp, &s1);
+    j->stats = s1;
     j->bubble = 1.0 - (s1.total_compute_s - s0.total_compute_s) /
                           (s1.total_step_s - s0.total_step_s);
     pdp_optim_free(o);
@@ -155,9 +163,10 @@ static void *pp_thread(void *arg)
 }
 
 /* Seconds for base->steps steps of peer p (and, for PP, the stages' mean bubble). */
+static job js[2];
+
 static double run_peer(job *base, int p)
 {
-    job js[2];
     pthread_t t[2];
     int r;
     if (p == P_SINGLE) {
@@ -226,6 +235,23 @@ int main(int argc, char **argv)
         printf("%3d %5d %10.0f | %6.2fx %9.2fx %7.0f%% | %7.2f %13.2f\n", ms[i], BATCH / ms[i],
                med[P_PP + i], ratio, model, 100.0 * ratio / model, bench_median(bub[i], rounds),
                1.0 / (ms[i] + 1.0));
+    }
+    /* activation memory: micro-batches of 64 rows, so the global batch is 64 m */
+    printf("peak activation memory per stage, micro-batches of 64 rows (batch 64 m): GPipe "
+           "holds m, 1F1B at most p - s\n%3s | %-28s | %-28s\n", "m", "GPipe stage 0, stage 1",
+           "1F1B stage 0, stage 1");
+    j.steps = 1;
+    for (i = 0; i < NM; i++) {
+        printf("%3d", ms[i]);
+        for (k = 0; k < 2; k++) {
+            j.schedule = k ? PDP_PP_1F1B : PDP_PP_GPIPE;
+            j.rows = 64 * ms[i];
+            run_peer(&j, P_PP + i);
+            printf(" | %d mb %5.2f MB, %d mb %5.2f MB", js[0].stats.peak_in_flight,
+                   js[0].stats.peak_activation_bytes / 1e6, js[1].stats.peak_in_flight,
+                   js[1].stats.peak_activation_bytes / 1e6);
+        }
+        printf("\n");
     }
     if (bench_print_load("end")) printf("trust the bubble column more than the wall-clock ratios\n");
     free(j.data);
