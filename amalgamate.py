@@ -41,6 +41,7 @@ API = [
     "ddp.h",
     "tp.h",
     "zero.h",
+    "pp.h",
     "cuda.h",
 ]
 # Math written once for the CPU and for pdp_cuda.cu (PDP__HOSTDEV helpers).
@@ -78,6 +79,7 @@ IMPL = [
     "ddp.c",
     "tp.c",
     "zero.c",
+    "pp.c",
 ]
 EXTRA = ["manual.txt", "license.txt"]
 

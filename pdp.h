@@ -130,6 +130,20 @@
    the file one device would write. 2-D: split a world into TP groups and DP groups
    with pdp_comm_split and wrap the TP model in pdp_ddp_create on the DP group.
 
+   Pipeline parallel (pp.h): every rank builds the same full model and calls
+   pdp_pp_create(&pp, full, comm, &desc); rank r keeps stage r's layers
+   (pdp_pp_model), with the full model's values and names. Boundaries are given
+   (desc.first_layer) or balanced by parameter count (default) or measured time.
+   pdp_pp_forward_backward cuts the batch into desc.micro_batches (m); activations
+   go forward and gradients back over send/recv; schedules PDP_PP_1F1B (default:
+   at most p - s micro-batches held on stage s) or PDP_PP_GPIPE (all m held). The
+   loss (cross-entropy, or desc.loss) is on the last stage; gradients are scaled
+   so that a step equals one device on the whole batch (tested at 1e-5, p = 1..4,
+   thread ranks and MPI). pdp_pp_get_stats gives each stage's bubble beside
+   (p-1)/(m+p-1) and its peak activation memory; PDP_TRACE draws one lane per
+   stage with F<i>/B<i> events. DP x PP: desc.dp, a communicator from
+   pdp_comm_split, averages each stage's gradients once per step.
+
    Communicators (comm.h): all-reduce, broadcast, reduce-scatter, all-gather,
    barrier, point-to-point send/recv (matched by peer and tag), each asynchronous
    (pdp_wait), and pdp_comm_split (colour, key; as MPI_Comm_split) for process
@@ -1574,6 +1588,144 @@ typedef struct pdp_zero_stats {
 PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
 /* ---- end src/zero.h ---- */
 
+/* ---- begin src/pp.h ---- */
+/* pp: pipeline parallelism. A sequential model split into p stages of consecutive
+   layers, one stage per rank of a communicator; each global batch is cut into m
+   micro-batches that flow through the stages: activations are sent forward to the
+   next stage and their gradients back to the previous one with pdp_comm_send /
+   pdp_comm_recv.
+
+   Design:
+     - every rank builds the same full model (same layers, same seed) and passes it
+       to pdp_pp_create, which keeps only its stage's layers in a model of its own
+       (pdp_pp_model) with the full model's parameter values and names ("4.weight"
+       stays "4.weight"), so a pipeline starts equal to the single-device model and
+       a stage's parameters are found in it by name. The full model stays the
+       caller's and is not used again (free it);
+     - stage boundaries are given (first_layer[s]) or balanced: by parameter count
+       (default) or by time measured on rank 0 (forward + backward per layer), as a
+       contiguous split minimising the largest stage; every rank checks that it got
+       the same split as rank 0;
+     - a schedule is an explicit list of actions (F j: forward of micro-batch j,
+       B j: its backward) per stage, printed by pdp_pp_schedule_str:
+         GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);
+         1F1B   (PipeDream-Flush) w = min(p - 1 - s, m) warm-up forwards on stage s,
+                then one forward and one backward alternately, then the remaining
+                backwards: stage s never holds more than min(p - s, m) micro-batches;
+     - a stage keeps one set of activations per micro-batch it may hold at once
+       (GPipe m, 1F1B min(p - s, m)): the model's activation slots. Sends are
+       asynchronous (a stage computes while they are in flight); the receive for the
+       next action is posted before the current action computes;
+     - the loss is computed on the last stage: softmax cross-entropy against labels,
+       or the caller's loss function. Micro-batch j of n_j samples out of B has its
+       loss gradient scaled by 1/B (not 1/n_j), so the gradients accumulated over
+       the micro-batches are those of the mean loss over the whole batch: a
+       pipeline step equals single-device training on the whole batch (to float
+       rounding: only the order of the weight-gradient sums differs). Dropout keys
+       (step, global sample index) are those of the single-device run;
+     - 2-D parallel (DP x PP): with desc.dp, a communicator joining the ranks that
+       hold the same stage in different pipelines (pdp_comm_split), each pipeline
+       trains on its own share of the global batch and pdp_pp_finish averages the
+       stage's gradients over dp (one all-reduce, launched when the pipeline is
+       flushed), as DDP does; parameters are taken from dp rank 0 at creation.
+
+   Measured per step (pdp_pp_get_stats): the stage's compute time and its bubble,
+   1 - compute / step time (the step starts and ends with a barrier over the
+   pipeline, so every stage is timed over the same span), beside the theory
+   (p - 1) / (m + p - 1) for equal stages; the most micro-batches whose activations
+   the stage held at once and their bytes. PDP_TRACE=out.json draws the schedule:
+   one lane per stage ("pipeline stage s"), one event per action ("F3", "B3").
+
+   Typical step (each rank):
+       pdp_pp_forward_backward(pp, x, labels, &loss);   the whole batch; loss on the last stage
+       pdp_pp_step(pp, opt);                            opt made on pdp_pp_model(pp)
+   Reference: Huang et al., "GPipe" (2019); Narayanan et al., "Efficient Large-Scale
+   Language Model Training on GPU Clusters Using Megatron-LM" (2021), section 2.2. */
+
+typedef struct pdp_pp pdp_pp;
+
+typedef enum pdp_pp_schedule {
+    PDP_PP_1F1B = 0, /* default */
+    PDP_PP_GPIPE = 1
+} pdp_pp_schedule;
+
+typedef enum pdp_pp_balance {
+    PDP_PP_BALANCE_PARAMS = 0, /* default: parameter counts */
+    PDP_PP_BALANCE_TIME = 1    /* forward + backward time per layer, measured on rank 0 */
+} pdp_pp_balance;
+
+/* The caller's loss, on the last stage, once per micro-batch: y is the output of the
+   micro-batch's rows [first, first + y->shape[0]) of the step's batch of total rows;
+   write into dy (y's shape, on y's device) the gradient of the STEP's loss with
+   respect to y, and into *loss this micro-batch's share of the step's loss (the
+   step's loss is the sum of the shares). E.g. a mean over the whole batch: the
+   micro-batch's mean times y->shape[0] / total, and its gradient times the same. */
+typedef pdp_status (*pdp_pp_loss_fn)(void *user, const pdp_tensor *y, int64_t first,
+                                     int64_t total, pdp_tensor *dy, double *loss);
+
+#define PDP_PP_MAX_STAGES 64
+
+typedef struct pdp_pp_desc {
+    pdp_pp_schedule schedule;  /* default 1F1B */
+    int micro_batches;         /* m; default the number of stages */
+    const int *first_layer;    /* NULL: balanced; else one entry per stage, the stage's
+                                  first layer: 0 = first_layer[0] < first_layer[1] < ...
+                                  < number of layers */
+    pdp_pp_balance balance;    /* without first_layer; default parameter counts */
+    int64_t balance_batch;     /* BALANCE_TIME: samples per timed pass; default 32 */
+    pdp_pp_loss_fn loss;       /* NULL: softmax cross-entropy against the labels */
+    void *loss_user;           /* passed to loss */
+    pdp_comm *dp;              /* NULL; else DP x PP: gradients averaged over dp each step */
+} pdp_pp_desc;
+
+/* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
+   dp. full: the same model on every rank; it is read, not kept. A model with fewer
+   layers than stages, or boundaries that differ from rank 0's, fail with
+   PDP_ERR_INVALID. PDP_TRACE=out.json traces the schedule. */
+PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
+                                 const pdp_pp_desc *desc);
+PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
+
+/* One pipeline pass over a batch of B >= m rows cut into m micro-batches (the first
+   B % m one row larger): forward, loss and backward, the gradients accumulated (+=)
+   into the stage's model. x is read on the first stage only (the other stages read
+   x->shape[0]: x->data may be NULL there), labels on the last only (with desc.loss,
+   labels may be NULL). *loss: the step's mean loss on the last stage, 0 elsewhere.
+   With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits. */
+PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
+                                           const int32_t *labels, float *loss);
+/* With desc.dp: waits for the gradients' average over dp. Otherwise nothing to do. */
+PDP_API pdp_status pdp_pp_finish(pdp_pp *pp);
+/* pdp_pp_finish, pdp_optim_step(opt) (opt made on pdp_pp_model), zeroed gradients. */
+PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt);
+
+PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp); /* this rank's stage */
+PDP_API int pdp_pp_stage(const pdp_pp *pp);
+PDP_API int pdp_pp_num_stages(const pdp_pp *pp);
+/* Stage s holds layers [*first, *last) of the full model. */
+PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last);
+/* This stage's actions as text, "F0 F1 B0 F2 B1 B2" (truncated to cap). */
+PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap);
+
+typedef struct pdp_pp_stats {
+    int64_t steps;                  /* pipeline passes finished */
+    /* the last pass, this stage */
+    double step_s;                  /* from the starting barrier to the closing one */
+    double compute_s;               /* forward, loss and backward of every micro-batch */
+    double bubble;                  /* 1 - compute_s / step_s: the stage's idle share */
+    double bubble_theory;           /* (p - 1) / (m + p - 1) */
+    int peak_in_flight;             /* most micro-batches whose activations were held */
+    int64_t activation_bytes;       /* one micro-batch's (largest): outputs, saved tensors
+                                       and, after stage 0, the received input */
+    int64_t peak_activation_bytes;  /* peak_in_flight x activation_bytes */
+    int64_t bytes_sent;             /* activations forward and gradients back */
+    /* sums over all passes */
+    double total_step_s, total_compute_s;
+} pdp_pp_stats;
+
+PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
+/* ---- end src/pp.h ---- */
+
 /* ---- begin src/cuda.h ---- */
 /* cuda: CUDA devices, the NCCL communicator for thread ranks, and the plain C
    functions of pdp_cuda.cu.
@@ -2348,6 +2500,11 @@ struct pdp_model {
     float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
                                     weight's offset): where the executor put the layer's
                                     weight (its bias follows it) and their gradients */
+    /* pipeline stages (pp.c; defaults 0/NULL leave a model as it was) */
+    int nslots, slot;        /* activation sets kept (0 = 1) and the one forward/backward use */
+    int64_t act_stride, saved_stride; /* floats from one set of act_block/saved_block to the next */
+    float *input_grad;       /* not NULL: backward writes d(loss)/d(input) here [batch, in] */
+    double *layer_s;         /* not NULL: forward and backward add each layer's seconds */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
@@ -2355,6 +2512,17 @@ struct pdp_model {
    copy of the parameter values. */
 static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
                                    pdp_model **out);
+/* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
+   of full, with their parameters copied (names, layer indices and dropout keys stay full's:
+   "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
+   pdp__model_set_slots: keep nslots sets of activations and saved tensors (buffers are
+   re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
+   with forwarded, the next backward reads set slot, whose forward ran on input x of batch
+   rows (x must be the input that forward was given, still alive). */
+static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+static pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
+static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
+                                bool forwarded);
 
 /* ---- losses (loss.c) ----
    Softmax cross-entropy over integer labels: *loss_sum gets the sum over the
@@ -11202,11 +11370,22 @@ static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off
 }
 
 
+/* Points the outputs of the layers that are not views at activation set m->slot. */
+static void pdp__model_bind_acts(pdp_model *m)
+{
+    int64_t act = 0;
+    int i;
+    for (i = 0; i < m->nlayers; i++) {
+        if (pdp__model_is_view(m, i)) continue;
+        m->act[i] = m->act_block + m->slot * m->act_stride + m->max_batch * act;
+        act += m->layers[i].out_count;
+    }
+}
+
 PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
 {
-    int64_t b = max_batch, act = 0, n[4], sum;
+    int64_t b = max_batch, k, n[4], sum;
     pdp__model_plan p;
-    int i;
     pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_reserve: model is NULL");
     if (max_batch < 1)
@@ -11217,9 +11396,10 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
     m->saved_off = (int64_t *)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->saved_off);
     if (!m->act || !m->saved_off) goto oom;
     p = pdp__model_plan_of(m, m->saved_off);
+    k = m->nslots > 1 ? m->nslots : 1; /* activation sets (pipeline stages keep several) */
     /* the floats of each buffer, and of all five (pdp__dp_model_bytes adds them up) */
-    if (!pdp__mul_ok(b, p.act, &n[0]) || !pdp__add_ok(n[0], 1, &n[0]) ||
-        !pdp__mul_ok(b, p.saved, &n[1]) || !pdp__add_ok(n[1], 1, &n[1]) ||
+    if (!pdp__mul3_ok(k, b, p.act, &n[0]) || !pdp__add_ok(n[0], 1, &n[0]) ||
+        !pdp__mul3_ok(k, b, p.saved, &n[1]) || !pdp__add_ok(n[1], 1, &n[1]) ||
         !pdp__mul_ok(b, p.work, &n[2]) || !pdp__add_ok(n[2], 1, &n[2]) ||
         !pdp__mul_ok(b, p.widest, &n[3]) || !pdp__add_ok(n[0], n[1], &sum) ||
         !pdp__add_ok(sum, n[2], &sum) || !pdp__add_ok(sum, n[3], &sum) ||
@@ -11236,12 +11416,11 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
         pdp__model_free_buffers(m);
         return pdp__err_wrap(st, "pdp_model_reserve: batch %lld", (long long)b);
     }
-    for (i = 0; i < m->nlayers; i++) {
-        if (pdp__model_is_view(m, i)) continue;
-        m->act[i] = m->act_block + b * act;
-        act += m->layers[i].out_count;
-    }
     m->max_batch = b;
+    m->act_stride = b * p.act;
+    m->saved_stride = b * p.saved;
+    if (m->slot >= k) m->slot = 0;
+    pdp__model_bind_acts(m);
     return PDP_OK;
 oom:
     pdp__model_free_buffers(m);
@@ -11257,7 +11436,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     const pdp__layer *l = &m->layers[i];
     memset(io, 0, sizeof *io);
     io->batch = m->batch;
-    io->saved = m->saved_block + m->max_batch * m->saved_off[i];
+    io->saved = m->saved_block + m->slot * m->saved_stride + m->max_batch * m->saved_off[i];
     io->work = m->work_block;
     io->device = m->device;
     io->training = m->training;
@@ -11320,11 +11499,12 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
         pdp__model_io(m, i, &io);
         io.x = in;
         io.y = m->act[i];
-        t0 = m->trace_tid ? pdp__now() : 0.0;
+        t0 = m->trace_tid || m->layer_s ? pdp__now() : 0.0;
         if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
         if (m->trace_tid) pdp__model_trace(m, "forward", i, t0);
+        if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
         in = io.y;
     }
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
@@ -11382,20 +11562,25 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
             io.y = m->act[i];
             io.dy = g;
-            io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : NULL;
-            t0 = m->trace_tid ? pdp__now() : 0.0;
+            io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : m->input_grad;
+            t0 = m->trace_tid || m->layer_s ? pdp__now() : 0.0;
             if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
                 st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                    pdp__layer_kind_name(l->kind));
                 break;
             }
             if (m->trace_tid) pdp__model_trace(m, "backward", i, t0);
+            if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
             if (io.dx) g = io.dx;
         }
         if (m->hook)
             for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--)
                 m->hook(m->hook_user, m, p);
     }
+    /* a pipeline stage whose first layers are views: its input gradient is dy seen again */
+    if (st == PDP_OK && m->input_grad && g != m->input_grad)
+        st = pdp__dev_copy(m->device, m->input_grad, m->device, g,
+                           (size_t)(m->batch * m->in_count) * sizeof(float));
     if (m->event) m->event(m->event_user, m, PDP__EV_BACKWARD_END, -1, st);
     return st;
 }
@@ -11512,6 +11697,9 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     m->layer_w = m->layer_dw = NULL;
     m->trace_tid = 0;
     m->have_forward = false;
+    m->nslots = m->slot = 0;
+    m->input_grad = NULL;
+    m->layer_s = NULL;
     m->params_shared = share_params;
     m->cap_layers = src->nlayers;
     m->cap_params = src->nparams;
@@ -11540,6 +11728,85 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     }
     *out = m;
     return PDP_OK;
+}
+
+/* ---- model: pipeline stages ---- */
+
+static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)
+{
+    pdp_model *m;
+    int p0, p1, i;
+    int64_t off0;
+    size_t bytes;
+    pdp_status st;
+    *out = NULL;
+    PDP_ASSERT(0 <= lo && lo < hi && hi <= full->nlayers);
+    p0 = full->layers[lo].param_first;
+    p1 = hi < full->nlayers ? full->layers[hi].param_first : full->nparams;
+    off0 = p0 < full->nparams ? full->params[p0].offset : full->param_count;
+    m = (pdp_model *)pdp__calloc(sizeof *m);
+    if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a stage");
+    m->device = full->device;
+    m->seed = full->seed;
+    m->init_rng = full->init_rng;
+    m->in_ndim = full->layers[lo].in_ndim;
+    memcpy(m->in_shape, full->layers[lo].in_shape, sizeof m->in_shape);
+    m->in_count = full->layers[lo].in_count;
+    m->training = full->training;
+    m->nlayers = m->cap_layers = hi - lo;
+    m->nparams = m->cap_params = p1 - p0;
+    m->layers = (pdp__layer *)pdp__alloc((size_t)m->nlayers * sizeof *m->layers);
+    m->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, m->nparams) * sizeof *m->params);
+    if (!m->layers || !m->params) {
+        pdp_model_free(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a stage");
+    }
+    memcpy(m->layers, full->layers + lo, (size_t)m->nlayers * sizeof *m->layers);
+    for (i = 0; i < m->nlayers; i++) m->layers[i].param_first -= p0;
+    for (i = 0; i < m->nparams; i++) {
+        m->params[i] = full->params[p0 + i];
+        m->params[i].offset -= off0;
+        m->param_count += m->params[i].count;
+    }
+    bytes = (size_t)m->param_count * sizeof(float);
+    if (bytes && ((st = pdp__dev_alloc(m->device, bytes, (void **)&m->param_block)) != PDP_OK ||
+                  (st = pdp__dev_copy(m->device, m->param_block, full->device,
+                                      full->param_block + off0, bytes)) != PDP_OK ||
+                  (st = pdp__dev_alloc(m->device, bytes, (void **)&m->grad_block)) != PDP_OK ||
+                  (st = pdp__dev_memset0(m->device, m->grad_block, bytes)) != PDP_OK)) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+static pdp_status pdp__model_set_slots(pdp_model *m, int nslots)
+{
+    pdp__model_free_buffers(m);
+    m->nslots = nslots;
+    m->slot = 0;
+    return PDP_OK;
+}
+
+static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
+                                bool forwarded)
+{
+    int64_t shape[4];
+    int i, d;
+    PDP_ASSERT(slot >= 0 && slot < PDP__MAX(1, m->nslots) && m->act);
+    m->slot = slot;
+    pdp__model_bind_acts(m);
+    if (!forwarded) return;
+    for (i = 0; i < m->nlayers; i++) /* views see their input again, as forward left them */
+        if (pdp__model_is_view(m, i)) m->act[i] = i ? m->act[i - 1] : (float *)x;
+    m->act[m->nlayers] = (float *)x;
+    m->batch = batch;
+    shape[0] = batch;
+    for (d = 0; d < m->layers[m->nlayers - 1].out_ndim; d++)
+        shape[d + 1] = m->layers[m->nlayers - 1].out_shape[d];
+    pdp_tensor_wrap(m->act[m->nlayers - 1], m->device, d + 1, shape, &m->out_view);
+    m->have_forward = true;
 }
 /* ---- end src/model.c ---- */
 
@@ -12173,7 +12440,7 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
     if (o->shard)
         return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the optimizer holds a ZeRO shard "
                         "(pdp_zero_optim_create): step it with pdp_zero_step");
-    if (!m->param_block || !m->grad_block)
+    if (m->param_count > 0 && (!m->param_block || !m->grad_block))
         return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the model's %s sharded by ZeRO: step "
                         "with pdp_zero_step", m->grad_block ? "parameters are" : "gradients are");
     if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi)) != PDP_OK)
@@ -17273,6 +17540,704 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
     if (z) *out = z->stats;
 }
 /* ---- end src/zero.c ---- */
+
+/* ---- begin src/pp.c ---- */
+/* pp: the pipeline-parallel executor (the design is pp.h's opening comment).
+
+   Invariants: the schedule is fixed at creation, a list of actions per stage in
+   which micro-batch j's forward comes before its backward, and the backwards in
+   micro-batch order. Stage s keeps S = nslots activation sets (model slots), set
+   j % S for micro-batch j: a forward F(j) finds set j % S free because F(j - S)'s
+   backward came before it (GPipe: S = m; 1F1B: S = min(p - s, m) = warm-up + 1).
+   Received inputs (stages after 0) live in S + 1 buffers, j % (S + 1), so the
+   receive for the next action can be posted while the current one computes
+   (after a backward B(i), the next forward F(i + S) needs a buffer while i's is
+   still being read); received output gradients in 2 buffers (j % 2) and the input
+   gradients sent back in 2 (j % 2, the send of j - 2 waited before reuse).
+   Activations are sent straight from the model's output of set j % S, whose send
+   is waited before F(j + S) overwrites it. Tags: 2 j (activations) and 2 j + 1
+   (gradients), modulo PDP_COMM_TAG_MAX + 1. At most one receive is outstanding.
+   After the first pass at the largest batch nothing is allocated. */
+
+/* #include "internal.h" (already above) */
+
+typedef struct pdp__pp_action {
+    char kind; /* 'F' or 'B' */
+    int mb;
+} pdp__pp_action;
+
+struct pdp_pp {
+    pdp_model *m;                 /* this stage */
+    pdp_comm *c, *dp;
+    pdp_pp_desc desc;
+    int stage, p, mb;             /* stage, stages, micro-batches */
+    int first[PDP_PP_MAX_STAGES + 1];
+    pdp__pp_action *acts;
+    int nacts, nslots;
+    int64_t in_count, out_count;  /* per-sample floats at the stage's input and output */
+    int64_t cap_rows;             /* rows the buffers below hold */
+    float **in_buf;               /* nslots + 1: received inputs (stages after 0) */
+    float *dy_buf[2];             /* received output gradients (stages before the last) */
+    float *dx_buf[2];             /* input gradients sent back (stages after 0) */
+    pdp_work **send_fwd;          /* per slot */
+    pdp_work *send_bwd[2];
+    pdp_work *rwork;              /* the outstanding receive, for action rwork_act */
+    int rwork_act;
+    pdp_work *dp_work;            /* DP x PP: the gradients' all-reduce */
+    int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
+    int64_t mb_cap;
+    int64_t sample_base;          /* DP x PP: this pipeline's first row in the global batch */
+    uint64_t steps;
+    double t_compute;             /* when the current action's compute began (after its waits) */
+    pdp_pp_stats stats;
+    bool traced;
+    int trace_pid, trace_tid;
+};
+
+/* ---- pp: stage boundaries ---- */
+
+/* A contiguous split of n layers of cost[] into p non-empty stages minimising the
+   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear). */
+static pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
+{
+    double *best = (double *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *best);
+    int *cut = (int *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *cut);
+    double *pre = (double *)pdp__alloc((size_t)(n + 1) * sizeof *pre);
+    int k, i, j;
+    if (!best || !cut || !pre) {
+        pdp__dealloc(best);
+        pdp__dealloc(cut);
+        pdp__dealloc(pre);
+        return PDP_ERR_OUT_OF_MEMORY;
+    }
+    pre[0] = 0.0;
+    for (i = 0; i < n; i++) pre[i + 1] = pre[i] + cost[i];
+#define PDP__BEST(k, i) best[(size_t)(k) * (size_t)(n + 1) + (size_t)(i)]
+#define PDP__CUT(k, i) cut[(size_t)(k) * (size_t)(n + 1) + (size_t)(i)]
+    for (i = 1; i <= n; i++) PDP__BEST(1, i) = pre[i], PDP__CUT(1, i) = 0;
+    for (k = 2; k <= p; k++)
+        for (i = k; i <= n; i++) { /* the first i layers in k stages; the last is [j, i) */
+            PDP__BEST(k, i) = HUGE_VAL;
+            for (j = k - 1; j < i; j++) {
+                double v = PDP__MAX(PDP__BEST(k - 1, j), pre[i] - pre[j]);
+                if (v <= PDP__BEST(k, i)) PDP__BEST(k, i) = v, PDP__CUT(k, i) = j;
+            }
+        }
+    for (k = p, i = n; k >= 1; k--) {
+        first[k - 1] = PDP__CUT(k, i);
+        i = first[k - 1];
+    }
+#undef PDP__BEST
+#undef PDP__CUT
+    pdp__dealloc(best);
+    pdp__dealloc(cut);
+    pdp__dealloc(pre);
+    return PDP_OK;
+}
+
+/* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
+static pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost)
+{
+    pdp_model *t = NULL;
+    pdp_tensor *x = NULL, *dy = NULL;
+    const pdp_tensor *y;
+    int64_t xs[4], ys[4], k;
+    int d, rep, nd;
+    pdp_status st;
+    if ((st = pdp__model_clone(full, full->device, false, &t)) != PDP_OK) return st;
+    t->layer_s = cost;
+    xs[0] = rows;
+    for (d = 0; d < full->in_ndim; d++) xs[d + 1] = full->in_shape[d];
+    ys[0] = rows;
+    nd = pdp_model_output_shape(full, ys + 1);
+    if ((st = pdp_tensor_create(&x, full->device, full->in_ndim + 1, xs)) != PDP_OK ||
+        (st = pdp_tensor_create(&dy, full->device, nd + 1, ys)) != PDP_OK)
+        goto out;
+    {
+        float *h = (float *)pdp__alloc((size_t)PDP__MAX(x->count, dy->count) * sizeof(float));
+        if (!h) {
+            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+            goto out;
+        }
+        for (k = 0; k < PDP__MAX(x->count, dy->count); k++)
+            h[k] = (float)((k * 2654435761u) % 1000u) / 1000.0f - 0.5f;
+        if ((st = pdp_tensor_upload(x, h)) == PDP_OK) st = pdp_tensor_upload(dy, h);
+        pdp__dealloc(h);
+        if (st != PDP_OK) goto out;
+    }
+    for (rep = 0; rep < 4; rep++) { /* the first is a warm-up */
+        if (rep == 1) memset(cost, 0, (size_t)full->nlayers * sizeof *cost);
+        if ((st = pdp_model_forward(t, x, &y)) != PDP_OK ||
+            (st = pdp_model_backward(t, dy)) != PDP_OK)
+            goto out;
+    }
+out:
+    t->layer_s = NULL;
+    pdp_tensor_free(x);
+    pdp_tensor_free(dy);
+    pdp_model_free(t);
+    return st;
+}
+
+/* ---- pp: schedules ---- */
+
+static void pdp__pp_plan(pdp_pp *pp)
+{
+    int s = pp->stage, m = pp->mb, w, i, n = 0;
+    if (pp->desc.schedule == PDP_PP_GPIPE) {
+        for (i = 0; i < m; i++) pp->acts[n].kind = 'F', pp->acts[n++].mb = i;
+        for (i = 0; i < m; i++) pp->acts[n].kind = 'B', pp->acts[n++].mb = i;
+        pp->nslots = m;
+    } else {
+        w = PDP__MIN(pp->p - 1 - s, m);
+        for (i = 0; i < w; i++) pp->acts[n].kind = 'F', pp->acts[n++].mb = i;
+        for (i = 0; i + w < m; i++) {
+            pp->acts[n].kind = 'F', pp->acts[n++].mb = w + i;
+            pp->acts[n].kind = 'B', pp->acts[n++].mb = i;
+        }
+        for (i = m - w; i < m; i++) pp->acts[n].kind = 'B', pp->acts[n++].mb = i;
+        pp->nslots = PDP__MIN(pp->p - s, m);
+    }
+    pp->nacts = n;
+}
+
+PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap)
+{
+    size_t n = 0;
+    int k;
+    if (!buf || !cap) return buf;
+    buf[0] = '\0';
+    if (!pp) return buf;
+    for (k = 0; k < pp->nacts && n + 1 < cap; k++)
+        n += (size_t)snprintf(buf + n, cap - n, k ? " %c%d" : "%c%d", pp->acts[k].kind,
+                              pp->acts[k].mb);
+    return buf;
+}
+
+/* ---- pp: construction ---- */
+
+static pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, const char *fn)
+{
+    int s;
+    if (d->schedule != PDP_PP_1F1B && d->schedule != PDP_PP_GPIPE)
+        return pdp__err(PDP_ERR_INVALID, "%s: schedule %d (PDP_PP_1F1B or PDP_PP_GPIPE)", fn,
+                        (int)d->schedule);
+    if (d->micro_batches < 0 || d->micro_batches > 65536)
+        return pdp__err(PDP_ERR_INVALID, "%s: micro_batches %d outside 1..65536", fn,
+                        d->micro_batches);
+    if (d->balance != PDP_PP_BALANCE_PARAMS && d->balance != PDP_PP_BALANCE_TIME)
+        return pdp__err(PDP_ERR_INVALID, "%s: balance %d", fn, (int)d->balance);
+    if (d->balance_batch < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: balance_batch %lld < 0", fn,
+                        (long long)d->balance_batch);
+    if (nlayers < p)
+        return pdp__err(PDP_ERR_INVALID, "%s: %d stages but the model has %d layers", fn, p,
+                        nlayers);
+    if (d->first_layer) {
+        if (d->first_layer[0] != 0)
+            return pdp__err(PDP_ERR_INVALID, "%s: first_layer[0] is %d (must be 0)", fn,
+                            d->first_layer[0]);
+        for (s = 1; s < p; s++)
+            if (d->first_layer[s] <= d->first_layer[s - 1] || d->first_layer[s] >= nlayers)
+                return pdp__err(PDP_ERR_INVALID, "%s: first_layer[%d] is %d (must be in %d..%d)",
+                                fn, s, d->first_layer[s], d->first_layer[s - 1] + 1,
+                                nlayers - 1);
+    }
+    return PDP_OK;
+}
+
+/* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
+static pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
+{
+    int s, i, n = full->nlayers;
+    double *cost;
+    pdp_status st = PDP_OK;
+    if (pp->desc.first_layer) {
+        for (s = 0; s < pp->p; s++) pp->first[s] = pp->desc.first_layer[s];
+    } else {
+        cost = (double *)pdp__calloc((size_t)n * sizeof *cost);
+        if (!cost) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        if (pp->desc.balance == PDP_PP_BALANCE_TIME) {
+            if (pp->stage == 0)
+                st = pdp__pp_time_layers(full, PDP__DEF(pp->desc.balance_batch, 32), cost);
+        } else {
+            for (i = 0; i < n; i++) {
+                const pdp__layer *l = &full->layers[i];
+                int q;
+                for (q = l->param_first; q < l->param_first + l->nparams; q++)
+                    cost[i] += (double)full->params[q].count;
+            }
+        }
+        if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME) &&
+            pdp__pp_balance(cost, n, pp->p, pp->first) != PDP_OK)
+            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+        pdp__dealloc(cost);
+        if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: timing the layers", fn,
+                                               pp->stage);
+    }
+    pp->first[pp->p] = n;
+    return PDP_OK;
+}
+
+/* Every rank checks its split, schedule and micro-batches against rank 0's (by
+   time: takes rank 0's split). */
+static pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
+{
+    int mine[PDP_PP_MAX_STAGES + 3], theirs[PDP_PP_MAX_STAGES + 3], s, n = pp->p + 3;
+    pdp_status st;
+    for (s = 0; s <= pp->p; s++) mine[s] = pp->first[s];
+    mine[pp->p + 1] = (int)pp->desc.schedule;
+    mine[pp->p + 2] = pp->mb;
+    memcpy(theirs, mine, (size_t)n * sizeof *mine);
+    if ((st = pdp_comm_broadcast_bytes(pp->c, theirs, (size_t)n * sizeof *theirs, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: exchanging the split", fn, pp->stage);
+    if (!pp->desc.first_layer && pp->desc.balance == PDP_PP_BALANCE_TIME)
+        for (s = 0; s <= pp->p; s++) mine[s] = pp->first[s] = theirs[s];
+    for (s = 0; s < n; s++)
+        if (mine[s] != theirs[s]) {
+            if (s <= pp->p)
+                return pdp__err(PDP_ERR_INVALID, "%s: rank %d: stage %d starts at layer %d here "
+                                "but at layer %d on rank 0 (the ranks' models or first_layer "
+                                "differ)", fn, pp->stage, s, mine[s], theirs[s]);
+            return pdp__err(PDP_ERR_INVALID, "%s: rank %d: %s %d here but %d on rank 0", fn,
+                            pp->stage, s == pp->p + 1 ? "schedule" : "micro_batches", mine[s],
+                            theirs[s]);
+        }
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
+                                 const pdp_pp_desc *desc)
+{
+    static const char *fn = "pdp_pp_create";
+    pdp_pp *pp;
+    pdp_status st;
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!full || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, full ? "comm" : "model");
+    if (c->size > PDP_PP_MAX_STAGES)
+        return pdp__err(PDP_ERR_INVALID, "%s: %d ranks (at most PDP_PP_MAX_STAGES = %d stages)",
+                        fn, c->size, PDP_PP_MAX_STAGES);
+    if (full->device.kind != c->device.kind || full->device.ordinal != c->device.ordinal)
+        return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
+                        fn, full->device.kind, full->device.ordinal, c->name, c->device.kind,
+                        c->device.ordinal);
+    pp = (pdp_pp *)pdp__calloc(sizeof *pp);
+    if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (desc) pp->desc = *desc;
+    pp->c = c;
+    pp->dp = pp->desc.dp;
+    pp->stage = c->rank;
+    pp->p = c->size;
+    pp->mb = PDP__DEF(pp->desc.micro_batches, pp->p);
+    pp->rwork_act = -1;
+    if ((st = pdp__pp_check_desc(&pp->desc, full->nlayers, pp->p, fn)) != PDP_OK ||
+        (st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
+        goto fail;
+    pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb) * sizeof *pp->acts);
+    if (!pp->acts) goto oom;
+    pdp__pp_plan(pp);
+    if ((st = pdp__model_stage(full, pp->first[pp->stage], pp->first[pp->stage + 1], &pp->m)))
+        goto wrap;
+    pdp__model_set_slots(pp->m, pp->nslots);
+    pp->in_count = pp->m->in_count;
+    pp->out_count = pp->m->layers[pp->m->nlayers - 1].out_count;
+    pp->in_buf = (float **)pdp__calloc((size_t)(pp->nslots + 1) * sizeof *pp->in_buf);
+    pp->send_fwd = (pdp_work **)pdp__calloc((size_t)pp->nslots * sizeof *pp->send_fwd);
+    if (!pp->in_buf || !pp->send_fwd) goto oom;
+    if (pp->dp) { /* DP x PP: every pipeline starts from dp rank 0's stage */
+        if (pp->dp->device.kind != c->device.kind || pp->dp->device.ordinal != c->device.ordinal) {
+            st = pdp__err(PDP_ERR_DEVICE, "%s: dp communicator '%s' on another device", fn,
+                          pp->dp->name);
+            goto fail;
+        }
+        if (pp->m->param_count && (st = pdp_comm_broadcast(pp->dp, pp->m->param_block,
+                                                          pp->m->param_count, 0, NULL)))
+            goto wrap;
+    }
+    pp->trace_pid = pp->dp ? pp->dp->rank * pp->p + pp->stage : c->rank;
+    if (pdp__trace_open(c->backend == PDP_BACKEND_LOCAL ? -1 : pp->trace_pid) == PDP_OK) {
+        char name[48];
+        pp->traced = true;
+        snprintf(name, sizeof name, "pipeline stage %d", pp->stage);
+        pp->trace_tid = pdp__trace_track(pp->trace_pid, name);
+    }
+    pp->stats.bubble_theory = (double)(pp->p - 1) / (double)(pp->mb + pp->p - 1);
+    for (i = 0; i < 2; i++) pp->send_bwd[i] = NULL;
+    *out = pp;
+    return PDP_OK;
+oom:
+    st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    goto fail;
+wrap:
+    st = pdp__err_wrap(st, "%s: rank %d", fn, pp->stage);
+fail:
+    pdp_pp_free(pp);
+    return st;
+}
+
+static void pdp__pp_free_buffers(pdp_pp *pp)
+{
+    int i;
+    pdp_device d = pp->m ? pp->m->device : pdp_cpu();
+    if (pp->in_buf)
+        for (i = 0; i <= pp->nslots; i++) pdp__dev_free(d, pp->in_buf[i]), pp->in_buf[i] = NULL;
+    for (i = 0; i < 2; i++) {
+        pdp__dev_free(d, pp->dy_buf[i]);
+        pdp__dev_free(d, pp->dx_buf[i]);
+        pp->dy_buf[i] = pp->dx_buf[i] = NULL;
+    }
+    pp->cap_rows = 0;
+}
+
+/* Waits every outstanding message (their errors are the pass's first error's
+   consequences, or already reported). */
+static void pdp__pp_drain(pdp_pp *pp)
+{
+    int i;
+    if (pp->rwork) pdp_work_wait(pp->rwork);
+    pp->rwork = NULL;
+    pp->rwork_act = -1;
+    if (pp->send_fwd)
+        for (i = 0; i < pp->nslots; i++) pdp_work_wait(pp->send_fwd[i]), pp->send_fwd[i] = NULL;
+    for (i = 0; i < 2; i++) pdp_work_wait(pp->send_bwd[i]), pp->send_bwd[i] = NULL;
+}
+
+PDP_API void pdp_pp_free(pdp_pp *pp)
+{
+    if (!pp) return;
+    pdp__pp_drain(pp);
+    if (pp->dp_work) pdp_work_wait(pp->dp_work);
+    pdp__pp_free_buffers(pp);
+    if (pp->traced) pdp__trace_close();
+    pdp_model_free(pp->m);
+    pdp__dealloc(pp->in_buf);
+    pdp__dealloc(pp->send_fwd);
+    pdp__dealloc(pp->acts);
+    pdp__dealloc(pp->mb_rows);
+    pdp__dealloc(pp->mb_first);
+    pdp__dealloc(pp);
+}
+
+/* Buffers for micro-batches of up to rows rows (grown, never shrunk). */
+static pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows)
+{
+    pdp_device d = pp->m->device;
+    size_t in_b = (size_t)(rows * pp->in_count) * sizeof(float);
+    size_t out_b = (size_t)(rows * pp->out_count) * sizeof(float);
+    pdp_status st;
+    int i;
+    if (rows <= pp->cap_rows) return PDP_OK;
+    pdp__pp_free_buffers(pp);
+    if ((st = pdp_model_reserve(pp->m, rows)) != PDP_OK) return st;
+    for (i = 0; pp->stage > 0 && i <= pp->nslots; i++)
+        if ((st = pdp__dev_alloc(d, in_b, (void **)&pp->in_buf[i])) != PDP_OK) return st;
+    for (i = 0; i < 2; i++)
+        if ((pp->stage < pp->p - 1 &&
+             (st = pdp__dev_alloc(d, out_b, (void **)&pp->dy_buf[i])) != PDP_OK) ||
+            (pp->stage > 0 && (st = pdp__dev_alloc(d, in_b, (void **)&pp->dx_buf[i])) != PDP_OK))
+            return st;
+    pp->cap_rows = rows;
+    return PDP_OK;
+}
+
+/* ---- pp: one pass ---- */
+
+static int pdp__pp_tag(int mb, int dir) { return (2 * mb + dir) % (PDP_COMM_TAG_MAX + 1); }
+
+/* Posts the receive action k needs, if any (at most one outstanding). */
+static pdp_status pdp__pp_post_recv(pdp_pp *pp, int k)
+{
+    const pdp__pp_action *a;
+    int64_t n;
+    pdp_status st = PDP_OK;
+    if (k >= pp->nacts || pp->rwork_act == k) return PDP_OK;
+    a = &pp->acts[k];
+    n = pp->mb_rows[a->mb];
+    PDP_ASSERT(!pp->rwork);
+    if (a->kind == 'F' && pp->stage > 0)
+        st = pdp_comm_recv(pp->c, pp->in_buf[a->mb % (pp->nslots + 1)], n * pp->in_count,
+                           pp->stage - 1, pdp__pp_tag(a->mb, 0), &pp->rwork);
+    else if (a->kind == 'B' && pp->stage < pp->p - 1)
+        st = pdp_comm_recv(pp->c, pp->dy_buf[a->mb % 2], n * pp->out_count, pp->stage + 1,
+                           pdp__pp_tag(a->mb, 1), &pp->rwork);
+    else
+        return PDP_OK;
+    if (st == PDP_OK) pp->rwork_act = k;
+    return st;
+}
+
+/* Waits for action k's receive (posting it first if it was not). */
+static pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
+{
+    pdp_status st;
+    pdp_work *w;
+    if (pp->rwork_act != k && (st = pdp__pp_post_recv(pp, k)) != PDP_OK) return st;
+    if (pp->rwork_act != k) return PDP_OK; /* nothing to receive */
+    w = pp->rwork;
+    pp->rwork = NULL;
+    pp->rwork_act = -1;
+    return pdp_work_wait(w);
+}
+
+static pdp_status pdp__pp_wait(pdp_work **w)
+{
+    pdp_work *x = *w;
+    *w = NULL;
+    return pdp_work_wait(x);
+}
+
+/* The input rows of micro-batch j on this stage. */
+static const float *pdp__pp_input(const pdp_pp *pp, const pdp_tensor *x, int j)
+{
+    if (pp->stage > 0) return pp->in_buf[j % (pp->nslots + 1)];
+    return x->data + pp->mb_first[j] * pp->in_count;
+}
+
+static pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
+{
+    pdp_model *m = pp->m;
+    int j = pp->acts[k].mb, slot = j % pp->nslots, d;
+    int64_t n = pp->mb_rows[j], shape[4];
+    const pdp_tensor *y;
+    pdp_tensor in;
+    pdp_status st;
+    if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
+    if ((st = pdp__pp_wait(&pp->send_fwd[slot])) != PDP_OK) return st; /* F(j - S)'s send */
+    if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
+    shape[0] = n;
+    for (d = 0; d < m->in_ndim; d++) shape[d + 1] = m->in_shape[d];
+    pdp_tensor_wrap((float *)pdp__pp_input(pp, x, j), m->device, m->in_ndim + 1, shape, &in);
+    pp->t_compute = pdp__now();
+    pdp__model_use_slot(m, slot, NULL, 0, false);
+    m->step = pp->steps; /* forward counts it up: the single-device run's step */
+    m->sample_base = pp->sample_base + pp->mb_first[j];
+    if ((st = pdp_model_forward(m, &in, &y)) != PDP_OK) return st;
+    if (pp->stage < pp->p - 1)
+        return pdp_comm_send(pp->c, y->data, n * pp->out_count, pp->stage + 1,
+                             pdp__pp_tag(j, 0), &pp->send_fwd[slot]);
+    return PDP_OK;
+}
+
+static pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
+                                   int k, double *loss_sum)
+{
+    static const char *fn = "pdp_pp_forward_backward";
+    pdp_model *m = pp->m;
+    int j = pp->acts[k].mb, slot = j % pp->nslots, last = pp->stage == pp->p - 1;
+    int64_t n = pp->mb_rows[j], total = pp->mb_first[pp->mb - 1] + pp->mb_rows[pp->mb - 1];
+    const pdp_tensor *y = &m->out_view;
+    pdp_tensor dy;
+    pdp_status st;
+    if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
+    if (pp->stage > 0 && (st = pdp__pp_wait(&pp->send_bwd[j % 2])) != PDP_OK) return st;
+    if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
+    pp->t_compute = pdp__now();
+    pdp__model_use_slot(m, slot, pdp__pp_input(pp, x, j), n, true);
+    m->input_grad = pp->stage > 0 ? pp->dx_buf[j % 2] : NULL;
+    if (last) { /* the loss, its gradient scaled by 1/total into the model's grad_a */
+        pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
+        if (pp->desc.loss) {
+            double share = 0.0;
+            if ((st = pp->desc.loss(pp->desc.loss_user, y, pp->mb_first[j], total, &dy,
+                                    &share)) != PDP_OK)
+                return pdp__err_wrap(st, "%s: the loss function on micro-batch %d", fn, j);
+            *loss_sum += share * (double)total;
+        } else {
+            double sum = 0.0;
+            if (y->ndim != 2)
+                return pdp__err(PDP_ERR_SHAPE, "%s: the last stage's output has %d dimensions; "
+                                "cross-entropy needs [batch, classes]", fn, y->ndim);
+            if ((st = pdp__cross_entropy_on(m->device, y->data, labels + pp->mb_first[j], n,
+                                            y->shape[1], 1.0f / (float)total, &sum, m->grad_a,
+                                            fn)) != PDP_OK)
+                return st;
+            *loss_sum += sum;
+        }
+    } else {
+        pdp_tensor_wrap(pp->dy_buf[j % 2], m->device, y->ndim, y->shape, &dy);
+    }
+    st = pdp_model_backward(m, &dy);
+    m->input_grad = NULL;
+    if (st != PDP_OK) return st;
+    if (pp->stage > 0)
+        return pdp_comm_send(pp->c, pp->dx_buf[j % 2], n * pp->in_count, pp->stage - 1,
+                             pdp__pp_tag(j, 1), &pp->send_bwd[j % 2]);
+    return PDP_OK;
+}
+
+/* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
+static pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows)
+{
+    int j;
+    if (!pp->mb_rows) {
+        pp->mb_rows = (int64_t *)pdp__alloc((size_t)pp->mb * sizeof *pp->mb_rows);
+        pp->mb_first = (int64_t *)pdp__alloc((size_t)pp->mb * sizeof *pp->mb_first);
+        if (!pp->mb_rows || !pp->mb_first) return PDP_ERR_OUT_OF_MEMORY;
+    }
+    for (j = 0; j < pp->mb; j++) {
+        pp->mb_rows[j] = rows / pp->mb + (j < rows % pp->mb);
+        pp->mb_first[j] = j ? pp->mb_first[j - 1] + pp->mb_rows[j - 1] : 0;
+    }
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
+                                           const int32_t *labels, float *loss)
+{
+    static const char *fn = "pdp_pp_forward_backward";
+    pdp_comm_stats c0, c1;
+    double t0, t1, busy = 0.0, loss_sum = 0.0;
+    int64_t rows, per_mb;
+    int k, in_flight = 0, peak = 0, last;
+    pdp_status st = PDP_OK;
+    if (!pp || !x || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    *loss = 0.0f;
+    last = pp->stage == pp->p - 1;
+    if (last && !labels && !pp->desc.loss)
+        return pdp__err(PDP_ERR_INVALID, "%s: labels is NULL on the last stage", fn);
+    if (pp->dp_work)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last pass's gradients are still being "
+                        "averaged; call pdp_pp_step or pdp_pp_finish first", fn, pp->c->rank);
+    rows = x->shape[0];
+    if (rows < pp->mb)
+        return pdp__err(PDP_ERR_SHAPE, "%s: batch of %lld rows for %d micro-batches", fn,
+                        (long long)rows, pp->mb);
+    if (pp->stage == 0) {
+        if (!x->data) return pdp__err(PDP_ERR_INVALID, "%s: x has no data on stage 0", fn);
+        if (x->count != rows * pp->in_count)
+            return pdp__err(PDP_ERR_SHAPE, "%s: x has %lld floats per row, stage 0 takes %lld",
+                            fn, (long long)(x->count / rows), (long long)pp->in_count);
+    }
+    if (pdp__pp_cut(pp, rows) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if ((st = pdp__pp_reserve(pp, pp->mb_rows[0])) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: buffers for %lld rows", fn, pp->c->rank,
+                             (long long)pp->mb_rows[0]);
+    pp->sample_base = pp->dp ? (int64_t)pp->dp->rank * rows : 0;
+    pdp_comm_get_stats(pp->c, &c0);
+    if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: the starting barrier", fn, pp->c->rank);
+    t0 = pdp__now();
+    for (k = 0; k < pp->nacts; k++) {
+        const pdp__pp_action *a = &pp->acts[k];
+        double a1;
+        char name[16];
+        pp->t_compute = pdp__now();
+        if (a->kind == 'F') {
+            st = pdp__pp_forward(pp, x, k);
+            in_flight++;
+            peak = PDP__MAX(peak, in_flight);
+        } else {
+            st = pdp__pp_backward(pp, x, labels, k, &loss_sum);
+            in_flight--;
+        }
+        a1 = pdp__now();
+        if (st != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: rank %d (stage %d): %c%d", fn, pp->c->rank, pp->stage,
+                               a->kind, a->mb);
+            break;
+        }
+        /* compute only: the time spent waiting for this action's message is idle */
+        busy += a1 - pp->t_compute;
+        if (pp->trace_tid) {
+            char args[64];
+            snprintf(name, sizeof name, "%c%d", a->kind, a->mb);
+            snprintf(args, sizeof args, "\"micro_batch\":%d,\"rows\":%lld", a->mb,
+                     (long long)pp->mb_rows[a->mb]);
+            pdp__trace_complete(pp->trace_pid, pp->trace_tid, "compute", name, pp->t_compute, a1,
+                                args);
+        }
+    }
+    if (st != PDP_OK) {
+        pdp__pp_drain(pp);
+        return st;
+    }
+    {
+        int i;
+        pdp_status s2;
+        for (i = 0; i < pp->nslots; i++)
+            if ((s2 = pdp__pp_wait(&pp->send_fwd[i])) != PDP_OK && st == PDP_OK) st = s2;
+        for (i = 0; i < 2; i++)
+            if ((s2 = pdp__pp_wait(&pp->send_bwd[i])) != PDP_OK && st == PDP_OK) st = s2;
+        if (st != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d: a send of this pass", fn, pp->c->rank);
+    }
+    if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: the closing barrier", fn, pp->c->rank);
+    t1 = pdp__now();
+    if (pp->dp && pp->m->param_count &&
+        (st = pdp_comm_allreduce(pp->dp, pp->m->grad_block, pp->m->param_count, PDP_REDUCE_AVG,
+                                 &pp->dp_work)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: averaging the gradients over dp", fn,
+                             pp->c->rank);
+    pdp_comm_get_stats(pp->c, &c1);
+    {
+        pdp__model_plan pl = pdp__model_plan_of(pp->m, NULL);
+        per_mb = (pl.act + pl.saved + (pp->stage > 0 ? pp->in_count : 0)) * pp->mb_rows[0];
+    }
+    pp->steps++;
+    pp->stats.steps++;
+    pp->stats.step_s = t1 - t0;
+    pp->stats.compute_s = busy;
+    pp->stats.bubble = t1 > t0 ? PDP__MAX(0.0, 1.0 - busy / (t1 - t0)) : 0.0;
+    pp->stats.peak_in_flight = peak;
+    pp->stats.activation_bytes = per_mb * (int64_t)sizeof(float);
+    pp->stats.peak_activation_bytes = peak * pp->stats.activation_bytes;
+    pp->stats.bytes_sent = c1.bytes_sent - c0.bytes_sent;
+    pp->stats.total_step_s += t1 - t0;
+    pp->stats.total_compute_s += busy;
+    if (last) *loss = (float)(loss_sum / (double)rows);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_pp_finish(pdp_pp *pp)
+{
+    pdp_status st;
+    if (!pp) return pdp__err(PDP_ERR_INVALID, "pdp_pp_finish: pp is NULL");
+    if (!pp->dp_work) return PDP_OK;
+    if ((st = pdp__pp_wait(&pp->dp_work)) != PDP_OK)
+        return pdp__err_wrap(st, "pdp_pp_finish: rank %d: averaging the gradients over dp",
+                             pp->c->rank);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt)
+{
+    pdp_status st;
+    if (!pp || !opt) return pdp__err(PDP_ERR_INVALID, "pdp_pp_step: %s is NULL", pp ? "opt" : "pp");
+    if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "pdp_pp_step");
+    if ((st = pdp_optim_step(opt)) != PDP_OK)
+        return pdp__err_wrap(st, "pdp_pp_step: rank %d", pp->c->rank);
+    pdp_model_zero_grad(pp->m);
+    return PDP_OK;
+}
+
+/* ---- pp: queries ---- */
+
+PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp) { return pp ? pp->m : NULL; }
+PDP_API int pdp_pp_stage(const pdp_pp *pp) { return pp ? pp->stage : 0; }
+PDP_API int pdp_pp_num_stages(const pdp_pp *pp) { return pp ? pp->p : 0; }
+
+PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last)
+{
+    if (!pp || !first || !last) return pdp__err(PDP_ERR_INVALID, "pdp_pp_stage_layers: NULL argument");
+    if (s < 0 || s >= pp->p)
+        return pdp__err(PDP_ERR_INVALID, "pdp_pp_stage_layers: stage %d outside 0..%d", s,
+                        pp->p - 1);
+    *first = pp->first[s];
+    *last = pp->first[s + 1];
+    return PDP_OK;
+}
+
+PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out)
+{
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (pp) *out = pp->stats;
+}
+/* ---- end src/pp.c ---- */
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop

@@ -343,6 +343,11 @@ struct pdp_model {
     float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
                                     weight's offset): where the executor put the layer's
                                     weight (its bias follows it) and their gradients */
+    /* pipeline stages (pp.c; defaults 0/NULL leave a model as it was) */
+    int nslots, slot;        /* activation sets kept (0 = 1) and the one forward/backward use */
+    int64_t act_stride, saved_stride; /* floats from one set of act_block/saved_block to the next */
+    float *input_grad;       /* not NULL: backward writes d(loss)/d(input) here [batch, in] */
+    double *layer_s;         /* not NULL: forward and backward add each layer's seconds */
 };
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
@@ -350,6 +355,17 @@ struct pdp_model {
    copy of the parameter values. */
 static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
                                    pdp_model **out);
+/* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
+   of full, with their parameters copied (names, layer indices and dropout keys stay full's:
+   "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
+   pdp__model_set_slots: keep nslots sets of activations and saved tensors (buffers are
+   re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
+   with forwarded, the next backward reads set slot, whose forward ran on input x of batch
+   rows (x must be the input that forward was given, still alive). */
+static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+static pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
+static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
+                                bool forwarded);
 
 /* ---- losses (loss.c) ----
    Softmax cross-entropy over integer labels: *loss_sum gets the sum over the

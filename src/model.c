@@ -339,11 +339,22 @@ static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off
 }
 
 
+/* Points the outputs of the layers that are not views at activation set m->slot. */
+static void pdp__model_bind_acts(pdp_model *m)
+{
+    int64_t act = 0;
+    int i;
+    for (i = 0; i < m->nlayers; i++) {
+        if (pdp__model_is_view(m, i)) continue;
+        m->act[i] = m->act_block + m->slot * m->act_stride + m->max_batch * act;
+        act += m->layers[i].out_count;
+    }
+}
+
 PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
 {
-    int64_t b = max_batch, act = 0, n[4], sum;
+    int64_t b = max_batch, k, n[4], sum;
     pdp__model_plan p;
-    int i;
     pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_reserve: model is NULL");
     if (max_batch < 1)
@@ -354,9 +365,10 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
     m->saved_off = (int64_t *)pdp__calloc((size_t)(m->nlayers + 1) * sizeof *m->saved_off);
     if (!m->act || !m->saved_off) goto oom;
     p = pdp__model_plan_of(m, m->saved_off);
+    k = m->nslots > 1 ? m->nslots : 1; /* activation sets (pipeline stages keep several) */
     /* the floats of each buffer, and of all five (pdp__dp_model_bytes adds them up) */
-    if (!pdp__mul_ok(b, p.act, &n[0]) || !pdp__add_ok(n[0], 1, &n[0]) ||
-        !pdp__mul_ok(b, p.saved, &n[1]) || !pdp__add_ok(n[1], 1, &n[1]) ||
+    if (!pdp__mul3_ok(k, b, p.act, &n[0]) || !pdp__add_ok(n[0], 1, &n[0]) ||
+        !pdp__mul3_ok(k, b, p.saved, &n[1]) || !pdp__add_ok(n[1], 1, &n[1]) ||
         !pdp__mul_ok(b, p.work, &n[2]) || !pdp__add_ok(n[2], 1, &n[2]) ||
         !pdp__mul_ok(b, p.widest, &n[3]) || !pdp__add_ok(n[0], n[1], &sum) ||
         !pdp__add_ok(sum, n[2], &sum) || !pdp__add_ok(sum, n[3], &sum) ||
@@ -373,12 +385,11 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
         pdp__model_free_buffers(m);
         return pdp__err_wrap(st, "pdp_model_reserve: batch %lld", (long long)b);
     }
-    for (i = 0; i < m->nlayers; i++) {
-        if (pdp__model_is_view(m, i)) continue;
-        m->act[i] = m->act_block + b * act;
-        act += m->layers[i].out_count;
-    }
     m->max_batch = b;
+    m->act_stride = b * p.act;
+    m->saved_stride = b * p.saved;
+    if (m->slot >= k) m->slot = 0;
+    pdp__model_bind_acts(m);
     return PDP_OK;
 oom:
     pdp__model_free_buffers(m);
@@ -394,7 +405,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     const pdp__layer *l = &m->layers[i];
     memset(io, 0, sizeof *io);
     io->batch = m->batch;
-    io->saved = m->saved_block + m->max_batch * m->saved_off[i];
+    io->saved = m->saved_block + m->slot * m->saved_stride + m->max_batch * m->saved_off[i];
     io->work = m->work_block;
     io->device = m->device;
     io->training = m->training;
@@ -457,11 +468,12 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
         pdp__model_io(m, i, &io);
         io.x = in;
         io.y = m->act[i];
-        t0 = m->trace_tid ? pdp__now() : 0.0;
+        t0 = m->trace_tid || m->layer_s ? pdp__now() : 0.0;
         if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
         if (m->trace_tid) pdp__model_trace(m, "forward", i, t0);
+        if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
         in = io.y;
     }
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
@@ -519,20 +531,25 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
             io.y = m->act[i];
             io.dy = g;
-            io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : NULL;
-            t0 = m->trace_tid ? pdp__now() : 0.0;
+            io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : m->input_grad;
+            t0 = m->trace_tid || m->layer_s ? pdp__now() : 0.0;
             if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
                 st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                    pdp__layer_kind_name(l->kind));
                 break;
             }
             if (m->trace_tid) pdp__model_trace(m, "backward", i, t0);
+            if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
             if (io.dx) g = io.dx;
         }
         if (m->hook)
             for (p = l->param_first + l->nparams - 1; p >= l->param_first; p--)
                 m->hook(m->hook_user, m, p);
     }
+    /* a pipeline stage whose first layers are views: its input gradient is dy seen again */
+    if (st == PDP_OK && m->input_grad && g != m->input_grad)
+        st = pdp__dev_copy(m->device, m->input_grad, m->device, g,
+                           (size_t)(m->batch * m->in_count) * sizeof(float));
     if (m->event) m->event(m->event_user, m, PDP__EV_BACKWARD_END, -1, st);
     return st;
 }
@@ -649,6 +666,9 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     m->layer_w = m->layer_dw = NULL;
     m->trace_tid = 0;
     m->have_forward = false;
+    m->nslots = m->slot = 0;
+    m->input_grad = NULL;
+    m->layer_s = NULL;
     m->params_shared = share_params;
     m->cap_layers = src->nlayers;
     m->cap_params = src->nparams;
@@ -677,4 +697,83 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     }
     *out = m;
     return PDP_OK;
+}
+
+/* ---- model: pipeline stages ---- */
+
+static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)
+{
+    pdp_model *m;
+    int p0, p1, i;
+    int64_t off0;
+    size_t bytes;
+    pdp_status st;
+    *out = NULL;
+    PDP_ASSERT(0 <= lo && lo < hi && hi <= full->nlayers);
+    p0 = full->layers[lo].param_first;
+    p1 = hi < full->nlayers ? full->layers[hi].param_first : full->nparams;
+    off0 = p0 < full->nparams ? full->params[p0].offset : full->param_count;
+    m = (pdp_model *)pdp__calloc(sizeof *m);
+    if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a stage");
+    m->device = full->device;
+    m->seed = full->seed;
+    m->init_rng = full->init_rng;
+    m->in_ndim = full->layers[lo].in_ndim;
+    memcpy(m->in_shape, full->layers[lo].in_shape, sizeof m->in_shape);
+    m->in_count = full->layers[lo].in_count;
+    m->training = full->training;
+    m->nlayers = m->cap_layers = hi - lo;
+    m->nparams = m->cap_params = p1 - p0;
+    m->layers = (pdp__layer *)pdp__alloc((size_t)m->nlayers * sizeof *m->layers);
+    m->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, m->nparams) * sizeof *m->params);
+    if (!m->layers || !m->params) {
+        pdp_model_free(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a stage");
+    }
+    memcpy(m->layers, full->layers + lo, (size_t)m->nlayers * sizeof *m->layers);
+    for (i = 0; i < m->nlayers; i++) m->layers[i].param_first -= p0;
+    for (i = 0; i < m->nparams; i++) {
+        m->params[i] = full->params[p0 + i];
+        m->params[i].offset -= off0;
+        m->param_count += m->params[i].count;
+    }
+    bytes = (size_t)m->param_count * sizeof(float);
+    if (bytes && ((st = pdp__dev_alloc(m->device, bytes, (void **)&m->param_block)) != PDP_OK ||
+                  (st = pdp__dev_copy(m->device, m->param_block, full->device,
+                                      full->param_block + off0, bytes)) != PDP_OK ||
+                  (st = pdp__dev_alloc(m->device, bytes, (void **)&m->grad_block)) != PDP_OK ||
+                  (st = pdp__dev_memset0(m->device, m->grad_block, bytes)) != PDP_OK)) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+static pdp_status pdp__model_set_slots(pdp_model *m, int nslots)
+{
+    pdp__model_free_buffers(m);
+    m->nslots = nslots;
+    m->slot = 0;
+    return PDP_OK;
+}
+
+static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
+                                bool forwarded)
+{
+    int64_t shape[4];
+    int i, d;
+    PDP_ASSERT(slot >= 0 && slot < PDP__MAX(1, m->nslots) && m->act);
+    m->slot = slot;
+    pdp__model_bind_acts(m);
+    if (!forwarded) return;
+    for (i = 0; i < m->nlayers; i++) /* views see their input again, as forward left them */
+        if (pdp__model_is_view(m, i)) m->act[i] = i ? m->act[i - 1] : (float *)x;
+    m->act[m->nlayers] = (float *)x;
+    m->batch = batch;
+    shape[0] = batch;
+    for (d = 0; d < m->layers[m->nlayers - 1].out_ndim; d++)
+        shape[d + 1] = m->layers[m->nlayers - 1].out_shape[d];
+    pdp_tensor_wrap(m->act[m->nlayers - 1], m->device, d + 1, shape, &m->out_view);
+    m->have_forward = true;
 }

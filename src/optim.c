@@ -410,7 +410,7 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
     if (o->shard)
         return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the optimizer holds a ZeRO shard "
                         "(pdp_zero_optim_create): step it with pdp_zero_step");
-    if (!m->param_block || !m->grad_block)
+    if (m->param_count > 0 && (!m->param_block || !m->grad_block))
         return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the model's %s sharded by ZeRO: step "
                         "with pdp_zero_step", m->grad_block ? "parameters are" : "gradients are");
     if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi)) != PDP_OK)

@@ -670,6 +670,114 @@ MPI_TEST(mpi_zero_matches_single_device_and_ranks_agree)
     PASS();
 }
 
+/* ---- MPI: pipeline parallel ---- */
+
+/* Trains ddp_model's MLP (5 layers) for DDP_STEPS steps of Adam on pc as a pipeline (this
+   rank: one stage; with dc, DP x PP: this pipeline takes its share of the global batch)
+   and compares this stage's parameters, by name, with one device trained on the whole
+   batches: *worst = max |pp - single|, *scale = max |single|. */
+static enum greatest_test_res pp_run(pdp_comm *pc, pdp_comm *dc, pdp_pp_schedule sch, int m,
+                                     double *worst, double *scale)
+{
+    pdp_model *ref = NULL, *full = NULL, *sm;
+    pdp_optim *oref = NULL, *o = NULL;
+    pdp_pp *pp = NULL;
+    pdp_pp_desc pd;
+    pdp_optim_desc od;
+    pdp_tensor xr, xs, pr;
+    float x[DDP_BATCH * DDP_IN], loss;
+    int32_t y[DDP_BATCH];
+    int64_t shape[2] = {DDP_BATCH, DDP_IN}, rows, row0, i;
+    int s, q;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAM;
+    od.lr = 0.01f;
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = sch;
+    pd.micro_batches = m;
+    pd.dp = dc;
+    rows = DDP_BATCH / (dc ? pdp_comm_size(dc) : 1);
+    row0 = dc ? pdp_comm_rank(dc) * rows : 0;
+    ASSERT_ENUM_EQ(PDP_OK, ddp_model(&ref), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, ddp_model(&full), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oref, ref, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_pp_create(&pp, full, pc, &pd), pdp_status_name);
+    pdp_model_free(full);
+    sm = pdp_pp_model(pp);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, sm, &od), pdp_status_name);
+    for (s = 0; s < DDP_STEPS; s++) {
+        ddp_batch(s, x, y);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xr), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xr, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oref), pdp_status_name);
+        pdp_optim_zero_grad(oref);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_rows_view(&xr, row0, rows, &xs), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_pp_forward_backward(pp, &xs, y + row0, &loss),
+                       pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_pp_step(pp, o), pdp_status_name);
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(ref, &pr, NULL), pdp_status_name);
+    *scale = *worst = 0.0;
+    for (i = 0; i < pr.count; i++) *scale = fmax(*scale, fabs((double)pr.data[i]));
+    for (q = 0; q < pdp_model_num_params(sm); q++) {
+        pdp_param a, r;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_param(sm, q, &a), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(ref, a.name, &r), pdp_status_name);
+        for (i = 0; i < a.value.count; i++)
+            *worst = fmax(*worst, fabs((double)a.value.data[i] - r.value.data[i]));
+    }
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    pdp_optim_free(oref);
+    pdp_model_free(ref);
+    PASS();
+}
+
+/* A pipeline of world_size stages (the MLP split by parameter count), GPipe and 1F1B, even
+   and uneven micro-batches: every stage equals single-device training on the whole batch. */
+MPI_TEST(mpi_pp_matches_single_device)
+{
+    static const int ms[] = {1, 3, 4, 7};
+    double worst, scale;
+    size_t k;
+    int sch;
+    for (sch = 0; sch < 2; sch++)
+        for (k = 0; k < sizeof ms / sizeof *ms; k++) {
+            CHECK_CALL(pp_run(cm, NULL, sch ? PDP_PP_GPIPE : PDP_PP_1F1B, ms[k], &worst, &scale));
+            if (worst > 1e-5 * scale) {
+                fprintf(stderr, "rank %d: pp over mpi, %s, m %d: max |pp - single| %g, max "
+                        "|single| %g\n", my_rank, sch ? "gpipe" : "1f1b", ms[k], worst, scale);
+                FAILm("a stage differs from single-device training on the whole batch");
+            }
+        }
+    if (my_rank == 0)
+        fprintf(test_out, "\n  pp over mpi: %d stages, gpipe and 1f1b, m = 1, 3, 4, 7: every "
+                "stage within 1e-5 of single-device training\n", world_size);
+    PASS();
+}
+
+/* 4 ranks as 2 pipelines x 2 stages (pdp_comm_split), DDP-style averaging across the
+   pipelines: equal to single-device training on the global batch. */
+MPI_TEST(mpi_pp_2d_dp_x_pp_matches_single_device)
+{
+    pdp_comm *pc = NULL, *dc = NULL;
+    double worst, scale;
+    enum greatest_test_res r;
+    if (world_size != 4) SKIPm("DP x PP runs on 4 ranks (2 x 2)");
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_split(cm, my_rank / 2, my_rank, &pc), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_split(cm, my_rank % 2, my_rank, &dc), pdp_status_name);
+    r = pp_run(pc, dc, PDP_PP_1F1B, 3, &worst, &scale);
+    pdp_comm_free(pc);
+    pdp_comm_free(dc);
+    if (r != GREATEST_TEST_RES_PASS) return r;
+    if (worst > 1e-5 * scale) {
+        fprintf(stderr, "rank %d: dp x pp over mpi: max |pp - single| %g, max |single| %g\n",
+                my_rank, worst, scale);
+        FAILm("a stage differs from single-device training on the global batch");
+    }
+    PASS();
+}
+
 /* ---- MPI: trace ---- */
 
 MPI_TEST(mpi_trace_has_collectives_per_rank)
@@ -1013,6 +1121,8 @@ SUITE(mpi)
     RUN_TEST(mpi_tp_matches_single_device_and_checkpoints_full_tensors);
     RUN_TEST(mpi_tp_2d_ddp_across_tp_groups_matches_single_device);
     RUN_TEST(mpi_zero_matches_single_device_and_ranks_agree);
+    RUN_TEST(mpi_pp_matches_single_device);
+    RUN_TEST(mpi_pp_2d_dp_x_pp_matches_single_device);
     RUN_TEST(mpi_trace_has_collectives_per_rank);
     RUN_TEST(mpi_init_env_times_out_when_a_rank_is_missing);
     RUN_TEST(mpi_missing_rank_times_out_and_breaks_comm);

@@ -1,0 +1,135 @@
+/* pp: pipeline parallelism. A sequential model split into p stages of consecutive
+   layers, one stage per rank of a communicator; each global batch is cut into m
+   micro-batches that flow through the stages: activations are sent forward to the
+   next stage and their gradients back to the previous one with pdp_comm_send /
+   pdp_comm_recv.
+
+   Design:
+     - every rank builds the same full model (same layers, same seed) and passes it
+       to pdp_pp_create, which keeps only its stage's layers in a model of its own
+       (pdp_pp_model) with the full model's parameter values and names ("4.weight"
+       stays "4.weight"), so a pipeline starts equal to the single-device model and
+       a stage's parameters are found in it by name. The full model stays the
+       caller's and is not used again (free it);
+     - stage boundaries are given (first_layer[s]) or balanced: by parameter count
+       (default) or by time measured on rank 0 (forward + backward per layer), as a
+       contiguous split minimising the largest stage; every rank checks that it got
+       the same split as rank 0;
+     - a schedule is an explicit list of actions (F j: forward of micro-batch j,
+       B j: its backward) per stage, printed by pdp_pp_schedule_str:
+         GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);
+         1F1B   (PipeDream-Flush) w = min(p - 1 - s, m) warm-up forwards on stage s,
+                then one forward and one backward alternately, then the remaining
+                backwards: stage s never holds more than min(p - s, m) micro-batches;
+     - a stage keeps one set of activations per micro-batch it may hold at once
+       (GPipe m, 1F1B min(p - s, m)): the model's activation slots. Sends are
+       asynchronous (a stage computes while they are in flight); the receive for the
+       next action is posted before the current action computes;
+     - the loss is computed on the last stage: softmax cross-entropy against labels,
+       or the caller's loss function. Micro-batch j of n_j samples out of B has its
+       loss gradient scaled by 1/B (not 1/n_j), so the gradients accumulated over
+       the micro-batches are those of the mean loss over the whole batch: a
+       pipeline step equals single-device training on the whole batch (to float
+       rounding: only the order of the weight-gradient sums differs). Dropout keys
+       (step, global sample index) are those of the single-device run;
+     - 2-D parallel (DP x PP): with desc.dp, a communicator joining the ranks that
+       hold the same stage in different pipelines (pdp_comm_split), each pipeline
+       trains on its own share of the global batch and pdp_pp_finish averages the
+       stage's gradients over dp (one all-reduce, launched when the pipeline is
+       flushed), as DDP does; parameters are taken from dp rank 0 at creation.
+
+   Measured per step (pdp_pp_get_stats): the stage's compute time and its bubble,
+   1 - compute / step time (the step starts and ends with a barrier over the
+   pipeline, so every stage is timed over the same span), beside the theory
+   (p - 1) / (m + p - 1) for equal stages; the most micro-batches whose activations
+   the stage held at once and their bytes. PDP_TRACE=out.json draws the schedule:
+   one lane per stage ("pipeline stage s"), one event per action ("F3", "B3").
+
+   Typical step (each rank):
+       pdp_pp_forward_backward(pp, x, labels, &loss);   the whole batch; loss on the last stage
+       pdp_pp_step(pp, opt);                            opt made on pdp_pp_model(pp)
+   Reference: Huang et al., "GPipe" (2019); Narayanan et al., "Efficient Large-Scale
+   Language Model Training on GPU Clusters Using Megatron-LM" (2021), section 2.2. */
+
+typedef struct pdp_pp pdp_pp;
+
+typedef enum pdp_pp_schedule {
+    PDP_PP_1F1B = 0, /* default */
+    PDP_PP_GPIPE = 1
+} pdp_pp_schedule;
+
+typedef enum pdp_pp_balance {
+    PDP_PP_BALANCE_PARAMS = 0, /* default: parameter counts */
+    PDP_PP_BALANCE_TIME = 1    /* forward + backward time per layer, measured on rank 0 */
+} pdp_pp_balance;
+
+/* The caller's loss, on the last stage, once per micro-batch: y is the output of the
+   micro-batch's rows [first, first + y->shape[0]) of the step's batch of total rows;
+   write into dy (y's shape, on y's device) the gradient of the STEP's loss with
+   respect to y, and into *loss this micro-batch's share of the step's loss (the
+   step's loss is the sum of the shares). E.g. a mean over the whole batch: the
+   micro-batch's mean times y->shape[0] / total, and its gradient times the same. */
+typedef pdp_status (*pdp_pp_loss_fn)(void *user, const pdp_tensor *y, int64_t first,
+                                     int64_t total, pdp_tensor *dy, double *loss);
+
+#define PDP_PP_MAX_STAGES 64
+
+typedef struct pdp_pp_desc {
+    pdp_pp_schedule schedule;  /* default 1F1B */
+    int micro_batches;         /* m; default the number of stages */
+    const int *first_layer;    /* NULL: balanced; else one entry per stage, the stage's
+                                  first layer: 0 = first_layer[0] < first_layer[1] < ...
+                                  < number of layers */
+    pdp_pp_balance balance;    /* without first_layer; default parameter counts */
+    int64_t balance_batch;     /* BALANCE_TIME: samples per timed pass; default 32 */
+    pdp_pp_loss_fn loss;       /* NULL: softmax cross-entropy against the labels */
+    void *loss_user;           /* passed to loss */
+    pdp_comm *dp;              /* NULL; else DP x PP: gradients averaged over dp each step */
+} pdp_pp_desc;
+
+/* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
+   dp. full: the same model on every rank; it is read, not kept. A model with fewer
+   layers than stages, or boundaries that differ from rank 0's, fail with
+   PDP_ERR_INVALID. PDP_TRACE=out.json traces the schedule. */
+PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
+                                 const pdp_pp_desc *desc);
+PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
+
+/* One pipeline pass over a batch of B >= m rows cut into m micro-batches (the first
+   B % m one row larger): forward, loss and backward, the gradients accumulated (+=)
+   into the stage's model. x is read on the first stage only (the other stages read
+   x->shape[0]: x->data may be NULL there), labels on the last only (with desc.loss,
+   labels may be NULL). *loss: the step's mean loss on the last stage, 0 elsewhere.
+   With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits. */
+PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
+                                           const int32_t *labels, float *loss);
+/* With desc.dp: waits for the gradients' average over dp. Otherwise nothing to do. */
+PDP_API pdp_status pdp_pp_finish(pdp_pp *pp);
+/* pdp_pp_finish, pdp_optim_step(opt) (opt made on pdp_pp_model), zeroed gradients. */
+PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt);
+
+PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp); /* this rank's stage */
+PDP_API int pdp_pp_stage(const pdp_pp *pp);
+PDP_API int pdp_pp_num_stages(const pdp_pp *pp);
+/* Stage s holds layers [*first, *last) of the full model. */
+PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last);
+/* This stage's actions as text, "F0 F1 B0 F2 B1 B2" (truncated to cap). */
+PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap);
+
+typedef struct pdp_pp_stats {
+    int64_t steps;                  /* pipeline passes finished */
+    /* the last pass, this stage */
+    double step_s;                  /* from the starting barrier to the closing one */
+    double compute_s;               /* forward, loss and backward of every micro-batch */
+    double bubble;                  /* 1 - compute_s / step_s: the stage's idle share */
+    double bubble_theory;           /* (p - 1) / (m + p - 1) */
+    int peak_in_flight;             /* most micro-batches whose activations were held */
+    int64_t activation_bytes;       /* one micro-batch's (largest): outputs, saved tensors
+                                       and, after stage 0, the received input */
+    int64_t peak_activation_bytes;  /* peak_in_flight x activation_bytes */
+    int64_t bytes_sent;             /* activations forward and gradients back */
+    /* sums over all passes */
+    double total_step_s, total_compute_s;
+} pdp_pp_stats;
+
+PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);

@@ -1,0 +1,688 @@
+/* test_pp.c - pipeline parallelism (src/pp.c) on the local backend (thread ranks).
+
+   Equivalence: p stage threads, each holding its stage of the same full model, train
+   STEPS steps on the same global batches cut into m micro-batches; every stage's
+   parameters must equal, by name, those of one model trained on the whole batches
+   (<= 1e-5 relative to the largest parameter). Swept over p = 1..4, m = 1..5 (uneven
+   micro-batches included), both schedules, an MLP with Dropout and LayerNorm (the
+   dropout keys must follow the single-device run), a CNN cut after a Conv2d (its ReLU
+   then starts the next stage) and before a Flatten (a view as a stage's first
+   layer), the caller's loss (MSE), and DP x PP: 4 ranks as 2 pipelines of 2 stages
+   through pdp_comm_split. Also: the schedules' action lists, peak activation
+   memory (GPipe holds m micro-batches, 1F1B min(p - s, m)), the bytes sent, the
+   bubble figures, balancing, the Chrome trace (one lane per stage, F/B events), the
+   hot loop allocating nothing after the first step, and the error paths. */
+
+#define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
+#include <stdlib.h>
+#include <stdatomic.h>
+static atomic_long test_allocs;
+static void *test_malloc(size_t n)
+{
+    atomic_fetch_add(&test_allocs, 1);
+    return malloc(n);
+}
+#define PDP_MALLOC(n) test_malloc(n)
+#define PDP_FREE(p) free(p)
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+#include <unistd.h>
+
+#define MAXR 4
+#define B 12 /* global batch */
+#define STEPS 3
+#define MAXF 72 /* floats per input row (the CNN's 2 x 6 x 6) */
+#define CLASSES 3
+
+enum { MLP, CNN, REG }; /* REG: a regression MLP trained with MSE through desc.loss */
+
+typedef struct cfg {
+    int kind;
+    int p, dp;                 /* stages; pipelines (2: DP x PP on p * 2 ranks) */
+    int m;
+    pdp_pp_schedule schedule;
+    const int *first;          /* boundaries, or NULL (balanced) */
+    pdp_pp_balance balance;
+    bool trace;
+} cfg;
+
+/* ---- models and data ---- */
+
+static int64_t in_features(int kind) { return kind == CNN ? 72 : 20; }
+
+static pdp_status build_model(pdp_model **out, int kind)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_status st;
+    memset(&md, 0, sizeof md);
+    md.seed = 7;
+    if (kind == CNN) {
+        md.input_shape[0] = 2;
+        md.input_shape[1] = 6;
+        md.input_shape[2] = 6;
+    } else {
+        md.input_shape[0] = 20;
+    }
+    *out = NULL;
+    if ((st = pdp_model_create(&m, &md)) != PDP_OK) return st;
+    if (kind == MLP)
+        st = pdp_model_add_linear(m, 16) || pdp_model_add_relu(m) ||
+             pdp_model_add_dropout(m, 0.25f) || pdp_model_add_linear(m, 12) ||
+             pdp_model_add_layernorm(m, 0.0f) || pdp_model_add_tanh(m) ||
+             pdp_model_add_linear(m, CLASSES) ? PDP_ERR_INVALID : PDP_OK;
+    else if (kind == CNN) /* 0 Conv2d, 1 ReLU, 2 MaxPool2d, 3 Flatten, 4 Linear */
+        st = pdp_model_add_conv2d(m, 4, 3, 1, 1) || pdp_model_add_relu(m) ||
+             pdp_model_add_maxpool2d(m, 2, 0) || pdp_model_add_flatten(m) ||
+             pdp_model_add_linear(m, CLASSES) ? PDP_ERR_INVALID : PDP_OK;
+    else
+        st = pdp_model_add_linear(m, 8) || pdp_model_add_gelu(m) || pdp_model_add_linear(m, 8) ||
+             pdp_model_add_sigmoid(m) || pdp_model_add_linear(m, 4) ? PDP_ERR_INVALID : PDP_OK;
+    if (st != PDP_OK) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+/* Global batch `step`: B rows of f features, labels and regression targets. */
+static void make_batch(int step, int64_t f, float *x, int32_t *y, float *target)
+{
+    int i, j;
+    for (i = 0; i < B; i++) {
+        for (j = 0; j < f; j++) {
+            uint32_t h = (uint32_t)((step * 131 + i) * 2654435761u) ^ (uint32_t)(j * 40503u);
+            h ^= h >> 15;
+            h *= 0x2c1b3c6du;
+            h ^= h >> 12;
+            x[i * f + j] = (float)(h & 0xffff) / 65536.0f * 2.0f - 1.0f;
+        }
+        y[i] = (int32_t)((i * 7 + step) % CLASSES);
+        for (j = 0; j < 4; j++) target[i * 4 + j] = (float)((i + j + step) % 5) * 0.25f - 0.5f;
+    }
+}
+
+static pdp_optim_desc sgd(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_SGD;
+    od.lr = 0.1f;
+    od.momentum = 0.9f;
+    return od;
+}
+
+/* The reference: one model trained on the whole batches. */
+static pdp_status train_single(int kind, pdp_model **out)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = sgd();
+    float x[B * MAXF], target[B * 4], loss;
+    int32_t y[B];
+    int64_t f = in_features(kind), shape[4] = {B, 0, 0, 0};
+    pdp_tensor xt;
+    pdp_status st;
+    int s;
+    if ((st = build_model(&m, kind)) || (st = pdp_optim_create(&o, m, &od))) goto out;
+    if (kind == CNN) shape[1] = 2, shape[2] = 6, shape[3] = 6;
+    else shape[1] = f;
+    pdp_tensor_wrap(x, pdp_cpu(), kind == CNN ? 4 : 2, shape, &xt);
+    for (s = 0; s < STEPS; s++) {
+        make_batch(s, f, x, y, target);
+        if (kind == REG) {
+            const pdp_tensor *yp;
+            pdp_tensor t, dy;
+            float dbuf[B * 4];
+            int64_t ts[2] = {B, 4};
+            pdp_tensor_wrap(target, pdp_cpu(), 2, ts, &t);
+            pdp_tensor_wrap(dbuf, pdp_cpu(), 2, ts, &dy);
+            if ((st = pdp_model_forward(m, &xt, &yp)) || (st = pdp_loss_mse(yp, &t, &loss, &dy)) ||
+                (st = pdp_model_backward(m, &dy)))
+                goto out;
+        } else if ((st = pdp_model_forward_backward(m, &xt, y, &loss))) {
+            goto out;
+        }
+        if ((st = pdp_optim_step(o))) goto out;
+        pdp_model_zero_grad(m);
+    }
+out:
+    pdp_optim_free(o);
+    if (st != PDP_OK) pdp_model_free(m), m = NULL;
+    *out = m;
+    return st;
+}
+
+/* ---- rank threads ---- */
+
+typedef struct rank_ctx {
+    const cfg *cfg;
+    pdp_local_group *g;
+    const pdp_model *ref;      /* NULL: no comparison */
+    int rank;
+    pdp_status st;
+    char msg[1024];
+    double worst, scale;       /* max |pp - single| and max |single| over this stage */
+    int first, last;           /* the stage's layers */
+    int64_t nparams_seen;
+    pdp_pp_stats stats;
+    char schedule[256];
+    long allocs_after_first;
+    float last_loss;
+    const float *target;       /* REG: this step's targets, [B, 4] */
+    int64_t row0;              /* REG: this pipeline's first row */
+} rank_ctx;
+
+static pdp_status fail(rank_ctx *ctx, pdp_status st)
+{
+    if (st != PDP_OK && ctx->st == PDP_OK) {
+        ctx->st = st;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    }
+    return st;
+}
+
+/* desc.loss for REG: mean squared error over the whole batch, this micro-batch's share. */
+static pdp_status mse_share(void *user, const pdp_tensor *y, int64_t first, int64_t total,
+                            pdp_tensor *dy, double *loss)
+{
+    const rank_ctx *ctx = (const rank_ctx *)user;
+    int64_t n = y->shape[0], shape[2] = {n, 4}, i;
+    float l, share = (float)n / (float)total;
+    pdp_tensor t;
+    pdp_status st;
+    pdp_tensor_wrap((float *)ctx->target + (ctx->row0 + first) * 4, pdp_cpu(), 2, shape, &t);
+    if ((st = pdp_loss_mse(y, &t, &l, dy)) != PDP_OK) return st;
+    for (i = 0; i < dy->count; i++) dy->data[i] *= share;
+    *loss = (double)l * share;
+    return PDP_OK;
+}
+
+static void *rank_main(void *arg)
+{
+    rank_ctx *ctx = (rank_ctx *)arg;
+    const cfg *k = ctx->cfg;
+    pdp_comm *world = NULL, *pc = NULL, *dc = NULL;
+    pdp_model *full = NULL, *m;
+    pdp_pp *pp = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = sgd();
+    pdp_pp_desc pd;
+    float x[B * MAXF], target[B * 4], loss;
+    int32_t y[B];
+    int64_t f = in_features(k->kind), rows = B / k->dp, row0, shape[4];
+    pdp_tensor xt;
+    int s, i;
+    if (fail(ctx, pdp_comm_create_local(&world, ctx->g, ctx->rank))) return NULL;
+    if (k->dp > 1) { /* rank = pipeline * p + stage */
+        if (fail(ctx, pdp_comm_split(world, ctx->rank / k->p, ctx->rank, &pc)) ||
+            fail(ctx, pdp_comm_split(world, ctx->rank % k->p, ctx->rank, &dc)))
+            goto out;
+    }
+    row0 = k->dp > 1 ? (ctx->rank / k->p) * rows : 0;
+    ctx->row0 = row0;
+    ctx->target = target;
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = k->schedule;
+    pd.micro_batches = k->m;
+    pd.first_layer = k->first;
+    pd.balance = k->balance;
+    pd.balance_batch = 8;
+    pd.dp = dc;
+    if (k->kind == REG) pd.loss = mse_share, pd.loss_user = ctx;
+    if (fail(ctx, build_model(&full, k->kind)) ||
+        fail(ctx, pdp_pp_create(&pp, full, pc ? pc : world, &pd)))
+        goto out;
+    pdp_model_free(full);
+    full = NULL;
+    m = pdp_pp_model(pp);
+    if (fail(ctx, pdp_optim_create(&o, m, &od)) ||
+        fail(ctx, pdp_pp_stage_layers(pp, pdp_pp_stage(pp), &ctx->first, &ctx->last)))
+        goto out;
+    pdp_pp_schedule_str(pp, ctx->schedule, sizeof ctx->schedule);
+    shape[0] = rows;
+    if (k->kind == CNN) shape[1] = 2, shape[2] = 6, shape[3] = 6;
+    else shape[1] = f;
+    for (s = 0; s < STEPS; s++) {
+        if (s == 1) {
+            if (fail(ctx, pdp_comm_barrier(world, NULL))) goto out;
+            ctx->allocs_after_first = atomic_load(&test_allocs);
+        }
+        make_batch(s, f, x, y, target);
+        pdp_tensor_wrap(x + row0 * f, pdp_cpu(), k->kind == CNN ? 4 : 2, shape, &xt);
+        if (fail(ctx, pdp_pp_forward_backward(pp, &xt, y + row0, &loss)) ||
+            fail(ctx, pdp_pp_step(pp, o)))
+            goto out;
+        ctx->last_loss = loss;
+    }
+    if (fail(ctx, pdp_comm_barrier(world, NULL))) goto out;
+    ctx->allocs_after_first = atomic_load(&test_allocs) - ctx->allocs_after_first;
+    pdp_pp_get_stats(pp, &ctx->stats);
+    if (ctx->ref) { /* every parameter of this stage against the reference, by name */
+        for (i = 0; i < pdp_model_num_params(m); i++) {
+            pdp_param a, r;
+            int64_t e;
+            if (fail(ctx, pdp_model_param(m, i, &a)) ||
+                fail(ctx, pdp_model_find_param(ctx->ref, a.name, &r)))
+                goto out;
+            if (a.value.count != r.value.count) {
+                fail(ctx, PDP_ERR_SHAPE);
+                goto out;
+            }
+            for (e = 0; e < a.value.count; e++)
+                ctx->worst = fmax(ctx->worst, fabs((double)a.value.data[e] - r.value.data[e]));
+            ctx->nparams_seen++;
+        }
+    }
+out:
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    pdp_comm_free(dc);
+    pdp_comm_free(pc);
+    pdp_comm_free(world);
+    return NULL;
+}
+
+static rank_ctx ctxs[MAXR];
+
+static void run_ranks(const cfg *k, const pdp_model *ref, double timeout_s)
+{
+    pthread_t t[MAXR];
+    pdp_local_group *g = NULL;
+    pdp_comm_desc cd;
+    int r, n = k->p * k->dp;
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = timeout_s;
+    cd.name = "pp";
+    memset(ctxs, 0, sizeof ctxs);
+    pdp_local_group_create(&g, n, &cd);
+    for (r = 0; r < n; r++) {
+        ctxs[r].cfg = k;
+        ctxs[r].g = g;
+        ctxs[r].ref = ref;
+        ctxs[r].rank = r;
+        pthread_create(&t[r], NULL, rank_main, &ctxs[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+}
+
+static double max_abs_param(const pdp_model *m)
+{
+    pdp_tensor p;
+    double s = 0.0;
+    int64_t i;
+    pdp_model_flat(m, &p, NULL);
+    for (i = 0; i < p.count; i++) s = fmax(s, fabs((double)p.data[i]));
+    return s;
+}
+
+/* Trains cfg k and compares every stage with the single-device reference. */
+static enum greatest_test_res check_equivalence(const cfg *k)
+{
+    pdp_model *ref = NULL;
+    int r, n = k->p * k->dp, covered = 0;
+    double scale;
+    ASSERT_ENUM_EQ(PDP_OK, train_single(k->kind, &ref), pdp_status_name);
+    scale = max_abs_param(ref);
+    run_ranks(k, ref, 30.0);
+    for (r = 0; r < n; r++) {
+        if (ctxs[r].st != PDP_OK)
+            fprintf(stderr, "kind %d p %d dp %d m %d %s: rank %d: %s\n", k->kind, k->p, k->dp,
+                    k->m, k->schedule == PDP_PP_GPIPE ? "gpipe" : "1f1b", r, ctxs[r].msg);
+        ASSERT_ENUM_EQm(ctxs[r].msg, PDP_OK, ctxs[r].st, pdp_status_name);
+        if (ctxs[r].worst > 1e-5 * scale) {
+            fprintf(stderr, "kind %d p %d dp %d m %d %s: stage of rank %d (layers %d..%d): max "
+                    "|pp - single| %g, max |single| %g\n", k->kind, k->p, k->dp, k->m,
+                    k->schedule == PDP_PP_GPIPE ? "gpipe" : "1f1b", r, ctxs[r].first,
+                    ctxs[r].last - 1, ctxs[r].worst, scale);
+            pdp_model_free(ref);
+            FAILm("a stage's parameters differ from single-device training on the whole batch");
+        }
+        ASSERT_EQ_FMT((long)0, ctxs[r].allocs_after_first, "%ld");
+        ASSERT_EQ(STEPS, (int)ctxs[r].stats.steps);
+        if (r < k->p) covered += (int)ctxs[r].nparams_seen;
+    }
+    ASSERT_EQ(pdp_model_num_params(ref), covered); /* the stages hold every parameter once */
+    pdp_model_free(ref);
+    PASS();
+}
+
+/* ---- equivalence ---- */
+
+TEST pp_gpipe_and_1f1b_equal_single_device_on_the_whole_batch(void)
+{
+    cfg k;
+    int p, m, sch;
+    memset(&k, 0, sizeof k);
+    k.kind = MLP;
+    k.dp = 1;
+    for (sch = 0; sch < 2; sch++)
+        for (p = 1; p <= MAXR; p++)
+            for (m = 1; m <= 5; m++) {
+                k.p = p;
+                k.m = m;
+                k.schedule = sch ? PDP_PP_GPIPE : PDP_PP_1F1B;
+                CHECK_CALL(check_equivalence(&k));
+            }
+    PASS();
+}
+
+TEST pp_cnn_cut_after_conv_and_before_flatten(void)
+{
+    static const int cuts[][3] = {{0, 1, 0}, {0, 3, 0}, {0, 1, 3}, {0, 2, 4}};
+    static const int np[] = {2, 2, 3, 3};
+    cfg k;
+    size_t c;
+    int sch;
+    memset(&k, 0, sizeof k);
+    k.kind = CNN;
+    k.dp = 1;
+    k.m = 3;
+    for (c = 0; c < sizeof np / sizeof *np; c++)
+        for (sch = 0; sch < 2; sch++) {
+            k.p = np[c];
+            k.first = cuts[c];
+            k.schedule = sch ? PDP_PP_GPIPE : PDP_PP_1F1B;
+            CHECK_CALL(check_equivalence(&k));
+        }
+    PASS();
+}
+
+TEST pp_callers_loss_mse(void)
+{
+    cfg k;
+    int p;
+    memset(&k, 0, sizeof k);
+    k.kind = REG;
+    k.dp = 1;
+    k.m = 4;
+    for (p = 2; p <= 3; p++) {
+        k.p = p;
+        CHECK_CALL(check_equivalence(&k));
+    }
+    PASS();
+}
+
+TEST pp_2d_dp_x_pp_equals_single_device(void)
+{
+    cfg k;
+    int sch;
+    memset(&k, 0, sizeof k);
+    k.kind = MLP;
+    k.p = 2;
+    k.dp = 2;
+    k.m = 3;
+    for (sch = 0; sch < 2; sch++) {
+        k.schedule = sch ? PDP_PP_GPIPE : PDP_PP_1F1B;
+        CHECK_CALL(check_equivalence(&k));
+    }
+    PASS();
+}
+
+/* ---- schedules, memory, bytes, bubble ---- */
+
+TEST pp_schedules_memory_and_bytes(void)
+{
+    static const int ms[] = {1, 2, 4, 8};
+    static const int64_t out_of[] = {16, 16, 16, 12, 12, 12, 3}; /* per layer of the MLP */
+    static const int64_t in_of[] = {20, 16, 16, 16, 12, 12, 12};
+    cfg k;
+    size_t i;
+    int sch, s, p = 4;
+    memset(&k, 0, sizeof k);
+    k.kind = MLP;
+    k.dp = 1;
+    k.p = p;
+    for (sch = 0; sch < 2; sch++)
+        for (i = 0; i < sizeof ms / sizeof *ms; i++) {
+            k.m = ms[i];
+            k.schedule = sch ? PDP_PP_GPIPE : PDP_PP_1F1B;
+            run_ranks(&k, NULL, 30.0);
+            for (s = 0; s < p; s++) {
+                const pdp_pp_stats *st = &ctxs[s].stats;
+                int want = sch ? k.m : (p - s < k.m ? p - s : k.m);
+                int64_t bytes = 4 * B * ((s < p - 1 ? out_of[ctxs[s].last - 1] : 0) +
+                                         (s > 0 ? in_of[ctxs[s].first] : 0));
+                ASSERT_ENUM_EQm(ctxs[s].msg, PDP_OK, ctxs[s].st, pdp_status_name);
+                /* GPipe holds all m micro-batches, 1F1B at most p - s (<= p) */
+                if (want != st->peak_in_flight)
+                    fprintf(stderr, "sch %d m %d stage %d: %s\n", sch, k.m, s, ctxs[s].schedule);
+                ASSERT_EQ_FMT(want, st->peak_in_flight, "%d");
+                ASSERT(st->activation_bytes > 0);
+                ASSERT_EQ(st->peak_activation_bytes, st->peak_in_flight * st->activation_bytes);
+                ASSERT_EQ_FMT((long long)bytes, (long long)st->bytes_sent, "%lld");
+                ASSERT(st->bubble >= 0.0 && st->bubble <= 1.0);
+                ASSERT(fabs(st->bubble_theory - 3.0 / (k.m + 3.0)) < 1e-12);
+                ASSERT(st->compute_s > 0.0 && st->compute_s <= st->step_s);
+                ASSERT(st->total_step_s >= st->step_s);
+            }
+        }
+    PASS();
+}
+
+TEST pp_schedule_lists(void)
+{
+    cfg k;
+    memset(&k, 0, sizeof k);
+    k.kind = MLP;
+    k.dp = 1;
+    k.p = 2;
+    k.m = 4;
+    k.schedule = PDP_PP_1F1B;
+    run_ranks(&k, NULL, 30.0);
+    ASSERT_STR_EQ("F0 F1 B0 F2 B1 F3 B2 B3", ctxs[0].schedule);
+    ASSERT_STR_EQ("F0 B0 F1 B1 F2 B2 F3 B3", ctxs[1].schedule);
+    k.schedule = PDP_PP_GPIPE;
+    run_ranks(&k, NULL, 30.0);
+    ASSERT_STR_EQ("F0 F1 F2 F3 B0 B1 B2 B3", ctxs[0].schedule);
+    ASSERT_STR_EQ("F0 F1 F2 F3 B0 B1 B2 B3", ctxs[1].schedule);
+    PASS();
+}
+
+/* ---- balancing ---- */
+
+TEST pp_balance_by_parameters_and_by_time(void)
+{
+    cfg k;
+    int s, p;
+    memset(&k, 0, sizeof k);
+    k.kind = MLP;
+    k.dp = 1;
+    k.m = 2;
+    /* parameters per layer 336, 0, 0, 204, 24, 0, 39: two stages cut before layer 3 (the
+       later of the equal cuts, so ReLU and Dropout stay with their Linear) */
+    k.p = 2;
+    CHECK_CALL(check_equivalence(&k));
+    ASSERT_EQ(0, ctxs[0].first);
+    ASSERT_EQ(3, ctxs[0].last);
+    ASSERT_EQ(3, ctxs[1].first);
+    ASSERT_EQ(7, ctxs[1].last);
+    /* by measured time: any contiguous split, the same on every rank, still exact */
+    k.balance = PDP_PP_BALANCE_TIME;
+    for (p = 2; p <= 4; p++) {
+        k.p = p;
+        CHECK_CALL(check_equivalence(&k));
+        ASSERT_EQ(0, ctxs[0].first);
+        for (s = 1; s < p; s++) {
+            ASSERT_EQ(ctxs[s - 1].last, ctxs[s].first);
+            ASSERT(ctxs[s].first < ctxs[s].last);
+        }
+        ASSERT_EQ(7, ctxs[p - 1].last);
+    }
+    PASS();
+}
+
+/* ---- trace ---- */
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (; (hay = strstr(hay, needle)) != NULL; hay++) n++;
+    return n;
+}
+
+TEST pp_trace_draws_one_lane_per_stage(void)
+{
+    char path[256], *text;
+    FILE *f;
+    long len;
+    cfg k;
+    memset(&k, 0, sizeof k);
+    k.kind = MLP;
+    k.dp = 1;
+    k.p = 2;
+    k.m = 4;
+    snprintf(path, sizeof path, "/tmp/pdp_test_pp_%ld.json", (long)getpid());
+    setenv("PDP_TRACE", path, 1);
+    run_ranks(&k, NULL, 30.0);
+    unsetenv("PDP_TRACE");
+    ASSERT_ENUM_EQm(ctxs[0].msg, PDP_OK, ctxs[0].st, pdp_status_name);
+    ASSERT_ENUM_EQm(ctxs[1].msg, PDP_OK, ctxs[1].st, pdp_status_name);
+    f = fopen(path, "rb");
+    ASSERT(f != NULL);
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    text = (char *)calloc((size_t)len + 1, 1);
+    ASSERT(text && fread(text, 1, (size_t)len, f) == (size_t)len);
+    fclose(f);
+    remove(path);
+    ASSERT(strstr(text, "\"pipeline stage 0\"") != NULL);
+    ASSERT(strstr(text, "\"pipeline stage 1\"") != NULL);
+    /* every action of every step on both stages: STEPS x m forwards and backwards each */
+    ASSERT_EQ(2 * STEPS * 4, count_of(text, "\"name\":\"F"));
+    ASSERT_EQ(2 * STEPS * 4, count_of(text, "\"name\":\"B"));
+    ASSERT(strstr(text, "\"name\":\"F3\"") != NULL && strstr(text, "\"name\":\"B3\"") != NULL);
+    free(text);
+    PASS();
+}
+
+/* ---- errors ---- */
+
+typedef struct err_ctx {
+    pdp_local_group *g;
+    int rank, layers;
+    pdp_pp_desc desc;
+    pdp_status st;
+    char msg[1024];
+} err_ctx;
+
+static void *err_main(void *arg)
+{
+    err_ctx *e = (err_ctx *)arg;
+    pdp_comm *c = NULL;
+    pdp_model *full = NULL;
+    pdp_model_desc md;
+    pdp_pp *pp = NULL;
+    int i;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 4;
+    pdp_comm_create_local(&c, e->g, e->rank);
+    pdp_model_create(&full, &md);
+    for (i = 0; i < e->layers; i++) pdp_model_add_linear(full, 4);
+    e->st = pdp_pp_create(&pp, full, c, &e->desc);
+    snprintf(e->msg, sizeof e->msg, "%s", pdp_last_error());
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static void run_err(int n, err_ctx *e)
+{
+    pthread_t t[MAXR];
+    pdp_local_group *g = NULL;
+    pdp_comm_desc cd;
+    int r;
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = 10.0;
+    pdp_local_group_create(&g, n, &cd);
+    for (r = 0; r < n; r++) {
+        e[r].g = g;
+        e[r].rank = r;
+        pthread_create(&t[r], NULL, err_main, &e[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+}
+
+TEST pp_errors(void)
+{
+    static const int cut1[] = {0, 1}, cut2[] = {0, 2}, bad[] = {0, 0};
+    err_ctx e[2];
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *full = NULL;
+    pdp_pp *pp = NULL;
+    pdp_pp_desc pd;
+    pdp_tensor xt;
+    float x[B * 20], target[B * 4], loss;
+    int32_t y[B];
+    int64_t shape[2] = {3, 20};
+    /* fewer layers than stages */
+    memset(e, 0, sizeof e);
+    e[0].layers = e[1].layers = 1;
+    run_err(2, e);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, e[0].st, pdp_status_name);
+    ASSERT(strstr(e[0].msg, "pdp_pp_create: 2 stages but the model has 1 layers") != NULL);
+    /* boundaries out of order */
+    memset(e, 0, sizeof e);
+    e[0].layers = e[1].layers = 3;
+    e[0].desc.first_layer = e[1].desc.first_layer = bad;
+    run_err(2, e);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, e[1].st, pdp_status_name);
+    ASSERT(strstr(e[1].msg, "first_layer[1] is 0") != NULL);
+    /* boundaries that differ across ranks: both fail, naming the stage */
+    memset(e, 0, sizeof e);
+    e[0].layers = e[1].layers = 3;
+    e[0].desc.first_layer = cut1;
+    e[1].desc.first_layer = cut2;
+    run_err(2, e);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, e[1].st, pdp_status_name);
+    ASSERT(strstr(e[1].msg, "stage 1 starts at layer 2 here but at layer 1 on rank 0") != NULL);
+    /* a batch smaller than m; no labels on the last stage */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&full, MLP), pdp_status_name);
+    memset(&pd, 0, sizeof pd);
+    pd.micro_batches = 4;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_pp_create(&pp, full, c, &pd), pdp_status_name);
+    make_batch(0, 20, x, y, target); /* the first 3 rows */
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_pp_forward_backward(pp, &xt, y, &loss), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "batch of 3 rows for 4 micro-batches") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_pp_forward_backward(pp, &xt, NULL, &loss),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "labels is NULL on the last stage") != NULL);
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
+SUITE(pp)
+{
+    RUN_TEST(pp_gpipe_and_1f1b_equal_single_device_on_the_whole_batch);
+    RUN_TEST(pp_cnn_cut_after_conv_and_before_flatten);
+    RUN_TEST(pp_callers_loss_mse);
+    RUN_TEST(pp_2d_dp_x_pp_equals_single_device);
+    RUN_TEST(pp_schedules_memory_and_bytes);
+    RUN_TEST(pp_schedule_lists);
+    RUN_TEST(pp_balance_by_parameters_and_by_time);
+    RUN_TEST(pp_trace_draws_one_lane_per_stage);
+    RUN_TEST(pp_errors);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(pp);
+    GREATEST_MAIN_END();
+}
