@@ -14,19 +14,14 @@
    hot loop allocating nothing after the first step, and the error paths. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
-#include <stdlib.h>
-#include <stdatomic.h>
-static atomic_long test_allocs;
-static void *test_malloc(size_t n)
-{
-    atomic_fetch_add(&test_allocs, 1);
-    return malloc(n);
-}
-#define PDP_MALLOC(n) test_malloc(n)
-#define PDP_FREE(p) free(p)
+#include "counting_alloc.h"
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #define MAXR 4
@@ -248,7 +243,7 @@ static void *rank_main(void *arg)
     for (s = 0; s < STEPS; s++) {
         if (s == 1) {
             if (fail(ctx, pdp_comm_barrier(world, NULL))) goto out;
-            ctx->allocs_after_first = atomic_load(&test_allocs);
+            ctx->allocs_after_first = pdp_test_allocs();
         }
         make_batch(s, f, x, y, target);
         pdp_tensor_wrap(x + row0 * f, pdp_cpu(), k->kind == CNN ? 4 : 2, shape, &xt);
@@ -258,7 +253,7 @@ static void *rank_main(void *arg)
         ctx->last_loss = loss;
     }
     if (fail(ctx, pdp_comm_barrier(world, NULL))) goto out;
-    ctx->allocs_after_first = atomic_load(&test_allocs) - ctx->allocs_after_first;
+    ctx->allocs_after_first = pdp_test_allocs() - ctx->allocs_after_first;
     pdp_pp_get_stats(pp, &ctx->stats);
     if (ctx->ref) { /* every parameter of this stage against the reference, by name */
         for (i = 0; i < pdp_model_num_params(m); i++) {
