@@ -58,7 +58,7 @@ $(B):
 #   so PDP_STATIC saves them nothing; test_harness has no pdp.h. The examples use the public
 #   API only and link $(IMPL_OBJ) too; each also builds alone, as the line in its top comment
 #   says (tests/test_build.sh builds one that way).
-SHARED_TESTS = $(addprefix $(B)/test_,cuda loss)
+SHARED_TESTS = $(addprefix $(B)/test_,cuda loss pp)
 STATIC_TESTS = $(addprefix $(B)/test_,tensor comm store mpi threads trace data gemm gemm_nosimd)
 IMPL_LINKED  = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
 IMPL_OBJ     = $(B)/pdp_impl.o
