@@ -55,6 +55,7 @@ struct pdp_zero {
     int *gbuf_unit;      /* the unit holding each, or -1 */
     pdp__zero_pslot *pslots;
     uint64_t clock;
+    int trace_gather;    /* the all-gathers' trace lane ("allgather <comm name>"), 0: off */
     float **layer_w, **layer_dw;
     float scalar;        /* clipping's all-reduced squared norm */
     bool no_sync;
@@ -141,11 +142,11 @@ static pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
     char name[96];
     if (!p->work) return PDP_OK;
     st = pdp_work_wait(p->work);
-    if (z->r.trace_comm && st == PDP_OK) {
+    if (z->trace_gather && st == PDP_OK) {
         char ev[48], args[64];
         snprintf(ev, sizeof ev, "allgather unit %d", p->unit);
         snprintf(args, sizeof args, "\"bytes\":%lld", (long long)z->units[p->unit].s * 4 * z->size);
-        pdp__trace_async(z->rank, z->r.trace_comm, "comm", ev,
+        pdp__trace_async(z->rank, z->trace_gather, "comm", ev,
                          ((uint64_t)z->rank << 40) | (uint64_t)p->work->seq, p->t_launch,
                          p->work->t_done, args);
     }
@@ -206,7 +207,7 @@ static pdp_status pdp__zero_need(pdp_zero *z, int u, int next)
     if ((st = pdp__zero_wait_slot(z, k->pslot)) != PDP_OK) return st;
     z->pslots[k->pslot].used = ++z->clock;
     pdp__zero_point(z, u, z->layer_w, z->pslots[k->pslot].buf);
-    if (next >= 0 && next < z->nunits && z->units[next].pslot < 0)
+    if (!z->desc.no_prefetch && next >= 0 && next < z->nunits && z->units[next].pslot < 0)
         return pdp__zero_gather_launch(z, next, u);
     return PDP_OK;
 }
@@ -360,6 +361,11 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     rd.finish_names = "pdp_zero_step or pdp_zero_finish";
     rd.user = z;
     if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
+    if (z->r.trace_comm) { /* the reduce-scatters on the reducer's lane, the gathers on this */
+        char lane[64];
+        snprintf(lane, sizeof lane, "allgather %s", c->name);
+        z->trace_gather = pdp__trace_track(z->rank, lane);
+    }
     /* units: the buckets; shard offsets in flat-block order (the last bucket first) */
     z->nunits = z->r.nbuckets;
     z->units = (pdp__zero_unit *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *z->units);
@@ -546,10 +552,10 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
         z->gathers++;
         t0 = pdp__now();
         st = pdp_comm_allgather(z->c, mine, z->staging, k->s, NULL);
-        if (z->r.trace_comm && st == PDP_OK) {
+        if (z->trace_gather && st == PDP_OK) {
             char ev[48];
             snprintf(ev, sizeof ev, "allgather unit %d", u);
-            pdp__trace_complete(z->rank, z->r.trace_comm, "comm", ev, t0, pdp__now(), NULL);
+            pdp__trace_complete(z->rank, z->trace_gather, "comm", ev, t0, pdp__now(), NULL);
         }
         if (st != PDP_OK) {
             char name[96];

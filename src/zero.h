@@ -89,6 +89,8 @@ typedef struct pdp_zero_desc {
     double first_bucket_mb;  /* the first unit (the last layers); default min(1, cap) */
     int grad_buffers;        /* stages 2-3: gradient bucket buffers; default 2 */
     int param_buffers;       /* stage 3: gathered parameter buffers, >= 2; default 2 */
+    bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for
+                                measuring what prefetch gains); default false */
 } pdp_zero_desc;
 
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
