@@ -16847,6 +16847,7 @@ static void pdp__zero_ckpt_views(const pdp_zero *z, const pdp_optim *opt, float 
     int k;
     *mv = *z->m;
     mv->param_count = (int64_t)z->size * z->shard_count;
+    mv->nparams = 0; /* no named tensors: a full file in a shard's place fails, naming one */
     *ov = *opt;
     ov->model = mv;
     ov->count = mv->param_count;
