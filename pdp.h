@@ -1516,6 +1516,8 @@ typedef struct pdp_zero_desc {
     double first_bucket_mb;  /* the first unit (the last layers); default min(1, cap) */
     int grad_buffers;        /* stages 2-3: gradient bucket buffers; default 2 */
     int param_buffers;       /* stage 3: gathered parameter buffers, >= 2; default 2 */
+    bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for
+                                measuring what prefetch gains); default false */
 } pdp_zero_desc;
 
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
@@ -1556,6 +1558,33 @@ PDP_API pdp_status pdp_zero_gather_params(pdp_zero *z, float *dst);
 PDP_API pdp_model *pdp_zero_model(const pdp_zero *z);
 PDP_API int pdp_zero_stage(const pdp_zero *z);
 PDP_API int pdp_zero_num_units(const pdp_zero *z);
+
+/* Checkpoints (at a step boundary, after pdp_zero_step; all collective). A set
+   under prefix P is one shard file per rank, "P.rank<r>.safetensors" (the
+   rank's parameter slices and optimizer state in its shard layout: checkpoint.c's
+   shard file of the range [r S, (r + 1) S) of the N S floats of all shards in
+   rank order, S = shard_count, so its metadata names the rank, the world size
+   and the step), and the marker "P.done", which rank 0 writes only after every
+   rank's file is on disk (removing the old marker first: a set with a marker is
+   complete, as in llm.c). The marker holds the world size, stage, step and unit
+   plan. Load validates the marker against this run (world size, parameter
+   count, units) and every rank's file (range, step, tensors, checksums) into
+   staging buffers; only when every rank succeeded is anything copied, so a bad
+   set fails on every rank with a message naming the marker or the bad file, the
+   parameters and optimizer untouched. Resume at the same world size is
+   bit-exact; the stage may differ (the layout is the same). Every save
+   overwrites the set of its prefix (put the step in the prefix to keep several). */
+PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix);
+PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix);
+/* One full checkpoint (pdp_checkpoint_save's file: state_dict names, PyTorch
+   reads it) of the parameters and the optimizer state, written by rank 0 after
+   all-gathering them (rank 0 holds a full optimizer state while it writes). */
+PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim *opt,
+                                                   const char *path);
+/* Loads a full checkpoint (pdp_checkpoint_save's or consolidate's, any world
+   size) into this run: each rank reads its slices (re-sharding), validated on
+   every rank before anything is copied, as above. */
+PDP_API pdp_status pdp_zero_checkpoint_load_full(pdp_zero *z, pdp_optim *opt, const char *path);
 
 typedef struct pdp_zero_memory {
     int64_t param_count;     /* Psi */
@@ -16869,6 +16898,8 @@ out:
    are fixed, the handles come from the backends' pools. */
 
 /* #include "internal.h" (already above) */
+#include <errno.h>
+#include <unistd.h>
 
 typedef struct pdp__zero_unit {
     int64_t off, count;  /* the unit's range of the flat block */
@@ -16905,6 +16936,7 @@ struct pdp_zero {
     int *gbuf_unit;      /* the unit holding each, or -1 */
     pdp__zero_pslot *pslots;
     uint64_t clock;
+    int trace_gather;    /* the all-gathers' trace lane ("allgather <comm name>"), 0: off */
     float **layer_w, **layer_dw;
     float scalar;        /* clipping's all-reduced squared norm */
     bool no_sync;
@@ -16991,11 +17023,11 @@ static pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
     char name[96];
     if (!p->work) return PDP_OK;
     st = pdp_work_wait(p->work);
-    if (z->r.trace_comm && st == PDP_OK) {
+    if (z->trace_gather && st == PDP_OK) {
         char ev[48], args[64];
         snprintf(ev, sizeof ev, "allgather unit %d", p->unit);
         snprintf(args, sizeof args, "\"bytes\":%lld", (long long)z->units[p->unit].s * 4 * z->size);
-        pdp__trace_async(z->rank, z->r.trace_comm, "comm", ev,
+        pdp__trace_async(z->rank, z->trace_gather, "comm", ev,
                          ((uint64_t)z->rank << 40) | (uint64_t)p->work->seq, p->t_launch,
                          p->work->t_done, args);
     }
@@ -17056,7 +17088,7 @@ static pdp_status pdp__zero_need(pdp_zero *z, int u, int next)
     if ((st = pdp__zero_wait_slot(z, k->pslot)) != PDP_OK) return st;
     z->pslots[k->pslot].used = ++z->clock;
     pdp__zero_point(z, u, z->layer_w, z->pslots[k->pslot].buf);
-    if (next >= 0 && next < z->nunits && z->units[next].pslot < 0)
+    if (!z->desc.no_prefetch && next >= 0 && next < z->nunits && z->units[next].pslot < 0)
         return pdp__zero_gather_launch(z, next, u);
     return PDP_OK;
 }
@@ -17210,6 +17242,11 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     rd.finish_names = "pdp_zero_step or pdp_zero_finish";
     rd.user = z;
     if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
+    if (z->r.trace_comm) { /* the reduce-scatters on the reducer's lane, the gathers on this */
+        char lane[64];
+        snprintf(lane, sizeof lane, "allgather %s", c->name);
+        z->trace_gather = pdp__trace_track(z->rank, lane);
+    }
     /* units: the buckets; shard offsets in flat-block order (the last bucket first) */
     z->nunits = z->r.nbuckets;
     z->units = (pdp__zero_unit *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *z->units);
@@ -17396,10 +17433,10 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
         z->gathers++;
         t0 = pdp__now();
         st = pdp_comm_allgather(z->c, mine, z->staging, k->s, NULL);
-        if (z->r.trace_comm && st == PDP_OK) {
+        if (z->trace_gather && st == PDP_OK) {
             char ev[48];
             snprintf(ev, sizeof ev, "allgather unit %d", u);
-            pdp__trace_complete(z->rank, z->r.trace_comm, "comm", ev, t0, pdp__now(), NULL);
+            pdp__trace_complete(z->rank, z->trace_gather, "comm", ev, t0, pdp__now(), NULL);
         }
         if (st != PDP_OK) {
             char name[96];
@@ -17538,6 +17575,443 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
     if (!out) return;
     memset(out, 0, sizeof *out);
     if (z) *out = z->stats;
+}
+
+/* ---- zero: checkpoints ----
+   A set under prefix P: rank r's shard file "P.rank<r>.safetensors" and the
+   marker "P.done". The shard file is checkpoint.c's shard file of the range
+   [r S, (r + 1) S) of the padded shard-order block (every rank's shard in rank
+   order, N S floats, S = shard_count): "params" holds the rank's parameter
+   slices and "optim.<state>" its optimizer state, both in the shard's layout
+   (padding zeros), so shard.lo / shard.hi / shard.count name the rank, the world
+   size and the shard size, and optim.steps the step. The marker, written by
+   rank 0 only after every rank's file is on disk, holds the plan (world size,
+   stage, step, parameter and shard counts, each unit's offset, count and slice)
+   that the load holds the run and every file to. */
+
+/* Every rank's verdict: bad[r] is true when rank r failed. Collective (a sum of
+   one-hot flags, on the model's device as the backend wants). */
+static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad)
+{
+    float flags[64], *dev = NULL;
+    int n = z->size, r;
+    pdp_status st;
+    PDP_ASSERT(n <= 64);
+    for (r = 0; r < n; r++) flags[r] = 0.0f;
+    flags[z->rank] = ok ? 0.0f : 1.0f;
+    if (z->m->device.kind == PDP_DEVICE_CPU) {
+        st = pdp_comm_allreduce(z->c, flags, n, PDP_REDUCE_SUM, NULL);
+    } else {
+        if ((st = pdp__dev_alloc(z->m->device, sizeof flags, (void **)&dev)) != PDP_OK) return st;
+        if ((st = pdp__dev_copy(z->m->device, dev, pdp_cpu(), flags, (size_t)n * 4)) == PDP_OK &&
+            (st = pdp_comm_allreduce(z->c, dev, n, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+            st = pdp__dev_copy(pdp_cpu(), flags, z->m->device, dev, (size_t)n * 4);
+        pdp__dev_free(z->m->device, dev);
+    }
+    for (r = 0; r < n; r++) bad[r] = flags[r] != 0.0f;
+    return st;
+}
+
+static void pdp__zero_shard_path(char *out, size_t cap, const char *prefix, int rank)
+{
+    snprintf(out, cap, "%s.rank%d.safetensors", prefix, rank);
+}
+
+/* Checks the call; a step boundary (no backward waiting for its step). */
+static pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const char *path,
+                                      const char *fn)
+{
+    if (!z || !opt || !path)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !z ? "zero" : !opt ? "opt" : "path");
+    if (!opt->shard || opt->model != z->m || opt->hi != z->shard_count)
+        return pdp__err(PDP_ERR_INVALID, "%s: opt was not made by pdp_zero_optim_create for this "
+                        "executor", fn);
+    if (strlen(path) > 3900) return pdp__err(PDP_ERR_INVALID, "%s: the path is too long", fn);
+    if (z->size > 64)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %d ranks (checkpoints: at most 64)", fn, z->size);
+    if (z->r.state != PDP__RED_IDLE || z->deferred != PDP_OK)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: a backward waits for its step; checkpoint "
+                        "after pdp_zero_step", fn, z->rank);
+    return PDP_OK;
+}
+
+/* The views checkpoint.c's range functions see: a model whose flat block is the
+   padded shard-order block, and opt covering rank r's range of it, its state
+   (or the given buffers) at the range's start. */
+static void pdp__zero_ckpt_views(const pdp_zero *z, const pdp_optim *opt, float *const *state,
+                                 pdp_model *mv, pdp_optim *ov)
+{
+    int k;
+    *mv = *z->m;
+    mv->param_count = (int64_t)z->size * z->shard_count;
+    mv->nparams = 0; /* no named tensors: a full file in a shard's place fails, naming one */
+    *ov = *opt;
+    ov->model = mv;
+    ov->count = mv->param_count;
+    ov->lo = (int64_t)z->rank * z->shard_count;
+    ov->hi = ov->lo + z->shard_count;
+    for (k = 0; state && k < ov->nstate; k++) ov->state[k] = state[k];
+}
+
+/* The rank's parameter slices in shard layout into dst (shard_count floats, on the
+   model's device), from the parameter shard (stage 3) or the full block. */
+static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
+{
+    pdp_device dev = z->m->device;
+    pdp_status st;
+    int u;
+    if (z->stage == 3)
+        return pdp__dev_copy(dev, dst, dev, z->param_shard, (size_t)z->shard_count * 4);
+    if ((st = pdp__dev_memset0(dev, dst, (size_t)z->shard_count * 4)) != PDP_OK) return st;
+    for (u = 0; u < z->nunits; u++) {
+        const pdp__zero_unit *k = &z->units[u];
+        if (k->mine &&
+            (st = pdp__dev_copy(dev, dst + k->shard_off, dev,
+                                z->m->param_block + k->off + (int64_t)z->rank * k->s,
+                                (size_t)k->mine * 4)) != PDP_OK)
+            return st;
+    }
+    return PDP_OK;
+}
+
+/* The marker's text for this run at step steps. */
+static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, char *out, size_t cap)
+{
+    size_t n;
+    int u;
+    n = (size_t)snprintf(out, cap, "pdp-zero-checkpoint 1\nworld_size %d\nstage %d\nstep %lld\n"
+                         "param_count %lld\nshard_count %lld\nunits %d\n", z->size, z->stage,
+                         (long long)steps, (long long)z->m->param_count,
+                         (long long)z->shard_count, z->nunits);
+    for (u = 0; u < z->nunits && n < cap; u++)
+        n += (size_t)snprintf(out + n, cap - n, "unit %d %lld %lld %lld\n", u,
+                              (long long)z->units[u].off, (long long)z->units[u].count,
+                              (long long)z->units[u].s);
+}
+
+/* Writes the marker atomically (temporary, fsync, rename). */
+static pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
+{
+    char tmp[4160];
+    FILE *f;
+    size_t len = strlen(text);
+    int ok;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    if (!(f = fopen(tmp, "wb")))
+        return pdp__err(PDP_ERR_IO, "%s: %s: fopen failed: %s", fn, tmp, strerror(errno));
+    ok = fwrite(text, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        pdp_status st = pdp__err(PDP_ERR_IO, "%s: %s: writing the marker failed: %s", fn, path,
+                                 strerror(errno));
+        remove(tmp);
+        return st;
+    }
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix)
+{
+    static const char *fn = "pdp_zero_checkpoint_save";
+    char path[4096], marker[4096], *text = NULL;
+    float *packed = NULL;
+    bool bad[64];
+    pdp_model mv;
+    pdp_optim ov;
+    pdp_status st;
+    int r;
+    size_t cap;
+    if ((st = pdp__zero_ckpt_args(z, opt, prefix, fn)) != PDP_OK) return st;
+    snprintf(marker, sizeof marker, "%s.done", prefix);
+    pdp__zero_shard_path(path, sizeof path, prefix, z->rank);
+    /* the old marker goes first: a set with a marker is always complete */
+    st = PDP_OK;
+    if (z->rank == 0 && remove(marker) != 0 && errno != ENOENT)
+        st = pdp__err(PDP_ERR_IO, "%s: %s: removing the old marker failed: %s", fn, marker,
+                      strerror(errno));
+    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK || bad[0])
+        return st != PDP_OK ? st : pdp__err(PDP_ERR_IO, "%s: rank 0 could not remove %s", fn,
+                                            marker);
+    if ((st = pdp__dev_alloc(z->m->device, (size_t)PDP__MAX(1, z->shard_count) * 4,
+                             (void **)&packed)) == PDP_OK &&
+        (st = pdp__zero_pack_params(z, packed)) == PDP_OK) {
+        pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
+        st = pdp__checkpoint_save_range(path, &mv, packed, &ov, ov.lo, ov.hi, fn);
+    }
+    pdp__dev_free(z->m->device, packed);
+    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK)
+        return pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree that the set %s is "
+                        "written (no marker)", fn, z->rank, prefix);
+    if (st != PDP_OK) return st;
+    for (r = 0; r < z->size; r++)
+        if (bad[r]) {
+            pdp__zero_shard_path(path, sizeof path, prefix, r);
+            return pdp__err(PDP_ERR_IO, "%s: rank %d could not write %s (no marker written)", fn,
+                            r, path);
+        }
+    if (z->rank == 0) {
+        cap = 256 + (size_t)z->nunits * 96;
+        if (!(text = (char *)pdp__alloc(cap))) {
+            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+        } else {
+            pdp__zero_marker_text(z, opt->steps, text, cap);
+            st = pdp__zero_write_marker(marker, text, fn);
+            pdp__dealloc(text);
+        }
+    }
+    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK || bad[0])
+        return st != PDP_OK ? st : pdp__err(PDP_ERR_IO, "%s: rank 0 could not write the marker "
+                                            "%s", fn, marker);
+    return PDP_OK;
+}
+
+/* Reads the marker and holds it to this run; *steps gets its step. */
+static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *steps,
+                                        const char *fn)
+{
+    char *want, *have;
+    size_t cap = 256 + (size_t)z->nunits * 96, n;
+    long long step = 0;
+    int world = 0;
+    FILE *f;
+    pdp_status st = PDP_OK;
+    if (!(f = fopen(path, "rb")))
+        return pdp__err(PDP_ERR_IO, "%s: %s: %s (no marker: the set is incomplete or absent)", fn,
+                        path, strerror(errno));
+    want = (char *)pdp__alloc(cap);
+    have = (char *)pdp__alloc(cap + 1);
+    if (!want || !have) {
+        fclose(f);
+        pdp__dealloc(want);
+        pdp__dealloc(have);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
+    n = fread(have, 1, cap, f);
+    have[n] = '\0';
+    fclose(f);
+    if (sscanf(have, "pdp-zero-checkpoint 1\nworld_size %d\nstage %*d\nstep %lld", &world,
+               &step) != 2) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a ZeRO checkpoint marker", fn, path);
+    } else if (world != z->size) {
+        st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the set was written by %d ranks, this run has %d "
+                      "(load a consolidated checkpoint with pdp_zero_checkpoint_load_full to "
+                      "change the world size)", fn, path, world, z->size);
+    } else {
+        /* the same plan: everything after the stage and step lines */
+        const char *a, *b;
+        pdp__zero_marker_text(z, (int64_t)step, want, cap);
+        a = strstr(want, "param_count");
+        b = strstr(have, "param_count");
+        if (!b || strcmp(a, b) != 0)
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the set's units (parameter count, shard size, "
+                          "unit plan) differ from this run's: another model or bucket size", fn,
+                          path);
+    }
+    pdp__dealloc(want);
+    pdp__dealloc(have);
+    *steps = (int64_t)step;
+    return st;
+}
+
+/* Commits a validated load: params (shard layout, on the device) into the shard
+   or the full block (stages 1-2 then all-gather), state into opt. */
+static pdp_status pdp__zero_commit(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
+                                   float *params, float *const *state, const char *fn)
+{
+    pdp_device dev = z->m->device;
+    pdp_status st;
+    int u, k;
+    for (k = 0; k < opt->nstate; k++)
+        if ((st = pdp__dev_copy(dev, opt->state[k], dev, state[k],
+                                (size_t)z->shard_count * 4)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d: copying the optimizer state", fn, z->rank);
+    opt->desc = loaded->desc;
+    opt->steps = loaded->steps;
+    if (z->stage == 3) {
+        if ((st = pdp__zero_release_params(z)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+        if (z->m->param_block) { /* a gathered copy: stale now */
+            pdp__dev_free(dev, z->m->param_block);
+            z->m->param_block = NULL;
+        }
+        return pdp__dev_copy(dev, z->param_shard, dev, params, (size_t)z->shard_count * 4);
+    }
+    for (u = 0; u < z->nunits; u++) {
+        const pdp__zero_unit *q = &z->units[u];
+        if (q->mine &&
+            (st = pdp__dev_copy(dev, z->m->param_block + q->off + (int64_t)z->rank * q->s, dev,
+                                params + q->shard_off, (size_t)q->mine * 4)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d: copying the parameters", fn, z->rank);
+    }
+    return pdp__zero_gather_full(z, z->m->param_block, fn);
+}
+
+/* params and nstate state buffers of shard_count floats each, on the device. */
+static pdp_status pdp__zero_ckpt_staging(pdp_zero *z, const pdp_optim *opt, float **params,
+                                         float **state, const char *fn)
+{
+    size_t bytes = (size_t)PDP__MAX(1, z->shard_count) * 4;
+    pdp_status st;
+    int k;
+    if ((st = pdp__dev_alloc(z->m->device, bytes, (void **)params)) != PDP_OK ||
+        (st = pdp__dev_memset0(z->m->device, *params, bytes)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: no staging memory", fn, z->rank);
+    for (k = 0; k < opt->nstate; k++)
+        if ((st = pdp__dev_alloc(z->m->device, bytes, (void **)&state[k])) != PDP_OK ||
+            (st = pdp__dev_memset0(z->m->device, state[k], bytes)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d: no staging memory", fn, z->rank);
+    return PDP_OK;
+}
+
+static void pdp__zero_ckpt_staging_free(pdp_zero *z, float *params, float **state)
+{
+    int k;
+    pdp__dev_free(z->m->device, params);
+    for (k = 0; k < 2; k++) pdp__dev_free(z->m->device, state[k]);
+}
+
+/* The agreement after a load's validation: every rank's verdict, then (all good)
+   the commit. what(r) names rank r's file in the message of the ranks whose own
+   file was fine. */
+static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
+                                        pdp_status st, float *params, float **state,
+                                        const char *prefix, bool full, uint64_t seed,
+                                        uint64_t mstep, const char *fn)
+{
+    char path[4096];
+    bool bad[64];
+    int r;
+    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK && st == PDP_OK)
+        st = pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree on the load; nothing "
+                      "was loaded", fn, z->rank);
+    for (r = 0; st == PDP_OK && r < z->size; r++)
+        if (bad[r]) {
+            if (full) snprintf(path, sizeof path, "%s", prefix);
+            else pdp__zero_shard_path(path, sizeof path, prefix, r);
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: rank %d could not load it (its error says "
+                          "why); nothing was loaded", fn, path, r);
+        }
+    if (st == PDP_OK) st = pdp__zero_commit(z, opt, loaded, params, state, fn);
+    else {
+        z->m->seed = seed; /* a range load sets them: put back */
+        z->m->step = mstep;
+    }
+    pdp__zero_ckpt_staging_free(z, params, state);
+    return st;
+}
+
+PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix)
+{
+    static const char *fn = "pdp_zero_checkpoint_load";
+    char path[4096], marker[4096];
+    float *params = NULL, *state[2] = {NULL, NULL};
+    uint64_t seed, mstep;
+    int64_t steps = 0;
+    pdp_model mv;
+    pdp_optim ov;
+    pdp_status st;
+    if ((st = pdp__zero_ckpt_args(z, opt, prefix, fn)) != PDP_OK) return st;
+    seed = z->m->seed;
+    mstep = z->m->step;
+    snprintf(marker, sizeof marker, "%s.done", prefix);
+    pdp__zero_shard_path(path, sizeof path, prefix, z->rank);
+    pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
+    if ((st = pdp__zero_read_marker(z, marker, &steps, fn)) == PDP_OK &&
+        (st = pdp__zero_ckpt_staging(z, opt, &params, state, fn)) == PDP_OK) {
+        pdp__zero_ckpt_views(z, opt, state, &mv, &ov);
+        st = pdp__checkpoint_load_range(path, &mv, params, &ov, ov.lo, ov.hi, fn);
+        if (st == PDP_OK && ov.steps != steps)
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: holds step %lld, the set's marker %s says "
+                          "%lld (a file of another save)", fn, path, (long long)ov.steps, marker,
+                          (long long)steps);
+    }
+    z->m->seed = mv.seed;
+    z->m->step = mv.step;
+    return pdp__zero_load_finish(z, opt, &ov, st, params, state, prefix, false, seed, mstep, fn);
+}
+
+PDP_API pdp_status pdp_zero_checkpoint_load_full(pdp_zero *z, pdp_optim *opt, const char *path)
+{
+    static const char *fn = "pdp_zero_checkpoint_load_full";
+    float *params = NULL, *state[2] = {NULL, NULL};
+    uint64_t seed, mstep;
+    pdp_optim ov;
+    pdp_status st;
+    int u, k;
+    if ((st = pdp__zero_ckpt_args(z, opt, path, fn)) != PDP_OK) return st;
+    seed = z->m->seed;
+    mstep = z->m->step;
+    ov = *opt;
+    if ((st = pdp__zero_ckpt_staging(z, opt, &params, state, fn)) == PDP_OK) {
+        /* unit by unit, the slice [off + r s, off + r s + mine) of the full file */
+        for (u = 0; u < z->nunits && st == PDP_OK; u++) {
+            const pdp__zero_unit *q = &z->units[u];
+            int64_t lo = q->off + PDP__MIN((int64_t)z->rank * q->s, q->count);
+            ov.lo = lo;
+            ov.hi = lo + q->mine;
+            ov.count = z->m->param_count;
+            for (k = 0; k < ov.nstate; k++) ov.state[k] = state[k] + q->shard_off;
+            st = pdp__checkpoint_load_range(path, z->m, params + q->shard_off, &ov, ov.lo, ov.hi,
+                                            fn);
+        }
+    }
+    return pdp__zero_load_finish(z, opt, &ov, st, params, state, path, true, seed, mstep, fn);
+}
+
+PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim *opt,
+                                                   const char *path)
+{
+    static const char *fn = "pdp_zero_checkpoint_consolidate";
+    pdp_device dev;
+    pdp_optim *full = NULL;
+    float *buf = NULL;
+    bool gathered = false, bad[64];
+    pdp_status st;
+    int u, k;
+    if ((st = pdp__zero_ckpt_args(z, opt, path, fn)) != PDP_OK) return st;
+    dev = z->m->device;
+    if (z->stage == 3 && !z->m->param_block) gathered = true;
+    if ((st = pdp_zero_gather_params(z, NULL)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (z->rank == 0) st = pdp__optim_create_range(&full, z->m, &opt->desc, 0,
+                                                  z->m->param_count, fn);
+    if (st == PDP_OK &&
+        (st = pdp__dev_alloc(dev, (size_t)(z->size * z->smax) * 4, (void **)&buf)) != PDP_OK)
+        st = pdp__err_wrap(st, "%s: rank %d: no memory to gather the optimizer state", fn,
+                           z->rank);
+    /* every rank takes part in every gather: on a local failure it still sends zeros */
+    for (k = 0; k < opt->nstate; k++)
+        for (u = 0; u < z->nunits; u++) {
+            const pdp__zero_unit *q = &z->units[u];
+            pdp_status cs;
+            if (!buf) break;
+            if (pdp__dev_copy(dev, buf + (int64_t)z->rank * q->s, dev, opt->state[k] + q->shard_off,
+                              (size_t)q->s * 4) != PDP_OK && st == PDP_OK)
+                st = pdp__err(PDP_ERR_CUDA, "%s: rank %d: copying the state", fn, z->rank);
+            cs = pdp_comm_allgather(z->c, buf + (int64_t)z->rank * q->s, buf, q->s, NULL);
+            if (cs != PDP_OK) {
+                pdp__dev_free(dev, buf);
+                pdp_optim_free(full);
+                return pdp__err_wrap(cs, "%s: rank %d: gathering the optimizer state", fn,
+                                     z->rank);
+            }
+            if (full && st == PDP_OK)
+                st = pdp__dev_copy(dev, full->state[k] + q->off, dev, buf, (size_t)q->count * 4);
+        }
+    pdp__dev_free(dev, buf);
+    if (full && st == PDP_OK) {
+        full->steps = opt->steps;
+        st = pdp_checkpoint_save(path, z->m, full);
+    }
+    pdp_optim_free(full);
+    if (gathered) { /* not the caller's copy: give the memory back */
+        pdp__dev_free(dev, z->m->param_block);
+        z->m->param_block = NULL;
+    }
+    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK && st == PDP_OK)
+        return pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree on %s", fn, z->rank,
+                        path);
+    if (st != PDP_OK) return st;
+    if (bad[0]) return pdp__err(PDP_ERR_IO, "%s: %s: rank 0 could not write it", fn, path);
+    return PDP_OK;
 }
 /* ---- end src/zero.c ---- */
 

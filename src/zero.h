@@ -89,6 +89,8 @@ typedef struct pdp_zero_desc {
     double first_bucket_mb;  /* the first unit (the last layers); default min(1, cap) */
     int grad_buffers;        /* stages 2-3: gradient bucket buffers; default 2 */
     int param_buffers;       /* stage 3: gathered parameter buffers, >= 2; default 2 */
+    bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for
+                                measuring what prefetch gains); default false */
 } pdp_zero_desc;
 
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
@@ -129,6 +131,33 @@ PDP_API pdp_status pdp_zero_gather_params(pdp_zero *z, float *dst);
 PDP_API pdp_model *pdp_zero_model(const pdp_zero *z);
 PDP_API int pdp_zero_stage(const pdp_zero *z);
 PDP_API int pdp_zero_num_units(const pdp_zero *z);
+
+/* Checkpoints (at a step boundary, after pdp_zero_step; all collective). A set
+   under prefix P is one shard file per rank, "P.rank<r>.safetensors" (the
+   rank's parameter slices and optimizer state in its shard layout: checkpoint.c's
+   shard file of the range [r S, (r + 1) S) of the N S floats of all shards in
+   rank order, S = shard_count, so its metadata names the rank, the world size
+   and the step), and the marker "P.done", which rank 0 writes only after every
+   rank's file is on disk (removing the old marker first: a set with a marker is
+   complete, as in llm.c). The marker holds the world size, stage, step and unit
+   plan. Load validates the marker against this run (world size, parameter
+   count, units) and every rank's file (range, step, tensors, checksums) into
+   staging buffers; only when every rank succeeded is anything copied, so a bad
+   set fails on every rank with a message naming the marker or the bad file, the
+   parameters and optimizer untouched. Resume at the same world size is
+   bit-exact; the stage may differ (the layout is the same). Every save
+   overwrites the set of its prefix (put the step in the prefix to keep several). */
+PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix);
+PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix);
+/* One full checkpoint (pdp_checkpoint_save's file: state_dict names, PyTorch
+   reads it) of the parameters and the optimizer state, written by rank 0 after
+   all-gathering them (rank 0 holds a full optimizer state while it writes). */
+PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim *opt,
+                                                   const char *path);
+/* Loads a full checkpoint (pdp_checkpoint_save's or consolidate's, any world
+   size) into this run: each rank reads its slices (re-sharding), validated on
+   every rank before anything is copied, as above. */
+PDP_API pdp_status pdp_zero_checkpoint_load_full(pdp_zero *z, pdp_optim *opt, const char *path);
 
 typedef struct pdp_zero_memory {
     int64_t param_count;     /* Psi */

@@ -3,7 +3,9 @@
    expected events, units and escaping, per-rank file names, reference-counted
    open/close, a mid-run pdp_trace_flush, and a hot path that allocates nothing
    after warm-up while four threads record far more events than the buffer
-   holds. */
+   holds. ZeRO stage 3: reduce-scatter and all-gather lanes, and the prefetch
+   overlap (the next unit's gather starts before the current unit's forward
+   ends). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include <stddef.h>
@@ -272,6 +274,124 @@ TEST trace_hot_path_allocates_nothing(void)
     PASS();
 }
 
+/* ---- ZeRO's lanes and stage 3's prefetch ---- */
+
+typedef struct zero_rank {
+    pdp_local_group *g;
+    int rank;
+    pdp_status st;
+    char map[128]; /* "layer:unit,..." for the Linear layers (rank 0) */
+} zero_rank;
+
+static void *zero_rank_main(void *arg)
+{
+    zero_rank *zr = (zero_rank *)arg;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_zero *z = NULL;
+    pdp_optim *o = NULL;
+    pdp_model_desc md;
+    pdp_zero_desc zd;
+    float x[16 * 32], loss;
+    int32_t y[16];
+    int64_t shape[2] = {16, 32};
+    pdp_tensor xt;
+    int i, s;
+    size_t n = 0;
+    for (i = 0; i < 16 * 32; i++) x[i] = (float)((i * 37 + zr->rank * 11) % 17) / 17.0f - 0.5f;
+    for (i = 0; i < 16; i++) y[i] = (i + zr->rank) % 10;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 32;
+    md.seed = 3;
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 3;
+    zd.bucket_cap_mb = 0.0001; /* one unit per Linear layer */
+    zd.first_bucket_mb = 0.0001;
+    if ((zr->st = pdp_comm_create_local(&c, zr->g, zr->rank)) ||
+        (zr->st = pdp_model_create(&m, &md)) || (zr->st = pdp_model_add_linear(m, 64)) ||
+        (zr->st = pdp_model_add_relu(m)) || (zr->st = pdp_model_add_linear(m, 64)) ||
+        (zr->st = pdp_model_add_relu(m)) || (zr->st = pdp_model_add_linear(m, 64)) ||
+        (zr->st = pdp_model_add_relu(m)) || (zr->st = pdp_model_add_linear(m, 10)) ||
+        (zr->st = pdp_zero_create(&z, m, c, &zd)) || (zr->st = pdp_zero_optim_create(&o, z, NULL)))
+        goto out;
+    for (i = 0; i < m->nlayers; i++)
+        if (z->unit_of_layer[i] >= 0)
+            n += (size_t)snprintf(zr->map + n, sizeof zr->map - n, "%s%d:%d", n ? "," : "", i,
+                                  z->unit_of_layer[i]);
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < 2; s++)
+        if ((zr->st = pdp_zero_forward_backward(z, &xt, y, &loss)) ||
+            (zr->st = pdp_zero_step(z, o)))
+            goto out;
+out:
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* Stage 3 traced: rank 0 has an "allgather <name>" lane with the gathers and a
+   "comm <name>" lane with the reduce-scatters, and in forward order the gather of
+   the next unit starts before the current unit's forward ends (prefetch). */
+TEST trace_zero_lanes_and_prefetch_overlap(void)
+{
+    char path[512], script[512], cmd[1600];
+    pdp_local_group *g = NULL;
+    pthread_t t[2];
+    zero_rank zr[2];
+    FILE *f;
+    int r, rc;
+    if (!have_python()) SKIPm("python3 with json not found");
+    path_of(path, sizeof path, "zero.json");
+    path_of(script, sizeof script, "zero_check.py");
+    setenv("PDP_TRACE", path, 1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 2, NULL), pdp_status_name);
+    for (r = 0; r < 2; r++) {
+        memset(&zr[r], 0, sizeof zr[r]);
+        zr[r].g = g;
+        zr[r].rank = r;
+        pthread_create(&t[r], NULL, zero_rank_main, &zr[r]);
+    }
+    for (r = 0; r < 2; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+    unsetenv("PDP_TRACE");
+    for (r = 0; r < 2; r++) ASSERT_ENUM_EQ(PDP_OK, zr[r].st, pdp_status_name);
+    f = fopen(script, "w");
+    ASSERT(f != NULL);
+    fputs("import json, sys\n"
+          "ev = json.load(open(sys.argv[1]))['traceEvents']\n"
+          "unit = {int(a): int(b) for a, b in (p.split(':') for p in sys.argv[2].split(','))}\n"
+          "lanes = {e['tid']: e['args']['name'] for e in ev\n"
+          "         if e['ph'] == 'M' and e['name'] == 'thread_name' and e['pid'] == 0}\n"
+          "mine = [e for e in ev if e.get('pid') == 0]\n"
+          "rs = [e for e in mine if e['ph'] == 'b' and e['name'].startswith('reduce_scatter')]\n"
+          "ag = [e for e in mine if e['ph'] == 'b' and e['name'].startswith('allgather unit')]\n"
+          "assert rs and all(lanes[e['tid']].startswith('comm ') for e in rs), lanes\n"
+          "assert ag and all(lanes[e['tid']].startswith('allgather ') for e in ag), lanes\n"
+          "fw = sorted((e for e in mine if e['ph'] == 'X' and e['name'].startswith('forward ')\n"
+          "             and int(e['name'].split()[1]) in unit), key=lambda e: e['ts'])\n"
+          "assert len(fw) == 2 * len(unit), 'forward events %d' % len(fw)\n"
+          "overlaps = 0\n"
+          "for a, b in zip(fw, fw[1:]):\n"
+          "    la, lb = int(a['name'].split()[1]), int(b['name'].split()[1])\n"
+          "    if lb <= la: continue  # the next step's first layer\n"
+          "    end = a['ts'] + a['dur']\n"
+          "    name = 'allgather unit %d' % unit[lb]\n"
+          "    if any(g['name'] == name and g['ts'] < end and g['ts'] <= a['ts'] + a['dur']\n"
+          "           and g['ts'] >= a['ts'] - 1e4 for g in ag): overlaps += 1\n"
+          "    else: sys.exit('no prefetch of %s during forward %d' % (name, la))\n"
+          "assert overlaps == 2 * (len(unit) - 1), overlaps\n",
+          f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "python3 '%s' '%s' '%s'", script, path, zr[0].map);
+    rc = system(cmd);
+    remove(script);
+    remove(path);
+    ASSERT_EQm("the trace lacks the lanes or the prefetch overlap (python says why)", 0, rc);
+    PASS();
+}
+
 SUITE(trace)
 {
     RUN_TEST(trace_off_without_env);
@@ -280,6 +400,7 @@ SUITE(trace)
     RUN_TEST(trace_bad_path_fails_with_message);
     RUN_TEST(trace_refcounted_and_flush_mid_run);
     RUN_TEST(trace_hot_path_allocates_nothing);
+    RUN_TEST(trace_zero_lanes_and_prefetch_overlap);
 }
 
 GREATEST_MAIN_DEFS();

@@ -13,12 +13,21 @@
    stage 3 trains. Bytes: the communicator's count per step equals 2 (stages 1-2)
    or 3 (stage 3) x (N-1)/N x Psi_pad x 4. No allocation after the first step.
    Faults: an absent rank times out naming the collective, the unit and the
-   rank. An own loss under ZeRO synchronises too. */
+   rank. An own loss under ZeRO synchronises too.
+   Checkpoints: a saved set resumes bit-exactly at the same N (stages 1-3); the
+   consolidated file equals one device's pdp_checkpoint_save of the same
+   parameters and state byte for byte, Python's safetensors reads it with the
+   state_dict names, and it loads into a ZeRO run at another N and stage (whose
+   consolidation writes the same bytes again); bad sets (wrong N, a missing rank
+   file, a file of another step, no marker, a shard file as a full one) fail on
+   every rank naming the file, parameters and optimizer untouched. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Allocation accounting: a count, and per thread the live bytes and a budget (0: none). */
 static atomic_long test_allocs;
@@ -558,6 +567,393 @@ TEST zero_absent_rank_times_out_naming_collective_unit_and_rank(void)
     PASS();
 }
 
+/* ---- checkpoints ---- */
+
+/* One rank's part of a checkpoint scenario: train, save, load, train, consolidate. */
+typedef struct ckpt_job {
+    int n, stage;
+    bool adam;
+    int train_before;        /* steps on batches 0.. */
+    const char *save;        /* a set saved after them */
+    const char *load;        /* a set loaded (after train_before) */
+    const char *load_full;   /* a full checkpoint loaded */
+    int first_after;         /* the batch index of the first step after */
+    int train_after;
+    const char *save2;       /* a set saved after those */
+    const char *consolidate; /* a full checkpoint written at the end */
+} ckpt_job;
+
+typedef struct ckpt_rank {
+    pdp_local_group *g;
+    const ckpt_job *job;
+    int rank;
+    pdp_status st, load_st;
+    char msg[1024], load_msg[1024];
+    float before[MAXP], after_load[MAXP], params[MAXP];
+    int64_t count, steps_before, steps_after_load;
+} ckpt_rank;
+
+static pdp_status ckpt_train(pdp_zero *z, pdp_optim *o, int n, int r, int first, int steps)
+{
+    float x[B * IN], loss;
+    int32_t y[B];
+    int local = B / n, s;
+    int64_t shape[2];
+    pdp_tensor xt;
+    pdp_status st;
+    shape[0] = local;
+    shape[1] = IN;
+    pdp_tensor_wrap(x + r * local * IN, pdp_cpu(), 2, shape, &xt);
+    for (s = first; s < first + steps; s++) {
+        make_batch(s, x, y);
+        if ((st = pdp_zero_forward_backward(z, &xt, y + r * local, &loss)) ||
+            (st = pdp_zero_step(z, o)))
+            return st;
+    }
+    return PDP_OK;
+}
+
+static void *ckpt_rank_main(void *arg)
+{
+    ckpt_rank *ctx = (ckpt_rank *)arg;
+    const ckpt_job *job = ctx->job;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    config cf;
+    pdp_optim_desc od;
+    int r = ctx->rank;
+    memset(&cf, 0, sizeof cf);
+    cf.adam = job->adam;
+    od = optim_of(&cf);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = job->stage;
+    zd.bucket_cap_mb = 0.001; /* several units */
+    zd.first_bucket_mb = 0.001;
+    ctx->load_st = PDP_OK;
+    if ((ctx->st = pdp_comm_create_local(&c, ctx->g, r)) ||
+        (ctx->st = build_model(&m, r == 0 ? 1 : 50 + (uint64_t)r, 16)) ||
+        (ctx->st = pdp_zero_create(&z, m, c, &zd)) ||
+        (ctx->st = pdp_zero_optim_create(&o, z, &od)) ||
+        (ctx->st = ckpt_train(z, o, job->n, r, 0, job->train_before)) ||
+        (job->save && (ctx->st = pdp_zero_checkpoint_save(z, o, job->save))) ||
+        (ctx->st = pdp_zero_gather_params(z, ctx->before)))
+        goto out;
+    ctx->count = m->param_count;
+    ctx->steps_before = o->steps;
+    if (job->load || job->load_full) {
+        ctx->load_st = job->load ? pdp_zero_checkpoint_load(z, o, job->load)
+                                 : pdp_zero_checkpoint_load_full(z, o, job->load_full);
+        if (ctx->load_st) snprintf(ctx->load_msg, sizeof ctx->load_msg, "%s", pdp_last_error());
+        if ((ctx->st = pdp_zero_gather_params(z, ctx->after_load))) goto out;
+        ctx->steps_after_load = o->steps;
+    }
+    if ((ctx->st = ckpt_train(z, o, job->n, r, job->first_after, job->train_after)) ||
+        (job->save2 && (ctx->st = pdp_zero_checkpoint_save(z, o, job->save2))) ||
+        (job->consolidate && (ctx->st = pdp_zero_checkpoint_consolidate(z, o, job->consolidate))) ||
+        (ctx->st = pdp_zero_gather_params(z, ctx->params)))
+        goto out;
+out:
+    if (ctx->st) snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static void run_ckpt(const ckpt_job *job, ckpt_rank *ctx)
+{
+    pthread_t t[MAXR];
+    pdp_local_group *g = NULL;
+    pdp_comm_desc cd;
+    int r;
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = 20.0;
+    cd.name = "zero-ckpt";
+    pdp_local_group_create(&g, job->n, &cd);
+    for (r = 0; r < job->n; r++) {
+        memset(&ctx[r], 0, sizeof ctx[r]);
+        ctx[r].g = g;
+        ctx[r].job = job;
+        ctx[r].rank = r;
+        pthread_create(&t[r], NULL, ckpt_rank_main, &ctx[r]);
+    }
+    for (r = 0; r < job->n; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+}
+
+static char ckpt_dir[256];
+
+static const char *tmp_path(char *buf, const char *name)
+{
+    if (!ckpt_dir[0]) {
+        snprintf(ckpt_dir, sizeof ckpt_dir, "/tmp/pdp_test_zero_%ld", (long)getpid());
+        mkdir(ckpt_dir, 0700);
+    }
+    snprintf(buf, 512, "%s/%s", ckpt_dir, name);
+    return buf;
+}
+
+/* Whole files: read into a malloc'd buffer (NULL when absent). */
+static unsigned char *slurp(const char *path, long *len)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char *p;
+    *len = 0;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    p = (unsigned char *)malloc((size_t)*len + 1);
+    if (p && fread(p, 1, (size_t)*len, f) != (size_t)*len) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    return p;
+}
+
+static bool copy_file(const char *from, const char *to)
+{
+    long len;
+    unsigned char *p = slurp(from, &len);
+    FILE *f;
+    bool ok;
+    if (!p) return false;
+    f = fopen(to, "wb");
+    ok = f && fwrite(p, 1, (size_t)len, f) == (size_t)len;
+    if (f) fclose(f);
+    free(p);
+    return ok;
+}
+
+static bool same_files(const char *a, const char *b)
+{
+    long la, lb;
+    unsigned char *pa = slurp(a, &la), *pb = slurp(b, &lb);
+    bool same = pa && pb && la == lb && memcmp(pa, pb, (size_t)la) == 0;
+    free(pa);
+    free(pb);
+    return same;
+}
+
+/* Copies the set prefix from into to (rank files 0..n-1 and the marker). */
+static bool copy_set(const char *from, const char *to, int n)
+{
+    char a[600], b[600];
+    int r;
+    for (r = 0; r < n; r++) {
+        snprintf(a, sizeof a, "%s.rank%d.safetensors", from, r);
+        snprintf(b, sizeof b, "%s.rank%d.safetensors", to, r);
+        if (!copy_file(a, b)) return false;
+    }
+    snprintf(a, sizeof a, "%s.done", from);
+    snprintf(b, sizeof b, "%s.done", to);
+    return copy_file(a, b);
+}
+
+TEST zero_checkpoint_resume_is_bit_exact(void)
+{
+    static ckpt_rank a[MAXR], b[MAXR];
+    char pre[512], name[32];
+    int stage, r;
+    for (stage = 1; stage <= 3; stage++) {
+        ckpt_job ja, jb;
+        snprintf(name, sizeof name, "resume%d", stage);
+        tmp_path(pre, name);
+        memset(&ja, 0, sizeof ja);
+        ja.n = 2;
+        ja.stage = stage;
+        ja.adam = stage != 2; /* SGD-momentum at stage 2 */
+        ja.train_before = 2;
+        ja.save = pre;
+        ja.first_after = 2;
+        ja.train_after = 2;
+        run_ckpt(&ja, a);
+        jb = ja;
+        jb.train_before = 0;
+        jb.save = NULL;
+        jb.load = pre;
+        run_ckpt(&jb, b);
+        for (r = 0; r < 2; r++) {
+            ASSERTm(a[r].msg, a[r].st == PDP_OK);
+            ASSERTm(b[r].msg, b[r].st == PDP_OK);
+            ASSERTm(b[r].load_msg, b[r].load_st == PDP_OK);
+            ASSERT_EQ(2, b[r].steps_after_load);
+            ASSERT(memcmp(a[r].params, b[r].params, (size_t)a[r].count * 4) == 0);
+        }
+    }
+    PASS();
+}
+
+/* the state_dict's tensors of build_model(.., 16), in flat-block order */
+static const char *const sd_names[] = {"0.weight", "0.bias", "2.weight", "2.bias", "4.weight",
+                                       "4.bias"};
+
+TEST zero_checkpoint_consolidate_and_reshard(void)
+{
+    static ckpt_rank a[MAXR], b[MAXR];
+    char full[512], again[512], single[512], cmd[2048];
+    int stage, r;
+    for (stage = 1; stage <= 3; stage++) {
+        ckpt_job ja, jb;
+        pdp_model *m = NULL;
+        pdp_optim *o = NULL;
+        pdp_optim_desc od;
+        config cf;
+        tmp_path(full, "full.safetensors");
+        tmp_path(again, "again.safetensors");
+        tmp_path(single, "single.safetensors");
+        memset(&ja, 0, sizeof ja);
+        ja.n = 2;
+        ja.stage = stage;
+        ja.adam = true;
+        ja.train_after = 2;
+        ja.consolidate = full;
+        run_ckpt(&ja, a);
+        for (r = 0; r < 2; r++) ASSERTm(a[r].msg, a[r].st == PDP_OK);
+        /* == one device's pdp_checkpoint_save of the same parameters and state */
+        memset(&cf, 0, sizeof cf);
+        cf.adam = true;
+        od = optim_of(&cf);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 7, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(full, m, o), pdp_status_name);
+        ASSERT(memcmp(m->param_block, a[0].params, (size_t)a[0].count * 4) == 0);
+        ASSERT_EQ(2, o->steps);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_save(single, m, o), pdp_status_name);
+        pdp_optim_free(o);
+        pdp_model_free(m);
+        ASSERT(same_files(full, single));
+        /* full -> ZeRO at another world size and stage: the same parameters, and
+           consolidating again writes the same bytes */
+        jb = ja;
+        jb.n = 3;
+        jb.stage = stage % 3 + 1;
+        jb.train_after = 0;
+        jb.load_full = full;
+        jb.consolidate = again;
+        run_ckpt(&jb, b);
+        for (r = 0; r < 3; r++) {
+            ASSERTm(b[r].msg, b[r].st == PDP_OK);
+            ASSERTm(b[r].load_msg, b[r].load_st == PDP_OK);
+            ASSERT(memcmp(b[r].after_load, a[0].params, (size_t)a[0].count * 4) == 0);
+            ASSERT_EQ(2, b[r].steps_after_load);
+        }
+        ASSERT(same_files(full, again));
+    }
+    /* PyTorch's reader: the state_dict names, the same values */
+    if (system("python3 -c 'import safetensors.numpy, numpy' >/dev/null 2>&1") != 0)
+        SKIPm("python3 without safetensors and numpy (pip install safetensors numpy)");
+    tmp_path(again, "flat.bin");
+    snprintf(cmd, sizeof cmd, "python3 -c \"import sys, numpy; from safetensors.numpy import "
+             "load_file; d = load_file(sys.argv[1]); n = ['%s','%s','%s','%s','%s','%s']; "
+             "assert all(k in d for k in n), sorted(d); numpy.concatenate([d[k].ravel() for k "
+             "in n]).astype('<f4').tofile(sys.argv[2])\" %s %s", sd_names[0], sd_names[1],
+             sd_names[2], sd_names[3], sd_names[4], sd_names[5], full, again);
+    ASSERT_EQ(0, system(cmd));
+    {
+        long len;
+        unsigned char *p = slurp(again, &len);
+        ASSERT(p != NULL && len == (long)a[0].count * 4);
+        ASSERT(memcmp(p, a[0].params, (size_t)len) == 0);
+        free(p);
+    }
+    PASS();
+}
+
+/* Every rank fails naming want, the parameters and the optimizer untouched. */
+static enum greatest_test_res check_bad_load(const ckpt_job *job, ckpt_rank *ctx,
+                                             const char *want)
+{
+    int r;
+    run_ckpt(job, ctx);
+    for (r = 0; r < job->n; r++) {
+        ASSERTm(ctx[r].msg, ctx[r].st == PDP_OK);
+        ASSERT(ctx[r].load_st != PDP_OK);
+        if (!strstr(ctx[r].load_msg, want)) {
+            fprintf(stderr, "rank %d: \"%s\" does not name %s\n", r, ctx[r].load_msg, want);
+            FAIL();
+        }
+        ASSERT(strstr(ctx[r].load_msg, "pdp_zero_checkpoint_load") == ctx[r].load_msg);
+        ASSERT(memcmp(ctx[r].before, ctx[r].after_load, (size_t)ctx[r].count * 4) == 0);
+        ASSERT_EQ(ctx[r].steps_before, ctx[r].steps_after_load);
+    }
+    PASS();
+}
+
+TEST zero_checkpoint_bad_sets_fail_naming_the_file(void)
+{
+    static ckpt_rank ctx[MAXR];
+    char a[512], bb[512], s[512], f[600], f2[600];
+    ckpt_job job;
+    int r;
+    tmp_path(a, "setA");
+    tmp_path(bb, "setB");
+    memset(&job, 0, sizeof job);
+    job.n = 2;
+    job.stage = 2;
+    job.adam = true;
+    job.train_before = 1;
+    job.save = a;
+    job.first_after = 1;
+    job.train_after = 1;
+    job.save2 = bb;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].msg, ctx[r].st == PDP_OK);
+    /* the control: set A loads */
+    memset(&job, 0, sizeof job);
+    job.n = 2;
+    job.stage = 2;
+    job.adam = true;
+    job.train_before = 1; /* something to leave untouched: step 1 */
+    job.load = a;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].load_msg, ctx[r].load_st == PDP_OK);
+    /* wrong world size: the marker */
+    job.n = 3;
+    snprintf(f, sizeof f, "%s.done", a);
+    CHECK_CALL(check_bad_load(&job, ctx, f));
+    job.n = 2;
+    /* a missing rank's file */
+    tmp_path(s, "missing");
+    ASSERT(copy_set(a, s, 2));
+    snprintf(f, sizeof f, "%s.rank1.safetensors", s);
+    ASSERT_EQ(0, remove(f));
+    job.load = s;
+    CHECK_CALL(check_bad_load(&job, ctx, f));
+    /* a file of another step (set B's rank 1 in set A's copy) */
+    tmp_path(s, "mixed");
+    ASSERT(copy_set(a, s, 2));
+    snprintf(f, sizeof f, "%s.rank1.safetensors", s);
+    snprintf(f2, sizeof f2, "%s.rank1.safetensors", bb);
+    ASSERT(copy_file(f2, f));
+    job.load = s;
+    CHECK_CALL(check_bad_load(&job, ctx, f));
+    /* no marker */
+    tmp_path(s, "nomarker");
+    ASSERT(copy_set(a, s, 2));
+    snprintf(f, sizeof f, "%s.done", s);
+    ASSERT_EQ(0, remove(f));
+    job.load = s;
+    CHECK_CALL(check_bad_load(&job, ctx, f));
+    /* a shard file where a full checkpoint is expected */
+    memset(&job, 0, sizeof job);
+    job.n = 2;
+    job.stage = 1;
+    snprintf(f, sizeof f, "%s.rank0.safetensors", a);
+    job.load_full = f;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) {
+        ASSERT(ctx[r].load_st != PDP_OK && strstr(ctx[r].load_msg, f) != NULL);
+        ASSERT(memcmp(ctx[r].before, ctx[r].after_load, (size_t)ctx[r].count * 4) == 0);
+    }
+    PASS();
+}
+
 /* ---- misuse ---- */
 
 TEST zero_refuses_misuse(void)
@@ -610,6 +1006,9 @@ SUITE(zero)
     RUN_TEST(zero_stage3_trains_where_ddp_does_not_fit);
     RUN_TEST(zero_absent_rank_times_out_naming_collective_unit_and_rank);
     RUN_TEST(zero_refuses_misuse);
+    RUN_TEST(zero_checkpoint_resume_is_bit_exact);
+    RUN_TEST(zero_checkpoint_consolidate_and_reshard);
+    RUN_TEST(zero_checkpoint_bad_sets_fail_naming_the_file);
 }
 
 GREATEST_MAIN_DEFS();
@@ -618,5 +1017,10 @@ int main(int argc, char **argv)
 {
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(zero);
+    if (ckpt_dir[0]) { /* the checkpoint tests' files */
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt_dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", ckpt_dir);
+    }
     GREATEST_MAIN_END();
 }
