@@ -82,6 +82,18 @@
    PDP_CUDA, pdp_cuda.cu provides GPU memory, kernels, cuBLAS GEMMs and NCCL;
    without it a CUDA device fails with PDP_ERR_UNSUPPORTED naming the macro.
 
+   CHECKPOINTS
+   ===========
+   pdp_checkpoint_save/load write and read safetensors files named like a PyTorch
+   state_dict ("0.weight"), with the optimizer's state as "optim.*" tensors: PyTorch
+   and Python's safetensors read them. __metadata__ holds a CRC-32C of every tensor
+   ("crc32c.<name>") and of the header ("crc32c.header"); a load verifies them and
+   fails with PDP_ERR_FORMAT naming the tensor or the header, leaving the model and
+   optimizer untouched. Files without checksums (other tools) load unverified. A
+   save writes <path>.tmp.<pid>, fsyncs and renames, so a crash loses nothing, and
+   removes temporaries left by writers that were killed. Every load error starts
+   with "pdp_checkpoint_load: <path>: ".
+
    DISTRIBUTED
    ===========
    DataParallel, one process (dp.h): pdp_dp_create(&dp, master, &desc) starts one
@@ -115,6 +127,13 @@
    stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3 16 Psi/N, plus the
    stated buffers); bytes sent per step are DDP's (stages 1-2) or 1.5x (3).
    Tested equal to DDP and one device on local and MPI ranks; CPU models only.
+   Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
+   prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker
+   prefix.done once every rank has succeeded (llm.c's scheme); pdp_zero_checkpoint_load
+   resumes bit-exact at the same world size, all or nothing, naming the bad file.
+   pdp_zero_checkpoint_consolidate writes the one file pdp_checkpoint_save writes
+   for one device (PyTorch reads it); pdp_zero_checkpoint_load_full loads such a
+   file into a ZeRO run at any world size and stage.
 
    Tensor parallel (tp.h), Megatron-LM's MLP block: build the same model on every
    rank of a TP communicator, pdp_model_set_tp(m, tp), then pdp_model_add_tp_copy
