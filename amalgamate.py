@@ -56,6 +56,7 @@ IMPL = [
     "cuda_host.c",
     "tensor.c",
     "gemm.c",
+    "gemm_bf16.c",
     "rendezvous.c",
     "comm_queue.c",
     "comm_local.c",

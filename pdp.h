@@ -420,6 +420,52 @@ typedef enum pdp_trans {
 PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc);
+
+/* ---- bf16 mixed precision (src/gemm_bf16.c) ----
+   pdp_gemm_bf16 is pdp_sgemm with op(A) and op(B) rounded to bfloat16 (round to
+   nearest even, as torch.autocast's casts) and everything else in fp32: products,
+   accumulation, alpha, beta and C. The arithmetic, one chain per element of C
+   whatever the path or thread count: k is cut into pairs (2p, 2p + 1) (an odd k gets
+   a zero), and acc += a[2p+1] b[2p+1], then acc += a[2p] b[2p], pair after pair,
+   starting from 0, with subnormal inputs and sums flushed to zero (the rules of
+   AVX512-BF16's vdpbf16ps); then C = alpha acc + beta C (beta C's product rounded
+   before the sum; C not read when beta == 0). Paths, chosen at run time by CPUID:
+
+     PDP_BF16_PATH_EMULATED  portable C on any CPU; the same bits as AVX512 except
+                             where a product of two bf16 values falls below 2^-126
+                             (the hardware fuses it into the sum, C rounds it first)
+     PDP_BF16_PATH_AVX512    vdpbf16ps (AVX512-BF16, e.g. Cooper Lake, Sapphire Rapids,
+                             Zen 4); compiled with a target attribute, so any x86-64
+                             build has it unless -DPDP_NO_SIMD
+     PDP_BF16_PATH_AMX       AMX tiles: not implemented yet, never available */
+typedef enum pdp_bf16_path {
+    PDP_BF16_PATH_AUTO = 0, /* the fastest available */
+    PDP_BF16_PATH_EMULATED = 1,
+    PDP_BF16_PATH_AVX512 = 2,
+    PDP_BF16_PATH_AMX = 3
+} pdp_bf16_path;
+
+/* The precision of a model's GEMMs and convolutions (pdp_model_desc.precision). */
+typedef enum pdp_precision {
+    PDP_PRECISION_FP32 = 0, /* default */
+    PDP_PRECISION_BF16 = 1  /* inputs of Linear and Conv2d products in bf16, as torch.autocast */
+} pdp_precision;
+
+/* x rounded to the nearest bf16 (ties to even; NaN stays NaN), returned as a float. */
+PDP_API float pdp_bf16_round(float x);
+/* The path PDP_BF16_PATH_AUTO takes on this CPU (checked once per process). */
+PDP_API pdp_bf16_path pdp_bf16_best_path(void);
+PDP_API bool pdp_bf16_path_available(pdp_bf16_path path);
+PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path); /* "avx512-bf16" */
+PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                           float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                           float beta, float *c, int64_t ldc);
+/* The same on a given path; PDP_ERR_UNSUPPORTED (C untouched) when this CPU or build
+   lacks it. */
+PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                    int64_t n, int64_t k, float alpha, const float *a,
+                                    int64_t lda, const float *b, int64_t ldb, float beta,
+                                    float *c, int64_t ldc);
 /* ---- end src/gemm.h ---- */
 
 /* ---- begin src/model.h ---- */
@@ -441,6 +487,10 @@ typedef struct pdp_model_desc {
     int64_t input_shape[3];  /* one sample, without the batch dimension; required */
     uint64_t seed;           /* parameter initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU */
+    pdp_precision precision; /* PDP_PRECISION_BF16: Linear and Conv2d products take bf16
+                                inputs (pdp_gemm_bf16), as torch.autocast; parameters,
+                                gradients, activations and the rest stay fp32. CPU only
+                                (CUDA: PDP_ERR_UNSUPPORTED). Default fp32 */
 } pdp_model_desc;
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
@@ -478,6 +528,10 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch);
 PDP_API void pdp_model_zero_grad(pdp_model *m);
 PDP_API void pdp_model_set_training(pdp_model *m, bool training); /* default true */
 PDP_API bool pdp_model_is_training(const pdp_model *m);
+/* Switches the precision of the next forward and backward passes (training and
+   evaluation); as pdp_model_desc.precision. */
+PDP_API pdp_status pdp_model_set_precision(pdp_model *m, pdp_precision precision);
+PDP_API pdp_precision pdp_model_precision(const pdp_model *m);
 
 PDP_API int pdp_model_num_layers(const pdp_model *m);
 PDP_API const char *pdp_model_layer_name(const pdp_model *m, int layer); /* "Linear" */
@@ -2188,6 +2242,29 @@ static inline PDP__HOSTDEV float pdp__adam_update(float p, float g, float *m, fl
     pdp__adam_moments(p, g, m, v, beta1, one_minus_beta1, beta2, one_minus_beta2, l2);
     return pdp__adam_apply(p, *m, sqrtf(*v), step_size, bc2_sqrt, eps, decay);
 }
+
+/* ---- math: bf16 ----
+   bfloat16 is the top half of an IEEE fp32 (1 sign, 8 exponent, 7 mantissa bits).
+   pdp__bf16_bits rounds an fp32 to it as PyTorch's c10::BFloat16 and the hardware's
+   vcvtneps2bf16 do: round to nearest, ties to even, on the 16 bits dropped; a NaN
+   stays a NaN (quiet bit set, sign kept) instead of rounding into an Inf. Overflow
+   rounds to Inf; subnormals round like any other value. pdp__bf16_float widens
+   (exact), so pdp__bf16_round(x) is x as a bf16 seen as an fp32. Products of two
+   bf16 values are exact in fp32 (8 x 8 significant bits) unless they underflow. */
+static inline PDP__HOSTDEV uint16_t pdp__bf16_bits(float x)
+{
+    union { float f; uint32_t u; } v;
+    v.f = x;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x0040u);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+static inline PDP__HOSTDEV float pdp__bf16_float(uint16_t h)
+{
+    union { float f; uint32_t u; } v;
+    v.u = (uint32_t)h << 16;
+    return v.f;
+}
+static inline PDP__HOSTDEV float pdp__bf16_round(float x) { return pdp__bf16_float(pdp__bf16_bits(x)); }
 /* ---- end src/math.h ---- */
 
 #endif /* PDP__MATH_INCLUDED */
@@ -2408,6 +2485,7 @@ typedef struct pdp__layer_io {
     float *work;         /* [batch, work_per_sample] scratch, shared by all layers */
     pdp_device device;   /* where every pointer above lives */
     bool training;
+    bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
     bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
@@ -2535,6 +2613,7 @@ struct pdp_model {
     int64_t *saved_off;      /* per layer, floats per sample before it in saved_block */
     pdp_tensor out_view;
     bool training;
+    pdp_precision precision; /* of Linear and Conv2d products (pdp_model_set_precision) */
     bool have_forward;       /* a forward ran since the last backward */
     uint64_t step;           /* training forwards so far (keys dropout masks) */
     int64_t sample_base;     /* global index of this model's first sample (DP replicas) */
@@ -5963,6 +6042,365 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
 #endif
 /* ---- end src/gemm.c ---- */
 
+/* ---- begin src/gemm_bf16.c ---- */
+/* gemm_bf16: the bf16 mixed-precision matrix product behind pdp_gemm_bf16 (gemm.h),
+   C = alpha * op(A) * op(B) + beta * C with op(A), op(B) rounded to bf16 and fp32
+   everywhere else, as torch.autocast("cpu", dtype=torch.bfloat16) runs a Linear.
+
+   Packing rounds both operands to bf16 (pdp__bf16_bits, src/math.h) and lays k out in
+   pairs, the operand format of AVX512-BF16's vdpbf16ps: one 32-bit word holds
+   (x[2p] low, x[2p+1] high); an odd k gets a zero pair half. A is packed in MR-row
+   panels ([pair][row]), B in NR-column panels ([pair][column]). A part of the product
+   (an MC x NR block at a time) packs an MC-row block of A once, then each NR-column
+   panel of B, and runs the micro-kernel over the block's MR-row panels; the kernel
+   keeps an MR x NR tile of C in registers over the whole k.
+
+   Invariants:
+   - One arithmetic on every path (gemm.h states it): per element of C one chain of
+     fp32 sums over the pairs, in order, from 0, flushing subnormals (DAZ/FTZ, as
+     vdpbf16ps). The tile grid, the pairs and the chain depend on nothing but k, so
+     the bits do not depend on the thread count or on how the parts are cut; the
+     emulated path gives the AVX512 path's bits except for products below 2^-126.
+   - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
+     AVX512 kernel needs AVX512F, AVX512-BF16 and the zmm state enabled; it is
+     compiled under a target attribute, so a plain x86-64 build has it, and
+     -DPDP_NO_SIMD or a non-x86 target leaves only the emulation.
+   - Memory: packed panels live in the part's thread scratch (pdp__thread_scratch),
+     reused from call to call; if it cannot grow, the emulated arithmetic runs
+     unpacked, element by element, with the same bits as the emulated path. */
+
+/* #include "internal.h" (already above) */
+
+#define PDP__BF16_MR 8  /* rows of a C tile */
+#define PDP__BF16_NR 32 /* columns of a C tile: two zmm of fp32 */
+#define PDP__BF16_MC 256 /* rows of A packed at once */
+#ifndef PDP__BF16_PAR_FLOPS
+#  define PDP__BF16_PAR_FLOPS 2.0e6 /* smaller products stay on the calling thread */
+#endif
+
+#if !defined(PDP_NO_SIMD) && (defined(__x86_64__) || defined(__i386__)) && \
+    (defined(__GNUC__) || defined(__clang__))
+#  define PDP__BF16_X86 1
+#  include <cpuid.h>
+#  include <immintrin.h>
+#else
+#  define PDP__BF16_X86 0
+#endif
+
+/* ---- gemm_bf16: rounding and the element chain ---- */
+
+PDP_API float pdp_bf16_round(float x) { return pdp__bf16_round(x); }
+
+/* A bf16 as an fp32, subnormals as zero of the same sign (DAZ). */
+static inline float pdp__bf16_daz(uint16_t h)
+{
+    return (h & 0x7f80u) ? pdp__bf16_float(h) : pdp__bf16_float((uint16_t)(h & 0x8000u));
+}
+
+/* acc + p with a subnormal result flushed to zero of its sign (FTZ). */
+static inline float pdp__bf16_ftz_add(float acc, float p)
+{
+    float r = acc + p;
+    return (r < 1.17549435e-38f && r > -1.17549435e-38f) ? r * 0.0f : r;
+}
+
+/* alpha acc + beta c, as every path writes it (beta c rounded, then the sum). */
+static inline float pdp__bf16_out(float acc, float alpha, float beta, const float *c)
+{
+    float r = alpha * acc;
+    if (beta != 0.0f) {
+        float bc = beta * *c;
+        r = bc + r;
+    }
+    return r;
+}
+
+/* ---- gemm_bf16: CPU features ---- */
+
+static pthread_once_t pdp__bf16_once = PTHREAD_ONCE_INIT;
+static int pdp__bf16_has_avx512; /* written once under pdp__bf16_once */
+
+static void pdp__bf16_detect(void)
+{
+#if PDP__BF16_X86
+    unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
+    unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0; /* AMX (d7 bits 22, 24): not written yet */
+    (void)xcr0_hi;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
+        __get_cpuid_count(7, 1, &a71, &b, &c, &d);
+    /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
+    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (a71 & (1u << 5));
+#endif
+}
+
+PDP_API bool pdp_bf16_path_available(pdp_bf16_path path)
+{
+    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    switch (path) {
+    case PDP_BF16_PATH_AUTO:
+    case PDP_BF16_PATH_EMULATED: return true;
+    case PDP_BF16_PATH_AVX512: return pdp__bf16_has_avx512 != 0;
+    case PDP_BF16_PATH_AMX: return false; /* not written yet */
+    }
+    return false;
+}
+
+PDP_API pdp_bf16_path pdp_bf16_best_path(void)
+{
+    return pdp_bf16_path_available(PDP_BF16_PATH_AVX512) ? PDP_BF16_PATH_AVX512
+                                                         : PDP_BF16_PATH_EMULATED;
+}
+
+PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path)
+{
+    switch (path) {
+    case PDP_BF16_PATH_AUTO: return "auto";
+    case PDP_BF16_PATH_EMULATED: return "emulated";
+    case PDP_BF16_PATH_AVX512: return "avx512-bf16";
+    case PDP_BF16_PATH_AMX: return "amx-bf16";
+    }
+    return "unknown";
+}
+
+/* ---- gemm_bf16: packing ---- */
+
+/* op(X)(r, p) of an operand stored row-major with stride ld. */
+static inline float pdp__bf16_at(const float *x, int64_t ld, pdp_trans t, int64_t r, int64_t p)
+{
+    return t == PDP_NO_TRANS ? x[r * ld + p] : x[p * ld + r];
+}
+
+/* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
+   (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
+static void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                           int64_t k, int width, uint32_t *dst)
+{
+    int64_t p, pairs = (k + 1) / 2;
+    int i;
+    for (p = 0; p < pairs; p++) {
+        uint32_t *d = dst + p * width;
+        for (i = 0; i < rows; i++) {
+            uint32_t lo = pdp__bf16_bits(pdp__bf16_at(x, ld, t, r0 + i, 2 * p));
+            uint32_t hi = 2 * p + 1 < k ? pdp__bf16_bits(pdp__bf16_at(x, ld, t, r0 + i, 2 * p + 1))
+                                        : 0u;
+            d[i] = lo | hi << 16;
+        }
+        for (; i < width; i++) d[i] = 0u;
+    }
+}
+
+/* ---- gemm_bf16: micro-kernels ----
+   Contract: pairs >= 1; ap holds pairs groups of MR words, bp pairs groups of NR
+   words; writes the top-left mr x nr of the tile to c (row stride ldc). */
+
+static void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
+                                  float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
+{
+    float acc[PDP__BF16_MR][PDP__BF16_NR];
+    int64_t p;
+    int i, j;
+    for (i = 0; i < PDP__BF16_MR; i++)
+        for (j = 0; j < PDP__BF16_NR; j++) acc[i][j] = 0.0f;
+    for (p = 0; p < pairs; p++) {
+        const uint32_t *a = ap + p * PDP__BF16_MR, *b = bp + p * PDP__BF16_NR;
+        for (i = 0; i < mr; i++) {
+            float a0 = pdp__bf16_daz((uint16_t)a[i]), a1 = pdp__bf16_daz((uint16_t)(a[i] >> 16));
+            for (j = 0; j < nr; j++) {
+                float b0 = pdp__bf16_daz((uint16_t)b[j]), b1 = pdp__bf16_daz((uint16_t)(b[j] >> 16));
+                float s = pdp__bf16_ftz_add(acc[i][j], a1 * b1);
+                acc[i][j] = pdp__bf16_ftz_add(s, a0 * b0);
+            }
+        }
+    }
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j++) c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
+}
+
+#if PDP__BF16_X86
+#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
+
+PDP__BF16_TARGET static void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
+                                                     const uint32_t *bp, float *c, int64_t ldc,
+                                                     int mr, int nr, float alpha, float beta)
+{
+    __m512 acc[PDP__BF16_MR][2];
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[2];
+    int64_t p;
+    int i, v;
+    for (i = 0; i < PDP__BF16_MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (p = 0; p < pairs; p++) {
+        const uint32_t *a = ap + p * PDP__BF16_MR;
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
+        for (i = 0; i < PDP__BF16_MR; i++) {
+            __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+        }
+    }
+    for (v = 0; v < 2; v++) {
+        int left = nr - 16 * v;
+        mask[v] = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    for (i = 0; i < mr; i++)
+        for (v = 0; v < 2; v++) {
+            float *ci = c + i * ldc + 16 * v;
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (!mask[v]) continue;
+            if (beta != 0.0f)
+                r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
+            _mm512_mask_storeu_ps(ci, mask[v], r);
+        }
+}
+#endif
+
+typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
+                                    float *c, int64_t ldc, int mr, int nr, float alpha,
+                                    float beta);
+
+/* ---- gemm_bf16: driver ---- */
+
+typedef struct pdp__bf16_args {
+    pdp_trans ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a, *b;
+    int64_t lda, ldb, ldc;
+    float *c;
+    pdp__bf16_kernel_fn kernel;
+    int split_n; /* parts split the NR-column panels (else the MR-row panels) */
+} pdp__bf16_args;
+
+/* Element (i, j) of C by the emulated chain, unpacked (the fallback without scratch). */
+static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
+{
+    float acc = 0.0f;
+    int64_t p;
+    for (p = 0; p < g->k; p += 2) {
+        float a0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p)));
+        float b0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->tb == PDP_NO_TRANS
+                                                             ? PDP_TRANS : PDP_NO_TRANS, j, p)));
+        if (p + 1 < g->k) {
+            float a1 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p + 1)));
+            float b1 = pdp__bf16_daz(pdp__bf16_bits(
+                pdp__bf16_at(g->b, g->ldb, g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS, j,
+                             p + 1)));
+            acc = pdp__bf16_ftz_add(acc, a1 * b1);
+        } else {
+            acc = pdp__bf16_ftz_add(acc, 0.0f);
+        }
+        acc = pdp__bf16_ftz_add(acc, a0 * b0);
+    }
+    g->c[i * g->ldc + j] = pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j);
+}
+
+/* C[m0, m1) x [n0, n1) (m0, n0 on the tile grid). */
+static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int64_t n0,
+                            int64_t n1)
+{
+    int64_t pairs = (g->k + 1) / 2, mc, ir, jr, i, j;
+    /* op(B) as a row-major n x k matrix for packing: op(B)^T(j, p) = op(B)(p, j) */
+    pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS;
+    int64_t mrows = PDP__MIN(PDP__BF16_MC, m1 - m0);
+    size_t words = (size_t)pairs * (size_t)(mrows + PDP__BF16_MR + PDP__BF16_NR);
+    uint32_t *ap = (uint32_t *)pdp__thread_scratch(words * sizeof(uint32_t)), *bp;
+    if (!ap) {
+        for (i = m0; i < m1; i++)
+            for (j = n0; j < n1; j++) pdp__bf16_element(g, i, j);
+        return;
+    }
+    bp = ap + (size_t)pairs * (size_t)((mrows + PDP__BF16_MR - 1) / PDP__BF16_MR * PDP__BF16_MR);
+    for (mc = m0; mc < m1; mc += PDP__BF16_MC) {
+        int64_t mend = PDP__MIN(m1, mc + PDP__BF16_MC);
+        for (ir = mc; ir < mend; ir += PDP__BF16_MR)
+            pdp__bf16_pack(g->a, g->lda, g->ta, ir, (int)PDP__MIN(PDP__BF16_MR, mend - ir), g->k,
+                           PDP__BF16_MR, ap + (ir - mc) * pairs);
+        for (jr = n0; jr < n1; jr += PDP__BF16_NR) {
+            int nr = (int)PDP__MIN(PDP__BF16_NR, n1 - jr);
+            pdp__bf16_pack(g->b, g->ldb, tbt, jr, nr, g->k, PDP__BF16_NR, bp);
+            for (ir = mc; ir < mend; ir += PDP__BF16_MR)
+                g->kernel(pairs, ap + (ir - mc) * pairs, bp, g->c + ir * g->ldc + jr, g->ldc,
+                          (int)PDP__MIN(PDP__BF16_MR, mend - ir), nr, g->alpha, g->beta);
+        }
+    }
+}
+
+/* Part i of n: an equal share of the column or row panels. */
+static void pdp__bf16_part(void *arg, int i, int n)
+{
+    const pdp__bf16_args *g = (const pdp__bf16_args *)arg;
+    int64_t step = g->split_n ? PDP__BF16_NR : PDP__BF16_MR;
+    int64_t len = g->split_n ? g->n : g->m;
+    int64_t panels = (len + step - 1) / step;
+    int64_t lo = PDP__MIN(len, panels * i / n * step);
+    int64_t hi = PDP__MIN(len, panels * (i + 1) / n * step);
+    if (lo >= hi) return;
+    if (g->split_n)
+        pdp__bf16_block(g, 0, g->m, lo, hi);
+    else
+        pdp__bf16_block(g, lo, hi, 0, g->n);
+}
+
+PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                    int64_t n, int64_t k, float alpha, const float *a,
+                                    int64_t lda, const float *b, int64_t ldb, float beta,
+                                    float *c, int64_t ldc)
+{
+    pdp__bf16_args g;
+    int threads, parts;
+    int64_t i, j, npan, mpan;
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    if (!pdp_bf16_path_available(path))
+        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
+                        "this CPU or build", pdp_bf16_path_name(path));
+    if (m <= 0 || n <= 0) return PDP_OK;
+    PDP_ASSERT(ldc >= n);
+    if (k <= 0 || alpha == 0.0f) { /* C = beta * C */
+        for (i = 0; i < m; i++)
+            for (j = 0; j < n; j++) c[i * ldc + j] = beta != 0.0f ? beta * c[i * ldc + j] : 0.0f;
+        return PDP_OK;
+    }
+    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m));
+    PDP_ASSERT(ldb >= (tb == PDP_NO_TRANS ? n : k));
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = alpha;
+    g.beta = beta;
+    g.a = a;
+    g.b = b;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.c = c;
+    g.ldc = ldc;
+    g.kernel = pdp__bf16_kernel_emul;
+#if PDP__BF16_X86
+    if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
+#endif
+    threads = pdp__threads_for_caller();
+    if (2.0 * (double)m * (double)n * (double)k < PDP__BF16_PAR_FLOPS) threads = 1;
+    npan = (n + PDP__BF16_NR - 1) / PDP__BF16_NR;
+    mpan = (m + PDP__BF16_MR - 1) / PDP__BF16_MR;
+    g.split_n = npan >= 2 * (int64_t)threads || npan * PDP__BF16_NR >= mpan * PDP__BF16_MR;
+    parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
+    pdp__parallel_for(parts, pdp__bf16_part, &g);
+    return PDP_OK;
+}
+
+PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                           float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                           float beta, float *c, int64_t ldc)
+{
+    (void)pdp_gemm_bf16_on(PDP_BF16_PATH_AUTO, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                           ldc);
+}
+/* ---- end src/gemm_bf16.c ---- */
+
 /* ---- begin src/rendezvous.c ---- */
 /* rendezvous: who the ranks are and how they meet, the way torchrun does it.
 
@@ -9295,14 +9733,16 @@ static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
         for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
         beta = 1.0f;
     }
-    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in, io->w, in, beta, io->y, out);
+    (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
+                                            io->w, in, beta, io->y, out);
 }
 
 static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     /* dW += dY^T X */
-    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, io->dy, out, io->x, in, 1.0f, io->dw, in);
+    (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, io->dy, out,
+                                            io->x, in, 1.0f, io->dw, in);
     if (io->db) { /* db += column sums of dY, sample by sample */
         float *PDP__RESTRICT db = io->db;
         for (i = 0; i < B; i++) {
@@ -9311,8 +9751,8 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
         }
     }
     if (io->dx) /* dX = dY W */
-        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy, out, io->w, in, 0.0f,
-                  io->dx, in);
+        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy,
+                                                out, io->w, in, 0.0f, io->dx, in);
 }
 
 #ifdef PDP_CUDA
@@ -9801,7 +10241,14 @@ static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__lay
    [C k k, n] of a chunk is materialised with exact Wo columns (Chellapilla et al.,
    "High performance convolutional neural networks for document processing",
    2006): forward y = W col; backward dW = dy col^T and dcol = W^T dy, then col2im.
-   Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2. */
+   Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2.
+
+   bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
+   and the fp32 kernels then multiply exactly and sum in fp32 (pdp_gemm_bf16's
+   emulation, in the fp32 kernels' order). Implicit: the padded image, the padded dy
+   and the grid's dy are rounded in place after they are loaded (db is summed from dy
+   before), W' when it is built, and W for forward into the workspace's fixed region
+   (free in forward). im2col: its GEMMs are pdp_gemm_bf16. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
@@ -10061,7 +10508,16 @@ typedef struct pdp__conv_job {
     int64_t scratch;  /* floats of each part's scratch: pdp__conv_scratch(chunk size) */
     int parts;
     const float *wt;  /* implicit backward: W' [C, O k k] */
+    const float *w;   /* implicit forward: W as the products see it (io->w, or in bf16 its
+                         rounding in the fixed region) */
 } pdp__conv_job;
+
+/* bf16: p[0, n) rounded in place. */
+static void pdp__conv_bf16(float *p, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) p[i] = pdp__bf16_round(p[i]);
+}
 
 /* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
    [O]), and the scratch of the part that runs it. Workspace: the fixed part, the
@@ -10113,6 +10569,7 @@ static void pdp__conv_implicit_setup(pdp__conv_job *job)
                 for (kj = 0; kj < g->k; kj++)
                     wt[c * okk + (o * g->k + ki) * g->k + kj] =
                         job->io->w[((o * g->C + c) * g->k + k1 - ki) * g->k + k1 - kj];
+    if (job->io->bf16) pdp__conv_bf16(wt, g->C * okk);
     job->wt = wt;
 }
 
@@ -10128,6 +10585,7 @@ static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_ch
         pdp__conv_copy2d(job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
                          k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt,
                          k->wt, g->C, g->H, g->W);
+    if (job->io->bf16) pdp__conv_bf16(k->xp, g->C * g->Hp * k->wt + g->k);
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++)
@@ -10162,11 +10620,11 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
             ldo = g->Ho * ns * g->Wo;
             ldr = ns * g->Wo;
             lds = g->Wo;
-            pdp__sgemm_runs(g->O, g->ckk, io->w, g->ckk, k.xp, k.offx, g->Ho, ns, g->Wo, k.wt,
+            pdp__sgemm_runs(g->O, g->ckk, job->w, g->ckk, k.xp, k.offx, g->Ho, ns, g->Wo, k.wt,
                             g->W + g->pad, k.grid, ldo);
         } else
 #endif
-        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, io->w, g->ckk, k.xp,
+        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, job->w, g->ckk, k.xp,
                         k.offx, 0.0f, k.grid, cols);
         for (s = k.s0; s < k.s1; s++)
             for (o = 0; o < g->O; o++) {
@@ -10204,6 +10662,12 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
                 pdp__conv_copy_dy(io, s, job->l, k.grid + (s - k.s0) * (g->W + g->pad), cols,
                                   k.wt);
         }
+        for (o = 0; o < g->O; o++)
+            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
+        if (io->bf16) { /* dy rounded after db took it, for the two products */
+            if (io->dx) pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
+            if (grid == k.grid) pdp__conv_bf16(k.grid, g->O * cols);
+        }
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
         else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
@@ -10212,8 +10676,6 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         else
             pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols, 1.0f, grid, ldg, k.xp,
                             k.offx, 0.0f, k.share, g->ckk);
-        for (o = 0; o < g->O; o++)
-            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
         if (!io->dx) continue;
 #if defined(PDP__GEMM_RUNS)
         if (okk >= PDP__CONV_RUNS_MIN_K) {
@@ -10249,8 +10711,8 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++)
             pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
-        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f, io->w, g->ckk, k.col, k.n,
-                  0.0f, k.out, k.n);
+        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f,
+                                                io->w, g->ckk, k.col, k.n, 0.0f, k.out, k.n);
         for (s = k.s0; s < k.s1; s++)
             for (o = 0; o < g->O; o++) {
                 float bo = io->b ? io->b[o] : 0.0f;
@@ -10279,13 +10741,13 @@ static void pdp__conv_backward_part(void *arg, int i, int parts)
             pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
             pdp__conv_copy_dy(io, s, job->l, k.out + (s - k.s0) * g->cols, k.n, g->Wo);
         }
-        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, k.n, 1.0f, k.out, k.n, k.col, k.n, 0.0f,
-                  k.share, g->ckk);
+        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, k.n, 1.0f,
+                                                k.out, k.n, k.col, k.n, 0.0f, k.share, g->ckk);
         for (o = 0; o < g->O; o++)
             k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(k.out + o * k.n, k.n);
         if (!io->dx) continue;
-        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, g->ckk, k.n, g->O, 1.0f, io->w, g->ckk, k.out, k.n,
-                  0.0f, k.col, k.n);
+        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, g->ckk, k.n, g->O, 1.0f,
+                                                io->w, g->ckk, k.out, k.n, 0.0f, k.col, k.n);
         for (s = k.s0; s < k.s1; s++)
             pdp__col2im(g, k.col + (s - k.s0) * g->cols, k.n, io->dx + s * job->l->in_count);
     }
@@ -10306,7 +10768,13 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     job->scratch = pdp__conv_scratch(&job->g, PDP__MIN(job->g.per_chunk, io->batch));
     job->parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
     job->wt = NULL;
+    job->w = io->w;
     if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
+    if (job->g.implicit && !backward && io->bf16) { /* the fixed region (W' in backward) */
+        memcpy(io->work, io->w, (size_t)(job->g.O * job->g.ckk) * sizeof(float));
+        pdp__conv_bf16(io->work, job->g.O * job->g.ckk);
+        job->w = io->work;
+    }
 }
 
 static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
@@ -11106,6 +11574,7 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     pdp_model *m;
     int64_t count;
     int i, ndim = 0;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: out is NULL");
     *out = NULL;
     if (!desc) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: desc is NULL (input_shape is required)");
@@ -11126,6 +11595,10 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     m->device = desc->device;
     m->seed = desc->seed;
     pdp_rng_seed(&m->init_rng, desc->seed, 0);
+    if ((st = pdp_model_set_precision(m, desc->precision)) != PDP_OK) {
+        pdp__dealloc(m);
+        return pdp__err_wrap(st, "pdp_model_create");
+    }
     m->in_ndim = ndim;
     m->in_count = 1;
     for (i = 0; i < 3; i++) {
@@ -11488,6 +11961,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->work = m->work_block;
     io->device = m->device;
     io->training = m->training;
+    io->bf16 = m->precision == PDP_PRECISION_BF16;
     io->seed = m->seed;
     io->step = m->step;
     io->sample_base = m->sample_base;
@@ -11646,6 +12120,24 @@ PDP_API void pdp_model_set_training(pdp_model *m, bool training)
 
 PDP_API bool pdp_model_is_training(const pdp_model *m) { return m && m->training; }
 
+PDP_API pdp_status pdp_model_set_precision(pdp_model *m, pdp_precision precision)
+{
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_set_precision: model is NULL");
+    if (precision != PDP_PRECISION_FP32 && precision != PDP_PRECISION_BF16)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_set_precision: unknown precision %d",
+                        (int)precision);
+    if (precision == PDP_PRECISION_BF16 && m->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_model_set_precision: bf16 runs on the CPU "
+                        "only for now (model on CUDA:%d)", m->device.ordinal);
+    m->precision = precision;
+    return PDP_OK;
+}
+
+PDP_API pdp_precision pdp_model_precision(const pdp_model *m)
+{
+    return m ? m->precision : PDP_PRECISION_FP32;
+}
+
 PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user)
 {
     if (!m) return;
@@ -11727,6 +12219,9 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     *out = NULL;
     if (share_params && device.kind != src->device.kind)
         return pdp__err(PDP_ERR_DEVICE, "a replica can share parameters only on the same device");
+    if (src->precision == PDP_PRECISION_BF16 && device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "a bf16 model has no replica on CUDA:%d yet (bf16 "
+                        "runs on the CPU only)", device.ordinal);
     m = (pdp_model *)pdp__calloc(sizeof *m);
     if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");
     *m = *src;
@@ -11801,6 +12296,7 @@ static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_mo
     memcpy(m->in_shape, full->layers[lo].in_shape, sizeof m->in_shape);
     m->in_count = full->layers[lo].in_count;
     m->training = full->training;
+    m->precision = full->precision;
     m->nlayers = m->cap_layers = hi - lo;
     m->nparams = m->cap_params = p1 - p0;
     m->layers = (pdp__layer *)pdp__alloc((size_t)m->nlayers * sizeof *m->layers);

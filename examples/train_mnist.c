@@ -11,6 +11,8 @@
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_mnist.c pdp_cuda.cu -lcublas -lnccl
    Run:    ./train_mnist            (or `make demo`; PDP_SHORT=1 for a few steps only)
            ./train_mnist -epochs 5 -batch 128 -lr 0.001 -threads 2 -seed 1
+           ./train_mnist -bf16      (bf16 mixed precision: the Linear layers' products take
+                        bf16 inputs, as torch.autocast; prints the CPU path it uses)
            ./build/cuda/train_mnist -device cuda    (the same training on GPU 0: the model,
                         its gradients and Adam's state live on the device; each batch is
                         copied there, the labels stay on the host)
@@ -83,6 +85,7 @@ int main(int argc, char **argv)
     float lr = 1e-3f;
     unsigned long long seed = 1;
     bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT")), tty = isatty(1);
+    bool bf16 = false;
     pdp_device dev = pdp_cpu();
     pdp_dataset *train, *test;
     pdp_model *m;
@@ -93,7 +96,13 @@ int main(int argc, char **argv)
     const char *source = "Fashion-MNIST";
     double t0;
 
-    for (i = 1; i + 1 < argc; i += 2) {
+    for (i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "-bf16")) { /* a flag: no value */
+            bf16 = true;
+            i--;
+            continue;
+        }
+        if (i + 1 >= argc) break;
         if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
@@ -105,7 +114,7 @@ int main(int argc, char **argv)
     }
     if (i < argc || epochs < 1 || batch < 1) {
         fprintf(stderr, "usage: %s [-epochs 5] [-batch 128] [-lr 0.001] [-threads 2] [-seed 1] "
-                        "[-device cpu|cuda]\n"
+                        "[-device cpu|cuda] [-bf16]\n"
                         "  PDP_DATA=dir: where the Fashion-MNIST files are; PDP_SHORT=1: a few "
                         "steps only\n", argv[0]);
         return 2;
@@ -128,7 +137,8 @@ int main(int argc, char **argv)
     }
 
     /* model and optimizer */
-    pdp_model_desc md = {.input_shape = {784}, .seed = seed, .device = dev};
+    pdp_model_desc md = {.input_shape = {784}, .seed = seed, .device = dev,
+                         .precision = bf16 ? PDP_PRECISION_BF16 : PDP_PRECISION_FP32};
     CHECK(pdp_model_create(&m, &md));
     CHECK(pdp_model_add_linear(m, 256));
     CHECK(pdp_model_add_relu(m));
@@ -148,6 +158,7 @@ int main(int argc, char **argv)
     printf("seed %llu: %s, %lld train / %lld test, MLP 784-256-256-10, Adam lr %g, batch %lld, ",
            seed, source, (long long)train->count, (long long)test->count, (double)lr,
            (long long)batch);
+    if (bf16) printf("bf16 (%s), ", pdp_bf16_path_name(pdp_bf16_best_path()));
     if (dev.kind == PDP_DEVICE_CPU) printf("%d threads\n", threads);
     else printf("CUDA device 0\n");
 

@@ -203,6 +203,7 @@ typedef struct pdp__layer_io {
     float *work;         /* [batch, work_per_sample] scratch, shared by all layers */
     pdp_device device;   /* where every pointer above lives */
     bool training;
+    bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
     bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
@@ -330,6 +331,7 @@ struct pdp_model {
     int64_t *saved_off;      /* per layer, floats per sample before it in saved_block */
     pdp_tensor out_view;
     bool training;
+    pdp_precision precision; /* of Linear and Conv2d products (pdp_model_set_precision) */
     bool have_forward;       /* a forward ran since the last backward */
     uint64_t step;           /* training forwards so far (keys dropout masks) */
     int64_t sample_base;     /* global index of this model's first sample (DP replicas) */

@@ -179,14 +179,16 @@ static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
         for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
         beta = 1.0f;
     }
-    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in, io->w, in, beta, io->y, out);
+    (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
+                                            io->w, in, beta, io->y, out);
 }
 
 static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     /* dW += dY^T X */
-    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, io->dy, out, io->x, in, 1.0f, io->dw, in);
+    (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, io->dy, out,
+                                            io->x, in, 1.0f, io->dw, in);
     if (io->db) { /* db += column sums of dY, sample by sample */
         float *PDP__RESTRICT db = io->db;
         for (i = 0; i < B; i++) {
@@ -195,8 +197,8 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
         }
     }
     if (io->dx) /* dX = dY W */
-        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy, out, io->w, in, 0.0f,
-                  io->dx, in);
+        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy,
+                                                out, io->w, in, 0.0f, io->dx, in);
 }
 
 #ifdef PDP_CUDA

@@ -57,7 +57,14 @@
    [C k k, n] of a chunk is materialised with exact Wo columns (Chellapilla et al.,
    "High performance convolutional neural networks for document processing",
    2006): forward y = W col; backward dW = dy col^T and dcol = W^T dy, then col2im.
-   Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2. */
+   Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2.
+
+   bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
+   and the fp32 kernels then multiply exactly and sum in fp32 (pdp_gemm_bf16's
+   emulation, in the fp32 kernels' order). Implicit: the padded image, the padded dy
+   and the grid's dy are rounded in place after they are loaded (db is summed from dy
+   before), W' when it is built, and W for forward into the workspace's fixed region
+   (free in forward). im2col: its GEMMs are pdp_gemm_bf16. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
@@ -317,7 +324,16 @@ typedef struct pdp__conv_job {
     int64_t scratch;  /* floats of each part's scratch: pdp__conv_scratch(chunk size) */
     int parts;
     const float *wt;  /* implicit backward: W' [C, O k k] */
+    const float *w;   /* implicit forward: W as the products see it (io->w, or in bf16 its
+                         rounding in the fixed region) */
 } pdp__conv_job;
+
+/* bf16: p[0, n) rounded in place. */
+static void pdp__conv_bf16(float *p, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) p[i] = pdp__bf16_round(p[i]);
+}
 
 /* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
    [O]), and the scratch of the part that runs it. Workspace: the fixed part, the
@@ -369,6 +385,7 @@ static void pdp__conv_implicit_setup(pdp__conv_job *job)
                 for (kj = 0; kj < g->k; kj++)
                     wt[c * okk + (o * g->k + ki) * g->k + kj] =
                         job->io->w[((o * g->C + c) * g->k + k1 - ki) * g->k + k1 - kj];
+    if (job->io->bf16) pdp__conv_bf16(wt, g->C * okk);
     job->wt = wt;
 }
 
@@ -384,6 +401,7 @@ static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_ch
         pdp__conv_copy2d(job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
                          k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt,
                          k->wt, g->C, g->H, g->W);
+    if (job->io->bf16) pdp__conv_bf16(k->xp, g->C * g->Hp * k->wt + g->k);
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++)
@@ -418,11 +436,11 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
             ldo = g->Ho * ns * g->Wo;
             ldr = ns * g->Wo;
             lds = g->Wo;
-            pdp__sgemm_runs(g->O, g->ckk, io->w, g->ckk, k.xp, k.offx, g->Ho, ns, g->Wo, k.wt,
+            pdp__sgemm_runs(g->O, g->ckk, job->w, g->ckk, k.xp, k.offx, g->Ho, ns, g->Wo, k.wt,
                             g->W + g->pad, k.grid, ldo);
         } else
 #endif
-        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, io->w, g->ckk, k.xp,
+        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, job->w, g->ckk, k.xp,
                         k.offx, 0.0f, k.grid, cols);
         for (s = k.s0; s < k.s1; s++)
             for (o = 0; o < g->O; o++) {
@@ -460,6 +478,12 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
                 pdp__conv_copy_dy(io, s, job->l, k.grid + (s - k.s0) * (g->W + g->pad), cols,
                                   k.wt);
         }
+        for (o = 0; o < g->O; o++)
+            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
+        if (io->bf16) { /* dy rounded after db took it, for the two products */
+            if (io->dx) pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
+            if (grid == k.grid) pdp__conv_bf16(k.grid, g->O * cols);
+        }
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
         else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
@@ -468,8 +492,6 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         else
             pdp__sgemm_rows(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols, 1.0f, grid, ldg, k.xp,
                             k.offx, 0.0f, k.share, g->ckk);
-        for (o = 0; o < g->O; o++)
-            k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
         if (!io->dx) continue;
 #if defined(PDP__GEMM_RUNS)
         if (okk >= PDP__CONV_RUNS_MIN_K) {
@@ -505,8 +527,8 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++)
             pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
-        pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f, io->w, g->ckk, k.col, k.n,
-                  0.0f, k.out, k.n);
+        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f,
+                                                io->w, g->ckk, k.col, k.n, 0.0f, k.out, k.n);
         for (s = k.s0; s < k.s1; s++)
             for (o = 0; o < g->O; o++) {
                 float bo = io->b ? io->b[o] : 0.0f;
@@ -535,13 +557,13 @@ static void pdp__conv_backward_part(void *arg, int i, int parts)
             pdp__im2col(g, io->x + s * job->l->in_count, k.col + (s - k.s0) * g->cols, k.n);
             pdp__conv_copy_dy(io, s, job->l, k.out + (s - k.s0) * g->cols, k.n, g->Wo);
         }
-        pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, k.n, 1.0f, k.out, k.n, k.col, k.n, 0.0f,
-                  k.share, g->ckk);
+        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, k.n, 1.0f,
+                                                k.out, k.n, k.col, k.n, 0.0f, k.share, g->ckk);
         for (o = 0; o < g->O; o++)
             k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(k.out + o * k.n, k.n);
         if (!io->dx) continue;
-        pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, g->ckk, k.n, g->O, 1.0f, io->w, g->ckk, k.out, k.n,
-                  0.0f, k.col, k.n);
+        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, g->ckk, k.n, g->O, 1.0f,
+                                                io->w, g->ckk, k.out, k.n, 0.0f, k.col, k.n);
         for (s = k.s0; s < k.s1; s++)
             pdp__col2im(g, k.col + (s - k.s0) * g->cols, k.n, io->dx + s * job->l->in_count);
     }
@@ -562,7 +584,13 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     job->scratch = pdp__conv_scratch(&job->g, PDP__MIN(job->g.per_chunk, io->batch));
     job->parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
     job->wt = NULL;
+    job->w = io->w;
     if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
+    if (job->g.implicit && !backward && io->bf16) { /* the fixed region (W' in backward) */
+        memcpy(io->work, io->w, (size_t)(job->g.O * job->g.ckk) * sizeof(float));
+        pdp__conv_bf16(io->work, job->g.O * job->g.ckk);
+        job->w = io->work;
+    }
 }
 
 static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)

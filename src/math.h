@@ -170,3 +170,26 @@ static inline PDP__HOSTDEV float pdp__adam_update(float p, float g, float *m, fl
     pdp__adam_moments(p, g, m, v, beta1, one_minus_beta1, beta2, one_minus_beta2, l2);
     return pdp__adam_apply(p, *m, sqrtf(*v), step_size, bc2_sqrt, eps, decay);
 }
+
+/* ---- math: bf16 ----
+   bfloat16 is the top half of an IEEE fp32 (1 sign, 8 exponent, 7 mantissa bits).
+   pdp__bf16_bits rounds an fp32 to it as PyTorch's c10::BFloat16 and the hardware's
+   vcvtneps2bf16 do: round to nearest, ties to even, on the 16 bits dropped; a NaN
+   stays a NaN (quiet bit set, sign kept) instead of rounding into an Inf. Overflow
+   rounds to Inf; subnormals round like any other value. pdp__bf16_float widens
+   (exact), so pdp__bf16_round(x) is x as a bf16 seen as an fp32. Products of two
+   bf16 values are exact in fp32 (8 x 8 significant bits) unless they underflow. */
+static inline PDP__HOSTDEV uint16_t pdp__bf16_bits(float x)
+{
+    union { float f; uint32_t u; } v;
+    v.f = x;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x0040u);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+static inline PDP__HOSTDEV float pdp__bf16_float(uint16_t h)
+{
+    union { float f; uint32_t u; } v;
+    v.u = (uint32_t)h << 16;
+    return v.f;
+}
+static inline PDP__HOSTDEV float pdp__bf16_round(float x) { return pdp__bf16_float(pdp__bf16_bits(x)); }

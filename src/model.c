@@ -27,6 +27,7 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     pdp_model *m;
     int64_t count;
     int i, ndim = 0;
+    pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: out is NULL");
     *out = NULL;
     if (!desc) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: desc is NULL (input_shape is required)");
@@ -47,6 +48,10 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     m->device = desc->device;
     m->seed = desc->seed;
     pdp_rng_seed(&m->init_rng, desc->seed, 0);
+    if ((st = pdp_model_set_precision(m, desc->precision)) != PDP_OK) {
+        pdp__dealloc(m);
+        return pdp__err_wrap(st, "pdp_model_create");
+    }
     m->in_ndim = ndim;
     m->in_count = 1;
     for (i = 0; i < 3; i++) {
@@ -409,6 +414,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->work = m->work_block;
     io->device = m->device;
     io->training = m->training;
+    io->bf16 = m->precision == PDP_PRECISION_BF16;
     io->seed = m->seed;
     io->step = m->step;
     io->sample_base = m->sample_base;
@@ -567,6 +573,24 @@ PDP_API void pdp_model_set_training(pdp_model *m, bool training)
 
 PDP_API bool pdp_model_is_training(const pdp_model *m) { return m && m->training; }
 
+PDP_API pdp_status pdp_model_set_precision(pdp_model *m, pdp_precision precision)
+{
+    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_set_precision: model is NULL");
+    if (precision != PDP_PRECISION_FP32 && precision != PDP_PRECISION_BF16)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_set_precision: unknown precision %d",
+                        (int)precision);
+    if (precision == PDP_PRECISION_BF16 && m->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_model_set_precision: bf16 runs on the CPU "
+                        "only for now (model on CUDA:%d)", m->device.ordinal);
+    m->precision = precision;
+    return PDP_OK;
+}
+
+PDP_API pdp_precision pdp_model_precision(const pdp_model *m)
+{
+    return m ? m->precision : PDP_PRECISION_FP32;
+}
+
 PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user)
 {
     if (!m) return;
@@ -648,6 +672,9 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     *out = NULL;
     if (share_params && device.kind != src->device.kind)
         return pdp__err(PDP_ERR_DEVICE, "a replica can share parameters only on the same device");
+    if (src->precision == PDP_PRECISION_BF16 && device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "a bf16 model has no replica on CUDA:%d yet (bf16 "
+                        "runs on the CPU only)", device.ordinal);
     m = (pdp_model *)pdp__calloc(sizeof *m);
     if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");
     *m = *src;
@@ -722,6 +749,7 @@ static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_mo
     memcpy(m->in_shape, full->layers[lo].in_shape, sizeof m->in_shape);
     m->in_count = full->layers[lo].in_count;
     m->training = full->training;
+    m->precision = full->precision;
     m->nlayers = m->cap_layers = hi - lo;
     m->nparams = m->cap_params = p1 - p0;
     m->layers = (pdp__layer *)pdp__alloc((size_t)m->nlayers * sizeof *m->layers);

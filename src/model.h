@@ -16,6 +16,10 @@ typedef struct pdp_model_desc {
     int64_t input_shape[3];  /* one sample, without the batch dimension; required */
     uint64_t seed;           /* parameter initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU */
+    pdp_precision precision; /* PDP_PRECISION_BF16: Linear and Conv2d products take bf16
+                                inputs (pdp_gemm_bf16), as torch.autocast; parameters,
+                                gradients, activations and the rest stay fp32. CPU only
+                                (CUDA: PDP_ERR_UNSUPPORTED). Default fp32 */
 } pdp_model_desc;
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
@@ -53,6 +57,10 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch);
 PDP_API void pdp_model_zero_grad(pdp_model *m);
 PDP_API void pdp_model_set_training(pdp_model *m, bool training); /* default true */
 PDP_API bool pdp_model_is_training(const pdp_model *m);
+/* Switches the precision of the next forward and backward passes (training and
+   evaluation); as pdp_model_desc.precision. */
+PDP_API pdp_status pdp_model_set_precision(pdp_model *m, pdp_precision precision);
+PDP_API pdp_precision pdp_model_precision(const pdp_model *m);
 
 PDP_API int pdp_model_num_layers(const pdp_model *m);
 PDP_API const char *pdp_model_layer_name(const pdp_model *m, int layer); /* "Linear" */

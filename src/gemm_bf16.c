@@ -1,0 +1,356 @@
+/* gemm_bf16: the bf16 mixed-precision matrix product behind pdp_gemm_bf16 (gemm.h),
+   C = alpha * op(A) * op(B) + beta * C with op(A), op(B) rounded to bf16 and fp32
+   everywhere else, as torch.autocast("cpu", dtype=torch.bfloat16) runs a Linear.
+
+   Packing rounds both operands to bf16 (pdp__bf16_bits, src/math.h) and lays k out in
+   pairs, the operand format of AVX512-BF16's vdpbf16ps: one 32-bit word holds
+   (x[2p] low, x[2p+1] high); an odd k gets a zero pair half. A is packed in MR-row
+   panels ([pair][row]), B in NR-column panels ([pair][column]). A part of the product
+   (an MC x NR block at a time) packs an MC-row block of A once, then each NR-column
+   panel of B, and runs the micro-kernel over the block's MR-row panels; the kernel
+   keeps an MR x NR tile of C in registers over the whole k.
+
+   Invariants:
+   - One arithmetic on every path (gemm.h states it): per element of C one chain of
+     fp32 sums over the pairs, in order, from 0, flushing subnormals (DAZ/FTZ, as
+     vdpbf16ps). The tile grid, the pairs and the chain depend on nothing but k, so
+     the bits do not depend on the thread count or on how the parts are cut; the
+     emulated path gives the AVX512 path's bits except for products below 2^-126.
+   - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
+     AVX512 kernel needs AVX512F, AVX512-BF16 and the zmm state enabled; it is
+     compiled under a target attribute, so a plain x86-64 build has it, and
+     -DPDP_NO_SIMD or a non-x86 target leaves only the emulation.
+   - Memory: packed panels live in the part's thread scratch (pdp__thread_scratch),
+     reused from call to call; if it cannot grow, the emulated arithmetic runs
+     unpacked, element by element, with the same bits as the emulated path. */
+
+#include "internal.h"
+
+#define PDP__BF16_MR 8  /* rows of a C tile */
+#define PDP__BF16_NR 32 /* columns of a C tile: two zmm of fp32 */
+#define PDP__BF16_MC 256 /* rows of A packed at once */
+#ifndef PDP__BF16_PAR_FLOPS
+#  define PDP__BF16_PAR_FLOPS 2.0e6 /* smaller products stay on the calling thread */
+#endif
+
+#if !defined(PDP_NO_SIMD) && (defined(__x86_64__) || defined(__i386__)) && \
+    (defined(__GNUC__) || defined(__clang__))
+#  define PDP__BF16_X86 1
+#  include <cpuid.h>
+#  include <immintrin.h>
+#else
+#  define PDP__BF16_X86 0
+#endif
+
+/* ---- gemm_bf16: rounding and the element chain ---- */
+
+PDP_API float pdp_bf16_round(float x) { return pdp__bf16_round(x); }
+
+/* A bf16 as an fp32, subnormals as zero of the same sign (DAZ). */
+static inline float pdp__bf16_daz(uint16_t h)
+{
+    return (h & 0x7f80u) ? pdp__bf16_float(h) : pdp__bf16_float((uint16_t)(h & 0x8000u));
+}
+
+/* acc + p with a subnormal result flushed to zero of its sign (FTZ). */
+static inline float pdp__bf16_ftz_add(float acc, float p)
+{
+    float r = acc + p;
+    return (r < 1.17549435e-38f && r > -1.17549435e-38f) ? r * 0.0f : r;
+}
+
+/* alpha acc + beta c, as every path writes it (beta c rounded, then the sum). */
+static inline float pdp__bf16_out(float acc, float alpha, float beta, const float *c)
+{
+    float r = alpha * acc;
+    if (beta != 0.0f) {
+        float bc = beta * *c;
+        r = bc + r;
+    }
+    return r;
+}
+
+/* ---- gemm_bf16: CPU features ---- */
+
+static pthread_once_t pdp__bf16_once = PTHREAD_ONCE_INIT;
+static int pdp__bf16_has_avx512; /* written once under pdp__bf16_once */
+
+static void pdp__bf16_detect(void)
+{
+#if PDP__BF16_X86
+    unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
+    unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0; /* AMX (d7 bits 22, 24): not written yet */
+    (void)xcr0_hi;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
+        __get_cpuid_count(7, 1, &a71, &b, &c, &d);
+    /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
+    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (a71 & (1u << 5));
+#endif
+}
+
+PDP_API bool pdp_bf16_path_available(pdp_bf16_path path)
+{
+    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    switch (path) {
+    case PDP_BF16_PATH_AUTO:
+    case PDP_BF16_PATH_EMULATED: return true;
+    case PDP_BF16_PATH_AVX512: return pdp__bf16_has_avx512 != 0;
+    case PDP_BF16_PATH_AMX: return false; /* not written yet */
+    }
+    return false;
+}
+
+PDP_API pdp_bf16_path pdp_bf16_best_path(void)
+{
+    return pdp_bf16_path_available(PDP_BF16_PATH_AVX512) ? PDP_BF16_PATH_AVX512
+                                                         : PDP_BF16_PATH_EMULATED;
+}
+
+PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path)
+{
+    switch (path) {
+    case PDP_BF16_PATH_AUTO: return "auto";
+    case PDP_BF16_PATH_EMULATED: return "emulated";
+    case PDP_BF16_PATH_AVX512: return "avx512-bf16";
+    case PDP_BF16_PATH_AMX: return "amx-bf16";
+    }
+    return "unknown";
+}
+
+/* ---- gemm_bf16: packing ---- */
+
+/* op(X)(r, p) of an operand stored row-major with stride ld. */
+static inline float pdp__bf16_at(const float *x, int64_t ld, pdp_trans t, int64_t r, int64_t p)
+{
+    return t == PDP_NO_TRANS ? x[r * ld + p] : x[p * ld + r];
+}
+
+/* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
+   (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
+static void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                           int64_t k, int width, uint32_t *dst)
+{
+    int64_t p, pairs = (k + 1) / 2;
+    int i;
+    for (p = 0; p < pairs; p++) {
+        uint32_t *d = dst + p * width;
+        for (i = 0; i < rows; i++) {
+            uint32_t lo = pdp__bf16_bits(pdp__bf16_at(x, ld, t, r0 + i, 2 * p));
+            uint32_t hi = 2 * p + 1 < k ? pdp__bf16_bits(pdp__bf16_at(x, ld, t, r0 + i, 2 * p + 1))
+                                        : 0u;
+            d[i] = lo | hi << 16;
+        }
+        for (; i < width; i++) d[i] = 0u;
+    }
+}
+
+/* ---- gemm_bf16: micro-kernels ----
+   Contract: pairs >= 1; ap holds pairs groups of MR words, bp pairs groups of NR
+   words; writes the top-left mr x nr of the tile to c (row stride ldc). */
+
+static void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
+                                  float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
+{
+    float acc[PDP__BF16_MR][PDP__BF16_NR];
+    int64_t p;
+    int i, j;
+    for (i = 0; i < PDP__BF16_MR; i++)
+        for (j = 0; j < PDP__BF16_NR; j++) acc[i][j] = 0.0f;
+    for (p = 0; p < pairs; p++) {
+        const uint32_t *a = ap + p * PDP__BF16_MR, *b = bp + p * PDP__BF16_NR;
+        for (i = 0; i < mr; i++) {
+            float a0 = pdp__bf16_daz((uint16_t)a[i]), a1 = pdp__bf16_daz((uint16_t)(a[i] >> 16));
+            for (j = 0; j < nr; j++) {
+                float b0 = pdp__bf16_daz((uint16_t)b[j]), b1 = pdp__bf16_daz((uint16_t)(b[j] >> 16));
+                float s = pdp__bf16_ftz_add(acc[i][j], a1 * b1);
+                acc[i][j] = pdp__bf16_ftz_add(s, a0 * b0);
+            }
+        }
+    }
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j++) c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
+}
+
+#if PDP__BF16_X86
+#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
+
+PDP__BF16_TARGET static void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
+                                                     const uint32_t *bp, float *c, int64_t ldc,
+                                                     int mr, int nr, float alpha, float beta)
+{
+    __m512 acc[PDP__BF16_MR][2];
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[2];
+    int64_t p;
+    int i, v;
+    for (i = 0; i < PDP__BF16_MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (p = 0; p < pairs; p++) {
+        const uint32_t *a = ap + p * PDP__BF16_MR;
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
+        for (i = 0; i < PDP__BF16_MR; i++) {
+            __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+        }
+    }
+    for (v = 0; v < 2; v++) {
+        int left = nr - 16 * v;
+        mask[v] = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    for (i = 0; i < mr; i++)
+        for (v = 0; v < 2; v++) {
+            float *ci = c + i * ldc + 16 * v;
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (!mask[v]) continue;
+            if (beta != 0.0f)
+                r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
+            _mm512_mask_storeu_ps(ci, mask[v], r);
+        }
+}
+#endif
+
+typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
+                                    float *c, int64_t ldc, int mr, int nr, float alpha,
+                                    float beta);
+
+/* ---- gemm_bf16: driver ---- */
+
+typedef struct pdp__bf16_args {
+    pdp_trans ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a, *b;
+    int64_t lda, ldb, ldc;
+    float *c;
+    pdp__bf16_kernel_fn kernel;
+    int split_n; /* parts split the NR-column panels (else the MR-row panels) */
+} pdp__bf16_args;
+
+/* Element (i, j) of C by the emulated chain, unpacked (the fallback without scratch). */
+static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
+{
+    float acc = 0.0f;
+    int64_t p;
+    for (p = 0; p < g->k; p += 2) {
+        float a0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p)));
+        float b0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->tb == PDP_NO_TRANS
+                                                             ? PDP_TRANS : PDP_NO_TRANS, j, p)));
+        if (p + 1 < g->k) {
+            float a1 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p + 1)));
+            float b1 = pdp__bf16_daz(pdp__bf16_bits(
+                pdp__bf16_at(g->b, g->ldb, g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS, j,
+                             p + 1)));
+            acc = pdp__bf16_ftz_add(acc, a1 * b1);
+        } else {
+            acc = pdp__bf16_ftz_add(acc, 0.0f);
+        }
+        acc = pdp__bf16_ftz_add(acc, a0 * b0);
+    }
+    g->c[i * g->ldc + j] = pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j);
+}
+
+/* C[m0, m1) x [n0, n1) (m0, n0 on the tile grid). */
+static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int64_t n0,
+                            int64_t n1)
+{
+    int64_t pairs = (g->k + 1) / 2, mc, ir, jr, i, j;
+    /* op(B) as a row-major n x k matrix for packing: op(B)^T(j, p) = op(B)(p, j) */
+    pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS;
+    int64_t mrows = PDP__MIN(PDP__BF16_MC, m1 - m0);
+    size_t words = (size_t)pairs * (size_t)(mrows + PDP__BF16_MR + PDP__BF16_NR);
+    uint32_t *ap = (uint32_t *)pdp__thread_scratch(words * sizeof(uint32_t)), *bp;
+    if (!ap) {
+        for (i = m0; i < m1; i++)
+            for (j = n0; j < n1; j++) pdp__bf16_element(g, i, j);
+        return;
+    }
+    bp = ap + (size_t)pairs * (size_t)((mrows + PDP__BF16_MR - 1) / PDP__BF16_MR * PDP__BF16_MR);
+    for (mc = m0; mc < m1; mc += PDP__BF16_MC) {
+        int64_t mend = PDP__MIN(m1, mc + PDP__BF16_MC);
+        for (ir = mc; ir < mend; ir += PDP__BF16_MR)
+            pdp__bf16_pack(g->a, g->lda, g->ta, ir, (int)PDP__MIN(PDP__BF16_MR, mend - ir), g->k,
+                           PDP__BF16_MR, ap + (ir - mc) * pairs);
+        for (jr = n0; jr < n1; jr += PDP__BF16_NR) {
+            int nr = (int)PDP__MIN(PDP__BF16_NR, n1 - jr);
+            pdp__bf16_pack(g->b, g->ldb, tbt, jr, nr, g->k, PDP__BF16_NR, bp);
+            for (ir = mc; ir < mend; ir += PDP__BF16_MR)
+                g->kernel(pairs, ap + (ir - mc) * pairs, bp, g->c + ir * g->ldc + jr, g->ldc,
+                          (int)PDP__MIN(PDP__BF16_MR, mend - ir), nr, g->alpha, g->beta);
+        }
+    }
+}
+
+/* Part i of n: an equal share of the column or row panels. */
+static void pdp__bf16_part(void *arg, int i, int n)
+{
+    const pdp__bf16_args *g = (const pdp__bf16_args *)arg;
+    int64_t step = g->split_n ? PDP__BF16_NR : PDP__BF16_MR;
+    int64_t len = g->split_n ? g->n : g->m;
+    int64_t panels = (len + step - 1) / step;
+    int64_t lo = PDP__MIN(len, panels * i / n * step);
+    int64_t hi = PDP__MIN(len, panels * (i + 1) / n * step);
+    if (lo >= hi) return;
+    if (g->split_n)
+        pdp__bf16_block(g, 0, g->m, lo, hi);
+    else
+        pdp__bf16_block(g, lo, hi, 0, g->n);
+}
+
+PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                    int64_t n, int64_t k, float alpha, const float *a,
+                                    int64_t lda, const float *b, int64_t ldb, float beta,
+                                    float *c, int64_t ldc)
+{
+    pdp__bf16_args g;
+    int threads, parts;
+    int64_t i, j, npan, mpan;
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    if (!pdp_bf16_path_available(path))
+        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
+                        "this CPU or build", pdp_bf16_path_name(path));
+    if (m <= 0 || n <= 0) return PDP_OK;
+    PDP_ASSERT(ldc >= n);
+    if (k <= 0 || alpha == 0.0f) { /* C = beta * C */
+        for (i = 0; i < m; i++)
+            for (j = 0; j < n; j++) c[i * ldc + j] = beta != 0.0f ? beta * c[i * ldc + j] : 0.0f;
+        return PDP_OK;
+    }
+    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m));
+    PDP_ASSERT(ldb >= (tb == PDP_NO_TRANS ? n : k));
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = alpha;
+    g.beta = beta;
+    g.a = a;
+    g.b = b;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.c = c;
+    g.ldc = ldc;
+    g.kernel = pdp__bf16_kernel_emul;
+#if PDP__BF16_X86
+    if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
+#endif
+    threads = pdp__threads_for_caller();
+    if (2.0 * (double)m * (double)n * (double)k < PDP__BF16_PAR_FLOPS) threads = 1;
+    npan = (n + PDP__BF16_NR - 1) / PDP__BF16_NR;
+    mpan = (m + PDP__BF16_MR - 1) / PDP__BF16_MR;
+    g.split_n = npan >= 2 * (int64_t)threads || npan * PDP__BF16_NR >= mpan * PDP__BF16_MR;
+    parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
+    pdp__parallel_for(parts, pdp__bf16_part, &g);
+    return PDP_OK;
+}
+
+PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                           float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                           float beta, float *c, int64_t ldc)
+{
+    (void)pdp_gemm_bf16_on(PDP_BF16_PATH_AUTO, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                           ldc);
+}

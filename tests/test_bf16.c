@@ -1,0 +1,549 @@
+/* test_bf16.c - bf16 mixed precision (src/gemm_bf16.c, the model switch).
+
+   - Rounding: pdp_bf16_round against a reference written with exact double
+     arithmetic (nearest, ties to even) over special values (ties, NaN, Inf,
+     overflow, subnormals) and 200k random bit patterns.
+   - Each GEMM path against this file's own scalar model of the arithmetic gemm.h
+     states (pairs, odd element first, DAZ/FTZ, then alpha acc + beta c): the
+     emulated path and AVX512-BF16 must give the model's bits exactly (inputs chosen
+     so no product falls below 2^-126, the one place the paths may differ), on odd
+     shapes in all four layouts, alpha/beta variants, NaN in C with beta 0, padded
+     leading dimensions, subnormal inputs, and 1, 2 and 3 threads. A path the CPU
+     or build lacks is reported as a skip that names it.
+   - Bounds: the result against the exact (double) product of the bf16-rounded
+     inputs, |got - exact| <= (k + 2) 2^-24 sum |a_bf b_bf| (+ |beta c| 2^-23), an
+     fp32 summation of exact products; and against the fp32 inputs,
+     + (2^-7 + 2^-16) sum |a b| (bf16 keeps 8 significant bits: rounding moves
+     each input by at most 2^-8 of itself).
+   - The model switch: a bf16 Linear model's forward and backward equal the same
+     GEMMs called by hand through pdp_gemm_bf16 (bit for bit), and switching back to
+     fp32 gives the fp32 bits again; errors name the function. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#define PDP_IMPLEMENTATION
+#include "counting_alloc.h"
+#include "pdp.h"
+#include "pdp_test.h"
+
+/* ---- helpers ---- */
+
+static uint32_t rng_state = 2024u;
+static uint32_t rnd_u32(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return rng_state;
+}
+static float rnd(void) { return (float)(rnd_u32() >> 8) / 8388608.0f - 1.0f; } /* [-1, 1) */
+
+static float from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static uint32_t to_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* The nearest bf16 to x in exact double arithmetic, ties to the even mantissa. */
+static uint32_t round_ref(float x)
+{
+    uint32_t u = to_bits(x), lo = u & 0xffff0000u, hi;
+    double dx, dlo, dhi;
+    if (isnan(x)) return 0xffffffffu; /* any NaN: checked separately */
+    if ((u & 0xffffu) == 0) return u;
+    hi = lo + 0x10000u; /* next bf16 away from zero (0x7f7f.. + 1 is Inf: right) */
+    dx = fabs((double)x);
+    dlo = fabs((double)from_bits(lo));
+    dhi = isinf(from_bits(hi)) ? 3.40282356779733661637539395458142568448e38 /* 2^128 */
+                               : fabs((double)from_bits(hi));
+    if (dx - dlo < dhi - dx) return lo;
+    if (dx - dlo > dhi - dx) return hi;
+    return (lo & 0x10000u) ? hi : lo;
+}
+
+TEST bf16_round_matches_reference(void)
+{
+    static const uint32_t special[] = {
+        0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f808001u, 0x3f807fffu, /* ties, near ties */
+        0x00008000u, 0x00018000u, 0x00007fffu, 0x00000001u, 0x807fffffu, /* subnormals */
+        0x7f7fffffu, 0x7f7f7fffu, 0x7f7f8000u, 0xff7fffffu,              /* overflow to Inf */
+        0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x3f800000u};
+    int i, bad = 0;
+    char msg[128];
+    for (i = 0; i < (int)(sizeof special / sizeof special[0]) + 200000; i++) {
+        uint32_t u = i < (int)(sizeof special / sizeof special[0]) ? special[i] : rnd_u32();
+        float x = from_bits(u);
+        uint32_t got = to_bits(pdp_bf16_round(x)), want;
+        if (isnan(x)) {
+            /* NaN stays NaN (never Inf), sign kept, low half zero */
+            if (!isnan(from_bits(got)) || (got & 0xffffu) || (got >> 31) != (u >> 31)) bad++;
+            continue;
+        }
+        want = round_ref(x);
+        if (got != want && bad++ == 0)
+            snprintf(msg, sizeof msg, "0x%08x -> 0x%08x, want 0x%08x", (unsigned)u,
+                     (unsigned)got, (unsigned)want);
+    }
+    ASSERT_EQm(bad ? msg : "", 0, bad);
+    /* the NaN payloads that a truncation would turn into Inf */
+    ASSERT(isnan(pdp_bf16_round(from_bits(0x7f800001u))));
+    ASSERT(isnan(pdp_bf16_round(from_bits(0xff800001u))));
+    ASSERT(isinf(pdp_bf16_round(from_bits(0x7f7fffffu))));
+    PASS();
+}
+
+/* ---- the scalar model of the arithmetic (gemm.h) ---- */
+
+static float daz(float x) { return fabsf(x) < 1.17549435e-38f ? x * 0.0f : x; }
+static float ftz_add(float a, float b)
+{
+    volatile float r = a + b;
+    return fabsf(r) < 1.17549435e-38f ? r * 0.0f : r;
+}
+
+typedef struct mat {
+    float *p;
+    int64_t rows, cols, ld;
+} mat;
+
+static mat mat_new(int64_t rows, int64_t cols, int64_t pad, int subnormals)
+{
+    mat m;
+    int64_t i;
+    m.rows = rows;
+    m.cols = cols;
+    m.ld = cols + pad;
+    m.p = (float *)malloc(sizeof(float) * (size_t)(rows * m.ld + 1));
+    for (i = 0; i < rows * m.ld; i++) {
+        m.p[i] = (i % m.ld) < cols ? rnd() : 7777.0f;
+        if (subnormals && (i % m.ld) < cols && i % 5 == 0) m.p[i] = rnd() * 1e-39f;
+    }
+    return m;
+}
+
+static float op_at(const mat *x, pdp_trans t, int64_t r, int64_t c)
+{
+    return t == PDP_NO_TRANS ? x->p[r * x->ld + c] : x->p[c * x->ld + r];
+}
+
+typedef struct bcase {
+    pdp_trans ta, tb;
+    int64_t m, k, n;
+    float alpha, beta;
+    int64_t pad;
+    int nan_c, subnormals;
+} bcase;
+
+static const char *layout_name(pdp_trans ta, pdp_trans tb)
+{
+    static const char *names[2][2] = {{"NN", "NT"}, {"TN", "TT"}};
+    return names[ta][tb];
+}
+
+/* Runs case t on `path` with 1, 2 and 3 threads; every element must equal the scalar
+   model's bits and lie within the bounds in the top comment. */
+static enum greatest_test_res check_path(pdp_bf16_path path, const bcase *t)
+{
+    mat a = t->ta == PDP_NO_TRANS ? mat_new(t->m, t->k, t->pad, t->subnormals)
+                                  : mat_new(t->k, t->m, t->pad, t->subnormals);
+    mat b = t->tb == PDP_NO_TRANS ? mat_new(t->k, t->n, t->pad, t->subnormals)
+                                  : mat_new(t->n, t->k, t->pad, t->subnormals);
+    mat c = mat_new(t->m, t->n, t->pad, 0);
+    float *c0 = (float *)malloc(sizeof(float) * (size_t)(c.rows * c.ld + 1));
+    float *cw = (float *)malloc(sizeof(float) * (size_t)(c.rows * c.ld + 1));
+    int64_t i, j, p;
+    int threads, bad = 0;
+    char msg[256] = "";
+    if (t->nan_c)
+        for (i = 0; i < t->m; i++)
+            for (j = 0; j < t->n; j++) c.p[i * c.ld + j] = NAN;
+    memcpy(c0, c.p, sizeof(float) * (size_t)(c.rows * c.ld));
+    for (threads = 1; threads <= 3 && !bad; threads++) {
+        pdp_status st;
+        memcpy(cw, c0, sizeof(float) * (size_t)(c.rows * c.ld));
+        pdp_set_num_threads(threads);
+        st = pdp_gemm_bf16_on(path, t->ta, t->tb, t->m, t->n, t->k, t->alpha, a.p, a.ld, b.p,
+                              b.ld, t->beta, cw, c.ld);
+        pdp_set_num_threads(1);
+        if (st != PDP_OK) {
+            snprintf(msg, sizeof msg, "status %s: %.160s", pdp_status_name(st), pdp_last_error());
+            bad = 1;
+            break;
+        }
+        for (i = 0; i < t->m && !bad; i++)
+            for (j = 0; j < c.ld && !bad; j++) {
+                float acc = 0.0f, want;
+                double exact = 0.0, mag = 0.0, mag32 = 0.0, exact32 = 0.0, got = cw[i * c.ld + j];
+                if (j >= t->n) {
+                    if (cw[i * c.ld + j] != 7777.0f) {
+                        snprintf(msg, sizeof msg, "padding of C row %lld overwritten",
+                                 (long long)i);
+                        bad = 1;
+                    }
+                    continue;
+                }
+                for (p = 0; p < t->k; p += 2) {
+                    float a0 = daz(pdp_bf16_round(op_at(&a, t->ta, i, p)));
+                    float b0 = daz(pdp_bf16_round(op_at(&b, t->tb, p, j)));
+                    float a1 = p + 1 < t->k ? daz(pdp_bf16_round(op_at(&a, t->ta, i, p + 1))) : 0;
+                    float b1 = p + 1 < t->k ? daz(pdp_bf16_round(op_at(&b, t->tb, p + 1, j))) : 0;
+                    acc = ftz_add(acc, a1 * b1);
+                    acc = ftz_add(acc, a0 * b0);
+                    exact += (double)a0 * b0 + (double)a1 * b1;
+                    mag += fabs((double)a0 * b0) + fabs((double)a1 * b1);
+                    exact32 += (double)op_at(&a, t->ta, i, p) * op_at(&b, t->tb, p, j);
+                    mag32 += fabs((double)op_at(&a, t->ta, i, p) * op_at(&b, t->tb, p, j));
+                    if (p + 1 < t->k) {
+                        exact32 += (double)op_at(&a, t->ta, i, p + 1) * op_at(&b, t->tb, p + 1, j);
+                        mag32 += fabs((double)op_at(&a, t->ta, i, p + 1) * op_at(&b, t->tb, p + 1, j));
+                    }
+                }
+                {
+                    volatile float r = t->alpha * acc;
+                    if (t->beta != 0.0f) {
+                        volatile float bc = t->beta * c0[i * c.ld + j];
+                        r = bc + r;
+                    }
+                    want = r;
+                }
+                if (to_bits(want) != to_bits(cw[i * c.ld + j])) {
+                    snprintf(msg, sizeof msg, "C[%lld][%lld] = %.9g (0x%08x), model %.9g (0x%08x)",
+                             (long long)i, (long long)j, got, (unsigned)to_bits(cw[i * c.ld + j]),
+                             (double)want, (unsigned)to_bits(want));
+                    bad = 1;
+                    continue;
+                }
+                if (!t->subnormals) {
+                    double bterm = t->beta != 0.0f ? fabs((double)t->beta * c0[i * c.ld + j]) : 0.0;
+                    double bc = t->beta != 0.0f ? (double)t->beta * c0[i * c.ld + j] : 0.0;
+                    double tol = ((double)t->k + 2.0) * ldexp(1.0, -24) * fabs(t->alpha) * mag +
+                                 bterm * ldexp(1.0, -23) + 1e-30;
+                    double tol32 = tol + (ldexp(1.0, -7) + ldexp(1.0, -16)) * fabs(t->alpha) * mag32;
+                    if (fabs(got - (t->alpha * exact + bc)) > tol ||
+                        fabs(got - (t->alpha * exact32 + bc)) > tol32) {
+                        snprintf(msg, sizeof msg, "C[%lld][%lld] = %.9g outside the bound (%.9g %.3g, %.9g %.3g)",
+                                 (long long)i, (long long)j, got, t->alpha * exact + bc, tol,
+                                 t->alpha * exact32 + bc, tol32);
+                        bad = 1;
+                    }
+                }
+            }
+        if (bad) {
+            char where[96];
+            snprintf(where, sizeof where, " (%s %s m%lld k%lld n%lld, %d threads)",
+                     pdp_bf16_path_name(path), layout_name(t->ta, t->tb), (long long)t->m,
+                     (long long)t->k, (long long)t->n, threads);
+            strncat(msg, where, sizeof msg - strlen(msg) - 1);
+        }
+    }
+    free(a.p);
+    free(b.p);
+    free(c.p);
+    free(c0);
+    free(cw);
+    ASSERT_EQm(msg, 0, bad);
+    PASS();
+}
+
+static enum greatest_test_res check_path_all(pdp_bf16_path path)
+{
+    static const int64_t shapes[][3] = {{1, 1, 1},   {7, 3, 5},    {33, 17, 9}, {8, 32, 32},
+                                        {9, 33, 65}, {129, 31, 70}, {3, 257, 2}, {70, 784, 40}};
+    int s, ta, tb;
+    char msg[96];
+    if (!pdp_bf16_path_available(path)) {
+        snprintf(msg, sizeof msg, "bf16 path %s: not available on this CPU or build",
+                 pdp_bf16_path_name(path));
+        SKIPm(msg);
+    }
+    for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
+        for (ta = 0; ta < 2; ta++)
+            for (tb = 0; tb < 2; tb++) {
+                bcase t;
+                memset(&t, 0, sizeof t);
+                t.ta = (pdp_trans)ta;
+                t.tb = (pdp_trans)tb;
+                t.m = shapes[s][0];
+                t.k = shapes[s][1];
+                t.n = shapes[s][2];
+                t.alpha = 1.0f;
+                t.beta = (s % 3 == 0) ? 0.0f : (s % 3 == 1) ? 1.0f : -0.75f;
+                t.nan_c = t.beta == 0.0f;
+                t.pad = s % 2 ? 3 : 0;
+                if (s == 5) t.alpha = 0.5f;
+                if (s == 2) t.subnormals = 1;
+                CHECK_CALL(check_path(path, &t));
+            }
+    PASS();
+}
+
+TEST bf16_gemm_emulated_matches_model(void) { return check_path_all(PDP_BF16_PATH_EMULATED); }
+TEST bf16_gemm_avx512_matches_model(void) { return check_path_all(PDP_BF16_PATH_AVX512); }
+TEST bf16_gemm_amx_matches_model(void) { return check_path_all(PDP_BF16_PATH_AMX); }
+
+TEST bf16_gemm_auto_takes_the_best_path_and_names_missing_ones(void)
+{
+    float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1}, c[4], c2[4];
+    int p;
+    pdp_gemm_bf16(PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2);
+    ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(pdp_bf16_best_path(), PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 3,
+                                       1.0f, a, 3, b, 2, 0.0f, c2, 2));
+    ASSERT_MEM_EQ(c, c2, sizeof c);
+    ASSERT_EQ(4.0f, c[0]);
+    ASSERT_EQ(5.0f, c[1]);
+    ASSERT(pdp_bf16_path_available(PDP_BF16_PATH_EMULATED));
+    ASSERT(pdp_bf16_best_path() != PDP_BF16_PATH_AUTO);
+    for (p = PDP_BF16_PATH_EMULATED; p <= PDP_BF16_PATH_AMX; p++)
+        if (!pdp_bf16_path_available((pdp_bf16_path)p)) {
+            ASSERT_EQ(PDP_ERR_UNSUPPORTED,
+                      pdp_gemm_bf16_on((pdp_bf16_path)p, PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 3, 1.0f,
+                                       a, 3, b, 2, 0.0f, c2, 2));
+            ASSERT(strstr(pdp_last_error(), "pdp_gemm_bf16_on"));
+            ASSERT(strstr(pdp_last_error(), pdp_bf16_path_name((pdp_bf16_path)p)));
+        }
+    printf("bf16 path on this CPU: %s\n", pdp_bf16_path_name(pdp_bf16_best_path()));
+    PASS();
+}
+
+/* ---- the model switch ---- */
+
+static pdp_model *mlp(pdp_precision precision)
+{
+    pdp_model *m = NULL;
+    pdp_model_desc d;
+    memset(&d, 0, sizeof d);
+    d.input_shape[0] = 37;
+    d.seed = 7;
+    d.precision = precision;
+    if (pdp_model_create(&m, &d) != PDP_OK) return NULL;
+    if (pdp_model_add_linear(m, 45) != PDP_OK || pdp_model_add_relu(m) != PDP_OK ||
+        pdp_model_add_linear(m, 10) != PDP_OK) {
+        pdp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* One forward/backward with loss; copies the output and the gradients out. */
+static pdp_status step(pdp_model *m, const float *xd, int64_t batch, const int32_t *labels,
+                       float *out, float *grads)
+{
+    pdp_tensor x, pv, gv;
+    const pdp_tensor *y;
+    int64_t shape[2];
+    float loss;
+    pdp_status st;
+    shape[0] = batch;
+    shape[1] = 37;
+    pdp_tensor_wrap((float *)xd, pdp_cpu(), 2, shape, &x);
+    pdp_model_zero_grad(m);
+    if ((st = pdp_model_forward(m, &x, &y)) != PDP_OK) return st;
+    memcpy(out, y->data, sizeof(float) * (size_t)y->count);
+    if ((st = pdp_model_forward_backward(m, &x, labels, &loss)) != PDP_OK) return st;
+    pdp_model_flat(m, &pv, &gv);
+    memcpy(grads, gv.data, sizeof(float) * (size_t)gv.count);
+    return PDP_OK;
+}
+
+TEST bf16_model_linear_uses_bf16_gemms_and_switches_back(void)
+{
+    enum { B = 13 };
+    pdp_model *m = mlp(PDP_PRECISION_FP32), *mb = mlp(PDP_PRECISION_BF16);
+    float x[B * 37], out32[B * 10], outb[B * 10], out2[B * 10], h[B * 45], yref[B * 10];
+    float *g32, *gb, *g2;
+    int32_t labels[B];
+    int64_t i, np;
+    pdp_param w0, b0, w1, b1;
+    ASSERT(m && mb);
+    ASSERT_EQ(PDP_PRECISION_BF16, pdp_model_precision(mb));
+    np = pdp_model_param_count(m);
+    g32 = (float *)malloc(sizeof(float) * (size_t)np);
+    gb = (float *)malloc(sizeof(float) * (size_t)np);
+    g2 = (float *)malloc(sizeof(float) * (size_t)np);
+    for (i = 0; i < B * 37; i++) x[i] = rnd();
+    for (i = 0; i < B; i++) labels[i] = (int32_t)(i % 10);
+    ASSERT_EQ(PDP_OK, step(m, x, B, labels, out32, g32));
+    ASSERT_EQ(PDP_OK, step(mb, x, B, labels, outb, gb));
+    ASSERT(memcmp(out32, outb, sizeof out32) != 0);
+
+    /* the bf16 forward is the bf16 GEMMs by hand: h = relu(x W0^T + b0), y = h W1^T + b1 */
+    pdp_model_find_param(mb, "0.weight", &w0);
+    pdp_model_find_param(mb, "0.bias", &b0);
+    pdp_model_find_param(mb, "2.weight", &w1);
+    pdp_model_find_param(mb, "2.bias", &b1);
+    for (i = 0; i < B * 45; i++) h[i] = b0.value.data[i % 45];
+    pdp_gemm_bf16(PDP_NO_TRANS, PDP_TRANS, B, 45, 37, 1.0f, x, 37, w0.value.data, 37, 1.0f, h, 45);
+    for (i = 0; i < B * 45; i++) h[i] = h[i] > 0.0f ? h[i] : 0.0f;
+    for (i = 0; i < B * 10; i++) yref[i] = b1.value.data[i % 10];
+    pdp_gemm_bf16(PDP_NO_TRANS, PDP_TRANS, B, 10, 45, 1.0f, h, 45, w1.value.data, 45, 1.0f, yref, 10);
+    ASSERT_MEM_EQ(yref, outb, sizeof yref);
+    /* and the output stays near fp32's */
+    for (i = 0; i < B * 10; i++) ASSERT_IN_RANGE(out32[i], outb[i], 0.05f);
+
+    /* switching: bf16 on the fp32 model gives the bf16 model's bits, and back gives fp32's */
+    ASSERT_EQ(PDP_OK, pdp_model_set_precision(m, PDP_PRECISION_BF16));
+    ASSERT_EQ(PDP_OK, step(m, x, B, labels, out2, g2));
+    ASSERT_MEM_EQ(outb, out2, sizeof outb);
+    ASSERT_MEM_EQ(gb, g2, sizeof(float) * (size_t)np);
+    ASSERT_EQ(PDP_OK, pdp_model_set_precision(m, PDP_PRECISION_FP32));
+    ASSERT_EQ(PDP_OK, step(m, x, B, labels, out2, g2));
+    ASSERT_MEM_EQ(out32, out2, sizeof out32);
+    ASSERT_MEM_EQ(g32, g2, sizeof(float) * (size_t)np);
+    for (i = 0; i < np; i++) ASSERT_IN_RANGE(g32[i], gb[i], 0.02f);
+    free(g32);
+    free(gb);
+    free(g2);
+    pdp_model_free(m);
+    pdp_model_free(mb);
+    PASS();
+}
+
+/* A one-layer Conv2d model in bf16 (implicit path: stride 1, pad 1; im2col: stride 2)
+   against double-precision sums of the bf16-rounded inputs: forward y and the weight
+   gradient within (terms + 2) 2^-24 sum |products| (fp32 sums of exact products), the
+   bias gradient as fp32 sums of the unrounded dy. */
+static enum greatest_test_res check_conv(int64_t stride, int threads)
+{
+    enum { N = 3, C = 3, H = 9, O = 4, K = 3 };
+    pdp_model *m = NULL;
+    pdp_model_desc d;
+    pdp_tensor x, dyt;
+    const pdp_tensor *y;
+    pdp_param w, b;
+    float xd[N * C * H * H], *dy;
+    int64_t xs[4] = {N, C, H, H}, Ho, i, n, o, c, ki, kj, oh, ow;
+    memset(&d, 0, sizeof d);
+    d.input_shape[0] = C;
+    d.input_shape[1] = H;
+    d.input_shape[2] = H;
+    d.seed = 3;
+    d.precision = PDP_PRECISION_BF16;
+    ASSERT_EQ(PDP_OK, pdp_model_create(&m, &d));
+    ASSERT_EQ(PDP_OK, pdp_model_add_conv2d(m, O, K, stride, 1));
+    Ho = (H + 2 - K) / stride + 1;
+    for (i = 0; i < N * C * H * H; i++) xd[i] = rnd();
+    pdp_tensor_wrap(xd, pdp_cpu(), 4, xs, &x);
+    pdp_set_num_threads(threads);
+    ASSERT_EQ(PDP_OK, pdp_model_forward(m, &x, &y));
+    pdp_model_find_param(m, "0.weight", &w);
+    pdp_model_find_param(m, "0.bias", &b);
+    for (n = 0; n < N; n++)
+        for (o = 0; o < O; o++)
+            for (oh = 0; oh < Ho; oh++)
+                for (ow = 0; ow < Ho; ow++) {
+                    double ref = 0.0, mag = 0.0;
+                    for (c = 0; c < C; c++)
+                        for (ki = 0; ki < K; ki++)
+                            for (kj = 0; kj < K; kj++) {
+                                int64_t ih = oh * stride - 1 + ki, iw = ow * stride - 1 + kj;
+                                double t;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= H) continue;
+                                t = (double)pdp_bf16_round(w.value.data[((o * C + c) * K + ki) * K + kj]) *
+                                    pdp_bf16_round(xd[((n * C + c) * H + ih) * H + iw]);
+                                ref += t;
+                                mag += fabs(t);
+                            }
+                    ref += b.value.data[o];
+                    ASSERT_IN_RANGE(ref, y->data[((n * O + o) * Ho + oh) * Ho + ow],
+                                    (C * K * K + 2) * ldexp(mag + fabs(b.value.data[o]), -24));
+                }
+    dy = (float *)malloc(sizeof(float) * (size_t)y->count);
+    for (i = 0; i < y->count; i++) dy[i] = rnd();
+    pdp_tensor_wrap(dy, pdp_cpu(), 4, y->shape, &dyt);
+    pdp_model_zero_grad(m);
+    ASSERT_EQ(PDP_OK, pdp_model_backward(m, &dyt));
+    pdp_set_num_threads(1);
+    for (o = 0; o < O; o++) {
+        double db = 0.0, dbm = 0.0;
+        for (n = 0; n < N; n++)
+            for (i = 0; i < Ho * Ho; i++) {
+                db += dy[(n * O + o) * Ho * Ho + i];
+                dbm += fabs(dy[(n * O + o) * Ho * Ho + i]);
+            }
+        ASSERT_IN_RANGE(db, b.grad.data[o], (N * Ho * Ho + 2) * ldexp(dbm, -24));
+        for (c = 0; c < C; c++)
+            for (ki = 0; ki < K; ki++)
+                for (kj = 0; kj < K; kj++) {
+                    double ref = 0.0, mag = 0.0;
+                    for (n = 0; n < N; n++)
+                        for (oh = 0; oh < Ho; oh++)
+                            for (ow = 0; ow < Ho; ow++) {
+                                int64_t ih = oh * stride - 1 + ki, iw = ow * stride - 1 + kj;
+                                double t;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= H) continue;
+                                t = (double)pdp_bf16_round(dy[((n * O + o) * Ho + oh) * Ho + ow]) *
+                                    pdp_bf16_round(xd[((n * C + c) * H + ih) * H + iw]);
+                                ref += t;
+                                mag += fabs(t);
+                            }
+                    ASSERT_IN_RANGE(ref, w.grad.data[((o * C + c) * K + ki) * K + kj],
+                                    (N * Ho * Ho + 2) * ldexp(mag, -24));
+                }
+    }
+    free(dy);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST bf16_model_conv2d_implicit_matches_reference(void)
+{
+    CHECK_CALL(check_conv(1, 1));
+    CHECK_CALL(check_conv(1, 2));
+    PASS();
+}
+
+TEST bf16_model_conv2d_im2col_matches_reference(void)
+{
+    CHECK_CALL(check_conv(2, 1));
+    CHECK_CALL(check_conv(2, 2));
+    PASS();
+}
+
+TEST bf16_model_errors_name_the_function(void)
+{
+    pdp_model *m = mlp(PDP_PRECISION_FP32), *c = NULL;
+    pdp_model_desc d;
+    ASSERT(m);
+    ASSERT_EQ(PDP_ERR_INVALID, pdp_model_set_precision(m, (pdp_precision)7));
+    ASSERT(strstr(pdp_last_error(), "pdp_model_set_precision"));
+    ASSERT_EQ(PDP_ERR_INVALID, pdp_model_set_precision(NULL, PDP_PRECISION_BF16));
+    ASSERT_EQ(PDP_PRECISION_FP32, pdp_model_precision(m));
+    memset(&d, 0, sizeof d);
+    d.input_shape[0] = 4;
+    d.device = pdp_cuda(0);
+    d.precision = PDP_PRECISION_BF16;
+    ASSERT_EQ(PDP_ERR_UNSUPPORTED, pdp_model_create(&c, &d));
+    ASSERT(c == NULL);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_create"));
+    ASSERT(strstr(pdp_last_error(), "CUDA"));
+    pdp_model_free(m);
+    PASS();
+}
+
+SUITE(bf16)
+{
+    RUN_TEST(bf16_round_matches_reference);
+    RUN_TEST(bf16_gemm_emulated_matches_model);
+    RUN_TEST(bf16_gemm_avx512_matches_model);
+    RUN_TEST(bf16_gemm_amx_matches_model);
+    RUN_TEST(bf16_gemm_auto_takes_the_best_path_and_names_missing_ones);
+    RUN_TEST(bf16_model_linear_uses_bf16_gemms_and_switches_back);
+    RUN_TEST(bf16_model_conv2d_implicit_matches_reference);
+    RUN_TEST(bf16_model_conv2d_im2col_matches_reference);
+    RUN_TEST(bf16_model_errors_name_the_function);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(bf16);
+    GREATEST_MAIN_END();
+}
