@@ -67,6 +67,19 @@
    the name. The message is thread-local. The library never exits and never prints
    unless given a log callback.
 
+   PRECISION
+   =========
+   Parameters, gradients and optimizer state are fp32. pdp_model_desc.precision =
+   PDP_PRECISION_BF16 (or pdp_model_set_precision) is mixed precision as PyTorch's
+   autocast: the inputs of Linear's and Conv2d's GEMMs (forward and both backward
+   products) are rounded to bf16, products accumulate in fp32, everything else stays
+   fp32. pdp_gemm_bf16 picks its path by CPUID at run time: AVX512-BF16 (vdpbf16ps)
+   where the CPU has it, an emulation with the same arithmetic and bits everywhere
+   else (pdp_bf16_path_name says which). Not yet: an AMX path, bf16 on CUDA models
+   (PDP_ERR_UNSUPPORTED), and speed: today the bf16 step is slower than fp32 (its
+   packing is scalar). Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in
+   bf16 against 88.76% in fp32 (train_mnist -bf16, seed 1).
+
    THREADS AND DETERMINISM
    =======================
    pdp_set_num_threads(n) sets the intra-op threads of the calling thread (large
