@@ -1588,7 +1588,12 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
    pdp_zero_gather_params. Faults never hang: a missing rank makes the
    reduce-scatter (named with its unit) or the all-gather fail with
    PDP_ERR_TIMEOUT naming the rank, within the communicator's timeout.
-   CPU models only for now (a CUDA model fails with PDP_ERR_UNSUPPORTED).
+
+   Devices: a CPU model over the local or MPI backend, or a CUDA model over NCCL
+   (one GPU per rank: thread ranks of pdp_nccl_group_create, or processes). Every
+   shard and buffer then lives on the rank's GPU, the figures above are the same,
+   and so are the checkpoints (staged through host memory as pdp_checkpoint_save
+   stages a CUDA model's).
 
    Typical step (each rank):
        pdp_zero_forward_backward(z, x_shard, labels_shard, &loss);
@@ -1636,9 +1641,10 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
    zeroed gradients, and (stages 1-2) the all-gather of the updated parameters. */
 PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt);
 PDP_API void pdp_zero_set_no_sync(pdp_zero *z, bool no_sync);
-/* The full parameters (param_count floats, flat-block order) into dst, or into
-   the model's parameter block when dst is NULL (stage 3: allocated if absent,
-   valid until the next step). Collective at stage 3. */
+/* The full parameters (param_count floats, flat-block order) into dst (host
+   memory, for a CUDA model too), or into the model's parameter block when dst is
+   NULL (on its device; stage 3: allocated if absent, valid until the next step).
+   Collective at stage 3. */
 PDP_API pdp_status pdp_zero_gather_params(pdp_zero *z, float *dst);
 
 PDP_API pdp_model *pdp_zero_model(const pdp_zero *z);
@@ -17423,7 +17429,16 @@ out:
    has completed and its slice was added to the shard), stage 3 also when its
    parameters are gathered (a gather slot, least recently used first, never the
    unit being computed). Nothing is allocated after construction: the buffers
-   are fixed, the handles come from the backends' pools. */
+   are fixed, the handles come from the backends' pools.
+
+   Devices. Every buffer lives on the model's device and is moved with
+   cuda_host.c's pdp__dev_* helpers (memcpy, memset and += on the CPU; copies and
+   kernels on a CUDA device's compute stream), so one code path serves CPU models
+   (local, MPI) and CUDA models (NCCL). The ordering between the compute stream
+   and the NCCL stream is the backend's: a collective's launch waits for the work
+   already queued on the compute stream (a slice copied into a gather slot, a
+   layer still reading the slot being refilled), and its wait makes the compute
+   stream wait for it (a buffer added to the shard, cleared or read by a layer). */
 
 /* #include "internal.h" (already above) */
 #include <errno.h>
@@ -17467,6 +17482,8 @@ struct pdp_zero {
     int trace_gather;    /* the all-gathers' trace lane ("allgather <comm name>"), 0: off */
     float **layer_w, **layer_dw;
     float scalar;        /* clipping's all-reduced squared norm */
+    float *dscalar;      /* its copy on the model's device (the collective's buffer) */
+    pdp_device dev;      /* the model's: every buffer below lives there */
     bool no_sync;
     bool sharded;        /* the model's blocks were handed over (free gives them back) */
     pdp_status deferred; /* a failure inside a no_sync backward (stages 2-3) */
@@ -17497,18 +17514,29 @@ static void pdp__zero_point(pdp_zero *z, int u, float **ptrs, float *buf)
 
 /* ---- zero: gradient buffers (stages 2-3) ---- */
 
+/* Keeps the first failure of a step's device work that no caller can return
+   (a bucket's completion, a no_sync backward): the next finish reports it. */
+static void pdp__zero_defer(pdp_zero *z, pdp_status st, const char *what, int u)
+{
+    char name[96];
+    if (z->deferred != PDP_OK) return;
+    pdp__zero_unit_name(z, u, name, sizeof name);
+    z->deferred = st;
+    snprintf(z->deferred_msg, sizeof z->deferred_msg, "rank %d: %s %s: %.600s", z->rank, what,
+             name, pdp_last_error());
+}
+
 /* Releases unit u's bucket buffer after its reduce-scatter: its slice into the shard. */
 static void pdp__zero_bucket_done(pdp__reducer *r, int b)
 {
     pdp_zero *z = (pdp_zero *)r->desc.user;
     pdp__zero_unit *k = &z->units[b];
-    float *PDP__RESTRICT dst;
-    const float *PDP__RESTRICT src;
+    pdp_status st;
     int i;
     if (z->stage == 1 || !k->gbuf) return;
-    dst = z->grad_shard + k->shard_off;
-    src = k->gbuf + (int64_t)z->rank * k->s;
-    PDP__FOR_BLOCKED(e, k->mine, dst[e] += src[e];);
+    if ((st = pdp__dev_add(z->dev, z->grad_shard + k->shard_off,
+                           k->gbuf + (int64_t)z->rank * k->s, k->mine)) != PDP_OK)
+        pdp__zero_defer(z, st, "adding the slice of", b);
     for (i = 0; i < z->desc.grad_buffers; i++)
         if (z->gbuf_unit[i] == b) z->gbuf_unit[i] = -1;
     k->gbuf = NULL;
@@ -17516,19 +17544,26 @@ static void pdp__zero_bucket_done(pdp__reducer *r, int b)
 
 /* Gives unit u a zeroed bucket buffer, waiting for the reduce-scatter of the unit
    that held it (bucket_done then frees it). */
-static void pdp__zero_take_gbuf(pdp_zero *z, int u)
+static pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u)
 {
     int slot = u % z->desc.grad_buffers, v = z->gbuf_unit[slot];
     pdp__zero_unit *k = &z->units[u];
+    pdp_status st;
+    char name[96];
     if (v >= 0) pdp__reducer_wait_bucket(&z->r, v);
     if ((v = z->gbuf_unit[slot]) >= 0) { /* its collective failed or never ran */
         z->units[v].gbuf = NULL;
         z->gbuf_unit[slot] = -1;
     }
-    memset(z->gbufs[slot], 0, (size_t)(z->size * k->s) * sizeof(float));
+    if ((st = pdp__dev_memset0(z->dev, z->gbufs[slot],
+                               (size_t)(z->size * k->s) * sizeof(float))) != PDP_OK) {
+        pdp__zero_unit_name(z, u, name, sizeof name);
+        return pdp__err_wrap(st, "rank %d: clearing the gradient buffer of %s", z->rank, name);
+    }
     z->gbuf_unit[slot] = u;
     k->gbuf = z->gbufs[slot];
     pdp__zero_point(z, u, z->layer_dw, k->gbuf);
+    return PDP_OK;
 }
 
 /* The collective of bucket (unit) b: reduce-scatter (average) in place. */
@@ -17536,7 +17571,9 @@ static pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
 {
     pdp_zero *z = (pdp_zero *)r->desc.user;
     pdp__zero_unit *k = &z->units[b];
-    if (!k->gbuf) pdp__zero_take_gbuf(z, b); /* no backward reached it: zeros */
+    pdp_status st;
+    /* no backward reached it: zeros */
+    if (!k->gbuf && (st = pdp__zero_take_gbuf(z, b)) != PDP_OK) return st;
     return pdp_comm_reduce_scatter(z->c, k->gbuf, k->gbuf + (int64_t)z->rank * k->s, k->s,
                                    PDP_REDUCE_AVG, w);
 }
@@ -17594,11 +17631,12 @@ static pdp_status pdp__zero_gather_launch(pdp_zero *z, int u, int keep)
     p->unit = u;
     p->used = ++z->clock;
     k->pslot = best;
-    memcpy(p->buf + (int64_t)z->rank * k->s, z->param_shard + k->shard_off,
-           (size_t)k->s * sizeof(float));
     p->t_launch = pdp__now();
     z->gathers++;
-    st = pdp_comm_allgather(z->c, p->buf + (int64_t)z->rank * k->s, p->buf, k->s, &p->work);
+    st = pdp__dev_copy(z->dev, p->buf + (int64_t)z->rank * k->s, z->dev,
+                       z->param_shard + k->shard_off, (size_t)k->s * sizeof(float));
+    if (st == PDP_OK)
+        st = pdp_comm_allgather(z->c, p->buf + (int64_t)z->rank * k->s, p->buf, k->s, &p->work);
     if (st == PDP_OK) return PDP_OK;
     k->pslot = -1;
     p->unit = -1;
@@ -17655,7 +17693,8 @@ static pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev,
                 }
         return z->stage == 3 ? pdp__zero_release_params(z) : PDP_OK;
     case PDP__EV_BACKWARD_LAYER: /* backward runs them from 0 up */
-        if (z->stage >= 2 && !z->units[u].gbuf) pdp__zero_take_gbuf(z, u);
+        if (z->stage >= 2 && !z->units[u].gbuf && (st = pdp__zero_take_gbuf(z, u)) != PDP_OK)
+            return st;
         return z->stage == 3 ? pdp__zero_need(z, u, u + 1) : PDP_OK;
     case PDP__EV_BACKWARD_END:
         /* stages 2-3 under no_sync: reduce now, into the shard (no full gradient to
@@ -17681,32 +17720,41 @@ PDP_API void pdp_zero_free(pdp_zero *z)
     m = z->m;
     pdp__zero_release_params(z);
     pdp__reducer_release(&z->r); /* waits for the reduce-scatters */
-    if (m && z->sharded) {
+    if (m && z->sharded) { /* best effort: a device failure leaves the block absent */
+        size_t bytes = (size_t)m->param_count * sizeof(float);
         m->layer_w = m->layer_dw = NULL;
         if (!m->grad_block && m->param_count &&
-            pdp__dev_alloc(m->device, (size_t)m->param_count * sizeof(float),
-                           (void **)&m->grad_block) == PDP_OK)
-            memset(m->grad_block, 0, (size_t)m->param_count * sizeof(float));
+            pdp__dev_alloc(m->device, bytes, (void **)&m->grad_block) == PDP_OK &&
+            pdp__dev_memset0(m->device, m->grad_block, bytes) != PDP_OK) {
+            pdp__dev_free(m->device, m->grad_block);
+            m->grad_block = NULL;
+        }
         if (!m->param_block && m->param_count &&
-            pdp__dev_alloc(m->device, (size_t)m->param_count * sizeof(float),
-                           (void **)&m->param_block) == PDP_OK) {
-            memset(m->param_block, 0, (size_t)m->param_count * sizeof(float));
-            for (i = 0; z->param_shard && i < z->nunits; i++) {
+            pdp__dev_alloc(m->device, bytes, (void **)&m->param_block) == PDP_OK) {
+            pdp_status st = pdp__dev_memset0(m->device, m->param_block, bytes);
+            for (i = 0; st == PDP_OK && z->param_shard && i < z->nunits; i++) {
                 const pdp__zero_unit *k = &z->units[i];
-                memcpy(m->param_block + k->off + (int64_t)z->rank * k->s,
-                       z->param_shard + k->shard_off, (size_t)k->mine * sizeof(float));
+                st = pdp__dev_copy(m->device, m->param_block + k->off + (int64_t)z->rank * k->s,
+                                   m->device, z->param_shard + k->shard_off,
+                                   (size_t)k->mine * sizeof(float));
+            }
+            if (st != PDP_OK) {
+                pdp__dev_free(m->device, m->param_block);
+                m->param_block = NULL;
             }
         }
     }
-    for (i = 0; z->gbufs && i < z->desc.grad_buffers; i++) pdp__dealloc(z->gbufs[i]);
-    for (i = 0; z->pslots && i < z->desc.param_buffers; i++) pdp__dealloc(z->pslots[i].buf);
+    for (i = 0; z->gbufs && i < z->desc.grad_buffers; i++) pdp__dev_free(z->dev, z->gbufs[i]);
+    for (i = 0; z->pslots && i < z->desc.param_buffers; i++)
+        pdp__dev_free(z->dev, z->pslots[i].buf);
     pdp__dealloc(z->gbufs);
     pdp__dealloc(z->gbuf_unit);
     pdp__dealloc(z->pslots);
-    pdp__dealloc(z->grad_all);
-    pdp__dealloc(z->grad_shard);
-    pdp__dealloc(z->param_shard);
-    pdp__dealloc(z->staging);
+    pdp__dev_free(z->dev, z->grad_all);
+    pdp__dev_free(z->dev, z->grad_shard);
+    pdp__dev_free(z->dev, z->param_shard);
+    pdp__dev_free(z->dev, z->staging);
+    pdp__dev_free(z->dev, z->dscalar);
     pdp__dealloc(z->units);
     pdp__dealloc(z->unit_of_layer);
     pdp__dealloc(z->layer_w);
@@ -17714,11 +17762,18 @@ PDP_API void pdp_zero_free(pdp_zero *z)
     pdp__dealloc(z);
 }
 
-/* A zeroed buffer of count floats, counted as a working buffer when work. */
+/* A zeroed buffer of count floats on the model's device, counted as a working
+   buffer when work; NULL on failure (the message says why). */
 static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
 {
-    float *p = (float *)pdp__calloc((size_t)PDP__MAX(1, count) * sizeof(float));
-    if (p && work) z->buffer_bytes += count * (int64_t)sizeof(float);
+    size_t bytes = (size_t)PDP__MAX(1, count) * sizeof(float);
+    float *p = NULL;
+    if (pdp__dev_alloc(z->dev, bytes, (void **)&p) != PDP_OK) return NULL;
+    if (pdp__dev_memset0(z->dev, p, bytes) != PDP_OK) {
+        pdp__dev_free(z->dev, p);
+        return NULL;
+    }
+    if (work) z->buffer_bytes += count * (int64_t)sizeof(float);
     return p;
 }
 
@@ -17743,10 +17798,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                         ">= 0, grad_buffers %d >= 0, param_buffers %d 0 or >= 2", fn,
                         desc->bucket_cap_mb, desc->first_bucket_mb, desc->grad_buffers,
                         desc->param_buffers);
-    if (m->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: ZeRO runs on CPU models only so far", fn);
     z = (pdp_zero *)pdp__calloc(sizeof *z);
     if (!z) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    z->dev = m->device;
     if (desc) z->desc = *desc;
     z->desc.stage = PDP__DEF(z->desc.stage, 1);
     z->desc.bucket_cap_mb = PDP__DEF(z->desc.bucket_cap_mb, 25.0);
@@ -17817,8 +17871,12 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
         if (!(z->param_shard = pdp__zero_buf(z, z->shard_count, false))) goto oom;
         for (b = 0; b < z->nunits; b++) {
             const pdp__zero_unit *k = &z->units[b];
-            memcpy(z->param_shard + k->shard_off, m->param_block + k->off + (int64_t)z->rank * k->s,
-                   (size_t)k->mine * sizeof(float));
+            if ((st = pdp__dev_copy(z->dev, z->param_shard + k->shard_off, z->dev,
+                                    m->param_block + k->off + (int64_t)z->rank * k->s,
+                                    (size_t)k->mine * sizeof(float))) != PDP_OK) {
+                st = pdp__err_wrap(st, "%s: rank %d: copying the parameter shard", fn, c->rank);
+                goto fail;
+            }
         }
         pdp__dev_free(m->device, m->param_block);
         m->param_block = NULL;
@@ -17828,6 +17886,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     m->grad_block = NULL;
     m->layer_dw = z->layer_dw;
     if (z->stage <= 2 && !(z->staging = pdp__zero_buf(z, n * z->smax, true))) goto oom;
+    /* clipping's scalar: NCCL reduces device memory only (not a working buffer: 4 bytes) */
+    if (z->dev.kind != PDP_DEVICE_CPU && !(z->dscalar = pdp__zero_buf(z, 1, false))) goto oom;
     if (z->stage >= 2) {
         z->gbufs = (float **)pdp__calloc((size_t)z->desc.grad_buffers * sizeof(float *));
         z->gbuf_unit = (int *)pdp__calloc((size_t)z->desc.grad_buffers * sizeof(int));
@@ -17903,7 +17963,13 @@ PDP_API pdp_status pdp_zero_finish(pdp_zero *z)
         z->deferred = PDP_OK;
         return pdp__err(st, "%s: %s", fn, z->deferred_msg);
     }
-    return pdp__reducer_finish(&z->r, fn);
+    if ((st = pdp__reducer_finish(&z->r, fn)) != PDP_OK) return st;
+    if (z->deferred != PDP_OK) { /* a bucket's completion, while finish waited for it */
+        st = z->deferred;
+        z->deferred = PDP_OK;
+        return pdp__err(st, "%s: %s", fn, z->deferred_msg);
+    }
+    return PDP_OK;
 }
 
 /* Stage 1: the rank's slice of unit u in its padded buffer; stages 2-3: in the shard. */
@@ -17929,10 +17995,24 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: call pdp_zero_finish first", fn, z->rank);
     for (u = 0; u < z->nunits; u++) {
         const float *g = pdp__zero_grad_slice(z, u);
-        for (i = 0; i < z->units[u].mine; i++) sum += (double)g[i] * (double)g[i];
+        if (z->dev.kind == PDP_DEVICE_CPU) {
+            for (i = 0; i < z->units[u].mine; i++) sum += (double)g[i] * (double)g[i];
+        } else if (z->units[u].mine) { /* a fixed-order device sum per slice */
+            double part = 0.0;
+            if ((st = pdp__cuda_sumsq(z->dev, g, z->units[u].mine, &part, fn)) != PDP_OK)
+                return st;
+            sum += part;
+        }
     }
     z->scalar = (float)sum;
-    if ((st = pdp_comm_allreduce(z->c, &z->scalar, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK)
+    if (z->dscalar) { /* the collective runs on the device's copy */
+        if ((st = pdp__dev_copy(z->dev, z->dscalar, pdp_cpu(), &z->scalar, 4)) == PDP_OK &&
+            (st = pdp_comm_allreduce(z->c, z->dscalar, 1, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+            st = pdp__dev_copy(pdp_cpu(), &z->scalar, z->dev, z->dscalar, 4);
+    } else {
+        st = pdp_comm_allreduce(z->c, &z->scalar, 1, PDP_REDUCE_SUM, NULL);
+    }
+    if (st != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: all-reducing the squared norm", fn, z->rank);
     norm = sqrt((double)z->scalar);
     if (total_norm) *total_norm = (float)norm;
@@ -17941,7 +18021,12 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
     if (coef >= 1.0f) return PDP_OK;
     for (u = 0; u < z->nunits; u++) {
         float *g = pdp__zero_grad_slice(z, u);
-        for (i = 0; i < z->units[u].mine; i++) g[i] *= coef;
+        if (z->dev.kind == PDP_DEVICE_CPU) {
+            for (i = 0; i < z->units[u].mine; i++) g[i] *= coef;
+        } else if (z->units[u].mine &&
+                   (st = pdp__cuda_scale(z->dev, g, z->units[u].mine, coef, fn)) != PDP_OK) {
+            return st;
+        }
     }
     return PDP_OK;
 }
@@ -17955,9 +18040,12 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
     for (u = 0; u < z->nunits; u++) {
         const pdp__zero_unit *k = &z->units[u];
         float *mine = z->staging + (int64_t)z->rank * k->s;
-        memcpy(mine, z->m->param_block + k->off + (int64_t)z->rank * k->s,
-               (size_t)k->mine * sizeof(float));
-        memset(mine + k->mine, 0, (size_t)(k->s - k->mine) * sizeof(float));
+        if ((st = pdp__dev_copy(z->dev, mine, z->dev,
+                                z->m->param_block + k->off + (int64_t)z->rank * k->s,
+                                (size_t)k->mine * sizeof(float))) != PDP_OK ||
+            (st = pdp__dev_memset0(z->dev, mine + k->mine,
+                                   (size_t)(k->s - k->mine) * sizeof(float))) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d: staging unit %d", fn, z->rank, u);
         z->gathers++;
         t0 = pdp__now();
         st = pdp_comm_allgather(z->c, mine, z->staging, k->s, NULL);
@@ -17971,7 +18059,9 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
             pdp__zero_unit_name(z, u, name, sizeof name);
             return pdp__err_wrap(st, "%s: rank %d: allgather of %s", fn, z->rank, name);
         }
-        memcpy(dst + k->off, z->staging, (size_t)k->count * sizeof(float));
+        if ((st = pdp__dev_copy(z->dev, dst + k->off, z->dev, z->staging,
+                                (size_t)k->count * sizeof(float))) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d: unit %d", fn, z->rank, u);
     }
     return PDP_OK;
 }
@@ -17998,8 +18088,10 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
             return pdp__err_wrap(st, "%s: rank %d", fn, z->rank);
     }
     pdp__optim_finish_step(opt);
-    if (z->stage == 1) memset(z->grad_all, 0, (size_t)z->padded_count * sizeof(float));
-    else memset(z->grad_shard, 0, (size_t)z->shard_count * sizeof(float));
+    st = z->stage == 1
+             ? pdp__dev_memset0(z->dev, z->grad_all, (size_t)z->padded_count * sizeof(float))
+             : pdp__dev_memset0(z->dev, z->grad_shard, (size_t)z->shard_count * sizeof(float));
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: zeroing the gradients", fn, z->rank);
     if (z->r.trace_compute)
         pdp__trace_complete(z->rank, z->r.trace_compute, "compute", "optimizer step", t0,
                             pdp__now(), NULL);
@@ -18036,13 +18128,16 @@ PDP_API void pdp_zero_set_no_sync(pdp_zero *z, bool no_sync)
 PDP_API pdp_status pdp_zero_gather_params(pdp_zero *z, float *dst)
 {
     static const char *fn = "pdp_zero_gather_params";
+    pdp_device to = pdp_cpu(); /* dst is host memory */
     pdp_model *m;
     pdp_status st;
     int u;
     if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
     m = z->m;
     if (z->stage <= 2) {
-        if (dst) memcpy(dst, m->param_block, (size_t)m->param_count * sizeof(float));
+        if (dst && (st = pdp__dev_copy(pdp_cpu(), dst, m->device, m->param_block,
+                                       (size_t)m->param_count * sizeof(float))) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d", fn, z->rank);
         return PDP_OK;
     }
     if (!dst) {
@@ -18052,11 +18147,14 @@ PDP_API pdp_status pdp_zero_gather_params(pdp_zero *z, float *dst)
             return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameters", fn,
                             (long long)m->param_count);
         dst = m->param_block;
+        to = m->device;
     }
     for (u = z->nunits - 1; u >= 0; u--) {
         const pdp__zero_unit *k = &z->units[u];
         if ((st = pdp__zero_need(z, u, u - 1)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-        memcpy(dst + k->off, z->pslots[k->pslot].buf, (size_t)k->count * sizeof(float));
+        if ((st = pdp__dev_copy(to, dst + k->off, m->device, z->pslots[k->pslot].buf,
+                                (size_t)k->count * sizeof(float))) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d", fn, z->rank);
     }
     return PDP_OK;
 }

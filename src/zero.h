@@ -75,7 +75,12 @@
    pdp_zero_gather_params. Faults never hang: a missing rank makes the
    reduce-scatter (named with its unit) or the all-gather fail with
    PDP_ERR_TIMEOUT naming the rank, within the communicator's timeout.
-   CPU models only for now (a CUDA model fails with PDP_ERR_UNSUPPORTED).
+
+   Devices: a CPU model over the local or MPI backend, or a CUDA model over NCCL
+   (one GPU per rank: thread ranks of pdp_nccl_group_create, or processes). Every
+   shard and buffer then lives on the rank's GPU, the figures above are the same,
+   and so are the checkpoints (staged through host memory as pdp_checkpoint_save
+   stages a CUDA model's).
 
    Typical step (each rank):
        pdp_zero_forward_backward(z, x_shard, labels_shard, &loss);
@@ -123,9 +128,10 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
    zeroed gradients, and (stages 1-2) the all-gather of the updated parameters. */
 PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt);
 PDP_API void pdp_zero_set_no_sync(pdp_zero *z, bool no_sync);
-/* The full parameters (param_count floats, flat-block order) into dst, or into
-   the model's parameter block when dst is NULL (stage 3: allocated if absent,
-   valid until the next step). Collective at stage 3. */
+/* The full parameters (param_count floats, flat-block order) into dst (host
+   memory, for a CUDA model too), or into the model's parameter block when dst is
+   NULL (on its device; stage 3: allocated if absent, valid until the next step).
+   Collective at stage 3. */
 PDP_API pdp_status pdp_zero_gather_params(pdp_zero *z, float *dst);
 
 PDP_API pdp_model *pdp_zero_model(const pdp_zero *z);
