@@ -9,7 +9,9 @@
    each layer's forward output and backward gradients (the tested layer sits
    after a layer with parameters, so its dx reaches a weight gradient), both
    losses, SGD/Adam/AdamW, gradient clipping, full MLP and CNN training steps,
-   DDP over NCCL at world size 1 and with one thread per GPU, DP over the GPUs
+   DDP over NCCL at world size 1 and with one thread per GPU, ZeRO stages 1-3
+   over NCCL on two GPUs (against one CPU model and the same run on the local
+   backend: parameters, memory and byte figures), DP over the GPUs
    present (at least two workers, so one GPU still runs DP's multi-worker path)
    against one CPU model on the global batch; plus "a step allocates nothing"
    through the caching allocator's counters, for one model and for DP. Cases
@@ -28,6 +30,7 @@
 #include "pdp_test.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #ifndef PDP_CUDA
 
@@ -957,6 +960,294 @@ TEST cuda_ddp_thread_ranks_match_single(void)
     PASS();
 }
 
+/* ---- with PDP_CUDA: ZeRO over NCCL ----
+   Stages 1, 2 and 3 on CUDA models, one thread rank per GPU (two GPUs), Adam,
+   with and without accumulation (stages 2-3 then reduce every micro-batch), with
+   and without clipping from shards: after ZN_STEPS steps every rank's gathered
+   parameters equal one CPU model's on the global batches (1e-5 relative) and
+   each other's bit for bit; the memory and byte figures are the CPU's formulas;
+   a shard checkpoint saved and loaded back on the device changes no bit. */
+enum { ZN_IN = 20, ZN_OUT = 5, ZN_PER = 4, ZN_RANKS = 2, ZN_STEPS = 3, ZN_MAXP = 1024 };
+
+static pdp_status zn_build(pdp_model **out, pdp_device dev)
+{
+    pdp_model_desc d;
+    pdp_model *m;
+    pdp_status st;
+    memset(&d, 0, sizeof d);
+    d.seed = 91;
+    d.device = dev;
+    d.input_shape[0] = ZN_IN;
+    if ((st = pdp_model_create(&m, &d)) != PDP_OK) return st;
+    if ((st = pdp_model_add_linear(m, 16)) || (st = pdp_model_add_relu(m)) ||
+        (st = pdp_model_add_linear(m, 11)) || (st = pdp_model_add_tanh(m)) ||
+        (st = pdp_model_add_linear(m, ZN_OUT))) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
+/* Micro-batch mb of the global batch: x [ZN_RANKS ZN_PER, ZN_IN], labels. */
+static void zn_batch(int mb, float *x, int32_t *y)
+{
+    int i;
+    fill_random(x, (int64_t)ZN_RANKS * ZN_PER * ZN_IN, 300 + (uint64_t)mb);
+    for (i = 0; i < ZN_RANKS * ZN_PER; i++) y[i] = (int32_t)((i * 3 + mb) % ZN_OUT);
+}
+
+static pdp_optim_desc zn_adam(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAM;
+    od.lr = 0.01f;
+    return od;
+}
+
+#define ZN_CLIP 0.05f
+
+/* The reference: one CPU model on the global batches. */
+static pdp_status zn_single(int accum, int clip, float *params, int64_t *count)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = zn_adam();
+    float x[ZN_RANKS * ZN_PER * ZN_IN], loss;
+    int32_t y[ZN_RANKS * ZN_PER];
+    int64_t shape[2] = {ZN_RANKS * ZN_PER, ZN_IN};
+    pdp_tensor xt, p, g;
+    pdp_status st;
+    int s, a;
+    if ((st = zn_build(&m, pdp_cpu())) || (st = pdp_optim_create(&o, m, &od))) goto out;
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < ZN_STEPS; s++) {
+        for (a = 0; a < accum; a++) {
+            zn_batch(s * accum + a, x, y);
+            if ((st = pdp_model_forward_backward(m, &xt, y, &loss))) goto out;
+        }
+        if (clip && (st = pdp_clip_grad_norm(m, ZN_CLIP, NULL))) goto out;
+        if ((st = pdp_optim_step(o))) goto out;
+        pdp_model_zero_grad(m);
+    }
+    pdp_model_flat(m, &p, &g);
+    *count = p.count;
+    memcpy(params, p.data, (size_t)p.count * sizeof(float));
+out:
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+typedef struct zn_job {
+    pdp_nccl_group *g;   /* NCCL on GPU rank, or (NULL) */
+    pdp_local_group *lg; /* the local backend on the CPU: the figures to match */
+    int rank, stage, accum, clip;
+    const char *prefix;  /* the checkpoint set's prefix */
+    float params[ZN_MAXP], reloaded[ZN_MAXP];
+    int64_t count;
+    int units;
+    pdp_zero_memory mem;
+    pdp_zero_stats stats;
+    pdp_status st;
+    char msg[1100];
+} zn_job;
+
+static pdp_status zn_train(zn_job *j, pdp_comm *c)
+{
+    pdp_device dev = j->g ? pdp_cuda(j->rank) : pdp_cpu();
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    pdp_optim_desc od = zn_adam();
+    pdp_tensor *xs = NULL;
+    float x[ZN_RANKS * ZN_PER * ZN_IN], loss;
+    int32_t y[ZN_RANKS * ZN_PER];
+    int64_t shape[2] = {ZN_PER, ZN_IN};
+    pdp_status st;
+    int s, a;
+    memset(&zd, 0, sizeof zd);
+    zd.stage = j->stage;
+    zd.bucket_cap_mb = 1e-9; /* a unit per layer */
+    zd.first_bucket_mb = 1e-9;
+    if ((st = zn_build(&m, dev)) || (st = pdp_zero_create(&z, m, c, &zd)) ||
+        (st = pdp_zero_optim_create(&o, z, &od)) ||
+        (st = pdp_tensor_create(&xs, dev, 2, shape)))
+        goto out;
+    j->units = pdp_zero_num_units(z);
+    pdp_zero_get_memory(z, o, &j->mem);
+    for (s = 0; s < ZN_STEPS; s++) {
+        for (a = 0; a < j->accum; a++) {
+            zn_batch(s * j->accum + a, x, y);
+            pdp_zero_set_no_sync(z, a < j->accum - 1);
+            if ((st = pdp_tensor_upload(xs, x + (int64_t)j->rank * ZN_PER * ZN_IN)) ||
+                (st = pdp_zero_forward_backward(z, xs, y + j->rank * ZN_PER, &loss)))
+                goto out;
+        }
+        if ((st = pdp_zero_finish(z))) goto out;
+        if (j->clip && (st = pdp_zero_clip_grad_norm(z, ZN_CLIP, NULL))) goto out;
+        if ((st = pdp_zero_step(z, o))) goto out;
+    }
+    pdp_zero_get_stats(z, &j->stats);
+    j->count = pdp_model_param_count(m);
+    if (j->count > ZN_MAXP) {
+        st = PDP_ERR_INVALID;
+        goto out;
+    }
+    if ((st = pdp_zero_gather_params(z, j->params)) ||
+        (st = pdp_zero_checkpoint_save(z, o, j->prefix)) ||
+        (st = pdp_zero_checkpoint_load(z, o, j->prefix)) ||
+        (st = pdp_zero_gather_params(z, j->reloaded)))
+        goto out;
+out:
+    pdp_tensor_free(xs);
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+static void *zn_main(void *arg)
+{
+    zn_job *j = (zn_job *)arg;
+    pdp_comm *c = NULL;
+    j->st = j->g ? pdp_comm_create_nccl(&c, j->g, j->rank)
+                 : pdp_comm_create_local(&c, j->lg, j->rank);
+    if (j->st == PDP_OK) j->st = zn_train(j, c);
+    if (j->st) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* The set's files: the marker and one shard per rank. */
+static void zn_remove_set(const char *prefix)
+{
+    char path[300];
+    int r;
+    snprintf(path, sizeof path, "%s.done", prefix);
+    remove(path);
+    for (r = 0; r < ZN_RANKS; r++) {
+        snprintf(path, sizeof path, "%s.rank%d.safetensors", prefix, r);
+        remove(path);
+    }
+}
+
+/* ZN_RANKS thread ranks over NCCL (gpu) or the local backend on the CPU. */
+static pdp_status zn_run(bool gpu, int stage, int accum, int clip, zn_job *jobs)
+{
+    char prefix[200];
+    pdp_device devs[ZN_RANKS];
+    pdp_nccl_group *g = NULL;
+    pdp_local_group *lg = NULL;
+    pthread_t th[ZN_RANKS];
+    pdp_status st;
+    int r;
+    snprintf(prefix, sizeof prefix, "/tmp/pdp_test_cuda_zero_%ld", (long)getpid());
+    for (r = 0; r < ZN_RANKS; r++) devs[r] = pdp_cuda(r);
+    st = gpu ? pdp_nccl_group_create(&g, ZN_RANKS, devs, NULL)
+             : pdp_local_group_create(&lg, ZN_RANKS, NULL);
+    if (st != PDP_OK) return st;
+    for (r = 0; r < ZN_RANKS; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r].g = g;
+        jobs[r].lg = lg;
+        jobs[r].rank = r;
+        jobs[r].stage = stage;
+        jobs[r].accum = accum;
+        jobs[r].clip = clip;
+        jobs[r].prefix = prefix;
+        pthread_create(&th[r], NULL, zn_main, &jobs[r]);
+    }
+    for (r = 0; r < ZN_RANKS; r++) pthread_join(th[r], NULL);
+    pdp_nccl_group_free(g);
+    pdp_local_group_free(lg);
+    zn_remove_set(prefix);
+    return PDP_OK;
+}
+
+static enum greatest_test_res zn_check(int stage, int accum, int clip)
+{
+    static zn_job jobs[ZN_RANKS], cpu[ZN_RANKS];
+    static float ref[ZN_MAXP];
+    static char msg[300];
+    int64_t count = 0;
+    double e;
+    int r;
+    ASSERT_ENUM_EQ(PDP_OK, zn_single(accum, clip, ref, &count), pdp_status_name);
+    ASSERTm(pdp_last_error(), zn_run(false, stage, accum, clip, cpu) == PDP_OK);
+    for (r = 0; r < ZN_RANKS; r++) ASSERTm(cpu[r].msg, cpu[r].st == PDP_OK);
+    ASSERTm(pdp_last_error(), zn_run(true, stage, accum, clip, jobs) == PDP_OK);
+    for (r = 0; r < ZN_RANKS; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    ASSERT_EQ(count, jobs[0].count);
+    e = rel_err(jobs[0].params, ref, count);
+    snprintf(msg, sizeof msg, "stage %d accum %d clip %d: ZeRO over NCCL vs one CPU model %.3g",
+             stage, accum, clip, e);
+    ASSERTm(msg, e <= TOL);
+    for (r = 0; r < ZN_RANKS; r++) {
+        const pdp_zero_memory *mm = &jobs[r].mem;
+        double psi = (double)mm->param_count, pad = (double)mm->padded_count, want;
+        int64_t extra;
+        int n = ZN_RANKS;
+        if (r > 0)
+            ASSERT_MEM_EQm("ranks differ after the gather", jobs[0].params, jobs[r].params,
+                           (size_t)count * 4);
+        ASSERT_MEM_EQm("a checkpoint saved and loaded on the device changed the parameters",
+                       jobs[r].params, jobs[r].reloaded, (size_t)count * 4);
+        ASSERT_EQ(count, mm->param_count);
+        ASSERT_EQ(n * mm->shard_count, mm->padded_count);
+        ASSERT(mm->padded_count >= psi && mm->padded_count < psi + 16 * n * jobs[r].units);
+        ASSERT_EQ(2, mm->state_per_param);
+        want = stage == 1   ? 4 * psi + 4 * pad + 8 * pad / n
+               : stage == 2 ? 4 * psi + 12 * pad / n
+                            : 16 * pad / n;
+        snprintf(msg, sizeof msg, "stage %d: measured %lld, formula %.0f", stage,
+                 (long long)(mm->param_bytes + mm->grad_bytes + mm->optim_bytes), want);
+        ASSERT_EQm(msg, (long long)want,
+                   (long long)(mm->param_bytes + mm->grad_bytes + mm->optim_bytes));
+        ASSERT(mm->buffer_bytes > 0 && mm->buffer_bytes <= mm->buffer_bound);
+        /* the same figures as the CPU run over the local backend */
+        ASSERT_MEM_EQm("memory figures differ from the CPU's", &cpu[r].mem, mm, sizeof *mm);
+        ASSERT_EQ(cpu[r].units, jobs[r].units);
+        ASSERT_EQ(cpu[r].stats.bytes_sent, jobs[r].stats.bytes_sent);
+        ASSERT_EQ(cpu[r].stats.gathers, jobs[r].stats.gathers);
+        ASSERT_EQ(cpu[r].stats.steps, jobs[r].stats.steps);
+        ASSERT_EQ(ZN_STEPS * (stage == 1 ? 1 : accum), (int)jobs[r].stats.steps);
+        /* the last step's bytes, counted by the communicator: the formula, plus
+           clipping's scalar, plus (stages 2-3) the extra micro-batch's reduce-scatter
+           and, at stage 3, its gathers of the units not still held (at least one) */
+        extra = clip ? (int64_t)(2.0 * (n - 1) / n * 4.0) : 0;
+        if (stage >= 2) extra += (int64_t)(accum - 1) * (n - 1) * mm->shard_count * 4;
+        snprintf(msg, sizeof msg, "stage %d accum %d clip %d: sent %lld, formula %lld + %lld",
+                 stage, accum, clip, (long long)jobs[r].stats.bytes_sent,
+                 (long long)jobs[r].stats.formula_bytes, (long long)extra);
+        ASSERT_EQ((stage == 3 ? 3 : 2) * (int64_t)(n - 1) * mm->shard_count * 4,
+                  jobs[r].stats.formula_bytes);
+        if (stage == 3 && accum > 1)
+            ASSERTm(msg, jobs[r].stats.bytes_sent > jobs[r].stats.formula_bytes + extra &&
+                             jobs[r].stats.bytes_sent <=
+                                 jobs[r].stats.formula_bytes + extra +
+                                     2 * (int64_t)(n - 1) * mm->shard_count * 4);
+        else
+            ASSERT_EQm(msg, jobs[r].stats.formula_bytes + extra, jobs[r].stats.bytes_sent);
+        if (stage < 3 || accum == 1)
+            ASSERT_EQ((stage == 3 ? 2 : 1) * jobs[r].units, (int)jobs[r].stats.gathers);
+    }
+    PASS();
+}
+
+TEST cuda_zero_nccl_thread_ranks_match_single(void)
+{
+    int stage, accum, clip;
+    NEED_GPU();
+    if (devices() < ZN_RANKS) SKIPm("ZeRO over NCCL needs 2 CUDA devices");
+    for (stage = 1; stage <= 3; stage++)
+        for (accum = 1; accum <= 2; accum++)
+            for (clip = 0; clip <= 1; clip++) CHECK_CALL(zn_check(stage, accum, clip));
+    PASS();
+}
+
 /* Every collective of the NCCL backend, one thread per GPU, against naive
    loops: SUM and AVG all-reduce, broadcast and broadcast_bytes from the LAST
    rank (DDP only ever uses root 0), SUM and AVG reduce-scatter, all-gather.
@@ -1747,6 +2038,7 @@ SUITE(cuda)
     RUN_TEST(cuda_tf32_option_changes_gemm_only_slightly);
     RUN_TEST(cuda_ddp_nccl_world_size_1_matches_single);
     RUN_TEST(cuda_ddp_thread_ranks_match_single);
+    RUN_TEST(cuda_zero_nccl_thread_ranks_match_single);
     RUN_TEST(cuda_nccl_collectives_match_naive);
     RUN_TEST(cuda_nccl_p2p_ring_with_self_send_matches_naive);
     RUN_TEST(cuda_nccl_p2p_tag_and_count_mismatch_name_both);
