@@ -139,7 +139,8 @@
    reports the bytes held beside the ZeRO paper's formulas (Adam: DDP 16 Psi,
    stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3 16 Psi/N, plus the
    stated buffers); bytes sent per step are DDP's (stages 1-2) or 1.5x (3).
-   Tested equal to DDP and one device on local and MPI ranks; CPU models only.
+   Tested equal to DDP and one device on local and MPI ranks (CPU models) and
+   over NCCL (CUDA models, on the emulator in CI).
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
    prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker
    prefix.done once every rank has succeeded (llm.c's scheme); pdp_zero_checkpoint_load
