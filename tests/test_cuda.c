@@ -28,6 +28,7 @@
 #include "pdp_test.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #ifndef PDP_CUDA
 
@@ -1732,6 +1733,331 @@ TEST cuda_clip_grad_norm_matches_cpu(void)
     PASS();
 }
 
+/* ---- model parallel over NCCL: TP and PP, a thread per GPU ----
+   The models of test_tp.c and test_pp.c, on 2..4 emulated or real GPUs (as many as
+   there are, at most 4; fewer than 2: skipped by name), trained for MP_STEPS Adam
+   steps on the same batches as one CPU model; every step's loss and the final
+   parameters must match it within 1e-5 relative (TF32 off). TP: two blocks, the first
+   at layer 0 (f's backward skipped), widths 10 and 7 (3 and 4 do not divide them);
+   the parameters are compared through pdp_tp_checkpoint_save (the full tensors,
+   gathered on the GPUs) loaded on the CPU, and pdp_tp_checkpoint_load puts every
+   rank's slices back bit for bit. PP: 13 rows in 3 micro-batches (5, 4, 4), GPipe and
+   1F1B; each stage's parameters against the CPU model's of the same name. */
+enum { MP_IN = 6, MP_B = 13, MP_STEPS = 3, MP_CLASSES = 3, MP_MAXR = 4 };
+
+static void mp_batch(int step, float *x, int32_t *y)
+{
+    int i;
+    fill_random(x, (int64_t)MP_B * MP_IN, 100 + (uint64_t)step);
+    for (i = 0; i < MP_B; i++) y[i] = (int32_t)((i * 5 + step) % MP_CLASSES);
+}
+
+static pdp_optim_desc mp_adam(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAM;
+    od.lr = 0.01f;
+    return od;
+}
+
+/* Linear(10) ReLU Linear(9) Tanh Linear(7) GELU Linear(3) on dev; with tp, each Linear
+   pair is a TP block (f, column-parallel, act, row-parallel, g) on tp. */
+static pdp_status mp_build(pdp_model **out, pdp_device dev, pdp_comm *tp)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_status st;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = MP_IN;
+    md.seed = 7;
+    md.device = dev;
+    *out = NULL;
+    if ((st = pdp_model_create(&m, &md))) return st;
+    if (tp && ((st = pdp_model_set_tp(m, tp)) || (st = pdp_model_add_tp_copy(m)) ||
+               (st = pdp_model_add_column_parallel_linear(m, 10)) || (st = pdp_model_add_relu(m)) ||
+               (st = pdp_model_add_row_parallel_linear(m, 9)) || (st = pdp_model_add_tp_reduce(m)) ||
+               (st = pdp_model_add_tanh(m)) || (st = pdp_model_add_tp_copy(m)) ||
+               (st = pdp_model_add_column_parallel_linear(m, 7)) || (st = pdp_model_add_gelu(m)) ||
+               (st = pdp_model_add_row_parallel_linear(m, MP_CLASSES)) ||
+               (st = pdp_model_add_tp_reduce(m))))
+        goto fail;
+    if (!tp && ((st = pdp_model_add_linear(m, 10)) || (st = pdp_model_add_relu(m)) ||
+                (st = pdp_model_add_linear(m, 9)) || (st = pdp_model_add_tanh(m)) ||
+                (st = pdp_model_add_linear(m, 7)) || (st = pdp_model_add_gelu(m)) ||
+                (st = pdp_model_add_linear(m, MP_CLASSES))))
+        goto fail;
+    *out = m;
+    return PDP_OK;
+fail:
+    pdp_model_free(m);
+    return st;
+}
+
+/* The reference: the CPU model after MP_STEPS Adam steps on the whole batches. */
+static pdp_status mp_reference(pdp_model **out, float *losses)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = mp_adam();
+    pdp_tensor xt;
+    float x[MP_B * MP_IN];
+    int32_t y[MP_B];
+    int64_t shape[2] = {MP_B, MP_IN};
+    pdp_status st;
+    int s;
+    *out = NULL;
+    if ((st = mp_build(&m, pdp_cpu(), NULL)) || (st = pdp_optim_create(&o, m, &od))) goto out;
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < MP_STEPS; s++) {
+        mp_batch(s, x, y);
+        pdp_optim_zero_grad(o);
+        if ((st = pdp_model_forward_backward(m, &xt, y, &losses[s])) || (st = pdp_optim_step(o)))
+            goto out;
+    }
+out:
+    pdp_optim_free(o);
+    if (st) pdp_model_free(m);
+    else *out = m;
+    return st;
+}
+
+typedef struct mp_job {
+    pdp_nccl_group *g;
+    int rank, n;
+    pdp_pp_schedule schedule; /* PP */
+    const char *path;         /* TP: the checkpoint */
+    const pdp_model *ref;     /* PP: the CPU reference, read only */
+    float losses[MP_STEPS];   /* rank 0 (TP) or the last stage (PP) */
+    double err;               /* PP: the largest relative error of the stage's parameters */
+    pdp_status st;
+    char msg[1100];
+} mp_job;
+
+/* The parameters of m downloaded into a malloc'd block (count floats). */
+static float *mp_params(const pdp_model *m, int64_t *count)
+{
+    pdp_tensor p, g;
+    pdp_model_flat(m, &p, &g);
+    *count = p.count;
+    return host_copy(&p);
+}
+
+static void *tp_main(void *arg)
+{
+    mp_job *j = (mp_job *)arg;
+    pdp_device dev = pdp_cuda(j->rank);
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL, *m2 = NULL;
+    pdp_optim *o = NULL, *o2 = NULL;
+    pdp_optim_desc od = mp_adam();
+    pdp_tensor *x = NULL;
+    float xh[MP_B * MP_IN], *a = NULL, *b = NULL;
+    int32_t y[MP_B];
+    int64_t shape[2] = {MP_B, MP_IN}, na = 0, nb = 0, i;
+    int s;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) ||
+        (j->st = mp_build(&m, dev, c)) || (j->st = pdp_optim_create(&o, m, &od)) ||
+        (j->st = pdp_tensor_create(&x, dev, 2, shape)))
+        goto out;
+    for (s = 0; s < MP_STEPS; s++) {
+        mp_batch(s, xh, y);
+        if ((j->st = pdp_tensor_upload(x, xh)) ||
+            (j->st = pdp_model_forward_backward(m, x, y, &j->losses[s])) ||
+            (j->st = pdp_optim_step(o)))
+            goto out;
+        pdp_optim_zero_grad(o);
+    }
+    /* the full tensors, gathered over NCCL; then read back into fresh slices */
+    if ((j->st = pdp_tp_checkpoint_save(j->path, m, o)) || (j->st = mp_build(&m2, dev, c)) ||
+        (j->st = pdp_optim_create(&o2, m2, &od)) ||
+        (j->st = pdp_tp_checkpoint_load(j->path, m2, o2)))
+        goto out;
+    a = mp_params(m, &na);
+    b = mp_params(m2, &nb);
+    if (!a || !b || na != nb) {
+        j->st = PDP_ERR_INVALID;
+        snprintf(j->msg, sizeof j->msg, "rank %d: downloading the slices", j->rank);
+        goto out;
+    }
+    for (i = 0; i < na; i++)
+        if (a[i] != b[i]) {
+            j->st = PDP_ERR_INVALID;
+            snprintf(j->msg, sizeof j->msg, "rank %d: slice element %lld is %.9g after "
+                     "pdp_tp_checkpoint_load, %.9g before", j->rank, (long long)i, (double)b[i],
+                     (double)a[i]);
+            goto out;
+        }
+out:
+    if (j->st && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    free(a);
+    free(b);
+    pdp_tensor_free(x);
+    pdp_optim_free(o2);
+    pdp_model_free(m2);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static void *pp_main(void *arg)
+{
+    mp_job *j = (mp_job *)arg;
+    pdp_device dev = pdp_cuda(j->rank);
+    pdp_comm *c = NULL;
+    pdp_model *full = NULL, *m;
+    pdp_pp *pp = NULL;
+    pdp_pp_desc pd;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = mp_adam();
+    pdp_tensor *x = NULL;
+    pdp_param p, q;
+    float xh[MP_B * MP_IN], *h;
+    int32_t y[MP_B];
+    int64_t shape[2] = {MP_B, MP_IN};
+    int s, k;
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = j->schedule;
+    pd.micro_batches = 3;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) ||
+        (j->st = mp_build(&full, dev, NULL)) || (j->st = pdp_pp_create(&pp, full, c, &pd)))
+        goto out;
+    pdp_model_free(full);
+    full = NULL;
+    m = pdp_pp_model(pp);
+    if ((j->st = pdp_optim_create(&o, m, &od)) || (j->st = pdp_tensor_create(&x, dev, 2, shape)))
+        goto out;
+    for (s = 0; s < MP_STEPS; s++) {
+        mp_batch(s, xh, y);
+        if ((j->st = pdp_tensor_upload(x, xh)) ||
+            (j->st = pdp_pp_forward_backward(pp, x, y, &j->losses[s])) ||
+            (j->st = pdp_pp_step(pp, o)))
+            goto out;
+    }
+    for (k = 0; k < pdp_model_num_params(m); k++) {
+        double e;
+        if ((j->st = pdp_model_param(m, k, &p)) ||
+            (j->st = pdp_model_find_param(j->ref, p.name, &q)))
+            goto out;
+        if (!(h = host_copy(&p.value)) || p.value.count != q.value.count) {
+            free(h);
+            j->st = PDP_ERR_INVALID;
+            snprintf(j->msg, sizeof j->msg, "stage %d: %s: download or count", j->rank, p.name);
+            goto out;
+        }
+        e = rel_err(h, q.value.data, q.value.count);
+        if (e > j->err) j->err = e;
+        free(h);
+    }
+out:
+    if (j->st && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    pdp_tensor_free(x);
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* Runs fn on n rank threads, one per GPU, of a fresh NCCL group; 0 when the group failed. */
+static int mp_run(int n, void *(*fn)(void *), mp_job *jobs)
+{
+    pdp_device devs[MP_MAXR];
+    pdp_nccl_group *g = NULL;
+    pthread_t th[MP_MAXR];
+    int r;
+    for (r = 0; r < MP_MAXR; r++) devs[r] = pdp_cuda(r < n ? r : 0);
+    if (pdp_nccl_group_create(&g, n, devs, NULL) != PDP_OK) return 0;
+    for (r = 0; r < n; r++) {
+        jobs[r].g = g;
+        jobs[r].rank = r;
+        jobs[r].n = n;
+        pthread_create(&th[r], NULL, fn, &jobs[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(th[r], NULL);
+    pdp_nccl_group_free(g);
+    return 1;
+}
+
+/* The number of model-parallel ranks for this run: the GPUs, at most MP_MAXR. */
+static int mp_ranks(void) { return devices() < MP_MAXR ? devices() : MP_MAXR; }
+
+TEST cuda_nccl_tp_matches_cpu(void)
+{
+    mp_job jobs[MP_MAXR];
+    pdp_model *ref = NULL, *back = NULL;
+    float ref_losses[MP_STEPS];
+    char path[96], msg[160];
+    int n = mp_ranks(), r, s;
+    pdp_tensor p, g, rp, rg;
+    double e;
+    NEED_GPU();
+    if (n < 2) SKIPm("TP over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2 or more)");
+    snprintf(path, sizeof path, "/tmp/pdp_test_cuda_tp_%d.safetensors", (int)getpid());
+    ASSERTm(pdp_last_error(), mp_reference(&ref, ref_losses) == PDP_OK);
+    memset(jobs, 0, sizeof jobs);
+    for (r = 0; r < n; r++) jobs[r].path = path;
+    ASSERTm(pdp_last_error(), mp_run(n, tp_main, jobs));
+    for (r = 0; r < n; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    for (s = 0; s < MP_STEPS; s++)
+        for (r = 0; r < n; r++) {
+            e = fabs((double)jobs[r].losses[s] - ref_losses[s]) / fabs((double)ref_losses[s]);
+            snprintf(msg, sizeof msg, "TP rank %d of %d, step %d: loss %.9g, CPU %.9g", r, n, s,
+                     (double)jobs[r].losses[s], (double)ref_losses[s]);
+            ASSERTm(msg, e <= TOL);
+        }
+    /* the full tensors the TP ranks saved, on one CPU model, against the reference */
+    ASSERTm(pdp_last_error(), mp_build(&back, pdp_cpu(), NULL) == PDP_OK);
+    ASSERTm(pdp_last_error(), pdp_checkpoint_load(path, back, NULL) == PDP_OK);
+    remove(path);
+    pdp_model_flat(back, &p, &g);
+    pdp_model_flat(ref, &rp, &rg);
+    ASSERT_EQ(rp.count, p.count);
+    e = rel_err(p.data, rp.data, rp.count);
+    snprintf(msg, sizeof msg, "TP over %d GPUs: parameters' relative error %g", n, e);
+    ASSERTm(msg, e <= TOL);
+    pdp_model_free(back);
+    pdp_model_free(ref);
+    PASS();
+}
+
+static enum greatest_test_res check_pp(pdp_pp_schedule schedule, const char *name)
+{
+    mp_job jobs[MP_MAXR];
+    pdp_model *ref = NULL;
+    float ref_losses[MP_STEPS];
+    char msg[160];
+    int n = mp_ranks(), r, s;
+    double e;
+    NEED_GPU();
+    if (n < 2) SKIPm("PP over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2 or more)");
+    ASSERTm(pdp_last_error(), mp_reference(&ref, ref_losses) == PDP_OK);
+    memset(jobs, 0, sizeof jobs);
+    for (r = 0; r < n; r++) {
+        jobs[r].schedule = schedule;
+        jobs[r].ref = ref;
+    }
+    ASSERTm(pdp_last_error(), mp_run(n, pp_main, jobs));
+    for (r = 0; r < n; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    for (s = 0; s < MP_STEPS; s++) {
+        e = fabs((double)jobs[n - 1].losses[s] - ref_losses[s]) / fabs((double)ref_losses[s]);
+        snprintf(msg, sizeof msg, "PP %s, %d stages, step %d: loss %.9g, CPU %.9g", name, n, s,
+                 (double)jobs[n - 1].losses[s], (double)ref_losses[s]);
+        ASSERTm(msg, e <= TOL);
+    }
+    for (r = 0; r < n; r++) {
+        snprintf(msg, sizeof msg, "PP %s, stage %d of %d: parameters' relative error %g", name,
+                 r, n, jobs[r].err);
+        ASSERTm(msg, jobs[r].err <= TOL);
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
+TEST cuda_nccl_pp_gpipe_matches_cpu(void) { return check_pp(PDP_PP_GPIPE, "GPipe"); }
+TEST cuda_nccl_pp_1f1b_matches_cpu(void) { return check_pp(PDP_PP_1F1B, "1F1B"); }
+
 SUITE(cuda)
 {
     RUN_TEST(cuda_device_count_and_bad_ordinal);
@@ -1753,6 +2079,9 @@ SUITE(cuda)
     RUN_TEST(cuda_nccl_p2p_silent_peer_times_out_naming_peer_and_tag);
     RUN_TEST(cuda_nccl_split_2x2_collectives_match_naive);
     RUN_TEST(cuda_nccl_desc_timeout_rule);
+    RUN_TEST(cuda_nccl_tp_matches_cpu);
+    RUN_TEST(cuda_nccl_pp_gpipe_matches_cpu);
+    RUN_TEST(cuda_nccl_pp_1f1b_matches_cpu);
     RUN_TEST(cuda_ddp_nccl_processes_match_single);
     RUN_TEST(cuda_dp_over_gpus_matches_cpu);
     RUN_TEST(cuda_dp_rejects_mixed_devices);
