@@ -11,7 +11,8 @@
    losses, SGD/Adam/AdamW, gradient clipping, full MLP and CNN training steps,
    DDP over NCCL at world size 1 and with one thread per GPU, DP over the GPUs
    present (at least two workers, so one GPU still runs DP's multi-worker path)
-   against one CPU model on the global batch; plus "a step allocates nothing"
+   against one CPU model on the global batch, tensor and pipeline parallelism
+   over NCCL (2-4 GPUs; 2-D DP x TP and DP x PP on 4) against one CPU model; plus "a step allocates nothing"
    through the caching allocator's counters, for one model and for DP. Cases
    that random data never reach have tests of their own (each added after a
    mutant of pdp_cuda.cu survived): block reuse and empty_cache through the
@@ -1742,7 +1743,9 @@ TEST cuda_clip_grad_norm_matches_cpu(void)
    the parameters are compared through pdp_tp_checkpoint_save (the full tensors,
    gathered on the GPUs) loaded on the CPU, and pdp_tp_checkpoint_load puts every
    rank's slices back bit for bit. PP: 13 rows in 3 micro-batches (5, 4, 4), GPipe and
-   1F1B; each stage's parameters against the CPU model's of the same name. */
+   1F1B; each stage's parameters against the CPU model's of the same name. 2-D on 4
+   GPUs: 2 DP x 2 TP (DDP over NCCL groups made by pdp_comm_split) and 2 DP x 2 PP
+   (desc.dp) against the CPU model on the 12 rows the two DP groups share. */
 enum { MP_IN = 6, MP_B = 13, MP_STEPS = 3, MP_CLASSES = 3, MP_MAXR = 4 };
 
 static void mp_batch(int step, float *x, int32_t *y)
@@ -1794,8 +1797,9 @@ fail:
     return st;
 }
 
-/* The reference: the CPU model after MP_STEPS Adam steps on the whole batches. */
-static pdp_status mp_reference(pdp_model **out, float *losses)
+/* The reference: the CPU model after MP_STEPS Adam steps on the whole batches' first
+   rows rows. */
+static pdp_status mp_reference(pdp_model **out, int64_t rows, float *losses)
 {
     pdp_model *m = NULL;
     pdp_optim *o = NULL;
@@ -1803,10 +1807,12 @@ static pdp_status mp_reference(pdp_model **out, float *losses)
     pdp_tensor xt;
     float x[MP_B * MP_IN];
     int32_t y[MP_B];
-    int64_t shape[2] = {MP_B, MP_IN};
+    int64_t shape[2];
     pdp_status st;
     int s;
     *out = NULL;
+    shape[0] = rows;
+    shape[1] = MP_IN;
     if ((st = mp_build(&m, pdp_cpu(), NULL)) || (st = pdp_optim_create(&o, m, &od))) goto out;
     pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
     for (s = 0; s < MP_STEPS; s++) {
@@ -1828,6 +1834,7 @@ typedef struct mp_job {
     pdp_pp_schedule schedule; /* PP */
     const char *path;         /* TP: the checkpoint */
     const pdp_model *ref;     /* PP: the CPU reference, read only */
+    bool pipeline;            /* 2-D: DP x PP (else DP x TP) */
     float losses[MP_STEPS];   /* rank 0 (TP) or the last stage (PP) */
     double err;               /* PP: the largest relative error of the stage's parameters */
     pdp_status st;
@@ -1901,6 +1908,30 @@ out:
     return NULL;
 }
 
+/* j->err <- the largest relative error of stage m's parameters against j->ref's of
+   the same names; a failure goes to j->st and j->msg. */
+static void mp_stage_err(mp_job *j, const pdp_model *m)
+{
+    pdp_param p, q;
+    float *h;
+    int k;
+    for (k = 0; k < pdp_model_num_params(m); k++) {
+        double e;
+        if ((j->st = pdp_model_param(m, k, &p)) ||
+            (j->st = pdp_model_find_param(j->ref, p.name, &q)))
+            return;
+        if (!(h = host_copy(&p.value)) || p.value.count != q.value.count) {
+            free(h);
+            j->st = PDP_ERR_INVALID;
+            snprintf(j->msg, sizeof j->msg, "rank %d: %s: download or count", j->rank, p.name);
+            return;
+        }
+        e = rel_err(h, q.value.data, q.value.count);
+        if (e > j->err) j->err = e;
+        free(h);
+    }
+}
+
 static void *pp_main(void *arg)
 {
     mp_job *j = (mp_job *)arg;
@@ -1912,11 +1943,10 @@ static void *pp_main(void *arg)
     pdp_optim *o = NULL;
     pdp_optim_desc od = mp_adam();
     pdp_tensor *x = NULL;
-    pdp_param p, q;
-    float xh[MP_B * MP_IN], *h;
+    float xh[MP_B * MP_IN];
     int32_t y[MP_B];
     int64_t shape[2] = {MP_B, MP_IN};
-    int s, k;
+    int s;
     memset(&pd, 0, sizeof pd);
     pd.schedule = j->schedule;
     pd.micro_batches = 3;
@@ -1935,27 +1965,82 @@ static void *pp_main(void *arg)
             (j->st = pdp_pp_step(pp, o)))
             goto out;
     }
-    for (k = 0; k < pdp_model_num_params(m); k++) {
-        double e;
-        if ((j->st = pdp_model_param(m, k, &p)) ||
-            (j->st = pdp_model_find_param(j->ref, p.name, &q)))
-            goto out;
-        if (!(h = host_copy(&p.value)) || p.value.count != q.value.count) {
-            free(h);
-            j->st = PDP_ERR_INVALID;
-            snprintf(j->msg, sizeof j->msg, "stage %d: %s: download or count", j->rank, p.name);
-            goto out;
-        }
-        e = rel_err(h, q.value.data, q.value.count);
-        if (e > j->err) j->err = e;
-        free(h);
-    }
+    mp_stage_err(j, m);
 out:
     if (j->st && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
     pdp_tensor_free(x);
     pdp_optim_free(o);
     pdp_pp_free(pp);
     pdp_model_free(full);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* 2-D on 4 GPUs: TP or PP groups {0, 1} and {2, 3}, DP groups {0, 2} and {1, 3}; DP
+   rank d trains on rows [6 d, 6 d + 6) of the first 12 (DDP over the DP group for TP,
+   desc.dp for PP). TP: each TP group saves its full tensors to j->path + its DP rank
+   (".0", ".1"), read on the CPU by the test; PP: each stage against j->ref. */
+static void *mp2d_main(void *arg)
+{
+    enum { ROWS = 6 };
+    mp_job *j = (mp_job *)arg;
+    pdp_device dev = pdp_cuda(j->rank);
+    pdp_comm *c = NULL, *mp = NULL, *dp = NULL;
+    pdp_model *m = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_pp *pp = NULL;
+    pdp_pp_desc pd;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = mp_adam();
+    pdp_tensor *x = NULL;
+    float xh[MP_B * MP_IN], loss;
+    int32_t y[MP_B];
+    int64_t shape[2] = {ROWS, MP_IN};
+    int s, d = j->rank / 2;
+    char path[128];
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = PDP_PP_GPIPE;
+    pd.micro_batches = 3;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) ||
+        (j->st = pdp_comm_split(c, d, j->rank, &mp)) ||
+        (j->st = pdp_comm_split(c, j->rank % 2, j->rank, &dp)) ||
+        (j->st = pdp_tensor_create(&x, dev, 2, shape)))
+        goto out;
+    pd.dp = dp;
+    if (j->pipeline) {
+        pdp_model *full = NULL;
+        if ((j->st = mp_build(&full, dev, NULL))) goto out;
+        j->st = pdp_pp_create(&pp, full, mp, &pd);
+        pdp_model_free(full);
+        if (j->st || (j->st = pdp_optim_create(&o, pdp_pp_model(pp), &od))) goto out;
+    } else if ((j->st = mp_build(&m, dev, mp)) || (j->st = pdp_optim_create(&o, m, &od)) ||
+               (j->st = pdp_ddp_create(&ddp, m, dp, NULL))) {
+        goto out;
+    }
+    for (s = 0; s < MP_STEPS; s++) {
+        mp_batch(s, xh, y);
+        if ((j->st = pdp_tensor_upload(x, xh + d * ROWS * MP_IN))) goto out;
+        if (j->pipeline ? (j->st = pdp_pp_forward_backward(pp, x, y + d * ROWS, &loss)) ||
+                              (j->st = pdp_pp_step(pp, o))
+                        : (j->st = pdp_ddp_forward_backward(ddp, x, y + d * ROWS, &loss)) ||
+                              (j->st = pdp_ddp_step(ddp, o)))
+            goto out;
+    }
+    if (j->pipeline) {
+        mp_stage_err(j, pdp_pp_model(pp));
+    } else {
+        snprintf(path, sizeof path, "%s.%d", j->path, d);
+        j->st = pdp_tp_checkpoint_save(path, m, NULL);
+    }
+out:
+    if (j->st && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    pdp_tensor_free(x);
+    pdp_optim_free(o);
+    pdp_ddp_free(ddp);
+    pdp_pp_free(pp);
+    pdp_model_free(m);
+    pdp_comm_free(dp);
+    pdp_comm_free(mp);
     pdp_comm_free(c);
     return NULL;
 }
@@ -1995,7 +2080,7 @@ TEST cuda_nccl_tp_matches_cpu(void)
     NEED_GPU();
     if (n < 2) SKIPm("TP over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2 or more)");
     snprintf(path, sizeof path, "/tmp/pdp_test_cuda_tp_%d.safetensors", (int)getpid());
-    ASSERTm(pdp_last_error(), mp_reference(&ref, ref_losses) == PDP_OK);
+    ASSERTm(pdp_last_error(), mp_reference(&ref, MP_B, ref_losses) == PDP_OK);
     memset(jobs, 0, sizeof jobs);
     for (r = 0; r < n; r++) jobs[r].path = path;
     ASSERTm(pdp_last_error(), mp_run(n, tp_main, jobs));
@@ -2032,7 +2117,7 @@ static enum greatest_test_res check_pp(pdp_pp_schedule schedule, const char *nam
     double e;
     NEED_GPU();
     if (n < 2) SKIPm("PP over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2 or more)");
-    ASSERTm(pdp_last_error(), mp_reference(&ref, ref_losses) == PDP_OK);
+    ASSERTm(pdp_last_error(), mp_reference(&ref, MP_B, ref_losses) == PDP_OK);
     memset(jobs, 0, sizeof jobs);
     for (r = 0; r < n; r++) {
         jobs[r].schedule = schedule;
@@ -2049,6 +2134,53 @@ static enum greatest_test_res check_pp(pdp_pp_schedule schedule, const char *nam
     for (r = 0; r < n; r++) {
         snprintf(msg, sizeof msg, "PP %s, stage %d of %d: parameters' relative error %g", name,
                  r, n, jobs[r].err);
+        ASSERTm(msg, jobs[r].err <= TOL);
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
+TEST cuda_nccl_2d_dp_x_tp_and_dp_x_pp_match_cpu(void)
+{
+    mp_job jobs[MP_MAXR];
+    pdp_model *ref = NULL, *back = NULL;
+    float ref_losses[MP_STEPS];
+    pdp_tensor p, g, rp, rg;
+    char path[96], file[128], msg[160];
+    int r, d;
+    double e;
+    NEED_GPU();
+    if (devices() < 4) SKIPm("2-D over NCCL needs 4 GPUs (PDP_EMU_CUDA_DEVICES=4)");
+    snprintf(path, sizeof path, "/tmp/pdp_test_cuda_2d_%d.safetensors", (int)getpid());
+    ASSERTm(pdp_last_error(), mp_reference(&ref, 12, ref_losses) == PDP_OK);
+    /* DP x TP: both TP groups' full tensors equal the reference */
+    memset(jobs, 0, sizeof jobs);
+    for (r = 0; r < 4; r++) jobs[r].path = path;
+    ASSERTm(pdp_last_error(), mp_run(4, mp2d_main, jobs));
+    for (r = 0; r < 4; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    pdp_model_flat(ref, &rp, &rg);
+    for (d = 0; d < 2; d++) {
+        snprintf(file, sizeof file, "%s.%d", path, d);
+        ASSERTm(pdp_last_error(), mp_build(&back, pdp_cpu(), NULL) == PDP_OK);
+        ASSERTm(pdp_last_error(), pdp_checkpoint_load(file, back, NULL) == PDP_OK);
+        remove(file);
+        pdp_model_flat(back, &p, &g);
+        e = rel_err(p.data, rp.data, rp.count);
+        pdp_model_free(back);
+        snprintf(msg, sizeof msg, "2 DP x 2 TP, DP group %d: parameters' relative error %g", d, e);
+        ASSERTm(msg, e <= TOL);
+    }
+    /* DP x PP (GPipe): every stage of both pipelines equals the reference */
+    memset(jobs, 0, sizeof jobs);
+    for (r = 0; r < 4; r++) {
+        jobs[r].pipeline = true;
+        jobs[r].ref = ref;
+    }
+    ASSERTm(pdp_last_error(), mp_run(4, mp2d_main, jobs));
+    for (r = 0; r < 4; r++) {
+        ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+        snprintf(msg, sizeof msg, "2 DP x 2 PP, rank %d: parameters' relative error %g", r,
+                 jobs[r].err);
         ASSERTm(msg, jobs[r].err <= TOL);
     }
     pdp_model_free(ref);
@@ -2082,6 +2214,7 @@ SUITE(cuda)
     RUN_TEST(cuda_nccl_tp_matches_cpu);
     RUN_TEST(cuda_nccl_pp_gpipe_matches_cpu);
     RUN_TEST(cuda_nccl_pp_1f1b_matches_cpu);
+    RUN_TEST(cuda_nccl_2d_dp_x_tp_and_dp_x_pp_match_cpu);
     RUN_TEST(cuda_ddp_nccl_processes_match_single);
     RUN_TEST(cuda_dp_over_gpus_matches_cpu);
     RUN_TEST(cuda_dp_rejects_mixed_devices);
