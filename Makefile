@@ -303,7 +303,7 @@ emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_d
 	        PDP_EMU_CUDA_DEVICES=$$n PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$$t || exit 1; \
 	    done; \
 	done
-	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t cuda_nccl (split 2 x 2 and 2-D DP x TP, DP x PP need 4 GPUs)"
+	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t cuda_nccl (split 2 x 2, 2-D need 4 GPUs)"
 	@PDP_EMU_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(EB)/test_cuda -t cuda_nccl
 	@echo "== PDP_EMU_CUDA_DEVICES=1 $(EB)/bench_gpu --smoke"
 	@PDP_EMU_CUDA_DEVICES=1 timeout 600 ./$(EB)/bench_gpu --smoke

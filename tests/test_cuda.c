@@ -12,7 +12,8 @@
    DDP over NCCL at world size 1 and with one thread per GPU, DP over the GPUs
    present (at least two workers, so one GPU still runs DP's multi-worker path)
    against one CPU model on the global batch, tensor and pipeline parallelism
-   over NCCL (2-4 GPUs; 2-D DP x TP and DP x PP on 4) against one CPU model; plus "a step allocates nothing"
+   over NCCL (2-4 GPUs; 2-D DP x TP and DP x PP on 4) against one CPU model;
+   plus "a step allocates nothing"
    through the caching allocator's counters, for one model and for DP. Cases
    that random data never reach have tests of their own (each added after a
    mutant of pdp_cuda.cu survived): block reuse and empty_cache through the
@@ -1778,9 +1779,10 @@ static pdp_status mp_build(pdp_model **out, pdp_device dev, pdp_comm *tp)
     *out = NULL;
     if ((st = pdp_model_create(&m, &md))) return st;
     if (tp && ((st = pdp_model_set_tp(m, tp)) || (st = pdp_model_add_tp_copy(m)) ||
-               (st = pdp_model_add_column_parallel_linear(m, 10)) || (st = pdp_model_add_relu(m)) ||
-               (st = pdp_model_add_row_parallel_linear(m, 9)) || (st = pdp_model_add_tp_reduce(m)) ||
-               (st = pdp_model_add_tanh(m)) || (st = pdp_model_add_tp_copy(m)) ||
+               (st = pdp_model_add_column_parallel_linear(m, 10)) ||
+               (st = pdp_model_add_relu(m)) || (st = pdp_model_add_row_parallel_linear(m, 9)) ||
+               (st = pdp_model_add_tp_reduce(m)) || (st = pdp_model_add_tanh(m)) ||
+               (st = pdp_model_add_tp_copy(m)) ||
                (st = pdp_model_add_column_parallel_linear(m, 7)) || (st = pdp_model_add_gelu(m)) ||
                (st = pdp_model_add_row_parallel_linear(m, MP_CLASSES)) ||
                (st = pdp_model_add_tp_reduce(m))))
@@ -1896,7 +1898,8 @@ static void *tp_main(void *arg)
             goto out;
         }
 out:
-    if (j->st && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    if (j->st && !j->msg[0])
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
     free(a);
     free(b);
     pdp_tensor_free(x);
@@ -1967,7 +1970,8 @@ static void *pp_main(void *arg)
     }
     mp_stage_err(j, m);
 out:
-    if (j->st && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    if (j->st && !j->msg[0])
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
     pdp_tensor_free(x);
     pdp_optim_free(o);
     pdp_pp_free(pp);
@@ -2033,7 +2037,8 @@ static void *mp2d_main(void *arg)
         j->st = pdp_tp_checkpoint_save(path, m, NULL);
     }
 out:
-    if (j->st && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    if (j->st && !j->msg[0])
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
     pdp_tensor_free(x);
     pdp_optim_free(o);
     pdp_ddp_free(ddp);
