@@ -291,17 +291,19 @@ $(EB)/train_%: $(EB)/train_%.o $(EB)/pdp_cuda.o $(EB)/cuda_emu.o
 # ... then bench/cuda/gpu.c once at toy sizes (--smoke): the GPU bench runs to the end; and
 # three examples in short mode on emulated GPUs, whose losses and accuracies must read as
 # their CPU runs' (tests/cuda_emu/same_figures.sh): train_mnist -device cuda, train_dp on 2
-# GPUs, and train_ddp over NCCL with a thread per GPU. (train_cnn -device cuda matches too, but takes 85 s on the
+# GPUs, and train_ddp over NCCL with a thread per GPU; then model parallelism over NCCL (a thread
+# per GPU), against the same example on -backend local: train_tp on 2 GPUs, train_pp on 2
+# stages, 1F1B and GPipe. (train_cnn -device cuda matches too, but takes 85 s on the
 # emulator: run it by hand.)
 emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_dp \
-               $(EB)/train_ddp
+               $(EB)/train_ddp $(EB)/train_tp $(EB)/train_pp
 	@for t in $(EMU_CUDA_TESTS); do \
 	    for n in $(EMU_CUDA_DEVICES); do \
 	        echo "== PDP_EMU_CUDA_DEVICES=$$n $$t"; \
 	        PDP_EMU_CUDA_DEVICES=$$n PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$$t || exit 1; \
 	    done; \
 	done
-	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t cuda_nccl (split 2 x 2 needs 4 GPUs)"
+	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t cuda_nccl (split 2 x 2, 2-D need 4 GPUs)"
 	@PDP_EMU_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(EB)/test_cuda -t cuda_nccl
 	@echo "== PDP_EMU_CUDA_DEVICES=1 $(EB)/bench_gpu --smoke"
 	@PDP_EMU_CUDA_DEVICES=1 timeout 600 ./$(EB)/bench_gpu --smoke
@@ -314,3 +316,13 @@ emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_d
 	@echo "== $(EB)/train_ddp -backend nccl -np 2 (a thread per GPU), against -backend local"
 	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
 	    "./$(EB)/train_ddp -backend local -np 2" "./$(EB)/train_ddp -backend nccl -np 2"
+	@echo "== $(EB)/train_tp -backend nccl -np 2 (TP, a thread per GPU), against -backend local"
+	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
+	    "./$(EB)/train_tp -backend local -np 2" "./$(EB)/train_tp -backend nccl -np 2"
+	@echo "== $(EB)/train_pp -backend nccl -np 2 (PP 1F1B, a thread per GPU), against -backend local"
+	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
+	    "./$(EB)/train_pp -backend local -np 2" "./$(EB)/train_pp -backend nccl -np 2"
+	@echo "== $(EB)/train_pp -backend nccl -np 2 -schedule gpipe, against -backend local"
+	@PDP_EMU_CUDA_DEVICES=2 sh tests/cuda_emu/same_figures.sh \
+	    "./$(EB)/train_pp -backend local -np 2 -schedule gpipe" \
+	    "./$(EB)/train_pp -backend nccl -np 2 -schedule gpipe"

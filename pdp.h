@@ -1462,6 +1462,21 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    layers (PDP_ERR_STATE naming pdp_tp_checkpoint_save/load): its parameters are slices.
    DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED).
 
+   Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per rank: thread
+   ranks from pdp_nccl_group_create, or processes from pdp_comm_init_env), with the
+   same results: TP over 2-4 GPUs equals the single-device model, CPU or GPU (tested
+   on the CUDA emulation, tests/test_cuda.c). What NCCL changes: f and g are
+   all-reduces on the communicator's own stream, launched after the compute stream's
+   work and waited by the host before the next layer, so nothing overlaps them and
+   pdp_tp_stats.allreduce_s includes the GPU finishing the layers before g (and
+   waiting for the slowest rank); a rank that never arrives times out
+   (PDP_ERR_TIMEOUT) and leaves the NCCL communicator aborted, every later call on it
+   failing, where local and MPI stay usable. In 2-D, the TP and DP communicators are
+   separate NCCL communicators (pdp_comm_split), each with its stream: every rank must
+   issue their collectives in the same order, as the same model on every rank does.
+   The full-tensor checkpoints gather and scatter on the GPU (the staging model lives
+   on the model's device).
+
    Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
    all-reduce on the device's buffers); no Dropout inside the block (its masks are
    keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not
@@ -1758,6 +1773,27 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
    the stage held at once and their bytes. PDP_TRACE=out.json draws the schedule:
    one lane per stage ("pipeline stage s"), one event per action ("F3", "B3").
 
+   Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
+   ranks from pdp_nccl_group_create, or processes), with the same arithmetic: GPipe
+   and 1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA
+   emulation, tests/test_cuda.c). What NCCL changes:
+     - x is device memory of stage 0's GPU (labels stay on the host); activations and
+       gradients travel GPU to GPU;
+     - NCCL has no tags and enqueues posted messages only at a wait or pdp_work_done
+       (comm.h): the pipeline starts each message as soon as it is posted, an action's
+       send together with the receive it posted for the next action; a receive is never
+       enqueued ahead of the current action's send, which on NCCL's one stream per
+       communicator would wait behind it (the CUDA emulation, stricter than a GPU since
+       it enqueues a group only once the stream's earlier work is done, runs GPipe and
+       1F1B on 2-4 stages); the tags are still checked, from a header;
+     - a peer that never sends fails the wait with PDP_ERR_TIMEOUT naming the peer and
+       the tag, but NCCL cannot withdraw a message: the communicator is aborted and every
+       later call on it fails (local and MPI stay usable);
+     - the timings are host times: kernels run asynchronously, so part of an action's
+       GPU work can be counted as the next action's wait, and compute_s and bubble are
+       approximations on GPUs (peak_in_flight and the bytes are exact);
+     - DP x PP: dp is its own NCCL communicator (pdp_comm_split) with its own stream.
+
    Typical step (each rank):
        pdp_pp_forward_backward(pp, x, labels, &loss);   the whole batch; loss on the last stage
        pdp_pp_step(pp, opt);                            opt made on pdp_pp_model(pp)
@@ -1810,7 +1846,7 @@ PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
 
 /* One pipeline pass over a batch of B >= m rows cut into m micro-batches (the first
    B % m one row larger): forward, loss and backward, the gradients accumulated (+=)
-   into the stage's model. x is read on the first stage only (the other stages read
+   into the stage's model. x is read on the first stage only, on its device (the others read
    x->shape[0]: x->data may be NULL there), labels on the last only (with desc.loss,
    labels may be NULL). *loss: the step's mean loss on the last stage, 0 elsewhere.
    With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits. */
@@ -18658,7 +18694,16 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
    Activations are sent straight from the model's output of set j % S, whose send
    is waited before F(j + S) overwrites it. Tags: 2 j (activations) and 2 j + 1
    (gradients), modulo PDP_COMM_TAG_MAX + 1. At most one receive is outstanding.
-   After the first pass at the largest batch nothing is allocated. */
+   After the first pass at the largest batch nothing is allocated.
+
+   Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
+   posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
+   GPipe forwards would all go out at its first backward, and the next stage would
+   idle until then. An action's send starts together with the receive posted for the
+   next action (one NCCL group); a receive posted by an action that sends nothing
+   starts alone, right away. A receive is never started ahead of the current
+   action's send: on NCCL's one stream that send would queue behind it, and the
+   receive's message may depend on it. On local and MPI starting is a no-op query. */
 
 /* #include "internal.h" (already above) */
 
@@ -19082,6 +19127,12 @@ static pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
     return pdp_work_wait(w);
 }
 
+/* Starts a posted message (NCCL's batching: see the opening comment); w may be NULL. */
+static void pdp__pp_start(pdp_work *w)
+{
+    if (w) (void)pdp_work_done(w);
+}
+
 static pdp_status pdp__pp_wait(pdp_work **w)
 {
     pdp_work *x = *w;
@@ -19107,6 +19158,7 @@ static pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
     if ((st = pdp__pp_wait(&pp->send_fwd[slot])) != PDP_OK) return st; /* F(j - S)'s send */
     if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
+    if (pp->stage == pp->p - 1) pdp__pp_start(pp->rwork); /* this forward sends nothing */
     shape[0] = n;
     for (d = 0; d < m->in_ndim; d++) shape[d + 1] = m->in_shape[d];
     pdp_tensor_wrap((float *)pdp__pp_input(pp, x, j), m->device, m->in_ndim + 1, shape, &in);
@@ -19115,9 +19167,12 @@ static pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     m->step = pp->steps; /* forward counts it up: the single-device run's step */
     m->sample_base = pp->sample_base + pp->mb_first[j];
     if ((st = pdp_model_forward(m, &in, &y)) != PDP_OK) return st;
-    if (pp->stage < pp->p - 1)
-        return pdp_comm_send(pp->c, y->data, n * pp->out_count, pp->stage + 1,
-                             pdp__pp_tag(j, 0), &pp->send_fwd[slot]);
+    if (pp->stage < pp->p - 1) {
+        if ((st = pdp_comm_send(pp->c, y->data, n * pp->out_count, pp->stage + 1,
+                                pdp__pp_tag(j, 0), &pp->send_fwd[slot])) != PDP_OK)
+            return st;
+        pdp__pp_start(pp->send_fwd[slot]); /* with the next action's receive, if posted */
+    }
     return PDP_OK;
 }
 
@@ -19134,6 +19189,7 @@ static pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_
     if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
     if (pp->stage > 0 && (st = pdp__pp_wait(&pp->send_bwd[j % 2])) != PDP_OK) return st;
     if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
+    if (pp->stage == 0) pdp__pp_start(pp->rwork); /* this backward sends nothing */
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, pdp__pp_input(pp, x, j), n, true);
     m->input_grad = pp->stage > 0 ? pp->dx_buf[j % 2] : NULL;
@@ -19162,9 +19218,12 @@ static pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_
     st = pdp_model_backward(m, &dy);
     m->input_grad = NULL;
     if (st != PDP_OK) return st;
-    if (pp->stage > 0)
-        return pdp_comm_send(pp->c, pp->dx_buf[j % 2], n * pp->in_count, pp->stage - 1,
-                             pdp__pp_tag(j, 1), &pp->send_bwd[j % 2]);
+    if (pp->stage > 0) {
+        if ((st = pdp_comm_send(pp->c, pp->dx_buf[j % 2], n * pp->in_count, pp->stage - 1,
+                                pdp__pp_tag(j, 1), &pp->send_bwd[j % 2])) != PDP_OK)
+            return st;
+        pdp__pp_start(pp->send_bwd[j % 2]);
+    }
     return PDP_OK;
 }
 

@@ -12,11 +12,11 @@
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_pp.c -o train_pp -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_pp.c -o train_pp_mpi -lm
-           make cuda   (build/cuda/train_pp, with -DPDP_CUDA: -backend nccl, once NCCL's
-                        send/recv land; until then it stops with PDP_ERR_UNSUPPORTED)
+           make cuda   (build/cuda/train_pp, with -DPDP_CUDA: -backend nccl)
    Run:    ./train_pp                            (2 stages as threads, 1F1B, m = 4)
            ./train_pp -np 2 -schedule gpipe -micro 8 -batch 256 -epochs 1 -lr 0.05 -seed 1
            mpirun -np 2 ./train_pp_mpi -backend mpi
+           ./build/cuda/train_pp -backend nccl -np 2   (a thread per GPU, stages on GPUs)
            PDP_TRACE=pp.json ./train_pp          then open pp.json in ui.perfetto.dev: one lane
                                                  per stage, the pipeline diagram of the papers
    Output (2 shared cores, load average 6, 2 stages, 1F1B, m = 4, seed 1; -backend mpi and
@@ -69,6 +69,24 @@ static double seconds(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Every stage's 4 figures into all (host), in stage order: an all-gather, through the
+   GPU under NCCL, whose buffers are device memory. */
+static void gather_figures(pdp_comm *c, pdp_device dev, const float *mine, float *all)
+{
+    pdp_tensor *s, *r;
+    if (dev.kind == PDP_DEVICE_CPU) {
+        CHECK(pdp_comm_allgather(c, mine, all, 4, NULL));
+        return;
+    }
+    CHECK(pdp_tensor_create(&s, dev, 1, (int64_t[]){4}));
+    CHECK(pdp_tensor_create(&r, dev, 1, (int64_t[]){4 * pdp_comm_size(c)}));
+    CHECK(pdp_tensor_upload(s, mine));
+    CHECK(pdp_comm_allgather(c, s->data, r->data, 4, NULL));
+    CHECK(pdp_tensor_download(r, all));
+    pdp_tensor_free(s);
+    pdp_tensor_free(r);
 }
 
 /* What every rank runs; dev is where its stage lives (the CPU, or its GPU under NCCL). */
@@ -143,14 +161,12 @@ static void train_rank(pdp_comm *c, pdp_device dev)
         if (rank == n - 1)
             printf("epoch %d  loss %.4f  %.0f samples/s\n", e + 1, loss_sum * batch / (double)seen,
                    (double)seen / (seconds() - t0));
-        /* each stage's figures of the last step, gathered on every rank (host floats: the
-           CPU communicators only; NCCL's buffers live on the GPU) */
+        /* each stage's figures, gathered on every rank */
         mine[0] = (float)(1.0 - st.total_compute_s / st.total_step_s); /* over all steps */
         mine[1] = (float)st.bubble_theory;
         mine[2] = (float)st.peak_in_flight;
         mine[3] = (float)st.peak_activation_bytes;
-        if (dev.kind == PDP_DEVICE_CPU) CHECK(pdp_comm_allgather(c, mine, all, 4, NULL));
-        else memcpy(all, mine, sizeof mine), n = 1; /* NCCL: this rank's own figures */
+        gather_figures(c, dev, mine, all);
         for (s = 0; s < n && rank == 0; s++)
             printf("stage %d: bubble %.2f (formula (p-1)/(m+p-1) = %.2f)  peak activations %.0f "
                    "micro-batch%s = %.2f MB\n", s, all[4 * s], all[4 * s + 1], all[4 * s + 2],

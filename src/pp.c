@@ -13,7 +13,16 @@
    Activations are sent straight from the model's output of set j % S, whose send
    is waited before F(j + S) overwrites it. Tags: 2 j (activations) and 2 j + 1
    (gradients), modulo PDP_COMM_TAG_MAX + 1. At most one receive is outstanding.
-   After the first pass at the largest batch nothing is allocated. */
+   After the first pass at the largest batch nothing is allocated.
+
+   Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
+   posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
+   GPipe forwards would all go out at its first backward, and the next stage would
+   idle until then. An action's send starts together with the receive posted for the
+   next action (one NCCL group); a receive posted by an action that sends nothing
+   starts alone, right away. A receive is never started ahead of the current
+   action's send: on NCCL's one stream that send would queue behind it, and the
+   receive's message may depend on it. On local and MPI starting is a no-op query. */
 
 #include "internal.h"
 
@@ -437,6 +446,12 @@ static pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
     return pdp_work_wait(w);
 }
 
+/* Starts a posted message (NCCL's batching: see the opening comment); w may be NULL. */
+static void pdp__pp_start(pdp_work *w)
+{
+    if (w) (void)pdp_work_done(w);
+}
+
 static pdp_status pdp__pp_wait(pdp_work **w)
 {
     pdp_work *x = *w;
@@ -462,6 +477,7 @@ static pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
     if ((st = pdp__pp_wait(&pp->send_fwd[slot])) != PDP_OK) return st; /* F(j - S)'s send */
     if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
+    if (pp->stage == pp->p - 1) pdp__pp_start(pp->rwork); /* this forward sends nothing */
     shape[0] = n;
     for (d = 0; d < m->in_ndim; d++) shape[d + 1] = m->in_shape[d];
     pdp_tensor_wrap((float *)pdp__pp_input(pp, x, j), m->device, m->in_ndim + 1, shape, &in);
@@ -470,9 +486,12 @@ static pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     m->step = pp->steps; /* forward counts it up: the single-device run's step */
     m->sample_base = pp->sample_base + pp->mb_first[j];
     if ((st = pdp_model_forward(m, &in, &y)) != PDP_OK) return st;
-    if (pp->stage < pp->p - 1)
-        return pdp_comm_send(pp->c, y->data, n * pp->out_count, pp->stage + 1,
-                             pdp__pp_tag(j, 0), &pp->send_fwd[slot]);
+    if (pp->stage < pp->p - 1) {
+        if ((st = pdp_comm_send(pp->c, y->data, n * pp->out_count, pp->stage + 1,
+                                pdp__pp_tag(j, 0), &pp->send_fwd[slot])) != PDP_OK)
+            return st;
+        pdp__pp_start(pp->send_fwd[slot]); /* with the next action's receive, if posted */
+    }
     return PDP_OK;
 }
 
@@ -489,6 +508,7 @@ static pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_
     if ((st = pdp__pp_wait_recv(pp, k)) != PDP_OK) return st;
     if (pp->stage > 0 && (st = pdp__pp_wait(&pp->send_bwd[j % 2])) != PDP_OK) return st;
     if ((st = pdp__pp_post_recv(pp, k + 1)) != PDP_OK) return st;
+    if (pp->stage == 0) pdp__pp_start(pp->rwork); /* this backward sends nothing */
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, pdp__pp_input(pp, x, j), n, true);
     m->input_grad = pp->stage > 0 ? pp->dx_buf[j % 2] : NULL;
@@ -517,9 +537,12 @@ static pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_
     st = pdp_model_backward(m, &dy);
     m->input_grad = NULL;
     if (st != PDP_OK) return st;
-    if (pp->stage > 0)
-        return pdp_comm_send(pp->c, pp->dx_buf[j % 2], n * pp->in_count, pp->stage - 1,
-                             pdp__pp_tag(j, 1), &pp->send_bwd[j % 2]);
+    if (pp->stage > 0) {
+        if ((st = pdp_comm_send(pp->c, pp->dx_buf[j % 2], n * pp->in_count, pp->stage - 1,
+                                pdp__pp_tag(j, 1), &pp->send_bwd[j % 2])) != PDP_OK)
+            return st;
+        pdp__pp_start(pp->send_bwd[j % 2]);
+    }
     return PDP_OK;
 }
 

@@ -45,6 +45,27 @@
    the stage held at once and their bytes. PDP_TRACE=out.json draws the schedule:
    one lane per stage ("pipeline stage s"), one event per action ("F3", "B3").
 
+   Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per stage: thread
+   ranks from pdp_nccl_group_create, or processes), with the same arithmetic: GPipe
+   and 1F1B over 2-4 GPUs equal the single-device model (tested on the CUDA
+   emulation, tests/test_cuda.c). What NCCL changes:
+     - x is device memory of stage 0's GPU (labels stay on the host); activations and
+       gradients travel GPU to GPU;
+     - NCCL has no tags and enqueues posted messages only at a wait or pdp_work_done
+       (comm.h): the pipeline starts each message as soon as it is posted, an action's
+       send together with the receive it posted for the next action; a receive is never
+       enqueued ahead of the current action's send, which on NCCL's one stream per
+       communicator would wait behind it (the CUDA emulation, stricter than a GPU since
+       it enqueues a group only once the stream's earlier work is done, runs GPipe and
+       1F1B on 2-4 stages); the tags are still checked, from a header;
+     - a peer that never sends fails the wait with PDP_ERR_TIMEOUT naming the peer and
+       the tag, but NCCL cannot withdraw a message: the communicator is aborted and every
+       later call on it fails (local and MPI stay usable);
+     - the timings are host times: kernels run asynchronously, so part of an action's
+       GPU work can be counted as the next action's wait, and compute_s and bubble are
+       approximations on GPUs (peak_in_flight and the bytes are exact);
+     - DP x PP: dp is its own NCCL communicator (pdp_comm_split) with its own stream.
+
    Typical step (each rank):
        pdp_pp_forward_backward(pp, x, labels, &loss);   the whole batch; loss on the last stage
        pdp_pp_step(pp, opt);                            opt made on pdp_pp_model(pp)
@@ -97,7 +118,7 @@ PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
 
 /* One pipeline pass over a batch of B >= m rows cut into m micro-batches (the first
    B % m one row larger): forward, loss and backward, the gradients accumulated (+=)
-   into the stage's model. x is read on the first stage only (the other stages read
+   into the stage's model. x is read on the first stage only, on its device (the others read
    x->shape[0]: x->data may be NULL there), labels on the last only (with desc.loss,
    labels may be NULL). *loss: the step's mean loss on the last stage, 0 elsewhere.
    With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits. */

@@ -50,6 +50,21 @@
    layers (PDP_ERR_STATE naming pdp_tp_checkpoint_save/load): its parameters are slices.
    DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED).
 
+   Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per rank: thread
+   ranks from pdp_nccl_group_create, or processes from pdp_comm_init_env), with the
+   same results: TP over 2-4 GPUs equals the single-device model, CPU or GPU (tested
+   on the CUDA emulation, tests/test_cuda.c). What NCCL changes: f and g are
+   all-reduces on the communicator's own stream, launched after the compute stream's
+   work and waited by the host before the next layer, so nothing overlaps them and
+   pdp_tp_stats.allreduce_s includes the GPU finishing the layers before g (and
+   waiting for the slowest rank); a rank that never arrives times out
+   (PDP_ERR_TIMEOUT) and leaves the NCCL communicator aborted, every later call on it
+   failing, where local and MPI stay usable. In 2-D, the TP and DP communicators are
+   separate NCCL communicators (pdp_comm_split), each with its stream: every rank must
+   issue their collectives in the same order, as the same model on every rank does.
+   The full-tensor checkpoints gather and scatter on the GPU (the staging model lives
+   on the model's device).
+
    Limits: the TP kinds run on the CPU and on CUDA (f and g are the communicator's
    all-reduce on the device's buffers); no Dropout inside the block (its masks are
    keyed by the element's index in the slice); a DP replica (dp.c) of a TP model is not

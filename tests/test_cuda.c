@@ -13,7 +13,9 @@
    over NCCL on two GPUs (against one CPU model and the same run on the local
    backend: parameters, memory and byte figures), DP over the GPUs
    present (at least two workers, so one GPU still runs DP's multi-worker path)
-   against one CPU model on the global batch; plus "a step allocates nothing"
+   against one CPU model on the global batch, tensor and pipeline parallelism
+   over NCCL (2-4 GPUs; 2-D DP x TP and DP x PP on 4) against one CPU model;
+   plus "a step allocates nothing"
    through the caching allocator's counters, for one model and for DP. Cases
    that random data never reach have tests of their own (each added after a
    mutant of pdp_cuda.cu survived): block reuse and empty_cache through the
@@ -2023,6 +2025,466 @@ TEST cuda_clip_grad_norm_matches_cpu(void)
     PASS();
 }
 
+/* ---- model parallel over NCCL: TP and PP, a thread per GPU ----
+   The models of test_tp.c and test_pp.c, on 2..4 emulated or real GPUs (as many as
+   there are, at most 4; fewer than 2: skipped by name), trained for MP_STEPS Adam
+   steps on the same batches as one CPU model; every step's loss and the final
+   parameters must match it within 1e-5 relative (TF32 off). TP: two blocks, the first
+   at layer 0 (f's backward skipped), widths 10 and 7 (3 and 4 do not divide them);
+   the parameters are compared through pdp_tp_checkpoint_save (the full tensors,
+   gathered on the GPUs) loaded on the CPU, and pdp_tp_checkpoint_load puts every
+   rank's slices back bit for bit. PP: 13 rows in 3 micro-batches (5, 4, 4), GPipe and
+   1F1B; each stage's parameters against the CPU model's of the same name. 2-D on 4
+   GPUs: 2 DP x 2 TP (DDP over NCCL groups made by pdp_comm_split) and 2 DP x 2 PP
+   (desc.dp) against the CPU model on the 12 rows the two DP groups share. */
+enum { MP_IN = 6, MP_B = 13, MP_STEPS = 3, MP_CLASSES = 3, MP_MAXR = 4 };
+
+static void mp_batch(int step, float *x, int32_t *y)
+{
+    int i;
+    fill_random(x, (int64_t)MP_B * MP_IN, 100 + (uint64_t)step);
+    for (i = 0; i < MP_B; i++) y[i] = (int32_t)((i * 5 + step) % MP_CLASSES);
+}
+
+static pdp_optim_desc mp_adam(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAM;
+    od.lr = 0.01f;
+    return od;
+}
+
+/* Linear(10) ReLU Linear(9) Tanh Linear(7) GELU Linear(3) on dev; with tp, each Linear
+   pair is a TP block (f, column-parallel, act, row-parallel, g) on tp. */
+static pdp_status mp_build(pdp_model **out, pdp_device dev, pdp_comm *tp)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_status st;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = MP_IN;
+    md.seed = 7;
+    md.device = dev;
+    *out = NULL;
+    if ((st = pdp_model_create(&m, &md))) return st;
+    if (tp && ((st = pdp_model_set_tp(m, tp)) || (st = pdp_model_add_tp_copy(m)) ||
+               (st = pdp_model_add_column_parallel_linear(m, 10)) ||
+               (st = pdp_model_add_relu(m)) || (st = pdp_model_add_row_parallel_linear(m, 9)) ||
+               (st = pdp_model_add_tp_reduce(m)) || (st = pdp_model_add_tanh(m)) ||
+               (st = pdp_model_add_tp_copy(m)) ||
+               (st = pdp_model_add_column_parallel_linear(m, 7)) || (st = pdp_model_add_gelu(m)) ||
+               (st = pdp_model_add_row_parallel_linear(m, MP_CLASSES)) ||
+               (st = pdp_model_add_tp_reduce(m))))
+        goto fail;
+    if (!tp && ((st = pdp_model_add_linear(m, 10)) || (st = pdp_model_add_relu(m)) ||
+                (st = pdp_model_add_linear(m, 9)) || (st = pdp_model_add_tanh(m)) ||
+                (st = pdp_model_add_linear(m, 7)) || (st = pdp_model_add_gelu(m)) ||
+                (st = pdp_model_add_linear(m, MP_CLASSES))))
+        goto fail;
+    *out = m;
+    return PDP_OK;
+fail:
+    pdp_model_free(m);
+    return st;
+}
+
+/* The reference: the CPU model after MP_STEPS Adam steps on the whole batches' first
+   rows rows. */
+static pdp_status mp_reference(pdp_model **out, int64_t rows, float *losses)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = mp_adam();
+    pdp_tensor xt;
+    float x[MP_B * MP_IN];
+    int32_t y[MP_B];
+    int64_t shape[2];
+    pdp_status st;
+    int s;
+    *out = NULL;
+    shape[0] = rows;
+    shape[1] = MP_IN;
+    if ((st = mp_build(&m, pdp_cpu(), NULL)) || (st = pdp_optim_create(&o, m, &od))) goto out;
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < MP_STEPS; s++) {
+        mp_batch(s, x, y);
+        pdp_optim_zero_grad(o);
+        if ((st = pdp_model_forward_backward(m, &xt, y, &losses[s])) || (st = pdp_optim_step(o)))
+            goto out;
+    }
+out:
+    pdp_optim_free(o);
+    if (st) pdp_model_free(m);
+    else *out = m;
+    return st;
+}
+
+typedef struct mp_job {
+    pdp_nccl_group *g;
+    int rank, n;
+    pdp_pp_schedule schedule; /* PP */
+    const char *path;         /* TP: the checkpoint */
+    const pdp_model *ref;     /* PP: the CPU reference, read only */
+    bool pipeline;            /* 2-D: DP x PP (else DP x TP) */
+    float losses[MP_STEPS];   /* rank 0 (TP) or the last stage (PP) */
+    double err;               /* PP: the largest relative error of the stage's parameters */
+    pdp_status st;
+    char msg[1100];
+} mp_job;
+
+/* The parameters of m downloaded into a malloc'd block (count floats). */
+static float *mp_params(const pdp_model *m, int64_t *count)
+{
+    pdp_tensor p, g;
+    pdp_model_flat(m, &p, &g);
+    *count = p.count;
+    return host_copy(&p);
+}
+
+static void *tp_main(void *arg)
+{
+    mp_job *j = (mp_job *)arg;
+    pdp_device dev = pdp_cuda(j->rank);
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL, *m2 = NULL;
+    pdp_optim *o = NULL, *o2 = NULL;
+    pdp_optim_desc od = mp_adam();
+    pdp_tensor *x = NULL;
+    float xh[MP_B * MP_IN], *a = NULL, *b = NULL;
+    int32_t y[MP_B];
+    int64_t shape[2] = {MP_B, MP_IN}, na = 0, nb = 0, i;
+    int s;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) ||
+        (j->st = mp_build(&m, dev, c)) || (j->st = pdp_optim_create(&o, m, &od)) ||
+        (j->st = pdp_tensor_create(&x, dev, 2, shape)))
+        goto out;
+    for (s = 0; s < MP_STEPS; s++) {
+        mp_batch(s, xh, y);
+        if ((j->st = pdp_tensor_upload(x, xh)) ||
+            (j->st = pdp_model_forward_backward(m, x, y, &j->losses[s])) ||
+            (j->st = pdp_optim_step(o)))
+            goto out;
+        pdp_optim_zero_grad(o);
+    }
+    /* the full tensors, gathered over NCCL; then read back into fresh slices */
+    if ((j->st = pdp_tp_checkpoint_save(j->path, m, o)) || (j->st = mp_build(&m2, dev, c)) ||
+        (j->st = pdp_optim_create(&o2, m2, &od)) ||
+        (j->st = pdp_tp_checkpoint_load(j->path, m2, o2)))
+        goto out;
+    a = mp_params(m, &na);
+    b = mp_params(m2, &nb);
+    if (!a || !b || na != nb) {
+        j->st = PDP_ERR_INVALID;
+        snprintf(j->msg, sizeof j->msg, "rank %d: downloading the slices", j->rank);
+        goto out;
+    }
+    for (i = 0; i < na; i++)
+        if (a[i] != b[i]) {
+            j->st = PDP_ERR_INVALID;
+            snprintf(j->msg, sizeof j->msg, "rank %d: slice element %lld is %.9g after "
+                     "pdp_tp_checkpoint_load, %.9g before", j->rank, (long long)i, (double)b[i],
+                     (double)a[i]);
+            goto out;
+        }
+out:
+    if (j->st && !j->msg[0])
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    free(a);
+    free(b);
+    pdp_tensor_free(x);
+    pdp_optim_free(o2);
+    pdp_model_free(m2);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* j->err <- the largest relative error of stage m's parameters against j->ref's of
+   the same names; a failure goes to j->st and j->msg. */
+static void mp_stage_err(mp_job *j, const pdp_model *m)
+{
+    pdp_param p, q;
+    float *h;
+    int k;
+    for (k = 0; k < pdp_model_num_params(m); k++) {
+        double e;
+        if ((j->st = pdp_model_param(m, k, &p)) ||
+            (j->st = pdp_model_find_param(j->ref, p.name, &q)))
+            return;
+        if (!(h = host_copy(&p.value)) || p.value.count != q.value.count) {
+            free(h);
+            j->st = PDP_ERR_INVALID;
+            snprintf(j->msg, sizeof j->msg, "rank %d: %s: download or count", j->rank, p.name);
+            return;
+        }
+        e = rel_err(h, q.value.data, q.value.count);
+        if (e > j->err) j->err = e;
+        free(h);
+    }
+}
+
+static void *pp_main(void *arg)
+{
+    mp_job *j = (mp_job *)arg;
+    pdp_device dev = pdp_cuda(j->rank);
+    pdp_comm *c = NULL;
+    pdp_model *full = NULL, *m;
+    pdp_pp *pp = NULL;
+    pdp_pp_desc pd;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = mp_adam();
+    pdp_tensor *x = NULL;
+    float xh[MP_B * MP_IN];
+    int32_t y[MP_B];
+    int64_t shape[2] = {MP_B, MP_IN};
+    int s;
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = j->schedule;
+    pd.micro_batches = 3;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) ||
+        (j->st = mp_build(&full, dev, NULL)) || (j->st = pdp_pp_create(&pp, full, c, &pd)))
+        goto out;
+    pdp_model_free(full);
+    full = NULL;
+    m = pdp_pp_model(pp);
+    if ((j->st = pdp_optim_create(&o, m, &od)) || (j->st = pdp_tensor_create(&x, dev, 2, shape)))
+        goto out;
+    for (s = 0; s < MP_STEPS; s++) {
+        mp_batch(s, xh, y);
+        if ((j->st = pdp_tensor_upload(x, xh)) ||
+            (j->st = pdp_pp_forward_backward(pp, x, y, &j->losses[s])) ||
+            (j->st = pdp_pp_step(pp, o)))
+            goto out;
+    }
+    mp_stage_err(j, m);
+out:
+    if (j->st && !j->msg[0])
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    pdp_tensor_free(x);
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* 2-D on 4 GPUs: TP or PP groups {0, 1} and {2, 3}, DP groups {0, 2} and {1, 3}; DP
+   rank d trains on rows [6 d, 6 d + 6) of the first 12 (DDP over the DP group for TP,
+   desc.dp for PP). TP: each TP group saves its full tensors to j->path + its DP rank
+   (".0", ".1"), read on the CPU by the test; PP: each stage against j->ref. */
+static void *mp2d_main(void *arg)
+{
+    enum { ROWS = 6 };
+    mp_job *j = (mp_job *)arg;
+    pdp_device dev = pdp_cuda(j->rank);
+    pdp_comm *c = NULL, *mp = NULL, *dp = NULL;
+    pdp_model *m = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_pp *pp = NULL;
+    pdp_pp_desc pd;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = mp_adam();
+    pdp_tensor *x = NULL;
+    float xh[MP_B * MP_IN], loss;
+    int32_t y[MP_B];
+    int64_t shape[2] = {ROWS, MP_IN};
+    int s, d = j->rank / 2;
+    char path[128];
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = PDP_PP_GPIPE;
+    pd.micro_batches = 3;
+    if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) ||
+        (j->st = pdp_comm_split(c, d, j->rank, &mp)) ||
+        (j->st = pdp_comm_split(c, j->rank % 2, j->rank, &dp)) ||
+        (j->st = pdp_tensor_create(&x, dev, 2, shape)))
+        goto out;
+    pd.dp = dp;
+    if (j->pipeline) {
+        pdp_model *full = NULL;
+        if ((j->st = mp_build(&full, dev, NULL))) goto out;
+        j->st = pdp_pp_create(&pp, full, mp, &pd);
+        pdp_model_free(full);
+        if (j->st || (j->st = pdp_optim_create(&o, pdp_pp_model(pp), &od))) goto out;
+    } else if ((j->st = mp_build(&m, dev, mp)) || (j->st = pdp_optim_create(&o, m, &od)) ||
+               (j->st = pdp_ddp_create(&ddp, m, dp, NULL))) {
+        goto out;
+    }
+    for (s = 0; s < MP_STEPS; s++) {
+        mp_batch(s, xh, y);
+        if ((j->st = pdp_tensor_upload(x, xh + d * ROWS * MP_IN))) goto out;
+        if (j->pipeline ? (j->st = pdp_pp_forward_backward(pp, x, y + d * ROWS, &loss)) ||
+                              (j->st = pdp_pp_step(pp, o))
+                        : (j->st = pdp_ddp_forward_backward(ddp, x, y + d * ROWS, &loss)) ||
+                              (j->st = pdp_ddp_step(ddp, o)))
+            goto out;
+    }
+    if (j->pipeline) {
+        mp_stage_err(j, pdp_pp_model(pp));
+    } else {
+        snprintf(path, sizeof path, "%s.%d", j->path, d);
+        j->st = pdp_tp_checkpoint_save(path, m, NULL);
+    }
+out:
+    if (j->st && !j->msg[0])
+        snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
+    pdp_tensor_free(x);
+    pdp_optim_free(o);
+    pdp_ddp_free(ddp);
+    pdp_pp_free(pp);
+    pdp_model_free(m);
+    pdp_comm_free(dp);
+    pdp_comm_free(mp);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* Runs fn on n rank threads, one per GPU, of a fresh NCCL group; 0 when the group failed. */
+static int mp_run(int n, void *(*fn)(void *), mp_job *jobs)
+{
+    pdp_device devs[MP_MAXR];
+    pdp_nccl_group *g = NULL;
+    pthread_t th[MP_MAXR];
+    int r;
+    for (r = 0; r < MP_MAXR; r++) devs[r] = pdp_cuda(r < n ? r : 0);
+    if (pdp_nccl_group_create(&g, n, devs, NULL) != PDP_OK) return 0;
+    for (r = 0; r < n; r++) {
+        jobs[r].g = g;
+        jobs[r].rank = r;
+        jobs[r].n = n;
+        pthread_create(&th[r], NULL, fn, &jobs[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(th[r], NULL);
+    pdp_nccl_group_free(g);
+    return 1;
+}
+
+/* The number of model-parallel ranks for this run: the GPUs, at most MP_MAXR. */
+static int mp_ranks(void) { return devices() < MP_MAXR ? devices() : MP_MAXR; }
+
+TEST cuda_nccl_tp_matches_cpu(void)
+{
+    mp_job jobs[MP_MAXR];
+    pdp_model *ref = NULL, *back = NULL;
+    float ref_losses[MP_STEPS];
+    char path[96], msg[160];
+    int n = mp_ranks(), r, s;
+    pdp_tensor p, g, rp, rg;
+    double e;
+    NEED_GPU();
+    if (n < 2) SKIPm("TP over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2 or more)");
+    snprintf(path, sizeof path, "/tmp/pdp_test_cuda_tp_%d.safetensors", (int)getpid());
+    ASSERTm(pdp_last_error(), mp_reference(&ref, MP_B, ref_losses) == PDP_OK);
+    memset(jobs, 0, sizeof jobs);
+    for (r = 0; r < n; r++) jobs[r].path = path;
+    ASSERTm(pdp_last_error(), mp_run(n, tp_main, jobs));
+    for (r = 0; r < n; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    for (s = 0; s < MP_STEPS; s++)
+        for (r = 0; r < n; r++) {
+            e = fabs((double)jobs[r].losses[s] - ref_losses[s]) / fabs((double)ref_losses[s]);
+            snprintf(msg, sizeof msg, "TP rank %d of %d, step %d: loss %.9g, CPU %.9g", r, n, s,
+                     (double)jobs[r].losses[s], (double)ref_losses[s]);
+            ASSERTm(msg, e <= TOL);
+        }
+    /* the full tensors the TP ranks saved, on one CPU model, against the reference */
+    ASSERTm(pdp_last_error(), mp_build(&back, pdp_cpu(), NULL) == PDP_OK);
+    ASSERTm(pdp_last_error(), pdp_checkpoint_load(path, back, NULL) == PDP_OK);
+    remove(path);
+    pdp_model_flat(back, &p, &g);
+    pdp_model_flat(ref, &rp, &rg);
+    ASSERT_EQ(rp.count, p.count);
+    e = rel_err(p.data, rp.data, rp.count);
+    snprintf(msg, sizeof msg, "TP over %d GPUs: parameters' relative error %g", n, e);
+    ASSERTm(msg, e <= TOL);
+    pdp_model_free(back);
+    pdp_model_free(ref);
+    PASS();
+}
+
+static enum greatest_test_res check_pp(pdp_pp_schedule schedule, const char *name)
+{
+    mp_job jobs[MP_MAXR];
+    pdp_model *ref = NULL;
+    float ref_losses[MP_STEPS];
+    char msg[160];
+    int n = mp_ranks(), r, s;
+    double e;
+    NEED_GPU();
+    if (n < 2) SKIPm("PP over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2 or more)");
+    ASSERTm(pdp_last_error(), mp_reference(&ref, MP_B, ref_losses) == PDP_OK);
+    memset(jobs, 0, sizeof jobs);
+    for (r = 0; r < n; r++) {
+        jobs[r].schedule = schedule;
+        jobs[r].ref = ref;
+    }
+    ASSERTm(pdp_last_error(), mp_run(n, pp_main, jobs));
+    for (r = 0; r < n; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    for (s = 0; s < MP_STEPS; s++) {
+        e = fabs((double)jobs[n - 1].losses[s] - ref_losses[s]) / fabs((double)ref_losses[s]);
+        snprintf(msg, sizeof msg, "PP %s, %d stages, step %d: loss %.9g, CPU %.9g", name, n, s,
+                 (double)jobs[n - 1].losses[s], (double)ref_losses[s]);
+        ASSERTm(msg, e <= TOL);
+    }
+    for (r = 0; r < n; r++) {
+        snprintf(msg, sizeof msg, "PP %s, stage %d of %d: parameters' relative error %g", name,
+                 r, n, jobs[r].err);
+        ASSERTm(msg, jobs[r].err <= TOL);
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
+TEST cuda_nccl_2d_dp_x_tp_and_dp_x_pp_match_cpu(void)
+{
+    mp_job jobs[MP_MAXR];
+    pdp_model *ref = NULL, *back = NULL;
+    float ref_losses[MP_STEPS];
+    pdp_tensor p, g, rp, rg;
+    char path[96], file[128], msg[160];
+    int r, d;
+    double e;
+    NEED_GPU();
+    if (devices() < 4) SKIPm("2-D over NCCL needs 4 GPUs (PDP_EMU_CUDA_DEVICES=4)");
+    snprintf(path, sizeof path, "/tmp/pdp_test_cuda_2d_%d.safetensors", (int)getpid());
+    ASSERTm(pdp_last_error(), mp_reference(&ref, 12, ref_losses) == PDP_OK);
+    /* DP x TP: both TP groups' full tensors equal the reference */
+    memset(jobs, 0, sizeof jobs);
+    for (r = 0; r < 4; r++) jobs[r].path = path;
+    ASSERTm(pdp_last_error(), mp_run(4, mp2d_main, jobs));
+    for (r = 0; r < 4; r++) ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+    pdp_model_flat(ref, &rp, &rg);
+    for (d = 0; d < 2; d++) {
+        snprintf(file, sizeof file, "%s.%d", path, d);
+        ASSERTm(pdp_last_error(), mp_build(&back, pdp_cpu(), NULL) == PDP_OK);
+        ASSERTm(pdp_last_error(), pdp_checkpoint_load(file, back, NULL) == PDP_OK);
+        remove(file);
+        pdp_model_flat(back, &p, &g);
+        e = rel_err(p.data, rp.data, rp.count);
+        pdp_model_free(back);
+        snprintf(msg, sizeof msg, "2 DP x 2 TP, DP group %d: parameters' relative error %g", d, e);
+        ASSERTm(msg, e <= TOL);
+    }
+    /* DP x PP (GPipe): every stage of both pipelines equals the reference */
+    memset(jobs, 0, sizeof jobs);
+    for (r = 0; r < 4; r++) {
+        jobs[r].pipeline = true;
+        jobs[r].ref = ref;
+    }
+    ASSERTm(pdp_last_error(), mp_run(4, mp2d_main, jobs));
+    for (r = 0; r < 4; r++) {
+        ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+        snprintf(msg, sizeof msg, "2 DP x 2 PP, rank %d: parameters' relative error %g", r,
+                 jobs[r].err);
+        ASSERTm(msg, jobs[r].err <= TOL);
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
+TEST cuda_nccl_pp_gpipe_matches_cpu(void) { return check_pp(PDP_PP_GPIPE, "GPipe"); }
+TEST cuda_nccl_pp_1f1b_matches_cpu(void) { return check_pp(PDP_PP_1F1B, "1F1B"); }
+
 SUITE(cuda)
 {
     RUN_TEST(cuda_device_count_and_bad_ordinal);
@@ -2045,6 +2507,10 @@ SUITE(cuda)
     RUN_TEST(cuda_nccl_p2p_silent_peer_times_out_naming_peer_and_tag);
     RUN_TEST(cuda_nccl_split_2x2_collectives_match_naive);
     RUN_TEST(cuda_nccl_desc_timeout_rule);
+    RUN_TEST(cuda_nccl_tp_matches_cpu);
+    RUN_TEST(cuda_nccl_pp_gpipe_matches_cpu);
+    RUN_TEST(cuda_nccl_pp_1f1b_matches_cpu);
+    RUN_TEST(cuda_nccl_2d_dp_x_tp_and_dp_x_pp_match_cpu);
     RUN_TEST(cuda_ddp_nccl_processes_match_single);
     RUN_TEST(cuda_dp_over_gpus_matches_cpu);
     RUN_TEST(cuda_dp_rejects_mixed_devices);
