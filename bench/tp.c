@@ -165,7 +165,8 @@ static void run(int64_t batch, int rounds)
     for (k = 0; k < rounds; k++)
         for (p = 0; p < NPEERS; p++) {
             run_peer(&j, p);
-            sps[p][k] = (double)(batch * j.steps) / j.seconds;
+            /* 2 x 1 dev: both trainings' samples (free2 = 2 x 1 dev / 1 dev, about 2x) */
+            sps[p][k] = (double)(batch * j.steps) * (p == P_FREE2 ? 2 : 1) / j.seconds;
             cps[p][k] = (double)(batch * j.steps) / j.cpu;
             if (p == P_TP2) {
                 comm[k] = j.stats.allreduce_s / j.seconds;
