@@ -535,8 +535,8 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "%s: %s: the model has %d tensor-parallel layers, so its "
-                        "parameters are this rank's slices; use pdp_tp_checkpoint_save (collective) "
-                        "for the full tensors", fn, path, m->tp.nlayers);
+                        "parameters are this rank's slices; use pdp_tp_checkpoint_save "
+                        "(collective) for the full tensors", fn, path, m->tp.nlayers);
     if (o && o->count != m->param_count)
         return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
                         "the model has %lld", fn, path, (long long)o->count,
@@ -1015,8 +1015,8 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "%s: %s: the model has %d tensor-parallel layers, so its "
-                        "parameters are this rank's slices; use pdp_tp_checkpoint_load (collective) "
-                        "for the full tensors", fn, path, m->tp.nlayers);
+                        "parameters are this rank's slices; use pdp_tp_checkpoint_load "
+                        "(collective) for the full tensors", fn, path, m->tp.nlayers);
     if (o && o->count != m->param_count)
         return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
                         "the model has %lld", fn, path, (long long)o->count,

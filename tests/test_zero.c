@@ -64,10 +64,12 @@ static void test_free(void *p)
 #include "pdp.h"
 #include "pdp_test.h"
 
-#define MAXR 4
+#define MAXR 8  /* ranks at most (the sweeps run 1-4; zero_world_sizes_5_to_8 the rest) */
+#define SWEEP_N 4
 #define IN 20
 #define CLASSES 3
 #define B 12 /* global batch: divisible by 1, 2, 3 and 4 */
+#define BMAX 840 /* the largest global batch (config.batch): divisible by 1 to 8 */
 #define STEPS 3
 #define MAXP 2048
 
@@ -102,10 +104,10 @@ static pdp_status build_model(pdp_model **out, uint64_t seed, int hidden)
     return PDP_OK;
 }
 
-static void make_batch(int mb, float *x, int32_t *y)
+static void make_batch(int mb, int rows, float *x, int32_t *y)
 {
     int i, f;
-    for (i = 0; i < B; i++) {
+    for (i = 0; i < rows; i++) {
         for (f = 0; f < IN; f++) {
             uint32_t h = (uint32_t)((mb * 131 + i) * 2654435761u) ^ (uint32_t)(f * 40503u);
             h ^= h >> 15;
@@ -126,13 +128,27 @@ typedef struct config {
     int scenario;   /* 0 train; 1 rank n-1 absent before the first reduce-scatter; 2 rank n-1
                        absent before the first forward (stage 3: all-gather) */
     long long budget; /* per-rank allocation budget in bytes, 0: none */
+    int batch;        /* global batch, a multiple of n (<= BMAX); 0: B */
+    int optim;        /* 0: as adam says; OPT_ADAMW (lr 0.01, weight decay 0.1); OPT_SGD
+                         (plain, lr 0.1) */
 } config;
+
+enum { OPT_ADAMW = 1, OPT_SGD = 2 };
+
+static int batch_of(const config *cf) { return cf->batch ? cf->batch : B; }
 
 static pdp_optim_desc optim_of(const config *cf)
 {
     pdp_optim_desc od;
     memset(&od, 0, sizeof od);
-    if (cf->adam) {
+    if (cf->optim == OPT_ADAMW) {
+        od.kind = PDP_OPTIM_ADAMW;
+        od.lr = 0.01f;
+        od.weight_decay = 0.1f;
+    } else if (cf->optim == OPT_SGD) {
+        od.kind = PDP_OPTIM_SGD;
+        od.lr = 0.1f;
+    } else if (cf->adam) {
         od.kind = PDP_OPTIM_ADAM;
         od.lr = 0.01f;
     } else {
@@ -169,17 +185,19 @@ static pdp_status train_single(const config *cf, float *params, int64_t *count)
     pdp_model *m = NULL;
     pdp_optim *o = NULL;
     pdp_optim_desc od = optim_of(cf);
-    float x[B * IN], loss;
-    int32_t y[B];
-    int64_t shape[2] = {B, IN};
+    static __thread float x[BMAX * IN];
+    static __thread int32_t y[BMAX];
+    float loss;
+    int64_t shape[2] = {0, IN};
     pdp_tensor xt;
     pdp_status st;
     int s, a;
+    shape[0] = batch_of(cf);
     if ((st = build_model(&m, 1, 16)) || (st = pdp_optim_create(&o, m, &od))) goto out;
     pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
     for (s = 0; s < STEPS; s++) {
         for (a = 0; a < cf->accum; a++) {
-            make_batch(s * cf->accum + a, x, y);
+            make_batch(s * cf->accum + a, batch_of(cf), x, y);
             st = cf->own_loss ? own_pass(NULL, m, &xt, y, &loss)
                               : pdp_model_forward_backward(m, &xt, y, &loss);
             if (st) goto out;
@@ -239,9 +257,10 @@ static void *rank_main(void *arg)
     pdp_zero_desc zd;
     pdp_ddp_desc dd;
     pdp_optim_desc od = optim_of(cf);
-    int n = cf->n, r = ctx->rank, local = B / cf->n, s, a;
-    float x[B * IN], loss;
-    int32_t y[B];
+    int n = cf->n, r = ctx->rank, local = batch_of(cf) / cf->n, s, a;
+    static __thread float x[BMAX * IN];
+    static __thread int32_t y[BMAX];
+    float loss;
     int64_t shape[2];
     pdp_tensor xt;
     double t0 = pdp__now();
@@ -281,7 +300,7 @@ static void *rank_main(void *arg)
     for (s = 0; s < STEPS; s++) {
         if (s == 1) ctx->allocs_after_first = (long)thread_allocs; /* this rank's */
         for (a = 0; a < cf->accum; a++) {
-            make_batch(s * cf->accum + a, x, y);
+            make_batch(s * cf->accum + a, batch_of(cf), x, y);
             if (d) {
                 pdp_ddp_set_no_sync(d, a < cf->accum - 1);
                 if (fail(ctx, cf->own_loss ? own_pass(NULL, m, &xt, y + r * local, &loss)
@@ -385,7 +404,11 @@ static enum greatest_test_res check_equivalence(const config *cf)
     e1 = rel_diff(ctx[0].params, ref, count);
     e2 = rel_diff(ctx[0].params, ddp[0].params, count);
     snprintf(msg, sizeof msg, "stage %d N %d accum %d %s clip %d cap %g own %d: |zero - single| "
-             "%.3g, |zero - ddp| %.3g", cf->stage, cf->n, cf->accum, cf->adam ? "Adam" : "SGD",
+             "%.3g, |zero - ddp| %.3g", cf->stage, cf->n, cf->accum,
+             cf->optim == OPT_ADAMW ? "AdamW"
+             : cf->optim == OPT_SGD ? "SGD"
+             : cf->adam             ? "Adam"
+                                    : "SGD momentum",
              cf->clip, cf->cap_mb, cf->own_loss, e1, e2);
     ASSERTm(msg, e1 <= 1e-5 && e2 <= 1e-5);
     for (r = 1; r < cf->n; r++)
@@ -404,7 +427,7 @@ TEST zero_equals_ddp_and_single_device(void)
     int stage, n, accum, adam, clip;
     size_t k;
     for (stage = 1; stage <= 3; stage++)
-        for (n = 1; n <= MAXR; n++)
+        for (n = 1; n <= SWEEP_N; n++)
             for (accum = 1; accum <= 2; accum++)
                 for (adam = 0; adam <= 1; adam++)
                     for (clip = 0; clip <= 1; clip++)
@@ -439,6 +462,27 @@ TEST zero_own_loss_synchronises(void)
     PASS();
 }
 
+/* World sizes 5 to 8 (5 and 7 divide neither the parameter count nor 16-float slices
+   evenly), AdamW and plain SGD: the optimizers the sweep above does not take. */
+TEST zero_world_sizes_5_to_8_and_every_optimizer(void)
+{
+    config cf;
+    int stage, n;
+    for (stage = 1; stage <= 3; stage++)
+        for (n = 5; n <= MAXR; n++) {
+            memset(&cf, 0, sizeof cf);
+            cf.stage = stage;
+            cf.n = n;
+            cf.accum = 1 + (n & 1);
+            cf.optim = n <= 6 ? OPT_ADAMW : OPT_SGD;
+            cf.clip = n == 8;
+            cf.cap_mb = n == 6 ? 1e6 : 1e-9;
+            cf.batch = BMAX;
+            CHECK_CALL(check_equivalence(&cf));
+        }
+    PASS();
+}
+
 /* ---- memory and bytes ---- */
 
 TEST zero_memory_and_bytes_match_the_formulas(void)
@@ -448,7 +492,7 @@ TEST zero_memory_and_bytes_match_the_formulas(void)
     int stage, n, r;
     static char msg[300];
     for (stage = 1; stage <= 3; stage++)
-        for (n = 1; n <= MAXR; n++) {
+        for (n = 1; n <= SWEEP_N; n++) {
             memset(&cf, 0, sizeof cf);
             cf.stage = stage;
             cf.n = n;
@@ -605,7 +649,7 @@ static pdp_status ckpt_train(pdp_zero *z, pdp_optim *o, int n, int r, int first,
     shape[1] = IN;
     pdp_tensor_wrap(x + r * local * IN, pdp_cpu(), 2, shape, &xt);
     for (s = first; s < first + steps; s++) {
-        make_batch(s, x, y);
+        make_batch(s, B, x, y);
         if ((st = pdp_zero_forward_backward(z, &xt, y + r * local, &loss)) ||
             (st = pdp_zero_step(z, o)))
             return st;
@@ -1002,6 +1046,7 @@ SUITE(zero)
 {
     RUN_TEST(zero_equals_ddp_and_single_device);
     RUN_TEST(zero_own_loss_synchronises);
+    RUN_TEST(zero_world_sizes_5_to_8_and_every_optimizer);
     RUN_TEST(zero_memory_and_bytes_match_the_formulas);
     RUN_TEST(zero_stage3_trains_where_ddp_does_not_fit);
     RUN_TEST(zero_absent_rank_times_out_naming_collective_unit_and_rank);
