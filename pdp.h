@@ -15095,14 +15095,18 @@ done:
     return st;
 }
 
-PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+/* The whole-model calls' arguments: a plain model (not TP slices) and an optimizer
+   holding the state of every parameter. fn ends in _save or _load, which names the
+   TP function to call instead. */
+static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, const pdp_optim *o,
+                                       const char *fn)
 {
-    const char *fn = "pdp_checkpoint_save";
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "%s: %s: the model has %d tensor-parallel layers, so its "
-                        "parameters are this rank's slices; use pdp_tp_checkpoint_save "
-                        "(collective) for the full tensors", fn, path, m->tp.nlayers);
+                        "parameters are this rank's slices; use pdp_tp_checkpoint_%s "
+                        "(collective) for the full tensors", fn, path, m->tp.nlayers,
+                        strstr(fn, "_save") ? "save" : "load");
     if (o && o->count != m->param_count)
         return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
                         "the model has %lld", fn, path, (long long)o->count,
@@ -15111,6 +15115,14 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
         return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
                         "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
                         (long long)o->hi, (long long)o->count);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o)
+{
+    const char *fn = "pdp_checkpoint_save";
+    pdp_status st;
+    if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
     return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
 }
 
@@ -15578,19 +15590,8 @@ done:
 PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o)
 {
     const char *fn = "pdp_checkpoint_load";
-    if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
-    if (m->tp.nlayers)
-        return pdp__err(PDP_ERR_STATE, "%s: %s: the model has %d tensor-parallel layers, so its "
-                        "parameters are this rank's slices; use pdp_tp_checkpoint_load "
-                        "(collective) for the full tensors", fn, path, m->tp.nlayers);
-    if (o && o->count != m->param_count)
-        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the optimizer holds state for %lld parameters, "
-                        "the model has %lld", fn, path, (long long)o->count,
-                        (long long)m->param_count);
-    if (o && !pdp__optim_is_full(o))
-        return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
-                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
-                        (long long)o->hi, (long long)o->count);
+    pdp_status st;
+    if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
     return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
 }
 
