@@ -158,8 +158,8 @@
    the TP size does not divide split as pdp_tp_split says. Each rank draws the full
    weights from the seed and keeps its slice, so TP trains as one device does
    (tested at 1e-5 on 1-4 ranks); f and g are not numbered in state_dict names.
-   pdp_tp_get_stats counts the all-reduced bytes (B x d forward and backward per
-   block). pdp_tp_checkpoint_save/load (collective) read and write the full tensors,
+   pdp_tp_get_stats counts the all-reduced bytes (per block and step, B x d in g's
+   forward and B x in in f's backward; none when f is the first layer). pdp_tp_checkpoint_save/load (collective) read and write the full tensors,
    the file one device would write. 2-D: split a world into TP groups and DP groups
    with pdp_comm_split and wrap the TP model in pdp_ddp_create on the DP group.
 
@@ -185,8 +185,8 @@
    dependency), mpi (PDP_MPI, pdp_comm_init_env under mpirun), nccl (PDP_CUDA;
    process per GPU through pdp_comm_init_env, thread per GPU through
    pdp_nccl_group_create; point-to-point batched into NCCL groups, split through
-   ncclCommSplit, NCCL 2.18+; comm.h lists where NCCL's messages differ). A rank that does not arrive within timeout_s (default 300) makes the
-   others fail with PDP_ERR_TIMEOUT naming the collective (or the peer and tag)
+   ncclCommSplit, NCCL 2.18+; comm.h lists where NCCL's messages differ). A rank
+   that does not arrive within timeout_s (default 300) makes the others fail with PDP_ERR_TIMEOUT naming the collective (or the peer and tag)
    and the rank: nothing hangs. MPI start-up: with PDP_STORE_PORT (or MASTER_PORT)
    set, every rank checks in at rank 0's store before MPI_Init_thread, so a rank
    that never starts is named within timeout_s; MPI_Init_thread itself cannot be
@@ -199,17 +199,17 @@
    TCP key-value store served by rank 0 (store.h, pdp_store_*; host "0.0.0.0"
    listens on every interface) hands out the NCCL unique id.
 
+   Tracing: PDP_TRACE=out.json writes a Chrome trace (Perfetto, chrome://tracing):
+   per rank, forward and backward per layer, each bucket's all-reduce from launch
+   to completion, the final wait, the optimizer step. A process that is one rank
+   of several writes out.rank<r>.json. pdp_trace_flush() writes it out early.
+
    OPTION VALUES
    =============
    In every desc, zero means the default. A value outside a field's documented
    range (negative where it must be positive, NaN, infinite) fails with
    PDP_ERR_INVALID naming the function and the field; it is never clamped or
    silently replaced.
-
-   Tracing: PDP_TRACE=out.json writes a Chrome trace (Perfetto, chrome://tracing):
-   per rank, forward and backward per layer, each bucket's all-reduce from launch
-   to completion, the final wait, the optimizer step. A process that is one rank
-   of several writes out.rank<r>.json. pdp_trace_flush() writes it out early.
 
    NON-GOALS
    =========

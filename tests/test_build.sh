@@ -54,7 +54,7 @@ check "api_quiet_under_wconversion_wfloat_equal" gcc $STRICT -Wconversion -Wsign
 # the README's C++ desc snippet compiles (C++ has no compound literals)
 if command -v g++ > /dev/null; then
     awk '/^```c\+\+$/{f=1;next}/^```$/{f=0}f' README.md > "$B/readme_cxx.inc"
-    printf '#include "pdp.h"\n#include <cstdio>\nint main() {\n#include "readme_cxx.inc"\n    pdp_model_free(m);\n    return 0;\n}\n' > "$B/readme_cxx.cc"
+    printf '#include "pdp.h"\n#include <cstdio>\nint main() {\n#include "readme_cxx.inc"\n    if (!m) return 1;\n    pdp_model_free(m);\n    return 0;\n}\n' > "$B/readme_cxx.cc"
     check "readme_cxx_desc_snippet_compiles_and_runs" sh -c "g++ -std=c++11 -Wall -Wextra -pedantic -Werror -Wconversion -Wfloat-equal -I. -I$B -c $B/readme_cxx.cc -o $B/readme_cxx.o && g++ $B/impl.o $B/readme_cxx.o -o $B/readme_cxx -lm -lpthread && $B/readme_cxx"
 else skip "readme_cxx_desc_snippet_compiles_and_runs" "g++ not found (apt-get install g++)"; fi
 check "static_twice_in_one_program" sh -c "gcc $STRICT -c tests/compile/tu_static.c -o $B/sa.o -DTU_MAIN && gcc $STRICT -c tests/compile/tu_static.c -o $B/sb.o -DTU_NAME=tu_static_b && gcc $B/sa.o $B/sb.o -o $B/static2 -lm -lpthread && $B/static2"
