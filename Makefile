@@ -8,6 +8,11 @@
 #   make demo       train the Fashion-MNIST MLP (examples/train_mnist.c)
 #   make cuda       pdp_cuda.cu and the examples with nvcc (compile and link only)
 
+# Without -j on the command line, make runs one job per core (make -j1 for one at a time).
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
+endif
+
 CC      ?= cc
 OPT     ?= -O2 -march=native
 WARN     = -std=c99 -Wall -Wextra -pedantic -Werror
@@ -39,29 +44,30 @@ $(B):
 	mkdir -p $(B)
 
 # ---- building the tests: compile the implementation as few times as the tests allow ----
-# Compiling pdp.h's implementation is most of a program's build time. Three kinds of build:
+# Compiling pdp.h's implementation is most of a program's build time (about 6 s at -O2 on a
+# 2.6 GHz core; a test's own code takes a fraction of a second), so there are three builds:
 # - SHARED_TESTS use the public API only: tests/pdp_impl.c compiles the implementation once,
-#   into $(IMPL_OBJ), with the counting PDP_MALLOC of tests/counting_alloc.h
-#   (pdp_test_allocs()); these tests are compiled with IMPL_LINKED (the guard
-#   PDP__IMPLEMENTATION_INCLUDED makes their own `#define PDP_IMPLEMENTATION` compile nothing)
-#   and linked against it.
-# - STATIC_TESTS call pdp__ internals or read internal structs and macros, but reach little of
-#   the library: they compile the implementation themselves with PDP_STATIC, so every API
-#   function is static too and the compiler drops (never optimises) what the test does not
-#   reach: 1-2 s instead of 5.
-#   test_tensor (pdp__err), test_comm test_store test_mpi (pdp__now, store internals),
-#   test_threads (the pool), test_trace (the trace writer), test_data (pdp__read_file, the
-#   inflater), test_gemm and test_gemm_nosimd (PDP__GEMM_KERNEL; nosimd adds PDP_NO_SIMD).
-# - The rest keep a plain strict build of their own: they read internal structs (pdp_model,
-#   pdp_dp, pdp__layer: test_checkpoint, test_fixtures, test_dp, test_ddp, test_optim,
-#   test_layers, which also shrinks the convolution's chunks) and reach most of the library,
-#   so PDP_STATIC saves them nothing; test_harness has no pdp.h. The examples use the public
-#   API only and link $(IMPL_OBJ) too; each also builds alone, as the line in its top comment
-#   says (tests/test_build.sh builds one that way).
-SHARED_TESTS = $(addprefix $(B)/test_,cuda loss pp)
-STATIC_TESTS = $(addprefix $(B)/test_,tensor comm store mpi threads trace data gemm gemm_nosimd)
-IMPL_LINKED  = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
-IMPL_OBJ     = $(B)/pdp_impl.o
+#   into $(IMPL_OBJ), at $(OPT) as users build it, with the counting PDP_MALLOC of
+#   tests/counting_alloc.h (pdp_test_allocs()); these tests and the examples are compiled with
+#   IMPL_LINKED (the guard PDP__IMPLEMENTATION_INCLUDED makes their own
+#   `#define PDP_IMPLEMENTATION` compile nothing) and linked against it. Each example also
+#   builds alone, as the line in its top comment says (tests/test_build.sh checks that).
+# - KERNEL_TESTS check the compute kernels as users compile them, at $(OPT): test_gemm,
+#   test_gemm_nosimd (PDP_NO_SIMD), test_bf16 (the bf16 paths, bit for bit).
+# - INTERNAL_TESTS read internal structs or call pdp__ functions (the model, DP, DDP, ZeRO,
+#   TP, checkpoint, optimizer, layer internals; the pool, the store, the trace writer, the
+#   inflater), or bring their own PDP_MALLOC (test_zero's per-thread budgets), so each
+#   compiles the implementation itself, at $(TEST_OPT): -Og, gcc's level for debugging,
+#   which keeps every warning -Werror needs (maybe-uninitialized included) and compiles in a
+#   quarter of -O2's time; these tests exercise logic on small models and run as fast.
+# Every test but the shared ones is built with PDP_STATIC: every API function is static too,
+# so the compiler drops what the test does not reach. test_harness has no pdp.h.
+# `make test TEST_OPT="$(OPT)"` builds the internal tests as the library ships.
+TEST_OPT     ?= -Og -march=native
+SHARED_TESTS  = $(addprefix $(B)/test_,cuda loss pp)
+KERNEL_TESTS  = $(addprefix $(B)/test_,gemm gemm_nosimd bf16)
+IMPL_LINKED   = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
+IMPL_OBJ      = $(B)/pdp_impl.o
 
 $(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h | $(B)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
@@ -69,11 +75,11 @@ $(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h | $(B)
 $(SHARED_TESTS): $(B)/test_%: tests/test_%.c $(IMPL_OBJ) pdp.h tests/pdp_test.h tests/counting_alloc.h
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $(IMPL_LINKED) $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
-$(STATIC_TESTS): $(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h tests/counting_alloc.h | $(B)
-	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) -DPDP_STATIC $< -o $@ $(LDLIBS) $(EXTRA_LIBS_$*)
+$(KERNEL_TESTS): $(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h tests/counting_alloc.h | $(B)
+	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) -DPDP_STATIC $< -o $@ $(LDLIBS)
 
 $(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h tests/counting_alloc.h | $(B)
-	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(LDLIBS) $(EXTRA_LIBS_$*)
+	$(CC) $(WARN) $(TEST_OPT) $(CFLAGS) $(CPPFLAGS) -DPDP_STATIC $< -o $@ $(LDLIBS)
 
 $(B)/%: examples/%.c $(IMPL_OBJ) pdp.h | $(B)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $(IMPL_LINKED) $< $(IMPL_OBJ) -o $@ $(LDLIBS)
@@ -90,8 +96,8 @@ examples: $(EXAMPLES)
 RUNS = $(patsubst tests/%,$(B)/run/%.rc,$(TEST_SH)) \
        $(patsubst $(B)/%,$(B)/run/%.rc,$(TESTS) $(EXAMPLES))
 .PHONY: FORCE
-$(B)/run/test_%.sh.rc: tests/test_%.sh FORCE
-	@B=$(B) sh tests/run_all.sh --run-one $<
+$(B)/run/test_%.sh.rc: tests/test_%.sh $(IMPL_OBJ) FORCE
+	@B=$(B) IMPL_OBJ=$(IMPL_OBJ) sh tests/run_all.sh --run-one $<
 $(B)/run/test_%.rc: $(B)/test_% FORCE
 	@B=$(B) sh tests/run_all.sh --run-one $<
 $(B)/run/%.rc: $(B)/% FORCE
@@ -100,11 +106,13 @@ $(B)/run/%.rc: $(B)/% FORCE
 test: $(RUNS)
 	@B=$(B) sh tests/run_all.sh --saved $(TESTS) $(TEST_SH) -- $(EXAMPLES)
 
+SAN_OPT  = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+TSAN_OPT = -O1 -g -fsanitize=thread
 sanitize:
-	$(MAKE) B=build/asan OPT="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" TEST_SH= test
+	$(MAKE) B=build/asan OPT="$(SAN_OPT)" TEST_OPT="$(SAN_OPT)" TEST_SH= test
 
 tsan:
-	$(MAKE) B=build/tsan OPT="-O1 -g -fsanitize=thread" TSAN=1 TEST_SH= test
+	$(MAKE) B=build/tsan OPT="$(TSAN_OPT)" TEST_OPT="$(TSAN_OPT)" TSAN=1 TEST_SH= test
 
 bench: $(BENCHES)
 	@for b in $(BENCHES); do echo "== $$b"; ./$$b || exit 1; done

@@ -335,7 +335,7 @@ static pdp_status step(pdp_model *m, const float *xd, int64_t batch, const int32
                        float *out, float *grads)
 {
     pdp_tensor x, pv, gv;
-    const pdp_tensor *y;
+    const pdp_tensor *y = NULL;
     int64_t shape[2];
     float loss;
     pdp_status st;

@@ -475,7 +475,7 @@ TEST dp_stats_count_bytes_and_master_memory(void)
     pdp_optim *o = NULL;
     pdp_dp *dp = NULL;
     pdp_dp_desc dd;
-    pdp_dp_stats st;
+    pdp_dp_stats st = {0};
     pdp_optim_desc od;
     data dt;
     pdp_tensor x;
