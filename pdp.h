@@ -324,6 +324,31 @@ PDP_API int pdp_get_num_threads(void);
    call that needs it starts it again. Call it when no other thread is in pdp. */
 PDP_API void pdp_shutdown_threads(void);
 
+/* Profile: where the calling thread's time goes (bench/train prints it per step).
+   pdp_profile_start zeroes the calling thread's counters and turns them on;
+   pdp_profile_read fills *out with what they counted since the start and leaves them on;
+   pdp_profile_stop turns them off and reads them (a later read gives the same). The calling thread's pdp calls count, as
+   wall time on that thread (intra-op workers' share included): the layers' forward and
+   backward, by kind of layer, the built-in losses and the optimizer. While on, a counted
+   call reads the clock twice; while off it costs one test of a thread-local flag. */
+typedef struct pdp_profile {
+    double wall_s;       /* since pdp_profile_start */
+    double gemm_layers_s;  /* layers with weights (Linear, Conv2d, the TP linears), forward
+                              and backward: their GEMMs, with bias, im2col and bf16 packing */
+    double other_layers_s; /* the other layers: element-wise (ReLU, ...), pooling, views */
+    double loss_s;       /* built-in losses (cross-entropy, MSE), with their gradient */
+    double optim_s;      /* optimizer steps and zero_grad */
+    double other_s;      /* wall_s minus the above: the caller's own code, data, waits */
+    int threads;         /* the intra-op setting at the start (pdp_get_num_threads) */
+    double idle_s;       /* thread-seconds the (threads - 1) intra-op workers sat idle:
+                            (threads - 1) x wall_s minus their busy time, plus the time
+                            the calling thread waited for them at the end of a parallel
+                            part; 0 with one thread */
+} pdp_profile;
+PDP_API void pdp_profile_start(void);
+PDP_API void pdp_profile_read(pdp_profile *out);
+PDP_API void pdp_profile_stop(pdp_profile *out); /* out may be NULL */
+
 /* Tracing: with PDP_TRACE=path in the environment, DDP and the communicators
    record a Chrome trace (open it in ui.perfetto.dev or chrome://tracing); a
    process that is one rank of several writes path.rank<r>.<ext>. The file is
@@ -2473,6 +2498,17 @@ static int pdp__threads_for_caller(void);
 /* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
    (n <= the caller's thread count); returns when all are done. */
 static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg);
+/* The calling thread's profile counters (pdp_profile_start; src/threads.c). A counted
+   call does `double t0 = pdp__prof.on ? pdp__now() : 0;` and, at its end,
+   `if (pdp__prof.on) pdp__prof.<counter> += pdp__now() - t0;`. */
+typedef struct pdp__profile_state {
+    bool on;
+    int threads;
+    double t_start, t_stop;
+    double gemm_layers_s, other_layers_s, loss_s, optim_s;
+    double join_wait_s;   /* the caller waiting for its workers at a part's end */
+    double worker_busy_s; /* the workers' seconds inside this caller's parts */
+} pdp__profile_state;
 /* This thread's growing scratch buffer (64-byte aligned, freed at thread exit), or
    NULL when out of memory; valid until the next call on this thread. Leaf use only. */
 static void *pdp__thread_scratch(size_t bytes);
@@ -2983,6 +3019,10 @@ static double pdp__now(void)
    a job) runs every index itself, in order. Which thread runs an index never
    changes what the index computes, so results do not depend on who won.
 
+   Profile: while the caller's counters are on (pdp_profile_start), the job carries a
+   pointer to them; each worker adds the seconds it spent in its index under the lock
+   it takes anyway to report, and the caller adds the time it waited for them.
+
    Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
    buffer (GEMM packs its panels there), kept in a pthread key whose destructor
    frees it when the thread exits; pdp_shutdown_threads frees the caller's. */
@@ -3012,6 +3052,45 @@ PDP_API pdp_status pdp_set_num_threads(int n)
 PDP_API int pdp_get_num_threads(void) { return pdp__num_threads > 0 ? pdp__num_threads : 1; }
 
 static int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
+
+/* ---- threads: the profile counters (pdp_profile_*) ---- */
+
+static PDP__THREAD_LOCAL pdp__profile_state pdp__prof;
+
+PDP_API void pdp_profile_start(void)
+{
+    memset(&pdp__prof, 0, sizeof pdp__prof);
+    pdp__prof.threads = pdp_get_num_threads();
+    pdp__prof.t_start = pdp__now();
+    pdp__prof.on = true;
+}
+
+PDP_API void pdp_profile_read(pdp_profile *out)
+{
+    const pdp__profile_state *s = &pdp__prof;
+    double counted;
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (s->t_start == 0.0) return; /* never started */
+    out->wall_s = (s->on ? pdp__now() : s->t_stop) - s->t_start;
+    out->gemm_layers_s = s->gemm_layers_s;
+    out->other_layers_s = s->other_layers_s;
+    out->loss_s = s->loss_s;
+    out->optim_s = s->optim_s;
+    counted = s->gemm_layers_s + s->other_layers_s + s->loss_s + s->optim_s;
+    out->other_s = PDP__MAX(0.0, out->wall_s - counted);
+    out->threads = s->threads;
+    out->idle_s = s->threads > 1 ? PDP__MAX(0.0, (double)(s->threads - 1) * out->wall_s -
+                                                     s->worker_busy_s + s->join_wait_s)
+                                 : 0.0;
+}
+
+PDP_API void pdp_profile_stop(pdp_profile *out)
+{
+    if (pdp__prof.on) pdp__prof.t_stop = pdp__now();
+    pdp__prof.on = false;
+    pdp_profile_read(out);
+}
 
 /* ---- threads: per-thread scratch ---- */
 
@@ -3071,6 +3150,7 @@ typedef struct pdp__pool {
     void *arg;
     int n;       /* indices of the current job; worker w runs index w + 1 */
     int pending; /* workers that have not finished the current job */
+    pdp__profile_state *prof; /* the caller's counters while they are on, else NULL */
 } pdp__pool;
 
 static pdp__pool pdp__the_pool; /* zero: no workers yet */
@@ -3085,6 +3165,8 @@ static void *pdp__worker_main(void *p)
     for (;;) {
         void (*fn)(void *, int, int);
         void *arg;
+        pdp__profile_state *prof;
+        double t0 = 0.0;
         int n;
         while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pdp__pool_wake, &pdp__pool_lock);
         if (pool->stop) break;
@@ -3092,10 +3174,13 @@ static void *pdp__worker_main(void *p)
         fn = pool->fn;
         arg = pool->arg;
         n = pool->n;
+        prof = pool->prof;
         if (w + 1 >= n) continue; /* not part of this job */
         pthread_mutex_unlock(&pdp__pool_lock);
+        if (prof) t0 = pdp__now();
         fn(arg, w + 1, n);
         pthread_mutex_lock(&pdp__pool_lock);
+        if (prof) prof->worker_busy_s += pdp__now() - t0;
         if (--pool->pending == 0) pthread_cond_signal(&pdp__pool_done);
     }
     pthread_mutex_unlock(&pdp__pool_lock);
@@ -3124,6 +3209,7 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
 {
     pdp__pool *pool = &pdp__the_pool;
     int i, helpers;
+    double t0;
     if (n <= 1) {
         if (n == 1) fn(arg, 0, 1);
         return;
@@ -3139,6 +3225,7 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
     pool->arg = arg;
     pool->n = n;
     pool->pending = helpers;
+    pool->prof = pdp__prof.on ? &pdp__prof : NULL;
     pool->generation++;
     pthread_cond_broadcast(&pdp__pool_wake);
     pthread_mutex_unlock(&pdp__pool_lock);
@@ -3146,10 +3233,13 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
     fn(arg, 0, n);
     for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
 
+    t0 = pdp__prof.on ? pdp__now() : 0.0;
     pthread_mutex_lock(&pdp__pool_lock);
     while (pool->pending > 0) pthread_cond_wait(&pdp__pool_done, &pdp__pool_lock);
+    pool->prof = NULL;
     pthread_mutex_unlock(&pdp__pool_lock);
     pthread_mutex_unlock(&pdp__pool_busy);
+    if (pdp__prof.on) pdp__prof.join_wait_s += pdp__now() - t0;
 }
 
 PDP_API void pdp_shutdown_threads(void)
@@ -12041,6 +12131,14 @@ static void pdp__model_trace(const pdp_model *m, const char *what, int i, double
     pdp__trace_complete(m->trace_pid, m->trace_tid, "compute", name, t0, pdp__now(), NULL);
 }
 
+/* The profile's split (pdp_profile): a layer with weights counts as GEMM work. */
+static void pdp__model_profile(const pdp__layer *l, double t0)
+{
+    double dt = pdp__now() - t0;
+    if (l->nparams > 0) pdp__prof.gemm_layers_s += dt;
+    else pdp__prof.other_layers_s += dt;
+}
+
 PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
 {
     double t0;
@@ -12077,12 +12175,13 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
         pdp__model_io(m, i, &io);
         io.x = in;
         io.y = m->act[i];
-        t0 = m->trace_tid || m->layer_s ? pdp__now() : 0.0;
+        t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
         if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
         if (m->trace_tid) pdp__model_trace(m, "forward", i, t0);
         if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
+        if (pdp__prof.on) pdp__model_profile(l, t0);
         in = io.y;
     }
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
@@ -12141,7 +12240,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.y = m->act[i];
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : m->input_grad;
-            t0 = m->trace_tid || m->layer_s ? pdp__now() : 0.0;
+            t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
             if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
                 st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                    pdp__layer_kind_name(l->kind));
@@ -12149,6 +12248,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             }
             if (m->trace_tid) pdp__model_trace(m, "backward", i, t0);
             if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
+            if (pdp__prof.on) pdp__model_profile(l, t0);
             if (io.dx) g = io.dx;
         }
         if (m->hook)
@@ -12468,10 +12568,15 @@ static pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const
                                         int64_t batch, int64_t classes, float grad_scale,
                                         double *loss_sum, float *dlogits, const char *fn)
 {
-    if (d.kind == PDP_DEVICE_CUDA)
-        return pdp__cuda_cross_entropy(d, logits, labels, batch, classes, grad_scale, loss_sum,
-                                       dlogits, fn);
-    return pdp__cross_entropy(logits, labels, batch, classes, grad_scale, loss_sum, dlogits, fn);
+    double t0 = pdp__prof.on ? pdp__now() : 0.0;
+    pdp_status st =
+        d.kind == PDP_DEVICE_CUDA
+            ? pdp__cuda_cross_entropy(d, logits, labels, batch, classes, grad_scale, loss_sum,
+                                      dlogits, fn)
+            : pdp__cross_entropy(logits, labels, batch, classes, grad_scale, loss_sum, dlogits,
+                                 fn);
+    if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
+    return st;
 }
 
 static bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
@@ -12533,7 +12638,7 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
 {
     const char *fn = "pdp_loss_mse";
     char a[96], b[96];
-    double sum = 0.0;
+    double sum = 0.0, t0;
     float scale;
     int64_t i, n;
     if (!pred || !target || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
@@ -12547,6 +12652,7 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
                         pdp__shape_str(dpred, a, sizeof a), pdp__shape_str(pred, b, sizeof b));
     n = pred->count;
     scale = 2.0f / (float)n;
+    t0 = pdp__prof.on ? pdp__now() : 0.0;
     if (pred->device.kind == PDP_DEVICE_CUDA) {
         pdp_status st = pdp__cuda_mse(pred->device, pred->data, target->data, n, scale, &sum,
                                       dpred ? dpred->data : NULL, fn);
@@ -12557,6 +12663,7 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
         sum += (double)d * (double)d;
         if (dpred) dpred->data[i] = scale * d;
     }
+    if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
     *loss = (float)(sum / (double)n);
     if (*loss != *loss || *loss == HUGE_VALF)
         return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s over %lld elements", fn,
@@ -12836,7 +12943,9 @@ PDP_API void pdp_optim_free(pdp_optim *o)
 
 PDP_API void pdp_optim_zero_grad(pdp_optim *o)
 {
+    double t0 = pdp__prof.on ? pdp__now() : 0.0;
     if (o) pdp_model_zero_grad(o->model);
+    if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
 }
 
 PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr)
@@ -13030,6 +13139,7 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
 {
     pdp_model *m;
     pdp_status st;
+    double t0;
     if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_step: optimizer is NULL");
     m = o->model;
     if (m->param_count != o->count)
@@ -13043,8 +13153,10 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
     if (m->param_count > 0 && (!m->param_block || !m->grad_block))
         return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the model's %s sharded by ZeRO: step "
                         "with pdp_zero_step", m->grad_block ? "parameters are" : "gradients are");
-    if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi)) != PDP_OK)
-        return pdp__err_wrap(st, "pdp_optim_step");
+    t0 = pdp__prof.on ? pdp__now() : 0.0;
+    st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi);
+    if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
+    if (st != PDP_OK) return pdp__err_wrap(st, "pdp_optim_step");
     pdp__optim_finish_step(o);
     return PDP_OK;
 }

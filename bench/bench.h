@@ -97,6 +97,110 @@ static inline int bench_print_load(const char *when)
     return 0;
 }
 
+/* ---- bench: the core's peak ----
+   bench_peak_gflops(BENCH_PEAK_FP32): one core's fp32 FMA peak in GFLOP/s, measured
+   with 12 independent chains of AVX-512 FMAs (16 lanes x 2 flops; 12 chains cover the
+   latency times the pipes of current cores), or of AVX2 FMAs on a CPU without AVX-512.
+   BENCH_PEAK_BF16_DOT: the same with AVX512-BF16's vdpbf16ps (16 lanes x 2 products x
+   2 flops), the instruction pdp_gemm_bf16's avx512 path runs on. The best of 7 runs of
+   about 40 ms on the calling thread (a peak: a neighbour can only lower a run); 0 when the CPU lacks the instructions (or the
+   build is not x86-64 gcc/clang). The benches divide what a step or a GEMM reached by
+   this figure times its threads: "the fraction of the measured peak". */
+enum { BENCH_PEAK_FP32 = 0, BENCH_PEAK_BF16_DOT = 1 };
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#  include <immintrin.h>
+#  define BENCH_PEAK_CHAINS(T, INIT, OP)                                                    \
+    T a0 = INIT(1), a1 = INIT(2), a2 = INIT(3), a3 = INIT(4), a4 = INIT(5), a5 = INIT(6),    \
+      a6 = INIT(7), a7 = INIT(8), a8 = INIT(9), a9 = INIT(10), a10 = INIT(11),              \
+      a11 = INIT(12); /* distinct, or the compiler merges the chains */                    \
+    for (i = 0; i < iters; i++) {                                                           \
+        a0 = OP(a0); a1 = OP(a1); a2 = OP(a2); a3 = OP(a3); a4 = OP(a4); a5 = OP(a5);       \
+        a6 = OP(a6); a7 = OP(a7); a8 = OP(a8); a9 = OP(a9); a10 = OP(a10); a11 = OP(a11);   \
+    }
+#  define BENCH_SET512(k) _mm512_set1_ps((float)(k))
+#  define BENCH_SET256(k) _mm256_set1_ps((float)(k))
+__attribute__((target("avx512f"))) static inline float bench_peak_run_avx512(long iters)
+{
+    __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
+    long i;
+#  define BENCH_FMA512(a) _mm512_fmadd_ps(a, x, y)
+    BENCH_PEAK_CHAINS(__m512, BENCH_SET512, BENCH_FMA512)
+#  undef BENCH_FMA512
+    return _mm512_reduce_add_ps(_mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                      _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),
+        _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+}
+__attribute__((target("avx2,fma"))) static inline float bench_peak_run_avx2(long iters)
+{
+    __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f), s;
+    float out[8];
+    long i;
+#  define BENCH_FMA256(a) _mm256_fmadd_ps(a, x, y)
+    BENCH_PEAK_CHAINS(__m256, BENCH_SET256, BENCH_FMA256)
+#  undef BENCH_FMA256
+    s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                                    _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7))),
+                      _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+    _mm256_storeu_ps(out, s);
+    return out[0];
+}
+__attribute__((target("avx512f,avx512bf16"))) static inline float bench_peak_run_bf16(long iters)
+{
+    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), y = x; /* pairs of 0.996 */
+    long i;
+#  define BENCH_DOT(a) _mm512_dpbf16_ps(a, x, y)
+    BENCH_PEAK_CHAINS(__m512, BENCH_SET512, BENCH_DOT)
+#  undef BENCH_DOT
+    return _mm512_reduce_add_ps(_mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                      _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),
+        _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+}
+#  undef BENCH_PEAK_CHAINS
+#  undef BENCH_SET512
+#  undef BENCH_SET256
+
+static inline double bench_peak_gflops(int kind)
+{
+    static volatile float sink;
+    double best = 0.0, flops_per_iter, t;
+    float (*run)(long);
+    long iters = 1000000;
+    int r;
+    __builtin_cpu_init();
+    if (kind == BENCH_PEAK_BF16_DOT) {
+        if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
+        run = bench_peak_run_bf16, flops_per_iter = 12.0 * 64;
+    } else if (__builtin_cpu_supports("avx512f")) {
+        run = bench_peak_run_avx512, flops_per_iter = 12.0 * 32;
+    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        run = bench_peak_run_avx2, flops_per_iter = 12.0 * 16;
+    } else {
+        return 0.0;
+    }
+    t = bench_now();
+    sink = run(iters); /* warm-up, and the length of 40 ms */
+    iters = (long)((double)iters * 0.04 / (bench_now() - t)) + 1;
+    for (r = 0; r < 7; r++) {
+        double rate;
+        t = bench_now();
+        sink = run(iters);
+        rate = flops_per_iter * (double)iters / (bench_now() - t) / 1e9;
+        best = rate > best ? rate : best;
+    }
+    (void)sink;
+    return best;
+}
+#else
+static inline double bench_peak_gflops(int kind)
+{
+    (void)kind;
+    return 0.0;
+}
+#endif
+
 /* ---- bench: workloads ---- */
 
 /* The benches' models, seed 1: the MLP 784-512-512-10 (ReLU), or the CNN on 1x28x28

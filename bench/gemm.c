@@ -9,7 +9,8 @@
    for a while after each call and steal the second core from whatever runs next,
    so alternating them repetition by repetition measured the spinning, not ours.
    1 and 2 threads: pdp_set_num_threads for ours, openblas_set_num_threads for
-   OpenBLAS.
+   OpenBLAS. "of peak": ours as a fraction of the fp32 FMA peak measured at the start
+   (bench.h's bench_peak_gflops: one core's, times the threads).
 
    make bench        (links OpenBLAS and defines PDP_BENCH_OPENBLAS when pkg-config
                       finds it; without it only our figures are printed)
@@ -116,18 +117,21 @@ int main(int argc, char **argv)
     size_t count = quick ? 2 : sizeof all / sizeof all[0], i, j;
     double start = bench_now();
     const char *coretype = getenv("OPENBLAS_CORETYPE");
+    double peak = bench_peak_gflops(BENCH_PEAK_FP32);
 
     printf("pdp_sgemm %s, kernel %s; shapes M x K x N; GFLOP/s, median of %d\n",
            pdp_version_string(), PDP__GEMM_KERNEL, REPS);
+    printf("fp32 FMA peak measured: %.1f GFLOP/s per core\n", peak);
 #ifdef PDP_BENCH_OPENBLAS
     printf("OpenBLAS: %s (core %s), OPENBLAS_CORETYPE=%s\n", openblas_get_config(),
            openblas_get_corename(), coretype ? coretype : "(unset)");
-    printf("%-16s %-3s | %8s %8s %6s | %8s %8s %6s | %7s\n", "shape", "op", "ours 1t", "oblas 1t",
-           "ratio", "ours 2t", "oblas 2t", "ratio", "ours x");
+    printf("%-16s %-3s | %8s %8s %6s %5s | %8s %8s %6s %5s | %7s\n", "shape", "op", "ours 1t",
+           "oblas 1t", "ratio", "peak", "ours 2t", "oblas 2t", "ratio", "peak", "ours x");
 #else
     (void)coretype;
     printf("OpenBLAS: absent (build with it installed for the comparison)\n");
-    printf("%-16s %-3s | %8s | %8s | %7s\n", "shape", "op", "ours 1t", "ours 2t", "ours x");
+    printf("%-16s %-3s | %8s %5s | %8s %5s | %7s\n", "shape", "op", "ours 1t", "peak", "ours 2t",
+           "peak", "ours x");
 #endif
     for (i = 0; i < count; i++) {
         problem p;
@@ -160,20 +164,21 @@ int main(int argc, char **argv)
         }
         snprintf(name, sizeof name, "%dx%dx%d", (int)p.s.m, (int)p.s.k, (int)p.s.n);
 #ifdef PDP_BENCH_OPENBLAS
-        printf("%-16s %-3s | %8.1f %8.1f %6.2f | %8.1f %8.1f %6.2f | %7.2f\n", name, layout(&p.s),
-               ours[0], ob[0], ours[0] / ob[0], ours[1], ob[1], ours[1] / ob[1], ours[1] / ours[0]);
+        printf("%-16s %-3s | %8.1f %8.1f %6.2f %4.0f%% | %8.1f %8.1f %6.2f %4.0f%% | %7.2f\n", name,
+               layout(&p.s), ours[0], ob[0], ours[0] / ob[0], 100.0 * ours[0] / peak, ours[1],
+               ob[1], ours[1] / ob[1], 50.0 * ours[1] / peak, ours[1] / ours[0]);
 #else
         (void)ob;
-        printf("%-16s %-3s | %8.1f | %8.1f | %7.2f\n", name, layout(&p.s), ours[0], ours[1],
-               ours[1] / ours[0]);
+        printf("%-16s %-3s | %8.1f %4.0f%% | %8.1f %4.0f%% | %7.2f\n", name, layout(&p.s), ours[0],
+               100.0 * ours[0] / peak, ours[1], 50.0 * ours[1] / peak, ours[1] / ours[0]);
 #endif
         fflush(stdout);
         free(p.a);
         free(p.b);
         free(p.c);
     }
-    printf("ratio: ours / OpenBLAS at the same thread count; ours x: our 2-thread speed-up. %.0f s\n",
-           bench_now() - start);
+    printf("ratio: ours / OpenBLAS at the same thread count; peak: ours / (threads x the measured "
+           "peak); ours x: our 2-thread speed-up. %.0f s\n", bench_now() - start);
     bench_print_load("end");
     pdp_shutdown_threads();
     return 0;

@@ -5,7 +5,18 @@
    examples/train_cnn.c (conv 1->16 k5 p2, ReLU, pool 2, conv 16->32 k5 p2, ReLU, pool 2,
    flatten, linear 10) at batch 128; each with 1 and 2 threads (pdp_set_num_threads for ours,
    torch.set_num_threads for PyTorch, in its own process). Inputs are uniform random, labels
-   random.
+   random. bf16 rows: pdp with pdp_model_set_precision(PDP_PRECISION_BF16) beside PyTorch's
+   forward and loss under torch.autocast("cpu", dtype=torch.bfloat16), the same step.
+
+   Where the time goes (the second table): one more run of each configuration of ours, as
+   long as a repetition, under pdp_profile (base.h): the step's share in layers with weights
+   (their GEMMs, bias, im2col, bf16 packing), in the other layers (ReLU, pooling), in the
+   loss and in the optimizer, the rest (the bench's own loop), and the workers' idle
+   thread-seconds as a share of all thread-seconds; the step's GFLOP/s (the products a step
+   must do: forward, and backward's dW and dX but the first layer's dX) as a fraction of the
+   peak measured at the start (bench.h's bench_peak_gflops: the fp32 FMA peak, or for bf16 on
+   the avx512-bf16 path the vdpbf16ps peak, times the threads), for the whole step and for
+   its layers with weights alone. The averages over the rounds.
 
    Measurement: ROUNDS rounds; in each, every configuration is measured for ours and then for
    PyTorch (bench/train_torch.py under /usr/bin/python3, Debian's python3-torch, through
@@ -23,39 +34,21 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
+#include "bench.h"
 
-#define NCONF 6
+#define NCONF 10
 #define ROUNDS 5
 
 typedef struct config {
     const char *model; /* "mlp" or "cnn", as train_torch.py names them */
     int64_t batch;
     int threads;
+    bool bf16;
     double ours[ROUNDS], torch[ROUNDS]; /* samples/s per round; 0 = not measured */
+    pdp_profile prof;                   /* summed over the rounds' profiled runs */
+    int64_t prof_steps;
 } config;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Prints the 1-minute load average and warns when other work seems to share the cores:
    above half a core per core, plus `own` for this benchmark's own recent threads (at the
@@ -128,7 +121,17 @@ static void step(pdp_model *m, pdp_optim *o, const pdp_tensor *x, const int32_t 
     pdp_optim_zero_grad(o);
 }
 
-static double bench_ours(const config *c, int reps, double rep_s)
+/* The products of one step: forward 2 B x (multiply-adds per sample) per layer with weights,
+   backward twice that (dW and dX) but the first layer's dX (nothing asks for it). */
+static double step_flops(const config *c)
+{
+    double b = (double)c->batch, mlp[3] = {784.0 * 512, 512.0 * 512, 512.0 * 10};
+    double cnn[3] = {28.0 * 28 * 16 * 1 * 25, 14.0 * 14 * 32 * 16 * 25, 32.0 * 7 * 7 * 10};
+    const double *macs = strcmp(c->model, "mlp") ? cnn : mlp;
+    return 2.0 * b * (3.0 * (macs[0] + macs[1] + macs[2]) - macs[0]);
+}
+
+static double bench_ours(config *c, int reps, double rep_s)
 {
     pdp_model *m = build(c->model);
     pdp_optim_desc od = {0};
@@ -146,23 +149,39 @@ static double bench_ours(const config *c, int reps, double rep_s)
     for (i = 0; i < c->batch; i++) y[i] = (int32_t)pdp_rng_below(&r, 10);
     od.kind = PDP_OPTIM_SGD;
     od.lr = 0.01f;
+    if (c->bf16) check(pdp_model_set_precision(m, PDP_PRECISION_BF16), "precision");
     check(pdp_optim_create(&o, m, &od), "optim");
     check(pdp_set_num_threads(c->threads), "threads");
     for (k = 0; k < 3; k++) step(m, o, x, y); /* warm-up: buffers, pool, caches */
-    t = now();
-    while (now() - t < rep_s / 2 || calls < 2) step(m, o, x, y), calls++;
-    iters = (int64_t)(rep_s / ((now() - t) / (double)calls));
+    t = bench_now();
+    while (bench_now() - t < rep_s / 2 || calls < 2) step(m, o, x, y), calls++;
+    iters = (int64_t)(rep_s / ((bench_now() - t) / (double)calls));
     if (iters < 2) iters = 2;
     for (k = 0; k < reps; k++) {
-        t = now();
+        t = bench_now();
         for (i = 0; i < iters; i++) step(m, o, x, y);
-        rates[k] = (double)(c->batch * iters) / (now() - t);
+        rates[k] = (double)(c->batch * iters) / (bench_now() - t);
+    }
+    { /* where the time goes: one more repetition, profiled */
+        pdp_profile p;
+        pdp_profile_start();
+        for (i = 0; i < iters; i++) step(m, o, x, y);
+        pdp_profile_stop(&p);
+        c->prof.wall_s += p.wall_s;
+        c->prof.gemm_layers_s += p.gemm_layers_s;
+        c->prof.other_layers_s += p.other_layers_s;
+        c->prof.loss_s += p.loss_s;
+        c->prof.optim_s += p.optim_s;
+        c->prof.other_s += p.other_s;
+        c->prof.idle_s += p.idle_s;
+        c->prof.threads = p.threads;
+        c->prof_steps += iters;
     }
     pdp_optim_free(o);
     pdp_model_free(m);
     pdp_tensor_free(x);
     free(y);
-    return median(rates, reps);
+    return bench_median(rates, reps);
 }
 
 /* Runs train_torch.py for one configuration; returns 0 when torch is unavailable. */
@@ -173,8 +192,8 @@ static double bench_torch(const config *c, int reps, double rep_s, const char *s
     long long batch;
     int threads;
     FILE *p;
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s --reps %d --rep-s %g %s:%lld:%d", script, reps,
-             rep_s, c->model, (long long)c->batch, c->threads);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s --reps %d --rep-s %g %s:%lld:%d%s", script,
+             reps, rep_s, c->model, (long long)c->batch, c->threads, c->bf16 ? ":bf16" : "");
     if (!(p = popen(cmd, "r"))) return 0;
     while (fgets(line, sizeof line, p))
         if (sscanf(line, "%15s %lld %d %lf", name, &batch, &threads, &r) == 4) rate = r;
@@ -183,19 +202,32 @@ static double bench_torch(const config *c, int reps, double rep_s, const char *s
 
 int main(int argc, char **argv)
 {
-    config cs[NCONF] = {{"mlp", 128, 1, {0}, {0}}, {"mlp", 128, 2, {0}, {0}},
-                        {"mlp", 512, 1, {0}, {0}}, {"mlp", 512, 2, {0}, {0}},
-                        {"cnn", 128, 1, {0}, {0}}, {"cnn", 128, 2, {0}, {0}}};
+    static config cs[NCONF] = {{.model = "mlp", .batch = 128, .threads = 1},
+                               {.model = "mlp", .batch = 128, .threads = 2},
+                               {.model = "mlp", .batch = 512, .threads = 1},
+                               {.model = "mlp", .batch = 512, .threads = 2},
+                               {.model = "cnn", .batch = 128, .threads = 1},
+                               {.model = "cnn", .batch = 128, .threads = 2},
+                               {.model = "mlp", .batch = 128, .threads = 1, .bf16 = true},
+                               {.model = "mlp", .batch = 512, .threads = 1, .bf16 = true},
+                               {.model = "mlp", .batch = 512, .threads = 2, .bf16 = true},
+                               {.model = "cnn", .batch = 128, .threads = 1, .bf16 = true}};
+    double peak32 = bench_peak_gflops(BENCH_PEAK_FP32), peak16 = peak32;
+    pdp_bf16_path path = pdp_bf16_best_path();
     bool quick = argc > 1 && !strcmp(argv[1], "quick"), have_torch;
     int reps = quick ? 3 : 5, rounds = quick ? 1 : ROUNDS, i, r;
-    double rep_s = quick ? 0.1 : 0.2, t0 = now();
+    double rep_s = quick ? 0.1 : 0.2, t0 = bench_now();
     const char *script = "bench/train_torch.py";
     FILE *f;
     if (!(f = fopen(script, "r"))) script = "../bench/train_torch.py";
     else fclose(f);
 
+    if (path == PDP_BF16_PATH_AVX512) peak16 = bench_peak_gflops(BENCH_PEAK_BF16_DOT);
     printf("training step (forward, cross-entropy, backward, SGD) in samples/s: per side, the "
            "median over %d rounds of the median of %d repetitions\n", rounds, reps);
+    printf("peak measured per core: fp32 FMA %.1f GFLOP/s; bf16 GEMM path %s: %.1f GFLOP/s (%s)\n",
+           peak32, pdp_bf16_path_name(path), peak16,
+           path == PDP_BF16_PATH_AVX512 ? "vdpbf16ps" : "fp32 FMA: the path emulates bf16");
     print_load("start", 0.0);
     fflush(stdout);
     have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
@@ -204,26 +236,51 @@ int main(int argc, char **argv)
             cs[i].ours[r] = bench_ours(&cs[i], reps, rep_s);
             pdp_shutdown_threads(); /* no pdp workers alive while PyTorch runs */
             if (have_torch) cs[i].torch[r] = bench_torch(&cs[i], reps, rep_s, script);
-            fprintf(stderr, "  round %d: %s batch %lld threads %d: pdp %.0f, pytorch %.0f samples/s\n",
-                    r + 1, cs[i].model, (long long)cs[i].batch, cs[i].threads, cs[i].ours[r],
-                    cs[i].torch[r]);
+            fprintf(stderr, "  round %d: %s batch %lld threads %d %s: pdp %.0f, pytorch %.0f "
+                    "samples/s\n", r + 1, cs[i].model, (long long)cs[i].batch, cs[i].threads,
+                    cs[i].bf16 ? "bf16" : "fp32", cs[i].ours[r], cs[i].torch[r]);
         }
-    printf("%-22s %6s %8s %12s %14s %8s %8s\n", "model", "batch", "threads", "pdp", "pytorch",
-           "ratio", "target");
+    printf("%-22s %6s %8s %5s %12s %14s %8s %8s\n", "model", "batch", "threads", "prec", "pdp",
+           "pytorch", "ratio", "target");
     for (i = 0; i < NCONF; i++) {
         bool mlp = !strcmp(cs[i].model, "mlp");
-        double ours = median(cs[i].ours, rounds), torch = median(cs[i].torch, rounds);
-        printf("%-22s %6lld %8d %12.0f", mlp ? "MLP 784-512-512-10" : "CNN c16-p-c32-p-fc10",
-               (long long)cs[i].batch, cs[i].threads, ours);
+        double ours = bench_median(cs[i].ours, rounds), torch = bench_median(cs[i].torch, rounds);
+        double target = cs[i].bf16 ? 1.5 : mlp ? 1.3 : 2.0;
+        printf("%-22s %6lld %8d %5s %12.0f", mlp ? "MLP 784-512-512-10" : "CNN c16-p-c32-p-fc10",
+               (long long)cs[i].batch, cs[i].threads, cs[i].bf16 ? "bf16" : "fp32", ours);
         if (torch > 0)
-            printf(" %14.0f %7.2fx %7.1fx\n", torch, ours / torch, mlp ? 1.0 : 1.5);
+            printf(" %14.0f %7.2fx %7.1fx\n", torch, ours / torch, target);
         else
             printf(" %14s %8s %8s\n", "-", "-", "-");
     }
+    printf("pytorch bf16: torch.autocast(\"cpu\", dtype=torch.bfloat16); target: the issue's, "
+           "pdp / PyTorch\n\n");
+    printf("where pdp's step goes (share of the step's wall time; idle: the workers' idle share "
+           "of all thread time)\n");
+    printf("%-4s %6s %3s %5s | %7s %7s %6s %6s %6s | %6s | %8s %7s %7s\n", "", "batch", "thr",
+           "prec", "w-layer", "o-layer", "loss", "optim", "rest", "idle", "GFLOP/s", "%peak",
+           "w %peak");
+    for (i = 0; i < NCONF; i++) {
+        const pdp_profile *p = &cs[i].prof;
+        double w = p->wall_s > 0 ? p->wall_s : 1.0, fl = step_flops(&cs[i]);
+        double gf = p->wall_s > 0 ? fl * (double)cs[i].prof_steps / p->wall_s * 1e-9 : 0.0;
+        double gfw = p->gemm_layers_s > 0
+                         ? fl * (double)cs[i].prof_steps / p->gemm_layers_s * 1e-9 : 0.0;
+        double pk = (cs[i].bf16 ? peak16 : peak32) * cs[i].threads;
+        printf("%-4s %6lld %3d %5s | %6.1f%% %6.1f%% %5.1f%% %5.1f%% %5.1f%% | %5.1f%% | %8.1f "
+               "%6.1f%% %6.1f%%\n", cs[i].model, (long long)cs[i].batch, cs[i].threads,
+               cs[i].bf16 ? "bf16" : "fp32", 100 * p->gemm_layers_s / w,
+               100 * p->other_layers_s / w, 100 * p->loss_s / w, 100 * p->optim_s / w,
+               100 * p->other_s / w, 100 * p->idle_s / (w * cs[i].threads), gf,
+               pk > 0 ? 100 * gf / pk : 0.0, pk > 0 ? 100 * gfw / pk : 0.0);
+    }
+    printf("w-layer: layers with weights (GEMMs, bias, im2col, packing); o-layer: ReLU, pooling; "
+           "%%peak: the step's GFLOP/s / (threads x peak); w %%peak: the same over the w-layer "
+           "time alone\n");
     if (!have_torch)
         printf("PyTorch: /usr/bin/python3 cannot import torch (apt-get install python3-torch); "
                "only pdp's figures are shown\n");
     print_load("end", 1.5);
-    printf("%.0f s\n", now() - t0);
+    printf("%.0f s\n", bench_now() - t0);
     return 0;
 }

@@ -9,6 +9,10 @@ repetitions after a warm-up, each repetition running the step for about
 
     <model> <batch> <threads> <samples_per_second>
 
+A configuration ending in :bf16 runs the forward pass and the loss under
+torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's CPU mixed precision (bf16
+GEMM and convolution inputs, fp32 weights, gradients and optimizer).
+
 Threads: torch.set_num_threads(n) sets OpenMP's count, but Debian's torch runs
 Linear's GEMMs on OpenBLAS (BLAS_INFO=generic), whose own thread pool ignores it:
 "1 thread" then used both cores of the box (182% CPU for mlp:512:1). So the thread
@@ -16,7 +20,8 @@ count is also put into OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS
 before torch is imported; configurations with different thread counts therefore
 run in one child process per count.
 
-Usage: /usr/bin/python3 bench/train_torch.py [--reps 7] [--rep-s 0.3] mlp:128:1 cnn:128:2 ...
+Usage: /usr/bin/python3 bench/train_torch.py [--reps 7] [--rep-s 0.3] mlp:128:1 cnn:128:2 \
+           mlp:512:1:bf16 ...
 """
 import os
 import statistics
@@ -40,7 +45,7 @@ def make_model(name):
     raise SystemExit("train_torch.py: unknown model %r (mlp or cnn)" % name)
 
 
-def bench(name, batch, threads, reps, rep_s):
+def bench(name, batch, threads, bf16, reps, rep_s):
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(threads)
@@ -52,7 +57,11 @@ def bench(name, batch, threads, reps, rep_s):
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(model(x), y)
+        if bf16:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+        else:
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
 
@@ -84,19 +93,23 @@ def main(argv):
         elif a == "--rep-s":
             rep_s = float(args.pop(0))
         else:
-            name, batch, threads = a.split(":")
-            configs.append((name, int(batch), int(threads)))
+            parts = a.split(":")
+            if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "bf16"):
+                raise SystemExit("train_torch.py: bad configuration %r (model:batch:threads[:bf16])"
+                                 % a)
+            configs.append((parts[0], int(parts[1]), int(parts[2]), len(parts) == 4))
     if not configs:
         raise SystemExit("train_torch.py: no configuration given (model:batch:threads)")
-    counts = sorted({t for _, _, t in configs})
+    counts = sorted({c[2] for c in configs})
     if len(counts) > 1 or any(os.environ.get(v) != str(counts[0]) for v in THREAD_VARS):
         for n in counts:  # a child per thread count, with the pools' sizes in its environment
             env = dict(os.environ, **{v: str(n) for v in THREAD_VARS})
             subprocess.run([sys.executable, __file__, "--reps", str(reps), "--rep-s", str(rep_s)]
-                           + ["%s:%d:%d" % c for c in configs if c[2] == n], env=env, check=True)
+                           + ["%s:%d:%d%s" % (c[0], c[1], c[2], ":bf16" if c[3] else "")
+                              for c in configs if c[2] == n], env=env, check=True)
         return
-    for name, batch, threads in configs:
-        rate = bench(name, batch, threads, reps, rep_s)
+    for name, batch, threads, bf16 in configs:
+        rate = bench(name, batch, threads, bf16, reps, rep_s)
         print("%s %d %d %.1f" % (name, batch, threads, rate), flush=True)
 
 

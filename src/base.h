@@ -82,6 +82,31 @@ PDP_API int pdp_get_num_threads(void);
    call that needs it starts it again. Call it when no other thread is in pdp. */
 PDP_API void pdp_shutdown_threads(void);
 
+/* Profile: where the calling thread's time goes (bench/train prints it per step).
+   pdp_profile_start zeroes the calling thread's counters and turns them on;
+   pdp_profile_read fills *out with what they counted since the start and leaves them on;
+   pdp_profile_stop turns them off and reads them (a later read gives the same). The calling thread's pdp calls count, as
+   wall time on that thread (intra-op workers' share included): the layers' forward and
+   backward, by kind of layer, the built-in losses and the optimizer. While on, a counted
+   call reads the clock twice; while off it costs one test of a thread-local flag. */
+typedef struct pdp_profile {
+    double wall_s;       /* since pdp_profile_start */
+    double gemm_layers_s;  /* layers with weights (Linear, Conv2d, the TP linears), forward
+                              and backward: their GEMMs, with bias, im2col and bf16 packing */
+    double other_layers_s; /* the other layers: element-wise (ReLU, ...), pooling, views */
+    double loss_s;       /* built-in losses (cross-entropy, MSE), with their gradient */
+    double optim_s;      /* optimizer steps and zero_grad */
+    double other_s;      /* wall_s minus the above: the caller's own code, data, waits */
+    int threads;         /* the intra-op setting at the start (pdp_get_num_threads) */
+    double idle_s;       /* thread-seconds the (threads - 1) intra-op workers sat idle:
+                            (threads - 1) x wall_s minus their busy time, plus the time
+                            the calling thread waited for them at the end of a parallel
+                            part; 0 with one thread */
+} pdp_profile;
+PDP_API void pdp_profile_start(void);
+PDP_API void pdp_profile_read(pdp_profile *out);
+PDP_API void pdp_profile_stop(pdp_profile *out); /* out may be NULL */
+
 /* Tracing: with PDP_TRACE=path in the environment, DDP and the communicators
    record a Chrome trace (open it in ui.perfetto.dev or chrome://tracing); a
    process that is one rank of several writes path.rank<r>.<ext>. The file is

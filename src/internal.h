@@ -135,6 +135,17 @@ static int pdp__threads_for_caller(void);
 /* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
    (n <= the caller's thread count); returns when all are done. */
 static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg);
+/* The calling thread's profile counters (pdp_profile_start; src/threads.c). A counted
+   call does `double t0 = pdp__prof.on ? pdp__now() : 0;` and, at its end,
+   `if (pdp__prof.on) pdp__prof.<counter> += pdp__now() - t0;`. */
+typedef struct pdp__profile_state {
+    bool on;
+    int threads;
+    double t_start, t_stop;
+    double gemm_layers_s, other_layers_s, loss_s, optim_s;
+    double join_wait_s;   /* the caller waiting for its workers at a part's end */
+    double worker_busy_s; /* the workers' seconds inside this caller's parts */
+} pdp__profile_state;
 /* This thread's growing scratch buffer (64-byte aligned, freed at thread exit), or
    NULL when out of memory; valid until the next call on this thread. Leaf use only. */
 static void *pdp__thread_scratch(size_t bytes);

@@ -55,10 +55,15 @@ static pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const
                                         int64_t batch, int64_t classes, float grad_scale,
                                         double *loss_sum, float *dlogits, const char *fn)
 {
-    if (d.kind == PDP_DEVICE_CUDA)
-        return pdp__cuda_cross_entropy(d, logits, labels, batch, classes, grad_scale, loss_sum,
-                                       dlogits, fn);
-    return pdp__cross_entropy(logits, labels, batch, classes, grad_scale, loss_sum, dlogits, fn);
+    double t0 = pdp__prof.on ? pdp__now() : 0.0;
+    pdp_status st =
+        d.kind == PDP_DEVICE_CUDA
+            ? pdp__cuda_cross_entropy(d, logits, labels, batch, classes, grad_scale, loss_sum,
+                                      dlogits, fn)
+            : pdp__cross_entropy(logits, labels, batch, classes, grad_scale, loss_sum, dlogits,
+                                 fn);
+    if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
+    return st;
 }
 
 static bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
@@ -120,7 +125,7 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
 {
     const char *fn = "pdp_loss_mse";
     char a[96], b[96];
-    double sum = 0.0;
+    double sum = 0.0, t0;
     float scale;
     int64_t i, n;
     if (!pred || !target || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
@@ -134,6 +139,7 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
                         pdp__shape_str(dpred, a, sizeof a), pdp__shape_str(pred, b, sizeof b));
     n = pred->count;
     scale = 2.0f / (float)n;
+    t0 = pdp__prof.on ? pdp__now() : 0.0;
     if (pred->device.kind == PDP_DEVICE_CUDA) {
         pdp_status st = pdp__cuda_mse(pred->device, pred->data, target->data, n, scale, &sum,
                                       dpred ? dpred->data : NULL, fn);
@@ -144,6 +150,7 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
         sum += (double)d * (double)d;
         if (dpred) dpred->data[i] = scale * d;
     }
+    if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
     *loss = (float)(sum / (double)n);
     if (*loss != *loss || *loss == HUGE_VALF)
         return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s over %lld elements", fn,

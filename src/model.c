@@ -438,6 +438,14 @@ static void pdp__model_trace(const pdp_model *m, const char *what, int i, double
     pdp__trace_complete(m->trace_pid, m->trace_tid, "compute", name, t0, pdp__now(), NULL);
 }
 
+/* The profile's split (pdp_profile): a layer with weights counts as GEMM work. */
+static void pdp__model_profile(const pdp__layer *l, double t0)
+{
+    double dt = pdp__now() - t0;
+    if (l->nparams > 0) pdp__prof.gemm_layers_s += dt;
+    else pdp__prof.other_layers_s += dt;
+}
+
 PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
 {
     double t0;
@@ -474,12 +482,13 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
         pdp__model_io(m, i, &io);
         io.x = in;
         io.y = m->act[i];
-        t0 = m->trace_tid || m->layer_s ? pdp__now() : 0.0;
+        t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
         if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
         if (m->trace_tid) pdp__model_trace(m, "forward", i, t0);
         if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
+        if (pdp__prof.on) pdp__model_profile(l, t0);
         in = io.y;
     }
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
@@ -538,7 +547,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             io.y = m->act[i];
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : m->input_grad;
-            t0 = m->trace_tid || m->layer_s ? pdp__now() : 0.0;
+            t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
             if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
                 st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                    pdp__layer_kind_name(l->kind));
@@ -546,6 +555,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             }
             if (m->trace_tid) pdp__model_trace(m, "backward", i, t0);
             if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
+            if (pdp__prof.on) pdp__model_profile(l, t0);
             if (io.dx) g = io.dx;
         }
         if (m->hook)

@@ -206,7 +206,9 @@ PDP_API void pdp_optim_free(pdp_optim *o)
 
 PDP_API void pdp_optim_zero_grad(pdp_optim *o)
 {
+    double t0 = pdp__prof.on ? pdp__now() : 0.0;
     if (o) pdp_model_zero_grad(o->model);
+    if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
 }
 
 PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr)
@@ -400,6 +402,7 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
 {
     pdp_model *m;
     pdp_status st;
+    double t0;
     if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_step: optimizer is NULL");
     m = o->model;
     if (m->param_count != o->count)
@@ -413,8 +416,10 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
     if (m->param_count > 0 && (!m->param_block || !m->grad_block))
         return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the model's %s sharded by ZeRO: step "
                         "with pdp_zero_step", m->grad_block ? "parameters are" : "gradients are");
-    if ((st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi)) != PDP_OK)
-        return pdp__err_wrap(st, "pdp_optim_step");
+    t0 = pdp__prof.on ? pdp__now() : 0.0;
+    st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi);
+    if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
+    if (st != PDP_OK) return pdp__err_wrap(st, "pdp_optim_step");
     pdp__optim_finish_step(o);
     return PDP_OK;
 }

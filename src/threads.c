@@ -18,6 +18,10 @@
    a job) runs every index itself, in order. Which thread runs an index never
    changes what the index computes, so results do not depend on who won.
 
+   Profile: while the caller's counters are on (pdp_profile_start), the job carries a
+   pointer to them; each worker adds the seconds it spent in its index under the lock
+   it takes anyway to report, and the caller adds the time it waited for them.
+
    Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
    buffer (GEMM packs its panels there), kept in a pthread key whose destructor
    frees it when the thread exits; pdp_shutdown_threads frees the caller's. */
@@ -47,6 +51,45 @@ PDP_API pdp_status pdp_set_num_threads(int n)
 PDP_API int pdp_get_num_threads(void) { return pdp__num_threads > 0 ? pdp__num_threads : 1; }
 
 static int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
+
+/* ---- threads: the profile counters (pdp_profile_*) ---- */
+
+static PDP__THREAD_LOCAL pdp__profile_state pdp__prof;
+
+PDP_API void pdp_profile_start(void)
+{
+    memset(&pdp__prof, 0, sizeof pdp__prof);
+    pdp__prof.threads = pdp_get_num_threads();
+    pdp__prof.t_start = pdp__now();
+    pdp__prof.on = true;
+}
+
+PDP_API void pdp_profile_read(pdp_profile *out)
+{
+    const pdp__profile_state *s = &pdp__prof;
+    double counted;
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (s->t_start == 0.0) return; /* never started */
+    out->wall_s = (s->on ? pdp__now() : s->t_stop) - s->t_start;
+    out->gemm_layers_s = s->gemm_layers_s;
+    out->other_layers_s = s->other_layers_s;
+    out->loss_s = s->loss_s;
+    out->optim_s = s->optim_s;
+    counted = s->gemm_layers_s + s->other_layers_s + s->loss_s + s->optim_s;
+    out->other_s = PDP__MAX(0.0, out->wall_s - counted);
+    out->threads = s->threads;
+    out->idle_s = s->threads > 1 ? PDP__MAX(0.0, (double)(s->threads - 1) * out->wall_s -
+                                                     s->worker_busy_s + s->join_wait_s)
+                                 : 0.0;
+}
+
+PDP_API void pdp_profile_stop(pdp_profile *out)
+{
+    if (pdp__prof.on) pdp__prof.t_stop = pdp__now();
+    pdp__prof.on = false;
+    pdp_profile_read(out);
+}
 
 /* ---- threads: per-thread scratch ---- */
 
@@ -106,6 +149,7 @@ typedef struct pdp__pool {
     void *arg;
     int n;       /* indices of the current job; worker w runs index w + 1 */
     int pending; /* workers that have not finished the current job */
+    pdp__profile_state *prof; /* the caller's counters while they are on, else NULL */
 } pdp__pool;
 
 static pdp__pool pdp__the_pool; /* zero: no workers yet */
@@ -120,6 +164,8 @@ static void *pdp__worker_main(void *p)
     for (;;) {
         void (*fn)(void *, int, int);
         void *arg;
+        pdp__profile_state *prof;
+        double t0 = 0.0;
         int n;
         while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pdp__pool_wake, &pdp__pool_lock);
         if (pool->stop) break;
@@ -127,10 +173,13 @@ static void *pdp__worker_main(void *p)
         fn = pool->fn;
         arg = pool->arg;
         n = pool->n;
+        prof = pool->prof;
         if (w + 1 >= n) continue; /* not part of this job */
         pthread_mutex_unlock(&pdp__pool_lock);
+        if (prof) t0 = pdp__now();
         fn(arg, w + 1, n);
         pthread_mutex_lock(&pdp__pool_lock);
+        if (prof) prof->worker_busy_s += pdp__now() - t0;
         if (--pool->pending == 0) pthread_cond_signal(&pdp__pool_done);
     }
     pthread_mutex_unlock(&pdp__pool_lock);
@@ -159,6 +208,7 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
 {
     pdp__pool *pool = &pdp__the_pool;
     int i, helpers;
+    double t0;
     if (n <= 1) {
         if (n == 1) fn(arg, 0, 1);
         return;
@@ -174,6 +224,7 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
     pool->arg = arg;
     pool->n = n;
     pool->pending = helpers;
+    pool->prof = pdp__prof.on ? &pdp__prof : NULL;
     pool->generation++;
     pthread_cond_broadcast(&pdp__pool_wake);
     pthread_mutex_unlock(&pdp__pool_lock);
@@ -181,10 +232,13 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
     fn(arg, 0, n);
     for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
 
+    t0 = pdp__prof.on ? pdp__now() : 0.0;
     pthread_mutex_lock(&pdp__pool_lock);
     while (pool->pending > 0) pthread_cond_wait(&pdp__pool_done, &pdp__pool_lock);
+    pool->prof = NULL;
     pthread_mutex_unlock(&pdp__pool_lock);
     pthread_mutex_unlock(&pdp__pool_busy);
+    if (pdp__prof.on) pdp__prof.join_wait_s += pdp__now() - t0;
 }
 
 PDP_API void pdp_shutdown_threads(void)

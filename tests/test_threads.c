@@ -4,7 +4,10 @@
    caller; two threads that use the pool at once must both finish (the loser of
    the trylock runs its job serially) and get the same GEMM bits as alone; a job
    that calls parallel_for from inside must not deadlock; pdp_shutdown_threads
-   joins the workers and the pool starts again on the next call. Run under TSan by
+   joins the workers and the pool starts again on the next call. The profile
+   (pdp_profile_*): its parts add up within the wall time, each part is at most the
+   time measured around the calls it counts, nothing counts while it is off, and the
+   workers' idle time is (threads - 1) x wall minus their busy parts. Run under TSan by
    `make tsan`. */
 
 #define PDP_IMPLEMENTATION
@@ -191,6 +194,116 @@ TEST threads_scratch_grows_and_is_reused(void)
     PASS();
 }
 
+/* ---- the profile ---- */
+
+static void spin_for(double seconds)
+{
+    double t = pdp__now();
+    volatile double x = 0.0;
+    while (pdp__now() - t < seconds) x += 1.0;
+}
+
+static void spin_part(void *arg, int i, int n)
+{
+    (void)i, (void)n;
+    spin_for(*(const double *)arg);
+}
+
+static pdp_model *profile_mlp(void)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 64;
+    md.seed = 3;
+    if (pdp_model_create(&m, &md) != PDP_OK) return NULL;
+    if (pdp_model_add_linear(m, 96) != PDP_OK || pdp_model_add_relu(m) != PDP_OK ||
+        pdp_model_add_linear(m, 10) != PDP_OK) {
+        pdp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+TEST threads_profile_parts_add_up_and_stop(void)
+{
+    pdp_model *m = profile_mlp();
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor *x = NULL;
+    pdp_profile p, q;
+    int64_t shape[2] = {32, 64};
+    int32_t y[32];
+    double t_fb = 0.0, t_opt = 0.0, t;
+    float loss;
+    pdp_rng r;
+    int i;
+    ASSERT(m != NULL);
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAM;
+    od.lr = 1e-3f;
+    ASSERT_EQ(PDP_OK, pdp_optim_create(&o, m, &od));
+    ASSERT_EQ(PDP_OK, pdp_tensor_create(&x, pdp_cpu(), 2, shape));
+    pdp_rng_seed(&r, 1, 0);
+    ASSERT_EQ(PDP_OK, pdp_tensor_uniform(x, &r, -1.0f, 1.0f));
+    for (i = 0; i < 32; i++) y[i] = i % 10;
+    ASSERT_EQ(PDP_OK, pdp_set_num_threads(1));
+    pdp_profile_start();
+    for (i = 0; i < 30; i++) {
+        t = pdp__now();
+        ASSERT_EQ(PDP_OK, pdp_model_forward_backward(m, x, y, &loss));
+        t_fb += pdp__now() - t;
+        t = pdp__now();
+        ASSERT_EQ(PDP_OK, pdp_optim_step(o));
+        pdp_optim_zero_grad(o);
+        t_opt += pdp__now() - t;
+    }
+    pdp_profile_stop(&p);
+    /* each part happened, and is no more than the time measured around its calls */
+    ASSERT(p.gemm_layers_s > 0.0 && p.other_layers_s > 0.0 && p.loss_s > 0.0);
+    ASSERT(p.optim_s > 0.0 && p.optim_s <= t_opt);
+    ASSERT(p.gemm_layers_s + p.other_layers_s + p.loss_s <= t_fb);
+    ASSERT(p.wall_s >= t_fb + t_opt);
+    ASSERT_IN_RANGE(p.wall_s, p.gemm_layers_s + p.other_layers_s + p.loss_s + p.optim_s +
+                                  p.other_s, 1e-9);
+    ASSERT_EQ(1, p.threads);
+    ASSERT_EQ(0.0, p.idle_s);
+    /* off: nothing more counts, and the wall time stays where stop put it */
+    ASSERT_EQ(PDP_OK, pdp_model_forward_backward(m, x, y, &loss));
+    ASSERT_EQ(PDP_OK, pdp_optim_step(o));
+    pdp_profile_read(&q);
+    ASSERT_EQ(p.wall_s, q.wall_s);
+    ASSERT_EQ(p.gemm_layers_s, q.gemm_layers_s);
+    ASSERT_EQ(p.loss_s, q.loss_s);
+    ASSERT_EQ(p.optim_s, q.optim_s);
+    pdp_profile_stop(NULL); /* NULL is fine */
+    pdp_tensor_free(x);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST threads_profile_idle_is_workers_without_work(void)
+{
+    pdp_profile p;
+    double part = 0.03, serial = 0.06;
+    ASSERT_EQ(PDP_OK, pdp_set_num_threads(2));
+    pdp_profile_start();
+    spin_for(serial);                         /* the worker has nothing to do */
+    pdp__parallel_for(2, spin_part, &part);   /* both busy for `part` */
+    pdp_profile_stop(&p);
+    ASSERT_EQ(2, p.threads);
+    /* idle = the worker's wall minus its busy part, plus the caller's wait for it: at
+       least `serial`; the parallel part counts only as far as one of the two threads
+       waited for the other (a late start d adds d for each: at most 2 wall - serial -
+       2 part), never as a whole */
+    ASSERT(p.wall_s >= serial + part);
+    ASSERT(p.idle_s >= serial * 0.9);
+    ASSERT(p.idle_s <= 2.0 * p.wall_s - serial - 2.0 * part + 1e-3);
+    ASSERT_EQ(PDP_OK, pdp_set_num_threads(1));
+    PASS();
+}
+
 SUITE(threads)
 {
     RUN_TEST(threads_setting_is_per_thread);
@@ -200,6 +313,8 @@ SUITE(threads)
     RUN_TEST(threads_concurrent_callers_do_not_deadlock);
     RUN_TEST(threads_shutdown_then_reuse);
     RUN_TEST(threads_scratch_grows_and_is_reused);
+    RUN_TEST(threads_profile_parts_add_up_and_stop);
+    RUN_TEST(threads_profile_idle_is_workers_without_work);
 }
 
 GREATEST_MAIN_DEFS();
