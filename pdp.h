@@ -502,9 +502,9 @@ typedef struct pdp_model_desc {
     uint64_t seed;           /* parameter initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU */
     pdp_precision precision; /* PDP_PRECISION_BF16: Linear and Conv2d products take bf16
-                                inputs (pdp_gemm_bf16), as torch.autocast; parameters,
-                                gradients, activations and the rest stay fp32. CPU only
-                                (CUDA: PDP_ERR_UNSUPPORTED). Default fp32 */
+                                inputs (pdp_gemm_bf16; on CUDA cuBLAS GemmEx), as
+                                torch.autocast; parameters, gradients, activations and
+                                the rest stay fp32. Default fp32 */
 } pdp_model_desc;
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
@@ -1901,8 +1901,13 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
 
    Numerics. GEMMs run in full FP32 (TF32 off) so GPU results match the CPU to
    about 1e-5 relative; pdp_cuda_set_tf32(true) trades that for tensor-core
-   speed. Element math (activations, dropout masks, optimizer updates) is the
-   same PDP__HOSTDEV code as the CPU's (math.h).
+   speed. A model in bf16 (pdp_model_set_precision) runs its Linear and Conv2d
+   products as cublasGemmEx on bf16 copies of both inputs (rounded as on the CPU)
+   with fp32 output and CUBLAS_COMPUTE_32F: the CPU bf16 model's arithmetic except
+   the order of the fp32 sums; parameters, gradients and optimizer stay fp32. The
+   copies live in one workspace per device, grown on first use. Element math
+   (activations, dropout masks, optimizer updates) is the same PDP__HOSTDEV code
+   as the CPU's (math.h).
 
    Memory. Device buffers come from a caching allocator: freed blocks go back to
    a free list of their size class on their device and are reused, so after
@@ -2007,12 +2012,13 @@ pdp_status pdp_cudak_memcpy(int dst_dev, void *dst, int src_dev, const void *src
 pdp_status pdp_cudak_add(int dev, float *dst, const float *src, int64_t count);
 
 /* layers: forward writes y (and saved); backward writes dx (when not NULL) and
-   accumulates dw, db (+=). */
+   accumulates dw, db (+=). bf16 != 0: the products' inputs in bf16 (pdp_gemm_bf16's
+   rounding; cuBLAS GemmEx, fp32 output), the bias gradient from the fp32 dy. */
 pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float *w, const float *b, float *y,
-                                int64_t batch, int64_t in, int64_t out);
+                                int64_t batch, int64_t in, int64_t out, int bf16);
 pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const float *dy,
                                 float *dw, float *db, float *dx, int64_t batch, int64_t in,
-                                int64_t out);
+                                int64_t out, int bf16);
 pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count);
 pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const float *y,
                              const float *dy, float *dx, int64_t count);
@@ -2028,9 +2034,10 @@ pdp_status pdp_cudak_layernorm_bwd(int dev, const float *x, const float *w, cons
                                    int64_t batch, int64_t n);
 /* work: (C k k + O) Ho Wo floats per sample */
 pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
-                              const float *b, float *y, float *work);
+                              const float *b, float *y, float *work, int bf16);
 pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
-                              const float *dy, float *dw, float *db, float *dx, float *work);
+                              const float *dy, float *dw, float *db, float *dx, float *work,
+                              int bf16);
 pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *x, float *y,
                                  float *argmax);
 pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,
@@ -9815,13 +9822,13 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 static pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->batch,
-                                l->in_count, l->out_features);
+                                l->in_count, l->out_features, io->bf16);
 }
 
 static pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_linear_bwd(io->device.ordinal, io->x, io->w, io->dy, io->dw, io->db, io->dx,
-                                io->batch, l->in_count, l->out_features);
+                                io->batch, l->in_count, l->out_features, io->bf16);
 }
 #endif
 
@@ -10955,14 +10962,15 @@ static pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, in
 static pdp_status pdp__conv_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
-    return pdp_cudak_conv_fwd(io->device.ordinal, &g, io->x, io->w, io->b, io->y, io->work);
+    return pdp_cudak_conv_fwd(io->device.ordinal, &g, io->x, io->w, io->b, io->y, io->work,
+                              io->bf16);
 }
 
 static pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
     return pdp_cudak_conv_bwd(io->device.ordinal, &g, io->x, io->w, io->dy, io->dw, io->db,
-                              io->dx, io->work);
+                              io->dx, io->work, io->bf16);
 }
 #endif
 
@@ -12182,9 +12190,6 @@ PDP_API pdp_status pdp_model_set_precision(pdp_model *m, pdp_precision precision
     if (precision != PDP_PRECISION_FP32 && precision != PDP_PRECISION_BF16)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_set_precision: unknown precision %d",
                         (int)precision);
-    if (precision == PDP_PRECISION_BF16 && m->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_model_set_precision: bf16 runs on the CPU "
-                        "only for now (model on CUDA:%d)", m->device.ordinal);
     m->precision = precision;
     return PDP_OK;
 }
@@ -12275,9 +12280,6 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     *out = NULL;
     if (share_params && device.kind != src->device.kind)
         return pdp__err(PDP_ERR_DEVICE, "a replica can share parameters only on the same device");
-    if (src->precision == PDP_PRECISION_BF16 && device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "a bf16 model has no replica on CUDA:%d yet (bf16 "
-                        "runs on the CPU only)", device.ordinal);
     m = (pdp_model *)pdp__calloc(sizeof *m);
     if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");
     *m = *src;
