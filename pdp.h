@@ -464,10 +464,10 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
    pdp_gemm_bf16 is pdp_sgemm with op(A) and op(B) rounded to bfloat16 (round to
    nearest even, as torch.autocast's casts) and everything else in fp32: products,
    accumulation, alpha, beta and C. The arithmetic, one chain per element of C
-   whatever the path or thread count: k is cut into pairs (2p, 2p + 1) (an odd k gets
-   a zero), and acc += a[2p+1] b[2p+1], then acc += a[2p] b[2p], pair after pair,
-   starting from 0, with subnormal inputs and sums flushed to zero (the rules of
-   AVX512-BF16's vdpbf16ps); then C = alpha acc + beta C (beta C's product rounded
+   whatever the thread count (and the path, but for AMX's order within a pair): k is
+   cut into pairs (2p, 2p + 1) (an odd k gets a zero), and acc += a[2p+1] b[2p+1],
+   then acc += a[2p] b[2p], pair after pair, starting from 0, with subnormal inputs
+   and sums flushed to zero (the rules of AVX512-BF16's vdpbf16ps); then C = alpha acc + beta C (beta C's product rounded
    before the sum; C not read when beta == 0). Paths, chosen at run time by CPUID:
 
      PDP_BF16_PATH_EMULATED  portable C on any CPU; the same bits as AVX512 except
@@ -476,7 +476,12 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
      PDP_BF16_PATH_AVX512    vdpbf16ps (AVX512-BF16, e.g. Cooper Lake, Sapphire Rapids,
                              Zen 4); compiled with a target attribute, so any x86-64
                              build has it unless -DPDP_NO_SIMD
-     PDP_BF16_PATH_AMX       AMX tiles: not implemented yet, never available */
+     PDP_BF16_PATH_AMX       AMX tiles (TDPBF16PS, e.g. Sapphire Rapids): x86-64 Linux, when
+                             CPUID has AMX-BF16 and AMX-TILE, the OS enables the tile state
+                             and grants the process its use (ARCH_REQ_XCOMP_PERM, asked
+                             once); the same chain by Intel's pseudo-code except that each
+                             pair's even product comes first, so its bits may differ from
+                             the others' within the fp32 summation bound (gemm_bf16.c) */
 typedef enum pdp_bf16_path {
     PDP_BF16_PATH_AUTO = 0, /* the fastest available */
     PDP_BF16_PATH_EMULATED = 1,
@@ -492,7 +497,8 @@ typedef enum pdp_precision {
 
 /* x rounded to the nearest bf16 (ties to even; NaN stays NaN), returned as a float. */
 PDP_API float pdp_bf16_round(float x);
-/* The path PDP_BF16_PATH_AUTO takes on this CPU (checked once per process). */
+/* The path PDP_BF16_PATH_AUTO takes on this CPU (checked once per process): AMX, else
+   AVX512, else the emulation. */
 PDP_API pdp_bf16_path pdp_bf16_best_path(void);
 PDP_API bool pdp_bf16_path_available(pdp_bf16_path path);
 PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path); /* "avx512-bf16" */
@@ -527,9 +533,9 @@ typedef struct pdp_model_desc {
     uint64_t seed;           /* parameter initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU */
     pdp_precision precision; /* PDP_PRECISION_BF16: Linear and Conv2d products take bf16
-                                inputs (pdp_gemm_bf16), as torch.autocast; parameters,
-                                gradients, activations and the rest stay fp32. CPU only
-                                (CUDA: PDP_ERR_UNSUPPORTED). Default fp32 */
+                                inputs (pdp_gemm_bf16; on CUDA cuBLAS GemmEx), as
+                                torch.autocast; parameters, gradients, activations and
+                                the rest stay fp32. Default fp32 */
 } pdp_model_desc;
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
@@ -1926,8 +1932,13 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
 
    Numerics. GEMMs run in full FP32 (TF32 off) so GPU results match the CPU to
    about 1e-5 relative; pdp_cuda_set_tf32(true) trades that for tensor-core
-   speed. Element math (activations, dropout masks, optimizer updates) is the
-   same PDP__HOSTDEV code as the CPU's (math.h).
+   speed. A model in bf16 (pdp_model_set_precision) runs its Linear and Conv2d
+   products as cublasGemmEx on bf16 copies of both inputs (rounded as on the CPU)
+   with fp32 output and CUBLAS_COMPUTE_32F: the CPU bf16 model's arithmetic except
+   the order of the fp32 sums; parameters, gradients and optimizer stay fp32. The
+   copies live in one workspace per device, grown on first use. Element math
+   (activations, dropout masks, optimizer updates) is the same PDP__HOSTDEV code
+   as the CPU's (math.h).
 
    Memory. Device buffers come from a caching allocator: freed blocks go back to
    a free list of their size class on their device and are reused, so after
@@ -2032,12 +2043,13 @@ pdp_status pdp_cudak_memcpy(int dst_dev, void *dst, int src_dev, const void *src
 pdp_status pdp_cudak_add(int dev, float *dst, const float *src, int64_t count);
 
 /* layers: forward writes y (and saved); backward writes dx (when not NULL) and
-   accumulates dw, db (+=). */
+   accumulates dw, db (+=). bf16 != 0: the products' inputs in bf16 (pdp_gemm_bf16's
+   rounding; cuBLAS GemmEx, fp32 output), the bias gradient from the fp32 dy. */
 pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float *w, const float *b, float *y,
-                                int64_t batch, int64_t in, int64_t out);
+                                int64_t batch, int64_t in, int64_t out, int bf16);
 pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const float *dy,
                                 float *dw, float *db, float *dx, int64_t batch, int64_t in,
-                                int64_t out);
+                                int64_t out, int bf16);
 pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count);
 pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const float *y,
                              const float *dy, float *dx, int64_t count);
@@ -2053,9 +2065,10 @@ pdp_status pdp_cudak_layernorm_bwd(int dev, const float *x, const float *w, cons
                                    int64_t batch, int64_t n);
 /* work: (C k k + O) Ho Wo floats per sample */
 pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
-                              const float *b, float *y, float *work);
+                              const float *b, float *y, float *work, int bf16);
 pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
-                              const float *dy, float *dw, float *db, float *dx, float *work);
+                              const float *dy, float *dw, float *db, float *dx, float *work,
+                              int bf16);
 pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *x, float *y,
                                  float *argmax);
 pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,
@@ -6208,9 +6221,18 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
      the bits do not depend on the thread count or on how the parts are cut; the
      emulated path gives the AVX512 path's bits except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
-     AVX512 kernel needs AVX512F, AVX512-BF16 and the zmm state enabled; it is
-     compiled under a target attribute, so a plain x86-64 build has it, and
-     -DPDP_NO_SIMD or a non-x86 target leaves only the emulation.
+     AVX512 kernel needs AVX512F, AVX512-BF16 and the zmm state enabled; the AMX
+     kernel AMX-TILE, AMX-BF16, the tile state in XCR0 (bits 17, 18) and Linux's
+     permission to use it (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked
+     once; refused: AVX512 or the emulation). Both are compiled under target
+     attributes, so a plain x86-64 build has them; -DPDP_NO_SIMD or a non-x86 target
+     leaves only the emulation (and AMX needs x86-64 Linux).
+   - AMX's arithmetic (Intel SDM, TDPBF16PS): the same DAZ/FTZ chain of fp32 sums over
+     the pairs in order, but its pseudo-code adds a pair's even product first (the
+     AVX512 path and the emulation add the odd one first), and the SDM does not
+     promise the hardware's internal order; so the AMX path is held to the bound
+     (both are fp32 sums of the same exact products), not to the emulation's bits.
+     It is still deterministic: its chain, too, depends on nothing but k.
    - Memory: packed panels live in the part's thread scratch (pdp__thread_scratch),
      reused from call to call; if it cannot grow, the emulated arithmetic runs
      unpacked, element by element, with the same bits as the emulated path. */
@@ -6231,6 +6253,14 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
 #  include <immintrin.h>
 #else
 #  define PDP__BF16_X86 0
+#endif
+/* AMX: x86-64 Linux (the permission is an arch_prctl) and a compiler with the AMX
+   intrinsics (gcc 11, clang 12) */
+#if PDP__BF16_X86 && defined(__x86_64__) && defined(__linux__) && \
+    (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+#  define PDP__BF16_AMX 1
+#else
+#  define PDP__BF16_AMX 0
 #endif
 
 /* ---- gemm_bf16: rounding and the element chain ---- */
@@ -6265,12 +6295,29 @@ static inline float pdp__bf16_out(float acc, float alpha, float beta, const floa
 
 static pthread_once_t pdp__bf16_once = PTHREAD_ONCE_INIT;
 static int pdp__bf16_has_avx512; /* written once under pdp__bf16_once */
+static int pdp__bf16_has_amx;    /* written once under pdp__bf16_once */
+
+#if PDP__BF16_AMX
+/* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
+   process use the AMX tile data (Linux 5.16 and later; before, or refused: an error).
+   The raw syscall (158 on x86-64): syscall(2) is not declared under strict C99's
+   _POSIX_C_SOURCE. 0 on success, else -errno. */
+static long pdp__bf16_amx_permit(void)
+{
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "0"(158L), "D"(0x1023L), "S"(18L)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+#endif
 
 static void pdp__bf16_detect(void)
 {
 #if PDP__BF16_X86
     unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
-    unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0; /* AMX (d7 bits 22, 24): not written yet */
+    unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
     (void)xcr0_hi;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
@@ -6278,6 +6325,12 @@ static void pdp__bf16_detect(void)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
     pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (a71 & (1u << 5));
+#  if PDP__BF16_AMX
+    /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
+       (18); then the kernel's permission, asked once for the process */
+    pdp__bf16_has_amx = (d7 & (1u << 22)) && (d7 & (1u << 24)) &&
+                        (xcr0_lo & 0x60000u) == 0x60000u && pdp__bf16_amx_permit() == 0;
+#  endif
 #endif
 }
 
@@ -6288,13 +6341,14 @@ PDP_API bool pdp_bf16_path_available(pdp_bf16_path path)
     case PDP_BF16_PATH_AUTO:
     case PDP_BF16_PATH_EMULATED: return true;
     case PDP_BF16_PATH_AVX512: return pdp__bf16_has_avx512 != 0;
-    case PDP_BF16_PATH_AMX: return false; /* not written yet */
+    case PDP_BF16_PATH_AMX: return pdp__bf16_has_amx != 0;
     }
     return false;
 }
 
 PDP_API pdp_bf16_path pdp_bf16_best_path(void)
 {
+    if (pdp_bf16_path_available(PDP_BF16_PATH_AMX)) return PDP_BF16_PATH_AMX;
     return pdp_bf16_path_available(PDP_BF16_PATH_AVX512) ? PDP_BF16_PATH_AVX512
                                                          : PDP_BF16_PATH_EMULATED;
 }
@@ -6400,6 +6454,80 @@ PDP__BF16_TARGET static void pdp__bf16_kernel_avx512(int64_t pairs, const uint32
                 r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
             _mm512_mask_storeu_ps(ci, mask[v], r);
         }
+}
+#endif
+
+#if PDP__BF16_AMX
+/* AMX (palette 1): the MR x NR = 8 x 32 tile of C is two 8-row x 16-column fp32
+   accumulator tiles (tmm0: columns 0-15, tmm1: 16-31), zeroed, then fed 16 pairs (32
+   values of k) at a time: tmm2 holds A's 8 rows x 16 pair words ([row][pair]: the
+   packed panel's [pair][row] words transposed into a), tmm3 and tmm4 B's 16 pair rows
+   x 16 columns each, loaded straight from the packed panel, whose [pair][column] words
+   are AMX's pair ("VNNI") layout, at a row stride of NR words. tmm0 += tmm2 tmm3 and
+   tmm1 += tmm2 tmm4 (TDPBF16PS: dst.row[m].fp32[n] += a.row[m].bf16[2p] b.row[p].bf16[2n]
+   + a.row[m].bf16[2p+1] b.row[p].bf16[2n+1] over the pairs p). A last step with fewer
+   than 16 pairs gets zero pairs in a and in a zero-padded copy of B's rows (zero
+   products: the sums do not change). Rows past mr are the packing's zero rows. The
+   tiles are stored to acc and written to C as the other kernels do; the tile state is
+   configured per call and released before returning. */
+#  define PDP__BF16_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#  define PDP__BF16_KP 16 /* pairs per step: 64 bytes, one tile row of A */
+
+/* the kernel's tiles fit: 8 rows of C and A (<= 16), B tiles 16 columns wide */
+typedef char pdp__bf16_amx_shape_ok[PDP__BF16_MR <= 16 && PDP__BF16_NR == 32 ? 1 : -1];
+
+typedef struct pdp__bf16_tilecfg { /* LDTILECFG's 64-byte operand */
+    uint8_t palette;               /* 1 */
+    uint8_t start_row;             /* 0 */
+    uint8_t reserved[14];          /* zero */
+    uint16_t colsb[16];            /* bytes per row of tile i (unused tiles 0) */
+    uint8_t rows[16];              /* rows of tile i */
+} pdp__bf16_tilecfg;
+
+PDP__BF16_AMX_TARGET static void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
+                                                      const uint32_t *bp, float *c, int64_t ldc,
+                                                      int mr, int nr, float alpha, float beta)
+{
+    pdp__bf16_tilecfg cfg;
+    uint32_t a[PDP__BF16_MR][PDP__BF16_KP];      /* tmm2: A's rows, pairs p0 .. p0 + 15 */
+    uint32_t btail[PDP__BF16_KP][PDP__BF16_NR];  /* B's last rows, zero-padded to 16 */
+    float acc[PDP__BF16_MR][PDP__BF16_NR];       /* tmm0 | tmm1 */
+    int64_t p0;
+    int i, j, p;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    cfg.rows[0] = cfg.rows[1] = PDP__BF16_MR; /* C: 8 rows x 16 fp32 */
+    cfg.colsb[0] = cfg.colsb[1] = 16 * 4;
+    cfg.rows[2] = PDP__BF16_MR; /* A: 8 rows x 16 pairs */
+    cfg.colsb[2] = PDP__BF16_KP * 4;
+    cfg.rows[3] = cfg.rows[4] = PDP__BF16_KP; /* B: 16 pairs x 16 columns */
+    cfg.colsb[3] = cfg.colsb[4] = 16 * 4;
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    for (p0 = 0; p0 < pairs; p0 += PDP__BF16_KP) {
+        int kp = (int)PDP__MIN((int64_t)PDP__BF16_KP, pairs - p0);
+        const uint32_t *b = bp + p0 * PDP__BF16_NR;
+        for (i = 0; i < PDP__BF16_MR; i++)
+            for (p = 0; p < PDP__BF16_KP; p++)
+                a[i][p] = p < kp ? ap[(p0 + p) * PDP__BF16_MR + i] : 0u;
+        if (kp < PDP__BF16_KP) {
+            memcpy(btail, b, (size_t)kp * sizeof btail[0]);
+            memset(btail[kp], 0, (size_t)(PDP__BF16_KP - kp) * sizeof btail[0]);
+            b = &btail[0][0];
+        }
+        _tile_loadd(2, a, PDP__BF16_KP * 4);
+        _tile_loadd(3, b, PDP__BF16_NR * 4);
+        _tile_loadd(4, b + 16, PDP__BF16_NR * 4);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, &acc[0][0], PDP__BF16_NR * 4);
+    _tile_stored(1, &acc[0][16], PDP__BF16_NR * 4);
+    _tile_release();
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j++)
+            c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
 }
 #endif
 
@@ -6527,6 +6655,9 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     g.kernel = pdp__bf16_kernel_emul;
 #if PDP__BF16_X86
     if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
+#endif
+#if PDP__BF16_AMX
+    if (path == PDP_BF16_PATH_AMX) g.kernel = pdp__bf16_kernel_amx;
 #endif
     threads = pdp__threads_for_caller();
     if (2.0 * (double)m * (double)n * (double)k < PDP__BF16_PAR_FLOPS) threads = 1;
@@ -9905,13 +10036,13 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 static pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->batch,
-                                l->in_count, l->out_features);
+                                l->in_count, l->out_features, io->bf16);
 }
 
 static pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_linear_bwd(io->device.ordinal, io->x, io->w, io->dy, io->dw, io->db, io->dx,
-                                io->batch, l->in_count, l->out_features);
+                                io->batch, l->in_count, l->out_features, io->bf16);
 }
 #endif
 
@@ -11045,14 +11176,15 @@ static pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, in
 static pdp_status pdp__conv_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
-    return pdp_cudak_conv_fwd(io->device.ordinal, &g, io->x, io->w, io->b, io->y, io->work);
+    return pdp_cudak_conv_fwd(io->device.ordinal, &g, io->x, io->w, io->b, io->y, io->work,
+                              io->bf16);
 }
 
 static pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
     return pdp_cudak_conv_bwd(io->device.ordinal, &g, io->x, io->w, io->dy, io->dw, io->db,
-                              io->dx, io->work);
+                              io->dx, io->work, io->bf16);
 }
 #endif
 
@@ -12282,9 +12414,6 @@ PDP_API pdp_status pdp_model_set_precision(pdp_model *m, pdp_precision precision
     if (precision != PDP_PRECISION_FP32 && precision != PDP_PRECISION_BF16)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_set_precision: unknown precision %d",
                         (int)precision);
-    if (precision == PDP_PRECISION_BF16 && m->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_model_set_precision: bf16 runs on the CPU "
-                        "only for now (model on CUDA:%d)", m->device.ordinal);
     m->precision = precision;
     return PDP_OK;
 }
@@ -12375,9 +12504,6 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     *out = NULL;
     if (share_params && device.kind != src->device.kind)
         return pdp__err(PDP_ERR_DEVICE, "a replica can share parameters only on the same device");
-    if (src->precision == PDP_PRECISION_BF16 && device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "a bf16 model has no replica on CUDA:%d yet (bf16 "
-                        "runs on the CPU only)", device.ordinal);
     m = (pdp_model *)pdp__calloc(sizeof *m);
     if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");
     *m = *src;

@@ -134,13 +134,14 @@ static pdp_status pdp__cu_nccl_fail(ncclResult_t r, const char *expr, int line)
 /* ---- device context ----
    One per device, created on first use under a mutex and kept for the life of
    the process: the compute stream, the cuBLAS handle bound to it, the caching
-   allocator's blocks, and a grow-only scratch buffer for the losses and norms.
-   A device is normally driven by one host thread at a time (DP, thread-rank
+   allocator's blocks, a grow-only scratch buffer for the losses and norms, and a
+   grow-only workspace for bf16 GEMM inputs. A device is normally driven by one host thread at a time (DP, thread-rank
    DDP), but several may share one (DP with more workers than GPUs): their
    kernels interleave on the one stream, each on its own buffers; the shared
    pieces are guarded - the allocator and the math mode by mu, the scratch by
    scratch_mu from the moment a reduction takes it until its result is on the
-   host. cuBLAS allows several threads on one handle while its settings stay. */
+   host, the bf16 workspace by bf16_mu while a layer enqueues the conversions and
+   the GEMMs that read them (the stream then runs them in that order). cuBLAS allows several threads on one handle while its settings stay. */
 
 typedef struct pdp__cu_block {
     void *p;
@@ -161,6 +162,10 @@ typedef struct pdp__cu_ctx {
     pthread_mutex_t scratch_mu; /* held from taking the scratch until the host has read it */
     void *scratch;            /* losses: labels, per-sample losses, partial sums */
     size_t scratch_bytes;
+    pthread_mutex_t bf16_mu;  /* held from the first conversion into bf16 until the last
+                                 GEMM that reads it is enqueued (see "bf16") */
+    uint16_t *bf16;           /* bf16 precision: the GEMM inputs rounded to bf16 */
+    size_t bf16_bytes;
 } pdp__cu_ctx;
 
 static pdp__cu_ctx pdp__cu_ctxs[PDP__CU_MAX_DEVICES];
@@ -214,6 +219,7 @@ static pdp_status pdp__cu_begin(int dev, pdp__cu_ctx **out)
                 } else {
                     pthread_mutex_init(&c->mu, NULL);
                     pthread_mutex_init(&c->scratch_mu, NULL);
+                    pthread_mutex_init(&c->bf16_mu, NULL);
                     c->tf32 = 0;
                     __atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
                 }
@@ -521,6 +527,74 @@ static pdp_status pdp__cu_sgemm_batched(pdp__cu_ctx *c, bool ta, bool tb, int64_
     return PDP_OK;
 }
 
+/* ---- gemm: bf16 (a model in PDP_PRECISION_BF16) ----
+   As on the CPU (pdp_gemm_bf16), a product's two inputs are rounded to bf16 and the
+   rest is fp32: pdp__bf16_fwd rounds each input with math.h's pdp__bf16_bits (the
+   CPU's rounding, to nearest even) into the device's bf16 workspace, and cuBLAS
+   multiplies the copies with cublasGemmEx: CUDA_R_16BF inputs, CUDA_R_32F output,
+   CUBLAS_COMPUTE_32F (exact products, fp32 sums; cuBLAS's summation order, not the
+   CPU's). The workspace is one buffer per device, grown (through the cache) the
+   first time a layer needs more, so steady training allocates nothing; a layer
+   takes bf16_mu, converts, enqueues its GEMMs and releases it, and the stream runs
+   the next holder's conversions after those GEMMs. */
+
+static __global__ void pdp__bf16_fwd(const float *x, uint16_t *y, int64_t n)
+{
+    PDP__FOR(i, n) y[i] = pdp__bf16_bits(x[i]);
+}
+
+/* bf16 elements from the start of a piece of the workspace to the next: 16-byte
+   aligned, as cuBLAS's tensor-core kernels like */
+static int64_t pdp__bf16_span(int64_t count) { return (count + 7) / 8 * 8; }
+
+/* The workspace, grown to at least count bf16 elements; the caller holds bf16_mu. */
+static pdp_status pdp__cu_bf16_ws(int dev, pdp__cu_ctx *c, int64_t count, uint16_t **out)
+{
+    size_t bytes = (size_t)count * sizeof(uint16_t);
+    pdp_status st;
+    if (c->bf16_bytes < bytes) {
+        void *p;
+        PDP__CU(cudaStreamSynchronize(c->stream)); /* the old one may still be read */
+        if ((st = pdp_cudak_malloc(dev, bytes, &p)) != PDP_OK) return st;
+        pdp_cudak_free(dev, c->bf16);
+        c->bf16 = (uint16_t *)p;
+        c->bf16_bytes = bytes;
+    }
+    *out = c->bf16;
+    return PDP_OK;
+}
+
+/* dst[0, n) = src[0, n) rounded to bf16; returns dst + its span (the next piece). */
+static pdp_status pdp__cu_to_bf16(pdp__cu_ctx *c, const float *src, int64_t n, uint16_t *dst,
+                                  uint16_t **next)
+{
+    pdp__bf16_fwd<<<pdp__cu_grid(n), PDP__CU_THREADS, 0, c->stream>>>(src, dst, n);
+    PDP__LAUNCHED(pdp__bf16_fwd);
+    *next = dst + pdp__bf16_span(n);
+    return PDP_OK;
+}
+
+/* pdp__cu_sgemm_batched on bf16 operands (count 1, strides 0: one GEMM). */
+static pdp_status pdp__cu_gemm_bf16(pdp__cu_ctx *c, bool ta, bool tb, int64_t m, int64_t n,
+                                    int64_t k, const uint16_t *a, int64_t lda, int64_t sa,
+                                    const uint16_t *b, int64_t ldb, int64_t sb, float beta,
+                                    float *cm, int64_t ldc, int64_t sc, int64_t count)
+{
+    const float one = 1.0f;
+    cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (count == 1)
+        PDP__BLAS(cublasGemmEx(c->blas, opb, opa, (int)n, (int)m, (int)k, &one, b, CUDA_R_16BF,
+                               (int)ldb, a, CUDA_R_16BF, (int)lda, &beta, cm, CUDA_R_32F,
+                               (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    else
+        PDP__BLAS(cublasGemmStridedBatchedEx(c->blas, opb, opa, (int)n, (int)m, (int)k, &one, b,
+                                             CUDA_R_16BF, (int)ldb, sb, a, CUDA_R_16BF,
+                                             (int)lda, sa, &beta, cm, CUDA_R_32F, (int)ldc, sc,
+                                             (int)count, CUBLAS_COMPUTE_32F,
+                                             CUBLAS_GEMM_DEFAULT));
+    return PDP_OK;
+}
+
 extern "C" pdp_status pdp_cudak_gemm(int dev, const float *a, const float *b, float *cm,
                                      int64_t m, int64_t n, int64_t k)
 {
@@ -548,9 +622,46 @@ static __global__ void pdp__colsum_bwd(float *db, const float *g, int64_t rows, 
     }
 }
 
+/* bf16, under bf16_mu: y (+)= bf16(x) bf16(W)^T */
+static pdp_status pdp__cu_linear_fwd_bf16(int dev, pdp__cu_ctx *c, const float *x, const float *w,
+                                          float beta, float *y, int64_t batch, int64_t in,
+                                          int64_t out)
+{
+    uint16_t *xb, *wb, *end;
+    pdp_status st;
+    if ((st = pdp__cu_bf16_ws(dev, c, pdp__bf16_span(batch * in) + pdp__bf16_span(out * in),
+                              &xb)) != PDP_OK ||
+        (st = pdp__cu_to_bf16(c, x, batch * in, xb, &wb)) != PDP_OK ||
+        (st = pdp__cu_to_bf16(c, w, out * in, wb, &end)) != PDP_OK)
+        return st;
+    return pdp__cu_gemm_bf16(c, false, true, batch, out, in, xb, in, 0, wb, in, 0, beta, y, out, 0,
+                             1);
+}
+
+/* bf16, under bf16_mu: dW += bf16(dY)^T bf16(X), dX = bf16(dY) bf16(W) */
+static pdp_status pdp__cu_linear_bwd_bf16(int dev, pdp__cu_ctx *c, const float *x, const float *w,
+                                          const float *dy, float *dw, float *dx, int64_t batch,
+                                          int64_t in, int64_t out)
+{
+    uint16_t *dyb, *xb, *wb, *end;
+    int64_t need = pdp__bf16_span(batch * out) + pdp__bf16_span(batch * in) +
+                   (dx ? pdp__bf16_span(out * in) : 0);
+    pdp_status st;
+    if ((st = pdp__cu_bf16_ws(dev, c, need, &dyb)) != PDP_OK ||
+        (st = pdp__cu_to_bf16(c, dy, batch * out, dyb, &xb)) != PDP_OK ||
+        (st = pdp__cu_to_bf16(c, x, batch * in, xb, &wb)) != PDP_OK ||
+        (st = pdp__cu_gemm_bf16(c, true, false, out, in, batch, dyb, out, 0, xb, in, 0, 1.0f, dw,
+                                in, 0, 1)) != PDP_OK)
+        return st;
+    if (!dx) return PDP_OK;
+    if ((st = pdp__cu_to_bf16(c, w, out * in, wb, &end)) != PDP_OK) return st;
+    return pdp__cu_gemm_bf16(c, false, false, batch, in, out, dyb, out, 0, wb, in, 0, 0.0f, dx, in,
+                             0, 1);
+}
+
 extern "C" pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float *w,
                                            const float *b, float *y, int64_t batch, int64_t in,
-                                           int64_t out)
+                                           int64_t out, int bf16)
 {
     pdp__cu_ctx *c;
     pdp_status st;
@@ -562,24 +673,36 @@ extern "C" pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float 
         PDP__LAUNCHED(pdp__bias_rows_fwd);
         beta = 1.0f;
     }
+    if (bf16) {
+        pthread_mutex_lock(&c->bf16_mu);
+        st = pdp__cu_linear_fwd_bf16(dev, c, x, w, beta, y, batch, in, out);
+        pthread_mutex_unlock(&c->bf16_mu);
+        return st;
+    }
     return pdp__cu_sgemm(c, false, true, batch, out, in, x, in, w, in, beta, y, out);
 }
 
 extern "C" pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w,
                                            const float *dy, float *dw, float *db, float *dx,
-                                           int64_t batch, int64_t in, int64_t out)
+                                           int64_t batch, int64_t in, int64_t out, int bf16)
 {
     pdp__cu_ctx *c;
     pdp_status st;
     if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
-    /* dW [out, in] += dY^T X */
-    if ((st = pdp__cu_sgemm(c, true, false, out, in, batch, dy, out, x, in, 1.0f, dw, in)) != PDP_OK)
+    if (bf16) { /* both products (db below takes the fp32 dY, as on the CPU) */
+        pthread_mutex_lock(&c->bf16_mu);
+        st = pdp__cu_linear_bwd_bf16(dev, c, x, w, dy, dw, dx, batch, in, out);
+        pthread_mutex_unlock(&c->bf16_mu);
+        if (st != PDP_OK) return st;
+    } else if ((st = pdp__cu_sgemm(c, true, false, out, in, batch, dy, out, x, in, 1.0f, dw,
+                                   in)) != PDP_OK) { /* dW [out, in] += dY^T X */
         return st;
+    }
     if (db) {
         pdp__colsum_bwd<<<pdp__cu_grid(out), PDP__CU_THREADS, 0, c->stream>>>(db, dy, batch, out);
         PDP__LAUNCHED(pdp__colsum_bwd);
     }
-    if (dx) /* dX = dY W */
+    if (dx && !bf16) /* dX = dY W */
         return pdp__cu_sgemm(c, false, false, batch, in, out, dy, out, w, in, 0.0f, dx, in);
     return PDP_OK;
 }
@@ -876,8 +999,50 @@ static __global__ void pdp__rowsum_bwd(const float *dyt, float *db, int64_t cols
     if (threadIdx.x == 0) db[blockIdx.x] += (float)total;
 }
 
+/* bf16, under bf16_mu: y_s (+)= bf16(W) bf16(col_s) */
+static pdp_status pdp__cu_conv_fwd_bf16(int dev, pdp__cu_ctx *c, const pdp_cudak_conv *g,
+                                        const float *w, const float *col, float beta, float *y)
+{
+    int64_t hw = g->Ho * g->Wo, ld = g->batch * hw, ckk = g->C * g->k * g->k;
+    uint16_t *wb, *colb, *end;
+    pdp_status st;
+    if ((st = pdp__cu_bf16_ws(dev, c, pdp__bf16_span(g->O * ckk) + pdp__bf16_span(ckk * ld),
+                              &wb)) != PDP_OK ||
+        (st = pdp__cu_to_bf16(c, w, g->O * ckk, wb, &colb)) != PDP_OK ||
+        (st = pdp__cu_to_bf16(c, col, ckk * ld, colb, &end)) != PDP_OK)
+        return st;
+    return pdp__cu_gemm_bf16(c, false, false, g->O, hw, ckk, wb, ckk, 0, colb, ld, hw, beta, y, hw,
+                             g->O * hw, g->batch);
+}
+
+/* bf16, under bf16_mu: dW += bf16(dyt) bf16(col)^T; with dx, dcol_s = bf16(W)^T bf16(dy_s)
+   into col */
+static pdp_status pdp__cu_conv_bwd_bf16(int dev, pdp__cu_ctx *c, const pdp_cudak_conv *g,
+                                        const float *w, const float *dy, const float *dyt,
+                                        float *col, float *dw, bool dx)
+{
+    int64_t hw = g->Ho * g->Wo, ld = g->batch * hw, ckk = g->C * g->k * g->k;
+    int64_t need = pdp__bf16_span(g->O * ld) + pdp__bf16_span(ckk * ld) +
+                   (dx ? pdp__bf16_span(g->O * ckk) + pdp__bf16_span(g->O * ld) : 0);
+    uint16_t *dytb, *colb, *wb, *dyb, *end;
+    pdp_status st;
+    if ((st = pdp__cu_bf16_ws(dev, c, need, &dytb)) != PDP_OK ||
+        (st = pdp__cu_to_bf16(c, dyt, g->O * ld, dytb, &colb)) != PDP_OK ||
+        (st = pdp__cu_to_bf16(c, col, ckk * ld, colb, &wb)) != PDP_OK ||
+        (st = pdp__cu_gemm_bf16(c, false, true, g->O, ckk, ld, dytb, ld, 0, colb, ld, 0, 1.0f, dw,
+                                ckk, 0, 1)) != PDP_OK)
+        return st;
+    if (!dx) return PDP_OK;
+    if ((st = pdp__cu_to_bf16(c, w, g->O * ckk, wb, &dyb)) != PDP_OK ||
+        (st = pdp__cu_to_bf16(c, dy, g->O * ld, dyb, &end)) != PDP_OK)
+        return st;
+    return pdp__cu_gemm_bf16(c, true, false, ckk, hw, g->O, wb, ckk, 0, dyb, hw, g->O * hw, 0.0f,
+                             col, ld, hw, g->batch);
+}
+
 extern "C" pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const float *x,
-                                         const float *w, const float *b, float *y, float *work)
+                                         const float *w, const float *b, float *y, float *work,
+                                         int bf16)
 {
     pdp__cu_ctx *c;
     pdp_status st;
@@ -893,6 +1058,12 @@ extern "C" pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const
         PDP__LAUNCHED(pdp__conv_bias_fwd);
         beta = 1.0f;
     }
+    if (bf16) {
+        pthread_mutex_lock(&c->bf16_mu);
+        st = pdp__cu_conv_fwd_bf16(dev, c, g, w, work, beta, y);
+        pthread_mutex_unlock(&c->bf16_mu);
+        return st;
+    }
     /* y_s [O, hw] (+)= W [O, ckk] col_s [ckk, hw] (ld ld, stride hw) */
     return pdp__cu_sgemm_batched(c, false, false, g->O, hw, ckk, w, ckk, 0, work, ld, hw, beta, y,
                                  hw, g->O * hw, g->batch);
@@ -900,7 +1071,7 @@ extern "C" pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const
 
 extern "C" pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const float *x,
                                          const float *w, const float *dy, float *dw, float *db,
-                                         float *dx, float *work)
+                                         float *dx, float *work, int bf16)
 {
     pdp__cu_ctx *c;
     pdp_status st;
@@ -917,15 +1088,22 @@ extern "C" pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const
         pdp__rowsum_bwd<<<(unsigned)g->O, PDP__CU_THREADS, 0, c->stream>>>(dyt, db, ld);
         PDP__LAUNCHED(pdp__rowsum_bwd);
     }
-    /* dW [O, ckk] += dyt [O, ld] col^T */
-    if ((st = pdp__cu_sgemm(c, false, true, g->O, ckk, ld, dyt, ld, col, ld, 1.0f, dw, ckk)) !=
-        PDP_OK)
-        return st;
-    if (!dx) return PDP_OK;
-    /* dcol_s [ckk, hw] = W^T [ckk, O] dy_s [O, hw], into the column matrix */
-    if ((st = pdp__cu_sgemm_batched(c, true, false, ckk, hw, g->O, w, ckk, 0, dy, hw, g->O * hw,
-                                    0.0f, col, ld, hw, g->batch)) != PDP_OK)
-        return st;
+    if (bf16) { /* both products (db above took the fp32 dyt, as on the CPU) */
+        pthread_mutex_lock(&c->bf16_mu);
+        st = pdp__cu_conv_bwd_bf16(dev, c, g, w, dy, dyt, col, dw, dx != NULL);
+        pthread_mutex_unlock(&c->bf16_mu);
+        if (st != PDP_OK || !dx) return st;
+    } else {
+        /* dW [O, ckk] += dyt [O, ld] col^T */
+        if ((st = pdp__cu_sgemm(c, false, true, g->O, ckk, ld, dyt, ld, col, ld, 1.0f, dw,
+                                ckk)) != PDP_OK)
+            return st;
+        if (!dx) return PDP_OK;
+        /* dcol_s [ckk, hw] = W^T [ckk, O] dy_s [O, hw], into the column matrix */
+        if ((st = pdp__cu_sgemm_batched(c, true, false, ckk, hw, g->O, w, ckk, 0, dy, hw,
+                                        g->O * hw, 0.0f, col, ld, hw, g->batch)) != PDP_OK)
+            return st;
+    }
     pdp__col2im_bwd<<<pdp__cu_grid(g->batch * g->C * g->H * g->W), PDP__CU_THREADS, 0, c->stream>>>(
         col, dx, *g);
     PDP__LAUNCHED(pdp__col2im_bwd);

@@ -14,8 +14,13 @@
 
    Numerics. GEMMs run in full FP32 (TF32 off) so GPU results match the CPU to
    about 1e-5 relative; pdp_cuda_set_tf32(true) trades that for tensor-core
-   speed. Element math (activations, dropout masks, optimizer updates) is the
-   same PDP__HOSTDEV code as the CPU's (math.h).
+   speed. A model in bf16 (pdp_model_set_precision) runs its Linear and Conv2d
+   products as cublasGemmEx on bf16 copies of both inputs (rounded as on the CPU)
+   with fp32 output and CUBLAS_COMPUTE_32F: the CPU bf16 model's arithmetic except
+   the order of the fp32 sums; parameters, gradients and optimizer stay fp32. The
+   copies live in one workspace per device, grown on first use. Element math
+   (activations, dropout masks, optimizer updates) is the same PDP__HOSTDEV code
+   as the CPU's (math.h).
 
    Memory. Device buffers come from a caching allocator: freed blocks go back to
    a free list of their size class on their device and are reused, so after
@@ -120,12 +125,13 @@ pdp_status pdp_cudak_memcpy(int dst_dev, void *dst, int src_dev, const void *src
 pdp_status pdp_cudak_add(int dev, float *dst, const float *src, int64_t count);
 
 /* layers: forward writes y (and saved); backward writes dx (when not NULL) and
-   accumulates dw, db (+=). */
+   accumulates dw, db (+=). bf16 != 0: the products' inputs in bf16 (pdp_gemm_bf16's
+   rounding; cuBLAS GemmEx, fp32 output), the bias gradient from the fp32 dy. */
 pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float *w, const float *b, float *y,
-                                int64_t batch, int64_t in, int64_t out);
+                                int64_t batch, int64_t in, int64_t out, int bf16);
 pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const float *dy,
                                 float *dw, float *db, float *dx, int64_t batch, int64_t in,
-                                int64_t out);
+                                int64_t out, int bf16);
 pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count);
 pdp_status pdp_cudak_act_bwd(int dev, pdp_cudak_act act, const float *x, const float *y,
                              const float *dy, float *dx, int64_t count);
@@ -141,9 +147,10 @@ pdp_status pdp_cudak_layernorm_bwd(int dev, const float *x, const float *w, cons
                                    int64_t batch, int64_t n);
 /* work: (C k k + O) Ho Wo floats per sample */
 pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
-                              const float *b, float *y, float *work);
+                              const float *b, float *y, float *work, int bf16);
 pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
-                              const float *dy, float *dw, float *db, float *dx, float *work);
+                              const float *dy, float *dw, float *db, float *dx, float *work,
+                              int bf16);
 pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *x, float *y,
                                  float *argmax);
 pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,

@@ -21,10 +21,10 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
    pdp_gemm_bf16 is pdp_sgemm with op(A) and op(B) rounded to bfloat16 (round to
    nearest even, as torch.autocast's casts) and everything else in fp32: products,
    accumulation, alpha, beta and C. The arithmetic, one chain per element of C
-   whatever the path or thread count: k is cut into pairs (2p, 2p + 1) (an odd k gets
-   a zero), and acc += a[2p+1] b[2p+1], then acc += a[2p] b[2p], pair after pair,
-   starting from 0, with subnormal inputs and sums flushed to zero (the rules of
-   AVX512-BF16's vdpbf16ps); then C = alpha acc + beta C (beta C's product rounded
+   whatever the thread count (and the path, but for AMX's order within a pair): k is
+   cut into pairs (2p, 2p + 1) (an odd k gets a zero), and acc += a[2p+1] b[2p+1],
+   then acc += a[2p] b[2p], pair after pair, starting from 0, with subnormal inputs
+   and sums flushed to zero (the rules of AVX512-BF16's vdpbf16ps); then C = alpha acc + beta C (beta C's product rounded
    before the sum; C not read when beta == 0). Paths, chosen at run time by CPUID:
 
      PDP_BF16_PATH_EMULATED  portable C on any CPU; the same bits as AVX512 except
@@ -33,7 +33,12 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
      PDP_BF16_PATH_AVX512    vdpbf16ps (AVX512-BF16, e.g. Cooper Lake, Sapphire Rapids,
                              Zen 4); compiled with a target attribute, so any x86-64
                              build has it unless -DPDP_NO_SIMD
-     PDP_BF16_PATH_AMX       AMX tiles: not implemented yet, never available */
+     PDP_BF16_PATH_AMX       AMX tiles (TDPBF16PS, e.g. Sapphire Rapids): x86-64 Linux, when
+                             CPUID has AMX-BF16 and AMX-TILE, the OS enables the tile state
+                             and grants the process its use (ARCH_REQ_XCOMP_PERM, asked
+                             once); the same chain by Intel's pseudo-code except that each
+                             pair's even product comes first, so its bits may differ from
+                             the others' within the fp32 summation bound (gemm_bf16.c) */
 typedef enum pdp_bf16_path {
     PDP_BF16_PATH_AUTO = 0, /* the fastest available */
     PDP_BF16_PATH_EMULATED = 1,
@@ -49,7 +54,8 @@ typedef enum pdp_precision {
 
 /* x rounded to the nearest bf16 (ties to even; NaN stays NaN), returned as a float. */
 PDP_API float pdp_bf16_round(float x);
-/* The path PDP_BF16_PATH_AUTO takes on this CPU (checked once per process). */
+/* The path PDP_BF16_PATH_AUTO takes on this CPU (checked once per process): AMX, else
+   AVX512, else the emulation. */
 PDP_API pdp_bf16_path pdp_bf16_best_path(void);
 PDP_API bool pdp_bf16_path_available(pdp_bf16_path path);
 PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path); /* "avx512-bf16" */

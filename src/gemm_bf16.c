@@ -17,9 +17,18 @@
      the bits do not depend on the thread count or on how the parts are cut; the
      emulated path gives the AVX512 path's bits except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
-     AVX512 kernel needs AVX512F, AVX512-BF16 and the zmm state enabled; it is
-     compiled under a target attribute, so a plain x86-64 build has it, and
-     -DPDP_NO_SIMD or a non-x86 target leaves only the emulation.
+     AVX512 kernel needs AVX512F, AVX512-BF16 and the zmm state enabled; the AMX
+     kernel AMX-TILE, AMX-BF16, the tile state in XCR0 (bits 17, 18) and Linux's
+     permission to use it (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked
+     once; refused: AVX512 or the emulation). Both are compiled under target
+     attributes, so a plain x86-64 build has them; -DPDP_NO_SIMD or a non-x86 target
+     leaves only the emulation (and AMX needs x86-64 Linux).
+   - AMX's arithmetic (Intel SDM, TDPBF16PS): the same DAZ/FTZ chain of fp32 sums over
+     the pairs in order, but its pseudo-code adds a pair's even product first (the
+     AVX512 path and the emulation add the odd one first), and the SDM does not
+     promise the hardware's internal order; so the AMX path is held to the bound
+     (both are fp32 sums of the same exact products), not to the emulation's bits.
+     It is still deterministic: its chain, too, depends on nothing but k.
    - Memory: packed panels live in the part's thread scratch (pdp__thread_scratch),
      reused from call to call; if it cannot grow, the emulated arithmetic runs
      unpacked, element by element, with the same bits as the emulated path. */
@@ -40,6 +49,14 @@
 #  include <immintrin.h>
 #else
 #  define PDP__BF16_X86 0
+#endif
+/* AMX: x86-64 Linux (the permission is an arch_prctl) and a compiler with the AMX
+   intrinsics (gcc 11, clang 12) */
+#if PDP__BF16_X86 && defined(__x86_64__) && defined(__linux__) && \
+    (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+#  define PDP__BF16_AMX 1
+#else
+#  define PDP__BF16_AMX 0
 #endif
 
 /* ---- gemm_bf16: rounding and the element chain ---- */
@@ -74,12 +91,29 @@ static inline float pdp__bf16_out(float acc, float alpha, float beta, const floa
 
 static pthread_once_t pdp__bf16_once = PTHREAD_ONCE_INIT;
 static int pdp__bf16_has_avx512; /* written once under pdp__bf16_once */
+static int pdp__bf16_has_amx;    /* written once under pdp__bf16_once */
+
+#if PDP__BF16_AMX
+/* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
+   process use the AMX tile data (Linux 5.16 and later; before, or refused: an error).
+   The raw syscall (158 on x86-64): syscall(2) is not declared under strict C99's
+   _POSIX_C_SOURCE. 0 on success, else -errno. */
+static long pdp__bf16_amx_permit(void)
+{
+    long ret;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "0"(158L), "D"(0x1023L), "S"(18L)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+#endif
 
 static void pdp__bf16_detect(void)
 {
 #if PDP__BF16_X86
     unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
-    unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0; /* AMX (d7 bits 22, 24): not written yet */
+    unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
     (void)xcr0_hi;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
@@ -87,6 +121,12 @@ static void pdp__bf16_detect(void)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
     pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (a71 & (1u << 5));
+#  if PDP__BF16_AMX
+    /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
+       (18); then the kernel's permission, asked once for the process */
+    pdp__bf16_has_amx = (d7 & (1u << 22)) && (d7 & (1u << 24)) &&
+                        (xcr0_lo & 0x60000u) == 0x60000u && pdp__bf16_amx_permit() == 0;
+#  endif
 #endif
 }
 
@@ -97,13 +137,14 @@ PDP_API bool pdp_bf16_path_available(pdp_bf16_path path)
     case PDP_BF16_PATH_AUTO:
     case PDP_BF16_PATH_EMULATED: return true;
     case PDP_BF16_PATH_AVX512: return pdp__bf16_has_avx512 != 0;
-    case PDP_BF16_PATH_AMX: return false; /* not written yet */
+    case PDP_BF16_PATH_AMX: return pdp__bf16_has_amx != 0;
     }
     return false;
 }
 
 PDP_API pdp_bf16_path pdp_bf16_best_path(void)
 {
+    if (pdp_bf16_path_available(PDP_BF16_PATH_AMX)) return PDP_BF16_PATH_AMX;
     return pdp_bf16_path_available(PDP_BF16_PATH_AVX512) ? PDP_BF16_PATH_AVX512
                                                          : PDP_BF16_PATH_EMULATED;
 }
@@ -209,6 +250,80 @@ PDP__BF16_TARGET static void pdp__bf16_kernel_avx512(int64_t pairs, const uint32
                 r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
             _mm512_mask_storeu_ps(ci, mask[v], r);
         }
+}
+#endif
+
+#if PDP__BF16_AMX
+/* AMX (palette 1): the MR x NR = 8 x 32 tile of C is two 8-row x 16-column fp32
+   accumulator tiles (tmm0: columns 0-15, tmm1: 16-31), zeroed, then fed 16 pairs (32
+   values of k) at a time: tmm2 holds A's 8 rows x 16 pair words ([row][pair]: the
+   packed panel's [pair][row] words transposed into a), tmm3 and tmm4 B's 16 pair rows
+   x 16 columns each, loaded straight from the packed panel, whose [pair][column] words
+   are AMX's pair ("VNNI") layout, at a row stride of NR words. tmm0 += tmm2 tmm3 and
+   tmm1 += tmm2 tmm4 (TDPBF16PS: dst.row[m].fp32[n] += a.row[m].bf16[2p] b.row[p].bf16[2n]
+   + a.row[m].bf16[2p+1] b.row[p].bf16[2n+1] over the pairs p). A last step with fewer
+   than 16 pairs gets zero pairs in a and in a zero-padded copy of B's rows (zero
+   products: the sums do not change). Rows past mr are the packing's zero rows. The
+   tiles are stored to acc and written to C as the other kernels do; the tile state is
+   configured per call and released before returning. */
+#  define PDP__BF16_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#  define PDP__BF16_KP 16 /* pairs per step: 64 bytes, one tile row of A */
+
+/* the kernel's tiles fit: 8 rows of C and A (<= 16), B tiles 16 columns wide */
+typedef char pdp__bf16_amx_shape_ok[PDP__BF16_MR <= 16 && PDP__BF16_NR == 32 ? 1 : -1];
+
+typedef struct pdp__bf16_tilecfg { /* LDTILECFG's 64-byte operand */
+    uint8_t palette;               /* 1 */
+    uint8_t start_row;             /* 0 */
+    uint8_t reserved[14];          /* zero */
+    uint16_t colsb[16];            /* bytes per row of tile i (unused tiles 0) */
+    uint8_t rows[16];              /* rows of tile i */
+} pdp__bf16_tilecfg;
+
+PDP__BF16_AMX_TARGET static void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
+                                                      const uint32_t *bp, float *c, int64_t ldc,
+                                                      int mr, int nr, float alpha, float beta)
+{
+    pdp__bf16_tilecfg cfg;
+    uint32_t a[PDP__BF16_MR][PDP__BF16_KP];      /* tmm2: A's rows, pairs p0 .. p0 + 15 */
+    uint32_t btail[PDP__BF16_KP][PDP__BF16_NR];  /* B's last rows, zero-padded to 16 */
+    float acc[PDP__BF16_MR][PDP__BF16_NR];       /* tmm0 | tmm1 */
+    int64_t p0;
+    int i, j, p;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    cfg.rows[0] = cfg.rows[1] = PDP__BF16_MR; /* C: 8 rows x 16 fp32 */
+    cfg.colsb[0] = cfg.colsb[1] = 16 * 4;
+    cfg.rows[2] = PDP__BF16_MR; /* A: 8 rows x 16 pairs */
+    cfg.colsb[2] = PDP__BF16_KP * 4;
+    cfg.rows[3] = cfg.rows[4] = PDP__BF16_KP; /* B: 16 pairs x 16 columns */
+    cfg.colsb[3] = cfg.colsb[4] = 16 * 4;
+    _tile_loadconfig(&cfg);
+    _tile_zero(0);
+    _tile_zero(1);
+    for (p0 = 0; p0 < pairs; p0 += PDP__BF16_KP) {
+        int kp = (int)PDP__MIN((int64_t)PDP__BF16_KP, pairs - p0);
+        const uint32_t *b = bp + p0 * PDP__BF16_NR;
+        for (i = 0; i < PDP__BF16_MR; i++)
+            for (p = 0; p < PDP__BF16_KP; p++)
+                a[i][p] = p < kp ? ap[(p0 + p) * PDP__BF16_MR + i] : 0u;
+        if (kp < PDP__BF16_KP) {
+            memcpy(btail, b, (size_t)kp * sizeof btail[0]);
+            memset(btail[kp], 0, (size_t)(PDP__BF16_KP - kp) * sizeof btail[0]);
+            b = &btail[0][0];
+        }
+        _tile_loadd(2, a, PDP__BF16_KP * 4);
+        _tile_loadd(3, b, PDP__BF16_NR * 4);
+        _tile_loadd(4, b + 16, PDP__BF16_NR * 4);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, &acc[0][0], PDP__BF16_NR * 4);
+    _tile_stored(1, &acc[0][16], PDP__BF16_NR * 4);
+    _tile_release();
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j++)
+            c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
 }
 #endif
 
@@ -336,6 +451,9 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     g.kernel = pdp__bf16_kernel_emul;
 #if PDP__BF16_X86
     if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
+#endif
+#if PDP__BF16_AMX
+    if (path == PDP_BF16_PATH_AMX) g.kernel = pdp__bf16_kernel_amx;
 #endif
     threads = pdp__threads_for_caller();
     if (2.0 * (double)m * (double)n * (double)k < PDP__BF16_PAR_FLOPS) threads = 1;

@@ -205,13 +205,13 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 static pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->batch,
-                                l->in_count, l->out_features);
+                                l->in_count, l->out_features, io->bf16);
 }
 
 static pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_linear_bwd(io->device.ordinal, io->x, io->w, io->dy, io->dw, io->db, io->dx,
-                                io->batch, l->in_count, l->out_features);
+                                io->batch, l->in_count, l->out_features, io->bf16);
 }
 #endif
 

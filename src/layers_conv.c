@@ -715,14 +715,15 @@ static pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, in
 static pdp_status pdp__conv_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
-    return pdp_cudak_conv_fwd(io->device.ordinal, &g, io->x, io->w, io->b, io->y, io->work);
+    return pdp_cudak_conv_fwd(io->device.ordinal, &g, io->x, io->w, io->b, io->y, io->work,
+                              io->bf16);
 }
 
 static pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
     return pdp_cudak_conv_bwd(io->device.ordinal, &g, io->x, io->w, io->dy, io->dw, io->db,
-                              io->dx, io->work);
+                              io->dx, io->work, io->bf16);
 }
 #endif
 

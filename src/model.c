@@ -589,9 +589,6 @@ PDP_API pdp_status pdp_model_set_precision(pdp_model *m, pdp_precision precision
     if (precision != PDP_PRECISION_FP32 && precision != PDP_PRECISION_BF16)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_set_precision: unknown precision %d",
                         (int)precision);
-    if (precision == PDP_PRECISION_BF16 && m->device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_model_set_precision: bf16 runs on the CPU "
-                        "only for now (model on CUDA:%d)", m->device.ordinal);
     m->precision = precision;
     return PDP_OK;
 }
@@ -682,9 +679,6 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     *out = NULL;
     if (share_params && device.kind != src->device.kind)
         return pdp__err(PDP_ERR_DEVICE, "a replica can share parameters only on the same device");
-    if (src->precision == PDP_PRECISION_BF16 && device.kind != PDP_DEVICE_CPU)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "a bf16 model has no replica on CUDA:%d yet (bf16 "
-                        "runs on the CPU only)", device.ordinal);
     m = (pdp_model *)pdp__calloc(sizeof *m);
     if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");
     *m = *src;

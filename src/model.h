@@ -17,9 +17,9 @@ typedef struct pdp_model_desc {
     uint64_t seed;           /* parameter initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU */
     pdp_precision precision; /* PDP_PRECISION_BF16: Linear and Conv2d products take bf16
-                                inputs (pdp_gemm_bf16), as torch.autocast; parameters,
-                                gradients, activations and the rest stay fp32. CPU only
-                                (CUDA: PDP_ERR_UNSUPPORTED). Default fp32 */
+                                inputs (pdp_gemm_bf16; on CUDA cuBLAS GemmEx), as
+                                torch.autocast; parameters, gradients, activations and
+                                the rest stay fp32. Default fp32 */
 } pdp_model_desc;
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);

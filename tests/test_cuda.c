@@ -15,6 +15,8 @@
    present (at least two workers, so one GPU still runs DP's multi-worker path)
    against one CPU model on the global batch, tensor and pipeline parallelism
    over NCCL (2-4 GPUs; 2-D DP x TP and DP x PP on 4) against one CPU model;
+   bf16 precision (one Linear element by element against bounds; MLP and CNN
+   training against the CPU's bf16 and the GPU's fp32 training, tolerances stated there);
    plus "a step allocates nothing"
    through the caching allocator's counters, for one model and for DP. Cases
    that random data never reach have tests of their own (each added after a
@@ -748,6 +750,215 @@ TEST cuda_tf32_option_changes_gemm_only_slightly(void)
     pdp_tensor_free(xg);
     pdp_model_free(mc);
     pdp_model_free(mg);
+    PASS();
+}
+
+/* ---- with PDP_CUDA: bf16 precision (cuBLAS GemmEx on bf16 copies) ----
+   One Linear layer, forward and backward, element by element against double sums of
+   the same bf16-rounded inputs: every product a_bf b_bf is exact in fp32 and only the
+   order of the fp32 sums differs between the GPU and the CPU, so each side is within
+   (k + 2) u sum |a_bf b_bf| of the exact sum (u = 2^-24 for a rounded sum; the GPU's
+   bound is doubled: tensor cores may truncate instead of rounding their fp32 sums) and
+   the two within the sum of both bounds. Against the fp32 inputs the GPU adds at most
+   (2^-7 + 2^-16) sum |a b| (each bf16 rounding moves an input by 2^-8 of itself). */
+
+/* exact[i, j] = sum_l a(i, l) b(l, j) in double, of bf16-rounded (rnd) or fp32 inputs;
+   mag the sum of |products|; a(i, l) = a[i sai + l sal], b(l, j) = b[l sbl + j sbj] */
+static void bf16_ref(int64_t m, int64_t n, int64_t k, const float *a, int64_t sai,
+                     int64_t sal, const float *b, int64_t sbl, int64_t sbj, bool rnd,
+                     double *exact, double *mag)
+{
+    int64_t i, j, l;
+    for (i = 0; i < m; i++)
+        for (j = 0; j < n; j++) {
+            double s = 0.0, g = 0.0;
+            for (l = 0; l < k; l++) {
+                float x = a[i * sai + l * sal], y = b[l * sbl + j * sbj];
+                double t = rnd ? (double)pdp_bf16_round(x) * pdp_bf16_round(y) : (double)x * y;
+                s += t;
+                g += fabs(t);
+            }
+            exact[i * n + j] = s;
+            mag[i * n + j] = g;
+        }
+}
+
+/* gpu and cpu (the CPU bf16 model's) against the bounds above; add (bias, may be NULL,
+   indexed by j) is in both sums */
+static int bf16_check(const char *what, const float *gpu, const float *cpu, int64_t m, int64_t n,
+                      int64_t k, const float *a, int64_t sai, int64_t sal, const float *b,
+                      int64_t sbl, int64_t sbj, const float *add, char *msg, size_t cap)
+{
+    double *e = (double *)malloc(sizeof(double) * (size_t)(m * n * 4)), *g = e + m * n;
+    double *e32 = g + m * n, *g32 = e32 + m * n;
+    double u = ldexp(1.0, -24);
+    int64_t i, j;
+    int bad = 0;
+    bf16_ref(m, n, k, a, sai, sal, b, sbl, sbj, true, e, g);
+    bf16_ref(m, n, k, a, sai, sal, b, sbl, sbj, false, e32, g32);
+    for (i = 0; i < m * n && !bad; i++) {
+        double c = add ? add[i % n] : 0.0, x = gpu[i];
+        double mg = g[i] + fabs(c), tg = (double)(k + 2) * 2.0 * u * mg + 1e-30;
+        double tc = (double)(k + 2) * u * mg + 1e-30;
+        double t32 = tg + (ldexp(1.0, -7) + ldexp(1.0, -16)) * g32[i];
+        j = i % n;
+        if (fabs(x - (e[i] + c)) > tg || fabs(x - cpu[i]) > tg + tc ||
+            fabs(x - (e32[i] + c)) > t32) {
+            snprintf(msg, cap, "%s[%lld][%lld]: GPU %.9g, CPU bf16 %.9g, exact of bf16 %.9g "
+                     "(bound %.3g), exact of fp32 %.9g (bound %.3g)", what, (long long)(i / n),
+                     (long long)j, x, (double)cpu[i], e[i] + c, tg, e32[i] + c, t32);
+            bad = 1;
+        }
+    }
+    free(e);
+    return bad;
+}
+
+TEST cuda_bf16_linear_matches_cpu_bf16_and_fp32(void)
+{
+    enum { IN = 37, OUT = 19 };
+    pdp_model *mc = NULL, *mg = NULL;
+    pdp_model_desc d;
+    pdp_tensor *xc = NULL, *xg = NULL, *dyc = NULL, *dyg = NULL, *dxg = NULL, gp, gg;
+    pdp_param wc, bc;
+    const pdp_tensor *yc, *yg;
+    float dxc[B * IN];
+    float *yh = NULL, *gh = NULL, *dxh = NULL;
+    int64_t shape[2] = {B, OUT};
+    static char msg[320];
+    int bad;
+    NEED_GPU();
+    memset(&d, 0, sizeof d);
+    d.seed = 31;
+    d.input_shape[0] = IN;
+    d.precision = PDP_PRECISION_BF16;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&mc, &d), pdp_status_name);
+    d.device = pdp_cuda(0);
+    ASSERTm(pdp_last_error(), pdp_model_create(&mg, &d) == PDP_OK);
+    ASSERT_EQ(PDP_PRECISION_BF16, pdp_model_precision(mg));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(mc, OUT), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(mg, OUT), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, make_input(mc, 41, &xc, &xg, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dxg, pdp_cuda(0), xc->ndim, xc->shape),
+                   pdp_status_name);
+    mc->input_grad = dxc; /* the layer's dX (pp.c's hook for a stage's input gradient) */
+    mg->input_grad = dxg->data;
+    pdp_model_find_param(mc, "0.weight", &wc);
+    pdp_model_find_param(mc, "0.bias", &bc);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(mc, xc, &yc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_forward(mg, xg, &yg) == PDP_OK);
+    ASSERT((yh = host_copy(yg)) != NULL);
+    bad = bf16_check("y", yh, yc->data, B, OUT, IN, xc->data, IN, 1, wc.value.data, 1, IN,
+                     bc.value.data, msg, sizeof msg);
+    ASSERTm(msg, !bad);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyc, pdp_cpu(), 2, shape), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&dyg, pdp_cuda(0), 2, shape), pdp_status_name);
+    fill_random(dyc->data, dyc->count, 43);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_upload(dyg, dyc->data), pdp_status_name);
+    pdp_model_zero_grad(mc);
+    pdp_model_zero_grad(mg);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(mc, dyc), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_backward(mg, dyg) == PDP_OK);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_flat(mg, &gp, &gg), pdp_status_name);
+    ASSERT((gh = host_copy(&gg)) != NULL);
+    /* dW [OUT, IN] = dy^T x (k = B) */
+    bad = bf16_check("dW", gh, wc.grad.data, OUT, IN, B, dyc->data, 1, OUT, xc->data, IN, 1, NULL,
+                     msg, sizeof msg);
+    ASSERTm(msg, !bad);
+    /* db: the fp32 dy summed in sample order on both (the same bits but for FMA) */
+    bad = rel_err(gh + OUT * IN, bc.grad.data, OUT) > TOL;
+    ASSERTm("db: fp32 column sums of dy", !bad);
+    /* dX [B, IN] = dy W (k = OUT) */
+    ASSERT((dxh = host_copy(dxg)) != NULL);
+    bad = bf16_check("dX", dxh, dxc, B, IN, OUT, dyc->data, OUT, 1, wc.value.data, IN, 1,
+                     NULL, msg, sizeof msg);
+    ASSERTm(msg, !bad);
+    free(yh);
+    free(gh);
+    free(dxh);
+    pdp_tensor_free(xc);
+    pdp_tensor_free(xg);
+    pdp_tensor_free(dyc);
+    pdp_tensor_free(dyg);
+    pdp_tensor_free(dxg);
+    pdp_model_free(mc);
+    pdp_model_free(mg);
+    PASS();
+}
+
+/* MLP (dropout, LayerNorm) and CNN (Conv2d, MaxPool2d), three SGD steps in bf16 on the
+   GPU against the same on the CPU: the same bf16 arithmetic but for the order of the
+   fp32 sums, which also decides, for an activation that falls within those sums'
+   rounding error of a bf16 rounding boundary, which way it rounds - one input moves by
+   one bf16 step (2^-8 of itself). So the loss and parameters are compared within
+   2^-8 relative to the largest magnitude; and against the GPU's fp32 training, the
+   loss within 2^-5 (bf16 rounding of every product's inputs, through two layers).
+   After the first step nothing more reaches cudaMalloc (the bf16 workspace is kept). */
+static enum greatest_test_res check_bf16_training(bool cnn)
+{
+    pdp_model *mc = NULL, *mg = NULL, *m32 = NULL;
+    pdp_optim *oc = NULL, *og = NULL, *o32 = NULL;
+    pdp_optim_desc od;
+    pdp_tensor *xc = NULL, *xg = NULL;
+    pdp_cuda_memory_stats before, after;
+    int32_t labels[B] = {1, 0, 4, 2, 3, 2};
+    float lc, lg, l32;
+    double e;
+    static char msg[160];
+    int step;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_SGD;
+    od.lr = 0.1f;
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&mc, cnn, pdp_cpu()), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&mg, cnn, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_net(&m32, cnn, pdp_cuda(0)), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_set_precision(mc, PDP_PRECISION_BF16), pdp_status_name);
+    ASSERTm(pdp_last_error(), pdp_model_set_precision(mg, PDP_PRECISION_BF16) == PDP_OK);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oc, mc, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&og, mg, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o32, m32, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, make_input(mc, 5, &xc, &xg, pdp_cuda(0)), pdp_status_name);
+    for (step = 0; step < 3; step++) {
+        if (step == 1)
+            ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &before),
+                           pdp_status_name);
+        pdp_optim_zero_grad(oc);
+        pdp_optim_zero_grad(og);
+        pdp_optim_zero_grad(o32);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(mc, xc, labels, &lc), pdp_status_name);
+        ASSERTm(pdp_last_error(), pdp_model_forward_backward(mg, xg, labels, &lg) == PDP_OK);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m32, xg, labels, &l32), pdp_status_name);
+        snprintf(msg, sizeof msg, "%s bf16 step %d: loss CPU %.9g GPU %.9g (GPU fp32 %.9g)",
+                 cnn ? "CNN" : "MLP", step, (double)lc, (double)lg, (double)l32);
+        ASSERTm(msg, fabs((double)lc - lg) <= ldexp(fabs((double)lc), -8));
+        ASSERTm(msg, fabs((double)l32 - lg) <= ldexp(fabs((double)l32), -5));
+        ASSERTm(msg, lg != l32); /* bf16 did run */
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oc), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(og), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o32), pdp_status_name);
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_cuda_memory_stats_get(pdp_cuda(0), &after), pdp_status_name);
+    ASSERT_EQ(before.device_mallocs, after.device_mallocs);
+    e = model_rel_err(mg, mc, 0);
+    snprintf(msg, sizeof msg, "%s bf16 parameters after 3 steps: relative error %g",
+             cnn ? "CNN" : "MLP", e);
+    ASSERTm(msg, e <= ldexp(1.0, -8));
+    pdp_tensor_free(xc);
+    pdp_tensor_free(xg);
+    pdp_optim_free(oc);
+    pdp_optim_free(og);
+    pdp_optim_free(o32);
+    pdp_model_free(mc);
+    pdp_model_free(mg);
+    pdp_model_free(m32);
+    PASS();
+}
+
+TEST cuda_bf16_training_matches_cpu_bf16(void)
+{
+    NEED_GPU();
+    CHECK_CALL(check_bf16_training(false));
+    CHECK_CALL(check_bf16_training(true));
     PASS();
 }
 
@@ -2498,6 +2709,8 @@ SUITE(cuda)
     RUN_TEST(cuda_cnn_training_matches_cpu);
     RUN_TEST(cuda_step_allocates_nothing);
     RUN_TEST(cuda_tf32_option_changes_gemm_only_slightly);
+    RUN_TEST(cuda_bf16_linear_matches_cpu_bf16_and_fp32);
+    RUN_TEST(cuda_bf16_training_matches_cpu_bf16);
     RUN_TEST(cuda_ddp_nccl_world_size_1_matches_single);
     RUN_TEST(cuda_ddp_thread_ranks_match_single);
     RUN_TEST(cuda_zero_nccl_thread_ranks_match_single);

@@ -6,6 +6,8 @@ the input "x", the upstream gradient "dy" (the backward pass computes
 d(sum(y * dy))), the output "y", the input gradient "dx", the parameters under
 their state_dict names ("0.weight", ...) and their gradients ("grad.0.weight").
 The loss files and the two small models use cross-entropy or MSE instead of dy.
+autocast_bf16_mlp.bin is one SGD step of an MLP under torch.autocast("cpu",
+dtype=torch.bfloat16) (see autocast_case), for tests/test_bf16.c.
 
 Format (little-endian; tests/fixture.h reads it): magic b"PDPFIX01", uint32
 tensor count, then per tensor: uint32 name length, the name, uint32 ndim,
@@ -77,6 +79,39 @@ def classifier_case(model, x_shape, classes, seed):
     return tensors
 
 
+def autocast_case(seed, lr):
+    """One SGD step of an MLP under torch.autocast("cpu", dtype=torch.bfloat16).
+
+    Linear(64, 32), ReLU, Linear(32, 10) on a batch of 8, mean cross-entropy on the
+    fp32 logits. Under autocast each Linear casts its input and weight to bf16 and
+    returns bf16 (fp32 accumulation inside), so the hidden activations, the logits
+    and, in backward, every Linear's gradients come out rounded to bf16; the master
+    weights, their .grad (bf16 gradients cast back) and the SGD update stay fp32.
+    Saves x, labels, the initial parameters, the logits (as fp32), the loss, the
+    parameter gradients and the parameters after one SGD(lr) step ("final.<name>")."""
+    torch.manual_seed(seed)
+    mlp = seq(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    x = torch.rand(8, 64) * 2 - 1
+    labels = torch.randint(0, 10, (8,))
+    tensors = [("x", x), ("labels", labels.float()), ("lr", torch.tensor([lr]))]
+    for name, p in mlp.state_dict().items():
+        tensors.append((name, p.clone()))
+    opt = torch.optim.SGD(mlp.parameters(), lr=lr)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = mlp(x)
+    assert logits.dtype == torch.bfloat16
+    loss = F.cross_entropy(logits.float(), labels)
+    loss.backward()
+    tensors += [("y", logits.float()), ("loss", loss.reshape(1))]
+    for name, p in mlp.named_parameters():
+        assert p.grad.dtype == torch.float32
+        tensors.append(("grad." + name, p.grad))
+    opt.step()
+    for name, p in mlp.state_dict().items():
+        tensors.append(("final." + name, p))
+    return tensors
+
+
 def seq(*layers):
     return nn.Sequential(*layers)
 
@@ -137,6 +172,9 @@ def main(argv):
     cnn = seq(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
               nn.Linear(4 * 3 * 3, 5))
     cases["cnn.bin"] = classifier_case(cnn, (3, 1, 6, 6), 5, 24)
+
+    # bf16 mixed precision: one training step under torch.autocast (test_bf16.c).
+    cases["autocast_bf16_mlp.bin"] = autocast_case(25, 0.25)
 
     for name in sorted(cases):
         write(os.path.join(out_dir, name), cases[name])

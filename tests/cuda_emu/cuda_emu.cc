@@ -29,7 +29,10 @@
      than the current one fail. Under ASan an overrun past an allocation is
      reported where it happens.
    - cuBLAS. cublasSgemm and cublasSgemmStridedBatched are naive column-major
-     loops with double accumulation, with the documented argument checks
+     loops with double accumulation; cublasGemmEx and cublasGemmStridedBatchedEx
+     the same on fp32 inputs, and on bf16 inputs (CUDA_R_16BF, fp32 C, a 32F
+     compute type; other combinations CUBLAS_STATUS_NOT_SUPPORTED) exact products
+     summed in fp32 in k order. All with the documented argument checks
      (m, n, k >= 0, lda >= max(1, rows of op(A) as stored), ...; else
      CUBLAS_STATUS_INVALID_VALUE) and every operand's extent checked against
      its allocation. beta = 0 overwrites C without reading it. TF32 math mode is
@@ -716,21 +719,34 @@ void extent(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t coun
     *hi = (last > 0 ? last : 0) + one;
 }
 
-bool operand_ok(const char *fn, const char *name, const float *p, int64_t rows, int64_t cols,
-                int64_t ld, int64_t stride, int64_t count, int dev)
+/* esize: bytes per element (4 fp32, 2 bf16) */
+bool operand_ok(const char *fn, const char *name, const void *p, size_t esize, int64_t rows,
+                int64_t cols, int64_t ld, int64_t stride, int64_t count, int dev)
 {
     int64_t lo, hi;
     char what[96];
     extent(rows, cols, ld, stride, count, &lo, &hi);
     snprintf(what, sizeof what, "%s: operand %s", fn, name);
-    return on_dev(what, p + lo, (size_t)(hi - lo) * sizeof(float), dev);
+    return on_dev(what, (const char *)p + lo * (int64_t)esize, (size_t)(hi - lo) * esize, dev);
 }
 
+/* A bf16 (the top half of an fp32) widened */
+float bf16_at(const void *p, int64_t i)
+{
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* bf16: A and B hold bf16 (cublasGemmEx with CUDA_R_16BF), summed in fp32 in k order;
+   else fp32, summed in double. */
 cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t ta,
                     cublasOperation_t tb, int m, int n, int k, const float *alpha,
-                    const float *A, int lda, long long sa, const float *B, int ldb, long long sb,
-                    const float *beta, float *C, int ldc, long long sc, int batch)
+                    const void *A, int lda, long long sa, const void *B, int ldb, long long sb,
+                    const float *beta, float *C, int ldc, long long sc, int batch, bool bf16)
 {
+    size_t es = bf16 ? 2 : 4;
     bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
     int ra = na ? m : k, rb = nb ? k : n; /* rows of A and B as stored */
     {
@@ -754,23 +770,30 @@ cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t ta,
         s = h->stream;
         if (stream_begin(lk, fn, &s) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
         if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
-        if (!operand_ok(fn, "C", C, m, n, ldc, sc, batch, h->dev) ||
+        if (!operand_ok(fn, "C", C, 4, m, n, ldc, sc, batch, h->dev) ||
             (k > 0 && *alpha != 0.0f &&
-             (!operand_ok(fn, "A", A, ra, na ? k : m, lda, sa, batch, h->dev) ||
-              !operand_ok(fn, "B", B, rb, nb ? n : k, ldb, sb, batch, h->dev))))
+             (!operand_ok(fn, "A", A, es, ra, na ? k : m, lda, sa, batch, h->dev) ||
+              !operand_ok(fn, "B", B, es, rb, nb ? n : k, ldb, sb, batch, h->dev))))
             return CUBLAS_STATUS_EXECUTION_FAILED;
     }
     for (int64_t q = 0; q < batch; q++) {
-        const float *a = A + q * sa, *b = B + q * sb;
+        const char *a = (const char *)A + q * sa * (int64_t)es;
+        const char *b = (const char *)B + q * sb * (int64_t)es;
         float *c = C + q * sc;
         for (int64_t j = 0; j < n; j++)
             for (int64_t i = 0; i < m; i++) {
                 double acc = 0.0;
+                float acc32 = 0.0f;
                 if (*alpha != 0.0f)
-                    for (int64_t l = 0; l < k; l++)
-                        acc += (double)(na ? a[i + l * lda] : a[l + i * lda]) *
-                               (double)(nb ? b[l + j * ldb] : b[j + l * ldb]);
-                float r = *alpha * (float)acc;
+                    for (int64_t l = 0; l < k; l++) {
+                        int64_t ia = na ? i + l * lda : l + i * lda;
+                        int64_t ib = nb ? l + j * ldb : j + l * ldb;
+                        if (bf16)
+                            acc32 += bf16_at(a, ia) * bf16_at(b, ib);
+                        else
+                            acc += (double)((const float *)a)[ia] * (double)((const float *)b)[ib];
+                    }
+                float r = *alpha * (bf16 ? acc32 : (float)acc);
                 if (*beta != 0.0f) r += *beta * c[i + j * ldc];
                 c[i + j * ldc] = r;
             }
@@ -825,6 +848,7 @@ const char *cublasGetStatusName(cublasStatus_t s)
     case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
     case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     default: return "CUBLAS_STATUS_UNKNOWN";
     }
 }
@@ -836,6 +860,7 @@ const char *cublasGetStatusString(cublasStatus_t s)
     case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
     case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
     case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
     default: return "unknown error";
     }
 }
@@ -845,7 +870,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperati
                            const float *B, int ldb, const float *beta, float *C, int ldc)
 {
     return gemm("cublasSgemm", h, ta, tb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0,
-                1);
+                1, false);
 }
 
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
@@ -856,7 +881,65 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
                                          int batch)
 {
     return gemm("cublasSgemmStridedBatched", h, ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb,
-                beta, C, ldc, sc, batch);
+                beta, C, ldc, sc, batch, false);
+}
+
+namespace {
+/* The Ex calls' type table (the subset cuda_emu implements): A and B of one type, fp32
+   or bf16, C fp32, a 32F compute type (float scalars); a bad algo is INVALID_VALUE, a
+   combination outside the table NOT_SUPPORTED, as cuBLAS answers. */
+cublasStatus_t ex_types(const char *fn, cudaDataType at, cudaDataType bt, cudaDataType ct,
+                        cublasComputeType_t compute, cublasGemmAlgo_t algo, bool *bf16)
+{
+    bool f32 = at == CUDA_R_32F && bt == CUDA_R_32F, b16 = at == CUDA_R_16BF && bt == CUDA_R_16BF;
+    bool ok;
+    if (!((algo >= CUBLAS_GEMM_DEFAULT && algo <= 23) ||
+          (algo >= CUBLAS_GEMM_DEFAULT_TENSOR_OP && algo <= 115)))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (b16)
+        ok = compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC;
+    else
+        ok = f32 && (compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC ||
+                     compute == CUBLAS_COMPUTE_32F_FAST_16F ||
+                     compute == CUBLAS_COMPUTE_32F_FAST_16BF ||
+                     compute == CUBLAS_COMPUTE_32F_FAST_TF32);
+    if (!ok || ct != CUDA_R_32F) {
+        complain("%s: A type %d, B type %d, C type %d, compute type %d: not a supported "
+                 "combination (cuda_emu: A and B fp32 or bf16, C fp32, a 32F compute type)",
+                 fn, (int)at, (int)bt, (int)ct, (int)compute);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    *bf16 = b16;
+    return CUBLAS_STATUS_SUCCESS;
+}
+} /* namespace */
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const void *alpha, const void *A, cudaDataType at,
+                            int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
+                            void *C, cudaDataType ct, int ldc, cublasComputeType_t compute,
+                            cublasGemmAlgo_t algo)
+{
+    bool bf16 = false;
+    cublasStatus_t s = ex_types("cublasGemmEx", at, bt, ct, compute, algo, &bf16);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    return gemm("cublasGemmEx", h, ta, tb, m, n, k, (const float *)alpha, A, lda, 0, B, ldb, 0,
+                (const float *)beta, (float *)C, ldc, 0, 1, bf16);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta,
+                                          cublasOperation_t tb, int m, int n, int k,
+                                          const void *alpha, const void *A, cudaDataType at,
+                                          int lda, long long sa, const void *B, cudaDataType bt,
+                                          int ldb, long long sb, const void *beta, void *C,
+                                          cudaDataType ct, int ldc, long long sc, int batch,
+                                          cublasComputeType_t compute, cublasGemmAlgo_t algo)
+{
+    bool bf16 = false;
+    cublasStatus_t s = ex_types("cublasGemmStridedBatchedEx", at, bt, ct, compute, algo, &bf16);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    return gemm("cublasGemmStridedBatchedEx", h, ta, tb, m, n, k, (const float *)alpha, A, lda, sa,
+                B, ldb, sb, (const float *)beta, (float *)C, ldc, sc, batch, bf16);
 }
 
 /* ---- cuda_emu: NCCL ---- */

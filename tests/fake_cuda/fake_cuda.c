@@ -476,23 +476,24 @@ static pdp__layer_io fake__io(int64_t batch)
 }
 
 pdp_status pdp_cudak_linear_fwd(int dev, const float *x, const float *w, const float *b, float *y,
-                                int64_t batch, int64_t in, int64_t out)
+                                int64_t batch, int64_t in, int64_t out, int bf16)
 {
     pdp__layer l = fake__layer_of(PDP__LINEAR, 1, in, 1, 1);
     pdp__layer_io io = fake__io(batch);
     l.out_features = out;
-    io.x = x, io.w = (float *)w, io.b = (float *)b, io.y = y;
+    io.x = x, io.w = (float *)w, io.b = (float *)b, io.y = y, io.bf16 = bf16 != 0;
     return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__W | FAKE__Y, NULL);
 }
 
 pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const float *dy,
                                 float *dw, float *db, float *dx, int64_t batch, int64_t in,
-                                int64_t out)
+                                int64_t out, int bf16)
 {
     pdp__layer l = fake__layer_of(PDP__LINEAR, 1, in, 1, 1);
     pdp__layer_io io = fake__io(batch);
     l.out_features = out;
     io.x = x, io.w = (float *)w, io.dy = dy, io.dw = dw, io.db = db, io.dx = dx;
+    io.bf16 = bf16 != 0;
     return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__W | FAKE__DY | FAKE__DW, NULL);
 }
 
@@ -594,24 +595,26 @@ static int fake__conv_work(const char *fn, int dev, const pdp_cudak_conv *g, flo
 }
 
 pdp_status pdp_cudak_conv_fwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
-                              const float *b, float *y, float *work)
+                              const float *b, float *y, float *work, int bf16)
 {
     pdp__layer l = fake__conv_layer(PDP__CONV2D, g);
     pdp__layer_io io = fake__io(g->batch);
     FAKE__DEV(dev);
     if (fake__conv_work(__func__, dev, g, work, g->C * g->k * g->k)) return PDP_ERR_CUDA;
-    io.x = x, io.w = (float *)w, io.b = (float *)b, io.y = y;
+    io.x = x, io.w = (float *)w, io.b = (float *)b, io.y = y, io.bf16 = bf16 != 0;
     return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__W | FAKE__Y, g);
 }
 
 pdp_status pdp_cudak_conv_bwd(int dev, const pdp_cudak_conv *g, const float *x, const float *w,
-                              const float *dy, float *dw, float *db, float *dx, float *work)
+                              const float *dy, float *dw, float *db, float *dx, float *work,
+                              int bf16)
 {
     pdp__layer l = fake__conv_layer(PDP__CONV2D, g);
     pdp__layer_io io = fake__io(g->batch);
     FAKE__DEV(dev);
     if (fake__conv_work(__func__, dev, g, work, g->C * g->k * g->k + g->O)) return PDP_ERR_CUDA;
     io.x = x, io.w = (float *)w, io.dy = dy, io.dw = dw, io.db = db, io.dx = dx;
+    io.bf16 = bf16 != 0;
     return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__W | FAKE__DY | FAKE__DW, g);
 }
 
