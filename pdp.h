@@ -73,12 +73,17 @@
    PDP_PRECISION_BF16 (or pdp_model_set_precision) is mixed precision as PyTorch's
    autocast: the inputs of Linear's and Conv2d's GEMMs (forward and both backward
    products) are rounded to bf16, products accumulate in fp32, everything else stays
-   fp32. pdp_gemm_bf16 picks its path by CPUID at run time: AVX512-BF16 (vdpbf16ps)
-   where the CPU has it, an emulation with the same arithmetic and bits everywhere
-   else (pdp_bf16_path_name says which). Not yet: an AMX path, bf16 on CUDA models
-   (PDP_ERR_UNSUPPORTED), and speed: today the bf16 step is slower than fp32 (its
+   fp32. pdp_gemm_bf16 picks its path by CPUID at run time: AMX tiles where the CPU
+   has AMX-BF16 and Linux grants the tile state (asked once; refused: the next path),
+   AVX512-BF16 (vdpbf16ps), and an emulation with the AVX512 path's arithmetic and
+   bits everywhere else (pdp_bf16_path_name says which). AMX sums each pair in the
+   other order, so its bits may differ within a stated bound; it has been checked on
+   a tile emulator, not yet on an AMX CPU. On CUDA the same switch runs Linear and
+   Conv2d as cublasGemmEx with bf16 inputs and fp32 accumulation (checked on the CUDA
+   emulator, not yet on a GPU). Not yet: speed: today the bf16 step is slower than fp32 (its
    packing is scalar). Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in
-   bf16 against 88.76% in fp32 (train_mnist -bf16, seed 1).
+   bf16 against 88.76% in fp32 (train_mnist -bf16, seed 1); one autocast MLP step
+   against a PyTorch fixture (tests/test_bf16.c).
 
    THREADS AND DETERMINISM
    =======================
@@ -88,6 +93,9 @@
    from explicit PCG32 states; a seed gives the same bits everywhere. Dropout masks
    are a function of (seed, layer, step, global sample index), so DP and DDP draw
    exactly the masks a single device would. Reductions run in a fixed order.
+   pdp_profile_start/read/stop (base.h) split the calling thread's time into layers
+   with weights, other layers, loss, optimizer and the rest, and count the intra-op
+   workers' idle thread-seconds: bench/train prints it per configuration.
 
    DEVICES AND CUDA
    ================
