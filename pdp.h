@@ -17313,8 +17313,10 @@ static pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_com
     *w = NULL;
     st = r->hook.launch(r->hook.state, r->c, &k->view, w);
     if (st != PDP_OK) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%.399s", pdp_last_error());
         *w = NULL;
-        return pdp__err(st, "comm hook launch: %.400s", pdp_last_error());
+        return pdp__err(st, "comm hook launch: %s", msg);
     }
     k->hook_pending = true;
     return PDP_OK;
