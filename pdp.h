@@ -8575,12 +8575,13 @@ static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const cha
                     c->name, c->rank, (int)INT32_MAX);
 }
 
-static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                          int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                          int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                          pdp_work **w)
 {
     pdp_status st;
     if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
-    return pdp__workq_reduce_scatter(c, send, recv, recv_count, op, w);
+    return pdp__workq_reduce_scatter(c, send, recv, recv_count, dt, op, w);
 }
 
 static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
