@@ -1060,13 +1060,19 @@ TEST cuda_ddp_compress_hooks_over_nccl(void)
         ASSERTm("the hook changed nothing", memcmp(jobs[0].params_out, plain[0].params_out,
                                                    (size_t)count * 4) != 0);
         for (r = 0; r < n; r++) {
+            if (getenv("PDP_TEST_VERBOSE"))
+                for (i = 0; i < count; i++)
+                    if (jobs[0].params_out[i] != jobs[r].params_out[i])
+                        printf("hook %d rank %d param %lld: %.9g vs rank 0 %.9g (plain %.9g)\n",
+                               hook, r, (long long)i, jobs[r].params_out[i],
+                               jobs[0].params_out[i], plain[r].params_out[i]);
             ASSERT_MEM_EQm("ranks differ", jobs[0].params_out, jobs[r].params_out,
                            (size_t)count * 4);
             if (n == 2) ASSERT_EQ(plain[r].bytes_sent, 2 * jobs[r].bytes_sent);
             else ASSERT(plain[r].bytes_sent > 2 * jobs[r].bytes_sent - 8 &&
                         plain[r].bytes_sent < 2 * jobs[r].bytes_sent + 8);
-            free(jobs[r].params_out);
         }
+        for (r = 0; r < n; r++) free(jobs[r].params_out);
     }
     for (r = 0; r < n; r++) free(plain[r].params_out);
     free(ref);
