@@ -1407,9 +1407,10 @@ PDP_API pdp_status pdp_ddp_bucket_info(const pdp_ddp *ddp, int b, pdp_ddp_bucket
        finish(state, b)
    (optional) to turn the result into the gradients (decompress b->scratch into
    b->grad, or b->recv). b is the same view for both calls and stays valid until
-   finish returns. A launch or finish that fails (returns a status, with its
-   message through pdp__err as the library's, or none) makes pdp_ddp_finish fail
-   with it, naming the bucket ("bucket 1 of 3 (...): comm hook launch: ..."); the
+   finish returns. A launch or finish that fails (returns a status other than
+   PDP_OK; its message is whatever pdp_last_error() holds then, e.g. that of the
+   pdp call that failed inside it) makes pdp_ddp_finish fail with that status,
+   naming the bucket ("bucket 1 of 3 (...): comm hook launch: ..."); the
    other ranks then fail at that bucket's collective (timeout, or at once when the
    failing rank frees its communicator), as with any rank that skips one.
    Gradients are fp32 before launch and after finish; what travels is the hook's.
@@ -1474,7 +1475,8 @@ typedef struct pdp_ddp_stats {
     int64_t buckets;           /* buckets per synchronised backward */
     int64_t grad_bytes;        /* bytes of gradients all-reduced per step */
     /* the last finished step */
-    int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes) */
+    int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes; half
+                                  of it with a 16-bit compression hook) */
     double backward_s;         /* forward + loss + backward, launches included */
     double allreduce_s;        /* execution time of this step's bucket all-reduces, from the
                                   moment the backend starts each (waiting for slower ranks

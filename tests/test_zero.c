@@ -1100,6 +1100,22 @@ TEST zero_refuses_misuse(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_step(z, full), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_zero_create(&z2, m, c, NULL), pdp_status_name);
     ASSERT(z2 == NULL);
+    { /* comm hooks: NULL, twice, after a backward */
+        pdp_ddp_comm_hook h = pdp_ddp_hook_bf16_compress();
+        float x[B * IN], loss;
+        int32_t y[B];
+        int64_t shape[2] = {B, IN};
+        pdp_tensor xt;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_register_comm_hook(z, NULL), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_zero_register_comm_hook: hook is NULL") != NULL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_register_comm_hook(z, &h), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_zero_register_comm_hook(z, &h), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "already registered") != NULL);
+        make_batch(0, B, x, y);
+        pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_forward_backward(z, &xt, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_step(z, o), pdp_status_name);
+    }
     ASSERT_ENUM_EQ(PDP_OK, pdp_zero_gather_params(z, NULL), pdp_status_name);
     pdp_zero_free(z);
     ASSERT(m->param_block != NULL && m->grad_block != NULL && m->event == NULL);
