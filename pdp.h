@@ -1002,6 +1002,16 @@ typedef enum pdp_reduce_op {
     PDP_REDUCE_AVG = 1
 } pdp_reduce_op;
 
+/* Element types of the reducing collectives' _ex forms. The float API is F32.
+   16-bit elements halve the bytes on the wire (bytes_sent counts 2 per element);
+   the buffers then hold uint16_t bit patterns (pdp.h's bf16: round to nearest even,
+   as PyTorch's torch.bfloat16; fp16: IEEE binary16). */
+typedef enum pdp_dtype {
+    PDP_DTYPE_F32 = 0,
+    PDP_DTYPE_BF16 = 1,
+    PDP_DTYPE_F16 = 2
+} pdp_dtype;
+
 typedef struct pdp_comm_desc {
     pdp_backend backend;  /* default local */
     double timeout_s;     /* a collective waits this long for a missing rank; default 300.
@@ -1075,6 +1085,31 @@ PDP_API double pdp_comm_timeout(const pdp_comm *c); /* seconds */
 /* In place: buf <- op over ranks of buf. */
 PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
                                       pdp_work **work);
+/* The reducing collectives on any pdp_dtype: buf (reduce_scatter: send and recv)
+   holds count elements of that type (F32: floats, as the calls above, which are
+   the F32 case). The 16-bit semantics differ by backend, and each is exact for
+   its stated rounding:
+     local  every element is widened to fp32, reduced in fp32 in rank order
+            (((x0 + x1) + x2) + ...; AVG then divides by N) and rounded ONCE to
+            the 16-bit type, to nearest even: the same bits on every rank;
+     mpi    a user-defined MPI_Op over MPI_UINT16_T (created once per
+            communicator, commutative): each combination of two partial values
+            widens both, adds in fp32 and rounds to nearest even, so N ranks
+            round N - 1 times in an order MPI chooses (2 ranks: once, the local
+            backend's bits); AVG then divides the rounded sum in fp32 and rounds
+            again (exact for powers of two);
+     nccl   ncclBfloat16 / ncclFloat16 with ncclSum / ncclAvg: NCCL's own
+            reduction order and rounding of partial sums (also N - 1 roundings
+            on a ring).
+   Gradient compression divides by N BEFORE compressing and sums (ddp.h's
+   compress hooks), so the 16-bit sums stay in range. */
+PDP_API pdp_status pdp_comm_allreduce_ex(pdp_comm *c, void *buf, int64_t count, pdp_dtype dtype,
+                                         pdp_reduce_op op, pdp_work **work);
+PDP_API pdp_status pdp_comm_reduce_scatter_ex(pdp_comm *c, const void *send, void *recv,
+                                              int64_t recv_count, pdp_dtype dtype,
+                                              pdp_reduce_op op, pdp_work **work);
+/* Bytes of one element of dtype (4 or 2; 0 for an unknown value). */
+PDP_API size_t pdp_dtype_size(pdp_dtype dtype);
 /* buf on every rank <- buf on root. */
 PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
                                       pdp_work **work);
@@ -1147,7 +1182,8 @@ PDP_API bool pdp_work_done(pdp_work *work);
 /* Per-communicator counters, for learners and benchmarks. */
 typedef struct pdp_comm_stats {
     int64_t collectives;   /* issued */
-    int64_t bytes_sent;    /* by this rank in the bandwidth-optimal algorithm: all-reduce
+    int64_t bytes_sent;    /* by this rank in the bandwidth-optimal algorithm (the bytes
+                              of the elements: 4 per float, 2 per BF16/F16): all-reduce
                               2(N-1)/N x bytes (the ring figure), broadcast and
                               reduce-scatter (N-1)/N x bytes, all-gather (N-1) x sent */
     double busy_s;         /* summed execution time of the waited collectives, from the
@@ -1392,6 +1428,85 @@ PDP_API int pdp_ddp_num_buckets(const pdp_ddp *ddp);
 /* Bucket b (0 = the first to be reduced: the last parameters). */
 PDP_API pdp_status pdp_ddp_bucket_info(const pdp_ddp *ddp, int b, pdp_ddp_bucket *out);
 
+/* ---- communication hooks ----
+   PyTorch's register_comm_hook in C: a hook replaces the collective of every
+   bucket. Once per bucket per synchronised backward, on the thread running
+   backward, as soon as the bucket is ready, the reducer calls
+       launch(state, c, b, &work)
+   which must start a collective (on c, or on a communicator of its own with the
+   same ranks) that leaves the AVERAGE over ranks of the bucket's gradients where
+   the built-in collective would: DDP all-reduces b->grad (b->count floats) in
+   place; ZeRO (pdp_zero_register_comm_hook, zero.h) reduce-scatters b->grad
+   (world_size x recv_count floats, its padded unit) so that this rank's slice
+   lands in b->recv. launch may transform the bucket first (compress it into
+   b->scratch, scale it) and returns the collective's handle in *work (NULL when
+   it completed the work itself); every rank must issue the same collectives in
+   the same order, as always. After the handle has been waited (pdp_ddp_finish /
+   pdp_zero_finish, or ZeRO reusing a bucket buffer), the reducer calls
+       finish(state, b)
+   (optional) to turn the result into the gradients (decompress b->scratch into
+   b->grad, or b->recv). b is the same view for both calls and stays valid until
+   finish returns. A launch or finish that fails (returns a status other than
+   PDP_OK; its message is whatever pdp_last_error() holds then, e.g. that of the
+   pdp call that failed inside it) makes pdp_ddp_finish fail with that status,
+   naming the bucket ("bucket 1 of 3 (...): comm hook launch: ..."); the
+   other ranks then fail at that bucket's collective (timeout, or at once when the
+   failing rank frees its communicator), as with any rank that skips one.
+   Gradients are fp32 before launch and after finish; what travels is the hook's.
+
+   scratch_bytes_per_float: device memory the hook needs per gradient float of a
+   bucket (2 for 16-bit compression). The reducer allocates it ONCE, at
+   registration (DDP: parameter count x that many bytes; ZeRO stage 1 the padded
+   count, stages 2-3 grad_buffers x the largest padded unit), and gives every
+   bucket its own piece (b->scratch), which no other bucket in flight shares.
+   Register before the first backward (PDP_ERR_STATE after it, and for a second
+   hook); a NULL hook or launch is PDP_ERR_INVALID. The hook cannot be removed.
+
+   Built-ins (PyTorch's bf16_compress_hook and fp16_compress_hook):
+   pdp_ddp_hook_bf16_compress() and pdp_ddp_hook_fp16_compress(). launch divides
+   every gradient by N and rounds it to bf16 / fp16 (nearest even) in the
+   bucket's scratch (a kernel on a CUDA model), then sums the 16-bit values
+   (pdp_comm_allreduce_ex / pdp_comm_reduce_scatter_ex, SUM: the division comes
+   first, as PyTorch's hooks divide before the sum, so the sum stays in range);
+   finish widens the result into the fp32 gradients. bytes_sent is exactly half
+   the fp32 figure. Error per gradient element, with u the unit roundoff (bf16
+   2^-8, fp16 2^-11) and g_r rank r's gradient: |avg' - avg| <= u (2 + u)
+   sum_r |g_r| / N on the local backend (one rounding per input, one for the
+   sum), plus, for fp16, 2^-25 (N + 1) from subnormals; on MPI and NCCL the sum
+   rounds N - 1 times (comm.h), so the factor 2 becomes N. fp16 overflows to Inf
+   above 65504 x N per gradient (no loss scaling here): prefer bf16. */
+
+typedef struct pdp_comm_hook_bucket {
+    int index, nbuckets;     /* this bucket (ZeRO: unit), 0 = the first reduced */
+    float *grad;             /* what the collective reduces, on `device`: DDP the bucket's
+                                range of the gradient block, ZeRO the unit's padded buffer */
+    int64_t count;           /* floats at grad */
+    int64_t offset;          /* the bucket's first float in the model's flat block */
+    pdp_device device;
+    int rank, world_size;
+    bool reduce_scatter;     /* false: all-reduce grad in place (DDP); true: reduce-scatter
+                                grad, this rank's averaged slice into recv (ZeRO) */
+    float *recv;             /* reduce_scatter: recv_count floats (grad + rank x recv_count);
+                                NULL for an all-reduce */
+    int64_t recv_count;
+    void *scratch;           /* scratch_bytes_per_float x count bytes on device, this
+                                bucket's own; NULL when the hook asked for none */
+} pdp_comm_hook_bucket;
+
+typedef struct pdp_ddp_comm_hook {
+    pdp_status (*launch)(void *state, pdp_comm *c, const pdp_comm_hook_bucket *b,
+                         pdp_work **work);                        /* required */
+    pdp_status (*finish)(void *state, const pdp_comm_hook_bucket *b); /* NULL: nothing */
+    void *state;                     /* passed to both; owned by the caller */
+    int scratch_bytes_per_float;     /* 0..64; default 0 (no scratch) */
+} pdp_ddp_comm_hook;
+
+/* Not collective, but every rank must register the same hook (the same
+   collectives). The struct is copied. */
+PDP_API pdp_status pdp_ddp_register_comm_hook(pdp_ddp *ddp, const pdp_ddp_comm_hook *hook);
+PDP_API pdp_ddp_comm_hook pdp_ddp_hook_bf16_compress(void);
+PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void);
+
 /* ---- statistics ---- */
 
 typedef struct pdp_ddp_stats {
@@ -1399,7 +1514,8 @@ typedef struct pdp_ddp_stats {
     int64_t buckets;           /* buckets per synchronised backward */
     int64_t grad_bytes;        /* bytes of gradients all-reduced per step */
     /* the last finished step */
-    int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes) */
+    int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes; half
+                                  of it with a 16-bit compression hook) */
     double backward_s;         /* forward + loss + backward, launches included */
     double allreduce_s;        /* execution time of this step's bucket all-reduces, from the
                                   moment the backend starts each (waiting for slower ranks
@@ -1696,6 +1812,14 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
    zeroed gradients, and (stages 1-2) the all-gather of the updated parameters. */
 PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt);
 PDP_API void pdp_zero_set_no_sync(pdp_zero *z, bool no_sync);
+/* A communication hook (ddp.h: pdp_ddp_comm_hook, e.g. pdp_ddp_hook_bf16_compress())
+   in place of every unit's reduce-scatter (every stage: a reduce-scatter of the
+   unit's padded buffer, b->reduce_scatter true). Before the first backward, as
+   pdp_ddp_register_comm_hook. Its scratch adds scratch_bytes_per_float x
+   Psi_pad bytes at stage 1 and x grad_buffers N s_max at stages 2-3 (not counted
+   in pdp_zero_memory). bytes_sent counts the hook's traffic: with a 16-bit hook
+   the reduce-scatters halve, the all-gathers stay fp32. */
+PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_hook *hook);
 /* The full parameters (param_count floats, flat-block order) into dst (host
    memory, for a CUDA model too), or into the model's parameter block when dst is
    NULL (on its device; stage 3: allocated if absent, valid until the next step).
@@ -2097,6 +2221,13 @@ pdp_status pdp_cudak_mse(int dev, const float *pred, const float *target, int64_
 pdp_status pdp_cudak_sumsq(int dev, const float *x, int64_t count, double *host_sum);
 pdp_status pdp_cudak_scale(int dev, float *x, int64_t count, float s);
 
+/* gradient compression (ddp.h's compress hooks), dtype 1 bf16, 2 fp16 (pdp_dtype):
+   dst[i] = 16-bit(src[i] * scale), rounded to nearest even by math.h's
+   pdp__bf16_bits / pdp__f16_bits (the CPU's bits); and dst[i] = widen(src[i]). */
+pdp_status pdp_cudak_to16(int dev, void *dst, const float *src, int64_t count, float scale,
+                          int dtype);
+pdp_status pdp_cudak_from16(int dev, float *dst, const void *src, int64_t count, int dtype);
+
 /* optimizers: elements [0, count) of the given pointers, the math.h updates */
 pdp_status pdp_cudak_sgd(int dev, float *p, const float *g, float *buf, int64_t count, float lr,
                          float momentum, float one_minus_damp, float weight_decay, int nesterov,
@@ -2122,9 +2253,11 @@ pdp_status pdp_cudak_nccl_init_all(pdp_cudak_nccl **out, int ndev, const int *de
 void pdp_cudak_nccl_free(pdp_cudak_nccl *h, int abort);
 /* Records an event on dev's compute stream, makes the NCCL stream wait on it,
    enqueues the collective and records completion into *slot's event. For
-   BROADCAST op is the root; for the reductions 0 = sum, 1 = average. */
-pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind, const float *send,
-                                 float *recv, int64_t count, int op, int *slot);
+   BROADCAST op is the root; for the reductions 0 = sum, 1 = average. dtype is a
+   pdp_dtype (0 F32: ncclFloat32, 1 BF16: ncclBfloat16, 2 F16: ncclFloat16; the
+   16-bit types for ALLREDUCE and REDUCE_SCATTER only); count is elements. */
+pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind, const void *send,
+                                 void *recv, int64_t count, int op, int dtype, int *slot);
 /* 1 done, 0 pending, -1 failed */
 int pdp_cudak_nccl_query(pdp_cudak_nccl *h, int slot);
 /* Waits for slot with a deadline; then the compute stream waits on it too.
@@ -2367,6 +2500,52 @@ static inline PDP__HOSTDEV float pdp__bf16_float(uint16_t h)
     return v.f;
 }
 static inline PDP__HOSTDEV float pdp__bf16_round(float x) { return pdp__bf16_float(pdp__bf16_bits(x)); }
+
+/* ---- math: fp16 ----
+   IEEE binary16 (1 sign, 5 exponent, 10 mantissa bits; largest finite 65504,
+   subnormals down to 2^-24). pdp__f16_bits rounds an fp32 to it as the hardware's
+   vcvtps2ph and CUDA's __float2half_rn do: round to nearest, ties to even, with
+   gradual underflow (subnormal halves) and overflow to Inf from 65520 up; a NaN
+   stays a NaN (quiet bit set, sign kept). pdp__f16_float widens (exact). */
+static inline PDP__HOSTDEV uint16_t pdp__f16_bits(float x)
+{
+    union { float f; uint32_t u; } v;
+    uint32_t sign, a, m, r, rem, half;
+    int shift;
+    v.f = x;
+    sign = (v.u >> 16) & 0x8000u;
+    a = v.u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520: Inf */
+    if (a >= 0x38800000u) {                                   /* >= 2^-14: a normal half */
+        a -= 0x38000000u;                                     /* exponent bias 127 -> 15 */
+        return (uint16_t)(sign | ((a + 0xfffu + ((a >> 13) & 1u)) >> 13));
+    }
+    if (a <= 0x33000000u) return (uint16_t)sign; /* <= 2^-25: zero (2^-25 ties to even) */
+    m = (a & 0x7fffffu) | 0x800000u;              /* value m 2^(e - 150); a unit is 2^-24 */
+    shift = 126 - (int)(a >> 23);                 /* 14..23 */
+    r = m >> shift;
+    rem = m & ((1u << shift) - 1u);
+    half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+}
+static inline PDP__HOSTDEV float pdp__f16_float(uint16_t h)
+{
+    union { float f; uint32_t u; } v;
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16, e = ((uint32_t)h >> 10) & 0x1fu,
+             m = (uint32_t)h & 0x3ffu;
+    if (e == 0x1fu) {
+        v.u = sign | 0x7f800000u | (m << 13);
+    } else if (e == 0) { /* zero or subnormal: m 2^-24, exact in fp32 */
+        v.f = (float)m * 5.9604644775390625e-8f;
+        v.u |= sign;
+    } else {
+        v.u = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    return v.f;
+}
+static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float(pdp__f16_bits(x)); }
 /* ---- end src/math.h ---- */
 
 #endif /* PDP__MATH_INCLUDED */
@@ -2844,10 +3023,12 @@ static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, flo
    collective queue (pdp__workq: pool, FIFO, progress thread, wait/done);
    NCCL's stream orders its collectives, with a pool of event slots. */
 typedef struct pdp__comm_ops {
-    pdp_status (*allreduce)(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op, pdp_work **w);
+    /* the reductions take any pdp_dtype (comm.c validated it; count is elements) */
+    pdp_status (*allreduce)(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt, pdp_reduce_op op,
+                            pdp_work **w);
     pdp_status (*broadcast)(pdp_comm *c, float *buf, int64_t count, int root, pdp_work **w);
-    pdp_status (*reduce_scatter)(pdp_comm *c, const float *send, float *recv, int64_t recv_count,
-                                 pdp_reduce_op op, pdp_work **w);
+    pdp_status (*reduce_scatter)(pdp_comm *c, const void *send, void *recv, int64_t recv_count,
+                                 pdp_dtype dt, pdp_reduce_op op, pdp_work **w);
     pdp_status (*allgather)(pdp_comm *c, const float *send, float *recv, int64_t send_count,
                             pdp_work **w);
     pdp_status (*barrier)(pdp_comm *c, pdp_work **w);
@@ -2910,6 +3091,18 @@ typedef enum pdp__coll_kind {
     PDP__COLL_RECV,
     PDP__COLL_SPLIT
 } pdp__coll_kind;
+
+/* A 16-bit element of the reducing collectives (dt: PDP_DTYPE_BF16 or PDP_DTYPE_F16) as
+   an fp32, and an fp32 rounded to it (to nearest even): math.h's conversions. */
+static inline size_t pdp__dtype_size(int dt) { return dt == PDP_DTYPE_F32 ? 4 : 2; }
+static inline float pdp__dt16_float(int dt, uint16_t h)
+{
+    return dt == PDP_DTYPE_BF16 ? pdp__bf16_float(h) : pdp__f16_float(h);
+}
+static inline uint16_t pdp__dt16_bits(int dt, float x)
+{
+    return dt == PDP_DTYPE_BF16 ? pdp__bf16_bits(x) : pdp__f16_bits(x);
+}
 
 static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
                                       "barrier", "broadcast_bytes", "send", "recv", "split"};
@@ -4996,6 +5189,51 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
 #endif
 }
 
+/* Gradient compression on d (dt BF16 or F16): dst[i] = 16-bit(src[i] * scale), rounded
+   to nearest even, and its inverse, dst[i] = widen(src[i]); CPU loops or pdp_cuda.cu's
+   kernels (the same math.h conversions, so the same bits). */
+static pdp_status pdp__dev_to16(pdp_device d, void *dst, const float *src, int64_t count,
+                                float scale, int dt)
+{
+    if (d.kind == PDP_DEVICE_CPU) {
+        uint16_t *h = (uint16_t *)dst;
+        int64_t i;
+        if (dt == PDP_DTYPE_BF16)
+            for (i = 0; i < count; i++) h[i] = pdp__bf16_bits(src[i] * scale);
+        else
+            for (i = 0; i < count; i++) h[i] = pdp__f16_bits(src[i] * scale);
+        return PDP_OK;
+    }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_to16(d.ordinal, dst, src, count, scale, dt));
+    return PDP_OK;
+#else
+    (void)dst, (void)src, (void)count, (void)scale, (void)dt;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+
+static pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *src, int64_t count,
+                                  int dt)
+{
+    if (d.kind == PDP_DEVICE_CPU) {
+        const uint16_t *h = (const uint16_t *)src;
+        int64_t i;
+        if (dt == PDP_DTYPE_BF16)
+            for (i = 0; i < count; i++) dst[i] = pdp__bf16_float(h[i]);
+        else
+            for (i = 0; i < count; i++) dst[i] = pdp__f16_float(h[i]);
+        return PDP_OK;
+    }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_from16(d.ordinal, dst, src, count, dt));
+    return PDP_OK;
+#else
+    (void)dst, (void)src, (void)count, (void)dt;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+
 /* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
 
 static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
@@ -6931,8 +7169,9 @@ typedef struct pdp__coll_args {
     int64_t seq;
     int64_t count;        /* floats (bytes for BROADCAST_BYTES) */
     int op;               /* pdp_reduce_op or root */
-    float *buf;           /* allreduce, broadcast */
-    const float *send;    /* reduce_scatter, allgather */
+    int dtype;            /* pdp_dtype of the reductions (F32 for the rest) */
+    float *buf;           /* allreduce, broadcast (a 16-bit all-reduce: uint16_t elements) */
+    const float *send;    /* reduce_scatter, allgather (the same) */
     float *recv;
     void *bytes_buf;      /* broadcast_bytes */
     int peer, tag;        /* send, recv */
@@ -7325,46 +7564,53 @@ static bool pdp__workq_done(pdp_work *work)
 /* The pdp__comm_ops entries of a queue backend: pack the arguments, submit. */
 
 static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
-                                  float *buf, const float *send, float *recv, pdp_work **w)
+                                  pdp_dtype dt, float *buf, const float *send, float *recv,
+                                  pdp_work **w)
 {
     pdp__coll_args a;
     memset(&a, 0, sizeof a);
     a.kind = kind;
     a.count = count;
     a.op = op;
+    a.dtype = (int)dt;
     a.buf = buf;
     a.send = send;
     a.recv = recv;
     return pdp__workq_submit(c, &a, w);
 }
 
-static pdp_status pdp__workq_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                       pdp_work **w)
+static pdp_status pdp__workq_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                       pdp_reduce_op op, pdp_work **w)
 {
-    return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, buf, NULL, NULL, w);
+    return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, dt, (float *)buf, NULL, NULL,
+                           w);
 }
 
 static pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
                                        pdp_work **w)
 {
-    return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, buf, NULL, NULL, w);
+    return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, PDP_DTYPE_F32, buf, NULL, NULL,
+                           w);
 }
 
-static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                            int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                            pdp_work **w)
 {
-    return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, NULL, send, recv, w);
+    return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, dt, NULL,
+                           (const float *)send, (float *)recv, w);
 }
 
 static pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
                                        int64_t send_count, pdp_work **w)
 {
-    return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, NULL, send, recv, w);
+    return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, PDP_DTYPE_F32, NULL, send, recv,
+                           w);
 }
 
 static pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
 {
-    return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, NULL, NULL, NULL, w);
+    return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, PDP_DTYPE_F32, NULL, NULL, NULL, w);
 }
 
 /* Synchronous, but queued like the others so that it keeps its place in the order. */
@@ -7542,15 +7788,17 @@ static bool pdp__group_validate(pdp_local_group *g)
     int r;
     for (r = 1; r < g->size; r++) {
         const pdp__coll_args *b = &g->slot[r];
-        if (b->kind != a->kind || b->count != a->count || b->op != a->op) {
+        if (b->kind != a->kind || b->count != a->count || b->op != a->op ||
+            b->dtype != a->dtype) {
             char msg[PDP__MSG_CAP];
             snprintf(msg, sizeof msg,
                      "collectives differ across ranks on comm '%s': rank 0 issued %s #%lld "
-                     "(count %lld, op/root %d), rank %d issued %s #%lld (count %lld, op/root %d); "
-                     "every rank must issue the same collectives in the same order",
+                     "(count %lld, op/root %d, dtype %d), rank %d issued %s #%lld (count %lld, "
+                     "op/root %d, dtype %d); every rank must issue the same collectives in the "
+                     "same order",
                      g->name, pdp__op_names[a->kind], (long long)a->seq, (long long)a->count,
-                     a->op, r, pdp__op_names[b->kind], (long long)b->seq, (long long)b->count,
-                     b->op);
+                     a->op, a->dtype, r, pdp__op_names[b->kind], (long long)b->seq,
+                     (long long)b->count, b->op, b->dtype);
             pdp__group_break(g, PDP_ERR_INVALID, msg);
             return false;
         }
@@ -7668,6 +7916,52 @@ static void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src,
     }
 }
 
+/* The same for 16-bit elements (dt BF16 or F16): each widened to fp32, reduced in fp32
+   in rank order, AVG divided, then rounded ONCE into out (to nearest even). */
+static void pdp__reduce_chunk16(uint16_t *out, float *PDP__RESTRICT acc,
+                                const uint16_t *const *src, int nsrc, int64_t off, int64_t n,
+                                pdp_reduce_op op, int dt)
+{
+    int64_t j;
+    int r;
+    for (j = 0; j < n; j++) acc[j] = pdp__dt16_float(dt, src[0][off + j]);
+    for (r = 1; r < nsrc; r++)
+        for (j = 0; j < n; j++) acc[j] += pdp__dt16_float(dt, src[r][off + j]);
+    if (op == PDP_REDUCE_AVG) {
+        float div = (float)nsrc;
+        for (j = 0; j < n; j++) acc[j] /= div;
+    }
+    for (j = 0; j < n; j++) out[j] = pdp__dt16_bits(dt, acc[j]);
+}
+
+/* Rank r's share of a 16-bit all-reduce or reduce-scatter (the float loops below). */
+static void pdp__local_execute16(pdp_local_group *g, int r)
+{
+    const pdp__coll_args *me = &g->slot[r];
+    int n = g->size, i;
+    float acc[PDP__CHUNK];
+    uint16_t h[PDP__CHUNK];
+    const uint16_t *src[PDP__LOCAL_MAX_RANKS];
+    int64_t lo, hi, off, len;
+    if (me->kind == PDP__COLL_ALLREDUCE) {
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++) src[i] = (const uint16_t *)g->slot[i].buf;
+        for (off = lo; off < hi; off += len) {
+            len = PDP__MIN(hi - off, PDP__CHUNK);
+            pdp__reduce_chunk16(h, acc, src, n, off, len, (pdp_reduce_op)me->op, me->dtype);
+            for (i = 0; i < n; i++)
+                memcpy((uint16_t *)g->slot[i].buf + off, h, (size_t)len * sizeof *h);
+        }
+    } else { /* reduce-scatter: rank r reduces slice r into its own recv */
+        for (i = 0; i < n; i++) src[i] = (const uint16_t *)g->slot[i].send + (int64_t)r * me->count;
+        for (off = 0; off < me->count; off += len) {
+            len = PDP__MIN(me->count - off, PDP__CHUNK);
+            pdp__reduce_chunk16((uint16_t *)me->recv + off, acc, src, n, off, len,
+                                (pdp_reduce_op)me->op, me->dtype);
+        }
+    }
+}
+
 /* Rank r's share of the collective whose arguments every rank published. */
 static void pdp__local_execute(pdp_local_group *g, int r)
 {
@@ -7676,6 +7970,10 @@ static void pdp__local_execute(pdp_local_group *g, int r)
     float acc[PDP__CHUNK];
     const float *src[PDP__LOCAL_MAX_RANKS];
     int64_t lo, hi, off, len;
+    if (me->dtype != PDP_DTYPE_F32) {
+        pdp__local_execute16(g, r);
+        return;
+    }
     switch (me->kind) {
     case PDP__COLL_ALLREDUCE:
         pdp__slice(me->count, r, n, &lo, &hi);
@@ -7879,7 +8177,7 @@ static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, 
     if (g->size == 1) {
         if (a->kind == PDP__COLL_REDUCE_SCATTER || a->kind == PDP__COLL_ALLGATHER)
             if (a->recv != a->send && a->count > 0)
-                memmove(a->recv, a->send, (size_t)a->count * sizeof *a->recv);
+                memmove(a->recv, a->send, (size_t)a->count * pdp__dtype_size(a->dtype));
         return PDP_OK;
     }
     if ((st = pdp__group_barrier(g, r, a, true, msg, cap)) != PDP_OK) return st;
@@ -8033,7 +8331,10 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    or a peer is late) sleeping 200 us between polls (500 us once a collective has
    waited 20 ms), so that backward keeps its core and the poll latency hides
    under it. AVG is SUM followed by a division by the size on every element, as
-   the local backend does. MPI counts are int: an all-reduce or broadcast is
+   the local backend does. 16-bit elements (pdp_comm_allreduce_ex and
+   reduce_scatter_ex with BF16 or F16) travel as MPI_UINT16_T and are summed by
+   one of two user-defined MPI_Ops created with the communicator (comm.h states
+   their rounding). MPI counts are int: an all-reduce or broadcast is
    split into calls of PDP_MPI_CHUNK elements; reduce-scatter and all-gather take
    at most INT_MAX elements per rank.
    In-place forms: all-gather with send == recv + rank * count, and
@@ -8106,6 +8407,8 @@ typedef struct pdp__mpi_comm {
     pdp_comm head;               /* first member */
     pdp__workq q;                /* head.impl points here; sticky, with an idle poll */
     MPI_Comm mcomm;              /* our duplicate of MPI_COMM_WORLD */
+    MPI_Op op16[2];              /* the 16-bit sums (BF16, F16) over MPI_UINT16_T; MPI_OP_NULL
+                                    until created */
     bool orphan;                 /* a timed-out request is still pending (q.mu) */
     MPI_Request orphan_req;
     bool traced;                 /* pdp__trace_open succeeded: close at free */
@@ -8334,10 +8637,36 @@ static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, i
     return PDP_ERR_COMM;
 }
 
-static void pdp__mpi_divide(float *PDP__RESTRICT p, int64_t n, int size)
+static void pdp__mpi_divide(void *buf, int64_t n, int size, int dt)
 {
     float div = (float)size;
-    PDP__FOR_BLOCKED(i, n, p[i] /= div;);
+    if (dt == PDP_DTYPE_F32) {
+        float *PDP__RESTRICT p = (float *)buf;
+        PDP__FOR_BLOCKED(i, n, p[i] /= div;);
+    } else {
+        uint16_t *h = (uint16_t *)buf;
+        int64_t i;
+        for (i = 0; i < n; i++) h[i] = pdp__dt16_bits(dt, pdp__dt16_float(dt, h[i]) / div);
+    }
+}
+
+/* The 16-bit sums, MPI user functions over MPI_UINT16_T: both values widened, added in
+   fp32 and rounded once to nearest even (commutative, so MPI may combine in any order). */
+static void pdp__mpi_sum16(const uint16_t *in, uint16_t *inout, int len, int dt)
+{
+    int i;
+    for (i = 0; i < len; i++)
+        inout[i] = pdp__dt16_bits(dt, pdp__dt16_float(dt, in[i]) + pdp__dt16_float(dt, inout[i]));
+}
+static void pdp__mpi_sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    pdp__mpi_sum16((const uint16_t *)in, (uint16_t *)inout, *len, PDP_DTYPE_BF16);
+}
+static void pdp__mpi_sum_f16(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    pdp__mpi_sum16((const uint16_t *)in, (uint16_t *)inout, *len, PDP_DTYPE_F16);
 }
 
 /* Runs one collective to completion on the progress thread. */
@@ -8349,6 +8678,9 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
     double deadline = w->head.t_start + mc->head.timeout_s;
     int size = mc->head.size, rank = mc->head.rank, n;
     int64_t off, len;
+    size_t es = pdp__dtype_size(a->dtype);
+    MPI_Datatype type = a->dtype == PDP_DTYPE_F32 ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Op sum = a->dtype == PDP_DTYPE_F32 ? MPI_SUM : mc->op16[a->dtype == PDP_DTYPE_F16];
     pdp_status st;
     *req = MPI_REQUEST_NULL;
     switch (a->kind) {
@@ -8359,8 +8691,8 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
             len = PDP__MIN(a->count - off, (int64_t)PDP_MPI_CHUNK);
             n = (int)len;
             if (a->kind == PDP__COLL_ALLREDUCE)
-                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, a->buf + off, n,
-                                     MPI_FLOAT, MPI_SUM, mcomm, req), "MPI_Iallreduce", msg, cap);
+                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, (char *)a->buf + off * es,
+                                     n, type, sum, mcomm, req), "MPI_Iallreduce", msg, cap);
             else if (a->kind == PDP__COLL_BROADCAST)
                 st = pdp__mpi_posted(mc, w, MPI_Ibcast(a->buf + off, n, MPI_FLOAT, a->op, mcomm,
                                      req), "MPI_Ibcast", msg, cap);
@@ -8371,26 +8703,26 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
             if (st != PDP_OK) return st;
         }
         if (a->kind == PDP__COLL_ALLREDUCE && a->op == PDP_REDUCE_AVG)
-            pdp__mpi_divide(a->buf, a->count, size);
+            pdp__mpi_divide(a->buf, a->count, size, a->dtype);
         return PDP_OK;
     case PDP__COLL_REDUCE_SCATTER: {
-        float *mine = (float *)a->send + (int64_t)rank * a->count; /* in-place slot */
-        bool in_place = a->recv == mine;
+        void *mine = (char *)a->send + (int64_t)rank * a->count * (int64_t)es; /* in-place slot */
+        bool in_place = (void *)a->recv == mine;
         n = (int)a->count;
         if (size == 1) {
-            if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
+            if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * es);
         } else {
             /* in place, MPI leaves the result at the start of the buffer */
             st = pdp__mpi_posted(mc, w, MPI_Ireduce_scatter_block(
                                      in_place ? MPI_IN_PLACE : (void *)a->send,
-                                     in_place ? (void *)a->send : (void *)a->recv, n, MPI_FLOAT,
-                                     MPI_SUM, mcomm, req),
+                                     in_place ? (void *)a->send : (void *)a->recv, n, type,
+                                     sum, mcomm, req),
                                  "MPI_Ireduce_scatter_block", msg, cap);
             if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
             if (st != PDP_OK) return st;
-            if (in_place && rank > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
+            if (in_place && rank > 0) memmove(a->recv, a->send, (size_t)n * es);
         }
-        if (a->op == PDP_REDUCE_AVG) pdp__mpi_divide(a->recv, a->count, size);
+        if (a->op == PDP_REDUCE_AVG) pdp__mpi_divide(a->recv, a->count, size, a->dtype);
         return PDP_OK;
     }
     case PDP__COLL_ALLGATHER: {
@@ -8474,12 +8806,13 @@ static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const cha
                     c->name, c->rank, (int)INT32_MAX);
 }
 
-static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                          int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                          int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                          pdp_work **w)
 {
     pdp_status st;
     if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
-    return pdp__workq_reduce_scatter(c, send, recv, recv_count, op, w);
+    return pdp__workq_reduce_scatter(c, send, recv, recv_count, dt, op, w);
 }
 
 static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
@@ -8554,6 +8887,8 @@ static void pdp__mpi_destroy(pdp_comm *c)
     } else {
         MPI_Comm_free(&mc->mcomm);
     }
+    for (i = 0; i < 2; i++)
+        if (mc->op16[i] != MPI_OP_NULL) MPI_Op_free(&mc->op16[i]);
     if (mc->traced) pdp__trace_close();
     pdp__dealloc(mc);
     pdp__mpi_release();
@@ -8860,6 +9195,13 @@ static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name
     snprintf(mc->head.name, sizeof mc->head.name, "%s", name);
     mc->head.impl = &mc->q;
     mc->mcomm = mcomm;
+    mc->op16[0] = mc->op16[1] = MPI_OP_NULL;
+    if (MPI_Op_create(pdp__mpi_sum_bf16, 1, &mc->op16[0]) != MPI_SUCCESS ||
+        MPI_Op_create(pdp__mpi_sum_f16, 1, &mc->op16[1]) != MPI_SUCCESS) {
+        st = pdp__err(PDP_ERR_COMM, "%s: MPI_Op_create failed for the 16-bit sums (rank %d)", fn,
+                      rank);
+        goto fail;
+    }
     mc->q.comm = &mc->head;
     mc->q.exec = pdp__mpi_exec;
     mc->q.idle = pdp__mpi_idle;
@@ -8883,6 +9225,8 @@ static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name
     *out = &mc->head;
     return PDP_OK;
 fail:
+    if (mc->op16[0] != MPI_OP_NULL) MPI_Op_free(&mc->op16[0]);
+    if (mc->op16[1] != MPI_OP_NULL) MPI_Op_free(&mc->op16[1]);
     if (mc->traced) pdp__trace_close();
     pthread_mutex_destroy(&mc->p2p_mu);
     pdp__dealloc(mc);
@@ -9178,8 +9522,8 @@ static pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
 
 /* kind names the collective through internal.h's pdp__op_names, whose first four
    entries follow pdp_cudak_coll's order. */
-static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float *send,
-                                  float *recv, int64_t count, int op, pdp_work **w)
+static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *send,
+                                  void *recv, int64_t count, int op, pdp_dtype dt, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp__nccl_work *wk;
@@ -9195,7 +9539,7 @@ static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float 
     if (wk->busy)
         return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait on "
                         "some before issuing more", PDP_CUDAK_NCCL_SLOTS, c->name, c->rank);
-    if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, &slot)) != PDP_OK)
+    if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, (int)dt, &slot)) != PDP_OK)
         return pdp__err(st, "%s #%lld (count %lld) on comm '%s', rank %d of %d: pdp_cuda: %s",
                         pdp__op_names[kind], (long long)nc->seq, (long long)count, c->name,
                         c->rank, c->size, pdp_cudak_error());
@@ -9213,35 +9557,37 @@ static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float 
     return PDP_OK;
 }
 
-static pdp_status pdp__nccl_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                      pdp_work **w)
+static pdp_status pdp__nccl_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                      pdp_reduce_op op, pdp_work **w)
 {
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, w);
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, dt, w);
 }
 
 static pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
                                       pdp_work **w)
 {
-    return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, w);
+    return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, PDP_DTYPE_F32, w);
 }
 
-static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                           int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                           int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                           pdp_work **w)
 {
     return pdp__nccl_issue(c, PDP_CUDAK_REDUCE_SCATTER, send, recv, recv_count,
-                           op == PDP_REDUCE_AVG, w);
+                           op == PDP_REDUCE_AVG, dt, w);
 }
 
 static pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
                                       int64_t send_count, pdp_work **w)
 {
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, w);
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, PDP_DTYPE_F32, w);
 }
 
 static pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0, w);
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0,
+                           PDP_DTYPE_F32, w);
 }
 
 static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
@@ -9593,20 +9939,48 @@ static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, do
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
 }
 
-PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                      pdp_work **work)
+static pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, const char *fn)
 {
-    static const char *fn = "pdp_comm_allreduce";
+    if (dt != PDP_DTYPE_F32 && dt != PDP_DTYPE_BF16 && dt != PDP_DTYPE_F16)
+        return pdp__err(PDP_ERR_INVALID, "%s: unknown dtype %d (comm '%s', rank %d): "
+                        "PDP_DTYPE_F32, PDP_DTYPE_BF16 or PDP_DTYPE_F16", fn, (int)dt, c->name,
+                        c->rank);
+    return PDP_OK;
+}
+
+PDP_API size_t pdp_dtype_size(pdp_dtype dt)
+{
+    return dt == PDP_DTYPE_F32 ? 4 : dt == PDP_DTYPE_BF16 || dt == PDP_DTYPE_F16 ? 2 : 0;
+}
+
+/* The all-reduce of every dtype; fn names the public entry. */
+static pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                      pdp_reduce_op op, pdp_work **work, const char *fn)
+{
     pdp_work *w = NULL;
     double t = pdp__now(), n;
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)))
+        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)))
         return st;
     n = (double)c->size;
-    st = c->ops->allreduce(c, buf, count, op, &w);
-    return pdp__comm_launched(c, st, w, t, 2.0 * (n - 1.0) / n * (double)count * 4.0, work, fn);
+    st = c->ops->allreduce(c, buf, count, dt, op, &w);
+    return pdp__comm_launched(c, st, w, t,
+                              2.0 * (n - 1.0) / n * (double)count * (double)pdp_dtype_size(dt),
+                              work, fn);
+}
+
+PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                      pdp_work **work)
+{
+    return pdp__comm_allreduce(c, buf, count, PDP_DTYPE_F32, op, work, "pdp_comm_allreduce");
+}
+
+PDP_API pdp_status pdp_comm_allreduce_ex(pdp_comm *c, void *buf, int64_t count, pdp_dtype dtype,
+                                         pdp_reduce_op op, pdp_work **work)
+{
+    return pdp__comm_allreduce(c, buf, count, dtype, op, work, "pdp_comm_allreduce_ex");
 }
 
 PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
@@ -9625,10 +9999,10 @@ PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, in
     return pdp__comm_launched(c, st, w, t, (n - 1.0) / n * (double)count * 4.0, work, fn);
 }
 
-PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work)
+static pdp_status pdp__comm_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                           int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                           pdp_work **work, const char *fn)
 {
-    static const char *fn = "pdp_comm_reduce_scatter";
     pdp_work *w = NULL;
     double t = pdp__now();
     pdp_status st;
@@ -9636,11 +10010,28 @@ PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float
     if ((st = pdp__comm_check(c, fn)) ||
         (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
         (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)))
+        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)))
         return st;
-    st = c->ops->reduce_scatter(c, send, recv, recv_count, op, &w);
-    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)recv_count * 4.0, work,
-                              fn);
+    st = c->ops->reduce_scatter(c, send, recv, recv_count, dt, op, &w);
+    return pdp__comm_launched(c, st, w, t,
+                              (double)(c->size - 1) * (double)recv_count *
+                                  (double)pdp_dtype_size(dt),
+                              work, fn);
+}
+
+PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work)
+{
+    return pdp__comm_reduce_scatter(c, send, recv, recv_count, PDP_DTYPE_F32, op, work,
+                                    "pdp_comm_reduce_scatter");
+}
+
+PDP_API pdp_status pdp_comm_reduce_scatter_ex(pdp_comm *c, const void *send, void *recv,
+                                              int64_t recv_count, pdp_dtype dtype,
+                                              pdp_reduce_op op, pdp_work **work)
+{
+    return pdp__comm_reduce_scatter(c, send, recv, recv_count, dtype, op, work,
+                                    "pdp_comm_reduce_scatter_ex");
 }
 
 PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *recv,
@@ -16660,6 +17051,16 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
    bucket's collective has completed successfully, whoever waited for it
    (pdp__reducer_wait_bucket: finish, or the executor reusing a buffer).
 
+   A communication hook (ddp.h's pdp_ddp_comm_hook, PyTorch's register_comm_hook)
+   replaces the collective: the executor's reduce builds the bucket's view (what
+   its collective would reduce, and where the result goes) and hands it to
+   pdp__reducer_hook_launch, which calls the hook's launch with the bucket's piece
+   of the scratch memory allocated once at registration; pdp__reducer_wait_bucket
+   calls the hook's finish after the wait, before bucket_done, and a failing
+   finish is reported like a failed collective, naming the bucket. Registration
+   is refused once a backward has run (the buckets' collectives must be the same
+   on every rank from the first step on).
+
    Every backward of the wrapped model synchronises, whatever computed its
    output gradient (the built-in cross-entropy, pdp_loss_mse, a user's own
    loss): the reducer listens to the model's BACKWARD_BEGIN and BACKWARD_END
@@ -16728,8 +17129,10 @@ typedef struct pdp__red_bucket {
     int nparams;
     int pending;          /* parameters still to report in this backward */
     bool ready, launched;
+    bool hook_pending;    /* the comm hook launched it: its finish is still to run */
     pdp_work *work;
     double t_launch;
+    pdp_comm_hook_bucket view; /* what the comm hook was given (finish gets the same) */
 } pdp__red_bucket;
 
 struct pdp__reducer {
@@ -16756,6 +17159,10 @@ struct pdp__reducer {
     pdp_ddp_stats stats;  /* grad_bytes is the executor's to set */
     bool traced;
     int trace_compute, trace_comm;
+    bool backward_seen;   /* a backward has run: too late to register a comm hook */
+    pdp_ddp_comm_hook hook; /* hook.launch NULL: none; the executor's own collective */
+    void *scratch;        /* the hook's scratch memory on the model's device, or NULL */
+    int64_t *scratch_off; /* per bucket: its piece of scratch, in floats of the gradient */
 };
 
 /* ---- reducer: buckets ---- */
@@ -16849,7 +17256,7 @@ static void pdp__reducer_arm(pdp__reducer *r)
     for (b = 0; b < r->nbuckets; b++) {
         pdp__red_bucket *k = &r->buckets[b];
         k->pending = k->nparams;
-        k->ready = k->launched = false;
+        k->ready = k->launched = k->hook_pending = false;
         k->work = NULL;
     }
     r->next_launch = 0;
@@ -16877,6 +17284,7 @@ static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event 
         if (r->state == PDP__RED_REDUCING)
             return pdp__err(PDP_ERR_STATE, "rank %d: the last backward's buckets are still being "
                             "reduced; call %s first", r->c->rank, r->desc.finish_names);
+        r->backward_seen = true;
         if (!r->no_sync) pdp__reducer_arm(r);
         break;
     case PDP__EV_BACKWARD_END:
@@ -17079,11 +17487,88 @@ static void pdp__reducer_release(pdp__reducer *r)
         r->m->trace_tid = 0;
     }
     if (r->traced) pdp__trace_close();
+    if (r->scratch) pdp__dev_free(r->m->device, r->scratch);
+    pdp__dealloc(r->scratch_off);
     pdp__dealloc(r->buckets);
     pdp__dealloc(r->bucket_of);
     r->buckets = NULL;
     r->bucket_of = NULL;
+    r->scratch = NULL;
+    r->scratch_off = NULL;
     r->traced = false;
+}
+
+/* ---- reducer: communication hooks ---- */
+
+/* Registers hook (fn names the public entry: pdp_ddp_register_comm_hook or
+   pdp_zero_register_comm_hook). The scratch is total floats' worth of
+   hook->scratch_bytes_per_float bytes on the model's device, allocated here once;
+   bucket b's piece starts off[b] floats in (off NULL: at the bucket's offset in the
+   flat block, total = the parameter count). */
+static pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_comm_hook *hook,
+                                        const int64_t *off, int64_t total, const char *fn)
+{
+    size_t bytes;
+    int b;
+    if (!hook) return pdp__err(PDP_ERR_INVALID, "%s: hook is NULL", fn);
+    if (!hook->launch)
+        return pdp__err(PDP_ERR_INVALID, "%s: hook->launch is NULL (a hook must start the "
+                        "bucket's collective)", fn);
+    if (hook->scratch_bytes_per_float < 0 || hook->scratch_bytes_per_float > 64)
+        return pdp__err(PDP_ERR_INVALID, "%s: hook->scratch_bytes_per_float %d outside 0..64", fn,
+                        hook->scratch_bytes_per_float);
+    if (r->hook.launch)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: a communication hook is already registered "
+                        "(one per executor, as PyTorch's register_comm_hook)", fn, r->c->rank);
+    if (r->backward_seen)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: a backward has already run; register the "
+                        "hook before the first backward", fn, r->c->rank);
+    if (hook->scratch_bytes_per_float > 0) {
+        bytes = (size_t)total * (size_t)hook->scratch_bytes_per_float;
+        r->scratch_off = (int64_t *)pdp__calloc((size_t)PDP__MAX(1, r->nbuckets) * sizeof(int64_t));
+        if (!r->scratch_off)
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d buckets", fn,
+                            r->nbuckets);
+        for (b = 0; b < r->nbuckets; b++)
+            r->scratch_off[b] = off ? off[b] : r->buckets[b].info.offset;
+        if (pdp__dev_alloc(r->m->device, bytes, &r->scratch) != PDP_OK) {
+            pdp__dealloc(r->scratch_off);
+            r->scratch_off = NULL;
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory for the hook's %zu "
+                            "bytes of scratch", fn, r->c->rank, bytes);
+        }
+    }
+    r->hook = *hook;
+    return PDP_OK;
+}
+
+/* The executor's reduce with a hook registered: v holds the collective's part of the
+   view (grad, count, reduce_scatter, recv, recv_count); the rest is filled here. */
+static pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_comm_hook_bucket *v,
+                                           pdp_work **w)
+{
+    pdp__red_bucket *k = &r->buckets[b];
+    pdp_status st;
+    k->view = *v;
+    k->view.index = b;
+    k->view.nbuckets = r->nbuckets;
+    k->view.offset = k->info.offset;
+    k->view.device = r->m->device;
+    k->view.rank = r->c->rank;
+    k->view.world_size = r->c->size;
+    k->view.scratch = r->scratch ? (char *)r->scratch + r->scratch_off[b] *
+                                                           (int64_t)r->hook.scratch_bytes_per_float
+                                 : NULL;
+    *w = NULL;
+    st = r->hook.launch(r->hook.state, r->c, &k->view, w);
+    if (st != PDP_OK) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%.399s", pdp_last_error());
+        *w = NULL;
+        return pdp__err(st, "comm hook launch: %s", msg);
+    }
+    k->hook_pending = true;
+    return PDP_OK;
 }
 
 /* ---- reducer: training ---- */
@@ -17127,14 +17612,12 @@ static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
 }
 
-/* Waits for bucket b if it was launched and not waited yet: records its time,
-   its trace event and the first failure (named after the bucket), then runs
-   bucket_done on success. */
-static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
+/* The wait of bucket b's handle: records its time, its trace event and the first
+   failure (named after the bucket). */
+static pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
-    if (!k->launched || !k->work) return;
     st = pdp_work_wait(k->work);
     if (st != PDP_OK && r->wait_status == PDP_OK) {
         char name[160];
@@ -17154,6 +17637,29 @@ static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
                          k->work->t_done, args);
     }
     k->work = NULL;
+    return st;
+}
+
+/* Waits for bucket b if it was launched and not waited yet, runs the comm hook's
+   finish (a failure is recorded as the wait's, named after the bucket), then
+   bucket_done on success. */
+static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
+{
+    pdp__red_bucket *k = &r->buckets[b];
+    pdp_status st = PDP_OK;
+    if (!k->launched || (!k->work && !k->hook_pending)) return;
+    if (k->work) st = pdp__reducer_wait_work(r, b);
+    if (k->hook_pending) { /* the hook's finish: after the wait (decompress) */
+        k->hook_pending = false;
+        if (st == PDP_OK && r->hook.finish &&
+            (st = r->hook.finish(r->hook.state, &k->view)) != PDP_OK && r->wait_status == PDP_OK) {
+            char name[160];
+            r->wait_status = st;
+            pdp__red_bucket_name(r, b, name, sizeof name);
+            snprintf(r->wait_msg, sizeof r->wait_msg, "%s: comm hook finish: %.580s", name,
+                     pdp_last_error());
+        }
+    }
     if (st == PDP_OK && r->desc.bucket_done) r->desc.bucket_done(r, b);
 }
 
@@ -17248,7 +17754,8 @@ static void pdp__reducer_reset_stats(pdp__reducer *r)
    optimizer on it; there is no after-step collective. Buckets are planned from
    bucket_cap_mb and first_bucket_mb (MiB, 2^20 bytes, as PyTorch's). The
    states, the ordering of launches and the failure reports are the reducer's
-   (reducer.c). */
+   (reducer.c). A registered comm hook (ddp.h) replaces the all-reduce; the
+   built-in bf16/fp16 compression hooks live here and serve ZeRO too. */
 
 /* #include "internal.h" (already above) */
 
@@ -17257,11 +17764,91 @@ struct pdp_ddp {
     pdp_ddp_desc desc;
 };
 
-/* The DDP collective: bucket b's gradients, averaged in place. */
+/* The DDP collective: bucket b's gradients, averaged in place (or the comm hook's). */
 static pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w)
 {
     const pdp_ddp_bucket *k = &r->buckets[b].info;
+    if (r->hook.launch) {
+        pdp_comm_hook_bucket v;
+        memset(&v, 0, sizeof v);
+        v.grad = r->m->grad_block + k->offset;
+        v.count = k->count;
+        return pdp__reducer_hook_launch(r, b, &v, w);
+    }
     return pdp_comm_allreduce(r->c, r->m->grad_block + k->offset, k->count, PDP_REDUCE_AVG, w);
+}
+
+/* ---- ddp: the built-in compression hooks (ddp.h) ----
+   launch: scratch <- 16-bit(grad / N), then a 16-bit SUM of the scratch (all-reduce in
+   place, or reduce-scatter with this rank's slice in place); finish: the fp32 result
+   widened back into grad (or recv). Stateless: the scratch is the bucket's own. */
+
+static pdp_status pdp__hook_compress_launch(pdp_dtype dt, pdp_comm *c,
+                                            const pdp_comm_hook_bucket *b, pdp_work **work)
+{
+    pdp_status st;
+    if ((st = pdp__dev_to16(b->device, b->scratch, b->grad, b->count, 1.0f / (float)b->world_size,
+                            (int)dt)) != PDP_OK)
+        return st;
+    if (!b->reduce_scatter) return pdp_comm_allreduce_ex(c, b->scratch, b->count, dt,
+                                                         PDP_REDUCE_SUM, work);
+    return pdp_comm_reduce_scatter_ex(c, b->scratch,
+                                      (uint16_t *)b->scratch + (int64_t)b->rank * b->recv_count,
+                                      b->recv_count, dt, PDP_REDUCE_SUM, work);
+}
+
+static pdp_status pdp__hook_compress_finish(pdp_dtype dt, const pdp_comm_hook_bucket *b)
+{
+    if (!b->reduce_scatter) return pdp__dev_from16(b->device, b->grad, b->scratch, b->count, dt);
+    return pdp__dev_from16(b->device, b->recv,
+                           (const uint16_t *)b->scratch + (int64_t)b->rank * b->recv_count,
+                           b->recv_count, dt);
+}
+
+static pdp_status pdp__hook_bf16_launch(void *state, pdp_comm *c, const pdp_comm_hook_bucket *b,
+                                        pdp_work **work)
+{
+    (void)state;
+    return pdp__hook_compress_launch(PDP_DTYPE_BF16, c, b, work);
+}
+
+static pdp_status pdp__hook_bf16_finish(void *state, const pdp_comm_hook_bucket *b)
+{
+    (void)state;
+    return pdp__hook_compress_finish(PDP_DTYPE_BF16, b);
+}
+
+static pdp_status pdp__hook_fp16_launch(void *state, pdp_comm *c, const pdp_comm_hook_bucket *b,
+                                        pdp_work **work)
+{
+    (void)state;
+    return pdp__hook_compress_launch(PDP_DTYPE_F16, c, b, work);
+}
+
+static pdp_status pdp__hook_fp16_finish(void *state, const pdp_comm_hook_bucket *b)
+{
+    (void)state;
+    return pdp__hook_compress_finish(PDP_DTYPE_F16, b);
+}
+
+PDP_API pdp_ddp_comm_hook pdp_ddp_hook_bf16_compress(void)
+{
+    pdp_ddp_comm_hook h;
+    memset(&h, 0, sizeof h);
+    h.launch = pdp__hook_bf16_launch;
+    h.finish = pdp__hook_bf16_finish;
+    h.scratch_bytes_per_float = 2;
+    return h;
+}
+
+PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void)
+{
+    pdp_ddp_comm_hook h;
+    memset(&h, 0, sizeof h);
+    h.launch = pdp__hook_fp16_launch;
+    h.finish = pdp__hook_fp16_finish;
+    h.scratch_bytes_per_float = 2;
+    return h;
 }
 
 /* ---- ddp: construction ---- */
@@ -17349,6 +17936,13 @@ PDP_API pdp_status pdp_ddp_step(pdp_ddp *d, pdp_optim *opt)
     if (!d || !opt) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, d ? "opt" : "ddp");
     if ((st = pdp_ddp_finish(d)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     return pdp__reducer_step(&d->r, opt, fn);
+}
+
+PDP_API pdp_status pdp_ddp_register_comm_hook(pdp_ddp *d, const pdp_ddp_comm_hook *hook)
+{
+    static const char *fn = "pdp_ddp_register_comm_hook";
+    if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
+    return pdp__reducer_set_hook(&d->r, hook, NULL, d->r.m->param_count, fn);
 }
 
 PDP_API void pdp_ddp_set_no_sync(pdp_ddp *d, bool no_sync)
@@ -17858,8 +18452,41 @@ static pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
     pdp_status st;
     /* no backward reached it: zeros */
     if (!k->gbuf && (st = pdp__zero_take_gbuf(z, b)) != PDP_OK) return st;
+    if (r->hook.launch) {
+        pdp_comm_hook_bucket v;
+        memset(&v, 0, sizeof v);
+        v.grad = k->gbuf;
+        v.count = (int64_t)z->size * k->s;
+        v.reduce_scatter = true;
+        v.recv = k->gbuf + (int64_t)z->rank * k->s;
+        v.recv_count = k->s;
+        return pdp__reducer_hook_launch(r, b, &v, w);
+    }
     return pdp_comm_reduce_scatter(z->c, k->gbuf, k->gbuf + (int64_t)z->rank * k->s, k->s,
                                    PDP_REDUCE_AVG, w);
+}
+
+/* A comm hook's scratch: stage 1 one piece per unit (every unit's buffer may be in
+   flight at once), laid out as grad_all; stages 2-3 one piece per bucket buffer
+   (unit u uses piece u mod grad_buffers, as its bucket buffer: the unit that held it
+   was waited, and its hook finished, before u's backward began). */
+PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_hook *hook)
+{
+    static const char *fn = "pdp_zero_register_comm_hook";
+    int64_t *off, base = 0, total;
+    pdp_status st;
+    int b;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    off = (int64_t *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *off);
+    if (!off) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d units", fn, z->nunits);
+    for (b = z->nunits - 1; b >= 0; b--) {
+        off[b] = z->stage == 1 ? base : (int64_t)(b % z->desc.grad_buffers) * z->size * z->smax;
+        base += (int64_t)z->size * z->units[b].s;
+    }
+    total = z->stage == 1 ? z->padded_count : (int64_t)z->desc.grad_buffers * z->size * z->smax;
+    st = pdp__reducer_set_hook(&z->r, hook, off, total, fn);
+    pdp__dealloc(off);
+    return st;
 }
 
 /* ---- zero: gathered parameters (stage 3) ---- */

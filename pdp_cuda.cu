@@ -1379,6 +1379,48 @@ extern "C" pdp_status pdp_cudak_scale(int dev, float *x, int64_t count, float s)
     return PDP_OK;
 }
 
+/* ---- gradient compression: fp32 <-> bf16 / fp16, math.h's conversions ---- */
+
+static __global__ void pdp__to16_fwd(uint16_t *dst, const float *src, int64_t n, float scale,
+                                     int bf16)
+{
+    PDP__FOR(i, n) {
+        float v = src[i] * scale;
+        dst[i] = bf16 ? pdp__bf16_bits(v) : pdp__f16_bits(v);
+    }
+}
+
+static __global__ void pdp__from16_fwd(float *dst, const uint16_t *src, int64_t n, int bf16)
+{
+    PDP__FOR(i, n) dst[i] = bf16 ? pdp__bf16_float(src[i]) : pdp__f16_float(src[i]);
+}
+
+extern "C" pdp_status pdp_cudak_to16(int dev, void *dst, const float *src, int64_t count,
+                                     float scale, int dtype)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__to16_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(
+        (uint16_t *)dst, src, count, scale, dtype == 1);
+    PDP__LAUNCHED(pdp__to16_fwd);
+    return PDP_OK;
+}
+
+extern "C" pdp_status pdp_cudak_from16(int dev, float *dst, const void *src, int64_t count,
+                                       int dtype)
+{
+    pdp__cu_ctx *c;
+    pdp_status st;
+    if ((st = pdp__cu_begin(dev, &c)) != PDP_OK) return st;
+    if (count <= 0) return PDP_OK;
+    pdp__from16_fwd<<<pdp__cu_grid(count), PDP__CU_THREADS, 0, c->stream>>>(
+        dst, (const uint16_t *)src, count, dtype == 1);
+    PDP__LAUNCHED(pdp__from16_fwd);
+    return PDP_OK;
+}
+
 /* ---- optimizers: one fused kernel per update, math.h's element formulas ---- */
 
 static __global__ void pdp__sgd_fwd(float *p, const float *g, float *buf, int64_t n, float lr,
@@ -1690,13 +1732,15 @@ static pdp_status pdp__nccl_enqueue(pdp_cudak_nccl *h, pdp_cudak_coll kind, cons
 }
 
 extern "C" pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind,
-                                            const float *send, float *recv, int64_t count, int op,
-                                            int *slot)
+                                            const void *send, void *recv, int64_t count, int op,
+                                            int dtype, int *slot)
 {
+    /* pdp_dtype: F32, BF16, F16 (NCCL reduces the 16-bit types natively) */
+    ncclDataType_t type = dtype == 1 ? ncclBfloat16 : dtype == 2 ? ncclFloat16 : ncclFloat32;
     pdp_status st;
     int s;
     *slot = -1;
-    if ((st = pdp__nccl_enqueue(h, kind, send, recv, (size_t)count, ncclFloat32, op)) != PDP_OK)
+    if ((st = pdp__nccl_enqueue(h, kind, send, recv, (size_t)count, type, op)) != PDP_OK)
         return st;
     s = (int)(h->next++ % PDP_CUDAK_NCCL_SLOTS);
     PDP__CU(cudaEventRecord(h->done[s], h->stream));

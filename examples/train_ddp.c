@@ -9,12 +9,15 @@
    backward. Ranks are threads of this process (-backend local), MPI processes
    (-backend mpi), or GPUs over NCCL (-backend nccl: one thread per GPU in this
    process, or one process per GPU under torchrun / mpirun, which set WORLD_SIZE).
+   -compress bf16|fp16 registers the built-in compression hook (PyTorch's
+   bf16_compress_hook): gradients travel as 16-bit values, half the bytes.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_ddp.c -o train_ddp -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_ddp.c -o train_ddp_mpi -lm
            make cuda   (build/cuda/train_ddp, with -DPDP_CUDA: -backend nccl)
    Run:    ./train_ddp                       (2 thread-ranks; PDP_SHORT=1 for a few steps)
            ./train_ddp -np 2 -epochs 2 -batch 256 -lr 0.05 -seed 1
+           ./train_ddp -compress bf16                (gradients on the wire as bf16)
            mpirun -np 2 ./train_ddp_mpi -backend mpi
            ./build/cuda/train_ddp -backend nccl -np 2           (2 GPUs, one thread each)
            torchrun --nproc-per-node 2 --no-python ./build/cuda/train_ddp -backend nccl
@@ -26,6 +29,8 @@
            epoch 1  loss 0.5462  test 86.50% (first 1000)  15500 samples/s  all-reduce hidden ...
            "hidden" stays low for this MLP: its second bucket (layer 0, 60% of the bytes) is
            ready only when backward ends, as with PyTorch's default buckets.
+           -epochs 3, test accuracy (first 1000): fp32 89.00%, -compress bf16 89.30% (sent/rank
+           1.34 MB per step instead of 2.68), -compress fp16 89.40%.
    Next:   bench/ddp.c (DDP's scaling measured against one rank). */
 
 #define _POSIX_C_SOURCE 200809L
@@ -53,6 +58,7 @@ static int64_t batch = 256; /* global */
 static float lr = 0.05f;
 static unsigned long long seed = 1;
 static bool short_run;
+static const char *compress = "none"; /* none, bf16 or fp16: the gradients on the wire */
 static pdp_dataset *train, *test;
 static pdp_local_group *group;
 static pdp_nccl_group *ngroup;
@@ -105,6 +111,11 @@ static void train_rank(pdp_comm *c, pdp_device dev)
     od.momentum = 0.9f;
     CHECK(pdp_optim_create(&opt, m, &od));
     CHECK(pdp_ddp_create(&ddp, m, c, NULL)); /* 25 MB buckets, the first 1 MB, as PyTorch */
+    if (strcmp(compress, "none")) { /* before the first backward */
+        pdp_ddp_comm_hook h = !strcmp(compress, "bf16") ? pdp_ddp_hook_bf16_compress()
+                                                        : pdp_ddp_hook_fp16_compress();
+        CHECK(pdp_ddp_register_comm_hook(ddp, &h));
+    }
     if (dev.kind != PDP_DEVICE_CPU) /* a batch, or the evaluation's 1000 samples */
         CHECK(pdp_tensor_create(&xdev, dev, 2, (int64_t[]){per_rank > 1000 ? per_rank : 1000,
                                                            784}));
@@ -137,7 +148,9 @@ static void train_rank(pdp_comm *c, pdp_device dev)
             if (rank == 0 && (++step % (short_run ? 5 : 100) == 0))
                 printf("step %4lld  loss %.4f  sent/rank %.2f MB  ring 2(N-1)/N x grads %.2f MB"
                        "  hidden %.0f%%\n", (long long)step, (double)loss, s.bytes_sent / 1e6,
-                       2.0 * (n - 1) / n * (double)s.grad_bytes / 1e6, 100.0 * s.hidden_share);
+                       2.0 * (n - 1) / n * (double)s.grad_bytes / 1e6 *
+                           (strcmp(compress, "none") ? 0.5 : 1.0), /* 16-bit: half */
+                       100.0 * s.hidden_share);
         }
         pdp_batcher_free(b);
         pdp_ddp_get_stats(ddp, &s);
@@ -190,13 +203,16 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "-compress")) compress = argv[i + 1];
         else break;
     }
     if (i < argc || np < 1 || np > 64 || epochs < 1 || batch < np ||
-        (strcmp(backend, "local") && strcmp(backend, "mpi") && strcmp(backend, "nccl"))) {
+        (strcmp(backend, "local") && strcmp(backend, "mpi") && strcmp(backend, "nccl")) ||
+        (strcmp(compress, "none") && strcmp(compress, "bf16") && strcmp(compress, "fp16"))) {
         fprintf(stderr, "usage: %s [-backend local|mpi|nccl] [-np 2 (threads; mpirun or "
                 "torchrun set it for processes)] "
-                "[-epochs 1] [-batch 256 (global)] [-lr 0.05] [-seed 1]\n", argv[0]);
+                "[-epochs 1] [-batch 256 (global)] [-lr 0.05] [-seed 1] "
+                "[-compress none|bf16|fp16]\n", argv[0]);
         return 2;
     }
     if (!strcmp(backend, "mpi")) { /* the rank and size come from mpirun */
@@ -230,8 +246,9 @@ int main(int argc, char **argv)
     }
     if (rank == 0)
         printf("seed %llu: %s, backend %s, %d ranks, global batch %lld (%lld per rank), MLP "
-               "784-512-512-10, SGD lr %g momentum 0.9\n", seed, source, backend, np,
-               (long long)batch, (long long)(batch / np), (double)lr);
+               "784-512-512-10, SGD lr %g momentum 0.9, gradients %s\n", seed, source, backend,
+               np, (long long)batch, (long long)(batch / np), (double)lr,
+               strcmp(compress, "none") ? compress : "fp32");
 
     if (c) { /* MPI or NCCL processes: this process is one rank */
         train_rank(c, dev);

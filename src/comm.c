@@ -84,20 +84,48 @@ static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, do
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
 }
 
-PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                      pdp_work **work)
+static pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, const char *fn)
 {
-    static const char *fn = "pdp_comm_allreduce";
+    if (dt != PDP_DTYPE_F32 && dt != PDP_DTYPE_BF16 && dt != PDP_DTYPE_F16)
+        return pdp__err(PDP_ERR_INVALID, "%s: unknown dtype %d (comm '%s', rank %d): "
+                        "PDP_DTYPE_F32, PDP_DTYPE_BF16 or PDP_DTYPE_F16", fn, (int)dt, c->name,
+                        c->rank);
+    return PDP_OK;
+}
+
+PDP_API size_t pdp_dtype_size(pdp_dtype dt)
+{
+    return dt == PDP_DTYPE_F32 ? 4 : dt == PDP_DTYPE_BF16 || dt == PDP_DTYPE_F16 ? 2 : 0;
+}
+
+/* The all-reduce of every dtype; fn names the public entry. */
+static pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                      pdp_reduce_op op, pdp_work **work, const char *fn)
+{
     pdp_work *w = NULL;
     double t = pdp__now(), n;
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)))
+        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)))
         return st;
     n = (double)c->size;
-    st = c->ops->allreduce(c, buf, count, op, &w);
-    return pdp__comm_launched(c, st, w, t, 2.0 * (n - 1.0) / n * (double)count * 4.0, work, fn);
+    st = c->ops->allreduce(c, buf, count, dt, op, &w);
+    return pdp__comm_launched(c, st, w, t,
+                              2.0 * (n - 1.0) / n * (double)count * (double)pdp_dtype_size(dt),
+                              work, fn);
+}
+
+PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
+                                      pdp_work **work)
+{
+    return pdp__comm_allreduce(c, buf, count, PDP_DTYPE_F32, op, work, "pdp_comm_allreduce");
+}
+
+PDP_API pdp_status pdp_comm_allreduce_ex(pdp_comm *c, void *buf, int64_t count, pdp_dtype dtype,
+                                         pdp_reduce_op op, pdp_work **work)
+{
+    return pdp__comm_allreduce(c, buf, count, dtype, op, work, "pdp_comm_allreduce_ex");
 }
 
 PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
@@ -116,10 +144,10 @@ PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, in
     return pdp__comm_launched(c, st, w, t, (n - 1.0) / n * (double)count * 4.0, work, fn);
 }
 
-PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work)
+static pdp_status pdp__comm_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                           int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                           pdp_work **work, const char *fn)
 {
-    static const char *fn = "pdp_comm_reduce_scatter";
     pdp_work *w = NULL;
     double t = pdp__now();
     pdp_status st;
@@ -127,11 +155,28 @@ PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float
     if ((st = pdp__comm_check(c, fn)) ||
         (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
         (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)))
+        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)))
         return st;
-    st = c->ops->reduce_scatter(c, send, recv, recv_count, op, &w);
-    return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)recv_count * 4.0, work,
-                              fn);
+    st = c->ops->reduce_scatter(c, send, recv, recv_count, dt, op, &w);
+    return pdp__comm_launched(c, st, w, t,
+                              (double)(c->size - 1) * (double)recv_count *
+                                  (double)pdp_dtype_size(dt),
+                              work, fn);
+}
+
+PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv,
+                                           int64_t recv_count, pdp_reduce_op op, pdp_work **work)
+{
+    return pdp__comm_reduce_scatter(c, send, recv, recv_count, PDP_DTYPE_F32, op, work,
+                                    "pdp_comm_reduce_scatter");
+}
+
+PDP_API pdp_status pdp_comm_reduce_scatter_ex(pdp_comm *c, const void *send, void *recv,
+                                              int64_t recv_count, pdp_dtype dtype,
+                                              pdp_reduce_op op, pdp_work **work)
+{
+    return pdp__comm_reduce_scatter(c, send, recv, recv_count, dtype, op, work,
+                                    "pdp_comm_reduce_scatter_ex");
 }
 
 PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *recv,

@@ -33,6 +33,16 @@ typedef enum pdp_reduce_op {
     PDP_REDUCE_AVG = 1
 } pdp_reduce_op;
 
+/* Element types of the reducing collectives' _ex forms. The float API is F32.
+   16-bit elements halve the bytes on the wire (bytes_sent counts 2 per element);
+   the buffers then hold uint16_t bit patterns (pdp.h's bf16: round to nearest even,
+   as PyTorch's torch.bfloat16; fp16: IEEE binary16). */
+typedef enum pdp_dtype {
+    PDP_DTYPE_F32 = 0,
+    PDP_DTYPE_BF16 = 1,
+    PDP_DTYPE_F16 = 2
+} pdp_dtype;
+
 typedef struct pdp_comm_desc {
     pdp_backend backend;  /* default local */
     double timeout_s;     /* a collective waits this long for a missing rank; default 300.
@@ -106,6 +116,31 @@ PDP_API double pdp_comm_timeout(const pdp_comm *c); /* seconds */
 /* In place: buf <- op over ranks of buf. */
 PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
                                       pdp_work **work);
+/* The reducing collectives on any pdp_dtype: buf (reduce_scatter: send and recv)
+   holds count elements of that type (F32: floats, as the calls above, which are
+   the F32 case). The 16-bit semantics differ by backend, and each is exact for
+   its stated rounding:
+     local  every element is widened to fp32, reduced in fp32 in rank order
+            (((x0 + x1) + x2) + ...; AVG then divides by N) and rounded ONCE to
+            the 16-bit type, to nearest even: the same bits on every rank;
+     mpi    a user-defined MPI_Op over MPI_UINT16_T (created once per
+            communicator, commutative): each combination of two partial values
+            widens both, adds in fp32 and rounds to nearest even, so N ranks
+            round N - 1 times in an order MPI chooses (2 ranks: once, the local
+            backend's bits); AVG then divides the rounded sum in fp32 and rounds
+            again (exact for powers of two);
+     nccl   ncclBfloat16 / ncclFloat16 with ncclSum / ncclAvg: NCCL's own
+            reduction order and rounding of partial sums (also N - 1 roundings
+            on a ring).
+   Gradient compression divides by N BEFORE compressing and sums (ddp.h's
+   compress hooks), so the 16-bit sums stay in range. */
+PDP_API pdp_status pdp_comm_allreduce_ex(pdp_comm *c, void *buf, int64_t count, pdp_dtype dtype,
+                                         pdp_reduce_op op, pdp_work **work);
+PDP_API pdp_status pdp_comm_reduce_scatter_ex(pdp_comm *c, const void *send, void *recv,
+                                              int64_t recv_count, pdp_dtype dtype,
+                                              pdp_reduce_op op, pdp_work **work);
+/* Bytes of one element of dtype (4 or 2; 0 for an unknown value). */
+PDP_API size_t pdp_dtype_size(pdp_dtype dtype);
 /* buf on every rank <- buf on root. */
 PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
                                       pdp_work **work);
@@ -178,7 +213,8 @@ PDP_API bool pdp_work_done(pdp_work *work);
 /* Per-communicator counters, for learners and benchmarks. */
 typedef struct pdp_comm_stats {
     int64_t collectives;   /* issued */
-    int64_t bytes_sent;    /* by this rank in the bandwidth-optimal algorithm: all-reduce
+    int64_t bytes_sent;    /* by this rank in the bandwidth-optimal algorithm (the bytes
+                              of the elements: 4 per float, 2 per BF16/F16): all-reduce
                               2(N-1)/N x bytes (the ring figure), broadcast and
                               reduce-scatter (N-1)/N x bytes, all-gather (N-1) x sent */
     double busy_s;         /* summed execution time of the waited collectives, from the

@@ -156,15 +156,17 @@ static bool pdp__group_validate(pdp_local_group *g)
     int r;
     for (r = 1; r < g->size; r++) {
         const pdp__coll_args *b = &g->slot[r];
-        if (b->kind != a->kind || b->count != a->count || b->op != a->op) {
+        if (b->kind != a->kind || b->count != a->count || b->op != a->op ||
+            b->dtype != a->dtype) {
             char msg[PDP__MSG_CAP];
             snprintf(msg, sizeof msg,
                      "collectives differ across ranks on comm '%s': rank 0 issued %s #%lld "
-                     "(count %lld, op/root %d), rank %d issued %s #%lld (count %lld, op/root %d); "
-                     "every rank must issue the same collectives in the same order",
+                     "(count %lld, op/root %d, dtype %d), rank %d issued %s #%lld (count %lld, "
+                     "op/root %d, dtype %d); every rank must issue the same collectives in the "
+                     "same order",
                      g->name, pdp__op_names[a->kind], (long long)a->seq, (long long)a->count,
-                     a->op, r, pdp__op_names[b->kind], (long long)b->seq, (long long)b->count,
-                     b->op);
+                     a->op, a->dtype, r, pdp__op_names[b->kind], (long long)b->seq,
+                     (long long)b->count, b->op, b->dtype);
             pdp__group_break(g, PDP_ERR_INVALID, msg);
             return false;
         }
@@ -282,6 +284,52 @@ static void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src,
     }
 }
 
+/* The same for 16-bit elements (dt BF16 or F16): each widened to fp32, reduced in fp32
+   in rank order, AVG divided, then rounded ONCE into out (to nearest even). */
+static void pdp__reduce_chunk16(uint16_t *out, float *PDP__RESTRICT acc,
+                                const uint16_t *const *src, int nsrc, int64_t off, int64_t n,
+                                pdp_reduce_op op, int dt)
+{
+    int64_t j;
+    int r;
+    for (j = 0; j < n; j++) acc[j] = pdp__dt16_float(dt, src[0][off + j]);
+    for (r = 1; r < nsrc; r++)
+        for (j = 0; j < n; j++) acc[j] += pdp__dt16_float(dt, src[r][off + j]);
+    if (op == PDP_REDUCE_AVG) {
+        float div = (float)nsrc;
+        for (j = 0; j < n; j++) acc[j] /= div;
+    }
+    for (j = 0; j < n; j++) out[j] = pdp__dt16_bits(dt, acc[j]);
+}
+
+/* Rank r's share of a 16-bit all-reduce or reduce-scatter (the float loops below). */
+static void pdp__local_execute16(pdp_local_group *g, int r)
+{
+    const pdp__coll_args *me = &g->slot[r];
+    int n = g->size, i;
+    float acc[PDP__CHUNK];
+    uint16_t h[PDP__CHUNK];
+    const uint16_t *src[PDP__LOCAL_MAX_RANKS];
+    int64_t lo, hi, off, len;
+    if (me->kind == PDP__COLL_ALLREDUCE) {
+        pdp__slice(me->count, r, n, &lo, &hi);
+        for (i = 0; i < n; i++) src[i] = (const uint16_t *)g->slot[i].buf;
+        for (off = lo; off < hi; off += len) {
+            len = PDP__MIN(hi - off, PDP__CHUNK);
+            pdp__reduce_chunk16(h, acc, src, n, off, len, (pdp_reduce_op)me->op, me->dtype);
+            for (i = 0; i < n; i++)
+                memcpy((uint16_t *)g->slot[i].buf + off, h, (size_t)len * sizeof *h);
+        }
+    } else { /* reduce-scatter: rank r reduces slice r into its own recv */
+        for (i = 0; i < n; i++) src[i] = (const uint16_t *)g->slot[i].send + (int64_t)r * me->count;
+        for (off = 0; off < me->count; off += len) {
+            len = PDP__MIN(me->count - off, PDP__CHUNK);
+            pdp__reduce_chunk16((uint16_t *)me->recv + off, acc, src, n, off, len,
+                                (pdp_reduce_op)me->op, me->dtype);
+        }
+    }
+}
+
 /* Rank r's share of the collective whose arguments every rank published. */
 static void pdp__local_execute(pdp_local_group *g, int r)
 {
@@ -290,6 +338,10 @@ static void pdp__local_execute(pdp_local_group *g, int r)
     float acc[PDP__CHUNK];
     const float *src[PDP__LOCAL_MAX_RANKS];
     int64_t lo, hi, off, len;
+    if (me->dtype != PDP_DTYPE_F32) {
+        pdp__local_execute16(g, r);
+        return;
+    }
     switch (me->kind) {
     case PDP__COLL_ALLREDUCE:
         pdp__slice(me->count, r, n, &lo, &hi);
@@ -493,7 +545,7 @@ static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, 
     if (g->size == 1) {
         if (a->kind == PDP__COLL_REDUCE_SCATTER || a->kind == PDP__COLL_ALLGATHER)
             if (a->recv != a->send && a->count > 0)
-                memmove(a->recv, a->send, (size_t)a->count * sizeof *a->recv);
+                memmove(a->recv, a->send, (size_t)a->count * pdp__dtype_size(a->dtype));
         return PDP_OK;
     }
     if ((st = pdp__group_barrier(g, r, a, true, msg, cap)) != PDP_OK) return st;

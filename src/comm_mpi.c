@@ -28,7 +28,10 @@
    or a peer is late) sleeping 200 us between polls (500 us once a collective has
    waited 20 ms), so that backward keeps its core and the poll latency hides
    under it. AVG is SUM followed by a division by the size on every element, as
-   the local backend does. MPI counts are int: an all-reduce or broadcast is
+   the local backend does. 16-bit elements (pdp_comm_allreduce_ex and
+   reduce_scatter_ex with BF16 or F16) travel as MPI_UINT16_T and are summed by
+   one of two user-defined MPI_Ops created with the communicator (comm.h states
+   their rounding). MPI counts are int: an all-reduce or broadcast is
    split into calls of PDP_MPI_CHUNK elements; reduce-scatter and all-gather take
    at most INT_MAX elements per rank.
    In-place forms: all-gather with send == recv + rank * count, and
@@ -101,6 +104,8 @@ typedef struct pdp__mpi_comm {
     pdp_comm head;               /* first member */
     pdp__workq q;                /* head.impl points here; sticky, with an idle poll */
     MPI_Comm mcomm;              /* our duplicate of MPI_COMM_WORLD */
+    MPI_Op op16[2];              /* the 16-bit sums (BF16, F16) over MPI_UINT16_T; MPI_OP_NULL
+                                    until created */
     bool orphan;                 /* a timed-out request is still pending (q.mu) */
     MPI_Request orphan_req;
     bool traced;                 /* pdp__trace_open succeeded: close at free */
@@ -329,10 +334,36 @@ static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, i
     return PDP_ERR_COMM;
 }
 
-static void pdp__mpi_divide(float *PDP__RESTRICT p, int64_t n, int size)
+static void pdp__mpi_divide(void *buf, int64_t n, int size, int dt)
 {
     float div = (float)size;
-    PDP__FOR_BLOCKED(i, n, p[i] /= div;);
+    if (dt == PDP_DTYPE_F32) {
+        float *PDP__RESTRICT p = (float *)buf;
+        PDP__FOR_BLOCKED(i, n, p[i] /= div;);
+    } else {
+        uint16_t *h = (uint16_t *)buf;
+        int64_t i;
+        for (i = 0; i < n; i++) h[i] = pdp__dt16_bits(dt, pdp__dt16_float(dt, h[i]) / div);
+    }
+}
+
+/* The 16-bit sums, MPI user functions over MPI_UINT16_T: both values widened, added in
+   fp32 and rounded once to nearest even (commutative, so MPI may combine in any order). */
+static void pdp__mpi_sum16(const uint16_t *in, uint16_t *inout, int len, int dt)
+{
+    int i;
+    for (i = 0; i < len; i++)
+        inout[i] = pdp__dt16_bits(dt, pdp__dt16_float(dt, in[i]) + pdp__dt16_float(dt, inout[i]));
+}
+static void pdp__mpi_sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    pdp__mpi_sum16((const uint16_t *)in, (uint16_t *)inout, *len, PDP_DTYPE_BF16);
+}
+static void pdp__mpi_sum_f16(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    pdp__mpi_sum16((const uint16_t *)in, (uint16_t *)inout, *len, PDP_DTYPE_F16);
 }
 
 /* Runs one collective to completion on the progress thread. */
@@ -344,6 +375,9 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
     double deadline = w->head.t_start + mc->head.timeout_s;
     int size = mc->head.size, rank = mc->head.rank, n;
     int64_t off, len;
+    size_t es = pdp__dtype_size(a->dtype);
+    MPI_Datatype type = a->dtype == PDP_DTYPE_F32 ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Op sum = a->dtype == PDP_DTYPE_F32 ? MPI_SUM : mc->op16[a->dtype == PDP_DTYPE_F16];
     pdp_status st;
     *req = MPI_REQUEST_NULL;
     switch (a->kind) {
@@ -354,8 +388,8 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
             len = PDP__MIN(a->count - off, (int64_t)PDP_MPI_CHUNK);
             n = (int)len;
             if (a->kind == PDP__COLL_ALLREDUCE)
-                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, a->buf + off, n,
-                                     MPI_FLOAT, MPI_SUM, mcomm, req), "MPI_Iallreduce", msg, cap);
+                st = pdp__mpi_posted(mc, w, MPI_Iallreduce(MPI_IN_PLACE, (char *)a->buf + off * es,
+                                     n, type, sum, mcomm, req), "MPI_Iallreduce", msg, cap);
             else if (a->kind == PDP__COLL_BROADCAST)
                 st = pdp__mpi_posted(mc, w, MPI_Ibcast(a->buf + off, n, MPI_FLOAT, a->op, mcomm,
                                      req), "MPI_Ibcast", msg, cap);
@@ -366,26 +400,26 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
             if (st != PDP_OK) return st;
         }
         if (a->kind == PDP__COLL_ALLREDUCE && a->op == PDP_REDUCE_AVG)
-            pdp__mpi_divide(a->buf, a->count, size);
+            pdp__mpi_divide(a->buf, a->count, size, a->dtype);
         return PDP_OK;
     case PDP__COLL_REDUCE_SCATTER: {
-        float *mine = (float *)a->send + (int64_t)rank * a->count; /* in-place slot */
-        bool in_place = a->recv == mine;
+        void *mine = (char *)a->send + (int64_t)rank * a->count * (int64_t)es; /* in-place slot */
+        bool in_place = (void *)a->recv == mine;
         n = (int)a->count;
         if (size == 1) {
-            if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
+            if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * es);
         } else {
             /* in place, MPI leaves the result at the start of the buffer */
             st = pdp__mpi_posted(mc, w, MPI_Ireduce_scatter_block(
                                      in_place ? MPI_IN_PLACE : (void *)a->send,
-                                     in_place ? (void *)a->send : (void *)a->recv, n, MPI_FLOAT,
-                                     MPI_SUM, mcomm, req),
+                                     in_place ? (void *)a->send : (void *)a->recv, n, type,
+                                     sum, mcomm, req),
                                  "MPI_Ireduce_scatter_block", msg, cap);
             if (st == PDP_OK) st = pdp__mpi_drive(mc, w, req, deadline, msg, cap);
             if (st != PDP_OK) return st;
-            if (in_place && rank > 0) memmove(a->recv, a->send, (size_t)n * sizeof(float));
+            if (in_place && rank > 0) memmove(a->recv, a->send, (size_t)n * es);
         }
-        if (a->op == PDP_REDUCE_AVG) pdp__mpi_divide(a->recv, a->count, size);
+        if (a->op == PDP_REDUCE_AVG) pdp__mpi_divide(a->recv, a->count, size, a->dtype);
         return PDP_OK;
     }
     case PDP__COLL_ALLGATHER: {
@@ -469,12 +503,13 @@ static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const cha
                     c->name, c->rank, (int)INT32_MAX);
 }
 
-static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                          int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                          int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                          pdp_work **w)
 {
     pdp_status st;
     if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
-    return pdp__workq_reduce_scatter(c, send, recv, recv_count, op, w);
+    return pdp__workq_reduce_scatter(c, send, recv, recv_count, dt, op, w);
 }
 
 static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
@@ -549,6 +584,8 @@ static void pdp__mpi_destroy(pdp_comm *c)
     } else {
         MPI_Comm_free(&mc->mcomm);
     }
+    for (i = 0; i < 2; i++)
+        if (mc->op16[i] != MPI_OP_NULL) MPI_Op_free(&mc->op16[i]);
     if (mc->traced) pdp__trace_close();
     pdp__dealloc(mc);
     pdp__mpi_release();
@@ -855,6 +892,13 @@ static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name
     snprintf(mc->head.name, sizeof mc->head.name, "%s", name);
     mc->head.impl = &mc->q;
     mc->mcomm = mcomm;
+    mc->op16[0] = mc->op16[1] = MPI_OP_NULL;
+    if (MPI_Op_create(pdp__mpi_sum_bf16, 1, &mc->op16[0]) != MPI_SUCCESS ||
+        MPI_Op_create(pdp__mpi_sum_f16, 1, &mc->op16[1]) != MPI_SUCCESS) {
+        st = pdp__err(PDP_ERR_COMM, "%s: MPI_Op_create failed for the 16-bit sums (rank %d)", fn,
+                      rank);
+        goto fail;
+    }
     mc->q.comm = &mc->head;
     mc->q.exec = pdp__mpi_exec;
     mc->q.idle = pdp__mpi_idle;
@@ -878,6 +922,8 @@ static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name
     *out = &mc->head;
     return PDP_OK;
 fail:
+    if (mc->op16[0] != MPI_OP_NULL) MPI_Op_free(&mc->op16[0]);
+    if (mc->op16[1] != MPI_OP_NULL) MPI_Op_free(&mc->op16[1]);
     if (mc->traced) pdp__trace_close();
     pthread_mutex_destroy(&mc->p2p_mu);
     pdp__dealloc(mc);

@@ -234,8 +234,8 @@ static pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
 
 /* kind names the collective through internal.h's pdp__op_names, whose first four
    entries follow pdp_cudak_coll's order. */
-static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float *send,
-                                  float *recv, int64_t count, int op, pdp_work **w)
+static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *send,
+                                  void *recv, int64_t count, int op, pdp_dtype dt, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp__nccl_work *wk;
@@ -251,7 +251,7 @@ static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float 
     if (wk->busy)
         return pdp__err(PDP_ERR_STATE, "%d collectives in flight on comm '%s' (rank %d): wait on "
                         "some before issuing more", PDP_CUDAK_NCCL_SLOTS, c->name, c->rank);
-    if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, &slot)) != PDP_OK)
+    if ((st = pdp_cudak_nccl_launch(nc->h, kind, send, recv, count, op, (int)dt, &slot)) != PDP_OK)
         return pdp__err(st, "%s #%lld (count %lld) on comm '%s', rank %d of %d: pdp_cuda: %s",
                         pdp__op_names[kind], (long long)nc->seq, (long long)count, c->name,
                         c->rank, c->size, pdp_cudak_error());
@@ -269,35 +269,37 @@ static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const float 
     return PDP_OK;
 }
 
-static pdp_status pdp__nccl_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                      pdp_work **w)
+static pdp_status pdp__nccl_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                      pdp_reduce_op op, pdp_work **w)
 {
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, w);
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, dt, w);
 }
 
 static pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
                                       pdp_work **w)
 {
-    return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, w);
+    return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, PDP_DTYPE_F32, w);
 }
 
-static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                           int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                           int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                           pdp_work **w)
 {
     return pdp__nccl_issue(c, PDP_CUDAK_REDUCE_SCATTER, send, recv, recv_count,
-                           op == PDP_REDUCE_AVG, w);
+                           op == PDP_REDUCE_AVG, dt, w);
 }
 
 static pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
                                       int64_t send_count, pdp_work **w)
 {
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, w);
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, PDP_DTYPE_F32, w);
 }
 
 static pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
-    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0, w);
+    return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0,
+                           PDP_DTYPE_F32, w);
 }
 
 static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)

@@ -75,8 +75,9 @@ typedef struct pdp__coll_args {
     int64_t seq;
     int64_t count;        /* floats (bytes for BROADCAST_BYTES) */
     int op;               /* pdp_reduce_op or root */
-    float *buf;           /* allreduce, broadcast */
-    const float *send;    /* reduce_scatter, allgather */
+    int dtype;            /* pdp_dtype of the reductions (F32 for the rest) */
+    float *buf;           /* allreduce, broadcast (a 16-bit all-reduce: uint16_t elements) */
+    const float *send;    /* reduce_scatter, allgather (the same) */
     float *recv;
     void *bytes_buf;      /* broadcast_bytes */
     int peer, tag;        /* send, recv */
@@ -469,46 +470,53 @@ static bool pdp__workq_done(pdp_work *work)
 /* The pdp__comm_ops entries of a queue backend: pack the arguments, submit. */
 
 static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
-                                  float *buf, const float *send, float *recv, pdp_work **w)
+                                  pdp_dtype dt, float *buf, const float *send, float *recv,
+                                  pdp_work **w)
 {
     pdp__coll_args a;
     memset(&a, 0, sizeof a);
     a.kind = kind;
     a.count = count;
     a.op = op;
+    a.dtype = (int)dt;
     a.buf = buf;
     a.send = send;
     a.recv = recv;
     return pdp__workq_submit(c, &a, w);
 }
 
-static pdp_status pdp__workq_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
-                                       pdp_work **w)
+static pdp_status pdp__workq_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                       pdp_reduce_op op, pdp_work **w)
 {
-    return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, buf, NULL, NULL, w);
+    return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, dt, (float *)buf, NULL, NULL,
+                           w);
 }
 
 static pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
                                        pdp_work **w)
 {
-    return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, buf, NULL, NULL, w);
+    return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, PDP_DTYPE_F32, buf, NULL, NULL,
+                           w);
 }
 
-static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const float *send, float *recv,
-                                            int64_t recv_count, pdp_reduce_op op, pdp_work **w)
+static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                            int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                            pdp_work **w)
 {
-    return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, NULL, send, recv, w);
+    return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, dt, NULL,
+                           (const float *)send, (float *)recv, w);
 }
 
 static pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
                                        int64_t send_count, pdp_work **w)
 {
-    return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, NULL, send, recv, w);
+    return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, PDP_DTYPE_F32, NULL, send, recv,
+                           w);
 }
 
 static pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
 {
-    return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, NULL, NULL, NULL, w);
+    return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, PDP_DTYPE_F32, NULL, NULL, NULL, w);
 }
 
 /* Synchronous, but queued like the others so that it keeps its place in the order. */

@@ -171,6 +171,13 @@ pdp_status pdp_cudak_mse(int dev, const float *pred, const float *target, int64_
 pdp_status pdp_cudak_sumsq(int dev, const float *x, int64_t count, double *host_sum);
 pdp_status pdp_cudak_scale(int dev, float *x, int64_t count, float s);
 
+/* gradient compression (ddp.h's compress hooks), dtype 1 bf16, 2 fp16 (pdp_dtype):
+   dst[i] = 16-bit(src[i] * scale), rounded to nearest even by math.h's
+   pdp__bf16_bits / pdp__f16_bits (the CPU's bits); and dst[i] = widen(src[i]). */
+pdp_status pdp_cudak_to16(int dev, void *dst, const float *src, int64_t count, float scale,
+                          int dtype);
+pdp_status pdp_cudak_from16(int dev, float *dst, const void *src, int64_t count, int dtype);
+
 /* optimizers: elements [0, count) of the given pointers, the math.h updates */
 pdp_status pdp_cudak_sgd(int dev, float *p, const float *g, float *buf, int64_t count, float lr,
                          float momentum, float one_minus_damp, float weight_decay, int nesterov,
@@ -196,9 +203,11 @@ pdp_status pdp_cudak_nccl_init_all(pdp_cudak_nccl **out, int ndev, const int *de
 void pdp_cudak_nccl_free(pdp_cudak_nccl *h, int abort);
 /* Records an event on dev's compute stream, makes the NCCL stream wait on it,
    enqueues the collective and records completion into *slot's event. For
-   BROADCAST op is the root; for the reductions 0 = sum, 1 = average. */
-pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind, const float *send,
-                                 float *recv, int64_t count, int op, int *slot);
+   BROADCAST op is the root; for the reductions 0 = sum, 1 = average. dtype is a
+   pdp_dtype (0 F32: ncclFloat32, 1 BF16: ncclBfloat16, 2 F16: ncclFloat16; the
+   16-bit types for ALLREDUCE and REDUCE_SCATTER only); count is elements. */
+pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind, const void *send,
+                                 void *recv, int64_t count, int op, int dtype, int *slot);
 /* 1 done, 0 pending, -1 failed */
 int pdp_cudak_nccl_query(pdp_cudak_nccl *h, int slot);
 /* Waits for slot with a deadline; then the compute stream waits on it too.

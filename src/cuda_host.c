@@ -281,6 +281,51 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
 #endif
 }
 
+/* Gradient compression on d (dt BF16 or F16): dst[i] = 16-bit(src[i] * scale), rounded
+   to nearest even, and its inverse, dst[i] = widen(src[i]); CPU loops or pdp_cuda.cu's
+   kernels (the same math.h conversions, so the same bits). */
+static pdp_status pdp__dev_to16(pdp_device d, void *dst, const float *src, int64_t count,
+                                float scale, int dt)
+{
+    if (d.kind == PDP_DEVICE_CPU) {
+        uint16_t *h = (uint16_t *)dst;
+        int64_t i;
+        if (dt == PDP_DTYPE_BF16)
+            for (i = 0; i < count; i++) h[i] = pdp__bf16_bits(src[i] * scale);
+        else
+            for (i = 0; i < count; i++) h[i] = pdp__f16_bits(src[i] * scale);
+        return PDP_OK;
+    }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_to16(d.ordinal, dst, src, count, scale, dt));
+    return PDP_OK;
+#else
+    (void)dst, (void)src, (void)count, (void)scale, (void)dt;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+
+static pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *src, int64_t count,
+                                  int dt)
+{
+    if (d.kind == PDP_DEVICE_CPU) {
+        const uint16_t *h = (const uint16_t *)src;
+        int64_t i;
+        if (dt == PDP_DTYPE_BF16)
+            for (i = 0; i < count; i++) dst[i] = pdp__bf16_float(h[i]);
+        else
+            for (i = 0; i < count; i++) dst[i] = pdp__f16_float(h[i]);
+        return PDP_OK;
+    }
+#ifdef PDP_CUDA
+    PDP__CUDA_TRY(pdp_cudak_from16(d.ordinal, dst, src, count, dt));
+    return PDP_OK;
+#else
+    (void)dst, (void)src, (void)count, (void)dt;
+    return pdp__err(PDP_ERR_UNSUPPORTED, "CUDA device %d: " PDP__NO_CUDA_MSG, d.ordinal);
+#endif
+}
+
 /* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
 
 static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,

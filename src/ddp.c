@@ -7,7 +7,8 @@
    optimizer on it; there is no after-step collective. Buckets are planned from
    bucket_cap_mb and first_bucket_mb (MiB, 2^20 bytes, as PyTorch's). The
    states, the ordering of launches and the failure reports are the reducer's
-   (reducer.c). */
+   (reducer.c). A registered comm hook (ddp.h) replaces the all-reduce; the
+   built-in bf16/fp16 compression hooks live here and serve ZeRO too. */
 
 #include "internal.h"
 
@@ -16,11 +17,91 @@ struct pdp_ddp {
     pdp_ddp_desc desc;
 };
 
-/* The DDP collective: bucket b's gradients, averaged in place. */
+/* The DDP collective: bucket b's gradients, averaged in place (or the comm hook's). */
 static pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w)
 {
     const pdp_ddp_bucket *k = &r->buckets[b].info;
+    if (r->hook.launch) {
+        pdp_comm_hook_bucket v;
+        memset(&v, 0, sizeof v);
+        v.grad = r->m->grad_block + k->offset;
+        v.count = k->count;
+        return pdp__reducer_hook_launch(r, b, &v, w);
+    }
     return pdp_comm_allreduce(r->c, r->m->grad_block + k->offset, k->count, PDP_REDUCE_AVG, w);
+}
+
+/* ---- ddp: the built-in compression hooks (ddp.h) ----
+   launch: scratch <- 16-bit(grad / N), then a 16-bit SUM of the scratch (all-reduce in
+   place, or reduce-scatter with this rank's slice in place); finish: the fp32 result
+   widened back into grad (or recv). Stateless: the scratch is the bucket's own. */
+
+static pdp_status pdp__hook_compress_launch(pdp_dtype dt, pdp_comm *c,
+                                            const pdp_comm_hook_bucket *b, pdp_work **work)
+{
+    pdp_status st;
+    if ((st = pdp__dev_to16(b->device, b->scratch, b->grad, b->count, 1.0f / (float)b->world_size,
+                            (int)dt)) != PDP_OK)
+        return st;
+    if (!b->reduce_scatter) return pdp_comm_allreduce_ex(c, b->scratch, b->count, dt,
+                                                         PDP_REDUCE_SUM, work);
+    return pdp_comm_reduce_scatter_ex(c, b->scratch,
+                                      (uint16_t *)b->scratch + (int64_t)b->rank * b->recv_count,
+                                      b->recv_count, dt, PDP_REDUCE_SUM, work);
+}
+
+static pdp_status pdp__hook_compress_finish(pdp_dtype dt, const pdp_comm_hook_bucket *b)
+{
+    if (!b->reduce_scatter) return pdp__dev_from16(b->device, b->grad, b->scratch, b->count, dt);
+    return pdp__dev_from16(b->device, b->recv,
+                           (const uint16_t *)b->scratch + (int64_t)b->rank * b->recv_count,
+                           b->recv_count, dt);
+}
+
+static pdp_status pdp__hook_bf16_launch(void *state, pdp_comm *c, const pdp_comm_hook_bucket *b,
+                                        pdp_work **work)
+{
+    (void)state;
+    return pdp__hook_compress_launch(PDP_DTYPE_BF16, c, b, work);
+}
+
+static pdp_status pdp__hook_bf16_finish(void *state, const pdp_comm_hook_bucket *b)
+{
+    (void)state;
+    return pdp__hook_compress_finish(PDP_DTYPE_BF16, b);
+}
+
+static pdp_status pdp__hook_fp16_launch(void *state, pdp_comm *c, const pdp_comm_hook_bucket *b,
+                                        pdp_work **work)
+{
+    (void)state;
+    return pdp__hook_compress_launch(PDP_DTYPE_F16, c, b, work);
+}
+
+static pdp_status pdp__hook_fp16_finish(void *state, const pdp_comm_hook_bucket *b)
+{
+    (void)state;
+    return pdp__hook_compress_finish(PDP_DTYPE_F16, b);
+}
+
+PDP_API pdp_ddp_comm_hook pdp_ddp_hook_bf16_compress(void)
+{
+    pdp_ddp_comm_hook h;
+    memset(&h, 0, sizeof h);
+    h.launch = pdp__hook_bf16_launch;
+    h.finish = pdp__hook_bf16_finish;
+    h.scratch_bytes_per_float = 2;
+    return h;
+}
+
+PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void)
+{
+    pdp_ddp_comm_hook h;
+    memset(&h, 0, sizeof h);
+    h.launch = pdp__hook_fp16_launch;
+    h.finish = pdp__hook_fp16_finish;
+    h.scratch_bytes_per_float = 2;
+    return h;
 }
 
 /* ---- ddp: construction ---- */
@@ -108,6 +189,13 @@ PDP_API pdp_status pdp_ddp_step(pdp_ddp *d, pdp_optim *opt)
     if (!d || !opt) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, d ? "opt" : "ddp");
     if ((st = pdp_ddp_finish(d)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     return pdp__reducer_step(&d->r, opt, fn);
+}
+
+PDP_API pdp_status pdp_ddp_register_comm_hook(pdp_ddp *d, const pdp_ddp_comm_hook *hook)
+{
+    static const char *fn = "pdp_ddp_register_comm_hook";
+    if (!d) return pdp__err(PDP_ERR_INVALID, "%s: ddp is NULL", fn);
+    return pdp__reducer_set_hook(&d->r, hook, NULL, d->r.m->param_count, fn);
 }
 
 PDP_API void pdp_ddp_set_no_sync(pdp_ddp *d, bool no_sync)

@@ -107,6 +107,85 @@ PDP_API int pdp_ddp_num_buckets(const pdp_ddp *ddp);
 /* Bucket b (0 = the first to be reduced: the last parameters). */
 PDP_API pdp_status pdp_ddp_bucket_info(const pdp_ddp *ddp, int b, pdp_ddp_bucket *out);
 
+/* ---- communication hooks ----
+   PyTorch's register_comm_hook in C: a hook replaces the collective of every
+   bucket. Once per bucket per synchronised backward, on the thread running
+   backward, as soon as the bucket is ready, the reducer calls
+       launch(state, c, b, &work)
+   which must start a collective (on c, or on a communicator of its own with the
+   same ranks) that leaves the AVERAGE over ranks of the bucket's gradients where
+   the built-in collective would: DDP all-reduces b->grad (b->count floats) in
+   place; ZeRO (pdp_zero_register_comm_hook, zero.h) reduce-scatters b->grad
+   (world_size x recv_count floats, its padded unit) so that this rank's slice
+   lands in b->recv. launch may transform the bucket first (compress it into
+   b->scratch, scale it) and returns the collective's handle in *work (NULL when
+   it completed the work itself); every rank must issue the same collectives in
+   the same order, as always. After the handle has been waited (pdp_ddp_finish /
+   pdp_zero_finish, or ZeRO reusing a bucket buffer), the reducer calls
+       finish(state, b)
+   (optional) to turn the result into the gradients (decompress b->scratch into
+   b->grad, or b->recv). b is the same view for both calls and stays valid until
+   finish returns. A launch or finish that fails (returns a status other than
+   PDP_OK; its message is whatever pdp_last_error() holds then, e.g. that of the
+   pdp call that failed inside it) makes pdp_ddp_finish fail with that status,
+   naming the bucket ("bucket 1 of 3 (...): comm hook launch: ..."); the
+   other ranks then fail at that bucket's collective (timeout, or at once when the
+   failing rank frees its communicator), as with any rank that skips one.
+   Gradients are fp32 before launch and after finish; what travels is the hook's.
+
+   scratch_bytes_per_float: device memory the hook needs per gradient float of a
+   bucket (2 for 16-bit compression). The reducer allocates it ONCE, at
+   registration (DDP: parameter count x that many bytes; ZeRO stage 1 the padded
+   count, stages 2-3 grad_buffers x the largest padded unit), and gives every
+   bucket its own piece (b->scratch), which no other bucket in flight shares.
+   Register before the first backward (PDP_ERR_STATE after it, and for a second
+   hook); a NULL hook or launch is PDP_ERR_INVALID. The hook cannot be removed.
+
+   Built-ins (PyTorch's bf16_compress_hook and fp16_compress_hook):
+   pdp_ddp_hook_bf16_compress() and pdp_ddp_hook_fp16_compress(). launch divides
+   every gradient by N and rounds it to bf16 / fp16 (nearest even) in the
+   bucket's scratch (a kernel on a CUDA model), then sums the 16-bit values
+   (pdp_comm_allreduce_ex / pdp_comm_reduce_scatter_ex, SUM: the division comes
+   first, as PyTorch's hooks divide before the sum, so the sum stays in range);
+   finish widens the result into the fp32 gradients. bytes_sent is exactly half
+   the fp32 figure. Error per gradient element, with u the unit roundoff (bf16
+   2^-8, fp16 2^-11) and g_r rank r's gradient: |avg' - avg| <= u (2 + u)
+   sum_r |g_r| / N on the local backend (one rounding per input, one for the
+   sum), plus, for fp16, 2^-25 (N + 1) from subnormals; on MPI and NCCL the sum
+   rounds N - 1 times (comm.h), so the factor 2 becomes N. fp16 overflows to Inf
+   above 65504 x N per gradient (no loss scaling here): prefer bf16. */
+
+typedef struct pdp_comm_hook_bucket {
+    int index, nbuckets;     /* this bucket (ZeRO: unit), 0 = the first reduced */
+    float *grad;             /* what the collective reduces, on `device`: DDP the bucket's
+                                range of the gradient block, ZeRO the unit's padded buffer */
+    int64_t count;           /* floats at grad */
+    int64_t offset;          /* the bucket's first float in the model's flat block */
+    pdp_device device;
+    int rank, world_size;
+    bool reduce_scatter;     /* false: all-reduce grad in place (DDP); true: reduce-scatter
+                                grad, this rank's averaged slice into recv (ZeRO) */
+    float *recv;             /* reduce_scatter: recv_count floats (grad + rank x recv_count);
+                                NULL for an all-reduce */
+    int64_t recv_count;
+    void *scratch;           /* scratch_bytes_per_float x count bytes on device, this
+                                bucket's own; NULL when the hook asked for none */
+} pdp_comm_hook_bucket;
+
+typedef struct pdp_ddp_comm_hook {
+    pdp_status (*launch)(void *state, pdp_comm *c, const pdp_comm_hook_bucket *b,
+                         pdp_work **work);                        /* required */
+    pdp_status (*finish)(void *state, const pdp_comm_hook_bucket *b); /* NULL: nothing */
+    void *state;                     /* passed to both; owned by the caller */
+    int scratch_bytes_per_float;     /* 0..64; default 0 (no scratch) */
+} pdp_ddp_comm_hook;
+
+/* Not collective, but every rank must register the same hook (the same
+   collectives). The struct is copied. */
+PDP_API pdp_status pdp_ddp_register_comm_hook(pdp_ddp *ddp, const pdp_ddp_comm_hook *hook);
+PDP_API pdp_ddp_comm_hook pdp_ddp_hook_bf16_compress(void);
+PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void);
+
 /* ---- statistics ---- */
 
 typedef struct pdp_ddp_stats {
@@ -114,7 +193,8 @@ typedef struct pdp_ddp_stats {
     int64_t buckets;           /* buckets per synchronised backward */
     int64_t grad_bytes;        /* bytes of gradients all-reduced per step */
     /* the last finished step */
-    int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes) */
+    int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes; half
+                                  of it with a 16-bit compression hook) */
     double backward_s;         /* forward + loss + backward, launches included */
     double allreduce_s;        /* execution time of this step's bucket all-reduces, from the
                                   moment the backend starts each (waiting for slower ranks

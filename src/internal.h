@@ -460,10 +460,12 @@ static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, flo
    collective queue (pdp__workq: pool, FIFO, progress thread, wait/done);
    NCCL's stream orders its collectives, with a pool of event slots. */
 typedef struct pdp__comm_ops {
-    pdp_status (*allreduce)(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op, pdp_work **w);
+    /* the reductions take any pdp_dtype (comm.c validated it; count is elements) */
+    pdp_status (*allreduce)(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt, pdp_reduce_op op,
+                            pdp_work **w);
     pdp_status (*broadcast)(pdp_comm *c, float *buf, int64_t count, int root, pdp_work **w);
-    pdp_status (*reduce_scatter)(pdp_comm *c, const float *send, float *recv, int64_t recv_count,
-                                 pdp_reduce_op op, pdp_work **w);
+    pdp_status (*reduce_scatter)(pdp_comm *c, const void *send, void *recv, int64_t recv_count,
+                                 pdp_dtype dt, pdp_reduce_op op, pdp_work **w);
     pdp_status (*allgather)(pdp_comm *c, const float *send, float *recv, int64_t send_count,
                             pdp_work **w);
     pdp_status (*barrier)(pdp_comm *c, pdp_work **w);
@@ -526,6 +528,18 @@ typedef enum pdp__coll_kind {
     PDP__COLL_RECV,
     PDP__COLL_SPLIT
 } pdp__coll_kind;
+
+/* A 16-bit element of the reducing collectives (dt: PDP_DTYPE_BF16 or PDP_DTYPE_F16) as
+   an fp32, and an fp32 rounded to it (to nearest even): math.h's conversions. */
+static inline size_t pdp__dtype_size(int dt) { return dt == PDP_DTYPE_F32 ? 4 : 2; }
+static inline float pdp__dt16_float(int dt, uint16_t h)
+{
+    return dt == PDP_DTYPE_BF16 ? pdp__bf16_float(h) : pdp__f16_float(h);
+}
+static inline uint16_t pdp__dt16_bits(int dt, float x)
+{
+    return dt == PDP_DTYPE_BF16 ? pdp__bf16_bits(x) : pdp__f16_bits(x);
+}
 
 static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
                                       "barrier", "broadcast_bytes", "send", "recv", "split"};

@@ -193,3 +193,49 @@ static inline PDP__HOSTDEV float pdp__bf16_float(uint16_t h)
     return v.f;
 }
 static inline PDP__HOSTDEV float pdp__bf16_round(float x) { return pdp__bf16_float(pdp__bf16_bits(x)); }
+
+/* ---- math: fp16 ----
+   IEEE binary16 (1 sign, 5 exponent, 10 mantissa bits; largest finite 65504,
+   subnormals down to 2^-24). pdp__f16_bits rounds an fp32 to it as the hardware's
+   vcvtps2ph and CUDA's __float2half_rn do: round to nearest, ties to even, with
+   gradual underflow (subnormal halves) and overflow to Inf from 65520 up; a NaN
+   stays a NaN (quiet bit set, sign kept). pdp__f16_float widens (exact). */
+static inline PDP__HOSTDEV uint16_t pdp__f16_bits(float x)
+{
+    union { float f; uint32_t u; } v;
+    uint32_t sign, a, m, r, rem, half;
+    int shift;
+    v.f = x;
+    sign = (v.u >> 16) & 0x8000u;
+    a = v.u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520: Inf */
+    if (a >= 0x38800000u) {                                   /* >= 2^-14: a normal half */
+        a -= 0x38000000u;                                     /* exponent bias 127 -> 15 */
+        return (uint16_t)(sign | ((a + 0xfffu + ((a >> 13) & 1u)) >> 13));
+    }
+    if (a <= 0x33000000u) return (uint16_t)sign; /* <= 2^-25: zero (2^-25 ties to even) */
+    m = (a & 0x7fffffu) | 0x800000u;              /* value m 2^(e - 150); a unit is 2^-24 */
+    shift = 126 - (int)(a >> 23);                 /* 14..23 */
+    r = m >> shift;
+    rem = m & ((1u << shift) - 1u);
+    half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) r++;
+    return (uint16_t)(sign | r);
+}
+static inline PDP__HOSTDEV float pdp__f16_float(uint16_t h)
+{
+    union { float f; uint32_t u; } v;
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16, e = ((uint32_t)h >> 10) & 0x1fu,
+             m = (uint32_t)h & 0x3ffu;
+    if (e == 0x1fu) {
+        v.u = sign | 0x7f800000u | (m << 13);
+    } else if (e == 0) { /* zero or subnormal: m 2^-24, exact in fp32 */
+        v.f = (float)m * 5.9604644775390625e-8f;
+        v.u |= sign;
+    } else {
+        v.u = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    return v.f;
+}
+static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float(pdp__f16_bits(x)); }

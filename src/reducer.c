@@ -22,6 +22,16 @@
    bucket's collective has completed successfully, whoever waited for it
    (pdp__reducer_wait_bucket: finish, or the executor reusing a buffer).
 
+   A communication hook (ddp.h's pdp_ddp_comm_hook, PyTorch's register_comm_hook)
+   replaces the collective: the executor's reduce builds the bucket's view (what
+   its collective would reduce, and where the result goes) and hands it to
+   pdp__reducer_hook_launch, which calls the hook's launch with the bucket's piece
+   of the scratch memory allocated once at registration; pdp__reducer_wait_bucket
+   calls the hook's finish after the wait, before bucket_done, and a failing
+   finish is reported like a failed collective, naming the bucket. Registration
+   is refused once a backward has run (the buckets' collectives must be the same
+   on every rank from the first step on).
+
    Every backward of the wrapped model synchronises, whatever computed its
    output gradient (the built-in cross-entropy, pdp_loss_mse, a user's own
    loss): the reducer listens to the model's BACKWARD_BEGIN and BACKWARD_END
@@ -90,8 +100,10 @@ typedef struct pdp__red_bucket {
     int nparams;
     int pending;          /* parameters still to report in this backward */
     bool ready, launched;
+    bool hook_pending;    /* the comm hook launched it: its finish is still to run */
     pdp_work *work;
     double t_launch;
+    pdp_comm_hook_bucket view; /* what the comm hook was given (finish gets the same) */
 } pdp__red_bucket;
 
 struct pdp__reducer {
@@ -118,6 +130,10 @@ struct pdp__reducer {
     pdp_ddp_stats stats;  /* grad_bytes is the executor's to set */
     bool traced;
     int trace_compute, trace_comm;
+    bool backward_seen;   /* a backward has run: too late to register a comm hook */
+    pdp_ddp_comm_hook hook; /* hook.launch NULL: none; the executor's own collective */
+    void *scratch;        /* the hook's scratch memory on the model's device, or NULL */
+    int64_t *scratch_off; /* per bucket: its piece of scratch, in floats of the gradient */
 };
 
 /* ---- reducer: buckets ---- */
@@ -211,7 +227,7 @@ static void pdp__reducer_arm(pdp__reducer *r)
     for (b = 0; b < r->nbuckets; b++) {
         pdp__red_bucket *k = &r->buckets[b];
         k->pending = k->nparams;
-        k->ready = k->launched = false;
+        k->ready = k->launched = k->hook_pending = false;
         k->work = NULL;
     }
     r->next_launch = 0;
@@ -239,6 +255,7 @@ static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event 
         if (r->state == PDP__RED_REDUCING)
             return pdp__err(PDP_ERR_STATE, "rank %d: the last backward's buckets are still being "
                             "reduced; call %s first", r->c->rank, r->desc.finish_names);
+        r->backward_seen = true;
         if (!r->no_sync) pdp__reducer_arm(r);
         break;
     case PDP__EV_BACKWARD_END:
@@ -441,11 +458,88 @@ static void pdp__reducer_release(pdp__reducer *r)
         r->m->trace_tid = 0;
     }
     if (r->traced) pdp__trace_close();
+    if (r->scratch) pdp__dev_free(r->m->device, r->scratch);
+    pdp__dealloc(r->scratch_off);
     pdp__dealloc(r->buckets);
     pdp__dealloc(r->bucket_of);
     r->buckets = NULL;
     r->bucket_of = NULL;
+    r->scratch = NULL;
+    r->scratch_off = NULL;
     r->traced = false;
+}
+
+/* ---- reducer: communication hooks ---- */
+
+/* Registers hook (fn names the public entry: pdp_ddp_register_comm_hook or
+   pdp_zero_register_comm_hook). The scratch is total floats' worth of
+   hook->scratch_bytes_per_float bytes on the model's device, allocated here once;
+   bucket b's piece starts off[b] floats in (off NULL: at the bucket's offset in the
+   flat block, total = the parameter count). */
+static pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_comm_hook *hook,
+                                        const int64_t *off, int64_t total, const char *fn)
+{
+    size_t bytes;
+    int b;
+    if (!hook) return pdp__err(PDP_ERR_INVALID, "%s: hook is NULL", fn);
+    if (!hook->launch)
+        return pdp__err(PDP_ERR_INVALID, "%s: hook->launch is NULL (a hook must start the "
+                        "bucket's collective)", fn);
+    if (hook->scratch_bytes_per_float < 0 || hook->scratch_bytes_per_float > 64)
+        return pdp__err(PDP_ERR_INVALID, "%s: hook->scratch_bytes_per_float %d outside 0..64", fn,
+                        hook->scratch_bytes_per_float);
+    if (r->hook.launch)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: a communication hook is already registered "
+                        "(one per executor, as PyTorch's register_comm_hook)", fn, r->c->rank);
+    if (r->backward_seen)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: a backward has already run; register the "
+                        "hook before the first backward", fn, r->c->rank);
+    if (hook->scratch_bytes_per_float > 0) {
+        bytes = (size_t)total * (size_t)hook->scratch_bytes_per_float;
+        r->scratch_off = (int64_t *)pdp__calloc((size_t)PDP__MAX(1, r->nbuckets) * sizeof(int64_t));
+        if (!r->scratch_off)
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d buckets", fn,
+                            r->nbuckets);
+        for (b = 0; b < r->nbuckets; b++)
+            r->scratch_off[b] = off ? off[b] : r->buckets[b].info.offset;
+        if (pdp__dev_alloc(r->m->device, bytes, &r->scratch) != PDP_OK) {
+            pdp__dealloc(r->scratch_off);
+            r->scratch_off = NULL;
+            return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory for the hook's %zu "
+                            "bytes of scratch", fn, r->c->rank, bytes);
+        }
+    }
+    r->hook = *hook;
+    return PDP_OK;
+}
+
+/* The executor's reduce with a hook registered: v holds the collective's part of the
+   view (grad, count, reduce_scatter, recv, recv_count); the rest is filled here. */
+static pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_comm_hook_bucket *v,
+                                           pdp_work **w)
+{
+    pdp__red_bucket *k = &r->buckets[b];
+    pdp_status st;
+    k->view = *v;
+    k->view.index = b;
+    k->view.nbuckets = r->nbuckets;
+    k->view.offset = k->info.offset;
+    k->view.device = r->m->device;
+    k->view.rank = r->c->rank;
+    k->view.world_size = r->c->size;
+    k->view.scratch = r->scratch ? (char *)r->scratch + r->scratch_off[b] *
+                                                           (int64_t)r->hook.scratch_bytes_per_float
+                                 : NULL;
+    *w = NULL;
+    st = r->hook.launch(r->hook.state, r->c, &k->view, w);
+    if (st != PDP_OK) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%.399s", pdp_last_error());
+        *w = NULL;
+        return pdp__err(st, "comm hook launch: %s", msg);
+    }
+    k->hook_pending = true;
+    return PDP_OK;
 }
 
 /* ---- reducer: training ---- */
@@ -489,14 +583,12 @@ static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
 }
 
-/* Waits for bucket b if it was launched and not waited yet: records its time,
-   its trace event and the first failure (named after the bucket), then runs
-   bucket_done on success. */
-static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
+/* The wait of bucket b's handle: records its time, its trace event and the first
+   failure (named after the bucket). */
+static pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
-    if (!k->launched || !k->work) return;
     st = pdp_work_wait(k->work);
     if (st != PDP_OK && r->wait_status == PDP_OK) {
         char name[160];
@@ -516,6 +608,29 @@ static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
                          k->work->t_done, args);
     }
     k->work = NULL;
+    return st;
+}
+
+/* Waits for bucket b if it was launched and not waited yet, runs the comm hook's
+   finish (a failure is recorded as the wait's, named after the bucket), then
+   bucket_done on success. */
+static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
+{
+    pdp__red_bucket *k = &r->buckets[b];
+    pdp_status st = PDP_OK;
+    if (!k->launched || (!k->work && !k->hook_pending)) return;
+    if (k->work) st = pdp__reducer_wait_work(r, b);
+    if (k->hook_pending) { /* the hook's finish: after the wait (decompress) */
+        k->hook_pending = false;
+        if (st == PDP_OK && r->hook.finish &&
+            (st = r->hook.finish(r->hook.state, &k->view)) != PDP_OK && r->wait_status == PDP_OK) {
+            char name[160];
+            r->wait_status = st;
+            pdp__red_bucket_name(r, b, name, sizeof name);
+            snprintf(r->wait_msg, sizeof r->wait_msg, "%s: comm hook finish: %.580s", name,
+                     pdp_last_error());
+        }
+    }
     if (st == PDP_OK && r->desc.bucket_done) r->desc.bucket_done(r, b);
 }
 

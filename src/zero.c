@@ -159,8 +159,41 @@ static pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
     pdp_status st;
     /* no backward reached it: zeros */
     if (!k->gbuf && (st = pdp__zero_take_gbuf(z, b)) != PDP_OK) return st;
+    if (r->hook.launch) {
+        pdp_comm_hook_bucket v;
+        memset(&v, 0, sizeof v);
+        v.grad = k->gbuf;
+        v.count = (int64_t)z->size * k->s;
+        v.reduce_scatter = true;
+        v.recv = k->gbuf + (int64_t)z->rank * k->s;
+        v.recv_count = k->s;
+        return pdp__reducer_hook_launch(r, b, &v, w);
+    }
     return pdp_comm_reduce_scatter(z->c, k->gbuf, k->gbuf + (int64_t)z->rank * k->s, k->s,
                                    PDP_REDUCE_AVG, w);
+}
+
+/* A comm hook's scratch: stage 1 one piece per unit (every unit's buffer may be in
+   flight at once), laid out as grad_all; stages 2-3 one piece per bucket buffer
+   (unit u uses piece u mod grad_buffers, as its bucket buffer: the unit that held it
+   was waited, and its hook finished, before u's backward began). */
+PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_hook *hook)
+{
+    static const char *fn = "pdp_zero_register_comm_hook";
+    int64_t *off, base = 0, total;
+    pdp_status st;
+    int b;
+    if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
+    off = (int64_t *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *off);
+    if (!off) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d units", fn, z->nunits);
+    for (b = z->nunits - 1; b >= 0; b--) {
+        off[b] = z->stage == 1 ? base : (int64_t)(b % z->desc.grad_buffers) * z->size * z->smax;
+        base += (int64_t)z->size * z->units[b].s;
+    }
+    total = z->stage == 1 ? z->padded_count : (int64_t)z->desc.grad_buffers * z->size * z->smax;
+    st = pdp__reducer_set_hook(&z->r, hook, off, total, fn);
+    pdp__dealloc(off);
+    return st;
 }
 
 /* ---- zero: gathered parameters (stage 3) ---- */

@@ -128,6 +128,14 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
    zeroed gradients, and (stages 1-2) the all-gather of the updated parameters. */
 PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt);
 PDP_API void pdp_zero_set_no_sync(pdp_zero *z, bool no_sync);
+/* A communication hook (ddp.h: pdp_ddp_comm_hook, e.g. pdp_ddp_hook_bf16_compress())
+   in place of every unit's reduce-scatter (every stage: a reduce-scatter of the
+   unit's padded buffer, b->reduce_scatter true). Before the first backward, as
+   pdp_ddp_register_comm_hook. Its scratch adds scratch_bytes_per_float x
+   Psi_pad bytes at stage 1 and x grad_buffers N s_max at stages 2-3 (not counted
+   in pdp_zero_memory). bytes_sent counts the hook's traffic: with a 16-bit hook
+   the reduce-scatters halve, the all-gathers stay fp32. */
+PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_hook *hook);
 /* The full parameters (param_count floats, flat-block order) into dst (host
    memory, for a CUDA model too), or into the model's parameter block when dst is
    NULL (on its device; stage 3: allocated if absent, valid until the next step).

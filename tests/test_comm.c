@@ -6,7 +6,10 @@
    arrives makes the others time out naming the collective and the rank; a rank
    that frees its communicator makes the others fail at once; ranks that issue
    different collectives fail instead of corrupting memory; a broken group fails
-   fast afterwards. Run under TSan by `make tsan`. */
+   fast afterwards. The 16-bit reductions (bf16, fp16) match a naive fp32 sum in
+   rank order rounded once, to the bit, and count 2 bytes per element; the
+   conversions round to nearest even (ties, overflow, subnormals). Run under
+   TSan by `make tsan`. */
 
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
@@ -212,6 +215,151 @@ TEST comm_collectives_match_naive_loops(void)
     for (n = 1; n <= MAXR; n++)
         for (k = 0; k < sizeof counts / sizeof *counts; k++)
             CHECK_CALL(check_collectives(n, counts[k]));
+    PASS();
+}
+
+/* ---- 16-bit reductions (pdp_comm_allreduce_ex, pdp_comm_reduce_scatter_ex) ---- */
+
+TEST comm_16bit_conversions_round_to_nearest_even(void)
+{
+    uint32_t h;
+    /* every fp16 and bf16 value survives widen-then-round (NaNs stay NaNs) */
+    for (h = 0; h < 65536; h++) {
+        float f = pdp__f16_float((uint16_t)h), b = pdp__bf16_float((uint16_t)h);
+        if (f == f) ASSERT_EQm("fp16 round trip", (int)h, (int)pdp__f16_bits(f));
+        else ASSERT(pdp__f16_float(pdp__f16_bits(f)) != pdp__f16_float(pdp__f16_bits(f)));
+        if (b == b) ASSERT_EQm("bf16 round trip", (int)h, (int)pdp__bf16_bits(b));
+    }
+    ASSERT_EQ(0x3c00, pdp__f16_bits(1.0f));
+    ASSERT_EQ(0x3c00, pdp__f16_bits(1.0f + 0x1p-11f));          /* tie: to even (down) */
+    ASSERT_EQ(0x3c02, pdp__f16_bits(1.0f + 3.0f * 0x1p-11f));   /* tie: to even (up) */
+    ASSERT_EQ(0x7bff, pdp__f16_bits(65504.0f));
+    ASSERT_EQ(0x7bff, pdp__f16_bits(65519.0f));
+    ASSERT_EQ(0x7c00, pdp__f16_bits(65520.0f));                 /* overflow: Inf */
+    ASSERT_EQ(0xfc00, pdp__f16_bits(-1e9f));
+    ASSERT_EQ(0x0001, pdp__f16_bits(0x1p-24f));                 /* the smallest subnormal */
+    ASSERT_EQ(0x0000, pdp__f16_bits(0x1p-25f));                 /* tie: to even (zero) */
+    ASSERT_EQ(0x0001, pdp__f16_bits(1.5f * 0x1p-25f));
+    ASSERT_EQ(0x0400, pdp__f16_bits(0x1p-14f - 0x1p-26f));      /* rounds up into normals */
+    ASSERT_EQ(0x3f80, pdp__bf16_bits(1.0f));
+    ASSERT_EQ(0x3f80, pdp__bf16_bits(1.0f + 0x1p-8f));          /* tie: to even */
+    ASSERT_EQ(0x3f82, pdp__bf16_bits(1.0f + 3.0f * 0x1p-8f));
+    ASSERT_EQ(2, (int)pdp_dtype_size(PDP_DTYPE_BF16));
+    ASSERT_EQ(2, (int)pdp_dtype_size(PDP_DTYPE_F16));
+    ASSERT_EQ(4, (int)pdp_dtype_size(PDP_DTYPE_F32));
+    PASS();
+}
+
+typedef struct coll16_out {
+    int dt;
+    uint16_t *ar_sum[MAXR], *ar_avg[MAXR], *rs_sum[MAXR], *rs_avg[MAXR];
+} coll16_out;
+
+static uint16_t input16(int dt, int rank, int64_t i)
+{
+    return pdp__dt16_bits(dt, input(rank, i) * (dt == PDP_DTYPE_F16 ? 0.1f : 1.0f));
+}
+
+static void all_collectives16(rank_ctx *ctx, pdp_comm *c)
+{
+    coll16_out *o = (coll16_out *)ctx->user;
+    int r = ctx->rank, n = ctx->size;
+    int64_t i, cnt = ctx->count;
+    pdp_work *w[4];
+    uint16_t *send = (uint16_t *)malloc((size_t)(cnt * n + 1) * 2);
+    for (i = 0; i < cnt; i++) o->ar_sum[r][i] = o->ar_avg[r][i] = input16(o->dt, r, i);
+    for (i = 0; i < cnt * n; i++) send[i] = input16(o->dt, r, i + 3);
+    note(ctx, pdp_comm_allreduce_ex(c, o->ar_sum[r], cnt, (pdp_dtype)o->dt, PDP_REDUCE_SUM, &w[0]));
+    note(ctx, pdp_comm_allreduce_ex(c, o->ar_avg[r], cnt, (pdp_dtype)o->dt, PDP_REDUCE_AVG, &w[1]));
+    note(ctx, pdp_comm_reduce_scatter_ex(c, send, o->rs_sum[r], cnt, (pdp_dtype)o->dt,
+                                         PDP_REDUCE_SUM, &w[2]));
+    note(ctx, pdp_comm_reduce_scatter_ex(c, send, o->rs_avg[r], cnt, (pdp_dtype)o->dt,
+                                         PDP_REDUCE_AVG, &w[3]));
+    for (i = 3; i >= 0; i--) note(ctx, pdp_work_wait(ctx->st == PDP_OK ? w[i] : NULL));
+    free(send);
+}
+
+/* The stated rounding: widened, summed in fp32 in rank order, AVG divided, rounded once. */
+static uint16_t naive16(int dt, int n, int64_t i, int avg)
+{
+    float s = pdp__dt16_float(dt, input16(dt, 0, i));
+    int r;
+    for (r = 1; r < n; r++) s += pdp__dt16_float(dt, input16(dt, r, i));
+    return pdp__dt16_bits(dt, avg ? s / (float)n : s);
+}
+
+static enum greatest_test_res check_collectives16(int dt, int n, int64_t cnt)
+{
+    rank_ctx ctx[MAXR];
+    coll16_out o;
+    int r;
+    int64_t i;
+    memset(ctx, 0, sizeof ctx);
+    memset(&o, 0, sizeof o);
+    o.dt = dt;
+    for (r = 0; r < n; r++) {
+        o.ar_sum[r] = (uint16_t *)malloc((size_t)(cnt + 1) * 2);
+        o.ar_avg[r] = (uint16_t *)malloc((size_t)(cnt + 1) * 2);
+        o.rs_sum[r] = (uint16_t *)malloc((size_t)(cnt + 1) * 2);
+        o.rs_avg[r] = (uint16_t *)malloc((size_t)(cnt + 1) * 2);
+        ctx[r].count = cnt;
+        ctx[r].user = &o;
+    }
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(n, 30.0, all_collectives16, ctx), pdp_status_name);
+    for (r = 0; r < n; r++) ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+    for (r = 0; r < n; r++)
+        for (i = 0; i < cnt; i++) {
+            if (o.ar_sum[r][i] != naive16(dt, n, i, 0) || o.ar_avg[r][i] != naive16(dt, n, i, 1)) {
+                fprintf(stderr, "dt %d n %d count %lld rank %d i %lld: sum %04x want %04x, avg "
+                        "%04x want %04x\n", dt, n, (long long)cnt, r, (long long)i,
+                        o.ar_sum[r][i], naive16(dt, n, i, 0), o.ar_avg[r][i],
+                        naive16(dt, n, i, 1));
+                FAILm("16-bit all-reduce differs from the naive fp32 sum rounded once");
+            }
+            if (o.rs_sum[r][i] != naive16(dt, n, r * cnt + i + 3, 0) ||
+                o.rs_avg[r][i] != naive16(dt, n, r * cnt + i + 3, 1))
+                FAILm("16-bit reduce-scatter differs from the naive fp32 sum rounded once");
+        }
+    for (r = 0; r < n; r++) { /* 2 bytes per element: half of the float figures */
+        double nn = n, bytes = (double)cnt * 2;
+        int64_t want = 2 * (int64_t)(2.0 * (nn - 1) / nn * bytes) + 2 * (int64_t)((nn - 1) * bytes);
+        ASSERT_EQ(want, ctx[r].stats.bytes_sent);
+    }
+    for (r = 0; r < n; r++) {
+        free(o.ar_sum[r]);
+        free(o.ar_avg[r]);
+        free(o.rs_sum[r]);
+        free(o.rs_avg[r]);
+    }
+    PASS();
+}
+
+TEST comm_16bit_collectives_match_naive_fp32_sum_rounded_once(void)
+{
+    static const int64_t counts[] = {0, 1, 17, 5003};
+    int n, dt;
+    size_t k;
+    for (dt = PDP_DTYPE_BF16; dt <= PDP_DTYPE_F16; dt++)
+        for (n = 1; n <= MAXR; n++)
+            for (k = 0; k < sizeof counts / sizeof *counts; k++)
+                CHECK_CALL(check_collectives16(dt, n, counts[k]));
+    PASS();
+}
+
+static void bad_dtype(rank_ctx *ctx, pdp_comm *c)
+{
+    uint16_t buf[4] = {0, 0, 0, 0};
+    ctx->st = pdp_comm_allreduce_ex(c, buf, 4, (pdp_dtype)7, PDP_REDUCE_SUM, NULL);
+    snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+}
+
+TEST comm_16bit_rejects_unknown_dtype(void)
+{
+    rank_ctx ctx[1];
+    memset(ctx, 0, sizeof ctx);
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(1, 30.0, bad_dtype, ctx), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, ctx[0].st, pdp_status_name);
+    ASSERT(strstr(ctx[0].msg, "pdp_comm_allreduce_ex: unknown dtype 7") != NULL);
     PASS();
 }
 
@@ -651,6 +799,9 @@ SUITE(comm)
 {
     RUN_TEST(comm_collectives_match_naive_loops);
     RUN_TEST(comm_stats_count_ring_bytes);
+    RUN_TEST(comm_16bit_conversions_round_to_nearest_even);
+    RUN_TEST(comm_16bit_collectives_match_naive_fp32_sum_rounded_once);
+    RUN_TEST(comm_16bit_rejects_unknown_dtype);
     RUN_TEST(comm_async_progress_without_waiting);
     RUN_TEST(comm_missing_rank_times_out_naming_it);
     RUN_TEST(comm_freed_rank_fails_the_others_at_once);

@@ -1031,9 +1031,23 @@ TEST cuda_ddp_nccl_world_size_1_matches_single(void)
 /* One DDP rank on communicator c: trains on rows [rank per, (rank + 1) per) of the
    global batch x [n per, 20] (host) for two SGD steps on device dev, no dropout (so
    the shards add up to the global batch), and downloads the final parameters. */
+static pdp_status train_ddp_shard_hook(pdp_comm *c, pdp_device dev, const float *x,
+                                       const int32_t *labels, int per, float *params_out,
+                                       int hook, int64_t *bytes_sent);
+
 static pdp_status train_ddp_shard(pdp_comm *c, pdp_device dev, const float *x,
                                   const int32_t *labels, int per, float *params_out)
 {
+    return train_ddp_shard_hook(c, dev, x, labels, per, params_out, 0, NULL);
+}
+
+/* ... with a comm hook (1 bf16, 2 fp16 compression; 0 none) and the last step's bytes. */
+static pdp_status train_ddp_shard_hook(pdp_comm *c, pdp_device dev, const float *x,
+                                       const int32_t *labels, int per, float *params_out,
+                                       int hook, int64_t *bytes_sent)
+{
+    pdp_ddp_comm_hook h = hook == 1 ? pdp_ddp_hook_bf16_compress() : pdp_ddp_hook_fp16_compress();
+    pdp_ddp_stats ds;
     pdp_model *m = NULL;
     pdp_optim *o = NULL;
     pdp_ddp *ddp = NULL;
@@ -1049,6 +1063,7 @@ static pdp_status train_ddp_shard(pdp_comm *c, pdp_device dev, const float *x,
     shape[1] = 20;
     if ((st = build_net(&m, false, dev)) || (st = pdp_optim_create(&o, m, &sgd)) ||
         (st = pdp_ddp_create(&ddp, m, c, NULL)) ||
+        (hook && (st = pdp_ddp_register_comm_hook(ddp, &h))) ||
         (st = pdp_tensor_create(&xs, dev, 2, shape)) ||
         (st = pdp_tensor_upload(xs, x + (int64_t)rank * per * 20)))
         goto out;
@@ -1057,6 +1072,8 @@ static pdp_status train_ddp_shard(pdp_comm *c, pdp_device dev, const float *x,
         if ((st = pdp_ddp_forward_backward(ddp, xs, labels + rank * per, &loss)) ||
             (st = pdp_ddp_step(ddp, o)))
             goto out;
+    pdp_ddp_get_stats(ddp, &ds);
+    if (bytes_sent) *bytes_sent = ds.bytes_sent;
     pdp_model_flat(m, &p, &g);
     st = pdp_tensor_download(&p, params_out);
 out:
@@ -1108,6 +1125,8 @@ out:
 typedef struct rank_job {
     pdp_nccl_group *g;
     int rank, n;
+    int hook;            /* train_ddp_shard_hook's */
+    int64_t bytes_sent;
     const float *x;      /* host, the global batch [n * per, 20] */
     const int32_t *labels;
     int per;
@@ -1121,7 +1140,8 @@ static void *rank_main(void *arg)
     rank_job *j = (rank_job *)arg;
     pdp_comm *c = NULL;
     if ((j->st = pdp_comm_create_nccl(&c, j->g, j->rank)) == PDP_OK)
-        j->st = train_ddp_shard(c, pdp_cuda(j->rank), j->x, j->labels, j->per, j->params_out);
+        j->st = train_ddp_shard_hook(c, pdp_cuda(j->rank), j->x, j->labels, j->per,
+                                     j->params_out, j->hook, &j->bytes_sent);
     if (j->st) snprintf(j->msg, sizeof j->msg, "rank %d: %s", j->rank, pdp_last_error());
     pdp_comm_free(c);
     return NULL;
@@ -1169,6 +1189,103 @@ TEST cuda_ddp_thread_ranks_match_single(void)
         ASSERTm("thread-rank DDP over NCCL == one GPU on the global batch", e <= TOL);
         free(jobs[r].params_out);
     }
+    free(ref);
+    PASS();
+}
+
+/* The bf16 and fp16 compression hooks over NCCL on CUDA models (the conversion kernels
+   and ncclBfloat16 / ncclFloat16): the conversion kernels give the CPU's bits; two SGD
+   steps land within 1e-2 relative of one GPU on the global batch (16-bit gradients),
+   differ from fp32 (the hook ran), the ranks agree bit for bit, and the bytes are
+   half of fp32 DDP's (two ranks: exactly). */
+TEST cuda_ddp_compress_hooks_over_nccl(void)
+{
+    enum { PER = 4, MAXR = 8, CN = 1001 };
+    int n = devices(), r, hook;
+    pdp_device devs[MAXR];
+    pdp_nccl_group *g = NULL;
+    rank_job jobs[MAXR], plain[MAXR];
+    pthread_t th[MAXR];
+    float x[MAXR * PER * 20], src[CN], back[CN], *dsrc = NULL, *dback = NULL;
+    uint16_t h16[CN], c16[CN], *d16 = NULL;
+    int32_t labels[MAXR * PER];
+    float *ref = NULL;
+    int64_t count = 0, i;
+    int dt;
+    NEED_GPU();
+    /* the kernels against the CPU loops, bit for bit (ties, subnormals, overflow inside) */
+    fill_random(src, CN, 5);
+    src[0] = 1.0f + 0x1p-8f;
+    src[1] = 0x1p-25f * 1.5f;
+    src[2] = 70000.0f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp__dev_alloc(pdp_cuda(0), CN * 4, (void **)&dsrc), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__dev_alloc(pdp_cuda(0), CN * 4, (void **)&dback), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__dev_alloc(pdp_cuda(0), CN * 2, (void **)&d16), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp__dev_copy(pdp_cuda(0), dsrc, pdp_cpu(), src, CN * 4),
+                   pdp_status_name);
+    for (dt = PDP_DTYPE_BF16; dt <= PDP_DTYPE_F16; dt++) {
+        ASSERT_ENUM_EQ(PDP_OK, pdp__dev_to16(pdp_cuda(0), d16, dsrc, CN, 0.5f, dt),
+                       pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp__dev_from16(pdp_cuda(0), dback, d16, CN, dt), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp__dev_copy(pdp_cpu(), h16, pdp_cuda(0), d16, CN * 2),
+                       pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp__dev_copy(pdp_cpu(), back, pdp_cuda(0), dback, CN * 4),
+                       pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp__dev_to16(pdp_cpu(), c16, src, CN, 0.5f, dt), pdp_status_name);
+        ASSERT_MEM_EQm("to16 kernel != CPU", c16, h16, sizeof h16);
+        for (i = 0; i < CN; i++)
+            if (back[i] != pdp__dt16_float(dt, c16[i]) && back[i] == back[i])
+                FAILm("from16 kernel != CPU");
+    }
+    pdp__dev_free(pdp_cuda(0), dsrc);
+    pdp__dev_free(pdp_cuda(0), dback);
+    pdp__dev_free(pdp_cuda(0), d16);
+    if (n > MAXR) n = MAXR;
+    if (n < 2) SKIPm("one device: the hook path is covered by the kernel check above");
+    for (r = 0; r < MAXR; r++) devs[r] = pdp_cuda(r < n ? r : 0);
+    fill_random(x, (int64_t)n * PER * 20, 11);
+    for (r = 0; r < n * PER; r++) labels[r] = r % 5;
+    ASSERTm(pdp_last_error(),
+            train_single(pdp_cuda(0), x, labels, (int64_t)n * PER, &ref, &count) == PDP_OK);
+    for (hook = 0; hook <= 2; hook++) {
+        rank_job *js = hook ? jobs : plain;
+        ASSERTm(pdp_last_error(), pdp_nccl_group_create(&g, n, devs, NULL) == PDP_OK);
+        for (r = 0; r < n; r++) {
+            memset(&js[r], 0, sizeof js[r]);
+            js[r].g = g;
+            js[r].rank = r;
+            js[r].n = n;
+            js[r].x = x;
+            js[r].labels = labels;
+            js[r].per = PER;
+            js[r].hook = hook;
+            js[r].params_out = (float *)malloc(4096 * sizeof(float));
+            pthread_create(&th[r], NULL, rank_main, &js[r]);
+        }
+        for (r = 0; r < n; r++) pthread_join(th[r], NULL);
+        pdp_nccl_group_free(g);
+        for (r = 0; r < n; r++) ASSERTm(js[r].msg, js[r].st == PDP_OK);
+        if (!hook) continue;
+        ASSERTm("compressed DDP over NCCL within 1e-2 of one GPU",
+                rel_err(jobs[0].params_out, ref, count) <= 1e-2);
+        ASSERTm("the hook changed nothing", memcmp(jobs[0].params_out, plain[0].params_out,
+                                                   (size_t)count * 4) != 0);
+        for (r = 0; r < n; r++) {
+            if (getenv("PDP_TEST_VERBOSE"))
+                for (i = 0; i < count; i++)
+                    if (jobs[0].params_out[i] != jobs[r].params_out[i])
+                        printf("hook %d rank %d param %lld: %.9g vs rank 0 %.9g (plain %.9g)\n",
+                               hook, r, (long long)i, jobs[r].params_out[i],
+                               jobs[0].params_out[i], plain[r].params_out[i]);
+            ASSERT_MEM_EQm("ranks differ", jobs[0].params_out, jobs[r].params_out,
+                           (size_t)count * 4);
+            if (n == 2) ASSERT_EQ(plain[r].bytes_sent, 2 * jobs[r].bytes_sent);
+            else ASSERT(plain[r].bytes_sent > 2 * jobs[r].bytes_sent - 8 &&
+                        plain[r].bytes_sent < 2 * jobs[r].bytes_sent + 8);
+        }
+        for (r = 0; r < n; r++) free(jobs[r].params_out);
+    }
+    for (r = 0; r < n; r++) free(plain[r].params_out);
     free(ref);
     PASS();
 }
@@ -1257,6 +1374,7 @@ typedef struct zn_job {
     pdp_nccl_group *g;   /* NCCL on GPU rank, or (NULL) */
     pdp_local_group *lg; /* the local backend on the CPU: the figures to match */
     int rank, stage, accum, clip;
+    int hook;            /* 1: pdp_ddp_hook_bf16_compress registered */
     const char *prefix;  /* the checkpoint set's prefix */
     float params[ZN_MAXP], reloaded[ZN_MAXP];
     int64_t count;
@@ -1285,7 +1403,9 @@ static pdp_status zn_train(zn_job *j, pdp_comm *c)
     zd.stage = j->stage;
     zd.bucket_cap_mb = 1e-9; /* a unit per layer */
     zd.first_bucket_mb = 1e-9;
+    pdp_ddp_comm_hook h = pdp_ddp_hook_bf16_compress();
     if ((st = zn_build(&m, dev)) || (st = pdp_zero_create(&z, m, c, &zd)) ||
+        (j->hook && (st = pdp_zero_register_comm_hook(z, &h))) ||
         (st = pdp_zero_optim_create(&o, z, &od)) ||
         (st = pdp_tensor_create(&xs, dev, 2, shape)))
         goto out;
@@ -1348,7 +1468,16 @@ static void zn_remove_set(const char *prefix)
 }
 
 /* ZN_RANKS thread ranks over NCCL (gpu) or the local backend on the CPU. */
+static pdp_status zn_run_hook(bool gpu, int stage, int accum, int clip, int hook,
+                              zn_job *jobs);
+
 static pdp_status zn_run(bool gpu, int stage, int accum, int clip, zn_job *jobs)
+{
+    return zn_run_hook(gpu, stage, accum, clip, 0, jobs);
+}
+
+static pdp_status zn_run_hook(bool gpu, int stage, int accum, int clip, int hook,
+                              zn_job *jobs)
 {
     char prefix[200];
     pdp_device devs[ZN_RANKS];
@@ -1370,6 +1499,7 @@ static pdp_status zn_run(bool gpu, int stage, int accum, int clip, zn_job *jobs)
         jobs[r].stage = stage;
         jobs[r].accum = accum;
         jobs[r].clip = clip;
+        jobs[r].hook = hook;
         jobs[r].prefix = prefix;
         pthread_create(&th[r], NULL, zn_main, &jobs[r]);
     }
@@ -1458,6 +1588,45 @@ TEST cuda_zero_nccl_thread_ranks_match_single(void)
     for (stage = 1; stage <= 3; stage++)
         for (accum = 1; accum <= 2; accum++)
             for (clip = 0; clip <= 1; clip++) CHECK_CALL(zn_check(stage, accum, clip));
+    PASS();
+}
+
+/* ZeRO stages 1-3 with the bf16 compression hook over NCCL (ncclBfloat16 reduce-scatters
+   of the conversion kernels' output): within 1e-3 of the same run on the CPU over the
+   local backend (with 2 ranks both round the bf16 sum once; what differs is the fp32
+   gradients each device computes, which can move a bf16 rounding), different from
+   fp32 ZeRO, the ranks bit-identical, and the CPU run's bytes (the reduce-scatters
+   halved). */
+TEST cuda_zero_nccl_bf16_hook_matches_the_cpu(void)
+{
+    static zn_job jobs[ZN_RANKS], cpu[ZN_RANKS], plain[ZN_RANKS];
+    static char msg[200];
+    int stage, r;
+    double e;
+    NEED_GPU();
+    if (devices() < ZN_RANKS) SKIPm("ZeRO over NCCL needs 2 CUDA devices");
+    for (stage = 1; stage <= 3; stage++) {
+        ASSERTm(pdp_last_error(), zn_run_hook(false, stage, 1, 0, 1, cpu) == PDP_OK);
+        ASSERTm(pdp_last_error(), zn_run_hook(true, stage, 1, 0, 1, jobs) == PDP_OK);
+        ASSERTm(pdp_last_error(), zn_run_hook(true, stage, 1, 0, 0, plain) == PDP_OK);
+        for (r = 0; r < ZN_RANKS; r++) {
+            ASSERTm(cpu[r].msg, cpu[r].st == PDP_OK);
+            ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+            ASSERTm(plain[r].msg, plain[r].st == PDP_OK);
+        }
+        e = rel_err(jobs[0].params, cpu[0].params, jobs[0].count);
+        snprintf(msg, sizeof msg, "stage %d: bf16 ZeRO over NCCL vs on the CPU %.3g", stage, e);
+        ASSERTm(msg, e <= 1e-3);
+        ASSERTm("the hook changed nothing",
+                memcmp(jobs[0].params, plain[0].params, (size_t)jobs[0].count * 4) != 0);
+        for (r = 0; r < ZN_RANKS; r++) {
+            ASSERT_MEM_EQm("ranks differ", jobs[0].params, jobs[r].params,
+                           (size_t)jobs[0].count * 4);
+            ASSERT_EQ(cpu[r].stats.bytes_sent, jobs[r].stats.bytes_sent);
+            ASSERT_EQ((int64_t)(ZN_RANKS - 1) * jobs[r].mem.shard_count * 2,
+                      plain[r].stats.bytes_sent - jobs[r].stats.bytes_sent);
+        }
+    }
     PASS();
 }
 
@@ -2713,7 +2882,9 @@ SUITE(cuda)
     RUN_TEST(cuda_bf16_training_matches_cpu_bf16);
     RUN_TEST(cuda_ddp_nccl_world_size_1_matches_single);
     RUN_TEST(cuda_ddp_thread_ranks_match_single);
+    RUN_TEST(cuda_ddp_compress_hooks_over_nccl);
     RUN_TEST(cuda_zero_nccl_thread_ranks_match_single);
+    RUN_TEST(cuda_zero_nccl_bf16_hook_matches_the_cpu);
     RUN_TEST(cuda_nccl_collectives_match_naive);
     RUN_TEST(cuda_nccl_p2p_ring_with_self_send_matches_naive);
     RUN_TEST(cuda_nccl_p2p_tag_and_count_mismatch_name_both);

@@ -12,7 +12,12 @@
    allocates nothing (PDP_MALLOC counts). The reducer seam: a reducer with its
    own collective and after-step hook (as ZeRO will have) launches every bucket
    once per synchronised backward, in bucket order, and runs the hook once per
-   step. Run under TSan by `make tsan`. */
+   step. Communication hooks: the bf16 and fp16 compression hooks give gradients
+   within the rounding bound stated in ddp.h (derived at check_compress_hook) of
+   fp32 DDP on 2 and 3 ranks, send exactly half the bytes (2 ranks), and train to
+   the fp32 loss within 0.01 over 300 steps; a user hook (SUM, then / N in finish)
+   gives the AVG bits; registration and hook failures name the bucket. Run under
+   TSan by `make tsan`. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include <stdlib.h>
@@ -612,6 +617,340 @@ TEST ddp_buckets_of_unused_parameters_launch_at_the_end_of_backward(void)
     PASS();
 }
 
+/* ---- communication hooks ---- */
+
+/* A user hook: an fp32 SUM all-reduce, divided by N in finish (the bits of AVG), counting
+   its calls and checking the views it gets. */
+typedef struct count_hook {
+    atomic_int launches, finishes, bad_views;
+    int fail_launch, fail_finish;
+} count_hook;
+
+static pdp_status count_launch(void *state, pdp_comm *c, const pdp_comm_hook_bucket *b,
+                               pdp_work **work)
+{
+    count_hook *h = (count_hook *)state;
+    atomic_fetch_add(&h->launches, 1);
+    if (b->reduce_scatter || b->recv || !b->scratch || b->world_size != pdp_comm_size(c) ||
+        b->rank != pdp_comm_rank(c) || b->index < 0 || b->index >= b->nbuckets)
+        atomic_fetch_add(&h->bad_views, 1);
+    if (h->fail_launch)
+        return pdp__err(PDP_ERR_INVALID, "count_launch: refusing bucket %d", b->index);
+    memset(b->scratch, 0xab, (size_t)b->count * 4); /* its own piece: writable, no overlap */
+    return pdp_comm_allreduce(c, b->grad, b->count, PDP_REDUCE_SUM, work);
+}
+
+static pdp_status count_finish(void *state, const pdp_comm_hook_bucket *b)
+{
+    count_hook *h = (count_hook *)state;
+    int64_t i;
+    atomic_fetch_add(&h->finishes, 1);
+    if (h->fail_finish) return pdp__err(PDP_ERR_INVALID, "count_finish: refusing");
+    for (i = 0; i < b->count; i++) b->grad[i] /= (float)b->world_size;
+    return PDP_OK;
+}
+
+typedef struct hook_ctx {
+    pdp_local_group *g;
+    int rank, size;
+    int hook;          /* 0 none, 1 bf16, 2 fp16, 3 count_hook */
+    int steps;         /* training steps after the gradient comparison (0: none) */
+    count_hook *user;
+    pdp_status st;
+    char msg[1024];
+    float local[2048], avg[2048]; /* this rank's own gradient, and DDP's average */
+    int64_t count, bytes_sent;
+    int nbuckets;
+    float last_loss;   /* mean of the last 20 steps' global losses */
+} hook_ctx;
+
+static pdp_status hook_fail(hook_ctx *ctx, pdp_status st)
+{
+    if (st != PDP_OK && ctx->st == PDP_OK) {
+        ctx->st = st;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    }
+    return st;
+}
+
+static void *hook_rank(void *arg)
+{
+    hook_ctx *ctx = (hook_ctx *)arg;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_ddp *d = NULL;
+    pdp_ddp_desc dd;
+    pdp_ddp_comm_hook h;
+    pdp_ddp_stats ds;
+    pdp_optim_desc od = sgd();
+    int r = ctx->rank, n = ctx->size, local = 12 / n, s;
+    float x[B * IN], loss, acc = 0.0f;
+    int32_t y[B];
+    int64_t shape[2];
+    pdp_tensor xt;
+    memset(&dd, 0, sizeof dd);
+    dd.bucket_cap_mb = dd.first_bucket_mb = 0.0001; /* 104 bytes: 3 buckets */
+    shape[0] = local;
+    shape[1] = IN;
+    od.momentum = 0.0f;
+    od.lr = 0.05f;
+    if (hook_fail(ctx, pdp_comm_create_local(&c, ctx->g, r)) ||
+        hook_fail(ctx, build_model(&m, 1, 0)) || hook_fail(ctx, pdp_optim_create(&o, m, &od)))
+        goto out;
+    make_batch(0, x, y);
+    pdp_tensor_wrap(x + r * local * IN, pdp_cpu(), 2, shape, &xt);
+    /* this rank's own gradient, before DDP (same parameters on every rank: seed 1) */
+    if (hook_fail(ctx, pdp_model_forward_backward(m, &xt, y + r * local, &loss))) goto out;
+    memcpy(ctx->local, m->grad_block, (size_t)m->param_count * sizeof(float));
+    ctx->count = m->param_count;
+    if (hook_fail(ctx, pdp_ddp_create(&d, m, c, &dd))) goto out;
+    ctx->nbuckets = pdp_ddp_num_buckets(d);
+    memset(&h, 0, sizeof h);
+    if (ctx->hook == 1) h = pdp_ddp_hook_bf16_compress();
+    if (ctx->hook == 2) h = pdp_ddp_hook_fp16_compress();
+    if (ctx->hook == 3) {
+        h.launch = count_launch;
+        h.finish = count_finish;
+        h.state = ctx->user;
+        h.scratch_bytes_per_float = 4;
+    }
+    if (ctx->hook && hook_fail(ctx, pdp_ddp_register_comm_hook(d, &h))) goto out;
+    if (hook_fail(ctx, pdp_ddp_forward_backward(d, &xt, y + r * local, &loss)) ||
+        hook_fail(ctx, pdp_ddp_finish(d)))
+        goto out;
+    memcpy(ctx->avg, m->grad_block, (size_t)m->param_count * sizeof(float));
+    pdp_ddp_get_stats(d, &ds);
+    ctx->bytes_sent = ds.bytes_sent;
+    if (hook_fail(ctx, pdp_ddp_step(d, o))) goto out;
+    for (s = 0; s < ctx->steps; s++) { /* four global batches, cycled */
+        float global = 0.0f;
+        make_batch(s % 4, x, y);
+        if (hook_fail(ctx, pdp_ddp_forward_backward(d, &xt, y + r * local, &loss)) ||
+            hook_fail(ctx, pdp_ddp_step(d, o)))
+            goto out;
+        global = loss / (float)n; /* each rank's mean: the global mean is their average */
+        if (s >= ctx->steps - 20) acc += global;
+    }
+    ctx->last_loss = acc / 20.0f;
+out:
+    pdp_ddp_free(d);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static void run_hook_ranks(int n, hook_ctx *ctx)
+{
+    pthread_t t[MAXR];
+    pdp_local_group *g = NULL;
+    pdp_comm_desc cd;
+    int r;
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = 30.0;
+    cd.name = "hook";
+    pdp_local_group_create(&g, n, &cd);
+    for (r = 0; r < n; r++) {
+        ctx[r].g = g;
+        ctx[r].rank = r;
+        ctx[r].size = n;
+        pthread_create(&t[r], NULL, hook_rank, &ctx[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+}
+
+/* The bound of ddp.h: with u the unit roundoff (bf16 2^-8, fp16 2^-11), each input
+   g_r / N rounds once (u |g_r| / N) and their sum once (u (1 + u) sum |g_r| / N), so
+   |compressed - exact| <= u (2 + u) sum_r |g_r| / N, plus 2^-25 (N + 1) for fp16's
+   subnormals; the fp32 reference is itself within 2^-24 N sum |g_r| / N of exact. */
+static enum greatest_test_res check_compress_hook(int n, int hook)
+{
+    static hook_ctx ref[MAXR], hk[MAXR];
+    double u = hook == 1 ? 0x1p-8 : 0x1p-11, worst = 0.0;
+    int64_t i;
+    int r, differ = 0;
+    memset(ref, 0, sizeof ref);
+    memset(hk, 0, sizeof hk);
+    for (r = 0; r < n; r++) hk[r].hook = hook;
+    run_hook_ranks(n, ref);
+    run_hook_ranks(n, hk);
+    for (r = 0; r < n; r++) {
+        ASSERT_ENUM_EQm(ref[r].msg, PDP_OK, ref[r].st, pdp_status_name);
+        ASSERT_ENUM_EQm(hk[r].msg, PDP_OK, hk[r].st, pdp_status_name);
+    }
+    ASSERT(ref[0].nbuckets >= 3);
+    for (i = 0; i < ref[0].count; i++) {
+        double sabs = 0.0, bound, err;
+        for (r = 0; r < n; r++) sabs += fabs((double)ref[r].local[i]);
+        sabs /= n;
+        bound = u * (2.0 + u) * sabs + 0x1p-24 * n * sabs + (hook == 2 ? 0x1p-25 * (n + 1) : 0.0);
+        err = fabs((double)hk[0].avg[i] - ref[0].avg[i]);
+        worst = fmax(worst, sabs > 0.0 ? err / sabs : 0.0);
+        if (err > bound) {
+            fprintf(stderr, "n %d hook %d param %lld: compressed %.9g fp32 %.9g: error %.3g > "
+                    "bound %.3g\n", n, hook, (long long)i, hk[0].avg[i], ref[0].avg[i], err, bound);
+            FAILm("compressed gradients outside the rounding bound");
+        }
+        differ += hk[0].avg[i] != ref[0].avg[i];
+        for (r = 1; r < n; r++)
+            if (hk[r].avg[i] != hk[0].avg[i]) FAILm("ranks hold different compressed gradients");
+    }
+    ASSERTm("compression changed nothing (was the hook used?)", differ > 0);
+    for (r = 0; r < n; r++) {
+        /* exactly half for 2 ranks; at 3, each collective's 4/3 x bytes truncates on its own */
+        if (n == 2) ASSERT_EQ(ref[r].bytes_sent, 2 * hk[r].bytes_sent);
+        else ASSERT(llabs(ref[r].bytes_sent - 2 * hk[r].bytes_sent) <= 2 * ref[r].nbuckets);
+        ASSERT(hk[r].bytes_sent > 0);
+    }
+    if (getenv("PDP_TEST_VERBOSE"))
+        printf("n %d %s: max error / mean |g_r| = %.3g (u = %.3g)\n", n, hook == 1 ? "bf16" : "fp16",
+               worst, u);
+    PASS();
+}
+
+TEST ddp_compress_hooks_match_fp32_within_the_rounding_bound(void)
+{
+    int n;
+    for (n = 2; n <= 3; n++) {
+        CHECK_CALL(check_compress_hook(n, 1));
+        CHECK_CALL(check_compress_hook(n, 2));
+    }
+    PASS();
+}
+
+TEST ddp_user_hook_replaces_the_allreduce(void)
+{
+    static hook_ctx ref[MAXR], hk[MAXR];
+    static count_hook user;
+    int r;
+    memset(ref, 0, sizeof ref);
+    memset(hk, 0, sizeof hk);
+    memset(&user, 0, sizeof user);
+    for (r = 0; r < 3; r++) {
+        hk[r].hook = 3;
+        hk[r].user = &user;
+        hk[r].steps = 2;
+    }
+    run_hook_ranks(3, ref);
+    run_hook_ranks(3, hk);
+    for (r = 0; r < 3; r++) {
+        ASSERT_ENUM_EQm(hk[r].msg, PDP_OK, hk[r].st, pdp_status_name);
+        /* SUM then / N in finish: the bits of the built-in AVG all-reduce */
+        ASSERT_MEM_EQ(ref[r].avg, hk[r].avg, (size_t)ref[r].count * sizeof(float));
+    }
+    /* 3 steps (1 + 2) x 3 ranks x every bucket, each launched and finished once */
+    ASSERT_EQ(9 * hk[0].nbuckets, atomic_load(&user.launches));
+    ASSERT_EQ(9 * hk[0].nbuckets, atomic_load(&user.finishes));
+    ASSERT_EQ(0, atomic_load(&user.bad_views));
+    PASS();
+}
+
+TEST ddp_compress_hook_training_reaches_the_fp32_loss(void)
+{
+    static hook_ctx ref[MAXR], hk[MAXR];
+    int r, hook;
+    for (hook = 1; hook <= 2; hook++) {
+        memset(ref, 0, sizeof ref);
+        memset(hk, 0, sizeof hk);
+        for (r = 0; r < 2; r++) {
+            ref[r].steps = hk[r].steps = 300;
+            hk[r].hook = hook;
+        }
+        run_hook_ranks(2, ref);
+        run_hook_ranks(2, hk);
+        for (r = 0; r < 2; r++) {
+            ASSERT_ENUM_EQm(ref[r].msg, PDP_OK, ref[r].st, pdp_status_name);
+            ASSERT_ENUM_EQm(hk[r].msg, PDP_OK, hk[r].st, pdp_status_name);
+        }
+        if (getenv("PDP_TEST_VERBOSE"))
+            printf("300 steps, 2 ranks: mean loss of the last 20: fp32 %.5f, %s %.5f\n",
+                   ref[0].last_loss + ref[1].last_loss, hook == 1 ? "bf16" : "fp16",
+                   hk[0].last_loss + hk[1].last_loss);
+        /* it learned (the loss of 3 classes starts near ln 3 = 1.1) and, within 0.01, as
+           far as fp32 */
+        ASSERT(ref[0].last_loss + ref[1].last_loss < 0.8f);
+        ASSERT_IN_RANGE(ref[0].last_loss + ref[1].last_loss, hk[0].last_loss + hk[1].last_loss,
+                        0.01f);
+    }
+    PASS();
+}
+
+/* World size 1: a failing hook cannot strand a peer. */
+static enum greatest_test_res hook_error_case(int which, pdp_status want, const char *want1,
+                                              const char *want2)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_ddp *d = NULL;
+    pdp_ddp_comm_hook h = pdp_ddp_hook_bf16_compress();
+    count_hook user;
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {B, IN};
+    pdp_tensor xt;
+    pdp_status st = PDP_OK;
+    memset(&user, 0, sizeof user);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+    make_batch(0, x, y);
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    switch (which) {
+    case 0: st = pdp_ddp_register_comm_hook(d, NULL); break;
+    case 1:
+        h.launch = NULL;
+        st = pdp_ddp_register_comm_hook(d, &h);
+        break;
+    case 2:
+        if (pdp_ddp_register_comm_hook(d, &h) == PDP_OK) st = pdp_ddp_register_comm_hook(d, &h);
+        break;
+    case 3:
+        if (pdp_ddp_forward_backward(d, &xt, y, &loss) == PDP_OK && pdp_ddp_finish(d) == PDP_OK)
+            st = pdp_ddp_register_comm_hook(d, &h);
+        break;
+    case 4: case 5:
+        h.launch = count_launch;
+        h.finish = count_finish;
+        h.state = &user;
+        h.scratch_bytes_per_float = 4;
+        user.fail_launch = which == 4;
+        user.fail_finish = which == 5;
+        if (pdp_ddp_register_comm_hook(d, &h) == PDP_OK &&
+            pdp_ddp_forward_backward(d, &xt, y, &loss) == PDP_OK)
+            st = pdp_ddp_finish(d);
+        break;
+    }
+    ASSERT_ENUM_EQm(pdp_last_error(), want, st, pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), want1) != NULL);
+    if (want2) ASSERTm(pdp_last_error(), strstr(pdp_last_error(), want2) != NULL);
+    pdp_ddp_free(d);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
+TEST ddp_comm_hook_errors(void)
+{
+    CHECK_CALL(hook_error_case(0, PDP_ERR_INVALID, "pdp_ddp_register_comm_hook: hook is NULL",
+                               NULL));
+    CHECK_CALL(hook_error_case(1, PDP_ERR_INVALID,
+                               "pdp_ddp_register_comm_hook: hook->launch is NULL", NULL));
+    CHECK_CALL(hook_error_case(2, PDP_ERR_STATE, "pdp_ddp_register_comm_hook: rank 0: a "
+                               "communication hook is already registered", NULL));
+    CHECK_CALL(hook_error_case(3, PDP_ERR_STATE, "a backward has already run; register the hook "
+                               "before the first backward", NULL));
+    CHECK_CALL(hook_error_case(4, PDP_ERR_INVALID, "pdp_ddp_finish: rank 0: bucket 0 of",
+                               "comm hook launch: count_launch: refusing bucket 0"));
+    CHECK_CALL(hook_error_case(5, PDP_ERR_INVALID, "pdp_ddp_finish: rank 0: bucket 0 of",
+                               "comm hook finish: count_finish: refusing"));
+    PASS();
+}
+
 /* ---- the reducer seam ---- */
 
 /* A collective that records the order of launches and sums instead of
@@ -876,6 +1215,14 @@ SUITE(ddp)
     RUN_TEST(ddp_rank_dying_mid_backward_fails_the_others_at_once);
 }
 
+SUITE(comm_hooks)
+{
+    RUN_TEST(ddp_compress_hooks_match_fp32_within_the_rounding_bound);
+    RUN_TEST(ddp_user_hook_replaces_the_allreduce);
+    RUN_TEST(ddp_compress_hook_training_reaches_the_fp32_loss);
+    RUN_TEST(ddp_comm_hook_errors);
+}
+
 SUITE(reducer)
 {
     RUN_TEST(reducer_collective_and_after_step_are_parameters);
@@ -893,6 +1240,7 @@ int main(int argc, char **argv)
 {
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(ddp);
+    RUN_SUITE(comm_hooks);
     RUN_SUITE(reducer);
     RUN_SUITE(sampler);
     GREATEST_MAIN_END();

@@ -502,6 +502,181 @@ MPI_TEST(mpi_ddp_matches_single_device_and_ranks_agree)
     PASS();
 }
 
+/* ---- MPI: 16-bit reductions and the compression hook ---- */
+
+/* Rank r's 16-bit value at i: awkward magnitudes, so that roundings show. */
+static uint16_t val16(int dt, int r, int64_t i)
+{
+    float f = ((float)((uint32_t)(i * 2654435761u + (uint32_t)r * 40503u) % 100003u) / 100003.0f -
+               0.4f) * (r % 2 ? 30.0f : 0.7f);
+    return pdp__dt16_bits(dt, f);
+}
+
+static float w16(int dt, uint16_t h) { return pdp__dt16_float(dt, h); }
+static uint16_t add16(int dt, uint16_t a, uint16_t b)
+{
+    return pdp__dt16_bits(dt, w16(dt, a) + w16(dt, b));
+}
+
+/* comm.h's MPI rounding: each combination of two values rounds once; 2 ranks: one rounding
+   (bit-exact); 3 ranks: one of the three pairings (bit-exact); more: within (N - 1) u sum |x|.
+   AVG divides the rounded sum and rounds again. Every rank holds the same bits. */
+static enum greatest_test_res check16(int dt, int64_t i, uint16_t got, int avg, int rs_slice)
+{
+    int64_t k = rs_slice >= 0 ? (int64_t)rs_slice * 1000 + i : i;
+    uint16_t x[64], want[3];
+    int r, nw = 1, j;
+    double sabs = 0.0, exact = 0.0, u = dt == PDP_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+    for (r = 0; r < world_size && r < 64; r++) {
+        x[r] = val16(dt, r, k);
+        sabs += fabs(w16(dt, x[r]));
+        exact += w16(dt, x[r]);
+    }
+    if (world_size == 1) want[0] = x[0];
+    else if (world_size == 2) want[0] = add16(dt, x[0], x[1]);
+    else if (world_size == 3) {
+        want[0] = add16(dt, add16(dt, x[0], x[1]), x[2]);
+        want[1] = add16(dt, add16(dt, x[0], x[2]), x[1]);
+        want[2] = add16(dt, add16(dt, x[1], x[2]), x[0]);
+        nw = 3;
+    } else {
+        nw = 0;
+    }
+    if (avg)
+        for (j = 0; j < nw; j++) want[j] = pdp__dt16_bits(dt, w16(dt, want[j]) / (float)world_size);
+    for (j = 0; j < nw; j++)
+        if (got == want[j]) PASS();
+    if (nw == 0) {
+        double e = avg ? exact / world_size : exact, g = w16(dt, got);
+        double bound = ((world_size - 1) * u * sabs + u * fabs(e) * 2) / (avg ? world_size : 1);
+        if (fabs(g - e) <= bound) PASS();
+    }
+    fprintf(stderr, "rank %d dtype %d avg %d index %lld: got %04x, not the stated rounding\n",
+            my_rank, dt, avg, (long long)k, got);
+    FAILm("16-bit MPI reduction outside its stated rounding");
+}
+
+MPI_TEST(mpi_16bit_allreduce_and_reduce_scatter_follow_the_stated_rounding)
+{
+    int64_t n = 1000, i;
+    int dt, avg;
+    uint16_t *b = (uint16_t *)malloc((size_t)n * 2), *send = (uint16_t *)malloc((size_t)n * 2 *
+                                                                                 world_size);
+    uint16_t *all = (uint16_t *)malloc((size_t)n * 2 * world_size);
+    pdp_comm_stats s0, s1;
+    for (dt = PDP_DTYPE_BF16; dt <= PDP_DTYPE_F16; dt++)
+        for (avg = 0; avg <= 1; avg++) {
+            for (i = 0; i < n; i++) b[i] = val16(dt, my_rank, i);
+            for (i = 0; i < n * world_size; i++) send[i] = val16(dt, my_rank, i);
+            pdp_comm_get_stats(cm, &s0);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce_ex(cm, b, n, (pdp_dtype)dt,
+                                                         (pdp_reduce_op)avg, NULL),
+                           pdp_status_name);
+            pdp_comm_get_stats(cm, &s1);
+            ASSERT_EQ((int64_t)(2.0 * (world_size - 1) / world_size * (double)n * 2),
+                      s1.bytes_sent - s0.bytes_sent); /* 2 bytes per element */
+            for (i = 0; i < n; i++) CHECK_CALL(check16(dt, i, b[i], avg, -1));
+            MPI_Allgather(b, (int)n, MPI_UINT16_T, all, (int)n, MPI_UINT16_T, MPI_COMM_WORLD);
+            for (i = 1; i < world_size; i++)
+                ASSERTm("ranks differ", memcmp(all, all + i * n, (size_t)n * 2) == 0);
+            /* reduce-scatter, in place (rank r's slice of send) */
+            ASSERT_ENUM_EQ(PDP_OK, pdp_comm_reduce_scatter_ex(cm, send, send + my_rank * n, n,
+                                                              (pdp_dtype)dt, (pdp_reduce_op)avg,
+                                                              NULL),
+                           pdp_status_name);
+            for (i = 0; i < n; i++) {
+                /* val16(dt, r, my_rank * n + i) is what check16 reads as slice my_rank */
+                int64_t k = (int64_t)my_rank * n + i;
+                uint16_t got = send[my_rank * n + i];
+                if (n != 1000) FAILm("the slice arithmetic assumes n = 1000");
+                CHECK_CALL(check16(dt, k - (int64_t)my_rank * 1000, got, avg, my_rank));
+            }
+        }
+    free(b);
+    free(send);
+    free(all);
+    PASS();
+}
+
+/* DDP with the bf16 compression hook over MPI: one step's averaged gradients are within
+   ddp.h's bound for MPI ((N + 1) u (1 + u) sum |g_r| / N: one rounding per input, N - 1
+   in MPI's sum) of the exact average (fp32 single device on the global batch), every
+   rank holds the same bits, and the bytes are half of fp32 DDP's. */
+MPI_TEST(mpi_ddp_bf16_hook_within_the_bound_and_half_the_bytes)
+{
+    pdp_model *m = NULL, *loc = NULL, *ref = NULL;
+    pdp_ddp *ddp = NULL, *d32 = NULL;
+    pdp_ddp_desc dd;
+    pdp_ddp_stats st16, st32;
+    pdp_ddp_comm_hook h = pdp_ddp_hook_bf16_compress();
+    pdp_tensor xr, xs;
+    float x[DDP_BATCH * DDP_IN], loss, *locs = NULL, *all = NULL;
+    int32_t y[DDP_BATCH];
+    int64_t shape[2] = {DDP_BATCH, DDP_IN}, np, i;
+    int r, per = DDP_BATCH / world_size;
+    double u = 0x1p-8;
+    if (DDP_BATCH % world_size) SKIPm("global batch 24 does not split over this many ranks");
+    memset(&dd, 0, sizeof dd);
+    dd.bucket_cap_mb = 0.0005;
+    dd.first_bucket_mb = 0.0002;
+    ASSERT_ENUM_EQ(PDP_OK, ddp_model(&ref), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, ddp_model(&loc), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, ddp_model(&m), pdp_status_name);
+    ddp_batch(0, x, y);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xr), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_rows_view(&xr, (int64_t)my_rank * per, per, &xs),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xr, y, &loss), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(loc, &xs, y + my_rank * per, &loss),
+                   pdp_status_name);
+    np = m->param_count;
+    locs = fbuf(np * world_size);
+    all = fbuf(np * world_size);
+    MPI_Allgather(loc->grad_block, (int)np, MPI_FLOAT, locs, (int)np, MPI_FLOAT, MPI_COMM_WORLD);
+    /* fp32 DDP's bytes (on loc, whose gradients are no longer needed) */
+    pdp_model_zero_grad(loc);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d32, loc, cm, &dd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(d32, &xs, y + my_rank * per, &loss),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_finish(d32), pdp_status_name);
+    pdp_ddp_get_stats(d32, &st32);
+    /* bf16 DDP */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&ddp, m, cm, &dd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_register_comm_hook(ddp, &h), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(ddp, &xs, y + my_rank * per, &loss),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_finish(ddp), pdp_status_name);
+    pdp_ddp_get_stats(ddp, &st16);
+    for (i = 0; i < np; i++) {
+        double sabs = 0.0, bound;
+        for (r = 0; r < world_size; r++) sabs += fabs((double)locs[(int64_t)r * np + i]);
+        sabs /= world_size;
+        bound = (world_size + 1) * u * (1.0 + u) * sabs + 0x1p-20 * sabs + 1e-7;
+        if (fabs((double)m->grad_block[i] - ref->grad_block[i]) > bound) {
+            fprintf(stderr, "rank %d param %lld: bf16 ddp %.9g, exact %.9g, bound %.3g\n",
+                    my_rank, (long long)i, m->grad_block[i], ref->grad_block[i], bound);
+            FAILm("bf16 DDP over MPI outside the stated bound");
+        }
+    }
+    MPI_Allgather(m->grad_block, (int)np, MPI_FLOAT, all, (int)np, MPI_FLOAT, MPI_COMM_WORLD);
+    for (r = 1; r < world_size; r++)
+        ASSERTm("ranks' gradients are not bit-identical",
+                memcmp(all, all + (int64_t)r * np, (size_t)np * sizeof(float)) == 0);
+    if (world_size == 2) ASSERT_EQ(st32.bytes_sent, 2 * st16.bytes_sent);
+    else ASSERT(llabs(st32.bytes_sent - 2 * st16.bytes_sent) <= 2 * pdp_ddp_num_buckets(ddp));
+    if (my_rank == 0)
+        fprintf(test_out, "\n  bf16 hook over mpi: %d ranks, bytes per step %lld (fp32 %lld)\n",
+                world_size, (long long)st16.bytes_sent, (long long)st32.bytes_sent);
+    free(locs);
+    free(all);
+    pdp_ddp_free(ddp);
+    pdp_ddp_free(d32);
+    pdp_model_free(m);
+    pdp_model_free(loc);
+    pdp_model_free(ref);
+    PASS();
+}
+
 /* ---- MPI: point-to-point and split ---- */
 
 /* A ring (to rank+1, tag 7) and a self-send (tag 3), all launched before any wait, on
@@ -1115,6 +1290,8 @@ SUITE(mpi)
     RUN_TEST(mpi_async_launch_returns_before_peers_arrive);
     RUN_TEST(mpi_many_inflight_complete_in_order);
     RUN_TEST(mpi_ddp_matches_single_device_and_ranks_agree);
+    RUN_TEST(mpi_16bit_allreduce_and_reduce_scatter_follow_the_stated_rounding);
+    RUN_TEST(mpi_ddp_bf16_hook_within_the_bound_and_half_the_bytes);
     RUN_TEST(mpi_p2p_ring_and_self_send);
     RUN_TEST(mpi_p2p_mismatch_and_silent_peer);
     RUN_TEST(mpi_split_groups_match_naive);

@@ -13,7 +13,8 @@
    stage 3 trains. Bytes: the communicator's count per step equals 2 (stages 1-2)
    or 3 (stage 3) x (N-1)/N x Psi_pad x 4. No allocation after the first step.
    Faults: an absent rank times out naming the collective, the unit and the
-   rank. An own loss under ZeRO synchronises too.
+   rank. An own loss under ZeRO synchronises too. The bf16 compression hook at
+   stages 1-3 (check_zero_hook states its tolerances and byte counts).
    Checkpoints: a saved set resumes bit-exactly at the same N (stages 1-3); the
    consolidated file equals one device's pdp_checkpoint_save of the same
    parameters and state byte for byte, Python's safetensors reads it with the
@@ -131,6 +132,7 @@ typedef struct config {
     int batch;        /* global batch, a multiple of n (<= BMAX); 0: B */
     int optim;        /* 0: as adam says; OPT_ADAMW (lr 0.01, weight decay 0.1); OPT_SGD
                          (plain, lr 0.1) */
+    int hook;         /* 1: pdp_ddp_hook_bf16_compress registered (DDP or ZeRO); 0: none */
 } config;
 
 enum { OPT_ADAMW = 1, OPT_SGD = 2 };
@@ -282,10 +284,18 @@ static void *rank_main(void *arg)
     if (cf->stage == 0) {
         if (fail(ctx, pdp_ddp_create(&d, m, c, &dd)) || fail(ctx, pdp_optim_create(&o, m, &od)))
             goto out;
+        if (cf->hook) {
+            pdp_ddp_comm_hook h = pdp_ddp_hook_bf16_compress();
+            if (fail(ctx, pdp_ddp_register_comm_hook(d, &h))) goto out;
+        }
     } else {
         if (fail(ctx, pdp_zero_create(&z, m, c, &zd)) ||
             fail(ctx, pdp_zero_optim_create(&o, z, &od)))
             goto out;
+        if (cf->hook) {
+            pdp_ddp_comm_hook h = pdp_ddp_hook_bf16_compress();
+            if (fail(ctx, pdp_zero_register_comm_hook(z, &h))) goto out;
+        }
         ctx->units = pdp_zero_num_units(z);
         ctx->live_after = thread_live;
         pdp_zero_get_memory(z, o, &ctx->mem);
@@ -442,6 +452,66 @@ TEST zero_equals_ddp_and_single_device(void)
                             cf.cap_mb = caps[k];
                             CHECK_CALL(check_equivalence(&cf));
                         }
+    PASS();
+}
+
+/* The bf16 compression hook under ZeRO: every stage's reduce-scatter goes through it.
+   Compressed ZeRO equals compressed DDP (<= 1e-5 relative: on the local backend both
+   sum the same bf16 values in rank order and round once; stages 2-3 with accumulation
+   reduce every micro-batch, so there 1e-2), differs from fp32 ZeRO by
+   at most 1e-2 relative after STEPS steps (bf16's 2^-8 per gradient), saves exactly
+   (N-1) x shard_count x 2 bytes per backward (the reduce-scatters halve, the
+   all-gathers stay fp32), and allocates nothing after the first step. */
+static enum greatest_test_res check_zero_hook(int stage, int n, int accum)
+{
+    static rank_ctx hz[MAXR], fz[MAXR], hd[MAXR];
+    config cf, fcf, dcf;
+    int r;
+    double e_ddp, e_fp32;
+    static char msg[200];
+    memset(&cf, 0, sizeof cf);
+    cf.stage = stage;
+    cf.n = n;
+    cf.accum = accum;
+    cf.cap_mb = 1e-9; /* a unit per layer; SGD with momentum (Adam's first steps are
+                         sign(g): near-cancelling gradients flip under any rounding) */
+    cf.hook = 1;
+    fcf = dcf = cf;
+    fcf.hook = 0;
+    dcf.stage = 0;
+    run_ranks(&cf, 30.0, hz);
+    run_ranks(&fcf, 30.0, fz);
+    run_ranks(&dcf, 30.0, hd);
+    for (r = 0; r < n; r++) {
+        ASSERT_ENUM_EQm(hz[r].msg, PDP_OK, hz[r].st, pdp_status_name);
+        ASSERT_ENUM_EQm(fz[r].msg, PDP_OK, fz[r].st, pdp_status_name);
+        ASSERT_ENUM_EQm(hd[r].msg, PDP_OK, hd[r].st, pdp_status_name);
+    }
+    e_ddp = rel_diff(hz[0].params, hd[0].params, hz[0].count);
+    e_fp32 = rel_diff(hz[0].params, fz[0].params, hz[0].count);
+    snprintf(msg, sizeof msg, "stage %d N %d accum %d: |zero bf16 - ddp bf16| %.3g, |zero bf16 - "
+             "zero fp32| %.3g", stage, n, accum, e_ddp, e_fp32);
+    /* stages 2-3 under accumulation reduce (and round) every micro-batch, DDP the sum once:
+       then only the bf16 tolerance applies */
+    ASSERTm(msg, e_ddp <= (stage >= 2 && accum > 1 ? 1e-2 : 1e-5) && e_fp32 > 0.0 &&
+                     e_fp32 <= 1e-2);
+    for (r = 1; r < n; r++)
+        ASSERT_MEM_EQm("ranks differ", hz[0].params, hz[r].params, (size_t)hz[0].count * 4);
+    for (r = 0; r < n; r++) {
+        ASSERT_EQ_FMT((long)0, hz[r].allocs_after_first, "%ld");
+        if (accum == 1)
+            ASSERT_EQ((int64_t)(n - 1) * hz[r].mem.shard_count * 2,
+                      fz[r].stats.bytes_sent - hz[r].stats.bytes_sent);
+    }
+    PASS();
+}
+
+TEST zero_bf16_compress_hook_stages_1_to_3(void)
+{
+    int stage, n, accum;
+    for (stage = 1; stage <= 3; stage++)
+        for (n = 2; n <= 3; n++)
+            for (accum = 1; accum <= 2; accum++) CHECK_CALL(check_zero_hook(stage, n, accum));
     PASS();
 }
 
@@ -1030,6 +1100,22 @@ TEST zero_refuses_misuse(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_step(z, full), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_zero_create(&z2, m, c, NULL), pdp_status_name);
     ASSERT(z2 == NULL);
+    { /* comm hooks: NULL, twice, after a backward */
+        pdp_ddp_comm_hook h = pdp_ddp_hook_bf16_compress();
+        float x[B * IN], loss;
+        int32_t y[B];
+        int64_t shape[2] = {B, IN};
+        pdp_tensor xt;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_register_comm_hook(z, NULL), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_zero_register_comm_hook: hook is NULL") != NULL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_register_comm_hook(z, &h), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_zero_register_comm_hook(z, &h), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "already registered") != NULL);
+        make_batch(0, B, x, y);
+        pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_forward_backward(z, &xt, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_step(z, o), pdp_status_name);
+    }
     ASSERT_ENUM_EQ(PDP_OK, pdp_zero_gather_params(z, NULL), pdp_status_name);
     pdp_zero_free(z);
     ASSERT(m->param_block != NULL && m->grad_block != NULL && m->event == NULL);
@@ -1046,6 +1132,7 @@ SUITE(zero)
 {
     RUN_TEST(zero_equals_ddp_and_single_device);
     RUN_TEST(zero_own_loss_synchronises);
+    RUN_TEST(zero_bf16_compress_hook_stages_1_to_3);
     RUN_TEST(zero_world_sizes_5_to_8_and_every_optimizer);
     RUN_TEST(zero_memory_and_bytes_match_the_formulas);
     RUN_TEST(zero_stage3_trains_where_ddp_does_not_fit);

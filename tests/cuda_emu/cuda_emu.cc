@@ -65,6 +65,8 @@
 #include <cublas_v2.h>
 #include <nccl.h>
 
+#include "src/math.h" /* pdp.h's bf16/fp16 conversions: the 16-bit reductions */
+
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -1013,8 +1015,8 @@ std::map<std::string, std::shared_ptr<Clique>> joining; /* by unique id, until c
 
 size_t type_size(int t)
 {
-    static const size_t s[] = {1, 1, 4, 4, 8, 8, 2, 4, 8};
-    return t >= 0 && t <= 8 ? s[t] : 0;
+    static const size_t s[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+    return t >= 0 && t <= 9 ? s[t] : 0;
 }
 
 template <typename T> T reduce(int red, T a, T b)
@@ -1036,6 +1038,28 @@ void reduce_ranks(const Op &op, size_t off, size_t count, int nranks, T *out)
         for (int r = 1; r < nranks; r++)
             acc = reduce(op.red, acc, ((const T *)op.send[r])[off + i]);
         out[i] = op.red == ncclAvg ? acc / (T)nranks : acc;
+    }
+}
+
+/* The 16-bit sums (ncclFloat16, ncclBfloat16) as a ring rounds them: in rank order, each
+   partial sum widened, added in fp32 and rounded to the type (nearest even); ncclAvg
+   divides the rounded sum and rounds again. Only ncclSum and ncclAvg are emulated. */
+void reduce_ranks16(const Op &op, size_t count, int nranks, uint16_t *out)
+{
+    bool bf = op.type == ncclBfloat16;
+    for (size_t i = 0; i < count; i++) {
+        uint16_t acc = ((const uint16_t *)op.send[0])[i];
+        for (int r = 1; r < nranks; r++) {
+            float b = bf ? pdp__bf16_float(((const uint16_t *)op.send[r])[i])
+                         : pdp__f16_float(((const uint16_t *)op.send[r])[i]);
+            float a = bf ? pdp__bf16_float(acc) : pdp__f16_float(acc);
+            acc = bf ? pdp__bf16_bits(a + b) : pdp__f16_bits(a + b);
+        }
+        if (op.red == ncclAvg) {
+            float a = (bf ? pdp__bf16_float(acc) : pdp__f16_float(acc)) / (float)nranks;
+            acc = bf ? pdp__bf16_bits(a) : pdp__f16_bits(a);
+        }
+        out[i] = acc;
     }
 }
 
@@ -1064,6 +1088,8 @@ void execute(Clique &q, Op &op)
     case C_ALLREDUCE:
     case C_REDUCE_SCATTER:
         if (op.type == ncclFloat32) reduce_ranks(op, 0, total / 4, n, (float *)tmp.data());
+        else if (op.type == ncclFloat16 || op.type == ncclBfloat16)
+            reduce_ranks16(op, total / 2, n, (uint16_t *)tmp.data());
         else reduce_ranks(op, 0, total / 8, n, (double *)tmp.data());
         break;
     case C_BROADCAST: memcpy(tmp.data(), op.send[op.root], bytes); break;
@@ -1099,7 +1125,8 @@ ncclResult_t collective(int kind, const void *send, void *recv, size_t count, nc
     if (!es || red < ncclSum || red > ncclAvg || (kind == C_BROADCAST && (root < 0 || root >= n)))
         return ncclInvalidArgument;
     if ((kind == C_ALLREDUCE || kind == C_REDUCE_SCATTER) && type != ncclFloat32 &&
-        type != ncclFloat64) {
+        type != ncclFloat64 &&
+        !((type == ncclFloat16 || type == ncclBfloat16) && (red == ncclSum || red == ncclAvg))) {
         complain("%s: reductions of datatype %d are not emulated", fn, (int)type);
         return ncclInvalidArgument;
     }

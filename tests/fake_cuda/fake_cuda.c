@@ -723,6 +723,31 @@ pdp_status pdp_cudak_scale(int dev, float *x, int64_t count, float s)
     return PDP_OK;
 }
 
+pdp_status pdp_cudak_to16(int dev, void *dst, const float *src, int64_t count, float scale,
+                          int dtype)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, dst, (size_t)count * 2);
+    OWN(dev, src, F(count));
+    for (i = 0; i < count; i++)
+        ((uint16_t *)dst)[i] = dtype == 1 ? pdp__bf16_bits(src[i] * scale)
+                                          : pdp__f16_bits(src[i] * scale);
+    return PDP_OK;
+}
+
+pdp_status pdp_cudak_from16(int dev, float *dst, const void *src, int64_t count, int dtype)
+{
+    int64_t i;
+    FAKE__DEV(dev);
+    OWN(dev, dst, F(count));
+    OWN(dev, src, (size_t)count * 2);
+    for (i = 0; i < count; i++)
+        dst[i] = dtype == 1 ? pdp__bf16_float(((const uint16_t *)src)[i])
+                            : pdp__f16_float(((const uint16_t *)src)[i]);
+    return PDP_OK;
+}
+
 pdp_status pdp_cudak_sgd(int dev, float *p, const float *g, float *buf, int64_t count, float lr,
                          float momentum, float one_minus_damp, float weight_decay, int nesterov,
                          int first)
@@ -775,6 +800,7 @@ pdp_status pdp_cudak_gemm(int dev, const float *a, const float *b, float *c, int
 typedef struct fake__op {
     int64_t seq;      /* collective number; -1 before the first */
     int kind, op, arrived, done;
+    int dtype;        /* pdp_dtype of the reductions: 0 F32, 1 BF16, 2 F16 */
     int64_t count;    /* elements (bytes for FAKE__BYTES_BCAST) */
     const void *send[FAKE__MAX_RANKS];
     void *recv[FAKE__MAX_RANKS];
@@ -996,6 +1022,26 @@ static pdp_status fake__run(const fake__clique *q, const fake__op *o)
             for (k = 0; k < n; k++) memcpy((float *)o->recv[r] + k * c, o->send[k], F(c));
         return PDP_OK;
     }
+    if (o->dtype != 0) { /* 16-bit: widened, summed in fp32 in rank order, rounded once */
+        int64_t total = o->kind == PDP_CUDAK_REDUCE_SCATTER ? c * n : c;
+        uint16_t *h16 = (uint16_t *)malloc((size_t)total * 2 + 1);
+        if (!h16) return fake__fail(PDP_ERR_OUT_OF_MEMORY, "no host memory for a reduction");
+        for (i = 0; i < total; i++) {
+            float acc = 0.0f;
+            for (k = 0; k < n; k++) {
+                uint16_t b = ((const uint16_t *)o->send[k])[i];
+                float v = o->dtype == 1 ? pdp__bf16_float(b) : pdp__f16_float(b);
+                acc = k == 0 ? v : acc + v;
+            }
+            if (o->op == 1) acc /= (float)n;
+            h16[i] = o->dtype == 1 ? pdp__bf16_bits(acc) : pdp__f16_bits(acc);
+        }
+        for (r = 0; r < n; r++)
+            memcpy(o->recv[r], h16 + (o->kind == PDP_CUDAK_REDUCE_SCATTER ? r * c : 0),
+                   (size_t)c * 2);
+        free(h16);
+        return PDP_OK;
+    }
     /* the reductions: the sum of every rank's contribution in rank order */
     if (!(tmp = (float *)malloc(F(o->kind == PDP_CUDAK_REDUCE_SCATTER ? c * n : c) + 1)))
         return fake__fail(PDP_ERR_OUT_OF_MEMORY, "no host memory for a reduction");
@@ -1013,7 +1059,7 @@ static pdp_status fake__run(const fake__clique *q, const fake__op *o)
 /* Rank h's next collective: checks it against the other ranks', records it, and
    runs it when it is the last to arrive. *slot gets its slot. */
 static pdp_status fake__launch(pdp_cudak_nccl *h, int kind, const void *send, void *recv,
-                               int64_t count, int op, int *slot)
+                               int64_t count, int op, int dtype, int *slot)
 {
     fake__clique *q = h->q;
     fake__op *o;
@@ -1027,7 +1073,8 @@ static pdp_status fake__launch(pdp_cudak_nccl *h, int kind, const void *send, vo
     } else if (o->seq > s || (o->seq >= 0 && o->seq < s && !o->done)) {
         st = fake__fail(PDP_ERR_CUDA, "rank %d: collective #%lld: more than %d collectives in "
                         "flight", h->rank, (long long)s, PDP_CUDAK_NCCL_SLOTS);
-    } else if (o->seq == s && (o->kind != kind || o->count != count || o->op != op)) {
+    } else if (o->seq == s && (o->kind != kind || o->count != count || o->op != op ||
+                               o->dtype != dtype)) {
         st = fake__fail(PDP_ERR_CUDA, "rank %d: collective #%lld is %s of %lld (op %d) but "
                         "another rank launched %s of %lld (op %d): NCCL would hang or corrupt",
                         h->rank, (long long)s, fake__coll_name(kind), (long long)count, op,
@@ -1039,6 +1086,7 @@ static pdp_status fake__launch(pdp_cudak_nccl *h, int kind, const void *send, vo
             o->kind = kind;
             o->count = count;
             o->op = op;
+            o->dtype = dtype;
         }
         o->send[h->rank] = send;
         o->recv[h->rank] = recv;
@@ -1057,18 +1105,23 @@ static pdp_status fake__launch(pdp_cudak_nccl *h, int kind, const void *send, vo
     return st;
 }
 
-pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind, const float *send,
-                                 float *recv, int64_t count, int op, int *slot)
+pdp_status pdp_cudak_nccl_launch(pdp_cudak_nccl *h, pdp_cudak_coll kind, const void *send,
+                                 void *recv, int64_t count, int op, int dtype, int *slot)
 {
     int n = h->q->nranks;
     int64_t in = kind == PDP_CUDAK_REDUCE_SCATTER ? count * n : count;
     int64_t out = kind == PDP_CUDAK_ALLGATHER ? count * n : count;
+    size_t es = dtype == 0 ? 4 : 2;
     *slot = -1;
     if ((int)kind < 0 || (int)kind > 3)
         return fake__fail(PDP_ERR_CUDA, "nccl_launch: unknown collective %d", (int)kind);
-    OWN(h->dev, send, F(in));
-    OWN(h->dev, recv, F(out));
-    return fake__launch(h, (int)kind, send, recv, count, op, slot);
+    if (dtype < 0 || dtype > 2 || (dtype != 0 && kind != PDP_CUDAK_ALLREDUCE &&
+                                   kind != PDP_CUDAK_REDUCE_SCATTER))
+        return fake__fail(PDP_ERR_CUDA, "nccl_launch: dtype %d for collective %d", dtype,
+                          (int)kind);
+    OWN(h->dev, send, (size_t)in * es);
+    OWN(h->dev, recv, (size_t)out * es);
+    return fake__launch(h, (int)kind, send, recv, count, op, dtype, slot);
 }
 
 /* 1 when the collective behind slot is done, 0 pending, -1 failed. Caller holds the lock. */
@@ -1126,7 +1179,7 @@ pdp_status pdp_cudak_nccl_broadcast_bytes(pdp_cudak_nccl *h, void *host, size_t 
     int slot;
     if (!bytes) return PDP_OK;
     if (fake__check_host("host", host, bytes)) return PDP_ERR_CUDA;
-    if ((st = fake__launch(h, FAKE__BYTES_BCAST, host, host, (int64_t)bytes, root, &slot)) !=
+    if ((st = fake__launch(h, FAKE__BYTES_BCAST, host, host, (int64_t)bytes, root, 0, &slot)) !=
         PDP_OK)
         return st;
     return pdp_cudak_nccl_wait(h, slot, timeout_s);

@@ -33,7 +33,7 @@ typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 
 
 typedef enum {
     ncclInt8 = 0, ncclUint8 = 1, ncclInt32 = 2, ncclUint32 = 3, ncclInt64 = 4, ncclUint64 = 5,
-    ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8
+    ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9
 } ncclDataType_t;
 
 typedef struct {
