@@ -135,6 +135,15 @@
    backward before the step fails with PDP_ERR_STATE saying what to call.
    pdp_ddp_set_no_sync accumulates locally. pdp_dist_sampler gives each
    rank a disjoint shard of a seeded permutation (pad or drop_last).
+   Communication hooks (PyTorch's register_comm_hook): pdp_ddp_register_comm_hook
+   (or pdp_zero_register_comm_hook) before the first backward puts a user's launch
+   (and optional finish) in place of each bucket's collective; the built-ins
+   pdp_ddp_hook_bf16_compress and pdp_ddp_hook_fp16_compress scale by 1/N, round
+   the bucket to 16 bits in a buffer allocated at registration, reduce in 16 bits
+   (pdp_comm_allreduce_ex / pdp_comm_reduce_scatter_ex with PDP_DTYPE_BF16 or
+   PDP_DTYPE_F16: fp32 sums rounded once on local, at each combination on MPI,
+   NCCL's native types) and widen back: half the bytes, within the bound ddp.h
+   states. fp16 has no loss scaling: prefer bf16. train_ddp -compress bf16.
 
    ZeRO (zero.h), stages 1, 2, 3: DDP's step shape (pdp_zero_create with
    .stage, pdp_zero_forward_backward, pdp_zero_step with an optimizer from
