@@ -6465,9 +6465,15 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
    pairs, the operand format of AVX512-BF16's vdpbf16ps: one 32-bit word holds
    (x[2p] low, x[2p+1] high); an odd k gets a zero pair half. A is packed in MR-row
    panels ([pair][row]), B in NR-column panels ([pair][column]). A part of the product
-   (an MC x NR block at a time) packs an MC-row block of A once, then each NR-column
-   panel of B, and runs the micro-kernel over the block's MR-row panels; the kernel
-   keeps an MR x NR tile of C in registers over the whole k.
+   packs an MC-row block of A at a time; in the first block it packs each NR-column
+   panel of B as it reaches it, and the later blocks reuse those panels; the
+   micro-kernel runs over the block's MR-row panels and keeps an MR x NR tile of C in
+   registers over the whole k (k is not blocked: at the MLP's k <= 1024 a B panel,
+   pairs x NR words, stays in L2). The avx512 and AMX paths pack with vcvtne2ps2bf16
+   (16 values per instruction; rows along k transposed in registers, rows across k
+   interleaved with vpermw), the emulation with pdp__bf16_bits; the words are the same
+   but where a subnormal input becomes a zero or a subnormal bf16, read as zero by every
+   kernel (the corner where they differ otherwise is handled: pdp__bf16_cvt2).
 
    Invariants:
    - One arithmetic on every path (gemm.h states it): per element of C one chain of
@@ -6476,7 +6482,8 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
      the bits do not depend on the thread count or on how the parts are cut; the
      emulated path gives the AVX512 path's bits except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
-     AVX512 kernel needs AVX512F, AVX512-BF16 and the zmm state enabled; the AMX
+     AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512-BF16 and the
+     zmm state enabled; the AMX
      kernel AMX-TILE, AMX-BF16, the tile state in XCR0 (bits 17, 18) and Linux's
      permission to use it (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked
      once; refused: AVX512 or the emulation). Both are compiled under target
@@ -6579,7 +6586,8 @@ static void pdp__bf16_detect(void)
     if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
-    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (a71 & (1u << 5));
+    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (b7 & (1u << 30)) &&
+                           (a71 & (1u << 5)); /* AVX512F, AVX512BW, AVX512-BF16 */
 #  if PDP__BF16_AMX
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
        (18); then the kernel's permission, asked once for the process */
@@ -6629,8 +6637,8 @@ static inline float pdp__bf16_at(const float *x, int64_t ld, pdp_trans t, int64_
 
 /* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
    (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
-static void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                           int64_t k, int width, uint32_t *dst)
+static void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                 int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
     int i;
@@ -6645,6 +6653,147 @@ static void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, 
         for (; i < width; i++) d[i] = 0u;
     }
 }
+
+/* Rows [r0, r0 + rows) of op(X) as ceil(rows / width) panels of `width` rows, panel j
+   at dst + j * pairs * width (the last one zero-padded). */
+static void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                           int64_t k, int width, uint32_t *dst)
+{
+    int64_t pairs = (k + 1) / 2;
+    int j;
+    for (j = 0; j < rows; j += width)
+        pdp__bf16_pack_panel(x, ld, t, r0 + j, PDP__MIN(width, rows - j), k, width,
+                             dst + j / width * pairs * width);
+}
+
+#if PDP__BF16_X86
+#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+/* x rounded to bf16 by vcvtne2ps2bf16 (round to nearest even, a NaN quieted with its
+   sign and top payload, as pdp__bf16_bits), 16 lanes at a time: lo's in words 0-15, hi's
+   in 16-31. The instruction flushes subnormal inputs to zero of their sign (Intel SDM),
+   where pdp__bf16_bits rounds them; the kernels read a subnormal bf16 as that zero
+   (DAZ), so the two differ only where a subnormal fp32 rounds up to the least normal
+   bf16 (|x| in [0x007f8000, 0x00800000) as bits): those lanes are set to that value
+   (sign | 0x00800000) first. */
+PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
+{
+    const __m512i absm = _mm512_set1_epi32(0x7fffffff), least = _mm512_set1_epi32(0x00800000);
+    const __m512i base = _mm512_set1_epi32(0x007f8000), span = _mm512_set1_epi32(0x8000);
+    __m512i l = _mm512_castps_si512(lo), h = _mm512_castps_si512(hi);
+    __m512i la = _mm512_and_si512(l, absm), ha = _mm512_and_si512(h, absm);
+    __mmask16 lk = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(la, base), span);
+    __mmask16 hk = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(ha, base), span);
+    l = _mm512_mask_or_epi32(l, lk, _mm512_xor_si512(l, la), least);
+    h = _mm512_mask_or_epi32(h, hk, _mm512_xor_si512(h, ha), least);
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(h), _mm512_castsi512_ps(l));
+}
+
+/* pdp__bf16_pack for an operand whose rows are contiguous (t == PDP_TRANS: x(r, p) =
+   x[p * ld + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1) converted together and
+   interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
+   (width a multiple of 16) or two (width 8). */
+PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
+                                                 int rows, int64_t k, int width, uint32_t *dst)
+{
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    int64_t p, pairs = (k + 1) / 2, panel = pairs * width;
+    int i, padded = (rows + width - 1) / width * width;
+    for (p = 0; p < pairs; p++) {
+        const float *lo = x + 2 * p * ld + r0, *hi = 2 * p + 1 < k ? lo + ld : lo;
+        for (i = 0; i < padded; i += 16) {
+            int left = rows - i;
+            __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+            __m512 vlo = _mm512_maskz_loadu_ps(m, lo + (left > 0 ? i : 0));
+            __m512 vhi = 2 * p + 1 < k ? _mm512_maskz_loadu_ps(m, hi + (left > 0 ? i : 0))
+                                       : _mm512_setzero_ps();
+            __m512i w = _mm512_permutexvar_epi16(idx, pdp__bf16_cvt2(vlo, vhi));
+            uint32_t *d = dst + i / width * panel + p * width + i % width;
+            if (width >= 16) {
+                _mm512_storeu_si512((void *)d, w);
+            } else { /* width 8: rows i .. i + 7 and i + 8 .. i + 15 in two panels */
+                _mm256_storeu_si256((__m256i *)d, _mm512_castsi512_si256(w));
+                if (i + 8 < padded)
+                    _mm256_storeu_si256((__m256i *)(d + panel), _mm512_extracti64x4_epi64(w, 1));
+            }
+        }
+    }
+}
+
+/* row i of the block: its 32 values from s as 16 pair words (zero past rows) */
+#  define PDP__BF16_ROWW(i)                                                                   \
+    (i0 + (i) < rows ? pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, s + (i) * ld),              \
+                                      _mm512_maskz_loadu_ps(mhi, s + (i) * ld + 16))         \
+                     : _mm512_setzero_si512())
+/* lane L of lo (rows 0-3) and hi (rows 4-7): pair 4L + q, stored if below np */
+#  define PDP__BF16_PUT4(q, L, lo, hi)                                                        \
+    do {                                                                                       \
+        if (4 * (L) + (q) < np) {                                                              \
+            uint32_t *dq = d + (4 * (L) + (q)) * (int64_t)width;                               \
+            _mm_storeu_si128((__m128i *)dq, _mm512_extracti32x4_epi32(lo, L));                 \
+            _mm_storeu_si128((__m128i *)(dq + 4), _mm512_extracti32x4_epi32(hi, L));           \
+        }                                                                                      \
+    } while (0)
+#  define PDP__BF16_PUT(q, lo, hi)                                                            \
+    do {                                                                                       \
+        __m512i ulo = (lo), uhi = (hi);                                                        \
+        PDP__BF16_PUT4(q, 0, ulo, uhi);                                                        \
+        PDP__BF16_PUT4(q, 1, ulo, uhi);                                                        \
+        PDP__BF16_PUT4(q, 2, ulo, uhi);                                                        \
+        PDP__BF16_PUT4(q, 3, ulo, uhi);                                                        \
+    } while (0)
+
+PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld, int64_t r0,
+                                                    int rows, int64_t k, int width,
+                                                    uint32_t *dst)
+{
+    int64_t p0, pairs = (k + 1) / 2;
+    int i0;
+    for (p0 = 0; p0 < pairs; p0 += 16) {
+        int64_t vals = k - 2 * p0;
+        int np = (int)PDP__MIN((int64_t)16, pairs - p0);
+        __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
+        __mmask16 mhi = (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
+        for (i0 = 0; i0 < width; i0 += 8) {
+            const float *s = x + (r0 + (i0 < rows ? i0 : 0)) * ld + 2 * p0; /* i0 >= rows: unread */
+            __m512i w0 = PDP__BF16_ROWW(0), w1 = PDP__BF16_ROWW(1), w2 = PDP__BF16_ROWW(2);
+            __m512i w3 = PDP__BF16_ROWW(3), w4 = PDP__BF16_ROWW(4), w5 = PDP__BF16_ROWW(5);
+            __m512i w6 = PDP__BF16_ROWW(6), w7 = PDP__BF16_ROWW(7);
+            __m512i t0 = _mm512_unpacklo_epi32(w0, w1), t1 = _mm512_unpackhi_epi32(w0, w1);
+            __m512i t2 = _mm512_unpacklo_epi32(w2, w3), t3 = _mm512_unpackhi_epi32(w2, w3);
+            __m512i t4 = _mm512_unpacklo_epi32(w4, w5), t5 = _mm512_unpackhi_epi32(w4, w5);
+            __m512i t6 = _mm512_unpacklo_epi32(w6, w7), t7 = _mm512_unpackhi_epi32(w6, w7);
+            uint32_t *d = dst + p0 * width + i0;
+            PDP__BF16_PUT(0, _mm512_unpacklo_epi64(t0, t2), _mm512_unpacklo_epi64(t4, t6));
+            PDP__BF16_PUT(1, _mm512_unpackhi_epi64(t0, t2), _mm512_unpackhi_epi64(t4, t6));
+            PDP__BF16_PUT(2, _mm512_unpacklo_epi64(t1, t3), _mm512_unpacklo_epi64(t5, t7));
+            PDP__BF16_PUT(3, _mm512_unpackhi_epi64(t1, t3), _mm512_unpackhi_epi64(t5, t7));
+        }
+    }
+}
+#  undef PDP__BF16_ROWW
+#  undef PDP__BF16_PUT
+#  undef PDP__BF16_PUT4
+
+/* pdp__bf16_pack with AVX512-BF16's conversion: the same words, but for subnormal
+   values (zero of their sign here, rounded there), which every kernel reads as zero. */
+PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld, pdp_trans t,
+                                                   int64_t r0, int rows, int64_t k, int width,
+                                                   uint32_t *dst)
+{
+    int64_t pairs = (k + 1) / 2;
+    int j;
+    if (t == PDP_TRANS) {
+        pdp__bf16_pack_rows(x, ld, r0, rows, k, width, dst);
+        return;
+    }
+    for (j = 0; j < rows; j += width)
+        pdp__bf16_pack_k_panel(x, ld, r0 + j, PDP__MIN(width, rows - j), k, width,
+                               dst + j / width * pairs * width);
+}
+#endif
 
 /* ---- gemm_bf16: micro-kernels ----
    Contract: pairs >= 1; ap holds pairs groups of MR words, bp pairs groups of NR
@@ -6674,28 +6823,47 @@ static void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint3
 }
 
 #if PDP__BF16_X86
-#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bf16")))
+/* One row of the tile: acc_i0, acc_i1 += a[i] (broadcast) . b0, b1 (one vdpbf16ps per
+   16 columns). The 16 accumulators are named so that they stay in registers. */
+#  define PDP__BF16_ROW(i)                                                                    \
+    do {                                                                                       \
+        __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);                                 \
+        c##i##0 = _mm512_dpbf16_ps(c##i##0, ai, b0);                                          \
+        c##i##1 = _mm512_dpbf16_ps(c##i##1, ai, b1);                                          \
+    } while (0)
+
+/* the kernel below names MR = 8 rows of accumulators */
+typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
 
 PDP__BF16_TARGET static void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
                                                      const uint32_t *bp, float *c, int64_t ldc,
                                                      int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__BF16_MR][2];
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00;
+    __m512 c61 = c00, c70 = c00, c71 = c00;
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     __mmask16 mask[2];
     int64_t p;
     int i, v;
-    for (i = 0; i < PDP__BF16_MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     for (p = 0; p < pairs; p++) {
         const uint32_t *a = ap + p * PDP__BF16_MR;
         __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
         __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
-        for (i = 0; i < PDP__BF16_MR; i++) {
-            __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
-            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
-            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
-        }
+        PDP__BF16_ROW(0);
+        PDP__BF16_ROW(1);
+        PDP__BF16_ROW(2);
+        PDP__BF16_ROW(3);
+        PDP__BF16_ROW(4);
+        PDP__BF16_ROW(5);
+        PDP__BF16_ROW(6);
+        PDP__BF16_ROW(7);
     }
+    acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11;
+    acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
+    acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
+    acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
     for (v = 0; v < 2; v++) {
         int left = nr - 16 * v;
         mask[v] = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
@@ -6710,6 +6878,7 @@ PDP__BF16_TARGET static void pdp__bf16_kernel_avx512(int64_t pairs, const uint32
             _mm512_mask_storeu_ps(ci, mask[v], r);
         }
 }
+#  undef PDP__BF16_ROW
 #endif
 
 #if PDP__BF16_AMX
@@ -6790,6 +6959,9 @@ typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uin
                                     float *c, int64_t ldc, int mr, int nr, float alpha,
                                     float beta);
 
+typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                  int64_t k, int width, uint32_t *dst);
+
 /* ---- gemm_bf16: driver ---- */
 
 typedef struct pdp__bf16_args {
@@ -6800,6 +6972,7 @@ typedef struct pdp__bf16_args {
     int64_t lda, ldb, ldc;
     float *c;
     pdp__bf16_kernel_fn kernel;
+    pdp__bf16_pack_fn pack;
     int split_n; /* parts split the NR-column panels (else the MR-row panels) */
 } pdp__bf16_args;
 
@@ -6826,7 +6999,8 @@ static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
     g->c[i * g->ldc + j] = pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j);
 }
 
-/* C[m0, m1) x [n0, n1) (m0, n0 on the tile grid). */
+/* C[m0, m1) x [n0, n1) (m0, n0 on the tile grid). B's panels for [n0, n1) are packed
+   once, in the first MC block, and reused by the others. */
 static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int64_t n0,
                             int64_t n1)
 {
@@ -6834,24 +7008,25 @@ static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int
     /* op(B) as a row-major n x k matrix for packing: op(B)^T(j, p) = op(B)(p, j) */
     pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS;
     int64_t mrows = PDP__MIN(PDP__BF16_MC, m1 - m0);
-    size_t words = (size_t)pairs * (size_t)(mrows + PDP__BF16_MR + PDP__BF16_NR);
+    int64_t arows = (mrows + PDP__BF16_MR - 1) / PDP__BF16_MR * PDP__BF16_MR;
+    int64_t bcols = (n1 - n0 + PDP__BF16_NR - 1) / PDP__BF16_NR * PDP__BF16_NR;
+    size_t words = (size_t)pairs * (size_t)(arows + bcols);
     uint32_t *ap = (uint32_t *)pdp__thread_scratch(words * sizeof(uint32_t)), *bp;
     if (!ap) {
         for (i = m0; i < m1; i++)
             for (j = n0; j < n1; j++) pdp__bf16_element(g, i, j);
         return;
     }
-    bp = ap + (size_t)pairs * (size_t)((mrows + PDP__BF16_MR - 1) / PDP__BF16_MR * PDP__BF16_MR);
+    bp = ap + (size_t)pairs * (size_t)arows;
     for (mc = m0; mc < m1; mc += PDP__BF16_MC) {
         int64_t mend = PDP__MIN(m1, mc + PDP__BF16_MC);
-        for (ir = mc; ir < mend; ir += PDP__BF16_MR)
-            pdp__bf16_pack(g->a, g->lda, g->ta, ir, (int)PDP__MIN(PDP__BF16_MR, mend - ir), g->k,
-                           PDP__BF16_MR, ap + (ir - mc) * pairs);
+        g->pack(g->a, g->lda, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
         for (jr = n0; jr < n1; jr += PDP__BF16_NR) {
             int nr = (int)PDP__MIN(PDP__BF16_NR, n1 - jr);
-            pdp__bf16_pack(g->b, g->ldb, tbt, jr, nr, g->k, PDP__BF16_NR, bp);
+            uint32_t *bj = bp + (jr - n0) * pairs;
+            if (mc == m0) g->pack(g->b, g->ldb, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             for (ir = mc; ir < mend; ir += PDP__BF16_MR)
-                g->kernel(pairs, ap + (ir - mc) * pairs, bp, g->c + ir * g->ldc + jr, g->ldc,
+                g->kernel(pairs, ap + (ir - mc) * pairs, bj, g->c + ir * g->ldc + jr, g->ldc,
                           (int)PDP__MIN(PDP__BF16_MR, mend - ir), nr, g->alpha, g->beta);
         }
     }
@@ -6908,8 +7083,12 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     g.c = c;
     g.ldc = ldc;
     g.kernel = pdp__bf16_kernel_emul;
+    g.pack = pdp__bf16_pack;
 #if PDP__BF16_X86
     if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
+    /* the emulation keeps the portable packing; AMX implies AVX512-BF16 on every CPU
+       that has it, but is not assumed to */
+    if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_has_avx512) g.pack = pdp__bf16_pack_avx512;
 #endif
 #if PDP__BF16_AMX
     if (path == PDP_BF16_PATH_AMX) g.kernel = pdp__bf16_kernel_amx;

@@ -12,9 +12,15 @@
    OpenBLAS. "of peak": ours as a fraction of the fp32 FMA peak measured at the start
    (bench.h's bench_peak_gflops: one core's, times the threads).
 
+   bf16 section: pdp_gemm_bf16 (its best path) on the MLP's products at batch 512
+   (784-512-512-10) in the layouts its Linear layers use: forward NT (x W^T), dW TN
+   (dy^T x), dX NN (dy W); one thread, beside pdp_sgemm on the same shape, each as a
+   fraction of its own measured peak (vdpbf16ps, fp32 FMA).
+
    make bench        (links OpenBLAS and defines PDP_BENCH_OPENBLAS when pkg-config
                       finds it; without it only our figures are printed)
-   ./build/bench_gemm [quick]   quick: fewer shapes, for a smoke run */
+   ./build/bench_gemm [quick|bf16]   quick: fewer shapes, for a smoke run; bf16: only the
+                                     bf16 section, all its shapes */
 
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
@@ -42,6 +48,12 @@ static void run_ours(const problem *p)
 {
     pdp_sgemm(p->s.ta, p->s.tb, p->s.m, p->s.n, p->s.k, 1.0f, p->a, p->lda, p->b, p->ldb, 0.0f,
               p->c, p->s.n);
+}
+
+static void run_bf16(const problem *p)
+{
+    pdp_gemm_bf16(p->s.ta, p->s.tb, p->s.m, p->s.n, p->s.k, 1.0f, p->a, p->lda, p->b, p->ldb,
+                  0.0f, p->c, p->s.n);
 }
 
 #ifdef PDP_BENCH_OPENBLAS
@@ -97,6 +109,83 @@ static void measure(const problem *p, double rate[2])
     }
 }
 
+/* Median GFLOP/s of fn over REPS repetitions, after a pause. */
+static double measure_one(void (*fn)(const problem *), const problem *p)
+{
+    double flops = 2.0 * (double)p->s.m * (double)p->s.n * (double)p->s.k;
+    double r[REPS];
+    struct timespec park = {0, 200000000};
+    int rep, iters;
+    nanosleep(&park, NULL);
+    iters = calibrate(fn, p);
+    for (rep = 0; rep < REPS; rep++) r[rep] = flops / time_reps(fn, p, iters) * 1e-9;
+    return bench_median(r, REPS);
+}
+
+/* Operands of p->s filled with the same values as the fp32 section; 0 when out of memory. */
+static int problem_alloc(problem *p)
+{
+    int64_t arows = p->s.ta == PDP_NO_TRANS ? p->s.m : p->s.k;
+    int64_t brows = p->s.tb == PDP_NO_TRANS ? p->s.k : p->s.n;
+    size_t j;
+    p->lda = p->s.ta == PDP_NO_TRANS ? p->s.k : p->s.m;
+    p->ldb = p->s.tb == PDP_NO_TRANS ? p->s.n : p->s.k;
+    p->a = (float *)malloc(sizeof(float) * (size_t)(arows * p->lda));
+    p->b = (float *)malloc(sizeof(float) * (size_t)(brows * p->ldb));
+    p->c = (float *)malloc(sizeof(float) * (size_t)(p->s.m * p->s.n));
+    if (!p->a || !p->b || !p->c) return 0;
+    for (j = 0; j < (size_t)(arows * p->lda); j++) p->a[j] = (float)((j * 7 + 3) % 13) * 0.1f - 0.6f;
+    for (j = 0; j < (size_t)(brows * p->ldb); j++) p->b[j] = (float)((j * 5 + 1) % 11) * 0.1f - 0.5f;
+    return 1;
+}
+
+static const char *layout(const shape *s);
+
+/* The bf16 section (top comment); quick: the two largest products only. */
+static void bench_bf16(int quick)
+{
+    static const shape mlp[] = {
+        {512, 784, 512, PDP_NO_TRANS, PDP_TRANS},    {512, 512, 512, PDP_NO_TRANS, PDP_TRANS},
+        {512, 512, 10, PDP_NO_TRANS, PDP_TRANS},     {512, 512, 784, PDP_TRANS, PDP_NO_TRANS},
+        {512, 512, 512, PDP_TRANS, PDP_NO_TRANS},    {10, 512, 512, PDP_TRANS, PDP_NO_TRANS},
+        {512, 10, 512, PDP_NO_TRANS, PDP_NO_TRANS},  {512, 512, 512, PDP_NO_TRANS, PDP_NO_TRANS},
+    };
+    double peak16 = bench_peak_gflops(BENCH_PEAK_BF16_DOT), peak32 = bench_peak_gflops(BENCH_PEAK_FP32);
+    double t16 = 0.0, t32 = 0.0;
+    size_t i, count = quick ? 2 : sizeof mlp / sizeof mlp[0];
+    printf("\npdp_gemm_bf16, path %s, 1 thread: the MLP 784-512-512-10's products at batch 512\n",
+           pdp_bf16_path_name(pdp_bf16_best_path()));
+    printf("vdpbf16ps peak measured: %.1f GFLOP/s per core; fp32 FMA peak %.1f\n", peak16, peak32);
+    printf("%-16s %-3s | %8s %5s | %8s %5s | %6s\n", "shape", "op", "bf16", "peak", "fp32", "peak",
+           "bf16 x");
+    pdp_set_num_threads(1);
+    for (i = 0; i < count; i++) {
+        problem p;
+        double r16, r32, flops;
+        char name[32];
+        p.s = mlp[i];
+        if (!problem_alloc(&p)) {
+            fprintf(stderr, "bench_gemm: out of memory\n");
+            exit(1);
+        }
+        flops = 2.0 * (double)p.s.m * (double)p.s.n * (double)p.s.k;
+        r16 = measure_one(run_bf16, &p);
+        r32 = measure_one(run_ours, &p);
+        t16 += flops / (r16 * 1e9);
+        t32 += flops / (r32 * 1e9);
+        snprintf(name, sizeof name, "%dx%dx%d", (int)p.s.m, (int)p.s.k, (int)p.s.n);
+        printf("%-16s %-3s | %8.1f %4.0f%% | %8.1f %4.0f%% | %6.2f\n", name, layout(&p.s), r16,
+               peak16 > 0 ? 100.0 * r16 / peak16 : 0.0, r32, 100.0 * r32 / peak32, r16 / r32);
+        fflush(stdout);
+        free(p.a);
+        free(p.b);
+        free(p.c);
+    }
+    if (!quick)
+        printf("the step's products: bf16 %.2f ms, fp32 %.2f ms (sum of the medians)\n",
+               t16 * 1e3, t32 * 1e3);
+}
+
 static const char *layout(const shape *s)
 {
     static const char *names[2][2] = {{"NN", "NT"}, {"TN", "TT"}};
@@ -114,10 +203,19 @@ int main(int argc, char **argv)
         {1024, 1024, 1024, PDP_TRANS, PDP_NO_TRANS}, {1024, 1024, 1024, PDP_NO_TRANS, PDP_TRANS},
     };
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+    int bf16_only = argc > 1 && strcmp(argv[1], "bf16") == 0;
     size_t count = quick ? 2 : sizeof all / sizeof all[0], i, j;
     double start = bench_now();
     const char *coretype = getenv("OPENBLAS_CORETYPE");
-    double peak = bench_peak_gflops(BENCH_PEAK_FP32);
+    double peak;
+
+    if (bf16_only) {
+        bench_bf16(0);
+        bench_print_load("end");
+        pdp_shutdown_threads();
+        return 0;
+    }
+    peak = bench_peak_gflops(BENCH_PEAK_FP32);
 
     printf("pdp_sgemm %s, kernel %s; shapes M x K x N; GFLOP/s, median of %d\n",
            pdp_version_string(), PDP__GEMM_KERNEL, REPS);
@@ -179,6 +277,7 @@ int main(int argc, char **argv)
     }
     printf("ratio: ours / OpenBLAS at the same thread count; peak: ours / (threads x the measured "
            "peak); ours x: our 2-thread speed-up. %.0f s\n", bench_now() - start);
+    bench_bf16(quick);
     bench_print_load("end");
     pdp_shutdown_threads();
     return 0;

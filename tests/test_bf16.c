@@ -13,6 +13,8 @@
      the hardware's order) is held to the summation bound around the model's value
      instead of its bits. A path the CPU or build lacks is reported as a skip that
      names it and why.
+   - The avx512 path's packing (vcvtne2ps2bf16 flushes subnormal inputs) against the
+     emulation, bit for bit, on subnormals that round up to the least normal bf16.
    - Bounds: the result against the exact (double) product of the bf16-rounded
      inputs, |got - exact| <= (k + 2) 2^-24 sum |a_bf b_bf| (+ |beta c| 2^-23), an
      fp32 summation of exact products; and against the fp32 inputs,
@@ -310,6 +312,51 @@ static enum greatest_test_res check_path_all(pdp_bf16_path path)
 TEST bf16_gemm_emulated_matches_model(void) { return check_path_all(PDP_BF16_PATH_EMULATED); }
 TEST bf16_gemm_avx512_matches_model(void) { return check_path_all(PDP_BF16_PATH_AVX512); }
 TEST bf16_gemm_amx_matches_model(void) { return check_path_all(PDP_BF16_PATH_AMX); }
+
+/* The avx512 path packs with vcvtne2ps2bf16, which flushes subnormal inputs to zero where
+   pdp_bf16_round rounds them: one just below 2^-126 rounds up to the least normal bf16,
+   whose products with values near 2^126 are ordinary numbers. The path must still give the
+   emulation's bits, through both of its packings (rows along k, rows across k) in all four
+   layouts; A mixes such values of both signs, subnormals that round to subnormals and
+   small normals. */
+TEST bf16_gemm_avx512_rounds_subnormals_as_the_emulation(void)
+{
+    enum { M = 19, K = 37, N = 41 };
+    static float a[M * K], b[K * N], c1[M * N], c2[M * N];
+    int i, ta, tb, bad = 0;
+    char msg[160] = "";
+    if (!pdp_bf16_path_available(PDP_BF16_PATH_AVX512))
+        SKIPm("bf16 path avx512-bf16: not available on this CPU or build");
+    for (i = 0; i < M * K; i++) {
+        uint32_t r = rnd_u32();
+        a[i] = from_bits(i % 4 == 0   ? 0x007f8000u + (r & 0x7fffu)
+                         : i % 4 == 1 ? 0x807f8000u + (r & 0x7fffu)
+                         : i % 4 == 2 ? 0x007f7fffu - (r & 0xffffu)
+                                      : 0x00800000u + (r & 0x7fffffu));
+    }
+    for (i = 0; i < K * N; i++) b[i] = ldexpf(rnd(), 126);
+    ASSERT_EQ(to_bits(pdp_bf16_round(from_bits(0x007f8000u))), 0x00800000u);
+    for (ta = 0; ta < 2; ta++)
+        for (tb = 0; tb < 2; tb++) {
+            int64_t lda = ta ? M : K, ldb = tb ? K : N;
+            ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, (pdp_trans)ta,
+                                               (pdp_trans)tb, M, N, K, 1.0f, a, lda, b, ldb,
+                                               0.0f, c1, N));
+            ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(PDP_BF16_PATH_AVX512, (pdp_trans)ta,
+                                               (pdp_trans)tb, M, N, K, 1.0f, a, lda, b, ldb,
+                                               0.0f, c2, N));
+            for (i = 0; i < M * N && !bad; i++)
+                if (to_bits(c1[i]) != to_bits(c2[i])) {
+                    snprintf(msg, sizeof msg, "%s: C[%d] = 0x%08x, emulated 0x%08x",
+                             layout_name((pdp_trans)ta, (pdp_trans)tb), i,
+                             (unsigned)to_bits(c2[i]), (unsigned)to_bits(c1[i]));
+                    bad = 1;
+                }
+            ASSERT_EQm(msg, 0, bad);
+            ASSERT(c1[0] != 0.0f); /* the products are not all flushed */
+        }
+    PASS();
+}
 
 TEST bf16_gemm_auto_takes_the_best_path_and_names_missing_ones(void)
 {
@@ -685,6 +732,7 @@ SUITE(bf16)
     RUN_TEST(bf16_round_matches_reference);
     RUN_TEST(bf16_gemm_emulated_matches_model);
     RUN_TEST(bf16_gemm_avx512_matches_model);
+    RUN_TEST(bf16_gemm_avx512_rounds_subnormals_as_the_emulation);
     RUN_TEST(bf16_gemm_amx_matches_model);
     RUN_TEST(bf16_gemm_auto_takes_the_best_path_and_names_missing_ones);
     RUN_TEST(bf16_model_linear_uses_bf16_gemms_and_switches_back);
