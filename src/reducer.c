@@ -600,7 +600,7 @@ static pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
     if (r->trace_comm) {
         char name[48], args[88];
         snprintf(name, sizeof name, "%.24s bucket %d", r->desc.op_name, b);
-        snprintf(args, sizeof args, "\"bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
+        snprintf(args, sizeof args, "\"grad_bytes\":%lld,\"seq\":%lld,\"queued_us\":%.1f",
                  (long long)k->info.count * 4, (long long)k->work->seq,
                  (k->work->t_start - k->t_launch) * 1e6);
         pdp__trace_async(r->c->rank, r->trace_comm, "comm", name,
