@@ -51,7 +51,7 @@ $(B):
 #   tests/counting_alloc.h (pdp_test_allocs()); these tests and the examples are compiled with
 #   IMPL_LINKED (the guard PDP__IMPLEMENTATION_INCLUDED makes their own
 #   `#define PDP_IMPLEMENTATION` compile nothing) and linked against it. Each example also
-#   builds alone, as the line in its top comment says (tests/test_build.sh checks that).
+#   builds alone, as the line in its top comment says (tests/test_build_alone.sh checks that).
 # - KERNEL_TESTS check the compute kernels as users compile them, at $(OPT): test_gemm,
 #   test_gemm_nosimd (PDP_NO_SIMD), test_bf16 (the bf16 paths, bit for bit).
 # - INTERNAL_TESTS read internal structs or call pdp__ functions (the model, DP, DDP, ZeRO,
@@ -69,7 +69,8 @@ KERNEL_TESTS  = $(addprefix $(B)/test_,gemm gemm_nosimd bf16)
 IMPL_LINKED   = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
 IMPL_OBJ      = $(B)/pdp_impl.o
 
-$(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h | $(B)
+$(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h
+	@mkdir -p $(@D)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
 $(SHARED_TESTS): $(B)/test_%: tests/test_%.c $(IMPL_OBJ) pdp.h tests/pdp_test.h tests/counting_alloc.h
@@ -92,18 +93,21 @@ examples: $(EXAMPLES)
 # Each program runs as soon as it is built (make -j2 overlaps runs with the other builds),
 # into $(B)/run/NAME.log and .rc; tests/run_all.sh --saved then prints them in order, the
 # total, and the skipped tests with their reasons.
-# (test_build.sh first: it is the longest, and compiles on its own)
+# (the build tests first: they compile on their own and take longest; test_build_alone.sh
+# links the README's quick start to $(IMPL_OBJ), so it waits for it)
 RUNS = $(patsubst tests/%,$(B)/run/%.rc,$(TEST_SH)) \
        $(patsubst $(B)/%,$(B)/run/%.rc,$(TESTS) $(EXAMPLES))
 .PHONY: FORCE
-$(B)/run/test_%.sh.rc: tests/test_%.sh $(IMPL_OBJ) FORCE
+$(B)/run/test_build_alone.sh.rc: $(IMPL_OBJ)
+$(B)/run/test_%.sh.rc: tests/test_%.sh tests/build_checks.sh FORCE
 	@B=$(B) IMPL_OBJ=$(IMPL_OBJ) sh tests/run_all.sh --run-one $<
 $(B)/run/test_%.rc: $(B)/test_% FORCE
 	@B=$(B) sh tests/run_all.sh --run-one $<
 $(B)/run/%.rc: $(B)/% FORCE
 	@B=$(B) sh tests/run_all.sh --run-example $<
 
-test: $(RUNS)
+# $(IMPL_OBJ) first: the examples and test_build_alone.sh wait for it
+test: $(IMPL_OBJ) $(RUNS)
 	@B=$(B) sh tests/run_all.sh --saved $(TESTS) $(TEST_SH) -- $(EXAMPLES)
 
 SAN_OPT  = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined

@@ -50,7 +50,7 @@ for t in $tests; do
     rc=$(cat "$R/$name.rc")
     grep -v '^PASS ' "$R/$name.log"
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$R/$name.log" | tail -n 1)
-    # the harness's "SKIP name: reason (ticks)" and test_build.sh's "skip name (reason)"
+    # the harness's "SKIP name: reason (ticks)" and the build tests' "skip name (reason)"
     found=$(sed -n -e '/^SKIP /{s/ *([0-9]* ticks, [0-9.]* sec)$//;s/^SKIP \([^:]*\): */\1: /p;}' \
                    -e 's/^skip \([^ ]*\) (\(.*\))$/\1: \2/p' "$R/$name.log" |
             sed 's/: $/: (no reason given)/')
