@@ -80,8 +80,9 @@
    other order, so its bits may differ within a stated bound; it has been checked on
    a tile emulator, not yet on an AMX CPU. On CUDA the same switch runs Linear and
    Conv2d as cublasGemmEx with bf16 inputs and fp32 accumulation (checked on the CUDA
-   emulator, not yet on a GPU). Not yet: speed: today the bf16 step is slower than fp32 (its
-   packing is scalar). Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in
+   emulator, not yet on a GPU). Speed (bench/train, one AVX512-BF16 core of an AMD EPYC,
+   one run): the MLP 784-512-512-10 step at batch 512 trains 44k samples/s in bf16 against
+   28k in fp32, 1.1x PyTorch's autocast (1.6x at batch 128). Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in
    bf16 against 88.76% in fp32 (train_mnist -bf16, seed 1); one autocast MLP step
    against a PyTorch fixture (tests/test_bf16.c).
 
