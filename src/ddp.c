@@ -34,11 +34,15 @@ static pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w)
 /* ---- ddp: the built-in compression hooks (ddp.h) ----
    launch: scratch <- 16-bit(grad / N), then a 16-bit SUM of the scratch (all-reduce in
    place, or reduce-scatter with this rank's slice in place); finish: the fp32 result
-   widened back into grad (or recv). Stateless: the scratch is the bucket's own. */
+   widened back into grad (or recv). The hook's state points at its 16-bit type; the
+   scratch is the bucket's own. */
 
-static pdp_status pdp__hook_compress_launch(pdp_dtype dt, pdp_comm *c,
+static pdp_dtype pdp__hook_dtypes[2] = {PDP_DTYPE_BF16, PDP_DTYPE_F16};
+
+static pdp_status pdp__hook_compress_launch(void *state, pdp_comm *c,
                                             const pdp_comm_hook_bucket *b, pdp_work **work)
 {
+    pdp_dtype dt = *(const pdp_dtype *)state;
     pdp_status st;
     if ((st = pdp__dev_to16(b->device, b->scratch, b->grad, b->count, 1.0f / (float)b->world_size,
                             (int)dt)) != PDP_OK)
@@ -50,58 +54,34 @@ static pdp_status pdp__hook_compress_launch(pdp_dtype dt, pdp_comm *c,
                                       b->recv_count, dt, PDP_REDUCE_SUM, work);
 }
 
-static pdp_status pdp__hook_compress_finish(pdp_dtype dt, const pdp_comm_hook_bucket *b)
+static pdp_status pdp__hook_compress_finish(void *state, const pdp_comm_hook_bucket *b)
 {
+    pdp_dtype dt = *(const pdp_dtype *)state;
     if (!b->reduce_scatter) return pdp__dev_from16(b->device, b->grad, b->scratch, b->count, dt);
     return pdp__dev_from16(b->device, b->recv,
                            (const uint16_t *)b->scratch + (int64_t)b->rank * b->recv_count,
                            b->recv_count, dt);
 }
 
-static pdp_status pdp__hook_bf16_launch(void *state, pdp_comm *c, const pdp_comm_hook_bucket *b,
-                                        pdp_work **work)
+static pdp_ddp_comm_hook pdp__hook_compress(pdp_dtype *dt)
 {
-    (void)state;
-    return pdp__hook_compress_launch(PDP_DTYPE_BF16, c, b, work);
-}
-
-static pdp_status pdp__hook_bf16_finish(void *state, const pdp_comm_hook_bucket *b)
-{
-    (void)state;
-    return pdp__hook_compress_finish(PDP_DTYPE_BF16, b);
-}
-
-static pdp_status pdp__hook_fp16_launch(void *state, pdp_comm *c, const pdp_comm_hook_bucket *b,
-                                        pdp_work **work)
-{
-    (void)state;
-    return pdp__hook_compress_launch(PDP_DTYPE_F16, c, b, work);
-}
-
-static pdp_status pdp__hook_fp16_finish(void *state, const pdp_comm_hook_bucket *b)
-{
-    (void)state;
-    return pdp__hook_compress_finish(PDP_DTYPE_F16, b);
+    pdp_ddp_comm_hook h;
+    memset(&h, 0, sizeof h);
+    h.launch = pdp__hook_compress_launch;
+    h.finish = pdp__hook_compress_finish;
+    h.state = dt;
+    h.scratch_bytes_per_float = 2;
+    return h;
 }
 
 PDP_API pdp_ddp_comm_hook pdp_ddp_hook_bf16_compress(void)
 {
-    pdp_ddp_comm_hook h;
-    memset(&h, 0, sizeof h);
-    h.launch = pdp__hook_bf16_launch;
-    h.finish = pdp__hook_bf16_finish;
-    h.scratch_bytes_per_float = 2;
-    return h;
+    return pdp__hook_compress(&pdp__hook_dtypes[0]);
 }
 
 PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void)
 {
-    pdp_ddp_comm_hook h;
-    memset(&h, 0, sizeof h);
-    h.launch = pdp__hook_fp16_launch;
-    h.finish = pdp__hook_fp16_finish;
-    h.scratch_bytes_per_float = 2;
-    return h;
+    return pdp__hook_compress(&pdp__hook_dtypes[1]);
 }
 
 /* ---- ddp: construction ---- */
