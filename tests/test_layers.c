@@ -18,6 +18,9 @@
 /* Stride-1 Conv2d (the implicit-GEMM path) in chunks of 3 samples instead of 8: a
    batch of 5 is a full chunk and a partial one. */
 #define PDP__CONV_IMPLICIT_CHUNK 3
+/* Element-wise layers split over the threads from 256 floats instead of 262144: the
+   thread-count test runs its ReLUs split. */
+#define PDP__ELEMWISE_PAR_MIN 256
 #define PDP_MALLOC(bytes) test_malloc(bytes)
 #define PDP_FREE(ptr) test_free(ptr)
 static long test_allocs; /* allocations through PDP_MALLOC, counted with atomics */
