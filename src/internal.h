@@ -62,6 +62,11 @@
         }                                                                                      \
     } while (0)
 
+/* GCC/Clang atomics: valid C99 and C++, so a flag read outside a lock needs no
+   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins). */
+#define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
 #define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
 #define PDP__DEF(val, def) ((val) ? (val) : (def))

@@ -11,9 +11,16 @@
 
    Handing off work: a caller that wins pool.busy (pthread_mutex_trylock) writes the
    job under pool.lock, bumps the generation and broadcasts pool.wake; worker w runs
-   index w + 1, the caller runs index 0 itself, then sleeps on pool.done until the
-   pending count reaches zero. Nobody spins and nothing is read outside the lock,
-   so the pool is TSan clean. A caller that loses the trylock (another thread is
+   index w + 1, the caller runs index 0 itself, then waits until the pending count
+   reaches zero. Waking a sleeping thread costs tens of microseconds (more than a
+   small GEMM's share on a VM), and a training step hands off work every few
+   microseconds to milliseconds, so both sides spin a little before they sleep: a
+   worker that finished a job watches the generation for PDP__POOL_SPIN_S before it
+   sleeps on pool.wake, and the caller watches pending for as long before it sleeps
+   on pool.done (OpenMP runtimes and OpenBLAS spin the same way, longer). The two
+   values watched outside the lock, generation and pending (and stop), are only
+   ever written with atomic stores, under the lock; everything else is read under
+   it, so the pool is TSan clean. A caller that loses the trylock (another thread is
    using the pool, e.g. two DP workers in GEMM at once, or a nested call from inside
    a job) runs every index itself, in order. Which thread runs an index never
    changes what the index computes, so results do not depend on who won.
@@ -30,6 +37,15 @@
 #include <unistd.h>
 
 #define PDP__MAX_THREADS 256
+/* Seconds a worker (or a caller waiting for its workers) spins before it sleeps. */
+#ifndef PDP__POOL_SPIN_S
+#  define PDP__POOL_SPIN_S 100e-6
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#  define PDP__SPIN_PAUSE() __builtin_ia32_pause()
+#else
+#  define PDP__SPIN_PAUSE() ((void)0)
+#endif
 
 /* ---- threads: the per-thread setting ---- */
 
@@ -143,16 +159,27 @@ typedef struct pdp__pool {
     pthread_t tid[PDP__MAX_THREADS - 1];
     unsigned long start_gen[PDP__MAX_THREADS - 1]; /* generation when worker w was made */
     int nworkers;
-    int stop;
-    unsigned long generation; /* bumped once per job */
+    int stop;                 /* atomic stores only (read while spinning) */
+    unsigned long generation; /* bumped once per job; atomic stores only */
     void (*fn)(void *arg, int i, int n);
     void *arg;
     int n;       /* indices of the current job; worker w runs index w + 1 */
-    int pending; /* workers that have not finished the current job */
+    int pending; /* workers that have not finished the current job; atomic stores only */
     pdp__profile_state *prof; /* the caller's counters while they are on, else NULL */
 } pdp__pool;
 
 static pdp__pool pdp__the_pool; /* zero: no workers yet */
+
+/* Spins until *v differs from seen (or stop is set) or PDP__POOL_SPIN_S has passed. */
+static void pdp__pool_spin_while(const unsigned long *v, unsigned long seen, const int *stop)
+{
+    double t0 = pdp__now();
+    int i;
+    while (PDP__LOAD_ACQ(v) == seen && !PDP__LOAD_ACQ(stop)) {
+        for (i = 0; i < 64; i++) PDP__SPIN_PAUSE();
+        if (pdp__now() - t0 > PDP__POOL_SPIN_S) return;
+    }
+}
 
 static void *pdp__worker_main(void *p)
 {
@@ -167,6 +194,11 @@ static void *pdp__worker_main(void *p)
         pdp__profile_state *prof;
         double t0 = 0.0;
         int n;
+        if (pool->generation == seen && !pool->stop) { /* spin a while, then sleep */
+            pthread_mutex_unlock(&pdp__pool_lock);
+            pdp__pool_spin_while(&pool->generation, seen, &pool->stop);
+            pthread_mutex_lock(&pdp__pool_lock);
+        }
         while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pdp__pool_wake, &pdp__pool_lock);
         if (pool->stop) break;
         seen = pool->generation;
@@ -180,7 +212,8 @@ static void *pdp__worker_main(void *p)
         fn(arg, w + 1, n);
         pthread_mutex_lock(&pdp__pool_lock);
         if (prof) prof->worker_busy_s += pdp__now() - t0;
-        if (--pool->pending == 0) pthread_cond_signal(&pdp__pool_done);
+        PDP__STORE_REL(&pool->pending, pool->pending - 1);
+        if (pool->pending == 0) pthread_cond_signal(&pdp__pool_done);
     }
     pthread_mutex_unlock(&pdp__pool_lock);
     return NULL;
@@ -223,9 +256,9 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
     pool->fn = fn;
     pool->arg = arg;
     pool->n = n;
-    pool->pending = helpers;
+    PDP__STORE_REL(&pool->pending, helpers);
     pool->prof = pdp__prof.on ? &pdp__prof : NULL;
-    pool->generation++;
+    PDP__STORE_REL(&pool->generation, pool->generation + 1);
     pthread_cond_broadcast(&pdp__pool_wake);
     pthread_mutex_unlock(&pdp__pool_lock);
 
@@ -233,6 +266,11 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
     for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
 
     t0 = pdp__prof.on ? pdp__now() : 0.0;
+    { /* spin a while for the workers, then sleep */
+        double t_spin = pdp__now();
+        while (PDP__LOAD_ACQ(&pool->pending) > 0 && pdp__now() - t_spin <= PDP__POOL_SPIN_S)
+            PDP__SPIN_PAUSE();
+    }
     pthread_mutex_lock(&pdp__pool_lock);
     while (pool->pending > 0) pthread_cond_wait(&pdp__pool_done, &pdp__pool_lock);
     pool->prof = NULL;
@@ -247,13 +285,13 @@ PDP_API void pdp_shutdown_threads(void)
     int w, nworkers;
     pthread_mutex_lock(&pdp__pool_busy); /* waits for a job in flight to finish */
     pthread_mutex_lock(&pdp__pool_lock);
-    pool->stop = 1;
+    PDP__STORE_REL(&pool->stop, 1);
     nworkers = pool->nworkers;
     pthread_cond_broadcast(&pdp__pool_wake);
     pthread_mutex_unlock(&pdp__pool_lock);
     for (w = 0; w < nworkers; w++) pthread_join(pool->tid[w], NULL);
     pthread_mutex_lock(&pdp__pool_lock);
-    pool->stop = 0;
+    PDP__STORE_REL(&pool->stop, 0);
     pool->nworkers = 0;
     pthread_mutex_unlock(&pdp__pool_lock);
     pthread_mutex_unlock(&pdp__pool_busy);

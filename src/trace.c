@@ -51,11 +51,6 @@
 #endif
 #define PDP__TRACE_MAX_PIDS 4096        /* ranks whose process gets a name */
 
-/* GCC/Clang atomics: valid C99 and C++, so the flag read on the hot path needs
-   no <stdatomic.h>. */
-#define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-
 /* ---- trace: records ---- */
 
 typedef struct pdp__trace_ev {
