@@ -25,8 +25,9 @@
      fp32 gives the fp32 bits again; errors name the function; a CUDA model may be bf16
      (its numerics: test_cuda).
    - PyTorch: one SGD step of an MLP under torch.autocast (tests/fixtures/
-     autocast_bf16_mlp.bin), tolerances derived above the test; skips without the
-     fixture. */
+     autocast_bf16_mlp.bin), and the same step in float64 with pdp's rounding points
+     (which an fp32 step fails), tolerances derived above the test; skips without
+     the fixture. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #define PDP_IMPLEMENTATION
