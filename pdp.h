@@ -91,8 +91,8 @@
    pdp_set_num_threads(n) sets the intra-op threads of the calling thread (large
    GEMMs split over a process-wide pool of persistent workers; each output element
    is computed by one thread, so the bits do not depend on n). A worker spins for up
-   to 100 microseconds after a job before it sleeps, so the next hand-off of a
-   training step costs no wake-up. Random numbers come
+   to 100 microseconds after a job before it sleeps, so a hand-off that comes within
+   that time (the next GEMM of a training step) needs no wake-up. Random numbers come
    from explicit PCG32 states; a seed gives the same bits everywhere. Dropout masks
    are a function of (seed, layer, step, global sample index), so DP and DDP draw
    exactly the masks a single device would. Reductions run in a fixed order.
@@ -5643,6 +5643,17 @@ PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t 
 #  define PDP__GEMM_RESTRICT restrict
 #endif
 
+/* C = beta C: a product with nothing to add (k == 0 or alpha == 0); with beta == 0, C
+   is written without being read. pdp_gemm_bf16 shares it. */
+static void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
+{
+    int64_t i, j;
+    for (i = 0; i < m; i++) {
+        float *ci = c + i * ldc;
+        for (j = 0; j < n; j++) ci[j] = beta != 0.0f ? beta * ci[j] : 0.0f;
+    }
+}
+
 #if defined(PDP_CBLAS)
 #  include <cblas.h>
 
@@ -6211,14 +6222,11 @@ static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int6
 {
     pdp__gemm_args g;
     int threads, parts;
-    int64_t blocks, i, j;
+    int64_t blocks;
     if (m <= 0 || n <= 0) return;
     PDP_ASSERT(ldc >= n);
-    if (k <= 0 || alpha == 0.0f) { /* C = beta * C */
-        for (i = 0; i < m; i++) {
-            float *ci = c + i * ldc;
-            for (j = 0; j < n; j++) ci[j] = beta != 0.0f ? beta * ci[j] : 0.0f;
-        }
+    if (k <= 0 || alpha == 0.0f) {
+        pdp__gemm_scale_c(m, n, beta, c, ldc);
         return;
     }
     PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
@@ -7096,16 +7104,15 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
 {
     pdp__bf16_args g;
     int threads, parts;
-    int64_t i, j, npan, mpan;
+    int64_t npan, mpan;
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
     if (!pdp_bf16_path_available(path))
         return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
                         "this CPU or build", pdp_bf16_path_name(path));
     if (m <= 0 || n <= 0) return PDP_OK;
     PDP_ASSERT(ldc >= n);
-    if (k <= 0 || alpha == 0.0f) { /* C = beta * C */
-        for (i = 0; i < m; i++)
-            for (j = 0; j < n; j++) c[i * ldc + j] = beta != 0.0f ? beta * c[i * ldc + j] : 0.0f;
+    if (k <= 0 || alpha == 0.0f) {
+        pdp__gemm_scale_c(m, n, beta, c, ldc);
         return PDP_OK;
     }
     PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m));

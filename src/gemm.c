@@ -43,6 +43,17 @@
 #  define PDP__GEMM_RESTRICT restrict
 #endif
 
+/* C = beta C: a product with nothing to add (k == 0 or alpha == 0); with beta == 0, C
+   is written without being read. pdp_gemm_bf16 shares it. */
+static void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
+{
+    int64_t i, j;
+    for (i = 0; i < m; i++) {
+        float *ci = c + i * ldc;
+        for (j = 0; j < n; j++) ci[j] = beta != 0.0f ? beta * ci[j] : 0.0f;
+    }
+}
+
 #if defined(PDP_CBLAS)
 #  include <cblas.h>
 
@@ -611,14 +622,11 @@ static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int6
 {
     pdp__gemm_args g;
     int threads, parts;
-    int64_t blocks, i, j;
+    int64_t blocks;
     if (m <= 0 || n <= 0) return;
     PDP_ASSERT(ldc >= n);
-    if (k <= 0 || alpha == 0.0f) { /* C = beta * C */
-        for (i = 0; i < m; i++) {
-            float *ci = c + i * ldc;
-            for (j = 0; j < n; j++) ci[j] = beta != 0.0f ? beta * ci[j] : 0.0f;
-        }
+    if (k <= 0 || alpha == 0.0f) {
+        pdp__gemm_scale_c(m, n, beta, c, ldc);
         return;
     }
     PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));

@@ -596,16 +596,15 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
 {
     pdp__bf16_args g;
     int threads, parts;
-    int64_t i, j, npan, mpan;
+    int64_t npan, mpan;
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
     if (!pdp_bf16_path_available(path))
         return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
                         "this CPU or build", pdp_bf16_path_name(path));
     if (m <= 0 || n <= 0) return PDP_OK;
     PDP_ASSERT(ldc >= n);
-    if (k <= 0 || alpha == 0.0f) { /* C = beta * C */
-        for (i = 0; i < m; i++)
-            for (j = 0; j < n; j++) c[i * ldc + j] = beta != 0.0f ? beta * c[i * ldc + j] : 0.0f;
+    if (k <= 0 || alpha == 0.0f) {
+        pdp__gemm_scale_c(m, n, beta, c, ldc);
         return PDP_OK;
     }
     PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m));
