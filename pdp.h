@@ -1218,7 +1218,9 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);
      parallel apply forward, loss and backward on every replica at once
      gather         outputs and loss sums -> the master
      reduce         replica gradients summed into the master's, fixed order
-     step           the optimizer updates the master's parameters
+     step           the optimizer updates the master's parameters (with 2+ workers
+                    on the CPU, each worker updates the slice it has just reduced:
+                    the same bits, no core waits; the step's time is then in reduce)
    All the traffic goes through the master, which also holds the optimizer state
    and the gathered outputs: the "DP overloads device 0" effect that the
    literature contrasts with DDP's all-reduce, measured by pdp_dp_get_stats.
@@ -3008,6 +3010,11 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
    caller-visible pdp_optim_step only. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi);
+/* pdp_optim_step's checks (model changed since create, ZeRO shard, sharded blocks),
+   with its messages; changes nothing. */
+static pdp_status pdp__optim_check_step(const pdp_optim *o);
+/* Counts an update done range by range (pdp__optim_step_range) as one step. */
+static void pdp__optim_finish_step(pdp_optim *o);
 /* An optimizer holding state for [lo, hi) of the flat block only (ZeRO: one
    rank's range; pdp_optim_create is [0, param_count)). pdp_optim_step on it
    updates [lo, hi) only, with the bits a full optimizer gives that range.
@@ -13900,11 +13907,10 @@ static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float
 /* Marks the update in flight as done (after every range of it). */
 static void pdp__optim_finish_step(pdp_optim *o) { o->steps++; }
 
-PDP_API pdp_status pdp_optim_step(pdp_optim *o)
+/* What pdp_optim_step checks before it changes anything (its messages). */
+static pdp_status pdp__optim_check_step(const pdp_optim *o)
 {
-    pdp_model *m;
-    pdp_status st;
-    double t0;
+    const pdp_model *m;
     if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_step: optimizer is NULL");
     m = o->model;
     if (m->param_count != o->count)
@@ -13918,6 +13924,16 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
     if (m->param_count > 0 && (!m->param_block || !m->grad_block))
         return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the model's %s sharded by ZeRO: step "
                         "with pdp_zero_step", m->grad_block ? "parameters are" : "gradients are");
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_optim_step(pdp_optim *o)
+{
+    pdp_model *m;
+    pdp_status st;
+    double t0;
+    if ((st = pdp__optim_check_step(o)) != PDP_OK) return st;
+    m = o->model;
     t0 = pdp__prof.on ? pdp__now() : 0.0;
     st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi);
     if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
@@ -16531,7 +16547,10 @@ static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, flo
    one sample above the others. torch reduces on device 0 (reduce_add); on a
    CPU that would leave N-1 cores idle, so by default each worker sums one slice
    of the flat gradient (reduce_on_master restores torch's placement, with the
-   same bits).
+   same bits). On CPU replicas the master's step is fused into that reduce: each
+   worker updates the parameters of the slice it has just summed, chunk by chunk
+   while the chunk is in cache, instead of one thread stepping everything while
+   the others wait (pdp__dp_fused_step).
 
    GPUs. With CUDA devices the stages are torch's own: replicate copies the
    master's parameters (device 0) into each replica's own parameter block on its
@@ -16556,7 +16575,8 @@ static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, flo
 typedef enum pdp__dp_job {
     PDP__DP_JOB_NONE = 0,
     PDP__DP_JOB_APPLY,   /* forward, loss, backward on this worker's shard */
-    PDP__DP_JOB_REDUCE   /* sum one slice of the replicas' gradients into the master */
+    PDP__DP_JOB_REDUCE   /* sum one slice of the replicas' gradients into the master (and
+                            step it, when step_opt is set) */
 } pdp__dp_job;
 
 typedef struct pdp__dp_worker {
@@ -16606,6 +16626,7 @@ struct pdp_dp {
     int active;          /* replicas with at least one sample */
     float grad_scale;    /* 1 / batch */
     bool zero_master;    /* replica 0 zeroes the master's gradients first */
+    pdp_optim *step_opt; /* non-NULL: the reduce also steps each slice it sums */
     /* gathered outputs on the master's device */
     float *out_block;
     int64_t out_cap;     /* floats */
@@ -16705,7 +16726,9 @@ fail:
 /* Reduce, one slice: master.grad[lo, hi) += replica[1..active-1].grad[lo, hi), in
    replica order. Slices are multiples of 16 floats (one cache line) so no two
    threads write the same line; chunks of 4096 floats keep the master's part in L1
-   while each replica is added. */
+   while each replica is added, and, when the step is fused (step_opt), while the
+   optimizer updates the chunk's parameters from it: the update is element-wise, so
+   stepping slice by slice gives the bits of one pdp_optim_step after the reduce. */
 static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
 {
     int64_t count = dp->master->param_count;
@@ -16720,6 +16743,8 @@ static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
             const float *PDP__RESTRICT s = dp->workers[r].replica->grad_block + c;
             PDP__FOR_BLOCKED(j, len, d[j] += s[j];);
         }
+        if (dp->step_opt) /* a CPU step on one thread: cannot fail */
+            (void)pdp__optim_step_range(dp->step_opt, dp->master->param_block, dst, c, c + len);
     }
 }
 
@@ -17090,15 +17115,18 @@ static pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
 
 /* Reduce: the replicas' gradients summed into the master's (which already holds
    replica 0's). Each worker sums one slice, or the master's worker sums it all
-   (reduce_on_master, torch's reduce_add on device 0); same bits either way. */
-static void pdp__dp_reduce(pdp_dp *dp, double *cpu)
+   (reduce_on_master, torch's reduce_add on device 0); same bits either way. With
+   step_opt the workers also step the slices they sum (pdp__dp_fused_step). */
+static void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu)
 {
     int i;
+    dp->step_opt = step_opt;
     dp->stats.reduce_bytes =
         (size_t)(dp->active - 1) * (size_t)dp->master->param_count * sizeof(float);
     *cpu = 0.0;
     if (dp->active < 2) return;
     pdp__dp_run_job(dp, PDP__DP_JOB_REDUCE);
+    dp->step_opt = NULL;
     for (i = 0; i < dp->n; i++) *cpu = PDP__MAX(*cpu, dp->workers[i].cpu_s);
 }
 
@@ -17128,6 +17156,23 @@ static pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
     return PDP_OK;
 }
 
+/* The optimizer the CPU reduce may run inside its slices, or NULL: on CPU replicas
+   the master's step costs one core a pass over every parameter while the others
+   wait; fused, each worker updates the slice it has just summed, still in cache.
+   Only for a whole-model optimizer that pdp_optim_step would accept (its checks run
+   first, so an error is reported before anything changes), and with 2+ workers
+   active (one worker runs no reduce). */
+static pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out, const char *fn)
+{
+    pdp_status st;
+    *out = NULL;
+    if (dp->cuda || dp->active < 2) return PDP_OK;
+    if ((st = pdp__optim_check_step(opt)) != PDP_OK) return pdp__err_wrap(st, "%s: master step", fn);
+    if (opt->lo != 0 || opt->hi != dp->master->param_count) return PDP_OK;
+    *out = opt;
+    return PDP_OK;
+}
+
 /* Step: the optimizer updates the master's parameters; replicas see them at the
    next replicate. */
 static pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
@@ -17143,6 +17188,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
                               const char *fn)
 {
     pdp_dp_times t;
+    pdp_optim *fused = NULL;
     double t0 = pdp__now(), ts, loss_sum = 0.0;
     pdp_status st;
     memset(&t, 0, sizeof t);
@@ -17179,13 +17225,16 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
     if ((st = pdp__dp_gather(dp, &loss_sum, fn)) != PDP_OK) return st;
     t.gather = pdp__now() - ts;
     ts = pdp__now();
+    if (zero_and_step && (st = pdp__dp_fused_step(dp, opt, &fused, fn)) != PDP_OK) return st;
     if (dp->cuda) {
         if ((st = pdp__dp_reduce_device(dp, fn)) != PDP_OK) return st;
     } else {
-        pdp__dp_reduce(dp, &t.reduce_cpu);
+        pdp__dp_reduce(dp, fused, &t.reduce_cpu);
     }
     t.reduce = pdp__now() - ts;
-    if (zero_and_step) {
+    if (fused) {
+        pdp__optim_finish_step(fused);
+    } else if (zero_and_step) {
         ts = pdp__now();
         if ((st = pdp__dp_master_step(opt, fn)) != PDP_OK) return st;
         t.step = pdp__now() - ts;

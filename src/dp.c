@@ -46,7 +46,10 @@
    one sample above the others. torch reduces on device 0 (reduce_add); on a
    CPU that would leave N-1 cores idle, so by default each worker sums one slice
    of the flat gradient (reduce_on_master restores torch's placement, with the
-   same bits).
+   same bits). On CPU replicas the master's step is fused into that reduce: each
+   worker updates the parameters of the slice it has just summed, chunk by chunk
+   while the chunk is in cache, instead of one thread stepping everything while
+   the others wait (pdp__dp_fused_step).
 
    GPUs. With CUDA devices the stages are torch's own: replicate copies the
    master's parameters (device 0) into each replica's own parameter block on its
@@ -71,7 +74,8 @@
 typedef enum pdp__dp_job {
     PDP__DP_JOB_NONE = 0,
     PDP__DP_JOB_APPLY,   /* forward, loss, backward on this worker's shard */
-    PDP__DP_JOB_REDUCE   /* sum one slice of the replicas' gradients into the master */
+    PDP__DP_JOB_REDUCE   /* sum one slice of the replicas' gradients into the master (and
+                            step it, when step_opt is set) */
 } pdp__dp_job;
 
 typedef struct pdp__dp_worker {
@@ -121,6 +125,7 @@ struct pdp_dp {
     int active;          /* replicas with at least one sample */
     float grad_scale;    /* 1 / batch */
     bool zero_master;    /* replica 0 zeroes the master's gradients first */
+    pdp_optim *step_opt; /* non-NULL: the reduce also steps each slice it sums */
     /* gathered outputs on the master's device */
     float *out_block;
     int64_t out_cap;     /* floats */
@@ -220,7 +225,9 @@ fail:
 /* Reduce, one slice: master.grad[lo, hi) += replica[1..active-1].grad[lo, hi), in
    replica order. Slices are multiples of 16 floats (one cache line) so no two
    threads write the same line; chunks of 4096 floats keep the master's part in L1
-   while each replica is added. */
+   while each replica is added, and, when the step is fused (step_opt), while the
+   optimizer updates the chunk's parameters from it: the update is element-wise, so
+   stepping slice by slice gives the bits of one pdp_optim_step after the reduce. */
 static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
 {
     int64_t count = dp->master->param_count;
@@ -235,6 +242,8 @@ static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
             const float *PDP__RESTRICT s = dp->workers[r].replica->grad_block + c;
             PDP__FOR_BLOCKED(j, len, d[j] += s[j];);
         }
+        if (dp->step_opt) /* a CPU step on one thread: cannot fail */
+            (void)pdp__optim_step_range(dp->step_opt, dp->master->param_block, dst, c, c + len);
     }
 }
 
@@ -605,15 +614,18 @@ static pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
 
 /* Reduce: the replicas' gradients summed into the master's (which already holds
    replica 0's). Each worker sums one slice, or the master's worker sums it all
-   (reduce_on_master, torch's reduce_add on device 0); same bits either way. */
-static void pdp__dp_reduce(pdp_dp *dp, double *cpu)
+   (reduce_on_master, torch's reduce_add on device 0); same bits either way. With
+   step_opt the workers also step the slices they sum (pdp__dp_fused_step). */
+static void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu)
 {
     int i;
+    dp->step_opt = step_opt;
     dp->stats.reduce_bytes =
         (size_t)(dp->active - 1) * (size_t)dp->master->param_count * sizeof(float);
     *cpu = 0.0;
     if (dp->active < 2) return;
     pdp__dp_run_job(dp, PDP__DP_JOB_REDUCE);
+    dp->step_opt = NULL;
     for (i = 0; i < dp->n; i++) *cpu = PDP__MAX(*cpu, dp->workers[i].cpu_s);
 }
 
@@ -643,6 +655,23 @@ static pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
     return PDP_OK;
 }
 
+/* The optimizer the CPU reduce may run inside its slices, or NULL: on CPU replicas
+   the master's step costs one core a pass over every parameter while the others
+   wait; fused, each worker updates the slice it has just summed, still in cache.
+   Only for a whole-model optimizer that pdp_optim_step would accept (its checks run
+   first, so an error is reported before anything changes), and with 2+ workers
+   active (one worker runs no reduce). */
+static pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out, const char *fn)
+{
+    pdp_status st;
+    *out = NULL;
+    if (dp->cuda || dp->active < 2) return PDP_OK;
+    if ((st = pdp__optim_check_step(opt)) != PDP_OK) return pdp__err_wrap(st, "%s: master step", fn);
+    if (opt->lo != 0 || opt->hi != dp->master->param_count) return PDP_OK;
+    *out = opt;
+    return PDP_OK;
+}
+
 /* Step: the optimizer updates the master's parameters; replicas see them at the
    next replicate. */
 static pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
@@ -658,6 +687,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
                               const char *fn)
 {
     pdp_dp_times t;
+    pdp_optim *fused = NULL;
     double t0 = pdp__now(), ts, loss_sum = 0.0;
     pdp_status st;
     memset(&t, 0, sizeof t);
@@ -694,13 +724,16 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
     if ((st = pdp__dp_gather(dp, &loss_sum, fn)) != PDP_OK) return st;
     t.gather = pdp__now() - ts;
     ts = pdp__now();
+    if (zero_and_step && (st = pdp__dp_fused_step(dp, opt, &fused, fn)) != PDP_OK) return st;
     if (dp->cuda) {
         if ((st = pdp__dp_reduce_device(dp, fn)) != PDP_OK) return st;
     } else {
-        pdp__dp_reduce(dp, &t.reduce_cpu);
+        pdp__dp_reduce(dp, fused, &t.reduce_cpu);
     }
     t.reduce = pdp__now() - ts;
-    if (zero_and_step) {
+    if (fused) {
+        pdp__optim_finish_step(fused);
+    } else if (zero_and_step) {
         ts = pdp__now();
         if ((st = pdp__dp_master_step(opt, fn)) != PDP_OK) return st;
         t.step = pdp__now() - ts;

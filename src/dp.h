@@ -7,7 +7,9 @@
      parallel apply forward, loss and backward on every replica at once
      gather         outputs and loss sums -> the master
      reduce         replica gradients summed into the master's, fixed order
-     step           the optimizer updates the master's parameters
+     step           the optimizer updates the master's parameters (with 2+ workers
+                    on the CPU, each worker updates the slice it has just reduced:
+                    the same bits, no core waits; the step's time is then in reduce)
    All the traffic goes through the master, which also holds the optimizer state
    and the gathered outputs: the "DP overloads device 0" effect that the
    literature contrasts with DDP's all-reduce, measured by pdp_dp_get_stats.

@@ -433,6 +433,11 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
    caller-visible pdp_optim_step only. */
 static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
                                         int64_t lo, int64_t hi);
+/* pdp_optim_step's checks (model changed since create, ZeRO shard, sharded blocks),
+   with its messages; changes nothing. */
+static pdp_status pdp__optim_check_step(const pdp_optim *o);
+/* Counts an update done range by range (pdp__optim_step_range) as one step. */
+static void pdp__optim_finish_step(pdp_optim *o);
 /* An optimizer holding state for [lo, hi) of the flat block only (ZeRO: one
    rank's range; pdp_optim_create is [0, param_count)). pdp_optim_step on it
    updates [lo, hi) only, with the bits a full optimizer gives that range.

@@ -398,11 +398,10 @@ static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float
 /* Marks the update in flight as done (after every range of it). */
 static void pdp__optim_finish_step(pdp_optim *o) { o->steps++; }
 
-PDP_API pdp_status pdp_optim_step(pdp_optim *o)
+/* What pdp_optim_step checks before it changes anything (its messages). */
+static pdp_status pdp__optim_check_step(const pdp_optim *o)
 {
-    pdp_model *m;
-    pdp_status st;
-    double t0;
+    const pdp_model *m;
     if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_step: optimizer is NULL");
     m = o->model;
     if (m->param_count != o->count)
@@ -416,6 +415,16 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
     if (m->param_count > 0 && (!m->param_block || !m->grad_block))
         return pdp__err(PDP_ERR_STATE, "pdp_optim_step: the model's %s sharded by ZeRO: step "
                         "with pdp_zero_step", m->grad_block ? "parameters are" : "gradients are");
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_optim_step(pdp_optim *o)
+{
+    pdp_model *m;
+    pdp_status st;
+    double t0;
+    if ((st = pdp__optim_check_step(o)) != PDP_OK) return st;
+    m = o->model;
     t0 = pdp__prof.on ? pdp__now() : 0.0;
     st = pdp__optim_step_range(o, m->param_block, m->grad_block, o->lo, o->hi);
     if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
