@@ -3,7 +3,7 @@
    Shapes are written M x K x N as the issue does: C[M,N] = op(A)[M,K] * op(B)[K,N].
    NN is A*B, TN is A^T*B, NT is A*B^T (row-major, as pdp_sgemm takes them). The
    128-row shapes are the MLP's (batch 128, layers 784->512 and 512->512).
-   Each figure is the median of 7 timed repetitions after a warm-up; a repetition
+   Each figure is the median of 7 timed repetitions after 50 ms of warm-up; a repetition
    loops the call for about 25 ms. Per shape and thread count the two libraries run
    one after the other, each after a 200 ms pause: OpenBLAS's workers keep spinning
    for a while after each call and steal the second core from whatever runs next,
@@ -65,11 +65,14 @@ static void run_openblas(const problem *p)
 }
 #endif
 
-/* Calls per repetition so that one lasts about 25 ms. */
+/* Calls per repetition so that one lasts about 25 ms, after about 50 ms of warm-up
+   calls: the pool, scratch, caches, and the second core, whose first 2-thread
+   figure (right after the pool starts) came out at 1-thread speed in two of three
+   runs with a single warm-up call. */
 static int calibrate(void (*fn)(const problem *), const problem *p)
 {
-    double t;
-    fn(p); /* warm-up: pool, scratch, caches */
+    double t, t0 = bench_now();
+    do fn(p); while (bench_now() - t0 < 0.05);
     t = bench_now();
     fn(p);
     t = bench_now() - t;
