@@ -233,31 +233,44 @@ PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
 /* pdp__bf16_pack for an operand whose rows are contiguous (t == PDP_TRANS: x(r, p) =
    x[p * ld + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1) converted together and
    interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
-   (width a multiple of 16) or two (width 8). */
+   (width a multiple of 16) or two (width 8). In tiles of PDP__BF16_PACK_PAIRS pairs by
+   all the strips of 16 rows: a tile reads 2 PDP__BF16_PACK_PAIRS rows of x front to
+   back (as many sequential streams) and writes runs of that many pairs' words to each
+   panel. (Pair by pair over all strips, the stores jumped between panels pairs x width
+   words apart, a multiple of 4 KiB at the MLP's sizes, all in one L1 set; strip by
+   strip over all pairs, each strip read one cache line from each of k rows, a page
+   apart: both left the packing at 20% of a 512^3 TN product.) */
+#  define PDP__BF16_PACK_PAIRS 8
 PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
                                                  int rows, int64_t k, int width, uint32_t *dst)
 {
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                          16, 0);
-    int64_t p, pairs = (k + 1) / 2, panel = pairs * width;
+    int64_t p0, p, pairs = (k + 1) / 2, panel = pairs * width;
     int i, padded = (rows + width - 1) / width * width;
-    for (p = 0; p < pairs; p++) {
-        const float *lo = x + 2 * p * ld + r0, *hi = 2 * p + 1 < k ? lo + ld : lo;
+    for (p0 = 0; p0 < pairs; p0 += PDP__BF16_PACK_PAIRS) {
+        int64_t p1 = PDP__MIN(pairs, p0 + PDP__BF16_PACK_PAIRS);
         for (i = 0; i < padded; i += 16) {
             int left = rows - i;
             __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-            __m512 vlo = _mm512_maskz_loadu_ps(m, lo + (left > 0 ? i : 0));
-            __m512 vhi = 2 * p + 1 < k ? _mm512_maskz_loadu_ps(m, hi + (left > 0 ? i : 0))
-                                       : _mm512_setzero_ps();
-            __m512i w = _mm512_permutexvar_epi16(idx, pdp__bf16_cvt2(vlo, vhi));
-            uint32_t *d = dst + i / width * panel + p * width + i % width;
-            if (width >= 16) {
-                _mm512_storeu_si512((void *)d, w);
-            } else { /* width 8: rows i .. i + 7 and i + 8 .. i + 15 in two panels */
-                _mm256_storeu_si256((__m256i *)d, _mm512_castsi512_si256(w));
-                if (i + 8 < padded)
-                    _mm256_storeu_si256((__m256i *)(d + panel), _mm512_extracti64x4_epi64(w, 1));
+            const float *lo = x + 2 * p0 * ld + r0 + (left > 0 ? i : 0);
+            uint32_t *d = dst + i / width * panel + p0 * width + i % width;
+            for (p = p0; p < p1; p++, lo += 2 * ld, d += width) {
+                __m512 vlo;
+                _mm_prefetch((const char *)(lo + 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(lo + ld + 64), _MM_HINT_T0);
+                vlo = _mm512_maskz_loadu_ps(m, lo);
+                __m512 vhi = 2 * p + 1 < k ? _mm512_maskz_loadu_ps(m, lo + ld) : _mm512_setzero_ps();
+                __m512i w = _mm512_permutexvar_epi16(idx, pdp__bf16_cvt2(vlo, vhi));
+                if (width >= 16) {
+                    _mm512_storeu_si512((void *)d, w);
+                } else { /* width 8: rows i .. i + 7 and i + 8 .. i + 15 in two panels */
+                    _mm256_storeu_si256((__m256i *)d, _mm512_castsi512_si256(w));
+                    if (i + 8 < padded)
+                        _mm256_storeu_si256((__m256i *)(d + panel),
+                                            _mm512_extracti64x4_epi64(w, 1));
+                }
             }
         }
     }
