@@ -77,21 +77,24 @@ static inline bool bench_loadavg(double load[3])
 }
 
 /* Prints "load average at the <when>: ..." and, when the 1-minute figure is above
-   half a core per core, a WARNING line (other work shares the cores, so wall-clock
-   figures are unreliable). Returns 1 when it warned. */
-static inline int bench_print_load(const char *when)
+   half a core per core plus `own` (the cores this benchmark itself kept busy in the
+   last minute, which the figure at the end includes), a WARNING line: other work
+   shares the cores, so wall-clock figures are unreliable. Returns 1 when it warned. */
+static inline int bench_print_load(const char *when, double own)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    double load[3];
+    double load[3], limit;
     if (!bench_loadavg(load)) {
         printf("load average at the %s: unknown (no /proc/loadavg)\n", when);
         return 0;
     }
     printf("load average at the %s: %.2f %.2f %.2f (%ld cores)\n", when, load[0], load[1],
            load[2], cores);
-    if (cores > 0 && load[0] > 0.5 * (double)cores) {
-        printf("WARNING: load %.2f is above %.1f (half a core per core): other work shares the "
-               "cores and wall-clock figures are unreliable\n", load[0], 0.5 * (double)cores);
+    limit = 0.5 * (double)cores + own;
+    if (cores > 0 && load[0] > limit) {
+        printf("WARNING: load %.2f is above %.1f (half a core per core%s): other work shares "
+               "the cores and wall-clock figures are unreliable\n", load[0], limit,
+               own > 0 ? ", plus this benchmark's own" : "");
         return 1;
     }
     return 0;

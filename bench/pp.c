@@ -214,7 +214,7 @@ int main(int argc, char **argv)
     pdp_rng_seed(&r, 7, 0);
     for (i = 0; i < BATCH * WIDTH; i++) j.data[i] = pdp_rng_uniform(&r);
     for (i = 0; i < BATCH; i++) j.labels[i] = (int32_t)pdp_rng_below(&r, 10);
-    bench_print_load("start");
+    bench_print_load("start", 0.0);
     j.steps = 2; /* calibrate: about 0.25 s of single-device training per peer and round */
     j.steps = (int)(0.25 / (run_peer(&j, P_SINGLE) / 2)) + 2;
     for (k = 0; k < rounds; k++)
@@ -253,7 +253,7 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
-    if (bench_print_load("end")) printf("trust the bubble column more than the wall-clock ratios\n");
+    if (bench_print_load("end", 0.0)) printf("trust the bubble column more than the wall-clock ratios\n");
     free(j.data);
     free(j.labels);
     pdp_shutdown_threads();

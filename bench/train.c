@@ -50,32 +50,6 @@ typedef struct config {
 } config;
 
 
-/* Prints the 1-minute load average and warns when other work seems to share the cores:
-   above half a core per core, plus `own` for this benchmark's own recent threads (at the
-   end the 1-minute average includes the last minute of our own 1- and 2-thread runs). */
-static int print_load(const char *when, double own)
-{
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    double l1 = -1, l5 = -1, l15 = -1;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf %lf %lf", &l1, &l5, &l15) != 3) l1 = -1;
-        fclose(f);
-    }
-    if (l1 < 0) {
-        printf("load average at the %s: unknown (no /proc/loadavg)\n", when);
-        return 0;
-    }
-    printf("load average at the %s: %.2f %.2f %.2f (%ld cores)\n", when, l1, l5, l15, cores);
-    if (cores > 0 && l1 > 0.5 * (double)cores + own) {
-        printf("WARNING: load %.2f is above %.1f (half a core per core%s): other work shares "
-               "the cores and the figures are unreliable\n", l1, 0.5 * (double)cores + own,
-               own > 0 ? ", plus this benchmark's own" : "");
-        return 1;
-    }
-    return 0;
-}
-
 static void check(pdp_status st, const char *what)
 {
     if (st == PDP_OK) return;
@@ -228,7 +202,7 @@ int main(int argc, char **argv)
     printf("peak measured per core: fp32 FMA %.1f GFLOP/s; bf16 GEMM path %s: %.1f GFLOP/s (%s)\n",
            peak32, pdp_bf16_path_name(path), peak16,
            path == PDP_BF16_PATH_AVX512 ? "vdpbf16ps" : "fp32 FMA: the path emulates bf16");
-    print_load("start", 0.0);
+    bench_print_load("start", 0.0);
     fflush(stdout);
     have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
     for (r = 0; r < rounds; r++)
@@ -280,7 +254,7 @@ int main(int argc, char **argv)
     if (!have_torch)
         printf("PyTorch: /usr/bin/python3 cannot import torch (apt-get install python3-torch); "
                "only pdp's figures are shown\n");
-    print_load("end", 1.5);
+    bench_print_load("end", 1.5);
     printf("%.0f s\n", bench_now() - t0);
     return 0;
 }

@@ -160,7 +160,7 @@ static void run(const char *name, bool cnn, int64_t per, int rounds)
 int main(int argc, char **argv)
 {
     int rounds = argc > 1 && !strcmp(argv[1], "quick") ? 3 : MAX_ROUNDS, p;
-    bench_print_load("start");
+    bench_print_load("start", 0.0);
     printf("ZeRO at world size 2 (thread-ranks, local backend), samples/s, median of %d "
            "rounds; Adam; batch per rank\n", rounds);
     printf("%-14s %5s |", "workload", "B");
@@ -169,7 +169,7 @@ int main(int argc, char **argv)
     run("MLP 784-512x2", false, 512, rounds);
     run("CNN c16-c32", true, 128, rounds);
     printf("targets: Z1, Z2 >= 0.95x DDP; Z3 >= 0.85x DDP (with prefetch)\n");
-    if (bench_print_load("end")) printf("a loaded machine: rerun on a quiet one\n");
+    if (bench_print_load("end", 0.0)) printf("a loaded machine: rerun on a quiet one\n");
     pdp_shutdown_threads();
     return 0;
 }
