@@ -123,9 +123,11 @@
    DataParallel, one process (dp.h): pdp_dp_create(&dp, master, &desc) starts one
    persistent worker thread per device; pdp_dp_step(dp, opt, x, y, &loss) runs the
    stages replicate, scatter, parallel apply, gather, reduce (to the master, in a
-   fixed order) and the master's optimizer step. pdp_dp_get_stats shows the bytes
-   through the master and the time per stage. N workers reproduce one device on the
-   same global batch; one worker, bit for bit.
+   fixed order) and the master's optimizer step; on the CPU with 2+ workers each
+   worker steps the slice of the master's parameters it has just reduced (same bits,
+   no core idle while one steps; the stats then show the step's time in reduce).
+   pdp_dp_get_stats shows the bytes through the master and the time per stage. N
+   workers reproduce one device on the same global batch; one worker, bit for bit.
 
    DistributedDataParallel (ddp.h): every rank holds a full model and a pdp_comm.
    pdp_ddp_create checks that all ranks have the same parameters and broadcasts
