@@ -23,8 +23,8 @@
      the bits do not depend on the thread count or on how the parts are cut; the
      emulated path gives the AVX512 path's bits except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
-     AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512-BF16 and the
-     zmm state enabled; the AMX
+     AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
+     vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
      kernel AMX-TILE, AMX-BF16, the tile state in XCR0 (bits 17, 18) and Linux's
      permission to use it (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked
      once; refused: AVX512 or the emulation). Both are compiled under target
@@ -127,8 +127,9 @@ static void pdp__bf16_detect(void)
     if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
-    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (b7 & (1u << 30)) &&
-                           (a71 & (1u << 5)); /* AVX512F, AVX512BW, AVX512-BF16 */
+    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (b7 & (1u << 17)) &&
+                           (b7 & (1u << 30)) &&
+                           (a71 & (1u << 5)); /* AVX512F, AVX512DQ, AVX512BW, AVX512-BF16 */
 #  if PDP__BF16_AMX
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
        (18); then the kernel's permission, asked once for the process */
@@ -170,25 +171,35 @@ PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path)
 
 /* ---- gemm_bf16: packing ---- */
 
-/* op(X)(r, p) of an operand stored row-major with stride ld. */
-static inline float pdp__bf16_at(const float *x, int64_t ld, pdp_trans t, int64_t r, int64_t p)
+/* Storage row s of an operand: at x + off[s] when the offset table off is given
+   (Conv2d's implicit column matrix, gemm.c's pdp__sgemm_rows), else at x + s ld. */
+static inline const float *pdp__bf16_row(const float *x, int64_t ld, const int64_t *off,
+                                         int64_t s)
 {
-    return t == PDP_NO_TRANS ? x[r * ld + p] : x[p * ld + r];
+    return off ? x + off[s] : x + s * ld;
+}
+
+/* op(X)(r, p) of an operand stored by rows (pdp__bf16_row). */
+static inline float pdp__bf16_at(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
+                                 int64_t r, int64_t p)
+{
+    return t == PDP_NO_TRANS ? pdp__bf16_row(x, ld, off, r)[p] : pdp__bf16_row(x, ld, off, p)[r];
 }
 
 /* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
    (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
-static void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                                 int64_t k, int width, uint32_t *dst)
+static void pdp__bf16_pack_panel(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
+                                 int64_t r0, int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
     int i;
     for (p = 0; p < pairs; p++) {
         uint32_t *d = dst + p * width;
         for (i = 0; i < rows; i++) {
-            uint32_t lo = pdp__bf16_bits(pdp__bf16_at(x, ld, t, r0 + i, 2 * p));
-            uint32_t hi = 2 * p + 1 < k ? pdp__bf16_bits(pdp__bf16_at(x, ld, t, r0 + i, 2 * p + 1))
-                                        : 0u;
+            uint32_t lo = pdp__bf16_bits(pdp__bf16_at(x, ld, off, t, r0 + i, 2 * p));
+            uint32_t hi = 2 * p + 1 < k
+                              ? pdp__bf16_bits(pdp__bf16_at(x, ld, off, t, r0 + i, 2 * p + 1))
+                              : 0u;
             d[i] = lo | hi << 16;
         }
         for (; i < width; i++) d[i] = 0u;
@@ -196,28 +207,23 @@ static void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_
 }
 
 /* Rows [r0, r0 + rows) of op(X) as ceil(rows / width) panels of `width` rows, panel j
-   at dst + j * pairs * width (the last one zero-padded). */
-static void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                           int64_t k, int width, uint32_t *dst)
+   at dst + j * pairs * width (the last one zero-padded). X's storage rows as
+   pdp__bf16_row says (off NULL: row-major with stride ld). */
+static void pdp__bf16_pack(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
+                           int64_t r0, int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
     for (j = 0; j < rows; j += width)
-        pdp__bf16_pack_panel(x, ld, t, r0 + j, PDP__MIN(width, rows - j), k, width,
+        pdp__bf16_pack_panel(x, ld, off, t, r0 + j, PDP__MIN(width, rows - j), k, width,
                              dst + j / width * pairs * width);
 }
 
 #if PDP__BF16_X86
-#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
 
-/* x rounded to bf16 by vcvtne2ps2bf16 (round to nearest even, a NaN quieted with its
-   sign and top payload, as pdp__bf16_bits), 16 lanes at a time: lo's in words 0-15, hi's
-   in 16-31. The instruction flushes subnormal inputs to zero of their sign (Intel SDM),
-   where pdp__bf16_bits rounds them; the kernels read a subnormal bf16 as that zero
-   (DAZ), so the two differ only where a subnormal fp32 rounds up to the least normal
-   bf16 (|x| in [0x007f8000, 0x00800000) as bits): those lanes are set to that value
-   (sign | 0x00800000) first. */
-PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
+/* pdp__bf16_cvt2 where some lane is subnormal. */
+PDP__BF16_TARGET static __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
 {
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), least = _mm512_set1_epi32(0x00800000);
     const __m512i base = _mm512_set1_epi32(0x007f8000), span = _mm512_set1_epi32(0x8000);
@@ -230,28 +236,45 @@ PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(h), _mm512_castsi512_ps(l));
 }
 
+/* x rounded to bf16 by vcvtne2ps2bf16 (round to nearest even, a NaN quieted with its
+   sign and top payload, as pdp__bf16_bits), 16 lanes at a time: lo's in words 0-15, hi's
+   in 16-31. The instruction flushes subnormal inputs to zero of their sign (Intel SDM),
+   where pdp__bf16_bits rounds them; the kernels read a subnormal bf16 as that zero
+   (DAZ), so the two differ only where a subnormal fp32 rounds up to the least normal
+   bf16 (|x| in [0x007f8000, 0x00800000) as bits): those lanes are set to that value
+   (sign | 0x00800000) first, in a branch taken only when some lane is subnormal
+   (vfpclassps, AVX512DQ). */
+PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
+{
+    if (!(_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20))) /* denormals */
+        return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    return pdp__bf16_cvt2_subnormal(lo, hi);
+}
+
 /* pdp__bf16_pack for an operand whose rows are contiguous (t == PDP_TRANS: x(r, p) =
-   x[p * ld + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1) converted together and
-   interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
-   (width a multiple of 16) or two (width 8). */
-PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
-                                                 int rows, int64_t k, int width, uint32_t *dst)
+   x[p * ld + r], or x[off[p] + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1)
+   converted together and interleaved (word i = lo_i | hi_i << 16) by one vpermw, then
+   stored to one panel (width a multiple of 16) or two (width 8). */
+PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, const int64_t *off,
+                                                 int64_t r0, int rows, int64_t k, int width,
+                                                 uint32_t *dst)
 {
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                          16, 0);
     int64_t p, pairs = (k + 1) / 2, panel = pairs * width;
     int i, padded = (rows + width - 1) / width * width;
-    for (p = 0; p < pairs; p++) {
-        const float *lo = x + 2 * p * ld + r0, *hi = 2 * p + 1 < k ? lo + ld : lo;
-        for (i = 0; i < padded; i += 16) {
-            int left = rows - i;
-            __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-            __m512 vlo = _mm512_maskz_loadu_ps(m, lo + (left > 0 ? i : 0));
-            __m512 vhi = 2 * p + 1 < k ? _mm512_maskz_loadu_ps(m, hi + (left > 0 ? i : 0))
-                                       : _mm512_setzero_ps();
+    for (i = 0; i < padded; i += 16) { /* 16 rows at a time, all pairs: no division inside */
+        int left = rows - i;
+        __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+        int64_t at = r0 + (left > 0 ? i : 0);
+        uint32_t *d = dst + i / width * panel + i % width;
+        for (p = 0; p < pairs; p++, d += width) {
+            __m512 vlo = _mm512_maskz_loadu_ps(m, pdp__bf16_row(x, ld, off, 2 * p) + at);
+            __m512 vhi = 2 * p + 1 < k
+                             ? _mm512_maskz_loadu_ps(m, pdp__bf16_row(x, ld, off, 2 * p + 1) + at)
+                             : _mm512_setzero_ps();
             __m512i w = _mm512_permutexvar_epi16(idx, pdp__bf16_cvt2(vlo, vhi));
-            uint32_t *d = dst + i / width * panel + p * width + i % width;
             if (width >= 16) {
                 _mm512_storeu_si512((void *)d, w);
             } else { /* width 8: rows i .. i + 7 and i + 8 .. i + 15 in two panels */
@@ -263,10 +286,10 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int
     }
 }
 
-/* row i of the block: its 32 values from s as 16 pair words (zero past rows) */
+/* row i of the block: its 32 values from pair p0 as 16 pair words (zero past rows) */
 #  define PDP__BF16_ROWW(i)                                                                   \
-    (i0 + (i) < rows ? pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, s + (i) * ld),              \
-                                      _mm512_maskz_loadu_ps(mhi, s + (i) * ld + 16))         \
+    (i0 + (i) < rows ? pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, row[i] + 2 * p0),             \
+                                      _mm512_maskz_loadu_ps(mhi, row[i] + 2 * p0 + 16))        \
                      : _mm512_setzero_si512())
 /* lane L of lo (rows 0-3) and hi (rows 4-7): pair 4L + q, stored if below np */
 #  define PDP__BF16_PUT4(q, L, lo, hi)                                                        \
@@ -286,52 +309,93 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int
         PDP__BF16_PUT4(q, 3, ulo, uhi);                                                        \
     } while (0)
 
-PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld, int64_t r0,
-                                                    int rows, int64_t k, int width,
-                                                    uint32_t *dst)
+/* pairs P, P + 1 (P = 4 L + q, q even) of the block from the q-th and (q + 1)-th
+   quarters lo_q, hi_q (rows 0-3, 4-7; 128-bit lane L: pair 4 L + q) as one zmm of two
+   8-word pair rows: [lo_q[L], hi_q[L], lo_q1[L], hi_q1[L]]; v, w: lo_q, lo_q1 and hi_q,
+   hi_q1 with lanes L, L' interleaved */
+#  define PDP__BF16_FULL2(q, lo0, hi0, lo1, hi1)                                              \
+    do {                                                                                       \
+        __m512i v = _mm512_permutex2var_epi64(lo0, i01, lo1);                                  \
+        __m512i w = _mm512_permutex2var_epi64(hi0, i01, hi1);                                  \
+        _mm512_storeu_si512((void *)(d + (q) * 8), _mm512_permutex2var_epi64(v, iv0, w));      \
+        _mm512_storeu_si512((void *)(d + (4 + (q)) * 8), _mm512_permutex2var_epi64(v, iv1, w));\
+        v = _mm512_permutex2var_epi64(lo0, i23, lo1);                                          \
+        w = _mm512_permutex2var_epi64(hi0, i23, hi1);                                          \
+        _mm512_storeu_si512((void *)(d + (8 + (q)) * 8), _mm512_permutex2var_epi64(v, iv0, w));\
+        _mm512_storeu_si512((void *)(d + (12 + (q)) * 8), _mm512_permutex2var_epi64(v, iv1, w));\
+    } while (0)
+
+/* pdp__bf16_pack for an operand whose rows run along k (t == PDP_NO_TRANS): blocks of 8
+   rows x 16 pairs converted row by row and transposed in registers. A block of 16
+   whole pairs in a panel of width 8 is stored as 8 zmm of two pair rows each; the
+   others lane by lane. */
+PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld,
+                                                    const int64_t *off, int64_t r0, int rows,
+                                                    int64_t k, int width, uint32_t *dst)
 {
+    /* qword indices: lanes L = 0, 1 (2, 3) of the first source interleaved with the second's;
+       then lanes 0 of v and w, 1 of v and w (iv0), and 2, 3 (iv1) */
+    const __m512i i01 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+    const __m512i i23 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+    const __m512i iv0 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+    const __m512i iv1 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
     int64_t p0, pairs = (k + 1) / 2;
-    int i0;
-    for (p0 = 0; p0 < pairs; p0 += 16) {
-        int64_t vals = k - 2 * p0;
-        int np = (int)PDP__MIN((int64_t)16, pairs - p0);
-        __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
-        __mmask16 mhi = (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
-        for (i0 = 0; i0 < width; i0 += 8) {
-            const float *s = x + (r0 + (i0 < rows ? i0 : 0)) * ld + 2 * p0; /* i0 >= rows: unread */
-            __m512i w0 = PDP__BF16_ROWW(0), w1 = PDP__BF16_ROWW(1), w2 = PDP__BF16_ROWW(2);
-            __m512i w3 = PDP__BF16_ROWW(3), w4 = PDP__BF16_ROWW(4), w5 = PDP__BF16_ROWW(5);
-            __m512i w6 = PDP__BF16_ROWW(6), w7 = PDP__BF16_ROWW(7);
-            __m512i t0 = _mm512_unpacklo_epi32(w0, w1), t1 = _mm512_unpackhi_epi32(w0, w1);
-            __m512i t2 = _mm512_unpacklo_epi32(w2, w3), t3 = _mm512_unpackhi_epi32(w2, w3);
-            __m512i t4 = _mm512_unpacklo_epi32(w4, w5), t5 = _mm512_unpackhi_epi32(w4, w5);
-            __m512i t6 = _mm512_unpacklo_epi32(w6, w7), t7 = _mm512_unpackhi_epi32(w6, w7);
+    int i0, i;
+    for (i0 = 0; i0 < width; i0 += 8) {
+        const float *row[8]; /* the block's rows (past rows: unread) */
+        for (i = 0; i < 8; i++)
+            row[i] = i0 + i < rows ? pdp__bf16_row(x, ld, off, r0 + i0 + i) : x;
+        for (p0 = 0; p0 < pairs; p0 += 16) {
+            int64_t vals = k - 2 * p0;
+            int np = (int)PDP__MIN((int64_t)16, pairs - p0);
+            __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
+            __mmask16 mhi =
+                (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
+            __m512i w0, w1, w2, w3, w4, w5, w6, w7, t0, t1, t2, t3, t4, t5, t6, t7;
+            __m512i l0, l1, l2, l3, h0, h1, h2, h3;
             uint32_t *d = dst + p0 * width + i0;
-            PDP__BF16_PUT(0, _mm512_unpacklo_epi64(t0, t2), _mm512_unpacklo_epi64(t4, t6));
-            PDP__BF16_PUT(1, _mm512_unpackhi_epi64(t0, t2), _mm512_unpackhi_epi64(t4, t6));
-            PDP__BF16_PUT(2, _mm512_unpacklo_epi64(t1, t3), _mm512_unpacklo_epi64(t5, t7));
-            PDP__BF16_PUT(3, _mm512_unpackhi_epi64(t1, t3), _mm512_unpackhi_epi64(t5, t7));
+            w0 = PDP__BF16_ROWW(0), w1 = PDP__BF16_ROWW(1), w2 = PDP__BF16_ROWW(2);
+            w3 = PDP__BF16_ROWW(3), w4 = PDP__BF16_ROWW(4), w5 = PDP__BF16_ROWW(5);
+            w6 = PDP__BF16_ROWW(6), w7 = PDP__BF16_ROWW(7);
+            t0 = _mm512_unpacklo_epi32(w0, w1), t1 = _mm512_unpackhi_epi32(w0, w1);
+            t2 = _mm512_unpacklo_epi32(w2, w3), t3 = _mm512_unpackhi_epi32(w2, w3);
+            t4 = _mm512_unpacklo_epi32(w4, w5), t5 = _mm512_unpackhi_epi32(w4, w5);
+            t6 = _mm512_unpacklo_epi32(w6, w7), t7 = _mm512_unpackhi_epi32(w6, w7);
+            l0 = _mm512_unpacklo_epi64(t0, t2), h0 = _mm512_unpacklo_epi64(t4, t6);
+            l1 = _mm512_unpackhi_epi64(t0, t2), h1 = _mm512_unpackhi_epi64(t4, t6);
+            l2 = _mm512_unpacklo_epi64(t1, t3), h2 = _mm512_unpacklo_epi64(t5, t7);
+            l3 = _mm512_unpackhi_epi64(t1, t3), h3 = _mm512_unpackhi_epi64(t5, t7);
+            if (width == 8 && np == 16) {
+                PDP__BF16_FULL2(0, l0, h0, l1, h1);
+                PDP__BF16_FULL2(2, l2, h2, l3, h3);
+                continue;
+            }
+            PDP__BF16_PUT(0, l0, h0);
+            PDP__BF16_PUT(1, l1, h1);
+            PDP__BF16_PUT(2, l2, h2);
+            PDP__BF16_PUT(3, l3, h3);
         }
     }
 }
+#  undef PDP__BF16_FULL2
 #  undef PDP__BF16_ROWW
 #  undef PDP__BF16_PUT
 #  undef PDP__BF16_PUT4
 
 /* pdp__bf16_pack with AVX512-BF16's conversion: the same words, but for subnormal
    values (zero of their sign here, rounded there), which every kernel reads as zero. */
-PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld, pdp_trans t,
-                                                   int64_t r0, int rows, int64_t k, int width,
-                                                   uint32_t *dst)
+PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld,
+                                                   const int64_t *off, pdp_trans t, int64_t r0,
+                                                   int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
     if (t == PDP_TRANS) {
-        pdp__bf16_pack_rows(x, ld, r0, rows, k, width, dst);
+        pdp__bf16_pack_rows(x, ld, off, r0, rows, k, width, dst);
         return;
     }
     for (j = 0; j < rows; j += width)
-        pdp__bf16_pack_k_panel(x, ld, r0 + j, PDP__MIN(width, rows - j), k, width,
+        pdp__bf16_pack_k_panel(x, ld, off, r0 + j, PDP__MIN(width, rows - j), k, width,
                                dst + j / width * pairs * width);
 }
 #endif
@@ -500,8 +564,8 @@ typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uin
                                     float *c, int64_t ldc, int mr, int nr, float alpha,
                                     float beta);
 
-typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                                  int64_t k, int width, uint32_t *dst);
+typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
+                                  int64_t r0, int rows, int64_t k, int width, uint32_t *dst);
 
 /* ---- gemm_bf16: driver ---- */
 
@@ -511,6 +575,8 @@ typedef struct pdp__bf16_args {
     float alpha, beta;
     const float *a, *b;
     int64_t lda, ldb, ldc;
+    const int64_t *arow, *brow; /* storage row r of A (B) at a + arow[r] (b + brow[r]), or
+                                   NULL: at a + r lda (b + r ldb) */
     float *c;
     pdp__bf16_kernel_fn kernel;
     pdp__bf16_pack_fn pack;
@@ -522,15 +588,15 @@ static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
 {
     float acc = 0.0f;
     int64_t p;
+    pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS;
     for (p = 0; p < g->k; p += 2) {
-        float a0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p)));
-        float b0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->tb == PDP_NO_TRANS
-                                                             ? PDP_TRANS : PDP_NO_TRANS, j, p)));
+        float a0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->arow, g->ta, i, p)));
+        float b0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->brow, tbt, j, p)));
         if (p + 1 < g->k) {
-            float a1 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p + 1)));
-            float b1 = pdp__bf16_daz(pdp__bf16_bits(
-                pdp__bf16_at(g->b, g->ldb, g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS, j,
-                             p + 1)));
+            float a1 = pdp__bf16_daz(
+                pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->arow, g->ta, i, p + 1)));
+            float b1 = pdp__bf16_daz(
+                pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->brow, tbt, j, p + 1)));
             acc = pdp__bf16_ftz_add(acc, a1 * b1);
         } else {
             acc = pdp__bf16_ftz_add(acc, 0.0f);
@@ -561,11 +627,11 @@ static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int
     bp = ap + (size_t)pairs * (size_t)arows;
     for (mc = m0; mc < m1; mc += PDP__BF16_MC) {
         int64_t mend = PDP__MIN(m1, mc + PDP__BF16_MC);
-        g->pack(g->a, g->lda, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
+        g->pack(g->a, g->lda, g->arow, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
         for (jr = n0; jr < n1; jr += PDP__BF16_NR) {
             int nr = (int)PDP__MIN(PDP__BF16_NR, n1 - jr);
             uint32_t *bj = bp + (jr - n0) * pairs;
-            if (mc == m0) g->pack(g->b, g->ldb, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
+            if (mc == m0) g->pack(g->b, g->ldb, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             for (ir = mc; ir < mend; ir += PDP__BF16_MR)
                 g->kernel(pairs, ap + (ir - mc) * pairs, bj, g->c + ir * g->ldc + jr, g->ldc,
                           (int)PDP__MIN(PDP__BF16_MR, mend - ir), nr, g->alpha, g->beta);
@@ -589,26 +655,24 @@ static void pdp__bf16_part(void *arg, int i, int n)
         pdp__bf16_block(g, lo, hi, 0, g->n);
 }
 
-PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
-                                    int64_t n, int64_t k, float alpha, const float *a,
-                                    int64_t lda, const float *b, int64_t ldb, float beta,
-                                    float *c, int64_t ldc)
+/* pdp_gemm_bf16_on on an available path (not AUTO) with A's and B's storage rows at
+   a + arow[r], b + brow[r] where the tables are given (pdp__bf16_row). */
+static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                          int64_t k, float alpha, const float *a, int64_t lda,
+                          const int64_t *arow, const float *b, int64_t ldb, const int64_t *brow,
+                          float beta, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
     int threads, parts;
     int64_t npan, mpan;
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
-    if (!pdp_bf16_path_available(path))
-        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
-                        "this CPU or build", pdp_bf16_path_name(path));
-    if (m <= 0 || n <= 0) return PDP_OK;
+    if (m <= 0 || n <= 0) return;
     PDP_ASSERT(ldc >= n);
     if (k <= 0 || alpha == 0.0f) {
         pdp__gemm_scale_c(m, n, beta, c, ldc);
-        return PDP_OK;
+        return;
     }
-    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m));
-    PDP_ASSERT(ldb >= (tb == PDP_NO_TRANS ? n : k));
+    PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
+    PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
     g.ta = ta;
     g.tb = tb;
     g.m = m;
@@ -620,6 +684,8 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     g.b = b;
     g.lda = lda;
     g.ldb = ldb;
+    g.arow = arow;
+    g.brow = brow;
     g.c = c;
     g.ldc = ldc;
     g.kernel = pdp__bf16_kernel_emul;
@@ -640,6 +706,18 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     g.split_n = npan >= 2 * (int64_t)threads || npan * PDP__BF16_NR >= mpan * PDP__BF16_MR;
     parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
     pdp__parallel_for(parts, pdp__bf16_part, &g);
+}
+
+PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                    int64_t n, int64_t k, float alpha, const float *a,
+                                    int64_t lda, const float *b, int64_t ldb, float beta,
+                                    float *c, int64_t ldc)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    if (!pdp_bf16_path_available(path))
+        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
+                        "this CPU or build", pdp_bf16_path_name(path));
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc);
     return PDP_OK;
 }
 
@@ -649,4 +727,32 @@ PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int
 {
     (void)pdp_gemm_bf16_on(PDP_BF16_PATH_AUTO, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
                            ldc);
+}
+
+/* ---- gemm_bf16: gathered operands ----
+   gemm.c's pdp__sgemm_rows and pdp__sgemm_arows in bf16, on `path` (AUTO: the best;
+   one the CPU lacks: the caller's bug, asserted): the packing reads the storage rows
+   through the offset table, so Conv2d's implicit column matrix is rounded and packed
+   straight from the padded image. Same tiles, chains and bits as pdp_gemm_bf16_on on
+   the materialised operand, on the same path.
+   rows:  B's storage row r at b + brow[r]: op(B)(p, j) = b[brow[p] + j] (tb ==
+          PDP_NO_TRANS) or b[brow[j] + p] (PDP_TRANS).
+   arows: A not transposed, row i at a + arow[i]: A(i, p) = a[arow[i] + p]. */
+static void pdp__gemm_bf16_rows(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                const float *b, const int64_t *brow, float beta, float *c,
+                                int64_t ldc)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    PDP_ASSERT(pdp_bf16_path_available(path));
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc);
+}
+
+static void pdp__gemm_bf16_arows(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
+                                 int64_t k, float alpha, const float *a, const int64_t *arow,
+                                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    PDP_ASSERT(pdp_bf16_path_available(path));
+    pdp__bf16_run(path, PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc);
 }
