@@ -11266,11 +11266,18 @@ static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__lay
    Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2.
 
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
-   and the fp32 kernels then multiply exactly and sum in fp32 (pdp_gemm_bf16's
-   emulation, in the fp32 kernels' order). Implicit: the padded image, the padded dy
-   and the grid's dy are rounded in place after they are loaded (db is summed from dy
-   before), W' when it is built, and W for forward into the workspace's fixed region
-   (free in forward). im2col: its GEMMs are pdp_gemm_bf16. */
+   and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
+   AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
+   dW share are pdp__gemm_bf16_rows / _arows (gemm_bf16.c), whose packing rounds the
+   column matrix, dy, W and W' as it reads them through the offset tables (band
+   columns included: no _runs variant), so nothing is rounded in place; only the dW
+   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
+   grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
+   kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
+   emulation, in the fp32 kernels' order): the padded image, the padded dy and the
+   grid's dy are rounded in place after they are loaded, W' when it is built, and W for
+   forward into the workspace's fixed region (free in forward). Either way the bits
+   depend on the geometry and the path, not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
@@ -11279,6 +11286,12 @@ static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__lay
    8 chunks for each of two threads at batch 128. */
 #ifndef PDP__CONV_IMPLICIT_CHUNK
 #  define PDP__CONV_IMPLICIT_CHUNK 8
+#endif
+
+/* Implicit path in bf16: the pdp_bf16_path of the products (test_bf16 defines it to run
+   the emulated path on a CPU with a faster one). */
+#ifndef PDP__CONV_BF16_PATH
+#  define PDP__CONV_BF16_PATH() pdp_bf16_best_path()
 #endif
 
 /* Implicit path: products of at least this depth (C k k forward, O k k for dx)
@@ -11532,6 +11545,7 @@ typedef struct pdp__conv_job {
     const float *wt;  /* implicit backward: W' [C, O k k] */
     const float *w;   /* implicit forward: W as the products see it (io->w, or in bf16 on
                          the emulated path its rounding in the fixed region) */
+    pdp_bf16_path path16; /* bf16: PDP__CONV_BF16_PATH() */
     int packed16;     /* implicit bf16 on AVX512-BF16 or AMX: the products are
                          pdp__gemm_bf16_rows / _arows, which round as they pack */
 } pdp__conv_job;
@@ -11647,7 +11661,7 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
         int64_t ldo = cols, ldr = k.wt, lds = g->W + g->pad;
         pdp__conv_implicit_load(job, &k, NULL, false);
         if (job->packed16) /* bf16 on vdpbf16ps: the band columns too */
-            pdp__gemm_bf16_rows(PDP_BF16_PATH_AUTO, PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols,
+            pdp__gemm_bf16_rows(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols,
                                 g->ckk, 1.0f, job->w, g->ckk, k.xp, k.offx, 0.0f, k.grid, cols);
         else
 #if defined(PDP__GEMM_RUNS)
@@ -11710,10 +11724,10 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
         else if (job->packed16 && g->dw_t)
-            pdp__gemm_bf16_arows(PDP_BF16_PATH_AUTO, PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp,
+            pdp__gemm_bf16_arows(job->path16, PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp,
                                  k.offx, grid, ldg, 0.0f, k.share, g->O);
         else if (job->packed16)
-            pdp__gemm_bf16_rows(PDP_BF16_PATH_AUTO, PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols,
+            pdp__gemm_bf16_rows(job->path16, PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols,
                                 1.0f, grid, ldg, k.xp, k.offx, 0.0f, k.share, g->ckk);
         else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
             pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
@@ -11736,7 +11750,7 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         }
 #endif
         if (job->packed16)
-            pdp__gemm_bf16_rows(PDP_BF16_PATH_AUTO, PDP_NO_TRANS, PDP_NO_TRANS, g->C,
+            pdp__gemm_bf16_rows(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->C,
                                 g->H * k.wqt, okk, 1.0f, job->wt, okk, k.dyp, k.offdy, 0.0f,
                                 k.grid, g->H * k.wqt);
         else
@@ -11819,8 +11833,8 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     job->parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
     job->wt = NULL;
     job->w = io->w;
-    job->packed16 = job->g.implicit && io->bf16 &&
-                    pdp_bf16_best_path() != PDP_BF16_PATH_EMULATED;
+    job->path16 = io->bf16 ? PDP__CONV_BF16_PATH() : PDP_BF16_PATH_EMULATED;
+    job->packed16 = job->g.implicit && io->bf16 && job->path16 != PDP_BF16_PATH_EMULATED;
     if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
     if (job->g.implicit && !backward && io->bf16 && !job->packed16) { /* W' in backward */
         memcpy(io->work, io->w, (size_t)(job->g.O * job->g.ckk) * sizeof(float));
