@@ -6754,9 +6754,37 @@ PDP__BF16_TARGET static __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
    (vfpclassps, AVX512DQ). */
 PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
 {
-    if (!(_mm512_fpclass_ps_mask(lo, 0x20) | _mm512_fpclass_ps_mask(hi, 0x20))) /* denormals */
+    if (_kortestz_mask16_u8(_mm512_fpclass_ps_mask(lo, 0x20), /* denormals */
+                            _mm512_fpclass_ps_mask(hi, 0x20)))
         return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
     return pdp__bf16_cvt2_subnormal(lo, hi);
+}
+
+/* 16 rows from `at` (mask m: those below rows) of x(., 2p) and x(., 2p + 1) for every
+   pair p, as pair words to d + p width (wide: width >= 16; else width 8, rows 8-15 to
+   d + panel + p width when two: both halves are in the padded rows); inlined with off,
+   wide and two constant, so that the loop has no branch but the subnormal one. */
+PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pack_rows16(
+    const float *x, int64_t ld, const int64_t *off, int64_t at, __mmask16 m, int64_t k,
+    int width, int64_t panel, const int wide, const int two, uint32_t *d)
+{
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    int64_t p, pairs = (k + 1) / 2;
+    for (p = 0; p < pairs; p++, d += width) {
+        __m512 vlo = _mm512_maskz_loadu_ps(m, pdp__bf16_row(x, ld, off, 2 * p) + at);
+        __m512 vhi = 2 * p + 1 < k
+                         ? _mm512_maskz_loadu_ps(m, pdp__bf16_row(x, ld, off, 2 * p + 1) + at)
+                         : _mm512_setzero_ps();
+        __m512i w = _mm512_permutexvar_epi16(idx, pdp__bf16_cvt2(vlo, vhi));
+        if (wide) {
+            _mm512_storeu_si512((void *)d, w);
+        } else { /* width 8: rows i .. i + 7 and i + 8 .. i + 15 in two panels */
+            _mm256_storeu_si256((__m256i *)d, _mm512_castsi512_si256(w));
+            if (two) _mm256_storeu_si256((__m256i *)(d + panel), _mm512_extracti64x4_epi64(w, 1));
+        }
+    }
 }
 
 /* pdp__bf16_pack for an operand whose rows are contiguous (t == PDP_TRANS: x(r, p) =
@@ -6767,30 +6795,21 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, con
                                                  int64_t r0, int rows, int64_t k, int width,
                                                  uint32_t *dst)
 {
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
-    int64_t p, pairs = (k + 1) / 2, panel = pairs * width;
+    int64_t panel = (k + 1) / 2 * width;
     int i, padded = (rows + width - 1) / width * width;
     for (i = 0; i < padded; i += 16) { /* 16 rows at a time, all pairs: no division inside */
-        int left = rows - i;
+        int left = rows - i, two = i + 8 < padded;
         __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
         int64_t at = r0 + (left > 0 ? i : 0);
         uint32_t *d = dst + i / width * panel + i % width;
-        for (p = 0; p < pairs; p++, d += width) {
-            __m512 vlo = _mm512_maskz_loadu_ps(m, pdp__bf16_row(x, ld, off, 2 * p) + at);
-            __m512 vhi = 2 * p + 1 < k
-                             ? _mm512_maskz_loadu_ps(m, pdp__bf16_row(x, ld, off, 2 * p + 1) + at)
-                             : _mm512_setzero_ps();
-            __m512i w = _mm512_permutexvar_epi16(idx, pdp__bf16_cvt2(vlo, vhi));
-            if (width >= 16) {
-                _mm512_storeu_si512((void *)d, w);
-            } else { /* width 8: rows i .. i + 7 and i + 8 .. i + 15 in two panels */
-                _mm256_storeu_si256((__m256i *)d, _mm512_castsi512_si256(w));
-                if (i + 8 < padded)
-                    _mm256_storeu_si256((__m256i *)(d + panel), _mm512_extracti64x4_epi64(w, 1));
-            }
-        }
+        if (width >= 16 && off)
+            pdp__bf16_pack_rows16(x, 0, off, at, m, k, width, panel, 1, 0, d);
+        else if (width >= 16)
+            pdp__bf16_pack_rows16(x, ld, NULL, at, m, k, width, panel, 1, 0, d);
+        else if (two)
+            pdp__bf16_pack_rows16(x, ld, off, at, m, k, width, panel, 0, 1, d);
+        else
+            pdp__bf16_pack_rows16(x, ld, off, at, m, k, width, panel, 0, 0, d);
     }
 }
 
