@@ -219,6 +219,36 @@ static void pdp__bf16_pack(const float *x, int64_t ld, const int64_t *off, pdp_t
                              dst + j / width * pairs * width);
 }
 
+/* Columns [c0, c0 + cols) (cols <= NR) of a B already in bf16 words (k x n, storage row
+   p at h + off[p]) as one NR-column panel: dst[p NR + i] = (h(2p, c0 + i), h(2p + 1,
+   c0 + i)), zero past cols. */
+static void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, int64_t c0, int cols,
+                             int64_t k, uint32_t *dst)
+{
+    int64_t p, pairs = (k + 1) / 2;
+    int i;
+    for (p = 0; p < pairs; p++) {
+        const uint16_t *lo = h + off[2 * p] + c0, *hi = 2 * p + 1 < k ? h + off[2 * p + 1] + c0 : 0;
+        uint32_t *d = dst + p * PDP__BF16_NR;
+        for (i = 0; i < cols; i++) d[i] = lo[i] | (hi ? (uint32_t)hi[i] << 16 : 0u);
+        for (; i < PDP__BF16_NR; i++) d[i] = 0u;
+    }
+}
+
+/* x[0, n) as bf16 words (pdp__bf16_bits) into h. h may be x's own memory (h == (uint16_t
+   *)x): word i is written after float i is read, at byte 2i, where float i / 2 was. */
+static void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        float f;
+        uint16_t w;
+        memcpy(&f, (const char *)x + 4 * i, sizeof f); /* bytes: h may alias x */
+        w = pdp__bf16_bits(f);
+        memcpy((char *)h + 2 * i, &w, sizeof w);
+    }
+}
+
 #if PDP__BF16_X86
 #  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
 
@@ -417,6 +447,48 @@ PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld,
         pdp__bf16_pack_k_panel(x, ld, off, r0 + j, PDP__MIN(width, rows - j), k, width,
                                dst + j / width * pairs * width);
 }
+
+/* pdp__bf16_pack_h, 32 columns of a pair at a time: two loads of 32 words, interleaved
+   by two vpermt2w. */
+PDP__BF16_TARGET static void pdp__bf16_pack_h_avx512(const uint16_t *h, const int64_t *off,
+                                                     int64_t c0, int cols, int64_t k,
+                                                     uint32_t *dst)
+{
+    /* word i of the first (second) half: lo[i] | hi[i] << 16 (lo[16 + i] | hi[16 + i] << 16) */
+    const __m512i i0 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                        32, 0);
+    const __m512i i1 = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25,
+                                        56, 24, 55, 23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18,
+                                        49, 17, 48, 16);
+    __mmask32 m = (__mmask32)(cols >= 32 ? 0xffffffffu : (1u << cols) - 1);
+    int64_t p, pairs = (k + 1) / 2;
+    for (p = 0; p < pairs; p++) {
+        uint32_t *d = dst + p * PDP__BF16_NR;
+        __m512i lo = _mm512_maskz_loadu_epi16(m, h + off[2 * p] + c0);
+        __m512i hi = 2 * p + 1 < k ? _mm512_maskz_loadu_epi16(m, h + off[2 * p + 1] + c0)
+                                   : _mm512_setzero_si512();
+        _mm512_storeu_si512((void *)d, _mm512_permutex2var_epi16(lo, i0, hi));
+        _mm512_storeu_si512((void *)(d + 16), _mm512_permutex2var_epi16(lo, i1, hi));
+    }
+}
+
+/* pdp__bf16_convert_emul by vcvtne2ps2bf16 (pdp__bf16_cvt2: the words the avx512 packing
+   makes), 32 floats at a time; the same in-place rule (a block's 32 words go to bytes
+   its own floats or earlier ones held, after they are read). */
+PDP__BF16_TARGET static void pdp__bf16_convert_avx512(const float *x, uint16_t *h, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i += 32) {
+        int64_t left = n - i;
+        __mmask16 mlo = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
+        __mmask16 mhi = (__mmask16)(left >= 32 ? 0xffff : left <= 16 ? 0 : (1u << (left - 16)) - 1);
+        __mmask32 m = (__mmask32)(left >= 32 ? 0xffffffffu : (1u << left) - 1);
+        __m512i w = pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, x + i),
+                                   _mm512_maskz_loadu_ps(mhi, x + i + 16));
+        _mm512_mask_storeu_epi16(h + i, m, w);
+    }
+}
 #endif
 
 /* ---- gemm_bf16: micro-kernels ----
@@ -586,6 +658,9 @@ typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uin
 typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
                                   int64_t r0, int rows, int64_t k, int width, uint32_t *dst);
 
+typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, int64_t c0, int cols,
+                                    int64_t k, uint32_t *dst);
+
 /* ---- gemm_bf16: driver ---- */
 
 typedef struct pdp__bf16_args {
@@ -596,26 +671,34 @@ typedef struct pdp__bf16_args {
     int64_t lda, ldb, ldc;
     const int64_t *arow, *brow; /* storage row r of A (B) at a + arow[r] (b + brow[r]), or
                                    NULL: at a + r lda (b + r ldb) */
+    const uint16_t *bh; /* not NULL: B in bf16 words instead of b (tb PDP_NO_TRANS, brow) */
     float *c;
     pdp__bf16_kernel_fn kernel;
     pdp__bf16_pack_fn pack;
+    pdp__bf16_pack_h_fn pack_h;
     int split_n; /* parts split the NR-column panels (else the MR-row panels) */
 } pdp__bf16_args;
+
+/* op(B)(p, j) as a bf16 word. */
+static uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j)
+{
+    if (g->bh) return g->bh[g->brow[p] + j];
+    return pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->brow,
+                                       g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS, j, p));
+}
 
 /* Element (i, j) of C by the emulated chain, unpacked (the fallback without scratch). */
 static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
 {
     float acc = 0.0f;
     int64_t p;
-    pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS;
     for (p = 0; p < g->k; p += 2) {
         float a0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->arow, g->ta, i, p)));
-        float b0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->brow, tbt, j, p)));
+        float b0 = pdp__bf16_daz(pdp__bf16_bword(g, p, j));
         if (p + 1 < g->k) {
             float a1 = pdp__bf16_daz(
                 pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->arow, g->ta, i, p + 1)));
-            float b1 = pdp__bf16_daz(
-                pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->brow, tbt, j, p + 1)));
+            float b1 = pdp__bf16_daz(pdp__bf16_bword(g, p + 1, j));
             acc = pdp__bf16_ftz_add(acc, a1 * b1);
         } else {
             acc = pdp__bf16_ftz_add(acc, 0.0f);
@@ -650,7 +733,10 @@ static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int
         for (jr = n0; jr < n1; jr += PDP__BF16_NR) {
             int nr = (int)PDP__MIN(PDP__BF16_NR, n1 - jr);
             uint32_t *bj = bp + (jr - n0) * pairs;
-            if (mc == m0) g->pack(g->b, g->ldb, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
+            if (mc == m0 && g->bh)
+                g->pack_h(g->bh, g->brow, jr, nr, g->k, bj);
+            else if (mc == m0)
+                g->pack(g->b, g->ldb, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             for (ir = mc; ir < mend; ir += PDP__BF16_MR)
                 g->kernel(pairs, ap + (ir - mc) * pairs, bj, g->c + ir * g->ldc + jr, g->ldc,
                           (int)PDP__MIN(PDP__BF16_MR, mend - ir), nr, g->alpha, g->beta);
@@ -675,11 +761,12 @@ static void pdp__bf16_part(void *arg, int i, int n)
 }
 
 /* pdp_gemm_bf16_on on an available path (not AUTO) with A's and B's storage rows at
-   a + arow[r], b + brow[r] where the tables are given (pdp__bf16_row). */
+   a + arow[r], b + brow[r] where the tables are given (pdp__bf16_row); B's bf16 words at
+   bh (tb PDP_NO_TRANS, brow) when bh is given. */
 static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
                           int64_t k, float alpha, const float *a, int64_t lda,
-                          const int64_t *arow, const float *b, int64_t ldb, const int64_t *brow,
-                          float beta, float *c, int64_t ldc)
+                          const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
+                          const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
     int threads, parts;
@@ -692,6 +779,7 @@ static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_
     }
     PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
     PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
+    PDP_ASSERT(!bh || (brow && tb == PDP_NO_TRANS));
     g.ta = ta;
     g.tb = tb;
     g.m = m;
@@ -705,15 +793,20 @@ static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_
     g.ldb = ldb;
     g.arow = arow;
     g.brow = brow;
+    g.bh = bh;
     g.c = c;
     g.ldc = ldc;
     g.kernel = pdp__bf16_kernel_emul;
     g.pack = pdp__bf16_pack;
+    g.pack_h = pdp__bf16_pack_h;
 #if PDP__BF16_X86
     if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
     /* the emulation keeps the portable packing; AMX implies AVX512-BF16 on every CPU
        that has it, but is not assumed to */
-    if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_has_avx512) g.pack = pdp__bf16_pack_avx512;
+    if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_has_avx512) {
+        g.pack = pdp__bf16_pack_avx512;
+        g.pack_h = pdp__bf16_pack_h_avx512;
+    }
 #endif
 #if PDP__BF16_AMX
     if (path == PDP_BF16_PATH_AMX) g.kernel = pdp__bf16_kernel_amx;
@@ -736,7 +829,7 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     if (!pdp_bf16_path_available(path))
         return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
                         "this CPU or build", pdp_bf16_path_name(path));
-    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc);
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, lda, NULL, b, NULL, ldb, NULL, beta, c, ldc);
     return PDP_OK;
 }
 
@@ -764,7 +857,7 @@ static void pdp__gemm_bf16_rows(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
 {
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
     PDP_ASSERT(pdp_bf16_path_available(path));
-    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc);
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, lda, NULL, b, NULL, 0, brow, beta, c, ldc);
 }
 
 static void pdp__gemm_bf16_arows(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
@@ -773,5 +866,36 @@ static void pdp__gemm_bf16_arows(pdp_bf16_path path, pdp_trans tb, int64_t m, in
 {
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
     PDP_ASSERT(pdp_bf16_path_available(path));
-    pdp__bf16_run(path, PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc);
+    pdp__bf16_run(path, PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, NULL, ldb, NULL, beta, c,
+                  ldc);
+}
+
+/* pdp__gemm_bf16_rows with B (tb PDP_NO_TRANS) already in bf16 words, op(B)(p, j) =
+   bh[brow[p] + j], as pdp__gemm_bf16_convert on the same path wrote them: the bits of
+   pdp__gemm_bf16_rows on the floats converted, with B's packing two loads and two
+   permutes per 32 columns of a pair (Conv2d converts its padded image once, where the
+   packing would convert each value k k times). */
+static void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, int64_t m, int64_t n,
+                                  int64_t k, float alpha, const float *a, int64_t lda,
+                                  const uint16_t *bh, const int64_t *brow, float beta, float *c,
+                                  int64_t ldc)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    PDP_ASSERT(pdp_bf16_path_available(path));
+    pdp__bf16_run(path, ta, PDP_NO_TRANS, m, n, k, alpha, a, lda, NULL, NULL, bh, 0, brow, beta,
+                  c, ldc);
+}
+
+/* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
+   which may be x's own memory (h == (uint16_t *)x, converted in place to its first half). */
+static void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+#if PDP__BF16_X86
+    if (path != PDP_BF16_PATH_EMULATED && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
+        pdp__bf16_convert_avx512(x, h, n);
+        return;
+    }
+#endif
+    pdp__bf16_convert_emul(x, h, n);
 }

@@ -62,9 +62,11 @@
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
    and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
    AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
-   dW share are pdp__gemm_bf16_rows / _arows (gemm_bf16.c), whose packing rounds the
-   column matrix, dy, W and W' as it reads them through the offset tables (band
-   columns included: no _runs variant), so nothing is rounded in place; only the dW
+   dW share are pdp__gemm_bf16_rows_h / _arows / _rows (gemm_bf16.c), through the offset
+   tables (band columns included: no _runs variant): forward and dx first convert the
+   padded image and the padded dy to bf16 words in place (pdp__gemm_bf16_convert: each
+   value once, not once per kernel tap), the dW share's packing rounds the column
+   matrix and dy as it reads them, and W, W' are rounded as packed; only the dW
    dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
    grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
    kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
@@ -454,10 +456,12 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
         int64_t cols = g->Ho * k.wt;
         int64_t ldo = cols, ldr = k.wt, lds = g->W + g->pad;
         pdp__conv_implicit_load(job, &k, NULL, false);
-        if (job->packed16) /* bf16 on vdpbf16ps: the band columns too */
-            pdp__gemm_bf16_rows(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols,
-                                g->ckk, 1.0f, job->w, g->ckk, k.xp, k.offx, 0.0f, k.grid, cols);
-        else
+        if (job->packed16) { /* bf16 on vdpbf16ps: the image in bf16, in place; the bands too */
+            uint16_t *xh = (uint16_t *)(void *)k.xp;
+            pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
+            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, job->w,
+                                  g->ckk, xh, k.offx, 0.0f, k.grid, cols);
+        } else
 #if defined(PDP__GEMM_RUNS)
         if (g->ckk >= PDP__CONV_RUNS_MIN_K) {
             /* only the samples' columns, not the bands: grid [O, Ho, ns, Wo] */
@@ -543,11 +547,12 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
             continue;
         }
 #endif
-        if (job->packed16)
-            pdp__gemm_bf16_rows(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->C,
-                                g->H * k.wqt, okk, 1.0f, job->wt, okk, k.dyp, k.offdy, 0.0f,
-                                k.grid, g->H * k.wqt);
-        else
+        if (job->packed16) { /* the padded dy in bf16, in place (the dW share is done) */
+            uint16_t *dyh = (uint16_t *)(void *)k.dyp;
+            pdp__gemm_bf16_convert(job->path16, k.dyp, dyh, g->O * g->Hq * k.wqt + g->k);
+            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f,
+                                  job->wt, okk, dyh, k.offdy, 0.0f, k.grid, g->H * k.wqt);
+        } else
             pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f, job->wt,
                             okk, k.dyp, k.offdy, 0.0f, k.grid, g->H * k.wqt);
         for (s = k.s0; s < k.s1; s++)

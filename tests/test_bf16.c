@@ -20,8 +20,9 @@
      fp32 summation of exact products; and against the fp32 inputs,
      + (2^-7 + 2^-16) sum |a b| (bf16 keeps 8 significant bits: rounding moves
      each input by at most 2^-8 of itself).
-   - Gathered operands (gemm_bf16.c's pdp__gemm_bf16_rows / _arows, storage rows through
-     an offset table): on every available path, the bits of pdp_gemm_bf16_on on the
+   - Gathered operands (gemm_bf16.c's pdp__gemm_bf16_rows / _rows_h / _arows, storage
+     rows through an offset table; _rows_h's B converted by pdp__gemm_bf16_convert, in
+     place or not): on every available path, the bits of pdp_gemm_bf16_on on the
      materialised operand, at 1 and 2 threads.
    - Conv2d deep enough for the implicit path's GEMMs (C 16 -> O 32, k 5, 14x14: the dW
      share transposed; C 8 -> O 8, k 3, pad 0: dW as rows, dy apart from the padded dy;
@@ -593,7 +594,8 @@ TEST bf16_model_conv2d_im2col_matches_reference(void)
 
 /* ---- gathered operands ---- */
 
-/* pdp__gemm_bf16_rows (B's storage rows through a table, tb both ways) and
+/* pdp__gemm_bf16_rows (B's storage rows through a table, tb both ways), _rows_h (B in
+   bf16 words from pdp__gemm_bf16_convert, which must give the same words in place) and
    pdp__gemm_bf16_arows (A's) against pdp_gemm_bf16_on on the materialised operand: the
    same bits, on every path this CPU has, at 1 and 2 threads. The storage rows overlap
    and come in no order, as Conv2d's runs of the padded image do. */
@@ -606,6 +608,7 @@ static enum greatest_test_res check_gathered(pdp_bf16_path path, int64_t m, int6
     float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
     float *mat = (float *)malloc(sizeof(float) * (size_t)PDP__MAX(k * n, m * k)); /* gathered */
     float *bsrc = (float *)malloc(sizeof(float) * (size_t)(k * n)); /* arows' B */
+    uint16_t *ph = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(big + rows)); /* pool, bf16 */
     float *c1 = (float *)malloc(sizeof(float) * (size_t)(m * n));
     float *c2 = (float *)malloc(sizeof(float) * (size_t)(m * n));
     int t, v;
@@ -614,7 +617,15 @@ static enum greatest_test_res check_gathered(pdp_bf16_path path, int64_t m, int6
     for (i = 0; i < m * k; i++) a[i] = rnd();
     for (i = 0; i < k * n; i++) bsrc[i] = rnd();
     pdp_set_num_threads(threads);
-    for (v = 0; v < 3; v++)
+    { /* pdp__gemm_bf16_convert in place gives the words it writes elsewhere */
+        float *copy = (float *)malloc(sizeof(float) * (size_t)(big + rows));
+        memcpy(copy, pool, sizeof(float) * (size_t)(big + rows));
+        pdp__gemm_bf16_convert(path, pool, ph, big + rows);
+        pdp__gemm_bf16_convert(path, copy, (uint16_t *)(void *)copy, big + rows);
+        ASSERT_MEM_EQ(ph, copy, sizeof(uint16_t) * (size_t)(big + rows));
+        free(copy);
+    }
+    for (v = 0; v < 4; v++)
         for (t = 0; t < 2; t++) {
             pdp_trans tr = t ? PDP_TRANS : PDP_NO_TRANS;
             for (i = 0; i < m * n; i++) c1[i] = c2[i] = 0.5f;
@@ -633,6 +644,14 @@ static enum greatest_test_res check_gathered(pdp_bf16_path path, int64_t m, int6
                                     tr == PDP_NO_TRANS ? k : m, pool, off, 0.25f, c1, n);
                 ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(path, tr, PDP_TRANS, m, n, k, 1.5f, a,
                                                    tr == PDP_NO_TRANS ? k : m, mat, k, 0.25f,
+                                                   c2, n));
+            } else if (v == 3) { /* rows_h: B k x n in bf16 words (pool converted) */
+                for (i = 0; i < k; i++)
+                    for (j = 0; j < n; j++) mat[i * n + j] = pool[off[i] + j];
+                pdp__gemm_bf16_rows_h(path, tr, m, n, k, 1.5f, a, tr == PDP_NO_TRANS ? k : m, ph,
+                                      off, 0.25f, c1, n);
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(path, tr, PDP_NO_TRANS, m, n, k, 1.5f, a,
+                                                   tr == PDP_NO_TRANS ? k : m, mat, n, 0.25f,
                                                    c2, n));
             } else { /* arows: A m x k gathered; B k x n or n x k (tr) */
                 for (i = 0; i < m; i++)
@@ -654,6 +673,7 @@ static enum greatest_test_res check_gathered(pdp_bf16_path path, int64_t m, int6
     free(a);
     free(mat);
     free(bsrc);
+    free(ph);
     free(c1);
     free(c2);
     PASS();
