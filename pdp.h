@@ -6727,19 +6727,30 @@ static void pdp__bf16_pack(const float *x, int64_t ld, const int64_t *off, pdp_t
                              dst + j / width * pairs * width);
 }
 
-/* Columns [c0, c0 + cols) (cols <= NR) of a B already in bf16 words (k x n, storage row
-   p at h + off[p]) as one NR-column panel: dst[p NR + i] = (h(2p, c0 + i), h(2p + 1,
-   c0 + i)), zero past cols. */
-static void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, int64_t c0, int cols,
-                             int64_t k, uint32_t *dst)
+/* op(X)(r, p) of an operand already in bf16 words, storage row s at h + off[s]. */
+static inline uint32_t pdp__bf16_hat(const uint16_t *h, const int64_t *off, pdp_trans t,
+                                     int64_t r, int64_t p)
+{
+    return t == PDP_NO_TRANS ? h[off[r] + p] : h[off[p] + r];
+}
+
+/* pdp__bf16_pack for an operand already in bf16 words (pdp__gemm_bf16_convert's), its
+   storage rows through off: the same panels, nothing to round. */
+static void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, pdp_trans t, int64_t r0,
+                             int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
-    int i;
-    for (p = 0; p < pairs; p++) {
-        const uint16_t *lo = h + off[2 * p] + c0, *hi = 2 * p + 1 < k ? h + off[2 * p + 1] + c0 : 0;
-        uint32_t *d = dst + p * PDP__BF16_NR;
-        for (i = 0; i < cols; i++) d[i] = lo[i] | (hi ? (uint32_t)hi[i] << 16 : 0u);
-        for (; i < PDP__BF16_NR; i++) d[i] = 0u;
+    int i, j;
+    for (j = 0; j < rows; j += width) {
+        int n = PDP__MIN(width, rows - j);
+        for (p = 0; p < pairs; p++) {
+            uint32_t *d = dst + j / width * pairs * width + p * width;
+            for (i = 0; i < n; i++)
+                d[i] = pdp__bf16_hat(h, off, t, r0 + j + i, 2 * p) |
+                       (2 * p + 1 < k ? pdp__bf16_hat(h, off, t, r0 + j + i, 2 * p + 1) << 16
+                                      : 0u);
+            for (; i < width; i++) d[i] = 0u;
+        }
     }
 }
 
@@ -6843,11 +6854,13 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, con
     }
 }
 
-/* row i of the block: its 32 values from pair p0 as 16 pair words (zero past rows) */
+/* row i of the block: its 32 values from pair p0 as 16 pair words (zero past rows):
+   converted, or from bf16 words (hrow) as they are */
 #  define PDP__BF16_ROWW(i)                                                                   \
-    (i0 + (i) < rows ? pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, row[i] + 2 * p0),             \
-                                      _mm512_maskz_loadu_ps(mhi, row[i] + 2 * p0 + 16))        \
-                     : _mm512_setzero_si512())
+    (i0 + (i) >= rows ? _mm512_setzero_si512()                                                 \
+     : hrow[0]        ? _mm512_maskz_loadu_epi16(mh, hrow[i] + 2 * p0)                          \
+                      : pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, row[i] + 2 * p0),            \
+                                       _mm512_maskz_loadu_ps(mhi, row[i] + 2 * p0 + 16)))
 /* lane L of lo (rows 0-3) and hi (rows 4-7): pair 4L + q, stored if below np */
 #  define PDP__BF16_PUT4(q, L, lo, hi)                                                        \
     do {                                                                                       \
@@ -6883,12 +6896,13 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, con
     } while (0)
 
 /* pdp__bf16_pack for an operand whose rows run along k (t == PDP_NO_TRANS): blocks of 8
-   rows x 16 pairs converted row by row and transposed in registers. A block of 16
-   whole pairs in a panel of width 8 is stored as 8 zmm of two pair rows each; the
-   others lane by lane. */
-PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld,
-                                                    const int64_t *off, int64_t r0, int rows,
-                                                    int64_t k, int width, uint32_t *dst)
+   rows x 16 pairs converted row by row (or, from bf16 words h, loaded: a pair is two
+   adjacent words) and transposed in registers. A block of 16 whole pairs in a panel of
+   width 8 is stored as 8 zmm of two pair rows each; the others lane by lane. Inlined
+   with x or h NULL. */
+PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pack_k_core(
+    const float *x, const uint16_t *h, int64_t ld, const int64_t *off, int64_t r0, int rows,
+    int64_t k, int width, uint32_t *dst)
 {
     /* qword indices: lanes L = 0, 1 (2, 3) of the first source interleaved with the second's;
        then lanes 0 of v and w, 1 of v and w (iv0), and 2, 3 (iv1) */
@@ -6899,15 +6913,20 @@ PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld,
     int64_t p0, pairs = (k + 1) / 2;
     int i0, i;
     for (i0 = 0; i0 < width; i0 += 8) {
-        const float *row[8]; /* the block's rows (past rows: unread) */
-        for (i = 0; i < 8; i++)
-            row[i] = i0 + i < rows ? pdp__bf16_row(x, ld, off, r0 + i0 + i) : x;
+        const float *row[8];     /* the block's rows (past rows: unread) */
+        const uint16_t *hrow[8]; /* or its rows of bf16 words (hrow[0] NULL: none) */
+        for (i = 0; i < 8; i++) {
+            int in = i0 + i < rows;
+            row[i] = x && in ? pdp__bf16_row(x, ld, off, r0 + i0 + i) : x;
+            hrow[i] = h ? h + (in ? off[r0 + i0 + i] : off[r0]) : NULL;
+        }
         for (p0 = 0; p0 < pairs; p0 += 16) {
             int64_t vals = k - 2 * p0;
             int np = (int)PDP__MIN((int64_t)16, pairs - p0);
             __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
             __mmask16 mhi =
                 (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
+            __mmask32 mh = (__mmask32)(vals >= 32 ? 0xffffffffu : (1u << vals) - 1);
             __m512i w0, w1, w2, w3, w4, w5, w6, w7, t0, t1, t2, t3, t4, t5, t6, t7;
             __m512i l0, l1, l2, l3, h0, h1, h2, h3;
             uint32_t *d = dst + p0 * width + i0;
@@ -6935,6 +6954,20 @@ PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld,
     }
 }
 #  undef PDP__BF16_FULL2
+
+PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld,
+                                                    const int64_t *off, int64_t r0, int rows,
+                                                    int64_t k, int width, uint32_t *dst)
+{
+    pdp__bf16_pack_k_core(x, NULL, ld, off, r0, rows, k, width, dst);
+}
+
+PDP__BF16_TARGET static void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
+                                                      int64_t r0, int rows, int64_t k, int width,
+                                                      uint32_t *dst)
+{
+    pdp__bf16_pack_k_core(NULL, h, 0, off, r0, rows, k, width, dst);
+}
 #  undef PDP__BF16_ROWW
 #  undef PDP__BF16_PUT
 #  undef PDP__BF16_PUT4
@@ -6956,11 +6989,12 @@ PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld,
                                dst + j / width * pairs * width);
 }
 
-/* pdp__bf16_pack_h, 32 columns of a pair at a time: two loads of 32 words, interleaved
-   by two vpermt2w. */
-PDP__BF16_TARGET static void pdp__bf16_pack_h_avx512(const uint16_t *h, const int64_t *off,
-                                                     int64_t c0, int cols, int64_t k,
-                                                     uint32_t *dst)
+/* pdp__bf16_pack_h of t == PDP_TRANS into one NR-column panel (cols <= NR = 32 rows of
+   op(X) from c0), 32 columns of a pair at a time: two loads of 32 words, interleaved by
+   two vpermt2w. */
+PDP__BF16_TARGET static void pdp__bf16_pack_h_cols(const uint16_t *h, const int64_t *off,
+                                                   int64_t c0, int cols, int64_t k,
+                                                   uint32_t *dst)
 {
     /* word i of the first (second) half: lo[i] | hi[i] << 16 (lo[16 + i] | hi[16 + i] << 16) */
     const __m512i i0 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
@@ -6979,6 +7013,28 @@ PDP__BF16_TARGET static void pdp__bf16_pack_h_avx512(const uint16_t *h, const in
         _mm512_storeu_si512((void *)d, _mm512_permutex2var_epi16(lo, i0, hi));
         _mm512_storeu_si512((void *)(d + 16), _mm512_permutex2var_epi16(lo, i1, hi));
     }
+}
+
+/* pdp__bf16_pack_h with AVX512: the same words. */
+PDP__BF16_TARGET static void pdp__bf16_pack_h_avx512(const uint16_t *h, const int64_t *off,
+                                                     pdp_trans t, int64_t r0, int rows,
+                                                     int64_t k, int width, uint32_t *dst)
+{
+    int64_t pairs = (k + 1) / 2;
+    int j;
+    if (t == PDP_TRANS && width == PDP__BF16_NR) {
+        for (j = 0; j < rows; j += width)
+            pdp__bf16_pack_h_cols(h, off, r0 + j, PDP__MIN(width, rows - j), k,
+                                  dst + j / width * pairs * width);
+        return;
+    }
+    if (t == PDP_TRANS) {
+        pdp__bf16_pack_h(h, off, t, r0, rows, k, width, dst);
+        return;
+    }
+    for (j = 0; j < rows; j += width)
+        pdp__bf16_pack_k_panel_h(h, off, r0 + j, PDP__MIN(width, rows - j), k, width,
+                                 dst + j / width * pairs * width);
 }
 
 /* pdp__bf16_convert_emul by vcvtne2ps2bf16 (pdp__bf16_cvt2: the words the avx512 packing
@@ -7166,8 +7222,8 @@ typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uin
 typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
                                   int64_t r0, int rows, int64_t k, int width, uint32_t *dst);
 
-typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, int64_t c0, int cols,
-                                    int64_t k, uint32_t *dst);
+typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, pdp_trans t,
+                                    int64_t r0, int rows, int64_t k, int width, uint32_t *dst);
 
 /* ---- gemm_bf16: driver ---- */
 
@@ -7179,7 +7235,8 @@ typedef struct pdp__bf16_args {
     int64_t lda, ldb, ldc;
     const int64_t *arow, *brow; /* storage row r of A (B) at a + arow[r] (b + brow[r]), or
                                    NULL: at a + r lda (b + r ldb) */
-    const uint16_t *bh; /* not NULL: B in bf16 words instead of b (tb PDP_NO_TRANS, brow) */
+    const uint16_t *ah, *bh; /* not NULL: A (B) in bf16 words instead of a (b), rows
+                                through arow (brow) */
     float *c;
     pdp__bf16_kernel_fn kernel;
     pdp__bf16_pack_fn pack;
@@ -7187,12 +7244,17 @@ typedef struct pdp__bf16_args {
     int split_n; /* parts split the NR-column panels (else the MR-row panels) */
 } pdp__bf16_args;
 
-/* op(B)(p, j) as a bf16 word. */
+/* op(A)(i, p) and op(B)(p, j) as bf16 words. */
+static uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p)
+{
+    if (g->ah) return (uint16_t)pdp__bf16_hat(g->ah, g->arow, g->ta, i, p);
+    return pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->arow, g->ta, i, p));
+}
 static uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j)
 {
-    if (g->bh) return g->bh[g->brow[p] + j];
-    return pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->brow,
-                                       g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS, j, p));
+    pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS;
+    if (g->bh) return (uint16_t)pdp__bf16_hat(g->bh, g->brow, tbt, j, p);
+    return pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->brow, tbt, j, p));
 }
 
 /* Element (i, j) of C by the emulated chain, unpacked (the fallback without scratch). */
@@ -7201,11 +7263,10 @@ static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
     float acc = 0.0f;
     int64_t p;
     for (p = 0; p < g->k; p += 2) {
-        float a0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->arow, g->ta, i, p)));
+        float a0 = pdp__bf16_daz(pdp__bf16_aword(g, i, p));
         float b0 = pdp__bf16_daz(pdp__bf16_bword(g, p, j));
         if (p + 1 < g->k) {
-            float a1 = pdp__bf16_daz(
-                pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->arow, g->ta, i, p + 1)));
+            float a1 = pdp__bf16_daz(pdp__bf16_aword(g, i, p + 1));
             float b1 = pdp__bf16_daz(pdp__bf16_bword(g, p + 1, j));
             acc = pdp__bf16_ftz_add(acc, a1 * b1);
         } else {
@@ -7237,12 +7298,15 @@ static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int
     bp = ap + (size_t)pairs * (size_t)arows;
     for (mc = m0; mc < m1; mc += PDP__BF16_MC) {
         int64_t mend = PDP__MIN(m1, mc + PDP__BF16_MC);
-        g->pack(g->a, g->lda, g->arow, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
+        if (g->ah)
+            g->pack_h(g->ah, g->arow, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
+        else
+            g->pack(g->a, g->lda, g->arow, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
         for (jr = n0; jr < n1; jr += PDP__BF16_NR) {
             int nr = (int)PDP__MIN(PDP__BF16_NR, n1 - jr);
             uint32_t *bj = bp + (jr - n0) * pairs;
             if (mc == m0 && g->bh)
-                g->pack_h(g->bh, g->brow, jr, nr, g->k, bj);
+                g->pack_h(g->bh, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             else if (mc == m0)
                 g->pack(g->b, g->ldb, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             for (ir = mc; ir < mend; ir += PDP__BF16_MR)
@@ -7269,10 +7333,10 @@ static void pdp__bf16_part(void *arg, int i, int n)
 }
 
 /* pdp_gemm_bf16_on on an available path (not AUTO) with A's and B's storage rows at
-   a + arow[r], b + brow[r] where the tables are given (pdp__bf16_row); B's bf16 words at
-   bh (tb PDP_NO_TRANS, brow) when bh is given. */
+   a + arow[r], b + brow[r] where the tables are given (pdp__bf16_row); A's (B's) bf16
+   words at ah (bh) when given, rows through arow (brow). */
 static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
-                          int64_t k, float alpha, const float *a, int64_t lda,
+                          int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
                           const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
                           const int64_t *brow, float beta, float *c, int64_t ldc)
 {
@@ -7287,7 +7351,7 @@ static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_
     }
     PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
     PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
-    PDP_ASSERT(!bh || (brow && tb == PDP_NO_TRANS));
+    PDP_ASSERT((!ah || arow) && (!bh || brow));
     g.ta = ta;
     g.tb = tb;
     g.m = m;
@@ -7301,6 +7365,7 @@ static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_
     g.ldb = ldb;
     g.arow = arow;
     g.brow = brow;
+    g.ah = ah;
     g.bh = bh;
     g.c = c;
     g.ldc = ldc;
@@ -7337,7 +7402,8 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     if (!pdp_bf16_path_available(path))
         return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
                         "this CPU or build", pdp_bf16_path_name(path));
-    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, lda, NULL, b, NULL, ldb, NULL, beta, c, ldc);
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, c,
+                  ldc);
     return PDP_OK;
 }
 
@@ -7365,7 +7431,8 @@ static void pdp__gemm_bf16_rows(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
 {
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
     PDP_ASSERT(pdp_bf16_path_available(path));
-    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, lda, NULL, b, NULL, 0, brow, beta, c, ldc);
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, 0, brow, beta, c,
+                  ldc);
 }
 
 static void pdp__gemm_bf16_arows(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
@@ -7374,24 +7441,37 @@ static void pdp__gemm_bf16_arows(pdp_bf16_path path, pdp_trans tb, int64_t m, in
 {
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
     PDP_ASSERT(pdp_bf16_path_available(path));
-    pdp__bf16_run(path, PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, NULL, ldb, NULL, beta, c,
-                  ldc);
+    pdp__bf16_run(path, PDP_NO_TRANS, tb, m, n, k, alpha, a, NULL, 0, arow, b, NULL, ldb, NULL,
+                  beta, c, ldc);
 }
 
-/* pdp__gemm_bf16_rows with B (tb PDP_NO_TRANS) already in bf16 words, op(B)(p, j) =
-   bh[brow[p] + j], as pdp__gemm_bf16_convert on the same path wrote them: the bits of
-   pdp__gemm_bf16_rows on the floats converted, with B's packing two loads and two
-   permutes per 32 columns of a pair (Conv2d converts its padded image once, where the
-   packing would convert each value k k times). */
-static void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, int64_t m, int64_t n,
-                                  int64_t k, float alpha, const float *a, int64_t lda,
+/* pdp__gemm_bf16_rows and _arows with the gathered operand already in bf16 words, as
+   pdp__gemm_bf16_convert on the same path wrote them: rows_h op(B)(p, j) = bh[brow[p] +
+   j] (tb PDP_NO_TRANS) or bh[brow[j] + p]; arows_h A(i, p) = ah[arow[i] + p]. The bits
+   of pdp__gemm_bf16_rows / _arows on the floats converted, with nothing to convert in
+   the packing (Conv2d converts its padded image once, where the packing would convert
+   each value k k times): a pair is two loads and two vpermt2w per 32 columns, or two
+   adjacent words. */
+static void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                  int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                                   const uint16_t *bh, const int64_t *brow, float beta, float *c,
                                   int64_t ldc)
 {
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
     PDP_ASSERT(pdp_bf16_path_available(path));
-    pdp__bf16_run(path, ta, PDP_NO_TRANS, m, n, k, alpha, a, lda, NULL, NULL, bh, 0, brow, beta,
-                  c, ldc);
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh, 0, brow, beta, c,
+                  ldc);
+}
+
+static void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
+                                   int64_t k, float alpha, const uint16_t *ah,
+                                   const int64_t *arow, const float *b, int64_t ldb, float beta,
+                                   float *c, int64_t ldc)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    PDP_ASSERT(pdp_bf16_path_available(path));
+    pdp__bf16_run(path, PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow, b, NULL, ldb, NULL,
+                  beta, c, ldc);
 }
 
 /* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
@@ -11411,11 +11491,11 @@ static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__lay
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
    and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
    AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
-   dW share are pdp__gemm_bf16_rows_h / _arows / _rows (gemm_bf16.c), through the offset
-   tables (band columns included: no _runs variant): forward and dx first convert the
-   padded image and the padded dy to bf16 words in place (pdp__gemm_bf16_convert: each
-   value once, not once per kernel tap), the dW share's packing rounds the column
-   matrix and dy as it reads them, and W, W' are rounded as packed; only the dW
+   dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
+   tables (band columns included: no _runs variant), on the padded image and padded dy
+   first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
+   not once per kernel tap; the padded dy after the dW share, which reads it as floats
+   in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
    dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
    grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
    kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
@@ -11808,8 +11888,8 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
         if (job->packed16) { /* bf16 on vdpbf16ps: the image in bf16, in place; the bands too */
             uint16_t *xh = (uint16_t *)(void *)k.xp;
             pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
-            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, job->w,
-                                  g->ckk, xh, k.offx, 0.0f, k.grid, cols);
+            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk,
+                                  1.0f, job->w, g->ckk, xh, k.offx, 0.0f, k.grid, cols);
         } else
 #if defined(PDP__GEMM_RUNS)
         if (g->ckk >= PDP__CONV_RUNS_MIN_K) {
@@ -11870,12 +11950,17 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         }
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
-        else if (job->packed16 && g->dw_t)
-            pdp__gemm_bf16_arows(job->path16, PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp,
-                                 k.offx, grid, ldg, 0.0f, k.share, g->O);
-        else if (job->packed16)
-            pdp__gemm_bf16_rows(job->path16, PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols,
-                                1.0f, grid, ldg, k.xp, k.offx, 0.0f, k.share, g->ckk);
+        else if (job->packed16) { /* the image in bf16, in place: the column matrix's pairs
+                                     are adjacent words */
+            uint16_t *xh = (uint16_t *)(void *)k.xp;
+            pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
+            if (g->dw_t)
+                pdp__gemm_bf16_arows_h(job->path16, PDP_TRANS, g->ckk, g->O, cols, 1.0f, xh,
+                                       k.offx, grid, ldg, 0.0f, k.share, g->O);
+            else
+                pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols,
+                                      1.0f, grid, ldg, xh, k.offx, 0.0f, k.share, g->ckk);
+        }
         else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
             pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
                              k.share, g->O);
@@ -11899,8 +11984,9 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         if (job->packed16) { /* the padded dy in bf16, in place (the dW share is done) */
             uint16_t *dyh = (uint16_t *)(void *)k.dyp;
             pdp__gemm_bf16_convert(job->path16, k.dyp, dyh, g->O * g->Hq * k.wqt + g->k);
-            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f,
-                                  job->wt, okk, dyh, k.offdy, 0.0f, k.grid, g->H * k.wqt);
+            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt,
+                                  okk, 1.0f, job->wt, okk, dyh, k.offdy, 0.0f, k.grid,
+                                  g->H * k.wqt);
         } else
             pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f, job->wt,
                             okk, k.dyp, k.offdy, 0.0f, k.grid, g->H * k.wqt);

@@ -62,11 +62,11 @@
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
    and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
    AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
-   dW share are pdp__gemm_bf16_rows_h / _arows / _rows (gemm_bf16.c), through the offset
-   tables (band columns included: no _runs variant): forward and dx first convert the
-   padded image and the padded dy to bf16 words in place (pdp__gemm_bf16_convert: each
-   value once, not once per kernel tap), the dW share's packing rounds the column
-   matrix and dy as it reads them, and W, W' are rounded as packed; only the dW
+   dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
+   tables (band columns included: no _runs variant), on the padded image and padded dy
+   first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
+   not once per kernel tap; the padded dy after the dW share, which reads it as floats
+   in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
    dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
    grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
    kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
@@ -459,8 +459,8 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
         if (job->packed16) { /* bf16 on vdpbf16ps: the image in bf16, in place; the bands too */
             uint16_t *xh = (uint16_t *)(void *)k.xp;
             pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
-            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, job->w,
-                                  g->ckk, xh, k.offx, 0.0f, k.grid, cols);
+            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk,
+                                  1.0f, job->w, g->ckk, xh, k.offx, 0.0f, k.grid, cols);
         } else
 #if defined(PDP__GEMM_RUNS)
         if (g->ckk >= PDP__CONV_RUNS_MIN_K) {
@@ -521,12 +521,17 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         }
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
-        else if (job->packed16 && g->dw_t)
-            pdp__gemm_bf16_arows(job->path16, PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp,
-                                 k.offx, grid, ldg, 0.0f, k.share, g->O);
-        else if (job->packed16)
-            pdp__gemm_bf16_rows(job->path16, PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols,
-                                1.0f, grid, ldg, k.xp, k.offx, 0.0f, k.share, g->ckk);
+        else if (job->packed16) { /* the image in bf16, in place: the column matrix's pairs
+                                     are adjacent words */
+            uint16_t *xh = (uint16_t *)(void *)k.xp;
+            pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
+            if (g->dw_t)
+                pdp__gemm_bf16_arows_h(job->path16, PDP_TRANS, g->ckk, g->O, cols, 1.0f, xh,
+                                       k.offx, grid, ldg, 0.0f, k.share, g->O);
+            else
+                pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols,
+                                      1.0f, grid, ldg, xh, k.offx, 0.0f, k.share, g->ckk);
+        }
         else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
             pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
                              k.share, g->O);
@@ -550,8 +555,9 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         if (job->packed16) { /* the padded dy in bf16, in place (the dW share is done) */
             uint16_t *dyh = (uint16_t *)(void *)k.dyp;
             pdp__gemm_bf16_convert(job->path16, k.dyp, dyh, g->O * g->Hq * k.wqt + g->k);
-            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f,
-                                  job->wt, okk, dyh, k.offdy, 0.0f, k.grid, g->H * k.wqt);
+            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt,
+                                  okk, 1.0f, job->wt, okk, dyh, k.offdy, 0.0f, k.grid,
+                                  g->H * k.wqt);
         } else
             pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f, job->wt,
                             okk, k.dyp, k.offdy, 0.0f, k.grid, g->H * k.wqt);
