@@ -835,6 +835,7 @@ static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_
     pdp__bf16_args g;
     int threads, parts;
     int64_t npan, mpan;
+    (void)path; /* PDP_NO_SIMD: one path */
     if (m <= 0 || n <= 0) return;
     PDP_ASSERT(ldc >= n);
     if (k <= 0 || alpha == 0.0f) {

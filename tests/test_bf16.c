@@ -24,9 +24,9 @@
      storage rows through an offset table; the _h forms' operand converted by
      pdp__gemm_bf16_convert, in place or not): on every available path, the bits of pdp_gemm_bf16_on on the
      materialised operand, at 1 and 2 threads.
-   - Conv2d deep enough for the implicit path's GEMMs (C 16 -> O 32, k 5, 14x14: the dW
-     share transposed; C 8 -> O 8, k 3, pad 0: dW as rows, dy apart from the padded dy;
-     C 1 -> O 16: the dW dot products), on the best path and forced onto the emulated
+   - Conv2d deep enough for the implicit path's GEMMs (C 16 -> O 32, k 5, 14x14 and
+     C 15 -> O 32: the dW share transposed; C 8 -> O 8, k 3, pad 0: dW as rows, dy apart
+     from the padded dy; C 1 -> O 16: the dW dot products), on the best path and forced onto the emulated
      one: y, dW, db and dX (the model's input gradient) against double sums of the
      bf16-rounded inputs within (terms + 2) 2^-24 sum |products| (+ chunks), and the
      same bits at 1 and 2 threads.
@@ -869,10 +869,13 @@ static int same_bits(const float *a, const float *b, int64_t n)
 
 TEST bf16_model_conv2d_implicit_gemms_match_reference(void)
 {
-    /* C, O, K, pad, H, N: the dW share transposed (arows), as rows with dy apart from the
-       padded dy (pad 0: not a "same" convolution), as dot products; two chunks */
-    static const int64_t cases[][6] = {{16, 32, 5, 2, 14, 3}, {8, 8, 3, 0, 11, 3},
-                                       {1, 16, 5, 2, 12, 3},  {16, 32, 5, 2, 14, 11}};
+    /* C, O, K, pad, H, N: the CNN's second layer (dW transposed with the AVX-512 fp32
+       tiles), C k k = 375 (transposed with every fp32 kernel's tiles), as rows with dy
+       apart from the padded dy (pad 0: not a "same" convolution), as dot products; two
+       chunks */
+    static const int64_t cases[][6] = {{16, 32, 5, 2, 14, 3}, {15, 32, 5, 2, 9, 3},
+                                       {8, 8, 3, 0, 11, 3},   {1, 16, 5, 2, 12, 3},
+                                       {16, 32, 5, 2, 14, 11}};
     int paths[2], np = 0, p, s, seen_t = 0, seen_rows = 0, seen_dots = 0;
     paths[np++] = 0; /* the best path */
     if (pdp_bf16_best_path() != PDP_BF16_PATH_EMULATED) paths[np++] = PDP_BF16_PATH_EMULATED;
