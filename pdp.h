@@ -6524,6 +6524,13 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
    but where a subnormal input becomes a zero or a subnormal bf16, read as zero by every
    kernel (the corner where they differ otherwise is handled: pdp__bf16_cvt2).
 
+   Gathered operands (Conv2d's implicit GEMM, section "gathered operands"): an operand's
+   storage rows may sit anywhere, row s at x + off[s] (an offset table, as gemm.c's
+   pdp__sgemm_rows), and may be given as bf16 words already (pdp__gemm_bf16_convert,
+   which writes the words the path's packing would make, in place if asked): the
+   packing then reads them through the table and, for words, converts nothing; the
+   panels, and so the bits, are those of the materialised operand.
+
    Invariants:
    - One arithmetic on every path (gemm.h states it): per element of C one chain of
      fp32 sums over the pairs, in order, from 0, flushing subnormals (DAZ/FTZ, as
@@ -6635,8 +6642,8 @@ static void pdp__bf16_detect(void)
     if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
-    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (b7 & (1u << 17)) &&
-                           (b7 & (1u << 30)) &&
+    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) &&
+                           (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
                            (a71 & (1u << 5)); /* AVX512F, AVX512DQ, AVX512BW, AVX512-BF16 */
 #  if PDP__BF16_AMX
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
@@ -6887,12 +6894,12 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, con
     do {                                                                                       \
         __m512i v = _mm512_permutex2var_epi64(lo0, i01, lo1);                                  \
         __m512i w = _mm512_permutex2var_epi64(hi0, i01, hi1);                                  \
-        _mm512_storeu_si512((void *)(d + (q) * 8), _mm512_permutex2var_epi64(v, iv0, w));      \
-        _mm512_storeu_si512((void *)(d + (4 + (q)) * 8), _mm512_permutex2var_epi64(v, iv1, w));\
+        _mm512_storeu_si512((void *)(d + (q) * 8), _mm512_permutex2var_epi64(v, i01, w));      \
+        _mm512_storeu_si512((void *)(d + (q + 4) * 8), _mm512_permutex2var_epi64(v, i23, w));  \
         v = _mm512_permutex2var_epi64(lo0, i23, lo1);                                          \
         w = _mm512_permutex2var_epi64(hi0, i23, hi1);                                          \
-        _mm512_storeu_si512((void *)(d + (8 + (q)) * 8), _mm512_permutex2var_epi64(v, iv0, w));\
-        _mm512_storeu_si512((void *)(d + (12 + (q)) * 8), _mm512_permutex2var_epi64(v, iv1, w));\
+        _mm512_storeu_si512((void *)(d + (q + 8) * 8), _mm512_permutex2var_epi64(v, i01, w));  \
+        _mm512_storeu_si512((void *)(d + (q + 12) * 8), _mm512_permutex2var_epi64(v, i23, w)); \
     } while (0)
 
 /* pdp__bf16_pack for an operand whose rows run along k (t == PDP_NO_TRANS): blocks of 8
@@ -6904,12 +6911,10 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
     const float *x, const uint16_t *h, int64_t ld, const int64_t *off, int64_t r0, int rows,
     int64_t k, int width, uint32_t *dst)
 {
-    /* qword indices: lanes L = 0, 1 (2, 3) of the first source interleaved with the second's;
-       then lanes 0 of v and w, 1 of v and w (iv0), and 2, 3 (iv1) */
+    /* qword indices of vpermt2q: 128-bit lanes 0, 1 (i01) or 2, 3 (i23) of the first
+       source interleaved with the same lanes of the second */
     const __m512i i01 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
     const __m512i i23 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
-    const __m512i iv0 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
-    const __m512i iv1 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
     int64_t p0, pairs = (k + 1) / 2;
     int i0, i;
     for (i0 = 0; i0 < width; i0 += 8) {
@@ -11773,7 +11778,7 @@ typedef struct pdp__conv_job {
                          the emulated path its rounding in the fixed region) */
     pdp_bf16_path path16; /* bf16: PDP__CONV_BF16_PATH() */
     int packed16;     /* implicit bf16 on AVX512-BF16 or AMX: the products are
-                         pdp__gemm_bf16_rows / _arows, which round as they pack */
+                         pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
 /* bf16: p[0, n) rounded in place, pdp__bf16_round's bits (src/math.h) in integer
@@ -11886,7 +11891,7 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
         int64_t cols = g->Ho * k.wt;
         int64_t ldo = cols, ldr = k.wt, lds = g->W + g->pad;
         pdp__conv_implicit_load(job, &k, NULL, false);
-        if (job->packed16) { /* bf16 on vdpbf16ps: the image in bf16, in place; the bands too */
+        if (job->packed16) { /* the image in bf16 words, in place; the bands computed too */
             uint16_t *xh = (uint16_t *)(void *)k.xp;
             pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
             pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk,
@@ -11961,8 +11966,7 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
             else
                 pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols,
                                       1.0f, grid, ldg, xh, k.offx, 0.0f, k.share, g->ckk);
-        }
-        else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
+        } else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
             pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
                              k.share, g->O);
         else

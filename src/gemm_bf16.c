@@ -16,6 +16,13 @@
    but where a subnormal input becomes a zero or a subnormal bf16, read as zero by every
    kernel (the corner where they differ otherwise is handled: pdp__bf16_cvt2).
 
+   Gathered operands (Conv2d's implicit GEMM, section "gathered operands"): an operand's
+   storage rows may sit anywhere, row s at x + off[s] (an offset table, as gemm.c's
+   pdp__sgemm_rows), and may be given as bf16 words already (pdp__gemm_bf16_convert,
+   which writes the words the path's packing would make, in place if asked): the
+   packing then reads them through the table and, for words, converts nothing; the
+   panels, and so the bits, are those of the materialised operand.
+
    Invariants:
    - One arithmetic on every path (gemm.h states it): per element of C one chain of
      fp32 sums over the pairs, in order, from 0, flushing subnormals (DAZ/FTZ, as
@@ -127,8 +134,8 @@ static void pdp__bf16_detect(void)
     if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
-    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (b7 & (1u << 17)) &&
-                           (b7 & (1u << 30)) &&
+    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) &&
+                           (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
                            (a71 & (1u << 5)); /* AVX512F, AVX512DQ, AVX512BW, AVX512-BF16 */
 #  if PDP__BF16_AMX
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
@@ -379,12 +386,12 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, con
     do {                                                                                       \
         __m512i v = _mm512_permutex2var_epi64(lo0, i01, lo1);                                  \
         __m512i w = _mm512_permutex2var_epi64(hi0, i01, hi1);                                  \
-        _mm512_storeu_si512((void *)(d + (q) * 8), _mm512_permutex2var_epi64(v, iv0, w));      \
-        _mm512_storeu_si512((void *)(d + (4 + (q)) * 8), _mm512_permutex2var_epi64(v, iv1, w));\
+        _mm512_storeu_si512((void *)(d + (q) * 8), _mm512_permutex2var_epi64(v, i01, w));      \
+        _mm512_storeu_si512((void *)(d + (q + 4) * 8), _mm512_permutex2var_epi64(v, i23, w));  \
         v = _mm512_permutex2var_epi64(lo0, i23, lo1);                                          \
         w = _mm512_permutex2var_epi64(hi0, i23, hi1);                                          \
-        _mm512_storeu_si512((void *)(d + (8 + (q)) * 8), _mm512_permutex2var_epi64(v, iv0, w));\
-        _mm512_storeu_si512((void *)(d + (12 + (q)) * 8), _mm512_permutex2var_epi64(v, iv1, w));\
+        _mm512_storeu_si512((void *)(d + (q + 8) * 8), _mm512_permutex2var_epi64(v, i01, w));  \
+        _mm512_storeu_si512((void *)(d + (q + 12) * 8), _mm512_permutex2var_epi64(v, i23, w)); \
     } while (0)
 
 /* pdp__bf16_pack for an operand whose rows run along k (t == PDP_NO_TRANS): blocks of 8
@@ -396,12 +403,10 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
     const float *x, const uint16_t *h, int64_t ld, const int64_t *off, int64_t r0, int rows,
     int64_t k, int width, uint32_t *dst)
 {
-    /* qword indices: lanes L = 0, 1 (2, 3) of the first source interleaved with the second's;
-       then lanes 0 of v and w, 1 of v and w (iv0), and 2, 3 (iv1) */
+    /* qword indices of vpermt2q: 128-bit lanes 0, 1 (i01) or 2, 3 (i23) of the first
+       source interleaved with the same lanes of the second */
     const __m512i i01 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
     const __m512i i23 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
-    const __m512i iv0 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
-    const __m512i iv1 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
     int64_t p0, pairs = (k + 1) / 2;
     int i0, i;
     for (i0 = 0; i0 < width; i0 += 8) {

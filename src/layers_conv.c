@@ -343,7 +343,7 @@ typedef struct pdp__conv_job {
                          the emulated path its rounding in the fixed region) */
     pdp_bf16_path path16; /* bf16: PDP__CONV_BF16_PATH() */
     int packed16;     /* implicit bf16 on AVX512-BF16 or AMX: the products are
-                         pdp__gemm_bf16_rows / _arows, which round as they pack */
+                         pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
 /* bf16: p[0, n) rounded in place, pdp__bf16_round's bits (src/math.h) in integer
@@ -456,7 +456,7 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
         int64_t cols = g->Ho * k.wt;
         int64_t ldo = cols, ldr = k.wt, lds = g->W + g->pad;
         pdp__conv_implicit_load(job, &k, NULL, false);
-        if (job->packed16) { /* bf16 on vdpbf16ps: the image in bf16, in place; the bands too */
+        if (job->packed16) { /* the image in bf16 words, in place; the bands computed too */
             uint16_t *xh = (uint16_t *)(void *)k.xp;
             pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
             pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk,
@@ -531,8 +531,7 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
             else
                 pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols,
                                       1.0f, grid, ldg, xh, k.offx, 0.0f, k.share, g->ckk);
-        }
-        else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
+        } else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
             pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
                              k.share, g->O);
         else

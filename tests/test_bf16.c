@@ -20,16 +20,17 @@
      fp32 summation of exact products; and against the fp32 inputs,
      + (2^-7 + 2^-16) sum |a b| (bf16 keeps 8 significant bits: rounding moves
      each input by at most 2^-8 of itself).
-   - Gathered operands (gemm_bf16.c's pdp__gemm_bf16_rows / _arows / _rows_h / _arows_h,
-     storage rows through an offset table; the _h forms' operand converted by
-     pdp__gemm_bf16_convert, in place or not): on every available path, the bits of pdp_gemm_bf16_on on the
-     materialised operand, at 1 and 2 threads.
+   - Gathered operands (gemm_bf16.c's pdp__gemm_bf16_rows / _arows / _rows_h /
+     _arows_h, storage rows through an offset table; the _h forms' operand converted by
+     pdp__gemm_bf16_convert, in place or not): on every available path, the bits of
+     pdp_gemm_bf16_on on the materialised operand, at 1 and 2 threads.
    - Conv2d deep enough for the implicit path's GEMMs (C 16 -> O 32, k 5, 14x14 and
-     C 15 -> O 32: the dW share transposed; C 8 -> O 8, k 3, pad 0: dW as rows, dy apart
-     from the padded dy; C 1 -> O 16: the dW dot products), on the best path and forced onto the emulated
-     one: y, dW, db and dX (the model's input gradient) against double sums of the
-     bf16-rounded inputs within (terms + 2) 2^-24 sum |products| (+ chunks), and the
-     same bits at 1 and 2 threads.
+     C 15 -> O 32: the dW share transposed; C 8 -> O 8, k 3, pad 0: dW as rows, dy
+     apart from the padded dy; C 1 -> O 16: the dW dot products), on the best path and
+     forced onto the emulated one (layers_conv.c's PDP__CONV_BF16_PATH): y, dW, db and
+     dX (the model's input gradient) against double sums of the bf16-rounded inputs
+     within (terms + 2) 2^-24 sum |products| (+ chunks), and the same bits at 1 and 2
+     threads.
    - The model switch: a bf16 Linear model's forward and backward equal the same
      GEMMs called by hand through pdp_gemm_bf16 (bit for bit), and switching back to
      fp32 gives the fp32 bits again; errors name the function; a CUDA model may be bf16
