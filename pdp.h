@@ -6533,6 +6533,13 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
    but where a subnormal input becomes a zero or a subnormal bf16, read as zero by every
    kernel (the corner where they differ otherwise is handled: pdp__bf16_cvt2).
 
+   Gathered operands (Conv2d's implicit GEMM, section "gathered operands"): an operand's
+   storage rows may sit anywhere, row s at x + off[s] (an offset table, as gemm.c's
+   pdp__sgemm_rows), and may be given as bf16 words already (pdp__gemm_bf16_convert,
+   which writes the words the path's packing would make, in place if asked): the
+   packing then reads them through the table and, for words, converts nothing; the
+   panels, and so the bits, are those of the materialised operand.
+
    Invariants:
    - One arithmetic on every path (gemm.h states it): per element of C one chain of
      fp32 sums over the pairs, in order, from 0, flushing subnormals (DAZ/FTZ, as
@@ -6540,8 +6547,8 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
      the bits do not depend on the thread count or on how the parts are cut; the
      emulated path gives the AVX512 path's bits except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
-     AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512-BF16 and the
-     zmm state enabled; the AMX
+     AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
+     vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
      kernel AMX-TILE, AMX-BF16, the tile state in XCR0 (bits 17, 18) and Linux's
      permission to use it (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked
      once; refused: AVX512 or the emulation). Both are compiled under target
@@ -6644,8 +6651,9 @@ static void pdp__bf16_detect(void)
     if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
-    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) && (b7 & (1u << 30)) &&
-                           (a71 & (1u << 5)); /* AVX512F, AVX512BW, AVX512-BF16 */
+    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) &&
+                           (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
+                           (a71 & (1u << 5)); /* AVX512F, AVX512DQ, AVX512BW, AVX512-BF16 */
 #  if PDP__BF16_AMX
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
        (18); then the kernel's permission, asked once for the process */
@@ -6687,25 +6695,35 @@ PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path)
 
 /* ---- gemm_bf16: packing ---- */
 
-/* op(X)(r, p) of an operand stored row-major with stride ld. */
-static inline float pdp__bf16_at(const float *x, int64_t ld, pdp_trans t, int64_t r, int64_t p)
+/* Storage row s of an operand: at x + off[s] when the offset table off is given
+   (Conv2d's implicit column matrix, gemm.c's pdp__sgemm_rows), else at x + s ld. */
+static inline const float *pdp__bf16_row(const float *x, int64_t ld, const int64_t *off,
+                                         int64_t s)
 {
-    return t == PDP_NO_TRANS ? x[r * ld + p] : x[p * ld + r];
+    return off ? x + off[s] : x + s * ld;
+}
+
+/* op(X)(r, p) of an operand stored by rows (pdp__bf16_row). */
+static inline float pdp__bf16_at(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
+                                 int64_t r, int64_t p)
+{
+    return t == PDP_NO_TRANS ? pdp__bf16_row(x, ld, off, r)[p] : pdp__bf16_row(x, ld, off, p)[r];
 }
 
 /* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
    (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
-static void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                                 int64_t k, int width, uint32_t *dst)
+static void pdp__bf16_pack_panel(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
+                                 int64_t r0, int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
     int i;
     for (p = 0; p < pairs; p++) {
         uint32_t *d = dst + p * width;
         for (i = 0; i < rows; i++) {
-            uint32_t lo = pdp__bf16_bits(pdp__bf16_at(x, ld, t, r0 + i, 2 * p));
-            uint32_t hi = 2 * p + 1 < k ? pdp__bf16_bits(pdp__bf16_at(x, ld, t, r0 + i, 2 * p + 1))
-                                        : 0u;
+            uint32_t lo = pdp__bf16_bits(pdp__bf16_at(x, ld, off, t, r0 + i, 2 * p));
+            uint32_t hi = 2 * p + 1 < k
+                              ? pdp__bf16_bits(pdp__bf16_at(x, ld, off, t, r0 + i, 2 * p + 1))
+                              : 0u;
             d[i] = lo | hi << 16;
         }
         for (; i < width; i++) d[i] = 0u;
@@ -6713,28 +6731,64 @@ static void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_
 }
 
 /* Rows [r0, r0 + rows) of op(X) as ceil(rows / width) panels of `width` rows, panel j
-   at dst + j * pairs * width (the last one zero-padded). */
-static void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                           int64_t k, int width, uint32_t *dst)
+   at dst + j * pairs * width (the last one zero-padded). X's storage rows as
+   pdp__bf16_row says (off NULL: row-major with stride ld). */
+static void pdp__bf16_pack(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
+                           int64_t r0, int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
     for (j = 0; j < rows; j += width)
-        pdp__bf16_pack_panel(x, ld, t, r0 + j, PDP__MIN(width, rows - j), k, width,
+        pdp__bf16_pack_panel(x, ld, off, t, r0 + j, PDP__MIN(width, rows - j), k, width,
                              dst + j / width * pairs * width);
 }
 
-#if PDP__BF16_X86
-#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+/* op(X)(r, p) of an operand already in bf16 words, storage row s at h + off[s]. */
+static inline uint32_t pdp__bf16_hat(const uint16_t *h, const int64_t *off, pdp_trans t,
+                                     int64_t r, int64_t p)
+{
+    return t == PDP_NO_TRANS ? h[off[r] + p] : h[off[p] + r];
+}
 
-/* x rounded to bf16 by vcvtne2ps2bf16 (round to nearest even, a NaN quieted with its
-   sign and top payload, as pdp__bf16_bits), 16 lanes at a time: lo's in words 0-15, hi's
-   in 16-31. The instruction flushes subnormal inputs to zero of their sign (Intel SDM),
-   where pdp__bf16_bits rounds them; the kernels read a subnormal bf16 as that zero
-   (DAZ), so the two differ only where a subnormal fp32 rounds up to the least normal
-   bf16 (|x| in [0x007f8000, 0x00800000) as bits): those lanes are set to that value
-   (sign | 0x00800000) first. */
-PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
+/* pdp__bf16_pack for an operand already in bf16 words (pdp__gemm_bf16_convert's), its
+   storage rows through off: the same panels, nothing to round. */
+static void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, pdp_trans t, int64_t r0,
+                             int rows, int64_t k, int width, uint32_t *dst)
+{
+    int64_t p, pairs = (k + 1) / 2;
+    int i, j;
+    for (j = 0; j < rows; j += width) {
+        int n = PDP__MIN(width, rows - j);
+        for (p = 0; p < pairs; p++) {
+            uint32_t *d = dst + j / width * pairs * width + p * width;
+            for (i = 0; i < n; i++)
+                d[i] = pdp__bf16_hat(h, off, t, r0 + j + i, 2 * p) |
+                       (2 * p + 1 < k ? pdp__bf16_hat(h, off, t, r0 + j + i, 2 * p + 1) << 16
+                                      : 0u);
+            for (; i < width; i++) d[i] = 0u;
+        }
+    }
+}
+
+/* x[0, n) as bf16 words (pdp__bf16_bits) into h. h may be x's own memory (h == (uint16_t
+   *)x): word i is written after float i is read, at byte 2i, where float i / 2 was. */
+static void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        float f;
+        uint16_t w;
+        memcpy(&f, (const char *)x + 4 * i, sizeof f); /* bytes: h may alias x */
+        w = pdp__bf16_bits(f);
+        memcpy((char *)h + 2 * i, &w, sizeof w);
+    }
+}
+
+#if PDP__BF16_X86
+#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
+
+/* pdp__bf16_cvt2 where some lane is subnormal. */
+PDP__BF16_TARGET static __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
 {
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), least = _mm512_set1_epi32(0x00800000);
     const __m512i base = _mm512_set1_epi32(0x007f8000), span = _mm512_set1_epi32(0x8000);
@@ -6747,57 +6801,82 @@ PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(h), _mm512_castsi512_ps(l));
 }
 
-/* pdp__bf16_pack for an operand whose rows are contiguous (t == PDP_TRANS: x(r, p) =
-   x[p * ld + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1) converted together and
-   interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
-   (width a multiple of 16) or two (width 8). In tiles of PDP__BF16_PACK_PAIRS pairs by
-   all the strips of 16 rows: a tile reads 2 PDP__BF16_PACK_PAIRS rows of x front to
-   back (as many sequential streams) and writes runs of that many pairs' words to each
-   panel. (Pair by pair over all strips, the stores jumped between panels pairs x width
-   words apart, a multiple of 4 KiB at the MLP's sizes, all in one L1 set; strip by
-   strip over all pairs, each strip read one cache line from each of k rows, a page
-   apart: both left the packing at 20% of a 512^3 TN product.) */
-#  define PDP__BF16_PACK_PAIRS 8
-PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
-                                                 int rows, int64_t k, int width, uint32_t *dst)
+/* x rounded to bf16 by vcvtne2ps2bf16 (round to nearest even, a NaN quieted with its
+   sign and top payload, as pdp__bf16_bits), 16 lanes at a time: lo's in words 0-15, hi's
+   in 16-31. The instruction flushes subnormal inputs to zero of their sign (Intel SDM),
+   where pdp__bf16_bits rounds them; the kernels read a subnormal bf16 as that zero
+   (DAZ), so the two differ only where a subnormal fp32 rounds up to the least normal
+   bf16 (|x| in [0x007f8000, 0x00800000) as bits): those lanes are set to that value
+   (sign | 0x00800000) first, in a branch taken only when some lane is subnormal
+   (vfpclassps, AVX512DQ). */
+PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
+{
+    if (_kortestz_mask16_u8(_mm512_fpclass_ps_mask(lo, 0x20), /* denormals */
+                            _mm512_fpclass_ps_mask(hi, 0x20)))
+        return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    return pdp__bf16_cvt2_subnormal(lo, hi);
+}
+
+/* 16 rows from `at` (mask m: those below rows) of x(., 2p) and x(., 2p + 1) for every
+   pair p, as pair words to d + p width (wide: width >= 16; else width 8, rows 8-15 to
+   d + panel + p width when two: both halves are in the padded rows); inlined with off,
+   wide and two constant, so that the loop has no branch but the subnormal one. */
+PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pack_rows16(
+    const float *x, int64_t ld, const int64_t *off, int64_t at, __mmask16 m, int64_t k,
+    int width, int64_t panel, const int wide, const int two, uint32_t *d)
 {
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                          16, 0);
-    int64_t p0, p, pairs = (k + 1) / 2, panel = pairs * width;
-    int i, padded = (rows + width - 1) / width * width;
-    for (p0 = 0; p0 < pairs; p0 += PDP__BF16_PACK_PAIRS) {
-        int64_t p1 = PDP__MIN(pairs, p0 + PDP__BF16_PACK_PAIRS);
-        for (i = 0; i < padded; i += 16) {
-            int left = rows - i;
-            __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-            const float *lo = x + 2 * p0 * ld + r0 + (left > 0 ? i : 0);
-            uint32_t *d = dst + i / width * panel + p0 * width + i % width;
-            for (p = p0; p < p1; p++, lo += 2 * ld, d += width) {
-                __m512 vlo;
-                _mm_prefetch((const char *)(lo + 64), _MM_HINT_T0);
-                _mm_prefetch((const char *)(lo + ld + 64), _MM_HINT_T0);
-                vlo = _mm512_maskz_loadu_ps(m, lo);
-                __m512 vhi = 2 * p + 1 < k ? _mm512_maskz_loadu_ps(m, lo + ld) : _mm512_setzero_ps();
-                __m512i w = _mm512_permutexvar_epi16(idx, pdp__bf16_cvt2(vlo, vhi));
-                if (width >= 16) {
-                    _mm512_storeu_si512((void *)d, w);
-                } else { /* width 8: rows i .. i + 7 and i + 8 .. i + 15 in two panels */
-                    _mm256_storeu_si256((__m256i *)d, _mm512_castsi512_si256(w));
-                    if (i + 8 < padded)
-                        _mm256_storeu_si256((__m256i *)(d + panel),
-                                            _mm512_extracti64x4_epi64(w, 1));
-                }
-            }
+    int64_t p, pairs = (k + 1) / 2;
+    for (p = 0; p < pairs; p++, d += width) {
+        __m512 vlo = _mm512_maskz_loadu_ps(m, pdp__bf16_row(x, ld, off, 2 * p) + at);
+        __m512 vhi = 2 * p + 1 < k
+                         ? _mm512_maskz_loadu_ps(m, pdp__bf16_row(x, ld, off, 2 * p + 1) + at)
+                         : _mm512_setzero_ps();
+        __m512i w = _mm512_permutexvar_epi16(idx, pdp__bf16_cvt2(vlo, vhi));
+        if (wide) {
+            _mm512_storeu_si512((void *)d, w);
+        } else { /* width 8: rows i .. i + 7 and i + 8 .. i + 15 in two panels */
+            _mm256_storeu_si256((__m256i *)d, _mm512_castsi512_si256(w));
+            if (two) _mm256_storeu_si256((__m256i *)(d + panel), _mm512_extracti64x4_epi64(w, 1));
         }
     }
 }
 
-/* row i of the block: its 32 values from s as 16 pair words (zero past rows) */
+/* pdp__bf16_pack for an operand whose rows are contiguous (t == PDP_TRANS: x(r, p) =
+   x[p * ld + r], or x[off[p] + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1)
+   converted together and interleaved (word i = lo_i | hi_i << 16) by one vpermw, then
+   stored to one panel (width a multiple of 16) or two (width 8). */
+PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, const int64_t *off,
+                                                 int64_t r0, int rows, int64_t k, int width,
+                                                 uint32_t *dst)
+{
+    int64_t panel = (k + 1) / 2 * width;
+    int i, padded = (rows + width - 1) / width * width;
+    for (i = 0; i < padded; i += 16) { /* 16 rows at a time, all pairs: no division inside */
+        int left = rows - i, two = i + 8 < padded;
+        __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+        int64_t at = r0 + (left > 0 ? i : 0);
+        uint32_t *d = dst + i / width * panel + i % width;
+        if (width >= 16 && off)
+            pdp__bf16_pack_rows16(x, 0, off, at, m, k, width, panel, 1, 0, d);
+        else if (width >= 16)
+            pdp__bf16_pack_rows16(x, ld, NULL, at, m, k, width, panel, 1, 0, d);
+        else if (two)
+            pdp__bf16_pack_rows16(x, ld, off, at, m, k, width, panel, 0, 1, d);
+        else
+            pdp__bf16_pack_rows16(x, ld, off, at, m, k, width, panel, 0, 0, d);
+    }
+}
+
+/* row i of the block: its 32 values from pair p0 as 16 pair words (zero past rows):
+   converted, or from bf16 words (hrow) as they are */
 #  define PDP__BF16_ROWW(i)                                                                   \
-    (i0 + (i) < rows ? pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, s + (i) * ld),              \
-                                      _mm512_maskz_loadu_ps(mhi, s + (i) * ld + 16))         \
-                     : _mm512_setzero_si512())
+    (i0 + (i) >= rows ? _mm512_setzero_si512()                                                 \
+     : hrow[0]        ? _mm512_maskz_loadu_epi16(mh, hrow[i] + 2 * p0)                          \
+                      : pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, row[i] + 2 * p0),            \
+                                       _mm512_maskz_loadu_ps(mhi, row[i] + 2 * p0 + 16)))
 /* lane L of lo (rows 0-3) and hi (rows 4-7): pair 4L + q, stored if below np */
 #  define PDP__BF16_PUT4(q, L, lo, hi)                                                        \
     do {                                                                                       \
@@ -6816,33 +6895,92 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int
         PDP__BF16_PUT4(q, 3, ulo, uhi);                                                        \
     } while (0)
 
-PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld, int64_t r0,
-                                                    int rows, int64_t k, int width,
-                                                    uint32_t *dst)
+/* pairs P, P + 1 (P = 4 L + q, q even) of the block from the q-th and (q + 1)-th
+   quarters lo_q, hi_q (rows 0-3, 4-7; 128-bit lane L: pair 4 L + q) as one zmm of two
+   8-word pair rows: [lo_q[L], hi_q[L], lo_q1[L], hi_q1[L]]; v, w: lo_q, lo_q1 and hi_q,
+   hi_q1 with lanes L, L' interleaved */
+#  define PDP__BF16_FULL2(q, lo0, hi0, lo1, hi1)                                              \
+    do {                                                                                       \
+        __m512i v = _mm512_permutex2var_epi64(lo0, i01, lo1);                                  \
+        __m512i w = _mm512_permutex2var_epi64(hi0, i01, hi1);                                  \
+        _mm512_storeu_si512((void *)(d + (q) * 8), _mm512_permutex2var_epi64(v, i01, w));      \
+        _mm512_storeu_si512((void *)(d + (q + 4) * 8), _mm512_permutex2var_epi64(v, i23, w));  \
+        v = _mm512_permutex2var_epi64(lo0, i23, lo1);                                          \
+        w = _mm512_permutex2var_epi64(hi0, i23, hi1);                                          \
+        _mm512_storeu_si512((void *)(d + (q + 8) * 8), _mm512_permutex2var_epi64(v, i01, w));  \
+        _mm512_storeu_si512((void *)(d + (q + 12) * 8), _mm512_permutex2var_epi64(v, i23, w)); \
+    } while (0)
+
+/* pdp__bf16_pack for an operand whose rows run along k (t == PDP_NO_TRANS): blocks of 8
+   rows x 16 pairs converted row by row (or, from bf16 words h, loaded: a pair is two
+   adjacent words) and transposed in registers. A block of 16 whole pairs in a panel of
+   width 8 is stored as 8 zmm of two pair rows each; the others lane by lane. Inlined
+   with x or h NULL. */
+PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pack_k_core(
+    const float *x, const uint16_t *h, int64_t ld, const int64_t *off, int64_t r0, int rows,
+    int64_t k, int width, uint32_t *dst)
 {
+    /* qword indices of vpermt2q: 128-bit lanes 0, 1 (i01) or 2, 3 (i23) of the first
+       source interleaved with the same lanes of the second */
+    const __m512i i01 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+    const __m512i i23 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
     int64_t p0, pairs = (k + 1) / 2;
-    int i0;
-    for (p0 = 0; p0 < pairs; p0 += 16) {
-        int64_t vals = k - 2 * p0;
-        int np = (int)PDP__MIN((int64_t)16, pairs - p0);
-        __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
-        __mmask16 mhi = (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
-        for (i0 = 0; i0 < width; i0 += 8) {
-            const float *s = x + (r0 + (i0 < rows ? i0 : 0)) * ld + 2 * p0; /* i0 >= rows: unread */
-            __m512i w0 = PDP__BF16_ROWW(0), w1 = PDP__BF16_ROWW(1), w2 = PDP__BF16_ROWW(2);
-            __m512i w3 = PDP__BF16_ROWW(3), w4 = PDP__BF16_ROWW(4), w5 = PDP__BF16_ROWW(5);
-            __m512i w6 = PDP__BF16_ROWW(6), w7 = PDP__BF16_ROWW(7);
-            __m512i t0 = _mm512_unpacklo_epi32(w0, w1), t1 = _mm512_unpackhi_epi32(w0, w1);
-            __m512i t2 = _mm512_unpacklo_epi32(w2, w3), t3 = _mm512_unpackhi_epi32(w2, w3);
-            __m512i t4 = _mm512_unpacklo_epi32(w4, w5), t5 = _mm512_unpackhi_epi32(w4, w5);
-            __m512i t6 = _mm512_unpacklo_epi32(w6, w7), t7 = _mm512_unpackhi_epi32(w6, w7);
+    int i0, i;
+    for (i0 = 0; i0 < width; i0 += 8) {
+        const float *row[8];     /* the block's rows (past rows: unread) */
+        const uint16_t *hrow[8]; /* or its rows of bf16 words (hrow[0] NULL: none) */
+        for (i = 0; i < 8; i++) {
+            int in = i0 + i < rows;
+            row[i] = x && in ? pdp__bf16_row(x, ld, off, r0 + i0 + i) : x;
+            hrow[i] = h ? h + (in ? off[r0 + i0 + i] : off[r0]) : NULL;
+        }
+        for (p0 = 0; p0 < pairs; p0 += 16) {
+            int64_t vals = k - 2 * p0;
+            int np = (int)PDP__MIN((int64_t)16, pairs - p0);
+            __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
+            __mmask16 mhi =
+                (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
+            __mmask32 mh = (__mmask32)(vals >= 32 ? 0xffffffffu : (1u << vals) - 1);
+            __m512i w0, w1, w2, w3, w4, w5, w6, w7, t0, t1, t2, t3, t4, t5, t6, t7;
+            __m512i l0, l1, l2, l3, h0, h1, h2, h3;
             uint32_t *d = dst + p0 * width + i0;
-            PDP__BF16_PUT(0, _mm512_unpacklo_epi64(t0, t2), _mm512_unpacklo_epi64(t4, t6));
-            PDP__BF16_PUT(1, _mm512_unpackhi_epi64(t0, t2), _mm512_unpackhi_epi64(t4, t6));
-            PDP__BF16_PUT(2, _mm512_unpacklo_epi64(t1, t3), _mm512_unpacklo_epi64(t5, t7));
-            PDP__BF16_PUT(3, _mm512_unpackhi_epi64(t1, t3), _mm512_unpackhi_epi64(t5, t7));
+            w0 = PDP__BF16_ROWW(0), w1 = PDP__BF16_ROWW(1), w2 = PDP__BF16_ROWW(2);
+            w3 = PDP__BF16_ROWW(3), w4 = PDP__BF16_ROWW(4), w5 = PDP__BF16_ROWW(5);
+            w6 = PDP__BF16_ROWW(6), w7 = PDP__BF16_ROWW(7);
+            t0 = _mm512_unpacklo_epi32(w0, w1), t1 = _mm512_unpackhi_epi32(w0, w1);
+            t2 = _mm512_unpacklo_epi32(w2, w3), t3 = _mm512_unpackhi_epi32(w2, w3);
+            t4 = _mm512_unpacklo_epi32(w4, w5), t5 = _mm512_unpackhi_epi32(w4, w5);
+            t6 = _mm512_unpacklo_epi32(w6, w7), t7 = _mm512_unpackhi_epi32(w6, w7);
+            l0 = _mm512_unpacklo_epi64(t0, t2), h0 = _mm512_unpacklo_epi64(t4, t6);
+            l1 = _mm512_unpackhi_epi64(t0, t2), h1 = _mm512_unpackhi_epi64(t4, t6);
+            l2 = _mm512_unpacklo_epi64(t1, t3), h2 = _mm512_unpacklo_epi64(t5, t7);
+            l3 = _mm512_unpackhi_epi64(t1, t3), h3 = _mm512_unpackhi_epi64(t5, t7);
+            if (width == 8 && np == 16) {
+                PDP__BF16_FULL2(0, l0, h0, l1, h1);
+                PDP__BF16_FULL2(2, l2, h2, l3, h3);
+                continue;
+            }
+            PDP__BF16_PUT(0, l0, h0);
+            PDP__BF16_PUT(1, l1, h1);
+            PDP__BF16_PUT(2, l2, h2);
+            PDP__BF16_PUT(3, l3, h3);
         }
     }
+}
+#  undef PDP__BF16_FULL2
+
+PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld,
+                                                    const int64_t *off, int64_t r0, int rows,
+                                                    int64_t k, int width, uint32_t *dst)
+{
+    pdp__bf16_pack_k_core(x, NULL, ld, off, r0, rows, k, width, dst);
+}
+
+PDP__BF16_TARGET static void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
+                                                      int64_t r0, int rows, int64_t k, int width,
+                                                      uint32_t *dst)
+{
+    pdp__bf16_pack_k_core(NULL, h, 0, off, r0, rows, k, width, dst);
 }
 #  undef PDP__BF16_ROWW
 #  undef PDP__BF16_PUT
@@ -6850,19 +6988,84 @@ PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld, 
 
 /* pdp__bf16_pack with AVX512-BF16's conversion: the same words, but for subnormal
    values (zero of their sign here, rounded there), which every kernel reads as zero. */
-PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld, pdp_trans t,
-                                                   int64_t r0, int rows, int64_t k, int width,
-                                                   uint32_t *dst)
+PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld,
+                                                   const int64_t *off, pdp_trans t, int64_t r0,
+                                                   int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
     if (t == PDP_TRANS) {
-        pdp__bf16_pack_rows(x, ld, r0, rows, k, width, dst);
+        pdp__bf16_pack_rows(x, ld, off, r0, rows, k, width, dst);
         return;
     }
     for (j = 0; j < rows; j += width)
-        pdp__bf16_pack_k_panel(x, ld, r0 + j, PDP__MIN(width, rows - j), k, width,
+        pdp__bf16_pack_k_panel(x, ld, off, r0 + j, PDP__MIN(width, rows - j), k, width,
                                dst + j / width * pairs * width);
+}
+
+/* pdp__bf16_pack_h of t == PDP_TRANS into one NR-column panel (cols <= NR = 32 rows of
+   op(X) from c0), 32 columns of a pair at a time: two loads of 32 words, interleaved by
+   two vpermt2w. */
+PDP__BF16_TARGET static void pdp__bf16_pack_h_cols(const uint16_t *h, const int64_t *off,
+                                                   int64_t c0, int cols, int64_t k,
+                                                   uint32_t *dst)
+{
+    /* word i of the first (second) half: lo[i] | hi[i] << 16 (lo[16 + i] | hi[16 + i] << 16) */
+    const __m512i i0 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                        32, 0);
+    const __m512i i1 = _mm512_set_epi16(63, 31, 62, 30, 61, 29, 60, 28, 59, 27, 58, 26, 57, 25,
+                                        56, 24, 55, 23, 54, 22, 53, 21, 52, 20, 51, 19, 50, 18,
+                                        49, 17, 48, 16);
+    __mmask32 m = (__mmask32)(cols >= 32 ? 0xffffffffu : (1u << cols) - 1);
+    int64_t p, pairs = (k + 1) / 2;
+    for (p = 0; p < pairs; p++) {
+        uint32_t *d = dst + p * PDP__BF16_NR;
+        __m512i lo = _mm512_maskz_loadu_epi16(m, h + off[2 * p] + c0);
+        __m512i hi = 2 * p + 1 < k ? _mm512_maskz_loadu_epi16(m, h + off[2 * p + 1] + c0)
+                                   : _mm512_setzero_si512();
+        _mm512_storeu_si512((void *)d, _mm512_permutex2var_epi16(lo, i0, hi));
+        _mm512_storeu_si512((void *)(d + 16), _mm512_permutex2var_epi16(lo, i1, hi));
+    }
+}
+
+/* pdp__bf16_pack_h with AVX512: the same words. */
+PDP__BF16_TARGET static void pdp__bf16_pack_h_avx512(const uint16_t *h, const int64_t *off,
+                                                     pdp_trans t, int64_t r0, int rows,
+                                                     int64_t k, int width, uint32_t *dst)
+{
+    int64_t pairs = (k + 1) / 2;
+    int j;
+    if (t == PDP_TRANS && width == PDP__BF16_NR) {
+        for (j = 0; j < rows; j += width)
+            pdp__bf16_pack_h_cols(h, off, r0 + j, PDP__MIN(width, rows - j), k,
+                                  dst + j / width * pairs * width);
+        return;
+    }
+    if (t == PDP_TRANS) {
+        pdp__bf16_pack_h(h, off, t, r0, rows, k, width, dst);
+        return;
+    }
+    for (j = 0; j < rows; j += width)
+        pdp__bf16_pack_k_panel_h(h, off, r0 + j, PDP__MIN(width, rows - j), k, width,
+                                 dst + j / width * pairs * width);
+}
+
+/* pdp__bf16_convert_emul by vcvtne2ps2bf16 (pdp__bf16_cvt2: the words the avx512 packing
+   makes), 32 floats at a time; the same in-place rule (a block's 32 words go to bytes
+   its own floats or earlier ones held, after they are read). */
+PDP__BF16_TARGET static void pdp__bf16_convert_avx512(const float *x, uint16_t *h, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i += 32) {
+        int64_t left = n - i;
+        __mmask16 mlo = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
+        __mmask16 mhi = (__mmask16)(left >= 32 ? 0xffff : left <= 16 ? 0 : (1u << (left - 16)) - 1);
+        __mmask32 m = (__mmask32)(left >= 32 ? 0xffffffffu : (1u << left) - 1);
+        __m512i w = pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, x + i),
+                                   _mm512_maskz_loadu_ps(mhi, x + i + 16));
+        _mm512_mask_storeu_epi16(h + i, m, w);
+    }
 }
 #endif
 
@@ -7030,8 +7233,11 @@ typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uin
                                     float *c, int64_t ldc, int mr, int nr, float alpha,
                                     float beta);
 
-typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                                  int64_t k, int width, uint32_t *dst);
+typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
+                                  int64_t r0, int rows, int64_t k, int width, uint32_t *dst);
+
+typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, pdp_trans t,
+                                    int64_t r0, int rows, int64_t k, int width, uint32_t *dst);
 
 /* ---- gemm_bf16: driver ---- */
 
@@ -7041,11 +7247,29 @@ typedef struct pdp__bf16_args {
     float alpha, beta;
     const float *a, *b;
     int64_t lda, ldb, ldc;
+    const int64_t *arow, *brow; /* storage row r of A (B) at a + arow[r] (b + brow[r]), or
+                                   NULL: at a + r lda (b + r ldb) */
+    const uint16_t *ah, *bh; /* not NULL: A (B) in bf16 words instead of a (b), rows
+                                through arow (brow) */
     float *c;
     pdp__bf16_kernel_fn kernel;
     pdp__bf16_pack_fn pack;
+    pdp__bf16_pack_h_fn pack_h;
     int split_n; /* parts split the NR-column panels (else the MR-row panels) */
 } pdp__bf16_args;
+
+/* op(A)(i, p) and op(B)(p, j) as bf16 words. */
+static uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p)
+{
+    if (g->ah) return (uint16_t)pdp__bf16_hat(g->ah, g->arow, g->ta, i, p);
+    return pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->arow, g->ta, i, p));
+}
+static uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j)
+{
+    pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS;
+    if (g->bh) return (uint16_t)pdp__bf16_hat(g->bh, g->brow, tbt, j, p);
+    return pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->brow, tbt, j, p));
+}
 
 /* Element (i, j) of C by the emulated chain, unpacked (the fallback without scratch). */
 static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
@@ -7053,14 +7277,11 @@ static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
     float acc = 0.0f;
     int64_t p;
     for (p = 0; p < g->k; p += 2) {
-        float a0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p)));
-        float b0 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->tb == PDP_NO_TRANS
-                                                             ? PDP_TRANS : PDP_NO_TRANS, j, p)));
+        float a0 = pdp__bf16_daz(pdp__bf16_aword(g, i, p));
+        float b0 = pdp__bf16_daz(pdp__bf16_bword(g, p, j));
         if (p + 1 < g->k) {
-            float a1 = pdp__bf16_daz(pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p + 1)));
-            float b1 = pdp__bf16_daz(pdp__bf16_bits(
-                pdp__bf16_at(g->b, g->ldb, g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS, j,
-                             p + 1)));
+            float a1 = pdp__bf16_daz(pdp__bf16_aword(g, i, p + 1));
+            float b1 = pdp__bf16_daz(pdp__bf16_bword(g, p + 1, j));
             acc = pdp__bf16_ftz_add(acc, a1 * b1);
         } else {
             acc = pdp__bf16_ftz_add(acc, 0.0f);
@@ -7091,11 +7312,17 @@ static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int
     bp = ap + (size_t)pairs * (size_t)arows;
     for (mc = m0; mc < m1; mc += PDP__BF16_MC) {
         int64_t mend = PDP__MIN(m1, mc + PDP__BF16_MC);
-        g->pack(g->a, g->lda, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
+        if (g->ah)
+            g->pack_h(g->ah, g->arow, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
+        else
+            g->pack(g->a, g->lda, g->arow, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
         for (jr = n0; jr < n1; jr += PDP__BF16_NR) {
             int nr = (int)PDP__MIN(PDP__BF16_NR, n1 - jr);
             uint32_t *bj = bp + (jr - n0) * pairs;
-            if (mc == m0) g->pack(g->b, g->ldb, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
+            if (mc == m0 && g->bh)
+                g->pack_h(g->bh, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
+            else if (mc == m0)
+                g->pack(g->b, g->ldb, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             for (ir = mc; ir < mend; ir += PDP__BF16_MR)
                 g->kernel(pairs, ap + (ir - mc) * pairs, bj, g->c + ir * g->ldc + jr, g->ldc,
                           (int)PDP__MIN(PDP__BF16_MR, mend - ir), nr, g->alpha, g->beta);
@@ -7119,26 +7346,27 @@ static void pdp__bf16_part(void *arg, int i, int n)
         pdp__bf16_block(g, lo, hi, 0, g->n);
 }
 
-PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
-                                    int64_t n, int64_t k, float alpha, const float *a,
-                                    int64_t lda, const float *b, int64_t ldb, float beta,
-                                    float *c, int64_t ldc)
+/* pdp_gemm_bf16_on on an available path (not AUTO) with A's and B's storage rows at
+   a + arow[r], b + brow[r] where the tables are given (pdp__bf16_row); A's (B's) bf16
+   words at ah (bh) when given, rows through arow (brow). */
+static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                          int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
+                          const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
+                          const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
     int threads, parts;
     int64_t npan, mpan;
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
-    if (!pdp_bf16_path_available(path))
-        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
-                        "this CPU or build", pdp_bf16_path_name(path));
-    if (m <= 0 || n <= 0) return PDP_OK;
+    (void)path; /* PDP_NO_SIMD: one path */
+    if (m <= 0 || n <= 0) return;
     PDP_ASSERT(ldc >= n);
     if (k <= 0 || alpha == 0.0f) {
         pdp__gemm_scale_c(m, n, beta, c, ldc);
-        return PDP_OK;
+        return;
     }
-    PDP_ASSERT(lda >= (ta == PDP_NO_TRANS ? k : m));
-    PDP_ASSERT(ldb >= (tb == PDP_NO_TRANS ? n : k));
+    PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
+    PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
+    PDP_ASSERT((!ah || arow) && (!bh || brow));
     g.ta = ta;
     g.tb = tb;
     g.m = m;
@@ -7150,15 +7378,23 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     g.b = b;
     g.lda = lda;
     g.ldb = ldb;
+    g.arow = arow;
+    g.brow = brow;
+    g.ah = ah;
+    g.bh = bh;
     g.c = c;
     g.ldc = ldc;
     g.kernel = pdp__bf16_kernel_emul;
     g.pack = pdp__bf16_pack;
+    g.pack_h = pdp__bf16_pack_h;
 #if PDP__BF16_X86
     if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
     /* the emulation keeps the portable packing; AMX implies AVX512-BF16 on every CPU
        that has it, but is not assumed to */
-    if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_has_avx512) g.pack = pdp__bf16_pack_avx512;
+    if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_has_avx512) {
+        g.pack = pdp__bf16_pack_avx512;
+        g.pack_h = pdp__bf16_pack_h_avx512;
+    }
 #endif
 #if PDP__BF16_AMX
     if (path == PDP_BF16_PATH_AMX) g.kernel = pdp__bf16_kernel_amx;
@@ -7170,6 +7406,19 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
     g.split_n = npan >= 2 * (int64_t)threads || npan * PDP__BF16_NR >= mpan * PDP__BF16_MR;
     parts = (int)PDP__MIN((int64_t)threads, g.split_n ? npan : mpan);
     pdp__parallel_for(parts, pdp__bf16_part, &g);
+}
+
+PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                    int64_t n, int64_t k, float alpha, const float *a,
+                                    int64_t lda, const float *b, int64_t ldb, float beta,
+                                    float *c, int64_t ldc)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    if (!pdp_bf16_path_available(path))
+        return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
+                        "this CPU or build", pdp_bf16_path_name(path));
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, c,
+                  ldc);
     return PDP_OK;
 }
 
@@ -7179,6 +7428,79 @@ PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int
 {
     (void)pdp_gemm_bf16_on(PDP_BF16_PATH_AUTO, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c,
                            ldc);
+}
+
+/* ---- gemm_bf16: gathered operands ----
+   gemm.c's pdp__sgemm_rows and pdp__sgemm_arows in bf16, on `path` (AUTO: the best;
+   one the CPU lacks: the caller's bug, asserted): the packing reads the storage rows
+   through the offset table, so Conv2d's implicit column matrix is rounded and packed
+   straight from the padded image. Same tiles, chains and bits as pdp_gemm_bf16_on on
+   the materialised operand, on the same path.
+   rows:  B's storage row r at b + brow[r]: op(B)(p, j) = b[brow[p] + j] (tb ==
+          PDP_NO_TRANS) or b[brow[j] + p] (PDP_TRANS).
+   arows: A not transposed, row i at a + arow[i]: A(i, p) = a[arow[i] + p]. */
+static void pdp__gemm_bf16_rows(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                const float *b, const int64_t *brow, float beta, float *c,
+                                int64_t ldc)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    PDP_ASSERT(pdp_bf16_path_available(path));
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, 0, brow, beta, c,
+                  ldc);
+}
+
+static void pdp__gemm_bf16_arows(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
+                                 int64_t k, float alpha, const float *a, const int64_t *arow,
+                                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    PDP_ASSERT(pdp_bf16_path_available(path));
+    pdp__bf16_run(path, PDP_NO_TRANS, tb, m, n, k, alpha, a, NULL, 0, arow, b, NULL, ldb, NULL,
+                  beta, c, ldc);
+}
+
+/* pdp__gemm_bf16_rows and _arows with the gathered operand already in bf16 words, as
+   pdp__gemm_bf16_convert on the same path wrote them: rows_h op(B)(p, j) = bh[brow[p] +
+   j] (tb PDP_NO_TRANS) or bh[brow[j] + p]; arows_h A(i, p) = ah[arow[i] + p]. The bits
+   of pdp__gemm_bf16_rows / _arows on the floats converted, with nothing to convert in
+   the packing (Conv2d converts its padded image once, where the packing would convert
+   each value k k times): a pair is two loads and two vpermt2w per 32 columns, or two
+   adjacent words. */
+static void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                  int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                  const uint16_t *bh, const int64_t *brow, float beta, float *c,
+                                  int64_t ldc)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    PDP_ASSERT(pdp_bf16_path_available(path));
+    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh, 0, brow, beta, c,
+                  ldc);
+}
+
+static void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
+                                   int64_t k, float alpha, const uint16_t *ah,
+                                   const int64_t *arow, const float *b, int64_t ldb, float beta,
+                                   float *c, int64_t ldc)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    PDP_ASSERT(pdp_bf16_path_available(path));
+    pdp__bf16_run(path, PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow, b, NULL, ldb, NULL,
+                  beta, c, ldc);
+}
+
+/* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
+   which may be x's own memory (h == (uint16_t *)x, converted in place to its first half). */
+static void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+#if PDP__BF16_X86
+    if (path != PDP_BF16_PATH_EMULATED && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
+        pdp__bf16_convert_avx512(x, h, n);
+        return;
+    }
+#endif
+    pdp__bf16_convert_emul(x, h, n);
 }
 /* ---- end src/gemm_bf16.c ---- */
 
@@ -11182,11 +11504,20 @@ static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__lay
    Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2.
 
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
-   and the fp32 kernels then multiply exactly and sum in fp32 (pdp_gemm_bf16's
-   emulation, in the fp32 kernels' order). Implicit: the padded image, the padded dy
-   and the grid's dy are rounded in place after they are loaded (db is summed from dy
-   before), W' when it is built, and W for forward into the workspace's fixed region
-   (free in forward). im2col: its GEMMs are pdp_gemm_bf16. */
+   and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
+   AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
+   dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
+   tables (band columns included: no _runs variant), on the padded image and padded dy
+   first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
+   not once per kernel tap; the padded dy after the dW share, which reads it as floats
+   in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
+   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
+   grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
+   kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
+   emulation, in the fp32 kernels' order): the padded image, the padded dy and the
+   grid's dy are rounded in place after they are loaded, W' when it is built, and W for
+   forward into the workspace's fixed region (free in forward). Either way the bits
+   depend on the geometry and the path, not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
@@ -11195,6 +11526,12 @@ static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__lay
    8 chunks for each of two threads at batch 128. */
 #ifndef PDP__CONV_IMPLICIT_CHUNK
 #  define PDP__CONV_IMPLICIT_CHUNK 8
+#endif
+
+/* Implicit path in bf16: the pdp_bf16_path of the products (test_bf16 defines it to run
+   the emulated path on a CPU with a faster one). */
+#ifndef PDP__CONV_BF16_PATH
+#  define PDP__CONV_BF16_PATH() pdp_bf16_best_path()
 #endif
 
 /* Implicit path: products of at least this depth (C k k forward, O k k for dx)
@@ -11446,15 +11783,24 @@ typedef struct pdp__conv_job {
     int64_t scratch;  /* floats of each part's scratch: pdp__conv_scratch(chunk size) */
     int parts;
     const float *wt;  /* implicit backward: W' [C, O k k] */
-    const float *w;   /* implicit forward: W as the products see it (io->w, or in bf16 its
-                         rounding in the fixed region) */
+    const float *w;   /* implicit forward: W as the products see it (io->w, or in bf16 on
+                         the emulated path its rounding in the fixed region) */
+    pdp_bf16_path path16; /* bf16: PDP__CONV_BF16_PATH() */
+    int packed16;     /* implicit bf16 on AVX512-BF16 or AMX: the products are
+                         pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place. */
+/* bf16: p[0, n) rounded in place, pdp__bf16_round's bits (src/math.h) in integer
+   arithmetic, in PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises. */
 static void pdp__conv_bf16(float *p, int64_t n)
 {
-    int64_t i;
-    for (i = 0; i < n; i++) p[i] = pdp__bf16_round(p[i]);
+    PDP__FOR_BLOCKED(i, n, {
+        uint32_t u, r;
+        memcpy(&u, p + i, sizeof u);
+        r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u /* NaN: quiet */
+                                             : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        memcpy(p + i, &r, sizeof r);
+    });
 }
 
 /* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
@@ -11507,14 +11853,16 @@ static void pdp__conv_implicit_setup(pdp__conv_job *job)
                 for (kj = 0; kj < g->k; kj++)
                     wt[c * okk + (o * g->k + ki) * g->k + kj] =
                         job->io->w[((o * g->C + c) * g->k + k1 - ki) * g->k + k1 - kj];
-    if (job->io->bf16) pdp__conv_bf16(wt, g->C * okk);
+    if (job->io->bf16 && !job->packed16) pdp__conv_bf16(wt, g->C * okk);
     job->wt = wt;
 }
 
 /* The chunk's samples into its zeroed padded image (and their dy into the padded
-   dy when dy is not NULL), and the offset tables of both. */
+   dy when dy is not NULL), and the offset tables of both. In bf16 the image is
+   rounded for the fp32 kernels: every product on the emulated path, the dW dot
+   products (dw_dots) in backward on the packed path. */
 static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_chunk *k,
-                                    const float *dy)
+                                    const float *dy, bool backward)
 {
     const pdp__conv_geom *g = &job->g;
     int64_t c, o, ki, kj, s, ns = k->s1 - k->s0;
@@ -11523,7 +11871,8 @@ static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_ch
         pdp__conv_copy2d(job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
                          k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt,
                          k->wt, g->C, g->H, g->W);
-    if (job->io->bf16) pdp__conv_bf16(k->xp, g->C * g->Hp * k->wt + g->k);
+    if (job->io->bf16 && (!job->packed16 || (backward && g->dw_dots)))
+        pdp__conv_bf16(k->xp, g->C * g->Hp * k->wt + g->k);
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++)
@@ -11550,7 +11899,13 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         int64_t cols = g->Ho * k.wt;
         int64_t ldo = cols, ldr = k.wt, lds = g->W + g->pad;
-        pdp__conv_implicit_load(job, &k, NULL);
+        pdp__conv_implicit_load(job, &k, NULL, false);
+        if (job->packed16) { /* the image in bf16 words, in place; the bands computed too */
+            uint16_t *xh = (uint16_t *)(void *)k.xp;
+            pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
+            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk,
+                                  1.0f, job->w, g->ckk, xh, k.offx, 0.0f, k.grid, cols);
+        } else
 #if defined(PDP__GEMM_RUNS)
         if (g->ckk >= PDP__CONV_RUNS_MIN_K) {
             /* only the samples' columns, not the bands: grid [O, Ho, ns, Wo] */
@@ -11587,8 +11942,8 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         int64_t cols = g->Ho * k.wt, ldg = cols;
-        const float *grid = k.grid;
-        pdp__conv_implicit_load(job, &k, io->dx ? io->dy : NULL);
+        float *grid = k.grid;
+        pdp__conv_implicit_load(job, &k, io->dx ? io->dy : NULL, true);
         if (io->dx && g->q == g->pad) {
             /* a "same" convolution: the padded dy has the grid's row width (wqt ==
                wt) and zeros in its bands, so its interior IS dy on the grid */
@@ -11602,13 +11957,25 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         }
         for (o = 0; o < g->O; o++)
             k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
-        if (io->bf16) { /* dy rounded after db took it, for the two products */
+        if (io->bf16 && !job->packed16) { /* dy rounded after db took it, for the products */
             if (io->dx) pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
             if (grid == k.grid) pdp__conv_bf16(k.grid, g->O * cols);
+        } else if (io->bf16 && g->dw_dots) { /* packed path: the dots' dy only */
+            for (o = 0; o < g->O; o++) pdp__conv_bf16(grid + o * ldg, cols);
         }
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
-        else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
+        else if (job->packed16) { /* the image in bf16, in place: the column matrix's pairs
+                                     are adjacent words */
+            uint16_t *xh = (uint16_t *)(void *)k.xp;
+            pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
+            if (g->dw_t)
+                pdp__gemm_bf16_arows_h(job->path16, PDP_TRANS, g->ckk, g->O, cols, 1.0f, xh,
+                                       k.offx, grid, ldg, 0.0f, k.share, g->O);
+            else
+                pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols,
+                                      1.0f, grid, ldg, xh, k.offx, 0.0f, k.share, g->ckk);
+        } else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
             pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
                              k.share, g->O);
         else
@@ -11616,7 +11983,7 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
                             k.offx, 0.0f, k.share, g->ckk);
         if (!io->dx) continue;
 #if defined(PDP__GEMM_RUNS)
-        if (okk >= PDP__CONV_RUNS_MIN_K) {
+        if (okk >= PDP__CONV_RUNS_MIN_K && !job->packed16) {
             /* only the samples' columns, not the bands: grid [C, H, ns, W] */
             int64_t ns = k.s1 - k.s0;
             pdp__sgemm_runs(g->C, okk, job->wt, okk, k.dyp, k.offdy, g->H, ns, g->W, k.wqt,
@@ -11628,8 +11995,15 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
             continue;
         }
 #endif
-        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f, job->wt, okk,
-                        k.dyp, k.offdy, 0.0f, k.grid, g->H * k.wqt);
+        if (job->packed16) { /* the padded dy in bf16, in place (the dW share is done) */
+            uint16_t *dyh = (uint16_t *)(void *)k.dyp;
+            pdp__gemm_bf16_convert(job->path16, k.dyp, dyh, g->O * g->Hq * k.wqt + g->k);
+            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt,
+                                  okk, 1.0f, job->wt, okk, dyh, k.offdy, 0.0f, k.grid,
+                                  g->H * k.wqt);
+        } else
+            pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f, job->wt,
+                            okk, k.dyp, k.offdy, 0.0f, k.grid, g->H * k.wqt);
         for (s = k.s0; s < k.s1; s++)
             pdp__conv_copy2d(k.grid + (s - k.s0) * (g->Wo + g->q), g->H * k.wqt, k.wqt,
                              io->dx + s * job->l->in_count, g->H * g->W, g->W, g->C, g->H, g->W);
@@ -11707,8 +12081,10 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     job->parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
     job->wt = NULL;
     job->w = io->w;
+    job->path16 = io->bf16 ? PDP__CONV_BF16_PATH() : PDP_BF16_PATH_EMULATED;
+    job->packed16 = job->g.implicit && io->bf16 && job->path16 != PDP_BF16_PATH_EMULATED;
     if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
-    if (job->g.implicit && !backward && io->bf16) { /* the fixed region (W' in backward) */
+    if (job->g.implicit && !backward && io->bf16 && !job->packed16) { /* W' in backward */
         memcpy(io->work, io->w, (size_t)(job->g.O * job->g.ckk) * sizeof(float));
         pdp__conv_bf16(io->work, job->g.O * job->g.ckk);
         job->w = io->work;

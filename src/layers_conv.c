@@ -60,11 +60,20 @@
    Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2.
 
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
-   and the fp32 kernels then multiply exactly and sum in fp32 (pdp_gemm_bf16's
-   emulation, in the fp32 kernels' order). Implicit: the padded image, the padded dy
-   and the grid's dy are rounded in place after they are loaded (db is summed from dy
-   before), W' when it is built, and W for forward into the workspace's fixed region
-   (free in forward). im2col: its GEMMs are pdp_gemm_bf16. */
+   and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
+   AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
+   dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
+   tables (band columns included: no _runs variant), on the padded image and padded dy
+   first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
+   not once per kernel tap; the padded dy after the dW share, which reads it as floats
+   in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
+   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
+   grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
+   kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
+   emulation, in the fp32 kernels' order): the padded image, the padded dy and the
+   grid's dy are rounded in place after they are loaded, W' when it is built, and W for
+   forward into the workspace's fixed region (free in forward). Either way the bits
+   depend on the geometry and the path, not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
@@ -73,6 +82,12 @@
    8 chunks for each of two threads at batch 128. */
 #ifndef PDP__CONV_IMPLICIT_CHUNK
 #  define PDP__CONV_IMPLICIT_CHUNK 8
+#endif
+
+/* Implicit path in bf16: the pdp_bf16_path of the products (test_bf16 defines it to run
+   the emulated path on a CPU with a faster one). */
+#ifndef PDP__CONV_BF16_PATH
+#  define PDP__CONV_BF16_PATH() pdp_bf16_best_path()
 #endif
 
 /* Implicit path: products of at least this depth (C k k forward, O k k for dx)
@@ -324,15 +339,24 @@ typedef struct pdp__conv_job {
     int64_t scratch;  /* floats of each part's scratch: pdp__conv_scratch(chunk size) */
     int parts;
     const float *wt;  /* implicit backward: W' [C, O k k] */
-    const float *w;   /* implicit forward: W as the products see it (io->w, or in bf16 its
-                         rounding in the fixed region) */
+    const float *w;   /* implicit forward: W as the products see it (io->w, or in bf16 on
+                         the emulated path its rounding in the fixed region) */
+    pdp_bf16_path path16; /* bf16: PDP__CONV_BF16_PATH() */
+    int packed16;     /* implicit bf16 on AVX512-BF16 or AMX: the products are
+                         pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place. */
+/* bf16: p[0, n) rounded in place, pdp__bf16_round's bits (src/math.h) in integer
+   arithmetic, in PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises. */
 static void pdp__conv_bf16(float *p, int64_t n)
 {
-    int64_t i;
-    for (i = 0; i < n; i++) p[i] = pdp__bf16_round(p[i]);
+    PDP__FOR_BLOCKED(i, n, {
+        uint32_t u, r;
+        memcpy(&u, p + i, sizeof u);
+        r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u /* NaN: quiet */
+                                             : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        memcpy(p + i, &r, sizeof r);
+    });
 }
 
 /* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
@@ -385,14 +409,16 @@ static void pdp__conv_implicit_setup(pdp__conv_job *job)
                 for (kj = 0; kj < g->k; kj++)
                     wt[c * okk + (o * g->k + ki) * g->k + kj] =
                         job->io->w[((o * g->C + c) * g->k + k1 - ki) * g->k + k1 - kj];
-    if (job->io->bf16) pdp__conv_bf16(wt, g->C * okk);
+    if (job->io->bf16 && !job->packed16) pdp__conv_bf16(wt, g->C * okk);
     job->wt = wt;
 }
 
 /* The chunk's samples into its zeroed padded image (and their dy into the padded
-   dy when dy is not NULL), and the offset tables of both. */
+   dy when dy is not NULL), and the offset tables of both. In bf16 the image is
+   rounded for the fp32 kernels: every product on the emulated path, the dW dot
+   products (dw_dots) in backward on the packed path. */
 static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_chunk *k,
-                                    const float *dy)
+                                    const float *dy, bool backward)
 {
     const pdp__conv_geom *g = &job->g;
     int64_t c, o, ki, kj, s, ns = k->s1 - k->s0;
@@ -401,7 +427,8 @@ static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_ch
         pdp__conv_copy2d(job->io->x + (k->s0 + s) * job->l->in_count, g->H * g->W, g->W,
                          k->xp + g->pad * k->wt + g->pad + s * (g->W + g->pad), g->Hp * k->wt,
                          k->wt, g->C, g->H, g->W);
-    if (job->io->bf16) pdp__conv_bf16(k->xp, g->C * g->Hp * k->wt + g->k);
+    if (job->io->bf16 && (!job->packed16 || (backward && g->dw_dots)))
+        pdp__conv_bf16(k->xp, g->C * g->Hp * k->wt + g->k);
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->k; ki++)
             for (kj = 0; kj < g->k; kj++)
@@ -428,7 +455,13 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         int64_t cols = g->Ho * k.wt;
         int64_t ldo = cols, ldr = k.wt, lds = g->W + g->pad;
-        pdp__conv_implicit_load(job, &k, NULL);
+        pdp__conv_implicit_load(job, &k, NULL, false);
+        if (job->packed16) { /* the image in bf16 words, in place; the bands computed too */
+            uint16_t *xh = (uint16_t *)(void *)k.xp;
+            pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
+            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk,
+                                  1.0f, job->w, g->ckk, xh, k.offx, 0.0f, k.grid, cols);
+        } else
 #if defined(PDP__GEMM_RUNS)
         if (g->ckk >= PDP__CONV_RUNS_MIN_K) {
             /* only the samples' columns, not the bands: grid [O, Ho, ns, Wo] */
@@ -465,8 +498,8 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         int64_t cols = g->Ho * k.wt, ldg = cols;
-        const float *grid = k.grid;
-        pdp__conv_implicit_load(job, &k, io->dx ? io->dy : NULL);
+        float *grid = k.grid;
+        pdp__conv_implicit_load(job, &k, io->dx ? io->dy : NULL, true);
         if (io->dx && g->q == g->pad) {
             /* a "same" convolution: the padded dy has the grid's row width (wqt ==
                wt) and zeros in its bands, so its interior IS dy on the grid */
@@ -480,13 +513,25 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
         }
         for (o = 0; o < g->O; o++)
             k.share[g->O * g->ckk + o] = (float)pdp__layers_sum(grid + o * ldg, cols);
-        if (io->bf16) { /* dy rounded after db took it, for the two products */
+        if (io->bf16 && !job->packed16) { /* dy rounded after db took it, for the products */
             if (io->dx) pdp__conv_bf16(k.dyp, g->O * g->Hq * k.wqt + g->k);
             if (grid == k.grid) pdp__conv_bf16(k.grid, g->O * cols);
+        } else if (io->bf16 && g->dw_dots) { /* packed path: the dots' dy only */
+            for (o = 0; o < g->O; o++) pdp__conv_bf16(grid + o * ldg, cols);
         }
         if (g->dw_dots)
             pdp__sgemm_dots(g->O, g->ckk, cols, grid, ldg, k.xp, k.offx, k.share, g->ckk);
-        else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
+        else if (job->packed16) { /* the image in bf16, in place: the column matrix's pairs
+                                     are adjacent words */
+            uint16_t *xh = (uint16_t *)(void *)k.xp;
+            pdp__gemm_bf16_convert(job->path16, k.xp, xh, g->C * g->Hp * k.wt + g->k);
+            if (g->dw_t)
+                pdp__gemm_bf16_arows_h(job->path16, PDP_TRANS, g->ckk, g->O, cols, 1.0f, xh,
+                                       k.offx, grid, ldg, 0.0f, k.share, g->O);
+            else
+                pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_TRANS, g->O, g->ckk, cols,
+                                      1.0f, grid, ldg, xh, k.offx, 0.0f, k.share, g->ckk);
+        } else if (g->dw_t) /* share^T [C k k, O] = col dy^T: same products, same order */
             pdp__sgemm_arows(PDP_TRANS, g->ckk, g->O, cols, 1.0f, k.xp, k.offx, grid, ldg, 0.0f,
                              k.share, g->O);
         else
@@ -494,7 +539,7 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
                             k.offx, 0.0f, k.share, g->ckk);
         if (!io->dx) continue;
 #if defined(PDP__GEMM_RUNS)
-        if (okk >= PDP__CONV_RUNS_MIN_K) {
+        if (okk >= PDP__CONV_RUNS_MIN_K && !job->packed16) {
             /* only the samples' columns, not the bands: grid [C, H, ns, W] */
             int64_t ns = k.s1 - k.s0;
             pdp__sgemm_runs(g->C, okk, job->wt, okk, k.dyp, k.offdy, g->H, ns, g->W, k.wqt,
@@ -506,8 +551,15 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
             continue;
         }
 #endif
-        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f, job->wt, okk,
-                        k.dyp, k.offdy, 0.0f, k.grid, g->H * k.wqt);
+        if (job->packed16) { /* the padded dy in bf16, in place (the dW share is done) */
+            uint16_t *dyh = (uint16_t *)(void *)k.dyp;
+            pdp__gemm_bf16_convert(job->path16, k.dyp, dyh, g->O * g->Hq * k.wqt + g->k);
+            pdp__gemm_bf16_rows_h(job->path16, PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt,
+                                  okk, 1.0f, job->wt, okk, dyh, k.offdy, 0.0f, k.grid,
+                                  g->H * k.wqt);
+        } else
+            pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->C, g->H * k.wqt, okk, 1.0f, job->wt,
+                            okk, k.dyp, k.offdy, 0.0f, k.grid, g->H * k.wqt);
         for (s = k.s0; s < k.s1; s++)
             pdp__conv_copy2d(k.grid + (s - k.s0) * (g->Wo + g->q), g->H * k.wqt, k.wqt,
                              io->dx + s * job->l->in_count, g->H * g->W, g->W, g->C, g->H, g->W);
@@ -585,8 +637,10 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     job->parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), job->chunks);
     job->wt = NULL;
     job->w = io->w;
+    job->path16 = io->bf16 ? PDP__CONV_BF16_PATH() : PDP_BF16_PATH_EMULATED;
+    job->packed16 = job->g.implicit && io->bf16 && job->path16 != PDP_BF16_PATH_EMULATED;
     if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
-    if (job->g.implicit && !backward && io->bf16) { /* the fixed region (W' in backward) */
+    if (job->g.implicit && !backward && io->bf16 && !job->packed16) { /* W' in backward */
         memcpy(io->work, io->w, (size_t)(job->g.O * job->g.ckk) * sizeof(float));
         pdp__conv_bf16(io->work, job->g.O * job->g.ckk);
         job->w = io->work;

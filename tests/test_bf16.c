@@ -20,6 +20,17 @@
      fp32 summation of exact products; and against the fp32 inputs,
      + (2^-7 + 2^-16) sum |a b| (bf16 keeps 8 significant bits: rounding moves
      each input by at most 2^-8 of itself).
+   - Gathered operands (gemm_bf16.c's pdp__gemm_bf16_rows / _arows / _rows_h /
+     _arows_h, storage rows through an offset table; the _h forms' operand converted by
+     pdp__gemm_bf16_convert, in place or not): on every available path, the bits of
+     pdp_gemm_bf16_on on the materialised operand, at 1 and 2 threads.
+   - Conv2d deep enough for the implicit path's GEMMs (C 16 -> O 32, k 5, 14x14 and
+     C 15 -> O 32: the dW share transposed; C 8 -> O 8, k 3, pad 0: dW as rows, dy
+     apart from the padded dy; C 1 -> O 16: the dW dot products), on the best path and
+     forced onto the emulated one (layers_conv.c's PDP__CONV_BF16_PATH): y, dW, db and
+     dX (the model's input gradient) against double sums of the bf16-rounded inputs
+     within (terms + 2) 2^-24 sum |products| (+ chunks), and the same bits at 1 and 2
+     threads.
    - The model switch: a bf16 Linear model's forward and backward equal the same
      GEMMs called by hand through pdp_gemm_bf16 (bit for bit), and switching back to
      fp32 gives the fp32 bits again; errors name the function; a CUDA model may be bf16
@@ -30,6 +41,11 @@
      the fixture. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
+/* the Conv2d implicit path's bf16 products: the best path, or the one a test forces
+   (layers_conv.c's hook; 0: not forced) */
+static int conv_path_force;
+#define PDP__CONV_BF16_PATH()                                                                  \
+    (conv_path_force ? (pdp_bf16_path)conv_path_force : pdp_bf16_best_path())
 #define PDP_IMPLEMENTATION
 #include "counting_alloc.h"
 #include "pdp.h"
@@ -577,6 +593,327 @@ TEST bf16_model_conv2d_im2col_matches_reference(void)
     PASS();
 }
 
+/* ---- gathered operands ---- */
+
+/* pdp__gemm_bf16_rows (B's storage rows through a table, tb both ways),
+   pdp__gemm_bf16_arows (A's), and their _h forms (the operand in bf16 words from
+   pdp__gemm_bf16_convert, which must give the same words in place) against
+   pdp_gemm_bf16_on on the materialised operand: the same bits, on every path this CPU
+   has, at 1 and 2 threads. The storage rows overlap and come in no order, as Conv2d's
+   runs of the padded image do. */
+static enum greatest_test_res check_gathered(pdp_bf16_path path, int64_t m, int64_t n,
+                                             int64_t k, int threads)
+{
+    int64_t big = 4 * (m + n + k) + 64, rows = PDP__MAX(m, PDP__MAX(n, k)), i, j, r;
+    int64_t *off = (int64_t *)malloc(sizeof(int64_t) * (size_t)rows);
+    float *pool = (float *)malloc(sizeof(float) * (size_t)(big + rows));
+    float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
+    float *mat = (float *)malloc(sizeof(float) * (size_t)PDP__MAX(k * n, m * k)); /* gathered */
+    float *bsrc = (float *)malloc(sizeof(float) * (size_t)(k * n)); /* arows' B */
+    uint16_t *ph = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(big + rows)); /* pool, bf16 */
+    float *c1 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+    float *c2 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+    int t, v;
+    for (i = 0; i < big + rows; i++) pool[i] = rnd();
+    for (r = 0; r < rows; r++) off[r] = (int64_t)(rnd_u32() % (uint32_t)big);
+    for (i = 0; i < m * k; i++) a[i] = rnd();
+    for (i = 0; i < k * n; i++) bsrc[i] = rnd();
+    pdp_set_num_threads(threads);
+    { /* pdp__gemm_bf16_convert in place gives the words it writes elsewhere */
+        float *copy = (float *)malloc(sizeof(float) * (size_t)(big + rows));
+        memcpy(copy, pool, sizeof(float) * (size_t)(big + rows));
+        pdp__gemm_bf16_convert(path, pool, ph, big + rows);
+        pdp__gemm_bf16_convert(path, copy, (uint16_t *)(void *)copy, big + rows);
+        ASSERT_MEM_EQ(ph, copy, sizeof(uint16_t) * (size_t)(big + rows));
+        free(copy);
+    }
+    for (v = 0; v < 6; v++)
+        for (t = 0; t < 2; t++) {
+            pdp_trans tr = t ? PDP_TRANS : PDP_NO_TRANS;
+            for (i = 0; i < m * n; i++) c1[i] = c2[i] = 0.5f;
+            if (v == 0) { /* rows, B k x n: storage rows along k */
+                for (i = 0; i < k; i++)
+                    for (j = 0; j < n; j++) mat[i * n + j] = pool[off[i] + j];
+                pdp__gemm_bf16_rows(path, tr, PDP_NO_TRANS, m, n, k, 1.5f, a,
+                                    tr == PDP_NO_TRANS ? k : m, pool, off, 0.25f, c1, n);
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(path, tr, PDP_NO_TRANS, m, n, k, 1.5f, a,
+                                                   tr == PDP_NO_TRANS ? k : m, mat, n, 0.25f,
+                                                   c2, n));
+            } else if (v == 1) { /* rows, B^T n x k: storage rows along n */
+                for (j = 0; j < n; j++)
+                    for (i = 0; i < k; i++) mat[j * k + i] = pool[off[j] + i];
+                pdp__gemm_bf16_rows(path, tr, PDP_TRANS, m, n, k, 1.5f, a,
+                                    tr == PDP_NO_TRANS ? k : m, pool, off, 0.25f, c1, n);
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(path, tr, PDP_TRANS, m, n, k, 1.5f, a,
+                                                   tr == PDP_NO_TRANS ? k : m, mat, k, 0.25f,
+                                                   c2, n));
+            } else if (v == 3) { /* rows_h: B k x n in bf16 words (pool converted) */
+                for (i = 0; i < k; i++)
+                    for (j = 0; j < n; j++) mat[i * n + j] = pool[off[i] + j];
+                pdp__gemm_bf16_rows_h(path, tr, PDP_NO_TRANS, m, n, k, 1.5f, a,
+                                      tr == PDP_NO_TRANS ? k : m, ph, off, 0.25f, c1, n);
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(path, tr, PDP_NO_TRANS, m, n, k, 1.5f, a,
+                                                   tr == PDP_NO_TRANS ? k : m, mat, n, 0.25f,
+                                                   c2, n));
+            } else if (v == 4) { /* rows_h: B^T n x k in bf16 words */
+                for (j = 0; j < n; j++)
+                    for (i = 0; i < k; i++) mat[j * k + i] = pool[off[j] + i];
+                pdp__gemm_bf16_rows_h(path, tr, PDP_TRANS, m, n, k, 1.5f, a,
+                                      tr == PDP_NO_TRANS ? k : m, ph, off, 0.25f, c1, n);
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(path, tr, PDP_TRANS, m, n, k, 1.5f, a,
+                                                   tr == PDP_NO_TRANS ? k : m, mat, k, 0.25f,
+                                                   c2, n));
+            } else if (v == 5) { /* arows_h: A m x k in bf16 words */
+                for (i = 0; i < m; i++)
+                    for (j = 0; j < k; j++) mat[i * k + j] = pool[off[i] + j];
+                pdp__gemm_bf16_arows_h(path, tr, m, n, k, 1.5f, ph, off, bsrc,
+                                       tr == PDP_NO_TRANS ? n : k, 0.25f, c1, n);
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(path, PDP_NO_TRANS, tr, m, n, k, 1.5f, mat, k,
+                                                   bsrc, tr == PDP_NO_TRANS ? n : k, 0.25f, c2,
+                                                   n));
+            } else { /* arows: A m x k gathered; B k x n or n x k (tr) */
+                for (i = 0; i < m; i++)
+                    for (j = 0; j < k; j++) mat[i * k + j] = pool[off[i] + j];
+                pdp__gemm_bf16_arows(path, tr, m, n, k, 1.5f, pool, off, bsrc,
+                                     tr == PDP_NO_TRANS ? n : k, 0.25f, c1, n);
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(path, PDP_NO_TRANS, tr, m, n, k, 1.5f, mat, k,
+                                                   bsrc, tr == PDP_NO_TRANS ? n : k, 0.25f, c2,
+                                                   n));
+            }
+            for (i = 0; i < m * n; i++)
+                if (to_bits(c1[i]) != to_bits(c2[i])) {
+                    FAILm("a gathered bf16 product differs from the materialised one");
+                }
+        }
+    pdp_set_num_threads(1);
+    free(off);
+    free(pool);
+    free(a);
+    free(mat);
+    free(bsrc);
+    free(ph);
+    free(c1);
+    free(c2);
+    PASS();
+}
+
+TEST bf16_gemm_gathered_rows_match_materialised(void)
+{
+    static const int64_t shapes[][3] = {{9, 33, 65}, {37, 70, 133}, {3, 257, 2}, {70, 40, 784},
+                                        {32, 64, 400}};
+    pdp_bf16_path paths[3] = {PDP_BF16_PATH_EMULATED, PDP_BF16_PATH_AVX512, PDP_BF16_PATH_AMX};
+    int p, s, t;
+    for (p = 0; p < 3; p++) {
+        if (!pdp_bf16_path_available(paths[p])) continue; /* bf16_gemm_*_matches_model skip it */
+        for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
+            for (t = 1; t <= 2; t++)
+                CHECK_CALL(check_gathered(paths[p], shapes[s][0], shapes[s][1], shapes[s][2], t));
+    }
+    PASS();
+}
+
+/* ---- Conv2d through the implicit path's GEMMs ---- */
+
+typedef struct conv_result {
+    float *y, *dw, *db, *dx;
+    int64_t ny, nw, nb, nx;
+    int dw_t, dw_dots;
+} conv_result;
+
+static void conv_result_free(conv_result *r)
+{
+    free(r->y);
+    free(r->dw);
+    free(r->db);
+    free(r->dx);
+    memset(r, 0, sizeof *r);
+}
+
+static float *copy_of(const float *x, int64_t n)
+{
+    float *c = (float *)malloc(sizeof(float) * (size_t)n);
+    memcpy(c, x, sizeof(float) * (size_t)n);
+    return c;
+}
+
+/* One Conv2d (C -> O, k K, stride 1, padding pad) in bf16 on N samples of H x H, on the
+   path conv_path_force names: y, dW, db and dX against double sums of the bf16-rounded
+   inputs, (terms + 2 + chunks) 2^-24 sum |products| (fp32 sums of exact products; the
+   chunks' dW shares summed once more); the results kept in *out. */
+static enum greatest_test_res check_conv_gemms(int64_t C, int64_t O, int64_t K, int64_t pad,
+                                               int64_t H, int64_t N, int threads,
+                                               conv_result *out)
+{
+    pdp_model *m = NULL;
+    pdp_model_desc d;
+    pdp_tensor x, dyt;
+    const pdp_tensor *y;
+    pdp_param w, b;
+    pdp__conv_geom g;
+    float *xd, *dy, *dx;
+    int64_t xs[4], Ho = H + 2 * pad - K + 1, i, n, o, c, ki, kj, oh, ow, ih, iw, chunks;
+    rng_state = 77u; /* the same data at every thread count */
+    memset(&d, 0, sizeof d);
+    d.input_shape[0] = C;
+    d.input_shape[1] = H;
+    d.input_shape[2] = H;
+    d.seed = 5;
+    d.precision = PDP_PRECISION_BF16;
+    ASSERT_EQ(PDP_OK, pdp_model_create(&m, &d));
+    ASSERT_EQ(PDP_OK, pdp_model_add_conv2d(m, O, K, 1, pad));
+    g = pdp__conv_geom_of(&m->layers[0]);
+    ASSERT(g.implicit);
+    out->dw_t = g.dw_t;
+    out->dw_dots = g.dw_dots;
+    chunks = (N + g.per_chunk - 1) / g.per_chunk;
+    xs[0] = N, xs[1] = C, xs[2] = H, xs[3] = H;
+    xd = (float *)malloc(sizeof(float) * (size_t)(N * C * H * H));
+    dx = (float *)malloc(sizeof(float) * (size_t)(N * C * H * H));
+    for (i = 0; i < N * C * H * H; i++) xd[i] = rnd();
+    pdp_tensor_wrap(xd, pdp_cpu(), 4, xs, &x);
+    pdp_set_num_threads(threads);
+    ASSERT_EQ(PDP_OK, pdp_model_forward(m, &x, &y));
+    pdp_model_find_param(m, "0.weight", &w);
+    pdp_model_find_param(m, "0.bias", &b);
+    dy = (float *)malloc(sizeof(float) * (size_t)y->count);
+    for (i = 0; i < y->count; i++) dy[i] = rnd();
+    pdp_tensor_wrap(dy, pdp_cpu(), 4, y->shape, &dyt);
+    pdp_model_zero_grad(m);
+    m->input_grad = dx; /* the first layer's dX, which a model computes for pp.c */
+    ASSERT_EQ(PDP_OK, pdp_model_backward(m, &dyt));
+    m->input_grad = NULL;
+    pdp_set_num_threads(1);
+#define W_(o, c, ki, kj)                                                                       \
+    ((double)pdp_bf16_round(w.value.data[(((o) * C + (c)) * K + (ki)) * K + (kj)]))
+#define X_(n, c, ih, iw) ((double)pdp_bf16_round(xd[(((n) * C + (c)) * H + (ih)) * H + (iw)]))
+#define DY_(n, o, oh, ow) ((double)pdp_bf16_round(dy[(((n) * O + (o)) * Ho + (oh)) * Ho + (ow)]))
+    for (n = 0; n < N; n++)
+        for (o = 0; o < O; o++)
+            for (oh = 0; oh < Ho; oh++)
+                for (ow = 0; ow < Ho; ow++) {
+                    double ref = b.value.data[o], mag = fabs(b.value.data[o]);
+                    for (c = 0; c < C; c++)
+                        for (ki = 0; ki < K; ki++)
+                            for (kj = 0; kj < K; kj++) {
+                                double t;
+                                ih = oh - pad + ki, iw = ow - pad + kj;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= H) continue;
+                                t = W_(o, c, ki, kj) * X_(n, c, ih, iw);
+                                ref += t;
+                                mag += fabs(t);
+                            }
+                    ASSERT_IN_RANGE(ref, y->data[((n * O + o) * Ho + oh) * Ho + ow],
+                                    (C * K * K + 2) * ldexp(mag, -24));
+                }
+    for (o = 0; o < O; o++) {
+        double db = 0.0, dbm = 0.0;
+        for (n = 0; n < N; n++)
+            for (i = 0; i < Ho * Ho; i++) {
+                db += dy[(n * O + o) * Ho * Ho + i];
+                dbm += fabs(dy[(n * O + o) * Ho * Ho + i]);
+            }
+        ASSERT_IN_RANGE(db, b.grad.data[o], (N * Ho * Ho + 2 + chunks) * ldexp(dbm, -24));
+        for (c = 0; c < C; c++)
+            for (ki = 0; ki < K; ki++)
+                for (kj = 0; kj < K; kj++) {
+                    double ref = 0.0, mag = 0.0;
+                    for (n = 0; n < N; n++)
+                        for (oh = 0; oh < Ho; oh++)
+                            for (ow = 0; ow < Ho; ow++) {
+                                double t;
+                                ih = oh - pad + ki, iw = ow - pad + kj;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= H) continue;
+                                t = DY_(n, o, oh, ow) * X_(n, c, ih, iw);
+                                ref += t;
+                                mag += fabs(t);
+                            }
+                    ASSERT_IN_RANGE(ref, w.grad.data[((o * C + c) * K + ki) * K + kj],
+                                    (N * Ho * Ho + 2 + chunks) * ldexp(mag, -24));
+                }
+    }
+    for (n = 0; n < N; n++)
+        for (c = 0; c < C; c++)
+            for (ih = 0; ih < H; ih++)
+                for (iw = 0; iw < H; iw++) {
+                    double ref = 0.0, mag = 0.0;
+                    for (o = 0; o < O; o++)
+                        for (ki = 0; ki < K; ki++)
+                            for (kj = 0; kj < K; kj++) {
+                                double t;
+                                oh = ih + pad - ki, ow = iw + pad - kj;
+                                if (oh < 0 || oh >= Ho || ow < 0 || ow >= Ho) continue;
+                                t = W_(o, c, ki, kj) * DY_(n, o, oh, ow);
+                                ref += t;
+                                mag += fabs(t);
+                            }
+                    ASSERT_IN_RANGE(ref, dx[((n * C + c) * H + ih) * H + iw],
+                                    (O * K * K + 2) * ldexp(mag, -24));
+                }
+#undef W_
+#undef X_
+#undef DY_
+    out->ny = y->count, out->y = copy_of(y->data, y->count);
+    out->nw = w.grad.count, out->dw = copy_of(w.grad.data, w.grad.count);
+    out->nb = b.grad.count, out->db = copy_of(b.grad.data, b.grad.count);
+    out->nx = N * C * H * H, out->dx = copy_of(dx, out->nx);
+    free(xd);
+    free(dx);
+    free(dy);
+    pdp_model_free(m);
+    PASS();
+}
+
+static int same_bits(const float *a, const float *b, int64_t n)
+{
+    return memcmp(a, b, sizeof(float) * (size_t)n) == 0;
+}
+
+TEST bf16_model_conv2d_implicit_gemms_match_reference(void)
+{
+    /* C, O, K, pad, H, N: the CNN's second layer (dW transposed with the AVX-512 fp32
+       tiles), C k k = 375 (transposed with every fp32 kernel's tiles), as rows with dy
+       apart from the padded dy (pad 0: not a "same" convolution), as dot products; two
+       chunks */
+    static const int64_t cases[][6] = {{16, 32, 5, 2, 14, 3}, {15, 32, 5, 2, 9, 3},
+                                       {8, 8, 3, 0, 11, 3},   {1, 16, 5, 2, 12, 3},
+                                       {16, 32, 5, 2, 14, 11}};
+    int paths[2], np = 0, p, s, seen_t = 0, seen_rows = 0, seen_dots = 0;
+    paths[np++] = 0; /* the best path */
+    if (pdp_bf16_best_path() != PDP_BF16_PATH_EMULATED) paths[np++] = PDP_BF16_PATH_EMULATED;
+    for (p = 0; p < np; p++)
+        for (s = 0; s < (int)(sizeof cases / sizeof cases[0]); s++) {
+            const int64_t *k = cases[s];
+            conv_result r1, r2;
+            enum greatest_test_res res;
+            memset(&r1, 0, sizeof r1);
+            memset(&r2, 0, sizeof r2);
+            conv_path_force = paths[p];
+            res = check_conv_gemms(k[0], k[1], k[2], k[3], k[4], k[5], 1, &r1);
+            if (res == GREATEST_TEST_RES_PASS)
+                res = check_conv_gemms(k[0], k[1], k[2], k[3], k[4], k[5], 2, &r2);
+            conv_path_force = 0;
+            if (res != GREATEST_TEST_RES_PASS) {
+                conv_result_free(&r1);
+                conv_result_free(&r2);
+                return res;
+            }
+            seen_t |= r1.dw_t;
+            seen_dots |= r1.dw_dots;
+            seen_rows |= !r1.dw_t && !r1.dw_dots;
+            res = same_bits(r1.y, r2.y, r1.ny) && same_bits(r1.dw, r2.dw, r1.nw) &&
+                          same_bits(r1.db, r2.db, r1.nb) && same_bits(r1.dx, r2.dx, r1.nx)
+                      ? GREATEST_TEST_RES_PASS
+                      : GREATEST_TEST_RES_FAIL;
+            conv_result_free(&r1);
+            conv_result_free(&r2);
+            if (res != GREATEST_TEST_RES_PASS)
+                FAILm("Conv2d bf16: different bits at 1 and 2 threads");
+        }
+    ASSERTm("the cases take the transposed, rows and dots dW shares",
+            seen_t && seen_rows && seen_dots);
+    PASS();
+}
+
 TEST bf16_model_errors_name_the_function(void)
 {
     pdp_model *m = mlp(PDP_PRECISION_FP32), *c = NULL;
@@ -767,6 +1104,8 @@ SUITE(bf16)
     RUN_TEST(bf16_model_linear_uses_bf16_gemms_and_switches_back);
     RUN_TEST(bf16_model_conv2d_implicit_matches_reference);
     RUN_TEST(bf16_model_conv2d_im2col_matches_reference);
+    RUN_TEST(bf16_gemm_gathered_rows_match_materialised);
+    RUN_TEST(bf16_model_conv2d_implicit_gemms_match_reference);
     RUN_TEST(bf16_model_errors_name_the_function);
     RUN_TEST(bf16_matches_torch_autocast_mlp_step);
 }
