@@ -3,8 +3,9 @@
    Shapes are written M x K x N as the issue does: C[M,N] = op(A)[M,K] * op(B)[K,N].
    NN is A*B, TN is A^T*B, NT is A*B^T (row-major, as pdp_sgemm takes them). The
    128-row shapes are the MLP's (batch 128, layers 784->512 and 512->512).
-   Each figure is the median of 7 timed repetitions after 50 ms of warm-up; a repetition
-   loops the call for about 25 ms. Per shape and thread count the two libraries run
+   Each figure is the median over 3 rounds (each shape once per round) of the median
+   of 7 timed repetitions after 50 ms of warm-up; a repetition loops the call for
+   about 25 ms. Per shape and thread count the two libraries run
    one after the other, each after a 200 ms pause: OpenBLAS's workers keep spinning
    for a while after each call and steal the second core from whatever runs next,
    so alternating them repetition by repetition measured the spinning, not ours.
@@ -32,6 +33,7 @@
 #endif
 
 #define REPS 7
+#define ROUNDS 3
 
 typedef struct shape {
     int64_t m, k, n;
@@ -207,7 +209,10 @@ int main(int argc, char **argv)
     };
     int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
     int bf16_only = argc > 1 && strcmp(argv[1], "bf16") == 0;
-    size_t count = quick ? 2 : sizeof all / sizeof all[0], i, j;
+    size_t count = quick ? 2 : sizeof all / sizeof all[0], i;
+    int rounds = quick ? 1 : ROUNDS, r, t;
+    problem problems[sizeof all / sizeof all[0]];
+    double rates[sizeof all / sizeof all[0]][2][2][ROUNDS]; /* shape, threads - 1, lib, round */
     double start = bench_now();
     const char *coretype = getenv("OPENBLAS_CORETYPE");
     double peak;
@@ -220,8 +225,9 @@ int main(int argc, char **argv)
     }
     peak = bench_peak_gflops(BENCH_PEAK_FP32);
 
-    printf("pdp_sgemm %s, kernel %s; shapes M x K x N; GFLOP/s, median of %d\n",
-           pdp_version_string(), PDP__GEMM_KERNEL, REPS);
+    printf("pdp_sgemm %s, kernel %s; shapes M x K x N; GFLOP/s, the median over %d round%s of "
+           "the median of %d\n", pdp_version_string(), PDP__GEMM_KERNEL, rounds,
+           rounds > 1 ? "s" : "", REPS);
     printf("fp32 FMA peak measured: %.1f GFLOP/s per core\n", peak);
 #ifdef PDP_BENCH_OPENBLAS
     printf("OpenBLAS: %s (core %s), OPENBLAS_CORETYPE=%s\n", openblas_get_config(),
@@ -234,49 +240,51 @@ int main(int argc, char **argv)
     printf("%-16s %-3s | %8s %5s | %8s %5s | %7s\n", "shape", "op", "ours 1t", "peak", "ours 2t",
            "peak", "ours x");
 #endif
+    /* every shape once per round, the table from the medians over the rounds: the
+       host's noise (a second core taken away for a few seconds) hits one round of a
+       shape, not its figure */
     for (i = 0; i < count; i++) {
-        problem p;
-        double ours[2], ob[2], rate[2];
-        int t;
-        char name[32];
-        int64_t arows, brows;
-        p.s = all[i];
-        arows = p.s.ta == PDP_NO_TRANS ? p.s.m : p.s.k;
-        p.lda = p.s.ta == PDP_NO_TRANS ? p.s.k : p.s.m;
-        brows = p.s.tb == PDP_NO_TRANS ? p.s.k : p.s.n;
-        p.ldb = p.s.tb == PDP_NO_TRANS ? p.s.n : p.s.k;
-        p.a = (float *)malloc(sizeof(float) * (size_t)(arows * p.lda));
-        p.b = (float *)malloc(sizeof(float) * (size_t)(brows * p.ldb));
-        p.c = (float *)malloc(sizeof(float) * (size_t)(p.s.m * p.s.n));
-        if (!p.a || !p.b || !p.c) {
+        problems[i].s = all[i];
+        if (!problem_alloc(&problems[i])) {
             fprintf(stderr, "bench_gemm: out of memory\n");
             return 1;
         }
-        for (j = 0; j < (size_t)(arows * p.lda); j++) p.a[j] = (float)((j * 7 + 3) % 13) * 0.1f - 0.6f;
-        for (j = 0; j < (size_t)(brows * p.ldb); j++) p.b[j] = (float)((j * 5 + 1) % 11) * 0.1f - 0.5f;
-        for (t = 0; t < 2; t++) {
-            pdp_set_num_threads(t + 1);
+    }
+    for (r = 0; r < rounds; r++)
+        for (i = 0; i < count; i++)
+            for (t = 0; t < 2; t++) {
+                double rate[2];
+                pdp_set_num_threads(t + 1);
 #ifdef PDP_BENCH_OPENBLAS
-            openblas_set_num_threads(t + 1);
+                openblas_set_num_threads(t + 1);
 #endif
-            measure(&p, rate);
-            ours[t] = rate[0];
-            ob[t] = rate[1];
+                measure(&problems[i], rate);
+                rates[i][t][0][r] = rate[0];
+                rates[i][t][1][r] = rate[1];
+            }
+    for (i = 0; i < count; i++) {
+        const problem *p = &problems[i];
+        double ours[2], ob[2];
+        int t;
+        char name[32];
+        for (t = 0; t < 2; t++) {
+            ours[t] = bench_median(rates[i][t][0], rounds);
+            ob[t] = bench_median(rates[i][t][1], rounds);
         }
-        snprintf(name, sizeof name, "%dx%dx%d", (int)p.s.m, (int)p.s.k, (int)p.s.n);
+        snprintf(name, sizeof name, "%dx%dx%d", (int)p->s.m, (int)p->s.k, (int)p->s.n);
 #ifdef PDP_BENCH_OPENBLAS
         printf("%-16s %-3s | %8.1f %8.1f %6.2f %4.0f%% | %8.1f %8.1f %6.2f %4.0f%% | %7.2f\n", name,
-               layout(&p.s), ours[0], ob[0], ours[0] / ob[0], 100.0 * ours[0] / peak, ours[1],
+               layout(&p->s), ours[0], ob[0], ours[0] / ob[0], 100.0 * ours[0] / peak, ours[1],
                ob[1], ours[1] / ob[1], 50.0 * ours[1] / peak, ours[1] / ours[0]);
 #else
         (void)ob;
-        printf("%-16s %-3s | %8.1f %4.0f%% | %8.1f %4.0f%% | %7.2f\n", name, layout(&p.s), ours[0],
-               100.0 * ours[0] / peak, ours[1], 50.0 * ours[1] / peak, ours[1] / ours[0]);
+        printf("%-16s %-3s | %8.1f %4.0f%% | %8.1f %4.0f%% | %7.2f\n", name, layout(&p->s),
+               ours[0], 100.0 * ours[0] / peak, ours[1], 50.0 * ours[1] / peak,
+               ours[1] / ours[0]);
 #endif
-        fflush(stdout);
-        free(p.a);
-        free(p.b);
-        free(p.c);
+        free(problems[i].a);
+        free(problems[i].b);
+        free(problems[i].c);
     }
     printf("ratio: ours / OpenBLAS at the same thread count; peak: ours / (threads x the measured "
            "peak); ours x: our 2-thread speed-up. %.0f s\n", bench_now() - start);
