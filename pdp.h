@@ -5959,9 +5959,13 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 #ifndef PDP__GEMM_NC
 #  define PDP__GEMM_NC 512
 #endif
-/* Products below this many flops stay on the calling thread. */
+/* Products below this many flops stay on the calling thread. With the pool's spin a
+   hand-off costs a few microseconds, less than half of a 1.3 MFLOP product (the MLP's
+   10-class layer at batch 128, ~40 us on one core): at 1e6 rather than 4e6 the MLP
+   784-512-512-10 step at batch 128 on 2 threads was faster in 11 of 14 alternating
+   runs, either order first, by a median of 9% (Zen 4, a noisy host: -17% to +23%). */
 #ifndef PDP__GEMM_PAR_FLOPS
-#  define PDP__GEMM_PAR_FLOPS 4.0e6
+#  define PDP__GEMM_PAR_FLOPS 1.0e6
 #endif
 
 /* ---- gemm: packing ---- */
