@@ -7443,6 +7443,14 @@ PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int
                            ldc);
 }
 
+/* path with AUTO resolved to the best; one the CPU lacks is the caller's bug. */
+static pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
+{
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    PDP_ASSERT(pdp_bf16_path_available(path));
+    return path;
+}
+
 /* ---- gemm_bf16: gathered operands ----
    gemm.c's pdp__sgemm_rows and pdp__sgemm_arows in bf16, on `path` (AUTO: the best;
    one the CPU lacks: the caller's bug, asserted): the packing reads the storage rows
@@ -7457,20 +7465,16 @@ static void pdp__gemm_bf16_rows(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
                                 const float *b, const int64_t *brow, float beta, float *c,
                                 int64_t ldc)
 {
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
-    PDP_ASSERT(pdp_bf16_path_available(path));
-    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, 0, brow, beta, c,
-                  ldc);
+    pdp__bf16_run(pdp__bf16_resolve(path), ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL,
+                  0, brow, beta, c, ldc);
 }
 
 static void pdp__gemm_bf16_arows(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
                                  int64_t k, float alpha, const float *a, const int64_t *arow,
                                  const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
-    PDP_ASSERT(pdp_bf16_path_available(path));
-    pdp__bf16_run(path, PDP_NO_TRANS, tb, m, n, k, alpha, a, NULL, 0, arow, b, NULL, ldb, NULL,
-                  beta, c, ldc);
+    pdp__bf16_run(pdp__bf16_resolve(path), PDP_NO_TRANS, tb, m, n, k, alpha, a, NULL, 0, arow,
+                  b, NULL, ldb, NULL, beta, c, ldc);
 }
 
 /* pdp__gemm_bf16_rows and _arows with the gathered operand already in bf16 words, as
@@ -7485,10 +7489,8 @@ static void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb
                                   const uint16_t *bh, const int64_t *brow, float beta, float *c,
                                   int64_t ldc)
 {
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
-    PDP_ASSERT(pdp_bf16_path_available(path));
-    pdp__bf16_run(path, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh, 0, brow, beta, c,
-                  ldc);
+    pdp__bf16_run(pdp__bf16_resolve(path), ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh,
+                  0, brow, beta, c, ldc);
 }
 
 static void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
@@ -7496,10 +7498,8 @@ static void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, 
                                    const int64_t *arow, const float *b, int64_t ldb, float beta,
                                    float *c, int64_t ldc)
 {
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
-    PDP_ASSERT(pdp_bf16_path_available(path));
-    pdp__bf16_run(path, PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow, b, NULL, ldb, NULL,
-                  beta, c, ldc);
+    pdp__bf16_run(pdp__bf16_resolve(path), PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow,
+                  b, NULL, ldb, NULL, beta, c, ldc);
 }
 
 /* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
