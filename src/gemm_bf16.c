@@ -16,12 +16,12 @@
    but where a subnormal input becomes a zero or a subnormal bf16, read as zero by every
    kernel (the corner where they differ otherwise is handled: pdp__bf16_cvt2).
 
-   Gathered operands (Conv2d's implicit GEMM, section "gathered operands"): an operand's
-   storage rows may sit anywhere, row s at x + off[s] (an offset table, as gemm.c's
-   pdp__sgemm_rows), and may be given as bf16 words already (pdp__gemm_bf16_convert,
-   which writes the words the path's packing would make, in place if asked): the
-   packing then reads them through the table and, for words, converts nothing; the
-   panels, and so the bits, are those of the materialised operand.
+   Gathered operands (Conv2d's implicit GEMM, section "gathered operands"): one operand
+   given as bf16 words (pdp__gemm_bf16_convert, which writes the words the path's
+   packing would make, in place if asked) whose storage rows may sit anywhere, row s
+   at h + off[s] (an offset table, as gemm.c's pdp__sgemm_rows): the packing reads
+   them through the table and converts nothing; the panels, and so the bits, are those
+   of the materialised operand.
 
    Invariants:
    - One arithmetic on every path (gemm.h states it): per element of C one chain of
@@ -181,35 +181,25 @@ PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path)
 
 /* ---- gemm_bf16: packing ---- */
 
-/* Storage row s of an operand: at x + off[s] when the offset table off is given
-   (Conv2d's implicit column matrix, gemm.c's pdp__sgemm_rows), else at x + s ld. */
-static inline const float *pdp__bf16_row(const float *x, int64_t ld, const int64_t *off,
-                                         int64_t s)
+/* op(X)(r, p) of an operand stored row-major with stride ld. */
+static inline float pdp__bf16_at(const float *x, int64_t ld, pdp_trans t, int64_t r, int64_t p)
 {
-    return off ? x + off[s] : x + s * ld;
-}
-
-/* op(X)(r, p) of an operand stored by rows (pdp__bf16_row). */
-static inline float pdp__bf16_at(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
-                                 int64_t r, int64_t p)
-{
-    return t == PDP_NO_TRANS ? pdp__bf16_row(x, ld, off, r)[p] : pdp__bf16_row(x, ld, off, p)[r];
+    return t == PDP_NO_TRANS ? x[r * ld + p] : x[p * ld + r];
 }
 
 /* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
    (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
-static void pdp__bf16_pack_panel(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
-                                 int64_t r0, int rows, int64_t k, int width, uint32_t *dst)
+static void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                 int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
     int i;
     for (p = 0; p < pairs; p++) {
         uint32_t *d = dst + p * width;
         for (i = 0; i < rows; i++) {
-            uint32_t lo = pdp__bf16_bits(pdp__bf16_at(x, ld, off, t, r0 + i, 2 * p));
-            uint32_t hi = 2 * p + 1 < k
-                              ? pdp__bf16_bits(pdp__bf16_at(x, ld, off, t, r0 + i, 2 * p + 1))
-                              : 0u;
+            uint32_t lo = pdp__bf16_bits(pdp__bf16_at(x, ld, t, r0 + i, 2 * p));
+            uint32_t hi = 2 * p + 1 < k ? pdp__bf16_bits(pdp__bf16_at(x, ld, t, r0 + i, 2 * p + 1))
+                                        : 0u;
             d[i] = lo | hi << 16;
         }
         for (; i < width; i++) d[i] = 0u;
@@ -217,15 +207,14 @@ static void pdp__bf16_pack_panel(const float *x, int64_t ld, const int64_t *off,
 }
 
 /* Rows [r0, r0 + rows) of op(X) as ceil(rows / width) panels of `width` rows, panel j
-   at dst + j * pairs * width (the last one zero-padded). X's storage rows as
-   pdp__bf16_row says (off NULL: row-major with stride ld). */
-static void pdp__bf16_pack(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
-                           int64_t r0, int rows, int64_t k, int width, uint32_t *dst)
+   at dst + j * pairs * width (the last one zero-padded). */
+static void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                           int64_t k, int width, uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
     for (j = 0; j < rows; j += width)
-        pdp__bf16_pack_panel(x, ld, off, t, r0 + j, PDP__MIN(width, rows - j), k, width,
+        pdp__bf16_pack_panel(x, ld, t, r0 + j, PDP__MIN(width, rows - j), k, width,
                              dst + j / width * pairs * width);
 }
 
@@ -305,21 +294,20 @@ PDP__BF16_TARGET static inline __m512i pdp__bf16_cvt2(__m512 lo, __m512 hi)
 
 /* 16 rows from `at` (mask m: those below rows) of x(., 2p) and x(., 2p + 1) for every
    pair p, as pair words to d + p width (wide: width >= 16; else width 8, rows 8-15 to
-   d + panel + p width when two: both halves are in the padded rows); inlined with off,
-   wide and two constant, so that the loop has no branch but the subnormal one. */
+   d + panel + p width when two: both halves are in the padded rows); inlined with wide
+   and two constant, so that the loop has no branch but the subnormal one. */
 PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pack_rows16(
-    const float *x, int64_t ld, const int64_t *off, int64_t at, __mmask16 m, int64_t k,
-    int width, int64_t panel, const int wide, const int two, uint32_t *d)
+    const float *x, int64_t ld, int64_t at, __mmask16 m, int64_t k, int width, int64_t panel,
+    const int wide, const int two, uint32_t *d)
 {
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                          16, 0);
     int64_t p, pairs = (k + 1) / 2;
     for (p = 0; p < pairs; p++, d += width) {
-        __m512 vlo = _mm512_maskz_loadu_ps(m, pdp__bf16_row(x, ld, off, 2 * p) + at);
-        __m512 vhi = 2 * p + 1 < k
-                         ? _mm512_maskz_loadu_ps(m, pdp__bf16_row(x, ld, off, 2 * p + 1) + at)
-                         : _mm512_setzero_ps();
+        __m512 vlo = _mm512_maskz_loadu_ps(m, x + 2 * p * ld + at);
+        __m512 vhi = 2 * p + 1 < k ? _mm512_maskz_loadu_ps(m, x + (2 * p + 1) * ld + at)
+                                   : _mm512_setzero_ps();
         __m512i w = _mm512_permutexvar_epi16(idx, pdp__bf16_cvt2(vlo, vhi));
         if (wide) {
             _mm512_storeu_si512((void *)d, w);
@@ -331,12 +319,11 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
 }
 
 /* pdp__bf16_pack for an operand whose rows are contiguous (t == PDP_TRANS: x(r, p) =
-   x[p * ld + r], or x[off[p] + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1)
-   converted together and interleaved (word i = lo_i | hi_i << 16) by one vpermw, then
-   stored to one panel (width a multiple of 16) or two (width 8). */
-PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, const int64_t *off,
-                                                 int64_t r0, int rows, int64_t k, int width,
-                                                 uint32_t *dst)
+   x[p * ld + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1) converted together and
+   interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
+   (width a multiple of 16) or two (width 8). */
+PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
+                                                 int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t panel = (k + 1) / 2 * width;
     int i, padded = (rows + width - 1) / width * width;
@@ -345,14 +332,12 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, con
         __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
         int64_t at = r0 + (left > 0 ? i : 0);
         uint32_t *d = dst + i / width * panel + i % width;
-        if (width >= 16 && off)
-            pdp__bf16_pack_rows16(x, 0, off, at, m, k, width, panel, 1, 0, d);
-        else if (width >= 16)
-            pdp__bf16_pack_rows16(x, ld, NULL, at, m, k, width, panel, 1, 0, d);
+        if (width >= 16)
+            pdp__bf16_pack_rows16(x, ld, at, m, k, width, panel, 1, 0, d);
         else if (two)
-            pdp__bf16_pack_rows16(x, ld, off, at, m, k, width, panel, 0, 1, d);
+            pdp__bf16_pack_rows16(x, ld, at, m, k, width, panel, 0, 1, d);
         else
-            pdp__bf16_pack_rows16(x, ld, off, at, m, k, width, panel, 0, 0, d);
+            pdp__bf16_pack_rows16(x, ld, at, m, k, width, panel, 0, 0, d);
     }
 }
 
@@ -401,7 +386,7 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, con
    rows x 16 pairs converted row by row (or, from bf16 words h, loaded: a pair is two
    adjacent words) and transposed in registers. A block of 16 whole pairs in a panel of
    width 8 is stored as 8 zmm of two pair rows each; the others lane by lane. Inlined
-   with x or h NULL. */
+   with x or h NULL: x's rows at x + r ld, h's at h + off[r]. */
 PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pack_k_core(
     const float *x, const uint16_t *h, int64_t ld, const int64_t *off, int64_t r0, int rows,
     int64_t k, int width, uint32_t *dst)
@@ -417,7 +402,7 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
         const uint16_t *hrow[8]; /* or its rows of bf16 words (hrow[0] NULL: none) */
         for (i = 0; i < 8; i++) {
             int in = i0 + i < rows;
-            row[i] = x && in ? pdp__bf16_row(x, ld, off, r0 + i0 + i) : x;
+            row[i] = x && in ? x + (r0 + i0 + i) * ld : x;
             hrow[i] = h ? h + (in ? off[r0 + i0 + i] : off[r0]) : NULL;
         }
         for (p0 = 0; p0 < pairs; p0 += 16) {
@@ -455,11 +440,11 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
 }
 #  undef PDP__BF16_FULL2
 
-PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld,
-                                                    const int64_t *off, int64_t r0, int rows,
-                                                    int64_t k, int width, uint32_t *dst)
+PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld, int64_t r0,
+                                                    int rows, int64_t k, int width,
+                                                    uint32_t *dst)
 {
-    pdp__bf16_pack_k_core(x, NULL, ld, off, r0, rows, k, width, dst);
+    pdp__bf16_pack_k_core(x, NULL, ld, NULL, r0, rows, k, width, dst);
 }
 
 PDP__BF16_TARGET static void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
@@ -474,18 +459,18 @@ PDP__BF16_TARGET static void pdp__bf16_pack_k_panel_h(const uint16_t *h, const i
 
 /* pdp__bf16_pack with AVX512-BF16's conversion: the same words, but for subnormal
    values (zero of their sign here, rounded there), which every kernel reads as zero. */
-PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld,
-                                                   const int64_t *off, pdp_trans t, int64_t r0,
-                                                   int rows, int64_t k, int width, uint32_t *dst)
+PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld, pdp_trans t,
+                                                   int64_t r0, int rows, int64_t k, int width,
+                                                   uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
     if (t == PDP_TRANS) {
-        pdp__bf16_pack_rows(x, ld, off, r0, rows, k, width, dst);
+        pdp__bf16_pack_rows(x, ld, r0, rows, k, width, dst);
         return;
     }
     for (j = 0; j < rows; j += width)
-        pdp__bf16_pack_k_panel(x, ld, off, r0 + j, PDP__MIN(width, rows - j), k, width,
+        pdp__bf16_pack_k_panel(x, ld, r0 + j, PDP__MIN(width, rows - j), k, width,
                                dst + j / width * pairs * width);
 }
 
@@ -719,8 +704,8 @@ typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uin
                                     float *c, int64_t ldc, int mr, int nr, float alpha,
                                     float beta);
 
-typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, const int64_t *off, pdp_trans t,
-                                  int64_t r0, int rows, int64_t k, int width, uint32_t *dst);
+typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                  int64_t k, int width, uint32_t *dst);
 
 typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, pdp_trans t,
                                     int64_t r0, int rows, int64_t k, int width, uint32_t *dst);
@@ -733,10 +718,8 @@ typedef struct pdp__bf16_args {
     float alpha, beta;
     const float *a, *b;
     int64_t lda, ldb, ldc;
-    const int64_t *arow, *brow; /* storage row r of A (B) at a + arow[r] (b + brow[r]), or
-                                   NULL: at a + r lda (b + r ldb) */
-    const uint16_t *ah, *bh; /* not NULL: A (B) in bf16 words instead of a (b), rows
-                                through arow (brow) */
+    const uint16_t *ah, *bh;    /* not NULL: A (B) in bf16 words instead of a (b) */
+    const int64_t *arow, *brow; /* storage row r at ah + arow[r] (bh + brow[r]) */
     float *c;
     pdp__bf16_kernel_fn kernel;
     pdp__bf16_pack_fn pack;
@@ -748,13 +731,13 @@ typedef struct pdp__bf16_args {
 static uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p)
 {
     if (g->ah) return (uint16_t)pdp__bf16_hat(g->ah, g->arow, g->ta, i, p);
-    return pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->arow, g->ta, i, p));
+    return pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p));
 }
 static uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j)
 {
     pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS;
     if (g->bh) return (uint16_t)pdp__bf16_hat(g->bh, g->brow, tbt, j, p);
-    return pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, g->brow, tbt, j, p));
+    return pdp__bf16_bits(pdp__bf16_at(g->b, g->ldb, tbt, j, p));
 }
 
 /* Element (i, j) of C by the emulated chain, unpacked (the fallback without scratch). */
@@ -801,14 +784,14 @@ static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int
         if (g->ah)
             g->pack_h(g->ah, g->arow, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
         else
-            g->pack(g->a, g->lda, g->arow, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
+            g->pack(g->a, g->lda, g->ta, mc, (int)(mend - mc), g->k, PDP__BF16_MR, ap);
         for (jr = n0; jr < n1; jr += PDP__BF16_NR) {
             int nr = (int)PDP__MIN(PDP__BF16_NR, n1 - jr);
             uint32_t *bj = bp + (jr - n0) * pairs;
             if (mc == m0 && g->bh)
                 g->pack_h(g->bh, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             else if (mc == m0)
-                g->pack(g->b, g->ldb, g->brow, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
+                g->pack(g->b, g->ldb, tbt, jr, nr, g->k, PDP__BF16_NR, bj);
             for (ir = mc; ir < mend; ir += PDP__BF16_MR)
                 g->kernel(pairs, ap + (ir - mc) * pairs, bj, g->c + ir * g->ldc + jr, g->ldc,
                           (int)PDP__MIN(PDP__BF16_MR, mend - ir), nr, g->alpha, g->beta);
@@ -832,9 +815,8 @@ static void pdp__bf16_part(void *arg, int i, int n)
         pdp__bf16_block(g, lo, hi, 0, g->n);
 }
 
-/* pdp_gemm_bf16_on on an available path (not AUTO) with A's and B's storage rows at
-   a + arow[r], b + brow[r] where the tables are given (pdp__bf16_row); A's (B's) bf16
-   words at ah (bh) when given, rows through arow (brow). */
+/* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
+   when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
 static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
                           int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
                           const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
@@ -852,7 +834,7 @@ static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_
     }
     PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
     PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
-    PDP_ASSERT((!ah || arow) && (!bh || brow));
+    PDP_ASSERT(!ah == !arow && !bh == !brow);
     g.ta = ta;
     g.tb = tb;
     g.m = m;
@@ -926,37 +908,15 @@ static pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
 
 /* ---- gemm_bf16: gathered operands ----
    gemm.c's pdp__sgemm_rows and pdp__sgemm_arows in bf16, on `path` (AUTO: the best;
-   one the CPU lacks: the caller's bug, asserted): the packing reads the storage rows
-   through the offset table, so Conv2d's implicit column matrix is rounded and packed
-   straight from the padded image. Same tiles, chains and bits as pdp_gemm_bf16_on on
-   the materialised operand, on the same path.
-   rows:  B's storage row r at b + brow[r]: op(B)(p, j) = b[brow[p] + j] (tb ==
-          PDP_NO_TRANS) or b[brow[j] + p] (PDP_TRANS).
-   arows: A not transposed, row i at a + arow[i]: A(i, p) = a[arow[i] + p]. */
-static void pdp__gemm_bf16_rows(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
-                                int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                                const float *b, const int64_t *brow, float beta, float *c,
-                                int64_t ldc)
-{
-    pdp__bf16_run(pdp__bf16_resolve(path), ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL,
-                  0, brow, beta, c, ldc);
-}
-
-static void pdp__gemm_bf16_arows(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
-                                 int64_t k, float alpha, const float *a, const int64_t *arow,
-                                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
-{
-    pdp__bf16_run(pdp__bf16_resolve(path), PDP_NO_TRANS, tb, m, n, k, alpha, a, NULL, 0, arow,
-                  b, NULL, ldb, NULL, beta, c, ldc);
-}
-
-/* pdp__gemm_bf16_rows and _arows with the gathered operand already in bf16 words, as
-   pdp__gemm_bf16_convert on the same path wrote them: rows_h op(B)(p, j) = bh[brow[p] +
-   j] (tb PDP_NO_TRANS) or bh[brow[j] + p]; arows_h A(i, p) = ah[arow[i] + p]. The bits
-   of pdp__gemm_bf16_rows / _arows on the floats converted, with nothing to convert in
-   the packing (Conv2d converts its padded image once, where the packing would convert
-   each value k k times): a pair is two loads and two vpermt2w per 32 columns, or two
-   adjacent words. */
+   one the CPU lacks: the caller's bug, asserted), with the gathered operand already in
+   bf16 words as pdp__gemm_bf16_convert on the same path wrote them (Conv2d converts its
+   padded image once, where packing floats would convert each value k k times): the
+   packing reads the storage rows through the offset table and converts nothing, a pair
+   is two loads and two vpermt2w per 32 columns, or two adjacent words. Same tiles,
+   chains and bits as pdp_gemm_bf16_on on the materialised floats, on the same path.
+   rows_h:  B's storage row r at bh + brow[r]: op(B)(p, j) = bh[brow[p] + j] (tb ==
+            PDP_NO_TRANS) or bh[brow[j] + p] (PDP_TRANS).
+   arows_h: A not transposed, row i at ah + arow[i]: A(i, p) = ah[arow[i] + p]. */
 static void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
                                   int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                                   const uint16_t *bh, const int64_t *brow, float beta, float *c,
