@@ -127,7 +127,8 @@
    DISTRIBUTED
    ===========
    DataParallel, one process (dp.h): pdp_dp_create(&dp, master, &desc) starts one
-   persistent worker thread per device; pdp_dp_step(dp, opt, x, y, &loss) runs the
+   persistent worker thread per device after the first (the calling thread drives
+   replica 0, the master, itself); pdp_dp_step(dp, opt, x, y, &loss) runs the
    stages replicate, scatter, parallel apply, gather, reduce (to the master, in a
    fixed order) and the master's optimizer step; on the CPU with 2+ workers each
    worker steps the slice of the master's parameters it has just reduced (same bits,
@@ -1238,7 +1239,7 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);
    stage you can time) unless copy_params asks for real copies. On GPUs
    (PDP_CUDA) each replica owns its parameters on its device and every stage
    moves real bytes: peer copies from and to device 0, one host thread per
-   replica; several replicas may share a GPU. Shards are balanced: sizes differ
+   replica (the calling thread drives replica 0); several replicas may share a GPU. Shards are balanced: sizes differ
    by at most one and replica i gets the samples before replica i + 1's; with
    more workers than samples the extra workers sit idle for that step. Results
    equal one device on the same global batch to float rounding (bit for bit
@@ -1249,7 +1250,8 @@ typedef struct pdp_dp pdp_dp;
 #define PDP_DP_MAX_WORKERS 256
 
 typedef struct pdp_dp_desc {
-    int num_workers;          /* replicas, one thread each; 0 = one per online core;
+    int num_workers;          /* replicas, one thread each (replica 0's is the calling
+                                 thread); 0 = one per online core;
                                  negative or > PDP_DP_MAX_WORKERS is an error */
     const pdp_device *devices;/* num_workers devices (num_workers must then be > 0),
                                  devices[0] = the master's; NULL = all CPU. All CPU or all
@@ -1267,7 +1269,7 @@ typedef struct pdp_dp_desc {
 } pdp_dp_desc;
 
 /* Wraps master (which stays owned by the caller and must outlive dp) and starts
-   the workers. Layers must not be added to master afterwards. A pdp_dp is used
+   workers 1..N-1. Layers must not be added to master afterwards. A pdp_dp is used
    by one calling thread at a time; between steps the caller may use the master
    as any model (evaluate it, save it). */
 PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc);
@@ -1304,8 +1306,12 @@ PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp);
 typedef struct pdp_dp_times {
     double replicate, scatter, apply, gather, reduce, step;
     double total;       /* the whole call, stages plus bookkeeping */
-    double apply_cpu;   /* CPU seconds of the busiest worker in apply and in reduce: */
-    double reduce_cpu;  /* the critical path if every worker had a core to itself */
+    double apply_cpu;   /* CPU seconds of the busiest worker in apply and in reduce */
+    double reduce_cpu;
+    double critical_cpu; /* the step's critical path in CPU seconds, what it would take if
+                            every worker had a core to itself: the calling thread's own
+                            work (stages, bookkeeping, hand-offs) plus apply_cpu and
+                            reduce_cpu */
 } pdp_dp_times;
 
 /* What a learner reads after a step. Bytes are device-to-device traffic as the
@@ -2720,6 +2726,14 @@ static void pdp__dealloc(void *p);
 /* Monotonic seconds. */
 static double pdp__now(void);
 
+/* Waking a sleeping thread costs tens of microseconds on a VM, more than a small
+   GEMM's share, so a thread that hands work off (the intra-op pool, DataParallel's
+   workers) spins a while before it sleeps on a condition, as OpenMP runtimes and
+   OpenBLAS do (longer): pdp__spin_while pauses while still(ctx) holds, for at most
+   PDP__SPIN_S seconds. still() may read only values written with PDP__STORE_REL, and
+   through PDP__LOAD_ACQ (threads.c). */
+static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
+
 /* The intra-op setting of the calling thread (see pdp_set_num_threads). */
 static int pdp__threads_for_caller(void);
 /* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
@@ -3262,7 +3276,7 @@ static double pdp__now(void)
    reaches zero. Waking a sleeping thread costs tens of microseconds (more than a
    small GEMM's share on a VM), and a training step hands off work every few
    microseconds to milliseconds, so both sides spin a little before they sleep: a
-   worker that finished a job watches the generation for PDP__POOL_SPIN_S before it
+   worker that finished a job watches the generation for PDP__SPIN_S before it
    sleeps on pool.wake, and the caller watches pending for as long before it sleeps
    on pool.done (OpenMP runtimes and OpenBLAS spin the same way, longer). The two
    values watched outside the lock, generation and pending (and stop), are only
@@ -3284,14 +3298,8 @@ static double pdp__now(void)
 #include <unistd.h>
 
 #define PDP__MAX_THREADS 256
-/* Seconds a worker (or a caller waiting for its workers) spins before it sleeps. */
-#ifndef PDP__POOL_SPIN_S
-#  define PDP__POOL_SPIN_S 100e-6
-#endif
-#if defined(__x86_64__) || defined(__i386__)
-#  define PDP__SPIN_PAUSE() __builtin_ia32_pause()
-#else
-#  define PDP__SPIN_PAUSE() ((void)0)
+#ifndef PDP__SPIN_S
+#  define PDP__SPIN_S 100e-6
 #endif
 
 /* ---- threads: the per-thread setting ---- */
@@ -3394,6 +3402,18 @@ static void *pdp__thread_scratch(size_t bytes)
 
 /* ---- threads: the pool ---- */
 
+static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
+{
+    double t0 = pdp__now();
+    int i;
+    while (still(ctx) && pdp__now() - t0 <= PDP__SPIN_S)
+        for (i = 0; i < 16; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+}
+
 /* The pool. busy is held by the one caller that owns the pool for a job; lock
    guards every field of pdp__the_pool; wake tells workers about a new generation
    (or stop); done tells the caller that pending reached 0. */
@@ -3417,15 +3437,18 @@ typedef struct pdp__pool {
 
 static pdp__pool pdp__the_pool; /* zero: no workers yet */
 
-/* Spins until *v differs from seen (or stop is set) or PDP__POOL_SPIN_S has passed. */
-static void pdp__pool_spin_while(const unsigned long *v, unsigned long seen, const int *stop)
+/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
+   caller for its workers. */
+static bool pdp__pool_no_new_job(const void *seen)
 {
-    double t0 = pdp__now();
-    int i;
-    while (PDP__LOAD_ACQ(v) == seen && !PDP__LOAD_ACQ(stop)) {
-        for (i = 0; i < 64; i++) PDP__SPIN_PAUSE();
-        if (pdp__now() - t0 > PDP__POOL_SPIN_S) return;
-    }
+    return PDP__LOAD_ACQ(&pdp__the_pool.generation) == *(const unsigned long *)seen &&
+           !PDP__LOAD_ACQ(&pdp__the_pool.stop);
+}
+
+static bool pdp__pool_jobs_pending(const void *unused)
+{
+    (void)unused;
+    return PDP__LOAD_ACQ(&pdp__the_pool.pending) > 0;
 }
 
 static void *pdp__worker_main(void *p)
@@ -3443,7 +3466,7 @@ static void *pdp__worker_main(void *p)
         int n;
         if (pool->generation == seen && !pool->stop) { /* spin a while, then sleep */
             pthread_mutex_unlock(&pdp__pool_lock);
-            pdp__pool_spin_while(&pool->generation, seen, &pool->stop);
+            pdp__spin_while(pdp__pool_no_new_job, &seen);
             pthread_mutex_lock(&pdp__pool_lock);
         }
         while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pdp__pool_wake, &pdp__pool_lock);
@@ -3513,11 +3536,7 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
     for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
 
     t0 = pdp__prof.on ? pdp__now() : 0.0;
-    { /* spin a while for the workers, then sleep */
-        double t_spin = pdp__now();
-        while (PDP__LOAD_ACQ(&pool->pending) > 0 && pdp__now() - t_spin <= PDP__POOL_SPIN_S)
-            PDP__SPIN_PAUSE();
-    }
+    pdp__spin_while(pdp__pool_jobs_pending, NULL); /* a while, then sleep */
     pthread_mutex_lock(&pdp__pool_lock);
     while (pool->pending > 0) pthread_cond_wait(&pdp__pool_done, &pdp__pool_lock);
     pool->prof = NULL;
@@ -16875,17 +16894,20 @@ static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, flo
    0, and why DDP (ddp.c) replaces the gather-reduce-step-replicate round trip
    with an all-reduce among equals.
 
-   Threads. One worker thread per replica ("one host thread per device"),
-   created by pdp_dp_create and reused by every step; the calling thread only
-   dispatches, gathers and steps, as PyTorch's parallel_apply does. Replica 0 is
-   the master model itself, so its shard's gradients land directly in the
-   master's gradient block (reduce then adds replicas 1..N-1 into it). A job is
-   handed off under one mutex: the caller writes the job, bumps `generation`
-   and broadcasts `wake`; each worker runs its part and decrements `pending`,
-   the last one signals `done`. Shards and results are written before the
-   handoff under the lock, so every read is ordered by the mutex (TSan clean);
-   nobody spins. Each worker sets its own intra-op thread count
-   (threads_per_worker, default 1), since that setting is per thread.
+   Threads. One worker per replica ("one host thread per device"): workers
+   1..N-1 are persistent threads created by pdp_dp_create and reused by every
+   step; worker 0, which runs the master's replica and the first slice of the
+   reduce, is the calling thread itself. A job is handed off under one mutex: the
+   caller writes the job, bumps `generation` and broadcasts `wake`, runs worker
+   0's part, then waits for `pending` to reach zero; each worker runs its part
+   and decrements `pending`, the last one signals `done`. Both sides spin a
+   while before they sleep (pdp__spin_while, as the intra-op pool does):
+   generation, pending and stop are only written with atomic stores under the
+   lock and read outside it only while spinning; shards and results are written
+   before the handoff under the lock, so every other read is ordered by the mutex
+   (TSan clean). Each worker sets its own intra-op thread count
+   (threads_per_worker, default 1), since that setting is per thread; the caller
+   switches to it for its part and back.
 
    Invariants. (1) Shards are balanced and contiguous: replica i gets
    B/N + (i < B%N) samples starting after replica i-1's, so idle replicas
@@ -16903,9 +16925,12 @@ static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, flo
    (5) After the first step at the largest batch nothing is allocated and no
    thread is created.
 
-   Choices, and where they differ from PyTorch. The master's shard runs on
-   worker 0, not on the calling thread: every replica then goes through the same
-   code, and the caller is free to play the parameter server (gather, step).
+   Choices, and where they differ from PyTorch. torch's parallel_apply starts a
+   thread per replica and the caller waits; here the master's shard runs on the
+   calling thread itself: a caller that only dispatches and waits is one more
+   thread to wake twice a step, competing with the workers for the cores (with 2
+   workers on 2 cores, the MLP at batch 128 lost 0.3-0.5 ms of a 3.5 ms step to
+   those hand-offs; bench/dp measures the step against its bound).
    torch.chunk gives every replica ceil(B/N) samples and the last one the rest;
    balanced shards keep the slowest replica, which sets the step time, at most
    one sample above the others. torch reduces on device 0 (reduce_add); on a
@@ -16948,6 +16973,7 @@ typedef struct pdp__dp_worker {
     int index;
     pthread_t tid;
     bool started;
+    unsigned long seen;  /* the last generation this worker ran (0 before the first job) */
     pdp_device device;
     pdp_model *replica;  /* index 0: the master itself */
     /* written by scatter (caller), read by the worker */
@@ -16981,16 +17007,17 @@ struct pdp_dp {
     pthread_mutex_t lock;
     pthread_cond_t wake, done;
     bool sync_ok;
-    unsigned long generation;
+    unsigned long generation; /* generation, pending and stop: atomic stores only */
     pdp__dp_job job;
     int pending;
-    bool stop;
+    int stop;
     /* this step, set by the caller before the handoff */
     int64_t batch;
     int active;          /* replicas with at least one sample */
     float grad_scale;    /* 1 / batch */
     bool zero_master;    /* replica 0 zeroes the master's gradients first */
     pdp_optim *step_opt; /* non-NULL: the reduce also steps each slice it sums */
+    double worker0_cpu;  /* CPU seconds the caller spent as worker 0 this step */
     /* gathered outputs on the master's device */
     float *out_block;
     int64_t out_cap;     /* floats */
@@ -17112,43 +17139,83 @@ static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
     }
 }
 
+/* One worker's part of a job: its replica's apply, or its slice of the reduce. */
+static void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
+{
+    pdp_dp *dp = w->dp;
+    if (job == PDP__DP_JOB_APPLY) {
+        pdp__dp_apply_one(w);
+    } else if (job == PDP__DP_JOB_REDUCE) {
+        int nslices = dp->reduce_on_master ? 1 : dp->n;
+        double c0 = pdp__dp_thread_cpu();
+        if (w->index < nslices) pdp__dp_reduce_slice(dp, w->index, nslices);
+        w->cpu_s = pdp__dp_thread_cpu() - c0;
+    }
+}
+
+/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
+   caller for its workers. */
+static bool pdp__dp_no_new_job(const void *worker)
+{
+    const pdp__dp_worker *w = (const pdp__dp_worker *)worker;
+    return PDP__LOAD_ACQ(&w->dp->generation) == w->seen && !PDP__LOAD_ACQ(&w->dp->stop);
+}
+
+static bool pdp__dp_jobs_pending(const void *dp)
+{
+    return PDP__LOAD_ACQ(&((const pdp_dp *)dp)->pending) > 0;
+}
+
+/* Workers 1..n-1: wait for a generation, run their part, report; between jobs they
+   spin a while (pdp__spin_while) before they sleep on wake. */
 static void *pdp__dp_worker_main(void *arg)
 {
     pdp__dp_worker *w = (pdp__dp_worker *)arg;
     pdp_dp *dp = w->dp;
-    unsigned long seen = 0; /* workers start before the first job: generation is 0 */
     pdp_set_num_threads(dp->threads_per_worker);
     pthread_mutex_lock(&dp->lock);
     for (;;) {
         pdp__dp_job job;
-        while (dp->generation == seen && !dp->stop) pthread_cond_wait(&dp->wake, &dp->lock);
+        if (dp->generation == w->seen && !dp->stop) { /* spin a while, then sleep */
+            pthread_mutex_unlock(&dp->lock);
+            pdp__spin_while(pdp__dp_no_new_job, w);
+            pthread_mutex_lock(&dp->lock);
+        }
+        while (dp->generation == w->seen && !dp->stop) pthread_cond_wait(&dp->wake, &dp->lock);
         if (dp->stop) break;
-        seen = dp->generation;
+        w->seen = dp->generation;
         job = dp->job;
         pthread_mutex_unlock(&dp->lock);
-        if (job == PDP__DP_JOB_APPLY) {
-            pdp__dp_apply_one(w);
-        } else if (job == PDP__DP_JOB_REDUCE) {
-            int nslices = dp->reduce_on_master ? 1 : dp->n;
-            double c0 = pdp__dp_thread_cpu();
-            if (w->index < nslices) pdp__dp_reduce_slice(dp, w->index, nslices);
-            w->cpu_s = pdp__dp_thread_cpu() - c0;
-        }
+        pdp__dp_do_job(w, job);
         pthread_mutex_lock(&dp->lock);
-        if (--dp->pending == 0) pthread_cond_signal(&dp->done);
+        PDP__STORE_REL(&dp->pending, dp->pending - 1);
+        if (dp->pending == 0) pthread_cond_signal(&dp->done);
     }
     pthread_mutex_unlock(&dp->lock);
     return NULL;
 }
 
-/* Hands one job to every worker and waits until all have finished it. */
+/* Runs one job: hands it to workers 1..n-1, runs worker 0's part on the calling
+   thread (with the workers' intra-op thread count), and waits until all are done. */
 static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 {
+    int caller_threads = pdp_get_num_threads();
+    double c0;
     pthread_mutex_lock(&dp->lock);
     dp->job = job;
-    dp->pending = dp->n;
-    dp->generation++;
+    PDP__STORE_REL(&dp->pending, dp->n - 1);
+    PDP__STORE_REL(&dp->generation, dp->generation + 1);
     pthread_cond_broadcast(&dp->wake);
+    pthread_mutex_unlock(&dp->lock);
+
+    pdp_set_num_threads(dp->threads_per_worker);
+    c0 = pdp__dp_thread_cpu();
+    pdp__dp_do_job(&dp->workers[0], job);
+    dp->worker0_cpu += pdp__dp_thread_cpu() - c0;
+    pdp_set_num_threads(caller_threads);
+
+    pdp__spin_while(pdp__dp_jobs_pending, dp);
+    pthread_mutex_lock(&dp->lock);
     while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->lock);
     pthread_mutex_unlock(&dp->lock);
 }
@@ -17160,7 +17227,7 @@ static void pdp__dp_destroy(pdp_dp *dp)
     int i;
     if (dp->sync_ok) {
         pthread_mutex_lock(&dp->lock);
-        dp->stop = true;
+        PDP__STORE_REL(&dp->stop, 1);
         pthread_cond_broadcast(&dp->wake);
         pthread_mutex_unlock(&dp->lock);
     }
@@ -17299,7 +17366,7 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
             return pdp__err_wrap(st, "pdp_dp_create: the reduce's staging block");
         }
     }
-    for (i = 0; i < n; i++) {
+    for (i = 1; i < n; i++) { /* worker 0 is the calling thread */
         pdp__dp_worker *w = &dp->workers[i];
         int rc = pthread_create(&w->tid, NULL, pdp__dp_worker_main, w);
         if (rc != 0) {
@@ -17553,7 +17620,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
 {
     pdp_dp_times t;
     pdp_optim *fused = NULL;
-    double t0 = pdp__now(), ts, loss_sum = 0.0;
+    double t0 = pdp__now(), c0 = pdp__dp_thread_cpu(), ts, loss_sum = 0.0;
     pdp_status st;
     memset(&t, 0, sizeof t);
     if (!dp || !x || !labels) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
@@ -17573,6 +17640,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
                         x->device.kind, x->device.ordinal, dp->master->device.kind,
                         dp->master->device.ordinal);
 
+    dp->worker0_cpu = 0.0;
     dp->batch = x->shape[0];
     dp->active = (int)PDP__MIN((int64_t)dp->n, dp->batch); /* the others idle this step */
 
@@ -17607,6 +17675,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
 
     /* ---- dp: stats ---- */
     t.total = pdp__now() - t0;
+    t.critical_cpu = pdp__dp_thread_cpu() - c0 - dp->worker0_cpu + t.apply_cpu + t.reduce_cpu;
     dp->stats.steps++;
     dp->stats.batch = dp->batch;
     dp->stats.active_workers = dp->active;
@@ -17622,6 +17691,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
     dp->stats.sum.total += t.total;
     dp->stats.sum.apply_cpu += t.apply_cpu;
     dp->stats.sum.reduce_cpu += t.reduce_cpu;
+    dp->stats.sum.critical_cpu += t.critical_cpu;
     if (opt) dp->optim_bytes = (size_t)opt->nstate * (size_t)opt->count * sizeof(float);
     pdp__dp_memory(dp);
     return PDP_OK;

@@ -19,12 +19,13 @@
 
    A shared machine: when other processes compete for the two cores, wall time
    measures the scheduler more than DP. So each row also gives the critical path
-   in CPU time - the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID) plus,
-   for DP, the busiest worker's CPU time in apply and reduce (pdp_dp_times
-   apply_cpu, reduce_cpu) - which is what the step would take with a core per
-   thread and no neighbours ("cpu" columns; not defined for 1 dev 2T, whose pool
-   threads are not counted). Compare the two speed-ups, and the load average
-   printed at the end (bench/bench.h).
+   in CPU time - for a single device the calling thread's CPU time
+   (CLOCK_THREAD_CPUTIME_ID), for DP the step's critical_cpu (pdp_dp_times: the
+   calling thread's own work plus the busiest worker's CPU time in apply and in
+   reduce) - which is what the step would take with a core per thread and no
+   neighbours ("cpu" columns; not defined for 1 dev 2T, whose pool threads are not
+   counted). Compare the two speed-ups, and the load average printed at the end
+   (bench/bench.h).
 
    make bench           ./build/bench_dp [quick]   quick: 3 rounds, for a smoke run */
 
@@ -71,7 +72,7 @@ static void peer_step(peer *p, const pdp_tensor *x, const int32_t *y)
 static double time_round(peer *p, const pdp_tensor *x, const int32_t *y, double budget, double *cpu)
 {
     int steps = 0;
-    double t0 = bench_now(), c0 = bench_thread_cpu(), t, workers = 0.0;
+    double t0 = bench_now(), c0 = bench_thread_cpu(), t;
     pdp_dp_stats s0, s1;
     if (p->dp) CHECK(pdp_dp_get_stats(p->dp, &s0));
     do {
@@ -79,11 +80,11 @@ static double time_round(peer *p, const pdp_tensor *x, const int32_t *y, double 
         steps++;
         t = bench_now() - t0;
     } while (t < budget);
+    *cpu = (bench_thread_cpu() - c0) / steps;
     if (p->dp) {
         CHECK(pdp_dp_get_stats(p->dp, &s1));
-        workers = s1.sum.apply_cpu - s0.sum.apply_cpu + s1.sum.reduce_cpu - s0.sum.reduce_cpu;
+        *cpu = (s1.sum.critical_cpu - s0.sum.critical_cpu) / steps;
     }
-    *cpu = (bench_thread_cpu() - c0 + workers) / steps;
     return t / steps;
 }
 

@@ -10,17 +10,20 @@
    0, and why DDP (ddp.c) replaces the gather-reduce-step-replicate round trip
    with an all-reduce among equals.
 
-   Threads. One worker thread per replica ("one host thread per device"),
-   created by pdp_dp_create and reused by every step; the calling thread only
-   dispatches, gathers and steps, as PyTorch's parallel_apply does. Replica 0 is
-   the master model itself, so its shard's gradients land directly in the
-   master's gradient block (reduce then adds replicas 1..N-1 into it). A job is
-   handed off under one mutex: the caller writes the job, bumps `generation`
-   and broadcasts `wake`; each worker runs its part and decrements `pending`,
-   the last one signals `done`. Shards and results are written before the
-   handoff under the lock, so every read is ordered by the mutex (TSan clean);
-   nobody spins. Each worker sets its own intra-op thread count
-   (threads_per_worker, default 1), since that setting is per thread.
+   Threads. One worker per replica ("one host thread per device"): workers
+   1..N-1 are persistent threads created by pdp_dp_create and reused by every
+   step; worker 0, which runs the master's replica and the first slice of the
+   reduce, is the calling thread itself. A job is handed off under one mutex: the
+   caller writes the job, bumps `generation` and broadcasts `wake`, runs worker
+   0's part, then waits for `pending` to reach zero; each worker runs its part
+   and decrements `pending`, the last one signals `done`. Both sides spin a
+   while before they sleep (pdp__spin_while, as the intra-op pool does):
+   generation, pending and stop are only written with atomic stores under the
+   lock and read outside it only while spinning; shards and results are written
+   before the handoff under the lock, so every other read is ordered by the mutex
+   (TSan clean). Each worker sets its own intra-op thread count
+   (threads_per_worker, default 1), since that setting is per thread; the caller
+   switches to it for its part and back.
 
    Invariants. (1) Shards are balanced and contiguous: replica i gets
    B/N + (i < B%N) samples starting after replica i-1's, so idle replicas
@@ -38,9 +41,12 @@
    (5) After the first step at the largest batch nothing is allocated and no
    thread is created.
 
-   Choices, and where they differ from PyTorch. The master's shard runs on
-   worker 0, not on the calling thread: every replica then goes through the same
-   code, and the caller is free to play the parameter server (gather, step).
+   Choices, and where they differ from PyTorch. torch's parallel_apply starts a
+   thread per replica and the caller waits; here the master's shard runs on the
+   calling thread itself: a caller that only dispatches and waits is one more
+   thread to wake twice a step, competing with the workers for the cores (with 2
+   workers on 2 cores, the MLP at batch 128 lost 0.3-0.5 ms of a 3.5 ms step to
+   those hand-offs; bench/dp measures the step against its bound).
    torch.chunk gives every replica ceil(B/N) samples and the last one the rest;
    balanced shards keep the slowest replica, which sets the step time, at most
    one sample above the others. torch reduces on device 0 (reduce_add); on a
@@ -83,6 +89,7 @@ typedef struct pdp__dp_worker {
     int index;
     pthread_t tid;
     bool started;
+    unsigned long seen;  /* the last generation this worker ran (0 before the first job) */
     pdp_device device;
     pdp_model *replica;  /* index 0: the master itself */
     /* written by scatter (caller), read by the worker */
@@ -116,16 +123,17 @@ struct pdp_dp {
     pthread_mutex_t lock;
     pthread_cond_t wake, done;
     bool sync_ok;
-    unsigned long generation;
+    unsigned long generation; /* generation, pending and stop: atomic stores only */
     pdp__dp_job job;
     int pending;
-    bool stop;
+    int stop;
     /* this step, set by the caller before the handoff */
     int64_t batch;
     int active;          /* replicas with at least one sample */
     float grad_scale;    /* 1 / batch */
     bool zero_master;    /* replica 0 zeroes the master's gradients first */
     pdp_optim *step_opt; /* non-NULL: the reduce also steps each slice it sums */
+    double worker0_cpu;  /* CPU seconds the caller spent as worker 0 this step */
     /* gathered outputs on the master's device */
     float *out_block;
     int64_t out_cap;     /* floats */
@@ -247,43 +255,83 @@ static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
     }
 }
 
+/* One worker's part of a job: its replica's apply, or its slice of the reduce. */
+static void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
+{
+    pdp_dp *dp = w->dp;
+    if (job == PDP__DP_JOB_APPLY) {
+        pdp__dp_apply_one(w);
+    } else if (job == PDP__DP_JOB_REDUCE) {
+        int nslices = dp->reduce_on_master ? 1 : dp->n;
+        double c0 = pdp__dp_thread_cpu();
+        if (w->index < nslices) pdp__dp_reduce_slice(dp, w->index, nslices);
+        w->cpu_s = pdp__dp_thread_cpu() - c0;
+    }
+}
+
+/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
+   caller for its workers. */
+static bool pdp__dp_no_new_job(const void *worker)
+{
+    const pdp__dp_worker *w = (const pdp__dp_worker *)worker;
+    return PDP__LOAD_ACQ(&w->dp->generation) == w->seen && !PDP__LOAD_ACQ(&w->dp->stop);
+}
+
+static bool pdp__dp_jobs_pending(const void *dp)
+{
+    return PDP__LOAD_ACQ(&((const pdp_dp *)dp)->pending) > 0;
+}
+
+/* Workers 1..n-1: wait for a generation, run their part, report; between jobs they
+   spin a while (pdp__spin_while) before they sleep on wake. */
 static void *pdp__dp_worker_main(void *arg)
 {
     pdp__dp_worker *w = (pdp__dp_worker *)arg;
     pdp_dp *dp = w->dp;
-    unsigned long seen = 0; /* workers start before the first job: generation is 0 */
     pdp_set_num_threads(dp->threads_per_worker);
     pthread_mutex_lock(&dp->lock);
     for (;;) {
         pdp__dp_job job;
-        while (dp->generation == seen && !dp->stop) pthread_cond_wait(&dp->wake, &dp->lock);
+        if (dp->generation == w->seen && !dp->stop) { /* spin a while, then sleep */
+            pthread_mutex_unlock(&dp->lock);
+            pdp__spin_while(pdp__dp_no_new_job, w);
+            pthread_mutex_lock(&dp->lock);
+        }
+        while (dp->generation == w->seen && !dp->stop) pthread_cond_wait(&dp->wake, &dp->lock);
         if (dp->stop) break;
-        seen = dp->generation;
+        w->seen = dp->generation;
         job = dp->job;
         pthread_mutex_unlock(&dp->lock);
-        if (job == PDP__DP_JOB_APPLY) {
-            pdp__dp_apply_one(w);
-        } else if (job == PDP__DP_JOB_REDUCE) {
-            int nslices = dp->reduce_on_master ? 1 : dp->n;
-            double c0 = pdp__dp_thread_cpu();
-            if (w->index < nslices) pdp__dp_reduce_slice(dp, w->index, nslices);
-            w->cpu_s = pdp__dp_thread_cpu() - c0;
-        }
+        pdp__dp_do_job(w, job);
         pthread_mutex_lock(&dp->lock);
-        if (--dp->pending == 0) pthread_cond_signal(&dp->done);
+        PDP__STORE_REL(&dp->pending, dp->pending - 1);
+        if (dp->pending == 0) pthread_cond_signal(&dp->done);
     }
     pthread_mutex_unlock(&dp->lock);
     return NULL;
 }
 
-/* Hands one job to every worker and waits until all have finished it. */
+/* Runs one job: hands it to workers 1..n-1, runs worker 0's part on the calling
+   thread (with the workers' intra-op thread count), and waits until all are done. */
 static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 {
+    int caller_threads = pdp_get_num_threads();
+    double c0;
     pthread_mutex_lock(&dp->lock);
     dp->job = job;
-    dp->pending = dp->n;
-    dp->generation++;
+    PDP__STORE_REL(&dp->pending, dp->n - 1);
+    PDP__STORE_REL(&dp->generation, dp->generation + 1);
     pthread_cond_broadcast(&dp->wake);
+    pthread_mutex_unlock(&dp->lock);
+
+    pdp_set_num_threads(dp->threads_per_worker);
+    c0 = pdp__dp_thread_cpu();
+    pdp__dp_do_job(&dp->workers[0], job);
+    dp->worker0_cpu += pdp__dp_thread_cpu() - c0;
+    pdp_set_num_threads(caller_threads);
+
+    pdp__spin_while(pdp__dp_jobs_pending, dp);
+    pthread_mutex_lock(&dp->lock);
     while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->lock);
     pthread_mutex_unlock(&dp->lock);
 }
@@ -295,7 +343,7 @@ static void pdp__dp_destroy(pdp_dp *dp)
     int i;
     if (dp->sync_ok) {
         pthread_mutex_lock(&dp->lock);
-        dp->stop = true;
+        PDP__STORE_REL(&dp->stop, 1);
         pthread_cond_broadcast(&dp->wake);
         pthread_mutex_unlock(&dp->lock);
     }
@@ -434,7 +482,7 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
             return pdp__err_wrap(st, "pdp_dp_create: the reduce's staging block");
         }
     }
-    for (i = 0; i < n; i++) {
+    for (i = 1; i < n; i++) { /* worker 0 is the calling thread */
         pdp__dp_worker *w = &dp->workers[i];
         int rc = pthread_create(&w->tid, NULL, pdp__dp_worker_main, w);
         if (rc != 0) {
@@ -688,7 +736,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
 {
     pdp_dp_times t;
     pdp_optim *fused = NULL;
-    double t0 = pdp__now(), ts, loss_sum = 0.0;
+    double t0 = pdp__now(), c0 = pdp__dp_thread_cpu(), ts, loss_sum = 0.0;
     pdp_status st;
     memset(&t, 0, sizeof t);
     if (!dp || !x || !labels) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
@@ -708,6 +756,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
                         x->device.kind, x->device.ordinal, dp->master->device.kind,
                         dp->master->device.ordinal);
 
+    dp->worker0_cpu = 0.0;
     dp->batch = x->shape[0];
     dp->active = (int)PDP__MIN((int64_t)dp->n, dp->batch); /* the others idle this step */
 
@@ -742,6 +791,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
 
     /* ---- dp: stats ---- */
     t.total = pdp__now() - t0;
+    t.critical_cpu = pdp__dp_thread_cpu() - c0 - dp->worker0_cpu + t.apply_cpu + t.reduce_cpu;
     dp->stats.steps++;
     dp->stats.batch = dp->batch;
     dp->stats.active_workers = dp->active;
@@ -757,6 +807,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
     dp->stats.sum.total += t.total;
     dp->stats.sum.apply_cpu += t.apply_cpu;
     dp->stats.sum.reduce_cpu += t.reduce_cpu;
+    dp->stats.sum.critical_cpu += t.critical_cpu;
     if (opt) dp->optim_bytes = (size_t)opt->nstate * (size_t)opt->count * sizeof(float);
     pdp__dp_memory(dp);
     return PDP_OK;

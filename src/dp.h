@@ -19,7 +19,7 @@
    stage you can time) unless copy_params asks for real copies. On GPUs
    (PDP_CUDA) each replica owns its parameters on its device and every stage
    moves real bytes: peer copies from and to device 0, one host thread per
-   replica; several replicas may share a GPU. Shards are balanced: sizes differ
+   replica (the calling thread drives replica 0); several replicas may share a GPU. Shards are balanced: sizes differ
    by at most one and replica i gets the samples before replica i + 1's; with
    more workers than samples the extra workers sit idle for that step. Results
    equal one device on the same global batch to float rounding (bit for bit
@@ -30,7 +30,8 @@ typedef struct pdp_dp pdp_dp;
 #define PDP_DP_MAX_WORKERS 256
 
 typedef struct pdp_dp_desc {
-    int num_workers;          /* replicas, one thread each; 0 = one per online core;
+    int num_workers;          /* replicas, one thread each (replica 0's is the calling
+                                 thread); 0 = one per online core;
                                  negative or > PDP_DP_MAX_WORKERS is an error */
     const pdp_device *devices;/* num_workers devices (num_workers must then be > 0),
                                  devices[0] = the master's; NULL = all CPU. All CPU or all
@@ -48,7 +49,7 @@ typedef struct pdp_dp_desc {
 } pdp_dp_desc;
 
 /* Wraps master (which stays owned by the caller and must outlive dp) and starts
-   the workers. Layers must not be added to master afterwards. A pdp_dp is used
+   workers 1..N-1. Layers must not be added to master afterwards. A pdp_dp is used
    by one calling thread at a time; between steps the caller may use the master
    as any model (evaluate it, save it). */
 PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc);
@@ -85,8 +86,12 @@ PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp);
 typedef struct pdp_dp_times {
     double replicate, scatter, apply, gather, reduce, step;
     double total;       /* the whole call, stages plus bookkeeping */
-    double apply_cpu;   /* CPU seconds of the busiest worker in apply and in reduce: */
-    double reduce_cpu;  /* the critical path if every worker had a core to itself */
+    double apply_cpu;   /* CPU seconds of the busiest worker in apply and in reduce */
+    double reduce_cpu;
+    double critical_cpu; /* the step's critical path in CPU seconds, what it would take if
+                            every worker had a core to itself: the calling thread's own
+                            work (stages, bookkeeping, hand-offs) plus apply_cpu and
+                            reduce_cpu */
 } pdp_dp_times;
 
 /* What a learner reads after a step. Bytes are device-to-device traffic as the

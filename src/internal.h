@@ -135,6 +135,14 @@ static void pdp__dealloc(void *p);
 /* Monotonic seconds. */
 static double pdp__now(void);
 
+/* Waking a sleeping thread costs tens of microseconds on a VM, more than a small
+   GEMM's share, so a thread that hands work off (the intra-op pool, DataParallel's
+   workers) spins a while before it sleeps on a condition, as OpenMP runtimes and
+   OpenBLAS do (longer): pdp__spin_while pauses while still(ctx) holds, for at most
+   PDP__SPIN_S seconds. still() may read only values written with PDP__STORE_REL, and
+   through PDP__LOAD_ACQ (threads.c). */
+static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
+
 /* The intra-op setting of the calling thread (see pdp_set_num_threads). */
 static int pdp__threads_for_caller(void);
 /* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread

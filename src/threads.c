@@ -15,7 +15,7 @@
    reaches zero. Waking a sleeping thread costs tens of microseconds (more than a
    small GEMM's share on a VM), and a training step hands off work every few
    microseconds to milliseconds, so both sides spin a little before they sleep: a
-   worker that finished a job watches the generation for PDP__POOL_SPIN_S before it
+   worker that finished a job watches the generation for PDP__SPIN_S before it
    sleeps on pool.wake, and the caller watches pending for as long before it sleeps
    on pool.done (OpenMP runtimes and OpenBLAS spin the same way, longer). The two
    values watched outside the lock, generation and pending (and stop), are only
@@ -37,14 +37,8 @@
 #include <unistd.h>
 
 #define PDP__MAX_THREADS 256
-/* Seconds a worker (or a caller waiting for its workers) spins before it sleeps. */
-#ifndef PDP__POOL_SPIN_S
-#  define PDP__POOL_SPIN_S 100e-6
-#endif
-#if defined(__x86_64__) || defined(__i386__)
-#  define PDP__SPIN_PAUSE() __builtin_ia32_pause()
-#else
-#  define PDP__SPIN_PAUSE() ((void)0)
+#ifndef PDP__SPIN_S
+#  define PDP__SPIN_S 100e-6
 #endif
 
 /* ---- threads: the per-thread setting ---- */
@@ -147,6 +141,18 @@ static void *pdp__thread_scratch(size_t bytes)
 
 /* ---- threads: the pool ---- */
 
+static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
+{
+    double t0 = pdp__now();
+    int i;
+    while (still(ctx) && pdp__now() - t0 <= PDP__SPIN_S)
+        for (i = 0; i < 16; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+}
+
 /* The pool. busy is held by the one caller that owns the pool for a job; lock
    guards every field of pdp__the_pool; wake tells workers about a new generation
    (or stop); done tells the caller that pending reached 0. */
@@ -170,15 +176,18 @@ typedef struct pdp__pool {
 
 static pdp__pool pdp__the_pool; /* zero: no workers yet */
 
-/* Spins until *v differs from seen (or stop is set) or PDP__POOL_SPIN_S has passed. */
-static void pdp__pool_spin_while(const unsigned long *v, unsigned long seen, const int *stop)
+/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
+   caller for its workers. */
+static bool pdp__pool_no_new_job(const void *seen)
 {
-    double t0 = pdp__now();
-    int i;
-    while (PDP__LOAD_ACQ(v) == seen && !PDP__LOAD_ACQ(stop)) {
-        for (i = 0; i < 64; i++) PDP__SPIN_PAUSE();
-        if (pdp__now() - t0 > PDP__POOL_SPIN_S) return;
-    }
+    return PDP__LOAD_ACQ(&pdp__the_pool.generation) == *(const unsigned long *)seen &&
+           !PDP__LOAD_ACQ(&pdp__the_pool.stop);
+}
+
+static bool pdp__pool_jobs_pending(const void *unused)
+{
+    (void)unused;
+    return PDP__LOAD_ACQ(&pdp__the_pool.pending) > 0;
 }
 
 static void *pdp__worker_main(void *p)
@@ -196,7 +205,7 @@ static void *pdp__worker_main(void *p)
         int n;
         if (pool->generation == seen && !pool->stop) { /* spin a while, then sleep */
             pthread_mutex_unlock(&pdp__pool_lock);
-            pdp__pool_spin_while(&pool->generation, seen, &pool->stop);
+            pdp__spin_while(pdp__pool_no_new_job, &seen);
             pthread_mutex_lock(&pdp__pool_lock);
         }
         while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pdp__pool_wake, &pdp__pool_lock);
@@ -266,11 +275,7 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
     for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
 
     t0 = pdp__prof.on ? pdp__now() : 0.0;
-    { /* spin a while for the workers, then sleep */
-        double t_spin = pdp__now();
-        while (PDP__LOAD_ACQ(&pool->pending) > 0 && pdp__now() - t_spin <= PDP__POOL_SPIN_S)
-            PDP__SPIN_PAUSE();
-    }
+    pdp__spin_while(pdp__pool_jobs_pending, NULL); /* a while, then sleep */
     pthread_mutex_lock(&pdp__pool_lock);
     while (pool->pending > 0) pthread_cond_wait(&pdp__pool_done, &pdp__pool_lock);
     pool->prof = NULL;
