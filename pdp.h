@@ -58,7 +58,10 @@
    Every allocation goes through PDP_MALLOC/PDP_FREE. Parameters and gradients
    each live in one contiguous block with a view per named tensor. Activations are
    sized for the largest batch seen (pdp_model_reserve): after the first step at
-   that batch, training steps allocate nothing.
+   that batch, training steps allocate nothing. On the CPU a Conv2d applies a
+   ReLU that follows it, and a 2x2 stride-2 MaxPool2d after that ReLU (over an
+   even height and width), itself: the ReLU's output and the convolution's
+   full-size output are then never stored (same bits as the separate layers).
 
    ERRORS
    ======
@@ -2821,6 +2824,13 @@ typedef struct pdp__layer_io {
     bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
     bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
+    float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
+                            stride-2 MaxPool2d over an even H and W, also applied here:
+                            forward writes the pool's output and winners (its y and saved,
+                            pool_y and pool_arg) and no y of its own (y is NULL); backward
+                            gets the pool's dy, and dy at each winner, masked by the pooled
+                            value > 0, is the convolution's (model.c skips the MaxPool2d) */
+    int32_t *pool_arg;
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
@@ -2845,6 +2855,8 @@ typedef struct pdp__param_shapes {
 #define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
                                     functions in Megatron-LM): the layers after it are named
                                     as if it were absent ("0.weight", "2.weight", ...) */
+#define PDP__LAYER_FUSES_POOL 16u /* with its fused ReLU, applies a following 2x2 stride-2
+                                     MaxPool2d itself (io->pool_y; model.c skips it) */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
@@ -11451,12 +11463,100 @@ static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__lay
    - A ReLU right after a Conv2d on the CPU is a view (PDP__LAYER_FUSES_RELU): the
      Conv2d applies it (io->fused_relu: forward stores relu(y), backward masks dy
      by y > 0 as it gathers dy), which saves two passes over the largest
-     activations and gives the same bits.
+     activations and gives the same bits. When a 2x2 stride-2 MaxPool2d follows
+     that ReLU (even H and W), the Conv2d applies it too (io->pool_y): forward
+     stores two rows at a time through the ReLU into a block on the stack and
+     pools them into the pool's output and winners; backward gathers the pool's
+     dy, masked by the pooled value > 0, at each window's winner and zeros
+     elsewhere (pdp__conv_copy_dy). The full-size output is never written, nor
+     read back by the pool, nor its gradient written and read (model.c skips the
+     MaxPool2d; same bits).
 
    Invariants: layers.c's (nothing allocated; dw, db accumulated; dx written, or
    skipped when NULL; fixed reduction order whatever the thread count). */
 
 /* #include "internal.h" (already above) */
+
+/* ---- layers: pooling rows (MaxPool2d, and Conv2d's fused pool) ----
+   One output row at a time: y and the winner's index (an int32 in the saved
+   floats' memory, an offset into the sample's channel plane) start at the
+   window's first element and are updated element by element in PyTorch's order
+   (ki, then kj): an element replaces the current one when it is greater or NaN,
+   so ties keep the first maximum and a NaN wins. The loops run in blocks of 16,
+   8 and 4 columns, the remainder as the last 4 columns once more (an update is
+   idempotent): constant trip counts, which gcc -O2 vectorises (its cheap cost
+   model skips loops that would need a scalar epilogue) into selects instead of
+   the branches a scalar loop gets, which mispredict on the half zeros a ReLU
+   leaves. (The conditions are spelled out in each select on purpose: gcc 12
+   vectorises that form, not an int flag computed once; 10x here.) */
+#define PDP__POOL_BLOCKS(...)                                                                  \
+    do {                                                                                       \
+        for (; ow + 16 <= n; ow += 16)                                                         \
+            for (j = 0; j < 16; j++) __VA_ARGS__                                               \
+        for (; ow + 8 <= n; ow += 8)                                                           \
+            for (j = 0; j < 8; j++) __VA_ARGS__                                                \
+        for (; ow + 4 <= n; ow += 4)                                                           \
+            for (j = 0; j < 4; j++) __VA_ARGS__                                                \
+        if (ow < n && n >= 4) /* the last 4 again: both bodies are idempotent */              \
+            for (ow = n - 4, j = 0; j < 4; j++) __VA_ARGS__                                    \
+        else                                                                                   \
+            for (; ow < n; ow++)                                                               \
+                for (j = 0; j < 1; j++) __VA_ARGS__                                            \
+    } while (0)
+
+/* Window element (ki, kj) against the running maximum of n outputs. */
+static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
+                                float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
+{
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j;
+        float v = src[o * st], m = y[o];
+        y[o] = (v > m || v != v) ? v : m;
+        arg[o] = (v > m || v != v) ? at + o * st : arg[o];
+    });
+}
+
+/* The common 2 x 2 window with stride 2: the two elements of each input row,
+   then the two rows. Same result as the element-by-element order: the second
+   row's winner replaces the first's only when greater or NaN. */
+static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
+                             int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
+                             int32_t at, int32_t w)
+{
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j;
+        float a = r0[2 * o], b = r0[2 * o + 1], c = r1[2 * o], d = r1[2 * o + 1];
+        float m0 = (b > a || b != b) ? b : a, m1 = (d > c || d != d) ? d : c;
+        int32_t i0 = (b > a || b != b) ? at + 2 * o + 1 : at + 2 * o;
+        int32_t i1 = (d > c || d != d) ? at + w + 2 * o + 1 : at + w + 2 * o;
+        int t = (m1 > m0 || m1 != m1);
+        y[o] = t ? m1 : m0;
+        arg[o] = t ? i1 : i0;
+    });
+}
+
+/* The common 2 x 2 window with stride 2 tiling the plane exactly: each window's
+   four dx written at once, the output's gradient at its winner and zeros elsewhere
+   (no memset, no scatter; in PDP__POOL_BLOCKS, whose selects gcc vectorises). */
+static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
+                                      const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
+                                      int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
+{
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j, a = arg[o] - at - 2 * o;
+        float g = dy[o];
+        d0[2 * o] = a == 0 ? g : 0.0f;
+        d0[2 * o + 1] = a == 1 ? g : 0.0f;
+        d1[2 * o] = a == w ? g : 0.0f;
+        d1[2 * o + 1] = a == w + 1 ? g : 0.0f;
+    });
+}
 
 /* ---- layers: Conv2d ----
    Two paths, both cutting the batch into chunks of `per_chunk` samples, a number
@@ -11737,13 +11837,35 @@ static void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *P
     });
 }
 
+/* Columns of one block of the fused pool's rows, kept on the stack (even). */
+#define PDP__CONV_POOL_COLS 128
+
 /* One sample's dy, [O, Ho, Wo], into dst (plane stride dp, row stride dr); with a
    fused ReLU, masked by the layer's output y (same layout as dy): the ReLU's
-   backward, done on the way. */
+   backward, done on the way. With a fused pool, dy is the pool's [O, Ho/2, Wo/2],
+   masked by the pooled y > 0 and written at each window's winner, zeros elsewhere:
+   the pool's backward and the ReLU's (the ReLU's output at the winner is the
+   pooled value), in blocks of columns. */
 static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
                               float *dst, int64_t dp, int64_t dr)
 {
-    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r;
+    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r, c, n;
+    if (io->pool_y) {
+        int64_t Hp = Ho / 2, Wp = Wo / 2;
+        float gm[PDP__CONV_POOL_COLS / 2];
+        for (p = 0; p < O; p++)
+            for (r = 0; r < Hp; r++)
+                for (c = 0; c < Wp; c += n) {
+                    int64_t at = ((s * O + p) * Hp + r) * Wp + c;
+                    float *d0 = dst + p * dp + 2 * r * dr + 2 * c;
+                    n = PDP__MIN(PDP__CONV_POOL_COLS / 2, Wp - c);
+                    pdp__conv_relu_grad_row(io->dy + at, io->pool_y + at, gm, n);
+                    pdp__maxpool_2x2_backward(gm, io->pool_arg + at, n,
+                                              (int32_t)(2 * r * Wo + 2 * c), (int32_t)Wo, d0,
+                                              d0 + dr);
+                }
+        return;
+    }
     if (!io->fused_relu) {
         pdp__conv_copy2d(io->dy + s * l->out_count, Ho * Wo, Wo, dst, dp, dr, O, Ho, Wo);
         return;
@@ -11765,6 +11887,32 @@ static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool r
         PDP__CONV_ROW(j, n, dst[j] = pdp__relu(src[j] + bo););
     else
         PDP__CONV_ROW(j, n, dst[j] = src[j] + bo;);
+}
+
+/* Channel plane o of sample s of y from the products (row oh at src + oh ldr) plus
+   the bias, through the fused ReLU; with a fused pool, two rows at a time through
+   the ReLU into a block on the stack, then pooled into the pool's output and
+   winners (the same bits as y stored, then pooled). */
+static void pdp__conv_store_plane(const pdp__layer_io *io, const pdp__layer *l, int64_t s,
+                                  int64_t o, const float *src, int64_t ldr)
+{
+    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], oh, c, n;
+    float bo = io->b ? io->b[o] : 0.0f, rows[2][PDP__CONV_POOL_COLS];
+    if (!io->pool_y) {
+        for (oh = 0; oh < Ho; oh++)
+            pdp__conv_store_row(src + oh * ldr, bo, io->fused_relu,
+                                io->y + ((s * O + o) * Ho + oh) * Wo, Wo);
+        return;
+    }
+    for (oh = 0; oh < Ho; oh += 2) /* Ho and Wo are even */
+        for (c = 0; c < Wo; c += n) {
+            int64_t at = ((s * O + o) * (Ho / 2) + oh / 2) * (Wo / 2) + c / 2;
+            n = PDP__MIN(PDP__CONV_POOL_COLS, Wo - c);
+            pdp__conv_store_row(src + oh * ldr + c, bo, true, rows[0], n);
+            pdp__conv_store_row(src + (oh + 1) * ldr + c, bo, true, rows[1], n);
+            pdp__maxpool_2x2(rows[0], rows[1], n / 2, io->pool_y + at, io->pool_arg + at,
+                             (int32_t)(oh * Wo + c), (int32_t)Wo);
+        }
 }
 
 typedef struct pdp__conv_job {
@@ -11886,7 +12034,7 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         int64_t cols = g->Ho * k.wt;
@@ -11912,15 +12060,8 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
         pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, job->w, g->ckk, k.xp,
                         k.offx, 0.0f, k.grid, cols);
         for (s = k.s0; s < k.s1; s++)
-            for (o = 0; o < g->O; o++) {
-                float bo = io->b ? io->b[o] : 0.0f;
-                for (oh = 0; oh < g->Ho; oh++) {
-                    const float *PDP__RESTRICT src =
-                        k.grid + o * ldo + oh * ldr + (s - k.s0) * lds;
-                    pdp__conv_store_row(src, bo, io->fused_relu,
-                                        io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
-                }
-            }
+            for (o = 0; o < g->O; o++)
+                pdp__conv_store_plane(io, job->l, s, o, k.grid + o * ldo + (s - k.s0) * lds, ldr);
     }
 }
 
@@ -12010,7 +12151,7 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++)
@@ -12018,15 +12159,9 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
         (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f,
                                                 io->w, g->ckk, k.col, k.n, 0.0f, k.out, k.n);
         for (s = k.s0; s < k.s1; s++)
-            for (o = 0; o < g->O; o++) {
-                float bo = io->b ? io->b[o] : 0.0f;
-                for (oh = 0; oh < g->Ho; oh++) {
-                    const float *PDP__RESTRICT src =
-                        k.out + o * k.n + (s - k.s0) * g->cols + oh * g->Wo;
-                    pdp__conv_store_row(src, bo, io->fused_relu,
-                                        io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
-                }
-            }
+            for (o = 0; o < g->O; o++)
+                pdp__conv_store_plane(io, job->l, s, o, k.out + o * k.n + (s - k.s0) * g->cols,
+                                      g->Wo);
     }
 }
 
@@ -12219,67 +12354,6 @@ static pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_
 
 /* ---- layers: MaxPool2d ---- */
 
-/* One output row at a time: y and the winner's index (an int32 in the saved
-   floats' memory, an offset into the sample's channel plane) start at the
-   window's first element and are updated element by element in PyTorch's order
-   (ki, then kj): an element replaces the current one when it is greater or NaN,
-   so ties keep the first maximum and a NaN wins. The loops run in blocks of 16,
-   8 and 4 columns, the remainder as the last 4 columns once more (an update is
-   idempotent): constant trip counts, which gcc -O2 vectorises (its cheap cost
-   model skips loops that would need a scalar epilogue) into selects instead of
-   the branches a scalar loop gets, which mispredict on the half zeros a ReLU
-   leaves. (The conditions are spelled out in each select on purpose: gcc 12
-   vectorises that form, not an int flag computed once; 10x here.) */
-#define PDP__POOL_BLOCKS(...)                                                                  \
-    do {                                                                                       \
-        for (; ow + 16 <= n; ow += 16)                                                         \
-            for (j = 0; j < 16; j++) __VA_ARGS__                                               \
-        for (; ow + 8 <= n; ow += 8)                                                           \
-            for (j = 0; j < 8; j++) __VA_ARGS__                                                \
-        for (; ow + 4 <= n; ow += 4)                                                           \
-            for (j = 0; j < 4; j++) __VA_ARGS__                                                \
-        if (ow < n && n >= 4) /* the last 4 again: both bodies are idempotent */              \
-            for (ow = n - 4, j = 0; j < 4; j++) __VA_ARGS__                                    \
-        else                                                                                   \
-            for (; ow < n; ow++)                                                               \
-                for (j = 0; j < 1; j++) __VA_ARGS__                                            \
-    } while (0)
-
-/* Window element (ki, kj) against the running maximum of n outputs. */
-static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
-                                float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
-{
-    int64_t ow = 0;
-    int j;
-    PDP__POOL_BLOCKS({
-        int32_t o = (int32_t)ow + j;
-        float v = src[o * st], m = y[o];
-        y[o] = (v > m || v != v) ? v : m;
-        arg[o] = (v > m || v != v) ? at + o * st : arg[o];
-    });
-}
-
-/* The common 2 x 2 window with stride 2: the two elements of each input row,
-   then the two rows. Same result as the element-by-element order: the second
-   row's winner replaces the first's only when greater or NaN. */
-static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
-                             int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
-                             int32_t at, int32_t w)
-{
-    int64_t ow = 0;
-    int j;
-    PDP__POOL_BLOCKS({
-        int32_t o = (int32_t)ow + j;
-        float a = r0[2 * o], b = r0[2 * o + 1], c = r1[2 * o], d = r1[2 * o + 1];
-        float m0 = (b > a || b != b) ? b : a, m1 = (d > c || d != d) ? d : c;
-        int32_t i0 = (b > a || b != b) ? at + 2 * o + 1 : at + 2 * o;
-        int32_t i1 = (d > c || d != d) ? at + w + 2 * o + 1 : at + w + 2 * o;
-        int t = (m1 > m0 || m1 != m1);
-        y[o] = t ? m1 : m0;
-        arg[o] = t ? i1 : i0;
-    });
-}
-
 typedef struct pdp__pool_job {
     const pdp__layer *l;
     const pdp__layer_io *io;
@@ -12323,25 +12397,6 @@ static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
     job.l = l;
     job.io = io;
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_forward_part, &job);
-}
-
-/* The common 2 x 2 window with stride 2 tiling the plane exactly: each window's
-   four dx written at once, the output's gradient at its winner and zeros elsewhere
-   (no memset, no scatter; in PDP__POOL_BLOCKS, whose selects gcc vectorises). */
-static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
-                                      const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
-                                      int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
-{
-    int64_t ow = 0;
-    int j;
-    PDP__POOL_BLOCKS({
-        int32_t o = (int32_t)ow + j, a = arg[o] - at - 2 * o;
-        float g = dy[o];
-        d0[2 * o] = a == 0 ? g : 0.0f;
-        d0[2 * o + 1] = a == 1 ? g : 0.0f;
-        d1[2 * o] = a == w ? g : 0.0f;
-        d1[2 * o + 1] = a == w + 1 ? g : 0.0f;
-    });
 }
 
 /* The channel planes of part i: zero, then scatter each output's gradient to its
@@ -12720,7 +12775,7 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     [PDP__CONV2D] = {"Conv2d", pdp__conv_setup, pdp__conv_init, pdp__conv_forward,
                      pdp__conv_backward, PDP__CUDA_ENTRY(pdp__conv_cuda_forward),
                      PDP__CUDA_ENTRY(pdp__conv_cuda_backward), pdp__conv_cuda_work,
-                     PDP__LAYER_FUSES_RELU},
+                     PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
     [PDP__MAXPOOL2D] = {"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
                         pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
                         PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL, 0},
@@ -12861,7 +12916,8 @@ static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *
    order, no gaps), so the gradient of parameters j..k is one contiguous range;
    act[i] holds layer i's output from the last forward (Flatten aliases its
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
-   Conv2d applies itself); backward needs the forward's input to stay alive,
+   Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
+   applies it too, writes the pool's act, and its own act is NULL); backward needs the forward's input to stay alive,
    as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
    largest batch), forward and backward allocate nothing.
 
@@ -13158,12 +13214,30 @@ static bool pdp__model_relu_fused(const pdp_model *m, int i)
            (pdp__layer_kind_of(m->layers[i - 1].kind)->flags & PDP__LAYER_FUSES_RELU);
 }
 
+/* Layer i is a 2x2 stride-2 MaxPool2d over an even H and W after a fused ReLU,
+   which the Conv2d before that (PDP__LAYER_FUSES_POOL) applies too: the Conv2d
+   writes this layer's output and saved winners, and takes its output's gradient;
+   this layer is skipped, and the Conv2d's own output never exists. Same bits. */
+static bool pdp__model_pool_fused(const pdp_model *m, int i)
+{
+    const pdp__layer *l = &m->layers[i];
+    return i > 1 && l->kind == PDP__MAXPOOL2D && l->kernel == 2 && l->stride == 2 &&
+           l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 && pdp__model_relu_fused(m, i - 1) &&
+           (pdp__layer_kind_of(m->layers[i - 2].kind)->flags & PDP__LAYER_FUSES_POOL);
+}
+
 /* Layer i's output is its input seen again (PDP__LAYER_VIEW: Flatten; a fused ReLU):
    no buffer, no call. */
 static bool pdp__model_is_view(const pdp_model *m, int i)
 {
     return (pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_VIEW) ||
            pdp__model_relu_fused(m, i);
+}
+
+/* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
+static bool pdp__model_has_output(const pdp_model *m, int i)
+{
+    return !pdp__model_is_view(m, i) && !(i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2));
 }
 
 /* Per-sample floats of the activation buffers (one plan for pdp_model_reserve and for
@@ -13188,7 +13262,7 @@ static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off
     p.widest = m->in_count;
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
-        if (!pdp__model_is_view(m, i)) pdp__model_plan_add(&p.act, l->out_count);
+        if (pdp__model_has_output(m, i)) pdp__model_plan_add(&p.act, l->out_count);
         if (saved_off) saved_off[i] = p.saved;
         pdp__model_plan_add(&p.saved, l->saved_per_sample);
         p.work = PDP__MAX(p.work, pdp__layer_work_per_sample(l, m->device));
@@ -13204,7 +13278,10 @@ static void pdp__model_bind_acts(pdp_model *m)
     int64_t act = 0;
     int i;
     for (i = 0; i < m->nlayers; i++) {
-        if (pdp__model_is_view(m, i)) continue;
+        if (!pdp__model_has_output(m, i)) {
+            if (!pdp__model_is_view(m, i)) m->act[i] = NULL; /* a Conv2d whose pool is fused */
+            continue;
+        }
         m->act[i] = m->act_block + m->slot * m->act_stride + m->max_batch * act;
         act += m->layers[i].out_count;
     }
@@ -13273,6 +13350,11 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->step = m->step;
     io->sample_base = m->sample_base;
     io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
+    if (i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2)) {
+        io->pool_y = m->act[i + 2];
+        io->pool_arg = (int32_t *)(void *)(m->saved_block + m->slot * m->saved_stride +
+                                           m->max_batch * m->saved_off[i + 2]);
+    }
     if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];
         io->w = m->layer_w && m->layer_w[i] ? m->layer_w[i] : m->param_block + w->offset;
@@ -13327,6 +13409,10 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
         pdp__layer_io io;
         if (pdp__model_is_view(m, i)) { /* y is x */
             m->act[i] = (float *)in;
+            continue;
+        }
+        if (pdp__model_pool_fused(m, i)) { /* the Conv2d wrote y */
+            in = m->act[i];
             continue;
         }
         if (m->event && l->nparams &&
@@ -13395,7 +13481,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
                                pdp__layer_kind_name(l->kind));
             break;
         }
-        if (!pdp__model_is_view(m, i)) {
+        if (!pdp__model_is_view(m, i) && !pdp__model_pool_fused(m, i)) {
             pdp__model_io(m, i, &io);
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
             io.y = m->act[i];

@@ -230,6 +230,13 @@ typedef struct pdp__layer_io {
     bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
     bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
+    float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
+                            stride-2 MaxPool2d over an even H and W, also applied here:
+                            forward writes the pool's output and winners (its y and saved,
+                            pool_y and pool_arg) and no y of its own (y is NULL); backward
+                            gets the pool's dy, and dy at each winner, masked by the pooled
+                            value > 0, is the convolution's (model.c skips the MaxPool2d) */
+    int32_t *pool_arg;
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
@@ -254,6 +261,8 @@ typedef struct pdp__param_shapes {
 #define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
                                     functions in Megatron-LM): the layers after it are named
                                     as if it were absent ("0.weight", "2.weight", ...) */
+#define PDP__LAYER_FUSES_POOL 16u /* with its fused ReLU, applies a following 2x2 stride-2
+                                     MaxPool2d itself (io->pool_y; model.c skips it) */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the

@@ -15,12 +15,100 @@
    - A ReLU right after a Conv2d on the CPU is a view (PDP__LAYER_FUSES_RELU): the
      Conv2d applies it (io->fused_relu: forward stores relu(y), backward masks dy
      by y > 0 as it gathers dy), which saves two passes over the largest
-     activations and gives the same bits.
+     activations and gives the same bits. When a 2x2 stride-2 MaxPool2d follows
+     that ReLU (even H and W), the Conv2d applies it too (io->pool_y): forward
+     stores two rows at a time through the ReLU into a block on the stack and
+     pools them into the pool's output and winners; backward gathers the pool's
+     dy, masked by the pooled value > 0, at each window's winner and zeros
+     elsewhere (pdp__conv_copy_dy). The full-size output is never written, nor
+     read back by the pool, nor its gradient written and read (model.c skips the
+     MaxPool2d; same bits).
 
    Invariants: layers.c's (nothing allocated; dw, db accumulated; dx written, or
    skipped when NULL; fixed reduction order whatever the thread count). */
 
 #include "internal.h"
+
+/* ---- layers: pooling rows (MaxPool2d, and Conv2d's fused pool) ----
+   One output row at a time: y and the winner's index (an int32 in the saved
+   floats' memory, an offset into the sample's channel plane) start at the
+   window's first element and are updated element by element in PyTorch's order
+   (ki, then kj): an element replaces the current one when it is greater or NaN,
+   so ties keep the first maximum and a NaN wins. The loops run in blocks of 16,
+   8 and 4 columns, the remainder as the last 4 columns once more (an update is
+   idempotent): constant trip counts, which gcc -O2 vectorises (its cheap cost
+   model skips loops that would need a scalar epilogue) into selects instead of
+   the branches a scalar loop gets, which mispredict on the half zeros a ReLU
+   leaves. (The conditions are spelled out in each select on purpose: gcc 12
+   vectorises that form, not an int flag computed once; 10x here.) */
+#define PDP__POOL_BLOCKS(...)                                                                  \
+    do {                                                                                       \
+        for (; ow + 16 <= n; ow += 16)                                                         \
+            for (j = 0; j < 16; j++) __VA_ARGS__                                               \
+        for (; ow + 8 <= n; ow += 8)                                                           \
+            for (j = 0; j < 8; j++) __VA_ARGS__                                                \
+        for (; ow + 4 <= n; ow += 4)                                                           \
+            for (j = 0; j < 4; j++) __VA_ARGS__                                                \
+        if (ow < n && n >= 4) /* the last 4 again: both bodies are idempotent */              \
+            for (ow = n - 4, j = 0; j < 4; j++) __VA_ARGS__                                    \
+        else                                                                                   \
+            for (; ow < n; ow++)                                                               \
+                for (j = 0; j < 1; j++) __VA_ARGS__                                            \
+    } while (0)
+
+/* Window element (ki, kj) against the running maximum of n outputs. */
+static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
+                                float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
+{
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j;
+        float v = src[o * st], m = y[o];
+        y[o] = (v > m || v != v) ? v : m;
+        arg[o] = (v > m || v != v) ? at + o * st : arg[o];
+    });
+}
+
+/* The common 2 x 2 window with stride 2: the two elements of each input row,
+   then the two rows. Same result as the element-by-element order: the second
+   row's winner replaces the first's only when greater or NaN. */
+static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
+                             int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
+                             int32_t at, int32_t w)
+{
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j;
+        float a = r0[2 * o], b = r0[2 * o + 1], c = r1[2 * o], d = r1[2 * o + 1];
+        float m0 = (b > a || b != b) ? b : a, m1 = (d > c || d != d) ? d : c;
+        int32_t i0 = (b > a || b != b) ? at + 2 * o + 1 : at + 2 * o;
+        int32_t i1 = (d > c || d != d) ? at + w + 2 * o + 1 : at + w + 2 * o;
+        int t = (m1 > m0 || m1 != m1);
+        y[o] = t ? m1 : m0;
+        arg[o] = t ? i1 : i0;
+    });
+}
+
+/* The common 2 x 2 window with stride 2 tiling the plane exactly: each window's
+   four dx written at once, the output's gradient at its winner and zeros elsewhere
+   (no memset, no scatter; in PDP__POOL_BLOCKS, whose selects gcc vectorises). */
+static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
+                                      const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
+                                      int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
+{
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j, a = arg[o] - at - 2 * o;
+        float g = dy[o];
+        d0[2 * o] = a == 0 ? g : 0.0f;
+        d0[2 * o + 1] = a == 1 ? g : 0.0f;
+        d1[2 * o] = a == w ? g : 0.0f;
+        d1[2 * o + 1] = a == w + 1 ? g : 0.0f;
+    });
+}
 
 /* ---- layers: Conv2d ----
    Two paths, both cutting the batch into chunks of `per_chunk` samples, a number
@@ -301,13 +389,35 @@ static void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *P
     });
 }
 
+/* Columns of one block of the fused pool's rows, kept on the stack (even). */
+#define PDP__CONV_POOL_COLS 128
+
 /* One sample's dy, [O, Ho, Wo], into dst (plane stride dp, row stride dr); with a
    fused ReLU, masked by the layer's output y (same layout as dy): the ReLU's
-   backward, done on the way. */
+   backward, done on the way. With a fused pool, dy is the pool's [O, Ho/2, Wo/2],
+   masked by the pooled y > 0 and written at each window's winner, zeros elsewhere:
+   the pool's backward and the ReLU's (the ReLU's output at the winner is the
+   pooled value), in blocks of columns. */
 static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
                               float *dst, int64_t dp, int64_t dr)
 {
-    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r;
+    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r, c, n;
+    if (io->pool_y) {
+        int64_t Hp = Ho / 2, Wp = Wo / 2;
+        float gm[PDP__CONV_POOL_COLS / 2];
+        for (p = 0; p < O; p++)
+            for (r = 0; r < Hp; r++)
+                for (c = 0; c < Wp; c += n) {
+                    int64_t at = ((s * O + p) * Hp + r) * Wp + c;
+                    float *d0 = dst + p * dp + 2 * r * dr + 2 * c;
+                    n = PDP__MIN(PDP__CONV_POOL_COLS / 2, Wp - c);
+                    pdp__conv_relu_grad_row(io->dy + at, io->pool_y + at, gm, n);
+                    pdp__maxpool_2x2_backward(gm, io->pool_arg + at, n,
+                                              (int32_t)(2 * r * Wo + 2 * c), (int32_t)Wo, d0,
+                                              d0 + dr);
+                }
+        return;
+    }
     if (!io->fused_relu) {
         pdp__conv_copy2d(io->dy + s * l->out_count, Ho * Wo, Wo, dst, dp, dr, O, Ho, Wo);
         return;
@@ -329,6 +439,32 @@ static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool r
         PDP__CONV_ROW(j, n, dst[j] = pdp__relu(src[j] + bo););
     else
         PDP__CONV_ROW(j, n, dst[j] = src[j] + bo;);
+}
+
+/* Channel plane o of sample s of y from the products (row oh at src + oh ldr) plus
+   the bias, through the fused ReLU; with a fused pool, two rows at a time through
+   the ReLU into a block on the stack, then pooled into the pool's output and
+   winners (the same bits as y stored, then pooled). */
+static void pdp__conv_store_plane(const pdp__layer_io *io, const pdp__layer *l, int64_t s,
+                                  int64_t o, const float *src, int64_t ldr)
+{
+    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], oh, c, n;
+    float bo = io->b ? io->b[o] : 0.0f, rows[2][PDP__CONV_POOL_COLS];
+    if (!io->pool_y) {
+        for (oh = 0; oh < Ho; oh++)
+            pdp__conv_store_row(src + oh * ldr, bo, io->fused_relu,
+                                io->y + ((s * O + o) * Ho + oh) * Wo, Wo);
+        return;
+    }
+    for (oh = 0; oh < Ho; oh += 2) /* Ho and Wo are even */
+        for (c = 0; c < Wo; c += n) {
+            int64_t at = ((s * O + o) * (Ho / 2) + oh / 2) * (Wo / 2) + c / 2;
+            n = PDP__MIN(PDP__CONV_POOL_COLS, Wo - c);
+            pdp__conv_store_row(src + oh * ldr + c, bo, true, rows[0], n);
+            pdp__conv_store_row(src + (oh + 1) * ldr + c, bo, true, rows[1], n);
+            pdp__maxpool_2x2(rows[0], rows[1], n / 2, io->pool_y + at, io->pool_arg + at,
+                             (int32_t)(oh * Wo + c), (int32_t)Wo);
+        }
 }
 
 typedef struct pdp__conv_job {
@@ -450,7 +586,7 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         int64_t cols = g->Ho * k.wt;
@@ -476,15 +612,8 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
         pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, g->O, cols, g->ckk, 1.0f, job->w, g->ckk, k.xp,
                         k.offx, 0.0f, k.grid, cols);
         for (s = k.s0; s < k.s1; s++)
-            for (o = 0; o < g->O; o++) {
-                float bo = io->b ? io->b[o] : 0.0f;
-                for (oh = 0; oh < g->Ho; oh++) {
-                    const float *PDP__RESTRICT src =
-                        k.grid + o * ldo + oh * ldr + (s - k.s0) * lds;
-                    pdp__conv_store_row(src, bo, io->fused_relu,
-                                        io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
-                }
-            }
+            for (o = 0; o < g->O; o++)
+                pdp__conv_store_plane(io, job->l, s, o, k.grid + o * ldo + (s - k.s0) * lds, ldr);
     }
 }
 
@@ -574,7 +703,7 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
     const pdp__layer_io *io = job->io;
-    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o, oh;
+    int64_t c, c0 = job->chunks * i / parts, c1 = job->chunks * (i + 1) / parts, s, o;
     for (c = c0; c < c1; c++) {
         pdp__conv_chunk k = pdp__conv_chunk_of(job, c, i);
         for (s = k.s0; s < k.s1; s++)
@@ -582,15 +711,9 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
         (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, g->O, k.n, g->ckk, 1.0f,
                                                 io->w, g->ckk, k.col, k.n, 0.0f, k.out, k.n);
         for (s = k.s0; s < k.s1; s++)
-            for (o = 0; o < g->O; o++) {
-                float bo = io->b ? io->b[o] : 0.0f;
-                for (oh = 0; oh < g->Ho; oh++) {
-                    const float *PDP__RESTRICT src =
-                        k.out + o * k.n + (s - k.s0) * g->cols + oh * g->Wo;
-                    pdp__conv_store_row(src, bo, io->fused_relu,
-                                        io->y + ((s * g->O + o) * g->Ho + oh) * g->Wo, g->Wo);
-                }
-            }
+            for (o = 0; o < g->O; o++)
+                pdp__conv_store_plane(io, job->l, s, o, k.out + o * k.n + (s - k.s0) * g->cols,
+                                      g->Wo);
     }
 }
 
@@ -783,67 +906,6 @@ static pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_
 
 /* ---- layers: MaxPool2d ---- */
 
-/* One output row at a time: y and the winner's index (an int32 in the saved
-   floats' memory, an offset into the sample's channel plane) start at the
-   window's first element and are updated element by element in PyTorch's order
-   (ki, then kj): an element replaces the current one when it is greater or NaN,
-   so ties keep the first maximum and a NaN wins. The loops run in blocks of 16,
-   8 and 4 columns, the remainder as the last 4 columns once more (an update is
-   idempotent): constant trip counts, which gcc -O2 vectorises (its cheap cost
-   model skips loops that would need a scalar epilogue) into selects instead of
-   the branches a scalar loop gets, which mispredict on the half zeros a ReLU
-   leaves. (The conditions are spelled out in each select on purpose: gcc 12
-   vectorises that form, not an int flag computed once; 10x here.) */
-#define PDP__POOL_BLOCKS(...)                                                                  \
-    do {                                                                                       \
-        for (; ow + 16 <= n; ow += 16)                                                         \
-            for (j = 0; j < 16; j++) __VA_ARGS__                                               \
-        for (; ow + 8 <= n; ow += 8)                                                           \
-            for (j = 0; j < 8; j++) __VA_ARGS__                                                \
-        for (; ow + 4 <= n; ow += 4)                                                           \
-            for (j = 0; j < 4; j++) __VA_ARGS__                                                \
-        if (ow < n && n >= 4) /* the last 4 again: both bodies are idempotent */              \
-            for (ow = n - 4, j = 0; j < 4; j++) __VA_ARGS__                                    \
-        else                                                                                   \
-            for (; ow < n; ow++)                                                               \
-                for (j = 0; j < 1; j++) __VA_ARGS__                                            \
-    } while (0)
-
-/* Window element (ki, kj) against the running maximum of n outputs. */
-static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
-                                float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
-{
-    int64_t ow = 0;
-    int j;
-    PDP__POOL_BLOCKS({
-        int32_t o = (int32_t)ow + j;
-        float v = src[o * st], m = y[o];
-        y[o] = (v > m || v != v) ? v : m;
-        arg[o] = (v > m || v != v) ? at + o * st : arg[o];
-    });
-}
-
-/* The common 2 x 2 window with stride 2: the two elements of each input row,
-   then the two rows. Same result as the element-by-element order: the second
-   row's winner replaces the first's only when greater or NaN. */
-static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
-                             int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
-                             int32_t at, int32_t w)
-{
-    int64_t ow = 0;
-    int j;
-    PDP__POOL_BLOCKS({
-        int32_t o = (int32_t)ow + j;
-        float a = r0[2 * o], b = r0[2 * o + 1], c = r1[2 * o], d = r1[2 * o + 1];
-        float m0 = (b > a || b != b) ? b : a, m1 = (d > c || d != d) ? d : c;
-        int32_t i0 = (b > a || b != b) ? at + 2 * o + 1 : at + 2 * o;
-        int32_t i1 = (d > c || d != d) ? at + w + 2 * o + 1 : at + w + 2 * o;
-        int t = (m1 > m0 || m1 != m1);
-        y[o] = t ? m1 : m0;
-        arg[o] = t ? i1 : i0;
-    });
-}
-
 typedef struct pdp__pool_job {
     const pdp__layer *l;
     const pdp__layer_io *io;
@@ -887,25 +949,6 @@ static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
     job.l = l;
     job.io = io;
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_forward_part, &job);
-}
-
-/* The common 2 x 2 window with stride 2 tiling the plane exactly: each window's
-   four dx written at once, the output's gradient at its winner and zeros elsewhere
-   (no memset, no scatter; in PDP__POOL_BLOCKS, whose selects gcc vectorises). */
-static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
-                                      const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
-                                      int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
-{
-    int64_t ow = 0;
-    int j;
-    PDP__POOL_BLOCKS({
-        int32_t o = (int32_t)ow + j, a = arg[o] - at - 2 * o;
-        float g = dy[o];
-        d0[2 * o] = a == 0 ? g : 0.0f;
-        d0[2 * o + 1] = a == 1 ? g : 0.0f;
-        d1[2 * o] = a == w ? g : 0.0f;
-        d1[2 * o + 1] = a == w + 1 ? g : 0.0f;
-    });
 }
 
 /* The channel planes of part i: zero, then scatter each output's gradient to its

@@ -61,7 +61,7 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     [PDP__CONV2D] = {"Conv2d", pdp__conv_setup, pdp__conv_init, pdp__conv_forward,
                      pdp__conv_backward, PDP__CUDA_ENTRY(pdp__conv_cuda_forward),
                      PDP__CUDA_ENTRY(pdp__conv_cuda_backward), pdp__conv_cuda_work,
-                     PDP__LAYER_FUSES_RELU},
+                     PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
     [PDP__MAXPOOL2D] = {"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
                         pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
                         PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL, 0},

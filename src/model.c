@@ -7,7 +7,8 @@
    order, no gaps), so the gradient of parameters j..k is one contiguous range;
    act[i] holds layer i's output from the last forward (Flatten aliases its
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
-   Conv2d applies itself); backward needs the forward's input to stay alive,
+   Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
+   applies it too, writes the pool's act, and its own act is NULL); backward needs the forward's input to stay alive,
    as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
    largest batch), forward and backward allocate nothing.
 
@@ -304,12 +305,30 @@ static bool pdp__model_relu_fused(const pdp_model *m, int i)
            (pdp__layer_kind_of(m->layers[i - 1].kind)->flags & PDP__LAYER_FUSES_RELU);
 }
 
+/* Layer i is a 2x2 stride-2 MaxPool2d over an even H and W after a fused ReLU,
+   which the Conv2d before that (PDP__LAYER_FUSES_POOL) applies too: the Conv2d
+   writes this layer's output and saved winners, and takes its output's gradient;
+   this layer is skipped, and the Conv2d's own output never exists. Same bits. */
+static bool pdp__model_pool_fused(const pdp_model *m, int i)
+{
+    const pdp__layer *l = &m->layers[i];
+    return i > 1 && l->kind == PDP__MAXPOOL2D && l->kernel == 2 && l->stride == 2 &&
+           l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 && pdp__model_relu_fused(m, i - 1) &&
+           (pdp__layer_kind_of(m->layers[i - 2].kind)->flags & PDP__LAYER_FUSES_POOL);
+}
+
 /* Layer i's output is its input seen again (PDP__LAYER_VIEW: Flatten; a fused ReLU):
    no buffer, no call. */
 static bool pdp__model_is_view(const pdp_model *m, int i)
 {
     return (pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_VIEW) ||
            pdp__model_relu_fused(m, i);
+}
+
+/* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
+static bool pdp__model_has_output(const pdp_model *m, int i)
+{
+    return !pdp__model_is_view(m, i) && !(i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2));
 }
 
 /* Per-sample floats of the activation buffers (one plan for pdp_model_reserve and for
@@ -334,7 +353,7 @@ static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off
     p.widest = m->in_count;
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
-        if (!pdp__model_is_view(m, i)) pdp__model_plan_add(&p.act, l->out_count);
+        if (pdp__model_has_output(m, i)) pdp__model_plan_add(&p.act, l->out_count);
         if (saved_off) saved_off[i] = p.saved;
         pdp__model_plan_add(&p.saved, l->saved_per_sample);
         p.work = PDP__MAX(p.work, pdp__layer_work_per_sample(l, m->device));
@@ -350,7 +369,10 @@ static void pdp__model_bind_acts(pdp_model *m)
     int64_t act = 0;
     int i;
     for (i = 0; i < m->nlayers; i++) {
-        if (pdp__model_is_view(m, i)) continue;
+        if (!pdp__model_has_output(m, i)) {
+            if (!pdp__model_is_view(m, i)) m->act[i] = NULL; /* a Conv2d whose pool is fused */
+            continue;
+        }
         m->act[i] = m->act_block + m->slot * m->act_stride + m->max_batch * act;
         act += m->layers[i].out_count;
     }
@@ -419,6 +441,11 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->step = m->step;
     io->sample_base = m->sample_base;
     io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
+    if (i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2)) {
+        io->pool_y = m->act[i + 2];
+        io->pool_arg = (int32_t *)(void *)(m->saved_block + m->slot * m->saved_stride +
+                                           m->max_batch * m->saved_off[i + 2]);
+    }
     if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];
         io->w = m->layer_w && m->layer_w[i] ? m->layer_w[i] : m->param_block + w->offset;
@@ -473,6 +500,10 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
         pdp__layer_io io;
         if (pdp__model_is_view(m, i)) { /* y is x */
             m->act[i] = (float *)in;
+            continue;
+        }
+        if (pdp__model_pool_fused(m, i)) { /* the Conv2d wrote y */
+            in = m->act[i];
             continue;
         }
         if (m->event && l->nparams &&
@@ -541,7 +572,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
                                pdp__layer_kind_name(l->kind));
             break;
         }
-        if (!pdp__model_is_view(m, i)) {
+        if (!pdp__model_is_view(m, i) && !pdp__model_pool_fused(m, i)) {
             pdp__model_io(m, i, &io);
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
             io.y = m->act[i];

@@ -155,31 +155,21 @@ static inline double fixture_rel_err(const float *a, const float *b, int64_t n)
     return diff / scale;
 }
 
-/* With pdp.h's implementation in this file: the model's backward, but with an input
-   gradient for layer 0 too (the public backward skips it). It makes the layer calls
-   model.c makes and writes d(loss)/dx into dx ([batch, input...]); parameter
+/* With pdp.h's implementation in this file: pdp_model_backward, with an input
+   gradient for layer 0 too (the public call skips it; a pipeline stage asks for it
+   through m->input_grad): d(loss)/dx into dx ([batch, input...]); parameter
    gradients accumulate as usual. Needs a forward before it, as backward does. */
 #ifdef PDP__IMPLEMENTATION_INCLUDED
 static inline pdp_status fixture_backward_with_dx(pdp_model *m, const float *dy, float *dx)
 {
-    const float *g = dy;
-    int i;
+    pdp_tensor g;
     pdp_status st;
     if (!m->have_forward) return PDP_ERR_STATE;
-    for (i = m->nlayers - 1; i >= 0; i--) {
-        const pdp__layer *l = &m->layers[i];
-        pdp__layer_io io;
-        if (l->kind == PDP__FLATTEN) continue;
-        pdp__model_io(m, i, &io);
-        io.x = i ? m->act[i - 1] : m->act[m->nlayers];
-        io.y = m->act[i];
-        io.dy = g;
-        io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : dx;
-        if ((st = pdp__layer_backward(l, &io)) != PDP_OK) return st;
-        g = io.dx;
-    }
-    m->have_forward = false;
-    return PDP_OK;
+    pdp_tensor_wrap((float *)dy, m->device, m->out_view.ndim, m->out_view.shape, &g);
+    m->input_grad = dx; /* what a pipeline stage asks of backward */
+    st = pdp_model_backward(m, &g);
+    m->input_grad = NULL;
+    return st;
 }
 #endif
 

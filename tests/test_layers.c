@@ -474,6 +474,74 @@ TEST layers_conv2d_and_maxpool_match_naive(void)
     PASS();
 }
 
+/* Conv2d -> ReLU -> MaxPool2d(2) on the CPU: the Conv2d applies the pool too
+   (model.c's pdp__model_pool_fused) and never writes its own output. Against the
+   same layers with a Dropout(0) (an exact copy) between the ReLU and the pool,
+   which stops the fusion: output, input gradient and parameter gradients bit for
+   bit, on each Conv2d path (implicit "same" with the band-skipping GEMM, implicit
+   with another padding, im2col with stride 2, the dot-product dW of a single input
+   channel), in fp32 and bf16, 1
+   and 2 threads, with inputs mostly negative so that ReLU zeros tie in the windows,
+   and a NaN. A second conv after the pool takes the pool's input gradient. */
+TEST layers_conv_relu_pool_fused_matches_unfused(void)
+{
+    static const int64_t cfg[4][6] = {/* C, H, W, O, k, stride, (pad = k / 2 or 0) */
+                                      {6, 12, 10, 8, 5, 1}, {2, 10, 12, 4, 3, 1},
+                                      {2, 12, 12, 4, 3, 2}, {1, 16, 12, 16, 5, 1}};
+    static float xd[7 * 6 * 16 * 12], dx[2][7 * 6 * 16 * 12], dyd[7 * 10];
+    int t, threads, prec;
+    for (t = 0; t < 4; t++)
+        for (prec = 0; prec < 2; prec++)
+            for (threads = 1; threads <= 2; threads++) {
+                int64_t C = cfg[t][0], H = cfg[t][1], W = cfg[t][2], B = 7, n = B * C * H * W, i;
+                int64_t pad = t == 1 ? 0 : cfg[t][4] / 2;
+                pdp_model *m[2];
+                const pdp_tensor *y[2];
+                pdp_tensor x, g[2];
+                pdp_rng r;
+                int k;
+                pdp_rng_seed(&r, 90 + (uint64_t)t, 0);
+                fill_uniform(xd, n, &r, -1.5f, 0.5f);
+                xd[n / 3] = NAN;
+                for (i = 0; i < B * 10; i++) dyd[i] = (float)(i % 7) - 3.0f;
+                for (k = 0; k < 2; k++) {
+                    m[k] = new_model(3, C, H, W, 90);
+                    ASSERT(m[k] != NULL);
+                    if (prec) pdp_model_set_precision(m[k], PDP_PRECISION_BF16);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m[k], cfg[t][3], cfg[t][4],
+                                                                cfg[t][5], pad), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m[k]), pdp_status_name);
+                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_maxpool2d(m[k], 2, 0), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m[k], 3, 3, 1, 1), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_flatten(m[k]), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 10), pdp_status_name);
+                    ASSERT(pdp__model_pool_fused(m[k], 2) == (k == 0));
+                    pdp_model_flat(m[0], &g[0], NULL);
+                    pdp_model_flat(m[k], &g[k], NULL);
+                    ASSERT_EQ(g[0].count, g[k].count);
+                    memcpy(g[k].data, g[0].data, (size_t)g[0].count * sizeof(float));
+                    wrap_input(m[k], xd, B, &x);
+                    pdp_set_num_threads(threads);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[k], &x, &y[k]), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m[k], dyd, dx[k]),
+                                   pdp_status_name);
+                    pdp_set_num_threads(1);
+                }
+                ASSERT(m[0]->act[0] == NULL); /* the fused Conv2d's output never exists */
+                ASSERT(m[0]->act_stride < m[1]->act_stride);
+                ASSERT_EQ(y[1]->count, y[0]->count);
+                ASSERT_MEM_EQ(y[1]->data, y[0]->data, (size_t)y[0]->count * sizeof(float));
+                ASSERT_MEM_EQ(dx[1], dx[0], (size_t)n * sizeof(float));
+                pdp_model_flat(m[0], NULL, &g[0]);
+                pdp_model_flat(m[1], NULL, &g[1]);
+                ASSERT_MEM_EQ(g[1].data, g[0].data, (size_t)g[0].count * sizeof(float));
+                pdp_model_free(m[0]);
+                pdp_model_free(m[1]);
+            }
+    PASS();
+}
+
 TEST layers_maxpool_ties_go_to_the_first_maximum(void)
 {
     pdp_model *m = new_model(3, 1, 2, 4, 15);
@@ -1115,6 +1183,7 @@ SUITE(layers)
     RUN_TEST(layers_linear_and_activations_match_naive);
     RUN_TEST(layers_conv2d_and_maxpool_match_naive);
     RUN_TEST(layers_conv2d_stride1_matches_naive);
+    RUN_TEST(layers_conv_relu_pool_fused_matches_unfused);
     RUN_TEST(layers_maxpool_ties_go_to_the_first_maximum);
     RUN_TEST(layers_maxpool_nan_wins_as_in_pytorch);
     RUN_TEST(layers_relu_nan_as_in_pytorch);
