@@ -259,9 +259,9 @@ int main(int argc, char **argv)
                100 * p->other_s / w, 100 * p->idle_s / (w * cs[i].threads), gf,
                pk > 0 ? 100 * gf / pk : 0.0, pk > 0 ? 100 * gfw / pk : 0.0);
     }
-    printf("w-layer: layers with weights (GEMMs, bias, im2col, packing); o-layer: ReLU, pooling; "
-           "%%peak: the step's GFLOP/s / (threads x peak); w %%peak: the same over the w-layer "
-           "time alone\n");
+    printf("w-layer: layers with weights (GEMMs, bias, im2col, packing, and the ReLU and "
+           "pooling a Conv2d applies itself); o-layer: the other ReLU, pooling; %%peak: the "
+           "step's GFLOP/s / (threads x peak); w %%peak: the same over the w-layer time alone\n");
     if (!have_torch)
         printf("PyTorch: /usr/bin/python3 cannot import torch (apt-get install python3-torch); "
                "only pdp's figures are shown\n");
