@@ -1312,9 +1312,9 @@ typedef struct pdp_dp_times {
     double apply_cpu;   /* CPU seconds of the busiest worker in apply and in reduce */
     double reduce_cpu;
     double critical_cpu; /* the step's critical path in CPU seconds, what it would take if
-                            every worker had a core to itself: the calling thread's own
-                            work (stages, bookkeeping, hand-offs) plus apply_cpu and
-                            reduce_cpu */
+                            every worker had a core to itself: the calling thread's CPU
+                            time outside apply and reduce (the other stages, bookkeeping)
+                            plus apply_cpu and reduce_cpu */
 } pdp_dp_times;
 
 /* What a learner reads after a step. Bytes are device-to-device traffic as the
@@ -17103,7 +17103,8 @@ struct pdp_dp {
     float grad_scale;    /* 1 / batch */
     bool zero_master;    /* replica 0 zeroes the master's gradients first */
     pdp_optim *step_opt; /* non-NULL: the reduce also steps each slice it sums */
-    double worker0_cpu;  /* CPU seconds the caller spent as worker 0 this step */
+    double jobs_cpu;     /* CPU seconds the caller spent in jobs this step: as worker 0,
+                            and spinning for the others (their CPU time counts instead) */
     /* gathered outputs on the master's device */
     float *out_block;
     int64_t out_cap;     /* floats */
@@ -17286,7 +17287,7 @@ static void *pdp__dp_worker_main(void *arg)
 static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 {
     int caller_threads = pdp_get_num_threads();
-    double c0;
+    double c0 = pdp__dp_thread_cpu();
     pthread_mutex_lock(&dp->lock);
     dp->job = job;
     PDP__STORE_REL(&dp->pending, dp->n - 1);
@@ -17295,15 +17296,14 @@ static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
     pthread_mutex_unlock(&dp->lock);
 
     pdp_set_num_threads(dp->threads_per_worker);
-    c0 = pdp__dp_thread_cpu();
     pdp__dp_do_job(&dp->workers[0], job);
-    dp->worker0_cpu += pdp__dp_thread_cpu() - c0;
     pdp_set_num_threads(caller_threads);
 
     pdp__spin_while(pdp__dp_jobs_pending, dp);
     pthread_mutex_lock(&dp->lock);
     while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->lock);
     pthread_mutex_unlock(&dp->lock);
+    dp->jobs_cpu += pdp__dp_thread_cpu() - c0;
 }
 
 /* ---- dp: lifecycle ---- */
@@ -17726,7 +17726,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
                         x->device.kind, x->device.ordinal, dp->master->device.kind,
                         dp->master->device.ordinal);
 
-    dp->worker0_cpu = 0.0;
+    dp->jobs_cpu = 0.0;
     dp->batch = x->shape[0];
     dp->active = (int)PDP__MIN((int64_t)dp->n, dp->batch); /* the others idle this step */
 
@@ -17761,7 +17761,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
 
     /* ---- dp: stats ---- */
     t.total = pdp__now() - t0;
-    t.critical_cpu = pdp__dp_thread_cpu() - c0 - dp->worker0_cpu + t.apply_cpu + t.reduce_cpu;
+    t.critical_cpu = pdp__dp_thread_cpu() - c0 - dp->jobs_cpu + t.apply_cpu + t.reduce_cpu;
     dp->stats.steps++;
     dp->stats.batch = dp->batch;
     dp->stats.active_workers = dp->active;

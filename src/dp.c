@@ -133,7 +133,8 @@ struct pdp_dp {
     float grad_scale;    /* 1 / batch */
     bool zero_master;    /* replica 0 zeroes the master's gradients first */
     pdp_optim *step_opt; /* non-NULL: the reduce also steps each slice it sums */
-    double worker0_cpu;  /* CPU seconds the caller spent as worker 0 this step */
+    double jobs_cpu;     /* CPU seconds the caller spent in jobs this step: as worker 0,
+                            and spinning for the others (their CPU time counts instead) */
     /* gathered outputs on the master's device */
     float *out_block;
     int64_t out_cap;     /* floats */
@@ -316,7 +317,7 @@ static void *pdp__dp_worker_main(void *arg)
 static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 {
     int caller_threads = pdp_get_num_threads();
-    double c0;
+    double c0 = pdp__dp_thread_cpu();
     pthread_mutex_lock(&dp->lock);
     dp->job = job;
     PDP__STORE_REL(&dp->pending, dp->n - 1);
@@ -325,15 +326,14 @@ static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
     pthread_mutex_unlock(&dp->lock);
 
     pdp_set_num_threads(dp->threads_per_worker);
-    c0 = pdp__dp_thread_cpu();
     pdp__dp_do_job(&dp->workers[0], job);
-    dp->worker0_cpu += pdp__dp_thread_cpu() - c0;
     pdp_set_num_threads(caller_threads);
 
     pdp__spin_while(pdp__dp_jobs_pending, dp);
     pthread_mutex_lock(&dp->lock);
     while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->lock);
     pthread_mutex_unlock(&dp->lock);
+    dp->jobs_cpu += pdp__dp_thread_cpu() - c0;
 }
 
 /* ---- dp: lifecycle ---- */
@@ -756,7 +756,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
                         x->device.kind, x->device.ordinal, dp->master->device.kind,
                         dp->master->device.ordinal);
 
-    dp->worker0_cpu = 0.0;
+    dp->jobs_cpu = 0.0;
     dp->batch = x->shape[0];
     dp->active = (int)PDP__MIN((int64_t)dp->n, dp->batch); /* the others idle this step */
 
@@ -791,7 +791,7 @@ static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
 
     /* ---- dp: stats ---- */
     t.total = pdp__now() - t0;
-    t.critical_cpu = pdp__dp_thread_cpu() - c0 - dp->worker0_cpu + t.apply_cpu + t.reduce_cpu;
+    t.critical_cpu = pdp__dp_thread_cpu() - c0 - dp->jobs_cpu + t.apply_cpu + t.reduce_cpu;
     dp->stats.steps++;
     dp->stats.batch = dp->batch;
     dp->stats.active_workers = dp->active;

@@ -89,9 +89,9 @@ typedef struct pdp_dp_times {
     double apply_cpu;   /* CPU seconds of the busiest worker in apply and in reduce */
     double reduce_cpu;
     double critical_cpu; /* the step's critical path in CPU seconds, what it would take if
-                            every worker had a core to itself: the calling thread's own
-                            work (stages, bookkeeping, hand-offs) plus apply_cpu and
-                            reduce_cpu */
+                            every worker had a core to itself: the calling thread's CPU
+                            time outside apply and reduce (the other stages, bookkeeping)
+                            plus apply_cpu and reduce_cpu */
 } pdp_dp_times;
 
 /* What a learner reads after a step. Bytes are device-to-device traffic as the
