@@ -6426,6 +6426,47 @@ static void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap
         pdp__gemm_kernel_runs_n(kc, ap, b, brow, soff, smask, nseg, c, ldc, mr, nr, beta, 0);
 }
 
+/* The masked loads of the tile of nr logical columns that starts at column (r, u, t),
+   which it advances by nr: vector v's lanes as nseg[v] loads, load s of lane mask
+   smask[v VL + s] at B column soff[v VL + s] (lane 0's column). A run is cut into
+   vectors' pieces, so each piece is one load unless it continues the last (no
+   band between two runs); a vector with no lane keeps one empty load. */
+static void pdp__gemm_runs_tile(int nr, int64_t run, int64_t runs, int64_t rstride,
+                                int64_t ustride, int64_t *t, int64_t *u, int64_t *r,
+                                int64_t *soff, __mmask16 *smask, int *nseg)
+{
+    int64_t end = -1; /* the B column after the last piece's */
+    int l = 0, v;
+    for (v = 0; v < PDP__GEMM_NV; v++) {
+        nseg[v] = 1;
+        soff[v * PDP__GEMM_VL] = 0;
+        smask[v * PDP__GEMM_VL] = 0;
+    }
+    while (l < nr) {
+        int vl = l % PDP__GEMM_VL, vv = l / PDP__GEMM_VL, s = nseg[vv] - 1;
+        int len = (int)PDP__MIN(run - *t, (int64_t)PDP__MIN(PDP__GEMM_VL - vl, nr - l));
+        int64_t phys = *r * rstride + *u * ustride + *t;
+        __mmask16 bits = (__mmask16)(((1u << len) - 1u) << vl);
+        if (vl > 0 && phys == end) {
+            smask[vv * PDP__GEMM_VL + s] |= bits;
+        } else {
+            s = vl > 0 ? s + 1 : 0;
+            soff[vv * PDP__GEMM_VL + s] = phys - vl;
+            smask[vv * PDP__GEMM_VL + s] = bits;
+            nseg[vv] = s + 1;
+        }
+        end = phys + len;
+        l += len;
+        if ((*t += len) == run) {
+            *t = 0;
+            if (++*u == runs) {
+                *u = 0;
+                ++*r;
+            }
+        }
+    }
+}
+
 static void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, const float *b,
                             const int64_t *brow, int64_t rows, int64_t runs, int64_t run,
                             int64_t rstride, int64_t ustride, float *c, int64_t ldc)
@@ -6440,39 +6481,12 @@ static void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, c
         int64_t kc = PDP__MIN(kb, k - pc);
         for (ir = 0; ir < m; ir += PDP__GEMM_MR) {
             int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m - ir);
+            int64_t t = 0, u = 0, r = 0; /* logical column L0 = (r runs + u) run + t */
             pdp__gemm_pack_a(PDP_NO_TRANS, a + ir * lda + pc, lda, mr, kc, ap);
             for (L0 = 0; L0 < n; L0 += PDP__GEMM_NR) {
-                int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, n - L0), v, l;
-                int64_t t = L0 % run, u = L0 / run % runs, r = L0 / run / runs, prev = -2;
-                for (v = 0; v < PDP__GEMM_NV; v++) {
-                    nseg[v] = 1;
-                    soff[v * PDP__GEMM_VL] = 0;
-                    smask[v * PDP__GEMM_VL] = 0;
-                }
-                for (l = 0; l < nr; l++) { /* lane l of the tile reads B column phys */
-                    int64_t phys = r * rstride + u * ustride + t;
-                    int vl = l % PDP__GEMM_VL, vv = l / PDP__GEMM_VL;
-                    int64_t *o = soff + vv * PDP__GEMM_VL;
-                    __mmask16 *mk = smask + vv * PDP__GEMM_VL;
-                    if (vl == 0) {
-                        o[0] = phys;
-                        mk[0] = 1;
-                    } else if (phys == prev + 1) {
-                        mk[nseg[vv] - 1] |= (__mmask16)(1u << vl);
-                    } else {
-                        o[nseg[vv]] = phys - vl;
-                        mk[nseg[vv]] = (__mmask16)(1u << vl);
-                        nseg[vv]++;
-                    }
-                    prev = phys;
-                    if (++t == run) {
-                        t = 0;
-                        if (++u == runs) {
-                            u = 0;
-                            r++;
-                        }
-                    }
-                }
+                int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, n - L0);
+                pdp__gemm_runs_tile(nr, run, runs, rstride, ustride, &t, &u, &r, soff, smask,
+                                    nseg);
                 pdp__gemm_kernel_runs(kc, ap, b, brow + pc, soff, smask, nseg,
                                       c + ir * ldc + L0, ldc, mr, nr, pc == 0 ? 0.0f : 1.0f);
             }

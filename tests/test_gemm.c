@@ -300,6 +300,63 @@ TEST gemm_kernel_matches_target(void)
     PASS();
 }
 
+/* pdp__sgemm_runs (Conv2d's implicit GEMM without the bands) against pdp__sgemm_rows
+   on the whole gathered B, bands included: every wanted column the same bits (the
+   same FMA chain over k, in the same k blocks). Runs shorter than, equal to and
+   longer than a vector, contiguous runs (no band) and bands, one and several rows,
+   row tiles with a remainder, k over one and two blocks, the last tile partial. */
+TEST gemm_runs_match_rows_on_the_wanted_columns(void)
+{
+#if !defined(PDP__GEMM_RUNS)
+    SKIPm("no band-skipping kernel in this build (needs the AVX-512 kernel)");
+#else
+    static const int64_t cfg[8][6] = {/* m, k, rows, runs, run, band */
+                                      {32, 400, 14, 8, 14, 2}, {16, 800, 14, 8, 14, 4},
+                                      {5, 25, 3, 5, 3, 1},     {9, 130, 2, 3, 16, 0},
+                                      {13, 700, 1, 2, 17, 3},  {8, 64, 4, 1, 40, 2},
+                                      {3, 33, 5, 7, 7, 0},     {17, 1100, 2, 2, 33, 5}};
+    int t;
+    for (t = 0; t < 8; t++) {
+        int64_t m = cfg[t][0], k = cfg[t][1], rows = cfg[t][2], runs = cfg[t][3];
+        int64_t run = cfg[t][4], ustride = run + cfg[t][5], rstride = runs * ustride + 3;
+        int64_t full = rows * rstride, n = rows * runs * run, width = full + 64, i, p;
+        int64_t r, u, x;
+        float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
+        float *b = (float *)malloc(sizeof(float) * (size_t)(k * width));
+        float *cr = (float *)malloc(sizeof(float) * (size_t)(m * full));
+        float *cu = (float *)malloc(sizeof(float) * (size_t)(m * n));
+        int64_t *brow = (int64_t *)malloc(sizeof(int64_t) * (size_t)k);
+        for (i = 0; i < m * k; i++) a[i] = rnd();
+        for (i = 0; i < k * width; i++) b[i] = rnd();
+        for (p = 0; p < k; p++) brow[p] = (p * 37) % k * width + p % 5; /* rows anywhere */
+        pdp__sgemm_rows(PDP_NO_TRANS, PDP_NO_TRANS, m, full, k, 1.0f, a, k, b, brow, 0.0f, cr,
+                        full);
+        pdp__sgemm_runs(m, k, a, k, b, brow, rows, runs, run, rstride, ustride, cu, n);
+        for (i = 0; i < m; i++)
+            for (r = 0; r < rows; r++)
+                for (u = 0; u < runs; u++)
+                    for (x = 0; x < run; x++) {
+                        float want = cr[i * full + r * rstride + u * ustride + x];
+                        float got = cu[i * n + (r * runs + u) * run + x];
+                        if (memcmp(&want, &got, sizeof got) != 0) {
+                            static char msg[160];
+                            snprintf(msg, sizeof msg,
+                                     "case %d: row %lld, column (%lld, %lld, %lld): %.9g != %.9g",
+                                     t, (long long)i, (long long)r, (long long)u, (long long)x,
+                                     got, want);
+                            FAILm(msg);
+                        }
+                    }
+        free(a);
+        free(b);
+        free(cr);
+        free(cu);
+        free(brow);
+    }
+    PASS();
+#endif
+}
+
 SUITE(gemm)
 {
     RUN_TEST(gemm_kernel_matches_target);
@@ -311,6 +368,7 @@ SUITE(gemm)
     RUN_TEST(gemm_k_zero_or_alpha_zero_scales_c);
     RUN_TEST(gemm_threads_bit_identical);
     RUN_TEST(gemm_no_allocation_after_first_call);
+    RUN_TEST(gemm_runs_match_rows_on_the_wanted_columns);
 }
 
 GREATEST_MAIN_DEFS();
