@@ -2,9 +2,9 @@
 
    Shows torch.nn.DataParallel's recipe in C: wrap the model with pdp_dp_create,
    then one pdp_dp_step per batch replicates the parameters, scatters the batch
-   over -j worker threads, runs forward and backward on every replica at once,
-   gathers outputs and loss, reduces the gradients into the master and steps the
-   master's optimizer. Same model, data order and hyperparameters as
+   over -j workers (this thread and -j - 1 others), runs forward and backward on
+   every replica at once, gathers outputs and loss, reduces the gradients into the
+   master and steps the master's optimizer. Same model, data order and hyperparameters as
    train_mnist.c, so it reaches the same accuracy (DP computes the same
    gradients). After each epoch it prints pdp_dp_get_stats: time per stage,
    bytes through the master, and the master's memory against a replica's.
