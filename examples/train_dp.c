@@ -4,9 +4,9 @@
    then one pdp_dp_step per batch replicates the parameters, scatters the batch
    over -j workers (this thread and -j - 1 others), runs forward and backward on
    every replica at once, gathers outputs and loss, reduces the gradients into the
-   master and steps the master's optimizer. Same model, data order and hyperparameters as
-   train_mnist.c, so it reaches the same accuracy (DP computes the same
-   gradients). After each epoch it prints pdp_dp_get_stats: time per stage,
+   master and steps the master's optimizer. Same model, data order and
+   hyperparameters as train_mnist.c, so it reaches the same accuracy (DP computes
+   the same gradients). After each epoch it prints pdp_dp_get_stats: time per stage,
    bytes through the master, and the master's memory against a replica's.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_dp.c -o train_dp -lm -lpthread
