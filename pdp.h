@@ -11051,7 +11051,9 @@ static pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__laye
    (waking a worker and waiting for it) costs more than a ReLU over 65536 floats:
    the MLP 784-512-512-10 at batch 128 on 2 threads spent 0.33-0.42 ms per step in
    its ReLUs split, 0.18-0.22 ms unsplit (pdp_profile, Zen 4); from 262144 floats on,
-   the split pays. */
+   the split pays. (Measured before the pool's workers spun between jobs; with the
+   spin, a threshold of 16384 gained 1-3% on that step, inside the host's noise, so
+   the threshold stayed.) */
 #ifndef PDP__ELEMWISE_PAR_MIN
 #  define PDP__ELEMWISE_PAR_MIN 262144
 #endif
