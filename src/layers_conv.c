@@ -17,10 +17,10 @@
      by y > 0 as it gathers dy), which saves two passes over the largest
      activations and gives the same bits. When a 2x2 stride-2 MaxPool2d follows
      that ReLU (even H and W), the Conv2d applies it too (io->pool_y): forward
-     stores two rows at a time through the ReLU into a block on the stack and
-     pools them into the pool's output and winners; backward gathers the pool's
-     dy, masked by the pooled value > 0, at each window's winner and zeros
-     elsewhere (pdp__conv_copy_dy). The full-size output is never written, nor
+     pools two rows of products at a time, each value through the bias and the
+     ReLU, into the pool's output and winners (pdp__conv_pool_2x2); backward
+     gathers the pool's dy, masked by the pooled value > 0, at each window's
+     winner and zeros elsewhere (pdp__conv_unpool_2x2). The full-size output is never written, nor
      read back by the pool, nor its gradient written and read (model.c skips the
      MaxPool2d; same bits).
 
@@ -72,7 +72,18 @@ static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int6
 
 /* The common 2 x 2 window with stride 2: the two elements of each input row,
    then the two rows. Same result as the element-by-element order: the second
-   row's winner replaces the first's only when greater or NaN. */
+   row's winner replaces the first's only when greater or NaN. The window of
+   output o is (a, b) over (c, d); at is row 0's offset, w the row stride. */
+#define PDP__POOL_2X2_WINDOW(a, b, c, d)                                                       \
+    do {                                                                                       \
+        float m0 = (b > a || b != b) ? b : a, m1 = (d > c || d != d) ? d : c;                  \
+        int32_t i0 = (b > a || b != b) ? at + 2 * o + 1 : at + 2 * o;                          \
+        int32_t i1 = (d > c || d != d) ? at + w + 2 * o + 1 : at + w + 2 * o;                  \
+        int t = (m1 > m0 || m1 != m1);                                                         \
+        y[o] = t ? m1 : m0;                                                                    \
+        arg[o] = t ? i1 : i0;                                                                  \
+    } while (0)
+
 static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
                              int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
                              int32_t at, int32_t w)
@@ -82,18 +93,39 @@ static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RE
     PDP__POOL_BLOCKS({
         int32_t o = (int32_t)ow + j;
         float a = r0[2 * o], b = r0[2 * o + 1], c = r1[2 * o], d = r1[2 * o + 1];
-        float m0 = (b > a || b != b) ? b : a, m1 = (d > c || d != d) ? d : c;
-        int32_t i0 = (b > a || b != b) ? at + 2 * o + 1 : at + 2 * o;
-        int32_t i1 = (d > c || d != d) ? at + w + 2 * o + 1 : at + w + 2 * o;
-        int t = (m1 > m0 || m1 != m1);
-        y[o] = t ? m1 : m0;
-        arg[o] = t ? i1 : i0;
+        PDP__POOL_2X2_WINDOW(a, b, c, d);
+    });
+}
+
+/* Conv2d's fused pool: the windows of two rows of products, each value through the
+   bias and the ReLU first; the bits of pdp__maxpool_2x2 on the stored rows. */
+static void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
+                               float bo, int64_t n, float *PDP__RESTRICT y,
+                               int32_t *PDP__RESTRICT arg, int32_t at, int32_t w)
+{
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j;
+        float a = pdp__relu(r0[2 * o] + bo), b = pdp__relu(r0[2 * o + 1] + bo);
+        float c = pdp__relu(r1[2 * o] + bo), d = pdp__relu(r1[2 * o + 1] + bo);
+        PDP__POOL_2X2_WINDOW(a, b, c, d);
     });
 }
 
 /* The common 2 x 2 window with stride 2 tiling the plane exactly: each window's
-   four dx written at once, the output's gradient at its winner and zeros elsewhere
-   (no memset, no scatter; in PDP__POOL_BLOCKS, whose selects gcc vectorises). */
+   four dx written at once, the output's gradient g at its winner and zeros elsewhere
+   (no memset, no scatter; in PDP__POOL_BLOCKS, whose selects gcc vectorises); with
+   keep false, zeros only. */
+#define PDP__UNPOOL_2X2_WINDOW(g, keep)                                                        \
+    do {                                                                                       \
+        int32_t a = (keep) ? arg[o] - at - 2 * o : -1;                                         \
+        d0[2 * o] = a == 0 ? g : 0.0f;                                                         \
+        d0[2 * o + 1] = a == 1 ? g : 0.0f;                                                     \
+        d1[2 * o] = a == w ? g : 0.0f;                                                         \
+        d1[2 * o + 1] = a == w + 1 ? g : 0.0f;                                                 \
+    } while (0)
+
 static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
                                       const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
                                       int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
@@ -101,12 +133,25 @@ static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
     int64_t ow = 0;
     int j;
     PDP__POOL_BLOCKS({
-        int32_t o = (int32_t)ow + j, a = arg[o] - at - 2 * o;
+        int32_t o = (int32_t)ow + j;
         float g = dy[o];
-        d0[2 * o] = a == 0 ? g : 0.0f;
-        d0[2 * o + 1] = a == 1 ? g : 0.0f;
-        d1[2 * o] = a == w ? g : 0.0f;
-        d1[2 * o + 1] = a == w + 1 ? g : 0.0f;
+        PDP__UNPOOL_2X2_WINDOW(g, 1);
+    });
+}
+
+/* Conv2d's fused pool, backward: the pool's dy through the ReLU's backward (the
+   ReLU's output at the winner is the pooled value yp), then to the winner. */
+static void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT yp,
+                                 const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
+                                 int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
+{
+    int64_t ow = 0;
+    int j;
+    PDP__POOL_BLOCKS({
+        int32_t o = (int32_t)ow + j;
+        float g = dy[o], yj = yp[o];
+        PDP__UNPOOL_2X2_WINDOW(g, !(yj <= 0.0f)); /* pdp__relu_grad's test, as a select
+                                                      gcc -O2 vectorises */
     });
 }
 
@@ -389,33 +434,24 @@ static void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *P
     });
 }
 
-/* Columns of one block of the fused pool's rows, kept on the stack (even). */
-#define PDP__CONV_POOL_COLS 128
-
 /* One sample's dy, [O, Ho, Wo], into dst (plane stride dp, row stride dr); with a
    fused ReLU, masked by the layer's output y (same layout as dy): the ReLU's
    backward, done on the way. With a fused pool, dy is the pool's [O, Ho/2, Wo/2],
    masked by the pooled y > 0 and written at each window's winner, zeros elsewhere:
-   the pool's backward and the ReLU's (the ReLU's output at the winner is the
-   pooled value), in blocks of columns. */
+   the pool's backward and the ReLU's (pdp__conv_unpool_2x2). */
 static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
                               float *dst, int64_t dp, int64_t dr)
 {
-    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r, c, n;
+    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r;
     if (io->pool_y) {
         int64_t Hp = Ho / 2, Wp = Wo / 2;
-        float gm[PDP__CONV_POOL_COLS / 2];
         for (p = 0; p < O; p++)
-            for (r = 0; r < Hp; r++)
-                for (c = 0; c < Wp; c += n) {
-                    int64_t at = ((s * O + p) * Hp + r) * Wp + c;
-                    float *d0 = dst + p * dp + 2 * r * dr + 2 * c;
-                    n = PDP__MIN(PDP__CONV_POOL_COLS / 2, Wp - c);
-                    pdp__conv_relu_grad_row(io->dy + at, io->pool_y + at, gm, n);
-                    pdp__maxpool_2x2_backward(gm, io->pool_arg + at, n,
-                                              (int32_t)(2 * r * Wo + 2 * c), (int32_t)Wo, d0,
-                                              d0 + dr);
-                }
+            for (r = 0; r < Hp; r++) {
+                int64_t at = ((s * O + p) * Hp + r) * Wp;
+                float *d0 = dst + p * dp + 2 * r * dr;
+                pdp__conv_unpool_2x2(io->dy + at, io->pool_y + at, io->pool_arg + at, Wp,
+                                     (int32_t)(2 * r * Wo), (int32_t)Wo, d0, d0 + dr);
+            }
         return;
     }
     if (!io->fused_relu) {
@@ -442,29 +478,24 @@ static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool r
 }
 
 /* Channel plane o of sample s of y from the products (row oh at src + oh ldr) plus
-   the bias, through the fused ReLU; with a fused pool, two rows at a time through
-   the ReLU into a block on the stack, then pooled into the pool's output and
-   winners (the same bits as y stored, then pooled). */
+   the bias, through the fused ReLU; with a fused pool, two rows at a time straight
+   into the pool's output and winners (pdp__conv_pool_2x2). */
 static void pdp__conv_store_plane(const pdp__layer_io *io, const pdp__layer *l, int64_t s,
                                   int64_t o, const float *src, int64_t ldr)
 {
-    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], oh, c, n;
-    float bo = io->b ? io->b[o] : 0.0f, rows[2][PDP__CONV_POOL_COLS];
+    int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], oh;
+    float bo = io->b ? io->b[o] : 0.0f;
     if (!io->pool_y) {
         for (oh = 0; oh < Ho; oh++)
             pdp__conv_store_row(src + oh * ldr, bo, io->fused_relu,
                                 io->y + ((s * O + o) * Ho + oh) * Wo, Wo);
         return;
     }
-    for (oh = 0; oh < Ho; oh += 2) /* Ho and Wo are even */
-        for (c = 0; c < Wo; c += n) {
-            int64_t at = ((s * O + o) * (Ho / 2) + oh / 2) * (Wo / 2) + c / 2;
-            n = PDP__MIN(PDP__CONV_POOL_COLS, Wo - c);
-            pdp__conv_store_row(src + oh * ldr + c, bo, true, rows[0], n);
-            pdp__conv_store_row(src + (oh + 1) * ldr + c, bo, true, rows[1], n);
-            pdp__maxpool_2x2(rows[0], rows[1], n / 2, io->pool_y + at, io->pool_arg + at,
-                             (int32_t)(oh * Wo + c), (int32_t)Wo);
-        }
+    for (oh = 0; oh < Ho; oh += 2) { /* Ho and Wo are even */
+        int64_t at = ((s * O + o) * (Ho / 2) + oh / 2) * (Wo / 2);
+        pdp__conv_pool_2x2(src + oh * ldr, src + (oh + 1) * ldr, bo, Wo / 2, io->pool_y + at,
+                           io->pool_arg + at, (int32_t)(oh * Wo), (int32_t)Wo);
+    }
 }
 
 typedef struct pdp__conv_job {
