@@ -60,8 +60,9 @@
    sized for the largest batch seen (pdp_model_reserve): after the first step at
    that batch, training steps allocate nothing. On the CPU a Conv2d applies a
    ReLU that follows it, and a 2x2 stride-2 MaxPool2d after that ReLU (over an
-   even height and width), itself: the ReLU's output and the convolution's
-   full-size output are then never stored (same bits as the separate layers).
+   even height and width), itself: the ReLU then has no buffer of its own, and
+   with the pool the convolution's full-size output is never stored (same bits as
+   the separate layers).
 
    ERRORS
    ======
@@ -89,9 +90,9 @@
    runs Linear and Conv2d as cublasGemmEx with bf16 inputs and fp32 accumulation
    (checked on the CUDA emulator, not yet on a GPU). Speed (bench/train, one
    AVX512-BF16 core of an AMD EPYC, one run): the MLP 784-512-512-10 step at batch 512
-   trains 42k samples/s in bf16 against 26k in fp32, 1.0x PyTorch's autocast (1.8x at
-   batch 128); the CNN of train_cnn at batch 128, 5.9k in bf16 against 4.6k in fp32,
-   1.6x autocast. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in bf16
+   trains 43k samples/s in bf16 against 25k in fp32, 1.1x PyTorch's autocast (1.6x at
+   batch 128); the CNN of train_cnn at batch 128, 6.8k in bf16 against 5.0k in fp32,
+   1.7x autocast. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in bf16
    against 88.76% in fp32 (train_mnist -bf16, seed 1); one autocast MLP step against a
    PyTorch fixture (tests/test_bf16.c).
 
@@ -1242,9 +1243,10 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);
    stage you can time) unless copy_params asks for real copies. On GPUs
    (PDP_CUDA) each replica owns its parameters on its device and every stage
    moves real bytes: peer copies from and to device 0, one host thread per
-   replica (the calling thread drives replica 0); several replicas may share a GPU. Shards are balanced: sizes differ
-   by at most one and replica i gets the samples before replica i + 1's; with
-   more workers than samples the extra workers sit idle for that step. Results
+   replica (the calling thread drives replica 0); several replicas may share a
+   GPU. Shards are balanced: sizes differ by at most one and replica i gets the
+   samples before replica i + 1's; with more workers than samples the extra
+   workers sit idle for that step. Results
    equal one device on the same global batch to float rounding (bit for bit
    with one worker). */
 
@@ -2517,12 +2519,18 @@ static inline PDP__HOSTDEV float pdp__adam_update(float p, float g, float *m, fl
    rounds to Inf; subnormals round like any other value. pdp__bf16_float widens
    (exact), so pdp__bf16_round(x) is x as a bf16 seen as an fp32. Products of two
    bf16 values are exact in fp32 (8 x 8 significant bits) unless they underflow. */
+/* The rounding on the fp32 bits u: the bf16's bits in the top half, zeros below. One
+   select, no branch, so that loops over it vectorise (layers_conv.c's pdp__conv_bf16). */
+static inline PDP__HOSTDEV uint32_t pdp__bf16_round_u32(uint32_t u)
+{
+    return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u /* NaN: quiet */
+                                           : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+}
 static inline PDP__HOSTDEV uint16_t pdp__bf16_bits(float x)
 {
     union { float f; uint32_t u; } v;
     v.f = x;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x0040u);
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+    return (uint16_t)(pdp__bf16_round_u32(v.u) >> 16);
 }
 static inline PDP__HOSTDEV float pdp__bf16_float(uint16_t h)
 {
@@ -3047,7 +3055,14 @@ static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float
 /* pdp_optim_step's checks (model changed since create, ZeRO shard, sharded blocks),
    with its messages; changes nothing. */
 static pdp_status pdp__optim_check_step(const pdp_optim *o);
-/* Counts an update done range by range (pdp__optim_step_range) as one step. */
+/* The scalars of o's next update (learning rate, Adam's bias corrections). */
+static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s);
+/* Parameters [lo, hi) updated on the calling thread with scalars s from
+   pdp__optim_scalars_of (a CPU optimizer; nothing is checked or counted). */
+static void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
+                                    float *params, const float *grads, int64_t lo, int64_t hi);
+/* Counts an update done range by range (pdp__optim_step_range,
+   pdp__optim_update_range) as one step. */
 static void pdp__optim_finish_step(pdp_optim *o);
 /* An optimizer holding state for [lo, hi) of the flat block only (ZeRO: one
    rank's range; pdp_optim_create is [0, param_count)). pdp_optim_step on it
@@ -11484,9 +11499,9 @@ static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__lay
      pools two rows of products at a time, each value through the bias and the
      ReLU, into the pool's output and winners (pdp__conv_pool_2x2); backward
      gathers the pool's dy, masked by the pooled value > 0, at each window's
-     winner and zeros elsewhere (pdp__conv_unpool_2x2). The full-size output is never written, nor
-     read back by the pool, nor its gradient written and read (model.c skips the
-     MaxPool2d; same bits).
+     winner and zeros elsewhere (pdp__conv_unpool_2x2). The full-size output is
+     never written, nor read back by the pool, nor its gradient written and read
+     (model.c skips the MaxPool2d; same bits).
 
    Invariants: layers.c's (nothing allocated; dw, db accumulated; dx written, or
    skipped when NULL; fixed reduction order whatever the thread count). */
@@ -11977,16 +11992,15 @@ typedef struct pdp__conv_job {
                          pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place, pdp__bf16_round's bits (src/math.h) in integer
-   arithmetic, in PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises. */
+/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32 on the bits, in
+   PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises). */
 static void pdp__conv_bf16(float *p, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, {
-        uint32_t u, r;
+        uint32_t u;
         memcpy(&u, p + i, sizeof u);
-        r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u /* NaN: quiet */
-                                             : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        memcpy(p + i, &r, sizeof r);
+        u = pdp__bf16_round_u32(u);
+        memcpy(p + i, &u, sizeof u);
     });
 }
 
@@ -12964,9 +12978,10 @@ static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *
    act[i] holds layer i's output from the last forward (Flatten aliases its
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
-   applies it too, writes the pool's act, and its own act is NULL); backward needs the forward's input to stay alive,
-   as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
-   largest batch), forward and backward allocate nothing.
+   applies it too, writes the pool's act, and its own act is NULL); backward needs
+   the forward's input to stay alive, as in PyTorch's autograd. After
+   pdp_model_reserve (or the first step at the largest batch), forward and backward
+   allocate nothing.
 
    The executor seam (internal.h): an executor may listen to the pass's events
    (m->event: before each layer with parameters, forward and backward, and at
@@ -13269,7 +13284,8 @@ static bool pdp__model_pool_fused(const pdp_model *m, int i)
 {
     const pdp__layer *l = &m->layers[i];
     return i > 1 && l->kind == PDP__MAXPOOL2D && l->kernel == 2 && l->stride == 2 &&
-           l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 && pdp__model_relu_fused(m, i - 1) &&
+           l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 &&
+           pdp__model_relu_fused(m, i - 1) &&
            (pdp__layer_kind_of(m->layers[i - 2].kind)->flags & PDP__LAYER_FUSES_POOL);
 }
 
@@ -13382,13 +13398,19 @@ oom:
 
 /* ---- model: forward and backward ---- */
 
+/* What layer i's forward keeps for its backward, in the current activation set. */
+static float *pdp__model_saved(const pdp_model *m, int i)
+{
+    return m->saved_block + m->slot * m->saved_stride + m->max_batch * m->saved_off[i];
+}
+
 /* Fills the per-call part of io for layer i. */
 static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
 {
     const pdp__layer *l = &m->layers[i];
     memset(io, 0, sizeof *io);
     io->batch = m->batch;
-    io->saved = m->saved_block + m->slot * m->saved_stride + m->max_batch * m->saved_off[i];
+    io->saved = pdp__model_saved(m, i);
     io->work = m->work_block;
     io->device = m->device;
     io->training = m->training;
@@ -13399,8 +13421,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
     if (i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2)) {
         io->pool_y = m->act[i + 2];
-        io->pool_arg = (int32_t *)(void *)(m->saved_block + m->slot * m->saved_stride +
-                                           m->max_batch * m->saved_off[i + 2]);
+        io->pool_arg = (int32_t *)(void *)pdp__model_saved(m, i + 2);
     }
     if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];
@@ -14380,6 +14401,22 @@ static void pdp__optim_part(void *arg, int part, int nparts)
 /* Below this many elements per thread, one thread is faster than waking more. */
 #define PDP__OPTIM_MIN_PER_THREAD 32768
 
+/* The job of n elements, params[i] from grads[i] with state element state_off + i of
+   o's buffers, by the update scalars s. */
+static void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars *s, float *params,
+                              const float *grads, int64_t state_off, int64_t n,
+                              pdp__optim_job *job)
+{
+    job->s = s;
+    job->params = params;
+    job->grads = grads;
+    job->state[0] = o->state[0] ? o->state[0] + state_off : NULL;
+    job->state[1] = o->state[1] ? o->state[1] + state_off : NULL;
+    job->state_lo = 0;
+    job->lo = 0;
+    job->hi = n;
+}
+
 /* The state-offset step: n elements, params[i] from grads[i] with state element
    state_off + i of o's buffers (ZeRO: a unit's slice, the parameters in the
    model's block or the shard, the gradients in the executor's buffer). Does not
@@ -14397,18 +14434,25 @@ static pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *g
         return pdp__cuda_optim_update(o->model->device, &s, params, grads,
                                       o->state[0] ? o->state[0] + state_off : NULL,
                                       o->state[1] ? o->state[1] + state_off : NULL, n);
-    job.s = &s;
-    job.params = params;
-    job.grads = grads;
-    job.state[0] = o->state[0] ? o->state[0] + state_off : NULL;
-    job.state[1] = o->state[1] ? o->state[1] + state_off : NULL;
-    job.state_lo = 0;
-    job.lo = 0;
-    job.hi = n;
+    pdp__optim_job_of(o, &s, params, grads, state_off, n, &job);
     threads = pdp__threads_for_caller();
     threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, n / PDP__OPTIM_MIN_PER_THREAD));
     pdp__parallel_for(threads, pdp__optim_part, &job);
     return PDP_OK;
+}
+
+/* Elements [lo, hi) of the flat blocks on the calling thread, with the scalars of
+   the update in flight (pdp__optim_scalars_of, taken once per update): a CPU
+   optimizer stepped in many small ranges (DataParallel's fused step) without
+   recomputing them per range or taking the pool. */
+static void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
+                                    float *params, const float *grads, int64_t lo, int64_t hi)
+{
+    pdp__optim_job job;
+    PDP_ASSERT(o && o->model->device.kind == PDP_DEVICE_CPU && o->lo <= lo && lo <= hi &&
+               hi <= o->hi);
+    pdp__optim_job_of(o, s, params + lo, grads + lo, lo - o->lo, hi - lo, &job);
+    pdp__optim_part(&job, 0, 1);
 }
 
 /* params and grads are full-size blocks: element i of each is parameter
@@ -17150,6 +17194,7 @@ struct pdp_dp {
     float grad_scale;    /* 1 / batch */
     bool zero_master;    /* replica 0 zeroes the master's gradients first */
     pdp_optim *step_opt; /* non-NULL: the reduce also steps each slice it sums */
+    pdp__optim_scalars step_s; /* step_opt's update scalars, taken once per step */
     double jobs_cpu;     /* CPU seconds the caller spent in jobs this step: as worker 0,
                             and spinning for the others (their CPU time counts instead) */
     /* gathered outputs on the master's device */
@@ -17268,8 +17313,9 @@ static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
             const float *PDP__RESTRICT s = dp->workers[r].replica->grad_block + c;
             PDP__FOR_BLOCKED(j, len, d[j] += s[j];);
         }
-        if (dp->step_opt) /* a CPU step on one thread: cannot fail */
-            (void)pdp__optim_step_range(dp->step_opt, dp->master->param_block, dst, c, c + len);
+        if (dp->step_opt)
+            pdp__optim_update_range(dp->step_opt, &dp->step_s, dp->master->param_block, dst, c,
+                                    c + len);
     }
 }
 
@@ -17685,6 +17731,7 @@ static void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu)
 {
     int i;
     dp->step_opt = step_opt;
+    if (step_opt) pdp__optim_scalars_of(step_opt, &dp->step_s);
     dp->stats.reduce_bytes =
         (size_t)(dp->active - 1) * (size_t)dp->master->param_count * sizeof(float);
     *cpu = 0.0;

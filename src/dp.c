@@ -133,6 +133,7 @@ struct pdp_dp {
     float grad_scale;    /* 1 / batch */
     bool zero_master;    /* replica 0 zeroes the master's gradients first */
     pdp_optim *step_opt; /* non-NULL: the reduce also steps each slice it sums */
+    pdp__optim_scalars step_s; /* step_opt's update scalars, taken once per step */
     double jobs_cpu;     /* CPU seconds the caller spent in jobs this step: as worker 0,
                             and spinning for the others (their CPU time counts instead) */
     /* gathered outputs on the master's device */
@@ -251,8 +252,9 @@ static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
             const float *PDP__RESTRICT s = dp->workers[r].replica->grad_block + c;
             PDP__FOR_BLOCKED(j, len, d[j] += s[j];);
         }
-        if (dp->step_opt) /* a CPU step on one thread: cannot fail */
-            (void)pdp__optim_step_range(dp->step_opt, dp->master->param_block, dst, c, c + len);
+        if (dp->step_opt)
+            pdp__optim_update_range(dp->step_opt, &dp->step_s, dp->master->param_block, dst, c,
+                                    c + len);
     }
 }
 
@@ -668,6 +670,7 @@ static void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu)
 {
     int i;
     dp->step_opt = step_opt;
+    if (step_opt) pdp__optim_scalars_of(step_opt, &dp->step_s);
     dp->stats.reduce_bytes =
         (size_t)(dp->active - 1) * (size_t)dp->master->param_count * sizeof(float);
     *cpu = 0.0;

@@ -19,9 +19,10 @@
    stage you can time) unless copy_params asks for real copies. On GPUs
    (PDP_CUDA) each replica owns its parameters on its device and every stage
    moves real bytes: peer copies from and to device 0, one host thread per
-   replica (the calling thread drives replica 0); several replicas may share a GPU. Shards are balanced: sizes differ
-   by at most one and replica i gets the samples before replica i + 1's; with
-   more workers than samples the extra workers sit idle for that step. Results
+   replica (the calling thread drives replica 0); several replicas may share a
+   GPU. Shards are balanced: sizes differ by at most one and replica i gets the
+   samples before replica i + 1's; with more workers than samples the extra
+   workers sit idle for that step. Results
    equal one device on the same global batch to float rounding (bit for bit
    with one worker). */
 

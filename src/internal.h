@@ -453,7 +453,14 @@ static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float
 /* pdp_optim_step's checks (model changed since create, ZeRO shard, sharded blocks),
    with its messages; changes nothing. */
 static pdp_status pdp__optim_check_step(const pdp_optim *o);
-/* Counts an update done range by range (pdp__optim_step_range) as one step. */
+/* The scalars of o's next update (learning rate, Adam's bias corrections). */
+static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s);
+/* Parameters [lo, hi) updated on the calling thread with scalars s from
+   pdp__optim_scalars_of (a CPU optimizer; nothing is checked or counted). */
+static void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
+                                    float *params, const float *grads, int64_t lo, int64_t hi);
+/* Counts an update done range by range (pdp__optim_step_range,
+   pdp__optim_update_range) as one step. */
 static void pdp__optim_finish_step(pdp_optim *o);
 /* An optimizer holding state for [lo, hi) of the flat block only (ZeRO: one
    rank's range; pdp_optim_create is [0, param_count)). pdp_optim_step on it

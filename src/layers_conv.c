@@ -20,9 +20,9 @@
      pools two rows of products at a time, each value through the bias and the
      ReLU, into the pool's output and winners (pdp__conv_pool_2x2); backward
      gathers the pool's dy, masked by the pooled value > 0, at each window's
-     winner and zeros elsewhere (pdp__conv_unpool_2x2). The full-size output is never written, nor
-     read back by the pool, nor its gradient written and read (model.c skips the
-     MaxPool2d; same bits).
+     winner and zeros elsewhere (pdp__conv_unpool_2x2). The full-size output is
+     never written, nor read back by the pool, nor its gradient written and read
+     (model.c skips the MaxPool2d; same bits).
 
    Invariants: layers.c's (nothing allocated; dw, db accumulated; dx written, or
    skipped when NULL; fixed reduction order whatever the thread count). */
@@ -513,16 +513,15 @@ typedef struct pdp__conv_job {
                          pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
 } pdp__conv_job;
 
-/* bf16: p[0, n) rounded in place, pdp__bf16_round's bits (src/math.h) in integer
-   arithmetic, in PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises. */
+/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32 on the bits, in
+   PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises). */
 static void pdp__conv_bf16(float *p, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, {
-        uint32_t u, r;
+        uint32_t u;
         memcpy(&u, p + i, sizeof u);
-        r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) & 0xffff0000u /* NaN: quiet */
-                                             : (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        memcpy(p + i, &r, sizeof r);
+        u = pdp__bf16_round_u32(u);
+        memcpy(p + i, &u, sizeof u);
     });
 }
 

@@ -8,9 +8,10 @@
    act[i] holds layer i's output from the last forward (Flatten aliases its
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
-   applies it too, writes the pool's act, and its own act is NULL); backward needs the forward's input to stay alive,
-   as in PyTorch's autograd. After pdp_model_reserve (or the first step at the
-   largest batch), forward and backward allocate nothing.
+   applies it too, writes the pool's act, and its own act is NULL); backward needs
+   the forward's input to stay alive, as in PyTorch's autograd. After
+   pdp_model_reserve (or the first step at the largest batch), forward and backward
+   allocate nothing.
 
    The executor seam (internal.h): an executor may listen to the pass's events
    (m->event: before each layer with parameters, forward and backward, and at
@@ -313,7 +314,8 @@ static bool pdp__model_pool_fused(const pdp_model *m, int i)
 {
     const pdp__layer *l = &m->layers[i];
     return i > 1 && l->kind == PDP__MAXPOOL2D && l->kernel == 2 && l->stride == 2 &&
-           l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 && pdp__model_relu_fused(m, i - 1) &&
+           l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 &&
+           pdp__model_relu_fused(m, i - 1) &&
            (pdp__layer_kind_of(m->layers[i - 2].kind)->flags & PDP__LAYER_FUSES_POOL);
 }
 
@@ -426,13 +428,19 @@ oom:
 
 /* ---- model: forward and backward ---- */
 
+/* What layer i's forward keeps for its backward, in the current activation set. */
+static float *pdp__model_saved(const pdp_model *m, int i)
+{
+    return m->saved_block + m->slot * m->saved_stride + m->max_batch * m->saved_off[i];
+}
+
 /* Fills the per-call part of io for layer i. */
 static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
 {
     const pdp__layer *l = &m->layers[i];
     memset(io, 0, sizeof *io);
     io->batch = m->batch;
-    io->saved = m->saved_block + m->slot * m->saved_stride + m->max_batch * m->saved_off[i];
+    io->saved = pdp__model_saved(m, i);
     io->work = m->work_block;
     io->device = m->device;
     io->training = m->training;
@@ -443,8 +451,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
     if (i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2)) {
         io->pool_y = m->act[i + 2];
-        io->pool_arg = (int32_t *)(void *)(m->saved_block + m->slot * m->saved_stride +
-                                           m->max_batch * m->saved_off[i + 2]);
+        io->pool_arg = (int32_t *)(void *)pdp__model_saved(m, i + 2);
     }
     if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];

@@ -355,6 +355,22 @@ static void pdp__optim_part(void *arg, int part, int nparts)
 /* Below this many elements per thread, one thread is faster than waking more. */
 #define PDP__OPTIM_MIN_PER_THREAD 32768
 
+/* The job of n elements, params[i] from grads[i] with state element state_off + i of
+   o's buffers, by the update scalars s. */
+static void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars *s, float *params,
+                              const float *grads, int64_t state_off, int64_t n,
+                              pdp__optim_job *job)
+{
+    job->s = s;
+    job->params = params;
+    job->grads = grads;
+    job->state[0] = o->state[0] ? o->state[0] + state_off : NULL;
+    job->state[1] = o->state[1] ? o->state[1] + state_off : NULL;
+    job->state_lo = 0;
+    job->lo = 0;
+    job->hi = n;
+}
+
 /* The state-offset step: n elements, params[i] from grads[i] with state element
    state_off + i of o's buffers (ZeRO: a unit's slice, the parameters in the
    model's block or the shard, the gradients in the executor's buffer). Does not
@@ -372,18 +388,25 @@ static pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *g
         return pdp__cuda_optim_update(o->model->device, &s, params, grads,
                                       o->state[0] ? o->state[0] + state_off : NULL,
                                       o->state[1] ? o->state[1] + state_off : NULL, n);
-    job.s = &s;
-    job.params = params;
-    job.grads = grads;
-    job.state[0] = o->state[0] ? o->state[0] + state_off : NULL;
-    job.state[1] = o->state[1] ? o->state[1] + state_off : NULL;
-    job.state_lo = 0;
-    job.lo = 0;
-    job.hi = n;
+    pdp__optim_job_of(o, &s, params, grads, state_off, n, &job);
     threads = pdp__threads_for_caller();
     threads = (int)PDP__MAX(1, PDP__MIN((int64_t)threads, n / PDP__OPTIM_MIN_PER_THREAD));
     pdp__parallel_for(threads, pdp__optim_part, &job);
     return PDP_OK;
+}
+
+/* Elements [lo, hi) of the flat blocks on the calling thread, with the scalars of
+   the update in flight (pdp__optim_scalars_of, taken once per update): a CPU
+   optimizer stepped in many small ranges (DataParallel's fused step) without
+   recomputing them per range or taking the pool. */
+static void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
+                                    float *params, const float *grads, int64_t lo, int64_t hi)
+{
+    pdp__optim_job job;
+    PDP_ASSERT(o && o->model->device.kind == PDP_DEVICE_CPU && o->lo <= lo && lo <= hi &&
+               hi <= o->hi);
+    pdp__optim_job_of(o, s, params + lo, grads + lo, lo - o->lo, hi - lo, &job);
+    pdp__optim_part(&job, 0, 1);
 }
 
 /* params and grads are full-size blocks: element i of each is parameter

@@ -722,7 +722,7 @@ static enum greatest_test_res check_conv_gemms(int64_t C, int64_t O, int64_t K, 
 {
     pdp_model *m = NULL;
     pdp_model_desc d;
-    pdp_tensor x, dyt;
+    pdp_tensor x;
     const pdp_tensor *y;
     pdp_param w, b;
     pdp__conv_geom g;
@@ -753,11 +753,8 @@ static enum greatest_test_res check_conv_gemms(int64_t C, int64_t O, int64_t K, 
     pdp_model_find_param(m, "0.bias", &b);
     dy = (float *)malloc(sizeof(float) * (size_t)y->count);
     for (i = 0; i < y->count; i++) dy[i] = rnd();
-    pdp_tensor_wrap(dy, pdp_cpu(), 4, y->shape, &dyt);
     pdp_model_zero_grad(m);
-    m->input_grad = dx; /* the first layer's dX, which a model computes for pp.c */
-    ASSERT_EQ(PDP_OK, pdp_model_backward(m, &dyt));
-    m->input_grad = NULL;
+    ASSERT_EQ(PDP_OK, fixture_backward_with_dx(m, dy, dx)); /* the first layer's dX too */
     pdp_set_num_threads(1);
 #define W_(o, c, ki, kj)                                                                       \
     ((double)pdp_bf16_round(w.value.data[(((o) * C + (c)) * K + (ki)) * K + (kj)]))
