@@ -5776,32 +5776,34 @@ static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, floa
 #  define PDP__GEMM_NV 2
 #  define PDP__GEMM_VL 16
 
-/* Lane masks of a tile's nr valid columns, one per vector of a B row. */
-static inline __attribute__((always_inline)) void pdp__gemm_col_masks(int nr, __mmask16 mask[PDP__GEMM_NV])
+/* Lane masks of a tile's nr valid columns, one per vector of a B row (nv of them). */
+static inline __attribute__((always_inline)) void pdp__gemm_col_masks(int nr, int nv,
+                                                                      __mmask16 *mask)
 {
     int v;
-    _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+    _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) {
         int left = nr - v * PDP__GEMM_VL;
         mask[v] = (__mmask16)(left >= PDP__GEMM_VL ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
     }
 }
 
-/* How every AVX-512 kernel ends: the top-left mr x nr of acc to c (row stride ldc) as
-   alpha * acc + beta * c, reading c only when beta != 0; a full tile unmasked. Always
-   inlined: a call would take acc's address and keep the accumulators in memory. */
-static inline __attribute__((always_inline)) void pdp__gemm_store_tile(
-    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV], float *c, int64_t ldc, int mr, int nr, float alpha,
-    float beta)
+/* How every AVX-512 kernel ends: the top-left mr x nr of an MR x nv-vector tile of
+   accumulators (acc[i nv + v], nv a constant after inlining) to c (row stride ldc)
+   as alpha * acc + beta * c, reading c only when beta != 0; a full tile unmasked.
+   Always inlined: a call would take acc's address and keep the accumulators in
+   memory. */
+static inline __attribute__((always_inline)) void pdp__gemm_store_acc(
+    const __m512 *acc, int nv, float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    __mmask16 mask[PDP__GEMM_NV];
-    int i, v, full = mr == PDP__GEMM_MR && nr == PDP__GEMM_NV * PDP__GEMM_VL;
-    pdp__gemm_col_masks(nr, mask);
+    __mmask16 mask[4]; /* nv <= 4 */
+    int i, v, full = mr == PDP__GEMM_MR && nr == nv * PDP__GEMM_VL;
+    pdp__gemm_col_masks(nr, nv, mask);
     _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
         float *ci = c + i * ldc;
         if (i >= mr) break;
-        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
-            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+        _Pragma("GCC unroll 4") for (v = 0; v < nv; v++) {
+            __m512 r = _mm512_mul_ps(va, acc[i * nv + v]);
             if (full) {
                 if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), r);
                 _mm512_storeu_ps(ci + v * 16, r);
@@ -5811,6 +5813,14 @@ static inline __attribute__((always_inline)) void pdp__gemm_store_tile(
             }
         }
     }
+}
+
+/* The MR x NR tile of the packed kernels. */
+static inline __attribute__((always_inline)) void pdp__gemm_store_tile(
+    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV], float *c, int64_t ldc, int mr, int nr, float alpha,
+    float beta)
+{
+    pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_NV, c, ldc, mr, nr, alpha, beta);
 }
 
 static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
@@ -5855,7 +5865,7 @@ static void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap
     __mmask16 mask[PDP__GEMM_NV];
     int i, v;
     int64_t p;
-    pdp__gemm_col_masks(nr, mask);
+    pdp__gemm_col_masks(nr, PDP__GEMM_NV, mask);
     _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
         _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
     }
@@ -6378,6 +6388,17 @@ static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, floa
    same FMA chain over k, in the same k blocks, as in pdp__sgemm_rows. */
 #  define PDP__GEMM_RUNS 1
 
+
+/* Its tiles are MR x 48, not MR x 32: each vector of B costs this kernel one to
+   three masked, unaligned loads, and three vectors spread them over 24 FMAs a k
+   step instead of 16 (24 accumulators, 3 B vectors and a broadcast: 28 of the 32
+   zmm registers). Conv2d's 16 -> 32 and 32 -> 16, 5 x 5 on 14 x 14, 8 samples:
+   about 98-104 -> 106-109 GFLOP/s on one Zen 4 core (peak 117), best of 7 each. */
+#  ifndef PDP__GEMM_RUNS_NV
+#    define PDP__GEMM_RUNS_NV 3
+#  endif
+#  define PDP__GEMM_RUNS_NR (PDP__GEMM_RUNS_NV * PDP__GEMM_VL)
+
 /* segs: the masked loads per vector (a constant after inlining, the rest of the
    masks zero when a vector has fewer), or 0: each vector's own count, nseg[v]. */
 static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
@@ -6385,23 +6406,25 @@ static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
     const int64_t *soff, const __mmask16 *smask, const int *nseg, float *c, int64_t ldc, int mr,
     int nr, float beta, const int segs)
 {
-    __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
-    __mmask16 sm[PDP__GEMM_NV][3];
-    int64_t so[PDP__GEMM_NV][3];
+    __m512 acc[PDP__GEMM_MR][PDP__GEMM_RUNS_NV];
+    __mmask16 sm[PDP__GEMM_RUNS_NV][3];
+    int64_t so[PDP__GEMM_RUNS_NV][3];
     int i, v, s;
     int64_t p;
-    for (v = 0; v < PDP__GEMM_NV; v++)
+    for (v = 0; v < PDP__GEMM_RUNS_NV; v++)
         for (s = 0; s < 3; s++) {
             sm[v][s] = s < nseg[v] ? smask[v * PDP__GEMM_VL + s] : 0;
             so[v][s] = s < nseg[v] ? soff[v * PDP__GEMM_VL + s] : 0;
         }
     _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
-        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) acc[i][v] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_RUNS_NV; v++) {
+            acc[i][v] = _mm512_setzero_ps();
+        }
     }
     for (p = 0; p < kc; p++) {
         const float *row = b + brow[p];
-        __m512 bv[PDP__GEMM_NV];
-        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+        __m512 bv[PDP__GEMM_RUNS_NV];
+        _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_RUNS_NV; v++) {
             if (segs) {
                 bv[v] = _mm512_maskz_loadu_ps(sm[v][0], row + so[v][0]);
                 _Pragma("GCC unroll 4") for (s = 1; s < segs; s++)
@@ -6416,13 +6439,14 @@ static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
         }
         _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
             __m512 ai = _mm512_set1_ps(ap[i]);
-            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
+            _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_RUNS_NV; v++) {
                 acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
             }
         }
         ap += PDP__GEMM_MR;
     }
-    pdp__gemm_store_tile(acc, c, ldc, mr, nr, 1.0f, beta); /* beta 0 or 1: = c + acc */
+    /* beta 0 or 1: c = acc or c + acc */
+    pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_RUNS_NV, c, ldc, mr, nr, 1.0f, beta);
 }
 
 static void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
@@ -6430,7 +6454,8 @@ static void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap
                                   const __mmask16 *smask, const int *nseg, float *c, int64_t ldc,
                                   int mr, int nr, float beta)
 {
-    int most = PDP__MAX(nseg[0], nseg[1]);
+    int most = 0, v;
+    for (v = 0; v < PDP__GEMM_RUNS_NV; v++) most = PDP__MAX(most, nseg[v]);
     if (most == 1)
         pdp__gemm_kernel_runs_n(kc, ap, b, brow, soff, smask, nseg, c, ldc, mr, nr, beta, 1);
     else if (most == 2)
@@ -6452,7 +6477,7 @@ static void pdp__gemm_runs_tile(int nr, int64_t run, int64_t runs, int64_t rstri
 {
     int64_t end = -1; /* the B column after the last piece's */
     int l = 0, v;
-    for (v = 0; v < PDP__GEMM_NV; v++) {
+    for (v = 0; v < PDP__GEMM_RUNS_NV; v++) {
         nseg[v] = 1;
         soff[v * PDP__GEMM_VL] = 0;
         smask[v * PDP__GEMM_VL] = 0;
@@ -6487,9 +6512,9 @@ static void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, c
                             int64_t rstride, int64_t ustride, float *c, int64_t ldc)
 {
     float ap[PDP__GEMM_KC * PDP__GEMM_MR];
-    int64_t soff[PDP__GEMM_NR];
-    __mmask16 smask[PDP__GEMM_NR];
-    int nseg[PDP__GEMM_NV];
+    int64_t soff[PDP__GEMM_RUNS_NR];
+    __mmask16 smask[PDP__GEMM_RUNS_NR];
+    int nseg[PDP__GEMM_RUNS_NV];
     int64_t n = rows * runs * run, blocks = (k + PDP__GEMM_KC - 1) / PDP__GEMM_KC;
     int64_t kb = (k + blocks - 1) / blocks, pc, ir, L0;
     for (pc = 0; pc < k; pc += kb) {
@@ -6498,8 +6523,8 @@ static void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, c
             int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m - ir);
             int64_t t = 0, u = 0, r = 0; /* logical column L0 = (r runs + u) run + t */
             pdp__gemm_pack_a(PDP_NO_TRANS, a + ir * lda + pc, lda, mr, kc, ap);
-            for (L0 = 0; L0 < n; L0 += PDP__GEMM_NR) {
-                int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, n - L0);
+            for (L0 = 0; L0 < n; L0 += PDP__GEMM_RUNS_NR) {
+                int nr = (int)PDP__MIN((int64_t)PDP__GEMM_RUNS_NR, n - L0);
                 pdp__gemm_runs_tile(nr, run, runs, rstride, ustride, &t, &u, &r, soff, smask,
                                     nseg);
                 pdp__gemm_kernel_runs(kc, ap, b, brow + pc, soff, smask, nseg,
