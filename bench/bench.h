@@ -80,6 +80,10 @@ static inline bool bench_loadavg(double load[3])
    half a core per core plus `own` (the cores this benchmark itself kept busy in the
    last minute, which the figure at the end includes), a WARNING line: other work
    shares the cores, so wall-clock figures are unreliable. Returns 1 when it warned. */
+/* `own` for the figure at the end of a benchmark whose configurations alternate one
+   and two busy threads (or ranks): the cores it kept busy on average. */
+#define BENCH_OWN_LOAD_1_2 1.5
+
 static inline int bench_print_load(const char *when, double own)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);

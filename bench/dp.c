@@ -185,8 +185,7 @@ int main(int argc, char **argv)
            "cpu path %.2fx (%s)\n", mlp128[0], mlp128[0] >= 1.8 ? "met" : "NOT met", mlp128[1],
            mlp128[1] >= 1.8 ? "met" : "NOT met");
     (void)cnn128;
-    /* the last minute's own load: peers of 1 and 2 busy threads in turn, about 1.5 */
-    if (bench_print_load("end", 1.5))
+    if (bench_print_load("end", BENCH_OWN_LOAD_1_2))
         printf("other processes shared the cores: trust the cpu columns\n");
     pdp_shutdown_threads();
     return 0;

@@ -219,7 +219,7 @@ int main(int argc, char **argv)
 
     if (bf16_only) {
         bench_bf16(0);
-        bench_print_load("end", 0.0);
+        bench_print_load("end", 1.0); /* one busy thread */
         pdp_shutdown_threads();
         return 0;
     }
@@ -289,7 +289,7 @@ int main(int argc, char **argv)
     printf("ratio: ours / OpenBLAS at the same thread count; peak: ours / (threads x the measured "
            "peak); ours x: our 2-thread speed-up. %.0f s\n", bench_now() - start);
     bench_bf16(quick);
-    bench_print_load("end", 0.0);
+    bench_print_load("end", BENCH_OWN_LOAD_1_2);
     pdp_shutdown_threads();
     return 0;
 }

@@ -253,7 +253,7 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
-    if (bench_print_load("end", 0.0)) printf("trust the bubble column more than the wall-clock ratios\n");
+    if (bench_print_load("end", BENCH_OWN_LOAD_1_2)) printf("trust the bubble column more than the wall-clock ratios\n");
     free(j.data);
     free(j.labels);
     pdp_shutdown_threads();

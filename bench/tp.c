@@ -201,7 +201,7 @@ int main(int argc, char **argv)
     run(256, rounds);
     printf("targets: TP 2 / 1 dev >= 1.6x at batch 256 when free2 >= 1.9x (the unsplit "
            "Linear 10, loss and f/g copies cost the rest); TP 1 within 3%% of 1 dev\n");
-    if (bench_print_load("end", 0.0)) printf("trust cpu2/1 more than the wall-clock ratios\n");
+    if (bench_print_load("end", BENCH_OWN_LOAD_1_2)) printf("trust cpu2/1 more than the wall-clock ratios\n");
     pdp_shutdown_threads();
     return 0;
 }

@@ -265,7 +265,7 @@ int main(int argc, char **argv)
     if (!have_torch)
         printf("PyTorch: /usr/bin/python3 cannot import torch (apt-get install python3-torch); "
                "only pdp's figures are shown\n");
-    bench_print_load("end", 1.5);
+    bench_print_load("end", BENCH_OWN_LOAD_1_2);
     printf("%.0f s\n", bench_now() - t0);
     return 0;
 }
