@@ -6540,59 +6540,76 @@ static void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, c
 /* ---- gemm: small products as dot products ----
    C [m, n] = A B^T for an m x n too small to pay for packing and a long k (Conv2d's
    dW share of a layer with few weights: 16 x 25 over thousands of columns): row i of
-   A at a + i lda, row j of B at b + brow[j]. Blocks of 4 x 4 dot products run in
-   16-float lanes over k in slices of PDP__GEMM_DOTS_KC (A's and B's slices stay in
-   L1), the lanes kept on the stack between slices, and are reduced at the end in a
-   fixed order: the bits depend on m, n, k and the data only. */
-#define PDP__GEMM_DOTS_MAX 512 /* lanes of the 4 x 4 blocks, counted whole */
+   A at a + i lda, row j of B at b + brow[j]. Blocks of 4 x 5 dot products (20
+   accumulators, 9 loads per 20 FMAs; 16 x 25 is 4 x 5 whole blocks, where 4 x 4
+   blocks computed 28 columns for 25) run in 16-float lanes over k in slices of
+   PDP__GEMM_DOTS_KC (A's and B's slices stay in L1), the lanes kept on the stack
+   between slices, and are reduced at the end in a fixed order: the bits depend on
+   m, n, k and the data only (not on the block shape). */
+#define PDP__GEMM_DOTS_MI 4    /* rows of A per block */
+#define PDP__GEMM_DOTS_NJ 5    /* rows of B per block */
+#define PDP__GEMM_DOTS_MAX 512 /* lanes of the blocks, counted whole */
 #define PDP__GEMM_DOTS_KC 512
 
 static int pdp__sgemm_dots_fits(int64_t m, int64_t n)
 {
-    return (m + 3) / 4 * ((n + 3) / 4) * 16 <= PDP__GEMM_DOTS_MAX;
+    return (m + PDP__GEMM_DOTS_MI - 1) / PDP__GEMM_DOTS_MI *
+               ((n + PDP__GEMM_DOTS_NJ - 1) / PDP__GEMM_DOTS_NJ) * PDP__GEMM_DOTS_MI *
+               PDP__GEMM_DOTS_NJ <=
+           PDP__GEMM_DOTS_MAX;
 }
 
 #if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
 static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                             const float *b, const int64_t *brow, float *c, int64_t ldc)
 {
+    enum { MI = PDP__GEMM_DOTS_MI, NJ = PDP__GEMM_DOTS_NJ };
     __m512 lanes[PDP__GEMM_DOTS_MAX];
-    int64_t i0, j0, p0, p, nb = (n + 3) / 4;
+    int64_t i0, j0, p0, p, nb = (n + NJ - 1) / NJ;
     PDP_ASSERT(pdp__sgemm_dots_fits(m, n));
-    for (p = 0; p < (m + 3) / 4 * nb * 16; p++) lanes[p] = _mm512_setzero_ps();
+    for (p = 0; p < (m + MI - 1) / MI * nb * MI * NJ; p++) lanes[p] = _mm512_setzero_ps();
     for (p0 = 0; p0 < k; p0 += PDP__GEMM_DOTS_KC)
-        for (i0 = 0; i0 < m; i0 += 4)
-            for (j0 = 0; j0 < n; j0 += 4) {
-                const float *ar[4], *br[4];
-                __m512 acc[4][4], *save = lanes + (i0 / 4 * nb + j0 / 4) * 16;
+        for (i0 = 0; i0 < m; i0 += MI)
+            for (j0 = 0; j0 < n; j0 += NJ) {
+                const float *ar[MI], *br[NJ];
+                __m512 acc[MI][NJ], *save = lanes + (i0 / MI * nb + j0 / NJ) * MI * NJ;
                 int64_t p1 = PDP__MIN(k, p0 + PDP__GEMM_DOTS_KC);
                 int i, j;
-                _Pragma("GCC unroll 4") for (i = 0; i < 4; i++) { /* past the edge: unused */
+                /* rows past the edge repeat the last one: computed, never stored */
+                _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) {
                     ar[i] = a + PDP__MIN(i0 + i, m - 1) * lda;
-                    br[i] = b + brow[PDP__MIN(j0 + i, n - 1)];
-                    _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) acc[i][j] = save[i * 4 + j];
+                    _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {
+                        acc[i][j] = save[i * NJ + j];
+                    }
+                }
+                _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {
+                    br[j] = b + brow[PDP__MIN(j0 + j, n - 1)];
                 }
                 for (p = p0; p < p1; p += 16) {
                     __mmask16 mk = (__mmask16)(p + 16 <= p1 ? 0xffff : (1u << (p1 - p)) - 1);
-                    __m512 va[4], vb[4];
-                    _Pragma("GCC unroll 4") for (i = 0; i < 4; i++) {
+                    __m512 va[MI], vb[NJ];
+                    _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) {
                         va[i] = _mm512_maskz_loadu_ps(mk, ar[i] + p);
-                        vb[i] = _mm512_maskz_loadu_ps(mk, br[i] + p);
                     }
-                    _Pragma("GCC unroll 4") for (i = 0; i < 4; i++) {
-                        _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) {
+                    _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {
+                        vb[j] = _mm512_maskz_loadu_ps(mk, br[j] + p);
+                    }
+                    _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) {
+                        _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {
                             acc[i][j] = _mm512_fmadd_ps(va[i], vb[j], acc[i][j]);
                         }
                     }
                 }
-                _Pragma("GCC unroll 4") for (i = 0; i < 4; i++) {
-                    _Pragma("GCC unroll 4") for (j = 0; j < 4; j++) save[i * 4 + j] = acc[i][j];
+                _Pragma("GCC unroll 8") for (i = 0; i < MI; i++) {
+                    _Pragma("GCC unroll 8") for (j = 0; j < NJ; j++) {
+                        save[i * NJ + j] = acc[i][j];
+                    }
                 }
             }
     for (i0 = 0; i0 < m; i0++)
         for (j0 = 0; j0 < n; j0++)
-            c[i0 * ldc + j0] =
-                _mm512_reduce_add_ps(lanes[(i0 / 4 * nb + j0 / 4) * 16 + i0 % 4 * 4 + j0 % 4]);
+            c[i0 * ldc + j0] = _mm512_reduce_add_ps(
+                lanes[(i0 / MI * nb + j0 / NJ) * MI * NJ + i0 % MI * NJ + j0 % NJ]);
 }
 #else
 static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,

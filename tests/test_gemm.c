@@ -9,6 +9,8 @@
    portable kernel is tested too. */
 
 #define _POSIX_C_SOURCE 200809L
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 
 /* Every allocation of the library is counted (from any thread): pdp_test_allocs(). */
@@ -300,6 +302,48 @@ TEST gemm_kernel_matches_target(void)
     PASS();
 }
 
+/* pdp__sgemm_dots (Conv2d's dW share of a layer with few weights: m x n dot products
+   over a long k, B's rows gathered) against a double-precision loop: within the bound
+   of an fp32 sum of k products, |err| <= k eps sum |a b| (Higham, "Accuracy and
+   Stability of Numerical Algorithms", 2002, section 3.1), over block edges in m and n
+   (shapes that are and are not whole 4 x 5 blocks), k below, at and above a 16-lane
+   vector and above a 512-float slice, and C's row stride wider than n. */
+TEST gemm_dots_match_a_double_loop(void)
+{
+    static const int64_t cfg[7][3] = {/* m, n, k */
+                                      {16, 25, 6776}, {3, 7, 15}, {5, 11, 16}, {1, 1, 1},
+                                      {9, 26, 17},    {4, 5, 600}, {17, 24, 1100}};
+    int t;
+    for (t = 0; t < 7; t++) {
+        int64_t m = cfg[t][0], n = cfg[t][1], k = cfg[t][2], i, j, p;
+        int64_t lda = k + 3, span = k + 40 * n; /* B's rows overlap, as an image's taps */
+        float *a = (float *)malloc((size_t)(m * lda) * sizeof(float));
+        float *b = (float *)malloc((size_t)span * sizeof(float));
+        float *c = (float *)malloc((size_t)(m * (n + 2)) * sizeof(float));
+        int64_t *brow = (int64_t *)malloc((size_t)n * sizeof(int64_t));
+        ASSERT(a && b && c && brow);
+        for (i = 0; i < m * lda; i++) a[i] = rnd();
+        for (i = 0; i < span; i++) b[i] = rnd();
+        for (j = 0; j < n; j++) brow[j] = (j * 37) % (40 * n);
+        ASSERT(pdp__sgemm_dots_fits(m, n));
+        pdp__sgemm_dots(m, n, k, a, lda, b, brow, c, n + 2);
+        for (i = 0; i < m; i++)
+            for (j = 0; j < n; j++) {
+                double want = 0.0, mag = 0.0;
+                for (p = 0; p < k; p++) {
+                    want += (double)a[i * lda + p] * (double)b[brow[j] + p];
+                    mag += fabs((double)a[i * lda + p] * (double)b[brow[j] + p]);
+                }
+                ASSERT_IN_RANGE(want, c[i * (n + 2) + j], (double)k * FLT_EPSILON * mag + 1e-30);
+            }
+        free(a);
+        free(b);
+        free(c);
+        free(brow);
+    }
+    PASS();
+}
+
 /* pdp__sgemm_runs (Conv2d's implicit GEMM without the bands) against pdp__sgemm_rows
    on the whole gathered B, bands included: every wanted column the same bits (the
    same FMA chain over k, in the same k blocks). Runs shorter than, equal to and
@@ -368,6 +412,7 @@ SUITE(gemm)
     RUN_TEST(gemm_k_zero_or_alpha_zero_scales_c);
     RUN_TEST(gemm_threads_bit_identical);
     RUN_TEST(gemm_no_allocation_after_first_call);
+    RUN_TEST(gemm_dots_match_a_double_loop);
     RUN_TEST(gemm_runs_match_rows_on_the_wanted_columns);
 }
 
