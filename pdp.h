@@ -90,9 +90,9 @@
    runs Linear and Conv2d as cublasGemmEx with bf16 inputs and fp32 accumulation
    (checked on the CUDA emulator, not yet on a GPU). Speed (bench/train, one
    AVX512-BF16 core of an AMD EPYC, one run): the MLP 784-512-512-10 step at batch 512
-   trains 43k samples/s in bf16 against 25k in fp32, 1.1x PyTorch's autocast (1.6x at
-   batch 128); the CNN of train_cnn at batch 128, 6.8k in bf16 against 5.0k in fp32,
-   1.7x autocast. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in bf16
+   trains 43k samples/s in bf16 against 26k in fp32, 1.25x PyTorch's autocast (1.7x at
+   batch 128); the CNN of train_cnn at batch 128, 6.5k in bf16 against 5.1k in fp32,
+   1.5x autocast. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in bf16
    against 88.76% in fp32 (train_mnist -bf16, seed 1); one autocast MLP step against a
    PyTorch fixture (tests/test_bf16.c).
 
