@@ -6388,7 +6388,6 @@ static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, floa
    same FMA chain over k, in the same k blocks, as in pdp__sgemm_rows. */
 #  define PDP__GEMM_RUNS 1
 
-
 /* Its tiles are MR x 48, not MR x 32: each vector of B costs this kernel one to
    three masked, unaligned loads, and three vectors spread them over 24 FMAs a k
    step instead of 16 (24 accumulators, 3 B vectors and a broadcast: 28 of the 32
@@ -13331,6 +13330,12 @@ static bool pdp__model_pool_fused(const pdp_model *m, int i)
            (pdp__layer_kind_of(m->layers[i - 2].kind)->flags & PDP__LAYER_FUSES_POOL);
 }
 
+/* Layer i is the Conv2d that applies the pool two layers on (pdp__model_pool_fused). */
+static bool pdp__model_pools(const pdp_model *m, int i)
+{
+    return i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2);
+}
+
 /* Layer i's output is its input seen again (PDP__LAYER_VIEW: Flatten; a fused ReLU):
    no buffer, no call. */
 static bool pdp__model_is_view(const pdp_model *m, int i)
@@ -13342,7 +13347,7 @@ static bool pdp__model_is_view(const pdp_model *m, int i)
 /* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
 static bool pdp__model_has_output(const pdp_model *m, int i)
 {
-    return !pdp__model_is_view(m, i) && !(i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2));
+    return !pdp__model_is_view(m, i) && !pdp__model_pools(m, i);
 }
 
 /* Per-sample floats of the activation buffers (one plan for pdp_model_reserve and for
@@ -13461,7 +13466,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     io->step = m->step;
     io->sample_base = m->sample_base;
     io->fused_relu = i + 1 < m->nlayers && pdp__model_relu_fused(m, i + 1);
-    if (i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2)) {
+    if (pdp__model_pools(m, i)) {
         io->pool_y = m->act[i + 2];
         io->pool_arg = (int32_t *)(void *)pdp__model_saved(m, i + 2);
     }

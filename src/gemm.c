@@ -727,7 +727,6 @@ static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, floa
    same FMA chain over k, in the same k blocks, as in pdp__sgemm_rows. */
 #  define PDP__GEMM_RUNS 1
 
-
 /* Its tiles are MR x 48, not MR x 32: each vector of B costs this kernel one to
    three masked, unaligned loads, and three vectors spread them over 24 FMAs a k
    step instead of 16 (24 accumulators, 3 B vectors and a broadcast: 28 of the 32
