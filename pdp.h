@@ -2945,6 +2945,17 @@ typedef enum pdp__model_event {
 typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
                                           int layer, pdp_status st);
 
+/* Who holds a model ("wrapped" in the docs): a DP master, a DDP or ZeRO executor, or a
+   pipeline (its stage model). A wrapped model refuses what would change its layout, and
+   calls whose answer the executor changes name the executor's call instead. */
+typedef enum pdp__wrap {
+    PDP__WRAP_NONE = 0,
+    PDP__WRAP_DP,
+    PDP__WRAP_DDP,
+    PDP__WRAP_ZERO,
+    PDP__WRAP_PP
+} pdp__wrap;
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -2975,6 +2986,8 @@ struct pdp_model {
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
+    pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
+                                  by its create, cleared by its free (pdp__model_wrap) */
     pdp__model_event_fn event; /* the executor seam (above); NULL: off */
     void *event_user;
     float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
@@ -3045,6 +3058,14 @@ static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, d
                                   const char *fn) PDP__UNUSED;
 static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
                                   const char *fn) PDP__UNUSED;
+
+/* ---- gradient norms (optim.c): the local pieces every clipping call is made of ----
+   pdp__grad_sumsq: *sum += the sum of squares of g[0, n) (on m's device; double, fixed
+   order). pdp__grad_scale: g[0, n) *= coef. fn names the public caller in errors. */
+static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
+                                  const char *fn);
+static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
+                                  const char *fn);
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal
@@ -14551,12 +14572,40 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
 
 /* ---- optim: gradient clipping ---- */
 
+static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
+                                  const char *fn)
+{
+    double s = 0.0;
+    int64_t i;
+    if (n <= 0) return PDP_OK;
+    if (m->device.kind != PDP_DEVICE_CPU) {
+        /* pdp_cuda.cu: block partial sums in double, added by the host in block order */
+        pdp_status st = pdp__cuda_sumsq(m->device, g, n, &s, fn);
+        if (st != PDP_OK) return st;
+    } else {
+        for (i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
+    }
+    *sum += s;
+    return PDP_OK;
+}
+
+static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
+                                  const char *fn)
+{
+    int64_t i;
+    if (n <= 0) return PDP_OK;
+    if (m->device.kind != PDP_DEVICE_CPU) return pdp__cuda_scale(m->device, g, n, coef, fn);
+    for (i = 0; i < n; i++) g[i] *= coef;
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm)
 {
     double sum = 0.0, norm;
     float coef;
     const float *g;
-    int64_t i, n;
+    int64_t n;
+    pdp_status st;
     if (total_norm) *total_norm = 0.0f;
     if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
     if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
@@ -14567,13 +14616,7 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     if (!g && n)
         return pdp__err(PDP_ERR_STATE, "pdp_clip_grad_norm: the model's gradients are sharded "
                         "by ZeRO: use pdp_zero_clip_grad_norm");
-    if (m->device.kind != PDP_DEVICE_CPU) {
-        /* pdp_cuda.cu: block partial sums in double, added by the host in block order */
-        pdp_status st = pdp__cuda_sumsq(m->device, g, n, &sum, "pdp_clip_grad_norm");
-        if (st != PDP_OK) return st;
-    } else {
-        for (i = 0; i < n; i++) sum += (double)g[i] * (double)g[i];
-    }
+    if ((st = pdp__grad_sumsq(m, g, n, &sum, "pdp_clip_grad_norm")) != PDP_OK) return st;
     norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
     if (!isfinite(norm))
@@ -14581,10 +14624,7 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
     coef = (float)((double)max_norm / (norm + 1e-6));
     if (coef >= 1.0f) return PDP_OK;
-    if (m->device.kind != PDP_DEVICE_CPU)
-        return pdp__cuda_scale(m->device, m->grad_block, n, coef, "pdp_clip_grad_norm");
-    for (i = 0; i < n; i++) m->grad_block[i] *= coef;
-    return PDP_OK;
+    return pdp__grad_scale(m, m->grad_block, n, coef, "pdp_clip_grad_norm");
 }
 
 /* ---- optim: learning-rate schedule ---- */

@@ -343,6 +343,17 @@ typedef enum pdp__model_event {
 typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
                                           int layer, pdp_status st);
 
+/* Who holds a model ("wrapped" in the docs): a DP master, a DDP or ZeRO executor, or a
+   pipeline (its stage model). A wrapped model refuses what would change its layout, and
+   calls whose answer the executor changes name the executor's call instead. */
+typedef enum pdp__wrap {
+    PDP__WRAP_NONE = 0,
+    PDP__WRAP_DP,
+    PDP__WRAP_DDP,
+    PDP__WRAP_ZERO,
+    PDP__WRAP_PP
+} pdp__wrap;
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -373,6 +384,8 @@ struct pdp_model {
     int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
                                   set by the DDP reducer when PDP_TRACE is on */
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
+    pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
+                                  by its create, cleared by its free (pdp__model_wrap) */
     pdp__model_event_fn event; /* the executor seam (above); NULL: off */
     void *event_user;
     float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
@@ -443,6 +456,14 @@ static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, d
                                   const char *fn) PDP__UNUSED;
 static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
                                   const char *fn) PDP__UNUSED;
+
+/* ---- gradient norms (optim.c): the local pieces every clipping call is made of ----
+   pdp__grad_sumsq: *sum += the sum of squares of g[0, n) (on m's device; double, fixed
+   order). pdp__grad_scale: g[0, n) *= coef. fn names the public caller in errors. */
+static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
+                                  const char *fn);
+static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
+                                  const char *fn);
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal

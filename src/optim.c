@@ -458,12 +458,40 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
 
 /* ---- optim: gradient clipping ---- */
 
+static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
+                                  const char *fn)
+{
+    double s = 0.0;
+    int64_t i;
+    if (n <= 0) return PDP_OK;
+    if (m->device.kind != PDP_DEVICE_CPU) {
+        /* pdp_cuda.cu: block partial sums in double, added by the host in block order */
+        pdp_status st = pdp__cuda_sumsq(m->device, g, n, &s, fn);
+        if (st != PDP_OK) return st;
+    } else {
+        for (i = 0; i < n; i++) s += (double)g[i] * (double)g[i];
+    }
+    *sum += s;
+    return PDP_OK;
+}
+
+static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
+                                  const char *fn)
+{
+    int64_t i;
+    if (n <= 0) return PDP_OK;
+    if (m->device.kind != PDP_DEVICE_CPU) return pdp__cuda_scale(m->device, g, n, coef, fn);
+    for (i = 0; i < n; i++) g[i] *= coef;
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm)
 {
     double sum = 0.0, norm;
     float coef;
     const float *g;
-    int64_t i, n;
+    int64_t n;
+    pdp_status st;
     if (total_norm) *total_norm = 0.0f;
     if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
     if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
@@ -474,13 +502,7 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     if (!g && n)
         return pdp__err(PDP_ERR_STATE, "pdp_clip_grad_norm: the model's gradients are sharded "
                         "by ZeRO: use pdp_zero_clip_grad_norm");
-    if (m->device.kind != PDP_DEVICE_CPU) {
-        /* pdp_cuda.cu: block partial sums in double, added by the host in block order */
-        pdp_status st = pdp__cuda_sumsq(m->device, g, n, &sum, "pdp_clip_grad_norm");
-        if (st != PDP_OK) return st;
-    } else {
-        for (i = 0; i < n; i++) sum += (double)g[i] * (double)g[i];
-    }
+    if ((st = pdp__grad_sumsq(m, g, n, &sum, "pdp_clip_grad_norm")) != PDP_OK) return st;
     norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
     if (!isfinite(norm))
@@ -488,10 +510,7 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
     /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
     coef = (float)((double)max_norm / (norm + 1e-6));
     if (coef >= 1.0f) return PDP_OK;
-    if (m->device.kind != PDP_DEVICE_CPU)
-        return pdp__cuda_scale(m->device, m->grad_block, n, coef, "pdp_clip_grad_norm");
-    for (i = 0; i < n; i++) m->grad_block[i] *= coef;
-    return PDP_OK;
+    return pdp__grad_scale(m, m->grad_block, n, coef, "pdp_clip_grad_norm");
 }
 
 /* ---- optim: learning-rate schedule ---- */
