@@ -1934,7 +1934,10 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        (pdp_pp_model) with the full model's parameter values and names ("4.weight"
        stays "4.weight"), so a pipeline starts equal to the single-device model and
        a stage's parameters are found in it by name. The full model stays the
-       caller's and is not used again (free it);
+       caller's and is not used again (free it). The stage model is the pipeline's
+       until pdp_pp_free: its layout is fixed, its optimizer is made on it
+       (pdp_pp_step refuses any other). A model with tensor-parallel layers is refused
+       (PDP_ERR_UNSUPPORTED): PP x TP does not exist yet;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
        (default) or by time measured on rank 0 (forward + backward per layer), as a
        contiguous split minimising the largest stage; every rank checks that it got
@@ -2035,7 +2038,8 @@ typedef struct pdp_pp_desc {
 /* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
    dp. full: the same model on every rank; it is read, not kept. A model with fewer
    layers than stages, or boundaries that differ from rank 0's, fail with
-   PDP_ERR_INVALID. PDP_TRACE=out.json traces the schedule. */
+   PDP_ERR_INVALID; a model with tensor-parallel layers with PDP_ERR_UNSUPPORTED.
+   PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
@@ -2045,12 +2049,16 @@ PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
    into the stage's model. x is read on the first stage only, on its device (the others read
    x->shape[0]: x->data may be NULL there), labels on the last only (with desc.loss,
    labels may be NULL). *loss: the step's mean loss on the last stage, 0 elsewhere.
-   With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits. */
+   With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits.
+   When one stage fails (its loss function, a shape, a peer that does not answer within
+   the communicator's timeout), every stage fails, each message naming the call, the
+   rank, its stage and the action (F<j> or B<j>) that failed there. */
 PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                                            const int32_t *labels, float *loss);
 /* With desc.dp: waits for the gradients' average over dp. Otherwise nothing to do. */
 PDP_API pdp_status pdp_pp_finish(pdp_pp *pp);
-/* pdp_pp_finish, pdp_optim_step(opt) (opt made on pdp_pp_model), zeroed gradients. */
+/* pdp_pp_finish, pdp_optim_step(opt), zeroed gradients. opt must have been made on
+   pdp_pp_model(pp) (else PDP_ERR_INVALID, nothing changed). */
 PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt);
 
 PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp); /* this rank's stage */
@@ -20813,6 +20821,12 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, full->device.kind, full->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
+    /* A stage's TP layers would point at the full model's TP state, which the caller
+       frees, and the pipeline's clipping would count the TP slices as whole tensors. */
+    if (full->tp.nlayers)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model has %d tensor-parallel layers: "
+                        "pipeline x tensor parallelism (PP x TP) is not supported; use TP or PP "
+                        "(each with DP)", fn, full->tp.nlayers);
     pp = (pdp_pp *)pdp__calloc(sizeof *pp);
     if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     if (desc) pp->desc = *desc;
@@ -20831,6 +20845,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     if ((st = pdp__model_stage(full, pp->first[pp->stage], pp->first[pp->stage + 1], &pp->m)))
         goto wrap;
     pdp__model_set_slots(pp->m, pp->nslots);
+    pp->m->wrapped = PDP__WRAP_PP; /* the stage is the pipeline's: its layout is fixed */
     pp->in_count = pp->m->in_count;
     pp->out_count = pp->m->layers[pp->m->nlayers - 1].out_count;
     pp->in_buf = (float **)pdp__calloc((size_t)(pp->nslots + 1) * sizeof *pp->in_buf);
@@ -20881,26 +20896,32 @@ static void pdp__pp_free_buffers(pdp_pp *pp)
     pp->cap_rows = 0;
 }
 
-/* Waits every outstanding message (their errors are the pass's first error's
-   consequences, or already reported). */
+/* Waits every outstanding message and the dp average. Their errors are consequences of
+   the pass's first error (or of one reported already), so the thread's message is kept:
+   after a failed pass it is the one that names the call, the stage and the action. */
 static void pdp__pp_drain(pdp_pp *pp)
 {
+    char kept[1024];
     int i;
+    snprintf(kept, sizeof kept, "%s", pdp_last_error());
     if (pp->rwork) pdp_work_wait(pp->rwork);
     pp->rwork = NULL;
     pp->rwork_act = -1;
     if (pp->send_fwd)
         for (i = 0; i < pp->nslots; i++) pdp_work_wait(pp->send_fwd[i]), pp->send_fwd[i] = NULL;
     for (i = 0; i < 2; i++) pdp_work_wait(pp->send_bwd[i]), pp->send_bwd[i] = NULL;
+    if (pp->dp_work) pdp_work_wait(pp->dp_work);
+    pp->dp_work = NULL;
+    (void)pdp__err(PDP_OK, "%s", kept);
 }
 
 PDP_API void pdp_pp_free(pdp_pp *pp)
 {
     if (!pp) return;
     pdp__pp_drain(pp);
-    if (pp->dp_work) pdp_work_wait(pp->dp_work);
     pdp__pp_free_buffers(pp);
     if (pp->traced) pdp__trace_close();
+    if (pp->m) pp->m->wrapped = PDP__WRAP_NONE;
     pdp_model_free(pp->m);
     pdp__dealloc(pp->in_buf);
     pdp__dealloc(pp->send_fwd);
@@ -21211,6 +21232,12 @@ PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt)
 {
     pdp_status st;
     if (!pp || !opt) return pdp__err(PDP_ERR_INVALID, "pdp_pp_step: %s is NULL", pp ? "opt" : "pp");
+    /* an optimizer of the full model (or of another stage) would train something else and
+       leave this stage as it is */
+    if (opt->model != pp->m || opt->shard)
+        return pdp__err(PDP_ERR_INVALID, "pdp_pp_step: rank %d (stage %d): the optimizer was "
+                        "not created on this stage's model; create it with pdp_optim_create("
+                        "&opt, pdp_pp_model(pp), &desc)", pp->c->rank, pp->stage);
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "pdp_pp_step");
     if ((st = pdp_optim_step(opt)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_pp_step: rank %d", pp->c->rank);

@@ -288,6 +288,12 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, full->device.kind, full->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
+    /* A stage's TP layers would point at the full model's TP state, which the caller
+       frees, and the pipeline's clipping would count the TP slices as whole tensors. */
+    if (full->tp.nlayers)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model has %d tensor-parallel layers: "
+                        "pipeline x tensor parallelism (PP x TP) is not supported; use TP or PP "
+                        "(each with DP)", fn, full->tp.nlayers);
     pp = (pdp_pp *)pdp__calloc(sizeof *pp);
     if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     if (desc) pp->desc = *desc;
@@ -306,6 +312,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     if ((st = pdp__model_stage(full, pp->first[pp->stage], pp->first[pp->stage + 1], &pp->m)))
         goto wrap;
     pdp__model_set_slots(pp->m, pp->nslots);
+    pp->m->wrapped = PDP__WRAP_PP; /* the stage is the pipeline's: its layout is fixed */
     pp->in_count = pp->m->in_count;
     pp->out_count = pp->m->layers[pp->m->nlayers - 1].out_count;
     pp->in_buf = (float **)pdp__calloc((size_t)(pp->nslots + 1) * sizeof *pp->in_buf);
@@ -356,26 +363,32 @@ static void pdp__pp_free_buffers(pdp_pp *pp)
     pp->cap_rows = 0;
 }
 
-/* Waits every outstanding message (their errors are the pass's first error's
-   consequences, or already reported). */
+/* Waits every outstanding message and the dp average. Their errors are consequences of
+   the pass's first error (or of one reported already), so the thread's message is kept:
+   after a failed pass it is the one that names the call, the stage and the action. */
 static void pdp__pp_drain(pdp_pp *pp)
 {
+    char kept[1024];
     int i;
+    snprintf(kept, sizeof kept, "%s", pdp_last_error());
     if (pp->rwork) pdp_work_wait(pp->rwork);
     pp->rwork = NULL;
     pp->rwork_act = -1;
     if (pp->send_fwd)
         for (i = 0; i < pp->nslots; i++) pdp_work_wait(pp->send_fwd[i]), pp->send_fwd[i] = NULL;
     for (i = 0; i < 2; i++) pdp_work_wait(pp->send_bwd[i]), pp->send_bwd[i] = NULL;
+    if (pp->dp_work) pdp_work_wait(pp->dp_work);
+    pp->dp_work = NULL;
+    (void)pdp__err(PDP_OK, "%s", kept);
 }
 
 PDP_API void pdp_pp_free(pdp_pp *pp)
 {
     if (!pp) return;
     pdp__pp_drain(pp);
-    if (pp->dp_work) pdp_work_wait(pp->dp_work);
     pdp__pp_free_buffers(pp);
     if (pp->traced) pdp__trace_close();
+    if (pp->m) pp->m->wrapped = PDP__WRAP_NONE;
     pdp_model_free(pp->m);
     pdp__dealloc(pp->in_buf);
     pdp__dealloc(pp->send_fwd);
@@ -686,6 +699,12 @@ PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt)
 {
     pdp_status st;
     if (!pp || !opt) return pdp__err(PDP_ERR_INVALID, "pdp_pp_step: %s is NULL", pp ? "opt" : "pp");
+    /* an optimizer of the full model (or of another stage) would train something else and
+       leave this stage as it is */
+    if (opt->model != pp->m || opt->shard)
+        return pdp__err(PDP_ERR_INVALID, "pdp_pp_step: rank %d (stage %d): the optimizer was "
+                        "not created on this stage's model; create it with pdp_optim_create("
+                        "&opt, pdp_pp_model(pp), &desc)", pp->c->rank, pp->stage);
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "pdp_pp_step");
     if ((st = pdp_optim_step(opt)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_pp_step: rank %d", pp->c->rank);

@@ -10,7 +10,10 @@
        (pdp_pp_model) with the full model's parameter values and names ("4.weight"
        stays "4.weight"), so a pipeline starts equal to the single-device model and
        a stage's parameters are found in it by name. The full model stays the
-       caller's and is not used again (free it);
+       caller's and is not used again (free it). The stage model is the pipeline's
+       until pdp_pp_free: its layout is fixed, its optimizer is made on it
+       (pdp_pp_step refuses any other). A model with tensor-parallel layers is refused
+       (PDP_ERR_UNSUPPORTED): PP x TP does not exist yet;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
        (default) or by time measured on rank 0 (forward + backward per layer), as a
        contiguous split minimising the largest stage; every rank checks that it got
@@ -111,7 +114,8 @@ typedef struct pdp_pp_desc {
 /* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
    dp. full: the same model on every rank; it is read, not kept. A model with fewer
    layers than stages, or boundaries that differ from rank 0's, fail with
-   PDP_ERR_INVALID. PDP_TRACE=out.json traces the schedule. */
+   PDP_ERR_INVALID; a model with tensor-parallel layers with PDP_ERR_UNSUPPORTED.
+   PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
@@ -121,12 +125,16 @@ PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
    into the stage's model. x is read on the first stage only, on its device (the others read
    x->shape[0]: x->data may be NULL there), labels on the last only (with desc.loss,
    labels may be NULL). *loss: the step's mean loss on the last stage, 0 elsewhere.
-   With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits. */
+   With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits.
+   When one stage fails (its loss function, a shape, a peer that does not answer within
+   the communicator's timeout), every stage fails, each message naming the call, the
+   rank, its stage and the action (F<j> or B<j>) that failed there. */
 PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                                            const int32_t *labels, float *loss);
 /* With desc.dp: waits for the gradients' average over dp. Otherwise nothing to do. */
 PDP_API pdp_status pdp_pp_finish(pdp_pp *pp);
-/* pdp_pp_finish, pdp_optim_step(opt) (opt made on pdp_pp_model), zeroed gradients. */
+/* pdp_pp_finish, pdp_optim_step(opt), zeroed gradients. opt must have been made on
+   pdp_pp_model(pp) (else PDP_ERR_INVALID, nothing changed). */
 PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt);
 
 PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp); /* this rank's stage */

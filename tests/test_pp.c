@@ -40,6 +40,8 @@ typedef struct cfg {
     const int *first;          /* boundaries, or NULL (balanced) */
     pdp_pp_balance balance;
     bool trace;
+    bool fail_loss;            /* the last stage's loss fails on micro-batch fail_mb */
+    int fail_mb;
 } cfg;
 
 /* ---- models and data ---- */
@@ -195,6 +197,16 @@ static pdp_status mse_share(void *user, const pdp_tensor *y, int64_t first, int6
     return PDP_OK;
 }
 
+/* desc.loss that fails on micro-batch ctx->cfg->fail_mb and is mse_share elsewhere. */
+static pdp_status failing_loss(void *user, const pdp_tensor *y, int64_t first, int64_t total,
+                               pdp_tensor *dy, double *loss)
+{
+    const rank_ctx *ctx = (const rank_ctx *)user;
+    int64_t per = total / ctx->cfg->m; /* B divisible by m in the tests that fail */
+    if (first == ctx->cfg->fail_mb * per) return PDP_ERR_NUMERIC;
+    return mse_share(user, y, first, total, dy, loss);
+}
+
 static void *rank_main(void *arg)
 {
     rank_ctx *ctx = (rank_ctx *)arg;
@@ -226,7 +238,7 @@ static void *rank_main(void *arg)
     pd.balance = k->balance;
     pd.balance_batch = 8;
     pd.dp = dc;
-    if (k->kind == REG) pd.loss = mse_share, pd.loss_user = ctx;
+    if (k->kind == REG) pd.loss = k->fail_loss ? failing_loss : mse_share, pd.loss_user = ctx;
     if (fail(ctx, build_model(&full, k->kind)) ||
         fail(ctx, pdp_pp_create(&pp, full, pc ? pc : world, &pd)))
         goto out;
@@ -653,10 +665,98 @@ TEST pp_errors(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_pp_forward_backward(pp, &xt, NULL, &loss),
                    pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "labels is NULL on the last stage") != NULL);
+    /* an optimizer of the full model, not the stage's: refused, neither model changed */
+    {
+        pdp_optim *of = NULL, *os = NULL;
+        pdp_optim_desc od = sgd();
+        pdp_tensor pf, ps, gs;
+        int64_t i;
+        int64_t sh[2] = {B, 20};
+        pdp_tensor_wrap(x, pdp_cpu(), 2, sh, &xt);
+        make_batch(0, 20, x, y, target);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&of, full, &od), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_pp_forward_backward(pp, &xt, y, &loss), pdp_status_name);
+        pdp_model_flat(full, &pf, NULL);
+        pdp_model_flat(pdp_pp_model(pp), &ps, &gs);
+        ASSERT_EQ(pf.count, ps.count);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_pp_step(pp, of), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_pp_step: rank 0 (stage 0): the optimizer was not "
+                      "created on this stage's model") != NULL);
+        ASSERT(strstr(pdp_last_error(), "pdp_pp_model(pp)") != NULL);
+        for (i = 0; i < pf.count; i++) ASSERT_EQ(pf.data[i], ps.data[i]); /* neither stepped */
+        ASSERT(gs.data[0] != 0.0f || gs.data[1] != 0.0f); /* gradients kept for the retry */
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&os, pdp_pp_model(pp), &od), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_pp_step(pp, os), pdp_status_name);
+        ASSERT(pf.data[0] != ps.data[0] || pf.data[1] != ps.data[1]); /* the stage trained */
+        pdp_optim_free(os);
+        pdp_optim_free(of);
+    }
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    pp = NULL;
+    full = NULL;
+    /* a model with tensor-parallel layers: PP x TP does not exist yet */
+    {
+        pdp_model_desc md;
+        memset(&md, 0, sizeof md);
+        md.input_shape[0] = 20;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&full, &md), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_set_tp(full, c), pdp_status_name);
+        ASSERT(pdp_model_add_tp_copy(full) == PDP_OK &&
+               pdp_model_add_column_parallel_linear(full, 8) == PDP_OK &&
+               pdp_model_add_relu(full) == PDP_OK &&
+               pdp_model_add_row_parallel_linear(full, 4) == PDP_OK &&
+               pdp_model_add_tp_reduce(full) == PDP_OK && pdp_model_add_linear(full, 3) == PDP_OK);
+        pd.micro_batches = 2;
+        ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_pp_create(&pp, full, c, &pd), pdp_status_name);
+        ASSERT(pp == NULL);
+        ASSERT(strstr(pdp_last_error(), "pdp_pp_create: the model has 4 tensor-parallel layers: "
+                      "pipeline x tensor parallelism (PP x TP) is not supported") != NULL);
+    }
     pdp_pp_free(pp);
     pdp_model_free(full);
     pdp_comm_free(c);
     pdp_local_group_free(g);
+    PASS();
+}
+
+/* A pass that fails on one stage (the last stage's loss, on micro-batch 0 or m - 1): every
+   rank fails, and its message names the call, its stage and the action that failed, not
+   a message left by the clean-up that waits out the pass's other messages. */
+TEST pp_failed_pass_names_call_stage_and_action_on_every_rank(void)
+{
+    cfg k;
+    int p, sch, f, r;
+    memset(&k, 0, sizeof k);
+    k.kind = REG;
+    k.dp = 1;
+    k.m = 4;
+    k.fail_loss = true;
+    for (p = 2; p <= 3; p++)
+        for (sch = 0; sch < 2; sch++)
+            for (f = 0; f < 2; f++) {
+                k.p = p;
+                k.schedule = sch ? PDP_PP_GPIPE : PDP_PP_1F1B;
+                k.fail_mb = f ? k.m - 1 : 0;
+                run_ranks(&k, NULL, 2.0);
+                for (r = 0; r < p; r++) {
+                    char want[96];
+                    const char *msg = ctxs[r].msg;
+                    size_t n = (size_t)snprintf(want, sizeof want,
+                                                "pdp_pp_forward_backward: rank %d (stage %d): ",
+                                                r, r);
+                    if (strncmp(msg, want, n) != 0 || (msg[n] != 'F' && msg[n] != 'B') ||
+                        msg[n + 1] < '0' || msg[n + 1] > '9')
+                        fprintf(stderr, "p %d %s fail_mb %d rank %d: \"%s\"\n", p,
+                                sch ? "gpipe" : "1f1b", k.fail_mb, r, msg);
+                    ASSERT(ctxs[r].st != PDP_OK);
+                    ASSERT_EQ_FMT(0, strncmp(msg, want, n), "%d");
+                    ASSERT(msg[n] == 'F' || msg[n] == 'B');
+                    ASSERT(msg[n + 1] >= '0' && msg[n + 1] <= '9');
+                }
+                ASSERT_ENUM_EQ(PDP_ERR_NUMERIC, ctxs[p - 1].st, pdp_status_name);
+                ASSERT(strstr(ctxs[p - 1].msg, "the loss function on micro-batch") != NULL);
+            }
     PASS();
 }
 
@@ -671,6 +771,7 @@ SUITE(pp)
     RUN_TEST(pp_balance_by_parameters_and_by_time);
     RUN_TEST(pp_trace_draws_one_lane_per_stage);
     RUN_TEST(pp_errors);
+    RUN_TEST(pp_failed_pass_names_call_stage_and_action_on_every_rank);
 }
 
 GREATEST_MAIN_DEFS();
