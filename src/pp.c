@@ -22,7 +22,14 @@
    next action (one NCCL group); a receive posted by an action that sends nothing
    starts alone, right away. A receive is never started ahead of the current
    action's send: on NCCL's one stream that send would queue behind it, and the
-   receive's message may depend on it. On local and MPI starting is a no-op query. */
+   receive's message may depend on it. On local and MPI starting is a no-op query.
+
+   Clipping (pdp_pp_clip_grad_norm) needs every stage's gradients: each stage's sum of
+   squares, a double, is all-gathered bit for bit over the pipeline (two floats per
+   stage; through a device buffer on NCCL) and summed in stage order on every stage, so
+   all stages clip by the same coefficient. With desc.dp it runs after the dp average,
+   when every pipeline holds the global batch's gradients. A failed pass's clean-up
+   (pdp__pp_drain) keeps the thread's message: its waits fail only as consequences. */
 
 #include "internal.h"
 
@@ -49,6 +56,11 @@ struct pdp_pp {
     pdp_work *rwork;              /* the outstanding receive, for action rwork_act */
     int rwork_act;
     pdp_work *dp_work;            /* DP x PP: the gradients' all-reduce */
+    float norm_host[2 * PDP_PP_MAX_STAGES + 2]; /* pdp_pp_clip_grad_norm: this stage's sum
+                                                    of squares (a double's 8 bytes), then
+                                                    every stage's, gathered */
+    float *norm_dev;              /* its copy on the model's device (NCCL reduces device
+                                     memory only); NULL on the CPU */
     int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
     int64_t mb_cap;
     int64_t sample_base;          /* DP x PP: this pipeline's first row in the global batch */
@@ -318,6 +330,9 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     pp->in_buf = (float **)pdp__calloc((size_t)(pp->nslots + 1) * sizeof *pp->in_buf);
     pp->send_fwd = (pdp_work **)pdp__calloc((size_t)pp->nslots * sizeof *pp->send_fwd);
     if (!pp->in_buf || !pp->send_fwd) goto oom;
+    if (pp->m->device.kind != PDP_DEVICE_CPU &&
+        (st = pdp__dev_alloc(pp->m->device, sizeof pp->norm_host, (void **)&pp->norm_dev)))
+        goto wrap;
     if (pp->dp) { /* DP x PP: every pipeline starts from dp rank 0's stage */
         if (pp->dp->device.kind != c->device.kind || pp->dp->device.ordinal != c->device.ordinal) {
             st = pdp__err(PDP_ERR_DEVICE, "%s: dp communicator '%s' on another device", fn,
@@ -389,6 +404,7 @@ PDP_API void pdp_pp_free(pdp_pp *pp)
     pdp__pp_free_buffers(pp);
     if (pp->traced) pdp__trace_close();
     if (pp->m) pp->m->wrapped = PDP__WRAP_NONE;
+    if (pp->norm_dev) pdp__dev_free(pp->m->device, pp->norm_dev);
     pdp_model_free(pp->m);
     pdp__dealloc(pp->in_buf);
     pdp__dealloc(pp->send_fwd);
@@ -692,6 +708,59 @@ PDP_API pdp_status pdp_pp_finish(pdp_pp *pp)
     if ((st = pdp__pp_wait(&pp->dp_work)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_pp_finish: rank %d: averaging the gradients over dp",
                              pp->c->rank);
+    return PDP_OK;
+}
+
+/* The gradients' global norm: each stage's sum of squares, a double, travels bit for bit
+   (its 8 bytes as two floats of an all-gather, on the model's device for NCCL) and every
+   stage adds the p sums in stage order, so all stages hold the same double and scale by
+   the same coefficient (or all fail alike). */
+PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *total_norm)
+{
+    static const char *fn = "pdp_pp_clip_grad_norm";
+    pdp_model *m;
+    double mine = 0.0, sum = 0.0, part, norm;
+    float coef;
+    size_t gathered;
+    pdp_status st;
+    int s;
+    if (total_norm) *total_norm = 0.0f;
+    if (!pp) return pdp__err(PDP_ERR_INVALID, "%s: pp is NULL", fn);
+    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d (stage %d): max_norm %g must be finite "
+                        "and >= 0", fn, pp->c->rank, pp->stage, (double)max_norm);
+    m = pp->m;
+    if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if ((st = pdp__grad_sumsq(m, m->grad_block, m->param_count, &mine, fn)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    memcpy(pp->norm_host, &mine, sizeof mine);
+    gathered = (size_t)(2 * pp->p) * sizeof(float);
+    if (pp->norm_dev) {
+        float *recv = pp->norm_dev + 2;
+        if ((st = pdp__dev_copy(m->device, pp->norm_dev, pdp_cpu(), pp->norm_host,
+                                sizeof mine)) == PDP_OK &&
+            (st = pdp_comm_allgather(pp->c, pp->norm_dev, recv, 2, NULL)) == PDP_OK)
+            st = pdp__dev_copy(pdp_cpu(), pp->norm_host + 2, m->device, recv, gathered);
+    } else {
+        st = pdp_comm_allgather(pp->c, pp->norm_host, pp->norm_host + 2, 2, NULL);
+    }
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d): gathering the stages' squared norms",
+                             fn, pp->c->rank, pp->stage);
+    for (s = 0; s < pp->p; s++) {
+        memcpy(&part, pp->norm_host + 2 + 2 * s, sizeof part);
+        sum += part;
+    }
+    norm = sqrt(sum);
+    if (total_norm) *total_norm = (float)norm;
+    if (!isfinite(norm))
+        return pdp__err(PDP_ERR_NUMERIC, "%s: rank %d (stage %d): the gradient norm over the %d "
+                        "stages is %g", fn, pp->c->rank, pp->stage, pp->p, norm);
+    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
+    coef = (float)((double)max_norm / (norm + 1e-6));
+    if (coef >= 1.0f) return PDP_OK;
+    if ((st = pdp__grad_scale(m, m->grad_block, m->param_count, coef, fn)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
     return PDP_OK;
 }
 
