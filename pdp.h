@@ -176,8 +176,10 @@
    over NCCL (CUDA models, on the emulator in CI).
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
    prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker
-   prefix.done once every rank has succeeded (llm.c's scheme); pdp_zero_checkpoint_load
-   resumes bit-exact at the same world size, all or nothing, naming the bad file.
+   prefix.done once every rank has succeeded (llm.c's scheme), each file carrying the
+   save's run id; pdp_zero_checkpoint_load resumes bit-exact at the same world size, all
+   or nothing, naming the bad file (a file of another save too). A rank that stalls or
+   dies during a checkpoint call makes the others fail with PDP_ERR_TIMEOUT naming it.
    pdp_zero_checkpoint_consolidate writes the one file pdp_checkpoint_save writes
    for one device (PyTorch reads it); pdp_zero_checkpoint_load_full loads such a
    file into a ZeRO run at any world size and stage.
@@ -1873,14 +1875,25 @@ PDP_API int pdp_zero_num_units(const pdp_zero *z);
    rank order, S = shard_count, so its metadata names the rank, the world size
    and the step), and the marker "P.done", which rank 0 writes only after every
    rank's file is on disk (removing the old marker first: a set with a marker is
-   complete, as in llm.c). The marker holds the world size, stage, step and unit
-   plan. Load validates the marker against this run (world size, parameter
-   count, units) and every rank's file (range, step, tensors, checksums) into
-   staging buffers; only when every rank succeeded is anything copied, so a bad
-   set fails on every rank with a message naming the marker or the bad file, the
-   parameters and optimizer untouched. Resume at the same world size is
-   bit-exact; the stage may differ (the layout is the same). Every save
-   overwrites the set of its prefix (put the step in the prefix to keep several). */
+   complete, as in llm.c). The marker holds the world size, stage, step, unit
+   plan and the save's run id: 64 bits rank 0 draws at each save and sends to
+   every rank, written into every shard file too ("shard.run"), so the files of
+   two saves at the same step and world size are told apart. Load validates the
+   marker against this run (world size, parameter count, units) and every rank's
+   file (range, run id, step, tensors, checksums) into staging buffers; only when
+   every rank succeeded is anything copied, so a bad set (a file of another save
+   among them: PDP_ERR_FORMAT naming the file and both run ids) fails on every
+   rank with a message naming the marker or the bad file, the parameters and
+   optimizer untouched. A rank that stalls, exits or is killed during save, load
+   or consolidate makes the others fail with the communicator's status
+   (PDP_ERR_TIMEOUT naming the ranks that did not arrive; PDP_ERR_COMM for a
+   local rank that freed its communicator) after the call's name and what it was
+   agreeing on; such a save leaves no marker unless every shard file was written
+   (then its marker marks a complete set). Save removes the temporaries that
+   writers killed mid-save left ("<file>.tmp.<pid>" of the shard files and the
+   marker, whose pid is no live process). Resume at the same world size is
+   bit-exact; the stage may differ (the layout is the same). Every save overwrites
+   the set of its prefix (put the step in the prefix to keep several). */
 PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix);
 PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix);
 /* One full checkpoint (pdp_checkpoint_save's file: state_dict names, PyTorch
@@ -3133,6 +3146,16 @@ static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *
 static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
                                              pdp_optim *o, int64_t lo, int64_t hi,
                                              const char *fn);
+/* The same for the shards of one ZeRO save: save writes run (16 lowercase hex
+   digits, the save's id) as the shard file's "shard.run"; load accepts only a
+   shard file of exactly [lo, hi) whose "shard.run" is run, and fails with
+   PDP_ERR_FORMAT naming the file and both runs otherwise. */
+static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                           const float *params, const pdp_optim *o, int64_t lo,
+                                           int64_t hi, const char *run, const char *fn);
+static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                           const char *fn);
 
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----
@@ -16159,11 +16182,14 @@ static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, co
    of the flat block as a shard file: flat F32 tensors "params" and
    "optim.<state>" ([hi - lo] each, either may be left out), __metadata__
    "format": "pdp-shard", "shard.lo", "shard.hi", "shard.count" (the model's
-   parameter count) and the same model and optimizer keys as a full file.
-   pdp__checkpoint_load_range reads a shard file of exactly that range, or the
-   slice [lo, hi) of a full checkpoint (every tensor still checked; the ones
-   the slice touches are read whole to verify their checksums). The public
-   load refuses a shard file; the public save and load refuse a range
+   parameter count), "shard.run" when the caller names the save it belongs to
+   (pdp__checkpoint_save_run: 16 hex digits, every shard of one ZeRO save and
+   its marker carry the same) and the same model and optimizer keys as a full
+   file. pdp__checkpoint_load_range reads a shard file of exactly that range, or
+   the slice [lo, hi) of a full checkpoint (every tensor still checked; the ones
+   the slice touches are read whole to verify their checksums);
+   pdp__checkpoint_load_run reads only a shard file of that range and that run.
+   The public load refuses a shard file; the public save and load refuse a range
    optimizer. */
 
 /* #include "internal.h" (already above) */
@@ -16376,8 +16402,8 @@ static void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool wit
    digits, crc_at[1 + t] those of tensor t's. Parameter names are
    "<layer>.<weight|bias>": nothing in them needs escaping. */
 static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                   int64_t lo, int64_t hi, bool shard, char **out, size_t *len,
-                                   size_t *crc_at)
+                                   int64_t lo, int64_t hi, bool shard, const char *run,
+                                   char **out, size_t *len, size_t *crc_at)
 {
     int nt = pdp__ckpt_ntensors(m, o, with_params, shard), t, d;
     size_t cap = 2048 + (size_t)nt * 384, n = 0;
@@ -16395,6 +16421,7 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool 
         pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.lo\":\"%lld\",\"shard.hi\":\"%lld\","
                       "\"shard.count\":\"%lld\"", (long long)lo, (long long)hi,
                       (long long)m->param_count);
+    if (shard && run) pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.run\":\"%s\"", run);
     if (o) {
         const pdp_optim_desc *dd = &o->desc;
         pdp__ckpt_put(h, cap, &n, &ok,
@@ -16557,7 +16584,7 @@ static void pdp__ckpt_remove_stale(const char *path)
    from the bytes written), then the sealed header over the first. */
 static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
                                  bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
-                                 bool shard, const char *fn)
+                                 bool shard, const char *run, const char *fn)
 {
     int nt = pdp__ckpt_ntensors(m, o, with_params, shard);
     bool staged = m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian();
@@ -16583,8 +16610,8 @@ static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const flo
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
         goto done;
     }
-    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, &header, &hlen, crc_at)) !=
-        PDP_OK) {
+    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, run, &header, &hlen,
+                               crc_at)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: %s", fn, path);
         goto done;
     }
@@ -16688,7 +16715,7 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
     const char *fn = "pdp_checkpoint_save";
     pdp_status st;
     if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
-    return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+    return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, NULL, fn);
 }
 
 /* Checks a range call's arguments: [lo, hi) inside the model, o's range
@@ -16711,13 +16738,20 @@ static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, con
     return PDP_OK;
 }
 
+static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                           const float *params, const pdp_optim *o, int64_t lo,
+                                           int64_t hi, const char *run, const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, run, fn);
+}
+
 static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
                                              const float *params, const pdp_optim *o,
                                              int64_t lo, int64_t hi, const char *fn)
 {
-    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
-    if (st != PDP_OK) return st;
-    return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, fn);
+    return pdp__checkpoint_save_run(path, m, params, o, lo, hi, NULL, fn);
 }
 
 /* ---- checkpoint: load ---- */
@@ -16941,10 +16975,11 @@ static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
 
 /* Loads the parameters [lo, hi) into params (when with_params) and o's state
    for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
-   allow_shard, from a shard file of exactly [lo, hi). */
+   allow_shard, from a shard file of exactly [lo, hi); with run, only from a
+   shard file of exactly [lo, hi) whose "shard.run" is run. */
 static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
                                  pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
-                                 const char *fn)
+                                 const char *run, const char *fn)
 {
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
@@ -16958,7 +16993,7 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
     uint64_t seed = 0, mstep = 0;
     bool have_seed = false, have_step = false, has_sums = false;
     struct stat sb;
-    const char *format;
+    const char *format, *srun;
     bool shard;
     FILE *f;
     int i, k, nstate;
@@ -17030,6 +17065,11 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
                       "not a checkpoint of the whole model", fn, path);
         goto done;
     }
+    if (run && !shard) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a shard file (\"format\" is \"%s\"), where "
+                      "the shard of run %s belongs", fn, path, format ? format : "absent", run);
+        goto done;
+    }
     if (shard) {
         uint64_t slo = 0, shi = 0, scount = 0;
         bool have[3];
@@ -17047,6 +17087,13 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
                           (unsigned long long)slo, (unsigned long long)shi,
                           (unsigned long long)scount, (long long)lo, (long long)hi,
                           (long long)m->param_count);
+            goto done;
+        }
+        srun = pdp__st_meta(&p, "shard.run");
+        if (run && (!srun || strcmp(srun, run) != 0)) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard of run %s, the set's is run %s (a "
+                          "file of another save)", fn, path, srun ? srun : "(none: no "
+                          "\"shard.run\")", run);
             goto done;
         }
     }
@@ -17157,16 +17204,24 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     const char *fn = "pdp_checkpoint_load";
     pdp_status st;
     if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
-    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, NULL,
+                          fn);
+}
+
+static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                           const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, run, fn);
 }
 
 static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
                                              pdp_optim *o, int64_t lo, int64_t hi,
                                              const char *fn)
 {
-    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
-    if (st != PDP_OK) return st;
-    return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, fn);
+    return pdp__checkpoint_load_run(path, m, params, o, lo, hi, NULL, fn);
 }
 /* ---- end src/checkpoint.c ---- */
 
@@ -19363,6 +19418,7 @@ struct pdp_zero {
     char deferred_msg[768];
     int64_t buffer_bytes, bytes_at_step, gathers, gathers_at_step;
     pdp_zero_stats stats;
+    uint64_t saves;      /* checkpoint saves begun: one input of each save's run id */
 };
 
 static int64_t pdp__zero_align(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -20116,32 +20172,71 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
    order, N S floats, S = shard_count): "params" holds the rank's parameter
    slices and "optim.<state>" its optimizer state, both in the shard's layout
    (padding zeros), so shard.lo / shard.hi / shard.count name the rank, the world
-   size and the shard size, and optim.steps the step. The marker, written by
-   rank 0 only after every rank's file is on disk, holds the plan (world size,
-   stage, step, parameter and shard counts, each unit's offset, count and slice)
-   that the load holds the run and every file to. */
+   size and the shard size, optim.steps the step, and shard.run the save. The
+   marker, written by rank 0 only after every rank's file is on disk, holds the
+   plan (world size, stage, step, parameter and shard counts, each unit's offset,
+   count and slice) that the load holds the run and every file to, and the save's
+   run id, which every shard of the set must carry: two saves at the same step
+   and world size write the same plan, and only the id tells their files apart.
+
+   The run id: 64 bits that rank 0 draws at each save (/dev/urandom when it can
+   be read, mixed with the wall and monotonic clocks in ns, the pid, the
+   executor's address and its count of saves, so two saves never share one even
+   without /dev/urandom), sent to every rank inside the first agreement, and
+   written as 16 hex digits into every shard's __metadata__ and the marker.
+
+   An agreement that fails itself (a rank stalled, exited or was killed) returns
+   the collective's status and message, which name the ranks that did not arrive
+   (PDP_ERR_TIMEOUT; PDP_ERR_COMM for a local rank that freed its communicator),
+   after the call, the rank and what it was agreeing on. */
 
 /* Every rank's verdict: bad[r] is true when rank r failed. Collective (a sum of
-   one-hot flags, on the model's device as the backend wants). */
-static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad)
+   one-hot flags, on the model's device as the backend wants). With run, rank 0's
+   *run reaches every rank (as four 16-bit pieces that only rank 0 adds to the
+   sum: exact in floats). On failure, the collective's status and message. */
+static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run)
 {
-    float flags[64], *dev = NULL;
-    int n = z->size, r;
+    float flags[64 + 4], *dev = NULL;
+    int n = z->size, r, len = run ? n + 4 : n;
     pdp_status st;
     PDP_ASSERT(n <= 64);
-    for (r = 0; r < n; r++) flags[r] = 0.0f;
+    for (r = 0; r < len; r++) flags[r] = 0.0f;
     flags[z->rank] = ok ? 0.0f : 1.0f;
+    for (r = 0; run && z->rank == 0 && r < 4; r++)
+        flags[n + r] = (float)((*run >> (16 * r)) & 0xffff);
     if (z->m->device.kind == PDP_DEVICE_CPU) {
-        st = pdp_comm_allreduce(z->c, flags, n, PDP_REDUCE_SUM, NULL);
+        st = pdp_comm_allreduce(z->c, flags, len, PDP_REDUCE_SUM, NULL);
     } else {
         if ((st = pdp__dev_alloc(z->m->device, sizeof flags, (void **)&dev)) != PDP_OK) return st;
-        if ((st = pdp__dev_copy(z->m->device, dev, pdp_cpu(), flags, (size_t)n * 4)) == PDP_OK &&
-            (st = pdp_comm_allreduce(z->c, dev, n, PDP_REDUCE_SUM, NULL)) == PDP_OK)
-            st = pdp__dev_copy(pdp_cpu(), flags, z->m->device, dev, (size_t)n * 4);
+        if ((st = pdp__dev_copy(z->m->device, dev, pdp_cpu(), flags, (size_t)len * 4)) == PDP_OK &&
+            (st = pdp_comm_allreduce(z->c, dev, len, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+            st = pdp__dev_copy(pdp_cpu(), flags, z->m->device, dev, (size_t)len * 4);
         pdp__dev_free(z->m->device, dev);
     }
     for (r = 0; r < n; r++) bad[r] = flags[r] != 0.0f;
+    if (st == PDP_OK && run)
+        for (*run = 0, r = 0; r < 4; r++) *run |= (uint64_t)flags[n + r] << (16 * r);
     return st;
+}
+
+/* A new run id (see above); rank 0 draws it once per save. */
+static uint64_t pdp__zero_run_id(pdp_zero *z)
+{
+    struct timespec wall, mono;
+    uint64_t id = 0, h;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&id, sizeof id, 1, f) != 1) id = 0;
+        fclose(f);
+    }
+    if (clock_gettime(CLOCK_REALTIME, &wall) != 0) memset(&wall, 0, sizeof wall);
+    if (clock_gettime(CLOCK_MONOTONIC, &mono) != 0) memset(&mono, 0, sizeof mono);
+    h = pdp__mix64(id ^ UINT64_C(0x9e3779b97f4a7c15));
+    h = pdp__mix64(h ^ ((uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec));
+    h = pdp__mix64(h ^ ((uint64_t)mono.tv_sec * 1000000000u + (uint64_t)mono.tv_nsec));
+    h = pdp__mix64(h ^ (uint64_t)getpid());
+    h = pdp__mix64(h ^ (uint64_t)(uintptr_t)z);
+    return pdp__mix64(h ^ ++z->saves);
 }
 
 static void pdp__zero_shard_path(char *out, size_t cap, const char *prefix, int rank)
@@ -20206,14 +20301,21 @@ static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
     return PDP_OK;
 }
 
-/* The marker's text for this run at step steps. */
-static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, char *out, size_t cap)
+/* A run id as the files hold it: 16 lowercase hex digits. */
+static void pdp__zero_run_text(uint64_t run, char out[17])
+{
+    snprintf(out, 17, "%016llx", (unsigned long long)run);
+}
+
+/* The marker's text for this executor at step steps of save run. */
+static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
+                                  size_t cap)
 {
     size_t n;
     int u;
-    n = (size_t)snprintf(out, cap, "pdp-zero-checkpoint 1\nworld_size %d\nstage %d\nstep %lld\n"
-                         "param_count %lld\nshard_count %lld\nunits %d\n", z->size, z->stage,
-                         (long long)steps, (long long)z->m->param_count,
+    n = (size_t)snprintf(out, cap, "pdp-zero-checkpoint 2\nworld_size %d\nstage %d\nstep %lld\n"
+                         "run %s\nparam_count %lld\nshard_count %lld\nunits %d\n", z->size,
+                         z->stage, (long long)steps, run, (long long)z->m->param_count,
                          (long long)z->shard_count, z->nunits);
     for (u = 0; u < z->nunits && n < cap; u++)
         n += (size_t)snprintf(out + n, cap - n, "unit %d %lld %lld %lld\n", u,
@@ -20221,13 +20323,15 @@ static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, char *out, s
                               (long long)z->units[u].s);
 }
 
-/* Writes the marker atomically (temporary, fsync, rename). */
+/* Writes the marker atomically (temporary, fsync, rename), removing first the
+   temporaries of writers killed mid-write as checkpoint.c's save does. */
 static pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
 {
     char tmp[4160];
     FILE *f;
     size_t len = strlen(text);
     int ok;
+    pdp__ckpt_remove_stale(path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (!(f = fopen(tmp, "wb")))
         return pdp__err(PDP_ERR_IO, "%s: %s: fopen failed: %s", fn, tmp, strerror(errno));
@@ -20245,12 +20349,13 @@ static pdp_status pdp__zero_write_marker(const char *path, const char *text, con
 PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix)
 {
     static const char *fn = "pdp_zero_checkpoint_save";
-    char path[4096], marker[4096], *text = NULL;
+    char path[4096], marker[4096], run[17], *text = NULL;
     float *packed = NULL;
     bool bad[64];
+    uint64_t id = 0;
     pdp_model mv;
     pdp_optim ov;
-    pdp_status st;
+    pdp_status st, ast;
     int r;
     size_t cap;
     if ((st = pdp__zero_ckpt_args(z, opt, prefix, fn)) != PDP_OK) return st;
@@ -20258,22 +20363,30 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
     pdp__zero_shard_path(path, sizeof path, prefix, z->rank);
     /* the old marker goes first: a set with a marker is always complete */
     st = PDP_OK;
-    if (z->rank == 0 && remove(marker) != 0 && errno != ENOENT)
-        st = pdp__err(PDP_ERR_IO, "%s: %s: removing the old marker failed: %s", fn, marker,
-                      strerror(errno));
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK || bad[0])
+    if (z->rank == 0) {
+        id = pdp__zero_run_id(z);
+        if (remove(marker) != 0 && errno != ENOENT)
+            st = pdp__err(PDP_ERR_IO, "%s: %s: removing the old marker failed: %s", fn, marker,
+                          strerror(errno));
+    }
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, &id)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: starting the set %s (no "
+                                                 "marker written)", fn, z->rank, prefix);
+    if (bad[0])
         return st != PDP_OK ? st : pdp__err(PDP_ERR_IO, "%s: rank 0 could not remove %s", fn,
                                             marker);
+    pdp__zero_run_text(id, run);
     if ((st = pdp__dev_alloc(z->m->device, (size_t)PDP__MAX(1, z->shard_count) * 4,
                              (void **)&packed)) == PDP_OK &&
         (st = pdp__zero_pack_params(z, packed)) == PDP_OK) {
         pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
-        st = pdp__checkpoint_save_range(path, &mv, packed, &ov, ov.lo, ov.hi, fn);
+        st = pdp__checkpoint_save_run(path, &mv, packed, &ov, ov.lo, ov.hi, run, fn);
     }
     pdp__dev_free(z->m->device, packed);
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK)
-        return pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree that the set %s is "
-                        "written (no marker)", fn, z->rank, prefix);
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: agreeing that every shard "
+                                                 "of %s is written (no marker written)", fn,
+                                                 z->rank, prefix);
     if (st != PDP_OK) return st;
     for (r = 0; r < z->size; r++)
         if (bad[r]) {
@@ -20286,25 +20399,29 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
         if (!(text = (char *)pdp__alloc(cap))) {
             st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         } else {
-            pdp__zero_marker_text(z, opt->steps, text, cap);
+            pdp__zero_marker_text(z, opt->steps, run, text, cap);
             st = pdp__zero_write_marker(marker, text, fn);
             pdp__dealloc(text);
         }
     }
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK || bad[0])
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: agreeing that the marker %s "
+                                                 "is written", fn, z->rank, marker);
+    if (bad[0])
         return st != PDP_OK ? st : pdp__err(PDP_ERR_IO, "%s: rank 0 could not write the marker "
                                             "%s", fn, marker);
     return PDP_OK;
 }
 
-/* Reads the marker and holds it to this run; *steps gets its step. */
+/* Reads the marker and holds it to this run; *steps gets its step, run its
+   run id (16 hex digits). */
 static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *steps,
-                                        const char *fn)
+                                        char run[17], const char *fn)
 {
     char *want, *have;
     size_t cap = 256 + (size_t)z->nunits * 96, n;
     long long step = 0;
-    int world = 0;
+    int world = 0, version = 0, end = 0;
     FILE *f;
     pdp_status st = PDP_OK;
     if (!(f = fopen(path, "rb")))
@@ -20321,9 +20438,16 @@ static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *
     n = fread(have, 1, cap, f);
     have[n] = '\0';
     fclose(f);
-    if (sscanf(have, "pdp-zero-checkpoint 1\nworld_size %d\nstage %*d\nstep %lld", &world,
-               &step) != 2) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a ZeRO checkpoint marker", fn, path);
+    run[0] = '\0';
+    if (sscanf(have, "pdp-zero-checkpoint %d", &version) == 1 && version != 2) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a version %d ZeRO checkpoint marker; this pdp reads "
+                      "version 2 (which names the save every shard belongs to)", fn, path,
+                      version);
+    } else if (sscanf(have, "pdp-zero-checkpoint 2\nworld_size %d\nstage %*d\nstep %lld\n"
+                      "run %16[0-9a-f]%n", &world, &step, run, &end) != 3 ||
+               strlen(run) != 16 || have[end] != '\n') {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a ZeRO checkpoint marker (its first lines "
+                      "are the version, world size, stage, step and run id)", fn, path);
     } else if (world != z->size) {
         st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the set was written by %d ranks, this run has %d "
                       "(load a consolidated checkpoint with pdp_zero_checkpoint_load_full to "
@@ -20331,7 +20455,7 @@ static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *
     } else {
         /* the same plan: everything after the stage and step lines */
         const char *a, *b;
-        pdp__zero_marker_text(z, (int64_t)step, want, cap);
+        pdp__zero_marker_text(z, (int64_t)step, run, want, cap);
         a = strstr(want, "param_count");
         b = strstr(have, "param_count");
         if (!b || strcmp(a, b) != 0)
@@ -20411,11 +20535,12 @@ static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_o
 {
     char path[4096];
     bool bad[64];
+    pdp_status ast;
     int r;
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK && st == PDP_OK)
-        st = pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree on the load; nothing "
-                      "was loaded", fn, z->rank);
-    for (r = 0; st == PDP_OK && r < z->size; r++)
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
+        st = pdp__err_wrap(ast, "%s: rank %d: agreeing that every rank read %s (nothing was "
+                           "loaded)", fn, z->rank, prefix);
+    for (r = 0; ast == PDP_OK && st == PDP_OK && r < z->size; r++)
         if (bad[r]) {
             if (full) snprintf(path, sizeof path, "%s", prefix);
             else pdp__zero_shard_path(path, sizeof path, prefix, r);
@@ -20434,7 +20559,7 @@ static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_o
 PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix)
 {
     static const char *fn = "pdp_zero_checkpoint_load";
-    char path[4096], marker[4096];
+    char path[4096], marker[4096], run[17];
     float *params = NULL, *state[2] = {NULL, NULL};
     uint64_t seed, mstep;
     int64_t steps = 0;
@@ -20447,10 +20572,10 @@ PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const c
     snprintf(marker, sizeof marker, "%s.done", prefix);
     pdp__zero_shard_path(path, sizeof path, prefix, z->rank);
     pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
-    if ((st = pdp__zero_read_marker(z, marker, &steps, fn)) == PDP_OK &&
+    if ((st = pdp__zero_read_marker(z, marker, &steps, run, fn)) == PDP_OK &&
         (st = pdp__zero_ckpt_staging(z, opt, &params, state, fn)) == PDP_OK) {
         pdp__zero_ckpt_views(z, opt, state, &mv, &ov);
-        st = pdp__checkpoint_load_range(path, &mv, params, &ov, ov.lo, ov.hi, fn);
+        st = pdp__checkpoint_load_run(path, &mv, params, &ov, ov.lo, ov.hi, run, fn);
         if (st == PDP_OK && ov.steps != steps)
             st = pdp__err(PDP_ERR_FORMAT, "%s: %s: holds step %lld, the set's marker %s says "
                           "%lld (a file of another save)", fn, path, (long long)ov.steps, marker,
@@ -20497,7 +20622,7 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     pdp_optim *full = NULL;
     float *buf = NULL;
     bool gathered = false, bad[64];
-    pdp_status st;
+    pdp_status st, cs;
     int u, k;
     if ((st = pdp__zero_ckpt_args(z, opt, path, fn)) != PDP_OK) return st;
     dev = z->m->device;
@@ -20513,7 +20638,6 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     for (k = 0; k < opt->nstate; k++)
         for (u = 0; u < z->nunits; u++) {
             const pdp__zero_unit *q = &z->units[u];
-            pdp_status cs;
             if (!buf) break;
             if (pdp__dev_copy(dev, buf + (int64_t)z->rank * q->s, dev, opt->state[k] + q->shard_off,
                               (size_t)q->s * 4) != PDP_OK && st == PDP_OK)
@@ -20538,9 +20662,9 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
         pdp__dev_free(dev, z->m->param_block);
         z->m->param_block = NULL;
     }
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK && st == PDP_OK)
-        return pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree on %s", fn, z->rank,
-                        path);
+    if ((cs = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
+        return pdp__err_wrap(cs, "%s: rank %d: agreeing that rank 0 wrote %s", fn, z->rank,
+                             path);
     if (st != PDP_OK) return st;
     if (bad[0]) return pdp__err(PDP_ERR_IO, "%s: %s: rank 0 could not write it", fn, path);
     return PDP_OK;

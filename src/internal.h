@@ -506,6 +506,16 @@ static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *
 static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
                                              pdp_optim *o, int64_t lo, int64_t hi,
                                              const char *fn);
+/* The same for the shards of one ZeRO save: save writes run (16 lowercase hex
+   digits, the save's id) as the shard file's "shard.run"; load accepts only a
+   shard file of exactly [lo, hi) whose "shard.run" is run, and fails with
+   PDP_ERR_FORMAT naming the file and both runs otherwise. */
+static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                           const float *params, const pdp_optim *o, int64_t lo,
+                                           int64_t hi, const char *run, const char *fn);
+static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                           const char *fn);
 
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----

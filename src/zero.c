@@ -75,6 +75,7 @@ struct pdp_zero {
     char deferred_msg[768];
     int64_t buffer_bytes, bytes_at_step, gathers, gathers_at_step;
     pdp_zero_stats stats;
+    uint64_t saves;      /* checkpoint saves begun: one input of each save's run id */
 };
 
 static int64_t pdp__zero_align(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -828,32 +829,71 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
    order, N S floats, S = shard_count): "params" holds the rank's parameter
    slices and "optim.<state>" its optimizer state, both in the shard's layout
    (padding zeros), so shard.lo / shard.hi / shard.count name the rank, the world
-   size and the shard size, and optim.steps the step. The marker, written by
-   rank 0 only after every rank's file is on disk, holds the plan (world size,
-   stage, step, parameter and shard counts, each unit's offset, count and slice)
-   that the load holds the run and every file to. */
+   size and the shard size, optim.steps the step, and shard.run the save. The
+   marker, written by rank 0 only after every rank's file is on disk, holds the
+   plan (world size, stage, step, parameter and shard counts, each unit's offset,
+   count and slice) that the load holds the run and every file to, and the save's
+   run id, which every shard of the set must carry: two saves at the same step
+   and world size write the same plan, and only the id tells their files apart.
+
+   The run id: 64 bits that rank 0 draws at each save (/dev/urandom when it can
+   be read, mixed with the wall and monotonic clocks in ns, the pid, the
+   executor's address and its count of saves, so two saves never share one even
+   without /dev/urandom), sent to every rank inside the first agreement, and
+   written as 16 hex digits into every shard's __metadata__ and the marker.
+
+   An agreement that fails itself (a rank stalled, exited or was killed) returns
+   the collective's status and message, which name the ranks that did not arrive
+   (PDP_ERR_TIMEOUT; PDP_ERR_COMM for a local rank that freed its communicator),
+   after the call, the rank and what it was agreeing on. */
 
 /* Every rank's verdict: bad[r] is true when rank r failed. Collective (a sum of
-   one-hot flags, on the model's device as the backend wants). */
-static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad)
+   one-hot flags, on the model's device as the backend wants). With run, rank 0's
+   *run reaches every rank (as four 16-bit pieces that only rank 0 adds to the
+   sum: exact in floats). On failure, the collective's status and message. */
+static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run)
 {
-    float flags[64], *dev = NULL;
-    int n = z->size, r;
+    float flags[64 + 4], *dev = NULL;
+    int n = z->size, r, len = run ? n + 4 : n;
     pdp_status st;
     PDP_ASSERT(n <= 64);
-    for (r = 0; r < n; r++) flags[r] = 0.0f;
+    for (r = 0; r < len; r++) flags[r] = 0.0f;
     flags[z->rank] = ok ? 0.0f : 1.0f;
+    for (r = 0; run && z->rank == 0 && r < 4; r++)
+        flags[n + r] = (float)((*run >> (16 * r)) & 0xffff);
     if (z->m->device.kind == PDP_DEVICE_CPU) {
-        st = pdp_comm_allreduce(z->c, flags, n, PDP_REDUCE_SUM, NULL);
+        st = pdp_comm_allreduce(z->c, flags, len, PDP_REDUCE_SUM, NULL);
     } else {
         if ((st = pdp__dev_alloc(z->m->device, sizeof flags, (void **)&dev)) != PDP_OK) return st;
-        if ((st = pdp__dev_copy(z->m->device, dev, pdp_cpu(), flags, (size_t)n * 4)) == PDP_OK &&
-            (st = pdp_comm_allreduce(z->c, dev, n, PDP_REDUCE_SUM, NULL)) == PDP_OK)
-            st = pdp__dev_copy(pdp_cpu(), flags, z->m->device, dev, (size_t)n * 4);
+        if ((st = pdp__dev_copy(z->m->device, dev, pdp_cpu(), flags, (size_t)len * 4)) == PDP_OK &&
+            (st = pdp_comm_allreduce(z->c, dev, len, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+            st = pdp__dev_copy(pdp_cpu(), flags, z->m->device, dev, (size_t)len * 4);
         pdp__dev_free(z->m->device, dev);
     }
     for (r = 0; r < n; r++) bad[r] = flags[r] != 0.0f;
+    if (st == PDP_OK && run)
+        for (*run = 0, r = 0; r < 4; r++) *run |= (uint64_t)flags[n + r] << (16 * r);
     return st;
+}
+
+/* A new run id (see above); rank 0 draws it once per save. */
+static uint64_t pdp__zero_run_id(pdp_zero *z)
+{
+    struct timespec wall, mono;
+    uint64_t id = 0, h;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&id, sizeof id, 1, f) != 1) id = 0;
+        fclose(f);
+    }
+    if (clock_gettime(CLOCK_REALTIME, &wall) != 0) memset(&wall, 0, sizeof wall);
+    if (clock_gettime(CLOCK_MONOTONIC, &mono) != 0) memset(&mono, 0, sizeof mono);
+    h = pdp__mix64(id ^ UINT64_C(0x9e3779b97f4a7c15));
+    h = pdp__mix64(h ^ ((uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec));
+    h = pdp__mix64(h ^ ((uint64_t)mono.tv_sec * 1000000000u + (uint64_t)mono.tv_nsec));
+    h = pdp__mix64(h ^ (uint64_t)getpid());
+    h = pdp__mix64(h ^ (uint64_t)(uintptr_t)z);
+    return pdp__mix64(h ^ ++z->saves);
 }
 
 static void pdp__zero_shard_path(char *out, size_t cap, const char *prefix, int rank)
@@ -918,14 +958,21 @@ static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
     return PDP_OK;
 }
 
-/* The marker's text for this run at step steps. */
-static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, char *out, size_t cap)
+/* A run id as the files hold it: 16 lowercase hex digits. */
+static void pdp__zero_run_text(uint64_t run, char out[17])
+{
+    snprintf(out, 17, "%016llx", (unsigned long long)run);
+}
+
+/* The marker's text for this executor at step steps of save run. */
+static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
+                                  size_t cap)
 {
     size_t n;
     int u;
-    n = (size_t)snprintf(out, cap, "pdp-zero-checkpoint 1\nworld_size %d\nstage %d\nstep %lld\n"
-                         "param_count %lld\nshard_count %lld\nunits %d\n", z->size, z->stage,
-                         (long long)steps, (long long)z->m->param_count,
+    n = (size_t)snprintf(out, cap, "pdp-zero-checkpoint 2\nworld_size %d\nstage %d\nstep %lld\n"
+                         "run %s\nparam_count %lld\nshard_count %lld\nunits %d\n", z->size,
+                         z->stage, (long long)steps, run, (long long)z->m->param_count,
                          (long long)z->shard_count, z->nunits);
     for (u = 0; u < z->nunits && n < cap; u++)
         n += (size_t)snprintf(out + n, cap - n, "unit %d %lld %lld %lld\n", u,
@@ -933,13 +980,15 @@ static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, char *out, s
                               (long long)z->units[u].s);
 }
 
-/* Writes the marker atomically (temporary, fsync, rename). */
+/* Writes the marker atomically (temporary, fsync, rename), removing first the
+   temporaries of writers killed mid-write as checkpoint.c's save does. */
 static pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
 {
     char tmp[4160];
     FILE *f;
     size_t len = strlen(text);
     int ok;
+    pdp__ckpt_remove_stale(path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (!(f = fopen(tmp, "wb")))
         return pdp__err(PDP_ERR_IO, "%s: %s: fopen failed: %s", fn, tmp, strerror(errno));
@@ -957,12 +1006,13 @@ static pdp_status pdp__zero_write_marker(const char *path, const char *text, con
 PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix)
 {
     static const char *fn = "pdp_zero_checkpoint_save";
-    char path[4096], marker[4096], *text = NULL;
+    char path[4096], marker[4096], run[17], *text = NULL;
     float *packed = NULL;
     bool bad[64];
+    uint64_t id = 0;
     pdp_model mv;
     pdp_optim ov;
-    pdp_status st;
+    pdp_status st, ast;
     int r;
     size_t cap;
     if ((st = pdp__zero_ckpt_args(z, opt, prefix, fn)) != PDP_OK) return st;
@@ -970,22 +1020,30 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
     pdp__zero_shard_path(path, sizeof path, prefix, z->rank);
     /* the old marker goes first: a set with a marker is always complete */
     st = PDP_OK;
-    if (z->rank == 0 && remove(marker) != 0 && errno != ENOENT)
-        st = pdp__err(PDP_ERR_IO, "%s: %s: removing the old marker failed: %s", fn, marker,
-                      strerror(errno));
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK || bad[0])
+    if (z->rank == 0) {
+        id = pdp__zero_run_id(z);
+        if (remove(marker) != 0 && errno != ENOENT)
+            st = pdp__err(PDP_ERR_IO, "%s: %s: removing the old marker failed: %s", fn, marker,
+                          strerror(errno));
+    }
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, &id)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: starting the set %s (no "
+                                                 "marker written)", fn, z->rank, prefix);
+    if (bad[0])
         return st != PDP_OK ? st : pdp__err(PDP_ERR_IO, "%s: rank 0 could not remove %s", fn,
                                             marker);
+    pdp__zero_run_text(id, run);
     if ((st = pdp__dev_alloc(z->m->device, (size_t)PDP__MAX(1, z->shard_count) * 4,
                              (void **)&packed)) == PDP_OK &&
         (st = pdp__zero_pack_params(z, packed)) == PDP_OK) {
         pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
-        st = pdp__checkpoint_save_range(path, &mv, packed, &ov, ov.lo, ov.hi, fn);
+        st = pdp__checkpoint_save_run(path, &mv, packed, &ov, ov.lo, ov.hi, run, fn);
     }
     pdp__dev_free(z->m->device, packed);
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK)
-        return pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree that the set %s is "
-                        "written (no marker)", fn, z->rank, prefix);
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: agreeing that every shard "
+                                                 "of %s is written (no marker written)", fn,
+                                                 z->rank, prefix);
     if (st != PDP_OK) return st;
     for (r = 0; r < z->size; r++)
         if (bad[r]) {
@@ -998,25 +1056,29 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
         if (!(text = (char *)pdp__alloc(cap))) {
             st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         } else {
-            pdp__zero_marker_text(z, opt->steps, text, cap);
+            pdp__zero_marker_text(z, opt->steps, run, text, cap);
             st = pdp__zero_write_marker(marker, text, fn);
             pdp__dealloc(text);
         }
     }
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK || bad[0])
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: agreeing that the marker %s "
+                                                 "is written", fn, z->rank, marker);
+    if (bad[0])
         return st != PDP_OK ? st : pdp__err(PDP_ERR_IO, "%s: rank 0 could not write the marker "
                                             "%s", fn, marker);
     return PDP_OK;
 }
 
-/* Reads the marker and holds it to this run; *steps gets its step. */
+/* Reads the marker and holds it to this run; *steps gets its step, run its
+   run id (16 hex digits). */
 static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *steps,
-                                        const char *fn)
+                                        char run[17], const char *fn)
 {
     char *want, *have;
     size_t cap = 256 + (size_t)z->nunits * 96, n;
     long long step = 0;
-    int world = 0;
+    int world = 0, version = 0, end = 0;
     FILE *f;
     pdp_status st = PDP_OK;
     if (!(f = fopen(path, "rb")))
@@ -1033,9 +1095,16 @@ static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *
     n = fread(have, 1, cap, f);
     have[n] = '\0';
     fclose(f);
-    if (sscanf(have, "pdp-zero-checkpoint 1\nworld_size %d\nstage %*d\nstep %lld", &world,
-               &step) != 2) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a ZeRO checkpoint marker", fn, path);
+    run[0] = '\0';
+    if (sscanf(have, "pdp-zero-checkpoint %d", &version) == 1 && version != 2) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a version %d ZeRO checkpoint marker; this pdp reads "
+                      "version 2 (which names the save every shard belongs to)", fn, path,
+                      version);
+    } else if (sscanf(have, "pdp-zero-checkpoint 2\nworld_size %d\nstage %*d\nstep %lld\n"
+                      "run %16[0-9a-f]%n", &world, &step, run, &end) != 3 ||
+               strlen(run) != 16 || have[end] != '\n') {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a ZeRO checkpoint marker (its first lines "
+                      "are the version, world size, stage, step and run id)", fn, path);
     } else if (world != z->size) {
         st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the set was written by %d ranks, this run has %d "
                       "(load a consolidated checkpoint with pdp_zero_checkpoint_load_full to "
@@ -1043,7 +1112,7 @@ static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *
     } else {
         /* the same plan: everything after the stage and step lines */
         const char *a, *b;
-        pdp__zero_marker_text(z, (int64_t)step, want, cap);
+        pdp__zero_marker_text(z, (int64_t)step, run, want, cap);
         a = strstr(want, "param_count");
         b = strstr(have, "param_count");
         if (!b || strcmp(a, b) != 0)
@@ -1123,11 +1192,12 @@ static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_o
 {
     char path[4096];
     bool bad[64];
+    pdp_status ast;
     int r;
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK && st == PDP_OK)
-        st = pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree on the load; nothing "
-                      "was loaded", fn, z->rank);
-    for (r = 0; st == PDP_OK && r < z->size; r++)
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
+        st = pdp__err_wrap(ast, "%s: rank %d: agreeing that every rank read %s (nothing was "
+                           "loaded)", fn, z->rank, prefix);
+    for (r = 0; ast == PDP_OK && st == PDP_OK && r < z->size; r++)
         if (bad[r]) {
             if (full) snprintf(path, sizeof path, "%s", prefix);
             else pdp__zero_shard_path(path, sizeof path, prefix, r);
@@ -1146,7 +1216,7 @@ static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_o
 PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix)
 {
     static const char *fn = "pdp_zero_checkpoint_load";
-    char path[4096], marker[4096];
+    char path[4096], marker[4096], run[17];
     float *params = NULL, *state[2] = {NULL, NULL};
     uint64_t seed, mstep;
     int64_t steps = 0;
@@ -1159,10 +1229,10 @@ PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const c
     snprintf(marker, sizeof marker, "%s.done", prefix);
     pdp__zero_shard_path(path, sizeof path, prefix, z->rank);
     pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
-    if ((st = pdp__zero_read_marker(z, marker, &steps, fn)) == PDP_OK &&
+    if ((st = pdp__zero_read_marker(z, marker, &steps, run, fn)) == PDP_OK &&
         (st = pdp__zero_ckpt_staging(z, opt, &params, state, fn)) == PDP_OK) {
         pdp__zero_ckpt_views(z, opt, state, &mv, &ov);
-        st = pdp__checkpoint_load_range(path, &mv, params, &ov, ov.lo, ov.hi, fn);
+        st = pdp__checkpoint_load_run(path, &mv, params, &ov, ov.lo, ov.hi, run, fn);
         if (st == PDP_OK && ov.steps != steps)
             st = pdp__err(PDP_ERR_FORMAT, "%s: %s: holds step %lld, the set's marker %s says "
                           "%lld (a file of another save)", fn, path, (long long)ov.steps, marker,
@@ -1209,7 +1279,7 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     pdp_optim *full = NULL;
     float *buf = NULL;
     bool gathered = false, bad[64];
-    pdp_status st;
+    pdp_status st, cs;
     int u, k;
     if ((st = pdp__zero_ckpt_args(z, opt, path, fn)) != PDP_OK) return st;
     dev = z->m->device;
@@ -1225,7 +1295,6 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     for (k = 0; k < opt->nstate; k++)
         for (u = 0; u < z->nunits; u++) {
             const pdp__zero_unit *q = &z->units[u];
-            pdp_status cs;
             if (!buf) break;
             if (pdp__dev_copy(dev, buf + (int64_t)z->rank * q->s, dev, opt->state[k] + q->shard_off,
                               (size_t)q->s * 4) != PDP_OK && st == PDP_OK)
@@ -1250,9 +1319,9 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
         pdp__dev_free(dev, z->m->param_block);
         z->m->param_block = NULL;
     }
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK && st == PDP_OK)
-        return pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree on %s", fn, z->rank,
-                        path);
+    if ((cs = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
+        return pdp__err_wrap(cs, "%s: rank %d: agreeing that rank 0 wrote %s", fn, z->rank,
+                             path);
     if (st != PDP_OK) return st;
     if (bad[0]) return pdp__err(PDP_ERR_IO, "%s: %s: rank 0 could not write it", fn, path);
     return PDP_OK;

@@ -153,14 +153,25 @@ PDP_API int pdp_zero_num_units(const pdp_zero *z);
    rank order, S = shard_count, so its metadata names the rank, the world size
    and the step), and the marker "P.done", which rank 0 writes only after every
    rank's file is on disk (removing the old marker first: a set with a marker is
-   complete, as in llm.c). The marker holds the world size, stage, step and unit
-   plan. Load validates the marker against this run (world size, parameter
-   count, units) and every rank's file (range, step, tensors, checksums) into
-   staging buffers; only when every rank succeeded is anything copied, so a bad
-   set fails on every rank with a message naming the marker or the bad file, the
-   parameters and optimizer untouched. Resume at the same world size is
-   bit-exact; the stage may differ (the layout is the same). Every save
-   overwrites the set of its prefix (put the step in the prefix to keep several). */
+   complete, as in llm.c). The marker holds the world size, stage, step, unit
+   plan and the save's run id: 64 bits rank 0 draws at each save and sends to
+   every rank, written into every shard file too ("shard.run"), so the files of
+   two saves at the same step and world size are told apart. Load validates the
+   marker against this run (world size, parameter count, units) and every rank's
+   file (range, run id, step, tensors, checksums) into staging buffers; only when
+   every rank succeeded is anything copied, so a bad set (a file of another save
+   among them: PDP_ERR_FORMAT naming the file and both run ids) fails on every
+   rank with a message naming the marker or the bad file, the parameters and
+   optimizer untouched. A rank that stalls, exits or is killed during save, load
+   or consolidate makes the others fail with the communicator's status
+   (PDP_ERR_TIMEOUT naming the ranks that did not arrive; PDP_ERR_COMM for a
+   local rank that freed its communicator) after the call's name and what it was
+   agreeing on; such a save leaves no marker unless every shard file was written
+   (then its marker marks a complete set). Save removes the temporaries that
+   writers killed mid-save left ("<file>.tmp.<pid>" of the shard files and the
+   marker, whose pid is no live process). Resume at the same world size is
+   bit-exact; the stage may differ (the layout is the same). Every save overwrites
+   the set of its prefix (put the step in the prefix to keep several). */
 PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix);
 PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix);
 /* One full checkpoint (pdp_checkpoint_save's file: state_dict names, PyTorch

@@ -20,19 +20,38 @@
    parameters and state byte for byte, Python's safetensors reads it with the
    state_dict names, and it loads into a ZeRO run at another N and stage (whose
    consolidation writes the same bytes again); bad sets (wrong N, a missing rank
-   file, a file of another step, no marker, a shard file as a full one) fail on
-   every rank naming the file, parameters and optimizer untouched. */
+   file, a file of another step, no marker, a shard file as a full one, a file or
+   the marker of another run saved at the same step and world size) fail on every
+   rank naming the file, parameters and optimizer untouched. A rank that stalls
+   (before the call, or inside it at an allocation between two agreements) or
+   frees its communicator during save, load or consolidate makes the others fail
+   with the communicator's status naming it, at each agreement. A save removes
+   the marker temporary of a dead writer. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-/* Allocation accounting: a count, and per thread the live bytes and a budget (0: none). */
+/* Waits (1 ms naps, at most 10 s) until *v reaches need. */
+static void wait_for_count(atomic_int *v, int need)
+{
+    struct timespec nap = {0, 1000000};
+    int i;
+    for (i = 0; i < 10000 && atomic_load(v) < need; i++) nanosleep(&nap, NULL);
+}
+
+/* Allocation accounting: a count, and per thread the live bytes and a budget (0: none).
+   Fault injection: a thread stalls in its allocation number thread_stall_at (0: none)
+   until *thread_stall_until reaches thread_stall_need (the checkpoint agreement tests). */
 static atomic_long test_allocs;
-static __thread long long thread_live, thread_budget, thread_allocs;
+static __thread long long thread_live, thread_budget, thread_allocs, thread_stall_at;
+static __thread atomic_int *thread_stall_until;
+static __thread int thread_stall_need;
 typedef struct alloc_head {
     long long *owner;
     size_t bytes;
@@ -43,6 +62,10 @@ static void *test_malloc(size_t n)
     alloc_head *h;
     atomic_fetch_add(&test_allocs, 1);
     thread_allocs++;
+    if (thread_stall_at && thread_allocs == thread_stall_at) {
+        thread_stall_at = 0;
+        wait_for_count(thread_stall_until, thread_stall_need);
+    }
     if (thread_budget && thread_live + (long long)n > thread_budget) return NULL;
     h = (alloc_head *)malloc(sizeof *h + n);
     if (!h) return NULL;
@@ -687,7 +710,8 @@ TEST zero_absent_rank_times_out_naming_collective_unit_and_rank(void)
 typedef struct ckpt_job {
     int n, stage;
     bool adam;
-    int train_before;        /* steps on batches 0.. */
+    int train_before;        /* steps on batches first_before.. */
+    int first_before;        /* 0 unless a run should train on other batches */
     const char *save;        /* a set saved after them */
     const char *load;        /* a set loaded (after train_before) */
     const char *load_full;   /* a full checkpoint loaded */
@@ -751,7 +775,7 @@ static void *ckpt_rank_main(void *arg)
         (ctx->st = build_model(&m, r == 0 ? 1 : 50 + (uint64_t)r, 16)) ||
         (ctx->st = pdp_zero_create(&z, m, c, &zd)) ||
         (ctx->st = pdp_zero_optim_create(&o, z, &od)) ||
-        (ctx->st = ckpt_train(z, o, job->n, r, 0, job->train_before)) ||
+        (ctx->st = ckpt_train(z, o, job->n, r, job->first_before, job->train_before)) ||
         (job->save && (ctx->st = pdp_zero_checkpoint_save(z, o, job->save))) ||
         (ctx->st = pdp_zero_gather_params(z, ctx->before)))
         goto out;
@@ -1068,6 +1092,337 @@ TEST zero_checkpoint_bad_sets_fail_naming_the_file(void)
     PASS();
 }
 
+/* ---- checkpoints: a set is one save ---- */
+
+/* The run id of a set's marker ("run <16 hex digits>"), into id[17]; false when absent. */
+static bool marker_run(const char *prefix, char *id)
+{
+    char path[600];
+    long len;
+    unsigned char *p;
+    const char *at;
+    bool ok;
+    snprintf(path, sizeof path, "%s.done", prefix);
+    p = slurp(path, &len);
+    at = p ? strstr((const char *)p, "\nrun ") : NULL;
+    ok = at && sscanf(at, "\nrun %16[0-9a-f]", id) == 1 && strlen(id) == 16;
+    free(p);
+    return ok;
+}
+
+/* Two runs saved at the same step and world size (the same model, other batches):
+   each set loads; a copy of one with the other's rank 1 file, or with the other's
+   marker, fails on every rank naming the file, the file's run and the set's. */
+TEST zero_checkpoint_shard_of_another_run_refused(void)
+{
+    static ckpt_rank ctx[MAXR];
+    char a[512], bb[512], s[512], f[600], f2[600], ida[17], idb[17];
+    ckpt_job job;
+    int r;
+    tmp_path(a, "runA");
+    tmp_path(bb, "runB");
+    memset(&job, 0, sizeof job);
+    job.n = 2;
+    job.stage = 2;
+    job.adam = true;
+    job.train_before = 1;
+    job.save = a;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].msg, ctx[r].st == PDP_OK);
+    job.first_before = 5;
+    job.save = bb;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].msg, ctx[r].st == PDP_OK);
+    ASSERT(marker_run(a, ida) && marker_run(bb, idb));
+    ASSERT(strcmp(ida, idb) != 0);
+    snprintf(f, sizeof f, "%s.rank1.safetensors", a);
+    snprintf(f2, sizeof f2, "%s.rank1.safetensors", bb);
+    ASSERTm("the two runs trained alike", !same_files(f, f2));
+    /* the controls: each set loads */
+    memset(&job, 0, sizeof job);
+    job.n = 2;
+    job.stage = 2;
+    job.adam = true;
+    job.train_before = 1;
+    job.first_before = 9; /* something to leave untouched, at step 1 too */
+    job.load = a;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].load_msg, ctx[r].load_st == PDP_OK);
+    job.load = bb;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].load_msg, ctx[r].load_st == PDP_OK);
+    /* set A with run B's rank 1 file */
+    tmp_path(s, "runmix");
+    ASSERT(copy_set(a, s, 2));
+    snprintf(f, sizeof f, "%s.rank1.safetensors", s);
+    ASSERT(copy_file(f2, f));
+    job.load = s;
+    CHECK_CALL(check_bad_load(&job, ctx, f));
+    ASSERTm(ctx[1].load_msg, ctx[1].load_st == PDP_ERR_FORMAT);
+    ASSERTm(ctx[1].load_msg, strstr(ctx[1].load_msg, ida) && strstr(ctx[1].load_msg, idb));
+    /* set A's files with run B's marker: every rank names its own file and both runs */
+    tmp_path(s, "runmixmarker");
+    ASSERT(copy_set(a, s, 2));
+    snprintf(f, sizeof f, "%s.done", s);
+    snprintf(f2, sizeof f2, "%s.done", bb);
+    ASSERT(copy_file(f2, f));
+    job.load = s;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) {
+        snprintf(f, sizeof f, "%s.rank%d.safetensors", s, r);
+        ASSERT_ENUM_EQm(ctx[r].load_msg, PDP_ERR_FORMAT, ctx[r].load_st, pdp_status_name);
+        ASSERTm(ctx[r].load_msg, strstr(ctx[r].load_msg, f) != NULL);
+        ASSERTm(ctx[r].load_msg, strstr(ctx[r].load_msg, ida) && strstr(ctx[r].load_msg, idb));
+        ASSERT(memcmp(ctx[r].before, ctx[r].after_load, (size_t)ctx[r].count * 4) == 0);
+    }
+    PASS();
+}
+
+/* A pid that was a process and is no more (reaped). */
+static pid_t dead_pid(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    if (pid > 0) waitpid(pid, NULL, 0);
+    return pid;
+}
+
+/* The marker's temporary "<prefix>.done.tmp.<pid>" of a writer killed mid-write is
+   removed by the next save of the set, as the shard files' temporaries are; a live
+   writer's (the parent's pid) is kept. */
+TEST zero_checkpoint_save_removes_a_dead_writers_marker_temporary(void)
+{
+    static ckpt_rank ctx[MAXR];
+    char pre[512], dead[600], live[600], marker[600];
+    pid_t dpid = dead_pid();
+    ckpt_job job;
+    FILE *f;
+    int r;
+    ASSERT(dpid > 0);
+    tmp_path(pre, "stale");
+    snprintf(dead, sizeof dead, "%s.done.tmp.%ld", pre, (long)dpid);
+    snprintf(live, sizeof live, "%s.done.tmp.%ld", pre, (long)getppid());
+    snprintf(marker, sizeof marker, "%s.done", pre);
+    ASSERT((f = fopen(dead, "wb")) != NULL && fclose(f) == 0);
+    ASSERT((f = fopen(live, "wb")) != NULL && fclose(f) == 0);
+    memset(&job, 0, sizeof job);
+    job.n = 2;
+    job.stage = 1;
+    job.train_before = 1;
+    job.save = pre;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].msg, ctx[r].st == PDP_OK);
+    ASSERTm("a dead writer's marker temporary was kept", access(dead, F_OK) != 0);
+    ASSERTm("a live writer's marker temporary was removed", access(live, F_OK) == 0);
+    ASSERT(access(marker, F_OK) == 0);
+    ASSERT_EQ(0, remove(live));
+    PASS();
+}
+
+/* ---- checkpoints: a rank that stalls or leaves during save, load or consolidate ---- */
+
+enum { OP_SAVE, OP_LOAD, OP_CONSOLIDATE };
+#define FAULT_TIMEOUT_S 0.5 /* the group's timeout in the faulty runs: each costs about this */
+enum { FAULT_NONE, FAULT_STALL_BEFORE, FAULT_STALL_AT_ALLOC, FAULT_LEAVE };
+
+typedef struct fault_job {
+    int n, op, kind;
+    int rank;           /* the faulty rank */
+    long long alloc;    /* FAULT_STALL_AT_ALLOC: its allocation number in the call */
+    const char *path;   /* the set's prefix, or consolidate's file */
+} fault_job;
+
+typedef struct fault_rank {
+    pdp_local_group *g;
+    const fault_job *job;
+    atomic_int *returned; /* ranks back from the call (or gone) */
+    int rank;
+    pdp_status st, op_st;
+    char msg[1024], op_msg[1024];
+    double elapsed;
+    long long allocs;   /* the call's allocations on this thread */
+} fault_rank;
+
+static void *fault_rank_main(void *arg)
+{
+    fault_rank *ctx = (fault_rank *)arg;
+    const fault_job *job = ctx->job;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    pdp_optim_desc od;
+    config cf;
+    int r = ctx->rank;
+    bool faulty = r == job->rank;
+    double t0;
+    long long a0;
+    memset(&cf, 0, sizeof cf);
+    cf.adam = true;
+    od = optim_of(&cf);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 2;
+    zd.bucket_cap_mb = 0.001;
+    zd.first_bucket_mb = 0.001;
+    ctx->op_st = PDP_OK;
+    if ((ctx->st = pdp_comm_create_local(&c, ctx->g, r)) ||
+        (ctx->st = build_model(&m, 1, 16)) || (ctx->st = pdp_zero_create(&z, m, c, &zd)) ||
+        (ctx->st = pdp_zero_optim_create(&o, z, &od)))
+        goto out; /* no training: the fewer collectives under the short timeout, the better */
+    if (faulty && job->kind == FAULT_LEAVE) goto out; /* frees its communicator */
+    if (faulty && job->kind == FAULT_STALL_BEFORE)
+        wait_for_count(ctx->returned, job->n - 1);
+    if (faulty && job->kind == FAULT_STALL_AT_ALLOC) {
+        thread_stall_at = thread_allocs + job->alloc;
+        thread_stall_until = ctx->returned;
+        thread_stall_need = job->n - 1;
+    }
+    t0 = pdp__now();
+    a0 = thread_allocs;
+    ctx->op_st = job->op == OP_SAVE   ? pdp_zero_checkpoint_save(z, o, job->path)
+                 : job->op == OP_LOAD ? pdp_zero_checkpoint_load(z, o, job->path)
+                                      : pdp_zero_checkpoint_consolidate(z, o, job->path);
+    ctx->elapsed = pdp__now() - t0;
+    ctx->allocs = thread_allocs - a0;
+    thread_stall_at = 0;
+    if (ctx->op_st) snprintf(ctx->op_msg, sizeof ctx->op_msg, "%s", pdp_last_error());
+out:
+    if (ctx->st) snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    atomic_fetch_add(ctx->returned, 1);
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static void run_fault(const fault_job *job, double timeout_s, fault_rank *ctx)
+{
+    pthread_t t[MAXR];
+    pdp_local_group *g = NULL;
+    pdp_comm_desc cd;
+    atomic_int returned;
+    int r;
+    atomic_init(&returned, 0);
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = timeout_s;
+    cd.name = "zero-fault";
+    pdp_local_group_create(&g, job->n, &cd);
+    for (r = 0; r < job->n; r++) {
+        memset(&ctx[r], 0, sizeof ctx[r]);
+        ctx[r].g = g;
+        ctx[r].job = job;
+        ctx[r].rank = r;
+        ctx[r].returned = &returned;
+        pthread_create(&t[r], NULL, fault_rank_main, &ctx[r]);
+    }
+    for (r = 0; r < job->n; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+}
+
+/* One fault: every other rank fails with status want (the collective's), its message
+   starting with the call and naming what it was agreeing on (where) and the faulty
+   rank (who), within the timeout and a few seconds; the faulty rank returns too. */
+static enum greatest_test_res check_fault(const fault_job *job, pdp_status want,
+                                          const char *where, const char *who)
+{
+    static fault_rank ctx[MAXR];
+    static const char *const names[] = {"pdp_zero_checkpoint_save", "pdp_zero_checkpoint_load",
+                                        "pdp_zero_checkpoint_consolidate"};
+    int r;
+    run_fault(job, FAULT_TIMEOUT_S, ctx);
+    for (r = 0; r < job->n; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+        if (r == job->rank) {
+            ASSERTm("the faulty rank's call succeeded", job->kind == FAULT_LEAVE ||
+                                                           ctx[r].op_st != PDP_OK);
+            continue;
+        }
+        if (ctx[r].op_st != want || strstr(ctx[r].op_msg, names[job->op]) != ctx[r].op_msg ||
+            !strstr(ctx[r].op_msg, where) || !strstr(ctx[r].op_msg, who)) {
+            fprintf(stderr, "op %d fault %d, rank %d: %s \"%s\" (want %s naming \"%s\" and "
+                    "\"%s\")\n", job->op, job->kind, r, pdp_status_name(ctx[r].op_st),
+                    ctx[r].op_msg, pdp_status_name(want), where, who);
+            FAIL();
+        }
+        ASSERT(ctx[r].elapsed < 5.0);
+    }
+    PASS();
+}
+
+/* The ranks' agreements in save, load and consolidate, with rank 1 stalled (before the
+   call, or in its first allocation in it: after the first agreement) or rank 0 stalled
+   in its last allocation in the call (after the shard files were agreed, before the
+   marker is; after the gathers in consolidate), or rank 1 gone: the others fail with
+   PDP_ERR_TIMEOUT naming the rank that did not arrive (PDP_ERR_COMM for a rank that
+   freed its communicator), not with an I/O error. */
+TEST zero_checkpoint_absent_rank_times_out_naming_it(void)
+{
+    static fault_rank clean[MAXR];
+    char pre[512], full[512];
+    fault_job job;
+    long long save_allocs, consolidate_allocs;
+    int r;
+    tmp_path(pre, "fault");
+    tmp_path(full, "fault_full.safetensors");
+    memset(&job, 0, sizeof job);
+    job.n = 3;
+    job.rank = -1;
+    /* clean runs: the set to load, and rank 0's allocations in save and consolidate */
+    job.op = OP_SAVE;
+    job.path = pre;
+    run_fault(&job, 20.0, clean);
+    for (r = 0; r < 3; r++) ASSERTm(clean[r].op_msg, clean[r].st == PDP_OK && !clean[r].op_st);
+    save_allocs = clean[0].allocs;
+    job.op = OP_CONSOLIDATE;
+    job.path = full;
+    run_fault(&job, 20.0, clean);
+    for (r = 0; r < 3; r++) ASSERTm(clean[r].op_msg, clean[r].st == PDP_OK && !clean[r].op_st);
+    consolidate_allocs = clean[0].allocs;
+    ASSERT(save_allocs > 0 && consolidate_allocs > 0);
+
+    job.op = OP_SAVE;
+    job.path = pre;
+    job.rank = 1;
+    job.kind = FAULT_STALL_BEFORE;
+    CHECK_CALL(check_fault(&job, PDP_ERR_TIMEOUT, "starting the set", "from rank 1 (last seen"));
+    job.kind = FAULT_STALL_AT_ALLOC;
+    job.alloc = 1;
+    CHECK_CALL(check_fault(&job, PDP_ERR_TIMEOUT, "agreeing that every shard",
+                           "from rank 1 (last seen"));
+    job.rank = 0;
+    job.alloc = save_allocs;
+    CHECK_CALL(check_fault(&job, PDP_ERR_TIMEOUT, "agreeing that the marker",
+                           "from rank 0 (last seen"));
+    job.rank = 1;
+    job.kind = FAULT_LEAVE;
+    CHECK_CALL(check_fault(&job, PDP_ERR_COMM, "starting the set", "rank 1 left the group"));
+
+    /* the set to load again: the last save removed its marker and then stopped */
+    job.kind = FAULT_NONE;
+    job.rank = -1;
+    run_fault(&job, 20.0, clean);
+    for (r = 0; r < 3; r++) ASSERTm(clean[r].op_msg, !clean[r].op_st);
+    job.op = OP_LOAD;
+    job.rank = 1;
+    job.kind = FAULT_STALL_BEFORE;
+    CHECK_CALL(check_fault(&job, PDP_ERR_TIMEOUT, "agreeing that every rank read",
+                           "from rank 1 (last seen"));
+    job.kind = FAULT_LEAVE;
+    CHECK_CALL(check_fault(&job, PDP_ERR_COMM, "agreeing that every rank read",
+                           "rank 1 left the group"));
+
+    job.op = OP_CONSOLIDATE;
+    job.path = full;
+    job.rank = 0;
+    job.kind = FAULT_STALL_AT_ALLOC;
+    job.alloc = consolidate_allocs;
+    CHECK_CALL(check_fault(&job, PDP_ERR_TIMEOUT, "agreeing that rank 0 wrote",
+                           "from rank 0 (last seen"));
+    PASS();
+}
+
 /* ---- misuse ---- */
 
 TEST zero_refuses_misuse(void)
@@ -1141,6 +1496,9 @@ SUITE(zero)
     RUN_TEST(zero_checkpoint_resume_is_bit_exact);
     RUN_TEST(zero_checkpoint_consolidate_and_reshard);
     RUN_TEST(zero_checkpoint_bad_sets_fail_naming_the_file);
+    RUN_TEST(zero_checkpoint_shard_of_another_run_refused);
+    RUN_TEST(zero_checkpoint_save_removes_a_dead_writers_marker_temporary);
+    RUN_TEST(zero_checkpoint_absent_rank_times_out_naming_it);
 }
 
 GREATEST_MAIN_DEFS();
