@@ -183,8 +183,10 @@
    stated buffers); bytes sent per step are DDP's (stages 1-2) or 1.5x (3).
    With k backward passes per step (no_sync accumulation) stage 1 still sends
    DDP's bytes, stage 2 (k + 1)/2 x them (a reduce-scatter per backward), stage 3
-   3k/2 x less the units the backward leaves gathered for the next forward;
-   pdp_zero_get_stats gives k, the bytes sent, and the formula's value and words.
+   3k/2 x them less the gathers the next forward skips (the units backward left
+   gathered; all of them when there are no more units than param_buffers: then
+   (2k + 1)/2 x); pdp_zero_get_stats gives k, the bytes sent and the formula (its
+   value, and in words). Uneven shards: as DDP, batch_mean above.
    Tested equal to DDP and one device on local and MPI ranks (CPU models) and
    over NCCL (CUDA models, on the emulator in CI).
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
