@@ -151,6 +151,15 @@
    backward before the step fails with PDP_ERR_STATE saying what to call.
    pdp_ddp_set_no_sync accumulates locally. pdp_dist_sampler gives each
    rank a disjoint shard of a seeded permutation (pad or drop_last).
+   Uneven shards: each rank's loss is the mean over its own batch and the
+   all-reduce averages over ranks, so a step trains the mean of per-rank means,
+   (1/N) sum_r mean_r, as PyTorch's DDP does; it equals the mean over the global
+   batch only when every rank has the same number of samples. desc.batch_mean =
+   PDP_BATCH_MEAN_GLOBAL (DDP and ZeRO) trains the global batch's mean instead,
+   as one device on the concatenated shards: each backward all-reduces the ranks'
+   batch sizes (one float, counted in bytes_sent; hidden behind the forward in
+   pdp_ddp_forward_backward) and weighs rank r's loss gradient by N n_r / T. With
+   accumulation each backward is weighted by its own global batch.
    Communication hooks (PyTorch's register_comm_hook): pdp_ddp_register_comm_hook
    (or pdp_zero_register_comm_hook) before the first backward puts a user's launch
    (and optional finish) in place of each bucket's collective; the built-ins
@@ -172,6 +181,12 @@
    reports the bytes held beside the ZeRO paper's formulas (Adam: DDP 16 Psi,
    stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3 16 Psi/N, plus the
    stated buffers); bytes sent per step are DDP's (stages 1-2) or 1.5x (3).
+   With k backward passes per step (no_sync accumulation) stage 1 still sends
+   DDP's bytes, stage 2 (k + 1)/2 x them (a reduce-scatter per backward), stage 3
+   3k/2 x them less the gathers the next forward skips (the units backward left
+   gathered; all of them when there are no more units than param_buffers: then
+   (2k + 1)/2 x); pdp_zero_get_stats gives k, the bytes sent and the formula (its
+   value, and in words). Uneven shards: as DDP, batch_mean above.
    Tested equal to DDP and one device on local and MPI ranks (CPU models) and
    over NCCL (CUDA models, on the emulator in CI).
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
@@ -1382,8 +1397,34 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
    equals single-device training on the global batch, to float rounding, and
    every rank holds bit-identical parameters.
 
+   Uneven shards (batch_mean). Each rank's loss is the mean over its own n_r
+   samples and the all-reduce averages over the N ranks, so by default
+   (PDP_BATCH_MEAN_RANKS) the gradients are those of the mean of per-rank means,
+   (1/N) sum_r (1/n_r) sum_{i in r} grad l_i. That is the mean over the global
+   batch T = sum_r n_r only when every n_r is T/N (even shards); with shards of
+   5, 3 and 2 samples a sample of the 2-sample rank weighs 2.5x one of the
+   5-sample rank. PyTorch's DistributedDataParallel does exactly this (it
+   averages gradients; DistributedSampler pads or drops to keep shards even).
+   PDP_BATCH_MEAN_GLOBAL gives the mean over the global batch instead,
+   (1/T) sum_i grad l_i, as one device trained on the concatenated shards: each
+   backward all-reduces the ranks' batch sizes (one float: 2 (N-1)/N x 4 bytes,
+   counted in bytes_sent) and weighs rank r's loss gradient by N n_r / T before
+   backward, so the average over ranks is the global-batch mean (what torchtitan
+   and Hugging Face's Trainer do by hand with an all-reduce of token counts). The
+   trade-off: one more small collective per backward, whose latency
+   pdp_ddp_forward_backward hides behind the forward and pdp_ddp_backward (own
+   loss) waits for; in return no caller has to know the other ranks' batch
+   sizes (the last, short batch of an epoch, filtered samples). Under it the
+   backward must go through pdp_ddp_forward_backward or pdp_ddp_backward (a
+   pdp_model_backward on the wrapped model fails with PDP_ERR_STATE saying so),
+   *loss stays this rank's mean, and with accumulation each backward is weighted
+   by its own global batch: k backward passes sum k global-batch means, as k
+   backward passes on one device. Every rank must pass the same batch_mean
+   (checked by pdp_ddp_create: PDP_ERR_INVALID naming both values).
+
    Gradient accumulation (no_sync): while no_sync is on, backward only adds to
-   the local gradients; the next backward with no_sync off all-reduces the
+   the local gradients (under PDP_BATCH_MEAN_GLOBAL it still all-reduces the
+   batch sizes); the next backward with no_sync off all-reduces the
    accumulated sums. As in PyTorch, k accumulated backward passes of mean losses
    give the sum of k mean gradients: the same as k backward passes on a single
    device (divide the learning rate by k, or scale the loss, for the mean).
@@ -1398,7 +1439,8 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
    cross-entropy; for an own loss run pdp_ddp_forward (or pdp_model_forward),
    compute the loss and its gradient dy with respect to the output (the mean
    over this rank's samples, as the built-in losses do, so that the average
-   over ranks is the global batch's), then pdp_ddp_backward(ddp, dy) (or
+   over ranks is the mean of the ranks' means, or under PDP_BATCH_MEAN_GLOBAL
+   the global batch's), then pdp_ddp_backward(ddp, dy) (or
    pdp_model_backward): the buckets are reduced the same way. A second backward
    before pdp_ddp_step/pdp_ddp_finish fails with PDP_ERR_STATE saying so.
 
@@ -1411,10 +1453,20 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
 
 typedef struct pdp_ddp pdp_ddp;
 
+/* Which mean of the loss a step's averaged gradients are (DDP and ZeRO; above). */
+typedef enum pdp_batch_mean {
+    PDP_BATCH_MEAN_RANKS = 0,  /* the mean over ranks of each rank's batch mean: PyTorch
+                                  DDP's; the global-batch mean when the shards are even */
+    PDP_BATCH_MEAN_GLOBAL = 1  /* the mean over the global batch, whatever the shards:
+                                  one all-reduce of the batch sizes per backward */
+} pdp_batch_mean;
+
 typedef struct pdp_ddp_desc {
     double bucket_cap_mb;    /* bucket capacity in MiB (2^20 bytes); default 25 */
     double first_bucket_mb;  /* capacity of the first bucket in MiB (the last layers'
                                 gradients, ready first); default min(1, bucket_cap_mb) */
+    pdp_batch_mean batch_mean; /* default PDP_BATCH_MEAN_RANKS (PyTorch's); the same on
+                                  every rank */
 } pdp_ddp_desc;
 
 /* Wraps m (which stays owned by the caller, must outlive ddp and gets no new
@@ -1428,8 +1480,10 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
 /* Waits for buckets still in flight, removes the hook. NULL is fine. */
 PDP_API void pdp_ddp_free(pdp_ddp *ddp);
 
-/* Forward, softmax cross-entropy (mean over this rank's batch) and backward on
-   this rank's shard; buckets are all-reduced as their gradients become ready.
+/* Forward, softmax cross-entropy (mean over this rank's batch: *loss) and backward on
+   this rank's shard (under PDP_BATCH_MEAN_GLOBAL its gradient weighted by N n_r / T,
+   the batch sizes all-reduced during the forward); buckets are all-reduced as their
+   gradients become ready.
    Gradients accumulate (+=). A synchronised backward must be finished
    (pdp_ddp_step or pdp_ddp_finish) before the next one. */
 PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *ddp, const pdp_tensor *x,
@@ -1553,7 +1607,9 @@ typedef struct pdp_ddp_stats {
     int64_t grad_bytes;        /* bytes of gradients all-reduced per step */
     /* the last finished step */
     int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes; half
-                                  of it with a 16-bit compression hook) */
+                                  of it with a 16-bit compression hook), plus under
+                                  PDP_BATCH_MEAN_GLOBAL the batch sizes' all-reduce of every
+                                  backward since the last step, 2(N-1)/N x 4 each */
     double backward_s;         /* forward + loss + backward, launches included */
     double allreduce_s;        /* execution time of this step's bucket all-reduces, from the
                                   moment the backend starts each (waiting for slower ranks
@@ -1729,7 +1785,8 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
      stage 2 (P_os+g)       and the reduced gradients;
      stage 3 (P_os+g+p)     and the parameters.
    After k steps the parameters are those of DDP and of one device on the
-   global batch (to float rounding), at DDP's communication volume (stages 1-2:
+   global batch (to float rounding; on uneven shards see "Uneven shards"
+   below), at DDP's communication volume (stages 1-2:
    a reduce-scatter plus an all-gather is one all-reduce) or 1.5x it (stage 3).
 
    Sharding per unit. A unit is a bucket of whole layers, planned as DDP plans
@@ -1779,19 +1836,45 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
    pdp_zero_memory reports the measured figures beside those formulas (with
    Psi_pad where padding applies).
 
-   Communication per rank per step (bytes counted by the communicator): stages 1
-   and 2: one reduce-scatter and one all-gather of every unit, 2 (N-1)/N Psi_pad
-   x 4 = DDP's all-reduce volume; stage 3: two all-gathers (forward and backward)
-   and one reduce-scatter, 3 (N-1)/N Psi_pad x 4.
+   Communication per rank per step (bytes counted by the communicator), with
+   V = (N-1)/N x 4 Psi_pad (one reduce-scatter or one all-gather of every unit)
+   and k backward passes per step (k - 1 micro-steps under no_sync, then one
+   synchronised; k = 1 without accumulation):
+     stage 1: 2 V, whatever k: the micro-steps accumulate in the full gradient
+              buffers without communicating (as DDP), the last backward
+              reduce-scatters, the step all-gathers = DDP's all-reduce volume;
+     stage 2: (k + 1) V: stages 2 and 3 hold no full gradient, so every backward
+              reduce-scatters and adds its slice to the shard (DeepSpeed's
+              behaviour: the same sums, k times the gradient traffic), and the
+              step all-gathers once;
+     stage 3: 3k V - (k - 1) V_kept: every backward gathers every unit and
+              reduce-scatters it (2k V), the first forward after a step gathers
+              every unit (V), and each later forward gathers all but the units
+              the backward before it left gathered ((k - 1) (V - V_kept)): the
+              last param_buffers units of backward (the first of forward),
+              V_kept = (N-1)/N x 4 x their padded floats (all of Psi_pad when
+              there are no more units than param_buffers: then (2k + 1) V).
+              k = 1: 3 V, 1.5x DDP.
+   With batch_mean PDP_BATCH_MEAN_GLOBAL each backward adds its one-float
+   all-reduce of the batch sizes (2 (N-1)/N x 4 bytes, rounded down, per pass).
+   pdp_zero_get_stats gives k, the bytes sent and this formula (its value and its
+   words) for the last step. Not in the formula: clipping's scalar all-reduce, an
+   evaluation forward between steps (stage 3 gathers) and pdp_zero_gather_params.
 
-   Gradient accumulation: under no_sync stage 1 accumulates in its full gradient
-   buffers without communicating (as DDP); stages 2 and 3 hold no full gradient,
-   so every backward reduce-scatters and adds its slice to the shard (DeepSpeed's
-   behaviour): the same sums, k times the gradient traffic.
+   Uneven shards: as DDP (ddp.h, "Uneven shards"), each rank's loss is the mean
+   over its own batch and the reduce-scatter averages over ranks, so a step
+   trains the mean of per-rank means, which is the global batch's mean only
+   when the shards are even (PyTorch DDP and ZeroRedundancyOptimizer do the
+   same). desc.batch_mean = PDP_BATCH_MEAN_GLOBAL trains the mean over the
+   global batch: every backward all-reduces the batch sizes (one float, in
+   bytes_sent and in the formula) and weighs this rank's loss gradient by
+   N n_r / T, so every stage equals one device on the concatenated shards,
+   accumulation included (each backward weighted by its own global batch).
 
    Every backward of the wrapped model synchronises, whatever the loss
    (pdp_zero_forward_backward, or pdp_zero_forward + own loss +
-   pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model).
+   pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model;
+   under PDP_BATCH_MEAN_GLOBAL only the first two, which apply the weight).
    While wrapped, read gradients with pdp_zero_grad_norm/clip only (the model's
    gradient block is gone) and, at stage 3, parameters with
    pdp_zero_gather_params. Faults never hang: a missing rank makes the
@@ -1818,6 +1901,9 @@ typedef struct pdp_zero_desc {
     int param_buffers;       /* stage 3: gathered parameter buffers, >= 2; default 2 */
     bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for
                                 measuring what prefetch gains); default false */
+    pdp_batch_mean batch_mean; /* uneven shards (ddp.h): default PDP_BATCH_MEAN_RANKS, the
+                                  mean of per-rank means (PyTorch's); PDP_BATCH_MEAN_GLOBAL
+                                  the global batch's. The same on every rank */
 } pdp_zero_desc;
 
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
@@ -1927,8 +2013,14 @@ PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_ze
 typedef struct pdp_zero_stats {
     int64_t steps;             /* synchronised backward passes finished */
     int64_t units;
-    int64_t bytes_sent;        /* the last step, by this rank: backward + step */
-    int64_t formula_bytes;     /* 2 (N-1)/N Psi_pad 4 (stages 1-2), 3 (N-1)/N Psi_pad 4 (3) */
+    int64_t bytes_sent;        /* the last step, by this rank: every collective since the step
+                                  before (its k micro-steps' backward passes, this step) */
+    int64_t micro_steps;       /* k: backward passes in the last step (k - 1 under no_sync) */
+    int64_t formula_bytes;     /* what the last step should send, from k (the formula above);
+                                  equal to bytes_sent unless clipping (its all-reduced scalar),
+                                  an evaluation forward or pdp_zero_gather_params ran between
+                                  steps */
+    char formula[160];         /* that formula in words, with k and N substituted */
     int64_t gathers;           /* all-gathers of the last step */
     double backward_s, reduce_s, wait_s;
     int64_t total_bytes_sent;
@@ -18151,6 +18243,12 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
    rank waits on it. pdp__reducer_finish waits for the buckets in order and
    reports the first failure naming the bucket and its parameters.
 
+   Uneven shards: with batch_mean PDP_BATCH_MEAN_GLOBAL (ddp.h) the reducer's own
+   backward entries weight each backward by this rank's share of the global batch
+   (one all-reduce of the batch sizes, then the loss gradient scaled before
+   backward: "the global-batch mean" below); a backward that bypasses them
+   (pdp_model_backward on the model) is refused at BACKWARD_BEGIN.
+
    States: IDLE (nothing pending), LOCAL (gradients accumulated under no_sync,
    not reduced), REDUCING (a synchronised backward launched its buckets and
    finish has not run). The progress of a bucket's collective writes the
@@ -18192,6 +18290,9 @@ typedef struct pdp__reducer_desc {
     pdp__bucket_done_fn bucket_done;  /* NULL: nothing */
     pdp__model_event_fn event;        /* the model's events (BACKWARD_BEGIN/END after the
                                          reducer's own handling), user = the reducer */
+    pdp_batch_mean batch_mean;        /* ddp.h; GLOBAL: each backward's weight (below) */
+    const char *backward_names;       /* for messages: "pdp_ddp_forward_backward or
+                                         pdp_ddp_backward" */
 } pdp__reducer_desc;
 
 typedef struct pdp__red_bucket {
@@ -18233,6 +18334,12 @@ struct pdp__reducer {
     pdp_ddp_comm_hook hook; /* hook.launch NULL: none; the executor's own collective */
     void *scratch;        /* the hook's scratch memory on the model's device, or NULL */
     int64_t *scratch_off; /* per bucket: its piece of scratch, in floats of the gradient */
+    /* batch_mean GLOBAL: the all-reduced batch size of the backward being prepared */
+    float count;          /* this rank's batch size, then (after the wait) the global batch */
+    float *dcount;        /* its copy on the communicator's device (NULL on the CPU) */
+    pdp_work *count_work; /* the all-reduce in flight, or NULL */
+    int64_t count_bytes;  /* bytes of those all-reduces since the last finish (stats) */
+    bool weighted;        /* the backward running now had its weight applied */
 };
 
 /* ---- reducer: buckets ---- */
@@ -18354,6 +18461,10 @@ static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event 
         if (r->state == PDP__RED_REDUCING)
             return pdp__err(PDP_ERR_STATE, "rank %d: the last backward's buckets are still being "
                             "reduced; call %s first", r->c->rank, r->desc.finish_names);
+        if (r->desc.batch_mean == PDP_BATCH_MEAN_GLOBAL && !r->weighted)
+            return pdp__err(PDP_ERR_STATE, "rank %d: batch_mean is PDP_BATCH_MEAN_GLOBAL: run the "
+                            "backward through %s, which weight this rank's gradient by its share "
+                            "of the global batch", r->c->rank, r->desc.backward_names);
         r->backward_seen = true;
         if (!r->no_sync) pdp__reducer_arm(r);
         break;
@@ -18425,11 +18536,12 @@ static pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, fl
 
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
-static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, const char *fn)
+static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
+                                            pdp_batch_mean mean, const char *fn)
 {
     int64_t n0 = m->nparams;
     pdp__red_sig *table = NULL, mine;
-    float diff, *all = NULL;
+    float diff[2], *all = NULL;
     int p, q, mine_at = -1, worst_rank = -1, worst_at = -1, size = c->size;
     pdp_status st;
     if ((st = pdp_comm_broadcast_bytes(c, &n0, sizeof n0, 0)) != PDP_OK)
@@ -18437,7 +18549,7 @@ static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, con
     if (n0 < 0 || n0 > (1 << 24))
         return pdp__err(PDP_ERR_INVALID, "%s: rank 0 reports %lld parameters", fn, (long long)n0);
     table = (pdp__red_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
-    all = (float *)pdp__calloc((size_t)size * sizeof *all);
+    all = (float *)pdp__calloc((size_t)size * 2 * sizeof *all);
     if (!table || !all) {
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameter signatures", fn,
                       (long long)n0);
@@ -18460,15 +18572,23 @@ static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, con
             break;
         }
     }
-    diff = (float)mine_at;
-    if ((st = pdp__reducer_allgather_host(c, &diff, all, 1)) != PDP_OK) {
+    diff[0] = (float)mine_at;
+    diff[1] = (float)mean; /* the ranks must agree: GLOBAL adds a collective per backward */
+    if ((st = pdp__reducer_allgather_host(c, diff, all, 2)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: rank %d: exchanging the check's verdicts", fn, c->rank);
         goto out;
     }
     for (q = 0; q < size; q++)
-        if (all[q] >= 0.0f && (worst_at < 0 || (int)all[q] < worst_at)) {
-            worst_at = (int)all[q];
+        if (all[2 * q] >= 0.0f && (worst_at < 0 || (int)all[2 * q] < worst_at)) {
+            worst_at = (int)all[2 * q];
             worst_rank = q;
+        }
+    for (q = 1; q < size && worst_at < 0; q++)
+        if (all[2 * q + 1] != all[1]) {
+            st = pdp__err(PDP_ERR_INVALID, "%s: batch_mean differs across ranks: %d on rank %d, "
+                          "%d on rank 0 (every rank must pass the same)", fn, (int)all[2 * q + 1],
+                          q, (int)all[1]);
+            goto out;
         }
     if (worst_at >= 0) {
         char a[160], b[160];
@@ -18514,13 +18634,21 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, m->device.kind, m->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
+    if (desc->batch_mean != PDP_BATCH_MEAN_RANKS && desc->batch_mean != PDP_BATCH_MEAN_GLOBAL)
+        return pdp__err(PDP_ERR_INVALID, "%s: batch_mean %d is not PDP_BATCH_MEAN_RANKS (0) or "
+                        "PDP_BATCH_MEAN_GLOBAL (1)", fn, (int)desc->batch_mean);
     r->m = m;
     r->c = c;
     r->desc = *desc;
+    if (!r->desc.backward_names) r->desc.backward_names = "the executor's backward";
     if (pdp__reducer_plan(r) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d buckets", fn, m->nparams);
+    if (desc->batch_mean == PDP_BATCH_MEAN_GLOBAL && c->device.kind != PDP_DEVICE_CPU &&
+        pdp__dev_alloc(c->device, sizeof(float), (void **)&r->dcount) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no device memory for the batch "
+                        "size's all-reduce", fn, c->rank);
     /* collective from here on: every rank runs the same calls */
-    if ((st = pdp__reducer_check_params(m, c, fn)) != PDP_OK) return st;
+    if ((st = pdp__reducer_check_params(m, c, desc->batch_mean, fn)) != PDP_OK) return st;
     if (m->param_count &&
         (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
@@ -18550,6 +18678,10 @@ static void pdp__reducer_release(pdp__reducer *r)
     if (r->buckets)
         for (b = 0; b < r->nbuckets; b++) /* the progress thread may still write gradients */
             if (r->buckets[b].launched && r->buckets[b].work) pdp_work_wait(r->buckets[b].work);
+    if (r->count_work) pdp_work_wait(r->count_work);
+    r->count_work = NULL;
+    if (r->dcount) pdp__dev_free(r->c->device, r->dcount);
+    r->dcount = NULL;
     if (r->m && r->m->hook == pdp__reducer_hook && r->m->hook_user == r) {
         pdp_model_set_grad_hook(r->m, NULL, NULL);
         r->m->event = NULL;
@@ -18641,6 +18773,131 @@ static pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_com
     return PDP_OK;
 }
 
+/* ---- reducer: the global-batch mean ----
+   batch_mean PDP_BATCH_MEAN_GLOBAL (ddp.h): rank r's batch of n_r samples weighs
+   w_r = N n_r / T in the average over ranks, T = sum of n_r (one all-reduce of
+   one float per backward, exact up to 2^24 samples), so the averaged gradient is
+   sum_r n_r g_r / T, that of the mean loss over the concatenated global batch.
+   The weight multiplies the loss gradient dy before backward (backward is linear
+   in dy): the built-in cross-entropy takes N / T as its grad_scale instead of
+   1 / n_r, an own loss's dy is copied into the model's grad_a scaled by w_r. So
+   each backward is weighted by its own global batch, and k accumulated backward
+   passes sum k global-batch means, as k backward passes on one device. */
+
+/* Starts the all-reduce (sum) of this rank's batch size n; its bytes go to the
+   executor's stats. */
+static pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const char *fn)
+{
+    pdp_comm_stats a, b;
+    pdp_status st;
+    pdp_comm_get_stats(r->c, &a);
+    r->count = (float)n;
+    if (!r->dcount) {
+        st = pdp_comm_allreduce(r->c, &r->count, 1, PDP_REDUCE_SUM, &r->count_work);
+    } else if ((st = pdp__dev_copy(r->c->device, r->dcount, pdp_cpu(), &r->count,
+                                   sizeof(float))) == PDP_OK) {
+        st = pdp_comm_allreduce(r->c, r->dcount, 1, PDP_REDUCE_SUM, &r->count_work);
+    }
+    pdp_comm_get_stats(r->c, &b);
+    r->count_bytes += b.bytes_sent - a.bytes_sent;
+    if (st == PDP_OK) return PDP_OK;
+    r->count_work = NULL;
+    return pdp__err_wrap(st, "%s: rank %d: all-reducing the batch sizes", fn, r->c->rank);
+}
+
+/* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
+static pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
+                                          const char *fn)
+{
+    pdp_status st = pdp_work_wait(r->count_work);
+    double total;
+    r->count_work = NULL;
+    if (st == PDP_OK && r->dcount)
+        st = pdp__dev_copy(pdp_cpu(), &r->count, r->c->device, r->dcount, sizeof(float));
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: all-reducing the batch sizes", fn, r->c->rank);
+    total = (double)r->count;
+    if (!(total >= (double)n && total >= 1.0))
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d: the global batch is %g samples, this "
+                        "rank's %lld", fn, r->c->rank, total, (long long)n);
+    *scale = (float)((double)r->c->size / total);
+    *weight = (float)((double)r->c->size * (double)n / total);
+    return PDP_OK;
+}
+
+/* The built-in cross-entropy pass weighted by the global batch (loss.c's
+   pdp_model_forward_backward with grad_scale N / T): the batch sizes' all-reduce
+   runs during the forward. *loss is this rank's mean. */
+static pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pdp_tensor *x,
+                                                       const int32_t *labels, float *loss,
+                                                       const char *fn)
+{
+    pdp_model *m = r->m;
+    const pdp_tensor *y = NULL;
+    pdp_tensor dy;
+    double sum = 0.0;
+    float weight, scale;
+    pdp_status st, wst;
+    if (!x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if ((st = pdp__reducer_count_launch(r, x->shape[0], fn)) != PDP_OK) return st;
+    st = pdp_model_forward(m, x, &y);
+    wst = pdp__reducer_count_wait(r, x->shape[0], &weight, &scale, fn);
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+    if (wst != PDP_OK || y->ndim != 2) {
+        char buf[96];
+        m->have_forward = false;
+        if (wst != PDP_OK) return wst;
+        return pdp__err(PDP_ERR_SHAPE, "%s: rank %d: the model's output is %s; cross-entropy "
+                        "needs [batch, classes] (add a Flatten and a Linear)", fn, r->c->rank,
+                        pdp__shape_str(y, buf, sizeof buf));
+    }
+    st = pdp__cross_entropy_on(m->device, y->data, labels, y->shape[0], y->shape[1], scale, &sum,
+                               m->grad_a, fn);
+    *loss = (float)(sum / (double)y->shape[0]);
+    if (st != PDP_OK) {
+        m->have_forward = false;
+        return st;
+    }
+    pdp_tensor_wrap(m->grad_a, m->device, 2, y->shape, &dy);
+    r->weighted = true;
+    st = pdp_model_backward(m, &dy);
+    r->weighted = false;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* An own loss's backward weighted by the global batch: dy x N n / T into the
+   model's grad_a (which backward accepts as dy), then backward from it. */
+static pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor *dy,
+                                               const char *fn)
+{
+    pdp_model *m = r->m;
+    pdp_tensor scaled;
+    float weight, scale;
+    pdp_status st;
+    if (!dy) return pdp__err(PDP_ERR_INVALID, "%s: dy is NULL", fn);
+    if (!m->have_forward)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: no forward since the last backward", fn,
+                        r->c->rank);
+    if (dy->count != m->out_view.count) {
+        char a[96], b[96];
+        return pdp__err(PDP_ERR_SHAPE, "%s: rank %d: dy is %s, the output was %s", fn, r->c->rank,
+                        pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
+    }
+    if ((st = pdp__reducer_count_launch(r, m->batch, fn)) != PDP_OK ||
+        (st = pdp__reducer_count_wait(r, m->batch, &weight, &scale, fn)) != PDP_OK)
+        return st;
+    if (dy->data != m->grad_a &&
+        (st = pdp__dev_copy(m->device, m->grad_a, dy->device, dy->data,
+                            (size_t)dy->count * sizeof(float))) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: weighting dy", fn, r->c->rank);
+    if ((st = pdp__grad_scale(m, m->grad_a, dy->count, weight, fn)) != PDP_OK) return st;
+    pdp_tensor_wrap(m->grad_a, m->device, m->out_view.ndim, m->out_view.shape, &scaled);
+    r->weighted = true;
+    st = pdp_model_backward(m, &scaled);
+    r->weighted = false;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
 /* ---- reducer: training ---- */
 
 /* Forward, loss and backward on this rank's shard; the buckets launch as their
@@ -18653,6 +18910,11 @@ static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
     if (r->state == PDP__RED_REDUCING) /* before the forward, which would be wasted */
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
                         "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+    if (r->desc.batch_mean == PDP_BATCH_MEAN_GLOBAL) {
+        st = pdp__reducer_forward_backward_global(r, x, labels, loss, fn);
+        r->backward_acc += pdp__now() - t0;
+        return st;
+    }
     st = pdp_model_forward_backward(r->m, x, labels, loss);
     r->backward_acc += pdp__now() - t0;
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
@@ -18677,7 +18939,16 @@ static pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, con
 static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
 {
     double t0 = pdp__now();
-    pdp_status st = pdp_model_backward(r->m, dy);
+    pdp_status st;
+    if (r->desc.batch_mean == PDP_BATCH_MEAN_GLOBAL) {
+        if (r->state == PDP__RED_REDUCING) /* before the batch sizes' collective */
+            return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still "
+                            "being reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+        st = pdp__reducer_backward_global(r, dy, fn);
+        r->backward_acc += pdp__now() - t0;
+        return st;
+    }
+    st = pdp_model_backward(r->m, dy);
     r->backward_acc += pdp__now() - t0;
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
 }
@@ -18775,7 +19046,8 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
         return pdp__err(first, "%s: rank %d: %s", fn, r->c->rank, msg);
     pdp_comm_get_stats(r->c, &cs);
     r->stats.steps++;
-    r->stats.bytes_sent = cs.bytes_sent - r->bytes_at_arm;
+    r->stats.bytes_sent = cs.bytes_sent - r->bytes_at_arm + r->count_bytes;
+    r->count_bytes = 0;
     r->stats.backward_s = r->backward_acc;
     r->stats.allreduce_s = busy;
     r->stats.wait_s = t1 - t0;
@@ -18930,6 +19202,8 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     rd.reduce = pdp__ddp_allreduce;
     rd.op_name = "allreduce";
     rd.finish_names = "pdp_ddp_step or pdp_ddp_finish";
+    rd.backward_names = "pdp_ddp_forward_backward or pdp_ddp_backward";
+    rd.batch_mean = d->desc.batch_mean;
     rd.user = d;
     if ((st = pdp__reducer_init(&d->r, m, c, &rd, fn)) != PDP_OK) {
         pdp_ddp_free(d);
@@ -19417,6 +19691,7 @@ struct pdp_zero {
     pdp_status deferred; /* a failure inside a no_sync backward (stages 2-3) */
     char deferred_msg[768];
     int64_t buffer_bytes, bytes_at_step, gathers, gathers_at_step;
+    int64_t passes;      /* backward passes since the last step (k of the byte formula) */
     pdp_zero_stats stats;
     uint64_t saves;      /* checkpoint saves begun: one input of each save's run id */
 };
@@ -19647,6 +19922,7 @@ static pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev,
     case PDP__EV_FORWARD_LAYER: /* forward runs the units from the last index down */
         return z->stage == 3 ? pdp__zero_need(z, u, u - 1) : PDP_OK;
     case PDP__EV_BACKWARD_BEGIN:
+        z->passes++;
         if (z->stage >= 2)
             for (i = 0; i < z->desc.grad_buffers; i++)
                 if (z->gbuf_unit[i] >= 0) {
@@ -19784,6 +20060,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     rd.whole_layers = true;
     rd.op_name = "reduce_scatter";
     rd.finish_names = "pdp_zero_step or pdp_zero_finish";
+    rd.backward_names = "pdp_zero_forward_backward or pdp_zero_backward";
+    rd.batch_mean = z->desc.batch_mean;
     rd.user = z;
     if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
     if (z->r.trace_comm) { /* the reduce-scatters on the reducer's lane, the gathers on this */
@@ -20028,6 +20306,43 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
     return PDP_OK;
 }
 
+/* The bytes a step of k backward passes sends (zero.h: "Communication per rank
+   per step"), into st->micro_steps, formula_bytes and formula. V = 4 (N-1) S is
+   one reduce-scatter or all-gather of every unit (S = shard_count: the bytes the
+   backends count for a collective of S floats per rank); stage 3's later
+   forwards skip the units the backward before them left gathered, the last
+   param_buffers units of backward (the highest indices). */
+static void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st)
+{
+    int64_t v = 4 * (int64_t)(z->size - 1) * z->shard_count, kept = 0, scalar;
+    int u, n = z->size;
+    k = PDP__MAX(1, k);
+    scalar = z->r.desc.batch_mean == PDP_BATCH_MEAN_GLOBAL /* one float, as comm.c counts it */
+                 ? k * (int64_t)(2.0 * (n - 1) / n * 4.0) : 0;
+    st->micro_steps = k;
+    if (z->stage == 1) {
+        st->formula_bytes = 2 * v + scalar;
+        snprintf(st->formula, sizeof st->formula, "2 (N-1)/N x 4 Psi_pad, N = %d (k = %lld "
+                 "backward passes: stage 1 accumulates without sending)", n, (long long)k);
+    } else if (z->stage == 2) {
+        st->formula_bytes = (k + 1) * v + scalar;
+        snprintf(st->formula, sizeof st->formula, "(k + 1) (N-1)/N x 4 Psi_pad, k = %lld, N = %d "
+                 "(a reduce-scatter per backward, one all-gather)", (long long)k, n);
+    } else {
+        for (u = PDP__MAX(0, z->nunits - z->desc.param_buffers); u < z->nunits; u++)
+            kept += z->units[u].s; /* floats per rank of the units kept gathered */
+        st->formula_bytes = 3 * k * v - (k - 1) * 4 * (int64_t)(n - 1) * kept + scalar;
+        snprintf(st->formula, sizeof st->formula, "3k (N-1)/N x 4 Psi_pad - (k - 1) (N-1)/N "
+                 "x 4 Psi_kept, k = %lld, N = %d, Psi_kept %lld of %lld", (long long)k, n,
+                 (long long)(kept * n), (long long)z->padded_count);
+    }
+    if (scalar) {
+        size_t len = strlen(st->formula);
+        snprintf(st->formula + len, sizeof st->formula - len, " + k x %lld (batch sizes)",
+                 (long long)(scalar / k));
+    }
+}
+
 PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
 {
     static const char *fn = "pdp_zero_step";
@@ -20071,7 +20386,8 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
     z->stats.bytes_sent = cs.bytes_sent - z->bytes_at_step;
     z->stats.total_bytes_sent += z->stats.bytes_sent;
     z->stats.gathers = z->gathers - z->gathers_at_step;
-    z->stats.formula_bytes = (z->stage == 3 ? 3 : 2) * (int64_t)(z->size - 1) * z->shard_count * 4;
+    pdp__zero_formula(z, z->passes, &z->stats);
+    z->passes = 0;
     z->stats.backward_s = z->r.stats.backward_s;
     z->stats.reduce_s = z->r.stats.allreduce_s;
     z->stats.wait_s = z->r.stats.wait_s;

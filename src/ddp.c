@@ -113,6 +113,8 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     rd.reduce = pdp__ddp_allreduce;
     rd.op_name = "allreduce";
     rd.finish_names = "pdp_ddp_step or pdp_ddp_finish";
+    rd.backward_names = "pdp_ddp_forward_backward or pdp_ddp_backward";
+    rd.batch_mean = d->desc.batch_mean;
     rd.user = d;
     if ((st = pdp__reducer_init(&d->r, m, c, &rd, fn)) != PDP_OK) {
         pdp_ddp_free(d);

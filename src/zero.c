@@ -74,6 +74,7 @@ struct pdp_zero {
     pdp_status deferred; /* a failure inside a no_sync backward (stages 2-3) */
     char deferred_msg[768];
     int64_t buffer_bytes, bytes_at_step, gathers, gathers_at_step;
+    int64_t passes;      /* backward passes since the last step (k of the byte formula) */
     pdp_zero_stats stats;
     uint64_t saves;      /* checkpoint saves begun: one input of each save's run id */
 };
@@ -304,6 +305,7 @@ static pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev,
     case PDP__EV_FORWARD_LAYER: /* forward runs the units from the last index down */
         return z->stage == 3 ? pdp__zero_need(z, u, u - 1) : PDP_OK;
     case PDP__EV_BACKWARD_BEGIN:
+        z->passes++;
         if (z->stage >= 2)
             for (i = 0; i < z->desc.grad_buffers; i++)
                 if (z->gbuf_unit[i] >= 0) {
@@ -441,6 +443,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     rd.whole_layers = true;
     rd.op_name = "reduce_scatter";
     rd.finish_names = "pdp_zero_step or pdp_zero_finish";
+    rd.backward_names = "pdp_zero_forward_backward or pdp_zero_backward";
+    rd.batch_mean = z->desc.batch_mean;
     rd.user = z;
     if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
     if (z->r.trace_comm) { /* the reduce-scatters on the reducer's lane, the gathers on this */
@@ -685,6 +689,43 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
     return PDP_OK;
 }
 
+/* The bytes a step of k backward passes sends (zero.h: "Communication per rank
+   per step"), into st->micro_steps, formula_bytes and formula. V = 4 (N-1) S is
+   one reduce-scatter or all-gather of every unit (S = shard_count: the bytes the
+   backends count for a collective of S floats per rank); stage 3's later
+   forwards skip the units the backward before them left gathered, the last
+   param_buffers units of backward (the highest indices). */
+static void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st)
+{
+    int64_t v = 4 * (int64_t)(z->size - 1) * z->shard_count, kept = 0, scalar;
+    int u, n = z->size;
+    k = PDP__MAX(1, k);
+    scalar = z->r.desc.batch_mean == PDP_BATCH_MEAN_GLOBAL /* one float, as comm.c counts it */
+                 ? k * (int64_t)(2.0 * (n - 1) / n * 4.0) : 0;
+    st->micro_steps = k;
+    if (z->stage == 1) {
+        st->formula_bytes = 2 * v + scalar;
+        snprintf(st->formula, sizeof st->formula, "2 (N-1)/N x 4 Psi_pad, N = %d (k = %lld "
+                 "backward passes: stage 1 accumulates without sending)", n, (long long)k);
+    } else if (z->stage == 2) {
+        st->formula_bytes = (k + 1) * v + scalar;
+        snprintf(st->formula, sizeof st->formula, "(k + 1) (N-1)/N x 4 Psi_pad, k = %lld, N = %d "
+                 "(a reduce-scatter per backward, one all-gather)", (long long)k, n);
+    } else {
+        for (u = PDP__MAX(0, z->nunits - z->desc.param_buffers); u < z->nunits; u++)
+            kept += z->units[u].s; /* floats per rank of the units kept gathered */
+        st->formula_bytes = 3 * k * v - (k - 1) * 4 * (int64_t)(n - 1) * kept + scalar;
+        snprintf(st->formula, sizeof st->formula, "3k (N-1)/N x 4 Psi_pad - (k - 1) (N-1)/N "
+                 "x 4 Psi_kept, k = %lld, N = %d, Psi_kept %lld of %lld", (long long)k, n,
+                 (long long)(kept * n), (long long)z->padded_count);
+    }
+    if (scalar) {
+        size_t len = strlen(st->formula);
+        snprintf(st->formula + len, sizeof st->formula - len, " + k x %lld (batch sizes)",
+                 (long long)(scalar / k));
+    }
+}
+
 PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
 {
     static const char *fn = "pdp_zero_step";
@@ -728,7 +769,8 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
     z->stats.bytes_sent = cs.bytes_sent - z->bytes_at_step;
     z->stats.total_bytes_sent += z->stats.bytes_sent;
     z->stats.gathers = z->gathers - z->gathers_at_step;
-    z->stats.formula_bytes = (z->stage == 3 ? 3 : 2) * (int64_t)(z->size - 1) * z->shard_count * 4;
+    pdp__zero_formula(z, z->passes, &z->stats);
+    z->passes = 0;
     z->stats.backward_s = z->r.stats.backward_s;
     z->stats.reduce_s = z->r.stats.allreduce_s;
     z->stats.wait_s = z->r.stats.wait_s;

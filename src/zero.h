@@ -7,7 +7,8 @@
      stage 2 (P_os+g)       and the reduced gradients;
      stage 3 (P_os+g+p)     and the parameters.
    After k steps the parameters are those of DDP and of one device on the
-   global batch (to float rounding), at DDP's communication volume (stages 1-2:
+   global batch (to float rounding; on uneven shards see "Uneven shards"
+   below), at DDP's communication volume (stages 1-2:
    a reduce-scatter plus an all-gather is one all-reduce) or 1.5x it (stage 3).
 
    Sharding per unit. A unit is a bucket of whole layers, planned as DDP plans
@@ -57,19 +58,45 @@
    pdp_zero_memory reports the measured figures beside those formulas (with
    Psi_pad where padding applies).
 
-   Communication per rank per step (bytes counted by the communicator): stages 1
-   and 2: one reduce-scatter and one all-gather of every unit, 2 (N-1)/N Psi_pad
-   x 4 = DDP's all-reduce volume; stage 3: two all-gathers (forward and backward)
-   and one reduce-scatter, 3 (N-1)/N Psi_pad x 4.
+   Communication per rank per step (bytes counted by the communicator), with
+   V = (N-1)/N x 4 Psi_pad (one reduce-scatter or one all-gather of every unit)
+   and k backward passes per step (k - 1 micro-steps under no_sync, then one
+   synchronised; k = 1 without accumulation):
+     stage 1: 2 V, whatever k: the micro-steps accumulate in the full gradient
+              buffers without communicating (as DDP), the last backward
+              reduce-scatters, the step all-gathers = DDP's all-reduce volume;
+     stage 2: (k + 1) V: stages 2 and 3 hold no full gradient, so every backward
+              reduce-scatters and adds its slice to the shard (DeepSpeed's
+              behaviour: the same sums, k times the gradient traffic), and the
+              step all-gathers once;
+     stage 3: 3k V - (k - 1) V_kept: every backward gathers every unit and
+              reduce-scatters it (2k V), the first forward after a step gathers
+              every unit (V), and each later forward gathers all but the units
+              the backward before it left gathered ((k - 1) (V - V_kept)): the
+              last param_buffers units of backward (the first of forward),
+              V_kept = (N-1)/N x 4 x their padded floats (all of Psi_pad when
+              there are no more units than param_buffers: then (2k + 1) V).
+              k = 1: 3 V, 1.5x DDP.
+   With batch_mean PDP_BATCH_MEAN_GLOBAL each backward adds its one-float
+   all-reduce of the batch sizes (2 (N-1)/N x 4 bytes, rounded down, per pass).
+   pdp_zero_get_stats gives k, the bytes sent and this formula (its value and its
+   words) for the last step. Not in the formula: clipping's scalar all-reduce, an
+   evaluation forward between steps (stage 3 gathers) and pdp_zero_gather_params.
 
-   Gradient accumulation: under no_sync stage 1 accumulates in its full gradient
-   buffers without communicating (as DDP); stages 2 and 3 hold no full gradient,
-   so every backward reduce-scatters and adds its slice to the shard (DeepSpeed's
-   behaviour): the same sums, k times the gradient traffic.
+   Uneven shards: as DDP (ddp.h, "Uneven shards"), each rank's loss is the mean
+   over its own batch and the reduce-scatter averages over ranks, so a step
+   trains the mean of per-rank means, which is the global batch's mean only
+   when the shards are even (PyTorch DDP and ZeroRedundancyOptimizer do the
+   same). desc.batch_mean = PDP_BATCH_MEAN_GLOBAL trains the mean over the
+   global batch: every backward all-reduces the batch sizes (one float, in
+   bytes_sent and in the formula) and weighs this rank's loss gradient by
+   N n_r / T, so every stage equals one device on the concatenated shards,
+   accumulation included (each backward weighted by its own global batch).
 
    Every backward of the wrapped model synchronises, whatever the loss
    (pdp_zero_forward_backward, or pdp_zero_forward + own loss +
-   pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model).
+   pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model;
+   under PDP_BATCH_MEAN_GLOBAL only the first two, which apply the weight).
    While wrapped, read gradients with pdp_zero_grad_norm/clip only (the model's
    gradient block is gone) and, at stage 3, parameters with
    pdp_zero_gather_params. Faults never hang: a missing rank makes the
@@ -96,6 +123,9 @@ typedef struct pdp_zero_desc {
     int param_buffers;       /* stage 3: gathered parameter buffers, >= 2; default 2 */
     bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for
                                 measuring what prefetch gains); default false */
+    pdp_batch_mean batch_mean; /* uneven shards (ddp.h): default PDP_BATCH_MEAN_RANKS, the
+                                  mean of per-rank means (PyTorch's); PDP_BATCH_MEAN_GLOBAL
+                                  the global batch's. The same on every rank */
 } pdp_zero_desc;
 
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
@@ -205,8 +235,14 @@ PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_ze
 typedef struct pdp_zero_stats {
     int64_t steps;             /* synchronised backward passes finished */
     int64_t units;
-    int64_t bytes_sent;        /* the last step, by this rank: backward + step */
-    int64_t formula_bytes;     /* 2 (N-1)/N Psi_pad 4 (stages 1-2), 3 (N-1)/N Psi_pad 4 (3) */
+    int64_t bytes_sent;        /* the last step, by this rank: every collective since the step
+                                  before (its k micro-steps' backward passes, this step) */
+    int64_t micro_steps;       /* k: backward passes in the last step (k - 1 under no_sync) */
+    int64_t formula_bytes;     /* what the last step should send, from k (the formula above);
+                                  equal to bytes_sent unless clipping (its all-reduced scalar),
+                                  an evaluation forward or pdp_zero_gather_params ran between
+                                  steps */
+    char formula[160];         /* that formula in words, with k and N substituted */
     int64_t gathers;           /* all-gathers of the last step */
     double backward_s, reduce_s, wait_s;
     int64_t total_bytes_sent;

@@ -1558,23 +1558,18 @@ static enum greatest_test_res zn_check(int stage, int accum, int clip)
         ASSERT_EQ(cpu[r].stats.gathers, jobs[r].stats.gathers);
         ASSERT_EQ(cpu[r].stats.steps, jobs[r].stats.steps);
         ASSERT_EQ(ZN_STEPS * (stage == 1 ? 1 : accum), (int)jobs[r].stats.steps);
-        /* the last step's bytes, counted by the communicator: the formula, plus
-           clipping's scalar, plus (stages 2-3) the extra micro-batch's reduce-scatter
-           and, at stage 3, its gathers of the units not still held (at least one) */
+        /* the last step's bytes, counted by the communicator: the formula (which
+           counts the accumulated micro-batches' reduce-scatters and, at stage 3, their
+           gathers of the units not still held), plus clipping's scalar */
         extra = clip ? (int64_t)(2.0 * (n - 1) / n * 4.0) : 0;
-        if (stage >= 2) extra += (int64_t)(accum - 1) * (n - 1) * mm->shard_count * 4;
         snprintf(msg, sizeof msg, "stage %d accum %d clip %d: sent %lld, formula %lld + %lld",
                  stage, accum, clip, (long long)jobs[r].stats.bytes_sent,
                  (long long)jobs[r].stats.formula_bytes, (long long)extra);
-        ASSERT_EQ((stage == 3 ? 3 : 2) * (int64_t)(n - 1) * mm->shard_count * 4,
-                  jobs[r].stats.formula_bytes);
-        if (stage == 3 && accum > 1)
-            ASSERTm(msg, jobs[r].stats.bytes_sent > jobs[r].stats.formula_bytes + extra &&
-                             jobs[r].stats.bytes_sent <=
-                                 jobs[r].stats.formula_bytes + extra +
-                                     2 * (int64_t)(n - 1) * mm->shard_count * 4);
-        else
-            ASSERT_EQm(msg, jobs[r].stats.formula_bytes + extra, jobs[r].stats.bytes_sent);
+        ASSERT_EQ((int64_t)accum, jobs[r].stats.micro_steps);
+        if (accum == 1)
+            ASSERT_EQ((stage == 3 ? 3 : 2) * (int64_t)(n - 1) * mm->shard_count * 4,
+                      jobs[r].stats.formula_bytes);
+        ASSERT_EQm(msg, jobs[r].stats.formula_bytes + extra, jobs[r].stats.bytes_sent);
         if (stage < 3 || accum == 1)
             ASSERT_EQ((stage == 3 ? 2 : 1) * jobs[r].units, (int)jobs[r].stats.gathers);
     }

@@ -12,6 +12,11 @@
    under a per-rank allocation budget DDP fails with PDP_ERR_OUT_OF_MEMORY while
    stage 3 trains. Bytes: the communicator's count per step equals 2 (stages 1-2)
    or 3 (stage 3) x (N-1)/N x Psi_pad x 4. No allocation after the first step.
+   With accumulation (1-3 backward passes per step, N = 2, 3, stages 1-3) the
+   count equals formula_bytes, which names k. Uneven shards (5, 3, 2 samples):
+   the default trains the mean of per-rank means, batch_mean
+   PDP_BATCH_MEAN_GLOBAL the global batch's, each equal to one device computing
+   it, stages 1-3 with accumulation and an own loss.
    Faults: an absent rank times out naming the collective, the unit and the
    rank. An own loss under ZeRO synchronises too. The bf16 compression hook at
    stages 1-3 (check_zero_hook states its tolerances and byte counts).
@@ -639,6 +644,54 @@ TEST zero_memory_and_bytes_match_the_formulas(void)
                 ASSERT_EQ((stage == 3 ? 2 : 1) * ctx[r].units, (int)ctx[r].stats.gathers);
             }
         }
+    PASS();
+}
+
+/* Bytes per step with accumulation: the communicator's count equals formula_bytes for
+   stages 1-3 x 1, 2, 3 backward passes per step x N = 2, 3, with a unit per layer (3
+   units, more than param_buffers: stage 3's later forwards gather the one unit
+   backward did not leave gathered) and one unit for the whole model (kept whole: every
+   later forward gathers nothing); the stated formula names k, and against k = 1 stage
+   2 sends (k + 1) / 2 x, stage 3 with one unit (2k + 1) / 3 x. */
+TEST zero_bytes_equal_the_formula_with_accumulation(void)
+{
+    static rank_ctx ctx[MAXR];
+    static const double caps[] = {1e-9, 1e6};
+    static char msg[400];
+    config cf;
+    int stage, n, accum, r;
+    size_t k;
+    for (stage = 1; stage <= 3; stage++)
+        for (n = 2; n <= 3; n++)
+            for (k = 0; k < 2; k++) {
+                int64_t one = 0; /* the k = 1 figure */
+                for (accum = 1; accum <= 3; accum++) {
+                    char want[32];
+                    memset(&cf, 0, sizeof cf);
+                    cf.stage = stage;
+                    cf.n = n;
+                    cf.accum = accum;
+                    cf.cap_mb = caps[k];
+                    run_ranks(&cf, 30.0, ctx);
+                    snprintf(want, sizeof want, "k = %d", accum);
+                    for (r = 0; r < n; r++) {
+                        const pdp_zero_stats *zs = &ctx[r].stats;
+                        ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+                        snprintf(msg, sizeof msg, "stage %d N %d units %d k %d: sent %lld, "
+                                 "formula %lld (%s)", stage, n, ctx[r].units, accum,
+                                 (long long)zs->bytes_sent, (long long)zs->formula_bytes,
+                                 zs->formula);
+                        ASSERT_EQm(msg, zs->formula_bytes, zs->bytes_sent);
+                        ASSERT_EQm(msg, (int64_t)accum, zs->micro_steps);
+                        ASSERTm(msg, strstr(zs->formula, want) != NULL);
+                        if (accum == 1) one = zs->bytes_sent;
+                        else if (stage == 1) ASSERT_EQm(msg, one, zs->bytes_sent);
+                        else if (stage == 2) ASSERT_EQm(msg, one * (accum + 1), 2 * zs->bytes_sent);
+                        else if (ctx[r].units == 1)
+                            ASSERT_EQm(msg, one * (2 * accum + 1), 3 * zs->bytes_sent);
+                    }
+                }
+            }
     PASS();
 }
 
@@ -1483,6 +1536,191 @@ TEST zero_refuses_misuse(void)
     PASS();
 }
 
+/* ---- uneven shards: batch_mean ----
+   UN rank threads whose shards of each global micro-batch are uneven (5, 3, 2 samples,
+   then 2, 4, 1, then 1, 1, 6), SGD with momentum, a unit per layer. Default
+   (PDP_BATCH_MEAN_RANKS): every stage equals one device stepping on (1/N) x the sum of
+   the ranks' mean gradients, the mean of per-rank means (PyTorch DDP's); with
+   PDP_BATCH_MEAN_GLOBAL: one device on the concatenated micro-batches, the global
+   batch's mean; stages 1-3, 1-3 micro-steps (no_sync), the built-in cross-entropy and
+   an own loss (MSE through pdp_zero_forward/pdp_zero_backward), <= 1e-5 relative. The
+   two references differ by more than 1e-3 (so each check can fail), and bytes_sent
+   equals the formula, the batch sizes' all-reduces included. */
+
+#define UN 3
+static const int uneven[3][UN] = {{5, 3, 2}, {2, 4, 1}, {1, 1, 6}};
+
+static int uneven_first(int a, int r)
+{
+    int q, first = 0;
+    for (q = 0; q < r; q++) first += uneven[a][q];
+    return first;
+}
+
+/* One device: mean GLOBAL, each micro-batch whole; RANKS, each rank's rows on their own
+   (mean gradients accumulated), the sum scaled by 1/UN before the step. */
+static pdp_status uneven_single(pdp_batch_mean mean, int accum, int own_loss, float *params,
+                                int64_t *count)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    config cf;
+    pdp_optim_desc od;
+    static __thread float x[B * IN];
+    static __thread int32_t y[B];
+    float loss;
+    int64_t shape[2] = {0, IN}, i;
+    pdp_tensor xt;
+    pdp_status st;
+    int s, a, r;
+    memset(&cf, 0, sizeof cf);
+    od = optim_of(&cf);
+    if ((st = build_model(&m, 1, 16)) || (st = pdp_optim_create(&o, m, &od))) goto out;
+    for (s = 0; s < STEPS; s++) {
+        for (a = 0; a < accum; a++) {
+            make_batch(s * accum + a, uneven_first(a, UN), x, y);
+            for (r = 0; r < (mean == PDP_BATCH_MEAN_GLOBAL ? 1 : UN); r++) {
+                int first = mean == PDP_BATCH_MEAN_GLOBAL ? 0 : uneven_first(a, r);
+                shape[0] = mean == PDP_BATCH_MEAN_GLOBAL ? uneven_first(a, UN) : uneven[a][r];
+                pdp_tensor_wrap(x + first * IN, pdp_cpu(), 2, shape, &xt);
+                st = own_loss ? own_pass(NULL, m, &xt, y + first, &loss)
+                              : pdp_model_forward_backward(m, &xt, y + first, &loss);
+                if (st) goto out;
+            }
+        }
+        if (mean == PDP_BATCH_MEAN_RANKS)
+            for (i = 0; i < m->param_count; i++) m->grad_block[i] *= 1.0f / (float)UN;
+        if ((st = pdp_optim_step(o))) goto out;
+        pdp_model_zero_grad(m);
+    }
+    memcpy(params, m->param_block, (size_t)m->param_count * sizeof(float));
+    *count = m->param_count;
+out:
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+typedef struct uneven_job {
+    pdp_local_group *g;
+    int stage, rank, accum, own_loss;
+    pdp_batch_mean mean;
+    pdp_status st;
+    char msg[1024];
+    float params[MAXP];
+    int64_t count;
+    pdp_zero_stats stats;
+} uneven_job;
+
+static void *uneven_rank(void *arg)
+{
+    uneven_job *j = (uneven_job *)arg;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    config cf;
+    pdp_optim_desc od;
+    static __thread float x[B * IN];
+    static __thread int32_t y[B];
+    float loss;
+    int64_t shape[2] = {0, IN};
+    pdp_tensor xt;
+    pdp_status st;
+    int s, a, r = j->rank;
+    memset(&cf, 0, sizeof cf);
+    od = optim_of(&cf);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = j->stage;
+    zd.bucket_cap_mb = zd.first_bucket_mb = 1e-9; /* a unit per layer: 3 > param_buffers */
+    zd.batch_mean = j->mean;
+    if ((st = pdp_comm_create_local(&c, j->g, r)) || (st = build_model(&m, 1 + 49 * r, 16)) ||
+        (st = pdp_zero_create(&z, m, c, &zd)) || (st = pdp_zero_optim_create(&o, z, &od)))
+        goto out;
+    for (s = 0; s < STEPS && !st; s++) {
+        for (a = 0; a < j->accum && !st; a++) {
+            int first = uneven_first(a, r);
+            make_batch(s * j->accum + a, uneven_first(a, UN), x, y);
+            shape[0] = uneven[a][r];
+            pdp_tensor_wrap(x + first * IN, pdp_cpu(), 2, shape, &xt);
+            pdp_zero_set_no_sync(z, a < j->accum - 1);
+            st = j->own_loss ? own_pass(z, m, &xt, y + first, &loss)
+                             : pdp_zero_forward_backward(z, &xt, y + first, &loss);
+        }
+        if (!st) st = pdp_zero_step(z, o);
+    }
+    if (!st) st = pdp_zero_gather_params(z, j->params);
+    j->count = m->param_count;
+    pdp_zero_get_stats(z, &j->stats);
+out:
+    j->st = st;
+    if (st) snprintf(j->msg, sizeof j->msg, "%s", pdp_last_error());
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static enum greatest_test_res check_uneven(int stage, pdp_batch_mean mean, int accum, int own)
+{
+    static uneven_job jobs[UN];
+    static float ref[MAXP], other[MAXP];
+    static char msg[300];
+    pthread_t t[UN];
+    pdp_local_group *g = NULL;
+    int64_t count = 0, count2 = 0;
+    double e, apart;
+    int r;
+    pdp_batch_mean not_mean = mean == PDP_BATCH_MEAN_GLOBAL ? PDP_BATCH_MEAN_RANKS
+                                                             : PDP_BATCH_MEAN_GLOBAL;
+    ASSERT_ENUM_EQ(PDP_OK, uneven_single(mean, accum, own, ref, &count), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, uneven_single(not_mean, accum, own, other, &count2), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, UN, NULL), pdp_status_name);
+    for (r = 0; r < UN; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r].g = g;
+        jobs[r].stage = stage;
+        jobs[r].rank = r;
+        jobs[r].accum = accum;
+        jobs[r].own_loss = own;
+        jobs[r].mean = mean;
+        pthread_create(&t[r], NULL, uneven_rank, &jobs[r]);
+    }
+    for (r = 0; r < UN; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+    for (r = 0; r < UN; r++) ASSERT_ENUM_EQm(jobs[r].msg, PDP_OK, jobs[r].st, pdp_status_name);
+    ASSERT_EQ(count, jobs[0].count);
+    e = rel_diff(jobs[0].params, ref, count);
+    apart = rel_diff(other, ref, count);
+    snprintf(msg, sizeof msg, "stage %d %s accum %d own loss %d: |zero - its reference| %.3g, "
+             "the two references %.3g apart; sent %lld, formula %lld (%s)", stage,
+             mean == PDP_BATCH_MEAN_GLOBAL ? "GLOBAL" : "RANKS", accum, own, e, apart,
+             (long long)jobs[0].stats.bytes_sent, (long long)jobs[0].stats.formula_bytes,
+             jobs[0].stats.formula);
+    ASSERTm(msg, e <= 1e-5);
+    ASSERTm(msg, apart > 1e-3);
+    for (r = 0; r < UN; r++) {
+        ASSERT_MEM_EQm("ranks differ", jobs[0].params, jobs[r].params, (size_t)count * 4);
+        ASSERT_EQm(msg, jobs[r].stats.formula_bytes, jobs[r].stats.bytes_sent);
+        ASSERT_EQ((int64_t)accum, jobs[r].stats.micro_steps);
+    }
+    PASS();
+}
+
+TEST zero_uneven_shards_train_the_mean_batch_mean_says(void)
+{
+    int stage, accum, own;
+    for (stage = 1; stage <= 3; stage++)
+        for (accum = 1; accum <= 3; accum++)
+            for (own = 0; own <= 1; own++) {
+                CHECK_CALL(check_uneven(stage, PDP_BATCH_MEAN_RANKS, accum, own));
+                CHECK_CALL(check_uneven(stage, PDP_BATCH_MEAN_GLOBAL, accum, own));
+            }
+    PASS();
+}
+
 SUITE(zero)
 {
     RUN_TEST(zero_equals_ddp_and_single_device);
@@ -1501,12 +1739,19 @@ SUITE(zero)
     RUN_TEST(zero_checkpoint_absent_rank_times_out_naming_it);
 }
 
+SUITE(zero_uneven_and_accumulation)
+{
+    RUN_TEST(zero_uneven_shards_train_the_mean_batch_mean_says);
+    RUN_TEST(zero_bytes_equal_the_formula_with_accumulation);
+}
+
 GREATEST_MAIN_DEFS();
 
 int main(int argc, char **argv)
 {
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(zero);
+    RUN_SUITE(zero_uneven_and_accumulation);
     if (ckpt_dir[0]) { /* the checkpoint tests' files */
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt_dir);
