@@ -29,6 +29,16 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
     if (count) *count = base + (rank < extra);
 }
 
+/* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
+   bias, the row-parallel weight; every other parameter (the row-parallel bias, every
+   non-TP layer's) is whole on every TP rank. */
+static bool pdp__tp_is_split(const pdp_model *m, int p)
+{
+    const pdp__layer *l = &m->layers[m->params[p].layer];
+    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
+           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
+}
+
 /* ---- tp: f and g, the conjugate operators ---- */
 
 /* The TP all-reduce (sum, synchronous) of count floats at buf, counted in the stats;

@@ -20,6 +20,11 @@ PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
         return pdp__err(PDP_ERR_DEVICE, "pdp_model_set_tp: communicator '%s' on device %d:%d, "
                         "model on %d:%d", tp->name, tp->device.kind, tp->device.ordinal,
                         m->device.kind, m->device.ordinal);
+    /* clipping's scalar on a CUDA model: NCCL all-reduces device memory only */
+    if (m->device.kind != PDP_DEVICE_CPU && !m->tp.dscalar &&
+        pdp__dev_alloc(m->device, sizeof(float), (void **)&m->tp.dscalar) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_set_tp: no device memory for the "
+                        "clipping scalar (device %d)", m->device.ordinal);
     m->tp.comm = tp;
     m->tp.rank = pdp_comm_rank(tp);
     m->tp.size = pdp_comm_size(tp);
@@ -166,14 +171,6 @@ static pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *f
         if (st != PDP_OK) return st;
     }
     return PDP_OK;
-}
-
-/* Whether parameter p is split across the TP ranks (else every rank holds all of it). */
-static bool pdp__tp_is_split(const pdp_model *m, int p)
-{
-    const pdp__layer *l = &m->layers[m->params[p].layer];
-    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
-           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
 }
 
 /* dst (full's layout) <- the full tensors from every rank's slices of src (m's layout):
