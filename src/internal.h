@@ -309,12 +309,23 @@ typedef struct pdp__tp_state {
     pdp_comm *comm;
     int rank, size;
     int nlayers;          /* TP layers added */
+    int checked;          /* TP layers the last passing width check covered: f's forward
+                             runs the check (collective) while it differs from nlayers */
+    pdp_model *model;     /* the model holding this state (the check reads its layers) */
+    /* tp.c's pdp__tp_check_widths, set by pdp_model_set_tp (f's forward, layers_tp.c,
+       comes before tp.c in the amalgamation) */
+    pdp_status (*check_widths)(struct pdp__tp_state *tp);
     float scalar;         /* clipping's all-reduced squared norm (pdp_clip_grad_norm) */
     float *dscalar;       /* a CUDA model's device copy of it (NCCL reduces device memory
                              only): allocated by pdp_model_set_tp, freed by pdp_model_free */
     pdp_tp_stats stats;
 } pdp__tp_state;
 
+/* Every TP rank's TP layers against TP rank 0's (kinds, places, full widths), collective
+   over tp->comm: all ranks return PDP_ERR_INVALID naming the first difference, or PDP_OK
+   and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
+   != nlayers. */
+static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 static bool pdp__tp_is_split(const pdp_model *m, int p);
 

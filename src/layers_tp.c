@@ -13,7 +13,8 @@
 
    Invariants: every rank of the TP communicator has the same layers in the same order,
    so f and g issue the same all-reduces in the same order; after g every rank holds
-   the same bits. Nothing here allocates. */
+   the same bits. Nothing here allocates after the first forward, whose f runs the width
+   check (tp.c: every TP rank built the same TP layers). */
 
 #include "internal.h"
 
@@ -94,9 +95,16 @@ static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, con
     return pdp__tp_op_setup(l, in);
 }
 
-/* f forward: identity. */
+/* f forward: identity. At the first forward (and after TP layers were added) the width
+   check first: every TP rank built the same TP layers (f is the first TP layer of every
+   block, so every rank reaches it before any other TP collective). */
 static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
+    pdp_status st;
+    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK) {
+        *io->status = st;
+        return;
+    }
     pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
 }
 

@@ -43,6 +43,12 @@
    gradient over the ranks holding the same slice. ZeRO (pdp_zero_create on dp) works
    the same way.
 
+   Same model on every rank: the first forward (f's, the first TP layer of every block)
+   runs one check over the TP group, as DDP checks its parameters: every TP layer's
+   place, kind and full widths against TP rank 0's. A difference (ranks that built 8
+   and 12 features) fails on every rank with PDP_ERR_INVALID naming the layer and both
+   widths; it runs again at the next forward (and after TP layers are added).
+
    Gradient clipping: pdp_clip_grad_norm on a TP model is collective over the TP group.
    The full model's squared norm is every rank's slices plus the replicated tensors (the
    row-parallel bias, LayerNorm, any layer outside the blocks) added by TP rank 0 only,

@@ -13,13 +13,16 @@
    ZeRO stages 1-3 over the DP groups, at max_norms that clip no step, some steps and
    every step (set from the single-device norms): the same training as one device
    clipping with pdp_clip_grad_norm, the returned norm the single device's (2e-6
-   relative) and the same bits on every rank. Traffic: the stats count one forward all-reduce of B x d per block and one
+   relative) and the same bits on every rank. Ranks that built different TP widths (8
+   and 12 hidden features, 3 and 5 outputs, a block more) fail at the first forward
+   and again at the next, every rank with PDP_ERR_INVALID naming the layer and both
+   widths. Traffic: the stats count one forward all-reduce of B x d per block and one
    backward of B x in (none for the block at layer 0), and the ring figure. Checkpoints: a TP save on 3 ranks writes the bytes pdp_checkpoint_save writes
    for the single-device model holding the same values; it loads on one device and into
    2 TP ranks, which then train on as the single device does. Errors: block order,
    missing communicator, a width below the TP size, a late pdp_model_set_tp, a TP
-   checkpoint of a plain model, a rank that never arrives (timeout naming g), a bad
-   max_norm and a pipeline stage refused by pdp_clip_grad_norm, and the hot
+   checkpoint of a plain model, a rank that stops after the first step (timeout naming
+   g), a bad max_norm and a pipeline stage refused by pdp_clip_grad_norm, and the hot
    loop allocates nothing. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
@@ -236,7 +239,7 @@ typedef struct rank_ctx {
     float clip;       /* >= 0: pdp_clip_grad_norm (pdp_zero_clip_grad_norm) at that max_norm
                          every step, after the DP reduction; < 0: no clipping */
     float norms[STEPS];     /* the total norms the clipping call returned */
-    int scenario;     /* 0 train, 1 rank size-1 never arrives, 2 checkpoint save,
+    int scenario;     /* 0 train, 1 rank size-1 stops after step 0, 2 checkpoint save,
                          3 checkpoint load then train */
     const char *path;
     pdp_status st;
@@ -310,18 +313,19 @@ static void *rank_main(void *arg)
                (ctx->dp > 1 && fail(ctx, pdp_ddp_create(&d, m, dp, NULL)))) {
         goto out;
     }
-    if (ctx->scenario == 1 && r == ctx->size - 1) { /* never runs a forward; leaves last */
-        pthread_mutex_lock(&absent_mu);
-        while (absent_done < ctx->size - 1) pthread_cond_wait(&absent_cv, &absent_mu);
-        pthread_mutex_unlock(&absent_mu);
-        goto out;
-    }
     if (ctx->scenario == 3) {
         if (fail(ctx, pdp_tp_checkpoint_load(ctx->path, m, o))) goto out;
         compare(m, plain_layout, ref_init, &ctx->init_worst, &scale); /* the loaded values */
     }
     pdp_tensor_wrap(x + dpr * local * IN, pdp_cpu(), 2, shape, &xt);
     for (s = 0; s < STEPS; s++) {
+        if (ctx->scenario == 1 && r == ctx->size - 1 && s == 1) {
+            /* ran the first step (and its width check), never the second; leaves last */
+            pthread_mutex_lock(&absent_mu);
+            while (absent_done < ctx->size - 1) pthread_cond_wait(&absent_cv, &absent_mu);
+            pthread_mutex_unlock(&absent_mu);
+            goto out;
+        }
         make_batch(ctx->scenario == 3 ? STEPS + s : s, x, y);
         if (s == 1) before = atomic_load(&test_allocs);
         if (z) { /* the shards hold the DP-averaged gradients after finish */
@@ -631,6 +635,120 @@ TEST tp_clip_grad_norm_refuses_bad_max_norm_and_a_pipeline_stage(void)
     PASS();
 }
 
+/* ---- ranks that built different TP widths ---- */
+
+typedef struct width_ctx {
+    pdp_local_group *g;
+    int rank;
+    int64_t hidden, out; /* the ColumnParallelLinear's and RowParallelLinear's widths */
+    bool extra_block;    /* a second block after the first */
+    pdp_status st[2];    /* the first and the second forward-backward */
+    char msg[2][1024];
+} width_ctx;
+
+static void *width_main(void *arg)
+{
+    width_ctx *ctx = (width_ctx *)arg;
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_comm *c = NULL;
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {B, IN};
+    pdp_tensor xt;
+    pdp_status st;
+    int k;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = IN;
+    md.seed = 7;
+    ctx->st[0] = ctx->st[1] = PDP_ERR_STATE;
+    if ((st = pdp_comm_create_local(&c, ctx->g, ctx->rank)) || (st = pdp_model_create(&m, &md)) ||
+        (st = pdp_model_set_tp(m, c)) || (st = pdp_model_add_tp_copy(m)) ||
+        (st = pdp_model_add_column_parallel_linear(m, ctx->hidden)) ||
+        (st = pdp_model_add_relu(m)) || (st = pdp_model_add_row_parallel_linear(m, ctx->out)) ||
+        (st = pdp_model_add_tp_reduce(m)) ||
+        (ctx->extra_block &&
+         ((st = pdp_model_add_tp_copy(m)) || (st = pdp_model_add_column_parallel_linear(m, 4)) ||
+          (st = pdp_model_add_relu(m)) || (st = pdp_model_add_row_parallel_linear(m, ctx->out)) ||
+          (st = pdp_model_add_tp_reduce(m))))) {
+        snprintf(ctx->msg[0], sizeof ctx->msg[0], "build: %.900s", pdp_last_error());
+        goto out;
+    }
+    make_batch(0, x, y);
+    for (k = 0; k < B; k++) y[k] %= 3; /* fewer outputs than CLASSES in some cases */
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    for (k = 0; k < 2; k++) { /* the check runs again: every rank fails again, none hangs */
+        ctx->st[k] = pdp_model_forward_backward(m, &xt, y, &loss);
+        snprintf(ctx->msg[k], sizeof ctx->msg[k], "%s", pdp_last_error());
+    }
+out:
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* Runs n ranks; rank r builds hidden[r], out[r], extra block when r == extra_rank. */
+static void run_widths(width_ctx *ctx, int n, const int64_t *hidden, const int64_t *out,
+                       int extra_rank)
+{
+    pthread_t th[MAXR];
+    pdp_comm_desc cd;
+    pdp_local_group *g = NULL;
+    int r;
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = 5.0; /* a hang would end here, as a failure */
+    memset(ctx, 0, sizeof *ctx * (size_t)n);
+    if (pdp_local_group_create(&g, n, &cd) != PDP_OK) return;
+    for (r = 0; r < n; r++) {
+        ctx[r].g = g;
+        ctx[r].rank = r;
+        ctx[r].hidden = hidden[r];
+        ctx[r].out = out[r];
+        ctx[r].extra_block = r == extra_rank;
+        pthread_create(&th[r], NULL, width_main, &ctx[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(th[r], NULL);
+    pdp_local_group_free(g);
+}
+
+TEST tp_ranks_that_built_different_widths_fail_at_the_first_forward(void)
+{
+    static const int64_t same[3] = {12, 12, 12}, h812[3] = {8, 12, 8}, o3[3] = {3, 3, 3},
+                         o35[3] = {3, 3, 5};
+    width_ctx ctx[3];
+    int r, k;
+    /* the hidden width: 8 on TP ranks 0 and 2, 12 on TP rank 1 */
+    run_widths(ctx, 3, h812, o3, -1);
+    for (r = 0; r < 3; r++)
+        for (k = 0; k < 2; k++) {
+            ASSERT_ENUM_EQm(ctx[r].msg[k], PDP_ERR_INVALID, ctx[r].st[k], pdp_status_name);
+            ASSERT(strstr(ctx[r].msg[k], "pdp_model_forward") == ctx[r].msg[k]);
+            ASSERT(strstr(ctx[r].msg[k], "layer 1 (ColumnParallelLinear)") != NULL);
+            ASSERT(strstr(ctx[r].msg[k], "12 on TP rank 1") != NULL);
+            ASSERT(strstr(ctx[r].msg[k], "8 on TP rank 0") != NULL);
+        }
+    /* the RowParallelLinear's output: 5 on TP rank 2 */
+    run_widths(ctx, 3, same, o35, -1);
+    for (r = 0; r < 3; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg[0], PDP_ERR_INVALID, ctx[r].st[0], pdp_status_name);
+        ASSERT(strstr(ctx[r].msg[0], "layer 3 (RowParallelLinear)") != NULL);
+        ASSERT(strstr(ctx[r].msg[0], "5 on TP rank 2") != NULL);
+        ASSERT(strstr(ctx[r].msg[0], "3 on TP rank 0") != NULL);
+    }
+    /* a second block on TP rank 1 only */
+    run_widths(ctx, 2, same, o3, 1);
+    for (r = 0; r < 2; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg[0], PDP_ERR_INVALID, ctx[r].st[0], pdp_status_name);
+        ASSERT(strstr(ctx[r].msg[0], "8 TP layers on TP rank 1 but 4 on TP rank 0") != NULL);
+        ASSERT(strstr(ctx[r].msg[0], "layer 5 (CopyToModelParallelRegion)") != NULL);
+    }
+    /* the same widths train */
+    run_widths(ctx, 3, same, o3, -1);
+    for (r = 0; r < 3; r++)
+        for (k = 0; k < 2; k++) ASSERT_ENUM_EQm(ctx[r].msg[k], PDP_OK, ctx[r].st[k], pdp_status_name);
+    PASS();
+}
+
 /* The bytes of a file (malloc'd; *len). */
 static unsigned char *slurp(const char *path, long *len)
 {
@@ -833,6 +951,7 @@ SUITE(tp)
     RUN_TEST(tp_clip_grad_norm_is_the_global_norm_on_tp_and_dp_x_tp);
     RUN_TEST(tp_zero_clip_grad_norm_counts_slices_and_replicas_once);
     RUN_TEST(tp_clip_grad_norm_refuses_bad_max_norm_and_a_pipeline_stage);
+    RUN_TEST(tp_ranks_that_built_different_widths_fail_at_the_first_forward);
 }
 
 GREATEST_MAIN_DEFS();
