@@ -212,6 +212,12 @@
    forward and B x in in f's backward; none when f is the first layer). pdp_tp_checkpoint_save/load (collective) read and write the full tensors,
    the file one device would write. 2-D: split a world into TP groups and DP groups
    with pdp_comm_split and wrap the TP model in pdp_ddp_create on the DP group.
+   The first forward checks that every TP rank built the same TP layers (a width
+   that differs fails on every rank, PDP_ERR_INVALID naming the layer and both
+   widths). pdp_clip_grad_norm on a TP model is collective over its TP group: the
+   full model's norm (slices summed over the group, replicated tensors counted
+   once), the same coefficient on every rank; under DDP call it after
+   pdp_ddp_finish; under ZeRO pdp_zero_clip_grad_norm counts the same way.
 
    Pipeline parallel (pp.h): every rank builds the same full model and calls
    pdp_pp_create(&pp, full, comm, &desc); rank r keeps stage r's layers
@@ -740,7 +746,16 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind); /* "SGD", "Adam", 
 /* Scales all gradients so their global L2 norm is at most max_norm (as
    torch.nn.utils.clip_grad_norm_); *total_norm gets the norm before clipping
    (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC; max_norm must be finite
-   and >= 0 (else PDP_ERR_INVALID). */
+   and >= 0 (else PDP_ERR_INVALID; the rule of every clipping call, ZeRO's and the
+   pipeline's too).
+   Tensor parallel (a model with a TP communicator, tp.h): collective over the TP
+   group, every TP rank calls it. The norm is the full model's: each rank's slices,
+   summed over the group, plus the replicated tensors (LayerNorm, the row-parallel
+   bias, every non-TP layer) counted once; every rank gets the same norm and scales by
+   the same coefficient, so the replicated tensors stay the same bits. Under DDP
+   (DP x TP) call it after pdp_ddp_finish (each slice then averaged over its DP group).
+   Refused (PDP_ERR_STATE): a model whose gradients ZeRO holds (pdp_zero_clip_grad_norm)
+   and a pipeline stage (pdp_pp_clip_grad_norm). */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm);
 
 /* Linear warm-up, then cosine decay (llm.c's schedule). step counts from 0:
@@ -1701,7 +1716,22 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    parallel: split a world of D x T ranks into TP groups (pdp_comm_split(world, rank / T,
    rank, &tp)) and DP groups (pdp_comm_split(world, rank % T, rank, &dp)), build the TP
    model on tp and wrap it in pdp_ddp_create(..., dp, ...): DDP averages each slice's
-   gradient over the ranks holding the same slice.
+   gradient over the ranks holding the same slice. ZeRO (pdp_zero_create on dp) works
+   the same way.
+
+   Same model on every rank: the first forward (f's, the first TP layer of every block)
+   runs one check over the TP group, as DDP checks its parameters: every TP layer's
+   place, kind and full widths against TP rank 0's. A difference (ranks that built 8
+   and 12 features) fails on every rank with PDP_ERR_INVALID naming the layer and both
+   widths; it runs again at the next forward (and after TP layers are added).
+
+   Gradient clipping: pdp_clip_grad_norm on a TP model is collective over the TP group.
+   The full model's squared norm is every rank's slices plus the replicated tensors (the
+   row-parallel bias, LayerNorm, any layer outside the blocks) added by TP rank 0 only,
+   summed by one all-reduce of one float, so every rank scales by the same coefficient
+   and the replicated tensors stay the same bits. DP x TP: call it after
+   pdp_ddp_finish. Under ZeRO, pdp_zero_clip_grad_norm sums its shards over the DP group
+   and then the TP group, counting the same way.
 
    Checkpoints: pdp_tp_checkpoint_save gathers the full tensors (and the optimizer's
    state) and writes one ordinary checkpoint, the file pdp_checkpoint_save writes for
@@ -1930,7 +1960,11 @@ PDP_API pdp_status pdp_zero_backward(pdp_zero *z, const pdp_tensor *dy);
 PDP_API pdp_status pdp_zero_finish(pdp_zero *z);
 /* Gradient clipping from shards (after finish, before step): the squared norm
    of the shard, all-reduced (sum); every rank scales its shard by the same
-   coefficient (torch.nn.utils.clip_grad_norm_'s). Collective. */
+   coefficient (torch.nn.utils.clip_grad_norm_'s). Collective. max_norm as
+   pdp_clip_grad_norm's (finite and >= 0, else PDP_ERR_INVALID). On a TP model (ZeRO
+   over the DP group of a DP x TP world) it is collective over the TP group as well:
+   slices count on every TP rank and replicated tensors once, so the norm is the full
+   model's (tp.h). */
 PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm);
 /* pdp_zero_finish, then the shard's update with opt (from pdp_zero_optim_create),
    zeroed gradients, and (stages 1-2) the all-gather of the updated parameters. */
@@ -3041,8 +3075,25 @@ typedef struct pdp__tp_state {
     pdp_comm *comm;
     int rank, size;
     int nlayers;          /* TP layers added */
+    int checked;          /* TP layers the last passing width check covered: f's forward
+                             runs the check (collective) while it differs from nlayers */
+    pdp_model *model;     /* the model holding this state (the check reads its layers) */
+    /* tp.c's pdp__tp_check_widths, set by pdp_model_set_tp (f's forward, layers_tp.c,
+       comes before tp.c in the amalgamation) */
+    pdp_status (*check_widths)(struct pdp__tp_state *tp);
+    float scalar;         /* clipping's all-reduced squared norm (pdp_clip_grad_norm) */
+    float *dscalar;       /* a CUDA model's device copy of it (NCCL reduces device memory
+                             only): allocated by pdp_model_set_tp, freed by pdp_model_free */
     pdp_tp_stats stats;
 } pdp__tp_state;
+
+/* Every TP rank's TP layers against TP rank 0's (kinds, places, full widths), collective
+   over tp->comm: all ranks return PDP_ERR_INVALID naming the first difference, or PDP_OK
+   and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
+   != nlayers. */
+static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
+static bool pdp__tp_is_split(const pdp_model *m, int p);
 
 static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -3196,6 +3247,24 @@ static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n,
                                   const char *fn);
 static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
                                   const char *fn);
+/* *sum += the squares of gradient elements [lo, hi) of m's flat block, held at g[0, hi -
+   lo), as a TP group counts them: on a TP model a slice's elements on every TP rank and
+   a replicated tensor's on TP rank 0 only, so that the sum over the TP group is the full
+   model's; on any other model every element (pdp__grad_sumsq). */
+static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                        int64_t hi, double *sum, const char *fn);
+/* The one rule for max_norm of every clipping call (pdp_clip_grad_norm,
+   pdp_zero_clip_grad_norm, pdp_pp_clip_grad_norm): finite and >= 0, else
+   PDP_ERR_INVALID "fn: max_norm ...". */
+static pdp_status pdp__check_max_norm(float max_norm, const char *fn);
+/* torch.nn.utils.clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), in double,
+   rounded to float; >= 1 means no clipping. */
+static float pdp__clip_coef(float max_norm, double norm);
+/* *sum <- the sum over c's ranks of *sum (a float all-reduce: every rank gets the same
+   bits). host: a float that outlives the call (the executor's); dev: its copy on c's
+   device for a CUDA communicator (NCCL reduces device memory only), else NULL. The
+   message names the failing collective; the caller prefixes its own. */
+static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum);
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal
@@ -12753,7 +12822,8 @@ static pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__lay
 
    Invariants: every rank of the TP communicator has the same layers in the same order,
    so f and g issue the same all-reduces in the same order; after g every rank holds
-   the same bits. Nothing here allocates. */
+   the same bits. Nothing here allocates after the first forward, whose f runs the width
+   check (tp.c: every TP rank built the same TP layers). */
 
 /* #include "internal.h" (already above) */
 
@@ -12767,6 +12837,16 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
     extra = full % size;
     if (lo) *lo = rank * base + PDP__MIN((int64_t)rank, extra);
     if (count) *count = base + (rank < extra);
+}
+
+/* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
+   bias, the row-parallel weight; every other parameter (the row-parallel bias, every
+   non-TP layer's) is whole on every TP rank. */
+static bool pdp__tp_is_split(const pdp_model *m, int p)
+{
+    const pdp__layer *l = &m->layers[m->params[p].layer];
+    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
+           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
 }
 
 /* ---- tp: f and g, the conjugate operators ---- */
@@ -12824,9 +12904,16 @@ static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, con
     return pdp__tp_op_setup(l, in);
 }
 
-/* f forward: identity. */
+/* f forward: identity. At the first forward (and after TP layers were added) the width
+   check first: every TP rank built the same TP layers (f is the first TP layer of every
+   block, so every rank reaches it before any other TP collective). */
 static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
+    pdp_status st;
+    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK) {
+        *io->status = st;
+        return;
+    }
     pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
 }
 
@@ -13258,6 +13345,7 @@ PDP_API void pdp_model_free(pdp_model *m)
     pdp__model_free_buffers(m);
     if (!m->params_shared) pdp__dev_free(m->device, m->param_block);
     pdp__dev_free(m->device, m->grad_block);
+    pdp__dev_free(m->device, m->tp.dscalar); /* tp.c: a CUDA TP model's clipping scalar */
     pdp__dealloc(m->layers);
     pdp__dealloc(m->params);
     pdp__dealloc(m);
@@ -14739,32 +14827,83 @@ static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float
     return PDP_OK;
 }
 
+static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                        int64_t hi, double *sum, const char *fn)
+{
+    int p;
+    pdp_status st;
+    if (!m->tp.comm) return pdp__grad_sumsq(m, g, hi - lo, sum, fn);
+    for (p = 0; p < m->nparams; p++) { /* each tensor's part of [lo, hi) */
+        const pdp__param_entry *e = &m->params[p];
+        int64_t a = PDP__MAX(lo, e->offset), b = PDP__MIN(hi, e->offset + e->count);
+        if (a >= b || (m->tp.rank != 0 && !pdp__tp_is_split(m, p))) continue;
+        if ((st = pdp__grad_sumsq(m, g + (a - lo), b - a, sum, fn)) != PDP_OK) return st;
+    }
+    return PDP_OK;
+}
+
+static pdp_status pdp__check_max_norm(float max_norm, const char *fn)
+{
+    /* NaN would scale by NaN, +Inf clip nothing while looking like a setting */
+    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: max_norm %g must be finite and >= 0", fn,
+                        (double)max_norm);
+    return PDP_OK;
+}
+
+static float pdp__clip_coef(float max_norm, double norm)
+{
+    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
+    return (float)((double)max_norm / (norm + 1e-6));
+}
+
+static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum)
+{
+    pdp_status st;
+    *host = (float)*sum;
+    if (dev) {
+        if ((st = pdp__dev_copy(c->device, dev, pdp_cpu(), host, sizeof *host)) != PDP_OK ||
+            (st = pdp_comm_allreduce(c, dev, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK ||
+            (st = pdp__dev_copy(pdp_cpu(), host, c->device, dev, sizeof *host)) != PDP_OK)
+            return st;
+    } else if ((st = pdp_comm_allreduce(c, host, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK) {
+        return st;
+    }
+    *sum = (double)*host;
+    return PDP_OK;
+}
+
+/* On a TP model (a TP communicator attached) a collective over the TP group: every rank
+   adds its slices and TP rank 0 the replicated tensors (pdp__grad_sumsq_range), one
+   all-reduce gives every rank the full model's norm, so every rank scales by the same
+   coefficient and the replicated tensors stay the same bits. */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm)
 {
+    static const char *fn = "pdp_clip_grad_norm";
     double sum = 0.0, norm;
     float coef;
-    const float *g;
-    int64_t n;
     pdp_status st;
     if (total_norm) *total_norm = 0.0f;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
-    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be finite and >= 0",
-                        (double)max_norm);
-    g = m->grad_block;
-    n = m->param_count;
-    if (!g && n)
-        return pdp__err(PDP_ERR_STATE, "pdp_clip_grad_norm: the model's gradients are sharded "
-                        "by ZeRO: use pdp_zero_clip_grad_norm");
-    if ((st = pdp__grad_sumsq(m, g, n, &sum, "pdp_clip_grad_norm")) != PDP_OK) return st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__check_max_norm(max_norm, fn)) != PDP_OK) return st;
+    if (m->wrapped == PDP__WRAP_PP)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is a pipeline stage holding one stage's "
+                        "gradients: use pdp_pp_clip_grad_norm (collective over the pipeline)", fn);
+    if (m->wrapped == PDP__WRAP_ZERO || (!m->grad_block && m->param_count))
+        return pdp__err(PDP_ERR_STATE, "%s: the model's gradients are sharded by ZeRO: use "
+                        "pdp_zero_clip_grad_norm", fn);
+    if ((st = pdp__grad_sumsq_range(m, m->grad_block, 0, m->param_count, &sum, fn)) != PDP_OK)
+        return st;
+    if (m->tp.comm && m->tp.size > 1 &&
+        (st = pdp__grad_allreduce_sum(m->tp.comm, &m->tp.scalar, m->tp.dscalar, &sum)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: TP rank %d of %d: all-reducing the squared norm", fn,
+                             m->tp.rank, m->tp.size);
     norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
-    if (!isfinite(norm))
-        return pdp__err(PDP_ERR_NUMERIC, "pdp_clip_grad_norm: the gradient norm is %g", norm);
-    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
-    coef = (float)((double)max_norm / (norm + 1e-6));
+    if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
+    coef = pdp__clip_coef(max_norm, norm);
     if (coef >= 1.0f) return PDP_OK;
-    return pdp__grad_scale(m, m->grad_block, n, coef, "pdp_clip_grad_norm");
+    return pdp__grad_scale(m, m->grad_block, m->param_count, coef, fn);
 }
 
 /* ---- optim: learning-rate schedule ---- */
@@ -19304,11 +19443,13 @@ PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
 /* ---- begin src/tp.c ---- */
 /* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
    constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
-   and full-tensor checkpoints, which map each rank's slice into the full tensor
+   the check that every TP rank built the same TP layers (run by f's forward at the
+   first forward, through the TP state's pointer: layers_tp.c comes first), and
+   full-tensor checkpoints, which map each rank's slice into the full tensor
    (pdp__tp_runs) through a staging copy of the full (single-device) model.
 
    Invariants: the model's TP state (comm, rank, size) is fixed once a TP layer exists.
-   Nothing here runs during training. */
+   During training only the width check runs here, at the first forward. */
 
 /* #include "internal.h" (already above) */
 
@@ -19324,9 +19465,17 @@ PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
         return pdp__err(PDP_ERR_DEVICE, "pdp_model_set_tp: communicator '%s' on device %d:%d, "
                         "model on %d:%d", tp->name, tp->device.kind, tp->device.ordinal,
                         m->device.kind, m->device.ordinal);
+    /* clipping's scalar on a CUDA model: NCCL all-reduces device memory only */
+    if (m->device.kind != PDP_DEVICE_CPU && !m->tp.dscalar &&
+        pdp__dev_alloc(m->device, sizeof(float), (void **)&m->tp.dscalar) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_set_tp: no device memory for the "
+                        "clipping scalar (device %d)", m->device.ordinal);
     m->tp.comm = tp;
     m->tp.rank = pdp_comm_rank(tp);
     m->tp.size = pdp_comm_size(tp);
+    m->tp.model = m;
+    m->tp.checked = 0;
+    m->tp.check_widths = pdp__tp_check_widths;
     return PDP_OK;
 }
 
@@ -19472,12 +19621,122 @@ static pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *f
     return PDP_OK;
 }
 
-/* Whether parameter p is split across the TP ranks (else every rank holds all of it). */
-static bool pdp__tp_is_split(const pdp_model *m, int p)
+/* ---- tp: the width check ---- */
+
+/* A TP layer as the check compares it: its place, its kind and its full (unsplit)
+   input and output features. */
+typedef struct pdp__tp_sig {
+    int64_t layer, kind, in, out;
+} pdp__tp_sig;
+
+/* What a rank found: its TP layer count and, at the first TP layer that differs from TP
+   rank 0's (at; -1: none), its own (zeros when it has none there). */
+typedef struct pdp__tp_verdict {
+    int64_t at, count;
+    pdp__tp_sig sig;
+} pdp__tp_verdict;
+
+static bool pdp__tp_kind(pdp__layer_kind k)
 {
-    const pdp__layer *l = &m->layers[m->params[p].layer];
-    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
-           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
+    return k == PDP__TP_COPY || k == PDP__TP_REDUCE || k == PDP__COLUMN_PARALLEL_LINEAR ||
+           k == PDP__ROW_PARALLEL_LINEAR;
+}
+
+/* The signature of m's k-th TP layer; false when it has fewer. */
+static bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
+{
+    int i;
+    memset(s, 0, sizeof *s);
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (!pdp__tp_kind(l->kind) || k-- > 0) continue;
+        s->layer = i;
+        s->kind = (int64_t)l->kind;
+        s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_count;
+        s->out = l->kind == PDP__COLUMN_PARALLEL_LINEAR ? l->tp_full
+                 : l->kind == PDP__ROW_PARALLEL_LINEAR  ? l->out_features
+                                                        : l->in_count;
+        return true;
+    }
+    return false;
+}
+
+/* "layer 1 (ColumnParallelLinear) 6 -> 12" */
+static void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
+{
+    snprintf(out, cap, "layer %lld (%s) %lld -> %lld", (long long)s->layer,
+             pdp__layer_kind_name((pdp__layer_kind)s->kind), (long long)s->in,
+             (long long)s->out);
+}
+
+/* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
+   to every rank, each rank compares, and every rank's verdict goes to every rank (one
+   small broadcast from each), so all fail together with the same message. */
+static pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
+{
+    const pdp_model *m = tp->model;
+    int64_t n0 = tp->nlayers, k;
+    pdp__tp_sig *table = NULL, mine;
+    pdp__tp_verdict *all = NULL, *bad = NULL;
+    pdp_status st;
+    int r, bad_rank = -1;
+    char a[128], b[128];
+    if ((st = pdp_comm_broadcast_bytes(tp->comm, &n0, sizeof n0, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "TP width check (TP rank %d of %d)", tp->rank, tp->size);
+    if (n0 < 0 || n0 > (1 << 24))
+        return pdp__err(PDP_ERR_INVALID, "TP width check: TP rank 0 reports %lld TP layers",
+                        (long long)n0);
+    table = (pdp__tp_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
+    all = (pdp__tp_verdict *)pdp__calloc((size_t)tp->size * sizeof *all);
+    if (!table || !all) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "TP width check: no memory for %lld signatures",
+                      (long long)n0);
+        goto out; /* the others time out in the next broadcast */
+    }
+    if (tp->rank == 0)
+        for (k = 0; k < n0; k++) pdp__tp_sig_at(m, k, &table[k]);
+    if ((st = pdp_comm_broadcast_bytes(tp->comm, table, (size_t)n0 * sizeof *table, 0)) != PDP_OK)
+        goto comm_failed;
+    all[tp->rank].at = -1;
+    all[tp->rank].count = tp->nlayers;
+    for (k = 0; k <= PDP__MAX(n0, (int64_t)tp->nlayers); k++) {
+        bool have = pdp__tp_sig_at(m, k, &mine);
+        if (k < n0 && have && memcmp(&mine, &table[k], sizeof mine) == 0) continue;
+        if (k < n0 || have) {
+            all[tp->rank].at = k;
+            all[tp->rank].sig = mine;
+        }
+        break;
+    }
+    for (r = 0; r < tp->size; r++)
+        if ((st = pdp_comm_broadcast_bytes(tp->comm, &all[r], sizeof all[r], r)) != PDP_OK)
+            goto comm_failed;
+    for (r = 0; r < tp->size && !bad; r++)
+        if (all[r].at >= 0) bad = &all[bad_rank = r];
+    if (!bad) {
+        tp->checked = tp->nlayers;
+        goto out;
+    }
+    if (bad->at < bad->count && bad->at < n0) {
+        pdp__tp_sig_str(&bad->sig, a, sizeof a);
+        pdp__tp_sig_str(&table[bad->at], b, sizeof b);
+        st = pdp__err(PDP_ERR_INVALID, "TP ranks built different models: %s on TP rank %d but "
+                      "%s on TP rank 0 (full features, in -> out)", a, bad_rank, b);
+    } else { /* the same layers as far as the shorter goes */
+        bool extra_mine = bad->at < bad->count;
+        pdp__tp_sig_str(extra_mine ? &bad->sig : &table[bad->at], a, sizeof a);
+        st = pdp__err(PDP_ERR_INVALID, "TP ranks built different models: %lld TP layers on TP "
+                      "rank %d but %lld on TP rank 0 (the first extra: %s on TP rank %d)",
+                      (long long)bad->count, bad_rank, (long long)n0, a,
+                      extra_mine ? bad_rank : 0);
+    }
+    goto out;
+comm_failed:
+    st = pdp__err_wrap(st, "TP width check (TP rank %d of %d)", tp->rank, tp->size);
+out:
+    pdp__dealloc(table);
+    pdp__dealloc(all);
+    return st;
 }
 
 /* dst (full's layout) <- the full tensors from every rank's slices of src (m's layout):
@@ -20219,55 +20478,44 @@ static float *pdp__zero_grad_slice(pdp_zero *z, int u)
     return z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
 }
 
+/* The squared norm of this rank's slices, all-reduced over the DP group (every element of
+   the flat block once); on a TP model the elements count as pdp__grad_sumsq_range counts
+   them (a slice on every TP rank, a replicated tensor on TP rank 0 only) and a second
+   all-reduce over the TP group adds the TP ranks' parts: the full model's norm, the same
+   bits on every rank of both groups. */
 PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm)
 {
     static const char *fn = "pdp_zero_clip_grad_norm";
     double sum = 0.0, norm;
     float coef;
     int u;
-    int64_t i;
     pdp_status st;
     if (total_norm) *total_norm = 0.0f;
     if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
-    if (!(max_norm >= 0.0f))
-        return pdp__err(PDP_ERR_INVALID, "%s: max_norm %g must be >= 0", fn, (double)max_norm);
+    if ((st = pdp__check_max_norm(max_norm, fn)) != PDP_OK) return st;
     if (z->r.state != PDP__RED_IDLE)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: call pdp_zero_finish first", fn, z->rank);
     for (u = 0; u < z->nunits; u++) {
-        const float *g = pdp__zero_grad_slice(z, u);
-        if (z->dev.kind == PDP_DEVICE_CPU) {
-            for (i = 0; i < z->units[u].mine; i++) sum += (double)g[i] * (double)g[i];
-        } else if (z->units[u].mine) { /* a fixed-order device sum per slice */
-            double part = 0.0;
-            if ((st = pdp__cuda_sumsq(z->dev, g, z->units[u].mine, &part, fn)) != PDP_OK)
-                return st;
-            sum += part;
-        }
+        int64_t lo = z->units[u].off + (int64_t)z->rank * z->units[u].s; /* in the flat block */
+        if ((st = pdp__grad_sumsq_range(z->m, pdp__zero_grad_slice(z, u), lo,
+                                        lo + z->units[u].mine, &sum, fn)) != PDP_OK)
+            return st;
     }
-    z->scalar = (float)sum;
-    if (z->dscalar) { /* the collective runs on the device's copy */
-        if ((st = pdp__dev_copy(z->dev, z->dscalar, pdp_cpu(), &z->scalar, 4)) == PDP_OK &&
-            (st = pdp_comm_allreduce(z->c, z->dscalar, 1, PDP_REDUCE_SUM, NULL)) == PDP_OK)
-            st = pdp__dev_copy(pdp_cpu(), &z->scalar, z->dev, z->dscalar, 4);
-    } else {
-        st = pdp_comm_allreduce(z->c, &z->scalar, 1, PDP_REDUCE_SUM, NULL);
-    }
-    if (st != PDP_OK)
+    if ((st = pdp__grad_allreduce_sum(z->c, &z->scalar, z->dscalar, &sum)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: all-reducing the squared norm", fn, z->rank);
-    norm = sqrt((double)z->scalar);
+    if (z->m->tp.comm && z->m->tp.size > 1 &&
+        (st = pdp__grad_allreduce_sum(z->m->tp.comm, &z->scalar, z->dscalar, &sum)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (TP rank %d of %d): all-reducing the squared norm "
+                             "over the TP group", fn, z->rank, z->m->tp.rank, z->m->tp.size);
+    norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
     if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
-    coef = (float)((double)max_norm / (norm + 1e-6));
+    coef = pdp__clip_coef(max_norm, norm);
     if (coef >= 1.0f) return PDP_OK;
-    for (u = 0; u < z->nunits; u++) {
-        float *g = pdp__zero_grad_slice(z, u);
-        if (z->dev.kind == PDP_DEVICE_CPU) {
-            for (i = 0; i < z->units[u].mine; i++) g[i] *= coef;
-        } else if (z->units[u].mine &&
-                   (st = pdp__cuda_scale(z->dev, g, z->units[u].mine, coef, fn)) != PDP_OK) {
+    for (u = 0; u < z->nunits; u++)
+        if ((st = pdp__grad_scale(z->m, pdp__zero_grad_slice(z, u), z->units[u].mine, coef, fn)) !=
+            PDP_OK)
             return st;
-        }
-    }
     return PDP_OK;
 }
 

@@ -309,8 +309,25 @@ typedef struct pdp__tp_state {
     pdp_comm *comm;
     int rank, size;
     int nlayers;          /* TP layers added */
+    int checked;          /* TP layers the last passing width check covered: f's forward
+                             runs the check (collective) while it differs from nlayers */
+    pdp_model *model;     /* the model holding this state (the check reads its layers) */
+    /* tp.c's pdp__tp_check_widths, set by pdp_model_set_tp (f's forward, layers_tp.c,
+       comes before tp.c in the amalgamation) */
+    pdp_status (*check_widths)(struct pdp__tp_state *tp);
+    float scalar;         /* clipping's all-reduced squared norm (pdp_clip_grad_norm) */
+    float *dscalar;       /* a CUDA model's device copy of it (NCCL reduces device memory
+                             only): allocated by pdp_model_set_tp, freed by pdp_model_free */
     pdp_tp_stats stats;
 } pdp__tp_state;
+
+/* Every TP rank's TP layers against TP rank 0's (kinds, places, full widths), collective
+   over tp->comm: all ranks return PDP_ERR_INVALID naming the first difference, or PDP_OK
+   and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
+   != nlayers. */
+static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
+static bool pdp__tp_is_split(const pdp_model *m, int p);
 
 static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -464,6 +481,24 @@ static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n,
                                   const char *fn);
 static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
                                   const char *fn);
+/* *sum += the squares of gradient elements [lo, hi) of m's flat block, held at g[0, hi -
+   lo), as a TP group counts them: on a TP model a slice's elements on every TP rank and
+   a replicated tensor's on TP rank 0 only, so that the sum over the TP group is the full
+   model's; on any other model every element (pdp__grad_sumsq). */
+static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                        int64_t hi, double *sum, const char *fn);
+/* The one rule for max_norm of every clipping call (pdp_clip_grad_norm,
+   pdp_zero_clip_grad_norm, pdp_pp_clip_grad_norm): finite and >= 0, else
+   PDP_ERR_INVALID "fn: max_norm ...". */
+static pdp_status pdp__check_max_norm(float max_norm, const char *fn);
+/* torch.nn.utils.clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), in double,
+   rounded to float; >= 1 means no clipping. */
+static float pdp__clip_coef(float max_norm, double norm);
+/* *sum <- the sum over c's ranks of *sum (a float all-reduce: every rank gets the same
+   bits). host: a float that outlives the call (the executor's); dev: its copy on c's
+   device for a CUDA communicator (NCCL reduces device memory only), else NULL. The
+   message names the failing collective; the caller prefixes its own. */
+static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum);
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal

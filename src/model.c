@@ -86,6 +86,7 @@ PDP_API void pdp_model_free(pdp_model *m)
     pdp__model_free_buffers(m);
     if (!m->params_shared) pdp__dev_free(m->device, m->param_block);
     pdp__dev_free(m->device, m->grad_block);
+    pdp__dev_free(m->device, m->tp.dscalar); /* tp.c: a CUDA TP model's clipping scalar */
     pdp__dealloc(m->layers);
     pdp__dealloc(m->params);
     pdp__dealloc(m);

@@ -485,32 +485,83 @@ static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float
     return PDP_OK;
 }
 
+static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                        int64_t hi, double *sum, const char *fn)
+{
+    int p;
+    pdp_status st;
+    if (!m->tp.comm) return pdp__grad_sumsq(m, g, hi - lo, sum, fn);
+    for (p = 0; p < m->nparams; p++) { /* each tensor's part of [lo, hi) */
+        const pdp__param_entry *e = &m->params[p];
+        int64_t a = PDP__MAX(lo, e->offset), b = PDP__MIN(hi, e->offset + e->count);
+        if (a >= b || (m->tp.rank != 0 && !pdp__tp_is_split(m, p))) continue;
+        if ((st = pdp__grad_sumsq(m, g + (a - lo), b - a, sum, fn)) != PDP_OK) return st;
+    }
+    return PDP_OK;
+}
+
+static pdp_status pdp__check_max_norm(float max_norm, const char *fn)
+{
+    /* NaN would scale by NaN, +Inf clip nothing while looking like a setting */
+    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: max_norm %g must be finite and >= 0", fn,
+                        (double)max_norm);
+    return PDP_OK;
+}
+
+static float pdp__clip_coef(float max_norm, double norm)
+{
+    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
+    return (float)((double)max_norm / (norm + 1e-6));
+}
+
+static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum)
+{
+    pdp_status st;
+    *host = (float)*sum;
+    if (dev) {
+        if ((st = pdp__dev_copy(c->device, dev, pdp_cpu(), host, sizeof *host)) != PDP_OK ||
+            (st = pdp_comm_allreduce(c, dev, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK ||
+            (st = pdp__dev_copy(pdp_cpu(), host, c->device, dev, sizeof *host)) != PDP_OK)
+            return st;
+    } else if ((st = pdp_comm_allreduce(c, host, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK) {
+        return st;
+    }
+    *sum = (double)*host;
+    return PDP_OK;
+}
+
+/* On a TP model (a TP communicator attached) a collective over the TP group: every rank
+   adds its slices and TP rank 0 the replicated tensors (pdp__grad_sumsq_range), one
+   all-reduce gives every rank the full model's norm, so every rank scales by the same
+   coefficient and the replicated tensors stay the same bits. */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm)
 {
+    static const char *fn = "pdp_clip_grad_norm";
     double sum = 0.0, norm;
     float coef;
-    const float *g;
-    int64_t n;
     pdp_status st;
     if (total_norm) *total_norm = 0.0f;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
-    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be finite and >= 0",
-                        (double)max_norm);
-    g = m->grad_block;
-    n = m->param_count;
-    if (!g && n)
-        return pdp__err(PDP_ERR_STATE, "pdp_clip_grad_norm: the model's gradients are sharded "
-                        "by ZeRO: use pdp_zero_clip_grad_norm");
-    if ((st = pdp__grad_sumsq(m, g, n, &sum, "pdp_clip_grad_norm")) != PDP_OK) return st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__check_max_norm(max_norm, fn)) != PDP_OK) return st;
+    if (m->wrapped == PDP__WRAP_PP)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is a pipeline stage holding one stage's "
+                        "gradients: use pdp_pp_clip_grad_norm (collective over the pipeline)", fn);
+    if (m->wrapped == PDP__WRAP_ZERO || (!m->grad_block && m->param_count))
+        return pdp__err(PDP_ERR_STATE, "%s: the model's gradients are sharded by ZeRO: use "
+                        "pdp_zero_clip_grad_norm", fn);
+    if ((st = pdp__grad_sumsq_range(m, m->grad_block, 0, m->param_count, &sum, fn)) != PDP_OK)
+        return st;
+    if (m->tp.comm && m->tp.size > 1 &&
+        (st = pdp__grad_allreduce_sum(m->tp.comm, &m->tp.scalar, m->tp.dscalar, &sum)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: TP rank %d of %d: all-reducing the squared norm", fn,
+                             m->tp.rank, m->tp.size);
     norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
-    if (!isfinite(norm))
-        return pdp__err(PDP_ERR_NUMERIC, "pdp_clip_grad_norm: the gradient norm is %g", norm);
-    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
-    coef = (float)((double)max_norm / (norm + 1e-6));
+    if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
+    coef = pdp__clip_coef(max_norm, norm);
     if (coef >= 1.0f) return PDP_OK;
-    return pdp__grad_scale(m, m->grad_block, n, coef, "pdp_clip_grad_norm");
+    return pdp__grad_scale(m, m->grad_block, m->param_count, coef, fn);
 }
 
 /* ---- optim: learning-rate schedule ---- */

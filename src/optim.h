@@ -53,7 +53,16 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind); /* "SGD", "Adam", 
 /* Scales all gradients so their global L2 norm is at most max_norm (as
    torch.nn.utils.clip_grad_norm_); *total_norm gets the norm before clipping
    (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC; max_norm must be finite
-   and >= 0 (else PDP_ERR_INVALID). */
+   and >= 0 (else PDP_ERR_INVALID; the rule of every clipping call, ZeRO's and the
+   pipeline's too).
+   Tensor parallel (a model with a TP communicator, tp.h): collective over the TP
+   group, every TP rank calls it. The norm is the full model's: each rank's slices,
+   summed over the group, plus the replicated tensors (LayerNorm, the row-parallel
+   bias, every non-TP layer) counted once; every rank gets the same norm and scales by
+   the same coefficient, so the replicated tensors stay the same bits. Under DDP
+   (DP x TP) call it after pdp_ddp_finish (each slice then averaged over its DP group).
+   Refused (PDP_ERR_STATE): a model whose gradients ZeRO holds (pdp_zero_clip_grad_norm)
+   and a pipeline stage (pdp_pp_clip_grad_norm). */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm);
 
 /* Linear warm-up, then cosine decay (llm.c's schedule). step counts from 0:

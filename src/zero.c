@@ -602,55 +602,44 @@ static float *pdp__zero_grad_slice(pdp_zero *z, int u)
     return z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
 }
 
+/* The squared norm of this rank's slices, all-reduced over the DP group (every element of
+   the flat block once); on a TP model the elements count as pdp__grad_sumsq_range counts
+   them (a slice on every TP rank, a replicated tensor on TP rank 0 only) and a second
+   all-reduce over the TP group adds the TP ranks' parts: the full model's norm, the same
+   bits on every rank of both groups. */
 PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm)
 {
     static const char *fn = "pdp_zero_clip_grad_norm";
     double sum = 0.0, norm;
     float coef;
     int u;
-    int64_t i;
     pdp_status st;
     if (total_norm) *total_norm = 0.0f;
     if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
-    if (!(max_norm >= 0.0f))
-        return pdp__err(PDP_ERR_INVALID, "%s: max_norm %g must be >= 0", fn, (double)max_norm);
+    if ((st = pdp__check_max_norm(max_norm, fn)) != PDP_OK) return st;
     if (z->r.state != PDP__RED_IDLE)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: call pdp_zero_finish first", fn, z->rank);
     for (u = 0; u < z->nunits; u++) {
-        const float *g = pdp__zero_grad_slice(z, u);
-        if (z->dev.kind == PDP_DEVICE_CPU) {
-            for (i = 0; i < z->units[u].mine; i++) sum += (double)g[i] * (double)g[i];
-        } else if (z->units[u].mine) { /* a fixed-order device sum per slice */
-            double part = 0.0;
-            if ((st = pdp__cuda_sumsq(z->dev, g, z->units[u].mine, &part, fn)) != PDP_OK)
-                return st;
-            sum += part;
-        }
+        int64_t lo = z->units[u].off + (int64_t)z->rank * z->units[u].s; /* in the flat block */
+        if ((st = pdp__grad_sumsq_range(z->m, pdp__zero_grad_slice(z, u), lo,
+                                        lo + z->units[u].mine, &sum, fn)) != PDP_OK)
+            return st;
     }
-    z->scalar = (float)sum;
-    if (z->dscalar) { /* the collective runs on the device's copy */
-        if ((st = pdp__dev_copy(z->dev, z->dscalar, pdp_cpu(), &z->scalar, 4)) == PDP_OK &&
-            (st = pdp_comm_allreduce(z->c, z->dscalar, 1, PDP_REDUCE_SUM, NULL)) == PDP_OK)
-            st = pdp__dev_copy(pdp_cpu(), &z->scalar, z->dev, z->dscalar, 4);
-    } else {
-        st = pdp_comm_allreduce(z->c, &z->scalar, 1, PDP_REDUCE_SUM, NULL);
-    }
-    if (st != PDP_OK)
+    if ((st = pdp__grad_allreduce_sum(z->c, &z->scalar, z->dscalar, &sum)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: all-reducing the squared norm", fn, z->rank);
-    norm = sqrt((double)z->scalar);
+    if (z->m->tp.comm && z->m->tp.size > 1 &&
+        (st = pdp__grad_allreduce_sum(z->m->tp.comm, &z->scalar, z->dscalar, &sum)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (TP rank %d of %d): all-reducing the squared norm "
+                             "over the TP group", fn, z->rank, z->m->tp.rank, z->m->tp.size);
+    norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
     if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
-    coef = (float)((double)max_norm / (norm + 1e-6));
+    coef = pdp__clip_coef(max_norm, norm);
     if (coef >= 1.0f) return PDP_OK;
-    for (u = 0; u < z->nunits; u++) {
-        float *g = pdp__zero_grad_slice(z, u);
-        if (z->dev.kind == PDP_DEVICE_CPU) {
-            for (i = 0; i < z->units[u].mine; i++) g[i] *= coef;
-        } else if (z->units[u].mine &&
-                   (st = pdp__cuda_scale(z->dev, g, z->units[u].mine, coef, fn)) != PDP_OK) {
+    for (u = 0; u < z->nunits; u++)
+        if ((st = pdp__grad_scale(z->m, pdp__zero_grad_slice(z, u), z->units[u].mine, coef, fn)) !=
+            PDP_OK)
             return st;
-        }
-    }
     return PDP_OK;
 }
 

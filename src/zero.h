@@ -152,7 +152,11 @@ PDP_API pdp_status pdp_zero_backward(pdp_zero *z, const pdp_tensor *dy);
 PDP_API pdp_status pdp_zero_finish(pdp_zero *z);
 /* Gradient clipping from shards (after finish, before step): the squared norm
    of the shard, all-reduced (sum); every rank scales its shard by the same
-   coefficient (torch.nn.utils.clip_grad_norm_'s). Collective. */
+   coefficient (torch.nn.utils.clip_grad_norm_'s). Collective. max_norm as
+   pdp_clip_grad_norm's (finite and >= 0, else PDP_ERR_INVALID). On a TP model (ZeRO
+   over the DP group of a DP x TP world) it is collective over the TP group as well:
+   slices count on every TP rank and replicated tensors once, so the norm is the full
+   model's (tp.h). */
 PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm);
 /* pdp_zero_finish, then the shard's update with opt (from pdp_zero_optim_create),
    zeroed gradients, and (stages 1-2) the all-gather of the updated parameters. */

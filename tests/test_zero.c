@@ -1478,6 +1478,51 @@ TEST zero_checkpoint_absent_rank_times_out_naming_it(void)
 
 /* ---- misuse ---- */
 
+/* ---- clipping's max_norm: one rule for every clipping call ---- */
+
+TEST zero_clip_grad_norm_refuses_what_pdp_clip_grad_norm_refuses(void)
+{
+    static const float bad[] = {INFINITY, NAN, -INFINITY, -1.0f};
+    static const float good[] = {0.0f, 1.0f, FLT_MAX};
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *plain = NULL, *m = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    float norm;
+    int i;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&plain, 1, 16), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 16), pdp_status_name);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 2;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    for (i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
+        norm = 1.0f;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_clip_grad_norm(plain, bad[i], &norm), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_clip_grad_norm: max_norm") == pdp_last_error());
+        ASSERT_EQ(0.0f, norm);
+        norm = 1.0f;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_clip_grad_norm(z, bad[i], &norm),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_zero_clip_grad_norm: max_norm") ==
+               pdp_last_error());
+        ASSERT(strstr(pdp_last_error(), "must be finite and >= 0") != NULL);
+        ASSERT_EQ(0.0f, norm);
+    }
+    for (i = 0; i < (int)(sizeof good / sizeof good[0]); i++) {
+        ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(plain, good[i], NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_clip_grad_norm(z, good[i], NULL), pdp_status_name);
+    }
+    pdp_zero_free(z);
+    pdp_model_free(m);
+    pdp_model_free(plain);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 TEST zero_refuses_misuse(void)
 {
     pdp_local_group *g = NULL;
@@ -1731,6 +1776,7 @@ SUITE(zero)
     RUN_TEST(zero_stage3_trains_where_ddp_does_not_fit);
     RUN_TEST(zero_absent_rank_times_out_naming_collective_unit_and_rank);
     RUN_TEST(zero_refuses_misuse);
+    RUN_TEST(zero_clip_grad_norm_refuses_what_pdp_clip_grad_norm_refuses);
     RUN_TEST(zero_checkpoint_resume_is_bit_exact);
     RUN_TEST(zero_checkpoint_consolidate_and_reshard);
     RUN_TEST(zero_checkpoint_bad_sets_fail_naming_the_file);
