@@ -720,15 +720,15 @@ PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *tota
     static const char *fn = "pdp_pp_clip_grad_norm";
     pdp_model *m;
     double mine = 0.0, sum = 0.0, part, norm;
+    char who[96];
     float coef;
     size_t gathered;
     pdp_status st;
     int s;
     if (total_norm) *total_norm = 0.0f;
     if (!pp) return pdp__err(PDP_ERR_INVALID, "%s: pp is NULL", fn);
-    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "%s: rank %d (stage %d): max_norm %g must be finite "
-                        "and >= 0", fn, pp->c->rank, pp->stage, (double)max_norm);
+    snprintf(who, sizeof who, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    if ((st = pdp__check_max_norm(max_norm, who)) != PDP_OK) return st;
     m = pp->m;
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     if ((st = pdp__grad_sumsq(m, m->grad_block, m->param_count, &mine, fn)) != PDP_OK)
@@ -756,8 +756,7 @@ PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *tota
     if (!isfinite(norm))
         return pdp__err(PDP_ERR_NUMERIC, "%s: rank %d (stage %d): the gradient norm over the %d "
                         "stages is %g", fn, pp->c->rank, pp->stage, pp->p, norm);
-    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
-    coef = (float)((double)max_norm / (norm + 1e-6));
+    coef = pdp__clip_coef(max_norm, norm);
     if (coef >= 1.0f) return PDP_OK;
     if ((st = pdp__grad_scale(m, m->grad_block, m->param_count, coef, fn)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
