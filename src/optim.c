@@ -120,22 +120,18 @@ static const char *pdp__optim_state_name(const pdp_optim *o, int k)
 
 /* ---- optim: lifecycle ---- */
 
-static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
-                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
-                                          const char *fn)
+/* The optimizer of m for desc, holding hi - lo floats of zeroed state per buffer (the
+   range [lo, hi) of the flat block; a shard: hi floats in the executor's layout). out,
+   m and the range are checked by the callers. On failure *out stays NULL and
+   everything allocated is freed; the message is composed before the free. */
+static pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc,
+                                   int64_t lo, int64_t hi, bool shard, const char *fn)
 {
     pdp_optim *o;
     pdp_optim_desc d;
-    size_t bytes;
+    size_t bytes = (size_t)(hi - lo) * sizeof(float);
     int k;
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
-    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
-        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
-                        "parameters", fn, (long long)lo, (long long)hi,
-                        (long long)m->param_count);
     if ((st = pdp__optim_desc_resolve(desc, &d, fn)) != PDP_OK) return st;
     o = (pdp_optim *)pdp__calloc(sizeof *o);
     if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
@@ -144,18 +140,34 @@ static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
     o->count = m->param_count;
     o->lo = lo;
     o->hi = hi;
+    o->shard = shard;
     o->nstate = pdp__optim_nstate(&d);
-    bytes = (size_t)(hi - lo) * sizeof(float);
     for (k = 0; k < o->nstate; k++) {
         if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
             (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: %s state for %s%lld floats", fn,
+                               pdp_optim_kind_name(d.kind), shard ? "a shard of " : "",
+                               (long long)(hi - lo));
             pdp_optim_free(o);
-            return pdp__err_wrap(st, "%s: %s state for %lld parameters", fn,
-                                 pdp_optim_kind_name(d.kind), (long long)(hi - lo));
+            return st;
         }
     }
     *out = o;
     return PDP_OK;
+}
+
+static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                          const char *fn)
+{
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
+                        "parameters", fn, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    return pdp__optim_alloc(out, m, desc, lo, hi, false, fn);
 }
 
 /* ZeRO: state for count floats in the executor's shard layout (zero.c), stepped
@@ -164,25 +176,12 @@ static pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
                                           const pdp_optim_desc *desc, int64_t count,
                                           const char *fn)
 {
-    pdp_status st = pdp__optim_create_range(out, m, desc, 0, 0, fn);
-    size_t bytes = (size_t)count * sizeof(float);
-    pdp_optim *o = *out;
-    int k;
-    if (st != PDP_OK) return st;
-    o->shard = true;
-    o->hi = count;
-    for (k = 0; k < o->nstate; k++) {
-        pdp__dev_free(m->device, o->state[k]);
-        o->state[k] = NULL;
-        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
-            (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
-            pdp_optim_free(o);
-            *out = NULL;
-            return pdp__err_wrap(st, "%s: %s state for a shard of %lld floats", fn,
-                                 pdp_optim_kind_name(o->desc.kind), (long long)count);
-        }
-    }
-    return PDP_OK;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (count < 0) return pdp__err(PDP_ERR_INVALID, "%s: shard of %lld floats", fn,
+                                   (long long)count);
+    return pdp__optim_alloc(out, m, desc, 0, count, true, fn);
 }
 
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)

@@ -9,9 +9,11 @@
 #include <stdlib.h>
 
 static long test_allocs;
+static long test_fail_at; /* > 0: the allocation counted test_fail_at returns NULL */
 static void *test_malloc(size_t bytes)
 {
     test_allocs++;
+    if (test_allocs == test_fail_at) return NULL;
     return malloc(bytes);
 }
 #define PDP_MALLOC(bytes) test_malloc(bytes)
@@ -440,6 +442,105 @@ TEST optim_step_fails_after_layers_added(void)
     ASSERT(strstr(pdp_last_error(), "832") != NULL);
     pdp_optim_free(o);
     pdp_model_free(m);
+    PASS();
+}
+
+/* ---- create: NULL arguments, failing allocations (issue 21, item 8) ---- */
+
+/* create(k) fails the k-th allocation it makes, for every k until it makes no k-th:
+   each failure returns PDP_ERR_OUT_OF_MEMORY naming fn with *o NULL, and frees what
+   it allocated (run under ASan: `make sanitize`, or the ASan line of the Makefile; the
+   shard path used to read the optimizer it had just freed). Returns how many k failed. */
+typedef pdp_status (*create_fn)(pdp_optim **o, void *arg);
+
+static enum greatest_test_res check_failing_allocations(create_fn create, void *arg,
+                                                        const char *fn, int *failures)
+{
+    int k;
+    *failures = 0;
+    for (k = 1; k < 100; k++) {
+        static int sentinel;
+        pdp_optim *o = (pdp_optim *)(void *)&sentinel; /* must come back NULL */
+        pdp_status st;
+        test_fail_at = test_allocs + k;
+        st = create(&o, arg);
+        test_fail_at = 0;
+        if (st == PDP_OK) {
+            ASSERT(o != NULL);
+            pdp_optim_free(o);
+            PASS();
+        }
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_ERR_OUT_OF_MEMORY, st, status_name);
+        ASSERT(o == NULL);
+        ASSERTm(pdp_last_error(), strncmp(pdp_last_error(), fn, strlen(fn)) == 0);
+        ++*failures;
+    }
+    FAILm("create still fails after 99 allocations");
+}
+
+typedef struct create_args {
+    pdp_model *m;
+    pdp_zero *z;
+    pdp_optim_desc d;
+} create_args;
+
+static pdp_status create_full(pdp_optim **o, void *arg)
+{
+    create_args *a = (create_args *)arg;
+    return pdp_optim_create(o, a->m, &a->d);
+}
+
+static pdp_status create_zero(pdp_optim **o, void *arg)
+{
+    create_args *a = (create_args *)arg;
+    return pdp_zero_optim_create(o, a->z, &a->d);
+}
+
+TEST optim_create_null_arguments_and_failing_allocations(void)
+{
+    static const pdp_optim_kind kinds[] = {PDP_OPTIM_SGD, PDP_OPTIM_ADAM, PDP_OPTIM_ADAMW};
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_optim *o = NULL;
+    create_args a;
+    int k, n;
+    memset(&a, 0, sizeof a);
+    a.m = small_model();
+    ASSERT(a.m != NULL);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), status_name);
+    /* NULL arguments: refused with a message (pdp_zero_optim_create(NULL, z, NULL) crashed) */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_optim_create(NULL, a.m, NULL), status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_optim_create: out is NULL") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_optim_create(&o, NULL, NULL), status_name);
+    ASSERT(o == NULL && strstr(pdp_last_error(), "pdp_optim_create: model is NULL") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_optim_create(&o, NULL, NULL), status_name);
+    ASSERT(o == NULL && strstr(pdp_last_error(), "pdp_zero_optim_create: zero is NULL") != NULL);
+    /* a second model: the first stays unwrapped for pdp_optim_create */
+    {
+        pdp_model *zm = small_model();
+        ASSERT(zm != NULL);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_zero_create(&a.z, zm, c, NULL),
+                        status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_optim_create(NULL, a.z, NULL), status_name);
+        ASSERTm(pdp_last_error(),
+                strstr(pdp_last_error(), "pdp_zero_optim_create: out is NULL") != NULL);
+        for (k = 0; k < 3; k++) {
+            memset(&a.d, 0, sizeof a.d);
+            a.d.kind = kinds[k];
+            a.d.momentum = 0.9;
+            /* the object and each state buffer (SGD: 1, Adam: 2) can fail */
+            CHECK_CALL(check_failing_allocations(create_full, &a, "pdp_optim_create", &n));
+            ASSERT_EQ(k == 0 ? 2 : 3, n);
+            CHECK_CALL(check_failing_allocations(create_zero, &a, "pdp_zero_optim_create", &n));
+            ASSERT_EQ(k == 0 ? 2 : 3, n);
+        }
+        pdp_zero_free(a.z);
+        pdp_model_free(zm);
+    }
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    pdp_model_free(a.m);
     PASS();
 }
 
@@ -890,6 +991,7 @@ SUITE(optim)
     RUN_TEST(optim_step_allocates_nothing);
     RUN_TEST(optim_zero_grad_zeros_the_gradient_block);
     RUN_TEST(optim_step_fails_after_layers_added);
+    RUN_TEST(optim_create_null_arguments_and_failing_allocations);
     RUN_TEST(optim_desc_defaults);
     RUN_TEST(optim_desc_validation_names_field_and_value);
     RUN_TEST(optim_clip_grad_norm_matches_naive_norm);
