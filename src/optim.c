@@ -58,8 +58,13 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind)
     return "unknown";
 }
 
+/* x in [0, FLT_MAX]: finite, not negative, and a float once rounded where it meets a
+   float tensor. Written as !(x in range) by its callers, so NaN fails. */
+static bool pdp__optim_nonneg(double x) { return x >= 0.0 && x <= (double)FLT_MAX; }
+
 /* Fills zeros with defaults and validates; fn names the public caller. NaNs fail
-   every range check because each is written as !(x in range). */
+   every range check because each is written as !(x in range). The defaults are
+   PyTorch's, as doubles (0.999, not 0.999f). */
 static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
                                           const char *fn)
 {
@@ -71,34 +76,35 @@ static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_de
         return pdp__err(PDP_ERR_INVALID, "%s: kind %d is not SGD (0), Adam (1) or AdamW (2)", fn,
                         (int)d.kind);
     adam = d.kind != PDP_OPTIM_SGD;
-    d.lr = PDP__DEF(d.lr, adam ? 1e-3f : 1e-2f);
-    d.beta1 = PDP__DEF(d.beta1, 0.9f);
-    d.beta2 = PDP__DEF(d.beta2, 0.999f);
-    d.eps = PDP__DEF(d.eps, 1e-8f);
-    if (!(d.lr >= 0.0f && d.lr <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "%s: lr %g must be finite and >= 0", fn, (double)d.lr);
-    if (!(d.weight_decay >= 0.0f && d.weight_decay <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite and >= 0", fn,
-                        (double)d.weight_decay);
+    d.lr = PDP__DEF(d.lr, adam ? 1e-3 : 1e-2);
+    d.beta1 = PDP__DEF(d.beta1, 0.9);
+    d.beta2 = PDP__DEF(d.beta2, 0.999);
+    d.eps = PDP__DEF(d.eps, 1e-8);
+    if (!pdp__optim_nonneg(d.lr))
+        return pdp__err(PDP_ERR_INVALID, "%s: lr %g must be finite, >= 0 and <= FLT_MAX", fn,
+                        d.lr);
+    if (!pdp__optim_nonneg(d.weight_decay))
+        return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite, >= 0 and <= "
+                        "FLT_MAX", fn, d.weight_decay);
     if (!adam) {
-        if (!(d.momentum >= 0.0f && d.momentum <= FLT_MAX))
-            return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite and >= 0", fn,
-                            (double)d.momentum);
-        if (!(d.dampening >= 0.0f && d.dampening <= 1.0f))
+        if (!pdp__optim_nonneg(d.momentum))
+            return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite, >= 0 and <= "
+                            "FLT_MAX", fn, d.momentum);
+        if (!(d.dampening >= 0.0 && d.dampening <= 1.0))
             return pdp__err(PDP_ERR_INVALID, "%s: dampening %g must be in [0, 1]", fn,
-                            (double)d.dampening);
-        if (d.nesterov && (d.momentum <= 0.0f || d.dampening != 0.0f))
+                            d.dampening);
+        if (d.nesterov && (d.momentum <= 0.0 || d.dampening != 0.0))
             return pdp__err(PDP_ERR_INVALID,
                             "%s: nesterov needs momentum > 0 and dampening 0 (momentum %g, "
-                            "dampening %g)", fn, (double)d.momentum, (double)d.dampening);
+                            "dampening %g)", fn, d.momentum, d.dampening);
     } else {
-        if (!(d.beta1 >= 0.0f && d.beta1 < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "%s: beta1 %g must be in [0, 1)", fn, (double)d.beta1);
-        if (!(d.beta2 >= 0.0f && d.beta2 < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "%s: beta2 %g must be in [0, 1)", fn, (double)d.beta2);
-        if (!(d.eps >= 0.0f && d.eps <= FLT_MAX))
-            return pdp__err(PDP_ERR_INVALID, "%s: eps %g must be finite and >= 0", fn,
-                            (double)d.eps);
+        if (!(d.beta1 >= 0.0 && d.beta1 < 1.0))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta1 %g must be in [0, 1)", fn, d.beta1);
+        if (!(d.beta2 >= 0.0 && d.beta2 < 1.0))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta2 %g must be in [0, 1)", fn, d.beta2);
+        if (!pdp__optim_nonneg(d.eps))
+            return pdp__err(PDP_ERR_INVALID, "%s: eps %g must be finite, >= 0 and <= FLT_MAX",
+                            fn, d.eps);
     }
     *out = d;
     return PDP_OK;
@@ -107,7 +113,7 @@ static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_de
 /* How many state buffers the resolved desc d needs. */
 static int pdp__optim_nstate(const pdp_optim_desc *d)
 {
-    if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0f ? 1 : 0;
+    if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0 ? 1 : 0;
     return 2;
 }
 
@@ -210,17 +216,17 @@ PDP_API void pdp_optim_zero_grad(pdp_optim *o)
     if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
 }
 
-PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr)
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, double lr)
 {
     if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: optimizer is NULL");
-    if (!(lr >= 0.0f && lr <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite and >= 0 (the "
-                        "optimizer keeps lr %g)", (double)lr, (double)o->desc.lr);
+    if (!pdp__optim_nonneg(lr))
+        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite, >= 0 and <= "
+                        "FLT_MAX (the optimizer keeps lr %g)", lr, o->desc.lr);
     o->desc.lr = lr;
     return PDP_OK;
 }
 
-PDP_API float pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0f; }
+PDP_API double pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0; }
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o) { return o ? o->steps : 0; }
 
 PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
@@ -233,30 +239,37 @@ PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
 
 /* ---- optim: the update ---- */
 
+/* What torch/optim/sgd.py, adam.py and adamw.py (_single_tensor_*) do with their
+   Python-float (double) hyper-parameters: 1 - dampening, 1 - beta, the bias corrections
+   (beta ** step, step a float), step_size = lr / bias_correction1, sqrt(bias_correction2)
+   and AdamW's 1 - lr * weight_decay are computed in double; each result, and each
+   hyper-parameter used as it is, is rounded to float once, where it meets a float tensor
+   as a scalar argument (alpha=, value=, mul_(x), add_(eps), / x: ATen's CPU and CUDA
+   kernels take a float tensor's scalars as float). */
 static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
 {
     const pdp_optim_desc *d = &o->desc;
     double t = (double)(o->steps + 1);
     memset(s, 0, sizeof *s);
     s->kind = d->kind;
-    s->lr = d->lr;
+    s->lr = (float)d->lr;
     if (d->kind == PDP_OPTIM_SGD) {
-        s->momentum = d->momentum;
-        s->one_minus_damp = (float)(1.0 - (double)d->dampening);
-        s->weight_decay = d->weight_decay;
+        s->momentum = (float)d->momentum;
+        s->one_minus_damp = (float)(1.0 - d->dampening);
+        s->weight_decay = (float)d->weight_decay;
         s->nesterov = d->nesterov;
         s->first = o->steps == 0;
         return;
     }
-    s->beta1 = d->beta1;
-    s->beta2 = d->beta2;
-    s->one_minus_beta1 = (float)(1.0 - (double)d->beta1);
-    s->one_minus_beta2 = (float)(1.0 - (double)d->beta2);
-    s->step_size = (float)((double)d->lr / (1.0 - pow((double)d->beta1, t)));
-    s->bc2_sqrt = (float)sqrt(1.0 - pow((double)d->beta2, t));
-    s->eps = d->eps;
-    s->l2 = d->kind == PDP_OPTIM_ADAM ? d->weight_decay : 0.0f;
-    s->decay = d->kind == PDP_OPTIM_ADAMW ? (float)(1.0 - (double)d->lr * d->weight_decay) : 1.0f;
+    s->beta1 = (float)d->beta1;
+    s->beta2 = (float)d->beta2;
+    s->one_minus_beta1 = (float)(1.0 - d->beta1);
+    s->one_minus_beta2 = (float)(1.0 - d->beta2);
+    s->step_size = (float)(d->lr / (1.0 - pow(d->beta1, t)));
+    s->bc2_sqrt = (float)sqrt(1.0 - pow(d->beta2, t));
+    s->eps = (float)d->eps;
+    s->l2 = d->kind == PDP_OPTIM_ADAM ? (float)d->weight_decay : 0.0f;
+    s->decay = d->kind == PDP_OPTIM_ADAMW ? (float)(1.0 - d->lr * d->weight_decay) : 1.0f;
 }
 
 /* The CPU loops: the math.h helpers per element, in blocks of 16 with a
@@ -514,18 +527,17 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
 
 /* ---- optim: learning-rate schedule ---- */
 
-PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
-                                   float min_lr)
+PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, double base_lr,
+                                    double min_lr)
 {
     const double pi = 3.14159265358979323846;
     double progress;
     /* no status to return: an input outside the documented ranges gives NaN (optim.h) */
-    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0f && base_lr <= FLT_MAX) ||
-        !(min_lr >= 0.0f && min_lr <= FLT_MAX))
+    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0 && base_lr <= DBL_MAX) ||
+        !(min_lr >= 0.0 && min_lr <= DBL_MAX))
         return NAN;
-    if (step < warmup) return (float)((double)base_lr * (double)(step + 1) / (double)warmup);
+    if (step < warmup) return base_lr * (double)(step + 1) / (double)warmup;
     if (step >= total) return min_lr;
     progress = (double)(step - warmup) / (double)(total - warmup);
-    return (float)((double)min_lr +
-                   0.5 * ((double)base_lr - (double)min_lr) * (1.0 + cos(pi * progress)));
+    return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + cos(pi * progress));
 }
