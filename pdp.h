@@ -17,7 +17,7 @@
        CHECK(pdp_model_create(&m, &(pdp_model_desc){.input_shape = {784}, .seed = 1}));
        CHECK(pdp_model_add_linear(m, 256));  CHECK(pdp_model_add_relu(m));
        CHECK(pdp_model_add_linear(m, 10));
-       CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = 1e-3f}));
+       CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = 1e-3}));
        while (pdp_batcher_next(batches, &x, &y, &n)) {
            CHECK(pdp_model_forward_backward(m, &x, y, &loss));
            CHECK(pdp_optim_step(opt));  pdp_optim_zero_grad(opt);
@@ -710,19 +710,25 @@ typedef enum pdp_optim_kind {
     PDP_OPTIM_ADAMW = 2
 } pdp_optim_kind;
 
+/* The hyper-parameters are doubles, as PyTorch's (Python floats): 1 - beta, the bias
+   corrections, the step size and AdamW's decay factor are computed from them in double,
+   and each scalar is rounded to float only where it meets the float tensors, where
+   PyTorch's fp32 kernels round it (math.h: the element formulas). With float fields,
+   beta2 0.999 was 0.99900001 and 1 - beta2 1.3e-5 off PyTorch's. Each must be at most
+   FLT_MAX. */
 typedef struct pdp_optim_desc {
     pdp_optim_kind kind;  /* default SGD */
-    float lr;             /* >= 0; default 0.01 for SGD, 0.001 for Adam and AdamW */
-    float momentum;       /* SGD, >= 0; default 0 (no momentum buffer) */
-    float dampening;      /* SGD, in [0, 1]; default 0 */
+    double lr;            /* >= 0; default 0.01 for SGD, 0.001 for Adam and AdamW */
+    double momentum;      /* SGD, >= 0; default 0 (no momentum buffer) */
+    double dampening;     /* SGD, in [0, 1]; default 0 */
     bool nesterov;        /* SGD; needs momentum > 0 and dampening 0 */
-    float weight_decay;   /* >= 0; default 0 (AdamW: 0 also means 0; PyTorch's default
+    double weight_decay;  /* >= 0; default 0 (AdamW: 0 also means 0; PyTorch's default
                              is 0.01). SGD and Adam: L2 added to the gradient;
                              AdamW: decoupled, p *= 1 - lr * weight_decay */
-    float beta1;          /* Adam/AdamW, in [0, 1); default 0.9 (0 cannot be asked for:
+    double beta1;         /* Adam/AdamW, in [0, 1); default 0.9 (0 cannot be asked for:
                              it means the default; use 1e-30 for "no first moment") */
-    float beta2;          /* Adam/AdamW, in [0, 1); default 0.999 */
-    float eps;            /* Adam/AdamW, >= 0; default 1e-8 */
+    double beta2;         /* Adam/AdamW, in [0, 1); default 0.999 */
+    double eps;           /* Adam/AdamW, >= 0; default 1e-8 */
 } pdp_optim_desc;
 
 /* desc may be NULL (SGD, lr 0.01). Invalid fields fail with PDP_ERR_INVALID
@@ -735,9 +741,10 @@ PDP_API void pdp_optim_free(pdp_optim *o); /* NULL is fine */
 PDP_API pdp_status pdp_optim_step(pdp_optim *o);
 /* Zeros the gradient block of the model the optimizer was created on. */
 PDP_API void pdp_optim_zero_grad(pdp_optim *o);
-/* lr: finite and >= 0, else PDP_ERR_INVALID and the optimizer keeps its lr. */
-PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr);
-PDP_API float pdp_optim_lr(const pdp_optim *o);
+/* lr: in [0, FLT_MAX] (NaN is not), else PDP_ERR_INVALID and the optimizer keeps its lr.
+   A double, as torch's param_group["lr"]: a schedule's value is kept to the bit. */
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, double lr);
+PDP_API double pdp_optim_lr(const pdp_optim *o); /* 0 for NULL */
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o); /* updates done so far */
 /* The desc in use, defaults filled in (sokol's query-defaults). */
 PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o);
@@ -761,11 +768,12 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
 /* Linear warm-up, then cosine decay (llm.c's schedule). step counts from 0:
    step < warmup: base_lr * (step + 1) / warmup (the first step is not spent at
    lr 0); warmup <= step < total: min_lr + (base_lr - min_lr) * (1 + cos(pi *
-   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. It cannot return a
-   status: for a negative step, warmup or total, or a base_lr or min_lr that is negative,
-   NaN or infinite, it returns NaN (which pdp_optim_set_lr then rejects). */
-PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
-                                   float min_lr);
+   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. In double, as
+   PyTorch's schedulers compute in Python. It cannot return a status: for a negative
+   step, warmup or total, or a base_lr or min_lr that is negative, NaN or infinite, it
+   returns NaN (which pdp_optim_set_lr then rejects). */
+PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, double base_lr,
+                                    double min_lr);
 /* ---- end src/optim.h ---- */
 
 /* ---- begin src/data.h ---- */
@@ -894,7 +902,8 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
        optimizer "optim.kind" ("SGD", "Adam", "AdamW"), "optim.steps",
        "optim.lr", "optim.momentum", "optim.dampening", "optim.nesterov"
        ("true"/"false"), "optim.weight_decay", "optim.beta1", "optim.beta2",
-       "optim.eps" (floats printed with 9 significant digits: exact round trip),
+       "optim.eps" (doubles printed with 17 significant digits: exact round trip;
+       an earlier pdp wrote a float's 9 digits, which load as that decimal),
        and checksums: "crc32c.<tensor>" for every tensor (CRC-32C of its data
        bytes as stored) and "crc32c.header" (of the header's content: the
        metadata but itself, the tensors' names, dtypes and shapes; exactly as
@@ -3213,8 +3222,11 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
    PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
    as the CPU functions they stand in for (pointers on device d or io->device;
    labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
-/* Per-step scalars, computed once in double (as PyTorch does in Python) and
-   rounded to float for the element loop (optim.c's CPU loop, cuda_host.c's kernels). */
+/* Per-step scalars of the element loop (optim.c's CPU loop, cuda_host.c's kernels),
+   taken once per update by pdp__optim_scalars_of from the desc's doubles: 1 - beta,
+   1 - dampening, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t) and
+   decay = 1 - lr weight_decay computed in double (as PyTorch does in Python), then each
+   rounded to float, as PyTorch's fp32 kernels round a double scalar argument. */
 typedef struct pdp__optim_scalars {
     pdp_optim_kind kind;
     float lr, momentum, one_minus_damp, weight_decay;
@@ -14400,8 +14412,13 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind)
     return "unknown";
 }
 
+/* x in [0, FLT_MAX]: finite, not negative, and a float once rounded where it meets a
+   float tensor. Written as !(x in range) by its callers, so NaN fails. */
+static bool pdp__optim_nonneg(double x) { return x >= 0.0 && x <= (double)FLT_MAX; }
+
 /* Fills zeros with defaults and validates; fn names the public caller. NaNs fail
-   every range check because each is written as !(x in range). */
+   every range check because each is written as !(x in range). The defaults are
+   PyTorch's, as doubles (0.999, not 0.999f). */
 static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
                                           const char *fn)
 {
@@ -14413,34 +14430,35 @@ static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_de
         return pdp__err(PDP_ERR_INVALID, "%s: kind %d is not SGD (0), Adam (1) or AdamW (2)", fn,
                         (int)d.kind);
     adam = d.kind != PDP_OPTIM_SGD;
-    d.lr = PDP__DEF(d.lr, adam ? 1e-3f : 1e-2f);
-    d.beta1 = PDP__DEF(d.beta1, 0.9f);
-    d.beta2 = PDP__DEF(d.beta2, 0.999f);
-    d.eps = PDP__DEF(d.eps, 1e-8f);
-    if (!(d.lr >= 0.0f && d.lr <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "%s: lr %g must be finite and >= 0", fn, (double)d.lr);
-    if (!(d.weight_decay >= 0.0f && d.weight_decay <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite and >= 0", fn,
-                        (double)d.weight_decay);
+    d.lr = PDP__DEF(d.lr, adam ? 1e-3 : 1e-2);
+    d.beta1 = PDP__DEF(d.beta1, 0.9);
+    d.beta2 = PDP__DEF(d.beta2, 0.999);
+    d.eps = PDP__DEF(d.eps, 1e-8);
+    if (!pdp__optim_nonneg(d.lr))
+        return pdp__err(PDP_ERR_INVALID, "%s: lr %g must be finite, >= 0 and <= FLT_MAX", fn,
+                        d.lr);
+    if (!pdp__optim_nonneg(d.weight_decay))
+        return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite, >= 0 and <= "
+                        "FLT_MAX", fn, d.weight_decay);
     if (!adam) {
-        if (!(d.momentum >= 0.0f && d.momentum <= FLT_MAX))
-            return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite and >= 0", fn,
-                            (double)d.momentum);
-        if (!(d.dampening >= 0.0f && d.dampening <= 1.0f))
+        if (!pdp__optim_nonneg(d.momentum))
+            return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite, >= 0 and <= "
+                            "FLT_MAX", fn, d.momentum);
+        if (!(d.dampening >= 0.0 && d.dampening <= 1.0))
             return pdp__err(PDP_ERR_INVALID, "%s: dampening %g must be in [0, 1]", fn,
-                            (double)d.dampening);
-        if (d.nesterov && (d.momentum <= 0.0f || d.dampening != 0.0f))
+                            d.dampening);
+        if (d.nesterov && (d.momentum <= 0.0 || d.dampening != 0.0))
             return pdp__err(PDP_ERR_INVALID,
                             "%s: nesterov needs momentum > 0 and dampening 0 (momentum %g, "
-                            "dampening %g)", fn, (double)d.momentum, (double)d.dampening);
+                            "dampening %g)", fn, d.momentum, d.dampening);
     } else {
-        if (!(d.beta1 >= 0.0f && d.beta1 < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "%s: beta1 %g must be in [0, 1)", fn, (double)d.beta1);
-        if (!(d.beta2 >= 0.0f && d.beta2 < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "%s: beta2 %g must be in [0, 1)", fn, (double)d.beta2);
-        if (!(d.eps >= 0.0f && d.eps <= FLT_MAX))
-            return pdp__err(PDP_ERR_INVALID, "%s: eps %g must be finite and >= 0", fn,
-                            (double)d.eps);
+        if (!(d.beta1 >= 0.0 && d.beta1 < 1.0))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta1 %g must be in [0, 1)", fn, d.beta1);
+        if (!(d.beta2 >= 0.0 && d.beta2 < 1.0))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta2 %g must be in [0, 1)", fn, d.beta2);
+        if (!pdp__optim_nonneg(d.eps))
+            return pdp__err(PDP_ERR_INVALID, "%s: eps %g must be finite, >= 0 and <= FLT_MAX",
+                            fn, d.eps);
     }
     *out = d;
     return PDP_OK;
@@ -14449,7 +14467,7 @@ static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_de
 /* How many state buffers the resolved desc d needs. */
 static int pdp__optim_nstate(const pdp_optim_desc *d)
 {
-    if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0f ? 1 : 0;
+    if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0 ? 1 : 0;
     return 2;
 }
 
@@ -14462,22 +14480,18 @@ static const char *pdp__optim_state_name(const pdp_optim *o, int k)
 
 /* ---- optim: lifecycle ---- */
 
-static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
-                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
-                                          const char *fn)
+/* The optimizer of m for desc, holding hi - lo floats of zeroed state per buffer (the
+   range [lo, hi) of the flat block; a shard: hi floats in the executor's layout). out,
+   m and the range are checked by the callers. On failure *out stays NULL and
+   everything allocated is freed; the message is composed before the free. */
+static pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc,
+                                   int64_t lo, int64_t hi, bool shard, const char *fn)
 {
     pdp_optim *o;
     pdp_optim_desc d;
-    size_t bytes;
+    size_t bytes = (size_t)(hi - lo) * sizeof(float);
     int k;
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
-    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
-        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
-                        "parameters", fn, (long long)lo, (long long)hi,
-                        (long long)m->param_count);
     if ((st = pdp__optim_desc_resolve(desc, &d, fn)) != PDP_OK) return st;
     o = (pdp_optim *)pdp__calloc(sizeof *o);
     if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
@@ -14486,18 +14500,34 @@ static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
     o->count = m->param_count;
     o->lo = lo;
     o->hi = hi;
+    o->shard = shard;
     o->nstate = pdp__optim_nstate(&d);
-    bytes = (size_t)(hi - lo) * sizeof(float);
     for (k = 0; k < o->nstate; k++) {
         if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
             (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: %s state for %s%lld floats", fn,
+                               pdp_optim_kind_name(d.kind), shard ? "a shard of " : "",
+                               (long long)(hi - lo));
             pdp_optim_free(o);
-            return pdp__err_wrap(st, "%s: %s state for %lld parameters", fn,
-                                 pdp_optim_kind_name(d.kind), (long long)(hi - lo));
+            return st;
         }
     }
     *out = o;
     return PDP_OK;
+}
+
+static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                          const char *fn)
+{
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
+                        "parameters", fn, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    return pdp__optim_alloc(out, m, desc, lo, hi, false, fn);
 }
 
 /* ZeRO: state for count floats in the executor's shard layout (zero.c), stepped
@@ -14506,25 +14536,12 @@ static pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
                                           const pdp_optim_desc *desc, int64_t count,
                                           const char *fn)
 {
-    pdp_status st = pdp__optim_create_range(out, m, desc, 0, 0, fn);
-    size_t bytes = (size_t)count * sizeof(float);
-    pdp_optim *o = *out;
-    int k;
-    if (st != PDP_OK) return st;
-    o->shard = true;
-    o->hi = count;
-    for (k = 0; k < o->nstate; k++) {
-        pdp__dev_free(m->device, o->state[k]);
-        o->state[k] = NULL;
-        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
-            (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
-            pdp_optim_free(o);
-            *out = NULL;
-            return pdp__err_wrap(st, "%s: %s state for a shard of %lld floats", fn,
-                                 pdp_optim_kind_name(o->desc.kind), (long long)count);
-        }
-    }
-    return PDP_OK;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (count < 0) return pdp__err(PDP_ERR_INVALID, "%s: shard of %lld floats", fn,
+                                   (long long)count);
+    return pdp__optim_alloc(out, m, desc, 0, count, true, fn);
 }
 
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
@@ -14553,17 +14570,17 @@ PDP_API void pdp_optim_zero_grad(pdp_optim *o)
     if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
 }
 
-PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr)
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, double lr)
 {
     if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: optimizer is NULL");
-    if (!(lr >= 0.0f && lr <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite and >= 0 (the "
-                        "optimizer keeps lr %g)", (double)lr, (double)o->desc.lr);
+    if (!pdp__optim_nonneg(lr))
+        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite, >= 0 and <= "
+                        "FLT_MAX (the optimizer keeps lr %g)", lr, o->desc.lr);
     o->desc.lr = lr;
     return PDP_OK;
 }
 
-PDP_API float pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0f; }
+PDP_API double pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0; }
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o) { return o ? o->steps : 0; }
 
 PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
@@ -14576,30 +14593,37 @@ PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
 
 /* ---- optim: the update ---- */
 
+/* What torch/optim/sgd.py, adam.py and adamw.py (_single_tensor_*) do with their
+   Python-float (double) hyper-parameters: 1 - dampening, 1 - beta, the bias corrections
+   (beta ** step, step a float), step_size = lr / bias_correction1, sqrt(bias_correction2)
+   and AdamW's 1 - lr * weight_decay are computed in double; each result, and each
+   hyper-parameter used as it is, is rounded to float once, where it meets a float tensor
+   as a scalar argument (alpha=, value=, mul_(x), add_(eps), / x: ATen's CPU and CUDA
+   kernels take a float tensor's scalars as float). */
 static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
 {
     const pdp_optim_desc *d = &o->desc;
     double t = (double)(o->steps + 1);
     memset(s, 0, sizeof *s);
     s->kind = d->kind;
-    s->lr = d->lr;
+    s->lr = (float)d->lr;
     if (d->kind == PDP_OPTIM_SGD) {
-        s->momentum = d->momentum;
-        s->one_minus_damp = (float)(1.0 - (double)d->dampening);
-        s->weight_decay = d->weight_decay;
+        s->momentum = (float)d->momentum;
+        s->one_minus_damp = (float)(1.0 - d->dampening);
+        s->weight_decay = (float)d->weight_decay;
         s->nesterov = d->nesterov;
         s->first = o->steps == 0;
         return;
     }
-    s->beta1 = d->beta1;
-    s->beta2 = d->beta2;
-    s->one_minus_beta1 = (float)(1.0 - (double)d->beta1);
-    s->one_minus_beta2 = (float)(1.0 - (double)d->beta2);
-    s->step_size = (float)((double)d->lr / (1.0 - pow((double)d->beta1, t)));
-    s->bc2_sqrt = (float)sqrt(1.0 - pow((double)d->beta2, t));
-    s->eps = d->eps;
-    s->l2 = d->kind == PDP_OPTIM_ADAM ? d->weight_decay : 0.0f;
-    s->decay = d->kind == PDP_OPTIM_ADAMW ? (float)(1.0 - (double)d->lr * d->weight_decay) : 1.0f;
+    s->beta1 = (float)d->beta1;
+    s->beta2 = (float)d->beta2;
+    s->one_minus_beta1 = (float)(1.0 - d->beta1);
+    s->one_minus_beta2 = (float)(1.0 - d->beta2);
+    s->step_size = (float)(d->lr / (1.0 - pow(d->beta1, t)));
+    s->bc2_sqrt = (float)sqrt(1.0 - pow(d->beta2, t));
+    s->eps = (float)d->eps;
+    s->l2 = d->kind == PDP_OPTIM_ADAM ? (float)d->weight_decay : 0.0f;
+    s->decay = d->kind == PDP_OPTIM_ADAMW ? (float)(1.0 - d->lr * d->weight_decay) : 1.0f;
 }
 
 /* The CPU loops: the math.h helpers per element, in blocks of 16 with a
@@ -14908,20 +14932,19 @@ PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total
 
 /* ---- optim: learning-rate schedule ---- */
 
-PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
-                                   float min_lr)
+PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, double base_lr,
+                                    double min_lr)
 {
     const double pi = 3.14159265358979323846;
     double progress;
     /* no status to return: an input outside the documented ranges gives NaN (optim.h) */
-    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0f && base_lr <= FLT_MAX) ||
-        !(min_lr >= 0.0f && min_lr <= FLT_MAX))
+    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0 && base_lr <= DBL_MAX) ||
+        !(min_lr >= 0.0 && min_lr <= DBL_MAX))
         return NAN;
-    if (step < warmup) return (float)((double)base_lr * (double)(step + 1) / (double)warmup);
+    if (step < warmup) return base_lr * (double)(step + 1) / (double)warmup;
     if (step >= total) return min_lr;
     progress = (double)(step - warmup) / (double)(total - warmup);
-    return (float)((double)min_lr +
-                   0.5 * ((double)base_lr - (double)min_lr) * (1.0 + cos(pi * progress)));
+    return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + cos(pi * progress));
 }
 /* ---- end src/optim.c ---- */
 
@@ -16656,14 +16679,14 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool 
     if (o) {
         const pdp_optim_desc *dd = &o->desc;
         pdp__ckpt_put(h, cap, &n, &ok,
-                      ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.9g\","
-                      "\"optim.momentum\":\"%.9g\",\"optim.dampening\":\"%.9g\","
-                      "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.9g\","
-                      "\"optim.beta1\":\"%.9g\",\"optim.beta2\":\"%.9g\",\"optim.eps\":\"%.9g\"",
-                      pdp_optim_kind_name(dd->kind), (long long)o->steps, (double)dd->lr,
-                      (double)dd->momentum, (double)dd->dampening, dd->nesterov ? "true" : "false",
-                      (double)dd->weight_decay, (double)dd->beta1, (double)dd->beta2,
-                      (double)dd->eps);
+                      ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.17g\","
+                      "\"optim.momentum\":\"%.17g\",\"optim.dampening\":\"%.17g\","
+                      "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.17g\","
+                      "\"optim.beta1\":\"%.17g\",\"optim.beta2\":\"%.17g\","
+                      "\"optim.eps\":\"%.17g\"",
+                      pdp_optim_kind_name(dd->kind), (long long)o->steps, dd->lr, dd->momentum,
+                      dd->dampening, dd->nesterov ? "true" : "false", dd->weight_decay,
+                      dd->beta1, dd->beta2, dd->eps);
     }
     for (t = -1; t < nt; t++) {
         if (t < 0) {
@@ -16987,16 +17010,18 @@ static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *
 
 /* ---- checkpoint: load ---- */
 
-/* A float from a metadata string ("%.9g" on save); false when absent or bad. */
-static bool pdp__ckpt_meta_float(const pdp__st_parser *p, const char *key, float *out)
+/* A hyper-parameter from a metadata string: a double, "%.17g" on save (the exact
+   double back); an older pdp's file has "%.9g" of a float, read as that decimal. False
+   when absent or not a finite number. */
+static bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, double *out)
 {
     const char *s = pdp__st_meta(p, key);
     char *end;
     double v;
     if (!s || !*s) return false;
     v = strtod(s, &end);
-    if (*end || !isfinite(v) || fabs(v) > FLT_MAX) return false;
-    *out = (float)v;
+    if (*end || !isfinite(v)) return false;
+    *out = v;
     return true;
 }
 
@@ -17009,7 +17034,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
                                        "optim.weight_decay", "optim.beta1", "optim.beta2",
                                        "optim.eps"};
-    float *fields[7];
+    double *fields[7];
     pdp_optim_desc d, resolved;
     char *end, where[512];
     long long n;
@@ -17024,7 +17049,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     fields[0] = &d.lr; fields[1] = &d.momentum; fields[2] = &d.dampening;
     fields[3] = &d.weight_decay; fields[4] = &d.beta1; fields[5] = &d.beta2; fields[6] = &d.eps;
     for (i = 0; i < 7; i++)
-        if (!pdp__ckpt_meta_float(p, keys[i], fields[i]))
+        if (!pdp__ckpt_meta_double(p, keys[i], fields[i]))
             return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"%s\" is missing or not a "
                             "finite number", fn, p->file, keys[i]);
     if (!nest || (strcmp(nest, "true") != 0 && strcmp(nest, "false") != 0))
@@ -17042,7 +17067,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     if (pdp__optim_nstate(&resolved) != o->nstate)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: the file's %s (momentum %g) keeps %d state "
                         "tensors per parameter, the optimizer %d", fn, p->file, kind,
-                        (double)d.momentum, pdp__optim_nstate(&resolved), o->nstate);
+                        d.momentum, pdp__optim_nstate(&resolved), o->nstate);
     resolved.lr = d.lr; /* 0 is a valid learning rate (e.g. the end of a schedule) */
     *desc = resolved;
     *steps = (int64_t)n;

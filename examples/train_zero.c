@@ -59,7 +59,7 @@
 
 static int np = 2, epochs = 1, stage = 3;
 static int64_t batch = 256; /* global */
-static float lr = 0.001f;
+static double lr = 0.001;
 static double cap_mb = 0.5; /* units of at most 0.5 MiB: each layer its own, 784x512 split */
 static int accum = 1;        /* backward passes (batches) per optimizer step */
 static unsigned long long seed = 1;
@@ -259,7 +259,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-np")) np = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-cap_mb")) cap_mb = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "-accum")) accum = atoi(argv[i + 1]);

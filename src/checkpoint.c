@@ -271,14 +271,14 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool 
     if (o) {
         const pdp_optim_desc *dd = &o->desc;
         pdp__ckpt_put(h, cap, &n, &ok,
-                      ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.9g\","
-                      "\"optim.momentum\":\"%.9g\",\"optim.dampening\":\"%.9g\","
-                      "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.9g\","
-                      "\"optim.beta1\":\"%.9g\",\"optim.beta2\":\"%.9g\",\"optim.eps\":\"%.9g\"",
-                      pdp_optim_kind_name(dd->kind), (long long)o->steps, (double)dd->lr,
-                      (double)dd->momentum, (double)dd->dampening, dd->nesterov ? "true" : "false",
-                      (double)dd->weight_decay, (double)dd->beta1, (double)dd->beta2,
-                      (double)dd->eps);
+                      ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.17g\","
+                      "\"optim.momentum\":\"%.17g\",\"optim.dampening\":\"%.17g\","
+                      "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.17g\","
+                      "\"optim.beta1\":\"%.17g\",\"optim.beta2\":\"%.17g\","
+                      "\"optim.eps\":\"%.17g\"",
+                      pdp_optim_kind_name(dd->kind), (long long)o->steps, dd->lr, dd->momentum,
+                      dd->dampening, dd->nesterov ? "true" : "false", dd->weight_decay,
+                      dd->beta1, dd->beta2, dd->eps);
     }
     for (t = -1; t < nt; t++) {
         if (t < 0) {
@@ -602,16 +602,18 @@ static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *
 
 /* ---- checkpoint: load ---- */
 
-/* A float from a metadata string ("%.9g" on save); false when absent or bad. */
-static bool pdp__ckpt_meta_float(const pdp__st_parser *p, const char *key, float *out)
+/* A hyper-parameter from a metadata string: a double, "%.17g" on save (the exact
+   double back); an older pdp's file has "%.9g" of a float, read as that decimal. False
+   when absent or not a finite number. */
+static bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, double *out)
 {
     const char *s = pdp__st_meta(p, key);
     char *end;
     double v;
     if (!s || !*s) return false;
     v = strtod(s, &end);
-    if (*end || !isfinite(v) || fabs(v) > FLT_MAX) return false;
-    *out = (float)v;
+    if (*end || !isfinite(v)) return false;
+    *out = v;
     return true;
 }
 
@@ -624,7 +626,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
                                        "optim.weight_decay", "optim.beta1", "optim.beta2",
                                        "optim.eps"};
-    float *fields[7];
+    double *fields[7];
     pdp_optim_desc d, resolved;
     char *end, where[512];
     long long n;
@@ -639,7 +641,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     fields[0] = &d.lr; fields[1] = &d.momentum; fields[2] = &d.dampening;
     fields[3] = &d.weight_decay; fields[4] = &d.beta1; fields[5] = &d.beta2; fields[6] = &d.eps;
     for (i = 0; i < 7; i++)
-        if (!pdp__ckpt_meta_float(p, keys[i], fields[i]))
+        if (!pdp__ckpt_meta_double(p, keys[i], fields[i]))
             return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"%s\" is missing or not a "
                             "finite number", fn, p->file, keys[i]);
     if (!nest || (strcmp(nest, "true") != 0 && strcmp(nest, "false") != 0))
@@ -657,7 +659,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     if (pdp__optim_nstate(&resolved) != o->nstate)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: the file's %s (momentum %g) keeps %d state "
                         "tensors per parameter, the optimizer %d", fn, p->file, kind,
-                        (double)d.momentum, pdp__optim_nstate(&resolved), o->nstate);
+                        d.momentum, pdp__optim_nstate(&resolved), o->nstate);
     resolved.lr = d.lr; /* 0 is a valid learning rate (e.g. the end of a schedule) */
     *desc = resolved;
     *steps = (int64_t)n;

@@ -447,8 +447,11 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
    PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
    as the CPU functions they stand in for (pointers on device d or io->device;
    labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
-/* Per-step scalars, computed once in double (as PyTorch does in Python) and
-   rounded to float for the element loop (optim.c's CPU loop, cuda_host.c's kernels). */
+/* Per-step scalars of the element loop (optim.c's CPU loop, cuda_host.c's kernels),
+   taken once per update by pdp__optim_scalars_of from the desc's doubles: 1 - beta,
+   1 - dampening, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t) and
+   decay = 1 - lr weight_decay computed in double (as PyTorch does in Python), then each
+   rounded to float, as PyTorch's fp32 kernels round a double scalar argument. */
 typedef struct pdp__optim_scalars {
     pdp_optim_kind kind;
     float lr, momentum, one_minus_damp, weight_decay;
