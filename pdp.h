@@ -581,7 +581,18 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
    one to one onto the matching PyTorch module and a DDP bucket is a plain range
    of the gradient block. Backward accumulates into the gradients (zero them
    with pdp_model_zero_grad) and, right after each layer, calls the grad hook
-   once for each parameter of that layer: the hook DDP's reducer listens to. */
+   once for each parameter of that layer: the hook DDP's reducer listens to.
+
+   Wrapped models. While an executor holds a model (pdp_dp_create's master,
+   pdp_ddp_create, pdp_zero_create, a pipeline's stage), every call that would change
+   its layout or its parameter block (pdp_model_add_*, the TP layers of tp.h,
+   pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the executor, and the
+   model is unchanged: the executor planned its buckets, shards or replicas on that
+   layout. Free the executor first. A model is held by one executor at a time: a second
+   create fails the same way, naming both (a TP model under DDP or ZeRO is one executor:
+   TP is a property of the model). pdp_model_set_precision and pdp_model_set_training
+   stay allowed (DP hands both to its replicas every step). Under ZeRO the views of
+   pdp_model_param and pdp_model_flat show what this rank holds (below, and zero.h). */
 
 typedef struct pdp_model pdp_model;
 
@@ -649,13 +660,28 @@ typedef struct pdp_param {
     const char *name;  /* "0.weight" */
     int layer;         /* index of the layer that owns it */
     int64_t offset;    /* in floats, into the flat parameter and gradient blocks */
-    pdp_tensor value;  /* a view into the parameter block */
-    pdp_tensor grad;   /* a view into the gradient block */
+    int ndim;          /* the parameter's shape (shape[ndim..3] are 1) and floats */
+    int64_t shape[PDP_MAX_DIMS], count;
+    pdp_tensor value;  /* a view of its values (into the parameter block) */
+    pdp_tensor grad;   /* a view of its gradient (into the gradient block) */
+    /* What the views hold: elements [value_lo, value_hi) and [grad_lo, grad_hi) of the
+       parameter flattened in row-major order. 0 and count, with the views in the
+       parameter's shape, unless an executor keeps only part of it on this rank (ZeRO,
+       zero.h): that view is then 1-d, hi - lo floats; hi == lo: none here (data NULL). */
+    int64_t value_lo, value_hi, grad_lo, grad_hi;
 } pdp_param;
 
+/* Views valid until the next layer is added (or, under ZeRO, until pdp_zero_free).
+   Under ZeRO (every stage, zero.h): grad is this rank's part of the reduced gradient
+   (after pdp_zero_finish: the average over ranks; stage 1 before it: the local sums of
+   that part); value is the whole parameter at stages 1-2 and this rank's part at stage
+   3 (the shard the optimizer updates, whatever pdp_zero_gather_params(z, NULL) did). */
 PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out);
 PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out);
-/* Views of the whole flat blocks (param_count floats each). */
+/* Views of the whole flat blocks (param_count floats each); either may be NULL. Under
+   ZeRO the gradients (every stage) and the parameters (stage 3) are not one block on
+   this rank: asking for them fails with PDP_ERR_STATE naming pdp_model_param and
+   pdp_zero_gather_params; the parameters at stages 1-2 are the full block. */
 PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads);
 
 /* Called during backward right after a parameter's gradient is final for this
@@ -1318,7 +1344,9 @@ typedef struct pdp_dp_desc {
 } pdp_dp_desc;
 
 /* Wraps master (which stays owned by the caller and must outlive dp) and starts
-   workers 1..N-1. Layers must not be added to master afterwards. A pdp_dp is used
+   workers 1..N-1. Adding layers to master afterwards fails with PDP_ERR_STATE
+   (model.h, "Wrapped models"); pdp_model_set_precision on it reaches every replica
+   at the next step. A pdp_dp is used
    by one calling thread at a time; between steps the caller may use the master
    as any model (evaluate it, save it). */
 PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc);
@@ -1485,6 +1513,8 @@ typedef enum pdp_batch_mean {
                                   one all-reduce of the batch sizes per backward */
 } pdp_batch_mean;
 
+/* Sizes: 0 (default) or finite MiB in (0, 1e12]; anything else fails with
+   PDP_ERR_INVALID naming the field and the value (the rule pdp_zero_desc shares). */
 typedef struct pdp_ddp_desc {
     double bucket_cap_mb;    /* bucket capacity in MiB (2^20 bytes); default 25 */
     double first_bucket_mb;  /* capacity of the first bucket in MiB (the last layers'
@@ -1493,8 +1523,9 @@ typedef struct pdp_ddp_desc {
                                   every rank */
 } pdp_ddp_desc;
 
-/* Wraps m (which stays owned by the caller, must outlive ddp and gets no new
-   layers) and c (the same). Collective: every rank of c must call it. Checks
+/* Wraps m (which stays owned by the caller and must outlive ddp; adding layers to it
+   fails until pdp_ddp_free, and so does a second executor on it: model.h, "Wrapped
+   models") and c (the same). Collective: every rank of c must call it. Checks
    that every rank has the same parameter names and shapes (a mismatch fails on
    every rank with PDP_ERR_INVALID naming the first differing parameter), then
    copies rank 0's parameters to every rank, zeroes the gradients and installs
@@ -1914,10 +1945,30 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
    (pdp_zero_forward_backward, or pdp_zero_forward + own loss +
    pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model;
    under PDP_BATCH_MEAN_GLOBAL only the first two, which apply the weight).
-   While wrapped, read gradients with pdp_zero_grad_norm/clip only (the model's
-   gradient block is gone) and, at stage 3, parameters with
-   pdp_zero_gather_params. Faults never hang: a missing rank makes the
-   reduce-scatter (named with its unit) or the all-gather fail with
+
+   The wrapped model (model.h, "Wrapped models"): layers cannot be added (the units
+   are planned on its layout) and no other executor can take it, until pdp_zero_free.
+   Its views show what this rank holds, each with its range (pdp_param's value_lo..hi,
+   grad_lo..hi: a parameter lies in one unit, so this rank's part of it is one
+   contiguous range of its row-major elements, possibly empty):
+     pdp_model_param  grad: this rank's part of the reduced gradient at every stage
+                      (the average over ranks after pdp_zero_finish; at stage 1 the
+                      local sums before it); value: the whole parameter at stages 1-2
+                      (every rank's full copy, all-gathered after each step), this
+                      rank's part at stage 3 (the shard the optimizer updates);
+     pdp_model_flat   the full parameter block at stages 1-2; the gradients (every
+                      stage) and the parameters at stage 3 are not one block on this
+                      rank: PDP_ERR_STATE naming pdp_model_param and
+                      pdp_zero_gather_params (the full values, collective);
+     pdp_checkpoint_load  PDP_ERR_STATE at every stage (the shards train): use
+                      pdp_zero_checkpoint_load_full or pdp_zero_checkpoint_load;
+     pdp_checkpoint_save  the full parameters at stages 1-2 (without the optimizer:
+                      a shard optimizer is refused); PDP_ERR_STATE at stage 3 unless
+                      pdp_zero_gather_params(z, NULL) put them in the model's block
+                      (until the next step): use pdp_zero_checkpoint_consolidate or
+                      pdp_zero_checkpoint_save.
+   The whole gradient norm: pdp_zero_clip_grad_norm. Faults never hang: a missing
+   rank makes the reduce-scatter (named with its unit) or the all-gather fail with
    PDP_ERR_TIMEOUT naming the rank, within the communicator's timeout.
 
    Devices: a CPU model over the local or MPI backend, or a CUDA model over NCCL
@@ -1932,12 +1983,20 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
 
 typedef struct pdp_zero pdp_zero;
 
+/* The bucket options follow one rule with pdp_ddp_desc's (checked before anything is
+   allocated or sent; a bad value fails with PDP_ERR_INVALID naming the field and the
+   value): the sizes are 0 (default) or finite MiB in (0, 1e12]; the buffer counts are 0
+   (default) or at most U, the number of units the sizes give this model
+   (pdp_zero_num_units): unit u takes gradient buffer u mod grad_buffers, so more could
+   never be used (param_buffers may be 2 with one unit). */
 typedef struct pdp_zero_desc {
     int stage;               /* 1, 2 or 3; default 1 */
     double bucket_cap_mb;    /* unit size in MiB; default 25 */
     double first_bucket_mb;  /* the first unit (the last layers); default min(1, cap) */
-    int grad_buffers;        /* stages 2-3: gradient bucket buffers; default 2 */
-    int param_buffers;       /* stage 3: gathered parameter buffers, >= 2; default 2 */
+    int grad_buffers;        /* stages 2-3: gradient bucket buffers, 1..U; default
+                                min(2, U) */
+    int param_buffers;       /* stage 3: gathered parameter buffers, 2..max(2, U);
+                                default 2 */
     bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for
                                 measuring what prefetch gains); default false */
     pdp_batch_mean batch_mean; /* uneven shards (ddp.h): default PDP_BATCH_MEAN_RANKS, the
@@ -3146,6 +3205,13 @@ typedef enum pdp__wrap {
     PDP__WRAP_PP
 } pdp__wrap;
 
+/* A wrapped model's parameter views where its executor holds the blocks (ZeRO):
+   adjusts out->value, out->grad and their ranges for parameter index (model.c has
+   filled out with the views of the model's own blocks, or empty ones where a block is
+   gone), or refuses, the message starting with fn. */
+typedef pdp_status (*pdp__model_views_fn)(void *user, const pdp_model *m, int index,
+                                          pdp_param *out, const char *fn);
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -3178,6 +3244,9 @@ struct pdp_model {
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
     pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
                                   by its create, cleared by its free (pdp__model_wrap) */
+    int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    pdp__model_views_fn views; /* pdp_model_param's views (above); NULL: the blocks' */
+    void *views_user;
     pdp__model_event_fn event; /* the executor seam (above); NULL: off */
     void *event_user;
     float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
@@ -3189,6 +3258,23 @@ struct pdp_model {
     float *input_grad;       /* not NULL: backward writes d(loss)/d(input) here [batch, in] */
     double *layer_s;         /* not NULL: forward and backward add each layer's seconds */
 };
+
+/* Executors holding a model (model.c). pdp__model_wrap: marks m as held by kind (stage:
+   ZeRO's, else 0), or refuses with PDP_ERR_STATE, the message starting with fn, a model
+   another executor holds (one executor per model: two would both own its gradients),
+   naming both. pdp__model_unwrap: held by none again (the executor's free).
+   pdp__model_wrapper: "ZeRO stage 3 (pdp_zero_create)", the holder for messages.
+   pdp__model_check_layout: PDP_ERR_STATE for a call fn that would change the layout or
+   the parameter block of a wrapped model (or a DP replica), naming the executor; what:
+   the advice ("add layers before wrapping it"). */
+static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
+static void pdp__model_unwrap(pdp_model *m);
+static const char *pdp__model_wrapper(const pdp_model *m);
+static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+/* A parameter view for pdp_model_param (model.c): e's shape over data when full, else 1-d
+   of count floats; data NULL: empty (count 0). */
+static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                            int64_t count, pdp_tensor *out);
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
    clone reads src's parameter block (CPU DP replicas); otherwise it gets its own
@@ -13363,6 +13449,61 @@ PDP_API void pdp_model_free(pdp_model *m)
     pdp__dealloc(m);
 }
 
+/* ---- model: the executor holding it ---- */
+
+/* "ZeRO stage 3 (pdp_zero_create)": an executor, for messages. */
+static const char *pdp__wrap_name(pdp__wrap kind, int stage)
+{
+    static const char *zero[4] = {"ZeRO (pdp_zero_create)", "ZeRO stage 1 (pdp_zero_create)",
+                                  "ZeRO stage 2 (pdp_zero_create)",
+                                  "ZeRO stage 3 (pdp_zero_create)"};
+    switch (kind) {
+    case PDP__WRAP_DP: return "DataParallel (pdp_dp_create)";
+    case PDP__WRAP_DDP: return "DDP (pdp_ddp_create)";
+    case PDP__WRAP_ZERO: return zero[stage >= 1 && stage <= 3 ? stage : 0];
+    case PDP__WRAP_PP: return "a pipeline (pdp_pp_create)";
+    case PDP__WRAP_NONE: break;
+    }
+    return "no executor";
+}
+
+static const char *pdp__model_wrapper(const pdp_model *m)
+{
+    return pdp__wrap_name(m->wrapped, m->wrap_stage);
+}
+
+static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn)
+{
+    static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
+                                   "pdp_pp_free"};
+    PDP_ASSERT(kind > PDP__WRAP_NONE && kind <= PDP__WRAP_PP);
+    if (m->wrapped != PDP__WRAP_NONE)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
+                        "holds a model at a time: %s it before wrapping the model in %s", fn,
+                        pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
+    m->wrapped = kind;
+    m->wrap_stage = stage;
+    return PDP_OK;
+}
+
+static void pdp__model_unwrap(pdp_model *m)
+{
+    m->wrapped = PDP__WRAP_NONE;
+    m->wrap_stage = 0;
+    m->views = NULL;
+    m->views_user = NULL;
+}
+
+static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn)
+{
+    if (m->wrapped != PDP__WRAP_NONE)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s; %s", fn,
+                        pdp__model_wrapper(m), what);
+    if (m->params_shared)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
+    return PDP_OK;
+}
+
 /* ---- model: adding layers ---- */
 
 /* Grows an array of n used elements to hold one more; *cap doubles. */
@@ -13433,7 +13574,9 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
     size_t bytes;
     pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
-    if (m->params_shared) return pdp__err(PDP_ERR_STATE, "%s: model is a replica", fn);
+    /* the executor planned its buckets, shards and replicas on this layout */
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st;
     l.index = m->nlayers;
     if (m->nlayers) {
         const pdp__layer *prev = &m->layers[m->nlayers - 1];
@@ -13948,6 +14091,24 @@ PDP_API int64_t pdp_model_param_count(const pdp_model *m) { return m ? m->param_
 PDP_API int pdp_model_num_params(const pdp_model *m) { return m ? m->nparams : 0; }
 PDP_API pdp_device pdp_model_device(const pdp_model *m) { return m ? m->device : pdp_cpu(); }
 
+/* A view of count floats at data (1-d; the parameter's shape when full), or an empty
+   one (data NULL, count 0) where data is NULL: a block the executor took away. */
+static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                            int64_t count, pdp_tensor *out)
+{
+    memset(out, 0, sizeof *out);
+    out->device = d;
+    out->ndim = 1;
+    out->shape[1] = out->shape[2] = out->shape[3] = 1;
+    if (!data) return;
+    if (full) {
+        pdp_tensor_wrap(data, d, e->ndim, e->shape, out);
+        return;
+    }
+    out->data = data;
+    out->shape[0] = out->count = count;
+}
+
 PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out)
 {
     const pdp__param_entry *e;
@@ -13956,12 +14117,20 @@ PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out
         return pdp__err(PDP_ERR_INVALID, "pdp_model_param: index %d outside 0..%d", index,
                         m->nparams - 1);
     e = &m->params[index];
+    memset(out, 0, sizeof *out);
     out->name = e->name;
     out->layer = e->layer;
     out->offset = e->offset;
-    pdp_tensor_wrap(m->param_block + e->offset, m->device, e->ndim, e->shape, &out->value);
-    pdp_tensor_wrap(m->grad_block + e->offset, m->device, e->ndim, e->shape, &out->grad);
-    return PDP_OK;
+    out->ndim = e->ndim;
+    memcpy(out->shape, e->shape, sizeof out->shape);
+    out->count = e->count;
+    pdp__model_view(m->param_block ? m->param_block + e->offset : NULL, m->device, e, true,
+                    e->count, &out->value);
+    pdp__model_view(m->grad_block ? m->grad_block + e->offset : NULL, m->device, e, true,
+                    e->count, &out->grad);
+    out->value_hi = m->param_block ? e->count : 0;
+    out->grad_hi = m->grad_block ? e->count : 0;
+    return m->views ? m->views(m->views_user, m, index, out, "pdp_model_param") : PDP_OK;
 }
 
 PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out)
@@ -13975,9 +14144,23 @@ PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pd
 
 PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads)
 {
+    static const char *fn = "pdp_model_flat";
     int64_t n;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_flat: model is NULL");
-    if (!m->param_count) return pdp__err(PDP_ERR_STATE, "pdp_model_flat: the model has no parameters");
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!m->param_count) return pdp__err(PDP_ERR_STATE, "%s: the model has no parameters", fn);
+    /* ZeRO: the flat blocks a view would show are not what the rank holds */
+    if (params && (!m->param_block || (m->wrapped == PDP__WRAP_ZERO && m->wrap_stage == 3)))
+        return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s, which keeps only this "
+                        "rank's slices of the parameters (the gathered copy of "
+                        "pdp_zero_gather_params is gone at the next step): gather them into "
+                        "memory of yours with pdp_zero_gather_params(z, dst); pdp_model_param "
+                        "views this rank's part of each (or pass params NULL)", fn,
+                        pdp__model_wrapper(m));
+    if (grads && !m->grad_block)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s, which keeps the reduced "
+                        "gradients only in this rank's slices: pdp_model_param views this "
+                        "rank's part of each parameter's gradient, pdp_zero_clip_grad_norm "
+                        "clips them (or pass grads NULL)", fn, pdp__model_wrapper(m));
     n = m->param_count;
     if (params) pdp_tensor_wrap(m->param_block, m->device, 1, &n, params);
     if (grads) pdp_tensor_wrap(m->grad_block, m->device, 1, &n, grads);
@@ -14016,6 +14199,10 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     m->nslots = m->slot = 0;
     m->input_grad = NULL;
     m->layer_s = NULL;
+    m->wrapped = PDP__WRAP_NONE; /* the executor holds src; a replica is its own */
+    m->wrap_stage = 0;
+    m->views = NULL;
+    m->views_user = NULL;
     m->params_shared = share_params;
     m->cap_layers = src->nlayers;
     m->cap_params = src->nparams;
@@ -16948,6 +17135,20 @@ static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, con
                                        const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    /* ZeRO: a load must reach the shards that train (and every rank); a save needs the
+       full parameters in the model's block (stages 1-2, or stage 3 after
+       pdp_zero_gather_params(z, NULL): what consolidate saves through) */
+    if (m->wrapped == PDP__WRAP_ZERO && !strstr(fn, "_save"))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the model is wrapped by %s, whose shards hold "
+                        "what trains; load with pdp_zero_checkpoint_load_full (a full file) or "
+                        "pdp_zero_checkpoint_load (a shard set), both collective", fn, path,
+                        pdp__model_wrapper(m));
+    if (m->wrapped == PDP__WRAP_ZERO && !m->param_block)
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the model is wrapped by %s, which keeps only "
+                        "this rank's slices of the parameters; save with "
+                        "pdp_zero_checkpoint_consolidate (one full file) or "
+                        "pdp_zero_checkpoint_save (a shard set), both collective", fn, path,
+                        pdp__model_wrapper(m));
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "%s: %s: the model has %d tensor-parallel layers, so its "
                         "parameters are this rank's slices; use pdp_tp_checkpoint_%s "
@@ -16959,8 +17160,9 @@ static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, con
                         (long long)m->param_count);
     if (o && !pdp__optim_is_full(o))
         return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
-                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
-                        (long long)o->hi, (long long)o->count);
+                        "the %lld parameters only (a ZeRO shard: pdp_zero_checkpoint_%s)", fn,
+                        path, (long long)o->lo, (long long)o->hi, (long long)o->count,
+                        strstr(fn, "_save") ? "consolidate or _save" : "load_full or _load");
     return PDP_OK;
 }
 
@@ -17844,6 +18046,7 @@ static void pdp__dp_destroy(pdp_dp *dp)
     if (dp->master) {
         pdp__dev_free(dp->master->device, dp->out_block);
         pdp__dev_free(dp->master->device, dp->stage);
+        pdp__model_unwrap(dp->master); /* the caller's again: layers may be added */
     }
     if (dp->sync_ok) {
         pthread_cond_destroy(&dp->done);
@@ -17919,8 +18122,13 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
                             master->device.ordinal);
     }
 
+    /* the replicas are clones of this layout: it must not change while they live */
+    if ((st = pdp__model_wrap(master, PDP__WRAP_DP, 0, "pdp_dp_create")) != PDP_OK) return st;
     dp = (pdp_dp *)pdp__calloc(sizeof *dp);
-    if (!dp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory");
+    if (!dp) {
+        pdp__model_unwrap(master);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory");
+    }
     dp->master = master;
     dp->n = n;
     dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
@@ -18022,6 +18230,7 @@ static pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
                             fn, m->nlayers, (long long)m->param_count, i, r->nlayers,
                             (long long)r->param_count);
         r->training = m->training;
+        r->precision = m->precision; /* pdp_model_set_precision on the master, any time */
         r->step = m->step;
         r->seed = m->seed;
         if (r->params_shared) {
@@ -18508,34 +18717,90 @@ struct pdp__reducer {
 
 /* ---- reducer: buckets ---- */
 
-static pdp_status pdp__reducer_plan(pdp__reducer *r)
+/* The plan (the header's rule): walks m's parameters in reverse, closing a bucket at
+   >= cap bytes (the first at first; whole_layers: never between a layer's weight and
+   bias). Fills buckets and bucket_of when not NULL; returns the number of buckets. */
+static int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool whole_layers,
+                             pdp__red_bucket *buckets, int *bucket_of)
 {
-    const pdp_model *m = r->m;
-    double cap = r->desc.cap_bytes, first = r->desc.first_bytes;
     double bytes = 0.0;
     int p, b = 0, last = m->nparams - 1;
-    r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
-                                                sizeof *r->buckets);
-    r->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *r->bucket_of);
-    if (!r->buckets || !r->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
     for (p = m->nparams - 1; p >= 0; p--) {
         bytes += (double)m->params[p].count * sizeof(float);
-        r->bucket_of[p] = b;
-        if (r->desc.whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
+        if (bucket_of) bucket_of[p] = b;
+        if (whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
             continue; /* the layer's weight joins its bias */
         if (bytes >= (b == 0 ? first : cap) || p == 0) { /* close bucket b: params p..last */
-            pdp__red_bucket *k = &r->buckets[b];
-            k->info.first_param = p;
-            k->info.last_param = last;
-            k->info.offset = m->params[p].offset;
-            k->info.count = m->params[last].offset + m->params[last].count - k->info.offset;
-            k->nparams = last - p + 1;
+            if (buckets) {
+                pdp__red_bucket *k = &buckets[b];
+                k->info.first_param = p;
+                k->info.last_param = last;
+                k->info.offset = m->params[p].offset;
+                k->info.count = m->params[last].offset + m->params[last].count - k->info.offset;
+                k->nparams = last - p + 1;
+            }
             b++;
             last = p - 1;
             bytes = 0.0;
         }
     }
-    r->nbuckets = b;
+    return b;
+}
+
+static pdp_status pdp__reducer_plan(pdp__reducer *r)
+{
+    const pdp_model *m = r->m;
+    r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
+                                                sizeof *r->buckets);
+    r->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *r->bucket_of);
+    if (!r->buckets || !r->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
+    r->nbuckets = pdp__reducer_walk(m, r->desc.cap_bytes, r->desc.first_bytes,
+                                    r->desc.whole_layers, r->buckets, r->bucket_of);
+    return PDP_OK;
+}
+
+/* ---- reducer: the bucket options of DDP's and ZeRO's descs ----
+   One rule for both creates, checked before anything is allocated or communicated.
+   bucket_cap_mb and first_bucket_mb (MiB): 0 (the default: 25, and min(1, cap)) or
+   finite in (0, 1e12] (1e12 MiB, 2^60 bytes, is beyond any model and keeps every byte
+   figure an exact int64). ZeRO's buffer counts (NULL: not an option of the caller):
+   grad_buffers 0 (default 2) or 1..U and param_buffers 0 (default 2) or 2..max(2, U),
+   U the number of units these bucket sizes give m: unit u takes gradient buffer
+   u mod grad_buffers, so buffers beyond U would never be used, and two gather slots
+   (the unit computing and the next one's prefetch) are the least stage 3 needs. Every
+   failure names the field and its value. */
+static pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, double first_mb,
+                                         const int *gbufs, const int *pbufs, const char *fn)
+{
+    const char *name[2] = {"bucket_cap_mb", "first_bucket_mb"};
+    int grad_buffers = gbufs ? *gbufs : 0, param_buffers = pbufs ? *pbufs : 0;
+    double v[2];
+    int i, units;
+    v[0] = cap_mb;
+    v[1] = first_mb;
+    for (i = 0; i < 2; i++)
+        if (!(v[i] >= 0.0 && v[i] <= 1e12))
+            return pdp__err(PDP_ERR_INVALID, "%s: %s %g: must be 0 (the default) or a finite "
+                            "size in MiB, > 0 and at most 1e12", fn, name[i], v[i]);
+    if (grad_buffers < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d is negative", fn, grad_buffers);
+    if (param_buffers < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers %d is negative", fn, param_buffers);
+    if (param_buffers == 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers 1: stage 3 needs 2 or more (the "
+                        "unit computing and the next one's prefetch; 0 for the default 2)", fn);
+    if (grad_buffers == 0 && param_buffers == 0) return PDP_OK;
+    cap_mb = PDP__DEF(cap_mb, 25.0);
+    first_mb = PDP__DEF(first_mb, PDP__MIN(1.0, cap_mb));
+    units = pdp__reducer_walk(m, cap_mb * 1048576.0, first_mb * 1048576.0, true, NULL, NULL);
+    if (grad_buffers > PDP__MAX(1, units))
+        return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d: more than the %d units of "
+                        "bucket_cap_mb %g (unit u takes buffer u mod grad_buffers; at most %d "
+                        "can be used)", fn, grad_buffers, units, cap_mb, PDP__MAX(1, units));
+    if (param_buffers > PDP__MAX(2, units))
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers %d: more than the %d units of "
+                        "bucket_cap_mb %g (at most %d gather slots can be used)", fn,
+                        param_buffers, units, cap_mb, PDP__MAX(2, units));
     return PDP_OK;
 }
 
@@ -19268,6 +19533,7 @@ static void pdp__reducer_reset_stats(pdp__reducer *r)
 struct pdp_ddp {
     pdp__reducer r;       /* first: the grad hook's user pointer is &d->r */
     pdp_ddp_desc desc;
+    pdp_model *held;      /* the model this executor wrapped (pdp__model_wrap) */
 };
 
 /* The DDP collective: bucket b's gradients, averaged in place (or the comm hook's). */
@@ -19349,13 +19615,16 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && !(desc->bucket_cap_mb >= 0.0 && desc->bucket_cap_mb <= 1e12 &&
-                  desc->first_bucket_mb >= 0.0 && desc->first_bucket_mb <= 1e12))
-        return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
-                        ">= 0 and finite (at most 1e12)", fn, desc->bucket_cap_mb,
-                        desc->first_bucket_mb);
+    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
+                                             NULL, NULL, fn)) != PDP_OK)
+        return st;
+    if ((st = pdp__model_wrap(m, PDP__WRAP_DDP, 0, fn)) != PDP_OK) return st;
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
-    if (!d) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!d) {
+        pdp__model_unwrap(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
+    d->held = m;
     if (desc) d->desc = *desc;
     d->desc.bucket_cap_mb = PDP__DEF(d->desc.bucket_cap_mb, 25.0);
     d->desc.first_bucket_mb = PDP__DEF(d->desc.first_bucket_mb,
@@ -19382,6 +19651,7 @@ PDP_API void pdp_ddp_free(pdp_ddp *d)
 {
     if (!d) return;
     pdp__reducer_release(&d->r);
+    if (d->held) pdp__model_unwrap(d->held);
     pdp__dealloc(d);
 }
 
@@ -19482,7 +19752,11 @@ PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
 
 PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
 {
+    pdp_status st;
     if (!m || !tp) return pdp__err(PDP_ERR_INVALID, "pdp_model_set_tp: NULL argument");
+    if ((st = pdp__model_check_layout(m, "set the TP communicator before wrapping it",
+                                      "pdp_model_set_tp")) != PDP_OK)
+        return st;
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "pdp_model_set_tp: the model already has %d TP layers "
                         "(set the communicator before the first)", m->tp.nlayers);
@@ -20281,6 +20555,7 @@ PDP_API void pdp_zero_free(pdp_zero *z)
     pdp__dealloc(z->unit_of_layer);
     pdp__dealloc(z->layer_w);
     pdp__dealloc(z->layer_dw);
+    if (m) pdp__model_unwrap(m); /* the caller's again (views off) */
     pdp__dealloc(z);
 }
 
@@ -20299,6 +20574,42 @@ static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
     return p;
 }
 
+/* pdp_model_param's views of a wrapped model (the seam of internal.h): this rank's part
+   of parameter index is its overlap [lo, hi) with the rank's slice of the parameter's
+   unit, one contiguous range (a unit holds whole layers, so the parameter lies in one
+   unit, and the slice is contiguous). The gradient's part lives in the slice (stage 1:
+   the unit's padded buffer; stages 2-3: the shard), and so do the values at stage 3;
+   at stages 1-2 the values stay the full view of the model's block. */
+static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp_param *out,
+                                  const char *fn)
+{
+    const pdp_zero *z = (const pdp_zero *)user;
+    const pdp__param_entry *e = &m->params[index];
+    const pdp__zero_unit *k;
+    int64_t s0, lo, hi;
+    float *g, *v;
+    int u = z->unit_of_layer[e->layer];
+    (void)fn;
+    PDP_ASSERT(u >= 0);
+    k = &z->units[u];
+    s0 = k->off + (int64_t)z->rank * k->s; /* the slice: flat [s0, s0 + mine) */
+    lo = PDP__MAX(e->offset, s0);
+    hi = PDP__MIN(e->offset + e->count, s0 + k->mine);
+    if (hi <= lo) lo = hi = 0;
+    g = z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
+    v = z->param_shard ? z->param_shard + k->shard_off : NULL;
+    out->grad_lo = hi > lo ? lo - e->offset : 0;
+    out->grad_hi = hi > lo ? hi - e->offset : 0;
+    pdp__model_view(hi > lo ? g + (lo - s0) : NULL, m->device, e, false, hi - lo, &out->grad);
+    if (z->stage == 3) {
+        out->value_lo = out->grad_lo;
+        out->value_hi = out->grad_hi;
+        pdp__model_view(hi > lo ? v + (lo - s0) : NULL, m->device, e, false, hi - lo,
+                        &out->value);
+    }
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc)
 {
@@ -20314,14 +20625,20 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
     if (desc && (desc->stage < 0 || desc->stage > 3))
         return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, desc->stage);
-    if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0 ||
-                 desc->grad_buffers < 0 || desc->param_buffers < 0 || desc->param_buffers == 1))
-        return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
-                        ">= 0, grad_buffers %d >= 0, param_buffers %d 0 or >= 2", fn,
-                        desc->bucket_cap_mb, desc->first_bucket_mb, desc->grad_buffers,
-                        desc->param_buffers);
+    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
+                                             &desc->grad_buffers, &desc->param_buffers,
+                                             fn)) != PDP_OK)
+        return st;
+    /* the units, shards and (stage 3) the parameter block are this layout's */
+    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, desc && desc->stage ? desc->stage : 1,
+                              fn)) != PDP_OK)
+        return st;
     z = (pdp_zero *)pdp__calloc(sizeof *z);
-    if (!z) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!z) {
+        pdp__model_unwrap(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
+    z->m = m; /* pdp_zero_free unwraps it, on failure too */
     z->dev = m->device;
     if (desc) z->desc = *desc;
     z->desc.stage = PDP__DEF(z->desc.stage, 1);
@@ -20355,6 +20672,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     }
     /* units: the buckets; shard offsets in flat-block order (the last bucket first) */
     z->nunits = z->r.nbuckets;
+    if (z->desc.grad_buffers > z->nunits) /* the default 2 with one unit: one can be used */
+        z->desc.grad_buffers = PDP__MAX(1, z->nunits);
     z->units = (pdp__zero_unit *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *z->units);
     z->unit_of_layer = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
     z->layer_w = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
@@ -20430,6 +20749,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
             if (!(z->pslots[b].buf = pdp__zero_buf(z, n * z->smax, true))) goto oom;
         }
     }
+    m->views = pdp__zero_views; /* pdp_model_param: what this rank holds */
+    m->views_user = z;
     z->stats.units = z->nunits;
     pdp_comm_get_stats(c, &cs);
     z->bytes_at_step = cs.bytes_sent;

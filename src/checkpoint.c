@@ -540,6 +540,20 @@ static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, con
                                        const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    /* ZeRO: a load must reach the shards that train (and every rank); a save needs the
+       full parameters in the model's block (stages 1-2, or stage 3 after
+       pdp_zero_gather_params(z, NULL): what consolidate saves through) */
+    if (m->wrapped == PDP__WRAP_ZERO && !strstr(fn, "_save"))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the model is wrapped by %s, whose shards hold "
+                        "what trains; load with pdp_zero_checkpoint_load_full (a full file) or "
+                        "pdp_zero_checkpoint_load (a shard set), both collective", fn, path,
+                        pdp__model_wrapper(m));
+    if (m->wrapped == PDP__WRAP_ZERO && !m->param_block)
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the model is wrapped by %s, which keeps only "
+                        "this rank's slices of the parameters; save with "
+                        "pdp_zero_checkpoint_consolidate (one full file) or "
+                        "pdp_zero_checkpoint_save (a shard set), both collective", fn, path,
+                        pdp__model_wrapper(m));
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "%s: %s: the model has %d tensor-parallel layers, so its "
                         "parameters are this rank's slices; use pdp_tp_checkpoint_%s "
@@ -551,8 +565,9 @@ static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, con
                         (long long)m->param_count);
     if (o && !pdp__optim_is_full(o))
         return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
-                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
-                        (long long)o->hi, (long long)o->count);
+                        "the %lld parameters only (a ZeRO shard: pdp_zero_checkpoint_%s)", fn,
+                        path, (long long)o->lo, (long long)o->hi, (long long)o->count,
+                        strstr(fn, "_save") ? "consolidate or _save" : "load_full or _load");
     return PDP_OK;
 }
 

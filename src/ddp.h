@@ -87,6 +87,8 @@ typedef enum pdp_batch_mean {
                                   one all-reduce of the batch sizes per backward */
 } pdp_batch_mean;
 
+/* Sizes: 0 (default) or finite MiB in (0, 1e12]; anything else fails with
+   PDP_ERR_INVALID naming the field and the value (the rule pdp_zero_desc shares). */
 typedef struct pdp_ddp_desc {
     double bucket_cap_mb;    /* bucket capacity in MiB (2^20 bytes); default 25 */
     double first_bucket_mb;  /* capacity of the first bucket in MiB (the last layers'
@@ -95,8 +97,9 @@ typedef struct pdp_ddp_desc {
                                   every rank */
 } pdp_ddp_desc;
 
-/* Wraps m (which stays owned by the caller, must outlive ddp and gets no new
-   layers) and c (the same). Collective: every rank of c must call it. Checks
+/* Wraps m (which stays owned by the caller and must outlive ddp; adding layers to it
+   fails until pdp_ddp_free, and so does a second executor on it: model.h, "Wrapped
+   models") and c (the same). Collective: every rank of c must call it. Checks
    that every rank has the same parameter names and shapes (a mismatch fails on
    every rank with PDP_ERR_INVALID naming the first differing parameter), then
    copies rank 0's parameters to every rank, zeroes the gradients and installs

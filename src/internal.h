@@ -371,6 +371,13 @@ typedef enum pdp__wrap {
     PDP__WRAP_PP
 } pdp__wrap;
 
+/* A wrapped model's parameter views where its executor holds the blocks (ZeRO):
+   adjusts out->value, out->grad and their ranges for parameter index (model.c has
+   filled out with the views of the model's own blocks, or empty ones where a block is
+   gone), or refuses, the message starting with fn. */
+typedef pdp_status (*pdp__model_views_fn)(void *user, const pdp_model *m, int index,
+                                          pdp_param *out, const char *fn);
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -403,6 +410,9 @@ struct pdp_model {
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
     pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
                                   by its create, cleared by its free (pdp__model_wrap) */
+    int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    pdp__model_views_fn views; /* pdp_model_param's views (above); NULL: the blocks' */
+    void *views_user;
     pdp__model_event_fn event; /* the executor seam (above); NULL: off */
     void *event_user;
     float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
@@ -414,6 +424,23 @@ struct pdp_model {
     float *input_grad;       /* not NULL: backward writes d(loss)/d(input) here [batch, in] */
     double *layer_s;         /* not NULL: forward and backward add each layer's seconds */
 };
+
+/* Executors holding a model (model.c). pdp__model_wrap: marks m as held by kind (stage:
+   ZeRO's, else 0), or refuses with PDP_ERR_STATE, the message starting with fn, a model
+   another executor holds (one executor per model: two would both own its gradients),
+   naming both. pdp__model_unwrap: held by none again (the executor's free).
+   pdp__model_wrapper: "ZeRO stage 3 (pdp_zero_create)", the holder for messages.
+   pdp__model_check_layout: PDP_ERR_STATE for a call fn that would change the layout or
+   the parameter block of a wrapped model (or a DP replica), naming the executor; what:
+   the advice ("add layers before wrapping it"). */
+static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
+static void pdp__model_unwrap(pdp_model *m);
+static const char *pdp__model_wrapper(const pdp_model *m);
+static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+/* A parameter view for pdp_model_param (model.c): e's shape over data when full, else 1-d
+   of count floats; data NULL: empty (count 0). */
+static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                            int64_t count, pdp_tensor *out);
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
    clone reads src's parameter block (CPU DP replicas); otherwise it gets its own

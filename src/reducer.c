@@ -153,34 +153,90 @@ struct pdp__reducer {
 
 /* ---- reducer: buckets ---- */
 
-static pdp_status pdp__reducer_plan(pdp__reducer *r)
+/* The plan (the header's rule): walks m's parameters in reverse, closing a bucket at
+   >= cap bytes (the first at first; whole_layers: never between a layer's weight and
+   bias). Fills buckets and bucket_of when not NULL; returns the number of buckets. */
+static int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool whole_layers,
+                             pdp__red_bucket *buckets, int *bucket_of)
 {
-    const pdp_model *m = r->m;
-    double cap = r->desc.cap_bytes, first = r->desc.first_bytes;
     double bytes = 0.0;
     int p, b = 0, last = m->nparams - 1;
-    r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
-                                                sizeof *r->buckets);
-    r->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *r->bucket_of);
-    if (!r->buckets || !r->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
     for (p = m->nparams - 1; p >= 0; p--) {
         bytes += (double)m->params[p].count * sizeof(float);
-        r->bucket_of[p] = b;
-        if (r->desc.whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
+        if (bucket_of) bucket_of[p] = b;
+        if (whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
             continue; /* the layer's weight joins its bias */
         if (bytes >= (b == 0 ? first : cap) || p == 0) { /* close bucket b: params p..last */
-            pdp__red_bucket *k = &r->buckets[b];
-            k->info.first_param = p;
-            k->info.last_param = last;
-            k->info.offset = m->params[p].offset;
-            k->info.count = m->params[last].offset + m->params[last].count - k->info.offset;
-            k->nparams = last - p + 1;
+            if (buckets) {
+                pdp__red_bucket *k = &buckets[b];
+                k->info.first_param = p;
+                k->info.last_param = last;
+                k->info.offset = m->params[p].offset;
+                k->info.count = m->params[last].offset + m->params[last].count - k->info.offset;
+                k->nparams = last - p + 1;
+            }
             b++;
             last = p - 1;
             bytes = 0.0;
         }
     }
-    r->nbuckets = b;
+    return b;
+}
+
+static pdp_status pdp__reducer_plan(pdp__reducer *r)
+{
+    const pdp_model *m = r->m;
+    r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
+                                                sizeof *r->buckets);
+    r->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *r->bucket_of);
+    if (!r->buckets || !r->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
+    r->nbuckets = pdp__reducer_walk(m, r->desc.cap_bytes, r->desc.first_bytes,
+                                    r->desc.whole_layers, r->buckets, r->bucket_of);
+    return PDP_OK;
+}
+
+/* ---- reducer: the bucket options of DDP's and ZeRO's descs ----
+   One rule for both creates, checked before anything is allocated or communicated.
+   bucket_cap_mb and first_bucket_mb (MiB): 0 (the default: 25, and min(1, cap)) or
+   finite in (0, 1e12] (1e12 MiB, 2^60 bytes, is beyond any model and keeps every byte
+   figure an exact int64). ZeRO's buffer counts (NULL: not an option of the caller):
+   grad_buffers 0 (default 2) or 1..U and param_buffers 0 (default 2) or 2..max(2, U),
+   U the number of units these bucket sizes give m: unit u takes gradient buffer
+   u mod grad_buffers, so buffers beyond U would never be used, and two gather slots
+   (the unit computing and the next one's prefetch) are the least stage 3 needs. Every
+   failure names the field and its value. */
+static pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, double first_mb,
+                                         const int *gbufs, const int *pbufs, const char *fn)
+{
+    const char *name[2] = {"bucket_cap_mb", "first_bucket_mb"};
+    int grad_buffers = gbufs ? *gbufs : 0, param_buffers = pbufs ? *pbufs : 0;
+    double v[2];
+    int i, units;
+    v[0] = cap_mb;
+    v[1] = first_mb;
+    for (i = 0; i < 2; i++)
+        if (!(v[i] >= 0.0 && v[i] <= 1e12))
+            return pdp__err(PDP_ERR_INVALID, "%s: %s %g: must be 0 (the default) or a finite "
+                            "size in MiB, > 0 and at most 1e12", fn, name[i], v[i]);
+    if (grad_buffers < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d is negative", fn, grad_buffers);
+    if (param_buffers < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers %d is negative", fn, param_buffers);
+    if (param_buffers == 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers 1: stage 3 needs 2 or more (the "
+                        "unit computing and the next one's prefetch; 0 for the default 2)", fn);
+    if (grad_buffers == 0 && param_buffers == 0) return PDP_OK;
+    cap_mb = PDP__DEF(cap_mb, 25.0);
+    first_mb = PDP__DEF(first_mb, PDP__MIN(1.0, cap_mb));
+    units = pdp__reducer_walk(m, cap_mb * 1048576.0, first_mb * 1048576.0, true, NULL, NULL);
+    if (grad_buffers > PDP__MAX(1, units))
+        return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d: more than the %d units of "
+                        "bucket_cap_mb %g (unit u takes buffer u mod grad_buffers; at most %d "
+                        "can be used)", fn, grad_buffers, units, cap_mb, PDP__MAX(1, units));
+    if (param_buffers > PDP__MAX(2, units))
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers %d: more than the %d units of "
+                        "bucket_cap_mb %g (at most %d gather slots can be used)", fn,
+                        param_buffers, units, cap_mb, PDP__MAX(2, units));
     return PDP_OK;
 }
 

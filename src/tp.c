@@ -14,7 +14,11 @@
 
 PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
 {
+    pdp_status st;
     if (!m || !tp) return pdp__err(PDP_ERR_INVALID, "pdp_model_set_tp: NULL argument");
+    if ((st = pdp__model_check_layout(m, "set the TP communicator before wrapping it",
+                                      "pdp_model_set_tp")) != PDP_OK)
+        return st;
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "pdp_model_set_tp: the model already has %d TP layers "
                         "(set the communicator before the first)", m->tp.nlayers);

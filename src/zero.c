@@ -380,6 +380,7 @@ PDP_API void pdp_zero_free(pdp_zero *z)
     pdp__dealloc(z->unit_of_layer);
     pdp__dealloc(z->layer_w);
     pdp__dealloc(z->layer_dw);
+    if (m) pdp__model_unwrap(m); /* the caller's again (views off) */
     pdp__dealloc(z);
 }
 
@@ -398,6 +399,42 @@ static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
     return p;
 }
 
+/* pdp_model_param's views of a wrapped model (the seam of internal.h): this rank's part
+   of parameter index is its overlap [lo, hi) with the rank's slice of the parameter's
+   unit, one contiguous range (a unit holds whole layers, so the parameter lies in one
+   unit, and the slice is contiguous). The gradient's part lives in the slice (stage 1:
+   the unit's padded buffer; stages 2-3: the shard), and so do the values at stage 3;
+   at stages 1-2 the values stay the full view of the model's block. */
+static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp_param *out,
+                                  const char *fn)
+{
+    const pdp_zero *z = (const pdp_zero *)user;
+    const pdp__param_entry *e = &m->params[index];
+    const pdp__zero_unit *k;
+    int64_t s0, lo, hi;
+    float *g, *v;
+    int u = z->unit_of_layer[e->layer];
+    (void)fn;
+    PDP_ASSERT(u >= 0);
+    k = &z->units[u];
+    s0 = k->off + (int64_t)z->rank * k->s; /* the slice: flat [s0, s0 + mine) */
+    lo = PDP__MAX(e->offset, s0);
+    hi = PDP__MIN(e->offset + e->count, s0 + k->mine);
+    if (hi <= lo) lo = hi = 0;
+    g = z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
+    v = z->param_shard ? z->param_shard + k->shard_off : NULL;
+    out->grad_lo = hi > lo ? lo - e->offset : 0;
+    out->grad_hi = hi > lo ? hi - e->offset : 0;
+    pdp__model_view(hi > lo ? g + (lo - s0) : NULL, m->device, e, false, hi - lo, &out->grad);
+    if (z->stage == 3) {
+        out->value_lo = out->grad_lo;
+        out->value_hi = out->grad_hi;
+        pdp__model_view(hi > lo ? v + (lo - s0) : NULL, m->device, e, false, hi - lo,
+                        &out->value);
+    }
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc)
 {
@@ -413,14 +450,20 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
     if (desc && (desc->stage < 0 || desc->stage > 3))
         return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, desc->stage);
-    if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0 ||
-                 desc->grad_buffers < 0 || desc->param_buffers < 0 || desc->param_buffers == 1))
-        return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
-                        ">= 0, grad_buffers %d >= 0, param_buffers %d 0 or >= 2", fn,
-                        desc->bucket_cap_mb, desc->first_bucket_mb, desc->grad_buffers,
-                        desc->param_buffers);
+    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
+                                             &desc->grad_buffers, &desc->param_buffers,
+                                             fn)) != PDP_OK)
+        return st;
+    /* the units, shards and (stage 3) the parameter block are this layout's */
+    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, desc && desc->stage ? desc->stage : 1,
+                              fn)) != PDP_OK)
+        return st;
     z = (pdp_zero *)pdp__calloc(sizeof *z);
-    if (!z) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!z) {
+        pdp__model_unwrap(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
+    z->m = m; /* pdp_zero_free unwraps it, on failure too */
     z->dev = m->device;
     if (desc) z->desc = *desc;
     z->desc.stage = PDP__DEF(z->desc.stage, 1);
@@ -454,6 +497,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     }
     /* units: the buckets; shard offsets in flat-block order (the last bucket first) */
     z->nunits = z->r.nbuckets;
+    if (z->desc.grad_buffers > z->nunits) /* the default 2 with one unit: one can be used */
+        z->desc.grad_buffers = PDP__MAX(1, z->nunits);
     z->units = (pdp__zero_unit *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *z->units);
     z->unit_of_layer = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
     z->layer_w = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
@@ -529,6 +574,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
             if (!(z->pslots[b].buf = pdp__zero_buf(z, n * z->smax, true))) goto oom;
         }
     }
+    m->views = pdp__zero_views; /* pdp_model_param: what this rank holds */
+    m->views_user = z;
     z->stats.units = z->nunits;
     pdp_comm_get_stats(c, &cs);
     z->bytes_at_step = cs.bytes_sent;

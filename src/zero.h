@@ -97,10 +97,30 @@
    (pdp_zero_forward_backward, or pdp_zero_forward + own loss +
    pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model;
    under PDP_BATCH_MEAN_GLOBAL only the first two, which apply the weight).
-   While wrapped, read gradients with pdp_zero_grad_norm/clip only (the model's
-   gradient block is gone) and, at stage 3, parameters with
-   pdp_zero_gather_params. Faults never hang: a missing rank makes the
-   reduce-scatter (named with its unit) or the all-gather fail with
+
+   The wrapped model (model.h, "Wrapped models"): layers cannot be added (the units
+   are planned on its layout) and no other executor can take it, until pdp_zero_free.
+   Its views show what this rank holds, each with its range (pdp_param's value_lo..hi,
+   grad_lo..hi: a parameter lies in one unit, so this rank's part of it is one
+   contiguous range of its row-major elements, possibly empty):
+     pdp_model_param  grad: this rank's part of the reduced gradient at every stage
+                      (the average over ranks after pdp_zero_finish; at stage 1 the
+                      local sums before it); value: the whole parameter at stages 1-2
+                      (every rank's full copy, all-gathered after each step), this
+                      rank's part at stage 3 (the shard the optimizer updates);
+     pdp_model_flat   the full parameter block at stages 1-2; the gradients (every
+                      stage) and the parameters at stage 3 are not one block on this
+                      rank: PDP_ERR_STATE naming pdp_model_param and
+                      pdp_zero_gather_params (the full values, collective);
+     pdp_checkpoint_load  PDP_ERR_STATE at every stage (the shards train): use
+                      pdp_zero_checkpoint_load_full or pdp_zero_checkpoint_load;
+     pdp_checkpoint_save  the full parameters at stages 1-2 (without the optimizer:
+                      a shard optimizer is refused); PDP_ERR_STATE at stage 3 unless
+                      pdp_zero_gather_params(z, NULL) put them in the model's block
+                      (until the next step): use pdp_zero_checkpoint_consolidate or
+                      pdp_zero_checkpoint_save.
+   The whole gradient norm: pdp_zero_clip_grad_norm. Faults never hang: a missing
+   rank makes the reduce-scatter (named with its unit) or the all-gather fail with
    PDP_ERR_TIMEOUT naming the rank, within the communicator's timeout.
 
    Devices: a CPU model over the local or MPI backend, or a CUDA model over NCCL
@@ -115,12 +135,20 @@
 
 typedef struct pdp_zero pdp_zero;
 
+/* The bucket options follow one rule with pdp_ddp_desc's (checked before anything is
+   allocated or sent; a bad value fails with PDP_ERR_INVALID naming the field and the
+   value): the sizes are 0 (default) or finite MiB in (0, 1e12]; the buffer counts are 0
+   (default) or at most U, the number of units the sizes give this model
+   (pdp_zero_num_units): unit u takes gradient buffer u mod grad_buffers, so more could
+   never be used (param_buffers may be 2 with one unit). */
 typedef struct pdp_zero_desc {
     int stage;               /* 1, 2 or 3; default 1 */
     double bucket_cap_mb;    /* unit size in MiB; default 25 */
     double first_bucket_mb;  /* the first unit (the last layers); default min(1, cap) */
-    int grad_buffers;        /* stages 2-3: gradient bucket buffers; default 2 */
-    int param_buffers;       /* stage 3: gathered parameter buffers, >= 2; default 2 */
+    int grad_buffers;        /* stages 2-3: gradient bucket buffers, 1..U; default
+                                min(2, U) */
+    int param_buffers;       /* stage 3: gathered parameter buffers, 2..max(2, U);
+                                default 2 */
     bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for
                                 measuring what prefetch gains); default false */
     pdp_batch_mean batch_mean; /* uneven shards (ddp.h): default PDP_BATCH_MEAN_RANKS, the

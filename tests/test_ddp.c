@@ -1433,6 +1433,101 @@ TEST ddp_batch_mean_misuse_is_refused(void)
     PASS();
 }
 
+/* ---- wrapped models (issue 21, item 10) ----
+   A model held by DDP refuses every call that would change its layout (the buckets are
+   planned on it), naming the call and the executor, and stays unchanged: a step after
+   the refusals equals one device's bit for bit. A second executor on it (DDP, ZeRO,
+   DataParallel) is refused naming both. pdp_ddp_free gives it back: a layer can be added
+   and a new DDP wraps the grown model. Before: pdp_model_add_linear returned PDP_OK and
+   moved the blocks under the buckets; a second executor was refused only by the grad-hook
+   test, and DataParallel not at all. */
+
+static bool has(const char *want)
+{
+    return strstr(pdp_last_error(), want) != NULL;
+}
+
+TEST ddp_wrapped_model_refuses_layout_changes(void)
+{
+    pdp_local_group *g = NULL, *gt = NULL;
+    pdp_comm *c = NULL, *tp = NULL;
+    pdp_model *m = NULL, *ref = NULL;
+    pdp_optim *o = NULL, *oref = NULL;
+    pdp_ddp *d = NULL, *d2 = NULL;
+    pdp_zero *z = NULL;
+    pdp_dp *dp = NULL;
+    pdp_optim_desc od = sgd();
+    float x[B * IN], loss, lref;
+    int32_t y[B];
+    int64_t shape[2] = {B, IN}, count;
+    pdp_tensor xt, p, pr;
+    int layers;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&gt, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&tp, gt, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&ref, 1, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oref, ref, &od), pdp_status_name);
+    layers = pdp_model_num_layers(m);
+    count = pdp_model_param_count(m);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_linear(m, 7), pdp_status_name);
+    ASSERT(has("pdp_model_add_linear: the model is wrapped by DDP (pdp_ddp_create); add layers "
+               "before wrapping it"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_relu(m), pdp_status_name);
+    ASSERT(has("pdp_model_add_relu: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
+    ASSERT(has("pdp_model_add_layernorm: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_tp_copy(m), pdp_status_name);
+    ASSERT(has("pdp_model_add_tp_copy: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_set_tp(m, tp), pdp_status_name);
+    ASSERT(has("pdp_model_set_tp: the model is wrapped by DDP (pdp_ddp_create); set the TP "
+               "communicator before wrapping it"));
+    ASSERT_EQ(NULL, pdp_model_tp(m));
+    /* one executor at a time, whichever comes second */
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_ddp_create(&d2, m, c, NULL), pdp_status_name);
+    ASSERT(has("pdp_ddp_create: the model is already wrapped by DDP (pdp_ddp_create)"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_zero_create(&z, m, c, NULL), pdp_status_name);
+    ASSERT(has("pdp_zero_create: the model is already wrapped by DDP (pdp_ddp_create); one "
+               "executor holds a model at a time: pdp_ddp_free it before wrapping the model in "
+               "ZeRO stage 1 (pdp_zero_create)"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_dp_create(&dp, m, NULL), pdp_status_name);
+    ASSERT(has("pdp_dp_create: the model is already wrapped by DDP (pdp_ddp_create)"));
+    ASSERT(has("DataParallel (pdp_dp_create)"));
+    ASSERT(d2 == NULL && z == NULL && dp == NULL);
+    ASSERT_EQ(layers, pdp_model_num_layers(m));
+    ASSERT_EQ(count, pdp_model_param_count(m));
+    /* unchanged: the step still equals one device's, bit for bit */
+    make_batch(0, x, y);
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(d, &xt, y, &loss), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_step(d, o), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xt, y, &lref), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oref), pdp_status_name);
+    pdp_model_flat(m, &p, NULL);
+    pdp_model_flat(ref, &pr, NULL);
+    ASSERT_MEM_EQ(pr.data, p.data, (size_t)count * sizeof(float));
+    /* the caller's again */
+    pdp_ddp_free(d);
+    pdp_optim_free(o);
+    o = NULL;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 4), pdp_status_name);
+    ASSERT_EQ(count + 4 * CLASSES + 4, pdp_model_param_count(m));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+    ASSERT_EQ(count + 4 * CLASSES + 4, pdp_model_param_count(pdp_ddp_model(d)));
+    pdp_ddp_free(d);
+    pdp_optim_free(oref);
+    pdp_model_free(ref);
+    pdp_model_free(m);
+    pdp_comm_free(tp);
+    pdp_comm_free(c);
+    pdp_local_group_free(gt);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 SUITE(ddp)
 {
     RUN_TEST(ddp_equals_single_device_on_the_global_batch);
@@ -1446,6 +1541,7 @@ SUITE(ddp)
     RUN_TEST(ddp_param_mismatch_fails_on_every_rank);
     RUN_TEST(ddp_absent_rank_times_out_naming_bucket_and_rank);
     RUN_TEST(ddp_rank_dying_mid_backward_fails_the_others_at_once);
+    RUN_TEST(ddp_wrapped_model_refuses_layout_changes);
 }
 
 SUITE(ddp_uneven)

@@ -34,6 +34,7 @@
    the marker temporary of a dead writer. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
+#include <limits.h>
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -1791,6 +1792,507 @@ SUITE(zero_uneven_and_accumulation)
     RUN_TEST(zero_bytes_equal_the_formula_with_accumulation);
 }
 
+/* ---- wrapped models (issue 21, items 7, 9, 10 and 14's bucket options) ----
+   Layout: a model held by ZeRO (stages 1-3) refuses every call that would change its
+   layout, naming the call and the stage, stays unchanged (a step after the refusals
+   equals one device), refuses a second executor naming both, and is the caller's again
+   after pdp_zero_free. Before: stage 1 returned PDP_OK and the next step ran a GEMM
+   through a stale gradient pointer; stage 3 copied from the freed parameter block.
+   Views: on 3 ranks, with a unit per layer and one unit for the model, every
+   pdp_model_param view holds what its range states: the values equal
+   pdp_zero_gather_params' (the whole parameter at stages 1-2, the rank's part at stage
+   3), the gradients equal one device's on the global batch, and the ranks' ranges tile
+   each parameter exactly once; pdp_model_flat gives the full parameters at stages 1-2
+   and refuses what is not one block, naming the calls. Before: the gradient views were
+   NULL plus an offset at every stage, and at stage 3 the value views too.
+   Checkpoints: pdp_checkpoint_load refuses every stage (the shards train) naming
+   pdp_zero_checkpoint_load_full, parameters unchanged; pdp_checkpoint_save writes the
+   full parameters at stages 1-2 (as the single-device load reads them back) and refuses
+   stage 3 unless they were gathered, naming pdp_zero_checkpoint_consolidate, writing
+   nothing. Before: stage 1 loaded into one rank's copy, stage 3 crashed on NULL.
+   Bucket options: NaN, +Inf, 1e300 and -1 MiB are refused by pdp_zero_create and
+   pdp_ddp_create with the same message (one rule), INT_MAX and negative buffer counts
+   by pdp_zero_create, all naming the field and value; buffer counts above the units
+   are refused, the units' count accepted. Before: ZeRO took NaN, Inf and 1e300, and
+   INT_MAX grad_buffers allocated until killed. */
+
+static bool has(const char *want)
+{
+    return strstr(pdp_last_error(), want) != NULL;
+}
+
+static int64_t params_equal_to(pdp_zero *z, const float *want, int64_t count)
+{
+    static float got[MAXP];
+    if (pdp_zero_gather_params(z, got) != PDP_OK) return -1;
+    return memcmp(got, want, (size_t)count * sizeof(float)) == 0;
+}
+
+TEST zero_wrapped_model_refuses_layout_changes(void)
+{
+    int stage;
+    for (stage = 1; stage <= 3; stage++) {
+        pdp_local_group *g = NULL;
+        pdp_comm *c = NULL;
+        pdp_model *m = NULL, *ref = NULL;
+        pdp_optim *o = NULL, *oref = NULL;
+        pdp_zero *z = NULL, *z2 = NULL;
+        pdp_ddp *d = NULL;
+        pdp_zero_desc zd;
+        pdp_optim_desc od;
+        static float x[B * IN];
+        int32_t y[B];
+        int64_t shape[2] = {B, IN}, count;
+        float loss;
+        pdp_tensor xt;
+        char want[256];
+        int layers;
+        config cf;
+        memset(&cf, 0, sizeof cf);
+        od = optim_of(&cf);
+        memset(&zd, 0, sizeof zd);
+        zd.stage = stage;
+        zd.bucket_cap_mb = 0.0001;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&ref, 1, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oref, ref, &od), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_optim_create(&o, z, &od), pdp_status_name);
+        layers = pdp_model_num_layers(m);
+        count = pdp_model_param_count(m);
+        snprintf(want, sizeof want, "pdp_model_add_linear: the model is wrapped by ZeRO stage %d "
+                 "(pdp_zero_create); add layers before wrapping it", stage);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_linear(m, 5), pdp_status_name);
+        ASSERTm(pdp_last_error(), has(want));
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
+        ASSERT(has("pdp_model_add_layernorm: the model is wrapped by ZeRO stage"));
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_flatten(m), pdp_status_name);
+        ASSERT(has("pdp_model_add_flatten: the model is wrapped by ZeRO stage"));
+        snprintf(want, sizeof want, "pdp_ddp_create: the model is already wrapped by ZeRO stage "
+                 "%d (pdp_zero_create); one executor holds a model at a time: pdp_zero_free it "
+                 "before wrapping the model in DDP (pdp_ddp_create)", stage);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+        ASSERTm(pdp_last_error(), has(want));
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_zero_create(&z2, m, c, &zd), pdp_status_name);
+        ASSERT(has("pdp_zero_create: the model is already wrapped by ZeRO stage"));
+        ASSERT(d == NULL && z2 == NULL);
+        ASSERT_EQ(layers, pdp_model_num_layers(m));
+        ASSERT_EQ(count, pdp_model_param_count(m));
+        /* unchanged: a step equals one device's (one rank: the same sums) */
+        make_batch(0, B, x, y);
+        pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_forward_backward(z, &xt, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_step(z, o), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xt, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oref), pdp_status_name);
+        ASSERT_EQ(1, params_equal_to(z, ref->param_block, count));
+        pdp_zero_free(z);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 5), pdp_status_name); /* the caller's */
+        ASSERT_EQ(count + CLASSES * 5 + 5, pdp_model_param_count(m));
+        pdp_optim_free(o);
+        pdp_optim_free(oref);
+        pdp_model_free(m);
+        pdp_model_free(ref);
+        pdp_comm_free(c);
+        pdp_local_group_free(g);
+    }
+    PASS();
+}
+
+/* ---- views: 3 ranks ---- */
+
+#define VIEW_N 3
+#define VIEW_P 8 /* parameters of build_model(.., 16): 3 Linear layers, 6 */
+
+typedef struct view_rank {
+    pdp_local_group *g;
+    int rank, stage;
+    double cap_mb;
+    const float *ref_grad;  /* one device's gradients on global batch 1 */
+    pdp_status st;
+    char msg[1024];
+    int64_t vlo[VIEW_P], vhi[VIEW_P], glo[VIEW_P], ghi[VIEW_P];
+    int nparams;
+} view_rank;
+
+static pdp_status view_fail(view_rank *v, const char *what)
+{
+    if (v->st == PDP_OK) {
+        v->st = PDP_ERR_INVALID;
+        snprintf(v->msg, sizeof v->msg, "rank %d stage %d cap %g: %s (last error: %.600s)",
+                 v->rank, v->stage, v->cap_mb, what, pdp_last_error());
+    }
+    return v->st;
+}
+
+/* One step on global batch 0, then the backward of global batch 1, finished: the views. */
+static void *view_rank_main(void *arg)
+{
+    view_rank *v = (view_rank *)arg;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    pdp_optim_desc od;
+    config cf;
+    static __thread float x[B * IN], full[MAXP];
+    int32_t y[B];
+    int64_t shape[2] = {B / VIEW_N, IN};
+    int local = B / VIEW_N, s, p;
+    float loss;
+    pdp_tensor xt, fp, fg;
+    memset(&cf, 0, sizeof cf);
+    od = optim_of(&cf);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = v->stage;
+    zd.bucket_cap_mb = zd.first_bucket_mb = v->cap_mb;
+    if (pdp_comm_create_local(&c, v->g, v->rank)) {
+        view_fail(v, "comm");
+        return NULL;
+    }
+    if (build_model(&m, v->rank == 0 ? 1 : 70 + (uint64_t)v->rank, 16) ||
+        pdp_zero_create(&z, m, c, &zd) || pdp_zero_optim_create(&o, z, &od)) {
+        view_fail(v, "create");
+        goto out;
+    }
+    pdp_tensor_wrap(x + v->rank * local * IN, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < 2; s++) {
+        make_batch(s, B, x, y);
+        if (pdp_zero_forward_backward(z, &xt, y + v->rank * local, &loss) ||
+            (s == 0 ? pdp_zero_step(z, o) : pdp_zero_finish(z))) {
+            view_fail(v, "training");
+            goto out;
+        }
+    }
+    if (pdp_zero_gather_params(z, full)) { /* collective */
+        view_fail(v, "gather");
+        goto out;
+    }
+    v->nparams = pdp_model_num_params(m);
+    for (p = 0; p < v->nparams && p < VIEW_P; p++) {
+        pdp_param prm;
+        int64_t i, n;
+        double worst = 0.0, scale = 0.0;
+        if (pdp_model_param(m, p, &prm) != PDP_OK) {
+            view_fail(v, "pdp_model_param");
+            goto out;
+        }
+        v->vlo[p] = prm.value_lo;
+        v->vhi[p] = prm.value_hi;
+        v->glo[p] = prm.grad_lo;
+        v->ghi[p] = prm.grad_hi;
+        if (prm.count != m->params[p].count || prm.offset != m->params[p].offset) {
+            view_fail(v, "count or offset");
+            goto out;
+        }
+        /* values: [lo, hi) of the gathered parameter; full at stages 1-2 */
+        n = prm.value_hi - prm.value_lo;
+        if (prm.value.count != n || (n && !prm.value.data) || (!n && prm.value.data) ||
+            (v->stage < 3 && (prm.value_lo != 0 || n != prm.count ||
+                              prm.value.ndim != prm.ndim)) ||
+            (n && memcmp(prm.value.data, full + prm.offset + prm.value_lo,
+                         (size_t)n * sizeof(float)) != 0)) {
+            view_fail(v, "a value view differs from pdp_zero_gather_params'");
+            goto out;
+        }
+        /* gradients: [lo, hi) of one device's */
+        n = prm.grad_hi - prm.grad_lo;
+        if (prm.grad.count != n || prm.grad.ndim != 1 || (n && !prm.grad.data) ||
+            (!n && prm.grad.data)) {
+            view_fail(v, "a gradient view is not its range");
+            goto out;
+        }
+        for (i = 0; i < prm.count; i++) scale = fmax(scale, fabs(v->ref_grad[prm.offset + i]));
+        for (i = 0; i < n; i++)
+            worst = fmax(worst, fabs((double)prm.grad.data[i] -
+                                     v->ref_grad[prm.offset + prm.grad_lo + i]));
+        if (worst > 1e-5 * scale + 1e-12) {
+            view_fail(v, "a gradient view differs from one device's");
+            goto out;
+        }
+    }
+    /* flat: the full parameters at stages 1-2; the gradients never are one block */
+    if (v->stage < 3 ? pdp_model_flat(m, &fp, NULL) != PDP_OK ||
+                           memcmp(fp.data, full, (size_t)m->param_count * 4) != 0
+                     : pdp_model_flat(m, &fp, NULL) != PDP_ERR_STATE ||
+                           !has("pdp_model_flat: the model is wrapped by ZeRO stage 3 "
+                                "(pdp_zero_create)") ||
+                           !has("pdp_zero_gather_params"))
+        view_fail(v, "pdp_model_flat's parameters");
+    if (pdp_model_flat(m, NULL, &fg) != PDP_ERR_STATE || !has("pdp_model_flat: the model is "
+                                                             "wrapped by ZeRO stage") ||
+        !has("pdp_model_param"))
+        view_fail(v, "pdp_model_flat's gradients");
+out:
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* The ranks' [lo, hi) of one parameter tile [0, count) exactly once. */
+static bool tiles(const int64_t *lo, const int64_t *hi, int n, int64_t count)
+{
+    int64_t at = 0;
+    int k, r;
+    for (k = 0; k < n; k++) {
+        for (r = 0; r < n; r++)
+            if (hi[r] > lo[r] && lo[r] == at) break;
+        if (r == n) break;
+        at = hi[r];
+    }
+    return at == count;
+}
+
+TEST zero_param_views_are_this_ranks_part(void)
+{
+    static const double caps[2] = {0.0001, 25}; /* a unit per Linear; one unit */
+    static view_rank v[VIEW_N];
+    static float ref_grad[MAXP];
+    pdp_model *ref = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    config cf;
+    static float x[B * IN];
+    int32_t y[B];
+    int64_t shape[2] = {B, IN};
+    pdp_tensor xt;
+    float loss;
+    int stage, k, r, p, partial, empty;
+    memset(&cf, 0, sizeof cf);
+    od = optim_of(&cf);
+    /* one device: a step on batch 0, the gradients of batch 1 */
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&ref, 1, 16), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    make_batch(0, B, x, y);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xt, y, &loss), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+    pdp_model_zero_grad(ref);
+    make_batch(1, B, x, y);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xt, y, &loss), pdp_status_name);
+    ASSERT(ref->param_count <= MAXP && ref->nparams <= VIEW_P);
+    memcpy(ref_grad, ref->grad_block, (size_t)ref->param_count * sizeof(float));
+    for (stage = 1; stage <= 3; stage++)
+        for (k = 0; k < 2; k++) {
+            pthread_t t[VIEW_N];
+            pdp_local_group *g = NULL;
+            ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, VIEW_N, NULL), pdp_status_name);
+            for (r = 0; r < VIEW_N; r++) {
+                memset(&v[r], 0, sizeof v[r]);
+                v[r].g = g;
+                v[r].rank = r;
+                v[r].stage = stage;
+                v[r].cap_mb = caps[k];
+                v[r].ref_grad = ref_grad;
+                pthread_create(&t[r], NULL, view_rank_main, &v[r]);
+            }
+            for (r = 0; r < VIEW_N; r++) pthread_join(t[r], NULL);
+            pdp_local_group_free(g);
+            for (r = 0; r < VIEW_N; r++)
+                ASSERT_ENUM_EQm(v[r].msg, PDP_OK, v[r].st, pdp_status_name);
+            partial = empty = 0;
+            for (p = 0; p < ref->nparams; p++)
+                for (r = 0; r < VIEW_N; r++) {
+                    int64_t n = v[r].ghi[p] - v[r].glo[p];
+                    partial += n > 0 && n < ref->params[p].count;
+                    empty += n == 0;
+                }
+            ASSERTm("no rank holds part of a parameter: the test shows nothing", partial > 0);
+            ASSERTm("every rank holds some of every parameter", k == 0 || empty > 0);
+            for (p = 0; p < ref->nparams; p++) {
+                int64_t lo[VIEW_N], hi[VIEW_N], vlo[VIEW_N], vhi[VIEW_N];
+                for (r = 0; r < VIEW_N; r++) {
+                    lo[r] = v[r].glo[p];
+                    hi[r] = v[r].ghi[p];
+                    vlo[r] = v[r].vlo[p];
+                    vhi[r] = v[r].vhi[p];
+                }
+                ASSERTm("gradient ranges do not tile the parameter",
+                        tiles(lo, hi, VIEW_N, ref->params[p].count));
+                if (stage == 3)
+                    ASSERTm("value ranges do not tile the parameter",
+                            tiles(vlo, vhi, VIEW_N, ref->params[p].count));
+            }
+        }
+    pdp_optim_free(o);
+    pdp_model_free(ref);
+    PASS();
+}
+
+TEST zero_checkpoint_calls_refuse_what_the_shards_hold(void)
+{
+    int stage;
+    for (stage = 1; stage <= 3; stage++) {
+        pdp_local_group *g = NULL;
+        pdp_comm *c = NULL;
+        pdp_model *m = NULL, *other = NULL, *back = NULL;
+        pdp_optim *o = NULL;
+        pdp_zero *z = NULL;
+        pdp_zero_desc zd;
+        static float x[B * IN], before[MAXP];
+        int32_t y[B];
+        int64_t shape[2] = {B, IN};
+        float loss;
+        pdp_tensor xt;
+        char other_path[512], path[512], name[64], want[800];
+        memset(&zd, 0, sizeof zd);
+        zd.stage = stage;
+        snprintf(name, sizeof name, "wrapped_other_%d.safetensors", stage);
+        tmp_path(other_path, name);
+        snprintf(name, sizeof name, "wrapped_%d.safetensors", stage);
+        tmp_path(path, name);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&other, 9, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_save(other_path, other, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_optim_create(&o, z, NULL), pdp_status_name);
+        make_batch(0, B, x, y);
+        pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_forward_backward(z, &xt, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_step(z, o), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_gather_params(z, before), pdp_status_name);
+        /* load: refused at every stage, nothing changed */
+        snprintf(want, sizeof want, "pdp_checkpoint_load: %s: the model is wrapped by ZeRO stage "
+                 "%d (pdp_zero_create)", other_path, stage);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_checkpoint_load(other_path, m, NULL), pdp_status_name);
+        ASSERTm(pdp_last_error(), has(want) && has("pdp_zero_checkpoint_load_full"));
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_checkpoint_load(other_path, m, o), pdp_status_name);
+        ASSERT_EQ(1, params_equal_to(z, before, m->param_count));
+        /* save: the shard optimizer never; the parameters where the block holds them all */
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_checkpoint_save(path, m, o), pdp_status_name);
+        ASSERTm(pdp_last_error(), has("pdp_zero_checkpoint_consolidate"));
+        if (stage == 3) {
+            snprintf(want, sizeof want, "pdp_checkpoint_save: %s: the model is wrapped by ZeRO "
+                     "stage 3 (pdp_zero_create), which keeps only this rank's slices", path);
+            ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_checkpoint_save(path, m, NULL), pdp_status_name);
+            ASSERTm(pdp_last_error(), has(want) && has("pdp_zero_checkpoint_consolidate"));
+            ASSERT(access(path, F_OK) != 0); /* nothing written */
+            ASSERT_ENUM_EQ(PDP_OK, pdp_zero_gather_params(z, NULL), pdp_status_name);
+        }
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_save(path, m, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&back, 5, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(path, back, NULL), pdp_status_name);
+        ASSERT_MEM_EQ(before, back->param_block, (size_t)m->param_count * sizeof(float));
+        pdp_zero_free(z);
+        pdp_optim_free(o);
+        pdp_model_free(back);
+        pdp_model_free(other);
+        pdp_model_free(m);
+        pdp_comm_free(c);
+        pdp_local_group_free(g);
+    }
+    PASS();
+}
+
+TEST zero_and_ddp_bucket_options_one_rule(void)
+{
+    static const double bad[4] = {0.0, 0.0, 1e300, -1.0};
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_zero *z = NULL;
+    pdp_ddp *d = NULL;
+    pdp_zero_desc zd;
+    pdp_ddp_desc dd;
+    pdp_zero_memory mem;
+    char zmsg[1100], want[160];
+    double vals[4];
+    int f, i, units;
+    vals[0] = NAN;
+    vals[1] = INFINITY;
+    vals[2] = bad[2];
+    vals[3] = bad[3];
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 16), pdp_status_name);
+    for (f = 0; f < 2; f++)
+        for (i = 0; i < 4; i++) {
+            memset(&zd, 0, sizeof zd);
+            memset(&dd, 0, sizeof dd);
+            zd.stage = 2;
+            if (f == 0) zd.bucket_cap_mb = dd.bucket_cap_mb = vals[i];
+            else zd.first_bucket_mb = dd.first_bucket_mb = vals[i];
+            snprintf(want, sizeof want, "pdp_zero_create: %s %g:",
+                     f ? "first_bucket_mb" : "bucket_cap_mb", vals[i]);
+            ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+            ASSERTm(pdp_last_error(), has(want));
+            snprintf(zmsg, sizeof zmsg, "%s", pdp_last_error() + strlen("pdp_zero_create"));
+            ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_ddp_create(&d, m, c, &dd), pdp_status_name);
+            ASSERT_STR_EQ(zmsg, pdp_last_error() + strlen("pdp_ddp_create"));
+            ASSERT(z == NULL && d == NULL && m->wrapped == PDP__WRAP_NONE);
+        }
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 2;
+    zd.grad_buffers = INT_MAX;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERTm(pdp_last_error(), has("pdp_zero_create: grad_buffers 2147483647: more than the 1 "
+                                  "units"));
+    zd.grad_buffers = -1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: grad_buffers -1 is negative"));
+    zd.grad_buffers = 0;
+    zd.stage = 3;
+    zd.param_buffers = INT_MAX;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: param_buffers 2147483647: more than the 1 units"));
+    zd.param_buffers = 1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: param_buffers 1"));
+    zd.param_buffers = -3;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: param_buffers -3 is negative"));
+    ASSERT(z == NULL && m->wrapped == PDP__WRAP_NONE);
+    /* the bound: as many buffers as units, not one more */
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 3;
+    zd.bucket_cap_mb = 0.0001; /* a unit per Linear */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    units = pdp_zero_num_units(z);
+    ASSERT_EQ(3, units);
+    pdp_zero_free(z);
+    z = NULL;
+    zd.grad_buffers = units;
+    zd.param_buffers = units;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    pdp_zero_free(z);
+    z = NULL;
+    zd.grad_buffers = units + 1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: grad_buffers 4: more than the 3 units of bucket_cap_mb 0.0001"));
+    zd.grad_buffers = units;
+    zd.param_buffers = units + 1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: param_buffers 4: more than the 3 units"));
+    /* one unit: the default two gradient buffers become the one that can be used */
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 2;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT_EQ(1, pdp_zero_num_units(z));
+    pdp_zero_get_memory(z, NULL, &mem);
+    ASSERT_EQ(mem.buffer_bound, mem.buffer_bytes);
+    ASSERT_EQ(2 * 4 * (int64_t)z->smax, mem.buffer_bytes); /* staging + one bucket buffer */
+    pdp_zero_free(z);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
+SUITE(zero_wrapped)
+{
+    RUN_TEST(zero_wrapped_model_refuses_layout_changes);
+    RUN_TEST(zero_param_views_are_this_ranks_part);
+    RUN_TEST(zero_checkpoint_calls_refuse_what_the_shards_hold);
+    RUN_TEST(zero_and_ddp_bucket_options_one_rule);
+}
+
 GREATEST_MAIN_DEFS();
 
 int main(int argc, char **argv)
@@ -1798,6 +2300,7 @@ int main(int argc, char **argv)
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(zero);
     RUN_SUITE(zero_uneven_and_accumulation);
+    RUN_SUITE(zero_wrapped);
     if (ckpt_dir[0]) { /* the checkpoint tests' files */
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt_dir);
