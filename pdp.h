@@ -197,7 +197,15 @@
    dies during a checkpoint call makes the others fail with PDP_ERR_TIMEOUT naming it.
    pdp_zero_checkpoint_consolidate writes the one file pdp_checkpoint_save writes
    for one device (PyTorch reads it); pdp_zero_checkpoint_load_full loads such a
-   file into a ZeRO run at any world size and stage.
+   file into a ZeRO run at any world size and stage. Under ZeRO, pdp_model_param
+   views what the rank holds with its range (value_lo..hi, grad_lo..hi: gradients the
+   rank's part, values whole at stages 1-2 and the rank's part at stage 3);
+   pdp_model_flat and the single-device checkpoint calls refuse what is not whole on
+   the rank, naming the ZeRO call to use.
+
+   Wrapped models: while DataParallel, DDP, ZeRO or a pipeline holds a model, adding
+   layers (and pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the
+   executor, and a second executor on it fails naming both; free the executor first.
 
    Tensor parallel (tp.h), Megatron-LM's MLP block: build the same model on every
    rank of a TP communicator, pdp_model_set_tp(m, tp), then pdp_model_add_tp_copy
@@ -2011,8 +2019,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc);
 /* Waits for collectives in flight and gives the model back its gradient block
    (zeroed) and, at stage 3, a parameter block holding this rank's slices only
-   (call pdp_zero_gather_params(z, NULL) first for the full values). Not
-   collective. NULL is fine. */
+   (call pdp_zero_gather_params(z, NULL) first for the full values); the model is the
+   caller's again (layers may be added; pdp_model_param views taken while wrapped are
+   stale). Not collective. NULL is fine. */
 PDP_API void pdp_zero_free(pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
    (pdp_optim_step refuses it). Free it with pdp_optim_free. */

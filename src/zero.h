@@ -163,8 +163,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc);
 /* Waits for collectives in flight and gives the model back its gradient block
    (zeroed) and, at stage 3, a parameter block holding this rank's slices only
-   (call pdp_zero_gather_params(z, NULL) first for the full values). Not
-   collective. NULL is fine. */
+   (call pdp_zero_gather_params(z, NULL) first for the full values); the model is the
+   caller's again (layers may be added; pdp_model_param views taken while wrapped are
+   stale). Not collective. NULL is fine. */
 PDP_API void pdp_zero_free(pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
    (pdp_optim_step refuses it). Free it with pdp_optim_free. */
