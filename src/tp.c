@@ -67,7 +67,10 @@ PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t ou
 {
     static const char *fn = "pdp_model_add_column_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__COLUMN_PARALLEL_LINEAR);
+    pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st; /* before the order checks: a wrapped model takes no layer at all */
     if (pdp__tp_last_kind(m) != PDP__TP_COPY)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow f (pdp_model_add_tp_copy), "
                         "not %s", fn, m->nlayers,
@@ -81,8 +84,11 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
 {
     static const char *fn = "pdp_model_add_row_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__ROW_PARALLEL_LINEAR);
+    pdp_status st;
     int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st; /* before the order checks: a wrapped model takes no layer at all */
     for (i = m->nlayers - 1; i >= 0; i--) {
         pdp__layer_kind k = m->layers[i].kind;
         if (k == PDP__COLUMN_PARALLEL_LINEAR) break;
@@ -101,7 +107,10 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
 PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m)
 {
     static const char *fn = "pdp_model_add_tp_reduce";
+    pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st; /* before the order checks: a wrapped model takes no layer at all */
     if (pdp__tp_last_kind(m) != PDP__ROW_PARALLEL_LINEAR)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a RowParallelLinear, not %s",
                         fn, m->nlayers,

@@ -1482,6 +1482,12 @@ TEST ddp_wrapped_model_refuses_layout_changes(void)
     ASSERT(has("pdp_model_add_layernorm: the model is wrapped by DDP"));
     ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_tp_copy(m), pdp_status_name);
     ASSERT(has("pdp_model_add_tp_copy: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_column_parallel_linear(m, 8), pdp_status_name);
+    ASSERT(has("pdp_model_add_column_parallel_linear: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_row_parallel_linear(m, 8), pdp_status_name);
+    ASSERT(has("pdp_model_add_row_parallel_linear: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_tp_reduce(m), pdp_status_name);
+    ASSERT(has("pdp_model_add_tp_reduce: the model is wrapped by DDP"));
     ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_set_tp(m, tp), pdp_status_name);
     ASSERT(has("pdp_model_set_tp: the model is wrapped by DDP (pdp_ddp_create); set the TP "
                "communicator before wrapping it"));
