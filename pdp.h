@@ -1787,7 +1787,9 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    PyTorch); pdp_tp_checkpoint_load reads such a file into any TP layout. Both are
    collective over the TP communicator. pdp_checkpoint_save/load refuse a model with TP
    layers (PDP_ERR_STATE naming pdp_tp_checkpoint_save/load): its parameters are slices.
-   DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED).
+   DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED). ZeRO over a TP
+   model trains and clips (pdp_zero_clip_grad_norm counts the slices over TP); its
+   checkpoints, both ZeRO's and these, are not built yet and fail with PDP_ERR_UNSUPPORTED.
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per rank: thread
    ranks from pdp_nccl_group_create, or processes from pdp_comm_init_env), with the
@@ -20093,6 +20095,10 @@ static pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, cons
     if (!m->tp.comm)
         return pdp__err(PDP_ERR_STATE, "%s: the model has no TP communicator (pdp_model_set_tp; "
                         "pdp_checkpoint_save/load serve a plain model)", fn);
+    if (m->wrapped == PDP__WRAP_ZERO)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model is wrapped by %s, which shards its "
+                        "parameters and optimizer state: checkpoints of ZeRO over tensor "
+                        "parallelism are not supported yet", fn, pdp__model_wrapper(m));
     if (o && (o->model != m || o->lo != 0 || o->hi != m->param_count))
         return pdp__err(PDP_ERR_INVALID, "%s: the optimizer is not a full optimizer of this "
                         "model", fn);
@@ -21184,6 +21190,13 @@ static pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const c
     if (strlen(path) > 3900) return pdp__err(PDP_ERR_INVALID, "%s: the path is too long", fn);
     if (z->size > 64)
         return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %d ranks (checkpoints: at most 64)", fn, z->size);
+    /* a TP model's block holds this TP rank's slices: shard sets named by the DP rank alone
+       would have the TP ranks of one DP rank write one file, and a full file needs the
+       slices gathered over TP first (not built yet) */
+    if (z->m->tp.nlayers)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model has %d tensor-parallel layers: "
+                        "checkpoints of ZeRO over tensor parallelism are not supported yet",
+                        fn, z->m->tp.nlayers);
     if (z->r.state != PDP__RED_IDLE || z->deferred != PDP_OK)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: a backward waits for its step; checkpoint "
                         "after pdp_zero_step", fn, z->rank);

@@ -346,6 +346,10 @@ static pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, cons
     if (!m->tp.comm)
         return pdp__err(PDP_ERR_STATE, "%s: the model has no TP communicator (pdp_model_set_tp; "
                         "pdp_checkpoint_save/load serve a plain model)", fn);
+    if (m->wrapped == PDP__WRAP_ZERO)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model is wrapped by %s, which shards its "
+                        "parameters and optimizer state: checkpoints of ZeRO over tensor "
+                        "parallelism are not supported yet", fn, pdp__model_wrapper(m));
     if (o && (o->model != m || o->lo != 0 || o->hi != m->param_count))
         return pdp__err(PDP_ERR_INVALID, "%s: the optimizer is not a full optimizer of this "
                         "model", fn);

@@ -63,7 +63,9 @@
    PyTorch); pdp_tp_checkpoint_load reads such a file into any TP layout. Both are
    collective over the TP communicator. pdp_checkpoint_save/load refuse a model with TP
    layers (PDP_ERR_STATE naming pdp_tp_checkpoint_save/load): its parameters are slices.
-   DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED).
+   DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED). ZeRO over a TP
+   model trains and clips (pdp_zero_clip_grad_norm counts the slices over TP); its
+   checkpoints, both ZeRO's and these, are not built yet and fail with PDP_ERR_UNSUPPORTED.
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per rank: thread
    ranks from pdp_nccl_group_create, or processes from pdp_comm_init_env), with the

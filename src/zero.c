@@ -991,6 +991,13 @@ static pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const c
     if (strlen(path) > 3900) return pdp__err(PDP_ERR_INVALID, "%s: the path is too long", fn);
     if (z->size > 64)
         return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %d ranks (checkpoints: at most 64)", fn, z->size);
+    /* a TP model's block holds this TP rank's slices: shard sets named by the DP rank alone
+       would have the TP ranks of one DP rank write one file, and a full file needs the
+       slices gathered over TP first (not built yet) */
+    if (z->m->tp.nlayers)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model has %d tensor-parallel layers: "
+                        "checkpoints of ZeRO over tensor parallelism are not supported yet",
+                        fn, z->m->tp.nlayers);
     if (z->r.state != PDP__RED_IDLE || z->deferred != PDP_OK)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: a backward waits for its step; checkpoint "
                         "after pdp_zero_step", fn, z->rank);

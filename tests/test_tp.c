@@ -249,6 +249,7 @@ typedef struct rank_ctx {
     float replicated[64]; /* every replicated parameter (row-parallel biases, LayerNorm) */
     int64_t nreplicated;
     long allocs_hot;
+    int ckpt_refused; /* ZeRO: checkpoint calls refused as unsupported (of 4) */
     pdp_tp_stats stats;
     int nlayers;
     char names[8][32];
@@ -356,6 +357,15 @@ static void *rank_main(void *arg)
     }
     if (ctx->scenario == 2 && fail(ctx, pdp_tp_checkpoint_save(ctx->path, m, o))) goto out;
     if (ctx->scenario == 1) goto out;
+    if (z) { /* ZeRO over TP: no checkpoint call may write slices under full names (the
+                directory does not exist: a call that went ahead fails with PDP_ERR_IO) */
+        static const char *nowhere = "/nonexistent-pdp-dir/tp-zero";
+        ctx->ckpt_refused = (pdp_zero_checkpoint_save(z, o, nowhere) == PDP_ERR_UNSUPPORTED) +
+                            (pdp_zero_checkpoint_consolidate(z, o, nowhere) ==
+                             PDP_ERR_UNSUPPORTED) +
+                            (pdp_tp_checkpoint_save(nowhere, m, NULL) == PDP_ERR_UNSUPPORTED) +
+                            (pdp_tp_checkpoint_load(nowhere, m, NULL) == PDP_ERR_UNSUPPORTED);
+    }
     if (z && fail(ctx, pdp_zero_gather_params(z, gathered[r]))) goto out;
     compare_vals(m, z ? gathered[r] : m->param_block, plain_layout, ref_params, &ctx->worst,
                  &ctx->scale);
@@ -591,7 +601,7 @@ TEST tp_zero_clip_grad_norm_counts_slices_and_replicas_once(void)
     static const int shapes[][2] = {{4, 2}, {6, 2}}; /* 2 DP x 2 TP, 2 DP x 3 TP */
     rank_ctx ctx[MAXR];
     float levels[3];
-    int k, i, stage;
+    int k, i, stage, r;
     enum greatest_test_res res;
     clip_levels(levels);
     for (k = 0; k < 3; k++) {
@@ -600,6 +610,7 @@ TEST tp_zero_clip_grad_norm_counts_slices_and_replicas_once(void)
             for (i = 0; i < 2; i++) {
                 int n = shapes[i][0], dp = shapes[i][1];
                 run_ranks_cfg(ctx, n, dp, 0, NULL, 0, levels[k], stage);
+                for (r = 0; r < n; r++) ASSERT_EQ(4, ctx[r].ckpt_refused);
                 if ((res = check_equivalence(ctx, n, 0)) != GREATEST_TEST_RES_PASS ||
                     (res = check_norms(ctx, n)) != GREATEST_TEST_RES_PASS) {
                     fprintf(stderr, "ZeRO stage %d, %d ranks (%d DP x %d TP), max_norm %g\n",
