@@ -1001,7 +1001,12 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out);
      nccl   GPU ranks (-DPDP_CUDA, pdp_cuda.cu).
    Every collective is asynchronous: it returns at once with a handle that
    pdp_work_wait completes (passing work = NULL makes the call synchronous).
-   Buffers are floats on the communicator's device; counts are elements.
+   Buffers are floats on the communicator's device; counts are elements. A count
+   whose buffer exceeds the address space (count x element size, times the world size
+   for reduce-scatter's send and all-gather's recv, above PTRDIFF_MAX bytes), or above
+   what the backend takes in one call (MPI counts are int: INT32_MAX elements per rank in
+   a reduce-scatter, all-gather, send or recv; the all-reduce and broadcasts are split),
+   fails with PDP_ERR_INVALID naming the call and the count, before any data moves.
    Collectives on one communicator complete in the order they were issued, and
    every rank must issue the same collectives in the same order (as in MPI and
    NCCL). A rank that does not arrive within timeout_s makes the others fail
@@ -7838,6 +7843,14 @@ static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out,
     return PDP_OK;
 }
 
+/* Bytes of count elements of es bytes. comm.c's bound (pdp__comm_check_bound: at most
+   PTRDIFF_MAX bytes per buffer) keeps the product from wrapping in every backend. */
+static size_t pdp__comm_bytes(int64_t count, size_t es)
+{
+    PDP_ASSERT(count >= 0 && (uint64_t)count <= (uint64_t)PTRDIFF_MAX / es);
+    return (size_t)count * es;
+}
+
 /* One collective's arguments, as one rank issued it. */
 typedef struct pdp__coll_args {
     pdp__coll_kind kind;
@@ -8558,7 +8571,9 @@ out:
    so that two ranks never write the same line. */
 static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
 {
-    int64_t a = n * r / parts, b = n * (r + 1) / parts;
+    /* n * r / parts without forming n * r, which could overflow for a huge n */
+    int64_t q = n / parts, m = n % parts;
+    int64_t a = q * r + m * r / parts, b = q * (r + 1) + m * (r + 1) / parts;
     *lo = r == 0 ? 0 : a & ~(int64_t)15;
     *hi = r == parts - 1 ? n : b & ~(int64_t)15;
     if (*hi < *lo) *hi = *lo;
@@ -8663,7 +8678,8 @@ static void pdp__local_execute(pdp_local_group *g, int r)
         pdp__slice(me->count, r, n, &lo, &hi);
         for (i = 0; i < n; i++)
             if (i != me->op && hi > lo)
-                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo, (size_t)(hi - lo) * 4);
+                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo,
+                       pdp__comm_bytes(hi - lo, sizeof(float)));
         break;
     case PDP__COLL_BROADCAST_BYTES:
         pdp__slice(me->count, r, n, &lo, &hi);
@@ -8684,7 +8700,7 @@ static void pdp__local_execute(pdp_local_group *g, int r)
         for (i = 0; i < n; i++) {
             float *dst = g->slot[i].recv + (int64_t)r * me->count;
             if (dst != me->send && me->count > 0)
-                memmove(dst, me->send, (size_t)me->count * sizeof *dst);
+                memmove(dst, me->send, pdp__comm_bytes(me->count, sizeof *dst));
         }
         break;
     case PDP__COLL_BARRIER:
@@ -8733,7 +8749,8 @@ static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
     char msg[PDP__MSG_CAP], what[200];
     if (send->args.count == recv->args.count) {
         if (send->args.count > 0 && recv->args.recv != send->args.send)
-            memmove(recv->args.recv, send->args.send, (size_t)send->args.count * sizeof(float));
+            memmove(recv->args.recv, send->args.send,
+                    pdp__comm_bytes(send->args.count, sizeof(float)));
         pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_OK, "");
         pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_OK, "");
         return;
@@ -8852,7 +8869,7 @@ static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, 
     if (g->size == 1) {
         if (a->kind == PDP__COLL_REDUCE_SCATTER || a->kind == PDP__COLL_ALLGATHER)
             if (a->recv != a->send && a->count > 0)
-                memmove(a->recv, a->send, (size_t)a->count * pdp__dtype_size(a->dtype));
+                memmove(a->recv, a->send, pdp__comm_bytes(a->count, pdp__dtype_size(a->dtype)));
         return PDP_OK;
     }
     if ((st = pdp__group_barrier(g, r, a, true, msg, cap)) != PDP_OK) return st;
@@ -9010,8 +9027,9 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    reduce_scatter_ex with BF16 or F16) travel as MPI_UINT16_T and are summed by
    one of two user-defined MPI_Ops created with the communicator (comm.h states
    their rounding). MPI counts are int: an all-reduce or broadcast is
-   split into calls of PDP_MPI_CHUNK elements; reduce-scatter and all-gather take
-   at most INT_MAX elements per rank.
+   split into calls of PDP_MPI_CHUNK elements; reduce-scatter, all-gather and the
+   messages take at most INT_MAX elements per rank (comm.c refuses more, naming the
+   call and the count).
    In-place forms: all-gather with send == recv + rank * count, and
    reduce-scatter with recv == send + rank * count (NCCL's convention).
 
@@ -9209,10 +9227,7 @@ static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *b
     pdp__mpi_p2p *p;
     pdp_status st;
     int rc = MPI_SUCCESS;
-    if (count > INT32_MAX)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements on comm '%s' (rank %d): the MPI "
-                        "backend takes at most %d (MPI counts are int)", pdp__op_names[kind],
-                        (long long)count, c->name, c->rank, (int)INT32_MAX);
+    PDP_ASSERT(count <= INT32_MAX); /* comm.c's bound (pdp__comm_count_max) */
     memset(&a, 0, sizeof a);
     a.kind = kind;
     a.count = count;
@@ -9383,6 +9398,7 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
     case PDP__COLL_REDUCE_SCATTER: {
         void *mine = (char *)a->send + (int64_t)rank * a->count * (int64_t)es; /* in-place slot */
         bool in_place = (void *)a->recv == mine;
+        PDP_ASSERT(a->count <= INT32_MAX); /* comm.c's bound (pdp__comm_count_max) */
         n = (int)a->count;
         if (size == 1) {
             if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * es);
@@ -9402,6 +9418,7 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
     }
     case PDP__COLL_ALLGATHER: {
         bool in_place = a->send == a->recv + (int64_t)rank * a->count;
+        PDP_ASSERT(a->count <= INT32_MAX);
         n = (int)a->count;
         st = pdp__mpi_posted(mc, w, MPI_Iallgather(in_place ? MPI_IN_PLACE : (void *)a->send,
                              n, MPI_FLOAT, a->recv, n, MPI_FLOAT, mcomm, req),
@@ -9472,31 +9489,6 @@ static bool pdp__mpi_idle(pdp__workq *q)
 }
 
 /* ---- comm_mpi: the ops table ---- */
-
-static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const char *what)
-{
-    if (count <= INT32_MAX) return PDP_OK;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements per rank on comm '%s' (rank %d): the "
-                    "MPI backend takes at most %d (MPI counts are int)", what, (long long)count,
-                    c->name, c->rank, (int)INT32_MAX);
-}
-
-static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                          int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                          pdp_work **w)
-{
-    pdp_status st;
-    if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
-    return pdp__workq_reduce_scatter(c, send, recv, recv_count, dt, op, w);
-}
-
-static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
-                                     int64_t send_count, pdp_work **w)
-{
-    pdp_status st;
-    if ((st = pdp__mpi_int_count(c, send_count, "allgather")) != PDP_OK) return st;
-    return pdp__workq_allgather(c, send, recv, send_count, w);
-}
 
 /* Tests *req until it completes (true) or deadline passes (false). */
 static bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
@@ -9573,8 +9565,8 @@ static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank,
                                  int leader, pdp_comm **out);
 
 static const pdp__comm_ops pdp__mpi_ops = {
-    pdp__workq_allreduce, pdp__workq_broadcast, pdp__mpi_reduce_scatter,
-    pdp__mpi_allgather,   pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
+    pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
     pdp__mpi_send,        pdp__mpi_recv,        pdp__mpi_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };
@@ -10539,11 +10531,11 @@ PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int r
    pdp.h, so nothing here is called before it is defined.
 
    ---- the public layer ----
-   Every pdp_comm_* collective validates its arguments here, stamps the handle's
-   launch time, counts the collective and the bytes this rank moves in the
-   bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x bytes, reduce-scatter
-   and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent bytes), then calls
-   the backend. A call with work == NULL is made synchronous here, so backends
+   Every pdp_comm_* collective validates its arguments here (its count against one
+   upper bound, below), stamps the handle's launch time, counts the collective and the
+   bytes this rank moves in the bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x
+   bytes, reduce-scatter and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent
+   bytes), then calls the backend. A call with work == NULL is made synchronous here, so backends
    always return a handle. pdp_work_wait adds the collective's execution time
    (t_done - t_start, queueing excluded) to the communicator's busy_s.
 
@@ -10576,6 +10568,47 @@ static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_
     if (count > 0 && !p)
         return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL with count %lld (comm '%s', rank %d)",
                         fn, what, (long long)count, c->name, c->rank);
+    return PDP_OK;
+}
+
+/* ---- comm: the upper bound of a count ----
+   One rule for every call, here and nowhere else: the largest buffer the call touches,
+   parts x count elements of es bytes (parts = the world size for reduce-scatter's send and
+   all-gather's recv buffers, else 1), must be addressable, at most PTRDIFF_MAX bytes (so
+   count x es fits in size_t and every byte offset in ptrdiff_t: pdp__comm_bytes cannot
+   wrap in a backend), and count must fit what the backend takes in one call
+   (pdp__comm_count_max). Beyond either, the call fails with PDP_ERR_INVALID naming the call,
+   the count and the limit, before the backend sees it. */
+
+/* Elements per rank that one call of c's backend takes: MPI counts are int, so the MPI
+   backend's reduce-scatter, all-gather, send and recv take at most INT32_MAX (its
+   all-reduce and broadcasts are split into calls of PDP_MPI_CHUNK elements); local and
+   NCCL (size_t counts) are bounded by the address space alone. */
+static int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
+{
+    if (c->backend == PDP_BACKEND_MPI &&
+        (kind == PDP__COLL_REDUCE_SCATTER || kind == PDP__COLL_ALLGATHER ||
+         kind == PDP__COLL_SEND || kind == PDP__COLL_RECV))
+        return INT32_MAX;
+    return INT64_MAX;
+}
+
+static pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
+                                        pdp__coll_kind kind, const char *fn)
+{
+    int64_t most = (int64_t)((size_t)PTRDIFF_MAX / (es * (size_t)parts));
+    int64_t max = pdp__comm_count_max(c, kind);
+    if (count > most)
+        return pdp__err(PDP_ERR_INVALID, "%s: count %lld is too large: %d x %lld elements of %zu "
+                        "bytes exceed the address space (PTRDIFF_MAX bytes); at most %lld "
+                        "(comm '%s', rank %d of %d)", fn, (long long)count, parts,
+                        (long long)count, es, (long long)most, c->name, c->rank, c->size);
+    if (count > max)
+        return pdp__err(PDP_ERR_INVALID, "%s: count %lld is more than the %s backend takes in one "
+                        "%s: at most %lld elements per rank (MPI counts are int) (comm '%s', "
+                        "rank %d of %d)", fn, (long long)count,
+                        c->backend == PDP_BACKEND_MPI ? "MPI" : "this", pdp__op_names[kind],
+                        (long long)max, c->name, c->rank, c->size);
     return PDP_OK;
 }
 
@@ -10637,7 +10670,8 @@ static pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)))
+        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)) ||
+        (st = pdp__comm_check_bound(c, count, pdp_dtype_size(dt), 1, PDP__COLL_ALLREDUCE, fn)))
         return st;
     n = (double)c->size;
     st = c->ops->allreduce(c, buf, count, dt, op, &w);
@@ -10667,7 +10701,8 @@ PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, in
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_root(c, root, fn)))
+        (st = pdp__comm_check_root(c, root, fn)) ||
+        (st = pdp__comm_check_bound(c, count, 4, 1, PDP__COLL_BROADCAST, fn)))
         return st;
     n = (double)c->size;
     st = c->ops->broadcast(c, buf, count, root, &w);
@@ -10685,7 +10720,9 @@ static pdp_status pdp__comm_reduce_scatter(pdp_comm *c, const void *send, void *
     if ((st = pdp__comm_check(c, fn)) ||
         (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
         (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)))
+        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)) ||
+        (st = pdp__comm_check_bound(c, recv_count, pdp_dtype_size(dt), c->size,
+                                    PDP__COLL_REDUCE_SCATTER, fn)))
         return st;
     st = c->ops->reduce_scatter(c, send, recv, recv_count, dt, op, &w);
     return pdp__comm_launched(c, st, w, t,
@@ -10719,7 +10756,8 @@ PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *rec
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) ||
         (st = pdp__comm_check_count(c, send, send_count, "send", fn)) ||
-        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)))
+        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)) ||
+        (st = pdp__comm_check_bound(c, send_count, 4, c->size, PDP__COLL_ALLGATHER, fn)))
         return st;
     st = c->ops->allgather(c, send, recv, send_count, &w);
     return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)send_count * 4.0, work,
@@ -10760,7 +10798,8 @@ PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, i
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)) ||
+        (st = pdp__comm_check_bound(c, count, 4, 1, PDP__COLL_SEND, fn)))
         return st;
     st = c->ops->send(c, buf, count, peer, tag, &w);
     return pdp__comm_launched(c, st, w, t, (double)count * 4.0, work, fn);
@@ -10775,7 +10814,8 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)) ||
+        (st = pdp__comm_check_bound(c, count, 4, 1, PDP__COLL_RECV, fn)))
         return st;
     st = c->ops->recv(c, buf, count, peer, tag, &w);
     return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
@@ -10833,6 +10873,10 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
     if (bytes > 0 && !buf)
         return pdp__err(PDP_ERR_INVALID, "%s: buf is NULL with %zu bytes (comm '%s', rank %d)", fn,
                         bytes, c->name, c->rank);
+    if (bytes > (size_t)PTRDIFF_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes exceed the address space (at most "
+                        "PTRDIFF_MAX = %lld) (comm '%s', rank %d of %d)", fn, bytes,
+                        (long long)PTRDIFF_MAX, c->name, c->rank, c->size);
     if ((st = c->ops->broadcast_bytes(c, buf, bytes, root)) != PDP_OK)
         return pdp__err_wrap(st, "%s", fn);
     c->stats.collectives++;

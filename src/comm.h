@@ -7,7 +7,12 @@
      nccl   GPU ranks (-DPDP_CUDA, pdp_cuda.cu).
    Every collective is asynchronous: it returns at once with a handle that
    pdp_work_wait completes (passing work = NULL makes the call synchronous).
-   Buffers are floats on the communicator's device; counts are elements.
+   Buffers are floats on the communicator's device; counts are elements. A count
+   whose buffer exceeds the address space (count x element size, times the world size
+   for reduce-scatter's send and all-gather's recv, above PTRDIFF_MAX bytes), or above
+   what the backend takes in one call (MPI counts are int: INT32_MAX elements per rank in
+   a reduce-scatter, all-gather, send or recv; the all-reduce and broadcasts are split),
+   fails with PDP_ERR_INVALID naming the call and the count, before any data moves.
    Collectives on one communicator complete in the order they were issued, and
    every rank must issue the same collectives in the same order (as in MPI and
    NCCL). A rank that does not arrive within timeout_s makes the others fail

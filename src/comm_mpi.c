@@ -32,8 +32,9 @@
    reduce_scatter_ex with BF16 or F16) travel as MPI_UINT16_T and are summed by
    one of two user-defined MPI_Ops created with the communicator (comm.h states
    their rounding). MPI counts are int: an all-reduce or broadcast is
-   split into calls of PDP_MPI_CHUNK elements; reduce-scatter and all-gather take
-   at most INT_MAX elements per rank.
+   split into calls of PDP_MPI_CHUNK elements; reduce-scatter, all-gather and the
+   messages take at most INT_MAX elements per rank (comm.c refuses more, naming the
+   call and the count).
    In-place forms: all-gather with send == recv + rank * count, and
    reduce-scatter with recv == send + rank * count (NCCL's convention).
 
@@ -231,10 +232,7 @@ static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *b
     pdp__mpi_p2p *p;
     pdp_status st;
     int rc = MPI_SUCCESS;
-    if (count > INT32_MAX)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements on comm '%s' (rank %d): the MPI "
-                        "backend takes at most %d (MPI counts are int)", pdp__op_names[kind],
-                        (long long)count, c->name, c->rank, (int)INT32_MAX);
+    PDP_ASSERT(count <= INT32_MAX); /* comm.c's bound (pdp__comm_count_max) */
     memset(&a, 0, sizeof a);
     a.kind = kind;
     a.count = count;
@@ -405,6 +403,7 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
     case PDP__COLL_REDUCE_SCATTER: {
         void *mine = (char *)a->send + (int64_t)rank * a->count * (int64_t)es; /* in-place slot */
         bool in_place = (void *)a->recv == mine;
+        PDP_ASSERT(a->count <= INT32_MAX); /* comm.c's bound (pdp__comm_count_max) */
         n = (int)a->count;
         if (size == 1) {
             if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * es);
@@ -424,6 +423,7 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
     }
     case PDP__COLL_ALLGATHER: {
         bool in_place = a->send == a->recv + (int64_t)rank * a->count;
+        PDP_ASSERT(a->count <= INT32_MAX);
         n = (int)a->count;
         st = pdp__mpi_posted(mc, w, MPI_Iallgather(in_place ? MPI_IN_PLACE : (void *)a->send,
                              n, MPI_FLOAT, a->recv, n, MPI_FLOAT, mcomm, req),
@@ -494,31 +494,6 @@ static bool pdp__mpi_idle(pdp__workq *q)
 }
 
 /* ---- comm_mpi: the ops table ---- */
-
-static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const char *what)
-{
-    if (count <= INT32_MAX) return PDP_OK;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements per rank on comm '%s' (rank %d): the "
-                    "MPI backend takes at most %d (MPI counts are int)", what, (long long)count,
-                    c->name, c->rank, (int)INT32_MAX);
-}
-
-static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                          int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                          pdp_work **w)
-{
-    pdp_status st;
-    if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
-    return pdp__workq_reduce_scatter(c, send, recv, recv_count, dt, op, w);
-}
-
-static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
-                                     int64_t send_count, pdp_work **w)
-{
-    pdp_status st;
-    if ((st = pdp__mpi_int_count(c, send_count, "allgather")) != PDP_OK) return st;
-    return pdp__workq_allgather(c, send, recv, send_count, w);
-}
 
 /* Tests *req until it completes (true) or deadline passes (false). */
 static bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
@@ -595,8 +570,8 @@ static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank,
                                  int leader, pdp_comm **out);
 
 static const pdp__comm_ops pdp__mpi_ops = {
-    pdp__workq_allreduce, pdp__workq_broadcast, pdp__mpi_reduce_scatter,
-    pdp__mpi_allgather,   pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
+    pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
     pdp__mpi_send,        pdp__mpi_recv,        pdp__mpi_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };

@@ -69,6 +69,14 @@ static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out,
     return PDP_OK;
 }
 
+/* Bytes of count elements of es bytes. comm.c's bound (pdp__comm_check_bound: at most
+   PTRDIFF_MAX bytes per buffer) keeps the product from wrapping in every backend. */
+static size_t pdp__comm_bytes(int64_t count, size_t es)
+{
+    PDP_ASSERT(count >= 0 && (uint64_t)count <= (uint64_t)PTRDIFF_MAX / es);
+    return (size_t)count * es;
+}
+
 /* One collective's arguments, as one rank issued it. */
 typedef struct pdp__coll_args {
     pdp__coll_kind kind;

@@ -529,6 +529,74 @@ TEST comm_rejects_bad_arguments(void)
     PASS();
 }
 
+/* issue 21, item 5: a count whose buffer does not fit in the address space (count x element
+   size x the world size for reduce-scatter's send and all-gather's recv beyond PTRDIFF_MAX)
+   fails at the call with PDP_ERR_INVALID naming the call and the count, before the backend
+   touches memory. At world size 1 these calls used to return PDP_OK and move nothing: the
+   local backend computed (size_t)count * 4 = 0 bytes. */
+TEST comm_rejects_counts_beyond_the_address_space(void)
+{
+    const int64_t huge = (int64_t)1 << 62; /* x 4 bytes: 2^64, wraps size_t to 0 */
+    const int64_t most4 = (int64_t)(PTRDIFF_MAX / 4), most8 = (int64_t)(PTRDIFF_MAX / 8);
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_work *w = (pdp_work *)&g; /* must be reset to NULL on failure */
+    float x[2] = {0.0f, 0.0f};
+    char want[120];
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    snprintf(want, sizeof want, "count %lld is too large", (long long)huge);
+#define EXPECT_HUGE(call, name)                                                                \
+    do {                                                                                       \
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_ERR_INVALID, (call), pdp_status_name);           \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), name ": ") == pdp_last_error());    \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), want) != NULL);                     \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "(comm 'comm', rank 0 of") != NULL); \
+    } while (0)
+    EXPECT_HUGE(pdp_comm_allreduce(c, x, huge, PDP_REDUCE_SUM, &w), "pdp_comm_allreduce");
+    ASSERT(w == NULL);
+    EXPECT_HUGE(pdp_comm_allreduce_ex(c, x, huge, PDP_DTYPE_BF16, PDP_REDUCE_SUM, NULL),
+                "pdp_comm_allreduce_ex");
+    EXPECT_HUGE(pdp_comm_broadcast(c, x, huge, 0, NULL), "pdp_comm_broadcast");
+    EXPECT_HUGE(pdp_comm_reduce_scatter(c, x, x + 1, huge, PDP_REDUCE_SUM, NULL),
+                "pdp_comm_reduce_scatter");
+    EXPECT_HUGE(pdp_comm_reduce_scatter_ex(c, x, x + 1, huge, PDP_DTYPE_F16, PDP_REDUCE_AVG,
+                                           NULL), "pdp_comm_reduce_scatter_ex");
+    EXPECT_HUGE(pdp_comm_allgather(c, x, x + 1, huge, NULL), "pdp_comm_allgather");
+    EXPECT_HUGE(pdp_comm_send(c, x, huge, 0, 1, &w), "pdp_comm_send");
+    ASSERT(w == NULL);
+    EXPECT_HUGE(pdp_comm_recv(c, x + 1, huge, 0, 1, NULL), "pdp_comm_recv");
+    /* the bound is the buffer's bytes: one element more than fits, per element size */
+    snprintf(want, sizeof want, "count %lld is too large", (long long)most4 + 1);
+    EXPECT_HUGE(pdp_comm_allreduce(c, x, most4 + 1, PDP_REDUCE_SUM, NULL), "pdp_comm_allreduce");
+    snprintf(want, sizeof want, "at most %lld", (long long)most4);
+    EXPECT_HUGE(pdp_comm_send(c, x, most4 + 1, 0, 1, NULL), "pdp_comm_send");
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_broadcast_bytes(c, x, (size_t)-1, 0),
+                   pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_comm_broadcast_bytes: ") != NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "exceed the address space") != NULL);
+    /* nothing was left behind: the communicator works (no handle taken, no message queued) */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(c, x, 2, PDP_REDUCE_SUM, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_send(c, x, 1, 0, 1, &w), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_recv(c, x + 1, 1, 0, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_work_wait(w), pdp_status_name);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    /* reduce-scatter's send and all-gather's recv hold world size x count elements: at 2
+       ranks a count whose 4-byte elements fit alone (most8 + 1 <= most4) is refused */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 2, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    snprintf(want, sizeof want, "count %lld is too large: 2 x", (long long)most8 + 1);
+    EXPECT_HUGE(pdp_comm_reduce_scatter(c, x, x + 1, most8 + 1, PDP_REDUCE_SUM, NULL),
+                "pdp_comm_reduce_scatter");
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "rank 0 of 2") != NULL);
+    EXPECT_HUGE(pdp_comm_allgather(c, x, x + 1, most8 + 1, NULL), "pdp_comm_allgather");
+#undef EXPECT_HUGE
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 /* One rule for a desc's timeout_s: 0 is the default; negative, NaN, infinite fail naming
    the function and the field (a local group used to accept -1, which MPI rejects). */
 TEST comm_desc_timeout_rule(void)
@@ -807,6 +875,7 @@ SUITE(comm)
     RUN_TEST(comm_freed_rank_fails_the_others_at_once);
     RUN_TEST(comm_mismatched_collectives_fail_on_every_rank);
     RUN_TEST(comm_rejects_bad_arguments);
+    RUN_TEST(comm_rejects_counts_beyond_the_address_space);
     RUN_TEST(comm_desc_timeout_rule);
     RUN_TEST(comm_p2p_ring_and_self_send_at_world_sizes_1_to_4);
     RUN_TEST(comm_p2p_count_mismatch_names_both_counts);

@@ -677,6 +677,44 @@ MPI_TEST(mpi_ddp_bf16_hook_within_the_bound_and_half_the_bytes)
     PASS();
 }
 
+/* issue 21, item 5: counts are bounded in one place (comm.c). MPI counts are int: a
+   reduce-scatter, all-gather, send or recv of more than INT32_MAX elements per rank fails
+   with PDP_ERR_INVALID naming the call, the count and the limit (it was
+   PDP_ERR_UNSUPPORTED from the backend); a count whose bytes overflow fails on every call,
+   the chunked all-reduce and broadcast too, before MPI sees it. */
+MPI_TEST(mpi_rejects_counts_beyond_what_mpi_takes)
+{
+    const int64_t over = (int64_t)INT32_MAX + 1, huge = (int64_t)1 << 62;
+    float x[2] = {0.0f, 0.0f};
+    pdp_work *w = (pdp_work *)&w;
+    char want[120];
+    snprintf(want, sizeof want, "count %lld is more than the MPI backend takes", (long long)over);
+#define EXPECT_REFUSED(call, name)                                                             \
+    do {                                                                                       \
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_ERR_INVALID, (call), pdp_status_name);           \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), name ": ") == pdp_last_error());    \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), want) != NULL);                     \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "(comm 'tests', rank") != NULL);   \
+    } while (0)
+    EXPECT_REFUSED(pdp_comm_send(cm, x, over, my_rank, 1, &w), "pdp_comm_send");
+    ASSERT(w == NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "at most 2147483647 elements") != NULL);
+    EXPECT_REFUSED(pdp_comm_recv(cm, x, over, my_rank, 1, NULL), "pdp_comm_recv");
+    EXPECT_REFUSED(pdp_comm_reduce_scatter(cm, x, x + 1, over, PDP_REDUCE_SUM, NULL),
+                   "pdp_comm_reduce_scatter");
+    EXPECT_REFUSED(pdp_comm_allgather(cm, x, x + 1, over, NULL), "pdp_comm_allgather");
+    snprintf(want, sizeof want, "count %lld is too large", (long long)huge);
+    EXPECT_REFUSED(pdp_comm_allreduce(cm, x, huge, PDP_REDUCE_SUM, NULL), "pdp_comm_allreduce");
+    EXPECT_REFUSED(pdp_comm_broadcast(cm, x, huge, 0, NULL), "pdp_comm_broadcast");
+    EXPECT_REFUSED(pdp_comm_send(cm, x, huge, my_rank, 1, NULL), "pdp_comm_send");
+#undef EXPECT_REFUSED
+    /* refused before MPI: the communicator is intact */
+    x[0] = 1.0f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(cm, x, 1, PDP_REDUCE_SUM, NULL), pdp_status_name);
+    ASSERT_EQ((float)world_size, x[0]);
+    PASS();
+}
+
 /* ---- MPI: point-to-point and split ---- */
 
 /* A ring (to rank+1, tag 7) and a self-send (tag 3), all launched before any wait, on
@@ -1292,6 +1330,7 @@ SUITE(mpi)
     RUN_TEST(mpi_ddp_matches_single_device_and_ranks_agree);
     RUN_TEST(mpi_16bit_allreduce_and_reduce_scatter_follow_the_stated_rounding);
     RUN_TEST(mpi_ddp_bf16_hook_within_the_bound_and_half_the_bytes);
+    RUN_TEST(mpi_rejects_counts_beyond_what_mpi_takes);
     RUN_TEST(mpi_p2p_ring_and_self_send);
     RUN_TEST(mpi_p2p_mismatch_and_silent_peer);
     RUN_TEST(mpi_split_groups_match_naive);
