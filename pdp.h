@@ -1161,11 +1161,19 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
    order they were sent; a rank may send to itself (local, MPI). Send and recv
    buffers must stay untouched until the handle is waited. The counts must be
    equal: a mismatch fails with PDP_ERR_INVALID naming both counts (on the
-   receiver; on the local backend on both sides). A message not matched within
-   timeout_s of its launch fails its wait with PDP_ERR_TIMEOUT naming the peer
-   and the tag (the communicator stays usable: the unmatched message is
-   withdrawn; an MPI send already under way may be cancelled). A peer whose local
-   communicator is freed fails the pending messages naming it with PDP_ERR_COMM.
+   receiver; on the local backend on both sides). A send completes only once its
+   receive has matched it, on every backend (MPI: a synchronous send, MPI_Issend), so
+   a message not matched within timeout_s of its launch, a send nobody receives or
+   receives with another tag as much as a receive nobody sends, fails its wait with
+   PDP_ERR_TIMEOUT naming the peer and the tag. The communicator stays usable: local
+   withdraws the message; MPI withdraws an unmatched receive and cancels a send (or a
+   matched receive), giving the cancel a grace of 1 s that the messages timing out
+   together share, so their waits fail up to 1 s after timeout_s. OpenMPI never
+   cancels a send: a timed-out send is abandoned and stays deliverable (a later
+   receive of that peer with that tag still gets it, and MPI may still read its
+   buffer); if it is still pending when the communicator is freed, pdp never calls
+   MPI_Finalize. A peer whose local communicator is freed fails the pending messages
+   naming it with PDP_ERR_COMM.
    Point-to-point is ordered with nothing else: collectives and messages may be
    interleaved freely (as in MPI). Handles come from the same fixed pool as the
    collectives' (nothing is allocated per message). Stats: bytes_sent counts the
@@ -7891,7 +7899,8 @@ struct pdp__workq {
     /* point-to-point (both set by a backend with send/recv): poll advances every
        pending message of the communicator (optional, q->mu not held); expire is
        called by a waiter past the deadline: it withdraws w if still unmatched and
-       completes it with PDP_ERR_TIMEOUT (q->mu not held) */
+       completes it with PDP_ERR_TIMEOUT, or starts to (MPI: a cancel, confirmed within
+       a grace; the waiter calls it again every 100 us until w is done) (q->mu not held) */
     void (*p2p_poll)(pdp__workq *q);
     void (*p2p_expire)(pdp__workq *q, pdp__workq_item *w);
     bool sticky;
@@ -8209,9 +8218,9 @@ static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
             pthread_mutex_unlock(&q->mu);
             q->p2p_expire(q, w);
             pthread_mutex_lock(&q->mu);
-            continue;
+            if (w->done) break;
         }
-        nap = deadline - now + 1e-4;
+        nap = now > deadline ? 100e-6 : deadline - now + 1e-4; /* past it: a withdrawal's grace */
         if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
         pdp__deadline(&ts, nap);
         pthread_cond_timedwait(&q->done, &q->mu, &ts);
@@ -9093,6 +9102,7 @@ static MPI_Comm pdp__mpi_init_comm;
 typedef struct pdp__mpi_p2p {
     bool active;        /* launched, not completed */
     bool posted;        /* a send: always; a receive: matched by MPI_Improbe, MPI_Imrecv posted */
+    double cancel_by;   /* 0; once cancelled, when the cancel grace ends */
     MPI_Request req;
 } pdp__mpi_p2p;
 
@@ -9107,6 +9117,8 @@ typedef struct pdp__mpi_comm {
     bool traced;                 /* pdp__trace_open succeeded: close at free */
     pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
     int p2p_active;              /* messages in flight */
+    int n_abandoned;             /* timed-out requests MPI did not cancel (p2p_mu) */
+    MPI_Request abandoned[PDP_MPI_MAX_INFLIGHT];
     pdp__workq_item pool[PDP_MPI_MAX_INFLIGHT];
     pdp__mpi_p2p p2p[PDP_MPI_MAX_INFLIGHT]; /* by pool index */
 } pdp__mpi_comm;
@@ -9123,17 +9135,27 @@ static void pdp__mpi_errstr(int rc, char *out, size_t cap)
 }
 
 /* ---- comm_mpi: point-to-point ----
-   MPI_Isend at launch; a receive is matched with MPI_Improbe first, so that a
-   count mismatch names both counts (the message is then consumed with a
-   zero-count MPI_Mrecv), then MPI_Imrecv. Every pending message of the
-   communicator is advanced by whoever polls: a thread in pdp_work_wait or
-   pdp_work_done on a message, and the progress thread while it drives a
-   collective or idles, so a ring where every rank sends first completes even
-   under MPI's rendezvous protocol. A message not complete timeout_s after its
-   launch fails with PDP_ERR_TIMEOUT naming peer and tag: an unmatched receive
-   is simply withdrawn; a send or a matched receive is cancelled (MPI_Cancel),
-   and if MPI does not confirm within a second its request is abandoned (pdp
-   then never calls MPI_Finalize, as for a timed-out collective). */
+   A send is MPI_Issend, a synchronous send: it completes only once the receiver has
+   matched it, so a send nobody receives (or received with another tag) fails with
+   PDP_ERR_TIMEOUT, as on the local and NCCL backends (MPI_Isend would complete at once
+   for a message under MPI's eager limit, the receiver never known). A receive is
+   matched with MPI_Improbe first, so that a count mismatch names both counts (the
+   message is then consumed with a zero-count MPI_Mrecv), then MPI_Imrecv. Every
+   pending message of the communicator is advanced by whoever polls: a thread in
+   pdp_work_wait or pdp_work_done on a message, and the progress thread while it
+   drives a collective or idles, so a ring where every rank sends first completes.
+   A message not complete timeout_s after its launch fails with PDP_ERR_TIMEOUT naming
+   peer and tag: an unmatched receive is simply withdrawn; a send or a matched receive
+   is cancelled (MPI_Cancel) at the first poll past its deadline and completes at a
+   later poll, when MPI confirms the cancel, or when the cancel grace
+   (PDP__MPI_FREE_GRACE_S) has passed: then it is abandoned. No one holds p2p_mu
+   through a grace, so the graces of messages that expire together overlap (a pipeline
+   whose peer died gets every error at about timeout_s + the grace, not one grace after
+   another). OpenMPI never cancels a send: its timed-out sends are always abandoned. An
+   abandoned request is kept (abandoned[]) and tested at each poll and at
+   pdp_comm_free: if the peer receives it later it completes, and the communicator is
+   freed cleanly; if it is still pending at the free, pdp never calls MPI_Finalize, as
+   for a timed-out collective. */
 
 static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
                               const char *msg)
@@ -9143,18 +9165,37 @@ static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status 
     pdp__workq_finish(&mc->q, w, st, msg);
 }
 
-/* Advances one message (p2p_mu held). */
-static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w)
+/* Keeps a request MPI would not cancel, to test later (p2p_mu held). */
+static void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req)
+{
+    if (mc->n_abandoned < PDP_MPI_MAX_INFLIGHT) {
+        mc->abandoned[mc->n_abandoned++] = *req;
+        return;
+    }
+    MPI_Request_free(req); /* no room: MPI may still need it, so never finalise */
+    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mpi_unclean = true;
+    pthread_mutex_unlock(&pdp__mpi_mu);
+}
+
+/* Advances one message at time now (p2p_mu held): matches, completes, or expires it. */
+static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w, double now)
 {
     pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
     const pdp__coll_args *a = &w->args;
     char msg[PDP__MSG_CAP], what[200], e[256];
-    int flag = 0, rc, n = 0;
+    bool late = now > w->head.t_start + mc->head.timeout_s;
+    int flag = 0, rc, n = 0, cancelled = 0;
     MPI_Status status;
     if (!p->posted) { /* an unmatched receive */
         MPI_Message m;
         rc = MPI_Improbe(a->peer, a->tag, mc->mcomm, &flag, &m, &status);
-        if (rc == MPI_SUCCESS && !flag) return;
+        if (rc == MPI_SUCCESS && !flag) {
+            if (!late) return;
+            pdp__workq_p2p_timeout_msg(w, msg, sizeof msg); /* withdrawn: nothing posted */
+            pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
+            return;
+        }
         if (rc == MPI_SUCCESS) rc = MPI_Get_count(&status, MPI_FLOAT, &n);
         if (rc == MPI_SUCCESS && (int64_t)n != a->count) {
             MPI_Mrecv(NULL, 0, MPI_FLOAT, &m, MPI_STATUS_IGNORE); /* consume: MPI_ERR_TRUNCATE */
@@ -9168,10 +9209,29 @@ static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w)
         if (rc != MPI_SUCCESS) goto mpi_error;
         p->posted = true;
     }
-    rc = MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE);
+    if (late && p->cancel_by == 0.0) { /* start the grace; MPI completes a cancelled request */
+        MPI_Cancel(&p->req);
+        p->cancel_by = now + PDP__MPI_FREE_GRACE_S;
+    }
+    rc = MPI_Test(&p->req, &flag, &status);
     if (rc != MPI_SUCCESS) goto mpi_error;
-    if (!flag) return;
-    p->active = false;
+    if (!flag && (p->cancel_by == 0.0 || now < p->cancel_by)) return;
+    if (flag && p->cancel_by != 0.0) MPI_Test_cancelled(&status, &cancelled);
+    if (!flag || cancelled) {
+        size_t len;
+        pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
+        if (!flag) { /* MPI did not confirm the cancel within the grace */
+            pdp__mpi_abandon(mc, &p->req);
+            len = strlen(msg);
+            snprintf(msg + len, sizeof msg - len, "; MPI could not cancel the %s within %g s: "
+                     "abandoned (rank %d may still receive it)",
+                     a->kind == PDP__COLL_SEND ? "send" : "receive", PDP__MPI_FREE_GRACE_S,
+                     a->peer);
+        }
+        pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
+        return;
+    }
+    p->active = false; /* complete (also when it matched during the grace: it was delivered) */
     mc->p2p_active--;
     pdp__workq_finish(&mc->q, w, PDP_OK, "");
     return;
@@ -9182,40 +9242,29 @@ mpi_error:
     pdp__mpi_p2p_fail(mc, w, PDP_ERR_COMM, msg);
 }
 
+/* The queue's p2p_poll: every pending message, and the abandoned requests. */
 static void pdp__mpi_p2p_poll(pdp__workq *q)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    double now = pdp__now();
     int i;
     pthread_mutex_lock(&mc->p2p_mu);
     for (i = 0; i < PDP_MPI_MAX_INFLIGHT && mc->p2p_active; i++)
-        if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i]);
+        if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i], now);
+    for (i = mc->n_abandoned - 1; i >= 0; i--) {
+        int flag = 0;
+        if (MPI_Test(&mc->abandoned[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)
+            mc->abandoned[i] = mc->abandoned[--mc->n_abandoned];
+    }
     pthread_mutex_unlock(&mc->p2p_mu);
 }
 
+/* The queue's p2p_expire: a poll past w's deadline cancels it (and every other overdue
+   message); w completes at this or a later poll, within the cancel grace. */
 static void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
 {
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
-    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
-    char msg[PDP__MSG_CAP];
-    pthread_mutex_lock(&mc->p2p_mu);
-    if (p->active) {
-        if (p->posted) { /* cancel; MPI completes a cancelled request */
-            double give_up = pdp__now() + PDP__MPI_FREE_GRACE_S;
-            int flag = 0;
-            MPI_Cancel(&p->req);
-            while (!flag && pdp__now() < give_up)
-                if (MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
-            if (!flag) {
-                MPI_Request_free(&p->req);
-                pthread_mutex_lock(&pdp__mpi_mu);
-                pdp__mpi_unclean = true;
-                pthread_mutex_unlock(&pdp__mpi_mu);
-            }
-        }
-        pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
-        pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
-    }
-    pthread_mutex_unlock(&mc->p2p_mu);
+    (void)w;
+    pdp__mpi_p2p_poll(q);
 }
 
 static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
@@ -9239,12 +9288,13 @@ static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *b
     p = &mc->p2p[w - mc->pool];
     pthread_mutex_lock(&mc->p2p_mu);
     p->posted = kind == PDP__COLL_SEND;
-    if (kind == PDP__COLL_SEND)
-        rc = MPI_Isend(buf, (int)count, MPI_FLOAT, peer, tag, mc->mcomm, &p->req);
+    p->cancel_by = 0.0;
+    if (kind == PDP__COLL_SEND) /* synchronous: complete once received (see above) */
+        rc = MPI_Issend(buf, (int)count, MPI_FLOAT, peer, tag, mc->mcomm, &p->req);
     if (rc == MPI_SUCCESS) {
         p->active = true;
         mc->p2p_active++;
-        pdp__mpi_p2p_step(mc, w); /* a receive whose message is already here matches now */
+        pdp__mpi_p2p_step(mc, w, w->head.t_start); /* a receive whose message is here matches */
     }
     pthread_mutex_unlock(&mc->p2p_mu);
     if (rc != MPI_SUCCESS) {
@@ -9252,7 +9302,7 @@ static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *b
         pdp__mpi_errstr(rc, e, sizeof e);
         pdp__workq_untake(&mc->q, w);
         return pdp__err(PDP_ERR_COMM, "send to rank %d with tag %d on comm '%s' (rank %d): "
-                        "MPI_Isend failed: %s", peer, tag, c->name, c->rank, e);
+                        "MPI_Issend failed: %s", peer, tag, c->name, c->rank, e);
     }
     *out = &w->head;
     return PDP_OK;
@@ -9528,26 +9578,33 @@ static void pdp__mpi_release(void)
 static void pdp__mpi_destroy(pdp_comm *c)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    bool stuck = false;
+    double give_up;
     int i;
     pdp__workq_shutdown(&mc->q);
-    /* messages never waited: an unmatched receive is dropped, the rest cancelled */
+    /* messages never waited: an unmatched receive is dropped, the rest cancelled, all at
+       once, then given one shared grace with the abandoned requests */
     pthread_mutex_lock(&mc->p2p_mu);
     for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
         if (mc->p2p[i].active && mc->p2p[i].posted) {
             int flag = 0;
             MPI_Test(&mc->p2p[i].req, &flag, MPI_STATUS_IGNORE);
-            if (!flag) {
-                MPI_Cancel(&mc->p2p[i].req);
-                if (!pdp__mpi_poll_until(&mc->p2p[i].req, pdp__now() + PDP__MPI_FREE_GRACE_S))
-                    mc->orphan = true; /* leave mcomm alone and never finalise */
-            }
+            if (flag) mc->p2p[i].active = false;
+            else if (mc->p2p[i].cancel_by == 0.0) MPI_Cancel(&mc->p2p[i].req);
         }
+    give_up = pdp__now() + PDP__MPI_FREE_GRACE_S;
+    for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
+        if (mc->p2p[i].active && mc->p2p[i].posted &&
+            !pdp__mpi_poll_until(&mc->p2p[i].req, give_up))
+            stuck = true; /* leave mcomm alone and never finalise */
+    for (i = 0; i < mc->n_abandoned; i++)
+        if (!pdp__mpi_poll_until(&mc->abandoned[i], give_up)) stuck = true;
     pthread_mutex_unlock(&mc->p2p_mu);
     pthread_mutex_destroy(&mc->p2p_mu);
     /* give a timed-out request a last chance to complete */
     while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
         if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
-    if (mc->orphan) { /* a request that never completed still references mcomm: leave both */
+    if (mc->orphan || stuck) { /* a request that never completed still references mcomm */
         pthread_mutex_lock(&pdp__mpi_mu);
         pdp__mpi_unclean = true;
         pthread_mutex_unlock(&pdp__mpi_mu);

@@ -167,11 +167,19 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
    order they were sent; a rank may send to itself (local, MPI). Send and recv
    buffers must stay untouched until the handle is waited. The counts must be
    equal: a mismatch fails with PDP_ERR_INVALID naming both counts (on the
-   receiver; on the local backend on both sides). A message not matched within
-   timeout_s of its launch fails its wait with PDP_ERR_TIMEOUT naming the peer
-   and the tag (the communicator stays usable: the unmatched message is
-   withdrawn; an MPI send already under way may be cancelled). A peer whose local
-   communicator is freed fails the pending messages naming it with PDP_ERR_COMM.
+   receiver; on the local backend on both sides). A send completes only once its
+   receive has matched it, on every backend (MPI: a synchronous send, MPI_Issend), so
+   a message not matched within timeout_s of its launch, a send nobody receives or
+   receives with another tag as much as a receive nobody sends, fails its wait with
+   PDP_ERR_TIMEOUT naming the peer and the tag. The communicator stays usable: local
+   withdraws the message; MPI withdraws an unmatched receive and cancels a send (or a
+   matched receive), giving the cancel a grace of 1 s that the messages timing out
+   together share, so their waits fail up to 1 s after timeout_s. OpenMPI never
+   cancels a send: a timed-out send is abandoned and stays deliverable (a later
+   receive of that peer with that tag still gets it, and MPI may still read its
+   buffer); if it is still pending when the communicator is freed, pdp never calls
+   MPI_Finalize. A peer whose local communicator is freed fails the pending messages
+   naming it with PDP_ERR_COMM.
    Point-to-point is ordered with nothing else: collectives and messages may be
    interleaved freely (as in MPI). Handles come from the same fixed pool as the
    collectives' (nothing is allocated per message). Stats: bytes_sent counts the

@@ -117,7 +117,8 @@ struct pdp__workq {
     /* point-to-point (both set by a backend with send/recv): poll advances every
        pending message of the communicator (optional, q->mu not held); expire is
        called by a waiter past the deadline: it withdraws w if still unmatched and
-       completes it with PDP_ERR_TIMEOUT (q->mu not held) */
+       completes it with PDP_ERR_TIMEOUT, or starts to (MPI: a cancel, confirmed within
+       a grace; the waiter calls it again every 100 us until w is done) (q->mu not held) */
     void (*p2p_poll)(pdp__workq *q);
     void (*p2p_expire)(pdp__workq *q, pdp__workq_item *w);
     bool sticky;
@@ -435,9 +436,9 @@ static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
             pthread_mutex_unlock(&q->mu);
             q->p2p_expire(q, w);
             pthread_mutex_lock(&q->mu);
-            continue;
+            if (w->done) break;
         }
-        nap = deadline - now + 1e-4;
+        nap = now > deadline ? 100e-6 : deadline - now + 1e-4; /* past it: a withdrawal's grace */
         if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
         pdp__deadline(&ts, nap);
         pthread_cond_timedwait(&q->done, &q->mu, &ts);

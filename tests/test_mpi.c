@@ -769,6 +769,116 @@ MPI_TEST(mpi_p2p_mismatch_and_silent_peer)
     PASS();
 }
 
+/* The timed-out messages' part of a test, run by one rank; the test then meets the
+   other ranks whatever it returned, so that a failure here cannot hang them. */
+static enum greatest_test_res unmatched_sends(pdp_comm *t, const float *b, int64_t n, int k0,
+                                              int nsend, double *took)
+{
+    pdp_work *w[8];
+    double t0 = pdp__now();
+    char want[64];
+    int k;
+    for (k = 0; k < nsend; k++)
+        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_send(t, b, n, 1, k0 + k, &w[k]), pdp_status_name);
+    for (k = 0; k < nsend; k++) { /* waited in order, as a pipeline drains */
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_ERR_TIMEOUT, pdp_work_wait(w[k]), pdp_status_name);
+        snprintf(want, sizeof want, "(count %lld) to rank 1 with tag %d", (long long)n, k0 + k);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_work_wait: send #") != NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), want) != NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "no matching recv from rank 1 "
+                                         "within 1 s") != NULL);
+    }
+    *took = pdp__now() - t0;
+    ASSERT(*took >= 0.95);
+    PASS();
+}
+
+/* Rank 1 receives what rank 0's timed-out sends left: OpenMPI cannot cancel a send, so
+   the messages are still deliverable (an MPI that cancels sends times the receive out
+   instead); received, they let rank 0 free its communicator cleanly (MPI is finalised at
+   the end: main checks). */
+static enum greatest_test_res drain_sends(pdp_comm *t, const float *b, int64_t n, int k0,
+                                          int nsend)
+{
+    float *got = fbuf(n);
+    pdp_status st;
+    int k;
+    for (k = 0; k < nsend; k++) {
+        memset(got, 0, (size_t)n * sizeof *got);
+        st = pdp_comm_recv(t, got, n, 0, k0 + k, NULL);
+        if (st != PDP_OK && st != PDP_ERR_TIMEOUT) break;
+        if (st == PDP_OK && memcmp(got, b, (size_t)n * sizeof *b) != 0) st = PDP_ERR_STATE;
+        if (st == PDP_ERR_STATE) break;
+    }
+    free(got);
+    ASSERTm(pdp_last_error(), k == nsend);
+    PASS();
+}
+
+static enum greatest_test_res silent_recv(pdp_comm *t)
+{
+    float got[4];
+    ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, pdp_comm_recv(t, got, 4, 0, 13, NULL), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "no matching send from rank 0") != NULL);
+    PASS();
+}
+
+/* issue 21, item 6: a send nobody receives, or received with another tag, fails with
+   PDP_ERR_TIMEOUT naming peer and tag, as comm.h promises (MPI_Isend completed these
+   4-float sends at once, eagerly, and they returned PDP_OK). */
+MPI_TEST(mpi_p2p_unmatched_send_times_out)
+{
+    float b[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    pdp_comm *t = NULL;
+    enum greatest_test_res res = GREATEST_TEST_RES_PASS;
+    double took = 0.0;
+    if (world_size < 2) SKIPm("needs at least 2 ranks");
+    ASSERT_ENUM_EQ(PDP_OK, make_comm(&t, "p2p", 1.0), pdp_status_name);
+    if (my_rank == 0) res = unmatched_sends(t, b, 4, 11, 2, &took); /* tags 11 and 12 */
+    if (my_rank == 1) res = silent_recv(t); /* tag 13 matches neither */
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (my_rank == 1 && res == GREATEST_TEST_RES_PASS) res = drain_sends(t, b, 4, 11, 2);
+    MPI_Barrier(MPI_COMM_WORLD);
+    pdp_comm_free(t);
+    if (res != GREATEST_TEST_RES_PASS) return res; /* the helper's assertion */
+    PASS();
+}
+
+/* issue 21, item 15: sends that time out together (a pipeline whose peer died) fail
+   together: their cancel graces overlap. Each of K = 4 sends of 400 KB (above every
+   eager limit) waits timeout_s = 1 s and a cancel grace of 1 s that OpenMPI never
+   confirms; waited in order, the last one failed after K graces (5 s: each grace held
+   the point-to-point lock). With slack, the bound is 3.5 s; overlapped it takes 2 s. */
+MPI_TEST(mpi_p2p_timed_out_sends_cancel_together)
+{
+    enum { K = 4 };
+    const int64_t n = 100000;
+    float *b = fbuf(n);
+    pdp_comm *t = NULL;
+    enum greatest_test_res res = GREATEST_TEST_RES_PASS;
+    double took = 0.0;
+    int64_t i;
+    if (world_size < 2) {
+        free(b);
+        SKIPm("needs at least 2 ranks");
+    }
+    for (i = 0; i < n; i++) b[i] = val(0, i);
+    ASSERT_ENUM_EQ(PDP_OK, make_comm(&t, "p2p", 1.0), pdp_status_name);
+    if (my_rank == 0) {
+        res = unmatched_sends(t, b, n, 20, K, &took);
+        fprintf(test_out, "\n  %d sends timed out after %.2f s (timeout 1 s, cancel grace 1 s)\n",
+                K, took);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (my_rank == 1) res = drain_sends(t, b, n, 20, K);
+    MPI_Barrier(MPI_COMM_WORLD);
+    pdp_comm_free(t);
+    free(b);
+    if (res != GREATEST_TEST_RES_PASS) return res; /* the helper's assertion */
+    ASSERTm("the sends' cancel graces did not overlap", took < 3.5);
+    PASS();
+}
+
 /* 2 x 2 (or what the world size allows): groups by rank / 2 and by rank % 2 with the keys
    reversed; all-reduces in both equal naive sums; colour -1 joins nothing. */
 MPI_TEST(mpi_split_groups_match_naive)
@@ -1333,6 +1443,8 @@ SUITE(mpi)
     RUN_TEST(mpi_rejects_counts_beyond_what_mpi_takes);
     RUN_TEST(mpi_p2p_ring_and_self_send);
     RUN_TEST(mpi_p2p_mismatch_and_silent_peer);
+    RUN_TEST(mpi_p2p_unmatched_send_times_out);
+    RUN_TEST(mpi_p2p_timed_out_sends_cancel_together);
     RUN_TEST(mpi_split_groups_match_naive);
     RUN_TEST(mpi_tp_matches_single_device_and_checkpoints_full_tensors);
     RUN_TEST(mpi_tp_2d_ddp_across_tp_groups_matches_single_device);
