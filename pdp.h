@@ -1165,7 +1165,9 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
    receive has matched it, on every backend (MPI: a synchronous send, MPI_Issend), so
    a message not matched within timeout_s of its launch, a send nobody receives or
    receives with another tag as much as a receive nobody sends, fails its wait with
-   PDP_ERR_TIMEOUT naming the peer and the tag. The communicator stays usable: local
+   PDP_ERR_TIMEOUT naming the peer and the tag (NCCL has no tags: a receive from that
+   rank with another tag takes the send, which completes, and fails with
+   PDP_ERR_INVALID naming both tags). The communicator stays usable: local
    withdraws the message; MPI withdraws an unmatched receive and cancels a send (or a
    matched receive), giving the cancel a grace of 1 s that the messages timing out
    together share, so their waits fail up to 1 s after timeout_s. OpenMPI never

@@ -747,6 +747,58 @@ TEST comm_p2p_peer_that_never_sends_times_out_naming_peer_and_tag(void)
     PASS();
 }
 
+/* A send completes only once received, on every backend (issue 21, item 6, where MPI
+   delivered eagerly): rank 0's sends with tags 11 (nobody receives it) and 12 (rank 1
+   receives tag 13) time out naming peer and tag, as rank 1's receive does; neither rank
+   frees its communicator before both are done, so that no departure ends a wait first. */
+static void unmatched_send_rank(rank_ctx *ctx, pdp_comm *c)
+{
+    float b[4] = {0};
+    pdp_work *w[2] = {NULL, NULL};
+    double t0 = pdp__now();
+    int k;
+    if (ctx->rank == 0) {
+        note(ctx, pdp_comm_send(c, b, 4, 1, 11, &w[0]));
+        note(ctx, pdp_comm_send(c, b, 4, 1, 12, &w[1]));
+        for (k = 0; k < 2 && w[k]; k++) {
+            pdp_status st = pdp_work_wait(w[k]);
+            if (st != PDP_ERR_TIMEOUT || !strstr(pdp_last_error(), k ? "to rank 1 with tag 12"
+                                                                      : "to rank 1 with tag 11")) {
+                ctx->st = st == PDP_OK ? PDP_ERR_STATE : st;
+                snprintf(ctx->msg, sizeof ctx->msg, "send %d: %s: %.900s", k, pdp_status_name(st),
+                         pdp_last_error());
+            } else if (k == 0) {
+                snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+            }
+        }
+        ctx->elapsed = pdp__now() - t0;
+    } else {
+        ctx->st = pdp_comm_recv(c, b, 4, 0, 13, NULL);
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    }
+    pthread_mutex_lock(&silent_mu); /* both ranks done before either frees its communicator */
+    silent_done++;
+    pthread_cond_broadcast(&silent_cv);
+    while (silent_done < 2) pthread_cond_wait(&silent_cv, &silent_mu);
+    pthread_mutex_unlock(&silent_mu);
+}
+
+TEST comm_p2p_unmatched_send_times_out_naming_peer_and_tag(void)
+{
+    rank_ctx ctx[2];
+    memset(ctx, 0, sizeof ctx);
+    silent_done = 0;
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(2, 0.5, unmatched_send_rank, ctx), pdp_status_name);
+    ASSERT_ENUM_EQm(ctx[0].msg, PDP_OK, ctx[0].st, pdp_status_name); /* both timed out */
+    ASSERTm(ctx[0].msg, strstr(ctx[0].msg, "pdp_work_wait: send #0 (count 4) to rank 1 with "
+                               "tag 11") != NULL);
+    ASSERTm(ctx[0].msg, strstr(ctx[0].msg, "no matching recv from rank 1 within 0.5 s") != NULL);
+    ASSERT(ctx[0].elapsed >= 0.45 && ctx[0].elapsed < 3.0);
+    ASSERT_ENUM_EQm(ctx[1].msg, PDP_ERR_TIMEOUT, ctx[1].st, pdp_status_name);
+    ASSERTm(ctx[1].msg, strstr(ctx[1].msg, "from rank 0 with tag 13") != NULL);
+    PASS();
+}
+
 /* ---- process groups: 4 ranks as 2 x 2 ---- */
 
 static void split_rank(rank_ctx *ctx, pdp_comm *c)
@@ -880,6 +932,7 @@ SUITE(comm)
     RUN_TEST(comm_p2p_ring_and_self_send_at_world_sizes_1_to_4);
     RUN_TEST(comm_p2p_count_mismatch_names_both_counts);
     RUN_TEST(comm_p2p_peer_that_never_sends_times_out_naming_peer_and_tag);
+    RUN_TEST(comm_p2p_unmatched_send_times_out_naming_peer_and_tag);
     RUN_TEST(comm_split_2x2_collectives_match_naive);
     RUN_TEST(comm_p2p_and_split_reject_bad_arguments);
 }
