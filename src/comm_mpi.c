@@ -219,10 +219,14 @@ static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w, double now)
         if (!flag) { /* MPI did not confirm the cancel within the grace */
             pdp__mpi_abandon(mc, &p->req);
             len = strlen(msg);
-            snprintf(msg + len, sizeof msg - len, "; MPI could not cancel the %s within %g s: "
-                     "abandoned (rank %d may still receive it)",
-                     a->kind == PDP__COLL_SEND ? "send" : "receive", PDP__MPI_FREE_GRACE_S,
-                     a->peer);
+            if (a->kind == PDP__COLL_SEND)
+                snprintf(msg + len, sizeof msg - len, "; MPI could not cancel the send within "
+                         "%g s: abandoned, rank %d may still receive it", PDP__MPI_FREE_GRACE_S,
+                         a->peer);
+            else
+                snprintf(msg + len, sizeof msg - len, "; MPI could not cancel the matched "
+                         "receive within %g s: abandoned, MPI may still write its buffer",
+                         PDP__MPI_FREE_GRACE_S);
         }
         pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
         return;
