@@ -10661,10 +10661,12 @@ static pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t
 {
     int64_t most = (int64_t)((size_t)PTRDIFF_MAX / (es * (size_t)parts));
     int64_t max = pdp__comm_count_max(c, kind);
+    char ranks[24] = "";
+    if (parts > 1) snprintf(ranks, sizeof ranks, "%d ranks x ", parts);
     if (count > most)
-        return pdp__err(PDP_ERR_INVALID, "%s: count %lld is too large: %d x %lld elements of %zu "
+        return pdp__err(PDP_ERR_INVALID, "%s: count %lld is too large: %s%lld elements of %zu "
                         "bytes exceed the address space (PTRDIFF_MAX bytes); at most %lld "
-                        "(comm '%s', rank %d of %d)", fn, (long long)count, parts,
+                        "(comm '%s', rank %d of %d)", fn, (long long)count, ranks,
                         (long long)count, es, (long long)most, c->name, c->rank, c->size);
     if (count > max)
         return pdp__err(PDP_ERR_INVALID, "%s: count %lld is more than the %s backend takes in one "

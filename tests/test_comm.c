@@ -586,7 +586,7 @@ TEST comm_rejects_counts_beyond_the_address_space(void)
        ranks a count whose 4-byte elements fit alone (most8 + 1 <= most4) is refused */
     ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 2, NULL), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
-    snprintf(want, sizeof want, "count %lld is too large: 2 x", (long long)most8 + 1);
+    snprintf(want, sizeof want, "count %lld is too large: 2 ranks x", (long long)most8 + 1);
     EXPECT_HUGE(pdp_comm_reduce_scatter(c, x, x + 1, most8 + 1, PDP_REDUCE_SUM, NULL),
                 "pdp_comm_reduce_scatter");
     ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "rank 0 of 2") != NULL);
