@@ -1079,7 +1079,12 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out);
      nccl   GPU ranks (-DPDP_CUDA, pdp_cuda.cu).
    Every collective is asynchronous: it returns at once with a handle that
    pdp_work_wait completes (passing work = NULL makes the call synchronous).
-   Buffers are floats on the communicator's device; counts are elements.
+   Buffers are floats on the communicator's device; counts are elements. A count
+   whose buffer exceeds the address space (count x element size, times the world size
+   for reduce-scatter's send and all-gather's recv, above PTRDIFF_MAX bytes), or above
+   what the backend takes in one call (MPI counts are int: INT32_MAX elements per rank in
+   a reduce-scatter, all-gather, send or recv; the all-reduce and broadcasts are split),
+   fails with PDP_ERR_INVALID naming the call and the count, before any data moves.
    Collectives on one communicator complete in the order they were issued, and
    every rank must issue the same collectives in the same order (as in MPI and
    NCCL). A rank that does not arrive within timeout_s makes the others fail
@@ -1234,11 +1239,21 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
    order they were sent; a rank may send to itself (local, MPI). Send and recv
    buffers must stay untouched until the handle is waited. The counts must be
    equal: a mismatch fails with PDP_ERR_INVALID naming both counts (on the
-   receiver; on the local backend on both sides). A message not matched within
-   timeout_s of its launch fails its wait with PDP_ERR_TIMEOUT naming the peer
-   and the tag (the communicator stays usable: the unmatched message is
-   withdrawn; an MPI send already under way may be cancelled). A peer whose local
-   communicator is freed fails the pending messages naming it with PDP_ERR_COMM.
+   receiver; on the local backend on both sides). A send completes only once its
+   receive has matched it, on every backend (MPI: a synchronous send, MPI_Issend), so
+   a message not matched within timeout_s of its launch, a send nobody receives or
+   receives with another tag as much as a receive nobody sends, fails its wait with
+   PDP_ERR_TIMEOUT naming the peer and the tag (NCCL has no tags: a receive from that
+   rank with another tag takes the send, which completes, and fails with
+   PDP_ERR_INVALID naming both tags). The communicator stays usable: local
+   withdraws the message; MPI withdraws an unmatched receive and cancels a send (or a
+   matched receive), giving the cancel a grace of 1 s that the messages timing out
+   together share, so their waits fail up to 1 s after timeout_s. OpenMPI never
+   cancels a send: a timed-out send is abandoned and stays deliverable (a later
+   receive of that peer with that tag still gets it, and MPI may still read its
+   buffer); if it is still pending when the communicator is freed, pdp never calls
+   MPI_Finalize. A peer whose local communicator is freed fails the pending messages
+   naming it with PDP_ERR_COMM.
    Point-to-point is ordered with nothing else: collectives and messages may be
    interleaved freely (as in MPI). Handles come from the same fixed pool as the
    collectives' (nothing is allocated per message). Stats: bytes_sent counts the
@@ -8156,6 +8171,14 @@ static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out,
     return PDP_OK;
 }
 
+/* Bytes of count elements of es bytes. comm.c's bound (pdp__comm_check_bound: at most
+   PTRDIFF_MAX bytes per buffer) keeps the product from wrapping in every backend. */
+static size_t pdp__comm_bytes(int64_t count, size_t es)
+{
+    PDP_ASSERT(count >= 0 && (uint64_t)count <= (uint64_t)PTRDIFF_MAX / es);
+    return (size_t)count * es;
+}
+
 /* One collective's arguments, as one rank issued it. */
 typedef struct pdp__coll_args {
     pdp__coll_kind kind;
@@ -8196,7 +8219,8 @@ struct pdp__workq {
     /* point-to-point (both set by a backend with send/recv): poll advances every
        pending message of the communicator (optional, q->mu not held); expire is
        called by a waiter past the deadline: it withdraws w if still unmatched and
-       completes it with PDP_ERR_TIMEOUT (q->mu not held) */
+       completes it with PDP_ERR_TIMEOUT, or starts to (MPI: a cancel, confirmed within
+       a grace; the waiter calls it again every 100 us until w is done) (q->mu not held) */
     void (*p2p_poll)(pdp__workq *q);
     void (*p2p_expire)(pdp__workq *q, pdp__workq_item *w);
     bool sticky;
@@ -8514,9 +8538,9 @@ static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
             pthread_mutex_unlock(&q->mu);
             q->p2p_expire(q, w);
             pthread_mutex_lock(&q->mu);
-            continue;
+            if (w->done) break;
         }
-        nap = deadline - now + 1e-4;
+        nap = now > deadline ? 100e-6 : deadline - now + 1e-4; /* past it: a withdrawal's grace */
         if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
         pdp__deadline(&ts, nap);
         pthread_cond_timedwait(&q->done, &q->mu, &ts);
@@ -8876,7 +8900,9 @@ out:
    so that two ranks never write the same line. */
 static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
 {
-    int64_t a = n * r / parts, b = n * (r + 1) / parts;
+    /* n * r / parts without forming n * r, which could overflow for a huge n */
+    int64_t q = n / parts, m = n % parts;
+    int64_t a = q * r + m * r / parts, b = q * (r + 1) + m * (r + 1) / parts;
     *lo = r == 0 ? 0 : a & ~(int64_t)15;
     *hi = r == parts - 1 ? n : b & ~(int64_t)15;
     if (*hi < *lo) *hi = *lo;
@@ -8981,7 +9007,8 @@ static void pdp__local_execute(pdp_local_group *g, int r)
         pdp__slice(me->count, r, n, &lo, &hi);
         for (i = 0; i < n; i++)
             if (i != me->op && hi > lo)
-                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo, (size_t)(hi - lo) * 4);
+                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo,
+                       pdp__comm_bytes(hi - lo, sizeof(float)));
         break;
     case PDP__COLL_BROADCAST_BYTES:
         pdp__slice(me->count, r, n, &lo, &hi);
@@ -9002,7 +9029,7 @@ static void pdp__local_execute(pdp_local_group *g, int r)
         for (i = 0; i < n; i++) {
             float *dst = g->slot[i].recv + (int64_t)r * me->count;
             if (dst != me->send && me->count > 0)
-                memmove(dst, me->send, (size_t)me->count * sizeof *dst);
+                memmove(dst, me->send, pdp__comm_bytes(me->count, sizeof *dst));
         }
         break;
     case PDP__COLL_BARRIER:
@@ -9051,7 +9078,8 @@ static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
     char msg[PDP__MSG_CAP], what[200];
     if (send->args.count == recv->args.count) {
         if (send->args.count > 0 && recv->args.recv != send->args.send)
-            memmove(recv->args.recv, send->args.send, (size_t)send->args.count * sizeof(float));
+            memmove(recv->args.recv, send->args.send,
+                    pdp__comm_bytes(send->args.count, sizeof(float)));
         pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_OK, "");
         pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_OK, "");
         return;
@@ -9170,7 +9198,7 @@ static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, 
     if (g->size == 1) {
         if (a->kind == PDP__COLL_REDUCE_SCATTER || a->kind == PDP__COLL_ALLGATHER)
             if (a->recv != a->send && a->count > 0)
-                memmove(a->recv, a->send, (size_t)a->count * pdp__dtype_size(a->dtype));
+                memmove(a->recv, a->send, pdp__comm_bytes(a->count, pdp__dtype_size(a->dtype)));
         return PDP_OK;
     }
     if ((st = pdp__group_barrier(g, r, a, true, msg, cap)) != PDP_OK) return st;
@@ -9328,8 +9356,9 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    reduce_scatter_ex with BF16 or F16) travel as MPI_UINT16_T and are summed by
    one of two user-defined MPI_Ops created with the communicator (comm.h states
    their rounding). MPI counts are int: an all-reduce or broadcast is
-   split into calls of PDP_MPI_CHUNK elements; reduce-scatter and all-gather take
-   at most INT_MAX elements per rank.
+   split into calls of PDP_MPI_CHUNK elements; reduce-scatter, all-gather and the
+   messages take at most INT_MAX elements per rank (comm.c refuses more, naming the
+   call and the count).
    In-place forms: all-gather with send == recv + rank * count, and
    reduce-scatter with recv == send + rank * count (NCCL's convention).
 
@@ -9393,6 +9422,7 @@ static MPI_Comm pdp__mpi_init_comm;
 typedef struct pdp__mpi_p2p {
     bool active;        /* launched, not completed */
     bool posted;        /* a send: always; a receive: matched by MPI_Improbe, MPI_Imrecv posted */
+    double cancel_by;   /* 0; once cancelled, when the cancel grace ends */
     MPI_Request req;
 } pdp__mpi_p2p;
 
@@ -9407,6 +9437,8 @@ typedef struct pdp__mpi_comm {
     bool traced;                 /* pdp__trace_open succeeded: close at free */
     pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
     int p2p_active;              /* messages in flight */
+    int n_abandoned;             /* timed-out requests MPI did not cancel (p2p_mu) */
+    MPI_Request abandoned[PDP_MPI_MAX_INFLIGHT];
     pdp__workq_item pool[PDP_MPI_MAX_INFLIGHT];
     pdp__mpi_p2p p2p[PDP_MPI_MAX_INFLIGHT]; /* by pool index */
 } pdp__mpi_comm;
@@ -9423,17 +9455,29 @@ static void pdp__mpi_errstr(int rc, char *out, size_t cap)
 }
 
 /* ---- comm_mpi: point-to-point ----
-   MPI_Isend at launch; a receive is matched with MPI_Improbe first, so that a
-   count mismatch names both counts (the message is then consumed with a
-   zero-count MPI_Mrecv), then MPI_Imrecv. Every pending message of the
-   communicator is advanced by whoever polls: a thread in pdp_work_wait or
-   pdp_work_done on a message, and the progress thread while it drives a
-   collective or idles, so a ring where every rank sends first completes even
-   under MPI's rendezvous protocol. A message not complete timeout_s after its
-   launch fails with PDP_ERR_TIMEOUT naming peer and tag: an unmatched receive
-   is simply withdrawn; a send or a matched receive is cancelled (MPI_Cancel),
-   and if MPI does not confirm within a second its request is abandoned (pdp
-   then never calls MPI_Finalize, as for a timed-out collective). */
+   A send is MPI_Issend, a synchronous send: it completes only once the receiver has
+   matched it, so a send nobody receives (or received with another tag) fails with
+   PDP_ERR_TIMEOUT, as on the local and NCCL backends (MPI_Isend would complete at once
+   for a message under MPI's eager limit, the receiver never known; the handshake costs
+   nothing measurable: a pdp round trip of 1, 1024 or 65536 floats took 181, 176 and
+   217 us with it, 282, 182 and 221 us before, the polls' naps dominating). A receive is
+   matched with MPI_Improbe first, so that a count mismatch names both counts (the
+   message is then consumed with a zero-count MPI_Mrecv), then MPI_Imrecv. Every
+   pending message of the communicator is advanced by whoever polls: a thread in
+   pdp_work_wait or pdp_work_done on a message, and the progress thread while it
+   drives a collective or idles, so a ring where every rank sends first completes.
+   A message not complete timeout_s after its launch fails with PDP_ERR_TIMEOUT naming
+   peer and tag: an unmatched receive is simply withdrawn; a send or a matched receive
+   is cancelled (MPI_Cancel) at the first poll past its deadline and completes at a
+   later poll, when MPI confirms the cancel, or when the cancel grace
+   (PDP__MPI_FREE_GRACE_S) has passed: then it is abandoned. No one holds p2p_mu
+   through a grace, so the graces of messages that expire together overlap (a pipeline
+   whose peer died gets every error at about timeout_s + the grace, not one grace after
+   another). OpenMPI never cancels a send: its timed-out sends are always abandoned. An
+   abandoned request is kept (abandoned[]) and tested at each poll and at
+   pdp_comm_free: if the peer receives it later it completes, and the communicator is
+   freed cleanly; if it is still pending at the free, pdp never calls MPI_Finalize, as
+   for a timed-out collective. */
 
 static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
                               const char *msg)
@@ -9443,18 +9487,37 @@ static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status 
     pdp__workq_finish(&mc->q, w, st, msg);
 }
 
-/* Advances one message (p2p_mu held). */
-static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w)
+/* Keeps a request MPI would not cancel, to test later (p2p_mu held). */
+static void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req)
+{
+    if (mc->n_abandoned < PDP_MPI_MAX_INFLIGHT) {
+        mc->abandoned[mc->n_abandoned++] = *req;
+        return;
+    }
+    MPI_Request_free(req); /* no room: MPI may still need it, so never finalise */
+    pthread_mutex_lock(&pdp__mpi_mu);
+    pdp__mpi_unclean = true;
+    pthread_mutex_unlock(&pdp__mpi_mu);
+}
+
+/* Advances one message at time now (p2p_mu held): matches, completes, or expires it. */
+static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w, double now)
 {
     pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
     const pdp__coll_args *a = &w->args;
     char msg[PDP__MSG_CAP], what[200], e[256];
-    int flag = 0, rc, n = 0;
+    bool late = now > w->head.t_start + mc->head.timeout_s;
+    int flag = 0, rc, n = 0, cancelled = 0;
     MPI_Status status;
     if (!p->posted) { /* an unmatched receive */
         MPI_Message m;
         rc = MPI_Improbe(a->peer, a->tag, mc->mcomm, &flag, &m, &status);
-        if (rc == MPI_SUCCESS && !flag) return;
+        if (rc == MPI_SUCCESS && !flag) {
+            if (!late) return;
+            pdp__workq_p2p_timeout_msg(w, msg, sizeof msg); /* withdrawn: nothing posted */
+            pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
+            return;
+        }
         if (rc == MPI_SUCCESS) rc = MPI_Get_count(&status, MPI_FLOAT, &n);
         if (rc == MPI_SUCCESS && (int64_t)n != a->count) {
             MPI_Mrecv(NULL, 0, MPI_FLOAT, &m, MPI_STATUS_IGNORE); /* consume: MPI_ERR_TRUNCATE */
@@ -9468,10 +9531,33 @@ static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w)
         if (rc != MPI_SUCCESS) goto mpi_error;
         p->posted = true;
     }
-    rc = MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE);
+    if (late && p->cancel_by == 0.0) { /* start the grace; MPI completes a cancelled request */
+        MPI_Cancel(&p->req);
+        p->cancel_by = now + PDP__MPI_FREE_GRACE_S;
+    }
+    rc = MPI_Test(&p->req, &flag, &status);
     if (rc != MPI_SUCCESS) goto mpi_error;
-    if (!flag) return;
-    p->active = false;
+    if (!flag && (p->cancel_by == 0.0 || now < p->cancel_by)) return;
+    if (flag && p->cancel_by != 0.0) MPI_Test_cancelled(&status, &cancelled);
+    if (!flag || cancelled) {
+        size_t len;
+        pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
+        if (!flag) { /* MPI did not confirm the cancel within the grace */
+            pdp__mpi_abandon(mc, &p->req);
+            len = strlen(msg);
+            if (a->kind == PDP__COLL_SEND)
+                snprintf(msg + len, sizeof msg - len, "; MPI could not cancel the send within "
+                         "%g s: abandoned, rank %d may still receive it", PDP__MPI_FREE_GRACE_S,
+                         a->peer);
+            else
+                snprintf(msg + len, sizeof msg - len, "; MPI could not cancel the matched "
+                         "receive within %g s: abandoned, MPI may still write its buffer",
+                         PDP__MPI_FREE_GRACE_S);
+        }
+        pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
+        return;
+    }
+    p->active = false; /* complete (also when it matched during the grace: it was delivered) */
     mc->p2p_active--;
     pdp__workq_finish(&mc->q, w, PDP_OK, "");
     return;
@@ -9482,40 +9568,29 @@ mpi_error:
     pdp__mpi_p2p_fail(mc, w, PDP_ERR_COMM, msg);
 }
 
+/* The queue's p2p_poll: every pending message, and the abandoned requests. */
 static void pdp__mpi_p2p_poll(pdp__workq *q)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
+    double now = pdp__now();
     int i;
     pthread_mutex_lock(&mc->p2p_mu);
     for (i = 0; i < PDP_MPI_MAX_INFLIGHT && mc->p2p_active; i++)
-        if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i]);
+        if (mc->p2p[i].active) pdp__mpi_p2p_step(mc, &mc->pool[i], now);
+    for (i = mc->n_abandoned - 1; i >= 0; i--) {
+        int flag = 0;
+        if (MPI_Test(&mc->abandoned[i], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)
+            mc->abandoned[i] = mc->abandoned[--mc->n_abandoned];
+    }
     pthread_mutex_unlock(&mc->p2p_mu);
 }
 
+/* The queue's p2p_expire: a poll past w's deadline cancels it (and every other overdue
+   message); w completes at this or a later poll, within the cancel grace. */
 static void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
 {
-    pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
-    pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
-    char msg[PDP__MSG_CAP];
-    pthread_mutex_lock(&mc->p2p_mu);
-    if (p->active) {
-        if (p->posted) { /* cancel; MPI completes a cancelled request */
-            double give_up = pdp__now() + PDP__MPI_FREE_GRACE_S;
-            int flag = 0;
-            MPI_Cancel(&p->req);
-            while (!flag && pdp__now() < give_up)
-                if (MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
-            if (!flag) {
-                MPI_Request_free(&p->req);
-                pthread_mutex_lock(&pdp__mpi_mu);
-                pdp__mpi_unclean = true;
-                pthread_mutex_unlock(&pdp__mpi_mu);
-            }
-        }
-        pdp__workq_p2p_timeout_msg(w, msg, sizeof msg);
-        pdp__mpi_p2p_fail(mc, w, PDP_ERR_TIMEOUT, msg);
-    }
-    pthread_mutex_unlock(&mc->p2p_mu);
+    (void)w;
+    pdp__mpi_p2p_poll(q);
 }
 
 static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
@@ -9527,10 +9602,7 @@ static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *b
     pdp__mpi_p2p *p;
     pdp_status st;
     int rc = MPI_SUCCESS;
-    if (count > INT32_MAX)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements on comm '%s' (rank %d): the MPI "
-                        "backend takes at most %d (MPI counts are int)", pdp__op_names[kind],
-                        (long long)count, c->name, c->rank, (int)INT32_MAX);
+    PDP_ASSERT(count <= INT32_MAX); /* comm.c's bound (pdp__comm_count_max) */
     memset(&a, 0, sizeof a);
     a.kind = kind;
     a.count = count;
@@ -9542,12 +9614,13 @@ static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *b
     p = &mc->p2p[w - mc->pool];
     pthread_mutex_lock(&mc->p2p_mu);
     p->posted = kind == PDP__COLL_SEND;
-    if (kind == PDP__COLL_SEND)
-        rc = MPI_Isend(buf, (int)count, MPI_FLOAT, peer, tag, mc->mcomm, &p->req);
+    p->cancel_by = 0.0;
+    if (kind == PDP__COLL_SEND) /* synchronous: complete once received (see above) */
+        rc = MPI_Issend(buf, (int)count, MPI_FLOAT, peer, tag, mc->mcomm, &p->req);
     if (rc == MPI_SUCCESS) {
         p->active = true;
         mc->p2p_active++;
-        pdp__mpi_p2p_step(mc, w); /* a receive whose message is already here matches now */
+        pdp__mpi_p2p_step(mc, w, w->head.t_start); /* a receive whose message is here matches */
     }
     pthread_mutex_unlock(&mc->p2p_mu);
     if (rc != MPI_SUCCESS) {
@@ -9555,7 +9628,7 @@ static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *b
         pdp__mpi_errstr(rc, e, sizeof e);
         pdp__workq_untake(&mc->q, w);
         return pdp__err(PDP_ERR_COMM, "send to rank %d with tag %d on comm '%s' (rank %d): "
-                        "MPI_Isend failed: %s", peer, tag, c->name, c->rank, e);
+                        "MPI_Issend failed: %s", peer, tag, c->name, c->rank, e);
     }
     *out = &w->head;
     return PDP_OK;
@@ -9701,6 +9774,7 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
     case PDP__COLL_REDUCE_SCATTER: {
         void *mine = (char *)a->send + (int64_t)rank * a->count * (int64_t)es; /* in-place slot */
         bool in_place = (void *)a->recv == mine;
+        PDP_ASSERT(a->count <= INT32_MAX); /* comm.c's bound (pdp__comm_count_max) */
         n = (int)a->count;
         if (size == 1) {
             if (a->recv != a->send && n > 0) memmove(a->recv, a->send, (size_t)n * es);
@@ -9720,6 +9794,7 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
     }
     case PDP__COLL_ALLGATHER: {
         bool in_place = a->send == a->recv + (int64_t)rank * a->count;
+        PDP_ASSERT(a->count <= INT32_MAX);
         n = (int)a->count;
         st = pdp__mpi_posted(mc, w, MPI_Iallgather(in_place ? MPI_IN_PLACE : (void *)a->send,
                              n, MPI_FLOAT, a->recv, n, MPI_FLOAT, mcomm, req),
@@ -9791,31 +9866,6 @@ static bool pdp__mpi_idle(pdp__workq *q)
 
 /* ---- comm_mpi: the ops table ---- */
 
-static pdp_status pdp__mpi_int_count(const pdp_comm *c, int64_t count, const char *what)
-{
-    if (count <= INT32_MAX) return PDP_OK;
-    return pdp__err(PDP_ERR_UNSUPPORTED, "%s of %lld elements per rank on comm '%s' (rank %d): the "
-                    "MPI backend takes at most %d (MPI counts are int)", what, (long long)count,
-                    c->name, c->rank, (int)INT32_MAX);
-}
-
-static pdp_status pdp__mpi_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                          int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                          pdp_work **w)
-{
-    pdp_status st;
-    if ((st = pdp__mpi_int_count(c, recv_count, "reduce_scatter")) != PDP_OK) return st;
-    return pdp__workq_reduce_scatter(c, send, recv, recv_count, dt, op, w);
-}
-
-static pdp_status pdp__mpi_allgather(pdp_comm *c, const float *send, float *recv,
-                                     int64_t send_count, pdp_work **w)
-{
-    pdp_status st;
-    if ((st = pdp__mpi_int_count(c, send_count, "allgather")) != PDP_OK) return st;
-    return pdp__workq_allgather(c, send, recv, send_count, w);
-}
-
 /* Tests *req until it completes (true) or deadline passes (false). */
 static bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
 {
@@ -9854,26 +9904,33 @@ static void pdp__mpi_release(void)
 static void pdp__mpi_destroy(pdp_comm *c)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
+    bool stuck = false;
+    double give_up;
     int i;
     pdp__workq_shutdown(&mc->q);
-    /* messages never waited: an unmatched receive is dropped, the rest cancelled */
+    /* messages never waited: an unmatched receive is dropped, the rest cancelled, all at
+       once, then given one shared grace with the abandoned requests */
     pthread_mutex_lock(&mc->p2p_mu);
     for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
         if (mc->p2p[i].active && mc->p2p[i].posted) {
             int flag = 0;
             MPI_Test(&mc->p2p[i].req, &flag, MPI_STATUS_IGNORE);
-            if (!flag) {
-                MPI_Cancel(&mc->p2p[i].req);
-                if (!pdp__mpi_poll_until(&mc->p2p[i].req, pdp__now() + PDP__MPI_FREE_GRACE_S))
-                    mc->orphan = true; /* leave mcomm alone and never finalise */
-            }
+            if (flag) mc->p2p[i].active = false;
+            else if (mc->p2p[i].cancel_by == 0.0) MPI_Cancel(&mc->p2p[i].req);
         }
+    give_up = pdp__now() + PDP__MPI_FREE_GRACE_S;
+    for (i = 0; i < PDP_MPI_MAX_INFLIGHT; i++)
+        if (mc->p2p[i].active && mc->p2p[i].posted &&
+            !pdp__mpi_poll_until(&mc->p2p[i].req, give_up))
+            stuck = true; /* leave mcomm alone and never finalise */
+    for (i = 0; i < mc->n_abandoned; i++)
+        if (!pdp__mpi_poll_until(&mc->abandoned[i], give_up)) stuck = true;
     pthread_mutex_unlock(&mc->p2p_mu);
     pthread_mutex_destroy(&mc->p2p_mu);
     /* give a timed-out request a last chance to complete */
     while (mc->orphan && pdp__now() < mc->q.stop_time + PDP__MPI_FREE_GRACE_S)
         if (pdp__mpi_orphan_test(&mc->orphan_req)) mc->orphan = false;
-    if (mc->orphan) { /* a request that never completed still references mcomm: leave both */
+    if (mc->orphan || stuck) { /* a request that never completed still references mcomm */
         pthread_mutex_lock(&pdp__mpi_mu);
         pdp__mpi_unclean = true;
         pthread_mutex_unlock(&pdp__mpi_mu);
@@ -9891,8 +9948,8 @@ static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank,
                                  int leader, pdp_comm **out);
 
 static const pdp__comm_ops pdp__mpi_ops = {
-    pdp__workq_allreduce, pdp__workq_broadcast, pdp__mpi_reduce_scatter,
-    pdp__mpi_allgather,   pdp__workq_barrier,   pdp__workq_broadcast_bytes,
+    pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
+    pdp__workq_allgather, pdp__workq_barrier,   pdp__workq_broadcast_bytes,
     pdp__mpi_send,        pdp__mpi_recv,        pdp__mpi_split,
     pdp__workq_wait,      pdp__workq_done,      pdp__mpi_destroy,
 };
@@ -10857,11 +10914,11 @@ PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int r
    pdp.h, so nothing here is called before it is defined.
 
    ---- the public layer ----
-   Every pdp_comm_* collective validates its arguments here, stamps the handle's
-   launch time, counts the collective and the bytes this rank moves in the
-   bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x bytes, reduce-scatter
-   and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent bytes), then calls
-   the backend. A call with work == NULL is made synchronous here, so backends
+   Every pdp_comm_* collective validates its arguments here (its count against one
+   upper bound, below), stamps the handle's launch time, counts the collective and the
+   bytes this rank moves in the bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x
+   bytes, reduce-scatter and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent
+   bytes), then calls the backend. A call with work == NULL is made synchronous here, so backends
    always return a handle. pdp_work_wait adds the collective's execution time
    (t_done - t_start, queueing excluded) to the communicator's busy_s.
 
@@ -10894,6 +10951,49 @@ static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_
     if (count > 0 && !p)
         return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL with count %lld (comm '%s', rank %d)",
                         fn, what, (long long)count, c->name, c->rank);
+    return PDP_OK;
+}
+
+/* ---- comm: the upper bound of a count ----
+   One rule for every call, here and nowhere else: the largest buffer the call touches,
+   parts x count elements of es bytes (parts = the world size for reduce-scatter's send and
+   all-gather's recv buffers, else 1), must be addressable, at most PTRDIFF_MAX bytes (so
+   count x es fits in size_t and every byte offset in ptrdiff_t: pdp__comm_bytes cannot
+   wrap in a backend), and count must fit what the backend takes in one call
+   (pdp__comm_count_max). Beyond either, the call fails with PDP_ERR_INVALID naming the call,
+   the count and the limit, before the backend sees it. */
+
+/* Elements per rank that one call of c's backend takes: MPI counts are int, so the MPI
+   backend's reduce-scatter, all-gather, send and recv take at most INT32_MAX (its
+   all-reduce and broadcasts are split into calls of PDP_MPI_CHUNK elements); local and
+   NCCL (size_t counts) are bounded by the address space alone. */
+static int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
+{
+    if (c->backend == PDP_BACKEND_MPI &&
+        (kind == PDP__COLL_REDUCE_SCATTER || kind == PDP__COLL_ALLGATHER ||
+         kind == PDP__COLL_SEND || kind == PDP__COLL_RECV))
+        return INT32_MAX;
+    return INT64_MAX;
+}
+
+static pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
+                                        pdp__coll_kind kind, const char *fn)
+{
+    int64_t most = (int64_t)((size_t)PTRDIFF_MAX / (es * (size_t)parts));
+    int64_t max = pdp__comm_count_max(c, kind);
+    char ranks[24] = "";
+    if (parts > 1) snprintf(ranks, sizeof ranks, "%d ranks x ", parts);
+    if (count > most)
+        return pdp__err(PDP_ERR_INVALID, "%s: count %lld is too large: %s%lld elements of %zu "
+                        "bytes exceed the address space (PTRDIFF_MAX bytes); at most %lld "
+                        "(comm '%s', rank %d of %d)", fn, (long long)count, ranks,
+                        (long long)count, es, (long long)most, c->name, c->rank, c->size);
+    if (count > max)
+        return pdp__err(PDP_ERR_INVALID, "%s: count %lld is more than the %s backend takes in one "
+                        "%s: at most %lld elements per rank (MPI counts are int) (comm '%s', "
+                        "rank %d of %d)", fn, (long long)count,
+                        c->backend == PDP_BACKEND_MPI ? "MPI" : "this", pdp__op_names[kind],
+                        (long long)max, c->name, c->rank, c->size);
     return PDP_OK;
 }
 
@@ -10955,7 +11055,8 @@ static pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)))
+        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)) ||
+        (st = pdp__comm_check_bound(c, count, pdp_dtype_size(dt), 1, PDP__COLL_ALLREDUCE, fn)))
         return st;
     n = (double)c->size;
     st = c->ops->allreduce(c, buf, count, dt, op, &w);
@@ -10985,7 +11086,8 @@ PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, in
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_root(c, root, fn)))
+        (st = pdp__comm_check_root(c, root, fn)) ||
+        (st = pdp__comm_check_bound(c, count, 4, 1, PDP__COLL_BROADCAST, fn)))
         return st;
     n = (double)c->size;
     st = c->ops->broadcast(c, buf, count, root, &w);
@@ -11003,7 +11105,9 @@ static pdp_status pdp__comm_reduce_scatter(pdp_comm *c, const void *send, void *
     if ((st = pdp__comm_check(c, fn)) ||
         (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
         (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)))
+        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)) ||
+        (st = pdp__comm_check_bound(c, recv_count, pdp_dtype_size(dt), c->size,
+                                    PDP__COLL_REDUCE_SCATTER, fn)))
         return st;
     st = c->ops->reduce_scatter(c, send, recv, recv_count, dt, op, &w);
     return pdp__comm_launched(c, st, w, t,
@@ -11037,7 +11141,8 @@ PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *rec
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) ||
         (st = pdp__comm_check_count(c, send, send_count, "send", fn)) ||
-        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)))
+        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)) ||
+        (st = pdp__comm_check_bound(c, send_count, 4, c->size, PDP__COLL_ALLGATHER, fn)))
         return st;
     st = c->ops->allgather(c, send, recv, send_count, &w);
     return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)send_count * 4.0, work,
@@ -11078,7 +11183,8 @@ PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, i
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)) ||
+        (st = pdp__comm_check_bound(c, count, 4, 1, PDP__COLL_SEND, fn)))
         return st;
     st = c->ops->send(c, buf, count, peer, tag, &w);
     return pdp__comm_launched(c, st, w, t, (double)count * 4.0, work, fn);
@@ -11093,7 +11199,8 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)) ||
+        (st = pdp__comm_check_bound(c, count, 4, 1, PDP__COLL_RECV, fn)))
         return st;
     st = c->ops->recv(c, buf, count, peer, tag, &w);
     return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
@@ -11151,6 +11258,10 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
     if (bytes > 0 && !buf)
         return pdp__err(PDP_ERR_INVALID, "%s: buf is NULL with %zu bytes (comm '%s', rank %d)", fn,
                         bytes, c->name, c->rank);
+    if (bytes > (size_t)PTRDIFF_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes exceed the address space (at most "
+                        "PTRDIFF_MAX = %lld) (comm '%s', rank %d of %d)", fn, bytes,
+                        (long long)PTRDIFF_MAX, c->name, c->rank, c->size);
     if ((st = c->ops->broadcast_bytes(c, buf, bytes, root)) != PDP_OK)
         return pdp__err_wrap(st, "%s", fn);
     c->stats.collectives++;

@@ -9,11 +9,11 @@
    pdp.h, so nothing here is called before it is defined.
 
    ---- the public layer ----
-   Every pdp_comm_* collective validates its arguments here, stamps the handle's
-   launch time, counts the collective and the bytes this rank moves in the
-   bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x bytes, reduce-scatter
-   and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent bytes), then calls
-   the backend. A call with work == NULL is made synchronous here, so backends
+   Every pdp_comm_* collective validates its arguments here (its count against one
+   upper bound, below), stamps the handle's launch time, counts the collective and the
+   bytes this rank moves in the bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x
+   bytes, reduce-scatter and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent
+   bytes), then calls the backend. A call with work == NULL is made synchronous here, so backends
    always return a handle. pdp_work_wait adds the collective's execution time
    (t_done - t_start, queueing excluded) to the communicator's busy_s.
 
@@ -46,6 +46,49 @@ static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_
     if (count > 0 && !p)
         return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL with count %lld (comm '%s', rank %d)",
                         fn, what, (long long)count, c->name, c->rank);
+    return PDP_OK;
+}
+
+/* ---- comm: the upper bound of a count ----
+   One rule for every call, here and nowhere else: the largest buffer the call touches,
+   parts x count elements of es bytes (parts = the world size for reduce-scatter's send and
+   all-gather's recv buffers, else 1), must be addressable, at most PTRDIFF_MAX bytes (so
+   count x es fits in size_t and every byte offset in ptrdiff_t: pdp__comm_bytes cannot
+   wrap in a backend), and count must fit what the backend takes in one call
+   (pdp__comm_count_max). Beyond either, the call fails with PDP_ERR_INVALID naming the call,
+   the count and the limit, before the backend sees it. */
+
+/* Elements per rank that one call of c's backend takes: MPI counts are int, so the MPI
+   backend's reduce-scatter, all-gather, send and recv take at most INT32_MAX (its
+   all-reduce and broadcasts are split into calls of PDP_MPI_CHUNK elements); local and
+   NCCL (size_t counts) are bounded by the address space alone. */
+static int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
+{
+    if (c->backend == PDP_BACKEND_MPI &&
+        (kind == PDP__COLL_REDUCE_SCATTER || kind == PDP__COLL_ALLGATHER ||
+         kind == PDP__COLL_SEND || kind == PDP__COLL_RECV))
+        return INT32_MAX;
+    return INT64_MAX;
+}
+
+static pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
+                                        pdp__coll_kind kind, const char *fn)
+{
+    int64_t most = (int64_t)((size_t)PTRDIFF_MAX / (es * (size_t)parts));
+    int64_t max = pdp__comm_count_max(c, kind);
+    char ranks[24] = "";
+    if (parts > 1) snprintf(ranks, sizeof ranks, "%d ranks x ", parts);
+    if (count > most)
+        return pdp__err(PDP_ERR_INVALID, "%s: count %lld is too large: %s%lld elements of %zu "
+                        "bytes exceed the address space (PTRDIFF_MAX bytes); at most %lld "
+                        "(comm '%s', rank %d of %d)", fn, (long long)count, ranks,
+                        (long long)count, es, (long long)most, c->name, c->rank, c->size);
+    if (count > max)
+        return pdp__err(PDP_ERR_INVALID, "%s: count %lld is more than the %s backend takes in one "
+                        "%s: at most %lld elements per rank (MPI counts are int) (comm '%s', "
+                        "rank %d of %d)", fn, (long long)count,
+                        c->backend == PDP_BACKEND_MPI ? "MPI" : "this", pdp__op_names[kind],
+                        (long long)max, c->name, c->rank, c->size);
     return PDP_OK;
 }
 
@@ -107,7 +150,8 @@ static pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)))
+        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)) ||
+        (st = pdp__comm_check_bound(c, count, pdp_dtype_size(dt), 1, PDP__COLL_ALLREDUCE, fn)))
         return st;
     n = (double)c->size;
     st = c->ops->allreduce(c, buf, count, dt, op, &w);
@@ -137,7 +181,8 @@ PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, in
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_root(c, root, fn)))
+        (st = pdp__comm_check_root(c, root, fn)) ||
+        (st = pdp__comm_check_bound(c, count, 4, 1, PDP__COLL_BROADCAST, fn)))
         return st;
     n = (double)c->size;
     st = c->ops->broadcast(c, buf, count, root, &w);
@@ -155,7 +200,9 @@ static pdp_status pdp__comm_reduce_scatter(pdp_comm *c, const void *send, void *
     if ((st = pdp__comm_check(c, fn)) ||
         (st = pdp__comm_check_count(c, send, recv_count, "send", fn)) ||
         (st = pdp__comm_check_count(c, recv, recv_count, "recv", fn)) ||
-        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)))
+        (st = pdp__comm_check_op(c, op, fn)) || (st = pdp__comm_check_dtype(c, dt, fn)) ||
+        (st = pdp__comm_check_bound(c, recv_count, pdp_dtype_size(dt), c->size,
+                                    PDP__COLL_REDUCE_SCATTER, fn)))
         return st;
     st = c->ops->reduce_scatter(c, send, recv, recv_count, dt, op, &w);
     return pdp__comm_launched(c, st, w, t,
@@ -189,7 +236,8 @@ PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *rec
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) ||
         (st = pdp__comm_check_count(c, send, send_count, "send", fn)) ||
-        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)))
+        (st = pdp__comm_check_count(c, recv, send_count, "recv", fn)) ||
+        (st = pdp__comm_check_bound(c, send_count, 4, c->size, PDP__COLL_ALLGATHER, fn)))
         return st;
     st = c->ops->allgather(c, send, recv, send_count, &w);
     return pdp__comm_launched(c, st, w, t, (double)(c->size - 1) * (double)send_count * 4.0, work,
@@ -230,7 +278,8 @@ PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, i
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)) ||
+        (st = pdp__comm_check_bound(c, count, 4, 1, PDP__COLL_SEND, fn)))
         return st;
     st = c->ops->send(c, buf, count, peer, tag, &w);
     return pdp__comm_launched(c, st, w, t, (double)count * 4.0, work, fn);
@@ -245,7 +294,8 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
     pdp_status st;
     if (work) *work = NULL;
     if ((st = pdp__comm_check(c, fn)) || (st = pdp__comm_check_count(c, buf, count, "buf", fn)) ||
-        (st = pdp__comm_check_p2p(c, peer, tag, fn)))
+        (st = pdp__comm_check_p2p(c, peer, tag, fn)) ||
+        (st = pdp__comm_check_bound(c, count, 4, 1, PDP__COLL_RECV, fn)))
         return st;
     st = c->ops->recv(c, buf, count, peer, tag, &w);
     return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
@@ -303,6 +353,10 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
     if (bytes > 0 && !buf)
         return pdp__err(PDP_ERR_INVALID, "%s: buf is NULL with %zu bytes (comm '%s', rank %d)", fn,
                         bytes, c->name, c->rank);
+    if (bytes > (size_t)PTRDIFF_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: %zu bytes exceed the address space (at most "
+                        "PTRDIFF_MAX = %lld) (comm '%s', rank %d of %d)", fn, bytes,
+                        (long long)PTRDIFF_MAX, c->name, c->rank, c->size);
     if ((st = c->ops->broadcast_bytes(c, buf, bytes, root)) != PDP_OK)
         return pdp__err_wrap(st, "%s", fn);
     c->stats.collectives++;

@@ -7,7 +7,12 @@
      nccl   GPU ranks (-DPDP_CUDA, pdp_cuda.cu).
    Every collective is asynchronous: it returns at once with a handle that
    pdp_work_wait completes (passing work = NULL makes the call synchronous).
-   Buffers are floats on the communicator's device; counts are elements.
+   Buffers are floats on the communicator's device; counts are elements. A count
+   whose buffer exceeds the address space (count x element size, times the world size
+   for reduce-scatter's send and all-gather's recv, above PTRDIFF_MAX bytes), or above
+   what the backend takes in one call (MPI counts are int: INT32_MAX elements per rank in
+   a reduce-scatter, all-gather, send or recv; the all-reduce and broadcasts are split),
+   fails with PDP_ERR_INVALID naming the call and the count, before any data moves.
    Collectives on one communicator complete in the order they were issued, and
    every rank must issue the same collectives in the same order (as in MPI and
    NCCL). A rank that does not arrive within timeout_s makes the others fail
@@ -162,11 +167,21 @@ PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
    order they were sent; a rank may send to itself (local, MPI). Send and recv
    buffers must stay untouched until the handle is waited. The counts must be
    equal: a mismatch fails with PDP_ERR_INVALID naming both counts (on the
-   receiver; on the local backend on both sides). A message not matched within
-   timeout_s of its launch fails its wait with PDP_ERR_TIMEOUT naming the peer
-   and the tag (the communicator stays usable: the unmatched message is
-   withdrawn; an MPI send already under way may be cancelled). A peer whose local
-   communicator is freed fails the pending messages naming it with PDP_ERR_COMM.
+   receiver; on the local backend on both sides). A send completes only once its
+   receive has matched it, on every backend (MPI: a synchronous send, MPI_Issend), so
+   a message not matched within timeout_s of its launch, a send nobody receives or
+   receives with another tag as much as a receive nobody sends, fails its wait with
+   PDP_ERR_TIMEOUT naming the peer and the tag (NCCL has no tags: a receive from that
+   rank with another tag takes the send, which completes, and fails with
+   PDP_ERR_INVALID naming both tags). The communicator stays usable: local
+   withdraws the message; MPI withdraws an unmatched receive and cancels a send (or a
+   matched receive), giving the cancel a grace of 1 s that the messages timing out
+   together share, so their waits fail up to 1 s after timeout_s. OpenMPI never
+   cancels a send: a timed-out send is abandoned and stays deliverable (a later
+   receive of that peer with that tag still gets it, and MPI may still read its
+   buffer); if it is still pending when the communicator is freed, pdp never calls
+   MPI_Finalize. A peer whose local communicator is freed fails the pending messages
+   naming it with PDP_ERR_COMM.
    Point-to-point is ordered with nothing else: collectives and messages may be
    interleaved freely (as in MPI). Handles come from the same fixed pool as the
    collectives' (nothing is allocated per message). Stats: bytes_sent counts the

@@ -251,7 +251,9 @@ out:
    so that two ranks never write the same line. */
 static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
 {
-    int64_t a = n * r / parts, b = n * (r + 1) / parts;
+    /* n * r / parts without forming n * r, which could overflow for a huge n */
+    int64_t q = n / parts, m = n % parts;
+    int64_t a = q * r + m * r / parts, b = q * (r + 1) + m * (r + 1) / parts;
     *lo = r == 0 ? 0 : a & ~(int64_t)15;
     *hi = r == parts - 1 ? n : b & ~(int64_t)15;
     if (*hi < *lo) *hi = *lo;
@@ -356,7 +358,8 @@ static void pdp__local_execute(pdp_local_group *g, int r)
         pdp__slice(me->count, r, n, &lo, &hi);
         for (i = 0; i < n; i++)
             if (i != me->op && hi > lo)
-                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo, (size_t)(hi - lo) * 4);
+                memcpy(g->slot[i].buf + lo, g->slot[me->op].buf + lo,
+                       pdp__comm_bytes(hi - lo, sizeof(float)));
         break;
     case PDP__COLL_BROADCAST_BYTES:
         pdp__slice(me->count, r, n, &lo, &hi);
@@ -377,7 +380,7 @@ static void pdp__local_execute(pdp_local_group *g, int r)
         for (i = 0; i < n; i++) {
             float *dst = g->slot[i].recv + (int64_t)r * me->count;
             if (dst != me->send && me->count > 0)
-                memmove(dst, me->send, (size_t)me->count * sizeof *dst);
+                memmove(dst, me->send, pdp__comm_bytes(me->count, sizeof *dst));
         }
         break;
     case PDP__COLL_BARRIER:
@@ -426,7 +429,8 @@ static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
     char msg[PDP__MSG_CAP], what[200];
     if (send->args.count == recv->args.count) {
         if (send->args.count > 0 && recv->args.recv != send->args.send)
-            memmove(recv->args.recv, send->args.send, (size_t)send->args.count * sizeof(float));
+            memmove(recv->args.recv, send->args.send,
+                    pdp__comm_bytes(send->args.count, sizeof(float)));
         pdp__workq_finish((pdp__workq *)send->head.comm->impl, send, PDP_OK, "");
         pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_OK, "");
         return;
@@ -545,7 +549,7 @@ static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, 
     if (g->size == 1) {
         if (a->kind == PDP__COLL_REDUCE_SCATTER || a->kind == PDP__COLL_ALLGATHER)
             if (a->recv != a->send && a->count > 0)
-                memmove(a->recv, a->send, (size_t)a->count * pdp__dtype_size(a->dtype));
+                memmove(a->recv, a->send, pdp__comm_bytes(a->count, pdp__dtype_size(a->dtype)));
         return PDP_OK;
     }
     if ((st = pdp__group_barrier(g, r, a, true, msg, cap)) != PDP_OK) return st;

@@ -69,6 +69,14 @@ static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out,
     return PDP_OK;
 }
 
+/* Bytes of count elements of es bytes. comm.c's bound (pdp__comm_check_bound: at most
+   PTRDIFF_MAX bytes per buffer) keeps the product from wrapping in every backend. */
+static size_t pdp__comm_bytes(int64_t count, size_t es)
+{
+    PDP_ASSERT(count >= 0 && (uint64_t)count <= (uint64_t)PTRDIFF_MAX / es);
+    return (size_t)count * es;
+}
+
 /* One collective's arguments, as one rank issued it. */
 typedef struct pdp__coll_args {
     pdp__coll_kind kind;
@@ -109,7 +117,8 @@ struct pdp__workq {
     /* point-to-point (both set by a backend with send/recv): poll advances every
        pending message of the communicator (optional, q->mu not held); expire is
        called by a waiter past the deadline: it withdraws w if still unmatched and
-       completes it with PDP_ERR_TIMEOUT (q->mu not held) */
+       completes it with PDP_ERR_TIMEOUT, or starts to (MPI: a cancel, confirmed within
+       a grace; the waiter calls it again every 100 us until w is done) (q->mu not held) */
     void (*p2p_poll)(pdp__workq *q);
     void (*p2p_expire)(pdp__workq *q, pdp__workq_item *w);
     bool sticky;
@@ -427,9 +436,9 @@ static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
             pthread_mutex_unlock(&q->mu);
             q->p2p_expire(q, w);
             pthread_mutex_lock(&q->mu);
-            continue;
+            if (w->done) break;
         }
-        nap = deadline - now + 1e-4;
+        nap = now > deadline ? 100e-6 : deadline - now + 1e-4; /* past it: a withdrawal's grace */
         if (q->p2p_poll && nap > 100e-6) nap = 100e-6;
         pdp__deadline(&ts, nap);
         pthread_cond_timedwait(&q->done, &q->mu, &ts);

@@ -529,6 +529,74 @@ TEST comm_rejects_bad_arguments(void)
     PASS();
 }
 
+/* issue 21, item 5: a count whose buffer does not fit in the address space (count x element
+   size x the world size for reduce-scatter's send and all-gather's recv beyond PTRDIFF_MAX)
+   fails at the call with PDP_ERR_INVALID naming the call and the count, before the backend
+   touches memory. At world size 1 these calls used to return PDP_OK and move nothing: the
+   local backend computed (size_t)count * 4 = 0 bytes. */
+TEST comm_rejects_counts_beyond_the_address_space(void)
+{
+    const int64_t huge = (int64_t)1 << 62; /* x 4 bytes: 2^64, wraps size_t to 0 */
+    const int64_t most4 = (int64_t)(PTRDIFF_MAX / 4), most8 = (int64_t)(PTRDIFF_MAX / 8);
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_work *w = (pdp_work *)&g; /* must be reset to NULL on failure */
+    float x[2] = {0.0f, 0.0f};
+    char want[120];
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    snprintf(want, sizeof want, "count %lld is too large", (long long)huge);
+#define EXPECT_HUGE(call, name)                                                                \
+    do {                                                                                       \
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_ERR_INVALID, (call), pdp_status_name);           \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), name ": ") == pdp_last_error());    \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), want) != NULL);                     \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "(comm 'comm', rank 0 of") != NULL); \
+    } while (0)
+    EXPECT_HUGE(pdp_comm_allreduce(c, x, huge, PDP_REDUCE_SUM, &w), "pdp_comm_allreduce");
+    ASSERT(w == NULL);
+    EXPECT_HUGE(pdp_comm_allreduce_ex(c, x, huge, PDP_DTYPE_BF16, PDP_REDUCE_SUM, NULL),
+                "pdp_comm_allreduce_ex");
+    EXPECT_HUGE(pdp_comm_broadcast(c, x, huge, 0, NULL), "pdp_comm_broadcast");
+    EXPECT_HUGE(pdp_comm_reduce_scatter(c, x, x + 1, huge, PDP_REDUCE_SUM, NULL),
+                "pdp_comm_reduce_scatter");
+    EXPECT_HUGE(pdp_comm_reduce_scatter_ex(c, x, x + 1, huge, PDP_DTYPE_F16, PDP_REDUCE_AVG,
+                                           NULL), "pdp_comm_reduce_scatter_ex");
+    EXPECT_HUGE(pdp_comm_allgather(c, x, x + 1, huge, NULL), "pdp_comm_allgather");
+    EXPECT_HUGE(pdp_comm_send(c, x, huge, 0, 1, &w), "pdp_comm_send");
+    ASSERT(w == NULL);
+    EXPECT_HUGE(pdp_comm_recv(c, x + 1, huge, 0, 1, NULL), "pdp_comm_recv");
+    /* the bound is the buffer's bytes: one element more than fits, per element size */
+    snprintf(want, sizeof want, "count %lld is too large", (long long)most4 + 1);
+    EXPECT_HUGE(pdp_comm_allreduce(c, x, most4 + 1, PDP_REDUCE_SUM, NULL), "pdp_comm_allreduce");
+    snprintf(want, sizeof want, "at most %lld", (long long)most4);
+    EXPECT_HUGE(pdp_comm_send(c, x, most4 + 1, 0, 1, NULL), "pdp_comm_send");
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_comm_broadcast_bytes(c, x, (size_t)-1, 0),
+                   pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_comm_broadcast_bytes: ") != NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "exceed the address space") != NULL);
+    /* nothing was left behind: the communicator works (no handle taken, no message queued) */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(c, x, 2, PDP_REDUCE_SUM, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_send(c, x, 1, 0, 1, &w), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_recv(c, x + 1, 1, 0, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_work_wait(w), pdp_status_name);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    /* reduce-scatter's send and all-gather's recv hold world size x count elements: at 2
+       ranks a count whose 4-byte elements fit alone (most8 + 1 <= most4) is refused */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 2, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    snprintf(want, sizeof want, "count %lld is too large: 2 ranks x", (long long)most8 + 1);
+    EXPECT_HUGE(pdp_comm_reduce_scatter(c, x, x + 1, most8 + 1, PDP_REDUCE_SUM, NULL),
+                "pdp_comm_reduce_scatter");
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "rank 0 of 2") != NULL);
+    EXPECT_HUGE(pdp_comm_allgather(c, x, x + 1, most8 + 1, NULL), "pdp_comm_allgather");
+#undef EXPECT_HUGE
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 /* One rule for a desc's timeout_s: 0 is the default; negative, NaN, infinite fail naming
    the function and the field (a local group used to accept -1, which MPI rejects). */
 TEST comm_desc_timeout_rule(void)
@@ -679,6 +747,58 @@ TEST comm_p2p_peer_that_never_sends_times_out_naming_peer_and_tag(void)
     PASS();
 }
 
+/* A send completes only once received, on every backend (issue 21, item 6, where MPI
+   delivered eagerly): rank 0's sends with tags 11 (nobody receives it) and 12 (rank 1
+   receives tag 13) time out naming peer and tag, as rank 1's receive does; neither rank
+   frees its communicator before both are done, so that no departure ends a wait first. */
+static void unmatched_send_rank(rank_ctx *ctx, pdp_comm *c)
+{
+    float b[4] = {0};
+    pdp_work *w[2] = {NULL, NULL};
+    double t0 = pdp__now();
+    int k;
+    if (ctx->rank == 0) {
+        note(ctx, pdp_comm_send(c, b, 4, 1, 11, &w[0]));
+        note(ctx, pdp_comm_send(c, b, 4, 1, 12, &w[1]));
+        for (k = 0; k < 2 && w[k]; k++) {
+            pdp_status st = pdp_work_wait(w[k]);
+            if (st != PDP_ERR_TIMEOUT || !strstr(pdp_last_error(), k ? "to rank 1 with tag 12"
+                                                                      : "to rank 1 with tag 11")) {
+                ctx->st = st == PDP_OK ? PDP_ERR_STATE : st;
+                snprintf(ctx->msg, sizeof ctx->msg, "send %d: %s: %.900s", k, pdp_status_name(st),
+                         pdp_last_error());
+            } else if (k == 0) {
+                snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+            }
+        }
+        ctx->elapsed = pdp__now() - t0;
+    } else {
+        ctx->st = pdp_comm_recv(c, b, 4, 0, 13, NULL);
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    }
+    pthread_mutex_lock(&silent_mu); /* both ranks done before either frees its communicator */
+    silent_done++;
+    pthread_cond_broadcast(&silent_cv);
+    while (silent_done < 2) pthread_cond_wait(&silent_cv, &silent_mu);
+    pthread_mutex_unlock(&silent_mu);
+}
+
+TEST comm_p2p_unmatched_send_times_out_naming_peer_and_tag(void)
+{
+    rank_ctx ctx[2];
+    memset(ctx, 0, sizeof ctx);
+    silent_done = 0;
+    ASSERT_ENUM_EQ(PDP_OK, run_ranks(2, 0.5, unmatched_send_rank, ctx), pdp_status_name);
+    ASSERT_ENUM_EQm(ctx[0].msg, PDP_OK, ctx[0].st, pdp_status_name); /* both timed out */
+    ASSERTm(ctx[0].msg, strstr(ctx[0].msg, "pdp_work_wait: send #0 (count 4) to rank 1 with "
+                               "tag 11") != NULL);
+    ASSERTm(ctx[0].msg, strstr(ctx[0].msg, "no matching recv from rank 1 within 0.5 s") != NULL);
+    ASSERT(ctx[0].elapsed >= 0.45 && ctx[0].elapsed < 3.0);
+    ASSERT_ENUM_EQm(ctx[1].msg, PDP_ERR_TIMEOUT, ctx[1].st, pdp_status_name);
+    ASSERTm(ctx[1].msg, strstr(ctx[1].msg, "from rank 0 with tag 13") != NULL);
+    PASS();
+}
+
 /* ---- process groups: 4 ranks as 2 x 2 ---- */
 
 static void split_rank(rank_ctx *ctx, pdp_comm *c)
@@ -807,10 +927,12 @@ SUITE(comm)
     RUN_TEST(comm_freed_rank_fails_the_others_at_once);
     RUN_TEST(comm_mismatched_collectives_fail_on_every_rank);
     RUN_TEST(comm_rejects_bad_arguments);
+    RUN_TEST(comm_rejects_counts_beyond_the_address_space);
     RUN_TEST(comm_desc_timeout_rule);
     RUN_TEST(comm_p2p_ring_and_self_send_at_world_sizes_1_to_4);
     RUN_TEST(comm_p2p_count_mismatch_names_both_counts);
     RUN_TEST(comm_p2p_peer_that_never_sends_times_out_naming_peer_and_tag);
+    RUN_TEST(comm_p2p_unmatched_send_times_out_naming_peer_and_tag);
     RUN_TEST(comm_split_2x2_collectives_match_naive);
     RUN_TEST(comm_p2p_and_split_reject_bad_arguments);
 }

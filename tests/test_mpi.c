@@ -677,6 +677,44 @@ MPI_TEST(mpi_ddp_bf16_hook_within_the_bound_and_half_the_bytes)
     PASS();
 }
 
+/* issue 21, item 5: counts are bounded in one place (comm.c). MPI counts are int: a
+   reduce-scatter, all-gather, send or recv of more than INT32_MAX elements per rank fails
+   with PDP_ERR_INVALID naming the call, the count and the limit (it was
+   PDP_ERR_UNSUPPORTED from the backend); a count whose bytes overflow fails on every call,
+   the chunked all-reduce and broadcast too, before MPI sees it. */
+MPI_TEST(mpi_rejects_counts_beyond_what_mpi_takes)
+{
+    const int64_t over = (int64_t)INT32_MAX + 1, huge = (int64_t)1 << 62;
+    float x[2] = {0.0f, 0.0f};
+    pdp_work *w = (pdp_work *)&w;
+    char want[120];
+    snprintf(want, sizeof want, "count %lld is more than the MPI backend takes", (long long)over);
+#define EXPECT_REFUSED(call, name)                                                             \
+    do {                                                                                       \
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_ERR_INVALID, (call), pdp_status_name);           \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), name ": ") == pdp_last_error());    \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), want) != NULL);                     \
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "(comm 'tests', rank") != NULL);   \
+    } while (0)
+    EXPECT_REFUSED(pdp_comm_send(cm, x, over, my_rank, 1, &w), "pdp_comm_send");
+    ASSERT(w == NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "at most 2147483647 elements") != NULL);
+    EXPECT_REFUSED(pdp_comm_recv(cm, x, over, my_rank, 1, NULL), "pdp_comm_recv");
+    EXPECT_REFUSED(pdp_comm_reduce_scatter(cm, x, x + 1, over, PDP_REDUCE_SUM, NULL),
+                   "pdp_comm_reduce_scatter");
+    EXPECT_REFUSED(pdp_comm_allgather(cm, x, x + 1, over, NULL), "pdp_comm_allgather");
+    snprintf(want, sizeof want, "count %lld is too large", (long long)huge);
+    EXPECT_REFUSED(pdp_comm_allreduce(cm, x, huge, PDP_REDUCE_SUM, NULL), "pdp_comm_allreduce");
+    EXPECT_REFUSED(pdp_comm_broadcast(cm, x, huge, 0, NULL), "pdp_comm_broadcast");
+    EXPECT_REFUSED(pdp_comm_send(cm, x, huge, my_rank, 1, NULL), "pdp_comm_send");
+#undef EXPECT_REFUSED
+    /* refused before MPI: the communicator is intact */
+    x[0] = 1.0f;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_allreduce(cm, x, 1, PDP_REDUCE_SUM, NULL), pdp_status_name);
+    ASSERT_EQ((float)world_size, x[0]);
+    PASS();
+}
+
 /* ---- MPI: point-to-point and split ---- */
 
 /* A ring (to rank+1, tag 7) and a self-send (tag 3), all launched before any wait, on
@@ -728,6 +766,116 @@ MPI_TEST(mpi_p2p_mismatch_and_silent_peer)
     }
     MPI_Barrier(MPI_COMM_WORLD);
     pdp_comm_free(t);
+    PASS();
+}
+
+/* The timed-out messages' part of a test, run by one rank; the test then meets the
+   other ranks whatever it returned, so that a failure here cannot hang them. */
+static enum greatest_test_res unmatched_sends(pdp_comm *t, const float *b, int64_t n, int k0,
+                                              int nsend, double *took)
+{
+    pdp_work *w[8];
+    double t0 = pdp__now();
+    char want[64];
+    int k;
+    for (k = 0; k < nsend; k++)
+        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_send(t, b, n, 1, k0 + k, &w[k]), pdp_status_name);
+    for (k = 0; k < nsend; k++) { /* waited in order, as a pipeline drains */
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_ERR_TIMEOUT, pdp_work_wait(w[k]), pdp_status_name);
+        snprintf(want, sizeof want, "(count %lld) to rank 1 with tag %d", (long long)n, k0 + k);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_work_wait: send #") != NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), want) != NULL);
+        ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "no matching recv from rank 1 "
+                                         "within 1 s") != NULL);
+    }
+    *took = pdp__now() - t0;
+    ASSERT(*took >= 0.95);
+    PASS();
+}
+
+/* Rank 1 receives what rank 0's timed-out sends left: OpenMPI cannot cancel a send, so
+   the messages are still deliverable (an MPI that cancels sends times the receive out
+   instead); received, they let rank 0 free its communicator cleanly (MPI is finalised at
+   the end: main checks). */
+static enum greatest_test_res drain_sends(pdp_comm *t, const float *b, int64_t n, int k0,
+                                          int nsend)
+{
+    float *got = fbuf(n);
+    pdp_status st;
+    int k;
+    for (k = 0; k < nsend; k++) {
+        memset(got, 0, (size_t)n * sizeof *got);
+        st = pdp_comm_recv(t, got, n, 0, k0 + k, NULL);
+        if (st != PDP_OK && st != PDP_ERR_TIMEOUT) break;
+        if (st == PDP_OK && memcmp(got, b, (size_t)n * sizeof *b) != 0) st = PDP_ERR_STATE;
+        if (st == PDP_ERR_STATE) break;
+    }
+    free(got);
+    ASSERTm(pdp_last_error(), k == nsend);
+    PASS();
+}
+
+static enum greatest_test_res silent_recv(pdp_comm *t)
+{
+    float got[4];
+    ASSERT_ENUM_EQ(PDP_ERR_TIMEOUT, pdp_comm_recv(t, got, 4, 0, 13, NULL), pdp_status_name);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "no matching send from rank 0") != NULL);
+    PASS();
+}
+
+/* issue 21, item 6: a send nobody receives, or received with another tag, fails with
+   PDP_ERR_TIMEOUT naming peer and tag, as comm.h promises (MPI_Isend completed these
+   4-float sends at once, eagerly, and they returned PDP_OK). */
+MPI_TEST(mpi_p2p_unmatched_send_times_out)
+{
+    float b[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    pdp_comm *t = NULL;
+    enum greatest_test_res res = GREATEST_TEST_RES_PASS;
+    double took = 0.0;
+    if (world_size < 2) SKIPm("needs at least 2 ranks");
+    ASSERT_ENUM_EQ(PDP_OK, make_comm(&t, "p2p", 1.0), pdp_status_name);
+    if (my_rank == 0) res = unmatched_sends(t, b, 4, 11, 2, &took); /* tags 11 and 12 */
+    if (my_rank == 1) res = silent_recv(t); /* tag 13 matches neither */
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (my_rank == 1 && res == GREATEST_TEST_RES_PASS) res = drain_sends(t, b, 4, 11, 2);
+    MPI_Barrier(MPI_COMM_WORLD);
+    pdp_comm_free(t);
+    if (res != GREATEST_TEST_RES_PASS) return res; /* the helper's assertion */
+    PASS();
+}
+
+/* issue 21, item 15: sends that time out together (a pipeline whose peer died) fail
+   together: their cancel graces overlap. Each of K = 4 sends of 400 KB (above every
+   eager limit) waits timeout_s = 1 s and a cancel grace of 1 s that OpenMPI never
+   confirms; waited in order, the last one failed after K graces (5 s: each grace held
+   the point-to-point lock). With slack, the bound is 3.5 s; overlapped it takes 2 s. */
+MPI_TEST(mpi_p2p_timed_out_sends_cancel_together)
+{
+    enum { K = 4 };
+    const int64_t n = 100000;
+    float *b = fbuf(n);
+    pdp_comm *t = NULL;
+    enum greatest_test_res res = GREATEST_TEST_RES_PASS;
+    double took = 0.0;
+    int64_t i;
+    if (world_size < 2) {
+        free(b);
+        SKIPm("needs at least 2 ranks");
+    }
+    for (i = 0; i < n; i++) b[i] = val(0, i);
+    ASSERT_ENUM_EQ(PDP_OK, make_comm(&t, "p2p", 1.0), pdp_status_name);
+    if (my_rank == 0) {
+        res = unmatched_sends(t, b, n, 20, K, &took);
+        fprintf(test_out, "\n  %d sends timed out after %.2f s (timeout 1 s, cancel grace 1 s)\n",
+                K, took);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (my_rank == 1) res = drain_sends(t, b, n, 20, K);
+    MPI_Barrier(MPI_COMM_WORLD);
+    pdp_comm_free(t);
+    free(b);
+    if (res != GREATEST_TEST_RES_PASS) return res; /* the helper's assertion */
+    ASSERTm("the sends' cancel graces did not overlap", took < 3.5);
     PASS();
 }
 
@@ -1292,8 +1440,11 @@ SUITE(mpi)
     RUN_TEST(mpi_ddp_matches_single_device_and_ranks_agree);
     RUN_TEST(mpi_16bit_allreduce_and_reduce_scatter_follow_the_stated_rounding);
     RUN_TEST(mpi_ddp_bf16_hook_within_the_bound_and_half_the_bytes);
+    RUN_TEST(mpi_rejects_counts_beyond_what_mpi_takes);
     RUN_TEST(mpi_p2p_ring_and_self_send);
     RUN_TEST(mpi_p2p_mismatch_and_silent_peer);
+    RUN_TEST(mpi_p2p_unmatched_send_times_out);
+    RUN_TEST(mpi_p2p_timed_out_sends_cancel_together);
     RUN_TEST(mpi_split_groups_match_naive);
     RUN_TEST(mpi_tp_matches_single_device_and_checkpoints_full_tensors);
     RUN_TEST(mpi_tp_2d_ddp_across_tp_groups_matches_single_device);
