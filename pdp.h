@@ -15537,10 +15537,11 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     b->order = (int64_t *)pdp__alloc((size_t)(b->len + 1) * sizeof(int64_t));
     b->x = (float *)pdp__alloc((size_t)(d.batch_size * ds->features) * sizeof(float));
     b->labels = (int32_t *)pdp__alloc((size_t)d.batch_size * sizeof(int32_t));
-    if (!b->base || !b->order || !b->x || !b->labels) {
+    if (!b->base || !b->order || !b->x || !b->labels) { /* the message reads b: free after */
+        pdp_status st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices and a "
+                                 "batch of %lld", fn, (long long)b->len, (long long)d.batch_size);
         pdp_batcher_free(b);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices and a batch of "
-                        "%lld", fn, (long long)b->len, (long long)d.batch_size);
+        return st;
     }
     for (i = 0; i < b->len; i++) b->base[i] = d.indices ? d.indices[i] : i;
     d.indices = b->base;
@@ -17618,10 +17619,11 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         if (i == 0) {
             w->replica = master;
         } else if ((st = pdp__model_clone(master, w->device, !dp->copy_params, &w->replica)) !=
-                   PDP_OK) {
+                   PDP_OK) { /* the message reads w: destroy after */
+            st = pdp__err_wrap(st, "pdp_dp_create: replica %d on device %d:%d", i,
+                               w->device.kind, w->device.ordinal);
             pdp__dp_destroy(dp);
-            return pdp__err_wrap(st, "pdp_dp_create: replica %d on device %d:%d", i,
-                                 w->device.kind, w->device.ordinal);
+            return st;
         }
         /* the reduce's staging block, once, if any replica's gradients live elsewhere */
         if (i > 0 && dp->cuda && !dp->stage && !pdp__same_device(w->device, master->device) &&
