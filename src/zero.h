@@ -100,7 +100,9 @@ typedef struct pdp_zero_desc {
 
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
    parameters everywhere), then shards: frees the model's gradient block (and at
-   stage 3 its parameter block) and points its layers at ZeRO's buffers. */
+   stage 3 its parameter block) and points its layers at ZeRO's buffers. A rank that
+   cannot allocate its shards and buffers makes every rank fail: the others with
+   PDP_ERR_COMM naming it. */
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc);
 /* Waits for collectives in flight and gives the model back its gradient block
