@@ -17,8 +17,10 @@
    the TP and ZeRO checkpoint loads, saves and consolidation) run on 2 thread ranks with a
    0.3 s timeout: each rank in turn counts its allocations in a run without failures, then
    fails each of them; the peer must return an error too (never PDP_OK, never a hang)
-   within the timeout plus slack, and once both ranks have freed everything no block is
-   live. pdp_zero_optim_create is not collective and runs on one rank.
+   within the timeout plus slack, a failed wrap must leave each model whole (its own or
+   rank 0's parameters; ZeRO stage 3 excepted, as zero.h states), and once both ranks have
+   freed everything no block is live. pdp_zero_optim_create and the communication hooks' registration are not
+   collective and run on one rank.
    About 4 s in all (0.7 s of CPU), under ASan too: most of it is the peers' 0.3 s
    timeouts where a constructor's last allocation comes before its first collective. */
 
@@ -537,6 +539,8 @@ typedef struct rk {
     long fail_at;       /* > 0 on the failing rank; -1: count its allocations only */
     int hold;           /* the failing rank keeps its communicator until its peers return */
     float out[64];      /* tp_first_forward: the output */
+    float before[128], after[128]; /* the model's parameters before and after a failed call
+                                      (the MLP has 119; after: NaN when it holds none) */
     pdp_comm *c, *sub;
     pdp_model *m;
     pdp_optim *o;
@@ -558,6 +562,7 @@ typedef struct coll_case {
     int skip_from, skip_to;         /* allocations not failed yet (1-based, inclusive; 0: none) */
     int fallback_ok;                /* the call may succeed in spite of the failure (the GEMM
                                        scratch's fallback): then every rank's output is equal */
+    int slices_ok;                  /* a failed call may leave a rank's model its slices only */
 } coll_case;
 
 static atomic_int coll_ready, coll_returned;
@@ -574,6 +579,16 @@ static void nap(void)
     nanosleep(&ts, NULL);
 }
 
+/* The model's first 128 parameters into out (NaN where it has no parameter block). */
+static void model_params(const pdp_model *m, float *out)
+{
+    pdp_tensor p, g;
+    int i;
+    for (i = 0; i < 128; i++) out[i] = NAN;
+    if (pdp_model_flat(m, &p, &g) == PDP_OK && p.data)
+        memcpy(out, p.data, (size_t)PDP__MIN(p.count, 128) * sizeof(float));
+}
+
 static void *coll_main(void *arg)
 {
     rk *r = (rk *)arg;
@@ -583,6 +598,7 @@ static void *coll_main(void *arg)
     if (r->setup_st) snprintf(r->msg, sizeof r->msg, "setup: %.900s", pdp_last_error());
     atomic_fetch_add(&coll_ready, 1);
     while (atomic_load(&coll_ready) < r->world) nap();
+    if (r->setup_st == PDP_OK && r->m) model_params(r->m, r->before);
     if (r->setup_st == PDP_OK) {
         pdp_clear_error();
         arm_thread(r->fail_at); /* 0: counts only (and fails nothing) on the peers */
@@ -591,6 +607,7 @@ static void *coll_main(void *arg)
         r->secs = now_s() - t0;
         r->made = disarm_thread();
         snprintf(r->msg, sizeof r->msg, "%s", pdp_last_error());
+        if (r->st != PDP_OK && r->m) model_params(r->m, r->after);
     }
     if (r->fail_at > 0 && r->hold) { /* hold the communicator until the peers have returned */
         deadline = now_s() + TIMEOUT_S + 3.0; /* a hung peer still fails the test */
@@ -702,6 +719,23 @@ static const single_case single_cases[] = {
 };
 
 
+/* communication hooks: the bf16 hook's scratch (not collective) */
+static pdp_status cs_ddp(rk *r)
+{
+    pdp_status st = cs_mlp(r);
+    return st ? st : cc_ddp(r);
+}
+static pdp_status cc_ddp_hook(rk *r)
+{
+    pdp_ddp_comm_hook h = pdp_ddp_hook_bf16_compress();
+    return pdp_ddp_register_comm_hook(r->ddp, &h);
+}
+static pdp_status cc_zero_hook(rk *r)
+{
+    pdp_ddp_comm_hook h = pdp_ddp_hook_bf16_compress();
+    return pdp_zero_register_comm_hook(r->z, &h);
+}
+
 /* TP: f, ColumnParallelLinear(8), ReLU, RowParallelLinear(4), g, Linear(CLASSES) on IN features:
    the TP form of tp_reference (same state_dict names) */
 static pdp_status cs_tp(rk *r)
@@ -786,26 +820,31 @@ static pdp_status cc_zero_consolidate(rk *r)
 }
 
 static const coll_case coll_cases[] = {
-    {"comm_split", "pdp_comm_split", WORLD, cs_none, cc_split, 0, 0, 0},
-    {"ddp", "pdp_ddp_create", WORLD, cs_mlp, cc_ddp, 0, 0, 0},
-    {"zero_1", "pdp_zero_create", WORLD, cs_mlp, cc_zero1, 0, 0, 0},
-    {"zero_2", "pdp_zero_create", WORLD, cs_mlp, cc_zero2, 0, 0, 0},
-    {"zero_3", "pdp_zero_create", WORLD, cs_mlp, cc_zero3, 0, 0, 0},
+    {"comm_split", "pdp_comm_split", WORLD, cs_none, cc_split, 0, 0, 0, 0},
+    {"ddp", "pdp_ddp_create", WORLD, cs_mlp, cc_ddp, 0, 0, 0, 0},
+    {"zero_1", "pdp_zero_create", WORLD, cs_mlp, cc_zero1, 0, 0, 0, 0},
+    {"zero_2", "pdp_zero_create", WORLD, cs_mlp, cc_zero2, 0, 0, 0, 0},
+    /* stage 3 frees the model's parameter block before it allocates its buffers (so that
+       its peak stays under DDP's, as zero_stage3_trains_where_ddp_does_not_fit holds it): a
+       failure after that leaves every rank its slices only, as zero.h says */
+    {"zero_3", "pdp_zero_create", WORLD, cs_mlp, cc_zero3, 0, 0, 0, 1},
     /* Adam: the optimizer, 2 empty states, then the 2 shard states, whose failure is
        item 8's use-after-free: item 8, fixed on branch wt-optim */
-    {"zero_optim", "pdp_zero_optim_create", 1, cs_zero2, cc_zero_optim, 4, 5, 0},
-    {"pp", "pdp_pp_create", WORLD, cs_mlp, cc_pp, 0, 0, 0},
-    {"tp_first_forward", "pdp_model_forward", WORLD, cs_tp, cc_forward, 0, 0, 1},
-    {"tp_checkpoint_load", "pdp_tp_checkpoint_load", WORLD, cs_tp, cc_tp_load, 0, 0, 0},
-    {"tp_checkpoint_save", "pdp_tp_checkpoint_save", WORLD, cs_tp, cc_tp_save, 0, 0, 0},
+    {"zero_optim", "pdp_zero_optim_create", 1, cs_zero2, cc_zero_optim, 4, 5, 0, 0},
+    {"ddp_comm_hook", "pdp_ddp_register_comm_hook", 1, cs_ddp, cc_ddp_hook, 0, 0, 0, 0},
+    {"zero_comm_hook", "pdp_zero_register_comm_hook", 1, cs_zero2, cc_zero_hook, 0, 0, 0, 0},
+    {"pp", "pdp_pp_create", WORLD, cs_mlp, cc_pp, 0, 0, 0, 0},
+    {"tp_first_forward", "pdp_model_forward", WORLD, cs_tp, cc_forward, 0, 0, 1, 0},
+    {"tp_checkpoint_load", "pdp_tp_checkpoint_load", WORLD, cs_tp, cc_tp_load, 0, 0, 0, 0},
+    {"tp_checkpoint_save", "pdp_tp_checkpoint_save", WORLD, cs_tp, cc_tp_save, 0, 0, 0, 0},
     {"zero_checkpoint_load", "pdp_zero_checkpoint_load", WORLD, cs_zero2_saved, cc_zero_load,
-     0, 0, 0},
+     0, 0, 0, 0},
     {"zero_checkpoint_load_full", "pdp_zero_checkpoint_load_full", WORLD, cs_zero2_optim,
-     cc_zero_load_full, 0, 0, 0},
+     cc_zero_load_full, 0, 0, 0, 0},
     {"zero_checkpoint_save", "pdp_zero_checkpoint_save", WORLD, cs_zero2_optim, cc_zero_save,
-     0, 0, 0},
+     0, 0, 0, 0},
     {"zero_checkpoint_consolidate", "pdp_zero_checkpoint_consolidate", WORLD, cs_zero2_optim,
-     cc_zero_consolidate, 0, 0, 0},
+     cc_zero_consolidate, 0, 0, 0, 0},
 };
 
 /* Runs one collective run: rank fr's allocation k fails (k = -1: only counted). */
@@ -903,6 +942,16 @@ static enum greatest_test_res alloc_fail_collective(void *arg)
                         FAILm(msg);
                     }
             }
+            for (r = 0; r < cc->world; r++) /* a failed wrap leaves a whole model: its own or
+                                                  rank 0's parameters (the broadcast's) */
+                if (ctx[r].st != PDP_OK && ctx[r].m && !cc->slices_ok &&
+                    memcmp(ctx[r].after, ctx[r].before, sizeof ctx[r].after) != 0 &&
+                    memcmp(ctx[r].after, ctx[0].before, sizeof ctx[r].after) != 0) {
+                    snprintf(msg, sizeof msg, "%s: rank %d's allocation %ld of %ld failed: rank "
+                             "%d's model holds neither its parameters nor rank 0's (%g, %g, ...)",
+                             cc->name, fr, k, n, r, ctx[r].after[0], ctx[r].after[1]);
+                    FAILm(msg);
+                }
             if (atomic_load(&live_blocks) != base) {
                 snprintf(msg, sizeof msg, "%s: rank %d's allocation %ld of %ld failed: %ld blocks "
                          "leaked", cc->name, fr, k, n, atomic_load(&live_blocks) - base);
