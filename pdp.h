@@ -19725,6 +19725,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     int64_t acc, base;
     int b, l, n;
     bool joined = false;
+    char why[1024]; /* the thread-local message's size */
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
@@ -19845,10 +19846,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
             if (!(z->pslots[b].buf = pdp__zero_buf(z, n * z->smax, true))) goto oom;
         }
     }
-    if ((st = pdp__comm_agree(c, PDP_OK, fn)) != PDP_OK) {
-        pdp_zero_free(z);
-        return st;
-    }
+    if ((st = pdp__comm_agree(c, PDP_OK, fn)) != PDP_OK) goto release;
     z->stats.units = z->nunits;
     pdp_comm_get_stats(c, &cs);
     z->bytes_at_step = cs.bytes_sent;
@@ -19860,8 +19858,10 @@ oom:
                   (long long)m->param_count, z->nunits);
 fail:
     if (joined) st = pdp__comm_agree(c, st, fn);
+release: /* pdp_zero_free's best-effort allocations must not replace the message */
+    snprintf(why, sizeof why, "%s", pdp_last_error());
     pdp_zero_free(z);
-    return st;
+    return pdp__err(st, "%s", why);
 }
 
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
@@ -20544,13 +20544,13 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     if ((st = pdp_zero_gather_params(z, NULL)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     if (z->rank == 0) st = pdp__optim_create_range(&full, z->m, &opt->desc, 0,
                                                   z->m->param_count, fn);
-    if ((bst = pdp__dev_alloc(dev, (size_t)(z->size * z->smax) * 4, (void **)&buf)) != PDP_OK &&
-        st == PDP_OK)
-        st = pdp__err_wrap(bst, "%s: rank %d: no memory to gather the optimizer state", fn,
+    if (st == PDP_OK &&
+        (st = pdp__dev_alloc(dev, (size_t)(z->size * z->smax) * 4, (void **)&buf)) != PDP_OK)
+        st = pdp__err_wrap(st, "%s: rank %d: no memory to gather the optimizer state", fn,
                            z->rank);
     /* every rank takes part in every gather: on a local failure it still sends zeros; a rank
-       without a buffer cannot, so first the ranks agree that each has one */
-    if ((bst = pdp__zero_agree(z, buf != NULL, bad)) != PDP_OK && st == PDP_OK)
+       without its buffers cannot, so first the ranks agree that each has them */
+    if ((bst = pdp__zero_agree(z, st == PDP_OK, bad)) != PDP_OK && st == PDP_OK)
         st = pdp__err_wrap(bst, "%s: rank %d: agreeing on the buffers", fn, z->rank);
     for (u = 0; u < z->size && bst == PDP_OK; u++)
         if (bad[u]) {
