@@ -10872,6 +10872,7 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
     }
     if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, out)) != PDP_OK)
         st = pdp__err_wrap(st, "%s", fn);
+    if (st == PDP_ERR_TIMEOUT) return st; /* c timed out: an agreement would wait as long */
     if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK && *out) { /* a member is missing */
         pdp_comm_free(*out);
         *out = NULL;
