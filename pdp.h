@@ -17,7 +17,7 @@
        CHECK(pdp_model_create(&m, &(pdp_model_desc){.input_shape = {784}, .seed = 1}));
        CHECK(pdp_model_add_linear(m, 256));  CHECK(pdp_model_add_relu(m));
        CHECK(pdp_model_add_linear(m, 10));
-       CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = 1e-3f}));
+       CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = 1e-3}));
        while (pdp_batcher_next(batches, &x, &y, &n)) {
            CHECK(pdp_model_forward_backward(m, &x, y, &loss));
            CHECK(pdp_optim_step(opt));  pdp_optim_zero_grad(opt);
@@ -151,6 +151,15 @@
    backward before the step fails with PDP_ERR_STATE saying what to call.
    pdp_ddp_set_no_sync accumulates locally. pdp_dist_sampler gives each
    rank a disjoint shard of a seeded permutation (pad or drop_last).
+   Uneven shards: each rank's loss is the mean over its own batch and the
+   all-reduce averages over ranks, so a step trains the mean of per-rank means,
+   (1/N) sum_r mean_r, as PyTorch's DDP does; it equals the mean over the global
+   batch only when every rank has the same number of samples. desc.batch_mean =
+   PDP_BATCH_MEAN_GLOBAL (DDP and ZeRO) trains the global batch's mean instead,
+   as one device on the concatenated shards: each backward all-reduces the ranks'
+   batch sizes (one float, counted in bytes_sent; hidden behind the forward in
+   pdp_ddp_forward_backward) and weighs rank r's loss gradient by N n_r / T. With
+   accumulation each backward is weighted by its own global batch.
    Communication hooks (PyTorch's register_comm_hook): pdp_ddp_register_comm_hook
    (or pdp_zero_register_comm_hook) before the first backward puts a user's launch
    (and optional finish) in place of each bucket's collective; the built-ins
@@ -172,15 +181,31 @@
    reports the bytes held beside the ZeRO paper's formulas (Adam: DDP 16 Psi,
    stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3 16 Psi/N, plus the
    stated buffers); bytes sent per step are DDP's (stages 1-2) or 1.5x (3).
+   With k backward passes per step (no_sync accumulation) stage 1 still sends
+   DDP's bytes, stage 2 (k + 1)/2 x them (a reduce-scatter per backward), stage 3
+   3k/2 x them less the gathers the next forward skips (the units backward left
+   gathered; all of them when there are no more units than param_buffers: then
+   (2k + 1)/2 x); pdp_zero_get_stats gives k, the bytes sent and the formula (its
+   value, and in words). Uneven shards: as DDP, batch_mean above.
    Tested equal to DDP and one device on local and MPI ranks (CPU models) and
    over NCCL (CUDA models, on the emulator in CI).
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
    prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker
-   prefix.done once every rank has succeeded (llm.c's scheme); pdp_zero_checkpoint_load
-   resumes bit-exact at the same world size, all or nothing, naming the bad file.
+   prefix.done once every rank has succeeded (llm.c's scheme), each file carrying the
+   save's run id; pdp_zero_checkpoint_load resumes bit-exact at the same world size, all
+   or nothing, naming the bad file (a file of another save too). A rank that stalls or
+   dies during a checkpoint call makes the others fail with PDP_ERR_TIMEOUT naming it.
    pdp_zero_checkpoint_consolidate writes the one file pdp_checkpoint_save writes
    for one device (PyTorch reads it); pdp_zero_checkpoint_load_full loads such a
-   file into a ZeRO run at any world size and stage.
+   file into a ZeRO run at any world size and stage. Under ZeRO, pdp_model_param
+   views what the rank holds with its range (value_lo..hi, grad_lo..hi: gradients the
+   rank's part, values whole at stages 1-2 and the rank's part at stage 3);
+   pdp_model_flat and the single-device checkpoint calls refuse what is not whole on
+   the rank, naming the ZeRO call to use.
+
+   Wrapped models: while DataParallel, DDP, ZeRO or a pipeline holds a model, adding
+   layers (and pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the
+   executor, and a second executor on it fails naming both; free the executor first.
 
    Tensor parallel (tp.h), Megatron-LM's MLP block: build the same model on every
    rank of a TP communicator, pdp_model_set_tp(m, tp), then pdp_model_add_tp_copy
@@ -195,6 +220,12 @@
    forward and B x in in f's backward; none when f is the first layer). pdp_tp_checkpoint_save/load (collective) read and write the full tensors,
    the file one device would write. 2-D: split a world into TP groups and DP groups
    with pdp_comm_split and wrap the TP model in pdp_ddp_create on the DP group.
+   The first forward checks that every TP rank built the same TP layers (a width
+   that differs fails on every rank, PDP_ERR_INVALID naming the layer and both
+   widths). pdp_clip_grad_norm on a TP model is collective over its TP group: the
+   full model's norm (slices summed over the group, replicated tensors counted
+   once), the same coefficient on every rank; under DDP call it after
+   pdp_ddp_finish; under ZeRO pdp_zero_clip_grad_norm counts the same way.
 
    Pipeline parallel (pp.h): every rank builds the same full model and calls
    pdp_pp_create(&pp, full, comm, &desc); rank r keeps stage r's layers
@@ -208,7 +239,10 @@
    thread ranks and MPI). pdp_pp_get_stats gives each stage's bubble beside
    (p-1)/(m+p-1) and its peak activation memory; PDP_TRACE draws one lane per
    stage with F<i>/B<i> events. DP x PP: desc.dp, a communicator from
-   pdp_comm_split, averages each stage's gradients once per step.
+   pdp_comm_split, averages each stage's gradients once per step. Clip with
+   pdp_pp_clip_grad_norm (collective over the stages: the whole model's norm, as one
+   device's pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm
+   on a stage would see that stage only.
 
    Communicators (comm.h): all-reduce, broadcast, reduce-scatter, all-gather,
    barrier, point-to-point send/recv (matched by peer and tag), each asynchronous
@@ -555,7 +589,18 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
    one to one onto the matching PyTorch module and a DDP bucket is a plain range
    of the gradient block. Backward accumulates into the gradients (zero them
    with pdp_model_zero_grad) and, right after each layer, calls the grad hook
-   once for each parameter of that layer: the hook DDP's reducer listens to. */
+   once for each parameter of that layer: the hook DDP's reducer listens to.
+
+   Wrapped models. While an executor holds a model (pdp_dp_create's master,
+   pdp_ddp_create, pdp_zero_create, a pipeline's stage), every call that would change
+   its layout or its parameter block (pdp_model_add_*, the TP layers of tp.h,
+   pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the executor, and the
+   model is unchanged: the executor planned its buckets, shards or replicas on that
+   layout. Free the executor first. A model is held by one executor at a time: a second
+   create fails the same way, naming both (a TP model under DDP or ZeRO is one executor:
+   TP is a property of the model). pdp_model_set_precision and pdp_model_set_training
+   stay allowed (DP hands both to its replicas every step). Under ZeRO the views of
+   pdp_model_param and pdp_model_flat show what this rank holds (below, and zero.h). */
 
 typedef struct pdp_model pdp_model;
 
@@ -623,13 +668,28 @@ typedef struct pdp_param {
     const char *name;  /* "0.weight" */
     int layer;         /* index of the layer that owns it */
     int64_t offset;    /* in floats, into the flat parameter and gradient blocks */
-    pdp_tensor value;  /* a view into the parameter block */
-    pdp_tensor grad;   /* a view into the gradient block */
+    int ndim;          /* the parameter's shape (shape[ndim..3] are 1) and floats */
+    int64_t shape[PDP_MAX_DIMS], count;
+    pdp_tensor value;  /* a view of its values (into the parameter block) */
+    pdp_tensor grad;   /* a view of its gradient (into the gradient block) */
+    /* What the views hold: elements [value_lo, value_hi) and [grad_lo, grad_hi) of the
+       parameter flattened in row-major order. 0 and count, with the views in the
+       parameter's shape, unless an executor keeps only part of it on this rank (ZeRO,
+       zero.h): that view is then 1-d, hi - lo floats; hi == lo: none here (data NULL). */
+    int64_t value_lo, value_hi, grad_lo, grad_hi;
 } pdp_param;
 
+/* Views valid until the next layer is added (or, under ZeRO, until pdp_zero_free).
+   Under ZeRO (every stage, zero.h): grad is this rank's part of the reduced gradient
+   (after pdp_zero_finish: the average over ranks; stage 1 before it: the local sums of
+   that part); value is the whole parameter at stages 1-2 and this rank's part at stage
+   3 (the shard the optimizer updates, whatever pdp_zero_gather_params(z, NULL) did). */
 PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out);
 PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out);
-/* Views of the whole flat blocks (param_count floats each). */
+/* Views of the whole flat blocks (param_count floats each); either may be NULL. Under
+   ZeRO the gradients (every stage) and the parameters (stage 3) are not one block on
+   this rank: asking for them fails with PDP_ERR_STATE naming pdp_model_param and
+   pdp_zero_gather_params; the parameters at stages 1-2 are the full block. */
 PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads);
 
 /* Called during backward right after a parameter's gradient is final for this
@@ -684,19 +744,25 @@ typedef enum pdp_optim_kind {
     PDP_OPTIM_ADAMW = 2
 } pdp_optim_kind;
 
+/* The hyper-parameters are doubles, as PyTorch's (Python floats): 1 - beta, the bias
+   corrections, the step size and AdamW's decay factor are computed from them in double,
+   and each scalar is rounded to float only where it meets the float tensors, where
+   PyTorch's fp32 kernels round it (math.h: the element formulas). With float fields,
+   beta2 0.999 was 0.99900001 and 1 - beta2 1.3e-5 off PyTorch's. Each must be at most
+   FLT_MAX. */
 typedef struct pdp_optim_desc {
     pdp_optim_kind kind;  /* default SGD */
-    float lr;             /* >= 0; default 0.01 for SGD, 0.001 for Adam and AdamW */
-    float momentum;       /* SGD, >= 0; default 0 (no momentum buffer) */
-    float dampening;      /* SGD, in [0, 1]; default 0 */
+    double lr;            /* >= 0; default 0.01 for SGD, 0.001 for Adam and AdamW */
+    double momentum;      /* SGD, >= 0; default 0 (no momentum buffer) */
+    double dampening;     /* SGD, in [0, 1]; default 0 */
     bool nesterov;        /* SGD; needs momentum > 0 and dampening 0 */
-    float weight_decay;   /* >= 0; default 0 (AdamW: 0 also means 0; PyTorch's default
+    double weight_decay;  /* >= 0; default 0 (AdamW: 0 also means 0; PyTorch's default
                              is 0.01). SGD and Adam: L2 added to the gradient;
                              AdamW: decoupled, p *= 1 - lr * weight_decay */
-    float beta1;          /* Adam/AdamW, in [0, 1); default 0.9 (0 cannot be asked for:
+    double beta1;         /* Adam/AdamW, in [0, 1); default 0.9 (0 cannot be asked for:
                              it means the default; use 1e-30 for "no first moment") */
-    float beta2;          /* Adam/AdamW, in [0, 1); default 0.999 */
-    float eps;            /* Adam/AdamW, >= 0; default 1e-8 */
+    double beta2;         /* Adam/AdamW, in [0, 1); default 0.999 */
+    double eps;           /* Adam/AdamW, >= 0; default 1e-8 */
 } pdp_optim_desc;
 
 /* desc may be NULL (SGD, lr 0.01). Invalid fields fail with PDP_ERR_INVALID
@@ -709,9 +775,10 @@ PDP_API void pdp_optim_free(pdp_optim *o); /* NULL is fine */
 PDP_API pdp_status pdp_optim_step(pdp_optim *o);
 /* Zeros the gradient block of the model the optimizer was created on. */
 PDP_API void pdp_optim_zero_grad(pdp_optim *o);
-/* lr: finite and >= 0, else PDP_ERR_INVALID and the optimizer keeps its lr. */
-PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr);
-PDP_API float pdp_optim_lr(const pdp_optim *o);
+/* lr: in [0, FLT_MAX] (NaN is not), else PDP_ERR_INVALID and the optimizer keeps its lr.
+   A double, as torch's param_group["lr"]: a schedule's value is kept to the bit. */
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, double lr);
+PDP_API double pdp_optim_lr(const pdp_optim *o); /* 0 for NULL */
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o); /* updates done so far */
 /* The desc in use, defaults filled in (sokol's query-defaults). */
 PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o);
@@ -720,17 +787,27 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind); /* "SGD", "Adam", 
 /* Scales all gradients so their global L2 norm is at most max_norm (as
    torch.nn.utils.clip_grad_norm_); *total_norm gets the norm before clipping
    (may be NULL). A NaN or Inf norm fails with PDP_ERR_NUMERIC; max_norm must be finite
-   and >= 0 (else PDP_ERR_INVALID). */
+   and >= 0 (else PDP_ERR_INVALID; the rule of every clipping call, ZeRO's and the
+   pipeline's too).
+   Tensor parallel (a model with a TP communicator, tp.h): collective over the TP
+   group, every TP rank calls it. The norm is the full model's: each rank's slices,
+   summed over the group, plus the replicated tensors (LayerNorm, the row-parallel
+   bias, every non-TP layer) counted once; every rank gets the same norm and scales by
+   the same coefficient, so the replicated tensors stay the same bits. Under DDP
+   (DP x TP) call it after pdp_ddp_finish (each slice then averaged over its DP group).
+   Refused (PDP_ERR_STATE): a model whose gradients ZeRO holds (pdp_zero_clip_grad_norm)
+   and a pipeline stage (pdp_pp_clip_grad_norm). */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm);
 
 /* Linear warm-up, then cosine decay (llm.c's schedule). step counts from 0:
    step < warmup: base_lr * (step + 1) / warmup (the first step is not spent at
    lr 0); warmup <= step < total: min_lr + (base_lr - min_lr) * (1 + cos(pi *
-   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. It cannot return a
-   status: for a negative step, warmup or total, or a base_lr or min_lr that is negative,
-   NaN or infinite, it returns NaN (which pdp_optim_set_lr then rejects). */
-PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
-                                   float min_lr);
+   (step - warmup) / (total - warmup))) / 2; step >= total: min_lr. In double, as
+   PyTorch's schedulers compute in Python. It cannot return a status: for a negative
+   step, warmup or total, or a base_lr or min_lr that is negative, NaN or infinite, it
+   returns NaN (which pdp_optim_set_lr then rejects). */
+PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, double base_lr,
+                                    double min_lr);
 /* ---- end src/optim.h ---- */
 
 /* ---- begin src/data.h ---- */
@@ -859,7 +936,8 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
        optimizer "optim.kind" ("SGD", "Adam", "AdamW"), "optim.steps",
        "optim.lr", "optim.momentum", "optim.dampening", "optim.nesterov"
        ("true"/"false"), "optim.weight_decay", "optim.beta1", "optim.beta2",
-       "optim.eps" (floats printed with 9 significant digits: exact round trip),
+       "optim.eps" (doubles printed with 17 significant digits: exact round trip;
+       an earlier pdp wrote a float's 9 digits, which load as that decimal),
        and checksums: "crc32c.<tensor>" for every tensor (CRC-32C of its data
        bytes as stored) and "crc32c.header" (of the header's content: the
        metadata but itself, the tensors' names, dtypes and shapes; exactly as
@@ -1276,7 +1354,9 @@ typedef struct pdp_dp_desc {
 } pdp_dp_desc;
 
 /* Wraps master (which stays owned by the caller and must outlive dp) and starts
-   workers 1..N-1. Layers must not be added to master afterwards. A pdp_dp is used
+   workers 1..N-1. Adding layers to master afterwards fails with PDP_ERR_STATE
+   (model.h, "Wrapped models"); pdp_model_set_precision on it reaches every replica
+   at the next step. A pdp_dp is used
    by one calling thread at a time; between steps the caller may use the master
    as any model (evaluate it, save it). */
 PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc);
@@ -1379,8 +1459,34 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
    equals single-device training on the global batch, to float rounding, and
    every rank holds bit-identical parameters.
 
+   Uneven shards (batch_mean). Each rank's loss is the mean over its own n_r
+   samples and the all-reduce averages over the N ranks, so by default
+   (PDP_BATCH_MEAN_RANKS) the gradients are those of the mean of per-rank means,
+   (1/N) sum_r (1/n_r) sum_{i in r} grad l_i. That is the mean over the global
+   batch T = sum_r n_r only when every n_r is T/N (even shards); with shards of
+   5, 3 and 2 samples a sample of the 2-sample rank weighs 2.5x one of the
+   5-sample rank. PyTorch's DistributedDataParallel does exactly this (it
+   averages gradients; DistributedSampler pads or drops to keep shards even).
+   PDP_BATCH_MEAN_GLOBAL gives the mean over the global batch instead,
+   (1/T) sum_i grad l_i, as one device trained on the concatenated shards: each
+   backward all-reduces the ranks' batch sizes (one float: 2 (N-1)/N x 4 bytes,
+   counted in bytes_sent) and weighs rank r's loss gradient by N n_r / T before
+   backward, so the average over ranks is the global-batch mean (what torchtitan
+   and Hugging Face's Trainer do by hand with an all-reduce of token counts). The
+   trade-off: one more small collective per backward, whose latency
+   pdp_ddp_forward_backward hides behind the forward and pdp_ddp_backward (own
+   loss) waits for; in return no caller has to know the other ranks' batch
+   sizes (the last, short batch of an epoch, filtered samples). Under it the
+   backward must go through pdp_ddp_forward_backward or pdp_ddp_backward (a
+   pdp_model_backward on the wrapped model fails with PDP_ERR_STATE saying so),
+   *loss stays this rank's mean, and with accumulation each backward is weighted
+   by its own global batch: k backward passes sum k global-batch means, as k
+   backward passes on one device. Every rank must pass the same batch_mean
+   (checked by pdp_ddp_create: PDP_ERR_INVALID naming both values).
+
    Gradient accumulation (no_sync): while no_sync is on, backward only adds to
-   the local gradients; the next backward with no_sync off all-reduces the
+   the local gradients (under PDP_BATCH_MEAN_GLOBAL it still all-reduces the
+   batch sizes); the next backward with no_sync off all-reduces the
    accumulated sums. As in PyTorch, k accumulated backward passes of mean losses
    give the sum of k mean gradients: the same as k backward passes on a single
    device (divide the learning rate by k, or scale the loss, for the mean).
@@ -1395,7 +1501,8 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
    cross-entropy; for an own loss run pdp_ddp_forward (or pdp_model_forward),
    compute the loss and its gradient dy with respect to the output (the mean
    over this rank's samples, as the built-in losses do, so that the average
-   over ranks is the global batch's), then pdp_ddp_backward(ddp, dy) (or
+   over ranks is the mean of the ranks' means, or under PDP_BATCH_MEAN_GLOBAL
+   the global batch's), then pdp_ddp_backward(ddp, dy) (or
    pdp_model_backward): the buckets are reduced the same way. A second backward
    before pdp_ddp_step/pdp_ddp_finish fails with PDP_ERR_STATE saying so.
 
@@ -1408,14 +1515,27 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
 
 typedef struct pdp_ddp pdp_ddp;
 
+/* Which mean of the loss a step's averaged gradients are (DDP and ZeRO; above). */
+typedef enum pdp_batch_mean {
+    PDP_BATCH_MEAN_RANKS = 0,  /* the mean over ranks of each rank's batch mean: PyTorch
+                                  DDP's; the global-batch mean when the shards are even */
+    PDP_BATCH_MEAN_GLOBAL = 1  /* the mean over the global batch, whatever the shards:
+                                  one all-reduce of the batch sizes per backward */
+} pdp_batch_mean;
+
+/* Sizes: 0 (default) or finite MiB in (0, 1e12]; anything else fails with
+   PDP_ERR_INVALID naming the field and the value (the rule pdp_zero_desc shares). */
 typedef struct pdp_ddp_desc {
     double bucket_cap_mb;    /* bucket capacity in MiB (2^20 bytes); default 25 */
     double first_bucket_mb;  /* capacity of the first bucket in MiB (the last layers'
                                 gradients, ready first); default min(1, bucket_cap_mb) */
+    pdp_batch_mean batch_mean; /* default PDP_BATCH_MEAN_RANKS (PyTorch's); the same on
+                                  every rank */
 } pdp_ddp_desc;
 
-/* Wraps m (which stays owned by the caller, must outlive ddp and gets no new
-   layers) and c (the same). Collective: every rank of c must call it. Checks
+/* Wraps m (which stays owned by the caller and must outlive ddp; adding layers to it
+   fails until pdp_ddp_free, and so does a second executor on it: model.h, "Wrapped
+   models") and c (the same). Collective: every rank of c must call it. Checks
    that every rank has the same parameter names and shapes (a mismatch fails on
    every rank with PDP_ERR_INVALID naming the first differing parameter), then
    copies rank 0's parameters to every rank, zeroes the gradients and installs
@@ -1425,8 +1545,10 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
 /* Waits for buckets still in flight, removes the hook. NULL is fine. */
 PDP_API void pdp_ddp_free(pdp_ddp *ddp);
 
-/* Forward, softmax cross-entropy (mean over this rank's batch) and backward on
-   this rank's shard; buckets are all-reduced as their gradients become ready.
+/* Forward, softmax cross-entropy (mean over this rank's batch: *loss) and backward on
+   this rank's shard (under PDP_BATCH_MEAN_GLOBAL its gradient weighted by N n_r / T,
+   the batch sizes all-reduced during the forward); buckets are all-reduced as their
+   gradients become ready.
    Gradients accumulate (+=). A synchronised backward must be finished
    (pdp_ddp_step or pdp_ddp_finish) before the next one. */
 PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *ddp, const pdp_tensor *x,
@@ -1550,7 +1672,9 @@ typedef struct pdp_ddp_stats {
     int64_t grad_bytes;        /* bytes of gradients all-reduced per step */
     /* the last finished step */
     int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes; half
-                                  of it with a 16-bit compression hook) */
+                                  of it with a 16-bit compression hook), plus under
+                                  PDP_BATCH_MEAN_GLOBAL the batch sizes' all-reduce of every
+                                  backward since the last step, 2(N-1)/N x 4 each */
     double backward_s;         /* forward + loss + backward, launches included */
     double allreduce_s;        /* execution time of this step's bucket all-reduces, from the
                                   moment the backend starts each (waiting for slower ranks
@@ -1642,7 +1766,22 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    parallel: split a world of D x T ranks into TP groups (pdp_comm_split(world, rank / T,
    rank, &tp)) and DP groups (pdp_comm_split(world, rank % T, rank, &dp)), build the TP
    model on tp and wrap it in pdp_ddp_create(..., dp, ...): DDP averages each slice's
-   gradient over the ranks holding the same slice.
+   gradient over the ranks holding the same slice. ZeRO (pdp_zero_create on dp) works
+   the same way.
+
+   Same model on every rank: the first forward (f's, the first TP layer of every block)
+   runs one check over the TP group, as DDP checks its parameters: every TP layer's
+   place, kind and full widths against TP rank 0's. A difference (ranks that built 8
+   and 12 features) fails on every rank with PDP_ERR_INVALID naming the layer and both
+   widths; it runs again at the next forward (and after TP layers are added).
+
+   Gradient clipping: pdp_clip_grad_norm on a TP model is collective over the TP group.
+   The full model's squared norm is every rank's slices plus the replicated tensors (the
+   row-parallel bias, LayerNorm, any layer outside the blocks) added by TP rank 0 only,
+   summed by one all-reduce of one float, so every rank scales by the same coefficient
+   and the replicated tensors stay the same bits. DP x TP: call it after
+   pdp_ddp_finish. Under ZeRO, pdp_zero_clip_grad_norm sums its shards over the DP group
+   and then the TP group, counting the same way.
 
    Checkpoints: pdp_tp_checkpoint_save gathers the full tensors (and the optimizer's
    state) and writes one ordinary checkpoint, the file pdp_checkpoint_save writes for
@@ -1650,7 +1789,9 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
    PyTorch); pdp_tp_checkpoint_load reads such a file into any TP layout. Both are
    collective over the TP communicator. pdp_checkpoint_save/load refuse a model with TP
    layers (PDP_ERR_STATE naming pdp_tp_checkpoint_save/load): its parameters are slices.
-   DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED).
+   DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED). ZeRO over a TP
+   model trains and clips (pdp_zero_clip_grad_norm counts the slices over TP); its
+   checkpoints, both ZeRO's and these, are not built yet and fail with PDP_ERR_UNSUPPORTED.
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per rank: thread
    ranks from pdp_nccl_group_create, or processes from pdp_comm_init_env), with the
@@ -1726,7 +1867,8 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
      stage 2 (P_os+g)       and the reduced gradients;
      stage 3 (P_os+g+p)     and the parameters.
    After k steps the parameters are those of DDP and of one device on the
-   global batch (to float rounding), at DDP's communication volume (stages 1-2:
+   global batch (to float rounding; on uneven shards see "Uneven shards"
+   below), at DDP's communication volume (stages 1-2:
    a reduce-scatter plus an all-gather is one all-reduce) or 1.5x it (stage 3).
 
    Sharding per unit. A unit is a bucket of whole layers, planned as DDP plans
@@ -1776,23 +1918,69 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
    pdp_zero_memory reports the measured figures beside those formulas (with
    Psi_pad where padding applies).
 
-   Communication per rank per step (bytes counted by the communicator): stages 1
-   and 2: one reduce-scatter and one all-gather of every unit, 2 (N-1)/N Psi_pad
-   x 4 = DDP's all-reduce volume; stage 3: two all-gathers (forward and backward)
-   and one reduce-scatter, 3 (N-1)/N Psi_pad x 4.
+   Communication per rank per step (bytes counted by the communicator), with
+   V = (N-1)/N x 4 Psi_pad (one reduce-scatter or one all-gather of every unit)
+   and k backward passes per step (k - 1 micro-steps under no_sync, then one
+   synchronised; k = 1 without accumulation):
+     stage 1: 2 V, whatever k: the micro-steps accumulate in the full gradient
+              buffers without communicating (as DDP), the last backward
+              reduce-scatters, the step all-gathers = DDP's all-reduce volume;
+     stage 2: (k + 1) V: stages 2 and 3 hold no full gradient, so every backward
+              reduce-scatters and adds its slice to the shard (DeepSpeed's
+              behaviour: the same sums, k times the gradient traffic), and the
+              step all-gathers once;
+     stage 3: 3k V - (k - 1) V_kept: every backward gathers every unit and
+              reduce-scatters it (2k V), the first forward after a step gathers
+              every unit (V), and each later forward gathers all but the units
+              the backward before it left gathered ((k - 1) (V - V_kept)): the
+              last param_buffers units of backward (the first of forward),
+              V_kept = (N-1)/N x 4 x their padded floats (all of Psi_pad when
+              there are no more units than param_buffers: then (2k + 1) V).
+              k = 1: 3 V, 1.5x DDP.
+   With batch_mean PDP_BATCH_MEAN_GLOBAL each backward adds its one-float
+   all-reduce of the batch sizes (2 (N-1)/N x 4 bytes, rounded down, per pass).
+   pdp_zero_get_stats gives k, the bytes sent and this formula (its value and its
+   words) for the last step. Not in the formula: clipping's scalar all-reduce, an
+   evaluation forward between steps (stage 3 gathers) and pdp_zero_gather_params.
 
-   Gradient accumulation: under no_sync stage 1 accumulates in its full gradient
-   buffers without communicating (as DDP); stages 2 and 3 hold no full gradient,
-   so every backward reduce-scatters and adds its slice to the shard (DeepSpeed's
-   behaviour): the same sums, k times the gradient traffic.
+   Uneven shards: as DDP (ddp.h, "Uneven shards"), each rank's loss is the mean
+   over its own batch and the reduce-scatter averages over ranks, so a step
+   trains the mean of per-rank means, which is the global batch's mean only
+   when the shards are even (PyTorch DDP and ZeroRedundancyOptimizer do the
+   same). desc.batch_mean = PDP_BATCH_MEAN_GLOBAL trains the mean over the
+   global batch: every backward all-reduces the batch sizes (one float, in
+   bytes_sent and in the formula) and weighs this rank's loss gradient by
+   N n_r / T, so every stage equals one device on the concatenated shards,
+   accumulation included (each backward weighted by its own global batch).
 
    Every backward of the wrapped model synchronises, whatever the loss
    (pdp_zero_forward_backward, or pdp_zero_forward + own loss +
-   pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model).
-   While wrapped, read gradients with pdp_zero_grad_norm/clip only (the model's
-   gradient block is gone) and, at stage 3, parameters with
-   pdp_zero_gather_params. Faults never hang: a missing rank makes the
-   reduce-scatter (named with its unit) or the all-gather fail with
+   pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model;
+   under PDP_BATCH_MEAN_GLOBAL only the first two, which apply the weight).
+
+   The wrapped model (model.h, "Wrapped models"): layers cannot be added (the units
+   are planned on its layout) and no other executor can take it, until pdp_zero_free.
+   Its views show what this rank holds, each with its range (pdp_param's value_lo..hi,
+   grad_lo..hi: a parameter lies in one unit, so this rank's part of it is one
+   contiguous range of its row-major elements, possibly empty):
+     pdp_model_param  grad: this rank's part of the reduced gradient at every stage
+                      (the average over ranks after pdp_zero_finish; at stage 1 the
+                      local sums before it); value: the whole parameter at stages 1-2
+                      (every rank's full copy, all-gathered after each step), this
+                      rank's part at stage 3 (the shard the optimizer updates);
+     pdp_model_flat   the full parameter block at stages 1-2; the gradients (every
+                      stage) and the parameters at stage 3 are not one block on this
+                      rank: PDP_ERR_STATE naming pdp_model_param and
+                      pdp_zero_gather_params (the full values, collective);
+     pdp_checkpoint_load  PDP_ERR_STATE at every stage (the shards train): use
+                      pdp_zero_checkpoint_load_full or pdp_zero_checkpoint_load;
+     pdp_checkpoint_save  the full parameters at stages 1-2 (without the optimizer:
+                      a shard optimizer is refused); PDP_ERR_STATE at stage 3 unless
+                      pdp_zero_gather_params(z, NULL) put them in the model's block
+                      (until the next step): use pdp_zero_checkpoint_consolidate or
+                      pdp_zero_checkpoint_save.
+   The whole gradient norm: pdp_zero_clip_grad_norm. Faults never hang: a missing
+   rank makes the reduce-scatter (named with its unit) or the all-gather fail with
    PDP_ERR_TIMEOUT naming the rank, within the communicator's timeout.
 
    Devices: a CPU model over the local or MPI backend, or a CUDA model over NCCL
@@ -1807,14 +1995,25 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
 
 typedef struct pdp_zero pdp_zero;
 
+/* The bucket options follow one rule with pdp_ddp_desc's (checked before anything is
+   allocated or sent; a bad value fails with PDP_ERR_INVALID naming the field and the
+   value): the sizes are 0 (default) or finite MiB in (0, 1e12]; the buffer counts are 0
+   (default) or at most U, the number of units the sizes give this model
+   (pdp_zero_num_units): unit u takes gradient buffer u mod grad_buffers, so more could
+   never be used (param_buffers may be 2 with one unit). */
 typedef struct pdp_zero_desc {
     int stage;               /* 1, 2 or 3; default 1 */
     double bucket_cap_mb;    /* unit size in MiB; default 25 */
     double first_bucket_mb;  /* the first unit (the last layers); default min(1, cap) */
-    int grad_buffers;        /* stages 2-3: gradient bucket buffers; default 2 */
-    int param_buffers;       /* stage 3: gathered parameter buffers, >= 2; default 2 */
+    int grad_buffers;        /* stages 2-3: gradient bucket buffers, 1..U; default
+                                min(2, U) */
+    int param_buffers;       /* stage 3: gathered parameter buffers, 2..max(2, U);
+                                default 2 */
     bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for
                                 measuring what prefetch gains); default false */
+    pdp_batch_mean batch_mean; /* uneven shards (ddp.h): default PDP_BATCH_MEAN_RANKS, the
+                                  mean of per-rank means (PyTorch's); PDP_BATCH_MEAN_GLOBAL
+                                  the global batch's. The same on every rank */
 } pdp_zero_desc;
 
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
@@ -1830,8 +2029,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc);
 /* Waits for collectives in flight and gives the model back its gradient block
    (zeroed) and, at stage 3, a parameter block holding this rank's slices only
-   (call pdp_zero_gather_params(z, NULL) first for the full values). Not
-   collective. NULL is fine. */
+   (call pdp_zero_gather_params(z, NULL) first for the full values); the model is the
+   caller's again (layers may be added; pdp_model_param views taken while wrapped are
+   stale). Not collective. NULL is fine. */
 PDP_API void pdp_zero_free(pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
    (pdp_optim_step refuses it). Free it with pdp_optim_free. */
@@ -1847,7 +2047,11 @@ PDP_API pdp_status pdp_zero_backward(pdp_zero *z, const pdp_tensor *dy);
 PDP_API pdp_status pdp_zero_finish(pdp_zero *z);
 /* Gradient clipping from shards (after finish, before step): the squared norm
    of the shard, all-reduced (sum); every rank scales its shard by the same
-   coefficient (torch.nn.utils.clip_grad_norm_'s). Collective. */
+   coefficient (torch.nn.utils.clip_grad_norm_'s). Collective. max_norm as
+   pdp_clip_grad_norm's (finite and >= 0, else PDP_ERR_INVALID). On a TP model (ZeRO
+   over the DP group of a DP x TP world) it is collective over the TP group as well:
+   slices count on every TP rank and replicated tensors once, so the norm is the full
+   model's (tp.h). */
 PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm);
 /* pdp_zero_finish, then the shard's update with opt (from pdp_zero_optim_create),
    zeroed gradients, and (stages 1-2) the all-gather of the updated parameters. */
@@ -1878,14 +2082,25 @@ PDP_API int pdp_zero_num_units(const pdp_zero *z);
    rank order, S = shard_count, so its metadata names the rank, the world size
    and the step), and the marker "P.done", which rank 0 writes only after every
    rank's file is on disk (removing the old marker first: a set with a marker is
-   complete, as in llm.c). The marker holds the world size, stage, step and unit
-   plan. Load validates the marker against this run (world size, parameter
-   count, units) and every rank's file (range, step, tensors, checksums) into
-   staging buffers; only when every rank succeeded is anything copied, so a bad
-   set fails on every rank with a message naming the marker or the bad file, the
-   parameters and optimizer untouched. Resume at the same world size is
-   bit-exact; the stage may differ (the layout is the same). Every save
-   overwrites the set of its prefix (put the step in the prefix to keep several). */
+   complete, as in llm.c). The marker holds the world size, stage, step, unit
+   plan and the save's run id: 64 bits rank 0 draws at each save and sends to
+   every rank, written into every shard file too ("shard.run"), so the files of
+   two saves at the same step and world size are told apart. Load validates the
+   marker against this run (world size, parameter count, units) and every rank's
+   file (range, run id, step, tensors, checksums) into staging buffers; only when
+   every rank succeeded is anything copied, so a bad set (a file of another save
+   among them: PDP_ERR_FORMAT naming the file and both run ids) fails on every
+   rank with a message naming the marker or the bad file, the parameters and
+   optimizer untouched. A rank that stalls, exits or is killed during save, load
+   or consolidate makes the others fail with the communicator's status
+   (PDP_ERR_TIMEOUT naming the ranks that did not arrive; PDP_ERR_COMM for a
+   local rank that freed its communicator) after the call's name and what it was
+   agreeing on; such a save leaves no marker unless every shard file was written
+   (then its marker marks a complete set). Save removes the temporaries that
+   writers killed mid-save left ("<file>.tmp.<pid>" of the shard files and the
+   marker, whose pid is no live process). Resume at the same world size is
+   bit-exact; the stage may differ (the layout is the same). Every save overwrites
+   the set of its prefix (put the step in the prefix to keep several). */
 PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix);
 PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix);
 /* One full checkpoint (pdp_checkpoint_save's file: state_dict names, PyTorch
@@ -1919,8 +2134,14 @@ PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_ze
 typedef struct pdp_zero_stats {
     int64_t steps;             /* synchronised backward passes finished */
     int64_t units;
-    int64_t bytes_sent;        /* the last step, by this rank: backward + step */
-    int64_t formula_bytes;     /* 2 (N-1)/N Psi_pad 4 (stages 1-2), 3 (N-1)/N Psi_pad 4 (3) */
+    int64_t bytes_sent;        /* the last step, by this rank: every collective since the step
+                                  before (its k micro-steps' backward passes, this step) */
+    int64_t micro_steps;       /* k: backward passes in the last step (k - 1 under no_sync) */
+    int64_t formula_bytes;     /* what the last step should send, from k (the formula above);
+                                  equal to bytes_sent unless clipping (its all-reduced scalar),
+                                  an evaluation forward or pdp_zero_gather_params ran between
+                                  steps */
+    char formula[160];         /* that formula in words, with k and N substituted */
     int64_t gathers;           /* all-gathers of the last step */
     double backward_s, reduce_s, wait_s;
     int64_t total_bytes_sent;
@@ -1942,7 +2163,12 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        (pdp_pp_model) with the full model's parameter values and names ("4.weight"
        stays "4.weight"), so a pipeline starts equal to the single-device model and
        a stage's parameters are found in it by name. The full model stays the
-       caller's and is not used again (free it);
+       caller's and is not used again (free it). The stage model is the pipeline's
+       until pdp_pp_free: its layout is fixed, its optimizer is made on it
+       (pdp_pp_step refuses any other), and its gradients are clipped with
+       pdp_pp_clip_grad_norm, which sees every stage (pdp_clip_grad_norm on one stage
+       would see that stage only). A model with tensor-parallel layers is refused
+       (PDP_ERR_UNSUPPORTED): PP x TP does not exist yet;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
        (default) or by time measured on rank 0 (forward + backward per layer), as a
        contiguous split minimising the largest stage; every rank checks that it got
@@ -2000,6 +2226,7 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
 
    Typical step (each rank):
        pdp_pp_forward_backward(pp, x, labels, &loss);   the whole batch; loss on the last stage
+       pdp_pp_clip_grad_norm(pp, 1.0f, &norm);          optional; collective over the stages
        pdp_pp_step(pp, opt);                            opt made on pdp_pp_model(pp)
    Reference: Huang et al., "GPipe" (2019); Narayanan et al., "Efficient Large-Scale
    Language Model Training on GPU Clusters Using Megatron-LM" (2021), section 2.2. */
@@ -2043,8 +2270,9 @@ typedef struct pdp_pp_desc {
 /* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
    dp. full: the same model on every rank; it is read, not kept. A model with fewer
    layers than stages, or boundaries that differ from rank 0's, fail with
-   PDP_ERR_INVALID. A rank that cannot allocate its stage makes every rank fail: the
-   others with PDP_ERR_COMM naming it. PDP_TRACE=out.json traces the schedule. */
+   PDP_ERR_INVALID; a model with tensor-parallel layers with PDP_ERR_UNSUPPORTED. A rank
+   that cannot allocate its stage makes every rank fail: the others with PDP_ERR_COMM
+   naming it. PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
@@ -2054,12 +2282,27 @@ PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
    into the stage's model. x is read on the first stage only, on its device (the others read
    x->shape[0]: x->data may be NULL there), labels on the last only (with desc.loss,
    labels may be NULL). *loss: the step's mean loss on the last stage, 0 elsewhere.
-   With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits. */
+   With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits.
+   When one stage fails (its loss function, a shape, a peer that does not answer within
+   the communicator's timeout), every stage fails, each message naming the call, the
+   rank, its stage and the action (F<j> or B<j>) that failed there. */
 PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                                            const int32_t *labels, float *loss);
 /* With desc.dp: waits for the gradients' average over dp. Otherwise nothing to do. */
 PDP_API pdp_status pdp_pp_finish(pdp_pp *pp);
-/* pdp_pp_finish, pdp_optim_step(opt) (opt made on pdp_pp_model), zeroed gradients. */
+/* torch.nn.utils.clip_grad_norm_(full.parameters(), max_norm) of the whole model:
+   collective over the pipeline's communicator (every stage calls it), between
+   pdp_pp_forward_backward and pdp_pp_step. It calls pdp_pp_finish first, so with
+   desc.dp the gradients are already averaged over dp (those of the global batch, the
+   same on every pipeline): the norm is the square root of the sum over the stages of
+   each stage's sum of squares (doubles, added in stage order: the same on every stage
+   and every pipeline). Every stage scales its gradients by max_norm / (norm + 1e-6)
+   when that is below 1. *total_norm (may be NULL): the norm before clipping, on every
+   stage. max_norm must be finite and >= 0 (else PDP_ERR_INVALID); a NaN or Inf norm
+   fails with PDP_ERR_NUMERIC on every stage, nothing scaled. */
+PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *total_norm);
+/* pdp_pp_finish, pdp_optim_step(opt), zeroed gradients. opt must have been made on
+   pdp_pp_model(pp) (else PDP_ERR_INVALID, nothing changed). */
 PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt);
 
 PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp); /* this rank's stage */
@@ -2920,8 +3163,25 @@ typedef struct pdp__tp_state {
     pdp_comm *comm;
     int rank, size;
     int nlayers;          /* TP layers added */
+    int checked;          /* TP layers the last passing width check covered: f's forward
+                             runs the check (collective) while it differs from nlayers */
+    pdp_model *model;     /* the model holding this state (the check reads its layers) */
+    /* tp.c's pdp__tp_check_widths, set by pdp_model_set_tp (f's forward, layers_tp.c,
+       comes before tp.c in the amalgamation) */
+    pdp_status (*check_widths)(struct pdp__tp_state *tp);
+    float scalar;         /* clipping's all-reduced squared norm (pdp_clip_grad_norm) */
+    float *dscalar;       /* a CUDA model's device copy of it (NCCL reduces device memory
+                             only): allocated by pdp_model_set_tp, freed by pdp_model_free */
     pdp_tp_stats stats;
 } pdp__tp_state;
+
+/* Every TP rank's TP layers against TP rank 0's (kinds, places, full widths), collective
+   over tp->comm: all ranks return PDP_ERR_INVALID naming the first difference, or PDP_OK
+   and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
+   != nlayers. */
+static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
+static bool pdp__tp_is_split(const pdp_model *m, int p);
 
 static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -2965,6 +3225,13 @@ typedef enum pdp__wrap {
     PDP__WRAP_PP
 } pdp__wrap;
 
+/* A wrapped model's parameter views where its executor holds the blocks (ZeRO):
+   adjusts out->value, out->grad and their ranges for parameter index (model.c has
+   filled out with the views of the model's own blocks, or empty ones where a block is
+   gone), or refuses, the message starting with fn. */
+typedef pdp_status (*pdp__model_views_fn)(void *user, const pdp_model *m, int index,
+                                          pdp_param *out, const char *fn);
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -2997,6 +3264,9 @@ struct pdp_model {
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
     pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
                                   by its create, cleared by its free (pdp__model_wrap) */
+    int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    pdp__model_views_fn views; /* pdp_model_param's views (above); NULL: the blocks' */
+    void *views_user;
     pdp__model_event_fn event; /* the executor seam (above); NULL: off */
     void *event_user;
     float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
@@ -3008,6 +3278,23 @@ struct pdp_model {
     float *input_grad;       /* not NULL: backward writes d(loss)/d(input) here [batch, in] */
     double *layer_s;         /* not NULL: forward and backward add each layer's seconds */
 };
+
+/* Executors holding a model (model.c). pdp__model_wrap: marks m as held by kind (stage:
+   ZeRO's, else 0), or refuses with PDP_ERR_STATE, the message starting with fn, a model
+   another executor holds (one executor per model: two would both own its gradients),
+   naming both. pdp__model_unwrap: held by none again (the executor's free).
+   pdp__model_wrapper: "ZeRO stage 3 (pdp_zero_create)", the holder for messages.
+   pdp__model_check_layout: PDP_ERR_STATE for a call fn that would change the layout or
+   the parameter block of a wrapped model (or a DP replica), naming the executor; what:
+   the advice ("add layers before wrapping it"). */
+static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
+static void pdp__model_unwrap(pdp_model *m);
+static const char *pdp__model_wrapper(const pdp_model *m);
+static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+/* A parameter view for pdp_model_param (model.c): e's shape over data when full, else 1-d
+   of count floats; data NULL: empty (count 0). */
+static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                            int64_t count, pdp_tensor *out);
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
    clone reads src's parameter block (CPU DP replicas); otherwise it gets its own
@@ -3041,8 +3328,11 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
    PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
    as the CPU functions they stand in for (pointers on device d or io->device;
    labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
-/* Per-step scalars, computed once in double (as PyTorch does in Python) and
-   rounded to float for the element loop (optim.c's CPU loop, cuda_host.c's kernels). */
+/* Per-step scalars of the element loop (optim.c's CPU loop, cuda_host.c's kernels),
+   taken once per update by pdp__optim_scalars_of from the desc's doubles: 1 - beta,
+   1 - dampening, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t) and
+   decay = 1 - lr weight_decay computed in double (as PyTorch does in Python), then each
+   rounded to float, as PyTorch's fp32 kernels round a double scalar argument. */
 typedef struct pdp__optim_scalars {
     pdp_optim_kind kind;
     float lr, momentum, one_minus_damp, weight_decay;
@@ -3075,6 +3365,24 @@ static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n,
                                   const char *fn);
 static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
                                   const char *fn);
+/* *sum += the squares of gradient elements [lo, hi) of m's flat block, held at g[0, hi -
+   lo), as a TP group counts them: on a TP model a slice's elements on every TP rank and
+   a replicated tensor's on TP rank 0 only, so that the sum over the TP group is the full
+   model's; on any other model every element (pdp__grad_sumsq). */
+static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                        int64_t hi, double *sum, const char *fn);
+/* The one rule for max_norm of every clipping call (pdp_clip_grad_norm,
+   pdp_zero_clip_grad_norm, pdp_pp_clip_grad_norm): finite and >= 0, else
+   PDP_ERR_INVALID "fn: max_norm ...". */
+static pdp_status pdp__check_max_norm(float max_norm, const char *fn);
+/* torch.nn.utils.clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), in double,
+   rounded to float; >= 1 means no clipping. */
+static float pdp__clip_coef(float max_norm, double norm);
+/* *sum <- the sum over c's ranks of *sum (a float all-reduce: every rank gets the same
+   bits). host: a float that outlives the call (the executor's); dev: its copy on c's
+   device for a CUDA communicator (NCCL reduces device memory only), else NULL. The
+   message names the failing collective; the caller prefixes its own. */
+static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum);
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal
@@ -3117,6 +3425,16 @@ static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *
 static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
                                              pdp_optim *o, int64_t lo, int64_t hi,
                                              const char *fn);
+/* The same for the shards of one ZeRO save: save writes run (16 lowercase hex
+   digits, the save's id) as the shard file's "shard.run"; load accepts only a
+   shard file of exactly [lo, hi) whose "shard.run" is run, and fails with
+   PDP_ERR_FORMAT naming the file and both runs otherwise. */
+static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                           const float *params, const pdp_optim *o, int64_t lo,
+                                           int64_t hi, const char *run, const char *fn);
+static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                           const char *fn);
 
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----
@@ -12668,7 +12986,8 @@ static pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__lay
 
    Invariants: every rank of the TP communicator has the same layers in the same order,
    so f and g issue the same all-reduces in the same order; after g every rank holds
-   the same bits. Nothing here allocates. */
+   the same bits. Nothing here allocates after the first forward, whose f runs the width
+   check (tp.c: every TP rank built the same TP layers). */
 
 /* #include "internal.h" (already above) */
 
@@ -12682,6 +13001,16 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
     extra = full % size;
     if (lo) *lo = rank * base + PDP__MIN((int64_t)rank, extra);
     if (count) *count = base + (rank < extra);
+}
+
+/* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
+   bias, the row-parallel weight; every other parameter (the row-parallel bias, every
+   non-TP layer's) is whole on every TP rank. */
+static bool pdp__tp_is_split(const pdp_model *m, int p)
+{
+    const pdp__layer *l = &m->layers[m->params[p].layer];
+    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
+           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
 }
 
 /* ---- tp: f and g, the conjugate operators ---- */
@@ -12739,9 +13068,16 @@ static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, con
     return pdp__tp_op_setup(l, in);
 }
 
-/* f forward: identity. */
+/* f forward: identity. At the first forward (and after TP layers were added) the width
+   check first: every TP rank built the same TP layers (f is the first TP layer of every
+   block, so every rank reaches it before any other TP collective). */
 static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
+    pdp_status st;
+    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK) {
+        *io->status = st;
+        return;
+    }
     pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
 }
 
@@ -13173,9 +13509,65 @@ PDP_API void pdp_model_free(pdp_model *m)
     pdp__model_free_buffers(m);
     if (!m->params_shared) pdp__dev_free(m->device, m->param_block);
     pdp__dev_free(m->device, m->grad_block);
+    pdp__dev_free(m->device, m->tp.dscalar); /* tp.c: a CUDA TP model's clipping scalar */
     pdp__dealloc(m->layers);
     pdp__dealloc(m->params);
     pdp__dealloc(m);
+}
+
+/* ---- model: the executor holding it ---- */
+
+/* "ZeRO stage 3 (pdp_zero_create)": an executor, for messages. */
+static const char *pdp__wrap_name(pdp__wrap kind, int stage)
+{
+    static const char *zero[4] = {"ZeRO (pdp_zero_create)", "ZeRO stage 1 (pdp_zero_create)",
+                                  "ZeRO stage 2 (pdp_zero_create)",
+                                  "ZeRO stage 3 (pdp_zero_create)"};
+    switch (kind) {
+    case PDP__WRAP_DP: return "DataParallel (pdp_dp_create)";
+    case PDP__WRAP_DDP: return "DDP (pdp_ddp_create)";
+    case PDP__WRAP_ZERO: return zero[stage >= 1 && stage <= 3 ? stage : 0];
+    case PDP__WRAP_PP: return "a pipeline (pdp_pp_create)";
+    case PDP__WRAP_NONE: break;
+    }
+    return "no executor";
+}
+
+static const char *pdp__model_wrapper(const pdp_model *m)
+{
+    return pdp__wrap_name(m->wrapped, m->wrap_stage);
+}
+
+static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn)
+{
+    static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
+                                   "pdp_pp_free"};
+    PDP_ASSERT(kind > PDP__WRAP_NONE && kind <= PDP__WRAP_PP);
+    if (m->wrapped != PDP__WRAP_NONE)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
+                        "holds a model at a time: %s it before wrapping the model in %s", fn,
+                        pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
+    m->wrapped = kind;
+    m->wrap_stage = stage;
+    return PDP_OK;
+}
+
+static void pdp__model_unwrap(pdp_model *m)
+{
+    m->wrapped = PDP__WRAP_NONE;
+    m->wrap_stage = 0;
+    m->views = NULL;
+    m->views_user = NULL;
+}
+
+static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn)
+{
+    if (m->wrapped != PDP__WRAP_NONE)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s; %s", fn,
+                        pdp__model_wrapper(m), what);
+    if (m->params_shared)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
+    return PDP_OK;
 }
 
 /* ---- model: adding layers ---- */
@@ -13248,7 +13640,9 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
     size_t bytes;
     pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
-    if (m->params_shared) return pdp__err(PDP_ERR_STATE, "%s: model is a replica", fn);
+    /* the executor planned its buckets, shards and replicas on this layout */
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st;
     l.index = m->nlayers;
     if (m->nlayers) {
         const pdp__layer *prev = &m->layers[m->nlayers - 1];
@@ -13763,6 +14157,24 @@ PDP_API int64_t pdp_model_param_count(const pdp_model *m) { return m ? m->param_
 PDP_API int pdp_model_num_params(const pdp_model *m) { return m ? m->nparams : 0; }
 PDP_API pdp_device pdp_model_device(const pdp_model *m) { return m ? m->device : pdp_cpu(); }
 
+/* A view of count floats at data (1-d; the parameter's shape when full), or an empty
+   one (data NULL, count 0) where data is NULL: a block the executor took away. */
+static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                            int64_t count, pdp_tensor *out)
+{
+    memset(out, 0, sizeof *out);
+    out->device = d;
+    out->ndim = 1;
+    out->shape[1] = out->shape[2] = out->shape[3] = 1;
+    if (!data) return;
+    if (full) {
+        pdp_tensor_wrap(data, d, e->ndim, e->shape, out);
+        return;
+    }
+    out->data = data;
+    out->shape[0] = out->count = count;
+}
+
 PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out)
 {
     const pdp__param_entry *e;
@@ -13771,12 +14183,20 @@ PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out
         return pdp__err(PDP_ERR_INVALID, "pdp_model_param: index %d outside 0..%d", index,
                         m->nparams - 1);
     e = &m->params[index];
+    memset(out, 0, sizeof *out);
     out->name = e->name;
     out->layer = e->layer;
     out->offset = e->offset;
-    pdp_tensor_wrap(m->param_block + e->offset, m->device, e->ndim, e->shape, &out->value);
-    pdp_tensor_wrap(m->grad_block + e->offset, m->device, e->ndim, e->shape, &out->grad);
-    return PDP_OK;
+    out->ndim = e->ndim;
+    memcpy(out->shape, e->shape, sizeof out->shape);
+    out->count = e->count;
+    pdp__model_view(m->param_block ? m->param_block + e->offset : NULL, m->device, e, true,
+                    e->count, &out->value);
+    pdp__model_view(m->grad_block ? m->grad_block + e->offset : NULL, m->device, e, true,
+                    e->count, &out->grad);
+    out->value_hi = m->param_block ? e->count : 0;
+    out->grad_hi = m->grad_block ? e->count : 0;
+    return m->views ? m->views(m->views_user, m, index, out, "pdp_model_param") : PDP_OK;
 }
 
 PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out)
@@ -13790,9 +14210,23 @@ PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pd
 
 PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads)
 {
+    static const char *fn = "pdp_model_flat";
     int64_t n;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_flat: model is NULL");
-    if (!m->param_count) return pdp__err(PDP_ERR_STATE, "pdp_model_flat: the model has no parameters");
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!m->param_count) return pdp__err(PDP_ERR_STATE, "%s: the model has no parameters", fn);
+    /* ZeRO: the flat blocks a view would show are not what the rank holds */
+    if (params && (!m->param_block || (m->wrapped == PDP__WRAP_ZERO && m->wrap_stage == 3)))
+        return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s, which keeps only this "
+                        "rank's slices of the parameters (the gathered copy of "
+                        "pdp_zero_gather_params is gone at the next step): gather them into "
+                        "memory of yours with pdp_zero_gather_params(z, dst); pdp_model_param "
+                        "views this rank's part of each (or pass params NULL)", fn,
+                        pdp__model_wrapper(m));
+    if (grads && !m->grad_block)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s, which keeps the reduced "
+                        "gradients only in this rank's slices: pdp_model_param views this "
+                        "rank's part of each parameter's gradient, pdp_zero_clip_grad_norm "
+                        "clips them (or pass grads NULL)", fn, pdp__model_wrapper(m));
     n = m->param_count;
     if (params) pdp_tensor_wrap(m->param_block, m->device, 1, &n, params);
     if (grads) pdp_tensor_wrap(m->grad_block, m->device, 1, &n, grads);
@@ -13831,6 +14265,10 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     m->nslots = m->slot = 0;
     m->input_grad = NULL;
     m->layer_s = NULL;
+    m->wrapped = PDP__WRAP_NONE; /* the executor holds src; a replica is its own */
+    m->wrap_stage = 0;
+    m->views = NULL;
+    m->views_user = NULL;
     m->params_shared = share_params;
     m->cap_layers = src->nlayers;
     m->cap_params = src->nparams;
@@ -14227,8 +14665,13 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind)
     return "unknown";
 }
 
+/* x in [0, FLT_MAX]: finite, not negative, and a float once rounded where it meets a
+   float tensor. Written as !(x in range) by its callers, so NaN fails. */
+static bool pdp__optim_nonneg(double x) { return x >= 0.0 && x <= (double)FLT_MAX; }
+
 /* Fills zeros with defaults and validates; fn names the public caller. NaNs fail
-   every range check because each is written as !(x in range). */
+   every range check because each is written as !(x in range). The defaults are
+   PyTorch's, as doubles (0.999, not 0.999f). */
 static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
                                           const char *fn)
 {
@@ -14240,34 +14683,35 @@ static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_de
         return pdp__err(PDP_ERR_INVALID, "%s: kind %d is not SGD (0), Adam (1) or AdamW (2)", fn,
                         (int)d.kind);
     adam = d.kind != PDP_OPTIM_SGD;
-    d.lr = PDP__DEF(d.lr, adam ? 1e-3f : 1e-2f);
-    d.beta1 = PDP__DEF(d.beta1, 0.9f);
-    d.beta2 = PDP__DEF(d.beta2, 0.999f);
-    d.eps = PDP__DEF(d.eps, 1e-8f);
-    if (!(d.lr >= 0.0f && d.lr <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "%s: lr %g must be finite and >= 0", fn, (double)d.lr);
-    if (!(d.weight_decay >= 0.0f && d.weight_decay <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite and >= 0", fn,
-                        (double)d.weight_decay);
+    d.lr = PDP__DEF(d.lr, adam ? 1e-3 : 1e-2);
+    d.beta1 = PDP__DEF(d.beta1, 0.9);
+    d.beta2 = PDP__DEF(d.beta2, 0.999);
+    d.eps = PDP__DEF(d.eps, 1e-8);
+    if (!pdp__optim_nonneg(d.lr))
+        return pdp__err(PDP_ERR_INVALID, "%s: lr %g must be finite, >= 0 and <= FLT_MAX", fn,
+                        d.lr);
+    if (!pdp__optim_nonneg(d.weight_decay))
+        return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite, >= 0 and <= "
+                        "FLT_MAX", fn, d.weight_decay);
     if (!adam) {
-        if (!(d.momentum >= 0.0f && d.momentum <= FLT_MAX))
-            return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite and >= 0", fn,
-                            (double)d.momentum);
-        if (!(d.dampening >= 0.0f && d.dampening <= 1.0f))
+        if (!pdp__optim_nonneg(d.momentum))
+            return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite, >= 0 and <= "
+                            "FLT_MAX", fn, d.momentum);
+        if (!(d.dampening >= 0.0 && d.dampening <= 1.0))
             return pdp__err(PDP_ERR_INVALID, "%s: dampening %g must be in [0, 1]", fn,
-                            (double)d.dampening);
-        if (d.nesterov && (d.momentum <= 0.0f || d.dampening != 0.0f))
+                            d.dampening);
+        if (d.nesterov && (d.momentum <= 0.0 || d.dampening != 0.0))
             return pdp__err(PDP_ERR_INVALID,
                             "%s: nesterov needs momentum > 0 and dampening 0 (momentum %g, "
-                            "dampening %g)", fn, (double)d.momentum, (double)d.dampening);
+                            "dampening %g)", fn, d.momentum, d.dampening);
     } else {
-        if (!(d.beta1 >= 0.0f && d.beta1 < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "%s: beta1 %g must be in [0, 1)", fn, (double)d.beta1);
-        if (!(d.beta2 >= 0.0f && d.beta2 < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "%s: beta2 %g must be in [0, 1)", fn, (double)d.beta2);
-        if (!(d.eps >= 0.0f && d.eps <= FLT_MAX))
-            return pdp__err(PDP_ERR_INVALID, "%s: eps %g must be finite and >= 0", fn,
-                            (double)d.eps);
+        if (!(d.beta1 >= 0.0 && d.beta1 < 1.0))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta1 %g must be in [0, 1)", fn, d.beta1);
+        if (!(d.beta2 >= 0.0 && d.beta2 < 1.0))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta2 %g must be in [0, 1)", fn, d.beta2);
+        if (!pdp__optim_nonneg(d.eps))
+            return pdp__err(PDP_ERR_INVALID, "%s: eps %g must be finite, >= 0 and <= FLT_MAX",
+                            fn, d.eps);
     }
     *out = d;
     return PDP_OK;
@@ -14276,7 +14720,7 @@ static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_de
 /* How many state buffers the resolved desc d needs. */
 static int pdp__optim_nstate(const pdp_optim_desc *d)
 {
-    if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0f ? 1 : 0;
+    if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0 ? 1 : 0;
     return 2;
 }
 
@@ -14289,22 +14733,18 @@ static const char *pdp__optim_state_name(const pdp_optim *o, int k)
 
 /* ---- optim: lifecycle ---- */
 
-static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
-                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
-                                          const char *fn)
+/* The optimizer of m for desc, holding hi - lo floats of zeroed state per buffer (the
+   range [lo, hi) of the flat block; a shard: hi floats in the executor's layout). out,
+   m and the range are checked by the callers. On failure *out stays NULL and
+   everything allocated is freed; the message is composed before the free. */
+static pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc,
+                                   int64_t lo, int64_t hi, bool shard, const char *fn)
 {
     pdp_optim *o;
     pdp_optim_desc d;
-    size_t bytes;
+    size_t bytes = (size_t)(hi - lo) * sizeof(float);
     int k;
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
-    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
-        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
-                        "parameters", fn, (long long)lo, (long long)hi,
-                        (long long)m->param_count);
     if ((st = pdp__optim_desc_resolve(desc, &d, fn)) != PDP_OK) return st;
     o = (pdp_optim *)pdp__calloc(sizeof *o);
     if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
@@ -14313,18 +14753,34 @@ static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
     o->count = m->param_count;
     o->lo = lo;
     o->hi = hi;
+    o->shard = shard;
     o->nstate = pdp__optim_nstate(&d);
-    bytes = (size_t)(hi - lo) * sizeof(float);
     for (k = 0; k < o->nstate; k++) {
         if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
             (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: %s state for %s%lld floats", fn,
+                               pdp_optim_kind_name(d.kind), shard ? "a shard of " : "",
+                               (long long)(hi - lo));
             pdp_optim_free(o);
-            return pdp__err_wrap(st, "%s: %s state for %lld parameters", fn,
-                                 pdp_optim_kind_name(d.kind), (long long)(hi - lo));
+            return st;
         }
     }
     *out = o;
     return PDP_OK;
+}
+
+static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                          const char *fn)
+{
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
+                        "parameters", fn, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    return pdp__optim_alloc(out, m, desc, lo, hi, false, fn);
 }
 
 /* ZeRO: state for count floats in the executor's shard layout (zero.c), stepped
@@ -14333,25 +14789,12 @@ static pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
                                           const pdp_optim_desc *desc, int64_t count,
                                           const char *fn)
 {
-    pdp_status st = pdp__optim_create_range(out, m, desc, 0, 0, fn);
-    size_t bytes = (size_t)count * sizeof(float);
-    pdp_optim *o = *out;
-    int k;
-    if (st != PDP_OK) return st;
-    o->shard = true;
-    o->hi = count;
-    for (k = 0; k < o->nstate; k++) {
-        pdp__dev_free(m->device, o->state[k]);
-        o->state[k] = NULL;
-        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
-            (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
-            pdp_optim_free(o);
-            *out = NULL;
-            return pdp__err_wrap(st, "%s: %s state for a shard of %lld floats", fn,
-                                 pdp_optim_kind_name(o->desc.kind), (long long)count);
-        }
-    }
-    return PDP_OK;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (count < 0) return pdp__err(PDP_ERR_INVALID, "%s: shard of %lld floats", fn,
+                                   (long long)count);
+    return pdp__optim_alloc(out, m, desc, 0, count, true, fn);
 }
 
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
@@ -14380,17 +14823,17 @@ PDP_API void pdp_optim_zero_grad(pdp_optim *o)
     if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
 }
 
-PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr)
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, double lr)
 {
     if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: optimizer is NULL");
-    if (!(lr >= 0.0f && lr <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite and >= 0 (the "
-                        "optimizer keeps lr %g)", (double)lr, (double)o->desc.lr);
+    if (!pdp__optim_nonneg(lr))
+        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite, >= 0 and <= "
+                        "FLT_MAX (the optimizer keeps lr %g)", lr, o->desc.lr);
     o->desc.lr = lr;
     return PDP_OK;
 }
 
-PDP_API float pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0f; }
+PDP_API double pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0; }
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o) { return o ? o->steps : 0; }
 
 PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
@@ -14403,30 +14846,37 @@ PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
 
 /* ---- optim: the update ---- */
 
+/* What torch/optim/sgd.py, adam.py and adamw.py (_single_tensor_*) do with their
+   Python-float (double) hyper-parameters: 1 - dampening, 1 - beta, the bias corrections
+   (beta ** step, step a float), step_size = lr / bias_correction1, sqrt(bias_correction2)
+   and AdamW's 1 - lr * weight_decay are computed in double; each result, and each
+   hyper-parameter used as it is, is rounded to float once, where it meets a float tensor
+   as a scalar argument (alpha=, value=, mul_(x), add_(eps), / x: ATen's CPU and CUDA
+   kernels take a float tensor's scalars as float). */
 static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
 {
     const pdp_optim_desc *d = &o->desc;
     double t = (double)(o->steps + 1);
     memset(s, 0, sizeof *s);
     s->kind = d->kind;
-    s->lr = d->lr;
+    s->lr = (float)d->lr;
     if (d->kind == PDP_OPTIM_SGD) {
-        s->momentum = d->momentum;
-        s->one_minus_damp = (float)(1.0 - (double)d->dampening);
-        s->weight_decay = d->weight_decay;
+        s->momentum = (float)d->momentum;
+        s->one_minus_damp = (float)(1.0 - d->dampening);
+        s->weight_decay = (float)d->weight_decay;
         s->nesterov = d->nesterov;
         s->first = o->steps == 0;
         return;
     }
-    s->beta1 = d->beta1;
-    s->beta2 = d->beta2;
-    s->one_minus_beta1 = (float)(1.0 - (double)d->beta1);
-    s->one_minus_beta2 = (float)(1.0 - (double)d->beta2);
-    s->step_size = (float)((double)d->lr / (1.0 - pow((double)d->beta1, t)));
-    s->bc2_sqrt = (float)sqrt(1.0 - pow((double)d->beta2, t));
-    s->eps = d->eps;
-    s->l2 = d->kind == PDP_OPTIM_ADAM ? d->weight_decay : 0.0f;
-    s->decay = d->kind == PDP_OPTIM_ADAMW ? (float)(1.0 - (double)d->lr * d->weight_decay) : 1.0f;
+    s->beta1 = (float)d->beta1;
+    s->beta2 = (float)d->beta2;
+    s->one_minus_beta1 = (float)(1.0 - d->beta1);
+    s->one_minus_beta2 = (float)(1.0 - d->beta2);
+    s->step_size = (float)(d->lr / (1.0 - pow(d->beta1, t)));
+    s->bc2_sqrt = (float)sqrt(1.0 - pow(d->beta2, t));
+    s->eps = (float)d->eps;
+    s->l2 = d->kind == PDP_OPTIM_ADAM ? (float)d->weight_decay : 0.0f;
+    s->decay = d->kind == PDP_OPTIM_ADAMW ? (float)(1.0 - d->lr * d->weight_decay) : 1.0f;
 }
 
 /* The CPU loops: the math.h helpers per element, in blocks of 16 with a
@@ -14654,50 +15104,100 @@ static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float
     return PDP_OK;
 }
 
+static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                        int64_t hi, double *sum, const char *fn)
+{
+    int p;
+    pdp_status st;
+    if (!m->tp.comm) return pdp__grad_sumsq(m, g, hi - lo, sum, fn);
+    for (p = 0; p < m->nparams; p++) { /* each tensor's part of [lo, hi) */
+        const pdp__param_entry *e = &m->params[p];
+        int64_t a = PDP__MAX(lo, e->offset), b = PDP__MIN(hi, e->offset + e->count);
+        if (a >= b || (m->tp.rank != 0 && !pdp__tp_is_split(m, p))) continue;
+        if ((st = pdp__grad_sumsq(m, g + (a - lo), b - a, sum, fn)) != PDP_OK) return st;
+    }
+    return PDP_OK;
+}
+
+static pdp_status pdp__check_max_norm(float max_norm, const char *fn)
+{
+    /* NaN would scale by NaN, +Inf clip nothing while looking like a setting */
+    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: max_norm %g must be finite and >= 0", fn,
+                        (double)max_norm);
+    return PDP_OK;
+}
+
+static float pdp__clip_coef(float max_norm, double norm)
+{
+    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
+    return (float)((double)max_norm / (norm + 1e-6));
+}
+
+static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum)
+{
+    pdp_status st;
+    *host = (float)*sum;
+    if (dev) {
+        if ((st = pdp__dev_copy(c->device, dev, pdp_cpu(), host, sizeof *host)) != PDP_OK ||
+            (st = pdp_comm_allreduce(c, dev, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK ||
+            (st = pdp__dev_copy(pdp_cpu(), host, c->device, dev, sizeof *host)) != PDP_OK)
+            return st;
+    } else if ((st = pdp_comm_allreduce(c, host, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK) {
+        return st;
+    }
+    *sum = (double)*host;
+    return PDP_OK;
+}
+
+/* On a TP model (a TP communicator attached) a collective over the TP group: every rank
+   adds its slices and TP rank 0 the replicated tensors (pdp__grad_sumsq_range), one
+   all-reduce gives every rank the full model's norm, so every rank scales by the same
+   coefficient and the replicated tensors stay the same bits. */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm)
 {
+    static const char *fn = "pdp_clip_grad_norm";
     double sum = 0.0, norm;
     float coef;
-    const float *g;
-    int64_t n;
     pdp_status st;
     if (total_norm) *total_norm = 0.0f;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
-    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be finite and >= 0",
-                        (double)max_norm);
-    g = m->grad_block;
-    n = m->param_count;
-    if (!g && n)
-        return pdp__err(PDP_ERR_STATE, "pdp_clip_grad_norm: the model's gradients are sharded "
-                        "by ZeRO: use pdp_zero_clip_grad_norm");
-    if ((st = pdp__grad_sumsq(m, g, n, &sum, "pdp_clip_grad_norm")) != PDP_OK) return st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__check_max_norm(max_norm, fn)) != PDP_OK) return st;
+    if (m->wrapped == PDP__WRAP_PP)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is a pipeline stage holding one stage's "
+                        "gradients: use pdp_pp_clip_grad_norm (collective over the pipeline)", fn);
+    if (m->wrapped == PDP__WRAP_ZERO || (!m->grad_block && m->param_count))
+        return pdp__err(PDP_ERR_STATE, "%s: the model's gradients are sharded by ZeRO: use "
+                        "pdp_zero_clip_grad_norm", fn);
+    if ((st = pdp__grad_sumsq_range(m, m->grad_block, 0, m->param_count, &sum, fn)) != PDP_OK)
+        return st;
+    if (m->tp.comm && m->tp.size > 1 &&
+        (st = pdp__grad_allreduce_sum(m->tp.comm, &m->tp.scalar, m->tp.dscalar, &sum)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: TP rank %d of %d: all-reducing the squared norm", fn,
+                             m->tp.rank, m->tp.size);
     norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
-    if (!isfinite(norm))
-        return pdp__err(PDP_ERR_NUMERIC, "pdp_clip_grad_norm: the gradient norm is %g", norm);
-    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
-    coef = (float)((double)max_norm / (norm + 1e-6));
+    if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
+    coef = pdp__clip_coef(max_norm, norm);
     if (coef >= 1.0f) return PDP_OK;
-    return pdp__grad_scale(m, m->grad_block, n, coef, "pdp_clip_grad_norm");
+    return pdp__grad_scale(m, m->grad_block, m->param_count, coef, fn);
 }
 
 /* ---- optim: learning-rate schedule ---- */
 
-PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
-                                   float min_lr)
+PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, double base_lr,
+                                    double min_lr)
 {
     const double pi = 3.14159265358979323846;
     double progress;
     /* no status to return: an input outside the documented ranges gives NaN (optim.h) */
-    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0f && base_lr <= FLT_MAX) ||
-        !(min_lr >= 0.0f && min_lr <= FLT_MAX))
+    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0 && base_lr <= DBL_MAX) ||
+        !(min_lr >= 0.0 && min_lr <= DBL_MAX))
         return NAN;
-    if (step < warmup) return (float)((double)base_lr * (double)(step + 1) / (double)warmup);
+    if (step < warmup) return base_lr * (double)(step + 1) / (double)warmup;
     if (step >= total) return min_lr;
     progress = (double)(step - warmup) / (double)(total - warmup);
-    return (float)((double)min_lr +
-                   0.5 * ((double)base_lr - (double)min_lr) * (1.0 + cos(pi * progress)));
+    return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + cos(pi * progress));
 }
 /* ---- end src/optim.c ---- */
 
@@ -16190,11 +16690,14 @@ static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, co
    of the flat block as a shard file: flat F32 tensors "params" and
    "optim.<state>" ([hi - lo] each, either may be left out), __metadata__
    "format": "pdp-shard", "shard.lo", "shard.hi", "shard.count" (the model's
-   parameter count) and the same model and optimizer keys as a full file.
-   pdp__checkpoint_load_range reads a shard file of exactly that range, or the
-   slice [lo, hi) of a full checkpoint (every tensor still checked; the ones
-   the slice touches are read whole to verify their checksums). The public
-   load refuses a shard file; the public save and load refuse a range
+   parameter count), "shard.run" when the caller names the save it belongs to
+   (pdp__checkpoint_save_run: 16 hex digits, every shard of one ZeRO save and
+   its marker carry the same) and the same model and optimizer keys as a full
+   file. pdp__checkpoint_load_range reads a shard file of exactly that range, or
+   the slice [lo, hi) of a full checkpoint (every tensor still checked; the ones
+   the slice touches are read whole to verify their checksums);
+   pdp__checkpoint_load_run reads only a shard file of that range and that run.
+   The public load refuses a shard file; the public save and load refuse a range
    optimizer. */
 
 /* #include "internal.h" (already above) */
@@ -16407,8 +16910,8 @@ static void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool wit
    digits, crc_at[1 + t] those of tensor t's. Parameter names are
    "<layer>.<weight|bias>": nothing in them needs escaping. */
 static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                   int64_t lo, int64_t hi, bool shard, char **out, size_t *len,
-                                   size_t *crc_at)
+                                   int64_t lo, int64_t hi, bool shard, const char *run,
+                                   char **out, size_t *len, size_t *crc_at)
 {
     int nt = pdp__ckpt_ntensors(m, o, with_params, shard), t, d;
     size_t cap = 2048 + (size_t)nt * 384, n = 0;
@@ -16426,17 +16929,18 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool 
         pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.lo\":\"%lld\",\"shard.hi\":\"%lld\","
                       "\"shard.count\":\"%lld\"", (long long)lo, (long long)hi,
                       (long long)m->param_count);
+    if (shard && run) pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.run\":\"%s\"", run);
     if (o) {
         const pdp_optim_desc *dd = &o->desc;
         pdp__ckpt_put(h, cap, &n, &ok,
-                      ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.9g\","
-                      "\"optim.momentum\":\"%.9g\",\"optim.dampening\":\"%.9g\","
-                      "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.9g\","
-                      "\"optim.beta1\":\"%.9g\",\"optim.beta2\":\"%.9g\",\"optim.eps\":\"%.9g\"",
-                      pdp_optim_kind_name(dd->kind), (long long)o->steps, (double)dd->lr,
-                      (double)dd->momentum, (double)dd->dampening, dd->nesterov ? "true" : "false",
-                      (double)dd->weight_decay, (double)dd->beta1, (double)dd->beta2,
-                      (double)dd->eps);
+                      ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.17g\","
+                      "\"optim.momentum\":\"%.17g\",\"optim.dampening\":\"%.17g\","
+                      "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.17g\","
+                      "\"optim.beta1\":\"%.17g\",\"optim.beta2\":\"%.17g\","
+                      "\"optim.eps\":\"%.17g\"",
+                      pdp_optim_kind_name(dd->kind), (long long)o->steps, dd->lr, dd->momentum,
+                      dd->dampening, dd->nesterov ? "true" : "false", dd->weight_decay,
+                      dd->beta1, dd->beta2, dd->eps);
     }
     for (t = -1; t < nt; t++) {
         if (t < 0) {
@@ -16588,7 +17092,7 @@ static void pdp__ckpt_remove_stale(const char *path)
    from the bytes written), then the sealed header over the first. */
 static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
                                  bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
-                                 bool shard, const char *fn)
+                                 bool shard, const char *run, const char *fn)
 {
     int nt = pdp__ckpt_ntensors(m, o, with_params, shard);
     bool staged = m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian();
@@ -16614,8 +17118,8 @@ static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const flo
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
         goto done;
     }
-    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, &header, &hlen, crc_at)) !=
-        PDP_OK) {
+    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, run, &header, &hlen,
+                               crc_at)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: %s", fn, path);
         goto done;
     }
@@ -16698,6 +17202,20 @@ static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, con
                                        const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    /* ZeRO: a load must reach the shards that train (and every rank); a save needs the
+       full parameters in the model's block (stages 1-2, or stage 3 after
+       pdp_zero_gather_params(z, NULL): what consolidate saves through) */
+    if (m->wrapped == PDP__WRAP_ZERO && !strstr(fn, "_save"))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the model is wrapped by %s, whose shards hold "
+                        "what trains; load with pdp_zero_checkpoint_load_full (a full file) or "
+                        "pdp_zero_checkpoint_load (a shard set), both collective", fn, path,
+                        pdp__model_wrapper(m));
+    if (m->wrapped == PDP__WRAP_ZERO && !m->param_block)
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the model is wrapped by %s, which keeps only "
+                        "this rank's slices of the parameters; save with "
+                        "pdp_zero_checkpoint_consolidate (one full file) or "
+                        "pdp_zero_checkpoint_save (a shard set), both collective", fn, path,
+                        pdp__model_wrapper(m));
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "%s: %s: the model has %d tensor-parallel layers, so its "
                         "parameters are this rank's slices; use pdp_tp_checkpoint_%s "
@@ -16709,8 +17227,9 @@ static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, con
                         (long long)m->param_count);
     if (o && !pdp__optim_is_full(o))
         return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
-                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
-                        (long long)o->hi, (long long)o->count);
+                        "the %lld parameters only (a ZeRO shard: pdp_zero_checkpoint_%s)", fn,
+                        path, (long long)o->lo, (long long)o->hi, (long long)o->count,
+                        strstr(fn, "_save") ? "consolidate or _save" : "load_full or _load");
     return PDP_OK;
 }
 
@@ -16719,7 +17238,7 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
     const char *fn = "pdp_checkpoint_save";
     pdp_status st;
     if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
-    return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+    return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, NULL, fn);
 }
 
 /* Checks a range call's arguments: [lo, hi) inside the model, o's range
@@ -16742,27 +17261,36 @@ static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, con
     return PDP_OK;
 }
 
+static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                           const float *params, const pdp_optim *o, int64_t lo,
+                                           int64_t hi, const char *run, const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, run, fn);
+}
+
 static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
                                              const float *params, const pdp_optim *o,
                                              int64_t lo, int64_t hi, const char *fn)
 {
-    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
-    if (st != PDP_OK) return st;
-    return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, fn);
+    return pdp__checkpoint_save_run(path, m, params, o, lo, hi, NULL, fn);
 }
 
 /* ---- checkpoint: load ---- */
 
-/* A float from a metadata string ("%.9g" on save); false when absent or bad. */
-static bool pdp__ckpt_meta_float(const pdp__st_parser *p, const char *key, float *out)
+/* A hyper-parameter from a metadata string: a double, "%.17g" on save (the exact
+   double back); an older pdp's file has "%.9g" of a float, read as that decimal. False
+   when absent or not a finite number. */
+static bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, double *out)
 {
     const char *s = pdp__st_meta(p, key);
     char *end;
     double v;
     if (!s || !*s) return false;
     v = strtod(s, &end);
-    if (*end || !isfinite(v) || fabs(v) > FLT_MAX) return false;
-    *out = (float)v;
+    if (*end || !isfinite(v)) return false;
+    *out = v;
     return true;
 }
 
@@ -16775,7 +17303,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
                                        "optim.weight_decay", "optim.beta1", "optim.beta2",
                                        "optim.eps"};
-    float *fields[7];
+    double *fields[7];
     pdp_optim_desc d, resolved;
     char *end, where[512];
     long long n;
@@ -16790,7 +17318,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     fields[0] = &d.lr; fields[1] = &d.momentum; fields[2] = &d.dampening;
     fields[3] = &d.weight_decay; fields[4] = &d.beta1; fields[5] = &d.beta2; fields[6] = &d.eps;
     for (i = 0; i < 7; i++)
-        if (!pdp__ckpt_meta_float(p, keys[i], fields[i]))
+        if (!pdp__ckpt_meta_double(p, keys[i], fields[i]))
             return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"%s\" is missing or not a "
                             "finite number", fn, p->file, keys[i]);
     if (!nest || (strcmp(nest, "true") != 0 && strcmp(nest, "false") != 0))
@@ -16808,7 +17336,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     if (pdp__optim_nstate(&resolved) != o->nstate)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: the file's %s (momentum %g) keeps %d state "
                         "tensors per parameter, the optimizer %d", fn, p->file, kind,
-                        (double)d.momentum, pdp__optim_nstate(&resolved), o->nstate);
+                        d.momentum, pdp__optim_nstate(&resolved), o->nstate);
     resolved.lr = d.lr; /* 0 is a valid learning rate (e.g. the end of a schedule) */
     *desc = resolved;
     *steps = (int64_t)n;
@@ -16972,10 +17500,11 @@ static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
 
 /* Loads the parameters [lo, hi) into params (when with_params) and o's state
    for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
-   allow_shard, from a shard file of exactly [lo, hi). */
+   allow_shard, from a shard file of exactly [lo, hi); with run, only from a
+   shard file of exactly [lo, hi) whose "shard.run" is run. */
 static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
                                  pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
-                                 const char *fn)
+                                 const char *run, const char *fn)
 {
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
@@ -16989,7 +17518,7 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
     uint64_t seed = 0, mstep = 0;
     bool have_seed = false, have_step = false, has_sums = false;
     struct stat sb;
-    const char *format;
+    const char *format, *srun;
     bool shard;
     FILE *f;
     int i, k, nstate;
@@ -17061,6 +17590,11 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
                       "not a checkpoint of the whole model", fn, path);
         goto done;
     }
+    if (run && !shard) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a shard file (\"format\" is \"%s\"), where "
+                      "the shard of run %s belongs", fn, path, format ? format : "absent", run);
+        goto done;
+    }
     if (shard) {
         uint64_t slo = 0, shi = 0, scount = 0;
         bool have[3];
@@ -17078,6 +17612,13 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
                           (unsigned long long)slo, (unsigned long long)shi,
                           (unsigned long long)scount, (long long)lo, (long long)hi,
                           (long long)m->param_count);
+            goto done;
+        }
+        srun = pdp__st_meta(&p, "shard.run");
+        if (run && (!srun || strcmp(srun, run) != 0)) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard of run %s, the set's is run %s (a "
+                          "file of another save)", fn, path, srun ? srun : "(none: no "
+                          "\"shard.run\")", run);
             goto done;
         }
     }
@@ -17188,16 +17729,24 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     const char *fn = "pdp_checkpoint_load";
     pdp_status st;
     if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
-    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, NULL,
+                          fn);
+}
+
+static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                           const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, run, fn);
 }
 
 static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
                                              pdp_optim *o, int64_t lo, int64_t hi,
                                              const char *fn)
 {
-    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
-    if (st != PDP_OK) return st;
-    return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, fn);
+    return pdp__checkpoint_load_run(path, m, params, o, lo, hi, NULL, fn);
 }
 /* ---- end src/checkpoint.c ---- */
 
@@ -17564,6 +18113,7 @@ static void pdp__dp_destroy(pdp_dp *dp)
     if (dp->master) {
         pdp__dev_free(dp->master->device, dp->out_block);
         pdp__dev_free(dp->master->device, dp->stage);
+        pdp__model_unwrap(dp->master); /* the caller's again: layers may be added */
     }
     if (dp->sync_ok) {
         pthread_cond_destroy(&dp->done);
@@ -17639,8 +18189,13 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
                             master->device.ordinal);
     }
 
+    /* the replicas are clones of this layout: it must not change while they live */
+    if ((st = pdp__model_wrap(master, PDP__WRAP_DP, 0, "pdp_dp_create")) != PDP_OK) return st;
     dp = (pdp_dp *)pdp__calloc(sizeof *dp);
-    if (!dp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory");
+    if (!dp) {
+        pdp__model_unwrap(master);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory");
+    }
     dp->master = master;
     dp->n = n;
     dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
@@ -17743,6 +18298,7 @@ static pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
                             fn, m->nlayers, (long long)m->param_count, i, r->nlayers,
                             (long long)r->param_count);
         r->training = m->training;
+        r->precision = m->precision; /* pdp_model_set_precision on the master, any time */
         r->step = m->step;
         r->seed = m->seed;
         if (r->params_shared) {
@@ -18128,6 +18684,12 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes)
    rank waits on it. pdp__reducer_finish waits for the buckets in order and
    reports the first failure naming the bucket and its parameters.
 
+   Uneven shards: with batch_mean PDP_BATCH_MEAN_GLOBAL (ddp.h) the reducer's own
+   backward entries weight each backward by this rank's share of the global batch
+   (one all-reduce of the batch sizes, then the loss gradient scaled before
+   backward: "the global-batch mean" below); a backward that bypasses them
+   (pdp_model_backward on the model) is refused at BACKWARD_BEGIN.
+
    States: IDLE (nothing pending), LOCAL (gradients accumulated under no_sync,
    not reduced), REDUCING (a synchronised backward launched its buckets and
    finish has not run). The progress of a bucket's collective writes the
@@ -18169,6 +18731,9 @@ typedef struct pdp__reducer_desc {
     pdp__bucket_done_fn bucket_done;  /* NULL: nothing */
     pdp__model_event_fn event;        /* the model's events (BACKWARD_BEGIN/END after the
                                          reducer's own handling), user = the reducer */
+    pdp_batch_mean batch_mean;        /* ddp.h; GLOBAL: each backward's weight (below) */
+    const char *backward_names;       /* for messages: "pdp_ddp_forward_backward or
+                                         pdp_ddp_backward" */
 } pdp__reducer_desc;
 
 typedef struct pdp__red_bucket {
@@ -18210,38 +18775,100 @@ struct pdp__reducer {
     pdp_ddp_comm_hook hook; /* hook.launch NULL: none; the executor's own collective */
     void *scratch;        /* the hook's scratch memory on the model's device, or NULL */
     int64_t *scratch_off; /* per bucket: its piece of scratch, in floats of the gradient */
+    /* batch_mean GLOBAL: the all-reduced batch size of the backward being prepared */
+    float count;          /* this rank's batch size, then (after the wait) the global batch */
+    float *dcount;        /* its copy on the communicator's device (NULL on the CPU) */
+    pdp_work *count_work; /* the all-reduce in flight, or NULL */
+    int64_t count_bytes;  /* bytes of those all-reduces since the last finish (stats) */
+    bool weighted;        /* the backward running now had its weight applied */
 };
 
 /* ---- reducer: buckets ---- */
 
-static pdp_status pdp__reducer_plan(pdp__reducer *r)
+/* The plan (the header's rule): walks m's parameters in reverse, closing a bucket at
+   >= cap bytes (the first at first; whole_layers: never between a layer's weight and
+   bias). Fills buckets and bucket_of when not NULL; returns the number of buckets. */
+static int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool whole_layers,
+                             pdp__red_bucket *buckets, int *bucket_of)
 {
-    const pdp_model *m = r->m;
-    double cap = r->desc.cap_bytes, first = r->desc.first_bytes;
     double bytes = 0.0;
     int p, b = 0, last = m->nparams - 1;
-    r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
-                                                sizeof *r->buckets);
-    r->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *r->bucket_of);
-    if (!r->buckets || !r->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
     for (p = m->nparams - 1; p >= 0; p--) {
         bytes += (double)m->params[p].count * sizeof(float);
-        r->bucket_of[p] = b;
-        if (r->desc.whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
+        if (bucket_of) bucket_of[p] = b;
+        if (whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
             continue; /* the layer's weight joins its bias */
         if (bytes >= (b == 0 ? first : cap) || p == 0) { /* close bucket b: params p..last */
-            pdp__red_bucket *k = &r->buckets[b];
-            k->info.first_param = p;
-            k->info.last_param = last;
-            k->info.offset = m->params[p].offset;
-            k->info.count = m->params[last].offset + m->params[last].count - k->info.offset;
-            k->nparams = last - p + 1;
+            if (buckets) {
+                pdp__red_bucket *k = &buckets[b];
+                k->info.first_param = p;
+                k->info.last_param = last;
+                k->info.offset = m->params[p].offset;
+                k->info.count = m->params[last].offset + m->params[last].count - k->info.offset;
+                k->nparams = last - p + 1;
+            }
             b++;
             last = p - 1;
             bytes = 0.0;
         }
     }
-    r->nbuckets = b;
+    return b;
+}
+
+static pdp_status pdp__reducer_plan(pdp__reducer *r)
+{
+    const pdp_model *m = r->m;
+    r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
+                                                sizeof *r->buckets);
+    r->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *r->bucket_of);
+    if (!r->buckets || !r->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
+    r->nbuckets = pdp__reducer_walk(m, r->desc.cap_bytes, r->desc.first_bytes,
+                                    r->desc.whole_layers, r->buckets, r->bucket_of);
+    return PDP_OK;
+}
+
+/* ---- reducer: the bucket options of DDP's and ZeRO's descs ----
+   One rule for both creates, checked before anything is allocated or communicated.
+   bucket_cap_mb and first_bucket_mb (MiB): 0 (the default: 25, and min(1, cap)) or
+   finite in (0, 1e12] (1e12 MiB, 2^60 bytes, is beyond any model and keeps every byte
+   figure an exact int64). ZeRO's buffer counts (NULL: not an option of the caller):
+   grad_buffers 0 (default 2) or 1..U and param_buffers 0 (default 2) or 2..max(2, U),
+   U the number of units these bucket sizes give m: unit u takes gradient buffer
+   u mod grad_buffers, so buffers beyond U would never be used, and two gather slots
+   (the unit computing and the next one's prefetch) are the least stage 3 needs. Every
+   failure names the field and its value. */
+static pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, double first_mb,
+                                         const int *gbufs, const int *pbufs, const char *fn)
+{
+    const char *name[2] = {"bucket_cap_mb", "first_bucket_mb"};
+    int grad_buffers = gbufs ? *gbufs : 0, param_buffers = pbufs ? *pbufs : 0;
+    double v[2];
+    int i, units;
+    v[0] = cap_mb;
+    v[1] = first_mb;
+    for (i = 0; i < 2; i++)
+        if (!(v[i] >= 0.0 && v[i] <= 1e12))
+            return pdp__err(PDP_ERR_INVALID, "%s: %s %g: must be 0 (the default) or a finite "
+                            "size in MiB, > 0 and at most 1e12", fn, name[i], v[i]);
+    if (grad_buffers < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d is negative", fn, grad_buffers);
+    if (param_buffers < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers %d is negative", fn, param_buffers);
+    if (param_buffers == 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers 1: stage 3 needs 2 or more (the "
+                        "unit computing and the next one's prefetch; 0 for the default 2)", fn);
+    if (grad_buffers == 0 && param_buffers == 0) return PDP_OK;
+    cap_mb = PDP__DEF(cap_mb, 25.0);
+    first_mb = PDP__DEF(first_mb, PDP__MIN(1.0, cap_mb));
+    units = pdp__reducer_walk(m, cap_mb * 1048576.0, first_mb * 1048576.0, true, NULL, NULL);
+    if (grad_buffers > PDP__MAX(1, units))
+        return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d: more than the %d units of "
+                        "bucket_cap_mb %g (unit u takes buffer u mod grad_buffers; at most %d "
+                        "can be used)", fn, grad_buffers, units, cap_mb, PDP__MAX(1, units));
+    if (param_buffers > PDP__MAX(2, units))
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers %d: more than the %d units of "
+                        "bucket_cap_mb %g (at most %d gather slots can be used)", fn,
+                        param_buffers, units, cap_mb, PDP__MAX(2, units));
     return PDP_OK;
 }
 
@@ -18331,6 +18958,10 @@ static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event 
         if (r->state == PDP__RED_REDUCING)
             return pdp__err(PDP_ERR_STATE, "rank %d: the last backward's buckets are still being "
                             "reduced; call %s first", r->c->rank, r->desc.finish_names);
+        if (r->desc.batch_mean == PDP_BATCH_MEAN_GLOBAL && !r->weighted)
+            return pdp__err(PDP_ERR_STATE, "rank %d: batch_mean is PDP_BATCH_MEAN_GLOBAL: run the "
+                            "backward through %s, which weight this rank's gradient by its share "
+                            "of the global batch", r->c->rank, r->desc.backward_names);
         r->backward_seen = true;
         if (!r->no_sync) pdp__reducer_arm(r);
         break;
@@ -18402,11 +19033,12 @@ static pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, fl
 
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
-static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, const char *fn)
+static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
+                                            pdp_batch_mean mean, const char *fn)
 {
     int64_t n0 = m->nparams;
     pdp__red_sig *table = NULL, mine;
-    float diff, *all = NULL;
+    float diff[2], *all = NULL;
     int p, q, mine_at = -1, worst_rank = -1, worst_at = -1, size = c->size;
     pdp_status st;
     if ((st = pdp_comm_broadcast_bytes(c, &n0, sizeof n0, 0)) != PDP_OK)
@@ -18414,7 +19046,7 @@ static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, con
     if (n0 < 0 || n0 > (1 << 24))
         return pdp__err(PDP_ERR_INVALID, "%s: rank 0 reports %lld parameters", fn, (long long)n0);
     table = (pdp__red_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
-    all = (float *)pdp__calloc((size_t)size * sizeof *all);
+    all = (float *)pdp__calloc((size_t)size * 2 * sizeof *all);
     if (!table || !all) {
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameter signatures", fn,
                       (long long)n0);
@@ -18437,15 +19069,23 @@ static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, con
             break;
         }
     }
-    diff = (float)mine_at;
-    if ((st = pdp__reducer_allgather_host(c, &diff, all, 1)) != PDP_OK) {
+    diff[0] = (float)mine_at;
+    diff[1] = (float)mean; /* the ranks must agree: GLOBAL adds a collective per backward */
+    if ((st = pdp__reducer_allgather_host(c, diff, all, 2)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: rank %d: exchanging the check's verdicts", fn, c->rank);
         goto out;
     }
     for (q = 0; q < size; q++)
-        if (all[q] >= 0.0f && (worst_at < 0 || (int)all[q] < worst_at)) {
-            worst_at = (int)all[q];
+        if (all[2 * q] >= 0.0f && (worst_at < 0 || (int)all[2 * q] < worst_at)) {
+            worst_at = (int)all[2 * q];
             worst_rank = q;
+        }
+    for (q = 1; q < size && worst_at < 0; q++)
+        if (all[2 * q + 1] != all[1]) {
+            st = pdp__err(PDP_ERR_INVALID, "%s: batch_mean differs across ranks: %d on rank %d, "
+                          "%d on rank 0 (every rank must pass the same)", fn, (int)all[2 * q + 1],
+                          q, (int)all[1]);
+            goto out;
         }
     if (worst_at >= 0) {
         char a[160], b[160];
@@ -18491,13 +19131,21 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, m->device.kind, m->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
+    if (desc->batch_mean != PDP_BATCH_MEAN_RANKS && desc->batch_mean != PDP_BATCH_MEAN_GLOBAL)
+        return pdp__err(PDP_ERR_INVALID, "%s: batch_mean %d is not PDP_BATCH_MEAN_RANKS (0) or "
+                        "PDP_BATCH_MEAN_GLOBAL (1)", fn, (int)desc->batch_mean);
     r->m = m;
     r->c = c;
     r->desc = *desc;
+    if (!r->desc.backward_names) r->desc.backward_names = "the executor's backward";
     if (pdp__reducer_plan(r) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d buckets", fn, m->nparams);
+    if (desc->batch_mean == PDP_BATCH_MEAN_GLOBAL && c->device.kind != PDP_DEVICE_CPU &&
+        pdp__dev_alloc(c->device, sizeof(float), (void **)&r->dcount) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no device memory for the batch "
+                        "size's all-reduce", fn, c->rank);
     /* collective from here on: every rank runs the same calls */
-    if ((st = pdp__reducer_check_params(m, c, fn)) != PDP_OK) return st;
+    if ((st = pdp__reducer_check_params(m, c, desc->batch_mean, fn)) != PDP_OK) return st;
     if (m->param_count &&
         (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
@@ -18527,6 +19175,10 @@ static void pdp__reducer_release(pdp__reducer *r)
     if (r->buckets)
         for (b = 0; b < r->nbuckets; b++) /* the progress thread may still write gradients */
             if (r->buckets[b].launched && r->buckets[b].work) pdp_work_wait(r->buckets[b].work);
+    if (r->count_work) pdp_work_wait(r->count_work);
+    r->count_work = NULL;
+    if (r->dcount) pdp__dev_free(r->c->device, r->dcount);
+    r->dcount = NULL;
     if (r->m && r->m->hook == pdp__reducer_hook && r->m->hook_user == r) {
         pdp_model_set_grad_hook(r->m, NULL, NULL);
         r->m->event = NULL;
@@ -18618,6 +19270,131 @@ static pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_com
     return PDP_OK;
 }
 
+/* ---- reducer: the global-batch mean ----
+   batch_mean PDP_BATCH_MEAN_GLOBAL (ddp.h): rank r's batch of n_r samples weighs
+   w_r = N n_r / T in the average over ranks, T = sum of n_r (one all-reduce of
+   one float per backward, exact up to 2^24 samples), so the averaged gradient is
+   sum_r n_r g_r / T, that of the mean loss over the concatenated global batch.
+   The weight multiplies the loss gradient dy before backward (backward is linear
+   in dy): the built-in cross-entropy takes N / T as its grad_scale instead of
+   1 / n_r, an own loss's dy is copied into the model's grad_a scaled by w_r. So
+   each backward is weighted by its own global batch, and k accumulated backward
+   passes sum k global-batch means, as k backward passes on one device. */
+
+/* Starts the all-reduce (sum) of this rank's batch size n; its bytes go to the
+   executor's stats. */
+static pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const char *fn)
+{
+    pdp_comm_stats a, b;
+    pdp_status st;
+    pdp_comm_get_stats(r->c, &a);
+    r->count = (float)n;
+    if (!r->dcount) {
+        st = pdp_comm_allreduce(r->c, &r->count, 1, PDP_REDUCE_SUM, &r->count_work);
+    } else if ((st = pdp__dev_copy(r->c->device, r->dcount, pdp_cpu(), &r->count,
+                                   sizeof(float))) == PDP_OK) {
+        st = pdp_comm_allreduce(r->c, r->dcount, 1, PDP_REDUCE_SUM, &r->count_work);
+    }
+    pdp_comm_get_stats(r->c, &b);
+    r->count_bytes += b.bytes_sent - a.bytes_sent;
+    if (st == PDP_OK) return PDP_OK;
+    r->count_work = NULL;
+    return pdp__err_wrap(st, "%s: rank %d: all-reducing the batch sizes", fn, r->c->rank);
+}
+
+/* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
+static pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
+                                          const char *fn)
+{
+    pdp_status st = pdp_work_wait(r->count_work);
+    double total;
+    r->count_work = NULL;
+    if (st == PDP_OK && r->dcount)
+        st = pdp__dev_copy(pdp_cpu(), &r->count, r->c->device, r->dcount, sizeof(float));
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: all-reducing the batch sizes", fn, r->c->rank);
+    total = (double)r->count;
+    if (!(total >= (double)n && total >= 1.0))
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d: the global batch is %g samples, this "
+                        "rank's %lld", fn, r->c->rank, total, (long long)n);
+    *scale = (float)((double)r->c->size / total);
+    *weight = (float)((double)r->c->size * (double)n / total);
+    return PDP_OK;
+}
+
+/* The built-in cross-entropy pass weighted by the global batch (loss.c's
+   pdp_model_forward_backward with grad_scale N / T): the batch sizes' all-reduce
+   runs during the forward. *loss is this rank's mean. */
+static pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pdp_tensor *x,
+                                                       const int32_t *labels, float *loss,
+                                                       const char *fn)
+{
+    pdp_model *m = r->m;
+    const pdp_tensor *y = NULL;
+    pdp_tensor dy;
+    double sum = 0.0;
+    float weight, scale;
+    pdp_status st, wst;
+    if (!x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if ((st = pdp__reducer_count_launch(r, x->shape[0], fn)) != PDP_OK) return st;
+    st = pdp_model_forward(m, x, &y);
+    wst = pdp__reducer_count_wait(r, x->shape[0], &weight, &scale, fn);
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+    if (wst != PDP_OK || y->ndim != 2) {
+        char buf[96];
+        m->have_forward = false;
+        if (wst != PDP_OK) return wst;
+        return pdp__err(PDP_ERR_SHAPE, "%s: rank %d: the model's output is %s; cross-entropy "
+                        "needs [batch, classes] (add a Flatten and a Linear)", fn, r->c->rank,
+                        pdp__shape_str(y, buf, sizeof buf));
+    }
+    st = pdp__cross_entropy_on(m->device, y->data, labels, y->shape[0], y->shape[1], scale, &sum,
+                               m->grad_a, fn);
+    *loss = (float)(sum / (double)y->shape[0]);
+    if (st != PDP_OK) {
+        m->have_forward = false;
+        return st;
+    }
+    pdp_tensor_wrap(m->grad_a, m->device, 2, y->shape, &dy);
+    r->weighted = true;
+    st = pdp_model_backward(m, &dy);
+    r->weighted = false;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* An own loss's backward weighted by the global batch: dy x N n / T into the
+   model's grad_a (which backward accepts as dy), then backward from it. */
+static pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor *dy,
+                                               const char *fn)
+{
+    pdp_model *m = r->m;
+    pdp_tensor scaled;
+    float weight, scale;
+    pdp_status st;
+    if (!dy) return pdp__err(PDP_ERR_INVALID, "%s: dy is NULL", fn);
+    if (!m->have_forward)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: no forward since the last backward", fn,
+                        r->c->rank);
+    if (dy->count != m->out_view.count) {
+        char a[96], b[96];
+        return pdp__err(PDP_ERR_SHAPE, "%s: rank %d: dy is %s, the output was %s", fn, r->c->rank,
+                        pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
+    }
+    if ((st = pdp__reducer_count_launch(r, m->batch, fn)) != PDP_OK ||
+        (st = pdp__reducer_count_wait(r, m->batch, &weight, &scale, fn)) != PDP_OK)
+        return st;
+    if (dy->data != m->grad_a &&
+        (st = pdp__dev_copy(m->device, m->grad_a, dy->device, dy->data,
+                            (size_t)dy->count * sizeof(float))) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: weighting dy", fn, r->c->rank);
+    if ((st = pdp__grad_scale(m, m->grad_a, dy->count, weight, fn)) != PDP_OK) return st;
+    pdp_tensor_wrap(m->grad_a, m->device, m->out_view.ndim, m->out_view.shape, &scaled);
+    r->weighted = true;
+    st = pdp_model_backward(m, &scaled);
+    r->weighted = false;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
 /* ---- reducer: training ---- */
 
 /* Forward, loss and backward on this rank's shard; the buckets launch as their
@@ -18630,6 +19407,11 @@ static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
     if (r->state == PDP__RED_REDUCING) /* before the forward, which would be wasted */
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
                         "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+    if (r->desc.batch_mean == PDP_BATCH_MEAN_GLOBAL) {
+        st = pdp__reducer_forward_backward_global(r, x, labels, loss, fn);
+        r->backward_acc += pdp__now() - t0;
+        return st;
+    }
     st = pdp_model_forward_backward(r->m, x, labels, loss);
     r->backward_acc += pdp__now() - t0;
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
@@ -18654,7 +19436,16 @@ static pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, con
 static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
 {
     double t0 = pdp__now();
-    pdp_status st = pdp_model_backward(r->m, dy);
+    pdp_status st;
+    if (r->desc.batch_mean == PDP_BATCH_MEAN_GLOBAL) {
+        if (r->state == PDP__RED_REDUCING) /* before the batch sizes' collective */
+            return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still "
+                            "being reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+        st = pdp__reducer_backward_global(r, dy, fn);
+        r->backward_acc += pdp__now() - t0;
+        return st;
+    }
+    st = pdp_model_backward(r->m, dy);
     r->backward_acc += pdp__now() - t0;
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
 }
@@ -18752,7 +19543,8 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
         return pdp__err(first, "%s: rank %d: %s", fn, r->c->rank, msg);
     pdp_comm_get_stats(r->c, &cs);
     r->stats.steps++;
-    r->stats.bytes_sent = cs.bytes_sent - r->bytes_at_arm;
+    r->stats.bytes_sent = cs.bytes_sent - r->bytes_at_arm + r->count_bytes;
+    r->count_bytes = 0;
     r->stats.backward_s = r->backward_acc;
     r->stats.allreduce_s = busy;
     r->stats.wait_s = t1 - t0;
@@ -18809,6 +19601,7 @@ static void pdp__reducer_reset_stats(pdp__reducer *r)
 struct pdp_ddp {
     pdp__reducer r;       /* first: the grad hook's user pointer is &d->r */
     pdp_ddp_desc desc;
+    pdp_model *held;      /* the model this executor wrapped (pdp__model_wrap) */
 };
 
 /* The DDP collective: bucket b's gradients, averaged in place (or the comm hook's). */
@@ -18890,13 +19683,16 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && !(desc->bucket_cap_mb >= 0.0 && desc->bucket_cap_mb <= 1e12 &&
-                  desc->first_bucket_mb >= 0.0 && desc->first_bucket_mb <= 1e12))
-        return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
-                        ">= 0 and finite (at most 1e12)", fn, desc->bucket_cap_mb,
-                        desc->first_bucket_mb);
+    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
+                                             NULL, NULL, fn)) != PDP_OK)
+        return st;
+    if ((st = pdp__model_wrap(m, PDP__WRAP_DDP, 0, fn)) != PDP_OK) return st;
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
-    if (!d) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!d) {
+        pdp__model_unwrap(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
+    d->held = m;
     if (desc) d->desc = *desc;
     d->desc.bucket_cap_mb = PDP__DEF(d->desc.bucket_cap_mb, 25.0);
     d->desc.first_bucket_mb = PDP__DEF(d->desc.first_bucket_mb,
@@ -18907,6 +19703,8 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     rd.reduce = pdp__ddp_allreduce;
     rd.op_name = "allreduce";
     rd.finish_names = "pdp_ddp_step or pdp_ddp_finish";
+    rd.backward_names = "pdp_ddp_forward_backward or pdp_ddp_backward";
+    rd.batch_mean = d->desc.batch_mean;
     rd.user = d;
     if ((st = pdp__reducer_init(&d->r, m, c, &rd, fn)) != PDP_OK) {
         pdp_ddp_free(d);
@@ -18921,6 +19719,7 @@ PDP_API void pdp_ddp_free(pdp_ddp *d)
 {
     if (!d) return;
     pdp__reducer_release(&d->r);
+    if (d->held) pdp__model_unwrap(d->held);
     pdp__dealloc(d);
 }
 
@@ -19007,11 +19806,13 @@ PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
 /* ---- begin src/tp.c ---- */
 /* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
    constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
-   and full-tensor checkpoints, which map each rank's slice into the full tensor
+   the check that every TP rank built the same TP layers (run by f's forward at the
+   first forward, through the TP state's pointer: layers_tp.c comes first), and
+   full-tensor checkpoints, which map each rank's slice into the full tensor
    (pdp__tp_runs) through a staging copy of the full (single-device) model.
 
    Invariants: the model's TP state (comm, rank, size) is fixed once a TP layer exists.
-   Nothing here runs during training. */
+   During training only the width check runs here, at the first forward. */
 
 /* #include "internal.h" (already above) */
 
@@ -19019,7 +19820,11 @@ PDP_API void pdp_ddp_reset_stats(pdp_ddp *d)
 
 PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
 {
+    pdp_status st;
     if (!m || !tp) return pdp__err(PDP_ERR_INVALID, "pdp_model_set_tp: NULL argument");
+    if ((st = pdp__model_check_layout(m, "set the TP communicator before wrapping it",
+                                      "pdp_model_set_tp")) != PDP_OK)
+        return st;
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "pdp_model_set_tp: the model already has %d TP layers "
                         "(set the communicator before the first)", m->tp.nlayers);
@@ -19027,9 +19832,17 @@ PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
         return pdp__err(PDP_ERR_DEVICE, "pdp_model_set_tp: communicator '%s' on device %d:%d, "
                         "model on %d:%d", tp->name, tp->device.kind, tp->device.ordinal,
                         m->device.kind, m->device.ordinal);
+    /* clipping's scalar on a CUDA model: NCCL all-reduces device memory only */
+    if (m->device.kind != PDP_DEVICE_CPU && !m->tp.dscalar &&
+        pdp__dev_alloc(m->device, sizeof(float), (void **)&m->tp.dscalar) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_set_tp: no device memory for the "
+                        "clipping scalar (device %d)", m->device.ordinal);
     m->tp.comm = tp;
     m->tp.rank = pdp_comm_rank(tp);
     m->tp.size = pdp_comm_size(tp);
+    m->tp.model = m;
+    m->tp.checked = 0;
+    m->tp.check_widths = pdp__tp_check_widths;
     return PDP_OK;
 }
 
@@ -19060,7 +19873,10 @@ PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t ou
 {
     static const char *fn = "pdp_model_add_column_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__COLUMN_PARALLEL_LINEAR);
+    pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st; /* before the order checks: a wrapped model takes no layer at all */
     if (pdp__tp_last_kind(m) != PDP__TP_COPY)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow f (pdp_model_add_tp_copy), "
                         "not %s", fn, m->nlayers,
@@ -19074,8 +19890,11 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
 {
     static const char *fn = "pdp_model_add_row_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__ROW_PARALLEL_LINEAR);
+    pdp_status st;
     int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st; /* before the order checks: a wrapped model takes no layer at all */
     for (i = m->nlayers - 1; i >= 0; i--) {
         pdp__layer_kind k = m->layers[i].kind;
         if (k == PDP__COLUMN_PARALLEL_LINEAR) break;
@@ -19094,7 +19913,10 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
 PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m)
 {
     static const char *fn = "pdp_model_add_tp_reduce";
+    pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st; /* before the order checks: a wrapped model takes no layer at all */
     if (pdp__tp_last_kind(m) != PDP__ROW_PARALLEL_LINEAR)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a RowParallelLinear, not %s",
                         fn, m->nlayers,
@@ -19175,12 +19997,122 @@ static pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *f
     return PDP_OK;
 }
 
-/* Whether parameter p is split across the TP ranks (else every rank holds all of it). */
-static bool pdp__tp_is_split(const pdp_model *m, int p)
+/* ---- tp: the width check ---- */
+
+/* A TP layer as the check compares it: its place, its kind and its full (unsplit)
+   input and output features. */
+typedef struct pdp__tp_sig {
+    int64_t layer, kind, in, out;
+} pdp__tp_sig;
+
+/* What a rank found: its TP layer count and, at the first TP layer that differs from TP
+   rank 0's (at; -1: none), its own (zeros when it has none there). */
+typedef struct pdp__tp_verdict {
+    int64_t at, count;
+    pdp__tp_sig sig;
+} pdp__tp_verdict;
+
+static bool pdp__tp_kind(pdp__layer_kind k)
 {
-    const pdp__layer *l = &m->layers[m->params[p].layer];
-    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
-           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
+    return k == PDP__TP_COPY || k == PDP__TP_REDUCE || k == PDP__COLUMN_PARALLEL_LINEAR ||
+           k == PDP__ROW_PARALLEL_LINEAR;
+}
+
+/* The signature of m's k-th TP layer; false when it has fewer. */
+static bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
+{
+    int i;
+    memset(s, 0, sizeof *s);
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (!pdp__tp_kind(l->kind) || k-- > 0) continue;
+        s->layer = i;
+        s->kind = (int64_t)l->kind;
+        s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_count;
+        s->out = l->kind == PDP__COLUMN_PARALLEL_LINEAR ? l->tp_full
+                 : l->kind == PDP__ROW_PARALLEL_LINEAR  ? l->out_features
+                                                        : l->in_count;
+        return true;
+    }
+    return false;
+}
+
+/* "layer 1 (ColumnParallelLinear) 6 -> 12" */
+static void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
+{
+    snprintf(out, cap, "layer %lld (%s) %lld -> %lld", (long long)s->layer,
+             pdp__layer_kind_name((pdp__layer_kind)s->kind), (long long)s->in,
+             (long long)s->out);
+}
+
+/* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
+   to every rank, each rank compares, and every rank's verdict goes to every rank (one
+   small broadcast from each), so all fail together with the same message. */
+static pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
+{
+    const pdp_model *m = tp->model;
+    int64_t n0 = tp->nlayers, k;
+    pdp__tp_sig *table = NULL, mine;
+    pdp__tp_verdict *all = NULL, *bad = NULL;
+    pdp_status st;
+    int r, bad_rank = -1;
+    char a[128], b[128];
+    if ((st = pdp_comm_broadcast_bytes(tp->comm, &n0, sizeof n0, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "TP width check (TP rank %d of %d)", tp->rank, tp->size);
+    if (n0 < 0 || n0 > (1 << 24))
+        return pdp__err(PDP_ERR_INVALID, "TP width check: TP rank 0 reports %lld TP layers",
+                        (long long)n0);
+    table = (pdp__tp_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
+    all = (pdp__tp_verdict *)pdp__calloc((size_t)tp->size * sizeof *all);
+    if (!table || !all) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "TP width check: no memory for %lld signatures",
+                      (long long)n0);
+        goto out; /* the others time out in the next broadcast */
+    }
+    if (tp->rank == 0)
+        for (k = 0; k < n0; k++) pdp__tp_sig_at(m, k, &table[k]);
+    if ((st = pdp_comm_broadcast_bytes(tp->comm, table, (size_t)n0 * sizeof *table, 0)) != PDP_OK)
+        goto comm_failed;
+    all[tp->rank].at = -1;
+    all[tp->rank].count = tp->nlayers;
+    for (k = 0; k <= PDP__MAX(n0, (int64_t)tp->nlayers); k++) {
+        bool have = pdp__tp_sig_at(m, k, &mine);
+        if (k < n0 && have && memcmp(&mine, &table[k], sizeof mine) == 0) continue;
+        if (k < n0 || have) {
+            all[tp->rank].at = k;
+            all[tp->rank].sig = mine;
+        }
+        break;
+    }
+    for (r = 0; r < tp->size; r++)
+        if ((st = pdp_comm_broadcast_bytes(tp->comm, &all[r], sizeof all[r], r)) != PDP_OK)
+            goto comm_failed;
+    for (r = 0; r < tp->size && !bad; r++)
+        if (all[r].at >= 0) bad = &all[bad_rank = r];
+    if (!bad) {
+        tp->checked = tp->nlayers;
+        goto out;
+    }
+    if (bad->at < bad->count && bad->at < n0) {
+        pdp__tp_sig_str(&bad->sig, a, sizeof a);
+        pdp__tp_sig_str(&table[bad->at], b, sizeof b);
+        st = pdp__err(PDP_ERR_INVALID, "TP ranks built different models: %s on TP rank %d but "
+                      "%s on TP rank 0 (full features, in -> out)", a, bad_rank, b);
+    } else { /* the same layers as far as the shorter goes */
+        bool extra_mine = bad->at < bad->count;
+        pdp__tp_sig_str(extra_mine ? &bad->sig : &table[bad->at], a, sizeof a);
+        st = pdp__err(PDP_ERR_INVALID, "TP ranks built different models: %lld TP layers on TP "
+                      "rank %d but %lld on TP rank 0 (the first extra: %s on TP rank %d)",
+                      (long long)bad->count, bad_rank, (long long)n0, a,
+                      extra_mine ? bad_rank : 0);
+    }
+    goto out;
+comm_failed:
+    st = pdp__err_wrap(st, "TP width check (TP rank %d of %d)", tp->rank, tp->size);
+out:
+    pdp__dealloc(table);
+    pdp__dealloc(all);
+    return st;
 }
 
 /* dst (full's layout) <- the full tensors from every rank's slices of src (m's layout):
@@ -19220,6 +20152,10 @@ static pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, cons
     if (!m->tp.comm)
         return pdp__err(PDP_ERR_STATE, "%s: the model has no TP communicator (pdp_model_set_tp; "
                         "pdp_checkpoint_save/load serve a plain model)", fn);
+    if (m->wrapped == PDP__WRAP_ZERO)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model is wrapped by %s, which shards its "
+                        "parameters and optimizer state: checkpoints of ZeRO over tensor "
+                        "parallelism are not supported yet", fn, pdp__model_wrapper(m));
     if (o && (o->model != m || o->lo != 0 || o->hi != m->param_count))
         return pdp__err(PDP_ERR_INVALID, "%s: the optimizer is not a full optimizer of this "
                         "model", fn);
@@ -19394,7 +20330,9 @@ struct pdp_zero {
     pdp_status deferred; /* a failure inside a no_sync backward (stages 2-3) */
     char deferred_msg[768];
     int64_t buffer_bytes, bytes_at_step, gathers, gathers_at_step;
+    int64_t passes;      /* backward passes since the last step (k of the byte formula) */
     pdp_zero_stats stats;
+    uint64_t saves;      /* checkpoint saves begun: one input of each save's run id */
 };
 
 static int64_t pdp__zero_align(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -19623,6 +20561,7 @@ static pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev,
     case PDP__EV_FORWARD_LAYER: /* forward runs the units from the last index down */
         return z->stage == 3 ? pdp__zero_need(z, u, u - 1) : PDP_OK;
     case PDP__EV_BACKWARD_BEGIN:
+        z->passes++;
         if (z->stage >= 2)
             for (i = 0; i < z->desc.grad_buffers; i++)
                 if (z->gbuf_unit[i] >= 0) {
@@ -19697,6 +20636,7 @@ PDP_API void pdp_zero_free(pdp_zero *z)
     pdp__dealloc(z->unit_of_layer);
     pdp__dealloc(z->layer_w);
     pdp__dealloc(z->layer_dw);
+    if (m) pdp__model_unwrap(m); /* the caller's again (views off) */
     pdp__dealloc(z);
 }
 
@@ -19713,6 +20653,42 @@ static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
     }
     if (work) z->buffer_bytes += count * (int64_t)sizeof(float);
     return p;
+}
+
+/* pdp_model_param's views of a wrapped model (the seam of internal.h): this rank's part
+   of parameter index is its overlap [lo, hi) with the rank's slice of the parameter's
+   unit, one contiguous range (a unit holds whole layers, so the parameter lies in one
+   unit, and the slice is contiguous). The gradient's part lives in the slice (stage 1:
+   the unit's padded buffer; stages 2-3: the shard), and so do the values at stage 3;
+   at stages 1-2 the values stay the full view of the model's block. */
+static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp_param *out,
+                                  const char *fn)
+{
+    const pdp_zero *z = (const pdp_zero *)user;
+    const pdp__param_entry *e = &m->params[index];
+    const pdp__zero_unit *k;
+    int64_t s0, lo, hi;
+    float *g, *v;
+    int u = z->unit_of_layer[e->layer];
+    (void)fn;
+    PDP_ASSERT(u >= 0);
+    k = &z->units[u];
+    s0 = k->off + (int64_t)z->rank * k->s; /* the slice: flat [s0, s0 + mine) */
+    lo = PDP__MAX(e->offset, s0);
+    hi = PDP__MIN(e->offset + e->count, s0 + k->mine);
+    if (hi <= lo) lo = hi = 0;
+    g = z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
+    v = z->param_shard ? z->param_shard + k->shard_off : NULL;
+    out->grad_lo = hi > lo ? lo - e->offset : 0;
+    out->grad_hi = hi > lo ? hi - e->offset : 0;
+    pdp__model_view(hi > lo ? g + (lo - s0) : NULL, m->device, e, false, hi - lo, &out->grad);
+    if (z->stage == 3) {
+        out->value_lo = out->grad_lo;
+        out->value_hi = out->grad_hi;
+        pdp__model_view(hi > lo ? v + (lo - s0) : NULL, m->device, e, false, hi - lo,
+                        &out->value);
+    }
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
@@ -19732,14 +20708,20 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
     if (desc && (desc->stage < 0 || desc->stage > 3))
         return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, desc->stage);
-    if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0 ||
-                 desc->grad_buffers < 0 || desc->param_buffers < 0 || desc->param_buffers == 1))
-        return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
-                        ">= 0, grad_buffers %d >= 0, param_buffers %d 0 or >= 2", fn,
-                        desc->bucket_cap_mb, desc->first_bucket_mb, desc->grad_buffers,
-                        desc->param_buffers);
+    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
+                                             &desc->grad_buffers, &desc->param_buffers,
+                                             fn)) != PDP_OK)
+        return st;
+    /* the units, shards and (stage 3) the parameter block are this layout's */
+    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, desc && desc->stage ? desc->stage : 1,
+                              fn)) != PDP_OK)
+        return st;
     z = (pdp_zero *)pdp__calloc(sizeof *z);
-    if (!z) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!z) {
+        pdp__model_unwrap(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
+    z->m = m; /* pdp_zero_free unwraps it, on failure too */
     z->dev = m->device;
     if (desc) z->desc = *desc;
     z->desc.stage = PDP__DEF(z->desc.stage, 1);
@@ -19762,6 +20744,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     rd.whole_layers = true;
     rd.op_name = "reduce_scatter";
     rd.finish_names = "pdp_zero_step or pdp_zero_finish";
+    rd.backward_names = "pdp_zero_forward_backward or pdp_zero_backward";
+    rd.batch_mean = z->desc.batch_mean;
     rd.user = z;
     if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
     joined = true; /* past the collectives: a failure from here on is agreed (pdp__comm_agree) */
@@ -19772,6 +20756,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     }
     /* units: the buckets; shard offsets in flat-block order (the last bucket first) */
     z->nunits = z->r.nbuckets;
+    if (z->desc.grad_buffers > z->nunits) /* the default 2 with one unit: one can be used */
+        z->desc.grad_buffers = PDP__MAX(1, z->nunits);
     z->units = (pdp__zero_unit *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *z->units);
     z->unit_of_layer = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
     z->layer_w = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
@@ -19848,6 +20834,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
         }
     }
     if ((st = pdp__comm_agree(c, PDP_OK, fn)) != PDP_OK) goto release;
+    m->views = pdp__zero_views; /* pdp_model_param: what this rank holds */
+    m->views_user = z;
     z->stats.units = z->nunits;
     pdp_comm_get_stats(c, &cs);
     z->bytes_at_step = cs.bytes_sent;
@@ -19924,55 +20912,44 @@ static float *pdp__zero_grad_slice(pdp_zero *z, int u)
     return z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
 }
 
+/* The squared norm of this rank's slices, all-reduced over the DP group (every element of
+   the flat block once); on a TP model the elements count as pdp__grad_sumsq_range counts
+   them (a slice on every TP rank, a replicated tensor on TP rank 0 only) and a second
+   all-reduce over the TP group adds the TP ranks' parts: the full model's norm, the same
+   bits on every rank of both groups. */
 PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm)
 {
     static const char *fn = "pdp_zero_clip_grad_norm";
     double sum = 0.0, norm;
     float coef;
     int u;
-    int64_t i;
     pdp_status st;
     if (total_norm) *total_norm = 0.0f;
     if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
-    if (!(max_norm >= 0.0f))
-        return pdp__err(PDP_ERR_INVALID, "%s: max_norm %g must be >= 0", fn, (double)max_norm);
+    if ((st = pdp__check_max_norm(max_norm, fn)) != PDP_OK) return st;
     if (z->r.state != PDP__RED_IDLE)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: call pdp_zero_finish first", fn, z->rank);
     for (u = 0; u < z->nunits; u++) {
-        const float *g = pdp__zero_grad_slice(z, u);
-        if (z->dev.kind == PDP_DEVICE_CPU) {
-            for (i = 0; i < z->units[u].mine; i++) sum += (double)g[i] * (double)g[i];
-        } else if (z->units[u].mine) { /* a fixed-order device sum per slice */
-            double part = 0.0;
-            if ((st = pdp__cuda_sumsq(z->dev, g, z->units[u].mine, &part, fn)) != PDP_OK)
-                return st;
-            sum += part;
-        }
+        int64_t lo = z->units[u].off + (int64_t)z->rank * z->units[u].s; /* in the flat block */
+        if ((st = pdp__grad_sumsq_range(z->m, pdp__zero_grad_slice(z, u), lo,
+                                        lo + z->units[u].mine, &sum, fn)) != PDP_OK)
+            return st;
     }
-    z->scalar = (float)sum;
-    if (z->dscalar) { /* the collective runs on the device's copy */
-        if ((st = pdp__dev_copy(z->dev, z->dscalar, pdp_cpu(), &z->scalar, 4)) == PDP_OK &&
-            (st = pdp_comm_allreduce(z->c, z->dscalar, 1, PDP_REDUCE_SUM, NULL)) == PDP_OK)
-            st = pdp__dev_copy(pdp_cpu(), &z->scalar, z->dev, z->dscalar, 4);
-    } else {
-        st = pdp_comm_allreduce(z->c, &z->scalar, 1, PDP_REDUCE_SUM, NULL);
-    }
-    if (st != PDP_OK)
+    if ((st = pdp__grad_allreduce_sum(z->c, &z->scalar, z->dscalar, &sum)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: all-reducing the squared norm", fn, z->rank);
-    norm = sqrt((double)z->scalar);
+    if (z->m->tp.comm && z->m->tp.size > 1 &&
+        (st = pdp__grad_allreduce_sum(z->m->tp.comm, &z->scalar, z->dscalar, &sum)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (TP rank %d of %d): all-reducing the squared norm "
+                             "over the TP group", fn, z->rank, z->m->tp.rank, z->m->tp.size);
+    norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
     if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
-    coef = (float)((double)max_norm / (norm + 1e-6));
+    coef = pdp__clip_coef(max_norm, norm);
     if (coef >= 1.0f) return PDP_OK;
-    for (u = 0; u < z->nunits; u++) {
-        float *g = pdp__zero_grad_slice(z, u);
-        if (z->dev.kind == PDP_DEVICE_CPU) {
-            for (i = 0; i < z->units[u].mine; i++) g[i] *= coef;
-        } else if (z->units[u].mine &&
-                   (st = pdp__cuda_scale(z->dev, g, z->units[u].mine, coef, fn)) != PDP_OK) {
+    for (u = 0; u < z->nunits; u++)
+        if ((st = pdp__grad_scale(z->m, pdp__zero_grad_slice(z, u), z->units[u].mine, coef, fn)) !=
+            PDP_OK)
             return st;
-        }
-    }
     return PDP_OK;
 }
 
@@ -20009,6 +20986,43 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
             return pdp__err_wrap(st, "%s: rank %d: unit %d", fn, z->rank, u);
     }
     return PDP_OK;
+}
+
+/* The bytes a step of k backward passes sends (zero.h: "Communication per rank
+   per step"), into st->micro_steps, formula_bytes and formula. V = 4 (N-1) S is
+   one reduce-scatter or all-gather of every unit (S = shard_count: the bytes the
+   backends count for a collective of S floats per rank); stage 3's later
+   forwards skip the units the backward before them left gathered, the last
+   param_buffers units of backward (the highest indices). */
+static void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st)
+{
+    int64_t v = 4 * (int64_t)(z->size - 1) * z->shard_count, kept = 0, scalar;
+    int u, n = z->size;
+    k = PDP__MAX(1, k);
+    scalar = z->r.desc.batch_mean == PDP_BATCH_MEAN_GLOBAL /* one float, as comm.c counts it */
+                 ? k * (int64_t)(2.0 * (n - 1) / n * 4.0) : 0;
+    st->micro_steps = k;
+    if (z->stage == 1) {
+        st->formula_bytes = 2 * v + scalar;
+        snprintf(st->formula, sizeof st->formula, "2 (N-1)/N x 4 Psi_pad, N = %d (k = %lld "
+                 "backward passes: stage 1 accumulates without sending)", n, (long long)k);
+    } else if (z->stage == 2) {
+        st->formula_bytes = (k + 1) * v + scalar;
+        snprintf(st->formula, sizeof st->formula, "(k + 1) (N-1)/N x 4 Psi_pad, k = %lld, N = %d "
+                 "(a reduce-scatter per backward, one all-gather)", (long long)k, n);
+    } else {
+        for (u = PDP__MAX(0, z->nunits - z->desc.param_buffers); u < z->nunits; u++)
+            kept += z->units[u].s; /* floats per rank of the units kept gathered */
+        st->formula_bytes = 3 * k * v - (k - 1) * 4 * (int64_t)(n - 1) * kept + scalar;
+        snprintf(st->formula, sizeof st->formula, "3k (N-1)/N x 4 Psi_pad - (k - 1) (N-1)/N "
+                 "x 4 Psi_kept, k = %lld, N = %d, Psi_kept %lld of %lld", (long long)k, n,
+                 (long long)(kept * n), (long long)z->padded_count);
+    }
+    if (scalar) {
+        size_t len = strlen(st->formula);
+        snprintf(st->formula + len, sizeof st->formula - len, " + k x %lld (batch sizes)",
+                 (long long)(scalar / k));
+    }
 }
 
 PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
@@ -20054,7 +21068,8 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
     z->stats.bytes_sent = cs.bytes_sent - z->bytes_at_step;
     z->stats.total_bytes_sent += z->stats.bytes_sent;
     z->stats.gathers = z->gathers - z->gathers_at_step;
-    z->stats.formula_bytes = (z->stage == 3 ? 3 : 2) * (int64_t)(z->size - 1) * z->shard_count * 4;
+    pdp__zero_formula(z, z->passes, &z->stats);
+    z->passes = 0;
     z->stats.backward_s = z->r.stats.backward_s;
     z->stats.reduce_s = z->r.stats.allreduce_s;
     z->stats.wait_s = z->r.stats.wait_s;
@@ -20155,32 +21170,71 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
    order, N S floats, S = shard_count): "params" holds the rank's parameter
    slices and "optim.<state>" its optimizer state, both in the shard's layout
    (padding zeros), so shard.lo / shard.hi / shard.count name the rank, the world
-   size and the shard size, and optim.steps the step. The marker, written by
-   rank 0 only after every rank's file is on disk, holds the plan (world size,
-   stage, step, parameter and shard counts, each unit's offset, count and slice)
-   that the load holds the run and every file to. */
+   size and the shard size, optim.steps the step, and shard.run the save. The
+   marker, written by rank 0 only after every rank's file is on disk, holds the
+   plan (world size, stage, step, parameter and shard counts, each unit's offset,
+   count and slice) that the load holds the run and every file to, and the save's
+   run id, which every shard of the set must carry: two saves at the same step
+   and world size write the same plan, and only the id tells their files apart.
+
+   The run id: 64 bits that rank 0 draws at each save (/dev/urandom when it can
+   be read, mixed with the wall and monotonic clocks in ns, the pid, the
+   executor's address and its count of saves, so two saves never share one even
+   without /dev/urandom), sent to every rank inside the first agreement, and
+   written as 16 hex digits into every shard's __metadata__ and the marker.
+
+   An agreement that fails itself (a rank stalled, exited or was killed) returns
+   the collective's status and message, which name the ranks that did not arrive
+   (PDP_ERR_TIMEOUT; PDP_ERR_COMM for a local rank that freed its communicator),
+   after the call, the rank and what it was agreeing on. */
 
 /* Every rank's verdict: bad[r] is true when rank r failed. Collective (a sum of
-   one-hot flags, on the model's device as the backend wants). */
-static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad)
+   one-hot flags, on the model's device as the backend wants). With run, rank 0's
+   *run reaches every rank (as four 16-bit pieces that only rank 0 adds to the
+   sum: exact in floats). On failure, the collective's status and message. */
+static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run)
 {
-    float flags[64], *dev = NULL;
-    int n = z->size, r;
+    float flags[64 + 4], *dev = NULL;
+    int n = z->size, r, len = run ? n + 4 : n;
     pdp_status st;
     PDP_ASSERT(n <= 64);
-    for (r = 0; r < n; r++) flags[r] = 0.0f;
+    for (r = 0; r < len; r++) flags[r] = 0.0f;
     flags[z->rank] = ok ? 0.0f : 1.0f;
+    for (r = 0; run && z->rank == 0 && r < 4; r++)
+        flags[n + r] = (float)((*run >> (16 * r)) & 0xffff);
     if (z->m->device.kind == PDP_DEVICE_CPU) {
-        st = pdp_comm_allreduce(z->c, flags, n, PDP_REDUCE_SUM, NULL);
+        st = pdp_comm_allreduce(z->c, flags, len, PDP_REDUCE_SUM, NULL);
     } else {
         if ((st = pdp__dev_alloc(z->m->device, sizeof flags, (void **)&dev)) != PDP_OK) return st;
-        if ((st = pdp__dev_copy(z->m->device, dev, pdp_cpu(), flags, (size_t)n * 4)) == PDP_OK &&
-            (st = pdp_comm_allreduce(z->c, dev, n, PDP_REDUCE_SUM, NULL)) == PDP_OK)
-            st = pdp__dev_copy(pdp_cpu(), flags, z->m->device, dev, (size_t)n * 4);
+        if ((st = pdp__dev_copy(z->m->device, dev, pdp_cpu(), flags, (size_t)len * 4)) == PDP_OK &&
+            (st = pdp_comm_allreduce(z->c, dev, len, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+            st = pdp__dev_copy(pdp_cpu(), flags, z->m->device, dev, (size_t)len * 4);
         pdp__dev_free(z->m->device, dev);
     }
     for (r = 0; r < n; r++) bad[r] = flags[r] != 0.0f;
+    if (st == PDP_OK && run)
+        for (*run = 0, r = 0; r < 4; r++) *run |= (uint64_t)flags[n + r] << (16 * r);
     return st;
+}
+
+/* A new run id (see above); rank 0 draws it once per save. */
+static uint64_t pdp__zero_run_id(pdp_zero *z)
+{
+    struct timespec wall, mono;
+    uint64_t id = 0, h;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&id, sizeof id, 1, f) != 1) id = 0;
+        fclose(f);
+    }
+    if (clock_gettime(CLOCK_REALTIME, &wall) != 0) memset(&wall, 0, sizeof wall);
+    if (clock_gettime(CLOCK_MONOTONIC, &mono) != 0) memset(&mono, 0, sizeof mono);
+    h = pdp__mix64(id ^ UINT64_C(0x9e3779b97f4a7c15));
+    h = pdp__mix64(h ^ ((uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec));
+    h = pdp__mix64(h ^ ((uint64_t)mono.tv_sec * 1000000000u + (uint64_t)mono.tv_nsec));
+    h = pdp__mix64(h ^ (uint64_t)getpid());
+    h = pdp__mix64(h ^ (uint64_t)(uintptr_t)z);
+    return pdp__mix64(h ^ ++z->saves);
 }
 
 static void pdp__zero_shard_path(char *out, size_t cap, const char *prefix, int rank)
@@ -20200,6 +21254,13 @@ static pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const c
     if (strlen(path) > 3900) return pdp__err(PDP_ERR_INVALID, "%s: the path is too long", fn);
     if (z->size > 64)
         return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %d ranks (checkpoints: at most 64)", fn, z->size);
+    /* a TP model's block holds this TP rank's slices: shard sets named by the DP rank alone
+       would have the TP ranks of one DP rank write one file, and a full file needs the
+       slices gathered over TP first (not built yet) */
+    if (z->m->tp.nlayers)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model has %d tensor-parallel layers: "
+                        "checkpoints of ZeRO over tensor parallelism are not supported yet",
+                        fn, z->m->tp.nlayers);
     if (z->r.state != PDP__RED_IDLE || z->deferred != PDP_OK)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: a backward waits for its step; checkpoint "
                         "after pdp_zero_step", fn, z->rank);
@@ -20245,14 +21306,21 @@ static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
     return PDP_OK;
 }
 
-/* The marker's text for this run at step steps. */
-static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, char *out, size_t cap)
+/* A run id as the files hold it: 16 lowercase hex digits. */
+static void pdp__zero_run_text(uint64_t run, char out[17])
+{
+    snprintf(out, 17, "%016llx", (unsigned long long)run);
+}
+
+/* The marker's text for this executor at step steps of save run. */
+static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
+                                  size_t cap)
 {
     size_t n;
     int u;
-    n = (size_t)snprintf(out, cap, "pdp-zero-checkpoint 1\nworld_size %d\nstage %d\nstep %lld\n"
-                         "param_count %lld\nshard_count %lld\nunits %d\n", z->size, z->stage,
-                         (long long)steps, (long long)z->m->param_count,
+    n = (size_t)snprintf(out, cap, "pdp-zero-checkpoint 2\nworld_size %d\nstage %d\nstep %lld\n"
+                         "run %s\nparam_count %lld\nshard_count %lld\nunits %d\n", z->size,
+                         z->stage, (long long)steps, run, (long long)z->m->param_count,
                          (long long)z->shard_count, z->nunits);
     for (u = 0; u < z->nunits && n < cap; u++)
         n += (size_t)snprintf(out + n, cap - n, "unit %d %lld %lld %lld\n", u,
@@ -20260,13 +21328,15 @@ static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, char *out, s
                               (long long)z->units[u].s);
 }
 
-/* Writes the marker atomically (temporary, fsync, rename). */
+/* Writes the marker atomically (temporary, fsync, rename), removing first the
+   temporaries of writers killed mid-write as checkpoint.c's save does. */
 static pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
 {
     char tmp[4160];
     FILE *f;
     size_t len = strlen(text);
     int ok;
+    pdp__ckpt_remove_stale(path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (!(f = fopen(tmp, "wb")))
         return pdp__err(PDP_ERR_IO, "%s: %s: fopen failed: %s", fn, tmp, strerror(errno));
@@ -20284,12 +21354,13 @@ static pdp_status pdp__zero_write_marker(const char *path, const char *text, con
 PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix)
 {
     static const char *fn = "pdp_zero_checkpoint_save";
-    char path[4096], marker[4096], *text = NULL;
+    char path[4096], marker[4096], run[17], *text = NULL;
     float *packed = NULL;
     bool bad[64];
+    uint64_t id = 0;
     pdp_model mv;
     pdp_optim ov;
-    pdp_status st;
+    pdp_status st, ast;
     int r;
     size_t cap;
     if ((st = pdp__zero_ckpt_args(z, opt, prefix, fn)) != PDP_OK) return st;
@@ -20297,23 +21368,31 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
     pdp__zero_shard_path(path, sizeof path, prefix, z->rank);
     /* the old marker goes first: a set with a marker is always complete */
     st = PDP_OK;
-    if (z->rank == 0 && remove(marker) != 0 && errno != ENOENT)
-        st = pdp__err(PDP_ERR_IO, "%s: %s: removing the old marker failed: %s", fn, marker,
-                      strerror(errno));
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK || bad[0])
+    if (z->rank == 0) {
+        id = pdp__zero_run_id(z);
+        if (remove(marker) != 0 && errno != ENOENT)
+            st = pdp__err(PDP_ERR_IO, "%s: %s: removing the old marker failed: %s", fn, marker,
+                          strerror(errno));
+    }
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, &id)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: starting the set %s (no "
+                                                 "marker written)", fn, z->rank, prefix);
+    if (bad[0])
         return st != PDP_OK ? st : pdp__err(PDP_ERR_IO, "%s: rank 0 could not remove %s", fn,
                                             marker);
+    pdp__zero_run_text(id, run);
     if ((st = pdp__dev_alloc(z->m->device, (size_t)PDP__MAX(1, z->shard_count) * 4,
                              (void **)&packed)) != PDP_OK)
         st = pdp__err_wrap(st, "%s: rank %d: packing the shard", fn, z->rank);
     else if ((st = pdp__zero_pack_params(z, packed)) == PDP_OK) {
         pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
-        st = pdp__checkpoint_save_range(path, &mv, packed, &ov, ov.lo, ov.hi, fn);
+        st = pdp__checkpoint_save_run(path, &mv, packed, &ov, ov.lo, ov.hi, run, fn);
     }
     pdp__dev_free(z->m->device, packed);
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK)
-        return pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree that the set %s is "
-                        "written (no marker)", fn, z->rank, prefix);
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: agreeing that every shard "
+                                                 "of %s is written (no marker written)", fn,
+                                                 z->rank, prefix);
     if (st != PDP_OK) return st;
     for (r = 0; r < z->size; r++)
         if (bad[r]) {
@@ -20326,25 +21405,29 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
         if (!(text = (char *)pdp__alloc(cap))) {
             st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         } else {
-            pdp__zero_marker_text(z, opt->steps, text, cap);
+            pdp__zero_marker_text(z, opt->steps, run, text, cap);
             st = pdp__zero_write_marker(marker, text, fn);
             pdp__dealloc(text);
         }
     }
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK || bad[0])
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: agreeing that the marker %s "
+                                                 "is written", fn, z->rank, marker);
+    if (bad[0])
         return st != PDP_OK ? st : pdp__err(PDP_ERR_IO, "%s: rank 0 could not write the marker "
                                             "%s", fn, marker);
     return PDP_OK;
 }
 
-/* Reads the marker and holds it to this run; *steps gets its step. */
+/* Reads the marker and holds it to this run; *steps gets its step, run its
+   run id (16 hex digits). */
 static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *steps,
-                                        const char *fn)
+                                        char run[17], const char *fn)
 {
     char *want, *have;
     size_t cap = 256 + (size_t)z->nunits * 96, n;
     long long step = 0;
-    int world = 0;
+    int world = 0, version = 0, end = 0;
     FILE *f;
     pdp_status st = PDP_OK;
     if (!(f = fopen(path, "rb")))
@@ -20361,9 +21444,16 @@ static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *
     n = fread(have, 1, cap, f);
     have[n] = '\0';
     fclose(f);
-    if (sscanf(have, "pdp-zero-checkpoint 1\nworld_size %d\nstage %*d\nstep %lld", &world,
-               &step) != 2) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a ZeRO checkpoint marker", fn, path);
+    run[0] = '\0';
+    if (sscanf(have, "pdp-zero-checkpoint %d", &version) == 1 && version != 2) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a version %d ZeRO checkpoint marker; this pdp reads "
+                      "version 2 (which names the save every shard belongs to)", fn, path,
+                      version);
+    } else if (sscanf(have, "pdp-zero-checkpoint 2\nworld_size %d\nstage %*d\nstep %lld\n"
+                      "run %16[0-9a-f]%n", &world, &step, run, &end) != 3 ||
+               strlen(run) != 16 || have[end] != '\n') {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a ZeRO checkpoint marker (its first lines "
+                      "are the version, world size, stage, step and run id)", fn, path);
     } else if (world != z->size) {
         st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the set was written by %d ranks, this run has %d "
                       "(load a consolidated checkpoint with pdp_zero_checkpoint_load_full to "
@@ -20371,7 +21461,7 @@ static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *
     } else {
         /* the same plan: everything after the stage and step lines */
         const char *a, *b;
-        pdp__zero_marker_text(z, (int64_t)step, want, cap);
+        pdp__zero_marker_text(z, (int64_t)step, run, want, cap);
         a = strstr(want, "param_count");
         b = strstr(have, "param_count");
         if (!b || strcmp(a, b) != 0)
@@ -20451,11 +21541,12 @@ static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_o
 {
     char path[4096];
     bool bad[64];
+    pdp_status ast;
     int r;
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK && st == PDP_OK)
-        st = pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree on the load; nothing "
-                      "was loaded", fn, z->rank);
-    for (r = 0; st == PDP_OK && r < z->size; r++)
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
+        st = pdp__err_wrap(ast, "%s: rank %d: agreeing that every rank read %s (nothing was "
+                           "loaded)", fn, z->rank, prefix);
+    for (r = 0; ast == PDP_OK && st == PDP_OK && r < z->size; r++)
         if (bad[r]) {
             if (full) snprintf(path, sizeof path, "%s", prefix);
             else pdp__zero_shard_path(path, sizeof path, prefix, r);
@@ -20474,7 +21565,7 @@ static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_o
 PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix)
 {
     static const char *fn = "pdp_zero_checkpoint_load";
-    char path[4096], marker[4096];
+    char path[4096], marker[4096], run[17];
     float *params = NULL, *state[2] = {NULL, NULL};
     uint64_t seed, mstep;
     int64_t steps = 0;
@@ -20487,10 +21578,10 @@ PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const c
     snprintf(marker, sizeof marker, "%s.done", prefix);
     pdp__zero_shard_path(path, sizeof path, prefix, z->rank);
     pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
-    if ((st = pdp__zero_read_marker(z, marker, &steps, fn)) == PDP_OK &&
+    if ((st = pdp__zero_read_marker(z, marker, &steps, run, fn)) == PDP_OK &&
         (st = pdp__zero_ckpt_staging(z, opt, &params, state, fn)) == PDP_OK) {
         pdp__zero_ckpt_views(z, opt, state, &mv, &ov);
-        st = pdp__checkpoint_load_range(path, &mv, params, &ov, ov.lo, ov.hi, fn);
+        st = pdp__checkpoint_load_run(path, &mv, params, &ov, ov.lo, ov.hi, run, fn);
         if (st == PDP_OK && ov.steps != steps)
             st = pdp__err(PDP_ERR_FORMAT, "%s: %s: holds step %lld, the set's marker %s says "
                           "%lld (a file of another save)", fn, path, (long long)ov.steps, marker,
@@ -20537,7 +21628,7 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     pdp_optim *full = NULL;
     float *buf = NULL;
     bool gathered = false, bad[64];
-    pdp_status st, bst;
+    pdp_status st, cs, bst;
     int u, k;
     if ((st = pdp__zero_ckpt_args(z, opt, path, fn)) != PDP_OK) return st;
     dev = z->m->device;
@@ -20551,7 +21642,7 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
                            z->rank);
     /* every rank takes part in every gather: on a local failure it still sends zeros; a rank
        without its buffers cannot, so first the ranks agree that each has them */
-    if ((bst = pdp__zero_agree(z, st == PDP_OK, bad)) != PDP_OK && st == PDP_OK)
+    if ((bst = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
         st = pdp__err_wrap(bst, "%s: rank %d: agreeing on the buffers", fn, z->rank);
     for (u = 0; u < z->size && bst == PDP_OK; u++)
         if (bad[u]) {
@@ -20563,7 +21654,6 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     for (k = 0; bst == PDP_OK && k < opt->nstate; k++)
         for (u = 0; u < z->nunits; u++) {
             const pdp__zero_unit *q = &z->units[u];
-            pdp_status cs;
             if (pdp__dev_copy(dev, buf + (int64_t)z->rank * q->s, dev, opt->state[k] + q->shard_off,
                               (size_t)q->s * 4) != PDP_OK && st == PDP_OK)
                 st = pdp__err(PDP_ERR_CUDA, "%s: rank %d: copying the state", fn, z->rank);
@@ -20588,9 +21678,9 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
         pdp__dev_free(dev, z->m->param_block);
         z->m->param_block = NULL;
     }
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK && st == PDP_OK)
-        return pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree on %s", fn, z->rank,
-                        path);
+    if ((cs = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
+        return pdp__err_wrap(cs, "%s: rank %d: agreeing that rank 0 wrote %s", fn, z->rank,
+                             path);
     if (st != PDP_OK) return st;
     if (bad[0]) return pdp__err(PDP_ERR_IO, "%s: %s: rank 0 could not write it", fn, path);
     return PDP_OK;
@@ -20622,7 +21712,14 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
    next action (one NCCL group); a receive posted by an action that sends nothing
    starts alone, right away. A receive is never started ahead of the current
    action's send: on NCCL's one stream that send would queue behind it, and the
-   receive's message may depend on it. On local and MPI starting is a no-op query. */
+   receive's message may depend on it. On local and MPI starting is a no-op query.
+
+   Clipping (pdp_pp_clip_grad_norm) needs every stage's gradients: each stage's sum of
+   squares, a double, is all-gathered bit for bit over the pipeline (two floats per
+   stage; through a device buffer on NCCL) and summed in stage order on every stage, so
+   all stages clip by the same coefficient. With desc.dp it runs after the dp average,
+   when every pipeline holds the global batch's gradients. A failed pass's clean-up
+   (pdp__pp_drain) keeps the thread's message: its waits fail only as consequences. */
 
 /* #include "internal.h" (already above) */
 
@@ -20649,6 +21746,11 @@ struct pdp_pp {
     pdp_work *rwork;              /* the outstanding receive, for action rwork_act */
     int rwork_act;
     pdp_work *dp_work;            /* DP x PP: the gradients' all-reduce */
+    float norm_host[2 * PDP_PP_MAX_STAGES + 2]; /* pdp_pp_clip_grad_norm: this stage's sum
+                                                    of squares (a double's 8 bytes), then
+                                                    every stage's, gathered */
+    float *norm_dev;              /* its copy on the model's device (NCCL reduces device
+                                     memory only); NULL on the CPU */
     int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
     int64_t mb_cap;
     int64_t sample_base;          /* DP x PP: this pipeline's first row in the global batch */
@@ -20889,6 +21991,12 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, full->device.kind, full->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
+    /* A stage's TP layers would point at the full model's TP state, which the caller
+       frees, and the pipeline's clipping would count the TP slices as whole tensors. */
+    if (full->tp.nlayers)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model has %d tensor-parallel layers: "
+                        "pipeline x tensor parallelism (PP x TP) is not supported; use TP or PP "
+                        "(each with DP)", fn, full->tp.nlayers);
     pp = (pdp_pp *)pdp__calloc(sizeof *pp);
     if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     if (desc) pp->desc = *desc;
@@ -20908,11 +22016,15 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     if ((st = pdp__model_stage(full, pp->first[pp->stage], pp->first[pp->stage + 1], &pp->m)))
         goto wrap;
     pdp__model_set_slots(pp->m, pp->nslots);
+    pp->m->wrapped = PDP__WRAP_PP; /* the stage is the pipeline's: its layout is fixed */
     pp->in_count = pp->m->in_count;
     pp->out_count = pp->m->layers[pp->m->nlayers - 1].out_count;
     pp->in_buf = (float **)pdp__calloc((size_t)(pp->nslots + 1) * sizeof *pp->in_buf);
     pp->send_fwd = (pdp_work **)pdp__calloc((size_t)pp->nslots * sizeof *pp->send_fwd);
     if (!pp->in_buf || !pp->send_fwd) goto oom;
+    if (pp->m->device.kind != PDP_DEVICE_CPU &&
+        (st = pdp__dev_alloc(pp->m->device, sizeof pp->norm_host, (void **)&pp->norm_dev)))
+        goto wrap;
     if (pp->dp) { /* DP x PP: every pipeline starts from dp rank 0's stage */
         if (pp->dp->device.kind != c->device.kind || pp->dp->device.ordinal != c->device.ordinal) {
             st = pdp__err(PDP_ERR_DEVICE, "%s: dp communicator '%s' on another device", fn,
@@ -20963,26 +22075,33 @@ static void pdp__pp_free_buffers(pdp_pp *pp)
     pp->cap_rows = 0;
 }
 
-/* Waits every outstanding message (their errors are the pass's first error's
-   consequences, or already reported). */
+/* Waits every outstanding message and the dp average. Their errors are consequences of
+   the pass's first error (or of one reported already), so the thread's message is kept:
+   after a failed pass it is the one that names the call, the stage and the action. */
 static void pdp__pp_drain(pdp_pp *pp)
 {
+    char kept[1024];
     int i;
+    snprintf(kept, sizeof kept, "%s", pdp_last_error());
     if (pp->rwork) pdp_work_wait(pp->rwork);
     pp->rwork = NULL;
     pp->rwork_act = -1;
     if (pp->send_fwd)
         for (i = 0; i < pp->nslots; i++) pdp_work_wait(pp->send_fwd[i]), pp->send_fwd[i] = NULL;
     for (i = 0; i < 2; i++) pdp_work_wait(pp->send_bwd[i]), pp->send_bwd[i] = NULL;
+    if (pp->dp_work) pdp_work_wait(pp->dp_work);
+    pp->dp_work = NULL;
+    (void)pdp__err(PDP_OK, "%s", kept);
 }
 
 PDP_API void pdp_pp_free(pdp_pp *pp)
 {
     if (!pp) return;
     pdp__pp_drain(pp);
-    if (pp->dp_work) pdp_work_wait(pp->dp_work);
     pdp__pp_free_buffers(pp);
     if (pp->traced) pdp__trace_close();
+    if (pp->m) pp->m->wrapped = PDP__WRAP_NONE;
+    if (pp->norm_dev) pdp__dev_free(pp->m->device, pp->norm_dev);
     pdp_model_free(pp->m);
     pdp__dealloc(pp->in_buf);
     pdp__dealloc(pp->send_fwd);
@@ -21289,10 +22408,68 @@ PDP_API pdp_status pdp_pp_finish(pdp_pp *pp)
     return PDP_OK;
 }
 
+/* The gradients' global norm: each stage's sum of squares, a double, travels bit for bit
+   (its 8 bytes as two floats of an all-gather, on the model's device for NCCL) and every
+   stage adds the p sums in stage order, so all stages hold the same double and scale by
+   the same coefficient (or all fail alike). */
+PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *total_norm)
+{
+    static const char *fn = "pdp_pp_clip_grad_norm";
+    pdp_model *m;
+    double mine = 0.0, sum = 0.0, part, norm;
+    char who[96];
+    float coef;
+    size_t gathered;
+    pdp_status st;
+    int s;
+    if (total_norm) *total_norm = 0.0f;
+    if (!pp) return pdp__err(PDP_ERR_INVALID, "%s: pp is NULL", fn);
+    snprintf(who, sizeof who, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    if ((st = pdp__check_max_norm(max_norm, who)) != PDP_OK) return st;
+    m = pp->m;
+    if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if ((st = pdp__grad_sumsq(m, m->grad_block, m->param_count, &mine, fn)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    memcpy(pp->norm_host, &mine, sizeof mine);
+    gathered = (size_t)(2 * pp->p) * sizeof(float);
+    if (pp->norm_dev) {
+        float *recv = pp->norm_dev + 2;
+        if ((st = pdp__dev_copy(m->device, pp->norm_dev, pdp_cpu(), pp->norm_host,
+                                sizeof mine)) == PDP_OK &&
+            (st = pdp_comm_allgather(pp->c, pp->norm_dev, recv, 2, NULL)) == PDP_OK)
+            st = pdp__dev_copy(pdp_cpu(), pp->norm_host + 2, m->device, recv, gathered);
+    } else {
+        st = pdp_comm_allgather(pp->c, pp->norm_host, pp->norm_host + 2, 2, NULL);
+    }
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d): gathering the stages' squared norms",
+                             fn, pp->c->rank, pp->stage);
+    for (s = 0; s < pp->p; s++) {
+        memcpy(&part, pp->norm_host + 2 + 2 * s, sizeof part);
+        sum += part;
+    }
+    norm = sqrt(sum);
+    if (total_norm) *total_norm = (float)norm;
+    if (!isfinite(norm))
+        return pdp__err(PDP_ERR_NUMERIC, "%s: rank %d (stage %d): the gradient norm over the %d "
+                        "stages is %g", fn, pp->c->rank, pp->stage, pp->p, norm);
+    coef = pdp__clip_coef(max_norm, norm);
+    if (coef >= 1.0f) return PDP_OK;
+    if ((st = pdp__grad_scale(m, m->grad_block, m->param_count, coef, fn)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt)
 {
     pdp_status st;
     if (!pp || !opt) return pdp__err(PDP_ERR_INVALID, "pdp_pp_step: %s is NULL", pp ? "opt" : "pp");
+    /* an optimizer of the full model (or of another stage) would train something else and
+       leave this stage as it is */
+    if (opt->model != pp->m || opt->shard)
+        return pdp__err(PDP_ERR_INVALID, "pdp_pp_step: rank %d (stage %d): the optimizer was "
+                        "not created on this stage's model; create it with pdp_optim_create("
+                        "&opt, pdp_pp_model(pp), &desc)", pp->c->rank, pp->stage);
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "pdp_pp_step");
     if ((st = pdp_optim_step(opt)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_pp_step: rank %d", pp->c->rank);

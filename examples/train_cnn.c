@@ -78,7 +78,7 @@ int main(int argc, char **argv)
 {
     int epochs = 5, threads = 2, i;
     int64_t batch = 64, step = 0, total_steps, warmup;
-    float lr = 1e-3f;
+    double lr = 1e-3;
     unsigned long long seed = 1;
     bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT")), tty = isatty(1);
     pdp_device dev = pdp_cpu();
@@ -94,7 +94,7 @@ int main(int argc, char **argv)
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "-device") && !strcmp(argv[i + 1], "cuda")) dev = pdp_cuda(0);

@@ -55,7 +55,7 @@
 
 static int np = 2, epochs = 1;
 static int64_t batch = 256; /* global */
-static float lr = 0.05f;
+static double lr = 0.05;
 static unsigned long long seed = 1;
 static bool short_run;
 static const char *compress = "none"; /* none, bf16 or fp16: the gradients on the wire */
@@ -201,7 +201,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-np")) np = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "-compress")) compress = argv[i + 1];
         else break;

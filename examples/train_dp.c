@@ -89,7 +89,7 @@ int main(int argc, char **argv)
 {
     int epochs = 5, workers = 2, gpus = 0, i;
     int64_t batch = 128, step = 0, total_steps;
-    float lr = 1e-3f;
+    double lr = 1e-3;
     unsigned long long seed = 1;
     bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     pdp_dataset_desc dd = {0};
@@ -113,7 +113,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-gpus")) gpus = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
         else break;
     }

@@ -56,7 +56,7 @@
 
 static int np = 2, epochs = 1, micro = 4;
 static int64_t batch = 256;
-static float lr = 0.05f;
+static double lr = 0.05;
 static unsigned long long seed = 1;
 static bool short_run;
 static pdp_pp_schedule schedule = PDP_PP_1F1B;
@@ -203,7 +203,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-micro")) micro = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
         else break;
     }

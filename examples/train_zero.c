@@ -8,15 +8,18 @@
    its slice of every unit and all-gathering a unit's parameters just before it
    computes. Every rank prints its memory (measured bytes beside the paper's formula
    and the stated bound on the working buffers), the bytes it sent in the last step
-   beside the formula (DDP and stages 1-2: 2(N-1)/N x 4 Psi, stage 3: 3(N-1)/N x 4 Psi),
-   its step time and its test accuracy: the same accuracy on every rung of the ladder,
-   a fraction of the memory, the same or 1.5x the bytes.
+   beside the formula that applies, in words (DDP and stages 1-2: 2(N-1)/N x 4 Psi,
+   stage 3: 3(N-1)/N x 4 Psi; with -accum k backward passes per step, stage 2 sends
+   (k+1)(N-1)/N x 4 Psi and stage 3 3k(N-1)/N x 4 Psi less the units kept gathered
+   between micro-steps, zero.h), its step time and its test accuracy: the same accuracy
+   on every rung of the ladder, a fraction of the memory, the same or 1.5x the bytes.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_zero.c -o train_zero -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_zero.c -o train_zero_mpi -lm
            make cuda   (build/cuda/train_zero, with -DPDP_CUDA: -backend nccl)
    Run:    ./train_zero                      (stage 3, 2 thread-ranks; PDP_SHORT=1: a few steps)
            for s in 0 1 2 3; do ./train_zero -stage $s -np 2; done
+           ./train_zero -stage 2 -accum 2        (2 backward passes per step: 1.5x the bytes)
            mpirun -np 2 ./train_zero_mpi -backend mpi -stage 2
            ./build/cuda/train_zero -backend nccl -np 2 -stage 3     (2 GPUs, one thread each)
            PDP_TRACE=zero.json ./train_zero  then open zero.json in ui.perfetto.dev: the
@@ -56,8 +59,9 @@
 
 static int np = 2, epochs = 1, stage = 3;
 static int64_t batch = 256; /* global */
-static float lr = 0.001f;
+static double lr = 0.001;
 static double cap_mb = 0.5; /* units of at most 0.5 MiB: each layer its own, 784x512 split */
+static int accum = 1;        /* backward passes (batches) per optimizer step */
 static unsigned long long seed = 1;
 static bool short_run;
 static pdp_dataset *train, *test;
@@ -159,7 +163,8 @@ static void train_rank(pdp_comm *c, pdp_device dev)
         const pdp_tensor *logits;
         const int32_t *y;
         int64_t got, seen = 0, correct = 0, k = test->count < 1000 ? test->count : 1000;
-        int64_t sent = 0, formula = 0, steps_here = 0;
+        int64_t sent = 0, formula = 0, steps_here = 0, micro = 0;
+        char words[160] = "";
         double loss_sum = 0.0, t0 = seconds(), ts, step_time = 0.0;
         float loss;
         pdp_dist_sampler_set_epoch(sampler, (uint64_t)e);
@@ -171,19 +176,29 @@ static void train_rank(pdp_comm *c, pdp_device dev)
             ts = seconds();
             if (ddp) {
                 pdp_ddp_stats s;
+                pdp_ddp_set_no_sync(ddp, micro < accum - 1); /* accumulate, reduce the last */
                 CHECK(pdp_ddp_forward_backward(ddp, on_device(&x, xdev, &xv), y, &loss));
-                CHECK(pdp_ddp_step(ddp, opt));
-                pdp_ddp_get_stats(ddp, &s);
-                sent = s.bytes_sent;
-                formula = (int64_t)(2.0 * (n - 1) / n * (double)s.grad_bytes);
+                if (++micro == accum) {
+                    CHECK(pdp_ddp_step(ddp, opt));
+                    pdp_ddp_get_stats(ddp, &s);
+                    sent = s.bytes_sent;
+                    formula = (int64_t)(2.0 * (n - 1) / n * (double)s.grad_bytes);
+                    snprintf(words, sizeof words, "2 (N-1)/N x 4 Psi, N = %d (k = %d backward "
+                             "passes: accumulated without sending)", n, accum);
+                }
             } else {
                 pdp_zero_stats s;
+                pdp_zero_set_no_sync(z, micro < accum - 1);
                 CHECK(pdp_zero_forward_backward(z, on_device(&x, xdev, &xv), y, &loss));
-                CHECK(pdp_zero_step(z, opt)); /* reduce-scatters done, shard stepped, gathered */
-                pdp_zero_get_stats(z, &s);
-                sent = s.bytes_sent;
-                formula = s.formula_bytes;
+                if (++micro == accum) {
+                    CHECK(pdp_zero_step(z, opt)); /* wait, step the shard, all-gather */
+                    pdp_zero_get_stats(z, &s);
+                    sent = s.bytes_sent;
+                    formula = s.formula_bytes;
+                    snprintf(words, sizeof words, "%s", s.formula);
+                }
             }
+            if (micro == accum) micro = 0;
             step_time += seconds() - ts;
             steps_here++;
             loss_sum += loss;
@@ -204,10 +219,10 @@ static void train_rank(pdp_comm *c, pdp_device dev)
         pthread_mutex_lock(&print_mu);
         print_memory(rank, n, z, opt, psi);
         printf("rank %d epoch %d  loss %.4f  test %.2f%% (first %lld)  step %.1f ms  "
-               "%.0f samples/s  sent/step %.2f MB  formula %.2f MB\n", rank, e + 1,
+               "%.0f samples/s  sent/step %.2f MB  formula %.2f MB = %s\n", rank, e + 1,
                loss_sum * per_rank / (double)(seen ? seen : 1), 100.0 * correct / (double)k,
                (long long)k, 1e3 * step_time / (double)(steps_here ? steps_here : 1),
-               (double)seen * n / (seconds() - t0), sent / 1e6, formula / 1e6);
+               (double)seen * n / (seconds() - t0), sent / 1e6, formula / 1e6, words);
         fflush(stdout);
         pthread_mutex_unlock(&print_mu);
     }
@@ -244,17 +259,20 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-np")) np = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "-lr")) lr = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-cap_mb")) cap_mb = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "-accum")) accum = atoi(argv[i + 1]);
         else break;
     }
     if (i < argc || np < 1 || np > 64 || epochs < 1 || batch < np || stage < 0 || stage > 3 ||
+        accum < 1 || accum > 64 ||
         !(cap_mb > 0) ||
         (strcmp(backend, "local") && strcmp(backend, "mpi") && strcmp(backend, "nccl"))) {
         fprintf(stderr, "usage: %s [-stage 0..3 (0: DDP; default 3)] [-backend local|mpi|nccl] "
                 "[-np 2 (threads; mpirun or torchrun set it for processes)] [-epochs 1] "
-                "[-batch 256 (global)] [-lr 0.001] [-cap_mb 0.5] [-seed 1]\n", argv[0]);
+                "[-batch 256 (global)] [-lr 0.001] [-cap_mb 0.5] [-seed 1] [-accum 1 (backward "
+                "passes per step)]\n", argv[0]);
         return 2;
     }
     if (!strcmp(backend, "mpi")) {

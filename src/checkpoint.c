@@ -28,11 +28,14 @@
    of the flat block as a shard file: flat F32 tensors "params" and
    "optim.<state>" ([hi - lo] each, either may be left out), __metadata__
    "format": "pdp-shard", "shard.lo", "shard.hi", "shard.count" (the model's
-   parameter count) and the same model and optimizer keys as a full file.
-   pdp__checkpoint_load_range reads a shard file of exactly that range, or the
-   slice [lo, hi) of a full checkpoint (every tensor still checked; the ones
-   the slice touches are read whole to verify their checksums). The public
-   load refuses a shard file; the public save and load refuse a range
+   parameter count), "shard.run" when the caller names the save it belongs to
+   (pdp__checkpoint_save_run: 16 hex digits, every shard of one ZeRO save and
+   its marker carry the same) and the same model and optimizer keys as a full
+   file. pdp__checkpoint_load_range reads a shard file of exactly that range, or
+   the slice [lo, hi) of a full checkpoint (every tensor still checked; the ones
+   the slice touches are read whole to verify their checksums);
+   pdp__checkpoint_load_run reads only a shard file of that range and that run.
+   The public load refuses a shard file; the public save and load refuse a range
    optimizer. */
 
 #include "internal.h"
@@ -245,8 +248,8 @@ static void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool wit
    digits, crc_at[1 + t] those of tensor t's. Parameter names are
    "<layer>.<weight|bias>": nothing in them needs escaping. */
 static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                   int64_t lo, int64_t hi, bool shard, char **out, size_t *len,
-                                   size_t *crc_at)
+                                   int64_t lo, int64_t hi, bool shard, const char *run,
+                                   char **out, size_t *len, size_t *crc_at)
 {
     int nt = pdp__ckpt_ntensors(m, o, with_params, shard), t, d;
     size_t cap = 2048 + (size_t)nt * 384, n = 0;
@@ -264,17 +267,18 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool 
         pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.lo\":\"%lld\",\"shard.hi\":\"%lld\","
                       "\"shard.count\":\"%lld\"", (long long)lo, (long long)hi,
                       (long long)m->param_count);
+    if (shard && run) pdp__ckpt_put(h, cap, &n, &ok, ",\"shard.run\":\"%s\"", run);
     if (o) {
         const pdp_optim_desc *dd = &o->desc;
         pdp__ckpt_put(h, cap, &n, &ok,
-                      ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.9g\","
-                      "\"optim.momentum\":\"%.9g\",\"optim.dampening\":\"%.9g\","
-                      "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.9g\","
-                      "\"optim.beta1\":\"%.9g\",\"optim.beta2\":\"%.9g\",\"optim.eps\":\"%.9g\"",
-                      pdp_optim_kind_name(dd->kind), (long long)o->steps, (double)dd->lr,
-                      (double)dd->momentum, (double)dd->dampening, dd->nesterov ? "true" : "false",
-                      (double)dd->weight_decay, (double)dd->beta1, (double)dd->beta2,
-                      (double)dd->eps);
+                      ",\"optim.kind\":\"%s\",\"optim.steps\":\"%lld\",\"optim.lr\":\"%.17g\","
+                      "\"optim.momentum\":\"%.17g\",\"optim.dampening\":\"%.17g\","
+                      "\"optim.nesterov\":\"%s\",\"optim.weight_decay\":\"%.17g\","
+                      "\"optim.beta1\":\"%.17g\",\"optim.beta2\":\"%.17g\","
+                      "\"optim.eps\":\"%.17g\"",
+                      pdp_optim_kind_name(dd->kind), (long long)o->steps, dd->lr, dd->momentum,
+                      dd->dampening, dd->nesterov ? "true" : "false", dd->weight_decay,
+                      dd->beta1, dd->beta2, dd->eps);
     }
     for (t = -1; t < nt; t++) {
         if (t < 0) {
@@ -426,7 +430,7 @@ static void pdp__ckpt_remove_stale(const char *path)
    from the bytes written), then the sealed header over the first. */
 static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
                                  bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
-                                 bool shard, const char *fn)
+                                 bool shard, const char *run, const char *fn)
 {
     int nt = pdp__ckpt_ntensors(m, o, with_params, shard);
     bool staged = m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian();
@@ -452,8 +456,8 @@ static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const flo
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
         goto done;
     }
-    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, &header, &hlen, crc_at)) !=
-        PDP_OK) {
+    if ((st = pdp__ckpt_header(m, o, with_params, lo, hi, shard, run, &header, &hlen,
+                               crc_at)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: %s", fn, path);
         goto done;
     }
@@ -536,6 +540,20 @@ static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, con
                                        const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    /* ZeRO: a load must reach the shards that train (and every rank); a save needs the
+       full parameters in the model's block (stages 1-2, or stage 3 after
+       pdp_zero_gather_params(z, NULL): what consolidate saves through) */
+    if (m->wrapped == PDP__WRAP_ZERO && !strstr(fn, "_save"))
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the model is wrapped by %s, whose shards hold "
+                        "what trains; load with pdp_zero_checkpoint_load_full (a full file) or "
+                        "pdp_zero_checkpoint_load (a shard set), both collective", fn, path,
+                        pdp__model_wrapper(m));
+    if (m->wrapped == PDP__WRAP_ZERO && !m->param_block)
+        return pdp__err(PDP_ERR_STATE, "%s: %s: the model is wrapped by %s, which keeps only "
+                        "this rank's slices of the parameters; save with "
+                        "pdp_zero_checkpoint_consolidate (one full file) or "
+                        "pdp_zero_checkpoint_save (a shard set), both collective", fn, path,
+                        pdp__model_wrapper(m));
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "%s: %s: the model has %d tensor-parallel layers, so its "
                         "parameters are this rank's slices; use pdp_tp_checkpoint_%s "
@@ -547,8 +565,9 @@ static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, con
                         (long long)m->param_count);
     if (o && !pdp__optim_is_full(o))
         return pdp__err(PDP_ERR_STATE, "%s: %s: the optimizer holds state for [%lld, %lld) of "
-                        "the %lld parameters only (a ZeRO shard)", fn, path, (long long)o->lo,
-                        (long long)o->hi, (long long)o->count);
+                        "the %lld parameters only (a ZeRO shard: pdp_zero_checkpoint_%s)", fn,
+                        path, (long long)o->lo, (long long)o->hi, (long long)o->count,
+                        strstr(fn, "_save") ? "consolidate or _save" : "load_full or _load");
     return PDP_OK;
 }
 
@@ -557,7 +576,7 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
     const char *fn = "pdp_checkpoint_save";
     pdp_status st;
     if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
-    return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+    return pdp__ckpt_save(path, m, m->param_block, true, o, 0, m->param_count, false, NULL, fn);
 }
 
 /* Checks a range call's arguments: [lo, hi) inside the model, o's range
@@ -580,27 +599,36 @@ static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, con
     return PDP_OK;
 }
 
+static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                           const float *params, const pdp_optim *o, int64_t lo,
+                                           int64_t hi, const char *run, const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, run, fn);
+}
+
 static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
                                              const float *params, const pdp_optim *o,
                                              int64_t lo, int64_t hi, const char *fn)
 {
-    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
-    if (st != PDP_OK) return st;
-    return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, fn);
+    return pdp__checkpoint_save_run(path, m, params, o, lo, hi, NULL, fn);
 }
 
 /* ---- checkpoint: load ---- */
 
-/* A float from a metadata string ("%.9g" on save); false when absent or bad. */
-static bool pdp__ckpt_meta_float(const pdp__st_parser *p, const char *key, float *out)
+/* A hyper-parameter from a metadata string: a double, "%.17g" on save (the exact
+   double back); an older pdp's file has "%.9g" of a float, read as that decimal. False
+   when absent or not a finite number. */
+static bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, double *out)
 {
     const char *s = pdp__st_meta(p, key);
     char *end;
     double v;
     if (!s || !*s) return false;
     v = strtod(s, &end);
-    if (*end || !isfinite(v) || fabs(v) > FLT_MAX) return false;
-    *out = (float)v;
+    if (*end || !isfinite(v)) return false;
+    *out = v;
     return true;
 }
 
@@ -613,7 +641,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     static const char *const keys[] = {"optim.lr", "optim.momentum", "optim.dampening",
                                        "optim.weight_decay", "optim.beta1", "optim.beta2",
                                        "optim.eps"};
-    float *fields[7];
+    double *fields[7];
     pdp_optim_desc d, resolved;
     char *end, where[512];
     long long n;
@@ -628,7 +656,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     fields[0] = &d.lr; fields[1] = &d.momentum; fields[2] = &d.dampening;
     fields[3] = &d.weight_decay; fields[4] = &d.beta1; fields[5] = &d.beta2; fields[6] = &d.eps;
     for (i = 0; i < 7; i++)
-        if (!pdp__ckpt_meta_float(p, keys[i], fields[i]))
+        if (!pdp__ckpt_meta_double(p, keys[i], fields[i]))
             return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"%s\" is missing or not a "
                             "finite number", fn, p->file, keys[i]);
     if (!nest || (strcmp(nest, "true") != 0 && strcmp(nest, "false") != 0))
@@ -646,7 +674,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
     if (pdp__optim_nstate(&resolved) != o->nstate)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: the file's %s (momentum %g) keeps %d state "
                         "tensors per parameter, the optimizer %d", fn, p->file, kind,
-                        (double)d.momentum, pdp__optim_nstate(&resolved), o->nstate);
+                        d.momentum, pdp__optim_nstate(&resolved), o->nstate);
     resolved.lr = d.lr; /* 0 is a valid learning rate (e.g. the end of a schedule) */
     *desc = resolved;
     *steps = (int64_t)n;
@@ -810,10 +838,11 @@ static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
 
 /* Loads the parameters [lo, hi) into params (when with_params) and o's state
    for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
-   allow_shard, from a shard file of exactly [lo, hi). */
+   allow_shard, from a shard file of exactly [lo, hi); with run, only from a
+   shard file of exactly [lo, hi) whose "shard.run" is run. */
 static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
                                  pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
-                                 const char *fn)
+                                 const char *run, const char *fn)
 {
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
@@ -827,7 +856,7 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
     uint64_t seed = 0, mstep = 0;
     bool have_seed = false, have_step = false, has_sums = false;
     struct stat sb;
-    const char *format;
+    const char *format, *srun;
     bool shard;
     FILE *f;
     int i, k, nstate;
@@ -899,6 +928,11 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
                       "not a checkpoint of the whole model", fn, path);
         goto done;
     }
+    if (run && !shard) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a shard file (\"format\" is \"%s\"), where "
+                      "the shard of run %s belongs", fn, path, format ? format : "absent", run);
+        goto done;
+    }
     if (shard) {
         uint64_t slo = 0, shi = 0, scount = 0;
         bool have[3];
@@ -916,6 +950,13 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
                           (unsigned long long)slo, (unsigned long long)shi,
                           (unsigned long long)scount, (long long)lo, (long long)hi,
                           (long long)m->param_count);
+            goto done;
+        }
+        srun = pdp__st_meta(&p, "shard.run");
+        if (run && (!srun || strcmp(srun, run) != 0)) {
+            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard of run %s, the set's is run %s (a "
+                          "file of another save)", fn, path, srun ? srun : "(none: no "
+                          "\"shard.run\")", run);
             goto done;
         }
     }
@@ -1026,14 +1067,22 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
     const char *fn = "pdp_checkpoint_load";
     pdp_status st;
     if ((st = pdp__ckpt_whole_args(path, m, o, fn)) != PDP_OK) return st;
-    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, fn);
+    return pdp__ckpt_load(path, m, m->param_block, true, o, 0, m->param_count, false, NULL,
+                          fn);
+}
+
+static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                           const char *fn)
+{
+    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
+    if (st != PDP_OK) return st;
+    return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, run, fn);
 }
 
 static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
                                              pdp_optim *o, int64_t lo, int64_t hi,
                                              const char *fn)
 {
-    pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
-    if (st != PDP_OK) return st;
-    return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, fn);
+    return pdp__checkpoint_load_run(path, m, params, o, lo, hi, NULL, fn);
 }

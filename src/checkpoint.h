@@ -15,7 +15,8 @@
        optimizer "optim.kind" ("SGD", "Adam", "AdamW"), "optim.steps",
        "optim.lr", "optim.momentum", "optim.dampening", "optim.nesterov"
        ("true"/"false"), "optim.weight_decay", "optim.beta1", "optim.beta2",
-       "optim.eps" (floats printed with 9 significant digits: exact round trip),
+       "optim.eps" (doubles printed with 17 significant digits: exact round trip;
+       an earlier pdp wrote a float's 9 digits, which load as that decimal),
        and checksums: "crc32c.<tensor>" for every tensor (CRC-32C of its data
        bytes as stored) and "crc32c.header" (of the header's content: the
        metadata but itself, the tensors' names, dtypes and shapes; exactly as

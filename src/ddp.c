@@ -15,6 +15,7 @@
 struct pdp_ddp {
     pdp__reducer r;       /* first: the grad hook's user pointer is &d->r */
     pdp_ddp_desc desc;
+    pdp_model *held;      /* the model this executor wrapped (pdp__model_wrap) */
 };
 
 /* The DDP collective: bucket b's gradients, averaged in place (or the comm hook's). */
@@ -96,13 +97,16 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && !(desc->bucket_cap_mb >= 0.0 && desc->bucket_cap_mb <= 1e12 &&
-                  desc->first_bucket_mb >= 0.0 && desc->first_bucket_mb <= 1e12))
-        return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
-                        ">= 0 and finite (at most 1e12)", fn, desc->bucket_cap_mb,
-                        desc->first_bucket_mb);
+    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
+                                             NULL, NULL, fn)) != PDP_OK)
+        return st;
+    if ((st = pdp__model_wrap(m, PDP__WRAP_DDP, 0, fn)) != PDP_OK) return st;
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
-    if (!d) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!d) {
+        pdp__model_unwrap(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
+    d->held = m;
     if (desc) d->desc = *desc;
     d->desc.bucket_cap_mb = PDP__DEF(d->desc.bucket_cap_mb, 25.0);
     d->desc.first_bucket_mb = PDP__DEF(d->desc.first_bucket_mb,
@@ -113,6 +117,8 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     rd.reduce = pdp__ddp_allreduce;
     rd.op_name = "allreduce";
     rd.finish_names = "pdp_ddp_step or pdp_ddp_finish";
+    rd.backward_names = "pdp_ddp_forward_backward or pdp_ddp_backward";
+    rd.batch_mean = d->desc.batch_mean;
     rd.user = d;
     if ((st = pdp__reducer_init(&d->r, m, c, &rd, fn)) != PDP_OK) {
         pdp_ddp_free(d);
@@ -127,6 +133,7 @@ PDP_API void pdp_ddp_free(pdp_ddp *d)
 {
     if (!d) return;
     pdp__reducer_release(&d->r);
+    if (d->held) pdp__model_unwrap(d->held);
     pdp__dealloc(d);
 }
 

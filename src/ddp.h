@@ -23,8 +23,34 @@
    equals single-device training on the global batch, to float rounding, and
    every rank holds bit-identical parameters.
 
+   Uneven shards (batch_mean). Each rank's loss is the mean over its own n_r
+   samples and the all-reduce averages over the N ranks, so by default
+   (PDP_BATCH_MEAN_RANKS) the gradients are those of the mean of per-rank means,
+   (1/N) sum_r (1/n_r) sum_{i in r} grad l_i. That is the mean over the global
+   batch T = sum_r n_r only when every n_r is T/N (even shards); with shards of
+   5, 3 and 2 samples a sample of the 2-sample rank weighs 2.5x one of the
+   5-sample rank. PyTorch's DistributedDataParallel does exactly this (it
+   averages gradients; DistributedSampler pads or drops to keep shards even).
+   PDP_BATCH_MEAN_GLOBAL gives the mean over the global batch instead,
+   (1/T) sum_i grad l_i, as one device trained on the concatenated shards: each
+   backward all-reduces the ranks' batch sizes (one float: 2 (N-1)/N x 4 bytes,
+   counted in bytes_sent) and weighs rank r's loss gradient by N n_r / T before
+   backward, so the average over ranks is the global-batch mean (what torchtitan
+   and Hugging Face's Trainer do by hand with an all-reduce of token counts). The
+   trade-off: one more small collective per backward, whose latency
+   pdp_ddp_forward_backward hides behind the forward and pdp_ddp_backward (own
+   loss) waits for; in return no caller has to know the other ranks' batch
+   sizes (the last, short batch of an epoch, filtered samples). Under it the
+   backward must go through pdp_ddp_forward_backward or pdp_ddp_backward (a
+   pdp_model_backward on the wrapped model fails with PDP_ERR_STATE saying so),
+   *loss stays this rank's mean, and with accumulation each backward is weighted
+   by its own global batch: k backward passes sum k global-batch means, as k
+   backward passes on one device. Every rank must pass the same batch_mean
+   (checked by pdp_ddp_create: PDP_ERR_INVALID naming both values).
+
    Gradient accumulation (no_sync): while no_sync is on, backward only adds to
-   the local gradients; the next backward with no_sync off all-reduces the
+   the local gradients (under PDP_BATCH_MEAN_GLOBAL it still all-reduces the
+   batch sizes); the next backward with no_sync off all-reduces the
    accumulated sums. As in PyTorch, k accumulated backward passes of mean losses
    give the sum of k mean gradients: the same as k backward passes on a single
    device (divide the learning rate by k, or scale the loss, for the mean).
@@ -39,7 +65,8 @@
    cross-entropy; for an own loss run pdp_ddp_forward (or pdp_model_forward),
    compute the loss and its gradient dy with respect to the output (the mean
    over this rank's samples, as the built-in losses do, so that the average
-   over ranks is the global batch's), then pdp_ddp_backward(ddp, dy) (or
+   over ranks is the mean of the ranks' means, or under PDP_BATCH_MEAN_GLOBAL
+   the global batch's), then pdp_ddp_backward(ddp, dy) (or
    pdp_model_backward): the buckets are reduced the same way. A second backward
    before pdp_ddp_step/pdp_ddp_finish fails with PDP_ERR_STATE saying so.
 
@@ -52,14 +79,27 @@
 
 typedef struct pdp_ddp pdp_ddp;
 
+/* Which mean of the loss a step's averaged gradients are (DDP and ZeRO; above). */
+typedef enum pdp_batch_mean {
+    PDP_BATCH_MEAN_RANKS = 0,  /* the mean over ranks of each rank's batch mean: PyTorch
+                                  DDP's; the global-batch mean when the shards are even */
+    PDP_BATCH_MEAN_GLOBAL = 1  /* the mean over the global batch, whatever the shards:
+                                  one all-reduce of the batch sizes per backward */
+} pdp_batch_mean;
+
+/* Sizes: 0 (default) or finite MiB in (0, 1e12]; anything else fails with
+   PDP_ERR_INVALID naming the field and the value (the rule pdp_zero_desc shares). */
 typedef struct pdp_ddp_desc {
     double bucket_cap_mb;    /* bucket capacity in MiB (2^20 bytes); default 25 */
     double first_bucket_mb;  /* capacity of the first bucket in MiB (the last layers'
                                 gradients, ready first); default min(1, bucket_cap_mb) */
+    pdp_batch_mean batch_mean; /* default PDP_BATCH_MEAN_RANKS (PyTorch's); the same on
+                                  every rank */
 } pdp_ddp_desc;
 
-/* Wraps m (which stays owned by the caller, must outlive ddp and gets no new
-   layers) and c (the same). Collective: every rank of c must call it. Checks
+/* Wraps m (which stays owned by the caller and must outlive ddp; adding layers to it
+   fails until pdp_ddp_free, and so does a second executor on it: model.h, "Wrapped
+   models") and c (the same). Collective: every rank of c must call it. Checks
    that every rank has the same parameter names and shapes (a mismatch fails on
    every rank with PDP_ERR_INVALID naming the first differing parameter), then
    copies rank 0's parameters to every rank, zeroes the gradients and installs
@@ -69,8 +109,10 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
 /* Waits for buckets still in flight, removes the hook. NULL is fine. */
 PDP_API void pdp_ddp_free(pdp_ddp *ddp);
 
-/* Forward, softmax cross-entropy (mean over this rank's batch) and backward on
-   this rank's shard; buckets are all-reduced as their gradients become ready.
+/* Forward, softmax cross-entropy (mean over this rank's batch: *loss) and backward on
+   this rank's shard (under PDP_BATCH_MEAN_GLOBAL its gradient weighted by N n_r / T,
+   the batch sizes all-reduced during the forward); buckets are all-reduced as their
+   gradients become ready.
    Gradients accumulate (+=). A synchronised backward must be finished
    (pdp_ddp_step or pdp_ddp_finish) before the next one. */
 PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *ddp, const pdp_tensor *x,
@@ -194,7 +236,9 @@ typedef struct pdp_ddp_stats {
     int64_t grad_bytes;        /* bytes of gradients all-reduced per step */
     /* the last finished step */
     int64_t bytes_sent;        /* by this rank (the ring figure: 2(N-1)/N x grad_bytes; half
-                                  of it with a 16-bit compression hook) */
+                                  of it with a 16-bit compression hook), plus under
+                                  PDP_BATCH_MEAN_GLOBAL the batch sizes' all-reduce of every
+                                  backward since the last step, 2(N-1)/N x 4 each */
     double backward_s;         /* forward + loss + backward, launches included */
     double allreduce_s;        /* execution time of this step's bucket all-reduces, from the
                                   moment the backend starts each (waiting for slower ranks

@@ -360,6 +360,7 @@ static void pdp__dp_destroy(pdp_dp *dp)
     if (dp->master) {
         pdp__dev_free(dp->master->device, dp->out_block);
         pdp__dev_free(dp->master->device, dp->stage);
+        pdp__model_unwrap(dp->master); /* the caller's again: layers may be added */
     }
     if (dp->sync_ok) {
         pthread_cond_destroy(&dp->done);
@@ -435,8 +436,13 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
                             master->device.ordinal);
     }
 
+    /* the replicas are clones of this layout: it must not change while they live */
+    if ((st = pdp__model_wrap(master, PDP__WRAP_DP, 0, "pdp_dp_create")) != PDP_OK) return st;
     dp = (pdp_dp *)pdp__calloc(sizeof *dp);
-    if (!dp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory");
+    if (!dp) {
+        pdp__model_unwrap(master);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory");
+    }
     dp->master = master;
     dp->n = n;
     dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
@@ -539,6 +545,7 @@ static pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
                             fn, m->nlayers, (long long)m->param_count, i, r->nlayers,
                             (long long)r->param_count);
         r->training = m->training;
+        r->precision = m->precision; /* pdp_model_set_precision on the master, any time */
         r->step = m->step;
         r->seed = m->seed;
         if (r->params_shared) {

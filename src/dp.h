@@ -50,7 +50,9 @@ typedef struct pdp_dp_desc {
 } pdp_dp_desc;
 
 /* Wraps master (which stays owned by the caller and must outlive dp) and starts
-   workers 1..N-1. Layers must not be added to master afterwards. A pdp_dp is used
+   workers 1..N-1. Adding layers to master afterwards fails with PDP_ERR_STATE
+   (model.h, "Wrapped models"); pdp_model_set_precision on it reaches every replica
+   at the next step. A pdp_dp is used
    by one calling thread at a time; between steps the caller may use the master
    as any model (evaluate it, save it). */
 PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc);

@@ -309,8 +309,25 @@ typedef struct pdp__tp_state {
     pdp_comm *comm;
     int rank, size;
     int nlayers;          /* TP layers added */
+    int checked;          /* TP layers the last passing width check covered: f's forward
+                             runs the check (collective) while it differs from nlayers */
+    pdp_model *model;     /* the model holding this state (the check reads its layers) */
+    /* tp.c's pdp__tp_check_widths, set by pdp_model_set_tp (f's forward, layers_tp.c,
+       comes before tp.c in the amalgamation) */
+    pdp_status (*check_widths)(struct pdp__tp_state *tp);
+    float scalar;         /* clipping's all-reduced squared norm (pdp_clip_grad_norm) */
+    float *dscalar;       /* a CUDA model's device copy of it (NCCL reduces device memory
+                             only): allocated by pdp_model_set_tp, freed by pdp_model_free */
     pdp_tp_stats stats;
 } pdp__tp_state;
+
+/* Every TP rank's TP layers against TP rank 0's (kinds, places, full widths), collective
+   over tp->comm: all ranks return PDP_ERR_INVALID naming the first difference, or PDP_OK
+   and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
+   != nlayers. */
+static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
+static bool pdp__tp_is_split(const pdp_model *m, int p);
 
 static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -354,6 +371,13 @@ typedef enum pdp__wrap {
     PDP__WRAP_PP
 } pdp__wrap;
 
+/* A wrapped model's parameter views where its executor holds the blocks (ZeRO):
+   adjusts out->value, out->grad and their ranges for parameter index (model.c has
+   filled out with the views of the model's own blocks, or empty ones where a block is
+   gone), or refuses, the message starting with fn. */
+typedef pdp_status (*pdp__model_views_fn)(void *user, const pdp_model *m, int index,
+                                          pdp_param *out, const char *fn);
+
 struct pdp_model {
     pdp_device device;
     uint64_t seed;
@@ -386,6 +410,9 @@ struct pdp_model {
     pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
     pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
                                   by its create, cleared by its free (pdp__model_wrap) */
+    int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    pdp__model_views_fn views; /* pdp_model_param's views (above); NULL: the blocks' */
+    void *views_user;
     pdp__model_event_fn event; /* the executor seam (above); NULL: off */
     void *event_user;
     float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
@@ -397,6 +424,23 @@ struct pdp_model {
     float *input_grad;       /* not NULL: backward writes d(loss)/d(input) here [batch, in] */
     double *layer_s;         /* not NULL: forward and backward add each layer's seconds */
 };
+
+/* Executors holding a model (model.c). pdp__model_wrap: marks m as held by kind (stage:
+   ZeRO's, else 0), or refuses with PDP_ERR_STATE, the message starting with fn, a model
+   another executor holds (one executor per model: two would both own its gradients),
+   naming both. pdp__model_unwrap: held by none again (the executor's free).
+   pdp__model_wrapper: "ZeRO stage 3 (pdp_zero_create)", the holder for messages.
+   pdp__model_check_layout: PDP_ERR_STATE for a call fn that would change the layout or
+   the parameter block of a wrapped model (or a DP replica), naming the executor; what:
+   the advice ("add layers before wrapping it"). */
+static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
+static void pdp__model_unwrap(pdp_model *m);
+static const char *pdp__model_wrapper(const pdp_model *m);
+static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+/* A parameter view for pdp_model_param (model.c): e's shape over data when full, else 1-d
+   of count floats; data NULL: empty (count 0). */
+static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                            int64_t count, pdp_tensor *out);
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
    clone reads src's parameter block (CPU DP replicas); otherwise it gets its own
@@ -430,8 +474,11 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
    PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
    as the CPU functions they stand in for (pointers on device d or io->device;
    labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
-/* Per-step scalars, computed once in double (as PyTorch does in Python) and
-   rounded to float for the element loop (optim.c's CPU loop, cuda_host.c's kernels). */
+/* Per-step scalars of the element loop (optim.c's CPU loop, cuda_host.c's kernels),
+   taken once per update by pdp__optim_scalars_of from the desc's doubles: 1 - beta,
+   1 - dampening, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t) and
+   decay = 1 - lr weight_decay computed in double (as PyTorch does in Python), then each
+   rounded to float, as PyTorch's fp32 kernels round a double scalar argument. */
 typedef struct pdp__optim_scalars {
     pdp_optim_kind kind;
     float lr, momentum, one_minus_damp, weight_decay;
@@ -464,6 +511,24 @@ static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n,
                                   const char *fn);
 static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
                                   const char *fn);
+/* *sum += the squares of gradient elements [lo, hi) of m's flat block, held at g[0, hi -
+   lo), as a TP group counts them: on a TP model a slice's elements on every TP rank and
+   a replicated tensor's on TP rank 0 only, so that the sum over the TP group is the full
+   model's; on any other model every element (pdp__grad_sumsq). */
+static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                        int64_t hi, double *sum, const char *fn);
+/* The one rule for max_norm of every clipping call (pdp_clip_grad_norm,
+   pdp_zero_clip_grad_norm, pdp_pp_clip_grad_norm): finite and >= 0, else
+   PDP_ERR_INVALID "fn: max_norm ...". */
+static pdp_status pdp__check_max_norm(float max_norm, const char *fn);
+/* torch.nn.utils.clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), in double,
+   rounded to float; >= 1 means no clipping. */
+static float pdp__clip_coef(float max_norm, double norm);
+/* *sum <- the sum over c's ranks of *sum (a float all-reduce: every rank gets the same
+   bits). host: a float that outlives the call (the executor's); dev: its copy on c's
+   device for a CUDA communicator (NCCL reduces device memory only), else NULL. The
+   message names the failing collective; the caller prefixes its own. */
+static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum);
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal
@@ -506,6 +571,16 @@ static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *
 static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
                                              pdp_optim *o, int64_t lo, int64_t hi,
                                              const char *fn);
+/* The same for the shards of one ZeRO save: save writes run (16 lowercase hex
+   digits, the save's id) as the shard file's "shard.run"; load accepts only a
+   shard file of exactly [lo, hi) whose "shard.run" is run, and fails with
+   PDP_ERR_FORMAT naming the file and both runs otherwise. */
+static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                           const float *params, const pdp_optim *o, int64_t lo,
+                                           int64_t hi, const char *run, const char *fn);
+static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                           const char *fn);
 
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----

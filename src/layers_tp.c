@@ -13,7 +13,8 @@
 
    Invariants: every rank of the TP communicator has the same layers in the same order,
    so f and g issue the same all-reduces in the same order; after g every rank holds
-   the same bits. Nothing here allocates. */
+   the same bits. Nothing here allocates after the first forward, whose f runs the width
+   check (tp.c: every TP rank built the same TP layers). */
 
 #include "internal.h"
 
@@ -27,6 +28,16 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
     extra = full % size;
     if (lo) *lo = rank * base + PDP__MIN((int64_t)rank, extra);
     if (count) *count = base + (rank < extra);
+}
+
+/* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
+   bias, the row-parallel weight; every other parameter (the row-parallel bias, every
+   non-TP layer's) is whole on every TP rank. */
+static bool pdp__tp_is_split(const pdp_model *m, int p)
+{
+    const pdp__layer *l = &m->layers[m->params[p].layer];
+    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
+           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
 }
 
 /* ---- tp: f and g, the conjugate operators ---- */
@@ -84,9 +95,16 @@ static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, con
     return pdp__tp_op_setup(l, in);
 }
 
-/* f forward: identity. */
+/* f forward: identity. At the first forward (and after TP layers were added) the width
+   check first: every TP rank built the same TP layers (f is the first TP layer of every
+   block, so every rank reaches it before any other TP collective). */
 static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
+    pdp_status st;
+    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK) {
+        *io->status = st;
+        return;
+    }
     pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
 }
 

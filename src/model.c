@@ -86,9 +86,65 @@ PDP_API void pdp_model_free(pdp_model *m)
     pdp__model_free_buffers(m);
     if (!m->params_shared) pdp__dev_free(m->device, m->param_block);
     pdp__dev_free(m->device, m->grad_block);
+    pdp__dev_free(m->device, m->tp.dscalar); /* tp.c: a CUDA TP model's clipping scalar */
     pdp__dealloc(m->layers);
     pdp__dealloc(m->params);
     pdp__dealloc(m);
+}
+
+/* ---- model: the executor holding it ---- */
+
+/* "ZeRO stage 3 (pdp_zero_create)": an executor, for messages. */
+static const char *pdp__wrap_name(pdp__wrap kind, int stage)
+{
+    static const char *zero[4] = {"ZeRO (pdp_zero_create)", "ZeRO stage 1 (pdp_zero_create)",
+                                  "ZeRO stage 2 (pdp_zero_create)",
+                                  "ZeRO stage 3 (pdp_zero_create)"};
+    switch (kind) {
+    case PDP__WRAP_DP: return "DataParallel (pdp_dp_create)";
+    case PDP__WRAP_DDP: return "DDP (pdp_ddp_create)";
+    case PDP__WRAP_ZERO: return zero[stage >= 1 && stage <= 3 ? stage : 0];
+    case PDP__WRAP_PP: return "a pipeline (pdp_pp_create)";
+    case PDP__WRAP_NONE: break;
+    }
+    return "no executor";
+}
+
+static const char *pdp__model_wrapper(const pdp_model *m)
+{
+    return pdp__wrap_name(m->wrapped, m->wrap_stage);
+}
+
+static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn)
+{
+    static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
+                                   "pdp_pp_free"};
+    PDP_ASSERT(kind > PDP__WRAP_NONE && kind <= PDP__WRAP_PP);
+    if (m->wrapped != PDP__WRAP_NONE)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
+                        "holds a model at a time: %s it before wrapping the model in %s", fn,
+                        pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
+    m->wrapped = kind;
+    m->wrap_stage = stage;
+    return PDP_OK;
+}
+
+static void pdp__model_unwrap(pdp_model *m)
+{
+    m->wrapped = PDP__WRAP_NONE;
+    m->wrap_stage = 0;
+    m->views = NULL;
+    m->views_user = NULL;
+}
+
+static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn)
+{
+    if (m->wrapped != PDP__WRAP_NONE)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s; %s", fn,
+                        pdp__model_wrapper(m), what);
+    if (m->params_shared)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is a DataParallel replica", fn);
+    return PDP_OK;
 }
 
 /* ---- model: adding layers ---- */
@@ -161,7 +217,9 @@ static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
     size_t bytes;
     pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
-    if (m->params_shared) return pdp__err(PDP_ERR_STATE, "%s: model is a replica", fn);
+    /* the executor planned its buckets, shards and replicas on this layout */
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st;
     l.index = m->nlayers;
     if (m->nlayers) {
         const pdp__layer *prev = &m->layers[m->nlayers - 1];
@@ -676,6 +734,24 @@ PDP_API int64_t pdp_model_param_count(const pdp_model *m) { return m ? m->param_
 PDP_API int pdp_model_num_params(const pdp_model *m) { return m ? m->nparams : 0; }
 PDP_API pdp_device pdp_model_device(const pdp_model *m) { return m ? m->device : pdp_cpu(); }
 
+/* A view of count floats at data (1-d; the parameter's shape when full), or an empty
+   one (data NULL, count 0) where data is NULL: a block the executor took away. */
+static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                            int64_t count, pdp_tensor *out)
+{
+    memset(out, 0, sizeof *out);
+    out->device = d;
+    out->ndim = 1;
+    out->shape[1] = out->shape[2] = out->shape[3] = 1;
+    if (!data) return;
+    if (full) {
+        pdp_tensor_wrap(data, d, e->ndim, e->shape, out);
+        return;
+    }
+    out->data = data;
+    out->shape[0] = out->count = count;
+}
+
 PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out)
 {
     const pdp__param_entry *e;
@@ -684,12 +760,20 @@ PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out
         return pdp__err(PDP_ERR_INVALID, "pdp_model_param: index %d outside 0..%d", index,
                         m->nparams - 1);
     e = &m->params[index];
+    memset(out, 0, sizeof *out);
     out->name = e->name;
     out->layer = e->layer;
     out->offset = e->offset;
-    pdp_tensor_wrap(m->param_block + e->offset, m->device, e->ndim, e->shape, &out->value);
-    pdp_tensor_wrap(m->grad_block + e->offset, m->device, e->ndim, e->shape, &out->grad);
-    return PDP_OK;
+    out->ndim = e->ndim;
+    memcpy(out->shape, e->shape, sizeof out->shape);
+    out->count = e->count;
+    pdp__model_view(m->param_block ? m->param_block + e->offset : NULL, m->device, e, true,
+                    e->count, &out->value);
+    pdp__model_view(m->grad_block ? m->grad_block + e->offset : NULL, m->device, e, true,
+                    e->count, &out->grad);
+    out->value_hi = m->param_block ? e->count : 0;
+    out->grad_hi = m->grad_block ? e->count : 0;
+    return m->views ? m->views(m->views_user, m, index, out, "pdp_model_param") : PDP_OK;
 }
 
 PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out)
@@ -703,9 +787,23 @@ PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pd
 
 PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads)
 {
+    static const char *fn = "pdp_model_flat";
     int64_t n;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_model_flat: model is NULL");
-    if (!m->param_count) return pdp__err(PDP_ERR_STATE, "pdp_model_flat: the model has no parameters");
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!m->param_count) return pdp__err(PDP_ERR_STATE, "%s: the model has no parameters", fn);
+    /* ZeRO: the flat blocks a view would show are not what the rank holds */
+    if (params && (!m->param_block || (m->wrapped == PDP__WRAP_ZERO && m->wrap_stage == 3)))
+        return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s, which keeps only this "
+                        "rank's slices of the parameters (the gathered copy of "
+                        "pdp_zero_gather_params is gone at the next step): gather them into "
+                        "memory of yours with pdp_zero_gather_params(z, dst); pdp_model_param "
+                        "views this rank's part of each (or pass params NULL)", fn,
+                        pdp__model_wrapper(m));
+    if (grads && !m->grad_block)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s, which keeps the reduced "
+                        "gradients only in this rank's slices: pdp_model_param views this "
+                        "rank's part of each parameter's gradient, pdp_zero_clip_grad_norm "
+                        "clips them (or pass grads NULL)", fn, pdp__model_wrapper(m));
     n = m->param_count;
     if (params) pdp_tensor_wrap(m->param_block, m->device, 1, &n, params);
     if (grads) pdp_tensor_wrap(m->grad_block, m->device, 1, &n, grads);
@@ -744,6 +842,10 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
     m->nslots = m->slot = 0;
     m->input_grad = NULL;
     m->layer_s = NULL;
+    m->wrapped = PDP__WRAP_NONE; /* the executor holds src; a replica is its own */
+    m->wrap_stage = 0;
+    m->views = NULL;
+    m->views_user = NULL;
     m->params_shared = share_params;
     m->cap_layers = src->nlayers;
     m->cap_params = src->nparams;

@@ -6,7 +6,18 @@
    one to one onto the matching PyTorch module and a DDP bucket is a plain range
    of the gradient block. Backward accumulates into the gradients (zero them
    with pdp_model_zero_grad) and, right after each layer, calls the grad hook
-   once for each parameter of that layer: the hook DDP's reducer listens to. */
+   once for each parameter of that layer: the hook DDP's reducer listens to.
+
+   Wrapped models. While an executor holds a model (pdp_dp_create's master,
+   pdp_ddp_create, pdp_zero_create, a pipeline's stage), every call that would change
+   its layout or its parameter block (pdp_model_add_*, the TP layers of tp.h,
+   pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the executor, and the
+   model is unchanged: the executor planned its buckets, shards or replicas on that
+   layout. Free the executor first. A model is held by one executor at a time: a second
+   create fails the same way, naming both (a TP model under DDP or ZeRO is one executor:
+   TP is a property of the model). pdp_model_set_precision and pdp_model_set_training
+   stay allowed (DP hands both to its replicas every step). Under ZeRO the views of
+   pdp_model_param and pdp_model_flat show what this rank holds (below, and zero.h). */
 
 typedef struct pdp_model pdp_model;
 
@@ -74,13 +85,28 @@ typedef struct pdp_param {
     const char *name;  /* "0.weight" */
     int layer;         /* index of the layer that owns it */
     int64_t offset;    /* in floats, into the flat parameter and gradient blocks */
-    pdp_tensor value;  /* a view into the parameter block */
-    pdp_tensor grad;   /* a view into the gradient block */
+    int ndim;          /* the parameter's shape (shape[ndim..3] are 1) and floats */
+    int64_t shape[PDP_MAX_DIMS], count;
+    pdp_tensor value;  /* a view of its values (into the parameter block) */
+    pdp_tensor grad;   /* a view of its gradient (into the gradient block) */
+    /* What the views hold: elements [value_lo, value_hi) and [grad_lo, grad_hi) of the
+       parameter flattened in row-major order. 0 and count, with the views in the
+       parameter's shape, unless an executor keeps only part of it on this rank (ZeRO,
+       zero.h): that view is then 1-d, hi - lo floats; hi == lo: none here (data NULL). */
+    int64_t value_lo, value_hi, grad_lo, grad_hi;
 } pdp_param;
 
+/* Views valid until the next layer is added (or, under ZeRO, until pdp_zero_free).
+   Under ZeRO (every stage, zero.h): grad is this rank's part of the reduced gradient
+   (after pdp_zero_finish: the average over ranks; stage 1 before it: the local sums of
+   that part); value is the whole parameter at stages 1-2 and this rank's part at stage
+   3 (the shard the optimizer updates, whatever pdp_zero_gather_params(z, NULL) did). */
 PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out);
 PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out);
-/* Views of the whole flat blocks (param_count floats each). */
+/* Views of the whole flat blocks (param_count floats each); either may be NULL. Under
+   ZeRO the gradients (every stage) and the parameters (stage 3) are not one block on
+   this rank: asking for them fails with PDP_ERR_STATE naming pdp_model_param and
+   pdp_zero_gather_params; the parameters at stages 1-2 are the full block. */
 PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads);
 
 /* Called during backward right after a parameter's gradient is final for this

@@ -58,8 +58,13 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind)
     return "unknown";
 }
 
+/* x in [0, FLT_MAX]: finite, not negative, and a float once rounded where it meets a
+   float tensor. Written as !(x in range) by its callers, so NaN fails. */
+static bool pdp__optim_nonneg(double x) { return x >= 0.0 && x <= (double)FLT_MAX; }
+
 /* Fills zeros with defaults and validates; fn names the public caller. NaNs fail
-   every range check because each is written as !(x in range). */
+   every range check because each is written as !(x in range). The defaults are
+   PyTorch's, as doubles (0.999, not 0.999f). */
 static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
                                           const char *fn)
 {
@@ -71,34 +76,35 @@ static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_de
         return pdp__err(PDP_ERR_INVALID, "%s: kind %d is not SGD (0), Adam (1) or AdamW (2)", fn,
                         (int)d.kind);
     adam = d.kind != PDP_OPTIM_SGD;
-    d.lr = PDP__DEF(d.lr, adam ? 1e-3f : 1e-2f);
-    d.beta1 = PDP__DEF(d.beta1, 0.9f);
-    d.beta2 = PDP__DEF(d.beta2, 0.999f);
-    d.eps = PDP__DEF(d.eps, 1e-8f);
-    if (!(d.lr >= 0.0f && d.lr <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "%s: lr %g must be finite and >= 0", fn, (double)d.lr);
-    if (!(d.weight_decay >= 0.0f && d.weight_decay <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite and >= 0", fn,
-                        (double)d.weight_decay);
+    d.lr = PDP__DEF(d.lr, adam ? 1e-3 : 1e-2);
+    d.beta1 = PDP__DEF(d.beta1, 0.9);
+    d.beta2 = PDP__DEF(d.beta2, 0.999);
+    d.eps = PDP__DEF(d.eps, 1e-8);
+    if (!pdp__optim_nonneg(d.lr))
+        return pdp__err(PDP_ERR_INVALID, "%s: lr %g must be finite, >= 0 and <= FLT_MAX", fn,
+                        d.lr);
+    if (!pdp__optim_nonneg(d.weight_decay))
+        return pdp__err(PDP_ERR_INVALID, "%s: weight_decay %g must be finite, >= 0 and <= "
+                        "FLT_MAX", fn, d.weight_decay);
     if (!adam) {
-        if (!(d.momentum >= 0.0f && d.momentum <= FLT_MAX))
-            return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite and >= 0", fn,
-                            (double)d.momentum);
-        if (!(d.dampening >= 0.0f && d.dampening <= 1.0f))
+        if (!pdp__optim_nonneg(d.momentum))
+            return pdp__err(PDP_ERR_INVALID, "%s: momentum %g must be finite, >= 0 and <= "
+                            "FLT_MAX", fn, d.momentum);
+        if (!(d.dampening >= 0.0 && d.dampening <= 1.0))
             return pdp__err(PDP_ERR_INVALID, "%s: dampening %g must be in [0, 1]", fn,
-                            (double)d.dampening);
-        if (d.nesterov && (d.momentum <= 0.0f || d.dampening != 0.0f))
+                            d.dampening);
+        if (d.nesterov && (d.momentum <= 0.0 || d.dampening != 0.0))
             return pdp__err(PDP_ERR_INVALID,
                             "%s: nesterov needs momentum > 0 and dampening 0 (momentum %g, "
-                            "dampening %g)", fn, (double)d.momentum, (double)d.dampening);
+                            "dampening %g)", fn, d.momentum, d.dampening);
     } else {
-        if (!(d.beta1 >= 0.0f && d.beta1 < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "%s: beta1 %g must be in [0, 1)", fn, (double)d.beta1);
-        if (!(d.beta2 >= 0.0f && d.beta2 < 1.0f))
-            return pdp__err(PDP_ERR_INVALID, "%s: beta2 %g must be in [0, 1)", fn, (double)d.beta2);
-        if (!(d.eps >= 0.0f && d.eps <= FLT_MAX))
-            return pdp__err(PDP_ERR_INVALID, "%s: eps %g must be finite and >= 0", fn,
-                            (double)d.eps);
+        if (!(d.beta1 >= 0.0 && d.beta1 < 1.0))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta1 %g must be in [0, 1)", fn, d.beta1);
+        if (!(d.beta2 >= 0.0 && d.beta2 < 1.0))
+            return pdp__err(PDP_ERR_INVALID, "%s: beta2 %g must be in [0, 1)", fn, d.beta2);
+        if (!pdp__optim_nonneg(d.eps))
+            return pdp__err(PDP_ERR_INVALID, "%s: eps %g must be finite, >= 0 and <= FLT_MAX",
+                            fn, d.eps);
     }
     *out = d;
     return PDP_OK;
@@ -107,7 +113,7 @@ static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_de
 /* How many state buffers the resolved desc d needs. */
 static int pdp__optim_nstate(const pdp_optim_desc *d)
 {
-    if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0f ? 1 : 0;
+    if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0 ? 1 : 0;
     return 2;
 }
 
@@ -120,22 +126,18 @@ static const char *pdp__optim_state_name(const pdp_optim *o, int k)
 
 /* ---- optim: lifecycle ---- */
 
-static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
-                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
-                                          const char *fn)
+/* The optimizer of m for desc, holding hi - lo floats of zeroed state per buffer (the
+   range [lo, hi) of the flat block; a shard: hi floats in the executor's layout). out,
+   m and the range are checked by the callers. On failure *out stays NULL and
+   everything allocated is freed; the message is composed before the free. */
+static pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc,
+                                   int64_t lo, int64_t hi, bool shard, const char *fn)
 {
     pdp_optim *o;
     pdp_optim_desc d;
-    size_t bytes;
+    size_t bytes = (size_t)(hi - lo) * sizeof(float);
     int k;
     pdp_status st;
-    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
-    *out = NULL;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
-    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
-        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
-                        "parameters", fn, (long long)lo, (long long)hi,
-                        (long long)m->param_count);
     if ((st = pdp__optim_desc_resolve(desc, &d, fn)) != PDP_OK) return st;
     o = (pdp_optim *)pdp__calloc(sizeof *o);
     if (!o) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
@@ -144,18 +146,34 @@ static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
     o->count = m->param_count;
     o->lo = lo;
     o->hi = hi;
+    o->shard = shard;
     o->nstate = pdp__optim_nstate(&d);
-    bytes = (size_t)(hi - lo) * sizeof(float);
     for (k = 0; k < o->nstate; k++) {
         if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
             (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: %s state for %s%lld floats", fn,
+                               pdp_optim_kind_name(d.kind), shard ? "a shard of " : "",
+                               (long long)(hi - lo));
             pdp_optim_free(o);
-            return pdp__err_wrap(st, "%s: %s state for %lld parameters", fn,
-                                 pdp_optim_kind_name(d.kind), (long long)(hi - lo));
+            return st;
         }
     }
     *out = o;
     return PDP_OK;
+}
+
+static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                          const char *fn)
+{
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (!(0 <= lo && lo <= hi && hi <= m->param_count))
+        return pdp__err(PDP_ERR_INVALID, "%s: range [%lld, %lld) is not inside the model's %lld "
+                        "parameters", fn, (long long)lo, (long long)hi,
+                        (long long)m->param_count);
+    return pdp__optim_alloc(out, m, desc, lo, hi, false, fn);
 }
 
 /* ZeRO: state for count floats in the executor's shard layout (zero.c), stepped
@@ -164,25 +182,12 @@ static pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
                                           const pdp_optim_desc *desc, int64_t count,
                                           const char *fn)
 {
-    pdp_status st = pdp__optim_create_range(out, m, desc, 0, 0, fn);
-    size_t bytes = (size_t)count * sizeof(float);
-    pdp_optim *o = *out;
-    int k;
-    if (st != PDP_OK) return st;
-    o->shard = true;
-    o->hi = count;
-    for (k = 0; k < o->nstate; k++) {
-        pdp__dev_free(m->device, o->state[k]);
-        o->state[k] = NULL;
-        if ((st = pdp__dev_alloc(m->device, bytes, (void **)&o->state[k])) != PDP_OK ||
-            (st = pdp__dev_memset0(m->device, o->state[k], bytes)) != PDP_OK) {
-            pdp_optim_free(o);
-            *out = NULL;
-            return pdp__err_wrap(st, "%s: %s state for a shard of %lld floats", fn,
-                                 pdp_optim_kind_name(o->desc.kind), (long long)count);
-        }
-    }
-    return PDP_OK;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (count < 0) return pdp__err(PDP_ERR_INVALID, "%s: shard of %lld floats", fn,
+                                   (long long)count);
+    return pdp__optim_alloc(out, m, desc, 0, count, true, fn);
 }
 
 PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc)
@@ -211,17 +216,17 @@ PDP_API void pdp_optim_zero_grad(pdp_optim *o)
     if (pdp__prof.on) pdp__prof.optim_s += pdp__now() - t0;
 }
 
-PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, float lr)
+PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, double lr)
 {
     if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: optimizer is NULL");
-    if (!(lr >= 0.0f && lr <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite and >= 0 (the "
-                        "optimizer keeps lr %g)", (double)lr, (double)o->desc.lr);
+    if (!pdp__optim_nonneg(lr))
+        return pdp__err(PDP_ERR_INVALID, "pdp_optim_set_lr: lr %g must be finite, >= 0 and <= "
+                        "FLT_MAX (the optimizer keeps lr %g)", lr, o->desc.lr);
     o->desc.lr = lr;
     return PDP_OK;
 }
 
-PDP_API float pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0f; }
+PDP_API double pdp_optim_lr(const pdp_optim *o) { return o ? o->desc.lr : 0.0; }
 PDP_API int64_t pdp_optim_steps(const pdp_optim *o) { return o ? o->steps : 0; }
 
 PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
@@ -234,30 +239,37 @@ PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
 
 /* ---- optim: the update ---- */
 
+/* What torch/optim/sgd.py, adam.py and adamw.py (_single_tensor_*) do with their
+   Python-float (double) hyper-parameters: 1 - dampening, 1 - beta, the bias corrections
+   (beta ** step, step a float), step_size = lr / bias_correction1, sqrt(bias_correction2)
+   and AdamW's 1 - lr * weight_decay are computed in double; each result, and each
+   hyper-parameter used as it is, is rounded to float once, where it meets a float tensor
+   as a scalar argument (alpha=, value=, mul_(x), add_(eps), / x: ATen's CPU and CUDA
+   kernels take a float tensor's scalars as float). */
 static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
 {
     const pdp_optim_desc *d = &o->desc;
     double t = (double)(o->steps + 1);
     memset(s, 0, sizeof *s);
     s->kind = d->kind;
-    s->lr = d->lr;
+    s->lr = (float)d->lr;
     if (d->kind == PDP_OPTIM_SGD) {
-        s->momentum = d->momentum;
-        s->one_minus_damp = (float)(1.0 - (double)d->dampening);
-        s->weight_decay = d->weight_decay;
+        s->momentum = (float)d->momentum;
+        s->one_minus_damp = (float)(1.0 - d->dampening);
+        s->weight_decay = (float)d->weight_decay;
         s->nesterov = d->nesterov;
         s->first = o->steps == 0;
         return;
     }
-    s->beta1 = d->beta1;
-    s->beta2 = d->beta2;
-    s->one_minus_beta1 = (float)(1.0 - (double)d->beta1);
-    s->one_minus_beta2 = (float)(1.0 - (double)d->beta2);
-    s->step_size = (float)((double)d->lr / (1.0 - pow((double)d->beta1, t)));
-    s->bc2_sqrt = (float)sqrt(1.0 - pow((double)d->beta2, t));
-    s->eps = d->eps;
-    s->l2 = d->kind == PDP_OPTIM_ADAM ? d->weight_decay : 0.0f;
-    s->decay = d->kind == PDP_OPTIM_ADAMW ? (float)(1.0 - (double)d->lr * d->weight_decay) : 1.0f;
+    s->beta1 = (float)d->beta1;
+    s->beta2 = (float)d->beta2;
+    s->one_minus_beta1 = (float)(1.0 - d->beta1);
+    s->one_minus_beta2 = (float)(1.0 - d->beta2);
+    s->step_size = (float)(d->lr / (1.0 - pow(d->beta1, t)));
+    s->bc2_sqrt = (float)sqrt(1.0 - pow(d->beta2, t));
+    s->eps = (float)d->eps;
+    s->l2 = d->kind == PDP_OPTIM_ADAM ? (float)d->weight_decay : 0.0f;
+    s->decay = d->kind == PDP_OPTIM_ADAMW ? (float)(1.0 - d->lr * d->weight_decay) : 1.0f;
 }
 
 /* The CPU loops: the math.h helpers per element, in blocks of 16 with a
@@ -485,48 +497,98 @@ static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float
     return PDP_OK;
 }
 
+static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                        int64_t hi, double *sum, const char *fn)
+{
+    int p;
+    pdp_status st;
+    if (!m->tp.comm) return pdp__grad_sumsq(m, g, hi - lo, sum, fn);
+    for (p = 0; p < m->nparams; p++) { /* each tensor's part of [lo, hi) */
+        const pdp__param_entry *e = &m->params[p];
+        int64_t a = PDP__MAX(lo, e->offset), b = PDP__MIN(hi, e->offset + e->count);
+        if (a >= b || (m->tp.rank != 0 && !pdp__tp_is_split(m, p))) continue;
+        if ((st = pdp__grad_sumsq(m, g + (a - lo), b - a, sum, fn)) != PDP_OK) return st;
+    }
+    return PDP_OK;
+}
+
+static pdp_status pdp__check_max_norm(float max_norm, const char *fn)
+{
+    /* NaN would scale by NaN, +Inf clip nothing while looking like a setting */
+    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
+        return pdp__err(PDP_ERR_INVALID, "%s: max_norm %g must be finite and >= 0", fn,
+                        (double)max_norm);
+    return PDP_OK;
+}
+
+static float pdp__clip_coef(float max_norm, double norm)
+{
+    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
+    return (float)((double)max_norm / (norm + 1e-6));
+}
+
+static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum)
+{
+    pdp_status st;
+    *host = (float)*sum;
+    if (dev) {
+        if ((st = pdp__dev_copy(c->device, dev, pdp_cpu(), host, sizeof *host)) != PDP_OK ||
+            (st = pdp_comm_allreduce(c, dev, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK ||
+            (st = pdp__dev_copy(pdp_cpu(), host, c->device, dev, sizeof *host)) != PDP_OK)
+            return st;
+    } else if ((st = pdp_comm_allreduce(c, host, 1, PDP_REDUCE_SUM, NULL)) != PDP_OK) {
+        return st;
+    }
+    *sum = (double)*host;
+    return PDP_OK;
+}
+
+/* On a TP model (a TP communicator attached) a collective over the TP group: every rank
+   adds its slices and TP rank 0 the replicated tensors (pdp__grad_sumsq_range), one
+   all-reduce gives every rank the full model's norm, so every rank scales by the same
+   coefficient and the replicated tensors stay the same bits. */
 PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm)
 {
+    static const char *fn = "pdp_clip_grad_norm";
     double sum = 0.0, norm;
     float coef;
-    const float *g;
-    int64_t n;
     pdp_status st;
     if (total_norm) *total_norm = 0.0f;
-    if (!m) return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: model is NULL");
-    if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
-        return pdp__err(PDP_ERR_INVALID, "pdp_clip_grad_norm: max_norm %g must be finite and >= 0",
-                        (double)max_norm);
-    g = m->grad_block;
-    n = m->param_count;
-    if (!g && n)
-        return pdp__err(PDP_ERR_STATE, "pdp_clip_grad_norm: the model's gradients are sharded "
-                        "by ZeRO: use pdp_zero_clip_grad_norm");
-    if ((st = pdp__grad_sumsq(m, g, n, &sum, "pdp_clip_grad_norm")) != PDP_OK) return st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__check_max_norm(max_norm, fn)) != PDP_OK) return st;
+    if (m->wrapped == PDP__WRAP_PP)
+        return pdp__err(PDP_ERR_STATE, "%s: the model is a pipeline stage holding one stage's "
+                        "gradients: use pdp_pp_clip_grad_norm (collective over the pipeline)", fn);
+    if (m->wrapped == PDP__WRAP_ZERO || (!m->grad_block && m->param_count))
+        return pdp__err(PDP_ERR_STATE, "%s: the model's gradients are sharded by ZeRO: use "
+                        "pdp_zero_clip_grad_norm", fn);
+    if ((st = pdp__grad_sumsq_range(m, m->grad_block, 0, m->param_count, &sum, fn)) != PDP_OK)
+        return st;
+    if (m->tp.comm && m->tp.size > 1 &&
+        (st = pdp__grad_allreduce_sum(m->tp.comm, &m->tp.scalar, m->tp.dscalar, &sum)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: TP rank %d of %d: all-reducing the squared norm", fn,
+                             m->tp.rank, m->tp.size);
     norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
-    if (!isfinite(norm))
-        return pdp__err(PDP_ERR_NUMERIC, "pdp_clip_grad_norm: the gradient norm is %g", norm);
-    /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
-    coef = (float)((double)max_norm / (norm + 1e-6));
+    if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
+    coef = pdp__clip_coef(max_norm, norm);
     if (coef >= 1.0f) return PDP_OK;
-    return pdp__grad_scale(m, m->grad_block, n, coef, "pdp_clip_grad_norm");
+    return pdp__grad_scale(m, m->grad_block, m->param_count, coef, fn);
 }
 
 /* ---- optim: learning-rate schedule ---- */
 
-PDP_API float pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, float base_lr,
-                                   float min_lr)
+PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, double base_lr,
+                                    double min_lr)
 {
     const double pi = 3.14159265358979323846;
     double progress;
     /* no status to return: an input outside the documented ranges gives NaN (optim.h) */
-    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0f && base_lr <= FLT_MAX) ||
-        !(min_lr >= 0.0f && min_lr <= FLT_MAX))
+    if (step < 0 || warmup < 0 || total < 0 || !(base_lr >= 0.0 && base_lr <= DBL_MAX) ||
+        !(min_lr >= 0.0 && min_lr <= DBL_MAX))
         return NAN;
-    if (step < warmup) return (float)((double)base_lr * (double)(step + 1) / (double)warmup);
+    if (step < warmup) return base_lr * (double)(step + 1) / (double)warmup;
     if (step >= total) return min_lr;
     progress = (double)(step - warmup) / (double)(total - warmup);
-    return (float)((double)min_lr +
-                   0.5 * ((double)base_lr - (double)min_lr) * (1.0 + cos(pi * progress)));
+    return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + cos(pi * progress));
 }

@@ -22,7 +22,14 @@
    next action (one NCCL group); a receive posted by an action that sends nothing
    starts alone, right away. A receive is never started ahead of the current
    action's send: on NCCL's one stream that send would queue behind it, and the
-   receive's message may depend on it. On local and MPI starting is a no-op query. */
+   receive's message may depend on it. On local and MPI starting is a no-op query.
+
+   Clipping (pdp_pp_clip_grad_norm) needs every stage's gradients: each stage's sum of
+   squares, a double, is all-gathered bit for bit over the pipeline (two floats per
+   stage; through a device buffer on NCCL) and summed in stage order on every stage, so
+   all stages clip by the same coefficient. With desc.dp it runs after the dp average,
+   when every pipeline holds the global batch's gradients. A failed pass's clean-up
+   (pdp__pp_drain) keeps the thread's message: its waits fail only as consequences. */
 
 #include "internal.h"
 
@@ -49,6 +56,11 @@ struct pdp_pp {
     pdp_work *rwork;              /* the outstanding receive, for action rwork_act */
     int rwork_act;
     pdp_work *dp_work;            /* DP x PP: the gradients' all-reduce */
+    float norm_host[2 * PDP_PP_MAX_STAGES + 2]; /* pdp_pp_clip_grad_norm: this stage's sum
+                                                    of squares (a double's 8 bytes), then
+                                                    every stage's, gathered */
+    float *norm_dev;              /* its copy on the model's device (NCCL reduces device
+                                     memory only); NULL on the CPU */
     int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
     int64_t mb_cap;
     int64_t sample_base;          /* DP x PP: this pipeline's first row in the global batch */
@@ -289,6 +301,12 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, full->device.kind, full->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
+    /* A stage's TP layers would point at the full model's TP state, which the caller
+       frees, and the pipeline's clipping would count the TP slices as whole tensors. */
+    if (full->tp.nlayers)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model has %d tensor-parallel layers: "
+                        "pipeline x tensor parallelism (PP x TP) is not supported; use TP or PP "
+                        "(each with DP)", fn, full->tp.nlayers);
     pp = (pdp_pp *)pdp__calloc(sizeof *pp);
     if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     if (desc) pp->desc = *desc;
@@ -308,11 +326,15 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     if ((st = pdp__model_stage(full, pp->first[pp->stage], pp->first[pp->stage + 1], &pp->m)))
         goto wrap;
     pdp__model_set_slots(pp->m, pp->nslots);
+    pp->m->wrapped = PDP__WRAP_PP; /* the stage is the pipeline's: its layout is fixed */
     pp->in_count = pp->m->in_count;
     pp->out_count = pp->m->layers[pp->m->nlayers - 1].out_count;
     pp->in_buf = (float **)pdp__calloc((size_t)(pp->nslots + 1) * sizeof *pp->in_buf);
     pp->send_fwd = (pdp_work **)pdp__calloc((size_t)pp->nslots * sizeof *pp->send_fwd);
     if (!pp->in_buf || !pp->send_fwd) goto oom;
+    if (pp->m->device.kind != PDP_DEVICE_CPU &&
+        (st = pdp__dev_alloc(pp->m->device, sizeof pp->norm_host, (void **)&pp->norm_dev)))
+        goto wrap;
     if (pp->dp) { /* DP x PP: every pipeline starts from dp rank 0's stage */
         if (pp->dp->device.kind != c->device.kind || pp->dp->device.ordinal != c->device.ordinal) {
             st = pdp__err(PDP_ERR_DEVICE, "%s: dp communicator '%s' on another device", fn,
@@ -363,26 +385,33 @@ static void pdp__pp_free_buffers(pdp_pp *pp)
     pp->cap_rows = 0;
 }
 
-/* Waits every outstanding message (their errors are the pass's first error's
-   consequences, or already reported). */
+/* Waits every outstanding message and the dp average. Their errors are consequences of
+   the pass's first error (or of one reported already), so the thread's message is kept:
+   after a failed pass it is the one that names the call, the stage and the action. */
 static void pdp__pp_drain(pdp_pp *pp)
 {
+    char kept[1024];
     int i;
+    snprintf(kept, sizeof kept, "%s", pdp_last_error());
     if (pp->rwork) pdp_work_wait(pp->rwork);
     pp->rwork = NULL;
     pp->rwork_act = -1;
     if (pp->send_fwd)
         for (i = 0; i < pp->nslots; i++) pdp_work_wait(pp->send_fwd[i]), pp->send_fwd[i] = NULL;
     for (i = 0; i < 2; i++) pdp_work_wait(pp->send_bwd[i]), pp->send_bwd[i] = NULL;
+    if (pp->dp_work) pdp_work_wait(pp->dp_work);
+    pp->dp_work = NULL;
+    (void)pdp__err(PDP_OK, "%s", kept);
 }
 
 PDP_API void pdp_pp_free(pdp_pp *pp)
 {
     if (!pp) return;
     pdp__pp_drain(pp);
-    if (pp->dp_work) pdp_work_wait(pp->dp_work);
     pdp__pp_free_buffers(pp);
     if (pp->traced) pdp__trace_close();
+    if (pp->m) pp->m->wrapped = PDP__WRAP_NONE;
+    if (pp->norm_dev) pdp__dev_free(pp->m->device, pp->norm_dev);
     pdp_model_free(pp->m);
     pdp__dealloc(pp->in_buf);
     pdp__dealloc(pp->send_fwd);
@@ -689,10 +718,68 @@ PDP_API pdp_status pdp_pp_finish(pdp_pp *pp)
     return PDP_OK;
 }
 
+/* The gradients' global norm: each stage's sum of squares, a double, travels bit for bit
+   (its 8 bytes as two floats of an all-gather, on the model's device for NCCL) and every
+   stage adds the p sums in stage order, so all stages hold the same double and scale by
+   the same coefficient (or all fail alike). */
+PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *total_norm)
+{
+    static const char *fn = "pdp_pp_clip_grad_norm";
+    pdp_model *m;
+    double mine = 0.0, sum = 0.0, part, norm;
+    char who[96];
+    float coef;
+    size_t gathered;
+    pdp_status st;
+    int s;
+    if (total_norm) *total_norm = 0.0f;
+    if (!pp) return pdp__err(PDP_ERR_INVALID, "%s: pp is NULL", fn);
+    snprintf(who, sizeof who, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    if ((st = pdp__check_max_norm(max_norm, who)) != PDP_OK) return st;
+    m = pp->m;
+    if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if ((st = pdp__grad_sumsq(m, m->grad_block, m->param_count, &mine, fn)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    memcpy(pp->norm_host, &mine, sizeof mine);
+    gathered = (size_t)(2 * pp->p) * sizeof(float);
+    if (pp->norm_dev) {
+        float *recv = pp->norm_dev + 2;
+        if ((st = pdp__dev_copy(m->device, pp->norm_dev, pdp_cpu(), pp->norm_host,
+                                sizeof mine)) == PDP_OK &&
+            (st = pdp_comm_allgather(pp->c, pp->norm_dev, recv, 2, NULL)) == PDP_OK)
+            st = pdp__dev_copy(pdp_cpu(), pp->norm_host + 2, m->device, recv, gathered);
+    } else {
+        st = pdp_comm_allgather(pp->c, pp->norm_host, pp->norm_host + 2, 2, NULL);
+    }
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d): gathering the stages' squared norms",
+                             fn, pp->c->rank, pp->stage);
+    for (s = 0; s < pp->p; s++) {
+        memcpy(&part, pp->norm_host + 2 + 2 * s, sizeof part);
+        sum += part;
+    }
+    norm = sqrt(sum);
+    if (total_norm) *total_norm = (float)norm;
+    if (!isfinite(norm))
+        return pdp__err(PDP_ERR_NUMERIC, "%s: rank %d (stage %d): the gradient norm over the %d "
+                        "stages is %g", fn, pp->c->rank, pp->stage, pp->p, norm);
+    coef = pdp__clip_coef(max_norm, norm);
+    if (coef >= 1.0f) return PDP_OK;
+    if ((st = pdp__grad_scale(m, m->grad_block, m->param_count, coef, fn)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt)
 {
     pdp_status st;
     if (!pp || !opt) return pdp__err(PDP_ERR_INVALID, "pdp_pp_step: %s is NULL", pp ? "opt" : "pp");
+    /* an optimizer of the full model (or of another stage) would train something else and
+       leave this stage as it is */
+    if (opt->model != pp->m || opt->shard)
+        return pdp__err(PDP_ERR_INVALID, "pdp_pp_step: rank %d (stage %d): the optimizer was "
+                        "not created on this stage's model; create it with pdp_optim_create("
+                        "&opt, pdp_pp_model(pp), &desc)", pp->c->rank, pp->stage);
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "pdp_pp_step");
     if ((st = pdp_optim_step(opt)) != PDP_OK)
         return pdp__err_wrap(st, "pdp_pp_step: rank %d", pp->c->rank);

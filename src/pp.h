@@ -10,7 +10,12 @@
        (pdp_pp_model) with the full model's parameter values and names ("4.weight"
        stays "4.weight"), so a pipeline starts equal to the single-device model and
        a stage's parameters are found in it by name. The full model stays the
-       caller's and is not used again (free it);
+       caller's and is not used again (free it). The stage model is the pipeline's
+       until pdp_pp_free: its layout is fixed, its optimizer is made on it
+       (pdp_pp_step refuses any other), and its gradients are clipped with
+       pdp_pp_clip_grad_norm, which sees every stage (pdp_clip_grad_norm on one stage
+       would see that stage only). A model with tensor-parallel layers is refused
+       (PDP_ERR_UNSUPPORTED): PP x TP does not exist yet;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
        (default) or by time measured on rank 0 (forward + backward per layer), as a
        contiguous split minimising the largest stage; every rank checks that it got
@@ -68,6 +73,7 @@
 
    Typical step (each rank):
        pdp_pp_forward_backward(pp, x, labels, &loss);   the whole batch; loss on the last stage
+       pdp_pp_clip_grad_norm(pp, 1.0f, &norm);          optional; collective over the stages
        pdp_pp_step(pp, opt);                            opt made on pdp_pp_model(pp)
    Reference: Huang et al., "GPipe" (2019); Narayanan et al., "Efficient Large-Scale
    Language Model Training on GPU Clusters Using Megatron-LM" (2021), section 2.2. */
@@ -111,8 +117,9 @@ typedef struct pdp_pp_desc {
 /* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
    dp. full: the same model on every rank; it is read, not kept. A model with fewer
    layers than stages, or boundaries that differ from rank 0's, fail with
-   PDP_ERR_INVALID. A rank that cannot allocate its stage makes every rank fail: the
-   others with PDP_ERR_COMM naming it. PDP_TRACE=out.json traces the schedule. */
+   PDP_ERR_INVALID; a model with tensor-parallel layers with PDP_ERR_UNSUPPORTED. A rank
+   that cannot allocate its stage makes every rank fail: the others with PDP_ERR_COMM
+   naming it. PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
@@ -122,12 +129,27 @@ PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
    into the stage's model. x is read on the first stage only, on its device (the others read
    x->shape[0]: x->data may be NULL there), labels on the last only (with desc.loss,
    labels may be NULL). *loss: the step's mean loss on the last stage, 0 elsewhere.
-   With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits. */
+   With desc.dp the gradients' all-reduce is launched at the end; pdp_pp_finish waits.
+   When one stage fails (its loss function, a shape, a peer that does not answer within
+   the communicator's timeout), every stage fails, each message naming the call, the
+   rank, its stage and the action (F<j> or B<j>) that failed there. */
 PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
                                            const int32_t *labels, float *loss);
 /* With desc.dp: waits for the gradients' average over dp. Otherwise nothing to do. */
 PDP_API pdp_status pdp_pp_finish(pdp_pp *pp);
-/* pdp_pp_finish, pdp_optim_step(opt) (opt made on pdp_pp_model), zeroed gradients. */
+/* torch.nn.utils.clip_grad_norm_(full.parameters(), max_norm) of the whole model:
+   collective over the pipeline's communicator (every stage calls it), between
+   pdp_pp_forward_backward and pdp_pp_step. It calls pdp_pp_finish first, so with
+   desc.dp the gradients are already averaged over dp (those of the global batch, the
+   same on every pipeline): the norm is the square root of the sum over the stages of
+   each stage's sum of squares (doubles, added in stage order: the same on every stage
+   and every pipeline). Every stage scales its gradients by max_norm / (norm + 1e-6)
+   when that is below 1. *total_norm (may be NULL): the norm before clipping, on every
+   stage. max_norm must be finite and >= 0 (else PDP_ERR_INVALID); a NaN or Inf norm
+   fails with PDP_ERR_NUMERIC on every stage, nothing scaled. */
+PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *total_norm);
+/* pdp_pp_finish, pdp_optim_step(opt), zeroed gradients. opt must have been made on
+   pdp_pp_model(pp) (else PDP_ERR_INVALID, nothing changed). */
 PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt);
 
 PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp); /* this rank's stage */

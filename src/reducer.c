@@ -52,6 +52,12 @@
    rank waits on it. pdp__reducer_finish waits for the buckets in order and
    reports the first failure naming the bucket and its parameters.
 
+   Uneven shards: with batch_mean PDP_BATCH_MEAN_GLOBAL (ddp.h) the reducer's own
+   backward entries weight each backward by this rank's share of the global batch
+   (one all-reduce of the batch sizes, then the loss gradient scaled before
+   backward: "the global-batch mean" below); a backward that bypasses them
+   (pdp_model_backward on the model) is refused at BACKWARD_BEGIN.
+
    States: IDLE (nothing pending), LOCAL (gradients accumulated under no_sync,
    not reduced), REDUCING (a synchronised backward launched its buckets and
    finish has not run). The progress of a bucket's collective writes the
@@ -93,6 +99,9 @@ typedef struct pdp__reducer_desc {
     pdp__bucket_done_fn bucket_done;  /* NULL: nothing */
     pdp__model_event_fn event;        /* the model's events (BACKWARD_BEGIN/END after the
                                          reducer's own handling), user = the reducer */
+    pdp_batch_mean batch_mean;        /* ddp.h; GLOBAL: each backward's weight (below) */
+    const char *backward_names;       /* for messages: "pdp_ddp_forward_backward or
+                                         pdp_ddp_backward" */
 } pdp__reducer_desc;
 
 typedef struct pdp__red_bucket {
@@ -134,38 +143,100 @@ struct pdp__reducer {
     pdp_ddp_comm_hook hook; /* hook.launch NULL: none; the executor's own collective */
     void *scratch;        /* the hook's scratch memory on the model's device, or NULL */
     int64_t *scratch_off; /* per bucket: its piece of scratch, in floats of the gradient */
+    /* batch_mean GLOBAL: the all-reduced batch size of the backward being prepared */
+    float count;          /* this rank's batch size, then (after the wait) the global batch */
+    float *dcount;        /* its copy on the communicator's device (NULL on the CPU) */
+    pdp_work *count_work; /* the all-reduce in flight, or NULL */
+    int64_t count_bytes;  /* bytes of those all-reduces since the last finish (stats) */
+    bool weighted;        /* the backward running now had its weight applied */
 };
 
 /* ---- reducer: buckets ---- */
 
-static pdp_status pdp__reducer_plan(pdp__reducer *r)
+/* The plan (the header's rule): walks m's parameters in reverse, closing a bucket at
+   >= cap bytes (the first at first; whole_layers: never between a layer's weight and
+   bias). Fills buckets and bucket_of when not NULL; returns the number of buckets. */
+static int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool whole_layers,
+                             pdp__red_bucket *buckets, int *bucket_of)
 {
-    const pdp_model *m = r->m;
-    double cap = r->desc.cap_bytes, first = r->desc.first_bytes;
     double bytes = 0.0;
     int p, b = 0, last = m->nparams - 1;
-    r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
-                                                sizeof *r->buckets);
-    r->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *r->bucket_of);
-    if (!r->buckets || !r->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
     for (p = m->nparams - 1; p >= 0; p--) {
         bytes += (double)m->params[p].count * sizeof(float);
-        r->bucket_of[p] = b;
-        if (r->desc.whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
+        if (bucket_of) bucket_of[p] = b;
+        if (whole_layers && p > 0 && m->params[p - 1].layer == m->params[p].layer)
             continue; /* the layer's weight joins its bias */
         if (bytes >= (b == 0 ? first : cap) || p == 0) { /* close bucket b: params p..last */
-            pdp__red_bucket *k = &r->buckets[b];
-            k->info.first_param = p;
-            k->info.last_param = last;
-            k->info.offset = m->params[p].offset;
-            k->info.count = m->params[last].offset + m->params[last].count - k->info.offset;
-            k->nparams = last - p + 1;
+            if (buckets) {
+                pdp__red_bucket *k = &buckets[b];
+                k->info.first_param = p;
+                k->info.last_param = last;
+                k->info.offset = m->params[p].offset;
+                k->info.count = m->params[last].offset + m->params[last].count - k->info.offset;
+                k->nparams = last - p + 1;
+            }
             b++;
             last = p - 1;
             bytes = 0.0;
         }
     }
-    r->nbuckets = b;
+    return b;
+}
+
+static pdp_status pdp__reducer_plan(pdp__reducer *r)
+{
+    const pdp_model *m = r->m;
+    r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
+                                                sizeof *r->buckets);
+    r->bucket_of = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *r->bucket_of);
+    if (!r->buckets || !r->bucket_of) return PDP_ERR_OUT_OF_MEMORY;
+    r->nbuckets = pdp__reducer_walk(m, r->desc.cap_bytes, r->desc.first_bytes,
+                                    r->desc.whole_layers, r->buckets, r->bucket_of);
+    return PDP_OK;
+}
+
+/* ---- reducer: the bucket options of DDP's and ZeRO's descs ----
+   One rule for both creates, checked before anything is allocated or communicated.
+   bucket_cap_mb and first_bucket_mb (MiB): 0 (the default: 25, and min(1, cap)) or
+   finite in (0, 1e12] (1e12 MiB, 2^60 bytes, is beyond any model and keeps every byte
+   figure an exact int64). ZeRO's buffer counts (NULL: not an option of the caller):
+   grad_buffers 0 (default 2) or 1..U and param_buffers 0 (default 2) or 2..max(2, U),
+   U the number of units these bucket sizes give m: unit u takes gradient buffer
+   u mod grad_buffers, so buffers beyond U would never be used, and two gather slots
+   (the unit computing and the next one's prefetch) are the least stage 3 needs. Every
+   failure names the field and its value. */
+static pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, double first_mb,
+                                         const int *gbufs, const int *pbufs, const char *fn)
+{
+    const char *name[2] = {"bucket_cap_mb", "first_bucket_mb"};
+    int grad_buffers = gbufs ? *gbufs : 0, param_buffers = pbufs ? *pbufs : 0;
+    double v[2];
+    int i, units;
+    v[0] = cap_mb;
+    v[1] = first_mb;
+    for (i = 0; i < 2; i++)
+        if (!(v[i] >= 0.0 && v[i] <= 1e12))
+            return pdp__err(PDP_ERR_INVALID, "%s: %s %g: must be 0 (the default) or a finite "
+                            "size in MiB, > 0 and at most 1e12", fn, name[i], v[i]);
+    if (grad_buffers < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d is negative", fn, grad_buffers);
+    if (param_buffers < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers %d is negative", fn, param_buffers);
+    if (param_buffers == 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers 1: stage 3 needs 2 or more (the "
+                        "unit computing and the next one's prefetch; 0 for the default 2)", fn);
+    if (grad_buffers == 0 && param_buffers == 0) return PDP_OK;
+    cap_mb = PDP__DEF(cap_mb, 25.0);
+    first_mb = PDP__DEF(first_mb, PDP__MIN(1.0, cap_mb));
+    units = pdp__reducer_walk(m, cap_mb * 1048576.0, first_mb * 1048576.0, true, NULL, NULL);
+    if (grad_buffers > PDP__MAX(1, units))
+        return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d: more than the %d units of "
+                        "bucket_cap_mb %g (unit u takes buffer u mod grad_buffers; at most %d "
+                        "can be used)", fn, grad_buffers, units, cap_mb, PDP__MAX(1, units));
+    if (param_buffers > PDP__MAX(2, units))
+        return pdp__err(PDP_ERR_INVALID, "%s: param_buffers %d: more than the %d units of "
+                        "bucket_cap_mb %g (at most %d gather slots can be used)", fn,
+                        param_buffers, units, cap_mb, PDP__MAX(2, units));
     return PDP_OK;
 }
 
@@ -255,6 +326,10 @@ static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event 
         if (r->state == PDP__RED_REDUCING)
             return pdp__err(PDP_ERR_STATE, "rank %d: the last backward's buckets are still being "
                             "reduced; call %s first", r->c->rank, r->desc.finish_names);
+        if (r->desc.batch_mean == PDP_BATCH_MEAN_GLOBAL && !r->weighted)
+            return pdp__err(PDP_ERR_STATE, "rank %d: batch_mean is PDP_BATCH_MEAN_GLOBAL: run the "
+                            "backward through %s, which weight this rank's gradient by its share "
+                            "of the global batch", r->c->rank, r->desc.backward_names);
         r->backward_seen = true;
         if (!r->no_sync) pdp__reducer_arm(r);
         break;
@@ -326,11 +401,12 @@ static pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, fl
 
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
-static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, const char *fn)
+static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
+                                            pdp_batch_mean mean, const char *fn)
 {
     int64_t n0 = m->nparams;
     pdp__red_sig *table = NULL, mine;
-    float diff, *all = NULL;
+    float diff[2], *all = NULL;
     int p, q, mine_at = -1, worst_rank = -1, worst_at = -1, size = c->size;
     pdp_status st;
     if ((st = pdp_comm_broadcast_bytes(c, &n0, sizeof n0, 0)) != PDP_OK)
@@ -338,7 +414,7 @@ static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, con
     if (n0 < 0 || n0 > (1 << 24))
         return pdp__err(PDP_ERR_INVALID, "%s: rank 0 reports %lld parameters", fn, (long long)n0);
     table = (pdp__red_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
-    all = (float *)pdp__calloc((size_t)size * sizeof *all);
+    all = (float *)pdp__calloc((size_t)size * 2 * sizeof *all);
     if (!table || !all) {
         st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld parameter signatures", fn,
                       (long long)n0);
@@ -361,15 +437,23 @@ static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c, con
             break;
         }
     }
-    diff = (float)mine_at;
-    if ((st = pdp__reducer_allgather_host(c, &diff, all, 1)) != PDP_OK) {
+    diff[0] = (float)mine_at;
+    diff[1] = (float)mean; /* the ranks must agree: GLOBAL adds a collective per backward */
+    if ((st = pdp__reducer_allgather_host(c, diff, all, 2)) != PDP_OK) {
         st = pdp__err_wrap(st, "%s: rank %d: exchanging the check's verdicts", fn, c->rank);
         goto out;
     }
     for (q = 0; q < size; q++)
-        if (all[q] >= 0.0f && (worst_at < 0 || (int)all[q] < worst_at)) {
-            worst_at = (int)all[q];
+        if (all[2 * q] >= 0.0f && (worst_at < 0 || (int)all[2 * q] < worst_at)) {
+            worst_at = (int)all[2 * q];
             worst_rank = q;
+        }
+    for (q = 1; q < size && worst_at < 0; q++)
+        if (all[2 * q + 1] != all[1]) {
+            st = pdp__err(PDP_ERR_INVALID, "%s: batch_mean differs across ranks: %d on rank %d, "
+                          "%d on rank 0 (every rank must pass the same)", fn, (int)all[2 * q + 1],
+                          q, (int)all[1]);
+            goto out;
         }
     if (worst_at >= 0) {
         char a[160], b[160];
@@ -415,13 +499,21 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
         return pdp__err(PDP_ERR_DEVICE, "%s: model on device %d:%d, communicator '%s' on %d:%d",
                         fn, m->device.kind, m->device.ordinal, c->name, c->device.kind,
                         c->device.ordinal);
+    if (desc->batch_mean != PDP_BATCH_MEAN_RANKS && desc->batch_mean != PDP_BATCH_MEAN_GLOBAL)
+        return pdp__err(PDP_ERR_INVALID, "%s: batch_mean %d is not PDP_BATCH_MEAN_RANKS (0) or "
+                        "PDP_BATCH_MEAN_GLOBAL (1)", fn, (int)desc->batch_mean);
     r->m = m;
     r->c = c;
     r->desc = *desc;
+    if (!r->desc.backward_names) r->desc.backward_names = "the executor's backward";
     if (pdp__reducer_plan(r) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d buckets", fn, m->nparams);
+    if (desc->batch_mean == PDP_BATCH_MEAN_GLOBAL && c->device.kind != PDP_DEVICE_CPU &&
+        pdp__dev_alloc(c->device, sizeof(float), (void **)&r->dcount) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no device memory for the batch "
+                        "size's all-reduce", fn, c->rank);
     /* collective from here on: every rank runs the same calls */
-    if ((st = pdp__reducer_check_params(m, c, fn)) != PDP_OK) return st;
+    if ((st = pdp__reducer_check_params(m, c, desc->batch_mean, fn)) != PDP_OK) return st;
     if (m->param_count &&
         (st = pdp_comm_broadcast(c, m->param_block, m->param_count, 0, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: broadcasting rank 0's parameters", fn, c->rank);
@@ -451,6 +543,10 @@ static void pdp__reducer_release(pdp__reducer *r)
     if (r->buckets)
         for (b = 0; b < r->nbuckets; b++) /* the progress thread may still write gradients */
             if (r->buckets[b].launched && r->buckets[b].work) pdp_work_wait(r->buckets[b].work);
+    if (r->count_work) pdp_work_wait(r->count_work);
+    r->count_work = NULL;
+    if (r->dcount) pdp__dev_free(r->c->device, r->dcount);
+    r->dcount = NULL;
     if (r->m && r->m->hook == pdp__reducer_hook && r->m->hook_user == r) {
         pdp_model_set_grad_hook(r->m, NULL, NULL);
         r->m->event = NULL;
@@ -542,6 +638,131 @@ static pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_com
     return PDP_OK;
 }
 
+/* ---- reducer: the global-batch mean ----
+   batch_mean PDP_BATCH_MEAN_GLOBAL (ddp.h): rank r's batch of n_r samples weighs
+   w_r = N n_r / T in the average over ranks, T = sum of n_r (one all-reduce of
+   one float per backward, exact up to 2^24 samples), so the averaged gradient is
+   sum_r n_r g_r / T, that of the mean loss over the concatenated global batch.
+   The weight multiplies the loss gradient dy before backward (backward is linear
+   in dy): the built-in cross-entropy takes N / T as its grad_scale instead of
+   1 / n_r, an own loss's dy is copied into the model's grad_a scaled by w_r. So
+   each backward is weighted by its own global batch, and k accumulated backward
+   passes sum k global-batch means, as k backward passes on one device. */
+
+/* Starts the all-reduce (sum) of this rank's batch size n; its bytes go to the
+   executor's stats. */
+static pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const char *fn)
+{
+    pdp_comm_stats a, b;
+    pdp_status st;
+    pdp_comm_get_stats(r->c, &a);
+    r->count = (float)n;
+    if (!r->dcount) {
+        st = pdp_comm_allreduce(r->c, &r->count, 1, PDP_REDUCE_SUM, &r->count_work);
+    } else if ((st = pdp__dev_copy(r->c->device, r->dcount, pdp_cpu(), &r->count,
+                                   sizeof(float))) == PDP_OK) {
+        st = pdp_comm_allreduce(r->c, r->dcount, 1, PDP_REDUCE_SUM, &r->count_work);
+    }
+    pdp_comm_get_stats(r->c, &b);
+    r->count_bytes += b.bytes_sent - a.bytes_sent;
+    if (st == PDP_OK) return PDP_OK;
+    r->count_work = NULL;
+    return pdp__err_wrap(st, "%s: rank %d: all-reducing the batch sizes", fn, r->c->rank);
+}
+
+/* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
+static pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
+                                          const char *fn)
+{
+    pdp_status st = pdp_work_wait(r->count_work);
+    double total;
+    r->count_work = NULL;
+    if (st == PDP_OK && r->dcount)
+        st = pdp__dev_copy(pdp_cpu(), &r->count, r->c->device, r->dcount, sizeof(float));
+    if (st != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: all-reducing the batch sizes", fn, r->c->rank);
+    total = (double)r->count;
+    if (!(total >= (double)n && total >= 1.0))
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d: the global batch is %g samples, this "
+                        "rank's %lld", fn, r->c->rank, total, (long long)n);
+    *scale = (float)((double)r->c->size / total);
+    *weight = (float)((double)r->c->size * (double)n / total);
+    return PDP_OK;
+}
+
+/* The built-in cross-entropy pass weighted by the global batch (loss.c's
+   pdp_model_forward_backward with grad_scale N / T): the batch sizes' all-reduce
+   runs during the forward. *loss is this rank's mean. */
+static pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pdp_tensor *x,
+                                                       const int32_t *labels, float *loss,
+                                                       const char *fn)
+{
+    pdp_model *m = r->m;
+    const pdp_tensor *y = NULL;
+    pdp_tensor dy;
+    double sum = 0.0;
+    float weight, scale;
+    pdp_status st, wst;
+    if (!x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if ((st = pdp__reducer_count_launch(r, x->shape[0], fn)) != PDP_OK) return st;
+    st = pdp_model_forward(m, x, &y);
+    wst = pdp__reducer_count_wait(r, x->shape[0], &weight, &scale, fn);
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+    if (wst != PDP_OK || y->ndim != 2) {
+        char buf[96];
+        m->have_forward = false;
+        if (wst != PDP_OK) return wst;
+        return pdp__err(PDP_ERR_SHAPE, "%s: rank %d: the model's output is %s; cross-entropy "
+                        "needs [batch, classes] (add a Flatten and a Linear)", fn, r->c->rank,
+                        pdp__shape_str(y, buf, sizeof buf));
+    }
+    st = pdp__cross_entropy_on(m->device, y->data, labels, y->shape[0], y->shape[1], scale, &sum,
+                               m->grad_a, fn);
+    *loss = (float)(sum / (double)y->shape[0]);
+    if (st != PDP_OK) {
+        m->have_forward = false;
+        return st;
+    }
+    pdp_tensor_wrap(m->grad_a, m->device, 2, y->shape, &dy);
+    r->weighted = true;
+    st = pdp_model_backward(m, &dy);
+    r->weighted = false;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
+/* An own loss's backward weighted by the global batch: dy x N n / T into the
+   model's grad_a (which backward accepts as dy), then backward from it. */
+static pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor *dy,
+                                               const char *fn)
+{
+    pdp_model *m = r->m;
+    pdp_tensor scaled;
+    float weight, scale;
+    pdp_status st;
+    if (!dy) return pdp__err(PDP_ERR_INVALID, "%s: dy is NULL", fn);
+    if (!m->have_forward)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: no forward since the last backward", fn,
+                        r->c->rank);
+    if (dy->count != m->out_view.count) {
+        char a[96], b[96];
+        return pdp__err(PDP_ERR_SHAPE, "%s: rank %d: dy is %s, the output was %s", fn, r->c->rank,
+                        pdp__shape_str(dy, a, sizeof a), pdp__shape_str(&m->out_view, b, sizeof b));
+    }
+    if ((st = pdp__reducer_count_launch(r, m->batch, fn)) != PDP_OK ||
+        (st = pdp__reducer_count_wait(r, m->batch, &weight, &scale, fn)) != PDP_OK)
+        return st;
+    if (dy->data != m->grad_a &&
+        (st = pdp__dev_copy(m->device, m->grad_a, dy->device, dy->data,
+                            (size_t)dy->count * sizeof(float))) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d: weighting dy", fn, r->c->rank);
+    if ((st = pdp__grad_scale(m, m->grad_a, dy->count, weight, fn)) != PDP_OK) return st;
+    pdp_tensor_wrap(m->grad_a, m->device, m->out_view.ndim, m->out_view.shape, &scaled);
+    r->weighted = true;
+    st = pdp_model_backward(m, &scaled);
+    r->weighted = false;
+    return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
+}
+
 /* ---- reducer: training ---- */
 
 /* Forward, loss and backward on this rank's shard; the buckets launch as their
@@ -554,6 +775,11 @@ static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
     if (r->state == PDP__RED_REDUCING) /* before the forward, which would be wasted */
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
                         "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+    if (r->desc.batch_mean == PDP_BATCH_MEAN_GLOBAL) {
+        st = pdp__reducer_forward_backward_global(r, x, labels, loss, fn);
+        r->backward_acc += pdp__now() - t0;
+        return st;
+    }
     st = pdp_model_forward_backward(r->m, x, labels, loss);
     r->backward_acc += pdp__now() - t0;
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
@@ -578,7 +804,16 @@ static pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, con
 static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
 {
     double t0 = pdp__now();
-    pdp_status st = pdp_model_backward(r->m, dy);
+    pdp_status st;
+    if (r->desc.batch_mean == PDP_BATCH_MEAN_GLOBAL) {
+        if (r->state == PDP__RED_REDUCING) /* before the batch sizes' collective */
+            return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still "
+                            "being reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+        st = pdp__reducer_backward_global(r, dy, fn);
+        r->backward_acc += pdp__now() - t0;
+        return st;
+    }
+    st = pdp_model_backward(r->m, dy);
     r->backward_acc += pdp__now() - t0;
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);
 }
@@ -676,7 +911,8 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
         return pdp__err(first, "%s: rank %d: %s", fn, r->c->rank, msg);
     pdp_comm_get_stats(r->c, &cs);
     r->stats.steps++;
-    r->stats.bytes_sent = cs.bytes_sent - r->bytes_at_arm;
+    r->stats.bytes_sent = cs.bytes_sent - r->bytes_at_arm + r->count_bytes;
+    r->count_bytes = 0;
     r->stats.backward_s = r->backward_acc;
     r->stats.allreduce_s = busy;
     r->stats.wait_s = t1 - t0;

@@ -1,10 +1,12 @@
 /* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
    constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
-   and full-tensor checkpoints, which map each rank's slice into the full tensor
+   the check that every TP rank built the same TP layers (run by f's forward at the
+   first forward, through the TP state's pointer: layers_tp.c comes first), and
+   full-tensor checkpoints, which map each rank's slice into the full tensor
    (pdp__tp_runs) through a staging copy of the full (single-device) model.
 
    Invariants: the model's TP state (comm, rank, size) is fixed once a TP layer exists.
-   Nothing here runs during training. */
+   During training only the width check runs here, at the first forward. */
 
 #include "internal.h"
 
@@ -12,7 +14,11 @@
 
 PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
 {
+    pdp_status st;
     if (!m || !tp) return pdp__err(PDP_ERR_INVALID, "pdp_model_set_tp: NULL argument");
+    if ((st = pdp__model_check_layout(m, "set the TP communicator before wrapping it",
+                                      "pdp_model_set_tp")) != PDP_OK)
+        return st;
     if (m->tp.nlayers)
         return pdp__err(PDP_ERR_STATE, "pdp_model_set_tp: the model already has %d TP layers "
                         "(set the communicator before the first)", m->tp.nlayers);
@@ -20,9 +26,17 @@ PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
         return pdp__err(PDP_ERR_DEVICE, "pdp_model_set_tp: communicator '%s' on device %d:%d, "
                         "model on %d:%d", tp->name, tp->device.kind, tp->device.ordinal,
                         m->device.kind, m->device.ordinal);
+    /* clipping's scalar on a CUDA model: NCCL all-reduces device memory only */
+    if (m->device.kind != PDP_DEVICE_CPU && !m->tp.dscalar &&
+        pdp__dev_alloc(m->device, sizeof(float), (void **)&m->tp.dscalar) != PDP_OK)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_model_set_tp: no device memory for the "
+                        "clipping scalar (device %d)", m->device.ordinal);
     m->tp.comm = tp;
     m->tp.rank = pdp_comm_rank(tp);
     m->tp.size = pdp_comm_size(tp);
+    m->tp.model = m;
+    m->tp.checked = 0;
+    m->tp.check_widths = pdp__tp_check_widths;
     return PDP_OK;
 }
 
@@ -53,7 +67,10 @@ PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t ou
 {
     static const char *fn = "pdp_model_add_column_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__COLUMN_PARALLEL_LINEAR);
+    pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st; /* before the order checks: a wrapped model takes no layer at all */
     if (pdp__tp_last_kind(m) != PDP__TP_COPY)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow f (pdp_model_add_tp_copy), "
                         "not %s", fn, m->nlayers,
@@ -67,8 +84,11 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
 {
     static const char *fn = "pdp_model_add_row_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__ROW_PARALLEL_LINEAR);
+    pdp_status st;
     int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st; /* before the order checks: a wrapped model takes no layer at all */
     for (i = m->nlayers - 1; i >= 0; i--) {
         pdp__layer_kind k = m->layers[i].kind;
         if (k == PDP__COLUMN_PARALLEL_LINEAR) break;
@@ -87,7 +107,10 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
 PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m)
 {
     static const char *fn = "pdp_model_add_tp_reduce";
+    pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
+        return st; /* before the order checks: a wrapped model takes no layer at all */
     if (pdp__tp_last_kind(m) != PDP__ROW_PARALLEL_LINEAR)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a RowParallelLinear, not %s",
                         fn, m->nlayers,
@@ -168,12 +191,122 @@ static pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *f
     return PDP_OK;
 }
 
-/* Whether parameter p is split across the TP ranks (else every rank holds all of it). */
-static bool pdp__tp_is_split(const pdp_model *m, int p)
+/* ---- tp: the width check ---- */
+
+/* A TP layer as the check compares it: its place, its kind and its full (unsplit)
+   input and output features. */
+typedef struct pdp__tp_sig {
+    int64_t layer, kind, in, out;
+} pdp__tp_sig;
+
+/* What a rank found: its TP layer count and, at the first TP layer that differs from TP
+   rank 0's (at; -1: none), its own (zeros when it has none there). */
+typedef struct pdp__tp_verdict {
+    int64_t at, count;
+    pdp__tp_sig sig;
+} pdp__tp_verdict;
+
+static bool pdp__tp_kind(pdp__layer_kind k)
 {
-    const pdp__layer *l = &m->layers[m->params[p].layer];
-    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
-           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
+    return k == PDP__TP_COPY || k == PDP__TP_REDUCE || k == PDP__COLUMN_PARALLEL_LINEAR ||
+           k == PDP__ROW_PARALLEL_LINEAR;
+}
+
+/* The signature of m's k-th TP layer; false when it has fewer. */
+static bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
+{
+    int i;
+    memset(s, 0, sizeof *s);
+    for (i = 0; i < m->nlayers; i++) {
+        const pdp__layer *l = &m->layers[i];
+        if (!pdp__tp_kind(l->kind) || k-- > 0) continue;
+        s->layer = i;
+        s->kind = (int64_t)l->kind;
+        s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_count;
+        s->out = l->kind == PDP__COLUMN_PARALLEL_LINEAR ? l->tp_full
+                 : l->kind == PDP__ROW_PARALLEL_LINEAR  ? l->out_features
+                                                        : l->in_count;
+        return true;
+    }
+    return false;
+}
+
+/* "layer 1 (ColumnParallelLinear) 6 -> 12" */
+static void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
+{
+    snprintf(out, cap, "layer %lld (%s) %lld -> %lld", (long long)s->layer,
+             pdp__layer_kind_name((pdp__layer_kind)s->kind), (long long)s->in,
+             (long long)s->out);
+}
+
+/* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
+   to every rank, each rank compares, and every rank's verdict goes to every rank (one
+   small broadcast from each), so all fail together with the same message. */
+static pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
+{
+    const pdp_model *m = tp->model;
+    int64_t n0 = tp->nlayers, k;
+    pdp__tp_sig *table = NULL, mine;
+    pdp__tp_verdict *all = NULL, *bad = NULL;
+    pdp_status st;
+    int r, bad_rank = -1;
+    char a[128], b[128];
+    if ((st = pdp_comm_broadcast_bytes(tp->comm, &n0, sizeof n0, 0)) != PDP_OK)
+        return pdp__err_wrap(st, "TP width check (TP rank %d of %d)", tp->rank, tp->size);
+    if (n0 < 0 || n0 > (1 << 24))
+        return pdp__err(PDP_ERR_INVALID, "TP width check: TP rank 0 reports %lld TP layers",
+                        (long long)n0);
+    table = (pdp__tp_sig *)pdp__calloc((size_t)PDP__MAX(1, n0) * sizeof *table);
+    all = (pdp__tp_verdict *)pdp__calloc((size_t)tp->size * sizeof *all);
+    if (!table || !all) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "TP width check: no memory for %lld signatures",
+                      (long long)n0);
+        goto out; /* the others time out in the next broadcast */
+    }
+    if (tp->rank == 0)
+        for (k = 0; k < n0; k++) pdp__tp_sig_at(m, k, &table[k]);
+    if ((st = pdp_comm_broadcast_bytes(tp->comm, table, (size_t)n0 * sizeof *table, 0)) != PDP_OK)
+        goto comm_failed;
+    all[tp->rank].at = -1;
+    all[tp->rank].count = tp->nlayers;
+    for (k = 0; k <= PDP__MAX(n0, (int64_t)tp->nlayers); k++) {
+        bool have = pdp__tp_sig_at(m, k, &mine);
+        if (k < n0 && have && memcmp(&mine, &table[k], sizeof mine) == 0) continue;
+        if (k < n0 || have) {
+            all[tp->rank].at = k;
+            all[tp->rank].sig = mine;
+        }
+        break;
+    }
+    for (r = 0; r < tp->size; r++)
+        if ((st = pdp_comm_broadcast_bytes(tp->comm, &all[r], sizeof all[r], r)) != PDP_OK)
+            goto comm_failed;
+    for (r = 0; r < tp->size && !bad; r++)
+        if (all[r].at >= 0) bad = &all[bad_rank = r];
+    if (!bad) {
+        tp->checked = tp->nlayers;
+        goto out;
+    }
+    if (bad->at < bad->count && bad->at < n0) {
+        pdp__tp_sig_str(&bad->sig, a, sizeof a);
+        pdp__tp_sig_str(&table[bad->at], b, sizeof b);
+        st = pdp__err(PDP_ERR_INVALID, "TP ranks built different models: %s on TP rank %d but "
+                      "%s on TP rank 0 (full features, in -> out)", a, bad_rank, b);
+    } else { /* the same layers as far as the shorter goes */
+        bool extra_mine = bad->at < bad->count;
+        pdp__tp_sig_str(extra_mine ? &bad->sig : &table[bad->at], a, sizeof a);
+        st = pdp__err(PDP_ERR_INVALID, "TP ranks built different models: %lld TP layers on TP "
+                      "rank %d but %lld on TP rank 0 (the first extra: %s on TP rank %d)",
+                      (long long)bad->count, bad_rank, (long long)n0, a,
+                      extra_mine ? bad_rank : 0);
+    }
+    goto out;
+comm_failed:
+    st = pdp__err_wrap(st, "TP width check (TP rank %d of %d)", tp->rank, tp->size);
+out:
+    pdp__dealloc(table);
+    pdp__dealloc(all);
+    return st;
 }
 
 /* dst (full's layout) <- the full tensors from every rank's slices of src (m's layout):
@@ -213,6 +346,10 @@ static pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, cons
     if (!m->tp.comm)
         return pdp__err(PDP_ERR_STATE, "%s: the model has no TP communicator (pdp_model_set_tp; "
                         "pdp_checkpoint_save/load serve a plain model)", fn);
+    if (m->wrapped == PDP__WRAP_ZERO)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model is wrapped by %s, which shards its "
+                        "parameters and optimizer state: checkpoints of ZeRO over tensor "
+                        "parallelism are not supported yet", fn, pdp__model_wrapper(m));
     if (o && (o->model != m || o->lo != 0 || o->hi != m->param_count))
         return pdp__err(PDP_ERR_INVALID, "%s: the optimizer is not a full optimizer of this "
                         "model", fn);

@@ -40,7 +40,22 @@
    parallel: split a world of D x T ranks into TP groups (pdp_comm_split(world, rank / T,
    rank, &tp)) and DP groups (pdp_comm_split(world, rank % T, rank, &dp)), build the TP
    model on tp and wrap it in pdp_ddp_create(..., dp, ...): DDP averages each slice's
-   gradient over the ranks holding the same slice.
+   gradient over the ranks holding the same slice. ZeRO (pdp_zero_create on dp) works
+   the same way.
+
+   Same model on every rank: the first forward (f's, the first TP layer of every block)
+   runs one check over the TP group, as DDP checks its parameters: every TP layer's
+   place, kind and full widths against TP rank 0's. A difference (ranks that built 8
+   and 12 features) fails on every rank with PDP_ERR_INVALID naming the layer and both
+   widths; it runs again at the next forward (and after TP layers are added).
+
+   Gradient clipping: pdp_clip_grad_norm on a TP model is collective over the TP group.
+   The full model's squared norm is every rank's slices plus the replicated tensors (the
+   row-parallel bias, LayerNorm, any layer outside the blocks) added by TP rank 0 only,
+   summed by one all-reduce of one float, so every rank scales by the same coefficient
+   and the replicated tensors stay the same bits. DP x TP: call it after
+   pdp_ddp_finish. Under ZeRO, pdp_zero_clip_grad_norm sums its shards over the DP group
+   and then the TP group, counting the same way.
 
    Checkpoints: pdp_tp_checkpoint_save gathers the full tensors (and the optimizer's
    state) and writes one ordinary checkpoint, the file pdp_checkpoint_save writes for
@@ -48,7 +63,9 @@
    PyTorch); pdp_tp_checkpoint_load reads such a file into any TP layout. Both are
    collective over the TP communicator. pdp_checkpoint_save/load refuse a model with TP
    layers (PDP_ERR_STATE naming pdp_tp_checkpoint_save/load): its parameters are slices.
-   DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED).
+   DataParallel's thread replicas refuse it too (PDP_ERR_UNSUPPORTED). ZeRO over a TP
+   model trains and clips (pdp_zero_clip_grad_norm counts the slices over TP); its
+   checkpoints, both ZeRO's and these, are not built yet and fail with PDP_ERR_UNSUPPORTED.
 
    Backends: local (thread ranks), MPI (processes) and NCCL (a GPU per rank: thread
    ranks from pdp_nccl_group_create, or processes from pdp_comm_init_env), with the

@@ -74,7 +74,9 @@ struct pdp_zero {
     pdp_status deferred; /* a failure inside a no_sync backward (stages 2-3) */
     char deferred_msg[768];
     int64_t buffer_bytes, bytes_at_step, gathers, gathers_at_step;
+    int64_t passes;      /* backward passes since the last step (k of the byte formula) */
     pdp_zero_stats stats;
+    uint64_t saves;      /* checkpoint saves begun: one input of each save's run id */
 };
 
 static int64_t pdp__zero_align(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -303,6 +305,7 @@ static pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev,
     case PDP__EV_FORWARD_LAYER: /* forward runs the units from the last index down */
         return z->stage == 3 ? pdp__zero_need(z, u, u - 1) : PDP_OK;
     case PDP__EV_BACKWARD_BEGIN:
+        z->passes++;
         if (z->stage >= 2)
             for (i = 0; i < z->desc.grad_buffers; i++)
                 if (z->gbuf_unit[i] >= 0) {
@@ -377,6 +380,7 @@ PDP_API void pdp_zero_free(pdp_zero *z)
     pdp__dealloc(z->unit_of_layer);
     pdp__dealloc(z->layer_w);
     pdp__dealloc(z->layer_dw);
+    if (m) pdp__model_unwrap(m); /* the caller's again (views off) */
     pdp__dealloc(z);
 }
 
@@ -393,6 +397,42 @@ static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
     }
     if (work) z->buffer_bytes += count * (int64_t)sizeof(float);
     return p;
+}
+
+/* pdp_model_param's views of a wrapped model (the seam of internal.h): this rank's part
+   of parameter index is its overlap [lo, hi) with the rank's slice of the parameter's
+   unit, one contiguous range (a unit holds whole layers, so the parameter lies in one
+   unit, and the slice is contiguous). The gradient's part lives in the slice (stage 1:
+   the unit's padded buffer; stages 2-3: the shard), and so do the values at stage 3;
+   at stages 1-2 the values stay the full view of the model's block. */
+static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp_param *out,
+                                  const char *fn)
+{
+    const pdp_zero *z = (const pdp_zero *)user;
+    const pdp__param_entry *e = &m->params[index];
+    const pdp__zero_unit *k;
+    int64_t s0, lo, hi;
+    float *g, *v;
+    int u = z->unit_of_layer[e->layer];
+    (void)fn;
+    PDP_ASSERT(u >= 0);
+    k = &z->units[u];
+    s0 = k->off + (int64_t)z->rank * k->s; /* the slice: flat [s0, s0 + mine) */
+    lo = PDP__MAX(e->offset, s0);
+    hi = PDP__MIN(e->offset + e->count, s0 + k->mine);
+    if (hi <= lo) lo = hi = 0;
+    g = z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
+    v = z->param_shard ? z->param_shard + k->shard_off : NULL;
+    out->grad_lo = hi > lo ? lo - e->offset : 0;
+    out->grad_hi = hi > lo ? hi - e->offset : 0;
+    pdp__model_view(hi > lo ? g + (lo - s0) : NULL, m->device, e, false, hi - lo, &out->grad);
+    if (z->stage == 3) {
+        out->value_lo = out->grad_lo;
+        out->value_hi = out->grad_hi;
+        pdp__model_view(hi > lo ? v + (lo - s0) : NULL, m->device, e, false, hi - lo,
+                        &out->value);
+    }
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
@@ -412,14 +452,20 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
     if (desc && (desc->stage < 0 || desc->stage > 3))
         return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, desc->stage);
-    if (desc && (desc->bucket_cap_mb < 0.0 || desc->first_bucket_mb < 0.0 ||
-                 desc->grad_buffers < 0 || desc->param_buffers < 0 || desc->param_buffers == 1))
-        return pdp__err(PDP_ERR_INVALID, "%s: bucket_cap_mb %g and first_bucket_mb %g must be "
-                        ">= 0, grad_buffers %d >= 0, param_buffers %d 0 or >= 2", fn,
-                        desc->bucket_cap_mb, desc->first_bucket_mb, desc->grad_buffers,
-                        desc->param_buffers);
+    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
+                                             &desc->grad_buffers, &desc->param_buffers,
+                                             fn)) != PDP_OK)
+        return st;
+    /* the units, shards and (stage 3) the parameter block are this layout's */
+    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, desc && desc->stage ? desc->stage : 1,
+                              fn)) != PDP_OK)
+        return st;
     z = (pdp_zero *)pdp__calloc(sizeof *z);
-    if (!z) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    if (!z) {
+        pdp__model_unwrap(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
+    z->m = m; /* pdp_zero_free unwraps it, on failure too */
     z->dev = m->device;
     if (desc) z->desc = *desc;
     z->desc.stage = PDP__DEF(z->desc.stage, 1);
@@ -442,6 +488,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     rd.whole_layers = true;
     rd.op_name = "reduce_scatter";
     rd.finish_names = "pdp_zero_step or pdp_zero_finish";
+    rd.backward_names = "pdp_zero_forward_backward or pdp_zero_backward";
+    rd.batch_mean = z->desc.batch_mean;
     rd.user = z;
     if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
     joined = true; /* past the collectives: a failure from here on is agreed (pdp__comm_agree) */
@@ -452,6 +500,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     }
     /* units: the buckets; shard offsets in flat-block order (the last bucket first) */
     z->nunits = z->r.nbuckets;
+    if (z->desc.grad_buffers > z->nunits) /* the default 2 with one unit: one can be used */
+        z->desc.grad_buffers = PDP__MAX(1, z->nunits);
     z->units = (pdp__zero_unit *)pdp__calloc((size_t)PDP__MAX(1, z->nunits) * sizeof *z->units);
     z->unit_of_layer = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(int));
     z->layer_w = (float **)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof(float *));
@@ -528,6 +578,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
         }
     }
     if ((st = pdp__comm_agree(c, PDP_OK, fn)) != PDP_OK) goto release;
+    m->views = pdp__zero_views; /* pdp_model_param: what this rank holds */
+    m->views_user = z;
     z->stats.units = z->nunits;
     pdp_comm_get_stats(c, &cs);
     z->bytes_at_step = cs.bytes_sent;
@@ -604,55 +656,44 @@ static float *pdp__zero_grad_slice(pdp_zero *z, int u)
     return z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
 }
 
+/* The squared norm of this rank's slices, all-reduced over the DP group (every element of
+   the flat block once); on a TP model the elements count as pdp__grad_sumsq_range counts
+   them (a slice on every TP rank, a replicated tensor on TP rank 0 only) and a second
+   all-reduce over the TP group adds the TP ranks' parts: the full model's norm, the same
+   bits on every rank of both groups. */
 PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm)
 {
     static const char *fn = "pdp_zero_clip_grad_norm";
     double sum = 0.0, norm;
     float coef;
     int u;
-    int64_t i;
     pdp_status st;
     if (total_norm) *total_norm = 0.0f;
     if (!z) return pdp__err(PDP_ERR_INVALID, "%s: zero is NULL", fn);
-    if (!(max_norm >= 0.0f))
-        return pdp__err(PDP_ERR_INVALID, "%s: max_norm %g must be >= 0", fn, (double)max_norm);
+    if ((st = pdp__check_max_norm(max_norm, fn)) != PDP_OK) return st;
     if (z->r.state != PDP__RED_IDLE)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: call pdp_zero_finish first", fn, z->rank);
     for (u = 0; u < z->nunits; u++) {
-        const float *g = pdp__zero_grad_slice(z, u);
-        if (z->dev.kind == PDP_DEVICE_CPU) {
-            for (i = 0; i < z->units[u].mine; i++) sum += (double)g[i] * (double)g[i];
-        } else if (z->units[u].mine) { /* a fixed-order device sum per slice */
-            double part = 0.0;
-            if ((st = pdp__cuda_sumsq(z->dev, g, z->units[u].mine, &part, fn)) != PDP_OK)
-                return st;
-            sum += part;
-        }
+        int64_t lo = z->units[u].off + (int64_t)z->rank * z->units[u].s; /* in the flat block */
+        if ((st = pdp__grad_sumsq_range(z->m, pdp__zero_grad_slice(z, u), lo,
+                                        lo + z->units[u].mine, &sum, fn)) != PDP_OK)
+            return st;
     }
-    z->scalar = (float)sum;
-    if (z->dscalar) { /* the collective runs on the device's copy */
-        if ((st = pdp__dev_copy(z->dev, z->dscalar, pdp_cpu(), &z->scalar, 4)) == PDP_OK &&
-            (st = pdp_comm_allreduce(z->c, z->dscalar, 1, PDP_REDUCE_SUM, NULL)) == PDP_OK)
-            st = pdp__dev_copy(pdp_cpu(), &z->scalar, z->dev, z->dscalar, 4);
-    } else {
-        st = pdp_comm_allreduce(z->c, &z->scalar, 1, PDP_REDUCE_SUM, NULL);
-    }
-    if (st != PDP_OK)
+    if ((st = pdp__grad_allreduce_sum(z->c, &z->scalar, z->dscalar, &sum)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: all-reducing the squared norm", fn, z->rank);
-    norm = sqrt((double)z->scalar);
+    if (z->m->tp.comm && z->m->tp.size > 1 &&
+        (st = pdp__grad_allreduce_sum(z->m->tp.comm, &z->scalar, z->dscalar, &sum)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (TP rank %d of %d): all-reducing the squared norm "
+                             "over the TP group", fn, z->rank, z->m->tp.rank, z->m->tp.size);
+    norm = sqrt(sum);
     if (total_norm) *total_norm = (float)norm;
     if (!isfinite(norm)) return pdp__err(PDP_ERR_NUMERIC, "%s: the gradient norm is %g", fn, norm);
-    coef = (float)((double)max_norm / (norm + 1e-6));
+    coef = pdp__clip_coef(max_norm, norm);
     if (coef >= 1.0f) return PDP_OK;
-    for (u = 0; u < z->nunits; u++) {
-        float *g = pdp__zero_grad_slice(z, u);
-        if (z->dev.kind == PDP_DEVICE_CPU) {
-            for (i = 0; i < z->units[u].mine; i++) g[i] *= coef;
-        } else if (z->units[u].mine &&
-                   (st = pdp__cuda_scale(z->dev, g, z->units[u].mine, coef, fn)) != PDP_OK) {
+    for (u = 0; u < z->nunits; u++)
+        if ((st = pdp__grad_scale(z->m, pdp__zero_grad_slice(z, u), z->units[u].mine, coef, fn)) !=
+            PDP_OK)
             return st;
-        }
-    }
     return PDP_OK;
 }
 
@@ -689,6 +730,43 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
             return pdp__err_wrap(st, "%s: rank %d: unit %d", fn, z->rank, u);
     }
     return PDP_OK;
+}
+
+/* The bytes a step of k backward passes sends (zero.h: "Communication per rank
+   per step"), into st->micro_steps, formula_bytes and formula. V = 4 (N-1) S is
+   one reduce-scatter or all-gather of every unit (S = shard_count: the bytes the
+   backends count for a collective of S floats per rank); stage 3's later
+   forwards skip the units the backward before them left gathered, the last
+   param_buffers units of backward (the highest indices). */
+static void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st)
+{
+    int64_t v = 4 * (int64_t)(z->size - 1) * z->shard_count, kept = 0, scalar;
+    int u, n = z->size;
+    k = PDP__MAX(1, k);
+    scalar = z->r.desc.batch_mean == PDP_BATCH_MEAN_GLOBAL /* one float, as comm.c counts it */
+                 ? k * (int64_t)(2.0 * (n - 1) / n * 4.0) : 0;
+    st->micro_steps = k;
+    if (z->stage == 1) {
+        st->formula_bytes = 2 * v + scalar;
+        snprintf(st->formula, sizeof st->formula, "2 (N-1)/N x 4 Psi_pad, N = %d (k = %lld "
+                 "backward passes: stage 1 accumulates without sending)", n, (long long)k);
+    } else if (z->stage == 2) {
+        st->formula_bytes = (k + 1) * v + scalar;
+        snprintf(st->formula, sizeof st->formula, "(k + 1) (N-1)/N x 4 Psi_pad, k = %lld, N = %d "
+                 "(a reduce-scatter per backward, one all-gather)", (long long)k, n);
+    } else {
+        for (u = PDP__MAX(0, z->nunits - z->desc.param_buffers); u < z->nunits; u++)
+            kept += z->units[u].s; /* floats per rank of the units kept gathered */
+        st->formula_bytes = 3 * k * v - (k - 1) * 4 * (int64_t)(n - 1) * kept + scalar;
+        snprintf(st->formula, sizeof st->formula, "3k (N-1)/N x 4 Psi_pad - (k - 1) (N-1)/N "
+                 "x 4 Psi_kept, k = %lld, N = %d, Psi_kept %lld of %lld", (long long)k, n,
+                 (long long)(kept * n), (long long)z->padded_count);
+    }
+    if (scalar) {
+        size_t len = strlen(st->formula);
+        snprintf(st->formula + len, sizeof st->formula - len, " + k x %lld (batch sizes)",
+                 (long long)(scalar / k));
+    }
 }
 
 PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
@@ -734,7 +812,8 @@ PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt)
     z->stats.bytes_sent = cs.bytes_sent - z->bytes_at_step;
     z->stats.total_bytes_sent += z->stats.bytes_sent;
     z->stats.gathers = z->gathers - z->gathers_at_step;
-    z->stats.formula_bytes = (z->stage == 3 ? 3 : 2) * (int64_t)(z->size - 1) * z->shard_count * 4;
+    pdp__zero_formula(z, z->passes, &z->stats);
+    z->passes = 0;
     z->stats.backward_s = z->r.stats.backward_s;
     z->stats.reduce_s = z->r.stats.allreduce_s;
     z->stats.wait_s = z->r.stats.wait_s;
@@ -835,32 +914,71 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
    order, N S floats, S = shard_count): "params" holds the rank's parameter
    slices and "optim.<state>" its optimizer state, both in the shard's layout
    (padding zeros), so shard.lo / shard.hi / shard.count name the rank, the world
-   size and the shard size, and optim.steps the step. The marker, written by
-   rank 0 only after every rank's file is on disk, holds the plan (world size,
-   stage, step, parameter and shard counts, each unit's offset, count and slice)
-   that the load holds the run and every file to. */
+   size and the shard size, optim.steps the step, and shard.run the save. The
+   marker, written by rank 0 only after every rank's file is on disk, holds the
+   plan (world size, stage, step, parameter and shard counts, each unit's offset,
+   count and slice) that the load holds the run and every file to, and the save's
+   run id, which every shard of the set must carry: two saves at the same step
+   and world size write the same plan, and only the id tells their files apart.
+
+   The run id: 64 bits that rank 0 draws at each save (/dev/urandom when it can
+   be read, mixed with the wall and monotonic clocks in ns, the pid, the
+   executor's address and its count of saves, so two saves never share one even
+   without /dev/urandom), sent to every rank inside the first agreement, and
+   written as 16 hex digits into every shard's __metadata__ and the marker.
+
+   An agreement that fails itself (a rank stalled, exited or was killed) returns
+   the collective's status and message, which name the ranks that did not arrive
+   (PDP_ERR_TIMEOUT; PDP_ERR_COMM for a local rank that freed its communicator),
+   after the call, the rank and what it was agreeing on. */
 
 /* Every rank's verdict: bad[r] is true when rank r failed. Collective (a sum of
-   one-hot flags, on the model's device as the backend wants). */
-static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad)
+   one-hot flags, on the model's device as the backend wants). With run, rank 0's
+   *run reaches every rank (as four 16-bit pieces that only rank 0 adds to the
+   sum: exact in floats). On failure, the collective's status and message. */
+static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run)
 {
-    float flags[64], *dev = NULL;
-    int n = z->size, r;
+    float flags[64 + 4], *dev = NULL;
+    int n = z->size, r, len = run ? n + 4 : n;
     pdp_status st;
     PDP_ASSERT(n <= 64);
-    for (r = 0; r < n; r++) flags[r] = 0.0f;
+    for (r = 0; r < len; r++) flags[r] = 0.0f;
     flags[z->rank] = ok ? 0.0f : 1.0f;
+    for (r = 0; run && z->rank == 0 && r < 4; r++)
+        flags[n + r] = (float)((*run >> (16 * r)) & 0xffff);
     if (z->m->device.kind == PDP_DEVICE_CPU) {
-        st = pdp_comm_allreduce(z->c, flags, n, PDP_REDUCE_SUM, NULL);
+        st = pdp_comm_allreduce(z->c, flags, len, PDP_REDUCE_SUM, NULL);
     } else {
         if ((st = pdp__dev_alloc(z->m->device, sizeof flags, (void **)&dev)) != PDP_OK) return st;
-        if ((st = pdp__dev_copy(z->m->device, dev, pdp_cpu(), flags, (size_t)n * 4)) == PDP_OK &&
-            (st = pdp_comm_allreduce(z->c, dev, n, PDP_REDUCE_SUM, NULL)) == PDP_OK)
-            st = pdp__dev_copy(pdp_cpu(), flags, z->m->device, dev, (size_t)n * 4);
+        if ((st = pdp__dev_copy(z->m->device, dev, pdp_cpu(), flags, (size_t)len * 4)) == PDP_OK &&
+            (st = pdp_comm_allreduce(z->c, dev, len, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+            st = pdp__dev_copy(pdp_cpu(), flags, z->m->device, dev, (size_t)len * 4);
         pdp__dev_free(z->m->device, dev);
     }
     for (r = 0; r < n; r++) bad[r] = flags[r] != 0.0f;
+    if (st == PDP_OK && run)
+        for (*run = 0, r = 0; r < 4; r++) *run |= (uint64_t)flags[n + r] << (16 * r);
     return st;
+}
+
+/* A new run id (see above); rank 0 draws it once per save. */
+static uint64_t pdp__zero_run_id(pdp_zero *z)
+{
+    struct timespec wall, mono;
+    uint64_t id = 0, h;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (f) {
+        if (fread(&id, sizeof id, 1, f) != 1) id = 0;
+        fclose(f);
+    }
+    if (clock_gettime(CLOCK_REALTIME, &wall) != 0) memset(&wall, 0, sizeof wall);
+    if (clock_gettime(CLOCK_MONOTONIC, &mono) != 0) memset(&mono, 0, sizeof mono);
+    h = pdp__mix64(id ^ UINT64_C(0x9e3779b97f4a7c15));
+    h = pdp__mix64(h ^ ((uint64_t)wall.tv_sec * 1000000000u + (uint64_t)wall.tv_nsec));
+    h = pdp__mix64(h ^ ((uint64_t)mono.tv_sec * 1000000000u + (uint64_t)mono.tv_nsec));
+    h = pdp__mix64(h ^ (uint64_t)getpid());
+    h = pdp__mix64(h ^ (uint64_t)(uintptr_t)z);
+    return pdp__mix64(h ^ ++z->saves);
 }
 
 static void pdp__zero_shard_path(char *out, size_t cap, const char *prefix, int rank)
@@ -880,6 +998,13 @@ static pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const c
     if (strlen(path) > 3900) return pdp__err(PDP_ERR_INVALID, "%s: the path is too long", fn);
     if (z->size > 64)
         return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %d ranks (checkpoints: at most 64)", fn, z->size);
+    /* a TP model's block holds this TP rank's slices: shard sets named by the DP rank alone
+       would have the TP ranks of one DP rank write one file, and a full file needs the
+       slices gathered over TP first (not built yet) */
+    if (z->m->tp.nlayers)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model has %d tensor-parallel layers: "
+                        "checkpoints of ZeRO over tensor parallelism are not supported yet",
+                        fn, z->m->tp.nlayers);
     if (z->r.state != PDP__RED_IDLE || z->deferred != PDP_OK)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: a backward waits for its step; checkpoint "
                         "after pdp_zero_step", fn, z->rank);
@@ -925,14 +1050,21 @@ static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
     return PDP_OK;
 }
 
-/* The marker's text for this run at step steps. */
-static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, char *out, size_t cap)
+/* A run id as the files hold it: 16 lowercase hex digits. */
+static void pdp__zero_run_text(uint64_t run, char out[17])
+{
+    snprintf(out, 17, "%016llx", (unsigned long long)run);
+}
+
+/* The marker's text for this executor at step steps of save run. */
+static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
+                                  size_t cap)
 {
     size_t n;
     int u;
-    n = (size_t)snprintf(out, cap, "pdp-zero-checkpoint 1\nworld_size %d\nstage %d\nstep %lld\n"
-                         "param_count %lld\nshard_count %lld\nunits %d\n", z->size, z->stage,
-                         (long long)steps, (long long)z->m->param_count,
+    n = (size_t)snprintf(out, cap, "pdp-zero-checkpoint 2\nworld_size %d\nstage %d\nstep %lld\n"
+                         "run %s\nparam_count %lld\nshard_count %lld\nunits %d\n", z->size,
+                         z->stage, (long long)steps, run, (long long)z->m->param_count,
                          (long long)z->shard_count, z->nunits);
     for (u = 0; u < z->nunits && n < cap; u++)
         n += (size_t)snprintf(out + n, cap - n, "unit %d %lld %lld %lld\n", u,
@@ -940,13 +1072,15 @@ static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, char *out, s
                               (long long)z->units[u].s);
 }
 
-/* Writes the marker atomically (temporary, fsync, rename). */
+/* Writes the marker atomically (temporary, fsync, rename), removing first the
+   temporaries of writers killed mid-write as checkpoint.c's save does. */
 static pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
 {
     char tmp[4160];
     FILE *f;
     size_t len = strlen(text);
     int ok;
+    pdp__ckpt_remove_stale(path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (!(f = fopen(tmp, "wb")))
         return pdp__err(PDP_ERR_IO, "%s: %s: fopen failed: %s", fn, tmp, strerror(errno));
@@ -964,12 +1098,13 @@ static pdp_status pdp__zero_write_marker(const char *path, const char *text, con
 PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix)
 {
     static const char *fn = "pdp_zero_checkpoint_save";
-    char path[4096], marker[4096], *text = NULL;
+    char path[4096], marker[4096], run[17], *text = NULL;
     float *packed = NULL;
     bool bad[64];
+    uint64_t id = 0;
     pdp_model mv;
     pdp_optim ov;
-    pdp_status st;
+    pdp_status st, ast;
     int r;
     size_t cap;
     if ((st = pdp__zero_ckpt_args(z, opt, prefix, fn)) != PDP_OK) return st;
@@ -977,23 +1112,31 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
     pdp__zero_shard_path(path, sizeof path, prefix, z->rank);
     /* the old marker goes first: a set with a marker is always complete */
     st = PDP_OK;
-    if (z->rank == 0 && remove(marker) != 0 && errno != ENOENT)
-        st = pdp__err(PDP_ERR_IO, "%s: %s: removing the old marker failed: %s", fn, marker,
-                      strerror(errno));
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK || bad[0])
+    if (z->rank == 0) {
+        id = pdp__zero_run_id(z);
+        if (remove(marker) != 0 && errno != ENOENT)
+            st = pdp__err(PDP_ERR_IO, "%s: %s: removing the old marker failed: %s", fn, marker,
+                          strerror(errno));
+    }
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, &id)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: starting the set %s (no "
+                                                 "marker written)", fn, z->rank, prefix);
+    if (bad[0])
         return st != PDP_OK ? st : pdp__err(PDP_ERR_IO, "%s: rank 0 could not remove %s", fn,
                                             marker);
+    pdp__zero_run_text(id, run);
     if ((st = pdp__dev_alloc(z->m->device, (size_t)PDP__MAX(1, z->shard_count) * 4,
                              (void **)&packed)) != PDP_OK)
         st = pdp__err_wrap(st, "%s: rank %d: packing the shard", fn, z->rank);
     else if ((st = pdp__zero_pack_params(z, packed)) == PDP_OK) {
         pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
-        st = pdp__checkpoint_save_range(path, &mv, packed, &ov, ov.lo, ov.hi, fn);
+        st = pdp__checkpoint_save_run(path, &mv, packed, &ov, ov.lo, ov.hi, run, fn);
     }
     pdp__dev_free(z->m->device, packed);
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK)
-        return pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree that the set %s is "
-                        "written (no marker)", fn, z->rank, prefix);
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: agreeing that every shard "
+                                                 "of %s is written (no marker written)", fn,
+                                                 z->rank, prefix);
     if (st != PDP_OK) return st;
     for (r = 0; r < z->size; r++)
         if (bad[r]) {
@@ -1006,25 +1149,29 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
         if (!(text = (char *)pdp__alloc(cap))) {
             st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
         } else {
-            pdp__zero_marker_text(z, opt->steps, text, cap);
+            pdp__zero_marker_text(z, opt->steps, run, text, cap);
             st = pdp__zero_write_marker(marker, text, fn);
             pdp__dealloc(text);
         }
     }
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK || bad[0])
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK)
+        return st != PDP_OK ? st : pdp__err_wrap(ast, "%s: rank %d: agreeing that the marker %s "
+                                                 "is written", fn, z->rank, marker);
+    if (bad[0])
         return st != PDP_OK ? st : pdp__err(PDP_ERR_IO, "%s: rank 0 could not write the marker "
                                             "%s", fn, marker);
     return PDP_OK;
 }
 
-/* Reads the marker and holds it to this run; *steps gets its step. */
+/* Reads the marker and holds it to this run; *steps gets its step, run its
+   run id (16 hex digits). */
 static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *steps,
-                                        const char *fn)
+                                        char run[17], const char *fn)
 {
     char *want, *have;
     size_t cap = 256 + (size_t)z->nunits * 96, n;
     long long step = 0;
-    int world = 0;
+    int world = 0, version = 0, end = 0;
     FILE *f;
     pdp_status st = PDP_OK;
     if (!(f = fopen(path, "rb")))
@@ -1041,9 +1188,16 @@ static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *
     n = fread(have, 1, cap, f);
     have[n] = '\0';
     fclose(f);
-    if (sscanf(have, "pdp-zero-checkpoint 1\nworld_size %d\nstage %*d\nstep %lld", &world,
-               &step) != 2) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a ZeRO checkpoint marker", fn, path);
+    run[0] = '\0';
+    if (sscanf(have, "pdp-zero-checkpoint %d", &version) == 1 && version != 2) {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a version %d ZeRO checkpoint marker; this pdp reads "
+                      "version 2 (which names the save every shard belongs to)", fn, path,
+                      version);
+    } else if (sscanf(have, "pdp-zero-checkpoint 2\nworld_size %d\nstage %*d\nstep %lld\n"
+                      "run %16[0-9a-f]%n", &world, &step, run, &end) != 3 ||
+               strlen(run) != 16 || have[end] != '\n') {
+        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a ZeRO checkpoint marker (its first lines "
+                      "are the version, world size, stage, step and run id)", fn, path);
     } else if (world != z->size) {
         st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the set was written by %d ranks, this run has %d "
                       "(load a consolidated checkpoint with pdp_zero_checkpoint_load_full to "
@@ -1051,7 +1205,7 @@ static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *
     } else {
         /* the same plan: everything after the stage and step lines */
         const char *a, *b;
-        pdp__zero_marker_text(z, (int64_t)step, want, cap);
+        pdp__zero_marker_text(z, (int64_t)step, run, want, cap);
         a = strstr(want, "param_count");
         b = strstr(have, "param_count");
         if (!b || strcmp(a, b) != 0)
@@ -1131,11 +1285,12 @@ static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_o
 {
     char path[4096];
     bool bad[64];
+    pdp_status ast;
     int r;
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK && st == PDP_OK)
-        st = pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree on the load; nothing "
-                      "was loaded", fn, z->rank);
-    for (r = 0; st == PDP_OK && r < z->size; r++)
+    if ((ast = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
+        st = pdp__err_wrap(ast, "%s: rank %d: agreeing that every rank read %s (nothing was "
+                           "loaded)", fn, z->rank, prefix);
+    for (r = 0; ast == PDP_OK && st == PDP_OK && r < z->size; r++)
         if (bad[r]) {
             if (full) snprintf(path, sizeof path, "%s", prefix);
             else pdp__zero_shard_path(path, sizeof path, prefix, r);
@@ -1154,7 +1309,7 @@ static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_o
 PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix)
 {
     static const char *fn = "pdp_zero_checkpoint_load";
-    char path[4096], marker[4096];
+    char path[4096], marker[4096], run[17];
     float *params = NULL, *state[2] = {NULL, NULL};
     uint64_t seed, mstep;
     int64_t steps = 0;
@@ -1167,10 +1322,10 @@ PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const c
     snprintf(marker, sizeof marker, "%s.done", prefix);
     pdp__zero_shard_path(path, sizeof path, prefix, z->rank);
     pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
-    if ((st = pdp__zero_read_marker(z, marker, &steps, fn)) == PDP_OK &&
+    if ((st = pdp__zero_read_marker(z, marker, &steps, run, fn)) == PDP_OK &&
         (st = pdp__zero_ckpt_staging(z, opt, &params, state, fn)) == PDP_OK) {
         pdp__zero_ckpt_views(z, opt, state, &mv, &ov);
-        st = pdp__checkpoint_load_range(path, &mv, params, &ov, ov.lo, ov.hi, fn);
+        st = pdp__checkpoint_load_run(path, &mv, params, &ov, ov.lo, ov.hi, run, fn);
         if (st == PDP_OK && ov.steps != steps)
             st = pdp__err(PDP_ERR_FORMAT, "%s: %s: holds step %lld, the set's marker %s says "
                           "%lld (a file of another save)", fn, path, (long long)ov.steps, marker,
@@ -1217,7 +1372,7 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     pdp_optim *full = NULL;
     float *buf = NULL;
     bool gathered = false, bad[64];
-    pdp_status st, bst;
+    pdp_status st, cs, bst;
     int u, k;
     if ((st = pdp__zero_ckpt_args(z, opt, path, fn)) != PDP_OK) return st;
     dev = z->m->device;
@@ -1231,7 +1386,7 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
                            z->rank);
     /* every rank takes part in every gather: on a local failure it still sends zeros; a rank
        without its buffers cannot, so first the ranks agree that each has them */
-    if ((bst = pdp__zero_agree(z, st == PDP_OK, bad)) != PDP_OK && st == PDP_OK)
+    if ((bst = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
         st = pdp__err_wrap(bst, "%s: rank %d: agreeing on the buffers", fn, z->rank);
     for (u = 0; u < z->size && bst == PDP_OK; u++)
         if (bad[u]) {
@@ -1243,7 +1398,6 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     for (k = 0; bst == PDP_OK && k < opt->nstate; k++)
         for (u = 0; u < z->nunits; u++) {
             const pdp__zero_unit *q = &z->units[u];
-            pdp_status cs;
             if (pdp__dev_copy(dev, buf + (int64_t)z->rank * q->s, dev, opt->state[k] + q->shard_off,
                               (size_t)q->s * 4) != PDP_OK && st == PDP_OK)
                 st = pdp__err(PDP_ERR_CUDA, "%s: rank %d: copying the state", fn, z->rank);
@@ -1268,9 +1422,9 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
         pdp__dev_free(dev, z->m->param_block);
         z->m->param_block = NULL;
     }
-    if (pdp__zero_agree(z, st == PDP_OK, bad) != PDP_OK && st == PDP_OK)
-        return pdp__err(PDP_ERR_IO, "%s: rank %d: the ranks could not agree on %s", fn, z->rank,
-                        path);
+    if ((cs = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
+        return pdp__err_wrap(cs, "%s: rank %d: agreeing that rank 0 wrote %s", fn, z->rank,
+                             path);
     if (st != PDP_OK) return st;
     if (bad[0]) return pdp__err(PDP_ERR_IO, "%s: %s: rank 0 could not write it", fn, path);
     return PDP_OK;

@@ -7,7 +7,8 @@
      stage 2 (P_os+g)       and the reduced gradients;
      stage 3 (P_os+g+p)     and the parameters.
    After k steps the parameters are those of DDP and of one device on the
-   global batch (to float rounding), at DDP's communication volume (stages 1-2:
+   global batch (to float rounding; on uneven shards see "Uneven shards"
+   below), at DDP's communication volume (stages 1-2:
    a reduce-scatter plus an all-gather is one all-reduce) or 1.5x it (stage 3).
 
    Sharding per unit. A unit is a bucket of whole layers, planned as DDP plans
@@ -57,23 +58,69 @@
    pdp_zero_memory reports the measured figures beside those formulas (with
    Psi_pad where padding applies).
 
-   Communication per rank per step (bytes counted by the communicator): stages 1
-   and 2: one reduce-scatter and one all-gather of every unit, 2 (N-1)/N Psi_pad
-   x 4 = DDP's all-reduce volume; stage 3: two all-gathers (forward and backward)
-   and one reduce-scatter, 3 (N-1)/N Psi_pad x 4.
+   Communication per rank per step (bytes counted by the communicator), with
+   V = (N-1)/N x 4 Psi_pad (one reduce-scatter or one all-gather of every unit)
+   and k backward passes per step (k - 1 micro-steps under no_sync, then one
+   synchronised; k = 1 without accumulation):
+     stage 1: 2 V, whatever k: the micro-steps accumulate in the full gradient
+              buffers without communicating (as DDP), the last backward
+              reduce-scatters, the step all-gathers = DDP's all-reduce volume;
+     stage 2: (k + 1) V: stages 2 and 3 hold no full gradient, so every backward
+              reduce-scatters and adds its slice to the shard (DeepSpeed's
+              behaviour: the same sums, k times the gradient traffic), and the
+              step all-gathers once;
+     stage 3: 3k V - (k - 1) V_kept: every backward gathers every unit and
+              reduce-scatters it (2k V), the first forward after a step gathers
+              every unit (V), and each later forward gathers all but the units
+              the backward before it left gathered ((k - 1) (V - V_kept)): the
+              last param_buffers units of backward (the first of forward),
+              V_kept = (N-1)/N x 4 x their padded floats (all of Psi_pad when
+              there are no more units than param_buffers: then (2k + 1) V).
+              k = 1: 3 V, 1.5x DDP.
+   With batch_mean PDP_BATCH_MEAN_GLOBAL each backward adds its one-float
+   all-reduce of the batch sizes (2 (N-1)/N x 4 bytes, rounded down, per pass).
+   pdp_zero_get_stats gives k, the bytes sent and this formula (its value and its
+   words) for the last step. Not in the formula: clipping's scalar all-reduce, an
+   evaluation forward between steps (stage 3 gathers) and pdp_zero_gather_params.
 
-   Gradient accumulation: under no_sync stage 1 accumulates in its full gradient
-   buffers without communicating (as DDP); stages 2 and 3 hold no full gradient,
-   so every backward reduce-scatters and adds its slice to the shard (DeepSpeed's
-   behaviour): the same sums, k times the gradient traffic.
+   Uneven shards: as DDP (ddp.h, "Uneven shards"), each rank's loss is the mean
+   over its own batch and the reduce-scatter averages over ranks, so a step
+   trains the mean of per-rank means, which is the global batch's mean only
+   when the shards are even (PyTorch DDP and ZeroRedundancyOptimizer do the
+   same). desc.batch_mean = PDP_BATCH_MEAN_GLOBAL trains the mean over the
+   global batch: every backward all-reduces the batch sizes (one float, in
+   bytes_sent and in the formula) and weighs this rank's loss gradient by
+   N n_r / T, so every stage equals one device on the concatenated shards,
+   accumulation included (each backward weighted by its own global batch).
 
    Every backward of the wrapped model synchronises, whatever the loss
    (pdp_zero_forward_backward, or pdp_zero_forward + own loss +
-   pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model).
-   While wrapped, read gradients with pdp_zero_grad_norm/clip only (the model's
-   gradient block is gone) and, at stage 3, parameters with
-   pdp_zero_gather_params. Faults never hang: a missing rank makes the
-   reduce-scatter (named with its unit) or the all-gather fail with
+   pdp_zero_backward, or pdp_model_forward/pdp_model_backward on the model;
+   under PDP_BATCH_MEAN_GLOBAL only the first two, which apply the weight).
+
+   The wrapped model (model.h, "Wrapped models"): layers cannot be added (the units
+   are planned on its layout) and no other executor can take it, until pdp_zero_free.
+   Its views show what this rank holds, each with its range (pdp_param's value_lo..hi,
+   grad_lo..hi: a parameter lies in one unit, so this rank's part of it is one
+   contiguous range of its row-major elements, possibly empty):
+     pdp_model_param  grad: this rank's part of the reduced gradient at every stage
+                      (the average over ranks after pdp_zero_finish; at stage 1 the
+                      local sums before it); value: the whole parameter at stages 1-2
+                      (every rank's full copy, all-gathered after each step), this
+                      rank's part at stage 3 (the shard the optimizer updates);
+     pdp_model_flat   the full parameter block at stages 1-2; the gradients (every
+                      stage) and the parameters at stage 3 are not one block on this
+                      rank: PDP_ERR_STATE naming pdp_model_param and
+                      pdp_zero_gather_params (the full values, collective);
+     pdp_checkpoint_load  PDP_ERR_STATE at every stage (the shards train): use
+                      pdp_zero_checkpoint_load_full or pdp_zero_checkpoint_load;
+     pdp_checkpoint_save  the full parameters at stages 1-2 (without the optimizer:
+                      a shard optimizer is refused); PDP_ERR_STATE at stage 3 unless
+                      pdp_zero_gather_params(z, NULL) put them in the model's block
+                      (until the next step): use pdp_zero_checkpoint_consolidate or
+                      pdp_zero_checkpoint_save.
+   The whole gradient norm: pdp_zero_clip_grad_norm. Faults never hang: a missing
+   rank makes the reduce-scatter (named with its unit) or the all-gather fail with
    PDP_ERR_TIMEOUT naming the rank, within the communicator's timeout.
 
    Devices: a CPU model over the local or MPI backend, or a CUDA model over NCCL
@@ -88,14 +135,25 @@
 
 typedef struct pdp_zero pdp_zero;
 
+/* The bucket options follow one rule with pdp_ddp_desc's (checked before anything is
+   allocated or sent; a bad value fails with PDP_ERR_INVALID naming the field and the
+   value): the sizes are 0 (default) or finite MiB in (0, 1e12]; the buffer counts are 0
+   (default) or at most U, the number of units the sizes give this model
+   (pdp_zero_num_units): unit u takes gradient buffer u mod grad_buffers, so more could
+   never be used (param_buffers may be 2 with one unit). */
 typedef struct pdp_zero_desc {
     int stage;               /* 1, 2 or 3; default 1 */
     double bucket_cap_mb;    /* unit size in MiB; default 25 */
     double first_bucket_mb;  /* the first unit (the last layers); default min(1, cap) */
-    int grad_buffers;        /* stages 2-3: gradient bucket buffers; default 2 */
-    int param_buffers;       /* stage 3: gathered parameter buffers, >= 2; default 2 */
+    int grad_buffers;        /* stages 2-3: gradient bucket buffers, 1..U; default
+                                min(2, U) */
+    int param_buffers;       /* stage 3: gathered parameter buffers, 2..max(2, U);
+                                default 2 */
     bool no_prefetch;        /* stage 3: gather each unit only when it is needed (for
                                 measuring what prefetch gains); default false */
+    pdp_batch_mean batch_mean; /* uneven shards (ddp.h): default PDP_BATCH_MEAN_RANKS, the
+                                  mean of per-rank means (PyTorch's); PDP_BATCH_MEAN_GLOBAL
+                                  the global batch's. The same on every rank */
 } pdp_zero_desc;
 
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
@@ -111,8 +169,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc);
 /* Waits for collectives in flight and gives the model back its gradient block
    (zeroed) and, at stage 3, a parameter block holding this rank's slices only
-   (call pdp_zero_gather_params(z, NULL) first for the full values). Not
-   collective. NULL is fine. */
+   (call pdp_zero_gather_params(z, NULL) first for the full values); the model is the
+   caller's again (layers may be added; pdp_model_param views taken while wrapped are
+   stale). Not collective. NULL is fine. */
 PDP_API void pdp_zero_free(pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
    (pdp_optim_step refuses it). Free it with pdp_optim_free. */
@@ -128,7 +187,11 @@ PDP_API pdp_status pdp_zero_backward(pdp_zero *z, const pdp_tensor *dy);
 PDP_API pdp_status pdp_zero_finish(pdp_zero *z);
 /* Gradient clipping from shards (after finish, before step): the squared norm
    of the shard, all-reduced (sum); every rank scales its shard by the same
-   coefficient (torch.nn.utils.clip_grad_norm_'s). Collective. */
+   coefficient (torch.nn.utils.clip_grad_norm_'s). Collective. max_norm as
+   pdp_clip_grad_norm's (finite and >= 0, else PDP_ERR_INVALID). On a TP model (ZeRO
+   over the DP group of a DP x TP world) it is collective over the TP group as well:
+   slices count on every TP rank and replicated tensors once, so the norm is the full
+   model's (tp.h). */
 PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm);
 /* pdp_zero_finish, then the shard's update with opt (from pdp_zero_optim_create),
    zeroed gradients, and (stages 1-2) the all-gather of the updated parameters. */
@@ -159,14 +222,25 @@ PDP_API int pdp_zero_num_units(const pdp_zero *z);
    rank order, S = shard_count, so its metadata names the rank, the world size
    and the step), and the marker "P.done", which rank 0 writes only after every
    rank's file is on disk (removing the old marker first: a set with a marker is
-   complete, as in llm.c). The marker holds the world size, stage, step and unit
-   plan. Load validates the marker against this run (world size, parameter
-   count, units) and every rank's file (range, step, tensors, checksums) into
-   staging buffers; only when every rank succeeded is anything copied, so a bad
-   set fails on every rank with a message naming the marker or the bad file, the
-   parameters and optimizer untouched. Resume at the same world size is
-   bit-exact; the stage may differ (the layout is the same). Every save
-   overwrites the set of its prefix (put the step in the prefix to keep several). */
+   complete, as in llm.c). The marker holds the world size, stage, step, unit
+   plan and the save's run id: 64 bits rank 0 draws at each save and sends to
+   every rank, written into every shard file too ("shard.run"), so the files of
+   two saves at the same step and world size are told apart. Load validates the
+   marker against this run (world size, parameter count, units) and every rank's
+   file (range, run id, step, tensors, checksums) into staging buffers; only when
+   every rank succeeded is anything copied, so a bad set (a file of another save
+   among them: PDP_ERR_FORMAT naming the file and both run ids) fails on every
+   rank with a message naming the marker or the bad file, the parameters and
+   optimizer untouched. A rank that stalls, exits or is killed during save, load
+   or consolidate makes the others fail with the communicator's status
+   (PDP_ERR_TIMEOUT naming the ranks that did not arrive; PDP_ERR_COMM for a
+   local rank that freed its communicator) after the call's name and what it was
+   agreeing on; such a save leaves no marker unless every shard file was written
+   (then its marker marks a complete set). Save removes the temporaries that
+   writers killed mid-save left ("<file>.tmp.<pid>" of the shard files and the
+   marker, whose pid is no live process). Resume at the same world size is
+   bit-exact; the stage may differ (the layout is the same). Every save overwrites
+   the set of its prefix (put the step in the prefix to keep several). */
 PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix);
 PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix);
 /* One full checkpoint (pdp_checkpoint_save's file: state_dict names, PyTorch
@@ -200,8 +274,14 @@ PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_ze
 typedef struct pdp_zero_stats {
     int64_t steps;             /* synchronised backward passes finished */
     int64_t units;
-    int64_t bytes_sent;        /* the last step, by this rank: backward + step */
-    int64_t formula_bytes;     /* 2 (N-1)/N Psi_pad 4 (stages 1-2), 3 (N-1)/N Psi_pad 4 (3) */
+    int64_t bytes_sent;        /* the last step, by this rank: every collective since the step
+                                  before (its k micro-steps' backward passes, this step) */
+    int64_t micro_steps;       /* k: backward passes in the last step (k - 1 under no_sync) */
+    int64_t formula_bytes;     /* what the last step should send, from k (the formula above);
+                                  equal to bytes_sent unless clipping (its all-reduced scalar),
+                                  an evaluation forward or pdp_zero_gather_params ran between
+                                  steps */
+    char formula[160];         /* that formula in words, with k and N substituted */
     int64_t gathers;           /* all-gathers of the last step */
     double backward_s, reduce_s, wait_s;
     int64_t total_bytes_sent;

@@ -33,6 +33,7 @@
 #include "pdp.h"
 #include "pdp_test.h"
 
+#include <float.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -1557,23 +1558,18 @@ static enum greatest_test_res zn_check(int stage, int accum, int clip)
         ASSERT_EQ(cpu[r].stats.gathers, jobs[r].stats.gathers);
         ASSERT_EQ(cpu[r].stats.steps, jobs[r].stats.steps);
         ASSERT_EQ(ZN_STEPS * (stage == 1 ? 1 : accum), (int)jobs[r].stats.steps);
-        /* the last step's bytes, counted by the communicator: the formula, plus
-           clipping's scalar, plus (stages 2-3) the extra micro-batch's reduce-scatter
-           and, at stage 3, its gathers of the units not still held (at least one) */
+        /* the last step's bytes, counted by the communicator: the formula (which
+           counts the accumulated micro-batches' reduce-scatters and, at stage 3, their
+           gathers of the units not still held), plus clipping's scalar */
         extra = clip ? (int64_t)(2.0 * (n - 1) / n * 4.0) : 0;
-        if (stage >= 2) extra += (int64_t)(accum - 1) * (n - 1) * mm->shard_count * 4;
         snprintf(msg, sizeof msg, "stage %d accum %d clip %d: sent %lld, formula %lld + %lld",
                  stage, accum, clip, (long long)jobs[r].stats.bytes_sent,
                  (long long)jobs[r].stats.formula_bytes, (long long)extra);
-        ASSERT_EQ((stage == 3 ? 3 : 2) * (int64_t)(n - 1) * mm->shard_count * 4,
-                  jobs[r].stats.formula_bytes);
-        if (stage == 3 && accum > 1)
-            ASSERTm(msg, jobs[r].stats.bytes_sent > jobs[r].stats.formula_bytes + extra &&
-                             jobs[r].stats.bytes_sent <=
-                                 jobs[r].stats.formula_bytes + extra +
-                                     2 * (int64_t)(n - 1) * mm->shard_count * 4);
-        else
-            ASSERT_EQm(msg, jobs[r].stats.formula_bytes + extra, jobs[r].stats.bytes_sent);
+        ASSERT_EQ((int64_t)accum, jobs[r].stats.micro_steps);
+        if (accum == 1)
+            ASSERT_EQ((stage == 3 ? 3 : 2) * (int64_t)(n - 1) * mm->shard_count * 4,
+                      jobs[r].stats.formula_bytes);
+        ASSERT_EQm(msg, jobs[r].stats.formula_bytes + extra, jobs[r].stats.bytes_sent);
         if (stage < 3 || accum == 1)
             ASSERT_EQ((stage == 3 ? 2 : 1) * jobs[r].units, (int)jobs[r].stats.gathers);
     }
@@ -2414,7 +2410,8 @@ TEST cuda_clip_grad_norm_matches_cpu(void)
    the parameters are compared through pdp_tp_checkpoint_save (the full tensors,
    gathered on the GPUs) loaded on the CPU, and pdp_tp_checkpoint_load puts every
    rank's slices back bit for bit. PP: 13 rows in 3 micro-batches (5, 4, 4), GPipe and
-   1F1B; each stage's parameters against the CPU model's of the same name. 2-D on 4
+   1F1B; each stage's parameters against the CPU model's of the same name, and with
+   pdp_pp_clip_grad_norm against pdp_clip_grad_norm (the norms too). 2-D on 4
    GPUs: 2 DP x 2 TP (DDP over NCCL groups made by pdp_comm_split) and 2 DP x 2 PP
    (desc.dp) against the CPU model on the 12 rows the two DP groups share. */
 enum { MP_IN = 6, MP_B = 13, MP_STEPS = 3, MP_CLASSES = 3, MP_MAXR = 4 };
@@ -2470,8 +2467,10 @@ fail:
 }
 
 /* The reference: the CPU model after MP_STEPS Adam steps on the whole batches' first
-   rows rows. */
-static pdp_status mp_reference(pdp_model **out, int64_t rows, float *losses)
+   rows rows; with max_norm > 0, clipped by pdp_clip_grad_norm before each step (norms[s]:
+   step s's norm). */
+static pdp_status mp_reference_clip(pdp_model **out, int64_t rows, float *losses,
+                                    float max_norm, float *norms)
 {
     pdp_model *m = NULL;
     pdp_optim *o = NULL;
@@ -2490,7 +2489,9 @@ static pdp_status mp_reference(pdp_model **out, int64_t rows, float *losses)
     for (s = 0; s < MP_STEPS; s++) {
         mp_batch(s, x, y);
         pdp_optim_zero_grad(o);
-        if ((st = pdp_model_forward_backward(m, &xt, y, &losses[s])) || (st = pdp_optim_step(o)))
+        if ((st = pdp_model_forward_backward(m, &xt, y, &losses[s])) ||
+            (max_norm > 0.0f && (st = pdp_clip_grad_norm(m, max_norm, &norms[s]))) ||
+            (st = pdp_optim_step(o)))
             goto out;
     }
 out:
@@ -2498,6 +2499,11 @@ out:
     if (st) pdp_model_free(m);
     else *out = m;
     return st;
+}
+
+static pdp_status mp_reference(pdp_model **out, int64_t rows, float *losses)
+{
+    return mp_reference_clip(out, rows, losses, 0.0f, NULL);
 }
 
 typedef struct mp_job {
@@ -2508,6 +2514,8 @@ typedef struct mp_job {
     const pdp_model *ref;     /* PP: the CPU reference, read only */
     bool pipeline;            /* 2-D: DP x PP (else DP x TP) */
     float losses[MP_STEPS];   /* rank 0 (TP) or the last stage (PP) */
+    float max_norm;           /* PP: > 0: pdp_pp_clip_grad_norm before each step */
+    float norms[MP_STEPS];    /* PP: its total_norm per step */
     double err;               /* PP: the largest relative error of the stage's parameters */
     pdp_status st;
     char msg[1100];
@@ -2635,6 +2643,8 @@ static void *pp_main(void *arg)
         mp_batch(s, xh, y);
         if ((j->st = pdp_tensor_upload(x, xh)) ||
             (j->st = pdp_pp_forward_backward(pp, x, y, &j->losses[s])) ||
+            (j->max_norm > 0.0f &&
+             (j->st = pdp_pp_clip_grad_norm(pp, j->max_norm, &j->norms[s]))) ||
             (j->st = pdp_pp_step(pp, o)))
             goto out;
     }
@@ -2865,6 +2875,49 @@ TEST cuda_nccl_2d_dp_x_tp_and_dp_x_pp_match_cpu(void)
 TEST cuda_nccl_pp_gpipe_matches_cpu(void) { return check_pp(PDP_PP_GPIPE, "GPipe"); }
 TEST cuda_nccl_pp_1f1b_matches_cpu(void) { return check_pp(PDP_PP_1F1B, "1F1B"); }
 
+/* pdp_pp_clip_grad_norm over NCCL (the stages' squared norms gathered in device memory)
+   against pdp_clip_grad_norm on the CPU model: clipping at every step, the norm on every
+   stage and the parameters after MP_STEPS steps. */
+TEST cuda_nccl_pp_clip_grad_norm_matches_cpu(void)
+{
+    mp_job jobs[MP_MAXR];
+    pdp_model *ref = NULL;
+    float ref_losses[MP_STEPS], norms[MP_STEPS], max_norm;
+    char msg[160];
+    int n = mp_ranks(), r, s;
+    NEED_GPU();
+    if (n < 2) SKIPm("PP over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2 or more)");
+    ASSERTm(pdp_last_error(),
+            mp_reference_clip(&ref, MP_B, ref_losses, FLT_MAX, norms) == PDP_OK);
+    pdp_model_free(ref);
+    max_norm = norms[0];
+    for (s = 1; s < MP_STEPS; s++) max_norm = norms[s] < max_norm ? norms[s] : max_norm;
+    max_norm *= 0.5f; /* below every step's norm: clipping at every step */
+    ASSERTm(pdp_last_error(),
+            mp_reference_clip(&ref, MP_B, ref_losses, max_norm, norms) == PDP_OK);
+    for (s = 0; s < MP_STEPS; s++) ASSERT(norms[s] > max_norm);
+    memset(jobs, 0, sizeof jobs);
+    for (r = 0; r < n; r++) {
+        jobs[r].schedule = PDP_PP_1F1B;
+        jobs[r].ref = ref;
+        jobs[r].max_norm = max_norm;
+    }
+    ASSERTm(pdp_last_error(), mp_run(n, pp_main, jobs));
+    for (r = 0; r < n; r++) {
+        ASSERTm(jobs[r].msg, jobs[r].st == PDP_OK);
+        for (s = 0; s < MP_STEPS; s++) {
+            snprintf(msg, sizeof msg, "PP clip, stage %d of %d, step %d: norm %.9g, CPU %.9g", r,
+                     n, s, (double)jobs[r].norms[s], (double)norms[s]);
+            ASSERTm(msg, fabs((double)jobs[r].norms[s] - norms[s]) <= TOL * norms[s]);
+        }
+        snprintf(msg, sizeof msg, "PP clip, stage %d of %d: parameters' relative error %g", r, n,
+                 jobs[r].err);
+        ASSERTm(msg, jobs[r].err <= TOL);
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
 SUITE(cuda)
 {
     RUN_TEST(cuda_device_count_and_bad_ordinal);
@@ -2894,6 +2947,7 @@ SUITE(cuda)
     RUN_TEST(cuda_nccl_tp_matches_cpu);
     RUN_TEST(cuda_nccl_pp_gpipe_matches_cpu);
     RUN_TEST(cuda_nccl_pp_1f1b_matches_cpu);
+    RUN_TEST(cuda_nccl_pp_clip_grad_norm_matches_cpu);
     RUN_TEST(cuda_nccl_2d_dp_x_tp_and_dp_x_pp_match_cpu);
     RUN_TEST(cuda_ddp_nccl_processes_match_single);
     RUN_TEST(cuda_dp_over_gpus_matches_cpu);

@@ -16,8 +16,12 @@
    within the rounding bound stated in ddp.h (derived at check_compress_hook) of
    fp32 DDP on 2 and 3 ranks, send exactly half the bytes (2 ranks), and train to
    the fp32 loss within 0.01 over 300 steps; a user hook (SUM, then / N in finish)
-   gives the AVG bits; registration and hook failures name the bucket. Run under
-   TSan by `make tsan`. */
+   gives the AVG bits; registration and hook failures name the bucket. Uneven
+   shards (5, 3, 2 samples on 3 ranks): the default trains the mean of per-rank
+   means, batch_mean PDP_BATCH_MEAN_GLOBAL the global batch's, each equal to its
+   single-device reference with accumulation and an own loss, one float's
+   all-reduce more per backward; misuse of it refused. Run under TSan by
+   `make tsan`. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include <stdlib.h>
@@ -1200,6 +1204,336 @@ TEST sampler_set_epoch_reshuffles(void)
     PASS();
 }
 
+/* ---- uneven shards: batch_mean ----
+   UN rank threads whose shards of each global micro-batch are uneven (5, 3, 2 samples,
+   then 2, 4, 1, then 1, 1, 6). Default (PDP_BATCH_MEAN_RANKS): DDP equals one device
+   stepping on (1/N) x the sum of the ranks' mean gradients, the mean of per-rank means
+   (PyTorch DDP's); PDP_BATCH_MEAN_GLOBAL: one device on the concatenated micro-batches,
+   the global batch's mean; 1-3 micro-steps (no_sync), cross-entropy and an own loss
+   (log-cosh through pdp_ddp_forward/pdp_ddp_backward), <= 1e-5 relative; the two
+   references differ by more than 1e-3. GLOBAL sends exactly one float's all-reduce
+   (2 (N-1)/N x 4 bytes, rounded down) more per backward, counted in bytes_sent, and
+   allocates nothing after the first step. Misuse: pdp_model_backward on the wrapped
+   model under GLOBAL, ranks that disagree on batch_mean, an unknown value. */
+
+#define UN 3
+static const int uneven[3][UN] = {{5, 3, 2}, {2, 4, 1}, {1, 1, 6}};
+
+static int uneven_first(int a, int r)
+{
+    int q, first = 0;
+    for (q = 0; q < r; q++) first += uneven[a][q];
+    return first;
+}
+
+/* One device: GLOBAL, each micro-batch whole; RANKS, each rank's rows on their own (mean
+   gradients accumulated), the sum scaled by 1/UN before the step. loss_kind as
+   own_loss_pass (0: cross-entropy). */
+static pdp_status uneven_single(pdp_batch_mean mean, int accum, int loss_kind, float *params,
+                                int64_t *count)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = sgd();
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {0, IN}, i;
+    pdp_tensor xt;
+    pdp_status st;
+    int s, a, r;
+    if ((st = build_model(&m, 1, 0)) || (st = pdp_optim_create(&o, m, &od))) goto out;
+    for (s = 0; s < STEPS; s++) {
+        for (a = 0; a < accum; a++) {
+            make_batch(s * accum + a, x, y);
+            for (r = 0; r < (mean == PDP_BATCH_MEAN_GLOBAL ? 1 : UN); r++) {
+                int first = mean == PDP_BATCH_MEAN_GLOBAL ? 0 : uneven_first(a, r);
+                shape[0] = mean == PDP_BATCH_MEAN_GLOBAL ? uneven_first(a, UN) : uneven[a][r];
+                pdp_tensor_wrap(x + first * IN, pdp_cpu(), 2, shape, &xt);
+                st = loss_kind ? own_loss_pass(loss_kind, m, NULL, &xt, y + first, &loss)
+                               : pdp_model_forward_backward(m, &xt, y + first, &loss);
+                if (st) goto out;
+            }
+        }
+        if (mean == PDP_BATCH_MEAN_RANKS)
+            for (i = 0; i < m->param_count; i++) m->grad_block[i] *= 1.0f / (float)UN;
+        if ((st = pdp_optim_step(o))) goto out;
+        pdp_model_zero_grad(m);
+    }
+    memcpy(params, m->param_block, (size_t)m->param_count * sizeof(float));
+    *count = m->param_count;
+out:
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+typedef struct uneven_job {
+    pdp_local_group *g;
+    int rank, accum, loss_kind;
+    int scenario; /* 0 train; 1 pdp_model_backward under GLOBAL; 2 rank 1 passes the other
+                     batch_mean; 3 batch_mean 7 on every rank */
+    pdp_batch_mean mean;
+    pdp_status st;
+    char msg[1024];
+    float params[2048];
+    int64_t count;
+    long allocs_after_first;
+    pdp_ddp_stats stats;
+} uneven_job;
+
+static void *uneven_rank(void *arg)
+{
+    uneven_job *j = (uneven_job *)arg;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_ddp *d = NULL;
+    pdp_ddp_desc dd;
+    pdp_optim_desc od = sgd();
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {0, IN};
+    pdp_tensor xt;
+    pdp_status st;
+    int s, a, r = j->rank;
+    memset(&dd, 0, sizeof dd);
+    dd.bucket_cap_mb = dd.first_bucket_mb = 1e-9; /* a bucket per parameter */
+    dd.batch_mean = j->scenario == 3 ? (pdp_batch_mean)7
+                    : j->scenario == 2 && r == 1 ? PDP_BATCH_MEAN_RANKS : j->mean;
+    if ((st = pdp_comm_create_local(&c, j->g, r)) || (st = build_model(&m, 1 + 49 * r, 0)) ||
+        (st = pdp_optim_create(&o, m, &od)) || (st = pdp_ddp_create(&d, m, c, &dd)))
+        goto out;
+    for (s = 0; s < STEPS && !st; s++) {
+        if (s == 1) j->allocs_after_first = atomic_load(&test_allocs);
+        for (a = 0; a < j->accum && !st; a++) {
+            int first = uneven_first(a, r);
+            make_batch(s * j->accum + a, x, y);
+            shape[0] = uneven[a][r];
+            pdp_tensor_wrap(x + first * IN, pdp_cpu(), 2, shape, &xt);
+            pdp_ddp_set_no_sync(d, a < j->accum - 1);
+            st = j->loss_kind ? own_loss_pass(j->loss_kind, m, d, &xt, y + first, &loss)
+                              : pdp_ddp_forward_backward(d, &xt, y + first, &loss);
+        }
+        if (!st) st = pdp_ddp_step(d, o);
+    }
+    j->allocs_after_first = atomic_load(&test_allocs) - j->allocs_after_first;
+    memcpy(j->params, m->param_block, (size_t)m->param_count * sizeof(float));
+    j->count = m->param_count;
+    pdp_ddp_get_stats(d, &j->stats);
+out:
+    j->st = st;
+    if (st) snprintf(j->msg, sizeof j->msg, "%s", pdp_last_error());
+    pdp_ddp_free(d);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static void run_uneven(uneven_job *jobs, pdp_batch_mean mean, int accum, int loss_kind,
+                       int scenario)
+{
+    pthread_t t[UN];
+    pdp_local_group *g = NULL;
+    pdp_comm_desc cd;
+    int r;
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = 30.0;
+    pdp_local_group_create(&g, UN, &cd);
+    for (r = 0; r < UN; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r].g = g;
+        jobs[r].rank = r;
+        jobs[r].accum = accum;
+        jobs[r].loss_kind = loss_kind;
+        jobs[r].scenario = scenario;
+        jobs[r].mean = mean;
+        pthread_create(&t[r], NULL, uneven_rank, &jobs[r]);
+    }
+    for (r = 0; r < UN; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+}
+
+static double max_rel(const float *a, const float *ref, int64_t count)
+{
+    double worst = 0.0, scale = 0.0;
+    int64_t i;
+    for (i = 0; i < count; i++) {
+        worst = fmax(worst, fabs((double)a[i] - ref[i]));
+        scale = fmax(scale, fabs((double)ref[i]));
+    }
+    return scale > 0.0 ? worst / scale : worst;
+}
+
+static enum greatest_test_res check_uneven(int accum, int loss_kind)
+{
+    static uneven_job ranks[UN], global[UN];
+    static float ref_ranks[2048], ref_global[2048];
+    static char msg[300];
+    int64_t count = 0, count2 = 0, one = (int64_t)(2.0 * (UN - 1) / UN * 4.0);
+    double e_ranks, e_global, apart;
+    int r;
+    ASSERT_ENUM_EQ(PDP_OK, uneven_single(PDP_BATCH_MEAN_RANKS, accum, loss_kind, ref_ranks,
+                                         &count), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, uneven_single(PDP_BATCH_MEAN_GLOBAL, accum, loss_kind, ref_global,
+                                         &count2), pdp_status_name);
+    run_uneven(ranks, PDP_BATCH_MEAN_RANKS, accum, loss_kind, 0);
+    run_uneven(global, PDP_BATCH_MEAN_GLOBAL, accum, loss_kind, 0);
+    for (r = 0; r < UN; r++) {
+        ASSERT_ENUM_EQm(ranks[r].msg, PDP_OK, ranks[r].st, pdp_status_name);
+        ASSERT_ENUM_EQm(global[r].msg, PDP_OK, global[r].st, pdp_status_name);
+    }
+    e_ranks = max_rel(ranks[0].params, ref_ranks, count);
+    e_global = max_rel(global[0].params, ref_global, count);
+    apart = max_rel(ref_ranks, ref_global, count);
+    snprintf(msg, sizeof msg, "accum %d loss %d: |RANKS - mean of rank means| %.3g, |GLOBAL - "
+             "global batch| %.3g, references %.3g apart; bytes %lld and %lld", accum, loss_kind,
+             e_ranks, e_global, apart, (long long)ranks[0].stats.bytes_sent,
+             (long long)global[0].stats.bytes_sent);
+    ASSERTm(msg, e_ranks <= 1e-5 && e_global <= 1e-5 && apart > 1e-3);
+    for (r = 0; r < UN; r++) {
+        ASSERT_MEM_EQm("ranks differ", global[0].params, global[r].params, (size_t)count * 4);
+        ASSERT_EQm(msg, ranks[r].stats.bytes_sent + accum * one, global[r].stats.bytes_sent);
+        ASSERT_EQ_FMT((long)0, global[r].allocs_after_first, "%ld");
+    }
+    PASS();
+}
+
+TEST ddp_uneven_shards_train_the_mean_batch_mean_says(void)
+{
+    int accum, kind;
+    for (accum = 1; accum <= 3; accum++)
+        for (kind = 0; kind <= 2; kind += 2) CHECK_CALL(check_uneven(accum, kind));
+    PASS();
+}
+
+TEST ddp_batch_mean_misuse_is_refused(void)
+{
+    static uneven_job jobs[UN];
+    int r;
+    /* own loss through pdp_model_backward: no weight, refused before anything is reduced */
+    run_uneven(jobs, PDP_BATCH_MEAN_GLOBAL, 1, 1, 1);
+    for (r = 0; r < UN; r++) {
+        ASSERT_ENUM_EQm(jobs[r].msg, PDP_ERR_STATE, jobs[r].st, pdp_status_name);
+        ASSERTm(jobs[r].msg, strstr(jobs[r].msg, "batch_mean is PDP_BATCH_MEAN_GLOBAL") &&
+                                 strstr(jobs[r].msg, "pdp_ddp_forward_backward or "
+                                                     "pdp_ddp_backward"));
+    }
+    run_uneven(jobs, PDP_BATCH_MEAN_GLOBAL, 1, 0, 2); /* rank 1 passes RANKS */
+    for (r = 0; r < UN; r++) {
+        ASSERT_ENUM_EQm(jobs[r].msg, PDP_ERR_INVALID, jobs[r].st, pdp_status_name);
+        ASSERTm(jobs[r].msg, strstr(jobs[r].msg, "pdp_ddp_create: batch_mean differs across "
+                                                 "ranks: 0 on rank 1, 1 on rank 0") != NULL);
+    }
+    run_uneven(jobs, PDP_BATCH_MEAN_GLOBAL, 1, 0, 3);
+    for (r = 0; r < UN; r++) {
+        ASSERT_ENUM_EQm(jobs[r].msg, PDP_ERR_INVALID, jobs[r].st, pdp_status_name);
+        ASSERTm(jobs[r].msg, strstr(jobs[r].msg, "pdp_ddp_create: batch_mean 7 is not") != NULL);
+    }
+    PASS();
+}
+
+/* ---- wrapped models (issue 21, item 10) ----
+   A model held by DDP refuses every call that would change its layout (the buckets are
+   planned on it), naming the call and the executor, and stays unchanged: a step after
+   the refusals equals one device's bit for bit. A second executor on it (DDP, ZeRO,
+   DataParallel) is refused naming both. pdp_ddp_free gives it back: a layer can be added
+   and a new DDP wraps the grown model. Before: pdp_model_add_linear returned PDP_OK and
+   moved the blocks under the buckets; a second executor was refused only by the grad-hook
+   test, and DataParallel not at all. */
+
+static bool has(const char *want)
+{
+    return strstr(pdp_last_error(), want) != NULL;
+}
+
+TEST ddp_wrapped_model_refuses_layout_changes(void)
+{
+    pdp_local_group *g = NULL, *gt = NULL;
+    pdp_comm *c = NULL, *tp = NULL;
+    pdp_model *m = NULL, *ref = NULL;
+    pdp_optim *o = NULL, *oref = NULL;
+    pdp_ddp *d = NULL, *d2 = NULL;
+    pdp_zero *z = NULL;
+    pdp_dp *dp = NULL;
+    pdp_optim_desc od = sgd();
+    float x[B * IN], loss, lref;
+    int32_t y[B];
+    int64_t shape[2] = {B, IN}, count;
+    pdp_tensor xt, p, pr;
+    int layers;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&gt, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&tp, gt, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&ref, 1, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oref, ref, &od), pdp_status_name);
+    layers = pdp_model_num_layers(m);
+    count = pdp_model_param_count(m);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_linear(m, 7), pdp_status_name);
+    ASSERT(has("pdp_model_add_linear: the model is wrapped by DDP (pdp_ddp_create); add layers "
+               "before wrapping it"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_relu(m), pdp_status_name);
+    ASSERT(has("pdp_model_add_relu: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
+    ASSERT(has("pdp_model_add_layernorm: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_tp_copy(m), pdp_status_name);
+    ASSERT(has("pdp_model_add_tp_copy: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_column_parallel_linear(m, 8), pdp_status_name);
+    ASSERT(has("pdp_model_add_column_parallel_linear: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_row_parallel_linear(m, 8), pdp_status_name);
+    ASSERT(has("pdp_model_add_row_parallel_linear: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_tp_reduce(m), pdp_status_name);
+    ASSERT(has("pdp_model_add_tp_reduce: the model is wrapped by DDP"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_set_tp(m, tp), pdp_status_name);
+    ASSERT(has("pdp_model_set_tp: the model is wrapped by DDP (pdp_ddp_create); set the TP "
+               "communicator before wrapping it"));
+    ASSERT_EQ(NULL, pdp_model_tp(m));
+    /* one executor at a time, whichever comes second */
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_ddp_create(&d2, m, c, NULL), pdp_status_name);
+    ASSERT(has("pdp_ddp_create: the model is already wrapped by DDP (pdp_ddp_create)"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_zero_create(&z, m, c, NULL), pdp_status_name);
+    ASSERT(has("pdp_zero_create: the model is already wrapped by DDP (pdp_ddp_create); one "
+               "executor holds a model at a time: pdp_ddp_free it before wrapping the model in "
+               "ZeRO stage 1 (pdp_zero_create)"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_dp_create(&dp, m, NULL), pdp_status_name);
+    ASSERT(has("pdp_dp_create: the model is already wrapped by DDP (pdp_ddp_create)"));
+    ASSERT(has("DataParallel (pdp_dp_create)"));
+    ASSERT(d2 == NULL && z == NULL && dp == NULL);
+    ASSERT_EQ(layers, pdp_model_num_layers(m));
+    ASSERT_EQ(count, pdp_model_param_count(m));
+    /* unchanged: the step still equals one device's, bit for bit */
+    make_batch(0, x, y);
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(d, &xt, y, &loss), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_step(d, o), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xt, y, &lref), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oref), pdp_status_name);
+    pdp_model_flat(m, &p, NULL);
+    pdp_model_flat(ref, &pr, NULL);
+    ASSERT_MEM_EQ(pr.data, p.data, (size_t)count * sizeof(float));
+    /* the caller's again */
+    pdp_ddp_free(d);
+    pdp_optim_free(o);
+    o = NULL;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 4), pdp_status_name);
+    ASSERT_EQ(count + 4 * CLASSES + 4, pdp_model_param_count(m));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+    ASSERT_EQ(count + 4 * CLASSES + 4, pdp_model_param_count(pdp_ddp_model(d)));
+    pdp_ddp_free(d);
+    pdp_optim_free(oref);
+    pdp_model_free(ref);
+    pdp_model_free(m);
+    pdp_comm_free(tp);
+    pdp_comm_free(c);
+    pdp_local_group_free(gt);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 SUITE(ddp)
 {
     RUN_TEST(ddp_equals_single_device_on_the_global_batch);
@@ -1213,6 +1547,13 @@ SUITE(ddp)
     RUN_TEST(ddp_param_mismatch_fails_on_every_rank);
     RUN_TEST(ddp_absent_rank_times_out_naming_bucket_and_rank);
     RUN_TEST(ddp_rank_dying_mid_backward_fails_the_others_at_once);
+    RUN_TEST(ddp_wrapped_model_refuses_layout_changes);
+}
+
+SUITE(ddp_uneven)
+{
+    RUN_TEST(ddp_uneven_shards_train_the_mean_batch_mean_says);
+    RUN_TEST(ddp_batch_mean_misuse_is_refused);
 }
 
 SUITE(comm_hooks)
@@ -1240,6 +1581,7 @@ int main(int argc, char **argv)
 {
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(ddp);
+    RUN_SUITE(ddp_uneven);
     RUN_SUITE(comm_hooks);
     RUN_SUITE(reducer);
     RUN_SUITE(sampler);

@@ -799,6 +799,147 @@ TEST dp_free_joins_every_worker(void)
     PASS();
 }
 
+/* ---- wrapped models (issue 21, item 10) ----
+   The master is held by DataParallel: its replicas are clones of its layout. Adding a
+   layer is refused naming the call and the executor, and so is a second executor (DDP,
+   ZeRO, another DP) on it; the model is unchanged, so the next step still equals one
+   device; after pdp_dp_free it is the caller's again. Before: pdp_model_add_linear
+   returned PDP_OK, the next step failed ("the master model changed"), and DDP or ZeRO
+   wrapped the master under DP's feet. pdp_model_set_precision stays allowed and now
+   reaches the replicas (before, they kept the precision of pdp_dp_create: worker 0 ran
+   bf16 and the others fp32). */
+
+static bool has(const char *want)
+{
+    return strstr(pdp_last_error(), want) != NULL;
+}
+
+TEST dp_wrapped_master_refuses_layout_changes(void)
+{
+    pdp_model *ref = NULL, *master = NULL;
+    pdp_optim *oref = NULL, *odp = NULL;
+    pdp_dp *dp = NULL, *dp2 = NULL;
+    pdp_ddp *ddp = NULL;
+    pdp_zero *z = NULL;
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_dp_desc dd;
+    pdp_optim_desc od;
+    data dt;
+    float lref = 0.0f, ldp = 0.0f;
+    int64_t count;
+    int layers;
+    pdp_tensor x;
+    memset(&dd, 0, sizeof dd);
+    dd.num_workers = 3;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_SGD;
+    od.lr = 0.1f;
+    data_make(&dt, NET_MLP, 10, 5);
+    CHECK_OK(make_net(NET_MLP, 42, &ref));
+    CHECK_OK(make_net(NET_MLP, 42, &master));
+    CHECK_OK(pdp_optim_create(&oref, ref, &od));
+    CHECK_OK(pdp_optim_create(&odp, master, &od));
+    CHECK_OK(pdp_dp_create(&dp, master, &dd));
+    layers = pdp_model_num_layers(master);
+    count = pdp_model_param_count(master);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_linear(master, 5), pdp_status_name);
+    ASSERT(has("pdp_model_add_linear: the model is wrapped by DataParallel (pdp_dp_create); "
+               "add layers before wrapping it"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_dropout(master, 0.1f), pdp_status_name);
+    ASSERT(has("pdp_model_add_dropout: the model is wrapped by DataParallel"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_dp_create(&dp2, master, &dd), pdp_status_name);
+    ASSERT(has("pdp_dp_create: the model is already wrapped by DataParallel (pdp_dp_create)"));
+    CHECK_OK(pdp_local_group_create(&g, 1, NULL));
+    CHECK_OK(pdp_comm_create_local(&c, g, 0));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_ddp_create(&ddp, master, c, NULL), pdp_status_name);
+    ASSERT(has("pdp_ddp_create: the model is already wrapped by DataParallel (pdp_dp_create); "
+               "one executor holds a model at a time: pdp_dp_free it before wrapping the model "
+               "in DDP (pdp_ddp_create)"));
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_zero_create(&z, master, c, NULL), pdp_status_name);
+    ASSERT(has("ZeRO stage 1 (pdp_zero_create)"));
+    ASSERT(dp2 == NULL && ddp == NULL && z == NULL);
+    ASSERT_EQ(layers, pdp_model_num_layers(master));
+    ASSERT_EQ(count, pdp_model_param_count(master));
+    data_batch(&dt, NET_MLP, 0, 10, &x);
+    pdp_optim_zero_grad(oref);
+    CHECK_OK(pdp_model_forward_backward(ref, &x, dt.y, &lref));
+    CHECK_OK(pdp_optim_step(oref));
+    CHECK_OK(pdp_dp_step(dp, odp, &x, dt.y, &ldp));
+    ASSERT(rel_diff(ref, master, false) <= 1e-5);
+    pdp_dp_free(dp);
+    CHECK_OK(pdp_model_add_linear(master, 5)); /* the caller's again */
+    ASSERT_EQ(count + 5 * 5 + 5, pdp_model_param_count(master));
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    pdp_optim_free(oref);
+    pdp_optim_free(odp);
+    pdp_model_free(ref);
+    pdp_model_free(master);
+    data_free(&dt);
+    PASS();
+}
+
+/* bf16 set on the master after pdp_dp_create: DP equals one bf16 device (<= 1e-5), which
+   is 1e-4 or more away from fp32 training (so a replica left in fp32 shows). */
+TEST dp_set_precision_after_create_reaches_the_replicas(void)
+{
+    int copy;
+    for (copy = 0; copy <= 1; copy++) {
+        pdp_model *ref = NULL, *f32 = NULL, *master = NULL;
+        pdp_optim *oref = NULL, *of32 = NULL, *odp = NULL;
+        pdp_dp *dp = NULL;
+        pdp_dp_desc dd;
+        pdp_optim_desc od;
+        data dt;
+        float loss;
+        int s;
+        static char msg[160];
+        double err, sens;
+        memset(&dd, 0, sizeof dd);
+        dd.num_workers = 3;
+        dd.copy_params = copy != 0;
+        memset(&od, 0, sizeof od);
+        od.kind = PDP_OPTIM_ADAM;
+        od.lr = 0.01f;
+        data_make(&dt, NET_MLP, 12 * 3, 11);
+        CHECK_OK(make_net(NET_MLP, 42, &ref));
+        CHECK_OK(make_net(NET_MLP, 42, &f32));
+        CHECK_OK(make_net(NET_MLP, 42, &master));
+        CHECK_OK(pdp_model_set_precision(ref, PDP_PRECISION_BF16));
+        CHECK_OK(pdp_optim_create(&oref, ref, &od));
+        CHECK_OK(pdp_optim_create(&of32, f32, &od));
+        CHECK_OK(pdp_optim_create(&odp, master, &od));
+        CHECK_OK(pdp_dp_create(&dp, master, &dd));
+        CHECK_OK(pdp_model_set_precision(master, PDP_PRECISION_BF16));
+        for (s = 0; s < 3; s++) {
+            pdp_tensor x;
+            data_batch(&dt, NET_MLP, s * 12, 12, &x);
+            pdp_optim_zero_grad(oref);
+            CHECK_OK(pdp_model_forward_backward(ref, &x, dt.y + s * 12, &loss));
+            CHECK_OK(pdp_optim_step(oref));
+            pdp_optim_zero_grad(of32);
+            CHECK_OK(pdp_model_forward_backward(f32, &x, dt.y + s * 12, &loss));
+            CHECK_OK(pdp_optim_step(of32));
+            CHECK_OK(pdp_dp_step(dp, odp, &x, dt.y + s * 12, &loss));
+        }
+        err = rel_diff(ref, master, false);
+        sens = rel_diff(ref, f32, false);
+        snprintf(msg, sizeof msg, "copy_params %d: |dp - bf16 device| %.3g, |fp32 - bf16| %.3g",
+                 copy, err, sens);
+        ASSERTm(msg, err <= 1e-5 && sens >= 1e-4);
+        pdp_dp_free(dp);
+        pdp_optim_free(oref);
+        pdp_optim_free(of32);
+        pdp_optim_free(odp);
+        pdp_model_free(ref);
+        pdp_model_free(f32);
+        pdp_model_free(master);
+        data_free(&dt);
+    }
+    PASS();
+}
+
 SUITE(dp)
 {
     RUN_TEST(dp_matches_single_device_mlp_sgd);
@@ -818,6 +959,8 @@ SUITE(dp)
     RUN_TEST(dp_bad_arguments_are_reported);
     RUN_TEST(dp_allocates_nothing_after_the_first_step);
     RUN_TEST(dp_free_joins_every_worker);
+    RUN_TEST(dp_wrapped_master_refuses_layout_changes);
+    RUN_TEST(dp_set_precision_after_create_reaches_the_replicas);
 }
 
 GREATEST_MAIN_DEFS();

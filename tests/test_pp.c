@@ -8,20 +8,27 @@
    dropout keys must follow the single-device run), a CNN cut after a Conv2d (its ReLU
    then starts the next stage) and before a Flatten (a view as a stage's first
    layer), the caller's loss (MSE), and DP x PP: 4 ranks as 2 pipelines of 2 stages
-   through pdp_comm_split. Also: the schedules' action lists, peak activation
-   memory (GPipe holds m micro-batches, 1F1B min(p - s, m)), the bytes sent, the
-   bubble figures, balancing, the Chrome trace (one lane per stage, F/B events), the
-   hot loop allocating nothing after the first step, and the error paths. */
+   through pdp_comm_split. pdp_pp_clip_grad_norm against pdp_clip_grad_norm on one
+   device (parameters and the norm of every step, clipping active and inactive, 2-4
+   stages and DP x PP; a NaN on one stage fails every stage). Also: the schedules'
+   action lists, peak activation memory (GPipe holds m micro-batches, 1F1B
+   min(p - s, m)), the bytes sent, the bubble figures, balancing, the Chrome trace (one
+   lane per stage, F/B events), the hot loop allocating nothing after the first step,
+   and the error paths (among them an
+   optimizer of the full model, a TP model, and a pass that fails on one stage: every
+   stage's message names the call, its stage and the action). */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include "counting_alloc.h"
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAXR 4
@@ -40,6 +47,13 @@ typedef struct cfg {
     const int *first;          /* boundaries, or NULL (balanced) */
     pdp_pp_balance balance;
     bool trace;
+    bool fail_loss;            /* the last stage's loss fails on micro-batch fail_mb */
+    int fail_mb;
+    bool fail_late;            /* the failing loss first outlasts the others' timeout */
+    bool clip;                 /* pdp_pp_clip_grad_norm(max_norm) before every step */
+    float max_norm;
+    int poison;                /* 1 + the stage whose first gradient is made NaN before the
+                                  first clip (0: none) */
 } cfg;
 
 /* ---- models and data ---- */
@@ -109,8 +123,10 @@ static pdp_optim_desc sgd(void)
     return od;
 }
 
-/* The reference: one model trained on the whole batches. */
-static pdp_status train_single(int kind, pdp_model **out)
+/* The reference: one model trained on the whole batches, clipped with
+   pdp_clip_grad_norm(max_norm) before every step when clip (norms[s]: step s's norm). */
+static pdp_status train_single_clip(int kind, bool clip, float max_norm, float *norms,
+                                    pdp_model **out)
 {
     pdp_model *m = NULL;
     pdp_optim *o = NULL;
@@ -140,6 +156,7 @@ static pdp_status train_single(int kind, pdp_model **out)
         } else if ((st = pdp_model_forward_backward(m, &xt, y, &loss))) {
             goto out;
         }
+        if (clip && (st = pdp_clip_grad_norm(m, max_norm, &norms[s]))) goto out;
         if ((st = pdp_optim_step(o))) goto out;
         pdp_model_zero_grad(m);
     }
@@ -166,6 +183,8 @@ typedef struct rank_ctx {
     char schedule[256];
     long allocs_after_first;
     float last_loss;
+    float norms[STEPS];        /* pdp_pp_clip_grad_norm's total_norm per step */
+    bool grads_kept;           /* poison: the gradients after the failed clip are those before */
     const float *target;       /* REG: this step's targets, [B, 4] */
     int64_t row0;              /* REG: this pipeline's first row */
 } rank_ctx;
@@ -193,6 +212,20 @@ static pdp_status mse_share(void *user, const pdp_tensor *y, int64_t first, int6
     for (i = 0; i < dy->count; i++) dy->data[i] *= share;
     *loss = (double)l * share;
     return PDP_OK;
+}
+
+/* desc.loss that fails on micro-batch ctx->cfg->fail_mb and is mse_share elsewhere. */
+static pdp_status failing_loss(void *user, const pdp_tensor *y, int64_t first, int64_t total,
+                               pdp_tensor *dy, double *loss)
+{
+    const rank_ctx *ctx = (const rank_ctx *)user;
+    int64_t per = total / ctx->cfg->m; /* B divisible by m in the tests that fail */
+    if (first == ctx->cfg->fail_mb * per) {
+        struct timespec nap = {1, 500000000L}; /* 1.5 s: the others time out meanwhile */
+        if (ctx->cfg->fail_late) nanosleep(&nap, NULL);
+        return PDP_ERR_NUMERIC;
+    }
+    return mse_share(user, y, first, total, dy, loss);
 }
 
 static void *rank_main(void *arg)
@@ -226,7 +259,7 @@ static void *rank_main(void *arg)
     pd.balance = k->balance;
     pd.balance_batch = 8;
     pd.dp = dc;
-    if (k->kind == REG) pd.loss = mse_share, pd.loss_user = ctx;
+    if (k->kind == REG) pd.loss = k->fail_loss ? failing_loss : mse_share, pd.loss_user = ctx;
     if (fail(ctx, build_model(&full, k->kind)) ||
         fail(ctx, pdp_pp_create(&pp, full, pc ? pc : world, &pd)))
         goto out;
@@ -247,7 +280,20 @@ static void *rank_main(void *arg)
         }
         make_batch(s, f, x, y, target);
         pdp_tensor_wrap(x + row0 * f, pdp_cpu(), k->kind == CNN ? 4 : 2, shape, &xt);
-        if (fail(ctx, pdp_pp_forward_backward(pp, &xt, y + row0, &loss)) ||
+        if (fail(ctx, pdp_pp_forward_backward(pp, &xt, y + row0, &loss))) goto out;
+        if (k->poison) { /* one stage's gradient NaN: every stage's clip fails, none scales */
+            pdp_tensor g;
+            float before[64];
+            int64_t n;
+            pdp_model_flat(m, NULL, &g);
+            n = g.count < 64 ? g.count : 64;
+            if (pdp_pp_stage(pp) == k->poison - 1) g.data[0] = NAN;
+            memcpy(before, g.data, (size_t)n * sizeof *before);
+            fail(ctx, pdp_pp_clip_grad_norm(pp, k->max_norm, &ctx->norms[0]));
+            ctx->grads_kept = memcmp(before, g.data, (size_t)n * sizeof *before) == 0;
+            goto out;
+        }
+        if ((k->clip && fail(ctx, pdp_pp_clip_grad_norm(pp, k->max_norm, &ctx->norms[s]))) ||
             fail(ctx, pdp_pp_step(pp, o)))
             goto out;
         ctx->last_loss = loss;
@@ -315,13 +361,16 @@ static double max_abs_param(const pdp_model *m)
     return s;
 }
 
-/* Trains cfg k and compares every stage with the single-device reference. */
+/* Trains cfg k and compares every stage with the single-device reference (and, with
+   k->clip, every rank's reported norms with the reference's). */
 static enum greatest_test_res check_equivalence(const cfg *k)
 {
     pdp_model *ref = NULL;
-    int r, n = k->p * k->dp, covered = 0;
+    int r, n = k->p * k->dp, covered = 0, s;
     double scale;
-    ASSERT_ENUM_EQ(PDP_OK, train_single(k->kind, &ref), pdp_status_name);
+    float ref_norms[STEPS];
+    ASSERT_ENUM_EQ(PDP_OK, train_single_clip(k->kind, k->clip, k->max_norm, ref_norms, &ref),
+                   pdp_status_name);
     scale = max_abs_param(ref);
     run_ranks(k, ref, 30.0);
     for (r = 0; r < n; r++) {
@@ -338,6 +387,16 @@ static enum greatest_test_res check_equivalence(const cfg *k)
             FAILm("a stage's parameters differ from single-device training on the whole batch");
         }
         ASSERT_EQ_FMT((long)0, ctxs[r].allocs_after_first, "%ld");
+        for (s = 0; k->clip && s < STEPS; s++) {
+            /* every stage of every pipeline holds the same norm, the single-device one */
+            if (fabs((double)ctxs[r].norms[s] - ref_norms[s]) > 1e-6 * ref_norms[s])
+                fprintf(stderr, "kind %d p %d dp %d m %d %s max_norm %g: rank %d step %d: norm "
+                        "%.9g, single device %.9g\n", k->kind, k->p, k->dp, k->m,
+                        k->schedule == PDP_PP_GPIPE ? "gpipe" : "1f1b", (double)k->max_norm, r,
+                        s, (double)ctxs[r].norms[s], (double)ref_norms[s]);
+            ASSERT(fabs((double)ctxs[r].norms[s] - ref_norms[s]) <= 1e-6 * ref_norms[s]);
+            ASSERT_EQ(ctxs[0].norms[s], ctxs[r].norms[s]);
+        }
         ASSERT_EQ(STEPS, (int)ctxs[r].stats.steps);
         if (r < k->p) covered += (int)ctxs[r].nparams_seen;
     }
@@ -414,6 +473,78 @@ TEST pp_2d_dp_x_pp_equals_single_device(void)
     for (sch = 0; sch < 2; sch++) {
         k.schedule = sch ? PDP_PP_GPIPE : PDP_PP_1F1B;
         CHECK_CALL(check_equivalence(&k));
+    }
+    PASS();
+}
+
+/* ---- gradient clipping across the stages ---- */
+
+/* pdp_pp_clip_grad_norm before every step equals pdp_clip_grad_norm on one device: the
+   parameters after STEPS steps and the norm reported at every step, on every stage,
+   with clipping active at every step (max_norm below every norm) and inactive (above
+   every norm), GPipe and 1F1B on 2-4 stages, uneven micro-batches, and DP x PP. */
+TEST pp_clip_grad_norm_equals_single_device_clipping(void)
+{
+    pdp_model *ref = NULL;
+    float norms[STEPS], lo, hi;
+    cfg k;
+    int p, sch, act, s, mi;
+    static const int ms[] = {3, 4};
+    ASSERT_ENUM_EQ(PDP_OK, train_single_clip(MLP, true, FLT_MAX, norms, &ref), pdp_status_name);
+    pdp_model_free(ref);
+    lo = hi = norms[0];
+    for (s = 1; s < STEPS; s++) lo = fminf(lo, norms[s]), hi = fmaxf(hi, norms[s]);
+    memset(&k, 0, sizeof k);
+    k.kind = MLP;
+    k.clip = true;
+    for (act = 0; act < 2; act++) {
+        k.max_norm = act ? 0.3f * lo : 2.0f * hi;
+        /* the reference clips at every step, or never */
+        ASSERT_ENUM_EQ(PDP_OK, train_single_clip(MLP, true, k.max_norm, norms, &ref),
+                       pdp_status_name);
+        pdp_model_free(ref);
+        for (s = 0; s < STEPS; s++) ASSERT(act ? norms[s] > k.max_norm : norms[s] < k.max_norm);
+        for (sch = 0; sch < 2; sch++) {
+            k.schedule = sch ? PDP_PP_GPIPE : PDP_PP_1F1B;
+            k.dp = 1;
+            for (p = 2; p <= MAXR; p++)
+                for (mi = 0; mi < 2; mi++) {
+                    k.p = p;
+                    k.m = ms[mi];
+                    CHECK_CALL(check_equivalence(&k));
+                }
+            k.p = 2; /* DP x PP: 2 pipelines of 2 stages */
+            k.dp = 2;
+            k.m = 3;
+            CHECK_CALL(check_equivalence(&k));
+        }
+    }
+    PASS();
+}
+
+/* A NaN gradient on one stage: every stage's pdp_pp_clip_grad_norm fails with
+   PDP_ERR_NUMERIC (the same norm everywhere, so no stage steps while another stops) and
+   no stage scales its gradients. */
+TEST pp_clip_grad_norm_nan_fails_on_every_stage(void)
+{
+    cfg k;
+    int r, poison;
+    memset(&k, 0, sizeof k);
+    k.kind = MLP;
+    k.dp = 1;
+    k.p = 3;
+    k.m = 3;
+    k.max_norm = 1e-3f; /* would scale every stage if the norm were finite */
+    for (poison = 1; poison <= 3; poison += 2) {
+        k.poison = poison;
+        run_ranks(&k, NULL, 10.0);
+        for (r = 0; r < k.p; r++) {
+            ASSERT_ENUM_EQm(ctxs[r].msg, PDP_ERR_NUMERIC, ctxs[r].st, pdp_status_name);
+            ASSERT(strstr(ctxs[r].msg, "pdp_pp_clip_grad_norm") == ctxs[r].msg);
+            ASSERT(strstr(ctxs[r].msg, "the gradient norm over the 3 stages is") != NULL);
+            ASSERT(isnan(ctxs[r].norms[0]));
+            ASSERT(ctxs[r].grads_kept);
+        }
     }
     PASS();
 }
@@ -653,10 +784,134 @@ TEST pp_errors(void)
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_pp_forward_backward(pp, &xt, NULL, &loss),
                    pdp_status_name);
     ASSERT(strstr(pdp_last_error(), "labels is NULL on the last stage") != NULL);
+    /* an optimizer of the full model, not the stage's: refused, neither model changed */
+    {
+        pdp_optim *of = NULL, *os = NULL;
+        pdp_optim_desc od = sgd();
+        pdp_tensor pf, ps, gs;
+        int64_t i;
+        int64_t sh[2] = {B, 20};
+        pdp_tensor_wrap(x, pdp_cpu(), 2, sh, &xt);
+        make_batch(0, 20, x, y, target);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&of, full, &od), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_pp_forward_backward(pp, &xt, y, &loss), pdp_status_name);
+        pdp_model_flat(full, &pf, NULL);
+        pdp_model_flat(pdp_pp_model(pp), &ps, &gs);
+        ASSERT_EQ(pf.count, ps.count);
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_pp_step(pp, of), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_pp_step: rank 0 (stage 0): the optimizer was not "
+                      "created on this stage's model") != NULL);
+        ASSERT(strstr(pdp_last_error(), "pdp_pp_model(pp)") != NULL);
+        for (i = 0; i < pf.count; i++) ASSERT_EQ(pf.data[i], ps.data[i]); /* neither stepped */
+        ASSERT(gs.data[0] != 0.0f || gs.data[1] != 0.0f); /* gradients kept for the retry */
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&os, pdp_pp_model(pp), &od), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_pp_step(pp, os), pdp_status_name);
+        ASSERT(pf.data[0] != ps.data[0] || pf.data[1] != ps.data[1]); /* the stage trained */
+        pdp_optim_free(os);
+        pdp_optim_free(of);
+    }
+    /* pdp_pp_clip_grad_norm: max_norm as pdp_clip_grad_norm checks it, and a NULL pp */
+    {
+        static const float bad_norms[] = {-1.0f, NAN, INFINITY};
+        float nrm = 1.0f;
+        size_t i;
+        for (i = 0; i < sizeof bad_norms / sizeof *bad_norms; i++) {
+            ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_pp_clip_grad_norm(pp, bad_norms[i], &nrm),
+                           pdp_status_name);
+            ASSERT(strstr(pdp_last_error(), "pdp_pp_clip_grad_norm: rank 0 (stage 0): max_norm ")
+                   == pdp_last_error());
+            ASSERT(strstr(pdp_last_error(), "must be finite and >= 0") != NULL);
+            ASSERT_EQ(0.0f, nrm);
+        }
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_pp_clip_grad_norm(NULL, 1.0f, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_pp_clip_grad_norm(pp, 0.0f, NULL), pdp_status_name);
+    }
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    pp = NULL;
+    full = NULL;
+    /* a model with tensor-parallel layers: PP x TP does not exist yet */
+    {
+        pdp_model_desc md;
+        memset(&md, 0, sizeof md);
+        md.input_shape[0] = 20;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&full, &md), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_set_tp(full, c), pdp_status_name);
+        ASSERT(pdp_model_add_tp_copy(full) == PDP_OK &&
+               pdp_model_add_column_parallel_linear(full, 8) == PDP_OK &&
+               pdp_model_add_relu(full) == PDP_OK &&
+               pdp_model_add_row_parallel_linear(full, 4) == PDP_OK &&
+               pdp_model_add_tp_reduce(full) == PDP_OK && pdp_model_add_linear(full, 3) == PDP_OK);
+        pd.micro_batches = 2;
+        ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_pp_create(&pp, full, c, &pd), pdp_status_name);
+        ASSERT(pp == NULL);
+        ASSERT(strstr(pdp_last_error(), "pdp_pp_create: the model has 4 tensor-parallel layers: "
+                      "pipeline x tensor parallelism (PP x TP) is not supported") != NULL);
+    }
     pdp_pp_free(pp);
     pdp_model_free(full);
     pdp_comm_free(c);
     pdp_local_group_free(g);
+    PASS();
+}
+
+/* A pass that fails on one stage (the last stage's loss, on micro-batch 0 or m - 1): every
+   rank fails, and its message names the call, its stage and the action that failed, not
+   a message left by the clean-up that waits out the pass's other messages. */
+TEST pp_failed_pass_names_call_stage_and_action_on_every_rank(void)
+{
+    cfg k;
+    int p, sch, f, r;
+    memset(&k, 0, sizeof k);
+    k.kind = REG;
+    k.dp = 1;
+    k.m = 4;
+    k.fail_loss = true;
+    for (p = 2; p <= 3; p++)
+        for (sch = 0; sch < 2; sch++)
+            for (f = 0; f < 2; f++) {
+                k.p = p;
+                k.schedule = sch ? PDP_PP_GPIPE : PDP_PP_1F1B;
+                k.fail_mb = f ? k.m - 1 : 0;
+                run_ranks(&k, NULL, 2.0);
+                for (r = 0; r < p; r++) {
+                    char want[96];
+                    const char *msg = ctxs[r].msg;
+                    size_t n = (size_t)snprintf(want, sizeof want,
+                                                "pdp_pp_forward_backward: rank %d (stage %d): ",
+                                                r, r);
+                    if (strncmp(msg, want, n) != 0 || (msg[n] != 'F' && msg[n] != 'B') ||
+                        msg[n + 1] < '0' || msg[n + 1] > '9')
+                        fprintf(stderr, "p %d %s fail_mb %d rank %d: \"%s\"\n", p,
+                                sch ? "gpipe" : "1f1b", k.fail_mb, r, msg);
+                    ASSERT(ctxs[r].st != PDP_OK);
+                    ASSERT_EQ_FMT(0, strncmp(msg, want, n), "%d");
+                    ASSERT(msg[n] == 'F' || msg[n] == 'B');
+                    ASSERT(msg[n + 1] >= '0' && msg[n + 1] <= '9');
+                }
+                ASSERT_ENUM_EQ(PDP_ERR_NUMERIC, ctxs[p - 1].st, pdp_status_name);
+                ASSERT(strstr(ctxs[p - 1].msg, "the loss function on micro-batch") != NULL);
+            }
+    /* the failing stage outlasts the timeout: the stage before it fails by PDP_ERR_TIMEOUT,
+       not by its leaving, and the clean-up's waits time out too */
+    k.p = 3;
+    k.schedule = PDP_PP_1F1B;
+    k.fail_mb = 0;
+    k.fail_late = true;
+    run_ranks(&k, NULL, 0.5);
+    for (r = 0; r < k.p; r++) {
+        char want[96];
+        size_t n = (size_t)snprintf(want, sizeof want,
+                                    "pdp_pp_forward_backward: rank %d (stage %d): B0: ", r, r);
+        if (strncmp(ctxs[r].msg, want, n) != 0)
+            fprintf(stderr, "late failure: rank %d: \"%s\"\n", r, ctxs[r].msg);
+        ASSERT_EQ_FMT(0, strncmp(ctxs[r].msg, want, n), "%d");
+        /* stage p - 2 waits for the sleeping stage; before it, a stage may see the one
+           after it time out first and leave */
+        if (r == k.p - 2)
+            ASSERT_ENUM_EQm(ctxs[r].msg, PDP_ERR_TIMEOUT, ctxs[r].st, pdp_status_name);
+        if (r < k.p - 2) ASSERT(ctxs[r].st == PDP_ERR_TIMEOUT || ctxs[r].st == PDP_ERR_COMM);
+    }
     PASS();
 }
 
@@ -666,11 +921,14 @@ SUITE(pp)
     RUN_TEST(pp_cnn_cut_after_conv_and_before_flatten);
     RUN_TEST(pp_callers_loss_mse);
     RUN_TEST(pp_2d_dp_x_pp_equals_single_device);
+    RUN_TEST(pp_clip_grad_norm_equals_single_device_clipping);
+    RUN_TEST(pp_clip_grad_norm_nan_fails_on_every_stage);
     RUN_TEST(pp_schedules_memory_and_bytes);
     RUN_TEST(pp_schedule_lists);
     RUN_TEST(pp_balance_by_parameters_and_by_time);
     RUN_TEST(pp_trace_draws_one_lane_per_stage);
     RUN_TEST(pp_errors);
+    RUN_TEST(pp_failed_pass_names_call_stage_and_action_on_every_rank);
 }
 
 GREATEST_MAIN_DEFS();

@@ -2,19 +2,28 @@
 
    Equivalence: N thread ranks (1-4) of one TP communicator train a model of two TP
    blocks (f, ColumnParallelLinear, act, RowParallelLinear, g; the first at layer 0, the
-   second mid-model so f's backward all-reduce runs) with widths 10 and 7, which 3 and 4
-   do not divide; every rank's slices must equal the slices of one model trained on the
-   same batches (<= 1e-5 relative; exact at step 0: initialisation takes the slice of the
-   full draw), replicated tensors must be the same bits on every rank, and the losses
-   must match. 2-D: 4 ranks as 2 DDP groups x 2 TP groups (and 2 x 3 on 6 ranks) equal
-   the same single-device run. Traffic: the stats count one forward all-reduce of B x d
-   per block and one backward of B x in (none for the block at layer 0), and the ring
-   figure. Checkpoints: a TP save on 3 ranks writes the bytes pdp_checkpoint_save writes
+   second mid-model so f's backward all-reduce runs, a replicated LayerNorm between
+   them) with widths 10 and 7, which 3 and 4 do not divide; every rank's slices must
+   equal the slices of one model trained on the same batches (<= 1e-5 relative; exact at
+   step 0: initialisation takes the slice of the full draw), replicated tensors (the
+   row-parallel biases, the LayerNorm) must be the same bits on every rank, and the
+   losses must match. 2-D: 4 ranks as 2 DDP groups x 2 TP groups (and 2 x 3 on 6 ranks)
+   equal the same single-device run. Clipping: pdp_clip_grad_norm on TP (2 and 3 ranks)
+   and DP x TP (2 x 2, 2 x 3, after pdp_ddp_finish), and pdp_zero_clip_grad_norm under
+   ZeRO stages 1-3 over the DP groups, at max_norms that clip no step, some steps and
+   every step (set from the single-device norms): the same training as one device
+   clipping with pdp_clip_grad_norm, the returned norm the single device's (2e-6
+   relative) and the same bits on every rank. Ranks that built different TP widths (8
+   and 12 hidden features, 3 and 5 outputs, a block more) fail at the first forward
+   and again at the next, every rank with PDP_ERR_INVALID naming the layer and both
+   widths. Traffic: the stats count one forward all-reduce of B x d per block and one
+   backward of B x in (none for the block at layer 0), and the ring figure. Checkpoints: a TP save on 3 ranks writes the bytes pdp_checkpoint_save writes
    for the single-device model holding the same values; it loads on one device and into
    2 TP ranks, which then train on as the single device does. Errors: block order,
    missing communicator, a width below the TP size, a late pdp_model_set_tp, a TP
-   checkpoint of a plain model, a rank that never arrives (timeout naming g), and the
-   hot loop allocates nothing. */
+   checkpoint of a plain model, a rank that stops after the first step (timeout naming
+   g), a bad max_norm and a pipeline stage refused by pdp_clip_grad_norm, and the hot
+   loop allocates nothing. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
 #include <stdlib.h>
@@ -43,7 +52,8 @@ static void *test_malloc(size_t n)
 
 /* ---- models and data ---- */
 
-/* The single-device model: Linear(10) ReLU Linear(9) Tanh Linear(7) GELU Linear(3). */
+/* The single-device model: Linear(10) ReLU Linear(9) LayerNorm Tanh Linear(7) GELU
+   Linear(3). */
 static pdp_status build_plain(pdp_model **out)
 {
     pdp_model_desc md;
@@ -54,7 +64,8 @@ static pdp_status build_plain(pdp_model **out)
     md.seed = 7;
     if ((st = pdp_model_create(&m, &md))) return st;
     if ((st = pdp_model_add_linear(m, H1)) || (st = pdp_model_add_relu(m)) ||
-        (st = pdp_model_add_linear(m, D1)) || (st = pdp_model_add_tanh(m)) ||
+        (st = pdp_model_add_linear(m, D1)) || (st = pdp_model_add_layernorm(m, 0.0f)) ||
+        (st = pdp_model_add_tanh(m)) ||
         (st = pdp_model_add_linear(m, H2)) || (st = pdp_model_add_gelu(m)) ||
         (st = pdp_model_add_linear(m, CLASSES))) {
         pdp_model_free(m);
@@ -64,7 +75,8 @@ static pdp_status build_plain(pdp_model **out)
     return PDP_OK;
 }
 
-/* The same model with both Linear pairs as TP blocks on tp. */
+/* The same model with both Linear pairs as TP blocks on tp (the LayerNorm between them,
+   like the row-parallel biases, replicated on every TP rank). */
 static pdp_status build_tp(pdp_model **out, pdp_comm *tp)
 {
     pdp_model_desc md;
@@ -78,7 +90,8 @@ static pdp_status build_tp(pdp_model **out, pdp_comm *tp)
     if ((st = pdp_model_set_tp(m, tp)) || (st = pdp_model_add_tp_copy(m)) ||
         (st = pdp_model_add_column_parallel_linear(m, H1)) || (st = pdp_model_add_relu(m)) ||
         (st = pdp_model_add_row_parallel_linear(m, D1)) || (st = pdp_model_add_tp_reduce(m)) ||
-        (st = pdp_model_add_tanh(m)) || (st = pdp_model_add_tp_copy(m)) ||
+        (st = pdp_model_add_layernorm(m, 0.0f)) || (st = pdp_model_add_tanh(m)) ||
+        (st = pdp_model_add_tp_copy(m)) ||
         (st = pdp_model_add_column_parallel_linear(m, H2)) || (st = pdp_model_add_gelu(m)) ||
         (st = pdp_model_add_row_parallel_linear(m, CLASSES)) ||
         (st = pdp_model_add_tp_reduce(m))) {
@@ -114,11 +127,14 @@ static pdp_optim_desc adam(void)
 }
 
 /* The reference: the plain model after `steps` Adam steps on the global batches
-   from `first`; its parameters (ref_params, filled by reference()) and losses. */
-static float ref_params[4096], ref_losses[2 * STEPS], ref_init[4096];
+   from `first`; its parameters (ref_params, filled by reference()), losses and, when
+   it clips (max_norm clip >= 0; < 0: no clipping), the norms pdp_clip_grad_norm
+   returned. */
+static float ref_params[4096], ref_losses[2 * STEPS], ref_init[4096], ref_norms[STEPS];
 static int64_t ref_count;
 
-static pdp_status train_steps(pdp_model *m, pdp_optim *o, int first, int steps, float *losses)
+static pdp_status train_steps_clip(pdp_model *m, pdp_optim *o, int first, int steps,
+                                   float *losses, float clip, float *norms)
 {
     float x[B * IN], loss;
     int32_t y[B];
@@ -130,6 +146,7 @@ static pdp_status train_steps(pdp_model *m, pdp_optim *o, int first, int steps, 
     for (s = 0; s < steps; s++) {
         make_batch(first + s, x, y);
         if ((st = pdp_model_forward_backward(m, &xt, y, &loss))) return st;
+        if (clip >= 0.0f && (st = pdp_clip_grad_norm(m, clip, &norms[s]))) return st;
         if ((st = pdp_optim_step(o))) return st;
         pdp_model_zero_grad(m);
         if (losses) losses[s] = loss;
@@ -137,7 +154,12 @@ static pdp_status train_steps(pdp_model *m, pdp_optim *o, int first, int steps, 
     return PDP_OK;
 }
 
-static pdp_status reference(void)
+static pdp_status train_steps(pdp_model *m, pdp_optim *o, int first, int steps, float *losses)
+{
+    return train_steps_clip(m, o, first, steps, losses, -1.0f, NULL);
+}
+
+static pdp_status reference_clip(float clip)
 {
     pdp_model *m = NULL;
     pdp_optim *o = NULL;
@@ -145,13 +167,24 @@ static pdp_status reference(void)
     pdp_status st;
     if ((st = build_plain(&m)) || (st = pdp_optim_create(&o, m, &od))) goto out;
     memcpy(ref_init, m->param_block, (size_t)m->param_count * sizeof(float));
-    if ((st = train_steps(m, o, 0, STEPS, ref_losses))) goto out;
+    if ((st = train_steps_clip(m, o, 0, STEPS, ref_losses, clip, ref_norms))) goto out;
     memcpy(ref_params, m->param_block, (size_t)m->param_count * sizeof(float));
     ref_count = m->param_count;
 out:
     pdp_optim_free(o);
     pdp_model_free(m);
     return st;
+}
+
+static pdp_status reference(void) { return reference_clip(-1.0f); }
+
+/* Whether TP parameter p is a slice (tp.h: the column-parallel weight and bias, the
+   row-parallel weight); every other parameter is replicated on every TP rank. */
+static bool is_slice(const pdp_model *m, int p)
+{
+    const pdp__layer *l = &m->layers[m->params[p].layer];
+    return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
+           (l->kind == PDP__ROW_PARALLEL_LINEAR && p == l->param_first);
 }
 
 /* Element i of TP parameter p's slice: its index in the full tensor (written from the
@@ -169,10 +202,11 @@ static int64_t full_index(const pdp_model *m, int p, int64_t i)
     return (i / n) * l->tp_full + lo + i % n;
 }
 
-/* Worst |tp - full| over m's slices against full values in the plain model's layout
-   (same registry order), and the largest |full|. */
-static void compare(const pdp_model *m, const pdp_model *plain_layout, const float *full,
-                    double *worst, double *scale)
+/* Worst |tp - full| over m's slices (vals, in m's layout: m->param_block unless ZeRO
+   holds it) against full values in the plain model's layout (same registry order), and
+   the largest |full|. */
+static void compare_vals(const pdp_model *m, const float *vals, const pdp_model *plain_layout,
+                         const float *full, double *worst, double *scale)
 {
     int p;
     int64_t i;
@@ -183,10 +217,16 @@ static void compare(const pdp_model *m, const pdp_model *plain_layout, const flo
         const float *f = full + plain_layout->params[p].offset;
         for (i = 0; i < e->count; i++) {
             double want = f[full_index(m, p, i)];
-            *worst = fmax(*worst, fabs((double)m->param_block[e->offset + i] - want));
+            *worst = fmax(*worst, fabs((double)vals[e->offset + i] - want));
             *scale = fmax(*scale, fabs(want));
         }
     }
+}
+
+static void compare(const pdp_model *m, const pdp_model *plain_layout, const float *full,
+                    double *worst, double *scale)
+{
+    compare_vals(m, m->param_block, plain_layout, full, worst, scale);
 }
 
 /* ---- rank threads ---- */
@@ -195,15 +235,21 @@ typedef struct rank_ctx {
     pdp_local_group *g;
     int rank, size;   /* in the world */
     int dp;           /* DDP groups (1: TP only); TP size = size / dp */
-    int scenario;     /* 0 train, 1 rank size-1 never arrives, 2 checkpoint save,
+    int zero;         /* > 0: ZeRO of that stage over the DP groups in place of DDP */
+    float clip;       /* >= 0: pdp_clip_grad_norm (pdp_zero_clip_grad_norm) at that max_norm
+                         every step, after the DP reduction; < 0: no clipping */
+    float norms[STEPS];     /* the total norms the clipping call returned */
+    int scenario;     /* 0 train, 1 rank size-1 stops after step 0, 2 checkpoint save,
                          3 checkpoint load then train */
     const char *path;
     pdp_status st;
     char msg[1024];
     double worst, scale, init_worst;
     float losses[STEPS];
-    float replicated[64]; /* the last RowParallelLinear's bias */
+    float replicated[64]; /* every replicated parameter (row-parallel biases, LayerNorm) */
+    int64_t nreplicated;
     long allocs_hot;
+    int ckpt_refused; /* ZeRO: checkpoint calls refused as unsupported (of 4) */
     pdp_tp_stats stats;
     int nlayers;
     char names[8][32];
@@ -239,8 +285,10 @@ static void *rank_main(void *arg)
     pdp_model *m = NULL;
     pdp_optim *o = NULL;
     pdp_ddp *d = NULL;
+    pdp_zero *z = NULL;
     pdp_optim_desc od = adam();
     int T = ctx->size / ctx->dp, r = ctx->rank, dpr = r / T, local = B / ctx->dp, s, p;
+    static float gathered[MAXR][4096]; /* ZeRO: each rank's gathered parameters */
     float x[B * IN], loss;
     int32_t y[B];
     int64_t shape[2] = {local, IN};
@@ -250,17 +298,20 @@ static void *rank_main(void *arg)
     if (fail(ctx, pdp_comm_create_local(&world, ctx->g, r))) return NULL;
     /* TP groups of consecutive ranks; DP groups of the ranks with the same TP rank */
     if (fail(ctx, pdp_comm_split(world, r / T, r, &tp)) ||
-        fail(ctx, pdp_comm_split(world, r % T, r, &dp)) || fail(ctx, build_tp(&m, tp)) ||
-        fail(ctx, pdp_optim_create(&o, m, &od)))
+        fail(ctx, pdp_comm_split(world, r % T, r, &dp)) || fail(ctx, build_tp(&m, tp)))
         goto out;
     compare(m, plain_layout, ref_init, &ctx->init_worst, &scale);
     ctx->nlayers = m->nlayers;
     for (p = 0; p < m->nparams && p < 8; p++) snprintf(ctx->names[p], 32, "%s", m->params[p].name);
-    if (ctx->dp > 1 && fail(ctx, pdp_ddp_create(&d, m, dp, NULL))) goto out;
-    if (ctx->scenario == 1 && r == ctx->size - 1) { /* never runs a forward; leaves last */
-        pthread_mutex_lock(&absent_mu);
-        while (absent_done < ctx->size - 1) pthread_cond_wait(&absent_cv, &absent_mu);
-        pthread_mutex_unlock(&absent_mu);
+    if (ctx->zero) {
+        pdp_zero_desc zd;
+        memset(&zd, 0, sizeof zd);
+        zd.stage = ctx->zero;
+        if (fail(ctx, pdp_zero_create(&z, m, dp, &zd)) ||
+            fail(ctx, pdp_zero_optim_create(&o, z, &od)))
+            goto out;
+    } else if (fail(ctx, pdp_optim_create(&o, m, &od)) ||
+               (ctx->dp > 1 && fail(ctx, pdp_ddp_create(&d, m, dp, NULL)))) {
         goto out;
     }
     if (ctx->scenario == 3) {
@@ -269,13 +320,31 @@ static void *rank_main(void *arg)
     }
     pdp_tensor_wrap(x + dpr * local * IN, pdp_cpu(), 2, shape, &xt);
     for (s = 0; s < STEPS; s++) {
+        if (ctx->scenario == 1 && r == ctx->size - 1 && s == 1) {
+            /* ran the first step (and its width check), never the second; leaves last */
+            pthread_mutex_lock(&absent_mu);
+            while (absent_done < ctx->size - 1) pthread_cond_wait(&absent_cv, &absent_mu);
+            pthread_mutex_unlock(&absent_mu);
+            goto out;
+        }
         make_batch(ctx->scenario == 3 ? STEPS + s : s, x, y);
         if (s == 1) before = atomic_load(&test_allocs);
-        if (d) {
+        if (z) { /* the shards hold the DP-averaged gradients after finish */
+            if (fail(ctx, pdp_zero_forward_backward(z, &xt, y + dpr * local, &loss)) ||
+                fail(ctx, pdp_zero_finish(z)) ||
+                (ctx->clip >= 0.0f &&
+                 fail(ctx, pdp_zero_clip_grad_norm(z, ctx->clip, &ctx->norms[s]))) ||
+                fail(ctx, pdp_zero_step(z, o)))
+                goto out;
+        } else if (d) { /* each slice averaged over its DP group after finish */
             if (fail(ctx, pdp_ddp_forward_backward(d, &xt, y + dpr * local, &loss)) ||
+                fail(ctx, pdp_ddp_finish(d)) ||
+                (ctx->clip >= 0.0f && fail(ctx, pdp_clip_grad_norm(m, ctx->clip, &ctx->norms[s]))) ||
                 fail(ctx, pdp_ddp_step(d, o)))
                 goto out;
         } else if (fail(ctx, pdp_model_forward_backward(m, &xt, y, &loss)) ||
+                   (ctx->clip >= 0.0f &&
+                    fail(ctx, pdp_clip_grad_norm(m, ctx->clip, &ctx->norms[s]))) ||
                    fail(ctx, pdp_optim_step(o))) {
             goto out;
         } else {
@@ -288,16 +357,30 @@ static void *rank_main(void *arg)
     }
     if (ctx->scenario == 2 && fail(ctx, pdp_tp_checkpoint_save(ctx->path, m, o))) goto out;
     if (ctx->scenario == 1) goto out;
-    compare(m, plain_layout, ref_params, &ctx->worst, &ctx->scale);
-    {
-        pdp_param bias;
-        if (!fail(ctx, pdp_model_find_param(m, "6.bias", &bias)))
-            memcpy(ctx->replicated, bias.value.data, (size_t)bias.value.count * sizeof(float));
+    if (z) { /* ZeRO over TP: no checkpoint call may write slices under full names (the
+                directory does not exist: a call that went ahead fails with PDP_ERR_IO) */
+        static const char *nowhere = "/nonexistent-pdp-dir/tp-zero";
+        ctx->ckpt_refused = (pdp_zero_checkpoint_save(z, o, nowhere) == PDP_ERR_UNSUPPORTED) +
+                            (pdp_zero_checkpoint_consolidate(z, o, nowhere) ==
+                             PDP_ERR_UNSUPPORTED) +
+                            (pdp_tp_checkpoint_save(nowhere, m, NULL) == PDP_ERR_UNSUPPORTED) +
+                            (pdp_tp_checkpoint_load(nowhere, m, NULL) == PDP_ERR_UNSUPPORTED);
+    }
+    if (z && fail(ctx, pdp_zero_gather_params(z, gathered[r]))) goto out;
+    compare_vals(m, z ? gathered[r] : m->param_block, plain_layout, ref_params, &ctx->worst,
+                 &ctx->scale);
+    for (p = 0; p < m->nparams; p++) {
+        const pdp__param_entry *e = &m->params[p];
+        if (is_slice(m, p)) continue;
+        memcpy(ctx->replicated + ctx->nreplicated, (z ? gathered[r] : m->param_block) + e->offset,
+               (size_t)e->count * sizeof(float));
+        ctx->nreplicated += e->count;
     }
 out:
     if (ctx->scenario == 1 && r != ctx->size - 1) finished_one();
     pdp_ddp_free(d);
     pdp_optim_free(o);
+    pdp_zero_free(z);
     pdp_model_free(m);
     pdp_comm_free(dp);
     pdp_comm_free(tp);
@@ -305,8 +388,10 @@ out:
     return NULL;
 }
 
-static void run_ranks(rank_ctx *ctx, int n, int dp, int scenario, const char *path,
-                      double timeout_s)
+/* n thread ranks in dp DP groups of n / dp TP ranks, clipping at clip (< 0: not),
+   under ZeRO stage zero over the DP groups (0: DDP when dp > 1). */
+static void run_ranks_cfg(rank_ctx *ctx, int n, int dp, int scenario, const char *path,
+                          double timeout_s, float clip, int zero)
 {
     pthread_t th[MAXR];
     pdp_comm_desc cd;
@@ -321,6 +406,8 @@ static void run_ranks(rank_ctx *ctx, int n, int dp, int scenario, const char *pa
         ctx[r].rank = r;
         ctx[r].size = n;
         ctx[r].dp = dp;
+        ctx[r].zero = zero;
+        ctx[r].clip = clip;
         ctx[r].scenario = scenario;
         ctx[r].path = path;
         pthread_create(&th[r], NULL, rank_main, &ctx[r]);
@@ -329,8 +416,14 @@ static void run_ranks(rank_ctx *ctx, int n, int dp, int scenario, const char *pa
     pdp_local_group_free(g);
 }
 
+static void run_ranks(rank_ctx *ctx, int n, int dp, int scenario, const char *path,
+                      double timeout_s)
+{
+    run_ranks_cfg(ctx, n, dp, scenario, path, timeout_s, -1.0f, 0);
+}
+
 /* Every rank: no error, init exact, parameters and losses as the single device's,
-   replicated bias the same bits as rank 0's. */
+   replicated parameters the same bits as rank 0's. */
 static enum greatest_test_res check_equivalence(rank_ctx *ctx, int n, int steps)
 {
     int r, s;
@@ -344,7 +437,10 @@ static enum greatest_test_res check_equivalence(rank_ctx *ctx, int n, int steps)
         }
         for (s = 0; s < steps; s++)
             ASSERT_IN_RANGE(ref_losses[s], ctx[r].losses[s], 1e-5f * (1.0f + ref_losses[s]));
-        ASSERT_MEM_EQ(ctx[0].replicated, ctx[r].replicated, CLASSES * sizeof(float));
+        ASSERT_EQ(ctx[0].nreplicated, ctx[r].nreplicated);
+        ASSERT(ctx[r].nreplicated > 0);
+        ASSERT_MEM_EQ(ctx[0].replicated, ctx[r].replicated,
+                      (size_t)ctx[r].nreplicated * sizeof(float));
     }
     PASS();
 }
@@ -390,7 +486,7 @@ TEST tp_names_are_the_single_device_state_dict_names(void)
     int p;
     run_ranks(ctx, 2, 1, 0, NULL, 0);
     if (ctx[0].st != PDP_OK) FAILm(ctx[0].msg);
-    ASSERT_EQ(11, ctx[0].nlayers);
+    ASSERT_EQ(12, ctx[0].nlayers);
     for (p = 0; p < 8; p++) ASSERT_STR_EQ(plain_layout->params[p].name, ctx[0].names[p]);
     ASSERT_STR_EQ("2.weight", ctx[1].names[2]);
     PASS();
@@ -418,6 +514,9 @@ TEST tp_hot_loop_allocates_nothing(void)
     run_ranks(ctx, 2, 1, 0, NULL, 0);
     if (ctx[0].st != PDP_OK) FAILm(ctx[0].msg);
     ASSERT_EQ(0, ctx[0].allocs_hot);
+    run_ranks_cfg(ctx, 2, 1, 0, NULL, 0, 1e-3f, 0); /* clipping every step: collective */
+    if (ctx[0].st != PDP_OK) FAILm(ctx[0].msg);
+    ASSERT_EQ(0, ctx[0].allocs_hot);
     PASS();
 }
 
@@ -429,6 +528,235 @@ TEST tp_2d_ddp_across_groups_equals_single_device(void)
     if ((res = check_equivalence(ctx, 4, 0)) != GREATEST_TEST_RES_PASS) return res;
     run_ranks(ctx, 6, 2, 0, NULL, 0); /* 2 DP x 3 TP: uneven slices */
     if ((res = check_equivalence(ctx, 6, 0)) != GREATEST_TEST_RES_PASS) return res;
+    PASS();
+}
+
+/* Every rank's clipping returned the single-device norm, the same bits on every rank. */
+static enum greatest_test_res check_norms(rank_ctx *ctx, int n)
+{
+    int r, s;
+    for (r = 0; r < n; r++) {
+        for (s = 0; s < STEPS; s++)
+            ASSERT_IN_RANGE(ref_norms[s], ctx[r].norms[s], 2e-6 * ref_norms[s]);
+        ASSERT_MEM_EQ(ctx[0].norms, ctx[r].norms, sizeof ctx[r].norms);
+    }
+    PASS();
+}
+
+/* The single-device norms without clipping: the max_norms below are set from them so
+   that one never clips, one clips some steps and one clips every step. */
+static void clip_levels(float levels[3])
+{
+    float lo = FLT_MAX, hi = 0.0f;
+    int s;
+    reference_clip(FLT_MAX);
+    for (s = 0; s < STEPS; s++) {
+        lo = fminf(lo, ref_norms[s]);
+        hi = fmaxf(hi, ref_norms[s]);
+    }
+    levels[0] = 2.0f * hi; /* inactive: the returned norm must still be the global one */
+    levels[1] = 0.9f * lo; /* just below: the ranks' own norms were below it */
+    levels[2] = 0.3f * lo; /* active: every rank must scale by the same coefficient */
+}
+
+/* The reference clipped at `clip` as claimed by clip_levels: level 0 never, 2 always. */
+static enum greatest_test_res check_reference_clips(float clip, int level)
+{
+    int s, clipped = 0;
+    ASSERT_EQ(PDP_OK, reference_clip(clip));
+    for (s = 0; s < STEPS; s++) clipped += ref_norms[s] > clip;
+    if (level == 0) ASSERT_EQ(0, clipped);
+    if (level == 2) ASSERT_EQ(STEPS, clipped);
+    if (level == 1) ASSERT(clipped > 0);
+    PASS();
+}
+
+TEST tp_clip_grad_norm_is_the_global_norm_on_tp_and_dp_x_tp(void)
+{
+    static const int shapes[][2] = {{2, 1}, {3, 1}, {4, 2}, {6, 2}}; /* ranks, DP groups */
+    rank_ctx ctx[MAXR];
+    float levels[3];
+    int k, i;
+    enum greatest_test_res res;
+    clip_levels(levels);
+    for (k = 0; k < 3; k++) {
+        if ((res = check_reference_clips(levels[k], k)) != GREATEST_TEST_RES_PASS) return res;
+        for (i = 0; i < 4; i++) {
+            int n = shapes[i][0], dp = shapes[i][1];
+            run_ranks_cfg(ctx, n, dp, 0, NULL, 0, levels[k], 0);
+            if ((res = check_equivalence(ctx, n, dp == 1 ? STEPS : 0)) != GREATEST_TEST_RES_PASS ||
+                (res = check_norms(ctx, n)) != GREATEST_TEST_RES_PASS) {
+                fprintf(stderr, "%d ranks (%d DP x %d TP), max_norm %g\n", n, dp, n / dp,
+                        (double)levels[k]);
+                return res;
+            }
+        }
+    }
+    ASSERT_EQ(PDP_OK, reference()); /* restore ref_init and ref_params for other tests */
+    PASS();
+}
+
+TEST tp_zero_clip_grad_norm_counts_slices_and_replicas_once(void)
+{
+    static const int shapes[][2] = {{4, 2}, {6, 2}}; /* 2 DP x 2 TP, 2 DP x 3 TP */
+    rank_ctx ctx[MAXR];
+    float levels[3];
+    int k, i, stage, r;
+    enum greatest_test_res res;
+    clip_levels(levels);
+    for (k = 0; k < 3; k++) {
+        if ((res = check_reference_clips(levels[k], k)) != GREATEST_TEST_RES_PASS) return res;
+        for (stage = 1; stage <= 3; stage++)
+            for (i = 0; i < 2; i++) {
+                int n = shapes[i][0], dp = shapes[i][1];
+                run_ranks_cfg(ctx, n, dp, 0, NULL, 0, levels[k], stage);
+                for (r = 0; r < n; r++) ASSERT_EQ(4, ctx[r].ckpt_refused);
+                if ((res = check_equivalence(ctx, n, 0)) != GREATEST_TEST_RES_PASS ||
+                    (res = check_norms(ctx, n)) != GREATEST_TEST_RES_PASS) {
+                    fprintf(stderr, "ZeRO stage %d, %d ranks (%d DP x %d TP), max_norm %g\n",
+                            stage, n, dp, n / dp, (double)levels[k]);
+                    return res;
+                }
+            }
+    }
+    ASSERT_EQ(PDP_OK, reference());
+    PASS();
+}
+
+TEST tp_clip_grad_norm_refuses_bad_max_norm_and_a_pipeline_stage(void)
+{
+    static const float bad[] = {NAN, INFINITY, -1.0f};
+    pdp_model *m = NULL;
+    float norm = 1.0f;
+    int i;
+    ASSERT_EQ(PDP_OK, build_plain(&m));
+    for (i = 0; i < 3; i++) {
+        ASSERT_EQ(PDP_ERR_INVALID, pdp_clip_grad_norm(m, bad[i], &norm));
+        ASSERT(strstr(pdp_last_error(), "pdp_clip_grad_norm: max_norm") == pdp_last_error());
+        ASSERT_EQ(0.0f, norm);
+    }
+    /* a pipeline stage holds one stage's gradients: its clipping is pdp_pp_clip_grad_norm's */
+    m->wrapped = PDP__WRAP_PP;
+    ASSERT_EQ(PDP_ERR_STATE, pdp_clip_grad_norm(m, 1.0f, &norm));
+    ASSERT(strstr(pdp_last_error(), "pdp_clip_grad_norm: ") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "pdp_pp_clip_grad_norm") != NULL);
+    m->wrapped = PDP__WRAP_NONE;
+    ASSERT_EQ(PDP_OK, pdp_clip_grad_norm(m, 1.0f, &norm));
+    pdp_model_free(m);
+    PASS();
+}
+
+/* ---- ranks that built different TP widths ---- */
+
+typedef struct width_ctx {
+    pdp_local_group *g;
+    int rank;
+    int64_t hidden, out; /* the ColumnParallelLinear's and RowParallelLinear's widths */
+    bool extra_block;    /* a second block after the first */
+    pdp_status st[2];    /* the first and the second forward-backward */
+    char msg[2][1024];
+} width_ctx;
+
+static void *width_main(void *arg)
+{
+    width_ctx *ctx = (width_ctx *)arg;
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_comm *c = NULL;
+    float x[B * IN], loss;
+    int32_t y[B];
+    int64_t shape[2] = {B, IN};
+    pdp_tensor xt;
+    pdp_status st;
+    int k;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = IN;
+    md.seed = 7;
+    ctx->st[0] = ctx->st[1] = PDP_ERR_STATE;
+    if ((st = pdp_comm_create_local(&c, ctx->g, ctx->rank)) || (st = pdp_model_create(&m, &md)) ||
+        (st = pdp_model_set_tp(m, c)) || (st = pdp_model_add_tp_copy(m)) ||
+        (st = pdp_model_add_column_parallel_linear(m, ctx->hidden)) ||
+        (st = pdp_model_add_relu(m)) || (st = pdp_model_add_row_parallel_linear(m, ctx->out)) ||
+        (st = pdp_model_add_tp_reduce(m)) ||
+        (ctx->extra_block &&
+         ((st = pdp_model_add_tp_copy(m)) || (st = pdp_model_add_column_parallel_linear(m, 4)) ||
+          (st = pdp_model_add_relu(m)) || (st = pdp_model_add_row_parallel_linear(m, ctx->out)) ||
+          (st = pdp_model_add_tp_reduce(m))))) {
+        snprintf(ctx->msg[0], sizeof ctx->msg[0], "build: %.900s", pdp_last_error());
+        goto out;
+    }
+    make_batch(0, x, y);
+    for (k = 0; k < B; k++) y[k] %= 3; /* fewer outputs than CLASSES in some cases */
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    for (k = 0; k < 2; k++) { /* the check runs again: every rank fails again, none hangs */
+        ctx->st[k] = pdp_model_forward_backward(m, &xt, y, &loss);
+        snprintf(ctx->msg[k], sizeof ctx->msg[k], "%s", pdp_last_error());
+    }
+out:
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* Runs n ranks; rank r builds hidden[r], out[r], extra block when r == extra_rank. */
+static void run_widths(width_ctx *ctx, int n, const int64_t *hidden, const int64_t *out,
+                       int extra_rank)
+{
+    pthread_t th[MAXR];
+    pdp_comm_desc cd;
+    pdp_local_group *g = NULL;
+    int r;
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = 5.0; /* a hang would end here, as a failure */
+    memset(ctx, 0, sizeof *ctx * (size_t)n);
+    if (pdp_local_group_create(&g, n, &cd) != PDP_OK) return;
+    for (r = 0; r < n; r++) {
+        ctx[r].g = g;
+        ctx[r].rank = r;
+        ctx[r].hidden = hidden[r];
+        ctx[r].out = out[r];
+        ctx[r].extra_block = r == extra_rank;
+        pthread_create(&th[r], NULL, width_main, &ctx[r]);
+    }
+    for (r = 0; r < n; r++) pthread_join(th[r], NULL);
+    pdp_local_group_free(g);
+}
+
+TEST tp_ranks_that_built_different_widths_fail_at_the_first_forward(void)
+{
+    static const int64_t same[3] = {12, 12, 12}, h812[3] = {8, 12, 8}, o3[3] = {3, 3, 3},
+                         o35[3] = {3, 3, 5};
+    width_ctx ctx[3];
+    int r, k;
+    /* the hidden width: 8 on TP ranks 0 and 2, 12 on TP rank 1 */
+    run_widths(ctx, 3, h812, o3, -1);
+    for (r = 0; r < 3; r++)
+        for (k = 0; k < 2; k++) {
+            ASSERT_ENUM_EQm(ctx[r].msg[k], PDP_ERR_INVALID, ctx[r].st[k], pdp_status_name);
+            ASSERT(strstr(ctx[r].msg[k], "pdp_model_forward") == ctx[r].msg[k]);
+            ASSERT(strstr(ctx[r].msg[k], "layer 1 (ColumnParallelLinear)") != NULL);
+            ASSERT(strstr(ctx[r].msg[k], "12 on TP rank 1") != NULL);
+            ASSERT(strstr(ctx[r].msg[k], "8 on TP rank 0") != NULL);
+        }
+    /* the RowParallelLinear's output: 5 on TP rank 2 */
+    run_widths(ctx, 3, same, o35, -1);
+    for (r = 0; r < 3; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg[0], PDP_ERR_INVALID, ctx[r].st[0], pdp_status_name);
+        ASSERT(strstr(ctx[r].msg[0], "layer 3 (RowParallelLinear)") != NULL);
+        ASSERT(strstr(ctx[r].msg[0], "5 on TP rank 2") != NULL);
+        ASSERT(strstr(ctx[r].msg[0], "3 on TP rank 0") != NULL);
+    }
+    /* a second block on TP rank 1 only */
+    run_widths(ctx, 2, same, o3, 1);
+    for (r = 0; r < 2; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg[0], PDP_ERR_INVALID, ctx[r].st[0], pdp_status_name);
+        ASSERT(strstr(ctx[r].msg[0], "8 TP layers on TP rank 1 but 4 on TP rank 0") != NULL);
+        ASSERT(strstr(ctx[r].msg[0], "layer 5 (CopyToModelParallelRegion)") != NULL);
+    }
+    /* the same widths train */
+    run_widths(ctx, 3, same, o3, -1);
+    for (r = 0; r < 3; r++)
+        for (k = 0; k < 2; k++) ASSERT_ENUM_EQm(ctx[r].msg[k], PDP_OK, ctx[r].st[k], pdp_status_name);
     PASS();
 }
 
@@ -631,6 +959,10 @@ SUITE(tp)
     RUN_TEST(tp_block_order_and_state_errors);
     RUN_TEST(tp_width_below_the_tp_size_fails);
     RUN_TEST(tp_absent_rank_times_out_in_g);
+    RUN_TEST(tp_clip_grad_norm_is_the_global_norm_on_tp_and_dp_x_tp);
+    RUN_TEST(tp_zero_clip_grad_norm_counts_slices_and_replicas_once);
+    RUN_TEST(tp_clip_grad_norm_refuses_bad_max_norm_and_a_pipeline_stage);
+    RUN_TEST(tp_ranks_that_built_different_widths_fail_at_the_first_forward);
 }
 
 GREATEST_MAIN_DEFS();

@@ -12,6 +12,11 @@
    under a per-rank allocation budget DDP fails with PDP_ERR_OUT_OF_MEMORY while
    stage 3 trains. Bytes: the communicator's count per step equals 2 (stages 1-2)
    or 3 (stage 3) x (N-1)/N x Psi_pad x 4. No allocation after the first step.
+   With accumulation (1-3 backward passes per step, N = 2, 3, stages 1-3) the
+   count equals formula_bytes, which names k. Uneven shards (5, 3, 2 samples):
+   the default trains the mean of per-rank means, batch_mean
+   PDP_BATCH_MEAN_GLOBAL the global batch's, each equal to one device computing
+   it, stages 1-3 with accumulation and an own loss.
    Faults: an absent rank times out naming the collective, the unit and the
    rank. An own loss under ZeRO synchronises too. The bf16 compression hook at
    stages 1-3 (check_zero_hook states its tolerances and byte counts).
@@ -20,19 +25,39 @@
    parameters and state byte for byte, Python's safetensors reads it with the
    state_dict names, and it loads into a ZeRO run at another N and stage (whose
    consolidation writes the same bytes again); bad sets (wrong N, a missing rank
-   file, a file of another step, no marker, a shard file as a full one) fail on
-   every rank naming the file, parameters and optimizer untouched. */
+   file, a file of another step, no marker, a shard file as a full one, a file or
+   the marker of another run saved at the same step and world size) fail on every
+   rank naming the file, parameters and optimizer untouched. A rank that stalls
+   (before the call, or inside it at an allocation between two agreements) or
+   frees its communicator during save, load or consolidate makes the others fail
+   with the communicator's status naming it, at each agreement. A save removes
+   the marker temporary of a dead writer. */
 
 #define _POSIX_C_SOURCE 200809L /* this file includes system headers before pdp.h */
+#include <limits.h>
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-/* Allocation accounting: a count, and per thread the live bytes and a budget (0: none). */
+/* Waits (1 ms naps, at most 10 s) until *v reaches need. */
+static void wait_for_count(atomic_int *v, int need)
+{
+    struct timespec nap = {0, 1000000};
+    int i;
+    for (i = 0; i < 10000 && atomic_load(v) < need; i++) nanosleep(&nap, NULL);
+}
+
+/* Allocation accounting: a count, and per thread the live bytes and a budget (0: none).
+   Fault injection: a thread stalls in its allocation number thread_stall_at (0: none)
+   until *thread_stall_until reaches thread_stall_need (the checkpoint agreement tests). */
 static atomic_long test_allocs;
-static __thread long long thread_live, thread_budget, thread_allocs;
+static __thread long long thread_live, thread_budget, thread_allocs, thread_stall_at;
+static __thread atomic_int *thread_stall_until;
+static __thread int thread_stall_need;
 typedef struct alloc_head {
     long long *owner;
     size_t bytes;
@@ -43,6 +68,10 @@ static void *test_malloc(size_t n)
     alloc_head *h;
     atomic_fetch_add(&test_allocs, 1);
     thread_allocs++;
+    if (thread_stall_at && thread_allocs == thread_stall_at) {
+        thread_stall_at = 0;
+        wait_for_count(thread_stall_until, thread_stall_need);
+    }
     if (thread_budget && thread_live + (long long)n > thread_budget) return NULL;
     h = (alloc_head *)malloc(sizeof *h + n);
     if (!h) return NULL;
@@ -619,6 +648,54 @@ TEST zero_memory_and_bytes_match_the_formulas(void)
     PASS();
 }
 
+/* Bytes per step with accumulation: the communicator's count equals formula_bytes for
+   stages 1-3 x 1, 2, 3 backward passes per step x N = 2, 3, with a unit per layer (3
+   units, more than param_buffers: stage 3's later forwards gather the one unit
+   backward did not leave gathered) and one unit for the whole model (kept whole: every
+   later forward gathers nothing); the stated formula names k, and against k = 1 stage
+   2 sends (k + 1) / 2 x, stage 3 with one unit (2k + 1) / 3 x. */
+TEST zero_bytes_equal_the_formula_with_accumulation(void)
+{
+    static rank_ctx ctx[MAXR];
+    static const double caps[] = {1e-9, 1e6};
+    static char msg[400];
+    config cf;
+    int stage, n, accum, r;
+    size_t k;
+    for (stage = 1; stage <= 3; stage++)
+        for (n = 2; n <= 3; n++)
+            for (k = 0; k < 2; k++) {
+                int64_t one = 0; /* the k = 1 figure */
+                for (accum = 1; accum <= 3; accum++) {
+                    char want[32];
+                    memset(&cf, 0, sizeof cf);
+                    cf.stage = stage;
+                    cf.n = n;
+                    cf.accum = accum;
+                    cf.cap_mb = caps[k];
+                    run_ranks(&cf, 30.0, ctx);
+                    snprintf(want, sizeof want, "k = %d", accum);
+                    for (r = 0; r < n; r++) {
+                        const pdp_zero_stats *zs = &ctx[r].stats;
+                        ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+                        snprintf(msg, sizeof msg, "stage %d N %d units %d k %d: sent %lld, "
+                                 "formula %lld (%s)", stage, n, ctx[r].units, accum,
+                                 (long long)zs->bytes_sent, (long long)zs->formula_bytes,
+                                 zs->formula);
+                        ASSERT_EQm(msg, zs->formula_bytes, zs->bytes_sent);
+                        ASSERT_EQm(msg, (int64_t)accum, zs->micro_steps);
+                        ASSERTm(msg, strstr(zs->formula, want) != NULL);
+                        if (accum == 1) one = zs->bytes_sent;
+                        else if (stage == 1) ASSERT_EQm(msg, one, zs->bytes_sent);
+                        else if (stage == 2) ASSERT_EQm(msg, one * (accum + 1), 2 * zs->bytes_sent);
+                        else if (ctx[r].units == 1)
+                            ASSERT_EQm(msg, one * (2 * accum + 1), 3 * zs->bytes_sent);
+                    }
+                }
+            }
+    PASS();
+}
+
 /* A per-rank budget of 12 bytes per parameter, between the stage-3 footprint
    and DDP's 16: DDP cannot create its optimizer state, stage 3 trains (4 ranks,
    the deeper model, whose largest unit is a third of it). */
@@ -687,7 +764,8 @@ TEST zero_absent_rank_times_out_naming_collective_unit_and_rank(void)
 typedef struct ckpt_job {
     int n, stage;
     bool adam;
-    int train_before;        /* steps on batches 0.. */
+    int train_before;        /* steps on batches first_before.. */
+    int first_before;        /* 0 unless a run should train on other batches */
     const char *save;        /* a set saved after them */
     const char *load;        /* a set loaded (after train_before) */
     const char *load_full;   /* a full checkpoint loaded */
@@ -751,7 +829,7 @@ static void *ckpt_rank_main(void *arg)
         (ctx->st = build_model(&m, r == 0 ? 1 : 50 + (uint64_t)r, 16)) ||
         (ctx->st = pdp_zero_create(&z, m, c, &zd)) ||
         (ctx->st = pdp_zero_optim_create(&o, z, &od)) ||
-        (ctx->st = ckpt_train(z, o, job->n, r, 0, job->train_before)) ||
+        (ctx->st = ckpt_train(z, o, job->n, r, job->first_before, job->train_before)) ||
         (job->save && (ctx->st = pdp_zero_checkpoint_save(z, o, job->save))) ||
         (ctx->st = pdp_zero_gather_params(z, ctx->before)))
         goto out;
@@ -1068,7 +1146,383 @@ TEST zero_checkpoint_bad_sets_fail_naming_the_file(void)
     PASS();
 }
 
+/* ---- checkpoints: a set is one save ---- */
+
+/* The run id of a set's marker ("run <16 hex digits>"), into id[17]; false when absent. */
+static bool marker_run(const char *prefix, char *id)
+{
+    char path[600];
+    long len;
+    unsigned char *p;
+    const char *at;
+    bool ok;
+    snprintf(path, sizeof path, "%s.done", prefix);
+    p = slurp(path, &len);
+    at = p ? strstr((const char *)p, "\nrun ") : NULL;
+    ok = at && sscanf(at, "\nrun %16[0-9a-f]", id) == 1 && strlen(id) == 16;
+    free(p);
+    return ok;
+}
+
+/* Two runs saved at the same step and world size (the same model, other batches):
+   each set loads; a copy of one with the other's rank 1 file, or with the other's
+   marker, fails on every rank naming the file, the file's run and the set's. */
+TEST zero_checkpoint_shard_of_another_run_refused(void)
+{
+    static ckpt_rank ctx[MAXR];
+    char a[512], bb[512], s[512], f[600], f2[600], ida[17], idb[17];
+    ckpt_job job;
+    int r;
+    tmp_path(a, "runA");
+    tmp_path(bb, "runB");
+    memset(&job, 0, sizeof job);
+    job.n = 2;
+    job.stage = 2;
+    job.adam = true;
+    job.train_before = 1;
+    job.save = a;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].msg, ctx[r].st == PDP_OK);
+    job.first_before = 5;
+    job.save = bb;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].msg, ctx[r].st == PDP_OK);
+    ASSERT(marker_run(a, ida) && marker_run(bb, idb));
+    ASSERT(strcmp(ida, idb) != 0);
+    snprintf(f, sizeof f, "%s.rank1.safetensors", a);
+    snprintf(f2, sizeof f2, "%s.rank1.safetensors", bb);
+    ASSERTm("the two runs trained alike", !same_files(f, f2));
+    /* the controls: each set loads */
+    memset(&job, 0, sizeof job);
+    job.n = 2;
+    job.stage = 2;
+    job.adam = true;
+    job.train_before = 1;
+    job.first_before = 9; /* something to leave untouched, at step 1 too */
+    job.load = a;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].load_msg, ctx[r].load_st == PDP_OK);
+    job.load = bb;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].load_msg, ctx[r].load_st == PDP_OK);
+    /* set A with run B's rank 1 file */
+    tmp_path(s, "runmix");
+    ASSERT(copy_set(a, s, 2));
+    snprintf(f, sizeof f, "%s.rank1.safetensors", s);
+    ASSERT(copy_file(f2, f));
+    job.load = s;
+    CHECK_CALL(check_bad_load(&job, ctx, f));
+    ASSERTm(ctx[1].load_msg, ctx[1].load_st == PDP_ERR_FORMAT);
+    ASSERTm(ctx[1].load_msg, strstr(ctx[1].load_msg, ida) && strstr(ctx[1].load_msg, idb));
+    /* set A's files with run B's marker: every rank names its own file and both runs */
+    tmp_path(s, "runmixmarker");
+    ASSERT(copy_set(a, s, 2));
+    snprintf(f, sizeof f, "%s.done", s);
+    snprintf(f2, sizeof f2, "%s.done", bb);
+    ASSERT(copy_file(f2, f));
+    job.load = s;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) {
+        snprintf(f, sizeof f, "%s.rank%d.safetensors", s, r);
+        ASSERT_ENUM_EQm(ctx[r].load_msg, PDP_ERR_FORMAT, ctx[r].load_st, pdp_status_name);
+        ASSERTm(ctx[r].load_msg, strstr(ctx[r].load_msg, f) != NULL);
+        ASSERTm(ctx[r].load_msg, strstr(ctx[r].load_msg, ida) && strstr(ctx[r].load_msg, idb));
+        ASSERT(memcmp(ctx[r].before, ctx[r].after_load, (size_t)ctx[r].count * 4) == 0);
+    }
+    PASS();
+}
+
+/* A pid that was a process and is no more (reaped). */
+static pid_t dead_pid(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) _exit(0);
+    if (pid > 0) waitpid(pid, NULL, 0);
+    return pid;
+}
+
+/* The marker's temporary "<prefix>.done.tmp.<pid>" of a writer killed mid-write is
+   removed by the next save of the set, as the shard files' temporaries are; a live
+   writer's (the parent's pid) is kept. */
+TEST zero_checkpoint_save_removes_a_dead_writers_marker_temporary(void)
+{
+    static ckpt_rank ctx[MAXR];
+    char pre[512], dead[600], live[600], marker[600];
+    pid_t dpid = dead_pid();
+    ckpt_job job;
+    FILE *f;
+    int r;
+    ASSERT(dpid > 0);
+    tmp_path(pre, "stale");
+    snprintf(dead, sizeof dead, "%s.done.tmp.%ld", pre, (long)dpid);
+    snprintf(live, sizeof live, "%s.done.tmp.%ld", pre, (long)getppid());
+    snprintf(marker, sizeof marker, "%s.done", pre);
+    ASSERT((f = fopen(dead, "wb")) != NULL && fclose(f) == 0);
+    ASSERT((f = fopen(live, "wb")) != NULL && fclose(f) == 0);
+    memset(&job, 0, sizeof job);
+    job.n = 2;
+    job.stage = 1;
+    job.train_before = 1;
+    job.save = pre;
+    run_ckpt(&job, ctx);
+    for (r = 0; r < 2; r++) ASSERTm(ctx[r].msg, ctx[r].st == PDP_OK);
+    ASSERTm("a dead writer's marker temporary was kept", access(dead, F_OK) != 0);
+    ASSERTm("a live writer's marker temporary was removed", access(live, F_OK) == 0);
+    ASSERT(access(marker, F_OK) == 0);
+    ASSERT_EQ(0, remove(live));
+    PASS();
+}
+
+/* ---- checkpoints: a rank that stalls or leaves during save, load or consolidate ---- */
+
+enum { OP_SAVE, OP_LOAD, OP_CONSOLIDATE };
+#define FAULT_TIMEOUT_S 0.5 /* the group's timeout in the faulty runs: each costs about this */
+enum { FAULT_NONE, FAULT_STALL_BEFORE, FAULT_STALL_AT_ALLOC, FAULT_LEAVE };
+
+typedef struct fault_job {
+    int n, op, kind;
+    int rank;           /* the faulty rank */
+    long long alloc;    /* FAULT_STALL_AT_ALLOC: its allocation number in the call */
+    const char *path;   /* the set's prefix, or consolidate's file */
+} fault_job;
+
+typedef struct fault_rank {
+    pdp_local_group *g;
+    const fault_job *job;
+    atomic_int *returned; /* ranks back from the call (or gone) */
+    int rank;
+    pdp_status st, op_st;
+    char msg[1024], op_msg[1024];
+    double elapsed;
+    long long allocs;   /* the call's allocations on this thread */
+} fault_rank;
+
+static void *fault_rank_main(void *arg)
+{
+    fault_rank *ctx = (fault_rank *)arg;
+    const fault_job *job = ctx->job;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    pdp_optim_desc od;
+    config cf;
+    int r = ctx->rank;
+    bool faulty = r == job->rank;
+    double t0;
+    long long a0;
+    memset(&cf, 0, sizeof cf);
+    cf.adam = true;
+    od = optim_of(&cf);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 2;
+    zd.bucket_cap_mb = 0.001;
+    zd.first_bucket_mb = 0.001;
+    ctx->op_st = PDP_OK;
+    if ((ctx->st = pdp_comm_create_local(&c, ctx->g, r)) ||
+        (ctx->st = build_model(&m, 1, 16)) || (ctx->st = pdp_zero_create(&z, m, c, &zd)) ||
+        (ctx->st = pdp_zero_optim_create(&o, z, &od)))
+        goto out; /* no training: the fewer collectives under the short timeout, the better */
+    if (faulty && job->kind == FAULT_LEAVE) goto out; /* frees its communicator */
+    if (faulty && job->kind == FAULT_STALL_BEFORE)
+        wait_for_count(ctx->returned, job->n - 1);
+    if (faulty && job->kind == FAULT_STALL_AT_ALLOC) {
+        thread_stall_at = thread_allocs + job->alloc;
+        thread_stall_until = ctx->returned;
+        thread_stall_need = job->n - 1;
+    }
+    t0 = pdp__now();
+    a0 = thread_allocs;
+    ctx->op_st = job->op == OP_SAVE   ? pdp_zero_checkpoint_save(z, o, job->path)
+                 : job->op == OP_LOAD ? pdp_zero_checkpoint_load(z, o, job->path)
+                                      : pdp_zero_checkpoint_consolidate(z, o, job->path);
+    ctx->elapsed = pdp__now() - t0;
+    ctx->allocs = thread_allocs - a0;
+    thread_stall_at = 0;
+    if (ctx->op_st) snprintf(ctx->op_msg, sizeof ctx->op_msg, "%s", pdp_last_error());
+out:
+    if (ctx->st) snprintf(ctx->msg, sizeof ctx->msg, "%s", pdp_last_error());
+    atomic_fetch_add(ctx->returned, 1);
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static void run_fault(const fault_job *job, double timeout_s, fault_rank *ctx)
+{
+    pthread_t t[MAXR];
+    pdp_local_group *g = NULL;
+    pdp_comm_desc cd;
+    atomic_int returned;
+    int r;
+    atomic_init(&returned, 0);
+    memset(&cd, 0, sizeof cd);
+    cd.timeout_s = timeout_s;
+    cd.name = "zero-fault";
+    pdp_local_group_create(&g, job->n, &cd);
+    for (r = 0; r < job->n; r++) {
+        memset(&ctx[r], 0, sizeof ctx[r]);
+        ctx[r].g = g;
+        ctx[r].job = job;
+        ctx[r].rank = r;
+        ctx[r].returned = &returned;
+        pthread_create(&t[r], NULL, fault_rank_main, &ctx[r]);
+    }
+    for (r = 0; r < job->n; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+}
+
+/* One fault: every other rank fails with status want (the collective's), its message
+   starting with the call and naming what it was agreeing on (where) and the faulty
+   rank (who), within the timeout and a few seconds; the faulty rank returns too. */
+static enum greatest_test_res check_fault(const fault_job *job, pdp_status want,
+                                          const char *where, const char *who)
+{
+    static fault_rank ctx[MAXR];
+    static const char *const names[] = {"pdp_zero_checkpoint_save", "pdp_zero_checkpoint_load",
+                                        "pdp_zero_checkpoint_consolidate"};
+    int r;
+    run_fault(job, FAULT_TIMEOUT_S, ctx);
+    for (r = 0; r < job->n; r++) {
+        ASSERT_ENUM_EQm(ctx[r].msg, PDP_OK, ctx[r].st, pdp_status_name);
+        if (r == job->rank) {
+            ASSERTm("the faulty rank's call succeeded", job->kind == FAULT_LEAVE ||
+                                                           ctx[r].op_st != PDP_OK);
+            continue;
+        }
+        if (ctx[r].op_st != want || strstr(ctx[r].op_msg, names[job->op]) != ctx[r].op_msg ||
+            !strstr(ctx[r].op_msg, where) || !strstr(ctx[r].op_msg, who)) {
+            fprintf(stderr, "op %d fault %d, rank %d: %s \"%s\" (want %s naming \"%s\" and "
+                    "\"%s\")\n", job->op, job->kind, r, pdp_status_name(ctx[r].op_st),
+                    ctx[r].op_msg, pdp_status_name(want), where, who);
+            FAIL();
+        }
+        ASSERT(ctx[r].elapsed < 5.0);
+    }
+    PASS();
+}
+
+/* The ranks' agreements in save, load and consolidate, with rank 1 stalled (before the
+   call, or in its first allocation in it: after the first agreement) or rank 0 stalled
+   in its last allocation in the call (after the shard files were agreed, before the
+   marker is; after the gathers in consolidate), or rank 1 gone: the others fail with
+   PDP_ERR_TIMEOUT naming the rank that did not arrive (PDP_ERR_COMM for a rank that
+   freed its communicator), not with an I/O error. */
+TEST zero_checkpoint_absent_rank_times_out_naming_it(void)
+{
+    static fault_rank clean[MAXR];
+    char pre[512], full[512];
+    fault_job job;
+    long long save_allocs, consolidate_allocs;
+    int r;
+    tmp_path(pre, "fault");
+    tmp_path(full, "fault_full.safetensors");
+    memset(&job, 0, sizeof job);
+    job.n = 3;
+    job.rank = -1;
+    /* clean runs: the set to load, and rank 0's allocations in save and consolidate */
+    job.op = OP_SAVE;
+    job.path = pre;
+    run_fault(&job, 20.0, clean);
+    for (r = 0; r < 3; r++) ASSERTm(clean[r].op_msg, clean[r].st == PDP_OK && !clean[r].op_st);
+    save_allocs = clean[0].allocs;
+    job.op = OP_CONSOLIDATE;
+    job.path = full;
+    run_fault(&job, 20.0, clean);
+    for (r = 0; r < 3; r++) ASSERTm(clean[r].op_msg, clean[r].st == PDP_OK && !clean[r].op_st);
+    consolidate_allocs = clean[0].allocs;
+    ASSERT(save_allocs > 0 && consolidate_allocs > 0);
+
+    job.op = OP_SAVE;
+    job.path = pre;
+    job.rank = 1;
+    job.kind = FAULT_STALL_BEFORE;
+    CHECK_CALL(check_fault(&job, PDP_ERR_TIMEOUT, "starting the set", "from rank 1 (last seen"));
+    job.kind = FAULT_STALL_AT_ALLOC;
+    job.alloc = 1;
+    CHECK_CALL(check_fault(&job, PDP_ERR_TIMEOUT, "agreeing that every shard",
+                           "from rank 1 (last seen"));
+    job.rank = 0;
+    job.alloc = save_allocs;
+    CHECK_CALL(check_fault(&job, PDP_ERR_TIMEOUT, "agreeing that the marker",
+                           "from rank 0 (last seen"));
+    job.rank = 1;
+    job.kind = FAULT_LEAVE;
+    CHECK_CALL(check_fault(&job, PDP_ERR_COMM, "starting the set", "rank 1 left the group"));
+
+    /* the set to load again: the last save removed its marker and then stopped */
+    job.kind = FAULT_NONE;
+    job.rank = -1;
+    run_fault(&job, 20.0, clean);
+    for (r = 0; r < 3; r++) ASSERTm(clean[r].op_msg, !clean[r].op_st);
+    job.op = OP_LOAD;
+    job.rank = 1;
+    job.kind = FAULT_STALL_BEFORE;
+    CHECK_CALL(check_fault(&job, PDP_ERR_TIMEOUT, "agreeing that every rank read",
+                           "from rank 1 (last seen"));
+    job.kind = FAULT_LEAVE;
+    CHECK_CALL(check_fault(&job, PDP_ERR_COMM, "agreeing that every rank read",
+                           "rank 1 left the group"));
+
+    job.op = OP_CONSOLIDATE;
+    job.path = full;
+    job.rank = 0;
+    job.kind = FAULT_STALL_AT_ALLOC;
+    job.alloc = consolidate_allocs;
+    CHECK_CALL(check_fault(&job, PDP_ERR_TIMEOUT, "agreeing that rank 0 wrote",
+                           "from rank 0 (last seen"));
+    PASS();
+}
+
 /* ---- misuse ---- */
+
+/* ---- clipping's max_norm: one rule for every clipping call ---- */
+
+TEST zero_clip_grad_norm_refuses_what_pdp_clip_grad_norm_refuses(void)
+{
+    static const float bad[] = {INFINITY, NAN, -INFINITY, -1.0f};
+    static const float good[] = {0.0f, 1.0f, FLT_MAX};
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *plain = NULL, *m = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    float norm;
+    int i;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&plain, 1, 16), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 16), pdp_status_name);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 2;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    for (i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
+        norm = 1.0f;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_clip_grad_norm(plain, bad[i], &norm), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_clip_grad_norm: max_norm") == pdp_last_error());
+        ASSERT_EQ(0.0f, norm);
+        norm = 1.0f;
+        ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_clip_grad_norm(z, bad[i], &norm),
+                       pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_zero_clip_grad_norm: max_norm") ==
+               pdp_last_error());
+        ASSERT(strstr(pdp_last_error(), "must be finite and >= 0") != NULL);
+        ASSERT_EQ(0.0f, norm);
+    }
+    for (i = 0; i < (int)(sizeof good / sizeof good[0]); i++) {
+        ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(plain, good[i], NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_clip_grad_norm(z, good[i], NULL), pdp_status_name);
+    }
+    pdp_zero_free(z);
+    pdp_model_free(m);
+    pdp_model_free(plain);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
 
 TEST zero_refuses_misuse(void)
 {
@@ -1128,6 +1582,191 @@ TEST zero_refuses_misuse(void)
     PASS();
 }
 
+/* ---- uneven shards: batch_mean ----
+   UN rank threads whose shards of each global micro-batch are uneven (5, 3, 2 samples,
+   then 2, 4, 1, then 1, 1, 6), SGD with momentum, a unit per layer. Default
+   (PDP_BATCH_MEAN_RANKS): every stage equals one device stepping on (1/N) x the sum of
+   the ranks' mean gradients, the mean of per-rank means (PyTorch DDP's); with
+   PDP_BATCH_MEAN_GLOBAL: one device on the concatenated micro-batches, the global
+   batch's mean; stages 1-3, 1-3 micro-steps (no_sync), the built-in cross-entropy and
+   an own loss (MSE through pdp_zero_forward/pdp_zero_backward), <= 1e-5 relative. The
+   two references differ by more than 1e-3 (so each check can fail), and bytes_sent
+   equals the formula, the batch sizes' all-reduces included. */
+
+#define UN 3
+static const int uneven[3][UN] = {{5, 3, 2}, {2, 4, 1}, {1, 1, 6}};
+
+static int uneven_first(int a, int r)
+{
+    int q, first = 0;
+    for (q = 0; q < r; q++) first += uneven[a][q];
+    return first;
+}
+
+/* One device: mean GLOBAL, each micro-batch whole; RANKS, each rank's rows on their own
+   (mean gradients accumulated), the sum scaled by 1/UN before the step. */
+static pdp_status uneven_single(pdp_batch_mean mean, int accum, int own_loss, float *params,
+                                int64_t *count)
+{
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    config cf;
+    pdp_optim_desc od;
+    static __thread float x[B * IN];
+    static __thread int32_t y[B];
+    float loss;
+    int64_t shape[2] = {0, IN}, i;
+    pdp_tensor xt;
+    pdp_status st;
+    int s, a, r;
+    memset(&cf, 0, sizeof cf);
+    od = optim_of(&cf);
+    if ((st = build_model(&m, 1, 16)) || (st = pdp_optim_create(&o, m, &od))) goto out;
+    for (s = 0; s < STEPS; s++) {
+        for (a = 0; a < accum; a++) {
+            make_batch(s * accum + a, uneven_first(a, UN), x, y);
+            for (r = 0; r < (mean == PDP_BATCH_MEAN_GLOBAL ? 1 : UN); r++) {
+                int first = mean == PDP_BATCH_MEAN_GLOBAL ? 0 : uneven_first(a, r);
+                shape[0] = mean == PDP_BATCH_MEAN_GLOBAL ? uneven_first(a, UN) : uneven[a][r];
+                pdp_tensor_wrap(x + first * IN, pdp_cpu(), 2, shape, &xt);
+                st = own_loss ? own_pass(NULL, m, &xt, y + first, &loss)
+                              : pdp_model_forward_backward(m, &xt, y + first, &loss);
+                if (st) goto out;
+            }
+        }
+        if (mean == PDP_BATCH_MEAN_RANKS)
+            for (i = 0; i < m->param_count; i++) m->grad_block[i] *= 1.0f / (float)UN;
+        if ((st = pdp_optim_step(o))) goto out;
+        pdp_model_zero_grad(m);
+    }
+    memcpy(params, m->param_block, (size_t)m->param_count * sizeof(float));
+    *count = m->param_count;
+out:
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    return st;
+}
+
+typedef struct uneven_job {
+    pdp_local_group *g;
+    int stage, rank, accum, own_loss;
+    pdp_batch_mean mean;
+    pdp_status st;
+    char msg[1024];
+    float params[MAXP];
+    int64_t count;
+    pdp_zero_stats stats;
+} uneven_job;
+
+static void *uneven_rank(void *arg)
+{
+    uneven_job *j = (uneven_job *)arg;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    config cf;
+    pdp_optim_desc od;
+    static __thread float x[B * IN];
+    static __thread int32_t y[B];
+    float loss;
+    int64_t shape[2] = {0, IN};
+    pdp_tensor xt;
+    pdp_status st;
+    int s, a, r = j->rank;
+    memset(&cf, 0, sizeof cf);
+    od = optim_of(&cf);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = j->stage;
+    zd.bucket_cap_mb = zd.first_bucket_mb = 1e-9; /* a unit per layer: 3 > param_buffers */
+    zd.batch_mean = j->mean;
+    if ((st = pdp_comm_create_local(&c, j->g, r)) || (st = build_model(&m, 1 + 49 * r, 16)) ||
+        (st = pdp_zero_create(&z, m, c, &zd)) || (st = pdp_zero_optim_create(&o, z, &od)))
+        goto out;
+    for (s = 0; s < STEPS && !st; s++) {
+        for (a = 0; a < j->accum && !st; a++) {
+            int first = uneven_first(a, r);
+            make_batch(s * j->accum + a, uneven_first(a, UN), x, y);
+            shape[0] = uneven[a][r];
+            pdp_tensor_wrap(x + first * IN, pdp_cpu(), 2, shape, &xt);
+            pdp_zero_set_no_sync(z, a < j->accum - 1);
+            st = j->own_loss ? own_pass(z, m, &xt, y + first, &loss)
+                             : pdp_zero_forward_backward(z, &xt, y + first, &loss);
+        }
+        if (!st) st = pdp_zero_step(z, o);
+    }
+    if (!st) st = pdp_zero_gather_params(z, j->params);
+    j->count = m->param_count;
+    pdp_zero_get_stats(z, &j->stats);
+out:
+    j->st = st;
+    if (st) snprintf(j->msg, sizeof j->msg, "%s", pdp_last_error());
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+static enum greatest_test_res check_uneven(int stage, pdp_batch_mean mean, int accum, int own)
+{
+    static uneven_job jobs[UN];
+    static float ref[MAXP], other[MAXP];
+    static char msg[300];
+    pthread_t t[UN];
+    pdp_local_group *g = NULL;
+    int64_t count = 0, count2 = 0;
+    double e, apart;
+    int r;
+    pdp_batch_mean not_mean = mean == PDP_BATCH_MEAN_GLOBAL ? PDP_BATCH_MEAN_RANKS
+                                                             : PDP_BATCH_MEAN_GLOBAL;
+    ASSERT_ENUM_EQ(PDP_OK, uneven_single(mean, accum, own, ref, &count), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, uneven_single(not_mean, accum, own, other, &count2), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, UN, NULL), pdp_status_name);
+    for (r = 0; r < UN; r++) {
+        memset(&jobs[r], 0, sizeof jobs[r]);
+        jobs[r].g = g;
+        jobs[r].stage = stage;
+        jobs[r].rank = r;
+        jobs[r].accum = accum;
+        jobs[r].own_loss = own;
+        jobs[r].mean = mean;
+        pthread_create(&t[r], NULL, uneven_rank, &jobs[r]);
+    }
+    for (r = 0; r < UN; r++) pthread_join(t[r], NULL);
+    pdp_local_group_free(g);
+    for (r = 0; r < UN; r++) ASSERT_ENUM_EQm(jobs[r].msg, PDP_OK, jobs[r].st, pdp_status_name);
+    ASSERT_EQ(count, jobs[0].count);
+    e = rel_diff(jobs[0].params, ref, count);
+    apart = rel_diff(other, ref, count);
+    snprintf(msg, sizeof msg, "stage %d %s accum %d own loss %d: |zero - its reference| %.3g, "
+             "the two references %.3g apart; sent %lld, formula %lld (%s)", stage,
+             mean == PDP_BATCH_MEAN_GLOBAL ? "GLOBAL" : "RANKS", accum, own, e, apart,
+             (long long)jobs[0].stats.bytes_sent, (long long)jobs[0].stats.formula_bytes,
+             jobs[0].stats.formula);
+    ASSERTm(msg, e <= 1e-5);
+    ASSERTm(msg, apart > 1e-3);
+    for (r = 0; r < UN; r++) {
+        ASSERT_MEM_EQm("ranks differ", jobs[0].params, jobs[r].params, (size_t)count * 4);
+        ASSERT_EQm(msg, jobs[r].stats.formula_bytes, jobs[r].stats.bytes_sent);
+        ASSERT_EQ((int64_t)accum, jobs[r].stats.micro_steps);
+    }
+    PASS();
+}
+
+TEST zero_uneven_shards_train_the_mean_batch_mean_says(void)
+{
+    int stage, accum, own;
+    for (stage = 1; stage <= 3; stage++)
+        for (accum = 1; accum <= 3; accum++)
+            for (own = 0; own <= 1; own++) {
+                CHECK_CALL(check_uneven(stage, PDP_BATCH_MEAN_RANKS, accum, own));
+                CHECK_CALL(check_uneven(stage, PDP_BATCH_MEAN_GLOBAL, accum, own));
+            }
+    PASS();
+}
+
 SUITE(zero)
 {
     RUN_TEST(zero_equals_ddp_and_single_device);
@@ -1138,9 +1777,520 @@ SUITE(zero)
     RUN_TEST(zero_stage3_trains_where_ddp_does_not_fit);
     RUN_TEST(zero_absent_rank_times_out_naming_collective_unit_and_rank);
     RUN_TEST(zero_refuses_misuse);
+    RUN_TEST(zero_clip_grad_norm_refuses_what_pdp_clip_grad_norm_refuses);
     RUN_TEST(zero_checkpoint_resume_is_bit_exact);
     RUN_TEST(zero_checkpoint_consolidate_and_reshard);
     RUN_TEST(zero_checkpoint_bad_sets_fail_naming_the_file);
+    RUN_TEST(zero_checkpoint_shard_of_another_run_refused);
+    RUN_TEST(zero_checkpoint_save_removes_a_dead_writers_marker_temporary);
+    RUN_TEST(zero_checkpoint_absent_rank_times_out_naming_it);
+}
+
+SUITE(zero_uneven_and_accumulation)
+{
+    RUN_TEST(zero_uneven_shards_train_the_mean_batch_mean_says);
+    RUN_TEST(zero_bytes_equal_the_formula_with_accumulation);
+}
+
+/* ---- wrapped models (issue 21, items 7, 9, 10 and 14's bucket options) ----
+   Layout: a model held by ZeRO (stages 1-3) refuses every call that would change its
+   layout, naming the call and the stage, stays unchanged (a step after the refusals
+   equals one device), refuses a second executor naming both, and is the caller's again
+   after pdp_zero_free. Before: stage 1 returned PDP_OK and the next step ran a GEMM
+   through a stale gradient pointer; stage 3 copied from the freed parameter block.
+   Views: on 3 ranks, with a unit per layer and one unit for the model, every
+   pdp_model_param view holds what its range states: the values equal
+   pdp_zero_gather_params' (the whole parameter at stages 1-2, the rank's part at stage
+   3), the gradients equal one device's on the global batch, and the ranks' ranges tile
+   each parameter exactly once; pdp_model_flat gives the full parameters at stages 1-2
+   and refuses what is not one block, naming the calls. Before: the gradient views were
+   NULL plus an offset at every stage, and at stage 3 the value views too.
+   Checkpoints: pdp_checkpoint_load refuses every stage (the shards train) naming
+   pdp_zero_checkpoint_load_full, parameters unchanged; pdp_checkpoint_save writes the
+   full parameters at stages 1-2 (as the single-device load reads them back) and refuses
+   stage 3 unless they were gathered, naming pdp_zero_checkpoint_consolidate, writing
+   nothing. Before: stage 1 loaded into one rank's copy, stage 3 crashed on NULL.
+   Bucket options: NaN, +Inf, 1e300 and -1 MiB are refused by pdp_zero_create and
+   pdp_ddp_create with the same message (one rule), INT_MAX and negative buffer counts
+   by pdp_zero_create, all naming the field and value; buffer counts above the units
+   are refused, the units' count accepted. Before: ZeRO took NaN, Inf and 1e300, and
+   INT_MAX grad_buffers allocated until killed. */
+
+static bool has(const char *want)
+{
+    return strstr(pdp_last_error(), want) != NULL;
+}
+
+static int64_t params_equal_to(pdp_zero *z, const float *want, int64_t count)
+{
+    static float got[MAXP];
+    if (pdp_zero_gather_params(z, got) != PDP_OK) return -1;
+    return memcmp(got, want, (size_t)count * sizeof(float)) == 0;
+}
+
+TEST zero_wrapped_model_refuses_layout_changes(void)
+{
+    int stage;
+    for (stage = 1; stage <= 3; stage++) {
+        pdp_local_group *g = NULL;
+        pdp_comm *c = NULL;
+        pdp_model *m = NULL, *ref = NULL;
+        pdp_optim *o = NULL, *oref = NULL;
+        pdp_zero *z = NULL, *z2 = NULL;
+        pdp_ddp *d = NULL;
+        pdp_zero_desc zd;
+        pdp_optim_desc od;
+        static float x[B * IN];
+        int32_t y[B];
+        int64_t shape[2] = {B, IN}, count;
+        float loss;
+        pdp_tensor xt;
+        char want[256];
+        int layers;
+        config cf;
+        memset(&cf, 0, sizeof cf);
+        od = optim_of(&cf);
+        memset(&zd, 0, sizeof zd);
+        zd.stage = stage;
+        zd.bucket_cap_mb = 0.0001;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&ref, 1, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&oref, ref, &od), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_optim_create(&o, z, &od), pdp_status_name);
+        layers = pdp_model_num_layers(m);
+        count = pdp_model_param_count(m);
+        snprintf(want, sizeof want, "pdp_model_add_linear: the model is wrapped by ZeRO stage %d "
+                 "(pdp_zero_create); add layers before wrapping it", stage);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_linear(m, 5), pdp_status_name);
+        ASSERTm(pdp_last_error(), has(want));
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
+        ASSERT(has("pdp_model_add_layernorm: the model is wrapped by ZeRO stage"));
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_add_flatten(m), pdp_status_name);
+        ASSERT(has("pdp_model_add_flatten: the model is wrapped by ZeRO stage"));
+        snprintf(want, sizeof want, "pdp_ddp_create: the model is already wrapped by ZeRO stage "
+                 "%d (pdp_zero_create); one executor holds a model at a time: pdp_zero_free it "
+                 "before wrapping the model in DDP (pdp_ddp_create)", stage);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_ddp_create(&d, m, c, NULL), pdp_status_name);
+        ASSERTm(pdp_last_error(), has(want));
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_zero_create(&z2, m, c, &zd), pdp_status_name);
+        ASSERT(has("pdp_zero_create: the model is already wrapped by ZeRO stage"));
+        ASSERT(d == NULL && z2 == NULL);
+        ASSERT_EQ(layers, pdp_model_num_layers(m));
+        ASSERT_EQ(count, pdp_model_param_count(m));
+        /* unchanged: a step equals one device's (one rank: the same sums) */
+        make_batch(0, B, x, y);
+        pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_forward_backward(z, &xt, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_step(z, o), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xt, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(oref), pdp_status_name);
+        ASSERT_EQ(1, params_equal_to(z, ref->param_block, count));
+        pdp_zero_free(z);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 5), pdp_status_name); /* the caller's */
+        ASSERT_EQ(count + CLASSES * 5 + 5, pdp_model_param_count(m));
+        pdp_optim_free(o);
+        pdp_optim_free(oref);
+        pdp_model_free(m);
+        pdp_model_free(ref);
+        pdp_comm_free(c);
+        pdp_local_group_free(g);
+    }
+    PASS();
+}
+
+/* ---- views: 3 ranks ---- */
+
+#define VIEW_N 3
+#define VIEW_P 8 /* parameters of build_model(.., 16): 3 Linear layers, 6 */
+
+typedef struct view_rank {
+    pdp_local_group *g;
+    int rank, stage;
+    double cap_mb;
+    const float *ref_grad;  /* one device's gradients on global batch 1 */
+    pdp_status st;
+    char msg[1024];
+    int64_t vlo[VIEW_P], vhi[VIEW_P], glo[VIEW_P], ghi[VIEW_P];
+    int nparams;
+} view_rank;
+
+static pdp_status view_fail(view_rank *v, const char *what)
+{
+    if (v->st == PDP_OK) {
+        v->st = PDP_ERR_INVALID;
+        snprintf(v->msg, sizeof v->msg, "rank %d stage %d cap %g: %s (last error: %.600s)",
+                 v->rank, v->stage, v->cap_mb, what, pdp_last_error());
+    }
+    return v->st;
+}
+
+/* One step on global batch 0, then the backward of global batch 1, finished: the views. */
+static void *view_rank_main(void *arg)
+{
+    view_rank *v = (view_rank *)arg;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_optim *o = NULL;
+    pdp_zero *z = NULL;
+    pdp_zero_desc zd;
+    pdp_optim_desc od;
+    config cf;
+    static __thread float x[B * IN], full[MAXP];
+    int32_t y[B];
+    int64_t shape[2] = {B / VIEW_N, IN};
+    int local = B / VIEW_N, s, p;
+    float loss;
+    pdp_tensor xt, fp, fg;
+    memset(&cf, 0, sizeof cf);
+    od = optim_of(&cf);
+    memset(&zd, 0, sizeof zd);
+    zd.stage = v->stage;
+    zd.bucket_cap_mb = zd.first_bucket_mb = v->cap_mb;
+    if (pdp_comm_create_local(&c, v->g, v->rank)) {
+        view_fail(v, "comm");
+        return NULL;
+    }
+    if (build_model(&m, v->rank == 0 ? 1 : 70 + (uint64_t)v->rank, 16) ||
+        pdp_zero_create(&z, m, c, &zd) || pdp_zero_optim_create(&o, z, &od)) {
+        view_fail(v, "create");
+        goto out;
+    }
+    pdp_tensor_wrap(x + v->rank * local * IN, pdp_cpu(), 2, shape, &xt);
+    for (s = 0; s < 2; s++) {
+        make_batch(s, B, x, y);
+        if (pdp_zero_forward_backward(z, &xt, y + v->rank * local, &loss) ||
+            (s == 0 ? pdp_zero_step(z, o) : pdp_zero_finish(z))) {
+            view_fail(v, "training");
+            goto out;
+        }
+    }
+    if (pdp_zero_gather_params(z, full)) { /* collective */
+        view_fail(v, "gather");
+        goto out;
+    }
+    v->nparams = pdp_model_num_params(m);
+    for (p = 0; p < v->nparams && p < VIEW_P; p++) {
+        pdp_param prm;
+        int64_t i, n;
+        double worst = 0.0, scale = 0.0;
+        if (pdp_model_param(m, p, &prm) != PDP_OK) {
+            view_fail(v, "pdp_model_param");
+            goto out;
+        }
+        v->vlo[p] = prm.value_lo;
+        v->vhi[p] = prm.value_hi;
+        v->glo[p] = prm.grad_lo;
+        v->ghi[p] = prm.grad_hi;
+        if (prm.count != m->params[p].count || prm.offset != m->params[p].offset) {
+            view_fail(v, "count or offset");
+            goto out;
+        }
+        /* values: [lo, hi) of the gathered parameter; full at stages 1-2 */
+        n = prm.value_hi - prm.value_lo;
+        if (prm.value.count != n || (n && !prm.value.data) || (!n && prm.value.data) ||
+            (v->stage < 3 && (prm.value_lo != 0 || n != prm.count ||
+                              prm.value.ndim != prm.ndim)) ||
+            (n && memcmp(prm.value.data, full + prm.offset + prm.value_lo,
+                         (size_t)n * sizeof(float)) != 0)) {
+            view_fail(v, "a value view differs from pdp_zero_gather_params'");
+            goto out;
+        }
+        /* gradients: [lo, hi) of one device's */
+        n = prm.grad_hi - prm.grad_lo;
+        if (prm.grad.count != n || prm.grad.ndim != 1 || (n && !prm.grad.data) ||
+            (!n && prm.grad.data)) {
+            view_fail(v, "a gradient view is not its range");
+            goto out;
+        }
+        for (i = 0; i < prm.count; i++) scale = fmax(scale, fabs(v->ref_grad[prm.offset + i]));
+        for (i = 0; i < n; i++)
+            worst = fmax(worst, fabs((double)prm.grad.data[i] -
+                                     v->ref_grad[prm.offset + prm.grad_lo + i]));
+        if (worst > 1e-5 * scale + 1e-12) {
+            view_fail(v, "a gradient view differs from one device's");
+            goto out;
+        }
+    }
+    /* flat: the full parameters at stages 1-2; the gradients never are one block */
+    if (v->stage < 3 ? pdp_model_flat(m, &fp, NULL) != PDP_OK ||
+                           memcmp(fp.data, full, (size_t)m->param_count * 4) != 0
+                     : pdp_model_flat(m, &fp, NULL) != PDP_ERR_STATE ||
+                           !has("pdp_model_flat: the model is wrapped by ZeRO stage 3 "
+                                "(pdp_zero_create)") ||
+                           !has("pdp_zero_gather_params"))
+        view_fail(v, "pdp_model_flat's parameters");
+    if (pdp_model_flat(m, NULL, &fg) != PDP_ERR_STATE || !has("pdp_model_flat: the model is "
+                                                             "wrapped by ZeRO stage") ||
+        !has("pdp_model_param"))
+        view_fail(v, "pdp_model_flat's gradients");
+out:
+    pdp_zero_free(z);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    return NULL;
+}
+
+/* The ranks' [lo, hi) of one parameter tile [0, count) exactly once. */
+static bool tiles(const int64_t *lo, const int64_t *hi, int n, int64_t count)
+{
+    int64_t at = 0;
+    int k, r;
+    for (k = 0; k < n; k++) {
+        for (r = 0; r < n; r++)
+            if (hi[r] > lo[r] && lo[r] == at) break;
+        if (r == n) break;
+        at = hi[r];
+    }
+    return at == count;
+}
+
+TEST zero_param_views_are_this_ranks_part(void)
+{
+    static const double caps[2] = {0.0001, 25}; /* a unit per Linear; one unit */
+    static view_rank v[VIEW_N];
+    static float ref_grad[MAXP];
+    pdp_model *ref = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    config cf;
+    static float x[B * IN];
+    int32_t y[B];
+    int64_t shape[2] = {B, IN};
+    pdp_tensor xt;
+    float loss;
+    int stage, k, r, p, partial, empty;
+    memset(&cf, 0, sizeof cf);
+    od = optim_of(&cf);
+    /* one device: a step on batch 0, the gradients of batch 1 */
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&ref, 1, 16), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
+    pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+    make_batch(0, B, x, y);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xt, y, &loss), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+    pdp_model_zero_grad(ref);
+    make_batch(1, B, x, y);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &xt, y, &loss), pdp_status_name);
+    ASSERT(ref->param_count <= MAXP && ref->nparams <= VIEW_P);
+    memcpy(ref_grad, ref->grad_block, (size_t)ref->param_count * sizeof(float));
+    for (stage = 1; stage <= 3; stage++)
+        for (k = 0; k < 2; k++) {
+            pthread_t t[VIEW_N];
+            pdp_local_group *g = NULL;
+            ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, VIEW_N, NULL), pdp_status_name);
+            for (r = 0; r < VIEW_N; r++) {
+                memset(&v[r], 0, sizeof v[r]);
+                v[r].g = g;
+                v[r].rank = r;
+                v[r].stage = stage;
+                v[r].cap_mb = caps[k];
+                v[r].ref_grad = ref_grad;
+                pthread_create(&t[r], NULL, view_rank_main, &v[r]);
+            }
+            for (r = 0; r < VIEW_N; r++) pthread_join(t[r], NULL);
+            pdp_local_group_free(g);
+            for (r = 0; r < VIEW_N; r++)
+                ASSERT_ENUM_EQm(v[r].msg, PDP_OK, v[r].st, pdp_status_name);
+            partial = empty = 0;
+            for (p = 0; p < ref->nparams; p++)
+                for (r = 0; r < VIEW_N; r++) {
+                    int64_t n = v[r].ghi[p] - v[r].glo[p];
+                    partial += n > 0 && n < ref->params[p].count;
+                    empty += n == 0;
+                }
+            ASSERTm("no rank holds part of a parameter: the test shows nothing", partial > 0);
+            ASSERTm("every rank holds some of every parameter", k == 0 || empty > 0);
+            for (p = 0; p < ref->nparams; p++) {
+                int64_t lo[VIEW_N], hi[VIEW_N], vlo[VIEW_N], vhi[VIEW_N];
+                for (r = 0; r < VIEW_N; r++) {
+                    lo[r] = v[r].glo[p];
+                    hi[r] = v[r].ghi[p];
+                    vlo[r] = v[r].vlo[p];
+                    vhi[r] = v[r].vhi[p];
+                }
+                ASSERTm("gradient ranges do not tile the parameter",
+                        tiles(lo, hi, VIEW_N, ref->params[p].count));
+                if (stage == 3)
+                    ASSERTm("value ranges do not tile the parameter",
+                            tiles(vlo, vhi, VIEW_N, ref->params[p].count));
+            }
+        }
+    pdp_optim_free(o);
+    pdp_model_free(ref);
+    PASS();
+}
+
+TEST zero_checkpoint_calls_refuse_what_the_shards_hold(void)
+{
+    int stage;
+    for (stage = 1; stage <= 3; stage++) {
+        pdp_local_group *g = NULL;
+        pdp_comm *c = NULL;
+        pdp_model *m = NULL, *other = NULL, *back = NULL;
+        pdp_optim *o = NULL;
+        pdp_zero *z = NULL;
+        pdp_zero_desc zd;
+        static float x[B * IN], before[MAXP];
+        int32_t y[B];
+        int64_t shape[2] = {B, IN};
+        float loss;
+        pdp_tensor xt;
+        char other_path[512], path[512], name[64], want[800];
+        memset(&zd, 0, sizeof zd);
+        zd.stage = stage;
+        snprintf(name, sizeof name, "wrapped_other_%d.safetensors", stage);
+        tmp_path(other_path, name);
+        snprintf(name, sizeof name, "wrapped_%d.safetensors", stage);
+        tmp_path(path, name);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&other, 9, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_save(other_path, other, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_optim_create(&o, z, NULL), pdp_status_name);
+        make_batch(0, B, x, y);
+        pdp_tensor_wrap(x, pdp_cpu(), 2, shape, &xt);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_forward_backward(z, &xt, y, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_step(z, o), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_zero_gather_params(z, before), pdp_status_name);
+        /* load: refused at every stage, nothing changed */
+        snprintf(want, sizeof want, "pdp_checkpoint_load: %s: the model is wrapped by ZeRO stage "
+                 "%d (pdp_zero_create)", other_path, stage);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_checkpoint_load(other_path, m, NULL), pdp_status_name);
+        ASSERTm(pdp_last_error(), has(want) && has("pdp_zero_checkpoint_load_full"));
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_checkpoint_load(other_path, m, o), pdp_status_name);
+        ASSERT_EQ(1, params_equal_to(z, before, m->param_count));
+        /* save: the shard optimizer never; the parameters where the block holds them all */
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_checkpoint_save(path, m, o), pdp_status_name);
+        ASSERTm(pdp_last_error(), has("pdp_zero_checkpoint_consolidate"));
+        if (stage == 3) {
+            snprintf(want, sizeof want, "pdp_checkpoint_save: %s: the model is wrapped by ZeRO "
+                     "stage 3 (pdp_zero_create), which keeps only this rank's slices", path);
+            ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_checkpoint_save(path, m, NULL), pdp_status_name);
+            ASSERTm(pdp_last_error(), has(want) && has("pdp_zero_checkpoint_consolidate"));
+            ASSERT(access(path, F_OK) != 0); /* nothing written */
+            ASSERT_ENUM_EQ(PDP_OK, pdp_zero_gather_params(z, NULL), pdp_status_name);
+        }
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_save(path, m, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&back, 5, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(path, back, NULL), pdp_status_name);
+        ASSERT_MEM_EQ(before, back->param_block, (size_t)m->param_count * sizeof(float));
+        pdp_zero_free(z);
+        pdp_optim_free(o);
+        pdp_model_free(back);
+        pdp_model_free(other);
+        pdp_model_free(m);
+        pdp_comm_free(c);
+        pdp_local_group_free(g);
+    }
+    PASS();
+}
+
+TEST zero_and_ddp_bucket_options_one_rule(void)
+{
+    static const double bad[4] = {0.0, 0.0, 1e300, -1.0};
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = NULL;
+    pdp_zero *z = NULL;
+    pdp_ddp *d = NULL;
+    pdp_zero_desc zd;
+    pdp_ddp_desc dd;
+    pdp_zero_memory mem;
+    char zmsg[1100], want[160];
+    double vals[4];
+    int f, i, units;
+    vals[0] = NAN;
+    vals[1] = INFINITY;
+    vals[2] = bad[2];
+    vals[3] = bad[3];
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 16), pdp_status_name);
+    for (f = 0; f < 2; f++)
+        for (i = 0; i < 4; i++) {
+            memset(&zd, 0, sizeof zd);
+            memset(&dd, 0, sizeof dd);
+            zd.stage = 2;
+            if (f == 0) zd.bucket_cap_mb = dd.bucket_cap_mb = vals[i];
+            else zd.first_bucket_mb = dd.first_bucket_mb = vals[i];
+            snprintf(want, sizeof want, "pdp_zero_create: %s %g:",
+                     f ? "first_bucket_mb" : "bucket_cap_mb", vals[i]);
+            ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+            ASSERTm(pdp_last_error(), has(want));
+            snprintf(zmsg, sizeof zmsg, "%s", pdp_last_error() + strlen("pdp_zero_create"));
+            ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_ddp_create(&d, m, c, &dd), pdp_status_name);
+            ASSERT_STR_EQ(zmsg, pdp_last_error() + strlen("pdp_ddp_create"));
+            ASSERT(z == NULL && d == NULL && m->wrapped == PDP__WRAP_NONE);
+        }
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 2;
+    zd.grad_buffers = INT_MAX;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERTm(pdp_last_error(), has("pdp_zero_create: grad_buffers 2147483647: more than the 1 "
+                                  "units"));
+    zd.grad_buffers = -1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: grad_buffers -1 is negative"));
+    zd.grad_buffers = 0;
+    zd.stage = 3;
+    zd.param_buffers = INT_MAX;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: param_buffers 2147483647: more than the 1 units"));
+    zd.param_buffers = 1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: param_buffers 1"));
+    zd.param_buffers = -3;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: param_buffers -3 is negative"));
+    ASSERT(z == NULL && m->wrapped == PDP__WRAP_NONE);
+    /* the bound: as many buffers as units, not one more */
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 3;
+    zd.bucket_cap_mb = 0.0001; /* a unit per Linear */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    units = pdp_zero_num_units(z);
+    ASSERT_EQ(3, units);
+    pdp_zero_free(z);
+    z = NULL;
+    zd.grad_buffers = units;
+    zd.param_buffers = units;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    pdp_zero_free(z);
+    z = NULL;
+    zd.grad_buffers = units + 1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: grad_buffers 4: more than the 3 units of bucket_cap_mb 0.0001"));
+    zd.grad_buffers = units;
+    zd.param_buffers = units + 1;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT(has("pdp_zero_create: param_buffers 4: more than the 3 units"));
+    /* one unit: the default two gradient buffers become the one that can be used */
+    memset(&zd, 0, sizeof zd);
+    zd.stage = 2;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, c, &zd), pdp_status_name);
+    ASSERT_EQ(1, pdp_zero_num_units(z));
+    pdp_zero_get_memory(z, NULL, &mem);
+    ASSERT_EQ(mem.buffer_bound, mem.buffer_bytes);
+    ASSERT_EQ(2 * 4 * (int64_t)z->smax, mem.buffer_bytes); /* staging + one bucket buffer */
+    pdp_zero_free(z);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
+SUITE(zero_wrapped)
+{
+    RUN_TEST(zero_wrapped_model_refuses_layout_changes);
+    RUN_TEST(zero_param_views_are_this_ranks_part);
+    RUN_TEST(zero_checkpoint_calls_refuse_what_the_shards_hold);
+    RUN_TEST(zero_and_ddp_bucket_options_one_rule);
 }
 
 GREATEST_MAIN_DEFS();
@@ -1149,6 +2299,8 @@ int main(int argc, char **argv)
 {
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(zero);
+    RUN_SUITE(zero_uneven_and_accumulation);
+    RUN_SUITE(zero_wrapped);
     if (ckpt_dir[0]) { /* the checkpoint tests' files */
         char cmd[300];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt_dir);
