@@ -1283,6 +1283,8 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
    progress thread, handle pool and stats, and is independent of c: free each
    with pdp_comm_free, in any order (a local group made by a split is freed with
    its last communicator; pdp_local_group_free stays for groups the program made).
+   A rank that cannot make its new communicator (no memory) makes every rank fail:
+   the others with PDP_ERR_COMM naming it, *out NULL everywhere.
    E.g. 4 ranks as 2 data-parallel x 2 model-parallel groups:
      pdp_comm_split(world, rank / 2, rank, &mp);   ranks {0,1} and {2,3}
      pdp_comm_split(world, rank % 2, rank, &dp);   ranks {0,2} and {1,3} */
@@ -2031,7 +2033,13 @@ typedef struct pdp_zero_desc {
 
 /* Wraps m and c as pdp_ddp_create does (collective; same checks; rank 0's
    parameters everywhere), then shards: frees the model's gradient block (and at
-   stage 3 its parameter block) and points its layers at ZeRO's buffers. */
+   stage 3 its parameter block) and points its layers at ZeRO's buffers. A rank that
+   cannot allocate its shards and buffers makes every rank fail: the others with
+   PDP_ERR_COMM naming it. A failed create leaves each model whole (with rank 0's
+   parameters once their broadcast has run), except at stage 3 when the failure came after
+   the shards (the buffers): each model then holds its slices only, as after pdp_zero_free
+   (the block is freed before the buffers are allocated, which keeps the peak of creation
+   under DDP's). */
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc);
 /* Waits for collectives in flight and gives the model back its gradient block
@@ -2277,8 +2285,9 @@ typedef struct pdp_pp_desc {
 /* Collective over c (every rank calls it; rank r is stage r) and, with desc.dp, over
    dp. full: the same model on every rank; it is read, not kept. A model with fewer
    layers than stages, or boundaries that differ from rank 0's, fail with
-   PDP_ERR_INVALID; a model with tensor-parallel layers with PDP_ERR_UNSUPPORTED.
-   PDP_TRACE=out.json traces the schedule. */
+   PDP_ERR_INVALID; a model with tensor-parallel layers with PDP_ERR_UNSUPPORTED. A rank
+   that cannot allocate its stage makes every rank fail: the others with PDP_ERR_COMM
+   naming it. PDP_TRACE=out.json traces the schedule. */
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
@@ -9238,23 +9247,29 @@ static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_ran
     pdp_comm_desc d;
     char name[48];
     int r;
-    pdp_status st;
+    pdp_status st = PDP_OK;
     (void)key;
     if (colour >= 0 && new_rank == 0) {
         memset(&d, 0, sizeof d);
         d.timeout_s = c->timeout_s;
         snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
         d.name = name;
-        if ((st = pdp_local_group_create(&mine, new_size, &d)) != PDP_OK) return st;
-        mine->refs = new_size;
+        /* on failure the leader still takes part below: its NULL tells the members (and
+           pdp_comm_split's agreement keeps every rank in step) */
+        if ((st = pdp_local_group_create(&mine, new_size, &d)) == PDP_OK) mine->refs = new_size;
     }
     for (r = 0; r < c->size; r++) {
         void *p = r == c->rank ? (void *)mine : NULL;
-        if ((st = c->ops->broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return st;
+        pdp_status bst;
+        if ((bst = c->ops->broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return bst;
         if (r == leader) g = (pdp_local_group *)p;
     }
     (void)lc;
     if (colour < 0) return PDP_OK;
+    if (!g)
+        return c->rank == leader ? st : pdp__err(PDP_ERR_COMM, "rank %d (colour %d): the new "
+                                                 "group's rank 0, rank %d, could not create it",
+                                                 c->rank, colour, leader);
     if ((st = pdp_comm_create_local(out, g, new_rank)) != PDP_OK) {
         bool last;
         pthread_mutex_lock(&g->mu);
@@ -11206,6 +11221,41 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
     return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
 }
 
+/* ---- comm: agreement at the end of a collective constructor ----
+   pdp_comm_split, pdp_zero_create and pdp_pp_create allocate after their last collective: a
+   rank whose allocation fails there would leave the others an object whose peer does not
+   exist, and they would learn of it only at its first collective. So each rank passes its
+   status st through one all-reduce (a count of failed ranks and the sum of their numbers):
+   a failed rank gets its own status and message back; a rank that succeeded fails with
+   PDP_ERR_COMM naming the failed rank when there is one. */
+static pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
+{
+    char why[1024]; /* the thread-local message's size */
+    float v[2], *dev = NULL;
+    pdp_status ast;
+    if (st != PDP_OK) snprintf(why, sizeof why, "%s", pdp_last_error());
+    v[0] = st != PDP_OK ? 1.0f : 0.0f;
+    v[1] = st != PDP_OK ? (float)c->rank : 0.0f;
+    if (c->device.kind == PDP_DEVICE_CPU) {
+        ast = pdp_comm_allreduce(c, v, 2, PDP_REDUCE_SUM, NULL);
+    } else if ((ast = pdp__dev_alloc(c->device, sizeof v, (void **)&dev)) == PDP_OK) {
+        if ((ast = pdp__dev_copy(c->device, dev, pdp_cpu(), v, sizeof v)) == PDP_OK &&
+            (ast = pdp_comm_allreduce(c, dev, 2, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+            ast = pdp__dev_copy(pdp_cpu(), v, c->device, dev, sizeof v);
+        pdp__dev_free(c->device, dev);
+    }
+    if (st != PDP_OK) return pdp__err(st, "%s", why);
+    if (ast != PDP_OK)
+        return pdp__err_wrap(ast, "%s: rank %d: agreeing that every rank succeeded", fn, c->rank);
+    if (v[0] >= 2.0f)
+        return pdp__err(PDP_ERR_COMM, "%s: rank %d: %d ranks of comm '%s' failed (see their "
+                        "messages)", fn, c->rank, (int)v[0], c->name);
+    if (v[0] >= 1.0f)
+        return pdp__err(PDP_ERR_COMM, "%s: rank %d: rank %d of comm '%s' failed (see its "
+                        "message)", fn, c->rank, (int)v[1], c->name);
+    return PDP_OK;
+}
+
 /* ---- comm: process groups ---- */
 
 #define PDP__SPLIT_MAX_RANKS 4096 /* the (colour, key) table lives on the stack */
@@ -11246,8 +11296,13 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
         if (leader < 0 || k < lk) leader = r;
     }
     if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, out)) != PDP_OK)
-        return pdp__err_wrap(st, "%s", fn);
-    return PDP_OK;
+        st = pdp__err_wrap(st, "%s", fn);
+    if (st == PDP_ERR_TIMEOUT) return st; /* c timed out: an agreement would wait as long */
+    if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK && *out) { /* a member is missing */
+        pdp_comm_free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
@@ -16148,10 +16203,11 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     b->order = (int64_t *)pdp__alloc((size_t)(b->len + 1) * sizeof(int64_t));
     b->x = (float *)pdp__alloc((size_t)(d.batch_size * ds->features) * sizeof(float));
     b->labels = (int32_t *)pdp__alloc((size_t)d.batch_size * sizeof(int32_t));
-    if (!b->base || !b->order || !b->x || !b->labels) {
+    if (!b->base || !b->order || !b->x || !b->labels) { /* the message reads b: free after */
+        pdp_status st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices and a "
+                                 "batch of %lld", fn, (long long)b->len, (long long)d.batch_size);
         pdp_batcher_free(b);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices and a batch of "
-                        "%lld", fn, (long long)b->len, (long long)d.batch_size);
+        return st;
     }
     for (i = 0; i < b->len; i++) b->base[i] = d.indices ? d.indices[i] : i;
     d.indices = b->base;
@@ -18284,10 +18340,11 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         if (i == 0) {
             w->replica = master;
         } else if ((st = pdp__model_clone(master, w->device, !dp->copy_params, &w->replica)) !=
-                   PDP_OK) {
+                   PDP_OK) { /* the message reads w: destroy after */
+            st = pdp__err_wrap(st, "pdp_dp_create: replica %d on device %d:%d", i,
+                               w->device.kind, w->device.ordinal);
             pdp__dp_destroy(dp);
-            return pdp__err_wrap(st, "pdp_dp_create: replica %d on device %d:%d", i,
-                                 w->device.kind, w->device.ordinal);
+            return st;
         }
         /* the reduce's staging block, once, if any replica's gradients live elsewhere */
         if (i > 0 && dp->cuda && !dp->stage && !pdp__same_device(w->device, master->device) &&
@@ -20755,6 +20812,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     pdp_status st;
     int64_t acc, base;
     int b, l, n;
+    bool joined = false;
+    char why[1024]; /* the thread-local message's size */
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
@@ -20800,6 +20859,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     rd.batch_mean = z->desc.batch_mean;
     rd.user = z;
     if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
+    joined = true; /* past the collectives: a failure from here on is agreed (pdp__comm_agree) */
     if (z->r.trace_comm) { /* the reduce-scatters on the reducer's lane, the gathers on this */
         char lane[64];
         snprintf(lane, sizeof lane, "allgather %s", c->name);
@@ -20884,6 +20944,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
             if (!(z->pslots[b].buf = pdp__zero_buf(z, n * z->smax, true))) goto oom;
         }
     }
+    if ((st = pdp__comm_agree(c, PDP_OK, fn)) != PDP_OK) goto release;
     m->views = pdp__zero_views; /* pdp_model_param: what this rank holds */
     m->views_user = z;
     z->stats.units = z->nunits;
@@ -20896,8 +20957,11 @@ oom:
                   "buffers (%lld floats of parameters, %d units)", fn, c->rank, z->stage,
                   (long long)m->param_count, z->nunits);
 fail:
+    if (joined) st = pdp__comm_agree(c, st, fn);
+release: /* pdp_zero_free's best-effort allocations must not replace the message */
+    snprintf(why, sizeof why, "%s", pdp_last_error());
     pdp_zero_free(z);
-    return st;
+    return pdp__err(st, "%s", why);
 }
 
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
@@ -21429,8 +21493,9 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
                                             marker);
     pdp__zero_run_text(id, run);
     if ((st = pdp__dev_alloc(z->m->device, (size_t)PDP__MAX(1, z->shard_count) * 4,
-                             (void **)&packed)) == PDP_OK &&
-        (st = pdp__zero_pack_params(z, packed)) == PDP_OK) {
+                             (void **)&packed)) != PDP_OK)
+        st = pdp__err_wrap(st, "%s: rank %d: packing the shard", fn, z->rank);
+    else if ((st = pdp__zero_pack_params(z, packed)) == PDP_OK) {
         pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
         st = pdp__checkpoint_save_run(path, &mv, packed, &ov, ov.lo, ov.hi, run, fn);
     }
@@ -21674,7 +21739,7 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     pdp_optim *full = NULL;
     float *buf = NULL;
     bool gathered = false, bad[64];
-    pdp_status st, cs;
+    pdp_status st, cs, bst;
     int u, k;
     if ((st = pdp__zero_ckpt_args(z, opt, path, fn)) != PDP_OK) return st;
     dev = z->m->device;
@@ -21686,11 +21751,20 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
         (st = pdp__dev_alloc(dev, (size_t)(z->size * z->smax) * 4, (void **)&buf)) != PDP_OK)
         st = pdp__err_wrap(st, "%s: rank %d: no memory to gather the optimizer state", fn,
                            z->rank);
-    /* every rank takes part in every gather: on a local failure it still sends zeros */
-    for (k = 0; k < opt->nstate; k++)
+    /* every rank takes part in every gather: on a local failure it still sends zeros; a rank
+       without its buffers cannot, so first the ranks agree that each has them */
+    if ((bst = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
+        st = pdp__err_wrap(bst, "%s: rank %d: agreeing on the buffers", fn, z->rank);
+    for (u = 0; u < z->size && bst == PDP_OK; u++)
+        if (bad[u]) {
+            bst = PDP_ERR_COMM; /* no gathers */
+            if (st == PDP_OK)
+                st = pdp__err(PDP_ERR_COMM, "%s: rank %d: rank %d has no memory to gather the "
+                              "optimizer state", fn, z->rank, u);
+        }
+    for (k = 0; bst == PDP_OK && k < opt->nstate; k++)
         for (u = 0; u < z->nunits; u++) {
             const pdp__zero_unit *q = &z->units[u];
-            if (!buf) break;
             if (pdp__dev_copy(dev, buf + (int64_t)z->rank * q->s, dev, opt->state[k] + q->shard_off,
                               (size_t)q->s * 4) != PDP_OK && st == PDP_OK)
                 st = pdp__err(PDP_ERR_CUDA, "%s: rank %d: copying the state", fn, z->rank);
@@ -21707,7 +21781,8 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     pdp__dev_free(dev, buf);
     if (full && st == PDP_OK) {
         full->steps = opt->steps;
-        st = pdp_checkpoint_save(path, z->m, full);
+        if ((st = pdp_checkpoint_save(path, z->m, full)) != PDP_OK)
+            st = pdp__err_wrap(st, "%s: rank 0", fn);
     }
     pdp_optim_free(full);
     if (gathered) { /* not the caller's copy: give the memory back */
@@ -22016,6 +22091,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     pdp_pp *pp;
     pdp_status st;
     int i;
+    bool agreed = false;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!full || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, full ? "comm" : "model");
@@ -22044,6 +22120,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     if ((st = pdp__pp_check_desc(&pp->desc, full->nlayers, pp->p, fn)) != PDP_OK ||
         (st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
         goto fail;
+    agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb) * sizeof *pp->acts);
     if (!pp->acts) goto oom;
     pdp__pp_plan(pp);
@@ -22078,14 +22155,19 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     }
     pp->stats.bubble_theory = (double)(pp->p - 1) / (double)(pp->mb + pp->p - 1);
     for (i = 0; i < 2; i++) pp->send_bwd[i] = NULL;
+    if ((st = pdp__comm_agree(c, PDP_OK, fn)) != PDP_OK) {
+        pdp_pp_free(pp);
+        return st;
+    }
     *out = pp;
     return PDP_OK;
 oom:
-    st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
     goto fail;
 wrap:
     st = pdp__err_wrap(st, "%s: rank %d", fn, pp->stage);
 fail:
+    if (agreed) st = pdp__comm_agree(c, st, fn);
     pdp_pp_free(pp);
     return st;
 }

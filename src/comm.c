@@ -301,6 +301,41 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
     return pdp__comm_launched(c, st, w, t, 0.0, work, fn);
 }
 
+/* ---- comm: agreement at the end of a collective constructor ----
+   pdp_comm_split, pdp_zero_create and pdp_pp_create allocate after their last collective: a
+   rank whose allocation fails there would leave the others an object whose peer does not
+   exist, and they would learn of it only at its first collective. So each rank passes its
+   status st through one all-reduce (a count of failed ranks and the sum of their numbers):
+   a failed rank gets its own status and message back; a rank that succeeded fails with
+   PDP_ERR_COMM naming the failed rank when there is one. */
+static pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
+{
+    char why[1024]; /* the thread-local message's size */
+    float v[2], *dev = NULL;
+    pdp_status ast;
+    if (st != PDP_OK) snprintf(why, sizeof why, "%s", pdp_last_error());
+    v[0] = st != PDP_OK ? 1.0f : 0.0f;
+    v[1] = st != PDP_OK ? (float)c->rank : 0.0f;
+    if (c->device.kind == PDP_DEVICE_CPU) {
+        ast = pdp_comm_allreduce(c, v, 2, PDP_REDUCE_SUM, NULL);
+    } else if ((ast = pdp__dev_alloc(c->device, sizeof v, (void **)&dev)) == PDP_OK) {
+        if ((ast = pdp__dev_copy(c->device, dev, pdp_cpu(), v, sizeof v)) == PDP_OK &&
+            (ast = pdp_comm_allreduce(c, dev, 2, PDP_REDUCE_SUM, NULL)) == PDP_OK)
+            ast = pdp__dev_copy(pdp_cpu(), v, c->device, dev, sizeof v);
+        pdp__dev_free(c->device, dev);
+    }
+    if (st != PDP_OK) return pdp__err(st, "%s", why);
+    if (ast != PDP_OK)
+        return pdp__err_wrap(ast, "%s: rank %d: agreeing that every rank succeeded", fn, c->rank);
+    if (v[0] >= 2.0f)
+        return pdp__err(PDP_ERR_COMM, "%s: rank %d: %d ranks of comm '%s' failed (see their "
+                        "messages)", fn, c->rank, (int)v[0], c->name);
+    if (v[0] >= 1.0f)
+        return pdp__err(PDP_ERR_COMM, "%s: rank %d: rank %d of comm '%s' failed (see its "
+                        "message)", fn, c->rank, (int)v[1], c->name);
+    return PDP_OK;
+}
+
 /* ---- comm: process groups ---- */
 
 #define PDP__SPLIT_MAX_RANKS 4096 /* the (colour, key) table lives on the stack */
@@ -341,8 +376,13 @@ PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **o
         if (leader < 0 || k < lk) leader = r;
     }
     if ((st = c->ops->split(c, colour, key, new_rank, new_size, leader, out)) != PDP_OK)
-        return pdp__err_wrap(st, "%s", fn);
-    return PDP_OK;
+        st = pdp__err_wrap(st, "%s", fn);
+    if (st == PDP_ERR_TIMEOUT) return st; /* c timed out: an agreement would wait as long */
+    if ((st = pdp__comm_agree(c, st, fn)) != PDP_OK && *out) { /* a member is missing */
+        pdp_comm_free(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)

@@ -211,6 +211,8 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
    progress thread, handle pool and stats, and is independent of c: free each
    with pdp_comm_free, in any order (a local group made by a split is freed with
    its last communicator; pdp_local_group_free stays for groups the program made).
+   A rank that cannot make its new communicator (no memory) makes every rank fail:
+   the others with PDP_ERR_COMM naming it, *out NULL everywhere.
    E.g. 4 ranks as 2 data-parallel x 2 model-parallel groups:
      pdp_comm_split(world, rank / 2, rank, &mp);   ranks {0,1} and {2,3}
      pdp_comm_split(world, rank % 2, rank, &dp);   ranks {0,2} and {1,3} */

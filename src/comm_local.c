@@ -589,23 +589,29 @@ static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_ran
     pdp_comm_desc d;
     char name[48];
     int r;
-    pdp_status st;
+    pdp_status st = PDP_OK;
     (void)key;
     if (colour >= 0 && new_rank == 0) {
         memset(&d, 0, sizeof d);
         d.timeout_s = c->timeout_s;
         snprintf(name, sizeof name, "%.20s.%d", c->name, colour);
         d.name = name;
-        if ((st = pdp_local_group_create(&mine, new_size, &d)) != PDP_OK) return st;
-        mine->refs = new_size;
+        /* on failure the leader still takes part below: its NULL tells the members (and
+           pdp_comm_split's agreement keeps every rank in step) */
+        if ((st = pdp_local_group_create(&mine, new_size, &d)) == PDP_OK) mine->refs = new_size;
     }
     for (r = 0; r < c->size; r++) {
         void *p = r == c->rank ? (void *)mine : NULL;
-        if ((st = c->ops->broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return st;
+        pdp_status bst;
+        if ((bst = c->ops->broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return bst;
         if (r == leader) g = (pdp_local_group *)p;
     }
     (void)lc;
     if (colour < 0) return PDP_OK;
+    if (!g)
+        return c->rank == leader ? st : pdp__err(PDP_ERR_COMM, "rank %d (colour %d): the new "
+                                                 "group's rank 0, rank %d, could not create it",
+                                                 c->rank, colour, leader);
     if ((st = pdp_comm_create_local(out, g, new_rank)) != PDP_OK) {
         bool last;
         pthread_mutex_lock(&g->mu);

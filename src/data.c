@@ -427,10 +427,11 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     b->order = (int64_t *)pdp__alloc((size_t)(b->len + 1) * sizeof(int64_t));
     b->x = (float *)pdp__alloc((size_t)(d.batch_size * ds->features) * sizeof(float));
     b->labels = (int32_t *)pdp__alloc((size_t)d.batch_size * sizeof(int32_t));
-    if (!b->base || !b->order || !b->x || !b->labels) {
+    if (!b->base || !b->order || !b->x || !b->labels) { /* the message reads b: free after */
+        pdp_status st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices and a "
+                                 "batch of %lld", fn, (long long)b->len, (long long)d.batch_size);
         pdp_batcher_free(b);
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices and a batch of "
-                        "%lld", fn, (long long)b->len, (long long)d.batch_size);
+        return st;
     }
     for (i = 0; i < b->len; i++) b->base[i] = d.indices ? d.indices[i] : i;
     d.indices = b->base;

@@ -476,10 +476,11 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         if (i == 0) {
             w->replica = master;
         } else if ((st = pdp__model_clone(master, w->device, !dp->copy_params, &w->replica)) !=
-                   PDP_OK) {
+                   PDP_OK) { /* the message reads w: destroy after */
+            st = pdp__err_wrap(st, "pdp_dp_create: replica %d on device %d:%d", i,
+                               w->device.kind, w->device.ordinal);
             pdp__dp_destroy(dp);
-            return pdp__err_wrap(st, "pdp_dp_create: replica %d on device %d:%d", i,
-                                 w->device.kind, w->device.ordinal);
+            return st;
         }
         /* the reduce's staging block, once, if any replica's gradients live elsewhere */
         if (i > 0 && dp->cuda && !dp->stage && !pdp__same_device(w->device, master->device) &&

@@ -290,6 +290,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     pdp_pp *pp;
     pdp_status st;
     int i;
+    bool agreed = false;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!full || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, full ? "comm" : "model");
@@ -318,6 +319,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     if ((st = pdp__pp_check_desc(&pp->desc, full->nlayers, pp->p, fn)) != PDP_OK ||
         (st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
         goto fail;
+    agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb) * sizeof *pp->acts);
     if (!pp->acts) goto oom;
     pdp__pp_plan(pp);
@@ -352,14 +354,19 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     }
     pp->stats.bubble_theory = (double)(pp->p - 1) / (double)(pp->mb + pp->p - 1);
     for (i = 0; i < 2; i++) pp->send_bwd[i] = NULL;
+    if ((st = pdp__comm_agree(c, PDP_OK, fn)) != PDP_OK) {
+        pdp_pp_free(pp);
+        return st;
+    }
     *out = pp;
     return PDP_OK;
 oom:
-    st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: rank %d: no memory", fn, pp->stage);
     goto fail;
 wrap:
     st = pdp__err_wrap(st, "%s: rank %d", fn, pp->stage);
 fail:
+    if (agreed) st = pdp__comm_agree(c, st, fn);
     pdp_pp_free(pp);
     return st;
 }

@@ -445,6 +445,8 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     pdp_status st;
     int64_t acc, base;
     int b, l, n;
+    bool joined = false;
+    char why[1024]; /* the thread-local message's size */
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
@@ -490,6 +492,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     rd.batch_mean = z->desc.batch_mean;
     rd.user = z;
     if ((st = pdp__reducer_init(&z->r, m, c, &rd, fn)) != PDP_OK) goto fail;
+    joined = true; /* past the collectives: a failure from here on is agreed (pdp__comm_agree) */
     if (z->r.trace_comm) { /* the reduce-scatters on the reducer's lane, the gathers on this */
         char lane[64];
         snprintf(lane, sizeof lane, "allgather %s", c->name);
@@ -574,6 +577,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
             if (!(z->pslots[b].buf = pdp__zero_buf(z, n * z->smax, true))) goto oom;
         }
     }
+    if ((st = pdp__comm_agree(c, PDP_OK, fn)) != PDP_OK) goto release;
     m->views = pdp__zero_views; /* pdp_model_param: what this rank holds */
     m->views_user = z;
     z->stats.units = z->nunits;
@@ -586,8 +590,11 @@ oom:
                   "buffers (%lld floats of parameters, %d units)", fn, c->rank, z->stage,
                   (long long)m->param_count, z->nunits);
 fail:
+    if (joined) st = pdp__comm_agree(c, st, fn);
+release: /* pdp_zero_free's best-effort allocations must not replace the message */
+    snprintf(why, sizeof why, "%s", pdp_last_error());
     pdp_zero_free(z);
-    return st;
+    return pdp__err(st, "%s", why);
 }
 
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc)
@@ -1119,8 +1126,9 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
                                             marker);
     pdp__zero_run_text(id, run);
     if ((st = pdp__dev_alloc(z->m->device, (size_t)PDP__MAX(1, z->shard_count) * 4,
-                             (void **)&packed)) == PDP_OK &&
-        (st = pdp__zero_pack_params(z, packed)) == PDP_OK) {
+                             (void **)&packed)) != PDP_OK)
+        st = pdp__err_wrap(st, "%s: rank %d: packing the shard", fn, z->rank);
+    else if ((st = pdp__zero_pack_params(z, packed)) == PDP_OK) {
         pdp__zero_ckpt_views(z, opt, NULL, &mv, &ov);
         st = pdp__checkpoint_save_run(path, &mv, packed, &ov, ov.lo, ov.hi, run, fn);
     }
@@ -1364,7 +1372,7 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     pdp_optim *full = NULL;
     float *buf = NULL;
     bool gathered = false, bad[64];
-    pdp_status st, cs;
+    pdp_status st, cs, bst;
     int u, k;
     if ((st = pdp__zero_ckpt_args(z, opt, path, fn)) != PDP_OK) return st;
     dev = z->m->device;
@@ -1376,11 +1384,20 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
         (st = pdp__dev_alloc(dev, (size_t)(z->size * z->smax) * 4, (void **)&buf)) != PDP_OK)
         st = pdp__err_wrap(st, "%s: rank %d: no memory to gather the optimizer state", fn,
                            z->rank);
-    /* every rank takes part in every gather: on a local failure it still sends zeros */
-    for (k = 0; k < opt->nstate; k++)
+    /* every rank takes part in every gather: on a local failure it still sends zeros; a rank
+       without its buffers cannot, so first the ranks agree that each has them */
+    if ((bst = pdp__zero_agree(z, st == PDP_OK, bad, NULL)) != PDP_OK && st == PDP_OK)
+        st = pdp__err_wrap(bst, "%s: rank %d: agreeing on the buffers", fn, z->rank);
+    for (u = 0; u < z->size && bst == PDP_OK; u++)
+        if (bad[u]) {
+            bst = PDP_ERR_COMM; /* no gathers */
+            if (st == PDP_OK)
+                st = pdp__err(PDP_ERR_COMM, "%s: rank %d: rank %d has no memory to gather the "
+                              "optimizer state", fn, z->rank, u);
+        }
+    for (k = 0; bst == PDP_OK && k < opt->nstate; k++)
         for (u = 0; u < z->nunits; u++) {
             const pdp__zero_unit *q = &z->units[u];
-            if (!buf) break;
             if (pdp__dev_copy(dev, buf + (int64_t)z->rank * q->s, dev, opt->state[k] + q->shard_off,
                               (size_t)q->s * 4) != PDP_OK && st == PDP_OK)
                 st = pdp__err(PDP_ERR_CUDA, "%s: rank %d: copying the state", fn, z->rank);
@@ -1397,7 +1414,8 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     pdp__dev_free(dev, buf);
     if (full && st == PDP_OK) {
         full->steps = opt->steps;
-        st = pdp_checkpoint_save(path, z->m, full);
+        if ((st = pdp_checkpoint_save(path, z->m, full)) != PDP_OK)
+            st = pdp__err_wrap(st, "%s: rank 0", fn);
     }
     pdp_optim_free(full);
     if (gathered) { /* not the caller's copy: give the memory back */
