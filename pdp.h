@@ -21439,8 +21439,8 @@ static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *
                               (long long)z->units[u].s);
 }
 
-/* Writes the marker atomically (temporary, fsync, rename), removing first the
-   temporaries of writers killed mid-write as checkpoint.c's save does. */
+/* Writes the marker atomically (temporary, fsync, rename, fsync of the directory), removing
+   first the temporaries of writers killed mid-write as checkpoint.c's save does. */
 static pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
 {
     char tmp[4160];
@@ -21459,6 +21459,11 @@ static pdp_status pdp__zero_write_marker(const char *path, const char *text, con
         remove(tmp);
         return st;
     }
+    /* the rename is durable only once its directory is: a crash must not lose the marker
+       of a set whose shards are on disk */
+    if (pdp__ckpt_sync_dir(path) != 0)
+        return pdp__err(PDP_ERR_IO, "%s: %s: written, but fsync of its directory failed: %s", fn,
+                        path, strerror(errno));
     return PDP_OK;
 }
 
@@ -21745,8 +21750,9 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     dev = z->m->device;
     if (z->stage == 3 && !z->m->param_block) gathered = true;
     if ((st = pdp_zero_gather_params(z, NULL)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    if (z->rank == 0) st = pdp__optim_create_range(&full, z->m, &opt->desc, 0,
-                                                  z->m->param_count, fn);
+    if (z->rank == 0 && (st = pdp__optim_create_range(&full, z->m, &opt->desc, 0,
+                                                     z->m->param_count, fn)) == PDP_OK)
+        full->desc = opt->desc; /* resolved: an lr of 0 (a schedule's end) stays 0 */
     if (st == PDP_OK &&
         (st = pdp__dev_alloc(dev, (size_t)(z->size * z->smax) * 4, (void **)&buf)) != PDP_OK)
         st = pdp__err_wrap(st, "%s: rank %d: no memory to gather the optimizer state", fn,

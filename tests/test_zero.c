@@ -773,6 +773,7 @@ typedef struct ckpt_job {
     int train_after;
     const char *save2;       /* a set saved after those */
     const char *consolidate; /* a full checkpoint written at the end */
+    bool lr_zero;            /* the learning rate set to 0 before consolidate */
 } ckpt_job;
 
 typedef struct ckpt_rank {
@@ -844,6 +845,7 @@ static void *ckpt_rank_main(void *arg)
     }
     if ((ctx->st = ckpt_train(z, o, job->n, r, job->first_after, job->train_after)) ||
         (job->save2 && (ctx->st = pdp_zero_checkpoint_save(z, o, job->save2))) ||
+        (job->lr_zero && (ctx->st = pdp_optim_set_lr(o, 0.0))) ||
         (job->consolidate && (ctx->st = pdp_zero_checkpoint_consolidate(z, o, job->consolidate))) ||
         (ctx->st = pdp_zero_gather_params(z, ctx->params)))
         goto out;
@@ -1053,6 +1055,43 @@ TEST zero_checkpoint_consolidate_and_reshard(void)
         ASSERT(p != NULL && len == (long)a[0].count * 4);
         ASSERT(memcmp(p, a[0].params, (size_t)len) == 0);
         free(p);
+    }
+    PASS();
+}
+
+/* A learning rate of 0 (the end of a schedule) is a value, not "the default": the
+   consolidated file records it, as pdp_checkpoint_save of one device does. */
+TEST zero_checkpoint_consolidate_keeps_a_zero_learning_rate(void)
+{
+    static ckpt_rank a[MAXR];
+    char full[512];
+    int stage, r;
+    for (stage = 1; stage <= 3; stage++) {
+        ckpt_job ja;
+        pdp_model *m = NULL;
+        pdp_optim *o = NULL;
+        pdp_optim_desc od;
+        config cf;
+        tmp_path(full, "lr0.safetensors");
+        memset(&ja, 0, sizeof ja);
+        ja.n = 2;
+        ja.stage = stage;
+        ja.adam = true;
+        ja.train_after = 1;
+        ja.lr_zero = true;
+        ja.consolidate = full;
+        run_ckpt(&ja, a);
+        for (r = 0; r < 2; r++) ASSERTm(a[r].msg, a[r].st == PDP_OK);
+        memset(&cf, 0, sizeof cf);
+        cf.adam = true;
+        od = optim_of(&cf);
+        ASSERT(od.lr > 0.0);
+        ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 7, 16), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(full, m, o), pdp_status_name);
+        ASSERT_EQ(0.0, pdp_optim_lr(o));
+        pdp_optim_free(o);
+        pdp_model_free(m);
     }
     PASS();
 }
@@ -1780,6 +1819,7 @@ SUITE(zero)
     RUN_TEST(zero_clip_grad_norm_refuses_what_pdp_clip_grad_norm_refuses);
     RUN_TEST(zero_checkpoint_resume_is_bit_exact);
     RUN_TEST(zero_checkpoint_consolidate_and_reshard);
+    RUN_TEST(zero_checkpoint_consolidate_keeps_a_zero_learning_rate);
     RUN_TEST(zero_checkpoint_bad_sets_fail_naming_the_file);
     RUN_TEST(zero_checkpoint_shard_of_another_run_refused);
     RUN_TEST(zero_checkpoint_save_removes_a_dead_writers_marker_temporary);
