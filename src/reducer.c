@@ -701,7 +701,7 @@ static pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pd
     const pdp_tensor *y = NULL;
     pdp_tensor dy;
     double sum = 0.0;
-    float weight, scale;
+    float weight = 1.0f, scale = 0.0f; /* set by pdp__reducer_count_wait when it succeeds */
     pdp_status st, wst;
     if (!x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if ((st = pdp__reducer_count_launch(r, x->shape[0], fn)) != PDP_OK) return st;
@@ -737,7 +737,7 @@ static pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor
 {
     pdp_model *m = r->m;
     pdp_tensor scaled;
-    float weight, scale;
+    float weight = 1.0f, scale = 0.0f;
     pdp_status st;
     if (!dy) return pdp__err(PDP_ERR_INVALID, "%s: dy is NULL", fn);
     if (!m->have_forward)
