@@ -305,11 +305,15 @@ def version():
 
 PRELUDE = """\
 /* Strict C99 on glibc hides POSIX (threads, clocks, sockets) unless _POSIX_C_SOURCE
-   is defined before the first system header. Define it here when we still can. */
+   is defined before the first system header. Define it here when we still can. When a
+   system header came first (__GLIBC__ is defined: glibc's <features.h> has already
+   chosen what to declare, and no later define changes that), say what to do, once,
+   and skip the implementation: without its declarations it would add ~30 errors. */
 #if defined(PDP_IMPLEMENTATION) && !defined(_WIN32) && defined(__STRICT_ANSI__) && \\
     !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && !defined(_DEFAULT_SOURCE)
 #  if defined(__GLIBC__)
-#    error "pdp.h: define _POSIX_C_SOURCE 200809L before your first #include (or pass -D_POSIX_C_SOURCE=200809L) in the file that defines PDP_IMPLEMENTATION"
+#    error "pdp.h: a system header came before pdp.h in the file that defines PDP_IMPLEMENTATION, and strict C (-std=c99) then hides POSIX; put #define _POSIX_C_SOURCE 200809L above that file's first #include (or pass -D_POSIX_C_SOURCE=200809L, or include pdp.h first)"
+#    define PDP__NO_POSIX
 #  else
 #    define _POSIX_C_SOURCE 200809L
 #  endif
@@ -353,7 +357,8 @@ def build(line_directives=False):
         seen.add(name)
         module(name, seen, lines, owners, line_directives)
     emit("#endif /* PDP__MATH_INCLUDED */\n")
-    emit("#if defined(PDP_IMPLEMENTATION) && !defined(PDP__IMPLEMENTATION_INCLUDED)")
+    emit("#if defined(PDP_IMPLEMENTATION) && !defined(PDP__IMPLEMENTATION_INCLUDED) && \\")
+    emit("    !defined(PDP__NO_POSIX)")
     emit("#define PDP__IMPLEMENTATION_INCLUDED\n")
     emit("/* Private helpers are static; a program that uses part of the library leaves")
     emit("   some of them unused, which is not worth a warning. */")

@@ -289,11 +289,15 @@
           Full history in CHANGELOG.md.
 */
 /* Strict C99 on glibc hides POSIX (threads, clocks, sockets) unless _POSIX_C_SOURCE
-   is defined before the first system header. Define it here when we still can. */
+   is defined before the first system header. Define it here when we still can. When a
+   system header came first (__GLIBC__ is defined: glibc's <features.h> has already
+   chosen what to declare, and no later define changes that), say what to do, once,
+   and skip the implementation: without its declarations it would add ~30 errors. */
 #if defined(PDP_IMPLEMENTATION) && !defined(_WIN32) && defined(__STRICT_ANSI__) && \
     !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && !defined(_DEFAULT_SOURCE)
 #  if defined(__GLIBC__)
-#    error "pdp.h: define _POSIX_C_SOURCE 200809L before your first #include (or pass -D_POSIX_C_SOURCE=200809L) in the file that defines PDP_IMPLEMENTATION"
+#    error "pdp.h: a system header came before pdp.h in the file that defines PDP_IMPLEMENTATION, and strict C (-std=c99) then hides POSIX; put #define _POSIX_C_SOURCE 200809L above that file's first #include (or pass -D_POSIX_C_SOURCE=200809L, or include pdp.h first)"
+#    define PDP__NO_POSIX
 #  else
 #    define _POSIX_C_SOURCE 200809L
 #  endif
@@ -2856,7 +2860,8 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float
 
 #endif /* PDP__MATH_INCLUDED */
 
-#if defined(PDP_IMPLEMENTATION) && !defined(PDP__IMPLEMENTATION_INCLUDED)
+#if defined(PDP_IMPLEMENTATION) && !defined(PDP__IMPLEMENTATION_INCLUDED) && \
+    !defined(PDP__NO_POSIX)
 #define PDP__IMPLEMENTATION_INCLUDED
 
 /* Private helpers are static; a program that uses part of the library leaves
@@ -2938,7 +2943,7 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float
 
 #define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
-#define PDP__DEF(val, def) ((val) ? (val) : (def))
+#define PDP__DEF(val, def) ((val) != 0 ? (val) : (def)) /* != 0: a double is no truth value */
 #define PDP__ALIGN 64
 
 /* ---- checked size arithmetic ----
@@ -4735,7 +4740,7 @@ static void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c)
         pdp__store_add_op(srv, c);
         return;
     default:
-        PDP_ASSERT(!"op validated with the header");
+        PDP_ASSERT(0 && "op validated with the header");
     }
 }
 
@@ -6922,6 +6927,20 @@ static int pdp__sgemm_dots_fits(int64_t m, int64_t n)
 }
 
 #if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* The sum of v's 16 lanes as gcc's _mm512_reduce_add_ps adds them (halves, then quarters,
+   then pairs), from the zero-masking extract: gcc's header builds the reduction on
+   _mm512_extractf64x4_pd, whose _mm256_undefined_pd() merge source g++ reports as
+   -Wmaybe-uninitialized (see gemm_bf16.c's PDP__BF16_HALF) */
+static inline float pdp__sum16(__m512 v)
+{
+    __m512d d = _mm512_castps_pd(v);
+    __m256 h = _mm256_add_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd((__mmask8)0xf, d, 1)),
+                             _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd((__mmask8)0xf, d, 0)));
+    __m128 q = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_extractf128_ps(h, 0));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+
 static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                             const float *b, const int64_t *brow, float *c, int64_t ldc)
 {
@@ -6970,8 +6989,8 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
             }
     for (i0 = 0; i0 < m; i0++)
         for (j0 = 0; j0 < n; j0++)
-            c[i0 * ldc + j0] = _mm512_reduce_add_ps(
-                lanes[(i0 / MI * nb + j0 / NJ) * MI * NJ + i0 % MI * NJ + j0 % NJ]);
+            c[i0 * ldc + j0] =
+                pdp__sum16(lanes[(i0 / MI * nb + j0 / NJ) * MI * NJ + i0 % MI * NJ + j0 % NJ]);
 }
 #else
 static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
@@ -7122,20 +7141,21 @@ static void pdp__bf16_detect(void)
 #if PDP__BF16_X86
     unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
     unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
-    (void)xcr0_hi;
+    uint64_t xcr0;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    xcr0 = ((uint64_t)xcr0_hi << 32) | xcr0_lo;
     if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
-    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) &&
+    pdp__bf16_has_avx512 = (xcr0 & 0xe6u) == 0xe6u && (b7 & (1u << 16)) &&
                            (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
                            (a71 & (1u << 5)); /* AVX512F, AVX512DQ, AVX512BW, AVX512-BF16 */
 #  if PDP__BF16_AMX
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
        (18); then the kernel's permission, asked once for the process */
     pdp__bf16_has_amx = (d7 & (1u << 22)) && (d7 & (1u << 24)) &&
-                        (xcr0_lo & 0x60000u) == 0x60000u && pdp__bf16_amx_permit() == 0;
+                        (xcr0 & 0x60000u) == 0x60000u && pdp__bf16_amx_permit() == 0;
 #  endif
 #endif
 }
@@ -7252,6 +7272,17 @@ static void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 
 #if PDP__BF16_X86
 #  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
+/* The zero-masking forms, with every lane kept, of the unpacks and extracts the packing
+   uses: GCC's headers write the plain forms with _mm*_undefined_*() as the merge source
+   (`__m512i __Y = __Y;`), which g++ and nvcc's host pass (not gcc) report as
+   -Wmaybe-uninitialized at every inlined call (99 to 102 warnings at -Og/-O2/-O3). The
+   instructions are the same: gcc folds the full mask away (vpunpckldq, vextracti64x4). */
+#  define PDP__BF16_UNPACKLO32(a, b) _mm512_maskz_unpacklo_epi32((__mmask16)0xffff, a, b)
+#  define PDP__BF16_UNPACKHI32(a, b) _mm512_maskz_unpackhi_epi32((__mmask16)0xffff, a, b)
+#  define PDP__BF16_UNPACKLO64(a, b) _mm512_maskz_unpacklo_epi64((__mmask8)0xff, a, b)
+#  define PDP__BF16_UNPACKHI64(a, b) _mm512_maskz_unpackhi_epi64((__mmask8)0xff, a, b)
+#  define PDP__BF16_HALF(w, L) _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, L)
+#  define PDP__BF16_LANE(w, L) _mm512_maskz_extracti32x4_epi32((__mmask8)0xf, w, L)
 
 /* pdp__bf16_cvt2 where some lane is subnormal. */
 PDP__BF16_TARGET static __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
@@ -7303,8 +7334,8 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
         if (wide) {
             _mm512_storeu_si512((void *)d, w);
         } else { /* width 8: rows i .. i + 7 and i + 8 .. i + 15 in two panels */
-            _mm256_storeu_si256((__m256i *)d, _mm512_castsi512_si256(w));
-            if (two) _mm256_storeu_si256((__m256i *)(d + panel), _mm512_extracti64x4_epi64(w, 1));
+            _mm256_storeu_si256((__m256i *)d, PDP__BF16_HALF(w, 0));
+            if (two) _mm256_storeu_si256((__m256i *)(d + panel), PDP__BF16_HALF(w, 1));
         }
     }
 }
@@ -7344,8 +7375,8 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int
     do {                                                                                       \
         if (4 * (L) + (q) < np) {                                                              \
             uint32_t *dq = d + (4 * (L) + (q)) * (int64_t)width;                               \
-            _mm_storeu_si128((__m128i *)dq, _mm512_extracti32x4_epi32(lo, L));                 \
-            _mm_storeu_si128((__m128i *)(dq + 4), _mm512_extracti32x4_epi32(hi, L));           \
+            _mm_storeu_si128((__m128i *)dq, PDP__BF16_LANE(lo, L));                           \
+            _mm_storeu_si128((__m128i *)(dq + 4), PDP__BF16_LANE(hi, L));                     \
         }                                                                                      \
     } while (0)
 #  define PDP__BF16_PUT(q, lo, hi)                                                            \
@@ -7409,14 +7440,14 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
             w0 = PDP__BF16_ROWW(0), w1 = PDP__BF16_ROWW(1), w2 = PDP__BF16_ROWW(2);
             w3 = PDP__BF16_ROWW(3), w4 = PDP__BF16_ROWW(4), w5 = PDP__BF16_ROWW(5);
             w6 = PDP__BF16_ROWW(6), w7 = PDP__BF16_ROWW(7);
-            t0 = _mm512_unpacklo_epi32(w0, w1), t1 = _mm512_unpackhi_epi32(w0, w1);
-            t2 = _mm512_unpacklo_epi32(w2, w3), t3 = _mm512_unpackhi_epi32(w2, w3);
-            t4 = _mm512_unpacklo_epi32(w4, w5), t5 = _mm512_unpackhi_epi32(w4, w5);
-            t6 = _mm512_unpacklo_epi32(w6, w7), t7 = _mm512_unpackhi_epi32(w6, w7);
-            l0 = _mm512_unpacklo_epi64(t0, t2), h0 = _mm512_unpacklo_epi64(t4, t6);
-            l1 = _mm512_unpackhi_epi64(t0, t2), h1 = _mm512_unpackhi_epi64(t4, t6);
-            l2 = _mm512_unpacklo_epi64(t1, t3), h2 = _mm512_unpacklo_epi64(t5, t7);
-            l3 = _mm512_unpackhi_epi64(t1, t3), h3 = _mm512_unpackhi_epi64(t5, t7);
+            t0 = PDP__BF16_UNPACKLO32(w0, w1), t1 = PDP__BF16_UNPACKHI32(w0, w1);
+            t2 = PDP__BF16_UNPACKLO32(w2, w3), t3 = PDP__BF16_UNPACKHI32(w2, w3);
+            t4 = PDP__BF16_UNPACKLO32(w4, w5), t5 = PDP__BF16_UNPACKHI32(w4, w5);
+            t6 = PDP__BF16_UNPACKLO32(w6, w7), t7 = PDP__BF16_UNPACKHI32(w6, w7);
+            l0 = PDP__BF16_UNPACKLO64(t0, t2), h0 = PDP__BF16_UNPACKLO64(t4, t6);
+            l1 = PDP__BF16_UNPACKHI64(t0, t2), h1 = PDP__BF16_UNPACKHI64(t4, t6);
+            l2 = PDP__BF16_UNPACKLO64(t1, t3), h2 = PDP__BF16_UNPACKLO64(t5, t7);
+            l3 = PDP__BF16_UNPACKHI64(t1, t3), h3 = PDP__BF16_UNPACKHI64(t5, t7);
             if (width == 8 && np == 16) {
                 PDP__BF16_FULL2(0, l0, h0, l1, h1);
                 PDP__BF16_FULL2(2, l2, h2, l3, h3);
@@ -9242,7 +9273,6 @@ static void pdp__local_destroy(pdp_comm *c)
 static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
                                    int leader, pdp_comm **out)
 {
-    pdp__local_comm *lc = (pdp__local_comm *)c;
     pdp_local_group *mine = NULL, *g = NULL;
     pdp_comm_desc d;
     char name[48];
@@ -9264,7 +9294,6 @@ static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_ran
         if ((bst = c->ops->broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return bst;
         if (r == leader) g = (pdp_local_group *)p;
     }
-    (void)lc;
     if (colour < 0) return PDP_OK;
     if (!g)
         return c->rank == leader ? st : pdp__err(PDP_ERR_COMM, "rank %d (colour %d): the new "
@@ -13373,57 +13402,65 @@ static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer
 
 /* ---- layers_table: the table ---- */
 
+/* C++ (the implementation compiled as C++, or by nvcc) has no array designators: there
+   the entries go by their order, which must be pdp__layer_kind's (tests/test_build_cxx.sh
+   compares every kind's name in a C++ build with a C build's) */
+#ifdef __cplusplus
+#  define PDP__KIND(k)
+#else
+#  define PDP__KIND(k) [k] =
+#endif
+
 /* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags */
 static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
-    [PDP__LINEAR] = {"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
-                     pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
-                     PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
-    [PDP__RELU] = {"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward, pdp__relu_backward,
-                   PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL, 0},
-    [PDP__GELU] = {"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward, pdp__gelu_backward,
-                   PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, 0},
-    [PDP__TANH] = {"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward, pdp__tanh_backward,
-                   PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, 0},
-    [PDP__SIGMOID] = {"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
-                      pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
-                      PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL, 0},
-    [PDP__DROPOUT] = {"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
-                      pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
-                      PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
-    [PDP__LAYERNORM] = {"LayerNorm", pdp__layernorm_setup, pdp__layernorm_init,
-                        pdp__layernorm_forward, pdp__layernorm_backward,
-                        PDP__CUDA_ENTRY(pdp__layernorm_cuda_forward),
-                        PDP__CUDA_ENTRY(pdp__layernorm_cuda_backward), NULL, 0},
-    [PDP__CONV2D] = {"Conv2d", pdp__conv_setup, pdp__conv_init, pdp__conv_forward,
-                     pdp__conv_backward, PDP__CUDA_ENTRY(pdp__conv_cuda_forward),
-                     PDP__CUDA_ENTRY(pdp__conv_cuda_backward), pdp__conv_cuda_work,
-                     PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
-    [PDP__MAXPOOL2D] = {"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
-                        pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
-                        PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL, 0},
-    [PDP__FLATTEN] = {"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
-                      pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
-                      PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
+    PDP__KIND(PDP__LINEAR){"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
+                           pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
+                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+    PDP__KIND(PDP__RELU){"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward,
+                         pdp__relu_backward, PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
+                         PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL, 0},
+    PDP__KIND(PDP__GELU){"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward,
+                         pdp__gelu_backward, PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
+                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, 0},
+    PDP__KIND(PDP__TANH){"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward,
+                         pdp__tanh_backward, PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
+                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, 0},
+    PDP__KIND(PDP__SIGMOID){"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
+                            pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
+                            PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL, 0},
+    PDP__KIND(PDP__DROPOUT){"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
+                            pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
+                            PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
+    PDP__KIND(PDP__LAYERNORM){"LayerNorm", pdp__layernorm_setup, pdp__layernorm_init,
+                              pdp__layernorm_forward, pdp__layernorm_backward,
+                              PDP__CUDA_ENTRY(pdp__layernorm_cuda_forward),
+                              PDP__CUDA_ENTRY(pdp__layernorm_cuda_backward), NULL, 0},
+    PDP__KIND(PDP__CONV2D){"Conv2d", pdp__conv_setup, pdp__conv_init, pdp__conv_forward,
+                           pdp__conv_backward, PDP__CUDA_ENTRY(pdp__conv_cuda_forward),
+                           PDP__CUDA_ENTRY(pdp__conv_cuda_backward), pdp__conv_cuda_work,
+                           PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
+    PDP__KIND(PDP__MAXPOOL2D){"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
+                              pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
+                              PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL, 0},
+    PDP__KIND(PDP__FLATTEN){"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
+                            pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
+                            PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
     /* tensor parallel (tp.c): f and g run their collective on every device; the split
        Linears are Linear's kernels on this rank's slice */
-    [PDP__TP_COPY] = {"CopyToModelParallelRegion", pdp__tp_copy_setup, NULL,
-                      pdp__tp_copy_forward, pdp__tp_copy_backward, NULL, NULL, NULL,
-                      PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
-    [PDP__COLUMN_PARALLEL_LINEAR] = {"ColumnParallelLinear", pdp__tp_column_setup,
-                                     pdp__tp_column_init, pdp__linear_forward,
-                                     pdp__tp_column_backward,
-                                     PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
-                                     PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0},
-    [PDP__ROW_PARALLEL_LINEAR] = {"RowParallelLinear", pdp__tp_row_setup, pdp__tp_row_init,
-                                  pdp__tp_row_forward, pdp__linear_backward,
-                                  PDP__CUDA_ENTRY(pdp__tp_row_cuda_forward),
-                                  PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
-    [PDP__TP_REDUCE] = {"ReduceFromModelParallelRegion", pdp__tp_reduce_setup, NULL,
-                        pdp__tp_reduce_forward, pdp__tp_reduce_backward, NULL, NULL, NULL,
-                        PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+    PDP__KIND(PDP__TP_COPY){"CopyToModelParallelRegion", pdp__tp_copy_setup, NULL,
+                            pdp__tp_copy_forward, pdp__tp_copy_backward, NULL, NULL, NULL,
+                            PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+    PDP__KIND(PDP__COLUMN_PARALLEL_LINEAR){
+        "ColumnParallelLinear", pdp__tp_column_setup, pdp__tp_column_init, pdp__linear_forward,
+        pdp__tp_column_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
+        PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0},
+    PDP__KIND(PDP__ROW_PARALLEL_LINEAR){"RowParallelLinear", pdp__tp_row_setup, pdp__tp_row_init,
+                                        pdp__tp_row_forward, pdp__linear_backward,
+                                        PDP__CUDA_ENTRY(pdp__tp_row_cuda_forward),
+                                        PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+    PDP__KIND(PDP__TP_REDUCE){"ReduceFromModelParallelRegion", pdp__tp_reduce_setup, NULL,
+                              pdp__tp_reduce_forward, pdp__tp_reduce_backward, NULL, NULL, NULL,
+                              PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -15000,7 +15037,9 @@ static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
 static void pdp__sqrt_block(float *out, const float *in)
 {
 #if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-    _mm512_storeu_ps(out, _mm512_sqrt_ps(_mm512_loadu_ps(in)));
+    /* the zero-masking form: gcc's _mm512_sqrt_ps merges into _mm512_undefined_ps(), which
+       g++ reports as -Wmaybe-uninitialized; the instruction is the same (vsqrtps) */
+    _mm512_storeu_ps(out, _mm512_maskz_sqrt_ps((__mmask16)0xffff, _mm512_loadu_ps(in)));
 #elif !defined(PDP_NO_SIMD) && defined(__AVX__)
     _mm256_storeu_ps(out, _mm256_sqrt_ps(_mm256_loadu_ps(in)));
     _mm256_storeu_ps(out + 8, _mm256_sqrt_ps(_mm256_loadu_ps(in + 8)));
@@ -15922,8 +15961,10 @@ static pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path,
 {
     uint8_t *img = NULL, *lab = NULL;
     size_t img_bytes, lab_bytes;
-    const uint8_t *px, *lb;
-    uint64_t idims[3], ldims[3];
+    /* set by pdp__idx_parse when it succeeds; initialised because gcc -O3 cannot see that
+       the goto skips their use otherwise (-Wmaybe-uninitialized) */
+    const uint8_t *px = NULL, *lb = NULL;
+    uint64_t idims[3] = {0}, ldims[3] = {0};
     int64_t count, features, i;
     float lut[256];
     int maxlab = -1;
@@ -17416,7 +17457,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
                                        "optim.eps"};
     double *fields[7];
     pdp_optim_desc d, resolved;
-    char *end, where[512];
+    char *end = NULL, where[512]; /* read only when s is set (clang cannot see it) */
     long long n;
     int i;
     if (!kind)
@@ -19755,10 +19796,11 @@ static pdp_status pdp__hook_compress_launch(void *state, pdp_comm *c,
 static pdp_status pdp__hook_compress_finish(void *state, const pdp_comm_hook_bucket *b)
 {
     pdp_dtype dt = *(const pdp_dtype *)state;
-    if (!b->reduce_scatter) return pdp__dev_from16(b->device, b->grad, b->scratch, b->count, dt);
+    if (!b->reduce_scatter)
+        return pdp__dev_from16(b->device, b->grad, b->scratch, b->count, (int)dt);
     return pdp__dev_from16(b->device, b->recv,
                            (const uint16_t *)b->scratch + (int64_t)b->rank * b->recv_count,
-                           b->recv_count, dt);
+                           b->recv_count, (int)dt);
 }
 
 static pdp_ddp_comm_hook pdp__hook_compress(pdp_dtype *dt)

@@ -643,7 +643,7 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
                                        "optim.eps"};
     double *fields[7];
     pdp_optim_desc d, resolved;
-    char *end, where[512];
+    char *end = NULL, where[512]; /* read only when s is set (clang cannot see it) */
     long long n;
     int i;
     if (!kind)

@@ -584,7 +584,6 @@ static void pdp__local_destroy(pdp_comm *c)
 static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
                                    int leader, pdp_comm **out)
 {
-    pdp__local_comm *lc = (pdp__local_comm *)c;
     pdp_local_group *mine = NULL, *g = NULL;
     pdp_comm_desc d;
     char name[48];
@@ -606,7 +605,6 @@ static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_ran
         if ((bst = c->ops->broadcast_bytes(c, &p, sizeof p, r)) != PDP_OK) return bst;
         if (r == leader) g = (pdp_local_group *)p;
     }
-    (void)lc;
     if (colour < 0) return PDP_OK;
     if (!g)
         return c->rank == leader ? st : pdp__err(PDP_ERR_COMM, "rank %d (colour %d): the new "

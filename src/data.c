@@ -146,8 +146,10 @@ static pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path,
 {
     uint8_t *img = NULL, *lab = NULL;
     size_t img_bytes, lab_bytes;
-    const uint8_t *px, *lb;
-    uint64_t idims[3], ldims[3];
+    /* set by pdp__idx_parse when it succeeds; initialised because gcc -O3 cannot see that
+       the goto skips their use otherwise (-Wmaybe-uninitialized) */
+    const uint8_t *px = NULL, *lb = NULL;
+    uint64_t idims[3] = {0}, ldims[3] = {0};
     int64_t count, features, i;
     float lut[256];
     int maxlab = -1;

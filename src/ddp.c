@@ -58,10 +58,11 @@ static pdp_status pdp__hook_compress_launch(void *state, pdp_comm *c,
 static pdp_status pdp__hook_compress_finish(void *state, const pdp_comm_hook_bucket *b)
 {
     pdp_dtype dt = *(const pdp_dtype *)state;
-    if (!b->reduce_scatter) return pdp__dev_from16(b->device, b->grad, b->scratch, b->count, dt);
+    if (!b->reduce_scatter)
+        return pdp__dev_from16(b->device, b->grad, b->scratch, b->count, (int)dt);
     return pdp__dev_from16(b->device, b->recv,
                            (const uint16_t *)b->scratch + (int64_t)b->rank * b->recv_count,
-                           b->recv_count, dt);
+                           b->recv_count, (int)dt);
 }
 
 static pdp_ddp_comm_hook pdp__hook_compress(pdp_dtype *dt)

@@ -898,6 +898,20 @@ static int pdp__sgemm_dots_fits(int64_t m, int64_t n)
 }
 
 #if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* The sum of v's 16 lanes as gcc's _mm512_reduce_add_ps adds them (halves, then quarters,
+   then pairs), from the zero-masking extract: gcc's header builds the reduction on
+   _mm512_extractf64x4_pd, whose _mm256_undefined_pd() merge source g++ reports as
+   -Wmaybe-uninitialized (see gemm_bf16.c's PDP__BF16_HALF) */
+static inline float pdp__sum16(__m512 v)
+{
+    __m512d d = _mm512_castps_pd(v);
+    __m256 h = _mm256_add_ps(_mm256_castpd_ps(_mm512_maskz_extractf64x4_pd((__mmask8)0xf, d, 1)),
+                             _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd((__mmask8)0xf, d, 0)));
+    __m128 q = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_extractf128_ps(h, 0));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+
 static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                             const float *b, const int64_t *brow, float *c, int64_t ldc)
 {
@@ -946,8 +960,8 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
             }
     for (i0 = 0; i0 < m; i0++)
         for (j0 = 0; j0 < n; j0++)
-            c[i0 * ldc + j0] = _mm512_reduce_add_ps(
-                lanes[(i0 / MI * nb + j0 / NJ) * MI * NJ + i0 % MI * NJ + j0 % NJ]);
+            c[i0 * ldc + j0] =
+                pdp__sum16(lanes[(i0 / MI * nb + j0 / NJ) * MI * NJ + i0 % MI * NJ + j0 % NJ]);
 }
 #else
 static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,

@@ -131,20 +131,21 @@ static void pdp__bf16_detect(void)
 #if PDP__BF16_X86
     unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
     unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
-    (void)xcr0_hi;
+    uint64_t xcr0;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    xcr0 = ((uint64_t)xcr0_hi << 32) | xcr0_lo;
     if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
-    pdp__bf16_has_avx512 = (xcr0_lo & 0xe6u) == 0xe6u && (b7 & (1u << 16)) &&
+    pdp__bf16_has_avx512 = (xcr0 & 0xe6u) == 0xe6u && (b7 & (1u << 16)) &&
                            (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
                            (a71 & (1u << 5)); /* AVX512F, AVX512DQ, AVX512BW, AVX512-BF16 */
 #  if PDP__BF16_AMX
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
        (18); then the kernel's permission, asked once for the process */
     pdp__bf16_has_amx = (d7 & (1u << 22)) && (d7 & (1u << 24)) &&
-                        (xcr0_lo & 0x60000u) == 0x60000u && pdp__bf16_amx_permit() == 0;
+                        (xcr0 & 0x60000u) == 0x60000u && pdp__bf16_amx_permit() == 0;
 #  endif
 #endif
 }
@@ -261,6 +262,17 @@ static void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 
 #if PDP__BF16_X86
 #  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
+/* The zero-masking forms, with every lane kept, of the unpacks and extracts the packing
+   uses: GCC's headers write the plain forms with _mm*_undefined_*() as the merge source
+   (`__m512i __Y = __Y;`), which g++ and nvcc's host pass (not gcc) report as
+   -Wmaybe-uninitialized at every inlined call (99 to 102 warnings at -Og/-O2/-O3). The
+   instructions are the same: gcc folds the full mask away (vpunpckldq, vextracti64x4). */
+#  define PDP__BF16_UNPACKLO32(a, b) _mm512_maskz_unpacklo_epi32((__mmask16)0xffff, a, b)
+#  define PDP__BF16_UNPACKHI32(a, b) _mm512_maskz_unpackhi_epi32((__mmask16)0xffff, a, b)
+#  define PDP__BF16_UNPACKLO64(a, b) _mm512_maskz_unpacklo_epi64((__mmask8)0xff, a, b)
+#  define PDP__BF16_UNPACKHI64(a, b) _mm512_maskz_unpackhi_epi64((__mmask8)0xff, a, b)
+#  define PDP__BF16_HALF(w, L) _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, L)
+#  define PDP__BF16_LANE(w, L) _mm512_maskz_extracti32x4_epi32((__mmask8)0xf, w, L)
 
 /* pdp__bf16_cvt2 where some lane is subnormal. */
 PDP__BF16_TARGET static __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
@@ -312,8 +324,8 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
         if (wide) {
             _mm512_storeu_si512((void *)d, w);
         } else { /* width 8: rows i .. i + 7 and i + 8 .. i + 15 in two panels */
-            _mm256_storeu_si256((__m256i *)d, _mm512_castsi512_si256(w));
-            if (two) _mm256_storeu_si256((__m256i *)(d + panel), _mm512_extracti64x4_epi64(w, 1));
+            _mm256_storeu_si256((__m256i *)d, PDP__BF16_HALF(w, 0));
+            if (two) _mm256_storeu_si256((__m256i *)(d + panel), PDP__BF16_HALF(w, 1));
         }
     }
 }
@@ -353,8 +365,8 @@ PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int
     do {                                                                                       \
         if (4 * (L) + (q) < np) {                                                              \
             uint32_t *dq = d + (4 * (L) + (q)) * (int64_t)width;                               \
-            _mm_storeu_si128((__m128i *)dq, _mm512_extracti32x4_epi32(lo, L));                 \
-            _mm_storeu_si128((__m128i *)(dq + 4), _mm512_extracti32x4_epi32(hi, L));           \
+            _mm_storeu_si128((__m128i *)dq, PDP__BF16_LANE(lo, L));                           \
+            _mm_storeu_si128((__m128i *)(dq + 4), PDP__BF16_LANE(hi, L));                     \
         }                                                                                      \
     } while (0)
 #  define PDP__BF16_PUT(q, lo, hi)                                                            \
@@ -418,14 +430,14 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
             w0 = PDP__BF16_ROWW(0), w1 = PDP__BF16_ROWW(1), w2 = PDP__BF16_ROWW(2);
             w3 = PDP__BF16_ROWW(3), w4 = PDP__BF16_ROWW(4), w5 = PDP__BF16_ROWW(5);
             w6 = PDP__BF16_ROWW(6), w7 = PDP__BF16_ROWW(7);
-            t0 = _mm512_unpacklo_epi32(w0, w1), t1 = _mm512_unpackhi_epi32(w0, w1);
-            t2 = _mm512_unpacklo_epi32(w2, w3), t3 = _mm512_unpackhi_epi32(w2, w3);
-            t4 = _mm512_unpacklo_epi32(w4, w5), t5 = _mm512_unpackhi_epi32(w4, w5);
-            t6 = _mm512_unpacklo_epi32(w6, w7), t7 = _mm512_unpackhi_epi32(w6, w7);
-            l0 = _mm512_unpacklo_epi64(t0, t2), h0 = _mm512_unpacklo_epi64(t4, t6);
-            l1 = _mm512_unpackhi_epi64(t0, t2), h1 = _mm512_unpackhi_epi64(t4, t6);
-            l2 = _mm512_unpacklo_epi64(t1, t3), h2 = _mm512_unpacklo_epi64(t5, t7);
-            l3 = _mm512_unpackhi_epi64(t1, t3), h3 = _mm512_unpackhi_epi64(t5, t7);
+            t0 = PDP__BF16_UNPACKLO32(w0, w1), t1 = PDP__BF16_UNPACKHI32(w0, w1);
+            t2 = PDP__BF16_UNPACKLO32(w2, w3), t3 = PDP__BF16_UNPACKHI32(w2, w3);
+            t4 = PDP__BF16_UNPACKLO32(w4, w5), t5 = PDP__BF16_UNPACKHI32(w4, w5);
+            t6 = PDP__BF16_UNPACKLO32(w6, w7), t7 = PDP__BF16_UNPACKHI32(w6, w7);
+            l0 = PDP__BF16_UNPACKLO64(t0, t2), h0 = PDP__BF16_UNPACKLO64(t4, t6);
+            l1 = PDP__BF16_UNPACKHI64(t0, t2), h1 = PDP__BF16_UNPACKHI64(t4, t6);
+            l2 = PDP__BF16_UNPACKLO64(t1, t3), h2 = PDP__BF16_UNPACKLO64(t5, t7);
+            l3 = PDP__BF16_UNPACKHI64(t1, t3), h3 = PDP__BF16_UNPACKHI64(t5, t7);
             if (width == 8 && np == 16) {
                 PDP__BF16_FULL2(0, l0, h0, l1, h1);
                 PDP__BF16_FULL2(2, l2, h2, l3, h3);

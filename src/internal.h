@@ -69,7 +69,7 @@
 
 #define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
-#define PDP__DEF(val, def) ((val) ? (val) : (def))
+#define PDP__DEF(val, def) ((val) != 0 ? (val) : (def)) /* != 0: a double is no truth value */
 #define PDP__ALIGN 64
 
 /* ---- checked size arithmetic ----

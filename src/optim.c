@@ -282,7 +282,9 @@ static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
 static void pdp__sqrt_block(float *out, const float *in)
 {
 #if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
-    _mm512_storeu_ps(out, _mm512_sqrt_ps(_mm512_loadu_ps(in)));
+    /* the zero-masking form: gcc's _mm512_sqrt_ps merges into _mm512_undefined_ps(), which
+       g++ reports as -Wmaybe-uninitialized; the instruction is the same (vsqrtps) */
+    _mm512_storeu_ps(out, _mm512_maskz_sqrt_ps((__mmask16)0xffff, _mm512_loadu_ps(in)));
 #elif !defined(PDP_NO_SIMD) && defined(__AVX__)
     _mm256_storeu_ps(out, _mm256_sqrt_ps(_mm256_loadu_ps(in)));
     _mm256_storeu_ps(out + 8, _mm256_sqrt_ps(_mm256_loadu_ps(in + 8)));

@@ -428,7 +428,7 @@ static void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c)
         pdp__store_add_op(srv, c);
         return;
     default:
-        PDP_ASSERT(!"op validated with the header");
+        PDP_ASSERT(0 && "op validated with the header");
     }
 }
 

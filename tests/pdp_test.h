@@ -736,6 +736,54 @@ PDP_TEST__FN void pdp_test__parse_options(int argc, char **argv)
 #endif
 #endif
 
+/* ---- pdp's own helper, not greatest's: a Python for the interop tests ----
+ * pdp_test_python(modules): the first of $PDP_PYTHON, the PATH's python3 and /usr/bin/python3
+ * that imports every module in `modules` (an import list, "numpy, safetensors.numpy"), to be
+ * run as `"<it>" -c ...`; NULL when none does. The PATH's python3 may lack numpy while the
+ * system's has it: tests that took the first python3 skipped there. Found once per list
+ * (8 lists cached). pdp_test_python_missing(modules) is the skip message naming what was
+ * tried. system() runs a shell: POSIX hosts only (so do the tests that call it). */
+PDP_TEST__FN const char *pdp_test_python_candidate(int i)
+{
+    const char *env = getenv("PDP_PYTHON");
+    if (env && *env) {
+        if (i == 0) return env;
+        i--;
+    }
+    return i == 0 ? "python3" : i == 1 ? "/usr/bin/python3" : NULL;
+}
+
+PDP_TEST__FN const char *pdp_test_python(const char *modules)
+{
+    static struct { char modules[128]; const char *python; } cache[8];
+    static int cached;
+    char cmd[512];
+    const char *py;
+    int i;
+    for (i = 0; i < cached; i++)
+        if (strcmp(cache[i].modules, modules) == 0) return cache[i].python;
+    for (i = 0; (py = pdp_test_python_candidate(i)) != NULL; i++) {
+        if (strlen(py) + strlen(modules) + 64 > sizeof cmd) continue;
+        sprintf(cmd, "\"%s\" -c 'import %s' > /dev/null 2>&1", py, modules);
+        if (system(cmd) == 0) break;
+    }
+    if (cached < 8 && strlen(modules) < sizeof cache[0].modules) {
+        strcpy(cache[cached].modules, modules);
+        cache[cached++].python = py;
+    }
+    return py;
+}
+
+PDP_TEST__FN const char *pdp_test_python_missing(const char *modules)
+{
+    static char why[512];
+    const char *env = getenv("PDP_PYTHON");
+    sprintf(why, "no Python imports %.100s (tried %s%.200s%spython3 on the PATH, "
+            "/usr/bin/python3; set PDP_PYTHON to one that does)", modules,
+            env && *env ? "$PDP_PYTHON=" : "", env && *env ? env : "", env && *env ? ", " : "");
+    return why;
+}
+
 #endif /* PDP_TEST_H_INCLUDED */
 
 /* Licence: MIT, the same text as pdp's LICENSE file (Copyright (c) 2026 the pdp authors). */

@@ -433,10 +433,11 @@ TEST checkpoint_python_safetensors_interop(void)
     pdp_optim_desc d = adam_desc();
     snapshot s;
     int rc;
-    if (system("python3 -c 'import safetensors.numpy, numpy' >/dev/null 2>&1") != 0) {
+    const char *py = pdp_test_python("safetensors.numpy, numpy");
+    if (!py) {
         pdp_model_free(a);
         pdp_model_free(b);
-        SKIPm("python3 without safetensors and numpy (pip install safetensors numpy)");
+        SKIPm(pdp_test_python_missing("safetensors.numpy, numpy"));
     }
     ASSERT(a && b);
     path_in_tmp(path, sizeof path, "py_src.safetensors");
@@ -450,7 +451,7 @@ TEST checkpoint_python_safetensors_interop(void)
     ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&ob, b, &d), status_name);
     random_steps(a, oa, 3, 5);
     ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_save(path, a, oa), status_name);
-    snprintf(cmd, sizeof cmd, "python3 %s %s %s %s %s %s", script, path, back, nosum, stale,
+    snprintf(cmd, sizeof cmd, "\"%s\" %s %s %s %s %s %s", py, script, path, back, nosum, stale,
              nohead);
     rc = system(cmd);
     ASSERT_EQm("the Python check failed (its traceback is above)", 0, rc);

@@ -1109,7 +1109,8 @@ MPI_TEST(mpi_trace_has_collectives_per_rank)
     pdp_comm *t = NULL;
     float b[3] = {1, 2, 3};
     int rc;
-    if (system("python3 -c 'import json' >/dev/null 2>&1") != 0) SKIPm("python3 not found");
+    const char *py = pdp_test_python("json");
+    if (!py) SKIPm(pdp_test_python_missing("json"));
     if (my_rank == 0) snprintf(base, sizeof base, "/tmp/pdp_mpi_trace.%ld.json", (long)getpid());
     MPI_Bcast(base, sizeof base, MPI_CHAR, 0, MPI_COMM_WORLD);
     setenv("PDP_TRACE", base, 1);
@@ -1124,7 +1125,7 @@ MPI_TEST(mpi_trace_has_collectives_per_rank)
     if (world_size > 1) snprintf(p, sizeof mine - (size_t)(p - mine), ".rank%d.json", my_rank);
     snprintf(trace_file, sizeof trace_file, "%s", mine);
     snprintf(cmd, sizeof cmd,
-             "python3 -c 'import json,sys\n"
+             "\"%s\" -c 'import json,sys\n"
              "ev=json.load(open(sys.argv[1]))[\"traceEvents\"]\n"
              "r=int(sys.argv[2])\n"
              "x=[e for e in ev if e[\"ph\"]==\"X\" and e[\"pid\"]==r]\n"
@@ -1133,7 +1134,7 @@ MPI_TEST(mpi_trace_has_collectives_per_rank)
              "ok=names==[\"allreduce\",\"broadcast\"] and all(e[\"dur\"]>=0 for e in x)\n"
              "ok=ok and any(e[\"args\"][\"name\"]==\"comm traced (mpi)\" for e in th)\n"
              "ok=ok and sum(1 for e in ev if e[\"ph\"]==\"b\")==2\n"
-             "sys.exit(0 if ok else 1)' '%s' %d", mine, my_rank);
+             "sys.exit(0 if ok else 1)' '%s' %d", py, mine, my_rank);
     rc = system(cmd);
     ASSERT_EQm("trace file invalid or missing the rank's collectives", 0, rc);
     PASS();

@@ -68,7 +68,7 @@ static int json_counts(const char *path, counts *c)
     memset(c, 0, sizeof *c);
     snprintf(out, sizeof out, "%s.counts", path);
     snprintf(cmd, sizeof cmd,
-             "python3 -c 'import json,sys\n"
+             "\"%s\" -c 'import json,sys\n"
              "ev=json.load(open(sys.argv[1]))[\"traceEvents\"]\n"
              "n=lambda p: sum(1 for e in ev if e[\"ph\"]==p)\n"
              "b=sorted(e[\"id\"] for e in ev if e[\"ph\"]==\"b\")\n"
@@ -76,7 +76,7 @@ static int json_counts(const char *path, counts *c)
              "esc=sum(1 for x in ev if x[\"name\"]==chr(97)+chr(34)+chr(98)+chr(92)+chr(99))\n"
              "open(sys.argv[2],\"w\").write(\"%%d %%d %%d %%d %%d %%d\" %% (n(\"X\"),n(\"b\"),"
              "n(\"e\"),n(\"M\"),esc,int(b==e)))' '%s' '%s' 2>&1",
-             path, out);
+             pdp_test_python("json"), path, out);
     rc = system(cmd);
     if (rc != 0) return -1;
     s = slurp(out);
@@ -87,7 +87,7 @@ static int json_counts(const char *path, counts *c)
     return rc == 6 ? 0 : -1;
 }
 
-static bool have_python(void) { return system("python3 -c 'import json' >/dev/null 2>&1") == 0; }
+static bool have_python(void) { return pdp_test_python("json") != NULL; }
 
 TEST trace_off_without_env(void)
 {
@@ -107,7 +107,7 @@ TEST trace_writes_valid_json_with_expected_events(void)
     char path[512], *s;
     int tc0, tc1, tcomm;
     counts c;
-    if (!have_python()) SKIPm("python3 with json not found");
+    if (!have_python()) SKIPm(pdp_test_python_missing("json"));
     path_of(path, sizeof path, "events.json");
     setenv("PDP_TRACE", path, 1);
     ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(-1), pdp_status_name);
@@ -124,7 +124,7 @@ TEST trace_writes_valid_json_with_expected_events(void)
     pdp__trace_close();
     ASSERT_FALSE(pdp__trace_enabled());
 
-    ASSERT_EQm("not valid JSON (python3 json.load failed)", 0, json_counts(path, &c));
+    ASSERT_EQm("not valid JSON (Python's json.load failed)", 0, json_counts(path, &c));
     ASSERT_EQ(2, c.x);
     ASSERT_EQ(2, c.b);
     ASSERT_EQ(2, c.e);
@@ -193,7 +193,7 @@ TEST trace_refcounted_and_flush_mid_run(void)
     char path[512];
     int t;
     counts c;
-    if (!have_python()) SKIPm("python3 with json not found");
+    if (!have_python()) SKIPm(pdp_test_python_missing("json"));
     path_of(path, sizeof path, "refs.json");
     setenv("PDP_TRACE", path, 1);
     ASSERT_ENUM_EQ(PDP_OK, pdp__trace_open(-1), pdp_status_name); /* e.g. the DDP object */
@@ -342,7 +342,7 @@ TEST trace_zero_lanes_and_prefetch_overlap(void)
     zero_rank zr[2];
     FILE *f;
     int r, rc;
-    if (!have_python()) SKIPm("python3 with json not found");
+    if (!have_python()) SKIPm(pdp_test_python_missing("json"));
     path_of(path, sizeof path, "zero.json");
     path_of(script, sizeof script, "zero_check.py");
     setenv("PDP_TRACE", path, 1);
@@ -384,7 +384,8 @@ TEST trace_zero_lanes_and_prefetch_overlap(void)
           "assert overlaps == 2 * (len(unit) - 1), overlaps\n",
           f);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "python3 '%s' '%s' '%s'", script, path, zr[0].map);
+    snprintf(cmd, sizeof cmd, "\"%s\" '%s' '%s' '%s'", pdp_test_python("json"), script, path,
+             zr[0].map);
     rc = system(cmd);
     remove(script);
     remove(path);

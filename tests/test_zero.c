@@ -1040,13 +1040,13 @@ TEST zero_checkpoint_consolidate_and_reshard(void)
         ASSERT(same_files(full, again));
     }
     /* PyTorch's reader: the state_dict names, the same values */
-    if (system("python3 -c 'import safetensors.numpy, numpy' >/dev/null 2>&1") != 0)
-        SKIPm("python3 without safetensors and numpy (pip install safetensors numpy)");
+    if (!pdp_test_python("safetensors.numpy, numpy"))
+        SKIPm(pdp_test_python_missing("safetensors.numpy, numpy"));
     tmp_path(again, "flat.bin");
-    snprintf(cmd, sizeof cmd, "python3 -c \"import sys, numpy; from safetensors.numpy import "
+    snprintf(cmd, sizeof cmd, "\"%s\" -c \"import sys, numpy; from safetensors.numpy import "
              "load_file; d = load_file(sys.argv[1]); n = ['%s','%s','%s','%s','%s','%s']; "
              "assert all(k in d for k in n), sorted(d); numpy.concatenate([d[k].ravel() for k "
-             "in n]).astype('<f4').tofile(sys.argv[2])\" %s %s", sd_names[0], sd_names[1],
+             "in n]).astype('<f4').tofile(sys.argv[2])\" %s %s", pdp_test_python("safetensors.numpy, numpy"), sd_names[0], sd_names[1],
              sd_names[2], sd_names[3], sd_names[4], sd_names[5], full, again);
     ASSERT_EQ(0, system(cmd));
     {

@@ -1,0 +1,87 @@
+#!/bin/sh
+# A user's build is quiet: the implementation compiled as C++ by g++ (at -Og, -O2 and -O3:
+# gcc's -Wmaybe-uninitialized depends on the level) and clang++, and by nvcc as host code
+# in a .cu file, at -Wall -Wextra with no warning; the README's C++ quick start compiled
+# as C++ and trained; the layer table read the same in C++ (no array designators there)
+# as in C; both include orders (a system header before pdp.h: one clear error, or none);
+# clang -Weverything with only the classes listed below off. A compiler that is missing
+# is skipped, by name. (tests/build_checks.sh: the helpers.)
+. "$(dirname "$0")/build_checks.sh"
+
+QUIET="-Wall -Wextra -Werror -I."
+have() { command -v "$1" > /dev/null; }
+
+# ---- the implementation as C++ ----
+if have g++; then
+    # the README's C++ quick start: the whole program, the implementation included
+    awk '/^```c\+\+$/{f=1;next}/^```$/{f=0}f' README.md > "$B/readme_cxx.cc"
+    check "gxx_O2_quiet_readme_cxx_quick_start_trains" sh -c "g++ -std=c++11 -O2 $QUIET -pedantic $B/readme_cxx.cc -o $B/readme_cxx -lm -lpthread && $B/readme_cxx | grep -q 'last batch loss'"
+    check "gxx_O3_quiet" g++ -x c++ -O3 $QUIET -c tests/compile/tu_kinds.c -o "$B/o3.o"
+    # -Og, linked and run: every layer kind's name, by value, as the C build reads them
+    if g++ -x c++ -Og $QUIET tests/compile/tu_kinds.c -o "$B/kinds_cxx" -lm -lpthread > "$B/log" 2>&1; then
+        ok "gxx_Og_quiet"
+        if gcc $STRICT -O0 tests/compile/tu_kinds.c -o "$B/kinds_c" -lm -lpthread > "$B/log" 2>&1 &&
+           "$B/kinds_c" > "$B/kinds_c.txt" && "$B/kinds_cxx" > "$B/kinds_cxx.txt" &&
+           cmp "$B/kinds_c.txt" "$B/kinds_cxx.txt" > "$B/log" 2>&1; then
+            ok "cxx_layer_table_matches_c"
+        else diff "$B/kinds_c.txt" "$B/kinds_cxx.txt" >> "$B/log" 2>&1; bad "cxx_layer_table_matches_c"; fi
+    else bad "gxx_Og_quiet"; skip "cxx_layer_table_matches_c" "the g++ build failed"; fi
+else skip "gxx_quiet" "g++ not found (apt-get install g++)"; fi
+if have clang++; then
+    # clang's warnings come from its front end: -fsyntax-only sees them all
+    check "clangxx_quiet" sh -c "clang++ -std=c++11 -fsyntax-only $QUIET -pedantic $B/readme_cxx.cc && clang++ -x c++ -fsyntax-only $QUIET tests/compile/tu_kinds.c"
+else skip "clangxx_quiet" "clang++ not found (apt-get install clang)"; fi
+
+# ---- nvcc: the implementation as host code of a .cu file, once, at -O2 (nvcc takes ~40 s
+# on this whole file; its own front end adds diagnostics such as #550-D, which -Werror on the
+# host compiler does not catch: the log must hold no "warning" at all) ----
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if [ -x "$NVCC" ]; then
+    cp tests/compile/tu_kinds.c "$B/impl.cu"
+    if "$NVCC" -O2 -Xcompiler -Wall,-Wextra -I. -c "$B/impl.cu" -o "$B/impl_cu.o" > "$B/log" 2>&1 &&
+       ! grep -qi "warning" "$B/log"; then ok "nvcc_host_quiet"; else bad "nvcc_host_quiet"; fi
+else skip "nvcc_host_quiet" "nvcc not found (CUDA toolkit; or NVCC=/path/to/nvcc)"; fi
+
+# ---- include order ----
+# pdp.h first, then system headers: compiles in strict C99 as it is
+check "include_order_pdp_first" gcc $STRICT -fsyntax-only tests/compile/tu_pdp_first.c
+# a system header first: in strict C99 on glibc, ONE error (not a cascade) that says what to do
+gcc $STRICT -fsyntax-only tests/compile/tu_stdlib_first.c > "$B/log" 2>&1; rc=$?
+n=$(grep -c "error:" "$B/log")
+if [ $rc -ne 0 ] && [ "$n" -eq 1 ] && grep -q "#define _POSIX_C_SOURCE 200809L above" "$B/log"; then
+    ok "include_order_system_header_first_is_one_error"
+else bad "include_order_system_header_first_is_one_error (exit $rc, $n error lines)"; fi
+# ... and each fix it names works; C++ and GNU mode need none
+check "include_order_system_header_first_with_posix_define" gcc $STRICT -D_POSIX_C_SOURCE=200809L -fsyntax-only tests/compile/tu_stdlib_first.c
+check "include_order_system_header_first_gnu_mode" gcc -std=gnu99 -Wall -Wextra -Werror -I. -fsyntax-only tests/compile/tu_stdlib_first.c
+if have g++; then
+    check "include_order_system_header_first_cxx" g++ -x c++ $QUIET -fsyntax-only tests/compile/tu_stdlib_first.c
+else skip "include_order_system_header_first_cxx" "g++ not found (apt-get install g++)"; fi
+
+# ---- clang -Weverything on the implementation (C99), with these classes off, and why:
+#   -Wpadded                  struct layout is not a defect: the compiler pads as the ABI says
+#   -Wcomma                   comma expressions are the house style in for-increments and in
+#                             paired assignments (t0 = ..., t1 = ...)
+#   -Wused-but-marked-unused  math.h's shared helpers are marked unused because a translation
+#                             unit that uses part of the library leaves some unused
+#   -Wcast-align              casts of scratch and arena bytes (pdp__alloc, 64-byte aligned) to
+#                             float or struct pointers; clang cannot see the allocator's alignment
+#   -Wdouble-promotion        float to double is deliberate: printf's varargs, double accumulators
+#   -Wfloat-equal             exact comparisons are deliberate: zero means default, bit-exact
+#                             paths (Adam's bias correction at 1, a scale of exactly 1)
+#   -Wformat-nonliteral       pdp__err and the log helpers forward their caller's format with a
+#                             va_list; the callers' literals are checked through the format
+#                             attribute
+#   -Wbad-function-cast       (int)floor(x) and (double)strlen(s)-style casts of a call's value
+#   -Wswitch-enum             switches with a default: cover the remaining values on purpose
+#   -Wcast-qual               tensor views over const data (pdp_tensor's data is not const;
+#                             the library only reads through those views)
+# Every other class, any new one included, is an error here: fix it, or add it above with why.
+EVERYTHING_OFF="-Wno-padded -Wno-comma -Wno-used-but-marked-unused -Wno-cast-align \
+-Wno-double-promotion -Wno-float-equal -Wno-format-nonliteral -Wno-bad-function-cast \
+-Wno-switch-enum -Wno-cast-qual"
+if have clang; then
+    check "clang_weverything_only_the_listed_classes" clang -std=c99 -fsyntax-only -Weverything -Werror $EVERYTHING_OFF -I. tests/compile/tu_impl.c
+else skip "clang_weverything_only_the_listed_classes" "clang not found (apt-get install clang)"; fi
+
+summary
