@@ -53,6 +53,13 @@
        PDP_MPI              the MPI communicator backend (build with mpicc)
        PDP_CUDA             CUDA devices and NCCL (link pdp_cuda.o, cuBLAS, NCCL)
 
+   OPTION VALUES
+   =============
+   In every desc, zero means the default. A value outside a field's documented
+   range (negative where it must be positive, NaN, infinite) fails with
+   PDP_ERR_INVALID naming the function and the field; it is never clamped or
+   silently replaced.
+
    MEMORY
    ======
    Every allocation goes through PDP_MALLOC/PDP_FREE. Parameters and gradients
@@ -77,24 +84,24 @@
    PDP_PRECISION_BF16 (or pdp_model_set_precision) is mixed precision as PyTorch's
    autocast: the inputs of Linear's and Conv2d's GEMMs (forward and both backward
    products) are rounded to bf16, products accumulate in fp32, everything else stays
-   fp32. pdp_gemm_bf16 picks its path by CPUID at run time: AMX tiles where the CPU
-   has AMX-BF16 and Linux grants the tile state (asked once; refused: the next path),
-   AVX512-BF16 (vdpbf16ps), and an emulation with the AVX512 path's arithmetic and
-   bits everywhere else (pdp_bf16_path_name says which). AMX sums each pair in the
-   other order, so its bits may differ within a stated bound; it was checked once on
-   a scalar tile emulator outside the tests, never on an AMX CPU. Conv2d's implicit
-   GEMMs (stride 1, padding below the kernel size) run on the same kernels through
-   row-offset tables, the padded image converted to bf16 once per chunk; on the
-   emulated path, and for the dW of a convolution with few weights (1 -> 16 channels
-   at k 5), the fp32 kernels multiply bf16-rounded inputs. On CUDA the same switch
-   runs Linear and Conv2d as cublasGemmEx with bf16 inputs and fp32 accumulation
-   (checked on the CUDA emulator, not yet on a GPU). Speed (bench/train, one
-   AVX512-BF16 core of an AMD EPYC, one run): the MLP 784-512-512-10 step at batch 512
-   trains 43k samples/s in bf16 against 26k in fp32, 1.25x PyTorch's autocast (1.7x at
-   batch 128); the CNN of train_cnn at batch 128, 6.5k in bf16 against 5.1k in fp32,
-   1.5x autocast. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in bf16
-   against 88.76% in fp32 (train_mnist -bf16, seed 1); one autocast MLP step against a
-   PyTorch fixture (tests/test_bf16.c).
+   fp32. pdp_gemm_bf16 picks its path by CPUID at run time: AMX tiles where the CPU has
+   AMX-BF16 and Linux grants the tile state (asked once; refused: the next path),
+   AVX512-BF16 (vdpbf16ps), and an emulation with the AVX512 path's arithmetic and bits
+   everywhere else (pdp_bf16_path_name says which). AMX sums each pair in the other
+   order, so its bits may differ within a stated bound (gemm.h, gemm_bf16.c):
+   tests/test_bf16.c holds the AMX path to it on a CPU with AMX and skips it, saying
+   so, elsewhere (the AMD EPYC the tests run on has no AMX). Conv2d's implicit GEMMs
+   (stride 1, padding below the kernel size) run on the same kernels through row-offset
+   tables, the padded image converted to bf16 once per chunk; on the emulated path, and
+   for the dW of a convolution with few weights (1 -> 16 channels at k 5), the fp32
+   kernels multiply bf16-rounded inputs. On CUDA the same switch runs Linear and Conv2d
+   as cublasGemmEx with bf16 inputs and fp32 accumulation (checked on the CUDA
+   emulator, not yet on a GPU). bf16 is not always faster than fp32 on a CPU: it
+   depends on the path and the model. `make bench` (bench/train) measures both on your
+   CPU beside PyTorch's autocast; CHANGELOG.md keeps the runs we measured, each with
+   its CPU. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in bf16 against
+   88.76% in fp32 (train_mnist -bf16, seed 1); one autocast MLP step against a PyTorch
+   fixture (tests/test_bf16.c).
 
    THREADS AND DETERMINISM
    =======================
@@ -103,9 +110,16 @@
    is computed by one thread, so the bits do not depend on n). A worker spins for up
    to 100 microseconds after a job before it sleeps, so a hand-off that comes within
    that time (the next GEMM of a training step) needs no wake-up. Random numbers come
-   from explicit PCG32 states; a seed gives the same bits everywhere. Dropout masks
-   are a function of (seed, layer, step, global sample index), so DP and DDP draw
-   exactly the masks a single device would. Reductions run in a fixed order.
+   from explicit PCG32 states. Dropout masks are a function of (seed, layer, step,
+   global sample index), so DP and DDP draw exactly the masks a single device would.
+   Reductions run in a fixed order.
+   What "the same bits" covers: one build of pdp, run again with the same seed, gives
+   the same bits whatever the thread count (pdp_set_num_threads, DP's
+   threads_per_worker) and whichever thread wins the pool. Another build need not:
+   gcc's -ffp-contract=fast (its default outside -std=c99/c11) fuses a*b + c into
+   FMAs that =off (the ISO modes' default) leaves apart, and the two give different
+   checkpoints; so may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16
+   path (AMX) or another device (CUDA).
    pdp_profile_start/read/stop (base.h) split the calling thread's time into layers
    with weights, other layers, loss, optimizer and the rest, and count the intra-op
    workers' idle thread-seconds: bench/train prints it per configuration.
@@ -126,162 +140,250 @@
    optimizer untouched. Files without checksums (other tools) load unverified. A
    save writes <path>.tmp.<pid>, fsyncs and renames, so a crash loses nothing, and
    removes temporaries left by writers that were killed. Every load error starts
-   with "pdp_checkpoint_load: <path>: ".
+   with "pdp_checkpoint_load: <path>: ". ZeRO's and TP's checkpoints: DISTRIBUTED.
 
    DISTRIBUTED
    ===========
-   DataParallel, one process (dp.h): pdp_dp_create(&dp, master, &desc) starts one
-   persistent worker thread per device after the first (the calling thread drives
-   replica 0, the master, itself); pdp_dp_step(dp, opt, x, y, &loss) runs the
-   stages replicate, scatter, parallel apply, gather, reduce (to the master, in a
-   fixed order) and the master's optimizer step; on the CPU with 2+ workers each
-   worker steps the slice of the master's parameters it has just reduced (same bits,
-   no core idle while one steps; the stats then show the step's time in reduce).
-   pdp_dp_get_stats shows the bytes through the master and the time per stage. N
-   workers reproduce one device on the same global batch; one worker, bit for bit.
+   Each way of training on many devices below is an executor around the usual model:
+   none changes a layer. The snippets use the quick start's CHECK; m, x, y and loss are
+   the quick start's, comm a communicator, rank its rank. WHERE TO READ names the
+   functions where each step happens.
 
-   DistributedDataParallel (ddp.h): every rank holds a full model and a pdp_comm.
-   pdp_ddp_create checks that all ranks have the same parameters and broadcasts
-   rank 0's; buckets (25 MiB, the first 1 MiB) are ranges of the gradient block, so
-   there is no copy; each bucket's all-reduce starts as soon as backward produced
-   its last gradient. pdp_ddp_forward_backward, then pdp_ddp_step (wait, average,
-   step). Every backward of a wrapped model synchronises, whatever the loss: for
-   your own loss call pdp_ddp_forward, compute the loss and its gradient, then
-   pdp_ddp_backward(ddp, dy) (or pdp_model_forward/backward on the model); a second
-   backward before the step fails with PDP_ERR_STATE saying what to call.
-   pdp_ddp_set_no_sync accumulates locally. pdp_dist_sampler gives each
-   rank a disjoint shard of a seeded permutation (pad or drop_last).
-   Uneven shards: each rank's loss is the mean over its own batch and the
-   all-reduce averages over ranks, so a step trains the mean of per-rank means,
-   (1/N) sum_r mean_r, as PyTorch's DDP does; it equals the mean over the global
-   batch only when every rank has the same number of samples. desc.batch_mean =
-   PDP_BATCH_MEAN_GLOBAL (DDP and ZeRO) trains the global batch's mean instead,
-   as one device on the concatenated shards: each backward all-reduces the ranks'
-   batch sizes (one float, counted in bytes_sent; hidden behind the forward in
-   pdp_ddp_forward_backward) and weighs rank r's loss gradient by N n_r / T. With
-   accumulation each backward is weighted by its own global batch.
-   Communication hooks (PyTorch's register_comm_hook): pdp_ddp_register_comm_hook
-   (or pdp_zero_register_comm_hook) before the first backward puts a user's launch
-   (and optional finish) in place of each bucket's collective; the built-ins
-   pdp_ddp_hook_bf16_compress and pdp_ddp_hook_fp16_compress scale by 1/N, round
-   the bucket to 16 bits in a buffer allocated at registration, reduce in 16 bits
+   Communicators (comm.h)
+   ----------------------
+       CHECK(pdp_local_group_create(&g, 4, &(pdp_comm_desc){.timeout_s = 60}));
+       CHECK(pdp_comm_create_local(&comm, g, rank));       // on each of 4 threads
+       CHECK(pdp_comm_allreduce(comm, buf, 8, PDP_REDUCE_SUM, &w));  CHECK(pdp_work_wait(w));
+       // or, one process per rank under mpirun or torchrun:
+       CHECK(pdp_comm_init_env(&comm, &(pdp_comm_desc){.backend = PDP_BACKEND_MPI}));
+   All-reduce, broadcast, reduce-scatter, all-gather, barrier, point-to-point send/recv
+   (matched by peer and tag), each asynchronous (pdp_work_wait; a NULL handle waits in
+   the call), and pdp_comm_split (colour, key; as MPI_Comm_split) for process groups
+   such as 2 data-parallel x 2 model-parallel. Backends, one file each: local (ranks
+   are threads: pdp_local_group_create + pdp_comm_create_local; no dependency), mpi
+   (PDP_MPI, pdp_comm_init_env under mpirun), nccl (PDP_CUDA; process per GPU through
+   pdp_comm_init_env, thread per GPU through pdp_nccl_group_create; point-to-point
+   batched into NCCL groups, split through ncclCommSplit, NCCL 2.18+; comm.h lists
+   where NCCL's messages differ). A rank that does not arrive within timeout_s
+   (default 300) makes the others fail with PDP_ERR_TIMEOUT naming the collective (or
+   the peer and tag) and the rank: nothing hangs. MPI start-up: with PDP_STORE_PORT
+   (or MASTER_PORT) set, every rank checks in at rank 0's store before
+   MPI_Init_thread, so a rank that never starts is named within timeout_s;
+   MPI_Init_thread itself cannot be bounded (a watchdog reports through desc.log). A
+   killed rank takes mpirun's whole job down unless it runs with --enable-recovery;
+   then the survivors get PDP_ERR_TIMEOUT. comm.h says exactly what is bounded.
+   Rendezvous as torchrun (rendezvous.h): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+   MASTER_PORT, or OMPI_COMM_WORLD_* under mpirun (pdp_env_read). A TCP key-value
+   store served by rank 0 (store.h, pdp_store_*; host "0.0.0.0" listens on every
+   interface) hands out the NCCL unique id.
+
+   DataParallel, one process (dp.h)
+   --------------------------------
+       CHECK(pdp_dp_create(&dp, m, &(pdp_dp_desc){.num_workers = 4}));  // m: the master
+       CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_SGD, .lr = 0.1}));
+       CHECK(pdp_dp_step(dp, opt, &x, y, &loss));          // x: the whole batch
+   pdp_dp_create starts one persistent worker thread per device after the first (the
+   calling thread drives replica 0, the master, itself); pdp_dp_step runs the stages
+   replicate, scatter, parallel apply, gather, reduce (to the master, in a fixed order)
+   and the master's optimizer step; on the CPU with 2+ workers each worker steps the
+   slice of the master's parameters it has just reduced (same bits, no core idle while
+   one steps; the stats then show the step's time in reduce). pdp_dp_get_stats shows
+   the bytes through the master and the time per stage. N workers reproduce one device
+   on the same global batch to float rounding; one worker, bit for bit.
+
+   DistributedDataParallel (ddp.h)
+   -------------------------------
+       CHECK(pdp_ddp_create(&ddp, m, comm, &(pdp_ddp_desc){.bucket_cap_mb = 25}));
+       CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = 1e-3}));
+       CHECK(pdp_ddp_forward_backward(ddp, &x, y, &loss));  // x: this rank's shard
+       CHECK(pdp_ddp_step(ddp, opt));                       // wait, average, step
+   Every rank holds a full model and a pdp_comm. pdp_ddp_create checks that all ranks
+   have the same parameters and broadcasts rank 0's; buckets (25 MiB, the first 1 MiB)
+   are ranges of the gradient block, so there is no copy; each bucket's all-reduce
+   starts as soon as backward produced its last gradient. Every backward of a wrapped
+   model synchronises, whatever the loss: for your own loss call pdp_ddp_forward,
+   compute the loss and its gradient, then pdp_ddp_backward(ddp, dy) (or
+   pdp_model_forward/backward on the model); a second backward before the step fails
+   with PDP_ERR_STATE saying what to call. pdp_ddp_set_no_sync accumulates locally.
+   pdp_dist_sampler gives each rank a disjoint shard of a seeded permutation (pad or
+   drop_last).
+   Uneven shards: each rank's loss is the mean over its own batch and the all-reduce
+   averages over ranks, so a step trains the mean of per-rank means, (1/N) sum_r
+   mean_r, as PyTorch's DDP does; it equals the mean over the global batch only when
+   every rank has the same number of samples. desc.batch_mean = PDP_BATCH_MEAN_GLOBAL
+   (DDP and ZeRO) trains the global batch's mean instead, as one device on the
+   concatenated shards: each backward all-reduces the ranks' batch sizes (one float,
+   counted in bytes_sent; hidden behind the forward in pdp_ddp_forward_backward) and
+   weighs rank r's loss gradient by N n_r / T. With accumulation each backward is
+   weighted by its own global batch.
+   Communication hooks (PyTorch's register_comm_hook): pdp_ddp_register_comm_hook (or
+   pdp_zero_register_comm_hook) before the first backward puts a user's launch (and
+   optional finish) in place of each bucket's collective; the built-ins
+   pdp_ddp_hook_bf16_compress and pdp_ddp_hook_fp16_compress scale by 1/N, round the
+   bucket to 16 bits in a buffer allocated at registration, reduce in 16 bits
    (pdp_comm_allreduce_ex / pdp_comm_reduce_scatter_ex with PDP_DTYPE_BF16 or
-   PDP_DTYPE_F16: fp32 sums rounded once on local, at each combination on MPI,
-   NCCL's native types) and widen back: half the bytes, within the bound ddp.h
-   states. fp16 has no loss scaling: prefer bf16. train_ddp -compress bf16.
+   PDP_DTYPE_F16: fp32 sums rounded once on local, at each combination on MPI, NCCL's
+   native types) and widen back: half the bytes, within the bound ddp.h states. fp16
+   has no loss scaling: prefer bf16. train_ddp -compress bf16.
 
-   ZeRO (zero.h), stages 1, 2, 3: DDP's step shape (pdp_zero_create with
-   .stage, pdp_zero_forward_backward, pdp_zero_step with an optimizer from
-   pdp_zero_optim_create) while each rank holds 1/N of the optimizer state (1),
-   and of the gradients (2), and of the parameters (3). Each unit (a bucket of
-   whole layers) is padded to N equal slices and rank r owns slice r: one
+   ZeRO (zero.h)
+   -------------
+       CHECK(pdp_zero_create(&z, m, comm, &(pdp_zero_desc){.stage = 2}));
+       CHECK(pdp_zero_optim_create(&opt, z, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM}));
+       CHECK(pdp_zero_forward_backward(z, &x, y, &loss));
+       CHECK(pdp_zero_step(z, opt));
+   Stages 1, 2, 3 have DDP's step shape while each rank holds 1/N of the optimizer
+   state (1), and of the gradients (2), and of the parameters (3). Each unit (a bucket
+   of whole layers) is padded to N equal slices and rank r owns slice r: one
    reduce-scatter per unit during backward, the rank steps its slices, and an
-   all-gather restores the parameters (stage 3 gathers each unit before its
-   forward and backward, the next unit's gather in flight). pdp_zero_memory
-   reports the bytes held beside the ZeRO paper's formulas (Adam: DDP 16 Psi,
-   stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3 16 Psi/N, plus the
-   stated buffers); bytes sent per step are DDP's (stages 1-2) or 1.5x (3).
-   With k backward passes per step (no_sync accumulation) stage 1 still sends
-   DDP's bytes, stage 2 (k + 1)/2 x them (a reduce-scatter per backward), stage 3
-   3k/2 x them less the gathers the next forward skips (the units backward left
-   gathered; all of them when there are no more units than param_buffers: then
-   (2k + 1)/2 x); pdp_zero_get_stats gives k, the bytes sent and the formula (its
-   value, and in words). Uneven shards: as DDP, batch_mean above.
-   Tested equal to DDP and one device on local and MPI ranks (CPU models) and
-   over NCCL (CUDA models, on the emulator in CI).
+   all-gather restores the parameters (stage 3 gathers each unit before its forward
+   and backward, the next unit's gather in flight).
+   Memory: pdp_zero_memory reports the bytes each rank holds beside formulas for them.
+   pdp keeps everything in fp32 (4-byte parameters and gradients, K bytes of optimizer
+   state per parameter, Adam K = 8), so its formulas are, with Psi parameters and N
+   ranks: DDP 16 Psi, stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3
+   16 Psi/N, plus the stated working buffers (at a small Psi the buffers can outweigh
+   what the shards save). The ZeRO paper (Rajbhandari et al., 2020) counts
+   mixed-precision Adam instead (2-byte parameters and gradients, K = 12: fp32 master
+   weights, m and v): DDP 16 Psi, stage 1 4 Psi + 12 Psi/N, stage 2 2 Psi + 14 Psi/N,
+   stage 3 16 Psi/N. Bytes sent per step are DDP's (stages 1-2) or 1.5x (3).
+   With k backward passes per step (no_sync accumulation) stage 1 still sends DDP's
+   bytes, stage 2 (k + 1)/2 x them (a reduce-scatter per backward), stage 3 3k/2 x them
+   less the gathers the next forward skips (the units backward left gathered; all of
+   them when there are no more units than param_buffers: then (2k + 1)/2 x);
+   pdp_zero_get_stats gives k, the bytes sent and the formula (its value, and in
+   words). Uneven shards: as DDP, batch_mean above. Tested equal to DDP and one device
+   on local and MPI ranks (CPU models) and over NCCL (CUDA models, on the emulator in
+   CI).
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
-   prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker
-   prefix.done once every rank has succeeded (llm.c's scheme), each file carrying the
-   save's run id; pdp_zero_checkpoint_load resumes bit-exact at the same world size, all
-   or nothing, naming the bad file (a file of another save too). A rank that stalls or
+   prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker prefix.done
+   once every rank has succeeded (llm.c's scheme), each file carrying the save's run
+   id; pdp_zero_checkpoint_load resumes bit-exact at the same world size, all or
+   nothing, naming the bad file (a file of another save too). A rank that stalls or
    dies during a checkpoint call makes the others fail with PDP_ERR_TIMEOUT naming it.
-   pdp_zero_checkpoint_consolidate writes the one file pdp_checkpoint_save writes
-   for one device (PyTorch reads it); pdp_zero_checkpoint_load_full loads such a
-   file into a ZeRO run at any world size and stage. Under ZeRO, pdp_model_param
-   views what the rank holds with its range (value_lo..hi, grad_lo..hi: gradients the
-   rank's part, values whole at stages 1-2 and the rank's part at stage 3);
-   pdp_model_flat and the single-device checkpoint calls refuse what is not whole on
-   the rank, naming the ZeRO call to use.
+   pdp_zero_checkpoint_consolidate writes the one file pdp_checkpoint_save writes for
+   one device (PyTorch reads it); pdp_zero_checkpoint_load_full loads such a file into
+   a ZeRO run at any world size and stage. Under ZeRO, pdp_model_param views what the
+   rank holds with its range (value_lo..hi, grad_lo..hi: gradients the rank's part,
+   values whole at stages 1-2 and the rank's part at stage 3); pdp_model_flat and the
+   single-device checkpoint calls refuse what is not whole on the rank, naming the
+   ZeRO call to use.
 
+   Tensor parallel (tp.h)
+   ----------------------
+       CHECK(pdp_model_set_tp(m, tp_comm));                 // the same model on every TP rank
+       CHECK(pdp_model_add_tp_copy(m));                     // f
+       CHECK(pdp_model_add_column_parallel_linear(m, 1024));  CHECK(pdp_model_add_gelu(m));
+       CHECK(pdp_model_add_row_parallel_linear(m, 256));
+       CHECK(pdp_model_add_tp_reduce(m));                   // g
+   Megatron-LM's MLP block: f (identity forward, all-reduce backward), the
+   column-parallel Linear (rank r holds its slice of the output features), an
+   element-wise activation, the row-parallel Linear (the matching input slice; TP rank
+   0 adds the bias), g (all-reduce forward, identity backward). Widths the TP size
+   does not divide split as pdp_tp_split says. Each rank draws the full weights from
+   the seed and keeps its slice, so TP trains as one device does (tested at 1e-5 on
+   1-4 ranks); f and g are not numbered in state_dict names. pdp_tp_get_stats counts
+   the all-reduced bytes (per block and step, B x d in g's forward and B x in in f's
+   backward; none when f is the first layer). pdp_tp_checkpoint_save/load (collective)
+   read and write the full tensors, the file one device would write. The first forward
+   checks that every TP rank built the same TP layers (a width that differs fails on
+   every rank, PDP_ERR_INVALID naming the layer and both widths). pdp_clip_grad_norm
+   on a TP model is collective over its TP group: the full model's norm (slices summed
+   over the group, replicated tensors counted once), the same coefficient on every
+   rank.
+
+   Pipeline parallel (pp.h)
+   ------------------------
+       CHECK(pdp_pp_create(&pp, m, comm, &(pdp_pp_desc){.micro_batches = 8}));  // stage rank
+       CHECK(pdp_optim_create(&opt, pdp_pp_model(pp), &(pdp_optim_desc){.lr = 0.1}));
+       CHECK(pdp_pp_forward_backward(pp, &x, y, &loss));   // x read on stage 0, y on the last
+       CHECK(pdp_pp_step(pp, opt));
+   Every rank builds the same full model and calls pdp_pp_create; rank r keeps stage
+   r's layers (pdp_pp_model), with the full model's values and names. Boundaries are
+   given (desc.first_layer) or balanced by parameter count (default) or measured time.
+   pdp_pp_forward_backward cuts the batch into desc.micro_batches (m); activations go
+   forward and gradients back over send/recv; schedules PDP_PP_1F1B (default: at most
+   p - s micro-batches held on stage s) or PDP_PP_GPIPE (all m held): 1F1B saves
+   activation memory, not bubble. The loss (cross-entropy, or desc.loss) is on the last
+   stage; gradients are scaled so that a step equals one device on the whole batch
+   (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
+   stage's bubble beside (p-1)/(m+p-1) and its peak activation memory; PDP_TRACE draws
+   one lane per stage with F<i>/B<i> events. Clip with pdp_pp_clip_grad_norm
+   (collective over the stages: the whole model's norm, as one device's
+   pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm on a stage
+   would see that stage only.
+
+   Combinations
+   ------------
+       CHECK(pdp_comm_split(comm, rank / 2, rank, &tp_comm));   // {0,1} {2,3}: TP pairs
+       CHECK(pdp_comm_split(comm, rank % 2, rank, &dp_comm));   // {0,2} {1,3}: DP pairs
+       // build the TP model on tp_comm (above), then:
+       CHECK(pdp_ddp_create(&ddp, m, dp_comm, &(pdp_ddp_desc){.bucket_cap_mb = 25}));
+   DP x TP: split a world into TP groups and DP groups with pdp_comm_split and wrap the
+   TP model in pdp_ddp_create (or pdp_zero_create) on the DP group; clip with
+   pdp_clip_grad_norm after pdp_ddp_finish, or with pdp_zero_clip_grad_norm under ZeRO,
+   which counts the TP slices the same way. DP x PP: desc.dp of pdp_pp_create, a
+   communicator from pdp_comm_split, averages each stage's gradients once per step.
+   PP x TP is refused (pdp_pp_create names the TP layer).
    Wrapped models: while DataParallel, DDP, ZeRO or a pipeline holds a model, adding
    layers (and pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the
    executor, and a second executor on it fails naming both; free the executor first.
 
-   Tensor parallel (tp.h), Megatron-LM's MLP block: build the same model on every
-   rank of a TP communicator, pdp_model_set_tp(m, tp), then pdp_model_add_tp_copy
-   (f: identity forward, all-reduce backward), pdp_model_add_column_parallel_linear
-   (rank r holds its slice of the output features), an element-wise activation,
-   pdp_model_add_row_parallel_linear (the matching input slice; TP rank 0 adds the
-   bias), pdp_model_add_tp_reduce (g: all-reduce forward, identity backward). Widths
-   the TP size does not divide split as pdp_tp_split says. Each rank draws the full
-   weights from the seed and keeps its slice, so TP trains as one device does
-   (tested at 1e-5 on 1-4 ranks); f and g are not numbered in state_dict names.
-   pdp_tp_get_stats counts the all-reduced bytes (per block and step, B x d in g's
-   forward and B x in in f's backward; none when f is the first layer). pdp_tp_checkpoint_save/load (collective) read and write the full tensors,
-   the file one device would write. 2-D: split a world into TP groups and DP groups
-   with pdp_comm_split and wrap the TP model in pdp_ddp_create on the DP group.
-   The first forward checks that every TP rank built the same TP layers (a width
-   that differs fails on every rank, PDP_ERR_INVALID naming the layer and both
-   widths). pdp_clip_grad_norm on a TP model is collective over its TP group: the
-   full model's norm (slices summed over the group, replicated tensors counted
-   once), the same coefficient on every rank; under DDP call it after
-   pdp_ddp_finish; under ZeRO pdp_zero_clip_grad_norm counts the same way.
+   Tracing
+   -------
+   PDP_TRACE=out.json writes a Chrome trace (Perfetto, chrome://tracing): per rank,
+   forward and backward per layer, each bucket's all-reduce from launch to completion,
+   the final wait, the optimizer step. A process that is one rank of several writes
+   out.rank<r>.json. pdp_trace_flush() writes it out early.
 
-   Pipeline parallel (pp.h): every rank builds the same full model and calls
-   pdp_pp_create(&pp, full, comm, &desc); rank r keeps stage r's layers
-   (pdp_pp_model), with the full model's values and names. Boundaries are given
-   (desc.first_layer) or balanced by parameter count (default) or measured time.
-   pdp_pp_forward_backward cuts the batch into desc.micro_batches (m); activations
-   go forward and gradients back over send/recv; schedules PDP_PP_1F1B (default:
-   at most p - s micro-batches held on stage s) or PDP_PP_GPIPE (all m held). The
-   loss (cross-entropy, or desc.loss) is on the last stage; gradients are scaled
-   so that a step equals one device on the whole batch (tested at 1e-5, p = 1..4,
-   thread ranks and MPI). pdp_pp_get_stats gives each stage's bubble beside
-   (p-1)/(m+p-1) and its peak activation memory; PDP_TRACE draws one lane per
-   stage with F<i>/B<i> events. DP x PP: desc.dp, a communicator from
-   pdp_comm_split, averages each stage's gradients once per step. Clip with
-   pdp_pp_clip_grad_norm (collective over the stages: the whole model's norm, as one
-   device's pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm
-   on a stage would see that stage only.
-
-   Communicators (comm.h): all-reduce, broadcast, reduce-scatter, all-gather,
-   barrier, point-to-point send/recv (matched by peer and tag), each asynchronous
-   (pdp_wait), and pdp_comm_split (colour, key; as MPI_Comm_split) for process
-   groups such as 2 data-parallel x 2 model-parallel. Backends, one file each:
-   local (ranks are threads: pdp_local_group_create + pdp_comm_create_local; no
-   dependency), mpi (PDP_MPI, pdp_comm_init_env under mpirun), nccl (PDP_CUDA;
-   process per GPU through pdp_comm_init_env, thread per GPU through
-   pdp_nccl_group_create; point-to-point batched into NCCL groups, split through
-   ncclCommSplit, NCCL 2.18+; comm.h lists where NCCL's messages differ). A rank
-   that does not arrive within timeout_s (default 300) makes the others fail with PDP_ERR_TIMEOUT naming the collective (or the peer and tag)
-   and the rank: nothing hangs. MPI start-up: with PDP_STORE_PORT (or MASTER_PORT)
-   set, every rank checks in at rank 0's store before MPI_Init_thread, so a rank
-   that never starts is named within timeout_s; MPI_Init_thread itself cannot be
-   bounded (a watchdog reports through desc.log). A killed rank takes mpirun's
-   whole job down unless it runs with --enable-recovery; then the survivors get
-   PDP_ERR_TIMEOUT. comm.h says exactly what is bounded.
-
-   Rendezvous as torchrun (rendezvous.h): RANK, WORLD_SIZE, LOCAL_RANK,
-   MASTER_ADDR, MASTER_PORT, or OMPI_COMM_WORLD_* under mpirun (pdp_env_read). A
-   TCP key-value store served by rank 0 (store.h, pdp_store_*; host "0.0.0.0"
-   listens on every interface) hands out the NCCL unique id.
-
-   Tracing: PDP_TRACE=out.json writes a Chrome trace (Perfetto, chrome://tracing):
-   per rank, forward and backward per layer, each bucket's all-reduce from launch
-   to completion, the final wait, the optimizer step. A process that is one rank
-   of several writes out.rank<r>.json. pdp_trace_flush() writes it out early.
-
-   OPTION VALUES
+   WHERE TO READ
    =============
-   In every desc, zero means the default. A value outside a field's documented
-   range (negative where it must be positive, NaN, infinite) fails with
-   PDP_ERR_INVALID naming the function and the field; it is never clamped or
-   silently replaced.
+   Where each step happens, as functions of src/ (in pdp.h each module sits between
+   "begin src/<file>" and "end src/<file>" banners; search for the name). Each module
+   opens with a comment that explains it. Read in this order:
+
+   One device       model.c: pdp_model_forward, pdp_model_backward (after each layer it
+                    fires the grad hook per parameter: where DDP and ZeRO listen);
+                    loss.c: pdp_model_forward_backward; optim.c: pdp_optim_step
+   Communicators    comm.c: pdp_comm_allreduce (checks, counts bytes, calls the backend);
+                    comm_queue.c: pdp__workq_submit, pdp__workq_progress (the progress
+                    thread); comm_local.c: pdp__local_execute (slice r summed in rank
+                    order), pdp__group_barrier; comm_mpi.c: pdp__mpi_run
+   DP               dp.c: pdp_dp_step runs pdp__dp_run: pdp__dp_replicate,
+                    pdp__dp_scatter, pdp__dp_parallel_apply, pdp__dp_gather, pdp__dp_reduce
+                    (pdp__dp_reduce_slice per worker), pdp__dp_master_step or
+                    pdp__dp_fused_step
+   DDP              reducer.c: pdp__reducer_plan (buckets), pdp__reducer_hook (a
+                    parameter's gradient is final), pdp__reducer_launch_ready and
+                    pdp__reducer_launch (buckets in order), pdp__reducer_finish (waits);
+                    ddp.c: pdp__ddp_allreduce (the bucket's collective), pdp_ddp_step
+   ZeRO             zero.c: pdp__zero_event (layers pointed at unit buffers),
+                    pdp__zero_reduce (a unit's reduce-scatter), pdp__zero_bucket_done
+                    (the slice added to the shard), pdp_zero_step (the shard step, then
+                    pdp__zero_gather_full at stages 1-2); stage 3: pdp__zero_need (a
+                    unit's all-gather and the next one's prefetch), pdp__zero_gather_launch,
+                    pdp__zero_release_params; pdp_zero_get_memory (the formulas)
+   TP               layers_tp.c: pdp_tp_split (the split), pdp__tp_column_init and
+                    pdp__tp_row_init (the slice of the full draw), pdp__tp_copy_backward
+                    (f), pdp__tp_reduce_forward (g), pdp__tp_allreduce;
+                    tp.c: pdp__tp_check_widths
+   PP               pp.c: pdp__pp_balance (boundaries), pdp__pp_plan (the action list
+                    per stage: GPipe, 1F1B), pdp_pp_forward_backward (the runner),
+                    pdp__pp_forward, pdp__pp_backward, pdp__pp_post_recv, pdp__pp_start
+   Clipping         optim.c: pdp_clip_grad_norm (over the TP group:
+                    pdp__grad_allreduce_sum), pdp__clip_coef; zero.c:
+                    pdp_zero_clip_grad_norm; pp.c: pdp_pp_clip_grad_norm
+   Checkpoints      checkpoint.c: pdp__ckpt_save, pdp__ckpt_load; zero.c:
+                    pdp_zero_checkpoint_save, pdp_zero_checkpoint_load,
+                    pdp_zero_checkpoint_consolidate; tp.c: pdp_tp_checkpoint_save
+   tests/test_build_docs.sh fails when a function named here is not defined in the file
+   named before it.
 
    NON-GOALS
    =========
-   No autograd graph (models are sequential); float32 only; no Windows threads
-   yet.
+   No autograd graph (models are sequential). Parameters, gradients and optimizer
+   state stay fp32 (bf16 is mixed precision on the GEMM inputs only, PRECISION): no
+   fp16/bf16 master weights, no loss scaling. No Windows threads yet.
 
    VERSION HISTORY
    ===============
