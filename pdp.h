@@ -123,6 +123,17 @@
    pdp_profile_start/read/stop (base.h) split the calling thread's time into layers
    with weights, other layers, loss, optimizer and the rest, and count the intra-op
    workers' idle thread-seconds: bench/train prints it per configuration.
+   Process-wide state: everything else hangs off objects you create, or off the calling
+   thread (the error message, the intra-op thread count, the profile counters). These
+   are the exceptions, each created on first use and guarded by its own lock or once:
+   the intra-op pool and the key of the per-thread scratch (threads.c; joined and freed
+   by pdp_shutdown_threads); the trace sink while PDP_TRACE is on (trace.c); the bf16
+   path, the CPU's features read once and Linux's AMX tile permission asked once
+   (gemm_bf16.c); MPI's ownership record, the live MPI communicators and whether pdp
+   initialised MPI (comm_mpi.c); and per CUDA device a stream, a cuBLAS handle, the
+   caching allocator's free blocks, scratch and bf16 workspace, and the TF32 switch
+   (pdp_cuda.cu), kept for the life of the process. With PDP_STATIC, each copy of pdp
+   in a program has its own (but for pdp_cuda.cu's, linked once).
 
    DEVICES AND CUDA
    ================
@@ -238,23 +249,23 @@
    reduce-scatter per unit during backward, the rank steps its slices, and an
    all-gather restores the parameters (stage 3 gathers each unit before its forward
    and backward, the next unit's gather in flight).
-   Memory: pdp_zero_memory reports the bytes each rank holds beside formulas for them.
-   pdp keeps everything in fp32 (4-byte parameters and gradients, K bytes of optimizer
-   state per parameter, Adam K = 8), so its formulas are, with Psi parameters and N
-   ranks: DDP 16 Psi, stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3
-   16 Psi/N, plus the stated working buffers (at a small Psi the buffers can outweigh
-   what the shards save). The ZeRO paper (Rajbhandari et al., 2020) counts
-   mixed-precision Adam instead (2-byte parameters and gradients, K = 12: fp32 master
-   weights, m and v): DDP 16 Psi, stage 1 4 Psi + 12 Psi/N, stage 2 2 Psi + 14 Psi/N,
-   stage 3 16 Psi/N. Bytes sent per step are DDP's (stages 1-2) or 1.5x (3).
-   With k backward passes per step (no_sync accumulation) stage 1 still sends DDP's
-   bytes, stage 2 (k + 1)/2 x them (a reduce-scatter per backward), stage 3 3k/2 x them
-   less the gathers the next forward skips (the units backward left gathered; all of
-   them when there are no more units than param_buffers: then (2k + 1)/2 x);
-   pdp_zero_get_stats gives k, the bytes sent and the formula (its value, and in
-   words). Uneven shards: as DDP, batch_mean above. Tested equal to DDP and one device
-   on local and MPI ranks (CPU models) and over NCCL (CUDA models, on the emulator in
-   CI).
+   Memory: pdp_zero_memory reports the bytes each rank holds beside pdp's formulas for
+   them. pdp keeps everything in fp32 (4-byte parameters and gradients, K bytes of
+   optimizer state per parameter, Adam K = 8), so with Psi parameters and N ranks its
+   forms are: DDP 16 Psi, stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3
+   16 Psi/N, plus the stated working buffers (at a small Psi they can outweigh what the
+   shards save: stages 2-3 may then hold more than stage 1 or DDP). The ZeRO paper
+   (Rajbhandari et al., 2020) counts mixed-precision Adam instead (2-byte parameters
+   and gradients, K = 12: fp32 master weights, m and v): DDP 16 Psi, stage 1 4 Psi +
+   12 Psi/N, stage 2 2 Psi + 14 Psi/N, stage 3 16 Psi/N.
+   Bytes sent per step are DDP's (stages 1-2) or 1.5x (3). With k backward passes per
+   step (no_sync accumulation) stage 1 still sends DDP's bytes, stage 2 (k + 1)/2 x
+   them (a reduce-scatter per backward), stage 3 3k/2 x them less the gathers the next
+   forward skips (the units backward left gathered; all of them when there are no more
+   units than param_buffers: then (2k + 1)/2 x); pdp_zero_get_stats gives k, the bytes
+   sent and the formula (its value, and in words). Uneven shards: as DDP, batch_mean
+   above. Tested equal to DDP and one device on local and MPI ranks (CPU models) and
+   over NCCL (CUDA models, on the emulator in CI).
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
    prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker prefix.done
    once every rank has succeeded (llm.c's scheme), each file carrying the save's run
@@ -324,7 +335,7 @@
    pdp_clip_grad_norm after pdp_ddp_finish, or with pdp_zero_clip_grad_norm under ZeRO,
    which counts the TP slices the same way. DP x PP: desc.dp of pdp_pp_create, a
    communicator from pdp_comm_split, averages each stage's gradients once per step.
-   PP x TP is refused (pdp_pp_create names the TP layer).
+   PP x TP is refused (pdp_pp_create: PDP_ERR_UNSUPPORTED).
    Wrapped models: while DataParallel, DDP, ZeRO or a pipeline holds a model, adding
    layers (and pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the
    executor, and a second executor on it fails naming both; free the executor first.
@@ -489,8 +500,9 @@ typedef void (*pdp_log_fn)(pdp_log_level level, const char *message, void *user)
 PDP_API pdp_status pdp_set_num_threads(int n);
 PDP_API int pdp_get_num_threads(void);
 /* Joins the pool's workers and frees the caller's scratch (for leak checkers and
-   before unloading). The pool is the one piece of process-wide state; the next
-   call that needs it starts it again. Call it when no other thread is in pdp. */
+   before unloading). The pool is process-wide (the manual's THREADS AND
+   DETERMINISM lists all of pdp's process-wide state); the next call that needs it
+   starts it again. Call it when no other thread is in pdp. */
 PDP_API void pdp_shutdown_threads(void);
 
 /* Profile: where the calling thread's time goes (bench/train prints it per step).
@@ -691,7 +703,8 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
    one to one onto the matching PyTorch module and a DDP bucket is a plain range
    of the gradient block. Backward accumulates into the gradients (zero them
    with pdp_model_zero_grad) and, right after each layer, calls the grad hook
-   once for each parameter of that layer: the hook DDP's reducer listens to.
+   once for each parameter of that layer: the hook DDP's and ZeRO's bucket reducer
+   (reducer.c) listens to.
 
    Wrapped models. While an executor holds a model (pdp_dp_create's master,
    pdp_ddp_create, pdp_zero_create, a pipeline's stage), every call that would change
@@ -1173,7 +1186,8 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out);
 
 /* ---- begin src/comm.h ---- */
 /* comm: communicators. One table of collectives (all-reduce, broadcast,
-   reduce-scatter, all-gather, barrier) behind every backend:
+   reduce-scatter, all-gather, barrier), point-to-point send/recv and split behind
+   every backend:
      local  N ranks as threads of one process, buffers in shared memory; each
             rank reduces one slice. No dependency; the default.
      mpi    CPU ranks in separate processes or machines (-DPDP_MPI), with a
@@ -1193,8 +1207,9 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out);
    with PDP_ERR_TIMEOUT naming the collective and the missing rank.
    One module per backend in src/ (comm_local.c, comm_mpi.c, comm_nccl.c) fills
    one table of functions; comm.c holds this API and the dispatcher. A new
-   backend is one new file plus one line in the dispatcher (and its value in
-   pdp_backend). */
+   backend is one new file and a few lines elsewhere (its value in pdp_backend,
+   its line in the dispatcher, its place in amalgamate.py, its prototype in
+   internal.h): comm.c's opening comment has the whole list. */
 
 typedef struct pdp_comm pdp_comm;
 typedef struct pdp_work pdp_work;
@@ -1422,7 +1437,7 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);
 /* dp: DataParallel, torch.nn.DataParallel in one process: one host thread per
    device, parameter-server style.
 
-   Every step runs six stages on the master (the model you wrap, device 0):
+   Every step runs six stages around the master (the model you wrap, device 0):
      replicate      master parameters -> each replica
      scatter        the batch split along dimension 0 -> one shard per replica
      parallel apply forward, loss and backward on every replica at once
@@ -2027,13 +2042,23 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
    / N bytes, stepped per unit slice in place (no master copy). Stages 1 and 2
    then all-gather the updated slices into every rank's full parameters (through
    a staging buffer of N s_max floats, since the model's block is unpadded).
-   Memory per rank with Adam (K = 8 state bytes per parameter), as the ZeRO paper
-   counts it, plus the working buffers this implementation states:
-     DDP 16 Psi; stage 1: 8 Psi + 8 Psi/N; stage 2: 4 Psi + 12 Psi/N;
-     stage 3: 16 Psi/N; buffers: stage 1 one staging buffer, stage 2 staging +
-     grad_buffers, stage 3 grad_buffers + param_buffers, each 4 N s_max bytes.
-   pdp_zero_memory reports the measured figures beside those formulas (with
-   Psi_pad where padding applies).
+   Memory per rank, pdp's fp32 forms: the ZeRO paper's breakdown with 4-byte
+   parameters and gradients and K bytes of optimizer state per parameter (4 x
+   state floats: Adam K = 8, SGD with momentum 4, plain SGD 0): DDP (8 + K) Psi;
+   stage 1 8 Psi + K Psi/N; stage 2 4 Psi + (4 + K) Psi/N; stage 3 (8 + K) Psi/N.
+   With Adam: DDP 16 Psi; stage 1 8 Psi + 8 Psi/N; stage 2 4 Psi + 12 Psi/N;
+   stage 3 16 Psi/N. Plus the working buffers this implementation states: stage 1
+   one staging buffer, stage 2 staging + grad_buffers, stage 3 grad_buffers +
+   param_buffers, each 4 N s_max bytes; with few parameters they can outweigh
+   what the shards save, so a small model may hold more at stages 2-3 than at
+   stage 1 or under DDP.
+   The paper's own forms (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+   Training Trillion Parameter Models", SC 2020) are for mixed-precision Adam:
+   2-byte parameters and gradients and K = 12 (fp32 master weights, m and v):
+   DDP 16 Psi; stage 1 4 Psi + 12 Psi/N; stage 2 2 Psi + 14 Psi/N; stage 3
+   16 Psi/N. pdp has no master copy (its parameters are fp32), so only DDP's and
+   stage 3's totals coincide. pdp_zero_memory reports the measured figures beside
+   pdp's forms (with Psi_pad where padding applies).
 
    Communication per rank per step (bytes counted by the communicator), with
    V = (N-1)/N x 4 Psi_pad (one reduce-scatter or one all-gather of every unit)
@@ -2239,7 +2264,8 @@ typedef struct pdp_zero_memory {
     int64_t param_bytes, grad_bytes, optim_bytes;
     int64_t buffer_bytes;    /* working buffers (staging, bucket and gather buffers) */
     int64_t total_bytes;
-    /* the ZeRO paper's formula for this stage with Psi (DDP's beside it), and the
+    /* pdp's fp32 form of the ZeRO paper's formula for this stage with Psi (DDP's
+       beside it; the paper's mixed-precision forms differ, see above), and the
        stated bound on buffer_bytes */
     double formula_bytes, ddp_bytes;
     int64_t buffer_bound;
@@ -2458,8 +2484,9 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
    PDP_ERR_UNSUPPORTED naming the macro, and pdp_cuda_device_count reports 0.
 
    Execution model. Each device has one compute stream and one cuBLAS handle,
-   created on first use and kept for the life of the process (like the intra-op
-   pool, the documented exception to "no globals"). Layer, loss and optimizer
+   created on first use and kept for the life of the process: process-wide state,
+   one of the exceptions to "no globals" that the manual lists (THREADS AND
+   DETERMINISM), with the intra-op pool and the trace sink. Layer, loss and optimizer
    calls on a CUDA model enqueue kernels on that stream and return; anything
    that hands a value to the host (a download, a loss) waits for it. Give each
    model its own host thread; several threads may share a device (see below).
@@ -2969,11 +2996,16 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float
 #endif
 
 /* ---- begin src/internal.h ---- */
-/* internal: private helpers shared by every implementation module.
+/* internal: what the implementation modules share and the API does not show.
 
    System includes, the allocation and assert overrides, the error helper
    pdp__err() that formats the thread-local message and returns the status, the
-   aligned allocator, timers and small utilities. Nothing here is public. */
+   aligned allocator, timers and small utilities; then, in sections, the private
+   structs and prototypes that cross modules: devices, the model and its layer
+   kinds (with the executor seam), tensor parallelism's state, losses, CUDA
+   dispatch, gradient norms, optimizer internals, checkpoint ranges, the
+   communicator contract every backend fills, and the trace sink. Nothing here is
+   public. */
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -3654,8 +3686,8 @@ static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *d
 
 /* ---- trace (trace.c) ----
    Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
-   One process-wide, mutex-guarded sink (the documented exception to "no
-   globals"), reference counted by open/close; PDP_TRACE is read by each open
+   One process-wide, mutex-guarded sink (one of the exceptions to "no globals"
+   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is read by each open
    while no trace file is open. process_rank >= 0 (this process is one rank of several) writes
    path with ".rank<r>" inserted before the extension. Events take pdp__now()
    seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string
@@ -3672,7 +3704,8 @@ static void pdp__trace_async(int pid, int tid, const char *cat, const char *name
 /* ---- end src/internal.h ---- */
 
 /* ---- begin src/base.c ---- */
-/* base: status names, the thread-local error message, aligned allocation. */
+/* base: status names, the thread-local error message, aligned allocation, the clock
+   (pdp__now). */
 
 /* #include "internal.h" (already above) */
 
@@ -3756,8 +3789,11 @@ static double pdp__now(void)
    The thread count is a per-thread setting (a thread-local int, default 1): each
    DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
    another. The workers themselves are shared: one process-wide pool of persistent
-   POSIX threads, the single piece of process-wide state in pdp (OpenBLAS and every
-   OpenMP runtime keep the same kind of pool). It is created lazily by the first
+   POSIX threads (OpenBLAS and every OpenMP runtime keep the same kind of pool). The
+   pool and the scratch key below are two of pdp's few pieces of process-wide state;
+   the manual lists them all (THREADS AND DETERMINISM: also the trace sink, the bf16
+   path's CPU features and AMX permission, MPI's ownership record and each CUDA
+   device's stream, handle and caches). The pool is created lazily by the first
    pdp__parallel_for that needs it, grows when a caller asks for more threads than
    it has, is reused by every later call, and is joined by pdp_shutdown_threads
    (after which the next call starts it again).
@@ -4078,8 +4114,10 @@ PDP_API void pdp_shutdown_threads(void)
 
    Why one process-wide sink, not an object: tracing is a process-level
    debugging switch (an environment variable, like NCCL_DEBUG), and thread-ranks
-   of one process must share one file with pid = rank. The sink is the one
-   documented exception to "no hidden globals": a mutex-guarded struct that
+   of one process must share one file with pid = rank. The sink is one of the
+   exceptions to "no hidden globals" that the manual lists (THREADS AND
+   DETERMINISM, with the intra-op pool, the bf16 path, MPI's ownership record and
+   the CUDA devices' state): a mutex-guarded struct that
    exists only between the first pdp__trace_open and the last pdp__trace_close
    (reference counted); PDP_TRACE is read by every open while tracing is off
    (the first open that finds it set starts the file; objects opened before
@@ -4143,7 +4181,7 @@ typedef struct pdp__trace_sink {
 } pdp__trace_sink;
 
 static pthread_mutex_t pdp__trace_mu = PTHREAD_MUTEX_INITIALIZER;
-static pdp__trace_sink pdp__trace_g; /* the documented exception, see above */
+static pdp__trace_sink pdp__trace_g; /* process-wide, see above */
 
 static const char pdp__trace_trailer[] = "\n],\"displayTimeUnit\":\"ms\"}\n";
 
@@ -11045,9 +11083,21 @@ PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int r
    which every backend module defines, as a stub that fails with
    PDP_ERR_UNSUPPORTED naming the macro when the backend was not compiled in.
    DEFAULT and LOCAL fail with PDP_ERR_INVALID: thread-ranks have no
-   environment to read; they need pdp_local_group_create. A new backend is one
-   new module (its ops table, its creation, its pdp__comm_init_<backend>_env),
-   one pdp_backend value and one line in the switch below. */
+   environment to read; they need pdp_local_group_create. A new backend takes:
+     - one new module: its pdp__comm_ops table (internal.h states the contract),
+       its creation, and its pdp__comm_init_<backend>_env, a stub that fails with
+       PDP_ERR_UNSUPPORTED naming the macro when the backend is not compiled in;
+     - that module in amalgamate.py's IMPL list, before comm.c (after
+       comm_queue.c if it uses the queue), and its build macro in the manual's
+       BUILD and OPTIONS;
+     - the prototype of its pdp__comm_init_<backend>_env in internal.h, beside
+       the others;
+     - its pdp_backend value in comm.h (and there, what it bounds and where its
+       messages differ);
+     - its line in the switch below, and in pdp__comm_count_max when it takes
+       narrower counts than int64_t;
+     - the collective and point-to-point tests run on it (tests/test_comm.c and
+       tests/test_mpi.c drive the local and MPI backends). */
 
 /* #include "internal.h" (already above) */
 

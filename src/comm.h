@@ -1,5 +1,6 @@
 /* comm: communicators. One table of collectives (all-reduce, broadcast,
-   reduce-scatter, all-gather, barrier) behind every backend:
+   reduce-scatter, all-gather, barrier), point-to-point send/recv and split behind
+   every backend:
      local  N ranks as threads of one process, buffers in shared memory; each
             rank reduces one slice. No dependency; the default.
      mpi    CPU ranks in separate processes or machines (-DPDP_MPI), with a
@@ -19,8 +20,9 @@
    with PDP_ERR_TIMEOUT naming the collective and the missing rank.
    One module per backend in src/ (comm_local.c, comm_mpi.c, comm_nccl.c) fills
    one table of functions; comm.c holds this API and the dispatcher. A new
-   backend is one new file plus one line in the dispatcher (and its value in
-   pdp_backend). */
+   backend is one new file and a few lines elsewhere (its value in pdp_backend,
+   its line in the dispatcher, its place in amalgamate.py, its prototype in
+   internal.h): comm.c's opening comment has the whole list. */
 
 typedef struct pdp_comm pdp_comm;
 typedef struct pdp_work pdp_work;

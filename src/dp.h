@@ -1,7 +1,7 @@
 /* dp: DataParallel, torch.nn.DataParallel in one process: one host thread per
    device, parameter-server style.
 
-   Every step runs six stages on the master (the model you wrap, device 0):
+   Every step runs six stages around the master (the model you wrap, device 0):
      replicate      master parameters -> each replica
      scatter        the batch split along dimension 0 -> one shard per replica
      parallel apply forward, loss and backward on every replica at once

@@ -1,8 +1,13 @@
-/* internal: private helpers shared by every implementation module.
+/* internal: what the implementation modules share and the API does not show.
 
    System includes, the allocation and assert overrides, the error helper
    pdp__err() that formats the thread-local message and returns the status, the
-   aligned allocator, timers and small utilities. Nothing here is public. */
+   aligned allocator, timers and small utilities; then, in sections, the private
+   structs and prototypes that cross modules: devices, the model and its layer
+   kinds (with the executor seam), tensor parallelism's state, losses, CUDA
+   dispatch, gradient norms, optimizer internals, checkpoint ranges, the
+   communicator contract every backend fills, and the trace sink. Nothing here is
+   public. */
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -683,8 +688,8 @@ static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *d
 
 /* ---- trace (trace.c) ----
    Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
-   One process-wide, mutex-guarded sink (the documented exception to "no
-   globals"), reference counted by open/close; PDP_TRACE is read by each open
+   One process-wide, mutex-guarded sink (one of the exceptions to "no globals"
+   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is read by each open
    while no trace file is open. process_rank >= 0 (this process is one rank of several) writes
    path with ".rank<r>" inserted before the extension. Events take pdp__now()
    seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string

@@ -6,7 +6,8 @@
    one to one onto the matching PyTorch module and a DDP bucket is a plain range
    of the gradient block. Backward accumulates into the gradients (zero them
    with pdp_model_zero_grad) and, right after each layer, calls the grad hook
-   once for each parameter of that layer: the hook DDP's reducer listens to.
+   once for each parameter of that layer: the hook DDP's and ZeRO's bucket reducer
+   (reducer.c) listens to.
 
    Wrapped models. While an executor holds a model (pdp_dp_create's master,
    pdp_ddp_create, pdp_zero_create, a pipeline's stage), every call that would change

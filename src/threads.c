@@ -3,8 +3,11 @@
    The thread count is a per-thread setting (a thread-local int, default 1): each
    DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
    another. The workers themselves are shared: one process-wide pool of persistent
-   POSIX threads, the single piece of process-wide state in pdp (OpenBLAS and every
-   OpenMP runtime keep the same kind of pool). It is created lazily by the first
+   POSIX threads (OpenBLAS and every OpenMP runtime keep the same kind of pool). The
+   pool and the scratch key below are two of pdp's few pieces of process-wide state;
+   the manual lists them all (THREADS AND DETERMINISM: also the trace sink, the bf16
+   path's CPU features and AMX permission, MPI's ownership record and each CUDA
+   device's stream, handle and caches). The pool is created lazily by the first
    pdp__parallel_for that needs it, grows when a caller asks for more threads than
    it has, is reused by every later call, and is joined by pdp_shutdown_threads
    (after which the next call starts it again).
