@@ -109,31 +109,33 @@
    GEMMs split over a process-wide pool of persistent workers; each output element
    is computed by one thread, so the bits do not depend on n). A worker spins for up
    to 100 microseconds after a job before it sleeps, so a hand-off that comes within
-   that time (the next GEMM of a training step) needs no wake-up. Random numbers come
-   from explicit PCG32 states. Dropout masks are a function of (seed, layer, step,
-   global sample index), so DP and DDP draw exactly the masks a single device would.
-   Reductions run in a fixed order.
-   What "the same bits" covers: one build of pdp, run again with the same seed, gives
-   the same bits whatever the thread count (pdp_set_num_threads, DP's
-   threads_per_worker) and whichever thread wins the pool. Another build need not:
-   gcc's -ffp-contract=fast (its default outside -std=c99/c11) fuses a*b + c into
-   FMAs that =off (the ISO modes' default) leaves apart, and the two give different
-   checkpoints; so may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16
-   path (AMX) or another device (CUDA).
+   that time (the next GEMM of a training step) needs no wake-up.
    pdp_profile_start/read/stop (base.h) split the calling thread's time into layers
    with weights, other layers, loss, optimizer and the rest, and count the intra-op
    workers' idle thread-seconds: bench/train prints it per configuration.
-   Process-wide state: everything else hangs off objects you create, or off the calling
-   thread (the error message, the intra-op thread count, the profile counters). These
-   are the exceptions, each created on first use and guarded by its own lock or once:
-   the intra-op pool and the key of the per-thread scratch (threads.c; joined and freed
-   by pdp_shutdown_threads); the trace sink while PDP_TRACE is on (trace.c); the bf16
-   path, the CPU's features read once and Linux's AMX tile permission asked once
-   (gemm_bf16.c); MPI's ownership record, the live MPI communicators and whether pdp
-   initialised MPI (comm_mpi.c); and per CUDA device a stream, a cuBLAS handle, the
-   caching allocator's free blocks, scratch and bf16 workspace, and the TF32 switch
-   (pdp_cuda.cu), kept for the life of the process. With PDP_STATIC, each copy of pdp
-   in a program has its own (but for pdp_cuda.cu's, linked once).
+
+   Determinism: random numbers come from explicit PCG32 states. Dropout masks are a
+   function of (seed, layer, step, global sample index), so DP and DDP draw exactly the
+   masks a single device would. Reductions run in a fixed order. So one build of pdp,
+   run again with the same seed, gives the same bits whatever the thread count
+   (pdp_set_num_threads, DP's threads_per_worker) and whichever thread wins the pool.
+   Another build need not: gcc's -ffp-contract=fast (its default in the GNU modes,
+   -std=gnu99 or no -std) fuses a*b + c into one FMA where -ffp-contract=off (the
+   default under -std=c99) rounds the product first, and the two builds write different
+   checkpoints; so may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16
+   path (AMX) or another device (CUDA).
+
+   Process-wide state: pdp's state hangs off the objects you create, or off the calling
+   thread (the error message, the intra-op thread count, the profile counters), with
+   these exceptions, each created on first use and guarded by a lock or a once: the
+   intra-op pool and the key of the per-thread scratch (threads.c;
+   pdp_shutdown_threads joins the pool); the trace sink while PDP_TRACE is on
+   (trace.c); the bf16 path, from the CPU's features read once and Linux's AMX tile
+   permission asked once (gemm_bf16.c); MPI's ownership record, the live MPI
+   communicators and whether pdp initialised MPI (comm_mpi.c); and per CUDA device a
+   stream, a cuBLAS handle, the caching allocator's free blocks, scratch and bf16
+   workspace, and the TF32 switch (pdp_cuda.cu), kept for the life of the process.
+   With PDP_STATIC each copy of pdp in a program has its own, but for pdp_cuda.cu's.
 
    DEVICES AND CUDA
    ================
@@ -183,6 +185,7 @@
    MPI_Init_thread itself cannot be bounded (a watchdog reports through desc.log). A
    killed rank takes mpirun's whole job down unless it runs with --enable-recovery;
    then the survivors get PDP_ERR_TIMEOUT. comm.h says exactly what is bounded.
+
    Rendezvous as torchrun (rendezvous.h): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
    MASTER_PORT, or OMPI_COMM_WORLD_* under mpirun (pdp_env_read). A TCP key-value
    store served by rank 0 (store.h, pdp_store_*; host "0.0.0.0" listens on every
@@ -218,6 +221,7 @@
    with PDP_ERR_STATE saying what to call. pdp_ddp_set_no_sync accumulates locally.
    pdp_dist_sampler gives each rank a disjoint shard of a seeded permutation (pad or
    drop_last).
+
    Uneven shards: each rank's loss is the mean over its own batch and the all-reduce
    averages over ranks, so a step trains the mean of per-rank means, (1/N) sum_r
    mean_r, as PyTorch's DDP does; it equals the mean over the global batch only when
@@ -227,6 +231,7 @@
    counted in bytes_sent; hidden behind the forward in pdp_ddp_forward_backward) and
    weighs rank r's loss gradient by N n_r / T. With accumulation each backward is
    weighted by its own global batch.
+
    Communication hooks (PyTorch's register_comm_hook): pdp_ddp_register_comm_hook (or
    pdp_zero_register_comm_hook) before the first backward puts a user's launch (and
    optional finish) in place of each bucket's collective; the built-ins
@@ -249,8 +254,9 @@
    reduce-scatter per unit during backward, the rank steps its slices, and an
    all-gather restores the parameters (stage 3 gathers each unit before its forward
    and backward, the next unit's gather in flight).
-   Memory: pdp_zero_memory reports the bytes each rank holds beside pdp's formulas for
-   them. pdp keeps everything in fp32 (4-byte parameters and gradients, K bytes of
+
+   Memory: pdp_zero_get_memory reports the bytes each rank holds beside pdp's formulas
+   for them. pdp keeps everything in fp32 (4-byte parameters and gradients, K bytes of
    optimizer state per parameter, Adam K = 8), so with Psi parameters and N ranks its
    forms are: DDP 16 Psi, stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3
    16 Psi/N, plus the stated working buffers (at a small Psi they can outweigh what the
@@ -258,6 +264,7 @@
    (Rajbhandari et al., 2020) counts mixed-precision Adam instead (2-byte parameters
    and gradients, K = 12: fp32 master weights, m and v): DDP 16 Psi, stage 1 4 Psi +
    12 Psi/N, stage 2 2 Psi + 14 Psi/N, stage 3 16 Psi/N.
+
    Bytes sent per step are DDP's (stages 1-2) or 1.5x (3). With k backward passes per
    step (no_sync accumulation) stage 1 still sends DDP's bytes, stage 2 (k + 1)/2 x
    them (a reduce-scatter per backward), stage 3 3k/2 x them less the gathers the next
@@ -266,6 +273,7 @@
    sent and the formula (its value, and in words). Uneven shards: as DDP, batch_mean
    above. Tested equal to DDP and one device on local and MPI ranks (CPU models) and
    over NCCL (CUDA models, on the emulator in CI).
+
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
    prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker prefix.done
    once every rank has succeeded (llm.c's scheme), each file carrying the save's run
@@ -336,6 +344,7 @@
    which counts the TP slices the same way. DP x PP: desc.dp of pdp_pp_create, a
    communicator from pdp_comm_split, averages each stage's gradients once per step.
    PP x TP is refused (pdp_pp_create: PDP_ERR_UNSUPPORTED).
+
    Wrapped models: while DataParallel, DDP, ZeRO or a pipeline holds a model, adding
    layers (and pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the
    executor, and a second executor on it fails naming both; free the executor first.
@@ -361,9 +370,9 @@
                     thread); comm_local.c: pdp__local_execute (slice r summed in rank
                     order), pdp__group_barrier; comm_mpi.c: pdp__mpi_run
    DP               dp.c: pdp_dp_step runs pdp__dp_run: pdp__dp_replicate,
-                    pdp__dp_scatter, pdp__dp_parallel_apply, pdp__dp_gather, pdp__dp_reduce
-                    (pdp__dp_reduce_slice per worker), pdp__dp_master_step or
-                    pdp__dp_fused_step
+                    pdp__dp_scatter, pdp__dp_parallel_apply, pdp__dp_gather,
+                    pdp__dp_reduce (pdp__dp_reduce_slice per worker), pdp__dp_master_step
+                    or pdp__dp_fused_step
    DDP              reducer.c: pdp__reducer_plan (buckets), pdp__reducer_hook (a
                     parameter's gradient is final), pdp__reducer_launch_ready and
                     pdp__reducer_launch (buckets in order), pdp__reducer_finish (waits);
@@ -372,12 +381,14 @@
                     pdp__zero_reduce (a unit's reduce-scatter), pdp__zero_bucket_done
                     (the slice added to the shard), pdp_zero_step (the shard step, then
                     pdp__zero_gather_full at stages 1-2); stage 3: pdp__zero_need (a
-                    unit's all-gather and the next one's prefetch), pdp__zero_gather_launch,
-                    pdp__zero_release_params; pdp_zero_get_memory (the formulas)
+                    unit's all-gather and the next one's prefetch),
+                    pdp__zero_gather_launch, pdp__zero_release_params (FSDP's reshard);
+                    pdp_zero_get_memory (the formulas)
    TP               layers_tp.c: pdp_tp_split (the split), pdp__tp_column_init and
                     pdp__tp_row_init (the slice of the full draw), pdp__tp_copy_backward
-                    (f), pdp__tp_reduce_forward (g), pdp__tp_allreduce;
-                    tp.c: pdp__tp_check_widths
+                    (f), pdp__tp_row_forward (the bias on TP rank 0 only),
+                    pdp__tp_reduce_forward (g), pdp__tp_allreduce; tp.c:
+                    pdp__tp_check_widths (every TP rank built the same layers)
    PP               pp.c: pdp__pp_balance (boundaries), pdp__pp_plan (the action list
                     per stage: GPipe, 1F1B), pdp_pp_forward_backward (the runner),
                     pdp__pp_forward, pdp__pp_backward, pdp__pp_post_recv, pdp__pp_start
@@ -388,7 +399,7 @@
                     pdp_zero_checkpoint_save, pdp_zero_checkpoint_load,
                     pdp_zero_checkpoint_consolidate; tp.c: pdp_tp_checkpoint_save
    tests/test_build_docs.sh fails when a function named here is not defined in the file
-   named before it.
+   named before it, and says where it is defined now.
 
    NON-GOALS
    =========

@@ -26,7 +26,7 @@ check manual_sections_in_order sh -c "
 # pairs "file name", one per line, for every name in the section, with the file named last
 awk '/^WHERE TO READ$/ { on = 1; next }
      on && /^=+$/ { next }
-     on && prev_blank == 0 && /^[A-Z][A-Z -]+$/ { exit }
+     on && /^[A-Z][A-Z -]+$/ { exit }
      on {
          line = $0
          while (match(line, /[a-z_0-9]+\.(c|h|cu):|pdp__?[A-Za-z0-9_]+/)) {
