@@ -6,7 +6,8 @@
 #   before it on its line ("zero.c: pdp__zero_reduce, ..."); a miss says where it is now;
 # - every pdp_/PDP_ name anywhere in the manual exists in src/;
 # - DISTRIBUTED's snippets (its indented lines, one snippet per block) compile, each as the
-#   body of a function over the quick start's CHECK and a few declared variables.
+#   body of a function over the quick start's CHECK and a few declared variables;
+# - neither the manual nor the README quotes a speed (it holds for one CPU only).
 # Plain sh, awk and gcc: no Python needed.
 . "$(dirname "$0")/build_checks.sh"
 M=src/manual.txt
@@ -78,8 +79,15 @@ names_check() {
 }
 check manual_names_exist names_check
 
+# ---- no speed figures in the manual or the README: they hold for one CPU (CHANGELOG.md and
+# make bench keep them, with the CPU named) ----
+speed_check() {
+    ! grep -nE 'samples/s|[0-9.]+x (the )?(fp32|bf16|PyTorch|autocast)' "$M" README.md
+}
+check manual_and_readme_carry_no_speed_figures speed_check
+
 # ---- DISTRIBUTED's snippets compile ----
-awk 'BEGIN { print "#define PDP_IMPLEMENTATION"; print "#include \"pdp.h\""; print "#include <stdio.h>"
+awk 'BEGIN { print "#include \"pdp.h\""; print "#include <stdio.h>"; print "#include <string.h>"
              print "#define CHECK(call) do { if ((call) != PDP_OK) { puts(pdp_last_error()); return 1; } } while (0)"
              print "#define VARS pdp_local_group *g = NULL; pdp_comm *comm = NULL, *tp_comm = NULL, *dp_comm = NULL; \\"
              print "    pdp_model *m = NULL; pdp_optim *opt = NULL; pdp_dp *dp = NULL; pdp_ddp *ddp = NULL; \\"
