@@ -157,15 +157,16 @@
 
    DISTRIBUTED
    ===========
-   Each way of training on many devices below is an executor around the usual model:
-   none changes a layer. The snippets use the quick start's CHECK; m, x, y and loss are
-   the quick start's, comm a communicator, rank its rank. WHERE TO READ names the
-   functions where each step happens.
+   DP, DDP, ZeRO and pipelines are executors around the usual model and change none of
+   its layers; tensor parallelism is a property of the model (its own layer kinds). The
+   snippets use the quick start's CHECK; m, x, y and loss are the quick start's, comm a
+   communicator, rank its rank. WHERE TO READ names the functions where each step
+   happens.
 
    Communicators (comm.h)
    ----------------------
-       CHECK(pdp_local_group_create(&g, 4, &(pdp_comm_desc){.timeout_s = 60}));
-       CHECK(pdp_comm_create_local(&comm, g, rank));       // on each of 4 threads
+       CHECK(pdp_local_group_create(&g, 4, &(pdp_comm_desc){.timeout_s = 60}));  // once
+       CHECK(pdp_comm_create_local(&comm, g, rank));       // then on each of 4 threads
        CHECK(pdp_comm_allreduce(comm, buf, 8, PDP_REDUCE_SUM, &w));  CHECK(pdp_work_wait(w));
        // or, one process per rank under mpirun or torchrun:
        CHECK(pdp_comm_init_env(&comm, &(pdp_comm_desc){.backend = PDP_BACKEND_MPI}));
@@ -326,11 +327,12 @@
    activation memory, not bubble. The loss (cross-entropy, or desc.loss) is on the last
    stage; gradients are scaled so that a step equals one device on the whole batch
    (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
-   stage's bubble beside (p-1)/(m+p-1) and its peak activation memory; PDP_TRACE draws
-   one lane per stage with F<i>/B<i> events. Clip with pdp_pp_clip_grad_norm
-   (collective over the stages: the whole model's norm, as one device's
-   pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm on a stage
-   would see that stage only.
+   stage's bubble beside (p-1)/(m+p-1), the formula for stages of equal time (stages
+   balanced by parameter count may be far from it), and its peak activation memory;
+   PDP_TRACE draws one lane per stage with F<i>/B<i> events. Clip with
+   pdp_pp_clip_grad_norm (collective over the stages: the whole model's norm, as one
+   device's pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm
+   on a stage would see that stage only.
 
    Combinations
    ------------
