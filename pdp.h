@@ -2747,8 +2747,8 @@ pdp_status pdp_cudak_nccl_split(pdp_cudak_nccl *h, int colour, int key, pdp_cuda
 #define PDP__MATH_INCLUDED
 
 /* ---- begin src/math.h ---- */
-/* math: element math written once for the CPU (layers.c, optim.c) and for the
-   CUDA kernels of pdp_cuda.cu.
+/* math: element math written once for the CPU (layers.c, optim.c, and gemm_bf16.c's
+   rounding to bf16) and for the CUDA kernels of pdp_cuda.cu.
 
    pdp.h emits this block after the public API and outside the implementation
    guard, so pdp_cuda.cu includes it without the CPU implementation, and the CPU

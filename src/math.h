@@ -1,5 +1,5 @@
-/* math: element math written once for the CPU (layers.c, optim.c) and for the
-   CUDA kernels of pdp_cuda.cu.
+/* math: element math written once for the CPU (layers.c, optim.c, and gemm_bf16.c's
+   rounding to bf16) and for the CUDA kernels of pdp_cuda.cu.
 
    pdp.h emits this block after the public API and outside the implementation
    guard, so pdp_cuda.cu includes it without the CPU implementation, and the CPU
