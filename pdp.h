@@ -407,7 +407,9 @@
    =========
    No autograd graph (models are sequential). Parameters, gradients and optimizer
    state stay fp32 (bf16 is mixed precision on the GEMM inputs only, PRECISION): no
-   fp16/bf16 master weights, no loss scaling. No Windows threads yet.
+   16-bit parameters (so no fp32 master copy), no loss scaling; 16-bit types appear
+   only in GEMM inputs and in compressed gradient communication (DDP's hooks). No
+   Windows threads yet.
 
    VERSION HISTORY
    ===============
