@@ -97,8 +97,7 @@ awk 'BEGIN { print "#include \"pdp.h\""; print "#include <stdio.h>"; print "#inc
              print "    (void)dp; (void)ddp; (void)z; (void)pp; (void)w; (void)x; (void)y; (void)loss; \\"
              print "    (void)buf; (void)rank" }
      /^DISTRIBUTED$/ { on = 1; next }
-     on && /^=+$/ && prev != "DISTRIBUTED" && prev != "" { exit }
-     { prev = $0 }
+     on && /^[A-Z][A-Z -]+$/ { exit }
      on && /^    / { if (!in_block) { k++; printf "static int snippet_%d(void)\n{\n    VARS;\n    memset(&x, 0, sizeof x);\n", k; in_block = 1 }
                      print; next }
      on && in_block { print "    USE;\n    return 0;\n}"; in_block = 0 }
