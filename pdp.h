@@ -907,6 +907,9 @@ typedef struct pdp_batcher_desc {
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
                                as a padded DistributedSampler's do); NULL = all, in order */
     int64_t num_indices;    /* length of indices */
+    pdp_device device;      /* where the batches are handed out: default the CPU; a CUDA
+                               device (the model's) gets each batch copied into a buffer
+                               there, allocated at create (the labels stay on the host) */
 } pdp_batcher_desc;
 
 /* A batcher over ds (which must outlive it), positioned at the start of epoch 0. */
@@ -916,8 +919,13 @@ PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
 /* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
    batcher's buffer and *labels points at its n labels, both valid until the next
    call. Returns false, with *n = 0, when the epoch is over; call
-   pdp_batcher_reset to start the next one. Allocates nothing. */
+   pdp_batcher_reset to start the next one. Allocates nothing. On desc.device *x views
+   the device buffer; a failed copy there also returns false, and pdp_batcher_status then
+   says why. */
 PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n);
+/* PDP_OK, or the failure of the last pdp_batcher_next (a device copy; a NULL argument),
+   with its message in pdp_last_error(); reset by pdp_batcher_reset. */
+PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b);
 /* Starts epoch `epoch` from its first batch (its order is recomputed from the
    seed and the epoch number alone, so any epoch can be replayed). */
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
@@ -16256,6 +16264,8 @@ struct pdp_batcher {
     uint64_t epoch;
     float *x;              /* [batch_size, features] */
     int32_t *labels;       /* [batch_size] */
+    pdp_tensor *xdev;      /* [batch_size, sample shape] on desc.device; NULL on the CPU */
+    pdp_status st;         /* the last pdp_batcher_next's failure, else PDP_OK */
 };
 
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
@@ -16294,6 +16304,17 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
         pdp_batcher_free(b);
         return st;
     }
+    if (d.device.kind != PDP_DEVICE_CPU) {
+        int64_t shape[4];
+        pdp_status st;
+        shape[0] = d.batch_size;
+        memcpy(shape + 1, ds->shape, 3 * sizeof *shape);
+        if ((st = pdp_tensor_create(&b->xdev, d.device, ds->ndim + 1, shape)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: the batch buffer on desc.device", fn);
+            pdp_batcher_free(b);
+            return st;
+        }
+    }
     for (i = 0; i < b->len; i++) b->base[i] = d.indices ? d.indices[i] : i;
     d.indices = b->base;
     d.num_indices = b->len;
@@ -16310,6 +16331,7 @@ PDP_API void pdp_batcher_free(pdp_batcher *b)
     pdp__dealloc(b->order);
     pdp__dealloc(b->x);
     pdp__dealloc(b->labels);
+    pdp_tensor_free(b->xdev);
     pdp__dealloc(b);
 }
 
@@ -16319,6 +16341,7 @@ PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
     if (!b) return;
     b->epoch = epoch;
     b->next = 0;
+    b->st = PDP_OK;
     if (!b->desc.shuffle) {
         memcpy(b->order, b->base, (size_t)b->len * sizeof(int64_t));
         return;
@@ -16332,7 +16355,8 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
     int64_t k, i;
     if (n) *n = 0;
     if (!b || !x) {
-        pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        pdp_status st = pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        if (b) b->st = st;
         return false;
     }
     k = PDP__MIN(b->desc.batch_size, b->len - b->next);
@@ -16345,9 +16369,24 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
     }
     b->next += k;
     pdp__dataset_wrap(b->ds, b->x, k, x);
+    if (b->xdev) { /* the host batch, copied to the device buffer's first k rows */
+        pdp_tensor host = *x;
+        pdp_status st = pdp_tensor_rows_view(b->xdev, 0, k, x);
+        if (st == PDP_OK) st = pdp_tensor_copy(x, &host);
+        if (st != PDP_OK) {
+            b->st = pdp__err_wrap(st, "pdp_batcher_next: copying a batch of %lld to the device",
+                                  (long long)k);
+            return false;
+        }
+    }
     if (labels) *labels = b->labels;
     if (n) *n = k;
     return true;
+}
+
+PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b)
+{
+    return b ? b->st : PDP_ERR_INVALID;
 }
 
 PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b)
@@ -22906,7 +22945,8 @@ PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn
         }
         {
             char msg[1024];
-            snprintf(msg, sizeof msg, "%s", pdp_last_error()[0] ? pdp_last_error() : "(no message)");
+            const char *m = pdp_last_error();
+            snprintf(msg, sizeof msg, "%s", m[0] ? m : "(no message)");
             pdp_comm_free(c);
             return pdp__err(st, "%s: rank %d of %d: %s", fn_name, rank, size, msg);
         }

@@ -199,7 +199,8 @@ PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn
         }
         {
             char msg[1024];
-            snprintf(msg, sizeof msg, "%s", pdp_last_error()[0] ? pdp_last_error() : "(no message)");
+            const char *m = pdp_last_error();
+            snprintf(msg, sizeof msg, "%s", m[0] ? m : "(no message)");
             pdp_comm_free(c);
             return pdp__err(st, "%s: rank %d of %d: %s", fn_name, rank, size, msg);
         }
