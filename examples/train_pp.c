@@ -180,8 +180,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                    "of a step, but stage s of 1F1B holds at most min(p-s, m) micro-batches' "
                    "activations where GPipe holds all m (so the stages differ: the first holds "
                    "the most). Only the last stage knows the loss, so it prints it.\n",
-                   cores >= n ? "(as many cores as stages: the bubble is waiting on the "
-                   "pipeline alone, within the margin when the stages' compute times match)"
+                   cores >= n ? "(as many cores as stages: on a machine that runs nothing "
+                   "else the bubble is the pipeline's waiting alone, within the margin)"
                    : "(fewer cores than stages: the stages share cores, so the measured bubble "
                    "also counts waiting for a core and exceeds the formula)");
     }
