@@ -2620,7 +2620,9 @@ pdp_status pdp_cudak_nccl_split(pdp_cudak_nccl *h, int colour, int key, pdp_cuda
      thread ranks   desc.backend local (the default) or nccl, in a process that no launcher
                     started as one of several: np ranks, rank 0 on the calling thread and
                     ranks 1..np-1 on threads of their own; over NCCL rank r drives
-                    desc.devices[r] (default GPU r), one thread per GPU.
+                    desc.devices[r] (default GPU r), one thread per GPU. Per-thread
+                    settings (pdp_set_num_threads) of the caller apply to rank 0 only; the
+                    other ranks' threads start with the defaults.
      process ranks  desc.backend mpi (always), or nccl in a process that mpirun
                     (OMPI_COMM_WORLD_*) or torchrun (RANK, WORLD_SIZE, LOCAL_RANK, ...)
                     started: this process is one rank, fn runs once, and the communicator
