@@ -43,6 +43,7 @@ API = [
     "zero.h",
     "pp.h",
     "cuda.h",
+    "launch.h",
 ]
 # Math written once for the CPU and for pdp_cuda.cu (PDP__HOSTDEV helpers).
 SHARED = ["math.h"]
@@ -81,6 +82,7 @@ IMPL = [
     "tp.c",
     "zero.c",
     "pp.c",
+    "launch.c",
 ]
 EXTRA = ["manual.txt", "license.txt"]
 

@@ -192,6 +192,17 @@
    store served by rank 0 (store.h, pdp_store_*; host "0.0.0.0" listens on every
    interface) hands out the NCCL unique id.
 
+   Launching ranks (launch.h)
+   --------------------------
+   As torch.multiprocessing.spawn and torchrun:
+   pdp_launch(np, &desc, fn, user) calls fn(&ctx, user) on every rank with
+   ctx.world (the world communicator), ctx.rank and ctx.device. Local and NCCL:
+   np thread ranks in this process (NCCL: one per GPU). Under mpirun (backend mpi)
+   or torchrun (nccl; RANK, WORLD_SIZE, ...) this process is one rank of the
+   launcher's world and fn runs once. It returns the first failing rank's status,
+   its message prefixed "pdp_launch: rank R of N: ". PDP_CHECK(call) (print and
+   exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs.
+
    DataParallel, one process (dp.h)
    --------------------------------
        CHECK(pdp_dp_create(&dp, m, &(pdp_dp_desc){.num_workers = 4}));  // m: the master
@@ -1028,6 +1039,9 @@ typedef struct pdp_batcher_desc {
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
                                as a padded DistributedSampler's do); NULL = all, in order */
     int64_t num_indices;    /* length of indices */
+    pdp_device device;      /* where the batches are handed out: default the CPU; a CUDA
+                               device (the model's) gets each batch copied into a buffer
+                               there, allocated at create (the labels stay on the host) */
 } pdp_batcher_desc;
 
 /* A batcher over ds (which must outlive it), positioned at the start of epoch 0. */
@@ -1037,8 +1051,13 @@ PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
 /* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
    batcher's buffer and *labels points at its n labels, both valid until the next
    call. Returns false, with *n = 0, when the epoch is over; call
-   pdp_batcher_reset to start the next one. Allocates nothing. */
+   pdp_batcher_reset to start the next one. Allocates nothing. On desc.device *x views
+   the device buffer; a failed copy there also returns false, and pdp_batcher_status then
+   says why. */
 PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n);
+/* PDP_OK, or the failure of the last pdp_batcher_next (a device copy; a NULL argument),
+   with its message in pdp_last_error(); reset by pdp_batcher_reset. */
+PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b);
 /* Starts epoch `epoch` from its first batch (its order is recomputed from the
    seed and the epoch number alone, so any epoch can be replayed). */
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
@@ -2738,6 +2757,84 @@ pdp_status pdp_cudak_nccl_split(pdp_cudak_nccl *h, int colour, int key, pdp_cuda
 
 #endif /* PDP_CUDA || __CUDACC__ */
 /* ---- end src/cuda.h ---- */
+
+/* ---- begin src/launch.h ---- */
+/* launch: run one function on every rank, as torch.multiprocessing.spawn and torchrun do.
+
+   pdp_launch(np, &desc, fn, user) makes the world communicator and calls
+   fn(&ctx, user) once per rank with it:
+     thread ranks   desc.backend local (the default) or nccl, in a process that no launcher
+                    started as one of several: np ranks, rank 0 on the calling thread and
+                    ranks 1..np-1 on threads of their own; over NCCL rank r drives
+                    desc.devices[r] (default GPU r), one thread per GPU. Per-thread
+                    settings (pdp_set_num_threads) of the caller apply to rank 0 only; the
+                    other ranks' threads start with the defaults.
+     process ranks  desc.backend mpi (always), or nccl in a process that mpirun
+                    (OMPI_COMM_WORLD_*) or torchrun (RANK, WORLD_SIZE, LOCAL_RANK, ...)
+                    started: this process is one rank, fn runs once, and the communicator
+                    comes from pdp_comm_init_env. The launcher decides the world size (as
+                    torchrun's --nproc-per-node does, not the script), so np is not used;
+                    ctx.world_size says what it is. The local backend in such a process runs
+                    one rank when the launcher's world size is 1, and otherwise fails with
+                    PDP_ERR_INVALID (its ranks are threads of one process).
+   ctx.device is where the rank's model and batches belong: the CPU, or its GPU under
+   NCCL (desc.devices[r], or LOCAL_RANK's GPU for process ranks).
+   Bad input fails before anything starts, with PDP_ERR_INVALID naming it: fn NULL, np
+   outside 1..256 for thread ranks (1..64 over NCCL), an unknown backend, or variables
+   that pdp_env_read refuses.
+
+   Returns PDP_OK when fn returned PDP_OK on every rank. Otherwise the status of the
+   first rank to fail (in time: a rank that fails first makes its peers' collectives fail
+   after it, and their messages only repeat that), with that rank's message prefixed by
+   "pdp_launch: rank R of N: ". A thread rank's communicator is freed as soon as its fn
+   returns, so over the local backend a peer still waiting in a collective for it fails at
+   once (PDP_ERR_COMM) instead of timing out; over NCCL it waits its timeout_s. fn must not
+   free ctx.world; a thread rank must not exit the process (PDP_CHECK below does: use it
+   in main, return statuses from fn). */
+
+typedef struct pdp_launch_ctx {
+    pdp_comm *world;    /* every rank; freed by pdp_launch after fn returns */
+    int rank;           /* pdp_comm_rank(world) */
+    int world_size;     /* pdp_comm_size(world) */
+    int local_rank;     /* the rank among this machine's ranks (thread ranks: rank) */
+    pdp_device device;  /* the CPU, or this rank's GPU (NCCL) */
+    pdp_backend backend;
+    bool process;       /* true when each rank is a process (mpirun, torchrun) */
+} pdp_launch_ctx;
+
+typedef pdp_status (*pdp_launch_fn)(const pdp_launch_ctx *ctx, void *user);
+
+typedef struct pdp_launch_desc {
+    pdp_backend backend;        /* default local */
+    double timeout_s;           /* the communicator's (pdp_comm_desc); default 300 */
+    const char *name;           /* the communicator's name; default "world" */
+    const pdp_device *devices;  /* NCCL thread ranks: rank r's GPU; NULL = pdp_cuda(r) */
+    pdp_log_fn log;             /* passed to pdp_comm_desc.log; NULL */
+    void *log_user;
+} pdp_launch_desc;
+
+/* np: thread ranks to start (see above); desc may be NULL (local backend). */
+PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user);
+
+/* ---- for programs (the examples) ----
+   PDP_CHECK(call): on a status other than PDP_OK, prints "file:line: STATUS: message" to
+   stderr and exits with 1. For a program's main; the library itself never exits. */
+#define PDP_CHECK(call)                                                                   \
+    do {                                                                                  \
+        pdp_status pdp_check_st_ = (call);                                                \
+        if (pdp_check_st_ != PDP_OK) pdp_check_fail(pdp_check_st_, __FILE__, __LINE__);  \
+    } while (0)
+PDP_API void pdp_check_fail(pdp_status status, const char *file, int line);
+/* PDP_TRY(call): returns the status from the calling function when it is not PDP_OK
+   (a launched rank's fn returns it to pdp_launch). */
+#define PDP_TRY(call)                                                                     \
+    do {                                                                                  \
+        pdp_status pdp_try_st_ = (call);                                                  \
+        if (pdp_try_st_ != PDP_OK) return pdp_try_st_;                                    \
+    } while (0)
+/* Monotonic seconds (clock_gettime(CLOCK_MONOTONIC)), for timing a step. */
+PDP_API double pdp_seconds(void);
+/* ---- end src/launch.h ---- */
 
 #ifdef __cplusplus
 }
@@ -16338,6 +16435,8 @@ struct pdp_batcher {
     uint64_t epoch;
     float *x;              /* [batch_size, features] */
     int32_t *labels;       /* [batch_size] */
+    pdp_tensor *xdev;      /* [batch_size, sample shape] on desc.device; NULL on the CPU */
+    pdp_status st;         /* the last pdp_batcher_next's failure, else PDP_OK */
 };
 
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
@@ -16376,6 +16475,17 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
         pdp_batcher_free(b);
         return st;
     }
+    if (d.device.kind != PDP_DEVICE_CPU) {
+        int64_t shape[4];
+        pdp_status st;
+        shape[0] = d.batch_size;
+        memcpy(shape + 1, ds->shape, 3 * sizeof *shape);
+        if ((st = pdp_tensor_create(&b->xdev, d.device, ds->ndim + 1, shape)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: the batch buffer on desc.device", fn);
+            pdp_batcher_free(b);
+            return st;
+        }
+    }
     for (i = 0; i < b->len; i++) b->base[i] = d.indices ? d.indices[i] : i;
     d.indices = b->base;
     d.num_indices = b->len;
@@ -16392,6 +16502,7 @@ PDP_API void pdp_batcher_free(pdp_batcher *b)
     pdp__dealloc(b->order);
     pdp__dealloc(b->x);
     pdp__dealloc(b->labels);
+    pdp_tensor_free(b->xdev);
     pdp__dealloc(b);
 }
 
@@ -16401,6 +16512,7 @@ PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
     if (!b) return;
     b->epoch = epoch;
     b->next = 0;
+    b->st = PDP_OK;
     if (!b->desc.shuffle) {
         memcpy(b->order, b->base, (size_t)b->len * sizeof(int64_t));
         return;
@@ -16414,7 +16526,8 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
     int64_t k, i;
     if (n) *n = 0;
     if (!b || !x) {
-        pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        pdp_status st = pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        if (b) b->st = st;
         return false;
     }
     k = PDP__MIN(b->desc.batch_size, b->len - b->next);
@@ -16427,9 +16540,24 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
     }
     b->next += k;
     pdp__dataset_wrap(b->ds, b->x, k, x);
+    if (b->xdev) { /* the host batch, copied to the device buffer's first k rows */
+        pdp_tensor host = *x;
+        pdp_status st = pdp_tensor_rows_view(b->xdev, 0, k, x);
+        if (st == PDP_OK) st = pdp_tensor_copy(x, &host);
+        if (st != PDP_OK) {
+            b->st = pdp__err_wrap(st, "pdp_batcher_next: copying a batch of %lld to the device",
+                                  (long long)k);
+            return false;
+        }
+    }
     if (labels) *labels = b->labels;
     if (n) *n = k;
     return true;
+}
+
+PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b)
+{
+    return b ? b->st : PDP_ERR_INVALID;
 }
 
 PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b)
@@ -22785,6 +22913,226 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out)
     if (pp) *out = pp->stats;
 }
 /* ---- end src/pp.c ---- */
+
+/* ---- begin src/launch.c ---- */
+/* launch: pdp_launch runs a function on every rank (launch.h), PDP_CHECK's failure path and
+   pdp_seconds. Thread ranks: one group (pdp_local_group or pdp_nccl_group) and one thread per
+   rank beyond the caller's rank 0; each rank records its status and message (thread-local,
+   so copied here) and the order in which ranks failed, under one mutex, BEFORE it frees its
+   communicator: the first failure is then the cause, and the peers' failures that its
+   departure provokes come after it. Process ranks: pdp_comm_init_env and one call. Built
+   only on the public API of comm.h, rendezvous.h and cuda.h. */
+
+/* #include "internal.h" (already above) */
+
+typedef struct pdp__launch pdp__launch;
+
+typedef struct pdp__launch_rank {
+    pdp__launch *L;
+    int rank;
+    bool started;      /* its thread was created (ranks >= 1) */
+    pthread_t thread;
+    pdp_status st;
+    int order;         /* 0 = first to fail */
+    char msg[1024];
+} pdp__launch_rank;
+
+struct pdp__launch {
+    int np;
+    pdp_backend backend;
+    pdp_local_group *group;
+    pdp_nccl_group *ngroup;
+    const pdp_device *devices;
+    pdp_launch_fn fn;
+    void *user;
+    pthread_mutex_t mu;
+    int failures;
+    pdp__launch_rank *ranks;
+};
+
+static void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
+{
+    const char *m = pdp_last_error();
+    pthread_mutex_lock(&r->L->mu);
+    r->st = st;
+    r->order = r->L->failures++;
+    snprintf(r->msg, sizeof r->msg, "%s", m[0] ? m : "(no message)");
+    pthread_mutex_unlock(&r->L->mu);
+}
+
+static void pdp__launch_run(pdp__launch_rank *r)
+{
+    pdp__launch *L = r->L;
+    pdp_comm *c = NULL;
+    pdp_status st;
+    pdp_clear_error();
+    st = L->ngroup ? pdp_comm_create_nccl(&c, L->ngroup, r->rank)
+                   : pdp_comm_create_local(&c, L->group, r->rank);
+    if (st == PDP_OK) {
+        pdp_launch_ctx ctx;
+        memset(&ctx, 0, sizeof ctx);
+        ctx.world = c;
+        ctx.rank = r->rank;
+        ctx.world_size = L->np;
+        ctx.local_rank = r->rank;
+        ctx.device = !L->ngroup ? pdp_cpu() : L->devices ? L->devices[r->rank] : pdp_cuda(r->rank);
+        ctx.backend = L->backend;
+        ctx.process = false;
+        st = L->fn(&ctx, L->user);
+    }
+    if (st != PDP_OK) pdp__launch_fail(r, st); /* before the free: it makes peers fail */
+    pdp_comm_free(c);
+}
+
+static void *pdp__launch_thread(void *arg)
+{
+    pdp__launch_run((pdp__launch_rank *)arg);
+    return NULL;
+}
+
+/* The first rank to fail, its message prefixed; PDP_OK when none did. */
+static pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
+{
+    int i, first = -1;
+    for (i = 0; i < n; i++)
+        if (ranks[i].st != PDP_OK && (first < 0 || ranks[i].order < ranks[first].order))
+            first = i;
+    if (first < 0) return PDP_OK;
+    return pdp__err(ranks[first].st, "pdp_launch: rank %d of %d: %s", first, n, ranks[first].msg);
+}
+
+static pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
+                                      pdp_launch_fn fn, void *user)
+{
+    static const char fn_name[] = "pdp_launch";
+    pdp__launch L;
+    pdp_status st;
+    int i;
+    memset(&L, 0, sizeof L);
+    L.np = np;
+    L.backend = d->backend == PDP_BACKEND_DEFAULT ? PDP_BACKEND_LOCAL : d->backend;
+    L.devices = d->devices;
+    L.fn = fn;
+    L.user = user;
+    if (L.backend == PDP_BACKEND_NCCL) {
+        pdp_device devs[64];
+        for (i = 0; i < np; i++) devs[i] = d->devices ? d->devices[i] : pdp_cuda(i);
+        st = pdp_nccl_group_create(&L.ngroup, np, devs, cd);
+    } else {
+        st = pdp_local_group_create(&L.group, np, cd);
+    }
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s: %d thread ranks", fn_name, np);
+    L.ranks = (pdp__launch_rank *)pdp__calloc((size_t)np * sizeof *L.ranks);
+    if (!L.ranks) {
+        pdp_local_group_free(L.group);
+        pdp_nccl_group_free(L.ngroup);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn_name, np);
+    }
+    pthread_mutex_init(&L.mu, NULL);
+    for (i = 0; i < np; i++) {
+        L.ranks[i].L = &L;
+        L.ranks[i].rank = i;
+    }
+    for (i = 1; i < np; i++) {
+        int err = pthread_create(&L.ranks[i].thread, NULL, pdp__launch_thread, &L.ranks[i]);
+        if (err) { /* this rank joins and leaves at once: its peers fail instead of waiting */
+            pdp_comm *c = NULL;
+            pdp__err(PDP_ERR_WORKER, "%s: could not start the thread of rank %d: %s", fn_name,
+                     i, strerror(err));
+            pdp__launch_fail(&L.ranks[i], PDP_ERR_WORKER);
+            if (L.group && pdp_comm_create_local(&c, L.group, i) == PDP_OK) pdp_comm_free(c);
+            continue;
+        }
+        L.ranks[i].started = true;
+    }
+    pdp__launch_run(&L.ranks[0]);
+    for (i = 1; i < np; i++)
+        if (L.ranks[i].started) pthread_join(L.ranks[i].thread, NULL);
+    st = pdp__launch_result(L.ranks, np);
+    pthread_mutex_destroy(&L.mu);
+    pdp__dealloc(L.ranks);
+    pdp_local_group_free(L.group);
+    pdp_nccl_group_free(L.ngroup);
+    return st;
+}
+
+PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user)
+{
+    static const char fn_name[] = "pdp_launch";
+    pdp_launch_desc d;
+    pdp_comm_desc cd;
+    pdp_env_info env;
+    pdp_status st;
+    bool process;
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (!fn) return pdp__err(PDP_ERR_INVALID, "%s: fn is NULL", fn_name);
+    if (d.backend != PDP_BACKEND_DEFAULT && d.backend != PDP_BACKEND_LOCAL &&
+        d.backend != PDP_BACKEND_MPI && d.backend != PDP_BACKEND_NCCL)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.backend %d is not a pdp_backend", fn_name,
+                        (int)d.backend);
+    if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn_name);
+    memset(&cd, 0, sizeof cd);
+    cd.backend = d.backend;
+    cd.timeout_s = d.timeout_s;
+    cd.name = d.name ? d.name : "world";
+    cd.log = d.log;
+    cd.log_user = d.log_user;
+    process = d.backend == PDP_BACKEND_MPI || (d.backend == PDP_BACKEND_NCCL && env.from_env);
+    if (!process && env.from_env && env.world_size > 1) /* local under a launcher */
+        return pdp__err(PDP_ERR_INVALID, "%s: the local backend's ranks are threads of one "
+                        "process, but the environment makes this process rank %d of %d "
+                        "(RANK/WORLD_SIZE or OMPI_COMM_WORLD_*): use the mpi or nccl backend",
+                        fn_name, env.rank, env.world_size);
+    if (!process && env.from_env) np = 1; /* the launcher's world of one */
+    if (!process) {
+        int max = d.backend == PDP_BACKEND_NCCL ? 64 : 256;
+        if (np < 1 || np > max)
+            return pdp__err(PDP_ERR_INVALID, "%s: np %d outside 1..%d (%s thread ranks)", fn_name,
+                            np, max, d.backend == PDP_BACKEND_NCCL ? "nccl" : "local");
+        return pdp__launch_threads(np, &d, &cd, fn, user);
+    }
+    {
+        pdp_comm *c = NULL;
+        pdp_launch_ctx ctx;
+        int rank, size;
+        if ((st = pdp_comm_init_env(&c, &cd)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d of %d", fn_name, env.rank, env.world_size);
+        rank = pdp_comm_rank(c);
+        size = pdp_comm_size(c);
+        memset(&ctx, 0, sizeof ctx);
+        ctx.world = c;
+        ctx.rank = rank;
+        ctx.world_size = size;
+        ctx.local_rank = env.from_env ? env.local_rank : rank;
+        ctx.device = d.backend == PDP_BACKEND_NCCL ? pdp_cuda(ctx.local_rank) : pdp_cpu();
+        ctx.backend = d.backend;
+        ctx.process = true;
+        pdp_clear_error();
+        st = fn(&ctx, user);
+        if (st == PDP_OK) {
+            pdp_comm_free(c);
+            return PDP_OK;
+        }
+        {
+            char msg[1024];
+            const char *m = pdp_last_error();
+            snprintf(msg, sizeof msg, "%s", m[0] ? m : "(no message)");
+            pdp_comm_free(c);
+            return pdp__err(st, "%s: rank %d of %d: %s", fn_name, rank, size, msg);
+        }
+    }
+}
+
+PDP_API void pdp_check_fail(pdp_status status, const char *file, int line)
+{
+    fprintf(stderr, "%s:%d: %s: %s\n", file ? file : "?", line, pdp_status_name(status),
+            pdp_last_error());
+    exit(1);
+}
+
+PDP_API double pdp_seconds(void) { return pdp__now(); }
+/* ---- end src/launch.c ---- */
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop

@@ -86,9 +86,30 @@ TEST cuda_requests_unsupported_without_macro(void)
     PASS();
 }
 
+/* A batcher asked for batches on a GPU fails at create, naming itself and the macro. */
+TEST cuda_batcher_on_device_unsupported_without_macro(void)
+{
+    pdp_dataset *ds = NULL;
+    pdp_dataset_desc dd;
+    pdp_batcher_desc bd;
+    pdp_batcher *b = NULL;
+    memset(&dd, 0, sizeof dd);
+    dd.max_samples = 10;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_synthetic(&ds, true, &dd), pdp_status_name);
+    memset(&bd, 0, sizeof bd);
+    bd.device = pdp_cuda(0);
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT(b == NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_batcher_create") == pdp_last_error());
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "PDP_CUDA") != NULL);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
 SUITE(cuda)
 {
     RUN_TEST(cuda_requests_unsupported_without_macro);
+    RUN_TEST(cuda_batcher_on_device_unsupported_without_macro);
 }
 
 #else /* PDP_CUDA */
@@ -2918,8 +2939,92 @@ TEST cuda_nccl_pp_clip_grad_norm_matches_cpu(void)
     PASS();
 }
 
+/* The batcher on a GPU hands out the CPU batcher's batches (same order, same bits) and
+   the same labels, epoch after epoch. */
+TEST cuda_batcher_on_device_matches_cpu(void)
+{
+    pdp_dataset *ds = NULL;
+    pdp_dataset_desc dd;
+    pdp_batcher_desc bd;
+    pdp_batcher *bc = NULL, *bg = NULL;
+    static float back[16 * 784];
+    int e;
+    NEED_GPU();
+    memset(&dd, 0, sizeof dd);
+    dd.max_samples = 40;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_synthetic(&ds, true, &dd), pdp_status_name);
+    memset(&bd, 0, sizeof bd);
+    bd.batch_size = 16; /* 16, 16, 8 */
+    bd.shuffle = true;
+    bd.seed = 3;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&bc, ds, &bd), pdp_status_name);
+    bd.device = pdp_cuda(0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&bg, ds, &bd), pdp_status_name);
+    for (e = 0; e < 2; e++) {
+        pdp_tensor xc, xg;
+        const int32_t *yc, *yg;
+        int64_t nc, ng, i, batches = 0;
+        pdp_batcher_reset(bc, (uint64_t)e);
+        pdp_batcher_reset(bg, (uint64_t)e);
+        while (pdp_batcher_next(bc, &xc, &yc, &nc)) {
+            ASSERT(pdp_batcher_next(bg, &xg, &yg, &ng));
+            ASSERT_EQ(nc, ng);
+            ASSERT_EQ(PDP_DEVICE_CUDA, xg.device.kind);
+            ASSERT_EQ(xc.ndim, xg.ndim);
+            ASSERT_EQ(xc.count, xg.count);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_download(&xg, back), pdp_status_name);
+            for (i = 0; i < xc.count; i++) ASSERT_EQ(xc.data[i], back[i]);
+            for (i = 0; i < nc; i++) ASSERT_EQ(yc[i], yg[i]);
+            batches++;
+        }
+        ASSERT(!pdp_batcher_next(bg, &xg, &yg, &ng));
+        ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_status(bg), pdp_status_name);
+        ASSERT_EQ(3, batches);
+    }
+    pdp_batcher_free(bc);
+    pdp_batcher_free(bg);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
+/* pdp_launch over NCCL: one thread per GPU, each rank on its own GPU, an all-reduce of
+   rank + 1 against the naive sum. */
+static pdp_status launch_nccl_fn(const pdp_launch_ctx *ctx, void *user)
+{
+    float *sums = (float *)user, v = (float)(ctx->rank + 1);
+    pdp_tensor *t = NULL;
+    int64_t one = 1;
+    pdp_status st;
+    if (ctx->device.kind != PDP_DEVICE_CUDA || ctx->device.ordinal != ctx->rank)
+        return PDP_ERR_DEVICE;
+    PDP_TRY(pdp_tensor_create(&t, ctx->device, 1, &one));
+    st = pdp_tensor_upload(t, &v);
+    if (st == PDP_OK) st = pdp_comm_allreduce(ctx->world, t->data, 1, PDP_REDUCE_SUM, NULL);
+    if (st == PDP_OK) st = pdp_tensor_download(t, &sums[ctx->rank]);
+    pdp_tensor_free(t);
+    return st;
+}
+
+TEST cuda_launch_nccl_thread_ranks(void)
+{
+    pdp_launch_desc d;
+    float sums[2] = {0, 0};
+    NEED_GPU();
+    if (devices() < 2) SKIPm("pdp_launch over NCCL needs 2 GPUs (PDP_EMU_CUDA_DEVICES=2)");
+    if (getenv("WORLD_SIZE")) SKIPm("WORLD_SIZE is set: pdp_launch would run process ranks");
+    memset(&d, 0, sizeof d);
+    d.backend = PDP_BACKEND_NCCL;
+    d.timeout_s = 60;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, &d, launch_nccl_fn, sums), pdp_status_name);
+    ASSERT_EQ(3.0f, sums[0]);
+    ASSERT_EQ(3.0f, sums[1]);
+    PASS();
+}
+
 SUITE(cuda)
 {
+    RUN_TEST(cuda_batcher_on_device_matches_cpu);
+    RUN_TEST(cuda_launch_nccl_thread_ranks);
     RUN_TEST(cuda_device_count_and_bad_ordinal);
     RUN_TEST(cuda_tensor_copies_round_trip);
     RUN_TEST(cuda_caching_allocator_reuses_freed_blocks);
