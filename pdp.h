@@ -3109,8 +3109,6 @@ typedef struct pdp__layer_io {
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
-    pdp_status *status;  /* PDP__LAYER_COLLECTIVE kinds: where their failure goes (the table's
-                            dispatch points it at its own variable) */
 } pdp__layer_io;
 
 /* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
@@ -3126,7 +3124,7 @@ typedef struct pdp__param_shapes {
                                     io->fused_relu (model.c then makes the ReLU a view) */
 #define PDP__LAYER_COLLECTIVE 4u /* runs a collective (TP's f and g): its CPU entries run on
                                     every device (the communicator moves the device's
-                                    buffers) and report a failure through io->status */
+                                    buffers) */
 #define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
                                     functions in Megatron-LM): the layers after it are named
                                     as if it were absent ("0.weight", "2.weight", ...) */
@@ -3137,14 +3135,17 @@ typedef struct pdp__param_shapes {
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
    configuration and in_* (in: the input shape as text, for messages); init
    (NULL: no parameters) fills host memory w, b from r; forward and backward run on
-   the CPU; the CUDA entries (NULL: none) return pdp_cuda.cu's status; cuda_work
-   (NULL: none) is the workspace floats per sample pdp_cuda.cu's kernels need. */
+   the CPU and return PDP_OK, or a status whose message (pdp__err) says what is wrong
+   with the input without naming the layer (model.c prefixes "pdp_model_forward:
+   layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
+   entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
+   workspace floats per sample pdp_cuda.cu's kernels need. */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
     void (*init)(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-    void (*forward)(const pdp__layer *l, const pdp__layer_io *io);
-    void (*backward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*forward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*backward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_forward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
@@ -3199,17 +3200,17 @@ static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
 static bool pdp__tp_is_split(const pdp_model *m, int p);
 
 static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
 #ifdef PDP_CUDA
 static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -11408,7 +11409,9 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
      right after a Conv2d on the CPU (layers_conv.c).
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
-   sized by work_per_sample); backward accumulates into dw and db (+=) and writes
+   sized by work_per_sample) and return a status: PDP_OK, or an error whose message
+   says what is wrong with the input (model.c names the layer: "pdp_model_forward:
+   layer 3 (Linear): ..."); backward accumulates into dw and db (+=) and writes
    dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
    in a fixed order that does not depend on the thread count, so results are
    bit-reproducible. A setup starts from the output shape = the input shape and no
@@ -11560,7 +11563,7 @@ static void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
     pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
 }
 
-static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     float beta = 0.0f;
@@ -11570,9 +11573,10 @@ static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
+    return PDP_OK;
 }
 
-static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     /* dW += dY^T X */
@@ -11588,6 +11592,7 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
     if (io->dx) /* dX = dY W */
         (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy,
                                                 out, io->w, in, 0.0f, io->dx, in);
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -11730,44 +11735,52 @@ static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
 
-static void pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__relu_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__gelu_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__gelu_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__tanh_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__tanh_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__sigmoid_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__sigmoid_backward_range);
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -11838,14 +11851,14 @@ static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     uint32_t thr;
     float scale;
     if (!io->training || l->p == 0.0f) {
         if (io->y != io->x) memcpy(io->y, io->x, (size_t)(B * n) * sizeof(float));
-        return;
+        return PDP_OK;
     }
     thr = pdp__dropout_threshold(l->p);
     scale = 1.0f / (1.0f - l->p);
@@ -11858,19 +11871,21 @@ static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
             y[j] = x[j] * mask[j];
         });
     }
+    return PDP_OK;
 }
 
-static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t n = io->batch * l->in_count;
     const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
     float *PDP__RESTRICT dx = io->dx;
-    if (!dx) return;
+    if (!dx) return PDP_OK;
     if (!io->training || l->p == 0.0f) {
         memcpy(dx, dy, (size_t)n * sizeof(float));
-        return;
+        return PDP_OK;
     }
     PDP__FOR_BLOCKED(i, n, dx[i] = dy[i] * mask[i];);
+    return PDP_OK;
 }
 
 
@@ -11922,7 +11937,7 @@ static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng
     }
 }
 
-static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
@@ -11936,12 +11951,13 @@ static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
         io->saved[2 * s] = mean;
         io->saved[2 * s + 1] = rstd;
     }
+    return PDP_OK;
 }
 
 /* With xh = (x - mean) rstd and g = dy w:
    dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
    Two passes over each sample, nothing stored. */
-static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w;
@@ -11963,6 +11979,7 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
             });
         }
     }
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -11992,15 +12009,17 @@ static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static void pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
 }
 
-static void pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx && io->dx != io->dy)
         memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -12825,15 +12844,16 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     }
 }
 
-static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     pdp__conv_job_init(&job, l, io, false);
     pdp__parallel_for(job.parts, job.g.implicit ? pdp__conv_implicit_forward_part
                                                 : pdp__conv_forward_part, &job);
+    return PDP_OK;
 }
 
-static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     const pdp__conv_geom *g = &job.g;
@@ -12854,6 +12874,7 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
         if (io->db)
             for (o = 0; o < g->O; o++) io->db[o] += share[g->O * g->ckk + o];
     }
+    return PDP_OK;
 }
 
 /* ---- layers: Conv2d, setup and CUDA ---- */
@@ -12998,12 +13019,13 @@ static void pdp__maxpool_forward_part(void *argp, int i, int parts)
 }
 
 /* Split by channel plane over the intra-op threads. */
-static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
     job.l = l;
     job.io = io;
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_forward_part, &job);
+    return PDP_OK;
 }
 
 /* The channel planes of part i: zero, then scatter each output's gradient to its
@@ -13036,13 +13058,14 @@ static void pdp__maxpool_backward_part(void *argp, int i, int parts)
     }
 }
 
-static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
-    if (!io->dx) return;
+    if (!io->dx) return PDP_OK;
     job.l = l;
     job.io = io;
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_backward_part, &job);
+    return PDP_OK;
 }
 
 static pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
@@ -13151,12 +13174,11 @@ static pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t bat
     return PDP_OK;
 }
 
-/* dst <- src, count floats on io's device; a failure goes to *io->status. */
-static bool pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src, int64_t count)
+/* dst <- src, count floats on io's device. */
+static pdp_status pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src,
+                               int64_t count)
 {
-    pdp_status st = pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
-    if (st != PDP_OK) *io->status = st;
-    return st == PDP_OK;
+    return pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
 }
 
 static pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
@@ -13182,40 +13204,37 @@ static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, con
 /* f forward: identity. At the first forward (and after TP layers were added) the width
    check first: every TP rank built the same TP layers (f is the first TP layer of every
    block, so every rank reaches it before any other TP collective). */
-static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK) {
-        *io->status = st;
-        return;
-    }
-    pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
+    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK)
+        return st;
+    return pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
 }
 
 /* f backward: the input gradient is the sum of every rank's partial gradient (each rank's
    ColumnParallelLinear saw only its output slice). Nothing when no input gradient is
    needed (f is the first layer): every rank skips it alike. */
-static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (!io->dx || !pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count)) return;
-    if ((st = pdp__tp_allreduce(l, io->dx, io->batch, l->in_count, false)) != PDP_OK)
-        *io->status = st;
+    if (!io->dx) return PDP_OK;
+    if ((st = pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count)) != PDP_OK) return st;
+    return pdp__tp_allreduce(l, io->dx, io->batch, l->in_count, false);
 }
 
 /* g forward: the sum of every rank's partial output (RowParallelLinear's x_r W_r^T). */
-static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (!pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) return;
-    if ((st = pdp__tp_allreduce(l, io->y, io->batch, l->in_count, true)) != PDP_OK)
-        *io->status = st;
+    if ((st = pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) != PDP_OK) return st;
+    return pdp__tp_allreduce(l, io->y, io->batch, l->in_count, true);
 }
 
 /* g backward: identity (the output gradient is replicated). */
-static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    if (io->dx) pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count);
+    return io->dx ? pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count) : PDP_OK;
 }
 
 /* ---- tp: the column- and row-parallel Linears ---- */
@@ -13304,19 +13323,19 @@ static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
 }
 
 /* Backward of Linear, without the input gradient when f is the first layer. */
-static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp_skip_dx) run.dx = NULL;
-    pdp__linear_backward(l, &run);
+    return pdp__linear_backward(l, &run);
 }
 
 /* x_r W_r^T, plus the bias on TP rank 0 only: g's sum then adds it once. */
-static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp->rank != 0) run.b = NULL;
-    pdp__linear_forward(l, &run);
+    return pdp__linear_forward(l, &run);
 }
 
 #ifdef PDP_CUDA
@@ -13496,38 +13515,25 @@ static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
 #endif
 }
 
-/* A PDP__LAYER_COLLECTIVE kind's call, on any device: its failure comes back through
-   io->status, pointed at a variable of this call. */
-static pdp_status pdp__layer_collective(const pdp__layer *l, const pdp__layer_io *io,
-                                        void (*fn)(const pdp__layer *, const pdp__layer_io *))
-{
-    pdp_status st = PDP_OK;
-    pdp__layer_io run = *io;
-    run.status = &st;
-    fn(l, &run);
-    return st;
-}
-
 /* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
-   CPU memory. A collective kind's host entry runs on every device. */
+   CPU memory. A collective kind's host entry runs on every device. Either entry's
+   status comes back as it is (the caller names the layer). */
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->forward);
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_forward);
-    info->forward(l, io);
-    return PDP_OK;
+    if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
+        return pdp__layer_cuda(l, io, info->cuda_forward);
+    return info->forward(l, io);
 }
 
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->backward);
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_backward);
-    info->backward(l, io);
-    return PDP_OK;
+    if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
+        return pdp__layer_cuda(l, io, info->cuda_backward);
+    return info->backward(l, io);
 }
 /* ---- end src/layers_table.c ---- */
 

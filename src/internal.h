@@ -240,8 +240,6 @@ typedef struct pdp__layer_io {
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
-    pdp_status *status;  /* PDP__LAYER_COLLECTIVE kinds: where their failure goes (the table's
-                            dispatch points it at its own variable) */
 } pdp__layer_io;
 
 /* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
@@ -257,7 +255,7 @@ typedef struct pdp__param_shapes {
                                     io->fused_relu (model.c then makes the ReLU a view) */
 #define PDP__LAYER_COLLECTIVE 4u /* runs a collective (TP's f and g): its CPU entries run on
                                     every device (the communicator moves the device's
-                                    buffers) and report a failure through io->status */
+                                    buffers) */
 #define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
                                     functions in Megatron-LM): the layers after it are named
                                     as if it were absent ("0.weight", "2.weight", ...) */
@@ -268,14 +266,17 @@ typedef struct pdp__param_shapes {
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
    configuration and in_* (in: the input shape as text, for messages); init
    (NULL: no parameters) fills host memory w, b from r; forward and backward run on
-   the CPU; the CUDA entries (NULL: none) return pdp_cuda.cu's status; cuda_work
-   (NULL: none) is the workspace floats per sample pdp_cuda.cu's kernels need. */
+   the CPU and return PDP_OK, or a status whose message (pdp__err) says what is wrong
+   with the input without naming the layer (model.c prefixes "pdp_model_forward:
+   layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
+   entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
+   workspace floats per sample pdp_cuda.cu's kernels need. */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
     void (*init)(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-    void (*forward)(const pdp__layer *l, const pdp__layer_io *io);
-    void (*backward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*forward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*backward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_forward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
@@ -330,17 +331,17 @@ static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
 static bool pdp__tp_is_split(const pdp_model *m, int p);
 
 static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
 #ifdef PDP_CUDA
 static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);

@@ -19,7 +19,9 @@
      right after a Conv2d on the CPU (layers_conv.c).
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
-   sized by work_per_sample); backward accumulates into dw and db (+=) and writes
+   sized by work_per_sample) and return a status: PDP_OK, or an error whose message
+   says what is wrong with the input (model.c names the layer: "pdp_model_forward:
+   layer 3 (Linear): ..."); backward accumulates into dw and db (+=) and writes
    dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
    in a fixed order that does not depend on the thread count, so results are
    bit-reproducible. A setup starts from the output shape = the input shape and no
@@ -171,7 +173,7 @@ static void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
     pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
 }
 
-static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     float beta = 0.0f;
@@ -181,9 +183,10 @@ static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
+    return PDP_OK;
 }
 
-static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     /* dW += dY^T X */
@@ -199,6 +202,7 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
     if (io->dx) /* dX = dY W */
         (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy,
                                                 out, io->w, in, 0.0f, io->dx, in);
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -341,44 +345,52 @@ static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
 
-static void pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__relu_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__gelu_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__gelu_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__tanh_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__tanh_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__sigmoid_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__sigmoid_backward_range);
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -449,14 +461,14 @@ static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     uint32_t thr;
     float scale;
     if (!io->training || l->p == 0.0f) {
         if (io->y != io->x) memcpy(io->y, io->x, (size_t)(B * n) * sizeof(float));
-        return;
+        return PDP_OK;
     }
     thr = pdp__dropout_threshold(l->p);
     scale = 1.0f / (1.0f - l->p);
@@ -469,19 +481,21 @@ static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
             y[j] = x[j] * mask[j];
         });
     }
+    return PDP_OK;
 }
 
-static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t n = io->batch * l->in_count;
     const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
     float *PDP__RESTRICT dx = io->dx;
-    if (!dx) return;
+    if (!dx) return PDP_OK;
     if (!io->training || l->p == 0.0f) {
         memcpy(dx, dy, (size_t)n * sizeof(float));
-        return;
+        return PDP_OK;
     }
     PDP__FOR_BLOCKED(i, n, dx[i] = dy[i] * mask[i];);
+    return PDP_OK;
 }
 
 
@@ -533,7 +547,7 @@ static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng
     }
 }
 
-static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
@@ -547,12 +561,13 @@ static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
         io->saved[2 * s] = mean;
         io->saved[2 * s + 1] = rstd;
     }
+    return PDP_OK;
 }
 
 /* With xh = (x - mean) rstd and g = dy w:
    dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
    Two passes over each sample, nothing stored. */
-static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w;
@@ -574,6 +589,7 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
             });
         }
     }
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -603,15 +619,17 @@ static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static void pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
 }
 
-static void pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx && io->dx != io->dy)
         memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA

@@ -157,36 +157,23 @@ static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
 #endif
 }
 
-/* A PDP__LAYER_COLLECTIVE kind's call, on any device: its failure comes back through
-   io->status, pointed at a variable of this call. */
-static pdp_status pdp__layer_collective(const pdp__layer *l, const pdp__layer_io *io,
-                                        void (*fn)(const pdp__layer *, const pdp__layer_io *))
-{
-    pdp_status st = PDP_OK;
-    pdp__layer_io run = *io;
-    run.status = &st;
-    fn(l, &run);
-    return st;
-}
-
 /* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
-   CPU memory. A collective kind's host entry runs on every device. */
+   CPU memory. A collective kind's host entry runs on every device. Either entry's
+   status comes back as it is (the caller names the layer). */
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->forward);
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_forward);
-    info->forward(l, io);
-    return PDP_OK;
+    if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
+        return pdp__layer_cuda(l, io, info->cuda_forward);
+    return info->forward(l, io);
 }
 
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->backward);
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_backward);
-    info->backward(l, io);
-    return PDP_OK;
+    if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
+        return pdp__layer_cuda(l, io, info->cuda_backward);
+    return info->backward(l, io);
 }

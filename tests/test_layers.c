@@ -1086,6 +1086,57 @@ TEST layers_results_do_not_depend_on_the_thread_count(void)
 
 /* ---- the table of kinds, names and devices ---- */
 
+/* A layer's CPU entries return a status (the type below does not compile where they
+   return void), and a failure reaches pdp_model_forward's caller with the layer named.
+   The kind that fails on the CPU today is TP's f (its width check, here replaced by
+   one that refuses); the GPT's token embedding will reject ids out of range the same
+   way. */
+static pdp_status refuse_widths(pdp__tp_state *tp)
+{
+    (void)tp;
+    return pdp__err(PDP_ERR_SHAPE, "refused by the test");
+}
+
+TEST layers_a_layer_status_reaches_the_caller_naming_the_layer(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = new_model(1, 6, 0, 0, 23);
+    float xd[2 * 6] = {0}, dyd[2 * 3] = {0};
+    pdp_tensor x, dy;
+    const pdp_tensor *y;
+    int k;
+    for (k = 0; k < PDP__LAYER_KIND_COUNT; k++) {
+        pdp_status (*forward)(const pdp__layer *, const pdp__layer_io *) =
+            pdp__layer_kinds[k].forward;
+        pdp_status (*backward)(const pdp__layer *, const pdp__layer_io *) =
+            pdp__layer_kinds[k].backward;
+        ASSERT(forward != NULL && backward != NULL);
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_set_tp(m, c), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_tp_copy(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_column_parallel_linear(m, 4), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_row_parallel_linear(m, 3), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_tp_reduce(m), pdp_status_name);
+    wrap_input(m, xd, 2, &x);
+    m->tp.check_widths = refuse_widths;
+    m->tp.checked = 0;
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_STR_EQ("pdp_model_forward: layer 0 (CopyToModelParallelRegion): refused by the test",
+                  pdp_last_error());
+    m->tp.check_widths = pdp__tp_check_widths; /* the real check passes: one rank */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    pdp_tensor_wrap(dyd, pdp_cpu(), y->ndim, y->shape, &dy);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 TEST layers_table_has_an_entry_for_every_kind(void)
 {
     int k, j;
@@ -1200,6 +1251,7 @@ SUITE(layers)
     RUN_TEST(layers_gradients_accumulate_across_backwards);
     RUN_TEST(layers_results_do_not_depend_on_the_thread_count);
     RUN_TEST(layers_table_has_an_entry_for_every_kind);
+    RUN_TEST(layers_a_layer_status_reaches_the_caller_naming_the_layer);
     RUN_TEST(layers_model_layer_name_names_every_layer);
     RUN_TEST(layers_model_device_is_the_desc_device);
 #ifndef PDP_CUDA
