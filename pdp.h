@@ -3117,7 +3117,9 @@ typedef struct pdp__param_shapes {
     int64_t wshape[4], bshape[4];
 } pdp__param_shapes;
 
-/* Flags of a layer kind (model.c plans with them). */
+/* Flags of a layer kind: every decision outside a kind's own code that depends on
+   what a kind is (model.c's views and fusions, tp.c's TP block, state_dict numbering)
+   reads these, never the kind's value. */
 #define PDP__LAYER_VIEW 1u       /* output = input seen again (Flatten): model.c aliases it
                                     and never calls forward or backward */
 #define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
@@ -3129,7 +3131,17 @@ typedef struct pdp__param_shapes {
                                     functions in Megatron-LM): the layers after it are named
                                     as if it were absent ("0.weight", "2.weight", ...) */
 #define PDP__LAYER_FUSES_POOL 16u /* with its fused ReLU, applies a following 2x2 stride-2
-                                     MaxPool2d itself (io->pool_y; model.c skips it) */
+                                     max pool (PDP__LAYER_FUSABLE_POOL) itself (io->pool_y;
+                                     model.c skips it) */
+#define PDP__LAYER_ELEMENTWISE 32u /* each output element is a fixed function of its input
+                                      element alone (no parameters, position or random
+                                      draw): it may sit on a TP shard, between a
+                                      ColumnParallelLinear and a RowParallelLinear (tp.c) */
+#define PDP__LAYER_FUSABLE_RELU 64u /* the ReLU a PDP__LAYER_FUSES_RELU kind applies when it
+                                       follows it (model.c: pdp__model_relu_fused) */
+#define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
+                                        PDP__LAYER_FUSES_POOL kind applies after its fused
+                                        ReLU when it is 2x2 stride 2 over an even H and W */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
@@ -3161,6 +3173,7 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
 static const char *pdp__layer_kind_name(pdp__layer_kind k);
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 
 typedef struct pdp__param_entry {
@@ -13360,10 +13373,19 @@ static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
-   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags that model.c plans
-   with (a view; fuses a following ReLU). Nothing else in pdp switches over kinds:
-   model.c, dp.c and the executors go through pdp__layer_setup, pdp__layer_forward
-   and the other functions below, once per layer call (never per element).
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
+   fused, collective, unnumbered).
+
+   This table is the only place that knows what each kind is. Every decision elsewhere
+   that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
+   kinds between the split Linears, the state_dict numbering; and model.c, dp.c and the
+   executors run a layer through pdp__layer_setup, pdp__layer_forward and the other
+   functions below, once per layer call (never per element). A kind's value is named
+   elsewhere only by its own code: its constructor (model.c's pdp_model_add_*, tp.c's
+   for the TP kinds, whose order rules name the kinds they follow), the TP kinds' slices
+   (layers_tp.c, tp.c's checkpoints and width check), and the tests and
+   tests/fake_cuda, which build layers of a kind.
 
    Adding a layer kind takes:
    1. its code in layers.c (or a file of its own, listed in amalgamate.py before
@@ -13399,16 +13421,18 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                      PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
     [PDP__RELU] = {"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward, pdp__relu_backward,
                    PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL, 0},
+                   PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,
+                   PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU},
     [PDP__GELU] = {"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward, pdp__gelu_backward,
                    PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, 0},
+                   PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     [PDP__TANH] = {"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward, pdp__tanh_backward,
                    PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, 0},
+                   PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     [PDP__SIGMOID] = {"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
                       pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
-                      PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL, 0},
+                      PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL,
+                      PDP__LAYER_ELEMENTWISE},
     [PDP__DROPOUT] = {"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
                       pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
@@ -13422,7 +13446,8 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                      PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
     [PDP__MAXPOOL2D] = {"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
                         pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
-                        PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL, 0},
+                        PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL,
+                        PDP__LAYER_FUSABLE_POOL},
     [PDP__FLATTEN] = {"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                       pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
@@ -13455,6 +13480,20 @@ static const char *pdp__layer_kind_name(pdp__layer_kind k)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(k);
     return info && info->name ? info->name : "?";
+}
+
+/* "ReLU, GELU, Tanh, Sigmoid": the names of the kinds with flag, in table order, for
+   messages that say which kinds a place accepts. */
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
+{
+    size_t n = 0;
+    int k;
+    if (cap) buf[0] = '\0';
+    for (k = 0; k < PDP__LAYER_KIND_COUNT && n < cap; k++)
+        if (pdp__layer_kinds[k].flags & flag)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "",
+                                  pdp__layer_kinds[k].name);
+    return buf;
 }
 
 /* ---- layers_table: setup and initialisation ---- */
@@ -13893,28 +13932,34 @@ PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 
 /* ---- model: buffers ---- */
 
-/* Layer i is a ReLU that the layer before it (a Conv2d: PDP__LAYER_FUSES_RELU)
-   applies in its own forward and backward (CPU only; never the last layer, whose
-   output the caller reads): the ReLU is then a view, as Flatten, and is skipped.
-   Same bits as running it. */
+/* Whether layer i's kind has flag (PDP__LAYER_*). */
+static bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
+{
+    return (pdp__layer_kind_of(m->layers[i].kind)->flags & flag) != 0;
+}
+
+/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d:
+   PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
+   last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
+   is skipped. Same bits as running it. */
 static bool pdp__model_relu_fused(const pdp_model *m, int i)
 {
     return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
-           m->layers[i].kind == PDP__RELU &&
-           (pdp__layer_kind_of(m->layers[i - 1].kind)->flags & PDP__LAYER_FUSES_RELU);
+           pdp__model_flag(m, i, PDP__LAYER_FUSABLE_RELU) &&
+           pdp__model_flag(m, i - 1, PDP__LAYER_FUSES_RELU);
 }
 
-/* Layer i is a 2x2 stride-2 MaxPool2d over an even H and W after a fused ReLU,
-   which the Conv2d before that (PDP__LAYER_FUSES_POOL) applies too: the Conv2d
-   writes this layer's output and saved winners, and takes its output's gradient;
-   this layer is skipped, and the Conv2d's own output never exists. Same bits. */
+/* Layer i is a 2x2 stride-2 max pool (PDP__LAYER_FUSABLE_POOL: MaxPool2d) over an even
+   H and W after a fused ReLU, which the Conv2d before that (PDP__LAYER_FUSES_POOL)
+   applies too: the Conv2d writes this layer's output and saved winners, and takes its
+   output's gradient; this layer is skipped, and the Conv2d's own output never exists.
+   Same bits. */
 static bool pdp__model_pool_fused(const pdp_model *m, int i)
 {
     const pdp__layer *l = &m->layers[i];
-    return i > 1 && l->kind == PDP__MAXPOOL2D && l->kernel == 2 && l->stride == 2 &&
-           l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 &&
-           pdp__model_relu_fused(m, i - 1) &&
-           (pdp__layer_kind_of(m->layers[i - 2].kind)->flags & PDP__LAYER_FUSES_POOL);
+    return i > 1 && pdp__model_flag(m, i, PDP__LAYER_FUSABLE_POOL) && l->kernel == 2 &&
+           l->stride == 2 && l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 &&
+           pdp__model_relu_fused(m, i - 1) && pdp__model_flag(m, i - 2, PDP__LAYER_FUSES_POOL);
 }
 
 /* Layer i is the Conv2d that applies the pool two layers on (pdp__model_pool_fused). */
@@ -13927,8 +13972,7 @@ static bool pdp__model_pools(const pdp_model *m, int i)
    no buffer, no call. */
 static bool pdp__model_is_view(const pdp_model *m, int i)
 {
-    return (pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_VIEW) ||
-           pdp__model_relu_fused(m, i);
+    return pdp__model_flag(m, i, PDP__LAYER_VIEW) || pdp__model_relu_fused(m, i);
 }
 
 /* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
@@ -20008,19 +20052,19 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
     static const char *fn = "pdp_model_add_row_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__ROW_PARALLEL_LINEAR);
     pdp_status st;
+    char names[160];
     int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st; /* before the order checks: a wrapped model takes no layer at all */
-    for (i = m->nlayers - 1; i >= 0; i--) {
-        pdp__layer_kind k = m->layers[i].kind;
-        if (k == PDP__COLUMN_PARALLEL_LINEAR) break;
-        if (k != PDP__RELU && k != PDP__GELU && k != PDP__TANH && k != PDP__SIGMOID) i = 0;
+    for (i = m->nlayers - 1; i >= 0; i--) { /* back over the element-wise kinds (the table's) */
+        if (m->layers[i].kind == PDP__COLUMN_PARALLEL_LINEAR) break;
+        if (!(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_ELEMENTWISE)) i = 0;
     }
     if (i < 0 || m->layers[i].kind != PDP__COLUMN_PARALLEL_LINEAR)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a ColumnParallelLinear with only "
-                        "element-wise activations (ReLU, GELU, Tanh, Sigmoid) between", fn,
-                        m->nlayers);
+                        "element-wise activations (%s) between", fn, m->nlayers,
+                        pdp__layer_kinds_with(PDP__LAYER_ELEMENTWISE, names, sizeof names));
     l.out_features = out_features;
     l.tp_full = m->layers[i].tp_full;
     l.tp_lo = m->layers[i].tp_lo;

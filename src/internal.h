@@ -248,7 +248,9 @@ typedef struct pdp__param_shapes {
     int64_t wshape[4], bshape[4];
 } pdp__param_shapes;
 
-/* Flags of a layer kind (model.c plans with them). */
+/* Flags of a layer kind: every decision outside a kind's own code that depends on
+   what a kind is (model.c's views and fusions, tp.c's TP block, state_dict numbering)
+   reads these, never the kind's value. */
 #define PDP__LAYER_VIEW 1u       /* output = input seen again (Flatten): model.c aliases it
                                     and never calls forward or backward */
 #define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
@@ -260,7 +262,17 @@ typedef struct pdp__param_shapes {
                                     functions in Megatron-LM): the layers after it are named
                                     as if it were absent ("0.weight", "2.weight", ...) */
 #define PDP__LAYER_FUSES_POOL 16u /* with its fused ReLU, applies a following 2x2 stride-2
-                                     MaxPool2d itself (io->pool_y; model.c skips it) */
+                                     max pool (PDP__LAYER_FUSABLE_POOL) itself (io->pool_y;
+                                     model.c skips it) */
+#define PDP__LAYER_ELEMENTWISE 32u /* each output element is a fixed function of its input
+                                      element alone (no parameters, position or random
+                                      draw): it may sit on a TP shard, between a
+                                      ColumnParallelLinear and a RowParallelLinear (tp.c) */
+#define PDP__LAYER_FUSABLE_RELU 64u /* the ReLU a PDP__LAYER_FUSES_RELU kind applies when it
+                                       follows it (model.c: pdp__model_relu_fused) */
+#define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
+                                        PDP__LAYER_FUSES_POOL kind applies after its fused
+                                        ReLU when it is 2x2 stride 2 over an even H and W */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
@@ -292,6 +304,7 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
 static const char *pdp__layer_kind_name(pdp__layer_kind k);
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 
 typedef struct pdp__param_entry {

@@ -2,10 +2,19 @@
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
-   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags that model.c plans
-   with (a view; fuses a following ReLU). Nothing else in pdp switches over kinds:
-   model.c, dp.c and the executors go through pdp__layer_setup, pdp__layer_forward
-   and the other functions below, once per layer call (never per element).
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
+   fused, collective, unnumbered).
+
+   This table is the only place that knows what each kind is. Every decision elsewhere
+   that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
+   kinds between the split Linears, the state_dict numbering; and model.c, dp.c and the
+   executors run a layer through pdp__layer_setup, pdp__layer_forward and the other
+   functions below, once per layer call (never per element). A kind's value is named
+   elsewhere only by its own code: its constructor (model.c's pdp_model_add_*, tp.c's
+   for the TP kinds, whose order rules name the kinds they follow), the TP kinds' slices
+   (layers_tp.c, tp.c's checkpoints and width check), and the tests and
+   tests/fake_cuda, which build layers of a kind.
 
    Adding a layer kind takes:
    1. its code in layers.c (or a file of its own, listed in amalgamate.py before
@@ -41,16 +50,18 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                      PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
     [PDP__RELU] = {"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward, pdp__relu_backward,
                    PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL, 0},
+                   PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,
+                   PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU},
     [PDP__GELU] = {"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward, pdp__gelu_backward,
                    PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, 0},
+                   PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     [PDP__TANH] = {"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward, pdp__tanh_backward,
                    PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, 0},
+                   PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     [PDP__SIGMOID] = {"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
                       pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
-                      PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL, 0},
+                      PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL,
+                      PDP__LAYER_ELEMENTWISE},
     [PDP__DROPOUT] = {"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
                       pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
@@ -64,7 +75,8 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                      PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
     [PDP__MAXPOOL2D] = {"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
                         pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
-                        PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL, 0},
+                        PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL,
+                        PDP__LAYER_FUSABLE_POOL},
     [PDP__FLATTEN] = {"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                       pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
@@ -97,6 +109,20 @@ static const char *pdp__layer_kind_name(pdp__layer_kind k)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(k);
     return info && info->name ? info->name : "?";
+}
+
+/* "ReLU, GELU, Tanh, Sigmoid": the names of the kinds with flag, in table order, for
+   messages that say which kinds a place accepts. */
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
+{
+    size_t n = 0;
+    int k;
+    if (cap) buf[0] = '\0';
+    for (k = 0; k < PDP__LAYER_KIND_COUNT && n < cap; k++)
+        if (pdp__layer_kinds[k].flags & flag)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "",
+                                  pdp__layer_kinds[k].name);
+    return buf;
 }
 
 /* ---- layers_table: setup and initialisation ---- */
