@@ -16,16 +16,43 @@
    (layers_tp.c, tp.c's checkpoints and width check), and the tests and
    tests/fake_cuda, which build layers of a kind.
 
-   Adding a layer kind takes:
-   1. its code in layers.c (or a file of its own, listed in amalgamate.py before
-      this one, as layers_conv.c): setup, forward and backward, init when it has
-      parameters, and its CUDA entries under #ifdef PDP_CUDA (see layers.c's
-      conventions);
-   2. its value in pdp__layer_kind (internal.h) and its entry below;
-   3. its public constructor pdp_model_add_<kind> (model.h, model.c);
-   4. for CUDA: its kernels and their plain C functions in pdp_cuda.cu, declared in
-      cuda.h, and the same functions in tests/fake_cuda/fake_cuda.c, where each is a
-      few lines that rebuild the layer and run pdp's CPU entry through fake__layer.
+   Adding a layer kind takes (the commit that added SiLU shows every step):
+   1. math: a formula that the CPU and the CUDA kernels both compute goes into math.h as
+      `static inline PDP__HOSTDEV` helpers (forward and its gradient), so the CPU tests
+      cover the very code the kernels run;
+   2. its code in layers.c (or a file of its own, listed in amalgamate.py before this
+      one, as layers_conv.c): setup (pdp__layers_setup_same for a kind that keeps the
+      shape and checks nothing), init when it has parameters, CPU forward and backward
+      (they return PDP_OK, or a status whose message says what is wrong with the input;
+      model.c names the layer), and its CUDA entries under #ifdef PDP_CUDA (see
+      layers.c's conventions, and add the kind's to them when it has its own);
+   3. its value in pdp__layer_kind (internal.h), appended before
+      PDP__LAYER_KIND_COUNT, and its entry below with its flags (internal.h says what
+      each promises: an element-wise kind gets PDP__LAYER_ELEMENTWISE and is then
+      accepted inside a TP block with no edit to tp.c);
+   4. its public constructor pdp_model_add_<kind> (model.h, with a comment naming the
+      PyTorch module it equals; model.c, through pdp__layer_of and pdp__model_add);
+   5. CUDA: its kernels and their plain C functions in pdp_cuda.cu (an activation is a
+      pdp_cudak_act value in cuda.h and a case in pdp__act_fwd and pdp__act_bwd), declared
+      in cuda.h; the same functions in tests/fake_cuda/fake_cuda.c, where each is a few
+      lines that rebuild the layer and run pdp's CPU entry through fake__layer (an
+      activation: its kind in fake__act_kind). tests/cuda_emu needs no edit: it runs
+      pdp_cuda.cu as written (make emu-cuda-test runs the new kernels on the CPU);
+      make cuda compiles them with nvcc;
+   6. tests: in tests/test_layers.c, gradients against finite differences and the
+      forward against a naive loop (layers_activation_grads_match_finite_differences
+      and layers_linear_and_activations_match_naive take an activation; a kind of
+      another shape gets tests of its own), and its name in
+      layers_model_layer_name_names_every_layer (the table test covers the entry); a
+      PyTorch fixture: a line in tools/gen_fixtures.py, run as
+      `/usr/bin/python3 tools/gen_fixtures.py --out /tmp/fx`, copying only the new file
+      into tests/fixtures/ (the others were written by torch 1.13: keep their bytes),
+      and its case in tests/test_fixtures.c; in tests/test_cuda.c, a layer_case in
+      build() and case_name (cuda_layers_match_cpu: the GPU against the CPU, on emulated
+      GPUs under make emu-cuda-test and on real ones under tests/gpu/run.sh);
+   7. docs: the constructor's comment (model.h); wherever src/manual.txt, README.md and
+      the module comments list kinds (tp.h's table lists the element-wise ones); a line
+      in CHANGELOG.md; then python3 amalgamate.py.
    A kind without CUDA entries (NULL) works on the CPU; on a CUDA device its calls
    fail with PDP_ERR_UNSUPPORTED naming the layer.
 
