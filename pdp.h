@@ -629,6 +629,7 @@ PDP_API pdp_status pdp_model_add_relu(pdp_model *m);
 PDP_API pdp_status pdp_model_add_gelu(pdp_model *m);    /* tanh form (approximate='tanh') */
 PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
 PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
+PDP_API pdp_status pdp_model_add_silu(pdp_model *m);   /* x sigmoid(x), as torch.nn.SiLU */
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
 /* Normalises over all features of a sample; eps 0 means 1e-5. */
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps);
@@ -1750,7 +1751,8 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
        A       ColumnParallelLinear(H)        weight split by output features: rank r holds
                                               rows [lo_r, lo_r + n_r) of W1 [H, in] and of b1;
                                               output sharded: [B, n_r]
-       act     ReLU, GELU, Tanh or Sigmoid    element-wise, on the shard
+       act     ReLU, GELU, Tanh, Sigmoid or   element-wise (the table's PDP__LAYER_ELEMENTWISE
+               SiLU                           kinds), on the shard
        B       RowParallelLinear(d)           weight split by input features: rank r holds
                                               columns [lo_r, lo_r + n_r) of W2 [d, H]; output
                                               x_r W2_r^T, a partial sum; the bias (whole on
@@ -2441,7 +2443,8 @@ typedef enum pdp_cudak_act {
     PDP_CUDAK_RELU = 0,
     PDP_CUDAK_GELU = 1,
     PDP_CUDAK_TANH = 2,
-    PDP_CUDAK_SIGMOID = 3
+    PDP_CUDAK_SIGMOID = 3,
+    PDP_CUDAK_SILU = 4
 } pdp_cudak_act;
 
 typedef enum pdp_cudak_coll {
@@ -2667,6 +2670,16 @@ static inline PDP__HOSTDEV float pdp__sigmoid(float x)
 static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y)
 {
     return dy * y * (1.0f - y);
+}
+
+/* SiLU (swish; Elfwing et al. 2017, Ramachandran et al. 2017): x sigmoid(x), the
+   activation of modern MLPs (SwiGLU's gate). Its gradient from x, as PyTorch's
+   silu_backward: dy s (1 + x (1 - s)), s = sigmoid(x). */
+static inline PDP__HOSTDEV float pdp__silu(float x) { return x * pdp__sigmoid(x); }
+static inline PDP__HOSTDEV float pdp__silu_grad(float dy, float x)
+{
+    float s = pdp__sigmoid(x);
+    return dy * s * (1.0f + x * (1.0f - s));
 }
 
 /* ---- math: dropout masks ----
@@ -3059,6 +3072,7 @@ typedef enum pdp__layer_kind {
     PDP__COLUMN_PARALLEL_LINEAR,
     PDP__ROW_PARALLEL_LINEAR,
     PDP__TP_REDUCE,
+    PDP__SILU,                   /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -11411,7 +11425,8 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
    - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
-   - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
+   - GELU is the tanh form; SiLU is x sigmoid(x); the element formulas live in math.h
+     (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
      sample_base, draws exactly the masks one device draws. Training: keep with
@@ -11666,8 +11681,8 @@ static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
     pdp__parallel_for(parts, pdp__elem_part, &job);
 }
 
-/* ReLU, GELU, Tanh, Sigmoid: elements [lo, hi) of forward (y from x) and of
-   backward (dx from dy and y, or x for GELU). */
+/* ReLU, GELU, Tanh, Sigmoid, SiLU: elements [lo, hi) of forward (y from x) and of
+   backward (dx from dy and y, or x for GELU and SiLU). */
 static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                     int64_t hi)
 {
@@ -11748,6 +11763,26 @@ static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
 
+static void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__silu(x[i]);
+}
+
+static void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    for (i = 0; i < n; i++) dx[i] = pdp__silu_grad(dy[i], x[i]);
+}
+
 static pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
@@ -11796,8 +11831,20 @@ static pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io
     return PDP_OK;
 }
 
+static pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__silu_forward_range);
+    return PDP_OK;
+}
+
+static pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__silu_backward_range);
+    return PDP_OK;
+}
+
 #ifdef PDP_CUDA
-/* One kernel pair for the four, told which by pdp_cudak_act. */
+/* One kernel pair for the five, told which by pdp_cudak_act. */
 static pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
                                         pdp_cudak_act act)
 {
@@ -11850,6 +11897,16 @@ static pdp_status pdp__sigmoid_cuda_forward(const pdp__layer *l, const pdp__laye
 static pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SIGMOID);
+}
+
+static pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_SILU);
+}
+
+static pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_SILU);
 }
 #endif
 
@@ -13460,6 +13517,9 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                       pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL,
                       PDP__LAYER_ELEMENTWISE},
+    [PDP__SILU] = {"SiLU", pdp__layers_setup_same, NULL, pdp__silu_forward, pdp__silu_backward,
+                   PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
+                   PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     [PDP__DROPOUT] = {"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
                       pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
@@ -13917,6 +13977,11 @@ PDP_API pdp_status pdp_model_add_tanh(pdp_model *m)
 PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m)
 {
     return pdp__model_add(m, pdp__layer_of(PDP__SIGMOID), "pdp_model_add_sigmoid");
+}
+
+PDP_API pdp_status pdp_model_add_silu(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__SILU), "pdp_model_add_silu");
 }
 
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)

@@ -8,7 +8,8 @@
    - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
-   - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
+   - GELU is the tanh form; SiLU is x sigmoid(x); the element formulas live in math.h
+     (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
      sample_base, draws exactly the masks one device draws. Training: keep with
@@ -263,8 +264,8 @@ static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
     pdp__parallel_for(parts, pdp__elem_part, &job);
 }
 
-/* ReLU, GELU, Tanh, Sigmoid: elements [lo, hi) of forward (y from x) and of
-   backward (dx from dy and y, or x for GELU). */
+/* ReLU, GELU, Tanh, Sigmoid, SiLU: elements [lo, hi) of forward (y from x) and of
+   backward (dx from dy and y, or x for GELU and SiLU). */
 static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                     int64_t hi)
 {
@@ -345,6 +346,26 @@ static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
 
+static void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__silu(x[i]);
+}
+
+static void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    for (i = 0; i < n; i++) dx[i] = pdp__silu_grad(dy[i], x[i]);
+}
+
 static pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
@@ -393,8 +414,20 @@ static pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io
     return PDP_OK;
 }
 
+static pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__silu_forward_range);
+    return PDP_OK;
+}
+
+static pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__silu_backward_range);
+    return PDP_OK;
+}
+
 #ifdef PDP_CUDA
-/* One kernel pair for the four, told which by pdp_cudak_act. */
+/* One kernel pair for the five, told which by pdp_cudak_act. */
 static pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
                                         pdp_cudak_act act)
 {
@@ -447,6 +480,16 @@ static pdp_status pdp__sigmoid_cuda_forward(const pdp__layer *l, const pdp__laye
 static pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SIGMOID);
+}
+
+static pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_SILU);
+}
+
+static pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_SILU);
 }
 #endif
 

@@ -313,6 +313,11 @@ PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m)
     return pdp__model_add(m, pdp__layer_of(PDP__SIGMOID), "pdp_model_add_sigmoid");
 }
 
+PDP_API pdp_status pdp_model_add_silu(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__SILU), "pdp_model_add_silu");
+}
+
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
 {
     pdp__layer l = pdp__layer_of(PDP__DROPOUT);
