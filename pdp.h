@@ -770,6 +770,7 @@ PDP_API pdp_status pdp_model_add_relu(pdp_model *m);
 PDP_API pdp_status pdp_model_add_gelu(pdp_model *m);    /* tanh form (approximate='tanh') */
 PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
 PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
+PDP_API pdp_status pdp_model_add_silu(pdp_model *m);   /* x sigmoid(x), as torch.nn.SiLU */
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
 /* Normalises over all features of a sample; eps 0 means 1e-5. */
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps);
@@ -1901,7 +1902,8 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
        A       ColumnParallelLinear(H)        weight split by output features: rank r holds
                                               rows [lo_r, lo_r + n_r) of W1 [H, in] and of b1;
                                               output sharded: [B, n_r]
-       act     ReLU, GELU, Tanh or Sigmoid    element-wise, on the shard
+       act     ReLU, GELU, Tanh, Sigmoid or   element-wise (the table's PDP__LAYER_ELEMENTWISE
+               SiLU                           kinds), on the shard
        B       RowParallelLinear(d)           weight split by input features: rank r holds
                                               columns [lo_r, lo_r + n_r) of W2 [d, H]; output
                                               x_r W2_r^T, a partial sum; the bias (whole on
@@ -2604,7 +2606,8 @@ typedef enum pdp_cudak_act {
     PDP_CUDAK_RELU = 0,
     PDP_CUDAK_GELU = 1,
     PDP_CUDAK_TANH = 2,
-    PDP_CUDAK_SIGMOID = 3
+    PDP_CUDAK_SIGMOID = 3,
+    PDP_CUDAK_SILU = 4
 } pdp_cudak_act;
 
 typedef enum pdp_cudak_coll {
@@ -2908,6 +2911,16 @@ static inline PDP__HOSTDEV float pdp__sigmoid(float x)
 static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y)
 {
     return dy * y * (1.0f - y);
+}
+
+/* SiLU (swish; Elfwing et al. 2017, Ramachandran et al. 2017): x sigmoid(x), the
+   activation of modern MLPs (SwiGLU's gate). Its gradient from x, as PyTorch's
+   silu_backward: dy s (1 + x (1 - s)), s = sigmoid(x). */
+static inline PDP__HOSTDEV float pdp__silu(float x) { return x * pdp__sigmoid(x); }
+static inline PDP__HOSTDEV float pdp__silu_grad(float dy, float x)
+{
+    float s = pdp__sigmoid(x);
+    return dy * s * (1.0f + x * (1.0f - s));
 }
 
 /* ---- math: dropout masks ----
@@ -3305,6 +3318,7 @@ typedef enum pdp__layer_kind {
     PDP__COLUMN_PARALLEL_LINEAR,
     PDP__ROW_PARALLEL_LINEAR,
     PDP__TP_REDUCE,
+    PDP__SILU,                   /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -3355,8 +3369,6 @@ typedef struct pdp__layer_io {
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
-    pdp_status *status;  /* PDP__LAYER_COLLECTIVE kinds: where their failure goes (the table's
-                            dispatch points it at its own variable) */
 } pdp__layer_io;
 
 /* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
@@ -3365,32 +3377,47 @@ typedef struct pdp__param_shapes {
     int64_t wshape[4], bshape[4];
 } pdp__param_shapes;
 
-/* Flags of a layer kind (model.c plans with them). */
+/* Flags of a layer kind: every decision outside a kind's own code that depends on
+   what a kind is (model.c's views and fusions, tp.c's TP block, state_dict numbering)
+   reads these, never the kind's value. */
 #define PDP__LAYER_VIEW 1u       /* output = input seen again (Flatten): model.c aliases it
                                     and never calls forward or backward */
 #define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
                                     io->fused_relu (model.c then makes the ReLU a view) */
 #define PDP__LAYER_COLLECTIVE 4u /* runs a collective (TP's f and g): its CPU entries run on
                                     every device (the communicator moves the device's
-                                    buffers) and report a failure through io->status */
+                                    buffers) */
 #define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
                                     functions in Megatron-LM): the layers after it are named
                                     as if it were absent ("0.weight", "2.weight", ...) */
 #define PDP__LAYER_FUSES_POOL 16u /* with its fused ReLU, applies a following 2x2 stride-2
-                                     MaxPool2d itself (io->pool_y; model.c skips it) */
+                                     max pool (PDP__LAYER_FUSABLE_POOL) itself (io->pool_y;
+                                     model.c skips it) */
+#define PDP__LAYER_ELEMENTWISE 32u /* each output element is a fixed function of its input
+                                      element alone (no parameters, position or random
+                                      draw): it may sit on a TP shard, between a
+                                      ColumnParallelLinear and a RowParallelLinear (tp.c) */
+#define PDP__LAYER_FUSABLE_RELU 64u /* the ReLU a PDP__LAYER_FUSES_RELU kind applies when it
+                                       follows it (model.c: pdp__model_relu_fused) */
+#define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
+                                        PDP__LAYER_FUSES_POOL kind applies after its fused
+                                        ReLU when it is 2x2 stride 2 over an even H and W */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
    configuration and in_* (in: the input shape as text, for messages); init
    (NULL: no parameters) fills host memory w, b from r; forward and backward run on
-   the CPU; the CUDA entries (NULL: none) return pdp_cuda.cu's status; cuda_work
-   (NULL: none) is the workspace floats per sample pdp_cuda.cu's kernels need. */
+   the CPU and return PDP_OK, or a status whose message (pdp__err) says what is wrong
+   with the input without naming the layer (model.c prefixes "pdp_model_forward:
+   layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
+   entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
+   workspace floats per sample pdp_cuda.cu's kernels need. */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
     void (*init)(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-    void (*forward)(const pdp__layer *l, const pdp__layer_io *io);
-    void (*backward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*forward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*backward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_forward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
@@ -3406,6 +3433,7 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
 static const char *pdp__layer_kind_name(pdp__layer_kind k);
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 
 typedef struct pdp__param_entry {
@@ -3445,17 +3473,17 @@ static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
 static bool pdp__tp_is_split(const pdp_model *m, int p);
 
 static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
 #ifdef PDP_CUDA
 static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -11661,7 +11689,8 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
    - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
-   - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
+   - GELU is the tanh form; SiLU is x sigmoid(x); the element formulas live in math.h
+     (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
      sample_base, draws exactly the masks one device draws. Training: keep with
@@ -11672,7 +11701,9 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
      right after a Conv2d on the CPU (layers_conv.c).
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
-   sized by work_per_sample); backward accumulates into dw and db (+=) and writes
+   sized by work_per_sample) and return a status: PDP_OK, or an error whose message
+   says what is wrong with the input (model.c names the layer: "pdp_model_forward:
+   layer 3 (Linear): ..."); backward accumulates into dw and db (+=) and writes
    dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
    in a fixed order that does not depend on the thread count, so results are
    bit-reproducible. A setup starts from the output shape = the input shape and no
@@ -11824,7 +11855,7 @@ static void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
     pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
 }
 
-static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     float beta = 0.0f;
@@ -11834,9 +11865,10 @@ static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
+    return PDP_OK;
 }
 
-static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     /* dW += dY^T X */
@@ -11852,6 +11884,7 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
     if (io->dx) /* dX = dY W */
         (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy,
                                                 out, io->w, in, 0.0f, io->dx, in);
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -11912,8 +11945,8 @@ static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
     pdp__parallel_for(parts, pdp__elem_part, &job);
 }
 
-/* ReLU, GELU, Tanh, Sigmoid: elements [lo, hi) of forward (y from x) and of
-   backward (dx from dy and y, or x for GELU). */
+/* ReLU, GELU, Tanh, Sigmoid, SiLU: elements [lo, hi) of forward (y from x) and of
+   backward (dx from dy and y, or x for GELU and SiLU). */
 static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                     int64_t hi)
 {
@@ -11994,48 +12027,88 @@ static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
 
-static void pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__silu(x[i]);
+}
+
+static void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    for (i = 0; i < n; i++) dx[i] = pdp__silu_grad(dy[i], x[i]);
+}
+
+static pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__relu_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__gelu_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__gelu_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__tanh_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__tanh_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__sigmoid_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__sigmoid_backward_range);
+    return PDP_OK;
+}
+
+static pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__silu_forward_range);
+    return PDP_OK;
+}
+
+static pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__silu_backward_range);
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
-/* One kernel pair for the four, told which by pdp_cudak_act. */
+/* One kernel pair for the five, told which by pdp_cudak_act. */
 static pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
                                         pdp_cudak_act act)
 {
@@ -12089,6 +12162,16 @@ static pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__lay
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SIGMOID);
 }
+
+static pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_SILU);
+}
+
+static pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_SILU);
+}
 #endif
 
 /* ---- layers: Dropout ---- */
@@ -12102,14 +12185,14 @@ static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     uint32_t thr;
     float scale;
     if (!io->training || l->p == 0.0f) {
         if (io->y != io->x) memcpy(io->y, io->x, (size_t)(B * n) * sizeof(float));
-        return;
+        return PDP_OK;
     }
     thr = pdp__dropout_threshold(l->p);
     scale = 1.0f / (1.0f - l->p);
@@ -12122,19 +12205,21 @@ static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
             y[j] = x[j] * mask[j];
         });
     }
+    return PDP_OK;
 }
 
-static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t n = io->batch * l->in_count;
     const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
     float *PDP__RESTRICT dx = io->dx;
-    if (!dx) return;
+    if (!dx) return PDP_OK;
     if (!io->training || l->p == 0.0f) {
         memcpy(dx, dy, (size_t)n * sizeof(float));
-        return;
+        return PDP_OK;
     }
     PDP__FOR_BLOCKED(i, n, dx[i] = dy[i] * mask[i];);
+    return PDP_OK;
 }
 
 
@@ -12186,7 +12271,7 @@ static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng
     }
 }
 
-static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
@@ -12200,12 +12285,13 @@ static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
         io->saved[2 * s] = mean;
         io->saved[2 * s + 1] = rstd;
     }
+    return PDP_OK;
 }
 
 /* With xh = (x - mean) rstd and g = dy w:
    dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
    Two passes over each sample, nothing stored. */
-static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w;
@@ -12227,6 +12313,7 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
             });
         }
     }
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -12256,15 +12343,17 @@ static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static void pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
 }
 
-static void pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx && io->dx != io->dy)
         memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -13089,15 +13178,16 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     }
 }
 
-static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     pdp__conv_job_init(&job, l, io, false);
     pdp__parallel_for(job.parts, job.g.implicit ? pdp__conv_implicit_forward_part
                                                 : pdp__conv_forward_part, &job);
+    return PDP_OK;
 }
 
-static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     const pdp__conv_geom *g = &job.g;
@@ -13118,6 +13208,7 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
         if (io->db)
             for (o = 0; o < g->O; o++) io->db[o] += share[g->O * g->ckk + o];
     }
+    return PDP_OK;
 }
 
 /* ---- layers: Conv2d, setup and CUDA ---- */
@@ -13262,12 +13353,13 @@ static void pdp__maxpool_forward_part(void *argp, int i, int parts)
 }
 
 /* Split by channel plane over the intra-op threads. */
-static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
     job.l = l;
     job.io = io;
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_forward_part, &job);
+    return PDP_OK;
 }
 
 /* The channel planes of part i: zero, then scatter each output's gradient to its
@@ -13300,13 +13392,14 @@ static void pdp__maxpool_backward_part(void *argp, int i, int parts)
     }
 }
 
-static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
-    if (!io->dx) return;
+    if (!io->dx) return PDP_OK;
     job.l = l;
     job.io = io;
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_backward_part, &job);
+    return PDP_OK;
 }
 
 static pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
@@ -13415,12 +13508,11 @@ static pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t bat
     return PDP_OK;
 }
 
-/* dst <- src, count floats on io's device; a failure goes to *io->status. */
-static bool pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src, int64_t count)
+/* dst <- src, count floats on io's device. */
+static pdp_status pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src,
+                               int64_t count)
 {
-    pdp_status st = pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
-    if (st != PDP_OK) *io->status = st;
-    return st == PDP_OK;
+    return pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
 }
 
 static pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
@@ -13446,40 +13538,37 @@ static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, con
 /* f forward: identity. At the first forward (and after TP layers were added) the width
    check first: every TP rank built the same TP layers (f is the first TP layer of every
    block, so every rank reaches it before any other TP collective). */
-static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK) {
-        *io->status = st;
-        return;
-    }
-    pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
+    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK)
+        return st;
+    return pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
 }
 
 /* f backward: the input gradient is the sum of every rank's partial gradient (each rank's
    ColumnParallelLinear saw only its output slice). Nothing when no input gradient is
    needed (f is the first layer): every rank skips it alike. */
-static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (!io->dx || !pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count)) return;
-    if ((st = pdp__tp_allreduce(l, io->dx, io->batch, l->in_count, false)) != PDP_OK)
-        *io->status = st;
+    if (!io->dx) return PDP_OK;
+    if ((st = pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count)) != PDP_OK) return st;
+    return pdp__tp_allreduce(l, io->dx, io->batch, l->in_count, false);
 }
 
 /* g forward: the sum of every rank's partial output (RowParallelLinear's x_r W_r^T). */
-static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (!pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) return;
-    if ((st = pdp__tp_allreduce(l, io->y, io->batch, l->in_count, true)) != PDP_OK)
-        *io->status = st;
+    if ((st = pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) != PDP_OK) return st;
+    return pdp__tp_allreduce(l, io->y, io->batch, l->in_count, true);
 }
 
 /* g backward: identity (the output gradient is replicated). */
-static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    if (io->dx) pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count);
+    return io->dx ? pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count) : PDP_OK;
 }
 
 /* ---- tp: the column- and row-parallel Linears ---- */
@@ -13568,19 +13657,19 @@ static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
 }
 
 /* Backward of Linear, without the input gradient when f is the first layer. */
-static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp_skip_dx) run.dx = NULL;
-    pdp__linear_backward(l, &run);
+    return pdp__linear_backward(l, &run);
 }
 
 /* x_r W_r^T, plus the bias on TP rank 0 only: g's sum then adds it once. */
-static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp->rank != 0) run.b = NULL;
-    pdp__linear_forward(l, &run);
+    return pdp__linear_forward(l, &run);
 }
 
 #ifdef PDP_CUDA
@@ -13605,21 +13694,57 @@ static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
-   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags that model.c plans
-   with (a view; fuses a following ReLU). Nothing else in pdp switches over kinds:
-   model.c, dp.c and the executors go through pdp__layer_setup, pdp__layer_forward
-   and the other functions below, once per layer call (never per element).
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
+   fused, collective, unnumbered).
 
-   Adding a layer kind takes:
-   1. its code in layers.c (or a file of its own, listed in amalgamate.py before
-      this one, as layers_conv.c): setup, forward and backward, init when it has
-      parameters, and its CUDA entries under #ifdef PDP_CUDA (see layers.c's
-      conventions);
-   2. its value in pdp__layer_kind (internal.h) and its entry below;
-   3. its public constructor pdp_model_add_<kind> (model.h, model.c);
-   4. for CUDA: its kernels and their plain C functions in pdp_cuda.cu, declared in
-      cuda.h, and the same functions in tests/fake_cuda/fake_cuda.c, where each is a
-      few lines that rebuild the layer and run pdp's CPU entry through fake__layer.
+   This table is the only place that knows what each kind is. Every decision elsewhere
+   that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
+   kinds between the split Linears, the state_dict numbering; and model.c, dp.c and the
+   executors run a layer through pdp__layer_setup, pdp__layer_forward and the other
+   functions below, once per layer call (never per element). A kind's value is named
+   elsewhere only by its own code: its constructor (model.c's pdp_model_add_*, tp.c's
+   for the TP kinds, whose order rules name the kinds they follow), the TP kinds' slices
+   (layers_tp.c, tp.c's checkpoints and width check), and the tests and
+   tests/fake_cuda, which build layers of a kind.
+
+   Adding a layer kind takes (the commit that added SiLU shows every step):
+   1. math: a formula that the CPU and the CUDA kernels both compute goes into math.h as
+      `static inline PDP__HOSTDEV` helpers (forward and its gradient), so the CPU tests
+      cover the very code the kernels run;
+   2. its code in layers.c (or a file of its own, listed in amalgamate.py before this
+      one, as layers_conv.c): setup (pdp__layers_setup_same for a kind that keeps the
+      shape and checks nothing), init when it has parameters, CPU forward and backward
+      (they return PDP_OK, or a status whose message says what is wrong with the input;
+      model.c names the layer), and its CUDA entries under #ifdef PDP_CUDA (see
+      layers.c's conventions, and add the kind's to them when it has its own);
+   3. its value in pdp__layer_kind (internal.h), appended before
+      PDP__LAYER_KIND_COUNT, and its entry below with its flags (internal.h says what
+      each promises: an element-wise kind gets PDP__LAYER_ELEMENTWISE and is then
+      accepted inside a TP block with no edit to tp.c);
+   4. its public constructor pdp_model_add_<kind> (model.h, with a comment naming the
+      PyTorch module it equals; model.c, through pdp__layer_of and pdp__model_add);
+   5. CUDA: its kernels and their plain C functions in pdp_cuda.cu (an activation is a
+      pdp_cudak_act value in cuda.h and a case in pdp__act_fwd and pdp__act_bwd), declared
+      in cuda.h; the same functions in tests/fake_cuda/fake_cuda.c, where each is a few
+      lines that rebuild the layer and run pdp's CPU entry through fake__layer (an
+      activation: its kind in fake__act_kind). tests/cuda_emu needs no edit: it runs
+      pdp_cuda.cu as written (make emu-cuda-test runs the new kernels on the CPU);
+      make cuda compiles them with nvcc;
+   6. tests: in tests/test_layers.c, gradients against finite differences and the
+      forward against a naive loop (layers_activation_grads_match_finite_differences
+      and layers_linear_and_activations_match_naive take an activation; a kind of
+      another shape gets tests of its own), and its name in
+      layers_model_layer_name_names_every_layer (the table test covers the entry); a
+      PyTorch fixture: a line in tools/gen_fixtures.py, run as
+      `/usr/bin/python3 tools/gen_fixtures.py --out /tmp/fx`, copying only the new file
+      into tests/fixtures/ (the others were written by torch 1.13: keep their bytes),
+      and its case in tests/test_fixtures.c; in tests/test_cuda.c, a layer_case in
+      build() and case_name (cuda_layers_match_cpu: the GPU against the CPU, on emulated
+      GPUs under make emu-cuda-test and on real ones under tests/gpu/run.sh);
+   7. docs: the constructor's comment (model.h); wherever src/manual.txt, README.md and
+      the module comments list kinds (tp.h's table lists the element-wise ones); a line
+      in CHANGELOG.md; then python3 amalgamate.py.
    A kind without CUDA entries (NULL) works on the CPU; on a CUDA device its calls
    fail with PDP_ERR_UNSUPPORTED naming the layer.
 
@@ -13644,16 +13769,21 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                      PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
     [PDP__RELU] = {"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward, pdp__relu_backward,
                    PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL, 0},
+                   PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,
+                   PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU},
     [PDP__GELU] = {"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward, pdp__gelu_backward,
                    PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, 0},
+                   PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     [PDP__TANH] = {"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward, pdp__tanh_backward,
                    PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
-                   PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, 0},
+                   PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     [PDP__SIGMOID] = {"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
                       pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
-                      PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL, 0},
+                      PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL,
+                      PDP__LAYER_ELEMENTWISE},
+    [PDP__SILU] = {"SiLU", pdp__layers_setup_same, NULL, pdp__silu_forward, pdp__silu_backward,
+                   PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
+                   PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     [PDP__DROPOUT] = {"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
                       pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
@@ -13667,7 +13797,8 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                      PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
     [PDP__MAXPOOL2D] = {"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
                         pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
-                        PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL, 0},
+                        PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL,
+                        PDP__LAYER_FUSABLE_POOL},
     [PDP__FLATTEN] = {"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                       pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
                       PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
@@ -13700,6 +13831,20 @@ static const char *pdp__layer_kind_name(pdp__layer_kind k)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(k);
     return info && info->name ? info->name : "?";
+}
+
+/* "ReLU, GELU, Tanh, Sigmoid": the names of the kinds with flag, in table order, for
+   messages that say which kinds a place accepts. */
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
+{
+    size_t n = 0;
+    int k;
+    if (cap) buf[0] = '\0';
+    for (k = 0; k < PDP__LAYER_KIND_COUNT && n < cap; k++)
+        if (pdp__layer_kinds[k].flags & flag)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "",
+                                  pdp__layer_kinds[k].name);
+    return buf;
 }
 
 /* ---- layers_table: setup and initialisation ---- */
@@ -13760,38 +13905,25 @@ static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
 #endif
 }
 
-/* A PDP__LAYER_COLLECTIVE kind's call, on any device: its failure comes back through
-   io->status, pointed at a variable of this call. */
-static pdp_status pdp__layer_collective(const pdp__layer *l, const pdp__layer_io *io,
-                                        void (*fn)(const pdp__layer *, const pdp__layer_io *))
-{
-    pdp_status st = PDP_OK;
-    pdp__layer_io run = *io;
-    run.status = &st;
-    fn(l, &run);
-    return st;
-}
-
 /* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
-   CPU memory. A collective kind's host entry runs on every device. */
+   CPU memory. A collective kind's host entry runs on every device. Either entry's
+   status comes back as it is (the caller names the layer). */
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->forward);
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_forward);
-    info->forward(l, io);
-    return PDP_OK;
+    if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
+        return pdp__layer_cuda(l, io, info->cuda_forward);
+    return info->forward(l, io);
 }
 
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->backward);
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_backward);
-    info->backward(l, io);
-    return PDP_OK;
+    if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
+        return pdp__layer_cuda(l, io, info->cuda_backward);
+    return info->backward(l, io);
 }
 /* ---- end src/layers_table.c ---- */
 
@@ -14111,6 +14243,11 @@ PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m)
     return pdp__model_add(m, pdp__layer_of(PDP__SIGMOID), "pdp_model_add_sigmoid");
 }
 
+PDP_API pdp_status pdp_model_add_silu(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__SILU), "pdp_model_add_silu");
+}
+
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
 {
     pdp__layer l = pdp__layer_of(PDP__DROPOUT);
@@ -14151,28 +14288,34 @@ PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 
 /* ---- model: buffers ---- */
 
-/* Layer i is a ReLU that the layer before it (a Conv2d: PDP__LAYER_FUSES_RELU)
-   applies in its own forward and backward (CPU only; never the last layer, whose
-   output the caller reads): the ReLU is then a view, as Flatten, and is skipped.
-   Same bits as running it. */
+/* Whether layer i's kind has flag (PDP__LAYER_*). */
+static bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
+{
+    return (pdp__layer_kind_of(m->layers[i].kind)->flags & flag) != 0;
+}
+
+/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d:
+   PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
+   last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
+   is skipped. Same bits as running it. */
 static bool pdp__model_relu_fused(const pdp_model *m, int i)
 {
     return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
-           m->layers[i].kind == PDP__RELU &&
-           (pdp__layer_kind_of(m->layers[i - 1].kind)->flags & PDP__LAYER_FUSES_RELU);
+           pdp__model_flag(m, i, PDP__LAYER_FUSABLE_RELU) &&
+           pdp__model_flag(m, i - 1, PDP__LAYER_FUSES_RELU);
 }
 
-/* Layer i is a 2x2 stride-2 MaxPool2d over an even H and W after a fused ReLU,
-   which the Conv2d before that (PDP__LAYER_FUSES_POOL) applies too: the Conv2d
-   writes this layer's output and saved winners, and takes its output's gradient;
-   this layer is skipped, and the Conv2d's own output never exists. Same bits. */
+/* Layer i is a 2x2 stride-2 max pool (PDP__LAYER_FUSABLE_POOL: MaxPool2d) over an even
+   H and W after a fused ReLU, which the Conv2d before that (PDP__LAYER_FUSES_POOL)
+   applies too: the Conv2d writes this layer's output and saved winners, and takes its
+   output's gradient; this layer is skipped, and the Conv2d's own output never exists.
+   Same bits. */
 static bool pdp__model_pool_fused(const pdp_model *m, int i)
 {
     const pdp__layer *l = &m->layers[i];
-    return i > 1 && l->kind == PDP__MAXPOOL2D && l->kernel == 2 && l->stride == 2 &&
-           l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 &&
-           pdp__model_relu_fused(m, i - 1) &&
-           (pdp__layer_kind_of(m->layers[i - 2].kind)->flags & PDP__LAYER_FUSES_POOL);
+    return i > 1 && pdp__model_flag(m, i, PDP__LAYER_FUSABLE_POOL) && l->kernel == 2 &&
+           l->stride == 2 && l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 &&
+           pdp__model_relu_fused(m, i - 1) && pdp__model_flag(m, i - 2, PDP__LAYER_FUSES_POOL);
 }
 
 /* Layer i is the Conv2d that applies the pool two layers on (pdp__model_pool_fused). */
@@ -14185,8 +14328,7 @@ static bool pdp__model_pools(const pdp_model *m, int i)
    no buffer, no call. */
 static bool pdp__model_is_view(const pdp_model *m, int i)
 {
-    return (pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_VIEW) ||
-           pdp__model_relu_fused(m, i);
+    return pdp__model_flag(m, i, PDP__LAYER_VIEW) || pdp__model_relu_fused(m, i);
 }
 
 /* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
@@ -20297,19 +20439,19 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
     static const char *fn = "pdp_model_add_row_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__ROW_PARALLEL_LINEAR);
     pdp_status st;
+    char names[160];
     int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st; /* before the order checks: a wrapped model takes no layer at all */
-    for (i = m->nlayers - 1; i >= 0; i--) {
-        pdp__layer_kind k = m->layers[i].kind;
-        if (k == PDP__COLUMN_PARALLEL_LINEAR) break;
-        if (k != PDP__RELU && k != PDP__GELU && k != PDP__TANH && k != PDP__SIGMOID) i = 0;
+    for (i = m->nlayers - 1; i >= 0; i--) { /* back over the element-wise kinds (the table's) */
+        if (m->layers[i].kind == PDP__COLUMN_PARALLEL_LINEAR) break;
+        if (!(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_ELEMENTWISE)) i = 0;
     }
     if (i < 0 || m->layers[i].kind != PDP__COLUMN_PARALLEL_LINEAR)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a ColumnParallelLinear with only "
-                        "element-wise activations (ReLU, GELU, Tanh, Sigmoid) between", fn,
-                        m->nlayers);
+                        "element-wise activations (%s) between", fn, m->nlayers,
+                        pdp__layer_kinds_with(PDP__LAYER_ELEMENTWISE, names, sizeof names));
     l.out_features = out_features;
     l.tp_full = m->layers[i].tp_full;
     l.tp_lo = m->layers[i].tp_lo;

@@ -195,6 +195,7 @@ typedef enum pdp__layer_kind {
     PDP__COLUMN_PARALLEL_LINEAR,
     PDP__ROW_PARALLEL_LINEAR,
     PDP__TP_REDUCE,
+    PDP__SILU,                   /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -245,8 +246,6 @@ typedef struct pdp__layer_io {
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
-    pdp_status *status;  /* PDP__LAYER_COLLECTIVE kinds: where their failure goes (the table's
-                            dispatch points it at its own variable) */
 } pdp__layer_io;
 
 /* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
@@ -255,32 +254,47 @@ typedef struct pdp__param_shapes {
     int64_t wshape[4], bshape[4];
 } pdp__param_shapes;
 
-/* Flags of a layer kind (model.c plans with them). */
+/* Flags of a layer kind: every decision outside a kind's own code that depends on
+   what a kind is (model.c's views and fusions, tp.c's TP block, state_dict numbering)
+   reads these, never the kind's value. */
 #define PDP__LAYER_VIEW 1u       /* output = input seen again (Flatten): model.c aliases it
                                     and never calls forward or backward */
 #define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
                                     io->fused_relu (model.c then makes the ReLU a view) */
 #define PDP__LAYER_COLLECTIVE 4u /* runs a collective (TP's f and g): its CPU entries run on
                                     every device (the communicator moves the device's
-                                    buffers) and report a failure through io->status */
+                                    buffers) */
 #define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
                                     functions in Megatron-LM): the layers after it are named
                                     as if it were absent ("0.weight", "2.weight", ...) */
 #define PDP__LAYER_FUSES_POOL 16u /* with its fused ReLU, applies a following 2x2 stride-2
-                                     MaxPool2d itself (io->pool_y; model.c skips it) */
+                                     max pool (PDP__LAYER_FUSABLE_POOL) itself (io->pool_y;
+                                     model.c skips it) */
+#define PDP__LAYER_ELEMENTWISE 32u /* each output element is a fixed function of its input
+                                      element alone (no parameters, position or random
+                                      draw): it may sit on a TP shard, between a
+                                      ColumnParallelLinear and a RowParallelLinear (tp.c) */
+#define PDP__LAYER_FUSABLE_RELU 64u /* the ReLU a PDP__LAYER_FUSES_RELU kind applies when it
+                                       follows it (model.c: pdp__model_relu_fused) */
+#define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
+                                        PDP__LAYER_FUSES_POOL kind applies after its fused
+                                        ReLU when it is 2x2 stride 2 over an even H and W */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
    configuration and in_* (in: the input shape as text, for messages); init
    (NULL: no parameters) fills host memory w, b from r; forward and backward run on
-   the CPU; the CUDA entries (NULL: none) return pdp_cuda.cu's status; cuda_work
-   (NULL: none) is the workspace floats per sample pdp_cuda.cu's kernels need. */
+   the CPU and return PDP_OK, or a status whose message (pdp__err) says what is wrong
+   with the input without naming the layer (model.c prefixes "pdp_model_forward:
+   layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
+   entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
+   workspace floats per sample pdp_cuda.cu's kernels need. */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
     void (*init)(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-    void (*forward)(const pdp__layer *l, const pdp__layer_io *io);
-    void (*backward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*forward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*backward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_forward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
@@ -296,6 +310,7 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
 static const char *pdp__layer_kind_name(pdp__layer_kind k);
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 
 typedef struct pdp__param_entry {
@@ -335,17 +350,17 @@ static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
 static bool pdp__tp_is_split(const pdp_model *m, int p);
 
 static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
 #ifdef PDP_CUDA
 static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);

@@ -62,6 +62,16 @@ static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y)
     return dy * y * (1.0f - y);
 }
 
+/* SiLU (swish; Elfwing et al. 2017, Ramachandran et al. 2017): x sigmoid(x), the
+   activation of modern MLPs (SwiGLU's gate). Its gradient from x, as PyTorch's
+   silu_backward: dy s (1 + x (1 - s)), s = sigmoid(x). */
+static inline PDP__HOSTDEV float pdp__silu(float x) { return x * pdp__sigmoid(x); }
+static inline PDP__HOSTDEV float pdp__silu_grad(float dy, float x)
+{
+    float s = pdp__sigmoid(x);
+    return dy * s * (1.0f + x * (1.0f - s));
+}
+
 /* ---- math: dropout masks ----
    The mask bit of element j of sample s is a pure function of
    (seed, layer, step, s, j): a counter-based generator in the style of

@@ -47,6 +47,7 @@ PDP_API pdp_status pdp_model_add_relu(pdp_model *m);
 PDP_API pdp_status pdp_model_add_gelu(pdp_model *m);    /* tanh form (approximate='tanh') */
 PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
 PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
+PDP_API pdp_status pdp_model_add_silu(pdp_model *m);   /* x sigmoid(x), as torch.nn.SiLU */
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
 /* Normalises over all features of a sample; eps 0 means 1e-5. */
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps);

@@ -191,13 +191,13 @@ static double model_rel_err(const pdp_model *gpu, const pdp_model *cpu, int whic
    10 x 10 image, whose last row and column no window reaches (k 3, stride 2, no
    padding): col2im and the pooling backward must skip window positions past
    Ho - 1 there, which the 9 x 9 cases never meet. */
-typedef enum { L_LINEAR, L_RELU, L_GELU, L_TANH, L_SIGMOID, L_DROPOUT, L_LAYERNORM, L_CONV,
-               L_MAXPOOL, L_MAXPOOL_OVERLAP, L_FLATTEN, L_CONV_EDGE, L_MAXPOOL_EDGE,
+typedef enum { L_LINEAR, L_RELU, L_GELU, L_TANH, L_SIGMOID, L_SILU, L_DROPOUT, L_LAYERNORM,
+               L_CONV, L_MAXPOOL, L_MAXPOOL_OVERLAP, L_FLATTEN, L_CONV_EDGE, L_MAXPOOL_EDGE,
                L_COUNT } layer_case;
 
-static const char *case_name[L_COUNT] = {"Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Dropout",
-                                         "LayerNorm", "Conv2d", "MaxPool2d", "MaxPool2d(3,2)",
-                                         "Flatten", "Conv2d(3,2,0) on 10x10",
+static const char *case_name[L_COUNT] = {"Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "SiLU",
+                                         "Dropout", "LayerNorm", "Conv2d", "MaxPool2d",
+                                         "MaxPool2d(3,2)", "Flatten", "Conv2d(3,2,0) on 10x10",
                                          "MaxPool2d(3,2) on 10x10"};
 
 static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
@@ -229,6 +229,7 @@ static pdp_status build(pdp_model **out, layer_case k, pdp_device dev)
         case L_GELU: st = pdp_model_add_gelu(m); break;
         case L_TANH: st = pdp_model_add_tanh(m); break;
         case L_SIGMOID: st = pdp_model_add_sigmoid(m); break;
+        case L_SILU: st = pdp_model_add_silu(m); break;
         case L_DROPOUT: st = pdp_model_add_dropout(m, 0.3f); break;
         case L_LAYERNORM: st = pdp_model_add_layernorm(m, 1e-5f); break;
         case L_CONV: st = pdp_model_add_conv2d(m, 4, 3, 2, 1); break;
