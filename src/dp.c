@@ -13,15 +13,12 @@
    Threads. One worker per replica ("one host thread per device"): workers
    1..N-1 are persistent threads created by pdp_dp_create and reused by every
    step; worker 0, which runs the master's replica and the first slice of the
-   reduce, is the calling thread itself. A job is handed off under one mutex: the
-   caller writes the job, bumps `generation` and broadcasts `wake`, runs worker
-   0's part, then waits for `pending` to reach zero; each worker runs its part
-   and decrements `pending`, the last one signals `done`. Both sides spin a
-   while before they sleep (pdp__spin_while, as the intra-op pool does):
-   generation, pending and stop are only written with atomic stores under the
-   lock and read outside it only while spinning; shards and results are written
-   before the handoff under the lock, so every other read is ordered by the mutex
-   (TSan clean). Each worker sets its own intra-op thread count
+   reduce, is the calling thread itself. The workers are a pdp__team (threads.c),
+   the hand-off the intra-op pool uses too: pdp__dp_run_job publishes the job as
+   a new generation, runs worker 0's part, and returns when every worker has run
+   its part; both sides spin a while before they sleep. Shards are written
+   before the hand-off and results read after it, so the team's mutex orders
+   every read (TSan clean). Each worker sets its own intra-op thread count
    (threads_per_worker, default 1), since that setting is per thread; the caller
    switches to it for its part and back.
 
@@ -87,9 +84,6 @@ typedef enum pdp__dp_job {
 typedef struct pdp__dp_worker {
     pdp_dp *dp;
     int index;
-    pthread_t tid;
-    bool started;
-    unsigned long seen;  /* the last generation this worker ran (0 before the first job) */
     pdp_device device;
     pdp_model *replica;  /* index 0: the master itself */
     /* written by scatter (caller), read by the worker */
@@ -119,14 +113,8 @@ struct pdp_dp {
                             in flight to the reduce (CUDA, replicas on other devices) */
     int64_t classes;
     pdp__dp_worker *workers;
-    /* the handoff; the fields below up to `stop` are guarded by lock */
-    pthread_mutex_t lock;
-    pthread_cond_t wake, done;
-    bool sync_ok;
-    unsigned long generation; /* generation, pending and stop: atomic stores only */
-    pdp__dp_job job;
-    int pending;
-    int stop;
+    pdp__team team;      /* members 1..n-1 are workers 1..n-1 (threads.c) */
+    pdp__dp_job job;     /* the job pdp__dp_run_job hands to the team */
     /* this step, set by the caller before the handoff */
     int64_t batch;
     int active;          /* replicas with at least one sample */
@@ -272,69 +260,25 @@ static void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
     }
 }
 
-/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
-   caller for its workers. */
-static bool pdp__dp_no_new_job(const void *worker)
+/* The team's job: worker i's part, with the workers' intra-op thread count (the
+   caller switches to it for its part and back; a worker thread keeps it). */
+static void pdp__dp_team_job(void *arg, int i, int n)
 {
-    const pdp__dp_worker *w = (const pdp__dp_worker *)worker;
-    return PDP__LOAD_ACQ(&w->dp->generation) == w->seen && !PDP__LOAD_ACQ(&w->dp->stop);
-}
-
-static bool pdp__dp_jobs_pending(const void *dp)
-{
-    return PDP__LOAD_ACQ(&((const pdp_dp *)dp)->pending) > 0;
-}
-
-/* Workers 1..n-1: wait for a generation, run their part, report; between jobs they
-   spin a while (pdp__spin_while) before they sleep on wake. */
-static void *pdp__dp_worker_main(void *arg)
-{
-    pdp__dp_worker *w = (pdp__dp_worker *)arg;
-    pdp_dp *dp = w->dp;
+    pdp_dp *dp = (pdp_dp *)arg;
+    int threads = pdp_get_num_threads();
+    (void)n;
     pdp_set_num_threads(dp->threads_per_worker);
-    pthread_mutex_lock(&dp->lock);
-    for (;;) {
-        pdp__dp_job job;
-        if (dp->generation == w->seen && !dp->stop) { /* spin a while, then sleep */
-            pthread_mutex_unlock(&dp->lock);
-            pdp__spin_while(pdp__dp_no_new_job, w);
-            pthread_mutex_lock(&dp->lock);
-        }
-        while (dp->generation == w->seen && !dp->stop) pthread_cond_wait(&dp->wake, &dp->lock);
-        if (dp->stop) break;
-        w->seen = dp->generation;
-        job = dp->job;
-        pthread_mutex_unlock(&dp->lock);
-        pdp__dp_do_job(w, job);
-        pthread_mutex_lock(&dp->lock);
-        PDP__STORE_REL(&dp->pending, dp->pending - 1);
-        if (dp->pending == 0) pthread_cond_signal(&dp->done);
-    }
-    pthread_mutex_unlock(&dp->lock);
-    return NULL;
+    pdp__dp_do_job(&dp->workers[i], dp->job);
+    if (i == 0) pdp_set_num_threads(threads);
 }
 
-/* Runs one job: hands it to workers 1..n-1, runs worker 0's part on the calling
-   thread (with the workers' intra-op thread count), and waits until all are done. */
+/* Runs one job: hands it to workers 1..n-1 (the team), runs worker 0's part on the
+   calling thread, and waits until all are done. */
 static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 {
-    int caller_threads = pdp_get_num_threads();
     double c0 = pdp__dp_thread_cpu();
-    pthread_mutex_lock(&dp->lock);
     dp->job = job;
-    PDP__STORE_REL(&dp->pending, dp->n - 1);
-    PDP__STORE_REL(&dp->generation, dp->generation + 1);
-    pthread_cond_broadcast(&dp->wake);
-    pthread_mutex_unlock(&dp->lock);
-
-    pdp_set_num_threads(dp->threads_per_worker);
-    pdp__dp_do_job(&dp->workers[0], job);
-    pdp_set_num_threads(caller_threads);
-
-    pdp__spin_while(pdp__dp_jobs_pending, dp);
-    pthread_mutex_lock(&dp->lock);
-    while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->lock);
-    pthread_mutex_unlock(&dp->lock);
+    pdp__team_run(&dp->team, dp->n, pdp__dp_team_job, dp);
     dp->jobs_cpu += pdp__dp_thread_cpu() - c0;
 }
 
@@ -343,14 +287,7 @@ static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 static void pdp__dp_destroy(pdp_dp *dp)
 {
     int i;
-    if (dp->sync_ok) {
-        pthread_mutex_lock(&dp->lock);
-        PDP__STORE_REL(&dp->stop, 1);
-        pthread_cond_broadcast(&dp->wake);
-        pthread_mutex_unlock(&dp->lock);
-    }
-    for (i = 0; i < dp->n; i++)
-        if (dp->workers && dp->workers[i].started) pthread_join(dp->workers[i].tid, NULL);
+    pdp__team_free(&dp->team); /* stops and joins every worker thread */
     for (i = 0; dp->workers && i < dp->n; i++) {
         pdp__dp_worker *w = &dp->workers[i];
         if (i > 0) pdp_model_free(w->replica);
@@ -361,11 +298,6 @@ static void pdp__dp_destroy(pdp_dp *dp)
         pdp__dev_free(dp->master->device, dp->out_block);
         pdp__dev_free(dp->master->device, dp->stage);
         pdp__model_unwrap(dp->master); /* the caller's again: layers may be added */
-    }
-    if (dp->sync_ok) {
-        pthread_cond_destroy(&dp->done);
-        pthread_cond_destroy(&dp->wake);
-        pthread_mutex_destroy(&dp->lock);
     }
     pdp__dealloc(dp->workers);
     pdp__dealloc(dp);
@@ -455,17 +387,10 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         pdp__dp_destroy(dp);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory for %d workers", n);
     }
-    if (pthread_mutex_init(&dp->lock, NULL) != 0) goto sync_fail;
-    if (pthread_cond_init(&dp->wake, NULL) != 0) {
-        pthread_mutex_destroy(&dp->lock);
-        goto sync_fail;
+    if (pdp__team_init(&dp->team) != 0) {
+        pdp__dp_destroy(dp);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: cannot create a mutex or condition");
     }
-    if (pthread_cond_init(&dp->done, NULL) != 0) {
-        pthread_cond_destroy(&dp->wake);
-        pthread_mutex_destroy(&dp->lock);
-        goto sync_fail;
-    }
-    dp->sync_ok = true;
 
     /* replicas: 0 is the master; the others are clones on their devices */
     for (i = 0; i < n; i++) {
@@ -491,24 +416,20 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
             return pdp__err_wrap(st, "pdp_dp_create: the reduce's staging block");
         }
     }
-    for (i = 1; i < n; i++) { /* worker 0 is the calling thread */
-        pdp__dp_worker *w = &dp->workers[i];
-        int rc = pthread_create(&w->tid, NULL, pdp__dp_worker_main, w);
+    { /* worker 0 is the calling thread */
+        int rc = pdp__team_grow(&dp->team, n - 1);
         if (rc != 0) {
+            int made = dp->team.nworkers + 1;
             pdp__dp_destroy(dp);
             return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: worker %d: pthread_create: %s",
-                            i, strerror(rc));
+                            made, strerror(rc));
         }
-        w->started = true;
     }
     dp->stats.num_workers = n;
     dp->stats.params_shared = !dp->copy_params;
     pdp__dp_memory(dp);
     *out = dp;
     return PDP_OK;
-sync_fail:
-    pdp__dp_destroy(dp);
-    return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: cannot create a mutex or condition");
 }
 
 PDP_API void pdp_dp_free(pdp_dp *dp)
