@@ -276,7 +276,9 @@
    In every desc, zero means the default. A value outside a field's documented
    range (negative where it must be positive, NaN, infinite) fails with
    PDP_ERR_INVALID naming the function and the field; it is never clamped or
-   silently replaced.
+   silently replaced. The object's get_desc returns the desc in use, every default
+   filled in (pdp_model_, pdp_optim_, pdp_batcher_, pdp_comm_, pdp_dp_, pdp_ddp_,
+   pdp_zero_ and pdp_pp_get_desc).
 
    NON-GOALS
    =========
@@ -618,6 +620,9 @@ typedef struct pdp_model_desc {
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
 PDP_API void pdp_model_free(pdp_model *m);
+/* The desc in use (sokol's query-defaults): input_ndim resolved, input_shape's unused
+   entries 0, precision the current one. A zero desc for NULL. */
+PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m);
 
 /* Layers, appended in order. Each validates against the current output shape and
    initialises its parameters as PyTorch does (Kaiming uniform with a = sqrt(5)
@@ -904,6 +909,10 @@ typedef struct pdp_batcher_desc {
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
                                       const pdp_batcher_desc *desc);
 PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
+/* The desc in use, defaults filled in (sokol's query-defaults); indices points at the
+   batcher's own copy of the index list (0..count-1 when none was given), num_indices
+   its length; valid until pdp_batcher_free. A zero desc for NULL. */
+PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b);
 /* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
    batcher's buffer and *labels points at its n labels, both valid until the next
    call. Returns false, with *n = 0, when the epoch is over; call
@@ -1189,6 +1198,10 @@ PDP_API int pdp_comm_rank(const pdp_comm *c);
 PDP_API int pdp_comm_size(const pdp_comm *c);
 PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c);
 PDP_API double pdp_comm_timeout(const pdp_comm *c); /* seconds */
+/* The desc in use, defaults filled in (sokol's query-defaults): the backend that
+   runs it, timeout_s, device, and name (the communicator's own string, valid until it
+   is freed); log and log_user are not kept (NULL). A zero desc for NULL. */
+PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c);
 
 /* In place: buf <- op over ranks of buf. */
 PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
@@ -1378,6 +1391,10 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
 /* Stops and joins the workers, frees the replicas (never the master). NULL is fine. */
 PDP_API void pdp_dp_free(pdp_dp *dp);
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp);
+/* The desc in use, defaults filled in (sokol's query-defaults): num_workers resolved,
+   threads_per_worker >= 1; devices is dp's own copy (NULL when none was given), valid
+   until pdp_dp_free. A zero desc for NULL. */
+PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp);
 
 /* One training step for classification on the global batch x [B, ...] with B
    labels in host memory (x on the master's device, or on the host for a GPU
@@ -1559,6 +1576,9 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
                                   const pdp_ddp_desc *desc);
 /* Waits for buckets still in flight, removes the hook. NULL is fine. */
 PDP_API void pdp_ddp_free(pdp_ddp *ddp);
+/* The desc in use, defaults filled in (sokol's query-defaults): bucket_cap_mb and
+   first_bucket_mb in MiB. A zero desc for NULL. */
+PDP_API pdp_ddp_desc pdp_ddp_get_desc(const pdp_ddp *ddp);
 
 /* Forward, softmax cross-entropy (mean over this rank's batch: *loss) and backward on
    this rank's shard (under PDP_BATCH_MEAN_GLOBAL its gradient weighted by N n_r / T,
@@ -2048,6 +2068,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
    caller's again (layers may be added; pdp_model_param views taken while wrapped are
    stale). Not collective. NULL is fine. */
 PDP_API void pdp_zero_free(pdp_zero *z);
+/* The desc in use, defaults filled in (sokol's query-defaults): grad_buffers cut to the
+   units there are (0 at stage 1), param_buffers 0 below stage 3. A zero desc for NULL. */
+PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
    (pdp_optim_step refuses it). Free it with pdp_optim_free. */
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z,
@@ -2291,6 +2314,11 @@ typedef struct pdp_pp_desc {
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
+/* The desc in use, defaults filled in (sokol's query-defaults): micro_batches and
+   balance_batch resolved; first_layer points at the split in use (pp's own array of
+   stages + 1 entries, the last the number of layers), valid until pdp_pp_free. A zero
+   desc for NULL. */
+PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp);
 
 /* One pipeline pass over a batch of B >= m rows cut into m micro-batches (the first
    B % m one row larger): forward, loss and backward, the gradients accumulated (+=)
@@ -11456,6 +11484,20 @@ PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
 }
 PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
 
+/* Built from the head every backend fills (its defaults: pdp__comm_desc_timeout and
+   each backend's create); log is not kept by a communicator. */
+PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c)
+{
+    pdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    if (!c) return d;
+    d.backend = c->backend;
+    d.timeout_s = c->timeout_s;
+    d.device = c->device;
+    d.name = c->name;
+    return d;
+}
+
 PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
 {
     if (!out) return;
@@ -13701,6 +13743,22 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     m->training = true;
     *out = m;
     return PDP_OK;
+}
+
+/* The desc the model was made by, as in use: input_ndim and input_shape resolved,
+   precision the current one (pdp_model_set_precision may change it). */
+PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
+{
+    pdp_model_desc d;
+    int i;
+    memset(&d, 0, sizeof d);
+    if (!m) return d;
+    d.input_ndim = m->in_ndim;
+    for (i = 0; i < m->in_ndim; i++) d.input_shape[i] = m->in_shape[i];
+    d.seed = m->seed;
+    d.device = m->device;
+    d.precision = m->precision;
+    return d;
 }
 
 static void pdp__model_free_buffers(pdp_model *m)
@@ -16322,6 +16380,14 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     return PDP_OK;
 }
 
+PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b)
+{
+    pdp_batcher_desc d;
+    if (b) return b->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
 PDP_API void pdp_batcher_free(pdp_batcher *b)
 {
     if (!b) return;
@@ -18072,6 +18138,8 @@ typedef struct pdp__dp_worker {
 
 struct pdp_dp {
     pdp_model *master;
+    pdp_dp_desc desc;    /* defaults filled (pdp__dp_desc_defaults); devices: a copy */
+    pdp_device *devices; /* [n] the desc's devices, NULL when it gave none */
     int n;
     int threads_per_worker;
     bool copy_params;
@@ -18268,12 +18336,40 @@ static void pdp__dp_destroy(pdp_dp *dp)
         pdp__model_unwrap(dp->master); /* the caller's again: layers may be added */
     }
     pdp__dealloc(dp->workers);
+    pdp__dealloc(dp->devices);
     pdp__dealloc(dp);
 }
 
 static bool pdp__same_device(pdp_device a, pdp_device b)
 {
     return a.kind == b.kind && a.ordinal == b.ordinal;
+}
+
+/* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
+   returns its result) and its numbers are checked; in may be NULL. The devices are
+   checked against the master by pdp_dp_create. */
+static pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc *out)
+{
+    pdp_dp_desc d;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.num_workers < 0 || d.num_workers > PDP_DP_MAX_WORKERS)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)",
+                        d.num_workers, PDP_DP_MAX_WORKERS);
+    if (d.num_workers == 0 && d.devices)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
+    if (d.num_workers == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        d.num_workers = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
+    }
+    if (d.threads_per_worker < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
+                        d.threads_per_worker);
+    d.threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    *out = d;
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc)
@@ -18285,8 +18381,7 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: out is NULL");
     *out = NULL;
     if (!master) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: master model is NULL");
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+    if ((st = pdp__dp_desc_defaults(desc, &d)) != PDP_OK) return st;
     if (master->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
     if (master->tp.nlayers)
@@ -18301,20 +18396,6 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
                         pdp__layer_kind_name(master->layers[master->nlayers - 1].kind),
                         master->layers[master->nlayers - 1].out_ndim);
     n = d.num_workers;
-    if (n < 0 || n > PDP_DP_MAX_WORKERS)
-        return pdp__err(PDP_ERR_INVALID,
-                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)", n,
-                        PDP_DP_MAX_WORKERS);
-    if (n == 0 && d.devices)
-        return pdp__err(PDP_ERR_INVALID,
-                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
-    if (n == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
-    }
-    if (d.threads_per_worker < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
-                        d.threads_per_worker);
     for (i = 0; i < n; i++) {
         pdp_device dev = d.devices ? d.devices[i] : pdp_cpu();
         if (i == 0 && !pdp__same_device(dev, master->device))
@@ -18345,13 +18426,19 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     }
     dp->master = master;
     dp->n = n;
-    dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    dp->threads_per_worker = d.threads_per_worker;
     dp->cuda = master->device.kind == PDP_DEVICE_CUDA;
     dp->copy_params = d.copy_params || dp->cuda; /* a GPU reads only its own memory */
     dp->reduce_on_master = d.reduce_on_master;
     dp->classes = master->layers[master->nlayers - 1].out_count;
     dp->workers = (pdp__dp_worker *)pdp__calloc((size_t)n * sizeof *dp->workers);
-    if (!dp->workers) {
+    if (d.devices) { /* kept for pdp_dp_get_desc: the caller's array may not outlive dp */
+        dp->devices = (pdp_device *)pdp__alloc((size_t)n * sizeof *dp->devices);
+        if (dp->devices) memcpy(dp->devices, d.devices, (size_t)n * sizeof *dp->devices);
+    }
+    dp->desc = d;
+    dp->desc.devices = dp->devices;
+    if (!dp->workers || (d.devices && !dp->devices)) {
         pdp__dp_destroy(dp);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory for %d workers", n);
     }
@@ -18406,6 +18493,14 @@ PDP_API void pdp_dp_free(pdp_dp *dp)
 }
 
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp) { return dp ? dp->n : 0; }
+
+PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp)
+{
+    pdp_dp_desc d;
+    if (dp) return dp->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
 
 PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp)
 {
@@ -19809,19 +19904,37 @@ PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void)
 
 /* ---- ddp: construction ---- */
 
+/* The one place pdp_ddp_desc's zeros become defaults (sokol's _def; pdp_ddp_get_desc
+   returns its result); in may be NULL. The bucket sizes are checked by the rule DDP
+   and ZeRO share (pdp__bucket_opts_check, reducer.c), whose message starts with fn. */
+static pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp_desc *in,
+                                         pdp_ddp_desc *out, const char *fn)
+{
+    pdp_ddp_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if ((st = pdp__bucket_opts_check(m, d.bucket_cap_mb, d.first_bucket_mb, NULL, NULL, fn)) !=
+        PDP_OK)
+        return st;
+    d.bucket_cap_mb = PDP__DEF(d.bucket_cap_mb, 25.0);
+    d.first_bucket_mb = PDP__DEF(d.first_bucket_mb, PDP__MIN(1.0, d.bucket_cap_mb));
+    *out = d;
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
                                   const pdp_ddp_desc *desc)
 {
     static const char *fn = "pdp_ddp_create";
     pdp__reducer_desc rd;
+    pdp_ddp_desc dd;
     pdp_ddp *d;
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
-                                             NULL, NULL, fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__ddp_desc_defaults(m, desc, &dd, fn)) != PDP_OK) return st;
     if ((st = pdp__model_wrap(m, PDP__WRAP_DDP, 0, fn)) != PDP_OK) return st;
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
     if (!d) {
@@ -19829,10 +19942,7 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     }
     d->held = m;
-    if (desc) d->desc = *desc;
-    d->desc.bucket_cap_mb = PDP__DEF(d->desc.bucket_cap_mb, 25.0);
-    d->desc.first_bucket_mb = PDP__DEF(d->desc.first_bucket_mb,
-                                       PDP__MIN(1.0, d->desc.bucket_cap_mb));
+    d->desc = dd;
     memset(&rd, 0, sizeof rd);
     rd.cap_bytes = d->desc.bucket_cap_mb * 1048576.0;
     rd.first_bytes = d->desc.first_bucket_mb * 1048576.0;
@@ -19849,6 +19959,14 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     d->r.stats.grad_bytes = m->param_count * (int64_t)sizeof(float);
     *out = d;
     return PDP_OK;
+}
+
+PDP_API pdp_ddp_desc pdp_ddp_get_desc(const pdp_ddp *d)
+{
+    pdp_ddp_desc z;
+    if (d) return d->desc;
+    memset(&z, 0, sizeof z);
+    return z;
 }
 
 PDP_API void pdp_ddp_free(pdp_ddp *d)
@@ -20827,11 +20945,45 @@ static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp
     return PDP_OK;
 }
 
+/* The one place pdp_zero_desc's zeros become defaults (sokol's _def; pdp_zero_get_desc
+   returns its result, with grad_buffers cut to the units once they are known); in may
+   be NULL. The bucket sizes and buffer counts are checked by the rule DDP and ZeRO
+   share (pdp__bucket_opts_check, reducer.c). Buffer counts a stage does not use are 0. */
+static pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_zero_desc *in,
+                                          pdp_zero_desc *out, const char *fn)
+{
+    pdp_zero_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.stage < 0 || d.stage > 3)
+        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, d.stage);
+    if ((st = pdp__bucket_opts_check(m, d.bucket_cap_mb, d.first_bucket_mb, &d.grad_buffers,
+                                     &d.param_buffers, fn)) != PDP_OK)
+        return st;
+    d.stage = PDP__DEF(d.stage, 1);
+    d.bucket_cap_mb = PDP__DEF(d.bucket_cap_mb, 25.0);
+    d.first_bucket_mb = PDP__DEF(d.first_bucket_mb, PDP__MIN(1.0, d.bucket_cap_mb));
+    d.grad_buffers = d.stage >= 2 ? PDP__DEF(d.grad_buffers, 2) : 0;
+    d.param_buffers = d.stage == 3 ? PDP__DEF(d.param_buffers, 2) : 0;
+    *out = d;
+    return PDP_OK;
+}
+
+PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z)
+{
+    pdp_zero_desc d;
+    if (z) return z->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc)
 {
     static const char *fn = "pdp_zero_create";
     pdp__reducer_desc rd;
+    pdp_zero_desc zd;
     pdp_comm_stats cs;
     pdp_zero *z;
     pdp_status st;
@@ -20842,16 +20994,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (desc->stage < 0 || desc->stage > 3))
-        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, desc->stage);
-    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
-                                             &desc->grad_buffers, &desc->param_buffers,
-                                             fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__zero_desc_defaults(m, desc, &zd, fn)) != PDP_OK) return st;
     /* the units, shards and (stage 3) the parameter block are this layout's */
-    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, desc && desc->stage ? desc->stage : 1,
-                              fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, zd.stage, fn)) != PDP_OK) return st;
     z = (pdp_zero *)pdp__calloc(sizeof *z);
     if (!z) {
         pdp__model_unwrap(m);
@@ -20859,13 +21004,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     }
     z->m = m; /* pdp_zero_free unwraps it, on failure too */
     z->dev = m->device;
-    if (desc) z->desc = *desc;
-    z->desc.stage = PDP__DEF(z->desc.stage, 1);
-    z->desc.bucket_cap_mb = PDP__DEF(z->desc.bucket_cap_mb, 25.0);
-    z->desc.first_bucket_mb = PDP__DEF(z->desc.first_bucket_mb,
-                                       PDP__MIN(1.0, z->desc.bucket_cap_mb));
-    z->desc.grad_buffers = z->desc.stage >= 2 ? PDP__DEF(z->desc.grad_buffers, 2) : 0;
-    z->desc.param_buffers = z->desc.stage == 3 ? PDP__DEF(z->desc.param_buffers, 2) : 0;
+    z->desc = zd; /* grad_buffers is cut to the units below */
     z->stage = z->desc.stage;
     z->m = m;
     z->c = c;
@@ -22055,6 +22194,23 @@ static pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, c
     return PDP_OK;
 }
 
+/* The one place pdp_pp_desc's zeros become defaults (sokol's _def), after
+   pdp__pp_check_desc; in may be NULL. first_layer stays as given (NULL: balanced);
+   pdp_pp_get_desc puts the split in use there. */
+static pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
+                                        int p, const char *fn)
+{
+    pdp_pp_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if ((st = pdp__pp_check_desc(&d, nlayers, p, fn)) != PDP_OK) return st;
+    d.micro_batches = PDP__DEF(d.micro_batches, p);
+    d.balance_batch = PDP__DEF(d.balance_batch, 32);
+    *out = d;
+    return PDP_OK;
+}
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 static pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
@@ -22115,6 +22271,18 @@ static pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
     return PDP_OK;
 }
 
+PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
+{
+    pdp_pp_desc d;
+    if (!pp) {
+        memset(&d, 0, sizeof d);
+        return d;
+    }
+    d = pp->desc;
+    d.first_layer = pp->first;
+    return d;
+}
+
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc)
 {
@@ -22141,15 +22309,15 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
                         "(each with DP)", fn, full->tp.nlayers);
     pp = (pdp_pp *)pdp__calloc(sizeof *pp);
     if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    if (desc) pp->desc = *desc;
     pp->c = c;
-    pp->dp = pp->desc.dp;
     pp->stage = c->rank;
     pp->p = c->size;
-    pp->mb = PDP__DEF(pp->desc.micro_batches, pp->p);
     pp->rwork_act = -1;
-    if ((st = pdp__pp_check_desc(&pp->desc, full->nlayers, pp->p, fn)) != PDP_OK ||
-        (st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
+    if ((st = pdp__pp_desc_defaults(desc, &pp->desc, full->nlayers, pp->p, fn)) != PDP_OK)
+        goto fail;
+    pp->dp = pp->desc.dp;
+    pp->mb = pp->desc.micro_batches;
+    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb) * sizeof *pp->acts);

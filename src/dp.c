@@ -104,6 +104,8 @@ typedef struct pdp__dp_worker {
 
 struct pdp_dp {
     pdp_model *master;
+    pdp_dp_desc desc;    /* defaults filled (pdp__dp_desc_defaults); devices: a copy */
+    pdp_device *devices; /* [n] the desc's devices, NULL when it gave none */
     int n;
     int threads_per_worker;
     bool copy_params;
@@ -300,12 +302,40 @@ static void pdp__dp_destroy(pdp_dp *dp)
         pdp__model_unwrap(dp->master); /* the caller's again: layers may be added */
     }
     pdp__dealloc(dp->workers);
+    pdp__dealloc(dp->devices);
     pdp__dealloc(dp);
 }
 
 static bool pdp__same_device(pdp_device a, pdp_device b)
 {
     return a.kind == b.kind && a.ordinal == b.ordinal;
+}
+
+/* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
+   returns its result) and its numbers are checked; in may be NULL. The devices are
+   checked against the master by pdp_dp_create. */
+static pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc *out)
+{
+    pdp_dp_desc d;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.num_workers < 0 || d.num_workers > PDP_DP_MAX_WORKERS)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)",
+                        d.num_workers, PDP_DP_MAX_WORKERS);
+    if (d.num_workers == 0 && d.devices)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
+    if (d.num_workers == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        d.num_workers = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
+    }
+    if (d.threads_per_worker < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
+                        d.threads_per_worker);
+    d.threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    *out = d;
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc)
@@ -317,8 +347,7 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: out is NULL");
     *out = NULL;
     if (!master) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: master model is NULL");
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+    if ((st = pdp__dp_desc_defaults(desc, &d)) != PDP_OK) return st;
     if (master->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
     if (master->tp.nlayers)
@@ -333,20 +362,6 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
                         pdp__layer_kind_name(master->layers[master->nlayers - 1].kind),
                         master->layers[master->nlayers - 1].out_ndim);
     n = d.num_workers;
-    if (n < 0 || n > PDP_DP_MAX_WORKERS)
-        return pdp__err(PDP_ERR_INVALID,
-                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)", n,
-                        PDP_DP_MAX_WORKERS);
-    if (n == 0 && d.devices)
-        return pdp__err(PDP_ERR_INVALID,
-                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
-    if (n == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
-    }
-    if (d.threads_per_worker < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
-                        d.threads_per_worker);
     for (i = 0; i < n; i++) {
         pdp_device dev = d.devices ? d.devices[i] : pdp_cpu();
         if (i == 0 && !pdp__same_device(dev, master->device))
@@ -377,13 +392,19 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     }
     dp->master = master;
     dp->n = n;
-    dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    dp->threads_per_worker = d.threads_per_worker;
     dp->cuda = master->device.kind == PDP_DEVICE_CUDA;
     dp->copy_params = d.copy_params || dp->cuda; /* a GPU reads only its own memory */
     dp->reduce_on_master = d.reduce_on_master;
     dp->classes = master->layers[master->nlayers - 1].out_count;
     dp->workers = (pdp__dp_worker *)pdp__calloc((size_t)n * sizeof *dp->workers);
-    if (!dp->workers) {
+    if (d.devices) { /* kept for pdp_dp_get_desc: the caller's array may not outlive dp */
+        dp->devices = (pdp_device *)pdp__alloc((size_t)n * sizeof *dp->devices);
+        if (dp->devices) memcpy(dp->devices, d.devices, (size_t)n * sizeof *dp->devices);
+    }
+    dp->desc = d;
+    dp->desc.devices = dp->devices;
+    if (!dp->workers || (d.devices && !dp->devices)) {
         pdp__dp_destroy(dp);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory for %d workers", n);
     }
@@ -438,6 +459,14 @@ PDP_API void pdp_dp_free(pdp_dp *dp)
 }
 
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp) { return dp ? dp->n : 0; }
+
+PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp)
+{
+    pdp_dp_desc d;
+    if (dp) return dp->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
 
 PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp)
 {
