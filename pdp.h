@@ -18381,7 +18381,6 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: out is NULL");
     *out = NULL;
     if (!master) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: master model is NULL");
-    if ((st = pdp__dp_desc_defaults(desc, &d)) != PDP_OK) return st;
     if (master->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
     if (master->tp.nlayers)
@@ -18395,6 +18394,7 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
                         master->nlayers - 1,
                         pdp__layer_kind_name(master->layers[master->nlayers - 1].kind),
                         master->layers[master->nlayers - 1].out_ndim);
+    if ((st = pdp__dp_desc_defaults(desc, &d)) != PDP_OK) return st;
     n = d.num_workers;
     for (i = 0; i < n; i++) {
         pdp_device dev = d.devices ? d.devices[i] : pdp_cpu();
