@@ -58,7 +58,9 @@
    In every desc, zero means the default. A value outside a field's documented
    range (negative where it must be positive, NaN, infinite) fails with
    PDP_ERR_INVALID naming the function and the field; it is never clamped or
-   silently replaced.
+   silently replaced. The object's get_desc returns the desc in use, every default
+   filled in (pdp_model_, pdp_optim_, pdp_batcher_, pdp_comm_, pdp_dp_, pdp_ddp_,
+   pdp_zero_ and pdp_pp_get_desc).
 
    MEMORY
    ======
@@ -759,6 +761,9 @@ typedef struct pdp_model_desc {
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
 PDP_API void pdp_model_free(pdp_model *m);
+/* The desc in use (sokol's query-defaults): input_ndim resolved, input_shape's unused
+   entries 0, precision the current one. A zero desc for NULL. */
+PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m);
 
 /* Layers, appended in order. Each validates against the current output shape and
    initialises its parameters as PyTorch does (Kaiming uniform with a = sqrt(5)
@@ -1049,6 +1054,10 @@ typedef struct pdp_batcher_desc {
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
                                       const pdp_batcher_desc *desc);
 PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
+/* The desc in use, defaults filled in (sokol's query-defaults); indices points at the
+   batcher's own copy of the index list (0..count-1 when none was given), num_indices
+   its length; valid until pdp_batcher_free. A zero desc for NULL. */
+PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b);
 /* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
    batcher's buffer and *labels points at its n labels, both valid until the next
    call. Returns false, with *n = 0, when the epoch is over; call
@@ -1341,6 +1350,10 @@ PDP_API int pdp_comm_rank(const pdp_comm *c);
 PDP_API int pdp_comm_size(const pdp_comm *c);
 PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c);
 PDP_API double pdp_comm_timeout(const pdp_comm *c); /* seconds */
+/* The desc in use, defaults filled in (sokol's query-defaults): the backend that
+   runs it, timeout_s, device, and name (the communicator's own string, valid until it
+   is freed); log and log_user are not kept (NULL). A zero desc for NULL. */
+PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c);
 
 /* In place: buf <- op over ranks of buf. */
 PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
@@ -1530,6 +1543,10 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
 /* Stops and joins the workers, frees the replicas (never the master). NULL is fine. */
 PDP_API void pdp_dp_free(pdp_dp *dp);
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp);
+/* The desc in use, defaults filled in (sokol's query-defaults): num_workers resolved,
+   threads_per_worker >= 1; devices is dp's own copy (NULL when none was given), valid
+   until pdp_dp_free. A zero desc for NULL. */
+PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp);
 
 /* One training step for classification on the global batch x [B, ...] with B
    labels in host memory (x on the master's device, or on the host for a GPU
@@ -1711,6 +1728,9 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
                                   const pdp_ddp_desc *desc);
 /* Waits for buckets still in flight, removes the hook. NULL is fine. */
 PDP_API void pdp_ddp_free(pdp_ddp *ddp);
+/* The desc in use, defaults filled in (sokol's query-defaults): bucket_cap_mb and
+   first_bucket_mb in MiB. A zero desc for NULL. */
+PDP_API pdp_ddp_desc pdp_ddp_get_desc(const pdp_ddp *ddp);
 
 /* Forward, softmax cross-entropy (mean over this rank's batch: *loss) and backward on
    this rank's shard (under PDP_BATCH_MEAN_GLOBAL its gradient weighted by N n_r / T,
@@ -2211,6 +2231,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
    caller's again (layers may be added; pdp_model_param views taken while wrapped are
    stale). Not collective. NULL is fine. */
 PDP_API void pdp_zero_free(pdp_zero *z);
+/* The desc in use, defaults filled in (sokol's query-defaults): grad_buffers cut to the
+   units there are (0 at stage 1), param_buffers 0 below stage 3. A zero desc for NULL. */
+PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
    (pdp_optim_step refuses it). Free it with pdp_optim_free. */
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z,
@@ -2455,6 +2478,11 @@ typedef struct pdp_pp_desc {
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
+/* The desc in use, defaults filled in (sokol's query-defaults): micro_batches and
+   balance_batch resolved; first_layer points at the split in use (pp's own array of
+   stages + 1 entries, the last the number of layers), valid until pdp_pp_free. A zero
+   desc for NULL. */
+PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp);
 
 /* One pipeline pass over a batch of B >= m rows cut into m micro-batches (the first
    B % m one row larger): forward, loss and backward, the gradients accumulated (+=)
@@ -3271,6 +3299,50 @@ static double pdp__now(void);
    through PDP__LOAD_ACQ (threads.c). */
 static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
 
+/* A worker team (threads.c): the one hand-off behind the intra-op pool and
+   DataParallel's workers. Members 1..nworkers are persistent threads (created by
+   pdp__team_grow, joined by pdp__team_free); member 0 is whoever calls
+   pdp__team_run, which publishes fn/arg/n as a new generation, runs index 0 itself,
+   then every index no member exists for, and returns when members 1..n-1 are done.
+   Member i runs index i; a member with i >= n sits the job out. Both sides spin
+   (pdp__spin_while) before they sleep. generation, pending and stop are written
+   only with PDP__STORE_REL under lock (the spinners read them outside it); every
+   other field is read and written under lock, so what the caller wrote before
+   pdp__team_run is visible to the members, and what a member wrote in its index is
+   visible to the caller after it (TSan clean). One caller at a time per team: the
+   pool serialises callers with its busy mutex, a pdp_dp has one owner. */
+#define PDP__TEAM_MAX 256 /* members, the caller included */
+typedef struct pdp__team pdp__team;
+typedef struct pdp__team_member {
+    pdp__team *team;
+    int index;               /* the index this thread runs: 1..PDP__TEAM_MAX-1 */
+    unsigned long start_gen; /* the generation when the thread was made */
+} pdp__team_member;
+struct pdp__team {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
+    bool ok;                   /* lock, wake and done are initialised */
+    int nworkers;              /* threads started: members 1..nworkers */
+    unsigned long generation;  /* bumped once per job; atomic stores only */
+    int pending;               /* members still running the job; atomic stores only */
+    int stop;                  /* atomic stores only */
+    void (*fn)(void *arg, int i, int n); /* the current job */
+    void *arg;
+    int n;
+    pthread_t tid[PDP__TEAM_MAX - 1];
+    pdp__team_member member[PDP__TEAM_MAX - 1];
+};
+/* Initialises a zeroed team with no threads; 0, or pthread's error code. */
+static int pdp__team_init(pdp__team *t);
+/* Starts threads until the team has `workers` (at most PDP__TEAM_MAX - 1); no job may
+   be running. 0, or the first pthread_create error (the threads made so far stay). */
+static int pdp__team_grow(pdp__team *t, int workers);
+/* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
+static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+/* Stops and joins every thread and releases the team (a zeroed team is fine); the
+   team may be initialised again. */
+static void pdp__team_free(pdp__team *t);
+
 /* The intra-op setting of the calling thread (see pdp_set_num_threads). */
 static int pdp__threads_for_caller(void);
 /* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
@@ -3924,39 +3996,44 @@ static double pdp__now(void)
 /* ---- end src/base.c ---- */
 
 /* ---- begin src/threads.c ---- */
-/* threads: the intra-op thread pool behind pdp_set_num_threads, and per-thread scratch.
+/* threads: the worker team, the intra-op thread pool behind pdp_set_num_threads, and
+   per-thread scratch.
 
-   The thread count is a per-thread setting (a thread-local int, default 1): each
-   DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
-   another. The workers themselves are shared: one process-wide pool of persistent
-   POSIX threads (OpenBLAS and every OpenMP runtime keep the same kind of pool). The
-   pool and the scratch key below are two of pdp's few pieces of process-wide state;
-   the manual lists them all (THREADS AND DETERMINISM: also the trace sink, the bf16
-   path's CPU features and AMX permission, MPI's ownership record and each CUDA
-   device's stream, handle and caches). The pool is created lazily by the first
-   pdp__parallel_for that needs it, grows when a caller asks for more threads than
-   it has, is reused by every later call, and is joined by pdp_shutdown_threads
-   (after which the next call starts it again).
-
-   Handing off work: a caller that wins pool.busy (pthread_mutex_trylock) writes the
-   job under pool.lock, bumps the generation and broadcasts pool.wake; worker w runs
-   index w + 1, the caller runs index 0 itself, then waits until the pending count
+   The team (pdp__team, declared in internal.h) is the one hand-off between a caller
+   and persistent worker threads; the pool below and DataParallel's workers (dp.c)
+   are both built on it. The caller writes the job under team.lock, bumps the
+   generation and broadcasts team.wake; member i runs index i, the caller runs index
+   0 itself (and any index no member exists for), then waits until the pending count
    reaches zero. Waking a sleeping thread costs tens of microseconds (more than a
    small GEMM's share on a VM), and a training step hands off work every few
    microseconds to milliseconds, so both sides spin a little before they sleep: a
-   worker that finished a job watches the generation for PDP__SPIN_S before it
-   sleeps on pool.wake, and the caller watches pending for as long before it sleeps
-   on pool.done (OpenMP runtimes and OpenBLAS spin the same way, longer). The two
-   values watched outside the lock, generation and pending (and stop), are only
-   ever written with atomic stores, under the lock; everything else is read under
-   it, so the pool is TSan clean. A caller that loses the trylock (another thread is
-   using the pool, e.g. two DP workers in GEMM at once, or a nested call from inside
-   a job) runs every index itself, in order. Which thread runs an index never
-   changes what the index computes, so results do not depend on who won.
+   member that finished a job watches the generation for PDP__SPIN_S before it
+   sleeps on team.wake, and the caller watches pending for as long before it sleeps
+   on team.done (OpenMP runtimes and OpenBLAS spin the same way, longer). The values
+   watched outside the lock, generation and pending (and stop), are only ever
+   written with atomic stores, under the lock; everything else is read under it, so
+   the team is TSan clean.
 
-   Profile: while the caller's counters are on (pdp_profile_start), the job carries a
-   pointer to them; each worker adds the seconds it spent in its index under the lock
-   it takes anyway to report, and the caller adds the time it waited for them.
+   The thread count is a per-thread setting (a thread-local int, default 1): each
+   DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
+   another. The pool's workers themselves are shared: one process-wide team of
+   persistent POSIX threads (OpenBLAS and every OpenMP runtime keep the same kind of
+   pool). The pool and the scratch key below are two of pdp's few pieces of
+   process-wide state; the manual lists them all (THREADS AND DETERMINISM: also the
+   trace sink, the bf16 path's CPU features and AMX permission, MPI's ownership record
+   and each CUDA device's stream, handle and caches). It is started lazily by the first pdp__parallel_for
+   that needs it, grows when a caller asks for more threads than it has, is reused
+   by every later call, and is joined by pdp_shutdown_threads (after which the next
+   call starts it again). A caller that wins pool.busy (pthread_mutex_trylock) owns
+   the team for one job; a caller that loses it (another thread is using the pool,
+   e.g. two DP workers in GEMM at once, or a nested call from inside a job) runs
+   every index itself, in order. Which thread runs an index never changes what the
+   index computes, so results do not depend on who won.
+
+   Profile: while the caller's counters are on (pdp_profile_start), the job is
+   wrapped so that each member times its index in its own slot; after the join the
+   caller adds those to worker_busy_s, and the time it waited for them (from the end
+   of its own indices) to join_wait_s.
 
    Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
    buffer (GEMM packs its panels there), kept in a pthread key whose destructor
@@ -4082,104 +4159,178 @@ static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
         }
 }
 
-/* The pool. busy is held by the one caller that owns the pool for a job; lock
-   guards every field of pdp__the_pool; wake tells workers about a new generation
-   (or stop); done tells the caller that pending reached 0. */
-static pthread_mutex_t pdp__pool_busy = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t pdp__pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pdp__pool_wake = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t pdp__pool_done = PTHREAD_COND_INITIALIZER;
+/* ---- threads: the worker team ---- */
 
-typedef struct pdp__pool {
-    pthread_t tid[PDP__MAX_THREADS - 1];
-    unsigned long start_gen[PDP__MAX_THREADS - 1]; /* generation when worker w was made */
-    int nworkers;
-    int stop;                 /* atomic stores only (read while spinning) */
-    unsigned long generation; /* bumped once per job; atomic stores only */
-    void (*fn)(void *arg, int i, int n);
-    void *arg;
-    int n;       /* indices of the current job; worker w runs index w + 1 */
-    int pending; /* workers that have not finished the current job; atomic stores only */
-    pdp__profile_state *prof; /* the caller's counters while they are on, else NULL */
-} pdp__pool;
-
-static pdp__pool pdp__the_pool; /* zero: no workers yet */
-
-/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
-   caller for its workers. */
-static bool pdp__pool_no_new_job(const void *seen)
-{
-    return PDP__LOAD_ACQ(&pdp__the_pool.generation) == *(const unsigned long *)seen &&
-           !PDP__LOAD_ACQ(&pdp__the_pool.stop);
-}
-
-static bool pdp__pool_jobs_pending(const void *unused)
-{
-    (void)unused;
-    return PDP__LOAD_ACQ(&pdp__the_pool.pending) > 0;
-}
-
-static void *pdp__worker_main(void *p)
-{
-    pdp__pool *pool = &pdp__the_pool;
-    int w = (int)(intptr_t)p;
+/* pdp__spin_while's conditions: a member waits for a new generation (or stop), the
+   caller for its members. */
+typedef struct pdp__team_wait {
+    const pdp__team *team;
     unsigned long seen;
-    pthread_mutex_lock(&pdp__pool_lock);
-    seen = pool->start_gen[w];
+} pdp__team_wait;
+
+static bool pdp__team_no_new_job(const void *ctx)
+{
+    const pdp__team_wait *c = (const pdp__team_wait *)ctx;
+    return PDP__LOAD_ACQ(&c->team->generation) == c->seen && !PDP__LOAD_ACQ(&c->team->stop);
+}
+
+static bool pdp__team_pending(const void *team)
+{
+    return PDP__LOAD_ACQ(&((const pdp__team *)team)->pending) > 0;
+}
+
+static void *pdp__team_main(void *p)
+{
+    const pdp__team_member *me = (const pdp__team_member *)p;
+    pdp__team *t = me->team;
+    pdp__team_wait c;
+    c.team = t;
+    pthread_mutex_lock(&t->lock);
+    c.seen = me->start_gen;
     for (;;) {
         void (*fn)(void *, int, int);
         void *arg;
-        pdp__profile_state *prof;
-        double t0 = 0.0;
         int n;
-        if (pool->generation == seen && !pool->stop) { /* spin a while, then sleep */
-            pthread_mutex_unlock(&pdp__pool_lock);
-            pdp__spin_while(pdp__pool_no_new_job, &seen);
-            pthread_mutex_lock(&pdp__pool_lock);
+        if (t->generation == c.seen && !t->stop) { /* spin a while, then sleep */
+            pthread_mutex_unlock(&t->lock);
+            pdp__spin_while(pdp__team_no_new_job, &c);
+            pthread_mutex_lock(&t->lock);
         }
-        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pdp__pool_wake, &pdp__pool_lock);
-        if (pool->stop) break;
-        seen = pool->generation;
-        fn = pool->fn;
-        arg = pool->arg;
-        n = pool->n;
-        prof = pool->prof;
-        if (w + 1 >= n) continue; /* not part of this job */
-        pthread_mutex_unlock(&pdp__pool_lock);
-        if (prof) t0 = pdp__now();
-        fn(arg, w + 1, n);
-        pthread_mutex_lock(&pdp__pool_lock);
-        if (prof) prof->worker_busy_s += pdp__now() - t0;
-        PDP__STORE_REL(&pool->pending, pool->pending - 1);
-        if (pool->pending == 0) pthread_cond_signal(&pdp__pool_done);
+        while (t->generation == c.seen && !t->stop) pthread_cond_wait(&t->wake, &t->lock);
+        if (t->stop) break;
+        c.seen = t->generation;
+        fn = t->fn;
+        arg = t->arg;
+        n = t->n;
+        if (me->index >= n) continue; /* not part of this job */
+        pthread_mutex_unlock(&t->lock);
+        fn(arg, me->index, n);
+        pthread_mutex_lock(&t->lock);
+        PDP__STORE_REL(&t->pending, t->pending - 1);
+        if (t->pending == 0) pthread_cond_signal(&t->done);
     }
-    pthread_mutex_unlock(&pdp__pool_lock);
+    pthread_mutex_unlock(&t->lock);
     return NULL;
 }
 
-/* Makes sure the pool has `want` workers (called with busy held, no job running).
-   Stops at the first pthread_create failure: the caller then runs the missing
-   indices itself. */
-static void pdp__pool_grow(pdp__pool *pool, int want)
+static int pdp__team_init(pdp__team *t)
 {
-    want = PDP__MIN(want, PDP__MAX_THREADS - 1);
-    while (pool->nworkers < want) {
-        int w = pool->nworkers;
-        pthread_mutex_lock(&pdp__pool_lock);
-        pool->start_gen[w] = pool->generation;
-        pthread_mutex_unlock(&pdp__pool_lock);
-        if (pthread_create(&pool->tid[w], NULL, pdp__worker_main, (void *)(intptr_t)w) != 0) break;
-        pthread_mutex_lock(&pdp__pool_lock);
-        pool->nworkers++;
-        pthread_mutex_unlock(&pdp__pool_lock);
+    int rc;
+    memset(t, 0, sizeof *t);
+    if ((rc = pthread_mutex_init(&t->lock, NULL)) != 0) return rc;
+    if ((rc = pthread_cond_init(&t->wake, NULL)) != 0) {
+        pthread_mutex_destroy(&t->lock);
+        return rc;
     }
+    if ((rc = pthread_cond_init(&t->done, NULL)) != 0) {
+        pthread_cond_destroy(&t->wake);
+        pthread_mutex_destroy(&t->lock);
+        return rc;
+    }
+    t->ok = true;
+    return 0;
+}
+
+static int pdp__team_grow(pdp__team *t, int workers)
+{
+    int rc = 0;
+    if (!t->ok) return EINVAL;
+    workers = PDP__MIN(workers, PDP__TEAM_MAX - 1);
+    while (t->nworkers < workers) {
+        int w = t->nworkers;
+        pdp__team_member *m = &t->member[w];
+        pthread_mutex_lock(&t->lock);
+        m->team = t;
+        m->index = w + 1;
+        m->start_gen = t->generation;
+        pthread_mutex_unlock(&t->lock);
+        if ((rc = pthread_create(&t->tid[w], NULL, pdp__team_main, m)) != 0) break;
+        pthread_mutex_lock(&t->lock);
+        t->nworkers++;
+        pthread_mutex_unlock(&t->lock);
+    }
+    return rc;
+}
+
+static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg)
+{
+    int i, helpers;
+    if (n <= 1 || !t->ok) { /* nothing to hand off (or no team): all on this thread */
+        for (i = 0; i < n; i++) fn(arg, i, n);
+        return;
+    }
+    pthread_mutex_lock(&t->lock);
+    helpers = PDP__MIN(n - 1, t->nworkers);
+    t->fn = fn;
+    t->arg = arg;
+    t->n = n;
+    PDP__STORE_REL(&t->pending, helpers);
+    PDP__STORE_REL(&t->generation, t->generation + 1);
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+
+    fn(arg, 0, n);
+    for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if members could not be made */
+
+    pdp__spin_while(pdp__team_pending, t); /* a while, then sleep */
+    pthread_mutex_lock(&t->lock);
+    while (t->pending > 0) pthread_cond_wait(&t->done, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void pdp__team_free(pdp__team *t)
+{
+    int w, nworkers;
+    if (!t->ok) return;
+    pthread_mutex_lock(&t->lock);
+    PDP__STORE_REL(&t->stop, 1);
+    nworkers = t->nworkers;
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    for (w = 0; w < nworkers; w++) pthread_join(t->tid[w], NULL);
+    pthread_cond_destroy(&t->done);
+    pthread_cond_destroy(&t->wake);
+    pthread_mutex_destroy(&t->lock);
+    t->ok = false;
+    t->nworkers = 0;
+}
+
+/* ---- threads: the pool ---- */
+
+/* The pool: one team, grown on demand. busy is held by the one caller that owns the
+   pool for a job (and by pdp_shutdown_threads); it guards every field below. */
+static pthread_mutex_t pdp__pool_busy = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct pdp__pool {
+    pdp__team team;            /* team.ok false: not started (or shut down) */
+    /* the job while the caller's profile counters are on: */
+    void (*fn)(void *arg, int i, int n);
+    void *arg;
+    int helpers;               /* indices 1..helpers run on members, the rest on the caller */
+    double busy_s[PDP__MAX_THREADS]; /* index i's seconds inside fn, written by its member */
+    double caller_done;        /* when the caller finished its last index */
+} pdp__pool;
+
+static pdp__pool pdp__the_pool;
+
+/* The job under a profile: a member times its index in its own slot, the caller
+   notes when it finished its own; the caller reads both once pdp__team_run has
+   returned (which orders the members' writes before it). */
+static void pdp__pool_timed(void *p, int i, int n)
+{
+    pdp__pool *pool = (pdp__pool *)p;
+    double t0 = pdp__now();
+    pool->fn(pool->arg, i, n);
+    if (i == 0 || i > pool->helpers)
+        pool->caller_done = pdp__now();
+    else
+        pool->busy_s[i] = pdp__now() - t0;
 }
 
 static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
 {
     pdp__pool *pool = &pdp__the_pool;
-    int i, helpers;
-    double t0;
+    int i;
     if (n <= 1) {
         if (n == 1) fn(arg, 0, 1);
         return;
@@ -4188,46 +4339,26 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
         for (i = 0; i < n; i++) fn(arg, i, n);
         return;
     }
-    pdp__pool_grow(pool, n - 1);
-    pthread_mutex_lock(&pdp__pool_lock);
-    helpers = PDP__MIN(n - 1, pool->nworkers);
-    pool->fn = fn;
-    pool->arg = arg;
-    pool->n = n;
-    PDP__STORE_REL(&pool->pending, helpers);
-    pool->prof = pdp__prof.on ? &pdp__prof : NULL;
-    PDP__STORE_REL(&pool->generation, pool->generation + 1);
-    pthread_cond_broadcast(&pdp__pool_wake);
-    pthread_mutex_unlock(&pdp__pool_lock);
-
-    fn(arg, 0, n);
-    for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
-
-    t0 = pdp__prof.on ? pdp__now() : 0.0;
-    pdp__spin_while(pdp__pool_jobs_pending, NULL); /* a while, then sleep */
-    pthread_mutex_lock(&pdp__pool_lock);
-    while (pool->pending > 0) pthread_cond_wait(&pdp__pool_done, &pdp__pool_lock);
-    pool->prof = NULL;
-    pthread_mutex_unlock(&pdp__pool_lock);
+    /* a team that cannot start, or threads that cannot be made: pdp__team_run has the
+       caller run the indices no member runs */
+    if (pool->team.ok || pdp__team_init(&pool->team) == 0) pdp__team_grow(&pool->team, n - 1);
+    if (!pdp__prof.on) {
+        pdp__team_run(&pool->team, n, fn, arg);
+    } else {
+        pool->fn = fn;
+        pool->arg = arg;
+        pool->helpers = pool->team.ok ? PDP__MIN(n - 1, pool->team.nworkers) : 0;
+        pdp__team_run(&pool->team, n, pdp__pool_timed, pool);
+        for (i = 1; i <= pool->helpers; i++) pdp__prof.worker_busy_s += pool->busy_s[i];
+        pdp__prof.join_wait_s += pdp__now() - pool->caller_done;
+    }
     pthread_mutex_unlock(&pdp__pool_busy);
-    if (pdp__prof.on) pdp__prof.join_wait_s += pdp__now() - t0;
 }
 
 PDP_API void pdp_shutdown_threads(void)
 {
-    pdp__pool *pool = &pdp__the_pool;
-    int w, nworkers;
     pthread_mutex_lock(&pdp__pool_busy); /* waits for a job in flight to finish */
-    pthread_mutex_lock(&pdp__pool_lock);
-    PDP__STORE_REL(&pool->stop, 1);
-    nworkers = pool->nworkers;
-    pthread_cond_broadcast(&pdp__pool_wake);
-    pthread_mutex_unlock(&pdp__pool_lock);
-    for (w = 0; w < nworkers; w++) pthread_join(pool->tid[w], NULL);
-    pthread_mutex_lock(&pdp__pool_lock);
-    PDP__STORE_REL(&pool->stop, 0);
-    pool->nworkers = 0;
-    pthread_mutex_unlock(&pdp__pool_lock);
+    pdp__team_free(&pdp__the_pool.team);
     pthread_mutex_unlock(&pdp__pool_busy);
 
     pthread_once(&pdp__scratch_once, pdp__scratch_init);
@@ -11644,6 +11775,20 @@ PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
 }
 PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
 
+/* Built from the head every backend fills (its defaults: pdp__comm_desc_timeout and
+   each backend's create); log is not kept by a communicator. */
+PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c)
+{
+    pdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    if (!c) return d;
+    d.backend = c->backend;
+    d.timeout_s = c->timeout_s;
+    d.device = c->device;
+    d.name = c->name;
+    return d;
+}
+
 PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
 {
     if (!out) return;
@@ -13993,6 +14138,22 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     m->training = true;
     *out = m;
     return PDP_OK;
+}
+
+/* The desc the model was made by, as in use: input_ndim and input_shape resolved,
+   precision the current one (pdp_model_set_precision may change it). */
+PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
+{
+    pdp_model_desc d;
+    int i;
+    memset(&d, 0, sizeof d);
+    if (!m) return d;
+    d.input_ndim = m->in_ndim;
+    for (i = 0; i < m->in_ndim; i++) d.input_shape[i] = m->in_shape[i];
+    d.seed = m->seed;
+    d.device = m->device;
+    d.precision = m->precision;
+    return d;
 }
 
 static void pdp__model_free_buffers(pdp_model *m)
@@ -16637,6 +16798,14 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     return PDP_OK;
 }
 
+PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b)
+{
+    pdp_batcher_desc d;
+    if (b) return b->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
 PDP_API void pdp_batcher_free(pdp_batcher *b)
 {
     if (!b) return;
@@ -18314,15 +18483,12 @@ static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, flo
    Threads. One worker per replica ("one host thread per device"): workers
    1..N-1 are persistent threads created by pdp_dp_create and reused by every
    step; worker 0, which runs the master's replica and the first slice of the
-   reduce, is the calling thread itself. A job is handed off under one mutex: the
-   caller writes the job, bumps `generation` and broadcasts `wake`, runs worker
-   0's part, then waits for `pending` to reach zero; each worker runs its part
-   and decrements `pending`, the last one signals `done`. Both sides spin a
-   while before they sleep (pdp__spin_while, as the intra-op pool does):
-   generation, pending and stop are only written with atomic stores under the
-   lock and read outside it only while spinning; shards and results are written
-   before the handoff under the lock, so every other read is ordered by the mutex
-   (TSan clean). Each worker sets its own intra-op thread count
+   reduce, is the calling thread itself. The workers are a pdp__team (threads.c),
+   the hand-off the intra-op pool uses too: pdp__dp_run_job publishes the job as
+   a new generation, runs worker 0's part, and returns when every worker has run
+   its part; both sides spin a while before they sleep. Shards are written
+   before the hand-off and results read after it, so the team's mutex orders
+   every read (TSan clean). Each worker sets its own intra-op thread count
    (threads_per_worker, default 1), since that setting is per thread; the caller
    switches to it for its part and back.
 
@@ -18388,9 +18554,6 @@ typedef enum pdp__dp_job {
 typedef struct pdp__dp_worker {
     pdp_dp *dp;
     int index;
-    pthread_t tid;
-    bool started;
-    unsigned long seen;  /* the last generation this worker ran (0 before the first job) */
     pdp_device device;
     pdp_model *replica;  /* index 0: the master itself */
     /* written by scatter (caller), read by the worker */
@@ -18411,6 +18574,8 @@ typedef struct pdp__dp_worker {
 
 struct pdp_dp {
     pdp_model *master;
+    pdp_dp_desc desc;    /* defaults filled (pdp__dp_desc_defaults); devices: a copy */
+    pdp_device *devices; /* [n] the desc's devices, NULL when it gave none */
     int n;
     int threads_per_worker;
     bool copy_params;
@@ -18420,14 +18585,8 @@ struct pdp_dp {
                             in flight to the reduce (CUDA, replicas on other devices) */
     int64_t classes;
     pdp__dp_worker *workers;
-    /* the handoff; the fields below up to `stop` are guarded by lock */
-    pthread_mutex_t lock;
-    pthread_cond_t wake, done;
-    bool sync_ok;
-    unsigned long generation; /* generation, pending and stop: atomic stores only */
-    pdp__dp_job job;
-    int pending;
-    int stop;
+    pdp__team team;      /* members 1..n-1 are workers 1..n-1 (threads.c) */
+    pdp__dp_job job;     /* the job pdp__dp_run_job hands to the team */
     /* this step, set by the caller before the handoff */
     int64_t batch;
     int active;          /* replicas with at least one sample */
@@ -18573,69 +18732,25 @@ static void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
     }
 }
 
-/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
-   caller for its workers. */
-static bool pdp__dp_no_new_job(const void *worker)
+/* The team's job: worker i's part, with the workers' intra-op thread count (the
+   caller switches to it for its part and back; a worker thread keeps it). */
+static void pdp__dp_team_job(void *arg, int i, int n)
 {
-    const pdp__dp_worker *w = (const pdp__dp_worker *)worker;
-    return PDP__LOAD_ACQ(&w->dp->generation) == w->seen && !PDP__LOAD_ACQ(&w->dp->stop);
-}
-
-static bool pdp__dp_jobs_pending(const void *dp)
-{
-    return PDP__LOAD_ACQ(&((const pdp_dp *)dp)->pending) > 0;
-}
-
-/* Workers 1..n-1: wait for a generation, run their part, report; between jobs they
-   spin a while (pdp__spin_while) before they sleep on wake. */
-static void *pdp__dp_worker_main(void *arg)
-{
-    pdp__dp_worker *w = (pdp__dp_worker *)arg;
-    pdp_dp *dp = w->dp;
+    pdp_dp *dp = (pdp_dp *)arg;
+    int threads = pdp_get_num_threads();
+    (void)n;
     pdp_set_num_threads(dp->threads_per_worker);
-    pthread_mutex_lock(&dp->lock);
-    for (;;) {
-        pdp__dp_job job;
-        if (dp->generation == w->seen && !dp->stop) { /* spin a while, then sleep */
-            pthread_mutex_unlock(&dp->lock);
-            pdp__spin_while(pdp__dp_no_new_job, w);
-            pthread_mutex_lock(&dp->lock);
-        }
-        while (dp->generation == w->seen && !dp->stop) pthread_cond_wait(&dp->wake, &dp->lock);
-        if (dp->stop) break;
-        w->seen = dp->generation;
-        job = dp->job;
-        pthread_mutex_unlock(&dp->lock);
-        pdp__dp_do_job(w, job);
-        pthread_mutex_lock(&dp->lock);
-        PDP__STORE_REL(&dp->pending, dp->pending - 1);
-        if (dp->pending == 0) pthread_cond_signal(&dp->done);
-    }
-    pthread_mutex_unlock(&dp->lock);
-    return NULL;
+    pdp__dp_do_job(&dp->workers[i], dp->job);
+    if (i == 0) pdp_set_num_threads(threads);
 }
 
-/* Runs one job: hands it to workers 1..n-1, runs worker 0's part on the calling
-   thread (with the workers' intra-op thread count), and waits until all are done. */
+/* Runs one job: hands it to workers 1..n-1 (the team), runs worker 0's part on the
+   calling thread, and waits until all are done. */
 static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 {
-    int caller_threads = pdp_get_num_threads();
     double c0 = pdp__dp_thread_cpu();
-    pthread_mutex_lock(&dp->lock);
     dp->job = job;
-    PDP__STORE_REL(&dp->pending, dp->n - 1);
-    PDP__STORE_REL(&dp->generation, dp->generation + 1);
-    pthread_cond_broadcast(&dp->wake);
-    pthread_mutex_unlock(&dp->lock);
-
-    pdp_set_num_threads(dp->threads_per_worker);
-    pdp__dp_do_job(&dp->workers[0], job);
-    pdp_set_num_threads(caller_threads);
-
-    pdp__spin_while(pdp__dp_jobs_pending, dp);
-    pthread_mutex_lock(&dp->lock);
-    while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->lock);
-    pthread_mutex_unlock(&dp->lock);
+    pdp__team_run(&dp->team, dp->n, pdp__dp_team_job, dp);
     dp->jobs_cpu += pdp__dp_thread_cpu() - c0;
 }
 
@@ -18644,14 +18759,7 @@ static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 static void pdp__dp_destroy(pdp_dp *dp)
 {
     int i;
-    if (dp->sync_ok) {
-        pthread_mutex_lock(&dp->lock);
-        PDP__STORE_REL(&dp->stop, 1);
-        pthread_cond_broadcast(&dp->wake);
-        pthread_mutex_unlock(&dp->lock);
-    }
-    for (i = 0; i < dp->n; i++)
-        if (dp->workers && dp->workers[i].started) pthread_join(dp->workers[i].tid, NULL);
+    pdp__team_free(&dp->team); /* stops and joins every worker thread */
     for (i = 0; dp->workers && i < dp->n; i++) {
         pdp__dp_worker *w = &dp->workers[i];
         if (i > 0) pdp_model_free(w->replica);
@@ -18663,18 +18771,41 @@ static void pdp__dp_destroy(pdp_dp *dp)
         pdp__dev_free(dp->master->device, dp->stage);
         pdp__model_unwrap(dp->master); /* the caller's again: layers may be added */
     }
-    if (dp->sync_ok) {
-        pthread_cond_destroy(&dp->done);
-        pthread_cond_destroy(&dp->wake);
-        pthread_mutex_destroy(&dp->lock);
-    }
     pdp__dealloc(dp->workers);
+    pdp__dealloc(dp->devices);
     pdp__dealloc(dp);
 }
 
 static bool pdp__same_device(pdp_device a, pdp_device b)
 {
     return a.kind == b.kind && a.ordinal == b.ordinal;
+}
+
+/* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
+   returns its result) and its numbers are checked; in may be NULL. The devices are
+   checked against the master by pdp_dp_create. */
+static pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc *out)
+{
+    pdp_dp_desc d;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.num_workers < 0 || d.num_workers > PDP_DP_MAX_WORKERS)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)",
+                        d.num_workers, PDP_DP_MAX_WORKERS);
+    if (d.num_workers == 0 && d.devices)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
+    if (d.num_workers == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        d.num_workers = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
+    }
+    if (d.threads_per_worker < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
+                        d.threads_per_worker);
+    d.threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    *out = d;
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc)
@@ -18686,8 +18817,6 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: out is NULL");
     *out = NULL;
     if (!master) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: master model is NULL");
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
     if (master->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
     if (master->tp.nlayers)
@@ -18701,21 +18830,8 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
                         master->nlayers - 1,
                         pdp__layer_kind_name(master->layers[master->nlayers - 1].kind),
                         master->layers[master->nlayers - 1].out_ndim);
+    if ((st = pdp__dp_desc_defaults(desc, &d)) != PDP_OK) return st;
     n = d.num_workers;
-    if (n < 0 || n > PDP_DP_MAX_WORKERS)
-        return pdp__err(PDP_ERR_INVALID,
-                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)", n,
-                        PDP_DP_MAX_WORKERS);
-    if (n == 0 && d.devices)
-        return pdp__err(PDP_ERR_INVALID,
-                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
-    if (n == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
-    }
-    if (d.threads_per_worker < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
-                        d.threads_per_worker);
     for (i = 0; i < n; i++) {
         pdp_device dev = d.devices ? d.devices[i] : pdp_cpu();
         if (i == 0 && !pdp__same_device(dev, master->device))
@@ -18746,27 +18862,26 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     }
     dp->master = master;
     dp->n = n;
-    dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    dp->threads_per_worker = d.threads_per_worker;
     dp->cuda = master->device.kind == PDP_DEVICE_CUDA;
     dp->copy_params = d.copy_params || dp->cuda; /* a GPU reads only its own memory */
     dp->reduce_on_master = d.reduce_on_master;
     dp->classes = master->layers[master->nlayers - 1].out_count;
     dp->workers = (pdp__dp_worker *)pdp__calloc((size_t)n * sizeof *dp->workers);
-    if (!dp->workers) {
+    if (d.devices) { /* kept for pdp_dp_get_desc: the caller's array may not outlive dp */
+        dp->devices = (pdp_device *)pdp__alloc((size_t)n * sizeof *dp->devices);
+        if (dp->devices) memcpy(dp->devices, d.devices, (size_t)n * sizeof *dp->devices);
+    }
+    dp->desc = d;
+    dp->desc.devices = dp->devices;
+    if (!dp->workers || (d.devices && !dp->devices)) {
         pdp__dp_destroy(dp);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory for %d workers", n);
     }
-    if (pthread_mutex_init(&dp->lock, NULL) != 0) goto sync_fail;
-    if (pthread_cond_init(&dp->wake, NULL) != 0) {
-        pthread_mutex_destroy(&dp->lock);
-        goto sync_fail;
+    if (pdp__team_init(&dp->team) != 0) {
+        pdp__dp_destroy(dp);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: cannot create a mutex or condition");
     }
-    if (pthread_cond_init(&dp->done, NULL) != 0) {
-        pthread_cond_destroy(&dp->wake);
-        pthread_mutex_destroy(&dp->lock);
-        goto sync_fail;
-    }
-    dp->sync_ok = true;
 
     /* replicas: 0 is the master; the others are clones on their devices */
     for (i = 0; i < n; i++) {
@@ -18792,24 +18907,20 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
             return pdp__err_wrap(st, "pdp_dp_create: the reduce's staging block");
         }
     }
-    for (i = 1; i < n; i++) { /* worker 0 is the calling thread */
-        pdp__dp_worker *w = &dp->workers[i];
-        int rc = pthread_create(&w->tid, NULL, pdp__dp_worker_main, w);
+    { /* worker 0 is the calling thread */
+        int rc = pdp__team_grow(&dp->team, n - 1);
         if (rc != 0) {
+            int made = dp->team.nworkers + 1;
             pdp__dp_destroy(dp);
             return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: worker %d: pthread_create: %s",
-                            i, strerror(rc));
+                            made, strerror(rc));
         }
-        w->started = true;
     }
     dp->stats.num_workers = n;
     dp->stats.params_shared = !dp->copy_params;
     pdp__dp_memory(dp);
     *out = dp;
     return PDP_OK;
-sync_fail:
-    pdp__dp_destroy(dp);
-    return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: cannot create a mutex or condition");
 }
 
 PDP_API void pdp_dp_free(pdp_dp *dp)
@@ -18818,6 +18929,14 @@ PDP_API void pdp_dp_free(pdp_dp *dp)
 }
 
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp) { return dp ? dp->n : 0; }
+
+PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp)
+{
+    pdp_dp_desc d;
+    if (dp) return dp->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
 
 PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp)
 {
@@ -20221,19 +20340,37 @@ PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void)
 
 /* ---- ddp: construction ---- */
 
+/* The one place pdp_ddp_desc's zeros become defaults (sokol's _def; pdp_ddp_get_desc
+   returns its result); in may be NULL. The bucket sizes are checked by the rule DDP
+   and ZeRO share (pdp__bucket_opts_check, reducer.c), whose message starts with fn. */
+static pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp_desc *in,
+                                         pdp_ddp_desc *out, const char *fn)
+{
+    pdp_ddp_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if ((st = pdp__bucket_opts_check(m, d.bucket_cap_mb, d.first_bucket_mb, NULL, NULL, fn)) !=
+        PDP_OK)
+        return st;
+    d.bucket_cap_mb = PDP__DEF(d.bucket_cap_mb, 25.0);
+    d.first_bucket_mb = PDP__DEF(d.first_bucket_mb, PDP__MIN(1.0, d.bucket_cap_mb));
+    *out = d;
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
                                   const pdp_ddp_desc *desc)
 {
     static const char *fn = "pdp_ddp_create";
     pdp__reducer_desc rd;
+    pdp_ddp_desc dd;
     pdp_ddp *d;
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
-                                             NULL, NULL, fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__ddp_desc_defaults(m, desc, &dd, fn)) != PDP_OK) return st;
     if ((st = pdp__model_wrap(m, PDP__WRAP_DDP, 0, fn)) != PDP_OK) return st;
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
     if (!d) {
@@ -20241,10 +20378,7 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     }
     d->held = m;
-    if (desc) d->desc = *desc;
-    d->desc.bucket_cap_mb = PDP__DEF(d->desc.bucket_cap_mb, 25.0);
-    d->desc.first_bucket_mb = PDP__DEF(d->desc.first_bucket_mb,
-                                       PDP__MIN(1.0, d->desc.bucket_cap_mb));
+    d->desc = dd;
     memset(&rd, 0, sizeof rd);
     rd.cap_bytes = d->desc.bucket_cap_mb * 1048576.0;
     rd.first_bytes = d->desc.first_bucket_mb * 1048576.0;
@@ -20261,6 +20395,14 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     d->r.stats.grad_bytes = m->param_count * (int64_t)sizeof(float);
     *out = d;
     return PDP_OK;
+}
+
+PDP_API pdp_ddp_desc pdp_ddp_get_desc(const pdp_ddp *d)
+{
+    pdp_ddp_desc z;
+    if (d) return d->desc;
+    memset(&z, 0, sizeof z);
+    return z;
 }
 
 PDP_API void pdp_ddp_free(pdp_ddp *d)
@@ -21239,11 +21381,45 @@ static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp
     return PDP_OK;
 }
 
+/* The one place pdp_zero_desc's zeros become defaults (sokol's _def; pdp_zero_get_desc
+   returns its result, with grad_buffers cut to the units once they are known); in may
+   be NULL. The bucket sizes and buffer counts are checked by the rule DDP and ZeRO
+   share (pdp__bucket_opts_check, reducer.c). Buffer counts a stage does not use are 0. */
+static pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_zero_desc *in,
+                                          pdp_zero_desc *out, const char *fn)
+{
+    pdp_zero_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.stage < 0 || d.stage > 3)
+        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, d.stage);
+    if ((st = pdp__bucket_opts_check(m, d.bucket_cap_mb, d.first_bucket_mb, &d.grad_buffers,
+                                     &d.param_buffers, fn)) != PDP_OK)
+        return st;
+    d.stage = PDP__DEF(d.stage, 1);
+    d.bucket_cap_mb = PDP__DEF(d.bucket_cap_mb, 25.0);
+    d.first_bucket_mb = PDP__DEF(d.first_bucket_mb, PDP__MIN(1.0, d.bucket_cap_mb));
+    d.grad_buffers = d.stage >= 2 ? PDP__DEF(d.grad_buffers, 2) : 0;
+    d.param_buffers = d.stage == 3 ? PDP__DEF(d.param_buffers, 2) : 0;
+    *out = d;
+    return PDP_OK;
+}
+
+PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z)
+{
+    pdp_zero_desc d;
+    if (z) return z->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc)
 {
     static const char *fn = "pdp_zero_create";
     pdp__reducer_desc rd;
+    pdp_zero_desc zd;
     pdp_comm_stats cs;
     pdp_zero *z;
     pdp_status st;
@@ -21254,16 +21430,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (desc->stage < 0 || desc->stage > 3))
-        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, desc->stage);
-    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
-                                             &desc->grad_buffers, &desc->param_buffers,
-                                             fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__zero_desc_defaults(m, desc, &zd, fn)) != PDP_OK) return st;
     /* the units, shards and (stage 3) the parameter block are this layout's */
-    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, desc && desc->stage ? desc->stage : 1,
-                              fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, zd.stage, fn)) != PDP_OK) return st;
     z = (pdp_zero *)pdp__calloc(sizeof *z);
     if (!z) {
         pdp__model_unwrap(m);
@@ -21271,13 +21440,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     }
     z->m = m; /* pdp_zero_free unwraps it, on failure too */
     z->dev = m->device;
-    if (desc) z->desc = *desc;
-    z->desc.stage = PDP__DEF(z->desc.stage, 1);
-    z->desc.bucket_cap_mb = PDP__DEF(z->desc.bucket_cap_mb, 25.0);
-    z->desc.first_bucket_mb = PDP__DEF(z->desc.first_bucket_mb,
-                                       PDP__MIN(1.0, z->desc.bucket_cap_mb));
-    z->desc.grad_buffers = z->desc.stage >= 2 ? PDP__DEF(z->desc.grad_buffers, 2) : 0;
-    z->desc.param_buffers = z->desc.stage == 3 ? PDP__DEF(z->desc.param_buffers, 2) : 0;
+    z->desc = zd; /* grad_buffers is cut to the units below */
     z->stage = z->desc.stage;
     z->m = m;
     z->c = c;
@@ -22467,6 +22630,23 @@ static pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, c
     return PDP_OK;
 }
 
+/* The one place pdp_pp_desc's zeros become defaults (sokol's _def), after
+   pdp__pp_check_desc; in may be NULL. first_layer stays as given (NULL: balanced);
+   pdp_pp_get_desc puts the split in use there. */
+static pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
+                                        int p, const char *fn)
+{
+    pdp_pp_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if ((st = pdp__pp_check_desc(&d, nlayers, p, fn)) != PDP_OK) return st;
+    d.micro_batches = PDP__DEF(d.micro_batches, p);
+    d.balance_batch = PDP__DEF(d.balance_batch, 32);
+    *out = d;
+    return PDP_OK;
+}
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 static pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
@@ -22527,6 +22707,18 @@ static pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
     return PDP_OK;
 }
 
+PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
+{
+    pdp_pp_desc d;
+    if (!pp) {
+        memset(&d, 0, sizeof d);
+        return d;
+    }
+    d = pp->desc;
+    d.first_layer = pp->first;
+    return d;
+}
+
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc)
 {
@@ -22553,15 +22745,15 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
                         "(each with DP)", fn, full->tp.nlayers);
     pp = (pdp_pp *)pdp__calloc(sizeof *pp);
     if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    if (desc) pp->desc = *desc;
     pp->c = c;
-    pp->dp = pp->desc.dp;
     pp->stage = c->rank;
     pp->p = c->size;
-    pp->mb = PDP__DEF(pp->desc.micro_batches, pp->p);
     pp->rwork_act = -1;
-    if ((st = pdp__pp_check_desc(&pp->desc, full->nlayers, pp->p, fn)) != PDP_OK ||
-        (st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
+    if ((st = pdp__pp_desc_defaults(desc, &pp->desc, full->nlayers, pp->p, fn)) != PDP_OK)
+        goto fail;
+    pp->dp = pp->desc.dp;
+    pp->mb = pp->desc.micro_batches;
+    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb) * sizeof *pp->acts);

@@ -444,6 +444,20 @@ PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
 }
 PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
 
+/* Built from the head every backend fills (its defaults: pdp__comm_desc_timeout and
+   each backend's create); log is not kept by a communicator. */
+PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c)
+{
+    pdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    if (!c) return d;
+    d.backend = c->backend;
+    d.timeout_s = c->timeout_s;
+    d.device = c->device;
+    d.name = c->name;
+    return d;
+}
+
 PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
 {
     if (!out) return;

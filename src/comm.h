@@ -119,6 +119,10 @@ PDP_API int pdp_comm_rank(const pdp_comm *c);
 PDP_API int pdp_comm_size(const pdp_comm *c);
 PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c);
 PDP_API double pdp_comm_timeout(const pdp_comm *c); /* seconds */
+/* The desc in use, defaults filled in (sokol's query-defaults): the backend that
+   runs it, timeout_s, device, and name (the communicator's own string, valid until it
+   is freed); log and log_user are not kept (NULL). A zero desc for NULL. */
+PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c);
 
 /* In place: buf <- op over ranks of buf. */
 PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,

@@ -455,6 +455,14 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     return PDP_OK;
 }
 
+PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b)
+{
+    pdp_batcher_desc d;
+    if (b) return b->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
 PDP_API void pdp_batcher_free(pdp_batcher *b)
 {
     if (!b) return;

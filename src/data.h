@@ -94,6 +94,10 @@ typedef struct pdp_batcher_desc {
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
                                       const pdp_batcher_desc *desc);
 PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
+/* The desc in use, defaults filled in (sokol's query-defaults); indices points at the
+   batcher's own copy of the index list (0..count-1 when none was given), num_indices
+   its length; valid until pdp_batcher_free. A zero desc for NULL. */
+PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b);
 /* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
    batcher's buffer and *labels points at its n labels, both valid until the next
    call. Returns false, with *n = 0, when the epoch is over; call

@@ -59,6 +59,10 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
 /* Stops and joins the workers, frees the replicas (never the master). NULL is fine. */
 PDP_API void pdp_dp_free(pdp_dp *dp);
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp);
+/* The desc in use, defaults filled in (sokol's query-defaults): num_workers resolved,
+   threads_per_worker >= 1; devices is dp's own copy (NULL when none was given), valid
+   until pdp_dp_free. A zero desc for NULL. */
+PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp);
 
 /* One training step for classification on the global batch x [B, ...] with B
    labels in host memory (x on the master's device, or on the host for a GPU

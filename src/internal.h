@@ -148,6 +148,50 @@ static double pdp__now(void);
    through PDP__LOAD_ACQ (threads.c). */
 static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
 
+/* A worker team (threads.c): the one hand-off behind the intra-op pool and
+   DataParallel's workers. Members 1..nworkers are persistent threads (created by
+   pdp__team_grow, joined by pdp__team_free); member 0 is whoever calls
+   pdp__team_run, which publishes fn/arg/n as a new generation, runs index 0 itself,
+   then every index no member exists for, and returns when members 1..n-1 are done.
+   Member i runs index i; a member with i >= n sits the job out. Both sides spin
+   (pdp__spin_while) before they sleep. generation, pending and stop are written
+   only with PDP__STORE_REL under lock (the spinners read them outside it); every
+   other field is read and written under lock, so what the caller wrote before
+   pdp__team_run is visible to the members, and what a member wrote in its index is
+   visible to the caller after it (TSan clean). One caller at a time per team: the
+   pool serialises callers with its busy mutex, a pdp_dp has one owner. */
+#define PDP__TEAM_MAX 256 /* members, the caller included */
+typedef struct pdp__team pdp__team;
+typedef struct pdp__team_member {
+    pdp__team *team;
+    int index;               /* the index this thread runs: 1..PDP__TEAM_MAX-1 */
+    unsigned long start_gen; /* the generation when the thread was made */
+} pdp__team_member;
+struct pdp__team {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
+    bool ok;                   /* lock, wake and done are initialised */
+    int nworkers;              /* threads started: members 1..nworkers */
+    unsigned long generation;  /* bumped once per job; atomic stores only */
+    int pending;               /* members still running the job; atomic stores only */
+    int stop;                  /* atomic stores only */
+    void (*fn)(void *arg, int i, int n); /* the current job */
+    void *arg;
+    int n;
+    pthread_t tid[PDP__TEAM_MAX - 1];
+    pdp__team_member member[PDP__TEAM_MAX - 1];
+};
+/* Initialises a zeroed team with no threads; 0, or pthread's error code. */
+static int pdp__team_init(pdp__team *t);
+/* Starts threads until the team has `workers` (at most PDP__TEAM_MAX - 1); no job may
+   be running. 0, or the first pthread_create error (the threads made so far stay). */
+static int pdp__team_grow(pdp__team *t, int workers);
+/* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
+static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+/* Stops and joins every thread and releases the team (a zeroed team is fine); the
+   team may be initialised again. */
+static void pdp__team_free(pdp__team *t);
+
 /* The intra-op setting of the calling thread (see pdp_set_num_threads). */
 static int pdp__threads_for_caller(void);
 /* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread

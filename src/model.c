@@ -65,6 +65,22 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     return PDP_OK;
 }
 
+/* The desc the model was made by, as in use: input_ndim and input_shape resolved,
+   precision the current one (pdp_model_set_precision may change it). */
+PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
+{
+    pdp_model_desc d;
+    int i;
+    memset(&d, 0, sizeof d);
+    if (!m) return d;
+    d.input_ndim = m->in_ndim;
+    for (i = 0; i < m->in_ndim; i++) d.input_shape[i] = m->in_shape[i];
+    d.seed = m->seed;
+    d.device = m->device;
+    d.precision = m->precision;
+    return d;
+}
+
 static void pdp__model_free_buffers(pdp_model *m)
 {
     pdp__dev_free(m->device, m->act_block);

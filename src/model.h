@@ -36,6 +36,9 @@ typedef struct pdp_model_desc {
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
 PDP_API void pdp_model_free(pdp_model *m);
+/* The desc in use (sokol's query-defaults): input_ndim resolved, input_shape's unused
+   entries 0, precision the current one. A zero desc for NULL. */
+PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m);
 
 /* Layers, appended in order. Each validates against the current output shape and
    initialises its parameters as PyTorch does (Kaiming uniform with a = sqrt(5)

@@ -435,11 +435,45 @@ static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp
     return PDP_OK;
 }
 
+/* The one place pdp_zero_desc's zeros become defaults (sokol's _def; pdp_zero_get_desc
+   returns its result, with grad_buffers cut to the units once they are known); in may
+   be NULL. The bucket sizes and buffer counts are checked by the rule DDP and ZeRO
+   share (pdp__bucket_opts_check, reducer.c). Buffer counts a stage does not use are 0. */
+static pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_zero_desc *in,
+                                          pdp_zero_desc *out, const char *fn)
+{
+    pdp_zero_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.stage < 0 || d.stage > 3)
+        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, d.stage);
+    if ((st = pdp__bucket_opts_check(m, d.bucket_cap_mb, d.first_bucket_mb, &d.grad_buffers,
+                                     &d.param_buffers, fn)) != PDP_OK)
+        return st;
+    d.stage = PDP__DEF(d.stage, 1);
+    d.bucket_cap_mb = PDP__DEF(d.bucket_cap_mb, 25.0);
+    d.first_bucket_mb = PDP__DEF(d.first_bucket_mb, PDP__MIN(1.0, d.bucket_cap_mb));
+    d.grad_buffers = d.stage >= 2 ? PDP__DEF(d.grad_buffers, 2) : 0;
+    d.param_buffers = d.stage == 3 ? PDP__DEF(d.param_buffers, 2) : 0;
+    *out = d;
+    return PDP_OK;
+}
+
+PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z)
+{
+    pdp_zero_desc d;
+    if (z) return z->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc)
 {
     static const char *fn = "pdp_zero_create";
     pdp__reducer_desc rd;
+    pdp_zero_desc zd;
     pdp_comm_stats cs;
     pdp_zero *z;
     pdp_status st;
@@ -450,16 +484,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (desc->stage < 0 || desc->stage > 3))
-        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, desc->stage);
-    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
-                                             &desc->grad_buffers, &desc->param_buffers,
-                                             fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__zero_desc_defaults(m, desc, &zd, fn)) != PDP_OK) return st;
     /* the units, shards and (stage 3) the parameter block are this layout's */
-    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, desc && desc->stage ? desc->stage : 1,
-                              fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, zd.stage, fn)) != PDP_OK) return st;
     z = (pdp_zero *)pdp__calloc(sizeof *z);
     if (!z) {
         pdp__model_unwrap(m);
@@ -467,13 +494,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     }
     z->m = m; /* pdp_zero_free unwraps it, on failure too */
     z->dev = m->device;
-    if (desc) z->desc = *desc;
-    z->desc.stage = PDP__DEF(z->desc.stage, 1);
-    z->desc.bucket_cap_mb = PDP__DEF(z->desc.bucket_cap_mb, 25.0);
-    z->desc.first_bucket_mb = PDP__DEF(z->desc.first_bucket_mb,
-                                       PDP__MIN(1.0, z->desc.bucket_cap_mb));
-    z->desc.grad_buffers = z->desc.stage >= 2 ? PDP__DEF(z->desc.grad_buffers, 2) : 0;
-    z->desc.param_buffers = z->desc.stage == 3 ? PDP__DEF(z->desc.param_buffers, 2) : 0;
+    z->desc = zd; /* grad_buffers is cut to the units below */
     z->stage = z->desc.stage;
     z->m = m;
     z->c = c;

@@ -183,6 +183,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
    caller's again (layers may be added; pdp_model_param views taken while wrapped are
    stale). Not collective. NULL is fine. */
 PDP_API void pdp_zero_free(pdp_zero *z);
+/* The desc in use, defaults filled in (sokol's query-defaults): grad_buffers cut to the
+   units there are (0 at stage 1), param_buffers 0 below stage 3. A zero desc for NULL. */
+PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
    (pdp_optim_step refuses it). Free it with pdp_optim_free. */
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z,
