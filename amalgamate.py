@@ -80,6 +80,7 @@ IMPL = [
     "ddp.c",
     "tp.c",
     "zero.c",
+    "zero_ckpt.c",
     "pp.c",
 ]
 EXTRA = ["manual.txt", "license.txt"]

@@ -3451,6 +3451,15 @@ static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float
                                            pdp_optim *o, int64_t lo, int64_t hi, const char *run,
                                            const char *fn);
 
+/* ---- ZeRO internals (zero.c, for zero_ckpt.c) ----
+   zero_ckpt.c comes after zero.c and reads struct pdp_zero and its units directly;
+   these are the two functions of zero.c it calls. fn names the public caller. */
+/* Stage 3: every gather slot free (FSDP's reshard), after the all-gathers in flight. */
+static pdp_status pdp__zero_release_params(pdp_zero *z);
+/* Stages 1-2: every rank's slices of the full block into dst (the model's param_count
+   floats, on its device), unit by unit; collective. */
+static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn);
+
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----
    Each backend fills one table; the public pdp_comm_* functions (comm.c) validate
@@ -20390,11 +20399,11 @@ out:
    and the NCCL stream is the backend's: a collective's launch waits for the work
    already queued on the compute stream (a slice copied into a gather slot, a
    layer still reading the slot being refilled), and its wait makes the compute
-   stream wait for it (a buffer added to the shard, cleared or read by a layer). */
+   stream wait for it (a buffer added to the shard, cleared or read by a layer).
+
+   The checkpoints of this executor are zero_ckpt.c's. */
 
 /* #include "internal.h" (already above) */
-#include <errno.h>
-#include <unistd.h>
 
 typedef struct pdp__zero_unit {
     int64_t off, count;  /* the unit's range of the flat block */
@@ -21273,6 +21282,52 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
     memset(out, 0, sizeof *out);
     if (z) *out = z->stats;
 }
+/* ---- end src/zero.c ---- */
+
+/* ---- begin src/zero_ckpt.c ---- */
+/* zero_ckpt: ZeRO's checkpoints on zero.c's executor: the sharded set
+   (pdp_zero_checkpoint_save, pdp_zero_checkpoint_load), the one full file
+   (pdp_zero_checkpoint_consolidate) and its re-sharding load at any world size
+   (pdp_zero_checkpoint_load_full). Every call is collective.
+
+   Invariants.
+   - One save, one run id: rank 0 draws 64 bits per save and sends them to every
+     rank inside the save's first agreement; every shard file ("shard.run") and the
+     marker carry them, and a load accepts only shards whose id is the marker's.
+   - The marker is atomic and last: rank 0 removes the old marker before any shard
+     is written, and writes the new one (a temporary, fsync, rename, fsync of the
+     directory) only after every rank has agreed that its shard file is on disk, so
+     a set with a marker is complete.
+   - Agreement before anything is changed: a load reads and validates into staging
+     buffers on every rank, then the ranks agree (pdp__zero_agree: one all-reduce of
+     per-rank flags); only when every rank succeeded does any rank commit, so a
+     failure anywhere leaves every rank's parameters, optimizer state, seed and step
+     as they were. Every rank reaches every agreement, failed or not, so a local
+     failure cannot hang the others; a rank that never arrives makes them fail with
+     the communicator's status.
+
+   The files: a shard is checkpoint.c's range file (pdp__checkpoint_save_run, flat
+   "params" and "optim.<state>"); the marker "P.done" is text, version 2 (see
+   pdp__zero_marker_text); the consolidated file is pdp_checkpoint_save's. The set,
+   the layout and the run id are described under "zero: checkpoints" below and in
+   zero.h.
+
+   The seam with zero.c: amalgamate.py places this module after it; it reads
+   struct pdp_zero and its units (pdp__zero_unit) directly and calls
+   pdp__zero_release_params and pdp__zero_gather_full (declared in internal.h) and
+   the public pdp_zero_gather_params. Of checkpoints zero.c keeps only the counter
+   z->saves, an input of each run id.
+
+   References: llm.c's write_checkpoint (karpathy/llm.c, train_gpt2.cu: every rank
+   writes its state file, a barrier, then rank 0 writes DONE_<step>); ZeRO's
+   partitioned optimizer state (Rajbhandari et al., "ZeRO: Memory Optimizations
+   Toward Training Trillion Parameter Models", SC 2020); DeepSpeed's zero_to_fp32.py,
+   which consolidates offline what consolidate writes in the run; safetensors
+   (https://github.com/huggingface/safetensors). */
+
+/* #include "internal.h" (already above) */
+#include <errno.h>
+#include <unistd.h>
 
 /* ---- zero: checkpoints ----
    A set under prefix P: rank r's shard file "P.rank<r>.safetensors" and the
@@ -21802,7 +21857,7 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     if (bad[0]) return pdp__err(PDP_ERR_IO, "%s: %s: rank 0 could not write it", fn, path);
     return PDP_OK;
 }
-/* ---- end src/zero.c ---- */
+/* ---- end src/zero_ckpt.c ---- */
 
 /* ---- begin src/pp.c ---- */
 /* pp: the pipeline-parallel executor (the design is pp.h's opening comment).
