@@ -16794,7 +16794,8 @@ static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, co
    Load never half-applies a file: it reads the header (at most
    PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
    validates every entry, reads every expected tensor into one staging buffer,
-   and only then copies into the model and the optimizer.
+   and only then copies into the model and the optimizer (pdp__ckpt_load's
+   steps, under "checkpoint: load, step by step").
 
    Checksums (safetensors has none): __metadata__ "crc32c.<tensor>" is the
    CRC-32C of the tensor's data bytes as stored, "crc32c.header" that of the
@@ -21384,8 +21385,7 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
    The files: a shard is checkpoint.c's range file (pdp__checkpoint_save_run, flat
    "params" and "optim.<state>"); the marker "P.done" is text, version 2 (see
    pdp__zero_marker_text); the consolidated file is pdp_checkpoint_save's. The set,
-   the layout and the run id are described under "zero: checkpoints" below and in
-   zero.h.
+   its layout and the run id are described in the first section below and in zero.h.
 
    The seam with zero.c: amalgamate.py places this module after it; it reads
    struct pdp_zero and its units (pdp__zero_unit) directly and calls
@@ -21404,7 +21404,7 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
 #include <errno.h>
 #include <unistd.h>
 
-/* ---- zero: checkpoints ----
+/* ---- zero_ckpt: the set, the run id, the agreements ----
    A set under prefix P: rank r's shard file "P.rank<r>.safetensors" and the
    marker "P.done". The shard file is checkpoint.c's shard file of the range
    [r S, (r + 1) S) of the padded shard-order block (every rank's shard in rank
@@ -21547,6 +21547,8 @@ static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
     return PDP_OK;
 }
 
+/* ---- zero_ckpt: save ---- */
+
 /* A run id as the files hold it: 16 lowercase hex digits. */
 static void pdp__zero_run_text(uint64_t run, char out[17])
 {
@@ -21664,6 +21666,8 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
                                             "%s", fn, marker);
     return PDP_OK;
 }
+
+/* ---- zero_ckpt: load (a shard set, or a full file at any world size) ---- */
 
 /* Reads the marker and holds it to this run; *steps gets its step, run its
    run id (16 hex digits). */
@@ -21865,6 +21869,8 @@ PDP_API pdp_status pdp_zero_checkpoint_load_full(pdp_zero *z, pdp_optim *opt, co
     }
     return pdp__zero_load_finish(z, opt, &ov, st, params, state, path, true, seed, mstep, fn);
 }
+
+/* ---- zero_ckpt: consolidate (one full file) ---- */
 
 PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim *opt,
                                                    const char *path)

@@ -12,7 +12,8 @@
    Load never half-applies a file: it reads the header (at most
    PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
    validates every entry, reads every expected tensor into one staging buffer,
-   and only then copies into the model and the optimizer.
+   and only then copies into the model and the optimizer (pdp__ckpt_load's
+   steps, under "checkpoint: load, step by step").
 
    Checksums (safetensors has none): __metadata__ "crc32c.<tensor>" is the
    CRC-32C of the tensor's data bytes as stored, "crc32c.header" that of the
