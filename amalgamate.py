@@ -81,6 +81,7 @@ IMPL = [
     "ddp.c",
     "tp.c",
     "zero.c",
+    "zero_ckpt.c",
     "pp.c",
     "launch.c",
 ]

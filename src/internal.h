@@ -646,6 +646,15 @@ static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float
                                            pdp_optim *o, int64_t lo, int64_t hi, const char *run,
                                            const char *fn);
 
+/* ---- ZeRO internals (zero.c, for zero_ckpt.c) ----
+   zero_ckpt.c comes after zero.c and reads struct pdp_zero and its units directly;
+   these are the two functions of zero.c it calls. fn names the public caller. */
+/* Stage 3: every gather slot free (FSDP's reshard), after the all-gathers in flight. */
+static pdp_status pdp__zero_release_params(pdp_zero *z);
+/* Stages 1-2: every rank's slices of the full block into dst (the model's param_count
+   floats, on its device), unit by unit; collective. */
+static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn);
+
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----
    Each backend fills one table; the public pdp_comm_* functions (comm.c) validate
