@@ -182,7 +182,7 @@
    batched into NCCL groups, split through ncclCommSplit, NCCL 2.18+; comm.h lists
    where NCCL's messages differ). A rank that does not arrive within timeout_s
    (default 300) makes the others fail with PDP_ERR_TIMEOUT naming the collective (or
-   the peer and tag) and the rank: nothing hangs. MPI start-up: with PDP_STORE_PORT
+   the peer and tag; the local backend also the missing rank): nothing hangs. MPI start-up: with PDP_STORE_PORT
    (or MASTER_PORT) set, every rank checks in at rank 0's store before
    MPI_Init_thread, so a rank that never starts is named within timeout_s;
    MPI_Init_thread itself cannot be bounded (a watchdog reports through desc.log). A
@@ -1248,7 +1248,9 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out);
    Collectives on one communicator complete in the order they were issued, and
    every rank must issue the same collectives in the same order (as in MPI and
    NCCL). A rank that does not arrive within timeout_s makes the others fail
-   with PDP_ERR_TIMEOUT naming the collective and the missing rank.
+   with PDP_ERR_TIMEOUT naming the collective; the local backend also names the
+   missing rank (it sees every rank's arrival), MPI and NCCL name the rank that
+   reports it (neither library says which peer is late).
    One module per backend in src/ (comm_local.c, comm_mpi.c, comm_nccl.c) fills
    one table of functions; comm.c holds this API and the dispatcher. A new
    backend is one new file and a few lines elsewhere (its value in pdp_backend,

@@ -17,7 +17,9 @@
    Collectives on one communicator complete in the order they were issued, and
    every rank must issue the same collectives in the same order (as in MPI and
    NCCL). A rank that does not arrive within timeout_s makes the others fail
-   with PDP_ERR_TIMEOUT naming the collective and the missing rank.
+   with PDP_ERR_TIMEOUT naming the collective; the local backend also names the
+   missing rank (it sees every rank's arrival), MPI and NCCL name the rank that
+   reports it (neither library says which peer is late).
    One module per backend in src/ (comm_local.c, comm_mpi.c, comm_nccl.c) fills
    one table of functions; comm.c holds this API and the dispatcher. A new
    backend is one new file and a few lines elsewhere (its value in pdp_backend,
