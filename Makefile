@@ -85,6 +85,10 @@ $(KERNEL_TESTS): $(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h tests/counti
 $(B)/test_%: tests/test_%.c pdp.h tests/pdp_test.h tests/counting_alloc.h | $(B)
 	$(CC) $(WARN) $(TEST_OPT) $(CFLAGS) $(CPPFLAGS) -DPDP_STATIC $< -o $@ $(LDLIBS)
 
+# the backend conformance suite, included by the three communicator tests (every build of them)
+$(B)/test_comm $(B)/test_mpi $(B)/mpi/test_mpi $(B)/test_cuda $(CB)/test_cuda.o \
+    $(B)/fake_cuda/test_cuda.o $(B)/emu_cuda/test_cuda.o: tests/comm_conformance.h
+
 $(B)/%: examples/%.c $(IMPL_OBJ) pdp.h | $(B)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) $(IMPL_LINKED) $< $(IMPL_OBJ) -o $@ $(LDLIBS)
 
@@ -245,6 +249,8 @@ fake-cuda-test: $(FAKE_CUDA_TESTS)
 	done
 	@echo "== PDP_FAKE_CUDA_DEVICES=4 $(FB)/test_cuda -t cuda_nccl (split 2 x 2 needs 4 GPUs)"
 	@PDP_FAKE_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(FB)/test_cuda -t cuda_nccl
+	@echo "== PDP_FAKE_CUDA_DEVICES=4 $(FB)/test_cuda -t conf_ (the conformance suite on 4 ranks)"
+	@PDP_FAKE_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(FB)/test_cuda -t conf_
 
 # ---- emu-cuda-test: the REAL pdp_cuda.cu on the CPU (tests/cuda_emu/) ----
 # make emu-cuda-test    rewrites pdp_cuda.cu's kernel launches (tests/cuda_emu/rewrite.py),
@@ -320,6 +326,8 @@ emu-cuda-test: $(EMU_CUDA_TESTS) $(EB)/bench_gpu $(EB)/train_mnist $(EB)/train_d
 	done
 	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t cuda_nccl (split 2 x 2, 2-D need 4 GPUs)"
 	@PDP_EMU_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(EB)/test_cuda -t cuda_nccl
+	@echo "== PDP_EMU_CUDA_DEVICES=4 $(EB)/test_cuda -t conf_ (the conformance suite on 4 ranks)"
+	@PDP_EMU_CUDA_DEVICES=4 PDP_TEST_REQUIRE_CUDA=1 timeout 600 ./$(EB)/test_cuda -t conf_
 	@echo "== PDP_EMU_CUDA_DEVICES=1 $(EB)/bench_gpu --smoke"
 	@PDP_EMU_CUDA_DEVICES=1 timeout 600 ./$(EB)/bench_gpu --smoke
 	@echo "== $(EB)/train_mnist -device cuda, against -device cpu"

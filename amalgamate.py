@@ -43,6 +43,7 @@ API = [
     "zero.h",
     "pp.h",
     "cuda.h",
+    "launch.h",
 ]
 # Math written once for the CPU and for pdp_cuda.cu (PDP__HOSTDEV helpers).
 SHARED = ["math.h"]
@@ -80,7 +81,9 @@ IMPL = [
     "ddp.c",
     "tp.c",
     "zero.c",
+    "zero_ckpt.c",
     "pp.c",
+    "launch.c",
 ]
 EXTRA = ["manual.txt", "license.txt"]
 

@@ -26,7 +26,10 @@
        pdp_shutdown_threads();   // optional: joins the GEMM thread pool
 
    Link with -lm -lpthread. C++ and .cu files have no compound literals: declare the
-   desc zeroed (pdp_model_desc md = {};), set its fields, pass &md.
+   desc zeroed with {} (pdp_optim_desc od{};), not = {0}, which C++ refuses where the
+   first field is an enum; set its fields, pass &od. A shape is a named array
+   (const int64_t s[] = {64, 10};). The implementation compiles as C++ and under nvcc
+   with no warning at -Wall -Wextra; README.md has the quick start in C++.
 
    Every function that can fail returns a pdp_status; on failure pdp_last_error()
    says what and where ("pdp_model_forward: layer 0 (Linear) expects [64, 784],
@@ -40,7 +43,10 @@
        mpicc ... -DPDP_MPI app.c                    the MPI communicator
        nvcc -O2 -arch=sm_90 -DPDP_CUDA app.c pdp_cuda.cu -lcublas -lnccl
    Strict C99 on glibc needs _POSIX_C_SOURCE before the first system header; pdp.h
-   defines it when it comes first, and stops with a hint when it cannot.
+   defines it when it comes first. When a system header came first (say <stdlib.h> for
+   PDP_MALLOC), it stops with one error that says what to do: #define _POSIX_C_SOURCE
+   200809L above the first #include, or -D_POSIX_C_SOURCE=200809L. GNU modes and C++
+   need neither.
 
    OPTIONS (define before including)
    =================================
@@ -52,6 +58,15 @@
        PDP_CBLAS            GEMM through cblas_sgemm (link a CBLAS)
        PDP_MPI              the MPI communicator backend (build with mpicc)
        PDP_CUDA             CUDA devices and NCCL (link pdp_cuda.o, cuBLAS, NCCL)
+
+   OPTION VALUES
+   =============
+   In every desc, zero means the default. A value outside a field's documented
+   range (negative where it must be positive, NaN, infinite) fails with
+   PDP_ERR_INVALID naming the function and the field; it is never clamped or
+   silently replaced. The object's get_desc returns the desc in use, every default
+   filled in (pdp_model_, pdp_optim_, pdp_batcher_, pdp_comm_, pdp_dp_, pdp_ddp_,
+   pdp_zero_ and pdp_pp_get_desc).
 
    MEMORY
    ======
@@ -77,24 +92,24 @@
    PDP_PRECISION_BF16 (or pdp_model_set_precision) is mixed precision as PyTorch's
    autocast: the inputs of Linear's and Conv2d's GEMMs (forward and both backward
    products) are rounded to bf16, products accumulate in fp32, everything else stays
-   fp32. pdp_gemm_bf16 picks its path by CPUID at run time: AMX tiles where the CPU
-   has AMX-BF16 and Linux grants the tile state (asked once; refused: the next path),
-   AVX512-BF16 (vdpbf16ps), and an emulation with the AVX512 path's arithmetic and
-   bits everywhere else (pdp_bf16_path_name says which). AMX sums each pair in the
-   other order, so its bits may differ within a stated bound; it was checked once on
-   a scalar tile emulator outside the tests, never on an AMX CPU. Conv2d's implicit
-   GEMMs (stride 1, padding below the kernel size) run on the same kernels through
-   row-offset tables, the padded image converted to bf16 once per chunk; on the
-   emulated path, and for the dW of a convolution with few weights (1 -> 16 channels
-   at k 5), the fp32 kernels multiply bf16-rounded inputs. On CUDA the same switch
-   runs Linear and Conv2d as cublasGemmEx with bf16 inputs and fp32 accumulation
-   (checked on the CUDA emulator, not yet on a GPU). Speed (bench/train, one
-   AVX512-BF16 core of an AMD EPYC, one run): the MLP 784-512-512-10 step at batch 512
-   trains 43k samples/s in bf16 against 26k in fp32, 1.25x PyTorch's autocast (1.7x at
-   batch 128); the CNN of train_cnn at batch 128, 6.5k in bf16 against 5.1k in fp32,
-   1.5x autocast. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in bf16
-   against 88.76% in fp32 (train_mnist -bf16, seed 1); one autocast MLP step against a
-   PyTorch fixture (tests/test_bf16.c).
+   fp32. pdp_gemm_bf16 picks its path by CPUID at run time: AMX tiles where the CPU has
+   AMX-BF16 and Linux grants the tile state (asked once; refused: the next path),
+   AVX512-BF16 (vdpbf16ps), and an emulation with the AVX512 path's arithmetic and bits
+   everywhere else (pdp_bf16_path_name says which). AMX sums each pair in the other
+   order, so its bits may differ within a stated bound (gemm.h, gemm_bf16.c):
+   tests/test_bf16.c holds the AMX path to it on a CPU with AMX and skips it, saying
+   so, elsewhere (the AMD EPYC the tests run on has no AMX). Conv2d's implicit GEMMs
+   (stride 1, padding below the kernel size) run on the same kernels through row-offset
+   tables, the padded image converted to bf16 once per chunk; on the emulated path, and
+   for the dW of a convolution with few weights (1 -> 16 channels at k 5), the fp32
+   kernels multiply bf16-rounded inputs. On CUDA the same switch runs Linear and Conv2d
+   as cublasGemmEx with bf16 inputs and fp32 accumulation (checked on the CUDA
+   emulator, not yet on a GPU). bf16 is not always faster than fp32 on a CPU: it
+   depends on the path and the model. `make bench` (bench/train) measures both on your
+   CPU beside PyTorch's autocast; CHANGELOG.md keeps the runs we measured, each with
+   its CPU. Tested: 5 epochs of the Fashion-MNIST MLP reach 88.86% in bf16 against
+   88.76% in fp32 (train_mnist -bf16, seed 1); one autocast MLP step against a PyTorch
+   fixture (tests/test_bf16.c).
 
    THREADS AND DETERMINISM
    =======================
@@ -102,13 +117,33 @@
    GEMMs split over a process-wide pool of persistent workers; each output element
    is computed by one thread, so the bits do not depend on n). A worker spins for up
    to 100 microseconds after a job before it sleeps, so a hand-off that comes within
-   that time (the next GEMM of a training step) needs no wake-up. Random numbers come
-   from explicit PCG32 states; a seed gives the same bits everywhere. Dropout masks
-   are a function of (seed, layer, step, global sample index), so DP and DDP draw
-   exactly the masks a single device would. Reductions run in a fixed order.
+   that time (the next GEMM of a training step) needs no wake-up.
    pdp_profile_start/read/stop (base.h) split the calling thread's time into layers
    with weights, other layers, loss, optimizer and the rest, and count the intra-op
    workers' idle thread-seconds: bench/train prints it per configuration.
+
+   Determinism: random numbers come from explicit PCG32 states. Dropout masks are a
+   function of (seed, layer, step, global sample index), so DP and DDP draw exactly the
+   masks a single device would. Reductions run in a fixed order. So one build of pdp,
+   run again with the same seed, gives the same bits whatever the thread count
+   (pdp_set_num_threads, DP's threads_per_worker) and whichever thread wins the pool.
+   Another build need not: gcc's -ffp-contract=fast (its default in the GNU modes,
+   -std=gnu99 or no -std) fuses a*b + c into one FMA where -ffp-contract=off (the
+   default under -std=c99) rounds the product first, and the two builds write different
+   checkpoints; so may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16
+   path (AMX) or another device (CUDA).
+
+   Process-wide state: pdp's state hangs off the objects you create, or off the calling
+   thread (the error message, the intra-op thread count, the profile counters), with
+   these exceptions, each created on first use and guarded by a lock or a once: the
+   intra-op pool and the key of the per-thread scratch (threads.c;
+   pdp_shutdown_threads joins the pool); the trace sink while PDP_TRACE is on
+   (trace.c); the bf16 path, from the CPU's features read once and Linux's AMX tile
+   permission asked once (gemm_bf16.c); MPI's ownership record, the live MPI
+   communicators and whether pdp initialised MPI (comm_mpi.c); and per CUDA device a
+   stream, a cuBLAS handle, the caching allocator's free blocks, scratch and bf16
+   workspace, and the TF32 switch (pdp_cuda.cu), kept for the life of the process.
+   With PDP_STATIC each copy of pdp in a program has its own, but for pdp_cuda.cu's.
 
    DEVICES AND CUDA
    ================
@@ -126,162 +161,274 @@
    optimizer untouched. Files without checksums (other tools) load unverified. A
    save writes <path>.tmp.<pid>, fsyncs and renames, so a crash loses nothing, and
    removes temporaries left by writers that were killed. Every load error starts
-   with "pdp_checkpoint_load: <path>: ".
+   with "pdp_checkpoint_load: <path>: ". ZeRO's and TP's checkpoints: DISTRIBUTED.
 
    DISTRIBUTED
    ===========
-   DataParallel, one process (dp.h): pdp_dp_create(&dp, master, &desc) starts one
-   persistent worker thread per device after the first (the calling thread drives
-   replica 0, the master, itself); pdp_dp_step(dp, opt, x, y, &loss) runs the
-   stages replicate, scatter, parallel apply, gather, reduce (to the master, in a
-   fixed order) and the master's optimizer step; on the CPU with 2+ workers each
-   worker steps the slice of the master's parameters it has just reduced (same bits,
-   no core idle while one steps; the stats then show the step's time in reduce).
-   pdp_dp_get_stats shows the bytes through the master and the time per stage. N
-   workers reproduce one device on the same global batch; one worker, bit for bit.
+   DP, DDP, ZeRO and pipelines are executors around the usual model and change none of
+   its layers; tensor parallelism is a property of the model (its own layer kinds). The
+   snippets use the quick start's CHECK; m, x, y and loss are the quick start's, comm a
+   communicator, rank its rank. WHERE TO READ names the functions where each step
+   happens.
 
-   DistributedDataParallel (ddp.h): every rank holds a full model and a pdp_comm.
-   pdp_ddp_create checks that all ranks have the same parameters and broadcasts
-   rank 0's; buckets (25 MiB, the first 1 MiB) are ranges of the gradient block, so
-   there is no copy; each bucket's all-reduce starts as soon as backward produced
-   its last gradient. pdp_ddp_forward_backward, then pdp_ddp_step (wait, average,
-   step). Every backward of a wrapped model synchronises, whatever the loss: for
-   your own loss call pdp_ddp_forward, compute the loss and its gradient, then
-   pdp_ddp_backward(ddp, dy) (or pdp_model_forward/backward on the model); a second
-   backward before the step fails with PDP_ERR_STATE saying what to call.
-   pdp_ddp_set_no_sync accumulates locally. pdp_dist_sampler gives each
-   rank a disjoint shard of a seeded permutation (pad or drop_last).
-   Uneven shards: each rank's loss is the mean over its own batch and the
-   all-reduce averages over ranks, so a step trains the mean of per-rank means,
-   (1/N) sum_r mean_r, as PyTorch's DDP does; it equals the mean over the global
-   batch only when every rank has the same number of samples. desc.batch_mean =
-   PDP_BATCH_MEAN_GLOBAL (DDP and ZeRO) trains the global batch's mean instead,
-   as one device on the concatenated shards: each backward all-reduces the ranks'
-   batch sizes (one float, counted in bytes_sent; hidden behind the forward in
-   pdp_ddp_forward_backward) and weighs rank r's loss gradient by N n_r / T. With
-   accumulation each backward is weighted by its own global batch.
-   Communication hooks (PyTorch's register_comm_hook): pdp_ddp_register_comm_hook
-   (or pdp_zero_register_comm_hook) before the first backward puts a user's launch
-   (and optional finish) in place of each bucket's collective; the built-ins
-   pdp_ddp_hook_bf16_compress and pdp_ddp_hook_fp16_compress scale by 1/N, round
-   the bucket to 16 bits in a buffer allocated at registration, reduce in 16 bits
+   Communicators (comm.h)
+   ----------------------
+       CHECK(pdp_local_group_create(&g, 4, &(pdp_comm_desc){.timeout_s = 60}));  // once
+       CHECK(pdp_comm_create_local(&comm, g, rank));       // then on each of 4 threads
+       CHECK(pdp_comm_allreduce(comm, buf, 8, PDP_REDUCE_SUM, &w));  CHECK(pdp_work_wait(w));
+       // or, one process per rank under mpirun or torchrun:
+       CHECK(pdp_comm_init_env(&comm, &(pdp_comm_desc){.backend = PDP_BACKEND_MPI}));
+   All-reduce, broadcast, reduce-scatter, all-gather, barrier, point-to-point send/recv
+   (matched by peer and tag), each asynchronous (pdp_work_wait; a NULL handle waits in
+   the call), and pdp_comm_split (colour, key; as MPI_Comm_split) for process groups
+   such as 2 data-parallel x 2 model-parallel. Backends, one file each: local (ranks
+   are threads: pdp_local_group_create + pdp_comm_create_local; no dependency), mpi
+   (PDP_MPI, pdp_comm_init_env under mpirun), nccl (PDP_CUDA; process per GPU through
+   pdp_comm_init_env, thread per GPU through pdp_nccl_group_create; point-to-point
+   batched into NCCL groups, split through ncclCommSplit, NCCL 2.18+; comm.h lists
+   where NCCL's messages differ). A rank that does not arrive within timeout_s
+   (default 300) makes the others fail with PDP_ERR_TIMEOUT naming the collective (or
+   the peer and tag; the local backend also the missing rank): nothing hangs. MPI start-up: with PDP_STORE_PORT
+   (or MASTER_PORT) set, every rank checks in at rank 0's store before
+   MPI_Init_thread, so a rank that never starts is named within timeout_s;
+   MPI_Init_thread itself cannot be bounded (a watchdog reports through desc.log). A
+   killed rank takes mpirun's whole job down unless it runs with --enable-recovery;
+   then the survivors get PDP_ERR_TIMEOUT. comm.h says exactly what is bounded.
+
+   Rendezvous as torchrun (rendezvous.h): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+   MASTER_PORT, or OMPI_COMM_WORLD_* under mpirun (pdp_env_read). A TCP key-value
+   store served by rank 0 (store.h, pdp_store_*; host "0.0.0.0" listens on every
+   interface) hands out the NCCL unique id.
+
+   Launching ranks (launch.h)
+   --------------------------
+   As torch.multiprocessing.spawn and torchrun:
+   pdp_launch(np, &desc, fn, user) calls fn(&ctx, user) on every rank with
+   ctx.world (the world communicator), ctx.rank and ctx.device. Local and NCCL:
+   np thread ranks in this process (NCCL: one per GPU). Under mpirun (backend mpi)
+   or torchrun (nccl; RANK, WORLD_SIZE, ...) this process is one rank of the
+   launcher's world and fn runs once. It returns the first failing rank's status,
+   its message prefixed "pdp_launch: rank R of N: ". PDP_CHECK(call) (print and
+   exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs.
+
+   DataParallel, one process (dp.h)
+   --------------------------------
+       CHECK(pdp_dp_create(&dp, m, &(pdp_dp_desc){.num_workers = 4}));  // m: the master
+       CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_SGD, .lr = 0.1}));
+       CHECK(pdp_dp_step(dp, opt, &x, y, &loss));          // x: the whole batch
+   pdp_dp_create starts one persistent worker thread per device after the first (the
+   calling thread drives replica 0, the master, itself); pdp_dp_step runs the stages
+   replicate, scatter, parallel apply, gather, reduce (to the master, in a fixed order)
+   and the master's optimizer step; on the CPU with 2+ workers each worker steps the
+   slice of the master's parameters it has just reduced (same bits, no core idle while
+   one steps; the stats then show the step's time in reduce). pdp_dp_get_stats shows
+   the bytes through the master and the time per stage. N workers reproduce one device
+   on the same global batch to float rounding; one worker, bit for bit.
+
+   DistributedDataParallel (ddp.h)
+   -------------------------------
+       CHECK(pdp_ddp_create(&ddp, m, comm, &(pdp_ddp_desc){.bucket_cap_mb = 25}));
+       CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = 1e-3}));
+       CHECK(pdp_ddp_forward_backward(ddp, &x, y, &loss));  // x: this rank's shard
+       CHECK(pdp_ddp_step(ddp, opt));                       // wait, average, step
+   Every rank holds a full model and a pdp_comm. pdp_ddp_create checks that all ranks
+   have the same parameters and broadcasts rank 0's; buckets (25 MiB, the first 1 MiB)
+   are ranges of the gradient block, so there is no copy; each bucket's all-reduce
+   starts as soon as backward produced its last gradient. Every backward of a wrapped
+   model synchronises, whatever the loss: for your own loss call pdp_ddp_forward,
+   compute the loss and its gradient, then pdp_ddp_backward(ddp, dy) (or
+   pdp_model_forward/backward on the model); a second backward before the step fails
+   with PDP_ERR_STATE saying what to call. pdp_ddp_set_no_sync accumulates locally.
+   pdp_dist_sampler gives each rank a disjoint shard of a seeded permutation (pad or
+   drop_last).
+
+   Uneven shards: each rank's loss is the mean over its own batch and the all-reduce
+   averages over ranks, so a step trains the mean of per-rank means, (1/N) sum_r
+   mean_r, as PyTorch's DDP does; it equals the mean over the global batch only when
+   every rank has the same number of samples. desc.batch_mean = PDP_BATCH_MEAN_GLOBAL
+   (DDP and ZeRO) trains the global batch's mean instead, as one device on the
+   concatenated shards: each backward all-reduces the ranks' batch sizes (one float,
+   counted in bytes_sent; hidden behind the forward in pdp_ddp_forward_backward) and
+   weighs rank r's loss gradient by N n_r / T. With accumulation each backward is
+   weighted by its own global batch.
+
+   Communication hooks (PyTorch's register_comm_hook): pdp_ddp_register_comm_hook (or
+   pdp_zero_register_comm_hook) before the first backward puts a user's launch (and
+   optional finish) in place of each bucket's collective; the built-ins
+   pdp_ddp_hook_bf16_compress and pdp_ddp_hook_fp16_compress scale by 1/N, round the
+   bucket to 16 bits in a buffer allocated at registration, reduce in 16 bits
    (pdp_comm_allreduce_ex / pdp_comm_reduce_scatter_ex with PDP_DTYPE_BF16 or
-   PDP_DTYPE_F16: fp32 sums rounded once on local, at each combination on MPI,
-   NCCL's native types) and widen back: half the bytes, within the bound ddp.h
-   states. fp16 has no loss scaling: prefer bf16. train_ddp -compress bf16.
+   PDP_DTYPE_F16: fp32 sums rounded once on local, at each combination on MPI, NCCL's
+   native types) and widen back: half the bytes, within the bound ddp.h states. fp16
+   has no loss scaling: prefer bf16. train_ddp -compress bf16.
 
-   ZeRO (zero.h), stages 1, 2, 3: DDP's step shape (pdp_zero_create with
-   .stage, pdp_zero_forward_backward, pdp_zero_step with an optimizer from
-   pdp_zero_optim_create) while each rank holds 1/N of the optimizer state (1),
-   and of the gradients (2), and of the parameters (3). Each unit (a bucket of
-   whole layers) is padded to N equal slices and rank r owns slice r: one
+   ZeRO (zero.h)
+   -------------
+       CHECK(pdp_zero_create(&z, m, comm, &(pdp_zero_desc){.stage = 2}));
+       CHECK(pdp_zero_optim_create(&opt, z, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM}));
+       CHECK(pdp_zero_forward_backward(z, &x, y, &loss));
+       CHECK(pdp_zero_step(z, opt));
+   Stages 1, 2, 3 have DDP's step shape while each rank holds 1/N of the optimizer
+   state (1), and of the gradients (2), and of the parameters (3). Each unit (a bucket
+   of whole layers) is padded to N equal slices and rank r owns slice r: one
    reduce-scatter per unit during backward, the rank steps its slices, and an
-   all-gather restores the parameters (stage 3 gathers each unit before its
-   forward and backward, the next unit's gather in flight). pdp_zero_memory
-   reports the bytes held beside the ZeRO paper's formulas (Adam: DDP 16 Psi,
-   stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3 16 Psi/N, plus the
-   stated buffers); bytes sent per step are DDP's (stages 1-2) or 1.5x (3).
-   With k backward passes per step (no_sync accumulation) stage 1 still sends
-   DDP's bytes, stage 2 (k + 1)/2 x them (a reduce-scatter per backward), stage 3
-   3k/2 x them less the gathers the next forward skips (the units backward left
-   gathered; all of them when there are no more units than param_buffers: then
-   (2k + 1)/2 x); pdp_zero_get_stats gives k, the bytes sent and the formula (its
-   value, and in words). Uneven shards: as DDP, batch_mean above.
-   Tested equal to DDP and one device on local and MPI ranks (CPU models) and
+   all-gather restores the parameters (stage 3 gathers each unit before its forward
+   and backward, the next unit's gather in flight).
+
+   Memory: pdp_zero_get_memory reports the bytes each rank holds beside pdp's formulas
+   for them. pdp keeps everything in fp32 (4-byte parameters and gradients, K bytes of
+   optimizer state per parameter, Adam K = 8), so with Psi parameters and N ranks its
+   forms are: DDP 16 Psi, stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3
+   16 Psi/N, plus the stated working buffers (at a small Psi they can outweigh what the
+   shards save: stages 2-3 may then hold more than stage 1 or DDP). The ZeRO paper
+   (Rajbhandari et al., 2020) counts mixed-precision Adam instead (2-byte parameters
+   and gradients, K = 12: fp32 master weights, m and v): DDP 16 Psi, stage 1 4 Psi +
+   12 Psi/N, stage 2 2 Psi + 14 Psi/N, stage 3 16 Psi/N.
+
+   Bytes sent per step are DDP's (stages 1-2) or 1.5x (3). With k backward passes per
+   step (no_sync accumulation) stage 1 still sends DDP's bytes, stage 2 (k + 1)/2 x
+   them (a reduce-scatter per backward), stage 3 3k/2 x them less the gathers the next
+   forward skips (the units backward left gathered; all of them when there are no more
+   units than param_buffers: then (2k + 1)/2 x); pdp_zero_get_stats gives k, the bytes
+   sent and the formula (its value, and in words). Uneven shards: as DDP, batch_mean
+   above. Tested equal to DDP and one device on local and MPI ranks (CPU models) and
    over NCCL (CUDA models, on the emulator in CI).
+
    Checkpoints: pdp_zero_checkpoint_save(z, opt, prefix) (collective) writes
-   prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker
-   prefix.done once every rank has succeeded (llm.c's scheme), each file carrying the
-   save's run id; pdp_zero_checkpoint_load resumes bit-exact at the same world size, all
-   or nothing, naming the bad file (a file of another save too). A rank that stalls or
+   prefix.rank<r>.safetensors per rank atomically, then rank 0 the marker prefix.done
+   once every rank has succeeded (llm.c's scheme), each file carrying the save's run
+   id; pdp_zero_checkpoint_load resumes bit-exact at the same world size, all or
+   nothing, naming the bad file (a file of another save too). A rank that stalls or
    dies during a checkpoint call makes the others fail with PDP_ERR_TIMEOUT naming it.
-   pdp_zero_checkpoint_consolidate writes the one file pdp_checkpoint_save writes
-   for one device (PyTorch reads it); pdp_zero_checkpoint_load_full loads such a
-   file into a ZeRO run at any world size and stage. Under ZeRO, pdp_model_param
-   views what the rank holds with its range (value_lo..hi, grad_lo..hi: gradients the
-   rank's part, values whole at stages 1-2 and the rank's part at stage 3);
-   pdp_model_flat and the single-device checkpoint calls refuse what is not whole on
-   the rank, naming the ZeRO call to use.
+   pdp_zero_checkpoint_consolidate writes the one file pdp_checkpoint_save writes for
+   one device (PyTorch reads it); pdp_zero_checkpoint_load_full loads such a file into
+   a ZeRO run at any world size and stage. Under ZeRO, pdp_model_param views what the
+   rank holds with its range (value_lo..hi, grad_lo..hi: gradients the rank's part,
+   values whole at stages 1-2 and the rank's part at stage 3); pdp_model_flat and the
+   single-device checkpoint calls refuse what is not whole on the rank, naming the
+   ZeRO call to use.
+
+   Tensor parallel (tp.h)
+   ----------------------
+       CHECK(pdp_model_set_tp(m, tp_comm));                 // the same model on every TP rank
+       CHECK(pdp_model_add_tp_copy(m));                     // f
+       CHECK(pdp_model_add_column_parallel_linear(m, 1024));  CHECK(pdp_model_add_gelu(m));
+       CHECK(pdp_model_add_row_parallel_linear(m, 256));
+       CHECK(pdp_model_add_tp_reduce(m));                   // g
+   Megatron-LM's MLP block: f (identity forward, all-reduce backward), the
+   column-parallel Linear (rank r holds its slice of the output features), an
+   element-wise activation, the row-parallel Linear (the matching input slice; TP rank
+   0 adds the bias), g (all-reduce forward, identity backward). Widths the TP size
+   does not divide split as pdp_tp_split says. Each rank draws the full weights from
+   the seed and keeps its slice, so TP trains as one device does (tested at 1e-5 on
+   1-4 ranks); f and g are not numbered in state_dict names. pdp_tp_get_stats counts
+   the all-reduced bytes (per block and step, B x d in g's forward and B x in in f's
+   backward; none when f is the first layer). pdp_tp_checkpoint_save/load (collective)
+   read and write the full tensors, the file one device would write. The first forward
+   checks that every TP rank built the same TP layers (a width that differs fails on
+   every rank, PDP_ERR_INVALID naming the layer and both widths). pdp_clip_grad_norm
+   on a TP model is collective over its TP group: the full model's norm (slices summed
+   over the group, replicated tensors counted once), the same coefficient on every
+   rank.
+
+   Pipeline parallel (pp.h)
+   ------------------------
+       CHECK(pdp_pp_create(&pp, m, comm, &(pdp_pp_desc){.micro_batches = 8}));  // stage rank
+       CHECK(pdp_optim_create(&opt, pdp_pp_model(pp), &(pdp_optim_desc){.lr = 0.1}));
+       CHECK(pdp_pp_forward_backward(pp, &x, y, &loss));   // x read on stage 0, y on the last
+       CHECK(pdp_pp_step(pp, opt));
+   Every rank builds the same full model and calls pdp_pp_create; rank r keeps stage
+   r's layers (pdp_pp_model), with the full model's values and names. Boundaries are
+   given (desc.first_layer) or balanced by parameter count (default) or measured time.
+   pdp_pp_forward_backward cuts the batch into desc.micro_batches (m); activations go
+   forward and gradients back over send/recv; schedules PDP_PP_1F1B (default: at most
+   p - s micro-batches held on stage s) or PDP_PP_GPIPE (all m held): 1F1B saves
+   activation memory, not bubble. The loss (cross-entropy, or desc.loss) is on the last
+   stage; gradients are scaled so that a step equals one device on the whole batch
+   (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
+   stage's bubble beside (p-1)/(m+p-1), the formula for stages of equal time (stages
+   balanced by parameter count may be far from it), and its peak activation memory;
+   PDP_TRACE draws one lane per stage with F<i>/B<i> events. Clip with
+   pdp_pp_clip_grad_norm (collective over the stages: the whole model's norm, as one
+   device's pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm
+   on a stage would see that stage only.
+
+   Combinations
+   ------------
+       CHECK(pdp_comm_split(comm, rank / 2, rank, &tp_comm));   // {0,1} {2,3}: TP pairs
+       CHECK(pdp_comm_split(comm, rank % 2, rank, &dp_comm));   // {0,2} {1,3}: DP pairs
+       // build the TP model on tp_comm (above), then:
+       CHECK(pdp_ddp_create(&ddp, m, dp_comm, &(pdp_ddp_desc){.bucket_cap_mb = 25}));
+   DP x TP: split a world into TP groups and DP groups with pdp_comm_split and wrap the
+   TP model in pdp_ddp_create (or pdp_zero_create) on the DP group; clip with
+   pdp_clip_grad_norm after pdp_ddp_finish, or with pdp_zero_clip_grad_norm under ZeRO,
+   which counts the TP slices the same way. DP x PP: desc.dp of pdp_pp_create, a
+   communicator from pdp_comm_split, averages each stage's gradients once per step.
+   PP x TP is refused (pdp_pp_create: PDP_ERR_UNSUPPORTED).
 
    Wrapped models: while DataParallel, DDP, ZeRO or a pipeline holds a model, adding
    layers (and pdp_model_set_tp) fails with PDP_ERR_STATE naming the call and the
    executor, and a second executor on it fails naming both; free the executor first.
 
-   Tensor parallel (tp.h), Megatron-LM's MLP block: build the same model on every
-   rank of a TP communicator, pdp_model_set_tp(m, tp), then pdp_model_add_tp_copy
-   (f: identity forward, all-reduce backward), pdp_model_add_column_parallel_linear
-   (rank r holds its slice of the output features), an element-wise activation,
-   pdp_model_add_row_parallel_linear (the matching input slice; TP rank 0 adds the
-   bias), pdp_model_add_tp_reduce (g: all-reduce forward, identity backward). Widths
-   the TP size does not divide split as pdp_tp_split says. Each rank draws the full
-   weights from the seed and keeps its slice, so TP trains as one device does
-   (tested at 1e-5 on 1-4 ranks); f and g are not numbered in state_dict names.
-   pdp_tp_get_stats counts the all-reduced bytes (per block and step, B x d in g's
-   forward and B x in in f's backward; none when f is the first layer). pdp_tp_checkpoint_save/load (collective) read and write the full tensors,
-   the file one device would write. 2-D: split a world into TP groups and DP groups
-   with pdp_comm_split and wrap the TP model in pdp_ddp_create on the DP group.
-   The first forward checks that every TP rank built the same TP layers (a width
-   that differs fails on every rank, PDP_ERR_INVALID naming the layer and both
-   widths). pdp_clip_grad_norm on a TP model is collective over its TP group: the
-   full model's norm (slices summed over the group, replicated tensors counted
-   once), the same coefficient on every rank; under DDP call it after
-   pdp_ddp_finish; under ZeRO pdp_zero_clip_grad_norm counts the same way.
+   Tracing
+   -------
+   PDP_TRACE=out.json writes a Chrome trace (Perfetto, chrome://tracing): per rank,
+   forward and backward per layer, each bucket's all-reduce from launch to completion,
+   the final wait, the optimizer step. A process that is one rank of several writes
+   out.rank<r>.json. pdp_trace_flush() writes it out early.
 
-   Pipeline parallel (pp.h): every rank builds the same full model and calls
-   pdp_pp_create(&pp, full, comm, &desc); rank r keeps stage r's layers
-   (pdp_pp_model), with the full model's values and names. Boundaries are given
-   (desc.first_layer) or balanced by parameter count (default) or measured time.
-   pdp_pp_forward_backward cuts the batch into desc.micro_batches (m); activations
-   go forward and gradients back over send/recv; schedules PDP_PP_1F1B (default:
-   at most p - s micro-batches held on stage s) or PDP_PP_GPIPE (all m held). The
-   loss (cross-entropy, or desc.loss) is on the last stage; gradients are scaled
-   so that a step equals one device on the whole batch (tested at 1e-5, p = 1..4,
-   thread ranks and MPI). pdp_pp_get_stats gives each stage's bubble beside
-   (p-1)/(m+p-1) and its peak activation memory; PDP_TRACE draws one lane per
-   stage with F<i>/B<i> events. DP x PP: desc.dp, a communicator from
-   pdp_comm_split, averages each stage's gradients once per step. Clip with
-   pdp_pp_clip_grad_norm (collective over the stages: the whole model's norm, as one
-   device's pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm
-   on a stage would see that stage only.
-
-   Communicators (comm.h): all-reduce, broadcast, reduce-scatter, all-gather,
-   barrier, point-to-point send/recv (matched by peer and tag), each asynchronous
-   (pdp_wait), and pdp_comm_split (colour, key; as MPI_Comm_split) for process
-   groups such as 2 data-parallel x 2 model-parallel. Backends, one file each:
-   local (ranks are threads: pdp_local_group_create + pdp_comm_create_local; no
-   dependency), mpi (PDP_MPI, pdp_comm_init_env under mpirun), nccl (PDP_CUDA;
-   process per GPU through pdp_comm_init_env, thread per GPU through
-   pdp_nccl_group_create; point-to-point batched into NCCL groups, split through
-   ncclCommSplit, NCCL 2.18+; comm.h lists where NCCL's messages differ). A rank
-   that does not arrive within timeout_s (default 300) makes the others fail with PDP_ERR_TIMEOUT naming the collective (or the peer and tag)
-   and the rank: nothing hangs. MPI start-up: with PDP_STORE_PORT (or MASTER_PORT)
-   set, every rank checks in at rank 0's store before MPI_Init_thread, so a rank
-   that never starts is named within timeout_s; MPI_Init_thread itself cannot be
-   bounded (a watchdog reports through desc.log). A killed rank takes mpirun's
-   whole job down unless it runs with --enable-recovery; then the survivors get
-   PDP_ERR_TIMEOUT. comm.h says exactly what is bounded.
-
-   Rendezvous as torchrun (rendezvous.h): RANK, WORLD_SIZE, LOCAL_RANK,
-   MASTER_ADDR, MASTER_PORT, or OMPI_COMM_WORLD_* under mpirun (pdp_env_read). A
-   TCP key-value store served by rank 0 (store.h, pdp_store_*; host "0.0.0.0"
-   listens on every interface) hands out the NCCL unique id.
-
-   Tracing: PDP_TRACE=out.json writes a Chrome trace (Perfetto, chrome://tracing):
-   per rank, forward and backward per layer, each bucket's all-reduce from launch
-   to completion, the final wait, the optimizer step. A process that is one rank
-   of several writes out.rank<r>.json. pdp_trace_flush() writes it out early.
-
-   OPTION VALUES
+   WHERE TO READ
    =============
-   In every desc, zero means the default. A value outside a field's documented
-   range (negative where it must be positive, NaN, infinite) fails with
-   PDP_ERR_INVALID naming the function and the field; it is never clamped or
-   silently replaced.
+   Where each step happens, as functions of src/ (in pdp.h each module sits between
+   "begin src/<file>" and "end src/<file>" banners; search for the name). Each module
+   opens with a comment that explains it. Read in this order:
+
+   One device       model.c: pdp_model_forward, pdp_model_backward (after each layer it
+                    fires the grad hook per parameter: where DDP and ZeRO listen);
+                    loss.c: pdp_model_forward_backward; optim.c: pdp_optim_step
+   Communicators    comm.c: pdp_comm_allreduce (checks, counts bytes, calls the backend);
+                    comm_queue.c: pdp__workq_submit, pdp__workq_progress (the progress
+                    thread); comm_local.c: pdp__local_execute (slice r summed in rank
+                    order), pdp__group_barrier; comm_mpi.c: pdp__mpi_run
+   DP               dp.c: pdp_dp_step runs pdp__dp_run: pdp__dp_replicate,
+                    pdp__dp_scatter, pdp__dp_parallel_apply, pdp__dp_gather,
+                    pdp__dp_reduce (pdp__dp_reduce_slice per worker), pdp__dp_master_step
+                    or pdp__dp_fused_step
+   DDP              reducer.c: pdp__reducer_plan (buckets), pdp__reducer_hook (a
+                    parameter's gradient is final), pdp__reducer_launch_ready and
+                    pdp__reducer_launch (buckets in order), pdp__reducer_finish (waits);
+                    ddp.c: pdp__ddp_allreduce (the bucket's collective), pdp_ddp_step
+   ZeRO             zero.c: pdp__zero_event (layers pointed at unit buffers),
+                    pdp__zero_reduce (a unit's reduce-scatter), pdp__zero_bucket_done
+                    (the slice added to the shard), pdp_zero_step (the shard step, then
+                    pdp__zero_gather_full at stages 1-2); stage 3: pdp__zero_need (a
+                    unit's all-gather and the next one's prefetch),
+                    pdp__zero_gather_launch, pdp__zero_release_params (FSDP's reshard);
+                    pdp_zero_get_memory (the formulas)
+   TP               layers_tp.c: pdp_tp_split (the split), pdp__tp_column_init and
+                    pdp__tp_row_init (the slice of the full draw), pdp__tp_copy_backward
+                    (f), pdp__tp_row_forward (the bias on TP rank 0 only),
+                    pdp__tp_reduce_forward (g), pdp__tp_allreduce; tp.c:
+                    pdp__tp_check_widths (every TP rank built the same layers)
+   PP               pp.c: pdp__pp_balance (boundaries), pdp__pp_plan (the action list
+                    per stage: GPipe, 1F1B), pdp_pp_forward_backward (the runner),
+                    pdp__pp_forward, pdp__pp_backward, pdp__pp_post_recv, pdp__pp_start
+   Clipping         optim.c: pdp_clip_grad_norm (over the TP group:
+                    pdp__grad_allreduce_sum), pdp__clip_coef; zero.c:
+                    pdp_zero_clip_grad_norm; pp.c: pdp_pp_clip_grad_norm
+   Checkpoints      checkpoint.c: pdp__ckpt_save, pdp__ckpt_load; zero_ckpt.c:
+                    pdp_zero_checkpoint_save, pdp_zero_checkpoint_load,
+                    pdp_zero_checkpoint_consolidate; tp.c: pdp_tp_checkpoint_save
+   tests/test_build_docs.sh fails when a function named here is not defined in the file
+   named before it, and says where it is defined now.
 
    NON-GOALS
    =========
-   No autograd graph (models are sequential); float32 only; no Windows threads
-   yet.
+   No autograd graph (models are sequential). Parameters, gradients and optimizer
+   state stay fp32 (bf16 is mixed precision on the GEMM inputs only, PRECISION): no
+   16-bit parameters (so no fp32 master copy), no loss scaling; 16-bit types appear
+   only in GEMM inputs and in compressed gradient communication (DDP's hooks). No
+   Windows threads yet.
 
    VERSION HISTORY
    ===============
@@ -391,8 +538,9 @@ typedef void (*pdp_log_fn)(pdp_log_level level, const char *message, void *user)
 PDP_API pdp_status pdp_set_num_threads(int n);
 PDP_API int pdp_get_num_threads(void);
 /* Joins the pool's workers and frees the caller's scratch (for leak checkers and
-   before unloading). The pool is the one piece of process-wide state; the next
-   call that needs it starts it again. Call it when no other thread is in pdp. */
+   before unloading). The pool is process-wide (the manual's THREADS AND
+   DETERMINISM lists all of pdp's process-wide state); the next call that needs it
+   starts it again. Call it when no other thread is in pdp. */
 PDP_API void pdp_shutdown_threads(void);
 
 /* Profile: where the calling thread's time goes (bench/train prints it per step).
@@ -593,7 +741,8 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
    one to one onto the matching PyTorch module and a DDP bucket is a plain range
    of the gradient block. Backward accumulates into the gradients (zero them
    with pdp_model_zero_grad) and, right after each layer, calls the grad hook
-   once for each parameter of that layer: the hook DDP's reducer listens to.
+   once for each parameter of that layer: the hook DDP's and ZeRO's bucket reducer
+   (reducer.c) listens to.
 
    Wrapped models. While an executor holds a model (pdp_dp_create's master,
    pdp_ddp_create, pdp_zero_create, a pipeline's stage), every call that would change
@@ -622,6 +771,9 @@ typedef struct pdp_model_desc {
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
 PDP_API void pdp_model_free(pdp_model *m);
+/* The desc in use (sokol's query-defaults): input_ndim resolved, input_shape's unused
+   entries 0, precision the current one. A zero desc for NULL. */
+PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m);
 
 /* Layers, appended in order. Each validates against the current output shape and
    initialises its parameters as PyTorch does (Kaiming uniform with a = sqrt(5)
@@ -633,6 +785,7 @@ PDP_API pdp_status pdp_model_add_relu(pdp_model *m);
 PDP_API pdp_status pdp_model_add_gelu(pdp_model *m);    /* tanh form (approximate='tanh') */
 PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
 PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
+PDP_API pdp_status pdp_model_add_silu(pdp_model *m);   /* x sigmoid(x), as torch.nn.SiLU */
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
 /* Normalises over all features of a sample; eps 0 means 1e-5. */
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps);
@@ -902,17 +1055,29 @@ typedef struct pdp_batcher_desc {
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
                                as a padded DistributedSampler's do); NULL = all, in order */
     int64_t num_indices;    /* length of indices */
+    pdp_device device;      /* where the batches are handed out: default the CPU; a CUDA
+                               device (the model's) gets each batch copied into a buffer
+                               there, allocated at create (the labels stay on the host) */
 } pdp_batcher_desc;
 
 /* A batcher over ds (which must outlive it), positioned at the start of epoch 0. */
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
                                       const pdp_batcher_desc *desc);
 PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
+/* The desc in use, defaults filled in (sokol's query-defaults); indices points at the
+   batcher's own copy of the index list (0..count-1 when none was given), num_indices
+   its length; valid until pdp_batcher_free. A zero desc for NULL. */
+PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b);
 /* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
    batcher's buffer and *labels points at its n labels, both valid until the next
    call. Returns false, with *n = 0, when the epoch is over; call
-   pdp_batcher_reset to start the next one. Allocates nothing. */
+   pdp_batcher_reset to start the next one. Allocates nothing. On desc.device *x views
+   the device buffer; a failed copy there also returns false, and pdp_batcher_status then
+   says why. */
 PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n);
+/* PDP_OK, or the failure of the last pdp_batcher_next (a device copy; a NULL argument),
+   with its message in pdp_last_error(); reset by pdp_batcher_reset. */
+PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b);
 /* Starts epoch `epoch` from its first batch (its order is recomputed from the
    seed and the epoch number alone, so any epoch can be replayed). */
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
@@ -1075,7 +1240,8 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out);
 
 /* ---- begin src/comm.h ---- */
 /* comm: communicators. One table of collectives (all-reduce, broadcast,
-   reduce-scatter, all-gather, barrier) behind every backend:
+   reduce-scatter, all-gather, barrier), point-to-point send/recv and split behind
+   every backend:
      local  N ranks as threads of one process, buffers in shared memory; each
             rank reduces one slice. No dependency; the default.
      mpi    CPU ranks in separate processes or machines (-DPDP_MPI), with a
@@ -1092,11 +1258,14 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out);
    Collectives on one communicator complete in the order they were issued, and
    every rank must issue the same collectives in the same order (as in MPI and
    NCCL). A rank that does not arrive within timeout_s makes the others fail
-   with PDP_ERR_TIMEOUT naming the collective and the missing rank.
+   with PDP_ERR_TIMEOUT naming the collective; the local backend also names the
+   missing rank (it sees every rank's arrival), MPI and NCCL name the rank that
+   reports it (neither library says which peer is late).
    One module per backend in src/ (comm_local.c, comm_mpi.c, comm_nccl.c) fills
    one table of functions; comm.c holds this API and the dispatcher. A new
-   backend is one new file plus one line in the dispatcher (and its value in
-   pdp_backend). */
+   backend is one new file and a few lines elsewhere (its value in pdp_backend,
+   its line in the dispatcher, its place in amalgamate.py, its prototype in
+   internal.h): comm.c's opening comment has the whole list. */
 
 typedef struct pdp_comm pdp_comm;
 typedef struct pdp_work pdp_work;
@@ -1193,6 +1362,10 @@ PDP_API int pdp_comm_rank(const pdp_comm *c);
 PDP_API int pdp_comm_size(const pdp_comm *c);
 PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c);
 PDP_API double pdp_comm_timeout(const pdp_comm *c); /* seconds */
+/* The desc in use, defaults filled in (sokol's query-defaults): the backend that
+   runs it, timeout_s, device, and name (the communicator's own string, valid until it
+   is freed); log and log_user are not kept (NULL). A zero desc for NULL. */
+PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c);
 
 /* In place: buf <- op over ranks of buf. */
 PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,
@@ -1324,7 +1497,7 @@ PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out);
 /* dp: DataParallel, torch.nn.DataParallel in one process: one host thread per
    device, parameter-server style.
 
-   Every step runs six stages on the master (the model you wrap, device 0):
+   Every step runs six stages around the master (the model you wrap, device 0):
      replicate      master parameters -> each replica
      scatter        the batch split along dimension 0 -> one shard per replica
      parallel apply forward, loss and backward on every replica at once
@@ -1382,6 +1555,10 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
 /* Stops and joins the workers, frees the replicas (never the master). NULL is fine. */
 PDP_API void pdp_dp_free(pdp_dp *dp);
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp);
+/* The desc in use, defaults filled in (sokol's query-defaults): num_workers resolved,
+   threads_per_worker >= 1; devices is dp's own copy (NULL when none was given), valid
+   until pdp_dp_free. A zero desc for NULL. */
+PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp);
 
 /* One training step for classification on the global batch x [B, ...] with B
    labels in host memory (x on the master's device, or on the host for a GPU
@@ -1563,6 +1740,9 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
                                   const pdp_ddp_desc *desc);
 /* Waits for buckets still in flight, removes the hook. NULL is fine. */
 PDP_API void pdp_ddp_free(pdp_ddp *ddp);
+/* The desc in use, defaults filled in (sokol's query-defaults): bucket_cap_mb and
+   first_bucket_mb in MiB. A zero desc for NULL. */
+PDP_API pdp_ddp_desc pdp_ddp_get_desc(const pdp_ddp *ddp);
 
 /* Forward, softmax cross-entropy (mean over this rank's batch: *loss) and backward on
    this rank's shard (under PDP_BATCH_MEAN_GLOBAL its gradient weighted by N n_r / T,
@@ -1754,7 +1934,8 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
        A       ColumnParallelLinear(H)        weight split by output features: rank r holds
                                               rows [lo_r, lo_r + n_r) of W1 [H, in] and of b1;
                                               output sharded: [B, n_r]
-       act     ReLU, GELU, Tanh or Sigmoid    element-wise, on the shard
+       act     ReLU, GELU, Tanh, Sigmoid or   element-wise (the table's PDP__LAYER_ELEMENTWISE
+               SiLU                           kinds), on the shard
        B       RowParallelLinear(d)           weight split by input features: rank r holds
                                               columns [lo_r, lo_r + n_r) of W2 [d, H]; output
                                               x_r W2_r^T, a partial sum; the bias (whole on
@@ -1929,13 +2110,23 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
    / N bytes, stepped per unit slice in place (no master copy). Stages 1 and 2
    then all-gather the updated slices into every rank's full parameters (through
    a staging buffer of N s_max floats, since the model's block is unpadded).
-   Memory per rank with Adam (K = 8 state bytes per parameter), as the ZeRO paper
-   counts it, plus the working buffers this implementation states:
-     DDP 16 Psi; stage 1: 8 Psi + 8 Psi/N; stage 2: 4 Psi + 12 Psi/N;
-     stage 3: 16 Psi/N; buffers: stage 1 one staging buffer, stage 2 staging +
-     grad_buffers, stage 3 grad_buffers + param_buffers, each 4 N s_max bytes.
-   pdp_zero_memory reports the measured figures beside those formulas (with
-   Psi_pad where padding applies).
+   Memory per rank, pdp's fp32 forms: the ZeRO paper's breakdown with 4-byte
+   parameters and gradients and K bytes of optimizer state per parameter (4 x
+   state floats: Adam K = 8, SGD with momentum 4, plain SGD 0): DDP (8 + K) Psi;
+   stage 1 8 Psi + K Psi/N; stage 2 4 Psi + (4 + K) Psi/N; stage 3 (8 + K) Psi/N.
+   With Adam: DDP 16 Psi; stage 1 8 Psi + 8 Psi/N; stage 2 4 Psi + 12 Psi/N;
+   stage 3 16 Psi/N. Plus the working buffers this implementation states: stage 1
+   one staging buffer, stage 2 staging + grad_buffers, stage 3 grad_buffers +
+   param_buffers, each 4 N s_max bytes; with few parameters they can outweigh
+   what the shards save, so a small model may hold more at stages 2-3 than at
+   stage 1 or under DDP.
+   The paper's own forms (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+   Training Trillion Parameter Models", SC 2020) are for mixed-precision Adam:
+   2-byte parameters and gradients and K = 12 (fp32 master weights, m and v):
+   DDP 16 Psi; stage 1 4 Psi + 12 Psi/N; stage 2 2 Psi + 14 Psi/N; stage 3
+   16 Psi/N. pdp has no master copy (its parameters are fp32), so only DDP's and
+   stage 3's totals coincide. pdp_zero_memory reports the measured figures beside
+   pdp's forms (with Psi_pad where padding applies).
 
    Communication per rank per step (bytes counted by the communicator), with
    V = (N-1)/N x 4 Psi_pad (one reduce-scatter or one all-gather of every unit)
@@ -2052,6 +2243,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
    caller's again (layers may be added; pdp_model_param views taken while wrapped are
    stale). Not collective. NULL is fine. */
 PDP_API void pdp_zero_free(pdp_zero *z);
+/* The desc in use, defaults filled in (sokol's query-defaults): grad_buffers cut to the
+   units there are (0 at stage 1), param_buffers 0 below stage 3. A zero desc for NULL. */
+PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
    (pdp_optim_step refuses it). Free it with pdp_optim_free. */
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z,
@@ -2141,7 +2335,8 @@ typedef struct pdp_zero_memory {
     int64_t param_bytes, grad_bytes, optim_bytes;
     int64_t buffer_bytes;    /* working buffers (staging, bucket and gather buffers) */
     int64_t total_bytes;
-    /* the ZeRO paper's formula for this stage with Psi (DDP's beside it), and the
+    /* pdp's fp32 form of the ZeRO paper's formula for this stage with Psi (DDP's
+       beside it; the paper's mixed-precision forms differ, see above), and the
        stated bound on buffer_bytes */
     double formula_bytes, ddp_bytes;
     int64_t buffer_bound;
@@ -2295,6 +2490,11 @@ typedef struct pdp_pp_desc {
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
+/* The desc in use, defaults filled in (sokol's query-defaults): micro_batches and
+   balance_batch resolved; first_layer points at the split in use (pp's own array of
+   stages + 1 entries, the last the number of layers), valid until pdp_pp_free. A zero
+   desc for NULL. */
+PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp);
 
 /* One pipeline pass over a batch of B >= m rows cut into m micro-batches (the first
    B % m one row larger): forward, loss and backward, the gradients accumulated (+=)
@@ -2360,8 +2560,9 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
    PDP_ERR_UNSUPPORTED naming the macro, and pdp_cuda_device_count reports 0.
 
    Execution model. Each device has one compute stream and one cuBLAS handle,
-   created on first use and kept for the life of the process (like the intra-op
-   pool, the documented exception to "no globals"). Layer, loss and optimizer
+   created on first use and kept for the life of the process: process-wide state,
+   one of the exceptions to "no globals" that the manual lists (THREADS AND
+   DETERMINISM), with the intra-op pool and the trace sink. Layer, loss and optimizer
    calls on a CUDA model enqueue kernels on that stream and return; anything
    that hands a value to the host (a download, a loss) waits for it. Give each
    model its own host thread; several threads may share a device (see below).
@@ -2445,7 +2646,8 @@ typedef enum pdp_cudak_act {
     PDP_CUDAK_RELU = 0,
     PDP_CUDAK_GELU = 1,
     PDP_CUDAK_TANH = 2,
-    PDP_CUDAK_SIGMOID = 3
+    PDP_CUDAK_SIGMOID = 3,
+    PDP_CUDAK_SILU = 4
 } pdp_cudak_act;
 
 typedef enum pdp_cudak_coll {
@@ -2599,6 +2801,89 @@ pdp_status pdp_cudak_nccl_split(pdp_cudak_nccl *h, int colour, int key, pdp_cuda
 #endif /* PDP_CUDA || __CUDACC__ */
 /* ---- end src/cuda.h ---- */
 
+/* ---- begin src/launch.h ---- */
+/* launch: run one function on every rank, as torch.multiprocessing.spawn and torchrun do.
+
+   pdp_launch(np, &desc, fn, user) makes the world communicator and calls
+   fn(&ctx, user) once per rank with it:
+     thread ranks   desc.backend local (the default) or nccl, in a process that no launcher
+                    started as one of several: np ranks, rank 0 on the calling thread and
+                    ranks 1..np-1 on threads of their own; over NCCL rank r drives
+                    desc.devices[r] (default GPU r), one thread per GPU. Per-thread
+                    settings (pdp_set_num_threads) of the caller apply to rank 0 only; the
+                    other ranks' threads start with the defaults.
+     process ranks  desc.backend mpi (always), or nccl in a process that mpirun
+                    (OMPI_COMM_WORLD_*) or torchrun (RANK, WORLD_SIZE, LOCAL_RANK, ...)
+                    started: this process is one rank, fn runs once, and the communicator
+                    comes from pdp_comm_init_env. The launcher decides the world size (as
+                    torchrun's --nproc-per-node does, not the script), so np is not used;
+                    ctx.world_size says what it is. The local backend in such a process runs
+                    one rank when the launcher's world size is 1, and otherwise fails with
+                    PDP_ERR_INVALID (its ranks are threads of one process).
+   ctx.device is where the rank's model and batches belong: the CPU, or its GPU under
+   NCCL (desc.devices[r], or LOCAL_RANK's GPU for process ranks).
+   Bad input fails before anything starts, with PDP_ERR_INVALID naming it: fn NULL, np
+   outside 1..256 for thread ranks (1..64 over NCCL), an unknown backend, or variables
+   that pdp_env_read refuses.
+
+   Returns PDP_OK when fn returned PDP_OK on every rank. Otherwise the status of the
+   first rank to fail (in time: a rank that fails first makes its peers' collectives fail
+   after it, and their messages only repeat that), with that rank's message prefixed by
+   "pdp_launch: rank R of N: ". A thread rank's communicator is freed as soon as its fn
+   returns, so over the local backend a peer still waiting in a collective for it fails at
+   once (PDP_ERR_COMM) instead of timing out; over NCCL it waits its timeout_s. fn must not
+   free ctx.world; a thread rank must not exit the process (PDP_CHECK below does: use it
+   in main, return statuses from fn). */
+
+typedef struct pdp_launch_ctx {
+    pdp_comm *world;    /* every rank; freed by pdp_launch after fn returns */
+    int rank;           /* pdp_comm_rank(world) */
+    int world_size;     /* pdp_comm_size(world) */
+    int local_rank;     /* the rank among this machine's ranks (thread ranks: rank) */
+    pdp_device device;  /* the CPU, or this rank's GPU (NCCL) */
+    pdp_backend backend;
+    bool process;       /* true when each rank is a process (mpirun, torchrun) */
+} pdp_launch_ctx;
+
+typedef pdp_status (*pdp_launch_fn)(const pdp_launch_ctx *ctx, void *user);
+
+typedef struct pdp_launch_desc {
+    pdp_backend backend;        /* default local */
+    double timeout_s;           /* the communicator's (pdp_comm_desc); default 300 */
+    const char *name;           /* the communicator's name; default "world" */
+    const pdp_device *devices;  /* NCCL thread ranks: rank r's GPU; NULL = pdp_cuda(r) */
+    pdp_log_fn log;             /* passed to pdp_comm_desc.log; NULL */
+    void *log_user;
+} pdp_launch_desc;
+
+/* np: thread ranks to start (see above); desc may be NULL (local backend). */
+PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user);
+
+/* ---- for programs (the examples) ----
+   PDP_CHECK(call): on a status other than PDP_OK, prints "file:line: STATUS: message" to
+   stderr and exits with 1. For a program's main; the library itself never exits. */
+#define PDP_CHECK(call)                                                                   \
+    do {                                                                                  \
+        pdp_status pdp_check_st_ = (call);                                                \
+        if (pdp_check_st_ != PDP_OK) pdp_check_fail(pdp_check_st_, __FILE__, __LINE__);  \
+    } while (0)
+#if defined(__GNUC__) || defined(__clang__)
+#  define PDP__NORETURN __attribute__((noreturn)) /* callers' flow analysis knows it exits */
+#else
+#  define PDP__NORETURN
+#endif
+PDP_API PDP__NORETURN void pdp_check_fail(pdp_status status, const char *file, int line);
+/* PDP_TRY(call): returns the status from the calling function when it is not PDP_OK
+   (a launched rank's fn returns it to pdp_launch). */
+#define PDP_TRY(call)                                                                     \
+    do {                                                                                  \
+        pdp_status pdp_try_st_ = (call);                                                  \
+        if (pdp_try_st_ != PDP_OK) return pdp_try_st_;                                    \
+    } while (0)
+/* Monotonic seconds (clock_gettime(CLOCK_MONOTONIC)), for timing a step. */
+PDP_API double pdp_seconds(void);
+/* ---- end src/launch.h ---- */
+
 #ifdef __cplusplus
 }
 #endif
@@ -2609,8 +2894,8 @@ pdp_status pdp_cudak_nccl_split(pdp_cudak_nccl *h, int colour, int key, pdp_cuda
 #define PDP__MATH_INCLUDED
 
 /* ---- begin src/math.h ---- */
-/* math: element math written once for the CPU (layers.c, optim.c) and for the
-   CUDA kernels of pdp_cuda.cu.
+/* math: element math written once for the CPU (layers.c, optim.c, and gemm_bf16.c's
+   rounding to bf16) and for the CUDA kernels of pdp_cuda.cu.
 
    pdp.h emits this block after the public API and outside the implementation
    guard, so pdp_cuda.cu includes it without the CPU implementation, and the CPU
@@ -2671,6 +2956,16 @@ static inline PDP__HOSTDEV float pdp__sigmoid(float x)
 static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y)
 {
     return dy * y * (1.0f - y);
+}
+
+/* SiLU (swish; Elfwing et al. 2017, Ramachandran et al. 2017): x sigmoid(x), the
+   activation of modern MLPs (SwiGLU's gate). Its gradient from x, as PyTorch's
+   silu_backward: dy s (1 + x (1 - s)), s = sigmoid(x). */
+static inline PDP__HOSTDEV float pdp__silu(float x) { return x * pdp__sigmoid(x); }
+static inline PDP__HOSTDEV float pdp__silu_grad(float dy, float x)
+{
+    float s = pdp__sigmoid(x);
+    return dy * s * (1.0f + x * (1.0f - s));
 }
 
 /* ---- math: dropout masks ----
@@ -2872,11 +3167,16 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float
 #endif
 
 /* ---- begin src/internal.h ---- */
-/* internal: private helpers shared by every implementation module.
+/* internal: what the implementation modules share and the API does not show.
 
    System includes, the allocation and assert overrides, the error helper
    pdp__err() that formats the thread-local message and returns the status, the
-   aligned allocator, timers and small utilities. Nothing here is public. */
+   aligned allocator, timers and small utilities; then, in sections, the private
+   structs and prototypes that cross modules: devices, the model and its layer
+   kinds (with the executor seam), tensor parallelism's state, losses, CUDA
+   dispatch, gradient norms, optimizer internals, checkpoint ranges, the
+   communicator contract every backend fills, and the trace sink. Nothing here is
+   public. */
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -3017,6 +3317,50 @@ static double pdp__now(void);
    through PDP__LOAD_ACQ (threads.c). */
 static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
 
+/* A worker team (threads.c): the one hand-off behind the intra-op pool and
+   DataParallel's workers. Members 1..nworkers are persistent threads (created by
+   pdp__team_grow, joined by pdp__team_free); member 0 is whoever calls
+   pdp__team_run, which publishes fn/arg/n as a new generation, runs index 0 itself,
+   then every index no member exists for, and returns when members 1..n-1 are done.
+   Member i runs index i; a member with i >= n sits the job out. Both sides spin
+   (pdp__spin_while) before they sleep. generation, pending and stop are written
+   only with PDP__STORE_REL under lock (the spinners read them outside it); every
+   other field is read and written under lock, so what the caller wrote before
+   pdp__team_run is visible to the members, and what a member wrote in its index is
+   visible to the caller after it (TSan clean). One caller at a time per team: the
+   pool serialises callers with its busy mutex, a pdp_dp has one owner. */
+#define PDP__TEAM_MAX 256 /* members, the caller included */
+typedef struct pdp__team pdp__team;
+typedef struct pdp__team_member {
+    pdp__team *team;
+    int index;               /* the index this thread runs: 1..PDP__TEAM_MAX-1 */
+    unsigned long start_gen; /* the generation when the thread was made */
+} pdp__team_member;
+struct pdp__team {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
+    bool ok;                   /* lock, wake and done are initialised */
+    int nworkers;              /* threads started: members 1..nworkers */
+    unsigned long generation;  /* bumped once per job; atomic stores only */
+    int pending;               /* members still running the job; atomic stores only */
+    int stop;                  /* atomic stores only */
+    void (*fn)(void *arg, int i, int n); /* the current job */
+    void *arg;
+    int n;
+    pthread_t tid[PDP__TEAM_MAX - 1];
+    pdp__team_member member[PDP__TEAM_MAX - 1];
+};
+/* Initialises a zeroed team with no threads; 0, or pthread's error code. */
+static int pdp__team_init(pdp__team *t);
+/* Starts threads until the team has `workers` (at most PDP__TEAM_MAX - 1); no job may
+   be running. 0, or the first pthread_create error (the threads made so far stay). */
+static int pdp__team_grow(pdp__team *t, int workers);
+/* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
+static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+/* Stops and joins every thread and releases the team (a zeroed team is fine); the
+   team may be initialised again. */
+static void pdp__team_free(pdp__team *t);
+
 /* The intra-op setting of the calling thread (see pdp_set_num_threads). */
 static int pdp__threads_for_caller(void);
 /* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
@@ -3064,6 +3408,7 @@ typedef enum pdp__layer_kind {
     PDP__COLUMN_PARALLEL_LINEAR,
     PDP__ROW_PARALLEL_LINEAR,
     PDP__TP_REDUCE,
+    PDP__SILU,                   /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -3114,8 +3459,6 @@ typedef struct pdp__layer_io {
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
-    pdp_status *status;  /* PDP__LAYER_COLLECTIVE kinds: where their failure goes (the table's
-                            dispatch points it at its own variable) */
 } pdp__layer_io;
 
 /* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
@@ -3124,32 +3467,47 @@ typedef struct pdp__param_shapes {
     int64_t wshape[4], bshape[4];
 } pdp__param_shapes;
 
-/* Flags of a layer kind (model.c plans with them). */
+/* Flags of a layer kind: every decision outside a kind's own code that depends on
+   what a kind is (model.c's views and fusions, tp.c's TP block, state_dict numbering)
+   reads these, never the kind's value. */
 #define PDP__LAYER_VIEW 1u       /* output = input seen again (Flatten): model.c aliases it
                                     and never calls forward or backward */
 #define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
                                     io->fused_relu (model.c then makes the ReLU a view) */
 #define PDP__LAYER_COLLECTIVE 4u /* runs a collective (TP's f and g): its CPU entries run on
                                     every device (the communicator moves the device's
-                                    buffers) and report a failure through io->status */
+                                    buffers) */
 #define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
                                     functions in Megatron-LM): the layers after it are named
                                     as if it were absent ("0.weight", "2.weight", ...) */
 #define PDP__LAYER_FUSES_POOL 16u /* with its fused ReLU, applies a following 2x2 stride-2
-                                     MaxPool2d itself (io->pool_y; model.c skips it) */
+                                     max pool (PDP__LAYER_FUSABLE_POOL) itself (io->pool_y;
+                                     model.c skips it) */
+#define PDP__LAYER_ELEMENTWISE 32u /* each output element is a fixed function of its input
+                                      element alone (no parameters, position or random
+                                      draw): it may sit on a TP shard, between a
+                                      ColumnParallelLinear and a RowParallelLinear (tp.c) */
+#define PDP__LAYER_FUSABLE_RELU 64u /* the ReLU a PDP__LAYER_FUSES_RELU kind applies when it
+                                       follows it (model.c: pdp__model_relu_fused) */
+#define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
+                                        PDP__LAYER_FUSES_POOL kind applies after its fused
+                                        ReLU when it is 2x2 stride 2 over an even H and W */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
    configuration and in_* (in: the input shape as text, for messages); init
    (NULL: no parameters) fills host memory w, b from r; forward and backward run on
-   the CPU; the CUDA entries (NULL: none) return pdp_cuda.cu's status; cuda_work
-   (NULL: none) is the workspace floats per sample pdp_cuda.cu's kernels need. */
+   the CPU and return PDP_OK, or a status whose message (pdp__err) says what is wrong
+   with the input without naming the layer (model.c prefixes "pdp_model_forward:
+   layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
+   entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
+   workspace floats per sample pdp_cuda.cu's kernels need. */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
     void (*init)(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-    void (*forward)(const pdp__layer *l, const pdp__layer_io *io);
-    void (*backward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*forward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*backward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_forward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
@@ -3165,6 +3523,7 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
 static const char *pdp__layer_kind_name(pdp__layer_kind k);
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 
 typedef struct pdp__param_entry {
@@ -3204,17 +3563,17 @@ static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
 static bool pdp__tp_is_split(const pdp_model *m, int p);
 
 static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
 #ifdef PDP_CUDA
 static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -3456,6 +3815,15 @@ static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float
                                            pdp_optim *o, int64_t lo, int64_t hi, const char *run,
                                            const char *fn);
 
+/* ---- ZeRO internals (zero.c, for zero_ckpt.c) ----
+   zero_ckpt.c comes after zero.c and reads struct pdp_zero and its units directly;
+   these are the two functions of zero.c it calls. fn names the public caller. */
+/* Stage 3: every gather slot free (FSDP's reshard), after the all-gathers in flight. */
+static pdp_status pdp__zero_release_params(pdp_zero *z);
+/* Stages 1-2: every rank's slices of the full block into dst (the model's param_count
+   floats, on its device), unit by unit; collective. */
+static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn);
+
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----
    Each backend fills one table; the public pdp_comm_* functions (comm.c) validate
@@ -3557,8 +3925,8 @@ static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *d
 
 /* ---- trace (trace.c) ----
    Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
-   One process-wide, mutex-guarded sink (the documented exception to "no
-   globals"), reference counted by open/close; PDP_TRACE is read by each open
+   One process-wide, mutex-guarded sink (one of the exceptions to "no globals"
+   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is read by each open
    while no trace file is open. process_rank >= 0 (this process is one rank of several) writes
    path with ".rank<r>" inserted before the extension. Events take pdp__now()
    seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string
@@ -3575,7 +3943,8 @@ static void pdp__trace_async(int pid, int tid, const char *cat, const char *name
 /* ---- end src/internal.h ---- */
 
 /* ---- begin src/base.c ---- */
-/* base: status names, the thread-local error message, aligned allocation. */
+/* base: status names, the thread-local error message, aligned allocation, the clock
+   (pdp__now). */
 
 /* #include "internal.h" (already above) */
 
@@ -3654,36 +4023,44 @@ static double pdp__now(void)
 /* ---- end src/base.c ---- */
 
 /* ---- begin src/threads.c ---- */
-/* threads: the intra-op thread pool behind pdp_set_num_threads, and per-thread scratch.
+/* threads: the worker team, the intra-op thread pool behind pdp_set_num_threads, and
+   per-thread scratch.
 
-   The thread count is a per-thread setting (a thread-local int, default 1): each
-   DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
-   another. The workers themselves are shared: one process-wide pool of persistent
-   POSIX threads, the single piece of process-wide state in pdp (OpenBLAS and every
-   OpenMP runtime keep the same kind of pool). It is created lazily by the first
-   pdp__parallel_for that needs it, grows when a caller asks for more threads than
-   it has, is reused by every later call, and is joined by pdp_shutdown_threads
-   (after which the next call starts it again).
-
-   Handing off work: a caller that wins pool.busy (pthread_mutex_trylock) writes the
-   job under pool.lock, bumps the generation and broadcasts pool.wake; worker w runs
-   index w + 1, the caller runs index 0 itself, then waits until the pending count
+   The team (pdp__team, declared in internal.h) is the one hand-off between a caller
+   and persistent worker threads; the pool below and DataParallel's workers (dp.c)
+   are both built on it. The caller writes the job under team.lock, bumps the
+   generation and broadcasts team.wake; member i runs index i, the caller runs index
+   0 itself (and any index no member exists for), then waits until the pending count
    reaches zero. Waking a sleeping thread costs tens of microseconds (more than a
    small GEMM's share on a VM), and a training step hands off work every few
    microseconds to milliseconds, so both sides spin a little before they sleep: a
-   worker that finished a job watches the generation for PDP__SPIN_S before it
-   sleeps on pool.wake, and the caller watches pending for as long before it sleeps
-   on pool.done (OpenMP runtimes and OpenBLAS spin the same way, longer). The two
-   values watched outside the lock, generation and pending (and stop), are only
-   ever written with atomic stores, under the lock; everything else is read under
-   it, so the pool is TSan clean. A caller that loses the trylock (another thread is
-   using the pool, e.g. two DP workers in GEMM at once, or a nested call from inside
-   a job) runs every index itself, in order. Which thread runs an index never
-   changes what the index computes, so results do not depend on who won.
+   member that finished a job watches the generation for PDP__SPIN_S before it
+   sleeps on team.wake, and the caller watches pending for as long before it sleeps
+   on team.done (OpenMP runtimes and OpenBLAS spin the same way, longer). The values
+   watched outside the lock, generation and pending (and stop), are only ever
+   written with atomic stores, under the lock; everything else is read under it, so
+   the team is TSan clean.
 
-   Profile: while the caller's counters are on (pdp_profile_start), the job carries a
-   pointer to them; each worker adds the seconds it spent in its index under the lock
-   it takes anyway to report, and the caller adds the time it waited for them.
+   The thread count is a per-thread setting (a thread-local int, default 1): each
+   DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
+   another. The pool's workers themselves are shared: one process-wide team of
+   persistent POSIX threads (OpenBLAS and every OpenMP runtime keep the same kind of
+   pool). The pool and the scratch key below are two of pdp's few pieces of
+   process-wide state; the manual lists them all (THREADS AND DETERMINISM: also the
+   trace sink, the bf16 path's CPU features and AMX permission, MPI's ownership record
+   and each CUDA device's stream, handle and caches). It is started lazily by the first pdp__parallel_for
+   that needs it, grows when a caller asks for more threads than it has, is reused
+   by every later call, and is joined by pdp_shutdown_threads (after which the next
+   call starts it again). A caller that wins pool.busy (pthread_mutex_trylock) owns
+   the team for one job; a caller that loses it (another thread is using the pool,
+   e.g. two DP workers in GEMM at once, or a nested call from inside a job) runs
+   every index itself, in order. Which thread runs an index never changes what the
+   index computes, so results do not depend on who won.
+
+   Profile: while the caller's counters are on (pdp_profile_start), the job is
+   wrapped so that each member times its index in its own slot; after the join the
+   caller adds those to worker_busy_s, and the time it waited for them (from the end
+   of its own indices) to join_wait_s.
 
    Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
    buffer (GEMM packs its panels there), kept in a pthread key whose destructor
@@ -3809,104 +4186,178 @@ static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
         }
 }
 
-/* The pool. busy is held by the one caller that owns the pool for a job; lock
-   guards every field of pdp__the_pool; wake tells workers about a new generation
-   (or stop); done tells the caller that pending reached 0. */
-static pthread_mutex_t pdp__pool_busy = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t pdp__pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pdp__pool_wake = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t pdp__pool_done = PTHREAD_COND_INITIALIZER;
+/* ---- threads: the worker team ---- */
 
-typedef struct pdp__pool {
-    pthread_t tid[PDP__MAX_THREADS - 1];
-    unsigned long start_gen[PDP__MAX_THREADS - 1]; /* generation when worker w was made */
-    int nworkers;
-    int stop;                 /* atomic stores only (read while spinning) */
-    unsigned long generation; /* bumped once per job; atomic stores only */
-    void (*fn)(void *arg, int i, int n);
-    void *arg;
-    int n;       /* indices of the current job; worker w runs index w + 1 */
-    int pending; /* workers that have not finished the current job; atomic stores only */
-    pdp__profile_state *prof; /* the caller's counters while they are on, else NULL */
-} pdp__pool;
-
-static pdp__pool pdp__the_pool; /* zero: no workers yet */
-
-/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
-   caller for its workers. */
-static bool pdp__pool_no_new_job(const void *seen)
-{
-    return PDP__LOAD_ACQ(&pdp__the_pool.generation) == *(const unsigned long *)seen &&
-           !PDP__LOAD_ACQ(&pdp__the_pool.stop);
-}
-
-static bool pdp__pool_jobs_pending(const void *unused)
-{
-    (void)unused;
-    return PDP__LOAD_ACQ(&pdp__the_pool.pending) > 0;
-}
-
-static void *pdp__worker_main(void *p)
-{
-    pdp__pool *pool = &pdp__the_pool;
-    int w = (int)(intptr_t)p;
+/* pdp__spin_while's conditions: a member waits for a new generation (or stop), the
+   caller for its members. */
+typedef struct pdp__team_wait {
+    const pdp__team *team;
     unsigned long seen;
-    pthread_mutex_lock(&pdp__pool_lock);
-    seen = pool->start_gen[w];
+} pdp__team_wait;
+
+static bool pdp__team_no_new_job(const void *ctx)
+{
+    const pdp__team_wait *c = (const pdp__team_wait *)ctx;
+    return PDP__LOAD_ACQ(&c->team->generation) == c->seen && !PDP__LOAD_ACQ(&c->team->stop);
+}
+
+static bool pdp__team_pending(const void *team)
+{
+    return PDP__LOAD_ACQ(&((const pdp__team *)team)->pending) > 0;
+}
+
+static void *pdp__team_main(void *p)
+{
+    const pdp__team_member *me = (const pdp__team_member *)p;
+    pdp__team *t = me->team;
+    pdp__team_wait c;
+    c.team = t;
+    pthread_mutex_lock(&t->lock);
+    c.seen = me->start_gen;
     for (;;) {
         void (*fn)(void *, int, int);
         void *arg;
-        pdp__profile_state *prof;
-        double t0 = 0.0;
         int n;
-        if (pool->generation == seen && !pool->stop) { /* spin a while, then sleep */
-            pthread_mutex_unlock(&pdp__pool_lock);
-            pdp__spin_while(pdp__pool_no_new_job, &seen);
-            pthread_mutex_lock(&pdp__pool_lock);
+        if (t->generation == c.seen && !t->stop) { /* spin a while, then sleep */
+            pthread_mutex_unlock(&t->lock);
+            pdp__spin_while(pdp__team_no_new_job, &c);
+            pthread_mutex_lock(&t->lock);
         }
-        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pdp__pool_wake, &pdp__pool_lock);
-        if (pool->stop) break;
-        seen = pool->generation;
-        fn = pool->fn;
-        arg = pool->arg;
-        n = pool->n;
-        prof = pool->prof;
-        if (w + 1 >= n) continue; /* not part of this job */
-        pthread_mutex_unlock(&pdp__pool_lock);
-        if (prof) t0 = pdp__now();
-        fn(arg, w + 1, n);
-        pthread_mutex_lock(&pdp__pool_lock);
-        if (prof) prof->worker_busy_s += pdp__now() - t0;
-        PDP__STORE_REL(&pool->pending, pool->pending - 1);
-        if (pool->pending == 0) pthread_cond_signal(&pdp__pool_done);
+        while (t->generation == c.seen && !t->stop) pthread_cond_wait(&t->wake, &t->lock);
+        if (t->stop) break;
+        c.seen = t->generation;
+        fn = t->fn;
+        arg = t->arg;
+        n = t->n;
+        if (me->index >= n) continue; /* not part of this job */
+        pthread_mutex_unlock(&t->lock);
+        fn(arg, me->index, n);
+        pthread_mutex_lock(&t->lock);
+        PDP__STORE_REL(&t->pending, t->pending - 1);
+        if (t->pending == 0) pthread_cond_signal(&t->done);
     }
-    pthread_mutex_unlock(&pdp__pool_lock);
+    pthread_mutex_unlock(&t->lock);
     return NULL;
 }
 
-/* Makes sure the pool has `want` workers (called with busy held, no job running).
-   Stops at the first pthread_create failure: the caller then runs the missing
-   indices itself. */
-static void pdp__pool_grow(pdp__pool *pool, int want)
+static int pdp__team_init(pdp__team *t)
 {
-    want = PDP__MIN(want, PDP__MAX_THREADS - 1);
-    while (pool->nworkers < want) {
-        int w = pool->nworkers;
-        pthread_mutex_lock(&pdp__pool_lock);
-        pool->start_gen[w] = pool->generation;
-        pthread_mutex_unlock(&pdp__pool_lock);
-        if (pthread_create(&pool->tid[w], NULL, pdp__worker_main, (void *)(intptr_t)w) != 0) break;
-        pthread_mutex_lock(&pdp__pool_lock);
-        pool->nworkers++;
-        pthread_mutex_unlock(&pdp__pool_lock);
+    int rc;
+    memset(t, 0, sizeof *t);
+    if ((rc = pthread_mutex_init(&t->lock, NULL)) != 0) return rc;
+    if ((rc = pthread_cond_init(&t->wake, NULL)) != 0) {
+        pthread_mutex_destroy(&t->lock);
+        return rc;
     }
+    if ((rc = pthread_cond_init(&t->done, NULL)) != 0) {
+        pthread_cond_destroy(&t->wake);
+        pthread_mutex_destroy(&t->lock);
+        return rc;
+    }
+    t->ok = true;
+    return 0;
+}
+
+static int pdp__team_grow(pdp__team *t, int workers)
+{
+    int rc = 0;
+    if (!t->ok) return EINVAL;
+    workers = PDP__MIN(workers, PDP__TEAM_MAX - 1);
+    while (t->nworkers < workers) {
+        int w = t->nworkers;
+        pdp__team_member *m = &t->member[w];
+        pthread_mutex_lock(&t->lock);
+        m->team = t;
+        m->index = w + 1;
+        m->start_gen = t->generation;
+        pthread_mutex_unlock(&t->lock);
+        if ((rc = pthread_create(&t->tid[w], NULL, pdp__team_main, m)) != 0) break;
+        pthread_mutex_lock(&t->lock);
+        t->nworkers++;
+        pthread_mutex_unlock(&t->lock);
+    }
+    return rc;
+}
+
+static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg)
+{
+    int i, helpers;
+    if (n <= 1 || !t->ok) { /* nothing to hand off (or no team): all on this thread */
+        for (i = 0; i < n; i++) fn(arg, i, n);
+        return;
+    }
+    pthread_mutex_lock(&t->lock);
+    helpers = PDP__MIN(n - 1, t->nworkers);
+    t->fn = fn;
+    t->arg = arg;
+    t->n = n;
+    PDP__STORE_REL(&t->pending, helpers);
+    PDP__STORE_REL(&t->generation, t->generation + 1);
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+
+    fn(arg, 0, n);
+    for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if members could not be made */
+
+    pdp__spin_while(pdp__team_pending, t); /* a while, then sleep */
+    pthread_mutex_lock(&t->lock);
+    while (t->pending > 0) pthread_cond_wait(&t->done, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void pdp__team_free(pdp__team *t)
+{
+    int w, nworkers;
+    if (!t->ok) return;
+    pthread_mutex_lock(&t->lock);
+    PDP__STORE_REL(&t->stop, 1);
+    nworkers = t->nworkers;
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    for (w = 0; w < nworkers; w++) pthread_join(t->tid[w], NULL);
+    pthread_cond_destroy(&t->done);
+    pthread_cond_destroy(&t->wake);
+    pthread_mutex_destroy(&t->lock);
+    t->ok = false;
+    t->nworkers = 0;
+}
+
+/* ---- threads: the pool ---- */
+
+/* The pool: one team, grown on demand. busy is held by the one caller that owns the
+   pool for a job (and by pdp_shutdown_threads); it guards every field below. */
+static pthread_mutex_t pdp__pool_busy = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct pdp__pool {
+    pdp__team team;            /* team.ok false: not started (or shut down) */
+    /* the job while the caller's profile counters are on: */
+    void (*fn)(void *arg, int i, int n);
+    void *arg;
+    int helpers;               /* indices 1..helpers run on members, the rest on the caller */
+    double busy_s[PDP__MAX_THREADS]; /* index i's seconds inside fn, written by its member */
+    double caller_done;        /* when the caller finished its last index */
+} pdp__pool;
+
+static pdp__pool pdp__the_pool;
+
+/* The job under a profile: a member times its index in its own slot, the caller
+   notes when it finished its own; the caller reads both once pdp__team_run has
+   returned (which orders the members' writes before it). */
+static void pdp__pool_timed(void *p, int i, int n)
+{
+    pdp__pool *pool = (pdp__pool *)p;
+    double t0 = pdp__now();
+    pool->fn(pool->arg, i, n);
+    if (i == 0 || i > pool->helpers)
+        pool->caller_done = pdp__now();
+    else
+        pool->busy_s[i] = pdp__now() - t0;
 }
 
 static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
 {
     pdp__pool *pool = &pdp__the_pool;
-    int i, helpers;
-    double t0;
+    int i;
     if (n <= 1) {
         if (n == 1) fn(arg, 0, 1);
         return;
@@ -3915,46 +4366,26 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
         for (i = 0; i < n; i++) fn(arg, i, n);
         return;
     }
-    pdp__pool_grow(pool, n - 1);
-    pthread_mutex_lock(&pdp__pool_lock);
-    helpers = PDP__MIN(n - 1, pool->nworkers);
-    pool->fn = fn;
-    pool->arg = arg;
-    pool->n = n;
-    PDP__STORE_REL(&pool->pending, helpers);
-    pool->prof = pdp__prof.on ? &pdp__prof : NULL;
-    PDP__STORE_REL(&pool->generation, pool->generation + 1);
-    pthread_cond_broadcast(&pdp__pool_wake);
-    pthread_mutex_unlock(&pdp__pool_lock);
-
-    fn(arg, 0, n);
-    for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
-
-    t0 = pdp__prof.on ? pdp__now() : 0.0;
-    pdp__spin_while(pdp__pool_jobs_pending, NULL); /* a while, then sleep */
-    pthread_mutex_lock(&pdp__pool_lock);
-    while (pool->pending > 0) pthread_cond_wait(&pdp__pool_done, &pdp__pool_lock);
-    pool->prof = NULL;
-    pthread_mutex_unlock(&pdp__pool_lock);
+    /* a team that cannot start, or threads that cannot be made: pdp__team_run has the
+       caller run the indices no member runs */
+    if (pool->team.ok || pdp__team_init(&pool->team) == 0) pdp__team_grow(&pool->team, n - 1);
+    if (!pdp__prof.on) {
+        pdp__team_run(&pool->team, n, fn, arg);
+    } else {
+        pool->fn = fn;
+        pool->arg = arg;
+        pool->helpers = pool->team.ok ? PDP__MIN(n - 1, pool->team.nworkers) : 0;
+        pdp__team_run(&pool->team, n, pdp__pool_timed, pool);
+        for (i = 1; i <= pool->helpers; i++) pdp__prof.worker_busy_s += pool->busy_s[i];
+        pdp__prof.join_wait_s += pdp__now() - pool->caller_done;
+    }
     pthread_mutex_unlock(&pdp__pool_busy);
-    if (pdp__prof.on) pdp__prof.join_wait_s += pdp__now() - t0;
 }
 
 PDP_API void pdp_shutdown_threads(void)
 {
-    pdp__pool *pool = &pdp__the_pool;
-    int w, nworkers;
     pthread_mutex_lock(&pdp__pool_busy); /* waits for a job in flight to finish */
-    pthread_mutex_lock(&pdp__pool_lock);
-    PDP__STORE_REL(&pool->stop, 1);
-    nworkers = pool->nworkers;
-    pthread_cond_broadcast(&pdp__pool_wake);
-    pthread_mutex_unlock(&pdp__pool_lock);
-    for (w = 0; w < nworkers; w++) pthread_join(pool->tid[w], NULL);
-    pthread_mutex_lock(&pdp__pool_lock);
-    PDP__STORE_REL(&pool->stop, 0);
-    pool->nworkers = 0;
-    pthread_mutex_unlock(&pdp__pool_lock);
+    pdp__team_free(&pdp__the_pool.team);
     pthread_mutex_unlock(&pdp__pool_busy);
 
     pthread_once(&pdp__scratch_once, pdp__scratch_init);
@@ -3981,8 +4412,10 @@ PDP_API void pdp_shutdown_threads(void)
 
    Why one process-wide sink, not an object: tracing is a process-level
    debugging switch (an environment variable, like NCCL_DEBUG), and thread-ranks
-   of one process must share one file with pid = rank. The sink is the one
-   documented exception to "no hidden globals": a mutex-guarded struct that
+   of one process must share one file with pid = rank. The sink is one of the
+   exceptions to "no hidden globals" that the manual lists (THREADS AND
+   DETERMINISM, with the intra-op pool, the bf16 path, MPI's ownership record and
+   the CUDA devices' state): a mutex-guarded struct that
    exists only between the first pdp__trace_open and the last pdp__trace_close
    (reference counted); PDP_TRACE is read by every open while tracing is off
    (the first open that finds it set starts the file; objects opened before
@@ -4046,7 +4479,7 @@ typedef struct pdp__trace_sink {
 } pdp__trace_sink;
 
 static pthread_mutex_t pdp__trace_mu = PTHREAD_MUTEX_INITIALIZER;
-static pdp__trace_sink pdp__trace_g; /* the documented exception, see above */
+static pdp__trace_sink pdp__trace_g; /* process-wide, see above */
 
 static const char pdp__trace_trailer[] = "\n],\"displayTimeUnit\":\"ms\"}\n";
 
@@ -10972,9 +11405,21 @@ PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int r
    which every backend module defines, as a stub that fails with
    PDP_ERR_UNSUPPORTED naming the macro when the backend was not compiled in.
    DEFAULT and LOCAL fail with PDP_ERR_INVALID: thread-ranks have no
-   environment to read; they need pdp_local_group_create. A new backend is one
-   new module (its ops table, its creation, its pdp__comm_init_<backend>_env),
-   one pdp_backend value and one line in the switch below. */
+   environment to read; they need pdp_local_group_create. A new backend takes:
+     - one new module: its pdp__comm_ops table (internal.h states the contract),
+       its creation, and its pdp__comm_init_<backend>_env, a stub that fails with
+       PDP_ERR_UNSUPPORTED naming the macro when the backend is not compiled in;
+     - that module in amalgamate.py's IMPL list, before comm.c (after
+       comm_queue.c if it uses the queue), and its build macro in the manual's
+       BUILD and OPTIONS;
+     - the prototype of its pdp__comm_init_<backend>_env in internal.h, beside
+       the others;
+     - its pdp_backend value in comm.h (and there, what it bounds and where its
+       messages differ);
+     - its line in the switch below, and in pdp__comm_count_max when it takes
+       narrower counts than int64_t;
+     - the collective and point-to-point tests run on it (tests/test_comm.c and
+       tests/test_mpi.c drive the local and MPI backends). */
 
 /* #include "internal.h" (already above) */
 
@@ -11381,6 +11826,20 @@ PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
 }
 PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
 
+/* Built from the head every backend fills (its defaults: pdp__comm_desc_timeout and
+   each backend's create); log is not kept by a communicator. */
+PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c)
+{
+    pdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    if (!c) return d;
+    d.backend = c->backend;
+    d.timeout_s = c->timeout_s;
+    d.device = c->device;
+    d.name = c->name;
+    return d;
+}
+
 PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
 {
     if (!out) return;
@@ -11426,7 +11885,8 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
    - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
-   - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
+   - GELU is the tanh form; SiLU is x sigmoid(x); the element formulas live in math.h
+     (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
      sample_base, draws exactly the masks one device draws. Training: keep with
@@ -11437,7 +11897,9 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
      right after a Conv2d on the CPU (layers_conv.c).
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
-   sized by work_per_sample); backward accumulates into dw and db (+=) and writes
+   sized by work_per_sample) and return a status: PDP_OK, or an error whose message
+   says what is wrong with the input (model.c names the layer: "pdp_model_forward:
+   layer 3 (Linear): ..."); backward accumulates into dw and db (+=) and writes
    dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
    in a fixed order that does not depend on the thread count, so results are
    bit-reproducible. A setup starts from the output shape = the input shape and no
@@ -11589,7 +12051,7 @@ static void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
     pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
 }
 
-static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     float beta = 0.0f;
@@ -11599,9 +12061,10 @@ static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
+    return PDP_OK;
 }
 
-static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     /* dW += dY^T X */
@@ -11617,6 +12080,7 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
     if (io->dx) /* dX = dY W */
         (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy,
                                                 out, io->w, in, 0.0f, io->dx, in);
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -11677,8 +12141,8 @@ static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
     pdp__parallel_for(parts, pdp__elem_part, &job);
 }
 
-/* ReLU, GELU, Tanh, Sigmoid: elements [lo, hi) of forward (y from x) and of
-   backward (dx from dy and y, or x for GELU). */
+/* ReLU, GELU, Tanh, Sigmoid, SiLU: elements [lo, hi) of forward (y from x) and of
+   backward (dx from dy and y, or x for GELU and SiLU). */
 static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                     int64_t hi)
 {
@@ -11759,48 +12223,88 @@ static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
 
-static void pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__silu(x[i]);
+}
+
+static void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    for (i = 0; i < n; i++) dx[i] = pdp__silu_grad(dy[i], x[i]);
+}
+
+static pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__relu_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__gelu_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__gelu_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__tanh_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__tanh_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__sigmoid_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__sigmoid_backward_range);
+    return PDP_OK;
+}
+
+static pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__silu_forward_range);
+    return PDP_OK;
+}
+
+static pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__silu_backward_range);
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
-/* One kernel pair for the four, told which by pdp_cudak_act. */
+/* One kernel pair for the five, told which by pdp_cudak_act. */
 static pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
                                         pdp_cudak_act act)
 {
@@ -11854,6 +12358,16 @@ static pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__lay
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SIGMOID);
 }
+
+static pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_SILU);
+}
+
+static pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_SILU);
+}
 #endif
 
 /* ---- layers: Dropout ---- */
@@ -11867,14 +12381,14 @@ static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     uint32_t thr;
     float scale;
     if (!io->training || l->p == 0.0f) {
         if (io->y != io->x) memcpy(io->y, io->x, (size_t)(B * n) * sizeof(float));
-        return;
+        return PDP_OK;
     }
     thr = pdp__dropout_threshold(l->p);
     scale = 1.0f / (1.0f - l->p);
@@ -11887,19 +12401,21 @@ static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
             y[j] = x[j] * mask[j];
         });
     }
+    return PDP_OK;
 }
 
-static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t n = io->batch * l->in_count;
     const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
     float *PDP__RESTRICT dx = io->dx;
-    if (!dx) return;
+    if (!dx) return PDP_OK;
     if (!io->training || l->p == 0.0f) {
         memcpy(dx, dy, (size_t)n * sizeof(float));
-        return;
+        return PDP_OK;
     }
     PDP__FOR_BLOCKED(i, n, dx[i] = dy[i] * mask[i];);
+    return PDP_OK;
 }
 
 
@@ -11951,7 +12467,7 @@ static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng
     }
 }
 
-static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
@@ -11965,12 +12481,13 @@ static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
         io->saved[2 * s] = mean;
         io->saved[2 * s + 1] = rstd;
     }
+    return PDP_OK;
 }
 
 /* With xh = (x - mean) rstd and g = dy w:
    dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
    Two passes over each sample, nothing stored. */
-static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w;
@@ -11992,6 +12509,7 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
             });
         }
     }
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -12021,15 +12539,17 @@ static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static void pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
 }
 
-static void pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx && io->dx != io->dy)
         memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -12854,15 +13374,16 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     }
 }
 
-static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     pdp__conv_job_init(&job, l, io, false);
     pdp__parallel_for(job.parts, job.g.implicit ? pdp__conv_implicit_forward_part
                                                 : pdp__conv_forward_part, &job);
+    return PDP_OK;
 }
 
-static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     const pdp__conv_geom *g = &job.g;
@@ -12883,6 +13404,7 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
         if (io->db)
             for (o = 0; o < g->O; o++) io->db[o] += share[g->O * g->ckk + o];
     }
+    return PDP_OK;
 }
 
 /* ---- layers: Conv2d, setup and CUDA ---- */
@@ -13027,12 +13549,13 @@ static void pdp__maxpool_forward_part(void *argp, int i, int parts)
 }
 
 /* Split by channel plane over the intra-op threads. */
-static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
     job.l = l;
     job.io = io;
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_forward_part, &job);
+    return PDP_OK;
 }
 
 /* The channel planes of part i: zero, then scatter each output's gradient to its
@@ -13065,13 +13588,14 @@ static void pdp__maxpool_backward_part(void *argp, int i, int parts)
     }
 }
 
-static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
-    if (!io->dx) return;
+    if (!io->dx) return PDP_OK;
     job.l = l;
     job.io = io;
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_backward_part, &job);
+    return PDP_OK;
 }
 
 static pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
@@ -13180,12 +13704,11 @@ static pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t bat
     return PDP_OK;
 }
 
-/* dst <- src, count floats on io's device; a failure goes to *io->status. */
-static bool pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src, int64_t count)
+/* dst <- src, count floats on io's device. */
+static pdp_status pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src,
+                               int64_t count)
 {
-    pdp_status st = pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
-    if (st != PDP_OK) *io->status = st;
-    return st == PDP_OK;
+    return pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
 }
 
 static pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
@@ -13211,40 +13734,37 @@ static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, con
 /* f forward: identity. At the first forward (and after TP layers were added) the width
    check first: every TP rank built the same TP layers (f is the first TP layer of every
    block, so every rank reaches it before any other TP collective). */
-static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK) {
-        *io->status = st;
-        return;
-    }
-    pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
+    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK)
+        return st;
+    return pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
 }
 
 /* f backward: the input gradient is the sum of every rank's partial gradient (each rank's
    ColumnParallelLinear saw only its output slice). Nothing when no input gradient is
    needed (f is the first layer): every rank skips it alike. */
-static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (!io->dx || !pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count)) return;
-    if ((st = pdp__tp_allreduce(l, io->dx, io->batch, l->in_count, false)) != PDP_OK)
-        *io->status = st;
+    if (!io->dx) return PDP_OK;
+    if ((st = pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count)) != PDP_OK) return st;
+    return pdp__tp_allreduce(l, io->dx, io->batch, l->in_count, false);
 }
 
 /* g forward: the sum of every rank's partial output (RowParallelLinear's x_r W_r^T). */
-static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (!pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) return;
-    if ((st = pdp__tp_allreduce(l, io->y, io->batch, l->in_count, true)) != PDP_OK)
-        *io->status = st;
+    if ((st = pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) != PDP_OK) return st;
+    return pdp__tp_allreduce(l, io->y, io->batch, l->in_count, true);
 }
 
 /* g backward: identity (the output gradient is replicated). */
-static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    if (io->dx) pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count);
+    return io->dx ? pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count) : PDP_OK;
 }
 
 /* ---- tp: the column- and row-parallel Linears ---- */
@@ -13333,19 +13853,19 @@ static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
 }
 
 /* Backward of Linear, without the input gradient when f is the first layer. */
-static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp_skip_dx) run.dx = NULL;
-    pdp__linear_backward(l, &run);
+    return pdp__linear_backward(l, &run);
 }
 
 /* x_r W_r^T, plus the bias on TP rank 0 only: g's sum then adds it once. */
-static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp->rank != 0) run.b = NULL;
-    pdp__linear_forward(l, &run);
+    return pdp__linear_forward(l, &run);
 }
 
 #ifdef PDP_CUDA
@@ -13370,21 +13890,58 @@ static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
-   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags that model.c plans
-   with (a view; fuses a following ReLU). Nothing else in pdp switches over kinds:
-   model.c, dp.c and the executors go through pdp__layer_setup, pdp__layer_forward
-   and the other functions below, once per layer call (never per element).
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
+   fused, collective, unnumbered).
 
-   Adding a layer kind takes:
-   1. its code in layers.c (or a file of its own, listed in amalgamate.py before
-      this one, as layers_conv.c): setup, forward and backward, init when it has
-      parameters, and its CUDA entries under #ifdef PDP_CUDA (see layers.c's
-      conventions);
-   2. its value in pdp__layer_kind (internal.h) and its entry below;
-   3. its public constructor pdp_model_add_<kind> (model.h, model.c);
-   4. for CUDA: its kernels and their plain C functions in pdp_cuda.cu, declared in
-      cuda.h, and the same functions in tests/fake_cuda/fake_cuda.c, where each is a
-      few lines that rebuild the layer and run pdp's CPU entry through fake__layer.
+   This table is the only place that knows what each kind is. Every decision elsewhere
+   that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
+   kinds between the split Linears, the state_dict numbering; and model.c, dp.c and the
+   executors run a layer through pdp__layer_setup, pdp__layer_forward and the other
+   functions below, once per layer call (never per element). A kind's value is named
+   elsewhere only by its own code: its constructor (model.c's pdp_model_add_*, tp.c's
+   for the TP kinds, whose order rules name the kinds they follow), the TP kinds' slices
+   (layers_tp.c, tp.c's checkpoints and width check), and the tests and
+   tests/fake_cuda, which build layers of a kind.
+
+   Adding a layer kind takes (the commit that added SiLU shows every step):
+   1. math: a formula that the CPU and the CUDA kernels both compute goes into math.h as
+      `static inline PDP__HOSTDEV` helpers (forward and its gradient), so the CPU tests
+      cover the very code the kernels run;
+   2. its code in layers.c (or a file of its own, listed in amalgamate.py before this
+      one, as layers_conv.c): setup (pdp__layers_setup_same for a kind that keeps the
+      shape and checks nothing), init when it has parameters, CPU forward and backward
+      (they return PDP_OK, or a status whose message says what is wrong with the input;
+      model.c names the layer), and its CUDA entries under #ifdef PDP_CUDA (see
+      layers.c's conventions, and add the kind's to them when it has its own);
+   3. its value in pdp__layer_kind (internal.h), appended before
+      PDP__LAYER_KIND_COUNT, and its entry at the end of the table below (in the enum's
+      order: C++ has no designators), with its flags (internal.h says what
+      each promises: an element-wise kind gets PDP__LAYER_ELEMENTWISE and is then
+      accepted inside a TP block with no edit to tp.c);
+   4. its public constructor pdp_model_add_<kind> (model.h, with a comment naming the
+      PyTorch module it equals; model.c, through pdp__layer_of and pdp__model_add);
+   5. CUDA: its kernels and their plain C functions in pdp_cuda.cu (an activation is a
+      pdp_cudak_act value in cuda.h and a case in pdp__act_fwd and pdp__act_bwd), declared
+      in cuda.h; the same functions in tests/fake_cuda/fake_cuda.c, where each is a few
+      lines that rebuild the layer and run pdp's CPU entry through fake__layer (an
+      activation: its kind in fake__act_kind). tests/cuda_emu needs no edit: it runs
+      pdp_cuda.cu as written (make emu-cuda-test runs the new kernels on the CPU);
+      make cuda compiles them with nvcc;
+   6. tests: in tests/test_layers.c, gradients against finite differences and the
+      forward against a naive loop (layers_activation_grads_match_finite_differences
+      and layers_linear_and_activations_match_naive take an activation; a kind of
+      another shape gets tests of its own), and its name in
+      layers_model_layer_name_names_every_layer (the table test covers the entry); a
+      PyTorch fixture: a line in tools/gen_fixtures.py, run as
+      `/usr/bin/python3 tools/gen_fixtures.py --out /tmp/fx`, copying only the new file
+      into tests/fixtures/ (the others were written by torch 1.13: keep their bytes),
+      and its case in tests/test_fixtures.c; in tests/test_cuda.c, a layer_case in
+      build() and case_name (cuda_layers_match_cpu: the GPU against the CPU, on emulated
+      GPUs under make emu-cuda-test and on real ones under tests/gpu/run.sh);
+   7. docs: the constructor's comment (model.h); wherever src/manual.txt, README.md and
+      the module comments list kinds (tp.h's table lists the element-wise ones); a line
+      in CHANGELOG.md; then python3 amalgamate.py.
    A kind without CUDA entries (NULL) works on the CPU; on a CUDA device its calls
    fail with PDP_ERR_UNSUPPORTED naming the layer.
 
@@ -13418,16 +13975,18 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                            PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
     PDP__KIND(PDP__RELU){"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward,
                          pdp__relu_backward, PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL, 0},
+                         PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,
+                         PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU},
     PDP__KIND(PDP__GELU){"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward,
                          pdp__gelu_backward, PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, 0},
+                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     PDP__KIND(PDP__TANH){"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward,
                          pdp__tanh_backward, PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, 0},
+                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     PDP__KIND(PDP__SIGMOID){"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
                             pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
-                            PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL, 0},
+                            PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL,
+                            PDP__LAYER_ELEMENTWISE},
     PDP__KIND(PDP__DROPOUT){"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
                             pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
                             PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
@@ -13441,7 +14000,8 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                            PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
     PDP__KIND(PDP__MAXPOOL2D){"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
                               pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
-                              PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL, 0},
+                              PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL,
+                              PDP__LAYER_FUSABLE_POOL},
     PDP__KIND(PDP__FLATTEN){"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                             pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
                             PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
@@ -13461,6 +14021,10 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     PDP__KIND(PDP__TP_REDUCE){"ReduceFromModelParallelRegion", pdp__tp_reduce_setup, NULL,
                               pdp__tp_reduce_forward, pdp__tp_reduce_backward, NULL, NULL, NULL,
                               PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+    /* kinds added since, in the enum's order */
+    PDP__KIND(PDP__SILU){"SiLU", pdp__layers_setup_same, NULL, pdp__silu_forward,
+                         pdp__silu_backward, PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
+                         PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -13473,6 +14037,20 @@ static const char *pdp__layer_kind_name(pdp__layer_kind k)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(k);
     return info && info->name ? info->name : "?";
+}
+
+/* "ReLU, GELU, Tanh, Sigmoid": the names of the kinds with flag, in table order, for
+   messages that say which kinds a place accepts. */
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
+{
+    size_t n = 0;
+    int k;
+    if (cap) buf[0] = '\0';
+    for (k = 0; k < PDP__LAYER_KIND_COUNT && n < cap; k++)
+        if (pdp__layer_kinds[k].flags & flag)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "",
+                                  pdp__layer_kinds[k].name);
+    return buf;
 }
 
 /* ---- layers_table: setup and initialisation ---- */
@@ -13533,38 +14111,25 @@ static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
 #endif
 }
 
-/* A PDP__LAYER_COLLECTIVE kind's call, on any device: its failure comes back through
-   io->status, pointed at a variable of this call. */
-static pdp_status pdp__layer_collective(const pdp__layer *l, const pdp__layer_io *io,
-                                        void (*fn)(const pdp__layer *, const pdp__layer_io *))
-{
-    pdp_status st = PDP_OK;
-    pdp__layer_io run = *io;
-    run.status = &st;
-    fn(l, &run);
-    return st;
-}
-
 /* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
-   CPU memory. A collective kind's host entry runs on every device. */
+   CPU memory. A collective kind's host entry runs on every device. Either entry's
+   status comes back as it is (the caller names the layer). */
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->forward);
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_forward);
-    info->forward(l, io);
-    return PDP_OK;
+    if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
+        return pdp__layer_cuda(l, io, info->cuda_forward);
+    return info->forward(l, io);
 }
 
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->backward);
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_backward);
-    info->backward(l, io);
-    return PDP_OK;
+    if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
+        return pdp__layer_cuda(l, io, info->cuda_backward);
+    return info->backward(l, io);
 }
 /* ---- end src/layers_table.c ---- */
 
@@ -13634,6 +14199,22 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     m->training = true;
     *out = m;
     return PDP_OK;
+}
+
+/* The desc the model was made by, as in use: input_ndim and input_shape resolved,
+   precision the current one (pdp_model_set_precision may change it). */
+PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
+{
+    pdp_model_desc d;
+    int i;
+    memset(&d, 0, sizeof d);
+    if (!m) return d;
+    d.input_ndim = m->in_ndim;
+    for (i = 0; i < m->in_ndim; i++) d.input_shape[i] = m->in_shape[i];
+    d.seed = m->seed;
+    d.device = m->device;
+    d.precision = m->precision;
+    return d;
 }
 
 static void pdp__model_free_buffers(pdp_model *m)
@@ -13884,6 +14465,11 @@ PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m)
     return pdp__model_add(m, pdp__layer_of(PDP__SIGMOID), "pdp_model_add_sigmoid");
 }
 
+PDP_API pdp_status pdp_model_add_silu(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__SILU), "pdp_model_add_silu");
+}
+
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
 {
     pdp__layer l = pdp__layer_of(PDP__DROPOUT);
@@ -13924,28 +14510,34 @@ PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 
 /* ---- model: buffers ---- */
 
-/* Layer i is a ReLU that the layer before it (a Conv2d: PDP__LAYER_FUSES_RELU)
-   applies in its own forward and backward (CPU only; never the last layer, whose
-   output the caller reads): the ReLU is then a view, as Flatten, and is skipped.
-   Same bits as running it. */
+/* Whether layer i's kind has flag (PDP__LAYER_*). */
+static bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
+{
+    return (pdp__layer_kind_of(m->layers[i].kind)->flags & flag) != 0;
+}
+
+/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d:
+   PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
+   last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
+   is skipped. Same bits as running it. */
 static bool pdp__model_relu_fused(const pdp_model *m, int i)
 {
     return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
-           m->layers[i].kind == PDP__RELU &&
-           (pdp__layer_kind_of(m->layers[i - 1].kind)->flags & PDP__LAYER_FUSES_RELU);
+           pdp__model_flag(m, i, PDP__LAYER_FUSABLE_RELU) &&
+           pdp__model_flag(m, i - 1, PDP__LAYER_FUSES_RELU);
 }
 
-/* Layer i is a 2x2 stride-2 MaxPool2d over an even H and W after a fused ReLU,
-   which the Conv2d before that (PDP__LAYER_FUSES_POOL) applies too: the Conv2d
-   writes this layer's output and saved winners, and takes its output's gradient;
-   this layer is skipped, and the Conv2d's own output never exists. Same bits. */
+/* Layer i is a 2x2 stride-2 max pool (PDP__LAYER_FUSABLE_POOL: MaxPool2d) over an even
+   H and W after a fused ReLU, which the Conv2d before that (PDP__LAYER_FUSES_POOL)
+   applies too: the Conv2d writes this layer's output and saved winners, and takes its
+   output's gradient; this layer is skipped, and the Conv2d's own output never exists.
+   Same bits. */
 static bool pdp__model_pool_fused(const pdp_model *m, int i)
 {
     const pdp__layer *l = &m->layers[i];
-    return i > 1 && l->kind == PDP__MAXPOOL2D && l->kernel == 2 && l->stride == 2 &&
-           l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 &&
-           pdp__model_relu_fused(m, i - 1) &&
-           (pdp__layer_kind_of(m->layers[i - 2].kind)->flags & PDP__LAYER_FUSES_POOL);
+    return i > 1 && pdp__model_flag(m, i, PDP__LAYER_FUSABLE_POOL) && l->kernel == 2 &&
+           l->stride == 2 && l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 &&
+           pdp__model_relu_fused(m, i - 1) && pdp__model_flag(m, i - 2, PDP__LAYER_FUSES_POOL);
 }
 
 /* Layer i is the Conv2d that applies the pool two layers on (pdp__model_pool_fused). */
@@ -13958,8 +14550,7 @@ static bool pdp__model_pools(const pdp_model *m, int i)
    no buffer, no call. */
 static bool pdp__model_is_view(const pdp_model *m, int i)
 {
-    return (pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_VIEW) ||
-           pdp__model_relu_fused(m, i);
+    return pdp__model_flag(m, i, PDP__LAYER_VIEW) || pdp__model_relu_fused(m, i);
 }
 
 /* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
@@ -16212,6 +16803,8 @@ struct pdp_batcher {
     uint64_t epoch;
     float *x;              /* [batch_size, features] */
     int32_t *labels;       /* [batch_size] */
+    pdp_tensor *xdev;      /* [batch_size, sample shape] on desc.device; NULL on the CPU */
+    pdp_status st;         /* the last pdp_batcher_next's failure, else PDP_OK */
 };
 
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
@@ -16250,6 +16843,17 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
         pdp_batcher_free(b);
         return st;
     }
+    if (d.device.kind != PDP_DEVICE_CPU) {
+        int64_t shape[4];
+        pdp_status st;
+        shape[0] = d.batch_size;
+        memcpy(shape + 1, ds->shape, 3 * sizeof *shape);
+        if ((st = pdp_tensor_create(&b->xdev, d.device, ds->ndim + 1, shape)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: the batch buffer on desc.device", fn);
+            pdp_batcher_free(b);
+            return st;
+        }
+    }
     for (i = 0; i < b->len; i++) b->base[i] = d.indices ? d.indices[i] : i;
     d.indices = b->base;
     d.num_indices = b->len;
@@ -16259,6 +16863,14 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     return PDP_OK;
 }
 
+PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b)
+{
+    pdp_batcher_desc d;
+    if (b) return b->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
 PDP_API void pdp_batcher_free(pdp_batcher *b)
 {
     if (!b) return;
@@ -16266,6 +16878,7 @@ PDP_API void pdp_batcher_free(pdp_batcher *b)
     pdp__dealloc(b->order);
     pdp__dealloc(b->x);
     pdp__dealloc(b->labels);
+    pdp_tensor_free(b->xdev);
     pdp__dealloc(b);
 }
 
@@ -16275,6 +16888,7 @@ PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
     if (!b) return;
     b->epoch = epoch;
     b->next = 0;
+    b->st = PDP_OK;
     if (!b->desc.shuffle) {
         memcpy(b->order, b->base, (size_t)b->len * sizeof(int64_t));
         return;
@@ -16288,7 +16902,8 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
     int64_t k, i;
     if (n) *n = 0;
     if (!b || !x) {
-        pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        pdp_status st = pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        if (b) b->st = st;
         return false;
     }
     k = PDP__MIN(b->desc.batch_size, b->len - b->next);
@@ -16301,9 +16916,24 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
     }
     b->next += k;
     pdp__dataset_wrap(b->ds, b->x, k, x);
+    if (b->xdev) { /* the host batch, copied to the device buffer's first k rows */
+        pdp_tensor host = *x;
+        pdp_status st = pdp_tensor_rows_view(b->xdev, 0, k, x);
+        if (st == PDP_OK) st = pdp_tensor_copy(x, &host);
+        if (st != PDP_OK) {
+            b->st = pdp__err_wrap(st, "pdp_batcher_next: copying a batch of %lld to the device",
+                                  (long long)k);
+            return false;
+        }
+    }
     if (labels) *labels = b->labels;
     if (n) *n = k;
     return true;
+}
+
+PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b)
+{
+    return b ? b->st : PDP_ERR_INVALID;
 }
 
 PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b)
@@ -16826,7 +17456,8 @@ static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, co
    Load never half-applies a file: it reads the header (at most
    PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
    validates every entry, reads every expected tensor into one staging buffer,
-   and only then copies into the model and the optimizer.
+   and only then copies into the model and the optimizer (pdp__ckpt_load's
+   steps, under "checkpoint: load, step by step").
 
    Checksums (safetensors has none): __metadata__ "crc32c.<tensor>" is the
    CRC-32C of the tensor's data bytes as stored, "crc32c.header" that of the
@@ -17650,6 +18281,273 @@ static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
     return false;
 }
 
+/* ---- checkpoint: load, step by step ----
+   pdp__ckpt_load runs the steps below in order; each returns a status, the first failure
+   ends the load (the message is that step's), and the clean-up runs either way. Nothing
+   reaches the model or the optimizer before the commit, the last step, and the commit
+   runs only when every check before it passed. */
+
+/* One load: its arguments and what one step hands to the next. */
+typedef struct pdp__ckpt_loader {
+    const char *path, *fn, *run; /* run: the ZeRO save a shard must belong to, or NULL */
+    pdp_model *m;
+    pdp_optim *o;                /* NULL: parameters only */
+    float *params;               /* the destination of [lo, hi), when with_params */
+    bool with_params, allow_shard;
+    int64_t lo, hi, count;       /* count = hi - lo */
+    int nstate;                  /* o's state tensors (0 without o) */
+    FILE *f;
+    uint64_t file_bytes, data_start;
+    char *header;
+    pdp__st_parser p;
+    pdp__st_entry **sorted;
+    pdp__ckpt_sums *sums, *check; /* check: sums when the file has checksums, else NULL */
+    bool shard;                  /* a shard file ("format": "pdp-shard") */
+    pdp_optim_desc desc;         /* the file's optimizer (with o) */
+    int64_t steps;
+    uint64_t seed, mstep;        /* "model.seed", "model.step", when have_seed, have_step */
+    bool have_seed, have_step;
+    float *staging;              /* count (1 + nstate) floats: params, then each state */
+} pdp__ckpt_loader;
+
+/* Opens the file and reads, parses and validates its header (the data's tiling too). */
+static pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
+{
+    const char *fn = L->fn, *path = L->path;
+    unsigned char len8[8];
+    uint64_t hlen = 0;
+    struct stat sb;
+    pdp_status st;
+    int k;
+    if (!(L->f = fopen(path, "rb")))
+        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
+    if (fstat(fileno(L->f), &sb) != 0 || !S_ISREG(sb.st_mode))
+        return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
+    L->file_bytes = (uint64_t)sb.st_size;
+    if (L->file_bytes < 8 || fread(len8, 1, 8, L->f) != 8)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: %llu bytes, shorter than the 8-byte header "
+                        "length", fn, path, (unsigned long long)L->file_bytes);
+    for (k = 7; k >= 0; k--) hlen = (hlen << 8) | len8[k];
+    if (hlen < 2 || hlen > PDP__CKPT_MAX_HEADER || hlen > L->file_bytes - 8)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: header length %llu is impossible (file %llu "
+                        "bytes, limit %llu): not a safetensors file, or truncated", fn, path,
+                        (unsigned long long)hlen, (unsigned long long)L->file_bytes,
+                        (unsigned long long)PDP__CKPT_MAX_HEADER);
+    L->data_start = 8 + hlen;
+    if (!(L->header = (char *)pdp__alloc((size_t)hlen)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for the header", fn, path);
+    if (fread(L->header, 1, (size_t)hlen, L->f) != (size_t)hlen)
+        return pdp__err(PDP_ERR_IO, "%s: %s: reading the header failed", fn, path);
+    L->p.s = L->header;
+    L->p.n = (size_t)hlen;
+    L->p.file = path;
+    L->p.fn = fn;
+    if ((st = pdp__st_parse(&L->p)) != PDP_OK) return st;
+    L->sorted = (pdp__st_entry **)pdp__alloc((size_t)PDP__MAX(1, L->p.nentries) *
+                                             sizeof *L->sorted);
+    if (!L->sorted) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+    return pdp__st_validate(&L->p, L->file_bytes - L->data_start, L->sorted);
+}
+
+/* Verifies the header's checksum and takes each tensor's (a file without any: unverified). */
+static pdp_status pdp__ckpt_load_sums(pdp__ckpt_loader *L)
+{
+    bool has_sums = false;
+    pdp_status st;
+    if (!(L->sums = (pdp__ckpt_sums *)pdp__alloc(sizeof *L->sums)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", L->fn, L->path);
+    pdp__crc32c_init(&L->sums->crc);
+    if ((st = pdp__ckpt_check_sums(&L->p, L->sorted, &L->sums->crc, &has_sums)) != PDP_OK)
+        return st;
+    L->check = has_sums ? L->sums : NULL;
+    return PDP_OK;
+}
+
+/* Reads the optimizer's metadata (with o) and the model's seed and step. */
+static pdp_status pdp__ckpt_load_meta(pdp__ckpt_loader *L)
+{
+    pdp_status st;
+    if (L->o && (st = pdp__ckpt_read_optim(&L->p, L->o, &L->desc, &L->steps)) != PDP_OK)
+        return st;
+    if (!pdp__ckpt_meta_u64(&L->p, "model.seed", &L->seed, &L->have_seed) ||
+        !pdp__ckpt_meta_u64(&L->p, "model.step", &L->mstep, &L->have_step))
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"model.seed\" or \"model.step\" "
+                        "is not a count", L->fn, L->path);
+    return PDP_OK;
+}
+
+/* A full file or a shard file, as the call allows; a shard's range and run are the call's. */
+static pdp_status pdp__ckpt_load_kind(pdp__ckpt_loader *L)
+{
+    const char *fn = L->fn, *path = L->path, *run = L->run;
+    const char *format = pdp__st_meta(&L->p, "format"), *srun;
+    uint64_t slo = 0, shi = 0, scount = 0;
+    bool have[3];
+    L->shard = format && strcmp(format, "pdp-shard") == 0;
+    if (L->shard && !L->allow_shard)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard file (one rank's range of a ZeRO run), "
+                        "not a checkpoint of the whole model", fn, path);
+    if (run && !L->shard)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: not a shard file (\"format\" is \"%s\"), where "
+                        "the shard of run %s belongs", fn, path, format ? format : "absent", run);
+    if (!L->shard) return PDP_OK;
+    if (!pdp__ckpt_meta_u64(&L->p, "shard.lo", &slo, &have[0]) ||
+        !pdp__ckpt_meta_u64(&L->p, "shard.hi", &shi, &have[1]) ||
+        !pdp__ckpt_meta_u64(&L->p, "shard.count", &scount, &have[2]) || !have[0] || !have[1] ||
+        !have[2])
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"shard.lo\", \"shard.hi\" or "
+                        "\"shard.count\" is missing or not a count", fn, path);
+    if (slo != (uint64_t)L->lo || shi != (uint64_t)L->hi ||
+        scount != (uint64_t)L->m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the file holds [%llu, %llu) of %llu parameters, "
+                        "this rank loads [%lld, %lld) of %lld", fn, path,
+                        (unsigned long long)slo, (unsigned long long)shi,
+                        (unsigned long long)scount, (long long)L->lo, (long long)L->hi,
+                        (long long)L->m->param_count);
+    srun = pdp__st_meta(&L->p, "shard.run");
+    if (run && (!srun || strcmp(srun, run) != 0))
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard of run %s, the set's is run %s (a "
+                        "file of another save)", fn, path, srun ? srun : "(none: no "
+                        "\"shard.run\")", run);
+    return PDP_OK;
+}
+
+/* A shard file's tensors ("params", "optim.<state>"): each present, F32 [count], read into
+   its part of the staging buffer and checked against its checksum. */
+static pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L)
+{
+    const char *fn = L->fn, *path = L->path;
+    char name[96], a[128];
+    pdp_status st;
+    int k;
+    for (k = L->with_params ? -1 : 0; k < L->nstate; k++) {
+        const pdp__st_entry *e;
+        if (k < 0) snprintf(name, sizeof name, "params");
+        else snprintf(name, sizeof name, "optim.%s", pdp__optim_state_name(L->o, k));
+        if (!(e = pdp__st_find(L->sorted, L->p.nentries, name)))
+            return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
+        if (strcmp(e->dtype, "F32") != 0 || e->ndim != 1 || e->shape[0] != L->count) {
+            pdp__shape_text(a, sizeof a, e->ndim, e->shape);
+            return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is %s %s, expected F32 [%lld]",
+                            fn, path, name, e->dtype, a, (long long)L->count);
+        }
+        if ((st = pdp__ckpt_read_tensor(L->f, fn, path, L->data_start, e, 0,
+                                        L->staging + (k + 1) * L->count, L->count,
+                                        L->check)) != PDP_OK)
+            return st;
+    }
+    return PDP_OK;
+}
+
+/* A full file's tensors (the model's names, "optim.<name>.<state>"): each present, F32, the
+   model's shape; the part inside [lo, hi) read into the staging buffer (the whole tensor
+   checked against its checksum). */
+static pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L)
+{
+    const char *fn = L->fn, *path = L->path;
+    char name[96], a[128], b[128];
+    pdp_status st;
+    int i, k, d;
+    for (k = L->with_params ? -1 : 0; k < L->nstate; k++) {
+        for (i = 0; i < L->m->nparams; i++) {
+            const pdp__param_entry *pe = &L->m->params[i];
+            const pdp__st_entry *e;
+            int64_t from = PDP__MAX(L->lo, pe->offset);
+            int64_t to = PDP__MIN(L->hi, pe->offset + pe->count);
+            bool same = true;
+            if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
+            else snprintf(name, sizeof name, "optim.%s.%s", pe->name,
+                          pdp__optim_state_name(L->o, k));
+            if (!(e = pdp__st_find(L->sorted, L->p.nentries, name)))
+                return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path,
+                                name);
+            if (strcmp(e->dtype, "F32") != 0)
+                return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" is %s, expected F32", fn,
+                                path, name, e->dtype);
+            same = e->ndim == pe->ndim;
+            for (d = 0; same && d < pe->ndim; d++) same = e->shape[d] == pe->shape[d];
+            if (!same) {
+                pdp__shape_text(a, sizeof a, e->ndim, e->shape);
+                pdp__shape_text(b, sizeof b, pe->ndim, pe->shape);
+                return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" has shape %s in the file, "
+                                "the model's is %s", fn, path, name, a, b);
+            }
+            if (from < to &&
+                (st = pdp__ckpt_read_tensor(L->f, fn, path, L->data_start, e, from - pe->offset,
+                                            L->staging + (k + 1) * L->count + (from - L->lo),
+                                            to - from, L->check)) != PDP_OK)
+                return st;
+        }
+    }
+    return PDP_OK;
+}
+
+/* Every expected tensor checked against the model and read (CRC-checked) into staging. */
+static pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L)
+{
+    int64_t floats = L->count * (1 + L->nstate);
+    L->staging = (float *)pdp__alloc((size_t)PDP__MAX(1, floats) * sizeof(float));
+    if (!L->staging)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory to stage %lld floats", L->fn,
+                        L->path, (long long)floats);
+    return L->shard ? pdp__ckpt_load_shard_tensors(L) : pdp__ckpt_load_full_tensors(L);
+}
+
+/* No tensor in the file that the model (or the optimizer) does not have. */
+static pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L)
+{
+    int i;
+    for (i = 0; i < L->p.nentries; i++) {
+        const char *name = L->p.entries[i].name;
+        if (L->shard ? !pdp__ckpt_shard_expected(L->o, name)
+                     : !pdp__ckpt_expected(L->m, L->o, name))
+            return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", L->fn,
+                            L->path, name,
+                            strncmp(name, "optim.", 6) == 0 ? "optimizer's state" : "model");
+    }
+    return PDP_OK;
+}
+
+/* All checks passed: the staged parameters and state onto the model's device, the
+   model's seed and step, the optimizer's hyper-parameters and step count. */
+static pdp_status pdp__ckpt_load_commit(pdp__ckpt_loader *L)
+{
+    pdp_model *m = L->m;
+    pdp_optim *o = L->o;
+    int64_t count = L->count;
+    pdp_status st;
+    int k;
+    if (L->with_params && count &&
+        (st = pdp__dev_copy(m->device, L->params, pdp_cpu(), L->staging, (size_t)count * 4)) !=
+            PDP_OK)
+        return pdp__err_wrap(st, "%s: %s: copying the parameters to the device failed; they "
+                             "may be partly loaded", L->fn, L->path);
+    if (L->with_params && L->have_seed) m->seed = L->seed; /* the dropout stream, exact resume */
+    if (L->with_params && L->have_step) m->step = L->mstep;
+    if (!o) return PDP_OK;
+    for (k = 0; k < L->nstate; k++)
+        if (count && (st = pdp__dev_copy(m->device, o->state[k] + (L->lo - o->lo), pdp_cpu(),
+                                         L->staging + (k + 1) * count, (size_t)count * 4)) !=
+                         PDP_OK)
+            return pdp__err_wrap(st, "%s: %s: copying the optimizer state to the device "
+                                 "failed; the parameters are loaded, the state may be partly "
+                                 "loaded", L->fn, L->path);
+    o->desc = L->desc;
+    o->steps = L->steps;
+    return PDP_OK;
+}
+
+/* Closes the file and frees what the steps allocated (after a failure too). */
+static void pdp__ckpt_load_close(pdp__ckpt_loader *L)
+{
+    if (L->f) fclose(L->f);
+    pdp__st_parser_free(&L->p);
+    pdp__dealloc(L->header);
+    pdp__dealloc(L->sorted);
+    pdp__dealloc(L->staging);
+    pdp__dealloc(L->sums);
+}
+
 /* Loads the parameters [lo, hi) into params (when with_params) and o's state
    for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
    allow_shard, from a shard file of exactly [lo, hi); with run, only from a
@@ -17658,221 +18556,29 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
                                  pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
                                  const char *run, const char *fn)
 {
-    pdp__st_parser p;
-    pdp__st_entry **sorted = NULL;
-    pdp__ckpt_sums *sums = NULL, *check = NULL;
-    unsigned char len8[8];
-    uint64_t hlen = 0, file_bytes, data_start;
-    float *staging = NULL;
-    char *header = NULL, name[96], a[128], b[128];
-    pdp_optim_desc desc;
-    int64_t steps = 0, count;
-    uint64_t seed = 0, mstep = 0;
-    bool have_seed = false, have_step = false, has_sums = false;
-    struct stat sb;
-    const char *format, *srun;
-    bool shard;
-    FILE *f;
-    int i, k, nstate;
-    pdp_status st = PDP_OK;
-
-    memset(&p, 0, sizeof p);
-    memset(&desc, 0, sizeof desc);
-    count = hi - lo;
-    nstate = o ? o->nstate : 0;
-    if (!(f = fopen(path, "rb")))
-        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
-    }
-    file_bytes = (uint64_t)sb.st_size;
-    if (file_bytes < 8 || fread(len8, 1, 8, f) != 8) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: %llu bytes, shorter than the 8-byte header length",
-                      fn, path, (unsigned long long)file_bytes);
-        goto done;
-    }
-    for (k = 7; k >= 0; k--) hlen = (hlen << 8) | len8[k];
-    if (hlen < 2 || hlen > PDP__CKPT_MAX_HEADER || hlen > file_bytes - 8) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: header length %llu is impossible (file %llu bytes, "
-                      "limit %llu): not a safetensors file, or truncated", fn, path,
-                      (unsigned long long)hlen, (unsigned long long)file_bytes,
-                      (unsigned long long)PDP__CKPT_MAX_HEADER);
-        goto done;
-    }
-    data_start = 8 + hlen;
-    header = (char *)pdp__alloc((size_t)hlen);
-    if (!header) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for the header", fn, path);
-        goto done;
-    }
-    if (fread(header, 1, (size_t)hlen, f) != (size_t)hlen) {
-        st = pdp__err(PDP_ERR_IO, "%s: %s: reading the header failed", fn, path);
-        goto done;
-    }
-    p.s = header;
-    p.n = (size_t)hlen;
-    p.file = path;
-    p.fn = fn;
-    if ((st = pdp__st_parse(&p)) != PDP_OK) goto done;
-    sorted = (pdp__st_entry **)pdp__alloc((size_t)PDP__MAX(1, p.nentries) * sizeof *sorted);
-    if (!sorted) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
-        goto done;
-    }
-    if ((st = pdp__st_validate(&p, file_bytes - data_start, sorted)) != PDP_OK) goto done;
-    if (!(sums = (pdp__ckpt_sums *)pdp__alloc(sizeof *sums))) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
-        goto done;
-    }
-    pdp__crc32c_init(&sums->crc);
-    if ((st = pdp__ckpt_check_sums(&p, sorted, &sums->crc, &has_sums)) != PDP_OK) goto done;
-    check = has_sums ? sums : NULL;
-    if (o && (st = pdp__ckpt_read_optim(&p, o, &desc, &steps)) != PDP_OK) goto done;
-    if (!pdp__ckpt_meta_u64(&p, "model.seed", &seed, &have_seed) ||
-        !pdp__ckpt_meta_u64(&p, "model.step", &mstep, &have_step)) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"model.seed\" or \"model.step\" is "
-                      "not a count", fn, path);
-        goto done;
-    }
-    format = pdp__st_meta(&p, "format");
-    shard = format && strcmp(format, "pdp-shard") == 0;
-    if (shard && !allow_shard) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard file (one rank's range of a ZeRO run), "
-                      "not a checkpoint of the whole model", fn, path);
-        goto done;
-    }
-    if (run && !shard) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a shard file (\"format\" is \"%s\"), where "
-                      "the shard of run %s belongs", fn, path, format ? format : "absent", run);
-        goto done;
-    }
-    if (shard) {
-        uint64_t slo = 0, shi = 0, scount = 0;
-        bool have[3];
-        if (!pdp__ckpt_meta_u64(&p, "shard.lo", &slo, &have[0]) ||
-            !pdp__ckpt_meta_u64(&p, "shard.hi", &shi, &have[1]) ||
-            !pdp__ckpt_meta_u64(&p, "shard.count", &scount, &have[2]) || !have[0] || !have[1] ||
-            !have[2]) {
-            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"shard.lo\", \"shard.hi\" or "
-                          "\"shard.count\" is missing or not a count", fn, path);
-            goto done;
-        }
-        if (slo != (uint64_t)lo || shi != (uint64_t)hi || scount != (uint64_t)m->param_count) {
-            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the file holds [%llu, %llu) of %llu parameters, "
-                          "this rank loads [%lld, %lld) of %lld", fn, path,
-                          (unsigned long long)slo, (unsigned long long)shi,
-                          (unsigned long long)scount, (long long)lo, (long long)hi,
-                          (long long)m->param_count);
-            goto done;
-        }
-        srun = pdp__st_meta(&p, "shard.run");
-        if (run && (!srun || strcmp(srun, run) != 0)) {
-            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard of run %s, the set's is run %s (a "
-                          "file of another save)", fn, path, srun ? srun : "(none: no "
-                          "\"shard.run\")", run);
-            goto done;
-        }
-    }
-
-    /* every expected tensor: present, F32, same shape */
-    staging = (float *)pdp__alloc((size_t)PDP__MAX(1, count * (1 + nstate)) * sizeof(float));
-    if (!staging) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory to stage %lld floats", fn, path,
-                      (long long)(count * (1 + nstate)));
-        goto done;
-    }
-    for (k = with_params ? -1 : 0; shard && k < nstate; k++) {
-        const pdp__st_entry *e;
-        if (k < 0) snprintf(name, sizeof name, "params");
-        else snprintf(name, sizeof name, "optim.%s", pdp__optim_state_name(o, k));
-        if (!(e = pdp__st_find(sorted, p.nentries, name))) {
-            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
-            goto done;
-        }
-        if (strcmp(e->dtype, "F32") != 0 || e->ndim != 1 || e->shape[0] != count) {
-            pdp__shape_text(a, sizeof a, e->ndim, e->shape);
-            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is %s %s, expected F32 [%lld]", fn,
-                          path, name, e->dtype, a, (long long)count);
-            goto done;
-        }
-        if ((st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, 0, staging + (k + 1) * count,
-                                        count, check)) != PDP_OK)
-            goto done;
-    }
-    for (k = with_params ? -1 : 0; !shard && k < nstate; k++) {
-        for (i = 0; i < m->nparams; i++) {
-            const pdp__param_entry *pe = &m->params[i];
-            const pdp__st_entry *e;
-            int64_t from = PDP__MAX(lo, pe->offset), to = PDP__MIN(hi, pe->offset + pe->count);
-            bool same = true;
-            int d;
-            if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
-            else snprintf(name, sizeof name, "optim.%s.%s", pe->name, pdp__optim_state_name(o, k));
-            if (!(e = pdp__st_find(sorted, p.nentries, name))) {
-                st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
-                goto done;
-            }
-            if (strcmp(e->dtype, "F32") != 0) {
-                st = pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" is %s, expected F32", fn,
-                              path, name, e->dtype);
-                goto done;
-            }
-            same = e->ndim == pe->ndim;
-            for (d = 0; same && d < pe->ndim; d++) same = e->shape[d] == pe->shape[d];
-            if (!same) {
-                pdp__shape_text(a, sizeof a, e->ndim, e->shape);
-                pdp__shape_text(b, sizeof b, pe->ndim, pe->shape);
-                st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" has shape %s in the file, "
-                              "the model's is %s", fn, path, name, a, b);
-                goto done;
-            }
-            if (from < to &&
-                (st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, from - pe->offset,
-                                            staging + (k + 1) * count + (from - lo), to - from,
-                                            check)) != PDP_OK)
-                goto done;
-        }
-    }
-    for (i = 0; i < p.nentries; i++)
-        if (shard ? !pdp__ckpt_shard_expected(o, p.entries[i].name)
-                  : !pdp__ckpt_expected(m, o, p.entries[i].name)) {
-            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", fn, path,
-                          p.entries[i].name,
-                          strncmp(p.entries[i].name, "optim.", 6) == 0 ? "optimizer's state"
-                                                                       : "model");
-            goto done;
-        }
-
-    /* all checks passed: apply */
-    if (with_params && count &&
-        (st = pdp__dev_copy(m->device, params, pdp_cpu(), staging, (size_t)count * 4)) != PDP_OK) {
-        st = pdp__err_wrap(st, "%s: %s: copying the parameters to the device failed; they "
-                           "may be partly loaded", fn, path);
-        goto done;
-    }
-    if (with_params && have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
-    if (with_params && have_step) m->step = mstep;
-    if (o) {
-        for (k = 0; k < nstate; k++)
-            if (count && (st = pdp__dev_copy(m->device, o->state[k] + (lo - o->lo), pdp_cpu(),
-                                             staging + (k + 1) * count, (size_t)count * 4)) !=
-                             PDP_OK) {
-                st = pdp__err_wrap(st, "%s: %s: copying the optimizer state to the device "
-                                   "failed; the parameters are loaded, the state may be partly "
-                                   "loaded", fn, path);
-                goto done;
-            }
-        o->desc = desc;
-        o->steps = steps;
-    }
-done:
-    fclose(f);
-    pdp__st_parser_free(&p);
-    pdp__dealloc(header);
-    pdp__dealloc(sorted);
-    pdp__dealloc(staging);
-    pdp__dealloc(sums);
+    pdp__ckpt_loader L;
+    pdp_status st;
+    memset(&L, 0, sizeof L);
+    L.path = path;
+    L.fn = fn;
+    L.run = run;
+    L.m = m;
+    L.o = o;
+    L.params = params;
+    L.with_params = with_params;
+    L.allow_shard = allow_shard;
+    L.lo = lo;
+    L.hi = hi;
+    L.count = hi - lo;
+    L.nstate = o ? o->nstate : 0;
+    if ((st = pdp__ckpt_load_open(&L)) == PDP_OK &&    /* the header, parsed and validated */
+        (st = pdp__ckpt_load_sums(&L)) == PDP_OK &&    /* its checksums */
+        (st = pdp__ckpt_load_meta(&L)) == PDP_OK &&    /* the optimizer, seed and step */
+        (st = pdp__ckpt_load_kind(&L)) == PDP_OK &&    /* full or shard; the shard's range */
+        (st = pdp__ckpt_load_tensors(&L)) == PDP_OK && /* checked, read and CRC'd into staging */
+        (st = pdp__ckpt_load_extra(&L)) == PDP_OK)     /* nothing the model lacks */
+        st = pdp__ckpt_load_commit(&L);                /* into the model and the optimizer */
+    pdp__ckpt_load_close(&L);
     return st;
 }
 
@@ -17918,15 +18624,12 @@ static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, flo
    Threads. One worker per replica ("one host thread per device"): workers
    1..N-1 are persistent threads created by pdp_dp_create and reused by every
    step; worker 0, which runs the master's replica and the first slice of the
-   reduce, is the calling thread itself. A job is handed off under one mutex: the
-   caller writes the job, bumps `generation` and broadcasts `wake`, runs worker
-   0's part, then waits for `pending` to reach zero; each worker runs its part
-   and decrements `pending`, the last one signals `done`. Both sides spin a
-   while before they sleep (pdp__spin_while, as the intra-op pool does):
-   generation, pending and stop are only written with atomic stores under the
-   lock and read outside it only while spinning; shards and results are written
-   before the handoff under the lock, so every other read is ordered by the mutex
-   (TSan clean). Each worker sets its own intra-op thread count
+   reduce, is the calling thread itself. The workers are a pdp__team (threads.c),
+   the hand-off the intra-op pool uses too: pdp__dp_run_job publishes the job as
+   a new generation, runs worker 0's part, and returns when every worker has run
+   its part; both sides spin a while before they sleep. Shards are written
+   before the hand-off and results read after it, so the team's mutex orders
+   every read (TSan clean). Each worker sets its own intra-op thread count
    (threads_per_worker, default 1), since that setting is per thread; the caller
    switches to it for its part and back.
 
@@ -17992,9 +18695,6 @@ typedef enum pdp__dp_job {
 typedef struct pdp__dp_worker {
     pdp_dp *dp;
     int index;
-    pthread_t tid;
-    bool started;
-    unsigned long seen;  /* the last generation this worker ran (0 before the first job) */
     pdp_device device;
     pdp_model *replica;  /* index 0: the master itself */
     /* written by scatter (caller), read by the worker */
@@ -18015,6 +18715,8 @@ typedef struct pdp__dp_worker {
 
 struct pdp_dp {
     pdp_model *master;
+    pdp_dp_desc desc;    /* defaults filled (pdp__dp_desc_defaults); devices: a copy */
+    pdp_device *devices; /* [n] the desc's devices, NULL when it gave none */
     int n;
     int threads_per_worker;
     bool copy_params;
@@ -18024,14 +18726,8 @@ struct pdp_dp {
                             in flight to the reduce (CUDA, replicas on other devices) */
     int64_t classes;
     pdp__dp_worker *workers;
-    /* the handoff; the fields below up to `stop` are guarded by lock */
-    pthread_mutex_t lock;
-    pthread_cond_t wake, done;
-    bool sync_ok;
-    unsigned long generation; /* generation, pending and stop: atomic stores only */
-    pdp__dp_job job;
-    int pending;
-    int stop;
+    pdp__team team;      /* members 1..n-1 are workers 1..n-1 (threads.c) */
+    pdp__dp_job job;     /* the job pdp__dp_run_job hands to the team */
     /* this step, set by the caller before the handoff */
     int64_t batch;
     int active;          /* replicas with at least one sample */
@@ -18177,69 +18873,25 @@ static void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
     }
 }
 
-/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
-   caller for its workers. */
-static bool pdp__dp_no_new_job(const void *worker)
+/* The team's job: worker i's part, with the workers' intra-op thread count (the
+   caller switches to it for its part and back; a worker thread keeps it). */
+static void pdp__dp_team_job(void *arg, int i, int n)
 {
-    const pdp__dp_worker *w = (const pdp__dp_worker *)worker;
-    return PDP__LOAD_ACQ(&w->dp->generation) == w->seen && !PDP__LOAD_ACQ(&w->dp->stop);
-}
-
-static bool pdp__dp_jobs_pending(const void *dp)
-{
-    return PDP__LOAD_ACQ(&((const pdp_dp *)dp)->pending) > 0;
-}
-
-/* Workers 1..n-1: wait for a generation, run their part, report; between jobs they
-   spin a while (pdp__spin_while) before they sleep on wake. */
-static void *pdp__dp_worker_main(void *arg)
-{
-    pdp__dp_worker *w = (pdp__dp_worker *)arg;
-    pdp_dp *dp = w->dp;
+    pdp_dp *dp = (pdp_dp *)arg;
+    int threads = pdp_get_num_threads();
+    (void)n;
     pdp_set_num_threads(dp->threads_per_worker);
-    pthread_mutex_lock(&dp->lock);
-    for (;;) {
-        pdp__dp_job job;
-        if (dp->generation == w->seen && !dp->stop) { /* spin a while, then sleep */
-            pthread_mutex_unlock(&dp->lock);
-            pdp__spin_while(pdp__dp_no_new_job, w);
-            pthread_mutex_lock(&dp->lock);
-        }
-        while (dp->generation == w->seen && !dp->stop) pthread_cond_wait(&dp->wake, &dp->lock);
-        if (dp->stop) break;
-        w->seen = dp->generation;
-        job = dp->job;
-        pthread_mutex_unlock(&dp->lock);
-        pdp__dp_do_job(w, job);
-        pthread_mutex_lock(&dp->lock);
-        PDP__STORE_REL(&dp->pending, dp->pending - 1);
-        if (dp->pending == 0) pthread_cond_signal(&dp->done);
-    }
-    pthread_mutex_unlock(&dp->lock);
-    return NULL;
+    pdp__dp_do_job(&dp->workers[i], dp->job);
+    if (i == 0) pdp_set_num_threads(threads);
 }
 
-/* Runs one job: hands it to workers 1..n-1, runs worker 0's part on the calling
-   thread (with the workers' intra-op thread count), and waits until all are done. */
+/* Runs one job: hands it to workers 1..n-1 (the team), runs worker 0's part on the
+   calling thread, and waits until all are done. */
 static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 {
-    int caller_threads = pdp_get_num_threads();
     double c0 = pdp__dp_thread_cpu();
-    pthread_mutex_lock(&dp->lock);
     dp->job = job;
-    PDP__STORE_REL(&dp->pending, dp->n - 1);
-    PDP__STORE_REL(&dp->generation, dp->generation + 1);
-    pthread_cond_broadcast(&dp->wake);
-    pthread_mutex_unlock(&dp->lock);
-
-    pdp_set_num_threads(dp->threads_per_worker);
-    pdp__dp_do_job(&dp->workers[0], job);
-    pdp_set_num_threads(caller_threads);
-
-    pdp__spin_while(pdp__dp_jobs_pending, dp);
-    pthread_mutex_lock(&dp->lock);
-    while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->lock);
-    pthread_mutex_unlock(&dp->lock);
+    pdp__team_run(&dp->team, dp->n, pdp__dp_team_job, dp);
     dp->jobs_cpu += pdp__dp_thread_cpu() - c0;
 }
 
@@ -18248,14 +18900,7 @@ static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 static void pdp__dp_destroy(pdp_dp *dp)
 {
     int i;
-    if (dp->sync_ok) {
-        pthread_mutex_lock(&dp->lock);
-        PDP__STORE_REL(&dp->stop, 1);
-        pthread_cond_broadcast(&dp->wake);
-        pthread_mutex_unlock(&dp->lock);
-    }
-    for (i = 0; i < dp->n; i++)
-        if (dp->workers && dp->workers[i].started) pthread_join(dp->workers[i].tid, NULL);
+    pdp__team_free(&dp->team); /* stops and joins every worker thread */
     for (i = 0; dp->workers && i < dp->n; i++) {
         pdp__dp_worker *w = &dp->workers[i];
         if (i > 0) pdp_model_free(w->replica);
@@ -18267,18 +18912,41 @@ static void pdp__dp_destroy(pdp_dp *dp)
         pdp__dev_free(dp->master->device, dp->stage);
         pdp__model_unwrap(dp->master); /* the caller's again: layers may be added */
     }
-    if (dp->sync_ok) {
-        pthread_cond_destroy(&dp->done);
-        pthread_cond_destroy(&dp->wake);
-        pthread_mutex_destroy(&dp->lock);
-    }
     pdp__dealloc(dp->workers);
+    pdp__dealloc(dp->devices);
     pdp__dealloc(dp);
 }
 
 static bool pdp__same_device(pdp_device a, pdp_device b)
 {
     return a.kind == b.kind && a.ordinal == b.ordinal;
+}
+
+/* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
+   returns its result) and its numbers are checked; in may be NULL. The devices are
+   checked against the master by pdp_dp_create. */
+static pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc *out)
+{
+    pdp_dp_desc d;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.num_workers < 0 || d.num_workers > PDP_DP_MAX_WORKERS)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)",
+                        d.num_workers, PDP_DP_MAX_WORKERS);
+    if (d.num_workers == 0 && d.devices)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
+    if (d.num_workers == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        d.num_workers = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
+    }
+    if (d.threads_per_worker < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
+                        d.threads_per_worker);
+    d.threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    *out = d;
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc)
@@ -18290,8 +18958,6 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: out is NULL");
     *out = NULL;
     if (!master) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: master model is NULL");
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
     if (master->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
     if (master->tp.nlayers)
@@ -18305,21 +18971,8 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
                         master->nlayers - 1,
                         pdp__layer_kind_name(master->layers[master->nlayers - 1].kind),
                         master->layers[master->nlayers - 1].out_ndim);
+    if ((st = pdp__dp_desc_defaults(desc, &d)) != PDP_OK) return st;
     n = d.num_workers;
-    if (n < 0 || n > PDP_DP_MAX_WORKERS)
-        return pdp__err(PDP_ERR_INVALID,
-                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)", n,
-                        PDP_DP_MAX_WORKERS);
-    if (n == 0 && d.devices)
-        return pdp__err(PDP_ERR_INVALID,
-                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
-    if (n == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
-    }
-    if (d.threads_per_worker < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
-                        d.threads_per_worker);
     for (i = 0; i < n; i++) {
         pdp_device dev = d.devices ? d.devices[i] : pdp_cpu();
         if (i == 0 && !pdp__same_device(dev, master->device))
@@ -18350,27 +19003,26 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     }
     dp->master = master;
     dp->n = n;
-    dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    dp->threads_per_worker = d.threads_per_worker;
     dp->cuda = master->device.kind == PDP_DEVICE_CUDA;
     dp->copy_params = d.copy_params || dp->cuda; /* a GPU reads only its own memory */
     dp->reduce_on_master = d.reduce_on_master;
     dp->classes = master->layers[master->nlayers - 1].out_count;
     dp->workers = (pdp__dp_worker *)pdp__calloc((size_t)n * sizeof *dp->workers);
-    if (!dp->workers) {
+    if (d.devices) { /* kept for pdp_dp_get_desc: the caller's array may not outlive dp */
+        dp->devices = (pdp_device *)pdp__alloc((size_t)n * sizeof *dp->devices);
+        if (dp->devices) memcpy(dp->devices, d.devices, (size_t)n * sizeof *dp->devices);
+    }
+    dp->desc = d;
+    dp->desc.devices = dp->devices;
+    if (!dp->workers || (d.devices && !dp->devices)) {
         pdp__dp_destroy(dp);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory for %d workers", n);
     }
-    if (pthread_mutex_init(&dp->lock, NULL) != 0) goto sync_fail;
-    if (pthread_cond_init(&dp->wake, NULL) != 0) {
-        pthread_mutex_destroy(&dp->lock);
-        goto sync_fail;
+    if (pdp__team_init(&dp->team) != 0) {
+        pdp__dp_destroy(dp);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: cannot create a mutex or condition");
     }
-    if (pthread_cond_init(&dp->done, NULL) != 0) {
-        pthread_cond_destroy(&dp->wake);
-        pthread_mutex_destroy(&dp->lock);
-        goto sync_fail;
-    }
-    dp->sync_ok = true;
 
     /* replicas: 0 is the master; the others are clones on their devices */
     for (i = 0; i < n; i++) {
@@ -18396,24 +19048,20 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
             return pdp__err_wrap(st, "pdp_dp_create: the reduce's staging block");
         }
     }
-    for (i = 1; i < n; i++) { /* worker 0 is the calling thread */
-        pdp__dp_worker *w = &dp->workers[i];
-        int rc = pthread_create(&w->tid, NULL, pdp__dp_worker_main, w);
+    { /* worker 0 is the calling thread */
+        int rc = pdp__team_grow(&dp->team, n - 1);
         if (rc != 0) {
+            int made = dp->team.nworkers + 1;
             pdp__dp_destroy(dp);
             return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: worker %d: pthread_create: %s",
-                            i, strerror(rc));
+                            made, strerror(rc));
         }
-        w->started = true;
     }
     dp->stats.num_workers = n;
     dp->stats.params_shared = !dp->copy_params;
     pdp__dp_memory(dp);
     *out = dp;
     return PDP_OK;
-sync_fail:
-    pdp__dp_destroy(dp);
-    return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: cannot create a mutex or condition");
 }
 
 PDP_API void pdp_dp_free(pdp_dp *dp)
@@ -18422,6 +19070,14 @@ PDP_API void pdp_dp_free(pdp_dp *dp)
 }
 
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp) { return dp ? dp->n : 0; }
+
+PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp)
+{
+    pdp_dp_desc d;
+    if (dp) return dp->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
 
 PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp)
 {
@@ -19826,19 +20482,37 @@ PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void)
 
 /* ---- ddp: construction ---- */
 
+/* The one place pdp_ddp_desc's zeros become defaults (sokol's _def; pdp_ddp_get_desc
+   returns its result); in may be NULL. The bucket sizes are checked by the rule DDP
+   and ZeRO share (pdp__bucket_opts_check, reducer.c), whose message starts with fn. */
+static pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp_desc *in,
+                                         pdp_ddp_desc *out, const char *fn)
+{
+    pdp_ddp_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if ((st = pdp__bucket_opts_check(m, d.bucket_cap_mb, d.first_bucket_mb, NULL, NULL, fn)) !=
+        PDP_OK)
+        return st;
+    d.bucket_cap_mb = PDP__DEF(d.bucket_cap_mb, 25.0);
+    d.first_bucket_mb = PDP__DEF(d.first_bucket_mb, PDP__MIN(1.0, d.bucket_cap_mb));
+    *out = d;
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
                                   const pdp_ddp_desc *desc)
 {
     static const char *fn = "pdp_ddp_create";
     pdp__reducer_desc rd;
+    pdp_ddp_desc dd;
     pdp_ddp *d;
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
-                                             NULL, NULL, fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__ddp_desc_defaults(m, desc, &dd, fn)) != PDP_OK) return st;
     if ((st = pdp__model_wrap(m, PDP__WRAP_DDP, 0, fn)) != PDP_OK) return st;
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
     if (!d) {
@@ -19846,10 +20520,7 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     }
     d->held = m;
-    if (desc) d->desc = *desc;
-    d->desc.bucket_cap_mb = PDP__DEF(d->desc.bucket_cap_mb, 25.0);
-    d->desc.first_bucket_mb = PDP__DEF(d->desc.first_bucket_mb,
-                                       PDP__MIN(1.0, d->desc.bucket_cap_mb));
+    d->desc = dd;
     memset(&rd, 0, sizeof rd);
     rd.cap_bytes = d->desc.bucket_cap_mb * 1048576.0;
     rd.first_bytes = d->desc.first_bucket_mb * 1048576.0;
@@ -19866,6 +20537,14 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     d->r.stats.grad_bytes = m->param_count * (int64_t)sizeof(float);
     *out = d;
     return PDP_OK;
+}
+
+PDP_API pdp_ddp_desc pdp_ddp_get_desc(const pdp_ddp *d)
+{
+    pdp_ddp_desc z;
+    if (d) return d->desc;
+    memset(&z, 0, sizeof z);
+    return z;
 }
 
 PDP_API void pdp_ddp_free(pdp_ddp *d)
@@ -20044,19 +20723,19 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
     static const char *fn = "pdp_model_add_row_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__ROW_PARALLEL_LINEAR);
     pdp_status st;
+    char names[160];
     int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st; /* before the order checks: a wrapped model takes no layer at all */
-    for (i = m->nlayers - 1; i >= 0; i--) {
-        pdp__layer_kind k = m->layers[i].kind;
-        if (k == PDP__COLUMN_PARALLEL_LINEAR) break;
-        if (k != PDP__RELU && k != PDP__GELU && k != PDP__TANH && k != PDP__SIGMOID) i = 0;
+    for (i = m->nlayers - 1; i >= 0; i--) { /* back over the element-wise kinds (the table's) */
+        if (m->layers[i].kind == PDP__COLUMN_PARALLEL_LINEAR) break;
+        if (!(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_ELEMENTWISE)) i = 0;
     }
     if (i < 0 || m->layers[i].kind != PDP__COLUMN_PARALLEL_LINEAR)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a ColumnParallelLinear with only "
-                        "element-wise activations (ReLU, GELU, Tanh, Sigmoid) between", fn,
-                        m->nlayers);
+                        "element-wise activations (%s) between", fn, m->nlayers,
+                        pdp__layer_kinds_with(PDP__LAYER_ELEMENTWISE, names, sizeof names));
     l.out_features = out_features;
     l.tp_full = m->layers[i].tp_full;
     l.tp_lo = m->layers[i].tp_lo;
@@ -20432,11 +21111,11 @@ out:
    and the NCCL stream is the backend's: a collective's launch waits for the work
    already queued on the compute stream (a slice copied into a gather slot, a
    layer still reading the slot being refilled), and its wait makes the compute
-   stream wait for it (a buffer added to the shard, cleared or read by a layer). */
+   stream wait for it (a buffer added to the shard, cleared or read by a layer).
+
+   The checkpoints of this executor are zero_ckpt.c's. */
 
 /* #include "internal.h" (already above) */
-#include <errno.h>
-#include <unistd.h>
 
 typedef struct pdp__zero_unit {
     int64_t off, count;  /* the unit's range of the flat block */
@@ -20844,11 +21523,45 @@ static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp
     return PDP_OK;
 }
 
+/* The one place pdp_zero_desc's zeros become defaults (sokol's _def; pdp_zero_get_desc
+   returns its result, with grad_buffers cut to the units once they are known); in may
+   be NULL. The bucket sizes and buffer counts are checked by the rule DDP and ZeRO
+   share (pdp__bucket_opts_check, reducer.c). Buffer counts a stage does not use are 0. */
+static pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_zero_desc *in,
+                                          pdp_zero_desc *out, const char *fn)
+{
+    pdp_zero_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.stage < 0 || d.stage > 3)
+        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, d.stage);
+    if ((st = pdp__bucket_opts_check(m, d.bucket_cap_mb, d.first_bucket_mb, &d.grad_buffers,
+                                     &d.param_buffers, fn)) != PDP_OK)
+        return st;
+    d.stage = PDP__DEF(d.stage, 1);
+    d.bucket_cap_mb = PDP__DEF(d.bucket_cap_mb, 25.0);
+    d.first_bucket_mb = PDP__DEF(d.first_bucket_mb, PDP__MIN(1.0, d.bucket_cap_mb));
+    d.grad_buffers = d.stage >= 2 ? PDP__DEF(d.grad_buffers, 2) : 0;
+    d.param_buffers = d.stage == 3 ? PDP__DEF(d.param_buffers, 2) : 0;
+    *out = d;
+    return PDP_OK;
+}
+
+PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z)
+{
+    pdp_zero_desc d;
+    if (z) return z->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
 PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
                                    const pdp_zero_desc *desc)
 {
     static const char *fn = "pdp_zero_create";
     pdp__reducer_desc rd;
+    pdp_zero_desc zd;
     pdp_comm_stats cs;
     pdp_zero *z;
     pdp_status st;
@@ -20859,16 +21572,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (desc->stage < 0 || desc->stage > 3))
-        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 1, 2 or 3", fn, desc->stage);
-    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
-                                             &desc->grad_buffers, &desc->param_buffers,
-                                             fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__zero_desc_defaults(m, desc, &zd, fn)) != PDP_OK) return st;
     /* the units, shards and (stage 3) the parameter block are this layout's */
-    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, desc && desc->stage ? desc->stage : 1,
-                              fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__model_wrap(m, PDP__WRAP_ZERO, zd.stage, fn)) != PDP_OK) return st;
     z = (pdp_zero *)pdp__calloc(sizeof *z);
     if (!z) {
         pdp__model_unwrap(m);
@@ -20876,13 +21582,7 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
     }
     z->m = m; /* pdp_zero_free unwraps it, on failure too */
     z->dev = m->device;
-    if (desc) z->desc = *desc;
-    z->desc.stage = PDP__DEF(z->desc.stage, 1);
-    z->desc.bucket_cap_mb = PDP__DEF(z->desc.bucket_cap_mb, 25.0);
-    z->desc.first_bucket_mb = PDP__DEF(z->desc.first_bucket_mb,
-                                       PDP__MIN(1.0, z->desc.bucket_cap_mb));
-    z->desc.grad_buffers = z->desc.stage >= 2 ? PDP__DEF(z->desc.grad_buffers, 2) : 0;
-    z->desc.param_buffers = z->desc.stage == 3 ? PDP__DEF(z->desc.param_buffers, 2) : 0;
+    z->desc = zd; /* grad_buffers is cut to the units below */
     z->stage = z->desc.stage;
     z->m = m;
     z->c = c;
@@ -21315,8 +22015,53 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
     memset(out, 0, sizeof *out);
     if (z) *out = z->stats;
 }
+/* ---- end src/zero.c ---- */
 
-/* ---- zero: checkpoints ----
+/* ---- begin src/zero_ckpt.c ---- */
+/* zero_ckpt: ZeRO's checkpoints on zero.c's executor: the sharded set
+   (pdp_zero_checkpoint_save, pdp_zero_checkpoint_load), the one full file
+   (pdp_zero_checkpoint_consolidate) and its re-sharding load at any world size
+   (pdp_zero_checkpoint_load_full). Every call is collective.
+
+   Invariants.
+   - One save, one run id: rank 0 draws 64 bits per save and sends them to every
+     rank inside the save's first agreement; every shard file ("shard.run") and the
+     marker carry them, and a load accepts only shards whose id is the marker's.
+   - The marker is atomic and last: rank 0 removes the old marker before any shard
+     is written, and writes the new one (a temporary, fsync, rename, fsync of the
+     directory) only after every rank has agreed that its shard file is on disk, so
+     a set with a marker is complete.
+   - Agreement before anything is changed: a load reads and validates into staging
+     buffers on every rank, then the ranks agree (pdp__zero_agree: one all-reduce of
+     per-rank flags); only when every rank succeeded does any rank commit, so a
+     failure anywhere leaves every rank's parameters, optimizer state, seed and step
+     as they were. Every rank reaches every agreement, failed or not, so a local
+     failure cannot hang the others; a rank that never arrives makes them fail with
+     the communicator's status.
+
+   The files: a shard is checkpoint.c's range file (pdp__checkpoint_save_run, flat
+   "params" and "optim.<state>"); the marker "P.done" is text, version 2 (see
+   pdp__zero_marker_text); the consolidated file is pdp_checkpoint_save's. The set,
+   its layout and the run id are described in the first section below and in zero.h.
+
+   The seam with zero.c: amalgamate.py places this module after it; it reads
+   struct pdp_zero and its units (pdp__zero_unit) directly and calls
+   pdp__zero_release_params and pdp__zero_gather_full (declared in internal.h) and
+   the public pdp_zero_gather_params. Of checkpoints zero.c keeps only the counter
+   z->saves, an input of each run id.
+
+   References: llm.c's write_checkpoint (karpathy/llm.c, train_gpt2.cu: every rank
+   writes its state file, a barrier, then rank 0 writes DONE_<step>); ZeRO's
+   partitioned optimizer state (Rajbhandari et al., "ZeRO: Memory Optimizations
+   Toward Training Trillion Parameter Models", SC 2020); DeepSpeed's zero_to_fp32.py,
+   which consolidates offline what consolidate writes in the run; safetensors
+   (https://github.com/huggingface/safetensors). */
+
+/* #include "internal.h" (already above) */
+#include <errno.h>
+#include <unistd.h>
+
+/* ---- zero_ckpt: the set, the run id, the agreements ----
    A set under prefix P: rank r's shard file "P.rank<r>.safetensors" and the
    marker "P.done". The shard file is checkpoint.c's shard file of the range
    [r S, (r + 1) S) of the padded shard-order block (every rank's shard in rank
@@ -21459,6 +22204,8 @@ static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
     return PDP_OK;
 }
 
+/* ---- zero_ckpt: save ---- */
+
 /* A run id as the files hold it: 16 lowercase hex digits. */
 static void pdp__zero_run_text(uint64_t run, char out[17])
 {
@@ -21576,6 +22323,8 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
                                             "%s", fn, marker);
     return PDP_OK;
 }
+
+/* ---- zero_ckpt: load (a shard set, or a full file at any world size) ---- */
 
 /* Reads the marker and holds it to this run; *steps gets its step, run its
    run id (16 hex digits). */
@@ -21778,6 +22527,8 @@ PDP_API pdp_status pdp_zero_checkpoint_load_full(pdp_zero *z, pdp_optim *opt, co
     return pdp__zero_load_finish(z, opt, &ov, st, params, state, path, true, seed, mstep, fn);
 }
 
+/* ---- zero_ckpt: consolidate (one full file) ---- */
+
 PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim *opt,
                                                    const char *path)
 {
@@ -21844,7 +22595,7 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
     if (bad[0]) return pdp__err(PDP_ERR_IO, "%s: %s: rank 0 could not write it", fn, path);
     return PDP_OK;
 }
-/* ---- end src/zero.c ---- */
+/* ---- end src/zero_ckpt.c ---- */
 
 /* ---- begin src/pp.c ---- */
 /* pp: the pipeline-parallel executor (the design is pp.h's opening comment).
@@ -22072,6 +22823,23 @@ static pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, c
     return PDP_OK;
 }
 
+/* The one place pdp_pp_desc's zeros become defaults (sokol's _def), after
+   pdp__pp_check_desc; in may be NULL. first_layer stays as given (NULL: balanced);
+   pdp_pp_get_desc puts the split in use there. */
+static pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
+                                        int p, const char *fn)
+{
+    pdp_pp_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if ((st = pdp__pp_check_desc(&d, nlayers, p, fn)) != PDP_OK) return st;
+    d.micro_batches = PDP__DEF(d.micro_batches, p);
+    d.balance_batch = PDP__DEF(d.balance_batch, 32);
+    *out = d;
+    return PDP_OK;
+}
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 static pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
@@ -22132,6 +22900,18 @@ static pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
     return PDP_OK;
 }
 
+PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
+{
+    pdp_pp_desc d;
+    if (!pp) {
+        memset(&d, 0, sizeof d);
+        return d;
+    }
+    d = pp->desc;
+    d.first_layer = pp->first;
+    return d;
+}
+
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc)
 {
@@ -22158,15 +22938,15 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
                         "(each with DP)", fn, full->tp.nlayers);
     pp = (pdp_pp *)pdp__calloc(sizeof *pp);
     if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    if (desc) pp->desc = *desc;
     pp->c = c;
-    pp->dp = pp->desc.dp;
     pp->stage = c->rank;
     pp->p = c->size;
-    pp->mb = PDP__DEF(pp->desc.micro_batches, pp->p);
     pp->rwork_act = -1;
-    if ((st = pdp__pp_check_desc(&pp->desc, full->nlayers, pp->p, fn)) != PDP_OK ||
-        (st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
+    if ((st = pdp__pp_desc_defaults(desc, &pp->desc, full->nlayers, pp->p, fn)) != PDP_OK)
+        goto fail;
+    pp->dp = pp->desc.dp;
+    pp->mb = pp->desc.micro_batches;
+    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb) * sizeof *pp->acts);
@@ -22660,6 +23440,226 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out)
     if (pp) *out = pp->stats;
 }
 /* ---- end src/pp.c ---- */
+
+/* ---- begin src/launch.c ---- */
+/* launch: pdp_launch runs a function on every rank (launch.h), PDP_CHECK's failure path and
+   pdp_seconds. Thread ranks: one group (pdp_local_group or pdp_nccl_group) and one thread per
+   rank beyond the caller's rank 0; each rank records its status and message (thread-local,
+   so copied here) and the order in which ranks failed, under one mutex, BEFORE it frees its
+   communicator: the first failure is then the cause, and the peers' failures that its
+   departure provokes come after it. Process ranks: pdp_comm_init_env and one call. Built
+   only on the public API of comm.h, rendezvous.h and cuda.h. */
+
+/* #include "internal.h" (already above) */
+
+typedef struct pdp__launch pdp__launch;
+
+typedef struct pdp__launch_rank {
+    pdp__launch *L;
+    int rank;
+    bool started;      /* its thread was created (ranks >= 1) */
+    pthread_t thread;
+    pdp_status st;
+    int order;         /* 0 = first to fail */
+    char msg[1024];
+} pdp__launch_rank;
+
+struct pdp__launch {
+    int np;
+    pdp_backend backend;
+    pdp_local_group *group;
+    pdp_nccl_group *ngroup;
+    const pdp_device *devices;
+    pdp_launch_fn fn;
+    void *user;
+    pthread_mutex_t mu;
+    int failures;
+    pdp__launch_rank *ranks;
+};
+
+static void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
+{
+    const char *m = pdp_last_error();
+    pthread_mutex_lock(&r->L->mu);
+    r->st = st;
+    r->order = r->L->failures++;
+    snprintf(r->msg, sizeof r->msg, "%s", m[0] ? m : "(no message)");
+    pthread_mutex_unlock(&r->L->mu);
+}
+
+static void pdp__launch_run(pdp__launch_rank *r)
+{
+    pdp__launch *L = r->L;
+    pdp_comm *c = NULL;
+    pdp_status st;
+    pdp_clear_error();
+    st = L->ngroup ? pdp_comm_create_nccl(&c, L->ngroup, r->rank)
+                   : pdp_comm_create_local(&c, L->group, r->rank);
+    if (st == PDP_OK) {
+        pdp_launch_ctx ctx;
+        memset(&ctx, 0, sizeof ctx);
+        ctx.world = c;
+        ctx.rank = r->rank;
+        ctx.world_size = L->np;
+        ctx.local_rank = r->rank;
+        ctx.device = !L->ngroup ? pdp_cpu() : L->devices ? L->devices[r->rank] : pdp_cuda(r->rank);
+        ctx.backend = L->backend;
+        ctx.process = false;
+        st = L->fn(&ctx, L->user);
+    }
+    if (st != PDP_OK) pdp__launch_fail(r, st); /* before the free: it makes peers fail */
+    pdp_comm_free(c);
+}
+
+static void *pdp__launch_thread(void *arg)
+{
+    pdp__launch_run((pdp__launch_rank *)arg);
+    return NULL;
+}
+
+/* The first rank to fail, its message prefixed; PDP_OK when none did. */
+static pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
+{
+    int i, first = -1;
+    for (i = 0; i < n; i++)
+        if (ranks[i].st != PDP_OK && (first < 0 || ranks[i].order < ranks[first].order))
+            first = i;
+    if (first < 0) return PDP_OK;
+    return pdp__err(ranks[first].st, "pdp_launch: rank %d of %d: %s", first, n, ranks[first].msg);
+}
+
+static pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
+                                      pdp_launch_fn fn, void *user)
+{
+    static const char fn_name[] = "pdp_launch";
+    pdp__launch L;
+    pdp_status st;
+    int i;
+    memset(&L, 0, sizeof L);
+    L.np = np;
+    L.backend = d->backend == PDP_BACKEND_DEFAULT ? PDP_BACKEND_LOCAL : d->backend;
+    L.devices = d->devices;
+    L.fn = fn;
+    L.user = user;
+    if (L.backend == PDP_BACKEND_NCCL) {
+        pdp_device devs[64];
+        for (i = 0; i < np; i++) devs[i] = d->devices ? d->devices[i] : pdp_cuda(i);
+        st = pdp_nccl_group_create(&L.ngroup, np, devs, cd);
+    } else {
+        st = pdp_local_group_create(&L.group, np, cd);
+    }
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s: %d thread ranks", fn_name, np);
+    L.ranks = (pdp__launch_rank *)pdp__calloc((size_t)np * sizeof *L.ranks);
+    if (!L.ranks) {
+        pdp_local_group_free(L.group);
+        pdp_nccl_group_free(L.ngroup);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn_name, np);
+    }
+    pthread_mutex_init(&L.mu, NULL);
+    for (i = 0; i < np; i++) {
+        L.ranks[i].L = &L;
+        L.ranks[i].rank = i;
+    }
+    for (i = 1; i < np; i++) {
+        int err = pthread_create(&L.ranks[i].thread, NULL, pdp__launch_thread, &L.ranks[i]);
+        if (err) { /* this rank joins and leaves at once: its peers fail instead of waiting */
+            pdp_comm *c = NULL;
+            pdp__err(PDP_ERR_WORKER, "%s: could not start the thread of rank %d: %s", fn_name,
+                     i, strerror(err));
+            pdp__launch_fail(&L.ranks[i], PDP_ERR_WORKER);
+            if (L.group && pdp_comm_create_local(&c, L.group, i) == PDP_OK) pdp_comm_free(c);
+            continue;
+        }
+        L.ranks[i].started = true;
+    }
+    pdp__launch_run(&L.ranks[0]);
+    for (i = 1; i < np; i++)
+        if (L.ranks[i].started) pthread_join(L.ranks[i].thread, NULL);
+    st = pdp__launch_result(L.ranks, np);
+    pthread_mutex_destroy(&L.mu);
+    pdp__dealloc(L.ranks);
+    pdp_local_group_free(L.group);
+    pdp_nccl_group_free(L.ngroup);
+    return st;
+}
+
+PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user)
+{
+    static const char fn_name[] = "pdp_launch";
+    pdp_launch_desc d;
+    pdp_comm_desc cd;
+    pdp_env_info env;
+    pdp_status st;
+    bool process;
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (!fn) return pdp__err(PDP_ERR_INVALID, "%s: fn is NULL", fn_name);
+    if (d.backend != PDP_BACKEND_DEFAULT && d.backend != PDP_BACKEND_LOCAL &&
+        d.backend != PDP_BACKEND_MPI && d.backend != PDP_BACKEND_NCCL)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.backend %d is not a pdp_backend", fn_name,
+                        (int)d.backend);
+    if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn_name);
+    memset(&cd, 0, sizeof cd);
+    cd.backend = d.backend;
+    cd.timeout_s = d.timeout_s;
+    cd.name = d.name ? d.name : "world";
+    cd.log = d.log;
+    cd.log_user = d.log_user;
+    process = d.backend == PDP_BACKEND_MPI || (d.backend == PDP_BACKEND_NCCL && env.from_env);
+    if (!process && env.from_env && env.world_size > 1) /* local under a launcher */
+        return pdp__err(PDP_ERR_INVALID, "%s: the local backend's ranks are threads of one "
+                        "process, but the environment makes this process rank %d of %d "
+                        "(RANK/WORLD_SIZE or OMPI_COMM_WORLD_*): use the mpi or nccl backend",
+                        fn_name, env.rank, env.world_size);
+    if (!process && env.from_env) np = 1; /* the launcher's world of one */
+    if (!process) {
+        int max = d.backend == PDP_BACKEND_NCCL ? 64 : 256;
+        if (np < 1 || np > max)
+            return pdp__err(PDP_ERR_INVALID, "%s: np %d outside 1..%d (%s thread ranks)", fn_name,
+                            np, max, d.backend == PDP_BACKEND_NCCL ? "nccl" : "local");
+        return pdp__launch_threads(np, &d, &cd, fn, user);
+    }
+    {
+        pdp_comm *c = NULL;
+        pdp_launch_ctx ctx;
+        int rank, size;
+        if ((st = pdp_comm_init_env(&c, &cd)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d of %d", fn_name, env.rank, env.world_size);
+        rank = pdp_comm_rank(c);
+        size = pdp_comm_size(c);
+        memset(&ctx, 0, sizeof ctx);
+        ctx.world = c;
+        ctx.rank = rank;
+        ctx.world_size = size;
+        ctx.local_rank = env.from_env ? env.local_rank : rank;
+        ctx.device = d.backend == PDP_BACKEND_NCCL ? pdp_cuda(ctx.local_rank) : pdp_cpu();
+        ctx.backend = d.backend;
+        ctx.process = true;
+        pdp_clear_error();
+        st = fn(&ctx, user);
+        if (st == PDP_OK) {
+            pdp_comm_free(c);
+            return PDP_OK;
+        }
+        {
+            char msg[1024];
+            const char *m = pdp_last_error();
+            snprintf(msg, sizeof msg, "%s", m[0] ? m : "(no message)");
+            pdp_comm_free(c);
+            return pdp__err(st, "%s: rank %d of %d: %s", fn_name, rank, size, msg);
+        }
+    }
+}
+
+PDP_API void pdp_check_fail(pdp_status status, const char *file, int line)
+{
+    fprintf(stderr, "%s:%d: %s: %s\n", file ? file : "?", line, pdp_status_name(status),
+            pdp_last_error());
+    exit(1);
+}
+
+PDP_API double pdp_seconds(void) { return pdp__now(); }
+/* ---- end src/launch.c ---- */
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop

@@ -717,6 +717,7 @@ static __global__ void pdp__act_fwd(int act, const float *x, float *y, int64_t n
         case PDP_CUDAK_RELU: y[i] = pdp__relu(v); break;
         case PDP_CUDAK_GELU: y[i] = pdp__gelu(v); break;
         case PDP_CUDAK_TANH: y[i] = tanhf(v); break;
+        case PDP_CUDAK_SILU: y[i] = pdp__silu(v); break;
         default: y[i] = pdp__sigmoid(v); break;
         }
     }
@@ -730,6 +731,7 @@ static __global__ void pdp__act_bwd(int act, const float *x, const float *y, con
         case PDP_CUDAK_RELU: dx[i] = pdp__relu_grad(dy[i], y[i]); break;
         case PDP_CUDAK_GELU: dx[i] = pdp__gelu_grad(dy[i], x[i]); break;
         case PDP_CUDAK_TANH: dx[i] = pdp__tanh_grad(dy[i], y[i]); break;
+        case PDP_CUDAK_SILU: dx[i] = pdp__silu_grad(dy[i], x[i]); break;
         default: dx[i] = pdp__sigmoid_grad(dy[i], y[i]); break;
         }
     }

@@ -6,8 +6,8 @@
    pdp's built-in synthetic task instead and says how to get the data.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_cnn.c -o train_cnn -lm -lpthread
-           make cuda   (build/cuda/train_cnn: cc -DPDP_CUDA, then nvcc links pdp_cuda.o,
-                        cuBLAS and NCCL)
+           nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_cnn.c pdp_cuda.cu -lcublas -lnccl
+           make cuda   (build/cuda/train_cnn: cc -DPDP_CUDA, then nvcc links pdp_cuda.o)
    Run:    ./train_cnn              (PDP_SHORT=1 for a few steps only)
            ./train_cnn -epochs 5 -batch 64 -lr 0.001 -threads 2 -seed 1
            ./build/cuda/train_cnn -device cuda      (on GPU 0, as train_mnist.c)
@@ -17,61 +17,34 @@
            epoch 1  loss 0.5088  train 82.20%  test 86.74%  631 samples/s  107.1 s
            ...
            epoch 5  loss 0.2086  train 92.47%  test 90.67%  2077 samples/s  361.8 s
-   Next:   examples/train_dp.c (the same training spread over threads with DataParallel). */
+   Next:   examples/train_dp.c (training spread over threads with DataParallel). */
 
-#define _POSIX_C_SOURCE 200809L
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-/* Stops the program with pdp's message when a call fails. */
-#define CHECK(call) check((call), __LINE__)
-static void check(pdp_status st, int line)
+/* Accuracy over a whole dataset, in batches of 1000 that tb hands out where the model is. */
+static double evaluate(pdp_model *m, pdp_batcher *tb)
 {
-    if (st == PDP_OK) return;
-    fprintf(stderr, "line %d: %s: %s\n", line, pdp_status_name(st), pdp_last_error());
-    exit(1);
-}
-
-static double seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* x itself for a model on the CPU; for a model on a GPU, x copied into the first rows
-   of the device buffer dev (a view of them in *view). */
-static const pdp_tensor *on_device(const pdp_tensor *x, const pdp_tensor *dev, pdp_tensor *view)
-{
-    if (!dev) return x;
-    CHECK(pdp_tensor_rows_view(dev, 0, x->shape[0], view));
-    CHECK(pdp_tensor_copy(view, x));
-    return view;
-}
-
-/* Accuracy over a whole dataset, in chunks of 1000 samples viewed in place (and copied
-   to the device buffer dev when the model is on a GPU). */
-static double evaluate(pdp_model *m, const pdp_dataset *ds, const pdp_tensor *dev)
-{
-    int64_t first, correct = 0, c;
-    pdp_tensor x, xv;
+    int64_t correct = 0, c, n, seen = 0;
+    pdp_tensor x;
     const pdp_tensor *logits;
+    const int32_t *y;
     pdp_model_set_training(m, false);
-    for (first = 0; first < ds->count; first += 1000) {
-        int64_t n = ds->count - first < 1000 ? ds->count - first : 1000;
-        CHECK(pdp_dataset_view(ds, first, n, &x));
-        CHECK(pdp_model_forward(m, on_device(&x, dev, &xv), &logits));
-        CHECK(pdp_count_correct(logits, ds->labels + first, &c));
+    pdp_batcher_reset(tb, 0);
+    while (pdp_batcher_next(tb, &x, &y, &n)) {
+        PDP_CHECK(pdp_model_forward(m, &x, &logits));
+        PDP_CHECK(pdp_count_correct(logits, y, &c));
         correct += c;
+        seen += n;
     }
+    PDP_CHECK(pdp_batcher_status(tb));
     pdp_model_set_training(m, true);
-    return 100.0 * (double)correct / (double)ds->count;
+    return 100.0 * (double)correct / (double)seen;
 }
 
 int main(int argc, char **argv)
@@ -85,8 +58,8 @@ int main(int argc, char **argv)
     pdp_dataset *train, *test;
     pdp_model *m;
     pdp_optim *opt;
-    pdp_batcher *batcher;
-    pdp_tensor *dlogits, *xdev = NULL;
+    pdp_batcher *batcher, *tb;
+    pdp_tensor *dlogits;
     pdp_status st;
     const char *source = "Fashion-MNIST";
     double t0;
@@ -108,7 +81,7 @@ int main(int argc, char **argv)
                         "steps only\n", argv[0]);
         return 2;
     }
-    CHECK(pdp_set_num_threads(threads));
+    PDP_CHECK(pdp_set_num_threads(threads));
     if (short_run) epochs = 1;
 
     /* data: pixels normalised with the training set's mean and std, samples (1, 28, 28) */
@@ -117,33 +90,32 @@ int main(int argc, char **argv)
     if ((st = pdp_dataset_load_fashion_mnist(&train, true, &dd)) == PDP_ERR_IO) {
         printf("%s\n(training on the built-in synthetic task instead)\n", pdp_last_error());
         source = "synthetic";
-        CHECK(pdp_dataset_synthetic(&train, true, &dd));
-        CHECK(pdp_dataset_synthetic(&test, false, &dd));
+        PDP_CHECK(pdp_dataset_synthetic(&train, true, &dd));
+        PDP_CHECK(pdp_dataset_synthetic(&test, false, &dd));
     } else {
-        CHECK(st);
-        CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
+        PDP_CHECK(st);
+        PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
     }
 
     /* model and optimizer */
     pdp_model_desc md = {.input_shape = {1, 28, 28}, .seed = seed, .device = dev};
-    CHECK(pdp_model_create(&m, &md));
-    CHECK(pdp_model_add_conv2d(m, 16, 5, 1, 2)); /* 16 x 28 x 28 */
-    CHECK(pdp_model_add_relu(m));
-    CHECK(pdp_model_add_maxpool2d(m, 2, 2));     /* 16 x 14 x 14 */
-    CHECK(pdp_model_add_conv2d(m, 32, 5, 1, 2)); /* 32 x 14 x 14 */
-    CHECK(pdp_model_add_relu(m));
-    CHECK(pdp_model_add_maxpool2d(m, 2, 2));     /* 32 x 7 x 7 */
-    CHECK(pdp_model_add_flatten(m));             /* 1568 */
-    CHECK(pdp_model_add_linear(m, 10));
-    CHECK(pdp_model_reserve(m, batch > 1000 ? batch : 1000)); /* nothing allocated from here */
-    CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = lr}));
-    CHECK(pdp_tensor_create(&dlogits, dev, 2, (int64_t[]){batch, 10}));
-    if (dev.kind != PDP_DEVICE_CPU) /* where each batch (and evaluation chunk) is copied */
-        CHECK(pdp_tensor_create(&xdev, dev, 4,
-                                (int64_t[]){batch > 1000 ? batch : 1000, 1, 28, 28}));
+    PDP_CHECK(pdp_model_create(&m, &md));
+    PDP_CHECK(pdp_model_add_conv2d(m, 16, 5, 1, 2)); /* 16 x 28 x 28 */
+    PDP_CHECK(pdp_model_add_relu(m));
+    PDP_CHECK(pdp_model_add_maxpool2d(m, 2, 2));     /* 16 x 14 x 14 */
+    PDP_CHECK(pdp_model_add_conv2d(m, 32, 5, 1, 2)); /* 32 x 14 x 14 */
+    PDP_CHECK(pdp_model_add_relu(m));
+    PDP_CHECK(pdp_model_add_maxpool2d(m, 2, 2));     /* 32 x 7 x 7 */
+    PDP_CHECK(pdp_model_add_flatten(m));             /* 1568 */
+    PDP_CHECK(pdp_model_add_linear(m, 10));
+    PDP_CHECK(pdp_model_reserve(m, batch > 1000 ? batch : 1000)); /* nothing allocated from here */
+    PDP_CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = lr}));
+    PDP_CHECK(pdp_tensor_create(&dlogits, dev, 2, (int64_t[]){batch, 10}));
 
-    pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .seed = seed};
-    CHECK(pdp_batcher_create(&batcher, train, &bd));
+    pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .seed = seed, .device = dev};
+    PDP_CHECK(pdp_batcher_create(&batcher, train, &bd)); /* batches on the model's device */
+    pdp_batcher_desc tbd = {.batch_size = 1000, .device = dev}; /* the test set, in order */
+    PDP_CHECK(pdp_batcher_create(&tb, test, &tbd));
     total_steps = epochs * pdp_batcher_num_batches(batcher);
     warmup = total_steps / 20 < 100 ? total_steps / 20 : 100;
     printf("seed %llu: %s, %lld train / %lld test, CNN conv16-pool-conv32-pool-fc10, Adam lr %g, "
@@ -152,11 +124,11 @@ int main(int argc, char **argv)
     if (dev.kind == PDP_DEVICE_CPU) printf("%d threads\n", threads);
     else printf("CUDA device 0\n");
 
-    t0 = seconds();
+    t0 = pdp_seconds();
     for (i = 0; i < epochs; i++) {
-        double loss_sum = 0, t_epoch = seconds(), acc;
+        double loss_sum = 0, t_epoch = pdp_seconds(), acc;
         int64_t seen = 0, correct = 0, n, c, b = 0, nb = pdp_batcher_num_batches(batcher);
-        pdp_tensor x, xv, dl;
+        pdp_tensor x, dl;
         const int32_t *y;
         const pdp_tensor *logits;
         float loss;
@@ -164,12 +136,12 @@ int main(int argc, char **argv)
         while (pdp_batcher_next(batcher, &x, &y, &n)) {
             /* cosine decay over the run, after a short warm-up */
             pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step++, warmup, total_steps, lr, lr / 20));
-            CHECK(pdp_model_forward(m, on_device(&x, xdev, &xv), &logits));
-            CHECK(pdp_tensor_rows_view(dlogits, 0, n, &dl));
-            CHECK(pdp_loss_cross_entropy(logits, y, &loss, &dl));
-            CHECK(pdp_count_correct(logits, y, &c));
-            CHECK(pdp_model_backward(m, &dl));
-            CHECK(pdp_optim_step(opt));
+            PDP_CHECK(pdp_model_forward(m, &x, &logits));
+            PDP_CHECK(pdp_tensor_rows_view(dlogits, 0, n, &dl));
+            PDP_CHECK(pdp_loss_cross_entropy(logits, y, &loss, &dl));
+            PDP_CHECK(pdp_count_correct(logits, y, &c));
+            PDP_CHECK(pdp_model_backward(m, &dl));
+            PDP_CHECK(pdp_optim_step(opt));
             pdp_optim_zero_grad(opt);
             loss_sum += (double)loss * (double)n;
             correct += c;
@@ -181,17 +153,17 @@ int main(int argc, char **argv)
             }
         }
         if (tty) printf("\r%60s\r", "");
-        t_epoch = seconds() - t_epoch; /* training only; the evaluation is not counted */
-        acc = evaluate(m, test, xdev);
+        t_epoch = pdp_seconds() - t_epoch; /* training only; the evaluation is not counted */
+        acc = evaluate(m, tb);
         printf("epoch %d  loss %.4f  train %.2f%%  test %.2f%%  %.0f samples/s  %.1f s\n", i + 1,
                loss_sum / (double)seen, 100.0 * (double)correct / (double)seen, acc,
-               (double)seen / t_epoch, seconds() - t0);
+               (double)seen / t_epoch, pdp_seconds() - t0);
         fflush(stdout);
     }
 
     pdp_batcher_free(batcher);
     pdp_tensor_free(dlogits);
-    pdp_tensor_free(xdev);
+    pdp_batcher_free(tb);
     pdp_optim_free(opt);
     pdp_model_free(m);
     pdp_dataset_free(train);

@@ -1,88 +1,58 @@
-/* train_dp.c - the Fashion-MNIST MLP of train_mnist.c, trained with DataParallel.
+/* train_dp.c - DataParallel: the distributed examples' MLP, trained by threads of one process.
 
    Shows torch.nn.DataParallel's recipe in C: wrap the model with pdp_dp_create,
    then one pdp_dp_step per batch replicates the parameters, scatters the batch
    over -j workers (this thread and -j - 1 others), runs forward and backward on
    every replica at once, gathers outputs and loss, reduces the gradients into the
-   master and steps the master's optimizer. Same model, data order and
-   hyperparameters as train_mnist.c, so it reaches the same accuracy (DP computes
-   the same gradients). After each epoch it prints pdp_dp_get_stats: time per stage,
+   master and steps the master's optimizer. The model and optimizer are those of
+   train_ddp.c, train_zero.c, train_tp.c and train_pp.c (MLP 784-512-512-10, Adam lr
+   0.001, here with a warm-up and cosine decay), so their figures compare; DP computes
+   one device's gradients. After each epoch it prints pdp_dp_get_stats: time per stage,
    bytes through the master, and the master's memory against a replica's.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_dp.c -o train_dp -lm -lpthread
-           make cuda   (build/cuda/train_dp, with -DPDP_CUDA: -gpus)
+           nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_dp.c pdp_cuda.cu -o train_dp_cuda \
+               -lcublas -lnccl       (or make cuda: build/cuda/train_dp; -gpus N)
    Run:    ./train_dp               (2 workers; PDP_SHORT=1 for a few steps only)
            ./train_dp -j 4 -epochs 5 -batch 128 -lr 0.001 -seed 1
            ./build/cuda/train_dp -gpus 2 -j 2   (DP on GPUs: the master on GPU 0, worker i
                         on GPU i mod 2; parameters replicated by peer copies, the batch
                         scattered from the host, outputs and gradients gathered on GPU 0)
-   Output (2 cores, -j 2; train_mnist.c reaches 88.76% with the same seed, -j 3 88.91%):
-           seed 1: Fashion-MNIST, 60000 train / 10000 test, MLP 784-256-256-10, Adam lr 0.001, ...
-           epoch 1  loss 0.5748  train 80.31%  test 85.33%  16681 samples/s  3.6 s
+   Output (-j 2 -epochs 1, seed 1, 2 cores shared with other jobs; the master holds every
+   replica's gradients, hence its memory):
+           seed 1: Fashion-MNIST, 60000 train / 10000 test, MLP 784-512-512-10, Adam lr 0.001, ...
+           epoch 1  loss 0.5264  train 81.73%  test 86.47%  5127 samples/s  11.7 s
            dp: 2 workers (2 active), batch 96, step 469, params shared (read in place)
-             last step ms: replicate 0.000  scatter 0.000  apply 5.107 (workers 0.856..0.954) ...
-             mean ms:      replicate 0.000  scatter 0.000  apply 5.138  gather 0.002  reduce ...
-             traffic: master -> replicas 1.23 MB (params 1.08, inputs 0.15), replicas -> ...
-             memory: master 4.98 MB, largest other replica 1.75 MB (master / replica 2.85x)
-           ...
-           epoch 5  loss 0.2342  train 91.37%  test 88.92%  11282 samples/s  27.0 s
-           (the master's memory grows after epoch 1: evaluation runs on the master, as in
-           PyTorch, with batches of 1000)
-   Next:   examples/train_ddp.c (the same training with DistributedDataParallel). */
+             last step ms: replicate 0.000  scatter 0.000  apply 18.938 (workers ...) ...
+             traffic: master -> replicas 2.83 MB (params 2.68, inputs 0.15), replicas -> ...
+             memory: master 11.65 MB, largest other replica 3.61 MB (master / replica 3.23x)
+   Next:   train_ddp.c (the same model with DistributedDataParallel: a process per rank). */
 
-#define _POSIX_C_SOURCE 200809L
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#define CHECK(call)                                                                         \
-    do {                                                                                    \
-        pdp_status st_ = (call);                                                            \
-        if (st_ != PDP_OK) {                                                                \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, pdp_status_name(st_),    \
-                    pdp_last_error());                                                      \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
-
-static double seconds(void)
+/* Test accuracy on the master, in batches of 1000 (on the master's device: tb's). */
+static double evaluate(pdp_model *m, pdp_batcher *tb)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* x itself for a master on the CPU; for one on a GPU, x copied into the first rows of
-   the device buffer dev (a view of them in *view). */
-static const pdp_tensor *on_device(const pdp_tensor *x, const pdp_tensor *dev, pdp_tensor *view)
-{
-    if (!dev) return x;
-    CHECK(pdp_tensor_rows_view(dev, 0, x->shape[0], view));
-    CHECK(pdp_tensor_copy(view, x));
-    return view;
-}
-
-/* Test accuracy on the master, in chunks of 1000 samples viewed in place (copied to the
-   device buffer dev first when the master is on a GPU). */
-static double evaluate(pdp_model *m, const pdp_dataset *ds, const pdp_tensor *dev)
-{
-    int64_t first, correct = 0, c;
-    pdp_tensor x, xv;
+    int64_t correct = 0, c, n, seen = 0;
+    pdp_tensor x;
     const pdp_tensor *logits;
+    const int32_t *y;
     pdp_model_set_training(m, false);
-    for (first = 0; first < ds->count; first += 1000) {
-        int64_t n = ds->count - first < 1000 ? ds->count - first : 1000;
-        CHECK(pdp_dataset_view(ds, first, n, &x));
-        CHECK(pdp_model_forward(m, on_device(&x, dev, &xv), &logits));
-        CHECK(pdp_count_correct(logits, ds->labels + first, &c));
+    pdp_batcher_reset(tb, 0);
+    while (pdp_batcher_next(tb, &x, &y, &n)) {
+        PDP_CHECK(pdp_model_forward(m, &x, &logits));
+        PDP_CHECK(pdp_count_correct(logits, y, &c));
         correct += c;
+        seen += n;
     }
+    PDP_CHECK(pdp_batcher_status(tb));
     pdp_model_set_training(m, true);
-    return 100.0 * (double)correct / (double)ds->count;
+    return 100.0 * (double)correct / (double)seen;
 }
 
 int main(int argc, char **argv)
@@ -95,15 +65,14 @@ int main(int argc, char **argv)
     pdp_dataset_desc dd = {0};
     pdp_model_desc md = {0};
     pdp_optim_desc od = {0};
-    pdp_batcher_desc bd = {0};
+    pdp_batcher_desc bd = {0}, tbd = {0};
     pdp_dp_desc dpd = {0};
     pdp_dataset *train, *test;
     pdp_model *m;
     pdp_optim *opt;
-    pdp_batcher *batcher;
+    pdp_batcher *batcher, *tb;
     pdp_dp *dp;
     pdp_device devices[64];
-    pdp_tensor *xdev = NULL;
     const char *source = "Fashion-MNIST";
     char report[1024];
     double t0;
@@ -136,10 +105,10 @@ int main(int argc, char **argv)
         if (!short_run) printf("%s\n(training on the built-in synthetic task instead)\n",
                                pdp_last_error());
         source = "synthetic";
-        CHECK(pdp_dataset_synthetic(&train, true, &dd));
-        CHECK(pdp_dataset_synthetic(&test, false, &dd));
+        PDP_CHECK(pdp_dataset_synthetic(&train, true, &dd));
+        PDP_CHECK(pdp_dataset_synthetic(&test, false, &dd));
     } else {
-        CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
+        PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
     }
     if (short_run) epochs = 1;
 
@@ -147,37 +116,39 @@ int main(int argc, char **argv)
     md.input_shape[0] = 784;
     md.seed = seed;
     md.device = gpus ? pdp_cuda(0) : pdp_cpu();
-    CHECK(pdp_model_create(&m, &md));
-    CHECK(pdp_model_add_linear(m, 256));
-    CHECK(pdp_model_add_relu(m));
-    CHECK(pdp_model_add_linear(m, 256));
-    CHECK(pdp_model_add_relu(m));
-    CHECK(pdp_model_add_linear(m, 10));
+    PDP_CHECK(pdp_model_create(&m, &md));
+    PDP_CHECK(pdp_model_add_linear(m, 512)); /* the distributed examples' model */
+    PDP_CHECK(pdp_model_add_relu(m));
+    PDP_CHECK(pdp_model_add_linear(m, 512));
+    PDP_CHECK(pdp_model_add_relu(m));
+    PDP_CHECK(pdp_model_add_linear(m, 10));
     od.kind = PDP_OPTIM_ADAM;
     od.lr = lr;
-    CHECK(pdp_optim_create(&opt, m, &od));
+    PDP_CHECK(pdp_optim_create(&opt, m, &od));
     dpd.num_workers = workers;
     if (gpus) { /* worker i on GPU i mod gpus; the batches stay on the host until scattered */
         for (i = 0; i < workers; i++) devices[i] = pdp_cuda(i % gpus);
         dpd.devices = devices;
-        CHECK(pdp_tensor_create(&xdev, pdp_cuda(0), 2, (int64_t[]){1000, 784})); /* eval */
     }
-    CHECK(pdp_dp_create(&dp, m, &dpd));
+    PDP_CHECK(pdp_dp_create(&dp, m, &dpd));
 
     bd.batch_size = batch;
     bd.shuffle = true;
     bd.seed = seed;
-    CHECK(pdp_batcher_create(&batcher, train, &bd));
+    PDP_CHECK(pdp_batcher_create(&batcher, train, &bd));
+    tbd.batch_size = 1000; /* evaluation on the master, where it lives */
+    tbd.device = md.device;
+    PDP_CHECK(pdp_batcher_create(&tb, test, &tbd));
     total_steps = epochs * pdp_batcher_num_batches(batcher);
-    printf("seed %llu: %s, %lld train / %lld test, MLP 784-256-256-10, Adam lr %g, batch %lld, "
+    printf("seed %llu: %s, %lld train / %lld test, MLP 784-512-512-10, Adam lr %g, batch %lld, "
            "DP over %d workers", seed, source, (long long)train->count, (long long)test->count,
            (double)lr, (long long)batch, pdp_dp_num_workers(dp));
     if (gpus) printf(" on %d GPU%s", gpus, gpus > 1 ? "s" : "");
     printf("\n");
 
-    t0 = seconds();
+    t0 = pdp_seconds();
     for (i = 0; i < epochs; i++) {
-        double loss_sum = 0, t_epoch = seconds();
+        double loss_sum = 0, t_epoch = pdp_seconds();
         int64_t seen = 0, correct = 0, n, c;
         pdp_tensor x;
         const int32_t *y;
@@ -187,24 +158,24 @@ int main(int argc, char **argv)
         while (pdp_batcher_next(batcher, &x, &y, &n)) {
             pdp_optim_set_lr(opt, pdp_lr_warmup_cosine(step++, 100, total_steps, lr, lr / 20));
             /* replicate, scatter, parallel apply, gather, reduce, step */
-            CHECK(pdp_dp_step(dp, opt, &x, y, &loss));
-            CHECK(pdp_count_correct(pdp_dp_output(dp), y, &c)); /* the gathered outputs */
+            PDP_CHECK(pdp_dp_step(dp, opt, &x, y, &loss));
+            PDP_CHECK(pdp_count_correct(pdp_dp_output(dp), y, &c)); /* the gathered outputs */
             loss_sum += (double)loss * (double)n;
             correct += c;
             seen += n;
         }
-        t_epoch = seconds() - t_epoch;
+        t_epoch = pdp_seconds() - t_epoch;
         printf("epoch %d  loss %.4f  train %.2f%%  test %.2f%%  %.0f samples/s  %.1f s\n", i + 1,
                loss_sum / (double)seen, 100.0 * (double)correct / (double)seen,
-               evaluate(m, test, xdev), (double)seen / t_epoch, seconds() - t0);
-        CHECK(pdp_dp_get_stats(dp, &stats));
+               evaluate(m, tb), (double)seen / t_epoch, pdp_seconds() - t0);
+        PDP_CHECK(pdp_dp_get_stats(dp, &stats));
         pdp_dp_stats_format(&stats, report, sizeof report);
         printf("%s", report);
         fflush(stdout);
     }
 
     pdp_dp_free(dp);
-    pdp_tensor_free(xdev);
+    pdp_batcher_free(tb);
     pdp_batcher_free(batcher);
     pdp_optim_free(opt);
     pdp_model_free(m);

@@ -1,98 +1,110 @@
-/* train_pp.c - pipeline parallelism: an MLP split into stages across ranks, on Fashion-MNIST.
+/* train_pp.c - pipeline parallelism: train_ddp.c's MLP split into stages across ranks.
 
-   Every rank builds the same 784-512-512-256-10 MLP; pdp_pp_create keeps its stage's
-   layers (balanced by parameter count). Each batch is cut into m micro-batches that flow
-   through the stages: activations go forward with send/recv, their gradients come back,
-   and the gradients accumulate over the micro-batches, so every step is a step of
-   single-device training on the whole batch. Schedules: GPipe (all forwards, then all
-   backwards) and 1F1B (one forward, one backward after a warm-up). Rank 0 prints, for
-   each stage, the measured bubble (idle share of the step) beside the formula
-   (p-1)/(m+p-1), and its peak activation memory: GPipe holds all m micro-batches, 1F1B at
-   most p. The loss is known on the last stage, which prints it.
+   Every rank builds the same MLP 784-512-512-10 (Adam, lr 0.001; -hidden H, -layers L
+   for 784-H-..-H-10) and keeps its stage's layers, split so that the stages' GEMM work is
+   equal (split_by_work; pp.h's default split by parameter count leaves a stage nearly
+   idle). Each batch is cut into m micro-batches that flow through the stages: activations
+   go forward with send/recv, their gradients come back and accumulate, so every step is
+   a step of single-device training on the whole batch. Schedules: GPipe (all forwards,
+   then all backwards) and 1F1B (one forward, one backward after a warm-up). Rank 0
+   prints, for each stage, the measured bubble (idle share of the step) beside the
+   formula (p-1)/(m+p-1), met within 0.10 when every stage has a core of its own (with
+   fewer cores it says the stages share them), and its peak activation memory under both
+   schedules: 1F1B holds min(p-s, m) micro-batches on stage s, GPipe all m; the bubble is
+   the same. The last stage alone computes the loss, so it prints it.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_pp.c -o train_pp -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_pp.c -o train_pp_mpi -lm
-           make cuda   (build/cuda/train_pp, with -DPDP_CUDA: -backend nccl)
+           nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_pp.c pdp_cuda.cu -o train_pp_cuda \
+               -lcublas -lnccl       (or make cuda: build/cuda/train_pp)
    Run:    ./train_pp                            (2 stages as threads, 1F1B, m = 4)
-           ./train_pp -np 2 -schedule gpipe -micro 8 -batch 256 -epochs 1 -lr 0.05 -seed 1
+           ./train_pp -np 3 -layers 4 -schedule gpipe -micro 8
            mpirun -np 2 ./train_pp_mpi -backend mpi
-           ./build/cuda/train_pp -backend nccl -np 2   (a thread per GPU, stages on GPUs)
-           PDP_TRACE=pp.json ./train_pp          then open pp.json in ui.perfetto.dev: one lane
-                                                 per stage, the pipeline diagram of the papers
-   Output (2 shared cores, load average 6, 2 stages, 1F1B, m = 4, seed 1; -backend mpi and
-   -schedule gpipe print the same losses: every schedule is the same arithmetic):
-           seed 1: Fashion-MNIST, backend local, 2 stages, schedule 1f1b, 4 micro-batches of 64, ...
-           stage 0: layers 0..1   stage 1: layers 2..6
-           step  100  loss 0.4709
-           step  200  loss 0.4646
-           epoch 1  loss 0.6379  6288 samples/s
-           stage 0: bubble 0.73 (formula (p-1)/(m+p-1) = 0.20)  peak activations 2 micro-batches = 0.52 MB
-           stage 1: bubble 0.48 (formula (p-1)/(m+p-1) = 0.20)  peak activations 1 micro-batch = 0.53 MB
-           The measured bubble exceeds the formula here: the split by parameter count gives
-           stage 0 (784x512, no input gradient) two thirds of stage 1's work, and a loaded
-           machine's preemptions show up as waiting. bench/pp.c's equal stages come close to
-           it. With -schedule gpipe -micro 8 each stage holds 8 micro-batches instead.
+           ./train_pp_cuda -backend nccl -np 2    (a thread per GPU, stages on GPUs)
+           PDP_TRACE=pp.json ./train_pp          then open pp.json in ui.perfetto.dev
+   Output (2 stages, 1F1B, m = 4, seed 1; -backend mpi and -schedule gpipe print the same
+   losses: every schedule is the same arithmetic):
+           seed 1: Fashion-MNIST, backend local, 2 stages, schedule 1f1b, 4 micro-batches ...
+           stage 0: layers 0..0   stage 1: layers 1..4
+           step  100  loss ...
+           epoch 1  loss 0.4874  6334 samples/s
+           stage 0: compute 2.38 s  bubble 0.73 (formula (p-1)/(m+p-1) = 0.20, margin 0.10:
+             missed)  peak activations 2 micro-batches = 0.26 MB  (1f1b: 1F1B min(p-s, m) =
+             2 = 0.26 MB, GPipe m = 4 = 0.52 MB)
+           stage 1: compute 3.08 s  bubble 0.64 ... GPipe m = 4 = 2.11 MB)
+           1F1B changes the memory, not the bubble: ...
+           (measured on 2 cores at a load average of 13: the process had a quarter of a core,
+           so its stages waited for a core, not for each other; the margin is meant for an
+           idle machine with a core per stage, where it has not been measured yet)
    Next:   bench/pp.c (throughput against one device for m = 1, 2, 4, 8). */
 
-#define _POSIX_C_SOURCE 200809L
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
-#include <time.h>
-#include <pthread.h>
+#include <unistd.h>
 
-#define CHECK(call)                                                                          \
-    do {                                                                                     \
-        pdp_status st_ = (call);                                                             \
-        if (st_ != PDP_OK) {                                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, pdp_status_name(st_),     \
-                    pdp_last_error());                                                       \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
-
-static int np = 2, epochs = 1, micro = 4;
-static int64_t batch = 256;
-static double lr = 0.05;
+static int epochs = 1, micro = 4, layers = 2;
+static int64_t batch = 256, hidden = 512;
+static double lr = 0.001;
 static unsigned long long seed = 1;
 static bool short_run;
 static pdp_pp_schedule schedule = PDP_PP_1F1B;
+static const char *sched = "1f1b";
 static pdp_dataset *train;
-static pdp_local_group *group;
-static pdp_nccl_group *ngroup;
 
-static double seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Every stage's 4 figures into all (host), in stage order: an all-gather, through the
-   GPU under NCCL, whose buffers are device memory. */
-static void gather_figures(pdp_comm *c, pdp_device dev, const float *mine, float *all)
+/* Every stage's NF figures into all (host), in stage order: an all-gather, through the GPU
+   under NCCL, whose buffers are device memory. */
+#define NF 6
+static pdp_status gather_figures(pdp_comm *c, pdp_device dev, const float *mine, float *all)
 {
     pdp_tensor *s, *r;
-    if (dev.kind == PDP_DEVICE_CPU) {
-        CHECK(pdp_comm_allgather(c, mine, all, 4, NULL));
-        return;
-    }
-    CHECK(pdp_tensor_create(&s, dev, 1, (int64_t[]){4}));
-    CHECK(pdp_tensor_create(&r, dev, 1, (int64_t[]){4 * pdp_comm_size(c)}));
-    CHECK(pdp_tensor_upload(s, mine));
-    CHECK(pdp_comm_allgather(c, s->data, r->data, 4, NULL));
-    CHECK(pdp_tensor_download(r, all));
+    int64_t one = NF, world = NF * pdp_comm_size(c);
+    pdp_status st;
+    if (dev.kind == PDP_DEVICE_CPU) return pdp_comm_allgather(c, mine, all, NF, NULL);
+    PDP_TRY(pdp_tensor_create(&s, dev, 1, &one));
+    PDP_TRY(pdp_tensor_create(&r, dev, 1, &world));
+    st = pdp_tensor_upload(s, mine);
+    if (st == PDP_OK) st = pdp_comm_allgather(c, s->data, r->data, NF, NULL);
+    if (st == PDP_OK) st = pdp_tensor_download(r, all);
     pdp_tensor_free(s);
     pdp_tensor_free(r);
+    return st;
 }
 
-/* What every rank runs; dev is where its stage lives (the CPU, or its GPU under NCCL). */
-static void train_rank(pdp_comm *c, pdp_device dev)
+/* Stage boundaries that balance the GEMM work, first[0..p): the layers are linear, relu, ..,
+   linear; a linear layer in x out costs 3 in out (forward, input and weight gradients), the
+   first 2 in out (no input gradient), a relu 2 in. A contiguous split minimising the largest
+   stage (pp.h's default balances parameter counts, which leaves the cheap layers' stage
+   nearly idle: 784x512 is 60% of the parameters, 50% of the work). */
+static void split_by_work(int p, int *first)
 {
-    int rank = pdp_comm_rank(c), n = pdp_comm_size(c), e, s, first, last;
+    int nl = 2 * layers + 1, s, i, j, cut[PDP_PP_MAX_STAGES + 1][64];
+    double c[64], pre[65] = {0}, best[PDP_PP_MAX_STAGES + 1][65];
+    for (i = 0; i < nl; i++) {
+        double in = i == 0 ? 784 : (double)hidden, out = i == nl - 1 ? 10 : (double)hidden;
+        c[i] = i % 2 ? 2 * in : (i == 0 ? 2 : 3) * in * out; /* relu: 2 passes over in */
+        pre[i + 1] = pre[i] + c[i];
+    }
+    for (j = 1; j <= nl; j++) best[1][j] = pre[j];
+    for (s = 2; s <= p; s++)
+        for (j = s; j <= nl; j++)
+            for (best[s][j] = 1e300, i = s - 1; i < j; i++) {
+                double w = best[s - 1][i] > pre[j] - pre[i] ? best[s - 1][i] : pre[j] - pre[i];
+                if (w < best[s][j]) best[s][j] = w, cut[s][j] = i;
+            }
+    for (j = nl, s = p; s > 1; s--) j = first[s - 1] = cut[s][j];
+    first[0] = 0;
+}
+
+/* What every rank runs (pdp_launch): its stage of the model, on the CPU or its GPU. */
+static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    int rank = ctx->rank, n = ctx->world_size, e, s, i, first, last, firsts[PDP_PP_MAX_STAGES];
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
     pdp_model_desc md = {0};
     pdp_optim_desc od = {0};
     pdp_pp_desc pd = {0};
@@ -101,106 +113,105 @@ static void train_rank(pdp_comm *c, pdp_device dev)
     pdp_optim *opt;
     pdp_pp *pp;
     pdp_batcher *b;
-    pdp_tensor *xdev = NULL;
     int64_t step = 0;
-
+    (void)user;
     md.input_shape[0] = 784;
-    md.device = dev;
+    md.device = ctx->device;
     md.seed = seed; /* the same on every rank: each keeps its stage of the same model */
-    CHECK(pdp_model_create(&full, &md));
-    CHECK(pdp_model_add_linear(full, 512));
-    CHECK(pdp_model_add_relu(full));
-    CHECK(pdp_model_add_linear(full, 512));
-    CHECK(pdp_model_add_relu(full));
-    CHECK(pdp_model_add_linear(full, 256));
-    CHECK(pdp_model_add_relu(full));
-    CHECK(pdp_model_add_linear(full, 10));
+    PDP_TRY(pdp_model_create(&full, &md));
+    for (i = 0; i < layers; i++) {
+        PDP_TRY(pdp_model_add_linear(full, hidden));
+        PDP_TRY(pdp_model_add_relu(full));
+    }
+    PDP_TRY(pdp_model_add_linear(full, 10));
     pd.schedule = schedule;
     pd.micro_batches = micro;
-    CHECK(pdp_pp_create(&pp, full, c, &pd)); /* keeps this rank's layers */
+    if (n > 2 * layers + 1) return PDP_ERR_INVALID; /* more stages than layers */
+    split_by_work(n, firsts);
+    pd.first_layer = firsts;
+    PDP_TRY(pdp_pp_create(&pp, full, ctx->world, &pd)); /* keeps this rank's layers */
     pdp_model_free(full);
-    od.kind = PDP_OPTIM_SGD;
+    od.kind = PDP_OPTIM_ADAM;
     od.lr = lr;
-    od.momentum = 0.9f;
-    CHECK(pdp_optim_create(&opt, pdp_pp_model(pp), &od));
-    if (dev.kind != PDP_DEVICE_CPU && rank == 0)
-        CHECK(pdp_tensor_create(&xdev, dev, 2, (int64_t[]){batch, 784}));
+    PDP_TRY(pdp_optim_create(&opt, pdp_pp_model(pp), &od));
     for (s = 0; s < n && rank == 0; s++) { /* every rank knows the whole split */
-        CHECK(pdp_pp_stage_layers(pp, s, &first, &last));
+        PDP_TRY(pdp_pp_stage_layers(pp, s, &first, &last));
         printf("stage %d: layers %d..%d%s", s, first, last - 1, s + 1 < n ? "   " : "\n");
     }
-
     bd.batch_size = batch;
     bd.shuffle = true;
     bd.drop_last = true;
     bd.seed = seed; /* every rank walks the same batches: stage 0 reads x, the last the labels */
-    CHECK(pdp_batcher_create(&b, train, &bd));
+    bd.device = rank == 0 ? ctx->device : pdp_cpu();
+    PDP_TRY(pdp_batcher_create(&b, train, &bd));
     for (e = 0; e < epochs; e++) {
-        pdp_tensor x, xv;
+        pdp_tensor x;
         const int32_t *y;
         int64_t got, seen = 0;
-        double loss_sum = 0.0, t0 = seconds();
-        float loss, mine[4], all[4 * 64];
+        double loss_sum = 0.0, t0 = pdp_seconds();
+        float loss, mine[NF], all[NF * PDP_PP_MAX_STAGES];
         pdp_pp_stats st;
         pdp_batcher_reset(b, (uint64_t)e);
         while (pdp_batcher_next(b, &x, &y, &got)) {
-            const pdp_tensor *in = &x;
-            if (xdev) { /* stage 0 on a GPU: the batch goes to the device first */
-                CHECK(pdp_tensor_rows_view(xdev, 0, got, &xv));
-                CHECK(pdp_tensor_copy(&xv, &x));
-                in = &xv;
-            }
-            CHECK(pdp_pp_forward_backward(pp, in, y, &loss)); /* the whole pipeline pass */
-            CHECK(pdp_pp_step(pp, opt));
+            PDP_TRY(pdp_pp_forward_backward(pp, &x, y, &loss)); /* the whole pipeline pass */
+            PDP_TRY(pdp_pp_step(pp, opt));
             loss_sum += loss;
             seen += got;
             if (rank == n - 1 && (++step % (short_run ? 5 : 100) == 0))
                 printf("step %4lld  loss %.4f\n", (long long)step, (double)loss);
         }
+        PDP_TRY(pdp_batcher_status(b));
         pdp_pp_get_stats(pp, &st);
-        if (rank == n - 1)
+        if (rank == n - 1) /* only the last stage computes the loss */
             printf("epoch %d  loss %.4f  %.0f samples/s\n", e + 1, loss_sum * batch / (double)seen,
-                   (double)seen / (seconds() - t0));
-        /* each stage's figures, gathered on every rank */
+                   (double)seen / (pdp_seconds() - t0));
         mine[0] = (float)(1.0 - st.total_compute_s / st.total_step_s); /* over all steps */
         mine[1] = (float)st.bubble_theory;
         mine[2] = (float)st.peak_in_flight;
         mine[3] = (float)st.peak_activation_bytes;
-        gather_figures(c, dev, mine, all);
-        for (s = 0; s < n && rank == 0; s++)
-            printf("stage %d: bubble %.2f (formula (p-1)/(m+p-1) = %.2f)  peak activations %.0f "
-                   "micro-batch%s = %.2f MB\n", s, all[4 * s], all[4 * s + 1], all[4 * s + 2],
-                   all[4 * s + 2] == 1.0f ? "" : "es", all[4 * s + 3] / 1e6);
+        mine[4] = (float)st.activation_bytes;
+        mine[5] = (float)st.total_compute_s;
+        PDP_TRY(gather_figures(ctx->world, ctx->device, mine, all));
+        for (s = 0; s < n && rank == 0; s++) {
+            int hold = n - s < micro ? n - s : micro; /* 1F1B's min(p - s, m) */
+            printf("stage %d: compute %.2f s  bubble %.2f (formula (p-1)/(m+p-1) = %.2f, margin "
+                   "0.10: %s)  peak activations %.0f micro-batches = %.2f MB  (%s: 1F1B "
+                   "min(p-s, m) = %d = %.2f MB, GPipe m = %d = %.2f MB)\n", s, all[NF * s + 5],
+                   all[NF * s], all[NF * s + 1], fabs(all[NF * s] - all[NF * s + 1]) <= 0.10 ? "met"
+                   : "missed", all[NF * s + 2], all[NF * s + 3] / 1e6, sched, hold,
+                   hold * all[NF * s + 4] / 1e6, micro, micro * all[NF * s + 4] / 1e6);
+        }
+        if (rank == 0)
+            printf("%s\n1F1B changes the memory, not the bubble: both schedules idle (p-1)/(m+p-1) "
+                   "of a step, but stage s of 1F1B holds at most min(p-s, m) micro-batches' "
+                   "activations where GPipe holds all m (so the stages differ: the first holds "
+                   "the most). Only the last stage knows the loss, so it prints it.\n",
+                   cores >= n ? "(as many cores as stages: on a machine that runs nothing "
+                   "else the bubble is the pipeline's waiting alone, within the margin)"
+                   : "(fewer cores than stages: the stages share cores, so the measured bubble "
+                   "also counts waiting for a core and exceeds the formula)");
     }
     pdp_batcher_free(b);
-    pdp_tensor_free(xdev);
     pdp_optim_free(opt);
     pdp_pp_free(pp);
-}
-
-static void *rank_thread(void *arg)
-{
-    int rank = (int)(intptr_t)arg;
-    pdp_comm *c;
-    if (ngroup) CHECK(pdp_comm_create_nccl(&c, ngroup, rank));
-    else CHECK(pdp_comm_create_local(&c, group, rank));
-    train_rank(c, ngroup ? pdp_cuda(rank) : pdp_cpu());
-    pdp_comm_free(c);
-    return NULL;
+    return PDP_OK;
 }
 
 int main(int argc, char **argv)
 {
-    const char *backend = "local", *source = "Fashion-MNIST", *sched = "1f1b";
+    const char *backend = "local", *source = "Fashion-MNIST";
     pdp_dataset_desc dd = {0};
-    int i, rank = 0;
-    pdp_comm *c = NULL;
+    pdp_launch_desc ld = {0};
+    pdp_env_info env;
+    int i, np = 2;
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-backend")) backend = argv[i + 1];
         else if (!strcmp(argv[i], "-np")) np = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-schedule")) sched = argv[i + 1];
         else if (!strcmp(argv[i], "-micro")) micro = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-hidden")) hidden = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "-layers")) layers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-batch")) batch = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "-lr")) lr = atof(argv[i + 1]);
@@ -208,21 +219,17 @@ int main(int argc, char **argv)
         else break;
     }
     schedule = !strcmp(sched, "gpipe") ? PDP_PP_GPIPE : PDP_PP_1F1B;
-    if (i < argc || np < 1 || np > 7 || epochs < 1 || micro < 1 || batch < micro ||
-        (strcmp(sched, "gpipe") && strcmp(sched, "1f1b")) ||
-        (strcmp(backend, "local") && strcmp(backend, "mpi") && strcmp(backend, "nccl"))) {
-        fprintf(stderr, "usage: %s [-backend local|mpi|nccl] [-np 2 (stages, 1..7; mpirun sets "
-                "it for processes)] [-schedule 1f1b|gpipe] [-micro 4] [-epochs 1] [-batch 256] "
-                "[-lr 0.05] [-seed 1]\n", argv[0]);
+    ld.backend = !strcmp(backend, "mpi") ? PDP_BACKEND_MPI
+               : !strcmp(backend, "nccl") ? PDP_BACKEND_NCCL : PDP_BACKEND_LOCAL;
+    if (i < argc || epochs < 1 || micro < 1 || batch < micro || hidden < 1 || layers < 1 ||
+        layers > 30 || (strcmp(sched, "gpipe") && strcmp(sched, "1f1b")) ||
+        (ld.backend == PDP_BACKEND_LOCAL && strcmp(backend, "local"))) {
+        fprintf(stderr, "usage: %s [-backend local|mpi|nccl] [-np 2 (stages, at most the "
+                "layers)] [-schedule 1f1b|gpipe] [-micro 4] [-hidden 512] [-layers 2] "
+                "[-epochs 1] [-batch 256] [-lr 0.001] [-seed 1]\n", argv[0]);
         return 2;
     }
-    if (!strcmp(backend, "mpi")) { /* the rank and size come from mpirun */
-        pdp_comm_desc cd = {0};
-        cd.backend = PDP_BACKEND_MPI;
-        CHECK(pdp_comm_init_env(&c, &cd));
-        rank = pdp_comm_rank(c);
-        np = pdp_comm_size(c);
-    }
+    PDP_CHECK(pdp_env_read(&env));
     dd.flat = true;
     dd.mean = PDP_FASHION_MNIST_MEAN;
     dd.std = PDP_FASHION_MNIST_STD;
@@ -230,32 +237,17 @@ int main(int argc, char **argv)
     if (short_run) batch = 64; /* 10 steps */
     dd.seed = seed;
     if (pdp_dataset_load_fashion_mnist(&train, true, &dd) != PDP_OK) {
-        if (rank == 0) printf("%s\n(training on the built-in synthetic task instead)\n",
-                              pdp_last_error());
+        if (env.rank == 0) printf("%s\n(training on the built-in synthetic task instead)\n",
+                                  pdp_last_error());
         source = "synthetic";
-        CHECK(pdp_dataset_synthetic(&train, true, &dd));
+        PDP_CHECK(pdp_dataset_synthetic(&train, true, &dd));
     }
-    if (rank == 0)
+    if (env.from_env || ld.backend == PDP_BACKEND_MPI) np = env.world_size;
+    if (env.rank == 0)
         printf("seed %llu: %s, backend %s, %d stages, schedule %s, %d micro-batches of %lld, "
-               "SGD lr %g momentum 0.9\n", seed, source, backend, np, sched, micro,
-               (long long)(batch / micro), (double)lr);
-    if (c) { /* MPI processes: this process is one stage */
-        train_rank(c, pdp_cpu());
-        pdp_comm_free(c);
-    } else { /* np threads: CPU stages, or one per GPU over NCCL */
-        pthread_t t[8];
-        if (!strcmp(backend, "nccl")) {
-            pdp_device devs[8];
-            for (i = 0; i < np; i++) devs[i] = pdp_cuda(i);
-            CHECK(pdp_nccl_group_create(&ngroup, np, devs, NULL));
-        } else {
-            CHECK(pdp_local_group_create(&group, np, NULL));
-        }
-        for (i = 0; i < np; i++) pthread_create(&t[i], NULL, rank_thread, (void *)(intptr_t)i);
-        for (i = 0; i < np; i++) pthread_join(t[i], NULL);
-        if (ngroup) pdp_nccl_group_free(ngroup);
-        else pdp_local_group_free(group);
-    }
+               "MLP 784-%lldx%d-10, Adam lr %g\n", seed, source, backend, np, sched, micro,
+               (long long)(batch / micro), (long long)hidden, layers, lr);
+    PDP_CHECK(pdp_launch(np, &ld, train_rank, NULL));
     pdp_dataset_free(train);
     return 0;
 }

@@ -1,4 +1,5 @@
-/* base: status names, the thread-local error message, aligned allocation. */
+/* base: status names, the thread-local error message, aligned allocation, the clock
+   (pdp__now). */
 
 #include "internal.h"
 

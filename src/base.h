@@ -78,8 +78,9 @@ typedef void (*pdp_log_fn)(pdp_log_level level, const char *message, void *user)
 PDP_API pdp_status pdp_set_num_threads(int n);
 PDP_API int pdp_get_num_threads(void);
 /* Joins the pool's workers and frees the caller's scratch (for leak checkers and
-   before unloading). The pool is the one piece of process-wide state; the next
-   call that needs it starts it again. Call it when no other thread is in pdp. */
+   before unloading). The pool is process-wide (the manual's THREADS AND
+   DETERMINISM lists all of pdp's process-wide state); the next call that needs it
+   starts it again. Call it when no other thread is in pdp. */
 PDP_API void pdp_shutdown_threads(void);
 
 /* Profile: where the calling thread's time goes (bench/train prints it per step).

@@ -12,7 +12,8 @@
    Load never half-applies a file: it reads the header (at most
    PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
    validates every entry, reads every expected tensor into one staging buffer,
-   and only then copies into the model and the optimizer.
+   and only then copies into the model and the optimizer (pdp__ckpt_load's
+   steps, under "checkpoint: load, step by step").
 
    Checksums (safetensors has none): __metadata__ "crc32c.<tensor>" is the
    CRC-32C of the tensor's data bytes as stored, "crc32c.header" that of the
@@ -836,6 +837,273 @@ static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
     return false;
 }
 
+/* ---- checkpoint: load, step by step ----
+   pdp__ckpt_load runs the steps below in order; each returns a status, the first failure
+   ends the load (the message is that step's), and the clean-up runs either way. Nothing
+   reaches the model or the optimizer before the commit, the last step, and the commit
+   runs only when every check before it passed. */
+
+/* One load: its arguments and what one step hands to the next. */
+typedef struct pdp__ckpt_loader {
+    const char *path, *fn, *run; /* run: the ZeRO save a shard must belong to, or NULL */
+    pdp_model *m;
+    pdp_optim *o;                /* NULL: parameters only */
+    float *params;               /* the destination of [lo, hi), when with_params */
+    bool with_params, allow_shard;
+    int64_t lo, hi, count;       /* count = hi - lo */
+    int nstate;                  /* o's state tensors (0 without o) */
+    FILE *f;
+    uint64_t file_bytes, data_start;
+    char *header;
+    pdp__st_parser p;
+    pdp__st_entry **sorted;
+    pdp__ckpt_sums *sums, *check; /* check: sums when the file has checksums, else NULL */
+    bool shard;                  /* a shard file ("format": "pdp-shard") */
+    pdp_optim_desc desc;         /* the file's optimizer (with o) */
+    int64_t steps;
+    uint64_t seed, mstep;        /* "model.seed", "model.step", when have_seed, have_step */
+    bool have_seed, have_step;
+    float *staging;              /* count (1 + nstate) floats: params, then each state */
+} pdp__ckpt_loader;
+
+/* Opens the file and reads, parses and validates its header (the data's tiling too). */
+static pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
+{
+    const char *fn = L->fn, *path = L->path;
+    unsigned char len8[8];
+    uint64_t hlen = 0;
+    struct stat sb;
+    pdp_status st;
+    int k;
+    if (!(L->f = fopen(path, "rb")))
+        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
+    if (fstat(fileno(L->f), &sb) != 0 || !S_ISREG(sb.st_mode))
+        return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
+    L->file_bytes = (uint64_t)sb.st_size;
+    if (L->file_bytes < 8 || fread(len8, 1, 8, L->f) != 8)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: %llu bytes, shorter than the 8-byte header "
+                        "length", fn, path, (unsigned long long)L->file_bytes);
+    for (k = 7; k >= 0; k--) hlen = (hlen << 8) | len8[k];
+    if (hlen < 2 || hlen > PDP__CKPT_MAX_HEADER || hlen > L->file_bytes - 8)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: header length %llu is impossible (file %llu "
+                        "bytes, limit %llu): not a safetensors file, or truncated", fn, path,
+                        (unsigned long long)hlen, (unsigned long long)L->file_bytes,
+                        (unsigned long long)PDP__CKPT_MAX_HEADER);
+    L->data_start = 8 + hlen;
+    if (!(L->header = (char *)pdp__alloc((size_t)hlen)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for the header", fn, path);
+    if (fread(L->header, 1, (size_t)hlen, L->f) != (size_t)hlen)
+        return pdp__err(PDP_ERR_IO, "%s: %s: reading the header failed", fn, path);
+    L->p.s = L->header;
+    L->p.n = (size_t)hlen;
+    L->p.file = path;
+    L->p.fn = fn;
+    if ((st = pdp__st_parse(&L->p)) != PDP_OK) return st;
+    L->sorted = (pdp__st_entry **)pdp__alloc((size_t)PDP__MAX(1, L->p.nentries) *
+                                             sizeof *L->sorted);
+    if (!L->sorted) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
+    return pdp__st_validate(&L->p, L->file_bytes - L->data_start, L->sorted);
+}
+
+/* Verifies the header's checksum and takes each tensor's (a file without any: unverified). */
+static pdp_status pdp__ckpt_load_sums(pdp__ckpt_loader *L)
+{
+    bool has_sums = false;
+    pdp_status st;
+    if (!(L->sums = (pdp__ckpt_sums *)pdp__alloc(sizeof *L->sums)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", L->fn, L->path);
+    pdp__crc32c_init(&L->sums->crc);
+    if ((st = pdp__ckpt_check_sums(&L->p, L->sorted, &L->sums->crc, &has_sums)) != PDP_OK)
+        return st;
+    L->check = has_sums ? L->sums : NULL;
+    return PDP_OK;
+}
+
+/* Reads the optimizer's metadata (with o) and the model's seed and step. */
+static pdp_status pdp__ckpt_load_meta(pdp__ckpt_loader *L)
+{
+    pdp_status st;
+    if (L->o && (st = pdp__ckpt_read_optim(&L->p, L->o, &L->desc, &L->steps)) != PDP_OK)
+        return st;
+    if (!pdp__ckpt_meta_u64(&L->p, "model.seed", &L->seed, &L->have_seed) ||
+        !pdp__ckpt_meta_u64(&L->p, "model.step", &L->mstep, &L->have_step))
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"model.seed\" or \"model.step\" "
+                        "is not a count", L->fn, L->path);
+    return PDP_OK;
+}
+
+/* A full file or a shard file, as the call allows; a shard's range and run are the call's. */
+static pdp_status pdp__ckpt_load_kind(pdp__ckpt_loader *L)
+{
+    const char *fn = L->fn, *path = L->path, *run = L->run;
+    const char *format = pdp__st_meta(&L->p, "format"), *srun;
+    uint64_t slo = 0, shi = 0, scount = 0;
+    bool have[3];
+    L->shard = format && strcmp(format, "pdp-shard") == 0;
+    if (L->shard && !L->allow_shard)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard file (one rank's range of a ZeRO run), "
+                        "not a checkpoint of the whole model", fn, path);
+    if (run && !L->shard)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: not a shard file (\"format\" is \"%s\"), where "
+                        "the shard of run %s belongs", fn, path, format ? format : "absent", run);
+    if (!L->shard) return PDP_OK;
+    if (!pdp__ckpt_meta_u64(&L->p, "shard.lo", &slo, &have[0]) ||
+        !pdp__ckpt_meta_u64(&L->p, "shard.hi", &shi, &have[1]) ||
+        !pdp__ckpt_meta_u64(&L->p, "shard.count", &scount, &have[2]) || !have[0] || !have[1] ||
+        !have[2])
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"shard.lo\", \"shard.hi\" or "
+                        "\"shard.count\" is missing or not a count", fn, path);
+    if (slo != (uint64_t)L->lo || shi != (uint64_t)L->hi ||
+        scount != (uint64_t)L->m->param_count)
+        return pdp__err(PDP_ERR_SHAPE, "%s: %s: the file holds [%llu, %llu) of %llu parameters, "
+                        "this rank loads [%lld, %lld) of %lld", fn, path,
+                        (unsigned long long)slo, (unsigned long long)shi,
+                        (unsigned long long)scount, (long long)L->lo, (long long)L->hi,
+                        (long long)L->m->param_count);
+    srun = pdp__st_meta(&L->p, "shard.run");
+    if (run && (!srun || strcmp(srun, run) != 0))
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard of run %s, the set's is run %s (a "
+                        "file of another save)", fn, path, srun ? srun : "(none: no "
+                        "\"shard.run\")", run);
+    return PDP_OK;
+}
+
+/* A shard file's tensors ("params", "optim.<state>"): each present, F32 [count], read into
+   its part of the staging buffer and checked against its checksum. */
+static pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L)
+{
+    const char *fn = L->fn, *path = L->path;
+    char name[96], a[128];
+    pdp_status st;
+    int k;
+    for (k = L->with_params ? -1 : 0; k < L->nstate; k++) {
+        const pdp__st_entry *e;
+        if (k < 0) snprintf(name, sizeof name, "params");
+        else snprintf(name, sizeof name, "optim.%s", pdp__optim_state_name(L->o, k));
+        if (!(e = pdp__st_find(L->sorted, L->p.nentries, name)))
+            return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
+        if (strcmp(e->dtype, "F32") != 0 || e->ndim != 1 || e->shape[0] != L->count) {
+            pdp__shape_text(a, sizeof a, e->ndim, e->shape);
+            return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is %s %s, expected F32 [%lld]",
+                            fn, path, name, e->dtype, a, (long long)L->count);
+        }
+        if ((st = pdp__ckpt_read_tensor(L->f, fn, path, L->data_start, e, 0,
+                                        L->staging + (k + 1) * L->count, L->count,
+                                        L->check)) != PDP_OK)
+            return st;
+    }
+    return PDP_OK;
+}
+
+/* A full file's tensors (the model's names, "optim.<name>.<state>"): each present, F32, the
+   model's shape; the part inside [lo, hi) read into the staging buffer (the whole tensor
+   checked against its checksum). */
+static pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L)
+{
+    const char *fn = L->fn, *path = L->path;
+    char name[96], a[128], b[128];
+    pdp_status st;
+    int i, k, d;
+    for (k = L->with_params ? -1 : 0; k < L->nstate; k++) {
+        for (i = 0; i < L->m->nparams; i++) {
+            const pdp__param_entry *pe = &L->m->params[i];
+            const pdp__st_entry *e;
+            int64_t from = PDP__MAX(L->lo, pe->offset);
+            int64_t to = PDP__MIN(L->hi, pe->offset + pe->count);
+            bool same = true;
+            if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
+            else snprintf(name, sizeof name, "optim.%s.%s", pe->name,
+                          pdp__optim_state_name(L->o, k));
+            if (!(e = pdp__st_find(L->sorted, L->p.nentries, name)))
+                return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path,
+                                name);
+            if (strcmp(e->dtype, "F32") != 0)
+                return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" is %s, expected F32", fn,
+                                path, name, e->dtype);
+            same = e->ndim == pe->ndim;
+            for (d = 0; same && d < pe->ndim; d++) same = e->shape[d] == pe->shape[d];
+            if (!same) {
+                pdp__shape_text(a, sizeof a, e->ndim, e->shape);
+                pdp__shape_text(b, sizeof b, pe->ndim, pe->shape);
+                return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" has shape %s in the file, "
+                                "the model's is %s", fn, path, name, a, b);
+            }
+            if (from < to &&
+                (st = pdp__ckpt_read_tensor(L->f, fn, path, L->data_start, e, from - pe->offset,
+                                            L->staging + (k + 1) * L->count + (from - L->lo),
+                                            to - from, L->check)) != PDP_OK)
+                return st;
+        }
+    }
+    return PDP_OK;
+}
+
+/* Every expected tensor checked against the model and read (CRC-checked) into staging. */
+static pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L)
+{
+    int64_t floats = L->count * (1 + L->nstate);
+    L->staging = (float *)pdp__alloc((size_t)PDP__MAX(1, floats) * sizeof(float));
+    if (!L->staging)
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory to stage %lld floats", L->fn,
+                        L->path, (long long)floats);
+    return L->shard ? pdp__ckpt_load_shard_tensors(L) : pdp__ckpt_load_full_tensors(L);
+}
+
+/* No tensor in the file that the model (or the optimizer) does not have. */
+static pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L)
+{
+    int i;
+    for (i = 0; i < L->p.nentries; i++) {
+        const char *name = L->p.entries[i].name;
+        if (L->shard ? !pdp__ckpt_shard_expected(L->o, name)
+                     : !pdp__ckpt_expected(L->m, L->o, name))
+            return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", L->fn,
+                            L->path, name,
+                            strncmp(name, "optim.", 6) == 0 ? "optimizer's state" : "model");
+    }
+    return PDP_OK;
+}
+
+/* All checks passed: the staged parameters and state onto the model's device, the
+   model's seed and step, the optimizer's hyper-parameters and step count. */
+static pdp_status pdp__ckpt_load_commit(pdp__ckpt_loader *L)
+{
+    pdp_model *m = L->m;
+    pdp_optim *o = L->o;
+    int64_t count = L->count;
+    pdp_status st;
+    int k;
+    if (L->with_params && count &&
+        (st = pdp__dev_copy(m->device, L->params, pdp_cpu(), L->staging, (size_t)count * 4)) !=
+            PDP_OK)
+        return pdp__err_wrap(st, "%s: %s: copying the parameters to the device failed; they "
+                             "may be partly loaded", L->fn, L->path);
+    if (L->with_params && L->have_seed) m->seed = L->seed; /* the dropout stream, exact resume */
+    if (L->with_params && L->have_step) m->step = L->mstep;
+    if (!o) return PDP_OK;
+    for (k = 0; k < L->nstate; k++)
+        if (count && (st = pdp__dev_copy(m->device, o->state[k] + (L->lo - o->lo), pdp_cpu(),
+                                         L->staging + (k + 1) * count, (size_t)count * 4)) !=
+                         PDP_OK)
+            return pdp__err_wrap(st, "%s: %s: copying the optimizer state to the device "
+                                 "failed; the parameters are loaded, the state may be partly "
+                                 "loaded", L->fn, L->path);
+    o->desc = L->desc;
+    o->steps = L->steps;
+    return PDP_OK;
+}
+
+/* Closes the file and frees what the steps allocated (after a failure too). */
+static void pdp__ckpt_load_close(pdp__ckpt_loader *L)
+{
+    if (L->f) fclose(L->f);
+    pdp__st_parser_free(&L->p);
+    pdp__dealloc(L->header);
+    pdp__dealloc(L->sorted);
+    pdp__dealloc(L->staging);
+    pdp__dealloc(L->sums);
+}
+
 /* Loads the parameters [lo, hi) into params (when with_params) and o's state
    for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
    allow_shard, from a shard file of exactly [lo, hi); with run, only from a
@@ -844,221 +1112,29 @@ static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, 
                                  pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
                                  const char *run, const char *fn)
 {
-    pdp__st_parser p;
-    pdp__st_entry **sorted = NULL;
-    pdp__ckpt_sums *sums = NULL, *check = NULL;
-    unsigned char len8[8];
-    uint64_t hlen = 0, file_bytes, data_start;
-    float *staging = NULL;
-    char *header = NULL, name[96], a[128], b[128];
-    pdp_optim_desc desc;
-    int64_t steps = 0, count;
-    uint64_t seed = 0, mstep = 0;
-    bool have_seed = false, have_step = false, has_sums = false;
-    struct stat sb;
-    const char *format, *srun;
-    bool shard;
-    FILE *f;
-    int i, k, nstate;
-    pdp_status st = PDP_OK;
-
-    memset(&p, 0, sizeof p);
-    memset(&desc, 0, sizeof desc);
-    count = hi - lo;
-    nstate = o ? o->nstate : 0;
-    if (!(f = fopen(path, "rb")))
-        return pdp__err(PDP_ERR_IO, "%s: %s: %s", fn, path, strerror(errno));
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return pdp__err(PDP_ERR_IO, "%s: %s: not a regular file", fn, path);
-    }
-    file_bytes = (uint64_t)sb.st_size;
-    if (file_bytes < 8 || fread(len8, 1, 8, f) != 8) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: %llu bytes, shorter than the 8-byte header length",
-                      fn, path, (unsigned long long)file_bytes);
-        goto done;
-    }
-    for (k = 7; k >= 0; k--) hlen = (hlen << 8) | len8[k];
-    if (hlen < 2 || hlen > PDP__CKPT_MAX_HEADER || hlen > file_bytes - 8) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: header length %llu is impossible (file %llu bytes, "
-                      "limit %llu): not a safetensors file, or truncated", fn, path,
-                      (unsigned long long)hlen, (unsigned long long)file_bytes,
-                      (unsigned long long)PDP__CKPT_MAX_HEADER);
-        goto done;
-    }
-    data_start = 8 + hlen;
-    header = (char *)pdp__alloc((size_t)hlen);
-    if (!header) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory for the header", fn, path);
-        goto done;
-    }
-    if (fread(header, 1, (size_t)hlen, f) != (size_t)hlen) {
-        st = pdp__err(PDP_ERR_IO, "%s: %s: reading the header failed", fn, path);
-        goto done;
-    }
-    p.s = header;
-    p.n = (size_t)hlen;
-    p.file = path;
-    p.fn = fn;
-    if ((st = pdp__st_parse(&p)) != PDP_OK) goto done;
-    sorted = (pdp__st_entry **)pdp__alloc((size_t)PDP__MAX(1, p.nentries) * sizeof *sorted);
-    if (!sorted) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
-        goto done;
-    }
-    if ((st = pdp__st_validate(&p, file_bytes - data_start, sorted)) != PDP_OK) goto done;
-    if (!(sums = (pdp__ckpt_sums *)pdp__alloc(sizeof *sums))) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory", fn, path);
-        goto done;
-    }
-    pdp__crc32c_init(&sums->crc);
-    if ((st = pdp__ckpt_check_sums(&p, sorted, &sums->crc, &has_sums)) != PDP_OK) goto done;
-    check = has_sums ? sums : NULL;
-    if (o && (st = pdp__ckpt_read_optim(&p, o, &desc, &steps)) != PDP_OK) goto done;
-    if (!pdp__ckpt_meta_u64(&p, "model.seed", &seed, &have_seed) ||
-        !pdp__ckpt_meta_u64(&p, "model.step", &mstep, &have_step)) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"model.seed\" or \"model.step\" is "
-                      "not a count", fn, path);
-        goto done;
-    }
-    format = pdp__st_meta(&p, "format");
-    shard = format && strcmp(format, "pdp-shard") == 0;
-    if (shard && !allow_shard) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard file (one rank's range of a ZeRO run), "
-                      "not a checkpoint of the whole model", fn, path);
-        goto done;
-    }
-    if (run && !shard) {
-        st = pdp__err(PDP_ERR_FORMAT, "%s: %s: not a shard file (\"format\" is \"%s\"), where "
-                      "the shard of run %s belongs", fn, path, format ? format : "absent", run);
-        goto done;
-    }
-    if (shard) {
-        uint64_t slo = 0, shi = 0, scount = 0;
-        bool have[3];
-        if (!pdp__ckpt_meta_u64(&p, "shard.lo", &slo, &have[0]) ||
-            !pdp__ckpt_meta_u64(&p, "shard.hi", &shi, &have[1]) ||
-            !pdp__ckpt_meta_u64(&p, "shard.count", &scount, &have[2]) || !have[0] || !have[1] ||
-            !have[2]) {
-            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: __metadata__ \"shard.lo\", \"shard.hi\" or "
-                          "\"shard.count\" is missing or not a count", fn, path);
-            goto done;
-        }
-        if (slo != (uint64_t)lo || shi != (uint64_t)hi || scount != (uint64_t)m->param_count) {
-            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: the file holds [%llu, %llu) of %llu parameters, "
-                          "this rank loads [%lld, %lld) of %lld", fn, path,
-                          (unsigned long long)slo, (unsigned long long)shi,
-                          (unsigned long long)scount, (long long)lo, (long long)hi,
-                          (long long)m->param_count);
-            goto done;
-        }
-        srun = pdp__st_meta(&p, "shard.run");
-        if (run && (!srun || strcmp(srun, run) != 0)) {
-            st = pdp__err(PDP_ERR_FORMAT, "%s: %s: a shard of run %s, the set's is run %s (a "
-                          "file of another save)", fn, path, srun ? srun : "(none: no "
-                          "\"shard.run\")", run);
-            goto done;
-        }
-    }
-
-    /* every expected tensor: present, F32, same shape */
-    staging = (float *)pdp__alloc((size_t)PDP__MAX(1, count * (1 + nstate)) * sizeof(float));
-    if (!staging) {
-        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: %s: no memory to stage %lld floats", fn, path,
-                      (long long)(count * (1 + nstate)));
-        goto done;
-    }
-    for (k = with_params ? -1 : 0; shard && k < nstate; k++) {
-        const pdp__st_entry *e;
-        if (k < 0) snprintf(name, sizeof name, "params");
-        else snprintf(name, sizeof name, "optim.%s", pdp__optim_state_name(o, k));
-        if (!(e = pdp__st_find(sorted, p.nentries, name))) {
-            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
-            goto done;
-        }
-        if (strcmp(e->dtype, "F32") != 0 || e->ndim != 1 || e->shape[0] != count) {
-            pdp__shape_text(a, sizeof a, e->ndim, e->shape);
-            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is %s %s, expected F32 [%lld]", fn,
-                          path, name, e->dtype, a, (long long)count);
-            goto done;
-        }
-        if ((st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, 0, staging + (k + 1) * count,
-                                        count, check)) != PDP_OK)
-            goto done;
-    }
-    for (k = with_params ? -1 : 0; !shard && k < nstate; k++) {
-        for (i = 0; i < m->nparams; i++) {
-            const pdp__param_entry *pe = &m->params[i];
-            const pdp__st_entry *e;
-            int64_t from = PDP__MAX(lo, pe->offset), to = PDP__MIN(hi, pe->offset + pe->count);
-            bool same = true;
-            int d;
-            if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
-            else snprintf(name, sizeof name, "optim.%s.%s", pe->name, pdp__optim_state_name(o, k));
-            if (!(e = pdp__st_find(sorted, p.nentries, name))) {
-                st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path, name);
-                goto done;
-            }
-            if (strcmp(e->dtype, "F32") != 0) {
-                st = pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" is %s, expected F32", fn,
-                              path, name, e->dtype);
-                goto done;
-            }
-            same = e->ndim == pe->ndim;
-            for (d = 0; same && d < pe->ndim; d++) same = e->shape[d] == pe->shape[d];
-            if (!same) {
-                pdp__shape_text(a, sizeof a, e->ndim, e->shape);
-                pdp__shape_text(b, sizeof b, pe->ndim, pe->shape);
-                st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" has shape %s in the file, "
-                              "the model's is %s", fn, path, name, a, b);
-                goto done;
-            }
-            if (from < to &&
-                (st = pdp__ckpt_read_tensor(f, fn, path, data_start, e, from - pe->offset,
-                                            staging + (k + 1) * count + (from - lo), to - from,
-                                            check)) != PDP_OK)
-                goto done;
-        }
-    }
-    for (i = 0; i < p.nentries; i++)
-        if (shard ? !pdp__ckpt_shard_expected(o, p.entries[i].name)
-                  : !pdp__ckpt_expected(m, o, p.entries[i].name)) {
-            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", fn, path,
-                          p.entries[i].name,
-                          strncmp(p.entries[i].name, "optim.", 6) == 0 ? "optimizer's state"
-                                                                       : "model");
-            goto done;
-        }
-
-    /* all checks passed: apply */
-    if (with_params && count &&
-        (st = pdp__dev_copy(m->device, params, pdp_cpu(), staging, (size_t)count * 4)) != PDP_OK) {
-        st = pdp__err_wrap(st, "%s: %s: copying the parameters to the device failed; they "
-                           "may be partly loaded", fn, path);
-        goto done;
-    }
-    if (with_params && have_seed) m->seed = seed; /* the dropout stream, for an exact resume */
-    if (with_params && have_step) m->step = mstep;
-    if (o) {
-        for (k = 0; k < nstate; k++)
-            if (count && (st = pdp__dev_copy(m->device, o->state[k] + (lo - o->lo), pdp_cpu(),
-                                             staging + (k + 1) * count, (size_t)count * 4)) !=
-                             PDP_OK) {
-                st = pdp__err_wrap(st, "%s: %s: copying the optimizer state to the device "
-                                   "failed; the parameters are loaded, the state may be partly "
-                                   "loaded", fn, path);
-                goto done;
-            }
-        o->desc = desc;
-        o->steps = steps;
-    }
-done:
-    fclose(f);
-    pdp__st_parser_free(&p);
-    pdp__dealloc(header);
-    pdp__dealloc(sorted);
-    pdp__dealloc(staging);
-    pdp__dealloc(sums);
+    pdp__ckpt_loader L;
+    pdp_status st;
+    memset(&L, 0, sizeof L);
+    L.path = path;
+    L.fn = fn;
+    L.run = run;
+    L.m = m;
+    L.o = o;
+    L.params = params;
+    L.with_params = with_params;
+    L.allow_shard = allow_shard;
+    L.lo = lo;
+    L.hi = hi;
+    L.count = hi - lo;
+    L.nstate = o ? o->nstate : 0;
+    if ((st = pdp__ckpt_load_open(&L)) == PDP_OK &&    /* the header, parsed and validated */
+        (st = pdp__ckpt_load_sums(&L)) == PDP_OK &&    /* its checksums */
+        (st = pdp__ckpt_load_meta(&L)) == PDP_OK &&    /* the optimizer, seed and step */
+        (st = pdp__ckpt_load_kind(&L)) == PDP_OK &&    /* full or shard; the shard's range */
+        (st = pdp__ckpt_load_tensors(&L)) == PDP_OK && /* checked, read and CRC'd into staging */
+        (st = pdp__ckpt_load_extra(&L)) == PDP_OK)     /* nothing the model lacks */
+        st = pdp__ckpt_load_commit(&L);                /* into the model and the optimizer */
+    pdp__ckpt_load_close(&L);
     return st;
 }
 

@@ -23,9 +23,21 @@
    which every backend module defines, as a stub that fails with
    PDP_ERR_UNSUPPORTED naming the macro when the backend was not compiled in.
    DEFAULT and LOCAL fail with PDP_ERR_INVALID: thread-ranks have no
-   environment to read; they need pdp_local_group_create. A new backend is one
-   new module (its ops table, its creation, its pdp__comm_init_<backend>_env),
-   one pdp_backend value and one line in the switch below. */
+   environment to read; they need pdp_local_group_create. A new backend takes:
+     - one new module: its pdp__comm_ops table (internal.h states the contract),
+       its creation, and its pdp__comm_init_<backend>_env, a stub that fails with
+       PDP_ERR_UNSUPPORTED naming the macro when the backend is not compiled in;
+     - that module in amalgamate.py's IMPL list, before comm.c (after
+       comm_queue.c if it uses the queue), and its build macro in the manual's
+       BUILD and OPTIONS;
+     - the prototype of its pdp__comm_init_<backend>_env in internal.h, beside
+       the others;
+     - its pdp_backend value in comm.h (and there, what it bounds and where its
+       messages differ);
+     - its line in the switch below, and in pdp__comm_count_max when it takes
+       narrower counts than int64_t;
+     - the collective and point-to-point tests run on it (tests/test_comm.c and
+       tests/test_mpi.c drive the local and MPI backends). */
 
 #include "internal.h"
 
@@ -431,6 +443,20 @@ PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c)
     return c ? c->backend : PDP_BACKEND_DEFAULT;
 }
 PDP_API double pdp_comm_timeout(const pdp_comm *c) { return c ? c->timeout_s : 0.0; }
+
+/* Built from the head every backend fills (its defaults: pdp__comm_desc_timeout and
+   each backend's create); log is not kept by a communicator. */
+PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c)
+{
+    pdp_comm_desc d;
+    memset(&d, 0, sizeof d);
+    if (!c) return d;
+    d.backend = c->backend;
+    d.timeout_s = c->timeout_s;
+    d.device = c->device;
+    d.name = c->name;
+    return d;
+}
 
 PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out)
 {

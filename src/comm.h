@@ -1,5 +1,6 @@
 /* comm: communicators. One table of collectives (all-reduce, broadcast,
-   reduce-scatter, all-gather, barrier) behind every backend:
+   reduce-scatter, all-gather, barrier), point-to-point send/recv and split behind
+   every backend:
      local  N ranks as threads of one process, buffers in shared memory; each
             rank reduces one slice. No dependency; the default.
      mpi    CPU ranks in separate processes or machines (-DPDP_MPI), with a
@@ -16,11 +17,14 @@
    Collectives on one communicator complete in the order they were issued, and
    every rank must issue the same collectives in the same order (as in MPI and
    NCCL). A rank that does not arrive within timeout_s makes the others fail
-   with PDP_ERR_TIMEOUT naming the collective and the missing rank.
+   with PDP_ERR_TIMEOUT naming the collective; the local backend also names the
+   missing rank (it sees every rank's arrival), MPI and NCCL name the rank that
+   reports it (neither library says which peer is late).
    One module per backend in src/ (comm_local.c, comm_mpi.c, comm_nccl.c) fills
    one table of functions; comm.c holds this API and the dispatcher. A new
-   backend is one new file plus one line in the dispatcher (and its value in
-   pdp_backend). */
+   backend is one new file and a few lines elsewhere (its value in pdp_backend,
+   its line in the dispatcher, its place in amalgamate.py, its prototype in
+   internal.h): comm.c's opening comment has the whole list. */
 
 typedef struct pdp_comm pdp_comm;
 typedef struct pdp_work pdp_work;
@@ -117,6 +121,10 @@ PDP_API int pdp_comm_rank(const pdp_comm *c);
 PDP_API int pdp_comm_size(const pdp_comm *c);
 PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c);
 PDP_API double pdp_comm_timeout(const pdp_comm *c); /* seconds */
+/* The desc in use, defaults filled in (sokol's query-defaults): the backend that
+   runs it, timeout_s, device, and name (the communicator's own string, valid until it
+   is freed); log and log_user are not kept (NULL). A zero desc for NULL. */
+PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c);
 
 /* In place: buf <- op over ranks of buf. */
 PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op,

@@ -6,8 +6,9 @@
    PDP_ERR_UNSUPPORTED naming the macro, and pdp_cuda_device_count reports 0.
 
    Execution model. Each device has one compute stream and one cuBLAS handle,
-   created on first use and kept for the life of the process (like the intra-op
-   pool, the documented exception to "no globals"). Layer, loss and optimizer
+   created on first use and kept for the life of the process: process-wide state,
+   one of the exceptions to "no globals" that the manual lists (THREADS AND
+   DETERMINISM), with the intra-op pool and the trace sink. Layer, loss and optimizer
    calls on a CUDA model enqueue kernels on that stream and return; anything
    that hands a value to the host (a download, a loss) waits for it. Give each
    model its own host thread; several threads may share a device (see below).
@@ -91,7 +92,8 @@ typedef enum pdp_cudak_act {
     PDP_CUDAK_RELU = 0,
     PDP_CUDAK_GELU = 1,
     PDP_CUDAK_TANH = 2,
-    PDP_CUDAK_SIGMOID = 3
+    PDP_CUDAK_SIGMOID = 3,
+    PDP_CUDAK_SILU = 4
 } pdp_cudak_act;
 
 typedef enum pdp_cudak_coll {

@@ -397,6 +397,8 @@ struct pdp_batcher {
     uint64_t epoch;
     float *x;              /* [batch_size, features] */
     int32_t *labels;       /* [batch_size] */
+    pdp_tensor *xdev;      /* [batch_size, sample shape] on desc.device; NULL on the CPU */
+    pdp_status st;         /* the last pdp_batcher_next's failure, else PDP_OK */
 };
 
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
@@ -435,6 +437,17 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
         pdp_batcher_free(b);
         return st;
     }
+    if (d.device.kind != PDP_DEVICE_CPU) {
+        int64_t shape[4];
+        pdp_status st;
+        shape[0] = d.batch_size;
+        memcpy(shape + 1, ds->shape, 3 * sizeof *shape);
+        if ((st = pdp_tensor_create(&b->xdev, d.device, ds->ndim + 1, shape)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: the batch buffer on desc.device", fn);
+            pdp_batcher_free(b);
+            return st;
+        }
+    }
     for (i = 0; i < b->len; i++) b->base[i] = d.indices ? d.indices[i] : i;
     d.indices = b->base;
     d.num_indices = b->len;
@@ -444,6 +457,14 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     return PDP_OK;
 }
 
+PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b)
+{
+    pdp_batcher_desc d;
+    if (b) return b->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
 PDP_API void pdp_batcher_free(pdp_batcher *b)
 {
     if (!b) return;
@@ -451,6 +472,7 @@ PDP_API void pdp_batcher_free(pdp_batcher *b)
     pdp__dealloc(b->order);
     pdp__dealloc(b->x);
     pdp__dealloc(b->labels);
+    pdp_tensor_free(b->xdev);
     pdp__dealloc(b);
 }
 
@@ -460,6 +482,7 @@ PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
     if (!b) return;
     b->epoch = epoch;
     b->next = 0;
+    b->st = PDP_OK;
     if (!b->desc.shuffle) {
         memcpy(b->order, b->base, (size_t)b->len * sizeof(int64_t));
         return;
@@ -473,7 +496,8 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
     int64_t k, i;
     if (n) *n = 0;
     if (!b || !x) {
-        pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        pdp_status st = pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        if (b) b->st = st;
         return false;
     }
     k = PDP__MIN(b->desc.batch_size, b->len - b->next);
@@ -486,9 +510,24 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
     }
     b->next += k;
     pdp__dataset_wrap(b->ds, b->x, k, x);
+    if (b->xdev) { /* the host batch, copied to the device buffer's first k rows */
+        pdp_tensor host = *x;
+        pdp_status st = pdp_tensor_rows_view(b->xdev, 0, k, x);
+        if (st == PDP_OK) st = pdp_tensor_copy(x, &host);
+        if (st != PDP_OK) {
+            b->st = pdp__err_wrap(st, "pdp_batcher_next: copying a batch of %lld to the device",
+                                  (long long)k);
+            return false;
+        }
+    }
     if (labels) *labels = b->labels;
     if (n) *n = k;
     return true;
+}
+
+PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b)
+{
+    return b ? b->st : PDP_ERR_INVALID;
 }
 
 PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b)

@@ -85,17 +85,29 @@ typedef struct pdp_batcher_desc {
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
                                as a padded DistributedSampler's do); NULL = all, in order */
     int64_t num_indices;    /* length of indices */
+    pdp_device device;      /* where the batches are handed out: default the CPU; a CUDA
+                               device (the model's) gets each batch copied into a buffer
+                               there, allocated at create (the labels stay on the host) */
 } pdp_batcher_desc;
 
 /* A batcher over ds (which must outlive it), positioned at the start of epoch 0. */
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
                                       const pdp_batcher_desc *desc);
 PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
+/* The desc in use, defaults filled in (sokol's query-defaults); indices points at the
+   batcher's own copy of the index list (0..count-1 when none was given), num_indices
+   its length; valid until pdp_batcher_free. A zero desc for NULL. */
+PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b);
 /* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
    batcher's buffer and *labels points at its n labels, both valid until the next
    call. Returns false, with *n = 0, when the epoch is over; call
-   pdp_batcher_reset to start the next one. Allocates nothing. */
+   pdp_batcher_reset to start the next one. Allocates nothing. On desc.device *x views
+   the device buffer; a failed copy there also returns false, and pdp_batcher_status then
+   says why. */
 PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n);
+/* PDP_OK, or the failure of the last pdp_batcher_next (a device copy; a NULL argument),
+   with its message in pdp_last_error(); reset by pdp_batcher_reset. */
+PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b);
 /* Starts epoch `epoch` from its first batch (its order is recomputed from the
    seed and the epoch number alone, so any epoch can be replayed). */
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);

@@ -88,19 +88,37 @@ PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void)
 
 /* ---- ddp: construction ---- */
 
+/* The one place pdp_ddp_desc's zeros become defaults (sokol's _def; pdp_ddp_get_desc
+   returns its result); in may be NULL. The bucket sizes are checked by the rule DDP
+   and ZeRO share (pdp__bucket_opts_check, reducer.c), whose message starts with fn. */
+static pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp_desc *in,
+                                         pdp_ddp_desc *out, const char *fn)
+{
+    pdp_ddp_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if ((st = pdp__bucket_opts_check(m, d.bucket_cap_mb, d.first_bucket_mb, NULL, NULL, fn)) !=
+        PDP_OK)
+        return st;
+    d.bucket_cap_mb = PDP__DEF(d.bucket_cap_mb, 25.0);
+    d.first_bucket_mb = PDP__DEF(d.first_bucket_mb, PDP__MIN(1.0, d.bucket_cap_mb));
+    *out = d;
+    return PDP_OK;
+}
+
 PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
                                   const pdp_ddp_desc *desc)
 {
     static const char *fn = "pdp_ddp_create";
     pdp__reducer_desc rd;
+    pdp_ddp_desc dd;
     pdp_ddp *d;
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
     if (!m || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "comm" : "model");
-    if (desc && (st = pdp__bucket_opts_check(m, desc->bucket_cap_mb, desc->first_bucket_mb,
-                                             NULL, NULL, fn)) != PDP_OK)
-        return st;
+    if ((st = pdp__ddp_desc_defaults(m, desc, &dd, fn)) != PDP_OK) return st;
     if ((st = pdp__model_wrap(m, PDP__WRAP_DDP, 0, fn)) != PDP_OK) return st;
     d = (pdp_ddp *)pdp__calloc(sizeof *d);
     if (!d) {
@@ -108,10 +126,7 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     }
     d->held = m;
-    if (desc) d->desc = *desc;
-    d->desc.bucket_cap_mb = PDP__DEF(d->desc.bucket_cap_mb, 25.0);
-    d->desc.first_bucket_mb = PDP__DEF(d->desc.first_bucket_mb,
-                                       PDP__MIN(1.0, d->desc.bucket_cap_mb));
+    d->desc = dd;
     memset(&rd, 0, sizeof rd);
     rd.cap_bytes = d->desc.bucket_cap_mb * 1048576.0;
     rd.first_bytes = d->desc.first_bucket_mb * 1048576.0;
@@ -128,6 +143,14 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
     d->r.stats.grad_bytes = m->param_count * (int64_t)sizeof(float);
     *out = d;
     return PDP_OK;
+}
+
+PDP_API pdp_ddp_desc pdp_ddp_get_desc(const pdp_ddp *d)
+{
+    pdp_ddp_desc z;
+    if (d) return d->desc;
+    memset(&z, 0, sizeof z);
+    return z;
 }
 
 PDP_API void pdp_ddp_free(pdp_ddp *d)

@@ -108,6 +108,9 @@ PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c,
                                   const pdp_ddp_desc *desc);
 /* Waits for buckets still in flight, removes the hook. NULL is fine. */
 PDP_API void pdp_ddp_free(pdp_ddp *ddp);
+/* The desc in use, defaults filled in (sokol's query-defaults): bucket_cap_mb and
+   first_bucket_mb in MiB. A zero desc for NULL. */
+PDP_API pdp_ddp_desc pdp_ddp_get_desc(const pdp_ddp *ddp);
 
 /* Forward, softmax cross-entropy (mean over this rank's batch: *loss) and backward on
    this rank's shard (under PDP_BATCH_MEAN_GLOBAL its gradient weighted by N n_r / T,

@@ -13,15 +13,12 @@
    Threads. One worker per replica ("one host thread per device"): workers
    1..N-1 are persistent threads created by pdp_dp_create and reused by every
    step; worker 0, which runs the master's replica and the first slice of the
-   reduce, is the calling thread itself. A job is handed off under one mutex: the
-   caller writes the job, bumps `generation` and broadcasts `wake`, runs worker
-   0's part, then waits for `pending` to reach zero; each worker runs its part
-   and decrements `pending`, the last one signals `done`. Both sides spin a
-   while before they sleep (pdp__spin_while, as the intra-op pool does):
-   generation, pending and stop are only written with atomic stores under the
-   lock and read outside it only while spinning; shards and results are written
-   before the handoff under the lock, so every other read is ordered by the mutex
-   (TSan clean). Each worker sets its own intra-op thread count
+   reduce, is the calling thread itself. The workers are a pdp__team (threads.c),
+   the hand-off the intra-op pool uses too: pdp__dp_run_job publishes the job as
+   a new generation, runs worker 0's part, and returns when every worker has run
+   its part; both sides spin a while before they sleep. Shards are written
+   before the hand-off and results read after it, so the team's mutex orders
+   every read (TSan clean). Each worker sets its own intra-op thread count
    (threads_per_worker, default 1), since that setting is per thread; the caller
    switches to it for its part and back.
 
@@ -87,9 +84,6 @@ typedef enum pdp__dp_job {
 typedef struct pdp__dp_worker {
     pdp_dp *dp;
     int index;
-    pthread_t tid;
-    bool started;
-    unsigned long seen;  /* the last generation this worker ran (0 before the first job) */
     pdp_device device;
     pdp_model *replica;  /* index 0: the master itself */
     /* written by scatter (caller), read by the worker */
@@ -110,6 +104,8 @@ typedef struct pdp__dp_worker {
 
 struct pdp_dp {
     pdp_model *master;
+    pdp_dp_desc desc;    /* defaults filled (pdp__dp_desc_defaults); devices: a copy */
+    pdp_device *devices; /* [n] the desc's devices, NULL when it gave none */
     int n;
     int threads_per_worker;
     bool copy_params;
@@ -119,14 +115,8 @@ struct pdp_dp {
                             in flight to the reduce (CUDA, replicas on other devices) */
     int64_t classes;
     pdp__dp_worker *workers;
-    /* the handoff; the fields below up to `stop` are guarded by lock */
-    pthread_mutex_t lock;
-    pthread_cond_t wake, done;
-    bool sync_ok;
-    unsigned long generation; /* generation, pending and stop: atomic stores only */
-    pdp__dp_job job;
-    int pending;
-    int stop;
+    pdp__team team;      /* members 1..n-1 are workers 1..n-1 (threads.c) */
+    pdp__dp_job job;     /* the job pdp__dp_run_job hands to the team */
     /* this step, set by the caller before the handoff */
     int64_t batch;
     int active;          /* replicas with at least one sample */
@@ -272,69 +262,25 @@ static void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
     }
 }
 
-/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
-   caller for its workers. */
-static bool pdp__dp_no_new_job(const void *worker)
+/* The team's job: worker i's part, with the workers' intra-op thread count (the
+   caller switches to it for its part and back; a worker thread keeps it). */
+static void pdp__dp_team_job(void *arg, int i, int n)
 {
-    const pdp__dp_worker *w = (const pdp__dp_worker *)worker;
-    return PDP__LOAD_ACQ(&w->dp->generation) == w->seen && !PDP__LOAD_ACQ(&w->dp->stop);
-}
-
-static bool pdp__dp_jobs_pending(const void *dp)
-{
-    return PDP__LOAD_ACQ(&((const pdp_dp *)dp)->pending) > 0;
-}
-
-/* Workers 1..n-1: wait for a generation, run their part, report; between jobs they
-   spin a while (pdp__spin_while) before they sleep on wake. */
-static void *pdp__dp_worker_main(void *arg)
-{
-    pdp__dp_worker *w = (pdp__dp_worker *)arg;
-    pdp_dp *dp = w->dp;
+    pdp_dp *dp = (pdp_dp *)arg;
+    int threads = pdp_get_num_threads();
+    (void)n;
     pdp_set_num_threads(dp->threads_per_worker);
-    pthread_mutex_lock(&dp->lock);
-    for (;;) {
-        pdp__dp_job job;
-        if (dp->generation == w->seen && !dp->stop) { /* spin a while, then sleep */
-            pthread_mutex_unlock(&dp->lock);
-            pdp__spin_while(pdp__dp_no_new_job, w);
-            pthread_mutex_lock(&dp->lock);
-        }
-        while (dp->generation == w->seen && !dp->stop) pthread_cond_wait(&dp->wake, &dp->lock);
-        if (dp->stop) break;
-        w->seen = dp->generation;
-        job = dp->job;
-        pthread_mutex_unlock(&dp->lock);
-        pdp__dp_do_job(w, job);
-        pthread_mutex_lock(&dp->lock);
-        PDP__STORE_REL(&dp->pending, dp->pending - 1);
-        if (dp->pending == 0) pthread_cond_signal(&dp->done);
-    }
-    pthread_mutex_unlock(&dp->lock);
-    return NULL;
+    pdp__dp_do_job(&dp->workers[i], dp->job);
+    if (i == 0) pdp_set_num_threads(threads);
 }
 
-/* Runs one job: hands it to workers 1..n-1, runs worker 0's part on the calling
-   thread (with the workers' intra-op thread count), and waits until all are done. */
+/* Runs one job: hands it to workers 1..n-1 (the team), runs worker 0's part on the
+   calling thread, and waits until all are done. */
 static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 {
-    int caller_threads = pdp_get_num_threads();
     double c0 = pdp__dp_thread_cpu();
-    pthread_mutex_lock(&dp->lock);
     dp->job = job;
-    PDP__STORE_REL(&dp->pending, dp->n - 1);
-    PDP__STORE_REL(&dp->generation, dp->generation + 1);
-    pthread_cond_broadcast(&dp->wake);
-    pthread_mutex_unlock(&dp->lock);
-
-    pdp_set_num_threads(dp->threads_per_worker);
-    pdp__dp_do_job(&dp->workers[0], job);
-    pdp_set_num_threads(caller_threads);
-
-    pdp__spin_while(pdp__dp_jobs_pending, dp);
-    pthread_mutex_lock(&dp->lock);
-    while (dp->pending > 0) pthread_cond_wait(&dp->done, &dp->lock);
-    pthread_mutex_unlock(&dp->lock);
+    pdp__team_run(&dp->team, dp->n, pdp__dp_team_job, dp);
     dp->jobs_cpu += pdp__dp_thread_cpu() - c0;
 }
 
@@ -343,14 +289,7 @@ static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 static void pdp__dp_destroy(pdp_dp *dp)
 {
     int i;
-    if (dp->sync_ok) {
-        pthread_mutex_lock(&dp->lock);
-        PDP__STORE_REL(&dp->stop, 1);
-        pthread_cond_broadcast(&dp->wake);
-        pthread_mutex_unlock(&dp->lock);
-    }
-    for (i = 0; i < dp->n; i++)
-        if (dp->workers && dp->workers[i].started) pthread_join(dp->workers[i].tid, NULL);
+    pdp__team_free(&dp->team); /* stops and joins every worker thread */
     for (i = 0; dp->workers && i < dp->n; i++) {
         pdp__dp_worker *w = &dp->workers[i];
         if (i > 0) pdp_model_free(w->replica);
@@ -362,18 +301,41 @@ static void pdp__dp_destroy(pdp_dp *dp)
         pdp__dev_free(dp->master->device, dp->stage);
         pdp__model_unwrap(dp->master); /* the caller's again: layers may be added */
     }
-    if (dp->sync_ok) {
-        pthread_cond_destroy(&dp->done);
-        pthread_cond_destroy(&dp->wake);
-        pthread_mutex_destroy(&dp->lock);
-    }
     pdp__dealloc(dp->workers);
+    pdp__dealloc(dp->devices);
     pdp__dealloc(dp);
 }
 
 static bool pdp__same_device(pdp_device a, pdp_device b)
 {
     return a.kind == b.kind && a.ordinal == b.ordinal;
+}
+
+/* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
+   returns its result) and its numbers are checked; in may be NULL. The devices are
+   checked against the master by pdp_dp_create. */
+static pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc *out)
+{
+    pdp_dp_desc d;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if (d.num_workers < 0 || d.num_workers > PDP_DP_MAX_WORKERS)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)",
+                        d.num_workers, PDP_DP_MAX_WORKERS);
+    if (d.num_workers == 0 && d.devices)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
+    if (d.num_workers == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        d.num_workers = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
+    }
+    if (d.threads_per_worker < 0)
+        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
+                        d.threads_per_worker);
+    d.threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    *out = d;
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc)
@@ -385,8 +347,6 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: out is NULL");
     *out = NULL;
     if (!master) return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: master model is NULL");
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
     if (master->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_dp_create: the model has no layers");
     if (master->tp.nlayers)
@@ -400,21 +360,8 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
                         master->nlayers - 1,
                         pdp__layer_kind_name(master->layers[master->nlayers - 1].kind),
                         master->layers[master->nlayers - 1].out_ndim);
+    if ((st = pdp__dp_desc_defaults(desc, &d)) != PDP_OK) return st;
     n = d.num_workers;
-    if (n < 0 || n > PDP_DP_MAX_WORKERS)
-        return pdp__err(PDP_ERR_INVALID,
-                        "pdp_dp_create: num_workers %d (use 0 for one per core, or 1..%d)", n,
-                        PDP_DP_MAX_WORKERS);
-    if (n == 0 && d.devices)
-        return pdp__err(PDP_ERR_INVALID,
-                        "pdp_dp_create: num_workers 0 with a devices list (give its length)");
-    if (n == 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? (int)PDP__MIN(cores, (long)PDP_DP_MAX_WORKERS) : 1;
-    }
-    if (d.threads_per_worker < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_dp_create: threads_per_worker %d is negative",
-                        d.threads_per_worker);
     for (i = 0; i < n; i++) {
         pdp_device dev = d.devices ? d.devices[i] : pdp_cpu();
         if (i == 0 && !pdp__same_device(dev, master->device))
@@ -445,27 +392,26 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     }
     dp->master = master;
     dp->n = n;
-    dp->threads_per_worker = PDP__DEF(d.threads_per_worker, 1);
+    dp->threads_per_worker = d.threads_per_worker;
     dp->cuda = master->device.kind == PDP_DEVICE_CUDA;
     dp->copy_params = d.copy_params || dp->cuda; /* a GPU reads only its own memory */
     dp->reduce_on_master = d.reduce_on_master;
     dp->classes = master->layers[master->nlayers - 1].out_count;
     dp->workers = (pdp__dp_worker *)pdp__calloc((size_t)n * sizeof *dp->workers);
-    if (!dp->workers) {
+    if (d.devices) { /* kept for pdp_dp_get_desc: the caller's array may not outlive dp */
+        dp->devices = (pdp_device *)pdp__alloc((size_t)n * sizeof *dp->devices);
+        if (dp->devices) memcpy(dp->devices, d.devices, (size_t)n * sizeof *dp->devices);
+    }
+    dp->desc = d;
+    dp->desc.devices = dp->devices;
+    if (!dp->workers || (d.devices && !dp->devices)) {
         pdp__dp_destroy(dp);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: no memory for %d workers", n);
     }
-    if (pthread_mutex_init(&dp->lock, NULL) != 0) goto sync_fail;
-    if (pthread_cond_init(&dp->wake, NULL) != 0) {
-        pthread_mutex_destroy(&dp->lock);
-        goto sync_fail;
+    if (pdp__team_init(&dp->team) != 0) {
+        pdp__dp_destroy(dp);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: cannot create a mutex or condition");
     }
-    if (pthread_cond_init(&dp->done, NULL) != 0) {
-        pthread_cond_destroy(&dp->wake);
-        pthread_mutex_destroy(&dp->lock);
-        goto sync_fail;
-    }
-    dp->sync_ok = true;
 
     /* replicas: 0 is the master; the others are clones on their devices */
     for (i = 0; i < n; i++) {
@@ -491,24 +437,20 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
             return pdp__err_wrap(st, "pdp_dp_create: the reduce's staging block");
         }
     }
-    for (i = 1; i < n; i++) { /* worker 0 is the calling thread */
-        pdp__dp_worker *w = &dp->workers[i];
-        int rc = pthread_create(&w->tid, NULL, pdp__dp_worker_main, w);
+    { /* worker 0 is the calling thread */
+        int rc = pdp__team_grow(&dp->team, n - 1);
         if (rc != 0) {
+            int made = dp->team.nworkers + 1;
             pdp__dp_destroy(dp);
             return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: worker %d: pthread_create: %s",
-                            i, strerror(rc));
+                            made, strerror(rc));
         }
-        w->started = true;
     }
     dp->stats.num_workers = n;
     dp->stats.params_shared = !dp->copy_params;
     pdp__dp_memory(dp);
     *out = dp;
     return PDP_OK;
-sync_fail:
-    pdp__dp_destroy(dp);
-    return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_dp_create: cannot create a mutex or condition");
 }
 
 PDP_API void pdp_dp_free(pdp_dp *dp)
@@ -517,6 +459,14 @@ PDP_API void pdp_dp_free(pdp_dp *dp)
 }
 
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp) { return dp ? dp->n : 0; }
+
+PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp)
+{
+    pdp_dp_desc d;
+    if (dp) return dp->desc;
+    memset(&d, 0, sizeof d);
+    return d;
+}
 
 PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp)
 {

@@ -1,7 +1,7 @@
 /* dp: DataParallel, torch.nn.DataParallel in one process: one host thread per
    device, parameter-server style.
 
-   Every step runs six stages on the master (the model you wrap, device 0):
+   Every step runs six stages around the master (the model you wrap, device 0):
      replicate      master parameters -> each replica
      scatter        the batch split along dimension 0 -> one shard per replica
      parallel apply forward, loss and backward on every replica at once
@@ -59,6 +59,10 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
 /* Stops and joins the workers, frees the replicas (never the master). NULL is fine. */
 PDP_API void pdp_dp_free(pdp_dp *dp);
 PDP_API int pdp_dp_num_workers(const pdp_dp *dp);
+/* The desc in use, defaults filled in (sokol's query-defaults): num_workers resolved,
+   threads_per_worker >= 1; devices is dp's own copy (NULL when none was given), valid
+   until pdp_dp_free. A zero desc for NULL. */
+PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp);
 
 /* One training step for classification on the global batch x [B, ...] with B
    labels in host memory (x on the master's device, or on the host for a GPU

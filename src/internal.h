@@ -1,8 +1,13 @@
-/* internal: private helpers shared by every implementation module.
+/* internal: what the implementation modules share and the API does not show.
 
    System includes, the allocation and assert overrides, the error helper
    pdp__err() that formats the thread-local message and returns the status, the
-   aligned allocator, timers and small utilities. Nothing here is public. */
+   aligned allocator, timers and small utilities; then, in sections, the private
+   structs and prototypes that cross modules: devices, the model and its layer
+   kinds (with the executor seam), tensor parallelism's state, losses, CUDA
+   dispatch, gradient norms, optimizer internals, checkpoint ranges, the
+   communicator contract every backend fills, and the trace sink. Nothing here is
+   public. */
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -143,6 +148,50 @@ static double pdp__now(void);
    through PDP__LOAD_ACQ (threads.c). */
 static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
 
+/* A worker team (threads.c): the one hand-off behind the intra-op pool and
+   DataParallel's workers. Members 1..nworkers are persistent threads (created by
+   pdp__team_grow, joined by pdp__team_free); member 0 is whoever calls
+   pdp__team_run, which publishes fn/arg/n as a new generation, runs index 0 itself,
+   then every index no member exists for, and returns when members 1..n-1 are done.
+   Member i runs index i; a member with i >= n sits the job out. Both sides spin
+   (pdp__spin_while) before they sleep. generation, pending and stop are written
+   only with PDP__STORE_REL under lock (the spinners read them outside it); every
+   other field is read and written under lock, so what the caller wrote before
+   pdp__team_run is visible to the members, and what a member wrote in its index is
+   visible to the caller after it (TSan clean). One caller at a time per team: the
+   pool serialises callers with its busy mutex, a pdp_dp has one owner. */
+#define PDP__TEAM_MAX 256 /* members, the caller included */
+typedef struct pdp__team pdp__team;
+typedef struct pdp__team_member {
+    pdp__team *team;
+    int index;               /* the index this thread runs: 1..PDP__TEAM_MAX-1 */
+    unsigned long start_gen; /* the generation when the thread was made */
+} pdp__team_member;
+struct pdp__team {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
+    bool ok;                   /* lock, wake and done are initialised */
+    int nworkers;              /* threads started: members 1..nworkers */
+    unsigned long generation;  /* bumped once per job; atomic stores only */
+    int pending;               /* members still running the job; atomic stores only */
+    int stop;                  /* atomic stores only */
+    void (*fn)(void *arg, int i, int n); /* the current job */
+    void *arg;
+    int n;
+    pthread_t tid[PDP__TEAM_MAX - 1];
+    pdp__team_member member[PDP__TEAM_MAX - 1];
+};
+/* Initialises a zeroed team with no threads; 0, or pthread's error code. */
+static int pdp__team_init(pdp__team *t);
+/* Starts threads until the team has `workers` (at most PDP__TEAM_MAX - 1); no job may
+   be running. 0, or the first pthread_create error (the threads made so far stay). */
+static int pdp__team_grow(pdp__team *t, int workers);
+/* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
+static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+/* Stops and joins every thread and releases the team (a zeroed team is fine); the
+   team may be initialised again. */
+static void pdp__team_free(pdp__team *t);
+
 /* The intra-op setting of the calling thread (see pdp_set_num_threads). */
 static int pdp__threads_for_caller(void);
 /* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
@@ -190,6 +239,7 @@ typedef enum pdp__layer_kind {
     PDP__COLUMN_PARALLEL_LINEAR,
     PDP__ROW_PARALLEL_LINEAR,
     PDP__TP_REDUCE,
+    PDP__SILU,                   /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -240,8 +290,6 @@ typedef struct pdp__layer_io {
     uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
     uint64_t step;
     int64_t sample_base;
-    pdp_status *status;  /* PDP__LAYER_COLLECTIVE kinds: where their failure goes (the table's
-                            dispatch points it at its own variable) */
 } pdp__layer_io;
 
 /* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
@@ -250,32 +298,47 @@ typedef struct pdp__param_shapes {
     int64_t wshape[4], bshape[4];
 } pdp__param_shapes;
 
-/* Flags of a layer kind (model.c plans with them). */
+/* Flags of a layer kind: every decision outside a kind's own code that depends on
+   what a kind is (model.c's views and fusions, tp.c's TP block, state_dict numbering)
+   reads these, never the kind's value. */
 #define PDP__LAYER_VIEW 1u       /* output = input seen again (Flatten): model.c aliases it
                                     and never calls forward or backward */
 #define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
                                     io->fused_relu (model.c then makes the ReLU a view) */
 #define PDP__LAYER_COLLECTIVE 4u /* runs a collective (TP's f and g): its CPU entries run on
                                     every device (the communicator moves the device's
-                                    buffers) and report a failure through io->status */
+                                    buffers) */
 #define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
                                     functions in Megatron-LM): the layers after it are named
                                     as if it were absent ("0.weight", "2.weight", ...) */
 #define PDP__LAYER_FUSES_POOL 16u /* with its fused ReLU, applies a following 2x2 stride-2
-                                     MaxPool2d itself (io->pool_y; model.c skips it) */
+                                     max pool (PDP__LAYER_FUSABLE_POOL) itself (io->pool_y;
+                                     model.c skips it) */
+#define PDP__LAYER_ELEMENTWISE 32u /* each output element is a fixed function of its input
+                                      element alone (no parameters, position or random
+                                      draw): it may sit on a TP shard, between a
+                                      ColumnParallelLinear and a RowParallelLinear (tp.c) */
+#define PDP__LAYER_FUSABLE_RELU 64u /* the ReLU a PDP__LAYER_FUSES_RELU kind applies when it
+                                       follows it (model.c: pdp__model_relu_fused) */
+#define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
+                                        PDP__LAYER_FUSES_POOL kind applies after its fused
+                                        ReLU when it is 2x2 stride 2 over an even H and W */
 
 /* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
    setup fills out_*, saved_per_sample, work_per_sample and *ps from the
    configuration and in_* (in: the input shape as text, for messages); init
    (NULL: no parameters) fills host memory w, b from r; forward and backward run on
-   the CPU; the CUDA entries (NULL: none) return pdp_cuda.cu's status; cuda_work
-   (NULL: none) is the workspace floats per sample pdp_cuda.cu's kernels need. */
+   the CPU and return PDP_OK, or a status whose message (pdp__err) says what is wrong
+   with the input without naming the layer (model.c prefixes "pdp_model_forward:
+   layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
+   entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
+   workspace floats per sample pdp_cuda.cu's kernels need. */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
     void (*init)(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-    void (*forward)(const pdp__layer *l, const pdp__layer_io *io);
-    void (*backward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*forward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*backward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_forward)(const pdp__layer *l, const pdp__layer_io *io);
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
@@ -291,6 +354,7 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
 static const char *pdp__layer_kind_name(pdp__layer_kind k);
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 
 typedef struct pdp__param_entry {
@@ -330,17 +394,17 @@ static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
 static bool pdp__tp_is_split(const pdp_model *m, int p);
 
 static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
-static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
 #ifdef PDP_CUDA
 static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -582,6 +646,15 @@ static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float
                                            pdp_optim *o, int64_t lo, int64_t hi, const char *run,
                                            const char *fn);
 
+/* ---- ZeRO internals (zero.c, for zero_ckpt.c) ----
+   zero_ckpt.c comes after zero.c and reads struct pdp_zero and its units directly;
+   these are the two functions of zero.c it calls. fn names the public caller. */
+/* Stage 3: every gather slot free (FSDP's reshard), after the all-gathers in flight. */
+static pdp_status pdp__zero_release_params(pdp_zero *z);
+/* Stages 1-2: every rank's slices of the full block into dst (the model's param_count
+   floats, on its device), unit by unit; collective. */
+static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn);
+
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----
    Each backend fills one table; the public pdp_comm_* functions (comm.c) validate
@@ -683,8 +756,8 @@ static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *d
 
 /* ---- trace (trace.c) ----
    Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
-   One process-wide, mutex-guarded sink (the documented exception to "no
-   globals"), reference counted by open/close; PDP_TRACE is read by each open
+   One process-wide, mutex-guarded sink (one of the exceptions to "no globals"
+   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is read by each open
    while no trace file is open. process_rank >= 0 (this process is one rank of several) writes
    path with ".rank<r>" inserted before the extension. Events take pdp__now()
    seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string

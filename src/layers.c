@@ -8,7 +8,8 @@
    - Conv2d and MaxPool2d: in layers_conv.c.
    - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
      rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
-   - GELU is the tanh form; the element formulas live in math.h (shared with CUDA).
+   - GELU is the tanh form; SiLU is x sigmoid(x); the element formulas live in math.h
+     (shared with CUDA).
    - Dropout: the mask is a pure function of (seed, layer, step, global sample
      index, element) (math.h), so a batch split across DP replicas, each with its
      sample_base, draws exactly the masks one device draws. Training: keep with
@@ -19,7 +20,9 @@
      right after a Conv2d on the CPU (layers_conv.c).
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
-   sized by work_per_sample); backward accumulates into dw and db (+=) and writes
+   sized by work_per_sample) and return a status: PDP_OK, or an error whose message
+   says what is wrong with the input (model.c names the layer: "pdp_model_forward:
+   layer 3 (Linear): ..."); backward accumulates into dw and db (+=) and writes
    dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
    in a fixed order that does not depend on the thread count, so results are
    bit-reproducible. A setup starts from the output shape = the input shape and no
@@ -171,7 +174,7 @@ static void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
     pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
 }
 
-static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     float beta = 0.0f;
@@ -181,9 +184,10 @@ static void pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
+    return PDP_OK;
 }
 
-static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     /* dW += dY^T X */
@@ -199,6 +203,7 @@ static void pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
     if (io->dx) /* dX = dY W */
         (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy,
                                                 out, io->w, in, 0.0f, io->dx, in);
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -259,8 +264,8 @@ static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
     pdp__parallel_for(parts, pdp__elem_part, &job);
 }
 
-/* ReLU, GELU, Tanh, Sigmoid: elements [lo, hi) of forward (y from x) and of
-   backward (dx from dy and y, or x for GELU). */
+/* ReLU, GELU, Tanh, Sigmoid, SiLU: elements [lo, hi) of forward (y from x) and of
+   backward (dx from dy and y, or x for GELU and SiLU). */
 static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                     int64_t hi)
 {
@@ -341,48 +346,88 @@ static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
 
-static void pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
+static void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                    int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo;
+    float *PDP__RESTRICT y = io->y + lo;
+    (void)l;
+    for (i = 0; i < n; i++) y[i] = pdp__silu(x[i]);
+}
+
+static void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                     int64_t hi)
+{
+    int64_t n = hi - lo, i;
+    const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
+    float *PDP__RESTRICT dx = io->dx + lo;
+    (void)l;
+    for (i = 0; i < n; i++) dx[i] = pdp__silu_grad(dy[i], x[i]);
+}
+
+static pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__relu_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__gelu_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__gelu_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__tanh_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__tanh_backward_range);
+    return PDP_OK;
 }
 
-static void pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__sigmoid_forward_range);
+    return PDP_OK;
 }
 
-static void pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__sigmoid_backward_range);
+    return PDP_OK;
+}
+
+static pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__elem_run(l, io, pdp__silu_forward_range);
+    return PDP_OK;
+}
+
+static pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->dx) pdp__elem_run(l, io, pdp__silu_backward_range);
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
-/* One kernel pair for the four, told which by pdp_cudak_act. */
+/* One kernel pair for the five, told which by pdp_cudak_act. */
 static pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
                                         pdp_cudak_act act)
 {
@@ -436,6 +481,16 @@ static pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__lay
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SIGMOID);
 }
+
+static pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_forward(l, io, PDP_CUDAK_SILU);
+}
+
+static pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__act_cuda_backward(l, io, PDP_CUDAK_SILU);
+}
 #endif
 
 /* ---- layers: Dropout ---- */
@@ -449,14 +504,14 @@ static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     uint32_t thr;
     float scale;
     if (!io->training || l->p == 0.0f) {
         if (io->y != io->x) memcpy(io->y, io->x, (size_t)(B * n) * sizeof(float));
-        return;
+        return PDP_OK;
     }
     thr = pdp__dropout_threshold(l->p);
     scale = 1.0f / (1.0f - l->p);
@@ -469,19 +524,21 @@ static void pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
             y[j] = x[j] * mask[j];
         });
     }
+    return PDP_OK;
 }
 
-static void pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t n = io->batch * l->in_count;
     const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
     float *PDP__RESTRICT dx = io->dx;
-    if (!dx) return;
+    if (!dx) return PDP_OK;
     if (!io->training || l->p == 0.0f) {
         memcpy(dx, dy, (size_t)n * sizeof(float));
-        return;
+        return PDP_OK;
     }
     PDP__FOR_BLOCKED(i, n, dx[i] = dy[i] * mask[i];);
+    return PDP_OK;
 }
 
 
@@ -533,7 +590,7 @@ static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng
     }
 }
 
-static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
@@ -547,12 +604,13 @@ static void pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
         io->saved[2 * s] = mean;
         io->saved[2 * s + 1] = rstd;
     }
+    return PDP_OK;
 }
 
 /* With xh = (x - mean) rstd and g = dy w:
    dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
    Two passes over each sample, nothing stored. */
-static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w;
@@ -574,6 +632,7 @@ static void pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io
             });
         }
     }
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA
@@ -603,15 +662,17 @@ static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static void pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
 }
 
-static void pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx && io->dx != io->dy)
         memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
 }
 
 #ifdef PDP_CUDA

@@ -800,15 +800,16 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     }
 }
 
-static void pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     pdp__conv_job_init(&job, l, io, false);
     pdp__parallel_for(job.parts, job.g.implicit ? pdp__conv_implicit_forward_part
                                                 : pdp__conv_forward_part, &job);
+    return PDP_OK;
 }
 
-static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     const pdp__conv_geom *g = &job.g;
@@ -829,6 +830,7 @@ static void pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
         if (io->db)
             for (o = 0; o < g->O; o++) io->db[o] += share[g->O * g->ckk + o];
     }
+    return PDP_OK;
 }
 
 /* ---- layers: Conv2d, setup and CUDA ---- */
@@ -973,12 +975,13 @@ static void pdp__maxpool_forward_part(void *argp, int i, int parts)
 }
 
 /* Split by channel plane over the intra-op threads. */
-static void pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
     job.l = l;
     job.io = io;
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_forward_part, &job);
+    return PDP_OK;
 }
 
 /* The channel planes of part i: zero, then scatter each output's gradient to its
@@ -1011,13 +1014,14 @@ static void pdp__maxpool_backward_part(void *argp, int i, int parts)
     }
 }
 
-static void pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
-    if (!io->dx) return;
+    if (!io->dx) return PDP_OK;
     job.l = l;
     job.io = io;
     pdp__parallel_for(pdp__layers_batch_parts(io->batch), pdp__maxpool_backward_part, &job);
+    return PDP_OK;
 }
 
 static pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)

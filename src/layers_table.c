@@ -2,21 +2,58 @@
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
-   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags that model.c plans
-   with (a view; fuses a following ReLU). Nothing else in pdp switches over kinds:
-   model.c, dp.c and the executors go through pdp__layer_setup, pdp__layer_forward
-   and the other functions below, once per layer call (never per element).
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
+   fused, collective, unnumbered).
 
-   Adding a layer kind takes:
-   1. its code in layers.c (or a file of its own, listed in amalgamate.py before
-      this one, as layers_conv.c): setup, forward and backward, init when it has
-      parameters, and its CUDA entries under #ifdef PDP_CUDA (see layers.c's
-      conventions);
-   2. its value in pdp__layer_kind (internal.h) and its entry below;
-   3. its public constructor pdp_model_add_<kind> (model.h, model.c);
-   4. for CUDA: its kernels and their plain C functions in pdp_cuda.cu, declared in
-      cuda.h, and the same functions in tests/fake_cuda/fake_cuda.c, where each is a
-      few lines that rebuild the layer and run pdp's CPU entry through fake__layer.
+   This table is the only place that knows what each kind is. Every decision elsewhere
+   that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
+   kinds between the split Linears, the state_dict numbering; and model.c, dp.c and the
+   executors run a layer through pdp__layer_setup, pdp__layer_forward and the other
+   functions below, once per layer call (never per element). A kind's value is named
+   elsewhere only by its own code: its constructor (model.c's pdp_model_add_*, tp.c's
+   for the TP kinds, whose order rules name the kinds they follow), the TP kinds' slices
+   (layers_tp.c, tp.c's checkpoints and width check), and the tests and
+   tests/fake_cuda, which build layers of a kind.
+
+   Adding a layer kind takes (the commit that added SiLU shows every step):
+   1. math: a formula that the CPU and the CUDA kernels both compute goes into math.h as
+      `static inline PDP__HOSTDEV` helpers (forward and its gradient), so the CPU tests
+      cover the very code the kernels run;
+   2. its code in layers.c (or a file of its own, listed in amalgamate.py before this
+      one, as layers_conv.c): setup (pdp__layers_setup_same for a kind that keeps the
+      shape and checks nothing), init when it has parameters, CPU forward and backward
+      (they return PDP_OK, or a status whose message says what is wrong with the input;
+      model.c names the layer), and its CUDA entries under #ifdef PDP_CUDA (see
+      layers.c's conventions, and add the kind's to them when it has its own);
+   3. its value in pdp__layer_kind (internal.h), appended before
+      PDP__LAYER_KIND_COUNT, and its entry at the end of the table below (in the enum's
+      order: C++ has no designators), with its flags (internal.h says what
+      each promises: an element-wise kind gets PDP__LAYER_ELEMENTWISE and is then
+      accepted inside a TP block with no edit to tp.c);
+   4. its public constructor pdp_model_add_<kind> (model.h, with a comment naming the
+      PyTorch module it equals; model.c, through pdp__layer_of and pdp__model_add);
+   5. CUDA: its kernels and their plain C functions in pdp_cuda.cu (an activation is a
+      pdp_cudak_act value in cuda.h and a case in pdp__act_fwd and pdp__act_bwd), declared
+      in cuda.h; the same functions in tests/fake_cuda/fake_cuda.c, where each is a few
+      lines that rebuild the layer and run pdp's CPU entry through fake__layer (an
+      activation: its kind in fake__act_kind). tests/cuda_emu needs no edit: it runs
+      pdp_cuda.cu as written (make emu-cuda-test runs the new kernels on the CPU);
+      make cuda compiles them with nvcc;
+   6. tests: in tests/test_layers.c, gradients against finite differences and the
+      forward against a naive loop (layers_activation_grads_match_finite_differences
+      and layers_linear_and_activations_match_naive take an activation; a kind of
+      another shape gets tests of its own), and its name in
+      layers_model_layer_name_names_every_layer (the table test covers the entry); a
+      PyTorch fixture: a line in tools/gen_fixtures.py, run as
+      `/usr/bin/python3 tools/gen_fixtures.py --out /tmp/fx`, copying only the new file
+      into tests/fixtures/ (the others were written by torch 1.13: keep their bytes),
+      and its case in tests/test_fixtures.c; in tests/test_cuda.c, a layer_case in
+      build() and case_name (cuda_layers_match_cpu: the GPU against the CPU, on emulated
+      GPUs under make emu-cuda-test and on real ones under tests/gpu/run.sh);
+   7. docs: the constructor's comment (model.h); wherever src/manual.txt, README.md and
+      the module comments list kinds (tp.h's table lists the element-wise ones); a line
+      in CHANGELOG.md; then python3 amalgamate.py.
    A kind without CUDA entries (NULL) works on the CPU; on a CUDA device its calls
    fail with PDP_ERR_UNSUPPORTED naming the layer.
 
@@ -50,16 +87,18 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                            PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
     PDP__KIND(PDP__RELU){"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward,
                          pdp__relu_backward, PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL, 0},
+                         PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,
+                         PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU},
     PDP__KIND(PDP__GELU){"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward,
                          pdp__gelu_backward, PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, 0},
+                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     PDP__KIND(PDP__TANH){"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward,
                          pdp__tanh_backward, PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, 0},
+                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
     PDP__KIND(PDP__SIGMOID){"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
                             pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
-                            PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL, 0},
+                            PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL,
+                            PDP__LAYER_ELEMENTWISE},
     PDP__KIND(PDP__DROPOUT){"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
                             pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
                             PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
@@ -73,7 +112,8 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
                            PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
     PDP__KIND(PDP__MAXPOOL2D){"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
                               pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
-                              PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL, 0},
+                              PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL,
+                              PDP__LAYER_FUSABLE_POOL},
     PDP__KIND(PDP__FLATTEN){"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                             pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
                             PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
@@ -93,6 +133,10 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     PDP__KIND(PDP__TP_REDUCE){"ReduceFromModelParallelRegion", pdp__tp_reduce_setup, NULL,
                               pdp__tp_reduce_forward, pdp__tp_reduce_backward, NULL, NULL, NULL,
                               PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+    /* kinds added since, in the enum's order */
+    PDP__KIND(PDP__SILU){"SiLU", pdp__layers_setup_same, NULL, pdp__silu_forward,
+                         pdp__silu_backward, PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
+                         PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -105,6 +149,20 @@ static const char *pdp__layer_kind_name(pdp__layer_kind k)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(k);
     return info && info->name ? info->name : "?";
+}
+
+/* "ReLU, GELU, Tanh, Sigmoid": the names of the kinds with flag, in table order, for
+   messages that say which kinds a place accepts. */
+static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
+{
+    size_t n = 0;
+    int k;
+    if (cap) buf[0] = '\0';
+    for (k = 0; k < PDP__LAYER_KIND_COUNT && n < cap; k++)
+        if (pdp__layer_kinds[k].flags & flag)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "",
+                                  pdp__layer_kinds[k].name);
+    return buf;
 }
 
 /* ---- layers_table: setup and initialisation ---- */
@@ -165,36 +223,23 @@ static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
 #endif
 }
 
-/* A PDP__LAYER_COLLECTIVE kind's call, on any device: its failure comes back through
-   io->status, pointed at a variable of this call. */
-static pdp_status pdp__layer_collective(const pdp__layer *l, const pdp__layer_io *io,
-                                        void (*fn)(const pdp__layer *, const pdp__layer_io *))
-{
-    pdp_status st = PDP_OK;
-    pdp__layer_io run = *io;
-    run.status = &st;
-    fn(l, &run);
-    return st;
-}
-
 /* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
-   CPU memory. A collective kind's host entry runs on every device. */
+   CPU memory. A collective kind's host entry runs on every device. Either entry's
+   status comes back as it is (the caller names the layer). */
 static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->forward);
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_forward);
-    info->forward(l, io);
-    return PDP_OK;
+    if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
+        return pdp__layer_cuda(l, io, info->cuda_forward);
+    return info->forward(l, io);
 }
 
 static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
-    if (info->flags & PDP__LAYER_COLLECTIVE) return pdp__layer_collective(l, io, info->backward);
-    if (io->device.kind == PDP_DEVICE_CUDA) return pdp__layer_cuda(l, io, info->cuda_backward);
-    info->backward(l, io);
-    return PDP_OK;
+    if (io->device.kind == PDP_DEVICE_CUDA && !(info->flags & PDP__LAYER_COLLECTIVE))
+        return pdp__layer_cuda(l, io, info->cuda_backward);
+    return info->backward(l, io);
 }

@@ -67,12 +67,11 @@ static pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t bat
     return PDP_OK;
 }
 
-/* dst <- src, count floats on io's device; a failure goes to *io->status. */
-static bool pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src, int64_t count)
+/* dst <- src, count floats on io's device. */
+static pdp_status pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src,
+                               int64_t count)
 {
-    pdp_status st = pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
-    if (st != PDP_OK) *io->status = st;
-    return st == PDP_OK;
+    return pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
 }
 
 static pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
@@ -98,40 +97,37 @@ static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, con
 /* f forward: identity. At the first forward (and after TP layers were added) the width
    check first: every TP rank built the same TP layers (f is the first TP layer of every
    block, so every rank reaches it before any other TP collective). */
-static void pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK) {
-        *io->status = st;
-        return;
-    }
-    pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
+    if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK)
+        return st;
+    return pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count);
 }
 
 /* f backward: the input gradient is the sum of every rank's partial gradient (each rank's
    ColumnParallelLinear saw only its output slice). Nothing when no input gradient is
    needed (f is the first layer): every rank skips it alike. */
-static void pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (!io->dx || !pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count)) return;
-    if ((st = pdp__tp_allreduce(l, io->dx, io->batch, l->in_count, false)) != PDP_OK)
-        *io->status = st;
+    if (!io->dx) return PDP_OK;
+    if ((st = pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count)) != PDP_OK) return st;
+    return pdp__tp_allreduce(l, io->dx, io->batch, l->in_count, false);
 }
 
 /* g forward: the sum of every rank's partial output (RowParallelLinear's x_r W_r^T). */
-static void pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
-    if (!pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) return;
-    if ((st = pdp__tp_allreduce(l, io->y, io->batch, l->in_count, true)) != PDP_OK)
-        *io->status = st;
+    if ((st = pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) != PDP_OK) return st;
+    return pdp__tp_allreduce(l, io->y, io->batch, l->in_count, true);
 }
 
 /* g backward: identity (the output gradient is replicated). */
-static void pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    if (io->dx) pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count);
+    return io->dx ? pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count) : PDP_OK;
 }
 
 /* ---- tp: the column- and row-parallel Linears ---- */
@@ -220,19 +216,19 @@ static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
 }
 
 /* Backward of Linear, without the input gradient when f is the first layer. */
-static void pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp_skip_dx) run.dx = NULL;
-    pdp__linear_backward(l, &run);
+    return pdp__linear_backward(l, &run);
 }
 
 /* x_r W_r^T, plus the bias on TP rank 0 only: g's sum then adds it once. */
-static void pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
+static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp->rank != 0) run.b = NULL;
-    pdp__linear_forward(l, &run);
+    return pdp__linear_forward(l, &run);
 }
 
 #ifdef PDP_CUDA

@@ -1,5 +1,5 @@
-/* math: element math written once for the CPU (layers.c, optim.c) and for the
-   CUDA kernels of pdp_cuda.cu.
+/* math: element math written once for the CPU (layers.c, optim.c, and gemm_bf16.c's
+   rounding to bf16) and for the CUDA kernels of pdp_cuda.cu.
 
    pdp.h emits this block after the public API and outside the implementation
    guard, so pdp_cuda.cu includes it without the CPU implementation, and the CPU
@@ -60,6 +60,16 @@ static inline PDP__HOSTDEV float pdp__sigmoid(float x)
 static inline PDP__HOSTDEV float pdp__sigmoid_grad(float dy, float y)
 {
     return dy * y * (1.0f - y);
+}
+
+/* SiLU (swish; Elfwing et al. 2017, Ramachandran et al. 2017): x sigmoid(x), the
+   activation of modern MLPs (SwiGLU's gate). Its gradient from x, as PyTorch's
+   silu_backward: dy s (1 + x (1 - s)), s = sigmoid(x). */
+static inline PDP__HOSTDEV float pdp__silu(float x) { return x * pdp__sigmoid(x); }
+static inline PDP__HOSTDEV float pdp__silu_grad(float dy, float x)
+{
+    float s = pdp__sigmoid(x);
+    return dy * s * (1.0f + x * (1.0f - s));
 }
 
 /* ---- math: dropout masks ----

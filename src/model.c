@@ -65,6 +65,22 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     return PDP_OK;
 }
 
+/* The desc the model was made by, as in use: input_ndim and input_shape resolved,
+   precision the current one (pdp_model_set_precision may change it). */
+PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
+{
+    pdp_model_desc d;
+    int i;
+    memset(&d, 0, sizeof d);
+    if (!m) return d;
+    d.input_ndim = m->in_ndim;
+    for (i = 0; i < m->in_ndim; i++) d.input_shape[i] = m->in_shape[i];
+    d.seed = m->seed;
+    d.device = m->device;
+    d.precision = m->precision;
+    return d;
+}
+
 static void pdp__model_free_buffers(pdp_model *m)
 {
     pdp__dev_free(m->device, m->act_block);
@@ -313,6 +329,11 @@ PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m)
     return pdp__model_add(m, pdp__layer_of(PDP__SIGMOID), "pdp_model_add_sigmoid");
 }
 
+PDP_API pdp_status pdp_model_add_silu(pdp_model *m)
+{
+    return pdp__model_add(m, pdp__layer_of(PDP__SILU), "pdp_model_add_silu");
+}
+
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p)
 {
     pdp__layer l = pdp__layer_of(PDP__DROPOUT);
@@ -353,28 +374,34 @@ PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 
 /* ---- model: buffers ---- */
 
-/* Layer i is a ReLU that the layer before it (a Conv2d: PDP__LAYER_FUSES_RELU)
-   applies in its own forward and backward (CPU only; never the last layer, whose
-   output the caller reads): the ReLU is then a view, as Flatten, and is skipped.
-   Same bits as running it. */
+/* Whether layer i's kind has flag (PDP__LAYER_*). */
+static bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
+{
+    return (pdp__layer_kind_of(m->layers[i].kind)->flags & flag) != 0;
+}
+
+/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d:
+   PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
+   last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
+   is skipped. Same bits as running it. */
 static bool pdp__model_relu_fused(const pdp_model *m, int i)
 {
     return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
-           m->layers[i].kind == PDP__RELU &&
-           (pdp__layer_kind_of(m->layers[i - 1].kind)->flags & PDP__LAYER_FUSES_RELU);
+           pdp__model_flag(m, i, PDP__LAYER_FUSABLE_RELU) &&
+           pdp__model_flag(m, i - 1, PDP__LAYER_FUSES_RELU);
 }
 
-/* Layer i is a 2x2 stride-2 MaxPool2d over an even H and W after a fused ReLU,
-   which the Conv2d before that (PDP__LAYER_FUSES_POOL) applies too: the Conv2d
-   writes this layer's output and saved winners, and takes its output's gradient;
-   this layer is skipped, and the Conv2d's own output never exists. Same bits. */
+/* Layer i is a 2x2 stride-2 max pool (PDP__LAYER_FUSABLE_POOL: MaxPool2d) over an even
+   H and W after a fused ReLU, which the Conv2d before that (PDP__LAYER_FUSES_POOL)
+   applies too: the Conv2d writes this layer's output and saved winners, and takes its
+   output's gradient; this layer is skipped, and the Conv2d's own output never exists.
+   Same bits. */
 static bool pdp__model_pool_fused(const pdp_model *m, int i)
 {
     const pdp__layer *l = &m->layers[i];
-    return i > 1 && l->kind == PDP__MAXPOOL2D && l->kernel == 2 && l->stride == 2 &&
-           l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 &&
-           pdp__model_relu_fused(m, i - 1) &&
-           (pdp__layer_kind_of(m->layers[i - 2].kind)->flags & PDP__LAYER_FUSES_POOL);
+    return i > 1 && pdp__model_flag(m, i, PDP__LAYER_FUSABLE_POOL) && l->kernel == 2 &&
+           l->stride == 2 && l->in_shape[1] % 2 == 0 && l->in_shape[2] % 2 == 0 &&
+           pdp__model_relu_fused(m, i - 1) && pdp__model_flag(m, i - 2, PDP__LAYER_FUSES_POOL);
 }
 
 /* Layer i is the Conv2d that applies the pool two layers on (pdp__model_pool_fused). */
@@ -387,8 +414,7 @@ static bool pdp__model_pools(const pdp_model *m, int i)
    no buffer, no call. */
 static bool pdp__model_is_view(const pdp_model *m, int i)
 {
-    return (pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_VIEW) ||
-           pdp__model_relu_fused(m, i);
+    return pdp__model_flag(m, i, PDP__LAYER_VIEW) || pdp__model_relu_fused(m, i);
 }
 
 /* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */

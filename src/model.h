@@ -6,7 +6,8 @@
    one to one onto the matching PyTorch module and a DDP bucket is a plain range
    of the gradient block. Backward accumulates into the gradients (zero them
    with pdp_model_zero_grad) and, right after each layer, calls the grad hook
-   once for each parameter of that layer: the hook DDP's reducer listens to.
+   once for each parameter of that layer: the hook DDP's and ZeRO's bucket reducer
+   (reducer.c) listens to.
 
    Wrapped models. While an executor holds a model (pdp_dp_create's master,
    pdp_ddp_create, pdp_zero_create, a pipeline's stage), every call that would change
@@ -35,6 +36,9 @@ typedef struct pdp_model_desc {
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
 PDP_API void pdp_model_free(pdp_model *m);
+/* The desc in use (sokol's query-defaults): input_ndim resolved, input_shape's unused
+   entries 0, precision the current one. A zero desc for NULL. */
+PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m);
 
 /* Layers, appended in order. Each validates against the current output shape and
    initialises its parameters as PyTorch does (Kaiming uniform with a = sqrt(5)
@@ -46,6 +50,7 @@ PDP_API pdp_status pdp_model_add_relu(pdp_model *m);
 PDP_API pdp_status pdp_model_add_gelu(pdp_model *m);    /* tanh form (approximate='tanh') */
 PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
 PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
+PDP_API pdp_status pdp_model_add_silu(pdp_model *m);   /* x sigmoid(x), as torch.nn.SiLU */
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
 /* Normalises over all features of a sample; eps 0 means 1e-5. */
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps);

@@ -223,6 +223,23 @@ static pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, c
     return PDP_OK;
 }
 
+/* The one place pdp_pp_desc's zeros become defaults (sokol's _def), after
+   pdp__pp_check_desc; in may be NULL. first_layer stays as given (NULL: balanced);
+   pdp_pp_get_desc puts the split in use there. */
+static pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
+                                        int p, const char *fn)
+{
+    pdp_pp_desc d;
+    pdp_status st;
+    if (in) d = *in;
+    else memset(&d, 0, sizeof d);
+    if ((st = pdp__pp_check_desc(&d, nlayers, p, fn)) != PDP_OK) return st;
+    d.micro_batches = PDP__DEF(d.micro_batches, p);
+    d.balance_batch = PDP__DEF(d.balance_batch, 32);
+    *out = d;
+    return PDP_OK;
+}
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 static pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
@@ -283,6 +300,18 @@ static pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
     return PDP_OK;
 }
 
+PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
+{
+    pdp_pp_desc d;
+    if (!pp) {
+        memset(&d, 0, sizeof d);
+        return d;
+    }
+    d = pp->desc;
+    d.first_layer = pp->first;
+    return d;
+}
+
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc)
 {
@@ -309,15 +338,15 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
                         "(each with DP)", fn, full->tp.nlayers);
     pp = (pdp_pp *)pdp__calloc(sizeof *pp);
     if (!pp) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
-    if (desc) pp->desc = *desc;
     pp->c = c;
-    pp->dp = pp->desc.dp;
     pp->stage = c->rank;
     pp->p = c->size;
-    pp->mb = PDP__DEF(pp->desc.micro_batches, pp->p);
     pp->rwork_act = -1;
-    if ((st = pdp__pp_check_desc(&pp->desc, full->nlayers, pp->p, fn)) != PDP_OK ||
-        (st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
+    if ((st = pdp__pp_desc_defaults(desc, &pp->desc, full->nlayers, pp->p, fn)) != PDP_OK)
+        goto fail;
+    pp->dp = pp->desc.dp;
+    pp->mb = pp->desc.micro_batches;
+    if ((st = pdp__pp_split(pp, full, fn)) != PDP_OK || (st = pdp__pp_agree(pp, fn)) != PDP_OK)
         goto fail;
     agreed = true; /* past the split's collectives: a failure from here on is agreed */
     pp->acts = (pdp__pp_action *)pdp__calloc((size_t)(2 * pp->mb) * sizeof *pp->acts);

@@ -123,6 +123,11 @@ typedef struct pdp_pp_desc {
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc);
 PDP_API void pdp_pp_free(pdp_pp *pp); /* NULL is fine */
+/* The desc in use, defaults filled in (sokol's query-defaults): micro_batches and
+   balance_batch resolved; first_layer points at the split in use (pp's own array of
+   stages + 1 entries, the last the number of layers), valid until pdp_pp_free. A zero
+   desc for NULL. */
+PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp);
 
 /* One pipeline pass over a batch of B >= m rows cut into m micro-batches (the first
    B % m one row larger): forward, loss and backward, the gradients accumulated (+=)

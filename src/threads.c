@@ -1,33 +1,41 @@
-/* threads: the intra-op thread pool behind pdp_set_num_threads, and per-thread scratch.
+/* threads: the worker team, the intra-op thread pool behind pdp_set_num_threads, and
+   per-thread scratch.
 
-   The thread count is a per-thread setting (a thread-local int, default 1): each
-   DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
-   another. The workers themselves are shared: one process-wide pool of persistent
-   POSIX threads, the single piece of process-wide state in pdp (OpenBLAS and every
-   OpenMP runtime keep the same kind of pool). It is created lazily by the first
-   pdp__parallel_for that needs it, grows when a caller asks for more threads than
-   it has, is reused by every later call, and is joined by pdp_shutdown_threads
-   (after which the next call starts it again).
-
-   Handing off work: a caller that wins pool.busy (pthread_mutex_trylock) writes the
-   job under pool.lock, bumps the generation and broadcasts pool.wake; worker w runs
-   index w + 1, the caller runs index 0 itself, then waits until the pending count
+   The team (pdp__team, declared in internal.h) is the one hand-off between a caller
+   and persistent worker threads; the pool below and DataParallel's workers (dp.c)
+   are both built on it. The caller writes the job under team.lock, bumps the
+   generation and broadcasts team.wake; member i runs index i, the caller runs index
+   0 itself (and any index no member exists for), then waits until the pending count
    reaches zero. Waking a sleeping thread costs tens of microseconds (more than a
    small GEMM's share on a VM), and a training step hands off work every few
    microseconds to milliseconds, so both sides spin a little before they sleep: a
-   worker that finished a job watches the generation for PDP__SPIN_S before it
-   sleeps on pool.wake, and the caller watches pending for as long before it sleeps
-   on pool.done (OpenMP runtimes and OpenBLAS spin the same way, longer). The two
-   values watched outside the lock, generation and pending (and stop), are only
-   ever written with atomic stores, under the lock; everything else is read under
-   it, so the pool is TSan clean. A caller that loses the trylock (another thread is
-   using the pool, e.g. two DP workers in GEMM at once, or a nested call from inside
-   a job) runs every index itself, in order. Which thread runs an index never
-   changes what the index computes, so results do not depend on who won.
+   member that finished a job watches the generation for PDP__SPIN_S before it
+   sleeps on team.wake, and the caller watches pending for as long before it sleeps
+   on team.done (OpenMP runtimes and OpenBLAS spin the same way, longer). The values
+   watched outside the lock, generation and pending (and stop), are only ever
+   written with atomic stores, under the lock; everything else is read under it, so
+   the team is TSan clean.
 
-   Profile: while the caller's counters are on (pdp_profile_start), the job carries a
-   pointer to them; each worker adds the seconds it spent in its index under the lock
-   it takes anyway to report, and the caller adds the time it waited for them.
+   The thread count is a per-thread setting (a thread-local int, default 1): each
+   DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
+   another. The pool's workers themselves are shared: one process-wide team of
+   persistent POSIX threads (OpenBLAS and every OpenMP runtime keep the same kind of
+   pool). The pool and the scratch key below are two of pdp's few pieces of
+   process-wide state; the manual lists them all (THREADS AND DETERMINISM: also the
+   trace sink, the bf16 path's CPU features and AMX permission, MPI's ownership record
+   and each CUDA device's stream, handle and caches). It is started lazily by the first pdp__parallel_for
+   that needs it, grows when a caller asks for more threads than it has, is reused
+   by every later call, and is joined by pdp_shutdown_threads (after which the next
+   call starts it again). A caller that wins pool.busy (pthread_mutex_trylock) owns
+   the team for one job; a caller that loses it (another thread is using the pool,
+   e.g. two DP workers in GEMM at once, or a nested call from inside a job) runs
+   every index itself, in order. Which thread runs an index never changes what the
+   index computes, so results do not depend on who won.
+
+   Profile: while the caller's counters are on (pdp_profile_start), the job is
+   wrapped so that each member times its index in its own slot; after the join the
+   caller adds those to worker_busy_s, and the time it waited for them (from the end
+   of its own indices) to join_wait_s.
 
    Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
    buffer (GEMM packs its panels there), kept in a pthread key whose destructor
@@ -153,104 +161,178 @@ static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
         }
 }
 
-/* The pool. busy is held by the one caller that owns the pool for a job; lock
-   guards every field of pdp__the_pool; wake tells workers about a new generation
-   (or stop); done tells the caller that pending reached 0. */
-static pthread_mutex_t pdp__pool_busy = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t pdp__pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pdp__pool_wake = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t pdp__pool_done = PTHREAD_COND_INITIALIZER;
+/* ---- threads: the worker team ---- */
 
-typedef struct pdp__pool {
-    pthread_t tid[PDP__MAX_THREADS - 1];
-    unsigned long start_gen[PDP__MAX_THREADS - 1]; /* generation when worker w was made */
-    int nworkers;
-    int stop;                 /* atomic stores only (read while spinning) */
-    unsigned long generation; /* bumped once per job; atomic stores only */
-    void (*fn)(void *arg, int i, int n);
-    void *arg;
-    int n;       /* indices of the current job; worker w runs index w + 1 */
-    int pending; /* workers that have not finished the current job; atomic stores only */
-    pdp__profile_state *prof; /* the caller's counters while they are on, else NULL */
-} pdp__pool;
-
-static pdp__pool pdp__the_pool; /* zero: no workers yet */
-
-/* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
-   caller for its workers. */
-static bool pdp__pool_no_new_job(const void *seen)
-{
-    return PDP__LOAD_ACQ(&pdp__the_pool.generation) == *(const unsigned long *)seen &&
-           !PDP__LOAD_ACQ(&pdp__the_pool.stop);
-}
-
-static bool pdp__pool_jobs_pending(const void *unused)
-{
-    (void)unused;
-    return PDP__LOAD_ACQ(&pdp__the_pool.pending) > 0;
-}
-
-static void *pdp__worker_main(void *p)
-{
-    pdp__pool *pool = &pdp__the_pool;
-    int w = (int)(intptr_t)p;
+/* pdp__spin_while's conditions: a member waits for a new generation (or stop), the
+   caller for its members. */
+typedef struct pdp__team_wait {
+    const pdp__team *team;
     unsigned long seen;
-    pthread_mutex_lock(&pdp__pool_lock);
-    seen = pool->start_gen[w];
+} pdp__team_wait;
+
+static bool pdp__team_no_new_job(const void *ctx)
+{
+    const pdp__team_wait *c = (const pdp__team_wait *)ctx;
+    return PDP__LOAD_ACQ(&c->team->generation) == c->seen && !PDP__LOAD_ACQ(&c->team->stop);
+}
+
+static bool pdp__team_pending(const void *team)
+{
+    return PDP__LOAD_ACQ(&((const pdp__team *)team)->pending) > 0;
+}
+
+static void *pdp__team_main(void *p)
+{
+    const pdp__team_member *me = (const pdp__team_member *)p;
+    pdp__team *t = me->team;
+    pdp__team_wait c;
+    c.team = t;
+    pthread_mutex_lock(&t->lock);
+    c.seen = me->start_gen;
     for (;;) {
         void (*fn)(void *, int, int);
         void *arg;
-        pdp__profile_state *prof;
-        double t0 = 0.0;
         int n;
-        if (pool->generation == seen && !pool->stop) { /* spin a while, then sleep */
-            pthread_mutex_unlock(&pdp__pool_lock);
-            pdp__spin_while(pdp__pool_no_new_job, &seen);
-            pthread_mutex_lock(&pdp__pool_lock);
+        if (t->generation == c.seen && !t->stop) { /* spin a while, then sleep */
+            pthread_mutex_unlock(&t->lock);
+            pdp__spin_while(pdp__team_no_new_job, &c);
+            pthread_mutex_lock(&t->lock);
         }
-        while (pool->generation == seen && !pool->stop) pthread_cond_wait(&pdp__pool_wake, &pdp__pool_lock);
-        if (pool->stop) break;
-        seen = pool->generation;
-        fn = pool->fn;
-        arg = pool->arg;
-        n = pool->n;
-        prof = pool->prof;
-        if (w + 1 >= n) continue; /* not part of this job */
-        pthread_mutex_unlock(&pdp__pool_lock);
-        if (prof) t0 = pdp__now();
-        fn(arg, w + 1, n);
-        pthread_mutex_lock(&pdp__pool_lock);
-        if (prof) prof->worker_busy_s += pdp__now() - t0;
-        PDP__STORE_REL(&pool->pending, pool->pending - 1);
-        if (pool->pending == 0) pthread_cond_signal(&pdp__pool_done);
+        while (t->generation == c.seen && !t->stop) pthread_cond_wait(&t->wake, &t->lock);
+        if (t->stop) break;
+        c.seen = t->generation;
+        fn = t->fn;
+        arg = t->arg;
+        n = t->n;
+        if (me->index >= n) continue; /* not part of this job */
+        pthread_mutex_unlock(&t->lock);
+        fn(arg, me->index, n);
+        pthread_mutex_lock(&t->lock);
+        PDP__STORE_REL(&t->pending, t->pending - 1);
+        if (t->pending == 0) pthread_cond_signal(&t->done);
     }
-    pthread_mutex_unlock(&pdp__pool_lock);
+    pthread_mutex_unlock(&t->lock);
     return NULL;
 }
 
-/* Makes sure the pool has `want` workers (called with busy held, no job running).
-   Stops at the first pthread_create failure: the caller then runs the missing
-   indices itself. */
-static void pdp__pool_grow(pdp__pool *pool, int want)
+static int pdp__team_init(pdp__team *t)
 {
-    want = PDP__MIN(want, PDP__MAX_THREADS - 1);
-    while (pool->nworkers < want) {
-        int w = pool->nworkers;
-        pthread_mutex_lock(&pdp__pool_lock);
-        pool->start_gen[w] = pool->generation;
-        pthread_mutex_unlock(&pdp__pool_lock);
-        if (pthread_create(&pool->tid[w], NULL, pdp__worker_main, (void *)(intptr_t)w) != 0) break;
-        pthread_mutex_lock(&pdp__pool_lock);
-        pool->nworkers++;
-        pthread_mutex_unlock(&pdp__pool_lock);
+    int rc;
+    memset(t, 0, sizeof *t);
+    if ((rc = pthread_mutex_init(&t->lock, NULL)) != 0) return rc;
+    if ((rc = pthread_cond_init(&t->wake, NULL)) != 0) {
+        pthread_mutex_destroy(&t->lock);
+        return rc;
     }
+    if ((rc = pthread_cond_init(&t->done, NULL)) != 0) {
+        pthread_cond_destroy(&t->wake);
+        pthread_mutex_destroy(&t->lock);
+        return rc;
+    }
+    t->ok = true;
+    return 0;
+}
+
+static int pdp__team_grow(pdp__team *t, int workers)
+{
+    int rc = 0;
+    if (!t->ok) return EINVAL;
+    workers = PDP__MIN(workers, PDP__TEAM_MAX - 1);
+    while (t->nworkers < workers) {
+        int w = t->nworkers;
+        pdp__team_member *m = &t->member[w];
+        pthread_mutex_lock(&t->lock);
+        m->team = t;
+        m->index = w + 1;
+        m->start_gen = t->generation;
+        pthread_mutex_unlock(&t->lock);
+        if ((rc = pthread_create(&t->tid[w], NULL, pdp__team_main, m)) != 0) break;
+        pthread_mutex_lock(&t->lock);
+        t->nworkers++;
+        pthread_mutex_unlock(&t->lock);
+    }
+    return rc;
+}
+
+static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg)
+{
+    int i, helpers;
+    if (n <= 1 || !t->ok) { /* nothing to hand off (or no team): all on this thread */
+        for (i = 0; i < n; i++) fn(arg, i, n);
+        return;
+    }
+    pthread_mutex_lock(&t->lock);
+    helpers = PDP__MIN(n - 1, t->nworkers);
+    t->fn = fn;
+    t->arg = arg;
+    t->n = n;
+    PDP__STORE_REL(&t->pending, helpers);
+    PDP__STORE_REL(&t->generation, t->generation + 1);
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+
+    fn(arg, 0, n);
+    for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if members could not be made */
+
+    pdp__spin_while(pdp__team_pending, t); /* a while, then sleep */
+    pthread_mutex_lock(&t->lock);
+    while (t->pending > 0) pthread_cond_wait(&t->done, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void pdp__team_free(pdp__team *t)
+{
+    int w, nworkers;
+    if (!t->ok) return;
+    pthread_mutex_lock(&t->lock);
+    PDP__STORE_REL(&t->stop, 1);
+    nworkers = t->nworkers;
+    pthread_cond_broadcast(&t->wake);
+    pthread_mutex_unlock(&t->lock);
+    for (w = 0; w < nworkers; w++) pthread_join(t->tid[w], NULL);
+    pthread_cond_destroy(&t->done);
+    pthread_cond_destroy(&t->wake);
+    pthread_mutex_destroy(&t->lock);
+    t->ok = false;
+    t->nworkers = 0;
+}
+
+/* ---- threads: the pool ---- */
+
+/* The pool: one team, grown on demand. busy is held by the one caller that owns the
+   pool for a job (and by pdp_shutdown_threads); it guards every field below. */
+static pthread_mutex_t pdp__pool_busy = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct pdp__pool {
+    pdp__team team;            /* team.ok false: not started (or shut down) */
+    /* the job while the caller's profile counters are on: */
+    void (*fn)(void *arg, int i, int n);
+    void *arg;
+    int helpers;               /* indices 1..helpers run on members, the rest on the caller */
+    double busy_s[PDP__MAX_THREADS]; /* index i's seconds inside fn, written by its member */
+    double caller_done;        /* when the caller finished its last index */
+} pdp__pool;
+
+static pdp__pool pdp__the_pool;
+
+/* The job under a profile: a member times its index in its own slot, the caller
+   notes when it finished its own; the caller reads both once pdp__team_run has
+   returned (which orders the members' writes before it). */
+static void pdp__pool_timed(void *p, int i, int n)
+{
+    pdp__pool *pool = (pdp__pool *)p;
+    double t0 = pdp__now();
+    pool->fn(pool->arg, i, n);
+    if (i == 0 || i > pool->helpers)
+        pool->caller_done = pdp__now();
+    else
+        pool->busy_s[i] = pdp__now() - t0;
 }
 
 static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
 {
     pdp__pool *pool = &pdp__the_pool;
-    int i, helpers;
-    double t0;
+    int i;
     if (n <= 1) {
         if (n == 1) fn(arg, 0, 1);
         return;
@@ -259,46 +341,26 @@ static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *
         for (i = 0; i < n; i++) fn(arg, i, n);
         return;
     }
-    pdp__pool_grow(pool, n - 1);
-    pthread_mutex_lock(&pdp__pool_lock);
-    helpers = PDP__MIN(n - 1, pool->nworkers);
-    pool->fn = fn;
-    pool->arg = arg;
-    pool->n = n;
-    PDP__STORE_REL(&pool->pending, helpers);
-    pool->prof = pdp__prof.on ? &pdp__prof : NULL;
-    PDP__STORE_REL(&pool->generation, pool->generation + 1);
-    pthread_cond_broadcast(&pdp__pool_wake);
-    pthread_mutex_unlock(&pdp__pool_lock);
-
-    fn(arg, 0, n);
-    for (i = helpers + 1; i < n; i++) fn(arg, i, n); /* only if workers could not be made */
-
-    t0 = pdp__prof.on ? pdp__now() : 0.0;
-    pdp__spin_while(pdp__pool_jobs_pending, NULL); /* a while, then sleep */
-    pthread_mutex_lock(&pdp__pool_lock);
-    while (pool->pending > 0) pthread_cond_wait(&pdp__pool_done, &pdp__pool_lock);
-    pool->prof = NULL;
-    pthread_mutex_unlock(&pdp__pool_lock);
+    /* a team that cannot start, or threads that cannot be made: pdp__team_run has the
+       caller run the indices no member runs */
+    if (pool->team.ok || pdp__team_init(&pool->team) == 0) pdp__team_grow(&pool->team, n - 1);
+    if (!pdp__prof.on) {
+        pdp__team_run(&pool->team, n, fn, arg);
+    } else {
+        pool->fn = fn;
+        pool->arg = arg;
+        pool->helpers = pool->team.ok ? PDP__MIN(n - 1, pool->team.nworkers) : 0;
+        pdp__team_run(&pool->team, n, pdp__pool_timed, pool);
+        for (i = 1; i <= pool->helpers; i++) pdp__prof.worker_busy_s += pool->busy_s[i];
+        pdp__prof.join_wait_s += pdp__now() - pool->caller_done;
+    }
     pthread_mutex_unlock(&pdp__pool_busy);
-    if (pdp__prof.on) pdp__prof.join_wait_s += pdp__now() - t0;
 }
 
 PDP_API void pdp_shutdown_threads(void)
 {
-    pdp__pool *pool = &pdp__the_pool;
-    int w, nworkers;
     pthread_mutex_lock(&pdp__pool_busy); /* waits for a job in flight to finish */
-    pthread_mutex_lock(&pdp__pool_lock);
-    PDP__STORE_REL(&pool->stop, 1);
-    nworkers = pool->nworkers;
-    pthread_cond_broadcast(&pdp__pool_wake);
-    pthread_mutex_unlock(&pdp__pool_lock);
-    for (w = 0; w < nworkers; w++) pthread_join(pool->tid[w], NULL);
-    pthread_mutex_lock(&pdp__pool_lock);
-    PDP__STORE_REL(&pool->stop, 0);
-    pool->nworkers = 0;
-    pthread_mutex_unlock(&pdp__pool_lock);
+    pdp__team_free(&pdp__the_pool.team);
     pthread_mutex_unlock(&pdp__pool_busy);
 
     pthread_once(&pdp__scratch_once, pdp__scratch_init);

@@ -85,19 +85,19 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
     static const char *fn = "pdp_model_add_row_parallel_linear";
     pdp__layer l = pdp__layer_of(PDP__ROW_PARALLEL_LINEAR);
     pdp_status st;
+    char names[160];
     int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st; /* before the order checks: a wrapped model takes no layer at all */
-    for (i = m->nlayers - 1; i >= 0; i--) {
-        pdp__layer_kind k = m->layers[i].kind;
-        if (k == PDP__COLUMN_PARALLEL_LINEAR) break;
-        if (k != PDP__RELU && k != PDP__GELU && k != PDP__TANH && k != PDP__SIGMOID) i = 0;
+    for (i = m->nlayers - 1; i >= 0; i--) { /* back over the element-wise kinds (the table's) */
+        if (m->layers[i].kind == PDP__COLUMN_PARALLEL_LINEAR) break;
+        if (!(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_ELEMENTWISE)) i = 0;
     }
     if (i < 0 || m->layers[i].kind != PDP__COLUMN_PARALLEL_LINEAR)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a ColumnParallelLinear with only "
-                        "element-wise activations (ReLU, GELU, Tanh, Sigmoid) between", fn,
-                        m->nlayers);
+                        "element-wise activations (%s) between", fn, m->nlayers,
+                        pdp__layer_kinds_with(PDP__LAYER_ELEMENTWISE, names, sizeof names));
     l.out_features = out_features;
     l.tp_full = m->layers[i].tp_full;
     l.tp_lo = m->layers[i].tp_lo;

@@ -13,8 +13,10 @@
 
    Why one process-wide sink, not an object: tracing is a process-level
    debugging switch (an environment variable, like NCCL_DEBUG), and thread-ranks
-   of one process must share one file with pid = rank. The sink is the one
-   documented exception to "no hidden globals": a mutex-guarded struct that
+   of one process must share one file with pid = rank. The sink is one of the
+   exceptions to "no hidden globals" that the manual lists (THREADS AND
+   DETERMINISM, with the intra-op pool, the bf16 path, MPI's ownership record and
+   the CUDA devices' state): a mutex-guarded struct that
    exists only between the first pdp__trace_open and the last pdp__trace_close
    (reference counted); PDP_TRACE is read by every open while tracing is off
    (the first open that finds it set starts the file; objects opened before
@@ -78,7 +80,7 @@ typedef struct pdp__trace_sink {
 } pdp__trace_sink;
 
 static pthread_mutex_t pdp__trace_mu = PTHREAD_MUTEX_INITIALIZER;
-static pdp__trace_sink pdp__trace_g; /* the documented exception, see above */
+static pdp__trace_sink pdp__trace_g; /* process-wide, see above */
 
 static const char pdp__trace_trailer[] = "\n],\"displayTimeUnit\":\"ms\"}\n";
 

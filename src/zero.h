@@ -50,13 +50,23 @@
    / N bytes, stepped per unit slice in place (no master copy). Stages 1 and 2
    then all-gather the updated slices into every rank's full parameters (through
    a staging buffer of N s_max floats, since the model's block is unpadded).
-   Memory per rank with Adam (K = 8 state bytes per parameter), as the ZeRO paper
-   counts it, plus the working buffers this implementation states:
-     DDP 16 Psi; stage 1: 8 Psi + 8 Psi/N; stage 2: 4 Psi + 12 Psi/N;
-     stage 3: 16 Psi/N; buffers: stage 1 one staging buffer, stage 2 staging +
-     grad_buffers, stage 3 grad_buffers + param_buffers, each 4 N s_max bytes.
-   pdp_zero_memory reports the measured figures beside those formulas (with
-   Psi_pad where padding applies).
+   Memory per rank, pdp's fp32 forms: the ZeRO paper's breakdown with 4-byte
+   parameters and gradients and K bytes of optimizer state per parameter (4 x
+   state floats: Adam K = 8, SGD with momentum 4, plain SGD 0): DDP (8 + K) Psi;
+   stage 1 8 Psi + K Psi/N; stage 2 4 Psi + (4 + K) Psi/N; stage 3 (8 + K) Psi/N.
+   With Adam: DDP 16 Psi; stage 1 8 Psi + 8 Psi/N; stage 2 4 Psi + 12 Psi/N;
+   stage 3 16 Psi/N. Plus the working buffers this implementation states: stage 1
+   one staging buffer, stage 2 staging + grad_buffers, stage 3 grad_buffers +
+   param_buffers, each 4 N s_max bytes; with few parameters they can outweigh
+   what the shards save, so a small model may hold more at stages 2-3 than at
+   stage 1 or under DDP.
+   The paper's own forms (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+   Training Trillion Parameter Models", SC 2020) are for mixed-precision Adam:
+   2-byte parameters and gradients and K = 12 (fp32 master weights, m and v):
+   DDP 16 Psi; stage 1 4 Psi + 12 Psi/N; stage 2 2 Psi + 14 Psi/N; stage 3
+   16 Psi/N. pdp has no master copy (its parameters are fp32), so only DDP's and
+   stage 3's totals coincide. pdp_zero_memory reports the measured figures beside
+   pdp's forms (with Psi_pad where padding applies).
 
    Communication per rank per step (bytes counted by the communicator), with
    V = (N-1)/N x 4 Psi_pad (one reduce-scatter or one all-gather of every unit)
@@ -173,6 +183,9 @@ PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c,
    caller's again (layers may be added; pdp_model_param views taken while wrapped are
    stale). Not collective. NULL is fine. */
 PDP_API void pdp_zero_free(pdp_zero *z);
+/* The desc in use, defaults filled in (sokol's query-defaults): grad_buffers cut to the
+   units there are (0 at stage 1), param_buffers 0 below stage 3. A zero desc for NULL. */
+PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z);
 /* An optimizer whose state covers this rank's shard only; pdp_zero_step steps it
    (pdp_optim_step refuses it). Free it with pdp_optim_free. */
 PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z,
@@ -262,7 +275,8 @@ typedef struct pdp_zero_memory {
     int64_t param_bytes, grad_bytes, optim_bytes;
     int64_t buffer_bytes;    /* working buffers (staging, bucket and gather buffers) */
     int64_t total_bytes;
-    /* the ZeRO paper's formula for this stage with Psi (DDP's beside it), and the
+    /* pdp's fp32 form of the ZeRO paper's formula for this stage with Psi (DDP's
+       beside it; the paper's mixed-precision forms differ, see above), and the
        stated bound on buffer_bytes */
     double formula_bytes, ddp_bytes;
     int64_t buffer_bound;

@@ -3,10 +3,11 @@
 # (build/buildtest/<script>) and prints one line per check, "ok   NAME",
 # "FAIL NAME" (with the end of its log) or "skip NAME (REASON)", then the summary
 # line tests/run_all.sh reads: "P passed, F failed, S skipped". The checks are cut
-# into three scripts so that make runs them side by side: test_build.sh (the
+# into scripts so that make runs them side by side: test_build.sh (the
 # generator and the compilers), test_build_options.sh (PDP_STATIC, allocation
 # overrides, misuse that must not compile, option macros), test_build_alone.sh
-# (each example and the README's quick start, as a user builds them).
+# (each example and the README's quick start, as a user builds them),
+# test_build_docs.sh (the manual against the code: its reading map, names, snippets).
 cd "$(dirname "$0")/.." || exit 1
 B=${B:-build}/buildtest/$(basename "$0" .sh)
 mkdir -p "$B"

@@ -160,11 +160,13 @@ TEST fixtures_linear(void)
 
 TEST fixtures_activations(void)
 {
-    static const char *files[4] = {"relu.bin", "gelu.bin", "tanh.bin", "sigmoid.bin"};
-    pdp_status (*add[4])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
-                                         pdp_model_add_tanh, pdp_model_add_sigmoid};
+    static const char *files[5] = {"relu.bin", "gelu.bin", "tanh.bin", "sigmoid.bin",
+                                   "silu.bin"};
+    pdp_status (*add[5])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
+                                         pdp_model_add_tanh, pdp_model_add_sigmoid,
+                                         pdp_model_add_silu};
     int k;
-    for (k = 0; k < 4; k++) {
+    for (k = 0; k < 5; k++) {
         fixture f;
         pdp_model *m;
         int rc = fixture_load(&f, files[k]);

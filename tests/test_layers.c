@@ -207,10 +207,11 @@ TEST layers_linear_grads_match_finite_differences(void)
 
 TEST layers_activation_grads_match_finite_differences(void)
 {
-    pdp_status (*add[4])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
-                                         pdp_model_add_tanh, pdp_model_add_sigmoid};
+    pdp_status (*add[5])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
+                                         pdp_model_add_tanh, pdp_model_add_sigmoid,
+                                         pdp_model_add_silu};
     int k;
-    for (k = 0; k < 4; k++) {
+    for (k = 0; k < 5; k++) {
         pdp_model *m = new_model(1, 7, 0, 0, 2);
         ASSERT_ENUM_EQ(PDP_OK, add[k](m), pdp_status_name);
         ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 4), pdp_status_name);
@@ -383,11 +384,12 @@ TEST layers_linear_and_activations_match_naive(void)
     float xd[5 * 13];
     int64_t i, j, k, B = 5;
     int kind;
-    pdp_status (*add[4])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
-                                         pdp_model_add_tanh, pdp_model_add_sigmoid};
+    pdp_status (*add[5])(pdp_model *) = {pdp_model_add_relu, pdp_model_add_gelu,
+                                         pdp_model_add_tanh, pdp_model_add_sigmoid,
+                                         pdp_model_add_silu};
     pdp_rng_seed(&r, 13, 0);
     fill_uniform(xd, B * 13, &r, -3.0f, 3.0f);
-    for (kind = 0; kind < 4; kind++) {
+    for (kind = 0; kind < 5; kind++) {
         m = new_model(1, 13, 0, 0, 13);
         ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 6), pdp_status_name);
         ASSERT_ENUM_EQ(PDP_OK, add[kind](m), pdp_status_name);
@@ -406,7 +408,8 @@ TEST layers_linear_and_activations_match_naive(void)
                                                (z + 0.044715 * z * z * z)));
                     break;
                 case 2: want = tanh(z); break;
-                default: want = 1 / (1 + exp(-z)); break;
+                case 3: want = 1 / (1 + exp(-z)); break;
+                default: want = z / (1 + exp(-z)); break;
                 }
                 ASSERT_IN_RANGE(want, y->data[i * 6 + j], 1e-5 * (1 + fabs(want)));
             }
@@ -1086,6 +1089,154 @@ TEST layers_results_do_not_depend_on_the_thread_count(void)
 
 /* ---- the table of kinds, names and devices ---- */
 
+/* The table's PDP__LAYER_ELEMENTWISE is what tp.c accepts between a ColumnParallelLinear
+   and a RowParallelLinear, and it is true: every flagged kind, run on a permutation of
+   its input (and output gradient), gives the same permutation of its output and input
+   gradient, bit for bit; inside a one-rank TP block it gives the plain model's output.
+   A kind without the flag (LayerNorm) is refused with the flagged kinds' names. */
+static pdp_status forward_backward_one(pdp__layer_kind k, const float *x, const float *dy,
+                                       float *y, float *dx)
+{
+    pdp_model *m = new_model(1, 7, 0, 0, 24);
+    pdp_tensor xt;
+    const pdp_tensor *yt;
+    pdp_status st = m ? pdp__model_add(m, pdp__layer_of(k), "test") : PDP_ERR_OUT_OF_MEMORY;
+    if (st == PDP_OK) {
+        wrap_input(m, (float *)x, 3, &xt);
+        if ((st = pdp_model_forward(m, &xt, &yt)) == PDP_OK) {
+            memcpy(y, yt->data, 21 * sizeof *y);
+            st = fixture_backward_with_dx(m, dy, dx);
+        }
+    }
+    pdp_model_free(m);
+    return st;
+}
+
+static pdp_status tp_block(pdp_model *m, pdp_comm *c, pdp__layer_kind k)
+{
+    pdp_status st;
+    if ((st = pdp_model_set_tp(m, c)) || (st = pdp_model_add_tp_copy(m)) ||
+        (st = pdp_model_add_column_parallel_linear(m, 5)) ||
+        (st = k == PDP__LAYERNORM ? pdp_model_add_layernorm(m, 0.0f)
+                                  : pdp__model_add(m, pdp__layer_of(k), "test")) ||
+        (st = pdp_model_add_row_parallel_linear(m, 3)))
+        return st;
+    return pdp_model_add_tp_reduce(m);
+}
+
+TEST layers_elementwise_kinds_are_elementwise_and_fit_a_tp_block(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    float x[21], xr[21], dy[21], dyr[21], y[21], yr[21], dx[21], dxr[21];
+    char names[160];
+    pdp_rng r;
+    int k, i, flagged = 0;
+    pdp_rng_seed(&r, 25, 0);
+    fill_uniform(x, 21, &r, -3.0f, 3.0f);
+    fill_uniform(dy, 21, &r, -1.0f, 1.0f);
+    for (i = 0; i < 21; i++) xr[i] = x[20 - i], dyr[i] = dy[20 - i];
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    pdp__layer_kinds_with(PDP__LAYER_ELEMENTWISE, names, sizeof names);
+    for (k = 0; k < PDP__LAYER_KIND_COUNT; k++) {
+        const char *name = pdp__layer_kinds[k].name;
+        pdp_model *tp = new_model(1, 6, 0, 0, 26), *plain = new_model(1, 6, 0, 0, 26);
+        pdp_tensor xt;
+        const pdp_tensor *yt, *yp;
+        if (!(pdp__layer_kinds[k].flags & PDP__LAYER_ELEMENTWISE)) {
+            pdp_model_free(tp);
+            pdp_model_free(plain);
+            continue;
+        }
+        flagged++;
+        ASSERTm(name, strstr(names, name) != NULL);
+        ASSERT_ENUM_EQm(name, PDP_OK, forward_backward_one((pdp__layer_kind)k, x, dy, y, dx),
+                        pdp_status_name);
+        ASSERT_ENUM_EQm(name, PDP_OK, forward_backward_one((pdp__layer_kind)k, xr, dyr, yr, dxr),
+                        pdp_status_name);
+        for (i = 0; i < 21; i++) {
+            ASSERTm(name, memcmp(&yr[i], &y[20 - i], sizeof *y) == 0);
+            ASSERTm(name, memcmp(&dxr[i], &dx[20 - i], sizeof *dx) == 0);
+        }
+        ASSERT_ENUM_EQm(name, PDP_OK, tp_block(tp, c, (pdp__layer_kind)k), pdp_status_name);
+        ASSERT_ENUM_EQm(name, PDP_OK, pdp_model_add_linear(plain, 5), pdp_status_name);
+        ASSERT_ENUM_EQm(name, PDP_OK, pdp__model_add(plain, pdp__layer_of((pdp__layer_kind)k),
+                                                     "test"), pdp_status_name);
+        ASSERT_ENUM_EQm(name, PDP_OK, pdp_model_add_linear(plain, 3), pdp_status_name);
+        wrap_input(tp, x, 3, &xt);
+        ASSERT_ENUM_EQm(name, PDP_OK, pdp_model_forward(tp, &xt, &yt), pdp_status_name);
+        ASSERT_ENUM_EQm(name, PDP_OK, pdp_model_forward(plain, &xt, &yp), pdp_status_name);
+        ASSERT_EQm(name, 9, yt->count);
+        ASSERTm(name, memcmp(yt->data, yp->data, 9 * sizeof *yt->data) == 0);
+        pdp_model_free(tp);
+        pdp_model_free(plain);
+    }
+    ASSERT(flagged >= 5); /* ReLU, GELU, Tanh, Sigmoid, SiLU at least */
+    {
+        pdp_model *m = new_model(1, 6, 0, 0, 27);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, tp_block(m, c, PDP__LAYERNORM), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "pdp_model_add_row_parallel_linear: layer 3 must follow "
+                                        "a ColumnParallelLinear") == pdp_last_error());
+        ASSERT(strstr(pdp_last_error(), names) != NULL);
+        pdp_model_free(m);
+    }
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
+/* A layer's CPU entries return a status (the type below does not compile where they
+   return void), and a failure reaches pdp_model_forward's caller with the layer named.
+   The kind that fails on the CPU today is TP's f (its width check, here replaced by
+   one that refuses); the GPT's token embedding will reject ids out of range the same
+   way. */
+static pdp_status refuse_widths(pdp__tp_state *tp)
+{
+    (void)tp;
+    return pdp__err(PDP_ERR_SHAPE, "refused by the test");
+}
+
+TEST layers_a_layer_status_reaches_the_caller_naming_the_layer(void)
+{
+    pdp_local_group *g = NULL;
+    pdp_comm *c = NULL;
+    pdp_model *m = new_model(1, 6, 0, 0, 23);
+    float xd[2 * 6] = {0}, dyd[2 * 3] = {0};
+    pdp_tensor x, dy;
+    const pdp_tensor *y;
+    int k;
+    for (k = 0; k < PDP__LAYER_KIND_COUNT; k++) {
+        pdp_status (*forward)(const pdp__layer *, const pdp__layer_io *) =
+            pdp__layer_kinds[k].forward;
+        pdp_status (*backward)(const pdp__layer *, const pdp__layer_io *) =
+            pdp__layer_kinds[k].backward;
+        ASSERT(forward != NULL && backward != NULL);
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&g, 1, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&c, g, 0), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_set_tp(m, c), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_tp_copy(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_column_parallel_linear(m, 4), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_row_parallel_linear(m, 3), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_tp_reduce(m), pdp_status_name);
+    wrap_input(m, xd, 2, &x);
+    m->tp.check_widths = refuse_widths;
+    m->tp.checked = 0;
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_STR_EQ("pdp_model_forward: layer 0 (CopyToModelParallelRegion): refused by the test",
+                  pdp_last_error());
+    m->tp.check_widths = pdp__tp_check_widths; /* the real check passes: one rank */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    pdp_tensor_wrap(dyd, pdp_cpu(), y->ndim, y->shape, &dy);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name);
+    pdp_model_free(m);
+    pdp_comm_free(c);
+    pdp_local_group_free(g);
+    PASS();
+}
+
 TEST layers_table_has_an_entry_for_every_kind(void)
 {
     int k, j;
@@ -1108,8 +1259,9 @@ TEST layers_table_has_an_entry_for_every_kind(void)
 
 TEST layers_model_layer_name_names_every_layer(void)
 {
-    static const char *const want[] = {"Conv2d", "ReLU", "MaxPool2d", "Flatten", "Linear",
-                                       "GELU", "Tanh", "Sigmoid", "Dropout", "LayerNorm"};
+    static const char *const want[] = {"Conv2d", "ReLU",    "MaxPool2d", "Flatten",
+                                       "Linear", "GELU",    "Tanh",      "Sigmoid",
+                                       "SiLU",   "Dropout", "LayerNorm"};
     pdp_model *m = new_model(3, 2, 6, 6, 21);
     int i;
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_conv2d(m, 3, 3, 1, 1), pdp_status_name);
@@ -1120,12 +1272,13 @@ TEST layers_model_layer_name_names_every_layer(void)
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_gelu(m), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_tanh(m), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_sigmoid(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_silu(m), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m, 0.25f), pdp_status_name);
     ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_layernorm(m, 0.0f), pdp_status_name);
-    ASSERT_EQ(10, pdp_model_num_layers(m));
-    for (i = 0; i < 10; i++) ASSERT_STR_EQ(want[i], pdp_model_layer_name(m, i));
+    ASSERT_EQ(11, pdp_model_num_layers(m));
+    for (i = 0; i < 11; i++) ASSERT_STR_EQ(want[i], pdp_model_layer_name(m, i));
     ASSERT(pdp_model_layer_name(m, -1) == NULL);
-    ASSERT(pdp_model_layer_name(m, 10) == NULL);
+    ASSERT(pdp_model_layer_name(m, 11) == NULL);
     ASSERT(pdp_model_layer_name(NULL, 0) == NULL);
     pdp_model_free(m);
     PASS();
@@ -1200,6 +1353,8 @@ SUITE(layers)
     RUN_TEST(layers_gradients_accumulate_across_backwards);
     RUN_TEST(layers_results_do_not_depend_on_the_thread_count);
     RUN_TEST(layers_table_has_an_entry_for_every_kind);
+    RUN_TEST(layers_elementwise_kinds_are_elementwise_and_fit_a_tp_block);
+    RUN_TEST(layers_a_layer_status_reaches_the_caller_naming_the_layer);
     RUN_TEST(layers_model_layer_name_names_every_layer);
     RUN_TEST(layers_model_device_is_the_desc_device);
 #ifndef PDP_CUDA

@@ -80,6 +80,46 @@ TEST threads_new_thread_starts_at_one(void)
     PASS();
 }
 
+/* The worker team on its own (pdp__team, under the pool and DataParallel): member i
+   runs index i, the caller index 0 and every index past its members; a job smaller
+   than the team leaves the extra members out; the same threads serve every job; free
+   joins them, and the team can start again. */
+TEST threads_team_runs_each_index_once_on_its_member(void)
+{
+    static pdp__team team; /* ~8 KB: not on the stack */
+    pthread_t member[4];
+    int n, i, rep, again;
+    pdp__team_free(&team); /* a zeroed team: nothing to join, no crash */
+    for (again = 0; again < 2; again++) {
+        ASSERT_EQ(0, pdp__team_init(&team));
+        ASSERT_EQ(0, pdp__team_grow(&team, 3));
+        ASSERT_EQ(3, team.nworkers);
+        for (rep = 0; rep < 20; rep++) {
+            for (n = 0; n <= 6; n++) {
+                hits h;
+                memset(&h, 0, sizeof h);
+                pdp__team_run(&team, n, mark, &h);
+                for (i = 0; i < 64; i++) ASSERT_EQ(i < n ? 1 : 0, h.count[i]);
+                for (i = 0; i < n; i++) {
+                    ASSERT_EQ(n, h.n_seen[i]);
+                    if (i == 0 || i > 3) { /* the caller's */
+                        ASSERT(pthread_equal(h.who[i], pthread_self()));
+                    } else if (rep == 0 && n == 4) { /* the first job all members run */
+                        member[i] = h.who[i];
+                        ASSERT(!pthread_equal(h.who[i], pthread_self()));
+                    } else if (rep > 0) { /* the same member thread every time */
+                        ASSERT(pthread_equal(h.who[i], member[i]));
+                    }
+                }
+            }
+        }
+        pdp__team_free(&team);
+        ASSERT(!team.ok);
+        ASSERT_EQ(0, team.nworkers);
+    }
+    PASS();
+}
+
 TEST threads_parallel_for_covers_every_index_once(void)
 {
     int n, i, rep, others;
@@ -308,6 +348,7 @@ SUITE(threads)
 {
     RUN_TEST(threads_setting_is_per_thread);
     RUN_TEST(threads_new_thread_starts_at_one);
+    RUN_TEST(threads_team_runs_each_index_once_on_its_member);
     RUN_TEST(threads_parallel_for_covers_every_index_once);
     RUN_TEST(threads_nested_call_runs_serially);
     RUN_TEST(threads_concurrent_callers_do_not_deadlock);

@@ -497,12 +497,15 @@ pdp_status pdp_cudak_linear_bwd(int dev, const float *x, const float *w, const f
     return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__W | FAKE__DY | FAKE__DW, NULL);
 }
 
-static const pdp__layer_kind fake__act_kind[] = {PDP__RELU, PDP__GELU, PDP__TANH, PDP__SIGMOID};
+/* indexed by pdp_cudak_act */
+static const pdp__layer_kind fake__act_kind[] = {PDP__RELU, PDP__GELU, PDP__TANH, PDP__SIGMOID,
+                                                 PDP__SILU};
 
 /* An activation code outside the enum fails fake__layer's setup (kind -1). */
 static pdp__layer_kind fake__act(pdp_cudak_act act)
 {
-    return (unsigned)act < 4 ? fake__act_kind[act] : (pdp__layer_kind)-1;
+    return (unsigned)act < sizeof fake__act_kind / sizeof *fake__act_kind ? fake__act_kind[act]
+                                                                          : (pdp__layer_kind)-1;
 }
 
 pdp_status pdp_cudak_act_fwd(int dev, pdp_cudak_act act, const float *x, float *y, int64_t count)

@@ -1,0 +1,217 @@
+/* launch: pdp_launch runs a function on every rank (launch.h), PDP_CHECK's failure path and
+   pdp_seconds. Thread ranks: one group (pdp_local_group or pdp_nccl_group) and one thread per
+   rank beyond the caller's rank 0; each rank records its status and message (thread-local,
+   so copied here) and the order in which ranks failed, under one mutex, BEFORE it frees its
+   communicator: the first failure is then the cause, and the peers' failures that its
+   departure provokes come after it. Process ranks: pdp_comm_init_env and one call. Built
+   only on the public API of comm.h, rendezvous.h and cuda.h. */
+
+#include "internal.h"
+
+typedef struct pdp__launch pdp__launch;
+
+typedef struct pdp__launch_rank {
+    pdp__launch *L;
+    int rank;
+    bool started;      /* its thread was created (ranks >= 1) */
+    pthread_t thread;
+    pdp_status st;
+    int order;         /* 0 = first to fail */
+    char msg[1024];
+} pdp__launch_rank;
+
+struct pdp__launch {
+    int np;
+    pdp_backend backend;
+    pdp_local_group *group;
+    pdp_nccl_group *ngroup;
+    const pdp_device *devices;
+    pdp_launch_fn fn;
+    void *user;
+    pthread_mutex_t mu;
+    int failures;
+    pdp__launch_rank *ranks;
+};
+
+static void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
+{
+    const char *m = pdp_last_error();
+    pthread_mutex_lock(&r->L->mu);
+    r->st = st;
+    r->order = r->L->failures++;
+    snprintf(r->msg, sizeof r->msg, "%s", m[0] ? m : "(no message)");
+    pthread_mutex_unlock(&r->L->mu);
+}
+
+static void pdp__launch_run(pdp__launch_rank *r)
+{
+    pdp__launch *L = r->L;
+    pdp_comm *c = NULL;
+    pdp_status st;
+    pdp_clear_error();
+    st = L->ngroup ? pdp_comm_create_nccl(&c, L->ngroup, r->rank)
+                   : pdp_comm_create_local(&c, L->group, r->rank);
+    if (st == PDP_OK) {
+        pdp_launch_ctx ctx;
+        memset(&ctx, 0, sizeof ctx);
+        ctx.world = c;
+        ctx.rank = r->rank;
+        ctx.world_size = L->np;
+        ctx.local_rank = r->rank;
+        ctx.device = !L->ngroup ? pdp_cpu() : L->devices ? L->devices[r->rank] : pdp_cuda(r->rank);
+        ctx.backend = L->backend;
+        ctx.process = false;
+        st = L->fn(&ctx, L->user);
+    }
+    if (st != PDP_OK) pdp__launch_fail(r, st); /* before the free: it makes peers fail */
+    pdp_comm_free(c);
+}
+
+static void *pdp__launch_thread(void *arg)
+{
+    pdp__launch_run((pdp__launch_rank *)arg);
+    return NULL;
+}
+
+/* The first rank to fail, its message prefixed; PDP_OK when none did. */
+static pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
+{
+    int i, first = -1;
+    for (i = 0; i < n; i++)
+        if (ranks[i].st != PDP_OK && (first < 0 || ranks[i].order < ranks[first].order))
+            first = i;
+    if (first < 0) return PDP_OK;
+    return pdp__err(ranks[first].st, "pdp_launch: rank %d of %d: %s", first, n, ranks[first].msg);
+}
+
+static pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
+                                      pdp_launch_fn fn, void *user)
+{
+    static const char fn_name[] = "pdp_launch";
+    pdp__launch L;
+    pdp_status st;
+    int i;
+    memset(&L, 0, sizeof L);
+    L.np = np;
+    L.backend = d->backend == PDP_BACKEND_DEFAULT ? PDP_BACKEND_LOCAL : d->backend;
+    L.devices = d->devices;
+    L.fn = fn;
+    L.user = user;
+    if (L.backend == PDP_BACKEND_NCCL) {
+        pdp_device devs[64];
+        for (i = 0; i < np; i++) devs[i] = d->devices ? d->devices[i] : pdp_cuda(i);
+        st = pdp_nccl_group_create(&L.ngroup, np, devs, cd);
+    } else {
+        st = pdp_local_group_create(&L.group, np, cd);
+    }
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s: %d thread ranks", fn_name, np);
+    L.ranks = (pdp__launch_rank *)pdp__calloc((size_t)np * sizeof *L.ranks);
+    if (!L.ranks) {
+        pdp_local_group_free(L.group);
+        pdp_nccl_group_free(L.ngroup);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %d ranks", fn_name, np);
+    }
+    pthread_mutex_init(&L.mu, NULL);
+    for (i = 0; i < np; i++) {
+        L.ranks[i].L = &L;
+        L.ranks[i].rank = i;
+    }
+    for (i = 1; i < np; i++) {
+        int err = pthread_create(&L.ranks[i].thread, NULL, pdp__launch_thread, &L.ranks[i]);
+        if (err) { /* this rank joins and leaves at once: its peers fail instead of waiting */
+            pdp_comm *c = NULL;
+            pdp__err(PDP_ERR_WORKER, "%s: could not start the thread of rank %d: %s", fn_name,
+                     i, strerror(err));
+            pdp__launch_fail(&L.ranks[i], PDP_ERR_WORKER);
+            if (L.group && pdp_comm_create_local(&c, L.group, i) == PDP_OK) pdp_comm_free(c);
+            continue;
+        }
+        L.ranks[i].started = true;
+    }
+    pdp__launch_run(&L.ranks[0]);
+    for (i = 1; i < np; i++)
+        if (L.ranks[i].started) pthread_join(L.ranks[i].thread, NULL);
+    st = pdp__launch_result(L.ranks, np);
+    pthread_mutex_destroy(&L.mu);
+    pdp__dealloc(L.ranks);
+    pdp_local_group_free(L.group);
+    pdp_nccl_group_free(L.ngroup);
+    return st;
+}
+
+PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user)
+{
+    static const char fn_name[] = "pdp_launch";
+    pdp_launch_desc d;
+    pdp_comm_desc cd;
+    pdp_env_info env;
+    pdp_status st;
+    bool process;
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    if (!fn) return pdp__err(PDP_ERR_INVALID, "%s: fn is NULL", fn_name);
+    if (d.backend != PDP_BACKEND_DEFAULT && d.backend != PDP_BACKEND_LOCAL &&
+        d.backend != PDP_BACKEND_MPI && d.backend != PDP_BACKEND_NCCL)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.backend %d is not a pdp_backend", fn_name,
+                        (int)d.backend);
+    if ((st = pdp_env_read(&env)) != PDP_OK) return pdp__err_wrap(st, "%s", fn_name);
+    memset(&cd, 0, sizeof cd);
+    cd.backend = d.backend;
+    cd.timeout_s = d.timeout_s;
+    cd.name = d.name ? d.name : "world";
+    cd.log = d.log;
+    cd.log_user = d.log_user;
+    process = d.backend == PDP_BACKEND_MPI || (d.backend == PDP_BACKEND_NCCL && env.from_env);
+    if (!process && env.from_env && env.world_size > 1) /* local under a launcher */
+        return pdp__err(PDP_ERR_INVALID, "%s: the local backend's ranks are threads of one "
+                        "process, but the environment makes this process rank %d of %d "
+                        "(RANK/WORLD_SIZE or OMPI_COMM_WORLD_*): use the mpi or nccl backend",
+                        fn_name, env.rank, env.world_size);
+    if (!process && env.from_env) np = 1; /* the launcher's world of one */
+    if (!process) {
+        int max = d.backend == PDP_BACKEND_NCCL ? 64 : 256;
+        if (np < 1 || np > max)
+            return pdp__err(PDP_ERR_INVALID, "%s: np %d outside 1..%d (%s thread ranks)", fn_name,
+                            np, max, d.backend == PDP_BACKEND_NCCL ? "nccl" : "local");
+        return pdp__launch_threads(np, &d, &cd, fn, user);
+    }
+    {
+        pdp_comm *c = NULL;
+        pdp_launch_ctx ctx;
+        int rank, size;
+        if ((st = pdp_comm_init_env(&c, &cd)) != PDP_OK)
+            return pdp__err_wrap(st, "%s: rank %d of %d", fn_name, env.rank, env.world_size);
+        rank = pdp_comm_rank(c);
+        size = pdp_comm_size(c);
+        memset(&ctx, 0, sizeof ctx);
+        ctx.world = c;
+        ctx.rank = rank;
+        ctx.world_size = size;
+        ctx.local_rank = env.from_env ? env.local_rank : rank;
+        ctx.device = d.backend == PDP_BACKEND_NCCL ? pdp_cuda(ctx.local_rank) : pdp_cpu();
+        ctx.backend = d.backend;
+        ctx.process = true;
+        pdp_clear_error();
+        st = fn(&ctx, user);
+        if (st == PDP_OK) {
+            pdp_comm_free(c);
+            return PDP_OK;
+        }
+        {
+            char msg[1024];
+            const char *m = pdp_last_error();
+            snprintf(msg, sizeof msg, "%s", m[0] ? m : "(no message)");
+            pdp_comm_free(c);
+            return pdp__err(st, "%s: rank %d of %d: %s", fn_name, rank, size, msg);
+        }
+    }
+}
+
+PDP_API void pdp_check_fail(pdp_status status, const char *file, int line)
+{
+    fprintf(stderr, "%s:%d: %s: %s\n", file ? file : "?", line, pdp_status_name(status),
+            pdp_last_error());
+    exit(1);
+}
+
+PDP_API double pdp_seconds(void) { return pdp__now(); }

@@ -1,0 +1,80 @@
+/* launch: run one function on every rank, as torch.multiprocessing.spawn and torchrun do.
+
+   pdp_launch(np, &desc, fn, user) makes the world communicator and calls
+   fn(&ctx, user) once per rank with it:
+     thread ranks   desc.backend local (the default) or nccl, in a process that no launcher
+                    started as one of several: np ranks, rank 0 on the calling thread and
+                    ranks 1..np-1 on threads of their own; over NCCL rank r drives
+                    desc.devices[r] (default GPU r), one thread per GPU. Per-thread
+                    settings (pdp_set_num_threads) of the caller apply to rank 0 only; the
+                    other ranks' threads start with the defaults.
+     process ranks  desc.backend mpi (always), or nccl in a process that mpirun
+                    (OMPI_COMM_WORLD_*) or torchrun (RANK, WORLD_SIZE, LOCAL_RANK, ...)
+                    started: this process is one rank, fn runs once, and the communicator
+                    comes from pdp_comm_init_env. The launcher decides the world size (as
+                    torchrun's --nproc-per-node does, not the script), so np is not used;
+                    ctx.world_size says what it is. The local backend in such a process runs
+                    one rank when the launcher's world size is 1, and otherwise fails with
+                    PDP_ERR_INVALID (its ranks are threads of one process).
+   ctx.device is where the rank's model and batches belong: the CPU, or its GPU under
+   NCCL (desc.devices[r], or LOCAL_RANK's GPU for process ranks).
+   Bad input fails before anything starts, with PDP_ERR_INVALID naming it: fn NULL, np
+   outside 1..256 for thread ranks (1..64 over NCCL), an unknown backend, or variables
+   that pdp_env_read refuses.
+
+   Returns PDP_OK when fn returned PDP_OK on every rank. Otherwise the status of the
+   first rank to fail (in time: a rank that fails first makes its peers' collectives fail
+   after it, and their messages only repeat that), with that rank's message prefixed by
+   "pdp_launch: rank R of N: ". A thread rank's communicator is freed as soon as its fn
+   returns, so over the local backend a peer still waiting in a collective for it fails at
+   once (PDP_ERR_COMM) instead of timing out; over NCCL it waits its timeout_s. fn must not
+   free ctx.world; a thread rank must not exit the process (PDP_CHECK below does: use it
+   in main, return statuses from fn). */
+
+typedef struct pdp_launch_ctx {
+    pdp_comm *world;    /* every rank; freed by pdp_launch after fn returns */
+    int rank;           /* pdp_comm_rank(world) */
+    int world_size;     /* pdp_comm_size(world) */
+    int local_rank;     /* the rank among this machine's ranks (thread ranks: rank) */
+    pdp_device device;  /* the CPU, or this rank's GPU (NCCL) */
+    pdp_backend backend;
+    bool process;       /* true when each rank is a process (mpirun, torchrun) */
+} pdp_launch_ctx;
+
+typedef pdp_status (*pdp_launch_fn)(const pdp_launch_ctx *ctx, void *user);
+
+typedef struct pdp_launch_desc {
+    pdp_backend backend;        /* default local */
+    double timeout_s;           /* the communicator's (pdp_comm_desc); default 300 */
+    const char *name;           /* the communicator's name; default "world" */
+    const pdp_device *devices;  /* NCCL thread ranks: rank r's GPU; NULL = pdp_cuda(r) */
+    pdp_log_fn log;             /* passed to pdp_comm_desc.log; NULL */
+    void *log_user;
+} pdp_launch_desc;
+
+/* np: thread ranks to start (see above); desc may be NULL (local backend). */
+PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user);
+
+/* ---- for programs (the examples) ----
+   PDP_CHECK(call): on a status other than PDP_OK, prints "file:line: STATUS: message" to
+   stderr and exits with 1. For a program's main; the library itself never exits. */
+#define PDP_CHECK(call)                                                                   \
+    do {                                                                                  \
+        pdp_status pdp_check_st_ = (call);                                                \
+        if (pdp_check_st_ != PDP_OK) pdp_check_fail(pdp_check_st_, __FILE__, __LINE__);  \
+    } while (0)
+#if defined(__GNUC__) || defined(__clang__)
+#  define PDP__NORETURN __attribute__((noreturn)) /* callers' flow analysis knows it exits */
+#else
+#  define PDP__NORETURN
+#endif
+PDP_API PDP__NORETURN void pdp_check_fail(pdp_status status, const char *file, int line);
+/* PDP_TRY(call): returns the status from the calling function when it is not PDP_OK
+   (a launched rank's fn returns it to pdp_launch). */
+#define PDP_TRY(call)                                                                     \
+    do {                                                                                  \
+        pdp_status pdp_try_st_ = (call);                                                  \
+        if (pdp_try_st_ != PDP_OK) return pdp_try_st_;                                    \
+    } while (0)
+/* Monotonic seconds (clock_gettime(CLOCK_MONOTONIC)), for timing a step. */
+PDP_API double pdp_seconds(void);

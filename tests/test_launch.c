@@ -1,0 +1,238 @@
+/* test_launch.c - pdp_launch: every rank runs once with its own communicator, statuses and
+   messages come back naming the first rank that failed, a process that a launcher started
+   (RANK/WORLD_SIZE) runs one rank, and bad input is refused with a message before any rank
+   starts. The collectives inside are checked against a naive sum over the ranks. */
+
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXR 8
+
+typedef struct launch_rec {
+    int calls[MAXR];          /* fn calls per rank */
+    int world_size[MAXR];
+    int local_rank[MAXR];
+    bool process[MAXR];
+    pdp_device_kind kind[MAXR];
+    float sum[MAXR];          /* all-reduce of rank + 1 */
+    pdp_status st[MAXR];      /* what fn returned */
+    int fail_rank;            /* -1: none */
+    int fail_mode;            /* 0: a failing API call, 1: a status without a message */
+    double t0, elapsed[MAXR];
+} launch_rec;
+
+static const char *env_names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                  "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+
+static void clear_env(void)
+{
+    size_t i;
+    for (i = 0; i < sizeof env_names / sizeof env_names[0]; i++) unsetenv(env_names[i]);
+}
+
+static pdp_status record_fn(const pdp_launch_ctx *ctx, void *user)
+{
+    launch_rec *r = (launch_rec *)user;
+    int k = ctx->rank;
+    float v = (float)(k + 1);
+    pdp_status st = PDP_OK;
+    r->calls[k]++;
+    r->world_size[k] = ctx->world_size;
+    r->local_rank[k] = ctx->local_rank;
+    r->process[k] = ctx->process;
+    r->kind[k] = ctx->device.kind;
+    if (k == r->fail_rank) {
+        if (r->fail_mode == 0) st = pdp_comm_broadcast(ctx->world, &v, 1, 99, NULL); /* bad root */
+        else st = PDP_ERR_NUMERIC;
+    } else {
+        st = pdp_comm_allreduce(ctx->world, &v, 1, PDP_REDUCE_SUM, NULL);
+        r->sum[k] = v;
+    }
+    r->st[k] = st;
+    r->elapsed[k] = pdp_seconds() - r->t0;
+    return st;
+}
+
+static void rec_init(launch_rec *r)
+{
+    memset(r, 0, sizeof *r);
+    r->fail_rank = -1;
+    r->t0 = pdp_seconds();
+}
+
+TEST launch_runs_every_rank_once(void)
+{
+    int np, k;
+    clear_env();
+    for (np = 1; np <= 4; np++) {
+        launch_rec r;
+        float want = 0.0f;
+        rec_init(&r);
+        for (k = 0; k < np; k++) want += (float)(k + 1); /* naive sum in rank order */
+        ASSERT_EQ(PDP_OK, pdp_launch(np, NULL, record_fn, &r));
+        for (k = 0; k < MAXR; k++) ASSERT_EQ(k < np ? 1 : 0, r.calls[k]);
+        for (k = 0; k < np; k++) {
+            ASSERT_EQ(np, r.world_size[k]);
+            ASSERT_EQ(k, r.local_rank[k]);
+            ASSERT(!r.process[k]);
+            ASSERT_EQ(PDP_DEVICE_CPU, r.kind[k]);
+            ASSERT_EQ(want, r.sum[k]);
+        }
+    }
+    PASS();
+}
+
+TEST launch_returns_the_first_failing_rank(void)
+{
+    launch_rec r;
+    pdp_launch_desc d = {PDP_BACKEND_LOCAL, 30.0, NULL, NULL, NULL, NULL};
+    pdp_status st;
+    int k;
+    clear_env();
+    rec_init(&r);
+    r.fail_rank = 2;
+    st = pdp_launch(4, &d, record_fn, &r);
+    ASSERT_EQ(PDP_ERR_INVALID, st); /* rank 2's bad root, not its peers' PDP_ERR_COMM */
+    ASSERT_EQ(0, strncmp(pdp_last_error(), "pdp_launch: rank 2 of 4: pdp_comm_broadcast",
+                         strlen("pdp_launch: rank 2 of 4: pdp_comm_broadcast")));
+    for (k = 0; k < 4; k++) {
+        ASSERT_EQ(1, r.calls[k]);
+        if (k == 2) continue;
+        ASSERT_EQ(PDP_ERR_COMM, r.st[k]); /* rank 2 left: its peers fail ... */
+        ASSERT(r.elapsed[k] < 10.0);      /* ... at once, not after the 30 s timeout */
+    }
+    /* a status without a message: the launcher says so */
+    rec_init(&r);
+    r.fail_rank = 1;
+    r.fail_mode = 1;
+    st = pdp_launch(2, NULL, record_fn, &r);
+    ASSERT_EQ(PDP_ERR_NUMERIC, st);
+    ASSERT_STR_EQ("pdp_launch: rank 1 of 2: (no message)", pdp_last_error());
+    /* rank 0 fails on the calling thread */
+    rec_init(&r);
+    r.fail_rank = 0;
+    st = pdp_launch(3, NULL, record_fn, &r);
+    ASSERT_EQ(PDP_ERR_INVALID, st);
+    ASSERT_EQ(0, strncmp(pdp_last_error(), "pdp_launch: rank 0 of 3: ", 25));
+    PASS();
+}
+
+TEST launch_env_single_rank(void)
+{
+    launch_rec r;
+    pdp_status st;
+    clear_env();
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    rec_init(&r);
+    st = pdp_launch(4, NULL, record_fn, &r); /* the launcher's world of one wins over np */
+    ASSERT_EQ_FMT(PDP_OK, st, "%d");
+    ASSERT_EQ(1, r.calls[0]);
+    ASSERT_EQ(0, r.calls[1]);
+    ASSERT_EQ(1, r.world_size[0]);
+    ASSERT_EQ(1.0f, r.sum[0]);
+    /* rank 1 of 2 on the local backend: refused, naming the rank and what to use */
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    rec_init(&r);
+    st = pdp_launch(2, NULL, record_fn, &r);
+    ASSERT_EQ(PDP_ERR_INVALID, st);
+    ASSERT(strstr(pdp_last_error(), "pdp_launch: ") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "rank 1 of 2"));
+    ASSERT(strstr(pdp_last_error(), "mpi or nccl"));
+    ASSERT_EQ(0, r.calls[0] + r.calls[1]);
+    /* the same under mpirun's names */
+    clear_env();
+    setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+    ASSERT_EQ(PDP_ERR_INVALID, pdp_launch(3, NULL, record_fn, &r));
+    ASSERT(strstr(pdp_last_error(), "rank 0 of 3"));
+    clear_env();
+    PASS();
+}
+
+TEST launch_refuses_bad_input(void)
+{
+    launch_rec r;
+    pdp_launch_desc d;
+    clear_env();
+    rec_init(&r);
+    ASSERT_EQ(PDP_ERR_INVALID, pdp_launch(2, NULL, NULL, &r));
+    ASSERT_STR_EQ("pdp_launch: fn is NULL", pdp_last_error());
+    ASSERT_EQ(PDP_ERR_INVALID, pdp_launch(0, NULL, record_fn, &r));
+    ASSERT(strstr(pdp_last_error(), "pdp_launch: np 0 outside 1..256"));
+    ASSERT_EQ(PDP_ERR_INVALID, pdp_launch(257, NULL, record_fn, &r));
+    ASSERT(strstr(pdp_last_error(), "np 257"));
+    memset(&d, 0, sizeof d);
+    d.backend = (pdp_backend)7;
+    ASSERT_EQ(PDP_ERR_INVALID, pdp_launch(2, &d, record_fn, &r));
+    ASSERT(strstr(pdp_last_error(), "pdp_launch: desc.backend 7"));
+    d.backend = PDP_BACKEND_LOCAL;
+    d.timeout_s = -1.0; /* the communicator's check, prefixed */
+    ASSERT_EQ(PDP_ERR_INVALID, pdp_launch(2, &d, record_fn, &r));
+    ASSERT(strstr(pdp_last_error(), "pdp_launch: ") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "timeout"));
+    setenv("RANK", "x", 1); /* pdp_env_read's refusal, prefixed */
+    setenv("WORLD_SIZE", "2", 1);
+    ASSERT_EQ(PDP_ERR_INVALID, pdp_launch(2, NULL, record_fn, &r));
+    ASSERT(strstr(pdp_last_error(), "pdp_launch: ") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "RANK"));
+    clear_env();
+    ASSERT_EQ(0, r.calls[0] + r.calls[1]);
+#ifndef PDP_CUDA
+    d.timeout_s = 0;
+    d.backend = PDP_BACKEND_NCCL;
+    ASSERT_EQ(PDP_ERR_UNSUPPORTED, pdp_launch(2, &d, record_fn, &r));
+    ASSERT(strstr(pdp_last_error(), "pdp_launch: ") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "PDP_CUDA"));
+    ASSERT_EQ(PDP_ERR_INVALID, pdp_launch(65, &d, record_fn, &r));
+    ASSERT(strstr(pdp_last_error(), "np 65 outside 1..64"));
+#endif
+#ifndef PDP_MPI
+    d.backend = PDP_BACKEND_MPI;
+    ASSERT_EQ(PDP_ERR_UNSUPPORTED, pdp_launch(2, &d, record_fn, &r));
+    ASSERT(strstr(pdp_last_error(), "pdp_launch: rank 0 of 1: ") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "PDP_MPI"));
+#endif
+    ASSERT_EQ(0, r.calls[0] + r.calls[1]);
+    PASS();
+}
+
+static pdp_status try_fn(int fail)
+{
+    PDP_TRY(fail ? pdp_comm_allreduce(NULL, NULL, 1, PDP_REDUCE_SUM, NULL) : PDP_OK);
+    return PDP_ERR_STATE; /* reached only when the call succeeded */
+}
+
+TEST launch_helpers(void)
+{
+    double a = pdp_seconds(), b = pdp_seconds();
+    ASSERT(a > 0.0 && b >= a);
+    ASSERT_EQ(PDP_ERR_STATE, try_fn(0));
+    ASSERT(try_fn(1) != PDP_OK && try_fn(1) != PDP_ERR_STATE);
+    PDP_CHECK(PDP_OK); /* returns: nothing printed, no exit */
+    PASS();
+}
+
+SUITE(launch)
+{
+    RUN_TEST(launch_runs_every_rank_once);
+    RUN_TEST(launch_returns_the_first_failing_rank);
+    RUN_TEST(launch_env_single_rank);
+    RUN_TEST(launch_refuses_bad_input);
+    RUN_TEST(launch_helpers);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(launch);
+    GREATEST_MAIN_END();
+}
