@@ -60,7 +60,7 @@ PDP_API pdp_status pdp_set_num_threads(int n)
 
 PDP_API int pdp_get_num_threads(void) { return pdp__num_threads > 0 ? pdp__num_threads : 1; }
 
-static int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
+PDP__PRIVATE int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
 
 /* ---- threads: the profile counters (pdp_profile_*) ---- */
 
@@ -111,9 +111,9 @@ static pthread_once_t pdp__scratch_once = PTHREAD_ONCE_INIT;
 static pthread_key_t pdp__scratch_key;
 static int pdp__scratch_key_ok;
 
-static void pdp__scratch_free(void *p) { pdp__dealloc(p); }
+PDP__PRIVATE void pdp__scratch_free(void *p) { pdp__dealloc(p); }
 
-static void pdp__scratch_init(void)
+PDP__PRIVATE void pdp__scratch_init(void)
 {
     pdp__scratch_key_ok = pthread_key_create(&pdp__scratch_key, pdp__scratch_free) == 0;
 }
@@ -121,7 +121,7 @@ static void pdp__scratch_init(void)
 /* This thread's scratch buffer of at least `bytes` bytes (64-byte aligned), or NULL
    when out of memory. Valid until the next call on the same thread; its contents
    are not kept when it grows. Only leaf routines (GEMM) use it, never nested. */
-static void *pdp__thread_scratch(size_t bytes)
+PDP__PRIVATE void *pdp__thread_scratch(size_t bytes)
 {
     pdp__scratch_hdr *h;
     pthread_once(&pdp__scratch_once, pdp__scratch_init);
@@ -141,7 +141,7 @@ static void *pdp__thread_scratch(size_t bytes)
 
 /* ---- threads: the pool ---- */
 
-static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
+PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
 {
     double t0 = pdp__now();
     int i;
@@ -178,19 +178,19 @@ static pdp__pool pdp__the_pool; /* zero: no workers yet */
 
 /* pdp__spin_while's conditions: a worker waits for a new generation (or stop), the
    caller for its workers. */
-static bool pdp__pool_no_new_job(const void *seen)
+PDP__PRIVATE bool pdp__pool_no_new_job(const void *seen)
 {
     return PDP__LOAD_ACQ(&pdp__the_pool.generation) == *(const unsigned long *)seen &&
            !PDP__LOAD_ACQ(&pdp__the_pool.stop);
 }
 
-static bool pdp__pool_jobs_pending(const void *unused)
+PDP__PRIVATE bool pdp__pool_jobs_pending(const void *unused)
 {
     (void)unused;
     return PDP__LOAD_ACQ(&pdp__the_pool.pending) > 0;
 }
 
-static void *pdp__worker_main(void *p)
+PDP__PRIVATE void *pdp__worker_main(void *p)
 {
     pdp__pool *pool = &pdp__the_pool;
     int w = (int)(intptr_t)p;
@@ -231,7 +231,7 @@ static void *pdp__worker_main(void *p)
 /* Makes sure the pool has `want` workers (called with busy held, no job running).
    Stops at the first pthread_create failure: the caller then runs the missing
    indices itself. */
-static void pdp__pool_grow(pdp__pool *pool, int want)
+PDP__PRIVATE void pdp__pool_grow(pdp__pool *pool, int want)
 {
     want = PDP__MIN(want, PDP__MAX_THREADS - 1);
     while (pool->nworkers < want) {
@@ -246,7 +246,7 @@ static void pdp__pool_grow(pdp__pool *pool, int want)
     }
 }
 
-static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
+PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
 {
     pdp__pool *pool = &pdp__the_pool;
     int i, helpers;
