@@ -14,8 +14,9 @@ Usage:
   python3 tools/privatize.py           convert (idempotent: a second run changes nothing)
   python3 tools/privatize.py --check   exit 1, naming file:line and function, when a src/
                                        file has an unconverted private function, a private
-                                       function whose name does not start with pdp__, or a
-                                       name defined as private in two modules
+                                       function whose name does not start with pdp__, a
+                                       name defined as private in two modules, or a test
+                                       file that defines a pdp__ name of its own
 `python3 amalgamate.py --check` runs the check too. Python standard library only.
 """
 import os
@@ -109,6 +110,25 @@ def convert(name):
     return "".join(out), found
 
 
+def test_definitions():
+    """[(where, name)]: file-scope functions or variables named pdp__* that a test file defines
+    itself. The tests link the implementation object, whose PDP__PRIVATE names are external
+    there: a test's own pdp__x would clash with (or, static, contradict the declaration of) a
+    private of the same name."""
+    found = []
+    tests = os.path.join(ROOT, "tests")
+    for f in sorted(os.listdir(tests)):
+        if not f.endswith((".c", ".h")) or f == "pdp_internal.h":
+            continue
+        with open(os.path.join(tests, f), encoding="utf-8") as fh:
+            blank = amalgamate.blank_comments(fh.read())
+        for m in re.finditer(r"^[A-Za-z_][\w \t\*]*?\b(pdp__\w+)\s*(\(|\[|=|;)", blank, re.M):
+            if not m.group(0).startswith(("#", "return")):
+                found.append(("tests/%s:%d" % (f, blank.count("\n", 0, m.start()) + 1),
+                              m.group(1)))
+    return found
+
+
 def main(argv):
     check = "--check" in argv
     if any(a not in ("--check",) for a in argv):
@@ -136,6 +156,9 @@ def main(argv):
     except amalgamate.Error as e:
         sys.stderr.write("privatize.py: %s\n" % e)
         return 2
+    for where, fname in test_definitions():
+        problems.append("%s: the test defines %s; the tests link the private functions, so "
+                        "pdp__ names are the library's: rename it" % (where, fname))
     for p in problems:
         sys.stderr.write("%s\n" % p)
     if changed:
