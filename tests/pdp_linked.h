@@ -11,9 +11,14 @@
 #ifndef PDP_LINKED_H_INCLUDED
 #define PDP_LINKED_H_INCLUDED
 
+/* (asked before pdp_internal.h, whose internal.h gives PDP_MALLOC its default) */
+#if defined(PDP_MALLOC) && !defined(PDP_TEST_COUNTING_ALLOC_H)
+#  define PDP_TEST__OWN_ALLOC 1
+#endif
+
 #include "pdp_internal.h"
 
-#if defined(PDP_MALLOC) && !defined(PDP_TEST_COUNTING_ALLOC_H)
+#ifdef PDP_TEST__OWN_ALLOC
 extern void *(*pdp_test_malloc_hook)(size_t bytes);
 extern void (*pdp_test_free_hook)(void *p);
 static void *pdp_test__own_malloc(size_t bytes) { return PDP_MALLOC(bytes); }
