@@ -54,7 +54,8 @@ $(B):
 # a test's own PDP_MALLOC / PDP_FREE when the test defines them (tests/pdp_linked.h).
 # - $(IMPL_OBJ), at $(OPT) as users build it: the examples, SHARED_TESTS (the public API
 #   only) and KERNEL_TESTS (test_gemm: the compute kernels as users compile them).
-# - $(IMPL_OG_OBJ), at $(TEST_OPT): INTERNAL_TESTS, which read internal structs or call pdp__
+# - $(IMPL_OG_OBJ), at $(TEST_OPT) ($(IMPL_OBJ) itself when the levels are the same, as
+#   in make sanitize and make tsan): INTERNAL_TESTS, which read internal structs or call pdp__
 #   functions (the model, DP, DDP, ZeRO, TP, checkpoint, optimizer internals; the pool, the
 #   store, the trace writer, the inflater; allocation budgets and failure injection through
 #   their own PDP_MALLOC). -Og, gcc's level for debugging, keeps every warning -Werror needs
@@ -80,7 +81,12 @@ INTERNAL_TESTS = $(filter-out $(SHARED_TESTS) $(KERNEL_TESTS) $(OWN_TESTS),$(TES
 IMPL_LINKED    = -DPDP__IMPLEMENTATION_INCLUDED -DPDP_TEST_SHARED_IMPL
 TEST_LINKED    = $(IMPL_LINKED) -DPDP__INTERNAL_API
 IMPL_OBJ       = $(B)/pdp_impl.o
+# one object when both levels are the same (make sanitize, make tsan)
+ifeq ($(OPT),$(TEST_OPT))
+IMPL_OG_OBJ    = $(IMPL_OBJ)
+else
 IMPL_OG_OBJ    = $(B)/pdp_impl_og.o
+endif
 TEST_HEADERS   = pdp.h tests/pdp_test.h tests/counting_alloc.h tests/pdp_linked.h \
                  tests/pdp_internal.h
 
@@ -88,7 +94,7 @@ $(IMPL_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(OPT) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
-$(IMPL_OG_OBJ): tests/pdp_impl.c tests/counting_alloc.h pdp.h
+$(B)/pdp_impl_og.o: tests/pdp_impl.c tests/counting_alloc.h pdp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(TEST_OPT) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
