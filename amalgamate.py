@@ -4,12 +4,18 @@
 pdp.h = manual (src/manual.txt) + strict-C99 prelude + public API (the API
 headers below, in order) + shared host/device math + implementation (the .c
 modules below, in order, under PDP_IMPLEMENTATION) + licence.
+With pdp.h it writes tests/pdp_internal.h, the implementation's declarations
+without its function bodies, which pdp.h includes (by tests/pdp_linked.h) under
+PDP__INTERNAL_API: the internal tests linked against one implementation object
+(see the Makefile).
 
 Usage:
   python3 amalgamate.py                   write pdp.h
-  python3 amalgamate.py --check           exit 1 when pdp.h is stale (naming the module), or when
-                                          an IMPL module uses a name that a later module defines
-                                          (one line each: caller:line, name, defining module)
+  python3 amalgamate.py --check           exit 1 when pdp.h or tests/pdp_internal.h is stale
+                                          (naming the module), when an IMPL module uses a name
+                                          that a later module defines (one line each:
+                                          caller:line, name, defining module), or when
+                                          tools/privatize.py --check finds a static function
   python3 amalgamate.py --order           only the dependency-order check; exit 1 on a violation
   python3 amalgamate.py --output PATH     write PATH instead of pdp.h
   python3 amalgamate.py --line-directives emit #line directives into src/ (development
@@ -263,6 +269,171 @@ def check_order():
 
 
 
+# ---- file-scope statements, for tools/privatize.py and the internal declarations ----
+
+def preprocessor_lines(text):
+    """The 1-based numbers of the preprocessor lines of text (continuations included)."""
+    pre, cont = set(), False
+    for k, line in enumerate(text.split("\n")):
+        if cont or line.lstrip().startswith("#"):
+            pre.add(k + 1)
+        cont = line.rstrip().endswith("\\")
+    return pre
+
+
+def file_scope_statements(text):
+    """The file-scope statements of C source text: (start, end, body) per statement, body the
+    offset of a function definition's `{` (None for any other statement). Comments, strings and
+    preprocessor lines are skipped (braces on preprocessor lines do not count, as in scan)."""
+    blank = blank_comments(text)
+    pre = preprocessor_lines(blank)
+    out = []
+    depth, line, start, body = 0, 1, None, None
+    i, n = 0, len(blank)
+    while i < n:
+        c = blank[i]
+        if c == "\n":
+            line += 1
+            i += 1
+            continue
+        if line in pre:
+            j = blank.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if c in " \t\r\f\v":
+            i += 1
+            continue
+        if depth == 0 and start is None:
+            start, body = i, None
+        if c == "{":
+            if depth == 0 and blank[start:i].rstrip().endswith(")"):
+                body = i
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0 and body is not None:
+                out.append((start, i + 1, body))
+                start = None
+        elif c == ";" and depth == 0:
+            out.append((start, i + 1, None))
+            start = None
+        i += 1
+    if depth != 0 or start is not None:
+        raise Error("unbalanced braces or an unterminated statement at file scope")
+    return out
+
+
+def storage_word(stmt):
+    """(word, offset) of a file-scope statement's first word after any leading attribute
+    macros (PDP__BF16_TARGET static ...): `static`, `PDP__PRIVATE`, `PDP_API`, a type, ..."""
+    pos = 0
+    while True:
+        m = re.compile(r"\s*([A-Za-z_]\w*)").match(stmt, pos)
+        if not m:
+            return "", pos
+        word = m.group(1)
+        if (re.match(r"[A-Z][A-Z0-9_]*$", word) and word not in ("PDP__PRIVATE", "PDP_API")
+                and re.match(r"\s+(static|PDP__PRIVATE)\b", stmt[m.end():])):
+            pos = m.end()
+            continue
+        return word, m.start(1)
+
+
+def first_word(stmt):
+    return storage_word(stmt)[0]
+
+
+def top_level_eq(blank_stmt):
+    """Offset of the `=` of an initialiser in a file-scope declaration (-1 if none)."""
+    depth = 0
+    for k, c in enumerate(blank_stmt):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "=" and depth == 0:
+            return k
+    return -1
+
+
+def declarations(name):
+    """src/name with no function bodies, for pdp's internal tests (tests/pdp_internal.h): a
+    PDP__PRIVATE function keeps its prototype, a PDP__PRIVATE table becomes an extern
+    declaration; PDP_API definitions (declared by the API), and in .c modules static
+    functions and variables (inline helpers, the module's own state), are left out; types,
+    macros and everything in a header stay."""
+    text = read(name)
+    blank = blank_comments(text)
+    header = name.endswith(".h")
+    out, pos = [], 0
+    for start, end, body in file_scope_statements(text):
+        out.append(text[pos:start])
+        pos = end
+        word = first_word(text[start:end])
+        if word == "PDP__PRIVATE":
+            if body is not None:
+                out.append(text[start:body].rstrip() + ";")
+                continue
+            eq = top_level_eq(blank[start:end])
+            if eq >= 0:
+                off = storage_word(text[start:end])[1]
+                out.append("extern" + text[start + off + len(word):start + eq].rstrip() + ";")
+                continue
+            out.append(text[start:end])
+        elif word == "PDP_API" and body is not None:
+            out.append("/* %s */" % re.sub(r"\s+", " ", text[start:body].strip()))
+        elif word == "static" and not header:
+            continue
+        elif body is not None and not (word == "static" and header):
+            raise Error("src/%s:%d: a function defined with neither PDP__PRIVATE nor PDP_API; "
+                        "fix: python3 tools/privatize.py" % (name, text.count("\n", 0, start) + 1))
+        else:
+            out.append(text[start:end])
+    out.append(text[pos:])
+    lines = []
+    for line in "".join(out).split("\n"):
+        m = INCLUDE_RE.match(line)
+        lines.append("/* #include \"%s\" (above) */" % m.group(1) if m else line.rstrip())
+    # runs of blank lines (where bodies and statics were) become one
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip("\n") + "\n"
+
+
+INTERNAL_OUT = os.path.join(ROOT, "tests", "pdp_internal.h")
+
+
+def build_internal():
+    """tests/pdp_internal.h: the private declarations of every IMPL module, no bodies."""
+    parts = ["""\
+/* pdp_internal.h - GENERATED from src/ by amalgamate.py: edit src/, then run
+   `python3 amalgamate.py`. For pdp's own tests only; not part of the library.
+
+   The implementation's declarations without its definitions: every IMPL module of
+   amalgamate.py with its function bodies taken out (see declarations() there). pdp.h
+   includes this file (by tests/pdp_linked.h) when PDP__INTERNAL_API is defined, after the
+   public API: an internal test compiled that way reads the private structs and calls
+   pdp__ functions of the one implementation object it links (tests/pdp_impl.c, compiled
+   with PDP__TEST_LINKAGE, so PDP__PRIVATE functions have external linkage there). */
+#ifndef PDP_INTERNAL_H_INCLUDED
+#define PDP_INTERNAL_H_INCLUDED
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-variable"
+#endif
+"""]
+    for name in IMPL:
+        parts.append("/* ---- src/%s ---- */\n" % name)
+        parts.append(declarations(name))
+        parts.append("\n")
+    parts.append("""\
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif /* PDP_INTERNAL_H_INCLUDED */
+""")
+    return "".join(parts)
+
+
 def module(name, seen, lines_out, owners, line_directives):
     """Append src/name wrapped in banners; quoted includes of src/ headers are
     inlined at first use and commented out after that."""
@@ -363,8 +534,8 @@ def build(line_directives=False):
     emit("#if defined(PDP_IMPLEMENTATION) && !defined(PDP__IMPLEMENTATION_INCLUDED) && \\")
     emit("    !defined(PDP__NO_POSIX)")
     emit("#define PDP__IMPLEMENTATION_INCLUDED\n")
-    emit("/* Private helpers are static; a program that uses part of the library leaves")
-    emit("   some of them unused, which is not worth a warning. */")
+    emit("/* Private helpers are static (PDP__PRIVATE); a program that uses part of the library")
+    emit("   leaves some of them unused, which is not worth a warning. */")
     emit("#if defined(__GNUC__) || defined(__clang__)")
     emit("#pragma GCC diagnostic push")
     emit("#pragma GCC diagnostic ignored \"-Wunused-function\"")
@@ -377,6 +548,15 @@ def build(line_directives=False):
     emit("#pragma GCC diagnostic pop")
     emit("#endif")
     emit("#endif /* PDP_IMPLEMENTATION */\n")
+    emit("/* pdp's own tests (the Makefile): the private declarations without their definitions, for")
+    emit("   a test linked against the implementation compiled once with PDP__TEST_LINKAGE. */")
+    emit("#if defined(PDP__INTERNAL_API) && !defined(PDP__INTERNAL_API_INCLUDED)")
+    emit("#define PDP__INTERNAL_API_INCLUDED")
+    emit("#ifndef PDP__TEST_LINKAGE")
+    emit("#define PDP__TEST_LINKAGE")
+    emit("#endif")
+    emit("#include \"pdp_linked.h\" /* tests/: the generated pdp_internal.h, allocator hooks */")
+    emit("#endif\n")
     emit("/*")
     for line in read("license.txt").rstrip("\n").split("\n"):
         emit(line.rstrip(), "license.txt")
@@ -431,6 +611,24 @@ def main(argv):
             sys.stdout.write("%d violation%s of the dependency order\n"
                              % (len(problems), "" if len(problems) == 1 else "s"))
             return 1 if bad_order else 0
+        import subprocess
+        if subprocess.call([sys.executable, os.path.join(ROOT, "tools", "privatize.py"),
+                            "--check"]) != 0:
+            sys.stderr.write("amalgamate.py: a private function is not PDP__PRIVATE; fix: "
+                             "python3 tools/privatize.py\n")
+            bad_order = True
+        try:
+            internal = build_internal()
+            with open(INTERNAL_OUT, encoding="utf-8") as f:
+                if f.read() != internal:
+                    sys.stderr.write("tests/pdp_internal.h is stale; fix: python3 amalgamate.py\n")
+                    bad_order = True
+        except OSError:
+            sys.stderr.write("tests/pdp_internal.h is missing; fix: python3 amalgamate.py\n")
+            bad_order = True
+        except Error as e:
+            sys.stderr.write("amalgamate.py: %s\n" % e)
+            bad_order = True
         try:
             with open(out, encoding="utf-8") as f:
                 old = f.read()
@@ -447,10 +645,19 @@ def main(argv):
         sys.stderr.write("pdp.h is stale: src/%s differs (pdp.h line %d); fix: python3 amalgamate.py\n"
                          % (owner, n + 1))
         return 1
-    tmp = out + ".tmp.%d" % os.getpid()
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
-    os.replace(tmp, out)
+    try:
+        internal = build_internal()
+    except Error as e:
+        sys.stderr.write("amalgamate.py: %s\n" % e)
+        return 2
+    targets = [(out, text)]
+    if out == os.path.join(ROOT, "pdp.h"):
+        targets.append((INTERNAL_OUT, internal))
+    for path, content in targets:
+        tmp = path + ".tmp.%d" % os.getpid()
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(content)
+        os.replace(tmp, path)
     return 0
 
 

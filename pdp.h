@@ -3159,8 +3159,8 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float
     !defined(PDP__NO_POSIX)
 #define PDP__IMPLEMENTATION_INCLUDED
 
-/* Private helpers are static; a program that uses part of the library leaves
-   some of them unused, which is not worth a warning. */
+/* Private helpers are static (PDP__PRIVATE); a program that uses part of the library
+   leaves some of them unused, which is not worth a warning. */
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -3198,6 +3198,19 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float
 #ifndef PDP_ASSERT
 #  include <assert.h>
 #  define PDP_ASSERT(c) assert(c)
+#endif
+
+/* Linkage of the private functions (pdp__*), SQLite's SQLITE_PRIVATE pattern: static in every
+   user's build, so they stay out of the program's symbols and unused ones are dropped; empty
+   when pdp's own tests compile the implementation once with PDP__TEST_LINKAGE
+   (tests/pdp_impl.c) and link their internal tests against that object (the Makefile).
+   tools/privatize.py writes it for `static` on every file-scope function of the .c modules
+   and this file but `static inline` ones; its --check (run by amalgamate.py --check) fails
+   on one it missed. */
+#ifdef PDP__TEST_LINKAGE
+#  define PDP__PRIVATE
+#else
+#  define PDP__PRIVATE static
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -3259,7 +3272,7 @@ static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5)
 #  define PDP__HAVE_OVERFLOW_BUILTINS 1
 #endif
-static PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out)
+PDP__PRIVATE PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out)
 {
     int64_t r;
     if (a < 0 || b < 0) return 0;
@@ -3273,7 +3286,7 @@ static PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out)
     *out = r;
     return 1;
 }
-static PDP__UNUSED int pdp__add_ok(int64_t a, int64_t b, int64_t *out)
+PDP__PRIVATE PDP__UNUSED int pdp__add_ok(int64_t a, int64_t b, int64_t *out)
 {
     int64_t r;
     if (a < 0 || b < 0) return 0;
@@ -3288,7 +3301,7 @@ static PDP__UNUSED int pdp__add_ok(int64_t a, int64_t b, int64_t *out)
     return 1;
 }
 /* a * b * c, checked as above (a convolution's C * k * k, a batch's n * h * w). */
-static PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64_t *out)
+PDP__PRIVATE PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64_t *out)
 {
     int64_t ab;
     return pdp__mul_ok(a, b, &ab) && pdp__mul_ok(ab, c, out);
@@ -3296,18 +3309,18 @@ static PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64_t *ou
 
 /* Formats the thread-local message and returns status: a failing branch is one
    line, `return pdp__err(PDP_ERR_SHAPE, "pdp_x: layer %d ...", ...)`. */
-static pdp_status pdp__err(pdp_status status, const char *fmt, ...);
+PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...);
 /* Prepends "context: " to the current message (for errors passed up a level). */
-static pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
+PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
 
 /* PDP_MALLOC'd memory aligned to 64 bytes (the original pointer is stored just
    before the block). Returns NULL on failure; bytes == 0 gives a valid block. */
-static void *pdp__alloc(size_t bytes);
-static void *pdp__calloc(size_t bytes);
-static void pdp__dealloc(void *p);
+PDP__PRIVATE void *pdp__alloc(size_t bytes);
+PDP__PRIVATE void *pdp__calloc(size_t bytes);
+PDP__PRIVATE void pdp__dealloc(void *p);
 
 /* Monotonic seconds. */
-static double pdp__now(void);
+PDP__PRIVATE double pdp__now(void);
 
 /* Waking a sleeping thread costs tens of microseconds on a VM, more than a small
    GEMM's share, so a thread that hands work off (the intra-op pool, DataParallel's
@@ -3315,7 +3328,7 @@ static double pdp__now(void);
    OpenBLAS do (longer): pdp__spin_while pauses while still(ctx) holds, for at most
    PDP__SPIN_S seconds. still() may read only values written with PDP__STORE_REL, and
    through PDP__LOAD_ACQ (threads.c). */
-static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
+PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
 
 /* A worker team (threads.c): the one hand-off behind the intra-op pool and
    DataParallel's workers. Members 1..nworkers are persistent threads (created by
@@ -3351,21 +3364,21 @@ struct pdp__team {
     pdp__team_member member[PDP__TEAM_MAX - 1];
 };
 /* Initialises a zeroed team with no threads; 0, or pthread's error code. */
-static int pdp__team_init(pdp__team *t);
+PDP__PRIVATE int pdp__team_init(pdp__team *t);
 /* Starts threads until the team has `workers` (at most PDP__TEAM_MAX - 1); no job may
    be running. 0, or the first pthread_create error (the threads made so far stay). */
-static int pdp__team_grow(pdp__team *t, int workers);
+PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers);
 /* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
-static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
 /* Stops and joins every thread and releases the team (a zeroed team is fine); the
    team may be initialised again. */
-static void pdp__team_free(pdp__team *t);
+PDP__PRIVATE void pdp__team_free(pdp__team *t);
 
 /* The intra-op setting of the calling thread (see pdp_set_num_threads). */
-static int pdp__threads_for_caller(void);
+PDP__PRIVATE int pdp__threads_for_caller(void);
 /* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
    (n <= the caller's thread count); returns when all are done. */
-static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg);
+PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg);
 /* The calling thread's profile counters (pdp_profile_start; src/threads.c). A counted
    call does `double t0 = pdp__prof.on ? pdp__now() : 0;` and, at its end,
    `if (pdp__prof.on) pdp__prof.<counter> += pdp__now() - t0;`. */
@@ -3379,17 +3392,17 @@ typedef struct pdp__profile_state {
 } pdp__profile_state;
 /* This thread's growing scratch buffer (64-byte aligned, freed at thread exit), or
    NULL when out of memory; valid until the next call on this thread. Leaf use only. */
-static void *pdp__thread_scratch(size_t bytes);
+PDP__PRIVATE void *pdp__thread_scratch(size_t bytes);
 
 /* ---- devices (cuda_host.c) ----
    Memory on a device other than the CPU goes through these; without PDP_CUDA a
    CUDA device fails with PDP_ERR_UNSUPPORTED naming the macro. */
-static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
-static void pdp__dev_free(pdp_device d, void *p);
-static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
-static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
-static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                size_t bytes);
+PDP__PRIVATE pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
+PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p);
+PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
+PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
+                                      size_t bytes);
 
 /* ---- model internals (model.c, layers.c, loss.c and the executors) ---- */
 
@@ -3517,14 +3530,14 @@ typedef struct pdp__layer_kind_info {
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
    backward on io->device; the workspace floats per sample on device d. */
-static const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
-static pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
-static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
-static const char *pdp__layer_kind_name(pdp__layer_kind k);
-static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
-static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
+PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
+PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+PDP__PRIVATE pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k);
+PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
+PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 
 typedef struct pdp__param_entry {
     char name[32];
@@ -3558,25 +3571,25 @@ typedef struct pdp__tp_state {
    over tp->comm: all ranks return PDP_ERR_INVALID naming the first difference, or PDP_OK
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
-static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
-static bool pdp__tp_is_split(const pdp_model *m, int p);
+PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 
-static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+PDP__PRIVATE pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+PDP__PRIVATE pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
 #ifdef PDP_CUDA
-static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
 #endif
 /* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
    and gradients live. The event function (NULL: off) is called before the forward
@@ -3666,20 +3679,20 @@ struct pdp_model {
    pdp__model_check_layout: PDP_ERR_STATE for a call fn that would change the layout or
    the parameter block of a wrapped model (or a DP replica), naming the executor; what:
    the advice ("add layers before wrapping it"). */
-static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
-static void pdp__model_unwrap(pdp_model *m);
-static const char *pdp__model_wrapper(const pdp_model *m);
-static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
+PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
+PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
 /* A parameter view for pdp_model_param (model.c): e's shape over data when full, else 1-d
    of count floats; data NULL: empty (count 0). */
-static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
-                            int64_t count, pdp_tensor *out);
+PDP__PRIVATE void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                                  int64_t count, pdp_tensor *out);
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
    clone reads src's parameter block (CPU DP replicas); otherwise it gets its own
    copy of the parameter values. */
-static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
-                                   pdp_model **out);
+PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
+                                         pdp_model **out);
 /* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
    of full, with their parameters copied (names, layer indices and dropout keys stay full's:
    "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
@@ -3687,10 +3700,10 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
    re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
    rows (x must be the input that forward was given, still alive). */
-static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
-static pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
-static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
-                                bool forwarded);
+PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
+PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
+                                      bool forwarded);
 
 /* ---- losses (loss.c) ----
    Softmax cross-entropy over integer labels: *loss_sum gets the sum over the
@@ -3698,9 +3711,9 @@ static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t 
    is not NULL it gets (softmax - onehot) * grad_scale. The public loss uses
    grad_scale = 1/batch; DP replicas use 1/global_batch so that the reduced
    gradients equal those of the whole batch. fn names the public caller. */
-static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
-                                     int64_t classes, float grad_scale, double *loss_sum,
-                                     float *dlogits, const char *fn);
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
+                                           int64_t classes, float grad_scale, double *loss_sum,
+                                           float *dlogits, const char *fn);
 
 /* ---- CUDA dispatch (cuda_host.c) ----
    loss.c and optim.c hand work on a CUDA device to these; without
@@ -3719,75 +3732,75 @@ typedef struct pdp__optim_scalars {
     float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
 } pdp__optim_scalars;
 
-static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                          int64_t batch, int64_t classes, float grad_scale,
-                                          double *loss_sum, float *dlogits,
-                                          const char *fn) PDP__UNUSED;
-static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
-                                int64_t count, float scale, double *sum, float *dpred,
-                                const char *fn) PDP__UNUSED;
-static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
-                                         float *p, const float *g, float *s0, float *s1,
-                                         int64_t n) PDP__UNUSED;
-static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
-                               int64_t count) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
+                                                int64_t batch, int64_t classes, float grad_scale,
+                                                double *loss_sum, float *dlogits,
+                                                const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
+                                      int64_t count, float scale, double *sum, float *dpred,
+                                      const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
+                                               float *p, const float *g, float *s0, float *s1,
+                                               int64_t n) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
+                                     int64_t count) PDP__UNUSED;
 /* Gradient clipping on d: *sum = sum of x^2 (double, fixed order); x *= s. */
-static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
-                                  const char *fn) PDP__UNUSED;
-static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
-                                  const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                        const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
+                                        const char *fn) PDP__UNUSED;
 
 /* ---- gradient norms (optim.c): the local pieces every clipping call is made of ----
    pdp__grad_sumsq: *sum += the sum of squares of g[0, n) (on m's device; double, fixed
    order). pdp__grad_scale: g[0, n) *= coef. fn names the public caller in errors. */
-static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
-                                  const char *fn);
-static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
-                                  const char *fn);
+PDP__PRIVATE pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
+                                        const char *fn);
+PDP__PRIVATE pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
+                                        const char *fn);
 /* *sum += the squares of gradient elements [lo, hi) of m's flat block, held at g[0, hi -
    lo), as a TP group counts them: on a TP model a slice's elements on every TP rank and
    a replicated tensor's on TP rank 0 only, so that the sum over the TP group is the full
    model's; on any other model every element (pdp__grad_sumsq). */
-static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
-                                        int64_t hi, double *sum, const char *fn);
+PDP__PRIVATE pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                              int64_t hi, double *sum, const char *fn);
 /* The one rule for max_norm of every clipping call (pdp_clip_grad_norm,
    pdp_zero_clip_grad_norm, pdp_pp_clip_grad_norm): finite and >= 0, else
    PDP_ERR_INVALID "fn: max_norm ...". */
-static pdp_status pdp__check_max_norm(float max_norm, const char *fn);
+PDP__PRIVATE pdp_status pdp__check_max_norm(float max_norm, const char *fn);
 /* torch.nn.utils.clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), in double,
    rounded to float; >= 1 means no clipping. */
-static float pdp__clip_coef(float max_norm, double norm);
+PDP__PRIVATE float pdp__clip_coef(float max_norm, double norm);
 /* *sum <- the sum over c's ranks of *sum (a float all-reduce: every rank gets the same
    bits). host: a float that outlives the call (the executor's); dev: its copy on c's
    device for a CUDA communicator (NCCL reduces device memory only), else NULL. The
    message names the failing collective; the caller prefixes its own. */
-static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum);
+PDP__PRIVATE pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum);
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal
    step; one rank's shard under ZeRO). The step counter is advanced by the
    caller-visible pdp_optim_step only. */
-static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
-                                        int64_t lo, int64_t hi);
+PDP__PRIVATE pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
+                                              int64_t lo, int64_t hi);
 /* pdp_optim_step's checks (model changed since create, ZeRO shard, sharded blocks),
    with its messages; changes nothing. */
-static pdp_status pdp__optim_check_step(const pdp_optim *o);
+PDP__PRIVATE pdp_status pdp__optim_check_step(const pdp_optim *o);
 /* The scalars of o's next update (learning rate, Adam's bias corrections). */
-static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s);
+PDP__PRIVATE void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s);
 /* Parameters [lo, hi) updated on the calling thread with scalars s from
    pdp__optim_scalars_of (a CPU optimizer; nothing is checked or counted). */
-static void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
-                                    float *params, const float *grads, int64_t lo, int64_t hi);
+PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
+                                          float *params, const float *grads, int64_t lo, int64_t hi);
 /* Counts an update done range by range (pdp__optim_step_range,
    pdp__optim_update_range) as one step. */
-static void pdp__optim_finish_step(pdp_optim *o);
+PDP__PRIVATE void pdp__optim_finish_step(pdp_optim *o);
 /* An optimizer holding state for [lo, hi) of the flat block only (ZeRO: one
    rank's range; pdp_optim_create is [0, param_count)). pdp_optim_step on it
    updates [lo, hi) only, with the bits a full optimizer gives that range.
    fn names the public caller. */
-static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
-                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
-                                          const char *fn);
+PDP__PRIVATE pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                                const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                                const char *fn);
 
 /* ---- checkpoint ranges (checkpoint.c) ----
    One rank's part of a checkpoint under ZeRO: the parameters and/or optimizer
@@ -3798,31 +3811,31 @@ static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
    load reads a shard file of exactly [lo, hi) or the slice [lo, hi) of a full
    checkpoint, validating everything before it copies. fn names the public
    caller in messages. */
-static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
-                                             const float *params, const pdp_optim *o,
-                                             int64_t lo, int64_t hi, const char *fn);
-static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
-                                             pdp_optim *o, int64_t lo, int64_t hi,
-                                             const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                                   const float *params, const pdp_optim *o,
+                                                   int64_t lo, int64_t hi, const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                                   pdp_optim *o, int64_t lo, int64_t hi,
+                                                   const char *fn);
 /* The same for the shards of one ZeRO save: save writes run (16 lowercase hex
    digits, the save's id) as the shard file's "shard.run"; load accepts only a
    shard file of exactly [lo, hi) whose "shard.run" is run, and fails with
    PDP_ERR_FORMAT naming the file and both runs otherwise. */
-static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
-                                           const float *params, const pdp_optim *o, int64_t lo,
-                                           int64_t hi, const char *run, const char *fn);
-static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
-                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
-                                           const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                                 const float *params, const pdp_optim *o, int64_t lo,
+                                                 int64_t hi, const char *run, const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                                 const char *fn);
 
 /* ---- ZeRO internals (zero.c, for zero_ckpt.c) ----
    zero_ckpt.c comes after zero.c and reads struct pdp_zero and its units directly;
    these are the two functions of zero.c it calls. fn names the public caller. */
 /* Stage 3: every gather slot free (FSDP's reshard), after the all-gathers in flight. */
-static pdp_status pdp__zero_release_params(pdp_zero *z);
+PDP__PRIVATE pdp_status pdp__zero_release_params(pdp_zero *z);
 /* Stages 1-2: every rank's slices of the full block into dst (the model's param_count
    floats, on its device), unit by unit; collective. */
-static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn);
+PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn);
 
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----
@@ -3920,8 +3933,8 @@ static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter"
    module, which comes before comm.c: under its macro it creates the communicator
    from the environment; without it, it fails with PDP_ERR_UNSUPPORTED naming the
    macro. Errors start with "pdp_comm_init_env". */
-static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc);
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
+PDP__PRIVATE pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc);
+PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
 
 /* ---- trace (trace.c) ----
    Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
@@ -3932,14 +3945,14 @@ static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *d
    seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string
    literal; args NULL or a JSON object body ("\"bytes\":64"). Recording copies
    a fixed-size record and never allocates. Everything is a no-op when off. */
-static pdp_status pdp__trace_open(int process_rank);
-static void pdp__trace_close(void);
-static bool pdp__trace_enabled(void);
-static int pdp__trace_track(int pid, const char *name);
-static void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                double t1, const char *args);
-static void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
-                             double t0, double t1, const char *args);
+PDP__PRIVATE pdp_status pdp__trace_open(int process_rank);
+PDP__PRIVATE void pdp__trace_close(void);
+PDP__PRIVATE bool pdp__trace_enabled(void);
+PDP__PRIVATE int pdp__trace_track(int pid, const char *name);
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
+                                      double t1, const char *args);
+PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
+                                   double t0, double t1, const char *args);
 /* ---- end src/internal.h ---- */
 
 /* ---- begin src/base.c ---- */
@@ -3964,7 +3977,7 @@ PDP_API const char *pdp_last_error(void) { return pdp__errbuf; }
 PDP_API void pdp_clear_error(void) { pdp__errbuf[0] = '\0'; }
 PDP_API const char *pdp_version_string(void) { return PDP_VERSION_STRING; }
 
-static pdp_status pdp__err(pdp_status status, const char *fmt, ...)
+PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -3973,7 +3986,7 @@ static pdp_status pdp__err(pdp_status status, const char *fmt, ...)
     return status;
 }
 
-static pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
+PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
 {
     char prefix[256];
     size_t n, old = strlen(pdp__errbuf), cap = sizeof pdp__errbuf;
@@ -3992,7 +4005,7 @@ static pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
     return status;
 }
 
-static void *pdp__alloc(size_t bytes)
+PDP__PRIVATE void *pdp__alloc(size_t bytes)
 {
     unsigned char *raw = (unsigned char *)PDP_MALLOC(bytes + PDP__ALIGN + sizeof(void *));
     uintptr_t p;
@@ -4002,19 +4015,19 @@ static void *pdp__alloc(size_t bytes)
     return (void *)p;
 }
 
-static void *pdp__calloc(size_t bytes)
+PDP__PRIVATE void *pdp__calloc(size_t bytes)
 {
     void *p = pdp__alloc(bytes);
     if (p) memset(p, 0, bytes);
     return p;
 }
 
-static void pdp__dealloc(void *p)
+PDP__PRIVATE void pdp__dealloc(void *p)
 {
     if (p) PDP_FREE(((void **)p)[-1]);
 }
 
-static double pdp__now(void)
+PDP__PRIVATE double pdp__now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -4093,7 +4106,7 @@ PDP_API pdp_status pdp_set_num_threads(int n)
 
 PDP_API int pdp_get_num_threads(void) { return pdp__num_threads > 0 ? pdp__num_threads : 1; }
 
-static int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
+PDP__PRIVATE int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
 
 /* ---- threads: the profile counters (pdp_profile_*) ---- */
 
@@ -4144,9 +4157,9 @@ static pthread_once_t pdp__scratch_once = PTHREAD_ONCE_INIT;
 static pthread_key_t pdp__scratch_key;
 static int pdp__scratch_key_ok;
 
-static void pdp__scratch_free(void *p) { pdp__dealloc(p); }
+PDP__PRIVATE void pdp__scratch_free(void *p) { pdp__dealloc(p); }
 
-static void pdp__scratch_init(void)
+PDP__PRIVATE void pdp__scratch_init(void)
 {
     pdp__scratch_key_ok = pthread_key_create(&pdp__scratch_key, pdp__scratch_free) == 0;
 }
@@ -4154,7 +4167,7 @@ static void pdp__scratch_init(void)
 /* This thread's scratch buffer of at least `bytes` bytes (64-byte aligned), or NULL
    when out of memory. Valid until the next call on the same thread; its contents
    are not kept when it grows. Only leaf routines (GEMM) use it, never nested. */
-static void *pdp__thread_scratch(size_t bytes)
+PDP__PRIVATE void *pdp__thread_scratch(size_t bytes)
 {
     pdp__scratch_hdr *h;
     pthread_once(&pdp__scratch_once, pdp__scratch_init);
@@ -4174,7 +4187,7 @@ static void *pdp__thread_scratch(size_t bytes)
 
 /* ---- threads: the pool ---- */
 
-static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
+PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
 {
     double t0 = pdp__now();
     int i;
@@ -4195,18 +4208,18 @@ typedef struct pdp__team_wait {
     unsigned long seen;
 } pdp__team_wait;
 
-static bool pdp__team_no_new_job(const void *ctx)
+PDP__PRIVATE bool pdp__team_no_new_job(const void *ctx)
 {
     const pdp__team_wait *c = (const pdp__team_wait *)ctx;
     return PDP__LOAD_ACQ(&c->team->generation) == c->seen && !PDP__LOAD_ACQ(&c->team->stop);
 }
 
-static bool pdp__team_pending(const void *team)
+PDP__PRIVATE bool pdp__team_pending(const void *team)
 {
     return PDP__LOAD_ACQ(&((const pdp__team *)team)->pending) > 0;
 }
 
-static void *pdp__team_main(void *p)
+PDP__PRIVATE void *pdp__team_main(void *p)
 {
     const pdp__team_member *me = (const pdp__team_member *)p;
     pdp__team *t = me->team;
@@ -4240,7 +4253,7 @@ static void *pdp__team_main(void *p)
     return NULL;
 }
 
-static int pdp__team_init(pdp__team *t)
+PDP__PRIVATE int pdp__team_init(pdp__team *t)
 {
     int rc;
     memset(t, 0, sizeof *t);
@@ -4258,7 +4271,7 @@ static int pdp__team_init(pdp__team *t)
     return 0;
 }
 
-static int pdp__team_grow(pdp__team *t, int workers)
+PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers)
 {
     int rc = 0;
     if (!t->ok) return EINVAL;
@@ -4279,7 +4292,7 @@ static int pdp__team_grow(pdp__team *t, int workers)
     return rc;
 }
 
-static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg)
+PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg)
 {
     int i, helpers;
     if (n <= 1 || !t->ok) { /* nothing to hand off (or no team): all on this thread */
@@ -4305,7 +4318,7 @@ static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int 
     pthread_mutex_unlock(&t->lock);
 }
 
-static void pdp__team_free(pdp__team *t)
+PDP__PRIVATE void pdp__team_free(pdp__team *t)
 {
     int w, nworkers;
     if (!t->ok) return;
@@ -4343,7 +4356,7 @@ static pdp__pool pdp__the_pool;
 /* The job under a profile: a member times its index in its own slot, the caller
    notes when it finished its own; the caller reads both once pdp__team_run has
    returned (which orders the members' writes before it). */
-static void pdp__pool_timed(void *p, int i, int n)
+PDP__PRIVATE void pdp__pool_timed(void *p, int i, int n)
 {
     pdp__pool *pool = (pdp__pool *)p;
     double t0 = pdp__now();
@@ -4354,7 +4367,7 @@ static void pdp__pool_timed(void *p, int i, int n)
         pool->busy_s[i] = pdp__now() - t0;
 }
 
-static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
+PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
 {
     pdp__pool *pool = &pdp__the_pool;
     int i;
@@ -4485,7 +4498,7 @@ static const char pdp__trace_trailer[] = "\n],\"displayTimeUnit\":\"ms\"}\n";
 
 /* ---- trace: writing ---- */
 
-static void pdp__trace_put_escaped(FILE *f, const char *s)
+PDP__PRIVATE void pdp__trace_put_escaped(FILE *f, const char *s)
 {
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
@@ -4495,7 +4508,7 @@ static void pdp__trace_put_escaped(FILE *f, const char *s)
     }
 }
 
-static void pdp__trace_put_one(FILE *f, const pdp__trace_ev *e, char ph, double ts, bool dur)
+PDP__PRIVATE void pdp__trace_put_one(FILE *f, const pdp__trace_ev *e, char ph, double ts, bool dur)
 {
     fprintf(f, "{\"ph\":\"%c\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", ph, e->pid, e->tid, ts);
     if (dur) fprintf(f, ",\"dur\":%.3f", e->dur);
@@ -4508,7 +4521,7 @@ static void pdp__trace_put_one(FILE *f, const pdp__trace_ev *e, char ph, double 
 
 /* Appends the buffered records after the last one written, then the trailer.
    Called with the mutex held. */
-static void pdp__trace_write_locked(pdp__trace_sink *s)
+PDP__PRIVATE void pdp__trace_write_locked(pdp__trace_sink *s)
 {
     int i;
     if (!s->f) return;
@@ -4531,7 +4544,7 @@ static void pdp__trace_write_locked(pdp__trace_sink *s)
 }
 
 /* The next free record (writing the buffer out when it is full). Mutex held. */
-static pdp__trace_ev *pdp__trace_slot_locked(pdp__trace_sink *s)
+PDP__PRIVATE pdp__trace_ev *pdp__trace_slot_locked(pdp__trace_sink *s)
 {
     pdp__trace_ev *e;
     if (s->n == s->cap) pdp__trace_write_locked(s);
@@ -4540,7 +4553,7 @@ static pdp__trace_ev *pdp__trace_slot_locked(pdp__trace_sink *s)
     return e;
 }
 
-static void pdp__trace_copy(char *dst, size_t cap, const char *src)
+PDP__PRIVATE void pdp__trace_copy(char *dst, size_t cap, const char *src)
 {
     size_t n = src ? strlen(src) : 0;
     if (n >= cap) n = cap - 1;
@@ -4549,7 +4562,7 @@ static void pdp__trace_copy(char *dst, size_t cap, const char *src)
 }
 
 /* args = "\"name\":\"<escaped s>\"" for metadata records. */
-static void pdp__trace_name_arg(char *dst, size_t cap, const char *s)
+PDP__PRIVATE void pdp__trace_name_arg(char *dst, size_t cap, const char *s)
 {
     size_t o = 0;
     o += (size_t)snprintf(dst, cap, "\"name\":\"");
@@ -4562,8 +4575,8 @@ static void pdp__trace_name_arg(char *dst, size_t cap, const char *s)
     dst[o] = '\0';
 }
 
-static void pdp__trace_meta_locked(pdp__trace_sink *s, int pid, int tid, const char *what,
-                                   const char *name, int sort_index)
+PDP__PRIVATE void pdp__trace_meta_locked(pdp__trace_sink *s, int pid, int tid, const char *what,
+                                         const char *name, int sort_index)
 {
     pdp__trace_ev *e = pdp__trace_slot_locked(s);
     char sort_what[32];
@@ -4587,7 +4600,7 @@ static void pdp__trace_meta_locked(pdp__trace_sink *s, int pid, int tid, const c
    the sink. Reads PDP_TRACE while no file is open; unset or empty means
    tracing stays off and every call below is a no-op. Each successful call
    must be matched by one pdp__trace_close. */
-static pdp_status pdp__trace_open(int process_rank)
+PDP__PRIVATE pdp_status pdp__trace_open(int process_rank)
 {
     pdp__trace_sink *s = &pdp__trace_g;
     const char *env;
@@ -4645,7 +4658,7 @@ out:
 }
 
 /* The last close writes everything, closes the file and frees the buffer. */
-static void pdp__trace_close(void)
+PDP__PRIVATE void pdp__trace_close(void)
 {
     pdp__trace_sink *s = &pdp__trace_g;
     pthread_mutex_lock(&pdp__trace_mu);
@@ -4662,11 +4675,11 @@ static void pdp__trace_close(void)
 }
 
 /* Cheap enough for every event site: one atomic load. */
-static bool pdp__trace_enabled(void) { return PDP__LOAD_ACQ(&pdp__trace_g.enabled) != 0; }
+PDP__PRIVATE bool pdp__trace_enabled(void) { return PDP__LOAD_ACQ(&pdp__trace_g.enabled) != 0; }
 
 /* A new track (tid) on process pid (a rank) named name ("compute", "comm world");
    the first track of a pid also names the process "rank <pid>". 0 when off. */
-static int pdp__trace_track(int pid, const char *name)
+PDP__PRIVATE int pdp__trace_track(int pid, const char *name)
 {
     pdp__trace_sink *s = &pdp__trace_g;
     int tid = 0;
@@ -4686,8 +4699,8 @@ static int pdp__trace_track(int pid, const char *name)
     return tid;
 }
 
-static void pdp__trace_record(char ph, int pid, int tid, const char *cat, const char *name,
-                              uint64_t id, double t0, double t1, const char *args)
+PDP__PRIVATE void pdp__trace_record(char ph, int pid, int tid, const char *cat, const char *name,
+                                    uint64_t id, double t0, double t1, const char *args)
 {
     pdp__trace_sink *s = &pdp__trace_g;
     pdp__trace_ev *e;
@@ -4711,16 +4724,16 @@ static void pdp__trace_record(char ph, int pid, int tid, const char *cat, const 
 /* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
    seconds). cat: a string literal ("compute", "comm"); args: NULL or a JSON
    object body. */
-static void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                double t1, const char *args)
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
+                                      double t1, const char *args)
 {
     pdp__trace_record('X', pid, tid, cat, name, 0, t0, t1, args);
 }
 
 /* An async begin/end pair (a collective from launch to completion, which may
    overlap the compute track); id distinguishes concurrent pairs of one name. */
-static void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
-                             double t0, double t1, const char *args)
+PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
+                                   double t0, double t1, const char *args)
 {
     pdp__trace_record('A', pid, tid, cat, name, id, t0, t1, args);
 }
@@ -4824,13 +4837,13 @@ typedef struct pdp__store_hdr {
     uint64_t arg;
 } pdp__store_hdr;
 
-static void pdp__store_put(unsigned char *p, uint64_t x, int bytes)
+PDP__PRIVATE void pdp__store_put(unsigned char *p, uint64_t x, int bytes)
 {
     int i;
     for (i = bytes - 1; i >= 0; i--, x >>= 8) p[i] = (unsigned char)(x & 0xff);
 }
 
-static uint64_t pdp__store_take(const unsigned char *p, int bytes)
+PDP__PRIVATE uint64_t pdp__store_take(const unsigned char *p, int bytes)
 {
     uint64_t x = 0;
     int i;
@@ -4838,8 +4851,8 @@ static uint64_t pdp__store_take(const unsigned char *p, int bytes)
     return x;
 }
 
-static void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint32_t value_bytes,
-                            uint64_t arg)
+PDP__PRIVATE void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint32_t value_bytes,
+                                  uint64_t arg)
 {
     pdp__store_put(p, PDP__STORE_MAGIC, 4);
     p[4] = (unsigned char)code;
@@ -4850,7 +4863,7 @@ static void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint
     pdp__store_put(p + 16, arg, 8);
 }
 
-static pdp__store_hdr pdp__store_unpack(const unsigned char *p)
+PDP__PRIVATE pdp__store_hdr pdp__store_unpack(const unsigned char *p)
 {
     pdp__store_hdr h;
     h.magic = (uint32_t)pdp__store_take(p, 4);
@@ -4862,7 +4875,7 @@ static pdp__store_hdr pdp__store_unpack(const unsigned char *p)
     return h;
 }
 
-static uint64_t pdp__store_ms(double seconds)
+PDP__PRIVATE uint64_t pdp__store_ms(double seconds)
 {
     double ms = ceil(seconds * 1000.0);
     if (!(ms > 0.0)) return 0;
@@ -4873,7 +4886,7 @@ static uint64_t pdp__store_ms(double seconds)
 
 /* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
    _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
-static const char *pdp__store_errstr(int e, char *buf, size_t cap)
+PDP__PRIVATE const char *pdp__store_errstr(int e, char *buf, size_t cap)
 {
 #if defined(__GLIBC__) && defined(__USE_GNU) /* what <features.h> saw, not what is defined now */
     return strerror_r(e, buf, cap);
@@ -4885,7 +4898,7 @@ static const char *pdp__store_errstr(int e, char *buf, size_t cap)
 
 /* Non-blocking, close-on-exec, no SIGPIPE, no Nagle (requests are small and
    latency-bound). */
-static void pdp__store_tune(int fd, bool tcp)
+PDP__PRIVATE void pdp__store_tune(int fd, bool tcp)
 {
     int one = 1;
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -4896,7 +4909,7 @@ static void pdp__store_tune(int fd, bool tcp)
     if (tcp) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-static void pdp__store_sleep(double seconds)
+PDP__PRIVATE void pdp__store_sleep(double seconds)
 {
     struct timespec ts;
     if (seconds <= 0) return;
@@ -4908,7 +4921,7 @@ static void pdp__store_sleep(double seconds)
 
 /* poll() one fd for events until deadline (pdp__now() seconds): 1 ready, 0 timed
    out, -1 error (errno). */
-static int pdp__store_poll1(int fd, short events, double deadline)
+PDP__PRIVATE int pdp__store_poll1(int fd, short events, double deadline)
 {
     for (;;) {
         struct pollfd p;
@@ -4924,7 +4937,7 @@ static int pdp__store_poll1(int fd, short events, double deadline)
     }
 }
 
-static int pdp__store_port_of(int fd)
+PDP__PRIVATE int pdp__store_port_of(int fd)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
@@ -4971,7 +4984,7 @@ typedef struct pdp__store_server {
 /* Returns an array of at least need elements of elem bytes holding p's *cap old
    ones: p itself when it is big enough, else a new block (p freed, *cap updated);
    NULL when out of memory, with p untouched. */
-static void *pdp__store_grow(void *p, int *cap, int need, size_t elem)
+PDP__PRIVATE void *pdp__store_grow(void *p, int *cap, int need, size_t elem)
 {
     int n = *cap ? *cap : 8;
     void *q;
@@ -4985,7 +4998,7 @@ static void *pdp__store_grow(void *p, int *cap, int need, size_t elem)
     return q;
 }
 
-static bool pdp__store_reserve(unsigned char **buf, size_t *cap, size_t need)
+PDP__PRIVATE bool pdp__store_reserve(unsigned char **buf, size_t *cap, size_t need)
 {
     unsigned char *q;
     if (need <= *cap) return true;
@@ -4997,8 +5010,8 @@ static bool pdp__store_reserve(unsigned char **buf, size_t *cap, size_t need)
     return true;
 }
 
-static pdp__store_entry *pdp__store_find(pdp__store_server *srv, const unsigned char *key,
-                                         uint32_t key_bytes)
+PDP__PRIVATE pdp__store_entry *pdp__store_find(pdp__store_server *srv, const unsigned char *key,
+                                               uint32_t key_bytes)
 {
     int i;
     for (i = 0; i < srv->n_entries; i++) {
@@ -5009,8 +5022,8 @@ static pdp__store_entry *pdp__store_find(pdp__store_server *srv, const unsigned 
 }
 
 /* Sets key to value (replacing), or returns false when out of memory. */
-static bool pdp__store_put_entry(pdp__store_server *srv, const unsigned char *key,
-                                 uint32_t key_bytes, const void *value, uint32_t value_bytes)
+PDP__PRIVATE bool pdp__store_put_entry(pdp__store_server *srv, const unsigned char *key,
+                                       uint32_t key_bytes, const void *value, uint32_t value_bytes)
 {
     pdp__store_entry *e = pdp__store_find(srv, key, key_bytes);
     unsigned char *data = (unsigned char *)pdp__alloc((size_t)key_bytes + value_bytes);
@@ -5038,7 +5051,7 @@ static bool pdp__store_put_entry(pdp__store_server *srv, const unsigned char *ke
 /* ---- server: connections ---- */
 
 /* Sends what it can of c's reply; the rest goes when poll reports POLLOUT. */
-static void pdp__store_flush(pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_flush(pdp__store_conn *c)
 {
     while (c->out_sent < c->out_len) {
         ssize_t r = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL);
@@ -5057,8 +5070,8 @@ static void pdp__store_flush(pdp__store_conn *c)
 }
 
 /* Queues a reply, ends the current request and starts sending. */
-static void pdp__store_reply(pdp__store_conn *c, int status, const void *value, uint32_t bytes,
-                             uint64_t arg)
+PDP__PRIVATE void pdp__store_reply(pdp__store_conn *c, int status, const void *value, uint32_t bytes,
+                                   uint64_t arg)
 {
     if (!pdp__store_reserve(&c->out, &c->out_cap, PDP__STORE_HDR + (size_t)bytes)) {
         c->dead = true; /* the client sees EOF: PDP_ERR_COMM on its side */
@@ -5073,7 +5086,7 @@ static void pdp__store_reply(pdp__store_conn *c, int status, const void *value, 
     pdp__store_flush(c);
 }
 
-static void pdp__store_reply_error(pdp__store_conn *c, bool hang_up, const char *fmt, ...)
+PDP__PRIVATE void pdp__store_reply_error(pdp__store_conn *c, bool hang_up, const char *fmt, ...)
 {
     char msg[256];
     va_list ap;
@@ -5085,7 +5098,7 @@ static void pdp__store_reply_error(pdp__store_conn *c, bool hang_up, const char 
 }
 
 /* Answers a parked GET/WAIT from entry e. */
-static void pdp__store_answer(pdp__store_conn *c, const pdp__store_entry *e)
+PDP__PRIVATE void pdp__store_answer(pdp__store_conn *c, const pdp__store_entry *e)
 {
     if (c->req.code == PDP__STORE_GET)
         pdp__store_reply(c, PDP__STORE_OK, e->data + e->key_bytes, e->value_bytes, 0);
@@ -5094,7 +5107,7 @@ static void pdp__store_answer(pdp__store_conn *c, const pdp__store_entry *e)
 }
 
 /* A key was created or changed: answer everyone waiting for it. */
-static void pdp__store_wake_waiters(pdp__store_server *srv, const pdp__store_entry *e)
+PDP__PRIVATE void pdp__store_wake_waiters(pdp__store_server *srv, const pdp__store_entry *e)
 {
     int i;
     for (i = 0; i < srv->n_conns; i++) {
@@ -5106,7 +5119,7 @@ static void pdp__store_wake_waiters(pdp__store_server *srv, const pdp__store_ent
 }
 
 /* Applies ADD: counters are decimal text; a value that is not one is an error. */
-static void pdp__store_add_op(pdp__store_server *srv, pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_add_op(pdp__store_server *srv, pdp__store_conn *c)
 {
     const unsigned char *key = c->body;
     uint32_t kb = c->req.key_bytes;
@@ -5146,7 +5159,7 @@ static void pdp__store_add_op(pdp__store_server *srv, pdp__store_conn *c)
 }
 
 /* The request in c (header and body) is complete: carry it out. */
-static void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c)
 {
     const unsigned char *key = c->body;
     uint32_t kb = c->req.key_bytes;
@@ -5178,7 +5191,7 @@ static void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c)
 }
 
 /* A complete header arrived: validate it before anything is allocated. */
-static void pdp__store_check_header(pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_check_header(pdp__store_conn *c)
 {
     pdp__store_hdr h = pdp__store_unpack(c->hdr);
     size_t need;
@@ -5217,7 +5230,7 @@ static void pdp__store_check_header(pdp__store_conn *c)
 }
 
 /* Reads what is there for c's current request; executes it once complete. */
-static void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
 {
     unsigned char *dst;
     size_t want;
@@ -5246,7 +5259,7 @@ static void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
     if (c->body_got == (size_t)c->req.key_bytes + c->req.value_bytes) pdp__store_execute(srv, c);
 }
 
-static void pdp__store_conn_free(pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_conn_free(pdp__store_conn *c)
 {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
@@ -5255,7 +5268,7 @@ static void pdp__store_conn_free(pdp__store_conn *c)
     pdp__dealloc(c);
 }
 
-static void pdp__store_accept(pdp__store_server *srv)
+PDP__PRIVATE void pdp__store_accept(pdp__store_server *srv)
 {
     for (;;) {
         pdp__store_conn **conns, *c = NULL;
@@ -5288,7 +5301,7 @@ static void pdp__store_accept(pdp__store_server *srv)
 
 /* ---- server: the loop ---- */
 
-static void *pdp__store_serve(void *arg)
+PDP__PRIVATE void *pdp__store_serve(void *arg)
 {
     pdp__store_server *srv = (pdp__store_server *)arg;
     for (;;) {
@@ -5343,7 +5356,7 @@ static void *pdp__store_serve(void *arg)
     return NULL;
 }
 
-static void pdp__store_server_free(pdp__store_server *srv)
+PDP__PRIVATE void pdp__store_server_free(pdp__store_server *srv)
 {
     int i;
     if (!srv) return;
@@ -5359,7 +5372,7 @@ static void pdp__store_server_free(pdp__store_server *srv)
 }
 
 /* Binds host:port, listens and starts the loop; *port gets the port bound. */
-static pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port)
+PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port)
 {
     struct addrinfo hints, *res = NULL, *ai;
     pdp__store_server *srv;
@@ -5426,7 +5439,7 @@ static pdp_status pdp__store_server_start(pdp__store_server **out, const char *h
     return PDP_OK;
 }
 
-static void pdp__store_server_stop(pdp__store_server *srv)
+PDP__PRIVATE void pdp__store_server_stop(pdp__store_server *srv)
 {
     char byte = 1;
     if (!srv) return;
@@ -5449,8 +5462,8 @@ struct pdp_store {
 };
 
 /* One non-blocking connect to ai, bounded by deadline; the fd, or -1 with why. */
-static int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
-                                  size_t cap)
+PDP__PRIVATE int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
+                                        size_t cap)
 {
     int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), err = 0, r;
     socklen_t len = sizeof err;
@@ -5473,7 +5486,7 @@ static int pdp__store_try_connect(const struct addrinfo *ai, double deadline, ch
 }
 
 /* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
-static pdp_status pdp__store_connect(pdp_store *s, const char *host)
+PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
 {
     double deadline = pdp__now() + s->timeout_s, backoff = 0.01;
     char service[16], why[128] = "no attempt";
@@ -5509,8 +5522,8 @@ static pdp_status pdp__store_connect(pdp_store *s, const char *host)
 
 /* Sends out[0..bytes) or, with out NULL, receives into in[0..bytes), all of it by
    deadline: 0, or -1 with why filled. */
-static int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
-                         double deadline, char *why, size_t cap)
+PDP__PRIVATE int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
+                               double deadline, char *why, size_t cap)
 {
     size_t done = 0;
     while (done < bytes) {
@@ -5539,21 +5552,21 @@ static int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, si
     return 0;
 }
 
-static int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
-                               size_t cap)
+PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
+                                     size_t cap)
 {
     return pdp__store_io(fd, (const unsigned char *)buf, NULL, bytes, deadline, why, cap);
 }
 
-static int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
-                               size_t cap)
+PDP__PRIVATE int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
+                                     size_t cap)
 {
     return pdp__store_io(fd, NULL, (unsigned char *)buf, bytes, deadline, why, cap);
 }
 
 /* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
-static int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
-                                char *why, size_t why_cap)
+PDP__PRIVATE int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
+                                      char *why, size_t why_cap)
 {
     unsigned char sink[4096];
     size_t keep = PDP__MIN(cap, bytes);
@@ -5570,10 +5583,10 @@ static int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, dou
    reply's value goes to buf[0..cap) (its full length in *bytes), its arg to
    *arg. PDP_ERR_TIMEOUT without a message when the server reports a timeout (the
    caller words it); PDP_ERR_COMM with one when the connection or the server fails. */
-static pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const char *key,
-                                  const void *value, size_t value_bytes, uint64_t arg,
-                                  double wait_s, void *buf, size_t cap, size_t *bytes,
-                                  uint64_t *reply_arg)
+PDP__PRIVATE pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const char *key,
+                                        const void *value, size_t value_bytes, uint64_t arg,
+                                        double wait_s, void *buf, size_t cap, size_t *bytes,
+                                        uint64_t *reply_arg)
 {
     unsigned char head[PDP__STORE_HDR + PDP_STORE_MAX_KEY];
     size_t key_bytes = strlen(key);
@@ -5619,7 +5632,7 @@ broken:
                     fn, key, s->host, s->port, why);
 }
 
-static pdp_status pdp__store_check(const pdp_store *s, const char *fn, const char *key)
+PDP__PRIVATE pdp_status pdp__store_check(const pdp_store *s, const char *fn, const char *key)
 {
     size_t n;
     if (!s) return pdp__err(PDP_ERR_INVALID, "%s: store is NULL", fn);
@@ -5838,7 +5851,7 @@ PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_s
 /* ---- cuda_host: errors ---- */
 
 /* Turns a failed pdp_cudak_* status into pdp's message. */
-static pdp_status pdp__cuda_fail(pdp_status st)
+PDP__PRIVATE pdp_status pdp__cuda_fail(pdp_status st)
 {
     return pdp__err(st, "pdp_cuda: %s", pdp_cudak_error());
 }
@@ -5849,12 +5862,12 @@ static pdp_status pdp__cuda_fail(pdp_status st)
         if (pdp__cst != PDP_OK) return pdp__cuda_fail(pdp__cst);             \
     } while (0)
 
-static int pdp__cuda_ordinal(pdp_device d) { return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal; }
+PDP__PRIVATE int pdp__cuda_ordinal(pdp_device d) { return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal; }
 #endif
 
 /* ---- cuda_host: memory ---- */
 
-static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
+PDP__PRIVATE pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
 {
     *out = NULL;
     if (d.kind == PDP_DEVICE_CPU) {
@@ -5869,7 +5882,7 @@ static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
 #endif
 }
 
-static void pdp__dev_free(pdp_device d, void *p)
+PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p)
 {
     if (d.kind == PDP_DEVICE_CPU) pdp__dealloc(p);
 #ifdef PDP_CUDA
@@ -5877,7 +5890,7 @@ static void pdp__dev_free(pdp_device d, void *p)
 #endif
 }
 
-static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
+PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
 {
     if (d.kind == PDP_DEVICE_CPU) {
         memset(p, 0, bytes);
@@ -5891,7 +5904,7 @@ static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
 #endif
 }
 
-static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value)
+PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value)
 {
     if (d.kind == PDP_DEVICE_CPU) {
         PDP__FOR_BLOCKED(i, count, p[i] = value;);
@@ -5905,8 +5918,8 @@ static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float val
 #endif
 }
 
-static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                size_t bytes)
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
+                                      size_t bytes)
 {
     if (dst_dev.kind == PDP_DEVICE_CPU && src_dev.kind == PDP_DEVICE_CPU) {
         if (dst != src) memmove(dst, src, bytes);
@@ -5922,8 +5935,8 @@ static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_de
 #endif
 }
 
-static pdp_status pdp__dev_add(pdp_device d, float *PDP__RESTRICT dst,
-                               const float *PDP__RESTRICT src, int64_t count)
+PDP__PRIVATE pdp_status pdp__dev_add(pdp_device d, float *PDP__RESTRICT dst,
+                                     const float *PDP__RESTRICT src, int64_t count)
 {
     if (d.kind == PDP_DEVICE_CPU) {
         PDP__FOR_BLOCKED(i, count, dst[i] += src[i];);
@@ -5967,7 +5980,7 @@ PDP_API pdp_status pdp_cuda_set_tf32(bool on)
 }
 
 /* The common check of the public functions that take a CUDA device. */
-static pdp_status pdp__cuda_check_device(pdp_device d, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_check_device(pdp_device d, const char *fn)
 {
     if (d.kind != PDP_DEVICE_CUDA)
         return pdp__err(PDP_ERR_DEVICE, "%s: device kind %d is not CUDA", fn, (int)d.kind);
@@ -6019,9 +6032,9 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
    device d: labels (host memory) are checked here in sample order, the device
    computes per-sample losses, and the host sums them in sample order. */
 
-static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                          int64_t batch, int64_t classes, float grad_scale,
-                                          double *loss_sum, float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
+                                                int64_t batch, int64_t classes, float grad_scale,
+                                                double *loss_sum, float *dlogits, const char *fn)
 {
 #ifdef PDP_CUDA
     double *loss = (double *)pdp__thread_scratch((size_t)batch * sizeof(double)), total = 0.0;
@@ -6055,9 +6068,9 @@ static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, con
 }
 
 /* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
-static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
-                                int64_t count, float scale, double *sum, float *dpred,
-                                const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
+                                      int64_t count, float scale, double *sum, float *dpred,
+                                      const char *fn)
 {
 #ifdef PDP_CUDA
     pdp_status st;
@@ -6073,8 +6086,8 @@ static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *ta
 
 /* ---- cuda_host: gradient clipping (optim.c's pdp_clip_grad_norm) ---- */
 
-static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
-                                  const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                        const char *fn)
 {
 #ifdef PDP_CUDA
     pdp_status st;
@@ -6088,7 +6101,7 @@ static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, d
 #endif
 }
 
-static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn)
 {
 #ifdef PDP_CUDA
     pdp_status st;
@@ -6104,8 +6117,8 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
 /* Gradient compression on d (dt BF16 or F16): dst[i] = 16-bit(src[i] * scale), rounded
    to nearest even, and its inverse, dst[i] = widen(src[i]); CPU loops or pdp_cuda.cu's
    kernels (the same math.h conversions, so the same bits). */
-static pdp_status pdp__dev_to16(pdp_device d, void *dst, const float *src, int64_t count,
-                                float scale, int dt)
+PDP__PRIVATE pdp_status pdp__dev_to16(pdp_device d, void *dst, const float *src, int64_t count,
+                                      float scale, int dt)
 {
     if (d.kind == PDP_DEVICE_CPU) {
         uint16_t *h = (uint16_t *)dst;
@@ -6125,8 +6138,8 @@ static pdp_status pdp__dev_to16(pdp_device d, void *dst, const float *src, int64
 #endif
 }
 
-static pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *src, int64_t count,
-                                  int dt)
+PDP__PRIVATE pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *src, int64_t count,
+                                        int dt)
 {
     if (d.kind == PDP_DEVICE_CPU) {
         const uint16_t *h = (const uint16_t *)src;
@@ -6148,8 +6161,8 @@ static pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *src, int
 
 /* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
 
-static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
-                                         float *p, const float *g, float *s0, float *s1, int64_t n)
+PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
+                                               float *p, const float *g, float *s0, float *s1, int64_t n)
 {
 #ifdef PDP_CUDA
     if (s->kind == PDP_OPTIM_SGD)
@@ -6179,7 +6192,7 @@ static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_s
 
 /* ---- tensor: shapes ---- */
 
-static pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *count)
+PDP__PRIVATE pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *count)
 {
     int64_t n = 1;
     int i;
@@ -6198,7 +6211,7 @@ static pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shap
     return PDP_OK;
 }
 
-static void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, int64_t count)
+PDP__PRIVATE void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, int64_t count)
 {
     int i;
     t->ndim = ndim;
@@ -6207,7 +6220,7 @@ static void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, int64_
 }
 
 /* "[128, 784]" into buf, for messages. */
-static const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t bytes)
+PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t bytes)
 {
     size_t used = 0;
     int i;
@@ -6407,8 +6420,8 @@ PDP_API float pdp_rng_normal(pdp_rng *r)
 }
 
 /* Fills a CPU tensor directly, any other device through a host staging copy. */
-static pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
-                                   const char *fn)
+PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
+                                         const char *fn)
 {
     float *host;
     int64_t i;
@@ -6507,7 +6520,7 @@ PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t 
 
 /* C = beta C: a product with nothing to add (k == 0 or alpha == 0); with beta == 0, C
    is written without being read. pdp_gemm_bf16 shares it. */
-static void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
 {
     int64_t i, j;
     for (i = 0; i < m; i++) {
@@ -6530,9 +6543,9 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
 }
 
 /* Plain loops: with PDP_CBLAS, Conv2d takes its im2col path and never calls this. */
-static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
-                            float alpha, const float *a, int64_t lda, const float *b,
-                            const int64_t *brow, float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     int64_t i, j, p;
     for (i = 0; i < m; i++)
@@ -6546,11 +6559,11 @@ static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, in
 }
 
 /* The work an m x n product does per k: m n here (see the other definition). */
-static int64_t pdp__gemm_tiles(int64_t m, int64_t n) { return m * n; }
+PDP__PRIVATE int64_t pdp__gemm_tiles(int64_t m, int64_t n) { return m * n; }
 
-static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
-                             const float *a, const int64_t *arow, const float *b, int64_t ldb,
-                             float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                   const float *a, const int64_t *arow, const float *b, int64_t ldb,
+                                   float beta, float *c, int64_t ldc)
 {
     int64_t i, j, p;
     for (i = 0; i < m; i++)
@@ -6624,9 +6637,9 @@ static inline __attribute__((always_inline)) void pdp__gemm_store_tile(
     pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_NV, c, ldc, mr, nr, alpha, beta);
 }
 
-static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                             int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                                   int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     int i, v;
@@ -6658,9 +6671,9 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
    this skips it. Masked loads read no float past column nr; same FMA chain as the
    packed kernel, so the same bits. */
 #  define PDP__GEMM_DIRECT_B 1
-static void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                  const float *b, const int64_t *brow, float *c, int64_t ldc,
-                                  int mr, int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                        const float *b, const int64_t *brow, float *c, int64_t ldc,
+                                        int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     __mmask16 mask[PDP__GEMM_NV];
@@ -6691,9 +6704,9 @@ static void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap
    A, pdp__sgemm_arows; rows past mr repeat row 0 and are never stored), each
    element broadcast straight from its row, as the packed kernel broadcasts it
    from the panel. Same FMA chain, so the same bits. */
-static void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
-                                   int mr, int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
+                                         const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                         int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     const float *r[PDP__GEMM_MR];
@@ -6726,9 +6739,9 @@ static void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
 #  define PDP__GEMM_NV 2
 #  define PDP__GEMM_VL 8
 
-static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                             int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                                   int nr, float alpha, float beta)
 {
     __m256 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
@@ -6778,9 +6791,9 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 #  define PDP__GEMM_NV 1
 #  define PDP__GEMM_VL 16
 
-static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                             int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                                   int nr, float alpha, float beta)
 {
     float acc[PDP__GEMM_MR][PDP__GEMM_VL];
     int i, j;
@@ -6835,7 +6848,7 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 #  define PDP__GEMM_T8 1
 
 /* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8). */
-static void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd)
+PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd)
 {
     __m256 r0 = _mm256_loadu_ps(s[0] + p), r1 = _mm256_loadu_ps(s[1] + p);
     __m256 r2 = _mm256_loadu_ps(s[2] + p), r3 = _mm256_loadu_ps(s[3] + p);
@@ -6864,7 +6877,7 @@ static void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, i
 
 /* Source row r of a packing routine: src + off[r] with a row-offset table (the
    gathered B of pdp__sgemm_rows), else src + r * lds. */
-static const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off, int64_t r)
+PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off, int64_t r)
 {
     return off ? src + off[r] : src + r * lds;
 }
@@ -6878,8 +6891,8 @@ static const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *
 static const float pdp__gemm_zeros[PDP__GEMM_KC] = {0};
 #endif
 
-static void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
-                             int64_t kc, float *dst, int64_t ldd)
+PDP__PRIVATE void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
+                                   int64_t kc, float *dst, int64_t ldd)
 {
     int r = 0;
     int64_t p;
@@ -6933,8 +6946,8 @@ static inline void pdp__gemm_pack_n(const float *src, int64_t lds, const int64_t
 }
 
 /* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i]. */
-static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
-                             float *PDP__GEMM_RESTRICT ap)
+PDP__PRIVATE void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
+                                   float *PDP__GEMM_RESTRICT ap)
 {
     if (ta == PDP_NO_TRANS) /* op(A)(i, p) = a[i * lda + p] */
         pdp__gemm_pack_t(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR);
@@ -6945,9 +6958,9 @@ static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, 
 /* op(B) rows [pc, pc + kc) x columns [jc, jc + nc) into panels of NR columns:
    bp[(j / NR) * kc * NR + p * NR + j % NR]. B's storage row r starts at
    b + r * ldb, or at b + brow[r] when the caller gave a row-offset table. */
-static void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, const int64_t *brow,
-                             int64_t pc, int64_t jc, int64_t kc, int64_t nc,
-                             float *PDP__GEMM_RESTRICT bp)
+PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, const int64_t *brow,
+                                   int64_t pc, int64_t jc, int64_t kc, int64_t nc,
+                                   float *PDP__GEMM_RESTRICT bp)
 {
     int64_t j0;
     for (j0 = 0; j0 < nc; j0 += PDP__GEMM_NR) {
@@ -6977,18 +6990,18 @@ typedef struct pdp__gemm_args {
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
 } pdp__gemm_args;
 
-static int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 /* Floats of scratch one part of at most `cols` columns needs. */
-static size_t pdp__gemm_scratch_floats(const pdp__gemm_args *g, int64_t cols)
+PDP__PRIVATE size_t pdp__gemm_scratch_floats(const pdp__gemm_args *g, int64_t cols)
 {
     int64_t nc = PDP__MIN((int64_t)PDP__GEMM_NC, pdp__gemm_round_up(cols, PDP__GEMM_NR));
     return (size_t)(g->kb * nc + g->kb * PDP__GEMM_MR);
 }
 
 /* Rows [m0, m1) x columns [n0, n1) of C; m0 is a multiple of MR, n0 of NR. */
-static void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
-                            int64_t n1, float *scratch)
+PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
+                                  int64_t n1, float *scratch)
 {
     int64_t jc, pc, ir, jr;
     int64_t ncmax = PDP__MIN((int64_t)PDP__GEMM_NC, pdp__gemm_round_up(n1 - n0, PDP__GEMM_NR));
@@ -7050,8 +7063,8 @@ static void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int
 }
 
 /* Unpacked fallback for when scratch cannot be allocated (same contract, slow). */
-static void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
-                               int64_t n1)
+PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
+                                     int64_t n1)
 {
     int64_t i, j, p;
     for (i = m0; i < m1; i++) {
@@ -7072,7 +7085,7 @@ static void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, 
 /* ---- gemm: threads ---- */
 
 /* Part i of n: an equal share of the MR-row or NR-column panels. */
-static void pdp__gemm_part(void *arg, int i, int n)
+PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
 {
     const pdp__gemm_args *g = (const pdp__gemm_args *)arg;
     int64_t step = g->split_n ? PDP__GEMM_NR : PDP__GEMM_MR;
@@ -7091,10 +7104,10 @@ static void pdp__gemm_part(void *arg, int i, int n)
 }
 
 /* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
-static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
-                          float alpha, const float *a, int64_t lda, const int64_t *arow,
-                          const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
-                          int64_t ldc)
+PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                float alpha, const float *a, int64_t lda, const int64_t *arow,
+                                const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
+                                int64_t ldc)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -7152,16 +7165,16 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
    and the column matrix is never written. Same blocking, threads and bits as
    pdp_sgemm on the materialised B. */
 
-static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
-                            float alpha, const float *a, int64_t lda, const float *b,
-                            const int64_t *brow, float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc);
 }
 
 /* The work an m x n product does per k, padded to whole MR x NR tiles: what a
    caller that can compute C or C^T compares to pick the cheaper. */
-static int64_t pdp__gemm_tiles(int64_t m, int64_t n)
+PDP__PRIVATE int64_t pdp__gemm_tiles(int64_t m, int64_t n)
 {
     return pdp__gemm_round_up(m, PDP__GEMM_MR) * pdp__gemm_round_up(n, PDP__GEMM_NR);
 }
@@ -7170,9 +7183,9 @@ static int64_t pdp__gemm_tiles(int64_t m, int64_t n)
    a + arow[i] (A not transposed). Conv2d's dW as dW^T = col dy^T, whose A is the
    implicit column matrix: with AVX-512 the kernel broadcasts A straight from the
    padded image, no packing. */
-static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
-                             const float *a, const int64_t *arow, const float *b, int64_t ldb,
-                             float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                   const float *a, const int64_t *arow, const float *b, int64_t ldb,
+                                   float beta, float *c, int64_t ldc)
 {
     pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc);
 }
@@ -7249,10 +7262,10 @@ static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
     pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_RUNS_NV, c, ldc, mr, nr, 1.0f, beta);
 }
 
-static void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                  const float *b, const int64_t *brow, const int64_t *soff,
-                                  const __mmask16 *smask, const int *nseg, float *c, int64_t ldc,
-                                  int mr, int nr, float beta)
+PDP__PRIVATE void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                        const float *b, const int64_t *brow, const int64_t *soff,
+                                        const __mmask16 *smask, const int *nseg, float *c, int64_t ldc,
+                                        int mr, int nr, float beta)
 {
     int most = 0, v;
     for (v = 0; v < PDP__GEMM_RUNS_NV; v++) most = PDP__MAX(most, nseg[v]);
@@ -7271,9 +7284,9 @@ static void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap
    smask[v VL + s] at B column soff[v VL + s] (lane 0's column). A run is cut into
    vectors' pieces, so each piece is one load unless it continues the last (no
    band between two runs); a vector with no lane keeps one empty load. */
-static void pdp__gemm_runs_tile(int nr, int64_t run, int64_t runs, int64_t rstride,
-                                int64_t ustride, int64_t *t, int64_t *u, int64_t *r,
-                                int64_t *soff, __mmask16 *smask, int *nseg)
+PDP__PRIVATE void pdp__gemm_runs_tile(int nr, int64_t run, int64_t runs, int64_t rstride,
+                                      int64_t ustride, int64_t *t, int64_t *u, int64_t *r,
+                                      int64_t *soff, __mmask16 *smask, int *nseg)
 {
     int64_t end = -1; /* the B column after the last piece's */
     int l = 0, v;
@@ -7307,9 +7320,9 @@ static void pdp__gemm_runs_tile(int nr, int64_t run, int64_t runs, int64_t rstri
     }
 }
 
-static void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, const float *b,
-                            const int64_t *brow, int64_t rows, int64_t runs, int64_t run,
-                            int64_t rstride, int64_t ustride, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, const float *b,
+                                  const int64_t *brow, int64_t rows, int64_t runs, int64_t run,
+                                  int64_t rstride, int64_t ustride, float *c, int64_t ldc)
 {
     float ap[PDP__GEMM_KC * PDP__GEMM_MR];
     int64_t soff[PDP__GEMM_RUNS_NR];
@@ -7351,7 +7364,7 @@ static void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, c
 #define PDP__GEMM_DOTS_MAX 512 /* lanes of the blocks, counted whole */
 #define PDP__GEMM_DOTS_KC 512
 
-static int pdp__sgemm_dots_fits(int64_t m, int64_t n)
+PDP__PRIVATE int pdp__sgemm_dots_fits(int64_t m, int64_t n)
 {
     return (m + PDP__GEMM_DOTS_MI - 1) / PDP__GEMM_DOTS_MI *
                ((n + PDP__GEMM_DOTS_NJ - 1) / PDP__GEMM_DOTS_NJ) * PDP__GEMM_DOTS_MI *
@@ -7374,8 +7387,8 @@ static inline float pdp__sum16(__m512 v)
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
 }
 
-static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                            const float *b, const int64_t *brow, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const float *b, const int64_t *brow, float *c, int64_t ldc)
 {
     enum { MI = PDP__GEMM_DOTS_MI, NJ = PDP__GEMM_DOTS_NJ };
     __m512 lanes[PDP__GEMM_DOTS_MAX];
@@ -7426,8 +7439,8 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
                 pdp__sum16(lanes[(i0 / MI * nb + j0 / NJ) * MI * NJ + i0 % MI * NJ + j0 % NJ]);
 }
 #else
-static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                            const float *b, const int64_t *brow, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const float *b, const int64_t *brow, float *c, int64_t ldc)
 {
     int64_t i, j, p;
     for (i = 0; i < m; i++)
@@ -7558,7 +7571,7 @@ static int pdp__bf16_has_amx;    /* written once under pdp__bf16_once */
    process use the AMX tile data (Linux 5.16 and later; before, or refused: an error).
    The raw syscall (158 on x86-64): syscall(2) is not declared under strict C99's
    _POSIX_C_SOURCE. 0 on success, else -errno. */
-static long pdp__bf16_amx_permit(void)
+PDP__PRIVATE long pdp__bf16_amx_permit(void)
 {
     long ret;
     __asm__ volatile("syscall"
@@ -7569,7 +7582,7 @@ static long pdp__bf16_amx_permit(void)
 }
 #endif
 
-static void pdp__bf16_detect(void)
+PDP__PRIVATE void pdp__bf16_detect(void)
 {
 #if PDP__BF16_X86
     unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
@@ -7633,8 +7646,8 @@ static inline float pdp__bf16_at(const float *x, int64_t ld, pdp_trans t, int64_
 
 /* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
    (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
-static void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                                 int64_t k, int width, uint32_t *dst)
+PDP__PRIVATE void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                       int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
     int i;
@@ -7652,8 +7665,8 @@ static void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_
 
 /* Rows [r0, r0 + rows) of op(X) as ceil(rows / width) panels of `width` rows, panel j
    at dst + j * pairs * width (the last one zero-padded). */
-static void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                           int64_t k, int width, uint32_t *dst)
+PDP__PRIVATE void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                 int64_t k, int width, uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
@@ -7671,8 +7684,8 @@ static inline uint32_t pdp__bf16_hat(const uint16_t *h, const int64_t *off, pdp_
 
 /* pdp__bf16_pack for an operand already in bf16 words (pdp__gemm_bf16_convert's), its
    storage rows through off: the same panels, nothing to round. */
-static void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, pdp_trans t, int64_t r0,
-                             int rows, int64_t k, int width, uint32_t *dst)
+PDP__PRIVATE void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, pdp_trans t, int64_t r0,
+                                   int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
     int i, j;
@@ -7691,7 +7704,7 @@ static void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, pdp_trans t,
 
 /* x[0, n) as bf16 words (pdp__bf16_bits) into h. h may be x's own memory (h == (uint16_t
    *)x): word i is written after float i is read, at byte 2i, where float i / 2 was. */
-static void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
+PDP__PRIVATE void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 {
     int64_t i;
     for (i = 0; i < n; i++) {
@@ -7718,7 +7731,7 @@ static void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 #  define PDP__BF16_LANE(w, L) _mm512_maskz_extracti32x4_epi32((__mmask8)0xf, w, L)
 
 /* pdp__bf16_cvt2 where some lane is subnormal. */
-PDP__BF16_TARGET static __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
+PDP__BF16_TARGET PDP__PRIVATE __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
 {
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), least = _mm512_set1_epi32(0x00800000);
     const __m512i base = _mm512_set1_epi32(0x007f8000), span = _mm512_set1_epi32(0x8000);
@@ -7777,8 +7790,8 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
    x[p * ld + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1) converted together and
    interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
    (width a multiple of 16) or two (width 8). */
-PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
-                                                 int rows, int64_t k, int width, uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
+                                                       int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t panel = (k + 1) / 2 * width;
     int i, padded = (rows + width - 1) / width * width;
@@ -7895,16 +7908,16 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
 }
 #  undef PDP__BF16_FULL2
 
-PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld, int64_t r0,
-                                                    int rows, int64_t k, int width,
-                                                    uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel(const float *x, int64_t ld, int64_t r0,
+                                                          int rows, int64_t k, int width,
+                                                          uint32_t *dst)
 {
     pdp__bf16_pack_k_core(x, NULL, ld, NULL, r0, rows, k, width, dst);
 }
 
-PDP__BF16_TARGET static void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
-                                                      int64_t r0, int rows, int64_t k, int width,
-                                                      uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
+                                                            int64_t r0, int rows, int64_t k, int width,
+                                                            uint32_t *dst)
 {
     pdp__bf16_pack_k_core(NULL, h, 0, off, r0, rows, k, width, dst);
 }
@@ -7914,9 +7927,9 @@ PDP__BF16_TARGET static void pdp__bf16_pack_k_panel_h(const uint16_t *h, const i
 
 /* pdp__bf16_pack with AVX512-BF16's conversion: the same words, but for subnormal
    values (zero of their sign here, rounded there), which every kernel reads as zero. */
-PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld, pdp_trans t,
-                                                   int64_t r0, int rows, int64_t k, int width,
-                                                   uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_avx512(const float *x, int64_t ld, pdp_trans t,
+                                                         int64_t r0, int rows, int64_t k, int width,
+                                                         uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
@@ -7932,9 +7945,9 @@ PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld, p
 /* pdp__bf16_pack_h of t == PDP_TRANS into one NR-column panel (cols <= NR = 32 rows of
    op(X) from c0), 32 columns of a pair at a time: two loads of 32 words, interleaved by
    two vpermt2w. */
-PDP__BF16_TARGET static void pdp__bf16_pack_h_cols(const uint16_t *h, const int64_t *off,
-                                                   int64_t c0, int cols, int64_t k,
-                                                   uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_h_cols(const uint16_t *h, const int64_t *off,
+                                                         int64_t c0, int cols, int64_t k,
+                                                         uint32_t *dst)
 {
     /* word i of the first (second) half: lo[i] | hi[i] << 16 (lo[16 + i] | hi[16 + i] << 16) */
     const __m512i i0 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
@@ -7956,9 +7969,9 @@ PDP__BF16_TARGET static void pdp__bf16_pack_h_cols(const uint16_t *h, const int6
 }
 
 /* pdp__bf16_pack_h with AVX512: the same words. */
-PDP__BF16_TARGET static void pdp__bf16_pack_h_avx512(const uint16_t *h, const int64_t *off,
-                                                     pdp_trans t, int64_t r0, int rows,
-                                                     int64_t k, int width, uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_h_avx512(const uint16_t *h, const int64_t *off,
+                                                           pdp_trans t, int64_t r0, int rows,
+                                                           int64_t k, int width, uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
@@ -7980,7 +7993,7 @@ PDP__BF16_TARGET static void pdp__bf16_pack_h_avx512(const uint16_t *h, const in
 /* pdp__bf16_convert_emul by vcvtne2ps2bf16 (pdp__bf16_cvt2: the words the avx512 packing
    makes), 32 floats at a time; the same in-place rule (a block's 32 words go to bytes
    its own floats or earlier ones held, after they are read). */
-PDP__BF16_TARGET static void pdp__bf16_convert_avx512(const float *x, uint16_t *h, int64_t n)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_convert_avx512(const float *x, uint16_t *h, int64_t n)
 {
     int64_t i;
     for (i = 0; i < n; i += 32) {
@@ -7999,8 +8012,8 @@ PDP__BF16_TARGET static void pdp__bf16_convert_avx512(const float *x, uint16_t *
    Contract: pairs >= 1; ap holds pairs groups of MR words, bp pairs groups of NR
    words; writes the top-left mr x nr of the tile to c (row stride ldc). */
 
-static void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
-                                  float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
+                                        float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     float acc[PDP__BF16_MR][PDP__BF16_NR];
     int64_t p;
@@ -8035,9 +8048,9 @@ static void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint3
 /* the kernel below names MR = 8 rows of accumulators */
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
 
-PDP__BF16_TARGET static void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
-                                                     const uint32_t *bp, float *c, int64_t ldc,
-                                                     int mr, int nr, float alpha, float beta)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
+                                                           const uint32_t *bp, float *c, int64_t ldc,
+                                                           int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__BF16_MR][2];
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
@@ -8108,9 +8121,9 @@ typedef struct pdp__bf16_tilecfg { /* LDTILECFG's 64-byte operand */
     uint8_t rows[16];              /* rows of tile i */
 } pdp__bf16_tilecfg;
 
-PDP__BF16_AMX_TARGET static void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
-                                                      const uint32_t *bp, float *c, int64_t ldc,
-                                                      int mr, int nr, float alpha, float beta)
+PDP__BF16_AMX_TARGET PDP__PRIVATE void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
+                                                            const uint32_t *bp, float *c, int64_t ldc,
+                                                            int mr, int nr, float alpha, float beta)
 {
     pdp__bf16_tilecfg cfg;
     uint32_t a[PDP__BF16_MR][PDP__BF16_KP];      /* tmm2: A's rows, pairs p0 .. p0 + 15 */
@@ -8183,12 +8196,12 @@ typedef struct pdp__bf16_args {
 } pdp__bf16_args;
 
 /* op(A)(i, p) and op(B)(p, j) as bf16 words. */
-static uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p)
+PDP__PRIVATE uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p)
 {
     if (g->ah) return (uint16_t)pdp__bf16_hat(g->ah, g->arow, g->ta, i, p);
     return pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p));
 }
-static uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j)
+PDP__PRIVATE uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j)
 {
     pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS;
     if (g->bh) return (uint16_t)pdp__bf16_hat(g->bh, g->brow, tbt, j, p);
@@ -8196,7 +8209,7 @@ static uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j)
 }
 
 /* Element (i, j) of C by the emulated chain, unpacked (the fallback without scratch). */
-static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
+PDP__PRIVATE void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
 {
     float acc = 0.0f;
     int64_t p;
@@ -8217,8 +8230,8 @@ static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
 
 /* C[m0, m1) x [n0, n1) (m0, n0 on the tile grid). B's panels for [n0, n1) are packed
    once, in the first MC block, and reused by the others. */
-static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int64_t n0,
-                            int64_t n1)
+PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int64_t n0,
+                                  int64_t n1)
 {
     int64_t pairs = (g->k + 1) / 2, mc, ir, jr, i, j;
     /* op(B) as a row-major n x k matrix for packing: op(B)^T(j, p) = op(B)(p, j) */
@@ -8255,7 +8268,7 @@ static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int
 }
 
 /* Part i of n: an equal share of the column or row panels. */
-static void pdp__bf16_part(void *arg, int i, int n)
+PDP__PRIVATE void pdp__bf16_part(void *arg, int i, int n)
 {
     const pdp__bf16_args *g = (const pdp__bf16_args *)arg;
     int64_t step = g->split_n ? PDP__BF16_NR : PDP__BF16_MR;
@@ -8272,10 +8285,10 @@ static void pdp__bf16_part(void *arg, int i, int n)
 
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
-static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
-                          int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
-                          const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
-                          const int64_t *brow, float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
+                                const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
+                                const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
     int threads, parts;
@@ -8354,7 +8367,7 @@ PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int
 }
 
 /* path with AUTO resolved to the best; one the CPU lacks is the caller's bug. */
-static pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
+PDP__PRIVATE pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
 {
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
     PDP_ASSERT(pdp_bf16_path_available(path));
@@ -8372,19 +8385,19 @@ static pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
    rows_h:  B's storage row r at bh + brow[r]: op(B)(p, j) = bh[brow[p] + j] (tb ==
             PDP_NO_TRANS) or bh[brow[j] + p] (PDP_TRANS).
    arows_h: A not transposed, row i at ah + arow[i]: A(i, p) = ah[arow[i] + p]. */
-static void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
-                                  int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                                  const uint16_t *bh, const int64_t *brow, float beta, float *c,
-                                  int64_t ldc)
+PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                        int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                        const uint16_t *bh, const int64_t *brow, float beta, float *c,
+                                        int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh,
                   0, brow, beta, c, ldc);
 }
 
-static void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
-                                   int64_t k, float alpha, const uint16_t *ah,
-                                   const int64_t *arow, const float *b, int64_t ldb, float beta,
-                                   float *c, int64_t ldc)
+PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
+                                         int64_t k, float alpha, const uint16_t *ah,
+                                         const int64_t *arow, const float *b, int64_t ldb, float beta,
+                                         float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow,
                   b, NULL, ldb, NULL, beta, c, ldc);
@@ -8392,7 +8405,7 @@ static void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, 
 
 /* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
    which may be x's own memory (h == (uint16_t *)x, converted in place to its first half). */
-static void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n)
+PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n)
 {
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
 #if PDP__BF16_X86
@@ -8434,7 +8447,7 @@ static void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t 
 /* ---- rendezvous: the environment ---- */
 
 /* getenv, with an empty value counting as unset (`RANK= ./train`). */
-static const char *pdp__env_get(const char *name)
+PDP__PRIVATE const char *pdp__env_get(const char *name)
 {
     const char *v = getenv(name);
     return (v && v[0]) ? v : NULL;
@@ -8442,8 +8455,8 @@ static const char *pdp__env_get(const char *name)
 
 /* Parses the whole of value as a decimal integer in [lo, hi]; why says what the
    range means in the message. */
-static pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
-                               const char *why, int *out)
+PDP__PRIVATE pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
+                                     const char *why, int *out)
 {
     char *end;
     long x;
@@ -8523,8 +8536,8 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out)
 
 /* Opens env's store (*out NULL for a world of one); what names the library
    ("NCCL") and fn the public caller in messages. */
-static pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env,
-                                        double timeout_s, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env,
+                                              double timeout_s, const char *what, const char *fn)
 {
     pdp_store_desc sd;
     const char *port_env;
@@ -8550,9 +8563,9 @@ static pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env
 /* Rank 0's blob[0..bytes) (made before the call) reaches every rank's blob through
    store (NULL: a world of one, nothing to do); then every rank meets at
    "<key>_read". */
-static pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_info *env,
-                                        const char *key, void *blob, size_t bytes,
-                                        double timeout_s, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_info *env,
+                                              const char *key, void *blob, size_t bytes,
+                                              double timeout_s, const char *what, const char *fn)
 {
     char read_key[PDP_STORE_MAX_KEY + 1];
     pdp_status st;
@@ -8611,7 +8624,7 @@ static pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_info *en
 
 /* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
    variable created with a monotonic clock. */
-static void pdp__deadline(struct timespec *ts, double seconds)
+PDP__PRIVATE void pdp__deadline(struct timespec *ts, double seconds)
 {
     double whole = floor(seconds);
     clock_gettime(CLOCK_MONOTONIC, ts);
@@ -8632,7 +8645,7 @@ static void pdp__deadline(struct timespec *ts, double seconds)
    zero means the default; a negative, NaN or infinite value (or one above
    PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
    field. Every communicator constructor calls it first (desc may be NULL). */
-static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
 {
     double t = desc ? desc->timeout_s : 0.0;
     *out = PDP__COMM_TIMEOUT_DEFAULT;
@@ -8646,7 +8659,7 @@ static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out,
 
 /* Bytes of count elements of es bytes. comm.c's bound (pdp__comm_check_bound: at most
    PTRDIFF_MAX bytes per buffer) keeps the product from wrapping in every backend. */
-static size_t pdp__comm_bytes(int64_t count, size_t es)
+PDP__PRIVATE size_t pdp__comm_bytes(int64_t count, size_t es)
 {
     PDP_ASSERT(count >= 0 && (uint64_t)count <= (uint64_t)PTRDIFF_MAX / es);
     return (size_t)count * es;
@@ -8717,8 +8730,8 @@ struct pdp__workq {
     char broken_msg[PDP__MSG_CAP];
 };
 
-static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, double t_start,
-                             double t_done, pdp_status st)
+PDP__PRIVATE void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, double t_start,
+                                   double t_done, pdp_status st)
 {
     char args[88];
     if (!q->trace_tid) return;
@@ -8732,7 +8745,7 @@ static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, doub
 }
 
 /* Executes w and completes it; q->mu held on entry and on return. */
-static void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
+PDP__PRIVATE void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
 {
     double t_start = w->head.t_start = pdp__now(), t_done;
     pdp_status st;
@@ -8762,7 +8775,7 @@ static void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
     pthread_cond_broadcast(&q->done);
 }
 
-static void *pdp__workq_progress(void *arg)
+PDP__PRIVATE void *pdp__workq_progress(void *arg)
 {
     pdp__workq *q = (pdp__workq *)arg;
     pthread_mutex_lock(&q->mu);
@@ -8783,8 +8796,8 @@ static void *pdp__workq_progress(void *arg)
 /* Threads pool[0, capacity) into the free list, creates the locks and, when
    threaded, starts the progress thread. On failure nothing is left to release;
    fn names the public caller. */
-static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
-                                  const char *limit_macro, bool threaded, const char *fn)
+PDP__PRIVATE pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
+                                        const char *limit_macro, bool threaded, const char *fn)
 {
     pthread_condattr_t ca;
     int i;
@@ -8812,7 +8825,7 @@ static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capa
 }
 
 /* True once pdp__workq_shutdown began (*since: when); for an exec that polls. */
-static bool pdp__workq_stopping(pdp__workq *q, double *since)
+PDP__PRIVATE bool pdp__workq_stopping(pdp__workq *q, double *since)
 {
     bool s;
     pthread_mutex_lock(&q->mu);
@@ -8828,7 +8841,7 @@ static bool pdp__workq_stopping(pdp__workq *q, double *since)
    sleep early (the check and the sleep are atomic under mu, so that wake-up is
    never lost). A rank that computes keeps its core; a rank that waits gets its
    collective's completion at once. */
-static bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
+PDP__PRIVATE bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
 {
     struct timespec deadline;
     bool slept = false;
@@ -8843,7 +8856,7 @@ static bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
 }
 
 /* Lets the progress thread run what is queued, joins it and destroys the locks. */
-static void pdp__workq_shutdown(pdp__workq *q)
+PDP__PRIVATE void pdp__workq_shutdown(pdp__workq *q)
 {
     if (q->threaded) {
         pthread_mutex_lock(&q->mu);
@@ -8859,7 +8872,7 @@ static void pdp__workq_shutdown(pdp__workq *q)
 }
 
 /* Takes a handle, fills it and queues it (or runs it inline without a thread). */
-static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
+PDP__PRIVATE pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
 {
     pdp__workq *q = (pdp__workq *)c->impl;
     pdp__workq_item *w;
@@ -8913,7 +8926,7 @@ static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp
 
 /* A handle for a message, t_start = launch; PDP_ERR_STATE when the pool is empty,
    the broken status when the queue is broken. */
-static pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out)
+PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out)
 {
     pdp__workq *q = (pdp__workq *)c->impl;
     pdp__workq_item *w;
@@ -8951,7 +8964,7 @@ static pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__
 }
 
 /* Returns a handle that was never handed out (its launch failed). */
-static void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
+PDP__PRIVATE void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
 {
     pthread_mutex_lock(&q->mu);
     q->p2p_live--;
@@ -8961,7 +8974,7 @@ static void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
 }
 
 /* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
-static void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg)
+PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg)
 {
     double t = pdp__now();
     pdp__workq_trace(q, w, w->head.t_start, t, st);
@@ -8976,7 +8989,7 @@ static void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, 
 }
 
 /* "recv #4 (count 7) from rank 1 with tag 5 on comm 'comm', rank 0 of 2" */
-static void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap)
+PDP__PRIVATE void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap)
 {
     const pdp_comm *c = w->head.comm;
     snprintf(out, cap, "%s #%lld (count %lld) %s rank %d with tag %d on comm '%s', rank %d of %d",
@@ -8985,7 +8998,7 @@ static void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap)
              c->rank, c->size);
 }
 
-static void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size_t cap)
+PDP__PRIVATE void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size_t cap)
 {
     char what[200];
     pdp__p2p_describe(w, what, sizeof what);
@@ -8995,7 +9008,7 @@ static void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size
 }
 
 /* Waits for a message (q->mu held on entry and return): polls, times out. */
-static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
+PDP__PRIVATE void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
 {
     double deadline = w->head.t_start + w->head.comm->timeout_s;
     while (!w->done) {
@@ -9020,7 +9033,7 @@ static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
     }
 }
 
-static pdp_status pdp__workq_wait(pdp_work *work)
+PDP__PRIVATE pdp_status pdp__workq_wait(pdp_work *work)
 {
     pdp__workq_item *w = (pdp__workq_item *)work;
     pdp__workq *q = (pdp__workq *)work->comm->impl;
@@ -9039,7 +9052,7 @@ static pdp_status pdp__workq_wait(pdp_work *work)
     return st;
 }
 
-static bool pdp__workq_done(pdp_work *work)
+PDP__PRIVATE bool pdp__workq_done(pdp_work *work)
 {
     pdp__workq_item *w = (pdp__workq_item *)work;
     pdp__workq *q = (pdp__workq *)work->comm->impl;
@@ -9053,9 +9066,9 @@ static bool pdp__workq_done(pdp_work *work)
 
 /* The pdp__comm_ops entries of a queue backend: pack the arguments, submit. */
 
-static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
-                                  pdp_dtype dt, float *buf, const float *send, float *recv,
-                                  pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
+                                        pdp_dtype dt, float *buf, const float *send, float *recv,
+                                        pdp_work **w)
 {
     pdp__coll_args a;
     memset(&a, 0, sizeof a);
@@ -9069,42 +9082,42 @@ static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t coun
     return pdp__workq_submit(c, &a, w);
 }
 
-static pdp_status pdp__workq_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
-                                       pdp_reduce_op op, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                             pdp_reduce_op op, pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, dt, (float *)buf, NULL, NULL,
                            w);
 }
 
-static pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                       pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                             pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, PDP_DTYPE_F32, buf, NULL, NULL,
                            w);
 }
 
-static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                            int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                            pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                                  int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                                  pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, dt, NULL,
                            (const float *)send, (float *)recv, w);
 }
 
-static pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
-                                       int64_t send_count, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
+                                             int64_t send_count, pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, PDP_DTYPE_F32, NULL, send, recv,
                            w);
 }
 
-static pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, PDP_DTYPE_F32, NULL, NULL, NULL, w);
 }
 
 /* Synchronous, but queued like the others so that it keeps its place in the order. */
-static pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+PDP__PRIVATE pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
 {
     pdp__coll_args a;
     pdp_work *w = NULL;
@@ -9252,7 +9265,7 @@ PDP_API void pdp_local_group_free(pdp_local_group *g)
 }
 
 /* Marks the group broken with a message (first failure wins); g->mu held. */
-static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
+PDP__PRIVATE void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
 {
     if (g->broken) return;
     g->broken = true;
@@ -9262,8 +9275,8 @@ static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
 }
 
 /* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
-static void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__coll_args *a,
-                               char *out, size_t cap)
+PDP__PRIVATE void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__coll_args *a,
+                                     char *out, size_t cap)
 {
     snprintf(out, cap, "%s #%lld (count %lld) on comm '%s', rank %d of %d",
              pdp__op_names[a->kind], (long long)a->seq, (long long)a->count, g->name, rank,
@@ -9272,7 +9285,7 @@ static void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__co
 
 /* The last rank into barrier A checks that everyone issued the same collective;
    g->mu held. Returns false (and breaks the group) on a mismatch. */
-static bool pdp__group_validate(pdp_local_group *g)
+PDP__PRIVATE bool pdp__group_validate(pdp_local_group *g)
 {
     const pdp__coll_args *a = &g->slot[0];
     int r;
@@ -9298,8 +9311,8 @@ static bool pdp__group_validate(pdp_local_group *g)
 
 /* Barrier A (publish = true: also publishes *args in this rank's slot) or B.
    On failure returns the status and leaves the message in msg. */
-static pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
-                                     bool publish, char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
+                                           bool publish, char *msg, size_t cap)
 {
     struct timespec deadline;
     uint64_t gen;
@@ -9371,7 +9384,7 @@ out:
 
 /* [lo, hi) of n items for part r of parts, with boundaries on 16 floats (one cache line)
    so that two ranks never write the same line. */
-static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
+PDP__PRIVATE void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
 {
     /* n * r / parts without forming n * r, which could overflow for a huge n */
     int64_t q = n / parts, m = n % parts;
@@ -9387,8 +9400,8 @@ static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
    then / nsrc for AVG. acc is the caller's chunk, never one of the sources, so every
    loop is a restrict-qualified blocked loop that gcc -O2 vectorises (one pass per
    source; the chunk stays in L1). */
-static void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src, int nsrc,
-                              int64_t off, int64_t n, pdp_reduce_op op)
+PDP__PRIVATE void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src, int nsrc,
+                                    int64_t off, int64_t n, pdp_reduce_op op)
 {
     const float *PDP__RESTRICT s0 = src[0] + off;
     int r;
@@ -9410,9 +9423,9 @@ static void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src,
 
 /* The same for 16-bit elements (dt BF16 or F16): each widened to fp32, reduced in fp32
    in rank order, AVG divided, then rounded ONCE into out (to nearest even). */
-static void pdp__reduce_chunk16(uint16_t *out, float *PDP__RESTRICT acc,
-                                const uint16_t *const *src, int nsrc, int64_t off, int64_t n,
-                                pdp_reduce_op op, int dt)
+PDP__PRIVATE void pdp__reduce_chunk16(uint16_t *out, float *PDP__RESTRICT acc,
+                                      const uint16_t *const *src, int nsrc, int64_t off, int64_t n,
+                                      pdp_reduce_op op, int dt)
 {
     int64_t j;
     int r;
@@ -9427,7 +9440,7 @@ static void pdp__reduce_chunk16(uint16_t *out, float *PDP__RESTRICT acc,
 }
 
 /* Rank r's share of a 16-bit all-reduce or reduce-scatter (the float loops below). */
-static void pdp__local_execute16(pdp_local_group *g, int r)
+PDP__PRIVATE void pdp__local_execute16(pdp_local_group *g, int r)
 {
     const pdp__coll_args *me = &g->slot[r];
     int n = g->size, i;
@@ -9455,7 +9468,7 @@ static void pdp__local_execute16(pdp_local_group *g, int r)
 }
 
 /* Rank r's share of the collective whose arguments every rank published. */
-static void pdp__local_execute(pdp_local_group *g, int r)
+PDP__PRIVATE void pdp__local_execute(pdp_local_group *g, int r)
 {
     const pdp__coll_args *me = &g->slot[r];
     int n = g->size, i;
@@ -9529,10 +9542,10 @@ typedef struct pdp__local_comm {
    queue locks: g->mu before q->mu, never the reverse), so no progress thread
    is involved and a ring where every rank sends first cannot deadlock. */
 
-static int pdp__p2p_owner(const pdp__workq_item *w) { return w->head.comm->rank; }
+PDP__PRIVATE int pdp__p2p_owner(const pdp__workq_item *w) { return w->head.comm->rank; }
 
 /* Unlinks w from the mailbox; false when it is not there (matched or withdrawn). */
-static bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w)
+PDP__PRIVATE bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w)
 {
     pdp__workq_item **pp, *prev = NULL;
     for (pp = &g->p2p_head; *pp; prev = *pp, pp = &(*pp)->p2p_next)
@@ -9546,7 +9559,7 @@ static bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w)
 }
 
 /* Completes a matched pair (g->mu held): copy, or a count mismatch on both sides. */
-static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
+PDP__PRIVATE void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
 {
     char msg[PDP__MSG_CAP], what[200];
     if (send->args.count == recv->args.count) {
@@ -9569,8 +9582,8 @@ static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
     pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_ERR_INVALID, msg);
 }
 
-static pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, int64_t count,
-                                 int peer, int tag, pdp_work **out)
+PDP__PRIVATE pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, int64_t count,
+                                       int peer, int tag, pdp_work **out)
 {
     pdp__local_comm *lc = (pdp__local_comm *)c;
     pdp_local_group *g = lc->g;
@@ -9615,19 +9628,19 @@ static pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, i
     return PDP_OK;
 }
 
-static pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                  pdp_work **w)
+PDP__PRIVATE pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                        pdp_work **w)
 {
     return pdp__local_p2p(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
 }
 
-static pdp_status pdp__local_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                  pdp_work **w)
+PDP__PRIVATE pdp_status pdp__local_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                        pdp_work **w)
 {
     return pdp__local_p2p(c, PDP__COLL_RECV, buf, count, peer, tag, w);
 }
 
-static void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+PDP__PRIVATE void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
 {
     pdp_local_group *g = ((pdp__local_comm *)q->comm)->g;
     char msg[PDP__MSG_CAP];
@@ -9642,7 +9655,7 @@ static void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
 
 /* Rank r's communicator is going (g->mu held): its unmatched messages are withdrawn, and
    those of other ranks that name it fail with PDP_ERR_COMM. */
-static void pdp__mailbox_depart(pdp_local_group *g, int r)
+PDP__PRIVATE void pdp__mailbox_depart(pdp_local_group *g, int r)
 {
     pdp__workq_item *m = g->p2p_head, *next;
     for (; m; m = next) {
@@ -9661,7 +9674,7 @@ static void pdp__mailbox_depart(pdp_local_group *g, int r)
 
 /* The queue's exec: one collective for this rank, barrier A, its share of the
    work, barrier B. */
-static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
 {
     pdp__local_comm *lc = (pdp__local_comm *)q->comm;
     pdp_local_group *g = lc->g;
@@ -9679,7 +9692,7 @@ static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, 
     return pdp__group_barrier(g, r, a, false, msg, cap);
 }
 
-static void pdp__local_destroy(pdp_comm *c)
+PDP__PRIVATE void pdp__local_destroy(pdp_comm *c)
 {
     pdp__local_comm *lc = (pdp__local_comm *)c;
     pdp_local_group *g = lc->g;
@@ -9703,8 +9716,8 @@ static void pdp__local_destroy(pdp_comm *c)
    The member that becomes rank 0 of a colour creates its group (refs = its size: the
    group frees itself with the last of them) and every rank broadcasts the pointer of
    the group it made, or NULL, over c; each member then joins its leader's group. */
-static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                   int leader, pdp_comm **out)
+PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                         int leader, pdp_comm **out)
 {
     pdp_local_group *mine = NULL, *g = NULL;
     pdp_comm_desc d;
@@ -9922,7 +9935,7 @@ typedef struct pdp__mpi_comm {
 
 /* ---- comm_mpi: executing a collective (the queue's exec and idle) ---- */
 
-static void pdp__mpi_errstr(int rc, char *out, size_t cap)
+PDP__PRIVATE void pdp__mpi_errstr(int rc, char *out, size_t cap)
 {
     char s[MPI_MAX_ERROR_STRING];
     int len = 0;
@@ -9956,8 +9969,8 @@ static void pdp__mpi_errstr(int rc, char *out, size_t cap)
    freed cleanly; if it is still pending at the free, pdp never calls MPI_Finalize, as
    for a timed-out collective. */
 
-static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
-                              const char *msg)
+PDP__PRIVATE void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
+                                    const char *msg)
 {
     mc->p2p[w - mc->pool].active = false;
     mc->p2p_active--;
@@ -9965,7 +9978,7 @@ static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status 
 }
 
 /* Keeps a request MPI would not cancel, to test later (p2p_mu held). */
-static void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req)
+PDP__PRIVATE void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req)
 {
     if (mc->n_abandoned < PDP_MPI_MAX_INFLIGHT) {
         mc->abandoned[mc->n_abandoned++] = *req;
@@ -9978,7 +9991,7 @@ static void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req)
 }
 
 /* Advances one message at time now (p2p_mu held): matches, completes, or expires it. */
-static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w, double now)
+PDP__PRIVATE void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w, double now)
 {
     pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
     const pdp__coll_args *a = &w->args;
@@ -10046,7 +10059,7 @@ mpi_error:
 }
 
 /* The queue's p2p_poll: every pending message, and the abandoned requests. */
-static void pdp__mpi_p2p_poll(pdp__workq *q)
+PDP__PRIVATE void pdp__mpi_p2p_poll(pdp__workq *q)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     double now = pdp__now();
@@ -10064,14 +10077,14 @@ static void pdp__mpi_p2p_poll(pdp__workq *q)
 
 /* The queue's p2p_expire: a poll past w's deadline cancels it (and every other overdue
    message); w completes at this or a later poll, within the cancel grace. */
-static void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+PDP__PRIVATE void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
 {
     (void)w;
     pdp__mpi_p2p_poll(q);
 }
 
-static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
-                                      int64_t count, int peer, int tag, pdp_work **out)
+PDP__PRIVATE pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
+                                            int64_t count, int peer, int tag, pdp_work **out)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
     pdp__coll_args a;
@@ -10111,14 +10124,14 @@ static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *b
     return PDP_OK;
 }
 
-static pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                pdp_work **w)
+PDP__PRIVATE pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                      pdp_work **w)
 {
     return pdp__mpi_p2p_launch(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
 }
 
-static pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                pdp_work **w)
+PDP__PRIVATE pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                      pdp_work **w)
 {
     return pdp__mpi_p2p_launch(c, PDP__COLL_RECV, buf, count, peer, tag, w);
 }
@@ -10126,8 +10139,8 @@ static pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer
 /* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
    PDP_ERR_COMM when the communicator is being freed, with *req left pending
    (the caller records it as the orphan). */
-static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
-                                 double deadline, char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
+                                       double deadline, char *msg, size_t cap)
 {
     pdp_comm *c = &mc->head;
     double t0 = pdp__now(), now, since;
@@ -10169,8 +10182,8 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
 }
 
 /* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
-static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
-                                  char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
+                                        char *msg, size_t cap)
 {
     char e[256];
     if (rc == MPI_SUCCESS) return PDP_OK;
@@ -10180,7 +10193,7 @@ static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, i
     return PDP_ERR_COMM;
 }
 
-static void pdp__mpi_divide(void *buf, int64_t n, int size, int dt)
+PDP__PRIVATE void pdp__mpi_divide(void *buf, int64_t n, int size, int dt)
 {
     float div = (float)size;
     if (dt == PDP_DTYPE_F32) {
@@ -10195,26 +10208,26 @@ static void pdp__mpi_divide(void *buf, int64_t n, int size, int dt)
 
 /* The 16-bit sums, MPI user functions over MPI_UINT16_T: both values widened, added in
    fp32 and rounded once to nearest even (commutative, so MPI may combine in any order). */
-static void pdp__mpi_sum16(const uint16_t *in, uint16_t *inout, int len, int dt)
+PDP__PRIVATE void pdp__mpi_sum16(const uint16_t *in, uint16_t *inout, int len, int dt)
 {
     int i;
     for (i = 0; i < len; i++)
         inout[i] = pdp__dt16_bits(dt, pdp__dt16_float(dt, in[i]) + pdp__dt16_float(dt, inout[i]));
 }
-static void pdp__mpi_sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type)
+PDP__PRIVATE void pdp__mpi_sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type)
 {
     (void)type;
     pdp__mpi_sum16((const uint16_t *)in, (uint16_t *)inout, *len, PDP_DTYPE_BF16);
 }
-static void pdp__mpi_sum_f16(void *in, void *inout, int *len, MPI_Datatype *type)
+PDP__PRIVATE void pdp__mpi_sum_f16(void *in, void *inout, int *len, MPI_Datatype *type)
 {
     (void)type;
     pdp__mpi_sum16((const uint16_t *)in, (uint16_t *)inout, *len, PDP_DTYPE_F16);
 }
 
 /* Runs one collective to completion on the progress thread. */
-static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
-                               char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
+                                     char *msg, size_t cap)
 {
     const pdp__coll_args *a = &w->args;
     MPI_Comm mcomm = mc->mcomm;
@@ -10295,7 +10308,7 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
 }
 
 /* The queue's exec; a request posted but never completed becomes the orphan. */
-static pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     MPI_Request req;
@@ -10310,7 +10323,7 @@ static pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, si
 }
 
 /* Sleeps 1 ms, then tests the orphan once: true when it completed. */
-static bool pdp__mpi_orphan_test(MPI_Request *req)
+PDP__PRIVATE bool pdp__mpi_orphan_test(MPI_Request *req)
 {
     int flag = 0;
     struct timespec ts = {0, 1000000}; /* 1 ms */
@@ -10321,7 +10334,7 @@ static bool pdp__mpi_orphan_test(MPI_Request *req)
 
 /* The queue's idle hook (q->mu held): keep a timed-out request moving, so
    that a late rank completes it and the communicator can be freed cleanly. */
-static bool pdp__mpi_idle(pdp__workq *q)
+PDP__PRIVATE bool pdp__mpi_idle(pdp__workq *q)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     bool done;
@@ -10344,7 +10357,7 @@ static bool pdp__mpi_idle(pdp__workq *q)
 /* ---- comm_mpi: the ops table ---- */
 
 /* Tests *req until it completes (true) or deadline passes (false). */
-static bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
+PDP__PRIVATE bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
 {
     for (;;) {
         int flag = 0;
@@ -10358,7 +10371,7 @@ static bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
 
 /* Drops one reference to MPI; the last one finalises it if pdp initialised it
    (after completing a timed-out duplication, if its late rank came after all). */
-static void pdp__mpi_release(void)
+PDP__PRIVATE void pdp__mpi_release(void)
 {
     pthread_mutex_lock(&pdp__mpi_mu);
     if (--pdp__mpi_live == 0 && pdp__mpi_init_orphan) {
@@ -10378,7 +10391,7 @@ static void pdp__mpi_release(void)
     pthread_mutex_unlock(&pdp__mpi_mu);
 }
 
-static void pdp__mpi_destroy(pdp_comm *c)
+PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
     bool stuck = false;
@@ -10421,8 +10434,8 @@ static void pdp__mpi_destroy(pdp_comm *c)
     pdp__mpi_release();
 }
 
-static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                 int leader, pdp_comm **out);
+PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                       int leader, pdp_comm **out);
 
 static const pdp__comm_ops pdp__mpi_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
@@ -10462,7 +10475,7 @@ typedef struct pdp__mpi_watch {
     char msg[512];
 } pdp__mpi_watch;
 
-static void *pdp__mpi_watchdog(void *arg)
+PDP__PRIVATE void *pdp__mpi_watchdog(void *arg)
 {
     pdp__mpi_watch *w = (pdp__mpi_watch *)arg;
     struct timespec deadline;
@@ -10478,8 +10491,8 @@ static void *pdp__mpi_watchdog(void *arg)
 
 /* The start-up check (above); *store is left open for the caller to free after
    MPI_Init_thread, NULL when no check ran. *checked: every rank checked in. */
-static pdp_status pdp__mpi_start_check(pdp_store **store, const pdp_env_info *env,
-                                       double timeout_s, bool *checked, const char *fn)
+PDP__PRIVATE pdp_status pdp__mpi_start_check(pdp_store **store, const pdp_env_info *env,
+                                             double timeout_s, bool *checked, const char *fn)
 {
     double deadline = pdp__now() + timeout_s;
     char key[64], missing[200];
@@ -10546,8 +10559,8 @@ fail:
 }
 
 /* MPI_Init_thread after the start-up check, under the watchdog; mpi_mu held. */
-static int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, int *provided,
-                                 pdp_status *st, const char *fn)
+PDP__PRIVATE int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, int *provided,
+                                       pdp_status *st, const char *fn)
 {
     pdp__mpi_watch w;
     pthread_condattr_t ca;
@@ -10596,7 +10609,7 @@ static int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, in
 /* ---- comm_mpi: creation ---- */
 
 /* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
-static pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
+PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
 {
     int inited = 0, finalized = 0, provided = 0, rc;
     pdp_status st = PDP_OK;
@@ -10640,10 +10653,10 @@ out:
     return st;
 }
 
-static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
-                                double timeout_s, const char *fn);
+PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                      double timeout_s, const char *fn);
 
-static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn)
+PDP__PRIVATE pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn)
 {
     MPI_Comm mcomm = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
@@ -10695,8 +10708,8 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
 
 /* Wraps mcomm (errors returned, one reference to MPI taken by the caller; both given
    up on failure) as a communicator with its own queue, progress thread and p2p state. */
-static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
-                                double timeout_s, const char *fn)
+PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                      double timeout_s, const char *fn)
 {
     pdp__mpi_comm *mc;
     int rank = 0, size = 1, world_rank = 0, world_size = 1;
@@ -10765,8 +10778,8 @@ fail:
 /* pdp_comm_split: MPI_Comm_split runs on the progress thread, in order with the
    collectives (MPI forbids two threads in collectives on one communicator); comm.c's
    colour exchange has already proved every rank arrived, so it does not block long. */
-static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                 int leader, pdp_comm **out)
+PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                       int leader, pdp_comm **out)
 {
     MPI_Comm nc = MPI_COMM_NULL;
     pdp__coll_args a;
@@ -10798,7 +10811,7 @@ static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank,
 
 /* ---- comm_mpi: pdp_comm_init_env ---- */
 
-static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc)
+PDP__PRIVATE pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
 #ifdef PDP_MPI
@@ -10851,7 +10864,7 @@ static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *de
 #define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
 
 #ifndef PDP_CUDA
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
+PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     (void)desc;
     *out = NULL;
@@ -10911,7 +10924,7 @@ typedef struct pdp__nccl_comm {
    count is PDP_ERR_INVALID naming both (a count mismatch usually hangs NCCL
    first: then the receiver still names both counts once its wait times out). */
 
-static void pdp__nccl_describe(const pdp__nccl_work *wk, char *out, size_t cap)
+PDP__PRIVATE void pdp__nccl_describe(const pdp__nccl_work *wk, char *out, size_t cap)
 {
     const pdp_comm *c = wk->head.comm;
     snprintf(out, cap, "%s #%lld (count %lld) %s rank %d with tag %d on comm '%s', rank %d of %d",
@@ -10921,7 +10934,7 @@ static void pdp__nccl_describe(const pdp__nccl_work *wk, char *out, size_t cap)
 
 /* Enqueues the pending messages as one group. On failure each of them keeps the
    error for its wait, and the error is also returned (with its message). */
-static pdp_status pdp__nccl_flush(pdp_comm *c)
+PDP__PRIVATE pdp_status pdp__nccl_flush(pdp_comm *c)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_cudak_p2p ops[PDP_CUDAK_NCCL_SLOTS];
@@ -10960,8 +10973,8 @@ static pdp_status pdp__nccl_flush(pdp_comm *c)
     return PDP_OK;
 }
 
-static pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count, int peer,
-                                int tag, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count, int peer,
+                                      int tag, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp__nccl_work *wk = &nc->pool[nc->next];
@@ -10989,20 +11002,20 @@ static pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t c
     return PDP_OK;
 }
 
-static pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                 pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                       pdp_work **w)
 {
     return pdp__nccl_p2p(c, true, (float *)buf, count, peer, tag, w);
 }
 
-static pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                 pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                       pdp_work **w)
 {
     return pdp__nccl_p2p(c, false, buf, count, peer, tag, w);
 }
 
 /* A message's wait: its group's completion, then (a receive) the sender's header. */
-static pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
+PDP__PRIVATE pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     char what[200];
@@ -11049,8 +11062,8 @@ static pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
 
 /* kind names the collective through internal.h's pdp__op_names, whose first four
    entries follow pdp_cudak_coll's order. */
-static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *send,
-                                  void *recv, int64_t count, int op, pdp_dtype dt, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *send,
+                                        void *recv, int64_t count, int op, pdp_dtype dt, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp__nccl_work *wk;
@@ -11084,40 +11097,40 @@ static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *
     return PDP_OK;
 }
 
-static pdp_status pdp__nccl_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
-                                      pdp_reduce_op op, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                            pdp_reduce_op op, pdp_work **w)
 {
     return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, dt, w);
 }
 
-static pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                      pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                            pdp_work **w)
 {
     return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, PDP_DTYPE_F32, w);
 }
 
-static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                           int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                           pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                                 int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                                 pdp_work **w)
 {
     return pdp__nccl_issue(c, PDP_CUDAK_REDUCE_SCATTER, send, recv, recv_count,
                            op == PDP_REDUCE_AVG, dt, w);
 }
 
-static pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
-                                      int64_t send_count, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
+                                            int64_t send_count, pdp_work **w)
 {
     return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, PDP_DTYPE_F32, w);
 }
 
-static pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0,
                            PDP_DTYPE_F32, w);
 }
 
-static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+PDP__PRIVATE pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_status st;
@@ -11133,7 +11146,7 @@ static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
     return PDP_OK;
 }
 
-static pdp_status pdp__nccl_wait(pdp_work *w)
+PDP__PRIVATE pdp_status pdp__nccl_wait(pdp_work *w)
 {
     pdp__nccl_work *wk = (pdp__nccl_work *)w;
     pdp_comm *c = w->comm;
@@ -11158,7 +11171,7 @@ static pdp_status pdp__nccl_wait(pdp_work *w)
     return PDP_OK;
 }
 
-static bool pdp__nccl_done(pdp_work *w)
+PDP__PRIVATE bool pdp__nccl_done(pdp_work *w)
 {
     pdp__nccl_work *wk = (pdp__nccl_work *)w;
     pdp__nccl_comm *nc = (pdp__nccl_comm *)w->comm->impl;
@@ -11167,7 +11180,7 @@ static bool pdp__nccl_done(pdp_work *w)
     return pdp_cudak_nccl_query(nc->h, wk->slot) != 0;
 }
 
-static void pdp__nccl_destroy(pdp_comm *c)
+PDP__PRIVATE void pdp__nccl_destroy(pdp_comm *c)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_cudak_free(c->device.ordinal, nc->barrier_buf);
@@ -11176,17 +11189,17 @@ static void pdp__nccl_destroy(pdp_comm *c)
     pdp__dealloc(nc);
 }
 
-static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                 double timeout_s, const char *name, bool process_rank,
-                                 const char *fn);
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
+                                       double timeout_s, const char *name, bool process_rank,
+                                       const char *fn);
 
 /* ---- comm_nccl: split ----
    ncclCommSplit over c (thread ranks and process ranks alike: it needs NCCL 2.18),
    after the messages pending on c are enqueued. comm.c has already exchanged the
    colours over c, so every rank is here; the key orders the new ranks as
    comm.c's new_rank does (ties by rank in c, as NCCL's). */
-static pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                  int leader, pdp_comm **out)
+PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                        int leader, pdp_comm **out)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_cudak_nccl *h = NULL;
@@ -11213,9 +11226,9 @@ static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
-static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                 double timeout_s, const char *name, bool process_rank,
-                                 const char *fn)
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
+                                       double timeout_s, const char *name, bool process_rank,
+                                       const char *fn)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
     pdp_status st;
@@ -11254,7 +11267,7 @@ static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int
 /* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. The unique id
    travels through rendezvous.c; the store stays open until ncclCommInitRank
    (collective) has returned on this rank. */
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
+PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
     pdp_env_info env;
@@ -11425,14 +11438,14 @@ PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int r
 
 /* ---- comm: public layer ---- */
 
-static pdp_status pdp__comm_check(const pdp_comm *c, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check(const pdp_comm *c, const char *fn)
 {
     if (!c) return pdp__err(PDP_ERR_INVALID, "%s: communicator is NULL", fn);
     return PDP_OK;
 }
 
-static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
-                                        const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
+                                              const char *what, const char *fn)
 {
     if (count < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: %s count %lld < 0 (comm '%s', rank %d of %d)", fn,
@@ -11456,7 +11469,7 @@ static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_
    backend's reduce-scatter, all-gather, send and recv take at most INT32_MAX (its
    all-reduce and broadcasts are split into calls of PDP_MPI_CHUNK elements); local and
    NCCL (size_t counts) are bounded by the address space alone. */
-static int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
+PDP__PRIVATE int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
 {
     if (c->backend == PDP_BACKEND_MPI &&
         (kind == PDP__COLL_REDUCE_SCATTER || kind == PDP__COLL_ALLGATHER ||
@@ -11465,8 +11478,8 @@ static int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
     return INT64_MAX;
 }
 
-static pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
-                                        pdp__coll_kind kind, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
+                                              pdp__coll_kind kind, const char *fn)
 {
     int64_t most = (int64_t)((size_t)PTRDIFF_MAX / (es * (size_t)parts));
     int64_t max = pdp__comm_count_max(c, kind);
@@ -11486,7 +11499,7 @@ static pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t
     return PDP_OK;
 }
 
-static pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn)
 {
     if (op != PDP_REDUCE_SUM && op != PDP_REDUCE_AVG)
         return pdp__err(PDP_ERR_INVALID, "%s: unknown reduce op %d (comm '%s', rank %d)", fn,
@@ -11494,7 +11507,7 @@ static pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const 
     return PDP_OK;
 }
 
-static pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn)
 {
     if (root < 0 || root >= c->size)
         return pdp__err(PDP_ERR_INVALID, "%s: root %d outside 0..%d (comm '%s', rank %d)", fn,
@@ -11504,8 +11517,8 @@ static pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *
 
 /* After the backend accepted a collective: stats, the launch stamp, and the
    synchronous form when the caller passed no handle pointer. */
-static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
-                                     double bytes, pdp_work **work, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
+                                           double bytes, pdp_work **work, const char *fn)
 {
     if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     w->t_launch = t_launch;
@@ -11521,7 +11534,7 @@ static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, do
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
 }
 
-static pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, const char *fn)
 {
     if (dt != PDP_DTYPE_F32 && dt != PDP_DTYPE_BF16 && dt != PDP_DTYPE_F16)
         return pdp__err(PDP_ERR_INVALID, "%s: unknown dtype %d (comm '%s', rank %d): "
@@ -11536,8 +11549,8 @@ PDP_API size_t pdp_dtype_size(pdp_dtype dt)
 }
 
 /* The all-reduce of every dtype; fn names the public entry. */
-static pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
-                                      pdp_reduce_op op, pdp_work **work, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                            pdp_reduce_op op, pdp_work **work, const char *fn)
 {
     pdp_work *w = NULL;
     double t = pdp__now(), n;
@@ -11583,9 +11596,9 @@ PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, in
     return pdp__comm_launched(c, st, w, t, (n - 1.0) / n * (double)count * 4.0, work, fn);
 }
 
-static pdp_status pdp__comm_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                           int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                           pdp_work **work, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                                 int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                                 pdp_work **work, const char *fn)
 {
     pdp_work *w = NULL;
     double t = pdp__now();
@@ -11652,7 +11665,7 @@ PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work)
 
 /* ---- comm: point-to-point ---- */
 
-static pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag, const char *fn)
 {
     if (peer < 0 || peer >= c->size)
         return pdp__err(PDP_ERR_INVALID, "%s: peer %d outside 0..%d (comm '%s', rank %d)", fn,
@@ -11702,7 +11715,7 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
    status st through one all-reduce (a count of failed ranks and the sum of their numbers):
    a failed rank gets its own status and message back; a rank that succeeded fails with
    PDP_ERR_COMM naming the failed rank when there is one. */
-static pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
 {
     char why[1024]; /* the thread-local message's size */
     float v[2], *dev = NULL;
@@ -11913,7 +11926,7 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
 /* ---- layers: small helpers ---- */
 
 /* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
-static const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
+PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
 {
     if (ndim == 3)
         snprintf(buf, bytes, "(%lld, %lld, %lld)", (long long)shape[0], (long long)shape[1],
@@ -11925,7 +11938,7 @@ static const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *bu
 
 /* Sum of n floats: 16 float lanes (which the compiler vectorises), combined in
    double. Fixed order, so the same bits on every run. */
-static double pdp__layers_sum(const float *PDP__RESTRICT x, int64_t n)
+PDP__PRIVATE double pdp__layers_sum(const float *PDP__RESTRICT x, int64_t n)
 {
     float lane[16] = {0};
     double s = 0.0;
@@ -11939,7 +11952,7 @@ static double pdp__layers_sum(const float *PDP__RESTRICT x, int64_t n)
 }
 
 /* Sum of (x[i] - c)^2, same scheme. */
-static double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c, int64_t n)
+PDP__PRIVATE double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c, int64_t n)
 {
     float lane[16] = {0};
     double s = 0.0;
@@ -11956,7 +11969,7 @@ static double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c, int64
 }
 
 /* Sum of a[i] * b[i], same scheme. */
-static double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b, int64_t n)
+PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b, int64_t n)
 {
     float lane[16] = {0};
     double s = 0.0;
@@ -11970,8 +11983,8 @@ static double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RE
 }
 
 /* Sum of a[i] * b[i] * (c[i] - m), same scheme. */
-static double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
-                               const float *PDP__RESTRICT c, float m, int64_t n)
+PDP__PRIVATE double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                     const float *PDP__RESTRICT c, float m, int64_t n)
 {
     float lane[16] = {0};
     double s = 0.0;
@@ -11986,13 +11999,13 @@ static double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__R
 
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
    per sample. */
-static int pdp__layers_batch_parts(int64_t batch)
+PDP__PRIVATE int pdp__layers_batch_parts(int64_t batch)
 {
     return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), batch);
 }
 
 /* Parameters: the product of a shape. */
-static int64_t pdp__layers_count(int ndim, const int64_t *shape)
+PDP__PRIVATE int64_t pdp__layers_count(int ndim, const int64_t *shape)
 {
     int64_t n = 1;
     int i;
@@ -12003,8 +12016,8 @@ static int64_t pdp__layers_count(int ndim, const int64_t *shape)
 /* PyTorch's reset_parameters for Linear and Conv2d: weight Kaiming uniform with
    a = sqrt(5) (bound 1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
    in that order from r. w and b are host memory. */
-static void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
-                                     pdp_rng *r)
+PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
+                                           pdp_rng *r)
 {
     pdp_tensor t;
     float bound;
@@ -12017,7 +12030,7 @@ static void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb,
 
 /* Setup of a layer whose output has its input's shape and that keeps nothing
    (the activations): nothing to check. */
-static pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     (void)l, (void)ps, (void)in;
     return PDP_OK;
@@ -12025,7 +12038,7 @@ static pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, c
 
 /* ---- layers: Linear ---- */
 
-static pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     int64_t weights;
     if (l->out_features < 1)
@@ -12046,12 +12059,12 @@ static pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const 
     return PDP_OK;
 }
 
-static void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
 }
 
-static pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     float beta = 0.0f;
@@ -12064,7 +12077,7 @@ static pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *
     return PDP_OK;
 }
 
-static pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     /* dW += dY^T X */
@@ -12084,13 +12097,13 @@ static pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io 
 }
 
 #ifdef PDP_CUDA
-static pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->batch,
                                 l->in_count, l->out_features, io->bf16);
 }
 
-static pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_linear_bwd(io->device.ordinal, io->x, io->w, io->dy, io->dw, io->db, io->dx,
                                 io->batch, l->in_count, l->out_features, io->bf16);
@@ -12119,7 +12132,7 @@ typedef struct pdp__elem_job {
     void (*fn)(const pdp__layer *l, const pdp__layer_io *io, int64_t lo, int64_t hi);
 } pdp__elem_job;
 
-static void pdp__elem_part(void *arg, int i, int parts)
+PDP__PRIVATE void pdp__elem_part(void *arg, int i, int parts)
 {
     const pdp__elem_job *job = (const pdp__elem_job *)arg;
     int64_t blocks = (job->n + 15) / 16;
@@ -12128,8 +12141,8 @@ static void pdp__elem_part(void *arg, int i, int parts)
     if (lo < hi) job->fn(job->l, job->io, lo, hi);
 }
 
-static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
-                          void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t, int64_t))
+PDP__PRIVATE void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
+                                void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t, int64_t))
 {
     pdp__elem_job job;
     int parts = pdp__threads_for_caller();
@@ -12143,8 +12156,8 @@ static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
 
 /* ReLU, GELU, Tanh, Sigmoid, SiLU: elements [lo, hi) of forward (y from x) and of
    backward (dx from dy and y, or x for GELU and SiLU). */
-static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                    int64_t hi)
+PDP__PRIVATE void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi)
 {
     int64_t n = hi - lo;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -12153,8 +12166,8 @@ static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io
     PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
 }
 
-static void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                     int64_t hi)
+PDP__PRIVATE void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi)
 {
     int64_t n = hi - lo;
     const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
@@ -12163,8 +12176,8 @@ static void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *i
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
 }
 
-static void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                    int64_t hi)
+PDP__PRIVATE void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -12173,8 +12186,8 @@ static void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io
     for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
 }
 
-static void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                     int64_t hi)
+PDP__PRIVATE void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
@@ -12183,8 +12196,8 @@ static void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *i
     for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
 }
 
-static void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                    int64_t hi)
+PDP__PRIVATE void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -12193,8 +12206,8 @@ static void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io
     for (i = 0; i < n; i++) y[i] = tanhf(x[i]);
 }
 
-static void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                     int64_t hi)
+PDP__PRIVATE void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi)
 {
     int64_t n = hi - lo;
     const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
@@ -12203,8 +12216,8 @@ static void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *i
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
 }
 
-static void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                       int64_t hi)
+PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                             int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -12213,8 +12226,8 @@ static void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io 
     for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
 }
 
-static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                        int64_t hi)
+PDP__PRIVATE void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                              int64_t hi)
 {
     int64_t n = hi - lo;
     const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
@@ -12223,8 +12236,8 @@ static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
 
-static void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                    int64_t hi)
+PDP__PRIVATE void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -12233,8 +12246,8 @@ static void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io
     for (i = 0; i < n; i++) y[i] = pdp__silu(x[i]);
 }
 
-static void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                     int64_t hi)
+PDP__PRIVATE void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
@@ -12243,61 +12256,61 @@ static void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *i
     for (i = 0; i < n; i++) dx[i] = pdp__silu_grad(dy[i], x[i]);
 }
 
-static pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__relu_backward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__gelu_forward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__gelu_backward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__tanh_forward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__tanh_backward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__sigmoid_forward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__sigmoid_backward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__silu_forward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__silu_backward_range);
     return PDP_OK;
@@ -12305,66 +12318,66 @@ static pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *i
 
 #ifdef PDP_CUDA
 /* One kernel pair for the five, told which by pdp_cudak_act. */
-static pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
-                                        pdp_cudak_act act)
+PDP__PRIVATE pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
+                                              pdp_cudak_act act)
 {
     return pdp_cudak_act_fwd(io->device.ordinal, act, io->x, io->y, io->batch * l->in_count);
 }
 
-static pdp_status pdp__act_cuda_backward(const pdp__layer *l, const pdp__layer_io *io,
-                                         pdp_cudak_act act)
+PDP__PRIVATE pdp_status pdp__act_cuda_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                               pdp_cudak_act act)
 {
     if (!io->dx) return PDP_OK;
     return pdp_cudak_act_bwd(io->device.ordinal, act, io->x, io->y, io->dy, io->dx,
                              io->batch * l->in_count);
 }
 
-static pdp_status pdp__relu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__relu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_forward(l, io, PDP_CUDAK_RELU);
 }
 
-static pdp_status pdp__relu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__relu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_RELU);
 }
 
-static pdp_status pdp__gelu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__gelu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_forward(l, io, PDP_CUDAK_GELU);
 }
 
-static pdp_status pdp__gelu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__gelu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_GELU);
 }
 
-static pdp_status pdp__tanh_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tanh_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_forward(l, io, PDP_CUDAK_TANH);
 }
 
-static pdp_status pdp__tanh_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tanh_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_TANH);
 }
 
-static pdp_status pdp__sigmoid_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__sigmoid_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_forward(l, io, PDP_CUDAK_SIGMOID);
 }
 
-static pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SIGMOID);
 }
 
-static pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_forward(l, io, PDP_CUDAK_SILU);
 }
 
-static pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SILU);
 }
@@ -12372,7 +12385,7 @@ static pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_
 
 /* ---- layers: Dropout ---- */
 
-static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     (void)ps;
     if (!(l->p >= 0.0f && l->p < 1.0f))
@@ -12381,7 +12394,7 @@ static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     uint32_t thr;
@@ -12404,7 +12417,7 @@ static pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io 
     return PDP_OK;
 }
 
-static pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t n = io->batch * l->in_count;
     const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
@@ -12420,7 +12433,7 @@ static pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io
 
 
 #ifdef PDP_CUDA
-static pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int dev = io->device.ordinal;
     int64_t n = io->batch * l->in_count;
@@ -12431,7 +12444,7 @@ static pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp__laye
     return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
 }
 
-static pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int dev = io->device.ordinal;
     int64_t n = io->batch * l->in_count;
@@ -12444,7 +12457,7 @@ static pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__lay
 
 /* ---- layers: LayerNorm ---- */
 
-static pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     if (!(l->eps > 0.0f) || isinf(l->eps))
         return pdp__err(PDP_ERR_INVALID, "eps %g must be finite and > 0 (input %s)",
@@ -12457,7 +12470,7 @@ static pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, con
 }
 
 /* weight 1, bias 0 (PyTorch's) */
-static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     int64_t i;
     (void)r;
@@ -12467,7 +12480,7 @@ static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng
     }
 }
 
-static pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
@@ -12487,7 +12500,7 @@ static pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_i
 /* With xh = (x - mean) rstd and g = dy w:
    dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
    Two passes over each sample, nothing stored. */
-static pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w;
@@ -12513,13 +12526,13 @@ static pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_
 }
 
 #ifdef PDP_CUDA
-static pdp_status pdp__layernorm_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layernorm_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_layernorm_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->saved,
                                    io->batch, l->in_count, l->eps);
 }
 
-static pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_layernorm_bwd(io->device.ordinal, io->x, io->w, io->dy, io->saved, io->dw,
                                    io->db, io->dx, io->batch, l->in_count);
@@ -12530,7 +12543,7 @@ static pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__l
    A view (PDP__LAYER_VIEW): model.c never calls these; they copy, should anything
    else. */
 
-static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     (void)ps, (void)in;
     l->out_ndim = 1;
@@ -12539,13 +12552,13 @@ static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static pdp_status pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
     return PDP_OK;
 }
 
-static pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx && io->dx != io->dy)
         memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
@@ -12553,7 +12566,7 @@ static pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io
 }
 
 #ifdef PDP_CUDA
-static pdp_status pdp__flatten_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__flatten_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int dev = io->device.ordinal;
     if (io->y == io->x) return PDP_OK;
@@ -12561,7 +12574,7 @@ static pdp_status pdp__flatten_cuda_forward(const pdp__layer *l, const pdp__laye
                             (size_t)(io->batch * l->in_count) * sizeof(float));
 }
 
-static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int dev = io->device.ordinal;
     if (!io->dx || io->dx == io->dy) return PDP_OK;
@@ -12631,8 +12644,8 @@ static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__lay
     } while (0)
 
 /* Window element (ki, kj) against the running maximum of n outputs. */
-static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
-                                float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
+PDP__PRIVATE void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
+                                      float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
 {
     int64_t ow = 0;
     int j;
@@ -12658,9 +12671,9 @@ static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int6
         arg[o] = t ? i1 : i0;                                                                  \
     } while (0)
 
-static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
-                             int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
-                             int32_t at, int32_t w)
+PDP__PRIVATE void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
+                                   int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
+                                   int32_t at, int32_t w)
 {
     int64_t ow = 0;
     int j;
@@ -12673,9 +12686,9 @@ static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RE
 
 /* Conv2d's fused pool: the windows of two rows of products, each value through the
    bias and the ReLU first; the bits of pdp__maxpool_2x2 on the stored rows. */
-static void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
-                               float bo, int64_t n, float *PDP__RESTRICT y,
-                               int32_t *PDP__RESTRICT arg, int32_t at, int32_t w)
+PDP__PRIVATE void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
+                                     float bo, int64_t n, float *PDP__RESTRICT y,
+                                     int32_t *PDP__RESTRICT arg, int32_t at, int32_t w)
 {
     int64_t ow = 0;
     int j;
@@ -12700,9 +12713,9 @@ static void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float *PDP__
         d1[2 * o + 1] = a == w + 1 ? g : 0.0f;                                                 \
     } while (0)
 
-static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
-                                      const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
-                                      int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
+PDP__PRIVATE void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
+                                            const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
+                                            int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
 {
     int64_t ow = 0;
     int j;
@@ -12715,9 +12728,9 @@ static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
 
 /* Conv2d's fused pool, backward: the pool's dy through the ReLU's backward (the
    ReLU's output at the winner is the pooled value yp), then to the winner. */
-static void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT yp,
-                                 const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
-                                 int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
+PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT yp,
+                                       const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
+                                       int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
 {
     int64_t ow = 0;
     int j;
@@ -12820,9 +12833,9 @@ typedef struct pdp__conv_geom {
 } pdp__conv_geom;
 
 /* Workspace regions start on 64-byte boundaries (the offset tables are int64). */
-static int64_t pdp__conv_round16(int64_t floats) { return (floats + 15) / 16 * 16; }
+PDP__PRIVATE int64_t pdp__conv_round16(int64_t floats) { return (floats + 15) / 16 * 16; }
 
-static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
+PDP__PRIVATE pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
 {
     pdp__conv_geom g;
     g.C = l->in_shape[0];
@@ -12858,14 +12871,14 @@ static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
 }
 
 /* Implicit path, a chunk of n samples: row widths of the padded image and padded dy. */
-static int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n) { return n * (g->W + g->pad) + g->pad; }
-static int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n) { return n * (g->Wo + g->q) + g->q; }
+PDP__PRIVATE int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n) { return n * (g->W + g->pad) + g->pad; }
+PDP__PRIVATE int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n) { return n * (g->Wo + g->q) + g->q; }
 
 /* Floats of one part's scratch for chunks of at most n samples. Implicit: the two
    offset tables (int64), the padded image and padded dy (the last run of each starts
    at (C - 1, k - 1, k - 1) and ends k - 1 floats past it: + k), and the grid that
    holds the output, dy, then dx. im2col: the column matrix and O rows as long. */
-static int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
+PDP__PRIVATE int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
 {
     int64_t okk = g->O * g->k * g->k;
     if (!g->implicit) return pdp__conv_round16(n * (g->ckk + g->O) * g->cols);
@@ -12879,7 +12892,7 @@ static int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
    one-sample scratch. Enough: chunks <= batch, and scratch(n) <= n scratch(1) (each
    term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch for chunks of
    cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
-static int64_t pdp__conv_work_per_sample(const pdp__layer *l)
+PDP__PRIVATE int64_t pdp__conv_work_per_sample(const pdp__layer *l)
 {
     pdp__conv_geom g = pdp__conv_geom_of(l);
     return g.fixed + g.share + 2 * pdp__conv_scratch(&g, 1);
@@ -12888,8 +12901,8 @@ static int64_t pdp__conv_work_per_sample(const pdp__layer *l)
 
 /* Output columns [*lo, *hi) whose input column ow * stride - pad + kj is inside
    [0, W). */
-static void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, int64_t kj,
-                            int64_t *lo, int64_t *hi)
+PDP__PRIVATE void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, int64_t kj,
+                                  int64_t *lo, int64_t *hi)
 {
     int64_t off = pad - kj; /* iw = ow * stride - off */
     *lo = off > 0 ? (off + stride - 1) / stride : 0;
@@ -12901,8 +12914,8 @@ static void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, 
 /* One sample's columns into col (row stride ld): row (c, ki, kj), column
    oh * Wo + ow holds x[c, oh s - pad + ki, ow s - pad + kj], zero outside the
    input. */
-static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
-                        float *PDP__RESTRICT col, int64_t ld)
+PDP__PRIVATE void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
+                              float *PDP__RESTRICT col, int64_t ld)
 {
     int64_t c, ki, kj, oh, ow, ih;
     for (c = 0; c < g->C; c++)
@@ -12928,8 +12941,8 @@ static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
 
 /* dx of one sample = the sum of its columns' entries over the positions they were
    copied from, in row order (a fixed summation order). */
-static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
-                        float *PDP__RESTRICT dx)
+PDP__PRIVATE void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
+                              float *PDP__RESTRICT dx)
 {
     int64_t c, ki, kj, oh, ow, ih;
     memset(dx, 0, (size_t)(g->C * g->H * g->W) * sizeof(float));
@@ -12951,8 +12964,8 @@ static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col,
 
 /* planes x rows x n floats from src (plane stride sp, row stride sr) into dst
    (plane stride dp, row stride dr). */
-static void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *dst, int64_t dp,
-                             int64_t dr, int64_t planes, int64_t rows, int64_t n)
+PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *dst, int64_t dp,
+                                   int64_t dr, int64_t planes, int64_t rows, int64_t n)
 {
     int64_t p, r;
     for (p = 0; p < planes; p++)
@@ -12999,8 +13012,8 @@ static void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *ds
     } while (0)
 
 /* d = dy masked by y > 0 (the fused ReLU's backward), one row. */
-static void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *PDP__RESTRICT y,
-                                    float *PDP__RESTRICT d, int64_t n)
+PDP__PRIVATE void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *PDP__RESTRICT y,
+                                          float *PDP__RESTRICT d, int64_t n)
 {
     PDP__CONV_ROW(j, n, {
         float gj = g[j], yj = y[j]; /* both loaded first: gcc -O2 then vectorises */
@@ -13013,8 +13026,8 @@ static void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *P
    backward, done on the way. With a fused pool, dy is the pool's [O, Ho/2, Wo/2],
    masked by the pooled y > 0 and written at each window's winner, zeros elsewhere:
    the pool's backward and the ReLU's (pdp__conv_unpool_2x2). */
-static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
-                              float *dst, int64_t dp, int64_t dr)
+PDP__PRIVATE void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
+                                    float *dst, int64_t dp, int64_t dr)
 {
     int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r;
     if (io->pool_y) {
@@ -13042,8 +13055,8 @@ static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__lay
 }
 
 /* Row n of y = src + bias, through the fused ReLU when there is one. */
-static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool relu,
-                                float *PDP__RESTRICT dst, int64_t n)
+PDP__PRIVATE void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool relu,
+                                      float *PDP__RESTRICT dst, int64_t n)
 {
     if (relu)
         PDP__CONV_ROW(j, n, dst[j] = pdp__relu(src[j] + bo););
@@ -13054,8 +13067,8 @@ static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool r
 /* Channel plane o of sample s of y from the products (row oh at src + oh ldr) plus
    the bias, through the fused ReLU; with a fused pool, two rows at a time straight
    into the pool's output and winners (pdp__conv_pool_2x2). */
-static void pdp__conv_store_plane(const pdp__layer_io *io, const pdp__layer *l, int64_t s,
-                                  int64_t o, const float *src, int64_t ldr)
+PDP__PRIVATE void pdp__conv_store_plane(const pdp__layer_io *io, const pdp__layer *l, int64_t s,
+                                        int64_t o, const float *src, int64_t ldr)
 {
     int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], oh;
     float bo = io->b ? io->b[o] : 0.0f;
@@ -13089,7 +13102,7 @@ typedef struct pdp__conv_job {
 
 /* bf16: p[0, n) rounded in place (pdp__bf16_round_u32 on the bits, in
    PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises). */
-static void pdp__conv_bf16(float *p, int64_t n)
+PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, {
         uint32_t u;
@@ -13113,7 +13126,7 @@ typedef struct pdp__conv_chunk {
     float *col, *out;    /* im2col */
 } pdp__conv_chunk;
 
-static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, int part)
+PDP__PRIVATE pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, int part)
 {
     const pdp__conv_geom *g = &job->g;
     float *base = job->io->work + g->fixed + job->chunks * g->share + part * job->scratch;
@@ -13138,7 +13151,7 @@ static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, i
 /* ---- layers: Conv2d, implicit GEMM ---- */
 
 /* W' for backward, run by the caller before the parts start. */
-static void pdp__conv_implicit_setup(pdp__conv_job *job)
+PDP__PRIVATE void pdp__conv_implicit_setup(pdp__conv_job *job)
 {
     const pdp__conv_geom *g = &job->g;
     float *wt = job->io->work;
@@ -13157,8 +13170,8 @@ static void pdp__conv_implicit_setup(pdp__conv_job *job)
    dy when dy is not NULL), and the offset tables of both. In bf16 the image is
    rounded for the fp32 kernels: every product on the emulated path, the dW dot
    products (dw_dots) in backward on the packed path. */
-static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_chunk *k,
-                                    const float *dy, bool backward)
+PDP__PRIVATE void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_chunk *k,
+                                          const float *dy, bool backward)
 {
     const pdp__conv_geom *g = &job->g;
     int64_t c, o, ki, kj, s, ns = k->s1 - k->s0;
@@ -13185,7 +13198,7 @@ static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_ch
                 k->offdy[(o * g->k + ki) * g->k + kj] = (o * g->Hq + ki) * k->wqt + kj;
 }
 
-static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
+PDP__PRIVATE void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
@@ -13221,7 +13234,7 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
     }
 }
 
-static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
+PDP__PRIVATE void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
@@ -13302,7 +13315,7 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
 /* ---- layers: Conv2d, im2col ---- */
 
 /* Forward of the chunks of part i: im2col; out [O, n] = W col; y = out + b. */
-static void pdp__conv_forward_part(void *arg, int i, int parts)
+PDP__PRIVATE void pdp__conv_forward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
@@ -13324,7 +13337,7 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
 /* Backward of the chunks of part i: im2col again; dy gathered into out [O, n]; the
    chunk's dW share dy col^T and db share; then dcol = W^T out over col, and col2im
    into dx. */
-static void pdp__conv_backward_part(void *arg, int i, int parts)
+PDP__PRIVATE void pdp__conv_backward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
@@ -13353,8 +13366,8 @@ static void pdp__conv_backward_part(void *arg, int i, int parts)
 /* Parts: the caller's threads, at most one per chunk (scratch regions are sized
    for as many parts as samples). A single part runs on the caller without taking
    the pool, so its GEMMs can still use the threads. */
-static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
-                               bool backward)
+PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
+                                     bool backward)
 {
     job->l = l;
     job->io = io;
@@ -13374,7 +13387,7 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     }
 }
 
-static pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     pdp__conv_job_init(&job, l, io, false);
@@ -13383,7 +13396,7 @@ static pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io
     return PDP_OK;
 }
 
-static pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     const pdp__conv_geom *g = &job.g;
@@ -13409,7 +13422,7 @@ static pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *i
 
 /* ---- layers: Conv2d, setup and CUDA ---- */
 
-static pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     int64_t k = l->kernel, s = l->stride, pad = l->padding, O = l->out_features;
     int64_t C = l->in_shape[0], H = l->in_shape[1], W = l->in_shape[2];
@@ -13462,7 +13475,7 @@ static pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const ch
     return PDP_OK;
 }
 
-static void pdp__conv_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__conv_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     int64_t fan_in = l->in_shape[0] * l->kernel * l->kernel;
     pdp__layers_init_kaiming(w, l->out_features * fan_in, b, l->out_features, fan_in, r);
@@ -13470,7 +13483,7 @@ static void pdp__conv_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 
 /* Workspace floats per sample of pdp_cuda.cu's conv kernels: they unfold the whole
    sample and keep the output beside it, (C k k + O) Ho Wo (cuda.h). */
-static int64_t pdp__conv_cuda_work(const pdp__layer *l)
+PDP__PRIVATE int64_t pdp__conv_cuda_work(const pdp__layer *l)
 {
     return (l->in_shape[0] * l->kernel * l->kernel + l->out_features) * l->out_shape[1] *
            l->out_shape[2];
@@ -13478,8 +13491,8 @@ static int64_t pdp__conv_cuda_work(const pdp__layer *l)
 
 #ifdef PDP_CUDA
 /* The geometry pdp_cuda.cu's Conv2d and MaxPool2d kernels take. */
-static pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, int64_t O,
-                                          int64_t pad)
+PDP__PRIVATE pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, int64_t O,
+                                                int64_t pad)
 {
     pdp_cudak_conv g;
     g.batch = batch;
@@ -13495,14 +13508,14 @@ static pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, in
     return g;
 }
 
-static pdp_status pdp__conv_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__conv_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
     return pdp_cudak_conv_fwd(io->device.ordinal, &g, io->x, io->w, io->b, io->y, io->work,
                               io->bf16);
 }
 
-static pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
     return pdp_cudak_conv_bwd(io->device.ordinal, &g, io->x, io->w, io->dy, io->dw, io->db,
@@ -13518,7 +13531,7 @@ typedef struct pdp__pool_job {
 } pdp__pool_job;
 
 /* The channel planes of part i: first element of each window, then the rest. */
-static void pdp__maxpool_forward_part(void *argp, int i, int parts)
+PDP__PRIVATE void pdp__maxpool_forward_part(void *argp, int i, int parts)
 {
     const pdp__pool_job *job = (const pdp__pool_job *)argp;
     const pdp__layer *l = job->l;
@@ -13549,7 +13562,7 @@ static void pdp__maxpool_forward_part(void *argp, int i, int parts)
 }
 
 /* Split by channel plane over the intra-op threads. */
-static pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
     job.l = l;
@@ -13560,7 +13573,7 @@ static pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io 
 
 /* The channel planes of part i: zero, then scatter each output's gradient to its
    winner (planes are independent, so any split gives the same bits). */
-static void pdp__maxpool_backward_part(void *argp, int i, int parts)
+PDP__PRIVATE void pdp__maxpool_backward_part(void *argp, int i, int parts)
 {
     const pdp__pool_job *job = (const pdp__pool_job *)argp;
     const pdp__layer *l = job->l;
@@ -13588,7 +13601,7 @@ static void pdp__maxpool_backward_part(void *argp, int i, int parts)
     }
 }
 
-static pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
     if (!io->dx) return PDP_OK;
@@ -13598,7 +13611,7 @@ static pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io
     return PDP_OK;
 }
 
-static pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     int64_t k = l->kernel, s = l->stride, C = l->in_shape[0], H = l->in_shape[1];
     int64_t W = l->in_shape[2];
@@ -13619,13 +13632,13 @@ static pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const
 }
 
 #ifdef PDP_CUDA
-static pdp_status pdp__maxpool_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__maxpool_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->in_shape[0], 0);
     return pdp_cudak_maxpool_fwd(io->device.ordinal, &g, io->x, io->y, io->saved);
 }
 
-static pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->in_shape[0], 0);
     if (!io->dx) return PDP_OK;
@@ -13670,7 +13683,7 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
 /* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
    bias, the row-parallel weight; every other parameter (the row-parallel bias, every
    non-TP layer's) is whole on every TP rank. */
-static bool pdp__tp_is_split(const pdp_model *m, int p)
+PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p)
 {
     const pdp__layer *l = &m->layers[m->params[p].layer];
     return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
@@ -13681,8 +13694,8 @@ static bool pdp__tp_is_split(const pdp_model *m, int p)
 
 /* The TP all-reduce (sum, synchronous) of count floats at buf, counted in the stats;
    what: "g forward" or "f backward", for messages. */
-static pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t batch,
-                                    int64_t width, bool forward)
+PDP__PRIVATE pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t batch,
+                                          int64_t width, bool forward)
 {
     pdp__tp_state *tp = l->tp;
     double t0 = pdp__now(), n = (double)tp->size;
@@ -13705,13 +13718,13 @@ static pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t bat
 }
 
 /* dst <- src, count floats on io's device. */
-static pdp_status pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src,
-                               int64_t count)
+PDP__PRIVATE pdp_status pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src,
+                                     int64_t count)
 {
     return pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
 }
 
-static pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
+PDP__PRIVATE pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
 {
     if (!l->tp)
         return pdp__err(PDP_ERR_STATE, "no TP communicator (call pdp_model_set_tp first; input %s)",
@@ -13719,13 +13732,13 @@ static pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
     return PDP_OK;
 }
 
-static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     (void)ps;
     return pdp__tp_op_setup(l, in);
 }
 
-static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     (void)ps;
     return pdp__tp_op_setup(l, in);
@@ -13734,7 +13747,7 @@ static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, con
 /* f forward: identity. At the first forward (and after TP layers were added) the width
    check first: every TP rank built the same TP layers (f is the first TP layer of every
    block, so every rank reaches it before any other TP collective). */
-static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
     if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK)
@@ -13745,7 +13758,7 @@ static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io 
 /* f backward: the input gradient is the sum of every rank's partial gradient (each rank's
    ColumnParallelLinear saw only its output slice). Nothing when no input gradient is
    needed (f is the first layer): every rank skips it alike. */
-static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
     if (!io->dx) return PDP_OK;
@@ -13754,7 +13767,7 @@ static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io
 }
 
 /* g forward: the sum of every rank's partial output (RowParallelLinear's x_r W_r^T). */
-static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
     if ((st = pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) != PDP_OK) return st;
@@ -13762,14 +13775,14 @@ static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_i
 }
 
 /* g backward: identity (the output gradient is replicated). */
-static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return io->dx ? pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count) : PDP_OK;
 }
 
 /* ---- tp: the column- and row-parallel Linears ---- */
 
-static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     pdp_status st;
     if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
@@ -13782,7 +13795,7 @@ static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, con
 
 /* The input is the slice [tp_lo, tp_lo + in_count) of tp_full features (pdp_model_add_
    row_parallel_linear took both from the ColumnParallelLinear before it). */
-static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     pdp_status st;
     int64_t lo, n;
@@ -13804,8 +13817,8 @@ typedef struct pdp__tp_slice2d {
     int64_t r0, r1;       /* kept rows [r0, r1) */
 } pdp__tp_slice2d;
 
-static void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
-                         pdp_rng *r)
+PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
+                               pdp_rng *r)
 {
     int64_t i, j, w = s.c1 - s.c0;
     for (i = 0; i < rows; i++)
@@ -13818,7 +13831,7 @@ static void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, 
 
 /* The bounds pdp__layers_init_kaiming uses for fan_in (Kaiming uniform with a = sqrt(5),
    then the bias's 1/sqrt(fan_in)), computed as pdp_tensor_kaiming_uniform does. */
-static void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
+PDP__PRIVATE void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
 {
     float a = sqrtf(5.0f);
     double gain = sqrt(2.0 / (1.0 + (double)a * a));
@@ -13827,7 +13840,7 @@ static void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
 }
 
 /* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) and the same entries of b1. */
-static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     pdp__tp_slice2d s;
     float wb, bb;
@@ -13840,7 +13853,7 @@ static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng
 }
 
 /* W2 [d, tp_full]: columns [tp_lo, tp_lo + n); b2 whole. fan_in is the full width. */
-static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     pdp__tp_slice2d s;
     float wb, bb;
@@ -13853,7 +13866,7 @@ static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
 }
 
 /* Backward of Linear, without the input gradient when f is the first layer. */
-static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp_skip_dx) run.dx = NULL;
@@ -13861,7 +13874,7 @@ static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_
 }
 
 /* x_r W_r^T, plus the bias on TP rank 0 only: g's sum then adds it once. */
-static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp->rank != 0) run.b = NULL;
@@ -13869,14 +13882,14 @@ static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *
 }
 
 #ifdef PDP_CUDA
-static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp_skip_dx) run.dx = NULL;
     return pdp__linear_cuda_backward(l, &run);
 }
 
-static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp->rank != 0) run.b = NULL;
@@ -13969,7 +13982,7 @@ static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer
 #endif
 
 /* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags */
-static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
+PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     PDP__KIND(PDP__LINEAR){"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
                            pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
                            PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
@@ -14028,12 +14041,12 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
-static const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k)
+PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k)
 {
     return (unsigned)k < PDP__LAYER_KIND_COUNT ? &pdp__layer_kinds[k] : NULL;
 }
 
-static const char *pdp__layer_kind_name(pdp__layer_kind k)
+PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(k);
     return info && info->name ? info->name : "?";
@@ -14041,7 +14054,7 @@ static const char *pdp__layer_kind_name(pdp__layer_kind k)
 
 /* "ReLU, GELU, Tanh, Sigmoid": the names of the kinds with flag, in table order, for
    messages that say which kinds a place accepts. */
-static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
+PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
 {
     size_t n = 0;
     int k;
@@ -14055,7 +14068,7 @@ static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
 
 /* ---- layers_table: setup and initialisation ---- */
 
-static pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps)
+PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     char in[64];
@@ -14074,7 +14087,7 @@ static pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps)
     return PDP_OK;
 }
 
-static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (info && info->init) info->init(l, w, b, r);
@@ -14082,7 +14095,7 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
 
 /* Workspace floats per sample a layer needs on device d: the CPU's algorithm sizes
    its own (setup); on CUDA the larger of that and the kind's CUDA kernels' need. */
-static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
+PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (d.kind == PDP_DEVICE_CUDA && info && info->cuda_work)
@@ -14094,8 +14107,8 @@ static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
 
 /* A CUDA entry's call: pdp_cuda.cu's message on failure; without the entry (or
    without PDP_CUDA), PDP_ERR_UNSUPPORTED. */
-static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
-                                  pdp_status (*fn)(const pdp__layer *, const pdp__layer_io *))
+PDP__PRIVATE pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
+                                        pdp_status (*fn)(const pdp__layer *, const pdp__layer_io *))
 {
 #ifdef PDP_CUDA
     pdp_status st;
@@ -14114,7 +14127,7 @@ static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
 /* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
    CPU memory. A collective kind's host entry runs on every device. Either entry's
    status comes back as it is (the caller names the layer). */
-static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
@@ -14123,7 +14136,7 @@ static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *i
     return info->forward(l, io);
 }
 
-static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
@@ -14217,7 +14230,7 @@ PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
     return d;
 }
 
-static void pdp__model_free_buffers(pdp_model *m)
+PDP__PRIVATE void pdp__model_free_buffers(pdp_model *m)
 {
     pdp__dev_free(m->device, m->act_block);
     pdp__dev_free(m->device, m->saved_block);
@@ -14247,7 +14260,7 @@ PDP_API void pdp_model_free(pdp_model *m)
 /* ---- model: the executor holding it ---- */
 
 /* "ZeRO stage 3 (pdp_zero_create)": an executor, for messages. */
-static const char *pdp__wrap_name(pdp__wrap kind, int stage)
+PDP__PRIVATE const char *pdp__wrap_name(pdp__wrap kind, int stage)
 {
     static const char *zero[4] = {"ZeRO (pdp_zero_create)", "ZeRO stage 1 (pdp_zero_create)",
                                   "ZeRO stage 2 (pdp_zero_create)",
@@ -14262,12 +14275,12 @@ static const char *pdp__wrap_name(pdp__wrap kind, int stage)
     return "no executor";
 }
 
-static const char *pdp__model_wrapper(const pdp_model *m)
+PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m)
 {
     return pdp__wrap_name(m->wrapped, m->wrap_stage);
 }
 
-static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn)
+PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn)
 {
     static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
                                    "pdp_pp_free"};
@@ -14281,7 +14294,7 @@ static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const
     return PDP_OK;
 }
 
-static void pdp__model_unwrap(pdp_model *m)
+PDP__PRIVATE void pdp__model_unwrap(pdp_model *m)
 {
     m->wrapped = PDP__WRAP_NONE;
     m->wrap_stage = 0;
@@ -14289,7 +14302,7 @@ static void pdp__model_unwrap(pdp_model *m)
     m->views_user = NULL;
 }
 
-static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn)
 {
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s; %s", fn,
@@ -14302,7 +14315,7 @@ static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, 
 /* ---- model: adding layers ---- */
 
 /* Grows an array of n used elements to hold one more; *cap doubles. */
-static pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
+PDP__PRIVATE pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
 {
     void *bigger;
     int newcap;
@@ -14319,7 +14332,7 @@ static pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
 
 /* The state_dict number of the next layer: layers so far, less the unnumbered ones
    (PDP__LAYER_UNNUMBERED: TP's f and g). */
-static int pdp__model_next_number(const pdp_model *m)
+PDP__PRIVATE int pdp__model_next_number(const pdp_model *m)
 {
     int i, n = 0;
     for (i = 0; i < m->nlayers; i++)
@@ -14327,8 +14340,8 @@ static int pdp__model_next_number(const pdp_model *m)
     return n;
 }
 
-static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
-                                      const int64_t *shape)
+PDP__PRIVATE pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
+                                            const int64_t *shape)
 {
     pdp__param_entry *e;
     int64_t count = 1, total;
@@ -14360,7 +14373,7 @@ static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what,
 /* Appends layer l (kind and configuration filled in by the caller): infers its
    shapes, registers and initialises its parameters, and moves the parameter and
    gradient blocks to their new size. On failure the model is unchanged. */
-static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
+PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
 {
     pdp__param_shapes ps;
     int64_t old_count;
@@ -14430,7 +14443,7 @@ fail:
     return pdp__err_wrap(st, "%s: layer %d", fn, l.index);
 }
 
-static pdp__layer pdp__layer_of(pdp__layer_kind kind)
+PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind)
 {
     pdp__layer l;
     memset(&l, 0, sizeof l);
@@ -14511,7 +14524,7 @@ PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 /* ---- model: buffers ---- */
 
 /* Whether layer i's kind has flag (PDP__LAYER_*). */
-static bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
+PDP__PRIVATE bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
 {
     return (pdp__layer_kind_of(m->layers[i].kind)->flags & flag) != 0;
 }
@@ -14520,7 +14533,7 @@ static bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
    PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
    last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
    is skipped. Same bits as running it. */
-static bool pdp__model_relu_fused(const pdp_model *m, int i)
+PDP__PRIVATE bool pdp__model_relu_fused(const pdp_model *m, int i)
 {
     return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
            pdp__model_flag(m, i, PDP__LAYER_FUSABLE_RELU) &&
@@ -14532,7 +14545,7 @@ static bool pdp__model_relu_fused(const pdp_model *m, int i)
    applies too: the Conv2d writes this layer's output and saved winners, and takes its
    output's gradient; this layer is skipped, and the Conv2d's own output never exists.
    Same bits. */
-static bool pdp__model_pool_fused(const pdp_model *m, int i)
+PDP__PRIVATE bool pdp__model_pool_fused(const pdp_model *m, int i)
 {
     const pdp__layer *l = &m->layers[i];
     return i > 1 && pdp__model_flag(m, i, PDP__LAYER_FUSABLE_POOL) && l->kernel == 2 &&
@@ -14541,20 +14554,20 @@ static bool pdp__model_pool_fused(const pdp_model *m, int i)
 }
 
 /* Layer i is the Conv2d that applies the pool two layers on (pdp__model_pool_fused). */
-static bool pdp__model_pools(const pdp_model *m, int i)
+PDP__PRIVATE bool pdp__model_pools(const pdp_model *m, int i)
 {
     return i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2);
 }
 
 /* Layer i's output is its input seen again (PDP__LAYER_VIEW: Flatten; a fused ReLU):
    no buffer, no call. */
-static bool pdp__model_is_view(const pdp_model *m, int i)
+PDP__PRIVATE bool pdp__model_is_view(const pdp_model *m, int i)
 {
     return pdp__model_flag(m, i, PDP__LAYER_VIEW) || pdp__model_relu_fused(m, i);
 }
 
 /* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
-static bool pdp__model_has_output(const pdp_model *m, int i)
+PDP__PRIVATE bool pdp__model_has_output(const pdp_model *m, int i)
 {
     return !pdp__model_is_view(m, i) && !pdp__model_pools(m, i);
 }
@@ -14568,12 +14581,12 @@ typedef struct pdp__model_plan {
 } pdp__model_plan;
 
 /* *acc += v, or INT64_MAX (which stays) past PDP__COUNT_MAX: reserve then fails. */
-static void pdp__model_plan_add(int64_t *acc, int64_t v)
+PDP__PRIVATE void pdp__model_plan_add(int64_t *acc, int64_t v)
 {
     if (!pdp__add_ok(*acc, v, acc)) *acc = INT64_MAX;
 }
 
-static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
+PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
 {
     pdp__model_plan p;
     int i;
@@ -14592,7 +14605,7 @@ static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off
 
 
 /* Points the outputs of the layers that are not views at activation set m->slot. */
-static void pdp__model_bind_acts(pdp_model *m)
+PDP__PRIVATE void pdp__model_bind_acts(pdp_model *m)
 {
     int64_t act = 0;
     int i;
@@ -14655,13 +14668,13 @@ oom:
 /* ---- model: forward and backward ---- */
 
 /* What layer i's forward keeps for its backward, in the current activation set. */
-static float *pdp__model_saved(const pdp_model *m, int i)
+PDP__PRIVATE float *pdp__model_saved(const pdp_model *m, int i)
 {
     return m->saved_block + m->slot * m->saved_stride + m->max_batch * m->saved_off[i];
 }
 
 /* Fills the per-call part of io for layer i. */
-static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
+PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
 {
     const pdp__layer *l = &m->layers[i];
     memset(io, 0, sizeof *io);
@@ -14691,7 +14704,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
 }
 
 /* A trace event "forward 3 Linear" on the model's track (DDP sets it), t0 to now. */
-static void pdp__model_trace(const pdp_model *m, const char *what, int i, double t0)
+PDP__PRIVATE void pdp__model_trace(const pdp_model *m, const char *what, int i, double t0)
 {
     char name[48];
     snprintf(name, sizeof name, "%s %d %s", what, i, pdp__layer_kind_name(m->layers[i].kind));
@@ -14699,7 +14712,7 @@ static void pdp__model_trace(const pdp_model *m, const char *what, int i, double
 }
 
 /* The profile's split (pdp_profile): a layer with weights counts as GEMM work. */
-static void pdp__model_profile(const pdp__layer *l, double t0)
+PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0)
 {
     double dt = pdp__now() - t0;
     if (l->nparams > 0) pdp__prof.gemm_layers_s += dt;
@@ -14898,8 +14911,8 @@ PDP_API pdp_device pdp_model_device(const pdp_model *m) { return m ? m->device :
 
 /* A view of count floats at data (1-d; the parameter's shape when full), or an empty
    one (data NULL, count 0) where data is NULL: a block the executor took away. */
-static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
-                            int64_t count, pdp_tensor *out)
+PDP__PRIVATE void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                                  int64_t count, pdp_tensor *out)
 {
     memset(out, 0, sizeof *out);
     out->device = d;
@@ -14974,8 +14987,8 @@ PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_te
 
 /* ---- model: replicas ---- */
 
-static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
-                                   pdp_model **out)
+PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
+                                         pdp_model **out)
 {
     pdp_model *m;
     size_t bytes = (size_t)src->param_count * sizeof(float);
@@ -15040,7 +15053,7 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
 
 /* ---- model: pipeline stages ---- */
 
-static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)
+PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)
 {
     pdp_model *m;
     int p0, p1, i;
@@ -15090,7 +15103,7 @@ static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_mo
     return PDP_OK;
 }
 
-static pdp_status pdp__model_set_slots(pdp_model *m, int nslots)
+PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots)
 {
     pdp__model_free_buffers(m);
     m->nslots = nslots;
@@ -15098,8 +15111,8 @@ static pdp_status pdp__model_set_slots(pdp_model *m, int nslots)
     return PDP_OK;
 }
 
-static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
-                                bool forwarded)
+PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
+                                      bool forwarded)
 {
     int64_t shape[4];
     int i, d;
@@ -15137,9 +15150,9 @@ static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t 
 
 /* ---- loss: cross-entropy ---- */
 
-static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
-                                     int64_t classes, float grad_scale, double *loss_sum,
-                                     float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
+                                           int64_t classes, float grad_scale, double *loss_sum,
+                                           float *dlogits, const char *fn)
 {
     double total = 0.0;
     int64_t i, j;
@@ -15173,9 +15186,9 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
 }
 
 /* pdp__cross_entropy with logits and dlogits on device d (CUDA: cuda_host.c). */
-static pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const int32_t *labels,
-                                        int64_t batch, int64_t classes, float grad_scale,
-                                        double *loss_sum, float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const int32_t *labels,
+                                              int64_t batch, int64_t classes, float grad_scale,
+                                              double *loss_sum, float *dlogits, const char *fn)
 {
     double t0 = pdp__prof.on ? pdp__now() : 0.0;
     pdp_status st =
@@ -15188,13 +15201,13 @@ static pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const
     return st;
 }
 
-static bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
+PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
 {
     return a->device.kind == b->device.kind && a->device.ordinal == b->device.ordinal;
 }
 
 /* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
-static pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, const char *fn)
 {
     char buf[96];
     if (t->ndim != 2)
@@ -15204,7 +15217,7 @@ static pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, 
 }
 
 /* Shape equality for messages "dlogits is [3, 4], logits is [3, 5]". */
-static bool pdp__loss_same_shape(const pdp_tensor *a, const pdp_tensor *b)
+PDP__PRIVATE bool pdp__loss_same_shape(const pdp_tensor *a, const pdp_tensor *b)
 {
     int i;
     if (a->ndim != b->ndim) return false;
@@ -15406,13 +15419,13 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind)
 
 /* x in [0, FLT_MAX]: finite, not negative, and a float once rounded where it meets a
    float tensor. Written as !(x in range) by its callers, so NaN fails. */
-static bool pdp__optim_nonneg(double x) { return x >= 0.0 && x <= (double)FLT_MAX; }
+PDP__PRIVATE bool pdp__optim_nonneg(double x) { return x >= 0.0 && x <= (double)FLT_MAX; }
 
 /* Fills zeros with defaults and validates; fn names the public caller. NaNs fail
    every range check because each is written as !(x in range). The defaults are
    PyTorch's, as doubles (0.999, not 0.999f). */
-static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
-                                          const char *fn)
+PDP__PRIVATE pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
+                                                const char *fn)
 {
     pdp_optim_desc d;
     bool adam;
@@ -15457,14 +15470,14 @@ static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_de
 }
 
 /* How many state buffers the resolved desc d needs. */
-static int pdp__optim_nstate(const pdp_optim_desc *d)
+PDP__PRIVATE int pdp__optim_nstate(const pdp_optim_desc *d)
 {
     if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0 ? 1 : 0;
     return 2;
 }
 
 /* The state_dict key of state buffer k ("momentum_buffer", "exp_avg", "exp_avg_sq"). */
-static const char *pdp__optim_state_name(const pdp_optim *o, int k)
+PDP__PRIVATE const char *pdp__optim_state_name(const pdp_optim *o, int k)
 {
     if (o->desc.kind == PDP_OPTIM_SGD) return "momentum_buffer";
     return k == 0 ? "exp_avg" : "exp_avg_sq";
@@ -15476,8 +15489,8 @@ static const char *pdp__optim_state_name(const pdp_optim *o, int k)
    range [lo, hi) of the flat block; a shard: hi floats in the executor's layout). out,
    m and the range are checked by the callers. On failure *out stays NULL and
    everything allocated is freed; the message is composed before the free. */
-static pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc,
-                                   int64_t lo, int64_t hi, bool shard, const char *fn)
+PDP__PRIVATE pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc,
+                                         int64_t lo, int64_t hi, bool shard, const char *fn)
 {
     pdp_optim *o;
     pdp_optim_desc d;
@@ -15508,9 +15521,9 @@ static pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_opti
     return PDP_OK;
 }
 
-static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
-                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
-                                          const char *fn)
+PDP__PRIVATE pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                                const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                                const char *fn)
 {
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
@@ -15524,9 +15537,9 @@ static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
 
 /* ZeRO: state for count floats in the executor's shard layout (zero.c), stepped
    by pdp__optim_step_at only; pdp_optim_step and the full checkpoints refuse it. */
-static pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
-                                          const pdp_optim_desc *desc, int64_t count,
-                                          const char *fn)
+PDP__PRIVATE pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
+                                                const pdp_optim_desc *desc, int64_t count,
+                                                const char *fn)
 {
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
@@ -15542,7 +15555,7 @@ PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_opt
 }
 
 /* Whether o holds state for the whole block (the public functions' optimizer). */
-static bool pdp__optim_is_full(const pdp_optim *o)
+PDP__PRIVATE bool pdp__optim_is_full(const pdp_optim *o)
 {
     return o->lo == 0 && o->hi == o->count && !o->shard;
 }
@@ -15592,7 +15605,7 @@ PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
    hyper-parameter used as it is, is rounded to float once, where it meets a float tensor
    as a scalar argument (alpha=, value=, mul_(x), add_(eps), / x: ATen's CPU and CUDA
    kernels take a float tensor's scalars as float). */
-static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
+PDP__PRIVATE void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
 {
     const pdp_optim_desc *d = &o->desc;
     double t = (double)(o->steps + 1);
@@ -15625,7 +15638,7 @@ static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
    (IEEE sqrt is correctly rounded: the same bits as sqrtf). */
 #define PDP__OPTIM_BLOCK 16
 
-static void pdp__sqrt_block(float *out, const float *in)
+PDP__PRIVATE void pdp__sqrt_block(float *out, const float *in)
 {
 #if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
     /* the zero-masking form: gcc's _mm512_sqrt_ps merges into _mm512_undefined_ps(), which
@@ -15643,8 +15656,8 @@ static void pdp__sqrt_block(float *out, const float *in)
 #endif
 }
 
-static void pdp__sgd_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
-                          float *PDP__RESTRICT buf, int64_t n, const pdp__optim_scalars *s)
+PDP__PRIVATE void pdp__sgd_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
+                                float *PDP__RESTRICT buf, int64_t n, const pdp__optim_scalars *s)
 {
     const float lr = s->lr, mom = s->momentum, omd = s->one_minus_damp, wd = s->weight_decay;
     const int nesterov = s->nesterov, first = s->first;
@@ -15665,9 +15678,9 @@ static void pdp__sgd_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
         p[i] = pdp__sgd_momentum_update(p[i], g[i], &buf[i], lr, mom, omd, wd, nesterov, first);
 }
 
-static void pdp__adam_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
-                           float *PDP__RESTRICT m, float *PDP__RESTRICT v, int64_t n,
-                           const pdp__optim_scalars *s)
+PDP__PRIVATE void pdp__adam_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
+                                 float *PDP__RESTRICT m, float *PDP__RESTRICT v, int64_t n,
+                                 const pdp__optim_scalars *s)
 {
     const float b1 = s->beta1, omb1 = s->one_minus_beta1, b2 = s->beta2, omb2 = s->one_minus_beta2;
     const float step_size = s->step_size, bc2_sqrt = s->bc2_sqrt, eps = s->eps, l2 = s->l2;
@@ -15697,7 +15710,7 @@ typedef struct pdp__optim_job {
 } pdp__optim_job;
 
 /* Elements [lo, hi) of the job, part i of n (ranges aligned to 16 floats). */
-static void pdp__optim_part(void *arg, int part, int nparts)
+PDP__PRIVATE void pdp__optim_part(void *arg, int part, int nparts)
 {
     const pdp__optim_job *j = (const pdp__optim_job *)arg;
     int64_t len = j->hi - j->lo;
@@ -15717,9 +15730,9 @@ static void pdp__optim_part(void *arg, int part, int nparts)
 
 /* The job of n elements, params[i] from grads[i] with state element state_off + i of
    o's buffers, by the update scalars s. */
-static void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars *s, float *params,
-                              const float *grads, int64_t state_off, int64_t n,
-                              pdp__optim_job *job)
+PDP__PRIVATE void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars *s, float *params,
+                                    const float *grads, int64_t state_off, int64_t n,
+                                    pdp__optim_job *job)
 {
     job->s = s;
     job->params = params;
@@ -15735,8 +15748,8 @@ static void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars *s, f
    state_off + i of o's buffers (ZeRO: a unit's slice, the parameters in the
    model's block or the shard, the gradients in the executor's buffer). Does not
    advance steps (pdp__optim_finish_step). */
-static pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
-                                     int64_t state_off, int64_t n)
+PDP__PRIVATE pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
+                                           int64_t state_off, int64_t n)
 {
     pdp__optim_scalars s;
     pdp__optim_job job;
@@ -15759,8 +15772,8 @@ static pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *g
    the update in flight (pdp__optim_scalars_of, taken once per update): a CPU
    optimizer stepped in many small ranges (DataParallel's fused step) without
    recomputing them per range or taking the pool. */
-static void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
-                                    float *params, const float *grads, int64_t lo, int64_t hi)
+PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
+                                          float *params, const float *grads, int64_t lo, int64_t hi)
 {
     pdp__optim_job job;
     PDP_ASSERT(o && o->model->device.kind == PDP_DEVICE_CPU && o->lo <= lo && lo <= hi &&
@@ -15771,18 +15784,18 @@ static void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars
 
 /* params and grads are full-size blocks: element i of each is parameter
    element i; [lo, hi) lies inside the range o holds state for. */
-static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
-                                        int64_t lo, int64_t hi)
+PDP__PRIVATE pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
+                                              int64_t lo, int64_t hi)
 {
     PDP_ASSERT(o && o->lo <= lo && lo <= hi && hi <= o->hi);
     return pdp__optim_step_at(o, params + lo, grads + lo, lo - o->lo, hi - lo);
 }
 
 /* Marks the update in flight as done (after every range of it). */
-static void pdp__optim_finish_step(pdp_optim *o) { o->steps++; }
+PDP__PRIVATE void pdp__optim_finish_step(pdp_optim *o) { o->steps++; }
 
 /* What pdp_optim_step checks before it changes anything (its messages). */
-static pdp_status pdp__optim_check_step(const pdp_optim *o)
+PDP__PRIVATE pdp_status pdp__optim_check_step(const pdp_optim *o)
 {
     const pdp_model *m;
     if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_step: optimizer is NULL");
@@ -15818,8 +15831,8 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
 
 /* ---- optim: gradient clipping ---- */
 
-static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
-                                  const char *fn)
+PDP__PRIVATE pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
+                                        const char *fn)
 {
     double s = 0.0;
     int64_t i;
@@ -15835,8 +15848,8 @@ static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n,
     return PDP_OK;
 }
 
-static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
-                                  const char *fn)
+PDP__PRIVATE pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
+                                        const char *fn)
 {
     int64_t i;
     if (n <= 0) return PDP_OK;
@@ -15845,8 +15858,8 @@ static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float
     return PDP_OK;
 }
 
-static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
-                                        int64_t hi, double *sum, const char *fn)
+PDP__PRIVATE pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                              int64_t hi, double *sum, const char *fn)
 {
     int p;
     pdp_status st;
@@ -15860,7 +15873,7 @@ static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int6
     return PDP_OK;
 }
 
-static pdp_status pdp__check_max_norm(float max_norm, const char *fn)
+PDP__PRIVATE pdp_status pdp__check_max_norm(float max_norm, const char *fn)
 {
     /* NaN would scale by NaN, +Inf clip nothing while looking like a setting */
     if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
@@ -15869,13 +15882,13 @@ static pdp_status pdp__check_max_norm(float max_norm, const char *fn)
     return PDP_OK;
 }
 
-static float pdp__clip_coef(float max_norm, double norm)
+PDP__PRIVATE float pdp__clip_coef(float max_norm, double norm)
 {
     /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
     return (float)((double)max_norm / (norm + 1e-6));
 }
 
-static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum)
+PDP__PRIVATE pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum)
 {
     pdp_status st;
     *host = (float)*sum;
@@ -15973,7 +15986,7 @@ PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total,
 
 /* CRC-32 of ISO 3309 / ITU-T V.42 (reflected polynomial 0xEDB88320), as gzip
    stores it. The table is built by the caller, once per decode. */
-static void pdp__crc32_table(uint32_t table[256])
+PDP__PRIVATE void pdp__crc32_table(uint32_t table[256])
 {
     uint32_t i, c;
     int k;
@@ -15984,7 +15997,7 @@ static void pdp__crc32_table(uint32_t table[256])
     }
 }
 
-static uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p, size_t n)
+PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p, size_t n)
 {
     size_t i;
     crc = ~crc;
@@ -16013,7 +16026,7 @@ typedef struct pdp__inflate {
     const char *fn, *path; /* for messages */
 } pdp__inflate;
 
-static pdp_status pdp__inf_corrupt(const pdp__inflate *s, const char *what)
+PDP__PRIVATE pdp_status pdp__inf_corrupt(const pdp__inflate *s, const char *what)
 {
     return pdp__err(PDP_ERR_FORMAT, "%s: %s: corrupt gzip data (%s at byte %zu)", s->fn, s->path,
                     what, s->pos - (size_t)(s->nbits / 8));
@@ -16021,7 +16034,7 @@ static pdp_status pdp__inf_corrupt(const pdp__inflate *s, const char *what)
 
 /* Tops the bit buffer up to at least 57 bits; fails once the stream has consumed
    any of the zero bytes that stand in for input past the end. */
-static pdp_status pdp__inf_refill(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inf_refill(pdp__inflate *s)
 {
     while (s->nbits <= 56) {
         uint64_t byte = s->pos < s->in_len ? s->in[s->pos] : 0;
@@ -16036,7 +16049,7 @@ static pdp_status pdp__inf_refill(pdp__inflate *s)
 }
 
 /* n <= 32 bits, LSB first; the caller has refilled enough. */
-static uint32_t pdp__inf_bits(pdp__inflate *s, int n)
+PDP__PRIVATE uint32_t pdp__inf_bits(pdp__inflate *s, int n)
 {
     uint32_t v = (uint32_t)(s->bits & ((1ull << n) - 1));
     s->bits >>= n;
@@ -16045,7 +16058,7 @@ static uint32_t pdp__inf_bits(pdp__inflate *s, int n)
 }
 
 /* Makes room for `more` output bytes, doubling the buffer. */
-static pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
+PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
 {
     size_t need, cap;
     uint8_t *bigger;
@@ -16071,7 +16084,7 @@ static pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
 /* Builds the code for lens[0..n). Returns 0 for a complete code, 1 for an
    incomplete one that is allowed (no code at all, or one code of length 1, as
    zlib allows), -1 for an over-subscribed or otherwise incomplete set. */
-static int pdp__huff_build(pdp__huff *h, const uint8_t *lens, int n)
+PDP__PRIVATE int pdp__huff_build(pdp__huff *h, const uint8_t *lens, int n)
 {
     uint16_t offs[16], next[16];
     int len, sym, left = 1, codes = 0;
@@ -16110,7 +16123,7 @@ static int pdp__huff_build(pdp__huff *h, const uint8_t *lens, int n)
 }
 
 /* The next symbol, or -1 for a bit pattern that is no code. Needs 15 bits. */
-static int pdp__huff_decode(pdp__inflate *s, const pdp__huff *h)
+PDP__PRIVATE int pdp__huff_decode(pdp__inflate *s, const pdp__huff *h)
 {
     uint32_t e = h->fast[s->bits & ((1u << PDP__FAST_BITS) - 1)];
     int len, code = 0, first = 0, index = 0;
@@ -16146,7 +16159,7 @@ static const uint16_t pdp__dist_base[30] = {1,    2,    3,    4,    5,    7,    
 static const uint8_t pdp__dist_extra[30] = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3,  4,  4,  5,  5,  6,
                                             6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
 
-static pdp_status pdp__inf_stored(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inf_stored(pdp__inflate *s)
 {
     size_t p, len;
     pdp_status st;
@@ -16177,7 +16190,7 @@ static pdp_status pdp__inf_stored(pdp__inflate *s)
 }
 
 /* Literals and matches until end-of-block, with the codes in s->lencode/distcode. */
-static pdp_status pdp__inf_codes(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inf_codes(pdp__inflate *s)
 {
     pdp_status st;
     for (;;) {
@@ -16211,7 +16224,7 @@ static pdp_status pdp__inf_codes(pdp__inflate *s)
     }
 }
 
-static pdp_status pdp__inf_fixed(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inf_fixed(pdp__inflate *s)
 {
     uint8_t lens[288];
     int i;
@@ -16225,7 +16238,7 @@ static pdp_status pdp__inf_fixed(pdp__inflate *s)
     return pdp__inf_codes(s);
 }
 
-static pdp_status pdp__inf_dynamic(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inf_dynamic(pdp__inflate *s)
 {
     static const uint8_t order[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5,
                                       11, 4, 12, 3, 13, 2, 14, 1, 15};
@@ -16275,7 +16288,7 @@ static pdp_status pdp__inf_dynamic(pdp__inflate *s)
 }
 
 /* One DEFLATE stream starting at byte s->pos; leaves s->pos on the byte after it. */
-static pdp_status pdp__inflate_stream(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inflate_stream(pdp__inflate *s)
 {
     int final, type;
     size_t p;
@@ -16304,16 +16317,16 @@ static pdp_status pdp__inflate_stream(pdp__inflate *s)
 
 /* ---- gzip ---- */
 
-static uint32_t pdp__le32(const uint8_t *p)
+PDP__PRIVATE uint32_t pdp__le32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static bool pdp__is_gzip(const uint8_t *p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
+PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
 
 /* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes). */
-static pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
-                              const char *fn, const char *path)
+PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
+                                    const char *fn, const char *path)
 {
     pdp__inflate *s;
     uint32_t crc_table[256];
@@ -16416,7 +16429,7 @@ done:
 /* ---- files ---- */
 
 /* Reads a whole file, gunzipping it when it starts with the gzip magic. */
-static pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes, const char *fn)
+PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes, const char *fn)
 {
     FILE *f;
     long size;
@@ -16460,15 +16473,15 @@ static pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes
 
 /* ---- idx ---- */
 
-static uint32_t pdp__be32(const uint8_t *p)
+PDP__PRIVATE uint32_t pdp__be32(const uint8_t *p)
 {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
 /* Checks an IDX header of unsigned bytes with ndim dimensions against the file
    size; fills dims and the payload pointer. */
-static pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t dims[3],
-                                 const uint8_t **payload, const char *fn, const char *path)
+PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t dims[3],
+                                       const uint8_t **payload, const char *fn, const char *path)
 {
     uint32_t magic, want = 0x800u | (uint32_t)ndim;
     uint64_t need = 1;
@@ -16505,8 +16518,8 @@ static pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t 
 }
 
 /* An empty dataset of count samples with the given per-sample shape. */
-static pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, int64_t w,
-                                   const pdp_dataset_desc *desc, const char *fn)
+PDP__PRIVATE pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, int64_t w,
+                                         const pdp_dataset_desc *desc, const char *fn)
 {
     pdp_dataset *ds;
     bool flat = desc && desc->flat;
@@ -16534,7 +16547,7 @@ static pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, 
     return PDP_OK;
 }
 
-static pdp_status pdp__check_desc(const pdp_dataset_desc *desc, const char *fn)
+PDP__PRIVATE pdp_status pdp__check_desc(const pdp_dataset_desc *desc, const char *fn)
 {
     if (!desc) return PDP_OK;
     if (desc->max_samples < 0)
@@ -16546,9 +16559,9 @@ static pdp_status pdp__check_desc(const pdp_dataset_desc *desc, const char *fn)
     return PDP_OK;
 }
 
-static pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path,
-                                const char *labels_path, const pdp_dataset_desc *desc,
-                                const char *fn)
+PDP__PRIVATE pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path,
+                                      const char *labels_path, const pdp_dataset_desc *desc,
+                                      const char *fn)
 {
     uint8_t *img = NULL, *lab = NULL;
     size_t img_bytes, lab_bytes;
@@ -16608,8 +16621,8 @@ PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_pa
 /* ---- fashion-mnist ---- */
 
 /* Looks for dir/name, then dir/name.gz; appends each path tried to `tried`. */
-static bool pdp__find_file(const char *dir, const char *name, char *path, size_t cap,
-                           char *tried, size_t tried_cap)
+PDP__PRIVATE bool pdp__find_file(const char *dir, const char *name, char *path, size_t cap,
+                                 char *tried, size_t tried_cap)
 {
     static const char *const ext[2] = {"", ".gz"};
     int i;
@@ -16745,7 +16758,7 @@ PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indi
 }
 
 /* Wraps data as [n, the dataset's sample shape...]. */
-static pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n, pdp_tensor *x)
+PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n, pdp_tensor *x)
 {
     int64_t shape[4];
     shape[0] = n;
@@ -16768,7 +16781,7 @@ PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_
 }
 
 /* Uniform in [0, n), unbiased, for n up to 2^63. */
-static uint64_t pdp__rng_below64(pdp_rng *r, uint64_t n)
+PDP__PRIVATE uint64_t pdp__rng_below64(pdp_rng *r, uint64_t n)
 {
     uint64_t x, limit;
     if (n <= 0xffffffffu) return pdp_rng_below(r, (uint32_t)n);
@@ -17091,12 +17104,12 @@ typedef struct pdp__st_parser {
     const char *fn;             /* the public caller, for messages */
 } pdp__st_parser;
 
-static pdp_status pdp__st_fail(const pdp__st_parser *p, const char *what)
+PDP__PRIVATE pdp_status pdp__st_fail(const pdp__st_parser *p, const char *what)
 {
     return pdp__err(PDP_ERR_FORMAT, "%s: %s: header byte %zu: %s", p->fn, p->file, p->pos, what);
 }
 
-static void pdp__st_ws(pdp__st_parser *p)
+PDP__PRIVATE void pdp__st_ws(pdp__st_parser *p)
 {
     while (p->pos < p->n && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' ||
                              p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
@@ -17104,7 +17117,7 @@ static void pdp__st_ws(pdp__st_parser *p)
 }
 
 /* Skips whitespace, then consumes c or fails. */
-static bool pdp__st_expect(pdp__st_parser *p, char c)
+PDP__PRIVATE bool pdp__st_expect(pdp__st_parser *p, char c)
 {
     pdp__st_ws(p);
     if (p->pos < p->n && p->s[p->pos] == c) {
@@ -17114,7 +17127,7 @@ static bool pdp__st_expect(pdp__st_parser *p, char c)
     return false;
 }
 
-static int pdp__st_hex(char c)
+PDP__PRIVATE int pdp__st_hex(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -17124,7 +17137,7 @@ static int pdp__st_hex(char c)
 
 /* A JSON string, decoded into the arena as UTF-8 (\uXXXX escapes, surrogate
    pairs included). */
-static pdp_status pdp__st_string(pdp__st_parser *p, const char **out)
+PDP__PRIVATE pdp_status pdp__st_string(pdp__st_parser *p, const char **out)
 {
     char *o = p->arena + p->arena_used;
     size_t len = 0;
@@ -17200,7 +17213,7 @@ static pdp_status pdp__st_string(pdp__st_parser *p, const char **out)
 }
 
 /* A non-negative integer without sign, fraction, exponent or leading zeros. */
-static pdp_status pdp__st_uint(pdp__st_parser *p, uint64_t *out)
+PDP__PRIVATE pdp_status pdp__st_uint(pdp__st_parser *p, uint64_t *out)
 {
     uint64_t v = 0;
     size_t start;
@@ -17221,7 +17234,7 @@ static pdp_status pdp__st_uint(pdp__st_parser *p, uint64_t *out)
 }
 
 /* [u, u, ...] with at most max elements. */
-static pdp_status pdp__st_uint_array(pdp__st_parser *p, uint64_t *out, int max, int *count)
+PDP__PRIVATE pdp_status pdp__st_uint_array(pdp__st_parser *p, uint64_t *out, int max, int *count)
 {
     pdp_status st;
     *count = 0;
@@ -17236,7 +17249,7 @@ static pdp_status pdp__st_uint_array(pdp__st_parser *p, uint64_t *out, int max, 
 }
 
 /* {"dtype": s, "shape": [..], "data_offsets": [b, e]}, each key exactly once. */
-static pdp_status pdp__st_tensor(pdp__st_parser *p, pdp__st_entry *e)
+PDP__PRIVATE pdp_status pdp__st_tensor(pdp__st_parser *p, pdp__st_entry *e)
 {
     bool have_dtype = false, have_shape = false, have_offsets = false;
     uint64_t v[PDP__CKPT_MAX_DIMS];
@@ -17277,7 +17290,7 @@ static pdp_status pdp__st_tensor(pdp__st_parser *p, pdp__st_entry *e)
 }
 
 /* {"key": "value", ...} */
-static pdp_status pdp__st_metadata(pdp__st_parser *p)
+PDP__PRIVATE pdp_status pdp__st_metadata(pdp__st_parser *p)
 {
     pdp_status st;
     if (p->meta) return pdp__st_fail(p, "__metadata__ twice");
@@ -17299,7 +17312,7 @@ static pdp_status pdp__st_metadata(pdp__st_parser *p)
 
 /* The whole header. Allocations (arena, entries, metadata) are freed by
    pdp__st_parser_free, also after a failure. */
-static pdp_status pdp__st_parse(pdp__st_parser *p)
+PDP__PRIVATE pdp_status pdp__st_parse(pdp__st_parser *p)
 {
     const char *key;
     pdp_status st;
@@ -17333,14 +17346,14 @@ static pdp_status pdp__st_parse(pdp__st_parser *p)
     return PDP_OK;
 }
 
-static void pdp__st_parser_free(pdp__st_parser *p)
+PDP__PRIVATE void pdp__st_parser_free(pdp__st_parser *p)
 {
     pdp__dealloc(p->arena);
     pdp__dealloc(p->entries);
     pdp__dealloc((void *)p->meta);
 }
 
-static const char *pdp__st_meta(const pdp__st_parser *p, const char *key)
+PDP__PRIVATE const char *pdp__st_meta(const pdp__st_parser *p, const char *key)
 {
     int i;
     for (i = 0; i < p->nmeta; i += 2)
@@ -17349,7 +17362,7 @@ static const char *pdp__st_meta(const pdp__st_parser *p, const char *key)
 }
 
 /* Bytes per element of a safetensors dtype; 0 when unknown. */
-static int pdp__st_dtype_bytes(const char *d)
+PDP__PRIVATE int pdp__st_dtype_bytes(const char *d)
 {
     static const char *const names[] = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8",
                                         "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
@@ -17360,7 +17373,7 @@ static int pdp__st_dtype_bytes(const char *d)
     return 0;
 }
 
-static int pdp__st_by_begin(const void *a, const void *b)
+PDP__PRIVATE int pdp__st_by_begin(const void *a, const void *b)
 {
     const pdp__st_entry *x = *(const pdp__st_entry *const *)a;
     const pdp__st_entry *y = *(const pdp__st_entry *const *)b;
@@ -17368,7 +17381,7 @@ static int pdp__st_by_begin(const void *a, const void *b)
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
-static int pdp__st_by_name(const void *a, const void *b)
+PDP__PRIVATE int pdp__st_by_name(const void *a, const void *b)
 {
     const pdp__st_entry *x = *(const pdp__st_entry *const *)a;
     const pdp__st_entry *y = *(const pdp__st_entry *const *)b;
@@ -17378,8 +17391,8 @@ static int pdp__st_by_name(const void *a, const void *b)
 /* Per-entry checks (known dtype, byte count = elements * size, inside the data),
    unique names, and exact tiling of the data section. sorted gets the entries
    by name. */
-static pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
-                                   pdp__st_entry **sorted)
+PDP__PRIVATE pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
+                                         pdp__st_entry **sorted)
 {
     const char *fn = p->fn;
     uint64_t at = 0;
@@ -17428,7 +17441,7 @@ static pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
     return PDP_OK;
 }
 
-static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name)
+PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name)
 {
     int lo = 0, hi = n - 1;
     while (lo <= hi) {
@@ -17496,7 +17509,7 @@ static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, co
 #  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
 #endif
 
-static bool pdp__little_endian(void)
+PDP__PRIVATE bool pdp__little_endian(void)
 {
     const uint32_t one = 1;
     unsigned char b;
@@ -17504,7 +17517,7 @@ static bool pdp__little_endian(void)
     return b == 1;
 }
 
-static void pdp__bswap32(void *data, int64_t count)
+PDP__PRIVATE void pdp__bswap32(void *data, int64_t count)
 {
     unsigned char *p = (unsigned char *)data, t;
     int64_t i;
@@ -17523,7 +17536,7 @@ typedef struct pdp__crc32c {
     uint32_t t[8][256];
 } pdp__crc32c;
 
-static void pdp__crc32c_init(pdp__crc32c *c)
+PDP__PRIVATE void pdp__crc32c_init(pdp__crc32c *c)
 {
     uint32_t i, v;
     int j, k;
@@ -17538,8 +17551,8 @@ static void pdp__crc32c_init(pdp__crc32c *c)
 }
 
 /* crc continued over bytes (start with 0). */
-static uint32_t pdp__crc32c_update(const pdp__crc32c *c, uint32_t crc, const void *data,
-                                   size_t bytes)
+PDP__PRIVATE uint32_t pdp__crc32c_update(const pdp__crc32c *c, uint32_t crc, const void *data,
+                                         size_t bytes)
 {
     const unsigned char *p = (const unsigned char *)data;
     crc = ~crc;
@@ -17557,7 +17570,7 @@ static uint32_t pdp__crc32c_update(const pdp__crc32c *c, uint32_t crc, const voi
 }
 
 /* The 8 lowercase hex digits of v (no NUL). */
-static void pdp__ckpt_hex8(char *dst, uint32_t v)
+PDP__PRIVATE void pdp__ckpt_hex8(char *dst, uint32_t v)
 {
     static const char digits[] = "0123456789abcdef";
     int i;
@@ -17565,7 +17578,7 @@ static void pdp__ckpt_hex8(char *dst, uint32_t v)
 }
 
 /* Exactly 8 lowercase hex digits: a flipped case is corruption, not the same value. */
-static bool pdp__ckpt_unhex8(const char *s, uint32_t *out)
+PDP__PRIVATE bool pdp__ckpt_unhex8(const char *s, uint32_t *out)
 {
     uint32_t v = 0;
     int i;
@@ -17580,7 +17593,7 @@ static bool pdp__ckpt_unhex8(const char *s, uint32_t *out)
     return true;
 }
 
-static int pdp__ckpt_by_meta_key(const void *a, const void *b)
+PDP__PRIVATE int pdp__ckpt_by_meta_key(const void *a, const void *b)
 {
     const char *const *x = *(const char *const *const *)a;
     const char *const *y = *(const char *const *const *)b;
@@ -17598,8 +17611,8 @@ static int pdp__ckpt_by_meta_key(const void *a, const void *b)
    Strings as decoded (escapes resolved). data_offsets are left out: the tiling
    check pins them, and a tensor read from elsewhere fails its own checksum.
    sorted: the tensors by name (pdp__st_validate). A key twice is an error. */
-static pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_entry *const *sorted,
-                                       const pdp__crc32c *c, uint32_t *out)
+PDP__PRIVATE pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_entry *const *sorted,
+                                             const pdp__crc32c *c, uint32_t *out)
 {
     const char ***keys;
     char num[24];
@@ -17638,7 +17651,7 @@ static pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_entry *c
 /* ---- checkpoint: save ---- */
 
 /* Appends printf output to a bounded buffer; *ok turns false on overflow. */
-static void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const char *fmt, ...)
+PDP__PRIVATE void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const char *fmt, ...)
 {
     va_list ap;
     int n;
@@ -17660,15 +17673,15 @@ typedef struct pdp__ckpt_tensor {
     const pdp__param_entry *param;      /* its parameter; NULL in a shard file */
 } pdp__ckpt_tensor;
 
-static int pdp__ckpt_ntensors(const pdp_model *m, const pdp_optim *o, bool with_params,
-                              bool shard)
+PDP__PRIVATE int pdp__ckpt_ntensors(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                    bool shard)
 {
     int ns = o ? o->nstate : 0;
     return shard ? (with_params ? 1 : 0) + ns : m->nparams * (1 + ns);
 }
 
-static void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                int64_t lo, int64_t hi, bool shard, int t, pdp__ckpt_tensor *r)
+PDP__PRIVATE void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                      int64_t lo, int64_t hi, bool shard, int t, pdp__ckpt_tensor *r)
 {
     if (shard) {
         r->state = with_params ? t - 1 : t;
@@ -17692,9 +17705,9 @@ static void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool wit
    "00000000" placeholders: crc_at[0] gets the offset of the header checksum's
    digits, crc_at[1 + t] those of tensor t's. Parameter names are
    "<layer>.<weight|bias>": nothing in them needs escaping. */
-static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                   int64_t lo, int64_t hi, bool shard, const char *run,
-                                   char **out, size_t *len, size_t *crc_at)
+PDP__PRIVATE pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                         int64_t lo, int64_t hi, bool shard, const char *run,
+                                         char **out, size_t *len, size_t *crc_at)
 {
     int nt = pdp__ckpt_ntensors(m, o, with_params, shard), t, d;
     size_t cap = 2048 + (size_t)nt * 384, n = 0;
@@ -17762,9 +17775,9 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool 
 
 /* Fills in the header's checksums: tensor t's from crcs[t], then the header's
    own, computed from the header as pdp__ckpt_header_crc reads it back. */
-static pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_at,
-                                        const uint32_t *crcs, int nt, uint64_t data_bytes,
-                                        const pdp__crc32c *c, const char *fn, const char *path)
+PDP__PRIVATE pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_at,
+                                              const uint32_t *crcs, int nt, uint64_t data_bytes,
+                                              const pdp__crc32c *c, const char *fn, const char *path)
 {
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
@@ -17791,8 +17804,8 @@ static pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_a
 
 /* Writes count floats from dev memory, staging through host (when the data is
    not on the CPU or the host is big-endian); *crc gets the bytes' CRC-32C. */
-static bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, int64_t count,
-                                   float *host, const pdp__crc32c *c, uint32_t *crc)
+PDP__PRIVATE bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, int64_t count,
+                                         float *host, const pdp__crc32c *c, uint32_t *crc)
 {
     *crc = 0;
     if (!count) return true;
@@ -17807,7 +17820,7 @@ static bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, i
 }
 
 /* The directory part of path ("." for none); false when it does not fit. */
-static bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
+PDP__PRIVATE bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
 {
     const char *slash = strrchr(path, '/');
     size_t n;
@@ -17824,7 +17837,7 @@ static bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
 }
 
 /* fsyncs the directory holding path, so the rename itself is durable. */
-static int pdp__ckpt_sync_dir(const char *path)
+PDP__PRIVATE int pdp__ckpt_sync_dir(const char *path)
 {
     char dir[4096];
     int fd, rc;
@@ -17843,7 +17856,7 @@ static int pdp__ckpt_sync_dir(const char *path)
    Best effort: what cannot be listed or removed stays. (A pid is a local
    name: on a filesystem shared between machines, writers of one path on two
    machines are not told apart; ranks write their own paths.) */
-static void pdp__ckpt_remove_stale(const char *path)
+PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path)
 {
     char dir[4096];
     const char *base = strrchr(path, '/'), *s;
@@ -17873,9 +17886,9 @@ static void pdp__ckpt_remove_stale(const char *path)
    checkpoint (shard false: lo = 0, hi = param_count) or a shard file: the
    header with placeholder checksums, the data (each tensor's CRC-32C taken
    from the bytes written), then the sealed header over the first. */
-static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
-                                 bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
-                                 bool shard, const char *run, const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
+                                       bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
+                                       bool shard, const char *run, const char *fn)
 {
     int nt = pdp__ckpt_ntensors(m, o, with_params, shard);
     bool staged = m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian();
@@ -17981,8 +17994,8 @@ done:
 /* The whole-model calls' arguments: a plain model (not TP slices) and an optimizer
    holding the state of every parameter. fn ends in _save or _load, which names the
    TP function to call instead. */
-static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, const pdp_optim *o,
-                                       const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, const pdp_optim *o,
+                                             const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     /* ZeRO: a load must reach the shards that train (and every rank); a save needs the
@@ -18026,8 +18039,8 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
 
 /* Checks a range call's arguments: [lo, hi) inside the model, o's range
    containing it, something to save or load. */
-static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
-                                       const pdp_optim *o, int64_t lo, int64_t hi, const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
+                                             const pdp_optim *o, int64_t lo, int64_t hi, const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (!params && !o)
@@ -18044,18 +18057,18 @@ static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, con
     return PDP_OK;
 }
 
-static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
-                                           const float *params, const pdp_optim *o, int64_t lo,
-                                           int64_t hi, const char *run, const char *fn)
+PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                                 const float *params, const pdp_optim *o, int64_t lo,
+                                                 int64_t hi, const char *run, const char *fn)
 {
     pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
     if (st != PDP_OK) return st;
     return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, run, fn);
 }
 
-static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
-                                             const float *params, const pdp_optim *o,
-                                             int64_t lo, int64_t hi, const char *fn)
+PDP__PRIVATE pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                                   const float *params, const pdp_optim *o,
+                                                   int64_t lo, int64_t hi, const char *fn)
 {
     return pdp__checkpoint_save_run(path, m, params, o, lo, hi, NULL, fn);
 }
@@ -18065,7 +18078,7 @@ static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *
 /* A hyper-parameter from a metadata string: a double, "%.17g" on save (the exact
    double back); an older pdp's file has "%.9g" of a float, read as that decimal. False
    when absent or not a finite number. */
-static bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, double *out)
+PDP__PRIVATE bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, double *out)
 {
     const char *s = pdp__st_meta(p, key);
     char *end;
@@ -18078,8 +18091,8 @@ static bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, doub
 }
 
 /* The optimizer part of the metadata: o's kind, steps and hyper-parameters. */
-static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
-                                       pdp_optim_desc *desc, int64_t *steps)
+PDP__PRIVATE pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
+                                             pdp_optim_desc *desc, int64_t *steps)
 {
     const char *fn = p->fn, *kind = pdp__st_meta(p, "optim.kind");
     const char *s = pdp__st_meta(p, "optim.steps"), *nest = pdp__st_meta(p, "optim.nesterov");
@@ -18128,8 +18141,8 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
 
 /* An optional unsigned metadata count ("model.seed", "model.step"): *present
    tells whether the key exists; false when it exists but is not a count. */
-static bool pdp__ckpt_meta_u64(const pdp__st_parser *p, const char *key, uint64_t *out,
-                               bool *present)
+PDP__PRIVATE bool pdp__ckpt_meta_u64(const pdp__st_parser *p, const char *key, uint64_t *out,
+                                     bool *present)
 {
     const char *s = pdp__st_meta(p, key);
     char *end;
@@ -18145,7 +18158,7 @@ static bool pdp__ckpt_meta_u64(const pdp__st_parser *p, const char *key, uint64_
 }
 
 /* Whether a tensor name of the file is one load expects (or may ignore). */
-static bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, const char *name)
+PDP__PRIVATE bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, const char *name)
 {
     int i, k;
     size_t len;
@@ -18165,7 +18178,7 @@ static bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, const cha
     return false;
 }
 
-static void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shape)
+PDP__PRIVATE void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
     size_t n = 0;
     int d;
@@ -18188,8 +18201,8 @@ typedef struct pdp__ckpt_sums {
    "crc32c.<name>" for every tensor, none for anything else; each value 8
    lowercase hex digits. Sets the entries' crc; *has tells whether the file has
    checksums (a file of another tool has none and is loaded unverified). */
-static pdp_status pdp__ckpt_check_sums(pdp__st_parser *p, pdp__st_entry *const *sorted,
-                                       const pdp__crc32c *c, bool *has)
+PDP__PRIVATE pdp_status pdp__ckpt_check_sums(pdp__st_parser *p, pdp__st_entry *const *sorted,
+                                             const pdp__crc32c *c, bool *has)
 {
     const char *fn = p->fn, *hs = pdp__st_meta(p, "crc32c.header");
     uint32_t want, got;
@@ -18233,10 +18246,10 @@ static pdp_status pdp__ckpt_check_sums(pdp__st_parser *p, pdp__st_entry *const *
 /* Reads elements [first, first + count) of tensor e of the file f (data at
    data_start) into dst. With sums, the whole tensor is read and checked
    against its checksum (through sums->chunk when only a slice is wanted). */
-static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *file,
-                                        uint64_t data_start, const pdp__st_entry *e,
-                                        int64_t first, float *dst, int64_t count,
-                                        pdp__ckpt_sums *sums)
+PDP__PRIVATE pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *file,
+                                              uint64_t data_start, const pdp__st_entry *e,
+                                              int64_t first, float *dst, int64_t count,
+                                              pdp__ckpt_sums *sums)
 {
     uint64_t bytes = e->end - e->begin, want_lo = (uint64_t)first * 4;
     uint64_t want_hi = want_lo + (uint64_t)count * 4, at = data_start + e->begin, done, n, a, b;
@@ -18270,7 +18283,7 @@ read_error:
 }
 
 /* Whether a tensor name of a shard file is one load expects (or may ignore). */
-static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
+PDP__PRIVATE bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
 {
     int k;
     if (strcmp(name, "params") == 0) return true; /* ignored when not loading parameters */
@@ -18311,7 +18324,7 @@ typedef struct pdp__ckpt_loader {
 } pdp__ckpt_loader;
 
 /* Opens the file and reads, parses and validates its header (the data's tiling too). */
-static pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
 {
     const char *fn = L->fn, *path = L->path;
     unsigned char len8[8];
@@ -18350,7 +18363,7 @@ static pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
 }
 
 /* Verifies the header's checksum and takes each tensor's (a file without any: unverified). */
-static pdp_status pdp__ckpt_load_sums(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_sums(pdp__ckpt_loader *L)
 {
     bool has_sums = false;
     pdp_status st;
@@ -18364,7 +18377,7 @@ static pdp_status pdp__ckpt_load_sums(pdp__ckpt_loader *L)
 }
 
 /* Reads the optimizer's metadata (with o) and the model's seed and step. */
-static pdp_status pdp__ckpt_load_meta(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_meta(pdp__ckpt_loader *L)
 {
     pdp_status st;
     if (L->o && (st = pdp__ckpt_read_optim(&L->p, L->o, &L->desc, &L->steps)) != PDP_OK)
@@ -18377,7 +18390,7 @@ static pdp_status pdp__ckpt_load_meta(pdp__ckpt_loader *L)
 }
 
 /* A full file or a shard file, as the call allows; a shard's range and run are the call's. */
-static pdp_status pdp__ckpt_load_kind(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_kind(pdp__ckpt_loader *L)
 {
     const char *fn = L->fn, *path = L->path, *run = L->run;
     const char *format = pdp__st_meta(&L->p, "format"), *srun;
@@ -18414,7 +18427,7 @@ static pdp_status pdp__ckpt_load_kind(pdp__ckpt_loader *L)
 
 /* A shard file's tensors ("params", "optim.<state>"): each present, F32 [count], read into
    its part of the staging buffer and checked against its checksum. */
-static pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L)
 {
     const char *fn = L->fn, *path = L->path;
     char name[96], a[128];
@@ -18442,7 +18455,7 @@ static pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L)
 /* A full file's tensors (the model's names, "optim.<name>.<state>"): each present, F32, the
    model's shape; the part inside [lo, hi) read into the staging buffer (the whole tensor
    checked against its checksum). */
-static pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L)
 {
     const char *fn = L->fn, *path = L->path;
     char name[96], a[128], b[128];
@@ -18483,7 +18496,7 @@ static pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L)
 }
 
 /* Every expected tensor checked against the model and read (CRC-checked) into staging. */
-static pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L)
 {
     int64_t floats = L->count * (1 + L->nstate);
     L->staging = (float *)pdp__alloc((size_t)PDP__MAX(1, floats) * sizeof(float));
@@ -18494,7 +18507,7 @@ static pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L)
 }
 
 /* No tensor in the file that the model (or the optimizer) does not have. */
-static pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L)
 {
     int i;
     for (i = 0; i < L->p.nentries; i++) {
@@ -18510,7 +18523,7 @@ static pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L)
 
 /* All checks passed: the staged parameters and state onto the model's device, the
    model's seed and step, the optimizer's hyper-parameters and step count. */
-static pdp_status pdp__ckpt_load_commit(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_commit(pdp__ckpt_loader *L)
 {
     pdp_model *m = L->m;
     pdp_optim *o = L->o;
@@ -18538,7 +18551,7 @@ static pdp_status pdp__ckpt_load_commit(pdp__ckpt_loader *L)
 }
 
 /* Closes the file and frees what the steps allocated (after a failure too). */
-static void pdp__ckpt_load_close(pdp__ckpt_loader *L)
+PDP__PRIVATE void pdp__ckpt_load_close(pdp__ckpt_loader *L)
 {
     if (L->f) fclose(L->f);
     pdp__st_parser_free(&L->p);
@@ -18552,9 +18565,9 @@ static void pdp__ckpt_load_close(pdp__ckpt_loader *L)
    for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
    allow_shard, from a shard file of exactly [lo, hi); with run, only from a
    shard file of exactly [lo, hi) whose "shard.run" is run. */
-static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
-                                 pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
-                                 const char *run, const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
+                                       pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
+                                       const char *run, const char *fn)
 {
     pdp__ckpt_loader L;
     pdp_status st;
@@ -18591,18 +18604,18 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                           fn);
 }
 
-static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
-                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
-                                           const char *fn)
+PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                                 const char *fn)
 {
     pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
     if (st != PDP_OK) return st;
     return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, run, fn);
 }
 
-static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
-                                             pdp_optim *o, int64_t lo, int64_t hi,
-                                             const char *fn)
+PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                                   pdp_optim *o, int64_t lo, int64_t hi,
+                                                   const char *fn)
 {
     return pdp__checkpoint_load_run(path, m, params, o, lo, hi, NULL, fn);
 }
@@ -18749,7 +18762,7 @@ struct pdp_dp {
 /* ---- dp: memory accounting ---- */
 
 /* Bytes a model holds on its device, from the plan pdp_model_reserve allocates by. */
-static size_t pdp__dp_model_bytes(const pdp_model *m)
+PDP__PRIVATE size_t pdp__dp_model_bytes(const pdp_model *m)
 {
     size_t bytes = (size_t)m->param_count * sizeof(float); /* gradients */
     pdp__model_plan p;
@@ -18760,7 +18773,7 @@ static size_t pdp__dp_model_bytes(const pdp_model *m)
                        sizeof(float);
 }
 
-static void pdp__dp_memory(pdp_dp *dp)
+PDP__PRIVATE void pdp__dp_memory(pdp_dp *dp)
 {
     size_t replica = 0;
     int i;
@@ -18781,7 +18794,7 @@ static void pdp__dp_memory(pdp_dp *dp)
 
 /* CPU seconds used by the calling thread: unlike wall time, it does not count
    the time a busy machine keeps the thread waiting for a core. */
-static double pdp__dp_thread_cpu(void)
+PDP__PRIVATE double pdp__dp_thread_cpu(void)
 {
     struct timespec ts;
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
@@ -18789,7 +18802,7 @@ static double pdp__dp_thread_cpu(void)
 }
 
 /* Parallel apply, one replica: forward, loss against its labels, backward. */
-static void pdp__dp_apply_one(pdp__dp_worker *w)
+PDP__PRIVATE void pdp__dp_apply_one(pdp__dp_worker *w)
 {
     pdp_dp *dp = w->dp;
     pdp_model *m = w->replica;
@@ -18839,7 +18852,7 @@ fail:
    while each replica is added, and, when the step is fused (step_opt), while the
    optimizer updates the chunk's parameters from it: the update is element-wise, so
    stepping slice by slice gives the bits of one pdp_optim_step after the reduce. */
-static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
+PDP__PRIVATE void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
 {
     int64_t count = dp->master->param_count;
     int64_t per = ((count + nslices - 1) / nslices + 15) / 16 * 16;
@@ -18860,7 +18873,7 @@ static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
 }
 
 /* One worker's part of a job: its replica's apply, or its slice of the reduce. */
-static void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
+PDP__PRIVATE void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
 {
     pdp_dp *dp = w->dp;
     if (job == PDP__DP_JOB_APPLY) {
@@ -18875,7 +18888,7 @@ static void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
 
 /* The team's job: worker i's part, with the workers' intra-op thread count (the
    caller switches to it for its part and back; a worker thread keeps it). */
-static void pdp__dp_team_job(void *arg, int i, int n)
+PDP__PRIVATE void pdp__dp_team_job(void *arg, int i, int n)
 {
     pdp_dp *dp = (pdp_dp *)arg;
     int threads = pdp_get_num_threads();
@@ -18887,7 +18900,7 @@ static void pdp__dp_team_job(void *arg, int i, int n)
 
 /* Runs one job: hands it to workers 1..n-1 (the team), runs worker 0's part on the
    calling thread, and waits until all are done. */
-static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
+PDP__PRIVATE void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 {
     double c0 = pdp__dp_thread_cpu();
     dp->job = job;
@@ -18897,7 +18910,7 @@ static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 
 /* ---- dp: lifecycle ---- */
 
-static void pdp__dp_destroy(pdp_dp *dp)
+PDP__PRIVATE void pdp__dp_destroy(pdp_dp *dp)
 {
     int i;
     pdp__team_free(&dp->team); /* stops and joins every worker thread */
@@ -18917,7 +18930,7 @@ static void pdp__dp_destroy(pdp_dp *dp)
     pdp__dealloc(dp);
 }
 
-static bool pdp__same_device(pdp_device a, pdp_device b)
+PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b)
 {
     return a.kind == b.kind && a.ordinal == b.ordinal;
 }
@@ -18925,7 +18938,7 @@ static bool pdp__same_device(pdp_device a, pdp_device b)
 /* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
    returns its result) and its numbers are checked; in may be NULL. The devices are
    checked against the master by pdp_dp_create. */
-static pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc *out)
+PDP__PRIVATE pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc *out)
 {
     pdp_dp_desc d;
     if (in) d = *in;
@@ -19090,7 +19103,7 @@ PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp)
    dropout (training flag, step). A CPU replica that shares the master's memory
    only re-points at it; a copying replica (copy_params, or another device) gets
    a fresh copy, as torch's replicate() broadcasts the parameters every step. */
-static pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
 {
     pdp_model *m = dp->master;
     size_t bytes = (size_t)m->param_count * sizeof(float);
@@ -19123,8 +19136,8 @@ static pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
 /* Scatter: split x and labels along dimension 0 into balanced contiguous shards.
    On the CPU a shard is a view of the caller's batch (no copy); the bytes count
    what a multi-device DP sends. Grows the loss-gradient buffers (first step). */
-static pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
-                                  const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
+                                        const char *fn)
 {
     int64_t b = x->shape[0], base = b / dp->n, extra = b % dp->n, first = 0;
     size_t row_bytes = (size_t)(x->count / b) * sizeof(float) + sizeof(int32_t);
@@ -19173,8 +19186,8 @@ static pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t
 
 /* Parallel apply: every worker runs its replica at once; the first failure (lowest
    worker index, so the report does not depend on timing) comes back naming it. */
-static pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *cpu,
-                                         const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *cpu,
+                                               const char *fn)
 {
     int i;
     dp->zero_master = zero_master;
@@ -19197,7 +19210,7 @@ static pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *c
 
 /* Gather: outputs of every replica into one [batch, classes] tensor on the master,
    and the loss sums, added in replica order in double. */
-static pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
 {
     pdp_model *m = dp->master;
     int64_t need = dp->batch * dp->classes, shape[2];
@@ -19235,7 +19248,7 @@ static pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
    replica 0's). Each worker sums one slice, or the master's worker sums it all
    (reduce_on_master, torch's reduce_add on device 0); same bits either way. With
    step_opt the workers also step the slices they sum (pdp__dp_fused_step). */
-static void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu)
+PDP__PRIVATE void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu)
 {
     int i;
     dp->step_opt = step_opt;
@@ -19253,7 +19266,7 @@ static void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu)
    peer-copied into the staging block and added into the master's, r = 1, 2, ...
    in order, so every element is g0 + g1 + g2 + ... as on the CPU. The copy waits
    for replica r's backward; the adds queue on device 0's stream in order. */
-static pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
 {
     pdp_model *m = dp->master;
     size_t bytes = (size_t)m->param_count * sizeof(float);
@@ -19281,7 +19294,7 @@ static pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
    Only for a whole-model optimizer that pdp_optim_step would accept (its checks run
    first, so an error is reported before anything changes), and with 2+ workers
    active (one worker runs no reduce). */
-static pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out, const char *fn)
 {
     pdp_status st;
     *out = NULL;
@@ -19294,7 +19307,7 @@ static pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out
 
 /* Step: the optimizer updates the master's parameters; replicas see them at the
    next replicate. */
-static pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
 {
     pdp_status st = pdp_optim_step(opt);
     return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s: master step", fn);
@@ -19302,9 +19315,9 @@ static pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
 
 /* ---- dp: one step ---- */
 
-static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
-                              const int32_t *labels, float *loss, bool zero_and_step,
-                              const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
+                                    const int32_t *labels, float *loss, bool zero_and_step,
+                                    const char *fn)
 {
     pdp_dp_times t;
     pdp_optim *fused = NULL;
@@ -19596,8 +19609,8 @@ struct pdp__reducer {
 /* The plan (the header's rule): walks m's parameters in reverse, closing a bucket at
    >= cap bytes (the first at first; whole_layers: never between a layer's weight and
    bias). Fills buckets and bucket_of when not NULL; returns the number of buckets. */
-static int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool whole_layers,
-                             pdp__red_bucket *buckets, int *bucket_of)
+PDP__PRIVATE int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool whole_layers,
+                                   pdp__red_bucket *buckets, int *bucket_of)
 {
     double bytes = 0.0;
     int p, b = 0, last = m->nparams - 1;
@@ -19623,7 +19636,7 @@ static int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool 
     return b;
 }
 
-static pdp_status pdp__reducer_plan(pdp__reducer *r)
+PDP__PRIVATE pdp_status pdp__reducer_plan(pdp__reducer *r)
 {
     const pdp_model *m = r->m;
     r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
@@ -19645,8 +19658,8 @@ static pdp_status pdp__reducer_plan(pdp__reducer *r)
    u mod grad_buffers, so buffers beyond U would never be used, and two gather slots
    (the unit computing and the next one's prefetch) are the least stage 3 needs. Every
    failure names the field and its value. */
-static pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, double first_mb,
-                                         const int *gbufs, const int *pbufs, const char *fn)
+PDP__PRIVATE pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, double first_mb,
+                                               const int *gbufs, const int *pbufs, const char *fn)
 {
     const char *name[2] = {"bucket_cap_mb", "first_bucket_mb"};
     int grad_buffers = gbufs ? *gbufs : 0, param_buffers = pbufs ? *pbufs : 0;
@@ -19681,7 +19694,7 @@ static pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, doub
 }
 
 /* "bucket 1 of 3 (0.weight..0.bias, 1.57 MiB)" */
-static void pdp__red_bucket_name(const pdp__reducer *r, int b, char *out, size_t cap)
+PDP__PRIVATE void pdp__red_bucket_name(const pdp__reducer *r, int b, char *out, size_t cap)
 {
     const pdp__red_bucket *k = &r->buckets[b];
     snprintf(out, cap, "bucket %d of %d (%s..%s, %.3g MiB)", b, r->nbuckets,
@@ -19689,7 +19702,7 @@ static void pdp__red_bucket_name(const pdp__reducer *r, int b, char *out, size_t
              (double)k->info.count * 4.0 / 1048576.0);
 }
 
-static void pdp__reducer_launch(pdp__reducer *r, int b)
+PDP__PRIVATE void pdp__reducer_launch(pdp__reducer *r, int b)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
@@ -19705,14 +19718,14 @@ static void pdp__reducer_launch(pdp__reducer *r, int b)
 }
 
 /* Launches every ready bucket that has no unlaunched bucket before it. */
-static void pdp__reducer_launch_ready(pdp__reducer *r)
+PDP__PRIVATE void pdp__reducer_launch_ready(pdp__reducer *r)
 {
     while (r->next_launch < r->nbuckets && r->buckets[r->next_launch].ready)
         pdp__reducer_launch(r, r->next_launch++);
 }
 
 /* The model's grad hook: parameter p's gradient is final for this backward. */
-static void pdp__reducer_hook(void *user, pdp_model *m, int p)
+PDP__PRIVATE void pdp__reducer_hook(void *user, pdp_model *m, int p)
 {
     pdp__reducer *r = (pdp__reducer *)user;
     pdp__red_bucket *k;
@@ -19731,7 +19744,7 @@ static void pdp__reducer_hook(void *user, pdp_model *m, int p)
     }
 }
 
-static void pdp__reducer_arm(pdp__reducer *r)
+PDP__PRIVATE void pdp__reducer_arm(pdp__reducer *r)
 {
     pdp_comm_stats cs;
     int b;
@@ -19757,8 +19770,8 @@ static void pdp__reducer_arm(pdp__reducer *r)
 /* The model's events. BACKWARD_BEGIN refuses a backward while the last one is
    being reduced and arms the reducer (unless no_sync); BACKWARD_END launches the
    buckets whose parameters got no gradient and records the state. */
-static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
-                                     pdp_status st)
+PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                           pdp_status st)
 {
     pdp__reducer *r = (pdp__reducer *)user;
     switch (ev) {
@@ -19802,7 +19815,7 @@ typedef struct pdp__red_sig {
     int64_t shape[4];
 } pdp__red_sig;
 
-static void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s)
+PDP__PRIVATE void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s)
 {
     const pdp__param_entry *e = &m->params[p];
     memset(s, 0, sizeof *s);
@@ -19811,7 +19824,7 @@ static void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s)
     memcpy(s->shape, e->shape, sizeof s->shape);
 }
 
-static void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap)
+PDP__PRIVATE void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap)
 {
     int i;
     size_t n = (size_t)snprintf(out, cap, "'%.32s' [", s->name);
@@ -19823,8 +19836,8 @@ static void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap)
 /* All-gather of count host floats per rank. Collective buffers live on the
    communicator's device (NCCL reads GPU memory only), so a GPU communicator
    stages them through a small device buffer; used once, at construction. */
-static pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, float *recv,
-                                              int64_t count)
+PDP__PRIVATE pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, float *recv,
+                                                    int64_t count)
 {
     float *dev = NULL;
     size_t send_bytes = (size_t)count * sizeof(float);
@@ -19841,8 +19854,8 @@ static pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, fl
 
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
-static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
-                                            pdp_batch_mean mean, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
+                                                  pdp_batch_mean mean, const char *fn)
 {
     int64_t n0 = m->nparams;
     pdp__red_sig *table = NULL, mine;
@@ -19926,8 +19939,8 @@ out:
    parameters, copies rank 0's parameters to every rank, zeroes the gradients,
    opens the trace and installs the grad hook. On failure the executor calls
    pdp__reducer_release(r). */
-static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
-                                    const pdp__reducer_desc *desc, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
+                                          const pdp__reducer_desc *desc, const char *fn)
 {
     pdp_status st;
     PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
@@ -19977,7 +19990,7 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
 }
 
 /* Waits for buckets still in flight, removes the hook, frees the buckets. */
-static void pdp__reducer_release(pdp__reducer *r)
+PDP__PRIVATE void pdp__reducer_release(pdp__reducer *r)
 {
     int b;
     if (r->buckets)
@@ -20012,8 +20025,8 @@ static void pdp__reducer_release(pdp__reducer *r)
    hook->scratch_bytes_per_float bytes on the model's device, allocated here once;
    bucket b's piece starts off[b] floats in (off NULL: at the bucket's offset in the
    flat block, total = the parameter count). */
-static pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_comm_hook *hook,
-                                        const int64_t *off, int64_t total, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_comm_hook *hook,
+                                              const int64_t *off, int64_t total, const char *fn)
 {
     size_t bytes;
     int b;
@@ -20051,8 +20064,8 @@ static pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_comm_hook
 
 /* The executor's reduce with a hook registered: v holds the collective's part of the
    view (grad, count, reduce_scatter, recv, recv_count); the rest is filled here. */
-static pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_comm_hook_bucket *v,
-                                           pdp_work **w)
+PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_comm_hook_bucket *v,
+                                                 pdp_work **w)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
@@ -20091,7 +20104,7 @@ static pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_com
 
 /* Starts the all-reduce (sum) of this rank's batch size n; its bytes go to the
    executor's stats. */
-static pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const char *fn)
 {
     pdp_comm_stats a, b;
     pdp_status st;
@@ -20111,8 +20124,8 @@ static pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const ch
 }
 
 /* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
-static pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
-                                          const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
+                                                const char *fn)
 {
     pdp_status st = pdp_work_wait(r->count_work);
     double total;
@@ -20133,9 +20146,9 @@ static pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *wei
 /* The built-in cross-entropy pass weighted by the global batch (loss.c's
    pdp_model_forward_backward with grad_scale N / T): the batch sizes' all-reduce
    runs during the forward. *loss is this rank's mean. */
-static pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pdp_tensor *x,
-                                                       const int32_t *labels, float *loss,
-                                                       const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pdp_tensor *x,
+                                                             const int32_t *labels, float *loss,
+                                                             const char *fn)
 {
     pdp_model *m = r->m;
     const pdp_tensor *y = NULL;
@@ -20172,8 +20185,8 @@ static pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pd
 
 /* An own loss's backward weighted by the global batch: dy x N n / T into the
    model's grad_a (which backward accepts as dy), then backward from it. */
-static pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor *dy,
-                                               const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor *dy,
+                                                     const char *fn)
 {
     pdp_model *m = r->m;
     pdp_tensor scaled;
@@ -20207,8 +20220,8 @@ static pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor
 
 /* Forward, loss and backward on this rank's shard; the buckets launch as their
    gradients become ready (unless no_sync): the model's events do it. */
-static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
-                                        const int32_t *labels, float *loss, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
+                                              const int32_t *labels, float *loss, const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
@@ -20226,8 +20239,8 @@ static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
 }
 
 /* A user's own loss: forward on this rank's shard (*y: the model's output). */
-static pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
-                                       const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
+                                             const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
@@ -20241,7 +20254,7 @@ static pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, con
 }
 
 /* ... and backward from dy, the gradient of the user's loss with respect to y. */
-static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
@@ -20260,7 +20273,7 @@ static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy
 
 /* The wait of bucket b's handle: records its time, its trace event and the first
    failure (named after the bucket). */
-static pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
+PDP__PRIVATE pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
@@ -20289,7 +20302,7 @@ static pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
 /* Waits for bucket b if it was launched and not waited yet, runs the comm hook's
    finish (a failure is recorded as the wait's, named after the bucket), then
    bucket_done on success. */
-static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
+PDP__PRIVATE void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st = PDP_OK;
@@ -20311,7 +20324,7 @@ static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
 
 /* Waits for every bucket of the last synchronised backward, in bucket order;
    the first failure names its bucket and parameters. */
-static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
 {
     pdp_status first;
     pdp_comm_stats cs;
@@ -20368,7 +20381,7 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
 
 /* After a successful finish: opt's step (a range optimizer steps its range
    only), zeroed gradients, then the executor's after_step. */
-static pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const char *fn)
 {
     pdp_status st;
     double t0 = pdp__now();
@@ -20382,7 +20395,7 @@ static pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const char 
     return PDP_OK;
 }
 
-static void pdp__reducer_reset_stats(pdp__reducer *r)
+PDP__PRIVATE void pdp__reducer_reset_stats(pdp__reducer *r)
 {
     int64_t grad_bytes = r->stats.grad_bytes;
     memset(&r->stats, 0, sizeof r->stats);
@@ -20413,7 +20426,7 @@ struct pdp_ddp {
 };
 
 /* The DDP collective: bucket b's gradients, averaged in place (or the comm hook's). */
-static pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w)
 {
     const pdp_ddp_bucket *k = &r->buckets[b].info;
     if (r->hook.launch) {
@@ -20434,8 +20447,8 @@ static pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w)
 
 static pdp_dtype pdp__hook_dtypes[2] = {PDP_DTYPE_BF16, PDP_DTYPE_F16};
 
-static pdp_status pdp__hook_compress_launch(void *state, pdp_comm *c,
-                                            const pdp_comm_hook_bucket *b, pdp_work **work)
+PDP__PRIVATE pdp_status pdp__hook_compress_launch(void *state, pdp_comm *c,
+                                                  const pdp_comm_hook_bucket *b, pdp_work **work)
 {
     pdp_dtype dt = *(const pdp_dtype *)state;
     pdp_status st;
@@ -20449,7 +20462,7 @@ static pdp_status pdp__hook_compress_launch(void *state, pdp_comm *c,
                                       b->recv_count, dt, PDP_REDUCE_SUM, work);
 }
 
-static pdp_status pdp__hook_compress_finish(void *state, const pdp_comm_hook_bucket *b)
+PDP__PRIVATE pdp_status pdp__hook_compress_finish(void *state, const pdp_comm_hook_bucket *b)
 {
     pdp_dtype dt = *(const pdp_dtype *)state;
     if (!b->reduce_scatter)
@@ -20459,7 +20472,7 @@ static pdp_status pdp__hook_compress_finish(void *state, const pdp_comm_hook_buc
                            b->recv_count, (int)dt);
 }
 
-static pdp_ddp_comm_hook pdp__hook_compress(pdp_dtype *dt)
+PDP__PRIVATE pdp_ddp_comm_hook pdp__hook_compress(pdp_dtype *dt)
 {
     pdp_ddp_comm_hook h;
     memset(&h, 0, sizeof h);
@@ -20485,8 +20498,8 @@ PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void)
 /* The one place pdp_ddp_desc's zeros become defaults (sokol's _def; pdp_ddp_get_desc
    returns its result); in may be NULL. The bucket sizes are checked by the rule DDP
    and ZeRO share (pdp__bucket_opts_check, reducer.c), whose message starts with fn. */
-static pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp_desc *in,
-                                         pdp_ddp_desc *out, const char *fn)
+PDP__PRIVATE pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp_desc *in,
+                                               pdp_ddp_desc *out, const char *fn)
 {
     pdp_ddp_desc d;
     pdp_status st;
@@ -20681,7 +20694,7 @@ PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
 PDP_API pdp_comm *pdp_model_tp(const pdp_model *m) { return m ? m->tp.comm : NULL; }
 
 /* Appends TP layer l (kind and configuration set) to m. */
-static pdp_status pdp__tp_add(pdp_model *m, pdp__layer l, const char *fn)
+PDP__PRIVATE pdp_status pdp__tp_add(pdp_model *m, pdp__layer l, const char *fn)
 {
     pdp_status st;
     l.tp = m->tp.comm ? &m->tp : NULL;
@@ -20690,7 +20703,7 @@ static pdp_status pdp__tp_add(pdp_model *m, pdp__layer l, const char *fn)
 }
 
 /* The kind of m's last layer (-1: none). */
-static int pdp__tp_last_kind(const pdp_model *m)
+PDP__PRIVATE int pdp__tp_last_kind(const pdp_model *m)
 {
     return m->nlayers ? (int)m->layers[m->nlayers - 1].kind : -1;
 }
@@ -20772,7 +20785,7 @@ PDP_API void pdp_tp_reset_stats(pdp_model *m)
 
 /* The single-device model of m: the same layers with f and g left out and the split
    Linears whole, on m's device (its parameters are overwritten by the caller). */
-static pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, const char *fn)
+PDP__PRIVATE pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, const char *fn)
 {
     pdp_model_desc md;
     pdp_model *full = NULL;
@@ -20804,8 +20817,8 @@ static pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, const 
 /* Copies between parameter p's slice (local, in m's block layout) and its full tensor
    (full), to_full or back, on device d: the contiguous runs of the slice. Replicated
    parameters are one run of the whole tensor. */
-static pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *full,
-                               float *local, bool to_full)
+PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *full,
+                                     float *local, bool to_full)
 {
     const pdp__param_entry *e = &m->params[p];
     const pdp__layer *l = &m->layers[e->layer];
@@ -20844,14 +20857,14 @@ typedef struct pdp__tp_verdict {
     pdp__tp_sig sig;
 } pdp__tp_verdict;
 
-static bool pdp__tp_kind(pdp__layer_kind k)
+PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k)
 {
     return k == PDP__TP_COPY || k == PDP__TP_REDUCE || k == PDP__COLUMN_PARALLEL_LINEAR ||
            k == PDP__ROW_PARALLEL_LINEAR;
 }
 
 /* The signature of m's k-th TP layer; false when it has fewer. */
-static bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
+PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
 {
     int i;
     memset(s, 0, sizeof *s);
@@ -20870,7 +20883,7 @@ static bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
 }
 
 /* "layer 1 (ColumnParallelLinear) 6 -> 12" */
-static void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
+PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
 {
     snprintf(out, cap, "layer %lld (%s) %lld -> %lld", (long long)s->layer,
              pdp__layer_kind_name((pdp__layer_kind)s->kind), (long long)s->in,
@@ -20880,7 +20893,7 @@ static void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
 /* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
    to every rank, each rank compares, and every rank's verdict goes to every rank (one
    small broadcast from each), so all fail together with the same message. */
-static pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
+PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
 {
     const pdp_model *m = tp->model;
     int64_t n0 = tp->nlayers, k;
@@ -20950,8 +20963,8 @@ out:
 /* dst (full's layout) <- the full tensors from every rank's slices of src (m's layout):
    each rank writes its slices (rank 0 also the replicated tensors) into zeros, and one
    all-reduce sums them. */
-static pdp_status pdp__tp_gather(const pdp_model *m, const pdp_model *full, const float *src,
-                                 float *dst)
+PDP__PRIVATE pdp_status pdp__tp_gather(const pdp_model *m, const pdp_model *full, const float *src,
+                                       float *dst)
 {
     int p;
     pdp_status st;
@@ -20966,8 +20979,8 @@ static pdp_status pdp__tp_gather(const pdp_model *m, const pdp_model *full, cons
 }
 
 /* dst (m's layout) <- this rank's slices of src (full's layout). */
-static pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
-                                  float *dst)
+PDP__PRIVATE pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
+                                        float *dst)
 {
     int p;
     pdp_status st;
@@ -20978,7 +20991,7 @@ static pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, con
     return PDP_OK;
 }
 
-static pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, const char *fn)
+PDP__PRIVATE pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, const char *fn)
 {
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if (!m->tp.comm)
@@ -21030,7 +21043,7 @@ out:
 
 /* *failed <- the number of TP ranks passing failed = true (an all-reduce of one float on
    the communicator's device). On failure the message is set. */
-static pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, float *count)
+PDP__PRIVATE pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, float *count)
 {
     float *buf = NULL, one = failed ? 1.0f : 0.0f;
     pdp_status st;
@@ -21167,17 +21180,17 @@ struct pdp_zero {
     uint64_t saves;      /* checkpoint saves begun: one input of each save's run id */
 };
 
-static int64_t pdp__zero_align(int64_t n) { return (n + 15) & ~(int64_t)15; }
+PDP__PRIVATE int64_t pdp__zero_align(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
 /* "unit 1 of 3 (layers 2..4)" */
-static void pdp__zero_unit_name(const pdp_zero *z, int u, char *out, size_t cap)
+PDP__PRIVATE void pdp__zero_unit_name(const pdp_zero *z, int u, char *out, size_t cap)
 {
     snprintf(out, cap, "unit %d of %d (layers %d..%d)", u, z->nunits, z->units[u].first_layer,
              z->units[u].last_layer);
 }
 
 /* Points unit u's layers' gradients (dw) or parameters (w) at buf, the unit's padded copy. */
-static void pdp__zero_point(pdp_zero *z, int u, float **ptrs, float *buf)
+PDP__PRIVATE void pdp__zero_point(pdp_zero *z, int u, float **ptrs, float *buf)
 {
     const pdp__zero_unit *k = &z->units[u];
     int l;
@@ -21191,7 +21204,7 @@ static void pdp__zero_point(pdp_zero *z, int u, float **ptrs, float *buf)
 
 /* Keeps the first failure of a step's device work that no caller can return
    (a bucket's completion, a no_sync backward): the next finish reports it. */
-static void pdp__zero_defer(pdp_zero *z, pdp_status st, const char *what, int u)
+PDP__PRIVATE void pdp__zero_defer(pdp_zero *z, pdp_status st, const char *what, int u)
 {
     char name[96];
     if (z->deferred != PDP_OK) return;
@@ -21202,7 +21215,7 @@ static void pdp__zero_defer(pdp_zero *z, pdp_status st, const char *what, int u)
 }
 
 /* Releases unit u's bucket buffer after its reduce-scatter: its slice into the shard. */
-static void pdp__zero_bucket_done(pdp__reducer *r, int b)
+PDP__PRIVATE void pdp__zero_bucket_done(pdp__reducer *r, int b)
 {
     pdp_zero *z = (pdp_zero *)r->desc.user;
     pdp__zero_unit *k = &z->units[b];
@@ -21219,7 +21232,7 @@ static void pdp__zero_bucket_done(pdp__reducer *r, int b)
 
 /* Gives unit u a zeroed bucket buffer, waiting for the reduce-scatter of the unit
    that held it (bucket_done then frees it). */
-static pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u)
+PDP__PRIVATE pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u)
 {
     int slot = u % z->desc.grad_buffers, v = z->gbuf_unit[slot];
     pdp__zero_unit *k = &z->units[u];
@@ -21242,7 +21255,7 @@ static pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u)
 }
 
 /* The collective of bucket (unit) b: reduce-scatter (average) in place. */
-static pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
 {
     pdp_zero *z = (pdp_zero *)r->desc.user;
     pdp__zero_unit *k = &z->units[b];
@@ -21289,7 +21302,7 @@ PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_h
 /* ---- zero: gathered parameters (stage 3) ---- */
 
 /* Waits for slot i's all-gather; a failure names the unit. */
-static pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
+PDP__PRIVATE pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
 {
     pdp__zero_pslot *p = &z->pslots[i];
     pdp_status st;
@@ -21315,7 +21328,7 @@ static pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
 /* Starts the all-gather of unit u's parameters into a slot: a free one, else the
    least recently used (whose gather has completed or is waited here) other than
    keep's. */
-static pdp_status pdp__zero_gather_launch(pdp_zero *z, int u, int keep)
+PDP__PRIVATE pdp_status pdp__zero_gather_launch(pdp_zero *z, int u, int keep)
 {
     pdp__zero_unit *k = &z->units[u];
     pdp__zero_pslot *p;
@@ -21354,7 +21367,7 @@ static pdp_status pdp__zero_gather_launch(pdp_zero *z, int u, int keep)
 
 /* Unit u's parameters gathered and its layers pointed at them; then the next
    unit's gather (next >= 0) launched, so it runs while u computes. */
-static pdp_status pdp__zero_need(pdp_zero *z, int u, int next)
+PDP__PRIVATE pdp_status pdp__zero_need(pdp_zero *z, int u, int next)
 {
     pdp__zero_unit *k = &z->units[u];
     pdp_status st;
@@ -21368,7 +21381,7 @@ static pdp_status pdp__zero_need(pdp_zero *z, int u, int next)
 }
 
 /* Every slot free (FSDP's reshard): waits for gathers in flight first. */
-static pdp_status pdp__zero_release_params(pdp_zero *z)
+PDP__PRIVATE pdp_status pdp__zero_release_params(pdp_zero *z)
 {
     pdp_status st, first = PDP_OK;
     int i;
@@ -21382,8 +21395,8 @@ static pdp_status pdp__zero_release_params(pdp_zero *z)
 
 /* ---- zero: the model's events ---- */
 
-static pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
-                                  pdp_status st)
+PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                        pdp_status st)
 {
     pdp__reducer *r = (pdp__reducer *)user;
     pdp_zero *z = (pdp_zero *)r->desc.user;
@@ -21474,7 +21487,7 @@ PDP_API void pdp_zero_free(pdp_zero *z)
 
 /* A zeroed buffer of count floats on the model's device, counted as a working
    buffer when work; NULL on failure (the message says why). */
-static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
+PDP__PRIVATE float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
 {
     size_t bytes = (size_t)PDP__MAX(1, count) * sizeof(float);
     float *p = NULL;
@@ -21493,8 +21506,8 @@ static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
    unit, and the slice is contiguous). The gradient's part lives in the slice (stage 1:
    the unit's padded buffer; stages 2-3: the shard), and so do the values at stage 3;
    at stages 1-2 the values stay the full view of the model's block. */
-static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp_param *out,
-                                  const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp_param *out,
+                                        const char *fn)
 {
     const pdp_zero *z = (const pdp_zero *)user;
     const pdp__param_entry *e = &m->params[index];
@@ -21527,8 +21540,8 @@ static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp
    returns its result, with grad_buffers cut to the units once they are known); in may
    be NULL. The bucket sizes and buffer counts are checked by the rule DDP and ZeRO
    share (pdp__bucket_opts_check, reducer.c). Buffer counts a stage does not use are 0. */
-static pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_zero_desc *in,
-                                          pdp_zero_desc *out, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_zero_desc *in,
+                                                pdp_zero_desc *out, const char *fn)
 {
     pdp_zero_desc d;
     pdp_status st;
@@ -21759,7 +21772,7 @@ PDP_API pdp_status pdp_zero_finish(pdp_zero *z)
 }
 
 /* Stage 1: the rank's slice of unit u in its padded buffer; stages 2-3: in the shard. */
-static float *pdp__zero_grad_slice(pdp_zero *z, int u)
+PDP__PRIVATE float *pdp__zero_grad_slice(pdp_zero *z, int u)
 {
     const pdp__zero_unit *k = &z->units[u];
     return z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
@@ -21807,7 +21820,7 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
 }
 
 /* Stages 1-2: every rank's updated slices into every rank's full parameters. */
-static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
 {
     double t0;
     pdp_status st;
@@ -21847,7 +21860,7 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
    backends count for a collective of S floats per rank); stage 3's later
    forwards skip the units the backward before them left gathered, the last
    param_buffers units of backward (the highest indices). */
-static void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st)
+PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st)
 {
     int64_t v = 4 * (int64_t)(z->size - 1) * z->shard_count, kept = 0, scalar;
     int u, n = z->size;
@@ -22090,7 +22103,7 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
    one-hot flags, on the model's device as the backend wants). With run, rank 0's
    *run reaches every rank (as four 16-bit pieces that only rank 0 adds to the
    sum: exact in floats). On failure, the collective's status and message. */
-static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run)
+PDP__PRIVATE pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run)
 {
     float flags[64 + 4], *dev = NULL;
     int n = z->size, r, len = run ? n + 4 : n;
@@ -22116,7 +22129,7 @@ static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run
 }
 
 /* A new run id (see above); rank 0 draws it once per save. */
-static uint64_t pdp__zero_run_id(pdp_zero *z)
+PDP__PRIVATE uint64_t pdp__zero_run_id(pdp_zero *z)
 {
     struct timespec wall, mono;
     uint64_t id = 0, h;
@@ -22135,14 +22148,14 @@ static uint64_t pdp__zero_run_id(pdp_zero *z)
     return pdp__mix64(h ^ ++z->saves);
 }
 
-static void pdp__zero_shard_path(char *out, size_t cap, const char *prefix, int rank)
+PDP__PRIVATE void pdp__zero_shard_path(char *out, size_t cap, const char *prefix, int rank)
 {
     snprintf(out, cap, "%s.rank%d.safetensors", prefix, rank);
 }
 
 /* Checks the call; a step boundary (no backward waiting for its step). */
-static pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const char *path,
-                                      const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const char *path,
+                                            const char *fn)
 {
     if (!z || !opt || !path)
         return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !z ? "zero" : !opt ? "opt" : "path");
@@ -22168,8 +22181,8 @@ static pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const c
 /* The views checkpoint.c's range functions see: a model whose flat block is the
    padded shard-order block, and opt covering rank r's range of it, its state
    (or the given buffers) at the range's start. */
-static void pdp__zero_ckpt_views(const pdp_zero *z, const pdp_optim *opt, float *const *state,
-                                 pdp_model *mv, pdp_optim *ov)
+PDP__PRIVATE void pdp__zero_ckpt_views(const pdp_zero *z, const pdp_optim *opt, float *const *state,
+                                       pdp_model *mv, pdp_optim *ov)
 {
     int k;
     *mv = *z->m;
@@ -22185,7 +22198,7 @@ static void pdp__zero_ckpt_views(const pdp_zero *z, const pdp_optim *opt, float 
 
 /* The rank's parameter slices in shard layout into dst (shard_count floats, on the
    model's device), from the parameter shard (stage 3) or the full block. */
-static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
+PDP__PRIVATE pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
 {
     pdp_device dev = z->m->device;
     pdp_status st;
@@ -22207,14 +22220,14 @@ static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
 /* ---- zero_ckpt: save ---- */
 
 /* A run id as the files hold it: 16 lowercase hex digits. */
-static void pdp__zero_run_text(uint64_t run, char out[17])
+PDP__PRIVATE void pdp__zero_run_text(uint64_t run, char out[17])
 {
     snprintf(out, 17, "%016llx", (unsigned long long)run);
 }
 
 /* The marker's text for this executor at step steps of save run. */
-static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
-                                  size_t cap)
+PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
+                                        size_t cap)
 {
     size_t n;
     int u;
@@ -22230,7 +22243,7 @@ static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *
 
 /* Writes the marker atomically (temporary, fsync, rename, fsync of the directory), removing
    first the temporaries of writers killed mid-write as checkpoint.c's save does. */
-static pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
 {
     char tmp[4160];
     FILE *f;
@@ -22328,8 +22341,8 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
 
 /* Reads the marker and holds it to this run; *steps gets its step, run its
    run id (16 hex digits). */
-static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *steps,
-                                        char run[17], const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *steps,
+                                              char run[17], const char *fn)
 {
     char *want, *have;
     size_t cap = 256 + (size_t)z->nunits * 96, n;
@@ -22384,8 +22397,8 @@ static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *
 
 /* Commits a validated load: params (shard layout, on the device) into the shard
    or the full block (stages 1-2 then all-gather), state into opt. */
-static pdp_status pdp__zero_commit(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
-                                   float *params, float *const *state, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_commit(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
+                                         float *params, float *const *state, const char *fn)
 {
     pdp_device dev = z->m->device;
     pdp_status st;
@@ -22415,8 +22428,8 @@ static pdp_status pdp__zero_commit(pdp_zero *z, pdp_optim *opt, const pdp_optim 
 }
 
 /* params and nstate state buffers of shard_count floats each, on the device. */
-static pdp_status pdp__zero_ckpt_staging(pdp_zero *z, const pdp_optim *opt, float **params,
-                                         float **state, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_ckpt_staging(pdp_zero *z, const pdp_optim *opt, float **params,
+                                               float **state, const char *fn)
 {
     size_t bytes = (size_t)PDP__MAX(1, z->shard_count) * 4;
     pdp_status st;
@@ -22431,7 +22444,7 @@ static pdp_status pdp__zero_ckpt_staging(pdp_zero *z, const pdp_optim *opt, floa
     return PDP_OK;
 }
 
-static void pdp__zero_ckpt_staging_free(pdp_zero *z, float *params, float **state)
+PDP__PRIVATE void pdp__zero_ckpt_staging_free(pdp_zero *z, float *params, float **state)
 {
     int k;
     pdp__dev_free(z->m->device, params);
@@ -22441,10 +22454,10 @@ static void pdp__zero_ckpt_staging_free(pdp_zero *z, float *params, float **stat
 /* The agreement after a load's validation: every rank's verdict, then (all good)
    the commit. what(r) names rank r's file in the message of the ranks whose own
    file was fine. */
-static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
-                                        pdp_status st, float *params, float **state,
-                                        const char *prefix, bool full, uint64_t seed,
-                                        uint64_t mstep, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
+                                              pdp_status st, float *params, float **state,
+                                              const char *prefix, bool full, uint64_t seed,
+                                              uint64_t mstep, const char *fn)
 {
     char path[4096];
     bool bad[64];
@@ -22675,7 +22688,7 @@ struct pdp_pp {
 
 /* A contiguous split of n layers of cost[] into p non-empty stages minimising the
    largest stage's cost (ties: the later cut, so a ReLU stays with its Linear). */
-static pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
+PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
 {
     double *best = (double *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *best);
     int *cut = (int *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *cut);
@@ -22713,7 +22726,7 @@ static pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
 }
 
 /* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
-static pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost)
+PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost)
 {
     pdp_model *t = NULL;
     pdp_tensor *x = NULL, *dy = NULL;
@@ -22758,7 +22771,7 @@ out:
 
 /* ---- pp: schedules ---- */
 
-static void pdp__pp_plan(pdp_pp *pp)
+PDP__PRIVATE void pdp__pp_plan(pdp_pp *pp)
 {
     int s = pp->stage, m = pp->mb, w, i, n = 0;
     if (pp->desc.schedule == PDP_PP_GPIPE) {
@@ -22793,7 +22806,7 @@ PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap)
 
 /* ---- pp: construction ---- */
 
-static pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, const char *fn)
+PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, const char *fn)
 {
     int s;
     if (d->schedule != PDP_PP_1F1B && d->schedule != PDP_PP_GPIPE)
@@ -22826,8 +22839,8 @@ static pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, c
 /* The one place pdp_pp_desc's zeros become defaults (sokol's _def), after
    pdp__pp_check_desc; in may be NULL. first_layer stays as given (NULL: balanced);
    pdp_pp_get_desc puts the split in use there. */
-static pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
-                                        int p, const char *fn)
+PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
+                                              int p, const char *fn)
 {
     pdp_pp_desc d;
     pdp_status st;
@@ -22841,7 +22854,7 @@ static pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out,
 }
 
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
-static pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
+PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
     int s, i, n = full->nlayers;
     double *cost;
@@ -22875,7 +22888,7 @@ static pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *f
 
 /* Every rank checks its split, schedule and micro-batches against rank 0's (by
    time: takes rank 0's split). */
-static pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
+PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
 {
     int mine[PDP_PP_MAX_STAGES + 3], theirs[PDP_PP_MAX_STAGES + 3], s, n = pp->p + 3;
     pdp_status st;
@@ -23000,7 +23013,7 @@ fail:
     return st;
 }
 
-static void pdp__pp_free_buffers(pdp_pp *pp)
+PDP__PRIVATE void pdp__pp_free_buffers(pdp_pp *pp)
 {
     int i;
     pdp_device d = pp->m ? pp->m->device : pdp_cpu();
@@ -23017,7 +23030,7 @@ static void pdp__pp_free_buffers(pdp_pp *pp)
 /* Waits every outstanding message and the dp average. Their errors are consequences of
    the pass's first error (or of one reported already), so the thread's message is kept:
    after a failed pass it is the one that names the call, the stage and the action. */
-static void pdp__pp_drain(pdp_pp *pp)
+PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
 {
     char kept[1024];
     int i;
@@ -23051,7 +23064,7 @@ PDP_API void pdp_pp_free(pdp_pp *pp)
 }
 
 /* Buffers for micro-batches of up to rows rows (grown, never shrunk). */
-static pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows)
+PDP__PRIVATE pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows)
 {
     pdp_device d = pp->m->device;
     size_t in_b = (size_t)(rows * pp->in_count) * sizeof(float);
@@ -23074,10 +23087,10 @@ static pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows)
 
 /* ---- pp: one pass ---- */
 
-static int pdp__pp_tag(int mb, int dir) { return (2 * mb + dir) % (PDP_COMM_TAG_MAX + 1); }
+PDP__PRIVATE int pdp__pp_tag(int mb, int dir) { return (2 * mb + dir) % (PDP_COMM_TAG_MAX + 1); }
 
 /* Posts the receive action k needs, if any (at most one outstanding). */
-static pdp_status pdp__pp_post_recv(pdp_pp *pp, int k)
+PDP__PRIVATE pdp_status pdp__pp_post_recv(pdp_pp *pp, int k)
 {
     const pdp__pp_action *a;
     int64_t n;
@@ -23099,7 +23112,7 @@ static pdp_status pdp__pp_post_recv(pdp_pp *pp, int k)
 }
 
 /* Waits for action k's receive (posting it first if it was not). */
-static pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
+PDP__PRIVATE pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
 {
     pdp_status st;
     pdp_work *w;
@@ -23112,12 +23125,12 @@ static pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
 }
 
 /* Starts a posted message (NCCL's batching: see the opening comment); w may be NULL. */
-static void pdp__pp_start(pdp_work *w)
+PDP__PRIVATE void pdp__pp_start(pdp_work *w)
 {
     if (w) (void)pdp_work_done(w);
 }
 
-static pdp_status pdp__pp_wait(pdp_work **w)
+PDP__PRIVATE pdp_status pdp__pp_wait(pdp_work **w)
 {
     pdp_work *x = *w;
     *w = NULL;
@@ -23125,13 +23138,13 @@ static pdp_status pdp__pp_wait(pdp_work **w)
 }
 
 /* The input rows of micro-batch j on this stage. */
-static const float *pdp__pp_input(const pdp_pp *pp, const pdp_tensor *x, int j)
+PDP__PRIVATE const float *pdp__pp_input(const pdp_pp *pp, const pdp_tensor *x, int j)
 {
     if (pp->stage > 0) return pp->in_buf[j % (pp->nslots + 1)];
     return x->data + pp->mb_first[j] * pp->in_count;
 }
 
-static pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
+PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
 {
     pdp_model *m = pp->m;
     int j = pp->acts[k].mb, slot = j % pp->nslots, d;
@@ -23160,8 +23173,8 @@ static pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     return PDP_OK;
 }
 
-static pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
-                                   int k, double *loss_sum)
+PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
+                                         int k, double *loss_sum)
 {
     static const char *fn = "pdp_pp_forward_backward";
     pdp_model *m = pp->m;
@@ -23212,7 +23225,7 @@ static pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_
 }
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
-static pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows)
+PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows)
 {
     int j;
     if (!pp->mb_rows) {
@@ -23477,7 +23490,7 @@ struct pdp__launch {
     pdp__launch_rank *ranks;
 };
 
-static void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
+PDP__PRIVATE void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
 {
     const char *m = pdp_last_error();
     pthread_mutex_lock(&r->L->mu);
@@ -23487,7 +23500,7 @@ static void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
     pthread_mutex_unlock(&r->L->mu);
 }
 
-static void pdp__launch_run(pdp__launch_rank *r)
+PDP__PRIVATE void pdp__launch_run(pdp__launch_rank *r)
 {
     pdp__launch *L = r->L;
     pdp_comm *c = NULL;
@@ -23511,14 +23524,14 @@ static void pdp__launch_run(pdp__launch_rank *r)
     pdp_comm_free(c);
 }
 
-static void *pdp__launch_thread(void *arg)
+PDP__PRIVATE void *pdp__launch_thread(void *arg)
 {
     pdp__launch_run((pdp__launch_rank *)arg);
     return NULL;
 }
 
 /* The first rank to fail, its message prefixed; PDP_OK when none did. */
-static pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
+PDP__PRIVATE pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
 {
     int i, first = -1;
     for (i = 0; i < n; i++)
@@ -23528,8 +23541,8 @@ static pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
     return pdp__err(ranks[first].st, "pdp_launch: rank %d of %d: %s", first, n, ranks[first].msg);
 }
 
-static pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
-                                      pdp_launch_fn fn, void *user)
+PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
+                                            pdp_launch_fn fn, void *user)
 {
     static const char fn_name[] = "pdp_launch";
     pdp__launch L;
@@ -23665,6 +23678,16 @@ PDP_API double pdp_seconds(void) { return pdp__now(); }
 #pragma GCC diagnostic pop
 #endif
 #endif /* PDP_IMPLEMENTATION */
+
+/* pdp's own tests (the Makefile): the private declarations without their definitions, for
+   a test linked against the implementation compiled once with PDP__TEST_LINKAGE. */
+#if defined(PDP__INTERNAL_API) && !defined(PDP__INTERNAL_API_INCLUDED)
+#define PDP__INTERNAL_API_INCLUDED
+#ifndef PDP__TEST_LINKAGE
+#define PDP__TEST_LINKAGE
+#endif
+#include "pdp_linked.h" /* tests/: the generated pdp_internal.h, allocator hooks */
+#endif
 
 /*
 MIT License

@@ -19,7 +19,7 @@ PDP_API const char *pdp_last_error(void) { return pdp__errbuf; }
 PDP_API void pdp_clear_error(void) { pdp__errbuf[0] = '\0'; }
 PDP_API const char *pdp_version_string(void) { return PDP_VERSION_STRING; }
 
-static pdp_status pdp__err(pdp_status status, const char *fmt, ...)
+PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -28,7 +28,7 @@ static pdp_status pdp__err(pdp_status status, const char *fmt, ...)
     return status;
 }
 
-static pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
+PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
 {
     char prefix[256];
     size_t n, old = strlen(pdp__errbuf), cap = sizeof pdp__errbuf;
@@ -47,7 +47,7 @@ static pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...)
     return status;
 }
 
-static void *pdp__alloc(size_t bytes)
+PDP__PRIVATE void *pdp__alloc(size_t bytes)
 {
     unsigned char *raw = (unsigned char *)PDP_MALLOC(bytes + PDP__ALIGN + sizeof(void *));
     uintptr_t p;
@@ -57,19 +57,19 @@ static void *pdp__alloc(size_t bytes)
     return (void *)p;
 }
 
-static void *pdp__calloc(size_t bytes)
+PDP__PRIVATE void *pdp__calloc(size_t bytes)
 {
     void *p = pdp__alloc(bytes);
     if (p) memset(p, 0, bytes);
     return p;
 }
 
-static void pdp__dealloc(void *p)
+PDP__PRIVATE void pdp__dealloc(void *p)
 {
     if (p) PDP_FREE(((void **)p)[-1]);
 }
 
-static double pdp__now(void)
+PDP__PRIVATE double pdp__now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

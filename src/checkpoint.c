@@ -52,7 +52,7 @@
 #  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
 #endif
 
-static bool pdp__little_endian(void)
+PDP__PRIVATE bool pdp__little_endian(void)
 {
     const uint32_t one = 1;
     unsigned char b;
@@ -60,7 +60,7 @@ static bool pdp__little_endian(void)
     return b == 1;
 }
 
-static void pdp__bswap32(void *data, int64_t count)
+PDP__PRIVATE void pdp__bswap32(void *data, int64_t count)
 {
     unsigned char *p = (unsigned char *)data, t;
     int64_t i;
@@ -79,7 +79,7 @@ typedef struct pdp__crc32c {
     uint32_t t[8][256];
 } pdp__crc32c;
 
-static void pdp__crc32c_init(pdp__crc32c *c)
+PDP__PRIVATE void pdp__crc32c_init(pdp__crc32c *c)
 {
     uint32_t i, v;
     int j, k;
@@ -94,8 +94,8 @@ static void pdp__crc32c_init(pdp__crc32c *c)
 }
 
 /* crc continued over bytes (start with 0). */
-static uint32_t pdp__crc32c_update(const pdp__crc32c *c, uint32_t crc, const void *data,
-                                   size_t bytes)
+PDP__PRIVATE uint32_t pdp__crc32c_update(const pdp__crc32c *c, uint32_t crc, const void *data,
+                                         size_t bytes)
 {
     const unsigned char *p = (const unsigned char *)data;
     crc = ~crc;
@@ -113,7 +113,7 @@ static uint32_t pdp__crc32c_update(const pdp__crc32c *c, uint32_t crc, const voi
 }
 
 /* The 8 lowercase hex digits of v (no NUL). */
-static void pdp__ckpt_hex8(char *dst, uint32_t v)
+PDP__PRIVATE void pdp__ckpt_hex8(char *dst, uint32_t v)
 {
     static const char digits[] = "0123456789abcdef";
     int i;
@@ -121,7 +121,7 @@ static void pdp__ckpt_hex8(char *dst, uint32_t v)
 }
 
 /* Exactly 8 lowercase hex digits: a flipped case is corruption, not the same value. */
-static bool pdp__ckpt_unhex8(const char *s, uint32_t *out)
+PDP__PRIVATE bool pdp__ckpt_unhex8(const char *s, uint32_t *out)
 {
     uint32_t v = 0;
     int i;
@@ -136,7 +136,7 @@ static bool pdp__ckpt_unhex8(const char *s, uint32_t *out)
     return true;
 }
 
-static int pdp__ckpt_by_meta_key(const void *a, const void *b)
+PDP__PRIVATE int pdp__ckpt_by_meta_key(const void *a, const void *b)
 {
     const char *const *x = *(const char *const *const *)a;
     const char *const *y = *(const char *const *const *)b;
@@ -154,8 +154,8 @@ static int pdp__ckpt_by_meta_key(const void *a, const void *b)
    Strings as decoded (escapes resolved). data_offsets are left out: the tiling
    check pins them, and a tensor read from elsewhere fails its own checksum.
    sorted: the tensors by name (pdp__st_validate). A key twice is an error. */
-static pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_entry *const *sorted,
-                                       const pdp__crc32c *c, uint32_t *out)
+PDP__PRIVATE pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_entry *const *sorted,
+                                             const pdp__crc32c *c, uint32_t *out)
 {
     const char ***keys;
     char num[24];
@@ -194,7 +194,7 @@ static pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_entry *c
 /* ---- checkpoint: save ---- */
 
 /* Appends printf output to a bounded buffer; *ok turns false on overflow. */
-static void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const char *fmt, ...)
+PDP__PRIVATE void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const char *fmt, ...)
 {
     va_list ap;
     int n;
@@ -216,15 +216,15 @@ typedef struct pdp__ckpt_tensor {
     const pdp__param_entry *param;      /* its parameter; NULL in a shard file */
 } pdp__ckpt_tensor;
 
-static int pdp__ckpt_ntensors(const pdp_model *m, const pdp_optim *o, bool with_params,
-                              bool shard)
+PDP__PRIVATE int pdp__ckpt_ntensors(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                    bool shard)
 {
     int ns = o ? o->nstate : 0;
     return shard ? (with_params ? 1 : 0) + ns : m->nparams * (1 + ns);
 }
 
-static void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                int64_t lo, int64_t hi, bool shard, int t, pdp__ckpt_tensor *r)
+PDP__PRIVATE void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                      int64_t lo, int64_t hi, bool shard, int t, pdp__ckpt_tensor *r)
 {
     if (shard) {
         r->state = with_params ? t - 1 : t;
@@ -248,9 +248,9 @@ static void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool wit
    "00000000" placeholders: crc_at[0] gets the offset of the header checksum's
    digits, crc_at[1 + t] those of tensor t's. Parameter names are
    "<layer>.<weight|bias>": nothing in them needs escaping. */
-static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                   int64_t lo, int64_t hi, bool shard, const char *run,
-                                   char **out, size_t *len, size_t *crc_at)
+PDP__PRIVATE pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                         int64_t lo, int64_t hi, bool shard, const char *run,
+                                         char **out, size_t *len, size_t *crc_at)
 {
     int nt = pdp__ckpt_ntensors(m, o, with_params, shard), t, d;
     size_t cap = 2048 + (size_t)nt * 384, n = 0;
@@ -318,9 +318,9 @@ static pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool 
 
 /* Fills in the header's checksums: tensor t's from crcs[t], then the header's
    own, computed from the header as pdp__ckpt_header_crc reads it back. */
-static pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_at,
-                                        const uint32_t *crcs, int nt, uint64_t data_bytes,
-                                        const pdp__crc32c *c, const char *fn, const char *path)
+PDP__PRIVATE pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_at,
+                                              const uint32_t *crcs, int nt, uint64_t data_bytes,
+                                              const pdp__crc32c *c, const char *fn, const char *path)
 {
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
@@ -347,8 +347,8 @@ static pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_a
 
 /* Writes count floats from dev memory, staging through host (when the data is
    not on the CPU or the host is big-endian); *crc gets the bytes' CRC-32C. */
-static bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, int64_t count,
-                                   float *host, const pdp__crc32c *c, uint32_t *crc)
+PDP__PRIVATE bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, int64_t count,
+                                         float *host, const pdp__crc32c *c, uint32_t *crc)
 {
     *crc = 0;
     if (!count) return true;
@@ -363,7 +363,7 @@ static bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, i
 }
 
 /* The directory part of path ("." for none); false when it does not fit. */
-static bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
+PDP__PRIVATE bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
 {
     const char *slash = strrchr(path, '/');
     size_t n;
@@ -380,7 +380,7 @@ static bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap)
 }
 
 /* fsyncs the directory holding path, so the rename itself is durable. */
-static int pdp__ckpt_sync_dir(const char *path)
+PDP__PRIVATE int pdp__ckpt_sync_dir(const char *path)
 {
     char dir[4096];
     int fd, rc;
@@ -399,7 +399,7 @@ static int pdp__ckpt_sync_dir(const char *path)
    Best effort: what cannot be listed or removed stays. (A pid is a local
    name: on a filesystem shared between machines, writers of one path on two
    machines are not told apart; ranks write their own paths.) */
-static void pdp__ckpt_remove_stale(const char *path)
+PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path)
 {
     char dir[4096];
     const char *base = strrchr(path, '/'), *s;
@@ -429,9 +429,9 @@ static void pdp__ckpt_remove_stale(const char *path)
    checkpoint (shard false: lo = 0, hi = param_count) or a shard file: the
    header with placeholder checksums, the data (each tensor's CRC-32C taken
    from the bytes written), then the sealed header over the first. */
-static pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
-                                 bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
-                                 bool shard, const char *run, const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
+                                       bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
+                                       bool shard, const char *run, const char *fn)
 {
     int nt = pdp__ckpt_ntensors(m, o, with_params, shard);
     bool staged = m->device.kind != PDP_DEVICE_CPU || !pdp__little_endian();
@@ -537,8 +537,8 @@ done:
 /* The whole-model calls' arguments: a plain model (not TP slices) and an optimizer
    holding the state of every parameter. fn ends in _save or _load, which names the
    TP function to call instead. */
-static pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, const pdp_optim *o,
-                                       const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, const pdp_optim *o,
+                                             const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     /* ZeRO: a load must reach the shards that train (and every rank); a save needs the
@@ -582,8 +582,8 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
 
 /* Checks a range call's arguments: [lo, hi) inside the model, o's range
    containing it, something to save or load. */
-static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
-                                       const pdp_optim *o, int64_t lo, int64_t hi, const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
+                                             const pdp_optim *o, int64_t lo, int64_t hi, const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (!params && !o)
@@ -600,18 +600,18 @@ static pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, con
     return PDP_OK;
 }
 
-static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
-                                           const float *params, const pdp_optim *o, int64_t lo,
-                                           int64_t hi, const char *run, const char *fn)
+PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                                 const float *params, const pdp_optim *o, int64_t lo,
+                                                 int64_t hi, const char *run, const char *fn)
 {
     pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
     if (st != PDP_OK) return st;
     return pdp__ckpt_save(path, m, params, params != NULL, o, lo, hi, true, run, fn);
 }
 
-static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
-                                             const float *params, const pdp_optim *o,
-                                             int64_t lo, int64_t hi, const char *fn)
+PDP__PRIVATE pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                                   const float *params, const pdp_optim *o,
+                                                   int64_t lo, int64_t hi, const char *fn)
 {
     return pdp__checkpoint_save_run(path, m, params, o, lo, hi, NULL, fn);
 }
@@ -621,7 +621,7 @@ static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *
 /* A hyper-parameter from a metadata string: a double, "%.17g" on save (the exact
    double back); an older pdp's file has "%.9g" of a float, read as that decimal. False
    when absent or not a finite number. */
-static bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, double *out)
+PDP__PRIVATE bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, double *out)
 {
     const char *s = pdp__st_meta(p, key);
     char *end;
@@ -634,8 +634,8 @@ static bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, doub
 }
 
 /* The optimizer part of the metadata: o's kind, steps and hyper-parameters. */
-static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
-                                       pdp_optim_desc *desc, int64_t *steps)
+PDP__PRIVATE pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
+                                             pdp_optim_desc *desc, int64_t *steps)
 {
     const char *fn = p->fn, *kind = pdp__st_meta(p, "optim.kind");
     const char *s = pdp__st_meta(p, "optim.steps"), *nest = pdp__st_meta(p, "optim.nesterov");
@@ -684,8 +684,8 @@ static pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim 
 
 /* An optional unsigned metadata count ("model.seed", "model.step"): *present
    tells whether the key exists; false when it exists but is not a count. */
-static bool pdp__ckpt_meta_u64(const pdp__st_parser *p, const char *key, uint64_t *out,
-                               bool *present)
+PDP__PRIVATE bool pdp__ckpt_meta_u64(const pdp__st_parser *p, const char *key, uint64_t *out,
+                                     bool *present)
 {
     const char *s = pdp__st_meta(p, key);
     char *end;
@@ -701,7 +701,7 @@ static bool pdp__ckpt_meta_u64(const pdp__st_parser *p, const char *key, uint64_
 }
 
 /* Whether a tensor name of the file is one load expects (or may ignore). */
-static bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, const char *name)
+PDP__PRIVATE bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, const char *name)
 {
     int i, k;
     size_t len;
@@ -721,7 +721,7 @@ static bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, const cha
     return false;
 }
 
-static void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shape)
+PDP__PRIVATE void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
     size_t n = 0;
     int d;
@@ -744,8 +744,8 @@ typedef struct pdp__ckpt_sums {
    "crc32c.<name>" for every tensor, none for anything else; each value 8
    lowercase hex digits. Sets the entries' crc; *has tells whether the file has
    checksums (a file of another tool has none and is loaded unverified). */
-static pdp_status pdp__ckpt_check_sums(pdp__st_parser *p, pdp__st_entry *const *sorted,
-                                       const pdp__crc32c *c, bool *has)
+PDP__PRIVATE pdp_status pdp__ckpt_check_sums(pdp__st_parser *p, pdp__st_entry *const *sorted,
+                                             const pdp__crc32c *c, bool *has)
 {
     const char *fn = p->fn, *hs = pdp__st_meta(p, "crc32c.header");
     uint32_t want, got;
@@ -789,10 +789,10 @@ static pdp_status pdp__ckpt_check_sums(pdp__st_parser *p, pdp__st_entry *const *
 /* Reads elements [first, first + count) of tensor e of the file f (data at
    data_start) into dst. With sums, the whole tensor is read and checked
    against its checksum (through sums->chunk when only a slice is wanted). */
-static pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *file,
-                                        uint64_t data_start, const pdp__st_entry *e,
-                                        int64_t first, float *dst, int64_t count,
-                                        pdp__ckpt_sums *sums)
+PDP__PRIVATE pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *file,
+                                              uint64_t data_start, const pdp__st_entry *e,
+                                              int64_t first, float *dst, int64_t count,
+                                              pdp__ckpt_sums *sums)
 {
     uint64_t bytes = e->end - e->begin, want_lo = (uint64_t)first * 4;
     uint64_t want_hi = want_lo + (uint64_t)count * 4, at = data_start + e->begin, done, n, a, b;
@@ -826,7 +826,7 @@ read_error:
 }
 
 /* Whether a tensor name of a shard file is one load expects (or may ignore). */
-static bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
+PDP__PRIVATE bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name)
 {
     int k;
     if (strcmp(name, "params") == 0) return true; /* ignored when not loading parameters */
@@ -867,7 +867,7 @@ typedef struct pdp__ckpt_loader {
 } pdp__ckpt_loader;
 
 /* Opens the file and reads, parses and validates its header (the data's tiling too). */
-static pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
 {
     const char *fn = L->fn, *path = L->path;
     unsigned char len8[8];
@@ -906,7 +906,7 @@ static pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L)
 }
 
 /* Verifies the header's checksum and takes each tensor's (a file without any: unverified). */
-static pdp_status pdp__ckpt_load_sums(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_sums(pdp__ckpt_loader *L)
 {
     bool has_sums = false;
     pdp_status st;
@@ -920,7 +920,7 @@ static pdp_status pdp__ckpt_load_sums(pdp__ckpt_loader *L)
 }
 
 /* Reads the optimizer's metadata (with o) and the model's seed and step. */
-static pdp_status pdp__ckpt_load_meta(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_meta(pdp__ckpt_loader *L)
 {
     pdp_status st;
     if (L->o && (st = pdp__ckpt_read_optim(&L->p, L->o, &L->desc, &L->steps)) != PDP_OK)
@@ -933,7 +933,7 @@ static pdp_status pdp__ckpt_load_meta(pdp__ckpt_loader *L)
 }
 
 /* A full file or a shard file, as the call allows; a shard's range and run are the call's. */
-static pdp_status pdp__ckpt_load_kind(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_kind(pdp__ckpt_loader *L)
 {
     const char *fn = L->fn, *path = L->path, *run = L->run;
     const char *format = pdp__st_meta(&L->p, "format"), *srun;
@@ -970,7 +970,7 @@ static pdp_status pdp__ckpt_load_kind(pdp__ckpt_loader *L)
 
 /* A shard file's tensors ("params", "optim.<state>"): each present, F32 [count], read into
    its part of the staging buffer and checked against its checksum. */
-static pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L)
 {
     const char *fn = L->fn, *path = L->path;
     char name[96], a[128];
@@ -998,7 +998,7 @@ static pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L)
 /* A full file's tensors (the model's names, "optim.<name>.<state>"): each present, F32, the
    model's shape; the part inside [lo, hi) read into the staging buffer (the whole tensor
    checked against its checksum). */
-static pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L)
 {
     const char *fn = L->fn, *path = L->path;
     char name[96], a[128], b[128];
@@ -1039,7 +1039,7 @@ static pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L)
 }
 
 /* Every expected tensor checked against the model and read (CRC-checked) into staging. */
-static pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L)
 {
     int64_t floats = L->count * (1 + L->nstate);
     L->staging = (float *)pdp__alloc((size_t)PDP__MAX(1, floats) * sizeof(float));
@@ -1050,7 +1050,7 @@ static pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L)
 }
 
 /* No tensor in the file that the model (or the optimizer) does not have. */
-static pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L)
 {
     int i;
     for (i = 0; i < L->p.nentries; i++) {
@@ -1066,7 +1066,7 @@ static pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L)
 
 /* All checks passed: the staged parameters and state onto the model's device, the
    model's seed and step, the optimizer's hyper-parameters and step count. */
-static pdp_status pdp__ckpt_load_commit(pdp__ckpt_loader *L)
+PDP__PRIVATE pdp_status pdp__ckpt_load_commit(pdp__ckpt_loader *L)
 {
     pdp_model *m = L->m;
     pdp_optim *o = L->o;
@@ -1094,7 +1094,7 @@ static pdp_status pdp__ckpt_load_commit(pdp__ckpt_loader *L)
 }
 
 /* Closes the file and frees what the steps allocated (after a failure too). */
-static void pdp__ckpt_load_close(pdp__ckpt_loader *L)
+PDP__PRIVATE void pdp__ckpt_load_close(pdp__ckpt_loader *L)
 {
     if (L->f) fclose(L->f);
     pdp__st_parser_free(&L->p);
@@ -1108,9 +1108,9 @@ static void pdp__ckpt_load_close(pdp__ckpt_loader *L)
    for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
    allow_shard, from a shard file of exactly [lo, hi); with run, only from a
    shard file of exactly [lo, hi) whose "shard.run" is run. */
-static pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
-                                 pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
-                                 const char *run, const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
+                                       pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
+                                       const char *run, const char *fn)
 {
     pdp__ckpt_loader L;
     pdp_status st;
@@ -1147,18 +1147,18 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
                           fn);
 }
 
-static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
-                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
-                                           const char *fn)
+PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                                 const char *fn)
 {
     pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
     if (st != PDP_OK) return st;
     return pdp__ckpt_load(path, m, params, params != NULL, o, lo, hi, true, run, fn);
 }
 
-static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
-                                             pdp_optim *o, int64_t lo, int64_t hi,
-                                             const char *fn)
+PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                                   pdp_optim *o, int64_t lo, int64_t hi,
+                                                   const char *fn)
 {
     return pdp__checkpoint_load_run(path, m, params, o, lo, hi, NULL, fn);
 }

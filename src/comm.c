@@ -43,14 +43,14 @@
 
 /* ---- comm: public layer ---- */
 
-static pdp_status pdp__comm_check(const pdp_comm *c, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check(const pdp_comm *c, const char *fn)
 {
     if (!c) return pdp__err(PDP_ERR_INVALID, "%s: communicator is NULL", fn);
     return PDP_OK;
 }
 
-static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
-                                        const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
+                                              const char *what, const char *fn)
 {
     if (count < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: %s count %lld < 0 (comm '%s', rank %d of %d)", fn,
@@ -74,7 +74,7 @@ static pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_
    backend's reduce-scatter, all-gather, send and recv take at most INT32_MAX (its
    all-reduce and broadcasts are split into calls of PDP_MPI_CHUNK elements); local and
    NCCL (size_t counts) are bounded by the address space alone. */
-static int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
+PDP__PRIVATE int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
 {
     if (c->backend == PDP_BACKEND_MPI &&
         (kind == PDP__COLL_REDUCE_SCATTER || kind == PDP__COLL_ALLGATHER ||
@@ -83,8 +83,8 @@ static int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
     return INT64_MAX;
 }
 
-static pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
-                                        pdp__coll_kind kind, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
+                                              pdp__coll_kind kind, const char *fn)
 {
     int64_t most = (int64_t)((size_t)PTRDIFF_MAX / (es * (size_t)parts));
     int64_t max = pdp__comm_count_max(c, kind);
@@ -104,7 +104,7 @@ static pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t
     return PDP_OK;
 }
 
-static pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn)
 {
     if (op != PDP_REDUCE_SUM && op != PDP_REDUCE_AVG)
         return pdp__err(PDP_ERR_INVALID, "%s: unknown reduce op %d (comm '%s', rank %d)", fn,
@@ -112,7 +112,7 @@ static pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const 
     return PDP_OK;
 }
 
-static pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn)
 {
     if (root < 0 || root >= c->size)
         return pdp__err(PDP_ERR_INVALID, "%s: root %d outside 0..%d (comm '%s', rank %d)", fn,
@@ -122,8 +122,8 @@ static pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *
 
 /* After the backend accepted a collective: stats, the launch stamp, and the
    synchronous form when the caller passed no handle pointer. */
-static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
-                                     double bytes, pdp_work **work, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
+                                           double bytes, pdp_work **work, const char *fn)
 {
     if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     w->t_launch = t_launch;
@@ -139,7 +139,7 @@ static pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, do
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s", fn);
 }
 
-static pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, const char *fn)
 {
     if (dt != PDP_DTYPE_F32 && dt != PDP_DTYPE_BF16 && dt != PDP_DTYPE_F16)
         return pdp__err(PDP_ERR_INVALID, "%s: unknown dtype %d (comm '%s', rank %d): "
@@ -154,8 +154,8 @@ PDP_API size_t pdp_dtype_size(pdp_dtype dt)
 }
 
 /* The all-reduce of every dtype; fn names the public entry. */
-static pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
-                                      pdp_reduce_op op, pdp_work **work, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                            pdp_reduce_op op, pdp_work **work, const char *fn)
 {
     pdp_work *w = NULL;
     double t = pdp__now(), n;
@@ -201,9 +201,9 @@ PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, in
     return pdp__comm_launched(c, st, w, t, (n - 1.0) / n * (double)count * 4.0, work, fn);
 }
 
-static pdp_status pdp__comm_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                           int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                           pdp_work **work, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                                 int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                                 pdp_work **work, const char *fn)
 {
     pdp_work *w = NULL;
     double t = pdp__now();
@@ -270,7 +270,7 @@ PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work)
 
 /* ---- comm: point-to-point ---- */
 
-static pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag, const char *fn)
 {
     if (peer < 0 || peer >= c->size)
         return pdp__err(PDP_ERR_INVALID, "%s: peer %d outside 0..%d (comm '%s', rank %d)", fn,
@@ -320,7 +320,7 @@ PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int pee
    status st through one all-reduce (a count of failed ranks and the sum of their numbers):
    a failed rank gets its own status and message back; a rank that succeeded fails with
    PDP_ERR_COMM naming the failed rank when there is one. */
-static pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn)
 {
     char why[1024]; /* the thread-local message's size */
     float v[2], *dev = NULL;

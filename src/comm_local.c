@@ -130,7 +130,7 @@ PDP_API void pdp_local_group_free(pdp_local_group *g)
 }
 
 /* Marks the group broken with a message (first failure wins); g->mu held. */
-static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
+PDP__PRIVATE void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
 {
     if (g->broken) return;
     g->broken = true;
@@ -140,8 +140,8 @@ static void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg)
 }
 
 /* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
-static void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__coll_args *a,
-                               char *out, size_t cap)
+PDP__PRIVATE void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__coll_args *a,
+                                     char *out, size_t cap)
 {
     snprintf(out, cap, "%s #%lld (count %lld) on comm '%s', rank %d of %d",
              pdp__op_names[a->kind], (long long)a->seq, (long long)a->count, g->name, rank,
@@ -150,7 +150,7 @@ static void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__co
 
 /* The last rank into barrier A checks that everyone issued the same collective;
    g->mu held. Returns false (and breaks the group) on a mismatch. */
-static bool pdp__group_validate(pdp_local_group *g)
+PDP__PRIVATE bool pdp__group_validate(pdp_local_group *g)
 {
     const pdp__coll_args *a = &g->slot[0];
     int r;
@@ -176,8 +176,8 @@ static bool pdp__group_validate(pdp_local_group *g)
 
 /* Barrier A (publish = true: also publishes *args in this rank's slot) or B.
    On failure returns the status and leaves the message in msg. */
-static pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
-                                     bool publish, char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
+                                           bool publish, char *msg, size_t cap)
 {
     struct timespec deadline;
     uint64_t gen;
@@ -249,7 +249,7 @@ out:
 
 /* [lo, hi) of n items for part r of parts, with boundaries on 16 floats (one cache line)
    so that two ranks never write the same line. */
-static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
+PDP__PRIVATE void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
 {
     /* n * r / parts without forming n * r, which could overflow for a huge n */
     int64_t q = n / parts, m = n % parts;
@@ -265,8 +265,8 @@ static void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi)
    then / nsrc for AVG. acc is the caller's chunk, never one of the sources, so every
    loop is a restrict-qualified blocked loop that gcc -O2 vectorises (one pass per
    source; the chunk stays in L1). */
-static void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src, int nsrc,
-                              int64_t off, int64_t n, pdp_reduce_op op)
+PDP__PRIVATE void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src, int nsrc,
+                                    int64_t off, int64_t n, pdp_reduce_op op)
 {
     const float *PDP__RESTRICT s0 = src[0] + off;
     int r;
@@ -288,9 +288,9 @@ static void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src,
 
 /* The same for 16-bit elements (dt BF16 or F16): each widened to fp32, reduced in fp32
    in rank order, AVG divided, then rounded ONCE into out (to nearest even). */
-static void pdp__reduce_chunk16(uint16_t *out, float *PDP__RESTRICT acc,
-                                const uint16_t *const *src, int nsrc, int64_t off, int64_t n,
-                                pdp_reduce_op op, int dt)
+PDP__PRIVATE void pdp__reduce_chunk16(uint16_t *out, float *PDP__RESTRICT acc,
+                                      const uint16_t *const *src, int nsrc, int64_t off, int64_t n,
+                                      pdp_reduce_op op, int dt)
 {
     int64_t j;
     int r;
@@ -305,7 +305,7 @@ static void pdp__reduce_chunk16(uint16_t *out, float *PDP__RESTRICT acc,
 }
 
 /* Rank r's share of a 16-bit all-reduce or reduce-scatter (the float loops below). */
-static void pdp__local_execute16(pdp_local_group *g, int r)
+PDP__PRIVATE void pdp__local_execute16(pdp_local_group *g, int r)
 {
     const pdp__coll_args *me = &g->slot[r];
     int n = g->size, i;
@@ -333,7 +333,7 @@ static void pdp__local_execute16(pdp_local_group *g, int r)
 }
 
 /* Rank r's share of the collective whose arguments every rank published. */
-static void pdp__local_execute(pdp_local_group *g, int r)
+PDP__PRIVATE void pdp__local_execute(pdp_local_group *g, int r)
 {
     const pdp__coll_args *me = &g->slot[r];
     int n = g->size, i;
@@ -407,10 +407,10 @@ typedef struct pdp__local_comm {
    queue locks: g->mu before q->mu, never the reverse), so no progress thread
    is involved and a ring where every rank sends first cannot deadlock. */
 
-static int pdp__p2p_owner(const pdp__workq_item *w) { return w->head.comm->rank; }
+PDP__PRIVATE int pdp__p2p_owner(const pdp__workq_item *w) { return w->head.comm->rank; }
 
 /* Unlinks w from the mailbox; false when it is not there (matched or withdrawn). */
-static bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w)
+PDP__PRIVATE bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w)
 {
     pdp__workq_item **pp, *prev = NULL;
     for (pp = &g->p2p_head; *pp; prev = *pp, pp = &(*pp)->p2p_next)
@@ -424,7 +424,7 @@ static bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w)
 }
 
 /* Completes a matched pair (g->mu held): copy, or a count mismatch on both sides. */
-static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
+PDP__PRIVATE void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
 {
     char msg[PDP__MSG_CAP], what[200];
     if (send->args.count == recv->args.count) {
@@ -447,8 +447,8 @@ static void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv)
     pdp__workq_finish((pdp__workq *)recv->head.comm->impl, recv, PDP_ERR_INVALID, msg);
 }
 
-static pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, int64_t count,
-                                 int peer, int tag, pdp_work **out)
+PDP__PRIVATE pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, int64_t count,
+                                       int peer, int tag, pdp_work **out)
 {
     pdp__local_comm *lc = (pdp__local_comm *)c;
     pdp_local_group *g = lc->g;
@@ -493,19 +493,19 @@ static pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, i
     return PDP_OK;
 }
 
-static pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                  pdp_work **w)
+PDP__PRIVATE pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                        pdp_work **w)
 {
     return pdp__local_p2p(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
 }
 
-static pdp_status pdp__local_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                  pdp_work **w)
+PDP__PRIVATE pdp_status pdp__local_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                        pdp_work **w)
 {
     return pdp__local_p2p(c, PDP__COLL_RECV, buf, count, peer, tag, w);
 }
 
-static void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+PDP__PRIVATE void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
 {
     pdp_local_group *g = ((pdp__local_comm *)q->comm)->g;
     char msg[PDP__MSG_CAP];
@@ -520,7 +520,7 @@ static void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w)
 
 /* Rank r's communicator is going (g->mu held): its unmatched messages are withdrawn, and
    those of other ranks that name it fail with PDP_ERR_COMM. */
-static void pdp__mailbox_depart(pdp_local_group *g, int r)
+PDP__PRIVATE void pdp__mailbox_depart(pdp_local_group *g, int r)
 {
     pdp__workq_item *m = g->p2p_head, *next;
     for (; m; m = next) {
@@ -539,7 +539,7 @@ static void pdp__mailbox_depart(pdp_local_group *g, int r)
 
 /* The queue's exec: one collective for this rank, barrier A, its share of the
    work, barrier B. */
-static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
 {
     pdp__local_comm *lc = (pdp__local_comm *)q->comm;
     pdp_local_group *g = lc->g;
@@ -557,7 +557,7 @@ static pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, 
     return pdp__group_barrier(g, r, a, false, msg, cap);
 }
 
-static void pdp__local_destroy(pdp_comm *c)
+PDP__PRIVATE void pdp__local_destroy(pdp_comm *c)
 {
     pdp__local_comm *lc = (pdp__local_comm *)c;
     pdp_local_group *g = lc->g;
@@ -581,8 +581,8 @@ static void pdp__local_destroy(pdp_comm *c)
    The member that becomes rank 0 of a colour creates its group (refs = its size: the
    group frees itself with the last of them) and every rank broadcasts the pointer of
    the group it made, or NULL, over c; each member then joins its leader's group. */
-static pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                   int leader, pdp_comm **out)
+PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                         int leader, pdp_comm **out)
 {
     pdp_local_group *mine = NULL, *g = NULL;
     pdp_comm_desc d;

@@ -121,7 +121,7 @@ typedef struct pdp__mpi_comm {
 
 /* ---- comm_mpi: executing a collective (the queue's exec and idle) ---- */
 
-static void pdp__mpi_errstr(int rc, char *out, size_t cap)
+PDP__PRIVATE void pdp__mpi_errstr(int rc, char *out, size_t cap)
 {
     char s[MPI_MAX_ERROR_STRING];
     int len = 0;
@@ -155,8 +155,8 @@ static void pdp__mpi_errstr(int rc, char *out, size_t cap)
    freed cleanly; if it is still pending at the free, pdp never calls MPI_Finalize, as
    for a timed-out collective. */
 
-static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
-                              const char *msg)
+PDP__PRIVATE void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
+                                    const char *msg)
 {
     mc->p2p[w - mc->pool].active = false;
     mc->p2p_active--;
@@ -164,7 +164,7 @@ static void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status 
 }
 
 /* Keeps a request MPI would not cancel, to test later (p2p_mu held). */
-static void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req)
+PDP__PRIVATE void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req)
 {
     if (mc->n_abandoned < PDP_MPI_MAX_INFLIGHT) {
         mc->abandoned[mc->n_abandoned++] = *req;
@@ -177,7 +177,7 @@ static void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req)
 }
 
 /* Advances one message at time now (p2p_mu held): matches, completes, or expires it. */
-static void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w, double now)
+PDP__PRIVATE void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w, double now)
 {
     pdp__mpi_p2p *p = &mc->p2p[w - mc->pool];
     const pdp__coll_args *a = &w->args;
@@ -245,7 +245,7 @@ mpi_error:
 }
 
 /* The queue's p2p_poll: every pending message, and the abandoned requests. */
-static void pdp__mpi_p2p_poll(pdp__workq *q)
+PDP__PRIVATE void pdp__mpi_p2p_poll(pdp__workq *q)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     double now = pdp__now();
@@ -263,14 +263,14 @@ static void pdp__mpi_p2p_poll(pdp__workq *q)
 
 /* The queue's p2p_expire: a poll past w's deadline cancels it (and every other overdue
    message); w completes at this or a later poll, within the cancel grace. */
-static void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
+PDP__PRIVATE void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w)
 {
     (void)w;
     pdp__mpi_p2p_poll(q);
 }
 
-static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
-                                      int64_t count, int peer, int tag, pdp_work **out)
+PDP__PRIVATE pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
+                                            int64_t count, int peer, int tag, pdp_work **out)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
     pdp__coll_args a;
@@ -310,14 +310,14 @@ static pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *b
     return PDP_OK;
 }
 
-static pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                pdp_work **w)
+PDP__PRIVATE pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                      pdp_work **w)
 {
     return pdp__mpi_p2p_launch(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
 }
 
-static pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                pdp_work **w)
+PDP__PRIVATE pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                      pdp_work **w)
 {
     return pdp__mpi_p2p_launch(c, PDP__COLL_RECV, buf, count, peer, tag, w);
 }
@@ -325,8 +325,8 @@ static pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer
 /* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
    PDP_ERR_COMM when the communicator is being freed, with *req left pending
    (the caller records it as the orphan). */
-static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
-                                 double deadline, char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
+                                       double deadline, char *msg, size_t cap)
 {
     pdp_comm *c = &mc->head;
     double t0 = pdp__now(), now, since;
@@ -368,8 +368,8 @@ static pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MP
 }
 
 /* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
-static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
-                                  char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
+                                        char *msg, size_t cap)
 {
     char e[256];
     if (rc == MPI_SUCCESS) return PDP_OK;
@@ -379,7 +379,7 @@ static pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, i
     return PDP_ERR_COMM;
 }
 
-static void pdp__mpi_divide(void *buf, int64_t n, int size, int dt)
+PDP__PRIVATE void pdp__mpi_divide(void *buf, int64_t n, int size, int dt)
 {
     float div = (float)size;
     if (dt == PDP_DTYPE_F32) {
@@ -394,26 +394,26 @@ static void pdp__mpi_divide(void *buf, int64_t n, int size, int dt)
 
 /* The 16-bit sums, MPI user functions over MPI_UINT16_T: both values widened, added in
    fp32 and rounded once to nearest even (commutative, so MPI may combine in any order). */
-static void pdp__mpi_sum16(const uint16_t *in, uint16_t *inout, int len, int dt)
+PDP__PRIVATE void pdp__mpi_sum16(const uint16_t *in, uint16_t *inout, int len, int dt)
 {
     int i;
     for (i = 0; i < len; i++)
         inout[i] = pdp__dt16_bits(dt, pdp__dt16_float(dt, in[i]) + pdp__dt16_float(dt, inout[i]));
 }
-static void pdp__mpi_sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type)
+PDP__PRIVATE void pdp__mpi_sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type)
 {
     (void)type;
     pdp__mpi_sum16((const uint16_t *)in, (uint16_t *)inout, *len, PDP_DTYPE_BF16);
 }
-static void pdp__mpi_sum_f16(void *in, void *inout, int *len, MPI_Datatype *type)
+PDP__PRIVATE void pdp__mpi_sum_f16(void *in, void *inout, int *len, MPI_Datatype *type)
 {
     (void)type;
     pdp__mpi_sum16((const uint16_t *)in, (uint16_t *)inout, *len, PDP_DTYPE_F16);
 }
 
 /* Runs one collective to completion on the progress thread. */
-static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
-                               char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
+                                     char *msg, size_t cap)
 {
     const pdp__coll_args *a = &w->args;
     MPI_Comm mcomm = mc->mcomm;
@@ -494,7 +494,7 @@ static pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_
 }
 
 /* The queue's exec; a request posted but never completed becomes the orphan. */
-static pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     MPI_Request req;
@@ -509,7 +509,7 @@ static pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, si
 }
 
 /* Sleeps 1 ms, then tests the orphan once: true when it completed. */
-static bool pdp__mpi_orphan_test(MPI_Request *req)
+PDP__PRIVATE bool pdp__mpi_orphan_test(MPI_Request *req)
 {
     int flag = 0;
     struct timespec ts = {0, 1000000}; /* 1 ms */
@@ -520,7 +520,7 @@ static bool pdp__mpi_orphan_test(MPI_Request *req)
 
 /* The queue's idle hook (q->mu held): keep a timed-out request moving, so
    that a late rank completes it and the communicator can be freed cleanly. */
-static bool pdp__mpi_idle(pdp__workq *q)
+PDP__PRIVATE bool pdp__mpi_idle(pdp__workq *q)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)q->comm;
     bool done;
@@ -543,7 +543,7 @@ static bool pdp__mpi_idle(pdp__workq *q)
 /* ---- comm_mpi: the ops table ---- */
 
 /* Tests *req until it completes (true) or deadline passes (false). */
-static bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
+PDP__PRIVATE bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
 {
     for (;;) {
         int flag = 0;
@@ -557,7 +557,7 @@ static bool pdp__mpi_poll_until(MPI_Request *req, double deadline)
 
 /* Drops one reference to MPI; the last one finalises it if pdp initialised it
    (after completing a timed-out duplication, if its late rank came after all). */
-static void pdp__mpi_release(void)
+PDP__PRIVATE void pdp__mpi_release(void)
 {
     pthread_mutex_lock(&pdp__mpi_mu);
     if (--pdp__mpi_live == 0 && pdp__mpi_init_orphan) {
@@ -577,7 +577,7 @@ static void pdp__mpi_release(void)
     pthread_mutex_unlock(&pdp__mpi_mu);
 }
 
-static void pdp__mpi_destroy(pdp_comm *c)
+PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c)
 {
     pdp__mpi_comm *mc = (pdp__mpi_comm *)c;
     bool stuck = false;
@@ -620,8 +620,8 @@ static void pdp__mpi_destroy(pdp_comm *c)
     pdp__mpi_release();
 }
 
-static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                 int leader, pdp_comm **out);
+PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                       int leader, pdp_comm **out);
 
 static const pdp__comm_ops pdp__mpi_ops = {
     pdp__workq_allreduce, pdp__workq_broadcast, pdp__workq_reduce_scatter,
@@ -661,7 +661,7 @@ typedef struct pdp__mpi_watch {
     char msg[512];
 } pdp__mpi_watch;
 
-static void *pdp__mpi_watchdog(void *arg)
+PDP__PRIVATE void *pdp__mpi_watchdog(void *arg)
 {
     pdp__mpi_watch *w = (pdp__mpi_watch *)arg;
     struct timespec deadline;
@@ -677,8 +677,8 @@ static void *pdp__mpi_watchdog(void *arg)
 
 /* The start-up check (above); *store is left open for the caller to free after
    MPI_Init_thread, NULL when no check ran. *checked: every rank checked in. */
-static pdp_status pdp__mpi_start_check(pdp_store **store, const pdp_env_info *env,
-                                       double timeout_s, bool *checked, const char *fn)
+PDP__PRIVATE pdp_status pdp__mpi_start_check(pdp_store **store, const pdp_env_info *env,
+                                             double timeout_s, bool *checked, const char *fn)
 {
     double deadline = pdp__now() + timeout_s;
     char key[64], missing[200];
@@ -745,8 +745,8 @@ fail:
 }
 
 /* MPI_Init_thread after the start-up check, under the watchdog; mpi_mu held. */
-static int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, int *provided,
-                                 pdp_status *st, const char *fn)
+PDP__PRIVATE int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, int *provided,
+                                       pdp_status *st, const char *fn)
 {
     pdp__mpi_watch w;
     pthread_condattr_t ca;
@@ -795,7 +795,7 @@ static int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, in
 /* ---- comm_mpi: creation ---- */
 
 /* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
-static pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
+PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
 {
     int inited = 0, finalized = 0, provided = 0, rc;
     pdp_status st = PDP_OK;
@@ -839,10 +839,10 @@ out:
     return st;
 }
 
-static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
-                                double timeout_s, const char *fn);
+PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                      double timeout_s, const char *fn);
 
-static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn)
+PDP__PRIVATE pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn)
 {
     MPI_Comm mcomm = MPI_COMM_NULL;
     MPI_Request req = MPI_REQUEST_NULL;
@@ -894,8 +894,8 @@ static pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, con
 
 /* Wraps mcomm (errors returned, one reference to MPI taken by the caller; both given
    up on failure) as a communicator with its own queue, progress thread and p2p state. */
-static pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
-                                double timeout_s, const char *fn)
+PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                      double timeout_s, const char *fn)
 {
     pdp__mpi_comm *mc;
     int rank = 0, size = 1, world_rank = 0, world_size = 1;
@@ -964,8 +964,8 @@ fail:
 /* pdp_comm_split: MPI_Comm_split runs on the progress thread, in order with the
    collectives (MPI forbids two threads in collectives on one communicator); comm.c's
    colour exchange has already proved every rank arrived, so it does not block long. */
-static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                 int leader, pdp_comm **out)
+PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                       int leader, pdp_comm **out)
 {
     MPI_Comm nc = MPI_COMM_NULL;
     pdp__coll_args a;
@@ -997,7 +997,7 @@ static pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank,
 
 /* ---- comm_mpi: pdp_comm_init_env ---- */
 
-static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc)
+PDP__PRIVATE pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
 #ifdef PDP_MPI

@@ -36,7 +36,7 @@
 #define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
 
 #ifndef PDP_CUDA
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
+PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     (void)desc;
     *out = NULL;
@@ -96,7 +96,7 @@ typedef struct pdp__nccl_comm {
    count is PDP_ERR_INVALID naming both (a count mismatch usually hangs NCCL
    first: then the receiver still names both counts once its wait times out). */
 
-static void pdp__nccl_describe(const pdp__nccl_work *wk, char *out, size_t cap)
+PDP__PRIVATE void pdp__nccl_describe(const pdp__nccl_work *wk, char *out, size_t cap)
 {
     const pdp_comm *c = wk->head.comm;
     snprintf(out, cap, "%s #%lld (count %lld) %s rank %d with tag %d on comm '%s', rank %d of %d",
@@ -106,7 +106,7 @@ static void pdp__nccl_describe(const pdp__nccl_work *wk, char *out, size_t cap)
 
 /* Enqueues the pending messages as one group. On failure each of them keeps the
    error for its wait, and the error is also returned (with its message). */
-static pdp_status pdp__nccl_flush(pdp_comm *c)
+PDP__PRIVATE pdp_status pdp__nccl_flush(pdp_comm *c)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_cudak_p2p ops[PDP_CUDAK_NCCL_SLOTS];
@@ -145,8 +145,8 @@ static pdp_status pdp__nccl_flush(pdp_comm *c)
     return PDP_OK;
 }
 
-static pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count, int peer,
-                                int tag, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count, int peer,
+                                      int tag, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp__nccl_work *wk = &nc->pool[nc->next];
@@ -174,20 +174,20 @@ static pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t c
     return PDP_OK;
 }
 
-static pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                 pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                       pdp_work **w)
 {
     return pdp__nccl_p2p(c, true, (float *)buf, count, peer, tag, w);
 }
 
-static pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
-                                 pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                       pdp_work **w)
 {
     return pdp__nccl_p2p(c, false, buf, count, peer, tag, w);
 }
 
 /* A message's wait: its group's completion, then (a receive) the sender's header. */
-static pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
+PDP__PRIVATE pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     char what[200];
@@ -234,8 +234,8 @@ static pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
 
 /* kind names the collective through internal.h's pdp__op_names, whose first four
    entries follow pdp_cudak_coll's order. */
-static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *send,
-                                  void *recv, int64_t count, int op, pdp_dtype dt, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *send,
+                                        void *recv, int64_t count, int op, pdp_dtype dt, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp__nccl_work *wk;
@@ -269,40 +269,40 @@ static pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *
     return PDP_OK;
 }
 
-static pdp_status pdp__nccl_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
-                                      pdp_reduce_op op, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                            pdp_reduce_op op, pdp_work **w)
 {
     return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, buf, buf, count, op == PDP_REDUCE_AVG, dt, w);
 }
 
-static pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                      pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                            pdp_work **w)
 {
     return pdp__nccl_issue(c, PDP_CUDAK_BROADCAST, buf, buf, count, root, PDP_DTYPE_F32, w);
 }
 
-static pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                           int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                           pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                                 int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                                 pdp_work **w)
 {
     return pdp__nccl_issue(c, PDP_CUDAK_REDUCE_SCATTER, send, recv, recv_count,
                            op == PDP_REDUCE_AVG, dt, w);
 }
 
-static pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
-                                      int64_t send_count, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
+                                            int64_t send_count, pdp_work **w)
 {
     return pdp__nccl_issue(c, PDP_CUDAK_ALLGATHER, send, recv, send_count, 0, PDP_DTYPE_F32, w);
 }
 
-static pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     return pdp__nccl_issue(c, PDP_CUDAK_ALLREDUCE, nc->barrier_buf, nc->barrier_buf, 1, 0,
                            PDP_DTYPE_F32, w);
 }
 
-static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+PDP__PRIVATE pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_status st;
@@ -318,7 +318,7 @@ static pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes
     return PDP_OK;
 }
 
-static pdp_status pdp__nccl_wait(pdp_work *w)
+PDP__PRIVATE pdp_status pdp__nccl_wait(pdp_work *w)
 {
     pdp__nccl_work *wk = (pdp__nccl_work *)w;
     pdp_comm *c = w->comm;
@@ -343,7 +343,7 @@ static pdp_status pdp__nccl_wait(pdp_work *w)
     return PDP_OK;
 }
 
-static bool pdp__nccl_done(pdp_work *w)
+PDP__PRIVATE bool pdp__nccl_done(pdp_work *w)
 {
     pdp__nccl_work *wk = (pdp__nccl_work *)w;
     pdp__nccl_comm *nc = (pdp__nccl_comm *)w->comm->impl;
@@ -352,7 +352,7 @@ static bool pdp__nccl_done(pdp_work *w)
     return pdp_cudak_nccl_query(nc->h, wk->slot) != 0;
 }
 
-static void pdp__nccl_destroy(pdp_comm *c)
+PDP__PRIVATE void pdp__nccl_destroy(pdp_comm *c)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_cudak_free(c->device.ordinal, nc->barrier_buf);
@@ -361,17 +361,17 @@ static void pdp__nccl_destroy(pdp_comm *c)
     pdp__dealloc(nc);
 }
 
-static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                 double timeout_s, const char *name, bool process_rank,
-                                 const char *fn);
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
+                                       double timeout_s, const char *name, bool process_rank,
+                                       const char *fn);
 
 /* ---- comm_nccl: split ----
    ncclCommSplit over c (thread ranks and process ranks alike: it needs NCCL 2.18),
    after the messages pending on c are enqueued. comm.c has already exchanged the
    colours over c, so every rank is here; the key orders the new ranks as
    comm.c's new_rank does (ties by rank in c, as NCCL's). */
-static pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                  int leader, pdp_comm **out)
+PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                        int leader, pdp_comm **out)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_cudak_nccl *h = NULL;
@@ -398,9 +398,9 @@ static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
-static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                 double timeout_s, const char *name, bool process_rank,
-                                 const char *fn)
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
+                                       double timeout_s, const char *name, bool process_rank,
+                                       const char *fn)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
     pdp_status st;
@@ -439,7 +439,7 @@ static pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int
 /* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. The unique id
    travels through rendezvous.c; the store stays open until ncclCommInitRank
    (collective) has returned on this rank. */
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
+PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc)
 {
     static const char *fn = "pdp_comm_init_env";
     pdp_env_info env;

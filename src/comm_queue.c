@@ -36,7 +36,7 @@
 
 /* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
    variable created with a monotonic clock. */
-static void pdp__deadline(struct timespec *ts, double seconds)
+PDP__PRIVATE void pdp__deadline(struct timespec *ts, double seconds)
 {
     double whole = floor(seconds);
     clock_gettime(CLOCK_MONOTONIC, ts);
@@ -57,7 +57,7 @@ static void pdp__deadline(struct timespec *ts, double seconds)
    zero means the default; a negative, NaN or infinite value (or one above
    PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
    field. Every communicator constructor calls it first (desc may be NULL). */
-static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
 {
     double t = desc ? desc->timeout_s : 0.0;
     *out = PDP__COMM_TIMEOUT_DEFAULT;
@@ -71,7 +71,7 @@ static pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out,
 
 /* Bytes of count elements of es bytes. comm.c's bound (pdp__comm_check_bound: at most
    PTRDIFF_MAX bytes per buffer) keeps the product from wrapping in every backend. */
-static size_t pdp__comm_bytes(int64_t count, size_t es)
+PDP__PRIVATE size_t pdp__comm_bytes(int64_t count, size_t es)
 {
     PDP_ASSERT(count >= 0 && (uint64_t)count <= (uint64_t)PTRDIFF_MAX / es);
     return (size_t)count * es;
@@ -142,8 +142,8 @@ struct pdp__workq {
     char broken_msg[PDP__MSG_CAP];
 };
 
-static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, double t_start,
-                             double t_done, pdp_status st)
+PDP__PRIVATE void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, double t_start,
+                                   double t_done, pdp_status st)
 {
     char args[88];
     if (!q->trace_tid) return;
@@ -157,7 +157,7 @@ static void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, doub
 }
 
 /* Executes w and completes it; q->mu held on entry and on return. */
-static void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
+PDP__PRIVATE void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
 {
     double t_start = w->head.t_start = pdp__now(), t_done;
     pdp_status st;
@@ -187,7 +187,7 @@ static void pdp__workq_run(pdp__workq *q, pdp__workq_item *w)
     pthread_cond_broadcast(&q->done);
 }
 
-static void *pdp__workq_progress(void *arg)
+PDP__PRIVATE void *pdp__workq_progress(void *arg)
 {
     pdp__workq *q = (pdp__workq *)arg;
     pthread_mutex_lock(&q->mu);
@@ -208,8 +208,8 @@ static void *pdp__workq_progress(void *arg)
 /* Threads pool[0, capacity) into the free list, creates the locks and, when
    threaded, starts the progress thread. On failure nothing is left to release;
    fn names the public caller. */
-static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
-                                  const char *limit_macro, bool threaded, const char *fn)
+PDP__PRIVATE pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
+                                        const char *limit_macro, bool threaded, const char *fn)
 {
     pthread_condattr_t ca;
     int i;
@@ -237,7 +237,7 @@ static pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capa
 }
 
 /* True once pdp__workq_shutdown began (*since: when); for an exec that polls. */
-static bool pdp__workq_stopping(pdp__workq *q, double *since)
+PDP__PRIVATE bool pdp__workq_stopping(pdp__workq *q, double *since)
 {
     bool s;
     pthread_mutex_lock(&q->mu);
@@ -253,7 +253,7 @@ static bool pdp__workq_stopping(pdp__workq *q, double *since)
    sleep early (the check and the sleep are atomic under mu, so that wake-up is
    never lost). A rank that computes keeps its core; a rank that waits gets its
    collective's completion at once. */
-static bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
+PDP__PRIVATE bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
 {
     struct timespec deadline;
     bool slept = false;
@@ -268,7 +268,7 @@ static bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager)
 }
 
 /* Lets the progress thread run what is queued, joins it and destroys the locks. */
-static void pdp__workq_shutdown(pdp__workq *q)
+PDP__PRIVATE void pdp__workq_shutdown(pdp__workq *q)
 {
     if (q->threaded) {
         pthread_mutex_lock(&q->mu);
@@ -284,7 +284,7 @@ static void pdp__workq_shutdown(pdp__workq *q)
 }
 
 /* Takes a handle, fills it and queues it (or runs it inline without a thread). */
-static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
+PDP__PRIVATE pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out)
 {
     pdp__workq *q = (pdp__workq *)c->impl;
     pdp__workq_item *w;
@@ -338,7 +338,7 @@ static pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp
 
 /* A handle for a message, t_start = launch; PDP_ERR_STATE when the pool is empty,
    the broken status when the queue is broken. */
-static pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out)
+PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out)
 {
     pdp__workq *q = (pdp__workq *)c->impl;
     pdp__workq_item *w;
@@ -376,7 +376,7 @@ static pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__
 }
 
 /* Returns a handle that was never handed out (its launch failed). */
-static void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
+PDP__PRIVATE void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
 {
     pthread_mutex_lock(&q->mu);
     q->p2p_live--;
@@ -386,7 +386,7 @@ static void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
 }
 
 /* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
-static void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg)
+PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg)
 {
     double t = pdp__now();
     pdp__workq_trace(q, w, w->head.t_start, t, st);
@@ -401,7 +401,7 @@ static void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, 
 }
 
 /* "recv #4 (count 7) from rank 1 with tag 5 on comm 'comm', rank 0 of 2" */
-static void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap)
+PDP__PRIVATE void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap)
 {
     const pdp_comm *c = w->head.comm;
     snprintf(out, cap, "%s #%lld (count %lld) %s rank %d with tag %d on comm '%s', rank %d of %d",
@@ -410,7 +410,7 @@ static void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap)
              c->rank, c->size);
 }
 
-static void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size_t cap)
+PDP__PRIVATE void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size_t cap)
 {
     char what[200];
     pdp__p2p_describe(w, what, sizeof what);
@@ -420,7 +420,7 @@ static void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size
 }
 
 /* Waits for a message (q->mu held on entry and return): polls, times out. */
-static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
+PDP__PRIVATE void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
 {
     double deadline = w->head.t_start + w->head.comm->timeout_s;
     while (!w->done) {
@@ -445,7 +445,7 @@ static void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w)
     }
 }
 
-static pdp_status pdp__workq_wait(pdp_work *work)
+PDP__PRIVATE pdp_status pdp__workq_wait(pdp_work *work)
 {
     pdp__workq_item *w = (pdp__workq_item *)work;
     pdp__workq *q = (pdp__workq *)work->comm->impl;
@@ -464,7 +464,7 @@ static pdp_status pdp__workq_wait(pdp_work *work)
     return st;
 }
 
-static bool pdp__workq_done(pdp_work *work)
+PDP__PRIVATE bool pdp__workq_done(pdp_work *work)
 {
     pdp__workq_item *w = (pdp__workq_item *)work;
     pdp__workq *q = (pdp__workq *)work->comm->impl;
@@ -478,9 +478,9 @@ static bool pdp__workq_done(pdp_work *work)
 
 /* The pdp__comm_ops entries of a queue backend: pack the arguments, submit. */
 
-static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
-                                  pdp_dtype dt, float *buf, const float *send, float *recv,
-                                  pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
+                                        pdp_dtype dt, float *buf, const float *send, float *recv,
+                                        pdp_work **w)
 {
     pdp__coll_args a;
     memset(&a, 0, sizeof a);
@@ -494,42 +494,42 @@ static pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t coun
     return pdp__workq_submit(c, &a, w);
 }
 
-static pdp_status pdp__workq_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
-                                       pdp_reduce_op op, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                             pdp_reduce_op op, pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_ALLREDUCE, count, (int)op, dt, (float *)buf, NULL, NULL,
                            w);
 }
 
-static pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
-                                       pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                             pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_BROADCAST, count, root, PDP_DTYPE_F32, buf, NULL, NULL,
                            w);
 }
 
-static pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                            int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                            pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                                  int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                                  pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, dt, NULL,
                            (const float *)send, (float *)recv, w);
 }
 
-static pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
-                                       int64_t send_count, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
+                                             int64_t send_count, pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_ALLGATHER, send_count, 0, PDP_DTYPE_F32, NULL, send, recv,
                            w);
 }
 
-static pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_BARRIER, 0, 0, PDP_DTYPE_F32, NULL, NULL, NULL, w);
 }
 
 /* Synchronous, but queued like the others so that it keeps its place in the order. */
-static pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
+PDP__PRIVATE pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root)
 {
     pdp__coll_args a;
     pdp_work *w = NULL;

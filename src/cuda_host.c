@@ -18,7 +18,7 @@
 /* ---- cuda_host: errors ---- */
 
 /* Turns a failed pdp_cudak_* status into pdp's message. */
-static pdp_status pdp__cuda_fail(pdp_status st)
+PDP__PRIVATE pdp_status pdp__cuda_fail(pdp_status st)
 {
     return pdp__err(st, "pdp_cuda: %s", pdp_cudak_error());
 }
@@ -29,12 +29,12 @@ static pdp_status pdp__cuda_fail(pdp_status st)
         if (pdp__cst != PDP_OK) return pdp__cuda_fail(pdp__cst);             \
     } while (0)
 
-static int pdp__cuda_ordinal(pdp_device d) { return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal; }
+PDP__PRIVATE int pdp__cuda_ordinal(pdp_device d) { return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal; }
 #endif
 
 /* ---- cuda_host: memory ---- */
 
-static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
+PDP__PRIVATE pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
 {
     *out = NULL;
     if (d.kind == PDP_DEVICE_CPU) {
@@ -49,7 +49,7 @@ static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out)
 #endif
 }
 
-static void pdp__dev_free(pdp_device d, void *p)
+PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p)
 {
     if (d.kind == PDP_DEVICE_CPU) pdp__dealloc(p);
 #ifdef PDP_CUDA
@@ -57,7 +57,7 @@ static void pdp__dev_free(pdp_device d, void *p)
 #endif
 }
 
-static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
+PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
 {
     if (d.kind == PDP_DEVICE_CPU) {
         memset(p, 0, bytes);
@@ -71,7 +71,7 @@ static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes)
 #endif
 }
 
-static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value)
+PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value)
 {
     if (d.kind == PDP_DEVICE_CPU) {
         PDP__FOR_BLOCKED(i, count, p[i] = value;);
@@ -85,8 +85,8 @@ static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float val
 #endif
 }
 
-static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                size_t bytes)
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
+                                      size_t bytes)
 {
     if (dst_dev.kind == PDP_DEVICE_CPU && src_dev.kind == PDP_DEVICE_CPU) {
         if (dst != src) memmove(dst, src, bytes);
@@ -102,8 +102,8 @@ static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_de
 #endif
 }
 
-static pdp_status pdp__dev_add(pdp_device d, float *PDP__RESTRICT dst,
-                               const float *PDP__RESTRICT src, int64_t count)
+PDP__PRIVATE pdp_status pdp__dev_add(pdp_device d, float *PDP__RESTRICT dst,
+                                     const float *PDP__RESTRICT src, int64_t count)
 {
     if (d.kind == PDP_DEVICE_CPU) {
         PDP__FOR_BLOCKED(i, count, dst[i] += src[i];);
@@ -147,7 +147,7 @@ PDP_API pdp_status pdp_cuda_set_tf32(bool on)
 }
 
 /* The common check of the public functions that take a CUDA device. */
-static pdp_status pdp__cuda_check_device(pdp_device d, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_check_device(pdp_device d, const char *fn)
 {
     if (d.kind != PDP_DEVICE_CUDA)
         return pdp__err(PDP_ERR_DEVICE, "%s: device kind %d is not CUDA", fn, (int)d.kind);
@@ -199,9 +199,9 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
    device d: labels (host memory) are checked here in sample order, the device
    computes per-sample losses, and the host sums them in sample order. */
 
-static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                          int64_t batch, int64_t classes, float grad_scale,
-                                          double *loss_sum, float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
+                                                int64_t batch, int64_t classes, float grad_scale,
+                                                double *loss_sum, float *dlogits, const char *fn)
 {
 #ifdef PDP_CUDA
     double *loss = (double *)pdp__thread_scratch((size_t)batch * sizeof(double)), total = 0.0;
@@ -235,9 +235,9 @@ static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, con
 }
 
 /* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
-static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
-                                int64_t count, float scale, double *sum, float *dpred,
-                                const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
+                                      int64_t count, float scale, double *sum, float *dpred,
+                                      const char *fn)
 {
 #ifdef PDP_CUDA
     pdp_status st;
@@ -253,8 +253,8 @@ static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *ta
 
 /* ---- cuda_host: gradient clipping (optim.c's pdp_clip_grad_norm) ---- */
 
-static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
-                                  const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                        const char *fn)
 {
 #ifdef PDP_CUDA
     pdp_status st;
@@ -268,7 +268,7 @@ static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, d
 #endif
 }
 
-static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn)
 {
 #ifdef PDP_CUDA
     pdp_status st;
@@ -284,8 +284,8 @@ static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s
 /* Gradient compression on d (dt BF16 or F16): dst[i] = 16-bit(src[i] * scale), rounded
    to nearest even, and its inverse, dst[i] = widen(src[i]); CPU loops or pdp_cuda.cu's
    kernels (the same math.h conversions, so the same bits). */
-static pdp_status pdp__dev_to16(pdp_device d, void *dst, const float *src, int64_t count,
-                                float scale, int dt)
+PDP__PRIVATE pdp_status pdp__dev_to16(pdp_device d, void *dst, const float *src, int64_t count,
+                                      float scale, int dt)
 {
     if (d.kind == PDP_DEVICE_CPU) {
         uint16_t *h = (uint16_t *)dst;
@@ -305,8 +305,8 @@ static pdp_status pdp__dev_to16(pdp_device d, void *dst, const float *src, int64
 #endif
 }
 
-static pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *src, int64_t count,
-                                  int dt)
+PDP__PRIVATE pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *src, int64_t count,
+                                        int dt)
 {
     if (d.kind == PDP_DEVICE_CPU) {
         const uint16_t *h = (const uint16_t *)src;
@@ -328,8 +328,8 @@ static pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *src, int
 
 /* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
 
-static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
-                                         float *p, const float *g, float *s0, float *s1, int64_t n)
+PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
+                                               float *p, const float *g, float *s0, float *s1, int64_t n)
 {
 #ifdef PDP_CUDA
     if (s->kind == PDP_OPTIM_SGD)

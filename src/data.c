@@ -10,7 +10,7 @@
 /* ---- files ---- */
 
 /* Reads a whole file, gunzipping it when it starts with the gzip magic. */
-static pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes, const char *fn)
+PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes, const char *fn)
 {
     FILE *f;
     long size;
@@ -54,15 +54,15 @@ static pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes
 
 /* ---- idx ---- */
 
-static uint32_t pdp__be32(const uint8_t *p)
+PDP__PRIVATE uint32_t pdp__be32(const uint8_t *p)
 {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
 /* Checks an IDX header of unsigned bytes with ndim dimensions against the file
    size; fills dims and the payload pointer. */
-static pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t dims[3],
-                                 const uint8_t **payload, const char *fn, const char *path)
+PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t dims[3],
+                                       const uint8_t **payload, const char *fn, const char *path)
 {
     uint32_t magic, want = 0x800u | (uint32_t)ndim;
     uint64_t need = 1;
@@ -99,8 +99,8 @@ static pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t 
 }
 
 /* An empty dataset of count samples with the given per-sample shape. */
-static pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, int64_t w,
-                                   const pdp_dataset_desc *desc, const char *fn)
+PDP__PRIVATE pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, int64_t w,
+                                         const pdp_dataset_desc *desc, const char *fn)
 {
     pdp_dataset *ds;
     bool flat = desc && desc->flat;
@@ -128,7 +128,7 @@ static pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, 
     return PDP_OK;
 }
 
-static pdp_status pdp__check_desc(const pdp_dataset_desc *desc, const char *fn)
+PDP__PRIVATE pdp_status pdp__check_desc(const pdp_dataset_desc *desc, const char *fn)
 {
     if (!desc) return PDP_OK;
     if (desc->max_samples < 0)
@@ -140,9 +140,9 @@ static pdp_status pdp__check_desc(const pdp_dataset_desc *desc, const char *fn)
     return PDP_OK;
 }
 
-static pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path,
-                                const char *labels_path, const pdp_dataset_desc *desc,
-                                const char *fn)
+PDP__PRIVATE pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path,
+                                      const char *labels_path, const pdp_dataset_desc *desc,
+                                      const char *fn)
 {
     uint8_t *img = NULL, *lab = NULL;
     size_t img_bytes, lab_bytes;
@@ -202,8 +202,8 @@ PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_pa
 /* ---- fashion-mnist ---- */
 
 /* Looks for dir/name, then dir/name.gz; appends each path tried to `tried`. */
-static bool pdp__find_file(const char *dir, const char *name, char *path, size_t cap,
-                           char *tried, size_t tried_cap)
+PDP__PRIVATE bool pdp__find_file(const char *dir, const char *name, char *path, size_t cap,
+                                 char *tried, size_t tried_cap)
 {
     static const char *const ext[2] = {"", ".gz"};
     int i;
@@ -339,7 +339,7 @@ PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indi
 }
 
 /* Wraps data as [n, the dataset's sample shape...]. */
-static pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n, pdp_tensor *x)
+PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n, pdp_tensor *x)
 {
     int64_t shape[4];
     shape[0] = n;
@@ -362,7 +362,7 @@ PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_
 }
 
 /* Uniform in [0, n), unbiased, for n up to 2^63. */
-static uint64_t pdp__rng_below64(pdp_rng *r, uint64_t n)
+PDP__PRIVATE uint64_t pdp__rng_below64(pdp_rng *r, uint64_t n)
 {
     uint64_t x, limit;
     if (n <= 0xffffffffu) return pdp_rng_below(r, (uint32_t)n);

@@ -19,7 +19,7 @@ struct pdp_ddp {
 };
 
 /* The DDP collective: bucket b's gradients, averaged in place (or the comm hook's). */
-static pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w)
 {
     const pdp_ddp_bucket *k = &r->buckets[b].info;
     if (r->hook.launch) {
@@ -40,8 +40,8 @@ static pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w)
 
 static pdp_dtype pdp__hook_dtypes[2] = {PDP_DTYPE_BF16, PDP_DTYPE_F16};
 
-static pdp_status pdp__hook_compress_launch(void *state, pdp_comm *c,
-                                            const pdp_comm_hook_bucket *b, pdp_work **work)
+PDP__PRIVATE pdp_status pdp__hook_compress_launch(void *state, pdp_comm *c,
+                                                  const pdp_comm_hook_bucket *b, pdp_work **work)
 {
     pdp_dtype dt = *(const pdp_dtype *)state;
     pdp_status st;
@@ -55,7 +55,7 @@ static pdp_status pdp__hook_compress_launch(void *state, pdp_comm *c,
                                       b->recv_count, dt, PDP_REDUCE_SUM, work);
 }
 
-static pdp_status pdp__hook_compress_finish(void *state, const pdp_comm_hook_bucket *b)
+PDP__PRIVATE pdp_status pdp__hook_compress_finish(void *state, const pdp_comm_hook_bucket *b)
 {
     pdp_dtype dt = *(const pdp_dtype *)state;
     if (!b->reduce_scatter)
@@ -65,7 +65,7 @@ static pdp_status pdp__hook_compress_finish(void *state, const pdp_comm_hook_buc
                            b->recv_count, (int)dt);
 }
 
-static pdp_ddp_comm_hook pdp__hook_compress(pdp_dtype *dt)
+PDP__PRIVATE pdp_ddp_comm_hook pdp__hook_compress(pdp_dtype *dt)
 {
     pdp_ddp_comm_hook h;
     memset(&h, 0, sizeof h);
@@ -91,8 +91,8 @@ PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void)
 /* The one place pdp_ddp_desc's zeros become defaults (sokol's _def; pdp_ddp_get_desc
    returns its result); in may be NULL. The bucket sizes are checked by the rule DDP
    and ZeRO share (pdp__bucket_opts_check, reducer.c), whose message starts with fn. */
-static pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp_desc *in,
-                                         pdp_ddp_desc *out, const char *fn)
+PDP__PRIVATE pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp_desc *in,
+                                               pdp_ddp_desc *out, const char *fn)
 {
     pdp_ddp_desc d;
     pdp_status st;

@@ -138,7 +138,7 @@ struct pdp_dp {
 /* ---- dp: memory accounting ---- */
 
 /* Bytes a model holds on its device, from the plan pdp_model_reserve allocates by. */
-static size_t pdp__dp_model_bytes(const pdp_model *m)
+PDP__PRIVATE size_t pdp__dp_model_bytes(const pdp_model *m)
 {
     size_t bytes = (size_t)m->param_count * sizeof(float); /* gradients */
     pdp__model_plan p;
@@ -149,7 +149,7 @@ static size_t pdp__dp_model_bytes(const pdp_model *m)
                        sizeof(float);
 }
 
-static void pdp__dp_memory(pdp_dp *dp)
+PDP__PRIVATE void pdp__dp_memory(pdp_dp *dp)
 {
     size_t replica = 0;
     int i;
@@ -170,7 +170,7 @@ static void pdp__dp_memory(pdp_dp *dp)
 
 /* CPU seconds used by the calling thread: unlike wall time, it does not count
    the time a busy machine keeps the thread waiting for a core. */
-static double pdp__dp_thread_cpu(void)
+PDP__PRIVATE double pdp__dp_thread_cpu(void)
 {
     struct timespec ts;
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0.0;
@@ -178,7 +178,7 @@ static double pdp__dp_thread_cpu(void)
 }
 
 /* Parallel apply, one replica: forward, loss against its labels, backward. */
-static void pdp__dp_apply_one(pdp__dp_worker *w)
+PDP__PRIVATE void pdp__dp_apply_one(pdp__dp_worker *w)
 {
     pdp_dp *dp = w->dp;
     pdp_model *m = w->replica;
@@ -228,7 +228,7 @@ fail:
    while each replica is added, and, when the step is fused (step_opt), while the
    optimizer updates the chunk's parameters from it: the update is element-wise, so
    stepping slice by slice gives the bits of one pdp_optim_step after the reduce. */
-static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
+PDP__PRIVATE void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
 {
     int64_t count = dp->master->param_count;
     int64_t per = ((count + nslices - 1) / nslices + 15) / 16 * 16;
@@ -249,7 +249,7 @@ static void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices)
 }
 
 /* One worker's part of a job: its replica's apply, or its slice of the reduce. */
-static void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
+PDP__PRIVATE void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
 {
     pdp_dp *dp = w->dp;
     if (job == PDP__DP_JOB_APPLY) {
@@ -264,7 +264,7 @@ static void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job)
 
 /* The team's job: worker i's part, with the workers' intra-op thread count (the
    caller switches to it for its part and back; a worker thread keeps it). */
-static void pdp__dp_team_job(void *arg, int i, int n)
+PDP__PRIVATE void pdp__dp_team_job(void *arg, int i, int n)
 {
     pdp_dp *dp = (pdp_dp *)arg;
     int threads = pdp_get_num_threads();
@@ -276,7 +276,7 @@ static void pdp__dp_team_job(void *arg, int i, int n)
 
 /* Runs one job: hands it to workers 1..n-1 (the team), runs worker 0's part on the
    calling thread, and waits until all are done. */
-static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
+PDP__PRIVATE void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 {
     double c0 = pdp__dp_thread_cpu();
     dp->job = job;
@@ -286,7 +286,7 @@ static void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job)
 
 /* ---- dp: lifecycle ---- */
 
-static void pdp__dp_destroy(pdp_dp *dp)
+PDP__PRIVATE void pdp__dp_destroy(pdp_dp *dp)
 {
     int i;
     pdp__team_free(&dp->team); /* stops and joins every worker thread */
@@ -306,7 +306,7 @@ static void pdp__dp_destroy(pdp_dp *dp)
     pdp__dealloc(dp);
 }
 
-static bool pdp__same_device(pdp_device a, pdp_device b)
+PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b)
 {
     return a.kind == b.kind && a.ordinal == b.ordinal;
 }
@@ -314,7 +314,7 @@ static bool pdp__same_device(pdp_device a, pdp_device b)
 /* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
    returns its result) and its numbers are checked; in may be NULL. The devices are
    checked against the master by pdp_dp_create. */
-static pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc *out)
+PDP__PRIVATE pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc *out)
 {
     pdp_dp_desc d;
     if (in) d = *in;
@@ -479,7 +479,7 @@ PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp)
    dropout (training flag, step). A CPU replica that shares the master's memory
    only re-points at it; a copying replica (copy_params, or another device) gets
    a fresh copy, as torch's replicate() broadcasts the parameters every step. */
-static pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
 {
     pdp_model *m = dp->master;
     size_t bytes = (size_t)m->param_count * sizeof(float);
@@ -512,8 +512,8 @@ static pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
 /* Scatter: split x and labels along dimension 0 into balanced contiguous shards.
    On the CPU a shard is a view of the caller's batch (no copy); the bytes count
    what a multi-device DP sends. Grows the loss-gradient buffers (first step). */
-static pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
-                                  const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
+                                        const char *fn)
 {
     int64_t b = x->shape[0], base = b / dp->n, extra = b % dp->n, first = 0;
     size_t row_bytes = (size_t)(x->count / b) * sizeof(float) + sizeof(int32_t);
@@ -562,8 +562,8 @@ static pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t
 
 /* Parallel apply: every worker runs its replica at once; the first failure (lowest
    worker index, so the report does not depend on timing) comes back naming it. */
-static pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *cpu,
-                                         const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *cpu,
+                                               const char *fn)
 {
     int i;
     dp->zero_master = zero_master;
@@ -586,7 +586,7 @@ static pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *c
 
 /* Gather: outputs of every replica into one [batch, classes] tensor on the master,
    and the loss sums, added in replica order in double. */
-static pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
 {
     pdp_model *m = dp->master;
     int64_t need = dp->batch * dp->classes, shape[2];
@@ -624,7 +624,7 @@ static pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
    replica 0's). Each worker sums one slice, or the master's worker sums it all
    (reduce_on_master, torch's reduce_add on device 0); same bits either way. With
    step_opt the workers also step the slices they sum (pdp__dp_fused_step). */
-static void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu)
+PDP__PRIVATE void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu)
 {
     int i;
     dp->step_opt = step_opt;
@@ -642,7 +642,7 @@ static void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu)
    peer-copied into the staging block and added into the master's, r = 1, 2, ...
    in order, so every element is g0 + g1 + g2 + ... as on the CPU. The copy waits
    for replica r's backward; the adds queue on device 0's stream in order. */
-static pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
 {
     pdp_model *m = dp->master;
     size_t bytes = (size_t)m->param_count * sizeof(float);
@@ -670,7 +670,7 @@ static pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
    Only for a whole-model optimizer that pdp_optim_step would accept (its checks run
    first, so an error is reported before anything changes), and with 2+ workers
    active (one worker runs no reduce). */
-static pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out, const char *fn)
 {
     pdp_status st;
     *out = NULL;
@@ -683,7 +683,7 @@ static pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out
 
 /* Step: the optimizer updates the master's parameters; replicas see them at the
    next replicate. */
-static pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
 {
     pdp_status st = pdp_optim_step(opt);
     return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s: master step", fn);
@@ -691,9 +691,9 @@ static pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn)
 
 /* ---- dp: one step ---- */
 
-static pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
-                              const int32_t *labels, float *loss, bool zero_and_step,
-                              const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
+                                    const int32_t *labels, float *loss, bool zero_and_step,
+                                    const char *fn)
 {
     pdp_dp_times t;
     pdp_optim *fused = NULL;

@@ -45,7 +45,7 @@
 
 /* C = beta C: a product with nothing to add (k == 0 or alpha == 0); with beta == 0, C
    is written without being read. pdp_gemm_bf16 shares it. */
-static void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc)
 {
     int64_t i, j;
     for (i = 0; i < m; i++) {
@@ -68,9 +68,9 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
 }
 
 /* Plain loops: with PDP_CBLAS, Conv2d takes its im2col path and never calls this. */
-static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
-                            float alpha, const float *a, int64_t lda, const float *b,
-                            const int64_t *brow, float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     int64_t i, j, p;
     for (i = 0; i < m; i++)
@@ -84,11 +84,11 @@ static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, in
 }
 
 /* The work an m x n product does per k: m n here (see the other definition). */
-static int64_t pdp__gemm_tiles(int64_t m, int64_t n) { return m * n; }
+PDP__PRIVATE int64_t pdp__gemm_tiles(int64_t m, int64_t n) { return m * n; }
 
-static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
-                             const float *a, const int64_t *arow, const float *b, int64_t ldb,
-                             float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                   const float *a, const int64_t *arow, const float *b, int64_t ldb,
+                                   float beta, float *c, int64_t ldc)
 {
     int64_t i, j, p;
     for (i = 0; i < m; i++)
@@ -162,9 +162,9 @@ static inline __attribute__((always_inline)) void pdp__gemm_store_tile(
     pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_NV, c, ldc, mr, nr, alpha, beta);
 }
 
-static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                             int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                                   int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     int i, v;
@@ -196,9 +196,9 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
    this skips it. Masked loads read no float past column nr; same FMA chain as the
    packed kernel, so the same bits. */
 #  define PDP__GEMM_DIRECT_B 1
-static void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                  const float *b, const int64_t *brow, float *c, int64_t ldc,
-                                  int mr, int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                        const float *b, const int64_t *brow, float *c, int64_t ldc,
+                                        int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     __mmask16 mask[PDP__GEMM_NV];
@@ -229,9 +229,9 @@ static void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap
    A, pdp__sgemm_arows; rows past mr repeat row 0 and are never stored), each
    element broadcast straight from its row, as the packed kernel broadcasts it
    from the panel. Same FMA chain, so the same bits. */
-static void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
-                                   int mr, int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
+                                         const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                         int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     const float *r[PDP__GEMM_MR];
@@ -264,9 +264,9 @@ static void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
 #  define PDP__GEMM_NV 2
 #  define PDP__GEMM_VL 8
 
-static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                             int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                                   int nr, float alpha, float beta)
 {
     __m256 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
@@ -316,9 +316,9 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 #  define PDP__GEMM_NV 1
 #  define PDP__GEMM_VL 16
 
-static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                             const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                             int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                                   int nr, float alpha, float beta)
 {
     float acc[PDP__GEMM_MR][PDP__GEMM_VL];
     int i, j;
@@ -373,7 +373,7 @@ static void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
 #  define PDP__GEMM_T8 1
 
 /* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8). */
-static void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd)
+PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd)
 {
     __m256 r0 = _mm256_loadu_ps(s[0] + p), r1 = _mm256_loadu_ps(s[1] + p);
     __m256 r2 = _mm256_loadu_ps(s[2] + p), r3 = _mm256_loadu_ps(s[3] + p);
@@ -402,7 +402,7 @@ static void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, i
 
 /* Source row r of a packing routine: src + off[r] with a row-offset table (the
    gathered B of pdp__sgemm_rows), else src + r * lds. */
-static const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off, int64_t r)
+PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off, int64_t r)
 {
     return off ? src + off[r] : src + r * lds;
 }
@@ -416,8 +416,8 @@ static const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *
 static const float pdp__gemm_zeros[PDP__GEMM_KC] = {0};
 #endif
 
-static void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
-                             int64_t kc, float *dst, int64_t ldd)
+PDP__PRIVATE void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
+                                   int64_t kc, float *dst, int64_t ldd)
 {
     int r = 0;
     int64_t p;
@@ -471,8 +471,8 @@ static inline void pdp__gemm_pack_n(const float *src, int64_t lds, const int64_t
 }
 
 /* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i]. */
-static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
-                             float *PDP__GEMM_RESTRICT ap)
+PDP__PRIVATE void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
+                                   float *PDP__GEMM_RESTRICT ap)
 {
     if (ta == PDP_NO_TRANS) /* op(A)(i, p) = a[i * lda + p] */
         pdp__gemm_pack_t(a, lda, NULL, mr, kc, ap, PDP__GEMM_MR);
@@ -483,9 +483,9 @@ static void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, 
 /* op(B) rows [pc, pc + kc) x columns [jc, jc + nc) into panels of NR columns:
    bp[(j / NR) * kc * NR + p * NR + j % NR]. B's storage row r starts at
    b + r * ldb, or at b + brow[r] when the caller gave a row-offset table. */
-static void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, const int64_t *brow,
-                             int64_t pc, int64_t jc, int64_t kc, int64_t nc,
-                             float *PDP__GEMM_RESTRICT bp)
+PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, const int64_t *brow,
+                                   int64_t pc, int64_t jc, int64_t kc, int64_t nc,
+                                   float *PDP__GEMM_RESTRICT bp)
 {
     int64_t j0;
     for (j0 = 0; j0 < nc; j0 += PDP__GEMM_NR) {
@@ -515,18 +515,18 @@ typedef struct pdp__gemm_args {
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
 } pdp__gemm_args;
 
-static int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 /* Floats of scratch one part of at most `cols` columns needs. */
-static size_t pdp__gemm_scratch_floats(const pdp__gemm_args *g, int64_t cols)
+PDP__PRIVATE size_t pdp__gemm_scratch_floats(const pdp__gemm_args *g, int64_t cols)
 {
     int64_t nc = PDP__MIN((int64_t)PDP__GEMM_NC, pdp__gemm_round_up(cols, PDP__GEMM_NR));
     return (size_t)(g->kb * nc + g->kb * PDP__GEMM_MR);
 }
 
 /* Rows [m0, m1) x columns [n0, n1) of C; m0 is a multiple of MR, n0 of NR. */
-static void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
-                            int64_t n1, float *scratch)
+PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
+                                  int64_t n1, float *scratch)
 {
     int64_t jc, pc, ir, jr;
     int64_t ncmax = PDP__MIN((int64_t)PDP__GEMM_NC, pdp__gemm_round_up(n1 - n0, PDP__GEMM_NR));
@@ -588,8 +588,8 @@ static void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int
 }
 
 /* Unpacked fallback for when scratch cannot be allocated (same contract, slow). */
-static void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
-                               int64_t n1)
+PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
+                                     int64_t n1)
 {
     int64_t i, j, p;
     for (i = m0; i < m1; i++) {
@@ -610,7 +610,7 @@ static void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, 
 /* ---- gemm: threads ---- */
 
 /* Part i of n: an equal share of the MR-row or NR-column panels. */
-static void pdp__gemm_part(void *arg, int i, int n)
+PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
 {
     const pdp__gemm_args *g = (const pdp__gemm_args *)arg;
     int64_t step = g->split_n ? PDP__GEMM_NR : PDP__GEMM_MR;
@@ -629,10 +629,10 @@ static void pdp__gemm_part(void *arg, int i, int n)
 }
 
 /* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
-static void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
-                          float alpha, const float *a, int64_t lda, const int64_t *arow,
-                          const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
-                          int64_t ldc)
+PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                float alpha, const float *a, int64_t lda, const int64_t *arow,
+                                const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
+                                int64_t ldc)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -690,16 +690,16 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
    and the column matrix is never written. Same blocking, threads and bits as
    pdp_sgemm on the materialised B. */
 
-static void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
-                            float alpha, const float *a, int64_t lda, const float *b,
-                            const int64_t *brow, float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc);
 }
 
 /* The work an m x n product does per k, padded to whole MR x NR tiles: what a
    caller that can compute C or C^T compares to pick the cheaper. */
-static int64_t pdp__gemm_tiles(int64_t m, int64_t n)
+PDP__PRIVATE int64_t pdp__gemm_tiles(int64_t m, int64_t n)
 {
     return pdp__gemm_round_up(m, PDP__GEMM_MR) * pdp__gemm_round_up(n, PDP__GEMM_NR);
 }
@@ -708,9 +708,9 @@ static int64_t pdp__gemm_tiles(int64_t m, int64_t n)
    a + arow[i] (A not transposed). Conv2d's dW as dW^T = col dy^T, whose A is the
    implicit column matrix: with AVX-512 the kernel broadcasts A straight from the
    padded image, no packing. */
-static void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
-                             const float *a, const int64_t *arow, const float *b, int64_t ldb,
-                             float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                   const float *a, const int64_t *arow, const float *b, int64_t ldb,
+                                   float beta, float *c, int64_t ldc)
 {
     pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc);
 }
@@ -787,10 +787,10 @@ static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
     pdp__gemm_store_acc(&acc[0][0], PDP__GEMM_RUNS_NV, c, ldc, mr, nr, 1.0f, beta);
 }
 
-static void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                  const float *b, const int64_t *brow, const int64_t *soff,
-                                  const __mmask16 *smask, const int *nseg, float *c, int64_t ldc,
-                                  int mr, int nr, float beta)
+PDP__PRIVATE void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                        const float *b, const int64_t *brow, const int64_t *soff,
+                                        const __mmask16 *smask, const int *nseg, float *c, int64_t ldc,
+                                        int mr, int nr, float beta)
 {
     int most = 0, v;
     for (v = 0; v < PDP__GEMM_RUNS_NV; v++) most = PDP__MAX(most, nseg[v]);
@@ -809,9 +809,9 @@ static void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap
    smask[v VL + s] at B column soff[v VL + s] (lane 0's column). A run is cut into
    vectors' pieces, so each piece is one load unless it continues the last (no
    band between two runs); a vector with no lane keeps one empty load. */
-static void pdp__gemm_runs_tile(int nr, int64_t run, int64_t runs, int64_t rstride,
-                                int64_t ustride, int64_t *t, int64_t *u, int64_t *r,
-                                int64_t *soff, __mmask16 *smask, int *nseg)
+PDP__PRIVATE void pdp__gemm_runs_tile(int nr, int64_t run, int64_t runs, int64_t rstride,
+                                      int64_t ustride, int64_t *t, int64_t *u, int64_t *r,
+                                      int64_t *soff, __mmask16 *smask, int *nseg)
 {
     int64_t end = -1; /* the B column after the last piece's */
     int l = 0, v;
@@ -845,9 +845,9 @@ static void pdp__gemm_runs_tile(int nr, int64_t run, int64_t runs, int64_t rstri
     }
 }
 
-static void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, const float *b,
-                            const int64_t *brow, int64_t rows, int64_t runs, int64_t run,
-                            int64_t rstride, int64_t ustride, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, const float *b,
+                                  const int64_t *brow, int64_t rows, int64_t runs, int64_t run,
+                                  int64_t rstride, int64_t ustride, float *c, int64_t ldc)
 {
     float ap[PDP__GEMM_KC * PDP__GEMM_MR];
     int64_t soff[PDP__GEMM_RUNS_NR];
@@ -889,7 +889,7 @@ static void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, c
 #define PDP__GEMM_DOTS_MAX 512 /* lanes of the blocks, counted whole */
 #define PDP__GEMM_DOTS_KC 512
 
-static int pdp__sgemm_dots_fits(int64_t m, int64_t n)
+PDP__PRIVATE int pdp__sgemm_dots_fits(int64_t m, int64_t n)
 {
     return (m + PDP__GEMM_DOTS_MI - 1) / PDP__GEMM_DOTS_MI *
                ((n + PDP__GEMM_DOTS_NJ - 1) / PDP__GEMM_DOTS_NJ) * PDP__GEMM_DOTS_MI *
@@ -912,8 +912,8 @@ static inline float pdp__sum16(__m512 v)
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
 }
 
-static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                            const float *b, const int64_t *brow, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const float *b, const int64_t *brow, float *c, int64_t ldc)
 {
     enum { MI = PDP__GEMM_DOTS_MI, NJ = PDP__GEMM_DOTS_NJ };
     __m512 lanes[PDP__GEMM_DOTS_MAX];
@@ -964,8 +964,8 @@ static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int
                 pdp__sum16(lanes[(i0 / MI * nb + j0 / NJ) * MI * NJ + i0 % MI * NJ + j0 % NJ]);
 }
 #else
-static void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
-                            const float *b, const int64_t *brow, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const float *b, const int64_t *brow, float *c, int64_t ldc)
 {
     int64_t i, j, p;
     for (i = 0; i < m; i++)

@@ -115,7 +115,7 @@ static int pdp__bf16_has_amx;    /* written once under pdp__bf16_once */
    process use the AMX tile data (Linux 5.16 and later; before, or refused: an error).
    The raw syscall (158 on x86-64): syscall(2) is not declared under strict C99's
    _POSIX_C_SOURCE. 0 on success, else -errno. */
-static long pdp__bf16_amx_permit(void)
+PDP__PRIVATE long pdp__bf16_amx_permit(void)
 {
     long ret;
     __asm__ volatile("syscall"
@@ -126,7 +126,7 @@ static long pdp__bf16_amx_permit(void)
 }
 #endif
 
-static void pdp__bf16_detect(void)
+PDP__PRIVATE void pdp__bf16_detect(void)
 {
 #if PDP__BF16_X86
     unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
@@ -190,8 +190,8 @@ static inline float pdp__bf16_at(const float *x, int64_t ld, pdp_trans t, int64_
 
 /* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
    (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
-static void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                                 int64_t k, int width, uint32_t *dst)
+PDP__PRIVATE void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                       int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
     int i;
@@ -209,8 +209,8 @@ static void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_
 
 /* Rows [r0, r0 + rows) of op(X) as ceil(rows / width) panels of `width` rows, panel j
    at dst + j * pairs * width (the last one zero-padded). */
-static void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                           int64_t k, int width, uint32_t *dst)
+PDP__PRIVATE void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                 int64_t k, int width, uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
@@ -228,8 +228,8 @@ static inline uint32_t pdp__bf16_hat(const uint16_t *h, const int64_t *off, pdp_
 
 /* pdp__bf16_pack for an operand already in bf16 words (pdp__gemm_bf16_convert's), its
    storage rows through off: the same panels, nothing to round. */
-static void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, pdp_trans t, int64_t r0,
-                             int rows, int64_t k, int width, uint32_t *dst)
+PDP__PRIVATE void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, pdp_trans t, int64_t r0,
+                                   int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
     int i, j;
@@ -248,7 +248,7 @@ static void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, pdp_trans t,
 
 /* x[0, n) as bf16 words (pdp__bf16_bits) into h. h may be x's own memory (h == (uint16_t
    *)x): word i is written after float i is read, at byte 2i, where float i / 2 was. */
-static void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
+PDP__PRIVATE void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 {
     int64_t i;
     for (i = 0; i < n; i++) {
@@ -275,7 +275,7 @@ static void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 #  define PDP__BF16_LANE(w, L) _mm512_maskz_extracti32x4_epi32((__mmask8)0xf, w, L)
 
 /* pdp__bf16_cvt2 where some lane is subnormal. */
-PDP__BF16_TARGET static __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
+PDP__BF16_TARGET PDP__PRIVATE __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
 {
     const __m512i absm = _mm512_set1_epi32(0x7fffffff), least = _mm512_set1_epi32(0x00800000);
     const __m512i base = _mm512_set1_epi32(0x007f8000), span = _mm512_set1_epi32(0x8000);
@@ -334,8 +334,8 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
    x[p * ld + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1) converted together and
    interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
    (width a multiple of 16) or two (width 8). */
-PDP__BF16_TARGET static void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
-                                                 int rows, int64_t k, int width, uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
+                                                       int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t panel = (k + 1) / 2 * width;
     int i, padded = (rows + width - 1) / width * width;
@@ -452,16 +452,16 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
 }
 #  undef PDP__BF16_FULL2
 
-PDP__BF16_TARGET static void pdp__bf16_pack_k_panel(const float *x, int64_t ld, int64_t r0,
-                                                    int rows, int64_t k, int width,
-                                                    uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel(const float *x, int64_t ld, int64_t r0,
+                                                          int rows, int64_t k, int width,
+                                                          uint32_t *dst)
 {
     pdp__bf16_pack_k_core(x, NULL, ld, NULL, r0, rows, k, width, dst);
 }
 
-PDP__BF16_TARGET static void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
-                                                      int64_t r0, int rows, int64_t k, int width,
-                                                      uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
+                                                            int64_t r0, int rows, int64_t k, int width,
+                                                            uint32_t *dst)
 {
     pdp__bf16_pack_k_core(NULL, h, 0, off, r0, rows, k, width, dst);
 }
@@ -471,9 +471,9 @@ PDP__BF16_TARGET static void pdp__bf16_pack_k_panel_h(const uint16_t *h, const i
 
 /* pdp__bf16_pack with AVX512-BF16's conversion: the same words, but for subnormal
    values (zero of their sign here, rounded there), which every kernel reads as zero. */
-PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld, pdp_trans t,
-                                                   int64_t r0, int rows, int64_t k, int width,
-                                                   uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_avx512(const float *x, int64_t ld, pdp_trans t,
+                                                         int64_t r0, int rows, int64_t k, int width,
+                                                         uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
@@ -489,9 +489,9 @@ PDP__BF16_TARGET static void pdp__bf16_pack_avx512(const float *x, int64_t ld, p
 /* pdp__bf16_pack_h of t == PDP_TRANS into one NR-column panel (cols <= NR = 32 rows of
    op(X) from c0), 32 columns of a pair at a time: two loads of 32 words, interleaved by
    two vpermt2w. */
-PDP__BF16_TARGET static void pdp__bf16_pack_h_cols(const uint16_t *h, const int64_t *off,
-                                                   int64_t c0, int cols, int64_t k,
-                                                   uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_h_cols(const uint16_t *h, const int64_t *off,
+                                                         int64_t c0, int cols, int64_t k,
+                                                         uint32_t *dst)
 {
     /* word i of the first (second) half: lo[i] | hi[i] << 16 (lo[16 + i] | hi[16 + i] << 16) */
     const __m512i i0 = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
@@ -513,9 +513,9 @@ PDP__BF16_TARGET static void pdp__bf16_pack_h_cols(const uint16_t *h, const int6
 }
 
 /* pdp__bf16_pack_h with AVX512: the same words. */
-PDP__BF16_TARGET static void pdp__bf16_pack_h_avx512(const uint16_t *h, const int64_t *off,
-                                                     pdp_trans t, int64_t r0, int rows,
-                                                     int64_t k, int width, uint32_t *dst)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_h_avx512(const uint16_t *h, const int64_t *off,
+                                                           pdp_trans t, int64_t r0, int rows,
+                                                           int64_t k, int width, uint32_t *dst)
 {
     int64_t pairs = (k + 1) / 2;
     int j;
@@ -537,7 +537,7 @@ PDP__BF16_TARGET static void pdp__bf16_pack_h_avx512(const uint16_t *h, const in
 /* pdp__bf16_convert_emul by vcvtne2ps2bf16 (pdp__bf16_cvt2: the words the avx512 packing
    makes), 32 floats at a time; the same in-place rule (a block's 32 words go to bytes
    its own floats or earlier ones held, after they are read). */
-PDP__BF16_TARGET static void pdp__bf16_convert_avx512(const float *x, uint16_t *h, int64_t n)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_convert_avx512(const float *x, uint16_t *h, int64_t n)
 {
     int64_t i;
     for (i = 0; i < n; i += 32) {
@@ -556,8 +556,8 @@ PDP__BF16_TARGET static void pdp__bf16_convert_avx512(const float *x, uint16_t *
    Contract: pairs >= 1; ap holds pairs groups of MR words, bp pairs groups of NR
    words; writes the top-left mr x nr of the tile to c (row stride ldc). */
 
-static void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
-                                  float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
+PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
+                                        float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
 {
     float acc[PDP__BF16_MR][PDP__BF16_NR];
     int64_t p;
@@ -592,9 +592,9 @@ static void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint3
 /* the kernel below names MR = 8 rows of accumulators */
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
 
-PDP__BF16_TARGET static void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
-                                                     const uint32_t *bp, float *c, int64_t ldc,
-                                                     int mr, int nr, float alpha, float beta)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
+                                                           const uint32_t *bp, float *c, int64_t ldc,
+                                                           int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__BF16_MR][2];
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
@@ -665,9 +665,9 @@ typedef struct pdp__bf16_tilecfg { /* LDTILECFG's 64-byte operand */
     uint8_t rows[16];              /* rows of tile i */
 } pdp__bf16_tilecfg;
 
-PDP__BF16_AMX_TARGET static void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
-                                                      const uint32_t *bp, float *c, int64_t ldc,
-                                                      int mr, int nr, float alpha, float beta)
+PDP__BF16_AMX_TARGET PDP__PRIVATE void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
+                                                            const uint32_t *bp, float *c, int64_t ldc,
+                                                            int mr, int nr, float alpha, float beta)
 {
     pdp__bf16_tilecfg cfg;
     uint32_t a[PDP__BF16_MR][PDP__BF16_KP];      /* tmm2: A's rows, pairs p0 .. p0 + 15 */
@@ -740,12 +740,12 @@ typedef struct pdp__bf16_args {
 } pdp__bf16_args;
 
 /* op(A)(i, p) and op(B)(p, j) as bf16 words. */
-static uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p)
+PDP__PRIVATE uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p)
 {
     if (g->ah) return (uint16_t)pdp__bf16_hat(g->ah, g->arow, g->ta, i, p);
     return pdp__bf16_bits(pdp__bf16_at(g->a, g->lda, g->ta, i, p));
 }
-static uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j)
+PDP__PRIVATE uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j)
 {
     pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS;
     if (g->bh) return (uint16_t)pdp__bf16_hat(g->bh, g->brow, tbt, j, p);
@@ -753,7 +753,7 @@ static uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j)
 }
 
 /* Element (i, j) of C by the emulated chain, unpacked (the fallback without scratch). */
-static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
+PDP__PRIVATE void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
 {
     float acc = 0.0f;
     int64_t p;
@@ -774,8 +774,8 @@ static void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j)
 
 /* C[m0, m1) x [n0, n1) (m0, n0 on the tile grid). B's panels for [n0, n1) are packed
    once, in the first MC block, and reused by the others. */
-static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int64_t n0,
-                            int64_t n1)
+PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int64_t n0,
+                                  int64_t n1)
 {
     int64_t pairs = (g->k + 1) / 2, mc, ir, jr, i, j;
     /* op(B) as a row-major n x k matrix for packing: op(B)^T(j, p) = op(B)(p, j) */
@@ -812,7 +812,7 @@ static void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int
 }
 
 /* Part i of n: an equal share of the column or row panels. */
-static void pdp__bf16_part(void *arg, int i, int n)
+PDP__PRIVATE void pdp__bf16_part(void *arg, int i, int n)
 {
     const pdp__bf16_args *g = (const pdp__bf16_args *)arg;
     int64_t step = g->split_n ? PDP__BF16_NR : PDP__BF16_MR;
@@ -829,10 +829,10 @@ static void pdp__bf16_part(void *arg, int i, int n)
 
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
-static void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
-                          int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
-                          const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
-                          const int64_t *brow, float beta, float *c, int64_t ldc)
+PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
+                                const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
+                                const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
     int threads, parts;
@@ -911,7 +911,7 @@ PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int
 }
 
 /* path with AUTO resolved to the best; one the CPU lacks is the caller's bug. */
-static pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
+PDP__PRIVATE pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
 {
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
     PDP_ASSERT(pdp_bf16_path_available(path));
@@ -929,19 +929,19 @@ static pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
    rows_h:  B's storage row r at bh + brow[r]: op(B)(p, j) = bh[brow[p] + j] (tb ==
             PDP_NO_TRANS) or bh[brow[j] + p] (PDP_TRANS).
    arows_h: A not transposed, row i at ah + arow[i]: A(i, p) = ah[arow[i] + p]. */
-static void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
-                                  int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                                  const uint16_t *bh, const int64_t *brow, float beta, float *c,
-                                  int64_t ldc)
+PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                        int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                        const uint16_t *bh, const int64_t *brow, float beta, float *c,
+                                        int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh,
                   0, brow, beta, c, ldc);
 }
 
-static void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
-                                   int64_t k, float alpha, const uint16_t *ah,
-                                   const int64_t *arow, const float *b, int64_t ldb, float beta,
-                                   float *c, int64_t ldc)
+PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
+                                         int64_t k, float alpha, const uint16_t *ah,
+                                         const int64_t *arow, const float *b, int64_t ldb, float beta,
+                                         float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow,
                   b, NULL, ldb, NULL, beta, c, ldc);
@@ -949,7 +949,7 @@ static void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, 
 
 /* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
    which may be x's own memory (h == (uint16_t *)x, converted in place to its first half). */
-static void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n)
+PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n)
 {
     if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
 #if PDP__BF16_X86

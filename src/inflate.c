@@ -28,7 +28,7 @@
 
 /* CRC-32 of ISO 3309 / ITU-T V.42 (reflected polynomial 0xEDB88320), as gzip
    stores it. The table is built by the caller, once per decode. */
-static void pdp__crc32_table(uint32_t table[256])
+PDP__PRIVATE void pdp__crc32_table(uint32_t table[256])
 {
     uint32_t i, c;
     int k;
@@ -39,7 +39,7 @@ static void pdp__crc32_table(uint32_t table[256])
     }
 }
 
-static uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p, size_t n)
+PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p, size_t n)
 {
     size_t i;
     crc = ~crc;
@@ -68,7 +68,7 @@ typedef struct pdp__inflate {
     const char *fn, *path; /* for messages */
 } pdp__inflate;
 
-static pdp_status pdp__inf_corrupt(const pdp__inflate *s, const char *what)
+PDP__PRIVATE pdp_status pdp__inf_corrupt(const pdp__inflate *s, const char *what)
 {
     return pdp__err(PDP_ERR_FORMAT, "%s: %s: corrupt gzip data (%s at byte %zu)", s->fn, s->path,
                     what, s->pos - (size_t)(s->nbits / 8));
@@ -76,7 +76,7 @@ static pdp_status pdp__inf_corrupt(const pdp__inflate *s, const char *what)
 
 /* Tops the bit buffer up to at least 57 bits; fails once the stream has consumed
    any of the zero bytes that stand in for input past the end. */
-static pdp_status pdp__inf_refill(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inf_refill(pdp__inflate *s)
 {
     while (s->nbits <= 56) {
         uint64_t byte = s->pos < s->in_len ? s->in[s->pos] : 0;
@@ -91,7 +91,7 @@ static pdp_status pdp__inf_refill(pdp__inflate *s)
 }
 
 /* n <= 32 bits, LSB first; the caller has refilled enough. */
-static uint32_t pdp__inf_bits(pdp__inflate *s, int n)
+PDP__PRIVATE uint32_t pdp__inf_bits(pdp__inflate *s, int n)
 {
     uint32_t v = (uint32_t)(s->bits & ((1ull << n) - 1));
     s->bits >>= n;
@@ -100,7 +100,7 @@ static uint32_t pdp__inf_bits(pdp__inflate *s, int n)
 }
 
 /* Makes room for `more` output bytes, doubling the buffer. */
-static pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
+PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
 {
     size_t need, cap;
     uint8_t *bigger;
@@ -126,7 +126,7 @@ static pdp_status pdp__inf_room(pdp__inflate *s, size_t more)
 /* Builds the code for lens[0..n). Returns 0 for a complete code, 1 for an
    incomplete one that is allowed (no code at all, or one code of length 1, as
    zlib allows), -1 for an over-subscribed or otherwise incomplete set. */
-static int pdp__huff_build(pdp__huff *h, const uint8_t *lens, int n)
+PDP__PRIVATE int pdp__huff_build(pdp__huff *h, const uint8_t *lens, int n)
 {
     uint16_t offs[16], next[16];
     int len, sym, left = 1, codes = 0;
@@ -165,7 +165,7 @@ static int pdp__huff_build(pdp__huff *h, const uint8_t *lens, int n)
 }
 
 /* The next symbol, or -1 for a bit pattern that is no code. Needs 15 bits. */
-static int pdp__huff_decode(pdp__inflate *s, const pdp__huff *h)
+PDP__PRIVATE int pdp__huff_decode(pdp__inflate *s, const pdp__huff *h)
 {
     uint32_t e = h->fast[s->bits & ((1u << PDP__FAST_BITS) - 1)];
     int len, code = 0, first = 0, index = 0;
@@ -201,7 +201,7 @@ static const uint16_t pdp__dist_base[30] = {1,    2,    3,    4,    5,    7,    
 static const uint8_t pdp__dist_extra[30] = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3,  4,  4,  5,  5,  6,
                                             6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
 
-static pdp_status pdp__inf_stored(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inf_stored(pdp__inflate *s)
 {
     size_t p, len;
     pdp_status st;
@@ -232,7 +232,7 @@ static pdp_status pdp__inf_stored(pdp__inflate *s)
 }
 
 /* Literals and matches until end-of-block, with the codes in s->lencode/distcode. */
-static pdp_status pdp__inf_codes(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inf_codes(pdp__inflate *s)
 {
     pdp_status st;
     for (;;) {
@@ -266,7 +266,7 @@ static pdp_status pdp__inf_codes(pdp__inflate *s)
     }
 }
 
-static pdp_status pdp__inf_fixed(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inf_fixed(pdp__inflate *s)
 {
     uint8_t lens[288];
     int i;
@@ -280,7 +280,7 @@ static pdp_status pdp__inf_fixed(pdp__inflate *s)
     return pdp__inf_codes(s);
 }
 
-static pdp_status pdp__inf_dynamic(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inf_dynamic(pdp__inflate *s)
 {
     static const uint8_t order[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5,
                                       11, 4, 12, 3, 13, 2, 14, 1, 15};
@@ -330,7 +330,7 @@ static pdp_status pdp__inf_dynamic(pdp__inflate *s)
 }
 
 /* One DEFLATE stream starting at byte s->pos; leaves s->pos on the byte after it. */
-static pdp_status pdp__inflate_stream(pdp__inflate *s)
+PDP__PRIVATE pdp_status pdp__inflate_stream(pdp__inflate *s)
 {
     int final, type;
     size_t p;
@@ -359,16 +359,16 @@ static pdp_status pdp__inflate_stream(pdp__inflate *s)
 
 /* ---- gzip ---- */
 
-static uint32_t pdp__le32(const uint8_t *p)
+PDP__PRIVATE uint32_t pdp__le32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static bool pdp__is_gzip(const uint8_t *p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
+PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
 
 /* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes). */
-static pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
-                              const char *fn, const char *path)
+PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
+                                    const char *fn, const char *path)
 {
     pdp__inflate *s;
     uint32_t crc_table[256];

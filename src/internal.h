@@ -31,6 +31,19 @@
 #  define PDP_ASSERT(c) assert(c)
 #endif
 
+/* Linkage of the private functions (pdp__*), SQLite's SQLITE_PRIVATE pattern: static in every
+   user's build, so they stay out of the program's symbols and unused ones are dropped; empty
+   when pdp's own tests compile the implementation once with PDP__TEST_LINKAGE
+   (tests/pdp_impl.c) and link their internal tests against that object (the Makefile).
+   tools/privatize.py writes it for `static` on every file-scope function of the .c modules
+   and this file but `static inline` ones; its --check (run by amalgamate.py --check) fails
+   on one it missed. */
+#ifdef PDP__TEST_LINKAGE
+#  define PDP__PRIVATE
+#else
+#  define PDP__PRIVATE static
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #  define PDP__THREAD_LOCAL __thread
 #  define PDP__UNUSED __attribute__((unused))
@@ -90,7 +103,7 @@
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5)
 #  define PDP__HAVE_OVERFLOW_BUILTINS 1
 #endif
-static PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out)
+PDP__PRIVATE PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out)
 {
     int64_t r;
     if (a < 0 || b < 0) return 0;
@@ -104,7 +117,7 @@ static PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out)
     *out = r;
     return 1;
 }
-static PDP__UNUSED int pdp__add_ok(int64_t a, int64_t b, int64_t *out)
+PDP__PRIVATE PDP__UNUSED int pdp__add_ok(int64_t a, int64_t b, int64_t *out)
 {
     int64_t r;
     if (a < 0 || b < 0) return 0;
@@ -119,7 +132,7 @@ static PDP__UNUSED int pdp__add_ok(int64_t a, int64_t b, int64_t *out)
     return 1;
 }
 /* a * b * c, checked as above (a convolution's C * k * k, a batch's n * h * w). */
-static PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64_t *out)
+PDP__PRIVATE PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64_t *out)
 {
     int64_t ab;
     return pdp__mul_ok(a, b, &ab) && pdp__mul_ok(ab, c, out);
@@ -127,18 +140,18 @@ static PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64_t *ou
 
 /* Formats the thread-local message and returns status: a failing branch is one
    line, `return pdp__err(PDP_ERR_SHAPE, "pdp_x: layer %d ...", ...)`. */
-static pdp_status pdp__err(pdp_status status, const char *fmt, ...);
+PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...);
 /* Prepends "context: " to the current message (for errors passed up a level). */
-static pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
+PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
 
 /* PDP_MALLOC'd memory aligned to 64 bytes (the original pointer is stored just
    before the block). Returns NULL on failure; bytes == 0 gives a valid block. */
-static void *pdp__alloc(size_t bytes);
-static void *pdp__calloc(size_t bytes);
-static void pdp__dealloc(void *p);
+PDP__PRIVATE void *pdp__alloc(size_t bytes);
+PDP__PRIVATE void *pdp__calloc(size_t bytes);
+PDP__PRIVATE void pdp__dealloc(void *p);
 
 /* Monotonic seconds. */
-static double pdp__now(void);
+PDP__PRIVATE double pdp__now(void);
 
 /* Waking a sleeping thread costs tens of microseconds on a VM, more than a small
    GEMM's share, so a thread that hands work off (the intra-op pool, DataParallel's
@@ -146,7 +159,7 @@ static double pdp__now(void);
    OpenBLAS do (longer): pdp__spin_while pauses while still(ctx) holds, for at most
    PDP__SPIN_S seconds. still() may read only values written with PDP__STORE_REL, and
    through PDP__LOAD_ACQ (threads.c). */
-static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
+PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
 
 /* A worker team (threads.c): the one hand-off behind the intra-op pool and
    DataParallel's workers. Members 1..nworkers are persistent threads (created by
@@ -182,21 +195,21 @@ struct pdp__team {
     pdp__team_member member[PDP__TEAM_MAX - 1];
 };
 /* Initialises a zeroed team with no threads; 0, or pthread's error code. */
-static int pdp__team_init(pdp__team *t);
+PDP__PRIVATE int pdp__team_init(pdp__team *t);
 /* Starts threads until the team has `workers` (at most PDP__TEAM_MAX - 1); no job may
    be running. 0, or the first pthread_create error (the threads made so far stay). */
-static int pdp__team_grow(pdp__team *t, int workers);
+PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers);
 /* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
-static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
 /* Stops and joins every thread and releases the team (a zeroed team is fine); the
    team may be initialised again. */
-static void pdp__team_free(pdp__team *t);
+PDP__PRIVATE void pdp__team_free(pdp__team *t);
 
 /* The intra-op setting of the calling thread (see pdp_set_num_threads). */
-static int pdp__threads_for_caller(void);
+PDP__PRIVATE int pdp__threads_for_caller(void);
 /* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
    (n <= the caller's thread count); returns when all are done. */
-static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg);
+PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg);
 /* The calling thread's profile counters (pdp_profile_start; src/threads.c). A counted
    call does `double t0 = pdp__prof.on ? pdp__now() : 0;` and, at its end,
    `if (pdp__prof.on) pdp__prof.<counter> += pdp__now() - t0;`. */
@@ -210,17 +223,17 @@ typedef struct pdp__profile_state {
 } pdp__profile_state;
 /* This thread's growing scratch buffer (64-byte aligned, freed at thread exit), or
    NULL when out of memory; valid until the next call on this thread. Leaf use only. */
-static void *pdp__thread_scratch(size_t bytes);
+PDP__PRIVATE void *pdp__thread_scratch(size_t bytes);
 
 /* ---- devices (cuda_host.c) ----
    Memory on a device other than the CPU goes through these; without PDP_CUDA a
    CUDA device fails with PDP_ERR_UNSUPPORTED naming the macro. */
-static pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
-static void pdp__dev_free(pdp_device d, void *p);
-static pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
-static pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
-static pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                size_t bytes);
+PDP__PRIVATE pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
+PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p);
+PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
+PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
+                                      size_t bytes);
 
 /* ---- model internals (model.c, layers.c, loss.c and the executors) ---- */
 
@@ -348,14 +361,14 @@ typedef struct pdp__layer_kind_info {
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
    backward on io->device; the workspace floats per sample on device d. */
-static const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
-static pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
-static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
-static const char *pdp__layer_kind_name(pdp__layer_kind k);
-static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
-static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
+PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
+PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+PDP__PRIVATE pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k);
+PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
+PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
 
 typedef struct pdp__param_entry {
     char name[32];
@@ -389,25 +402,25 @@ typedef struct pdp__tp_state {
    over tp->comm: all ranks return PDP_ERR_INVALID naming the first difference, or PDP_OK
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
-static pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
-static bool pdp__tp_is_split(const pdp_model *m, int p);
+PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 
-static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+PDP__PRIVATE pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+PDP__PRIVATE pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
 #ifdef PDP_CUDA
-static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
-static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
 #endif
 /* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
    and gradients live. The event function (NULL: off) is called before the forward
@@ -497,20 +510,20 @@ struct pdp_model {
    pdp__model_check_layout: PDP_ERR_STATE for a call fn that would change the layout or
    the parameter block of a wrapped model (or a DP replica), naming the executor; what:
    the advice ("add layers before wrapping it"). */
-static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
-static void pdp__model_unwrap(pdp_model *m);
-static const char *pdp__model_wrapper(const pdp_model *m);
-static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
+PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
+PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
 /* A parameter view for pdp_model_param (model.c): e's shape over data when full, else 1-d
    of count floats; data NULL: empty (count 0). */
-static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
-                            int64_t count, pdp_tensor *out);
+PDP__PRIVATE void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                                  int64_t count, pdp_tensor *out);
 
 /* A model with the same layers and a fresh set of buffers. share_params: the
    clone reads src's parameter block (CPU DP replicas); otherwise it gets its own
    copy of the parameter values. */
-static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
-                                   pdp_model **out);
+PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
+                                         pdp_model **out);
 /* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
    of full, with their parameters copied (names, layer indices and dropout keys stay full's:
    "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
@@ -518,10 +531,10 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
    re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
    rows (x must be the input that forward was given, still alive). */
-static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
-static pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
-static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
-                                bool forwarded);
+PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
+PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
+                                      bool forwarded);
 
 /* ---- losses (loss.c) ----
    Softmax cross-entropy over integer labels: *loss_sum gets the sum over the
@@ -529,9 +542,9 @@ static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t 
    is not NULL it gets (softmax - onehot) * grad_scale. The public loss uses
    grad_scale = 1/batch; DP replicas use 1/global_batch so that the reduced
    gradients equal those of the whole batch. fn names the public caller. */
-static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
-                                     int64_t classes, float grad_scale, double *loss_sum,
-                                     float *dlogits, const char *fn);
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
+                                           int64_t classes, float grad_scale, double *loss_sum,
+                                           float *dlogits, const char *fn);
 
 /* ---- CUDA dispatch (cuda_host.c) ----
    loss.c and optim.c hand work on a CUDA device to these; without
@@ -550,75 +563,75 @@ typedef struct pdp__optim_scalars {
     float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
 } pdp__optim_scalars;
 
-static pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                          int64_t batch, int64_t classes, float grad_scale,
-                                          double *loss_sum, float *dlogits,
-                                          const char *fn) PDP__UNUSED;
-static pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
-                                int64_t count, float scale, double *sum, float *dpred,
-                                const char *fn) PDP__UNUSED;
-static pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
-                                         float *p, const float *g, float *s0, float *s1,
-                                         int64_t n) PDP__UNUSED;
-static pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
-                               int64_t count) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
+                                                int64_t batch, int64_t classes, float grad_scale,
+                                                double *loss_sum, float *dlogits,
+                                                const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
+                                      int64_t count, float scale, double *sum, float *dpred,
+                                      const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
+                                               float *p, const float *g, float *s0, float *s1,
+                                               int64_t n) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
+                                     int64_t count) PDP__UNUSED;
 /* Gradient clipping on d: *sum = sum of x^2 (double, fixed order); x *= s. */
-static pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
-                                  const char *fn) PDP__UNUSED;
-static pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
-                                  const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                        const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
+                                        const char *fn) PDP__UNUSED;
 
 /* ---- gradient norms (optim.c): the local pieces every clipping call is made of ----
    pdp__grad_sumsq: *sum += the sum of squares of g[0, n) (on m's device; double, fixed
    order). pdp__grad_scale: g[0, n) *= coef. fn names the public caller in errors. */
-static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
-                                  const char *fn);
-static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
-                                  const char *fn);
+PDP__PRIVATE pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
+                                        const char *fn);
+PDP__PRIVATE pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
+                                        const char *fn);
 /* *sum += the squares of gradient elements [lo, hi) of m's flat block, held at g[0, hi -
    lo), as a TP group counts them: on a TP model a slice's elements on every TP rank and
    a replicated tensor's on TP rank 0 only, so that the sum over the TP group is the full
    model's; on any other model every element (pdp__grad_sumsq). */
-static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
-                                        int64_t hi, double *sum, const char *fn);
+PDP__PRIVATE pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                              int64_t hi, double *sum, const char *fn);
 /* The one rule for max_norm of every clipping call (pdp_clip_grad_norm,
    pdp_zero_clip_grad_norm, pdp_pp_clip_grad_norm): finite and >= 0, else
    PDP_ERR_INVALID "fn: max_norm ...". */
-static pdp_status pdp__check_max_norm(float max_norm, const char *fn);
+PDP__PRIVATE pdp_status pdp__check_max_norm(float max_norm, const char *fn);
 /* torch.nn.utils.clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), in double,
    rounded to float; >= 1 means no clipping. */
-static float pdp__clip_coef(float max_norm, double norm);
+PDP__PRIVATE float pdp__clip_coef(float max_norm, double norm);
 /* *sum <- the sum over c's ranks of *sum (a float all-reduce: every rank gets the same
    bits). host: a float that outlives the call (the executor's); dev: its copy on c's
    device for a CUDA communicator (NCCL reduces device memory only), else NULL. The
    message names the failing collective; the caller prefixes its own. */
-static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum);
+PDP__PRIVATE pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum);
 
 /* ---- optimizer internals (optim.c) ----
    Updates parameters [lo, hi) of the flat blocks (all of them for a normal
    step; one rank's shard under ZeRO). The step counter is advanced by the
    caller-visible pdp_optim_step only. */
-static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
-                                        int64_t lo, int64_t hi);
+PDP__PRIVATE pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
+                                              int64_t lo, int64_t hi);
 /* pdp_optim_step's checks (model changed since create, ZeRO shard, sharded blocks),
    with its messages; changes nothing. */
-static pdp_status pdp__optim_check_step(const pdp_optim *o);
+PDP__PRIVATE pdp_status pdp__optim_check_step(const pdp_optim *o);
 /* The scalars of o's next update (learning rate, Adam's bias corrections). */
-static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s);
+PDP__PRIVATE void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s);
 /* Parameters [lo, hi) updated on the calling thread with scalars s from
    pdp__optim_scalars_of (a CPU optimizer; nothing is checked or counted). */
-static void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
-                                    float *params, const float *grads, int64_t lo, int64_t hi);
+PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
+                                          float *params, const float *grads, int64_t lo, int64_t hi);
 /* Counts an update done range by range (pdp__optim_step_range,
    pdp__optim_update_range) as one step. */
-static void pdp__optim_finish_step(pdp_optim *o);
+PDP__PRIVATE void pdp__optim_finish_step(pdp_optim *o);
 /* An optimizer holding state for [lo, hi) of the flat block only (ZeRO: one
    rank's range; pdp_optim_create is [0, param_count)). pdp_optim_step on it
    updates [lo, hi) only, with the bits a full optimizer gives that range.
    fn names the public caller. */
-static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
-                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
-                                          const char *fn);
+PDP__PRIVATE pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                                const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                                const char *fn);
 
 /* ---- checkpoint ranges (checkpoint.c) ----
    One rank's part of a checkpoint under ZeRO: the parameters and/or optimizer
@@ -629,31 +642,31 @@ static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
    load reads a shard file of exactly [lo, hi) or the slice [lo, hi) of a full
    checkpoint, validating everything before it copies. fn names the public
    caller in messages. */
-static pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
-                                             const float *params, const pdp_optim *o,
-                                             int64_t lo, int64_t hi, const char *fn);
-static pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
-                                             pdp_optim *o, int64_t lo, int64_t hi,
-                                             const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                                   const float *params, const pdp_optim *o,
+                                                   int64_t lo, int64_t hi, const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                                   pdp_optim *o, int64_t lo, int64_t hi,
+                                                   const char *fn);
 /* The same for the shards of one ZeRO save: save writes run (16 lowercase hex
    digits, the save's id) as the shard file's "shard.run"; load accepts only a
    shard file of exactly [lo, hi) whose "shard.run" is run, and fails with
    PDP_ERR_FORMAT naming the file and both runs otherwise. */
-static pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
-                                           const float *params, const pdp_optim *o, int64_t lo,
-                                           int64_t hi, const char *run, const char *fn);
-static pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
-                                           pdp_optim *o, int64_t lo, int64_t hi, const char *run,
-                                           const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                                 const float *params, const pdp_optim *o, int64_t lo,
+                                                 int64_t hi, const char *run, const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                                 const char *fn);
 
 /* ---- ZeRO internals (zero.c, for zero_ckpt.c) ----
    zero_ckpt.c comes after zero.c and reads struct pdp_zero and its units directly;
    these are the two functions of zero.c it calls. fn names the public caller. */
 /* Stage 3: every gather slot free (FSDP's reshard), after the all-gathers in flight. */
-static pdp_status pdp__zero_release_params(pdp_zero *z);
+PDP__PRIVATE pdp_status pdp__zero_release_params(pdp_zero *z);
 /* Stages 1-2: every rank's slices of the full block into dst (the model's param_count
    floats, on its device), unit by unit; collective. */
-static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn);
+PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn);
 
 /* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
    comm_nccl.c; comm_queue.c) ----
@@ -751,8 +764,8 @@ static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter"
    module, which comes before comm.c: under its macro it creates the communicator
    from the environment; without it, it fails with PDP_ERR_UNSUPPORTED naming the
    macro. Errors start with "pdp_comm_init_env". */
-static pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc);
-static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
+PDP__PRIVATE pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc);
+PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
 
 /* ---- trace (trace.c) ----
    Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
@@ -763,11 +776,11 @@ static pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *d
    seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string
    literal; args NULL or a JSON object body ("\"bytes\":64"). Recording copies
    a fixed-size record and never allocates. Everything is a no-op when off. */
-static pdp_status pdp__trace_open(int process_rank);
-static void pdp__trace_close(void);
-static bool pdp__trace_enabled(void);
-static int pdp__trace_track(int pid, const char *name);
-static void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                double t1, const char *args);
-static void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
-                             double t0, double t1, const char *args);
+PDP__PRIVATE pdp_status pdp__trace_open(int process_rank);
+PDP__PRIVATE void pdp__trace_close(void);
+PDP__PRIVATE bool pdp__trace_enabled(void);
+PDP__PRIVATE int pdp__trace_track(int pid, const char *name);
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
+                                      double t1, const char *args);
+PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
+                                   double t0, double t1, const char *args);

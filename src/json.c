@@ -42,12 +42,12 @@ typedef struct pdp__st_parser {
     const char *fn;             /* the public caller, for messages */
 } pdp__st_parser;
 
-static pdp_status pdp__st_fail(const pdp__st_parser *p, const char *what)
+PDP__PRIVATE pdp_status pdp__st_fail(const pdp__st_parser *p, const char *what)
 {
     return pdp__err(PDP_ERR_FORMAT, "%s: %s: header byte %zu: %s", p->fn, p->file, p->pos, what);
 }
 
-static void pdp__st_ws(pdp__st_parser *p)
+PDP__PRIVATE void pdp__st_ws(pdp__st_parser *p)
 {
     while (p->pos < p->n && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' ||
                              p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
@@ -55,7 +55,7 @@ static void pdp__st_ws(pdp__st_parser *p)
 }
 
 /* Skips whitespace, then consumes c or fails. */
-static bool pdp__st_expect(pdp__st_parser *p, char c)
+PDP__PRIVATE bool pdp__st_expect(pdp__st_parser *p, char c)
 {
     pdp__st_ws(p);
     if (p->pos < p->n && p->s[p->pos] == c) {
@@ -65,7 +65,7 @@ static bool pdp__st_expect(pdp__st_parser *p, char c)
     return false;
 }
 
-static int pdp__st_hex(char c)
+PDP__PRIVATE int pdp__st_hex(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -75,7 +75,7 @@ static int pdp__st_hex(char c)
 
 /* A JSON string, decoded into the arena as UTF-8 (\uXXXX escapes, surrogate
    pairs included). */
-static pdp_status pdp__st_string(pdp__st_parser *p, const char **out)
+PDP__PRIVATE pdp_status pdp__st_string(pdp__st_parser *p, const char **out)
 {
     char *o = p->arena + p->arena_used;
     size_t len = 0;
@@ -151,7 +151,7 @@ static pdp_status pdp__st_string(pdp__st_parser *p, const char **out)
 }
 
 /* A non-negative integer without sign, fraction, exponent or leading zeros. */
-static pdp_status pdp__st_uint(pdp__st_parser *p, uint64_t *out)
+PDP__PRIVATE pdp_status pdp__st_uint(pdp__st_parser *p, uint64_t *out)
 {
     uint64_t v = 0;
     size_t start;
@@ -172,7 +172,7 @@ static pdp_status pdp__st_uint(pdp__st_parser *p, uint64_t *out)
 }
 
 /* [u, u, ...] with at most max elements. */
-static pdp_status pdp__st_uint_array(pdp__st_parser *p, uint64_t *out, int max, int *count)
+PDP__PRIVATE pdp_status pdp__st_uint_array(pdp__st_parser *p, uint64_t *out, int max, int *count)
 {
     pdp_status st;
     *count = 0;
@@ -187,7 +187,7 @@ static pdp_status pdp__st_uint_array(pdp__st_parser *p, uint64_t *out, int max, 
 }
 
 /* {"dtype": s, "shape": [..], "data_offsets": [b, e]}, each key exactly once. */
-static pdp_status pdp__st_tensor(pdp__st_parser *p, pdp__st_entry *e)
+PDP__PRIVATE pdp_status pdp__st_tensor(pdp__st_parser *p, pdp__st_entry *e)
 {
     bool have_dtype = false, have_shape = false, have_offsets = false;
     uint64_t v[PDP__CKPT_MAX_DIMS];
@@ -228,7 +228,7 @@ static pdp_status pdp__st_tensor(pdp__st_parser *p, pdp__st_entry *e)
 }
 
 /* {"key": "value", ...} */
-static pdp_status pdp__st_metadata(pdp__st_parser *p)
+PDP__PRIVATE pdp_status pdp__st_metadata(pdp__st_parser *p)
 {
     pdp_status st;
     if (p->meta) return pdp__st_fail(p, "__metadata__ twice");
@@ -250,7 +250,7 @@ static pdp_status pdp__st_metadata(pdp__st_parser *p)
 
 /* The whole header. Allocations (arena, entries, metadata) are freed by
    pdp__st_parser_free, also after a failure. */
-static pdp_status pdp__st_parse(pdp__st_parser *p)
+PDP__PRIVATE pdp_status pdp__st_parse(pdp__st_parser *p)
 {
     const char *key;
     pdp_status st;
@@ -284,14 +284,14 @@ static pdp_status pdp__st_parse(pdp__st_parser *p)
     return PDP_OK;
 }
 
-static void pdp__st_parser_free(pdp__st_parser *p)
+PDP__PRIVATE void pdp__st_parser_free(pdp__st_parser *p)
 {
     pdp__dealloc(p->arena);
     pdp__dealloc(p->entries);
     pdp__dealloc((void *)p->meta);
 }
 
-static const char *pdp__st_meta(const pdp__st_parser *p, const char *key)
+PDP__PRIVATE const char *pdp__st_meta(const pdp__st_parser *p, const char *key)
 {
     int i;
     for (i = 0; i < p->nmeta; i += 2)
@@ -300,7 +300,7 @@ static const char *pdp__st_meta(const pdp__st_parser *p, const char *key)
 }
 
 /* Bytes per element of a safetensors dtype; 0 when unknown. */
-static int pdp__st_dtype_bytes(const char *d)
+PDP__PRIVATE int pdp__st_dtype_bytes(const char *d)
 {
     static const char *const names[] = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8",
                                         "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2"};
@@ -311,7 +311,7 @@ static int pdp__st_dtype_bytes(const char *d)
     return 0;
 }
 
-static int pdp__st_by_begin(const void *a, const void *b)
+PDP__PRIVATE int pdp__st_by_begin(const void *a, const void *b)
 {
     const pdp__st_entry *x = *(const pdp__st_entry *const *)a;
     const pdp__st_entry *y = *(const pdp__st_entry *const *)b;
@@ -319,7 +319,7 @@ static int pdp__st_by_begin(const void *a, const void *b)
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
-static int pdp__st_by_name(const void *a, const void *b)
+PDP__PRIVATE int pdp__st_by_name(const void *a, const void *b)
 {
     const pdp__st_entry *x = *(const pdp__st_entry *const *)a;
     const pdp__st_entry *y = *(const pdp__st_entry *const *)b;
@@ -329,8 +329,8 @@ static int pdp__st_by_name(const void *a, const void *b)
 /* Per-entry checks (known dtype, byte count = elements * size, inside the data),
    unique names, and exact tiling of the data section. sorted gets the entries
    by name. */
-static pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
-                                   pdp__st_entry **sorted)
+PDP__PRIVATE pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
+                                         pdp__st_entry **sorted)
 {
     const char *fn = p->fn;
     uint64_t at = 0;
@@ -379,7 +379,7 @@ static pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
     return PDP_OK;
 }
 
-static const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name)
+PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name)
 {
     int lo = 0, hi = n - 1;
     while (lo <= hi) {

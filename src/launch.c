@@ -33,7 +33,7 @@ struct pdp__launch {
     pdp__launch_rank *ranks;
 };
 
-static void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
+PDP__PRIVATE void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
 {
     const char *m = pdp_last_error();
     pthread_mutex_lock(&r->L->mu);
@@ -43,7 +43,7 @@ static void pdp__launch_fail(pdp__launch_rank *r, pdp_status st)
     pthread_mutex_unlock(&r->L->mu);
 }
 
-static void pdp__launch_run(pdp__launch_rank *r)
+PDP__PRIVATE void pdp__launch_run(pdp__launch_rank *r)
 {
     pdp__launch *L = r->L;
     pdp_comm *c = NULL;
@@ -67,14 +67,14 @@ static void pdp__launch_run(pdp__launch_rank *r)
     pdp_comm_free(c);
 }
 
-static void *pdp__launch_thread(void *arg)
+PDP__PRIVATE void *pdp__launch_thread(void *arg)
 {
     pdp__launch_run((pdp__launch_rank *)arg);
     return NULL;
 }
 
 /* The first rank to fail, its message prefixed; PDP_OK when none did. */
-static pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
+PDP__PRIVATE pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
 {
     int i, first = -1;
     for (i = 0; i < n; i++)
@@ -84,8 +84,8 @@ static pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
     return pdp__err(ranks[first].st, "pdp_launch: rank %d of %d: %s", first, n, ranks[first].msg);
 }
 
-static pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
-                                      pdp_launch_fn fn, void *user)
+PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
+                                            pdp_launch_fn fn, void *user)
 {
     static const char fn_name[] = "pdp_launch";
     pdp__launch L;

@@ -36,7 +36,7 @@
 /* ---- layers: small helpers ---- */
 
 /* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
-static const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
+PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
 {
     if (ndim == 3)
         snprintf(buf, bytes, "(%lld, %lld, %lld)", (long long)shape[0], (long long)shape[1],
@@ -48,7 +48,7 @@ static const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *bu
 
 /* Sum of n floats: 16 float lanes (which the compiler vectorises), combined in
    double. Fixed order, so the same bits on every run. */
-static double pdp__layers_sum(const float *PDP__RESTRICT x, int64_t n)
+PDP__PRIVATE double pdp__layers_sum(const float *PDP__RESTRICT x, int64_t n)
 {
     float lane[16] = {0};
     double s = 0.0;
@@ -62,7 +62,7 @@ static double pdp__layers_sum(const float *PDP__RESTRICT x, int64_t n)
 }
 
 /* Sum of (x[i] - c)^2, same scheme. */
-static double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c, int64_t n)
+PDP__PRIVATE double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c, int64_t n)
 {
     float lane[16] = {0};
     double s = 0.0;
@@ -79,7 +79,7 @@ static double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c, int64
 }
 
 /* Sum of a[i] * b[i], same scheme. */
-static double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b, int64_t n)
+PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b, int64_t n)
 {
     float lane[16] = {0};
     double s = 0.0;
@@ -93,8 +93,8 @@ static double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RE
 }
 
 /* Sum of a[i] * b[i] * (c[i] - m), same scheme. */
-static double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
-                               const float *PDP__RESTRICT c, float m, int64_t n)
+PDP__PRIVATE double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                     const float *PDP__RESTRICT c, float m, int64_t n)
 {
     float lane[16] = {0};
     double s = 0.0;
@@ -109,13 +109,13 @@ static double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__R
 
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
    per sample. */
-static int pdp__layers_batch_parts(int64_t batch)
+PDP__PRIVATE int pdp__layers_batch_parts(int64_t batch)
 {
     return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), batch);
 }
 
 /* Parameters: the product of a shape. */
-static int64_t pdp__layers_count(int ndim, const int64_t *shape)
+PDP__PRIVATE int64_t pdp__layers_count(int ndim, const int64_t *shape)
 {
     int64_t n = 1;
     int i;
@@ -126,8 +126,8 @@ static int64_t pdp__layers_count(int ndim, const int64_t *shape)
 /* PyTorch's reset_parameters for Linear and Conv2d: weight Kaiming uniform with
    a = sqrt(5) (bound 1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
    in that order from r. w and b are host memory. */
-static void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
-                                     pdp_rng *r)
+PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
+                                           pdp_rng *r)
 {
     pdp_tensor t;
     float bound;
@@ -140,7 +140,7 @@ static void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb,
 
 /* Setup of a layer whose output has its input's shape and that keeps nothing
    (the activations): nothing to check. */
-static pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     (void)l, (void)ps, (void)in;
     return PDP_OK;
@@ -148,7 +148,7 @@ static pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, c
 
 /* ---- layers: Linear ---- */
 
-static pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     int64_t weights;
     if (l->out_features < 1)
@@ -169,12 +169,12 @@ static pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const 
     return PDP_OK;
 }
 
-static void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
 }
 
-static pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     float beta = 0.0f;
@@ -187,7 +187,7 @@ static pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *
     return PDP_OK;
 }
 
-static pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     /* dW += dY^T X */
@@ -207,13 +207,13 @@ static pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io 
 }
 
 #ifdef PDP_CUDA
-static pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->batch,
                                 l->in_count, l->out_features, io->bf16);
 }
 
-static pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_linear_bwd(io->device.ordinal, io->x, io->w, io->dy, io->dw, io->db, io->dx,
                                 io->batch, l->in_count, l->out_features, io->bf16);
@@ -242,7 +242,7 @@ typedef struct pdp__elem_job {
     void (*fn)(const pdp__layer *l, const pdp__layer_io *io, int64_t lo, int64_t hi);
 } pdp__elem_job;
 
-static void pdp__elem_part(void *arg, int i, int parts)
+PDP__PRIVATE void pdp__elem_part(void *arg, int i, int parts)
 {
     const pdp__elem_job *job = (const pdp__elem_job *)arg;
     int64_t blocks = (job->n + 15) / 16;
@@ -251,8 +251,8 @@ static void pdp__elem_part(void *arg, int i, int parts)
     if (lo < hi) job->fn(job->l, job->io, lo, hi);
 }
 
-static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
-                          void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t, int64_t))
+PDP__PRIVATE void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
+                                void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t, int64_t))
 {
     pdp__elem_job job;
     int parts = pdp__threads_for_caller();
@@ -266,8 +266,8 @@ static void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
 
 /* ReLU, GELU, Tanh, Sigmoid, SiLU: elements [lo, hi) of forward (y from x) and of
    backward (dx from dy and y, or x for GELU and SiLU). */
-static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                    int64_t hi)
+PDP__PRIVATE void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi)
 {
     int64_t n = hi - lo;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -276,8 +276,8 @@ static void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io
     PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
 }
 
-static void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                     int64_t hi)
+PDP__PRIVATE void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi)
 {
     int64_t n = hi - lo;
     const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
@@ -286,8 +286,8 @@ static void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *i
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
 }
 
-static void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                    int64_t hi)
+PDP__PRIVATE void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -296,8 +296,8 @@ static void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io
     for (i = 0; i < n; i++) y[i] = pdp__gelu(x[i]);
 }
 
-static void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                     int64_t hi)
+PDP__PRIVATE void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
@@ -306,8 +306,8 @@ static void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *i
     for (i = 0; i < n; i++) dx[i] = pdp__gelu_grad(dy[i], x[i]);
 }
 
-static void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                    int64_t hi)
+PDP__PRIVATE void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -316,8 +316,8 @@ static void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io
     for (i = 0; i < n; i++) y[i] = tanhf(x[i]);
 }
 
-static void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                     int64_t hi)
+PDP__PRIVATE void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi)
 {
     int64_t n = hi - lo;
     const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
@@ -326,8 +326,8 @@ static void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *i
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
 }
 
-static void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                       int64_t hi)
+PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                             int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -336,8 +336,8 @@ static void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io 
     for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
 }
 
-static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                        int64_t hi)
+PDP__PRIVATE void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                              int64_t hi)
 {
     int64_t n = hi - lo;
     const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
@@ -346,8 +346,8 @@ static void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
 
-static void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                    int64_t hi)
+PDP__PRIVATE void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -356,8 +356,8 @@ static void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io
     for (i = 0; i < n; i++) y[i] = pdp__silu(x[i]);
 }
 
-static void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                     int64_t hi)
+PDP__PRIVATE void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo, *PDP__RESTRICT dy = io->dy + lo;
@@ -366,61 +366,61 @@ static void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *i
     for (i = 0; i < n; i++) dx[i] = pdp__silu_grad(dy[i], x[i]);
 }
 
-static pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__relu_forward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__relu_backward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__gelu_forward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__gelu_backward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__tanh_forward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__tanh_backward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__sigmoid_forward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__sigmoid_backward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__elem_run(l, io, pdp__silu_forward_range);
     return PDP_OK;
 }
 
-static pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx) pdp__elem_run(l, io, pdp__silu_backward_range);
     return PDP_OK;
@@ -428,66 +428,66 @@ static pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *i
 
 #ifdef PDP_CUDA
 /* One kernel pair for the five, told which by pdp_cudak_act. */
-static pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
-                                        pdp_cudak_act act)
+PDP__PRIVATE pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
+                                              pdp_cudak_act act)
 {
     return pdp_cudak_act_fwd(io->device.ordinal, act, io->x, io->y, io->batch * l->in_count);
 }
 
-static pdp_status pdp__act_cuda_backward(const pdp__layer *l, const pdp__layer_io *io,
-                                         pdp_cudak_act act)
+PDP__PRIVATE pdp_status pdp__act_cuda_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                               pdp_cudak_act act)
 {
     if (!io->dx) return PDP_OK;
     return pdp_cudak_act_bwd(io->device.ordinal, act, io->x, io->y, io->dy, io->dx,
                              io->batch * l->in_count);
 }
 
-static pdp_status pdp__relu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__relu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_forward(l, io, PDP_CUDAK_RELU);
 }
 
-static pdp_status pdp__relu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__relu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_RELU);
 }
 
-static pdp_status pdp__gelu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__gelu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_forward(l, io, PDP_CUDAK_GELU);
 }
 
-static pdp_status pdp__gelu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__gelu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_GELU);
 }
 
-static pdp_status pdp__tanh_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tanh_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_forward(l, io, PDP_CUDAK_TANH);
 }
 
-static pdp_status pdp__tanh_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tanh_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_TANH);
 }
 
-static pdp_status pdp__sigmoid_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__sigmoid_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_forward(l, io, PDP_CUDAK_SIGMOID);
 }
 
-static pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SIGMOID);
 }
 
-static pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_forward(l, io, PDP_CUDAK_SILU);
 }
 
-static pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp__act_cuda_backward(l, io, PDP_CUDAK_SILU);
 }
@@ -495,7 +495,7 @@ static pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_
 
 /* ---- layers: Dropout ---- */
 
-static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     (void)ps;
     if (!(l->p >= 0.0f && l->p < 1.0f))
@@ -504,7 +504,7 @@ static pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     uint32_t thr;
@@ -527,7 +527,7 @@ static pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io 
     return PDP_OK;
 }
 
-static pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t n = io->batch * l->in_count;
     const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
@@ -543,7 +543,7 @@ static pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io
 
 
 #ifdef PDP_CUDA
-static pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int dev = io->device.ordinal;
     int64_t n = io->batch * l->in_count;
@@ -554,7 +554,7 @@ static pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp__laye
     return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
 }
 
-static pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int dev = io->device.ordinal;
     int64_t n = io->batch * l->in_count;
@@ -567,7 +567,7 @@ static pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__lay
 
 /* ---- layers: LayerNorm ---- */
 
-static pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     if (!(l->eps > 0.0f) || isinf(l->eps))
         return pdp__err(PDP_ERR_INVALID, "eps %g must be finite and > 0 (input %s)",
@@ -580,7 +580,7 @@ static pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, con
 }
 
 /* weight 1, bias 0 (PyTorch's) */
-static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     int64_t i;
     (void)r;
@@ -590,7 +590,7 @@ static void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng
     }
 }
 
-static pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
@@ -610,7 +610,7 @@ static pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_i
 /* With xh = (x - mean) rstd and g = dy w:
    dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
    Two passes over each sample, nothing stored. */
-static pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, n = l->in_count, s;
     const float *PDP__RESTRICT w = io->w;
@@ -636,13 +636,13 @@ static pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_
 }
 
 #ifdef PDP_CUDA
-static pdp_status pdp__layernorm_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layernorm_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_layernorm_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->saved,
                                    io->batch, l->in_count, l->eps);
 }
 
-static pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return pdp_cudak_layernorm_bwd(io->device.ordinal, io->x, io->w, io->dy, io->saved, io->dw,
                                    io->db, io->dx, io->batch, l->in_count);
@@ -653,7 +653,7 @@ static pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__l
    A view (PDP__LAYER_VIEW): model.c never calls these; they copy, should anything
    else. */
 
-static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     (void)ps, (void)in;
     l->out_ndim = 1;
@@ -662,13 +662,13 @@ static pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const
     return PDP_OK;
 }
 
-static pdp_status pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
     return PDP_OK;
 }
 
-static pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     if (io->dx && io->dx != io->dy)
         memcpy(io->dx, io->dy, (size_t)(io->batch * l->in_count) * sizeof(float));
@@ -676,7 +676,7 @@ static pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io
 }
 
 #ifdef PDP_CUDA
-static pdp_status pdp__flatten_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__flatten_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int dev = io->device.ordinal;
     if (io->y == io->x) return PDP_OK;
@@ -684,7 +684,7 @@ static pdp_status pdp__flatten_cuda_forward(const pdp__layer *l, const pdp__laye
                             (size_t)(io->batch * l->in_count) * sizeof(float));
 }
 
-static pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int dev = io->device.ordinal;
     if (!io->dx || io->dx == io->dy) return PDP_OK;

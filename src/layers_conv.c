@@ -57,8 +57,8 @@
     } while (0)
 
 /* Window element (ki, kj) against the running maximum of n outputs. */
-static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
-                                float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
+PDP__PRIVATE void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
+                                      float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
 {
     int64_t ow = 0;
     int j;
@@ -84,9 +84,9 @@ static void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int6
         arg[o] = t ? i1 : i0;                                                                  \
     } while (0)
 
-static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
-                             int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
-                             int32_t at, int32_t w)
+PDP__PRIVATE void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
+                                   int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
+                                   int32_t at, int32_t w)
 {
     int64_t ow = 0;
     int j;
@@ -99,9 +99,9 @@ static void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RE
 
 /* Conv2d's fused pool: the windows of two rows of products, each value through the
    bias and the ReLU first; the bits of pdp__maxpool_2x2 on the stored rows. */
-static void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
-                               float bo, int64_t n, float *PDP__RESTRICT y,
-                               int32_t *PDP__RESTRICT arg, int32_t at, int32_t w)
+PDP__PRIVATE void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
+                                     float bo, int64_t n, float *PDP__RESTRICT y,
+                                     int32_t *PDP__RESTRICT arg, int32_t at, int32_t w)
 {
     int64_t ow = 0;
     int j;
@@ -126,9 +126,9 @@ static void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float *PDP__
         d1[2 * o + 1] = a == w + 1 ? g : 0.0f;                                                 \
     } while (0)
 
-static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
-                                      const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
-                                      int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
+PDP__PRIVATE void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
+                                            const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
+                                            int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
 {
     int64_t ow = 0;
     int j;
@@ -141,9 +141,9 @@ static void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
 
 /* Conv2d's fused pool, backward: the pool's dy through the ReLU's backward (the
    ReLU's output at the winner is the pooled value yp), then to the winner. */
-static void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT yp,
-                                 const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
-                                 int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
+PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT yp,
+                                       const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
+                                       int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
 {
     int64_t ow = 0;
     int j;
@@ -246,9 +246,9 @@ typedef struct pdp__conv_geom {
 } pdp__conv_geom;
 
 /* Workspace regions start on 64-byte boundaries (the offset tables are int64). */
-static int64_t pdp__conv_round16(int64_t floats) { return (floats + 15) / 16 * 16; }
+PDP__PRIVATE int64_t pdp__conv_round16(int64_t floats) { return (floats + 15) / 16 * 16; }
 
-static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
+PDP__PRIVATE pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
 {
     pdp__conv_geom g;
     g.C = l->in_shape[0];
@@ -284,14 +284,14 @@ static pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
 }
 
 /* Implicit path, a chunk of n samples: row widths of the padded image and padded dy. */
-static int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n) { return n * (g->W + g->pad) + g->pad; }
-static int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n) { return n * (g->Wo + g->q) + g->q; }
+PDP__PRIVATE int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n) { return n * (g->W + g->pad) + g->pad; }
+PDP__PRIVATE int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n) { return n * (g->Wo + g->q) + g->q; }
 
 /* Floats of one part's scratch for chunks of at most n samples. Implicit: the two
    offset tables (int64), the padded image and padded dy (the last run of each starts
    at (C - 1, k - 1, k - 1) and ends k - 1 floats past it: + k), and the grid that
    holds the output, dy, then dx. im2col: the column matrix and O rows as long. */
-static int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
+PDP__PRIVATE int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
 {
     int64_t okk = g->O * g->k * g->k;
     if (!g->implicit) return pdp__conv_round16(n * (g->ckk + g->O) * g->cols);
@@ -305,7 +305,7 @@ static int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
    one-sample scratch. Enough: chunks <= batch, and scratch(n) <= n scratch(1) (each
    term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch for chunks of
    cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
-static int64_t pdp__conv_work_per_sample(const pdp__layer *l)
+PDP__PRIVATE int64_t pdp__conv_work_per_sample(const pdp__layer *l)
 {
     pdp__conv_geom g = pdp__conv_geom_of(l);
     return g.fixed + g.share + 2 * pdp__conv_scratch(&g, 1);
@@ -314,8 +314,8 @@ static int64_t pdp__conv_work_per_sample(const pdp__layer *l)
 
 /* Output columns [*lo, *hi) whose input column ow * stride - pad + kj is inside
    [0, W). */
-static void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, int64_t kj,
-                            int64_t *lo, int64_t *hi)
+PDP__PRIVATE void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, int64_t kj,
+                                  int64_t *lo, int64_t *hi)
 {
     int64_t off = pad - kj; /* iw = ow * stride - off */
     *lo = off > 0 ? (off + stride - 1) / stride : 0;
@@ -327,8 +327,8 @@ static void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, 
 /* One sample's columns into col (row stride ld): row (c, ki, kj), column
    oh * Wo + ow holds x[c, oh s - pad + ki, ow s - pad + kj], zero outside the
    input. */
-static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
-                        float *PDP__RESTRICT col, int64_t ld)
+PDP__PRIVATE void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
+                              float *PDP__RESTRICT col, int64_t ld)
 {
     int64_t c, ki, kj, oh, ow, ih;
     for (c = 0; c < g->C; c++)
@@ -354,8 +354,8 @@ static void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
 
 /* dx of one sample = the sum of its columns' entries over the positions they were
    copied from, in row order (a fixed summation order). */
-static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
-                        float *PDP__RESTRICT dx)
+PDP__PRIVATE void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
+                              float *PDP__RESTRICT dx)
 {
     int64_t c, ki, kj, oh, ow, ih;
     memset(dx, 0, (size_t)(g->C * g->H * g->W) * sizeof(float));
@@ -377,8 +377,8 @@ static void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col,
 
 /* planes x rows x n floats from src (plane stride sp, row stride sr) into dst
    (plane stride dp, row stride dr). */
-static void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *dst, int64_t dp,
-                             int64_t dr, int64_t planes, int64_t rows, int64_t n)
+PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *dst, int64_t dp,
+                                   int64_t dr, int64_t planes, int64_t rows, int64_t n)
 {
     int64_t p, r;
     for (p = 0; p < planes; p++)
@@ -425,8 +425,8 @@ static void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *ds
     } while (0)
 
 /* d = dy masked by y > 0 (the fused ReLU's backward), one row. */
-static void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *PDP__RESTRICT y,
-                                    float *PDP__RESTRICT d, int64_t n)
+PDP__PRIVATE void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *PDP__RESTRICT y,
+                                          float *PDP__RESTRICT d, int64_t n)
 {
     PDP__CONV_ROW(j, n, {
         float gj = g[j], yj = y[j]; /* both loaded first: gcc -O2 then vectorises */
@@ -439,8 +439,8 @@ static void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *P
    backward, done on the way. With a fused pool, dy is the pool's [O, Ho/2, Wo/2],
    masked by the pooled y > 0 and written at each window's winner, zeros elsewhere:
    the pool's backward and the ReLU's (pdp__conv_unpool_2x2). */
-static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
-                              float *dst, int64_t dp, int64_t dr)
+PDP__PRIVATE void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
+                                    float *dst, int64_t dp, int64_t dr)
 {
     int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], p, r;
     if (io->pool_y) {
@@ -468,8 +468,8 @@ static void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__lay
 }
 
 /* Row n of y = src + bias, through the fused ReLU when there is one. */
-static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool relu,
-                                float *PDP__RESTRICT dst, int64_t n)
+PDP__PRIVATE void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool relu,
+                                      float *PDP__RESTRICT dst, int64_t n)
 {
     if (relu)
         PDP__CONV_ROW(j, n, dst[j] = pdp__relu(src[j] + bo););
@@ -480,8 +480,8 @@ static void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool r
 /* Channel plane o of sample s of y from the products (row oh at src + oh ldr) plus
    the bias, through the fused ReLU; with a fused pool, two rows at a time straight
    into the pool's output and winners (pdp__conv_pool_2x2). */
-static void pdp__conv_store_plane(const pdp__layer_io *io, const pdp__layer *l, int64_t s,
-                                  int64_t o, const float *src, int64_t ldr)
+PDP__PRIVATE void pdp__conv_store_plane(const pdp__layer_io *io, const pdp__layer *l, int64_t s,
+                                        int64_t o, const float *src, int64_t ldr)
 {
     int64_t O = l->out_shape[0], Ho = l->out_shape[1], Wo = l->out_shape[2], oh;
     float bo = io->b ? io->b[o] : 0.0f;
@@ -515,7 +515,7 @@ typedef struct pdp__conv_job {
 
 /* bf16: p[0, n) rounded in place (pdp__bf16_round_u32 on the bits, in
    PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises). */
-static void pdp__conv_bf16(float *p, int64_t n)
+PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, {
         uint32_t u;
@@ -539,7 +539,7 @@ typedef struct pdp__conv_chunk {
     float *col, *out;    /* im2col */
 } pdp__conv_chunk;
 
-static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, int part)
+PDP__PRIVATE pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, int part)
 {
     const pdp__conv_geom *g = &job->g;
     float *base = job->io->work + g->fixed + job->chunks * g->share + part * job->scratch;
@@ -564,7 +564,7 @@ static pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, i
 /* ---- layers: Conv2d, implicit GEMM ---- */
 
 /* W' for backward, run by the caller before the parts start. */
-static void pdp__conv_implicit_setup(pdp__conv_job *job)
+PDP__PRIVATE void pdp__conv_implicit_setup(pdp__conv_job *job)
 {
     const pdp__conv_geom *g = &job->g;
     float *wt = job->io->work;
@@ -583,8 +583,8 @@ static void pdp__conv_implicit_setup(pdp__conv_job *job)
    dy when dy is not NULL), and the offset tables of both. In bf16 the image is
    rounded for the fp32 kernels: every product on the emulated path, the dW dot
    products (dw_dots) in backward on the packed path. */
-static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_chunk *k,
-                                    const float *dy, bool backward)
+PDP__PRIVATE void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_chunk *k,
+                                          const float *dy, bool backward)
 {
     const pdp__conv_geom *g = &job->g;
     int64_t c, o, ki, kj, s, ns = k->s1 - k->s0;
@@ -611,7 +611,7 @@ static void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_ch
                 k->offdy[(o * g->k + ki) * g->k + kj] = (o * g->Hq + ki) * k->wqt + kj;
 }
 
-static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
+PDP__PRIVATE void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
@@ -647,7 +647,7 @@ static void pdp__conv_implicit_forward_part(void *arg, int i, int parts)
     }
 }
 
-static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
+PDP__PRIVATE void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
@@ -728,7 +728,7 @@ static void pdp__conv_implicit_backward_part(void *arg, int i, int parts)
 /* ---- layers: Conv2d, im2col ---- */
 
 /* Forward of the chunks of part i: im2col; out [O, n] = W col; y = out + b. */
-static void pdp__conv_forward_part(void *arg, int i, int parts)
+PDP__PRIVATE void pdp__conv_forward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
@@ -750,7 +750,7 @@ static void pdp__conv_forward_part(void *arg, int i, int parts)
 /* Backward of the chunks of part i: im2col again; dy gathered into out [O, n]; the
    chunk's dW share dy col^T and db share; then dcol = W^T out over col, and col2im
    into dx. */
-static void pdp__conv_backward_part(void *arg, int i, int parts)
+PDP__PRIVATE void pdp__conv_backward_part(void *arg, int i, int parts)
 {
     const pdp__conv_job *job = (const pdp__conv_job *)arg;
     const pdp__conv_geom *g = &job->g;
@@ -779,8 +779,8 @@ static void pdp__conv_backward_part(void *arg, int i, int parts)
 /* Parts: the caller's threads, at most one per chunk (scratch regions are sized
    for as many parts as samples). A single part runs on the caller without taking
    the pool, so its GEMMs can still use the threads. */
-static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
-                               bool backward)
+PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
+                                     bool backward)
 {
     job->l = l;
     job->io = io;
@@ -800,7 +800,7 @@ static void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pd
     }
 }
 
-static pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     pdp__conv_job_init(&job, l, io, false);
@@ -809,7 +809,7 @@ static pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io
     return PDP_OK;
 }
 
-static pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__conv_job job;
     const pdp__conv_geom *g = &job.g;
@@ -835,7 +835,7 @@ static pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *i
 
 /* ---- layers: Conv2d, setup and CUDA ---- */
 
-static pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     int64_t k = l->kernel, s = l->stride, pad = l->padding, O = l->out_features;
     int64_t C = l->in_shape[0], H = l->in_shape[1], W = l->in_shape[2];
@@ -888,7 +888,7 @@ static pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const ch
     return PDP_OK;
 }
 
-static void pdp__conv_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__conv_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     int64_t fan_in = l->in_shape[0] * l->kernel * l->kernel;
     pdp__layers_init_kaiming(w, l->out_features * fan_in, b, l->out_features, fan_in, r);
@@ -896,7 +896,7 @@ static void pdp__conv_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 
 /* Workspace floats per sample of pdp_cuda.cu's conv kernels: they unfold the whole
    sample and keep the output beside it, (C k k + O) Ho Wo (cuda.h). */
-static int64_t pdp__conv_cuda_work(const pdp__layer *l)
+PDP__PRIVATE int64_t pdp__conv_cuda_work(const pdp__layer *l)
 {
     return (l->in_shape[0] * l->kernel * l->kernel + l->out_features) * l->out_shape[1] *
            l->out_shape[2];
@@ -904,8 +904,8 @@ static int64_t pdp__conv_cuda_work(const pdp__layer *l)
 
 #ifdef PDP_CUDA
 /* The geometry pdp_cuda.cu's Conv2d and MaxPool2d kernels take. */
-static pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, int64_t O,
-                                          int64_t pad)
+PDP__PRIVATE pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, int64_t O,
+                                                int64_t pad)
 {
     pdp_cudak_conv g;
     g.batch = batch;
@@ -921,14 +921,14 @@ static pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, in
     return g;
 }
 
-static pdp_status pdp__conv_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__conv_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
     return pdp_cudak_conv_fwd(io->device.ordinal, &g, io->x, io->w, io->b, io->y, io->work,
                               io->bf16);
 }
 
-static pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->out_features, l->padding);
     return pdp_cudak_conv_bwd(io->device.ordinal, &g, io->x, io->w, io->dy, io->dw, io->db,
@@ -944,7 +944,7 @@ typedef struct pdp__pool_job {
 } pdp__pool_job;
 
 /* The channel planes of part i: first element of each window, then the rest. */
-static void pdp__maxpool_forward_part(void *argp, int i, int parts)
+PDP__PRIVATE void pdp__maxpool_forward_part(void *argp, int i, int parts)
 {
     const pdp__pool_job *job = (const pdp__pool_job *)argp;
     const pdp__layer *l = job->l;
@@ -975,7 +975,7 @@ static void pdp__maxpool_forward_part(void *argp, int i, int parts)
 }
 
 /* Split by channel plane over the intra-op threads. */
-static pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
     job.l = l;
@@ -986,7 +986,7 @@ static pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io 
 
 /* The channel planes of part i: zero, then scatter each output's gradient to its
    winner (planes are independent, so any split gives the same bits). */
-static void pdp__maxpool_backward_part(void *argp, int i, int parts)
+PDP__PRIVATE void pdp__maxpool_backward_part(void *argp, int i, int parts)
 {
     const pdp__pool_job *job = (const pdp__pool_job *)argp;
     const pdp__layer *l = job->l;
@@ -1014,7 +1014,7 @@ static void pdp__maxpool_backward_part(void *argp, int i, int parts)
     }
 }
 
-static pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__pool_job job;
     if (!io->dx) return PDP_OK;
@@ -1024,7 +1024,7 @@ static pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io
     return PDP_OK;
 }
 
-static pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     int64_t k = l->kernel, s = l->stride, C = l->in_shape[0], H = l->in_shape[1];
     int64_t W = l->in_shape[2];
@@ -1045,13 +1045,13 @@ static pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const
 }
 
 #ifdef PDP_CUDA
-static pdp_status pdp__maxpool_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__maxpool_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->in_shape[0], 0);
     return pdp_cudak_maxpool_fwd(io->device.ordinal, &g, io->x, io->y, io->saved);
 }
 
-static pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_cudak_conv g = pdp__conv_cuda_geom(l, io->batch, l->in_shape[0], 0);
     if (!io->dx) return PDP_OK;

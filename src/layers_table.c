@@ -81,7 +81,7 @@
 #endif
 
 /* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags */
-static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
+PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     PDP__KIND(PDP__LINEAR){"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
                            pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
                            PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
@@ -140,12 +140,12 @@ static const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
-static const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k)
+PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k)
 {
     return (unsigned)k < PDP__LAYER_KIND_COUNT ? &pdp__layer_kinds[k] : NULL;
 }
 
-static const char *pdp__layer_kind_name(pdp__layer_kind k)
+PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(k);
     return info && info->name ? info->name : "?";
@@ -153,7 +153,7 @@ static const char *pdp__layer_kind_name(pdp__layer_kind k)
 
 /* "ReLU, GELU, Tanh, Sigmoid": the names of the kinds with flag, in table order, for
    messages that say which kinds a place accepts. */
-static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
+PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
 {
     size_t n = 0;
     int k;
@@ -167,7 +167,7 @@ static const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap)
 
 /* ---- layers_table: setup and initialisation ---- */
 
-static pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps)
+PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     char in[64];
@@ -186,7 +186,7 @@ static pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps)
     return PDP_OK;
 }
 
-static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (info && info->init) info->init(l, w, b, r);
@@ -194,7 +194,7 @@ static void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_
 
 /* Workspace floats per sample a layer needs on device d: the CPU's algorithm sizes
    its own (setup); on CUDA the larger of that and the kind's CUDA kernels' need. */
-static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
+PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (d.kind == PDP_DEVICE_CUDA && info && info->cuda_work)
@@ -206,8 +206,8 @@ static int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d)
 
 /* A CUDA entry's call: pdp_cuda.cu's message on failure; without the entry (or
    without PDP_CUDA), PDP_ERR_UNSUPPORTED. */
-static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
-                                  pdp_status (*fn)(const pdp__layer *, const pdp__layer_io *))
+PDP__PRIVATE pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
+                                        pdp_status (*fn)(const pdp__layer *, const pdp__layer_io *))
 {
 #ifdef PDP_CUDA
     pdp_status st;
@@ -226,7 +226,7 @@ static pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
 /* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
    CPU memory. A collective kind's host entry runs on every device. Either entry's
    status comes back as it is (the caller names the layer). */
-static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);
@@ -235,7 +235,7 @@ static pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *i
     return info->forward(l, io);
 }
 
-static pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
     if (!info) return pdp__err(PDP_ERR_INVALID, "unknown layer kind %d", (int)l->kind);

@@ -33,7 +33,7 @@ PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t
 /* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
    bias, the row-parallel weight; every other parameter (the row-parallel bias, every
    non-TP layer's) is whole on every TP rank. */
-static bool pdp__tp_is_split(const pdp_model *m, int p)
+PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p)
 {
     const pdp__layer *l = &m->layers[m->params[p].layer];
     return l->kind == PDP__COLUMN_PARALLEL_LINEAR ||
@@ -44,8 +44,8 @@ static bool pdp__tp_is_split(const pdp_model *m, int p)
 
 /* The TP all-reduce (sum, synchronous) of count floats at buf, counted in the stats;
    what: "g forward" or "f backward", for messages. */
-static pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t batch,
-                                    int64_t width, bool forward)
+PDP__PRIVATE pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t batch,
+                                          int64_t width, bool forward)
 {
     pdp__tp_state *tp = l->tp;
     double t0 = pdp__now(), n = (double)tp->size;
@@ -68,13 +68,13 @@ static pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t bat
 }
 
 /* dst <- src, count floats on io's device. */
-static pdp_status pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src,
-                               int64_t count)
+PDP__PRIVATE pdp_status pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src,
+                                     int64_t count)
 {
     return pdp__dev_copy(io->device, dst, io->device, src, (size_t)count * sizeof(float));
 }
 
-static pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
+PDP__PRIVATE pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
 {
     if (!l->tp)
         return pdp__err(PDP_ERR_STATE, "no TP communicator (call pdp_model_set_tp first; input %s)",
@@ -82,13 +82,13 @@ static pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in)
     return PDP_OK;
 }
 
-static pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     (void)ps;
     return pdp__tp_op_setup(l, in);
 }
 
-static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     (void)ps;
     return pdp__tp_op_setup(l, in);
@@ -97,7 +97,7 @@ static pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, con
 /* f forward: identity. At the first forward (and after TP layers were added) the width
    check first: every TP rank built the same TP layers (f is the first TP layer of every
    block, so every rank reaches it before any other TP collective). */
-static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
     if (l->tp->checked != l->tp->nlayers && (st = l->tp->check_widths(l->tp)) != PDP_OK)
@@ -108,7 +108,7 @@ static pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io 
 /* f backward: the input gradient is the sum of every rank's partial gradient (each rank's
    ColumnParallelLinear saw only its output slice). Nothing when no input gradient is
    needed (f is the first layer): every rank skips it alike. */
-static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
     if (!io->dx) return PDP_OK;
@@ -117,7 +117,7 @@ static pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io
 }
 
 /* g forward: the sum of every rank's partial output (RowParallelLinear's x_r W_r^T). */
-static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp_status st;
     if ((st = pdp__tp_copy(io, io->y, io->x, io->batch * l->in_count)) != PDP_OK) return st;
@@ -125,14 +125,14 @@ static pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_i
 }
 
 /* g backward: identity (the output gradient is replicated). */
-static pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     return io->dx ? pdp__tp_copy(io, io->dx, io->dy, io->batch * l->in_count) : PDP_OK;
 }
 
 /* ---- tp: the column- and row-parallel Linears ---- */
 
-static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     pdp_status st;
     if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
@@ -145,7 +145,7 @@ static pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, con
 
 /* The input is the slice [tp_lo, tp_lo + in_count) of tp_full features (pdp_model_add_
    row_parallel_linear took both from the ColumnParallelLinear before it). */
-static pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
     pdp_status st;
     int64_t lo, n;
@@ -167,8 +167,8 @@ typedef struct pdp__tp_slice2d {
     int64_t r0, r1;       /* kept rows [r0, r1) */
 } pdp__tp_slice2d;
 
-static void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
-                         pdp_rng *r)
+PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
+                               pdp_rng *r)
 {
     int64_t i, j, w = s.c1 - s.c0;
     for (i = 0; i < rows; i++)
@@ -181,7 +181,7 @@ static void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, 
 
 /* The bounds pdp__layers_init_kaiming uses for fan_in (Kaiming uniform with a = sqrt(5),
    then the bias's 1/sqrt(fan_in)), computed as pdp_tensor_kaiming_uniform does. */
-static void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
+PDP__PRIVATE void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
 {
     float a = sqrtf(5.0f);
     double gain = sqrt(2.0 / (1.0 + (double)a * a));
@@ -190,7 +190,7 @@ static void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
 }
 
 /* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) and the same entries of b1. */
-static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     pdp__tp_slice2d s;
     float wb, bb;
@@ -203,7 +203,7 @@ static void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng
 }
 
 /* W2 [d, tp_full]: columns [tp_lo, tp_lo + n); b2 whole. fan_in is the full width. */
-static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     pdp__tp_slice2d s;
     float wb, bb;
@@ -216,7 +216,7 @@ static void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r
 }
 
 /* Backward of Linear, without the input gradient when f is the first layer. */
-static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp_skip_dx) run.dx = NULL;
@@ -224,7 +224,7 @@ static pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_
 }
 
 /* x_r W_r^T, plus the bias on TP rank 0 only: g's sum then adds it once. */
-static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp->rank != 0) run.b = NULL;
@@ -232,14 +232,14 @@ static pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *
 }
 
 #ifdef PDP_CUDA
-static pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp_skip_dx) run.dx = NULL;
     return pdp__linear_cuda_backward(l, &run);
 }
 
-static pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__layer_io run = *io;
     if (l->tp->rank != 0) run.b = NULL;

@@ -15,9 +15,9 @@
 
 /* ---- loss: cross-entropy ---- */
 
-static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
-                                     int64_t classes, float grad_scale, double *loss_sum,
-                                     float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
+                                           int64_t classes, float grad_scale, double *loss_sum,
+                                           float *dlogits, const char *fn)
 {
     double total = 0.0;
     int64_t i, j;
@@ -51,9 +51,9 @@ static pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
 }
 
 /* pdp__cross_entropy with logits and dlogits on device d (CUDA: cuda_host.c). */
-static pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const int32_t *labels,
-                                        int64_t batch, int64_t classes, float grad_scale,
-                                        double *loss_sum, float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const int32_t *labels,
+                                              int64_t batch, int64_t classes, float grad_scale,
+                                              double *loss_sum, float *dlogits, const char *fn)
 {
     double t0 = pdp__prof.on ? pdp__now() : 0.0;
     pdp_status st =
@@ -66,13 +66,13 @@ static pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const
     return st;
 }
 
-static bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
+PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
 {
     return a->device.kind == b->device.kind && a->device.ordinal == b->device.ordinal;
 }
 
 /* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
-static pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, const char *fn)
 {
     char buf[96];
     if (t->ndim != 2)
@@ -82,7 +82,7 @@ static pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, 
 }
 
 /* Shape equality for messages "dlogits is [3, 4], logits is [3, 5]". */
-static bool pdp__loss_same_shape(const pdp_tensor *a, const pdp_tensor *b)
+PDP__PRIVATE bool pdp__loss_same_shape(const pdp_tensor *a, const pdp_tensor *b)
 {
     int i;
     if (a->ndim != b->ndim) return false;

@@ -81,7 +81,7 @@ PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
     return d;
 }
 
-static void pdp__model_free_buffers(pdp_model *m)
+PDP__PRIVATE void pdp__model_free_buffers(pdp_model *m)
 {
     pdp__dev_free(m->device, m->act_block);
     pdp__dev_free(m->device, m->saved_block);
@@ -111,7 +111,7 @@ PDP_API void pdp_model_free(pdp_model *m)
 /* ---- model: the executor holding it ---- */
 
 /* "ZeRO stage 3 (pdp_zero_create)": an executor, for messages. */
-static const char *pdp__wrap_name(pdp__wrap kind, int stage)
+PDP__PRIVATE const char *pdp__wrap_name(pdp__wrap kind, int stage)
 {
     static const char *zero[4] = {"ZeRO (pdp_zero_create)", "ZeRO stage 1 (pdp_zero_create)",
                                   "ZeRO stage 2 (pdp_zero_create)",
@@ -126,12 +126,12 @@ static const char *pdp__wrap_name(pdp__wrap kind, int stage)
     return "no executor";
 }
 
-static const char *pdp__model_wrapper(const pdp_model *m)
+PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m)
 {
     return pdp__wrap_name(m->wrapped, m->wrap_stage);
 }
 
-static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn)
+PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn)
 {
     static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
                                    "pdp_pp_free"};
@@ -145,7 +145,7 @@ static pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const
     return PDP_OK;
 }
 
-static void pdp__model_unwrap(pdp_model *m)
+PDP__PRIVATE void pdp__model_unwrap(pdp_model *m)
 {
     m->wrapped = PDP__WRAP_NONE;
     m->wrap_stage = 0;
@@ -153,7 +153,7 @@ static void pdp__model_unwrap(pdp_model *m)
     m->views_user = NULL;
 }
 
-static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn)
 {
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s; %s", fn,
@@ -166,7 +166,7 @@ static pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, 
 /* ---- model: adding layers ---- */
 
 /* Grows an array of n used elements to hold one more; *cap doubles. */
-static pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
+PDP__PRIVATE pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
 {
     void *bigger;
     int newcap;
@@ -183,7 +183,7 @@ static pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem)
 
 /* The state_dict number of the next layer: layers so far, less the unnumbered ones
    (PDP__LAYER_UNNUMBERED: TP's f and g). */
-static int pdp__model_next_number(const pdp_model *m)
+PDP__PRIVATE int pdp__model_next_number(const pdp_model *m)
 {
     int i, n = 0;
     for (i = 0; i < m->nlayers; i++)
@@ -191,8 +191,8 @@ static int pdp__model_next_number(const pdp_model *m)
     return n;
 }
 
-static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
-                                      const int64_t *shape)
+PDP__PRIVATE pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
+                                            const int64_t *shape)
 {
     pdp__param_entry *e;
     int64_t count = 1, total;
@@ -224,7 +224,7 @@ static pdp_status pdp__model_register(pdp_model *m, int layer, const char *what,
 /* Appends layer l (kind and configuration filled in by the caller): infers its
    shapes, registers and initialises its parameters, and moves the parameter and
    gradient blocks to their new size. On failure the model is unchanged. */
-static pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
+PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn)
 {
     pdp__param_shapes ps;
     int64_t old_count;
@@ -294,7 +294,7 @@ fail:
     return pdp__err_wrap(st, "%s: layer %d", fn, l.index);
 }
 
-static pdp__layer pdp__layer_of(pdp__layer_kind kind)
+PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind)
 {
     pdp__layer l;
     memset(&l, 0, sizeof l);
@@ -375,7 +375,7 @@ PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 /* ---- model: buffers ---- */
 
 /* Whether layer i's kind has flag (PDP__LAYER_*). */
-static bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
+PDP__PRIVATE bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
 {
     return (pdp__layer_kind_of(m->layers[i].kind)->flags & flag) != 0;
 }
@@ -384,7 +384,7 @@ static bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
    PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
    last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
    is skipped. Same bits as running it. */
-static bool pdp__model_relu_fused(const pdp_model *m, int i)
+PDP__PRIVATE bool pdp__model_relu_fused(const pdp_model *m, int i)
 {
     return m->device.kind == PDP_DEVICE_CPU && i > 0 && i < m->nlayers - 1 &&
            pdp__model_flag(m, i, PDP__LAYER_FUSABLE_RELU) &&
@@ -396,7 +396,7 @@ static bool pdp__model_relu_fused(const pdp_model *m, int i)
    applies too: the Conv2d writes this layer's output and saved winners, and takes its
    output's gradient; this layer is skipped, and the Conv2d's own output never exists.
    Same bits. */
-static bool pdp__model_pool_fused(const pdp_model *m, int i)
+PDP__PRIVATE bool pdp__model_pool_fused(const pdp_model *m, int i)
 {
     const pdp__layer *l = &m->layers[i];
     return i > 1 && pdp__model_flag(m, i, PDP__LAYER_FUSABLE_POOL) && l->kernel == 2 &&
@@ -405,20 +405,20 @@ static bool pdp__model_pool_fused(const pdp_model *m, int i)
 }
 
 /* Layer i is the Conv2d that applies the pool two layers on (pdp__model_pool_fused). */
-static bool pdp__model_pools(const pdp_model *m, int i)
+PDP__PRIVATE bool pdp__model_pools(const pdp_model *m, int i)
 {
     return i + 2 < m->nlayers && pdp__model_pool_fused(m, i + 2);
 }
 
 /* Layer i's output is its input seen again (PDP__LAYER_VIEW: Flatten; a fused ReLU):
    no buffer, no call. */
-static bool pdp__model_is_view(const pdp_model *m, int i)
+PDP__PRIVATE bool pdp__model_is_view(const pdp_model *m, int i)
 {
     return pdp__model_flag(m, i, PDP__LAYER_VIEW) || pdp__model_relu_fused(m, i);
 }
 
 /* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
-static bool pdp__model_has_output(const pdp_model *m, int i)
+PDP__PRIVATE bool pdp__model_has_output(const pdp_model *m, int i)
 {
     return !pdp__model_is_view(m, i) && !pdp__model_pools(m, i);
 }
@@ -432,12 +432,12 @@ typedef struct pdp__model_plan {
 } pdp__model_plan;
 
 /* *acc += v, or INT64_MAX (which stays) past PDP__COUNT_MAX: reserve then fails. */
-static void pdp__model_plan_add(int64_t *acc, int64_t v)
+PDP__PRIVATE void pdp__model_plan_add(int64_t *acc, int64_t v)
 {
     if (!pdp__add_ok(*acc, v, acc)) *acc = INT64_MAX;
 }
 
-static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
+PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
 {
     pdp__model_plan p;
     int i;
@@ -456,7 +456,7 @@ static pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off
 
 
 /* Points the outputs of the layers that are not views at activation set m->slot. */
-static void pdp__model_bind_acts(pdp_model *m)
+PDP__PRIVATE void pdp__model_bind_acts(pdp_model *m)
 {
     int64_t act = 0;
     int i;
@@ -519,13 +519,13 @@ oom:
 /* ---- model: forward and backward ---- */
 
 /* What layer i's forward keeps for its backward, in the current activation set. */
-static float *pdp__model_saved(const pdp_model *m, int i)
+PDP__PRIVATE float *pdp__model_saved(const pdp_model *m, int i)
 {
     return m->saved_block + m->slot * m->saved_stride + m->max_batch * m->saved_off[i];
 }
 
 /* Fills the per-call part of io for layer i. */
-static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
+PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
 {
     const pdp__layer *l = &m->layers[i];
     memset(io, 0, sizeof *io);
@@ -555,7 +555,7 @@ static void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
 }
 
 /* A trace event "forward 3 Linear" on the model's track (DDP sets it), t0 to now. */
-static void pdp__model_trace(const pdp_model *m, const char *what, int i, double t0)
+PDP__PRIVATE void pdp__model_trace(const pdp_model *m, const char *what, int i, double t0)
 {
     char name[48];
     snprintf(name, sizeof name, "%s %d %s", what, i, pdp__layer_kind_name(m->layers[i].kind));
@@ -563,7 +563,7 @@ static void pdp__model_trace(const pdp_model *m, const char *what, int i, double
 }
 
 /* The profile's split (pdp_profile): a layer with weights counts as GEMM work. */
-static void pdp__model_profile(const pdp__layer *l, double t0)
+PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0)
 {
     double dt = pdp__now() - t0;
     if (l->nparams > 0) pdp__prof.gemm_layers_s += dt;
@@ -762,8 +762,8 @@ PDP_API pdp_device pdp_model_device(const pdp_model *m) { return m ? m->device :
 
 /* A view of count floats at data (1-d; the parameter's shape when full), or an empty
    one (data NULL, count 0) where data is NULL: a block the executor took away. */
-static void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
-                            int64_t count, pdp_tensor *out)
+PDP__PRIVATE void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                                  int64_t count, pdp_tensor *out)
 {
     memset(out, 0, sizeof *out);
     out->device = d;
@@ -838,8 +838,8 @@ PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_te
 
 /* ---- model: replicas ---- */
 
-static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
-                                   pdp_model **out)
+PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
+                                         pdp_model **out)
 {
     pdp_model *m;
     size_t bytes = (size_t)src->param_count * sizeof(float);
@@ -904,7 +904,7 @@ static pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool
 
 /* ---- model: pipeline stages ---- */
 
-static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)
+PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)
 {
     pdp_model *m;
     int p0, p1, i;
@@ -954,7 +954,7 @@ static pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_mo
     return PDP_OK;
 }
 
-static pdp_status pdp__model_set_slots(pdp_model *m, int nslots)
+PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots)
 {
     pdp__model_free_buffers(m);
     m->nslots = nslots;
@@ -962,8 +962,8 @@ static pdp_status pdp__model_set_slots(pdp_model *m, int nslots)
     return PDP_OK;
 }
 
-static void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
-                                bool forwarded)
+PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
+                                      bool forwarded)
 {
     int64_t shape[4];
     int i, d;

@@ -60,13 +60,13 @@ PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind)
 
 /* x in [0, FLT_MAX]: finite, not negative, and a float once rounded where it meets a
    float tensor. Written as !(x in range) by its callers, so NaN fails. */
-static bool pdp__optim_nonneg(double x) { return x >= 0.0 && x <= (double)FLT_MAX; }
+PDP__PRIVATE bool pdp__optim_nonneg(double x) { return x >= 0.0 && x <= (double)FLT_MAX; }
 
 /* Fills zeros with defaults and validates; fn names the public caller. NaNs fail
    every range check because each is written as !(x in range). The defaults are
    PyTorch's, as doubles (0.999, not 0.999f). */
-static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
-                                          const char *fn)
+PDP__PRIVATE pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
+                                                const char *fn)
 {
     pdp_optim_desc d;
     bool adam;
@@ -111,14 +111,14 @@ static pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_de
 }
 
 /* How many state buffers the resolved desc d needs. */
-static int pdp__optim_nstate(const pdp_optim_desc *d)
+PDP__PRIVATE int pdp__optim_nstate(const pdp_optim_desc *d)
 {
     if (d->kind == PDP_OPTIM_SGD) return d->momentum != 0.0 ? 1 : 0;
     return 2;
 }
 
 /* The state_dict key of state buffer k ("momentum_buffer", "exp_avg", "exp_avg_sq"). */
-static const char *pdp__optim_state_name(const pdp_optim *o, int k)
+PDP__PRIVATE const char *pdp__optim_state_name(const pdp_optim *o, int k)
 {
     if (o->desc.kind == PDP_OPTIM_SGD) return "momentum_buffer";
     return k == 0 ? "exp_avg" : "exp_avg_sq";
@@ -130,8 +130,8 @@ static const char *pdp__optim_state_name(const pdp_optim *o, int k)
    range [lo, hi) of the flat block; a shard: hi floats in the executor's layout). out,
    m and the range are checked by the callers. On failure *out stays NULL and
    everything allocated is freed; the message is composed before the free. */
-static pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc,
-                                   int64_t lo, int64_t hi, bool shard, const char *fn)
+PDP__PRIVATE pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc,
+                                         int64_t lo, int64_t hi, bool shard, const char *fn)
 {
     pdp_optim *o;
     pdp_optim_desc d;
@@ -162,9 +162,9 @@ static pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_opti
     return PDP_OK;
 }
 
-static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
-                                          const pdp_optim_desc *desc, int64_t lo, int64_t hi,
-                                          const char *fn)
+PDP__PRIVATE pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                                const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                                const char *fn)
 {
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
@@ -178,9 +178,9 @@ static pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
 
 /* ZeRO: state for count floats in the executor's shard layout (zero.c), stepped
    by pdp__optim_step_at only; pdp_optim_step and the full checkpoints refuse it. */
-static pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
-                                          const pdp_optim_desc *desc, int64_t count,
-                                          const char *fn)
+PDP__PRIVATE pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
+                                                const pdp_optim_desc *desc, int64_t count,
+                                                const char *fn)
 {
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
@@ -196,7 +196,7 @@ PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_opt
 }
 
 /* Whether o holds state for the whole block (the public functions' optimizer). */
-static bool pdp__optim_is_full(const pdp_optim *o)
+PDP__PRIVATE bool pdp__optim_is_full(const pdp_optim *o)
 {
     return o->lo == 0 && o->hi == o->count && !o->shard;
 }
@@ -246,7 +246,7 @@ PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o)
    hyper-parameter used as it is, is rounded to float once, where it meets a float tensor
    as a scalar argument (alpha=, value=, mul_(x), add_(eps), / x: ATen's CPU and CUDA
    kernels take a float tensor's scalars as float). */
-static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
+PDP__PRIVATE void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
 {
     const pdp_optim_desc *d = &o->desc;
     double t = (double)(o->steps + 1);
@@ -279,7 +279,7 @@ static void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s)
    (IEEE sqrt is correctly rounded: the same bits as sqrtf). */
 #define PDP__OPTIM_BLOCK 16
 
-static void pdp__sqrt_block(float *out, const float *in)
+PDP__PRIVATE void pdp__sqrt_block(float *out, const float *in)
 {
 #if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
     /* the zero-masking form: gcc's _mm512_sqrt_ps merges into _mm512_undefined_ps(), which
@@ -297,8 +297,8 @@ static void pdp__sqrt_block(float *out, const float *in)
 #endif
 }
 
-static void pdp__sgd_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
-                          float *PDP__RESTRICT buf, int64_t n, const pdp__optim_scalars *s)
+PDP__PRIVATE void pdp__sgd_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
+                                float *PDP__RESTRICT buf, int64_t n, const pdp__optim_scalars *s)
 {
     const float lr = s->lr, mom = s->momentum, omd = s->one_minus_damp, wd = s->weight_decay;
     const int nesterov = s->nesterov, first = s->first;
@@ -319,9 +319,9 @@ static void pdp__sgd_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
         p[i] = pdp__sgd_momentum_update(p[i], g[i], &buf[i], lr, mom, omd, wd, nesterov, first);
 }
 
-static void pdp__adam_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
-                           float *PDP__RESTRICT m, float *PDP__RESTRICT v, int64_t n,
-                           const pdp__optim_scalars *s)
+PDP__PRIVATE void pdp__adam_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
+                                 float *PDP__RESTRICT m, float *PDP__RESTRICT v, int64_t n,
+                                 const pdp__optim_scalars *s)
 {
     const float b1 = s->beta1, omb1 = s->one_minus_beta1, b2 = s->beta2, omb2 = s->one_minus_beta2;
     const float step_size = s->step_size, bc2_sqrt = s->bc2_sqrt, eps = s->eps, l2 = s->l2;
@@ -351,7 +351,7 @@ typedef struct pdp__optim_job {
 } pdp__optim_job;
 
 /* Elements [lo, hi) of the job, part i of n (ranges aligned to 16 floats). */
-static void pdp__optim_part(void *arg, int part, int nparts)
+PDP__PRIVATE void pdp__optim_part(void *arg, int part, int nparts)
 {
     const pdp__optim_job *j = (const pdp__optim_job *)arg;
     int64_t len = j->hi - j->lo;
@@ -371,9 +371,9 @@ static void pdp__optim_part(void *arg, int part, int nparts)
 
 /* The job of n elements, params[i] from grads[i] with state element state_off + i of
    o's buffers, by the update scalars s. */
-static void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars *s, float *params,
-                              const float *grads, int64_t state_off, int64_t n,
-                              pdp__optim_job *job)
+PDP__PRIVATE void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars *s, float *params,
+                                    const float *grads, int64_t state_off, int64_t n,
+                                    pdp__optim_job *job)
 {
     job->s = s;
     job->params = params;
@@ -389,8 +389,8 @@ static void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars *s, f
    state_off + i of o's buffers (ZeRO: a unit's slice, the parameters in the
    model's block or the shard, the gradients in the executor's buffer). Does not
    advance steps (pdp__optim_finish_step). */
-static pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
-                                     int64_t state_off, int64_t n)
+PDP__PRIVATE pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
+                                           int64_t state_off, int64_t n)
 {
     pdp__optim_scalars s;
     pdp__optim_job job;
@@ -413,8 +413,8 @@ static pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *g
    the update in flight (pdp__optim_scalars_of, taken once per update): a CPU
    optimizer stepped in many small ranges (DataParallel's fused step) without
    recomputing them per range or taking the pool. */
-static void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
-                                    float *params, const float *grads, int64_t lo, int64_t hi)
+PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
+                                          float *params, const float *grads, int64_t lo, int64_t hi)
 {
     pdp__optim_job job;
     PDP_ASSERT(o && o->model->device.kind == PDP_DEVICE_CPU && o->lo <= lo && lo <= hi &&
@@ -425,18 +425,18 @@ static void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars
 
 /* params and grads are full-size blocks: element i of each is parameter
    element i; [lo, hi) lies inside the range o holds state for. */
-static pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
-                                        int64_t lo, int64_t hi)
+PDP__PRIVATE pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
+                                              int64_t lo, int64_t hi)
 {
     PDP_ASSERT(o && o->lo <= lo && lo <= hi && hi <= o->hi);
     return pdp__optim_step_at(o, params + lo, grads + lo, lo - o->lo, hi - lo);
 }
 
 /* Marks the update in flight as done (after every range of it). */
-static void pdp__optim_finish_step(pdp_optim *o) { o->steps++; }
+PDP__PRIVATE void pdp__optim_finish_step(pdp_optim *o) { o->steps++; }
 
 /* What pdp_optim_step checks before it changes anything (its messages). */
-static pdp_status pdp__optim_check_step(const pdp_optim *o)
+PDP__PRIVATE pdp_status pdp__optim_check_step(const pdp_optim *o)
 {
     const pdp_model *m;
     if (!o) return pdp__err(PDP_ERR_INVALID, "pdp_optim_step: optimizer is NULL");
@@ -472,8 +472,8 @@ PDP_API pdp_status pdp_optim_step(pdp_optim *o)
 
 /* ---- optim: gradient clipping ---- */
 
-static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
-                                  const char *fn)
+PDP__PRIVATE pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
+                                        const char *fn)
 {
     double s = 0.0;
     int64_t i;
@@ -489,8 +489,8 @@ static pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n,
     return PDP_OK;
 }
 
-static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
-                                  const char *fn)
+PDP__PRIVATE pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
+                                        const char *fn)
 {
     int64_t i;
     if (n <= 0) return PDP_OK;
@@ -499,8 +499,8 @@ static pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float
     return PDP_OK;
 }
 
-static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
-                                        int64_t hi, double *sum, const char *fn)
+PDP__PRIVATE pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                              int64_t hi, double *sum, const char *fn)
 {
     int p;
     pdp_status st;
@@ -514,7 +514,7 @@ static pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int6
     return PDP_OK;
 }
 
-static pdp_status pdp__check_max_norm(float max_norm, const char *fn)
+PDP__PRIVATE pdp_status pdp__check_max_norm(float max_norm, const char *fn)
 {
     /* NaN would scale by NaN, +Inf clip nothing while looking like a setting */
     if (!(max_norm >= 0.0f && max_norm <= FLT_MAX))
@@ -523,13 +523,13 @@ static pdp_status pdp__check_max_norm(float max_norm, const char *fn)
     return PDP_OK;
 }
 
-static float pdp__clip_coef(float max_norm, double norm)
+PDP__PRIVATE float pdp__clip_coef(float max_norm, double norm)
 {
     /* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (norm + 1e-6), clamped to 1 */
     return (float)((double)max_norm / (norm + 1e-6));
 }
 
-static pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum)
+PDP__PRIVATE pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum)
 {
     pdp_status st;
     *host = (float)*sum;

@@ -75,7 +75,7 @@ struct pdp_pp {
 
 /* A contiguous split of n layers of cost[] into p non-empty stages minimising the
    largest stage's cost (ties: the later cut, so a ReLU stays with its Linear). */
-static pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
+PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
 {
     double *best = (double *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *best);
     int *cut = (int *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *cut);
@@ -113,7 +113,7 @@ static pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
 }
 
 /* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
-static pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost)
+PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost)
 {
     pdp_model *t = NULL;
     pdp_tensor *x = NULL, *dy = NULL;
@@ -158,7 +158,7 @@ out:
 
 /* ---- pp: schedules ---- */
 
-static void pdp__pp_plan(pdp_pp *pp)
+PDP__PRIVATE void pdp__pp_plan(pdp_pp *pp)
 {
     int s = pp->stage, m = pp->mb, w, i, n = 0;
     if (pp->desc.schedule == PDP_PP_GPIPE) {
@@ -193,7 +193,7 @@ PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap)
 
 /* ---- pp: construction ---- */
 
-static pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, const char *fn)
+PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, const char *fn)
 {
     int s;
     if (d->schedule != PDP_PP_1F1B && d->schedule != PDP_PP_GPIPE)
@@ -226,8 +226,8 @@ static pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, c
 /* The one place pdp_pp_desc's zeros become defaults (sokol's _def), after
    pdp__pp_check_desc; in may be NULL. first_layer stays as given (NULL: balanced);
    pdp_pp_get_desc puts the split in use there. */
-static pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
-                                        int p, const char *fn)
+PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
+                                              int p, const char *fn)
 {
     pdp_pp_desc d;
     pdp_status st;
@@ -241,7 +241,7 @@ static pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out,
 }
 
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
-static pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
+PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
     int s, i, n = full->nlayers;
     double *cost;
@@ -275,7 +275,7 @@ static pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *f
 
 /* Every rank checks its split, schedule and micro-batches against rank 0's (by
    time: takes rank 0's split). */
-static pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
+PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn)
 {
     int mine[PDP_PP_MAX_STAGES + 3], theirs[PDP_PP_MAX_STAGES + 3], s, n = pp->p + 3;
     pdp_status st;
@@ -400,7 +400,7 @@ fail:
     return st;
 }
 
-static void pdp__pp_free_buffers(pdp_pp *pp)
+PDP__PRIVATE void pdp__pp_free_buffers(pdp_pp *pp)
 {
     int i;
     pdp_device d = pp->m ? pp->m->device : pdp_cpu();
@@ -417,7 +417,7 @@ static void pdp__pp_free_buffers(pdp_pp *pp)
 /* Waits every outstanding message and the dp average. Their errors are consequences of
    the pass's first error (or of one reported already), so the thread's message is kept:
    after a failed pass it is the one that names the call, the stage and the action. */
-static void pdp__pp_drain(pdp_pp *pp)
+PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp)
 {
     char kept[1024];
     int i;
@@ -451,7 +451,7 @@ PDP_API void pdp_pp_free(pdp_pp *pp)
 }
 
 /* Buffers for micro-batches of up to rows rows (grown, never shrunk). */
-static pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows)
+PDP__PRIVATE pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows)
 {
     pdp_device d = pp->m->device;
     size_t in_b = (size_t)(rows * pp->in_count) * sizeof(float);
@@ -474,10 +474,10 @@ static pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows)
 
 /* ---- pp: one pass ---- */
 
-static int pdp__pp_tag(int mb, int dir) { return (2 * mb + dir) % (PDP_COMM_TAG_MAX + 1); }
+PDP__PRIVATE int pdp__pp_tag(int mb, int dir) { return (2 * mb + dir) % (PDP_COMM_TAG_MAX + 1); }
 
 /* Posts the receive action k needs, if any (at most one outstanding). */
-static pdp_status pdp__pp_post_recv(pdp_pp *pp, int k)
+PDP__PRIVATE pdp_status pdp__pp_post_recv(pdp_pp *pp, int k)
 {
     const pdp__pp_action *a;
     int64_t n;
@@ -499,7 +499,7 @@ static pdp_status pdp__pp_post_recv(pdp_pp *pp, int k)
 }
 
 /* Waits for action k's receive (posting it first if it was not). */
-static pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
+PDP__PRIVATE pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
 {
     pdp_status st;
     pdp_work *w;
@@ -512,12 +512,12 @@ static pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k)
 }
 
 /* Starts a posted message (NCCL's batching: see the opening comment); w may be NULL. */
-static void pdp__pp_start(pdp_work *w)
+PDP__PRIVATE void pdp__pp_start(pdp_work *w)
 {
     if (w) (void)pdp_work_done(w);
 }
 
-static pdp_status pdp__pp_wait(pdp_work **w)
+PDP__PRIVATE pdp_status pdp__pp_wait(pdp_work **w)
 {
     pdp_work *x = *w;
     *w = NULL;
@@ -525,13 +525,13 @@ static pdp_status pdp__pp_wait(pdp_work **w)
 }
 
 /* The input rows of micro-batch j on this stage. */
-static const float *pdp__pp_input(const pdp_pp *pp, const pdp_tensor *x, int j)
+PDP__PRIVATE const float *pdp__pp_input(const pdp_pp *pp, const pdp_tensor *x, int j)
 {
     if (pp->stage > 0) return pp->in_buf[j % (pp->nslots + 1)];
     return x->data + pp->mb_first[j] * pp->in_count;
 }
 
-static pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
+PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
 {
     pdp_model *m = pp->m;
     int j = pp->acts[k].mb, slot = j % pp->nslots, d;
@@ -560,8 +560,8 @@ static pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     return PDP_OK;
 }
 
-static pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
-                                   int k, double *loss_sum)
+PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
+                                         int k, double *loss_sum)
 {
     static const char *fn = "pdp_pp_forward_backward";
     pdp_model *m = pp->m;
@@ -612,7 +612,7 @@ static pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_
 }
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
-static pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows)
+PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows)
 {
     int j;
     if (!pp->mb_rows) {

@@ -156,8 +156,8 @@ struct pdp__reducer {
 /* The plan (the header's rule): walks m's parameters in reverse, closing a bucket at
    >= cap bytes (the first at first; whole_layers: never between a layer's weight and
    bias). Fills buckets and bucket_of when not NULL; returns the number of buckets. */
-static int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool whole_layers,
-                             pdp__red_bucket *buckets, int *bucket_of)
+PDP__PRIVATE int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool whole_layers,
+                                   pdp__red_bucket *buckets, int *bucket_of)
 {
     double bytes = 0.0;
     int p, b = 0, last = m->nparams - 1;
@@ -183,7 +183,7 @@ static int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool 
     return b;
 }
 
-static pdp_status pdp__reducer_plan(pdp__reducer *r)
+PDP__PRIVATE pdp_status pdp__reducer_plan(pdp__reducer *r)
 {
     const pdp_model *m = r->m;
     r->buckets = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) *
@@ -205,8 +205,8 @@ static pdp_status pdp__reducer_plan(pdp__reducer *r)
    u mod grad_buffers, so buffers beyond U would never be used, and two gather slots
    (the unit computing and the next one's prefetch) are the least stage 3 needs. Every
    failure names the field and its value. */
-static pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, double first_mb,
-                                         const int *gbufs, const int *pbufs, const char *fn)
+PDP__PRIVATE pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, double first_mb,
+                                               const int *gbufs, const int *pbufs, const char *fn)
 {
     const char *name[2] = {"bucket_cap_mb", "first_bucket_mb"};
     int grad_buffers = gbufs ? *gbufs : 0, param_buffers = pbufs ? *pbufs : 0;
@@ -241,7 +241,7 @@ static pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, doub
 }
 
 /* "bucket 1 of 3 (0.weight..0.bias, 1.57 MiB)" */
-static void pdp__red_bucket_name(const pdp__reducer *r, int b, char *out, size_t cap)
+PDP__PRIVATE void pdp__red_bucket_name(const pdp__reducer *r, int b, char *out, size_t cap)
 {
     const pdp__red_bucket *k = &r->buckets[b];
     snprintf(out, cap, "bucket %d of %d (%s..%s, %.3g MiB)", b, r->nbuckets,
@@ -249,7 +249,7 @@ static void pdp__red_bucket_name(const pdp__reducer *r, int b, char *out, size_t
              (double)k->info.count * 4.0 / 1048576.0);
 }
 
-static void pdp__reducer_launch(pdp__reducer *r, int b)
+PDP__PRIVATE void pdp__reducer_launch(pdp__reducer *r, int b)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
@@ -265,14 +265,14 @@ static void pdp__reducer_launch(pdp__reducer *r, int b)
 }
 
 /* Launches every ready bucket that has no unlaunched bucket before it. */
-static void pdp__reducer_launch_ready(pdp__reducer *r)
+PDP__PRIVATE void pdp__reducer_launch_ready(pdp__reducer *r)
 {
     while (r->next_launch < r->nbuckets && r->buckets[r->next_launch].ready)
         pdp__reducer_launch(r, r->next_launch++);
 }
 
 /* The model's grad hook: parameter p's gradient is final for this backward. */
-static void pdp__reducer_hook(void *user, pdp_model *m, int p)
+PDP__PRIVATE void pdp__reducer_hook(void *user, pdp_model *m, int p)
 {
     pdp__reducer *r = (pdp__reducer *)user;
     pdp__red_bucket *k;
@@ -291,7 +291,7 @@ static void pdp__reducer_hook(void *user, pdp_model *m, int p)
     }
 }
 
-static void pdp__reducer_arm(pdp__reducer *r)
+PDP__PRIVATE void pdp__reducer_arm(pdp__reducer *r)
 {
     pdp_comm_stats cs;
     int b;
@@ -317,8 +317,8 @@ static void pdp__reducer_arm(pdp__reducer *r)
 /* The model's events. BACKWARD_BEGIN refuses a backward while the last one is
    being reduced and arms the reducer (unless no_sync); BACKWARD_END launches the
    buckets whose parameters got no gradient and records the state. */
-static pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
-                                     pdp_status st)
+PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                           pdp_status st)
 {
     pdp__reducer *r = (pdp__reducer *)user;
     switch (ev) {
@@ -362,7 +362,7 @@ typedef struct pdp__red_sig {
     int64_t shape[4];
 } pdp__red_sig;
 
-static void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s)
+PDP__PRIVATE void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s)
 {
     const pdp__param_entry *e = &m->params[p];
     memset(s, 0, sizeof *s);
@@ -371,7 +371,7 @@ static void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s)
     memcpy(s->shape, e->shape, sizeof s->shape);
 }
 
-static void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap)
+PDP__PRIVATE void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap)
 {
     int i;
     size_t n = (size_t)snprintf(out, cap, "'%.32s' [", s->name);
@@ -383,8 +383,8 @@ static void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap)
 /* All-gather of count host floats per rank. Collective buffers live on the
    communicator's device (NCCL reads GPU memory only), so a GPU communicator
    stages them through a small device buffer; used once, at construction. */
-static pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, float *recv,
-                                              int64_t count)
+PDP__PRIVATE pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, float *recv,
+                                                    int64_t count)
 {
     float *dev = NULL;
     size_t send_bytes = (size_t)count * sizeof(float);
@@ -401,8 +401,8 @@ static pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, fl
 
 /* Every rank compares its registry with rank 0's; all learn the first
    difference of every rank through an all-gather, so all fail together. */
-static pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
-                                            pdp_batch_mean mean, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
+                                                  pdp_batch_mean mean, const char *fn)
 {
     int64_t n0 = m->nparams;
     pdp__red_sig *table = NULL, mine;
@@ -486,8 +486,8 @@ out:
    parameters, copies rank 0's parameters to every rank, zeroes the gradients,
    opens the trace and installs the grad hook. On failure the executor calls
    pdp__reducer_release(r). */
-static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
-                                    const pdp__reducer_desc *desc, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
+                                          const pdp__reducer_desc *desc, const char *fn)
 {
     pdp_status st;
     PDP_ASSERT(desc && desc->reduce && desc->op_name && desc->finish_names);
@@ -537,7 +537,7 @@ static pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
 }
 
 /* Waits for buckets still in flight, removes the hook, frees the buckets. */
-static void pdp__reducer_release(pdp__reducer *r)
+PDP__PRIVATE void pdp__reducer_release(pdp__reducer *r)
 {
     int b;
     if (r->buckets)
@@ -572,8 +572,8 @@ static void pdp__reducer_release(pdp__reducer *r)
    hook->scratch_bytes_per_float bytes on the model's device, allocated here once;
    bucket b's piece starts off[b] floats in (off NULL: at the bucket's offset in the
    flat block, total = the parameter count). */
-static pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_comm_hook *hook,
-                                        const int64_t *off, int64_t total, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_comm_hook *hook,
+                                              const int64_t *off, int64_t total, const char *fn)
 {
     size_t bytes;
     int b;
@@ -611,8 +611,8 @@ static pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_comm_hook
 
 /* The executor's reduce with a hook registered: v holds the collective's part of the
    view (grad, count, reduce_scatter, recv, recv_count); the rest is filled here. */
-static pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_comm_hook_bucket *v,
-                                           pdp_work **w)
+PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_comm_hook_bucket *v,
+                                                 pdp_work **w)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
@@ -651,7 +651,7 @@ static pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_com
 
 /* Starts the all-reduce (sum) of this rank's batch size n; its bytes go to the
    executor's stats. */
-static pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const char *fn)
 {
     pdp_comm_stats a, b;
     pdp_status st;
@@ -671,8 +671,8 @@ static pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const ch
 }
 
 /* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
-static pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
-                                          const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
+                                                const char *fn)
 {
     pdp_status st = pdp_work_wait(r->count_work);
     double total;
@@ -693,9 +693,9 @@ static pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *wei
 /* The built-in cross-entropy pass weighted by the global batch (loss.c's
    pdp_model_forward_backward with grad_scale N / T): the batch sizes' all-reduce
    runs during the forward. *loss is this rank's mean. */
-static pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pdp_tensor *x,
-                                                       const int32_t *labels, float *loss,
-                                                       const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pdp_tensor *x,
+                                                             const int32_t *labels, float *loss,
+                                                             const char *fn)
 {
     pdp_model *m = r->m;
     const pdp_tensor *y = NULL;
@@ -732,8 +732,8 @@ static pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pd
 
 /* An own loss's backward weighted by the global batch: dy x N n / T into the
    model's grad_a (which backward accepts as dy), then backward from it. */
-static pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor *dy,
-                                               const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor *dy,
+                                                     const char *fn)
 {
     pdp_model *m = r->m;
     pdp_tensor scaled;
@@ -767,8 +767,8 @@ static pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor
 
 /* Forward, loss and backward on this rank's shard; the buckets launch as their
    gradients become ready (unless no_sync): the model's events do it. */
-static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
-                                        const int32_t *labels, float *loss, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
+                                              const int32_t *labels, float *loss, const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
@@ -786,8 +786,8 @@ static pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
 }
 
 /* A user's own loss: forward on this rank's shard (*y: the model's output). */
-static pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
-                                       const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
+                                             const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
@@ -801,7 +801,7 @@ static pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, con
 }
 
 /* ... and backward from dy, the gradient of the user's loss with respect to y. */
-static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
@@ -820,7 +820,7 @@ static pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy
 
 /* The wait of bucket b's handle: records its time, its trace event and the first
    failure (named after the bucket). */
-static pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
+PDP__PRIVATE pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
@@ -849,7 +849,7 @@ static pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
 /* Waits for bucket b if it was launched and not waited yet, runs the comm hook's
    finish (a failure is recorded as the wait's, named after the bucket), then
    bucket_done on success. */
-static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
+PDP__PRIVATE void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st = PDP_OK;
@@ -871,7 +871,7 @@ static void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
 
 /* Waits for every bucket of the last synchronised backward, in bucket order;
    the first failure names its bucket and parameters. */
-static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
 {
     pdp_status first;
     pdp_comm_stats cs;
@@ -928,7 +928,7 @@ static pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
 
 /* After a successful finish: opt's step (a range optimizer steps its range
    only), zeroed gradients, then the executor's after_step. */
-static pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const char *fn)
 {
     pdp_status st;
     double t0 = pdp__now();
@@ -942,7 +942,7 @@ static pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const char 
     return PDP_OK;
 }
 
-static void pdp__reducer_reset_stats(pdp__reducer *r)
+PDP__PRIVATE void pdp__reducer_reset_stats(pdp__reducer *r)
 {
     int64_t grad_bytes = r->stats.grad_bytes;
     memset(&r->stats, 0, sizeof r->stats);

@@ -26,7 +26,7 @@
 /* ---- rendezvous: the environment ---- */
 
 /* getenv, with an empty value counting as unset (`RANK= ./train`). */
-static const char *pdp__env_get(const char *name)
+PDP__PRIVATE const char *pdp__env_get(const char *name)
 {
     const char *v = getenv(name);
     return (v && v[0]) ? v : NULL;
@@ -34,8 +34,8 @@ static const char *pdp__env_get(const char *name)
 
 /* Parses the whole of value as a decimal integer in [lo, hi]; why says what the
    range means in the message. */
-static pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
-                               const char *why, int *out)
+PDP__PRIVATE pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
+                                     const char *why, int *out)
 {
     char *end;
     long x;
@@ -115,8 +115,8 @@ PDP_API pdp_status pdp_env_read(pdp_env_info *out)
 
 /* Opens env's store (*out NULL for a world of one); what names the library
    ("NCCL") and fn the public caller in messages. */
-static pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env,
-                                        double timeout_s, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env,
+                                              double timeout_s, const char *what, const char *fn)
 {
     pdp_store_desc sd;
     const char *port_env;
@@ -142,9 +142,9 @@ static pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env
 /* Rank 0's blob[0..bytes) (made before the call) reaches every rank's blob through
    store (NULL: a world of one, nothing to do); then every rank meets at
    "<key>_read". */
-static pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_info *env,
-                                        const char *key, void *blob, size_t bytes,
-                                        double timeout_s, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_info *env,
+                                              const char *key, void *blob, size_t bytes,
+                                              double timeout_s, const char *what, const char *fn)
 {
     char read_key[PDP_STORE_MAX_KEY + 1];
     pdp_status st;

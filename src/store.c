@@ -79,13 +79,13 @@ typedef struct pdp__store_hdr {
     uint64_t arg;
 } pdp__store_hdr;
 
-static void pdp__store_put(unsigned char *p, uint64_t x, int bytes)
+PDP__PRIVATE void pdp__store_put(unsigned char *p, uint64_t x, int bytes)
 {
     int i;
     for (i = bytes - 1; i >= 0; i--, x >>= 8) p[i] = (unsigned char)(x & 0xff);
 }
 
-static uint64_t pdp__store_take(const unsigned char *p, int bytes)
+PDP__PRIVATE uint64_t pdp__store_take(const unsigned char *p, int bytes)
 {
     uint64_t x = 0;
     int i;
@@ -93,8 +93,8 @@ static uint64_t pdp__store_take(const unsigned char *p, int bytes)
     return x;
 }
 
-static void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint32_t value_bytes,
-                            uint64_t arg)
+PDP__PRIVATE void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint32_t value_bytes,
+                                  uint64_t arg)
 {
     pdp__store_put(p, PDP__STORE_MAGIC, 4);
     p[4] = (unsigned char)code;
@@ -105,7 +105,7 @@ static void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint
     pdp__store_put(p + 16, arg, 8);
 }
 
-static pdp__store_hdr pdp__store_unpack(const unsigned char *p)
+PDP__PRIVATE pdp__store_hdr pdp__store_unpack(const unsigned char *p)
 {
     pdp__store_hdr h;
     h.magic = (uint32_t)pdp__store_take(p, 4);
@@ -117,7 +117,7 @@ static pdp__store_hdr pdp__store_unpack(const unsigned char *p)
     return h;
 }
 
-static uint64_t pdp__store_ms(double seconds)
+PDP__PRIVATE uint64_t pdp__store_ms(double seconds)
 {
     double ms = ceil(seconds * 1000.0);
     if (!(ms > 0.0)) return 0;
@@ -128,7 +128,7 @@ static uint64_t pdp__store_ms(double seconds)
 
 /* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
    _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
-static const char *pdp__store_errstr(int e, char *buf, size_t cap)
+PDP__PRIVATE const char *pdp__store_errstr(int e, char *buf, size_t cap)
 {
 #if defined(__GLIBC__) && defined(__USE_GNU) /* what <features.h> saw, not what is defined now */
     return strerror_r(e, buf, cap);
@@ -140,7 +140,7 @@ static const char *pdp__store_errstr(int e, char *buf, size_t cap)
 
 /* Non-blocking, close-on-exec, no SIGPIPE, no Nagle (requests are small and
    latency-bound). */
-static void pdp__store_tune(int fd, bool tcp)
+PDP__PRIVATE void pdp__store_tune(int fd, bool tcp)
 {
     int one = 1;
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -151,7 +151,7 @@ static void pdp__store_tune(int fd, bool tcp)
     if (tcp) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-static void pdp__store_sleep(double seconds)
+PDP__PRIVATE void pdp__store_sleep(double seconds)
 {
     struct timespec ts;
     if (seconds <= 0) return;
@@ -163,7 +163,7 @@ static void pdp__store_sleep(double seconds)
 
 /* poll() one fd for events until deadline (pdp__now() seconds): 1 ready, 0 timed
    out, -1 error (errno). */
-static int pdp__store_poll1(int fd, short events, double deadline)
+PDP__PRIVATE int pdp__store_poll1(int fd, short events, double deadline)
 {
     for (;;) {
         struct pollfd p;
@@ -179,7 +179,7 @@ static int pdp__store_poll1(int fd, short events, double deadline)
     }
 }
 
-static int pdp__store_port_of(int fd)
+PDP__PRIVATE int pdp__store_port_of(int fd)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
@@ -226,7 +226,7 @@ typedef struct pdp__store_server {
 /* Returns an array of at least need elements of elem bytes holding p's *cap old
    ones: p itself when it is big enough, else a new block (p freed, *cap updated);
    NULL when out of memory, with p untouched. */
-static void *pdp__store_grow(void *p, int *cap, int need, size_t elem)
+PDP__PRIVATE void *pdp__store_grow(void *p, int *cap, int need, size_t elem)
 {
     int n = *cap ? *cap : 8;
     void *q;
@@ -240,7 +240,7 @@ static void *pdp__store_grow(void *p, int *cap, int need, size_t elem)
     return q;
 }
 
-static bool pdp__store_reserve(unsigned char **buf, size_t *cap, size_t need)
+PDP__PRIVATE bool pdp__store_reserve(unsigned char **buf, size_t *cap, size_t need)
 {
     unsigned char *q;
     if (need <= *cap) return true;
@@ -252,8 +252,8 @@ static bool pdp__store_reserve(unsigned char **buf, size_t *cap, size_t need)
     return true;
 }
 
-static pdp__store_entry *pdp__store_find(pdp__store_server *srv, const unsigned char *key,
-                                         uint32_t key_bytes)
+PDP__PRIVATE pdp__store_entry *pdp__store_find(pdp__store_server *srv, const unsigned char *key,
+                                               uint32_t key_bytes)
 {
     int i;
     for (i = 0; i < srv->n_entries; i++) {
@@ -264,8 +264,8 @@ static pdp__store_entry *pdp__store_find(pdp__store_server *srv, const unsigned 
 }
 
 /* Sets key to value (replacing), or returns false when out of memory. */
-static bool pdp__store_put_entry(pdp__store_server *srv, const unsigned char *key,
-                                 uint32_t key_bytes, const void *value, uint32_t value_bytes)
+PDP__PRIVATE bool pdp__store_put_entry(pdp__store_server *srv, const unsigned char *key,
+                                       uint32_t key_bytes, const void *value, uint32_t value_bytes)
 {
     pdp__store_entry *e = pdp__store_find(srv, key, key_bytes);
     unsigned char *data = (unsigned char *)pdp__alloc((size_t)key_bytes + value_bytes);
@@ -293,7 +293,7 @@ static bool pdp__store_put_entry(pdp__store_server *srv, const unsigned char *ke
 /* ---- server: connections ---- */
 
 /* Sends what it can of c's reply; the rest goes when poll reports POLLOUT. */
-static void pdp__store_flush(pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_flush(pdp__store_conn *c)
 {
     while (c->out_sent < c->out_len) {
         ssize_t r = send(c->fd, c->out + c->out_sent, c->out_len - c->out_sent, MSG_NOSIGNAL);
@@ -312,8 +312,8 @@ static void pdp__store_flush(pdp__store_conn *c)
 }
 
 /* Queues a reply, ends the current request and starts sending. */
-static void pdp__store_reply(pdp__store_conn *c, int status, const void *value, uint32_t bytes,
-                             uint64_t arg)
+PDP__PRIVATE void pdp__store_reply(pdp__store_conn *c, int status, const void *value, uint32_t bytes,
+                                   uint64_t arg)
 {
     if (!pdp__store_reserve(&c->out, &c->out_cap, PDP__STORE_HDR + (size_t)bytes)) {
         c->dead = true; /* the client sees EOF: PDP_ERR_COMM on its side */
@@ -328,7 +328,7 @@ static void pdp__store_reply(pdp__store_conn *c, int status, const void *value, 
     pdp__store_flush(c);
 }
 
-static void pdp__store_reply_error(pdp__store_conn *c, bool hang_up, const char *fmt, ...)
+PDP__PRIVATE void pdp__store_reply_error(pdp__store_conn *c, bool hang_up, const char *fmt, ...)
 {
     char msg[256];
     va_list ap;
@@ -340,7 +340,7 @@ static void pdp__store_reply_error(pdp__store_conn *c, bool hang_up, const char 
 }
 
 /* Answers a parked GET/WAIT from entry e. */
-static void pdp__store_answer(pdp__store_conn *c, const pdp__store_entry *e)
+PDP__PRIVATE void pdp__store_answer(pdp__store_conn *c, const pdp__store_entry *e)
 {
     if (c->req.code == PDP__STORE_GET)
         pdp__store_reply(c, PDP__STORE_OK, e->data + e->key_bytes, e->value_bytes, 0);
@@ -349,7 +349,7 @@ static void pdp__store_answer(pdp__store_conn *c, const pdp__store_entry *e)
 }
 
 /* A key was created or changed: answer everyone waiting for it. */
-static void pdp__store_wake_waiters(pdp__store_server *srv, const pdp__store_entry *e)
+PDP__PRIVATE void pdp__store_wake_waiters(pdp__store_server *srv, const pdp__store_entry *e)
 {
     int i;
     for (i = 0; i < srv->n_conns; i++) {
@@ -361,7 +361,7 @@ static void pdp__store_wake_waiters(pdp__store_server *srv, const pdp__store_ent
 }
 
 /* Applies ADD: counters are decimal text; a value that is not one is an error. */
-static void pdp__store_add_op(pdp__store_server *srv, pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_add_op(pdp__store_server *srv, pdp__store_conn *c)
 {
     const unsigned char *key = c->body;
     uint32_t kb = c->req.key_bytes;
@@ -401,7 +401,7 @@ static void pdp__store_add_op(pdp__store_server *srv, pdp__store_conn *c)
 }
 
 /* The request in c (header and body) is complete: carry it out. */
-static void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c)
 {
     const unsigned char *key = c->body;
     uint32_t kb = c->req.key_bytes;
@@ -433,7 +433,7 @@ static void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c)
 }
 
 /* A complete header arrived: validate it before anything is allocated. */
-static void pdp__store_check_header(pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_check_header(pdp__store_conn *c)
 {
     pdp__store_hdr h = pdp__store_unpack(c->hdr);
     size_t need;
@@ -472,7 +472,7 @@ static void pdp__store_check_header(pdp__store_conn *c)
 }
 
 /* Reads what is there for c's current request; executes it once complete. */
-static void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
 {
     unsigned char *dst;
     size_t want;
@@ -501,7 +501,7 @@ static void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c)
     if (c->body_got == (size_t)c->req.key_bytes + c->req.value_bytes) pdp__store_execute(srv, c);
 }
 
-static void pdp__store_conn_free(pdp__store_conn *c)
+PDP__PRIVATE void pdp__store_conn_free(pdp__store_conn *c)
 {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
@@ -510,7 +510,7 @@ static void pdp__store_conn_free(pdp__store_conn *c)
     pdp__dealloc(c);
 }
 
-static void pdp__store_accept(pdp__store_server *srv)
+PDP__PRIVATE void pdp__store_accept(pdp__store_server *srv)
 {
     for (;;) {
         pdp__store_conn **conns, *c = NULL;
@@ -543,7 +543,7 @@ static void pdp__store_accept(pdp__store_server *srv)
 
 /* ---- server: the loop ---- */
 
-static void *pdp__store_serve(void *arg)
+PDP__PRIVATE void *pdp__store_serve(void *arg)
 {
     pdp__store_server *srv = (pdp__store_server *)arg;
     for (;;) {
@@ -598,7 +598,7 @@ static void *pdp__store_serve(void *arg)
     return NULL;
 }
 
-static void pdp__store_server_free(pdp__store_server *srv)
+PDP__PRIVATE void pdp__store_server_free(pdp__store_server *srv)
 {
     int i;
     if (!srv) return;
@@ -614,7 +614,7 @@ static void pdp__store_server_free(pdp__store_server *srv)
 }
 
 /* Binds host:port, listens and starts the loop; *port gets the port bound. */
-static pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port)
+PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port)
 {
     struct addrinfo hints, *res = NULL, *ai;
     pdp__store_server *srv;
@@ -681,7 +681,7 @@ static pdp_status pdp__store_server_start(pdp__store_server **out, const char *h
     return PDP_OK;
 }
 
-static void pdp__store_server_stop(pdp__store_server *srv)
+PDP__PRIVATE void pdp__store_server_stop(pdp__store_server *srv)
 {
     char byte = 1;
     if (!srv) return;
@@ -704,8 +704,8 @@ struct pdp_store {
 };
 
 /* One non-blocking connect to ai, bounded by deadline; the fd, or -1 with why. */
-static int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
-                                  size_t cap)
+PDP__PRIVATE int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
+                                        size_t cap)
 {
     int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), err = 0, r;
     socklen_t len = sizeof err;
@@ -728,7 +728,7 @@ static int pdp__store_try_connect(const struct addrinfo *ai, double deadline, ch
 }
 
 /* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
-static pdp_status pdp__store_connect(pdp_store *s, const char *host)
+PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host)
 {
     double deadline = pdp__now() + s->timeout_s, backoff = 0.01;
     char service[16], why[128] = "no attempt";
@@ -764,8 +764,8 @@ static pdp_status pdp__store_connect(pdp_store *s, const char *host)
 
 /* Sends out[0..bytes) or, with out NULL, receives into in[0..bytes), all of it by
    deadline: 0, or -1 with why filled. */
-static int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
-                         double deadline, char *why, size_t cap)
+PDP__PRIVATE int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
+                               double deadline, char *why, size_t cap)
 {
     size_t done = 0;
     while (done < bytes) {
@@ -794,21 +794,21 @@ static int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, si
     return 0;
 }
 
-static int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
-                               size_t cap)
+PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
+                                     size_t cap)
 {
     return pdp__store_io(fd, (const unsigned char *)buf, NULL, bytes, deadline, why, cap);
 }
 
-static int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
-                               size_t cap)
+PDP__PRIVATE int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
+                                     size_t cap)
 {
     return pdp__store_io(fd, NULL, (unsigned char *)buf, bytes, deadline, why, cap);
 }
 
 /* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
-static int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
-                                char *why, size_t why_cap)
+PDP__PRIVATE int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
+                                      char *why, size_t why_cap)
 {
     unsigned char sink[4096];
     size_t keep = PDP__MIN(cap, bytes);
@@ -825,10 +825,10 @@ static int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, dou
    reply's value goes to buf[0..cap) (its full length in *bytes), its arg to
    *arg. PDP_ERR_TIMEOUT without a message when the server reports a timeout (the
    caller words it); PDP_ERR_COMM with one when the connection or the server fails. */
-static pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const char *key,
-                                  const void *value, size_t value_bytes, uint64_t arg,
-                                  double wait_s, void *buf, size_t cap, size_t *bytes,
-                                  uint64_t *reply_arg)
+PDP__PRIVATE pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const char *key,
+                                        const void *value, size_t value_bytes, uint64_t arg,
+                                        double wait_s, void *buf, size_t cap, size_t *bytes,
+                                        uint64_t *reply_arg)
 {
     unsigned char head[PDP__STORE_HDR + PDP_STORE_MAX_KEY];
     size_t key_bytes = strlen(key);
@@ -874,7 +874,7 @@ broken:
                     fn, key, s->host, s->port, why);
 }
 
-static pdp_status pdp__store_check(const pdp_store *s, const char *fn, const char *key)
+PDP__PRIVATE pdp_status pdp__store_check(const pdp_store *s, const char *fn, const char *key)
 {
     size_t n;
     if (!s) return pdp__err(PDP_ERR_INVALID, "%s: store is NULL", fn);

@@ -9,7 +9,7 @@
 
 /* ---- tensor: shapes ---- */
 
-static pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *count)
+PDP__PRIVATE pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *count)
 {
     int64_t n = 1;
     int i;
@@ -28,7 +28,7 @@ static pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shap
     return PDP_OK;
 }
 
-static void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, int64_t count)
+PDP__PRIVATE void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, int64_t count)
 {
     int i;
     t->ndim = ndim;
@@ -37,7 +37,7 @@ static void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, int64_
 }
 
 /* "[128, 784]" into buf, for messages. */
-static const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t bytes)
+PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t bytes)
 {
     size_t used = 0;
     int i;
@@ -237,8 +237,8 @@ PDP_API float pdp_rng_normal(pdp_rng *r)
 }
 
 /* Fills a CPU tensor directly, any other device through a host staging copy. */
-static pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
-                                   const char *fn)
+PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
+                                         const char *fn)
 {
     float *host;
     int64_t i;

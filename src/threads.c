@@ -68,7 +68,7 @@ PDP_API pdp_status pdp_set_num_threads(int n)
 
 PDP_API int pdp_get_num_threads(void) { return pdp__num_threads > 0 ? pdp__num_threads : 1; }
 
-static int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
+PDP__PRIVATE int pdp__threads_for_caller(void) { return pdp_get_num_threads(); }
 
 /* ---- threads: the profile counters (pdp_profile_*) ---- */
 
@@ -119,9 +119,9 @@ static pthread_once_t pdp__scratch_once = PTHREAD_ONCE_INIT;
 static pthread_key_t pdp__scratch_key;
 static int pdp__scratch_key_ok;
 
-static void pdp__scratch_free(void *p) { pdp__dealloc(p); }
+PDP__PRIVATE void pdp__scratch_free(void *p) { pdp__dealloc(p); }
 
-static void pdp__scratch_init(void)
+PDP__PRIVATE void pdp__scratch_init(void)
 {
     pdp__scratch_key_ok = pthread_key_create(&pdp__scratch_key, pdp__scratch_free) == 0;
 }
@@ -129,7 +129,7 @@ static void pdp__scratch_init(void)
 /* This thread's scratch buffer of at least `bytes` bytes (64-byte aligned), or NULL
    when out of memory. Valid until the next call on the same thread; its contents
    are not kept when it grows. Only leaf routines (GEMM) use it, never nested. */
-static void *pdp__thread_scratch(size_t bytes)
+PDP__PRIVATE void *pdp__thread_scratch(size_t bytes)
 {
     pdp__scratch_hdr *h;
     pthread_once(&pdp__scratch_once, pdp__scratch_init);
@@ -149,7 +149,7 @@ static void *pdp__thread_scratch(size_t bytes)
 
 /* ---- threads: the pool ---- */
 
-static void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
+PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx)
 {
     double t0 = pdp__now();
     int i;
@@ -170,18 +170,18 @@ typedef struct pdp__team_wait {
     unsigned long seen;
 } pdp__team_wait;
 
-static bool pdp__team_no_new_job(const void *ctx)
+PDP__PRIVATE bool pdp__team_no_new_job(const void *ctx)
 {
     const pdp__team_wait *c = (const pdp__team_wait *)ctx;
     return PDP__LOAD_ACQ(&c->team->generation) == c->seen && !PDP__LOAD_ACQ(&c->team->stop);
 }
 
-static bool pdp__team_pending(const void *team)
+PDP__PRIVATE bool pdp__team_pending(const void *team)
 {
     return PDP__LOAD_ACQ(&((const pdp__team *)team)->pending) > 0;
 }
 
-static void *pdp__team_main(void *p)
+PDP__PRIVATE void *pdp__team_main(void *p)
 {
     const pdp__team_member *me = (const pdp__team_member *)p;
     pdp__team *t = me->team;
@@ -215,7 +215,7 @@ static void *pdp__team_main(void *p)
     return NULL;
 }
 
-static int pdp__team_init(pdp__team *t)
+PDP__PRIVATE int pdp__team_init(pdp__team *t)
 {
     int rc;
     memset(t, 0, sizeof *t);
@@ -233,7 +233,7 @@ static int pdp__team_init(pdp__team *t)
     return 0;
 }
 
-static int pdp__team_grow(pdp__team *t, int workers)
+PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers)
 {
     int rc = 0;
     if (!t->ok) return EINVAL;
@@ -254,7 +254,7 @@ static int pdp__team_grow(pdp__team *t, int workers)
     return rc;
 }
 
-static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg)
+PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg)
 {
     int i, helpers;
     if (n <= 1 || !t->ok) { /* nothing to hand off (or no team): all on this thread */
@@ -280,7 +280,7 @@ static void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int 
     pthread_mutex_unlock(&t->lock);
 }
 
-static void pdp__team_free(pdp__team *t)
+PDP__PRIVATE void pdp__team_free(pdp__team *t)
 {
     int w, nworkers;
     if (!t->ok) return;
@@ -318,7 +318,7 @@ static pdp__pool pdp__the_pool;
 /* The job under a profile: a member times its index in its own slot, the caller
    notes when it finished its own; the caller reads both once pdp__team_run has
    returned (which orders the members' writes before it). */
-static void pdp__pool_timed(void *p, int i, int n)
+PDP__PRIVATE void pdp__pool_timed(void *p, int i, int n)
 {
     pdp__pool *pool = (pdp__pool *)p;
     double t0 = pdp__now();
@@ -329,7 +329,7 @@ static void pdp__pool_timed(void *p, int i, int n)
         pool->busy_s[i] = pdp__now() - t0;
 }
 
-static void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
+PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg)
 {
     pdp__pool *pool = &pdp__the_pool;
     int i;

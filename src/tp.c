@@ -43,7 +43,7 @@ PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp)
 PDP_API pdp_comm *pdp_model_tp(const pdp_model *m) { return m ? m->tp.comm : NULL; }
 
 /* Appends TP layer l (kind and configuration set) to m. */
-static pdp_status pdp__tp_add(pdp_model *m, pdp__layer l, const char *fn)
+PDP__PRIVATE pdp_status pdp__tp_add(pdp_model *m, pdp__layer l, const char *fn)
 {
     pdp_status st;
     l.tp = m->tp.comm ? &m->tp : NULL;
@@ -52,7 +52,7 @@ static pdp_status pdp__tp_add(pdp_model *m, pdp__layer l, const char *fn)
 }
 
 /* The kind of m's last layer (-1: none). */
-static int pdp__tp_last_kind(const pdp_model *m)
+PDP__PRIVATE int pdp__tp_last_kind(const pdp_model *m)
 {
     return m->nlayers ? (int)m->layers[m->nlayers - 1].kind : -1;
 }
@@ -134,7 +134,7 @@ PDP_API void pdp_tp_reset_stats(pdp_model *m)
 
 /* The single-device model of m: the same layers with f and g left out and the split
    Linears whole, on m's device (its parameters are overwritten by the caller). */
-static pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, const char *fn)
+PDP__PRIVATE pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, const char *fn)
 {
     pdp_model_desc md;
     pdp_model *full = NULL;
@@ -166,8 +166,8 @@ static pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, const 
 /* Copies between parameter p's slice (local, in m's block layout) and its full tensor
    (full), to_full or back, on device d: the contiguous runs of the slice. Replicated
    parameters are one run of the whole tensor. */
-static pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *full,
-                               float *local, bool to_full)
+PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *full,
+                                     float *local, bool to_full)
 {
     const pdp__param_entry *e = &m->params[p];
     const pdp__layer *l = &m->layers[e->layer];
@@ -206,14 +206,14 @@ typedef struct pdp__tp_verdict {
     pdp__tp_sig sig;
 } pdp__tp_verdict;
 
-static bool pdp__tp_kind(pdp__layer_kind k)
+PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k)
 {
     return k == PDP__TP_COPY || k == PDP__TP_REDUCE || k == PDP__COLUMN_PARALLEL_LINEAR ||
            k == PDP__ROW_PARALLEL_LINEAR;
 }
 
 /* The signature of m's k-th TP layer; false when it has fewer. */
-static bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
+PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
 {
     int i;
     memset(s, 0, sizeof *s);
@@ -232,7 +232,7 @@ static bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
 }
 
 /* "layer 1 (ColumnParallelLinear) 6 -> 12" */
-static void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
+PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
 {
     snprintf(out, cap, "layer %lld (%s) %lld -> %lld", (long long)s->layer,
              pdp__layer_kind_name((pdp__layer_kind)s->kind), (long long)s->in,
@@ -242,7 +242,7 @@ static void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap)
 /* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
    to every rank, each rank compares, and every rank's verdict goes to every rank (one
    small broadcast from each), so all fail together with the same message. */
-static pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
+PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp)
 {
     const pdp_model *m = tp->model;
     int64_t n0 = tp->nlayers, k;
@@ -312,8 +312,8 @@ out:
 /* dst (full's layout) <- the full tensors from every rank's slices of src (m's layout):
    each rank writes its slices (rank 0 also the replicated tensors) into zeros, and one
    all-reduce sums them. */
-static pdp_status pdp__tp_gather(const pdp_model *m, const pdp_model *full, const float *src,
-                                 float *dst)
+PDP__PRIVATE pdp_status pdp__tp_gather(const pdp_model *m, const pdp_model *full, const float *src,
+                                       float *dst)
 {
     int p;
     pdp_status st;
@@ -328,8 +328,8 @@ static pdp_status pdp__tp_gather(const pdp_model *m, const pdp_model *full, cons
 }
 
 /* dst (m's layout) <- this rank's slices of src (full's layout). */
-static pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
-                                  float *dst)
+PDP__PRIVATE pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
+                                        float *dst)
 {
     int p;
     pdp_status st;
@@ -340,7 +340,7 @@ static pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, con
     return PDP_OK;
 }
 
-static pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, const char *fn)
+PDP__PRIVATE pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, const char *fn)
 {
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if (!m->tp.comm)
@@ -392,7 +392,7 @@ out:
 
 /* *failed <- the number of TP ranks passing failed = true (an all-reduce of one float on
    the communicator's device). On failure the message is set. */
-static pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, float *count)
+PDP__PRIVATE pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, float *count)
 {
     float *buf = NULL, one = failed ? 1.0f : 0.0f;
     pdp_status st;

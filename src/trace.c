@@ -86,7 +86,7 @@ static const char pdp__trace_trailer[] = "\n],\"displayTimeUnit\":\"ms\"}\n";
 
 /* ---- trace: writing ---- */
 
-static void pdp__trace_put_escaped(FILE *f, const char *s)
+PDP__PRIVATE void pdp__trace_put_escaped(FILE *f, const char *s)
 {
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
@@ -96,7 +96,7 @@ static void pdp__trace_put_escaped(FILE *f, const char *s)
     }
 }
 
-static void pdp__trace_put_one(FILE *f, const pdp__trace_ev *e, char ph, double ts, bool dur)
+PDP__PRIVATE void pdp__trace_put_one(FILE *f, const pdp__trace_ev *e, char ph, double ts, bool dur)
 {
     fprintf(f, "{\"ph\":\"%c\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f", ph, e->pid, e->tid, ts);
     if (dur) fprintf(f, ",\"dur\":%.3f", e->dur);
@@ -109,7 +109,7 @@ static void pdp__trace_put_one(FILE *f, const pdp__trace_ev *e, char ph, double 
 
 /* Appends the buffered records after the last one written, then the trailer.
    Called with the mutex held. */
-static void pdp__trace_write_locked(pdp__trace_sink *s)
+PDP__PRIVATE void pdp__trace_write_locked(pdp__trace_sink *s)
 {
     int i;
     if (!s->f) return;
@@ -132,7 +132,7 @@ static void pdp__trace_write_locked(pdp__trace_sink *s)
 }
 
 /* The next free record (writing the buffer out when it is full). Mutex held. */
-static pdp__trace_ev *pdp__trace_slot_locked(pdp__trace_sink *s)
+PDP__PRIVATE pdp__trace_ev *pdp__trace_slot_locked(pdp__trace_sink *s)
 {
     pdp__trace_ev *e;
     if (s->n == s->cap) pdp__trace_write_locked(s);
@@ -141,7 +141,7 @@ static pdp__trace_ev *pdp__trace_slot_locked(pdp__trace_sink *s)
     return e;
 }
 
-static void pdp__trace_copy(char *dst, size_t cap, const char *src)
+PDP__PRIVATE void pdp__trace_copy(char *dst, size_t cap, const char *src)
 {
     size_t n = src ? strlen(src) : 0;
     if (n >= cap) n = cap - 1;
@@ -150,7 +150,7 @@ static void pdp__trace_copy(char *dst, size_t cap, const char *src)
 }
 
 /* args = "\"name\":\"<escaped s>\"" for metadata records. */
-static void pdp__trace_name_arg(char *dst, size_t cap, const char *s)
+PDP__PRIVATE void pdp__trace_name_arg(char *dst, size_t cap, const char *s)
 {
     size_t o = 0;
     o += (size_t)snprintf(dst, cap, "\"name\":\"");
@@ -163,8 +163,8 @@ static void pdp__trace_name_arg(char *dst, size_t cap, const char *s)
     dst[o] = '\0';
 }
 
-static void pdp__trace_meta_locked(pdp__trace_sink *s, int pid, int tid, const char *what,
-                                   const char *name, int sort_index)
+PDP__PRIVATE void pdp__trace_meta_locked(pdp__trace_sink *s, int pid, int tid, const char *what,
+                                         const char *name, int sort_index)
 {
     pdp__trace_ev *e = pdp__trace_slot_locked(s);
     char sort_what[32];
@@ -188,7 +188,7 @@ static void pdp__trace_meta_locked(pdp__trace_sink *s, int pid, int tid, const c
    the sink. Reads PDP_TRACE while no file is open; unset or empty means
    tracing stays off and every call below is a no-op. Each successful call
    must be matched by one pdp__trace_close. */
-static pdp_status pdp__trace_open(int process_rank)
+PDP__PRIVATE pdp_status pdp__trace_open(int process_rank)
 {
     pdp__trace_sink *s = &pdp__trace_g;
     const char *env;
@@ -246,7 +246,7 @@ out:
 }
 
 /* The last close writes everything, closes the file and frees the buffer. */
-static void pdp__trace_close(void)
+PDP__PRIVATE void pdp__trace_close(void)
 {
     pdp__trace_sink *s = &pdp__trace_g;
     pthread_mutex_lock(&pdp__trace_mu);
@@ -263,11 +263,11 @@ static void pdp__trace_close(void)
 }
 
 /* Cheap enough for every event site: one atomic load. */
-static bool pdp__trace_enabled(void) { return PDP__LOAD_ACQ(&pdp__trace_g.enabled) != 0; }
+PDP__PRIVATE bool pdp__trace_enabled(void) { return PDP__LOAD_ACQ(&pdp__trace_g.enabled) != 0; }
 
 /* A new track (tid) on process pid (a rank) named name ("compute", "comm world");
    the first track of a pid also names the process "rank <pid>". 0 when off. */
-static int pdp__trace_track(int pid, const char *name)
+PDP__PRIVATE int pdp__trace_track(int pid, const char *name)
 {
     pdp__trace_sink *s = &pdp__trace_g;
     int tid = 0;
@@ -287,8 +287,8 @@ static int pdp__trace_track(int pid, const char *name)
     return tid;
 }
 
-static void pdp__trace_record(char ph, int pid, int tid, const char *cat, const char *name,
-                              uint64_t id, double t0, double t1, const char *args)
+PDP__PRIVATE void pdp__trace_record(char ph, int pid, int tid, const char *cat, const char *name,
+                                    uint64_t id, double t0, double t1, const char *args)
 {
     pdp__trace_sink *s = &pdp__trace_g;
     pdp__trace_ev *e;
@@ -312,16 +312,16 @@ static void pdp__trace_record(char ph, int pid, int tid, const char *cat, const 
 /* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
    seconds). cat: a string literal ("compute", "comm"); args: NULL or a JSON
    object body. */
-static void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                double t1, const char *args)
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
+                                      double t1, const char *args)
 {
     pdp__trace_record('X', pid, tid, cat, name, 0, t0, t1, args);
 }
 
 /* An async begin/end pair (a collective from launch to completion, which may
    overlap the compute track); id distinguishes concurrent pairs of one name. */
-static void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
-                             double t0, double t1, const char *args)
+PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
+                                   double t0, double t1, const char *args)
 {
     pdp__trace_record('A', pid, tid, cat, name, id, t0, t1, args);
 }

@@ -79,17 +79,17 @@ struct pdp_zero {
     uint64_t saves;      /* checkpoint saves begun: one input of each save's run id */
 };
 
-static int64_t pdp__zero_align(int64_t n) { return (n + 15) & ~(int64_t)15; }
+PDP__PRIVATE int64_t pdp__zero_align(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
 /* "unit 1 of 3 (layers 2..4)" */
-static void pdp__zero_unit_name(const pdp_zero *z, int u, char *out, size_t cap)
+PDP__PRIVATE void pdp__zero_unit_name(const pdp_zero *z, int u, char *out, size_t cap)
 {
     snprintf(out, cap, "unit %d of %d (layers %d..%d)", u, z->nunits, z->units[u].first_layer,
              z->units[u].last_layer);
 }
 
 /* Points unit u's layers' gradients (dw) or parameters (w) at buf, the unit's padded copy. */
-static void pdp__zero_point(pdp_zero *z, int u, float **ptrs, float *buf)
+PDP__PRIVATE void pdp__zero_point(pdp_zero *z, int u, float **ptrs, float *buf)
 {
     const pdp__zero_unit *k = &z->units[u];
     int l;
@@ -103,7 +103,7 @@ static void pdp__zero_point(pdp_zero *z, int u, float **ptrs, float *buf)
 
 /* Keeps the first failure of a step's device work that no caller can return
    (a bucket's completion, a no_sync backward): the next finish reports it. */
-static void pdp__zero_defer(pdp_zero *z, pdp_status st, const char *what, int u)
+PDP__PRIVATE void pdp__zero_defer(pdp_zero *z, pdp_status st, const char *what, int u)
 {
     char name[96];
     if (z->deferred != PDP_OK) return;
@@ -114,7 +114,7 @@ static void pdp__zero_defer(pdp_zero *z, pdp_status st, const char *what, int u)
 }
 
 /* Releases unit u's bucket buffer after its reduce-scatter: its slice into the shard. */
-static void pdp__zero_bucket_done(pdp__reducer *r, int b)
+PDP__PRIVATE void pdp__zero_bucket_done(pdp__reducer *r, int b)
 {
     pdp_zero *z = (pdp_zero *)r->desc.user;
     pdp__zero_unit *k = &z->units[b];
@@ -131,7 +131,7 @@ static void pdp__zero_bucket_done(pdp__reducer *r, int b)
 
 /* Gives unit u a zeroed bucket buffer, waiting for the reduce-scatter of the unit
    that held it (bucket_done then frees it). */
-static pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u)
+PDP__PRIVATE pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u)
 {
     int slot = u % z->desc.grad_buffers, v = z->gbuf_unit[slot];
     pdp__zero_unit *k = &z->units[u];
@@ -154,7 +154,7 @@ static pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u)
 }
 
 /* The collective of bucket (unit) b: reduce-scatter (average) in place. */
-static pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w)
 {
     pdp_zero *z = (pdp_zero *)r->desc.user;
     pdp__zero_unit *k = &z->units[b];
@@ -201,7 +201,7 @@ PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_h
 /* ---- zero: gathered parameters (stage 3) ---- */
 
 /* Waits for slot i's all-gather; a failure names the unit. */
-static pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
+PDP__PRIVATE pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
 {
     pdp__zero_pslot *p = &z->pslots[i];
     pdp_status st;
@@ -227,7 +227,7 @@ static pdp_status pdp__zero_wait_slot(pdp_zero *z, int i)
 /* Starts the all-gather of unit u's parameters into a slot: a free one, else the
    least recently used (whose gather has completed or is waited here) other than
    keep's. */
-static pdp_status pdp__zero_gather_launch(pdp_zero *z, int u, int keep)
+PDP__PRIVATE pdp_status pdp__zero_gather_launch(pdp_zero *z, int u, int keep)
 {
     pdp__zero_unit *k = &z->units[u];
     pdp__zero_pslot *p;
@@ -266,7 +266,7 @@ static pdp_status pdp__zero_gather_launch(pdp_zero *z, int u, int keep)
 
 /* Unit u's parameters gathered and its layers pointed at them; then the next
    unit's gather (next >= 0) launched, so it runs while u computes. */
-static pdp_status pdp__zero_need(pdp_zero *z, int u, int next)
+PDP__PRIVATE pdp_status pdp__zero_need(pdp_zero *z, int u, int next)
 {
     pdp__zero_unit *k = &z->units[u];
     pdp_status st;
@@ -280,7 +280,7 @@ static pdp_status pdp__zero_need(pdp_zero *z, int u, int next)
 }
 
 /* Every slot free (FSDP's reshard): waits for gathers in flight first. */
-static pdp_status pdp__zero_release_params(pdp_zero *z)
+PDP__PRIVATE pdp_status pdp__zero_release_params(pdp_zero *z)
 {
     pdp_status st, first = PDP_OK;
     int i;
@@ -294,8 +294,8 @@ static pdp_status pdp__zero_release_params(pdp_zero *z)
 
 /* ---- zero: the model's events ---- */
 
-static pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
-                                  pdp_status st)
+PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                        pdp_status st)
 {
     pdp__reducer *r = (pdp__reducer *)user;
     pdp_zero *z = (pdp_zero *)r->desc.user;
@@ -386,7 +386,7 @@ PDP_API void pdp_zero_free(pdp_zero *z)
 
 /* A zeroed buffer of count floats on the model's device, counted as a working
    buffer when work; NULL on failure (the message says why). */
-static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
+PDP__PRIVATE float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
 {
     size_t bytes = (size_t)PDP__MAX(1, count) * sizeof(float);
     float *p = NULL;
@@ -405,8 +405,8 @@ static float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work)
    unit, and the slice is contiguous). The gradient's part lives in the slice (stage 1:
    the unit's padded buffer; stages 2-3: the shard), and so do the values at stage 3;
    at stages 1-2 the values stay the full view of the model's block. */
-static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp_param *out,
-                                  const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp_param *out,
+                                        const char *fn)
 {
     const pdp_zero *z = (const pdp_zero *)user;
     const pdp__param_entry *e = &m->params[index];
@@ -439,8 +439,8 @@ static pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp
    returns its result, with grad_buffers cut to the units once they are known); in may
    be NULL. The bucket sizes and buffer counts are checked by the rule DDP and ZeRO
    share (pdp__bucket_opts_check, reducer.c). Buffer counts a stage does not use are 0. */
-static pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_zero_desc *in,
-                                          pdp_zero_desc *out, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_zero_desc *in,
+                                                pdp_zero_desc *out, const char *fn)
 {
     pdp_zero_desc d;
     pdp_status st;
@@ -671,7 +671,7 @@ PDP_API pdp_status pdp_zero_finish(pdp_zero *z)
 }
 
 /* Stage 1: the rank's slice of unit u in its padded buffer; stages 2-3: in the shard. */
-static float *pdp__zero_grad_slice(pdp_zero *z, int u)
+PDP__PRIVATE float *pdp__zero_grad_slice(pdp_zero *z, int u)
 {
     const pdp__zero_unit *k = &z->units[u];
     return z->stage == 1 ? k->gbuf + (int64_t)z->rank * k->s : z->grad_shard + k->shard_off;
@@ -719,7 +719,7 @@ PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *t
 }
 
 /* Stages 1-2: every rank's updated slices into every rank's full parameters. */
-static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
 {
     double t0;
     pdp_status st;
@@ -759,7 +759,7 @@ static pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn)
    backends count for a collective of S floats per rank); stage 3's later
    forwards skip the units the backward before them left gathered, the last
    param_buffers units of backward (the highest indices). */
-static void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st)
+PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st)
 {
     int64_t v = 4 * (int64_t)(z->size - 1) * z->shard_count, kept = 0, scalar;
     int u, n = z->size;

@@ -70,7 +70,7 @@
    one-hot flags, on the model's device as the backend wants). With run, rank 0's
    *run reaches every rank (as four 16-bit pieces that only rank 0 adds to the
    sum: exact in floats). On failure, the collective's status and message. */
-static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run)
+PDP__PRIVATE pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run)
 {
     float flags[64 + 4], *dev = NULL;
     int n = z->size, r, len = run ? n + 4 : n;
@@ -96,7 +96,7 @@ static pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run
 }
 
 /* A new run id (see above); rank 0 draws it once per save. */
-static uint64_t pdp__zero_run_id(pdp_zero *z)
+PDP__PRIVATE uint64_t pdp__zero_run_id(pdp_zero *z)
 {
     struct timespec wall, mono;
     uint64_t id = 0, h;
@@ -115,14 +115,14 @@ static uint64_t pdp__zero_run_id(pdp_zero *z)
     return pdp__mix64(h ^ ++z->saves);
 }
 
-static void pdp__zero_shard_path(char *out, size_t cap, const char *prefix, int rank)
+PDP__PRIVATE void pdp__zero_shard_path(char *out, size_t cap, const char *prefix, int rank)
 {
     snprintf(out, cap, "%s.rank%d.safetensors", prefix, rank);
 }
 
 /* Checks the call; a step boundary (no backward waiting for its step). */
-static pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const char *path,
-                                      const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const char *path,
+                                            const char *fn)
 {
     if (!z || !opt || !path)
         return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, !z ? "zero" : !opt ? "opt" : "path");
@@ -148,8 +148,8 @@ static pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const c
 /* The views checkpoint.c's range functions see: a model whose flat block is the
    padded shard-order block, and opt covering rank r's range of it, its state
    (or the given buffers) at the range's start. */
-static void pdp__zero_ckpt_views(const pdp_zero *z, const pdp_optim *opt, float *const *state,
-                                 pdp_model *mv, pdp_optim *ov)
+PDP__PRIVATE void pdp__zero_ckpt_views(const pdp_zero *z, const pdp_optim *opt, float *const *state,
+                                       pdp_model *mv, pdp_optim *ov)
 {
     int k;
     *mv = *z->m;
@@ -165,7 +165,7 @@ static void pdp__zero_ckpt_views(const pdp_zero *z, const pdp_optim *opt, float 
 
 /* The rank's parameter slices in shard layout into dst (shard_count floats, on the
    model's device), from the parameter shard (stage 3) or the full block. */
-static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
+PDP__PRIVATE pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
 {
     pdp_device dev = z->m->device;
     pdp_status st;
@@ -187,14 +187,14 @@ static pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst)
 /* ---- zero_ckpt: save ---- */
 
 /* A run id as the files hold it: 16 lowercase hex digits. */
-static void pdp__zero_run_text(uint64_t run, char out[17])
+PDP__PRIVATE void pdp__zero_run_text(uint64_t run, char out[17])
 {
     snprintf(out, 17, "%016llx", (unsigned long long)run);
 }
 
 /* The marker's text for this executor at step steps of save run. */
-static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
-                                  size_t cap)
+PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
+                                        size_t cap)
 {
     size_t n;
     int u;
@@ -210,7 +210,7 @@ static void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *
 
 /* Writes the marker atomically (temporary, fsync, rename, fsync of the directory), removing
    first the temporaries of writers killed mid-write as checkpoint.c's save does. */
-static pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn)
 {
     char tmp[4160];
     FILE *f;
@@ -308,8 +308,8 @@ PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, c
 
 /* Reads the marker and holds it to this run; *steps gets its step, run its
    run id (16 hex digits). */
-static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *steps,
-                                        char run[17], const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *steps,
+                                              char run[17], const char *fn)
 {
     char *want, *have;
     size_t cap = 256 + (size_t)z->nunits * 96, n;
@@ -364,8 +364,8 @@ static pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *
 
 /* Commits a validated load: params (shard layout, on the device) into the shard
    or the full block (stages 1-2 then all-gather), state into opt. */
-static pdp_status pdp__zero_commit(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
-                                   float *params, float *const *state, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_commit(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
+                                         float *params, float *const *state, const char *fn)
 {
     pdp_device dev = z->m->device;
     pdp_status st;
@@ -395,8 +395,8 @@ static pdp_status pdp__zero_commit(pdp_zero *z, pdp_optim *opt, const pdp_optim 
 }
 
 /* params and nstate state buffers of shard_count floats each, on the device. */
-static pdp_status pdp__zero_ckpt_staging(pdp_zero *z, const pdp_optim *opt, float **params,
-                                         float **state, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_ckpt_staging(pdp_zero *z, const pdp_optim *opt, float **params,
+                                               float **state, const char *fn)
 {
     size_t bytes = (size_t)PDP__MAX(1, z->shard_count) * 4;
     pdp_status st;
@@ -411,7 +411,7 @@ static pdp_status pdp__zero_ckpt_staging(pdp_zero *z, const pdp_optim *opt, floa
     return PDP_OK;
 }
 
-static void pdp__zero_ckpt_staging_free(pdp_zero *z, float *params, float **state)
+PDP__PRIVATE void pdp__zero_ckpt_staging_free(pdp_zero *z, float *params, float **state)
 {
     int k;
     pdp__dev_free(z->m->device, params);
@@ -421,10 +421,10 @@ static void pdp__zero_ckpt_staging_free(pdp_zero *z, float *params, float **stat
 /* The agreement after a load's validation: every rank's verdict, then (all good)
    the commit. what(r) names rank r's file in the message of the ranks whose own
    file was fine. */
-static pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
-                                        pdp_status st, float *params, float **state,
-                                        const char *prefix, bool full, uint64_t seed,
-                                        uint64_t mstep, const char *fn)
+PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
+                                              pdp_status st, float *params, float **state,
+                                              const char *prefix, bool full, uint64_t seed,
+                                              uint64_t mstep, const char *fn)
 {
     char path[4096];
     bool bad[64];

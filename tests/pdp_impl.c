@@ -1,8 +1,12 @@
-/* pdp_impl.c - pdp.h's implementation, compiled once for the tests and examples that use the
-   public API only (see "one implementation object" in the Makefile). Its PDP_MALLOC counts
+/* pdp_impl.c - pdp.h's implementation, compiled once per build mode for the tests and the
+   examples (see "building the tests" in the Makefile): at $(OPT) into $(B)/pdp_impl.o, at
+   $(TEST_OPT) into $(B)/pdp_impl_og.o. PDP__TEST_LINKAGE gives the private functions
+   (PDP__PRIVATE) external linkage, so the internal tests call them from their own object.
+   Its PDP_MALLOC counts and takes a test's own allocator through hooks
    (tests/counting_alloc.h); the programs linked against it are compiled with
    -DPDP__IMPLEMENTATION_INCLUDED, so their own `#define PDP_IMPLEMENTATION` adds nothing. */
 #define _POSIX_C_SOURCE 200809L
+#define PDP__TEST_LINKAGE
 #include "counting_alloc.h"
 #define PDP_IMPLEMENTATION
 #include "pdp.h"

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs every test binary and test script, then every example in short mode (PDP_SHORT=1), and
-# prints one overall line, "total: P passed, F failed, S skipped", then the skipped tests, each
-# with its reason.
+# prints the five longest runs, one overall line, "total: P passed, F failed, S skipped", then
+# the skipped tests, each with its reason.
 # Usage: run_all.sh TEST... -- EXAMPLE...            run them one after another, then report
 #        run_all.sh --run-one TEST                   run one test into $B/run/NAME.log and .rc
 #        run_all.sh --run-example EXAMPLE            the same for an example, in short mode
@@ -11,16 +11,20 @@
 # harness print one line per test: the log keeps them all, the report shows the non-PASS ones.
 R=${B:-build}/run
 
-run_one() { # kind prog: writes $R/NAME.log and $R/NAME.rc
+now() { date +%s.%N 2>/dev/null || date +%s; }
+run_one() { # kind prog: writes $R/NAME.log, $R/NAME.rc and $R/NAME.time (wall seconds)
     name=${2##*/}
     mkdir -p "$R"
-    rm -f "$R/$name.rc"
+    rm -f "$R/$name.rc" "$R/$name.time"
+    t0=$(now)
     case $1 in
         example) PDP_SHORT=1 "./$2" > "$R/$name.log" 2>&1 ;;
         *.sh) sh "$2" > "$R/$name.log" 2>&1 ;;
         *) "./$2" -v > "$R/$name.log" 2>&1 ;;
     esac
-    echo $? > "$R/$name.rc"
+    rc=$?
+    awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f\n", b - a }' > "$R/$name.time"
+    echo $rc > "$R/$name.rc"
 }
 
 case $1 in
@@ -75,6 +79,12 @@ for e in $examples; do
     fi
 done
 [ -n "$bad" ] && echo "failing:$bad"
+# the five longest runs (wall seconds, while the other builds and runs went on beside them)
+slow=$(for t in $tests $examples; do
+           name=${t##*/}
+           [ -f "$R/$name.time" ] && echo "$(cat "$R/$name.time") $name"
+       done | sort -rn | head -n 5 | awk '{ printf " %s %ss", $2, $1 }')
+[ -n "$slow" ] && echo "longest runs:$slow"
 echo "total: $p passed, $f failed, $s skipped"
 if [ -n "$skips" ]; then
     echo "skipped:"

@@ -1,0 +1,6602 @@
+/* pdp_internal.h - GENERATED from src/ by amalgamate.py: edit src/, then run
+   `python3 amalgamate.py`. For pdp's own tests only; not part of the library.
+
+   The implementation's declarations without its definitions: every IMPL module of
+   amalgamate.py with its function bodies taken out (see declarations() there). pdp.h
+   includes this file (by tests/pdp_linked.h) when PDP__INTERNAL_API is defined, after the
+   public API: an internal test compiled that way reads the private structs and calls
+   pdp__ functions of the one implementation object it links (tests/pdp_impl.c, compiled
+   with PDP__TEST_LINKAGE, so PDP__PRIVATE functions have external linkage there). */
+#ifndef PDP_INTERNAL_H_INCLUDED
+#define PDP_INTERNAL_H_INCLUDED
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-variable"
+#endif
+/* ---- src/internal.h ---- */
+/* internal: what the implementation modules share and the API does not show.
+
+   System includes, the allocation and assert overrides, the error helper
+   pdp__err() that formats the thread-local message and returns the status, the
+   aligned allocator, timers and small utilities; then, in sections, the private
+   structs and prototypes that cross modules: devices, the model and its layer
+   kinds (with the executor seam), tensor parallelism's state, losses, CUDA
+   dispatch, gradient norms, optimizer internals, checkpoint ranges, the
+   communicator contract every backend fills, and the trace sink. Nothing here is
+   public. */
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+#include <errno.h>
+#include <time.h>
+#include <pthread.h>
+
+#if defined(PDP_MALLOC) != defined(PDP_FREE)
+#  error "pdp.h: define both PDP_MALLOC and PDP_FREE, or neither"
+#endif
+#ifndef PDP_MALLOC
+#  define PDP_MALLOC(bytes) malloc(bytes)
+#  define PDP_FREE(ptr) free(ptr)
+#endif
+#ifndef PDP_ASSERT
+#  include <assert.h>
+#  define PDP_ASSERT(c) assert(c)
+#endif
+
+/* Linkage of the private functions (pdp__*), SQLite's SQLITE_PRIVATE pattern: static in every
+   user's build, so they stay out of the program's symbols and unused ones are dropped; empty
+   when pdp's own tests compile the implementation once with PDP__TEST_LINKAGE
+   (tests/pdp_impl.c) and link their internal tests against that object (the Makefile).
+   tools/privatize.py writes it for `static` on every file-scope function of the .c modules
+   and this file but `static inline` ones; its --check (run by amalgamate.py --check) fails
+   on one it missed. */
+#ifdef PDP__TEST_LINKAGE
+#  define PDP__PRIVATE
+#else
+#  define PDP__PRIVATE static
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define PDP__THREAD_LOCAL __thread
+#  define PDP__UNUSED __attribute__((unused))
+#elif defined(_MSC_VER)
+#  define PDP__THREAD_LOCAL __declspec(thread)
+#  define PDP__UNUSED
+#else
+#  error "pdp.h: needs a thread-local storage keyword (__thread or __declspec(thread))"
+#endif
+
+/* Hot element loops. gcc -O2 (its "very cheap" vectoriser) skips a loop of unknown
+   length, which would need an epilogue, and any loop whose pointers may alias; so
+   hot loops take PDP__RESTRICT pointers and run in blocks of PDP__VEC floats with a
+   constant trip count, then the rest one by one. PDP__FOR_BLOCKED(i, n, body)
+   writes that shape: body sees int64_t i. */
+#if defined(__cplusplus)
+#  define PDP__RESTRICT __restrict__
+#else
+#  define PDP__RESTRICT restrict
+#endif
+#define PDP__VEC 16
+#define PDP__FOR_BLOCKED(i, n, ...)                                                            \
+    do {                                                                                       \
+        int64_t pdp__b_ = 0, pdp__n_ = (n);                                                    \
+        int pdp__k_;                                                                           \
+        for (; pdp__b_ + PDP__VEC <= pdp__n_; pdp__b_ += PDP__VEC)                             \
+            for (pdp__k_ = 0; pdp__k_ < PDP__VEC; pdp__k_++) {                                 \
+                int64_t i = pdp__b_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        for (; pdp__b_ < pdp__n_; pdp__b_++) {                                                 \
+            int64_t i = pdp__b_;                                                               \
+            __VA_ARGS__                                                                        \
+        }                                                                                      \
+    } while (0)
+
+/* GCC/Clang atomics: valid C99 and C++, so a flag read outside a lock needs no
+   <stdatomic.h> (the trace's enabled flag, the pool's generation while a worker spins). */
+#define PDP__LOAD_ACQ(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define PDP__STORE_REL(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+#define PDP__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define PDP__MAX(a, b) ((a) > (b) ? (a) : (b))
+#define PDP__DEF(val, def) ((val) != 0 ? (val) : (def)) /* != 0: a double is no truth value */
+#define PDP__ALIGN 64
+
+/* ---- checked size arithmetic ----
+   Every element count, byte count or offset computed from user input (shapes, batch sizes,
+   feature counts, padding, first + n) goes through these. Each writes *out and returns 1 when
+   a and b are >= 0 and the result is at most PDP__COUNT_MAX; else it returns 0 and leaves *out
+   alone, and the caller fails with a message naming its function. PDP__COUNT_MAX is the most
+   elements any buffer may have: at 8 bytes each (float, double, int64_t) its byte count still
+   fits in int64_t and size_t, so a count that passed may be multiplied by an element size. */
+#define PDP__COUNT_MAX                                                                         \
+    ((int64_t)(((uint64_t)INT64_MAX < (uint64_t)SIZE_MAX ? (uint64_t)INT64_MAX                 \
+                                                         : (uint64_t)SIZE_MAX) / 8u))
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 5)
+#  define PDP__HAVE_OVERFLOW_BUILTINS 1
+#endif
+PDP__PRIVATE PDP__UNUSED int pdp__mul_ok(int64_t a, int64_t b, int64_t *out);
+PDP__PRIVATE PDP__UNUSED int pdp__add_ok(int64_t a, int64_t b, int64_t *out);
+/* a * b * c, checked as above (a convolution's C * k * k, a batch's n * h * w). */
+PDP__PRIVATE PDP__UNUSED int pdp__mul3_ok(int64_t a, int64_t b, int64_t c, int64_t *out);
+
+/* Formats the thread-local message and returns status: a failing branch is one
+   line, `return pdp__err(PDP_ERR_SHAPE, "pdp_x: layer %d ...", ...)`. */
+PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...);
+/* Prepends "context: " to the current message (for errors passed up a level). */
+PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
+
+/* PDP_MALLOC'd memory aligned to 64 bytes (the original pointer is stored just
+   before the block). Returns NULL on failure; bytes == 0 gives a valid block. */
+PDP__PRIVATE void *pdp__alloc(size_t bytes);
+PDP__PRIVATE void *pdp__calloc(size_t bytes);
+PDP__PRIVATE void pdp__dealloc(void *p);
+
+/* Monotonic seconds. */
+PDP__PRIVATE double pdp__now(void);
+
+/* Waking a sleeping thread costs tens of microseconds on a VM, more than a small
+   GEMM's share, so a thread that hands work off (the intra-op pool, DataParallel's
+   workers) spins a while before it sleeps on a condition, as OpenMP runtimes and
+   OpenBLAS do (longer): pdp__spin_while pauses while still(ctx) holds, for at most
+   PDP__SPIN_S seconds. still() may read only values written with PDP__STORE_REL, and
+   through PDP__LOAD_ACQ (threads.c). */
+PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
+
+/* A worker team (threads.c): the one hand-off behind the intra-op pool and
+   DataParallel's workers. Members 1..nworkers are persistent threads (created by
+   pdp__team_grow, joined by pdp__team_free); member 0 is whoever calls
+   pdp__team_run, which publishes fn/arg/n as a new generation, runs index 0 itself,
+   then every index no member exists for, and returns when members 1..n-1 are done.
+   Member i runs index i; a member with i >= n sits the job out. Both sides spin
+   (pdp__spin_while) before they sleep. generation, pending and stop are written
+   only with PDP__STORE_REL under lock (the spinners read them outside it); every
+   other field is read and written under lock, so what the caller wrote before
+   pdp__team_run is visible to the members, and what a member wrote in its index is
+   visible to the caller after it (TSan clean). One caller at a time per team: the
+   pool serialises callers with its busy mutex, a pdp_dp has one owner. */
+#define PDP__TEAM_MAX 256 /* members, the caller included */
+typedef struct pdp__team pdp__team;
+typedef struct pdp__team_member {
+    pdp__team *team;
+    int index;               /* the index this thread runs: 1..PDP__TEAM_MAX-1 */
+    unsigned long start_gen; /* the generation when the thread was made */
+} pdp__team_member;
+struct pdp__team {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done; /* wake: a new generation (or stop); done: pending hit 0 */
+    bool ok;                   /* lock, wake and done are initialised */
+    int nworkers;              /* threads started: members 1..nworkers */
+    unsigned long generation;  /* bumped once per job; atomic stores only */
+    int pending;               /* members still running the job; atomic stores only */
+    int stop;                  /* atomic stores only */
+    void (*fn)(void *arg, int i, int n); /* the current job */
+    void *arg;
+    int n;
+    pthread_t tid[PDP__TEAM_MAX - 1];
+    pdp__team_member member[PDP__TEAM_MAX - 1];
+};
+/* Initialises a zeroed team with no threads; 0, or pthread's error code. */
+PDP__PRIVATE int pdp__team_init(pdp__team *t);
+/* Starts threads until the team has `workers` (at most PDP__TEAM_MAX - 1); no job may
+   be running. 0, or the first pthread_create error (the threads made so far stay). */
+PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers);
+/* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
+PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+/* Stops and joins every thread and releases the team (a zeroed team is fine); the
+   team may be initialised again. */
+PDP__PRIVATE void pdp__team_free(pdp__team *t);
+
+/* The intra-op setting of the calling thread (see pdp_set_num_threads). */
+PDP__PRIVATE int pdp__threads_for_caller(void);
+/* Runs fn(arg, i, n) for i in [0, n) on the intra-op pool plus the calling thread
+   (n <= the caller's thread count); returns when all are done. */
+PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg);
+/* The calling thread's profile counters (pdp_profile_start; src/threads.c). A counted
+   call does `double t0 = pdp__prof.on ? pdp__now() : 0;` and, at its end,
+   `if (pdp__prof.on) pdp__prof.<counter> += pdp__now() - t0;`. */
+typedef struct pdp__profile_state {
+    bool on;
+    int threads;
+    double t_start, t_stop;
+    double gemm_layers_s, other_layers_s, loss_s, optim_s;
+    double join_wait_s;   /* the caller waiting for its workers at a part's end */
+    double worker_busy_s; /* the workers' seconds inside this caller's parts */
+} pdp__profile_state;
+/* This thread's growing scratch buffer (64-byte aligned, freed at thread exit), or
+   NULL when out of memory; valid until the next call on this thread. Leaf use only. */
+PDP__PRIVATE void *pdp__thread_scratch(size_t bytes);
+
+/* ---- devices (cuda_host.c) ----
+   Memory on a device other than the CPU goes through these; without PDP_CUDA a
+   CUDA device fails with PDP_ERR_UNSUPPORTED naming the macro. */
+PDP__PRIVATE pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
+PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p);
+PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
+PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
+                                      size_t bytes);
+
+/* ---- model internals (model.c, layers.c, loss.c and the executors) ---- */
+
+typedef enum pdp__layer_kind {
+    PDP__LINEAR,
+    PDP__RELU,
+    PDP__GELU,
+    PDP__TANH,
+    PDP__SIGMOID,
+    PDP__DROPOUT,
+    PDP__LAYERNORM,
+    PDP__CONV2D,
+    PDP__MAXPOOL2D,
+    PDP__FLATTEN,
+    PDP__TP_COPY,                /* tensor parallel (tp.c): f, g and the split Linears */
+    PDP__COLUMN_PARALLEL_LINEAR,
+    PDP__ROW_PARALLEL_LINEAR,
+    PDP__TP_REDUCE,
+    PDP__SILU,                   /* a new kind goes here: earlier values stay as they were */
+    PDP__LAYER_KIND_COUNT
+} pdp__layer_kind;
+
+/* A layer's definition: immutable once added, shared by replicas. */
+typedef struct pdp__layer {
+    pdp__layer_kind kind;
+    int index;                           /* position in the model ("3" of "3.weight") */
+    int in_ndim, out_ndim;               /* per-sample shapes: (F) or (C, H, W) */
+    int64_t in_shape[3], out_shape[3];
+    int64_t in_count, out_count;         /* per-sample element counts */
+    int param_first, nparams;            /* registry indices (weight, then bias) */
+    int64_t out_features;                /* Linear; Conv2d out channels */
+    int64_t kernel, stride, padding;     /* Conv2d, MaxPool2d */
+    float p;                             /* Dropout */
+    float eps;                           /* LayerNorm */
+    int64_t saved_per_sample;            /* floats kept from forward for backward */
+    int64_t work_per_sample;             /* floats of temporary workspace */
+    struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
+    int64_t tp_lo, tp_full;              /* TP Linears: this rank holds [tp_lo, tp_lo + local)
+                                            of the split dimension, tp_full wide */
+    bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
+                                            input gradient is needed */
+} pdp__layer;
+
+/* What one layer call sees. Pointers are on the model's device. */
+typedef struct pdp__layer_io {
+    int64_t batch;
+    const float *x;      /* [batch, in_count] */
+    float *y;            /* [batch, out_count] */
+    const float *dy;     /* backward: [batch, out_count] */
+    float *dx;           /* backward: [batch, in_count], NULL when not needed (first layer) */
+    float *w, *b;        /* parameters (NULL when absent) */
+    float *dw, *db;      /* their gradients, accumulated into (+=) */
+    float *saved;        /* [batch, saved_per_sample] written by forward, read by backward */
+    float *work;         /* [batch, work_per_sample] scratch, shared by all layers */
+    pdp_device device;   /* where every pointer above lives */
+    bool training;
+    bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
+    bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
+                            y = relu(.); backward: dy masked by y > 0); model.c aliases it */
+    float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
+                            stride-2 MaxPool2d over an even H and W, also applied here:
+                            forward writes the pool's output and winners (its y and saved,
+                            pool_y and pool_arg) and no y of its own (y is NULL); backward
+                            gets the pool's dy, and dy at each winner, masked by the pooled
+                            value > 0, is the convolution's (model.c skips the MaxPool2d) */
+    int32_t *pool_arg;
+    uint64_t seed;       /* dropout: mask = f(seed, layer, step, sample_base + i, j) */
+    uint64_t step;
+    int64_t sample_base;
+} pdp__layer_io;
+
+/* Shapes of a layer's parameters, weight then bias; ndim 0: none. */
+typedef struct pdp__param_shapes {
+    int wndim, bndim;
+    int64_t wshape[4], bshape[4];
+} pdp__param_shapes;
+
+/* Flags of a layer kind: every decision outside a kind's own code that depends on
+   what a kind is (model.c's views and fusions, tp.c's TP block, state_dict numbering)
+   reads these, never the kind's value. */
+#define PDP__LAYER_VIEW 1u       /* output = input seen again (Flatten): model.c aliases it
+                                    and never calls forward or backward */
+#define PDP__LAYER_FUSES_RELU 2u /* on the CPU, applies a following ReLU itself when
+                                    io->fused_relu (model.c then makes the ReLU a view) */
+#define PDP__LAYER_COLLECTIVE 4u /* runs a collective (TP's f and g): its CPU entries run on
+                                    every device (the communicator moves the device's
+                                    buffers) */
+#define PDP__LAYER_UNNUMBERED 8u /* not a module of the state_dict numbering (TP's f and g,
+                                    functions in Megatron-LM): the layers after it are named
+                                    as if it were absent ("0.weight", "2.weight", ...) */
+#define PDP__LAYER_FUSES_POOL 16u /* with its fused ReLU, applies a following 2x2 stride-2
+                                     max pool (PDP__LAYER_FUSABLE_POOL) itself (io->pool_y;
+                                     model.c skips it) */
+#define PDP__LAYER_ELEMENTWISE 32u /* each output element is a fixed function of its input
+                                      element alone (no parameters, position or random
+                                      draw): it may sit on a TP shard, between a
+                                      ColumnParallelLinear and a RowParallelLinear (tp.c) */
+#define PDP__LAYER_FUSABLE_RELU 64u /* the ReLU a PDP__LAYER_FUSES_RELU kind applies when it
+                                       follows it (model.c: pdp__model_relu_fused) */
+#define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
+                                        PDP__LAYER_FUSES_POOL kind applies after its fused
+                                        ReLU when it is 2x2 stride 2 over an even H and W */
+
+/* One layer kind: an entry of layers_table.c's pdp__layer_kinds, indexed by kind.
+   setup fills out_*, saved_per_sample, work_per_sample and *ps from the
+   configuration and in_* (in: the input shape as text, for messages); init
+   (NULL: no parameters) fills host memory w, b from r; forward and backward run on
+   the CPU and return PDP_OK, or a status whose message (pdp__err) says what is wrong
+   with the input without naming the layer (model.c prefixes "pdp_model_forward:
+   layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
+   entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
+   workspace floats per sample pdp_cuda.cu's kernels need. */
+typedef struct pdp__layer_kind_info {
+    const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
+    pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+    void (*init)(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+    pdp_status (*forward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*backward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*cuda_forward)(const pdp__layer *l, const pdp__layer_io *io);
+    pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
+    int64_t (*cuda_work)(const pdp__layer *l);
+    unsigned flags; /* PDP__LAYER_* */
+} pdp__layer_kind_info;
+
+/* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
+   validation; pdp__layer_init_params: parameter initialisation; forward and
+   backward on io->device; the workspace floats per sample on device d. */
+PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
+PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
+PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+PDP__PRIVATE pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k);
+PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
+PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+
+typedef struct pdp__param_entry {
+    char name[32];
+    int layer;
+    int ndim;
+    int64_t shape[4];
+    int64_t offset, count;
+} pdp__param_entry;
+
+/* ---- tensor parallel (tp.c) ----
+   A model's TP state: the communicator its TP layers all-reduce on (NULL: none), this
+   rank's place in it, and the counters. Embedded in the model, pointed at by its TP
+   layers (and by a replica's, which share it). The TP kinds' table entries follow. */
+typedef struct pdp__tp_state {
+    pdp_comm *comm;
+    int rank, size;
+    int nlayers;          /* TP layers added */
+    int checked;          /* TP layers the last passing width check covered: f's forward
+                             runs the check (collective) while it differs from nlayers */
+    pdp_model *model;     /* the model holding this state (the check reads its layers) */
+    /* tp.c's pdp__tp_check_widths, set by pdp_model_set_tp (f's forward, layers_tp.c,
+       comes before tp.c in the amalgamation) */
+    pdp_status (*check_widths)(struct pdp__tp_state *tp);
+    float scalar;         /* clipping's all-reduced squared norm (pdp_clip_grad_norm) */
+    float *dscalar;       /* a CUDA model's device copy of it (NCCL reduces device memory
+                             only): allocated by pdp_model_set_tp, freed by pdp_model_free */
+    pdp_tp_stats stats;
+} pdp__tp_state;
+
+/* Every TP rank's TP layers against TP rank 0's (kinds, places, full widths), collective
+   over tp->comm: all ranks return PDP_ERR_INVALID naming the first difference, or PDP_OK
+   and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
+   != nlayers. */
+PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
+PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
+
+PDP__PRIVATE pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+PDP__PRIVATE pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+PDP__PRIVATE pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+/* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
+   and gradients live. The event function (NULL: off) is called before the forward
+   of each layer with parameters (FORWARD_LAYER), when pdp_model_backward starts
+   (BACKWARD_BEGIN: a failure refuses the backward, its message stands), before the
+   backward of each layer with parameters (BACKWARD_LAYER), and after the last layer
+   or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
+typedef enum pdp__model_event {
+    PDP__EV_FORWARD_LAYER,
+    PDP__EV_BACKWARD_BEGIN,
+    PDP__EV_BACKWARD_LAYER,
+    PDP__EV_BACKWARD_END
+} pdp__model_event;
+typedef pdp_status (*pdp__model_event_fn)(void *user, pdp_model *m, pdp__model_event ev,
+                                          int layer, pdp_status st);
+
+/* Who holds a model ("wrapped" in the docs): a DP master, a DDP or ZeRO executor, or a
+   pipeline (its stage model). A wrapped model refuses what would change its layout, and
+   calls whose answer the executor changes name the executor's call instead. */
+typedef enum pdp__wrap {
+    PDP__WRAP_NONE = 0,
+    PDP__WRAP_DP,
+    PDP__WRAP_DDP,
+    PDP__WRAP_ZERO,
+    PDP__WRAP_PP
+} pdp__wrap;
+
+/* A wrapped model's parameter views where its executor holds the blocks (ZeRO):
+   adjusts out->value, out->grad and their ranges for parameter index (model.c has
+   filled out with the views of the model's own blocks, or empty ones where a block is
+   gone), or refuses, the message starting with fn. */
+typedef pdp_status (*pdp__model_views_fn)(void *user, const pdp_model *m, int index,
+                                          pdp_param *out, const char *fn);
+
+struct pdp_model {
+    pdp_device device;
+    uint64_t seed;
+    pdp_rng init_rng;
+    int in_ndim;
+    int64_t in_shape[3], in_count;
+    pdp__layer *layers;
+    int nlayers, cap_layers;
+    pdp__param_entry *params;
+    int nparams, cap_params;
+    int64_t param_count;
+    float *param_block;      /* param_count floats (borrowed when params_shared) */
+    float *grad_block;       /* param_count floats */
+    bool params_shared;      /* a DP replica reading its master's parameters */
+    /* activations: act[i] is the output of layer i, [max_batch, out_count] */
+    int64_t max_batch, batch;
+    float **act;
+    float *act_block, *saved_block, *work_block, *grad_a, *grad_b;
+    int64_t *saved_off;      /* per layer, floats per sample before it in saved_block */
+    pdp_tensor out_view;
+    bool training;
+    pdp_precision precision; /* of Linear and Conv2d products (pdp_model_set_precision) */
+    bool have_forward;       /* a forward ran since the last backward */
+    uint64_t step;           /* training forwards so far (keys dropout masks) */
+    int64_t sample_base;     /* global index of this model's first sample (DP replicas) */
+    pdp_grad_hook hook;
+    void *hook_user;
+    int trace_pid, trace_tid;  /* trace forward/backward per layer on this track (tid 0: off);
+                                  set by the DDP reducer when PDP_TRACE is on */
+    pdp__tp_state tp;          /* tensor parallel: the TP communicator (pdp_model_set_tp) */
+    pdp__wrap wrapped;         /* the executor holding the model (PDP__WRAP_NONE: none); set
+                                  by its create, cleared by its free (pdp__model_wrap) */
+    int wrap_stage;            /* ZeRO's stage while wrapped by ZeRO; else 0 */
+    pdp__model_views_fn views; /* pdp_model_param's views (above); NULL: the blocks' */
+    void *views_user;
+    pdp__model_event_fn event; /* the executor seam (above); NULL: off */
+    void *event_user;
+    float **layer_w, **layer_dw; /* per layer (NULL array or entry: the blocks at the
+                                    weight's offset): where the executor put the layer's
+                                    weight (its bias follows it) and their gradients */
+    /* pipeline stages (pp.c; defaults 0/NULL leave a model as it was) */
+    int nslots, slot;        /* activation sets kept (0 = 1) and the one forward/backward use */
+    int64_t act_stride, saved_stride; /* floats from one set of act_block/saved_block to the next */
+    float *input_grad;       /* not NULL: backward writes d(loss)/d(input) here [batch, in] */
+    double *layer_s;         /* not NULL: forward and backward add each layer's seconds */
+};
+
+/* Executors holding a model (model.c). pdp__model_wrap: marks m as held by kind (stage:
+   ZeRO's, else 0), or refuses with PDP_ERR_STATE, the message starting with fn, a model
+   another executor holds (one executor per model: two would both own its gradients),
+   naming both. pdp__model_unwrap: held by none again (the executor's free).
+   pdp__model_wrapper: "ZeRO stage 3 (pdp_zero_create)", the holder for messages.
+   pdp__model_check_layout: PDP_ERR_STATE for a call fn that would change the layout or
+   the parameter block of a wrapped model (or a DP replica), naming the executor; what:
+   the advice ("add layers before wrapping it"). */
+PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
+PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
+PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+/* A parameter view for pdp_model_param (model.c): e's shape over data when full, else 1-d
+   of count floats; data NULL: empty (count 0). */
+PDP__PRIVATE void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                                  int64_t count, pdp_tensor *out);
+
+/* A model with the same layers and a fresh set of buffers. share_params: the
+   clone reads src's parameter block (CPU DP replicas); otherwise it gets its own
+   copy of the parameter values. */
+PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
+                                         pdp_model **out);
+/* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
+   of full, with their parameters copied (names, layer indices and dropout keys stay full's:
+   "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
+   pdp__model_set_slots: keep nslots sets of activations and saved tensors (buffers are
+   re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
+   with forwarded, the next backward reads set slot, whose forward ran on input x of batch
+   rows (x must be the input that forward was given, still alive). */
+PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
+PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
+                                      bool forwarded);
+
+/* ---- losses (loss.c) ----
+   Softmax cross-entropy over integer labels: *loss_sum gets the sum over the
+   batch of -log softmax(logits)[label] (double accumulation), and when dlogits
+   is not NULL it gets (softmax - onehot) * grad_scale. The public loss uses
+   grad_scale = 1/batch; DP replicas use 1/global_batch so that the reduced
+   gradients equal those of the whole batch. fn names the public caller. */
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
+                                           int64_t classes, float grad_scale, double *loss_sum,
+                                           float *dlogits, const char *fn);
+
+/* ---- CUDA dispatch (cuda_host.c) ----
+   loss.c and optim.c hand work on a CUDA device to these; without
+   PDP_CUDA they fail with PDP_ERR_UNSUPPORTED naming the macro. Same contracts
+   as the CPU functions they stand in for (pointers on device d or io->device;
+   labels in host memory). pdp__dev_add: dst += src on d (DP's reduce). */
+/* Per-step scalars of the element loop (optim.c's CPU loop, cuda_host.c's kernels),
+   taken once per update by pdp__optim_scalars_of from the desc's doubles: 1 - beta,
+   1 - dampening, step_size = lr / (1 - beta1^t), bc2_sqrt = sqrt(1 - beta2^t) and
+   decay = 1 - lr weight_decay computed in double (as PyTorch does in Python), then each
+   rounded to float, as PyTorch's fp32 kernels round a double scalar argument. */
+typedef struct pdp__optim_scalars {
+    pdp_optim_kind kind;
+    float lr, momentum, one_minus_damp, weight_decay;
+    int nesterov, first;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
+} pdp__optim_scalars;
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
+                                                int64_t batch, int64_t classes, float grad_scale,
+                                                double *loss_sum, float *dlogits,
+                                                const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
+                                      int64_t count, float scale, double *sum, float *dpred,
+                                      const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
+                                               float *p, const float *g, float *s0, float *s1,
+                                               int64_t n) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__dev_add(pdp_device d, float *dst, const float *src,
+                                     int64_t count) PDP__UNUSED;
+/* Gradient clipping on d: *sum = sum of x^2 (double, fixed order); x *= s. */
+PDP__PRIVATE pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                        const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
+                                        const char *fn) PDP__UNUSED;
+
+/* ---- gradient norms (optim.c): the local pieces every clipping call is made of ----
+   pdp__grad_sumsq: *sum += the sum of squares of g[0, n) (on m's device; double, fixed
+   order). pdp__grad_scale: g[0, n) *= coef. fn names the public caller in errors. */
+PDP__PRIVATE pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
+                                        const char *fn);
+PDP__PRIVATE pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
+                                        const char *fn);
+/* *sum += the squares of gradient elements [lo, hi) of m's flat block, held at g[0, hi -
+   lo), as a TP group counts them: on a TP model a slice's elements on every TP rank and
+   a replicated tensor's on TP rank 0 only, so that the sum over the TP group is the full
+   model's; on any other model every element (pdp__grad_sumsq). */
+PDP__PRIVATE pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                              int64_t hi, double *sum, const char *fn);
+/* The one rule for max_norm of every clipping call (pdp_clip_grad_norm,
+   pdp_zero_clip_grad_norm, pdp_pp_clip_grad_norm): finite and >= 0, else
+   PDP_ERR_INVALID "fn: max_norm ...". */
+PDP__PRIVATE pdp_status pdp__check_max_norm(float max_norm, const char *fn);
+/* torch.nn.utils.clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), in double,
+   rounded to float; >= 1 means no clipping. */
+PDP__PRIVATE float pdp__clip_coef(float max_norm, double norm);
+/* *sum <- the sum over c's ranks of *sum (a float all-reduce: every rank gets the same
+   bits). host: a float that outlives the call (the executor's); dev: its copy on c's
+   device for a CUDA communicator (NCCL reduces device memory only), else NULL. The
+   message names the failing collective; the caller prefixes its own. */
+PDP__PRIVATE pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum);
+
+/* ---- optimizer internals (optim.c) ----
+   Updates parameters [lo, hi) of the flat blocks (all of them for a normal
+   step; one rank's shard under ZeRO). The step counter is advanced by the
+   caller-visible pdp_optim_step only. */
+PDP__PRIVATE pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
+                                              int64_t lo, int64_t hi);
+/* pdp_optim_step's checks (model changed since create, ZeRO shard, sharded blocks),
+   with its messages; changes nothing. */
+PDP__PRIVATE pdp_status pdp__optim_check_step(const pdp_optim *o);
+/* The scalars of o's next update (learning rate, Adam's bias corrections). */
+PDP__PRIVATE void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s);
+/* Parameters [lo, hi) updated on the calling thread with scalars s from
+   pdp__optim_scalars_of (a CPU optimizer; nothing is checked or counted). */
+PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
+                                          float *params, const float *grads, int64_t lo, int64_t hi);
+/* Counts an update done range by range (pdp__optim_step_range,
+   pdp__optim_update_range) as one step. */
+PDP__PRIVATE void pdp__optim_finish_step(pdp_optim *o);
+/* An optimizer holding state for [lo, hi) of the flat block only (ZeRO: one
+   rank's range; pdp_optim_create is [0, param_count)). pdp_optim_step on it
+   updates [lo, hi) only, with the bits a full optimizer gives that range.
+   fn names the public caller. */
+PDP__PRIVATE pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                                const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                                const char *fn);
+
+/* ---- checkpoint ranges (checkpoint.c) ----
+   One rank's part of a checkpoint under ZeRO: the parameters and/or optimizer
+   state of [lo, hi) of the flat block. params: hi - lo floats on m's device
+   holding elements [lo, hi) (m->param_block + lo when the rank keeps the whole
+   block), or NULL for none; o: an optimizer whose range contains [lo, hi), or
+   NULL for none. Save writes a shard file (flat tensors, see checkpoint.c);
+   load reads a shard file of exactly [lo, hi) or the slice [lo, hi) of a full
+   checkpoint, validating everything before it copies. fn names the public
+   caller in messages. */
+PDP__PRIVATE pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                                   const float *params, const pdp_optim *o,
+                                                   int64_t lo, int64_t hi, const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                                   pdp_optim *o, int64_t lo, int64_t hi,
+                                                   const char *fn);
+/* The same for the shards of one ZeRO save: save writes run (16 lowercase hex
+   digits, the save's id) as the shard file's "shard.run"; load accepts only a
+   shard file of exactly [lo, hi) whose "shard.run" is run, and fails with
+   PDP_ERR_FORMAT naming the file and both runs otherwise. */
+PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                                 const float *params, const pdp_optim *o, int64_t lo,
+                                                 int64_t hi, const char *run, const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                                 const char *fn);
+
+/* ---- ZeRO internals (zero.c, for zero_ckpt.c) ----
+   zero_ckpt.c comes after zero.c and reads struct pdp_zero and its units directly;
+   these are the two functions of zero.c it calls. fn names the public caller. */
+/* Stage 3: every gather slot free (FSDP's reshard), after the all-gathers in flight. */
+PDP__PRIVATE pdp_status pdp__zero_release_params(pdp_zero *z);
+/* Stages 1-2: every rank's slices of the full block into dst (the model's param_count
+   floats, on its device), unit by unit; collective. */
+PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn);
+
+/* ---- communicator internals (comm.c and its backends: comm_local.c, comm_mpi.c,
+   comm_nccl.c; comm_queue.c) ----
+   Each backend fills one table; the public pdp_comm_* functions (comm.c) validate
+   their arguments, then call it. A backend keeps a fixed handle pool so that a
+   training step allocates nothing: the local and MPI backends share comm_queue.c's
+   collective queue (pdp__workq: pool, FIFO, progress thread, wait/done);
+   NCCL's stream orders its collectives, with a pool of event slots. */
+typedef struct pdp__comm_ops {
+    /* the reductions take any pdp_dtype (comm.c validated it; count is elements) */
+    pdp_status (*allreduce)(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt, pdp_reduce_op op,
+                            pdp_work **w);
+    pdp_status (*broadcast)(pdp_comm *c, float *buf, int64_t count, int root, pdp_work **w);
+    pdp_status (*reduce_scatter)(pdp_comm *c, const void *send, void *recv, int64_t recv_count,
+                                 pdp_dtype dt, pdp_reduce_op op, pdp_work **w);
+    pdp_status (*allgather)(pdp_comm *c, const float *send, float *recv, int64_t send_count,
+                            pdp_work **w);
+    pdp_status (*barrier)(pdp_comm *c, pdp_work **w);
+    pdp_status (*broadcast_bytes)(pdp_comm *c, void *buf, size_t bytes, int root);
+    /* point-to-point (comm.c validated peer, tag and count) */
+    pdp_status (*send)(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                       pdp_work **w);
+    pdp_status (*recv)(pdp_comm *c, float *buf, int64_t count, int peer, int tag, pdp_work **w);
+    /* collective over c: comm.c has exchanged every rank's (colour, key) and computed this
+       rank's place (new_rank of new_size; leader: the old rank of new rank 0); colour < 0
+       joins nothing (*out stays NULL) but takes part */
+    pdp_status (*split)(pdp_comm *c, int colour, int key, int new_rank, int new_size, int leader,
+                        pdp_comm **out);
+    pdp_status (*wait)(pdp_work *w);
+    bool (*done)(pdp_work *w);
+    void (*destroy)(pdp_comm *c);
+} pdp__comm_ops;
+
+/* Common head of every communicator; a backend keeps its state behind impl. */
+struct pdp_comm {
+    const pdp__comm_ops *ops;
+    pdp_backend backend;
+    int rank, size;
+    double timeout_s;
+    pdp_device device;
+    char name[32];
+    pdp_comm_stats stats;
+    void *impl;
+};
+
+/* Common head of every handle; a backend's handle struct begins with it.
+   Contract between comm.c's public layer and a backend:
+   - a collective op always gets a non-NULL w (comm.c makes work == NULL calls
+     synchronous) and fills comm, op_name and seq; comm.c sets t_launch;
+   - before the handle reports done, the backend sets t_start (execution began,
+     after any queueing) and t_done (completed, or failed);
+   - ops->wait completes the collective, leaves a failure's message WITHOUT a
+     function-name prefix (the public caller adds it) and returns the handle to
+     the backend's pool; the head fields stay readable until the next collective
+     is issued on that communicator (comm.c reads t_start/t_done after wait). */
+struct pdp_work {
+    pdp_comm *comm;
+    const char *op_name;  /* "allreduce", for messages and the trace */
+    int64_t seq;          /* collective number on this communicator */
+    double t_launch;      /* pdp__now() at launch */
+    double t_start;       /* pdp__now() when the backend began executing it */
+    double t_done;        /* pdp__now() at completion */
+};
+
+/* The collectives and their names (messages, the trace); pdp_cudak_coll (cuda.h)
+   follows the first four. */
+typedef enum pdp__coll_kind {
+    PDP__COLL_ALLREDUCE,
+    PDP__COLL_BROADCAST,
+    PDP__COLL_REDUCE_SCATTER,
+    PDP__COLL_ALLGATHER,
+    PDP__COLL_BARRIER,
+    PDP__COLL_BROADCAST_BYTES,
+    PDP__COLL_SEND,            /* point-to-point: not collectives, but the same handles */
+    PDP__COLL_RECV,
+    PDP__COLL_SPLIT
+} pdp__coll_kind;
+
+/* A 16-bit element of the reducing collectives (dt: PDP_DTYPE_BF16 or PDP_DTYPE_F16) as
+   an fp32, and an fp32 rounded to it (to nearest even): math.h's conversions. */
+static inline size_t pdp__dtype_size(int dt) { return dt == PDP_DTYPE_F32 ? 4 : 2; }
+static inline float pdp__dt16_float(int dt, uint16_t h)
+{
+    return dt == PDP_DTYPE_BF16 ? pdp__bf16_float(h) : pdp__f16_float(h);
+}
+static inline uint16_t pdp__dt16_bits(int dt, float x)
+{
+    return dt == PDP_DTYPE_BF16 ? pdp__bf16_bits(x) : pdp__f16_bits(x);
+}
+
+static const char *pdp__op_names[] = {"allreduce", "broadcast", "reduce_scatter", "allgather",
+                                      "barrier", "broadcast_bytes", "send", "recv", "split"};
+
+/* A backend's entry in comm.c's dispatcher (pdp_comm_init_env), defined by its
+   module, which comes before comm.c: under its macro it creates the communicator
+   from the environment; without it, it fails with PDP_ERR_UNSUPPORTED naming the
+   macro. Errors start with "pdp_comm_init_env". */
+PDP__PRIVATE pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc);
+PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
+
+/* ---- trace (trace.c) ----
+   Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
+   One process-wide, mutex-guarded sink (one of the exceptions to "no globals"
+   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is read by each open
+   while no trace file is open. process_rank >= 0 (this process is one rank of several) writes
+   path with ".rank<r>" inserted before the extension. Events take pdp__now()
+   seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string
+   literal; args NULL or a JSON object body ("\"bytes\":64"). Recording copies
+   a fixed-size record and never allocates. Everything is a no-op when off. */
+PDP__PRIVATE pdp_status pdp__trace_open(int process_rank);
+PDP__PRIVATE void pdp__trace_close(void);
+PDP__PRIVATE bool pdp__trace_enabled(void);
+PDP__PRIVATE int pdp__trace_track(int pid, const char *name);
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
+                                      double t1, const char *args);
+PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
+                                   double t0, double t1, const char *args);
+
+/* ---- src/base.c ---- */
+/* base: status names, the thread-local error message, aligned allocation, the clock
+   (pdp__now). */
+
+/* #include "internal.h" (above) */
+
+/* PDP_API const char *pdp_status_name(pdp_status s) */
+
+/* PDP_API const char *pdp_last_error(void) */
+/* PDP_API void pdp_clear_error(void) */
+/* PDP_API const char *pdp_version_string(void) */
+
+PDP__PRIVATE pdp_status pdp__err(pdp_status status, const char *fmt, ...);
+
+PDP__PRIVATE pdp_status pdp__err_wrap(pdp_status status, const char *fmt, ...);
+
+PDP__PRIVATE void *pdp__alloc(size_t bytes);
+
+PDP__PRIVATE void *pdp__calloc(size_t bytes);
+
+PDP__PRIVATE void pdp__dealloc(void *p);
+
+PDP__PRIVATE double pdp__now(void);
+
+/* ---- src/threads.c ---- */
+/* threads: the worker team, the intra-op thread pool behind pdp_set_num_threads, and
+   per-thread scratch.
+
+   The team (pdp__team, declared in internal.h) is the one hand-off between a caller
+   and persistent worker threads; the pool below and DataParallel's workers (dp.c)
+   are both built on it. The caller writes the job under team.lock, bumps the
+   generation and broadcasts team.wake; member i runs index i, the caller runs index
+   0 itself (and any index no member exists for), then waits until the pending count
+   reaches zero. Waking a sleeping thread costs tens of microseconds (more than a
+   small GEMM's share on a VM), and a training step hands off work every few
+   microseconds to milliseconds, so both sides spin a little before they sleep: a
+   member that finished a job watches the generation for PDP__SPIN_S before it
+   sleeps on team.wake, and the caller watches pending for as long before it sleeps
+   on team.done (OpenMP runtimes and OpenBLAS spin the same way, longer). The values
+   watched outside the lock, generation and pending (and stop), are only ever
+   written with atomic stores, under the lock; everything else is read under it, so
+   the team is TSan clean.
+
+   The thread count is a per-thread setting (a thread-local int, default 1): each
+   DP worker or thread-rank chooses its own, and nothing a thread sets is seen by
+   another. The pool's workers themselves are shared: one process-wide team of
+   persistent POSIX threads (OpenBLAS and every OpenMP runtime keep the same kind of
+   pool). The pool and the scratch key below are two of pdp's few pieces of
+   process-wide state; the manual lists them all (THREADS AND DETERMINISM: also the
+   trace sink, the bf16 path's CPU features and AMX permission, MPI's ownership record
+   and each CUDA device's stream, handle and caches). It is started lazily by the first pdp__parallel_for
+   that needs it, grows when a caller asks for more threads than it has, is reused
+   by every later call, and is joined by pdp_shutdown_threads (after which the next
+   call starts it again). A caller that wins pool.busy (pthread_mutex_trylock) owns
+   the team for one job; a caller that loses it (another thread is using the pool,
+   e.g. two DP workers in GEMM at once, or a nested call from inside a job) runs
+   every index itself, in order. Which thread runs an index never changes what the
+   index computes, so results do not depend on who won.
+
+   Profile: while the caller's counters are on (pdp_profile_start), the job is
+   wrapped so that each member times its index in its own slot; after the join the
+   caller adds those to worker_busy_s, and the time it waited for them (from the end
+   of its own indices) to join_wait_s.
+
+   Scratch: pdp__thread_scratch() gives each thread one growing 64-byte aligned
+   buffer (GEMM packs its panels there), kept in a pthread key whose destructor
+   frees it when the thread exits; pdp_shutdown_threads frees the caller's. */
+
+/* #include "internal.h" (above) */
+#include <unistd.h>
+
+#define PDP__MAX_THREADS 256
+#ifndef PDP__SPIN_S
+#  define PDP__SPIN_S 100e-6
+#endif
+
+/* ---- threads: the per-thread setting ---- */
+
+ /* 0: never set, which means 1 */
+
+/* PDP_API pdp_status pdp_set_num_threads(int n) */
+
+/* PDP_API int pdp_get_num_threads(void) */
+
+PDP__PRIVATE int pdp__threads_for_caller(void);
+
+/* ---- threads: the profile counters (pdp_profile_*) ---- */
+
+/* PDP_API void pdp_profile_start(void) */
+
+/* PDP_API void pdp_profile_read(pdp_profile *out) */
+
+/* PDP_API void pdp_profile_stop(pdp_profile *out) */
+
+/* ---- threads: per-thread scratch ---- */
+
+typedef struct pdp__scratch_hdr {
+    size_t bytes; /* usable bytes after the header */
+} pdp__scratch_hdr;
+
+PDP__PRIVATE void pdp__scratch_free(void *p);
+
+PDP__PRIVATE void pdp__scratch_init(void);
+
+/* This thread's scratch buffer of at least `bytes` bytes (64-byte aligned), or NULL
+   when out of memory. Valid until the next call on the same thread; its contents
+   are not kept when it grows. Only leaf routines (GEMM) use it, never nested. */
+PDP__PRIVATE void *pdp__thread_scratch(size_t bytes);
+
+/* ---- threads: the pool ---- */
+
+PDP__PRIVATE void pdp__spin_while(bool (*still)(const void *ctx), const void *ctx);
+
+/* ---- threads: the worker team ---- */
+
+/* pdp__spin_while's conditions: a member waits for a new generation (or stop), the
+   caller for its members. */
+typedef struct pdp__team_wait {
+    const pdp__team *team;
+    unsigned long seen;
+} pdp__team_wait;
+
+PDP__PRIVATE bool pdp__team_no_new_job(const void *ctx);
+
+PDP__PRIVATE bool pdp__team_pending(const void *team);
+
+PDP__PRIVATE void *pdp__team_main(void *p);
+
+PDP__PRIVATE int pdp__team_init(pdp__team *t);
+
+PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers);
+
+PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+
+PDP__PRIVATE void pdp__team_free(pdp__team *t);
+
+/* ---- threads: the pool ---- */
+
+/* The pool: one team, grown on demand. busy is held by the one caller that owns the
+   pool for a job (and by pdp_shutdown_threads); it guards every field below. */
+
+typedef struct pdp__pool {
+    pdp__team team;            /* team.ok false: not started (or shut down) */
+    /* the job while the caller's profile counters are on: */
+    void (*fn)(void *arg, int i, int n);
+    void *arg;
+    int helpers;               /* indices 1..helpers run on members, the rest on the caller */
+    double busy_s[PDP__MAX_THREADS]; /* index i's seconds inside fn, written by its member */
+    double caller_done;        /* when the caller finished its last index */
+} pdp__pool;
+
+/* The job under a profile: a member times its index in its own slot, the caller
+   notes when it finished its own; the caller reads both once pdp__team_run has
+   returned (which orders the members' writes before it). */
+PDP__PRIVATE void pdp__pool_timed(void *p, int i, int n);
+
+PDP__PRIVATE void pdp__parallel_for(int n, void (*fn)(void *arg, int i, int n), void *arg);
+
+/* PDP_API void pdp_shutdown_threads(void) */
+
+/* ---- src/trace.c ---- */
+/* trace: a Chrome trace of what each rank did and when, for Perfetto
+   (ui.perfetto.dev) and chrome://tracing.
+
+   Set PDP_TRACE=path and every object that traces (the DDP reducer, the MPI
+   communicator, ...) records events into one process-wide sink; the file is
+   the JSON Object Format of the Trace Event Format:
+       {"traceEvents":[ {...}, {...} ],"displayTimeUnit":"ms"}
+   with complete events ("ph":"X", ts and dur in microseconds), nestable async
+   begin/end pairs for collectives ("ph":"b"/"e", one id per collective) and
+   metadata that names processes and threads ("ph":"M", process_name,
+   thread_name, *_sort_index). "pid" is the rank, "tid" a track: one compute
+   track per rank and one per communicator, handed out by pdp__trace_track.
+
+   Why one process-wide sink, not an object: tracing is a process-level
+   debugging switch (an environment variable, like NCCL_DEBUG), and thread-ranks
+   of one process must share one file with pid = rank. The sink is one of the
+   exceptions to "no hidden globals" that the manual lists (THREADS AND
+   DETERMINISM, with the intra-op pool, the bf16 path, MPI's ownership record and
+   the CUDA devices' state): a mutex-guarded struct that
+   exists only between the first pdp__trace_open and the last pdp__trace_close
+   (reference counted); PDP_TRACE is read by every open while tracing is off
+   (the first open that finds it set starts the file; objects opened before
+   stay silent), and the file is completed when the last reference closes, or
+   brought up to date by pdp_trace_flush() before that. With PDP_STATIC
+   and two copies of pdp in one program there are two sinks: give them
+   different PDP_TRACE values or trace only one.
+
+   Files: a process that is one rank of several (MPI, torchrun) passes its
+   rank to pdp__trace_open and writes path with ".rank<r>" inserted before the
+   extension (trace.json -> trace.rank1.json); otherwise path as given.
+   Timestamps are CLOCK_MONOTONIC microseconds, shared by every process of a
+   machine, so the per-rank files of one machine line up: merge them with
+       python3 -c 'import json,sys; print(json.dumps({"traceEvents": sum(
+           (json.load(open(f))["traceEvents"] for f in sys.argv[1:]), [])}))' \
+           trace.rank*.json > trace.json
+
+   Invariants: events are fixed-size records in a buffer of
+   PDP_TRACE_BUFFER_EVENTS allocated at the first open; recording copies one
+   record under the mutex and never allocates. A full buffer is written out
+   (the recording thread pays for that write, ~1 ms per 10^4 events) and
+   reused. After every write the file ends with the closing "]}" (the next
+   write seeks back over it), so the file is valid JSON after each flush and
+   after close, and pdp_trace_flush() makes it current at any time. Names are
+   copied (truncated to 47 bytes) and escaped when written; args are a JSON
+   object body built by pdp code ("\"bytes\":4096,\"seq\":3"), copied as is.
+   Reference: "Trace Event Format", Google, docs.google.com/document/d/
+   1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU. */
+
+/* #include "internal.h" (above) */
+
+#ifndef PDP_TRACE_BUFFER_EVENTS
+#  define PDP_TRACE_BUFFER_EVENTS 16384 /* records kept in memory between writes (160 B each) */
+#endif
+#define PDP__TRACE_MAX_PIDS 4096        /* ranks whose process gets a name */
+
+/* ---- trace: records ---- */
+
+typedef struct pdp__trace_ev {
+    double ts, dur;   /* microseconds */
+    uint64_t id;      /* async pair id */
+    int pid, tid;
+    char ph;          /* 'X' complete, 'A' async pair (written as "b" and "e"), 'M' metadata */
+    const char *cat;  /* a string literal */
+    char name[48];
+    char args[88];    /* JSON object body, without braces; "" for none */
+} pdp__trace_ev;
+
+typedef struct pdp__trace_sink {
+    int refs;                 /* open minus close calls */
+    int enabled;              /* read with PDP__LOAD_ACQ on the hot path */
+    FILE *f;
+    char path[1024];
+    long data_end;            /* file offset where the closing trailer starts */
+    int64_t written;          /* events written so far (for the separator) */
+    pdp__trace_ev *ev;
+    int n, cap;
+    int next_tid;
+    pdp_status io_status;     /* first write error, reported by pdp_trace_flush */
+    unsigned char named_pid[PDP__TRACE_MAX_PIDS / 8];
+} pdp__trace_sink;
+
+ /* process-wide, see above */
+
+/* ---- trace: writing ---- */
+
+PDP__PRIVATE void pdp__trace_put_escaped(FILE *f, const char *s);
+
+PDP__PRIVATE void pdp__trace_put_one(FILE *f, const pdp__trace_ev *e, char ph, double ts, bool dur);
+
+/* Appends the buffered records after the last one written, then the trailer.
+   Called with the mutex held. */
+PDP__PRIVATE void pdp__trace_write_locked(pdp__trace_sink *s);
+
+/* The next free record (writing the buffer out when it is full). Mutex held. */
+PDP__PRIVATE pdp__trace_ev *pdp__trace_slot_locked(pdp__trace_sink *s);
+
+PDP__PRIVATE void pdp__trace_copy(char *dst, size_t cap, const char *src);
+
+/* args = "\"name\":\"<escaped s>\"" for metadata records. */
+PDP__PRIVATE void pdp__trace_name_arg(char *dst, size_t cap, const char *s);
+
+PDP__PRIVATE void pdp__trace_meta_locked(pdp__trace_sink *s, int pid, int tid, const char *what,
+                                         const char *name, int sort_index);
+
+/* ---- trace: the private API ---- */
+
+/* Opens (process_rank >= 0: this process is that rank of several) or joins
+   the sink. Reads PDP_TRACE while no file is open; unset or empty means
+   tracing stays off and every call below is a no-op. Each successful call
+   must be matched by one pdp__trace_close. */
+PDP__PRIVATE pdp_status pdp__trace_open(int process_rank);
+
+/* The last close writes everything, closes the file and frees the buffer. */
+PDP__PRIVATE void pdp__trace_close(void);
+
+/* Cheap enough for every event site: one atomic load. */
+PDP__PRIVATE bool pdp__trace_enabled(void);
+
+/* A new track (tid) on process pid (a rank) named name ("compute", "comm world");
+   the first track of a pid also names the process "rank <pid>". 0 when off. */
+PDP__PRIVATE int pdp__trace_track(int pid, const char *name);
+
+PDP__PRIVATE void pdp__trace_record(char ph, int pid, int tid, const char *cat, const char *name,
+                                    uint64_t id, double t0, double t1, const char *args);
+
+/* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
+   seconds). cat: a string literal ("compute", "comm"); args: NULL or a JSON
+   object body. */
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
+                                      double t1, const char *args);
+
+/* An async begin/end pair (a collective from launch to completion, which may
+   overlap the compute track); id distinguishes concurrent pairs of one name. */
+PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
+                                   double t0, double t1, const char *args);
+
+/* ---- trace: public ---- */
+
+/* PDP_API pdp_status pdp_trace_flush(void) */
+
+/* ---- src/store.c ---- */
+/* store: a TCP key-value store, PyTorch's TCPStore in miniature (rendezvous.c reads
+   who the ranks are and hands a unique id out through it).
+
+   Server. One thread in the rank-0 process runs a poll() loop over a wake pipe,
+   the listening socket and every client connection; all sockets are non-blocking
+   and only that thread touches the table of keys, so the server needs no lock and
+   a slow, stuck or hostile peer cannot stall the others. Each connection carries
+   one request at a time. A GET or WAIT for a missing key is parked on its
+   connection with a deadline: the SET or ADD that creates the key answers it,
+   otherwise the loop answers TIMEOUT when the deadline passes (poll sleeps until
+   the nearest one). Timeouts are therefore decided by the server and the stream
+   never falls out of step; a client only adds a grace period so that a server
+   that vanished silently cannot hang it. pdp_store_free writes one byte into the
+   wake pipe, joins the thread and closes what is left: clients still connected
+   see EOF.
+
+   Client. A blocking request/response on a non-blocking socket, every wait
+   bounded by poll() against a deadline. Connecting retries (10 ms doubling to
+   250 ms) until the timeout, so ranks may start before rank 0. Any I/O failure
+   closes the connection and later calls fail with PDP_ERR_COMM; the store does
+   not reconnect, since a request in flight could have been applied or not.
+
+   Wire format (both ways, big-endian): a 24-byte header
+       u32 magic 'PDPS' | u8 op or status | u8 version (1) | u16 0 |
+       u32 key bytes | u32 value bytes | u64 arg
+   then the key, then the value. arg is the timeout in ms for GET and WAIT, the
+   delta (two's complement) for ADD, and ADD's new value in its reply. Replies
+   carry no key; an ERROR reply carries a message as its value. The server checks
+   every header before it allocates: a wrong magic is dropped at once, a bad
+   version, op, key length (1..PDP_STORE_MAX_KEY) or value length (at most
+   PDP_STORE_MAX_VALUE) gets an ERROR reply and then the connection is closed.
+
+   Counters (ADD) are decimal text, as in PyTorch's TCPStore. Barriers are an ADD
+   on "pdp/barrier/<name>" plus a WAIT on "pdp/barrier/<name>/<generation>", which
+   the last rank of each generation sets, so one name can be reused. Keys live in
+   a flat array searched linearly: a rendezvous store holds tens of keys, and
+   every barrier generation adds one.
+
+   SIGPIPE: every send uses MSG_NOSIGNAL (SO_NOSIGPIPE where that is missing), so
+   process-wide signal handling is never touched. */
+
+/* #include "internal.h" (above) */
+#include <limits.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <unistd.h>
+#include <sys/types.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+
+#ifndef MSG_NOSIGNAL
+#  define MSG_NOSIGNAL 0 /* BSD and macOS: SO_NOSIGPIPE is set on every socket instead */
+#endif
+
+#define PDP__STORE_DEFAULT_HOST "127.0.0.1"
+#define PDP__STORE_DEFAULT_PORT 29500
+#define PDP__STORE_DEFAULT_TIMEOUT 300.0
+#define PDP__STORE_GRACE_S 5.0          /* client waits this much past a server-side timeout */
+#define PDP__STORE_MAX_CONNS 4096       /* further connections are accepted and closed */
+#define PDP__STORE_MAX_TIMEOUT_MS 1000000000000ull
+
+/* ---- wire protocol ---- */
+
+#define PDP__STORE_MAGIC 0x50445053u /* "PDPS" */
+#define PDP__STORE_VERSION 1
+#define PDP__STORE_HDR 24
+
+enum { PDP__STORE_SET = 1, PDP__STORE_GET = 2, PDP__STORE_WAIT = 3, PDP__STORE_ADD = 4 };
+enum { PDP__STORE_OK = 0, PDP__STORE_TIMEOUT = 1, PDP__STORE_ERROR = 2 };
+
+typedef struct pdp__store_hdr {
+    uint32_t magic;
+    int code; /* op in a request, status in a reply */
+    int version;
+    uint32_t key_bytes, value_bytes;
+    uint64_t arg;
+} pdp__store_hdr;
+
+PDP__PRIVATE void pdp__store_put(unsigned char *p, uint64_t x, int bytes);
+
+PDP__PRIVATE uint64_t pdp__store_take(const unsigned char *p, int bytes);
+
+PDP__PRIVATE void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint32_t value_bytes,
+                                  uint64_t arg);
+
+PDP__PRIVATE pdp__store_hdr pdp__store_unpack(const unsigned char *p);
+
+PDP__PRIVATE uint64_t pdp__store_ms(double seconds);
+
+/* ---- sockets ---- */
+
+/* strerror without its shared buffer: glibc's strerror_r is the GNU variant under
+   _GNU_SOURCE (as seen when <string.h> was first included) and XSI otherwise. */
+PDP__PRIVATE const char *pdp__store_errstr(int e, char *buf, size_t cap);
+
+/* Non-blocking, close-on-exec, no SIGPIPE, no Nagle (requests are small and
+   latency-bound). */
+PDP__PRIVATE void pdp__store_tune(int fd, bool tcp);
+
+PDP__PRIVATE void pdp__store_sleep(double seconds);
+
+/* poll() one fd for events until deadline (pdp__now() seconds): 1 ready, 0 timed
+   out, -1 error (errno). */
+PDP__PRIVATE int pdp__store_poll1(int fd, short events, double deadline);
+
+PDP__PRIVATE int pdp__store_port_of(int fd);
+
+/* ---- server: key table ---- */
+
+typedef struct pdp__store_entry {
+    unsigned char *data; /* key bytes then value bytes, one allocation */
+    uint32_t key_bytes, value_bytes;
+} pdp__store_entry;
+
+typedef struct pdp__store_conn {
+    int fd;
+    unsigned char hdr[PDP__STORE_HDR];
+    size_t hdr_got;
+    pdp__store_hdr req;       /* valid once hdr_got == PDP__STORE_HDR */
+    unsigned char *body;      /* the request's key then value */
+    size_t body_cap, body_got;
+    unsigned char *out;       /* the reply being sent */
+    size_t out_cap, out_len, out_sent;
+    bool waiting;             /* a GET/WAIT parked until its key appears or deadline */
+    double deadline;
+    bool close_after_reply;   /* protocol error: hang up once the ERROR reply is out */
+    bool dead;
+} pdp__store_conn;
+
+typedef struct pdp__store_server {
+    int listen_fd;
+    int wake[2];              /* pipe: pdp_store_free writes, the loop reads and stops */
+    pthread_t thread;
+    pdp__store_conn **conns;
+    int n_conns, cap_conns;
+    struct pollfd *pfds;      /* wake, listen, then one per connection */
+    int cap_pfds;
+    pdp__store_entry *entries;
+    int n_entries, cap_entries;
+} pdp__store_server;
+
+/* Returns an array of at least need elements of elem bytes holding p's *cap old
+   ones: p itself when it is big enough, else a new block (p freed, *cap updated);
+   NULL when out of memory, with p untouched. */
+PDP__PRIVATE void *pdp__store_grow(void *p, int *cap, int need, size_t elem);
+
+PDP__PRIVATE bool pdp__store_reserve(unsigned char **buf, size_t *cap, size_t need);
+
+PDP__PRIVATE pdp__store_entry *pdp__store_find(pdp__store_server *srv, const unsigned char *key,
+                                               uint32_t key_bytes);
+
+/* Sets key to value (replacing), or returns false when out of memory. */
+PDP__PRIVATE bool pdp__store_put_entry(pdp__store_server *srv, const unsigned char *key,
+                                       uint32_t key_bytes, const void *value, uint32_t value_bytes);
+
+/* ---- server: connections ---- */
+
+/* Sends what it can of c's reply; the rest goes when poll reports POLLOUT. */
+PDP__PRIVATE void pdp__store_flush(pdp__store_conn *c);
+
+/* Queues a reply, ends the current request and starts sending. */
+PDP__PRIVATE void pdp__store_reply(pdp__store_conn *c, int status, const void *value, uint32_t bytes,
+                                   uint64_t arg);
+
+PDP__PRIVATE void pdp__store_reply_error(pdp__store_conn *c, bool hang_up, const char *fmt, ...);
+
+/* Answers a parked GET/WAIT from entry e. */
+PDP__PRIVATE void pdp__store_answer(pdp__store_conn *c, const pdp__store_entry *e);
+
+/* A key was created or changed: answer everyone waiting for it. */
+PDP__PRIVATE void pdp__store_wake_waiters(pdp__store_server *srv, const pdp__store_entry *e);
+
+/* Applies ADD: counters are decimal text; a value that is not one is an error. */
+PDP__PRIVATE void pdp__store_add_op(pdp__store_server *srv, pdp__store_conn *c);
+
+/* The request in c (header and body) is complete: carry it out. */
+PDP__PRIVATE void pdp__store_execute(pdp__store_server *srv, pdp__store_conn *c);
+
+/* A complete header arrived: validate it before anything is allocated. */
+PDP__PRIVATE void pdp__store_check_header(pdp__store_conn *c);
+
+/* Reads what is there for c's current request; executes it once complete. */
+PDP__PRIVATE void pdp__store_read(pdp__store_server *srv, pdp__store_conn *c);
+
+PDP__PRIVATE void pdp__store_conn_free(pdp__store_conn *c);
+
+PDP__PRIVATE void pdp__store_accept(pdp__store_server *srv);
+
+/* ---- server: the loop ---- */
+
+PDP__PRIVATE void *pdp__store_serve(void *arg);
+
+PDP__PRIVATE void pdp__store_server_free(pdp__store_server *srv);
+
+/* Binds host:port, listens and starts the loop; *port gets the port bound. */
+PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port);
+
+PDP__PRIVATE void pdp__store_server_stop(pdp__store_server *srv);
+
+/* ---- client ---- */
+
+struct pdp_store {
+    int fd;                     /* connection to the server; -1 once it broke */
+    pthread_mutex_t lock;       /* one request at a time on this handle */
+    char host[256];             /* as given (the server's own client may use loopback) */
+    int port;
+    int world_size;
+    double timeout_s;
+    pdp__store_server *server;  /* on the serving rank only */
+};
+
+/* One non-blocking connect to ai, bounded by deadline; the fd, or -1 with why. */
+PDP__PRIVATE int pdp__store_try_connect(const struct addrinfo *ai, double deadline, char *why,
+                                        size_t cap);
+
+/* Connects s->fd to host:s->port, retrying until timeout_s has passed. */
+PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host);
+
+/* Sends out[0..bytes) or, with out NULL, receives into in[0..bytes), all of it by
+   deadline: 0, or -1 with why filled. */
+PDP__PRIVATE int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
+                               double deadline, char *why, size_t cap);
+
+PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
+                                     size_t cap);
+
+PDP__PRIVATE int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
+                                     size_t cap);
+
+/* Reads bytes from the connection into buf[0..cap) and throws away the rest. */
+PDP__PRIVATE int pdp__store_recv_into(int fd, void *buf, size_t cap, size_t bytes, double deadline,
+                                      char *why, size_t why_cap);
+
+/* One request and its reply (caller holds s->lock). wait_s is the server-side
+   wait of GET/WAIT; the client itself gives up PDP__STORE_GRACE_S later. The
+   reply's value goes to buf[0..cap) (its full length in *bytes), its arg to
+   *arg. PDP_ERR_TIMEOUT without a message when the server reports a timeout (the
+   caller words it); PDP_ERR_COMM with one when the connection or the server fails. */
+PDP__PRIVATE pdp_status pdp__store_call(pdp_store *s, const char *fn, int op, const char *key,
+                                        const void *value, size_t value_bytes, uint64_t arg,
+                                        double wait_s, void *buf, size_t cap, size_t *bytes,
+                                        uint64_t *reply_arg);
+
+PDP__PRIVATE pdp_status pdp__store_check(const pdp_store *s, const char *fn, const char *key);
+
+/* ---- public API ---- */
+
+/* PDP_API pdp_status pdp_store_create(pdp_store **out, const pdp_store_desc *desc) */
+
+/* PDP_API void pdp_store_free(pdp_store *s) */
+
+/* PDP_API int pdp_store_port(const pdp_store *s) */
+
+/* PDP_API pdp_status pdp_store_set(pdp_store *s, const char *key, const void *value, size_t bytes) */
+
+/* PDP_API pdp_status pdp_store_get(pdp_store *s, const char *key, void *buf, size_t cap, size_t *bytes) */
+
+/* PDP_API pdp_status pdp_store_wait(pdp_store *s, const char **keys, int n, double timeout_s) */
+
+/* PDP_API pdp_status pdp_store_add(pdp_store *s, const char *key, int64_t delta, int64_t *result) */
+
+/* PDP_API pdp_status pdp_store_barrier(pdp_store *s, const char *name, int world_size, double timeout_s) */
+
+/* ---- src/cuda_host.c ---- */
+/* cuda_host: the host side of CUDA devices. Routes device memory, the losses and
+   the optimizer updates to the plain C functions of pdp_cuda.cu (declared in
+   cuda.h) when built with PDP_CUDA; without it, every CUDA request fails with
+   PDP_ERR_UNSUPPORTED naming the macro, and the CPU paths are untouched. Each
+   layer's CUDA entry lives beside its CPU code (layers*.c), NCCL in comm_nccl.c.
+
+   Errors: a pdp_cudak_* function that fails leaves "<call> failed: <name>
+   (<text>) at pdp_cuda.cu:<line>" in its own thread-local buffer; this module
+   copies it into pdp's message as "pdp_cuda: ..." and the public caller
+   prefixes its name and the layer ("pdp_model_forward: layer 0 (Linear):
+   pdp_cuda: cublasSgemm failed: CUBLAS_STATUS_... at pdp_cuda.cu:123"). */
+
+/* #include "internal.h" (above) */
+
+#define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
+
+#ifdef PDP_CUDA
+/* ---- cuda_host: errors ---- */
+
+/* Turns a failed pdp_cudak_* status into pdp's message. */
+PDP__PRIVATE pdp_status pdp__cuda_fail(pdp_status st);
+
+#define PDP__CUDA_TRY(call)                                                  \
+    do {                                                                     \
+        pdp_status pdp__cst = (call);                                        \
+        if (pdp__cst != PDP_OK) return pdp__cuda_fail(pdp__cst);             \
+    } while (0)
+
+PDP__PRIVATE int pdp__cuda_ordinal(pdp_device d);
+#endif
+
+/* ---- cuda_host: memory ---- */
+
+PDP__PRIVATE pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
+
+PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p);
+
+PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
+
+PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
+
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
+                                      size_t bytes);
+
+PDP__PRIVATE pdp_status pdp__dev_add(pdp_device d, float *PDP__RESTRICT dst,
+                                     const float *PDP__RESTRICT src, int64_t count);
+
+/* ---- cuda_host: public device functions ---- */
+
+/* PDP_API pdp_status pdp_cuda_device_count(int *count) */
+
+/* PDP_API pdp_status pdp_cuda_set_tf32(bool on) */
+
+/* The common check of the public functions that take a CUDA device. */
+PDP__PRIVATE pdp_status pdp__cuda_check_device(pdp_device d, const char *fn);
+
+/* PDP_API pdp_status pdp_cuda_synchronize(pdp_device d) */
+
+/* PDP_API pdp_status pdp_cuda_memory_stats_get(pdp_device d, pdp_cuda_memory_stats *out) */
+
+/* PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d) */
+
+/* ---- cuda_host: losses ----
+   The same contract as loss.c's pdp__cross_entropy, logits and dlogits on
+   device d: labels (host memory) are checked here in sample order, the device
+   computes per-sample losses, and the host sums them in sample order. */
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
+                                                int64_t batch, int64_t classes, float grad_scale,
+                                                double *loss_sum, float *dlogits, const char *fn);
+
+/* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
+PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
+                                      int64_t count, float scale, double *sum, float *dpred,
+                                      const char *fn);
+
+/* ---- cuda_host: gradient clipping (optim.c's pdp_clip_grad_norm) ---- */
+
+PDP__PRIVATE pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
+                                        const char *fn);
+
+PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn);
+
+/* Gradient compression on d (dt BF16 or F16): dst[i] = 16-bit(src[i] * scale), rounded
+   to nearest even, and its inverse, dst[i] = widen(src[i]); CPU loops or pdp_cuda.cu's
+   kernels (the same math.h conversions, so the same bits). */
+PDP__PRIVATE pdp_status pdp__dev_to16(pdp_device d, void *dst, const float *src, int64_t count,
+                                      float scale, int dt);
+
+PDP__PRIVATE pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *src, int64_t count,
+                                        int dt);
+
+/* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
+
+PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
+                                               float *p, const float *g, float *s0, float *s1, int64_t n);
+
+/* ---- src/tensor.c ---- */
+/* tensor: creation, views, copies and initialisers; the PCG32 generator.
+
+   Invariants: shape[i] >= 1 for i < ndim and 1 beyond; count is their product;
+   owned data is 64-byte aligned and zero-filled at creation. CUDA tensors are
+   allocated and copied by pdp_cuda.cu through the pdp__dev_* functions of the
+   cuda_host module; without PDP_CUDA they fail with PDP_ERR_UNSUPPORTED. */
+
+/* #include "internal.h" (above) */
+
+/* ---- tensor: shapes ---- */
+
+PDP__PRIVATE pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *count);
+
+PDP__PRIVATE void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, int64_t count);
+
+/* "[128, 784]" into buf, for messages. */
+PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t bytes);
+
+/* ---- tensor: lifecycle ---- */
+
+/* PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int ndim, const int64_t *shape) */
+
+/* PDP_API void pdp_tensor_free(pdp_tensor *t) */
+
+/* ---- tensor: views ---- */
+
+/* PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape, pdp_tensor *view) */
+
+/* PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape, pdp_tensor *view) */
+
+/* PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows, pdp_tensor *view) */
+
+/* ---- tensor: contents ---- */
+
+/* PDP_API pdp_status pdp_tensor_zeros(pdp_tensor *t) */
+
+/* PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value) */
+
+/* PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src) */
+
+/* PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host) */
+
+/* PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host) */
+
+/* ---- rng: PCG32 ---- */
+
+/* PDP_API void pdp_rng_seed(pdp_rng *r, uint64_t seed, uint64_t stream) */
+
+/* PDP_API uint32_t pdp_rng_u32(pdp_rng *r) */
+
+/* PDP_API float pdp_rng_uniform(pdp_rng *r) */
+
+/* PDP_API uint32_t pdp_rng_below(pdp_rng *r, uint32_t n) */
+
+/* PDP_API float pdp_rng_normal(pdp_rng *r) */
+
+/* Fills a CPU tensor directly, any other device through a host staging copy. */
+PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, float a, float b,
+                                         const char *fn);
+
+/* PDP_API pdp_status pdp_tensor_uniform(pdp_tensor *t, pdp_rng *r, float lo, float hi) */
+
+/* PDP_API pdp_status pdp_tensor_normal(pdp_tensor *t, pdp_rng *r, float mean, float std) */
+
+/* PDP_API pdp_status pdp_tensor_kaiming_uniform(pdp_tensor *t, pdp_rng *r, int64_t fan_in, float a) */
+
+/* PDP_API pdp_status pdp_tensor_xavier_uniform(pdp_tensor *t, pdp_rng *r, int64_t fan_in, int64_t fan_out) */
+
+/* ---- src/gemm.c ---- */
+/* gemm: single-precision matrix product, C = alpha * op(A) * op(B) + beta * C.
+
+   Row-major, op(X) = X or X^T, all four layouts. The structure is the one of
+   Goto and van de Geijn, "Anatomy of high-performance matrix multiplication"
+   (ACM TOMS 34(3), 2008) and of BLIS (Van Zee and van de Geijn, 2015):
+
+     for each NC-wide block of columns       (jc)
+       for each KC-deep block of k           (pc)   pack op(B) block, KC x NC  (L2/L3)
+         for each MR-tall row panel          (ir)   pack op(A) panel, MR x KC  (L1)
+           for each NR-wide column panel     (jr)   micro-kernel: MR x NR tile of C
+
+   The A panel stays in L1 while the B block streams past it (128 bytes of B per
+   16 FMAs on AVX-512, well within L2 or even L3 bandwidth), so the A panel is
+   packed right before use and there is no MC level.
+   The micro-kernel keeps an MR x NR tile of C in registers and adds one rank-1
+   update per k: NR floats of packed B are loaded, MR floats of packed A are
+   broadcast, MR * NR / VL fused multiply-adds. Kernels by instruction set:
+   AVX-512F 8 x 32 (16 zmm accumulators), AVX2+FMA 6 x 16 (12 ymm), and portable
+   C 4 x 16 (what -DPDP_NO_SIMD or a plain x86-64 target gets). Packing pads
+   partial panels with zeros, so the kernel always runs full tiles and masks only
+   its stores. Packing a source that is contiguous in k (A in NN and NT, B in NT
+   and TT) is a transpose, done 8 x 8 in AVX registers when AVX is there. With
+   -DPDP_CBLAS the whole call goes to cblas_sgemm instead.
+
+   Invariants:
+   - Determinism. Every element of C is computed by exactly one thread, as the
+     same chain of FMAs over k (in KC blocks whose bounds depend only on k), and
+     the tile grid is anchored at row 0 and column 0 whatever the split. So the
+     bits do not depend on the thread count, and a caller that finds the pool
+     busy (and runs everything itself) gets the same bits too.
+   - beta == 0: C is written without being read (NaN in C does not leak); so is
+     it when k == 0 or alpha == 0 (C = beta * C).
+   - Memory: packed panels live in the calling thread's scratch buffer
+     (pdp__thread_scratch), which grows on the first call of a given size and is
+     reused afterwards; a training loop allocates nothing here after step one.
+     If even that allocation fails, a slow unpacked loop computes the product. */
+
+/* #include "internal.h" (above) */
+
+#if defined(__cplusplus)
+#  define PDP__GEMM_RESTRICT __restrict__
+#else
+#  define PDP__GEMM_RESTRICT restrict
+#endif
+
+/* C = beta C: a product with nothing to add (k == 0 or alpha == 0); with beta == 0, C
+   is written without being read. pdp_gemm_bf16 shares it. */
+PDP__PRIVATE void pdp__gemm_scale_c(int64_t m, int64_t n, float beta, float *c, int64_t ldc);
+
+#if defined(PDP_CBLAS)
+#  include <cblas.h>
+
+/* PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
+
+/* Plain loops: with PDP_CBLAS, Conv2d takes its im2col path and never calls this. */
+PDP__PRIVATE void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  const int64_t *brow, float beta, float *c, int64_t ldc);
+
+/* The work an m x n product does per k: m n here (see the other definition). */
+PDP__PRIVATE int64_t pdp__gemm_tiles(int64_t m, int64_t n);
+
+PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                   const float *a, const int64_t *arow, const float *b, int64_t ldb,
+                                   float beta, float *c, int64_t ldc);
+
+#else /* our own */
+
+/* ---- gemm: micro-kernels ---- */
+
+/* Kernel contract: kc >= 1; ap holds kc groups of MR floats, bp kc groups of NR
+   floats (both packed, 64-byte aligned). Writes the top-left mr x nr of the tile
+   to c (row stride ldc) as alpha * acc + beta * c, not reading c when beta == 0. */
+
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+#  include <immintrin.h>
+#  define PDP__GEMM_KERNEL "avx512 8x32"
+#  define PDP__GEMM_MR 8
+#  define PDP__GEMM_NV 2
+#  define PDP__GEMM_VL 16
+
+/* Lane masks of a tile's nr valid columns, one per vector of a B row (nv of them). */
+
+/* How every AVX-512 kernel ends: the top-left mr x nr of an MR x nv-vector tile of
+   accumulators (acc[i nv + v], nv a constant after inlining) to c (row stride ldc)
+   as alpha * acc + beta * c, reading c only when beta != 0; a full tile unmasked.
+   Always inlined: a call would take acc's address and keep the accumulators in
+   memory. */
+
+/* The MR x NR tile of the packed kernels. */
+
+PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                                   int nr, float alpha, float beta);
+
+/* The same tile with B read in place instead of packed: row p of the tile's B is
+   the nr floats at b + brow[p] (a gathered B, pdp__sgemm_rows without transpose,
+   whose rows are runs of a small image that stays in cache). Packing such a B
+   costs as much as a tenth of the product when m is small (Conv2d's O rows), and
+   this skips it. Masked loads read no float past column nr; same FMA chain as the
+   packed kernel, so the same bits. */
+#  define PDP__GEMM_DIRECT_B 1
+PDP__PRIVATE void pdp__gemm_kernel_rows(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                        const float *b, const int64_t *brow, float *c, int64_t ldc,
+                                        int mr, int nr, float alpha, float beta);
+
+/* The same tile with A read in place: row i of the tile's A is a8[i] (a gathered
+   A, pdp__sgemm_arows; rows past mr repeat row 0 and are never stored), each
+   element broadcast straight from its row, as the packed kernel broadcasts it
+   from the panel. Same FMA chain, so the same bits. */
+PDP__PRIVATE void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
+                                         const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                         int mr, int nr, float alpha, float beta);
+
+#elif !defined(PDP_NO_SIMD) && defined(__AVX2__) && defined(__FMA__)
+#  include <immintrin.h>
+#  define PDP__GEMM_KERNEL "avx2 6x16"
+#  define PDP__GEMM_MR 6
+#  define PDP__GEMM_NV 2
+#  define PDP__GEMM_VL 8
+
+PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                                   int nr, float alpha, float beta);
+
+#else
+#  define PDP__GEMM_KERNEL "portable 4x16"
+#  define PDP__GEMM_MR 4
+#  define PDP__GEMM_NV 1
+#  define PDP__GEMM_VL 16
+
+PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
+                                   int nr, float alpha, float beta);
+#endif
+
+#define PDP__GEMM_NR (PDP__GEMM_NV * PDP__GEMM_VL)
+
+/* Blocking. KC: depth of one packed block (k is cut into equal blocks of at most
+   KC). NC: columns of packed B per block. Both fixed, so the summation order never
+   depends on the thread count. 512 and 512 measured best on Zen 4 (384 and 256 are
+   within noise; see bench/gemm.c). */
+#ifndef PDP__GEMM_KC
+#  define PDP__GEMM_KC 512
+#endif
+#ifndef PDP__GEMM_NC
+#  define PDP__GEMM_NC 512
+#endif
+/* Products below this many flops stay on the calling thread. With the pool's spin a
+   hand-off costs a few microseconds, less than half of a 1.3 MFLOP product (the MLP's
+   10-class layer at batch 128, ~40 us on one core): at 1e6 rather than 4e6 the MLP
+   784-512-512-10 step at batch 128 on 2 threads was faster in 11 of 14 alternating
+   runs, either order first, by a median of 9% (Zen 4, a noisy host: -17% to +23%). */
+#ifndef PDP__GEMM_PAR_FLOPS
+#  define PDP__GEMM_PAR_FLOPS 1.0e6
+#endif
+
+/* ---- gemm: packing ---- */
+
+/* Packing op(A) with A not transposed, and op(B) with B transposed, is a transpose
+   (the source is contiguous in k, the panel wants k-major). With AVX it goes 8 x 8
+   at a time through registers; the rest is plain loops. */
+#if !defined(PDP_NO_SIMD) && defined(__AVX__)
+#  include <immintrin.h>
+#  define PDP__GEMM_T8 1
+
+/* dst[q * ldd + r] = s[r][p + q] for r, q in [0, 8). */
+PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *dst, int64_t ldd);
+#else
+#  define PDP__GEMM_T8 0
+#endif
+
+/* Source row r of a packing routine: src + off[r] with a row-offset table (the
+   gathered B of pdp__sgemm_rows), else src + r * lds. */
+PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off, int64_t r);
+
+/* rows x kc of a source contiguous in k (row r at pdp__gemm_row) into
+   dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. With AVX, groups of
+   8 rows go through pdp__gemm_transpose8, and so does a last partial group when the
+   panel has room for 8, its missing rows read from a row of zeros (a ragged edge,
+   N = 25 say, would otherwise be packed and zeroed one strided float at a time). */
+#if PDP__GEMM_T8
+
+#endif
+
+PDP__PRIVATE void pdp__gemm_pack_t(const float *src, int64_t lds, const int64_t *off, int rows,
+                                   int64_t kc, float *dst, int64_t ldd);
+
+/* kc x cols of a source contiguous in the panel's fast index (row p at
+   pdp__gemm_row) into dst[p * ldd + j]; the part of [0, ldd) past `cols` is
+   zeroed. Always inlined with a constant ldd (MR
+   or NR), so that a full row is a fixed-size copy the compiler turns into vector
+   moves: the plain loop of unknown length stays scalar at -O2 and cost a fifth of
+   a 512^3 NN or TN product. */
+
+/* op(A) rows [0, mr) x columns [0, kc) (a points at op(A)(0, 0)) into ap[p * MR + i]. */
+PDP__PRIVATE void pdp__gemm_pack_a(pdp_trans ta, const float *a, int64_t lda, int mr, int64_t kc,
+                                   float *PDP__GEMM_RESTRICT ap);
+
+/* op(B) rows [pc, pc + kc) x columns [jc, jc + nc) into panels of NR columns:
+   bp[(j / NR) * kc * NR + p * NR + j % NR]. B's storage row r starts at
+   b + r * ldb, or at b + brow[r] when the caller gave a row-offset table. */
+PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, const int64_t *brow,
+                                   int64_t pc, int64_t jc, int64_t kc, int64_t nc,
+                                   float *PDP__GEMM_RESTRICT bp);
+
+/* ---- gemm: the blocked product on one thread ---- */
+
+typedef struct pdp__gemm_args {
+    pdp_trans ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a, *b;
+    const int64_t *brow; /* B's row offsets (pdp__sgemm_rows), or NULL: row r at b + r ldb */
+    const int64_t *arow; /* A's row offsets (pdp__sgemm_arows; A not transposed), or NULL */
+    float *c;
+    int64_t lda, ldb, ldc;
+    int64_t kb;   /* depth of each k block (the last may be shorter) */
+    int split_n;  /* 1: parts are column ranges; 0: row ranges */
+} pdp__gemm_args;
+
+PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to);
+
+/* Floats of scratch one part of at most `cols` columns needs. */
+PDP__PRIVATE size_t pdp__gemm_scratch_floats(const pdp__gemm_args *g, int64_t cols);
+
+/* Rows [m0, m1) x columns [n0, n1) of C; m0 is a multiple of MR, n0 of NR. */
+PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
+                                  int64_t n1, float *scratch);
+
+/* Unpacked fallback for when scratch cannot be allocated (same contract, slow). */
+PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_t m1, int64_t n0,
+                                     int64_t n1);
+
+/* ---- gemm: threads ---- */
+
+/* Part i of n: an equal share of the MR-row or NR-column panels. */
+PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n);
+
+/* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
+PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                float alpha, const float *a, int64_t lda, const int64_t *arow,
+                                const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
+                                int64_t ldc);
+
+/* PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
+
+/* ---- gemm: gathered B ----
+   pdp_sgemm whose B rows are anywhere: storage row r of B starts at b + brow[r], so
+   op(B)(p, j) = b[brow[p] + j] (tb == PDP_NO_TRANS) or b[brow[j] + p] (PDP_TRANS).
+   Conv2d's implicit im2col: row (c, ki, kj) of a sample's column matrix is one
+   contiguous run of the zero-padded input, so the B packing reads the input itself
+   and the column matrix is never written. Same blocking, threads and bits as
+   pdp_sgemm on the materialised B. */
+
+PDP__PRIVATE void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  const int64_t *brow, float beta, float *c, int64_t ldc);
+
+/* The work an m x n product does per k, padded to whole MR x NR tiles: what a
+   caller that can compute C or C^T compares to pick the cheaper. */
+PDP__PRIVATE int64_t pdp__gemm_tiles(int64_t m, int64_t n);
+
+/* C = alpha A op(B) + beta C with A's storage rows anywhere: row i of A starts at
+   a + arow[i] (A not transposed). Conv2d's dW as dW^T = col dy^T, whose A is the
+   implicit column matrix: with AVX-512 the kernel broadcasts A straight from the
+   padded image, no packing. */
+PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                   const float *a, const int64_t *arow, const float *b, int64_t ldb,
+                                   float beta, float *c, int64_t ldc);
+
+#if defined(PDP__GEMM_DIRECT_B)
+/* ---- gemm: gathered B, columns in runs ----
+   C [m, n] = A [m, k] B (alpha 1, beta 0, on the calling thread) where B is gathered
+   as in pdp__sgemm_rows and only some of its columns are wanted: logical column
+   L = (r runs + u) run + t, for r < rows, u < runs, t < run, is B's column
+   r rstride + u ustride + t, and C holds the logical columns only. Conv2d's
+   implicit GEMM: samples side by side with bands of padding between them, whose
+   columns nobody reads. Each 16-lane vector of a tile is loaded as a few masked
+   loads, one per run it meets, so no lane computes a band. Each C element is the
+   same FMA chain over k, in the same k blocks, as in pdp__sgemm_rows. */
+#  define PDP__GEMM_RUNS 1
+
+/* Its tiles are MR x 48, not MR x 32: each vector of B costs this kernel one to
+   three masked, unaligned loads, and three vectors spread them over 24 FMAs a k
+   step instead of 16 (24 accumulators, 3 B vectors and a broadcast: 28 of the 32
+   zmm registers). Conv2d's 16 -> 32 and 32 -> 16, 5 x 5 on 14 x 14, 8 samples:
+   about 98-104 -> 106-109 GFLOP/s on one Zen 4 core (peak 117), best of 7 each. */
+#  ifndef PDP__GEMM_RUNS_NV
+#    define PDP__GEMM_RUNS_NV 3
+#  endif
+#  define PDP__GEMM_RUNS_NR (PDP__GEMM_RUNS_NV * PDP__GEMM_VL)
+
+/* segs: the masked loads per vector (a constant after inlining, the rest of the
+   masks zero when a vector has fewer), or 0: each vector's own count, nseg[v]. */
+
+PDP__PRIVATE void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
+                                        const float *b, const int64_t *brow, const int64_t *soff,
+                                        const __mmask16 *smask, const int *nseg, float *c, int64_t ldc,
+                                        int mr, int nr, float beta);
+
+/* The masked loads of the tile of nr logical columns that starts at column (r, u, t),
+   which it advances by nr: vector v's lanes as nseg[v] loads, load s of lane mask
+   smask[v VL + s] at B column soff[v VL + s] (lane 0's column). A run is cut into
+   vectors' pieces, so each piece is one load unless it continues the last (no
+   band between two runs); a vector with no lane keeps one empty load. */
+PDP__PRIVATE void pdp__gemm_runs_tile(int nr, int64_t run, int64_t runs, int64_t rstride,
+                                      int64_t ustride, int64_t *t, int64_t *u, int64_t *r,
+                                      int64_t *soff, __mmask16 *smask, int *nseg);
+
+PDP__PRIVATE void pdp__sgemm_runs(int64_t m, int64_t k, const float *a, int64_t lda, const float *b,
+                                  const int64_t *brow, int64_t rows, int64_t runs, int64_t run,
+                                  int64_t rstride, int64_t ustride, float *c, int64_t ldc);
+#endif
+
+#endif /* PDP_CBLAS */
+
+/* ---- gemm: small products as dot products ----
+   C [m, n] = A B^T for an m x n too small to pay for packing and a long k (Conv2d's
+   dW share of a layer with few weights: 16 x 25 over thousands of columns): row i of
+   A at a + i lda, row j of B at b + brow[j]. Blocks of 4 x 5 dot products (20
+   accumulators, 9 loads per 20 FMAs; 16 x 25 is 4 x 5 whole blocks, where 4 x 4
+   blocks computed 28 columns for 25) run in 16-float lanes over k in slices of
+   PDP__GEMM_DOTS_KC (A's and B's slices stay in L1), the lanes kept on the stack
+   between slices, and are reduced at the end in a fixed order: the bits depend on
+   m, n, k and the data only (not on the block shape). */
+#define PDP__GEMM_DOTS_MI 4    /* rows of A per block */
+#define PDP__GEMM_DOTS_NJ 5    /* rows of B per block */
+#define PDP__GEMM_DOTS_MAX 512 /* lanes of the blocks, counted whole */
+#define PDP__GEMM_DOTS_KC 512
+
+PDP__PRIVATE int pdp__sgemm_dots_fits(int64_t m, int64_t n);
+
+#if !defined(PDP_CBLAS) && !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+/* The sum of v's 16 lanes as gcc's _mm512_reduce_add_ps adds them (halves, then quarters,
+   then pairs), from the zero-masking extract: gcc's header builds the reduction on
+   _mm512_extractf64x4_pd, whose _mm256_undefined_pd() merge source g++ reports as
+   -Wmaybe-uninitialized (see gemm_bf16.c's PDP__BF16_HALF) */
+
+PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const float *b, const int64_t *brow, float *c, int64_t ldc);
+#else
+PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const float *b, const int64_t *brow, float *c, int64_t ldc);
+#endif
+
+/* ---- src/gemm_bf16.c ---- */
+/* gemm_bf16: the bf16 mixed-precision matrix product behind pdp_gemm_bf16 (gemm.h),
+   C = alpha * op(A) * op(B) + beta * C with op(A), op(B) rounded to bf16 and fp32
+   everywhere else, as torch.autocast("cpu", dtype=torch.bfloat16) runs a Linear.
+
+   Packing rounds both operands to bf16 (pdp__bf16_bits, src/math.h) and lays k out in
+   pairs, the operand format of AVX512-BF16's vdpbf16ps: one 32-bit word holds
+   (x[2p] low, x[2p+1] high); an odd k gets a zero pair half. A is packed in MR-row
+   panels ([pair][row]), B in NR-column panels ([pair][column]). A part of the product
+   packs an MC-row block of A at a time; in the first block it packs each NR-column
+   panel of B as it reaches it, and the later blocks reuse those panels; the
+   micro-kernel runs over the block's MR-row panels and keeps an MR x NR tile of C in
+   registers over the whole k (k is not blocked: at the MLP's k <= 1024 a B panel,
+   pairs x NR words, stays in L2). The avx512 and AMX paths pack with vcvtne2ps2bf16
+   (16 values per instruction; rows along k transposed in registers, rows across k
+   interleaved with vpermw), the emulation with pdp__bf16_bits; the words are the same
+   but where a subnormal input becomes a zero or a subnormal bf16, read as zero by every
+   kernel (the corner where they differ otherwise is handled: pdp__bf16_cvt2).
+
+   Gathered operands (Conv2d's implicit GEMM, section "gathered operands"): one operand
+   given as bf16 words (pdp__gemm_bf16_convert, which writes the words the path's
+   packing would make, in place if asked) whose storage rows may sit anywhere, row s
+   at h + off[s] (an offset table, as gemm.c's pdp__sgemm_rows): the packing reads
+   them through the table and converts nothing; the panels, and so the bits, are those
+   of the materialised operand.
+
+   Invariants:
+   - One arithmetic on every path (gemm.h states it): per element of C one chain of
+     fp32 sums over the pairs, in order, from 0, flushing subnormals (DAZ/FTZ, as
+     vdpbf16ps). The tile grid, the pairs and the chain depend on nothing but k, so
+     the bits do not depend on the thread count or on how the parts are cut; the
+     emulated path gives the AVX512 path's bits except for products below 2^-126.
+   - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
+     AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
+     vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
+     kernel AMX-TILE, AMX-BF16, the tile state in XCR0 (bits 17, 18) and Linux's
+     permission to use it (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked
+     once; refused: AVX512 or the emulation). Both are compiled under target
+     attributes, so a plain x86-64 build has them; -DPDP_NO_SIMD or a non-x86 target
+     leaves only the emulation (and AMX needs x86-64 Linux).
+   - AMX's arithmetic (Intel SDM, TDPBF16PS): the same DAZ/FTZ chain of fp32 sums over
+     the pairs in order, but its pseudo-code adds a pair's even product first (the
+     AVX512 path and the emulation add the odd one first), and the SDM does not
+     promise the hardware's internal order; so the AMX path is held to the bound
+     (both are fp32 sums of the same exact products), not to the emulation's bits.
+     It is still deterministic: its chain, too, depends on nothing but k.
+   - Memory: packed panels live in the part's thread scratch (pdp__thread_scratch),
+     reused from call to call; if it cannot grow, the emulated arithmetic runs
+     unpacked, element by element, with the same bits as the emulated path. */
+
+/* #include "internal.h" (above) */
+
+#define PDP__BF16_MR 8  /* rows of a C tile */
+#define PDP__BF16_NR 32 /* columns of a C tile: two zmm of fp32 */
+#define PDP__BF16_MC 256 /* rows of A packed at once */
+/* Smaller products stay on the calling thread: as pdp_sgemm's PDP__GEMM_PAR_FLOPS (at
+   1e6 rather than 2e6 the bf16 MLP step at batch 128 on 2 threads was faster in 5 of 6
+   alternating runs, median +12%). */
+#ifndef PDP__BF16_PAR_FLOPS
+#  define PDP__BF16_PAR_FLOPS 1.0e6
+#endif
+
+#if !defined(PDP_NO_SIMD) && (defined(__x86_64__) || defined(__i386__)) && \
+    (defined(__GNUC__) || defined(__clang__))
+#  define PDP__BF16_X86 1
+#  include <cpuid.h>
+#  include <immintrin.h>
+#else
+#  define PDP__BF16_X86 0
+#endif
+/* AMX: x86-64 Linux (the permission is an arch_prctl) and a compiler with the AMX
+   intrinsics (gcc 11, clang 12) */
+#if PDP__BF16_X86 && defined(__x86_64__) && defined(__linux__) && \
+    (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+#  define PDP__BF16_AMX 1
+#else
+#  define PDP__BF16_AMX 0
+#endif
+
+/* ---- gemm_bf16: rounding and the element chain ---- */
+
+/* PDP_API float pdp_bf16_round(float x) */
+
+/* A bf16 as an fp32, subnormals as zero of the same sign (DAZ). */
+
+/* acc + p with a subnormal result flushed to zero of its sign (FTZ). */
+
+/* alpha acc + beta c, as every path writes it (beta c rounded, then the sum). */
+
+/* ---- gemm_bf16: CPU features ---- */
+
+ /* written once under pdp__bf16_once */
+    /* written once under pdp__bf16_once */
+
+#if PDP__BF16_AMX
+/* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
+   process use the AMX tile data (Linux 5.16 and later; before, or refused: an error).
+   The raw syscall (158 on x86-64): syscall(2) is not declared under strict C99's
+   _POSIX_C_SOURCE. 0 on success, else -errno. */
+PDP__PRIVATE long pdp__bf16_amx_permit(void);
+#endif
+
+PDP__PRIVATE void pdp__bf16_detect(void);
+
+/* PDP_API bool pdp_bf16_path_available(pdp_bf16_path path) */
+
+/* PDP_API pdp_bf16_path pdp_bf16_best_path(void) */
+
+/* PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path) */
+
+/* ---- gemm_bf16: packing ---- */
+
+/* op(X)(r, p) of an operand stored row-major with stride ld. */
+
+/* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
+   (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
+PDP__PRIVATE void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                       int64_t k, int width, uint32_t *dst);
+
+/* Rows [r0, r0 + rows) of op(X) as ceil(rows / width) panels of `width` rows, panel j
+   at dst + j * pairs * width (the last one zero-padded). */
+PDP__PRIVATE void pdp__bf16_pack(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                 int64_t k, int width, uint32_t *dst);
+
+/* op(X)(r, p) of an operand already in bf16 words, storage row s at h + off[s]. */
+
+/* pdp__bf16_pack for an operand already in bf16 words (pdp__gemm_bf16_convert's), its
+   storage rows through off: the same panels, nothing to round. */
+PDP__PRIVATE void pdp__bf16_pack_h(const uint16_t *h, const int64_t *off, pdp_trans t, int64_t r0,
+                                   int rows, int64_t k, int width, uint32_t *dst);
+
+/* x[0, n) as bf16 words (pdp__bf16_bits) into h. h may be x's own memory (h == (uint16_t
+   *)x): word i is written after float i is read, at byte 2i, where float i / 2 was. */
+PDP__PRIVATE void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n);
+
+#if PDP__BF16_X86
+#  define PDP__BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
+/* The zero-masking forms, with every lane kept, of the unpacks and extracts the packing
+   uses: GCC's headers write the plain forms with _mm*_undefined_*() as the merge source
+   (`__m512i __Y = __Y;`), which g++ and nvcc's host pass (not gcc) report as
+   -Wmaybe-uninitialized at every inlined call (99 to 102 warnings at -Og/-O2/-O3). The
+   instructions are the same: gcc folds the full mask away (vpunpckldq, vextracti64x4). */
+#  define PDP__BF16_UNPACKLO32(a, b) _mm512_maskz_unpacklo_epi32((__mmask16)0xffff, a, b)
+#  define PDP__BF16_UNPACKHI32(a, b) _mm512_maskz_unpackhi_epi32((__mmask16)0xffff, a, b)
+#  define PDP__BF16_UNPACKLO64(a, b) _mm512_maskz_unpacklo_epi64((__mmask8)0xff, a, b)
+#  define PDP__BF16_UNPACKHI64(a, b) _mm512_maskz_unpackhi_epi64((__mmask8)0xff, a, b)
+#  define PDP__BF16_HALF(w, L) _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, L)
+#  define PDP__BF16_LANE(w, L) _mm512_maskz_extracti32x4_epi32((__mmask8)0xf, w, L)
+
+/* pdp__bf16_cvt2 where some lane is subnormal. */
+PDP__BF16_TARGET PDP__PRIVATE __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi);
+
+/* x rounded to bf16 by vcvtne2ps2bf16 (round to nearest even, a NaN quieted with its
+   sign and top payload, as pdp__bf16_bits), 16 lanes at a time: lo's in words 0-15, hi's
+   in 16-31. The instruction flushes subnormal inputs to zero of their sign (Intel SDM),
+   where pdp__bf16_bits rounds them; the kernels read a subnormal bf16 as that zero
+   (DAZ), so the two differ only where a subnormal fp32 rounds up to the least normal
+   bf16 (|x| in [0x007f8000, 0x00800000) as bits): those lanes are set to that value
+   (sign | 0x00800000) first, in a branch taken only when some lane is subnormal
+   (vfpclassps, AVX512DQ). */
+
+/* 16 rows from `at` (mask m: those below rows) of x(., 2p) and x(., 2p + 1) for every
+   pair p, as pair words to d + p width (wide: width >= 16; else width 8, rows 8-15 to
+   d + panel + p width when two: both halves are in the padded rows); inlined with wide
+   and two constant, so that the loop has no branch but the subnormal one. */
+
+/* pdp__bf16_pack for an operand whose rows are contiguous (t == PDP_TRANS: x(r, p) =
+   x[p * ld + r]): per pair, 16 rows of x(., 2p) and x(., 2p + 1) converted together and
+   interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
+   (width a multiple of 16) or two (width 8). */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
+                                                       int rows, int64_t k, int width, uint32_t *dst);
+
+/* row i of the block: its 32 values from pair p0 as 16 pair words (zero past rows):
+   converted, or from bf16 words (hrow) as they are */
+#  define PDP__BF16_ROWW(i)                                                                   \
+    (i0 + (i) >= rows ? _mm512_setzero_si512()                                                 \
+     : hrow[0]        ? _mm512_maskz_loadu_epi16(mh, hrow[i] + 2 * p0)                          \
+                      : pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, row[i] + 2 * p0),            \
+                                       _mm512_maskz_loadu_ps(mhi, row[i] + 2 * p0 + 16)))
+/* lane L of lo (rows 0-3) and hi (rows 4-7): pair 4L + q, stored if below np */
+#  define PDP__BF16_PUT4(q, L, lo, hi)                                                        \
+    do {                                                                                       \
+        if (4 * (L) + (q) < np) {                                                              \
+            uint32_t *dq = d + (4 * (L) + (q)) * (int64_t)width;                               \
+            _mm_storeu_si128((__m128i *)dq, PDP__BF16_LANE(lo, L));                           \
+            _mm_storeu_si128((__m128i *)(dq + 4), PDP__BF16_LANE(hi, L));                     \
+        }                                                                                      \
+    } while (0)
+#  define PDP__BF16_PUT(q, lo, hi)                                                            \
+    do {                                                                                       \
+        __m512i ulo = (lo), uhi = (hi);                                                        \
+        PDP__BF16_PUT4(q, 0, ulo, uhi);                                                        \
+        PDP__BF16_PUT4(q, 1, ulo, uhi);                                                        \
+        PDP__BF16_PUT4(q, 2, ulo, uhi);                                                        \
+        PDP__BF16_PUT4(q, 3, ulo, uhi);                                                        \
+    } while (0)
+
+/* pairs P, P + 1 (P = 4 L + q, q even) of the block from the q-th and (q + 1)-th
+   quarters lo_q, hi_q (rows 0-3, 4-7; 128-bit lane L: pair 4 L + q) as one zmm of two
+   8-word pair rows: [lo_q[L], hi_q[L], lo_q1[L], hi_q1[L]]; v, w: lo_q, lo_q1 and hi_q,
+   hi_q1 with lanes L, L' interleaved */
+#  define PDP__BF16_FULL2(q, lo0, hi0, lo1, hi1)                                              \
+    do {                                                                                       \
+        __m512i v = _mm512_permutex2var_epi64(lo0, i01, lo1);                                  \
+        __m512i w = _mm512_permutex2var_epi64(hi0, i01, hi1);                                  \
+        _mm512_storeu_si512((void *)(d + (q) * 8), _mm512_permutex2var_epi64(v, i01, w));      \
+        _mm512_storeu_si512((void *)(d + (q + 4) * 8), _mm512_permutex2var_epi64(v, i23, w));  \
+        v = _mm512_permutex2var_epi64(lo0, i23, lo1);                                          \
+        w = _mm512_permutex2var_epi64(hi0, i23, hi1);                                          \
+        _mm512_storeu_si512((void *)(d + (q + 8) * 8), _mm512_permutex2var_epi64(v, i01, w));  \
+        _mm512_storeu_si512((void *)(d + (q + 12) * 8), _mm512_permutex2var_epi64(v, i23, w)); \
+    } while (0)
+
+/* pdp__bf16_pack for an operand whose rows run along k (t == PDP_NO_TRANS): blocks of 8
+   rows x 16 pairs converted row by row (or, from bf16 words h, loaded: a pair is two
+   adjacent words) and transposed in registers. A block of 16 whole pairs in a panel of
+   width 8 is stored as 8 zmm of two pair rows each; the others lane by lane. Inlined
+   with x or h NULL: x's rows at x + r ld, h's at h + off[r]. */
+
+#  undef PDP__BF16_FULL2
+
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel(const float *x, int64_t ld, int64_t r0,
+                                                          int rows, int64_t k, int width,
+                                                          uint32_t *dst);
+
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
+                                                            int64_t r0, int rows, int64_t k, int width,
+                                                            uint32_t *dst);
+#  undef PDP__BF16_ROWW
+#  undef PDP__BF16_PUT
+#  undef PDP__BF16_PUT4
+
+/* pdp__bf16_pack with AVX512-BF16's conversion: the same words, but for subnormal
+   values (zero of their sign here, rounded there), which every kernel reads as zero. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_avx512(const float *x, int64_t ld, pdp_trans t,
+                                                         int64_t r0, int rows, int64_t k, int width,
+                                                         uint32_t *dst);
+
+/* pdp__bf16_pack_h of t == PDP_TRANS into one NR-column panel (cols <= NR = 32 rows of
+   op(X) from c0), 32 columns of a pair at a time: two loads of 32 words, interleaved by
+   two vpermt2w. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_h_cols(const uint16_t *h, const int64_t *off,
+                                                         int64_t c0, int cols, int64_t k,
+                                                         uint32_t *dst);
+
+/* pdp__bf16_pack_h with AVX512: the same words. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_h_avx512(const uint16_t *h, const int64_t *off,
+                                                           pdp_trans t, int64_t r0, int rows,
+                                                           int64_t k, int width, uint32_t *dst);
+
+/* pdp__bf16_convert_emul by vcvtne2ps2bf16 (pdp__bf16_cvt2: the words the avx512 packing
+   makes), 32 floats at a time; the same in-place rule (a block's 32 words go to bytes
+   its own floats or earlier ones held, after they are read). */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_convert_avx512(const float *x, uint16_t *h, int64_t n);
+#endif
+
+/* ---- gemm_bf16: micro-kernels ----
+   Contract: pairs >= 1; ap holds pairs groups of MR words, bp pairs groups of NR
+   words; writes the top-left mr x nr of the tile to c (row stride ldc). */
+
+PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
+                                        float *c, int64_t ldc, int mr, int nr, float alpha, float beta);
+
+#if PDP__BF16_X86
+/* One row of the tile: acc_i0, acc_i1 += a[i] (broadcast) . b0, b1 (one vdpbf16ps per
+   16 columns). The 16 accumulators are named so that they stay in registers. */
+#  define PDP__BF16_ROW(i)                                                                    \
+    do {                                                                                       \
+        __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);                                 \
+        c##i##0 = _mm512_dpbf16_ps(c##i##0, ai, b0);                                          \
+        c##i##1 = _mm512_dpbf16_ps(c##i##1, ai, b1);                                          \
+    } while (0)
+
+/* the kernel below names MR = 8 rows of accumulators */
+typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
+
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
+                                                           const uint32_t *bp, float *c, int64_t ldc,
+                                                           int mr, int nr, float alpha, float beta);
+#  undef PDP__BF16_ROW
+#endif
+
+#if PDP__BF16_AMX
+/* AMX (palette 1): the MR x NR = 8 x 32 tile of C is two 8-row x 16-column fp32
+   accumulator tiles (tmm0: columns 0-15, tmm1: 16-31), zeroed, then fed 16 pairs (32
+   values of k) at a time: tmm2 holds A's 8 rows x 16 pair words ([row][pair]: the
+   packed panel's [pair][row] words transposed into a), tmm3 and tmm4 B's 16 pair rows
+   x 16 columns each, loaded straight from the packed panel, whose [pair][column] words
+   are AMX's pair ("VNNI") layout, at a row stride of NR words. tmm0 += tmm2 tmm3 and
+   tmm1 += tmm2 tmm4 (TDPBF16PS: dst.row[m].fp32[n] += a.row[m].bf16[2p] b.row[p].bf16[2n]
+   + a.row[m].bf16[2p+1] b.row[p].bf16[2n+1] over the pairs p). A last step with fewer
+   than 16 pairs gets zero pairs in a and in a zero-padded copy of B's rows (zero
+   products: the sums do not change). Rows past mr are the packing's zero rows. The
+   tiles are stored to acc and written to C as the other kernels do; the tile state is
+   configured per call and released before returning. */
+#  define PDP__BF16_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#  define PDP__BF16_KP 16 /* pairs per step: 64 bytes, one tile row of A */
+
+/* the kernel's tiles fit: 8 rows of C and A (<= 16), B tiles 16 columns wide */
+typedef char pdp__bf16_amx_shape_ok[PDP__BF16_MR <= 16 && PDP__BF16_NR == 32 ? 1 : -1];
+
+typedef struct pdp__bf16_tilecfg { /* LDTILECFG's 64-byte operand */
+    uint8_t palette;               /* 1 */
+    uint8_t start_row;             /* 0 */
+    uint8_t reserved[14];          /* zero */
+    uint16_t colsb[16];            /* bytes per row of tile i (unused tiles 0) */
+    uint8_t rows[16];              /* rows of tile i */
+} pdp__bf16_tilecfg;
+
+PDP__BF16_AMX_TARGET PDP__PRIVATE void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
+                                                            const uint32_t *bp, float *c, int64_t ldc,
+                                                            int mr, int nr, float alpha, float beta);
+#endif
+
+typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
+                                    float *c, int64_t ldc, int mr, int nr, float alpha,
+                                    float beta);
+
+typedef void (*pdp__bf16_pack_fn)(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
+                                  int64_t k, int width, uint32_t *dst);
+
+typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, pdp_trans t,
+                                    int64_t r0, int rows, int64_t k, int width, uint32_t *dst);
+
+/* ---- gemm_bf16: driver ---- */
+
+typedef struct pdp__bf16_args {
+    pdp_trans ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+    const float *a, *b;
+    int64_t lda, ldb, ldc;
+    const uint16_t *ah, *bh;    /* not NULL: A (B) in bf16 words instead of a (b) */
+    const int64_t *arow, *brow; /* storage row r at ah + arow[r] (bh + brow[r]) */
+    float *c;
+    pdp__bf16_kernel_fn kernel;
+    pdp__bf16_pack_fn pack;
+    pdp__bf16_pack_h_fn pack_h;
+    int split_n; /* parts split the NR-column panels (else the MR-row panels) */
+} pdp__bf16_args;
+
+/* op(A)(i, p) and op(B)(p, j) as bf16 words. */
+PDP__PRIVATE uint16_t pdp__bf16_aword(const pdp__bf16_args *g, int64_t i, int64_t p);
+PDP__PRIVATE uint16_t pdp__bf16_bword(const pdp__bf16_args *g, int64_t p, int64_t j);
+
+/* Element (i, j) of C by the emulated chain, unpacked (the fallback without scratch). */
+PDP__PRIVATE void pdp__bf16_element(const pdp__bf16_args *g, int64_t i, int64_t j);
+
+/* C[m0, m1) x [n0, n1) (m0, n0 on the tile grid). B's panels for [n0, n1) are packed
+   once, in the first MC block, and reused by the others. */
+PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m1, int64_t n0,
+                                  int64_t n1);
+
+/* Part i of n: an equal share of the column or row panels. */
+PDP__PRIVATE void pdp__bf16_part(void *arg, int i, int n);
+
+/* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
+   when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
+PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
+                                const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
+                                const int64_t *brow, float beta, float *c, int64_t ldc);
+
+/* PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
+
+/* PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
+
+/* path with AUTO resolved to the best; one the CPU lacks is the caller's bug. */
+PDP__PRIVATE pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path);
+
+/* ---- gemm_bf16: gathered operands ----
+   gemm.c's pdp__sgemm_rows and pdp__sgemm_arows in bf16, on `path` (AUTO: the best;
+   one the CPU lacks: the caller's bug, asserted), with the gathered operand already in
+   bf16 words as pdp__gemm_bf16_convert on the same path wrote them (Conv2d converts its
+   padded image once, where packing floats would convert each value k k times): the
+   packing reads the storage rows through the offset table and converts nothing, a pair
+   is two loads and two vpermt2w per 32 columns, or two adjacent words. Same tiles,
+   chains and bits as pdp_gemm_bf16_on on the materialised floats, on the same path.
+   rows_h:  B's storage row r at bh + brow[r]: op(B)(p, j) = bh[brow[p] + j] (tb ==
+            PDP_NO_TRANS) or bh[brow[j] + p] (PDP_TRANS).
+   arows_h: A not transposed, row i at ah + arow[i]: A(i, p) = ah[arow[i] + p]. */
+PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                        int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                                        const uint16_t *bh, const int64_t *brow, float beta, float *c,
+                                        int64_t ldc);
+
+PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
+                                         int64_t k, float alpha, const uint16_t *ah,
+                                         const int64_t *arow, const float *b, int64_t ldb, float beta,
+                                         float *c, int64_t ldc);
+
+/* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
+   which may be x's own memory (h == (uint16_t *)x, converted in place to its first half). */
+PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n);
+
+/* ---- src/rendezvous.c ---- */
+/* rendezvous: who the ranks are and how they meet, the way torchrun does it.
+
+   pdp_env_read reads the launcher's variables (torchrun's RANK, WORLD_SIZE,
+   LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, else OpenMPI's
+   OMPI_COMM_WORLD_*); every value is checked, and a bad one is PDP_ERR_INVALID
+   naming the variable. It never talks to anyone.
+
+   A backend whose library needs one blob made on rank 0 before it can start
+   (NCCL's unique id) meets the other ranks through the TCP store (store.c):
+     pdp__rendezvous_store   every rank opens the store at MASTER_ADDR: rank 0
+                             serves it. The port is MASTER_PORT, or MASTER_PORT + 1
+                             under torchrun (TORCHELASTIC_RUN_ID is set: torchrun's
+                             own store holds MASTER_PORT), or PDP_STORE_PORT when
+                             set. A world of one opens nothing (store NULL).
+     pdp__rendezvous_share   rank 0 sets the blob at key, the others get it, and
+                             all meet at the barrier "<key>_read", so every rank
+                             holds the blob before rank 0's store may go away.
+   The caller keeps the store open until its library's own, collective,
+   initialisation has returned, then frees it: rank 0's server then outlives
+   every rank's barrier reply. Every wait ends by the timeout (PDP_ERR_TIMEOUT
+   naming the key); messages name the public caller, the library and the rank. */
+
+/* #include "internal.h" (above) */
+#include <limits.h>
+
+/* ---- rendezvous: the environment ---- */
+
+/* getenv, with an empty value counting as unset (`RANK= ./train`). */
+PDP__PRIVATE const char *pdp__env_get(const char *name);
+
+/* Parses the whole of value as a decimal integer in [lo, hi]; why says what the
+   range means in the message. */
+PDP__PRIVATE pdp_status pdp__env_int(const char *name, const char *value, long lo, long hi,
+                                     const char *why, int *out);
+
+/* PDP_API pdp_status pdp_env_read(pdp_env_info *out) */
+
+/* ---- rendezvous: a blob from rank 0, through the TCP store ---- */
+
+/* Opens env's store (*out NULL for a world of one); what names the library
+   ("NCCL") and fn the public caller in messages. */
+PDP__PRIVATE pdp_status pdp__rendezvous_store(pdp_store **out, const pdp_env_info *env,
+                                              double timeout_s, const char *what, const char *fn);
+
+/* Rank 0's blob[0..bytes) (made before the call) reaches every rank's blob through
+   store (NULL: a world of one, nothing to do); then every rank meets at
+   "<key>_read". */
+PDP__PRIVATE pdp_status pdp__rendezvous_share(pdp_store *store, const pdp_env_info *env,
+                                              const char *key, void *blob, size_t bytes,
+                                              double timeout_s, const char *what, const char *fn);
+
+/* ---- src/comm_queue.c ---- */
+/* comm_queue: the collective queue that the local and MPI backends share (handle
+   pool, FIFO, progress thread, wait/done); comm_local.c and comm_mpi.c supply only how
+   one collective executes.
+
+   What the local and MPI backends share: a fixed pool of handles, a FIFO of
+   launched collectives and one progress thread per communicator that runs
+   them in issue order through the backend's exec callback; the backend keeps
+   only how one collective executes. A launch takes a handle from the free
+   list (nothing is allocated per collective; an empty list fails with
+   PDP_ERR_STATE naming the backend's PDP_*_MAX_INFLIGHT), queues it and
+   returns. The progress thread stamps t_start when it dequeues a handle and
+   t_done when exec returns. Wait blocks until done (exec enforces timeouts),
+   leaves a failure's message as the thread's error and returns the handle to
+   the free list; its head stays readable until the next launch (internal.h).
+   Without a progress thread (threaded = false: a local group of one) a launch
+   executes inline.
+
+   Set by the backend before pdp__workq_init (the queue is zeroed memory):
+     comm, exec  the communicator served and "run one collective";
+     sticky      the first failure breaks the queue: queued and later
+                 collectives fail at once with its status and message (MPI;
+                 the local backend keeps that state in its group instead);
+     idle        optional; called by the progress thread, mu held, when nothing
+                 is queued: false sleeps until woken, true calls it again (MPI
+                 keeps a timed-out request moving this way);
+     trace_tid   a trace track (0: off): each collective is a complete event
+                 (execution) and an async event (launch to done).
+   An exec that polls (MPI) naps between polls with pdp__workq_nap, which a
+   thread that begins to wait ends at once: a rank that computes keeps its core,
+   a rank that waits is served at once.
+   Locks: mu guards the queue, the free list, the handles' done/status/msg, the
+   waiter count and the broken state; exec runs without it, and buffers pass to
+   the progress thread and back across it. */
+
+/* #include "internal.h" (above) */
+
+/* *ts = CLOCK_MONOTONIC now + seconds, for pthread_cond_timedwait on a condition
+   variable created with a monotonic clock. */
+PDP__PRIVATE void pdp__deadline(struct timespec *ts, double seconds);
+
+#define PDP__MSG_CAP 512 /* bytes of a collective's failure message */
+
+#define PDP__COMM_TIMEOUT_DEFAULT 300.0 /* seconds, when a desc's timeout_s is 0 */
+#define PDP__COMM_TIMEOUT_MAX 1e9       /* seconds: beyond it a deadline overflows time_t math */
+
+/* The one rule for a communicator desc's numeric fields (timeout_s is the only one):
+   zero means the default; a negative, NaN or infinite value (or one above
+   PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
+   field. Every communicator constructor calls it first (desc may be NULL). */
+PDP__PRIVATE pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn);
+
+/* Bytes of count elements of es bytes. comm.c's bound (pdp__comm_check_bound: at most
+   PTRDIFF_MAX bytes per buffer) keeps the product from wrapping in every backend. */
+PDP__PRIVATE size_t pdp__comm_bytes(int64_t count, size_t es);
+
+/* One collective's arguments, as one rank issued it. */
+typedef struct pdp__coll_args {
+    pdp__coll_kind kind;
+    int64_t seq;
+    int64_t count;        /* floats (bytes for BROADCAST_BYTES) */
+    int op;               /* pdp_reduce_op or root */
+    int dtype;            /* pdp_dtype of the reductions (F32 for the rest) */
+    float *buf;           /* allreduce, broadcast (a 16-bit all-reduce: uint16_t elements) */
+    const float *send;    /* reduce_scatter, allgather (the same) */
+    float *recv;
+    void *bytes_buf;      /* broadcast_bytes */
+    int peer, tag;        /* send, recv */
+    void *out;            /* split: where the backend leaves its result */
+} pdp__coll_args;
+
+typedef struct pdp__workq_item {
+    pdp_work head;                 /* first member: a pdp_work * is a pdp__workq_item * */
+    struct pdp__workq_item *next;  /* free list or queue */
+    pdp__coll_args args;
+    double t_queued;               /* launch, for the trace */
+    bool p2p;                      /* a send or recv: never queued (see below) */
+    struct pdp__workq_item *p2p_next; /* the backend's list of unmatched messages */
+    bool done;
+    pdp_status status;
+    char msg[PDP__MSG_CAP];
+} pdp__workq_item;
+
+typedef struct pdp__workq pdp__workq;
+
+/* Runs w to completion (progress thread, q->mu not held). On failure returns
+   the status with the message, without a function-name prefix, in msg. */
+typedef pdp_status (*pdp__workq_exec_fn)(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap);
+
+struct pdp__workq {
+    pdp_comm *comm;                /* its communicator: comm->impl points here */
+    pdp__workq_exec_fn exec;
+    bool (*idle)(pdp__workq *q);
+    /* point-to-point (both set by a backend with send/recv): poll advances every
+       pending message of the communicator (optional, q->mu not held); expire is
+       called by a waiter past the deadline: it withdraws w if still unmatched and
+       completes it with PDP_ERR_TIMEOUT, or starts to (MPI: a cancel, confirmed within
+       a grace; the waiter calls it again every 100 us until w is done) (q->mu not held) */
+    void (*p2p_poll)(pdp__workq *q);
+    void (*p2p_expire)(pdp__workq *q, pdp__workq_item *w);
+    bool sticky;
+    int trace_tid;
+    int trace_pid;                 /* the trace's process lane (MPI: the world rank) */
+    const char *limit_macro;       /* "PDP_LOCAL_MAX_INFLIGHT": how to raise capacity */
+    int capacity;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;           /* queue not empty, or stopping */
+    pthread_cond_t done;           /* a handle completed */
+    pthread_t thread;
+    bool threaded;
+    bool stopping;
+    double stop_time;
+    int waiters;                   /* threads blocked in pdp__workq_wait (their core is idle) */
+    int p2p_live;                  /* messages taken and not yet finished */
+    pdp__workq_item *free_list, *q_head, *q_tail;
+    int64_t next_seq;
+    bool broken;                   /* sticky: first failure wins; later collectives fail fast */
+    pdp_status broken_status;
+    char broken_msg[PDP__MSG_CAP];
+};
+
+PDP__PRIVATE void pdp__workq_trace(const pdp__workq *q, const pdp__workq_item *w, double t_start,
+                                   double t_done, pdp_status st);
+
+/* Executes w and completes it; q->mu held on entry and on return. */
+PDP__PRIVATE void pdp__workq_run(pdp__workq *q, pdp__workq_item *w);
+
+PDP__PRIVATE void *pdp__workq_progress(void *arg);
+
+/* Threads pool[0, capacity) into the free list, creates the locks and, when
+   threaded, starts the progress thread. On failure nothing is left to release;
+   fn names the public caller. */
+PDP__PRIVATE pdp_status pdp__workq_init(pdp__workq *q, pdp__workq_item *pool, int capacity,
+                                        const char *limit_macro, bool threaded, const char *fn);
+
+/* True once pdp__workq_shutdown began (*since: when); for an exec that polls. */
+PDP__PRIVATE bool pdp__workq_stopping(pdp__workq *q, double *since);
+
+/* For an exec that polls, between polls. With `eager` and a thread blocked in
+   pdp__workq_wait (its core is idle), returns false at once: poll again. Otherwise
+   sleeps up to `seconds` and returns true; a thread that begins to wait ends the
+   sleep early (the check and the sleep are atomic under mu, so that wake-up is
+   never lost). A rank that computes keeps its core; a rank that waits gets its
+   collective's completion at once. */
+PDP__PRIVATE bool pdp__workq_nap(pdp__workq *q, double seconds, bool eager);
+
+/* Lets the progress thread run what is queued, joins it and destroys the locks. */
+PDP__PRIVATE void pdp__workq_shutdown(pdp__workq *q);
+
+/* Takes a handle, fills it and queues it (or runs it inline without a thread). */
+PDP__PRIVATE pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *args, pdp_work **out);
+
+/* ---- comm_queue: point-to-point ----
+   A send or receive is not queued behind the collectives (it would deadlock a
+   ring, where every rank sends before it receives): the backend matches it
+   itself (the local group's mailbox, MPI's own matching), taking its handle from
+   the same pool with pdp__workq_take and completing it with pdp__workq_finish.
+   Its wait is timed: timeout_s after the launch, p2p_expire withdraws an
+   unmatched message and completes it with PDP_ERR_TIMEOUT. */
+
+/* A handle for a message, t_start = launch; PDP_ERR_STATE when the pool is empty,
+   the broken status when the queue is broken. */
+PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out);
+
+/* Returns a handle that was never handed out (its launch failed). */
+PDP__PRIVATE void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w);
+
+/* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
+PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg);
+
+/* "recv #4 (count 7) from rank 1 with tag 5 on comm 'comm', rank 0 of 2" */
+PDP__PRIVATE void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap);
+
+PDP__PRIVATE void pdp__workq_p2p_timeout_msg(const pdp__workq_item *w, char *msg, size_t cap);
+
+/* Waits for a message (q->mu held on entry and return): polls, times out. */
+PDP__PRIVATE void pdp__workq_p2p_block(pdp__workq *q, pdp__workq_item *w);
+
+PDP__PRIVATE pdp_status pdp__workq_wait(pdp_work *work);
+
+PDP__PRIVATE bool pdp__workq_done(pdp_work *work);
+
+/* The pdp__comm_ops entries of a queue backend: pack the arguments, submit. */
+
+PDP__PRIVATE pdp_status pdp__workq_coll(pdp_comm *c, pdp__coll_kind kind, int64_t count, int op,
+                                        pdp_dtype dt, float *buf, const float *send, float *recv,
+                                        pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__workq_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                             pdp_reduce_op op, pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                             pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                                  int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                                  pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
+                                             int64_t send_count, pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__workq_barrier(pdp_comm *c, pdp_work **w);
+
+/* Synchronous, but queued like the others so that it keeps its place in the order. */
+PDP__PRIVATE pdp_status pdp__workq_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root);
+
+/* ---- src/comm_local.c ---- */
+/* comm_local: the local backend: N ranks are threads of one process, buffers in shared
+   memory, no dependency; the default, and what the tests use.
+
+   N ranks are threads of one process; a pdp_local_group is their shared
+   meeting point. Each rank's communicator owns a collective queue (comm_queue.c,
+   shared with the MPI backend) whose persistent progress thread runs the
+   rank's collectives in issue order, so an asynchronous
+   collective progresses while the rank's own thread computes (DDP overlaps a
+   bucket's all-reduce with the rest of backward this way). One collective is:
+
+     arrive    the progress thread publishes its arguments in the group's slot
+               for its rank and enters barrier A. The last rank to arrive checks
+               that all ranks issued the same collective (kind, count, op, root);
+     work      rank r's progress thread handles slice r of the data: for an
+               all-reduce it sums slice r of every rank's buffer in rank order
+               0, 1, ..., N-1 (fixed, so every rank gets bit-identical sums)
+               and writes the result into every rank's buffer; broadcast,
+               reduce-scatter and all-gather split the same way;
+     leave     barrier B: no rank's buffer is touched after it, so the handle
+               completes and the rank may reuse its buffers and its slot.
+
+   The work of one collective is therefore spread over the ranks (each moves
+   about 2(N-1)/N of the buffer for an all-reduce, the ring figure), and a
+   rank's buffers are only written by progress threads between A and B.
+
+   Faults never hang: every wait in a barrier is a pthread_cond_timedwait on
+   CLOCK_MONOTONIC against the group's timeout_s. A rank that does not arrive
+   makes the others fail with PDP_ERR_TIMEOUT naming the collective, its
+   sequence number and the missing rank; a rank whose communicator is freed
+   marks itself as gone, and a rank waiting for it fails at once with
+   PDP_ERR_COMM. Either way the group becomes broken: every later collective on
+   any rank fails fast with the first failure's message (as an aborted NCCL
+   communicator does).
+
+   Locks: group->mu guards the barrier state, the slots and the broken flag;
+   the queue's mu guards its queue, its handle pool and the handles' done
+   flags. The progress thread never holds both. Buffer contents pass between
+   threads only across these mutexes, so the backend is TSan clean. Handles
+   come from a fixed pool per communicator: nothing is allocated per
+   collective. */
+
+/* #include "internal.h" (above) */
+
+/* ---- comm_local: the group ---- */
+
+#define PDP__LOCAL_MAX_RANKS 256  /* ranks are threads: more would only oversubscribe */
+#ifndef PDP_LOCAL_MAX_INFLIGHT
+#  define PDP_LOCAL_MAX_INFLIGHT 256 /* handles per local communicator */
+#endif
+
+struct pdp_local_group {
+    int size;
+    double timeout_s;
+    pdp_device device;
+    char name[32];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* barrier progress, departures, breakage */
+    int arrived;              /* ranks in the current barrier */
+    uint64_t gen;             /* barriers completed */
+    int64_t *phase;           /* per rank: barriers entered */
+    pdp__coll_args *slot;     /* per rank: the collective it is executing */
+    bool *joined;             /* per rank: a communicator was created */
+    bool *gone;               /* per rank: its communicator was freed */
+    bool broken;
+    pdp_status broken_status;
+    char broken_msg[PDP__MSG_CAP];
+    pdp__workq_item *p2p_head, *p2p_tail; /* unmatched sends and receives, in launch order */
+    void *split_out;          /* pdp_comm_split: the group this rank made as a leader */
+    int refs;                 /* made by a split: communicators yet to be freed; else 0 */
+};
+
+/* PDP_API pdp_status pdp_local_group_create(pdp_local_group **out, int world_size, const pdp_comm_desc *desc) */
+
+/* PDP_API void pdp_local_group_free(pdp_local_group *g) */
+
+/* Marks the group broken with a message (first failure wins); g->mu held. */
+PDP__PRIVATE void pdp__group_break(pdp_local_group *g, pdp_status st, const char *msg);
+
+/* "allreduce #7 (count 1024) on comm 'comm', rank 0 of 2" */
+PDP__PRIVATE void pdp__coll_describe(const pdp_local_group *g, int rank, const pdp__coll_args *a,
+                                     char *out, size_t cap);
+
+/* The last rank into barrier A checks that everyone issued the same collective;
+   g->mu held. Returns false (and breaks the group) on a mismatch. */
+PDP__PRIVATE bool pdp__group_validate(pdp_local_group *g);
+
+/* Barrier A (publish = true: also publishes *args in this rank's slot) or B.
+   On failure returns the status and leaves the message in msg. */
+PDP__PRIVATE pdp_status pdp__group_barrier(pdp_local_group *g, int rank, const pdp__coll_args *args,
+                                           bool publish, char *msg, size_t cap);
+
+/* ---- comm_local: the data movement ---- */
+
+/* [lo, hi) of n items for part r of parts, with boundaries on 16 floats (one cache line)
+   so that two ranks never write the same line. */
+PDP__PRIVATE void pdp__slice(int64_t n, int r, int parts, int64_t *lo, int64_t *hi);
+
+#define PDP__CHUNK 2048
+
+/* acc[0..n) <- op over ranks of src[i][off..off+n), in rank order: ((s0 + s1) + s2) + ...,
+   then / nsrc for AVG. acc is the caller's chunk, never one of the sources, so every
+   loop is a restrict-qualified blocked loop that gcc -O2 vectorises (one pass per
+   source; the chunk stays in L1). */
+PDP__PRIVATE void pdp__reduce_chunk(float *PDP__RESTRICT acc, const float *const *src, int nsrc,
+                                    int64_t off, int64_t n, pdp_reduce_op op);
+
+/* The same for 16-bit elements (dt BF16 or F16): each widened to fp32, reduced in fp32
+   in rank order, AVG divided, then rounded ONCE into out (to nearest even). */
+PDP__PRIVATE void pdp__reduce_chunk16(uint16_t *out, float *PDP__RESTRICT acc,
+                                      const uint16_t *const *src, int nsrc, int64_t off, int64_t n,
+                                      pdp_reduce_op op, int dt);
+
+/* Rank r's share of a 16-bit all-reduce or reduce-scatter (the float loops below). */
+PDP__PRIVATE void pdp__local_execute16(pdp_local_group *g, int r);
+
+/* Rank r's share of the collective whose arguments every rank published. */
+PDP__PRIVATE void pdp__local_execute(pdp_local_group *g, int r);
+
+typedef struct pdp__local_comm {
+    pdp_comm head;                 /* first member */
+    pdp__workq q;                  /* head.impl points here */
+    pdp_local_group *g;
+    pdp__workq_item pool[PDP_LOCAL_MAX_INFLIGHT];
+} pdp__local_comm;
+
+/* ---- comm_local: point-to-point ----
+   The group's mailbox is one list of unmatched messages in launch order. A new
+   send looks for the first receive its peer posted from this rank with the same
+   tag (a new receive, for the first such send); found, the thread that launched
+   the second half copies the floats and completes both handles; otherwise the
+   message joins the list. Everything happens under g->mu (then the owners'
+   queue locks: g->mu before q->mu, never the reverse), so no progress thread
+   is involved and a ring where every rank sends first cannot deadlock. */
+
+PDP__PRIVATE int pdp__p2p_owner(const pdp__workq_item *w);
+
+/* Unlinks w from the mailbox; false when it is not there (matched or withdrawn). */
+PDP__PRIVATE bool pdp__mailbox_remove(pdp_local_group *g, pdp__workq_item *w);
+
+/* Completes a matched pair (g->mu held): copy, or a count mismatch on both sides. */
+PDP__PRIVATE void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv);
+
+PDP__PRIVATE pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, int64_t count,
+                                       int peer, int tag, pdp_work **out);
+
+PDP__PRIVATE pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                        pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__local_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                        pdp_work **w);
+
+PDP__PRIVATE void pdp__local_p2p_expire(pdp__workq *q, pdp__workq_item *w);
+
+/* Rank r's communicator is going (g->mu held): its unmatched messages are withdrawn, and
+   those of other ranks that name it fail with PDP_ERR_COMM. */
+PDP__PRIVATE void pdp__mailbox_depart(pdp_local_group *g, int r);
+
+/* ---- comm_local: communicators ---- */
+
+/* The queue's exec: one collective for this rank, barrier A, its share of the
+   work, barrier B. */
+PDP__PRIVATE pdp_status pdp__local_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap);
+
+PDP__PRIVATE void pdp__local_destroy(pdp_comm *c);
+
+/* ---- comm_local: split ----
+   The member that becomes rank 0 of a colour creates its group (refs = its size: the
+   group frees itself with the last of them) and every rank broadcasts the pointer of
+   the group it made, or NULL, over c; each member then joins its leader's group. */
+PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                         int leader, pdp_comm **out);
+
+/* PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank) */
+
+/* ---- src/comm_mpi.c ---- */
+/* comm_mpi: the MPI communicator backend (-DPDP_MPI), and its entry in comm.c's
+   dispatcher, pdp__comm_init_mpi_env: pdp_comm_init_env with PDP_BACKEND_MPI
+   creates the communicator below; without PDP_MPI it fails with
+   PDP_ERR_UNSUPPORTED naming the macro.
+
+   ---- the MPI backend ----
+   Rank and size come from MPI_COMM_WORLD, which every process duplicates once
+   (collective: every rank calls pdp_comm_init_env, in the same order as its
+   other collectives on MPI_COMM_WORLD), so pdp's traffic never matches the
+   application's own messages. The duplication is MPI_Comm_idup, polled
+   against timeout_s: a rank that never creates its communicator makes the
+   others fail with PDP_ERR_TIMEOUT instead of hanging; the orphaned request
+   is kept, and completed (or given up) before MPI_Finalize. The duplicate
+   reports errors (MPI_ERRORS_RETURN) instead of aborting the job: library
+   code never calls MPI_Abort, and an MPI error becomes PDP_ERR_COMM with
+   MPI's error string.
+
+   One progress thread per communicator runs the collectives in issue order,
+   as PyTorch's ProcessGroupMPI does (comm_queue.c's collective queue, shared with
+   the local backend; this file supplies its exec, idle and destroy): a launch
+   only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
+   allocated per collective) and returns, so the calling rank keeps computing
+   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
+   MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
+   MPI_Test: spinning for a few hundred polls (small collectives finish there),
+   then, while the rank's own thread is blocked in pdp_wait and its core is
+   idle, yielding between polls for up to 2 ms; otherwise (the rank computes,
+   or a peer is late) sleeping 200 us between polls (500 us once a collective has
+   waited 20 ms), so that backward keeps its core and the poll latency hides
+   under it. AVG is SUM followed by a division by the size on every element, as
+   the local backend does. 16-bit elements (pdp_comm_allreduce_ex and
+   reduce_scatter_ex with BF16 or F16) travel as MPI_UINT16_T and are summed by
+   one of two user-defined MPI_Ops created with the communicator (comm.h states
+   their rounding). MPI counts are int: an all-reduce or broadcast is
+   split into calls of PDP_MPI_CHUNK elements; reduce-scatter, all-gather and the
+   messages take at most INT_MAX elements per rank (comm.c refuses more, naming the
+   call and the count).
+   In-place forms: all-gather with send == recv + rank * count, and
+   reduce-scatter with recv == send + rank * count (NCCL's convention).
+
+   Timeouts: MPI cannot time out, so the progress thread is the watchdog. A
+   collective that has not completed timeout_s after the thread posted it fails
+   with PDP_ERR_TIMEOUT naming the collective, its sequence number and the
+   communicator (MPI cannot say which rank is missing). The communicator is
+   then broken (the queue is sticky): queued and later collectives fail at
+   once with the same status and message, as an aborted NCCL communicator
+   does. The timed-out request
+   cannot be cancelled (MPI forbids cancelling collectives); the thread keeps
+   testing it, so a late rank still completes it and the communicator can be
+   freed cleanly. pdp_comm_free gives an in-flight request one more second,
+   then abandons it: the duplicate communicator and the request are leaked,
+   and pdp will not call MPI_Finalize, because that may hang on them.
+
+   MPI initialisation: if MPI is not initialised, the first pdp_comm_init_env
+   calls MPI_Init_thread(MPI_THREAD_MULTIPLE), and pdp_comm_free of the last
+   MPI communicator calls MPI_Finalize (MPI cannot be initialised twice, so a
+   program that creates MPI communicators one after another, or uses MPI
+   itself, calls MPI_Init_thread first and MPI_Finalize last; pdp then never
+   finalises). MPI_THREAD_MULTIPLE is required: the progress thread calls MPI
+   while the application's threads may. That ownership record (a count of
+   live communicators and whether pdp initialised MPI) is process-wide,
+   behind a mutex, because MPI's own initialisation is.
+
+   Locks: the queue's mu guards the queue, the pool, the handles' done/status,
+   the broken state and the orphan; the progress thread never holds it inside
+   an MPI call.
+   Buffers pass to the progress thread and back across that mutex (TSan finds
+   nothing in this file; OpenMPI's own internals draw reports of their own).
+   Reference: MPI 3.1, chapter 5.12 (non-blocking collectives). */
+
+/* #include "internal.h" (above) */
+
+#ifdef PDP_MPI
+#include <mpi.h>
+#include <sched.h>
+
+#ifndef PDP_MPI_MAX_INFLIGHT
+#  define PDP_MPI_MAX_INFLIGHT 256 /* handles per MPI communicator */
+#endif
+#ifndef PDP_MPI_CHUNK
+#  define PDP_MPI_CHUNK (1 << 30)  /* elements per MPI call of an all-reduce or broadcast */
+#endif
+#define PDP__MPI_FREE_GRACE_S 1.0  /* pdp_comm_free waits this long for an in-flight request */
+
+/* ---- comm_mpi: process-wide MPI ownership ---- */
+
+          /* MPI communicators alive */
+      /* pdp called MPI_Init_thread, so it finalises */
+      /* a request was abandoned: never call MPI_Finalize */
+  /* a timed-out MPI_Comm_idup, completed before finalising */
+
+/* ---- comm_mpi: state ---- */
+
+/* A message in flight: its MPI request (and, for a receive, whether MPI has matched it). */
+typedef struct pdp__mpi_p2p {
+    bool active;        /* launched, not completed */
+    bool posted;        /* a send: always; a receive: matched by MPI_Improbe, MPI_Imrecv posted */
+    double cancel_by;   /* 0; once cancelled, when the cancel grace ends */
+    MPI_Request req;
+} pdp__mpi_p2p;
+
+typedef struct pdp__mpi_comm {
+    pdp_comm head;               /* first member */
+    pdp__workq q;                /* head.impl points here; sticky, with an idle poll */
+    MPI_Comm mcomm;              /* our duplicate of MPI_COMM_WORLD */
+    MPI_Op op16[2];              /* the 16-bit sums (BF16, F16) over MPI_UINT16_T; MPI_OP_NULL
+                                    until created */
+    bool orphan;                 /* a timed-out request is still pending (q.mu) */
+    MPI_Request orphan_req;
+    bool traced;                 /* pdp__trace_open succeeded: close at free */
+    pthread_mutex_t p2p_mu;      /* guards p2p[] and every MPI call on its requests */
+    int p2p_active;              /* messages in flight */
+    int n_abandoned;             /* timed-out requests MPI did not cancel (p2p_mu) */
+    MPI_Request abandoned[PDP_MPI_MAX_INFLIGHT];
+    pdp__workq_item pool[PDP_MPI_MAX_INFLIGHT];
+    pdp__mpi_p2p p2p[PDP_MPI_MAX_INFLIGHT]; /* by pool index */
+} pdp__mpi_comm;
+
+/* ---- comm_mpi: executing a collective (the queue's exec and idle) ---- */
+
+PDP__PRIVATE void pdp__mpi_errstr(int rc, char *out, size_t cap);
+
+/* ---- comm_mpi: point-to-point ----
+   A send is MPI_Issend, a synchronous send: it completes only once the receiver has
+   matched it, so a send nobody receives (or received with another tag) fails with
+   PDP_ERR_TIMEOUT, as on the local and NCCL backends (MPI_Isend would complete at once
+   for a message under MPI's eager limit, the receiver never known; the handshake costs
+   nothing measurable: a pdp round trip of 1, 1024 or 65536 floats took 181, 176 and
+   217 us with it, 282, 182 and 221 us before, the polls' naps dominating). A receive is
+   matched with MPI_Improbe first, so that a count mismatch names both counts (the
+   message is then consumed with a zero-count MPI_Mrecv), then MPI_Imrecv. Every
+   pending message of the communicator is advanced by whoever polls: a thread in
+   pdp_work_wait or pdp_work_done on a message, and the progress thread while it
+   drives a collective or idles, so a ring where every rank sends first completes.
+   A message not complete timeout_s after its launch fails with PDP_ERR_TIMEOUT naming
+   peer and tag: an unmatched receive is simply withdrawn; a send or a matched receive
+   is cancelled (MPI_Cancel) at the first poll past its deadline and completes at a
+   later poll, when MPI confirms the cancel, or when the cancel grace
+   (PDP__MPI_FREE_GRACE_S) has passed: then it is abandoned. No one holds p2p_mu
+   through a grace, so the graces of messages that expire together overlap (a pipeline
+   whose peer died gets every error at about timeout_s + the grace, not one grace after
+   another). OpenMPI never cancels a send: its timed-out sends are always abandoned. An
+   abandoned request is kept (abandoned[]) and tested at each poll and at
+   pdp_comm_free: if the peer receives it later it completes, and the communicator is
+   freed cleanly; if it is still pending at the free, pdp never calls MPI_Finalize, as
+   for a timed-out collective. */
+
+PDP__PRIVATE void pdp__mpi_p2p_fail(pdp__mpi_comm *mc, pdp__workq_item *w, pdp_status st,
+                                    const char *msg);
+
+/* Keeps a request MPI would not cancel, to test later (p2p_mu held). */
+PDP__PRIVATE void pdp__mpi_abandon(pdp__mpi_comm *mc, MPI_Request *req);
+
+/* Advances one message at time now (p2p_mu held): matches, completes, or expires it. */
+PDP__PRIVATE void pdp__mpi_p2p_step(pdp__mpi_comm *mc, pdp__workq_item *w, double now);
+
+/* The queue's p2p_poll: every pending message, and the abandoned requests. */
+PDP__PRIVATE void pdp__mpi_p2p_poll(pdp__workq *q);
+
+/* The queue's p2p_expire: a poll past w's deadline cancels it (and every other overdue
+   message); w completes at this or a later poll, within the cancel grace. */
+PDP__PRIVATE void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w);
+
+PDP__PRIVATE pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
+                                            int64_t count, int peer, int tag, pdp_work **out);
+
+PDP__PRIVATE pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                      pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                      pdp_work **w);
+
+/* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
+   PDP_ERR_COMM when the communicator is being freed, with *req left pending
+   (the caller records it as the orphan). */
+PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
+                                       double deadline, char *msg, size_t cap);
+
+/* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
+PDP__PRIVATE pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
+                                        char *msg, size_t cap);
+
+PDP__PRIVATE void pdp__mpi_divide(void *buf, int64_t n, int size, int dt);
+
+/* The 16-bit sums, MPI user functions over MPI_UINT16_T: both values widened, added in
+   fp32 and rounded once to nearest even (commutative, so MPI may combine in any order). */
+PDP__PRIVATE void pdp__mpi_sum16(const uint16_t *in, uint16_t *inout, int len, int dt);
+PDP__PRIVATE void pdp__mpi_sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type);
+PDP__PRIVATE void pdp__mpi_sum_f16(void *in, void *inout, int *len, MPI_Datatype *type);
+
+/* Runs one collective to completion on the progress thread. */
+PDP__PRIVATE pdp_status pdp__mpi_run(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
+                                     char *msg, size_t cap);
+
+/* The queue's exec; a request posted but never completed becomes the orphan. */
+PDP__PRIVATE pdp_status pdp__mpi_exec(pdp__workq *q, pdp__workq_item *w, char *msg, size_t cap);
+
+/* Sleeps 1 ms, then tests the orphan once: true when it completed. */
+PDP__PRIVATE bool pdp__mpi_orphan_test(MPI_Request *req);
+
+/* The queue's idle hook (q->mu held): keep a timed-out request moving, so
+   that a late rank completes it and the communicator can be freed cleanly. */
+PDP__PRIVATE bool pdp__mpi_idle(pdp__workq *q);
+
+/* ---- comm_mpi: the ops table ---- */
+
+/* Tests *req until it completes (true) or deadline passes (false). */
+PDP__PRIVATE bool pdp__mpi_poll_until(MPI_Request *req, double deadline);
+
+/* Drops one reference to MPI; the last one finalises it if pdp initialised it
+   (after completing a timed-out duplication, if its late rank came after all). */
+PDP__PRIVATE void pdp__mpi_release(void);
+
+PDP__PRIVATE void pdp__mpi_destroy(pdp_comm *c);
+
+PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                       int leader, pdp_comm **out);
+
+/* ---- comm_mpi: bounded start-up ----
+   MPI_Init_thread cannot be interrupted and has no timeout: a rank that never
+   starts leaves the others inside it until the launcher gives up. pdp bounds
+   what it can around it (comm.h states the contract):
+     the start-up check  with a store port in the environment (PDP_STORE_PORT or
+                         MASTER_PORT) and the ranks named by the launcher
+                         (OMPI_COMM_WORLD_* or RANK/WORLD_SIZE), every rank checks
+                         in at the TCP store (rendezvous.c; rank 0 serves it) BEFORE
+                         calling MPI_Init_thread, and waits up to timeout_s for all
+                         the others: a missing rank makes the others fail with
+                         PDP_ERR_TIMEOUT naming it, and MPI_Init_thread is never
+                         called, so nothing hangs. The store stays open until
+                         MPI_Init_thread returned (rank 0 serves the latecomers);
+     the watchdog        a thread started before MPI_Init_thread: when it has not
+                         returned timeout_s later, the watchdog calls desc->log
+                         (PDP_LOG_ERROR, from the watchdog thread) once, naming this
+                         rank, what it waits for and, when the start-up check passed,
+                         that every rank had checked in. It never exits or aborts:
+                         the rank stays in MPI_Init_thread until MPI returns or the
+                         launcher ends the job. */
+
+typedef struct pdp__mpi_watch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* CLOCK_MONOTONIC */
+    bool done;              /* MPI_Init_thread returned */
+    double timeout_s;
+    pdp_log_fn log;
+    void *log_user;
+    char msg[512];
+} pdp__mpi_watch;
+
+PDP__PRIVATE void *pdp__mpi_watchdog(void *arg);
+
+/* The start-up check (above); *store is left open for the caller to free after
+   MPI_Init_thread, NULL when no check ran. *checked: every rank checked in. */
+PDP__PRIVATE pdp_status pdp__mpi_start_check(pdp_store **store, const pdp_env_info *env,
+                                             double timeout_s, bool *checked, const char *fn);
+
+/* MPI_Init_thread after the start-up check, under the watchdog; mpi_mu held. */
+PDP__PRIVATE int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout_s, int *provided,
+                                       pdp_status *st, const char *fn);
+
+/* ---- comm_mpi: creation ---- */
+
+/* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
+PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                      double timeout_s, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__mpi_create(pdp_comm **out, const pdp_comm_desc *desc, const char *fn);
+
+/* Wraps mcomm (errors returned, one reference to MPI taken by the caller; both given
+   up on failure) as a communicator with its own queue, progress thread and p2p state. */
+PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
+                                      double timeout_s, const char *fn);
+
+/* pdp_comm_split: MPI_Comm_split runs on the progress thread, in order with the
+   collectives (MPI forbids two threads in collectives on one communicator); comm.c's
+   colour exchange has already proved every rank arrived, so it does not block long. */
+PDP__PRIVATE pdp_status pdp__mpi_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                       int leader, pdp_comm **out);
+#endif /* PDP_MPI */
+
+/* ---- comm_mpi: pdp_comm_init_env ---- */
+
+PDP__PRIVATE pdp_status pdp__comm_init_mpi_env(pdp_comm **out, const pdp_comm_desc *desc);
+
+/* ---- src/comm_nccl.c ---- */
+/* comm_nccl: the NCCL communicator backend, host side (-DPDP_CUDA; the NCCL calls
+   themselves are in pdp_cuda.cu, behind cuda.h's pdp_cudak_nccl_* functions), and
+   its entry in comm.c's dispatcher, pdp__comm_init_nccl_env.
+
+   The NCCL communicator is a pdp__comm_ops backend like local and mpi: its
+   handles come from a fixed pool (one per completion-event slot), so a step
+   allocates nothing; a collective is launched on the NCCL stream after an
+   event recorded on the compute stream, and pdp_work_wait polls it against the
+   communicator's timeout (pdp_cuda.cu aborts the NCCL communicator on failure).
+   Thread ranks come from one pdp_nccl_group (ncclCommInitAll); process ranks
+   (pdp_comm_init_env) rendezvous through the TCP store (rendezvous.c, store.c):
+   rank 0 makes the unique id and sets "pdp/nccl_id", the others get it. Without PDP_CUDA,
+   every entry point fails with PDP_ERR_UNSUPPORTED naming the macro.
+
+   Point-to-point (section below) and split follow comm.h, with what NCCL imposes:
+   - NCCL has no tags. A pair's messages match in the order they were issued; each
+     carries a header (tag, count) and the receiver's wait fails with PDP_ERR_INVALID
+     naming both when the tags or counts differ;
+   - sends and receives are enqueued in batches (one ncclGroupStart/End) when one of
+     them is waited or queried with pdp_work_done, or before a collective or split on
+     the communicator: call pdp_work_done on a handle to start a batch early (overlap);
+   - messages and collectives share the NCCL stream: every rank must issue them in
+     an order that cannot deadlock (a send before a collective on one rank needs its
+     receive before that collective on the other), as with NCCL itself;
+   - a message not matched within timeout_s fails with PDP_ERR_TIMEOUT naming the
+     peer and the tag, but NCCL cannot withdraw it: the communicator is aborted and
+     every later call on it fails (PDP_ERR_COMM), as after a collective's timeout.
+     A count mismatch usually hangs NCCL: the receiver then fails with
+     PDP_ERR_INVALID naming both counts (from the header), the sender times out;
+   - pdp_comm_split is ncclCommSplit (NCCL 2.18 or later), for thread ranks and
+     process ranks alike. */
+
+/* #include "internal.h" (above) */
+
+/* the same text as cuda_host.c's (an identical redefinition is valid C) */
+#define PDP__NO_CUDA_MSG "built without PDP_CUDA (compile with -DPDP_CUDA and link pdp_cuda.o)"
+
+#ifndef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
+#endif
+
+/* ---- comm_nccl: the communicator ---- */
+
+struct pdp_nccl_group {
+    int n;
+    double timeout_s;
+    char name[32];
+    pdp_device *devices;
+#ifdef PDP_CUDA
+    pdp_cudak_nccl **handles; /* taken by pdp_comm_create_nccl (NULL once taken) */
+#endif
+};
+
+#ifdef PDP_CUDA
+
+typedef struct pdp__nccl_work {
+    pdp_work head;
+    int slot;
+    bool busy;
+    bool pending;           /* a message taken but not yet enqueued (see flush) */
+    bool is_p2p, is_send;
+    int peer, tag;
+    int64_t count;
+    float *buf;
+    pdp_status err;         /* the flush that should have enqueued it failed: msg says why */
+    char msg[256];
+} pdp__nccl_work;
+
+typedef struct pdp__nccl_comm {
+    pdp_comm head;
+    pdp_cudak_nccl *h;
+    float *barrier_buf;     /* one float on the device */
+    int next;               /* the pool entry of the next collective */
+    int npending;           /* messages in pool[next - npending .. next - 1], not enqueued */
+    int64_t seq;
+    bool traced;
+    bool traced_process;    /* a process rank: its trace file is per rank */
+    int trace_tid;          /* 0: not traced */
+    pdp__nccl_work pool[PDP_CUDAK_NCCL_SLOTS];
+} pdp__nccl_comm;
+
+/* ---- comm_nccl: point-to-point ----
+   NCCL has no tags and matches a pair's messages in the order they were issued; a
+   send waits (on the GPU) for its receive, so a ring where every rank sends first
+   deadlocks unless each rank's send and receive are in one ncclGroupStart/End.
+   So pdp_comm_send/recv only take a handle (pending); the pending messages are
+   enqueued together, as one group, by the first of: a wait or done query on any of
+   them, a collective or a split on this communicator. Each message carries a
+   header (tag, count) that the receiver checks at its wait: a different tag or
+   count is PDP_ERR_INVALID naming both (a count mismatch usually hangs NCCL
+   first: then the receiver still names both counts once its wait times out). */
+
+PDP__PRIVATE void pdp__nccl_describe(const pdp__nccl_work *wk, char *out, size_t cap);
+
+/* Enqueues the pending messages as one group. On failure each of them keeps the
+   error for its wait, and the error is also returned (with its message). */
+PDP__PRIVATE pdp_status pdp__nccl_flush(pdp_comm *c);
+
+PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count, int peer,
+                                      int tag, pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
+                                       pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
+                                       pdp_work **w);
+
+/* A message's wait: its group's completion, then (a receive) the sender's header. */
+PDP__PRIVATE pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk);
+
+/* kind names the collective through internal.h's pdp__op_names, whose first four
+   entries follow pdp_cudak_coll's order. */
+PDP__PRIVATE pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *send,
+                                        void *recv, int64_t count, int op, pdp_dtype dt, pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__nccl_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                            pdp_reduce_op op, pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__nccl_broadcast(pdp_comm *c, float *buf, int64_t count, int root,
+                                            pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__nccl_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                                 int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                                 pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__nccl_allgather(pdp_comm *c, const float *send, float *recv,
+                                            int64_t send_count, pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__nccl_barrier(pdp_comm *c, pdp_work **w);
+
+PDP__PRIVATE pdp_status pdp__nccl_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root);
+
+PDP__PRIVATE pdp_status pdp__nccl_wait(pdp_work *w);
+
+PDP__PRIVATE bool pdp__nccl_done(pdp_work *w);
+
+PDP__PRIVATE void pdp__nccl_destroy(pdp_comm *c);
+
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
+                                       double timeout_s, const char *name, bool process_rank,
+                                       const char *fn);
+
+/* ---- comm_nccl: split ----
+   ncclCommSplit over c (thread ranks and process ranks alike: it needs NCCL 2.18),
+   after the messages pending on c are enqueued. comm.c has already exchanged the
+   colours over c, so every rank is here; the key orders the new ranks as
+   comm.c's new_rank does (ties by rank in c, as NCCL's). */
+PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
+                                        int leader, pdp_comm **out);
+
+/* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
+                                       double timeout_s, const char *name, bool process_rank,
+                                       const char *fn);
+
+/* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. The unique id
+   travels through rendezvous.c; the store stays open until ncclCommInitRank
+   (collective) has returned on this rank. */
+PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_desc *desc);
+
+#endif /* PDP_CUDA */
+
+/* ---- comm_nccl: thread ranks (pdp_nccl_group) ---- */
+
+/* PDP_API pdp_status pdp_nccl_group_create(pdp_nccl_group **out, int ndev, const pdp_device *devices, const pdp_comm_desc *desc) */
+
+/* PDP_API void pdp_nccl_group_free(pdp_nccl_group *g) */
+
+/* PDP_API pdp_status pdp_comm_create_nccl(pdp_comm **out, pdp_nccl_group *g, int rank) */
+
+/* ---- src/comm.c ---- */
+/* comm: the public communicator API and the backend dispatcher. Each backend is
+   one module that fills a pdp__comm_ops table (internal.h):
+     comm_local.c   ranks are threads of one process (the default);
+     comm_mpi.c     ranks are MPI processes (-DPDP_MPI);
+     comm_nccl.c    ranks are GPUs, the host side of pdp_cuda.cu's NCCL (-DPDP_CUDA);
+   the local and MPI backends share comm_queue.c's collective queue, and every
+   backend shares internal.h's communicator contract (pdp_comm, pdp_work, the
+   collective kinds and their names). This module comes after the backends in
+   pdp.h, so nothing here is called before it is defined.
+
+   ---- the public layer ----
+   Every pdp_comm_* collective validates its arguments here (its count against one
+   upper bound, below), stamps the handle's launch time, counts the collective and the
+   bytes this rank moves in the bandwidth-optimal algorithm (ring all-reduce 2(N-1)/N x
+   bytes, reduce-scatter and broadcast (N-1)/N x bytes, all-gather (N-1) x the sent
+   bytes), then calls the backend. A call with work == NULL is made synchronous here, so backends
+   always return a handle. pdp_work_wait adds the collective's execution time
+   (t_done - t_start, queueing excluded) to the communicator's busy_s.
+
+   ---- the dispatcher ----
+   pdp_comm_init_env creates the communicator of a process launched by mpirun
+   or torchrun: one line per backend calls its pdp__comm_init_<backend>_env,
+   which every backend module defines, as a stub that fails with
+   PDP_ERR_UNSUPPORTED naming the macro when the backend was not compiled in.
+   DEFAULT and LOCAL fail with PDP_ERR_INVALID: thread-ranks have no
+   environment to read; they need pdp_local_group_create. A new backend takes:
+     - one new module: its pdp__comm_ops table (internal.h states the contract),
+       its creation, and its pdp__comm_init_<backend>_env, a stub that fails with
+       PDP_ERR_UNSUPPORTED naming the macro when the backend is not compiled in;
+     - that module in amalgamate.py's IMPL list, before comm.c (after
+       comm_queue.c if it uses the queue), and its build macro in the manual's
+       BUILD and OPTIONS;
+     - the prototype of its pdp__comm_init_<backend>_env in internal.h, beside
+       the others;
+     - its pdp_backend value in comm.h (and there, what it bounds and where its
+       messages differ);
+     - its line in the switch below, and in pdp__comm_count_max when it takes
+       narrower counts than int64_t;
+     - the collective and point-to-point tests run on it (tests/test_comm.c and
+       tests/test_mpi.c drive the local and MPI backends). */
+
+/* #include "internal.h" (above) */
+
+/* ---- comm: public layer ---- */
+
+PDP__PRIVATE pdp_status pdp__comm_check(const pdp_comm *c, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, int64_t count,
+                                              const char *what, const char *fn);
+
+/* ---- comm: the upper bound of a count ----
+   One rule for every call, here and nowhere else: the largest buffer the call touches,
+   parts x count elements of es bytes (parts = the world size for reduce-scatter's send and
+   all-gather's recv buffers, else 1), must be addressable, at most PTRDIFF_MAX bytes (so
+   count x es fits in size_t and every byte offset in ptrdiff_t: pdp__comm_bytes cannot
+   wrap in a backend), and count must fit what the backend takes in one call
+   (pdp__comm_count_max). Beyond either, the call fails with PDP_ERR_INVALID naming the call,
+   the count and the limit, before the backend sees it. */
+
+/* Elements per rank that one call of c's backend takes: MPI counts are int, so the MPI
+   backend's reduce-scatter, all-gather, send and recv take at most INT32_MAX (its
+   all-reduce and broadcasts are split into calls of PDP_MPI_CHUNK elements); local and
+   NCCL (size_t counts) are bounded by the address space alone. */
+PDP__PRIVATE int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind);
+
+PDP__PRIVATE pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
+                                              pdp__coll_kind kind, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__comm_check_root(const pdp_comm *c, int root, const char *fn);
+
+/* After the backend accepted a collective: stats, the launch stamp, and the
+   synchronous form when the caller passed no handle pointer. */
+PDP__PRIVATE pdp_status pdp__comm_launched(pdp_comm *c, pdp_status st, pdp_work *w, double t_launch,
+                                           double bytes, pdp_work **work, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__comm_check_dtype(const pdp_comm *c, pdp_dtype dt, const char *fn);
+
+/* PDP_API size_t pdp_dtype_size(pdp_dtype dt) */
+
+/* The all-reduce of every dtype; fn names the public entry. */
+PDP__PRIVATE pdp_status pdp__comm_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
+                                            pdp_reduce_op op, pdp_work **work, const char *fn);
+
+/* PDP_API pdp_status pdp_comm_allreduce(pdp_comm *c, float *buf, int64_t count, pdp_reduce_op op, pdp_work **work) */
+
+/* PDP_API pdp_status pdp_comm_allreduce_ex(pdp_comm *c, void *buf, int64_t count, pdp_dtype dtype, pdp_reduce_op op, pdp_work **work) */
+
+/* PDP_API pdp_status pdp_comm_broadcast(pdp_comm *c, float *buf, int64_t count, int root, pdp_work **work) */
+
+PDP__PRIVATE pdp_status pdp__comm_reduce_scatter(pdp_comm *c, const void *send, void *recv,
+                                                 int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
+                                                 pdp_work **work, const char *fn);
+
+/* PDP_API pdp_status pdp_comm_reduce_scatter(pdp_comm *c, const float *send, float *recv, int64_t recv_count, pdp_reduce_op op, pdp_work **work) */
+
+/* PDP_API pdp_status pdp_comm_reduce_scatter_ex(pdp_comm *c, const void *send, void *recv, int64_t recv_count, pdp_dtype dtype, pdp_reduce_op op, pdp_work **work) */
+
+/* PDP_API pdp_status pdp_comm_allgather(pdp_comm *c, const float *send, float *recv, int64_t send_count, pdp_work **work) */
+
+/* PDP_API pdp_status pdp_comm_barrier(pdp_comm *c, pdp_work **work) */
+
+/* ---- comm: point-to-point ---- */
+
+PDP__PRIVATE pdp_status pdp__comm_check_p2p(const pdp_comm *c, int peer, int tag, const char *fn);
+
+/* PDP_API pdp_status pdp_comm_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag, pdp_work **work) */
+
+/* PDP_API pdp_status pdp_comm_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag, pdp_work **work) */
+
+/* ---- comm: agreement at the end of a collective constructor ----
+   pdp_comm_split, pdp_zero_create and pdp_pp_create allocate after their last collective: a
+   rank whose allocation fails there would leave the others an object whose peer does not
+   exist, and they would learn of it only at its first collective. So each rank passes its
+   status st through one all-reduce (a count of failed ranks and the sum of their numbers):
+   a failed rank gets its own status and message back; a rank that succeeded fails with
+   PDP_ERR_COMM naming the failed rank when there is one. */
+PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *fn);
+
+/* ---- comm: process groups ---- */
+
+#define PDP__SPLIT_MAX_RANKS 4096 /* the (colour, key) table lives on the stack */
+
+/* PDP_API pdp_status pdp_comm_split(pdp_comm *c, int colour, int key, pdp_comm **out) */
+
+/* PDP_API pdp_status pdp_comm_broadcast_bytes(pdp_comm *c, void *buf, size_t bytes, int root) */
+
+/* PDP_API pdp_status pdp_work_wait(pdp_work *w) */
+
+/* PDP_API pdp_status pdp_wait(pdp_work *work) */
+
+/* PDP_API bool pdp_work_done(pdp_work *w) */
+
+/* PDP_API void pdp_comm_free(pdp_comm *c) */
+
+/* PDP_API int pdp_comm_rank(const pdp_comm *c) */
+/* PDP_API int pdp_comm_size(const pdp_comm *c) */
+/* PDP_API pdp_backend pdp_comm_backend(const pdp_comm *c) */
+/* PDP_API double pdp_comm_timeout(const pdp_comm *c) */
+
+/* Built from the head every backend fills (its defaults: pdp__comm_desc_timeout and
+   each backend's create); log is not kept by a communicator. */
+/* PDP_API pdp_comm_desc pdp_comm_get_desc(const pdp_comm *c) */
+
+/* PDP_API void pdp_comm_get_stats(const pdp_comm *c, pdp_comm_stats *out) */
+
+/* ---- comm: pdp_comm_init_env, the dispatcher ---- */
+
+/* PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc) */
+
+/* ---- src/layers.c ---- */
+/* layers: every layer kind's code, kind by kind: setup (shape inference and
+   validation), parameter initialisation, forward and backward on the CPU, and the
+   CUDA entries that hand a CUDA device's work to pdp_cuda.cu. layers_table.c lists
+   them in one table of kinds; model.c drives them in order.
+
+   Conventions (PyTorch's, so that state_dicts and results carry over):
+   - Linear: y = x W^T + b, W [out, in], on 1-D samples.
+   - Conv2d and MaxPool2d: in layers_conv.c.
+   - LayerNorm: over all features of a sample, biased variance, y = (x - mean) *
+     rstd * w + b with w, b of the sample's shape; mean and rstd are saved.
+   - GELU is the tanh form; SiLU is x sigmoid(x); the element formulas live in math.h
+     (shared with CUDA).
+   - Dropout: the mask is a pure function of (seed, layer, step, global sample
+     index, element) (math.h), so a batch split across DP replicas, each with its
+     sample_base, draws exactly the masks one device draws. Training: keep with
+     probability 1 - p and scale by 1 / (1 - p); the scaled mask is saved for
+     backward. Evaluation: identity.
+   - Flatten is a view: model.c aliases its output to its input and never calls
+     forward or backward for it (they copy, should anything else). So is a ReLU
+     right after a Conv2d on the CPU (layers_conv.c).
+
+   Invariants: forward and backward allocate nothing (temporaries live in io->work,
+   sized by work_per_sample) and return a status: PDP_OK, or an error whose message
+   says what is wrong with the input (model.c names the layer: "pdp_model_forward:
+   layer 3 (Linear): ..."); backward accumulates into dw and db (+=) and writes
+   dx (=), and skips dx when it is NULL (the first layer). Every reduction runs
+   in a fixed order that does not depend on the thread count, so results are
+   bit-reproducible. A setup starts from the output shape = the input shape and no
+   saved floats, workspace or parameters (layers_table.c's pdp__layer_setup), and
+   its messages name what is wrong and the input shape `in`; pdp__model_add adds
+   the function and the layer. A CUDA entry returns pdp_cuda.cu's status as it is
+   (layers_table.c turns a failure into "pdp_cuda: <its message>"). */
+
+/* #include "internal.h" (above) */
+
+/* ---- layers: small helpers ---- */
+
+/* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
+PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes);
+
+/* Sum of n floats: 16 float lanes (which the compiler vectorises), combined in
+   double. Fixed order, so the same bits on every run. */
+PDP__PRIVATE double pdp__layers_sum(const float *PDP__RESTRICT x, int64_t n);
+
+/* Sum of (x[i] - c)^2, same scheme. */
+PDP__PRIVATE double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c, int64_t n);
+
+/* Sum of a[i] * b[i], same scheme. */
+PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b, int64_t n);
+
+/* Sum of a[i] * b[i] * (c[i] - m), same scheme. */
+PDP__PRIVATE double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                     const float *PDP__RESTRICT c, float m, int64_t n);
+
+/* Parts for a job split by sample: the caller's intra-op threads, at most one
+   per sample. */
+PDP__PRIVATE int pdp__layers_batch_parts(int64_t batch);
+
+/* Parameters: the product of a shape. */
+PDP__PRIVATE int64_t pdp__layers_count(int ndim, const int64_t *shape);
+
+/* PyTorch's reset_parameters for Linear and Conv2d: weight Kaiming uniform with
+   a = sqrt(5) (bound 1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+   in that order from r. w and b are host memory. */
+PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
+                                           pdp_rng *r);
+
+/* Setup of a layer whose output has its input's shape and that keeps nothing
+   (the activations): nothing to check. */
+PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+/* ---- layers: Linear ---- */
+
+PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+
+PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
+/* ---- layers: activations ---- */
+
+/* Element-wise layers split [0, batch * in_count) into equal ranges (multiples of
+   16) over the intra-op threads when there is enough work to pay for the hand-off;
+   every element is computed alone, so the split never changes a bit. The hand-off
+   (waking a worker and waiting for it) costs more than a ReLU over 65536 floats:
+   the MLP 784-512-512-10 at batch 128 on 2 threads spent 0.33-0.42 ms per step in
+   its ReLUs split, 0.18-0.22 ms unsplit (pdp_profile, Zen 4); from 262144 floats on,
+   the split pays. (Measured before the pool's workers spun between jobs; with the
+   spin, a threshold of 16384 gained 1-3% on that step, inside the host's noise, so
+   the threshold stayed.) */
+#ifndef PDP__ELEMWISE_PAR_MIN
+#  define PDP__ELEMWISE_PAR_MIN 262144
+#endif
+
+typedef struct pdp__elem_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+    int64_t n;
+    void (*fn)(const pdp__layer *l, const pdp__layer_io *io, int64_t lo, int64_t hi);
+} pdp__elem_job;
+
+PDP__PRIVATE void pdp__elem_part(void *arg, int i, int parts);
+
+PDP__PRIVATE void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
+                                void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t, int64_t));
+
+/* ReLU, GELU, Tanh, Sigmoid, SiLU: elements [lo, hi) of forward (y from x) and of
+   backward (dx from dy and y, or x for GELU and SiLU). */
+PDP__PRIVATE void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi);
+
+PDP__PRIVATE void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi);
+
+PDP__PRIVATE void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi);
+
+PDP__PRIVATE void pdp__gelu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi);
+
+PDP__PRIVATE void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi);
+
+PDP__PRIVATE void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi);
+
+PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                             int64_t hi);
+
+PDP__PRIVATE void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                              int64_t hi);
+
+PDP__PRIVATE void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                          int64_t hi);
+
+PDP__PRIVATE void pdp__silu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
+                                           int64_t hi);
+
+PDP__PRIVATE pdp_status pdp__relu_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__relu_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__gelu_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__gelu_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__tanh_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__tanh_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__sigmoid_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__sigmoid_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__silu_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__silu_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+#ifdef PDP_CUDA
+/* One kernel pair for the five, told which by pdp_cudak_act. */
+PDP__PRIVATE pdp_status pdp__act_cuda_forward(const pdp__layer *l, const pdp__layer_io *io,
+                                              pdp_cudak_act act);
+
+PDP__PRIVATE pdp_status pdp__act_cuda_backward(const pdp__layer *l, const pdp__layer_io *io,
+                                               pdp_cudak_act act);
+
+PDP__PRIVATE pdp_status pdp__relu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__relu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__gelu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__gelu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__tanh_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__tanh_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__sigmoid_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__sigmoid_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__silu_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__silu_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
+/* ---- layers: Dropout ---- */
+
+PDP__PRIVATE pdp_status pdp__dropout_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+PDP__PRIVATE pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__dropout_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
+/* ---- layers: LayerNorm ---- */
+
+PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+/* weight 1, bias 0 (PyTorch's) */
+PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+
+PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* With xh = (x - mean) rstd and g = dy w:
+   dx = rstd (g - mean(g) - xh mean(g xh)), dw += dy xh, db += dy.
+   Two passes over each sample, nothing stored. */
+PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__layernorm_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
+/* ---- layers: Flatten ----
+   A view (PDP__LAYER_VIEW): model.c never calls these; they copy, should anything
+   else. */
+
+PDP__PRIVATE pdp_status pdp__flatten_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+PDP__PRIVATE pdp_status pdp__flatten_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__flatten_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__flatten_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
+/* ---- src/layers_conv.c ---- */
+/* layers_conv: the image layers, Conv2d and MaxPool2d, kind by kind as in
+   layers.c (setup, init, CPU forward and backward, CUDA entries), listed in
+   layers_table.c. Uses layers.c's helpers (sums, batch parts, Kaiming init).
+
+   Conventions (PyTorch's):
+   - Conv2d: samples (C, H, W), W [O, C, k, k], b [O], square kernel, zero
+     padding, output (O, Ho, Wo) with Ho = (H + 2 pad - k) / stride + 1. Computed
+     by im2col + GEMM (Chellapilla et al., "High performance convolutional neural
+     networks for document processing", 2006) on cache-sized chunks of samples:
+     forward y = W col, backward dW = dy col^T and dcol = W^T dy, then col2im
+     (details in "layers: Conv2d").
+   - MaxPool2d: square window, no padding, floor output size; the first maximum
+     in row-major window order wins ties, NaN wins over numbers (as PyTorch's CPU
+     kernel). The winning index is saved as an int32 in the saved floats' memory.
+   - A ReLU right after a Conv2d on the CPU is a view (PDP__LAYER_FUSES_RELU): the
+     Conv2d applies it (io->fused_relu: forward stores relu(y), backward masks dy
+     by y > 0 as it gathers dy), which saves two passes over the largest
+     activations and gives the same bits. When a 2x2 stride-2 MaxPool2d follows
+     that ReLU (even H and W), the Conv2d applies it too (io->pool_y): forward
+     pools two rows of products at a time, each value through the bias and the
+     ReLU, into the pool's output and winners (pdp__conv_pool_2x2); backward
+     gathers the pool's dy, masked by the pooled value > 0, at each window's
+     winner and zeros elsewhere (pdp__conv_unpool_2x2). The full-size output is
+     never written, nor read back by the pool, nor its gradient written and read
+     (model.c skips the MaxPool2d; same bits).
+
+   Invariants: layers.c's (nothing allocated; dw, db accumulated; dx written, or
+   skipped when NULL; fixed reduction order whatever the thread count). */
+
+/* #include "internal.h" (above) */
+
+/* ---- layers: pooling rows (MaxPool2d, and Conv2d's fused pool) ----
+   One output row at a time: y and the winner's index (an int32 in the saved
+   floats' memory, an offset into the sample's channel plane) start at the
+   window's first element and are updated element by element in PyTorch's order
+   (ki, then kj): an element replaces the current one when it is greater or NaN,
+   so ties keep the first maximum and a NaN wins. The loops run in blocks of 16,
+   8 and 4 columns, the remainder as the last 4 columns once more (an update is
+   idempotent): constant trip counts, which gcc -O2 vectorises (its cheap cost
+   model skips loops that would need a scalar epilogue) into selects instead of
+   the branches a scalar loop gets, which mispredict on the half zeros a ReLU
+   leaves. (The conditions are spelled out in each select on purpose: gcc 12
+   vectorises that form, not an int flag computed once; 10x here.) */
+#define PDP__POOL_BLOCKS(...)                                                                  \
+    do {                                                                                       \
+        for (; ow + 16 <= n; ow += 16)                                                         \
+            for (j = 0; j < 16; j++) __VA_ARGS__                                               \
+        for (; ow + 8 <= n; ow += 8)                                                           \
+            for (j = 0; j < 8; j++) __VA_ARGS__                                                \
+        for (; ow + 4 <= n; ow += 4)                                                           \
+            for (j = 0; j < 4; j++) __VA_ARGS__                                                \
+        if (ow < n && n >= 4) /* the last 4 again: both bodies are idempotent */              \
+            for (ow = n - 4, j = 0; j < 4; j++) __VA_ARGS__                                    \
+        else                                                                                   \
+            for (; ow < n; ow++)                                                               \
+                for (j = 0; j < 1; j++) __VA_ARGS__                                            \
+    } while (0)
+
+/* Window element (ki, kj) against the running maximum of n outputs. */
+PDP__PRIVATE void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
+                                      float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at);
+
+/* The common 2 x 2 window with stride 2: the two elements of each input row,
+   then the two rows. Same result as the element-by-element order: the second
+   row's winner replaces the first's only when greater or NaN. The window of
+   output o is (a, b) over (c, d); at is row 0's offset, w the row stride. */
+#define PDP__POOL_2X2_WINDOW(a, b, c, d)                                                       \
+    do {                                                                                       \
+        float m0 = (b > a || b != b) ? b : a, m1 = (d > c || d != d) ? d : c;                  \
+        int32_t i0 = (b > a || b != b) ? at + 2 * o + 1 : at + 2 * o;                          \
+        int32_t i1 = (d > c || d != d) ? at + w + 2 * o + 1 : at + w + 2 * o;                  \
+        int t = (m1 > m0 || m1 != m1);                                                         \
+        y[o] = t ? m1 : m0;                                                                    \
+        arg[o] = t ? i1 : i0;                                                                  \
+    } while (0)
+
+PDP__PRIVATE void pdp__maxpool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
+                                   int64_t n, float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
+                                   int32_t at, int32_t w);
+
+/* Conv2d's fused pool: the windows of two rows of products, each value through the
+   bias and the ReLU first; the bits of pdp__maxpool_2x2 on the stored rows. */
+PDP__PRIVATE void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float *PDP__RESTRICT r1,
+                                     float bo, int64_t n, float *PDP__RESTRICT y,
+                                     int32_t *PDP__RESTRICT arg, int32_t at, int32_t w);
+
+/* The common 2 x 2 window with stride 2 tiling the plane exactly: each window's
+   four dx written at once, the output's gradient g at its winner and zeros elsewhere
+   (no memset, no scatter; in PDP__POOL_BLOCKS, whose selects gcc vectorises); with
+   keep false, zeros only. */
+#define PDP__UNPOOL_2X2_WINDOW(g, keep)                                                        \
+    do {                                                                                       \
+        int32_t a = (keep) ? arg[o] - at - 2 * o : -1;                                         \
+        d0[2 * o] = a == 0 ? g : 0.0f;                                                         \
+        d0[2 * o + 1] = a == 1 ? g : 0.0f;                                                     \
+        d1[2 * o] = a == w ? g : 0.0f;                                                         \
+        d1[2 * o + 1] = a == w + 1 ? g : 0.0f;                                                 \
+    } while (0)
+
+PDP__PRIVATE void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
+                                            const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
+                                            int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1);
+
+/* Conv2d's fused pool, backward: the pool's dy through the ReLU's backward (the
+   ReLU's output at the winner is the pooled value yp), then to the winner. */
+PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT yp,
+                                       const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
+                                       int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1);
+
+/* ---- layers: Conv2d ----
+   Two paths, both cutting the batch into chunks of `per_chunk` samples, a number
+   that depends on the layer's geometry only (so do the results). The intra-op
+   threads take whole chunks, each thread reusing one scratch region; each chunk
+   leaves its shares of dW and db apart, and backward adds them up in chunk order
+   after all chunks are done.
+
+   Implicit GEMM (stride 1, padding <= k - 1; the common case). The n samples of a
+   chunk are laid side by side in one zero-padded image, rows of
+   Wt = n (W + pad) + pad floats (sample j's columns start at pad + j (W + pad): one
+   band of `pad` zeros between neighbours is enough for both of them). Output columns
+   are counted on that wide grid, Ho x Wt, so that row (c, ki, kj) of the chunk's
+   column matrix is ONE contiguous run of the padded image (Ho Wt floats from
+   (c, ki, kj)), and the GEMM packs those runs straight from the image through a
+   row-offset table (pdp__sgemm_rows): the column matrix is never written. Per chunk:
+     forward   grid [O, Ho Wt] = W [O, C k k] col;  y = each sample's Wo columns + b
+     dW share  = dy_grid [O, Ho Wt] col^T           (dy_grid zero in the other columns)
+     dx        = the forward convolution of dy, zero-padded by q = k - 1 - pad (laid
+                 out the same way, bands of q), with the flipped, transposed weights
+                 W'[c, (o, qi, qj)] = W[o, c, k-1-qi, k-1-qj] (Dumoulin and Visin, "A
+                 guide to convolution arithmetic for deep learning", 2016, section 4):
+                 no col2im.
+   For a "same" convolution (q == pad) the padded dy's interior is dy on the grid,
+   so the dW share reads it in place. When it makes fewer padded GEMM tiles (O small
+   next to C k k), the share is computed transposed, share^T = col dy^T, with the
+   column matrix as a gathered A (pdp__sgemm_arows) and summed back transposed. With
+   few weights (conv 1 -> 16, k 5: 400) it is O C k k dot products over the grid
+   (pdp__sgemm_dots): nothing packed, where packing cost more than the products.
+   The grid's columns over the bands compute values nobody reads: pad / (W + pad) more
+   GEMM work (12% for a 5x5 "same" convolution on 14x14) for no copies at all.
+
+   im2col (any other stride or padding, and PDP_CBLAS builds): the column matrix
+   [C k k, n] of a chunk is materialised with exact Wo columns (Chellapilla et al.,
+   "High performance convolutional neural networks for document processing",
+   2006): forward y = W col; backward dW = dy col^T and dcol = W^T dy, then col2im.
+   Chunks of about PDP__CONV_CHUNK_FLOATS column floats keep a chunk in L2.
+
+   bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
+   and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
+   AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
+   dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
+   tables (band columns included: no _runs variant), on the padded image and padded dy
+   first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
+   not once per kernel tap; the padded dy after the dW share, which reads it as floats
+   in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
+   dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
+   grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
+   kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
+   emulation, in the fp32 kernels' order): the padded image, the padded dy and the
+   grid's dy are rounded in place after they are loaded, W' when it is built, and W for
+   forward into the workspace's fixed region (free in forward). Either way the bits
+   depend on the geometry and the path, not on the thread count. */
+
+#ifndef PDP__CONV_CHUNK_FLOATS
+#  define PDP__CONV_CHUNK_FLOATS 65536
+#endif
+/* Samples per chunk on the implicit path: wide GEMMs and few dW shares, and still
+   8 chunks for each of two threads at batch 128. */
+#ifndef PDP__CONV_IMPLICIT_CHUNK
+#  define PDP__CONV_IMPLICIT_CHUNK 8
+#endif
+
+/* Implicit path in bf16: the pdp_bf16_path of the products (test_bf16 defines it to run
+   the emulated path on a CPU with a faster one). */
+#ifndef PDP__CONV_BF16_PATH
+#  define PDP__CONV_BF16_PATH() pdp_bf16_best_path()
+#endif
+
+/* Implicit path: products of at least this depth (C k k forward, O k k for dx)
+   skip the band columns (pdp__sgemm_runs); shallower ones (conv 1 -> 16, k 5: 25)
+   cost less computing the bands than setting up the runs' masked loads. */
+#ifndef PDP__CONV_RUNS_MIN_K
+#  define PDP__CONV_RUNS_MIN_K 128
+#endif
+
+typedef struct pdp__conv_geom {
+    int64_t C, H, W, O, k, stride, pad, Ho, Wo;
+    int64_t ckk;            /* rows of the column matrix */
+    int implicit;           /* the implicit-GEMM path */
+    int64_t Hp, q, Hq;      /* implicit: padded heights of x (by pad) and of dy (by q) */
+    int64_t cols;           /* im2col: output columns per sample, Ho Wo */
+    int64_t fixed;          /* workspace floats before the shares: W' (implicit) */
+    int64_t share;          /* floats of one chunk's dW and db shares */
+    int64_t per_chunk;      /* samples per chunk */
+    int dw_t;               /* implicit: the dW share is computed and kept transposed,
+                               [C k k, O] (fewer padded GEMM tiles, A read in place) */
+    int dw_dots;            /* implicit: few weights (conv 1 -> 16, k 5), the dW share as
+                               O C k k dot products (pdp__sgemm_dots, nothing packed) */
+} pdp__conv_geom;
+
+/* Workspace regions start on 64-byte boundaries (the offset tables are int64). */
+PDP__PRIVATE int64_t pdp__conv_round16(int64_t floats);
+
+PDP__PRIVATE pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l);
+
+/* Implicit path, a chunk of n samples: row widths of the padded image and padded dy. */
+PDP__PRIVATE int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n);
+PDP__PRIVATE int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n);
+
+/* Floats of one part's scratch for chunks of at most n samples. Implicit: the two
+   offset tables (int64), the padded image and padded dy (the last run of each starts
+   at (C - 1, k - 1, k - 1) and ends k - 1 floats past it: + k), and the grid that
+   holds the output, dy, then dx. im2col: the column matrix and O rows as long. */
+PDP__PRIVATE int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n);
+
+/* Per sample: W' (once is enough; simpler per sample), one share, and twice a
+   one-sample scratch. Enough: chunks <= batch, and scratch(n) <= n scratch(1) (each
+   term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch for chunks of
+   cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
+PDP__PRIVATE int64_t pdp__conv_work_per_sample(const pdp__layer *l);
+
+/* Output columns [*lo, *hi) whose input column ow * stride - pad + kj is inside
+   [0, W). */
+PDP__PRIVATE void pdp__conv_valid(int64_t W, int64_t Wo, int64_t stride, int64_t pad, int64_t kj,
+                                  int64_t *lo, int64_t *hi);
+
+/* One sample's columns into col (row stride ld): row (c, ki, kj), column
+   oh * Wo + ow holds x[c, oh s - pad + ki, ow s - pad + kj], zero outside the
+   input. */
+PDP__PRIVATE void pdp__im2col(const pdp__conv_geom *g, const float *PDP__RESTRICT x,
+                              float *PDP__RESTRICT col, int64_t ld);
+
+/* dx of one sample = the sum of its columns' entries over the positions they were
+   copied from, in row order (a fixed summation order). */
+PDP__PRIVATE void pdp__col2im(const pdp__conv_geom *g, const float *PDP__RESTRICT col, int64_t ld,
+                              float *PDP__RESTRICT dx);
+
+/* planes x rows x n floats from src (plane stride sp, row stride sr) into dst
+   (plane stride dp, row stride dr). */
+PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, float *dst, int64_t dp,
+                                   int64_t dr, int64_t planes, int64_t rows, int64_t n);
+
+/* `body` for j in [0, n) of a short row (an image row: 28, 14 or 7 floats) in
+   blocks of 16, 8 and 4, the remainder as the last 4 once more: constant trip
+   counts, which gcc -O2 vectorises where PDP__FOR_BLOCKED's scalar tail would
+   carry most of such a row. The body must be idempotent (write what it reads
+   elsewhere). */
+#define PDP__CONV_ROW(j, n, ...)                                                               \
+    do {                                                                                       \
+        int64_t pdp__o_ = 0, pdp__n_ = (n);                                                    \
+        int pdp__k_;                                                                           \
+        for (; pdp__o_ + 16 <= pdp__n_; pdp__o_ += 16)                                         \
+            for (pdp__k_ = 0; pdp__k_ < 16; pdp__k_++) {                                       \
+                int64_t j = pdp__o_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        for (; pdp__o_ + 8 <= pdp__n_; pdp__o_ += 8)                                           \
+            for (pdp__k_ = 0; pdp__k_ < 8; pdp__k_++) {                                        \
+                int64_t j = pdp__o_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        for (; pdp__o_ + 4 <= pdp__n_; pdp__o_ += 4)                                           \
+            for (pdp__k_ = 0; pdp__k_ < 4; pdp__k_++) {                                        \
+                int64_t j = pdp__o_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        if (pdp__o_ < pdp__n_ && pdp__n_ >= 4)                                                 \
+            pdp__o_ = pdp__n_ - 4;                                                             \
+        if (pdp__o_ < pdp__n_ && pdp__n_ >= 4)                                                 \
+            for (pdp__k_ = 0; pdp__k_ < 4; pdp__k_++) {                                        \
+                int64_t j = pdp__o_ + pdp__k_;                                                 \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        else                                                                                   \
+            for (; pdp__o_ < pdp__n_; pdp__o_++) {                                             \
+                int64_t j = pdp__o_;                                                           \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+    } while (0)
+
+/* d = dy masked by y > 0 (the fused ReLU's backward), one row. */
+PDP__PRIVATE void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *PDP__RESTRICT y,
+                                          float *PDP__RESTRICT d, int64_t n);
+
+/* One sample's dy, [O, Ho, Wo], into dst (plane stride dp, row stride dr); with a
+   fused ReLU, masked by the layer's output y (same layout as dy): the ReLU's
+   backward, done on the way. With a fused pool, dy is the pool's [O, Ho/2, Wo/2],
+   masked by the pooled y > 0 and written at each window's winner, zeros elsewhere:
+   the pool's backward and the ReLU's (pdp__conv_unpool_2x2). */
+PDP__PRIVATE void pdp__conv_copy_dy(const pdp__layer_io *io, int64_t s, const pdp__layer *l,
+                                    float *dst, int64_t dp, int64_t dr);
+
+/* Row n of y = src + bias, through the fused ReLU when there is one. */
+PDP__PRIVATE void pdp__conv_store_row(const float *PDP__RESTRICT src, float bo, bool relu,
+                                      float *PDP__RESTRICT dst, int64_t n);
+
+/* Channel plane o of sample s of y from the products (row oh at src + oh ldr) plus
+   the bias, through the fused ReLU; with a fused pool, two rows at a time straight
+   into the pool's output and winners (pdp__conv_pool_2x2). */
+PDP__PRIVATE void pdp__conv_store_plane(const pdp__layer_io *io, const pdp__layer *l, int64_t s,
+                                        int64_t o, const float *src, int64_t ldr);
+
+typedef struct pdp__conv_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+    pdp__conv_geom g;
+    int64_t chunks;
+    int64_t scratch;  /* floats of each part's scratch: pdp__conv_scratch(chunk size) */
+    int parts;
+    const float *wt;  /* implicit backward: W' [C, O k k] */
+    const float *w;   /* implicit forward: W as the products see it (io->w, or in bf16 on
+                         the emulated path its rounding in the fixed region) */
+    pdp_bf16_path path16; /* bf16: PDP__CONV_BF16_PATH() */
+    int packed16;     /* implicit bf16 on AVX512-BF16 or AMX: the products are
+                         pdp__gemm_bf16_rows_h / _arows_h on the image and dy converted */
+} pdp__conv_job;
+
+/* bf16: p[0, n) rounded in place (pdp__bf16_round_u32 on the bits, in
+   PDP__FOR_BLOCKED's blocks that gcc -O2 vectorises). */
+PDP__PRIVATE void pdp__conv_bf16(float *p, int64_t n);
+
+/* Chunk c: its samples [s0, s1), where its dW and db shares go ([O, C k k] then
+   [O]), and the scratch of the part that runs it. Workspace: the fixed part, the
+   chunks' shares, then one scratch region per part, reused by all of the part's
+   chunks so that it stays in cache. Implicit: the padded input, the padded dy and
+   the grid; im2col: the column matrix [C k k, n] and O rows of n columns. */
+typedef struct pdp__conv_chunk {
+    int64_t s0, s1, n;   /* n: im2col columns (samples x Ho Wo) */
+    float *share;
+    int64_t wt, wqt;     /* implicit: row widths of the padded image and padded dy */
+    int64_t *offx, *offdy;
+    float *xp, *dyp, *grid;
+    float *col, *out;    /* im2col */
+} pdp__conv_chunk;
+
+PDP__PRIVATE pdp__conv_chunk pdp__conv_chunk_of(const pdp__conv_job *job, int64_t c, int part);
+
+/* ---- layers: Conv2d, implicit GEMM ---- */
+
+/* W' for backward, run by the caller before the parts start. */
+PDP__PRIVATE void pdp__conv_implicit_setup(pdp__conv_job *job);
+
+/* The chunk's samples into its zeroed padded image (and their dy into the padded
+   dy when dy is not NULL), and the offset tables of both. In bf16 the image is
+   rounded for the fp32 kernels: every product on the emulated path, the dW dot
+   products (dw_dots) in backward on the packed path. */
+PDP__PRIVATE void pdp__conv_implicit_load(const pdp__conv_job *job, const pdp__conv_chunk *k,
+                                          const float *dy, bool backward);
+
+PDP__PRIVATE void pdp__conv_implicit_forward_part(void *arg, int i, int parts);
+
+PDP__PRIVATE void pdp__conv_implicit_backward_part(void *arg, int i, int parts);
+
+/* ---- layers: Conv2d, im2col ---- */
+
+/* Forward of the chunks of part i: im2col; out [O, n] = W col; y = out + b. */
+PDP__PRIVATE void pdp__conv_forward_part(void *arg, int i, int parts);
+
+/* Backward of the chunks of part i: im2col again; dy gathered into out [O, n]; the
+   chunk's dW share dy col^T and db share; then dcol = W^T out over col, and col2im
+   into dx. */
+PDP__PRIVATE void pdp__conv_backward_part(void *arg, int i, int parts);
+
+/* ---- layers: Conv2d, driver ---- */
+
+/* Parts: the caller's threads, at most one per chunk (scratch regions are sized
+   for as many parts as samples). A single part runs on the caller without taking
+   the pool, so its GEMMs can still use the threads. */
+PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
+                                     bool backward);
+
+PDP__PRIVATE pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__conv_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* ---- layers: Conv2d, setup and CUDA ---- */
+
+PDP__PRIVATE pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+PDP__PRIVATE void pdp__conv_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+
+/* Workspace floats per sample of pdp_cuda.cu's conv kernels: they unfold the whole
+   sample and keep the output beside it, (C k k + O) Ho Wo (cuda.h). */
+PDP__PRIVATE int64_t pdp__conv_cuda_work(const pdp__layer *l);
+
+#ifdef PDP_CUDA
+/* The geometry pdp_cuda.cu's Conv2d and MaxPool2d kernels take. */
+PDP__PRIVATE pdp_cudak_conv pdp__conv_cuda_geom(const pdp__layer *l, int64_t batch, int64_t O,
+                                                int64_t pad);
+
+PDP__PRIVATE pdp_status pdp__conv_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__conv_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
+/* ---- layers: MaxPool2d ---- */
+
+typedef struct pdp__pool_job {
+    const pdp__layer *l;
+    const pdp__layer_io *io;
+} pdp__pool_job;
+
+/* The channel planes of part i: first element of each window, then the rest. */
+PDP__PRIVATE void pdp__maxpool_forward_part(void *argp, int i, int parts);
+
+/* Split by channel plane over the intra-op threads. */
+PDP__PRIVATE pdp_status pdp__maxpool_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* The channel planes of part i: zero, then scatter each output's gradient to its
+   winner (planes are independent, so any split gives the same bits). */
+PDP__PRIVATE void pdp__maxpool_backward_part(void *argp, int i, int parts);
+
+PDP__PRIVATE pdp_status pdp__maxpool_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__maxpool_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__maxpool_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
+/* ---- src/layers_tp.c ---- */
+/* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
+   the conjugate operators, and the column- and row-parallel Linears, as entries of
+   layers_table.c. The API around them (the model's TP communicator, constructors,
+   statistics, full-tensor checkpoints) is tp.c.
+
+   The split Linears ARE Linear (layers.c's kernels, CPU and CUDA) on this rank's
+   slice: a ColumnParallelLinear is a Linear of n_r outputs, a RowParallelLinear a
+   Linear of n_r inputs whose bias only TP rank 0 adds. What is theirs is the slice:
+   setup computes it (pdp_tp_split), init draws the full tensors from the model's
+   generator in the plain Linear's order and keeps the slice. f and g are collective
+   kinds (PDP__LAYER_COLLECTIVE): one host entry for every device that copies the
+   activation and all-reduces it on the TP communicator, synchronously.
+
+   Invariants: every rank of the TP communicator has the same layers in the same order,
+   so f and g issue the same all-reduces in the same order; after g every rank holds
+   the same bits. Nothing here allocates after the first forward, whose f runs the width
+   check (tp.c: every TP rank built the same TP layers). */
+
+/* #include "internal.h" (above) */
+
+/* ---- tp: splits ---- */
+
+/* PDP_API void pdp_tp_split(int64_t full, int rank, int size, int64_t *lo, int64_t *count) */
+
+/* Whether parameter p of m is split across the TP ranks: the column-parallel weight and
+   bias, the row-parallel weight; every other parameter (the row-parallel bias, every
+   non-TP layer's) is whole on every TP rank. */
+PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
+
+/* ---- tp: f and g, the conjugate operators ---- */
+
+/* The TP all-reduce (sum, synchronous) of count floats at buf, counted in the stats;
+   what: "g forward" or "f backward", for messages. */
+PDP__PRIVATE pdp_status pdp__tp_allreduce(const pdp__layer *l, float *buf, int64_t batch,
+                                          int64_t width, bool forward);
+
+/* dst <- src, count floats on io's device. */
+PDP__PRIVATE pdp_status pdp__tp_copy(const pdp__layer_io *io, float *dst, const float *src,
+                                     int64_t count);
+
+PDP__PRIVATE pdp_status pdp__tp_op_setup(pdp__layer *l, const char *in);
+
+PDP__PRIVATE pdp_status pdp__tp_copy_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+PDP__PRIVATE pdp_status pdp__tp_reduce_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+/* f forward: identity. At the first forward (and after TP layers were added) the width
+   check first: every TP rank built the same TP layers (f is the first TP layer of every
+   block, so every rank reaches it before any other TP collective). */
+PDP__PRIVATE pdp_status pdp__tp_copy_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* f backward: the input gradient is the sum of every rank's partial gradient (each rank's
+   ColumnParallelLinear saw only its output slice). Nothing when no input gradient is
+   needed (f is the first layer): every rank skips it alike. */
+PDP__PRIVATE pdp_status pdp__tp_copy_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* g forward: the sum of every rank's partial output (RowParallelLinear's x_r W_r^T). */
+PDP__PRIVATE pdp_status pdp__tp_reduce_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* g backward: identity (the output gradient is replicated). */
+PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* ---- tp: the column- and row-parallel Linears ---- */
+
+PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+/* The input is the slice [tp_lo, tp_lo + in_count) of tp_full features (pdp_model_add_
+   row_parallel_linear took both from the ColumnParallelLinear before it). */
+PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+/* `count` draws of pdp__layers_init_kaiming's generator for the tensor U(lo, hi) with the
+   formula of pdp_tensor_uniform; element k is kept in dst[map(k)] when keep(k). The
+   slice draws exactly what the full tensor would, in the same order. */
+typedef struct pdp__tp_slice2d {
+    int64_t cols;         /* the full tensor's row length */
+    int64_t c0, c1;       /* kept columns [c0, c1) */
+    int64_t r0, r1;       /* kept rows [r0, r1) */
+} pdp__tp_slice2d;
+
+PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
+                               pdp_rng *r);
+
+/* The bounds pdp__layers_init_kaiming uses for fan_in (Kaiming uniform with a = sqrt(5),
+   then the bias's 1/sqrt(fan_in)), computed as pdp_tensor_kaiming_uniform does. */
+PDP__PRIVATE void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb);
+
+/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) and the same entries of b1. */
+PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+
+/* W2 [d, tp_full]: columns [tp_lo, tp_lo + n); b2 whole. fan_in is the full width. */
+PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+
+/* Backward of Linear, without the input gradient when f is the first layer. */
+PDP__PRIVATE pdp_status pdp__tp_column_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* x_r W_r^T, plus the bias on TP rank 0 only: g's sum then adds it once. */
+PDP__PRIVATE pdp_status pdp__tp_row_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__tp_column_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
+/* ---- src/layers_table.c ---- */
+/* layers_table: the table of layer kinds and the dispatch through it. One entry per
+   kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
+   inference and validation, parameter shapes, saved and workspace floats),
+   parameter initialisation, CPU forward and backward, CUDA forward and backward
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
+   fused, collective, unnumbered).
+
+   This table is the only place that knows what each kind is. Every decision elsewhere
+   that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
+   kinds between the split Linears, the state_dict numbering; and model.c, dp.c and the
+   executors run a layer through pdp__layer_setup, pdp__layer_forward and the other
+   functions below, once per layer call (never per element). A kind's value is named
+   elsewhere only by its own code: its constructor (model.c's pdp_model_add_*, tp.c's
+   for the TP kinds, whose order rules name the kinds they follow), the TP kinds' slices
+   (layers_tp.c, tp.c's checkpoints and width check), and the tests and
+   tests/fake_cuda, which build layers of a kind.
+
+   Adding a layer kind takes (the commit that added SiLU shows every step):
+   1. math: a formula that the CPU and the CUDA kernels both compute goes into math.h as
+      `static inline PDP__HOSTDEV` helpers (forward and its gradient), so the CPU tests
+      cover the very code the kernels run;
+   2. its code in layers.c (or a file of its own, listed in amalgamate.py before this
+      one, as layers_conv.c): setup (pdp__layers_setup_same for a kind that keeps the
+      shape and checks nothing), init when it has parameters, CPU forward and backward
+      (they return PDP_OK, or a status whose message says what is wrong with the input;
+      model.c names the layer), and its CUDA entries under #ifdef PDP_CUDA (see
+      layers.c's conventions, and add the kind's to them when it has its own);
+   3. its value in pdp__layer_kind (internal.h), appended before
+      PDP__LAYER_KIND_COUNT, and its entry at the end of the table below (in the enum's
+      order: C++ has no designators), with its flags (internal.h says what
+      each promises: an element-wise kind gets PDP__LAYER_ELEMENTWISE and is then
+      accepted inside a TP block with no edit to tp.c);
+   4. its public constructor pdp_model_add_<kind> (model.h, with a comment naming the
+      PyTorch module it equals; model.c, through pdp__layer_of and pdp__model_add);
+   5. CUDA: its kernels and their plain C functions in pdp_cuda.cu (an activation is a
+      pdp_cudak_act value in cuda.h and a case in pdp__act_fwd and pdp__act_bwd), declared
+      in cuda.h; the same functions in tests/fake_cuda/fake_cuda.c, where each is a few
+      lines that rebuild the layer and run pdp's CPU entry through fake__layer (an
+      activation: its kind in fake__act_kind). tests/cuda_emu needs no edit: it runs
+      pdp_cuda.cu as written (make emu-cuda-test runs the new kernels on the CPU);
+      make cuda compiles them with nvcc;
+   6. tests: in tests/test_layers.c, gradients against finite differences and the
+      forward against a naive loop (layers_activation_grads_match_finite_differences
+      and layers_linear_and_activations_match_naive take an activation; a kind of
+      another shape gets tests of its own), and its name in
+      layers_model_layer_name_names_every_layer (the table test covers the entry); a
+      PyTorch fixture: a line in tools/gen_fixtures.py, run as
+      `/usr/bin/python3 tools/gen_fixtures.py --out /tmp/fx`, copying only the new file
+      into tests/fixtures/ (the others were written by torch 1.13: keep their bytes),
+      and its case in tests/test_fixtures.c; in tests/test_cuda.c, a layer_case in
+      build() and case_name (cuda_layers_match_cpu: the GPU against the CPU, on emulated
+      GPUs under make emu-cuda-test and on real ones under tests/gpu/run.sh);
+   7. docs: the constructor's comment (model.h); wherever src/manual.txt, README.md and
+      the module comments list kinds (tp.h's table lists the element-wise ones); a line
+      in CHANGELOG.md; then python3 amalgamate.py.
+   A kind without CUDA entries (NULL) works on the CPU; on a CUDA device its calls
+   fail with PDP_ERR_UNSUPPORTED naming the layer.
+
+   Invariants: every kind has an entry (tests/test_layers.c checks the name, setup,
+   forward and backward of each); a setup starts from output = input shape and
+   nothing saved, workspace 0, no parameters. */
+
+/* #include "internal.h" (above) */
+
+#ifdef PDP_CUDA
+#  define PDP__CUDA_ENTRY(fn) fn
+#else
+#  define PDP__CUDA_ENTRY(fn) NULL
+#endif
+
+/* ---- layers_table: the table ---- */
+
+/* C++ (the implementation compiled as C++, or by nvcc) has no array designators: there
+   the entries go by their order, which must be pdp__layer_kind's (tests/test_build_cxx.sh
+   compares every kind's name in a C++ build with a C build's) */
+#ifdef __cplusplus
+#  define PDP__KIND(k)
+#else
+#  define PDP__KIND(k) [k] =
+#endif
+
+/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags */
+extern const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT];
+
+/* The entry of kind k; NULL for a value outside the table. */
+PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
+
+PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k);
+
+/* "ReLU, GELU, Tanh, Sigmoid": the names of the kinds with flag, in table order, for
+   messages that say which kinds a place accepts. */
+PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
+
+/* ---- layers_table: setup and initialisation ---- */
+
+PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
+
+PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+
+/* Workspace floats per sample a layer needs on device d: the CPU's algorithm sizes
+   its own (setup); on CUDA the larger of that and the kind's CUDA kernels' need. */
+PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+
+/* ---- layers_table: forward and backward ---- */
+
+/* A CUDA entry's call: pdp_cuda.cu's message on failure; without the entry (or
+   without PDP_CUDA), PDP_ERR_UNSUPPORTED. */
+PDP__PRIVATE pdp_status pdp__layer_cuda(const pdp__layer *l, const pdp__layer_io *io,
+                                        pdp_status (*fn)(const pdp__layer *, const pdp__layer_io *));
+
+/* CUDA memory goes to the kind's CUDA entry (pdp_cuda.cu's kernels); the rest is
+   CPU memory. A collective kind's host entry runs on every device. Either entry's
+   status comes back as it is (the caller names the layer). */
+PDP__PRIVATE pdp_status pdp__layer_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* ---- src/model.c ---- */
+/* model: the sequential container. Owns the layer list, the parameter registry
+   and the flat parameter and gradient blocks, sizes the activation buffers, and
+   drives forward and backward over the layers through the table of kinds
+   (layers_table.c).
+
+   Invariants: params[i].offset is the sum of the counts before it (registration
+   order, no gaps), so the gradient of parameters j..k is one contiguous range;
+   act[i] holds layer i's output from the last forward (Flatten aliases its
+   input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
+   Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
+   applies it too, writes the pool's act, and its own act is NULL); backward needs
+   the forward's input to stay alive, as in PyTorch's autograd. After
+   pdp_model_reserve (or the first step at the largest batch), forward and backward
+   allocate nothing.
+
+   The executor seam (internal.h): an executor may listen to the pass's events
+   (m->event: before each layer with parameters, forward and backward, and at
+   the start and end of every backward: DDP and ZeRO synchronise any backward
+   this way) and point a layer's weight/bias and their gradients at buffers of
+   its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
+   (NULL) by default: one pointer test per layer. */
+
+/* #include "internal.h" (above) */
+
+/* ---- model: lifecycle ---- */
+
+/* PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc) */
+
+/* The desc the model was made by, as in use: input_ndim and input_shape resolved,
+   precision the current one (pdp_model_set_precision may change it). */
+/* PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m) */
+
+PDP__PRIVATE void pdp__model_free_buffers(pdp_model *m);
+
+/* PDP_API void pdp_model_free(pdp_model *m) */
+
+/* ---- model: the executor holding it ---- */
+
+/* "ZeRO stage 3 (pdp_zero_create)": an executor, for messages. */
+PDP__PRIVATE const char *pdp__wrap_name(pdp__wrap kind, int stage);
+
+PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
+
+PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
+
+PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
+
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+
+/* ---- model: adding layers ---- */
+
+/* Grows an array of n used elements to hold one more; *cap doubles. */
+PDP__PRIVATE pdp_status pdp__grow(void **arr, int n, int *cap, size_t elem);
+
+/* The state_dict number of the next layer: layers so far, less the unnumbered ones
+   (PDP__LAYER_UNNUMBERED: TP's f and g). */
+PDP__PRIVATE int pdp__model_next_number(const pdp_model *m);
+
+PDP__PRIVATE pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
+                                            const int64_t *shape);
+
+/* Appends layer l (kind and configuration filled in by the caller): infers its
+   shapes, registers and initialises its parameters, and moves the parameter and
+   gradient blocks to their new size. On failure the model is unchanged. */
+PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *fn);
+
+PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind);
+
+/* PDP_API pdp_status pdp_model_add_linear(pdp_model *m, int64_t out_features) */
+
+/* PDP_API pdp_status pdp_model_add_relu(pdp_model *m) */
+
+/* PDP_API pdp_status pdp_model_add_gelu(pdp_model *m) */
+
+/* PDP_API pdp_status pdp_model_add_tanh(pdp_model *m) */
+
+/* PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m) */
+
+/* PDP_API pdp_status pdp_model_add_silu(pdp_model *m) */
+
+/* PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p) */
+
+/* PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps) */
+
+/* PDP_API pdp_status pdp_model_add_conv2d(pdp_model *m, int64_t out_channels, int64_t kernel, int64_t stride, int64_t padding) */
+
+/* PDP_API pdp_status pdp_model_add_maxpool2d(pdp_model *m, int64_t kernel, int64_t stride) */
+
+/* PDP_API pdp_status pdp_model_add_flatten(pdp_model *m) */
+
+/* ---- model: buffers ---- */
+
+/* Whether layer i's kind has flag (PDP__LAYER_*). */
+PDP__PRIVATE bool pdp__model_flag(const pdp_model *m, int i, unsigned flag);
+
+/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d:
+   PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
+   last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
+   is skipped. Same bits as running it. */
+PDP__PRIVATE bool pdp__model_relu_fused(const pdp_model *m, int i);
+
+/* Layer i is a 2x2 stride-2 max pool (PDP__LAYER_FUSABLE_POOL: MaxPool2d) over an even
+   H and W after a fused ReLU, which the Conv2d before that (PDP__LAYER_FUSES_POOL)
+   applies too: the Conv2d writes this layer's output and saved winners, and takes its
+   output's gradient; this layer is skipped, and the Conv2d's own output never exists.
+   Same bits. */
+PDP__PRIVATE bool pdp__model_pool_fused(const pdp_model *m, int i);
+
+/* Layer i is the Conv2d that applies the pool two layers on (pdp__model_pool_fused). */
+PDP__PRIVATE bool pdp__model_pools(const pdp_model *m, int i);
+
+/* Layer i's output is its input seen again (PDP__LAYER_VIEW: Flatten; a fused ReLU):
+   no buffer, no call. */
+PDP__PRIVATE bool pdp__model_is_view(const pdp_model *m, int i);
+
+/* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
+PDP__PRIVATE bool pdp__model_has_output(const pdp_model *m, int i);
+
+/* Per-sample floats of the activation buffers (one plan for pdp_model_reserve and for
+   DP's memory accounting): outputs of the layers that are not views, what forward
+   keeps for backward, the largest workspace, and the widest activation (the two
+   gradient ping-pong buffers). saved_off, when not NULL, gets each layer's offset. */
+typedef struct pdp__model_plan {
+    int64_t act, saved, work, widest;
+} pdp__model_plan;
+
+/* *acc += v, or INT64_MAX (which stays) past PDP__COUNT_MAX: reserve then fails. */
+PDP__PRIVATE void pdp__model_plan_add(int64_t *acc, int64_t v);
+
+PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off);
+
+/* Points the outputs of the layers that are not views at activation set m->slot. */
+PDP__PRIVATE void pdp__model_bind_acts(pdp_model *m);
+
+/* PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch) */
+
+/* ---- model: forward and backward ---- */
+
+/* What layer i's forward keeps for its backward, in the current activation set. */
+PDP__PRIVATE float *pdp__model_saved(const pdp_model *m, int i);
+
+/* Fills the per-call part of io for layer i. */
+PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io);
+
+/* A trace event "forward 3 Linear" on the model's track (DDP sets it), t0 to now. */
+PDP__PRIVATE void pdp__model_trace(const pdp_model *m, const char *what, int i, double t0);
+
+/* The profile's split (pdp_profile): a layer with weights counts as GEMM work. */
+PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0);
+
+/* PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y) */
+
+/* PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy) */
+
+/* PDP_API void pdp_model_zero_grad(pdp_model *m) */
+
+/* PDP_API void pdp_model_set_training(pdp_model *m, bool training) */
+
+/* PDP_API bool pdp_model_is_training(const pdp_model *m) */
+
+/* PDP_API pdp_status pdp_model_set_precision(pdp_model *m, pdp_precision precision) */
+
+/* PDP_API pdp_precision pdp_model_precision(const pdp_model *m) */
+
+/* PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user) */
+
+/* ---- model: queries ---- */
+
+/* PDP_API int pdp_model_num_layers(const pdp_model *m) */
+
+/* PDP_API const char *pdp_model_layer_name(const pdp_model *m, int layer) */
+
+/* PDP_API int pdp_model_output_shape(const pdp_model *m, int64_t shape[3]) */
+
+/* PDP_API int64_t pdp_model_param_count(const pdp_model *m) */
+/* PDP_API int pdp_model_num_params(const pdp_model *m) */
+/* PDP_API pdp_device pdp_model_device(const pdp_model *m) */
+
+/* A view of count floats at data (1-d; the parameter's shape when full), or an empty
+   one (data NULL, count 0) where data is NULL: a block the executor took away. */
+PDP__PRIVATE void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
+                                  int64_t count, pdp_tensor *out);
+
+/* PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out) */
+
+/* PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out) */
+
+/* PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads) */
+
+/* ---- model: replicas ---- */
+
+PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
+                                         pdp_model **out);
+
+/* ---- model: pipeline stages ---- */
+
+PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+
+PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
+
+PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
+                                      bool forwarded);
+
+/* ---- src/loss.c ---- */
+/* loss: softmax cross-entropy over integer labels and mean squared error, as
+   torch.nn.functional.cross_entropy and mse_loss with reduction='mean'; the
+   one-call training pass pdp_model_forward_backward; and accuracy counting.
+
+   Cross-entropy per sample is logsumexp(z) - z[label], computed stably as
+   m + log(sum exp(z - m)) with m = max(z) and the sum in double; the batch sum
+   is accumulated in double in sample order. Its gradient is
+   (softmax(z) - onehot(label)) * grad_scale. A label outside [0, classes) is
+   PDP_ERR_INVALID and a non-finite loss PDP_ERR_NUMERIC, both naming the sample,
+   so a diverging run stops where it diverged instead of training on NaN. On a
+   CUDA device the same formulas run in pdp_cuda.cu (cuda_host.c dispatches);
+   the per-sample losses come back and are summed here in sample order. */
+
+/* #include "internal.h" (above) */
+
+/* ---- loss: cross-entropy ---- */
+
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
+                                           int64_t classes, float grad_scale, double *loss_sum,
+                                           float *dlogits, const char *fn);
+
+/* pdp__cross_entropy with logits and dlogits on device d (CUDA: cuda_host.c). */
+PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const int32_t *labels,
+                                              int64_t batch, int64_t classes, float grad_scale,
+                                              double *loss_sum, float *dlogits, const char *fn);
+
+PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b);
+
+/* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
+PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, const char *fn);
+
+/* Shape equality for messages "dlogits is [3, 4], logits is [3, 5]". */
+PDP__PRIVATE bool pdp__loss_same_shape(const pdp_tensor *a, const pdp_tensor *b);
+
+/* PDP_API pdp_status pdp_loss_cross_entropy(const pdp_tensor *logits, const int32_t *labels, float *loss, pdp_tensor *dlogits) */
+
+/* ---- loss: mean squared error ---- */
+
+/* PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target, float *loss, pdp_tensor *dpred) */
+
+/* ---- loss: training pass and accuracy ---- */
+
+/* PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x, const int32_t *labels, float *loss) */
+
+/* PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *labels, int64_t *correct) */
+
+/* ---- src/optim.c ---- */
+/* optim: torch.optim.SGD, Adam and AdamW on the flat parameter block, gradient
+   clipping by global norm (torch.nn.utils.clip_grad_norm_), and llm.c's
+   warm-up + cosine learning-rate schedule.
+
+   Invariants: the optimizer belongs to one model and to that model's parameter
+   count at creation; it holds state for one range [lo, hi) of the flat block
+   (all of it, [0, count), for pdp_optim_create), flat with the parameter
+   block's offsets (state[k][i - lo] belongs to parameter element i), on the
+   model's device:
+     SGD, momentum > 0:  state[0] = momentum_buffer
+     Adam, AdamW:        state[0] = exp_avg, state[1] = exp_avg_sq
+   pdp_optim_create allocates it (zeroed), so a step allocates nothing. steps
+   counts completed updates; the update in flight uses t = steps + 1 (Adam's bias
+   corrections) and "first" = (steps == 0) (SGD's momentum buffer is the first
+   d_p, as PyTorch's clone). The element formulas are the PDP__HOSTDEV helpers of
+   math.h, shared with the CUDA kernels.
+
+   ZeRO: pdp__optim_create_range allocates state for one rank's range only, and
+   pdp_optim_step on such an optimizer updates that range only (checkpoint.c
+   saves and loads it with pdp__checkpoint_save_range/load_range). The element
+   code is the same, so a range optimizer stepping its range gives the bits of
+   a full optimizer on that range. pdp__optim_step_range updates any sub-range
+   of the held range; whoever calls it directly advances steps with
+   pdp__optim_finish_step once every range of the step is done.
+
+   References: torch/optim/sgd.py, adam.py, adamw.py (PyTorch 1.13 single-tensor
+   path); Kingma and Ba, "Adam", ICLR 2015; Loshchilov and Hutter, "Decoupled
+   Weight Decay Regularization", ICLR 2019. */
+
+/* #include "internal.h" (above) */
+
+#if !defined(PDP_NO_SIMD) && (defined(__AVX__) || defined(__SSE2__))
+#  include <immintrin.h>
+#endif
+
+struct pdp_optim {
+    pdp_model *model;
+    pdp_optim_desc desc;   /* defaults filled in, validated */
+    int64_t count;         /* the model's param_count at creation */
+    int64_t lo, hi;        /* the range of the flat block the state covers */
+    int64_t steps;         /* completed updates */
+    int nstate;            /* state buffers in use: 0, 1 or 2 */
+    float *state[2];       /* hi - lo floats each, on the model's device */
+    bool shard;            /* ZeRO's layout (pdp__optim_create_shard): hi floats of state
+                              addressed by the executor's offsets, not the flat block's;
+                              only pdp__optim_step_at steps it */
+};
+
+/* ---- optim: desc ---- */
+
+/* PDP_API const char *pdp_optim_kind_name(pdp_optim_kind kind) */
+
+/* x in [0, FLT_MAX]: finite, not negative, and a float once rounded where it meets a
+   float tensor. Written as !(x in range) by its callers, so NaN fails. */
+PDP__PRIVATE bool pdp__optim_nonneg(double x);
+
+/* Fills zeros with defaults and validates; fn names the public caller. NaNs fail
+   every range check because each is written as !(x in range). The defaults are
+   PyTorch's, as doubles (0.999, not 0.999f). */
+PDP__PRIVATE pdp_status pdp__optim_desc_resolve(const pdp_optim_desc *in, pdp_optim_desc *out,
+                                                const char *fn);
+
+/* How many state buffers the resolved desc d needs. */
+PDP__PRIVATE int pdp__optim_nstate(const pdp_optim_desc *d);
+
+/* The state_dict key of state buffer k ("momentum_buffer", "exp_avg", "exp_avg_sq"). */
+PDP__PRIVATE const char *pdp__optim_state_name(const pdp_optim *o, int k);
+
+/* ---- optim: lifecycle ---- */
+
+/* The optimizer of m for desc, holding hi - lo floats of zeroed state per buffer (the
+   range [lo, hi) of the flat block; a shard: hi floats in the executor's layout). out,
+   m and the range are checked by the callers. On failure *out stays NULL and
+   everything allocated is freed; the message is composed before the free. */
+PDP__PRIVATE pdp_status pdp__optim_alloc(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc,
+                                         int64_t lo, int64_t hi, bool shard, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__optim_create_range(pdp_optim **out, pdp_model *m,
+                                                const pdp_optim_desc *desc, int64_t lo, int64_t hi,
+                                                const char *fn);
+
+/* ZeRO: state for count floats in the executor's shard layout (zero.c), stepped
+   by pdp__optim_step_at only; pdp_optim_step and the full checkpoints refuse it. */
+PDP__PRIVATE pdp_status pdp__optim_create_shard(pdp_optim **out, pdp_model *m,
+                                                const pdp_optim_desc *desc, int64_t count,
+                                                const char *fn);
+
+/* PDP_API pdp_status pdp_optim_create(pdp_optim **out, pdp_model *m, const pdp_optim_desc *desc) */
+
+/* Whether o holds state for the whole block (the public functions' optimizer). */
+PDP__PRIVATE bool pdp__optim_is_full(const pdp_optim *o);
+
+/* PDP_API void pdp_optim_free(pdp_optim *o) */
+
+/* PDP_API void pdp_optim_zero_grad(pdp_optim *o) */
+
+/* PDP_API pdp_status pdp_optim_set_lr(pdp_optim *o, double lr) */
+
+/* PDP_API double pdp_optim_lr(const pdp_optim *o) */
+/* PDP_API int64_t pdp_optim_steps(const pdp_optim *o) */
+
+/* PDP_API pdp_optim_desc pdp_optim_get_desc(const pdp_optim *o) */
+
+/* ---- optim: the update ---- */
+
+/* What torch/optim/sgd.py, adam.py and adamw.py (_single_tensor_*) do with their
+   Python-float (double) hyper-parameters: 1 - dampening, 1 - beta, the bias corrections
+   (beta ** step, step a float), step_size = lr / bias_correction1, sqrt(bias_correction2)
+   and AdamW's 1 - lr * weight_decay are computed in double; each result, and each
+   hyper-parameter used as it is, is rounded to float once, where it meets a float tensor
+   as a scalar argument (alpha=, value=, mul_(x), add_(eps), / x: ATen's CPU and CUDA
+   kernels take a float tensor's scalars as float). */
+PDP__PRIVATE void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *s);
+
+/* The CPU loops: the math.h helpers per element, in blocks of 16 with a
+   fixed-count inner loop (which GCC's -O2 cost model vectorises; a loop of
+   unknown count it leaves scalar), then a scalar tail. Adam takes the square
+   roots of a block between its two halves with SIMD sqrt where available
+   (IEEE sqrt is correctly rounded: the same bits as sqrtf). */
+#define PDP__OPTIM_BLOCK 16
+
+PDP__PRIVATE void pdp__sqrt_block(float *out, const float *in);
+
+PDP__PRIVATE void pdp__sgd_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
+                                float *PDP__RESTRICT buf, int64_t n, const pdp__optim_scalars *s);
+
+PDP__PRIVATE void pdp__adam_loop(float *PDP__RESTRICT p, const float *PDP__RESTRICT g,
+                                 float *PDP__RESTRICT m, float *PDP__RESTRICT v, int64_t n,
+                                 const pdp__optim_scalars *s);
+
+typedef struct pdp__optim_job {
+    const pdp__optim_scalars *s;
+    float *params;
+    const float *grads;
+    float *state[2];     /* state[k][i - state_lo] belongs to element i */
+    int64_t state_lo;
+    int64_t lo, hi;
+} pdp__optim_job;
+
+/* Elements [lo, hi) of the job, part i of n (ranges aligned to 16 floats). */
+PDP__PRIVATE void pdp__optim_part(void *arg, int part, int nparts);
+
+/* Below this many elements per thread, one thread is faster than waking more. */
+#define PDP__OPTIM_MIN_PER_THREAD 32768
+
+/* The job of n elements, params[i] from grads[i] with state element state_off + i of
+   o's buffers, by the update scalars s. */
+PDP__PRIVATE void pdp__optim_job_of(const pdp_optim *o, const pdp__optim_scalars *s, float *params,
+                                    const float *grads, int64_t state_off, int64_t n,
+                                    pdp__optim_job *job);
+
+/* The state-offset step: n elements, params[i] from grads[i] with state element
+   state_off + i of o's buffers (ZeRO: a unit's slice, the parameters in the
+   model's block or the shard, the gradients in the executor's buffer). Does not
+   advance steps (pdp__optim_finish_step). */
+PDP__PRIVATE pdp_status pdp__optim_step_at(pdp_optim *o, float *params, const float *grads,
+                                           int64_t state_off, int64_t n);
+
+/* Elements [lo, hi) of the flat blocks on the calling thread, with the scalars of
+   the update in flight (pdp__optim_scalars_of, taken once per update): a CPU
+   optimizer stepped in many small ranges (DataParallel's fused step) without
+   recomputing them per range or taking the pool. */
+PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
+                                          float *params, const float *grads, int64_t lo, int64_t hi);
+
+/* params and grads are full-size blocks: element i of each is parameter
+   element i; [lo, hi) lies inside the range o holds state for. */
+PDP__PRIVATE pdp_status pdp__optim_step_range(pdp_optim *o, float *params, const float *grads,
+                                              int64_t lo, int64_t hi);
+
+/* Marks the update in flight as done (after every range of it). */
+PDP__PRIVATE void pdp__optim_finish_step(pdp_optim *o);
+
+/* What pdp_optim_step checks before it changes anything (its messages). */
+PDP__PRIVATE pdp_status pdp__optim_check_step(const pdp_optim *o);
+
+/* PDP_API pdp_status pdp_optim_step(pdp_optim *o) */
+
+/* ---- optim: gradient clipping ---- */
+
+PDP__PRIVATE pdp_status pdp__grad_sumsq(const pdp_model *m, const float *g, int64_t n, double *sum,
+                                        const char *fn);
+
+PDP__PRIVATE pdp_status pdp__grad_scale(const pdp_model *m, float *g, int64_t n, float coef,
+                                        const char *fn);
+
+PDP__PRIVATE pdp_status pdp__grad_sumsq_range(const pdp_model *m, const float *g, int64_t lo,
+                                              int64_t hi, double *sum, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__check_max_norm(float max_norm, const char *fn);
+
+PDP__PRIVATE float pdp__clip_coef(float max_norm, double norm);
+
+PDP__PRIVATE pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float *dev, double *sum);
+
+/* On a TP model (a TP communicator attached) a collective over the TP group: every rank
+   adds its slices and TP rank 0 the replicated tensors (pdp__grad_sumsq_range), one
+   all-reduce gives every rank the full model's norm, so every rank scales by the same
+   coefficient and the replicated tensors stay the same bits. */
+/* PDP_API pdp_status pdp_clip_grad_norm(pdp_model *m, float max_norm, float *total_norm) */
+
+/* ---- optim: learning-rate schedule ---- */
+
+/* PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total, double base_lr, double min_lr) */
+
+/* ---- src/inflate.c ---- */
+/* inflate: the gzip (RFC 1952) and DEFLATE (RFC 1951) decoder behind the data loaders.
+
+   The inflater decodes a whole DEFLATE stream (RFC 1951: stored, fixed-Huffman
+   and dynamic-Huffman blocks) from memory into one growing output buffer, so a
+   back-reference is checked against everything written so far instead of a
+   32 KiB window. Huffman codes decode through a 2^PDP__FAST_BITS-entry table for
+   short codes and the canonical count/symbol walk (as in zlib's puff.c) for the
+   rest. Bits come LSB-first from a 64-bit buffer that is topped up before each
+   symbol; past the end of the input it is filled with zeros, and consuming any
+   of those zeros is reported as a truncated stream. Every length, distance and
+   code set is checked before use: hostile input yields PDP_ERR_FORMAT, never an
+   out-of-bounds access, and the output is capped at PDP_MAX_FILE_BYTES. The
+   gzip wrapper (RFC 1952) parses FEXTRA, FNAME, FCOMMENT and FHCRC, verifies
+   CRC-32 and ISIZE per member, and accepts concatenated members as gzip does.
+   Entry points: pdp__is_gzip (the magic) and pdp__gunzip (every member, into
+   one pdp__alloc'd buffer); messages name the caller's public function and path. */
+
+/* #include "internal.h" (above) */
+
+/* Largest file (after decompression) the loaders accept. */
+#ifndef PDP_MAX_FILE_BYTES
+#  define PDP_MAX_FILE_BYTES ((size_t)0xffffffffu)
+#endif
+
+#define PDP__FAST_BITS 10
+
+/* ---- crc32 ---- */
+
+/* CRC-32 of ISO 3309 / ITU-T V.42 (reflected polynomial 0xEDB88320), as gzip
+   stores it. The table is built by the caller, once per decode. */
+PDP__PRIVATE void pdp__crc32_table(uint32_t table[256]);
+
+PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p, size_t n);
+
+/* ---- inflate: state and bit input ---- */
+
+typedef struct pdp__huff {
+    uint16_t fast[1 << PDP__FAST_BITS]; /* symbol | length << 9 for codes of at most
+                                           PDP__FAST_BITS bits, by bit-reversed code; 0 = none */
+    uint16_t count[16];                 /* number of codes of each length */
+    uint16_t symbol[288];               /* symbols in canonical code order */
+} pdp__huff;
+
+typedef struct pdp__inflate {
+    const uint8_t *in;
+    size_t in_len;
+    size_t pos;      /* next input byte to load; bytes past in_len are loaded as zeros */
+    uint64_t bits;   /* unconsumed bits, next bit in bit 0 */
+    int nbits;
+    uint8_t *out;    /* pdp__alloc'd, out_cap bytes, out_len used */
+    size_t out_len, out_cap;
+    pdp__huff lencode, distcode;
+    const char *fn, *path; /* for messages */
+} pdp__inflate;
+
+PDP__PRIVATE pdp_status pdp__inf_corrupt(const pdp__inflate *s, const char *what);
+
+/* Tops the bit buffer up to at least 57 bits; fails once the stream has consumed
+   any of the zero bytes that stand in for input past the end. */
+PDP__PRIVATE pdp_status pdp__inf_refill(pdp__inflate *s);
+
+/* n <= 32 bits, LSB first; the caller has refilled enough. */
+PDP__PRIVATE uint32_t pdp__inf_bits(pdp__inflate *s, int n);
+
+/* Makes room for `more` output bytes, doubling the buffer. */
+PDP__PRIVATE pdp_status pdp__inf_room(pdp__inflate *s, size_t more);
+
+/* ---- inflate: Huffman codes ---- */
+
+/* Builds the code for lens[0..n). Returns 0 for a complete code, 1 for an
+   incomplete one that is allowed (no code at all, or one code of length 1, as
+   zlib allows), -1 for an over-subscribed or otherwise incomplete set. */
+PDP__PRIVATE int pdp__huff_build(pdp__huff *h, const uint8_t *lens, int n);
+
+/* The next symbol, or -1 for a bit pattern that is no code. Needs 15 bits. */
+PDP__PRIVATE int pdp__huff_decode(pdp__inflate *s, const pdp__huff *h);
+
+/* ---- inflate: blocks ---- */
+
+PDP__PRIVATE pdp_status pdp__inf_stored(pdp__inflate *s);
+
+/* Literals and matches until end-of-block, with the codes in s->lencode/distcode. */
+PDP__PRIVATE pdp_status pdp__inf_codes(pdp__inflate *s);
+
+PDP__PRIVATE pdp_status pdp__inf_fixed(pdp__inflate *s);
+
+PDP__PRIVATE pdp_status pdp__inf_dynamic(pdp__inflate *s);
+
+/* One DEFLATE stream starting at byte s->pos; leaves s->pos on the byte after it. */
+PDP__PRIVATE pdp_status pdp__inflate_stream(pdp__inflate *s);
+
+/* ---- gzip ---- */
+
+PDP__PRIVATE uint32_t pdp__le32(const uint8_t *p);
+
+PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n);
+
+/* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes). */
+PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
+                                    const char *fn, const char *path);
+
+/* ---- src/data.c ---- */
+/* data: the IDX reader, the synthetic task, the batcher. Files that start with the
+   gzip magic are decoded by src/inflate.c (pdp__gunzip).
+
+   IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
+   TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the
+   bytes. A dataset keeps pixels as floats, [count, features]. */
+
+/* #include "internal.h" (above) */
+
+/* ---- files ---- */
+
+/* Reads a whole file, gunzipping it when it starts with the gzip magic. */
+PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes, const char *fn);
+
+/* ---- idx ---- */
+
+PDP__PRIVATE uint32_t pdp__be32(const uint8_t *p);
+
+/* Checks an IDX header of unsigned bytes with ndim dimensions against the file
+   size; fills dims and the payload pointer. */
+PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uint64_t dims[3],
+                                       const uint8_t **payload, const char *fn, const char *path);
+
+/* An empty dataset of count samples with the given per-sample shape. */
+PDP__PRIVATE pdp_status pdp__dataset_new(pdp_dataset **out, int64_t count, int64_t h, int64_t w,
+                                         const pdp_dataset_desc *desc, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__check_desc(const pdp_dataset_desc *desc, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__load_idx(pdp_dataset **out, const char *images_path,
+                                      const char *labels_path, const pdp_dataset_desc *desc,
+                                      const char *fn);
+
+/* PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_path, const char *labels_path, const pdp_dataset_desc *desc) */
+
+/* ---- fashion-mnist ---- */
+
+/* Looks for dir/name, then dir/name.gz; appends each path tried to `tried`. */
+PDP__PRIVATE bool pdp__find_file(const char *dir, const char *name, char *path, size_t cap,
+                                 char *tried, size_t tried_cap);
+
+/* PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train, const pdp_dataset_desc *desc) */
+
+/* ---- synthetic ---- */
+
+/* PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train, const pdp_dataset_desc *desc) */
+
+/* PDP_API void pdp_dataset_free(pdp_dataset *ds) */
+
+/* ---- gather, view, permutation ---- */
+
+/* PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n, float *x_out, int32_t *labels_out) */
+
+/* Wraps data as [n, the dataset's sample shape...]. */
+PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n, pdp_tensor *x);
+
+/* PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_t n, pdp_tensor *x) */
+
+/* Uniform in [0, n), unbiased, for n up to 2^63. */
+PDP__PRIVATE uint64_t pdp__rng_below64(pdp_rng *r, uint64_t n);
+
+/* PDP_API void pdp_permutation(int64_t *out, int64_t n, uint64_t seed, uint64_t epoch) */
+
+/* ---- batcher ---- */
+
+struct pdp_batcher {
+    const pdp_dataset *ds;
+    pdp_batcher_desc desc; /* defaults filled; desc.indices points at base */
+    int64_t *base;         /* the index list: the caller's copy, or 0..count-1 */
+    int64_t *order;        /* this epoch's order of base */
+    int64_t len;           /* entries in base and order */
+    int64_t next;          /* position in order of the next batch */
+    uint64_t epoch;
+    float *x;              /* [batch_size, features] */
+    int32_t *labels;       /* [batch_size] */
+    pdp_tensor *xdev;      /* [batch_size, sample shape] on desc.device; NULL on the CPU */
+    pdp_status st;         /* the last pdp_batcher_next's failure, else PDP_OK */
+};
+
+/* PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds, const pdp_batcher_desc *desc) */
+
+/* PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b) */
+
+/* PDP_API void pdp_batcher_free(pdp_batcher *b) */
+
+/* PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch) */
+
+/* PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n) */
+
+/* PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b) */
+
+/* PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b) */
+
+/* PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count) */
+
+/* ---- src/sampler.c ---- */
+/* sampler: torch.utils.data.DistributedSampler (declared in ddp.h).
+
+   The permutation of epoch e is pdp_permutation(seed, e) (0..n-1 with
+   no_shuffle), padded by repeating from its start (or cut with drop_last) to a
+   multiple of the world size N, and rank r takes every N-th entry from r.
+   Invariants: every rank with the same seed and epoch computes the same
+   permutation without communicating; indices[] holds num_samples entries and is
+   rewritten only by set_epoch. */
+
+/* #include "internal.h" (above) */
+
+/* ---- sampler ---- */
+
+struct pdp_dist_sampler {
+    pdp_dist_sampler_desc desc;
+    int64_t num_samples, total;
+    int64_t *perm;      /* dataset_size */
+    int64_t *indices;   /* num_samples: this rank's */
+};
+
+/* PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out, const pdp_dist_sampler_desc *desc) */
+
+/* PDP_API void pdp_dist_sampler_free(pdp_dist_sampler *s) */
+
+/* PDP_API void pdp_dist_sampler_set_epoch(pdp_dist_sampler *s, uint64_t epoch) */
+
+/* PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s) */
+
+/* PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count) */
+
+/* ---- src/json.c ---- */
+/* json: the reader of a safetensors header, a small strict JSON parser.
+
+   Format (https://github.com/huggingface/safetensors, "Format"): the header is
+   one JSON object: tensor name -> {"dtype": "F32", "shape": [..],
+   "data_offsets": [begin, end]} with offsets relative to the data start, plus
+   an optional "__metadata__" object of string -> string. Names are unique; the
+   tensors' byte ranges must tile the data section exactly (no gap, no
+   overlap); trailing spaces pad the header.
+
+   Invariants: the parser accepts only what the format needs (objects, strings,
+   non-negative integers, arrays of them), holds no recursion, and bounds every
+   count by the header length; decoded strings live in one arena no longer than
+   the header. Messages start with the caller's public function (fn) and name
+   the file and the header byte. Used by checkpoint.c. */
+
+/* #include "internal.h" (above) */
+
+#define PDP__CKPT_MAX_DIMS 16
+
+/* ---- json: header parser ---- */
+
+typedef struct pdp__st_entry {
+    const char *name;           /* decoded, NUL-terminated, in the parser's arena */
+    const char *dtype;
+    int ndim;
+    int64_t shape[PDP__CKPT_MAX_DIMS];
+    uint64_t begin, end;        /* data_offsets */
+    uint32_t crc;               /* its checksum, when has_crc (set by checkpoint.c) */
+    bool has_crc;
+} pdp__st_entry;
+
+typedef struct pdp__st_parser {
+    const char *s;              /* the header */
+    size_t n, pos;
+    char *arena;                /* decoded strings; never longer than their source */
+    size_t arena_used;
+    pdp__st_entry *entries;
+    int nentries, cap_entries;
+    const char **meta;          /* key, value, key, value, ... */
+    int nmeta, cap_meta;
+    const char *file;           /* for messages */
+    const char *fn;             /* the public caller, for messages */
+} pdp__st_parser;
+
+PDP__PRIVATE pdp_status pdp__st_fail(const pdp__st_parser *p, const char *what);
+
+PDP__PRIVATE void pdp__st_ws(pdp__st_parser *p);
+
+/* Skips whitespace, then consumes c or fails. */
+PDP__PRIVATE bool pdp__st_expect(pdp__st_parser *p, char c);
+
+PDP__PRIVATE int pdp__st_hex(char c);
+
+/* A JSON string, decoded into the arena as UTF-8 (\uXXXX escapes, surrogate
+   pairs included). */
+PDP__PRIVATE pdp_status pdp__st_string(pdp__st_parser *p, const char **out);
+
+/* A non-negative integer without sign, fraction, exponent or leading zeros. */
+PDP__PRIVATE pdp_status pdp__st_uint(pdp__st_parser *p, uint64_t *out);
+
+/* [u, u, ...] with at most max elements. */
+PDP__PRIVATE pdp_status pdp__st_uint_array(pdp__st_parser *p, uint64_t *out, int max, int *count);
+
+/* {"dtype": s, "shape": [..], "data_offsets": [b, e]}, each key exactly once. */
+PDP__PRIVATE pdp_status pdp__st_tensor(pdp__st_parser *p, pdp__st_entry *e);
+
+/* {"key": "value", ...} */
+PDP__PRIVATE pdp_status pdp__st_metadata(pdp__st_parser *p);
+
+/* The whole header. Allocations (arena, entries, metadata) are freed by
+   pdp__st_parser_free, also after a failure. */
+PDP__PRIVATE pdp_status pdp__st_parse(pdp__st_parser *p);
+
+PDP__PRIVATE void pdp__st_parser_free(pdp__st_parser *p);
+
+PDP__PRIVATE const char *pdp__st_meta(const pdp__st_parser *p, const char *key);
+
+/* Bytes per element of a safetensors dtype; 0 when unknown. */
+PDP__PRIVATE int pdp__st_dtype_bytes(const char *d);
+
+PDP__PRIVATE int pdp__st_by_begin(const void *a, const void *b);
+
+PDP__PRIVATE int pdp__st_by_name(const void *a, const void *b);
+
+/* Per-entry checks (known dtype, byte count = elements * size, inside the data),
+   unique names, and exact tiling of the data section. sorted gets the entries
+   by name. */
+PDP__PRIVATE pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
+                                         pdp__st_entry **sorted);
+
+PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name);
+
+/* ---- src/checkpoint.c ---- */
+/* checkpoint: safetensors files for a model's parameters and its optimizer
+   state; the header is read by json.c's strict parser.
+
+   Format (https://github.com/huggingface/safetensors, "Format"): 8 bytes
+   little-endian u64 N, then N bytes of JSON, then the data (json.c checks the
+   JSON and the tiling of the data section).
+
+   Invariants. Save never exposes a half-written file: it writes
+   "<path>.tmp.<pid>", fflush + fsync, rename over path, fsync the directory;
+   first it removes the temporaries of path whose pid is no live process (a
+   writer killed mid-save), never a live writer's.
+   Load never half-applies a file: it reads the header (at most
+   PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
+   validates every entry, reads every expected tensor into one staging buffer,
+   and only then copies into the model and the optimizer (pdp__ckpt_load's
+   steps, under "checkpoint: load, step by step").
+
+   Checksums (safetensors has none): __metadata__ "crc32c.<tensor>" is the
+   CRC-32C of the tensor's data bytes as stored, "crc32c.header" that of the
+   header's parsed content (pdp__ckpt_header_crc says exactly what), so a file
+   Python rewrote with our metadata still verifies. Save writes the header with
+   placeholder digits, streams the data computing each tensor's CRC, then
+   rewrites the sealed header in place (same length: 8 digits each). Load
+   verifies a file that has any "crc32c.*" key completely (all keys present,
+   the header, every tensor it reads, whole) and loads one without any
+   unverified: other tools write no checksums.
+
+   Ranges (ZeRO): pdp__checkpoint_save_range writes one rank's range [lo, hi)
+   of the flat block as a shard file: flat F32 tensors "params" and
+   "optim.<state>" ([hi - lo] each, either may be left out), __metadata__
+   "format": "pdp-shard", "shard.lo", "shard.hi", "shard.count" (the model's
+   parameter count), "shard.run" when the caller names the save it belongs to
+   (pdp__checkpoint_save_run: 16 hex digits, every shard of one ZeRO save and
+   its marker carry the same) and the same model and optimizer keys as a full
+   file. pdp__checkpoint_load_range reads a shard file of exactly that range, or
+   the slice [lo, hi) of a full checkpoint (every tensor still checked; the ones
+   the slice touches are read whole to verify their checksums);
+   pdp__checkpoint_load_run reads only a shard file of that range and that run.
+   The public load refuses a shard file; the public save and load refuse a range
+   optimizer. */
+
+/* #include "internal.h" (above) */
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#ifndef PDP__CKPT_MAX_HEADER
+#  define PDP__CKPT_MAX_HEADER ((uint64_t)100 * 1000 * 1000) /* bytes */
+#endif
+
+PDP__PRIVATE bool pdp__little_endian(void);
+
+PDP__PRIVATE void pdp__bswap32(void *data, int64_t count);
+
+/* ---- checkpoint: checksums ---- */
+
+/* CRC-32C (Castagnoli: polynomial 0x1EDC6F41, reflected 0x82F63B78, initial
+   value and final xor 0xffffffff; "123456789" gives e3069283), computed by
+   slicing by 8: eight 256-entry tables, built once per save or load. */
+typedef struct pdp__crc32c {
+    uint32_t t[8][256];
+} pdp__crc32c;
+
+PDP__PRIVATE void pdp__crc32c_init(pdp__crc32c *c);
+
+/* crc continued over bytes (start with 0). */
+PDP__PRIVATE uint32_t pdp__crc32c_update(const pdp__crc32c *c, uint32_t crc, const void *data,
+                                         size_t bytes);
+
+/* The 8 lowercase hex digits of v (no NUL). */
+PDP__PRIVATE void pdp__ckpt_hex8(char *dst, uint32_t v);
+
+/* Exactly 8 lowercase hex digits: a flipped case is corruption, not the same value. */
+PDP__PRIVATE bool pdp__ckpt_unhex8(const char *s, uint32_t *out);
+
+PDP__PRIVATE int pdp__ckpt_by_meta_key(const void *a, const void *b);
+
+/* The header checksum ("crc32c.header"): CRC-32C of the parsed header, not of
+   its bytes, so that a tool that rewrites the file with the same metadata
+   (its own key order, spacing, escapes and data order) keeps it valid:
+     for every __metadata__ entry but "crc32c.header", in strcmp order of the
+       keys: key NUL value NUL;
+     then for every tensor, in strcmp order of the names: name NUL dtype NUL,
+       each dimension in decimal followed by ',', NUL.
+   Strings as decoded (escapes resolved). data_offsets are left out: the tiling
+   check pins them, and a tensor read from elsewhere fails its own checksum.
+   sorted: the tensors by name (pdp__st_validate). A key twice is an error. */
+PDP__PRIVATE pdp_status pdp__ckpt_header_crc(const pdp__st_parser *p, pdp__st_entry *const *sorted,
+                                             const pdp__crc32c *c, uint32_t *out);
+
+/* ---- checkpoint: save ---- */
+
+/* Appends printf output to a bounded buffer; *ok turns false on overflow. */
+PDP__PRIVATE void pdp__ckpt_put(char *buf, size_t cap, size_t *len, bool *ok, const char *fmt, ...);
+
+/* One tensor of a file, in data order. shard: "params" (when with_params),
+   then "optim.<state>", each the flat range [lo, hi); otherwise every
+   parameter by its state_dict name, then per state "optim.<param>.<state>". */
+typedef struct pdp__ckpt_tensor {
+    char name[96];
+    int state;                          /* -1: parameters; else o's state index */
+    int64_t offset, count;              /* elements [offset, offset + count) of the block */
+    const pdp__param_entry *param;      /* its parameter; NULL in a shard file */
+} pdp__ckpt_tensor;
+
+PDP__PRIVATE int pdp__ckpt_ntensors(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                    bool shard);
+
+PDP__PRIVATE void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                      int64_t lo, int64_t hi, bool shard, int t, pdp__ckpt_tensor *r);
+
+/* The header JSON, padded with spaces to a multiple of 8 bytes, its checksums
+   "00000000" placeholders: crc_at[0] gets the offset of the header checksum's
+   digits, crc_at[1 + t] those of tensor t's. Parameter names are
+   "<layer>.<weight|bias>": nothing in them needs escaping. */
+PDP__PRIVATE pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o, bool with_params,
+                                         int64_t lo, int64_t hi, bool shard, const char *run,
+                                         char **out, size_t *len, size_t *crc_at);
+
+/* Fills in the header's checksums: tensor t's from crcs[t], then the header's
+   own, computed from the header as pdp__ckpt_header_crc reads it back. */
+PDP__PRIVATE pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_at,
+                                              const uint32_t *crcs, int nt, uint64_t data_bytes,
+                                              const pdp__crc32c *c, const char *fn, const char *path);
+
+/* Writes count floats from dev memory, staging through host (when the data is
+   not on the CPU or the host is big-endian); *crc gets the bytes' CRC-32C. */
+PDP__PRIVATE bool pdp__ckpt_write_floats(FILE *f, pdp_device dev, const float *data, int64_t count,
+                                         float *host, const pdp__crc32c *c, uint32_t *crc);
+
+/* The directory part of path ("." for none); false when it does not fit. */
+PDP__PRIVATE bool pdp__ckpt_dirname(const char *path, char *dir, size_t cap);
+
+/* fsyncs the directory holding path, so the rename itself is durable. */
+PDP__PRIVATE int pdp__ckpt_sync_dir(const char *path);
+
+/* Removes the temporaries "<path>.tmp.<pid>" that writers of path killed
+   mid-save left behind: only those whose pid names no live process
+   (kill(pid, 0) fails with ESRCH), never another live writer's, nor ours.
+   Best effort: what cannot be listed or removed stays. (A pid is a local
+   name: on a filesystem shared between machines, writers of one path on two
+   machines are not told apart; ranks write their own paths.) */
+PDP__PRIVATE void pdp__ckpt_remove_stale(const char *path);
+
+/* Writes the parameters [lo, hi) (params holds them; skipped unless
+   with_params) and o's state for [lo, hi) (o may be NULL) as a full
+   checkpoint (shard false: lo = 0, hi = param_count) or a shard file: the
+   header with placeholder checksums, the data (each tensor's CRC-32C taken
+   from the bytes written), then the sealed header over the first. */
+PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, const float *params,
+                                       bool with_params, const pdp_optim *o, int64_t lo, int64_t hi,
+                                       bool shard, const char *run, const char *fn);
+
+/* The whole-model calls' arguments: a plain model (not TP slices) and an optimizer
+   holding the state of every parameter. fn ends in _save or _load, which names the
+   TP function to call instead. */
+PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, const pdp_optim *o,
+                                             const char *fn);
+
+/* PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o) */
+
+/* Checks a range call's arguments: [lo, hi) inside the model, o's range
+   containing it, something to save or load. */
+PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
+                                             const pdp_optim *o, int64_t lo, int64_t hi, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
+                                                 const float *params, const pdp_optim *o, int64_t lo,
+                                                 int64_t hi, const char *run, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
+                                                   const float *params, const pdp_optim *o,
+                                                   int64_t lo, int64_t hi, const char *fn);
+
+/* ---- checkpoint: load ---- */
+
+/* A hyper-parameter from a metadata string: a double, "%.17g" on save (the exact
+   double back); an older pdp's file has "%.9g" of a float, read as that decimal. False
+   when absent or not a finite number. */
+PDP__PRIVATE bool pdp__ckpt_meta_double(const pdp__st_parser *p, const char *key, double *out);
+
+/* The optimizer part of the metadata: o's kind, steps and hyper-parameters. */
+PDP__PRIVATE pdp_status pdp__ckpt_read_optim(const pdp__st_parser *p, const pdp_optim *o,
+                                             pdp_optim_desc *desc, int64_t *steps);
+
+/* An optional unsigned metadata count ("model.seed", "model.step"): *present
+   tells whether the key exists; false when it exists but is not a count. */
+PDP__PRIVATE bool pdp__ckpt_meta_u64(const pdp__st_parser *p, const char *key, uint64_t *out,
+                                     bool *present);
+
+/* Whether a tensor name of the file is one load expects (or may ignore). */
+PDP__PRIVATE bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, const char *name);
+
+PDP__PRIVATE void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shape);
+
+/* The checksums of a file being loaded: the tables and a chunk for reading a
+   tensor of which only a slice is loaded (it is verified whole). */
+#define PDP__CKPT_CHUNK 65536 /* bytes */
+typedef struct pdp__ckpt_sums {
+    pdp__crc32c crc;
+    unsigned char chunk[PDP__CKPT_CHUNK];
+} pdp__ckpt_sums;
+
+/* A file with checksums (any __metadata__ key "crc32c.*": written by pdp)
+   must have them all: "crc32c.header", matching the header, and one
+   "crc32c.<name>" for every tensor, none for anything else; each value 8
+   lowercase hex digits. Sets the entries' crc; *has tells whether the file has
+   checksums (a file of another tool has none and is loaded unverified). */
+PDP__PRIVATE pdp_status pdp__ckpt_check_sums(pdp__st_parser *p, pdp__st_entry *const *sorted,
+                                             const pdp__crc32c *c, bool *has);
+
+/* Reads elements [first, first + count) of tensor e of the file f (data at
+   data_start) into dst. With sums, the whole tensor is read and checked
+   against its checksum (through sums->chunk when only a slice is wanted). */
+PDP__PRIVATE pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const char *file,
+                                              uint64_t data_start, const pdp__st_entry *e,
+                                              int64_t first, float *dst, int64_t count,
+                                              pdp__ckpt_sums *sums);
+
+/* Whether a tensor name of a shard file is one load expects (or may ignore). */
+PDP__PRIVATE bool pdp__ckpt_shard_expected(const pdp_optim *o, const char *name);
+
+/* ---- checkpoint: load, step by step ----
+   pdp__ckpt_load runs the steps below in order; each returns a status, the first failure
+   ends the load (the message is that step's), and the clean-up runs either way. Nothing
+   reaches the model or the optimizer before the commit, the last step, and the commit
+   runs only when every check before it passed. */
+
+/* One load: its arguments and what one step hands to the next. */
+typedef struct pdp__ckpt_loader {
+    const char *path, *fn, *run; /* run: the ZeRO save a shard must belong to, or NULL */
+    pdp_model *m;
+    pdp_optim *o;                /* NULL: parameters only */
+    float *params;               /* the destination of [lo, hi), when with_params */
+    bool with_params, allow_shard;
+    int64_t lo, hi, count;       /* count = hi - lo */
+    int nstate;                  /* o's state tensors (0 without o) */
+    FILE *f;
+    uint64_t file_bytes, data_start;
+    char *header;
+    pdp__st_parser p;
+    pdp__st_entry **sorted;
+    pdp__ckpt_sums *sums, *check; /* check: sums when the file has checksums, else NULL */
+    bool shard;                  /* a shard file ("format": "pdp-shard") */
+    pdp_optim_desc desc;         /* the file's optimizer (with o) */
+    int64_t steps;
+    uint64_t seed, mstep;        /* "model.seed", "model.step", when have_seed, have_step */
+    bool have_seed, have_step;
+    float *staging;              /* count (1 + nstate) floats: params, then each state */
+} pdp__ckpt_loader;
+
+/* Opens the file and reads, parses and validates its header (the data's tiling too). */
+PDP__PRIVATE pdp_status pdp__ckpt_load_open(pdp__ckpt_loader *L);
+
+/* Verifies the header's checksum and takes each tensor's (a file without any: unverified). */
+PDP__PRIVATE pdp_status pdp__ckpt_load_sums(pdp__ckpt_loader *L);
+
+/* Reads the optimizer's metadata (with o) and the model's seed and step. */
+PDP__PRIVATE pdp_status pdp__ckpt_load_meta(pdp__ckpt_loader *L);
+
+/* A full file or a shard file, as the call allows; a shard's range and run are the call's. */
+PDP__PRIVATE pdp_status pdp__ckpt_load_kind(pdp__ckpt_loader *L);
+
+/* A shard file's tensors ("params", "optim.<state>"): each present, F32 [count], read into
+   its part of the staging buffer and checked against its checksum. */
+PDP__PRIVATE pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L);
+
+/* A full file's tensors (the model's names, "optim.<name>.<state>"): each present, F32, the
+   model's shape; the part inside [lo, hi) read into the staging buffer (the whole tensor
+   checked against its checksum). */
+PDP__PRIVATE pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L);
+
+/* Every expected tensor checked against the model and read (CRC-checked) into staging. */
+PDP__PRIVATE pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L);
+
+/* No tensor in the file that the model (or the optimizer) does not have. */
+PDP__PRIVATE pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L);
+
+/* All checks passed: the staged parameters and state onto the model's device, the
+   model's seed and step, the optimizer's hyper-parameters and step count. */
+PDP__PRIVATE pdp_status pdp__ckpt_load_commit(pdp__ckpt_loader *L);
+
+/* Closes the file and frees what the steps allocated (after a failure too). */
+PDP__PRIVATE void pdp__ckpt_load_close(pdp__ckpt_loader *L);
+
+/* Loads the parameters [lo, hi) into params (when with_params) and o's state
+   for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
+   allow_shard, from a shard file of exactly [lo, hi); with run, only from a
+   shard file of exactly [lo, hi) whose "shard.run" is run. */
+PDP__PRIVATE pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
+                                       pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
+                                       const char *run, const char *fn);
+
+/* PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o) */
+
+PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                                 const char *fn);
+
+PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
+                                                   pdp_optim *o, int64_t lo, int64_t hi,
+                                                   const char *fn);
+
+/* ---- src/dp.c ---- */
+/* dp: DataParallel over persistent worker threads, parameter-server style.
+
+   This is torch.nn.DataParallel (Li et al., "PyTorch Distributed", VLDB 2020,
+   section 2; torch/nn/parallel/data_parallel.py) written so that each stage is
+   one function: pdp__dp_replicate, pdp__dp_scatter, pdp__dp_parallel_apply,
+   pdp__dp_gather, pdp__dp_reduce, pdp__dp_master_step. The master (device 0)
+   sends parameters and shards, receives outputs and gradients, holds the
+   optimizer state and runs the update: every byte passes through it, which is
+   why the literature calls DP a parameter-server design that overloads device
+   0, and why DDP (ddp.c) replaces the gather-reduce-step-replicate round trip
+   with an all-reduce among equals.
+
+   Threads. One worker per replica ("one host thread per device"): workers
+   1..N-1 are persistent threads created by pdp_dp_create and reused by every
+   step; worker 0, which runs the master's replica and the first slice of the
+   reduce, is the calling thread itself. The workers are a pdp__team (threads.c),
+   the hand-off the intra-op pool uses too: pdp__dp_run_job publishes the job as
+   a new generation, runs worker 0's part, and returns when every worker has run
+   its part; both sides spin a while before they sleep. Shards are written
+   before the hand-off and results read after it, so the team's mutex orders
+   every read (TSan clean). Each worker sets its own intra-op thread count
+   (threads_per_worker, default 1), since that setting is per thread; the caller
+   switches to it for its part and back.
+
+   Invariants. (1) Shards are balanced and contiguous: replica i gets
+   B/N + (i < B%N) samples starting after replica i-1's, so idle replicas
+   (B < N) are always the last ones. (2) Replica i's loss gradient is scaled by
+   1/B (the global batch), so the SUM of the replicas' gradients is the
+   gradient of the global mean loss. (3) The reduce adds, for every element,
+   g0 + g1 + g2 + ... in replica order whatever thread runs the slice, so the
+   result does not depend on the slicing or on timing. (4) Dropout masks are
+   keyed by (seed, layer, step, global sample index): before each forward a
+   replica gets the master's step and sample_base = its first global sample,
+   which positions it in the one counter-based random stream exactly where a
+   single device would be - one seeded stream per replica, whose union is the
+   single-device stream. Hence N workers reproduce one device on the same
+   global batch to float rounding, and one worker reproduces it bit for bit.
+   (5) After the first step at the largest batch nothing is allocated and no
+   thread is created.
+
+   Choices, and where they differ from PyTorch. torch's parallel_apply starts a
+   thread per replica and the caller waits; here the master's shard runs on the
+   calling thread itself: a caller that only dispatches and waits is one more
+   thread to wake twice a step, competing with the workers for the cores (with 2
+   workers on 2 cores, the MLP at batch 128 lost 0.3-0.5 ms of a 3.5 ms step to
+   those hand-offs; bench/dp measures the step against its bound).
+   torch.chunk gives every replica ceil(B/N) samples and the last one the rest;
+   balanced shards keep the slowest replica, which sets the step time, at most
+   one sample above the others. torch reduces on device 0 (reduce_add); on a
+   CPU that would leave N-1 cores idle, so by default each worker sums one slice
+   of the flat gradient (reduce_on_master restores torch's placement, with the
+   same bits). On CPU replicas the master's step is fused into that reduce: each
+   worker updates the parameters of the slice it has just summed, chunk by chunk
+   while the chunk is in cache, instead of one thread stepping everything while
+   the others wait (pdp__dp_fused_step).
+
+   GPUs. With CUDA devices the stages are torch's own: replicate copies the
+   master's parameters (device 0) into each replica's own parameter block on its
+   device (a peer copy; a device-local copy for a replica on device 0); scatter
+   copies each shard's rows to its replica's device (host -> device i or device
+   0 -> device i) unless they already live there; each worker thread drives its
+   GPU (pdp_cuda.cu makes the thread's device current on every call), so the
+   apply of N GPUs runs at once; gather peer-copies the outputs to device 0; and
+   reduce, on the calling thread, peer-copies replica r's gradients into one
+   staging block on device 0 (allocated at create) and adds them into the
+   master's, r = 1, 2, ... in order - torch's reduce_add. A replica on device 0
+   is added straight from its own block. Several workers may share a GPU (more
+   workers than devices): each has its own replica and buffers, their kernels
+   interleave on that device's stream. All devices are CUDA or none is; without
+   PDP_CUDA, CUDA devices fail with PDP_ERR_UNSUPPORTED naming the macro. */
+
+/* #include "internal.h" (above) */
+#include <unistd.h>
+
+/* ---- dp: the object ---- */
+
+typedef enum pdp__dp_job {
+    PDP__DP_JOB_NONE = 0,
+    PDP__DP_JOB_APPLY,   /* forward, loss, backward on this worker's shard */
+    PDP__DP_JOB_REDUCE   /* sum one slice of the replicas' gradients into the master (and
+                            step it, when step_opt is set) */
+} pdp__dp_job;
+
+typedef struct pdp__dp_worker {
+    pdp_dp *dp;
+    int index;
+    pdp_device device;
+    pdp_model *replica;  /* index 0: the master itself */
+    /* written by scatter (caller), read by the worker */
+    int64_t first, rows; /* global samples [first, first + rows) */
+    pdp_tensor x;        /* those rows of the batch (a view, or xbuf on another device) */
+    float *xbuf;         /* [cap_xbuf] the rows when the batch lives on another device */
+    int64_t cap_xbuf;    /* floats */
+    const int32_t *labels;
+    float *dlogits;      /* [cap_rows, classes] loss gradient, on the replica's device */
+    int64_t cap_rows;
+    /* written by the worker, read by the caller after the handoff */
+    double loss_sum;
+    double apply_s;      /* wall seconds of this worker's apply */
+    double cpu_s;        /* CPU seconds of this worker's last job */
+    pdp_status status;
+    char msg[512];
+} pdp__dp_worker;
+
+struct pdp_dp {
+    pdp_model *master;
+    pdp_dp_desc desc;    /* defaults filled (pdp__dp_desc_defaults); devices: a copy */
+    pdp_device *devices; /* [n] the desc's devices, NULL when it gave none */
+    int n;
+    int threads_per_worker;
+    bool copy_params;
+    bool reduce_on_master;
+    bool cuda;           /* the replicas are on CUDA devices */
+    float *stage;        /* [param_count] on the master's device: one replica's gradients
+                            in flight to the reduce (CUDA, replicas on other devices) */
+    int64_t classes;
+    pdp__dp_worker *workers;
+    pdp__team team;      /* members 1..n-1 are workers 1..n-1 (threads.c) */
+    pdp__dp_job job;     /* the job pdp__dp_run_job hands to the team */
+    /* this step, set by the caller before the handoff */
+    int64_t batch;
+    int active;          /* replicas with at least one sample */
+    float grad_scale;    /* 1 / batch */
+    bool zero_master;    /* replica 0 zeroes the master's gradients first */
+    pdp_optim *step_opt; /* non-NULL: the reduce also steps each slice it sums */
+    pdp__optim_scalars step_s; /* step_opt's update scalars, taken once per step */
+    double jobs_cpu;     /* CPU seconds the caller spent in jobs this step: as worker 0,
+                            and spinning for the others (their CPU time counts instead) */
+    /* gathered outputs on the master's device */
+    float *out_block;
+    int64_t out_cap;     /* floats */
+    pdp_tensor output;
+    bool have_output;
+    size_t optim_bytes;  /* the master's optimizer state, seen at the last step */
+    pdp_dp_stats stats;
+};
+
+/* ---- dp: memory accounting ---- */
+
+/* Bytes a model holds on its device, from the plan pdp_model_reserve allocates by. */
+PDP__PRIVATE size_t pdp__dp_model_bytes(const pdp_model *m);
+
+PDP__PRIVATE void pdp__dp_memory(pdp_dp *dp);
+
+/* ---- dp: workers ---- */
+
+/* CPU seconds used by the calling thread: unlike wall time, it does not count
+   the time a busy machine keeps the thread waiting for a core. */
+PDP__PRIVATE double pdp__dp_thread_cpu(void);
+
+/* Parallel apply, one replica: forward, loss against its labels, backward. */
+PDP__PRIVATE void pdp__dp_apply_one(pdp__dp_worker *w);
+
+/* Reduce, one slice: master.grad[lo, hi) += replica[1..active-1].grad[lo, hi), in
+   replica order. Slices are multiples of 16 floats (one cache line) so no two
+   threads write the same line; chunks of 4096 floats keep the master's part in L1
+   while each replica is added, and, when the step is fused (step_opt), while the
+   optimizer updates the chunk's parameters from it: the update is element-wise, so
+   stepping slice by slice gives the bits of one pdp_optim_step after the reduce. */
+PDP__PRIVATE void pdp__dp_reduce_slice(pdp_dp *dp, int slice, int nslices);
+
+/* One worker's part of a job: its replica's apply, or its slice of the reduce. */
+PDP__PRIVATE void pdp__dp_do_job(pdp__dp_worker *w, pdp__dp_job job);
+
+/* The team's job: worker i's part, with the workers' intra-op thread count (the
+   caller switches to it for its part and back; a worker thread keeps it). */
+PDP__PRIVATE void pdp__dp_team_job(void *arg, int i, int n);
+
+/* Runs one job: hands it to workers 1..n-1 (the team), runs worker 0's part on the
+   calling thread, and waits until all are done. */
+PDP__PRIVATE void pdp__dp_run_job(pdp_dp *dp, pdp__dp_job job);
+
+/* ---- dp: lifecycle ---- */
+
+PDP__PRIVATE void pdp__dp_destroy(pdp_dp *dp);
+
+PDP__PRIVATE bool pdp__same_device(pdp_device a, pdp_device b);
+
+/* The one place pdp_dp_desc's zeros become defaults (sokol's _def; pdp_dp_get_desc
+   returns its result) and its numbers are checked; in may be NULL. The devices are
+   checked against the master by pdp_dp_create. */
+PDP__PRIVATE pdp_status pdp__dp_desc_defaults(const pdp_dp_desc *in, pdp_dp_desc *out);
+
+/* PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_desc *desc) */
+
+/* PDP_API void pdp_dp_free(pdp_dp *dp) */
+
+/* PDP_API int pdp_dp_num_workers(const pdp_dp *dp) */
+
+/* PDP_API pdp_dp_desc pdp_dp_get_desc(const pdp_dp *dp) */
+
+/* PDP_API const pdp_tensor *pdp_dp_output(const pdp_dp *dp) */
+
+/* ---- dp: the stages ---- */
+
+/* Replicate: master parameters -> replicas 1..active-1, and the state that keys
+   dropout (training flag, step). A CPU replica that shares the master's memory
+   only re-points at it; a copying replica (copy_params, or another device) gets
+   a fresh copy, as torch's replicate() broadcasts the parameters every step. */
+PDP__PRIVATE pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn);
+
+/* Scatter: split x and labels along dimension 0 into balanced contiguous shards.
+   On the CPU a shard is a view of the caller's batch (no copy); the bytes count
+   what a multi-device DP sends. Grows the loss-gradient buffers (first step). */
+PDP__PRIVATE pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
+                                        const char *fn);
+
+/* Parallel apply: every worker runs its replica at once; the first failure (lowest
+   worker index, so the report does not depend on timing) comes back naming it. */
+PDP__PRIVATE pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, double *cpu,
+                                               const char *fn);
+
+/* Gather: outputs of every replica into one [batch, classes] tensor on the master,
+   and the loss sums, added in replica order in double. */
+PDP__PRIVATE pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn);
+
+/* Reduce: the replicas' gradients summed into the master's (which already holds
+   replica 0's). Each worker sums one slice, or the master's worker sums it all
+   (reduce_on_master, torch's reduce_add on device 0); same bits either way. With
+   step_opt the workers also step the slices they sum (pdp__dp_fused_step). */
+PDP__PRIVATE void pdp__dp_reduce(pdp_dp *dp, pdp_optim *step_opt, double *cpu);
+
+/* Reduce on GPUs, on the calling thread (device 0): replica r's gradients are
+   peer-copied into the staging block and added into the master's, r = 1, 2, ...
+   in order, so every element is g0 + g1 + g2 + ... as on the CPU. The copy waits
+   for replica r's backward; the adds queue on device 0's stream in order. */
+PDP__PRIVATE pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn);
+
+/* The optimizer the CPU reduce may run inside its slices, or NULL: on CPU replicas
+   the master's step costs one core a pass over every parameter while the others
+   wait; fused, each worker updates the slice it has just summed, still in cache.
+   Only for a whole-model optimizer that pdp_optim_step would accept (its checks run
+   first, so an error is reported before anything changes), and with 2+ workers
+   active (one worker runs no reduce). */
+PDP__PRIVATE pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out, const char *fn);
+
+/* Step: the optimizer updates the master's parameters; replicas see them at the
+   next replicate. */
+PDP__PRIVATE pdp_status pdp__dp_master_step(pdp_optim *opt, const char *fn);
+
+/* ---- dp: one step ---- */
+
+PDP__PRIVATE pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x,
+                                    const int32_t *labels, float *loss, bool zero_and_step,
+                                    const char *fn);
+
+/* PDP_API pdp_status pdp_dp_step(pdp_dp *dp, pdp_optim *opt, const pdp_tensor *x, const int32_t *labels, float *loss) */
+
+/* PDP_API pdp_status pdp_dp_forward_backward(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels, float *loss) */
+
+/* ---- dp: stats ---- */
+
+/* PDP_API pdp_status pdp_dp_get_stats(const pdp_dp *dp, pdp_dp_stats *out) */
+
+/* PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes) */
+
+/* ---- src/reducer.c ---- */
+/* reducer: the bucket reducer that DDP and ZeRO share, PyTorch's Reducer
+   (torch/csrc/distributed/c10d/reducer.cpp) in miniature, with the collective
+   of a bucket as a parameter.
+
+   Buckets are planned once, at construction, walking the parameters in reverse
+   registration order and closing a bucket as soon as it holds cap bytes or more
+   (the first: first bytes), PyTorch's compute_bucket_assignment_by_size.
+   Because the model keeps its gradients in one block in registration order, a
+   bucket of consecutive parameters in reverse order is one contiguous range
+   [offset, offset + count) of that block: the collective runs on the gradients
+   themselves, with no flattening copy (PyTorch's gradient_as_bucket_view=True,
+   here by construction).
+
+   The executor hands in its collective, one function pointer called once per
+   bucket per synchronised backward (the only indirection on the hot path):
+   DDP all-reduces (average) the bucket in place; ZeRO reduce-scatters it into
+   the part of the flat block its rank owns. An optional after_step hook runs
+   after the optimizer step (ZeRO: all-gather the updated parameters); op_name
+   names the collective in the trace ("allreduce bucket 3"). With whole_layers
+   a bucket never splits a layer's weight from its bias (ZeRO's units, whose
+   layers it points at per-unit buffers). bucket_done (optional) runs after a
+   bucket's collective has completed successfully, whoever waited for it
+   (pdp__reducer_wait_bucket: finish, or the executor reusing a buffer).
+
+   A communication hook (ddp.h's pdp_ddp_comm_hook, PyTorch's register_comm_hook)
+   replaces the collective: the executor's reduce builds the bucket's view (what
+   its collective would reduce, and where the result goes) and hands it to
+   pdp__reducer_hook_launch, which calls the hook's launch with the bucket's piece
+   of the scratch memory allocated once at registration; pdp__reducer_wait_bucket
+   calls the hook's finish after the wait, before bucket_done, and a failing
+   finish is reported like a failed collective, naming the bucket. Registration
+   is refused once a backward has run (the buckets' collectives must be the same
+   on every rank from the first step on).
+
+   Every backward of the wrapped model synchronises, whatever computed its
+   output gradient (the built-in cross-entropy, pdp_loss_mse, a user's own
+   loss): the reducer listens to the model's BACKWARD_BEGIN and BACKWARD_END
+   events (the executor seam of internal.h), arms itself at the start of every
+   pdp_model_backward unless no_sync is on, and launches the leftover buckets
+   at its end. A backward while the last one's buckets are still being reduced
+   is refused by BACKWARD_BEGIN with a message naming the executor's finish.
+   The executor may listen to the events too (desc.event: ZeRO points the
+   layers at its buffers there).
+
+   Per synchronised backward: pending[b] starts at the number of parameters in
+   bucket b; the model's grad hook, fired once per parameter right after its
+   layer's backward, decrements it; at zero the bucket is ready. Ready buckets
+   launch strictly in bucket order (a later bucket that is ready first waits for
+   the earlier ones), so every rank issues the same collectives in the same
+   order whatever order its hooks fire in. A bucket whose parameters never get
+   a gradient (unused in this forward) launches at the end of backward, so no
+   rank waits on it. pdp__reducer_finish waits for the buckets in order and
+   reports the first failure naming the bucket and its parameters.
+
+   Uneven shards: with batch_mean PDP_BATCH_MEAN_GLOBAL (ddp.h) the reducer's own
+   backward entries weight each backward by this rank's share of the global batch
+   (one all-reduce of the batch sizes, then the loss gradient scaled before
+   backward: "the global-batch mean" below); a backward that bypasses them
+   (pdp_model_backward on the model) is refused at BACKWARD_BEGIN.
+
+   States: IDLE (nothing pending), LOCAL (gradients accumulated under no_sync,
+   not reduced), REDUCING (a synchronised backward launched its buckets and
+   finish has not run). The progress of a bucket's collective writes the
+   gradient memory, so nothing else may touch the gradients while REDUCING: a
+   second backward is refused and pdp__reducer_release waits first. Nothing on
+   the per-step path allocates: buckets, handles (the backends' pools) and
+   messages are fixed-size. Every function takes fn, the public function on
+   whose behalf it runs, to start its messages. */
+
+/* #include "internal.h" (above) */
+
+/* ---- reducer: state ---- */
+
+typedef enum pdp__red_state {
+    PDP__RED_IDLE,
+    PDP__RED_LOCAL,
+    PDP__RED_REDUCING
+} pdp__red_state;
+
+typedef struct pdp__reducer pdp__reducer;
+
+/* Launches bucket b's collective (asynchronously, handle in *w) on r->c; the
+   bucket is r->buckets[b].info, the gradients r->m->grad_block. */
+typedef pdp_status (*pdp__reduce_fn)(pdp__reducer *r, int b, pdp_work **w);
+/* Runs after the optimizer step of pdp__reducer_step (ZeRO: all-gather). */
+typedef pdp_status (*pdp__after_step_fn)(pdp__reducer *r, const char *fn);
+/* Runs once bucket b's collective has completed successfully. */
+typedef void (*pdp__bucket_done_fn)(pdp__reducer *r, int b);
+
+typedef struct pdp__reducer_desc {
+    double cap_bytes;              /* close a bucket at >= this many bytes */
+    double first_bytes;            /* the same for bucket 0 */
+    pdp__reduce_fn reduce;         /* required */
+    pdp__after_step_fn after_step; /* NULL: nothing */
+    const char *op_name;           /* the collective's name in the trace ("allreduce") */
+    const char *finish_names;      /* for messages: "pdp_ddp_step or pdp_ddp_finish" */
+    void *user;                    /* the executor, for reduce and after_step */
+    bool whole_layers;             /* never split a layer between buckets */
+    pdp__bucket_done_fn bucket_done;  /* NULL: nothing */
+    pdp__model_event_fn event;        /* the model's events (BACKWARD_BEGIN/END after the
+                                         reducer's own handling), user = the reducer */
+    pdp_batch_mean batch_mean;        /* ddp.h; GLOBAL: each backward's weight (below) */
+    const char *backward_names;       /* for messages: "pdp_ddp_forward_backward or
+                                         pdp_ddp_backward" */
+} pdp__reducer_desc;
+
+typedef struct pdp__red_bucket {
+    pdp_ddp_bucket info;
+    int nparams;
+    int pending;          /* parameters still to report in this backward */
+    bool ready, launched;
+    bool hook_pending;    /* the comm hook launched it: its finish is still to run */
+    pdp_work *work;
+    double t_launch;
+    pdp_comm_hook_bucket view; /* what the comm hook was given (finish gets the same) */
+} pdp__red_bucket;
+
+struct pdp__reducer {
+    pdp_model *m;
+    pdp_comm *c;
+    pdp__reducer_desc desc;
+    pdp__red_bucket *buckets;
+    int nbuckets;
+    int *bucket_of;       /* per parameter */
+    int next_launch;      /* the first bucket not launched yet */
+    pdp__red_state state;
+    bool no_sync;
+    bool armed;           /* the hook reduces (a synchronised backward is running) */
+    bool failed;          /* the last synchronised backward failed: gradients incomplete */
+    pdp_status launch_status;
+    char launch_msg[512];
+    int twice_param;      /* a parameter reported twice in one backward, or -1 */
+    int launched_in_backward; /* buckets launched by the grad hook (before backward ended) */
+    pdp_status wait_status;   /* the first failed bucket wait of this backward */
+    char wait_msg[768];
+    double busy;              /* execution seconds of this backward's waited buckets */
+    int64_t bytes_at_arm;
+    double backward_acc;  /* forward + backward seconds since the last finish */
+    pdp_ddp_stats stats;  /* grad_bytes is the executor's to set */
+    bool traced;
+    int trace_compute, trace_comm;
+    bool backward_seen;   /* a backward has run: too late to register a comm hook */
+    pdp_ddp_comm_hook hook; /* hook.launch NULL: none; the executor's own collective */
+    void *scratch;        /* the hook's scratch memory on the model's device, or NULL */
+    int64_t *scratch_off; /* per bucket: its piece of scratch, in floats of the gradient */
+    /* batch_mean GLOBAL: the all-reduced batch size of the backward being prepared */
+    float count;          /* this rank's batch size, then (after the wait) the global batch */
+    float *dcount;        /* its copy on the communicator's device (NULL on the CPU) */
+    pdp_work *count_work; /* the all-reduce in flight, or NULL */
+    int64_t count_bytes;  /* bytes of those all-reduces since the last finish (stats) */
+    bool weighted;        /* the backward running now had its weight applied */
+};
+
+/* ---- reducer: buckets ---- */
+
+/* The plan (the header's rule): walks m's parameters in reverse, closing a bucket at
+   >= cap bytes (the first at first; whole_layers: never between a layer's weight and
+   bias). Fills buckets and bucket_of when not NULL; returns the number of buckets. */
+PDP__PRIVATE int pdp__reducer_walk(const pdp_model *m, double cap, double first, bool whole_layers,
+                                   pdp__red_bucket *buckets, int *bucket_of);
+
+PDP__PRIVATE pdp_status pdp__reducer_plan(pdp__reducer *r);
+
+/* ---- reducer: the bucket options of DDP's and ZeRO's descs ----
+   One rule for both creates, checked before anything is allocated or communicated.
+   bucket_cap_mb and first_bucket_mb (MiB): 0 (the default: 25, and min(1, cap)) or
+   finite in (0, 1e12] (1e12 MiB, 2^60 bytes, is beyond any model and keeps every byte
+   figure an exact int64). ZeRO's buffer counts (NULL: not an option of the caller):
+   grad_buffers 0 (default 2) or 1..U and param_buffers 0 (default 2) or 2..max(2, U),
+   U the number of units these bucket sizes give m: unit u takes gradient buffer
+   u mod grad_buffers, so buffers beyond U would never be used, and two gather slots
+   (the unit computing and the next one's prefetch) are the least stage 3 needs. Every
+   failure names the field and its value. */
+PDP__PRIVATE pdp_status pdp__bucket_opts_check(const pdp_model *m, double cap_mb, double first_mb,
+                                               const int *gbufs, const int *pbufs, const char *fn);
+
+/* "bucket 1 of 3 (0.weight..0.bias, 1.57 MiB)" */
+PDP__PRIVATE void pdp__red_bucket_name(const pdp__reducer *r, int b, char *out, size_t cap);
+
+PDP__PRIVATE void pdp__reducer_launch(pdp__reducer *r, int b);
+
+/* Launches every ready bucket that has no unlaunched bucket before it. */
+PDP__PRIVATE void pdp__reducer_launch_ready(pdp__reducer *r);
+
+/* The model's grad hook: parameter p's gradient is final for this backward. */
+PDP__PRIVATE void pdp__reducer_hook(void *user, pdp_model *m, int p);
+
+PDP__PRIVATE void pdp__reducer_arm(pdp__reducer *r);
+
+/* The model's events. BACKWARD_BEGIN refuses a backward while the last one is
+   being reduced and arms the reducer (unless no_sync); BACKWARD_END launches the
+   buckets whose parameters got no gradient and records the state. */
+PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                           pdp_status st);
+
+/* ---- reducer: construction ---- */
+
+/* One parameter as the construction check compares it. */
+typedef struct pdp__red_sig {
+    char name[32];
+    int64_t ndim;
+    int64_t shape[4];
+} pdp__red_sig;
+
+PDP__PRIVATE void pdp__red_sig_of(const pdp_model *m, int p, pdp__red_sig *s);
+
+PDP__PRIVATE void pdp__red_sig_str(const pdp__red_sig *s, char *out, size_t cap);
+
+/* All-gather of count host floats per rank. Collective buffers live on the
+   communicator's device (NCCL reads GPU memory only), so a GPU communicator
+   stages them through a small device buffer; used once, at construction. */
+PDP__PRIVATE pdp_status pdp__reducer_allgather_host(pdp_comm *c, const float *send, float *recv,
+                                                    int64_t count);
+
+/* Every rank compares its registry with rank 0's; all learn the first
+   difference of every rank through an all-gather, so all fail together. */
+PDP__PRIVATE pdp_status pdp__reducer_check_params(const pdp_model *m, pdp_comm *c,
+                                                  pdp_batch_mean mean, const char *fn);
+
+/* Sets up r (zeroed memory, owned by the executor) on m and c: checks that the
+   model can take a reducer, plans the buckets, and then, collectively (every
+   rank of c runs the same calls), checks that every rank has the same
+   parameters, copies rank 0's parameters to every rank, zeroes the gradients,
+   opens the trace and installs the grad hook. On failure the executor calls
+   pdp__reducer_release(r). */
+PDP__PRIVATE pdp_status pdp__reducer_init(pdp__reducer *r, pdp_model *m, pdp_comm *c,
+                                          const pdp__reducer_desc *desc, const char *fn);
+
+/* Waits for buckets still in flight, removes the hook, frees the buckets. */
+PDP__PRIVATE void pdp__reducer_release(pdp__reducer *r);
+
+/* ---- reducer: communication hooks ---- */
+
+/* Registers hook (fn names the public entry: pdp_ddp_register_comm_hook or
+   pdp_zero_register_comm_hook). The scratch is total floats' worth of
+   hook->scratch_bytes_per_float bytes on the model's device, allocated here once;
+   bucket b's piece starts off[b] floats in (off NULL: at the bucket's offset in the
+   flat block, total = the parameter count). */
+PDP__PRIVATE pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_comm_hook *hook,
+                                              const int64_t *off, int64_t total, const char *fn);
+
+/* The executor's reduce with a hook registered: v holds the collective's part of the
+   view (grad, count, reduce_scatter, recv, recv_count); the rest is filled here. */
+PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_comm_hook_bucket *v,
+                                                 pdp_work **w);
+
+/* ---- reducer: the global-batch mean ----
+   batch_mean PDP_BATCH_MEAN_GLOBAL (ddp.h): rank r's batch of n_r samples weighs
+   w_r = N n_r / T in the average over ranks, T = sum of n_r (one all-reduce of
+   one float per backward, exact up to 2^24 samples), so the averaged gradient is
+   sum_r n_r g_r / T, that of the mean loss over the concatenated global batch.
+   The weight multiplies the loss gradient dy before backward (backward is linear
+   in dy): the built-in cross-entropy takes N / T as its grad_scale instead of
+   1 / n_r, an own loss's dy is copied into the model's grad_a scaled by w_r. So
+   each backward is weighted by its own global batch, and k accumulated backward
+   passes sum k global-batch means, as k backward passes on one device. */
+
+/* Starts the all-reduce (sum) of this rank's batch size n; its bytes go to the
+   executor's stats. */
+PDP__PRIVATE pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const char *fn);
+
+/* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
+PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
+                                                const char *fn);
+
+/* The built-in cross-entropy pass weighted by the global batch (loss.c's
+   pdp_model_forward_backward with grad_scale N / T): the batch sizes' all-reduce
+   runs during the forward. *loss is this rank's mean. */
+PDP__PRIVATE pdp_status pdp__reducer_forward_backward_global(pdp__reducer *r, const pdp_tensor *x,
+                                                             const int32_t *labels, float *loss,
+                                                             const char *fn);
+
+/* An own loss's backward weighted by the global batch: dy x N n / T into the
+   model's grad_a (which backward accepts as dy), then backward from it. */
+PDP__PRIVATE pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_tensor *dy,
+                                                     const char *fn);
+
+/* ---- reducer: training ---- */
+
+/* Forward, loss and backward on this rank's shard; the buckets launch as their
+   gradients become ready (unless no_sync): the model's events do it. */
+PDP__PRIVATE pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
+                                              const int32_t *labels, float *loss, const char *fn);
+
+/* A user's own loss: forward on this rank's shard (*y: the model's output). */
+PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
+                                             const char *fn);
+
+/* ... and backward from dy, the gradient of the user's loss with respect to y. */
+PDP__PRIVATE pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn);
+
+/* The wait of bucket b's handle: records its time, its trace event and the first
+   failure (named after the bucket). */
+PDP__PRIVATE pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b);
+
+/* Waits for bucket b if it was launched and not waited yet, runs the comm hook's
+   finish (a failure is recorded as the wait's, named after the bucket), then
+   bucket_done on success. */
+PDP__PRIVATE void pdp__reducer_wait_bucket(pdp__reducer *r, int b);
+
+/* Waits for every bucket of the last synchronised backward, in bucket order;
+   the first failure names its bucket and parameters. */
+PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn);
+
+/* After a successful finish: opt's step (a range optimizer steps its range
+   only), zeroed gradients, then the executor's after_step. */
+PDP__PRIVATE pdp_status pdp__reducer_step(pdp__reducer *r, pdp_optim *opt, const char *fn);
+
+PDP__PRIVATE void pdp__reducer_reset_stats(pdp__reducer *r);
+
+/* ---- src/ddp.c ---- */
+/* ddp: DistributedDataParallel, the executor that runs reducer.c's bucket
+   reducer with an all-reduce.
+
+   Each bucket's collective is an all-reduce (average over ranks) in place on
+   the bucket's range of the model's gradient block, so after pdp_ddp_finish
+   every rank holds the averaged gradients of the whole block and steps a full
+   optimizer on it; there is no after-step collective. Buckets are planned from
+   bucket_cap_mb and first_bucket_mb (MiB, 2^20 bytes, as PyTorch's). The
+   states, the ordering of launches and the failure reports are the reducer's
+   (reducer.c). A registered comm hook (ddp.h) replaces the all-reduce; the
+   built-in bf16/fp16 compression hooks live here and serve ZeRO too. */
+
+/* #include "internal.h" (above) */
+
+struct pdp_ddp {
+    pdp__reducer r;       /* first: the grad hook's user pointer is &d->r */
+    pdp_ddp_desc desc;
+    pdp_model *held;      /* the model this executor wrapped (pdp__model_wrap) */
+};
+
+/* The DDP collective: bucket b's gradients, averaged in place (or the comm hook's). */
+PDP__PRIVATE pdp_status pdp__ddp_allreduce(pdp__reducer *r, int b, pdp_work **w);
+
+/* ---- ddp: the built-in compression hooks (ddp.h) ----
+   launch: scratch <- 16-bit(grad / N), then a 16-bit SUM of the scratch (all-reduce in
+   place, or reduce-scatter with this rank's slice in place); finish: the fp32 result
+   widened back into grad (or recv). The hook's state points at its 16-bit type; the
+   scratch is the bucket's own. */
+
+PDP__PRIVATE pdp_status pdp__hook_compress_launch(void *state, pdp_comm *c,
+                                                  const pdp_comm_hook_bucket *b, pdp_work **work);
+
+PDP__PRIVATE pdp_status pdp__hook_compress_finish(void *state, const pdp_comm_hook_bucket *b);
+
+PDP__PRIVATE pdp_ddp_comm_hook pdp__hook_compress(pdp_dtype *dt);
+
+/* PDP_API pdp_ddp_comm_hook pdp_ddp_hook_bf16_compress(void) */
+
+/* PDP_API pdp_ddp_comm_hook pdp_ddp_hook_fp16_compress(void) */
+
+/* ---- ddp: construction ---- */
+
+/* The one place pdp_ddp_desc's zeros become defaults (sokol's _def; pdp_ddp_get_desc
+   returns its result); in may be NULL. The bucket sizes are checked by the rule DDP
+   and ZeRO share (pdp__bucket_opts_check, reducer.c), whose message starts with fn. */
+PDP__PRIVATE pdp_status pdp__ddp_desc_defaults(const pdp_model *m, const pdp_ddp_desc *in,
+                                               pdp_ddp_desc *out, const char *fn);
+
+/* PDP_API pdp_status pdp_ddp_create(pdp_ddp **out, pdp_model *m, pdp_comm *c, const pdp_ddp_desc *desc) */
+
+/* PDP_API pdp_ddp_desc pdp_ddp_get_desc(const pdp_ddp *d) */
+
+/* PDP_API void pdp_ddp_free(pdp_ddp *d) */
+
+/* ---- ddp: training ---- */
+
+/* PDP_API pdp_status pdp_ddp_forward_backward(pdp_ddp *d, const pdp_tensor *x, const int32_t *labels, float *loss) */
+
+/* PDP_API pdp_status pdp_ddp_forward(pdp_ddp *d, const pdp_tensor *x, const pdp_tensor **y) */
+
+/* PDP_API pdp_status pdp_ddp_backward(pdp_ddp *d, const pdp_tensor *dy) */
+
+/* PDP_API pdp_status pdp_ddp_finish(pdp_ddp *d) */
+
+/* PDP_API pdp_status pdp_ddp_step(pdp_ddp *d, pdp_optim *opt) */
+
+/* PDP_API pdp_status pdp_ddp_register_comm_hook(pdp_ddp *d, const pdp_ddp_comm_hook *hook) */
+
+/* PDP_API void pdp_ddp_set_no_sync(pdp_ddp *d, bool no_sync) */
+
+/* PDP_API pdp_model *pdp_ddp_model(const pdp_ddp *d) */
+/* PDP_API pdp_comm *pdp_ddp_comm(const pdp_ddp *d) */
+/* PDP_API int pdp_ddp_num_buckets(const pdp_ddp *d) */
+
+/* PDP_API pdp_status pdp_ddp_bucket_info(const pdp_ddp *d, int b, pdp_ddp_bucket *out) */
+
+/* PDP_API void pdp_ddp_get_stats(const pdp_ddp *d, pdp_ddp_stats *out) */
+
+/* PDP_API void pdp_ddp_reset_stats(pdp_ddp *d) */
+
+/* ---- src/tp.c ---- */
+/* tp: tensor parallelism (see tp.h for the design): the model's TP communicator, the
+   constructors of the four TP layer kinds (their kernels are layers_tp.c), statistics,
+   the check that every TP rank built the same TP layers (run by f's forward at the
+   first forward, through the TP state's pointer: layers_tp.c comes first), and
+   full-tensor checkpoints, which map each rank's slice into the full tensor
+   (pdp__tp_runs) through a staging copy of the full (single-device) model.
+
+   Invariants: the model's TP state (comm, rank, size) is fixed once a TP layer exists.
+   During training only the width check runs here, at the first forward. */
+
+/* #include "internal.h" (above) */
+
+/* ---- tp: the model's communicator and the constructors ---- */
+
+/* PDP_API pdp_status pdp_model_set_tp(pdp_model *m, pdp_comm *tp) */
+
+/* PDP_API pdp_comm *pdp_model_tp(const pdp_model *m) */
+
+/* Appends TP layer l (kind and configuration set) to m. */
+PDP__PRIVATE pdp_status pdp__tp_add(pdp_model *m, pdp__layer l, const char *fn);
+
+/* The kind of m's last layer (-1: none). */
+PDP__PRIVATE int pdp__tp_last_kind(const pdp_model *m);
+
+/* PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m) */
+
+/* PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features) */
+
+/* PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features) */
+
+/* PDP_API pdp_status pdp_model_add_tp_reduce(pdp_model *m) */
+
+/* PDP_API void pdp_tp_get_stats(const pdp_model *m, pdp_tp_stats *out) */
+
+/* PDP_API void pdp_tp_reset_stats(pdp_model *m) */
+
+/* ---- tp: full-tensor checkpoints ---- */
+
+/* The single-device model of m: the same layers with f and g left out and the split
+   Linears whole, on m's device (its parameters are overwritten by the caller). */
+PDP__PRIVATE pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, const char *fn);
+
+/* Copies between parameter p's slice (local, in m's block layout) and its full tensor
+   (full), to_full or back, on device d: the contiguous runs of the slice. Replicated
+   parameters are one run of the whole tensor. */
+PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, float *full,
+                                     float *local, bool to_full);
+
+/* ---- tp: the width check ---- */
+
+/* A TP layer as the check compares it: its place, its kind and its full (unsplit)
+   input and output features. */
+typedef struct pdp__tp_sig {
+    int64_t layer, kind, in, out;
+} pdp__tp_sig;
+
+/* What a rank found: its TP layer count and, at the first TP layer that differs from TP
+   rank 0's (at; -1: none), its own (zeros when it has none there). */
+typedef struct pdp__tp_verdict {
+    int64_t at, count;
+    pdp__tp_sig sig;
+} pdp__tp_verdict;
+
+PDP__PRIVATE bool pdp__tp_kind(pdp__layer_kind k);
+
+/* The signature of m's k-th TP layer; false when it has fewer. */
+PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s);
+
+/* "layer 1 (ColumnParallelLinear) 6 -> 12" */
+PDP__PRIVATE void pdp__tp_sig_str(const pdp__tp_sig *s, char *out, size_t cap);
+
+/* As the DDP reducer checks its parameters (reducer.c): TP rank 0's count and table go
+   to every rank, each rank compares, and every rank's verdict goes to every rank (one
+   small broadcast from each), so all fail together with the same message. */
+PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+
+/* dst (full's layout) <- the full tensors from every rank's slices of src (m's layout):
+   each rank writes its slices (rank 0 also the replicated tensors) into zeros, and one
+   all-reduce sums them. */
+PDP__PRIVATE pdp_status pdp__tp_gather(const pdp_model *m, const pdp_model *full, const float *src,
+                                       float *dst);
+
+/* dst (m's layout) <- this rank's slices of src (full's layout). */
+PDP__PRIVATE pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
+                                        float *dst);
+
+PDP__PRIVATE pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o, const char *fn);
+
+/* PDP_API pdp_status pdp_tp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o) */
+
+/* *failed <- the number of TP ranks passing failed = true (an all-reduce of one float on
+   the communicator's device). On failure the message is set. */
+PDP__PRIVATE pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, float *count);
+
+/* PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o) */
+
+/* ---- src/zero.c ---- */
+/* zero: the sharded executor, ZeRO stages 1-3 on reducer.c's bucket reducer
+   with a reduce-scatter as its collective (the layout, the formulas and the
+   reasons are in zero.h).
+
+   Invariants: the units are the reducer's buckets (planned with whole_layers,
+   so a layer's weight and bias share a unit and one pointer per layer places
+   both); unit u's slice of rank r is elements [r s_u, r s_u + mine_u) of the
+   unit (mine_u <= s_u real elements, the rest padding that stays zero in every
+   buffer); shard offsets follow the flat block's order. The model's layers read
+   their gradients (and at stage 3 their parameters) through m->layer_dw
+   (m->layer_w), which this module sets: stage 1 once, stages 2-3 when a unit's
+   backward starts (a gradient bucket buffer, taken round-robin: unit u uses
+   buffer u mod grad_buffers, after the reduce-scatter of the unit that held it
+   has completed and its slice was added to the shard), stage 3 also when its
+   parameters are gathered (a gather slot, least recently used first, never the
+   unit being computed). Nothing is allocated after construction: the buffers
+   are fixed, the handles come from the backends' pools.
+
+   Devices. Every buffer lives on the model's device and is moved with
+   cuda_host.c's pdp__dev_* helpers (memcpy, memset and += on the CPU; copies and
+   kernels on a CUDA device's compute stream), so one code path serves CPU models
+   (local, MPI) and CUDA models (NCCL). The ordering between the compute stream
+   and the NCCL stream is the backend's: a collective's launch waits for the work
+   already queued on the compute stream (a slice copied into a gather slot, a
+   layer still reading the slot being refilled), and its wait makes the compute
+   stream wait for it (a buffer added to the shard, cleared or read by a layer).
+
+   The checkpoints of this executor are zero_ckpt.c's. */
+
+/* #include "internal.h" (above) */
+
+typedef struct pdp__zero_unit {
+    int64_t off, count;  /* the unit's range of the flat block */
+    int64_t s;           /* slice floats per rank, a multiple of 16 */
+    int64_t shard_off;   /* this rank's slice in its shard (and optimizer state) */
+    int64_t mine;        /* real elements of this rank's slice */
+    int first_layer, last_layer;
+    float *gbuf;         /* N s floats: stage 1 its own; stages 2-3 a held bucket buffer */
+    int pslot;           /* stage 3: the gather slot holding its parameters, or -1 */
+} pdp__zero_unit;
+
+typedef struct pdp__zero_pslot {
+    float *buf;          /* N s_max floats */
+    int unit;            /* -1: free */
+    pdp_work *work;      /* its all-gather, until waited */
+    uint64_t used;       /* LRU stamp */
+    double t_launch;
+} pdp__zero_pslot;
+
+struct pdp_zero {
+    pdp__reducer r;      /* first: the reducer's user pointer is the executor */
+    pdp_zero_desc desc;
+    pdp_model *m;
+    pdp_comm *c;
+    int stage, rank, size, nunits;
+    pdp__zero_unit *units;
+    int *unit_of_layer;  /* -1 for layers without parameters */
+    int64_t shard_count, padded_count, smax;
+    float *grad_all;     /* stage 1: every unit's padded gradient buffer */
+    float *grad_shard;   /* stages 2-3 */
+    float *param_shard;  /* stage 3 */
+    float *staging;      /* stages 1-2: the after-step all-gather */
+    float **gbufs;       /* stages 2-3: grad_buffers bucket buffers */
+    int *gbuf_unit;      /* the unit holding each, or -1 */
+    pdp__zero_pslot *pslots;
+    uint64_t clock;
+    int trace_gather;    /* the all-gathers' trace lane ("allgather <comm name>"), 0: off */
+    float **layer_w, **layer_dw;
+    float scalar;        /* clipping's all-reduced squared norm */
+    float *dscalar;      /* its copy on the model's device (the collective's buffer) */
+    pdp_device dev;      /* the model's: every buffer below lives there */
+    bool no_sync;
+    bool sharded;        /* the model's blocks were handed over (free gives them back) */
+    pdp_status deferred; /* a failure inside a no_sync backward (stages 2-3) */
+    char deferred_msg[768];
+    int64_t buffer_bytes, bytes_at_step, gathers, gathers_at_step;
+    int64_t passes;      /* backward passes since the last step (k of the byte formula) */
+    pdp_zero_stats stats;
+    uint64_t saves;      /* checkpoint saves begun: one input of each save's run id */
+};
+
+PDP__PRIVATE int64_t pdp__zero_align(int64_t n);
+
+/* "unit 1 of 3 (layers 2..4)" */
+PDP__PRIVATE void pdp__zero_unit_name(const pdp_zero *z, int u, char *out, size_t cap);
+
+/* Points unit u's layers' gradients (dw) or parameters (w) at buf, the unit's padded copy. */
+PDP__PRIVATE void pdp__zero_point(pdp_zero *z, int u, float **ptrs, float *buf);
+
+/* ---- zero: gradient buffers (stages 2-3) ---- */
+
+/* Keeps the first failure of a step's device work that no caller can return
+   (a bucket's completion, a no_sync backward): the next finish reports it. */
+PDP__PRIVATE void pdp__zero_defer(pdp_zero *z, pdp_status st, const char *what, int u);
+
+/* Releases unit u's bucket buffer after its reduce-scatter: its slice into the shard. */
+PDP__PRIVATE void pdp__zero_bucket_done(pdp__reducer *r, int b);
+
+/* Gives unit u a zeroed bucket buffer, waiting for the reduce-scatter of the unit
+   that held it (bucket_done then frees it). */
+PDP__PRIVATE pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u);
+
+/* The collective of bucket (unit) b: reduce-scatter (average) in place. */
+PDP__PRIVATE pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w);
+
+/* A comm hook's scratch: stage 1 one piece per unit (every unit's buffer may be in
+   flight at once), laid out as grad_all; stages 2-3 one piece per bucket buffer
+   (unit u uses piece u mod grad_buffers, as its bucket buffer: the unit that held it
+   was waited, and its hook finished, before u's backward began). */
+/* PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_hook *hook) */
+
+/* ---- zero: gathered parameters (stage 3) ---- */
+
+/* Waits for slot i's all-gather; a failure names the unit. */
+PDP__PRIVATE pdp_status pdp__zero_wait_slot(pdp_zero *z, int i);
+
+/* Starts the all-gather of unit u's parameters into a slot: a free one, else the
+   least recently used (whose gather has completed or is waited here) other than
+   keep's. */
+PDP__PRIVATE pdp_status pdp__zero_gather_launch(pdp_zero *z, int u, int keep);
+
+/* Unit u's parameters gathered and its layers pointed at them; then the next
+   unit's gather (next >= 0) launched, so it runs while u computes. */
+PDP__PRIVATE pdp_status pdp__zero_need(pdp_zero *z, int u, int next);
+
+/* Every slot free (FSDP's reshard): waits for gathers in flight first. */
+PDP__PRIVATE pdp_status pdp__zero_release_params(pdp_zero *z);
+
+/* ---- zero: the model's events ---- */
+
+PDP__PRIVATE pdp_status pdp__zero_event(void *user, pdp_model *m, pdp__model_event ev, int layer,
+                                        pdp_status st);
+
+/* ---- zero: construction ---- */
+
+/* PDP_API void pdp_zero_free(pdp_zero *z) */
+
+/* A zeroed buffer of count floats on the model's device, counted as a working
+   buffer when work; NULL on failure (the message says why). */
+PDP__PRIVATE float *pdp__zero_buf(pdp_zero *z, int64_t count, bool work);
+
+/* pdp_model_param's views of a wrapped model (the seam of internal.h): this rank's part
+   of parameter index is its overlap [lo, hi) with the rank's slice of the parameter's
+   unit, one contiguous range (a unit holds whole layers, so the parameter lies in one
+   unit, and the slice is contiguous). The gradient's part lives in the slice (stage 1:
+   the unit's padded buffer; stages 2-3: the shard), and so do the values at stage 3;
+   at stages 1-2 the values stay the full view of the model's block. */
+PDP__PRIVATE pdp_status pdp__zero_views(void *user, const pdp_model *m, int index, pdp_param *out,
+                                        const char *fn);
+
+/* The one place pdp_zero_desc's zeros become defaults (sokol's _def; pdp_zero_get_desc
+   returns its result, with grad_buffers cut to the units once they are known); in may
+   be NULL. The bucket sizes and buffer counts are checked by the rule DDP and ZeRO
+   share (pdp__bucket_opts_check, reducer.c). Buffer counts a stage does not use are 0. */
+PDP__PRIVATE pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_zero_desc *in,
+                                                pdp_zero_desc *out, const char *fn);
+
+/* PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z) */
+
+/* PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c, const pdp_zero_desc *desc) */
+
+/* PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc) */
+
+/* ---- zero: training ---- */
+
+/* PDP_API pdp_status pdp_zero_forward_backward(pdp_zero *z, const pdp_tensor *x, const int32_t *labels, float *loss) */
+
+/* PDP_API pdp_status pdp_zero_forward(pdp_zero *z, const pdp_tensor *x, const pdp_tensor **y) */
+
+/* PDP_API pdp_status pdp_zero_backward(pdp_zero *z, const pdp_tensor *dy) */
+
+/* PDP_API pdp_status pdp_zero_finish(pdp_zero *z) */
+
+/* Stage 1: the rank's slice of unit u in its padded buffer; stages 2-3: in the shard. */
+PDP__PRIVATE float *pdp__zero_grad_slice(pdp_zero *z, int u);
+
+/* The squared norm of this rank's slices, all-reduced over the DP group (every element of
+   the flat block once); on a TP model the elements count as pdp__grad_sumsq_range counts
+   them (a slice on every TP rank, a replicated tensor on TP rank 0 only) and a second
+   all-reduce over the TP group adds the TP ranks' parts: the full model's norm, the same
+   bits on every rank of both groups. */
+/* PDP_API pdp_status pdp_zero_clip_grad_norm(pdp_zero *z, float max_norm, float *total_norm) */
+
+/* Stages 1-2: every rank's updated slices into every rank's full parameters. */
+PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const char *fn);
+
+/* The bytes a step of k backward passes sends (zero.h: "Communication per rank
+   per step"), into st->micro_steps, formula_bytes and formula. V = 4 (N-1) S is
+   one reduce-scatter or all-gather of every unit (S = shard_count: the bytes the
+   backends count for a collective of S floats per rank); stage 3's later
+   forwards skip the units the backward before them left gathered, the last
+   param_buffers units of backward (the highest indices). */
+PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st);
+
+/* PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt) */
+
+/* PDP_API void pdp_zero_set_no_sync(pdp_zero *z, bool no_sync) */
+
+/* PDP_API pdp_status pdp_zero_gather_params(pdp_zero *z, float *dst) */
+
+/* ---- zero: queries ---- */
+
+/* PDP_API pdp_model *pdp_zero_model(const pdp_zero *z) */
+/* PDP_API int pdp_zero_stage(const pdp_zero *z) */
+/* PDP_API int pdp_zero_num_units(const pdp_zero *z) */
+
+/* PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out) */
+
+/* PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out) */
+
+/* ---- src/zero_ckpt.c ---- */
+/* zero_ckpt: ZeRO's checkpoints on zero.c's executor: the sharded set
+   (pdp_zero_checkpoint_save, pdp_zero_checkpoint_load), the one full file
+   (pdp_zero_checkpoint_consolidate) and its re-sharding load at any world size
+   (pdp_zero_checkpoint_load_full). Every call is collective.
+
+   Invariants.
+   - One save, one run id: rank 0 draws 64 bits per save and sends them to every
+     rank inside the save's first agreement; every shard file ("shard.run") and the
+     marker carry them, and a load accepts only shards whose id is the marker's.
+   - The marker is atomic and last: rank 0 removes the old marker before any shard
+     is written, and writes the new one (a temporary, fsync, rename, fsync of the
+     directory) only after every rank has agreed that its shard file is on disk, so
+     a set with a marker is complete.
+   - Agreement before anything is changed: a load reads and validates into staging
+     buffers on every rank, then the ranks agree (pdp__zero_agree: one all-reduce of
+     per-rank flags); only when every rank succeeded does any rank commit, so a
+     failure anywhere leaves every rank's parameters, optimizer state, seed and step
+     as they were. Every rank reaches every agreement, failed or not, so a local
+     failure cannot hang the others; a rank that never arrives makes them fail with
+     the communicator's status.
+
+   The files: a shard is checkpoint.c's range file (pdp__checkpoint_save_run, flat
+   "params" and "optim.<state>"); the marker "P.done" is text, version 2 (see
+   pdp__zero_marker_text); the consolidated file is pdp_checkpoint_save's. The set,
+   its layout and the run id are described in the first section below and in zero.h.
+
+   The seam with zero.c: amalgamate.py places this module after it; it reads
+   struct pdp_zero and its units (pdp__zero_unit) directly and calls
+   pdp__zero_release_params and pdp__zero_gather_full (declared in internal.h) and
+   the public pdp_zero_gather_params. Of checkpoints zero.c keeps only the counter
+   z->saves, an input of each run id.
+
+   References: llm.c's write_checkpoint (karpathy/llm.c, train_gpt2.cu: every rank
+   writes its state file, a barrier, then rank 0 writes DONE_<step>); ZeRO's
+   partitioned optimizer state (Rajbhandari et al., "ZeRO: Memory Optimizations
+   Toward Training Trillion Parameter Models", SC 2020); DeepSpeed's zero_to_fp32.py,
+   which consolidates offline what consolidate writes in the run; safetensors
+   (https://github.com/huggingface/safetensors). */
+
+/* #include "internal.h" (above) */
+#include <errno.h>
+#include <unistd.h>
+
+/* ---- zero_ckpt: the set, the run id, the agreements ----
+   A set under prefix P: rank r's shard file "P.rank<r>.safetensors" and the
+   marker "P.done". The shard file is checkpoint.c's shard file of the range
+   [r S, (r + 1) S) of the padded shard-order block (every rank's shard in rank
+   order, N S floats, S = shard_count): "params" holds the rank's parameter
+   slices and "optim.<state>" its optimizer state, both in the shard's layout
+   (padding zeros), so shard.lo / shard.hi / shard.count name the rank, the world
+   size and the shard size, optim.steps the step, and shard.run the save. The
+   marker, written by rank 0 only after every rank's file is on disk, holds the
+   plan (world size, stage, step, parameter and shard counts, each unit's offset,
+   count and slice) that the load holds the run and every file to, and the save's
+   run id, which every shard of the set must carry: two saves at the same step
+   and world size write the same plan, and only the id tells their files apart.
+
+   The run id: 64 bits that rank 0 draws at each save (/dev/urandom when it can
+   be read, mixed with the wall and monotonic clocks in ns, the pid, the
+   executor's address and its count of saves, so two saves never share one even
+   without /dev/urandom), sent to every rank inside the first agreement, and
+   written as 16 hex digits into every shard's __metadata__ and the marker.
+
+   An agreement that fails itself (a rank stalled, exited or was killed) returns
+   the collective's status and message, which name the ranks that did not arrive
+   (PDP_ERR_TIMEOUT; PDP_ERR_COMM for a local rank that freed its communicator),
+   after the call, the rank and what it was agreeing on. */
+
+/* Every rank's verdict: bad[r] is true when rank r failed. Collective (a sum of
+   one-hot flags, on the model's device as the backend wants). With run, rank 0's
+   *run reaches every rank (as four 16-bit pieces that only rank 0 adds to the
+   sum: exact in floats). On failure, the collective's status and message. */
+PDP__PRIVATE pdp_status pdp__zero_agree(pdp_zero *z, bool ok, bool *bad, uint64_t *run);
+
+/* A new run id (see above); rank 0 draws it once per save. */
+PDP__PRIVATE uint64_t pdp__zero_run_id(pdp_zero *z);
+
+PDP__PRIVATE void pdp__zero_shard_path(char *out, size_t cap, const char *prefix, int rank);
+
+/* Checks the call; a step boundary (no backward waiting for its step). */
+PDP__PRIVATE pdp_status pdp__zero_ckpt_args(pdp_zero *z, const pdp_optim *opt, const char *path,
+                                            const char *fn);
+
+/* The views checkpoint.c's range functions see: a model whose flat block is the
+   padded shard-order block, and opt covering rank r's range of it, its state
+   (or the given buffers) at the range's start. */
+PDP__PRIVATE void pdp__zero_ckpt_views(const pdp_zero *z, const pdp_optim *opt, float *const *state,
+                                       pdp_model *mv, pdp_optim *ov);
+
+/* The rank's parameter slices in shard layout into dst (shard_count floats, on the
+   model's device), from the parameter shard (stage 3) or the full block. */
+PDP__PRIVATE pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst);
+
+/* ---- zero_ckpt: save ---- */
+
+/* A run id as the files hold it: 16 lowercase hex digits. */
+PDP__PRIVATE void pdp__zero_run_text(uint64_t run, char out[17]);
+
+/* The marker's text for this executor at step steps of save run. */
+PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
+                                        size_t cap);
+
+/* Writes the marker atomically (temporary, fsync, rename, fsync of the directory), removing
+   first the temporaries of writers killed mid-write as checkpoint.c's save does. */
+PDP__PRIVATE pdp_status pdp__zero_write_marker(const char *path, const char *text, const char *fn);
+
+/* PDP_API pdp_status pdp_zero_checkpoint_save(pdp_zero *z, const pdp_optim *opt, const char *prefix) */
+
+/* ---- zero_ckpt: load (a shard set, or a full file at any world size) ---- */
+
+/* Reads the marker and holds it to this run; *steps gets its step, run its
+   run id (16 hex digits). */
+PDP__PRIVATE pdp_status pdp__zero_read_marker(pdp_zero *z, const char *path, int64_t *steps,
+                                              char run[17], const char *fn);
+
+/* Commits a validated load: params (shard layout, on the device) into the shard
+   or the full block (stages 1-2 then all-gather), state into opt. */
+PDP__PRIVATE pdp_status pdp__zero_commit(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
+                                         float *params, float *const *state, const char *fn);
+
+/* params and nstate state buffers of shard_count floats each, on the device. */
+PDP__PRIVATE pdp_status pdp__zero_ckpt_staging(pdp_zero *z, const pdp_optim *opt, float **params,
+                                               float **state, const char *fn);
+
+PDP__PRIVATE void pdp__zero_ckpt_staging_free(pdp_zero *z, float *params, float **state);
+
+/* The agreement after a load's validation: every rank's verdict, then (all good)
+   the commit. what(r) names rank r's file in the message of the ranks whose own
+   file was fine. */
+PDP__PRIVATE pdp_status pdp__zero_load_finish(pdp_zero *z, pdp_optim *opt, const pdp_optim *loaded,
+                                              pdp_status st, float *params, float **state,
+                                              const char *prefix, bool full, uint64_t seed,
+                                              uint64_t mstep, const char *fn);
+
+/* PDP_API pdp_status pdp_zero_checkpoint_load(pdp_zero *z, pdp_optim *opt, const char *prefix) */
+
+/* PDP_API pdp_status pdp_zero_checkpoint_load_full(pdp_zero *z, pdp_optim *opt, const char *path) */
+
+/* ---- zero_ckpt: consolidate (one full file) ---- */
+
+/* PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim *opt, const char *path) */
+
+/* ---- src/pp.c ---- */
+/* pp: the pipeline-parallel executor (the design is pp.h's opening comment).
+
+   Invariants: the schedule is fixed at creation, a list of actions per stage in
+   which micro-batch j's forward comes before its backward, and the backwards in
+   micro-batch order. Stage s keeps S = nslots activation sets (model slots), set
+   j % S for micro-batch j: a forward F(j) finds set j % S free because F(j - S)'s
+   backward came before it (GPipe: S = m; 1F1B: S = min(p - s, m) = warm-up + 1).
+   Received inputs (stages after 0) live in S + 1 buffers, j % (S + 1), so the
+   receive for the next action can be posted while the current one computes
+   (after a backward B(i), the next forward F(i + S) needs a buffer while i's is
+   still being read); received output gradients in 2 buffers (j % 2) and the input
+   gradients sent back in 2 (j % 2, the send of j - 2 waited before reuse).
+   Activations are sent straight from the model's output of set j % S, whose send
+   is waited before F(j + S) overwrites it. Tags: 2 j (activations) and 2 j + 1
+   (gradients), modulo PDP_COMM_TAG_MAX + 1. At most one receive is outstanding.
+   After the first pass at the largest batch nothing is allocated.
+
+   Messages are started as soon as they are posted (pdp__pp_start): NCCL enqueues
+   posted messages only at a wait or pdp_work_done (comm.h), so without it stage 0's
+   GPipe forwards would all go out at its first backward, and the next stage would
+   idle until then. An action's send starts together with the receive posted for the
+   next action (one NCCL group); a receive posted by an action that sends nothing
+   starts alone, right away. A receive is never started ahead of the current
+   action's send: on NCCL's one stream that send would queue behind it, and the
+   receive's message may depend on it. On local and MPI starting is a no-op query.
+
+   Clipping (pdp_pp_clip_grad_norm) needs every stage's gradients: each stage's sum of
+   squares, a double, is all-gathered bit for bit over the pipeline (two floats per
+   stage; through a device buffer on NCCL) and summed in stage order on every stage, so
+   all stages clip by the same coefficient. With desc.dp it runs after the dp average,
+   when every pipeline holds the global batch's gradients. A failed pass's clean-up
+   (pdp__pp_drain) keeps the thread's message: its waits fail only as consequences. */
+
+/* #include "internal.h" (above) */
+
+typedef struct pdp__pp_action {
+    char kind; /* 'F' or 'B' */
+    int mb;
+} pdp__pp_action;
+
+struct pdp_pp {
+    pdp_model *m;                 /* this stage */
+    pdp_comm *c, *dp;
+    pdp_pp_desc desc;
+    int stage, p, mb;             /* stage, stages, micro-batches */
+    int first[PDP_PP_MAX_STAGES + 1];
+    pdp__pp_action *acts;
+    int nacts, nslots;
+    int64_t in_count, out_count;  /* per-sample floats at the stage's input and output */
+    int64_t cap_rows;             /* rows the buffers below hold */
+    float **in_buf;               /* nslots + 1: received inputs (stages after 0) */
+    float *dy_buf[2];             /* received output gradients (stages before the last) */
+    float *dx_buf[2];             /* input gradients sent back (stages after 0) */
+    pdp_work **send_fwd;          /* per slot */
+    pdp_work *send_bwd[2];
+    pdp_work *rwork;              /* the outstanding receive, for action rwork_act */
+    int rwork_act;
+    pdp_work *dp_work;            /* DP x PP: the gradients' all-reduce */
+    float norm_host[2 * PDP_PP_MAX_STAGES + 2]; /* pdp_pp_clip_grad_norm: this stage's sum
+                                                    of squares (a double's 8 bytes), then
+                                                    every stage's, gathered */
+    float *norm_dev;              /* its copy on the model's device (NCCL reduces device
+                                     memory only); NULL on the CPU */
+    int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
+    int64_t mb_cap;
+    int64_t sample_base;          /* DP x PP: this pipeline's first row in the global batch */
+    uint64_t steps;
+    double t_compute;             /* when the current action's compute began (after its waits) */
+    pdp_pp_stats stats;
+    bool traced;
+    int trace_pid, trace_tid;
+};
+
+/* ---- pp: stage boundaries ---- */
+
+/* A contiguous split of n layers of cost[] into p non-empty stages minimising the
+   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear). */
+PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first);
+
+/* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
+PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost);
+
+/* ---- pp: schedules ---- */
+
+PDP__PRIVATE void pdp__pp_plan(pdp_pp *pp);
+
+/* PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap) */
+
+/* ---- pp: construction ---- */
+
+PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, int p, const char *fn);
+
+/* The one place pdp_pp_desc's zeros become defaults (sokol's _def), after
+   pdp__pp_check_desc; in may be NULL. first_layer stays as given (NULL: balanced);
+   pdp_pp_get_desc puts the split in use there. */
+PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
+                                              int p, const char *fn);
+
+/* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
+PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn);
+
+/* Every rank checks its split, schedule and micro-batches against rank 0's (by
+   time: takes rank 0's split). */
+PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn);
+
+/* PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp) */
+
+/* PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c, const pdp_pp_desc *desc) */
+
+PDP__PRIVATE void pdp__pp_free_buffers(pdp_pp *pp);
+
+/* Waits every outstanding message and the dp average. Their errors are consequences of
+   the pass's first error (or of one reported already), so the thread's message is kept:
+   after a failed pass it is the one that names the call, the stage and the action. */
+PDP__PRIVATE void pdp__pp_drain(pdp_pp *pp);
+
+/* PDP_API void pdp_pp_free(pdp_pp *pp) */
+
+/* Buffers for micro-batches of up to rows rows (grown, never shrunk). */
+PDP__PRIVATE pdp_status pdp__pp_reserve(pdp_pp *pp, int64_t rows);
+
+/* ---- pp: one pass ---- */
+
+PDP__PRIVATE int pdp__pp_tag(int mb, int dir);
+
+/* Posts the receive action k needs, if any (at most one outstanding). */
+PDP__PRIVATE pdp_status pdp__pp_post_recv(pdp_pp *pp, int k);
+
+/* Waits for action k's receive (posting it first if it was not). */
+PDP__PRIVATE pdp_status pdp__pp_wait_recv(pdp_pp *pp, int k);
+
+/* Starts a posted message (NCCL's batching: see the opening comment); w may be NULL. */
+PDP__PRIVATE void pdp__pp_start(pdp_work *w);
+
+PDP__PRIVATE pdp_status pdp__pp_wait(pdp_work **w);
+
+/* The input rows of micro-batch j on this stage. */
+PDP__PRIVATE const float *pdp__pp_input(const pdp_pp *pp, const pdp_tensor *x, int j);
+
+PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k);
+
+PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
+                                         int k, double *loss_sum);
+
+/* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
+PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);
+
+/* PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels, float *loss) */
+
+/* PDP_API pdp_status pdp_pp_finish(pdp_pp *pp) */
+
+/* The gradients' global norm: each stage's sum of squares, a double, travels bit for bit
+   (its 8 bytes as two floats of an all-gather, on the model's device for NCCL) and every
+   stage adds the p sums in stage order, so all stages hold the same double and scale by
+   the same coefficient (or all fail alike). */
+/* PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *total_norm) */
+
+/* PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt) */
+
+/* ---- pp: queries ---- */
+
+/* PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp) */
+/* PDP_API int pdp_pp_stage(const pdp_pp *pp) */
+/* PDP_API int pdp_pp_num_stages(const pdp_pp *pp) */
+
+/* PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last) */
+
+/* PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out) */
+
+/* ---- src/launch.c ---- */
+/* launch: pdp_launch runs a function on every rank (launch.h), PDP_CHECK's failure path and
+   pdp_seconds. Thread ranks: one group (pdp_local_group or pdp_nccl_group) and one thread per
+   rank beyond the caller's rank 0; each rank records its status and message (thread-local,
+   so copied here) and the order in which ranks failed, under one mutex, BEFORE it frees its
+   communicator: the first failure is then the cause, and the peers' failures that its
+   departure provokes come after it. Process ranks: pdp_comm_init_env and one call. Built
+   only on the public API of comm.h, rendezvous.h and cuda.h. */
+
+/* #include "internal.h" (above) */
+
+typedef struct pdp__launch pdp__launch;
+
+typedef struct pdp__launch_rank {
+    pdp__launch *L;
+    int rank;
+    bool started;      /* its thread was created (ranks >= 1) */
+    pthread_t thread;
+    pdp_status st;
+    int order;         /* 0 = first to fail */
+    char msg[1024];
+} pdp__launch_rank;
+
+struct pdp__launch {
+    int np;
+    pdp_backend backend;
+    pdp_local_group *group;
+    pdp_nccl_group *ngroup;
+    const pdp_device *devices;
+    pdp_launch_fn fn;
+    void *user;
+    pthread_mutex_t mu;
+    int failures;
+    pdp__launch_rank *ranks;
+};
+
+PDP__PRIVATE void pdp__launch_fail(pdp__launch_rank *r, pdp_status st);
+
+PDP__PRIVATE void pdp__launch_run(pdp__launch_rank *r);
+
+PDP__PRIVATE void *pdp__launch_thread(void *arg);
+
+/* The first rank to fail, its message prefixed; PDP_OK when none did. */
+PDP__PRIVATE pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n);
+
+PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
+                                            pdp_launch_fn fn, void *user);
+
+/* PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user) */
+
+/* PDP_API void pdp_check_fail(pdp_status status, const char *file, int line) */
+
+/* PDP_API double pdp_seconds(void) */
+
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif /* PDP_INTERNAL_H_INCLUDED */
