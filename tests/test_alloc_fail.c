@@ -1075,9 +1075,30 @@ static enum greatest_test_res alloc_fail_single(void *arg)
     PASS();
 }
 
+/* The library allocates through this file's allocator (also when the test links the shared
+   implementation object: counting_alloc.h's hooks). Were it not, every case below would see
+   a constructor that never allocates and pass without failing anything. */
+TEST alloc_fail_the_library_allocates_through_the_test(void)
+{
+    pdp_tensor *t = NULL;
+    int64_t shape[1] = {4};
+    long before = atomic_load(&live_blocks);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_create(&t, pdp_cpu(), 1, shape), pdp_status_name);
+    ASSERT(atomic_load(&live_blocks) > before);
+    pdp_tensor_free(t);
+    ASSERT_EQ(before, atomic_load(&live_blocks));
+    arm_thread(1);
+    ASSERT_ENUM_EQ(PDP_ERR_OUT_OF_MEMORY, pdp_tensor_create(&t, pdp_cpu(), 1, shape),
+                   pdp_status_name);
+    ASSERT(disarm_thread() >= 1);
+    ASSERT(t == NULL);
+    PASS();
+}
+
 SUITE(alloc_fail)
 {
     size_t i;
+    RUN_TEST(alloc_fail_the_library_allocates_through_the_test);
     for (g_persist = 0; g_persist < 2; g_persist++)
         for (i = 0; i < sizeof single_cases / sizeof single_cases[0]; i++)
             RUN_TEST1(alloc_fail_single, (void *)&single_cases[i]);
