@@ -27,15 +27,16 @@
            seed 1: Fashion-MNIST, backend local, 2 stages, schedule 1f1b, 4 micro-batches ...
            stage 0: layers 0..0   stage 1: layers 1..4
            step  100  loss ...
-           epoch 1  loss 0.4874  6334 samples/s
-           stage 0: compute 2.38 s  bubble 0.73 (formula (p-1)/(m+p-1) = 0.20, margin 0.10:
-             missed)  peak activations 2 micro-batches = 0.26 MB  (1f1b: 1F1B min(p-s, m) =
+           epoch 1  loss 0.4874  29768 samples/s
+           stage 0: compute 1.31 s  bubble 0.29 (formula (p-1)/(m+p-1) = 0.20, margin 0.10:
+             met)  peak activations 2 micro-batches = 0.26 MB  (1f1b: 1F1B min(p-s, m) =
              2 = 0.26 MB, GPipe m = 4 = 0.52 MB)
-           stage 1: compute 3.08 s  bubble 0.64 ... GPipe m = 4 = 2.11 MB)
+           stage 1: compute 1.36 s  bubble 0.25 ... GPipe m = 4 = 2.11 MB)
            1F1B changes the memory, not the bubble: ...
-           (measured on 2 cores at a load average of 13: the process had a quarter of a core,
-           so its stages waited for a core, not for each other; the margin is meant for an
-           idle machine with a core per stage, where it has not been measured yet)
+           (measured on 2 AMD EPYC cores at a load average of 0.6-1.1: stage 1's bubble read
+           0.25-0.26 in three runs, stage 0's 0.29-0.32, at the margin's edge, so it prints
+           met or missed from run to run; -schedule gpipe idled as long (0.32 and 0.25) and
+           held 4 micro-batches on each stage)
    Next:   bench/pp.c (throughput against one device for m = 1, 2, 4, 8). */
 
 #define PDP_IMPLEMENTATION
