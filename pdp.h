@@ -992,6 +992,9 @@ typedef struct pdp_dataset {
     int classes;        /* largest label + 1 */
     float *images;      /* [count, features], 64-byte aligned; read-only for the user */
     int32_t *labels;    /* [count] */
+    char source[256];   /* where the samples came from, for a program to print: "Fashion-MNIST",
+                           "synthetic", the images file's path (pdp_dataset_load_idx), or, after
+                           a synthetic_fallback, "synthetic" and why */
 } pdp_dataset;
 
 typedef struct pdp_dataset_desc {
@@ -1002,6 +1005,9 @@ typedef struct pdp_dataset_desc {
     int64_t max_samples; /* keep only the first max_samples (0 = all); synthetic: how
                             many to make (0 = 60000 train, 10000 test) */
     uint64_t seed;       /* synthetic only: the class prototypes and the noise; default 0 */
+    bool synthetic_fallback; /* pdp_dataset_load_fashion_mnist only: when any of the four
+                                files is missing, pdp_dataset_synthetic's task (train or test)
+                                instead, with PDP_OK; default false */
 } pdp_dataset_desc;
 
 /* Reads an IDX image file (magic 0x00000803: unsigned bytes, [count, rows, cols])
@@ -1014,8 +1020,13 @@ PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_pa
 /* Fashion-MNIST (60000 training or 10000 test samples) from the directory named
    by $PDP_DATA if set, else /usr/share/datasets/fashion-mnist: the files
    train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
-   t10k-labels-idx1-ubyte, each plain or with .gz. When they are missing it fails
-   with PDP_ERR_IO, naming the paths it tried and how to get the files. */
+   t10k-labels-idx1-ubyte, each plain or with .gz (MNIST's files have the same names:
+   pdp_dataset_load_idx reads those). When they are missing it fails with PDP_ERR_IO,
+   naming the paths it tried and how to get the files; with desc->synthetic_fallback it
+   returns pdp_dataset_synthetic's task instead, its source saying so and where to put the
+   files. The fallback looks for all four files, so the training and test sets of one
+   directory are both the files' or both synthetic, never one of each. A file that is there
+   but bad still fails (PDP_ERR_FORMAT): the fallback is for a machine without the data. */
 PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
                                                   const pdp_dataset_desc *desc);
 /* A learnable stand-in with Fashion-MNIST's shapes (28x28, 10 classes) and no
@@ -1085,6 +1096,16 @@ PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
 PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b);
 /* This epoch's order: *count dataset indices (may be NULL). */
 PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
+
+/* ---- evaluation ---- */
+
+/* The share of b's samples, in [0, 1], whose largest logit from m is their label
+   (pdp_count_correct): one pass over epoch 0 of b (pdp_batcher_reset(b, 0): an unshuffled
+   batcher goes in dataset order) with m in evaluation mode, put back in the mode it was in.
+   b hands out batches where m lives (pdp_batcher_desc.device) of at most m's reserved
+   batch. A failing forward or batch returns its status, message prefixed with
+   "pdp_model_accuracy"; an empty batcher gives PDP_ERR_INVALID. */
+PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy);
 /* ---- end src/data.h ---- */
 
 /* ---- begin src/checkpoint.h ---- */
@@ -2858,6 +2879,9 @@ typedef struct pdp_launch_desc {
 
 /* np: thread ranks to start (see above); desc may be NULL (local backend). */
 PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user);
+/* The backend named "local", "mpi" or "nccl" (a program's -backend argument), into *out;
+   any other name (or NULL) fails with PDP_ERR_INVALID naming it and the three. */
+PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out);
 
 /* ---- for programs (the examples) ----
    PDP_CHECK(call): on a status other than PDP_OK, prints "file:line: STATUS: message" to
@@ -16616,7 +16640,9 @@ PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_pa
     *out = NULL;
     if (!images_path || !labels_path) return pdp__err(PDP_ERR_INVALID, "%s: NULL path", fn);
     if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
-    return pdp__load_idx(out, images_path, labels_path, desc, fn);
+    if ((st = pdp__load_idx(out, images_path, labels_path, desc, fn)) == PDP_OK)
+        snprintf((*out)->source, sizeof (*out)->source, "%s", images_path);
+    return st;
 }
 
 /* ---- fashion-mnist ---- */
@@ -16652,15 +16678,33 @@ PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
     *out = NULL;
     if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
     if (!dir || !*dir) dir = "/usr/share/datasets/fashion-mnist";
+    if (desc && desc->synthetic_fallback) { /* all four files, so train and test agree */
+        const char *other = train ? "t10k" : "train";
+        snprintf(name, sizeof name, "%s-images-idx3-ubyte", other);
+        found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried);
+        snprintf(name, sizeof name, "%s-labels-idx1-ubyte", other);
+        found = pdp__find_file(dir, name, labels, sizeof labels, tried, sizeof tried) && found;
+    } else {
+        found = true;
+    }
     snprintf(name, sizeof name, "%s-images-idx3-ubyte", split);
-    found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried);
+    found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried) && found;
     snprintf(name, sizeof name, "%s-labels-idx1-ubyte", split);
     found = pdp__find_file(dir, name, labels, sizeof labels, tried, sizeof tried) && found;
+    if (!found && desc && desc->synthetic_fallback) {
+        if ((st = pdp_dataset_synthetic(out, train, desc)) != PDP_OK)
+            return pdp__err_wrap(st, "%s", fn);
+        snprintf((*out)->source, sizeof (*out)->source, "synthetic (no Fashion-MNIST in %s: "
+                 "set PDP_DATA to its directory or apt-get install dataset-fashion-mnist)", dir);
+        return PDP_OK;
+    }
     if (!found)
         return pdp__err(PDP_ERR_IO, "%s: Fashion-MNIST not found (tried %s); apt-get install "
                         "dataset-fashion-mnist or set PDP_DATA to the directory that holds the "
                         "files", fn, tried);
-    return pdp__load_idx(out, images, labels, desc, fn);
+    if ((st = pdp__load_idx(out, images, labels, desc, fn)) == PDP_OK)
+        snprintf((*out)->source, sizeof (*out)->source, "Fashion-MNIST");
+    return st;
 }
 
 /* ---- synthetic ---- */
@@ -16724,6 +16768,7 @@ PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
             }
     }
     ds->classes = CLASSES;
+    snprintf(ds->source, sizeof ds->source, "synthetic");
     pdp__dealloc(proto);
     *out = ds;
     return PDP_OK;
@@ -16961,6 +17006,37 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count)
 {
     if (count) *count = b ? b->len : 0;
     return b ? b->order : NULL;
+}
+
+/* ---- evaluation ---- */
+
+PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy)
+{
+    static const char fn[] = "pdp_model_accuracy";
+    int64_t correct = 0, seen = 0, c, n;
+    bool training;
+    pdp_tensor x;
+    const pdp_tensor *logits;
+    const int32_t *y;
+    pdp_status st = PDP_OK;
+    if (accuracy) *accuracy = 0.0;
+    if (!m || !b || !accuracy) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    training = pdp_model_is_training(m);
+    pdp_model_set_training(m, false);
+    pdp_batcher_reset(b, 0);
+    while (st == PDP_OK && pdp_batcher_next(b, &x, &y, &n)) {
+        if ((st = pdp_model_forward(m, &x, &logits)) == PDP_OK &&
+            (st = pdp_count_correct(logits, y, &c)) == PDP_OK) {
+            correct += c;
+            seen += n;
+        }
+    }
+    pdp_model_set_training(m, training);
+    if (st == PDP_OK) st = pdp_batcher_status(b); /* a failed device copy ends the epoch */
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (seen == 0) return pdp__err(PDP_ERR_INVALID, "%s: the batcher has no samples", fn);
+    *accuracy = (double)correct / (double)seen;
+    return PDP_OK;
 }
 /* ---- end src/data.c ---- */
 
@@ -23670,6 +23746,21 @@ PDP_API void pdp_check_fail(pdp_status status, const char *file, int line)
     fprintf(stderr, "%s:%d: %s: %s\n", file ? file : "?", line, pdp_status_name(status),
             pdp_last_error());
     exit(1);
+}
+
+PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out)
+{
+    static const char *const names[] = {"local", "mpi", "nccl"};
+    static const pdp_backend values[] = {PDP_BACKEND_LOCAL, PDP_BACKEND_MPI, PDP_BACKEND_NCCL};
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_backend_from_name: out is NULL");
+    for (i = 0; name && i < 3; i++)
+        if (!strcmp(name, names[i])) {
+            *out = values[i];
+            return PDP_OK;
+        }
+    return pdp__err(PDP_ERR_INVALID, "pdp_backend_from_name: '%s' is not a backend (local, mpi "
+                    "or nccl)", name ? name : "(null)");
 }
 
 PDP_API double pdp_seconds(void) { return pdp__now(); }

@@ -196,7 +196,9 @@ PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_pa
     *out = NULL;
     if (!images_path || !labels_path) return pdp__err(PDP_ERR_INVALID, "%s: NULL path", fn);
     if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
-    return pdp__load_idx(out, images_path, labels_path, desc, fn);
+    if ((st = pdp__load_idx(out, images_path, labels_path, desc, fn)) == PDP_OK)
+        snprintf((*out)->source, sizeof (*out)->source, "%s", images_path);
+    return st;
 }
 
 /* ---- fashion-mnist ---- */
@@ -232,15 +234,33 @@ PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
     *out = NULL;
     if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
     if (!dir || !*dir) dir = "/usr/share/datasets/fashion-mnist";
+    if (desc && desc->synthetic_fallback) { /* all four files, so train and test agree */
+        const char *other = train ? "t10k" : "train";
+        snprintf(name, sizeof name, "%s-images-idx3-ubyte", other);
+        found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried);
+        snprintf(name, sizeof name, "%s-labels-idx1-ubyte", other);
+        found = pdp__find_file(dir, name, labels, sizeof labels, tried, sizeof tried) && found;
+    } else {
+        found = true;
+    }
     snprintf(name, sizeof name, "%s-images-idx3-ubyte", split);
-    found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried);
+    found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried) && found;
     snprintf(name, sizeof name, "%s-labels-idx1-ubyte", split);
     found = pdp__find_file(dir, name, labels, sizeof labels, tried, sizeof tried) && found;
+    if (!found && desc && desc->synthetic_fallback) {
+        if ((st = pdp_dataset_synthetic(out, train, desc)) != PDP_OK)
+            return pdp__err_wrap(st, "%s", fn);
+        snprintf((*out)->source, sizeof (*out)->source, "synthetic (no Fashion-MNIST in %s: "
+                 "set PDP_DATA to its directory or apt-get install dataset-fashion-mnist)", dir);
+        return PDP_OK;
+    }
     if (!found)
         return pdp__err(PDP_ERR_IO, "%s: Fashion-MNIST not found (tried %s); apt-get install "
                         "dataset-fashion-mnist or set PDP_DATA to the directory that holds the "
                         "files", fn, tried);
-    return pdp__load_idx(out, images, labels, desc, fn);
+    if ((st = pdp__load_idx(out, images, labels, desc, fn)) == PDP_OK)
+        snprintf((*out)->source, sizeof (*out)->source, "Fashion-MNIST");
+    return st;
 }
 
 /* ---- synthetic ---- */
@@ -304,6 +324,7 @@ PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
             }
     }
     ds->classes = CLASSES;
+    snprintf(ds->source, sizeof ds->source, "synthetic");
     pdp__dealloc(proto);
     *out = ds;
     return PDP_OK;
@@ -541,4 +562,35 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count)
 {
     if (count) *count = b ? b->len : 0;
     return b ? b->order : NULL;
+}
+
+/* ---- evaluation ---- */
+
+PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy)
+{
+    static const char fn[] = "pdp_model_accuracy";
+    int64_t correct = 0, seen = 0, c, n;
+    bool training;
+    pdp_tensor x;
+    const pdp_tensor *logits;
+    const int32_t *y;
+    pdp_status st = PDP_OK;
+    if (accuracy) *accuracy = 0.0;
+    if (!m || !b || !accuracy) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    training = pdp_model_is_training(m);
+    pdp_model_set_training(m, false);
+    pdp_batcher_reset(b, 0);
+    while (st == PDP_OK && pdp_batcher_next(b, &x, &y, &n)) {
+        if ((st = pdp_model_forward(m, &x, &logits)) == PDP_OK &&
+            (st = pdp_count_correct(logits, y, &c)) == PDP_OK) {
+            correct += c;
+            seen += n;
+        }
+    }
+    pdp_model_set_training(m, training);
+    if (st == PDP_OK) st = pdp_batcher_status(b); /* a failed device copy ends the epoch */
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (seen == 0) return pdp__err(PDP_ERR_INVALID, "%s: the batcher has no samples", fn);
+    *accuracy = (double)correct / (double)seen;
+    return PDP_OK;
 }

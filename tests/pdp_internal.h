@@ -4841,6 +4841,10 @@ struct pdp_batcher {
 
 /* PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count) */
 
+/* ---- evaluation ---- */
+
+/* PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy) */
+
 /* ---- src/sampler.c ---- */
 /* sampler: torch.utils.data.DistributedSampler (declared in ddp.h).
 
@@ -6594,6 +6598,8 @@ PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, co
 /* PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user) */
 
 /* PDP_API void pdp_check_fail(pdp_status status, const char *file, int line) */
+
+/* PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out) */
 
 /* PDP_API double pdp_seconds(void) */
 
