@@ -1066,12 +1066,18 @@ typedef struct pdp_batcher_desc {
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
                                as a padded DistributedSampler's do); NULL = all, in order */
     int64_t num_indices;    /* length of indices */
+    struct pdp_dist_sampler *sampler; /* instead of indices: a DistributedSampler's (ddp.h),
+                               which must outlive the batcher; pdp_batcher_reset(b, e) calls
+                               pdp_dist_sampler_set_epoch(sampler, e) and takes this rank's
+                               indices for epoch e, as PyTorch's DataLoader(sampler=s) after
+                               s.set_epoch(e); default NULL */
     pdp_device device;      /* where the batches are handed out: default the CPU; a CUDA
                                device (the model's) gets each batch copied into a buffer
                                there, allocated at create (the labels stay on the host) */
 } pdp_batcher_desc;
 
-/* A batcher over ds (which must outlive it), positioned at the start of epoch 0. */
+/* A batcher over ds (which must outlive it), positioned at the start of epoch 0. Indices
+   outside [0, ds->count), or both indices and sampler, fail with PDP_ERR_INVALID. */
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
                                       const pdp_batcher_desc *desc);
 PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
@@ -1090,7 +1096,10 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
    with its message in pdp_last_error(); reset by pdp_batcher_reset. */
 PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b);
 /* Starts epoch `epoch` from its first batch (its order is recomputed from the
-   seed and the epoch number alone, so any epoch can be replayed). */
+   seed and the epoch number alone, so any epoch can be replayed). With desc.sampler the
+   index list is the sampler's for that epoch; an index outside the dataset (a sampler made
+   for a larger one) makes the next pdp_batcher_next return false, pdp_batcher_status
+   PDP_ERR_INVALID naming it. */
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
 /* Batches per epoch (counting a smaller last batch unless drop_last). */
 PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b);
@@ -16884,10 +16893,17 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s", fn,
                         (long long)d.num_indices, d.indices ? "set" : "NULL");
+    if (d.indices && d.sampler)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.indices and desc.sampler are both set", fn);
+    if (d.sampler) { /* epoch 0's list, as pdp_batcher_reset(b, 0) below takes it */
+        pdp_dist_sampler_set_epoch(d.sampler, 0);
+        d.indices = pdp_dist_sampler_indices(d.sampler, &d.num_indices);
+    }
     for (i = 0; d.indices && i < d.num_indices; i++)
         if (d.indices[i] < 0 || d.indices[i] >= ds->count)
-            return pdp__err(PDP_ERR_INVALID, "%s: desc.indices[%lld] = %lld is outside [0, %lld)",
-                            fn, (long long)i, (long long)d.indices[i], (long long)ds->count);
+            return pdp__err(PDP_ERR_INVALID, "%s: desc.%s[%lld] = %lld is outside [0, %lld)", fn,
+                            d.sampler ? "sampler's indices" : "indices", (long long)i,
+                            (long long)d.indices[i], (long long)ds->count);
     if (!(b = (pdp_batcher *)pdp__calloc(sizeof *b)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     b->ds = ds;
@@ -16943,11 +16959,27 @@ PDP_API void pdp_batcher_free(pdp_batcher *b)
 
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
 {
-    int64_t i;
+    int64_t i, n;
     if (!b) return;
     b->epoch = epoch;
     b->next = 0;
     b->st = PDP_OK;
+    if (b->desc.sampler) { /* the sampler's list for this epoch (its length never changes) */
+        const int64_t *idx;
+        pdp_dist_sampler_set_epoch(b->desc.sampler, epoch);
+        idx = pdp_dist_sampler_indices(b->desc.sampler, &n);
+        for (i = 0; i < b->len && i < n; i++) {
+            if (idx[i] < 0 || idx[i] >= b->ds->count) {
+                b->st = pdp__err(PDP_ERR_INVALID, "pdp_batcher_reset: the sampler's index %lld "
+                                 "of epoch %llu is outside the dataset's [0, %lld)",
+                                 (long long)idx[i], (unsigned long long)epoch,
+                                 (long long)b->ds->count);
+                b->next = b->len; /* the epoch is over before it starts */
+                return;
+            }
+            b->base[i] = idx[i];
+        }
+    }
     if (!b->desc.shuffle) {
         memcpy(b->order, b->base, (size_t)b->len * sizeof(int64_t));
         return;

@@ -56,7 +56,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_optim *opt;
     pdp_ddp *ddp;
     pdp_dist_sampler *sampler;
-    pdp_batcher *tb;
+    pdp_batcher *b, *tb;
     pdp_ddp_stats s;
     (void)user;
     if (rank == 0)
@@ -84,18 +84,17 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_dist_sampler_desc sd = {.dataset_size = train->count, .world_size = n, .rank = rank,
                                 .seed = seed};
     PDP_TRY(pdp_dist_sampler_create(&sampler, &sd));
+    /* batches of this rank's shard, on the replica's device; every rank the same count */
+    pdp_batcher_desc bd = {.batch_size = per_rank, .sampler = sampler, .device = ctx->device,
+                           .drop_last = true};
+    PDP_TRY(pdp_batcher_create(&b, train, &bd));
     for (e = 0; e < epochs; e++) {
-        pdp_batcher *b;
         pdp_tensor x;
         const int32_t *y;
         int64_t got, seen = 0;
         double loss_sum = 0.0, t0 = pdp_seconds(), acc;
         float loss;
-        pdp_dist_sampler_set_epoch(sampler, (uint64_t)e); /* a new shuffle, the same on all */
-        pdp_batcher_desc bd = {.batch_size = per_rank, .device = ctx->device, /* the replica's */
-                               .drop_last = true}; /* every rank runs the same number of steps */
-        bd.indices = pdp_dist_sampler_indices(sampler, &bd.num_indices); /* this rank's shard */
-        PDP_TRY(pdp_batcher_create(&b, train, &bd));
+        pdp_batcher_reset(b, (uint64_t)e); /* the sampler's shuffle of epoch e, the same on all */
         while (pdp_batcher_next(b, &x, &y, &got)) {
             /* forward, loss, backward; each bucket's all-reduce starts as it fills */
             PDP_TRY(pdp_ddp_forward_backward(ddp, &x, y, &loss));
@@ -110,7 +109,6 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                        100.0 * s.hidden_share);
         }
         PDP_TRY(pdp_batcher_status(b));
-        pdp_batcher_free(b);
         pdp_ddp_get_stats(ddp, &s);
         if (rank == 0) { /* every rank holds the same parameters: rank 0 evaluates */
             double dt = pdp_seconds() - t0, hidden = 1.0 - s.total_wait_s / s.total_allreduce_s;
@@ -124,6 +122,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     if (rank == 0)
         printf("(the losses are rank 0's, over its own shard of each batch: the other ranks' "
                "differ; the parameters after each step do not)\n");
+    pdp_batcher_free(b);
     pdp_dist_sampler_free(sampler);
     pdp_batcher_free(tb);
     pdp_ddp_free(ddp);

@@ -56,24 +56,7 @@ static bool short_run;
 static const char *backend = "local", *sched = "1f1b";
 static pdp_dataset *train;
 
-/* Every stage's NF figures into all (host), in stage order: an all-gather, through the GPU
-   under NCCL, whose buffers are device memory. */
-#define NF 6
-static pdp_status gather_figures(pdp_comm *c, pdp_device dev, const float *mine, float *all)
-{
-    pdp_tensor *s, *r;
-    int64_t one = NF, world = NF * pdp_comm_size(c);
-    pdp_status st;
-    if (dev.kind == PDP_DEVICE_CPU) return pdp_comm_allgather(c, mine, all, NF, NULL);
-    PDP_TRY(pdp_tensor_create(&s, dev, 1, &one));
-    PDP_TRY(pdp_tensor_create(&r, dev, 1, &world));
-    st = pdp_tensor_upload(s, mine);
-    if (st == PDP_OK) st = pdp_comm_allgather(c, s->data, r->data, NF, NULL);
-    if (st == PDP_OK) st = pdp_tensor_download(r, all);
-    pdp_tensor_free(s);
-    pdp_tensor_free(r);
-    return st;
-}
+#define NF 6 /* figures per stage for rank 0 to print */
 
 /* Stage boundaries that balance the GEMM work, first[0..p): the layers are linear, relu, ..,
    linear; a linear layer in x out costs 3 in out (forward, input and weight gradients), the
@@ -144,7 +127,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         const int32_t *y;
         int64_t got, seen = 0;
         double loss_sum = 0.0, t0 = pdp_seconds();
-        float loss, mine[NF], all[NF * PDP_PP_MAX_STAGES];
+        float loss, all[NF * PDP_PP_MAX_STAGES], *mine = all + NF * rank;
         pdp_pp_stats st;
         pdp_batcher_reset(b, (uint64_t)e);
         while (pdp_batcher_next(b, &x, &y, &got)) {
@@ -166,7 +149,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         mine[3] = (float)st.peak_activation_bytes;
         mine[4] = (float)st.activation_bytes;
         mine[5] = (float)st.total_compute_s;
-        PDP_TRY(gather_figures(ctx->world, ctx->device, mine, all));
+        for (s = 0; s < n; s++) /* every stage's figures to every rank (host bytes) */
+            PDP_TRY(pdp_comm_broadcast_bytes(ctx->world, all + NF * s, NF * sizeof *all, s));
         for (s = 0; s < n && rank == 0; s++) {
             const float *f = all + NF * s;
             int hold = n - s < micro ? n - s : micro; /* 1F1B's min(p - s, m) */

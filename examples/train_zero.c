@@ -97,7 +97,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_ddp *ddp = NULL;
     pdp_zero *z = NULL;
     pdp_dist_sampler *sampler;
-    pdp_batcher *tb;
+    pdp_batcher *b, *tb;
     pdp_zero_memory mm = {0};
     (void)user;
     if (rank == 0)
@@ -127,18 +127,17 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_dist_sampler_desc sd = {.dataset_size = train->count, .world_size = n, .rank = rank,
                                 .seed = seed};
     PDP_TRY(pdp_dist_sampler_create(&sampler, &sd));
+    pdp_batcher_desc bd = {.batch_size = per_rank, .sampler = sampler, .device = ctx->device,
+                           .drop_last = true}; /* this rank's shard, the same count on all */
+    PDP_TRY(pdp_batcher_create(&b, train, &bd));
     for (e = 0; e < epochs; e++) {
-        pdp_batcher *b;
         pdp_tensor x;
         const pdp_tensor *logits;
         const int32_t *y;
         int64_t got, seen = 0, correct = 0, c, tested = 0, micro = 0;
         double loss_sum = 0.0, t0 = pdp_seconds();
         float loss;
-        pdp_dist_sampler_set_epoch(sampler, (uint64_t)e);
-        pdp_batcher_desc bd = {.batch_size = per_rank, .drop_last = true, .device = ctx->device};
-        bd.indices = pdp_dist_sampler_indices(sampler, &bd.num_indices); /* this rank's shard */
-        PDP_TRY(pdp_batcher_create(&b, train, &bd));
+        pdp_batcher_reset(b, (uint64_t)e); /* the sampler's shuffle of epoch e */
         while (pdp_batcher_next(b, &x, &y, &got)) {
             bool last = ++micro % accum == 0; /* accum - 1 backward passes accumulate, then step */
             if (ddp) {
@@ -168,7 +167,6 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
             seen += got;
         }
         PDP_TRY(pdp_batcher_status(b));
-        pdp_batcher_free(b);
         pdp_model_set_training(m, false); /* every rank evaluates: stage 3's forward gathers */
         for (pdp_batcher_reset(tb, 0); pdp_batcher_next(tb, &x, &y, &got); tested += got) {
             PDP_TRY(z ? pdp_zero_forward(z, &x, &logits) : pdp_model_forward(m, &x, &logits));
@@ -196,6 +194,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                "losses differ; their parameters, and test accuracies, do not)\n");
         explain(n, &mm);
     }
+    pdp_batcher_free(b);
     pdp_dist_sampler_free(sampler);
     pdp_batcher_free(tb);
     pdp_zero_free(z);

@@ -440,10 +440,17 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s", fn,
                         (long long)d.num_indices, d.indices ? "set" : "NULL");
+    if (d.indices && d.sampler)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.indices and desc.sampler are both set", fn);
+    if (d.sampler) { /* epoch 0's list, as pdp_batcher_reset(b, 0) below takes it */
+        pdp_dist_sampler_set_epoch(d.sampler, 0);
+        d.indices = pdp_dist_sampler_indices(d.sampler, &d.num_indices);
+    }
     for (i = 0; d.indices && i < d.num_indices; i++)
         if (d.indices[i] < 0 || d.indices[i] >= ds->count)
-            return pdp__err(PDP_ERR_INVALID, "%s: desc.indices[%lld] = %lld is outside [0, %lld)",
-                            fn, (long long)i, (long long)d.indices[i], (long long)ds->count);
+            return pdp__err(PDP_ERR_INVALID, "%s: desc.%s[%lld] = %lld is outside [0, %lld)", fn,
+                            d.sampler ? "sampler's indices" : "indices", (long long)i,
+                            (long long)d.indices[i], (long long)ds->count);
     if (!(b = (pdp_batcher *)pdp__calloc(sizeof *b)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     b->ds = ds;
@@ -499,11 +506,27 @@ PDP_API void pdp_batcher_free(pdp_batcher *b)
 
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
 {
-    int64_t i;
+    int64_t i, n;
     if (!b) return;
     b->epoch = epoch;
     b->next = 0;
     b->st = PDP_OK;
+    if (b->desc.sampler) { /* the sampler's list for this epoch (its length never changes) */
+        const int64_t *idx;
+        pdp_dist_sampler_set_epoch(b->desc.sampler, epoch);
+        idx = pdp_dist_sampler_indices(b->desc.sampler, &n);
+        for (i = 0; i < b->len && i < n; i++) {
+            if (idx[i] < 0 || idx[i] >= b->ds->count) {
+                b->st = pdp__err(PDP_ERR_INVALID, "pdp_batcher_reset: the sampler's index %lld "
+                                 "of epoch %llu is outside the dataset's [0, %lld)",
+                                 (long long)idx[i], (unsigned long long)epoch,
+                                 (long long)b->ds->count);
+                b->next = b->len; /* the epoch is over before it starts */
+                return;
+            }
+            b->base[i] = idx[i];
+        }
+    }
     if (!b->desc.shuffle) {
         memcpy(b->order, b->base, (size_t)b->len * sizeof(int64_t));
         return;

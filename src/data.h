@@ -96,12 +96,18 @@ typedef struct pdp_batcher_desc {
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
                                as a padded DistributedSampler's do); NULL = all, in order */
     int64_t num_indices;    /* length of indices */
+    struct pdp_dist_sampler *sampler; /* instead of indices: a DistributedSampler's (ddp.h),
+                               which must outlive the batcher; pdp_batcher_reset(b, e) calls
+                               pdp_dist_sampler_set_epoch(sampler, e) and takes this rank's
+                               indices for epoch e, as PyTorch's DataLoader(sampler=s) after
+                               s.set_epoch(e); default NULL */
     pdp_device device;      /* where the batches are handed out: default the CPU; a CUDA
                                device (the model's) gets each batch copied into a buffer
                                there, allocated at create (the labels stay on the host) */
 } pdp_batcher_desc;
 
-/* A batcher over ds (which must outlive it), positioned at the start of epoch 0. */
+/* A batcher over ds (which must outlive it), positioned at the start of epoch 0. Indices
+   outside [0, ds->count), or both indices and sampler, fail with PDP_ERR_INVALID. */
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
                                       const pdp_batcher_desc *desc);
 PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
@@ -120,7 +126,10 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
    with its message in pdp_last_error(); reset by pdp_batcher_reset. */
 PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b);
 /* Starts epoch `epoch` from its first batch (its order is recomputed from the
-   seed and the epoch number alone, so any epoch can be replayed). */
+   seed and the epoch number alone, so any epoch can be replayed). With desc.sampler the
+   index list is the sampler's for that epoch; an index outside the dataset (a sampler made
+   for a larger one) makes the next pdp_batcher_next return false, pdp_batcher_status
+   PDP_ERR_INVALID naming it. */
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
 /* Batches per epoch (counting a smaller last batch unless drop_last). */
 PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b);

@@ -856,6 +856,102 @@ TEST data_batcher_index_lists_and_no_allocation(void)
 }
 
 /* Issue 13, item 2: sizes computed from user input that used to wrap around. */
+TEST data_batcher_takes_a_samplers_epochs(void)
+{
+    pdp_dataset *ds = small_dataset(50);
+    pdp_dist_sampler_desc sd = {0};
+    pdp_dist_sampler *s, *ref, *big;
+    pdp_batcher_desc bd = {0}, rd = {0};
+    pdp_batcher *b, *r;
+    pdp_tensor x, xr;
+    const int32_t *y, *yr;
+    const int64_t *idx;
+    int64_t n, nr, m, k;
+    long before;
+    int e;
+    sd.dataset_size = 50;
+    sd.world_size = 3; /* 17 a rank, the last padded */
+    sd.rank = 2;
+    sd.seed = 6;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&s, &sd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&ref, &sd), pdp_status_name);
+    bd.batch_size = 4;
+    bd.sampler = s;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    for (e = 2; e >= 0; e--) { /* the reference: a batcher per epoch over the indices */
+        pdp_batcher_reset(b, (uint64_t)e);
+        pdp_dist_sampler_set_epoch(ref, (uint64_t)e);
+        idx = pdp_dist_sampler_indices(ref, &m);
+        ASSERT_EQ(17, (int)m);
+        rd.batch_size = 4;
+        rd.indices = idx;
+        rd.num_indices = m;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&r, ds, &rd), pdp_status_name);
+        for (k = 0; pdp_batcher_next(b, &x, &y, &n); k += n) {
+            ASSERT(pdp_batcher_next(r, &xr, &yr, &nr));
+            ASSERT_EQ(nr, n);
+            ASSERT_MEM_EQ(yr, y, (size_t)n * sizeof *y);
+            ASSERT_MEM_EQ(xr.data, x.data, (size_t)n * 784 * sizeof(float));
+        }
+        ASSERT_EQ(17, (int)k);
+        ASSERT(!pdp_batcher_next(r, &xr, &yr, &nr));
+        ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_status(b), pdp_status_name);
+        pdp_batcher_free(r);
+    }
+    pdp_batcher_reset(b, 7); /* only the reference batchers allocated: none here */
+    before = g_allocs;
+    while (pdp_batcher_next(b, &x, &y, &n)) {}
+    pdp_batcher_reset(b, 8);
+    ASSERT_EQ(before, g_allocs);
+    /* indices and a sampler: refused */
+    rd.sampler = s;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_create(&r, ds, &rd), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "indices and desc.sampler"));
+    pdp_batcher_free(b);
+    /* a sampler made for a larger dataset: refused at create, or at the epoch that leaves */
+    sd.dataset_size = 60;
+    sd.world_size = 1;
+    sd.rank = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&big, &sd), pdp_status_name);
+    bd.sampler = big;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "sampler's indices[") && strstr(pdp_last_error(), "[0, 50)"));
+    pdp_dist_sampler_free(big);
+    /* ... or at the epoch that leaves it: a seed whose epoch 0 fits and a later epoch not */
+    sd.dataset_size = 52;
+    sd.world_size = 4;
+    for (sd.seed = 0, e = -1; e < 0 && sd.seed < 200; sd.seed++) {
+        int f;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&big, &sd), pdp_status_name);
+        for (f = 0; f < 20; f++) {
+            bool out = false;
+            pdp_dist_sampler_set_epoch(big, (uint64_t)f);
+            idx = pdp_dist_sampler_indices(big, &m);
+            for (k = 0; k < m; k++) out = out || idx[k] >= 50;
+            if (f == 0 && out) break;
+            if (out) { e = f; break; }
+        }
+        if (e < 0) pdp_dist_sampler_free(big);
+    }
+    ASSERT(e > 0);
+    bd.sampler = big;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    pdp_batcher_reset(b, (uint64_t)e);
+    ASSERT(!pdp_batcher_next(b, &x, &y, &n));
+    ASSERT_EQ(0, (int)n);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_status(b), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_batcher_reset: the sampler's index 5"));
+    pdp_batcher_reset(b, 0); /* back in range */
+    ASSERT(pdp_batcher_next(b, &x, &y, &n));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_status(b), pdp_status_name);
+    pdp_batcher_free(b);
+    pdp_dist_sampler_free(big);
+    pdp_dist_sampler_free(ref);
+    pdp_dist_sampler_free(s);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
 /* ---- evaluation ---- */
 
 TEST data_model_accuracy_matches_a_naive_count(void)
@@ -974,6 +1070,7 @@ SUITE(data)
     RUN_TEST(data_permutation_is_seeded_permutation);
     RUN_TEST(data_batcher_covers_each_sample_once);
     RUN_TEST(data_batcher_index_lists_and_no_allocation);
+    RUN_TEST(data_batcher_takes_a_samplers_epochs);
     RUN_TEST(data_model_accuracy_matches_a_naive_count);
     RUN_TEST(data_sizes_that_overflow_fail);
 }
