@@ -34,7 +34,9 @@
    Every function that can fail returns a pdp_status; on failure pdp_last_error()
    says what and where ("pdp_model_forward: layer 0 (Linear) expects [64, 784],
    got [64, 785]"). README.md has this as a whole program (tested by make test);
-   examples/train_mnist.c adds evaluation and a learning-rate schedule.
+   examples/train_mnist.c adds a learning-rate schedule, the test accuracy after each
+   epoch (pdp_model_accuracy over a batcher) and, without the Fashion-MNIST files, the
+   synthetic task (pdp_dataset_desc.synthetic_fallback; dataset->source says which).
 
    BUILD
    =====
@@ -209,7 +211,8 @@
    or torchrun (nccl; RANK, WORLD_SIZE, ...) this process is one rank of the
    launcher's world and fn runs once. It returns the first failing rank's status,
    its message prefixed "pdp_launch: rank R of N: ". PDP_CHECK(call) (print and
-   exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs.
+   exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs, as is
+   pdp_backend_from_name("local" | "mpi" | "nccl", &desc.backend) for a -backend argument.
 
    DataParallel, one process (dp.h)
    --------------------------------
@@ -240,7 +243,8 @@
    pdp_model_forward/backward on the model); a second backward before the step fails
    with PDP_ERR_STATE saying what to call. pdp_ddp_set_no_sync accumulates locally.
    pdp_dist_sampler gives each rank a disjoint shard of a seeded permutation (pad or
-   drop_last).
+   drop_last); a batcher with desc.sampler set walks it, pdp_batcher_reset(b, e) setting
+   the sampler's epoch (DataLoader(sampler=s) after s.set_epoch(e)).
 
    Uneven shards: each rank's loss is the mean over its own batch and the all-reduce
    averages over ranks, so a step trains the mean of per-rank means, (1/N) sum_r

@@ -57,22 +57,22 @@ static double umax_of(int l) { return (l > 1 && hidden > 784 ? hidden + 1.0 : 78
 /* Rank 0: every stage's memory by both formulas, the buffers, the verdict and its reason. */
 static void explain(int n, const pdp_zero_memory *mm)
 {
-    static const char *const pdp_f[] = {"16 Psi", "8 Psi + 8 Psi/N", "4 Psi + 12 Psi/N",
-                                        "16 Psi/N"};
-    static const char *const paper_f[] = {"16 Psi", "4 Psi + 12 Psi/N", "2 Psi + 14 Psi/N",
-                                          "16 Psi/N"};
-    const double pdp_a[] = {16, 8, 4, 0}, pdp_b[] = {0, 8, 12, 16}, pap_a[] = {16, 4, 2, 0};
-    const double pap_b[] = {0, 12, 14, 16}, nbuf[] = {0, 1, 3, 4}, mb = 1e6;
-    double psi = psi_of(layers), keep = (1.0 - 1.0 / n) * psi; /* U_max measured, or estimated */
-    double u = stage ? (double)mm->buffer_bound / (4.0 * nbuf[stage]) : umax_of(layers);
-    int s, l, nx = u < psi ? (int)(psi / (psi - u)) + 1 : 0;
+    static const struct { const char *pdp, *paper; double a, b, pa, pb, bufs; } f[4] = {
+        /* bytes per rank = a Psi + b Psi / N (pdp fp32), pa Psi + pb Psi / N (the paper) */
+        {"16 Psi", "16 Psi", 16, 0, 16, 0, 0},                         /* stage 0: DDP */
+        {"8 Psi + 8 Psi/N", "4 Psi + 12 Psi/N", 8, 8, 4, 12, 1},      /* Adam's state */
+        {"4 Psi + 12 Psi/N", "2 Psi + 14 Psi/N", 4, 12, 2, 14, 3},    /* + gradients */
+        {"16 Psi/N", "16 Psi/N", 0, 16, 0, 16, 4}};                   /* + parameters */
+    const double mb = 1e6, psi = psi_of(layers), keep = (1.0 - 1.0 / n) * psi;
+    double u = stage ? (double)mm->buffer_bound / (4.0 * f[stage].bufs) : umax_of(layers);
+    int s, l, nx = u < psi ? (int)(psi / (psi - u)) + 1 : 0; /* U_max measured, or estimated */
     printf("memory per rank, N = %d, Psi = %.0f (pdp: fp32 params + grads + Adam's 2 states; "
            "paper: mixed precision, K = 12):\n", n, psi);
     for (s = 0; s < 4; s++)
         printf("  stage %d  pdp fp32 %-16s = %6.2f MB | paper %-16s = %6.2f MB | + buffers "
-               "%d x 4 U_max = %5.2f MB\n", s, pdp_f[s], (pdp_a[s] * psi + pdp_b[s] * psi / n) / mb,
-               paper_f[s], (pap_a[s] * psi + pap_b[s] * psi / n) / mb, (int)nbuf[s],
-               nbuf[s] * 4 * u / mb);
+               "%.0f x 4 U_max = %5.2f MB\n", s, f[s].pdp, (f[s].a * psi + f[s].b * psi / n) / mb,
+               f[s].paper, (f[s].pa * psi + f[s].pb * psi / n) / mb, f[s].bufs,
+               f[s].bufs * 4 * u / mb);
     printf("measured, stage %d: params %.2f + grads %.2f + Adam %.2f + buffers %.2f = %.2f MB "
            "against DDP's %.2f MB: stage %d %s here\n", stage, mm->param_bytes / mb,
            mm->grad_bytes / mb, mm->optim_bytes / mb, mm->buffer_bytes / mb, mm->total_bytes / mb,
