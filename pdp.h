@@ -981,7 +981,9 @@ PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total,
    samples of each batch into a buffer it owns, so the training loop allocates
    nothing; its order in epoch e depends on (seed, e) only, like PyTorch's
    DistributedSampler after set_epoch(e). A distributed run gives each rank its
-   own index list (pdp_batcher_desc.indices). */
+   own index list (pdp_batcher_desc.indices), or its DistributedSampler
+   (pdp_batcher_desc.sampler), whose epochs pdp_batcher_reset follows. The module ends
+   with pdp_model_accuracy: a model's accuracy over a batcher's epoch. */
 
 /* Fashion-MNIST's training-set pixel statistics (of p / 255), for
    pdp_dataset_desc.mean and .std. */
@@ -1115,9 +1117,11 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
 /* The share of b's samples, in [0, 1], whose largest logit from m is their label
    (pdp_count_correct): one pass over epoch 0 of b (pdp_batcher_reset(b, 0): an unshuffled
    batcher goes in dataset order) with m in evaluation mode, put back in the mode it was in.
-   b hands out batches where m lives (pdp_batcher_desc.device) of at most m's reserved
-   batch. A failing forward or batch returns its status, message prefixed with
-   "pdp_model_accuracy"; an empty batcher gives PDP_ERR_INVALID. */
+   b must hand out batches where m lives (pdp_batcher_desc.device); the pass allocates
+   nothing once m is reserved (pdp_model_reserve) for b's batch size. A failing forward or
+   batch returns its status, message prefixed with "pdp_model_accuracy"; an empty batcher
+   gives PDP_ERR_INVALID. Rank-parallel models with their own forward (pdp_zero_forward)
+   count with pdp_count_correct themselves. */
 PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy);
 /* ---- end src/data.h ---- */
 
@@ -16455,8 +16459,10 @@ done:
 /* ---- end src/inflate.c ---- */
 
 /* ---- begin src/data.c ---- */
-/* data: the IDX reader, the synthetic task, the batcher. Files that start with the
-   gzip magic are decoded by src/inflate.c (pdp__gunzip).
+/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
+   batcher (over an index list or a DistributedSampler's epochs), the accuracy of a model
+   over a batcher. Files that start with the gzip magic are decoded by src/inflate.c
+   (pdp__gunzip).
 
    IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
    TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the

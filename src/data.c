@@ -1,5 +1,7 @@
-/* data: the IDX reader, the synthetic task, the batcher. Files that start with the
-   gzip magic are decoded by src/inflate.c (pdp__gunzip).
+/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
+   batcher (over an index list or a DistributedSampler's epochs), the accuracy of a model
+   over a batcher. Files that start with the gzip magic are decoded by src/inflate.c
+   (pdp__gunzip).
 
    IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
    TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the

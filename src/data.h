@@ -7,7 +7,9 @@
    samples of each batch into a buffer it owns, so the training loop allocates
    nothing; its order in epoch e depends on (seed, e) only, like PyTorch's
    DistributedSampler after set_epoch(e). A distributed run gives each rank its
-   own index list (pdp_batcher_desc.indices). */
+   own index list (pdp_batcher_desc.indices), or its DistributedSampler
+   (pdp_batcher_desc.sampler), whose epochs pdp_batcher_reset follows. The module ends
+   with pdp_model_accuracy: a model's accuracy over a batcher's epoch. */
 
 /* Fashion-MNIST's training-set pixel statistics (of p / 255), for
    pdp_dataset_desc.mean and .std. */
@@ -141,7 +143,9 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
 /* The share of b's samples, in [0, 1], whose largest logit from m is their label
    (pdp_count_correct): one pass over epoch 0 of b (pdp_batcher_reset(b, 0): an unshuffled
    batcher goes in dataset order) with m in evaluation mode, put back in the mode it was in.
-   b hands out batches where m lives (pdp_batcher_desc.device) of at most m's reserved
-   batch. A failing forward or batch returns its status, message prefixed with
-   "pdp_model_accuracy"; an empty batcher gives PDP_ERR_INVALID. */
+   b must hand out batches where m lives (pdp_batcher_desc.device); the pass allocates
+   nothing once m is reserved (pdp_model_reserve) for b's batch size. A failing forward or
+   batch returns its status, message prefixed with "pdp_model_accuracy"; an empty batcher
+   gives PDP_ERR_INVALID. Rank-parallel models with their own forward (pdp_zero_forward)
+   count with pdp_count_correct themselves. */
 PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy);
