@@ -79,8 +79,8 @@ int main(int argc, char **argv)
 
     /* the master model and its optimizer (the distributed examples' MLP); DP clones the
        replicas from it */
-    pdp_model_desc md = {.input_shape = {784}, .seed = seed, .device = gpus ? pdp_cuda(0)
-                                                                             : pdp_cpu()};
+    pdp_model_desc md = {.input_shape = {784}, .seed = seed,
+                         .device = gpus ? pdp_cuda(0) : pdp_cpu()};
     PDP_CHECK(pdp_model_create(&m, &md));
     PDP_CHECK(pdp_model_add_linear(m, 512));
     PDP_CHECK(pdp_model_add_relu(m));
