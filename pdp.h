@@ -34,7 +34,9 @@
    Every function that can fail returns a pdp_status; on failure pdp_last_error()
    says what and where ("pdp_model_forward: layer 0 (Linear) expects [64, 784],
    got [64, 785]"). README.md has this as a whole program (tested by make test);
-   examples/train_mnist.c adds evaluation and a learning-rate schedule.
+   examples/train_mnist.c adds a learning-rate schedule, the test accuracy after each
+   epoch (pdp_model_accuracy over a batcher) and, without the Fashion-MNIST files, the
+   synthetic task (pdp_dataset_desc.synthetic_fallback; dataset->source says which).
 
    BUILD
    =====
@@ -209,7 +211,8 @@
    or torchrun (nccl; RANK, WORLD_SIZE, ...) this process is one rank of the
    launcher's world and fn runs once. It returns the first failing rank's status,
    its message prefixed "pdp_launch: rank R of N: ". PDP_CHECK(call) (print and
-   exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs.
+   exit, for main) and PDP_TRY(call) (return the status, for fn) are for programs, as is
+   pdp_backend_from_name("local" | "mpi" | "nccl", &desc.backend) for a -backend argument.
 
    DataParallel, one process (dp.h)
    --------------------------------
@@ -240,7 +243,8 @@
    pdp_model_forward/backward on the model); a second backward before the step fails
    with PDP_ERR_STATE saying what to call. pdp_ddp_set_no_sync accumulates locally.
    pdp_dist_sampler gives each rank a disjoint shard of a seeded permutation (pad or
-   drop_last).
+   drop_last); a batcher with desc.sampler set walks it, pdp_batcher_reset(b, e) setting
+   the sampler's epoch (DataLoader(sampler=s) after s.set_epoch(e)).
 
    Uneven shards: each rank's loss is the mean over its own batch and the all-reduce
    averages over ranks, so a step trains the mean of per-rank means, (1/N) sum_r
@@ -977,7 +981,9 @@ PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total,
    samples of each batch into a buffer it owns, so the training loop allocates
    nothing; its order in epoch e depends on (seed, e) only, like PyTorch's
    DistributedSampler after set_epoch(e). A distributed run gives each rank its
-   own index list (pdp_batcher_desc.indices). */
+   own index list (pdp_batcher_desc.indices), or its DistributedSampler
+   (pdp_batcher_desc.sampler), whose epochs pdp_batcher_reset follows. The module ends
+   with pdp_model_accuracy: a model's accuracy over a batcher's epoch. */
 
 /* Fashion-MNIST's training-set pixel statistics (of p / 255), for
    pdp_dataset_desc.mean and .std. */
@@ -992,6 +998,9 @@ typedef struct pdp_dataset {
     int classes;        /* largest label + 1 */
     float *images;      /* [count, features], 64-byte aligned; read-only for the user */
     int32_t *labels;    /* [count] */
+    char source[256];   /* where the samples came from, for a program to print: "Fashion-MNIST",
+                           "synthetic", the images file's path (pdp_dataset_load_idx), or, after
+                           a synthetic_fallback, "synthetic" and why */
 } pdp_dataset;
 
 typedef struct pdp_dataset_desc {
@@ -1002,6 +1011,9 @@ typedef struct pdp_dataset_desc {
     int64_t max_samples; /* keep only the first max_samples (0 = all); synthetic: how
                             many to make (0 = 60000 train, 10000 test) */
     uint64_t seed;       /* synthetic only: the class prototypes and the noise; default 0 */
+    bool synthetic_fallback; /* pdp_dataset_load_fashion_mnist only: when any of the four
+                                files is missing, pdp_dataset_synthetic's task (train or test)
+                                instead, with PDP_OK; default false */
 } pdp_dataset_desc;
 
 /* Reads an IDX image file (magic 0x00000803: unsigned bytes, [count, rows, cols])
@@ -1014,8 +1026,13 @@ PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_pa
 /* Fashion-MNIST (60000 training or 10000 test samples) from the directory named
    by $PDP_DATA if set, else /usr/share/datasets/fashion-mnist: the files
    train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
-   t10k-labels-idx1-ubyte, each plain or with .gz. When they are missing it fails
-   with PDP_ERR_IO, naming the paths it tried and how to get the files. */
+   t10k-labels-idx1-ubyte, each plain or with .gz (MNIST's files have the same names:
+   pdp_dataset_load_idx reads those). When they are missing it fails with PDP_ERR_IO,
+   naming the paths it tried and how to get the files; with desc->synthetic_fallback it
+   returns pdp_dataset_synthetic's task instead, its source saying so and where to put the
+   files. The fallback looks for all four files, so the training and test sets of one
+   directory are both the files' or both synthetic, never one of each. A file that is there
+   but bad still fails (PDP_ERR_FORMAT): the fallback is for a machine without the data. */
 PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
                                                   const pdp_dataset_desc *desc);
 /* A learnable stand-in with Fashion-MNIST's shapes (28x28, 10 classes) and no
@@ -1055,12 +1072,18 @@ typedef struct pdp_batcher_desc {
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
                                as a padded DistributedSampler's do); NULL = all, in order */
     int64_t num_indices;    /* length of indices */
+    struct pdp_dist_sampler *sampler; /* instead of indices: a DistributedSampler's (ddp.h),
+                               which must outlive the batcher; pdp_batcher_reset(b, e) calls
+                               pdp_dist_sampler_set_epoch(sampler, e) and takes this rank's
+                               indices for epoch e, as PyTorch's DataLoader(sampler=s) after
+                               s.set_epoch(e); default NULL */
     pdp_device device;      /* where the batches are handed out: default the CPU; a CUDA
                                device (the model's) gets each batch copied into a buffer
                                there, allocated at create (the labels stay on the host) */
 } pdp_batcher_desc;
 
-/* A batcher over ds (which must outlive it), positioned at the start of epoch 0. */
+/* A batcher over ds (which must outlive it), positioned at the start of epoch 0. Indices
+   outside [0, ds->count), or both indices and sampler, fail with PDP_ERR_INVALID. */
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
                                       const pdp_batcher_desc *desc);
 PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
@@ -1079,12 +1102,27 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
    with its message in pdp_last_error(); reset by pdp_batcher_reset. */
 PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b);
 /* Starts epoch `epoch` from its first batch (its order is recomputed from the
-   seed and the epoch number alone, so any epoch can be replayed). */
+   seed and the epoch number alone, so any epoch can be replayed). With desc.sampler the
+   index list is the sampler's for that epoch; an index outside the dataset (a sampler made
+   for a larger one) makes the next pdp_batcher_next return false, pdp_batcher_status
+   PDP_ERR_INVALID naming it. */
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
 /* Batches per epoch (counting a smaller last batch unless drop_last). */
 PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b);
 /* This epoch's order: *count dataset indices (may be NULL). */
 PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
+
+/* ---- evaluation ---- */
+
+/* The share of b's samples, in [0, 1], whose largest logit from m is their label
+   (pdp_count_correct): one pass over epoch 0 of b (pdp_batcher_reset(b, 0): an unshuffled
+   batcher goes in dataset order) with m in evaluation mode, put back in the mode it was in.
+   b must hand out batches where m lives (pdp_batcher_desc.device); the pass allocates
+   nothing once m is reserved (pdp_model_reserve) for b's batch size. A failing forward or
+   batch returns its status, message prefixed with "pdp_model_accuracy"; an empty batcher
+   gives PDP_ERR_INVALID. Rank-parallel models with their own forward (pdp_zero_forward)
+   count with pdp_count_correct themselves. */
+PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy);
 /* ---- end src/data.h ---- */
 
 /* ---- begin src/checkpoint.h ---- */
@@ -2858,6 +2896,9 @@ typedef struct pdp_launch_desc {
 
 /* np: thread ranks to start (see above); desc may be NULL (local backend). */
 PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user);
+/* The backend named "local", "mpi" or "nccl" (a program's -backend argument), into *out;
+   any other name (or NULL) fails with PDP_ERR_INVALID naming it and the three. */
+PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out);
 
 /* ---- for programs (the examples) ----
    PDP_CHECK(call): on a status other than PDP_OK, prints "file:line: STATUS: message" to
@@ -16418,8 +16459,10 @@ done:
 /* ---- end src/inflate.c ---- */
 
 /* ---- begin src/data.c ---- */
-/* data: the IDX reader, the synthetic task, the batcher. Files that start with the
-   gzip magic are decoded by src/inflate.c (pdp__gunzip).
+/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
+   batcher (over an index list or a DistributedSampler's epochs), the accuracy of a model
+   over a batcher. Files that start with the gzip magic are decoded by src/inflate.c
+   (pdp__gunzip).
 
    IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
    TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the
@@ -16616,7 +16659,9 @@ PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_pa
     *out = NULL;
     if (!images_path || !labels_path) return pdp__err(PDP_ERR_INVALID, "%s: NULL path", fn);
     if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
-    return pdp__load_idx(out, images_path, labels_path, desc, fn);
+    if ((st = pdp__load_idx(out, images_path, labels_path, desc, fn)) == PDP_OK)
+        snprintf((*out)->source, sizeof (*out)->source, "%s", images_path);
+    return st;
 }
 
 /* ---- fashion-mnist ---- */
@@ -16652,15 +16697,33 @@ PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
     *out = NULL;
     if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
     if (!dir || !*dir) dir = "/usr/share/datasets/fashion-mnist";
+    if (desc && desc->synthetic_fallback) { /* all four files, so train and test agree */
+        const char *other = train ? "t10k" : "train";
+        snprintf(name, sizeof name, "%s-images-idx3-ubyte", other);
+        found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried);
+        snprintf(name, sizeof name, "%s-labels-idx1-ubyte", other);
+        found = pdp__find_file(dir, name, labels, sizeof labels, tried, sizeof tried) && found;
+    } else {
+        found = true;
+    }
     snprintf(name, sizeof name, "%s-images-idx3-ubyte", split);
-    found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried);
+    found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried) && found;
     snprintf(name, sizeof name, "%s-labels-idx1-ubyte", split);
     found = pdp__find_file(dir, name, labels, sizeof labels, tried, sizeof tried) && found;
+    if (!found && desc && desc->synthetic_fallback) {
+        if ((st = pdp_dataset_synthetic(out, train, desc)) != PDP_OK)
+            return pdp__err_wrap(st, "%s", fn);
+        snprintf((*out)->source, sizeof (*out)->source, "synthetic (no Fashion-MNIST in %s: "
+                 "set PDP_DATA to its directory or apt-get install dataset-fashion-mnist)", dir);
+        return PDP_OK;
+    }
     if (!found)
         return pdp__err(PDP_ERR_IO, "%s: Fashion-MNIST not found (tried %s); apt-get install "
                         "dataset-fashion-mnist or set PDP_DATA to the directory that holds the "
                         "files", fn, tried);
-    return pdp__load_idx(out, images, labels, desc, fn);
+    if ((st = pdp__load_idx(out, images, labels, desc, fn)) == PDP_OK)
+        snprintf((*out)->source, sizeof (*out)->source, "Fashion-MNIST");
+    return st;
 }
 
 /* ---- synthetic ---- */
@@ -16724,6 +16787,7 @@ PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
             }
     }
     ds->classes = CLASSES;
+    snprintf(ds->source, sizeof ds->source, "synthetic");
     pdp__dealloc(proto);
     *out = ds;
     return PDP_OK;
@@ -16839,10 +16903,17 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s", fn,
                         (long long)d.num_indices, d.indices ? "set" : "NULL");
+    if (d.indices && d.sampler)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.indices and desc.sampler are both set", fn);
+    if (d.sampler) { /* epoch 0's list, as pdp_batcher_reset(b, 0) below takes it */
+        pdp_dist_sampler_set_epoch(d.sampler, 0);
+        d.indices = pdp_dist_sampler_indices(d.sampler, &d.num_indices);
+    }
     for (i = 0; d.indices && i < d.num_indices; i++)
         if (d.indices[i] < 0 || d.indices[i] >= ds->count)
-            return pdp__err(PDP_ERR_INVALID, "%s: desc.indices[%lld] = %lld is outside [0, %lld)",
-                            fn, (long long)i, (long long)d.indices[i], (long long)ds->count);
+            return pdp__err(PDP_ERR_INVALID, "%s: desc.%s[%lld] = %lld is outside [0, %lld)", fn,
+                            d.sampler ? "sampler's indices" : "indices", (long long)i,
+                            (long long)d.indices[i], (long long)ds->count);
     if (!(b = (pdp_batcher *)pdp__calloc(sizeof *b)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     b->ds = ds;
@@ -16898,11 +16969,27 @@ PDP_API void pdp_batcher_free(pdp_batcher *b)
 
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
 {
-    int64_t i;
+    int64_t i, n;
     if (!b) return;
     b->epoch = epoch;
     b->next = 0;
     b->st = PDP_OK;
+    if (b->desc.sampler) { /* the sampler's list for this epoch (its length never changes) */
+        const int64_t *idx;
+        pdp_dist_sampler_set_epoch(b->desc.sampler, epoch);
+        idx = pdp_dist_sampler_indices(b->desc.sampler, &n);
+        for (i = 0; i < b->len && i < n; i++) {
+            if (idx[i] < 0 || idx[i] >= b->ds->count) {
+                b->st = pdp__err(PDP_ERR_INVALID, "pdp_batcher_reset: the sampler's index %lld "
+                                 "of epoch %llu is outside the dataset's [0, %lld)",
+                                 (long long)idx[i], (unsigned long long)epoch,
+                                 (long long)b->ds->count);
+                b->next = b->len; /* the epoch is over before it starts */
+                return;
+            }
+            b->base[i] = idx[i];
+        }
+    }
     if (!b->desc.shuffle) {
         memcpy(b->order, b->base, (size_t)b->len * sizeof(int64_t));
         return;
@@ -16961,6 +17048,37 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count)
 {
     if (count) *count = b ? b->len : 0;
     return b ? b->order : NULL;
+}
+
+/* ---- evaluation ---- */
+
+PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy)
+{
+    static const char fn[] = "pdp_model_accuracy";
+    int64_t correct = 0, seen = 0, c, n;
+    bool training;
+    pdp_tensor x;
+    const pdp_tensor *logits;
+    const int32_t *y;
+    pdp_status st = PDP_OK;
+    if (accuracy) *accuracy = 0.0;
+    if (!m || !b || !accuracy) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    training = pdp_model_is_training(m);
+    pdp_model_set_training(m, false);
+    pdp_batcher_reset(b, 0);
+    while (st == PDP_OK && pdp_batcher_next(b, &x, &y, &n)) {
+        if ((st = pdp_model_forward(m, &x, &logits)) == PDP_OK &&
+            (st = pdp_count_correct(logits, y, &c)) == PDP_OK) {
+            correct += c;
+            seen += n;
+        }
+    }
+    pdp_model_set_training(m, training);
+    if (st == PDP_OK) st = pdp_batcher_status(b); /* a failed device copy ends the epoch */
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (seen == 0) return pdp__err(PDP_ERR_INVALID, "%s: the batcher has no samples", fn);
+    *accuracy = (double)correct / (double)seen;
+    return PDP_OK;
 }
 /* ---- end src/data.c ---- */
 
@@ -23670,6 +23788,21 @@ PDP_API void pdp_check_fail(pdp_status status, const char *file, int line)
     fprintf(stderr, "%s:%d: %s: %s\n", file ? file : "?", line, pdp_status_name(status),
             pdp_last_error());
     exit(1);
+}
+
+PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out)
+{
+    static const char *const names[] = {"local", "mpi", "nccl"};
+    static const pdp_backend values[] = {PDP_BACKEND_LOCAL, PDP_BACKEND_MPI, PDP_BACKEND_NCCL};
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_backend_from_name: out is NULL");
+    for (i = 0; name && i < 3; i++)
+        if (!strcmp(name, names[i])) {
+            *out = values[i];
+            return PDP_OK;
+        }
+    return pdp__err(PDP_ERR_INVALID, "pdp_backend_from_name: '%s' is not a backend (local, mpi "
+                    "or nccl)", name ? name : "(null)");
 }
 
 PDP_API double pdp_seconds(void) { return pdp__now(); }

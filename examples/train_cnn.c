@@ -27,31 +27,11 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Accuracy over a whole dataset, in batches of 1000 that tb hands out where the model is. */
-static double evaluate(pdp_model *m, pdp_batcher *tb)
-{
-    int64_t correct = 0, c, n, seen = 0;
-    pdp_tensor x;
-    const pdp_tensor *logits;
-    const int32_t *y;
-    pdp_model_set_training(m, false);
-    pdp_batcher_reset(tb, 0);
-    while (pdp_batcher_next(tb, &x, &y, &n)) {
-        PDP_CHECK(pdp_model_forward(m, &x, &logits));
-        PDP_CHECK(pdp_count_correct(logits, y, &c));
-        correct += c;
-        seen += n;
-    }
-    PDP_CHECK(pdp_batcher_status(tb));
-    pdp_model_set_training(m, true);
-    return 100.0 * (double)correct / (double)seen;
-}
-
 int main(int argc, char **argv)
 {
     int epochs = 5, threads = 2, i;
     int64_t batch = 64, step = 0, total_steps, warmup;
-    double lr = 1e-3;
+    double lr = 1e-3, t0, acc;
     unsigned long long seed = 1;
     bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT")), tty = isatty(1);
     pdp_device dev = pdp_cpu();
@@ -60,9 +40,6 @@ int main(int argc, char **argv)
     pdp_optim *opt;
     pdp_batcher *batcher, *tb;
     pdp_tensor *dlogits;
-    pdp_status st;
-    const char *source = "Fashion-MNIST";
-    double t0;
 
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-epochs")) epochs = atoi(argv[i + 1]);
@@ -76,26 +53,20 @@ int main(int argc, char **argv)
     }
     if (i < argc || epochs < 1 || batch < 1) {
         fprintf(stderr, "usage: %s [-epochs 5] [-batch 64] [-lr 0.001] [-threads 2] [-seed 1] "
-                        "[-device cpu|cuda]\n"
-                        "  PDP_DATA=dir: where the Fashion-MNIST files are; PDP_SHORT=1: a few "
-                        "steps only\n", argv[0]);
+                "[-device cpu|cuda]\n  PDP_DATA=dir: where the Fashion-MNIST files are; "
+                "PDP_SHORT=1: a few steps only\n", argv[0]);
         return 2;
     }
     PDP_CHECK(pdp_set_num_threads(threads));
     if (short_run) epochs = 1;
 
-    /* data: pixels normalised with the training set's mean and std, samples (1, 28, 28) */
-    pdp_dataset_desc dd = {.mean = PDP_FASHION_MNIST_MEAN, .std = PDP_FASHION_MNIST_STD,
-                           .max_samples = short_run ? 256 : 0, .seed = seed};
-    if ((st = pdp_dataset_load_fashion_mnist(&train, true, &dd)) == PDP_ERR_IO) {
-        printf("%s\n(training on the built-in synthetic task instead)\n", pdp_last_error());
-        source = "synthetic";
-        PDP_CHECK(pdp_dataset_synthetic(&train, true, &dd));
-        PDP_CHECK(pdp_dataset_synthetic(&test, false, &dd));
-    } else {
-        PDP_CHECK(st);
-        PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
-    }
+    /* data: pixels normalised with the training set's mean and std, samples (1, 28, 28);
+       without the files, the synthetic task (train->source says so, and why) */
+    pdp_dataset_desc dd = {.mean = PDP_FASHION_MNIST_MEAN,
+                           .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 256 : 0,
+                           .seed = seed, .synthetic_fallback = true};
+    PDP_CHECK(pdp_dataset_load_fashion_mnist(&train, true, &dd));
+    PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
 
     /* model and optimizer */
     pdp_model_desc md = {.input_shape = {1, 28, 28}, .seed = seed, .device = dev};
@@ -119,14 +90,14 @@ int main(int argc, char **argv)
     total_steps = epochs * pdp_batcher_num_batches(batcher);
     warmup = total_steps / 20 < 100 ? total_steps / 20 : 100;
     printf("seed %llu: %s, %lld train / %lld test, CNN conv16-pool-conv32-pool-fc10, Adam lr %g, "
-           "batch %lld, ", seed, source, (long long)train->count, (long long)test->count,
-           (double)lr, (long long)batch);
+           "batch %lld, ", seed, train->source, (long long)train->count, (long long)test->count,
+           lr, (long long)batch);
     if (dev.kind == PDP_DEVICE_CPU) printf("%d threads\n", threads);
     else printf("CUDA device 0\n");
 
     t0 = pdp_seconds();
     for (i = 0; i < epochs; i++) {
-        double loss_sum = 0, t_epoch = pdp_seconds(), acc;
+        double loss_sum = 0, t_epoch = pdp_seconds();
         int64_t seen = 0, correct = 0, n, c, b = 0, nb = pdp_batcher_num_batches(batcher);
         pdp_tensor x, dl;
         const int32_t *y;
@@ -152,18 +123,19 @@ int main(int argc, char **argv)
                 fflush(stdout);
             }
         }
+        PDP_CHECK(pdp_batcher_status(batcher));
         if (tty) printf("\r%60s\r", "");
         t_epoch = pdp_seconds() - t_epoch; /* training only; the evaluation is not counted */
-        acc = evaluate(m, tb);
+        PDP_CHECK(pdp_model_accuracy(m, tb, &acc)); /* the test set, in evaluation mode */
         printf("epoch %d  loss %.4f  train %.2f%%  test %.2f%%  %.0f samples/s  %.1f s\n", i + 1,
-               loss_sum / (double)seen, 100.0 * (double)correct / (double)seen, acc,
+               loss_sum / (double)seen, 100.0 * (double)correct / (double)seen, 100.0 * acc,
                (double)seen / t_epoch, pdp_seconds() - t0);
         fflush(stdout);
     }
 
     pdp_batcher_free(batcher);
-    pdp_tensor_free(dlogits);
     pdp_batcher_free(tb);
+    pdp_tensor_free(dlogits);
     pdp_optim_free(opt);
     pdp_model_free(m);
     pdp_dataset_free(train);

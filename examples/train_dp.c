@@ -35,47 +35,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Test accuracy on the master, in batches of 1000 (on the master's device: tb's). */
-static double evaluate(pdp_model *m, pdp_batcher *tb)
-{
-    int64_t correct = 0, c, n, seen = 0;
-    pdp_tensor x;
-    const pdp_tensor *logits;
-    const int32_t *y;
-    pdp_model_set_training(m, false);
-    pdp_batcher_reset(tb, 0);
-    while (pdp_batcher_next(tb, &x, &y, &n)) {
-        PDP_CHECK(pdp_model_forward(m, &x, &logits));
-        PDP_CHECK(pdp_count_correct(logits, y, &c));
-        correct += c;
-        seen += n;
-    }
-    PDP_CHECK(pdp_batcher_status(tb));
-    pdp_model_set_training(m, true);
-    return 100.0 * (double)correct / (double)seen;
-}
-
 int main(int argc, char **argv)
 {
     int epochs = 5, workers = 2, gpus = 0, i;
     int64_t batch = 128, step = 0, total_steps;
-    double lr = 1e-3;
+    double lr = 1e-3, t0, acc;
     unsigned long long seed = 1;
     bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
-    pdp_dataset_desc dd = {0};
-    pdp_model_desc md = {0};
-    pdp_optim_desc od = {0};
-    pdp_batcher_desc bd = {0}, tbd = {0};
-    pdp_dp_desc dpd = {0};
     pdp_dataset *train, *test;
     pdp_model *m;
     pdp_optim *opt;
     pdp_batcher *batcher, *tb;
     pdp_dp *dp;
     pdp_device devices[64];
-    const char *source = "Fashion-MNIST";
     char report[1024];
-    double t0;
 
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-j")) workers = atoi(argv[i + 1]);
@@ -89,60 +62,47 @@ int main(int argc, char **argv)
     if (i < argc || epochs < 1 || batch < 1 || workers < 0 || workers > 64 || gpus < 0 ||
         (gpus > 0 && workers < 1)) {
         fprintf(stderr, "usage: %s [-j 2 (0 = one per core)] [-gpus 0 (workers on GPUs "
-                        "0..gpus-1)] [-epochs 5] [-batch 128] "
-                        "[-lr 0.001] [-seed 1]\n  PDP_DATA=dir: the Fashion-MNIST files; "
-                        "PDP_SHORT=1: a few steps on synthetic data\n", argv[0]);
+                "0..gpus-1)] [-epochs 5] [-batch 128] [-lr 0.001] [-seed 1]\n  PDP_DATA=dir: "
+                "the Fashion-MNIST files; PDP_SHORT=1: a few steps on synthetic data\n", argv[0]);
         return 2;
-    }
-
-    /* data, exactly as train_mnist.c; the short mode uses the synthetic task */
-    dd.flat = true;
-    dd.mean = PDP_FASHION_MNIST_MEAN;
-    dd.std = PDP_FASHION_MNIST_STD;
-    dd.max_samples = short_run ? 512 : 0;
-    dd.seed = seed;
-    if (short_run || pdp_dataset_load_fashion_mnist(&train, true, &dd) != PDP_OK) {
-        if (!short_run) printf("%s\n(training on the built-in synthetic task instead)\n",
-                               pdp_last_error());
-        source = "synthetic";
-        PDP_CHECK(pdp_dataset_synthetic(&train, true, &dd));
-        PDP_CHECK(pdp_dataset_synthetic(&test, false, &dd));
-    } else {
-        PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
     }
     if (short_run) epochs = 1;
 
-    /* the master model and its optimizer; DP clones the replicas from it */
-    md.input_shape[0] = 784;
-    md.seed = seed;
-    md.device = gpus ? pdp_cuda(0) : pdp_cpu();
+    /* data as in train_mnist.c; the short mode uses the synthetic task */
+    pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
+                           .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 512 : 0,
+                           .seed = seed, .synthetic_fallback = true};
+    pdp_status (*load)(pdp_dataset **, bool, const pdp_dataset_desc *) =
+        short_run ? pdp_dataset_synthetic : pdp_dataset_load_fashion_mnist;
+    PDP_CHECK(load(&train, true, &dd));
+    PDP_CHECK(load(&test, false, &dd));
+
+    /* the master model and its optimizer (the distributed examples' MLP); DP clones the
+       replicas from it */
+    pdp_model_desc md = {.input_shape = {784}, .seed = seed,
+                         .device = gpus ? pdp_cuda(0) : pdp_cpu()};
     PDP_CHECK(pdp_model_create(&m, &md));
-    PDP_CHECK(pdp_model_add_linear(m, 512)); /* the distributed examples' model */
+    PDP_CHECK(pdp_model_add_linear(m, 512));
     PDP_CHECK(pdp_model_add_relu(m));
     PDP_CHECK(pdp_model_add_linear(m, 512));
     PDP_CHECK(pdp_model_add_relu(m));
     PDP_CHECK(pdp_model_add_linear(m, 10));
-    od.kind = PDP_OPTIM_ADAM;
-    od.lr = lr;
-    PDP_CHECK(pdp_optim_create(&opt, m, &od));
-    dpd.num_workers = workers;
+    PDP_CHECK(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = lr}));
+    pdp_dp_desc dpd = {.num_workers = workers};
     if (gpus) { /* worker i on GPU i mod gpus; the batches stay on the host until scattered */
         for (i = 0; i < workers; i++) devices[i] = pdp_cuda(i % gpus);
         dpd.devices = devices;
     }
     PDP_CHECK(pdp_dp_create(&dp, m, &dpd));
 
-    bd.batch_size = batch;
-    bd.shuffle = true;
-    bd.seed = seed;
+    pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .seed = seed};
     PDP_CHECK(pdp_batcher_create(&batcher, train, &bd));
-    tbd.batch_size = 1000; /* evaluation on the master, where it lives */
-    tbd.device = md.device;
+    pdp_batcher_desc tbd = {.batch_size = 1000, .device = md.device}; /* on the master */
     PDP_CHECK(pdp_batcher_create(&tb, test, &tbd));
     total_steps = epochs * pdp_batcher_num_batches(batcher);
     printf("seed %llu: %s, %lld train / %lld test, MLP 784-512-512-10, Adam lr %g, batch %lld, "
-           "DP over %d workers", seed, source, (long long)train->count, (long long)test->count,
-           (double)lr, (long long)batch, pdp_dp_num_workers(dp));
+           "DP over %d workers", seed, train->source, (long long)train->count,
+           (long long)test->count, lr, (long long)batch, pdp_dp_num_workers(dp));
     if (gpus) printf(" on %d GPU%s", gpus, gpus > 1 ? "s" : "");
     printf("\n");
 
@@ -164,10 +124,12 @@ int main(int argc, char **argv)
             correct += c;
             seen += n;
         }
+        PDP_CHECK(pdp_batcher_status(batcher));
         t_epoch = pdp_seconds() - t_epoch;
+        PDP_CHECK(pdp_model_accuracy(m, tb, &acc)); /* the master holds the trained model */
         printf("epoch %d  loss %.4f  train %.2f%%  test %.2f%%  %.0f samples/s  %.1f s\n", i + 1,
-               loss_sum / (double)seen, 100.0 * (double)correct / (double)seen,
-               evaluate(m, tb), (double)seen / t_epoch, pdp_seconds() - t0);
+               loss_sum / (double)seen, 100.0 * (double)correct / (double)seen, 100.0 * acc,
+               (double)seen / t_epoch, pdp_seconds() - t0);
         PDP_CHECK(pdp_dp_get_stats(dp, &stats));
         pdp_dp_stats_format(&stats, report, sizeof report);
         printf("%s", report);

@@ -53,28 +53,10 @@ static int64_t batch = 256, hidden = 512;
 static double lr = 0.001;
 static unsigned long long seed = 1;
 static bool short_run;
-static pdp_pp_schedule schedule = PDP_PP_1F1B;
-static const char *sched = "1f1b";
+static const char *backend = "local", *sched = "1f1b";
 static pdp_dataset *train;
 
-/* Every stage's NF figures into all (host), in stage order: an all-gather, through the GPU
-   under NCCL, whose buffers are device memory. */
-#define NF 6
-static pdp_status gather_figures(pdp_comm *c, pdp_device dev, const float *mine, float *all)
-{
-    pdp_tensor *s, *r;
-    int64_t one = NF, world = NF * pdp_comm_size(c);
-    pdp_status st;
-    if (dev.kind == PDP_DEVICE_CPU) return pdp_comm_allgather(c, mine, all, NF, NULL);
-    PDP_TRY(pdp_tensor_create(&s, dev, 1, &one));
-    PDP_TRY(pdp_tensor_create(&r, dev, 1, &world));
-    st = pdp_tensor_upload(s, mine);
-    if (st == PDP_OK) st = pdp_comm_allgather(c, s->data, r->data, NF, NULL);
-    if (st == PDP_OK) st = pdp_tensor_download(r, all);
-    pdp_tensor_free(s);
-    pdp_tensor_free(r);
-    return st;
-}
+#define NF 6 /* figures per stage for rank 0 to print */
 
 /* Stage boundaries that balance the GEMM work, first[0..p): the layers are linear, relu, ..,
    linear; a linear layer in x out costs 3 in out (forward, input and weight gradients), the
@@ -106,51 +88,46 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
     int rank = ctx->rank, n = ctx->world_size, e, s, i, first, last, firsts[PDP_PP_MAX_STAGES];
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    pdp_model_desc md = {0};
-    pdp_optim_desc od = {0};
-    pdp_pp_desc pd = {0};
-    pdp_batcher_desc bd = {0};
     pdp_model *full;
     pdp_optim *opt;
     pdp_pp *pp;
     pdp_batcher *b;
     int64_t step = 0;
     (void)user;
-    md.input_shape[0] = 784;
-    md.device = ctx->device;
-    md.seed = seed; /* the same on every rank: each keeps its stage of the same model */
+    if (n > 2 * layers + 1) return PDP_ERR_INVALID; /* more stages than layers */
+    if (rank == 0)
+        printf("seed %llu: %s, backend %s, %d stages, schedule %s, %d micro-batches of %lld, "
+               "MLP 784-%lldx%d-10, Adam lr %g\n", seed, train->source, backend, n, sched, micro,
+               (long long)(batch / micro), (long long)hidden, layers, lr);
+    /* the same model on every rank (the same seed): each keeps its stage's layers */
+    pdp_model_desc md = {.input_shape = {784}, .device = ctx->device, .seed = seed};
     PDP_TRY(pdp_model_create(&full, &md));
     for (i = 0; i < layers; i++) {
         PDP_TRY(pdp_model_add_linear(full, hidden));
         PDP_TRY(pdp_model_add_relu(full));
     }
     PDP_TRY(pdp_model_add_linear(full, 10));
-    pd.schedule = schedule;
-    pd.micro_batches = micro;
-    if (n > 2 * layers + 1) return PDP_ERR_INVALID; /* more stages than layers */
     split_by_work(n, firsts);
-    pd.first_layer = firsts;
+    pdp_pp_desc pd = {.schedule = strcmp(sched, "gpipe") ? PDP_PP_1F1B : PDP_PP_GPIPE,
+                      .micro_batches = micro, .first_layer = firsts};
     PDP_TRY(pdp_pp_create(&pp, full, ctx->world, &pd)); /* keeps this rank's layers */
     pdp_model_free(full);
-    od.kind = PDP_OPTIM_ADAM;
-    od.lr = lr;
-    PDP_TRY(pdp_optim_create(&opt, pdp_pp_model(pp), &od));
+    PDP_TRY(pdp_optim_create(&opt, pdp_pp_model(pp),
+                             &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = lr}));
     for (s = 0; s < n && rank == 0; s++) { /* every rank knows the whole split */
         PDP_TRY(pdp_pp_stage_layers(pp, s, &first, &last));
         printf("stage %d: layers %d..%d%s", s, first, last - 1, s + 1 < n ? "   " : "\n");
     }
-    bd.batch_size = batch;
-    bd.shuffle = true;
-    bd.drop_last = true;
-    bd.seed = seed; /* every rank walks the same batches: stage 0 reads x, the last the labels */
-    bd.device = rank == 0 ? ctx->device : pdp_cpu();
+    /* every rank walks the same batches: stage 0 reads x, the last stage the labels */
+    pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .drop_last = true, .seed = seed,
+                           .device = rank == 0 ? ctx->device : pdp_cpu()};
     PDP_TRY(pdp_batcher_create(&b, train, &bd));
     for (e = 0; e < epochs; e++) {
         pdp_tensor x;
         const int32_t *y;
         int64_t got, seen = 0;
         double loss_sum = 0.0, t0 = pdp_seconds();
-        float loss, mine[NF], all[NF * PDP_PP_MAX_STAGES];
+        float loss, all[NF * PDP_PP_MAX_STAGES], *mine = all + NF * rank;
         pdp_pp_stats st;
         pdp_batcher_reset(b, (uint64_t)e);
         while (pdp_batcher_next(b, &x, &y, &got)) {
@@ -172,15 +149,16 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         mine[3] = (float)st.peak_activation_bytes;
         mine[4] = (float)st.activation_bytes;
         mine[5] = (float)st.total_compute_s;
-        PDP_TRY(gather_figures(ctx->world, ctx->device, mine, all));
+        for (s = 0; s < n; s++) /* every stage's figures to every rank (host bytes) */
+            PDP_TRY(pdp_comm_broadcast_bytes(ctx->world, all + NF * s, NF * sizeof *all, s));
         for (s = 0; s < n && rank == 0; s++) {
+            const float *f = all + NF * s;
             int hold = n - s < micro ? n - s : micro; /* 1F1B's min(p - s, m) */
             printf("stage %d: compute %.2f s  bubble %.2f (formula (p-1)/(m+p-1) = %.2f, margin "
                    "0.10: %s)  peak activations %.0f micro-batches = %.2f MB  (%s: 1F1B "
-                   "min(p-s, m) = %d = %.2f MB, GPipe m = %d = %.2f MB)\n", s, all[NF * s + 5],
-                   all[NF * s], all[NF * s + 1], fabs(all[NF * s] - all[NF * s + 1]) <= 0.10 ? "met"
-                   : "missed", all[NF * s + 2], all[NF * s + 3] / 1e6, sched, hold,
-                   hold * all[NF * s + 4] / 1e6, micro, micro * all[NF * s + 4] / 1e6);
+                   "min(p-s, m) = %d = %.2f MB, GPipe m = %d = %.2f MB)\n", s, f[5], f[0], f[1],
+                   fabs(f[0] - f[1]) <= 0.10 ? "met" : "missed", f[2], f[3] / 1e6, sched, hold,
+                   hold * f[4] / 1e6, micro, micro * f[4] / 1e6);
         }
         if (rank == 0)
             printf("%s\n1F1B changes the memory, not the bubble: both schedules idle (p-1)/(m+p-1) "
@@ -200,10 +178,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 
 int main(int argc, char **argv)
 {
-    const char *backend = "local", *source = "Fashion-MNIST";
-    pdp_dataset_desc dd = {0};
     pdp_launch_desc ld = {0};
-    pdp_env_info env;
     int i, np = 2;
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     for (i = 1; i + 1 < argc; i += 2) {
@@ -219,35 +194,19 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-seed")) seed = strtoull(argv[i + 1], NULL, 10);
         else break;
     }
-    schedule = !strcmp(sched, "gpipe") ? PDP_PP_GPIPE : PDP_PP_1F1B;
-    ld.backend = !strcmp(backend, "mpi") ? PDP_BACKEND_MPI
-               : !strcmp(backend, "nccl") ? PDP_BACKEND_NCCL : PDP_BACKEND_LOCAL;
+    if (short_run) batch = 64; /* 10 steps */
     if (i < argc || epochs < 1 || micro < 1 || batch < micro || hidden < 1 || layers < 1 ||
         layers > 30 || (strcmp(sched, "gpipe") && strcmp(sched, "1f1b")) ||
-        (ld.backend == PDP_BACKEND_LOCAL && strcmp(backend, "local"))) {
+        pdp_backend_from_name(backend, &ld.backend) != PDP_OK) {
         fprintf(stderr, "usage: %s [-backend local|mpi|nccl] [-np 2 (stages, at most the "
                 "layers)] [-schedule 1f1b|gpipe] [-micro 4] [-hidden 512] [-layers 2] "
                 "[-epochs 1] [-batch 256] [-lr 0.001] [-seed 1]\n", argv[0]);
         return 2;
     }
-    PDP_CHECK(pdp_env_read(&env));
-    dd.flat = true;
-    dd.mean = PDP_FASHION_MNIST_MEAN;
-    dd.std = PDP_FASHION_MNIST_STD;
-    dd.max_samples = short_run ? 640 : 0;
-    if (short_run) batch = 64; /* 10 steps */
-    dd.seed = seed;
-    if (pdp_dataset_load_fashion_mnist(&train, true, &dd) != PDP_OK) {
-        if (env.rank == 0) printf("%s\n(training on the built-in synthetic task instead)\n",
-                                  pdp_last_error());
-        source = "synthetic";
-        PDP_CHECK(pdp_dataset_synthetic(&train, true, &dd));
-    }
-    if (env.from_env || ld.backend == PDP_BACKEND_MPI) np = env.world_size;
-    if (env.rank == 0)
-        printf("seed %llu: %s, backend %s, %d stages, schedule %s, %d micro-batches of %lld, "
-               "MLP 784-%lldx%d-10, Adam lr %g\n", seed, source, backend, np, sched, micro,
-               (long long)(batch / micro), (long long)hidden, layers, lr);
+    pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
+                           .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 640 : 0,
+                           .seed = seed, .synthetic_fallback = true};
+    PDP_CHECK(pdp_dataset_load_fashion_mnist(&train, true, &dd));
     PDP_CHECK(pdp_launch(np, &ld, train_rank, NULL));
     pdp_dataset_free(train);
     return 0;

@@ -9,13 +9,13 @@
                               partial sum of the output
        g                      all-reduce of the partial sums forward, identity backward
        ReLU, Linear 512-10    replicated
-   Every rank trains on the same batches (the input is replicated), so every rank prints
-   the same loss; each holds 1/N of the block's weights and does 1/N of its GEMMs. Rank 0
+   Every rank trains on the same batches (the input is replicated), so every rank has the
+   same loss; each holds 1/N of the block's weights and does 1/N of its GEMMs. Rank 0
    prints the bytes each rank all-reduced per step beside the formula: one all-reduce of
    B x 512 floats forward (g), sending 2(N-1)/N of its bytes with the ring algorithm; f's
-   backward all-reduce is skipped, since the input needs no gradient (f deeper in a model
-   would all-reduce B x d floats backward too). -save PATH writes the full (unsplit) tensors: the
-   checkpoint of the single-device MLP, which pdp_checkpoint_load and PyTorch's
+   backward all-reduce is skipped, since the input needs no gradient (deeper in a model f
+   would all-reduce B x d floats backward too). -save PATH writes the full (unsplit)
+   tensors: the single-device MLP's checkpoint, which pdp_checkpoint_load and PyTorch's
    nn.Sequential(Linear(784,512), ReLU(), Linear(512,512), ReLU(), Linear(512,10)) read.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_tp.c -o train_tp -lm -lpthread
@@ -31,9 +31,9 @@
            rank 0 holds hidden features [0, 256) of 512: 337674 of 669706 parameters
            step    5  loss 1.6526  all-reduced/rank: fwd 65536 B (formula B x 512 x 4 = 65536
              B)  bwd 0 B  sent 65536 B (ring 2(N-1)/N x fwd = 65536 B)
-           epoch 1  loss 1.5867  test 58.75% (first 320)  5301 samples/s  all-reduce 67% ...
-           The all-reduce share includes waiting for the other rank: g and f are
-           synchronous, so any imbalance between the ranks shows up there.
+           epoch 1  loss 1.5867  test 58.75%  3696 samples/s  all-reduce 72% of the time ...
+           The all-reduce share includes waiting for the other rank (g and f are synchronous,
+           so any imbalance shows up there), and the two ranks shared 2 busy cores.
    Next:   train_pp.c (splitting the layers across ranks instead of each layer). */
 
 #define PDP_IMPLEMENTATION
@@ -50,26 +50,26 @@ static int64_t batch = 128;
 static double lr = 0.001;
 static unsigned long long seed = 1;
 static bool short_run;
-static const char *save_path;
+static const char *backend = "local", *save_path;
 static pdp_dataset *train, *test;
 
 /* What every rank runs (pdp_launch), on the same batches. */
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
     int rank = ctx->rank, n = ctx->world_size, e;
-    int64_t step = 0, lo, cols, k = test->count < 1000 ? test->count : 1000;
-    pdp_model_desc md = {0};
-    pdp_optim_desc od = {0};
-    pdp_batcher_desc bd = {0}, tbd = {0};
+    int64_t step = 0, lo, cols;
     pdp_model *m;
     pdp_optim *opt;
     pdp_batcher *b, *tb;
     pdp_tp_stats s;
     double ring = 2.0 * (n - 1) / n;
     (void)user;
-    md.input_shape[0] = 784;
-    md.device = ctx->device;
-    md.seed = seed; /* the same on every rank: each keeps its slice of the same draw */
+    if (rank == 0)
+        printf("seed %llu: %s, backend %s, %d TP ranks, batch %lld, MLP [f, 784-%d split %d "
+               "ways, %d-%d, g]-10, Adam lr %g\n", seed, train->source, backend, n,
+               (long long)batch, H, n, H, H, lr);
+    /* the same seed on every rank: each keeps its slice of the same draw */
+    pdp_model_desc md = {.input_shape = {784}, .device = ctx->device, .seed = seed};
     PDP_TRY(pdp_model_create(&m, &md));
     PDP_TRY(pdp_model_set_tp(m, ctx->world));
     PDP_TRY(pdp_model_add_tp_copy(m));                  /* f */
@@ -79,34 +79,28 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_model_add_tp_reduce(m));                /* g */
     PDP_TRY(pdp_model_add_relu(m));
     PDP_TRY(pdp_model_add_linear(m, 10));
-    PDP_TRY(pdp_model_reserve(m, batch > k ? batch : k));
+    PDP_TRY(pdp_model_reserve(m, batch > 1000 ? batch : 1000));
     pdp_tp_split(H, rank, n, &lo, &cols);
     if (rank == 0)
         printf("rank 0 holds hidden features [%lld, %lld) of %d: %lld of %lld parameters\n",
                (long long)lo, (long long)(lo + cols), H, (long long)pdp_model_param_count(m),
                (long long)(785 * H + (H + 1) * H + 10 * H + 10));
-    od.kind = PDP_OPTIM_ADAM;
-    od.lr = lr;
-    PDP_TRY(pdp_optim_create(&opt, m, &od));
-    bd.batch_size = batch;
-    bd.shuffle = true;
-    bd.seed = seed; /* every rank draws the same batches */
-    bd.drop_last = true;
-    bd.device = tbd.device = ctx->device;
+    PDP_TRY(pdp_optim_create(&opt, m, &(pdp_optim_desc){.kind = PDP_OPTIM_ADAM, .lr = lr}));
+    pdp_batcher_desc bd = {.batch_size = batch, .shuffle = true, .drop_last = true,
+                           .seed = seed, .device = ctx->device}; /* the same batches on all */
     PDP_TRY(pdp_batcher_create(&b, train, &bd));
-    tbd.batch_size = k;
+    pdp_batcher_desc tbd = {.batch_size = 1000, .device = ctx->device}; /* the test set */
     PDP_TRY(pdp_batcher_create(&tb, test, &tbd));
     for (e = 0; e < epochs; e++) {
         pdp_tensor x;
-        const pdp_tensor *logits;
         const int32_t *y;
-        int64_t got, seen = 0, correct = 0;
-        double loss_sum = 0.0, t0 = pdp_seconds(), dt;
+        int64_t got, seen = 0;
+        double loss_sum = 0.0, t0 = pdp_seconds(), dt, acc;
         float loss;
         pdp_tp_reset_stats(m);
         pdp_batcher_reset(b, (uint64_t)e);
         while (pdp_batcher_next(b, &x, &y, &got)) {
-            PDP_TRY(pdp_model_forward_backward(m, &x, y, &loss));
+            PDP_TRY(pdp_model_forward_backward(m, &x, y, &loss)); /* f and g inside */
             PDP_TRY(pdp_optim_step(opt));
             pdp_optim_zero_grad(opt);
             loss_sum += loss * (double)got;
@@ -118,25 +112,18 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                        (long long)step, (double)loss, (long long)(s.forward_bytes /
                        (s.forward_allreduces ? s.forward_allreduces : 1)), H,
                        (long long)(got * H * 4), (long long)s.backward_bytes,
-                       (double)s.bytes_sent / (double)(s.forward_allreduces + 0.0),
+                       (double)s.bytes_sent / (double)s.forward_allreduces,
                        ring * (double)(got * H * 4));
             }
         }
         PDP_TRY(pdp_batcher_status(b));
         dt = pdp_seconds() - t0;
         pdp_tp_get_stats(m, &s);
-        /* evaluation is a forward too: every rank takes part in g */
-        pdp_batcher_reset(tb, 0);
-        if (!pdp_batcher_next(tb, &x, &y, &got)) return pdp_batcher_status(tb);
-        pdp_model_set_training(m, false);
-        PDP_TRY(pdp_model_forward(m, &x, &logits));
-        PDP_TRY(pdp_count_correct(logits, y, &correct));
-        pdp_model_set_training(m, true);
+        PDP_TRY(pdp_model_accuracy(m, tb, &acc)); /* a forward too: every rank takes part in g */
         if (rank == 0)
-            printf("epoch %d  loss %.4f  test %.2f%% (first %lld)  %.0f samples/s  all-reduce "
-                   "%.0f%% of the time (%.3f s)\n", e + 1, loss_sum / (double)seen,
-                   100.0 * correct / (double)k, (long long)k, (double)seen / dt,
-                   100.0 * s.allreduce_s / dt, s.allreduce_s);
+            printf("epoch %d  loss %.4f  test %.2f%%  %.0f samples/s  all-reduce %.0f%% of the "
+                   "time (%.3f s)\n", e + 1, loss_sum / (double)seen, 100.0 * acc,
+                   (double)seen / dt, 100.0 * s.allreduce_s / dt, s.allreduce_s);
     }
     if (save_path) {
         PDP_TRY(pdp_tp_checkpoint_save(save_path, m, opt)); /* collective: every rank */
@@ -151,10 +138,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 
 int main(int argc, char **argv)
 {
-    const char *backend = "local", *source = "Fashion-MNIST";
-    pdp_dataset_desc dd = {0};
     pdp_launch_desc ld = {0};
-    pdp_env_info env;
     int i, np = 2;
     short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     for (i = 1; i + 1 < argc; i += 2) {
@@ -167,35 +151,18 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-save")) save_path = argv[i + 1];
         else break;
     }
-    ld.backend = !strcmp(backend, "mpi") ? PDP_BACKEND_MPI
-               : !strcmp(backend, "nccl") ? PDP_BACKEND_NCCL : PDP_BACKEND_LOCAL;
     if (i < argc || epochs < 1 || batch < 1 ||
-        (ld.backend == PDP_BACKEND_LOCAL && strcmp(backend, "local"))) {
+        pdp_backend_from_name(backend, &ld.backend) != PDP_OK) {
         fprintf(stderr, "usage: %s [-backend local|mpi|nccl] [-np 2 (thread ranks)] "
                 "[-epochs 1] [-batch 128] [-lr 0.001] [-seed 1] [-save PATH]\n", argv[0]);
         return 2;
     }
-    PDP_CHECK(pdp_env_read(&env));
-    dd.flat = true;
-    dd.mean = PDP_FASHION_MNIST_MEAN;
-    dd.std = PDP_FASHION_MNIST_STD;
-    dd.max_samples = short_run ? 320 : 0;
     if (short_run) batch = 32; /* 10 steps */
-    dd.seed = seed;
-    if (pdp_dataset_load_fashion_mnist(&train, true, &dd) != PDP_OK) {
-        if (env.rank == 0) printf("%s\n(training on the built-in synthetic task instead)\n",
-                                  pdp_last_error());
-        source = "synthetic";
-        PDP_CHECK(pdp_dataset_synthetic(&train, true, &dd));
-        PDP_CHECK(pdp_dataset_synthetic(&test, false, &dd));
-    } else {
-        PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
-    }
-    if (env.from_env || ld.backend == PDP_BACKEND_MPI) np = env.world_size;
-    if (env.rank == 0)
-        printf("seed %llu: %s, backend %s, %d TP ranks, batch %lld, MLP [f, 784-%d split %d "
-               "ways, %d-%d, g]-10, Adam lr %g\n", seed, source, backend, np, (long long)batch,
-               H, np, H, H, lr);
+    pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
+                           .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 320 : 0,
+                           .seed = seed, .synthetic_fallback = true};
+    PDP_CHECK(pdp_dataset_load_fashion_mnist(&train, true, &dd));
+    PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
     PDP_CHECK(pdp_launch(np, &ld, train_rank, NULL));
     pdp_dataset_free(train);
     pdp_dataset_free(test);

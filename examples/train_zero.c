@@ -4,21 +4,18 @@
    -stage 0 is DDP (every rank a full replica); 1 shards Adam's state, 2 the gradients too,
    3 the parameters too: each rank then keeps its slice of every unit (a unit holds whole
    layers) and all-gathers a unit's parameters just before it computes. -hidden H and
-   -layers L size the model (784-H-..-H-10, L hidden layers). Rank 0 prints the memory per
-   rank of every stage by two formulas, each labelled: pdp's fp32 (parameters, gradients
-   and Adam's two states, 16 bytes a parameter: stage 1 = 8 Psi + 8 Psi/N, ...) and the
-   ZeRO paper's mixed precision (fp16 parameters and gradients, K = 12 bytes of fp32
-   state: stage 1 = 4 Psi + 12 Psi/N, ...); then the working buffers that stages 1-3 add
-   (zero.h: 1, 3 and 4 buffers of about the largest unit), the measured total, and the
-   condition under which the shards outweigh the buffers, with the sizes where they do.
-   Every rank prints its loss (its own shard's) and the bytes it sent beside the formula.
+   -layers L size the model (784-H-..-H-10). Every rank prints its loss (over its own shard
+   of the data, so the ranks' differ) and the bytes it sent beside the formula; rank 0 then
+   prints each stage's memory per rank by pdp's fp32 formula (16 bytes a parameter: stage
+   1 = 8 Psi + 8 Psi/N, ...) beside the ZeRO paper's mixed-precision one (K = 12: stage 1 =
+   4 Psi + 12 Psi/N, ...), the working buffers that stages 1-3 add (zero.h: 1, 3 and 4 of
+   about the largest unit), the measured total, and when the shards outweigh the buffers.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_zero.c -o train_zero -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_zero.c -o train_zero_mpi \
                -lm
            nvcc -O2 -arch=sm_90 -DPDP_CUDA -I. examples/train_zero.c pdp_cuda.cu \
-               -o train_zero_cuda \
-               -lcublas -lnccl       (or make cuda: build/cuda/train_zero)
+               -o train_zero_cuda -lcublas -lnccl       (or make cuda: build/cuda/train_zero)
    Run:    ./train_zero                      (stage 3, 2 thread-ranks; PDP_SHORT=1: a few steps)
            for s in 0 1 2 3; do ./train_zero -stage $s; done
            ./train_zero -layers 6            (a deeper model: here ZeRO saves at N = 2)
@@ -27,10 +24,8 @@
            ./train_zero_cuda -backend nccl -np 2 -stage 3                 (2 GPUs)
    Output (PDP_SHORT=1, seed 1, 2 ranks; mpirun -np 2 -backend mpi prints the same figures):
            seed 1: Fashion-MNIST, backend local, 2 ranks, stage 3 (ZeRO), ... (669706 parameters)
-           step   10  loss 1.0937  step 17.4 ms  sent/rank 4.02 MB  formula 4.02 MB
-           rank 0 epoch 1  loss 1.5745  test 58.75% (first 320)  step 17.4 ms ...
-           rank 1 epoch 1  loss 1.5989  test 58.75% (first 320)  step 16.7 ms ...
-           (each rank's loss is the mean over its own shard of the batches, ...)
+           rank 0 epoch 1  loss 1.5745  test 58.75%  ...  sent/step 4.02 MB  formula 4.02 MB = ...
+           rank 1 epoch 1  loss 1.5989  test 58.75%  ...
              stage 1  pdp fp32 8 Psi + 8 Psi/N  =   8.04 MB | paper 4 Psi + 12 Psi/N =   6.70 MB
              | + buffers 1 x 4 U_max =  1.61 MB            (and stages 0, 2, 3 likewise)
            measured, stage 3: params 1.34 + grads 1.34 + Adam 2.68 + buffers 6.43 = 11.79 MB
@@ -52,7 +47,7 @@ static int epochs = 1, stage = 3, accum = 1, layers = 2;
 static int64_t batch = 256, hidden = 512; /* global batch */
 static double lr = 0.001, cap_mb = 0.5;   /* units of at most 0.5 MiB (whole layers) */
 static unsigned long long seed = 1;
-static bool short_run;
+static const char *backend = "local";
 static pdp_dataset *train, *test;
 
 /* Parameters of the MLP with l hidden layers (Psi) and of its largest layer (U_max). */
@@ -62,23 +57,22 @@ static double umax_of(int l) { return (l > 1 && hidden > 784 ? hidden + 1.0 : 78
 /* Rank 0: every stage's memory by both formulas, the buffers, the verdict and its reason. */
 static void explain(int n, const pdp_zero_memory *mm)
 {
-    static const char *const pdp_f[] = {"16 Psi", "8 Psi + 8 Psi/N", "4 Psi + 12 Psi/N",
-                                        "16 Psi/N"};
-    static const char *const paper_f[] = {"16 Psi", "4 Psi + 12 Psi/N", "2 Psi + 14 Psi/N",
-                                          "16 Psi/N"};
-    const double pdp_a[] = {16, 8, 4, 0}, pdp_b[] = {0, 8, 12, 16}, pap_a[] = {16, 4, 2, 0};
-    const double pap_b[] = {0, 12, 14, 16}, nbuf[] = {0, 1, 3, 4}, mb = 1e6;
-    double psi = psi_of(layers), keep = (1.0 - 1.0 / n) * psi; /* U_max measured, or estimated */
-    double u = stage ? (double)mm->buffer_bound / (4.0 * nbuf[stage]) : umax_of(layers);
-    int s, l, nx = u < psi ? (int)(psi / (psi - u)) + 1 : 0;
+    static const struct { const char *pdp, *paper; double a, b, pa, pb, bufs; } f[4] = {
+        /* bytes per rank = a Psi + b Psi / N (pdp fp32), pa Psi + pb Psi / N (the paper) */
+        {"16 Psi", "16 Psi", 16, 0, 16, 0, 0},                         /* stage 0: DDP */
+        {"8 Psi + 8 Psi/N", "4 Psi + 12 Psi/N", 8, 8, 4, 12, 1},      /* Adam's state */
+        {"4 Psi + 12 Psi/N", "2 Psi + 14 Psi/N", 4, 12, 2, 14, 3},    /* + gradients */
+        {"16 Psi/N", "16 Psi/N", 0, 16, 0, 16, 4}};                   /* + parameters */
+    const double mb = 1e6, psi = psi_of(layers), keep = (1.0 - 1.0 / n) * psi;
+    double u = stage ? (double)mm->buffer_bound / (4.0 * f[stage].bufs) : umax_of(layers);
+    int s, l, nx = u < psi ? (int)(psi / (psi - u)) + 1 : 0; /* U_max measured, or estimated */
     printf("memory per rank, N = %d, Psi = %.0f (pdp: fp32 params + grads + Adam's 2 states; "
            "paper: mixed precision, K = 12):\n", n, psi);
     for (s = 0; s < 4; s++)
         printf("  stage %d  pdp fp32 %-16s = %6.2f MB | paper %-16s = %6.2f MB | + buffers "
-               "%d x 4 U_max = %5.2f MB\n", s, pdp_f[s],
-               (pdp_a[s] * psi + pdp_b[s] * psi / n) / mb,
-               paper_f[s], (pap_a[s] * psi + pap_b[s] * psi / n) / mb, (int)nbuf[s],
-               nbuf[s] * 4 * u / mb);
+               "%.0f x 4 U_max = %5.2f MB\n", s, f[s].pdp, (f[s].a * psi + f[s].b * psi / n) / mb,
+               f[s].paper, (f[s].pa * psi + f[s].pb * psi / n) / mb, f[s].bufs,
+               f[s].bufs * 4 * u / mb);
     printf("measured, stage %d: params %.2f + grads %.2f + Adam %.2f + buffers %.2f = %.2f MB "
            "against DDP's %.2f MB: stage %d %s here\n", stage, mm->param_bytes / mb,
            mm->grad_bytes / mb, mm->optim_bytes / mb, mm->buffer_bytes / mb, mm->total_bytes / mb,
@@ -96,68 +90,56 @@ static void explain(int n, const pdp_zero_memory *mm)
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
     int rank = ctx->rank, n = ctx->world_size, e, i;
-    int64_t step = 0, per_rank = batch / n, k = test->count < 1000 ? test->count : 1000;
-    pdp_model_desc md = {0};
-    pdp_optim_desc od = {0};
-    pdp_dist_sampler_desc sd = {0};
-    pdp_batcher_desc tbd = {0};
-    pdp_zero_desc zd = {0};
-    pdp_zero_memory mm = {0};
+    int64_t per_rank = batch / n, sent = 0, formula = 0;
+    char words[160] = "";
     pdp_model *m;
     pdp_optim *opt;
     pdp_ddp *ddp = NULL;
     pdp_zero *z = NULL;
     pdp_dist_sampler *sampler;
-    pdp_batcher *tb;
+    pdp_batcher *b, *tb;
+    pdp_zero_memory mm = {0};
     (void)user;
-    md.input_shape[0] = 784;
-    md.device = ctx->device;
-    md.seed = seed + (unsigned long long)rank; /* DDP and ZeRO start every rank from rank 0's */
-    PDP_TRY(pdp_model_create(&m, &md));
+    if (rank == 0)
+        printf("seed %llu: %s, backend %s, %d ranks, stage %d (%s), global batch %lld, MLP "
+               "784-%lldx%d-10 (%.0f parameters), Adam lr %g\n", seed, train->source, backend,
+               n, stage, stage ? "ZeRO" : "DDP", (long long)batch, (long long)hidden, layers,
+               psi_of(layers), lr);
+    pdp_model_desc md = {.input_shape = {784}, .device = ctx->device, .seed = seed + rank};
+    PDP_TRY(pdp_model_create(&m, &md)); /* DDP and ZeRO start every rank from rank 0's */
     for (i = 0; i < layers; i++) {
         PDP_TRY(pdp_model_add_linear(m, hidden));
         PDP_TRY(pdp_model_add_relu(m));
     }
     PDP_TRY(pdp_model_add_linear(m, 10));
-    PDP_TRY(pdp_model_reserve(m, per_rank > k ? per_rank : k));
-    od.kind = PDP_OPTIM_ADAM;
-    od.lr = lr;
+    PDP_TRY(pdp_model_reserve(m, per_rank > 1000 ? per_rank : 1000));
+    pdp_optim_desc od = {.kind = PDP_OPTIM_ADAM, .lr = lr};
     if (stage == 0) { /* the one switch between the ladder's rungs */
         PDP_TRY(pdp_ddp_create(&ddp, m, ctx->world, NULL));
         PDP_TRY(pdp_optim_create(&opt, m, &od));
     } else {
-        zd.stage = stage;
-        zd.bucket_cap_mb = zd.first_bucket_mb = cap_mb;
+        pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = cap_mb, .first_bucket_mb = cap_mb};
         PDP_TRY(pdp_zero_create(&z, m, ctx->world, &zd));
         PDP_TRY(pdp_zero_optim_create(&opt, z, &od)); /* state for this rank's shard only */
     }
-    tbd.batch_size = k;
-    tbd.device = ctx->device;
+    pdp_batcher_desc tbd = {.batch_size = 1000, .device = ctx->device}; /* the test set */
     PDP_TRY(pdp_batcher_create(&tb, test, &tbd));
-    sd.dataset_size = train->count;
-    sd.world_size = n;
-    sd.rank = rank;
-    sd.seed = seed;
+    pdp_dist_sampler_desc sd = {.dataset_size = train->count, .world_size = n, .rank = rank,
+                                .seed = seed};
     PDP_TRY(pdp_dist_sampler_create(&sampler, &sd));
+    pdp_batcher_desc bd = {.batch_size = per_rank, .sampler = sampler, .device = ctx->device,
+                           .drop_last = true}; /* this rank's shard, the same count on all */
+    PDP_TRY(pdp_batcher_create(&b, train, &bd));
     for (e = 0; e < epochs; e++) {
-        pdp_batcher_desc bd = {0};
-        pdp_batcher *b;
         pdp_tensor x;
         const pdp_tensor *logits;
         const int32_t *y;
-        int64_t got, seen = 0, correct = 0, sent = 0, formula = 0, steps = 0, micro = 0;
-        char words[160] = "";
-        double loss_sum = 0.0, t0 = pdp_seconds(), ts, step_time = 0.0;
+        int64_t got, seen = 0, correct = 0, c, tested = 0, micro = 0;
+        double loss_sum = 0.0, t0 = pdp_seconds();
         float loss;
-        pdp_dist_sampler_set_epoch(sampler, (uint64_t)e);
-        bd.batch_size = per_rank;
-        bd.drop_last = true;
-        bd.indices = pdp_dist_sampler_indices(sampler, &bd.num_indices);
-        bd.device = ctx->device;
-        PDP_TRY(pdp_batcher_create(&b, train, &bd));
+        pdp_batcher_reset(b, (uint64_t)e); /* the sampler's shuffle of epoch e */
         while (pdp_batcher_next(b, &x, &y, &got)) {
-            bool last = ++micro == accum; /* accumulate accum - 1 backward passes, then step */
-            ts = pdp_seconds();
+            bool last = ++micro % accum == 0; /* accum - 1 backward passes accumulate, then step */
             if (ddp) {
                 pdp_ddp_stats s;
                 pdp_ddp_set_no_sync(ddp, !last);
@@ -181,33 +163,28 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                     snprintf(words, sizeof words, "%s", s.formula);
                 }
             }
-            if (last) micro = 0;
-            step_time += pdp_seconds() - ts;
-            steps++;
             loss_sum += loss;
             seen += got;
-            if (rank == 0 && (++step % (short_run ? 5 : 100) == 0))
-                printf("step %4lld  loss %.4f  step %.1f ms  sent/rank %.2f MB  formula %.2f MB\n",
-                       (long long)step, (double)loss, 1e3 * step_time / (double)steps,
-                       sent / 1e6, formula / 1e6);
         }
         PDP_TRY(pdp_batcher_status(b));
-        pdp_batcher_free(b);
-        /* every rank evaluates (stage 3's forward gathers each unit: all ranks take part) */
-        pdp_batcher_reset(tb, 0);
-        if (!pdp_batcher_next(tb, &x, &y, &got)) return pdp_batcher_status(tb);
-        pdp_model_set_training(m, false);
-        PDP_TRY(z ? pdp_zero_forward(z, &x, &logits) : pdp_model_forward(m, &x, &logits));
-        PDP_TRY(pdp_count_correct(logits, y, &correct));
+        pdp_model_set_training(m, false); /* every rank evaluates: stage 3's forward gathers */
+        for (pdp_batcher_reset(tb, 0); pdp_batcher_next(tb, &x, &y, &got); tested += got) {
+            PDP_TRY(z ? pdp_zero_forward(z, &x, &logits) : pdp_model_forward(m, &x, &logits));
+            PDP_TRY(pdp_count_correct(logits, y, &c));
+            correct += c;
+        }
+        PDP_TRY(pdp_batcher_status(tb));
         pdp_model_set_training(m, true);
-        printf("rank %d epoch %d  loss %.4f  test %.2f%% (first %lld)  step %.1f ms  %.0f "
-               "samples/s  sent/step %.2f MB  formula %.2f MB = %s\n", rank, e + 1,
-               loss_sum * per_rank / (double)(seen ? seen : 1), 100.0 * correct / (double)k,
-               (long long)k, 1e3 * step_time / (double)(steps ? steps : 1),
-               (double)seen * n / (pdp_seconds() - t0), sent / 1e6, formula / 1e6, words);
-        fflush(stdout);
+        for (i = 0; i < n; i++) { /* in rank order, each rank's own figures */
+            if (i == rank)
+                printf("rank %d epoch %d  loss %.4f  test %.2f%%  %.0f samples/s  sent/step %.2f MB"
+                       "  formula %.2f MB = %s\n", rank, e + 1, loss_sum * per_rank / (double)seen,
+                       100.0 * correct / (double)tested, (double)seen * n / (pdp_seconds() - t0),
+                       sent / 1e6, formula / 1e6, words);
+            fflush(stdout);
+            PDP_TRY(pdp_comm_barrier(ctx->world, NULL));
+        }
     }
-    PDP_TRY(pdp_comm_barrier(ctx->world, NULL)); /* every rank's line before rank 0's summary */
     if (rank == 0) {
         int64_t p = pdp_model_param_count(m);
         if (z) pdp_zero_get_memory(z, opt, &mm);
@@ -217,6 +194,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                "losses differ; their parameters, and test accuracies, do not)\n");
         explain(n, &mm);
     }
+    pdp_batcher_free(b);
     pdp_dist_sampler_free(sampler);
     pdp_batcher_free(tb);
     pdp_zero_free(z);
@@ -228,12 +206,9 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 
 int main(int argc, char **argv)
 {
-    const char *backend = "local", *source = "Fashion-MNIST";
-    pdp_dataset_desc dd = {0};
     pdp_launch_desc ld = {0};
-    pdp_env_info env;
     int i, np = 2;
-    short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
+    bool short_run = getenv("PDP_SHORT") && atoi(getenv("PDP_SHORT"));
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-backend")) backend = argv[i + 1];
         else if (!strcmp(argv[i], "-stage")) stage = atoi(argv[i + 1]);
@@ -248,38 +223,20 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "-accum")) accum = atoi(argv[i + 1]);
         else break;
     }
-    ld.backend = !strcmp(backend, "mpi") ? PDP_BACKEND_MPI
-               : !strcmp(backend, "nccl") ? PDP_BACKEND_NCCL : PDP_BACKEND_LOCAL;
     if (i < argc || epochs < 1 || batch < np || stage < 0 || stage > 3 || accum < 1 ||
         hidden < 1 || hidden > 65536 || layers < 1 || layers > 64 || !(cap_mb > 0) ||
-        (ld.backend == PDP_BACKEND_LOCAL && strcmp(backend, "local"))) {
+        pdp_backend_from_name(backend, &ld.backend) != PDP_OK) {
         fprintf(stderr, "usage: %s [-stage 0..3 (0: DDP; default 3)] [-backend local|mpi|nccl] "
                 "[-np 2 (thread ranks)] [-hidden 512] [-layers 2] [-epochs 1] [-batch 256 "
                 "(global)] [-lr 0.001] [-cap_mb 0.5] [-seed 1] [-accum 1]\n", argv[0]);
         return 2;
     }
-    PDP_CHECK(pdp_env_read(&env));
-    dd.flat = true;
-    dd.mean = PDP_FASHION_MNIST_MEAN;
-    dd.std = PDP_FASHION_MNIST_STD;
-    dd.max_samples = short_run ? 320 : 0;
     if (short_run) batch = 32;
-    dd.seed = seed;
-    if (pdp_dataset_load_fashion_mnist(&train, true, &dd) != PDP_OK) {
-        if (env.rank == 0) printf("%s\n(training on the built-in synthetic task instead)\n",
-                                  pdp_last_error());
-        source = "synthetic";
-        PDP_CHECK(pdp_dataset_synthetic(&train, true, &dd));
-        PDP_CHECK(pdp_dataset_synthetic(&test, false, &dd));
-    } else {
-        PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
-    }
-    if (env.from_env || ld.backend == PDP_BACKEND_MPI) np = env.world_size;
-    if (env.rank == 0)
-        printf("seed %llu: %s, backend %s, %d ranks, stage %d (%s), global batch %lld, MLP "
-               "784-%lldx%d-10 (%.0f parameters), Adam lr %g\n", seed, source, backend, np, stage,
-               stage ? "ZeRO" : "DDP", (long long)batch, (long long)hidden, layers,
-               psi_of(layers), lr);
+    pdp_dataset_desc dd = {.flat = true, .mean = PDP_FASHION_MNIST_MEAN,
+                           .std = PDP_FASHION_MNIST_STD, .max_samples = short_run ? 320 : 0,
+                           .seed = seed, .synthetic_fallback = true};
+    PDP_CHECK(pdp_dataset_load_fashion_mnist(&train, true, &dd));
+    PDP_CHECK(pdp_dataset_load_fashion_mnist(&test, false, &dd));
     PDP_CHECK(pdp_launch(np, &ld, train_rank, NULL));
     pdp_dataset_free(train);
     pdp_dataset_free(test);

@@ -1,5 +1,7 @@
-/* data: the IDX reader, the synthetic task, the batcher. Files that start with the
-   gzip magic are decoded by src/inflate.c (pdp__gunzip).
+/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
+   batcher (over an index list or a DistributedSampler's epochs), the accuracy of a model
+   over a batcher. Files that start with the gzip magic are decoded by src/inflate.c
+   (pdp__gunzip).
 
    IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
    TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the
@@ -196,7 +198,9 @@ PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_pa
     *out = NULL;
     if (!images_path || !labels_path) return pdp__err(PDP_ERR_INVALID, "%s: NULL path", fn);
     if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
-    return pdp__load_idx(out, images_path, labels_path, desc, fn);
+    if ((st = pdp__load_idx(out, images_path, labels_path, desc, fn)) == PDP_OK)
+        snprintf((*out)->source, sizeof (*out)->source, "%s", images_path);
+    return st;
 }
 
 /* ---- fashion-mnist ---- */
@@ -232,15 +236,33 @@ PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
     *out = NULL;
     if ((st = pdp__check_desc(desc, fn)) != PDP_OK) return st;
     if (!dir || !*dir) dir = "/usr/share/datasets/fashion-mnist";
+    if (desc && desc->synthetic_fallback) { /* all four files, so train and test agree */
+        const char *other = train ? "t10k" : "train";
+        snprintf(name, sizeof name, "%s-images-idx3-ubyte", other);
+        found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried);
+        snprintf(name, sizeof name, "%s-labels-idx1-ubyte", other);
+        found = pdp__find_file(dir, name, labels, sizeof labels, tried, sizeof tried) && found;
+    } else {
+        found = true;
+    }
     snprintf(name, sizeof name, "%s-images-idx3-ubyte", split);
-    found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried);
+    found = pdp__find_file(dir, name, images, sizeof images, tried, sizeof tried) && found;
     snprintf(name, sizeof name, "%s-labels-idx1-ubyte", split);
     found = pdp__find_file(dir, name, labels, sizeof labels, tried, sizeof tried) && found;
+    if (!found && desc && desc->synthetic_fallback) {
+        if ((st = pdp_dataset_synthetic(out, train, desc)) != PDP_OK)
+            return pdp__err_wrap(st, "%s", fn);
+        snprintf((*out)->source, sizeof (*out)->source, "synthetic (no Fashion-MNIST in %s: "
+                 "set PDP_DATA to its directory or apt-get install dataset-fashion-mnist)", dir);
+        return PDP_OK;
+    }
     if (!found)
         return pdp__err(PDP_ERR_IO, "%s: Fashion-MNIST not found (tried %s); apt-get install "
                         "dataset-fashion-mnist or set PDP_DATA to the directory that holds the "
                         "files", fn, tried);
-    return pdp__load_idx(out, images, labels, desc, fn);
+    if ((st = pdp__load_idx(out, images, labels, desc, fn)) == PDP_OK)
+        snprintf((*out)->source, sizeof (*out)->source, "Fashion-MNIST");
+    return st;
 }
 
 /* ---- synthetic ---- */
@@ -304,6 +326,7 @@ PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
             }
     }
     ds->classes = CLASSES;
+    snprintf(ds->source, sizeof ds->source, "synthetic");
     pdp__dealloc(proto);
     *out = ds;
     return PDP_OK;
@@ -419,10 +442,17 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s", fn,
                         (long long)d.num_indices, d.indices ? "set" : "NULL");
+    if (d.indices && d.sampler)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.indices and desc.sampler are both set", fn);
+    if (d.sampler) { /* epoch 0's list, as pdp_batcher_reset(b, 0) below takes it */
+        pdp_dist_sampler_set_epoch(d.sampler, 0);
+        d.indices = pdp_dist_sampler_indices(d.sampler, &d.num_indices);
+    }
     for (i = 0; d.indices && i < d.num_indices; i++)
         if (d.indices[i] < 0 || d.indices[i] >= ds->count)
-            return pdp__err(PDP_ERR_INVALID, "%s: desc.indices[%lld] = %lld is outside [0, %lld)",
-                            fn, (long long)i, (long long)d.indices[i], (long long)ds->count);
+            return pdp__err(PDP_ERR_INVALID, "%s: desc.%s[%lld] = %lld is outside [0, %lld)", fn,
+                            d.sampler ? "sampler's indices" : "indices", (long long)i,
+                            (long long)d.indices[i], (long long)ds->count);
     if (!(b = (pdp_batcher *)pdp__calloc(sizeof *b)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     b->ds = ds;
@@ -478,11 +508,27 @@ PDP_API void pdp_batcher_free(pdp_batcher *b)
 
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
 {
-    int64_t i;
+    int64_t i, n;
     if (!b) return;
     b->epoch = epoch;
     b->next = 0;
     b->st = PDP_OK;
+    if (b->desc.sampler) { /* the sampler's list for this epoch (its length never changes) */
+        const int64_t *idx;
+        pdp_dist_sampler_set_epoch(b->desc.sampler, epoch);
+        idx = pdp_dist_sampler_indices(b->desc.sampler, &n);
+        for (i = 0; i < b->len && i < n; i++) {
+            if (idx[i] < 0 || idx[i] >= b->ds->count) {
+                b->st = pdp__err(PDP_ERR_INVALID, "pdp_batcher_reset: the sampler's index %lld "
+                                 "of epoch %llu is outside the dataset's [0, %lld)",
+                                 (long long)idx[i], (unsigned long long)epoch,
+                                 (long long)b->ds->count);
+                b->next = b->len; /* the epoch is over before it starts */
+                return;
+            }
+            b->base[i] = idx[i];
+        }
+    }
     if (!b->desc.shuffle) {
         memcpy(b->order, b->base, (size_t)b->len * sizeof(int64_t));
         return;
@@ -541,4 +587,35 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count)
 {
     if (count) *count = b ? b->len : 0;
     return b ? b->order : NULL;
+}
+
+/* ---- evaluation ---- */
+
+PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy)
+{
+    static const char fn[] = "pdp_model_accuracy";
+    int64_t correct = 0, seen = 0, c, n;
+    bool training;
+    pdp_tensor x;
+    const pdp_tensor *logits;
+    const int32_t *y;
+    pdp_status st = PDP_OK;
+    if (accuracy) *accuracy = 0.0;
+    if (!m || !b || !accuracy) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    training = pdp_model_is_training(m);
+    pdp_model_set_training(m, false);
+    pdp_batcher_reset(b, 0);
+    while (st == PDP_OK && pdp_batcher_next(b, &x, &y, &n)) {
+        if ((st = pdp_model_forward(m, &x, &logits)) == PDP_OK &&
+            (st = pdp_count_correct(logits, y, &c)) == PDP_OK) {
+            correct += c;
+            seen += n;
+        }
+    }
+    pdp_model_set_training(m, training);
+    if (st == PDP_OK) st = pdp_batcher_status(b); /* a failed device copy ends the epoch */
+    if (st != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (seen == 0) return pdp__err(PDP_ERR_INVALID, "%s: the batcher has no samples", fn);
+    *accuracy = (double)correct / (double)seen;
+    return PDP_OK;
 }

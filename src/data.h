@@ -7,7 +7,9 @@
    samples of each batch into a buffer it owns, so the training loop allocates
    nothing; its order in epoch e depends on (seed, e) only, like PyTorch's
    DistributedSampler after set_epoch(e). A distributed run gives each rank its
-   own index list (pdp_batcher_desc.indices). */
+   own index list (pdp_batcher_desc.indices), or its DistributedSampler
+   (pdp_batcher_desc.sampler), whose epochs pdp_batcher_reset follows. The module ends
+   with pdp_model_accuracy: a model's accuracy over a batcher's epoch. */
 
 /* Fashion-MNIST's training-set pixel statistics (of p / 255), for
    pdp_dataset_desc.mean and .std. */
@@ -22,6 +24,9 @@ typedef struct pdp_dataset {
     int classes;        /* largest label + 1 */
     float *images;      /* [count, features], 64-byte aligned; read-only for the user */
     int32_t *labels;    /* [count] */
+    char source[256];   /* where the samples came from, for a program to print: "Fashion-MNIST",
+                           "synthetic", the images file's path (pdp_dataset_load_idx), or, after
+                           a synthetic_fallback, "synthetic" and why */
 } pdp_dataset;
 
 typedef struct pdp_dataset_desc {
@@ -32,6 +37,9 @@ typedef struct pdp_dataset_desc {
     int64_t max_samples; /* keep only the first max_samples (0 = all); synthetic: how
                             many to make (0 = 60000 train, 10000 test) */
     uint64_t seed;       /* synthetic only: the class prototypes and the noise; default 0 */
+    bool synthetic_fallback; /* pdp_dataset_load_fashion_mnist only: when any of the four
+                                files is missing, pdp_dataset_synthetic's task (train or test)
+                                instead, with PDP_OK; default false */
 } pdp_dataset_desc;
 
 /* Reads an IDX image file (magic 0x00000803: unsigned bytes, [count, rows, cols])
@@ -44,8 +52,13 @@ PDP_API pdp_status pdp_dataset_load_idx(pdp_dataset **out, const char *images_pa
 /* Fashion-MNIST (60000 training or 10000 test samples) from the directory named
    by $PDP_DATA if set, else /usr/share/datasets/fashion-mnist: the files
    train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
-   t10k-labels-idx1-ubyte, each plain or with .gz. When they are missing it fails
-   with PDP_ERR_IO, naming the paths it tried and how to get the files. */
+   t10k-labels-idx1-ubyte, each plain or with .gz (MNIST's files have the same names:
+   pdp_dataset_load_idx reads those). When they are missing it fails with PDP_ERR_IO,
+   naming the paths it tried and how to get the files; with desc->synthetic_fallback it
+   returns pdp_dataset_synthetic's task instead, its source saying so and where to put the
+   files. The fallback looks for all four files, so the training and test sets of one
+   directory are both the files' or both synthetic, never one of each. A file that is there
+   but bad still fails (PDP_ERR_FORMAT): the fallback is for a machine without the data. */
 PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
                                                   const pdp_dataset_desc *desc);
 /* A learnable stand-in with Fashion-MNIST's shapes (28x28, 10 classes) and no
@@ -85,12 +98,18 @@ typedef struct pdp_batcher_desc {
     const int64_t *indices; /* iterate over these samples (copied at create; they may repeat,
                                as a padded DistributedSampler's do); NULL = all, in order */
     int64_t num_indices;    /* length of indices */
+    struct pdp_dist_sampler *sampler; /* instead of indices: a DistributedSampler's (ddp.h),
+                               which must outlive the batcher; pdp_batcher_reset(b, e) calls
+                               pdp_dist_sampler_set_epoch(sampler, e) and takes this rank's
+                               indices for epoch e, as PyTorch's DataLoader(sampler=s) after
+                               s.set_epoch(e); default NULL */
     pdp_device device;      /* where the batches are handed out: default the CPU; a CUDA
                                device (the model's) gets each batch copied into a buffer
                                there, allocated at create (the labels stay on the host) */
 } pdp_batcher_desc;
 
-/* A batcher over ds (which must outlive it), positioned at the start of epoch 0. */
+/* A batcher over ds (which must outlive it), positioned at the start of epoch 0. Indices
+   outside [0, ds->count), or both indices and sampler, fail with PDP_ERR_INVALID. */
 PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
                                       const pdp_batcher_desc *desc);
 PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
@@ -109,9 +128,24 @@ PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **lab
    with its message in pdp_last_error(); reset by pdp_batcher_reset. */
 PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b);
 /* Starts epoch `epoch` from its first batch (its order is recomputed from the
-   seed and the epoch number alone, so any epoch can be replayed). */
+   seed and the epoch number alone, so any epoch can be replayed). With desc.sampler the
+   index list is the sampler's for that epoch; an index outside the dataset (a sampler made
+   for a larger one) makes the next pdp_batcher_next return false, pdp_batcher_status
+   PDP_ERR_INVALID naming it. */
 PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
 /* Batches per epoch (counting a smaller last batch unless drop_last). */
 PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b);
 /* This epoch's order: *count dataset indices (may be NULL). */
 PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
+
+/* ---- evaluation ---- */
+
+/* The share of b's samples, in [0, 1], whose largest logit from m is their label
+   (pdp_count_correct): one pass over epoch 0 of b (pdp_batcher_reset(b, 0): an unshuffled
+   batcher goes in dataset order) with m in evaluation mode, put back in the mode it was in.
+   b must hand out batches where m lives (pdp_batcher_desc.device); the pass allocates
+   nothing once m is reserved (pdp_model_reserve) for b's batch size. A failing forward or
+   batch returns its status, message prefixed with "pdp_model_accuracy"; an empty batcher
+   gives PDP_ERR_INVALID. Rank-parallel models with their own forward (pdp_zero_forward)
+   count with pdp_count_correct themselves. */
+PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy);

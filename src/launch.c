@@ -214,4 +214,19 @@ PDP_API void pdp_check_fail(pdp_status status, const char *file, int line)
     exit(1);
 }
 
+PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out)
+{
+    static const char *const names[] = {"local", "mpi", "nccl"};
+    static const pdp_backend values[] = {PDP_BACKEND_LOCAL, PDP_BACKEND_MPI, PDP_BACKEND_NCCL};
+    int i;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_backend_from_name: out is NULL");
+    for (i = 0; name && i < 3; i++)
+        if (!strcmp(name, names[i])) {
+            *out = values[i];
+            return PDP_OK;
+        }
+    return pdp__err(PDP_ERR_INVALID, "pdp_backend_from_name: '%s' is not a backend (local, mpi "
+                    "or nccl)", name ? name : "(null)");
+}
+
 PDP_API double pdp_seconds(void) { return pdp__now(); }

@@ -54,6 +54,9 @@ typedef struct pdp_launch_desc {
 
 /* np: thread ranks to start (see above); desc may be NULL (local backend). */
 PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user);
+/* The backend named "local", "mpi" or "nccl" (a program's -backend argument), into *out;
+   any other name (or NULL) fails with PDP_ERR_INVALID naming it and the three. */
+PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out);
 
 /* ---- for programs (the examples) ----
    PDP_CHECK(call): on a status other than PDP_OK, prints "file:line: STATUS: message" to

@@ -4746,8 +4746,10 @@ PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, 
                                     const char *fn, const char *path);
 
 /* ---- src/data.c ---- */
-/* data: the IDX reader, the synthetic task, the batcher. Files that start with the
-   gzip magic are decoded by src/inflate.c (pdp__gunzip).
+/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
+   batcher (over an index list or a DistributedSampler's epochs), the accuracy of a model
+   over a batcher. Files that start with the gzip magic are decoded by src/inflate.c
+   (pdp__gunzip).
 
    IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
    TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the
@@ -4840,6 +4842,10 @@ struct pdp_batcher {
 /* PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b) */
 
 /* PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count) */
+
+/* ---- evaluation ---- */
+
+/* PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy) */
 
 /* ---- src/sampler.c ---- */
 /* sampler: torch.utils.data.DistributedSampler (declared in ddp.h).
@@ -6594,6 +6600,8 @@ PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, co
 /* PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user) */
 
 /* PDP_API void pdp_check_fail(pdp_status status, const char *file, int line) */
+
+/* PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out) */
 
 /* PDP_API double pdp_seconds(void) */
 

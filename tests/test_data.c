@@ -19,6 +19,8 @@ static void *counting_malloc(size_t n) { g_allocs++; return malloc(n); }
 #include "pdp_test.h"
 
 #include <unistd.h>
+#include <sys/stat.h>
+#include <errno.h>
 
 static char g_dir[256];
 
@@ -583,6 +585,80 @@ TEST data_fashion_mnist_missing_says_how_to_get_it(void)
     PASS();
 }
 
+/* Loads Fashion-MNIST from dir (PDP_DATA) with desc, PDP_DATA restored after. */
+static pdp_status load_from(const char *dir, pdp_dataset **ds, bool train,
+                            const pdp_dataset_desc *desc)
+{
+    const char *old = getenv("PDP_DATA");
+    char saved[512] = "";
+    pdp_status st;
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    setenv("PDP_DATA", dir, 1);
+    st = pdp_dataset_load_fashion_mnist(ds, train, desc);
+    if (old) setenv("PDP_DATA", saved, 1);
+    else unsetenv("PDP_DATA");
+    return st;
+}
+
+TEST data_fashion_mnist_synthetic_fallback(void)
+{
+    static uint8_t img[16 + 30 * 28 * 28], lab[8 + 30];
+    size_t ni = make_idx_images(img, 30, 28, 28, 3), nl = make_idx_labels(lab, 30);
+    pdp_dataset_desc d = {0};
+    pdp_dataset *ds, *ref;
+    char dir[600];
+    d.synthetic_fallback = true;
+    d.max_samples = 40;
+    d.seed = 5;
+    d.flat = true;
+    /* no files: the synthetic task of the same desc, and the source says where to put them */
+    ASSERT_ENUM_EQ(PDP_OK, load_from(tmp_path("empty"), &ds, false, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_synthetic(&ref, false, &d), pdp_status_name);
+    ASSERT_EQ(40, (int)ds->count);
+    ASSERT_EQ(1, ds->ndim);
+    ASSERT_MEM_EQ(ref->images, ds->images, 40 * 784 * sizeof(float));
+    ASSERT_MEM_EQ(ref->labels, ds->labels, 40 * sizeof(int32_t));
+    ASSERT_STR_EQ("synthetic", ref->source);
+    ASSERT(strstr(ds->source, "synthetic (no Fashion-MNIST in ") == ds->source);
+    ASSERT(strstr(ds->source, tmp_path("empty")) && strstr(ds->source, "PDP_DATA"));
+    pdp_dataset_free(ds);
+    pdp_dataset_free(ref);
+    /* the training files only: without the fallback they load, with it both halves are
+       synthetic (never one half of each) */
+    snprintf(dir, sizeof dir, "%s", tmp_path("half"));
+    ASSERT_EQ(0, mkdir(dir, 0700) == 0 || errno == EEXIST ? 0 : -1);
+    ASSERT_EQ(0, write_file(tmp_path("half/train-images-idx3-ubyte"), img, ni));
+    ASSERT_EQ(0, write_file(tmp_path("half/train-labels-idx1-ubyte"), lab, nl));
+    d.synthetic_fallback = false;
+    ASSERT_ENUM_EQ(PDP_OK, load_from(dir, &ds, true, &d), pdp_status_name);
+    ASSERT_EQ(30, (int)ds->count);
+    ASSERT_STR_EQ("Fashion-MNIST", ds->source);
+    ASSERT_EQ((float)img[16 + 100] / 255.0f, ds->images[100]);
+    pdp_dataset_free(ds);
+    d.synthetic_fallback = true;
+    ASSERT_ENUM_EQ(PDP_OK, load_from(dir, &ds, true, &d), pdp_status_name);
+    ASSERT_EQ(40, (int)ds->count);
+    ASSERT(strstr(ds->source, "synthetic") == ds->source);
+    pdp_dataset_free(ds);
+    /* all four there but one bad: the error, not the fallback */
+    ASSERT_EQ(0, write_file(tmp_path("half/t10k-images-idx3-ubyte"), img, ni));
+    ASSERT_EQ(0, write_file(tmp_path("half/t10k-labels-idx1-ubyte"), img, 20));
+    ASSERT_ENUM_EQ(PDP_ERR_FORMAT, load_from(dir, &ds, false, &d), pdp_status_name);
+    ASSERT(ds == NULL);
+    ASSERT(strstr(pdp_last_error(), "t10k-labels-idx1-ubyte"));
+    ASSERT_EQ(0, write_file(tmp_path("half/t10k-labels-idx1-ubyte"), lab, nl));
+    ASSERT_ENUM_EQ(PDP_OK, load_from(dir, &ds, false, &d), pdp_status_name);
+    ASSERT_STR_EQ("Fashion-MNIST", ds->source);
+    pdp_dataset_free(ds);
+    /* pdp_dataset_load_idx names the images file */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_load_idx(&ds, tmp_path("half/t10k-images-idx3-ubyte"),
+                                                tmp_path("half/t10k-labels-idx1-ubyte"), NULL),
+                   pdp_status_name);
+    ASSERT_STR_EQ(tmp_path("half/t10k-images-idx3-ubyte"), ds->source);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
 /* ---- synthetic ---- */
 
 TEST data_synthetic_is_seeded_and_learnable(void)
@@ -780,6 +856,165 @@ TEST data_batcher_index_lists_and_no_allocation(void)
 }
 
 /* Issue 13, item 2: sizes computed from user input that used to wrap around. */
+TEST data_batcher_takes_a_samplers_epochs(void)
+{
+    pdp_dataset *ds = small_dataset(50);
+    pdp_dist_sampler_desc sd = {0};
+    pdp_dist_sampler *s, *ref, *big;
+    pdp_batcher_desc bd = {0}, rd = {0};
+    pdp_batcher *b, *r;
+    pdp_tensor x, xr;
+    const int32_t *y, *yr;
+    const int64_t *idx;
+    int64_t n, nr, m, k;
+    long before;
+    int e;
+    sd.dataset_size = 50;
+    sd.world_size = 3; /* 17 a rank, the last padded */
+    sd.rank = 2;
+    sd.seed = 6;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&s, &sd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&ref, &sd), pdp_status_name);
+    bd.batch_size = 4;
+    bd.sampler = s;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    for (e = 2; e >= 0; e--) { /* the reference: a batcher per epoch over the indices */
+        pdp_batcher_reset(b, (uint64_t)e);
+        pdp_dist_sampler_set_epoch(ref, (uint64_t)e);
+        idx = pdp_dist_sampler_indices(ref, &m);
+        ASSERT_EQ(17, (int)m);
+        rd.batch_size = 4;
+        rd.indices = idx;
+        rd.num_indices = m;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&r, ds, &rd), pdp_status_name);
+        for (k = 0; pdp_batcher_next(b, &x, &y, &n); k += n) {
+            ASSERT(pdp_batcher_next(r, &xr, &yr, &nr));
+            ASSERT_EQ(nr, n);
+            ASSERT_MEM_EQ(yr, y, (size_t)n * sizeof *y);
+            ASSERT_MEM_EQ(xr.data, x.data, (size_t)n * 784 * sizeof(float));
+        }
+        ASSERT_EQ(17, (int)k);
+        ASSERT(!pdp_batcher_next(r, &xr, &yr, &nr));
+        ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_status(b), pdp_status_name);
+        pdp_batcher_free(r);
+    }
+    pdp_batcher_reset(b, 7); /* only the reference batchers allocated: none here */
+    before = g_allocs;
+    while (pdp_batcher_next(b, &x, &y, &n)) {}
+    pdp_batcher_reset(b, 8);
+    ASSERT_EQ(before, g_allocs);
+    /* indices and a sampler: refused */
+    rd.sampler = s;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_create(&r, ds, &rd), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "indices and desc.sampler"));
+    pdp_batcher_free(b);
+    /* a sampler made for a larger dataset: refused at create, or at the epoch that leaves */
+    sd.dataset_size = 60;
+    sd.world_size = 1;
+    sd.rank = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&big, &sd), pdp_status_name);
+    bd.sampler = big;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "sampler's indices[") && strstr(pdp_last_error(), "[0, 50)"));
+    pdp_dist_sampler_free(big);
+    /* ... or at the epoch that leaves it: a seed whose epoch 0 fits and a later epoch not */
+    sd.dataset_size = 52;
+    sd.world_size = 4;
+    for (sd.seed = 0, e = -1; e < 0 && sd.seed < 200; sd.seed++) {
+        int f;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&big, &sd), pdp_status_name);
+        for (f = 0; f < 20; f++) {
+            bool out = false;
+            pdp_dist_sampler_set_epoch(big, (uint64_t)f);
+            idx = pdp_dist_sampler_indices(big, &m);
+            for (k = 0; k < m; k++) out = out || idx[k] >= 50;
+            if (f == 0 && out) break;
+            if (out) { e = f; break; }
+        }
+        if (e < 0) pdp_dist_sampler_free(big);
+    }
+    ASSERT(e > 0);
+    bd.sampler = big;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    pdp_batcher_reset(b, (uint64_t)e);
+    ASSERT(!pdp_batcher_next(b, &x, &y, &n));
+    ASSERT_EQ(0, (int)n);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_status(b), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_batcher_reset: the sampler's index 5"));
+    pdp_batcher_reset(b, 0); /* back in range */
+    ASSERT(pdp_batcher_next(b, &x, &y, &n));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_status(b), pdp_status_name);
+    pdp_batcher_free(b);
+    pdp_dist_sampler_free(big);
+    pdp_dist_sampler_free(ref);
+    pdp_dist_sampler_free(s);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
+/* ---- evaluation ---- */
+
+TEST data_model_accuracy_matches_a_naive_count(void)
+{
+    pdp_dataset_desc d = {0};
+    pdp_model_desc md = {0};
+    pdp_batcher_desc bd = {0};
+    pdp_dataset *ds;
+    pdp_model *m, *bad;
+    pdp_batcher *b;
+    pdp_tensor all;
+    const pdp_tensor *logits;
+    double acc = -1;
+    int64_t i, right = 0;
+    int c;
+    d.flat = true;
+    d.max_samples = 103;
+    d.seed = 2;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_synthetic(&ds, false, &d), pdp_status_name);
+    md.input_shape[0] = 784;
+    md.seed = 9;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &md), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 10), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_reserve(m, 103), pdp_status_name);
+    /* the reference: the whole set in one forward, argmax by hand (first largest wins) */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_view(ds, 0, 103, &all), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &all, &logits), pdp_status_name);
+    for (i = 0; i < 103; i++) {
+        const float *row = (const float *)logits->data + i * 10;
+        int arg = 0;
+        for (c = 1; c < 10; c++)
+            if (row[c] > row[arg]) arg = c;
+        right += arg == ds->labels[i];
+    }
+    ASSERT(right > 0 && right < 103); /* an untrained model: neither extreme */
+    bd.batch_size = 10; /* 10 batches of 10 and one of 3 */
+    bd.shuffle = true;
+    bd.seed = 4;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    pdp_batcher_reset(b, 7);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_accuracy(m, b, &acc), pdp_status_name);
+    ASSERT_EQ((double)right / 103.0, acc);
+    ASSERT(pdp_model_is_training(m)); /* back in the mode it was in */
+    pdp_model_set_training(m, false);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_accuracy(m, b, &acc), pdp_status_name);
+    ASSERT_EQ((double)right / 103.0, acc);
+    ASSERT(!pdp_model_is_training(m));
+    /* a model that does not take these samples: the forward's error, named */
+    md.input_shape[0] = 100;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&bad, &md), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(bad, 10), pdp_status_name);
+    ASSERT(pdp_model_accuracy(bad, b, &acc) != PDP_OK);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_accuracy: ") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "784"));
+    ASSERT_EQ(0.0, acc);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_accuracy(m, NULL, &acc), pdp_status_name);
+    pdp_model_free(bad);
+    pdp_batcher_free(b);
+    pdp_model_free(m);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
 TEST data_sizes_that_overflow_fail(void)
 {
     pdp_dataset_desc d;
@@ -830,10 +1065,13 @@ SUITE(data)
     RUN_TEST(data_idx_errors_name_the_file);
     RUN_TEST(data_fashion_mnist_real_files);
     RUN_TEST(data_fashion_mnist_missing_says_how_to_get_it);
+    RUN_TEST(data_fashion_mnist_synthetic_fallback);
     RUN_TEST(data_synthetic_is_seeded_and_learnable);
     RUN_TEST(data_permutation_is_seeded_permutation);
     RUN_TEST(data_batcher_covers_each_sample_once);
     RUN_TEST(data_batcher_index_lists_and_no_allocation);
+    RUN_TEST(data_batcher_takes_a_samplers_epochs);
+    RUN_TEST(data_model_accuracy_matches_a_naive_count);
     RUN_TEST(data_sizes_that_overflow_fail);
 }
 

@@ -219,6 +219,25 @@ TEST launch_helpers(void)
     PASS();
 }
 
+TEST launch_backend_from_name(void)
+{
+    pdp_backend b = PDP_BACKEND_DEFAULT;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_backend_from_name("local", &b), pdp_status_name);
+    ASSERT_EQ(PDP_BACKEND_LOCAL, b);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_backend_from_name("mpi", &b), pdp_status_name);
+    ASSERT_EQ(PDP_BACKEND_MPI, b);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_backend_from_name("nccl", &b), pdp_status_name);
+    ASSERT_EQ(PDP_BACKEND_NCCL, b);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_backend_from_name("gloo", &b), pdp_status_name);
+    ASSERT_EQ(PDP_BACKEND_NCCL, b); /* untouched on failure */
+    ASSERT(strstr(pdp_last_error(), "pdp_backend_from_name") == pdp_last_error());
+    ASSERT(strstr(pdp_last_error(), "'gloo'") && strstr(pdp_last_error(), "local, mpi or nccl"));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_backend_from_name("NCCL", &b), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_backend_from_name(NULL, &b), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_backend_from_name("local", NULL), pdp_status_name);
+    PASS();
+}
+
 SUITE(launch)
 {
     RUN_TEST(launch_runs_every_rank_once);
@@ -226,6 +245,7 @@ SUITE(launch)
     RUN_TEST(launch_env_single_rank);
     RUN_TEST(launch_refuses_bad_input);
     RUN_TEST(launch_helpers);
+    RUN_TEST(launch_backend_from_name);
 }
 
 GREATEST_MAIN_DEFS();
