@@ -1,4 +1,5 @@
-/* sampler: torch.utils.data.DistributedSampler (declared in ddp.h).
+/* sampler: pdp_permutation (data.h), the order behind every shuffle, and
+   torch.utils.data.DistributedSampler (declared in ddp.h).
 
    The permutation of epoch e is pdp_permutation(seed, e) (0..n-1 with
    no_shuffle), padded by repeating from its start (or cut with drop_last) to a
@@ -8,6 +9,32 @@
    rewritten only by set_epoch. */
 
 #include "internal.h"
+
+/* ---- sampler: the permutation (the batcher's shuffle too, data.c) ---- */
+
+/* Uniform in [0, n), unbiased, for n up to 2^63. */
+PDP__PRIVATE uint64_t pdp__rng_below64(pdp_rng *r, uint64_t n)
+{
+    uint64_t x, limit;
+    if (n <= 0xffffffffu) return pdp_rng_below(r, (uint32_t)n);
+    limit = UINT64_MAX - UINT64_MAX % n;
+    do x = (uint64_t)pdp_rng_u32(r) << 32 | pdp_rng_u32(r); while (x >= limit);
+    return x % n;
+}
+
+PDP_API void pdp_permutation(int64_t *out, int64_t n, uint64_t seed, uint64_t epoch)
+{
+    pdp_rng r;
+    int64_t i;
+    if (!out) return;
+    for (i = 0; i < n; i++) out[i] = i;
+    pdp_rng_seed(&r, seed, epoch);
+    for (i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)pdp__rng_below64(&r, (uint64_t)i + 1), t = out[i];
+        out[i] = out[j];
+        out[j] = t;
+    }
+}
 
 /* ---- sampler ---- */
 

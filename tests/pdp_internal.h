@@ -4745,6 +4745,45 @@ PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n);
 PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
                                     const char *fn, const char *path);
 
+/* ---- src/sampler.c ---- */
+/* sampler: pdp_permutation (data.h), the order behind every shuffle, and
+   torch.utils.data.DistributedSampler (declared in ddp.h).
+
+   The permutation of epoch e is pdp_permutation(seed, e) (0..n-1 with
+   no_shuffle), padded by repeating from its start (or cut with drop_last) to a
+   multiple of the world size N, and rank r takes every N-th entry from r.
+   Invariants: every rank with the same seed and epoch computes the same
+   permutation without communicating; indices[] holds num_samples entries and is
+   rewritten only by set_epoch. */
+
+/* #include "internal.h" (above) */
+
+/* ---- sampler: the permutation (the batcher's shuffle too, data.c) ---- */
+
+/* Uniform in [0, n), unbiased, for n up to 2^63. */
+PDP__PRIVATE uint64_t pdp__rng_below64(pdp_rng *r, uint64_t n);
+
+/* PDP_API void pdp_permutation(int64_t *out, int64_t n, uint64_t seed, uint64_t epoch) */
+
+/* ---- sampler ---- */
+
+struct pdp_dist_sampler {
+    pdp_dist_sampler_desc desc;
+    int64_t num_samples, total;
+    int64_t *perm;      /* dataset_size */
+    int64_t *indices;   /* num_samples: this rank's */
+};
+
+/* PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out, const pdp_dist_sampler_desc *desc) */
+
+/* PDP_API void pdp_dist_sampler_free(pdp_dist_sampler *s) */
+
+/* PDP_API void pdp_dist_sampler_set_epoch(pdp_dist_sampler *s, uint64_t epoch) */
+
+/* PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s) */
+
+/* PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count) */
+
 /* ---- src/data.c ---- */
 /* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
    batcher (over an index list or a DistributedSampler's epochs), the accuracy of a model
@@ -4806,11 +4845,6 @@ PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, in
 
 /* PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_t n, pdp_tensor *x) */
 
-/* Uniform in [0, n), unbiased, for n up to 2^63. */
-PDP__PRIVATE uint64_t pdp__rng_below64(pdp_rng *r, uint64_t n);
-
-/* PDP_API void pdp_permutation(int64_t *out, int64_t n, uint64_t seed, uint64_t epoch) */
-
 /* ---- batcher ---- */
 
 struct pdp_batcher {
@@ -4846,37 +4880,6 @@ struct pdp_batcher {
 /* ---- evaluation ---- */
 
 /* PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy) */
-
-/* ---- src/sampler.c ---- */
-/* sampler: torch.utils.data.DistributedSampler (declared in ddp.h).
-
-   The permutation of epoch e is pdp_permutation(seed, e) (0..n-1 with
-   no_shuffle), padded by repeating from its start (or cut with drop_last) to a
-   multiple of the world size N, and rank r takes every N-th entry from r.
-   Invariants: every rank with the same seed and epoch computes the same
-   permutation without communicating; indices[] holds num_samples entries and is
-   rewritten only by set_epoch. */
-
-/* #include "internal.h" (above) */
-
-/* ---- sampler ---- */
-
-struct pdp_dist_sampler {
-    pdp_dist_sampler_desc desc;
-    int64_t num_samples, total;
-    int64_t *perm;      /* dataset_size */
-    int64_t *indices;   /* num_samples: this rank's */
-};
-
-/* PDP_API pdp_status pdp_dist_sampler_create(pdp_dist_sampler **out, const pdp_dist_sampler_desc *desc) */
-
-/* PDP_API void pdp_dist_sampler_free(pdp_dist_sampler *s) */
-
-/* PDP_API void pdp_dist_sampler_set_epoch(pdp_dist_sampler *s, uint64_t epoch) */
-
-/* PDP_API int64_t pdp_dist_sampler_num_samples(const pdp_dist_sampler *s) */
-
-/* PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count) */
 
 /* ---- src/json.c ---- */
 /* json: the reader of a safetensors header, a small strict JSON parser.
