@@ -705,7 +705,8 @@ typedef enum pdp_bf16_path {
     PDP_BF16_PATH_AUTO = 0, /* the fastest available */
     PDP_BF16_PATH_EMULATED = 1,
     PDP_BF16_PATH_AVX512 = 2,
-    PDP_BF16_PATH_AMX = 3
+    PDP_BF16_PATH_AMX = 3,
+    PDP_BF16_PATH_SGEMM = 4
 } pdp_bf16_path;
 
 /* The precision of a model's GEMMs and convolutions (pdp_model_desc.precision). */
@@ -719,6 +720,8 @@ PDP_API float pdp_bf16_round(float x);
 /* The path PDP_BF16_PATH_AUTO takes on this CPU (checked once per process): AMX, else
    AVX512, else the emulation. */
 PDP_API pdp_bf16_path pdp_bf16_best_path(void);
+PDP_API pdp_bf16_path pdp_bf16_path_for(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                        int64_t k);
 PDP_API bool pdp_bf16_path_available(pdp_bf16_path path);
 PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path); /* "avx512-bf16" */
 PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
@@ -6977,6 +6980,19 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
 
 /* ---- gemm: the blocked product on one thread ---- */
 
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises): pdp__sgemm_bf16's packed panels, right after packing, while they
+   are in L1 (A's MR x KC panel) or L2 (B's KC x NC block). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, {
+        uint32_t u;
+        memcpy(&u, p + i, sizeof u);
+        u = pdp__bf16_round_u32(u);
+        memcpy(p + i, &u, sizeof u);
+    });
+}
+
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -6988,6 +7004,7 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
+    int round16;  /* pdp__sgemm_bf16: packed panels rounded to bf16 (never gathered) */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -7029,6 +7046,7 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
             }
 #endif
             pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp);
+            if (g->round16) pdp__gemm_round16(bp, kc * pdp__gemm_round_up(nc, PDP__GEMM_NR));
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
@@ -7051,6 +7069,7 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
 #endif
                 } else {
                     pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                    if (g->round16) pdp__gemm_round16(ap, kc * PDP__GEMM_MR);
                 }
                 for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
                     int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
@@ -7075,6 +7094,7 @@ PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_
                                                 : g->a[p * g->lda + i];
                 float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
                                                 : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
+                if (g->round16) x = pdp__bf16_round(x), y = pdp__bf16_round(y);
                 acc += x * y;
             }
             *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
@@ -7107,7 +7127,7 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
                                 const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
-                                int64_t ldc)
+                                int64_t ldc, int round16)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -7120,6 +7140,8 @@ PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n
     }
     PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
     PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
+    PDP_ASSERT(!round16 || (!arow && !brow)); /* the gathered kernels read in place */
+    g.round16 = round16;
     g.ta = ta;
     g.tb = tb;
     g.m = m;
@@ -7154,7 +7176,19 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc, 0);
+}
+
+/* pdp_sgemm on op(A) and op(B) rounded to bf16 (pdp__bf16_round_u32: subnormals rounded
+   like any value, not flushed), the rounding done on the packed panels (the operands
+   are not written): pdp_gemm_bf16's path PDP_BF16_PATH_SGEMM. Products of two bf16
+   values are exact in fp32 (unless they underflow), so each element is pdp_sgemm's
+   FMA chain over the exact products: the same blocking, threads and bits rules. */
+PDP__PRIVATE void pdp__sgemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc, 1);
 }
 
 /* ---- gemm: gathered B ----
@@ -7169,7 +7203,7 @@ PDP__PRIVATE void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t
                                   float alpha, const float *a, int64_t lda, const float *b,
                                   const int64_t *brow, float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc, 0);
 }
 
 /* The work an m x n product does per k, padded to whole MR x NR tiles: what a
@@ -7187,7 +7221,7 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
                                    const float *a, const int64_t *arow, const float *b, int64_t ldb,
                                    float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc);
+    pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc, 0);
 }
 
 #if defined(PDP__GEMM_DIRECT_B)
@@ -7562,9 +7596,21 @@ static inline float pdp__bf16_out(float acc, float alpha, float beta, const floa
 
 /* ---- gemm_bf16: CPU features ---- */
 
+/* What the path choice reads of a CPU: CPUID's vendor, family and model (the display
+   values: family plus extended family, model plus extended model << 4 for families 6
+   and 15) and the features each path needs. */
+typedef struct pdp__bf16_cpu {
+    int vendor;  /* PDP__BF16_INTEL, PDP__BF16_AMD, or 0 */
+    int family, model;
+    int avx512;  /* the AVX512 path: AVX512F, BW, DQ, BF16 and the zmm state */
+    int amx;     /* the AMX path: AMX-TILE, AMX-BF16, the tile state and Linux's permission */
+    int emul512; /* the vectorised emulation: AVX512F and the zmm state */
+} pdp__bf16_cpu;
+#define PDP__BF16_INTEL 1
+#define PDP__BF16_AMD 2
+
 static pthread_once_t pdp__bf16_once = PTHREAD_ONCE_INIT;
-static int pdp__bf16_has_avx512; /* written once under pdp__bf16_once */
-static int pdp__bf16_has_amx;    /* written once under pdp__bf16_once */
+static pdp__bf16_cpu pdp__bf16_this; /* written once under pdp__bf16_once */
 
 #if PDP__BF16_AMX
 /* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
@@ -7585,44 +7631,60 @@ PDP__PRIVATE long pdp__bf16_amx_permit(void)
 PDP__PRIVATE void pdp__bf16_detect(void)
 {
 #if PDP__BF16_X86
+    pdp__bf16_cpu *cpu = &pdp__bf16_this;
     unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
     unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
     uint64_t xcr0;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+    if (b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu) cpu->vendor = PDP__BF16_INTEL;
+    if (b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u) cpu->vendor = PDP__BF16_AMD;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    cpu->family = (int)((a >> 8) & 0xfu);
+    cpu->model = (int)((a >> 4) & 0xfu);
+    if (cpu->family == 6 || cpu->family == 15) cpu->model += (int)((a >> 12) & 0xf0u);
+    if (cpu->family == 15) cpu->family += (int)((a >> 20) & 0xffu);
+    if (!(c & (1u << 27))) return; /* OSXSAVE */
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
     xcr0 = ((uint64_t)xcr0_hi << 32) | xcr0_lo;
     if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
-    /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
-    pdp__bf16_has_avx512 = (xcr0 & 0xe6u) == 0xe6u && (b7 & (1u << 16)) &&
-                           (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
-                           (a71 & (1u << 5)); /* AVX512F, AVX512DQ, AVX512BW, AVX512-BF16 */
+    /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS; AVX512F */
+    cpu->emul512 = (xcr0 & 0xe6u) == 0xe6u && (b7 & (1u << 16));
+    cpu->avx512 = cpu->emul512 && (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
+                  (a71 & (1u << 5)); /* AVX512DQ, AVX512BW, AVX512-BF16 */
 #  if PDP__BF16_AMX
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
        (18); then the kernel's permission, asked once for the process */
-    pdp__bf16_has_amx = (d7 & (1u << 22)) && (d7 & (1u << 24)) &&
-                        (xcr0 & 0x60000u) == 0x60000u && pdp__bf16_amx_permit() == 0;
+    cpu->amx = (d7 & (1u << 22)) && (d7 & (1u << 24)) && (xcr0 & 0x60000u) == 0x60000u &&
+               pdp__bf16_amx_permit() == 0;
 #  endif
 #endif
+}
+
+/* The pdp__sgemm_bf16 path: gemm.c's own kernels (with -DPDP_CBLAS the product goes to
+   the CBLAS linked in, which cannot round at packing). */
+#if defined(PDP_CBLAS)
+#  define PDP__BF16_HAS_SGEMM 0
+#else
+#  define PDP__BF16_HAS_SGEMM 1
+#endif
+
+PDP__PRIVATE bool pdp__bf16_cpu_has(const pdp__bf16_cpu *cpu, pdp_bf16_path path)
+{
+    switch (path) {
+    case PDP_BF16_PATH_AUTO:
+    case PDP_BF16_PATH_EMULATED: return true;
+    case PDP_BF16_PATH_AVX512: return cpu->avx512 != 0;
+    case PDP_BF16_PATH_AMX: return cpu->amx != 0;
+    case PDP_BF16_PATH_SGEMM: return PDP__BF16_HAS_SGEMM != 0;
+    }
+    return false;
 }
 
 PDP_API bool pdp_bf16_path_available(pdp_bf16_path path)
 {
     pthread_once(&pdp__bf16_once, pdp__bf16_detect);
-    switch (path) {
-    case PDP_BF16_PATH_AUTO:
-    case PDP_BF16_PATH_EMULATED: return true;
-    case PDP_BF16_PATH_AVX512: return pdp__bf16_has_avx512 != 0;
-    case PDP_BF16_PATH_AMX: return pdp__bf16_has_amx != 0;
-    }
-    return false;
-}
-
-PDP_API pdp_bf16_path pdp_bf16_best_path(void)
-{
-    if (pdp_bf16_path_available(PDP_BF16_PATH_AMX)) return PDP_BF16_PATH_AMX;
-    return pdp_bf16_path_available(PDP_BF16_PATH_AVX512) ? PDP_BF16_PATH_AVX512
-                                                         : PDP_BF16_PATH_EMULATED;
+    return pdp__bf16_cpu_has(&pdp__bf16_this, path);
 }
 
 PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path)
@@ -7632,8 +7694,116 @@ PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path)
     case PDP_BF16_PATH_EMULATED: return "emulated";
     case PDP_BF16_PATH_AVX512: return "avx512-bf16";
     case PDP_BF16_PATH_AMX: return "amx-bf16";
+    case PDP_BF16_PATH_SGEMM: return "sgemm-rounded";
     }
     return "unknown";
+}
+
+/* ---- gemm_bf16: the path choice ----
+   PDP_BF16_PATH_AUTO runs, per product, the path a table of CPU families names for the
+   product's shape class, never a timing taken at run time (a noisy machine would then
+   change the bits). Classes: the layout (ta, tb: the packing differs) times the size:
+   k < 32 (packing and C's traffic dominate: the 10-class layer's dX = dY W), min(m, n)
+   < 32 (a partial tile row or column: its forward and dW), else large. The rows are
+   bench/bf16_paths's output on the CPUs named, pasted: each cell the fastest of the
+   paths that CPU has, pdp_sgemm's fp32 among them for sgemm-rounded (pdp__sgemm_bf16
+   is pdp_sgemm plus the rounding at packing). A CPU no row names, or a cell's path it
+   lacks: AMX, else AVX512-BF16 on AMD (Zen 4's vdpbf16ps at 2 products per fp32 FMA's
+   1), else sgemm-rounded (fp32's speed: never slower than the fp32 step), else
+   AVX512-BF16, else the emulation. */
+enum { PDP__BF16_LARGE, PDP__BF16_SMALL_MN, PDP__BF16_SMALL_K, PDP__BF16_SIZES };
+#define PDP__BF16_CLASSES (4 * PDP__BF16_SIZES)
+
+PDP__PRIVATE int pdp__bf16_class(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k)
+{
+    int size = k < 32 ? PDP__BF16_SMALL_K
+                      : PDP__MIN(m, n) < 32 ? PDP__BF16_SMALL_MN : PDP__BF16_LARGE;
+    return (2 * (ta == PDP_TRANS) + (tb == PDP_TRANS)) * PDP__BF16_SIZES + size;
+}
+
+typedef struct pdp__bf16_row {
+    int vendor, family, model_lo, model_hi; /* models model_lo .. model_hi; -1: any */
+    int avx512, amx; /* features every CPU the row names has */
+    /* per class, layouts NN NT TN TT (spaces between), each large, small m or n,
+       small k: E emulated, B avx512-bf16, A amx-bf16, S sgemm-rounded */
+    const char *cells;
+} pdp__bf16_row;
+
+#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "SSS SSS SSS SSS"}
+static const pdp__bf16_row pdp__bf16_table[] = {
+    /* AMD Zen 4 (family 0x19 with AVX512-BF16; Zen 3, also 0x19, has none: the default).
+       Measured in an earlier session (CHANGELOG 0.5: the bf16 MLP step ~1.6x fp32's),
+       by step, not by class: AVX512-BF16 everywhere. */
+    {PDP__BF16_AMD, 0x19, -1, -1, 1, 0, "BBB BBB BBB BBB"},
+    /* Intel Xeon, Sapphire Rapids class (Golden Cove cores, AMX): measured by
+       bench/bf16_paths on family 6 model 0xa7 as a VM reports it (2 cores; the AMX kernel
+       before its rewrite), the same cells for model 0x8f (Sapphire Rapids) and 0xcf
+       (Emerald Rapids), which have the same cores. */
+    PDP__BF16_SPR_ROW(0x8f),
+    PDP__BF16_SPR_ROW(0xa7),
+    PDP__BF16_SPR_ROW(0xcf),
+};
+
+PDP__PRIVATE pdp_bf16_path pdp__bf16_cell(const char *cells, int cls)
+{
+    int i;
+    for (i = 0; *cells; cells++) {
+        if (*cells == ' ') continue;
+        if (i++ < cls) continue;
+        return *cells == 'A' ? PDP_BF16_PATH_AMX
+             : *cells == 'B' ? PDP_BF16_PATH_AVX512
+             : *cells == 'S' ? PDP_BF16_PATH_SGEMM : PDP_BF16_PATH_EMULATED;
+    }
+    return PDP_BF16_PATH_AUTO; /* a short row: the default */
+}
+
+/* The row of pdp__bf16_table naming cpu, or NULL. */
+PDP__PRIVATE const pdp__bf16_row *pdp__bf16_row_of(const pdp__bf16_cpu *cpu)
+{
+    size_t i;
+    for (i = 0; i < sizeof pdp__bf16_table / sizeof pdp__bf16_table[0]; i++) {
+        const pdp__bf16_row *r = &pdp__bf16_table[i];
+        if (r->vendor == cpu->vendor && r->family == cpu->family &&
+            (r->model_lo < 0 || (cpu->model >= r->model_lo && cpu->model <= r->model_hi)))
+            return r;
+    }
+    return NULL;
+}
+
+/* The path AUTO takes on cpu for this shape: a pure function of both. */
+PDP__PRIVATE pdp_bf16_path pdp__bf16_choose(const pdp__bf16_cpu *cpu, pdp_trans ta, pdp_trans tb,
+                                            int64_t m, int64_t n, int64_t k)
+{
+    const pdp__bf16_row *row = pdp__bf16_row_of(cpu);
+    if (row) {
+        pdp_bf16_path p = pdp__bf16_cell(row->cells, pdp__bf16_class(ta, tb, m, n, k));
+        if (p != PDP_BF16_PATH_AUTO && pdp__bf16_cpu_has(cpu, p)) return p;
+    }
+    if (cpu->amx) return PDP_BF16_PATH_AMX;
+    if (cpu->avx512 && cpu->vendor == PDP__BF16_AMD) return PDP_BF16_PATH_AVX512;
+    if (PDP__BF16_HAS_SGEMM) return PDP_BF16_PATH_SGEMM;
+    return cpu->avx512 ? PDP_BF16_PATH_AVX512 : PDP_BF16_PATH_EMULATED;
+}
+
+PDP_API pdp_bf16_path pdp_bf16_path_for(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                        int64_t k)
+{
+    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    return pdp__bf16_choose(&pdp__bf16_this, ta, tb, m, n, k);
+}
+
+PDP_API pdp_bf16_path pdp_bf16_best_path(void)
+{
+    return pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, 512, 512, 512);
+}
+
+/* The fastest path that takes operands in bf16 words (the gathered operands below):
+   AMX, else AVX512, else the emulation. */
+PDP__PRIVATE pdp_bf16_path pdp__bf16_best_word_path(void)
+{
+    if (pdp_bf16_path_available(PDP_BF16_PATH_AMX)) return PDP_BF16_PATH_AMX;
+    return pdp_bf16_path_available(PDP_BF16_PATH_AVX512) ? PDP_BF16_PATH_AVX512
+                                                         : PDP_BF16_PATH_EMULATED;
 }
 
 /* ---- gemm_bf16: packing ---- */
@@ -8092,6 +8262,82 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
         }
 }
 #  undef PDP__BF16_ROW
+
+/* The emulation vectorised, for CPUs with AVX-512F but no AVX512-BF16 (Skylake-X to Ice
+   Lake): vdpbf16ps's chain as two FMAs per pair, acc = fma(a_odd, b_odd, acc), then
+   acc = fma(a_even, b_even, acc), on the bf16 halves widened in registers (a word's high
+   half masked, its low half shifted up), with MXCSR's DAZ and FTZ set (and rounding to
+   nearest) for the loop: DAZ reads a subnormal bf16 as zero, FTZ flushes a subnormal
+   sum, and an FMA, like vdpbf16ps, adds the exact product without rounding it first,
+   even where it falls below 2^-126 (the portable kernel's corner). MXCSR is restored
+   before C is written, so alpha and beta see the caller's modes as on the other paths.
+   The bits equal the AVX512 path's on every input test_bf16 tries, subnormal-heavy ones
+   included. */
+#  define PDP__BF16_EMUL_TARGET __attribute__((target("avx512f")))
+#  define PDP__BF16_EROW(i)                                                                   \
+    do {                                                                                       \
+        __m512i w = _mm512_set1_epi32((int)a[i]);                                             \
+        __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(w, high));                           \
+        __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));                            \
+        c##i##0 = _mm512_fmadd_ps(a1, b10, c##i##0);                                          \
+        c##i##1 = _mm512_fmadd_ps(a1, b11, c##i##1);                                          \
+        c##i##0 = _mm512_fmadd_ps(a0, b00, c##i##0);                                          \
+        c##i##1 = _mm512_fmadd_ps(a0, b01, c##i##1);                                          \
+    } while (0)
+
+PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, const uint32_t *ap,
+                                                                 const uint32_t *bp, float *c,
+                                                                 int64_t ldc, int mr, int nr,
+                                                                 float alpha, float beta)
+{
+    __m512 acc[PDP__BF16_MR][2];
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00;
+    __m512 c61 = c00, c70 = c00, c71 = c00;
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    unsigned csr = _mm_getcsr();
+    __mmask16 mask[2];
+    int64_t p;
+    int i, v;
+    _mm_setcsr((csr & ~0x6000u) | 0x8040u); /* round to nearest, FTZ (bit 15), DAZ (bit 6) */
+    for (p = 0; p < pairs; p++) {
+        const uint32_t *a = ap + p * PDP__BF16_MR;
+        __m512i w0 = _mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
+        __m512i w1 = _mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
+        __m512 b00 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+        __m512 b01 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+        __m512 b10 = _mm512_castsi512_ps(_mm512_and_si512(w0, high));
+        __m512 b11 = _mm512_castsi512_ps(_mm512_and_si512(w1, high));
+        PDP__BF16_EROW(0);
+        PDP__BF16_EROW(1);
+        PDP__BF16_EROW(2);
+        PDP__BF16_EROW(3);
+        PDP__BF16_EROW(4);
+        PDP__BF16_EROW(5);
+        PDP__BF16_EROW(6);
+        PDP__BF16_EROW(7);
+    }
+    acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11;
+    acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
+    acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
+    acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
+    _mm_setcsr(csr);
+    for (v = 0; v < 2; v++) {
+        int left = nr - 16 * v;
+        mask[v] = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    for (i = 0; i < mr; i++)
+        for (v = 0; v < 2; v++) {
+            float *ci = c + i * ldc + 16 * v;
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (!mask[v]) continue;
+            if (beta != 0.0f)
+                r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
+            _mm512_mask_storeu_ps(ci, mask[v], r);
+        }
+}
+#  undef PDP__BF16_EROW
 #endif
 
 #if PDP__BF16_AMX
@@ -8179,6 +8425,10 @@ typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, pdp_t
                                     int64_t r0, int rows, int64_t k, int width, uint32_t *dst);
 
 /* ---- gemm_bf16: driver ---- */
+
+/* pdp__bf16_run's path for the emulation on its portable kernel, vectorised or not
+   (pdp__gemm_bf16_portable: the tests' reference). */
+#define PDP__BF16_PATH_PORTABLE ((pdp_bf16_path)16)
 
 typedef struct pdp__bf16_args {
     pdp_trans ta, tb;
@@ -8293,7 +8543,16 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     pdp__bf16_args g;
     int threads, parts;
     int64_t npan, mpan;
+    int portable = path == PDP__BF16_PATH_PORTABLE;
+    if (portable) path = PDP_BF16_PATH_EMULATED;
     (void)path; /* PDP_NO_SIMD: one path */
+#if PDP__BF16_HAS_SGEMM
+    if (path == PDP_BF16_PATH_SGEMM) {
+        PDP_ASSERT(!ah && !bh); /* bf16 words: the paths below */
+        pdp__sgemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+#endif
     if (m <= 0 || n <= 0) return;
     PDP_ASSERT(ldc >= n);
     if (k <= 0 || alpha == 0.0f) {
@@ -8324,10 +8583,12 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     g.pack = pdp__bf16_pack;
     g.pack_h = pdp__bf16_pack_h;
 #if PDP__BF16_X86
+    if (path == PDP_BF16_PATH_EMULATED && !portable && pdp__bf16_this.emul512)
+        g.kernel = pdp__bf16_kernel_emul512;
     if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
     /* the emulation keeps the portable packing; AMX implies AVX512-BF16 on every CPU
        that has it, but is not assumed to */
-    if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_has_avx512) {
+    if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_this.avx512) {
         g.pack = pdp__bf16_pack_avx512;
         g.pack_h = pdp__bf16_pack_h_avx512;
     }
@@ -8349,7 +8610,7 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
                                     int64_t lda, const float *b, int64_t ldb, float beta,
                                     float *c, int64_t ldc)
 {
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_path_for(ta, tb, m, n, k);
     if (!pdp_bf16_path_available(path))
         return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
                         "this CPU or build", pdp_bf16_path_name(path));
@@ -8366,11 +8627,24 @@ PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int
                            ldc);
 }
 
-/* path with AUTO resolved to the best; one the CPU lacks is the caller's bug. */
+/* pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, ...) on the portable C kernel whatever the
+   CPU: the reference the vectorised emulation is tested against. */
+PDP__PRIVATE void pdp__gemm_bf16_portable(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                          int64_t k, float alpha, const float *a, int64_t lda,
+                                          const float *b, int64_t ldb, float beta, float *c,
+                                          int64_t ldc)
+{
+    pdp__bf16_run(PDP__BF16_PATH_PORTABLE, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL,
+                  ldb, NULL, beta, c, ldc);
+}
+
+/* path with AUTO resolved to the best that takes bf16 words; one the CPU lacks, or
+   sgemm-rounded (which takes floats: Conv2d rounds them and calls pdp__sgemm_rows), is
+   the caller's bug. */
 PDP__PRIVATE pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
 {
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
-    PDP_ASSERT(pdp_bf16_path_available(path));
+    if (path == PDP_BF16_PATH_AUTO) path = pdp__bf16_best_word_path();
+    PDP_ASSERT(path != PDP_BF16_PATH_SGEMM && pdp_bf16_path_available(path));
     return path;
 }
 
@@ -8407,7 +8681,7 @@ PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64
    which may be x's own memory (h == (uint16_t *)x, converted in place to its first half). */
 PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n)
 {
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    path = pdp__bf16_resolve(path);
 #if PDP__BF16_X86
     if (path != PDP_BF16_PATH_EMULATED && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
         pdp__bf16_convert_avx512(x, h, n);
@@ -12782,16 +13056,17 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
    and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
-   AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
-   dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
+   AMX (PDP__CONV_BF16_PATH: the path AUTO takes for the forward product, pdp_bf16_path_for;
+   job->packed16): forward, dx and the dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
    tables (band columns included: no _runs variant), on the padded image and padded dy
    first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
    not once per kernel tap; the padded dy after the dW share, which reads it as floats
    in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
    dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
-   grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
-   kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
-   emulation, in the fp32 kernels' order): the padded image, the padded dy and the
+   grid's dy rounded in place (db summed from dy before). On the sgemm-rounded and the
+   emulated paths the fp32 kernels multiply bf16-rounded inputs exactly and sum in fp32
+   (pdp_gemm_bf16's sgemm-rounded arithmetic; the emulated path's chain is not run
+   here): the padded image, the padded dy and the
    grid's dy are rounded in place after they are loaded, W' when it is built, and W for
    forward into the workspace's fixed region (free in forward). Either way the bits
    depend on the geometry and the path, not on the thread count. */
@@ -12805,10 +13080,12 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 #  define PDP__CONV_IMPLICIT_CHUNK 8
 #endif
 
-/* Implicit path in bf16: the pdp_bf16_path of the products (test_bf16 defines it to run
-   the emulated path on a CPU with a faster one). */
+/* Implicit path in bf16: the pdp_bf16_path of the products, the one AUTO takes for the
+   forward product's shape (test_bf16 defines it to run the emulated path on a CPU with
+   a faster one). */
 #ifndef PDP__CONV_BF16_PATH
-#  define PDP__CONV_BF16_PATH() pdp_bf16_best_path()
+#  define PDP__CONV_BF16_PATH()                                                               \
+      pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O, job->g.Ho * job->g.Wo, job->g.ckk)
 #endif
 
 /* Implicit path: products of at least this depth (C k k forward, O k k for dx)
@@ -13379,7 +13656,8 @@ PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, co
     job->wt = NULL;
     job->w = io->w;
     job->path16 = io->bf16 ? PDP__CONV_BF16_PATH() : PDP_BF16_PATH_EMULATED;
-    job->packed16 = job->g.implicit && io->bf16 && job->path16 != PDP_BF16_PATH_EMULATED;
+    job->packed16 = job->g.implicit && io->bf16 &&
+                    (job->path16 == PDP_BF16_PATH_AVX512 || job->path16 == PDP_BF16_PATH_AMX);
     if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
     if (job->g.implicit && !backward && io->bf16 && !job->packed16) { /* W' in backward */
         memcpy(io->work, io->w, (size_t)(job->g.O * job->g.ckk) * sizeof(float));

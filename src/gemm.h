@@ -43,7 +43,8 @@ typedef enum pdp_bf16_path {
     PDP_BF16_PATH_AUTO = 0, /* the fastest available */
     PDP_BF16_PATH_EMULATED = 1,
     PDP_BF16_PATH_AVX512 = 2,
-    PDP_BF16_PATH_AMX = 3
+    PDP_BF16_PATH_AMX = 3,
+    PDP_BF16_PATH_SGEMM = 4
 } pdp_bf16_path;
 
 /* The precision of a model's GEMMs and convolutions (pdp_model_desc.precision). */
@@ -57,6 +58,8 @@ PDP_API float pdp_bf16_round(float x);
 /* The path PDP_BF16_PATH_AUTO takes on this CPU (checked once per process): AMX, else
    AVX512, else the emulation. */
 PDP_API pdp_bf16_path pdp_bf16_best_path(void);
+PDP_API pdp_bf16_path pdp_bf16_path_for(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                        int64_t k);
 PDP_API bool pdp_bf16_path_available(pdp_bf16_path path);
 PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path); /* "avx512-bf16" */
 PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,

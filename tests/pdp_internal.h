@@ -1716,6 +1716,11 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
 
 /* ---- gemm: the blocked product on one thread ---- */
 
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises): pdp__sgemm_bf16's packed panels, right after packing, while they
+   are in L1 (A's MR x KC panel) or L2 (B's KC x NC block). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n);
+
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -1727,6 +1732,7 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
+    int round16;  /* pdp__sgemm_bf16: packed panels rounded to bf16 (never gathered) */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to);
@@ -1751,9 +1757,18 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n);
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
                                 const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
-                                int64_t ldc);
+                                int64_t ldc, int round16);
 
 /* PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
+
+/* pdp_sgemm on op(A) and op(B) rounded to bf16 (pdp__bf16_round_u32: subnormals rounded
+   like any value, not flushed), the rounding done on the packed panels (the operands
+   are not written): pdp_gemm_bf16's path PDP_BF16_PATH_SGEMM. Products of two bf16
+   values are exact in fp32 (unless they underflow), so each element is pdp_sgemm's
+   FMA chain over the exact products: the same blocking, threads and bits rules. */
+PDP__PRIVATE void pdp__sgemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* ---- gemm: gathered B ----
    pdp_sgemm whose B rows are anywhere: storage row r of B starts at b + brow[r], so
@@ -1945,8 +1960,20 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
 
 /* ---- gemm_bf16: CPU features ---- */
 
+/* What the path choice reads of a CPU: CPUID's vendor, family and model (the display
+   values: family plus extended family, model plus extended model << 4 for families 6
+   and 15) and the features each path needs. */
+typedef struct pdp__bf16_cpu {
+    int vendor;  /* PDP__BF16_INTEL, PDP__BF16_AMD, or 0 */
+    int family, model;
+    int avx512;  /* the AVX512 path: AVX512F, BW, DQ, BF16 and the zmm state */
+    int amx;     /* the AMX path: AMX-TILE, AMX-BF16, the tile state and Linux's permission */
+    int emul512; /* the vectorised emulation: AVX512F and the zmm state */
+} pdp__bf16_cpu;
+#define PDP__BF16_INTEL 1
+#define PDP__BF16_AMD 2
+
  /* written once under pdp__bf16_once */
-    /* written once under pdp__bf16_once */
 
 #if PDP__BF16_AMX
 /* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
@@ -1958,11 +1985,63 @@ PDP__PRIVATE long pdp__bf16_amx_permit(void);
 
 PDP__PRIVATE void pdp__bf16_detect(void);
 
+/* The pdp__sgemm_bf16 path: gemm.c's own kernels (with -DPDP_CBLAS the product goes to
+   the CBLAS linked in, which cannot round at packing). */
+#if defined(PDP_CBLAS)
+#  define PDP__BF16_HAS_SGEMM 0
+#else
+#  define PDP__BF16_HAS_SGEMM 1
+#endif
+
+PDP__PRIVATE bool pdp__bf16_cpu_has(const pdp__bf16_cpu *cpu, pdp_bf16_path path);
+
 /* PDP_API bool pdp_bf16_path_available(pdp_bf16_path path) */
+
+/* PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path) */
+
+/* ---- gemm_bf16: the path choice ----
+   PDP_BF16_PATH_AUTO runs, per product, the path a table of CPU families names for the
+   product's shape class, never a timing taken at run time (a noisy machine would then
+   change the bits). Classes: the layout (ta, tb: the packing differs) times the size:
+   k < 32 (packing and C's traffic dominate: the 10-class layer's dX = dY W), min(m, n)
+   < 32 (a partial tile row or column: its forward and dW), else large. The rows are
+   bench/bf16_paths's output on the CPUs named, pasted: each cell the fastest of the
+   paths that CPU has, pdp_sgemm's fp32 among them for sgemm-rounded (pdp__sgemm_bf16
+   is pdp_sgemm plus the rounding at packing). A CPU no row names, or a cell's path it
+   lacks: AMX, else AVX512-BF16 on AMD (Zen 4's vdpbf16ps at 2 products per fp32 FMA's
+   1), else sgemm-rounded (fp32's speed: never slower than the fp32 step), else
+   AVX512-BF16, else the emulation. */
+enum { PDP__BF16_LARGE, PDP__BF16_SMALL_MN, PDP__BF16_SMALL_K, PDP__BF16_SIZES };
+#define PDP__BF16_CLASSES (4 * PDP__BF16_SIZES)
+
+PDP__PRIVATE int pdp__bf16_class(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k);
+
+typedef struct pdp__bf16_row {
+    int vendor, family, model_lo, model_hi; /* models model_lo .. model_hi; -1: any */
+    int avx512, amx; /* features every CPU the row names has */
+    /* per class, layouts NN NT TN TT (spaces between), each large, small m or n,
+       small k: E emulated, B avx512-bf16, A amx-bf16, S sgemm-rounded */
+    const char *cells;
+} pdp__bf16_row;
+
+#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "SSS SSS SSS SSS"}
+
+PDP__PRIVATE pdp_bf16_path pdp__bf16_cell(const char *cells, int cls);
+
+/* The row of pdp__bf16_table naming cpu, or NULL. */
+PDP__PRIVATE const pdp__bf16_row *pdp__bf16_row_of(const pdp__bf16_cpu *cpu);
+
+/* The path AUTO takes on cpu for this shape: a pure function of both. */
+PDP__PRIVATE pdp_bf16_path pdp__bf16_choose(const pdp__bf16_cpu *cpu, pdp_trans ta, pdp_trans tb,
+                                            int64_t m, int64_t n, int64_t k);
+
+/* PDP_API pdp_bf16_path pdp_bf16_path_for(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k) */
 
 /* PDP_API pdp_bf16_path pdp_bf16_best_path(void) */
 
-/* PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path) */
+/* The fastest path that takes operands in bf16 words (the gathered operands below):
+   AMX, else AVX512, else the emulation. */
+PDP__PRIVATE pdp_bf16_path pdp__bf16_best_word_path(void);
 
 /* ---- gemm_bf16: packing ---- */
 
@@ -2135,6 +2214,34 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
                                                            const uint32_t *bp, float *c, int64_t ldc,
                                                            int mr, int nr, float alpha, float beta);
 #  undef PDP__BF16_ROW
+
+/* The emulation vectorised, for CPUs with AVX-512F but no AVX512-BF16 (Skylake-X to Ice
+   Lake): vdpbf16ps's chain as two FMAs per pair, acc = fma(a_odd, b_odd, acc), then
+   acc = fma(a_even, b_even, acc), on the bf16 halves widened in registers (a word's high
+   half masked, its low half shifted up), with MXCSR's DAZ and FTZ set (and rounding to
+   nearest) for the loop: DAZ reads a subnormal bf16 as zero, FTZ flushes a subnormal
+   sum, and an FMA, like vdpbf16ps, adds the exact product without rounding it first,
+   even where it falls below 2^-126 (the portable kernel's corner). MXCSR is restored
+   before C is written, so alpha and beta see the caller's modes as on the other paths.
+   The bits equal the AVX512 path's on every input test_bf16 tries, subnormal-heavy ones
+   included. */
+#  define PDP__BF16_EMUL_TARGET __attribute__((target("avx512f")))
+#  define PDP__BF16_EROW(i)                                                                   \
+    do {                                                                                       \
+        __m512i w = _mm512_set1_epi32((int)a[i]);                                             \
+        __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(w, high));                           \
+        __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));                            \
+        c##i##0 = _mm512_fmadd_ps(a1, b10, c##i##0);                                          \
+        c##i##1 = _mm512_fmadd_ps(a1, b11, c##i##1);                                          \
+        c##i##0 = _mm512_fmadd_ps(a0, b00, c##i##0);                                          \
+        c##i##1 = _mm512_fmadd_ps(a0, b01, c##i##1);                                          \
+    } while (0)
+
+PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, const uint32_t *ap,
+                                                                 const uint32_t *bp, float *c,
+                                                                 int64_t ldc, int mr, int nr,
+                                                                 float alpha, float beta);
+#  undef PDP__BF16_EROW
 #endif
 
 #if PDP__BF16_AMX
@@ -2181,6 +2288,10 @@ typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, pdp_t
 
 /* ---- gemm_bf16: driver ---- */
 
+/* pdp__bf16_run's path for the emulation on its portable kernel, vectorised or not
+   (pdp__gemm_bf16_portable: the tests' reference). */
+#define PDP__BF16_PATH_PORTABLE ((pdp_bf16_path)16)
+
 typedef struct pdp__bf16_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -2222,7 +2333,16 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
 
 /* PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
 
-/* path with AUTO resolved to the best; one the CPU lacks is the caller's bug. */
+/* pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, ...) on the portable C kernel whatever the
+   CPU: the reference the vectorised emulation is tested against. */
+PDP__PRIVATE void pdp__gemm_bf16_portable(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                          int64_t k, float alpha, const float *a, int64_t lda,
+                                          const float *b, int64_t ldb, float beta, float *c,
+                                          int64_t ldc);
+
+/* path with AUTO resolved to the best that takes bf16 words; one the CPU lacks, or
+   sgemm-rounded (which takes floats: Conv2d rounds them and calls pdp__sgemm_rows), is
+   the caller's bug. */
 PDP__PRIVATE pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path);
 
 /* ---- gemm_bf16: gathered operands ----
@@ -3689,16 +3809,17 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
    and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
-   AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
-   dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
+   AMX (PDP__CONV_BF16_PATH: the path AUTO takes for the forward product, pdp_bf16_path_for;
+   job->packed16): forward, dx and the dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
    tables (band columns included: no _runs variant), on the padded image and padded dy
    first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
    not once per kernel tap; the padded dy after the dW share, which reads it as floats
    in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
    dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
-   grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
-   kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
-   emulation, in the fp32 kernels' order): the padded image, the padded dy and the
+   grid's dy rounded in place (db summed from dy before). On the sgemm-rounded and the
+   emulated paths the fp32 kernels multiply bf16-rounded inputs exactly and sum in fp32
+   (pdp_gemm_bf16's sgemm-rounded arithmetic; the emulated path's chain is not run
+   here): the padded image, the padded dy and the
    grid's dy are rounded in place after they are loaded, W' when it is built, and W for
    forward into the workspace's fixed region (free in forward). Either way the bits
    depend on the geometry and the path, not on the thread count. */
@@ -3712,10 +3833,12 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 #  define PDP__CONV_IMPLICIT_CHUNK 8
 #endif
 
-/* Implicit path in bf16: the pdp_bf16_path of the products (test_bf16 defines it to run
-   the emulated path on a CPU with a faster one). */
+/* Implicit path in bf16: the pdp_bf16_path of the products, the one AUTO takes for the
+   forward product's shape (test_bf16 defines it to run the emulated path on a CPU with
+   a faster one). */
 #ifndef PDP__CONV_BF16_PATH
-#  define PDP__CONV_BF16_PATH() pdp_bf16_best_path()
+#  define PDP__CONV_BF16_PATH()                                                               \
+      pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O, job->g.Ho * job->g.Wo, job->g.ckk)
 #endif
 
 /* Implicit path: products of at least this depth (C k k forward, O k k for dx)
