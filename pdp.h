@@ -92,17 +92,23 @@
    PDP_PRECISION_BF16 (or pdp_model_set_precision) is mixed precision as PyTorch's
    autocast: the inputs of Linear's and Conv2d's GEMMs (forward and both backward
    products) are rounded to bf16, products accumulate in fp32, everything else stays
-   fp32. pdp_gemm_bf16 picks its path by CPUID at run time: AMX tiles where the CPU has
-   AMX-BF16 and Linux grants the tile state (asked once; refused: the next path),
-   AVX512-BF16 (vdpbf16ps), and an emulation with the AVX512 path's arithmetic and bits
-   everywhere else (pdp_bf16_path_name says which). AMX sums each pair in the other
-   order, so its bits may differ within a stated bound (gemm.h, gemm_bf16.c):
-   tests/test_bf16.c holds the AMX path to it on a CPU with AMX and skips it, saying
-   so, elsewhere (the AMD EPYC the tests run on has no AMX). Conv2d's implicit GEMMs
-   (stride 1, padding below the kernel size) run on the same kernels through row-offset
-   tables, the padded image converted to bf16 once per chunk; on the emulated path, and
-   for the dW of a convolution with few weights (1 -> 16 channels at k 5), the fp32
-   kernels multiply bf16-rounded inputs. On CUDA the same switch runs Linear and Conv2d
+   fp32. pdp_gemm_bf16 has four paths: AMX tiles (where the CPU has AMX-BF16 and Linux
+   grants the tile state, asked once), AVX512-BF16 (vdpbf16ps), an emulation with
+   vdpbf16ps's arithmetic on any CPU (AVX-512F FMAs under DAZ/FTZ: its bits; portable C:
+   its bits but where a product falls below 2^-126), and sgemm-rounded: pdp_sgemm with the
+   inputs rounded as it packs them, at fp32's speed on any CPU, the same exact products
+   summed in pdp_sgemm's order (gemm.h states its bound against the others). AMX sums each
+   pair in the other order, so its bits may differ within a stated bound (gemm.h,
+   gemm_bf16.c): tests/test_bf16.c holds the AMX path to it on a CPU with AMX and skips it,
+   saying so, elsewhere. Which path runs (PDP_BF16_PATH_AUTO, and the model's layers) is
+   decided per product from CPUID's vendor, family and model and the product's shape class,
+   by a table bench/bf16_paths builds (pdp_bf16_path_for says which; never a timing, so a
+   CPU and a shape always give the same bits); without a row: AMX, else AVX512-BF16 on AMD,
+   else sgemm-rounded, which keeps a CPU without bf16 instructions at about fp32's speed.
+   Conv2d's implicit GEMMs (stride 1, padding below the kernel size) run on the AVX512 and
+   AMX kernels through row-offset tables, the padded image converted to bf16 once per
+   chunk; on the other paths, and for the dW of a convolution with few weights (1 -> 16
+   channels at k 5), the fp32 kernels multiply bf16-rounded inputs. On CUDA the same switch runs Linear and Conv2d
    as cublasGemmEx with bf16 inputs and fp32 accumulation (checked on the CUDA
    emulator, not yet on a GPU). bf16 is not always faster than fp32 on a CPU: it
    depends on the path and the model. `make bench` (bench/train) measures both on your
@@ -131,7 +137,7 @@
    -std=gnu99 or no -std) fuses a*b + c into one FMA where -ffp-contract=off (the
    default under -std=c99) rounds the product first, and the two builds write different
    checkpoints; so may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16
-   path (AMX) or another device (CUDA).
+   path (AMX, sgemm-rounded: another CPU may take another) or another device (CUDA).
 
    Process-wide state: pdp's state hangs off the objects you create, or off the calling
    thread (the error message, the intra-op thread count, the profile counters), with
@@ -682,27 +688,55 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
 /* ---- bf16 mixed precision (src/gemm_bf16.c) ----
    pdp_gemm_bf16 is pdp_sgemm with op(A) and op(B) rounded to bfloat16 (round to
    nearest even, as torch.autocast's casts) and everything else in fp32: products,
-   accumulation, alpha, beta and C. The arithmetic, one chain per element of C
-   whatever the thread count (and the path, but for AMX's order within a pair): k is
-   cut into pairs (2p, 2p + 1) (an odd k gets a zero), and acc += a[2p+1] b[2p+1],
-   then acc += a[2p] b[2p], pair after pair, starting from 0, with subnormal inputs
-   and sums flushed to zero (the rules of AVX512-BF16's vdpbf16ps); then C = alpha acc + beta C (beta C's product rounded
-   before the sum; C not read when beta == 0). Paths, chosen at run time by CPUID:
+   accumulation, alpha, beta and C. A product of two bf16 values is exact in fp32 (unless
+   it falls below 2^-126), so the paths differ only in the order and the underflow rules
+   of the sum of the same exact products: two arithmetics, each deterministic (the bits
+   depend on the path, the shape and the data, never on the thread count).
 
-     PDP_BF16_PATH_EMULATED  portable C on any CPU; the same bits as AVX512 except
-                             where a product of two bf16 values falls below 2^-126
-                             (the hardware fuses it into the sum, C rounds it first)
+   The chain (emulated, avx512-bf16, amx-bf16): per element of C, k is cut into pairs
+   (2p, 2p + 1) (an odd k gets a zero), and acc += a[2p+1] b[2p+1], then acc += a[2p]
+   b[2p], pair after pair, starting from 0, with subnormal inputs and sums flushed to
+   zero (the rules of AVX512-BF16's vdpbf16ps; AMX adds a pair's even product first);
+   then C = alpha acc + beta C (beta C's product rounded before the sum; C not read when
+   beta == 0).
+
+   sgemm-rounded: pdp_sgemm's FMA chain over the same exact products (its k blocks of at
+   most 512, subnormals kept: no flushing), alpha and beta as pdp_sgemm. Against the
+   chain, with S = sum_p |a_p b_p| over the bf16 values, u = 2^-24 and gamma_k = k u /
+   (1 - k u): |C_sgemm - C_chain| <= |alpha| (2 gamma_k S + 2 k 2^-126) + 2^-23 (|alpha| S
+   + |beta C|). Each is the exact sum with at most k - 1 roundings (within gamma_k S of
+   it, Higham's bound for any order); each flush of the chain, and each product below
+   2^-126 (fused into the sum, or rounded first), moves a result by less than 2^-126;
+   the last term covers alpha's and beta's roundings. A bf16 input below 2^-126 (a
+   subnormal) is read as zero by the chain and not here: add its terms' |a_p b_p|.
+
+   Paths (pdp_bf16_path_available says which this CPU and build have):
+
+     PDP_BF16_PATH_EMULATED  the chain in software, the reference, on any CPU: on x86 with
+                             AVX-512F two FMAs per pair under MXCSR's DAZ and FTZ (restored
+                             after), which gave vdpbf16ps's bits on every input test_bf16
+                             tries; else (or -DPDP_NO_SIMD) portable C, the same bits except
+                             where a product falls below 2^-126 (the hardware and the FMAs
+                             fuse it into the sum, C rounds it first)
      PDP_BF16_PATH_AVX512    vdpbf16ps (AVX512-BF16, e.g. Cooper Lake, Sapphire Rapids,
                              Zen 4); compiled with a target attribute, so any x86-64
                              build has it unless -DPDP_NO_SIMD
      PDP_BF16_PATH_AMX       AMX tiles (TDPBF16PS, e.g. Sapphire Rapids): x86-64 Linux, when
                              CPUID has AMX-BF16 and AMX-TILE, the OS enables the tile state
                              and grants the process its use (ARCH_REQ_XCOMP_PERM, asked
-                             once); the same chain by Intel's pseudo-code except that each
+                             once); the chain by Intel's pseudo-code except that each
                              pair's even product comes first, so its bits may differ from
-                             the others' within the fp32 summation bound (gemm_bf16.c) */
+                             the others' within the fp32 summation bound (gemm_bf16.c)
+     PDP_BF16_PATH_SGEMM     "sgemm-rounded": pdp_sgemm with the rounding done on its packed
+                             panels, at fp32's speed on any CPU; every build but -DPDP_CBLAS
+     PDP_BF16_PATH_AUTO      per product, the path gemm_bf16.c's table of CPU families
+                             (CPUID's vendor, family, model; built by bench/bf16_paths) names
+                             for the product's shape class (its layout; large, m or n < 32,
+                             or k < 32); a CPU without a row: AMX, else AVX512-BF16 on AMD,
+                             else sgemm-rounded. Never a timing: a CPU and a shape always
+                             take the same path, so the same bits. */
 typedef enum pdp_bf16_path {
-    PDP_BF16_PATH_AUTO = 0, /* the fastest available */
+    PDP_BF16_PATH_AUTO = 0, /* per product, the table's choice */
     PDP_BF16_PATH_EMULATED = 1,
     PDP_BF16_PATH_AVX512 = 2,
     PDP_BF16_PATH_AMX = 3,
@@ -717,13 +751,15 @@ typedef enum pdp_precision {
 
 /* x rounded to the nearest bf16 (ties to even; NaN stays NaN), returned as a float. */
 PDP_API float pdp_bf16_round(float x);
-/* The path PDP_BF16_PATH_AUTO takes on this CPU (checked once per process): AMX, else
-   AVX512, else the emulation. */
+/* The path PDP_BF16_PATH_AUTO takes on this CPU (CPUID read once per process) for a
+   large product: pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, 512, 512, 512), a Linear's
+   forward x W^T. pdp_bf16_path_for: the path AUTO takes for that product (the model's
+   Linear and Conv2d layers in bf16 take it too). */
 PDP_API pdp_bf16_path pdp_bf16_best_path(void);
 PDP_API pdp_bf16_path pdp_bf16_path_for(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
                                         int64_t k);
 PDP_API bool pdp_bf16_path_available(pdp_bf16_path path);
-PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path); /* "avx512-bf16" */
+PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path); /* "avx512-bf16", "sgemm-rounded" */
 PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                            float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                            float beta, float *c, int64_t ldc);
@@ -6985,6 +7021,21 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
    are in L1 (A's MR x KC panel) or L2 (B's KC x NC block). */
 PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
 {
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
+       the instructions, a quarter of a 512 x 10 x 512 product's time) */
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
+    for (; n >= 16; n -= 16, p += 16) {
+        __m512i u = _mm512_loadu_si512((const void *)p);
+        __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32((__mmask16)0xffff, u, 16), one);
+        __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, half), lsb), top);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        r = _mm512_mask_and_epi32(r, nan, _mm512_or_si512(u, quiet), top);
+        _mm512_storeu_si512((void *)p, r);
+    }
+#endif
     PDP__FOR_BLOCKED(i, n, {
         uint32_t u;
         memcpy(&u, p + i, sizeof u);
@@ -7513,12 +7564,21 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
+   Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
+   AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
+   pdp__sgemm_bf16, pdp_sgemm with its packed panels rounded to bf16 (the same exact
+   products summed in pdp_sgemm's order: gemm.h's bound). PDP_BF16_PATH_AUTO takes, per
+   product, the path a table of CPU families names for the product's shape class,
+   measured by bench/bf16_paths, so that bf16 is never slower than fp32 where measured.
+
    Invariants:
-   - One arithmetic on every path (gemm.h states it): per element of C one chain of
-     fp32 sums over the pairs, in order, from 0, flushing subnormals (DAZ/FTZ, as
-     vdpbf16ps). The tile grid, the pairs and the chain depend on nothing but k, so
-     the bits do not depend on the thread count or on how the parts are cut; the
-     emulated path gives the AVX512 path's bits except for products below 2^-126.
+   - Two arithmetics (gemm.h states both): on the emulated, AVX512 and AMX paths, per
+     element of C one chain of fp32 sums over the pairs, in order, from 0, flushing
+     subnormals (DAZ/FTZ, as vdpbf16ps); on sgemm-rounded pdp_sgemm's FMA chain. The
+     tile grid, the pairs and the chain depend on nothing but k, so the bits do not
+     depend on the thread count or on how the parts are cut. The emulation's AVX-512F
+     kernel (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every input tried;
+     its portable kernel gives them except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
      AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
      vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
@@ -7729,16 +7789,19 @@ typedef struct pdp__bf16_row {
     const char *cells;
 } pdp__bf16_row;
 
-#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "SSS SSS SSS SSS"}
+#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "SAS SAS SAS SAS"}
 static const pdp__bf16_row pdp__bf16_table[] = {
-    /* AMD Zen 4 (family 0x19 with AVX512-BF16; Zen 3, also 0x19, has none: the default).
-       Measured in an earlier session (CHANGELOG 0.5: the bf16 MLP step ~1.6x fp32's),
-       by step, not by class: AVX512-BF16 everywhere. */
+    /* AMD Zen 4 (family 0x19 with AVX512-BF16; Zen 3, also 0x19, lacks it: the default).
+       Measured in an earlier session, by step, not by class: on an AVX512-BF16 EPYC
+       core the bf16 MLP and CNN steps were faster than fp32's (CHANGELOG.md, "Speed
+       figures leave the manual"): AVX512-BF16 everywhere. */
     {PDP__BF16_AMD, 0x19, -1, -1, 1, 0, "BBB BBB BBB BBB"},
-    /* Intel Xeon, Sapphire Rapids class (Golden Cove cores, AMX): measured by
-       bench/bf16_paths on family 6 model 0xa7 as a VM reports it (2 cores; the AMX kernel
-       before its rewrite), the same cells for model 0x8f (Sapphire Rapids) and 0xcf
-       (Emerald Rapids), which have the same cores. */
+    /* Intel Xeon, Sapphire Rapids class (AMX): bench/bf16_paths on family 6 model 0xa7 as
+       a VM reports such a Xeon (2 cores, load 4-7: three runs, each cell as at least two
+       agreed), with the AMX kernel before its rewrite: sgemm-rounded within 0.8-1.0x of
+       fp32 everywhere; AVX512-BF16 0.6-0.75x on large products; AMX 0.6-0.9x on large
+       ones, 0.1x at small k, 0.93-1.24x at small m or n. The same cells for model 0x8f
+       (Sapphire Rapids) and 0xcf (Emerald Rapids), not measured: the same cores. */
     PDP__BF16_SPR_ROW(0x8f),
     PDP__BF16_SPR_ROW(0xa7),
     PDP__BF16_SPR_ROW(0xcf),
@@ -7899,6 +7962,7 @@ PDP__PRIVATE void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 #  define PDP__BF16_UNPACKHI64(a, b) _mm512_maskz_unpackhi_epi64((__mmask8)0xff, a, b)
 #  define PDP__BF16_HALF(w, L) _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, L)
 #  define PDP__BF16_LANE(w, L) _mm512_maskz_extracti32x4_epi32((__mmask8)0xf, w, L)
+#  define PDP__BF16_SHL16(w) _mm512_maskz_slli_epi32((__mmask16)0xffff, w, 16) /* vpslld */
 
 /* pdp__bf16_cvt2 where some lane is subnormal. */
 PDP__BF16_TARGET PDP__PRIVATE __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
@@ -8278,7 +8342,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
     do {                                                                                       \
         __m512i w = _mm512_set1_epi32((int)a[i]);                                             \
         __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(w, high));                           \
-        __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));                            \
+        __m512 a0 = _mm512_castsi512_ps(PDP__BF16_SHL16(w));                                  \
         c##i##0 = _mm512_fmadd_ps(a1, b10, c##i##0);                                          \
         c##i##1 = _mm512_fmadd_ps(a1, b11, c##i##1);                                          \
         c##i##0 = _mm512_fmadd_ps(a0, b00, c##i##0);                                          \
@@ -8305,8 +8369,8 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, 
         const uint32_t *a = ap + p * PDP__BF16_MR;
         __m512i w0 = _mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
         __m512i w1 = _mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
-        __m512 b00 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
-        __m512 b01 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+        __m512 b00 = _mm512_castsi512_ps(PDP__BF16_SHL16(w0));
+        __m512 b01 = _mm512_castsi512_ps(PDP__BF16_SHL16(w1));
         __m512 b10 = _mm512_castsi512_ps(_mm512_and_si512(w0, high));
         __m512 b11 = _mm512_castsi512_ps(_mm512_and_si512(w1, high));
         PDP__BF16_EROW(0);

@@ -507,6 +507,21 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
    are in L1 (A's MR x KC panel) or L2 (B's KC x NC block). */
 PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
 {
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
+       the instructions, a quarter of a 512 x 10 x 512 product's time) */
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
+    for (; n >= 16; n -= 16, p += 16) {
+        __m512i u = _mm512_loadu_si512((const void *)p);
+        __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32((__mmask16)0xffff, u, 16), one);
+        __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, half), lsb), top);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        r = _mm512_mask_and_epi32(r, nan, _mm512_or_si512(u, quiet), top);
+        _mm512_storeu_si512((void *)p, r);
+    }
+#endif
     PDP__FOR_BLOCKED(i, n, {
         uint32_t u;
         memcpy(&u, p + i, sizeof u);

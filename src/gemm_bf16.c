@@ -23,12 +23,21 @@
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
+   Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
+   AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
+   pdp__sgemm_bf16, pdp_sgemm with its packed panels rounded to bf16 (the same exact
+   products summed in pdp_sgemm's order: gemm.h's bound). PDP_BF16_PATH_AUTO takes, per
+   product, the path a table of CPU families names for the product's shape class,
+   measured by bench/bf16_paths, so that bf16 is never slower than fp32 where measured.
+
    Invariants:
-   - One arithmetic on every path (gemm.h states it): per element of C one chain of
-     fp32 sums over the pairs, in order, from 0, flushing subnormals (DAZ/FTZ, as
-     vdpbf16ps). The tile grid, the pairs and the chain depend on nothing but k, so
-     the bits do not depend on the thread count or on how the parts are cut; the
-     emulated path gives the AVX512 path's bits except for products below 2^-126.
+   - Two arithmetics (gemm.h states both): on the emulated, AVX512 and AMX paths, per
+     element of C one chain of fp32 sums over the pairs, in order, from 0, flushing
+     subnormals (DAZ/FTZ, as vdpbf16ps); on sgemm-rounded pdp_sgemm's FMA chain. The
+     tile grid, the pairs and the chain depend on nothing but k, so the bits do not
+     depend on the thread count or on how the parts are cut. The emulation's AVX-512F
+     kernel (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every input tried;
+     its portable kernel gives them except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
      AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
      vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
@@ -239,16 +248,19 @@ typedef struct pdp__bf16_row {
     const char *cells;
 } pdp__bf16_row;
 
-#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "SSS SSS SSS SSS"}
+#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "SAS SAS SAS SAS"}
 static const pdp__bf16_row pdp__bf16_table[] = {
-    /* AMD Zen 4 (family 0x19 with AVX512-BF16; Zen 3, also 0x19, has none: the default).
-       Measured in an earlier session (CHANGELOG 0.5: the bf16 MLP step ~1.6x fp32's),
-       by step, not by class: AVX512-BF16 everywhere. */
+    /* AMD Zen 4 (family 0x19 with AVX512-BF16; Zen 3, also 0x19, lacks it: the default).
+       Measured in an earlier session, by step, not by class: on an AVX512-BF16 EPYC
+       core the bf16 MLP and CNN steps were faster than fp32's (CHANGELOG.md, "Speed
+       figures leave the manual"): AVX512-BF16 everywhere. */
     {PDP__BF16_AMD, 0x19, -1, -1, 1, 0, "BBB BBB BBB BBB"},
-    /* Intel Xeon, Sapphire Rapids class (Golden Cove cores, AMX): measured by
-       bench/bf16_paths on family 6 model 0xa7 as a VM reports it (2 cores; the AMX kernel
-       before its rewrite), the same cells for model 0x8f (Sapphire Rapids) and 0xcf
-       (Emerald Rapids), which have the same cores. */
+    /* Intel Xeon, Sapphire Rapids class (AMX): bench/bf16_paths on family 6 model 0xa7 as
+       a VM reports such a Xeon (2 cores, load 4-7: three runs, each cell as at least two
+       agreed), with the AMX kernel before its rewrite: sgemm-rounded within 0.8-1.0x of
+       fp32 everywhere; AVX512-BF16 0.6-0.75x on large products; AMX 0.6-0.9x on large
+       ones, 0.1x at small k, 0.93-1.24x at small m or n. The same cells for model 0x8f
+       (Sapphire Rapids) and 0xcf (Emerald Rapids), not measured: the same cores. */
     PDP__BF16_SPR_ROW(0x8f),
     PDP__BF16_SPR_ROW(0xa7),
     PDP__BF16_SPR_ROW(0xcf),
@@ -409,6 +421,7 @@ PDP__PRIVATE void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 #  define PDP__BF16_UNPACKHI64(a, b) _mm512_maskz_unpackhi_epi64((__mmask8)0xff, a, b)
 #  define PDP__BF16_HALF(w, L) _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, L)
 #  define PDP__BF16_LANE(w, L) _mm512_maskz_extracti32x4_epi32((__mmask8)0xf, w, L)
+#  define PDP__BF16_SHL16(w) _mm512_maskz_slli_epi32((__mmask16)0xffff, w, 16) /* vpslld */
 
 /* pdp__bf16_cvt2 where some lane is subnormal. */
 PDP__BF16_TARGET PDP__PRIVATE __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
@@ -788,7 +801,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
     do {                                                                                       \
         __m512i w = _mm512_set1_epi32((int)a[i]);                                             \
         __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(w, high));                           \
-        __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));                            \
+        __m512 a0 = _mm512_castsi512_ps(PDP__BF16_SHL16(w));                                  \
         c##i##0 = _mm512_fmadd_ps(a1, b10, c##i##0);                                          \
         c##i##1 = _mm512_fmadd_ps(a1, b11, c##i##1);                                          \
         c##i##0 = _mm512_fmadd_ps(a0, b00, c##i##0);                                          \
@@ -815,8 +828,8 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, 
         const uint32_t *a = ap + p * PDP__BF16_MR;
         __m512i w0 = _mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
         __m512i w1 = _mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
-        __m512 b00 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
-        __m512 b01 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+        __m512 b00 = _mm512_castsi512_ps(PDP__BF16_SHL16(w0));
+        __m512 b01 = _mm512_castsi512_ps(PDP__BF16_SHL16(w1));
         __m512 b10 = _mm512_castsi512_ps(_mm512_and_si512(w0, high));
         __m512 b11 = _mm512_castsi512_ps(_mm512_and_si512(w1, high));
         PDP__BF16_EROW(0);
