@@ -45,11 +45,11 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
    Paths (pdp_bf16_path_available says which this CPU and build have):
 
      PDP_BF16_PATH_EMULATED  the chain in software, the reference, on any CPU: on x86 with
-                             AVX-512F two FMAs per pair under MXCSR's DAZ and FTZ (restored
-                             after), which gave vdpbf16ps's bits on every input test_bf16
-                             tries; else (or -DPDP_NO_SIMD) portable C, the same bits except
-                             where a product falls below 2^-126 (the hardware and the FMAs
-                             fuse it into the sum, C rounds it first)
+                             AVX-512F or AVX2 and FMA, two FMAs per pair under MXCSR's DAZ and
+                             FTZ (restored after), which gave vdpbf16ps's bits on every input
+                             test_bf16 tries; else (or -DPDP_NO_SIMD) portable C, the same
+                             bits except where a product falls below 2^-126 (the hardware and
+                             the FMAs fuse it into the sum, C rounds it first)
      PDP_BF16_PATH_AVX512    vdpbf16ps (AVX512-BF16, e.g. Cooper Lake, Sapphire Rapids,
                              Zen 4); compiled with a target attribute, so any x86-64
                              build has it unless -DPDP_NO_SIMD

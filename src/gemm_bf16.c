@@ -36,8 +36,8 @@
      subnormals (DAZ/FTZ, as vdpbf16ps); on sgemm-rounded pdp_sgemm's FMA chain. The
      tile grid, the pairs and the chain depend on nothing but k, so the bits do not
      depend on the thread count or on how the parts are cut. The emulation's AVX-512F
-     kernel (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every input tried;
-     its portable kernel gives them except for products below 2^-126.
+     and AVX2 kernels (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every
+     input tried; its portable kernel gives them except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
      AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
      vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
@@ -123,7 +123,8 @@ typedef struct pdp__bf16_cpu {
     int family, model;
     int avx512;  /* the AVX512 path: AVX512F, BW, DQ, BF16 and the zmm state */
     int amx;     /* the AMX path: AMX-TILE, AMX-BF16, the tile state and Linux's permission */
-    int emul512; /* the vectorised emulation: AVX512F and the zmm state */
+    int emul512; /* the emulation's AVX-512F kernel: AVX512F and the zmm state */
+    int emul256; /* its AVX2 kernel: AVX2, FMA and the ymm state */
 } pdp__bf16_cpu;
 #define PDP__BF16_INTEL 1
 #define PDP__BF16_AMD 2
@@ -153,6 +154,7 @@ PDP__PRIVATE void pdp__bf16_detect(void)
     pdp__bf16_cpu *cpu = &pdp__bf16_this;
     unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
     unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
+    int fma;
     uint64_t xcr0;
     if (!__get_cpuid(0, &a, &b, &c, &d)) return;
     if (b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu) cpu->vendor = PDP__BF16_INTEL;
@@ -163,10 +165,13 @@ PDP__PRIVATE void pdp__bf16_detect(void)
     if (cpu->family == 6 || cpu->family == 15) cpu->model += (int)((a >> 12) & 0xf0u);
     if (cpu->family == 15) cpu->family += (int)((a >> 20) & 0xffu);
     if (!(c & (1u << 27))) return; /* OSXSAVE */
+    fma = (c & (1u << 12)) != 0;
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
     xcr0 = ((uint64_t)xcr0_hi << 32) | xcr0_lo;
     if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
+    /* XCR0: SSE, AVX state; AVX2 */
+    cpu->emul256 = (xcr0 & 0x6u) == 0x6u && (b7 & (1u << 5)) && fma;
     /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS; AVX512F */
     cpu->emul512 = (xcr0 & 0xe6u) == 0xe6u && (b7 & (1u << 16));
     cpu->avx512 = cpu->emul512 && (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
@@ -787,7 +792,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
 #  undef PDP__BF16_ROW
 
 /* The emulation vectorised, for CPUs with AVX-512F but no AVX512-BF16 (Skylake-X to Ice
-   Lake): vdpbf16ps's chain as two FMAs per pair, acc = fma(a_odd, b_odd, acc), then
+   Lake; the AVX2 kernel below for the others): vdpbf16ps's chain as two FMAs per pair, acc = fma(a_odd, b_odd, acc), then
    acc = fma(a_even, b_even, acc), on the bf16 halves widened in registers (a word's high
    half masked, its low half shifted up), with MXCSR's DAZ and FTZ set (and rounding to
    nearest) for the loop: DAZ reads a subnormal bf16 as zero, FTZ flushes a subnormal
@@ -861,6 +866,63 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, 
         }
 }
 #  undef PDP__BF16_EROW
+
+/* The same chain with AVX2 and FMA (Zen 2 and 3, Intel's client cores since Haswell):
+   16 ymm registers hold a quarter of the 8 x 32 tile at a time (4 rows x 16 columns: 8
+   accumulators, B's 4 widened vectors, A's two halves), so the tile is four passes over
+   the pairs, each element's chain the same. MXCSR as above; the results go through acc
+   to pdp__bf16_out (alpha acc + beta c, as the portable kernel writes them). */
+#  define PDP__BF16_EMUL2_TARGET __attribute__((target("avx2,fma")))
+#  define PDP__BF16_EROW2(i)                                                                  \
+    do {                                                                                       \
+        __m256i w = _mm256_set1_epi32((int)a[i]);                                             \
+        __m256 a1 = _mm256_castsi256_ps(_mm256_and_si256(w, high));                           \
+        __m256 a0 = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));                            \
+        c##i##0 = _mm256_fmadd_ps(a1, b10, c##i##0);                                          \
+        c##i##1 = _mm256_fmadd_ps(a1, b11, c##i##1);                                          \
+        c##i##0 = _mm256_fmadd_ps(a0, b00, c##i##0);                                          \
+        c##i##1 = _mm256_fmadd_ps(a0, b01, c##i##1);                                          \
+    } while (0)
+
+PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs, const uint32_t *ap,
+                                                                  const uint32_t *bp, float *c,
+                                                                  int64_t ldc, int mr, int nr,
+                                                                  float alpha, float beta)
+{
+    float acc[PDP__BF16_MR][PDP__BF16_NR];
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    unsigned csr = _mm_getcsr();
+    int64_t p;
+    int i0, j0, i, j;
+    _mm_setcsr((csr & ~0x6000u) | 0x8040u); /* round to nearest, FTZ, DAZ */
+    for (i0 = 0; i0 < PDP__BF16_MR; i0 += 4)
+        for (j0 = 0; j0 < PDP__BF16_NR; j0 += 16) {
+            __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;
+            __m256 c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+            for (p = 0; p < pairs; p++) {
+                const uint32_t *a = ap + p * PDP__BF16_MR + i0;
+                const uint32_t *b = bp + p * PDP__BF16_NR + j0;
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)b);
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(b + 8));
+                __m256 b00 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+                __m256 b01 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+                __m256 b10 = _mm256_castsi256_ps(_mm256_and_si256(w0, high));
+                __m256 b11 = _mm256_castsi256_ps(_mm256_and_si256(w1, high));
+                PDP__BF16_EROW2(0);
+                PDP__BF16_EROW2(1);
+                PDP__BF16_EROW2(2);
+                PDP__BF16_EROW2(3);
+            }
+            _mm256_storeu_ps(&acc[i0][j0], c00), _mm256_storeu_ps(&acc[i0][j0 + 8], c01);
+            _mm256_storeu_ps(&acc[i0 + 1][j0], c10), _mm256_storeu_ps(&acc[i0 + 1][j0 + 8], c11);
+            _mm256_storeu_ps(&acc[i0 + 2][j0], c20), _mm256_storeu_ps(&acc[i0 + 2][j0 + 8], c21);
+            _mm256_storeu_ps(&acc[i0 + 3][j0], c30), _mm256_storeu_ps(&acc[i0 + 3][j0 + 8], c31);
+        }
+    _mm_setcsr(csr);
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j++) c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
+}
+#  undef PDP__BF16_EROW2
 #endif
 
 #if PDP__BF16_AMX
@@ -949,9 +1011,11 @@ typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, pdp_t
 
 /* ---- gemm_bf16: driver ---- */
 
-/* pdp__bf16_run's path for the emulation on its portable kernel, vectorised or not
-   (pdp__gemm_bf16_portable: the tests' reference). */
+/* pdp__bf16_run's paths for the emulation on one kernel, whatever the CPU has beside
+   (pdp__gemm_bf16_emul: the tests'): portable C, AVX2, AVX-512F. */
 #define PDP__BF16_PATH_PORTABLE ((pdp_bf16_path)16)
+#define PDP__BF16_PATH_EMUL256 ((pdp_bf16_path)17)
+#define PDP__BF16_PATH_EMUL512 ((pdp_bf16_path)18)
 
 typedef struct pdp__bf16_args {
     pdp_trans ta, tb;
@@ -1066,9 +1130,14 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     pdp__bf16_args g;
     int threads, parts;
     int64_t npan, mpan;
-    int portable = path == PDP__BF16_PATH_PORTABLE;
-    if (portable) path = PDP_BF16_PATH_EMULATED;
-    (void)path; /* PDP_NO_SIMD: one path */
+    /* the emulation's kernel: the widest the CPU has, or the one asked for */
+    int simd = path == PDP__BF16_PATH_PORTABLE ? 0
+             : path == PDP__BF16_PATH_EMUL256  ? 256
+             : path == PDP__BF16_PATH_EMUL512  ? 512
+             : pdp__bf16_this.emul512          ? 512
+             : pdp__bf16_this.emul256          ? 256 : 0;
+    if (path >= PDP__BF16_PATH_PORTABLE) path = PDP_BF16_PATH_EMULATED;
+    (void)path, (void)simd; /* PDP_NO_SIMD: one path, one kernel */
 #if PDP__BF16_HAS_SGEMM
     if (path == PDP_BF16_PATH_SGEMM) {
         PDP_ASSERT(!ah && !bh); /* bf16 words: the paths below */
@@ -1106,8 +1175,8 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     g.pack = pdp__bf16_pack;
     g.pack_h = pdp__bf16_pack_h;
 #if PDP__BF16_X86
-    if (path == PDP_BF16_PATH_EMULATED && !portable && pdp__bf16_this.emul512)
-        g.kernel = pdp__bf16_kernel_emul512;
+    if (path == PDP_BF16_PATH_EMULATED && simd == 512) g.kernel = pdp__bf16_kernel_emul512;
+    if (path == PDP_BF16_PATH_EMULATED && simd == 256) g.kernel = pdp__bf16_kernel_emul256;
     if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
     /* the emulation keeps the portable packing; AMX implies AVX512-BF16 on every CPU
        that has it, but is not assumed to */
@@ -1150,15 +1219,21 @@ PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int
                            ldc);
 }
 
-/* pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, ...) on the portable C kernel whatever the
-   CPU: the reference the vectorised emulation is tested against. */
-PDP__PRIVATE void pdp__gemm_bf16_portable(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
-                                          int64_t k, float alpha, const float *a, int64_t lda,
-                                          const float *b, int64_t ldb, float beta, float *c,
-                                          int64_t ldc)
+/* pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, ...) on one kernel of the emulation, simd: 0
+   portable C, 256 AVX2, 512 AVX-512F (one this CPU lacks: the caller's bug); the tests
+   check each against the others and against vdpbf16ps. */
+PDP__PRIVATE void pdp__gemm_bf16_emul(int simd, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                      int64_t k, float alpha, const float *a, int64_t lda,
+                                      const float *b, int64_t ldb, float beta, float *c,
+                                      int64_t ldc)
 {
-    pdp__bf16_run(PDP__BF16_PATH_PORTABLE, ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL,
-                  ldb, NULL, beta, c, ldc);
+    pdp_bf16_path_available(PDP_BF16_PATH_AUTO); /* CPUID read */
+    PDP_ASSERT(simd == 0 || (simd == 256 && pdp__bf16_this.emul256) ||
+               (simd == 512 && pdp__bf16_this.emul512));
+    pdp__bf16_run(simd == 512   ? PDP__BF16_PATH_EMUL512
+                  : simd == 256 ? PDP__BF16_PATH_EMUL256
+                                : PDP__BF16_PATH_PORTABLE,
+                  ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, c, ldc);
 }
 
 /* path with AUTO resolved to the best that takes bf16 words; one the CPU lacks, or

@@ -1908,8 +1908,8 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
      subnormals (DAZ/FTZ, as vdpbf16ps); on sgemm-rounded pdp_sgemm's FMA chain. The
      tile grid, the pairs and the chain depend on nothing but k, so the bits do not
      depend on the thread count or on how the parts are cut. The emulation's AVX-512F
-     kernel (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every input tried;
-     its portable kernel gives them except for products below 2^-126.
+     and AVX2 kernels (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every
+     input tried; its portable kernel gives them except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
      AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
      vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
@@ -1977,7 +1977,8 @@ typedef struct pdp__bf16_cpu {
     int family, model;
     int avx512;  /* the AVX512 path: AVX512F, BW, DQ, BF16 and the zmm state */
     int amx;     /* the AMX path: AMX-TILE, AMX-BF16, the tile state and Linux's permission */
-    int emul512; /* the vectorised emulation: AVX512F and the zmm state */
+    int emul512; /* the emulation's AVX-512F kernel: AVX512F and the zmm state */
+    int emul256; /* its AVX2 kernel: AVX2, FMA and the ymm state */
 } pdp__bf16_cpu;
 #define PDP__BF16_INTEL 1
 #define PDP__BF16_AMD 2
@@ -2226,7 +2227,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
 #  undef PDP__BF16_ROW
 
 /* The emulation vectorised, for CPUs with AVX-512F but no AVX512-BF16 (Skylake-X to Ice
-   Lake): vdpbf16ps's chain as two FMAs per pair, acc = fma(a_odd, b_odd, acc), then
+   Lake; the AVX2 kernel below for the others): vdpbf16ps's chain as two FMAs per pair, acc = fma(a_odd, b_odd, acc), then
    acc = fma(a_even, b_even, acc), on the bf16 halves widened in registers (a word's high
    half masked, its low half shifted up), with MXCSR's DAZ and FTZ set (and rounding to
    nearest) for the loop: DAZ reads a subnormal bf16 as zero, FTZ flushes a subnormal
@@ -2252,6 +2253,29 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, 
                                                                  int64_t ldc, int mr, int nr,
                                                                  float alpha, float beta);
 #  undef PDP__BF16_EROW
+
+/* The same chain with AVX2 and FMA (Zen 2 and 3, Intel's client cores since Haswell):
+   16 ymm registers hold a quarter of the 8 x 32 tile at a time (4 rows x 16 columns: 8
+   accumulators, B's 4 widened vectors, A's two halves), so the tile is four passes over
+   the pairs, each element's chain the same. MXCSR as above; the results go through acc
+   to pdp__bf16_out (alpha acc + beta c, as the portable kernel writes them). */
+#  define PDP__BF16_EMUL2_TARGET __attribute__((target("avx2,fma")))
+#  define PDP__BF16_EROW2(i)                                                                  \
+    do {                                                                                       \
+        __m256i w = _mm256_set1_epi32((int)a[i]);                                             \
+        __m256 a1 = _mm256_castsi256_ps(_mm256_and_si256(w, high));                           \
+        __m256 a0 = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));                            \
+        c##i##0 = _mm256_fmadd_ps(a1, b10, c##i##0);                                          \
+        c##i##1 = _mm256_fmadd_ps(a1, b11, c##i##1);                                          \
+        c##i##0 = _mm256_fmadd_ps(a0, b00, c##i##0);                                          \
+        c##i##1 = _mm256_fmadd_ps(a0, b01, c##i##1);                                          \
+    } while (0)
+
+PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs, const uint32_t *ap,
+                                                                  const uint32_t *bp, float *c,
+                                                                  int64_t ldc, int mr, int nr,
+                                                                  float alpha, float beta);
+#  undef PDP__BF16_EROW2
 #endif
 
 #if PDP__BF16_AMX
@@ -2298,9 +2322,11 @@ typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, pdp_t
 
 /* ---- gemm_bf16: driver ---- */
 
-/* pdp__bf16_run's path for the emulation on its portable kernel, vectorised or not
-   (pdp__gemm_bf16_portable: the tests' reference). */
+/* pdp__bf16_run's paths for the emulation on one kernel, whatever the CPU has beside
+   (pdp__gemm_bf16_emul: the tests'): portable C, AVX2, AVX-512F. */
 #define PDP__BF16_PATH_PORTABLE ((pdp_bf16_path)16)
+#define PDP__BF16_PATH_EMUL256 ((pdp_bf16_path)17)
+#define PDP__BF16_PATH_EMUL512 ((pdp_bf16_path)18)
 
 typedef struct pdp__bf16_args {
     pdp_trans ta, tb;
@@ -2343,12 +2369,13 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
 
 /* PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
 
-/* pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, ...) on the portable C kernel whatever the
-   CPU: the reference the vectorised emulation is tested against. */
-PDP__PRIVATE void pdp__gemm_bf16_portable(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
-                                          int64_t k, float alpha, const float *a, int64_t lda,
-                                          const float *b, int64_t ldb, float beta, float *c,
-                                          int64_t ldc);
+/* pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, ...) on one kernel of the emulation, simd: 0
+   portable C, 256 AVX2, 512 AVX-512F (one this CPU lacks: the caller's bug); the tests
+   check each against the others and against vdpbf16ps. */
+PDP__PRIVATE void pdp__gemm_bf16_emul(int simd, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                      int64_t k, float alpha, const float *a, int64_t lda,
+                                      const float *b, int64_t ldb, float beta, float *c,
+                                      int64_t ldc);
 
 /* path with AUTO resolved to the best that takes bf16 words; one the CPU lacks, or
    sgemm-rounded (which takes floats: Conv2d rounds them and calls pdp__sgemm_rows), is

@@ -1195,12 +1195,13 @@ TEST bf16_sgemm_rounded_within_its_bound_of_the_chain(void)
     }
 }
 
-/* The emulated path's vectorised kernel (AVX-512F FMAs under DAZ and FTZ) against the
-   real vdpbf16ps (the avx512 path), bit for bit, on subnormal-heavy inputs: products and
-   sums around 2^-126, subnormal bf16 inputs, large values, zeros; odd shapes, all layouts,
-   alpha and beta. The portable kernel gives the same bits where no product falls below
-   2^-126. The caller's MXCSR (here rounding toward zero) is restored, and does not reach
-   the kernel's sums. */
+/* The emulated path's vectorised kernels (AVX-512F, AVX2: FMAs under DAZ and FTZ)
+   against the real vdpbf16ps (the avx512 path), bit for bit, on subnormal-heavy inputs:
+   products and sums around 2^-126, subnormal bf16 inputs, large values, zeros; odd
+   shapes, all layouts, alpha and beta. The caller's MXCSR (here rounding toward zero) is
+   restored, and does not reach the kernels' sums (alpha acc + beta c follow it on every
+   path). The portable kernel may differ here (it rounds a product below 2^-126 first):
+   counted, not asserted. */
 static float subnormal_heavy(void)
 {
     uint32_t r = rnd_u32() % 100;
@@ -1212,15 +1213,27 @@ static float subnormal_heavy(void)
     return r >= 95 ? 0.0f : ldexpf(rnd(), e);
 }
 
+/* the emulation's kernels this CPU runs: 512 (AVX-512F), 256 (AVX2), 0 (portable) */
+static int emul_kernels(int simd[3])
+{
+    int n = 0;
+    pdp_bf16_path_available(PDP_BF16_PATH_AUTO); /* CPUID read */
+    if (pdp__bf16_this.emul512) simd[n++] = 512;
+    if (pdp__bf16_this.emul256) simd[n++] = 256;
+    simd[n++] = 0;
+    return n;
+}
+
 TEST bf16_emulation_vectorised_gives_vdpbf16ps_bits(void)
 {
-    int trial, ta, tb, diff_portable = 0, fused = 0;
+    int trial, ta, tb, diff_portable = 0, portable_runs = 0, fused = 0, simd[3];
+    int nk = emul_kernels(simd), v;
 #if PDP__BF16_X86
     unsigned csr;
 #endif
     if (!pdp_bf16_path_available(PDP_BF16_PATH_AVX512))
         SKIPm("bf16 path avx512-bf16: not available on this CPU or build (the reference)");
-    if (!pdp__bf16_this.emul512) SKIPm("the vectorised emulation needs AVX-512F");
+    if (nk < 2) SKIPm("no vectorised emulation kernel in this build (AVX2 or AVX-512F)");
     for (trial = 0; trial < 60; trial++)
         for (ta = 0; ta < 2; ta++)
             for (tb = 0; tb < 2; tb++) {
@@ -1228,55 +1241,68 @@ TEST bf16_emulation_vectorised_gives_vdpbf16ps_bits(void)
                 int64_t lda = ta ? m : k, ldb = tb ? k : n;
                 float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
                 float *b = (float *)malloc(sizeof(float) * (size_t)(k * n));
+                float *c0 = (float *)malloc(sizeof(float) * (size_t)(m * n));
                 float *cv = (float *)malloc(sizeof(float) * (size_t)(m * n));
                 float *cb = (float *)malloc(sizeof(float) * (size_t)(m * n));
-                float *cp = (float *)malloc(sizeof(float) * (size_t)(m * n));
                 float alpha = trial % 3 == 0 ? 0.5f : 1.0f, beta = trial % 3 == 0 ? 3.0f : 0.0f;
-                int bad;
+                int bad = -1;
                 for (i = 0; i < m * k; i++) a[i] = subnormal_heavy();
                 for (i = 0; i < k * n; i++) b[i] = subnormal_heavy();
-                for (i = 0; i < m * n; i++) cv[i] = cb[i] = cp[i] = rnd();
+                for (i = 0; i < m * n; i++) c0[i] = cb[i] = rnd();
 #if PDP__BF16_X86
                 csr = _mm_getcsr();
                 _mm_setcsr((csr & ~0x6000u) | 0x6000u); /* round toward zero */
 #endif
-                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, (pdp_trans)ta,
-                                                   (pdp_trans)tb, m, n, k, alpha, a, lda, b, ldb,
-                                                   beta, cv, n));
-#if PDP__BF16_X86
-                ASSERT_EQm("the caller's MXCSR restored", (csr & ~0x6000u) | 0x6000u, _mm_getcsr());
-#endif
                 ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(PDP_BF16_PATH_AVX512, (pdp_trans)ta,
                                                    (pdp_trans)tb, m, n, k, alpha, a, lda, b, ldb,
                                                    beta, cb, n));
+                for (v = 0; v < nk; v++) {
+                    memcpy(cv, c0, sizeof(float) * (size_t)(m * n));
+                    pdp__gemm_bf16_emul(simd[v], (pdp_trans)ta, (pdp_trans)tb, m, n, k, alpha, a,
+                                        lda, b, ldb, beta, cv, n);
 #if PDP__BF16_X86
-                _mm_setcsr(csr); /* both paths wrote alpha acc + beta c toward zero */
+                    if (_mm_getcsr() != ((csr & ~0x6000u) | 0x6000u) && bad < 0)
+                        bad = 1000 + simd[v];
 #endif
-                bad = memcmp(cv, cb, sizeof(float) * (size_t)(m * n)) != 0;
-                for (i = 0; i < m * n; i++) {
-                    fused |= cb[i] != 0.0f && fabsf(cb[i]) < 1e-30f;
+                    if (simd[v] != 0 && memcmp(cv, cb, sizeof(float) * (size_t)(m * n)) && bad < 0)
+                        bad = simd[v];
                 }
-                pdp__gemm_bf16_portable((pdp_trans)ta, (pdp_trans)tb, m, n, k, alpha, a, lda, b,
-                                        ldb, beta, cp, n);
-                diff_portable += memcmp(cp, cb, sizeof(float) * (size_t)(m * n)) != 0;
-                free(a), free(b), free(cv), free(cb), free(cp);
-                ASSERT_EQm(layout_name((pdp_trans)ta, (pdp_trans)tb), 0, bad);
+#if PDP__BF16_X86
+                _mm_setcsr(csr);
+#endif
+                if (alpha == 1.0f && beta == 0.0f) { /* cb as under round to nearest; the
+                                                        portable kernel's sums follow MXCSR */
+                    pdp__gemm_bf16_emul(0, (pdp_trans)ta, (pdp_trans)tb, m, n, k, alpha, a, lda,
+                                        b, ldb, beta, cv, n);
+                    diff_portable += memcmp(cv, cb, sizeof(float) * (size_t)(m * n)) != 0;
+                    portable_runs++;
+                }
+                for (i = 0; i < m * n; i++) fused |= cb[i] != 0.0f && fabsf(cb[i]) < 1e-30f;
+                free(a), free(b), free(c0), free(cv), free(cb);
+                if (bad >= 0) {
+                    static char msg[96];
+                    snprintf(msg, sizeof msg, "%s: the emulation's %d-bit kernel %s",
+                             layout_name((pdp_trans)ta, (pdp_trans)tb), bad % 1000,
+                             bad >= 1000 ? "left MXCSR changed" : "differs from vdpbf16ps");
+                    FAILm(msg);
+                }
             }
     ASSERTm("no result near 2^-126: the inputs do not reach the corner", fused);
     {
         static char msg[96];
         snprintf(msg, sizeof msg, "portable kernel differs from vdpbf16ps in %d of %d products",
-                 diff_portable, 60 * 4);
+                 diff_portable, portable_runs);
         PASSm(msg);
     }
 }
 
-/* The same on ordinary values: the vectorised and the portable kernels give the same bits
-   (and the avx512 path's, where it exists), at 1 and 3 threads, on shapes past one MC block. */
+/* The same on ordinary values: every emulation kernel this CPU runs, and pdp_gemm_bf16_on's
+   emulated path, give the same bits (and the avx512 path's, where it exists), at 1 and 3
+   threads, on shapes past one MC block. */
 TEST bf16_emulation_vectorised_matches_portable(void)
 {
     static const int64_t shapes[][3] = {{3, 5, 7}, {17, 65, 33}, {300, 40, 130}};
-    int s, ta, tb;
+    int s, ta, tb, simd[3], nk = emul_kernels(simd), v;
     for (s = 0; s < 3; s++)
         for (ta = 0; ta < 2; ta++)
             for (tb = 0; tb < 2; tb++) {
@@ -1284,30 +1310,42 @@ TEST bf16_emulation_vectorised_matches_portable(void)
                 int64_t lda = ta ? m : k, ldb = tb ? k : n;
                 float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
                 float *b = (float *)malloc(sizeof(float) * (size_t)(k * n));
+                float *c0 = (float *)malloc(sizeof(float) * (size_t)(m * n));
                 float *cv = (float *)malloc(sizeof(float) * (size_t)(m * n));
                 float *cp = (float *)malloc(sizeof(float) * (size_t)(m * n));
-                float *cb = (float *)malloc(sizeof(float) * (size_t)(m * n));
-                int bad, badb = 0;
+                int bad = -1;
                 for (i = 0; i < m * k; i++) a[i] = rnd();
                 for (i = 0; i < k * n; i++) b[i] = rnd();
-                for (i = 0; i < m * n; i++) cv[i] = cp[i] = cb[i] = rnd();
+                for (i = 0; i < m * n; i++) c0[i] = cp[i] = rnd();
+                pdp__gemm_bf16_emul(0, (pdp_trans)ta, (pdp_trans)tb, m, n, k, 1.0f, a, lda, b,
+                                    ldb, 1.0f, cp, n);
                 pdp_set_num_threads(s == 2 ? 3 : 1);
-                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, (pdp_trans)ta,
-                                                   (pdp_trans)tb, m, n, k, 1.0f, a, lda, b, ldb,
-                                                   1.0f, cv, n));
-                pdp_set_num_threads(1);
-                pdp__gemm_bf16_portable((pdp_trans)ta, (pdp_trans)tb, m, n, k, 1.0f, a, lda, b,
-                                        ldb, 1.0f, cp, n);
-                if (pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
-                    ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(PDP_BF16_PATH_AVX512, (pdp_trans)ta,
-                                                       (pdp_trans)tb, m, n, k, 1.0f, a, lda, b,
-                                                       ldb, 1.0f, cb, n));
-                    badb = memcmp(cb, cp, sizeof(float) * (size_t)(m * n)) != 0;
+                for (v = -2; v < nk; v++) {
+                    memcpy(cv, c0, sizeof(float) * (size_t)(m * n));
+                    if (v == -2 || (v == -1 && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)))
+                        ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(v == -2 ? PDP_BF16_PATH_EMULATED
+                                                                   : PDP_BF16_PATH_AVX512,
+                                                           (pdp_trans)ta, (pdp_trans)tb, m, n, k,
+                                                           1.0f, a, lda, b, ldb, 1.0f, cv, n));
+                    else if (v == -1)
+                        continue;
+                    else
+                        pdp__gemm_bf16_emul(simd[v], (pdp_trans)ta, (pdp_trans)tb, m, n, k, 1.0f,
+                                            a, lda, b, ldb, 1.0f, cv, n);
+                    if (memcmp(cv, cp, sizeof(float) * (size_t)(m * n)) && bad == -1)
+                        bad = v < 0 ? v : simd[v];
                 }
-                bad = memcmp(cv, cp, sizeof(float) * (size_t)(m * n)) != 0;
-                free(a), free(b), free(cv), free(cp), free(cb);
-                ASSERT_EQm(layout_name((pdp_trans)ta, (pdp_trans)tb), 0, bad);
-                ASSERT_EQm("avx512 path", 0, badb);
+                pdp_set_num_threads(1);
+                free(a), free(b), free(c0), free(cv), free(cp);
+                if (bad != -1) {
+                    static char msg[96];
+                    snprintf(msg, sizeof msg, "%s: %s differs from the portable kernel",
+                             layout_name((pdp_trans)ta, (pdp_trans)tb),
+                             bad == -2   ? "the emulated path"
+                             : bad == -1 ? "the avx512 path"
+                             : bad == 512 ? "the AVX-512F kernel" : "the AVX2 kernel");
+                    FAILm(msg);
+                }
             }
     PASS();
 }
@@ -1317,15 +1355,15 @@ TEST bf16_emulation_vectorised_matches_portable(void)
    the classes split where gemm_bf16.c says. */
 TEST bf16_path_choice_is_a_function_of_cpu_and_shape(void)
 {
-    /* vendor, family, model, avx512, amx, emul512 */
-    pdp__bf16_cpu zen4 = {PDP__BF16_AMD, 0x19, 0x61, 1, 0, 1};
-    pdp__bf16_cpu zen3 = {PDP__BF16_AMD, 0x19, 0x21, 0, 0, 0};
-    pdp__bf16_cpu zen5 = {PDP__BF16_AMD, 0x1a, 0x44, 1, 0, 1};
-    pdp__bf16_cpu spr = {PDP__BF16_INTEL, 6, 0x8f, 1, 1, 1};
-    pdp__bf16_cpu spr_no_amx = {PDP__BF16_INTEL, 6, 0x8f, 1, 0, 1}; /* Linux refused it */
-    pdp__bf16_cpu gnr = {PDP__BF16_INTEL, 6, 0xad, 1, 1, 1};       /* no row: the default */
-    pdp__bf16_cpu cpl = {PDP__BF16_INTEL, 6, 0x55, 1, 0, 1};       /* Cooper Lake: no row */
-    pdp__bf16_cpu arm = {0, 0, 0, 0, 0, 0};
+    /* vendor, family, model, avx512, amx, emul512, emul256 */
+    pdp__bf16_cpu zen4 = {PDP__BF16_AMD, 0x19, 0x61, 1, 0, 1, 1};
+    pdp__bf16_cpu zen3 = {PDP__BF16_AMD, 0x19, 0x21, 0, 0, 0, 1};
+    pdp__bf16_cpu zen5 = {PDP__BF16_AMD, 0x1a, 0x44, 1, 0, 1, 1};
+    pdp__bf16_cpu spr = {PDP__BF16_INTEL, 6, 0x8f, 1, 1, 1, 1};
+    pdp__bf16_cpu spr_no_amx = {PDP__BF16_INTEL, 6, 0x8f, 1, 0, 1, 1}; /* Linux refused it */
+    pdp__bf16_cpu gnr = {PDP__BF16_INTEL, 6, 0xad, 1, 1, 1, 1};       /* no row: the default */
+    pdp__bf16_cpu cpl = {PDP__BF16_INTEL, 6, 0x55, 1, 0, 1, 1};       /* Cooper Lake: no row */
+    pdp__bf16_cpu arm = {0, 0, 0, 0, 0, 0, 0};
     static const int64_t shapes[][3] = {{512, 512, 784}, {512, 10, 512}, {10, 512, 512},
                                         {512, 512, 10}, {31, 31, 31}, {32, 32, 32}};
     int ta, tb, s;
@@ -1359,7 +1397,7 @@ TEST bf16_path_choice_is_a_function_of_cpu_and_shape(void)
     for (r = 0; r < sizeof pdp__bf16_table / sizeof pdp__bf16_table[0]; r++) {
         const pdp__bf16_row *row = &pdp__bf16_table[r];
         pdp__bf16_cpu named = {row->vendor, row->family, row->model_lo, row->avx512, row->amx,
-                               row->avx512};
+                               row->avx512, 1};
         int c;
         ASSERT_EQ(row, pdp__bf16_row_of(&named));
         for (c = 0; c < PDP__BF16_CLASSES; c++) {
