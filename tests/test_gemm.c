@@ -5,7 +5,9 @@
    matrices (the padding must stay untouched), and bit-identical results for 1, 2
    and 3 intra-op threads. The error bound is the classic one for a length-k dot
    product: |got - exact| <= (k + 4) * eps * (|alpha| sum |a||b| + |beta c|).
-   tests/test_gemm_nosimd.c builds this file again with -DPDP_NO_SIMD, so the
+   pdp__sgemm_bf16 (bf16's sgemm-rounded path): its rounding at packing gives
+   pdp_bf16_round's bits (ties, NaN payloads, subnormals, every tail length) and the
+   product pdp_sgemm's bits on the rounded operands. tests/test_gemm_nosimd.c builds this file again with -DPDP_NO_SIMD, so the
    portable kernel is tested too. */
 
 #define _POSIX_C_SOURCE 200809L
