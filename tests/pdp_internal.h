@@ -1900,7 +1900,8 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    pdp__sgemm_bf16, pdp_sgemm with its packed panels rounded to bf16 (the same exact
    products summed in pdp_sgemm's order: gemm.h's bound). PDP_BF16_PATH_AUTO takes, per
    product, the path a table of CPU families names for the product's shape class,
-   measured by bench/bf16_paths, so that bf16 is never slower than fp32 where measured.
+   measured by bench/bf16_paths: a bf16 instruction path only where it beat
+   sgemm-rounded, whose speed is about fp32's.
 
    Invariants:
    - Two arithmetics (gemm.h states both): on the emulated, AVX512 and AMX paths, per
@@ -2015,12 +2016,11 @@ PDP__PRIVATE bool pdp__bf16_cpu_has(const pdp__bf16_cpu *cpu, pdp_bf16_path path
    change the bits). Classes: the layout (ta, tb: the packing differs) times the size:
    k < 32 (packing and C's traffic dominate: the 10-class layer's dX = dY W), min(m, n)
    < 32 (a partial tile row or column: its forward and dW), else large. The rows are
-   bench/bf16_paths's output on the CPUs named, pasted: each cell the fastest of the
-   paths that CPU has, pdp_sgemm's fp32 among them for sgemm-rounded (pdp__sgemm_bf16
-   is pdp_sgemm plus the rounding at packing). A CPU no row names, or a cell's path it
-   lacks: AMX, else AVX512-BF16 on AMD (Zen 4's vdpbf16ps at 2 products per fp32 FMA's
-   1), else sgemm-rounded (fp32's speed: never slower than the fp32 step), else
-   AVX512-BF16, else the emulation. */
+   bench/bf16_paths's output on the CPUs named, pasted: each cell sgemm-rounded
+   (pdp__sgemm_bf16, pdp_sgemm plus the rounding at packing: about fp32's speed) unless
+   AVX512-BF16 or AMX was faster by the bench's margin. A CPU no row names, or a cell's
+   path it lacks: AMX, else AVX512-BF16 on AMD (the Zen 4 row's choice), else
+   sgemm-rounded, else AVX512-BF16 (a -DPDP_CBLAS build), else the emulation. */
 enum { PDP__BF16_LARGE, PDP__BF16_SMALL_MN, PDP__BF16_SMALL_K, PDP__BF16_SIZES };
 #define PDP__BF16_CLASSES (4 * PDP__BF16_SIZES)
 
@@ -2227,15 +2227,15 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
 #  undef PDP__BF16_ROW
 
 /* The emulation vectorised, for CPUs with AVX-512F but no AVX512-BF16 (Skylake-X to Ice
-   Lake; the AVX2 kernel below for the others): vdpbf16ps's chain as two FMAs per pair, acc = fma(a_odd, b_odd, acc), then
-   acc = fma(a_even, b_even, acc), on the bf16 halves widened in registers (a word's high
-   half masked, its low half shifted up), with MXCSR's DAZ and FTZ set (and rounding to
-   nearest) for the loop: DAZ reads a subnormal bf16 as zero, FTZ flushes a subnormal
-   sum, and an FMA, like vdpbf16ps, adds the exact product without rounding it first,
-   even where it falls below 2^-126 (the portable kernel's corner). MXCSR is restored
-   before C is written, so alpha and beta see the caller's modes as on the other paths.
-   The bits equal the AVX512 path's on every input test_bf16 tries, subnormal-heavy ones
-   included. */
+   Lake; the AVX2 kernel below for the others): vdpbf16ps's chain as two FMAs per pair,
+   acc = fma(a_odd, b_odd, acc), then acc = fma(a_even, b_even, acc), on the bf16 halves
+   widened in registers (a word's high half masked, its low half shifted up), with
+   MXCSR's DAZ and FTZ set (and rounding to nearest) for the loop: DAZ reads a subnormal
+   bf16 as zero, FTZ flushes a subnormal sum, and an FMA, like vdpbf16ps, adds the exact
+   product without rounding it first, even where it falls below 2^-126 (the portable
+   kernel's corner). MXCSR is restored before C is written, so alpha and beta see the
+   caller's modes as on the other paths. The bits equal the AVX512 path's on every input
+   test_bf16 tries, subnormal-heavy ones included. */
 #  define PDP__BF16_EMUL_TARGET __attribute__((target("avx512f")))
 #  define PDP__BF16_EROW(i)                                                                   \
     do {                                                                                       \
