@@ -3846,20 +3846,21 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
    and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
-   AMX (PDP__CONV_BF16_PATH: the path AUTO takes for the forward product, pdp_bf16_path_for;
-   job->packed16): forward, dx and the dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
-   tables (band columns included: no _runs variant), on the padded image and padded dy
-   first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
-   not once per kernel tap; the padded dy after the dW share, which reads it as floats
-   in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
+   AMX (PDP__CONV_BF16_PATH: the path AUTO takes for the forward product,
+   pdp_bf16_path_for; job->packed16): forward, dx and the dW share are
+   pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset tables (band
+   columns included: no _runs variant), on the padded image and padded dy first
+   converted to bf16 words in place (pdp__gemm_bf16_convert: each value once, not once
+   per kernel tap; the padded dy after the dW share, which reads it as floats in a
+   "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
    dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
    grid's dy rounded in place (db summed from dy before). On the sgemm-rounded and the
    emulated paths the fp32 kernels multiply bf16-rounded inputs exactly and sum in fp32
    (pdp_gemm_bf16's sgemm-rounded arithmetic; the emulated path's chain is not run
-   here): the padded image, the padded dy and the
-   grid's dy are rounded in place after they are loaded, W' when it is built, and W for
-   forward into the workspace's fixed region (free in forward). Either way the bits
-   depend on the geometry and the path, not on the thread count. */
+   here): the padded image, the padded dy and the grid's dy are rounded in place after
+   they are loaded, W' when it is built, and W for forward into the workspace's fixed
+   region (free in forward). Either way the bits depend on the geometry and the path,
+   not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
