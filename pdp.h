@@ -8275,63 +8275,6 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
 }
 
 #if PDP__BF16_X86
-/* One row of the tile: acc_i0, acc_i1 += a[i] (broadcast) . b0, b1 (one vdpbf16ps per
-   16 columns). The 16 accumulators are named so that they stay in registers. */
-#  define PDP__BF16_ROW(i)                                                                    \
-    do {                                                                                       \
-        __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);                                 \
-        c##i##0 = _mm512_dpbf16_ps(c##i##0, ai, b0);                                          \
-        c##i##1 = _mm512_dpbf16_ps(c##i##1, ai, b1);                                          \
-    } while (0)
-
-/* the kernel below names MR = 8 rows of accumulators */
-typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
-
-PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
-                                                           const uint32_t *bp, float *c, int64_t ldc,
-                                                           int mr, int nr, float alpha, float beta)
-{
-    __m512 acc[PDP__BF16_MR][2];
-    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00;
-    __m512 c61 = c00, c70 = c00, c71 = c00;
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    __mmask16 mask[2];
-    int64_t p;
-    int i, v;
-    for (p = 0; p < pairs; p++) {
-        const uint32_t *a = ap + p * PDP__BF16_MR;
-        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
-        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
-        PDP__BF16_ROW(0);
-        PDP__BF16_ROW(1);
-        PDP__BF16_ROW(2);
-        PDP__BF16_ROW(3);
-        PDP__BF16_ROW(4);
-        PDP__BF16_ROW(5);
-        PDP__BF16_ROW(6);
-        PDP__BF16_ROW(7);
-    }
-    acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11;
-    acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
-    acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
-    acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
-    for (v = 0; v < 2; v++) {
-        int left = nr - 16 * v;
-        mask[v] = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-    }
-    for (i = 0; i < mr; i++)
-        for (v = 0; v < 2; v++) {
-            float *ci = c + i * ldc + 16 * v;
-            __m512 r = _mm512_mul_ps(va, acc[i][v]);
-            if (!mask[v]) continue;
-            if (beta != 0.0f)
-                r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
-            _mm512_mask_storeu_ps(ci, mask[v], r);
-        }
-}
-#  undef PDP__BF16_ROW
-
 /* The emulation vectorised, for CPUs with AVX-512F but no AVX512-BF16 (Skylake-X to Ice
    Lake; the AVX2 kernel below for the others): vdpbf16ps's chain as two FMAs per pair,
    acc = fma(a_odd, b_odd, acc), then acc = fma(a_even, b_even, acc), on the bf16 halves
@@ -8465,6 +8408,65 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
             c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
 }
 #  undef PDP__BF16_EROW2
+#endif
+
+#if PDP__BF16_X86
+/* One row of the tile: acc_i0, acc_i1 += a[i] (broadcast) . b0, b1 (one vdpbf16ps per
+   16 columns). The 16 accumulators are named so that they stay in registers. */
+#  define PDP__BF16_ROW(i)                                                                    \
+    do {                                                                                       \
+        __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);                                 \
+        c##i##0 = _mm512_dpbf16_ps(c##i##0, ai, b0);                                          \
+        c##i##1 = _mm512_dpbf16_ps(c##i##1, ai, b1);                                          \
+    } while (0)
+
+/* the kernel below names MR = 8 rows of accumulators */
+typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
+
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
+                                                           const uint32_t *bp, float *c, int64_t ldc,
+                                                           int mr, int nr, float alpha, float beta)
+{
+    __m512 acc[PDP__BF16_MR][2];
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00;
+    __m512 c61 = c00, c70 = c00, c71 = c00;
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[2];
+    int64_t p;
+    int i, v;
+    for (p = 0; p < pairs; p++) {
+        const uint32_t *a = ap + p * PDP__BF16_MR;
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
+        PDP__BF16_ROW(0);
+        PDP__BF16_ROW(1);
+        PDP__BF16_ROW(2);
+        PDP__BF16_ROW(3);
+        PDP__BF16_ROW(4);
+        PDP__BF16_ROW(5);
+        PDP__BF16_ROW(6);
+        PDP__BF16_ROW(7);
+    }
+    acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11;
+    acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
+    acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
+    acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
+    for (v = 0; v < 2; v++) {
+        int left = nr - 16 * v;
+        mask[v] = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    for (i = 0; i < mr; i++)
+        for (v = 0; v < 2; v++) {
+            float *ci = c + i * ldc + 16 * v;
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (!mask[v]) continue;
+            if (beta != 0.0f)
+                r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
+            _mm512_mask_storeu_ps(ci, mask[v], r);
+        }
+}
+#  undef PDP__BF16_ROW
 #endif
 
 #if PDP__BF16_AMX

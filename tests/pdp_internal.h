@@ -2209,23 +2209,6 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
                                         float *c, int64_t ldc, int mr, int nr, float alpha, float beta);
 
 #if PDP__BF16_X86
-/* One row of the tile: acc_i0, acc_i1 += a[i] (broadcast) . b0, b1 (one vdpbf16ps per
-   16 columns). The 16 accumulators are named so that they stay in registers. */
-#  define PDP__BF16_ROW(i)                                                                    \
-    do {                                                                                       \
-        __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);                                 \
-        c##i##0 = _mm512_dpbf16_ps(c##i##0, ai, b0);                                          \
-        c##i##1 = _mm512_dpbf16_ps(c##i##1, ai, b1);                                          \
-    } while (0)
-
-/* the kernel below names MR = 8 rows of accumulators */
-typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
-
-PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
-                                                           const uint32_t *bp, float *c, int64_t ldc,
-                                                           int mr, int nr, float alpha, float beta);
-#  undef PDP__BF16_ROW
-
 /* The emulation vectorised, for CPUs with AVX-512F but no AVX512-BF16 (Skylake-X to Ice
    Lake; the AVX2 kernel below for the others): vdpbf16ps's chain as two FMAs per pair,
    acc = fma(a_odd, b_odd, acc), then acc = fma(a_even, b_even, acc), on the bf16 halves
@@ -2276,6 +2259,25 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
                                                                   int64_t ldc, int mr, int nr,
                                                                   float alpha, float beta);
 #  undef PDP__BF16_EROW2
+#endif
+
+#if PDP__BF16_X86
+/* One row of the tile: acc_i0, acc_i1 += a[i] (broadcast) . b0, b1 (one vdpbf16ps per
+   16 columns). The 16 accumulators are named so that they stay in registers. */
+#  define PDP__BF16_ROW(i)                                                                    \
+    do {                                                                                       \
+        __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);                                 \
+        c##i##0 = _mm512_dpbf16_ps(c##i##0, ai, b0);                                          \
+        c##i##1 = _mm512_dpbf16_ps(c##i##1, ai, b1);                                          \
+    } while (0)
+
+/* the kernel below names MR = 8 rows of accumulators */
+typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
+
+PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
+                                                           const uint32_t *bp, float *c, int64_t ldc,
+                                                           int mr, int nr, float alpha, float beta);
+#  undef PDP__BF16_ROW
 #endif
 
 #if PDP__BF16_AMX
