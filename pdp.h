@@ -94,17 +94,23 @@
    PDP_PRECISION_BF16 (or pdp_model_set_precision) is mixed precision as PyTorch's
    autocast: the inputs of Linear's and Conv2d's GEMMs (forward and both backward
    products) are rounded to bf16, products accumulate in fp32, everything else stays
-   fp32. pdp_gemm_bf16 picks its path by CPUID at run time: AMX tiles where the CPU has
-   AMX-BF16 and Linux grants the tile state (asked once; refused: the next path),
-   AVX512-BF16 (vdpbf16ps), and an emulation with the AVX512 path's arithmetic and bits
-   everywhere else (pdp_bf16_path_name says which). AMX sums each pair in the other
-   order, so its bits may differ within a stated bound (gemm.h, gemm_bf16.c):
-   tests/test_bf16.c holds the AMX path to it on a CPU with AMX and skips it, saying
-   so, elsewhere (the AMD EPYC the tests run on has no AMX). Conv2d's implicit GEMMs
-   (stride 1, padding below the kernel size) run on the same kernels through row-offset
-   tables, the padded image converted to bf16 once per chunk; on the emulated path, and
-   for the dW of a convolution with few weights (1 -> 16 channels at k 5), the fp32
-   kernels multiply bf16-rounded inputs. On CUDA the same switch runs Linear and Conv2d
+   fp32. pdp_gemm_bf16 has four paths: AMX tiles (where the CPU has AMX-BF16 and Linux
+   grants the tile state, asked once), AVX512-BF16 (vdpbf16ps), an emulation with
+   vdpbf16ps's arithmetic on any CPU (AVX-512F or AVX2 FMAs under DAZ/FTZ: its bits;
+   portable C: its bits but where a product falls below 2^-126), and sgemm-rounded: pdp_sgemm with the
+   inputs rounded as it packs them, at fp32's speed on any CPU, the same exact products
+   summed in pdp_sgemm's order (gemm.h states its bound against the others). AMX sums each
+   pair in the other order, so its bits may differ within a stated bound (gemm.h,
+   gemm_bf16.c): tests/test_bf16.c holds the AMX path to it on a CPU with AMX and skips it,
+   saying so, elsewhere. Which path runs (PDP_BF16_PATH_AUTO, and the model's layers) is
+   decided per product from CPUID's vendor, family and model and the product's shape class,
+   by a table bench/bf16_paths builds (pdp_bf16_path_for says which; never a timing, so a
+   CPU and a shape always give the same bits); without a row: AMX, else AVX512-BF16 on AMD,
+   else sgemm-rounded, which keeps a CPU without bf16 instructions at about fp32's speed.
+   Conv2d's implicit GEMMs (stride 1, padding below the kernel size) run on the AVX512 and
+   AMX kernels through row-offset tables, the padded image converted to bf16 once per
+   chunk; on the other paths, and for the dW of a convolution with few weights (1 -> 16
+   channels at k 5), the fp32 kernels multiply bf16-rounded inputs. On CUDA the same switch runs Linear and Conv2d
    as cublasGemmEx with bf16 inputs and fp32 accumulation (checked on the CUDA
    emulator, not yet on a GPU). bf16 is not always faster than fp32 on a CPU: it
    depends on the path and the model. `make bench` (bench/train) measures both on your
@@ -133,7 +139,7 @@
    -std=gnu99 or no -std) fuses a*b + c into one FMA where -ffp-contract=off (the
    default under -std=c99) rounds the product first, and the two builds write different
    checkpoints; so may another -march (another GEMM kernel), PDP_NO_SIMD, another bf16
-   path (AMX) or another device (CUDA).
+   path (AMX, sgemm-rounded: another CPU may take another) or another device (CUDA).
 
    Process-wide state: pdp's state hangs off the objects you create, or off the calling
    thread (the error message, the intra-op thread count, the profile counters), with
@@ -686,30 +692,59 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
 /* ---- bf16 mixed precision (src/gemm_bf16.c) ----
    pdp_gemm_bf16 is pdp_sgemm with op(A) and op(B) rounded to bfloat16 (round to
    nearest even, as torch.autocast's casts) and everything else in fp32: products,
-   accumulation, alpha, beta and C. The arithmetic, one chain per element of C
-   whatever the thread count (and the path, but for AMX's order within a pair): k is
-   cut into pairs (2p, 2p + 1) (an odd k gets a zero), and acc += a[2p+1] b[2p+1],
-   then acc += a[2p] b[2p], pair after pair, starting from 0, with subnormal inputs
-   and sums flushed to zero (the rules of AVX512-BF16's vdpbf16ps); then C = alpha acc + beta C (beta C's product rounded
-   before the sum; C not read when beta == 0). Paths, chosen at run time by CPUID:
+   accumulation, alpha, beta and C. A product of two bf16 values is exact in fp32 (unless
+   it falls below 2^-126), so the paths differ only in the order and the underflow rules
+   of the sum of the same exact products: two arithmetics, each deterministic (the bits
+   depend on the path, the shape and the data, never on the thread count).
 
-     PDP_BF16_PATH_EMULATED  portable C on any CPU; the same bits as AVX512 except
-                             where a product of two bf16 values falls below 2^-126
-                             (the hardware fuses it into the sum, C rounds it first)
+   The chain (emulated, avx512-bf16, amx-bf16): per element of C, k is cut into pairs
+   (2p, 2p + 1) (an odd k gets a zero), and acc += a[2p+1] b[2p+1], then acc += a[2p]
+   b[2p], pair after pair, starting from 0, with subnormal inputs and sums flushed to
+   zero (the rules of AVX512-BF16's vdpbf16ps; AMX adds a pair's even product first);
+   then C = alpha acc + beta C (beta C's product rounded before the sum; C not read when
+   beta == 0).
+
+   sgemm-rounded: pdp_sgemm's FMA chain over the same exact products (its k blocks of at
+   most 512, subnormals kept: no flushing), alpha and beta as pdp_sgemm. Against the
+   chain, with S = sum_p |a_p b_p| over the bf16 values, u = 2^-24 and gamma_k = k u /
+   (1 - k u): |C_sgemm - C_chain| <= |alpha| (2 gamma_k S + 2 k 2^-126) + 2^-23 (|alpha| S
+   + |beta C|). Each is the exact sum with at most k - 1 roundings (within gamma_k S of
+   it, Higham's bound for any order); each flush of the chain, and each product below
+   2^-126 (fused into the sum, or rounded first), moves a result by less than 2^-126;
+   the last term covers alpha's and beta's roundings. A bf16 input below 2^-126 (a
+   subnormal) is read as zero by the chain and not here: add its terms' |a_p b_p|.
+
+   Paths (pdp_bf16_path_available says which this CPU and build have):
+
+     PDP_BF16_PATH_EMULATED  the chain in software, the reference, on any CPU: on x86 with
+                             AVX-512F or AVX2 and FMA, two FMAs per pair under MXCSR's DAZ and
+                             FTZ (restored after), which gave vdpbf16ps's bits on every input
+                             test_bf16 tries; else (or -DPDP_NO_SIMD) portable C, the same
+                             bits except where a product falls below 2^-126 (the hardware and
+                             the FMAs fuse it into the sum, C rounds it first)
      PDP_BF16_PATH_AVX512    vdpbf16ps (AVX512-BF16, e.g. Cooper Lake, Sapphire Rapids,
                              Zen 4); compiled with a target attribute, so any x86-64
                              build has it unless -DPDP_NO_SIMD
      PDP_BF16_PATH_AMX       AMX tiles (TDPBF16PS, e.g. Sapphire Rapids): x86-64 Linux, when
                              CPUID has AMX-BF16 and AMX-TILE, the OS enables the tile state
                              and grants the process its use (ARCH_REQ_XCOMP_PERM, asked
-                             once); the same chain by Intel's pseudo-code except that each
+                             once); the chain by Intel's pseudo-code except that each
                              pair's even product comes first, so its bits may differ from
-                             the others' within the fp32 summation bound (gemm_bf16.c) */
+                             the others' within the fp32 summation bound (gemm_bf16.c)
+     PDP_BF16_PATH_SGEMM     "sgemm-rounded": pdp_sgemm with the rounding done on its packed
+                             panels, at fp32's speed on any CPU; every build but -DPDP_CBLAS
+     PDP_BF16_PATH_AUTO      per product, the path gemm_bf16.c's table of CPU families
+                             (CPUID's vendor, family, model; built by bench/bf16_paths) names
+                             for the product's shape class (its layout; large, m or n < 32,
+                             or k < 32); a CPU without a row: AMX, else AVX512-BF16 on AMD,
+                             else sgemm-rounded. Never a timing: a CPU and a shape always
+                             take the same path, so the same bits. */
 typedef enum pdp_bf16_path {
-    PDP_BF16_PATH_AUTO = 0, /* the fastest available */
+    PDP_BF16_PATH_AUTO = 0, /* per product, the table's choice */
     PDP_BF16_PATH_EMULATED = 1,
     PDP_BF16_PATH_AVX512 = 2,
-    PDP_BF16_PATH_AMX = 3
+    PDP_BF16_PATH_AMX = 3,
+    PDP_BF16_PATH_SGEMM = 4
 } pdp_bf16_path;
 
 /* The precision of a model's GEMMs and convolutions (pdp_model_desc.precision). */
@@ -720,11 +755,15 @@ typedef enum pdp_precision {
 
 /* x rounded to the nearest bf16 (ties to even; NaN stays NaN), returned as a float. */
 PDP_API float pdp_bf16_round(float x);
-/* The path PDP_BF16_PATH_AUTO takes on this CPU (checked once per process): AMX, else
-   AVX512, else the emulation. */
+/* The path PDP_BF16_PATH_AUTO takes on this CPU (CPUID read once per process) for a
+   large product: pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, 512, 512, 512), a Linear's
+   forward x W^T. pdp_bf16_path_for: the path AUTO takes for that product (the model's
+   Linear and Conv2d layers in bf16 take it too). */
 PDP_API pdp_bf16_path pdp_bf16_best_path(void);
+PDP_API pdp_bf16_path pdp_bf16_path_for(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                        int64_t k);
 PDP_API bool pdp_bf16_path_available(pdp_bf16_path path);
-PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path); /* "avx512-bf16" */
+PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path); /* "avx512-bf16", "sgemm-rounded" */
 PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                            float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                            float beta, float *c, int64_t ldc);
@@ -7018,6 +7057,34 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
 
 /* ---- gemm: the blocked product on one thread ---- */
 
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises): pdp__sgemm_bf16's packed panels, right after packing, while they
+   are in L1 (A's MR x KC panel) or L2 (B's KC x NC block). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
+{
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
+       the instructions, a quarter of a 512 x 10 x 512 product's time) */
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
+    for (; n >= 16; n -= 16, p += 16) {
+        __m512i u = _mm512_loadu_si512((const void *)p);
+        __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32((__mmask16)0xffff, u, 16), one);
+        __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, half), lsb), top);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        r = _mm512_mask_and_epi32(r, nan, _mm512_or_si512(u, quiet), top);
+        _mm512_storeu_si512((void *)p, r);
+    }
+#endif
+    PDP__FOR_BLOCKED(i, n, {
+        uint32_t u;
+        memcpy(&u, p + i, sizeof u);
+        u = pdp__bf16_round_u32(u);
+        memcpy(p + i, &u, sizeof u);
+    });
+}
+
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -7029,6 +7096,7 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
+    int round16;  /* pdp__sgemm_bf16: packed panels rounded to bf16 (never gathered) */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -7070,6 +7138,7 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
             }
 #endif
             pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp);
+            if (g->round16) pdp__gemm_round16(bp, kc * pdp__gemm_round_up(nc, PDP__GEMM_NR));
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
@@ -7092,6 +7161,7 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
 #endif
                 } else {
                     pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                    if (g->round16) pdp__gemm_round16(ap, kc * PDP__GEMM_MR);
                 }
                 for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
                     int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
@@ -7116,6 +7186,7 @@ PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_
                                                 : g->a[p * g->lda + i];
                 float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
                                                 : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
+                if (g->round16) x = pdp__bf16_round(x), y = pdp__bf16_round(y);
                 acc += x * y;
             }
             *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
@@ -7148,7 +7219,7 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
                                 const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
-                                int64_t ldc)
+                                int64_t ldc, int round16)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -7161,6 +7232,8 @@ PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n
     }
     PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
     PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
+    PDP_ASSERT(!round16 || (!arow && !brow)); /* the gathered kernels read in place */
+    g.round16 = round16;
     g.ta = ta;
     g.tb = tb;
     g.m = m;
@@ -7195,7 +7268,19 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc, 0);
+}
+
+/* pdp_sgemm on op(A) and op(B) rounded to bf16 (pdp__bf16_round_u32: subnormals rounded
+   like any value, not flushed), the rounding done on the packed panels (the operands
+   are not written): pdp_gemm_bf16's path PDP_BF16_PATH_SGEMM. Products of two bf16
+   values are exact in fp32 (unless they underflow), so each element is pdp_sgemm's
+   FMA chain over the exact products: the same blocking, threads and bits rules. */
+PDP__PRIVATE void pdp__sgemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc, 1);
 }
 
 /* ---- gemm: gathered B ----
@@ -7210,7 +7295,7 @@ PDP__PRIVATE void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t
                                   float alpha, const float *a, int64_t lda, const float *b,
                                   const int64_t *brow, float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc, 0);
 }
 
 /* The work an m x n product does per k, padded to whole MR x NR tiles: what a
@@ -7228,7 +7313,7 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
                                    const float *a, const int64_t *arow, const float *b, int64_t ldb,
                                    float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc);
+    pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc, 0);
 }
 
 #if defined(PDP__GEMM_DIRECT_B)
@@ -7520,12 +7605,22 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
+   Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
+   AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
+   pdp__sgemm_bf16, pdp_sgemm with its packed panels rounded to bf16 (the same exact
+   products summed in pdp_sgemm's order: gemm.h's bound). PDP_BF16_PATH_AUTO takes, per
+   product, the path a table of CPU families names for the product's shape class,
+   measured by bench/bf16_paths: a bf16 instruction path only where it beat
+   sgemm-rounded, whose speed is about fp32's.
+
    Invariants:
-   - One arithmetic on every path (gemm.h states it): per element of C one chain of
-     fp32 sums over the pairs, in order, from 0, flushing subnormals (DAZ/FTZ, as
-     vdpbf16ps). The tile grid, the pairs and the chain depend on nothing but k, so
-     the bits do not depend on the thread count or on how the parts are cut; the
-     emulated path gives the AVX512 path's bits except for products below 2^-126.
+   - Two arithmetics (gemm.h states both): on the emulated, AVX512 and AMX paths, per
+     element of C one chain of fp32 sums over the pairs, in order, from 0, flushing
+     subnormals (DAZ/FTZ, as vdpbf16ps); on sgemm-rounded pdp_sgemm's FMA chain. The
+     tile grid, the pairs and the chain depend on nothing but k, so the bits do not
+     depend on the thread count or on how the parts are cut. The emulation's AVX-512F
+     and AVX2 kernels (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every
+     input tried; its portable kernel gives them except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
      AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
      vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
@@ -7603,9 +7698,22 @@ static inline float pdp__bf16_out(float acc, float alpha, float beta, const floa
 
 /* ---- gemm_bf16: CPU features ---- */
 
+/* What the path choice reads of a CPU: CPUID's vendor, family and model (the display
+   values: family plus extended family, model plus extended model << 4 for families 6
+   and 15) and the features each path needs. */
+typedef struct pdp__bf16_cpu {
+    int vendor;  /* PDP__BF16_INTEL, PDP__BF16_AMD, or 0 */
+    int family, model;
+    int avx512;  /* the AVX512 path: AVX512F, BW, DQ, BF16 and the zmm state */
+    int amx;     /* the AMX path: AMX-TILE, AMX-BF16, the tile state and Linux's permission */
+    int emul512; /* the emulation's AVX-512F kernel: AVX512F and the zmm state */
+    int emul256; /* its AVX2 kernel: AVX2, FMA and the ymm state */
+} pdp__bf16_cpu;
+#define PDP__BF16_INTEL 1
+#define PDP__BF16_AMD 2
+
 static pthread_once_t pdp__bf16_once = PTHREAD_ONCE_INIT;
-static int pdp__bf16_has_avx512; /* written once under pdp__bf16_once */
-static int pdp__bf16_has_amx;    /* written once under pdp__bf16_once */
+static pdp__bf16_cpu pdp__bf16_this; /* written once under pdp__bf16_once */
 
 #if PDP__BF16_AMX
 /* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
@@ -7626,44 +7734,64 @@ PDP__PRIVATE long pdp__bf16_amx_permit(void)
 PDP__PRIVATE void pdp__bf16_detect(void)
 {
 #if PDP__BF16_X86
+    pdp__bf16_cpu *cpu = &pdp__bf16_this;
     unsigned a, b, c, d, xcr0_lo = 0, xcr0_hi = 0;
     unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
+    int fma;
     uint64_t xcr0;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE */
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return;
+    if (b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu) cpu->vendor = PDP__BF16_INTEL;
+    if (b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u) cpu->vendor = PDP__BF16_AMD;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    cpu->family = (int)((a >> 8) & 0xfu);
+    cpu->model = (int)((a >> 4) & 0xfu);
+    if (cpu->family == 6 || cpu->family == 15) cpu->model += (int)((a >> 12) & 0xf0u);
+    if (cpu->family == 15) cpu->family += (int)((a >> 20) & 0xffu);
+    if (!(c & (1u << 27))) return; /* OSXSAVE */
+    fma = (c & (1u << 12)) != 0;
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
     xcr0 = ((uint64_t)xcr0_hi << 32) | xcr0_lo;
     if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) && a >= 1)
         __get_cpuid_count(7, 1, &a71, &b, &c, &d);
-    /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS */
-    pdp__bf16_has_avx512 = (xcr0 & 0xe6u) == 0xe6u && (b7 & (1u << 16)) &&
-                           (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
-                           (a71 & (1u << 5)); /* AVX512F, AVX512DQ, AVX512BW, AVX512-BF16 */
+    /* XCR0: SSE, AVX state; AVX2 */
+    cpu->emul256 = (xcr0 & 0x6u) == 0x6u && (b7 & (1u << 5)) && fma;
+    /* XCR0: SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM enabled by the OS; AVX512F */
+    cpu->emul512 = (xcr0 & 0xe6u) == 0xe6u && (b7 & (1u << 16));
+    cpu->avx512 = cpu->emul512 && (b7 & (1u << 17)) && (b7 & (1u << 30)) &&
+                  (a71 & (1u << 5)); /* AVX512DQ, AVX512BW, AVX512-BF16 */
 #  if PDP__BF16_AMX
     /* CPUID.7.0 EDX: AMX-BF16 (bit 22), AMX-TILE (24); XCR0: XTILECFG (17), XTILEDATA
        (18); then the kernel's permission, asked once for the process */
-    pdp__bf16_has_amx = (d7 & (1u << 22)) && (d7 & (1u << 24)) &&
-                        (xcr0 & 0x60000u) == 0x60000u && pdp__bf16_amx_permit() == 0;
+    cpu->amx = (d7 & (1u << 22)) && (d7 & (1u << 24)) && (xcr0 & 0x60000u) == 0x60000u &&
+               pdp__bf16_amx_permit() == 0;
 #  endif
 #endif
+}
+
+/* The pdp__sgemm_bf16 path: gemm.c's own kernels (with -DPDP_CBLAS the product goes to
+   the CBLAS linked in, which cannot round at packing). */
+#if defined(PDP_CBLAS)
+#  define PDP__BF16_HAS_SGEMM 0
+#else
+#  define PDP__BF16_HAS_SGEMM 1
+#endif
+
+PDP__PRIVATE bool pdp__bf16_cpu_has(const pdp__bf16_cpu *cpu, pdp_bf16_path path)
+{
+    switch (path) {
+    case PDP_BF16_PATH_AUTO:
+    case PDP_BF16_PATH_EMULATED: return true;
+    case PDP_BF16_PATH_AVX512: return cpu->avx512 != 0;
+    case PDP_BF16_PATH_AMX: return cpu->amx != 0;
+    case PDP_BF16_PATH_SGEMM: return PDP__BF16_HAS_SGEMM != 0;
+    }
+    return false;
 }
 
 PDP_API bool pdp_bf16_path_available(pdp_bf16_path path)
 {
     pthread_once(&pdp__bf16_once, pdp__bf16_detect);
-    switch (path) {
-    case PDP_BF16_PATH_AUTO:
-    case PDP_BF16_PATH_EMULATED: return true;
-    case PDP_BF16_PATH_AVX512: return pdp__bf16_has_avx512 != 0;
-    case PDP_BF16_PATH_AMX: return pdp__bf16_has_amx != 0;
-    }
-    return false;
-}
-
-PDP_API pdp_bf16_path pdp_bf16_best_path(void)
-{
-    if (pdp_bf16_path_available(PDP_BF16_PATH_AMX)) return PDP_BF16_PATH_AMX;
-    return pdp_bf16_path_available(PDP_BF16_PATH_AVX512) ? PDP_BF16_PATH_AVX512
-                                                         : PDP_BF16_PATH_EMULATED;
+    return pdp__bf16_cpu_has(&pdp__bf16_this, path);
 }
 
 PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path)
@@ -7673,8 +7801,118 @@ PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path)
     case PDP_BF16_PATH_EMULATED: return "emulated";
     case PDP_BF16_PATH_AVX512: return "avx512-bf16";
     case PDP_BF16_PATH_AMX: return "amx-bf16";
+    case PDP_BF16_PATH_SGEMM: return "sgemm-rounded";
     }
     return "unknown";
+}
+
+/* ---- gemm_bf16: the path choice ----
+   PDP_BF16_PATH_AUTO runs, per product, the path a table of CPU families names for the
+   product's shape class, never a timing taken at run time (a noisy machine would then
+   change the bits). Classes: the layout (ta, tb: the packing differs) times the size:
+   k < 32 (packing and C's traffic dominate: the 10-class layer's dX = dY W), min(m, n)
+   < 32 (a partial tile row or column: its forward and dW), else large. The rows are
+   bench/bf16_paths's output on the CPUs named, pasted: each cell sgemm-rounded
+   (pdp__sgemm_bf16, pdp_sgemm plus the rounding at packing: about fp32's speed) unless
+   AVX512-BF16 or AMX was faster by the bench's margin. A CPU no row names, or a cell's
+   path it lacks: AMX, else AVX512-BF16 on AMD (the Zen 4 row's choice), else
+   sgemm-rounded, else AVX512-BF16 (a -DPDP_CBLAS build), else the emulation. */
+enum { PDP__BF16_LARGE, PDP__BF16_SMALL_MN, PDP__BF16_SMALL_K, PDP__BF16_SIZES };
+#define PDP__BF16_CLASSES (4 * PDP__BF16_SIZES)
+
+PDP__PRIVATE int pdp__bf16_class(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k)
+{
+    int size = k < 32 ? PDP__BF16_SMALL_K
+                      : PDP__MIN(m, n) < 32 ? PDP__BF16_SMALL_MN : PDP__BF16_LARGE;
+    return (2 * (ta == PDP_TRANS) + (tb == PDP_TRANS)) * PDP__BF16_SIZES + size;
+}
+
+typedef struct pdp__bf16_row {
+    int vendor, family, model_lo, model_hi; /* models model_lo .. model_hi; -1: any */
+    int avx512, amx; /* features every CPU the row names has */
+    /* per class, layouts NN NT TN TT (spaces between), each large, small m or n,
+       small k: E emulated, B avx512-bf16, A amx-bf16, S sgemm-rounded */
+    const char *cells;
+} pdp__bf16_row;
+
+#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "SAS SAS SAS SAS"}
+static const pdp__bf16_row pdp__bf16_table[] = {
+    /* AMD Zen 4 (family 0x19 with AVX512-BF16; Zen 3, also 0x19, lacks it: the default).
+       Measured in an earlier session, by step, not by class: on an AVX512-BF16 EPYC
+       core the bf16 MLP and CNN steps were faster than fp32's (CHANGELOG.md, "Speed
+       figures leave the manual"): AVX512-BF16 everywhere. */
+    {PDP__BF16_AMD, 0x19, -1, -1, 1, 0, "BBB BBB BBB BBB"},
+    /* Intel Xeon, Sapphire Rapids class (AMX): bench/bf16_paths on family 6 model 0xa7 as
+       a VM reports such a Xeon (2 cores, load 4-7: three runs, each cell as at least two
+       agreed), with the AMX kernel before its rewrite: sgemm-rounded within 0.8-1.0x of
+       fp32 everywhere; AVX512-BF16 0.6-0.75x on large products; AMX 0.6-0.9x on large
+       ones, 0.1x at small k, 0.93-1.24x at small m or n. The same cells for model 0x8f
+       (Sapphire Rapids) and 0xcf (Emerald Rapids), not measured: the same cores. */
+    PDP__BF16_SPR_ROW(0x8f),
+    PDP__BF16_SPR_ROW(0xa7),
+    PDP__BF16_SPR_ROW(0xcf),
+};
+
+PDP__PRIVATE pdp_bf16_path pdp__bf16_cell(const char *cells, int cls)
+{
+    int i;
+    for (i = 0; *cells; cells++) {
+        if (*cells == ' ') continue;
+        if (i++ < cls) continue;
+        return *cells == 'A' ? PDP_BF16_PATH_AMX
+             : *cells == 'B' ? PDP_BF16_PATH_AVX512
+             : *cells == 'S' ? PDP_BF16_PATH_SGEMM : PDP_BF16_PATH_EMULATED;
+    }
+    return PDP_BF16_PATH_AUTO; /* a short row: the default */
+}
+
+/* The row of pdp__bf16_table naming cpu, or NULL. */
+PDP__PRIVATE const pdp__bf16_row *pdp__bf16_row_of(const pdp__bf16_cpu *cpu)
+{
+    size_t i;
+    for (i = 0; i < sizeof pdp__bf16_table / sizeof pdp__bf16_table[0]; i++) {
+        const pdp__bf16_row *r = &pdp__bf16_table[i];
+        if (r->vendor == cpu->vendor && r->family == cpu->family &&
+            (r->model_lo < 0 || (cpu->model >= r->model_lo && cpu->model <= r->model_hi)))
+            return r;
+    }
+    return NULL;
+}
+
+/* The path AUTO takes on cpu for this shape: a pure function of both. */
+PDP__PRIVATE pdp_bf16_path pdp__bf16_choose(const pdp__bf16_cpu *cpu, pdp_trans ta, pdp_trans tb,
+                                            int64_t m, int64_t n, int64_t k)
+{
+    const pdp__bf16_row *row = pdp__bf16_row_of(cpu);
+    if (row) {
+        pdp_bf16_path p = pdp__bf16_cell(row->cells, pdp__bf16_class(ta, tb, m, n, k));
+        if (p != PDP_BF16_PATH_AUTO && pdp__bf16_cpu_has(cpu, p)) return p;
+    }
+    if (cpu->amx) return PDP_BF16_PATH_AMX;
+    if (cpu->avx512 && cpu->vendor == PDP__BF16_AMD) return PDP_BF16_PATH_AVX512;
+    if (PDP__BF16_HAS_SGEMM) return PDP_BF16_PATH_SGEMM;
+    return cpu->avx512 ? PDP_BF16_PATH_AVX512 : PDP_BF16_PATH_EMULATED;
+}
+
+PDP_API pdp_bf16_path pdp_bf16_path_for(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                        int64_t k)
+{
+    pthread_once(&pdp__bf16_once, pdp__bf16_detect);
+    return pdp__bf16_choose(&pdp__bf16_this, ta, tb, m, n, k);
+}
+
+PDP_API pdp_bf16_path pdp_bf16_best_path(void)
+{
+    return pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, 512, 512, 512);
+}
+
+/* The fastest path that takes operands in bf16 words (the gathered operands below):
+   AMX, else AVX512, else the emulation. */
+PDP__PRIVATE pdp_bf16_path pdp__bf16_best_word_path(void)
+{
+    if (pdp_bf16_path_available(PDP_BF16_PATH_AMX)) return PDP_BF16_PATH_AMX;
+    return pdp_bf16_path_available(PDP_BF16_PATH_AVX512) ? PDP_BF16_PATH_AVX512
+                                                         : PDP_BF16_PATH_EMULATED;
 }
 
 /* ---- gemm_bf16: packing ---- */
@@ -7770,6 +8008,7 @@ PDP__PRIVATE void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 #  define PDP__BF16_UNPACKHI64(a, b) _mm512_maskz_unpackhi_epi64((__mmask8)0xff, a, b)
 #  define PDP__BF16_HALF(w, L) _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, L)
 #  define PDP__BF16_LANE(w, L) _mm512_maskz_extracti32x4_epi32((__mmask8)0xf, w, L)
+#  define PDP__BF16_SHL16(w) _mm512_maskz_slli_epi32((__mmask16)0xffff, w, 16) /* vpslld */
 
 /* pdp__bf16_cvt2 where some lane is subnormal. */
 PDP__BF16_TARGET PDP__PRIVATE __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi)
@@ -8077,6 +8316,142 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
 }
 
 #if PDP__BF16_X86
+/* The emulation vectorised, for CPUs with AVX-512F but no AVX512-BF16 (Skylake-X to Ice
+   Lake; the AVX2 kernel below for the others): vdpbf16ps's chain as two FMAs per pair,
+   acc = fma(a_odd, b_odd, acc), then acc = fma(a_even, b_even, acc), on the bf16 halves
+   widened in registers (a word's high half masked, its low half shifted up), with
+   MXCSR's DAZ and FTZ set (and rounding to nearest) for the loop: DAZ reads a subnormal
+   bf16 as zero, FTZ flushes a subnormal sum, and an FMA, like vdpbf16ps, adds the exact
+   product without rounding it first, even where it falls below 2^-126 (the portable
+   kernel's corner). MXCSR is restored before C is written, so alpha and beta see the
+   caller's modes as on the other paths. The bits equal the AVX512 path's on every input
+   test_bf16 tries, subnormal-heavy ones included. */
+#  define PDP__BF16_EMUL_TARGET __attribute__((target("avx512f")))
+#  define PDP__BF16_EROW(i)                                                                   \
+    do {                                                                                       \
+        __m512i w = _mm512_set1_epi32((int)a[i]);                                             \
+        __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(w, high));                           \
+        __m512 a0 = _mm512_castsi512_ps(PDP__BF16_SHL16(w));                                  \
+        c##i##0 = _mm512_fmadd_ps(a1, b10, c##i##0);                                          \
+        c##i##1 = _mm512_fmadd_ps(a1, b11, c##i##1);                                          \
+        c##i##0 = _mm512_fmadd_ps(a0, b00, c##i##0);                                          \
+        c##i##1 = _mm512_fmadd_ps(a0, b01, c##i##1);                                          \
+    } while (0)
+
+PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, const uint32_t *ap,
+                                                                 const uint32_t *bp, float *c,
+                                                                 int64_t ldc, int mr, int nr,
+                                                                 float alpha, float beta)
+{
+    __m512 acc[PDP__BF16_MR][2];
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00;
+    __m512 c61 = c00, c70 = c00, c71 = c00;
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    unsigned csr = _mm_getcsr();
+    __mmask16 mask[2];
+    int64_t p;
+    int i, v;
+    _mm_setcsr((csr & ~0x6000u) | 0x8040u); /* round to nearest, FTZ (bit 15), DAZ (bit 6) */
+    for (p = 0; p < pairs; p++) {
+        const uint32_t *a = ap + p * PDP__BF16_MR;
+        __m512i w0 = _mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
+        __m512i w1 = _mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR + 16));
+        __m512 b00 = _mm512_castsi512_ps(PDP__BF16_SHL16(w0));
+        __m512 b01 = _mm512_castsi512_ps(PDP__BF16_SHL16(w1));
+        __m512 b10 = _mm512_castsi512_ps(_mm512_and_si512(w0, high));
+        __m512 b11 = _mm512_castsi512_ps(_mm512_and_si512(w1, high));
+        PDP__BF16_EROW(0);
+        PDP__BF16_EROW(1);
+        PDP__BF16_EROW(2);
+        PDP__BF16_EROW(3);
+        PDP__BF16_EROW(4);
+        PDP__BF16_EROW(5);
+        PDP__BF16_EROW(6);
+        PDP__BF16_EROW(7);
+    }
+    acc[0][0] = c00, acc[0][1] = c01, acc[1][0] = c10, acc[1][1] = c11;
+    acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
+    acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
+    acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
+    _mm_setcsr(csr);
+    for (v = 0; v < 2; v++) {
+        int left = nr - 16 * v;
+        mask[v] = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    for (i = 0; i < mr; i++)
+        for (v = 0; v < 2; v++) {
+            float *ci = c + i * ldc + 16 * v;
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (!mask[v]) continue;
+            if (beta != 0.0f)
+                r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
+            _mm512_mask_storeu_ps(ci, mask[v], r);
+        }
+}
+#  undef PDP__BF16_EROW
+
+/* The same chain with AVX2 and FMA (Zen 2 and 3, Intel's client cores since Haswell):
+   16 ymm registers hold a quarter of the 8 x 32 tile at a time (4 rows x 16 columns: 8
+   accumulators, B's 4 widened vectors, A's two halves), so the tile is four passes over
+   the pairs, each element's chain the same. MXCSR as above; the results go through acc
+   to pdp__bf16_out (alpha acc + beta c, as the portable kernel writes them). */
+#  define PDP__BF16_EMUL2_TARGET __attribute__((target("avx2,fma")))
+#  define PDP__BF16_EROW2(i)                                                                  \
+    do {                                                                                       \
+        __m256i w = _mm256_set1_epi32((int)a[i]);                                             \
+        __m256 a1 = _mm256_castsi256_ps(_mm256_and_si256(w, high));                           \
+        __m256 a0 = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));                            \
+        c##i##0 = _mm256_fmadd_ps(a1, b10, c##i##0);                                          \
+        c##i##1 = _mm256_fmadd_ps(a1, b11, c##i##1);                                          \
+        c##i##0 = _mm256_fmadd_ps(a0, b00, c##i##0);                                          \
+        c##i##1 = _mm256_fmadd_ps(a0, b01, c##i##1);                                          \
+    } while (0)
+
+PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs, const uint32_t *ap,
+                                                                  const uint32_t *bp, float *c,
+                                                                  int64_t ldc, int mr, int nr,
+                                                                  float alpha, float beta)
+{
+    float acc[PDP__BF16_MR][PDP__BF16_NR];
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    unsigned csr = _mm_getcsr();
+    int64_t p;
+    int i0, j0, i, j;
+    _mm_setcsr((csr & ~0x6000u) | 0x8040u); /* round to nearest, FTZ, DAZ */
+    for (i0 = 0; i0 < PDP__BF16_MR; i0 += 4)
+        for (j0 = 0; j0 < PDP__BF16_NR; j0 += 16) {
+            __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;
+            __m256 c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+            for (p = 0; p < pairs; p++) {
+                const uint32_t *a = ap + p * PDP__BF16_MR + i0;
+                const uint32_t *b = bp + p * PDP__BF16_NR + j0;
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)b);
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(b + 8));
+                __m256 b00 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+                __m256 b01 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+                __m256 b10 = _mm256_castsi256_ps(_mm256_and_si256(w0, high));
+                __m256 b11 = _mm256_castsi256_ps(_mm256_and_si256(w1, high));
+                PDP__BF16_EROW2(0);
+                PDP__BF16_EROW2(1);
+                PDP__BF16_EROW2(2);
+                PDP__BF16_EROW2(3);
+            }
+            _mm256_storeu_ps(&acc[i0][j0], c00), _mm256_storeu_ps(&acc[i0][j0 + 8], c01);
+            _mm256_storeu_ps(&acc[i0 + 1][j0], c10), _mm256_storeu_ps(&acc[i0 + 1][j0 + 8], c11);
+            _mm256_storeu_ps(&acc[i0 + 2][j0], c20), _mm256_storeu_ps(&acc[i0 + 2][j0 + 8], c21);
+            _mm256_storeu_ps(&acc[i0 + 3][j0], c30), _mm256_storeu_ps(&acc[i0 + 3][j0 + 8], c31);
+        }
+    _mm_setcsr(csr);
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j++)
+            c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
+}
+#  undef PDP__BF16_EROW2
+#endif
+
+#if PDP__BF16_X86
 /* One row of the tile: acc_i0, acc_i1 += a[i] (broadcast) . b0, b1 (one vdpbf16ps per
    16 columns). The 16 accumulators are named so that they stay in registers. */
 #  define PDP__BF16_ROW(i)                                                                    \
@@ -8221,6 +8596,12 @@ typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, pdp_t
 
 /* ---- gemm_bf16: driver ---- */
 
+/* pdp__bf16_run's paths for the emulation on one kernel, whatever the CPU has beside
+   (pdp__gemm_bf16_emul: the tests'): portable C, AVX2, AVX-512F. */
+#define PDP__BF16_PATH_PORTABLE ((pdp_bf16_path)16)
+#define PDP__BF16_PATH_EMUL256 ((pdp_bf16_path)17)
+#define PDP__BF16_PATH_EMUL512 ((pdp_bf16_path)18)
+
 typedef struct pdp__bf16_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -8334,7 +8715,21 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     pdp__bf16_args g;
     int threads, parts;
     int64_t npan, mpan;
-    (void)path; /* PDP_NO_SIMD: one path */
+    /* the emulation's kernel: the widest the CPU has, or the one asked for */
+    int simd = path == PDP__BF16_PATH_PORTABLE ? 0
+             : path == PDP__BF16_PATH_EMUL256  ? 256
+             : path == PDP__BF16_PATH_EMUL512  ? 512
+             : pdp__bf16_this.emul512          ? 512
+             : pdp__bf16_this.emul256          ? 256 : 0;
+    if (path >= PDP__BF16_PATH_PORTABLE) path = PDP_BF16_PATH_EMULATED;
+    (void)path, (void)simd; /* PDP_NO_SIMD: one path, one kernel */
+#if PDP__BF16_HAS_SGEMM
+    if (path == PDP_BF16_PATH_SGEMM) {
+        PDP_ASSERT(!ah && !bh); /* bf16 words: the paths below */
+        pdp__sgemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+#endif
     if (m <= 0 || n <= 0) return;
     PDP_ASSERT(ldc >= n);
     if (k <= 0 || alpha == 0.0f) {
@@ -8365,10 +8760,12 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     g.pack = pdp__bf16_pack;
     g.pack_h = pdp__bf16_pack_h;
 #if PDP__BF16_X86
+    if (path == PDP_BF16_PATH_EMULATED && simd == 512) g.kernel = pdp__bf16_kernel_emul512;
+    if (path == PDP_BF16_PATH_EMULATED && simd == 256) g.kernel = pdp__bf16_kernel_emul256;
     if (path == PDP_BF16_PATH_AVX512) g.kernel = pdp__bf16_kernel_avx512;
     /* the emulation keeps the portable packing; AMX implies AVX512-BF16 on every CPU
        that has it, but is not assumed to */
-    if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_has_avx512) {
+    if (path != PDP_BF16_PATH_EMULATED && pdp__bf16_this.avx512) {
         g.pack = pdp__bf16_pack_avx512;
         g.pack_h = pdp__bf16_pack_h_avx512;
     }
@@ -8390,7 +8787,7 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
                                     int64_t lda, const float *b, int64_t ldb, float beta,
                                     float *c, int64_t ldc)
 {
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_path_for(ta, tb, m, n, k);
     if (!pdp_bf16_path_available(path))
         return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_gemm_bf16_on: path %s is not available on "
                         "this CPU or build", pdp_bf16_path_name(path));
@@ -8407,11 +8804,30 @@ PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int
                            ldc);
 }
 
-/* path with AUTO resolved to the best; one the CPU lacks is the caller's bug. */
+/* pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, ...) on one kernel of the emulation, simd: 0
+   portable C, 256 AVX2, 512 AVX-512F (one this CPU lacks: the caller's bug); the tests
+   check each against the others and against vdpbf16ps. */
+PDP__PRIVATE void pdp__gemm_bf16_emul(int simd, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                      int64_t k, float alpha, const float *a, int64_t lda,
+                                      const float *b, int64_t ldb, float beta, float *c,
+                                      int64_t ldc)
+{
+    pdp_bf16_path_available(PDP_BF16_PATH_AUTO); /* CPUID read */
+    PDP_ASSERT(simd == 0 || (simd == 256 && pdp__bf16_this.emul256) ||
+               (simd == 512 && pdp__bf16_this.emul512));
+    pdp__bf16_run(simd == 512   ? PDP__BF16_PATH_EMUL512
+                  : simd == 256 ? PDP__BF16_PATH_EMUL256
+                                : PDP__BF16_PATH_PORTABLE,
+                  ta, tb, m, n, k, alpha, a, NULL, lda, NULL, b, NULL, ldb, NULL, beta, c, ldc);
+}
+
+/* path with AUTO resolved to the best that takes bf16 words; one the CPU lacks, or
+   sgemm-rounded (which takes floats: Conv2d rounds them and calls pdp__sgemm_rows), is
+   the caller's bug. */
 PDP__PRIVATE pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
 {
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
-    PDP_ASSERT(pdp_bf16_path_available(path));
+    if (path == PDP_BF16_PATH_AUTO) path = pdp__bf16_best_word_path();
+    PDP_ASSERT(path != PDP_BF16_PATH_SGEMM && pdp_bf16_path_available(path));
     return path;
 }
 
@@ -8448,7 +8864,7 @@ PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64
    which may be x's own memory (h == (uint16_t *)x, converted in place to its first half). */
 PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n)
 {
-    if (path == PDP_BF16_PATH_AUTO) path = pdp_bf16_best_path();
+    path = pdp__bf16_resolve(path);
 #if PDP__BF16_X86
     if (path != PDP_BF16_PATH_EMULATED && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
         pdp__bf16_convert_avx512(x, h, n);
@@ -12823,19 +13239,21 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
    and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
-   AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
-   dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
-   tables (band columns included: no _runs variant), on the padded image and padded dy
-   first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
-   not once per kernel tap; the padded dy after the dW share, which reads it as floats
-   in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
+   AMX (PDP__CONV_BF16_PATH: the path AUTO takes for the forward product,
+   pdp_bf16_path_for; job->packed16): forward, dx and the dW share are
+   pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset tables (band
+   columns included: no _runs variant), on the padded image and padded dy first
+   converted to bf16 words in place (pdp__gemm_bf16_convert: each value once, not once
+   per kernel tap; the padded dy after the dW share, which reads it as floats in a
+   "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
    dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
-   grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
-   kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
-   emulation, in the fp32 kernels' order): the padded image, the padded dy and the
-   grid's dy are rounded in place after they are loaded, W' when it is built, and W for
-   forward into the workspace's fixed region (free in forward). Either way the bits
-   depend on the geometry and the path, not on the thread count. */
+   grid's dy rounded in place (db summed from dy before). On the sgemm-rounded and the
+   emulated paths the fp32 kernels multiply bf16-rounded inputs exactly and sum in fp32
+   (pdp_gemm_bf16's sgemm-rounded arithmetic; the emulated path's chain is not run
+   here): the padded image, the padded dy and the grid's dy are rounded in place after
+   they are loaded, W' when it is built, and W for forward into the workspace's fixed
+   region (free in forward). Either way the bits depend on the geometry and the path,
+   not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
@@ -12846,10 +13264,12 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 #  define PDP__CONV_IMPLICIT_CHUNK 8
 #endif
 
-/* Implicit path in bf16: the pdp_bf16_path of the products (test_bf16 defines it to run
-   the emulated path on a CPU with a faster one). */
+/* Implicit path in bf16: the pdp_bf16_path of the products, the one AUTO takes for the
+   forward product's shape (test_bf16 defines it to run the emulated path on a CPU with
+   a faster one). */
 #ifndef PDP__CONV_BF16_PATH
-#  define PDP__CONV_BF16_PATH() pdp_bf16_best_path()
+#  define PDP__CONV_BF16_PATH()                                                               \
+      pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O, job->g.Ho * job->g.Wo, job->g.ckk)
 #endif
 
 /* Implicit path: products of at least this depth (C k k forward, O k k for dx)
@@ -13420,7 +13840,8 @@ PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, co
     job->wt = NULL;
     job->w = io->w;
     job->path16 = io->bf16 ? PDP__CONV_BF16_PATH() : PDP_BF16_PATH_EMULATED;
-    job->packed16 = job->g.implicit && io->bf16 && job->path16 != PDP_BF16_PATH_EMULATED;
+    job->packed16 = job->g.implicit && io->bf16 &&
+                    (job->path16 == PDP_BF16_PATH_AVX512 || job->path16 == PDP_BF16_PATH_AMX);
     if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
     if (job->g.implicit && !backward && io->bf16 && !job->packed16) { /* W' in backward */
         memcpy(io->work, io->w, (size_t)(job->g.O * job->g.ckk) * sizeof(float));

@@ -502,6 +502,34 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
 
 /* ---- gemm: the blocked product on one thread ---- */
 
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises): pdp__sgemm_bf16's packed panels, right after packing, while they
+   are in L1 (A's MR x KC panel) or L2 (B's KC x NC block). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n)
+{
+#if !defined(PDP_NO_SIMD) && defined(__AVX512F__)
+    /* 16 at a time in zmm (gcc vectorises the loop below in ymm at -march=native: twice
+       the instructions, a quarter of a 512 x 10 x 512 product's time) */
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i half = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u), quiet = _mm512_set1_epi32(0x00400000);
+    for (; n >= 16; n -= 16, p += 16) {
+        __m512i u = _mm512_loadu_si512((const void *)p);
+        __m512i lsb = _mm512_and_si512(_mm512_maskz_srli_epi32((__mmask16)0xffff, u, 16), one);
+        __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, half), lsb), top);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        r = _mm512_mask_and_epi32(r, nan, _mm512_or_si512(u, quiet), top);
+        _mm512_storeu_si512((void *)p, r);
+    }
+#endif
+    PDP__FOR_BLOCKED(i, n, {
+        uint32_t u;
+        memcpy(&u, p + i, sizeof u);
+        u = pdp__bf16_round_u32(u);
+        memcpy(p + i, &u, sizeof u);
+    });
+}
+
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -513,6 +541,7 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
+    int round16;  /* pdp__sgemm_bf16: packed panels rounded to bf16 (never gathered) */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
@@ -554,6 +583,7 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
             }
 #endif
             pdp__gemm_pack_b(g->tb, g->b, g->ldb, g->brow, pc, jc, kc, nc, bp);
+            if (g->round16) pdp__gemm_round16(bp, kc * pdp__gemm_round_up(nc, PDP__GEMM_NR));
             for (ir = m0; ir < m1; ir += PDP__GEMM_MR) {
                 int mr = (int)PDP__MIN((int64_t)PDP__GEMM_MR, m1 - ir);
                 const float *asrc = g->ta == PDP_NO_TRANS ? g->a + ir * g->lda + pc
@@ -576,6 +606,7 @@ PDP__PRIVATE void pdp__gemm_block(const pdp__gemm_args *g, int64_t m0, int64_t m
 #endif
                 } else {
                     pdp__gemm_pack_a(g->ta, asrc, g->lda, mr, kc, ap);
+                    if (g->round16) pdp__gemm_round16(ap, kc * PDP__GEMM_MR);
                 }
                 for (jr = 0; jr < nc; jr += PDP__GEMM_NR) {
                     int nr = (int)PDP__MIN((int64_t)PDP__GEMM_NR, nc - jr);
@@ -600,6 +631,7 @@ PDP__PRIVATE void pdp__gemm_unpacked(const pdp__gemm_args *g, int64_t m0, int64_
                                                 : g->a[p * g->lda + i];
                 float y = g->tb == PDP_NO_TRANS ? pdp__gemm_row(g->b, g->ldb, g->brow, p)[j]
                                                 : pdp__gemm_row(g->b, g->ldb, g->brow, j)[p];
+                if (g->round16) x = pdp__bf16_round(x), y = pdp__bf16_round(y);
                 acc += x * y;
             }
             *cij = g->beta != 0.0f ? g->alpha * acc + g->beta * *cij : g->alpha * acc;
@@ -632,7 +664,7 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
                                 const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
-                                int64_t ldc)
+                                int64_t ldc, int round16)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -645,6 +677,8 @@ PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n
     }
     PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
     PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
+    PDP_ASSERT(!round16 || (!arow && !brow)); /* the gathered kernels read in place */
+    g.round16 = round16;
     g.ta = ta;
     g.tb = tb;
     g.m = m;
@@ -679,7 +713,19 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                        float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc, 0);
+}
+
+/* pdp_sgemm on op(A) and op(B) rounded to bf16 (pdp__bf16_round_u32: subnormals rounded
+   like any value, not flushed), the rounding done on the packed panels (the operands
+   are not written): pdp_gemm_bf16's path PDP_BF16_PATH_SGEMM. Products of two bf16
+   values are exact in fp32 (unless they underflow), so each element is pdp_sgemm's
+   FMA chain over the exact products: the same blocking, threads and bits rules. */
+PDP__PRIVATE void pdp__sgemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, ldb, NULL, beta, c, ldc, 1);
 }
 
 /* ---- gemm: gathered B ----
@@ -694,7 +740,7 @@ PDP__PRIVATE void pdp__sgemm_rows(pdp_trans ta, pdp_trans tb, int64_t m, int64_t
                                   float alpha, const float *a, int64_t lda, const float *b,
                                   const int64_t *brow, float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc);
+    pdp__gemm_run(ta, tb, m, n, k, alpha, a, lda, NULL, b, 0, brow, beta, c, ldc, 0);
 }
 
 /* The work an m x n product does per k, padded to whole MR x NR tiles: what a
@@ -712,7 +758,7 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
                                    const float *a, const int64_t *arow, const float *b, int64_t ldb,
                                    float beta, float *c, int64_t ldc)
 {
-    pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc);
+    pdp__gemm_run(PDP_NO_TRANS, tb, m, n, k, alpha, a, 0, arow, b, ldb, NULL, beta, c, ldc, 0);
 }
 
 #if defined(PDP__GEMM_DIRECT_B)

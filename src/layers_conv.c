@@ -194,19 +194,21 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
    and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
-   AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
-   dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
-   tables (band columns included: no _runs variant), on the padded image and padded dy
-   first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
-   not once per kernel tap; the padded dy after the dW share, which reads it as floats
-   in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
+   AMX (PDP__CONV_BF16_PATH: the path AUTO takes for the forward product,
+   pdp_bf16_path_for; job->packed16): forward, dx and the dW share are
+   pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset tables (band
+   columns included: no _runs variant), on the padded image and padded dy first
+   converted to bf16 words in place (pdp__gemm_bf16_convert: each value once, not once
+   per kernel tap; the padded dy after the dW share, which reads it as floats in a
+   "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
    dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
-   grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
-   kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
-   emulation, in the fp32 kernels' order): the padded image, the padded dy and the
-   grid's dy are rounded in place after they are loaded, W' when it is built, and W for
-   forward into the workspace's fixed region (free in forward). Either way the bits
-   depend on the geometry and the path, not on the thread count. */
+   grid's dy rounded in place (db summed from dy before). On the sgemm-rounded and the
+   emulated paths the fp32 kernels multiply bf16-rounded inputs exactly and sum in fp32
+   (pdp_gemm_bf16's sgemm-rounded arithmetic; the emulated path's chain is not run
+   here): the padded image, the padded dy and the grid's dy are rounded in place after
+   they are loaded, W' when it is built, and W for forward into the workspace's fixed
+   region (free in forward). Either way the bits depend on the geometry and the path,
+   not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
@@ -217,10 +219,12 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 #  define PDP__CONV_IMPLICIT_CHUNK 8
 #endif
 
-/* Implicit path in bf16: the pdp_bf16_path of the products (test_bf16 defines it to run
-   the emulated path on a CPU with a faster one). */
+/* Implicit path in bf16: the pdp_bf16_path of the products, the one AUTO takes for the
+   forward product's shape (test_bf16 defines it to run the emulated path on a CPU with
+   a faster one). */
 #ifndef PDP__CONV_BF16_PATH
-#  define PDP__CONV_BF16_PATH() pdp_bf16_best_path()
+#  define PDP__CONV_BF16_PATH()                                                               \
+      pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O, job->g.Ho * job->g.Wo, job->g.ckk)
 #endif
 
 /* Implicit path: products of at least this depth (C k k forward, O k k for dx)
@@ -791,7 +795,8 @@ PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, co
     job->wt = NULL;
     job->w = io->w;
     job->path16 = io->bf16 ? PDP__CONV_BF16_PATH() : PDP_BF16_PATH_EMULATED;
-    job->packed16 = job->g.implicit && io->bf16 && job->path16 != PDP_BF16_PATH_EMULATED;
+    job->packed16 = job->g.implicit && io->bf16 &&
+                    (job->path16 == PDP_BF16_PATH_AVX512 || job->path16 == PDP_BF16_PATH_AMX);
     if (job->g.implicit && backward && io->dx) pdp__conv_implicit_setup(job);
     if (job->g.implicit && !backward && io->bf16 && !job->packed16) { /* W' in backward */
         memcpy(io->work, io->w, (size_t)(job->g.O * job->g.ckk) * sizeof(float));

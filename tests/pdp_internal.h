@@ -1716,6 +1716,11 @@ PDP__PRIVATE void pdp__gemm_pack_b(pdp_trans tb, const float *b, int64_t ldb, co
 
 /* ---- gemm: the blocked product on one thread ---- */
 
+/* p[0, n) rounded to bf16 in place (pdp__bf16_round_u32 on the bits: one select, so the
+   loop vectorises): pdp__sgemm_bf16's packed panels, right after packing, while they
+   are in L1 (A's MR x KC panel) or L2 (B's KC x NC block). */
+PDP__PRIVATE void pdp__gemm_round16(float *p, int64_t n);
+
 typedef struct pdp__gemm_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -1727,6 +1732,7 @@ typedef struct pdp__gemm_args {
     int64_t lda, ldb, ldc;
     int64_t kb;   /* depth of each k block (the last may be shorter) */
     int split_n;  /* 1: parts are column ranges; 0: row ranges */
+    int round16;  /* pdp__sgemm_bf16: packed panels rounded to bf16 (never gathered) */
 } pdp__gemm_args;
 
 PDP__PRIVATE int64_t pdp__gemm_round_up(int64_t x, int64_t to);
@@ -1751,9 +1757,18 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n);
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
                                 const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
-                                int64_t ldc);
+                                int64_t ldc, int round16);
 
 /* PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
+
+/* pdp_sgemm on op(A) and op(B) rounded to bf16 (pdp__bf16_round_u32: subnormals rounded
+   like any value, not flushed), the rounding done on the packed panels (the operands
+   are not written): pdp_gemm_bf16's path PDP_BF16_PATH_SGEMM. Products of two bf16
+   values are exact in fp32 (unless they underflow), so each element is pdp_sgemm's
+   FMA chain over the exact products: the same blocking, threads and bits rules. */
+PDP__PRIVATE void pdp__sgemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
+                                  float alpha, const float *a, int64_t lda, const float *b,
+                                  int64_t ldb, float beta, float *c, int64_t ldc);
 
 /* ---- gemm: gathered B ----
    pdp_sgemm whose B rows are anywhere: storage row r of B starts at b + brow[r], so
@@ -1880,12 +1895,22 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    them through the table and converts nothing; the panels, and so the bits, are those
    of the materialised operand.
 
+   Paths, and the path choice (section "path choice"): the emulation, AVX512-BF16 and
+   AMX run the chain gemm.h states on packed bf16 pairs; sgemm-rounded is gemm.c's
+   pdp__sgemm_bf16, pdp_sgemm with its packed panels rounded to bf16 (the same exact
+   products summed in pdp_sgemm's order: gemm.h's bound). PDP_BF16_PATH_AUTO takes, per
+   product, the path a table of CPU families names for the product's shape class,
+   measured by bench/bf16_paths: a bf16 instruction path only where it beat
+   sgemm-rounded, whose speed is about fp32's.
+
    Invariants:
-   - One arithmetic on every path (gemm.h states it): per element of C one chain of
-     fp32 sums over the pairs, in order, from 0, flushing subnormals (DAZ/FTZ, as
-     vdpbf16ps). The tile grid, the pairs and the chain depend on nothing but k, so
-     the bits do not depend on the thread count or on how the parts are cut; the
-     emulated path gives the AVX512 path's bits except for products below 2^-126.
+   - Two arithmetics (gemm.h states both): on the emulated, AVX512 and AMX paths, per
+     element of C one chain of fp32 sums over the pairs, in order, from 0, flushing
+     subnormals (DAZ/FTZ, as vdpbf16ps); on sgemm-rounded pdp_sgemm's FMA chain. The
+     tile grid, the pairs and the chain depend on nothing but k, so the bits do not
+     depend on the thread count or on how the parts are cut. The emulation's AVX-512F
+     and AVX2 kernels (FMAs under MXCSR DAZ/FTZ) gave the AVX512 path's bits on every
+     input tried; its portable kernel gives them except for products below 2^-126.
    - Paths are chosen by CPUID (checked once, pthread_once) and the OS's XCR0: the
      AVX512 kernel needs AVX512F, AVX512BW (the packing's vpermw), AVX512DQ (its
      vfpclassps), AVX512-BF16 and the zmm state enabled; the AMX
@@ -1945,8 +1970,21 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
 
 /* ---- gemm_bf16: CPU features ---- */
 
+/* What the path choice reads of a CPU: CPUID's vendor, family and model (the display
+   values: family plus extended family, model plus extended model << 4 for families 6
+   and 15) and the features each path needs. */
+typedef struct pdp__bf16_cpu {
+    int vendor;  /* PDP__BF16_INTEL, PDP__BF16_AMD, or 0 */
+    int family, model;
+    int avx512;  /* the AVX512 path: AVX512F, BW, DQ, BF16 and the zmm state */
+    int amx;     /* the AMX path: AMX-TILE, AMX-BF16, the tile state and Linux's permission */
+    int emul512; /* the emulation's AVX-512F kernel: AVX512F and the zmm state */
+    int emul256; /* its AVX2 kernel: AVX2, FMA and the ymm state */
+} pdp__bf16_cpu;
+#define PDP__BF16_INTEL 1
+#define PDP__BF16_AMD 2
+
  /* written once under pdp__bf16_once */
-    /* written once under pdp__bf16_once */
 
 #if PDP__BF16_AMX
 /* Linux's arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18): lets this
@@ -1958,11 +1996,62 @@ PDP__PRIVATE long pdp__bf16_amx_permit(void);
 
 PDP__PRIVATE void pdp__bf16_detect(void);
 
+/* The pdp__sgemm_bf16 path: gemm.c's own kernels (with -DPDP_CBLAS the product goes to
+   the CBLAS linked in, which cannot round at packing). */
+#if defined(PDP_CBLAS)
+#  define PDP__BF16_HAS_SGEMM 0
+#else
+#  define PDP__BF16_HAS_SGEMM 1
+#endif
+
+PDP__PRIVATE bool pdp__bf16_cpu_has(const pdp__bf16_cpu *cpu, pdp_bf16_path path);
+
 /* PDP_API bool pdp_bf16_path_available(pdp_bf16_path path) */
+
+/* PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path) */
+
+/* ---- gemm_bf16: the path choice ----
+   PDP_BF16_PATH_AUTO runs, per product, the path a table of CPU families names for the
+   product's shape class, never a timing taken at run time (a noisy machine would then
+   change the bits). Classes: the layout (ta, tb: the packing differs) times the size:
+   k < 32 (packing and C's traffic dominate: the 10-class layer's dX = dY W), min(m, n)
+   < 32 (a partial tile row or column: its forward and dW), else large. The rows are
+   bench/bf16_paths's output on the CPUs named, pasted: each cell sgemm-rounded
+   (pdp__sgemm_bf16, pdp_sgemm plus the rounding at packing: about fp32's speed) unless
+   AVX512-BF16 or AMX was faster by the bench's margin. A CPU no row names, or a cell's
+   path it lacks: AMX, else AVX512-BF16 on AMD (the Zen 4 row's choice), else
+   sgemm-rounded, else AVX512-BF16 (a -DPDP_CBLAS build), else the emulation. */
+enum { PDP__BF16_LARGE, PDP__BF16_SMALL_MN, PDP__BF16_SMALL_K, PDP__BF16_SIZES };
+#define PDP__BF16_CLASSES (4 * PDP__BF16_SIZES)
+
+PDP__PRIVATE int pdp__bf16_class(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k);
+
+typedef struct pdp__bf16_row {
+    int vendor, family, model_lo, model_hi; /* models model_lo .. model_hi; -1: any */
+    int avx512, amx; /* features every CPU the row names has */
+    /* per class, layouts NN NT TN TT (spaces between), each large, small m or n,
+       small k: E emulated, B avx512-bf16, A amx-bf16, S sgemm-rounded */
+    const char *cells;
+} pdp__bf16_row;
+
+#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "SAS SAS SAS SAS"}
+
+PDP__PRIVATE pdp_bf16_path pdp__bf16_cell(const char *cells, int cls);
+
+/* The row of pdp__bf16_table naming cpu, or NULL. */
+PDP__PRIVATE const pdp__bf16_row *pdp__bf16_row_of(const pdp__bf16_cpu *cpu);
+
+/* The path AUTO takes on cpu for this shape: a pure function of both. */
+PDP__PRIVATE pdp_bf16_path pdp__bf16_choose(const pdp__bf16_cpu *cpu, pdp_trans ta, pdp_trans tb,
+                                            int64_t m, int64_t n, int64_t k);
+
+/* PDP_API pdp_bf16_path pdp_bf16_path_for(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k) */
 
 /* PDP_API pdp_bf16_path pdp_bf16_best_path(void) */
 
-/* PDP_API const char *pdp_bf16_path_name(pdp_bf16_path path) */
+/* The fastest path that takes operands in bf16 words (the gathered operands below):
+   AMX, else AVX512, else the emulation. */
+PDP__PRIVATE pdp_bf16_path pdp__bf16_best_word_path(void);
 
 /* ---- gemm_bf16: packing ---- */
 
@@ -2002,6 +2091,7 @@ PDP__PRIVATE void pdp__bf16_convert_emul(const float *x, uint16_t *h, int64_t n)
 #  define PDP__BF16_UNPACKHI64(a, b) _mm512_maskz_unpackhi_epi64((__mmask8)0xff, a, b)
 #  define PDP__BF16_HALF(w, L) _mm512_maskz_extracti64x4_epi64((__mmask8)0xf, w, L)
 #  define PDP__BF16_LANE(w, L) _mm512_maskz_extracti32x4_epi32((__mmask8)0xf, w, L)
+#  define PDP__BF16_SHL16(w) _mm512_maskz_slli_epi32((__mmask16)0xffff, w, 16) /* vpslld */
 
 /* pdp__bf16_cvt2 where some lane is subnormal. */
 PDP__BF16_TARGET PDP__PRIVATE __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512 hi);
@@ -2119,6 +2209,59 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
                                         float *c, int64_t ldc, int mr, int nr, float alpha, float beta);
 
 #if PDP__BF16_X86
+/* The emulation vectorised, for CPUs with AVX-512F but no AVX512-BF16 (Skylake-X to Ice
+   Lake; the AVX2 kernel below for the others): vdpbf16ps's chain as two FMAs per pair,
+   acc = fma(a_odd, b_odd, acc), then acc = fma(a_even, b_even, acc), on the bf16 halves
+   widened in registers (a word's high half masked, its low half shifted up), with
+   MXCSR's DAZ and FTZ set (and rounding to nearest) for the loop: DAZ reads a subnormal
+   bf16 as zero, FTZ flushes a subnormal sum, and an FMA, like vdpbf16ps, adds the exact
+   product without rounding it first, even where it falls below 2^-126 (the portable
+   kernel's corner). MXCSR is restored before C is written, so alpha and beta see the
+   caller's modes as on the other paths. The bits equal the AVX512 path's on every input
+   test_bf16 tries, subnormal-heavy ones included. */
+#  define PDP__BF16_EMUL_TARGET __attribute__((target("avx512f")))
+#  define PDP__BF16_EROW(i)                                                                   \
+    do {                                                                                       \
+        __m512i w = _mm512_set1_epi32((int)a[i]);                                             \
+        __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(w, high));                           \
+        __m512 a0 = _mm512_castsi512_ps(PDP__BF16_SHL16(w));                                  \
+        c##i##0 = _mm512_fmadd_ps(a1, b10, c##i##0);                                          \
+        c##i##1 = _mm512_fmadd_ps(a1, b11, c##i##1);                                          \
+        c##i##0 = _mm512_fmadd_ps(a0, b00, c##i##0);                                          \
+        c##i##1 = _mm512_fmadd_ps(a0, b01, c##i##1);                                          \
+    } while (0)
+
+PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, const uint32_t *ap,
+                                                                 const uint32_t *bp, float *c,
+                                                                 int64_t ldc, int mr, int nr,
+                                                                 float alpha, float beta);
+#  undef PDP__BF16_EROW
+
+/* The same chain with AVX2 and FMA (Zen 2 and 3, Intel's client cores since Haswell):
+   16 ymm registers hold a quarter of the 8 x 32 tile at a time (4 rows x 16 columns: 8
+   accumulators, B's 4 widened vectors, A's two halves), so the tile is four passes over
+   the pairs, each element's chain the same. MXCSR as above; the results go through acc
+   to pdp__bf16_out (alpha acc + beta c, as the portable kernel writes them). */
+#  define PDP__BF16_EMUL2_TARGET __attribute__((target("avx2,fma")))
+#  define PDP__BF16_EROW2(i)                                                                  \
+    do {                                                                                       \
+        __m256i w = _mm256_set1_epi32((int)a[i]);                                             \
+        __m256 a1 = _mm256_castsi256_ps(_mm256_and_si256(w, high));                           \
+        __m256 a0 = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));                            \
+        c##i##0 = _mm256_fmadd_ps(a1, b10, c##i##0);                                          \
+        c##i##1 = _mm256_fmadd_ps(a1, b11, c##i##1);                                          \
+        c##i##0 = _mm256_fmadd_ps(a0, b00, c##i##0);                                          \
+        c##i##1 = _mm256_fmadd_ps(a0, b01, c##i##1);                                          \
+    } while (0)
+
+PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs, const uint32_t *ap,
+                                                                  const uint32_t *bp, float *c,
+                                                                  int64_t ldc, int mr, int nr,
+                                                                  float alpha, float beta);
+#  undef PDP__BF16_EROW2
+#endif
+
+#if PDP__BF16_X86
 /* One row of the tile: acc_i0, acc_i1 += a[i] (broadcast) . b0, b1 (one vdpbf16ps per
    16 columns). The 16 accumulators are named so that they stay in registers. */
 #  define PDP__BF16_ROW(i)                                                                    \
@@ -2181,6 +2324,12 @@ typedef void (*pdp__bf16_pack_h_fn)(const uint16_t *h, const int64_t *off, pdp_t
 
 /* ---- gemm_bf16: driver ---- */
 
+/* pdp__bf16_run's paths for the emulation on one kernel, whatever the CPU has beside
+   (pdp__gemm_bf16_emul: the tests'): portable C, AVX2, AVX-512F. */
+#define PDP__BF16_PATH_PORTABLE ((pdp_bf16_path)16)
+#define PDP__BF16_PATH_EMUL256 ((pdp_bf16_path)17)
+#define PDP__BF16_PATH_EMUL512 ((pdp_bf16_path)18)
+
 typedef struct pdp__bf16_args {
     pdp_trans ta, tb;
     int64_t m, n, k;
@@ -2222,7 +2371,17 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
 
 /* PDP_API void pdp_gemm_bf16(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
 
-/* path with AUTO resolved to the best; one the CPU lacks is the caller's bug. */
+/* pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, ...) on one kernel of the emulation, simd: 0
+   portable C, 256 AVX2, 512 AVX-512F (one this CPU lacks: the caller's bug); the tests
+   check each against the others and against vdpbf16ps. */
+PDP__PRIVATE void pdp__gemm_bf16_emul(int simd, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
+                                      int64_t k, float alpha, const float *a, int64_t lda,
+                                      const float *b, int64_t ldb, float beta, float *c,
+                                      int64_t ldc);
+
+/* path with AUTO resolved to the best that takes bf16 words; one the CPU lacks, or
+   sgemm-rounded (which takes floats: Conv2d rounds them and calls pdp__sgemm_rows), is
+   the caller's bug. */
 PDP__PRIVATE pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path);
 
 /* ---- gemm_bf16: gathered operands ----
@@ -3689,19 +3848,21 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 
    bf16 (io->bf16, pdp_model_desc.precision): the products' inputs are rounded to bf16
    and summed in fp32. im2col: its GEMMs are pdp_gemm_bf16. Implicit, on AVX512-BF16 or
-   AMX (PDP__CONV_BF16_PATH: pdp_bf16_best_path(); job->packed16): forward, dx and the
-   dW share are pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset
-   tables (band columns included: no _runs variant), on the padded image and padded dy
-   first converted to bf16 words in place (pdp__gemm_bf16_convert: each value once,
-   not once per kernel tap; the padded dy after the dW share, which reads it as floats
-   in a "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
+   AMX (PDP__CONV_BF16_PATH: the path AUTO takes for the forward product,
+   pdp_bf16_path_for; job->packed16): forward, dx and the dW share are
+   pdp__gemm_bf16_rows_h / _arows_h (gemm_bf16.c) through the offset tables (band
+   columns included: no _runs variant), on the padded image and padded dy first
+   converted to bf16 words in place (pdp__gemm_bf16_convert: each value once, not once
+   per kernel tap; the padded dy after the dW share, which reads it as floats in a
+   "same" convolution); the packing rounds dy for the dW share and W, W'; only the dW
    dot products (dw_dots, conv 1 -> 16) stay fp32 kernels, on the padded image and the
-   grid's dy rounded in place (db summed from dy before). On the emulated path the fp32
-   kernels multiply bf16-rounded inputs exactly and sum in fp32 (pdp_gemm_bf16's
-   emulation, in the fp32 kernels' order): the padded image, the padded dy and the
-   grid's dy are rounded in place after they are loaded, W' when it is built, and W for
-   forward into the workspace's fixed region (free in forward). Either way the bits
-   depend on the geometry and the path, not on the thread count. */
+   grid's dy rounded in place (db summed from dy before). On the sgemm-rounded and the
+   emulated paths the fp32 kernels multiply bf16-rounded inputs exactly and sum in fp32
+   (pdp_gemm_bf16's sgemm-rounded arithmetic; the emulated path's chain is not run
+   here): the padded image, the padded dy and the grid's dy are rounded in place after
+   they are loaded, W' when it is built, and W for forward into the workspace's fixed
+   region (free in forward). Either way the bits depend on the geometry and the path,
+   not on the thread count. */
 
 #ifndef PDP__CONV_CHUNK_FLOATS
 #  define PDP__CONV_CHUNK_FLOATS 65536
@@ -3712,10 +3873,12 @@ PDP__PRIVATE void pdp__conv_unpool_2x2(const float *PDP__RESTRICT dy, const floa
 #  define PDP__CONV_IMPLICIT_CHUNK 8
 #endif
 
-/* Implicit path in bf16: the pdp_bf16_path of the products (test_bf16 defines it to run
-   the emulated path on a CPU with a faster one). */
+/* Implicit path in bf16: the pdp_bf16_path of the products, the one AUTO takes for the
+   forward product's shape (test_bf16 defines it to run the emulated path on a CPU with
+   a faster one). */
 #ifndef PDP__CONV_BF16_PATH
-#  define PDP__CONV_BF16_PATH() pdp_bf16_best_path()
+#  define PDP__CONV_BF16_PATH()                                                               \
+      pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O, job->g.Ho * job->g.Wo, job->g.ckk)
 #endif
 
 /* Implicit path: products of at least this depth (C k k forward, O k k for dx)

@@ -35,17 +35,26 @@
      GEMMs called by hand through pdp_gemm_bf16 (bit for bit), and switching back to
      fp32 gives the fp32 bits again; errors name the function; a CUDA model may be bf16
      (its numerics: test_cuda).
+   - Suite bf16_paths (the path choice, sgemm-rounded, the vectorised emulation):
+     sgemm-rounded against pdp_sgemm on the rounded operands (bits) and against the
+     chain within gemm.h's bound (which pdp_sgemm on unrounded inputs breaks); every
+     emulation kernel (AVX-512F, AVX2, portable) against the real vdpbf16ps on
+     subnormal-heavy inputs (bits, but the portable kernel's corner) and against each
+     other, MXCSR restored; the choice as a function of injected CPU ids and shapes,
+     every table row's paths on its CPUs; AUTO's bits equal the chosen path's.
    - PyTorch: one SGD step of an MLP under torch.autocast (tests/fixtures/
      autocast_bf16_mlp.bin), and the same step in float64 with pdp's rounding points
      (which an fp32 step fails), tolerances derived above the test; skips without
      the fixture. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
-/* the Conv2d implicit path's bf16 products: the best path, or the one a test forces
-   (layers_conv.c's hook; 0: not forced) */
+/* the Conv2d implicit path's bf16 products: the path AUTO takes for the forward product,
+   or the one a test forces (layers_conv.c's hook; 0: not forced) */
 static int conv_path_force;
 #define PDP__CONV_BF16_PATH()                                                                  \
-    (conv_path_force ? (pdp_bf16_path)conv_path_force : pdp_bf16_best_path())
+    (conv_path_force ? (pdp_bf16_path)conv_path_force                                          \
+                     : pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O,                 \
+                                         job->g.Ho * job->g.Wo, job->g.ckk))
 #define PDP_IMPLEMENTATION
 #include "counting_alloc.h"
 #include "pdp.h"
@@ -380,14 +389,15 @@ TEST bf16_gemm_auto_takes_the_best_path_and_names_missing_ones(void)
     float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 0, 0, 1, 1, 1}, c[4], c2[4];
     int p;
     pdp_gemm_bf16(PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f, c, 2);
-    ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(pdp_bf16_best_path(), PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 3,
-                                       1.0f, a, 3, b, 2, 0.0f, c2, 2));
+    ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 3),
+                                       PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 3, 1.0f, a, 3, b, 2, 0.0f,
+                                       c2, 2));
     ASSERT_MEM_EQ(c, c2, sizeof c);
     ASSERT_EQ(4.0f, c[0]);
     ASSERT_EQ(5.0f, c[1]);
     ASSERT(pdp_bf16_path_available(PDP_BF16_PATH_EMULATED));
     ASSERT(pdp_bf16_best_path() != PDP_BF16_PATH_AUTO);
-    for (p = PDP_BF16_PATH_EMULATED; p <= PDP_BF16_PATH_AMX; p++)
+    for (p = PDP_BF16_PATH_EMULATED; p <= PDP_BF16_PATH_SGEMM; p++)
         if (!pdp_bf16_path_available((pdp_bf16_path)p)) {
             ASSERT_EQ(PDP_ERR_UNSUPPORTED,
                       pdp_gemm_bf16_on((pdp_bf16_path)p, PDP_NO_TRANS, PDP_NO_TRANS, 2, 2, 3, 1.0f,
@@ -850,9 +860,11 @@ TEST bf16_model_conv2d_implicit_gemms_match_reference(void)
     static const int64_t cases[][6] = {{16, 32, 5, 2, 14, 3}, {15, 32, 5, 2, 9, 3},
                                        {8, 8, 3, 0, 11, 3},   {1, 16, 5, 2, 12, 3},
                                        {16, 32, 5, 2, 14, 11}};
-    int paths[2], np = 0, p, s, seen_t = 0, seen_rows = 0, seen_dots = 0;
-    paths[np++] = 0; /* the best path */
-    if (pdp_bf16_best_path() != PDP_BF16_PATH_EMULATED) paths[np++] = PDP_BF16_PATH_EMULATED;
+    int paths[4], np = 0, p, s, seen_t = 0, seen_rows = 0, seen_dots = 0;
+    paths[np++] = 0; /* the path AUTO takes */
+    paths[np++] = PDP_BF16_PATH_EMULATED;
+    if (pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) paths[np++] = PDP_BF16_PATH_AVX512;
+    if (pdp_bf16_path_available(PDP_BF16_PATH_AMX)) paths[np++] = PDP_BF16_PATH_AMX;
     for (p = 0; p < np; p++)
         for (s = 0; s < (int)(sizeof cases / sizeof cases[0]); s++) {
             const int64_t *k = cases[s];
@@ -1066,6 +1078,390 @@ TEST bf16_matches_torch_autocast_mlp_step(void)
     }
 }
 
+/* ---- the sgemm-rounded path, the vectorised emulation, the path choice ----
+   (gemm_bf16.c's path choice and PDP_BF16_PATH_SGEMM; kept apart from the AMX cases) */
+
+/* x as its bf16 seen as an fp32 (pdp_bf16_round, checked above) */
+static void round_all(const float *x, float *y, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) y[i] = pdp_bf16_round(x[i]);
+}
+
+/* sgemm-rounded is pdp_sgemm on the rounded operands, bit for bit (the rounding moved into
+   the packing changes nothing else): odd shapes, k past one KC block (512), all layouts,
+   alpha and beta, 1 and 2 threads. Skipping the rounding gives pdp_sgemm's bits on the
+   unrounded floats, which differ. */
+TEST bf16_sgemm_rounded_is_sgemm_on_rounded_inputs(void)
+{
+    static const int64_t shapes[][3] = {{1, 1, 1}, {7, 33, 5}, {19, 41, 37}, {9, 70, 1030}};
+    int s, ta, tb, threads;
+    if (!pdp_bf16_path_available(PDP_BF16_PATH_SGEMM))
+        SKIPm("bf16 path sgemm-rounded: not in a -DPDP_CBLAS build");
+    for (s = 0; s < 4; s++)
+        for (ta = 0; ta < 2; ta++)
+            for (tb = 0; tb < 2; tb++)
+                for (threads = 1; threads <= 2; threads++) {
+                    int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], i;
+                    int64_t lda = ta ? m : k, ldb = tb ? k : n;
+                    float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
+                    float *b = (float *)malloc(sizeof(float) * (size_t)(k * n));
+                    float *ar = (float *)malloc(sizeof(float) * (size_t)(m * k));
+                    float *br = (float *)malloc(sizeof(float) * (size_t)(k * n));
+                    float *c1 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                    float *c2 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                    float alpha = s == 2 ? 0.75f : 1.0f, beta = s == 2 ? -1.5f : 0.0f;
+                    int same;
+                    for (i = 0; i < m * k; i++) a[i] = rnd();
+                    for (i = 0; i < k * n; i++) b[i] = rnd();
+                    for (i = 0; i < m * n; i++) c1[i] = c2[i] = rnd();
+                    round_all(a, ar, m * k);
+                    round_all(b, br, k * n);
+                    pdp_set_num_threads(threads);
+                    ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(PDP_BF16_PATH_SGEMM, (pdp_trans)ta,
+                                                       (pdp_trans)tb, m, n, k, alpha, a, lda, b,
+                                                       ldb, beta, c1, n));
+                    pdp_sgemm((pdp_trans)ta, (pdp_trans)tb, m, n, k, alpha, ar, lda, br, ldb,
+                              beta, c2, n);
+                    pdp_set_num_threads(1);
+                    same = memcmp(c1, c2, sizeof(float) * (size_t)(m * n)) == 0;
+                    free(a), free(b), free(ar), free(br), free(c1), free(c2);
+                    ASSERTm(layout_name((pdp_trans)ta, (pdp_trans)tb), same);
+                }
+    PASS();
+}
+
+/* gemm.h's bound of sgemm-rounded against the exact chain (the emulated path):
+   |sgemm - chain| <= |alpha| (2 gamma_k S + 2 k 2^-126) + 2^-23 (|alpha| S + |beta c|),
+   S = sum |a_bf b_bf| (double), gamma_k = k u / (1 - k u), u = 2^-24, on inputs with no
+   subnormal bf16; values spread over 2^-64 .. 2^8 so that some products and sums fall
+   below 2^-126. pdp_sgemm on the unrounded inputs must break the bound somewhere (the
+   test can fail). */
+TEST bf16_sgemm_rounded_within_its_bound_of_the_chain(void)
+{
+    static const int64_t shapes[][3] = {{5, 9, 3}, {19, 41, 37}, {8, 33, 600}};
+    int s, ta, tb, unrounded_out = 0;
+    double worst = 0.0;
+    if (!pdp_bf16_path_available(PDP_BF16_PATH_SGEMM))
+        SKIPm("bf16 path sgemm-rounded: not in a -DPDP_CBLAS build");
+    for (s = 0; s < 3; s++)
+        for (ta = 0; ta < 2; ta++)
+            for (tb = 0; tb < 2; tb++) {
+                int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], i, j, p;
+                int64_t lda = ta ? m : k, ldb = tb ? k : n;
+                float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
+                float *b = (float *)malloc(sizeof(float) * (size_t)(k * n));
+                float *c0 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float *cs = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float *ce = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float *cu = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float alpha = s == 1 ? -2.0f : 1.0f, beta = s == 1 ? 0.5f : 0.0f;
+                double u = ldexp(1.0, -24), gk = (double)k * u / (1.0 - (double)k * u);
+                int bad = 0;
+                for (i = 0; i < m * k; i++) a[i] = ldexpf(rnd(), -(int)(rnd_u32() % 64));
+                for (i = 0; i < k * n; i++) b[i] = ldexpf(rnd(), (int)(rnd_u32() % 72) - 64);
+                for (i = 0; i < m * k; i++)
+                    if (fabsf(pdp_bf16_round(a[i])) < 1.17549435e-38f) a[i] = 0.0f;
+                for (i = 0; i < k * n; i++)
+                    if (fabsf(pdp_bf16_round(b[i])) < 1.17549435e-38f) b[i] = 0.0f;
+                for (i = 0; i < m * n; i++) c0[i] = rnd();
+                memcpy(cs, c0, sizeof(float) * (size_t)(m * n));
+                memcpy(ce, c0, sizeof(float) * (size_t)(m * n));
+                memcpy(cu, c0, sizeof(float) * (size_t)(m * n));
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(PDP_BF16_PATH_SGEMM, (pdp_trans)ta,
+                                                   (pdp_trans)tb, m, n, k, alpha, a, lda, b, ldb,
+                                                   beta, cs, n));
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(PDP_BF16_PATH_EMULATED, (pdp_trans)ta,
+                                                   (pdp_trans)tb, m, n, k, alpha, a, lda, b, ldb,
+                                                   beta, ce, n));
+                pdp_sgemm((pdp_trans)ta, (pdp_trans)tb, m, n, k, alpha, a, lda, b, ldb, beta,
+                          cu, n);
+                for (i = 0; i < m; i++)
+                    for (j = 0; j < n; j++) {
+                        double sum = 0.0, bound, d;
+                        for (p = 0; p < k; p++)
+                            sum += fabs((double)pdp_bf16_round(ta ? a[p * lda + i] : a[i * lda + p]) *
+                                        (double)pdp_bf16_round(tb ? b[j * ldb + p] : b[p * ldb + j]));
+                        bound = fabs(alpha) * (2.0 * gk * sum + 2.0 * (double)k * ldexp(1.0, -126)) +
+                                ldexp(1.0, -23) * (fabs(alpha) * sum + fabs(beta * c0[i * n + j]));
+                        d = fabs((double)cs[i * n + j] - (double)ce[i * n + j]);
+                        if (d > bound) bad = 1;
+                        if (bound > 0.0 && d / bound > worst) worst = d / bound;
+                        if (fabs((double)cu[i * n + j] - (double)ce[i * n + j]) > bound)
+                            unrounded_out = 1;
+                    }
+                free(a), free(b), free(c0), free(cs), free(ce), free(cu);
+                ASSERT_EQm(layout_name((pdp_trans)ta, (pdp_trans)tb), 0, bad);
+            }
+    ASSERTm("pdp_sgemm on unrounded inputs stays within the bound: the test cannot fail",
+            unrounded_out);
+    {
+        static char msg[80];
+        snprintf(msg, sizeof msg, "worst |sgemm-rounded - chain| %.2g of its bound", worst);
+        PASSm(msg);
+    }
+}
+
+/* The emulated path's vectorised kernels (AVX-512F, AVX2: FMAs under DAZ and FTZ)
+   against the real vdpbf16ps (the avx512 path), bit for bit, on subnormal-heavy inputs:
+   products and sums around 2^-126, subnormal bf16 inputs, large values, zeros; odd
+   shapes, all layouts, alpha and beta. The caller's MXCSR (here rounding toward zero) is
+   restored, and does not reach the kernels' sums (alpha acc + beta c follow it on every
+   path). The portable kernel may differ here (it rounds a product below 2^-126 first):
+   counted, not asserted. */
+static float subnormal_heavy(void)
+{
+    uint32_t r = rnd_u32() % 100;
+    int e = r < 40   ? -75 + (int)(rnd_u32() % 30) /* products near 2^-126 */
+            : r < 55 ? -135 + (int)(rnd_u32() % 12) /* subnormal */
+            : r < 65 ? 30 + (int)(rnd_u32() % 30)
+            : r < 95 ? -70 + (int)(rnd_u32() % 20)
+                     : 0;
+    return r >= 95 ? 0.0f : ldexpf(rnd(), e);
+}
+
+/* the emulation's kernels this CPU runs: 512 (AVX-512F), 256 (AVX2), 0 (portable) */
+static int emul_kernels(int simd[3])
+{
+    int n = 0;
+    pdp_bf16_path_available(PDP_BF16_PATH_AUTO); /* CPUID read */
+    if (pdp__bf16_this.emul512) simd[n++] = 512;
+    if (pdp__bf16_this.emul256) simd[n++] = 256;
+    simd[n++] = 0;
+    return n;
+}
+
+TEST bf16_emulation_vectorised_gives_vdpbf16ps_bits(void)
+{
+    int trial, ta, tb, diff_portable = 0, portable_runs = 0, fused = 0, simd[3];
+    int nk = emul_kernels(simd), v;
+#if PDP__BF16_X86
+    unsigned csr;
+#endif
+    if (!pdp_bf16_path_available(PDP_BF16_PATH_AVX512))
+        SKIPm("bf16 path avx512-bf16: not available on this CPU or build (the reference)");
+    if (nk < 2) SKIPm("no vectorised emulation kernel in this build (AVX2 or AVX-512F)");
+    for (trial = 0; trial < 60; trial++)
+        for (ta = 0; ta < 2; ta++)
+            for (tb = 0; tb < 2; tb++) {
+                int64_t m = 1 + rnd_u32() % 20, n = 1 + rnd_u32() % 45, k = 1 + rnd_u32() % 75, i;
+                int64_t lda = ta ? m : k, ldb = tb ? k : n;
+                float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
+                float *b = (float *)malloc(sizeof(float) * (size_t)(k * n));
+                float *c0 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float *cv = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float *cb = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float alpha = trial % 3 == 0 ? 0.5f : 1.0f, beta = trial % 3 == 0 ? 3.0f : 0.0f;
+                int bad = -1;
+                for (i = 0; i < m * k; i++) a[i] = subnormal_heavy();
+                for (i = 0; i < k * n; i++) b[i] = subnormal_heavy();
+                for (i = 0; i < m * n; i++) c0[i] = cb[i] = rnd();
+#if PDP__BF16_X86
+                csr = _mm_getcsr();
+                _mm_setcsr((csr & ~0x6000u) | 0x6000u); /* round toward zero */
+#endif
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(PDP_BF16_PATH_AVX512, (pdp_trans)ta,
+                                                   (pdp_trans)tb, m, n, k, alpha, a, lda, b, ldb,
+                                                   beta, cb, n));
+                for (v = 0; v < nk; v++) {
+                    memcpy(cv, c0, sizeof(float) * (size_t)(m * n));
+                    pdp__gemm_bf16_emul(simd[v], (pdp_trans)ta, (pdp_trans)tb, m, n, k, alpha, a,
+                                        lda, b, ldb, beta, cv, n);
+#if PDP__BF16_X86
+                    if (_mm_getcsr() != ((csr & ~0x6000u) | 0x6000u) && bad < 0)
+                        bad = 1000 + simd[v];
+#endif
+                    if (simd[v] != 0 && memcmp(cv, cb, sizeof(float) * (size_t)(m * n)) && bad < 0)
+                        bad = simd[v];
+                }
+#if PDP__BF16_X86
+                _mm_setcsr(csr);
+#endif
+                if (alpha == 1.0f && beta == 0.0f) { /* cb as under round to nearest; the
+                                                        portable kernel's sums follow MXCSR */
+                    pdp__gemm_bf16_emul(0, (pdp_trans)ta, (pdp_trans)tb, m, n, k, alpha, a, lda,
+                                        b, ldb, beta, cv, n);
+                    diff_portable += memcmp(cv, cb, sizeof(float) * (size_t)(m * n)) != 0;
+                    portable_runs++;
+                }
+                for (i = 0; i < m * n; i++) fused |= cb[i] != 0.0f && fabsf(cb[i]) < 1e-30f;
+                free(a), free(b), free(c0), free(cv), free(cb);
+                if (bad >= 0) {
+                    static char msg[96];
+                    snprintf(msg, sizeof msg, "%s: the emulation's %d-bit kernel %s",
+                             layout_name((pdp_trans)ta, (pdp_trans)tb), bad % 1000,
+                             bad >= 1000 ? "left MXCSR changed" : "differs from vdpbf16ps");
+                    FAILm(msg);
+                }
+            }
+    ASSERTm("no result near 2^-126: the inputs do not reach the corner", fused);
+    {
+        static char msg[96];
+        snprintf(msg, sizeof msg, "portable kernel differs from vdpbf16ps in %d of %d products",
+                 diff_portable, portable_runs);
+        PASSm(msg);
+    }
+}
+
+/* The same on ordinary values: every emulation kernel this CPU runs, and pdp_gemm_bf16_on's
+   emulated path, give the same bits (and the avx512 path's, where it exists), at 1 and 3
+   threads, on shapes past one MC block. */
+TEST bf16_emulation_vectorised_matches_portable(void)
+{
+    static const int64_t shapes[][3] = {{3, 5, 7}, {17, 65, 33}, {300, 40, 130}};
+    int s, ta, tb, simd[3], nk = emul_kernels(simd), v;
+    for (s = 0; s < 3; s++)
+        for (ta = 0; ta < 2; ta++)
+            for (tb = 0; tb < 2; tb++) {
+                int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], i;
+                int64_t lda = ta ? m : k, ldb = tb ? k : n;
+                float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
+                float *b = (float *)malloc(sizeof(float) * (size_t)(k * n));
+                float *c0 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float *cv = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float *cp = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                int bad = -1;
+                for (i = 0; i < m * k; i++) a[i] = rnd();
+                for (i = 0; i < k * n; i++) b[i] = rnd();
+                for (i = 0; i < m * n; i++) c0[i] = cp[i] = rnd();
+                pdp__gemm_bf16_emul(0, (pdp_trans)ta, (pdp_trans)tb, m, n, k, 1.0f, a, lda, b,
+                                    ldb, 1.0f, cp, n);
+                pdp_set_num_threads(s == 2 ? 3 : 1);
+                for (v = -2; v < nk; v++) {
+                    memcpy(cv, c0, sizeof(float) * (size_t)(m * n));
+                    if (v == -2 || (v == -1 && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)))
+                        ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(v == -2 ? PDP_BF16_PATH_EMULATED
+                                                                   : PDP_BF16_PATH_AVX512,
+                                                           (pdp_trans)ta, (pdp_trans)tb, m, n, k,
+                                                           1.0f, a, lda, b, ldb, 1.0f, cv, n));
+                    else if (v == -1)
+                        continue;
+                    else
+                        pdp__gemm_bf16_emul(simd[v], (pdp_trans)ta, (pdp_trans)tb, m, n, k, 1.0f,
+                                            a, lda, b, ldb, 1.0f, cv, n);
+                    if (memcmp(cv, cp, sizeof(float) * (size_t)(m * n)) && bad == -1)
+                        bad = v < 0 ? v : simd[v];
+                }
+                pdp_set_num_threads(1);
+                free(a), free(b), free(c0), free(cv), free(cp);
+                if (bad != -1) {
+                    static char msg[96];
+                    snprintf(msg, sizeof msg, "%s: %s differs from the portable kernel",
+                             layout_name((pdp_trans)ta, (pdp_trans)tb),
+                             bad == -2   ? "the emulated path"
+                             : bad == -1 ? "the avx512 path"
+                             : bad == 512 ? "the AVX-512F kernel" : "the AVX2 kernel");
+                    FAILm(msg);
+                }
+            }
+    PASS();
+}
+
+/* The path choice is a function of (cpu, shape) alone: injected CPU ids (pdp__bf16_choose)
+   give the table's cells or the default; every row's paths exist on the CPUs it names;
+   the classes split where gemm_bf16.c says. */
+TEST bf16_path_choice_is_a_function_of_cpu_and_shape(void)
+{
+    /* vendor, family, model, avx512, amx, emul512, emul256 */
+    pdp__bf16_cpu zen4 = {PDP__BF16_AMD, 0x19, 0x61, 1, 0, 1, 1};
+    pdp__bf16_cpu zen3 = {PDP__BF16_AMD, 0x19, 0x21, 0, 0, 0, 1};
+    pdp__bf16_cpu zen5 = {PDP__BF16_AMD, 0x1a, 0x44, 1, 0, 1, 1};
+    pdp__bf16_cpu spr = {PDP__BF16_INTEL, 6, 0x8f, 1, 1, 1, 1};
+    pdp__bf16_cpu spr_no_amx = {PDP__BF16_INTEL, 6, 0x8f, 1, 0, 1, 1}; /* Linux refused it */
+    pdp__bf16_cpu gnr = {PDP__BF16_INTEL, 6, 0xad, 1, 1, 1, 1};       /* no row: the default */
+    pdp__bf16_cpu cpl = {PDP__BF16_INTEL, 6, 0x55, 1, 0, 1, 1};       /* Cooper Lake: no row */
+    pdp__bf16_cpu arm = {0, 0, 0, 0, 0, 0, 0};
+    static const int64_t shapes[][3] = {{512, 512, 784}, {512, 10, 512}, {10, 512, 512},
+                                        {512, 512, 10}, {31, 31, 31}, {32, 32, 32}};
+    int ta, tb, s;
+    size_t r;
+    pdp_bf16_path sg = PDP__BF16_HAS_SGEMM ? PDP_BF16_PATH_SGEMM : PDP_BF16_PATH_EMULATED;
+    ASSERT_EQ(PDP__BF16_LARGE, pdp__bf16_class(PDP_NO_TRANS, PDP_NO_TRANS, 32, 32, 32));
+    ASSERT_EQ(PDP__BF16_SMALL_MN, pdp__bf16_class(PDP_NO_TRANS, PDP_NO_TRANS, 31, 512, 32));
+    ASSERT_EQ(PDP__BF16_SMALL_MN, pdp__bf16_class(PDP_NO_TRANS, PDP_NO_TRANS, 512, 10, 512));
+    ASSERT_EQ(PDP__BF16_SMALL_K, pdp__bf16_class(PDP_NO_TRANS, PDP_NO_TRANS, 512, 512, 10));
+    ASSERT_EQ(3 * PDP__BF16_SIZES + PDP__BF16_SMALL_K,
+              pdp__bf16_class(PDP_TRANS, PDP_TRANS, 5, 5, 5));
+    for (ta = 0; ta < 2; ta++)
+        for (tb = 0; tb < 2; tb++)
+            for (s = 0; s < 6; s++) {
+                pdp_trans a = (pdp_trans)ta, b = (pdp_trans)tb;
+                int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+                pdp_bf16_path p = pdp__bf16_choose(&spr, a, b, m, n, k), cell;
+                ASSERT_EQ(PDP_BF16_PATH_AVX512, pdp__bf16_choose(&zen4, a, b, m, n, k));
+                ASSERT_EQ(sg, pdp__bf16_choose(&zen3, a, b, m, n, k));
+                ASSERT_EQ(PDP_BF16_PATH_AVX512, pdp__bf16_choose(&zen5, a, b, m, n, k));
+                ASSERT_EQ(PDP_BF16_PATH_AMX, pdp__bf16_choose(&gnr, a, b, m, n, k));
+                ASSERT_EQ(sg, pdp__bf16_choose(&cpl, a, b, m, n, k));
+                ASSERT_EQ(sg, pdp__bf16_choose(&arm, a, b, m, n, k));
+                ASSERT_EQ(p, pdp__bf16_choose(&spr, a, b, m, n, k)); /* the same twice */
+                cell = pdp__bf16_cell(pdp__bf16_row_of(&spr)->cells,
+                                      pdp__bf16_class(a, b, m, n, k));
+                /* a -DPDP_CBLAS build lacks sgemm-rounded: the default, AMX */
+                ASSERT_EQ(cell == PDP_BF16_PATH_SGEMM && !PDP__BF16_HAS_SGEMM ? PDP_BF16_PATH_AMX
+                                                                              : cell,
+                          p);
+                ASSERT(pdp__bf16_choose(&spr_no_amx, a, b, m, n, k) != PDP_BF16_PATH_AMX);
+            }
+    /* every cell of every row: a path the row's CPUs have, and 12 of them */
+    for (r = 0; r < sizeof pdp__bf16_table / sizeof pdp__bf16_table[0]; r++) {
+        const pdp__bf16_row *row = &pdp__bf16_table[r];
+        pdp__bf16_cpu named = {row->vendor, row->family, row->model_lo, row->avx512, row->amx,
+                               row->avx512, 1};
+        int c;
+        ASSERT_EQ(row, pdp__bf16_row_of(&named));
+        for (c = 0; c < PDP__BF16_CLASSES; c++) {
+            pdp_bf16_path p = pdp__bf16_cell(row->cells, c);
+            ASSERT(p != PDP_BF16_PATH_AUTO);
+            ASSERT(p == PDP_BF16_PATH_SGEMM || pdp__bf16_cpu_has(&named, p));
+        }
+        ASSERT_EQ(PDP_BF16_PATH_AUTO, pdp__bf16_cell(row->cells, PDP__BF16_CLASSES));
+    }
+    PASS();
+}
+
+/* AUTO runs the chosen path: pdp_gemm_bf16's bits are pdp_gemm_bf16_on(pdp_bf16_path_for)'s
+   in every class and layout, and pdp_bf16_best_path is the large class's choice. */
+TEST bf16_gemm_auto_runs_the_chosen_path(void)
+{
+    static const int64_t shapes[][3] = {{70, 66, 100}, {70, 10, 64}, {9, 70, 64}, {64, 70, 10}};
+    int s, ta, tb;
+    ASSERT_EQ(pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, 512, 512, 512), pdp_bf16_best_path());
+    for (s = 0; s < 4; s++)
+        for (ta = 0; ta < 2; ta++)
+            for (tb = 0; tb < 2; tb++) {
+                int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], i;
+                int64_t lda = ta ? m : k, ldb = tb ? k : n;
+                pdp_bf16_path p = pdp_bf16_path_for((pdp_trans)ta, (pdp_trans)tb, m, n, k);
+                float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
+                float *b = (float *)malloc(sizeof(float) * (size_t)(k * n));
+                float *c1 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float *c2 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                int same;
+                for (i = 0; i < m * k; i++) a[i] = rnd();
+                for (i = 0; i < k * n; i++) b[i] = rnd();
+                ASSERT(pdp_bf16_path_available(p));
+                pdp_gemm_bf16((pdp_trans)ta, (pdp_trans)tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f,
+                              c1, n);
+                ASSERT_EQ(PDP_OK, pdp_gemm_bf16_on(p, (pdp_trans)ta, (pdp_trans)tb, m, n, k, 1.0f,
+                                                   a, lda, b, ldb, 0.0f, c2, n));
+                same = memcmp(c1, c2, sizeof(float) * (size_t)(m * n)) == 0;
+                free(a), free(b), free(c1), free(c2);
+                ASSERTm(pdp_bf16_path_name(p), same);
+            }
+    PASS();
+}
+
+SUITE(bf16_paths)
+{
+    RUN_TEST(bf16_sgemm_rounded_is_sgemm_on_rounded_inputs);
+    RUN_TEST(bf16_sgemm_rounded_within_its_bound_of_the_chain);
+    RUN_TEST(bf16_emulation_vectorised_gives_vdpbf16ps_bits);
+    RUN_TEST(bf16_emulation_vectorised_matches_portable);
+    RUN_TEST(bf16_path_choice_is_a_function_of_cpu_and_shape);
+    RUN_TEST(bf16_gemm_auto_runs_the_chosen_path);
+}
+
 SUITE(bf16)
 {
     RUN_TEST(bf16_round_matches_reference);
@@ -1089,5 +1485,6 @@ int main(int argc, char **argv)
 {
     GREATEST_MAIN_BEGIN();
     RUN_SUITE(bf16);
+    RUN_SUITE(bf16_paths);
     GREATEST_MAIN_END();
 }

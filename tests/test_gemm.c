@@ -5,7 +5,9 @@
    matrices (the padding must stay untouched), and bit-identical results for 1, 2
    and 3 intra-op threads. The error bound is the classic one for a length-k dot
    product: |got - exact| <= (k + 4) * eps * (|alpha| sum |a||b| + |beta c|).
-   tests/test_gemm_nosimd.c builds this file again with -DPDP_NO_SIMD, so the
+   pdp__sgemm_bf16 (bf16's sgemm-rounded path): its rounding at packing gives
+   pdp_bf16_round's bits (ties, NaN payloads, subnormals, every tail length) and the
+   product pdp_sgemm's bits on the rounded operands. tests/test_gemm_nosimd.c builds this file again with -DPDP_NO_SIMD, so the
    portable kernel is tested too. */
 
 #define _POSIX_C_SOURCE 200809L
@@ -401,6 +403,59 @@ TEST gemm_runs_match_rows_on_the_wanted_columns(void)
 #endif
 }
 
+/* pdp__sgemm_bf16 (gemm_bf16.c's sgemm-rounded path) rounds the packed panels: its
+   rounding (pdp__gemm_round16, 16 lanes at a time where AVX-512 is, then one by one)
+   gives pdp_bf16_round's bits on ties, NaNs with payloads only in the low half, Inf,
+   overflow, subnormals and random patterns, at every length up to 40 (the tail); and
+   the product is pdp_sgemm on the rounded operands, bit for bit, in all layouts, with k
+   past one KC block, at 1 and 2 threads. Without the rounding it is pdp_sgemm on the
+   floats, which differs. */
+TEST gemm_bf16_rounding_at_packing_is_sgemm_on_rounded_inputs(void)
+{
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7f800001u, 0xff800001u,
+                                       0x7fc00000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu,
+                                       0x007f8000u, 0x807fffffu, 0x00000001u, 0x80000000u};
+    float x[40], y[40];
+    int len, i, ta, tb, threads;
+    for (len = 0; len <= 40; len++) {
+        for (i = 0; i < len; i++) {
+            uint32_t u = i < 12 ? special[i] : (rng_state = rng_state * 1664525u + 1013904223u);
+            memcpy(&x[i], &u, sizeof u);
+        }
+        memcpy(y, x, sizeof x);
+        pdp__gemm_round16(y, len);
+        for (i = 0; i < len; i++) {
+            float r = pdp_bf16_round(x[i]);
+            ASSERT_MEM_EQ(&r, &y[i], sizeof r);
+        }
+    }
+    for (ta = 0; ta < 2; ta++)
+        for (tb = 0; tb < 2; tb++)
+            for (threads = 1; threads <= 2; threads++) {
+                int64_t m = 21, n = 37, k = 530, lda = ta ? m : k, ldb = tb ? k : n;
+                float *a = (float *)malloc(sizeof(float) * (size_t)(m * k));
+                float *b = (float *)malloc(sizeof(float) * (size_t)(k * n));
+                float *ar = (float *)malloc(sizeof(float) * (size_t)(m * k));
+                float *br = (float *)malloc(sizeof(float) * (size_t)(k * n));
+                float *c1 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                float *c2 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+                int same;
+                for (i = 0; i < m * k; i++) ar[i] = pdp_bf16_round(a[i] = rnd());
+                for (i = 0; i < k * n; i++) br[i] = pdp_bf16_round(b[i] = rnd());
+                for (i = 0; i < m * n; i++) c1[i] = c2[i] = rnd();
+                pdp_set_num_threads(threads);
+                pdp__sgemm_bf16((pdp_trans)ta, (pdp_trans)tb, m, n, k, 0.5f, a, lda, b, ldb,
+                                2.0f, c1, n);
+                pdp_sgemm((pdp_trans)ta, (pdp_trans)tb, m, n, k, 0.5f, ar, lda, br, ldb, 2.0f,
+                          c2, n);
+                pdp_set_num_threads(1);
+                same = memcmp(c1, c2, sizeof(float) * (size_t)(m * n)) == 0;
+                free(a), free(b), free(ar), free(br), free(c1), free(c2);
+                ASSERTm(layout_name((pdp_trans)ta, (pdp_trans)tb), same);
+            }
+    PASS();
+}
+
 SUITE(gemm)
 {
     RUN_TEST(gemm_kernel_matches_target);
@@ -414,6 +469,7 @@ SUITE(gemm)
     RUN_TEST(gemm_no_allocation_after_first_call);
     RUN_TEST(gemm_dots_match_a_double_loop);
     RUN_TEST(gemm_runs_match_rows_on_the_wanted_columns);
+    RUN_TEST(gemm_bf16_rounding_at_packing_is_sgemm_on_rounded_inputs);
 }
 
 GREATEST_MAIN_DEFS();
