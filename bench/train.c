@@ -405,6 +405,10 @@ int main(int argc, char **argv)
         printf("%-4s %5lld %3d | %7.3f %7.3f %7.3f %5.0f%% | %8.1f |", cs[i].model,
                (long long)cs[i].batch, cs[i].threads, 1e3 * step, 1e3 * g, 1e3 * rest,
                100.0 * rest / step, fl / g * 1e-9);
+        if (rest < 0) { /* the products alone ran slower than inside the step */
+            printf(" %9s %9s (noise: the load changed between the two timings)\n", "-", "-");
+            continue;
+        }
         if (target > 0 && torch[i] > 0)
             print_need(fl, (double)cs[i].batch / (target * torch[i]), rest);
         else
