@@ -249,7 +249,9 @@ static void bench_peers(int quick)
     double peak32 = bench_peak_gflops(BENCH_PEAK_FP32), peakdot = bench_peak_gflops(BENCH_PEAK_BF16_DOT);
     double peakamx = bench_peak_gflops(BENCH_PEAK_AMX_BF16), peakpath[PEER_PATHS];
     pdp_bf16_path best = pdp_bf16_best_path();
-    int count = quick ? 2 : PEER_SHAPES, rounds = quick ? 1 : ROUNDS, npath = 0, have_torch = 1;
+    int count = quick ? 2 : PEER_SHAPES, rounds = quick ? 1 : ROUNDS, npath = 0;
+    int have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    int torch_failed = 0;
     int i, c, r, q;
     char cpu[320], b1[8], b2[8], b3[8], name[32];
     problem p[PEER_SHAPES];
@@ -299,7 +301,7 @@ static void bench_peers(int quick)
                 v[i][C_PATH + q][r] = measure_capped(run_bf16_on, &p[i]);
             }
         }
-        if (have_torch && !torch_peer(sh, count, torch)) have_torch = 0;
+        if (have_torch && !torch_peer(sh, count, torch)) have_torch = 0, torch_failed = 1;
         for (i = 0; have_torch && i < count; i++) {
             v[i][C_TM][r] = torch[i][0];
             v[i][C_DNN][r] = torch[i][1] > 0 ? torch[i][1] : 0.0;
@@ -372,9 +374,11 @@ static void bench_peers(int quick)
                "pdp bf16 %.2f ms, oneDNN bf16 %.2f ms, oneDNN fp32 %.2f ms\n", 1e3 * sum[C_PDP],
                1e3 * sum[C_AUTO], have_torch ? 1e3 * sum[C_DNN16] : 0.0,
                have_torch ? 1e3 * sum[C_DNN] : 0.0);
-    if (!have_torch)
-        printf("PyTorch: /usr/bin/python3 bench/gemm_torch.py failed (torch absent? apt-get "
-               "install python3-torch): its columns are 0\n");
+    if (torch_failed)
+        printf("PyTorch: /usr/bin/python3 bench/gemm_torch.py failed: its columns are 0\n");
+    else if (!have_torch)
+        printf("PyTorch: skipped, /usr/bin/python3 cannot import torch (apt-get install "
+               "python3-torch): its columns are 0\n");
 #ifndef PDP_BENCH_OPENBLAS
     printf("OpenBLAS: absent from this build (its column is 0)\n");
 #endif
