@@ -112,10 +112,17 @@ static inline int bench_print_load(const char *when, double own)
    2 flops), the instruction pdp_gemm_bf16's avx512 path runs on. The best of 7 runs of
    about 40 ms on the calling thread (a peak: a neighbour can only lower a run); 0 when the CPU lacks the instructions (or the
    build is not x86-64 gcc/clang). The benches divide what a step or a GEMM reached by
-   this figure times its threads: "the fraction of the measured peak". */
-enum { BENCH_PEAK_FP32 = 0, BENCH_PEAK_BF16_DOT = 1 };
+   this figure times its threads: "the fraction of the measured peak".
+   BENCH_PEAK_AMX_BF16: AMX's tdpbf16ps on tiles that never leave the registers: six
+   16 x 16 fp32 accumulators (tmm0-5), each step tmm_i += tmm6 tmm7 (16 rows x 32 bf16
+   of A, 16 pairs x 16 columns of B: 16 x 16 x 32 products, 16384 flops), six independent
+   chains against the instruction's latency. Only where CPUID has AMX-TILE and AMX-BF16,
+   XCR0 enables the tile state and Linux grants it (arch_prctl ARCH_REQ_XCOMP_PERM, as
+   src/gemm_bf16.c asks); else 0. */
+enum { BENCH_PEAK_FP32 = 0, BENCH_PEAK_BF16_DOT = 1, BENCH_PEAK_AMX_BF16 = 2 };
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#  include <cpuid.h>
 #  include <immintrin.h>
 #  define BENCH_PEAK_CHAINS(T, INIT, OP)                                                    \
     T a0 = INIT(1), a1 = INIT(2), a2 = INIT(3), a3 = INIT(4), a4 = INIT(5), a5 = INIT(6),    \
@@ -169,6 +176,59 @@ __attribute__((target("avx512f,avx512bf16"))) static inline float bench_peak_run
 #  undef BENCH_DOT
     return bench_peak_sum512(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11);
 }
+/* AMX: x86-64 Linux (the permission is an arch_prctl) and a compiler with the AMX
+   intrinsics (gcc 11, clang 12), as src/gemm_bf16.c's PDP__BF16_AMX */
+#  if defined(__x86_64__) && defined(__linux__) && \
+      (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+/* AMX usable by this process: CPUID.7.0:EDX AMX-BF16 (bit 22) and AMX-TILE (24),
+   XCR0's XTILECFG and XTILEDATA (bits 17, 18), and Linux's permission (the raw
+   syscall 158, arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18):
+   syscall(2) is not declared under strict C99). */
+static inline int bench_amx_usable(void)
+{
+    unsigned a, b, c, d, lo, hi;
+    long ret;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
+        return 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if ((lo & 0x60000u) != 0x60000u) return 0;
+    __asm__ volatile("syscall" : "=a"(ret) : "0"(158L), "D"(0x1023L), "S"(18L)
+                     : "rcx", "r11", "memory");
+    return ret == 0;
+}
+__attribute__((target("amx-tile,amx-bf16"))) static inline float bench_peak_run_amx(long iters)
+{
+    struct { /* LDTILECFG's operand: palette 1, 8 tiles of 16 rows x 64 bytes */
+        unsigned char palette, start_row, reserved[14];
+        unsigned short colsb[16];
+        unsigned char rows[16];
+    } cfg;
+    static unsigned short ones[16 * 32]; /* 1.0 in bf16: each step adds 32, exact in fp32 */
+    float out[16 * 16];
+    long i;
+    int t;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    for (t = 0; t < 16 * 32; t++) ones[t] = 0x3f80;
+    _tile_loadconfig(&cfg);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); _tile_zero(4); _tile_zero(5);
+    _tile_loadd(6, ones, 64);
+    _tile_loadd(7, ones, 64);
+    for (i = 0; i < iters; i++) {
+        _tile_dpbf16ps(0, 6, 7); _tile_dpbf16ps(1, 6, 7); _tile_dpbf16ps(2, 6, 7);
+        _tile_dpbf16ps(3, 6, 7); _tile_dpbf16ps(4, 6, 7); _tile_dpbf16ps(5, 6, 7);
+    }
+    _tile_stored(5, out, 64);
+    _tile_release();
+    return out[0];
+}
+#  else
+static inline int bench_amx_usable(void) { return 0; }
+static inline float bench_peak_run_amx(long iters) { return (float)iters; }
+#  endif
 #  undef BENCH_PEAK_CHAINS
 #  undef BENCH_SET512
 #  undef BENCH_SET256
@@ -181,7 +241,10 @@ static inline double bench_peak_gflops(int kind)
     long iters = 1000000;
     int r;
     __builtin_cpu_init();
-    if (kind == BENCH_PEAK_BF16_DOT) {
+    if (kind == BENCH_PEAK_AMX_BF16) {
+        if (!bench_amx_usable()) return 0.0;
+        run = bench_peak_run_amx, flops_per_iter = 6.0 * 16 * 16 * 32 * 2, iters = 20000;
+    } else if (kind == BENCH_PEAK_BF16_DOT) {
         if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
         run = bench_peak_run_bf16, flops_per_iter = 12.0 * 64;
     } else if (__builtin_cpu_supports("avx512f")) {
@@ -211,6 +274,36 @@ static inline double bench_peak_gflops(int kind)
     return 0.0;
 }
 #endif
+
+/* ---- bench: the CPU's name ---- */
+
+/* The first "model name" of /proc/cpuinfo with its "cpu family" and "model" numbers
+   into buf, for the output's heading: a figure means something only with the CPU that
+   made it, and a virtual machine's model name can be as vague as "Intel(R) Xeon(R)
+   Processor"; "unknown CPU" without /proc/cpuinfo. */
+static inline const char *bench_cpu_name(char *buf, size_t size)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512], name[256] = "unknown CPU";
+    int family = -1, model = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        char *v = strchr(line, ':');
+        if (!v) continue;
+        if (!strncmp(line, "cpu family", 10) && family < 0) family = atoi(v + 1);
+        else if (!strncmp(line, "model\t", 6) && model < 0) model = atoi(v + 1);
+        else if (!strncmp(line, "model name", 10) && !strcmp(name, "unknown CPU")) {
+            v += v[1] == ' ' ? 2 : 1;
+            v[strcspn(v, "\n")] = '\0';
+            snprintf(name, sizeof name, "%s", v);
+        } else if (line[0] == '\n' && family >= 0) break; /* the first processor's block */
+    }
+    if (f) fclose(f);
+    if (family >= 0 && model >= 0)
+        snprintf(buf, size, "%s (family %d, model %d)", name, family, model);
+    else
+        snprintf(buf, size, "%s", name);
+    return buf;
+}
 
 /* ---- bench: workloads ---- */
 

@@ -13,15 +13,25 @@
    OpenBLAS. "of peak": ours as a fraction of the fp32 FMA peak measured at the start
    (bench.h's bench_peak_gflops: one core's, times the threads).
 
-   bf16 section: pdp_gemm_bf16 (its best path) on the MLP's products at batch 512
-   (784-512-512-10) in the layouts its Linear layers use: forward NT (x W^T), dW TN
-   (dy^T x), dX NN (dy W); one thread, beside pdp_sgemm on the same shape, each as a
-   fraction of its own measured peak (vdpbf16ps, fp32 FMA).
+   Peers section (one thread, same run; `./build/bench_gemm bf16` prints it alone): per
+   shape - the MLP 784-512-512-10's products at batch 512 in the three layouts a Linear
+   uses (forward NT: x W^T, dW TN: dY^T X, dX NN: dY W; the 512 x 512 x 512 NN is also the
+   square 512) and the squares 1024 and 2048 - two tables. fp32: pdp_sgemm, OpenBLAS, and PyTorch's torch.matmul and oneDNN inner
+   product (bench/gemm_torch.py under /usr/bin/python3, one child per round, after ours).
+   bf16: PyTorch's torch.matmul in bf16 (oneDNN on a CPU with AVX512-BF16 or AMX),
+   pdp_gemm_bf16 (the path it chooses) and pdp_gemm_bf16_on on each path pdp names
+   (the enum from PDP_BF16_PATH_EMULATED on while pdp_bf16_path_name knows it;
+   "absent" where the CPU or build lacks it). Ratios against the peers, and fractions of
+   the peaks (bench.h: fp32 FMA, vdpbf16ps, AMX tdpbf16ps on tiles that stay in
+   registers; the best of a measurement at the start and one at the end). Each figure is the median over 3 rounds of
+   measure_one's median (a path slower than a second per call is timed once, in the
+   first round). The CPU is named (bench.h's bench_cpu_name). Ends with the MLP step's
+   eight products summed at each side's speed: the GEMM time a step cannot go below.
 
    make bench        (links OpenBLAS and defines PDP_BENCH_OPENBLAS when pkg-config
                       finds it; without it only our figures are printed)
-   ./build/bench_gemm [quick|bf16]   quick: fewer shapes, for a smoke run; bf16: only the
-                                     bf16 section, all its shapes */
+   ./build/bench_gemm [quick|bf16]   quick: fewer shapes, one round, for a smoke run; bf16:
+                                     only the peers section, all its shapes */
 
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
@@ -146,49 +156,237 @@ static int problem_alloc(problem *p)
 
 static const char *layout(const shape *s);
 
-/* The bf16 section (top comment); quick: the two largest products only. */
-static void bench_bf16(int quick)
+/* ---- bench: the peers section (top comment) ---- */
+
+#define PEER_SHAPES 10
+#define PEER_PATHS 8 /* room for paths pdp_bf16_path_name will learn to name */
+#define PEAK_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* pdp_gemm_bf16_on on one path (peer_path), the hook measure_one calls. */
+static pdp_bf16_path peer_path;
+static void run_bf16_on(const problem *p)
 {
-    static const shape mlp[] = {
+    (void)pdp_gemm_bf16_on(peer_path, p->s.ta, p->s.tb, p->s.m, p->s.n, p->s.k, 1.0f, p->a,
+                           p->lda, p->b, p->ldb, 0.0f, p->c, p->s.n);
+}
+
+/* GFLOP/s of fn on p: measure_one, except that a call of over a second (the emulated
+   path on the large squares) is timed once, not calibrated and repeated. */
+static double measure_capped(void (*fn)(const problem *), const problem *p)
+{
+    double flops = 2.0 * (double)p->s.m * (double)p->s.n * (double)p->s.k;
+    double t = bench_now();
+    fn(p);
+    t = bench_now() - t;
+    return t > 1.0 ? flops / t * 1e-9 : measure_one(fn, p);
+}
+
+/* PyTorch's figures for every shape, one child process (bench/gemm_torch.py under
+   /usr/bin/python3, one thread): torch[i][0..2] = matmul fp32, oneDNN fp32, matmul bf16;
+   0 when torch is absent or the child failed. */
+static int torch_peer(const shape *sh, int count, double torch[][3])
+{
+    char cmd[2048], line[256], key[64];
+    const char *script = access("bench/gemm_torch.py", R_OK) == 0 ? "bench/gemm_torch.py"
+                                                                   : "../bench/gemm_torch.py";
+    size_t used;
+    double r[3];
+    FILE *f;
+    int i, got = 0;
+    memset(torch, 0, sizeof(double) * 3 * (size_t)count);
+    used = (size_t)snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s --threads 1 --reps 5 "
+                            "--rep-s 0.08", script);
+    for (i = 0; i < count && used < sizeof cmd; i++)
+        used += (size_t)snprintf(cmd + used, sizeof cmd - used, " %d:%d:%d:%s", (int)sh[i].m,
+                                 (int)sh[i].k, (int)sh[i].n, layout(&sh[i]));
+    if (!(f = popen(cmd, "r"))) return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%63s %lf %lf %lf", key, &r[0], &r[1], &r[2]) == 4)
+            for (i = 0; i < count; i++) {
+                char want[64];
+                snprintf(want, sizeof want, "%d:%d:%d:%s", (int)sh[i].m, (int)sh[i].k,
+                         (int)sh[i].n, layout(&sh[i]));
+                if (strcmp(want, key)) continue;
+                memcpy(torch[i], r, sizeof r);
+                got++;
+            }
+    return pclose(f) == 0 && got == count;
+}
+
+/* The peak a bf16 path runs against: AMX's tdpbf16ps, vdpbf16ps, or the fp32 FMA the
+   emulation runs on; 0 for a path this bench does not know. */
+static double path_peak(pdp_bf16_path path, double fp32, double dot, double amx)
+{
+    return path == PDP_BF16_PATH_AMX        ? amx
+           : path == PDP_BF16_PATH_AVX512   ? dot
+           : path == PDP_BF16_PATH_EMULATED ? fp32 : 0.0;
+}
+
+static const char *pct(char *buf, double x, double peak)
+{
+    if (peak > 0 && x > 0) snprintf(buf, 8, "%4.0f%%", 100.0 * x / peak);
+    else snprintf(buf, 8, "%5s", "-");
+    return buf;
+}
+
+/* The peers section: quick, the first two shapes and one round. */
+static void bench_peers(int quick)
+{
+    static const shape sh[PEER_SHAPES] = {
         {512, 784, 512, PDP_NO_TRANS, PDP_TRANS},    {512, 512, 512, PDP_NO_TRANS, PDP_TRANS},
         {512, 512, 10, PDP_NO_TRANS, PDP_TRANS},     {512, 512, 784, PDP_TRANS, PDP_NO_TRANS},
         {512, 512, 512, PDP_TRANS, PDP_NO_TRANS},    {10, 512, 512, PDP_TRANS, PDP_NO_TRANS},
         {512, 10, 512, PDP_NO_TRANS, PDP_NO_TRANS},  {512, 512, 512, PDP_NO_TRANS, PDP_NO_TRANS},
+        {1024, 1024, 1024, PDP_NO_TRANS, PDP_NO_TRANS},
+        {2048, 2048, 2048, PDP_NO_TRANS, PDP_NO_TRANS},
     };
-    double peak16 = bench_peak_gflops(BENCH_PEAK_BF16_DOT), peak32 = bench_peak_gflops(BENCH_PEAK_FP32);
-    double t16 = 0.0, t32 = 0.0;
-    size_t i, count = quick ? 2 : sizeof mlp / sizeof mlp[0];
-    printf("\npdp_gemm_bf16, path %s, 1 thread: the MLP 784-512-512-10's products at batch 512\n",
-           pdp_bf16_path_name(pdp_bf16_best_path()));
-    printf("vdpbf16ps peak measured: %.1f GFLOP/s per core; fp32 FMA peak %.1f\n", peak16, peak32);
-    printf("%-16s %-3s | %8s %5s | %8s %5s | %6s\n", "shape", "op", "bf16", "peak", "fp32", "peak",
-           "bf16 x");
-    pdp_set_num_threads(1);
+    enum { MLP_SHAPES = 8 };
+    /* [shape][round]: pdp fp32, OpenBLAS, torch matmul fp32, oneDNN fp32, oneDNN bf16,
+       pdp_gemm_bf16 (auto), then one per path */
+    enum { C_PDP, C_OB, C_TM, C_DNN, C_DNN16, C_AUTO, C_PATH, NCOL = C_PATH + PEER_PATHS };
+    static double v[PEER_SHAPES][NCOL][ROUNDS];
+    double med[PEER_SHAPES][NCOL], torch[PEER_SHAPES][3], sum[NCOL];
+    double peak32 = bench_peak_gflops(BENCH_PEAK_FP32), peakdot = bench_peak_gflops(BENCH_PEAK_BF16_DOT);
+    double peakamx = bench_peak_gflops(BENCH_PEAK_AMX_BF16), peakpath[PEER_PATHS];
+    pdp_bf16_path best = pdp_bf16_best_path();
+    int count = quick ? 2 : PEER_SHAPES, rounds = quick ? 1 : ROUNDS, npath = 0;
+    int have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    int torch_failed = 0;
+    int i, c, r, q;
+    char cpu[320], b1[8], b2[8], b3[8], name[32];
+    problem p[PEER_SHAPES];
+
+    /* the paths pdp names: the enum from EMULATED on, while pdp_bf16_path_name knows it */
+    while (npath < PEER_PATHS &&
+           strcmp(pdp_bf16_path_name((pdp_bf16_path)(PDP_BF16_PATH_EMULATED + npath)),
+                  "unknown") != 0)
+        npath++;
+    for (q = 0; q < npath; q++)
+        peakpath[q] = path_peak((pdp_bf16_path)(PDP_BF16_PATH_EMULATED + q), peak32, peakdot,
+                                peakamx);
+    memset(v, 0, sizeof v);
     for (i = 0; i < count; i++) {
-        problem p;
-        double r16, r32, flops;
-        char name[32];
-        p.s = mlp[i];
-        if (!problem_alloc(&p)) {
+        p[i].s = sh[i];
+        if (!problem_alloc(&p[i])) {
             fprintf(stderr, "bench_gemm: out of memory\n");
             exit(1);
         }
-        flops = 2.0 * (double)p.s.m * (double)p.s.n * (double)p.s.k;
-        r16 = measure_one(run_bf16, &p);
-        r32 = measure_one(run_ours, &p);
-        t16 += flops / (r16 * 1e9);
-        t32 += flops / (r32 * 1e9);
-        snprintf(name, sizeof name, "%dx%dx%d", (int)p.s.m, (int)p.s.k, (int)p.s.n);
-        printf("%-16s %-3s | %8.1f %4.0f%% | %8.1f %4.0f%% | %6.2f\n", name, layout(&p.s), r16,
-               peak16 > 0 ? 100.0 * r16 / peak16 : 0.0, r32, 100.0 * r32 / peak32, r16 / r32);
-        fflush(stdout);
-        free(p.a);
-        free(p.b);
-        free(p.c);
     }
-    if (!quick)
-        printf("the step's products: bf16 %.2f ms, fp32 %.2f ms (sum of the medians)\n",
-               t16 * 1e3, t32 * 1e3);
+    pdp_set_num_threads(1);
+#ifdef PDP_BENCH_OPENBLAS
+    openblas_set_num_threads(1);
+#endif
+    printf("\n== pdp beside OpenBLAS and PyTorch (oneDNN), one thread, on %s ==\n",
+           bench_cpu_name(cpu, sizeof cpu));
+    printf("GFLOP/s, the median over %d round%s; shapes M x K x N; the MLP 784-512-512-10 at "
+           "batch 512: forward NT (x W^T), dW TN (dY^T X), dX NN (dY W)\n", rounds,
+           rounds > 1 ? "s" : "");
+    fflush(stdout);
+    for (r = 0; r < rounds; r++) {
+        for (i = 0; i < count; i++) {
+            v[i][C_PDP][r] = measure_one(run_ours, &p[i]);
+#ifdef PDP_BENCH_OPENBLAS
+            v[i][C_OB][r] = measure_one(run_openblas, &p[i]);
+#endif
+            v[i][C_AUTO][r] = measure_one(run_bf16, &p[i]);
+            for (q = 0; q < npath; q++) {
+                peer_path = (pdp_bf16_path)(PDP_BF16_PATH_EMULATED + q);
+                if (!pdp_bf16_path_available(peer_path)) continue;
+                /* a path slower than a second a call: its first round's figure stands */
+                if (r > 0 && 2.0 * (double)sh[i].m * (double)sh[i].n * (double)sh[i].k /
+                                     (v[i][C_PATH + q][0] * 1e9) > 1.0) {
+                    v[i][C_PATH + q][r] = v[i][C_PATH + q][0];
+                    continue;
+                }
+                v[i][C_PATH + q][r] = measure_capped(run_bf16_on, &p[i]);
+            }
+        }
+        if (have_torch && !torch_peer(sh, count, torch)) have_torch = 0, torch_failed = 1;
+        for (i = 0; have_torch && i < count; i++) {
+            v[i][C_TM][r] = torch[i][0];
+            v[i][C_DNN][r] = torch[i][1] > 0 ? torch[i][1] : 0.0;
+            v[i][C_DNN16][r] = torch[i][2];
+        }
+        fprintf(stderr, "  peers: round %d of %d done\n", r + 1, rounds);
+    }
+    /* the peaks again, kept at their best: a loaded machine lowers every run of one
+       measurement, which would inflate the fractions */
+    peak32 = PEAK_MAX(peak32, bench_peak_gflops(BENCH_PEAK_FP32));
+    peakdot = PEAK_MAX(peakdot, bench_peak_gflops(BENCH_PEAK_BF16_DOT));
+    peakamx = PEAK_MAX(peakamx, bench_peak_gflops(BENCH_PEAK_AMX_BF16));
+    for (q = 0; q < npath; q++)
+        peakpath[q] = path_peak((pdp_bf16_path)(PDP_BF16_PATH_EMULATED + q), peak32, peakdot,
+                                peakamx);
+    pdp_shutdown_threads();
+    memset(sum, 0, sizeof sum);
+    for (i = 0; i < count; i++)
+        for (c = 0; c < NCOL; c++) {
+            med[i][c] = bench_median(v[i][c], rounds);
+            if (i < MLP_SHAPES && med[i][c] > 0)
+                sum[c] += 2.0 * (double)sh[i].m * (double)sh[i].n * (double)sh[i].k /
+                          (med[i][c] * 1e9);
+        }
+
+    printf("peaks measured on one core (the best of the start's and the end's): fp32 FMA %.0f "
+           "GFLOP/s, AVX512-BF16 vdpbf16ps %.0f, AMX tdpbf16ps %.0f (0: the CPU or OS lacks "
+           "it)\n", peak32, peakdot, peakamx);
+    printf("\nfp32: pdp_sgemm | OpenBLAS cblas_sgemm | torch.matmul (this torch's BLAS) | "
+           "oneDNN inner product (torch mkldnn_linear)\n");
+    printf("%-14s %-2s | %7s %8s %7s %7s | %8s %8s | %5s\n", "shape", "op", "pdp", "OpenBLAS",
+           "matmul", "oneDNN", "pdp/OB", "pdp/oDNN", "%FMA");
+    for (i = 0; i < count; i++) {
+        snprintf(name, sizeof name, "%dx%dx%d", (int)sh[i].m, (int)sh[i].k, (int)sh[i].n);
+        printf("%-14s %-2s | %7.1f %8.1f %7.1f %7.1f | %8.2f %8.2f | %s\n", name, layout(&sh[i]),
+               med[i][C_PDP], med[i][C_OB], med[i][C_TM], med[i][C_DNN],
+               med[i][C_OB] > 0 ? med[i][C_PDP] / med[i][C_OB] : 0.0,
+               med[i][C_DNN] > 0 ? med[i][C_PDP] / med[i][C_DNN] : 0.0,
+               pct(b1, med[i][C_PDP], peak32));
+    }
+    printf("pdp/OB: pdp / OpenBLAS; pdp/oDNN: pdp / oneDNN fp32; %%FMA: pdp / the fp32 FMA "
+           "peak\n");
+    printf("\nbf16 (inputs rounded to bf16, fp32 sums): oneDNN (torch.matmul in bf16) | "
+           "pdp_gemm_bf16 (auto: %s) | pdp_gemm_bf16_on each path\n", pdp_bf16_path_name(best));
+    printf("%-14s %-2s | %7s | %7s", "shape", "op", "oneDNN", "pdp");
+    for (q = 0; q < npath; q++)
+        printf(" %11.11s", pdp_bf16_path_name((pdp_bf16_path)(PDP_BF16_PATH_EMULATED + q)));
+    printf(" | %8s %6s %6s | %9s\n", "pdp/oDNN", "pdp%pk", "oDNN%A", "pdp16/32");
+    for (i = 0; i < count; i++) {
+        double auto_peak = peakpath[best - PDP_BF16_PATH_EMULATED];
+        snprintf(name, sizeof name, "%dx%dx%d", (int)sh[i].m, (int)sh[i].k, (int)sh[i].n);
+        printf("%-14s %-2s | %7.1f | %7.1f", name, layout(&sh[i]), med[i][C_DNN16],
+               med[i][C_AUTO]);
+        for (q = 0; q < npath; q++) {
+            if (med[i][C_PATH + q] > 0) printf(" %11.1f", med[i][C_PATH + q]);
+            else printf(" %11s", "absent");
+        }
+        printf(" | %8.2f %6s %6s | %9.2f\n",
+               med[i][C_DNN16] > 0 ? med[i][C_AUTO] / med[i][C_DNN16] : 0.0,
+               pct(b1, med[i][C_AUTO], auto_peak), pct(b2, med[i][C_DNN16], peakamx),
+               med[i][C_AUTO] / med[i][C_PDP]);
+    }
+    (void)b3;
+    printf("pdp/oDNN: pdp_gemm_bf16 / oneDNN bf16 (the issue's target: >= 1.0 on the MLP's "
+           "shapes, one thread); pdp%%pk: pdp_gemm_bf16 / the peak of the path it took "
+           "(AMX tdpbf16ps, vdpbf16ps, or the fp32 FMA for the emulation); oDNN%%A: oneDNN bf16 "
+           "/ the AMX peak; pdp16/32: pdp_gemm_bf16 / pdp_sgemm\n");
+    if (count >= MLP_SHAPES)
+        printf("the MLP step's eight products, batch 512, at these speeds: pdp fp32 %.2f ms, "
+               "pdp bf16 %.2f ms, oneDNN bf16 %.2f ms, oneDNN fp32 %.2f ms\n", 1e3 * sum[C_PDP],
+               1e3 * sum[C_AUTO], have_torch ? 1e3 * sum[C_DNN16] : 0.0,
+               have_torch ? 1e3 * sum[C_DNN] : 0.0);
+    if (torch_failed)
+        printf("PyTorch: /usr/bin/python3 bench/gemm_torch.py failed: its columns are 0\n");
+    else if (!have_torch)
+        printf("PyTorch: skipped, /usr/bin/python3 cannot import torch (apt-get install "
+               "python3-torch): its columns are 0\n");
+#ifndef PDP_BENCH_OPENBLAS
+    printf("OpenBLAS: absent from this build (its column is 0)\n");
+#endif
+    for (i = 0; i < count; i++) {
+        free(p[i].a);
+        free(p[i].b);
+        free(p[i].c);
+    }
 }
 
 static const char *layout(const shape *s)
@@ -218,7 +416,7 @@ int main(int argc, char **argv)
     double peak;
 
     if (bf16_only) {
-        bench_bf16(0);
+        bench_peers(0);
         bench_print_load("end", 1.0); /* one busy thread */
         pdp_shutdown_threads();
         return 0;
@@ -288,7 +486,7 @@ int main(int argc, char **argv)
     }
     printf("ratio: ours / OpenBLAS at the same thread count; peak: ours / (threads x the measured "
            "peak); ours x: our 2-thread speed-up. %.0f s\n", bench_now() - start);
-    bench_bf16(quick);
+    bench_peers(quick);
     bench_print_load("end", BENCH_OWN_LOAD_1_2);
     pdp_shutdown_threads();
     return 0;

@@ -5,8 +5,12 @@
    examples/train_cnn.c (conv 1->16 k5 p2, ReLU, pool 2, conv 16->32 k5 p2, ReLU, pool 2,
    flatten, linear 10) at batch 128; each with 1 and 2 threads (pdp_set_num_threads for ours,
    torch.set_num_threads for PyTorch, in its own process). Inputs are uniform random, labels
-   random. bf16 rows: pdp with pdp_model_set_precision(PDP_PRECISION_BF16) beside PyTorch's
-   forward and loss under torch.autocast("cpu", dtype=torch.bfloat16), the same step.
+   random. bf16 rows (the MLP at batch 128 and 512, the CNN; 512 and the CNN at 1 and 2
+   threads): pdp with pdp_model_set_precision(PDP_PRECISION_BF16) beside PyTorch's forward
+   and loss under torch.autocast("cpu", dtype=torch.bfloat16) (its Linear and Conv2d run
+   oneDNN's bf16 kernels where the CPU has AVX512-BF16 or AMX), the same step. The first
+   table: samples/s, pdp / PyTorch, and pdp's bf16 step / its fp32 step, with the issue's
+   targets; the heading names the CPU (bench.h's bench_cpu_name).
 
    Where the time goes (the second table): one more run of each configuration of ours, as
    long as a repetition, under pdp_profile (base.h): the step's share in layers with weights
@@ -14,10 +18,21 @@
    loss and in the optimizer, the rest (the bench's own loop), and the workers' idle
    thread-seconds as a share of all thread-seconds; the step's GFLOP/s (the products a step
    must do: forward, and backward's dW and dX but the first layer's dX) as a fraction of the
-   peak (bench.h's bench_peak_gflops: the fp32 FMA peak, or for bf16 on the avx512-bf16 path
-   the vdpbf16ps peak, times the threads; the best of its measurements at the start and
+   peak (bench.h's bench_peak_gflops: the fp32 FMA peak, or for bf16 the peak of the path
+   pdp_gemm_bf16 takes - AMX tdpbf16ps, vdpbf16ps, the fp32 FMA - times the threads; the best of its measurements at the start and
    after each round), for the whole step and for its layers with weights alone. The
    averages over the rounds.
+
+   What the bf16 GEMM must deliver (the third table, bf16 rows): the step split into its
+   GEMMs and the rest, and the products' GFLOP/s at which the step would meet the issue's
+   target against PyTorch and would equal pdp's fp32 step, the rest unchanged. The split
+   is a share measured per round back to back with the step: the MLP's products timed
+   alone (mlp_products_s: its eight pdp_gemm_bf16 calls) over the step; the CNN's w-layer
+   share of its profiled run (an upper bound of its GEMMs: im2col, packing and the fused
+   ReLU and pooling are in it).
+
+   Per layer (the fourth table, one thread): each layer's forward + backward milliseconds
+   per step in the profiled runs, fp32 beside bf16: which layers bf16 makes slower.
 
    Measurement: ROUNDS rounds; in each, every configuration is measured for ours and then for
    PyTorch (bench/train_torch.py under /usr/bin/python3, Debian's python3-torch, through
@@ -37,7 +52,8 @@
 
 #include "bench.h"
 
-#define NCONF 10
+#define NCONF 11
+#define MAX_LAYERS 8
 #define ROUNDS 5
 
 typedef struct config {
@@ -48,6 +64,10 @@ typedef struct config {
     double ours[ROUNDS], torch[ROUNDS]; /* samples/s per round; 0 = not measured */
     pdp_profile prof;                   /* summed over the rounds' profiled runs */
     int64_t prof_steps;
+    double gemm_share[ROUNDS]; /* per round, the GEMMs' share of the step (the third table) */
+    double layer_s[MAX_LAYERS];  /* the profiled runs' seconds per layer (the fourth table) */
+    const char *layer_kind[MAX_LAYERS];
+    int nlayers;
 } config;
 
 
@@ -106,7 +126,51 @@ static double step_flops(const config *c)
     return 2.0 * b * (3.0 * (macs[0] + macs[1] + macs[2]) - macs[0]);
 }
 
-static double bench_ours(config *c, int reps, double rep_s)
+/* The MLP step's products alone, as its Linear layers call them (forward x W^T onto the
+   bias, dW += dY^T X, dX = dY W but the first layer's), on the bench's thread count and
+   precision: seconds per step, the median of 5 repetitions of about 0.1 s. The step's
+   time minus this is what a faster GEMM cannot remove. */
+static double mlp_products_s(const config *c)
+{
+    static const int64_t dims[4] = {784, 512, 512, 10};
+    int64_t B = c->batch, n = B * 784 > 512 * 784 ? B * 784 : 512 * 784, j, iters = 1, i;
+    float *x = (float *)malloc((size_t)n * sizeof(float)), *w = (float *)malloc((size_t)n * sizeof(float));
+    float *y = (float *)malloc((size_t)n * sizeof(float)), *dw = (float *)malloc((size_t)n * sizeof(float));
+    void (*gemm)(pdp_trans, pdp_trans, int64_t, int64_t, int64_t, float, const float *, int64_t,
+                 const float *, int64_t, float, float *, int64_t) = c->bf16 ? pdp_gemm_bf16 : pdp_sgemm;
+    double t, r[5];
+    int k, l;
+    if (!x || !w || !y || !dw) {
+        fprintf(stderr, "bench_train: out of memory\n");
+        exit(1);
+    }
+    for (j = 0; j < n; j++) {
+        x[j] = (float)((j * 7 + 3) % 13) * 0.1f - 0.6f;
+        w[j] = (float)((j * 5 + 1) % 11) * 0.01f - 0.05f;
+        y[j] = dw[j] = 0.0f;
+    }
+    for (k = -1; k < 5; k++) { /* k = -1: warm-up and the iteration count */
+        t = bench_now();
+        for (i = 0; i < iters; i++)
+            for (l = 0; l < 3; l++) {
+                int64_t in = dims[l], out = dims[l + 1];
+                gemm(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, x, in, w, in, 1.0f, y, out);
+                gemm(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, y, out, x, in, 1.0f, dw, in);
+                if (l > 0) gemm(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, y, out, w, in, 0.0f,
+                                x, in);
+            }
+        t = (bench_now() - t) / (double)iters;
+        if (k < 0) iters = (int64_t)(0.1 / t) + 1;
+        else r[k] = t;
+    }
+    free(x);
+    free(w);
+    free(y);
+    free(dw);
+    return bench_median(r, 5);
+}
+
+static double bench_ours(config *c, int reps, double rep_s, int round)
 {
     pdp_model *m = build(c->model);
     pdp_optim_desc od = {0};
@@ -139,9 +203,16 @@ static double bench_ours(config *c, int reps, double rep_s)
     }
     { /* where the time goes: one more repetition, profiled */
         pdp_profile p;
+        int l;
+        /* and per layer: model.c's own counter (forward and backward seconds per layer,
+           an internal field: the bench includes the implementation) */
+        m->layer_s = c->layer_s;
         pdp_profile_start();
         for (i = 0; i < iters; i++) step(m, o, x, y);
         pdp_profile_stop(&p);
+        m->layer_s = NULL;
+        c->nlayers = m->nlayers < MAX_LAYERS ? m->nlayers : MAX_LAYERS;
+        for (l = 0; l < c->nlayers; l++) c->layer_kind[l] = pdp__layer_kind_name(m->layers[l].kind);
         c->prof.wall_s += p.wall_s;
         c->prof.gemm_layers_s += p.gemm_layers_s;
         c->prof.other_layers_s += p.other_layers_s;
@@ -151,6 +222,13 @@ static double bench_ours(config *c, int reps, double rep_s)
         c->prof.idle_s += p.idle_s;
         c->prof.threads = p.threads;
         c->prof_steps += iters;
+        /* the GEMMs' share of the step, measured back to back with the step: MLP, its
+           products timed alone / the median step; CNN, the w-layer share of this run */
+        if (!strcmp(c->model, "mlp"))
+            c->gemm_share[round] = mlp_products_s(c) * bench_median(rates, reps) /
+                                   (double)c->batch;
+        else
+            c->gemm_share[round] = p.wall_s > 0 ? p.gemm_layers_s / p.wall_s : 0.0;
     }
     pdp_optim_free(o);
     pdp_model_free(m);
@@ -175,16 +253,37 @@ static double bench_torch(const config *c, int reps, double rep_s, const char *s
     return pclose(p) == 0 ? rate : 0;
 }
 
-/* The peaks (bench.h's bench_peak_gflops; bf16: vdpbf16ps on the avx512-bf16 path, else
-   the fp32 FMA the path runs on), kept at their best: measured at the start and after
+/* The peaks (bench.h's bench_peak_gflops; bf16: tdpbf16ps on the amx-bf16 path, vdpbf16ps
+   on the avx512-bf16 path, else the fp32 FMA the path runs on), kept at their best: measured at the start and after
    each round, since a loaded machine lowers every run of one measurement and would
    inflate the %peak columns. */
 static void measure_peaks(pdp_bf16_path path, double *peak32, double *peak16)
 {
     double p32 = bench_peak_gflops(BENCH_PEAK_FP32);
-    double p16 = path == PDP_BF16_PATH_AVX512 ? bench_peak_gflops(BENCH_PEAK_BF16_DOT) : p32;
+    double p16 = path == PDP_BF16_PATH_AMX      ? bench_peak_gflops(BENCH_PEAK_AMX_BF16)
+                 : path == PDP_BF16_PATH_AVX512 ? bench_peak_gflops(BENCH_PEAK_BF16_DOT) : p32;
     *peak32 = p32 > *peak32 ? p32 : *peak32;
     *peak16 = p16 > *peak16 ? p16 : *peak16;
+}
+
+/* The fp32 configuration of bf16 configuration i (same model, batch, threads); -1 if none. */
+static int fp32_twin(const config *cs, int i)
+{
+    int j;
+    if (!cs[i].bf16) return -1;
+    for (j = 0; j < NCONF; j++)
+        if (!cs[j].bf16 && !strcmp(cs[j].model, cs[i].model) && cs[j].batch == cs[i].batch &&
+            cs[j].threads == cs[i].threads)
+            return j;
+    return -1;
+}
+
+/* "need": the products' GFLOP/s that would make the step time `step_s`, the rest
+   (rest_s) unchanged; "never" when the rest alone is longer. */
+static void print_need(double flops, double step_s, double rest_s)
+{
+    if (step_s <= rest_s) printf(" %9s", "never");
+    else printf(" %9.0f", flops / (step_s - rest_s) * 1e-9);
 }
 
 int main(int argc, char **argv)
@@ -198,30 +297,36 @@ int main(int argc, char **argv)
                                {.model = "mlp", .batch = 128, .threads = 1, .bf16 = true},
                                {.model = "mlp", .batch = 512, .threads = 1, .bf16 = true},
                                {.model = "mlp", .batch = 512, .threads = 2, .bf16 = true},
-                               {.model = "cnn", .batch = 128, .threads = 1, .bf16 = true}};
+                               {.model = "cnn", .batch = 128, .threads = 1, .bf16 = true},
+                               {.model = "cnn", .batch = 128, .threads = 2, .bf16 = true}};
     double peak32 = 0.0, peak16 = 0.0;
     pdp_bf16_path path = pdp_bf16_best_path();
     bool quick = argc > 1 && !strcmp(argv[1], "quick"), have_torch;
     int reps = quick ? 3 : 5, rounds = quick ? 1 : ROUNDS, i, r;
     double rep_s = quick ? 0.1 : 0.2, t0 = bench_now(), one = 0.0, two = 0.0;
+    double ours[NCONF], torch[NCONF];
+    char cpu[320];
     const char *script = "bench/train_torch.py";
     FILE *f;
     if (!(f = fopen(script, "r"))) script = "../bench/train_torch.py";
     else fclose(f);
 
     measure_peaks(path, &peak32, &peak16);
-    printf("training step (forward, cross-entropy, backward, SGD) in samples/s: per side, the "
-           "median over %d rounds of the median of %d repetitions\n", rounds, reps);
+    printf("training step (forward, cross-entropy, backward, SGD) on %s, in samples/s: per "
+           "side, the median over %d rounds of the median of %d repetitions\n",
+           bench_cpu_name(cpu, sizeof cpu), rounds, reps);
     printf("peak measured per core at the start: fp32 FMA %.1f GFLOP/s; bf16 GEMM path %s: "
            "%.1f GFLOP/s (%s)\n",
            peak32, pdp_bf16_path_name(path), peak16,
-           path == PDP_BF16_PATH_AVX512 ? "vdpbf16ps" : "fp32 FMA: the path emulates bf16");
+           path == PDP_BF16_PATH_AMX      ? "AMX tdpbf16ps"
+           : path == PDP_BF16_PATH_AVX512 ? "vdpbf16ps"
+                                          : "fp32 FMA: the path emulates bf16");
     bench_print_load("start", 0.0);
     fflush(stdout);
     have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
     for (r = 0; r < rounds; r++)
         for (i = 0; i < NCONF; i++) { /* ours, then PyTorch, config by config: same conditions */
-            cs[i].ours[r] = bench_ours(&cs[i], reps, rep_s);
+            cs[i].ours[r] = bench_ours(&cs[i], reps, rep_s, r);
             pdp_shutdown_threads(); /* no pdp workers alive while PyTorch runs */
             if (have_torch) cs[i].torch[r] = bench_torch(&cs[i], reps, rep_s, script);
             fprintf(stderr, "  round %d: %s batch %lld threads %d %s: pdp %.0f, pytorch %.0f "
@@ -229,28 +334,34 @@ int main(int argc, char **argv)
                     cs[i].bf16 ? "bf16" : "fp32", cs[i].ours[r], cs[i].torch[r]);
             if (i == NCONF - 1) measure_peaks(path, &peak32, &peak16);
         }
-    printf("%-22s %6s %8s %5s %12s %14s %8s %8s\n", "model", "batch", "threads", "prec", "pdp",
-           "pytorch", "ratio", "target");
+    for (i = 0; i < NCONF; i++) {
+        ours[i] = bench_median(cs[i].ours, rounds);
+        torch[i] = bench_median(cs[i].torch, rounds);
+    }
+    printf("%-20s %5s %3s %4s | %9s %9s %7s %6s | %9s %6s\n", "model", "batch", "thr", "prec",
+           "pdp", "pytorch", "ratio", "target", "bf16/fp32", "target");
     for (i = 0; i < NCONF; i++) {
         bool mlp = !strcmp(cs[i].model, "mlp");
-        double ours = bench_median(cs[i].ours, rounds), torch = bench_median(cs[i].torch, rounds);
-        /* the issue's: one thread; fp32 MLP 1.3x, CNN 2x; bf16 MLP at batch 512 1.5x */
+        int f32 = fp32_twin(cs, i);
+        /* the issue's, one thread: fp32 MLP 1.3x, CNN 2x; bf16 MLP at batch 512 1.5x, CNN 1.2x;
+           bf16 / fp32 >= 1.0 on every configuration */
         double target = cs[i].threads != 1 ? 0.0
-                        : cs[i].bf16 ? (mlp && cs[i].batch == 512 ? 1.5 : 0.0)
+                        : cs[i].bf16 ? (mlp ? (cs[i].batch == 512 ? 1.5 : 0.0) : 1.2)
                                      : mlp ? 1.3 : 2.0;
         char tg[16] = "-";
         if (target > 0) snprintf(tg, sizeof tg, "%.1fx", target);
-        printf("%-22s %6lld %8d %5s %12.0f", mlp ? "MLP 784-512-512-10" : "CNN c16-p-c32-p-fc10",
-               (long long)cs[i].batch, cs[i].threads, cs[i].bf16 ? "bf16" : "fp32", ours);
-        if (torch > 0)
-            printf(" %14.0f %7.2fx %8s\n", torch, ours / torch, tg);
-        else
-            printf(" %14s %8s %8s\n", "-", "-", tg);
-        if (mlp && !cs[i].bf16 && cs[i].batch == 128 && cs[i].threads == 1) one = ours;
-        if (mlp && !cs[i].bf16 && cs[i].batch == 128 && cs[i].threads == 2) two = ours;
+        printf("%-20s %5lld %3d %4s | %9.0f", mlp ? "MLP 784-512-512-10" : "CNN c16-p-c32-p-fc10",
+               (long long)cs[i].batch, cs[i].threads, cs[i].bf16 ? "bf16" : "fp32", ours[i]);
+        if (torch[i] > 0) printf(" %9.0f %6.2fx %6s |", torch[i], ours[i] / torch[i], tg);
+        else printf(" %9s %7s %6s |", "-", "-", tg);
+        if (f32 >= 0) printf(" %8.2fx %6s\n", ours[i] / ours[f32], "1.0x");
+        else printf(" %9s %6s\n", "-", "-");
+        if (mlp && !cs[i].bf16 && cs[i].batch == 128 && cs[i].threads == 1) one = ours[i];
+        if (mlp && !cs[i].bf16 && cs[i].batch == 128 && cs[i].threads == 2) two = ours[i];
     }
-    printf("pytorch bf16: torch.autocast(\"cpu\", dtype=torch.bfloat16); target: the issue's, "
-           "pdp / PyTorch\n");
+    printf("pdp, pytorch: samples/s (pytorch bf16: torch.autocast(\"cpu\", dtype=torch.bfloat16), "
+           "oneDNN's bf16 GEMMs); ratio: pdp / pytorch, same configuration; bf16/fp32: pdp's bf16 "
+           "step / its fp32 step; target: the issue's\n");
     if (one > 0 && two > 0)
         printf("MLP batch 128 fp32, 2 threads / 1 thread: %.2fx (the issue's target 1.7x: %s)\n",
                two / one, two / one >= 1.7 ? "met" : "NOT met");
@@ -278,6 +389,69 @@ int main(int argc, char **argv)
     printf("w-layer: layers with weights (GEMMs, bias, im2col, packing, and the ReLU and "
            "pooling a Conv2d applies itself); o-layer: the other ReLU, pooling; %%peak: the "
            "step's GFLOP/s / (threads x peak); w %%peak: the same over the w-layer time alone\n");
+    printf("\nwhat the bf16 GEMM must deliver: the step split into its products and the rest "
+           "(ms per step), and the products' GFLOP/s that would meet each target with the rest "
+           "unchanged\n");
+    printf("%-4s %5s %3s | %7s %7s %7s %6s | %8s | %9s %9s\n", "", "batch", "thr", "step",
+           "gemm", "rest", "rest%", "GFLOP/s", "need tgt", "need fp32");
+    for (i = 0; i < NCONF; i++) {
+        bool mlp = !strcmp(cs[i].model, "mlp");
+        int f32 = fp32_twin(cs, i);
+        double step = (double)cs[i].batch / ours[i], fl = step_flops(&cs[i]), g, rest;
+        double target = cs[i].threads != 1 ? 0.0 : mlp ? (cs[i].batch == 512 ? 1.5 : 0.0) : 1.2;
+        if (!cs[i].bf16) continue;
+        g = step * bench_median(cs[i].gemm_share, rounds);
+        rest = step - g;
+        printf("%-4s %5lld %3d | %7.3f %7.3f %7.3f %5.0f%% | %8.1f |", cs[i].model,
+               (long long)cs[i].batch, cs[i].threads, 1e3 * step, 1e3 * g, 1e3 * rest,
+               100.0 * rest / step, fl / g * 1e-9);
+        if (rest < 0) { /* the products alone ran slower than inside the step */
+            printf(" %9s %9s (noise: the load changed between the two timings)\n", "-", "-");
+            continue;
+        }
+        if (target > 0 && torch[i] > 0)
+            print_need(fl, (double)cs[i].batch / (target * torch[i]), rest);
+        else
+            printf(" %9s", "-");
+        if (f32 >= 0) print_need(fl, (double)cs[i].batch / ours[f32], rest);
+        else printf(" %9s", "-");
+        printf("\n");
+    }
+    printf("step: 1 / the pdp column; gemm: its share of the step (the median over the rounds) "
+           "x step; the share: MLP, its products timed alone (same shapes, calls, threads) "
+           "right after the step, over the step; CNN, the time in its Conv2d and Linear layers "
+           "(w-layer above: im2col, packing, bias, fused ReLU and pooling included, so its rest "
+           "is a lower bound); rest: step - gemm; GFLOP/s: the step's "
+           "products / gemm; need tgt: the GFLOP/s at which the step would meet the issue's "
+           "target against PyTorch (the target column above), need fp32: at which it would "
+           "equal pdp's fp32 step (never: the rest alone is slower)\n");
+    printf("\nper layer, one thread: forward + backward ms per step in the profiled runs (a "
+           "fused ReLU or pooling is in its Conv2d; the first Linear and Conv2d compute no dX)\n");
+    for (i = 0; i < NCONF; i++) {
+        int f32 = fp32_twin(cs, i), l;
+        double n16, n32;
+        if (f32 < 0 || cs[i].threads != 1 || cs[i].nlayers != cs[f32].nlayers) continue;
+        n16 = (double)(cs[i].prof_steps ? cs[i].prof_steps : 1);
+        n32 = (double)(cs[f32].prof_steps ? cs[f32].prof_steps : 1);
+        printf("%s batch %lld  %-6s", cs[i].model, (long long)cs[i].batch, "");
+        for (l = 0; l < cs[i].nlayers; l++)
+            if (cs[i].layer_s[l] > 0 || cs[f32].layer_s[l] > 0)
+                printf(" %9.9s", cs[i].layer_kind[l]);
+        printf("\n%-17s %6s", "", "fp32");
+        for (l = 0; l < cs[i].nlayers; l++)
+            if (cs[i].layer_s[l] > 0 || cs[f32].layer_s[l] > 0)
+                printf(" %9.3f", 1e3 * cs[f32].layer_s[l] / n32);
+        printf("\n%-17s %6s", "", "bf16");
+        for (l = 0; l < cs[i].nlayers; l++)
+            if (cs[i].layer_s[l] > 0 || cs[f32].layer_s[l] > 0)
+                printf(" %9.3f", 1e3 * cs[i].layer_s[l] / n16);
+        printf("\n%-17s %6s", "", "16/32");
+        for (l = 0; l < cs[i].nlayers; l++)
+            if (cs[i].layer_s[l] > 0 || cs[f32].layer_s[l] > 0)
+                printf(" %8.2fx", cs[f32].layer_s[l] > 0 ? (cs[i].layer_s[l] / n16) /
+                                                              (cs[f32].layer_s[l] / n32) : 0.0);
+        printf("\n");
+    }
     if (!have_torch)
         printf("PyTorch: /usr/bin/python3 cannot import torch (apt-get install python3-torch); "
                "only pdp's figures are shown\n");
