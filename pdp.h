@@ -2422,9 +2422,13 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        would see that stage only). A model with tensor-parallel layers is refused
        (PDP_ERR_UNSUPPORTED): PP x TP does not exist yet;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
-       (default) or by time measured on rank 0 (forward + backward per layer), as a
-       contiguous split minimising the largest stage; every rank checks that it got
-       the same split as rank 0;
+       (default), by estimated work (each layer's forward + backward FLOPs per sample
+       from its shapes, the same on every machine and run) or by time measured on rank
+       0 (forward + backward per layer, which varies from run to run), as a contiguous
+       split minimising the largest stage; every rank checks that it got the same
+       split as rank 0. Parameter counts leave a stage of cheap layers nearly idle (an
+       MLP's 784x512 Linear holds 60% of its parameters but does 50% of its work), so
+       its bubble exceeds the formula below: balance by work to meet it;
      - a schedule is an explicit list of actions (F j: forward of micro-batch j,
        B j: its backward) per stage, printed by pdp_pp_schedule_str:
          GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);
@@ -2490,9 +2494,16 @@ typedef enum pdp_pp_schedule {
     PDP_PP_GPIPE = 1
 } pdp_pp_schedule;
 
+/* How a split is balanced without first_layer: the contiguous split of the layers into
+   p stages that minimises the largest stage's sum of a per-layer cost; of equal splits
+   the one whose last stage starts latest, the stages before it split by the same rule
+   (so an activation stays with the Linear before it). */
 typedef enum pdp_pp_balance {
     PDP_PP_BALANCE_PARAMS = 0, /* default: parameter counts */
-    PDP_PP_BALANCE_TIME = 1    /* forward + backward time per layer, measured on rank 0 */
+    PDP_PP_BALANCE_TIME = 1,   /* forward + backward time per layer, measured on rank 0 */
+    PDP_PP_BALANCE_WORK = 2    /* forward + backward FLOPs per sample, estimated from each
+                                  layer's shapes (a GEMM counts 2 k n a row; the first layer
+                                  computes no input gradient): deterministic */
 } pdp_pp_balance;
 
 /* The caller's loss, on the last stage, once per micro-batch: y is the output of the
@@ -3555,7 +3566,9 @@ typedef struct pdp__param_shapes {
    with the input without naming the layer (model.c prefixes "pdp_model_forward:
    layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
    entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
-   workspace floats per sample pdp_cuda.cu's kernels need. */
+   workspace floats per sample pdp_cuda.cu's kernels need; flops (NULL: none, a view or
+   a collective) estimates the forward + backward FLOPs per sample from the shapes, the
+   input gradient's share only when input_grad (layers_table.c, "work estimates"). */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
@@ -3566,11 +3579,13 @@ typedef struct pdp__layer_kind_info {
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
     unsigned flags; /* PDP__LAYER_* */
+    double (*flops)(const pdp__layer *l, bool input_grad);
 } pdp__layer_kind_info;
 
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
-   backward on io->device; the workspace floats per sample on device d. */
+   backward on io->device; the workspace floats per sample on device d; the FLOPs
+   estimate (0 for a kind without one). */
 PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
 PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
@@ -3579,6 +3594,7 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
 PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k);
 PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad);
 
 typedef struct pdp__param_entry {
     char name[32];
@@ -13945,9 +13961,10 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
-   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
    PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
-   fused, collective, unnumbered).
+   fused, collective, unnumbered) and an estimate of its work in FLOPs (pp.c balances
+   a pipeline's stages by it).
 
    This table is the only place that knows what each kind is. Every decision elsewhere
    that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
@@ -13971,7 +13988,8 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
       layers.c's conventions, and add the kind's to them when it has its own);
    3. its value in pdp__layer_kind (internal.h), appended before
       PDP__LAYER_KIND_COUNT, and its entry at the end of the table below (in the enum's
-      order: C++ has no designators), with its flags (internal.h says what
+      order: C++ has no designators), with its flags and its FLOPs estimate (a
+      pdp__flops_* function of the section "work estimates"; internal.h says what
       each promises: an element-wise kind gets PDP__LAYER_ELEMENTWISE and is then
       accepted inside a TP block with no edit to tp.c);
    4. its public constructor pdp_model_add_<kind> (model.h, with a comment naming the
@@ -14012,6 +14030,69 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #  define PDP__CUDA_ENTRY(fn) NULL
 #endif
 
+/* ---- layers_table: work estimates ----
+   Forward + backward FLOPs per sample from a layer's shapes: an estimate to balance a
+   pipeline's stages by (pp.c, PDP_PP_BALANCE_WORK), not a measurement. A GEMM of
+   (rows x k) by (k x n) counts 2 k n a row; an element-wise formula its operations as
+   math.h writes them, a transcendental (expf, tanhf) counted as one. input_grad: the
+   backward also computes the input's gradient (every layer but a model's first). */
+
+/* in_count floats, each fwd operations forward, dparam for the parameters' gradients,
+   dinput for the input's */
+PDP__PRIVATE double pdp__flops_each(const pdp__layer *l, bool input_grad, double fwd,
+                                    double dparam, double dinput)
+{
+    return (double)l->in_count * (fwd + dparam + (input_grad ? dinput : 0.0));
+}
+/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum */
+PDP__PRIVATE double pdp__flops_linear(const pdp__layer *l, bool input_grad)
+{
+    double gemm = 2.0 * (double)l->in_count * (double)l->out_count;
+    return (input_grad ? 3.0 : 2.0) * gemm + 2.0 * (double)l->out_count;
+}
+/* the same GEMMs over im2col: out_count outputs, each a dot of C k k */
+PDP__PRIVATE double pdp__flops_conv(const pdp__layer *l, bool input_grad)
+{
+    double gemm = 2.0 * (double)l->out_count * (double)(l->in_shape[0] * l->kernel * l->kernel);
+    return (input_grad ? 3.0 : 2.0) * gemm + 2.0 * (double)l->out_count;
+}
+/* k k compares an output; the backward adds each output's gradient at its winner */
+PDP__PRIVATE double pdp__flops_maxpool(const pdp__layer *l, bool input_grad)
+{
+    return (double)l->out_count * ((double)(l->kernel * l->kernel) + (input_grad ? 1.0 : 0.0));
+}
+/* the element-wise kinds: math.h's forward, then its gradient */
+PDP__PRIVATE double pdp__flops_relu(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 1, 0, 1);
+}
+PDP__PRIVATE double pdp__flops_gelu(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 9, 0, 19);
+}
+PDP__PRIVATE double pdp__flops_tanh(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 1, 0, 3);
+}
+PDP__PRIVATE double pdp__flops_sigmoid(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 4, 0, 3);
+}
+PDP__PRIVATE double pdp__flops_silu(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 5, 0, 9);
+}
+/* the mask's compare and scale; the backward's scale */
+PDP__PRIVATE double pdp__flops_dropout(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 2, 0, 1);
+}
+/* mean, variance, normalise, affine; the affine's gradients, then the input's */
+PDP__PRIVATE double pdp__flops_layernorm(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 8, 3, 8);
+}
+
 /* ---- layers_table: the table ---- */
 
 /* C++ (the implementation compiled as C++, or by nvcc) has no array designators: there
@@ -14023,63 +14104,70 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #  define PDP__KIND(k) [k] =
 #endif
 
-/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags */
+/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags, flops */
 PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     PDP__KIND(PDP__LINEAR){"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
                            pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
-                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0, pdp__flops_linear},
     PDP__KIND(PDP__RELU){"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward,
                          pdp__relu_backward, PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,
-                         PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU},
+                         PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU, pdp__flops_relu},
     PDP__KIND(PDP__GELU){"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward,
                          pdp__gelu_backward, PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
+                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
+                         pdp__flops_gelu},
     PDP__KIND(PDP__TANH){"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward,
                          pdp__tanh_backward, PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
+                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
+                         pdp__flops_tanh},
     PDP__KIND(PDP__SIGMOID){"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
                             pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
                             PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL,
-                            PDP__LAYER_ELEMENTWISE},
+                            PDP__LAYER_ELEMENTWISE, pdp__flops_sigmoid},
     PDP__KIND(PDP__DROPOUT){"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
                             pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
-                            PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
+                            PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0,
+                            pdp__flops_dropout},
     PDP__KIND(PDP__LAYERNORM){"LayerNorm", pdp__layernorm_setup, pdp__layernorm_init,
                               pdp__layernorm_forward, pdp__layernorm_backward,
                               PDP__CUDA_ENTRY(pdp__layernorm_cuda_forward),
-                              PDP__CUDA_ENTRY(pdp__layernorm_cuda_backward), NULL, 0},
+                              PDP__CUDA_ENTRY(pdp__layernorm_cuda_backward), NULL, 0,
+                              pdp__flops_layernorm},
     PDP__KIND(PDP__CONV2D){"Conv2d", pdp__conv_setup, pdp__conv_init, pdp__conv_forward,
                            pdp__conv_backward, PDP__CUDA_ENTRY(pdp__conv_cuda_forward),
                            PDP__CUDA_ENTRY(pdp__conv_cuda_backward), pdp__conv_cuda_work,
-                           PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
+                           PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL, pdp__flops_conv},
     PDP__KIND(PDP__MAXPOOL2D){"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
                               pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
                               PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL,
-                              PDP__LAYER_FUSABLE_POOL},
+                              PDP__LAYER_FUSABLE_POOL, pdp__flops_maxpool},
     PDP__KIND(PDP__FLATTEN){"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                             pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
-                            PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
+                            PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW,
+                            NULL},
     /* tensor parallel (tp.c): f and g run their collective on every device; the split
        Linears are Linear's kernels on this rank's slice */
     PDP__KIND(PDP__TP_COPY){"CopyToModelParallelRegion", pdp__tp_copy_setup, NULL,
                             pdp__tp_copy_forward, pdp__tp_copy_backward, NULL, NULL, NULL,
-                            PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+                            PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
     PDP__KIND(PDP__COLUMN_PARALLEL_LINEAR){
         "ColumnParallelLinear", pdp__tp_column_setup, pdp__tp_column_init, pdp__linear_forward,
         pdp__tp_column_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
-        PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0},
+        PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0, pdp__flops_linear},
     PDP__KIND(PDP__ROW_PARALLEL_LINEAR){"RowParallelLinear", pdp__tp_row_setup, pdp__tp_row_init,
                                         pdp__tp_row_forward, pdp__linear_backward,
                                         PDP__CUDA_ENTRY(pdp__tp_row_cuda_forward),
-                                        PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+                                        PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0,
+                                        pdp__flops_linear},
     PDP__KIND(PDP__TP_REDUCE){"ReduceFromModelParallelRegion", pdp__tp_reduce_setup, NULL,
                               pdp__tp_reduce_forward, pdp__tp_reduce_backward, NULL, NULL, NULL,
-                              PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+                              PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
     /* kinds added since, in the enum's order */
     PDP__KIND(PDP__SILU){"SiLU", pdp__layers_setup_same, NULL, pdp__silu_forward,
                          pdp__silu_backward, PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
+                         PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
+                         pdp__flops_silu},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -14143,6 +14231,13 @@ PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device 
     if (d.kind == PDP_DEVICE_CUDA && info && info->cuda_work)
         return PDP__MAX(l->work_per_sample, info->cuda_work(l));
     return l->work_per_sample;
+}
+
+/* The kind's FLOPs estimate per sample (work estimates, above); 0 without one. */
+PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad)
+{
+    const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
+    return info && info->flops ? info->flops(l, input_grad) : 0.0;
 }
 
 /* ---- layers_table: forward and backward ---- */
@@ -22806,7 +22901,9 @@ struct pdp_pp {
 /* ---- pp: stage boundaries ---- */
 
 /* A contiguous split of n layers of cost[] into p non-empty stages minimising the
-   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear). */
+   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear; pp.h's
+   pdp_pp_balance states the rule for the whole split). The linear-partition dynamic
+   programme: best(k, i) = min over j of max(best(k - 1, j), cost of layers [j, i)). */
 PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
 {
     double *best = (double *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *best);
@@ -22934,8 +23031,10 @@ PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, in
     if (d->micro_batches < 0 || d->micro_batches > 65536)
         return pdp__err(PDP_ERR_INVALID, "%s: micro_batches %d outside 1..65536", fn,
                         d->micro_batches);
-    if (d->balance != PDP_PP_BALANCE_PARAMS && d->balance != PDP_PP_BALANCE_TIME)
-        return pdp__err(PDP_ERR_INVALID, "%s: balance %d", fn, (int)d->balance);
+    if (d->balance != PDP_PP_BALANCE_PARAMS && d->balance != PDP_PP_BALANCE_TIME &&
+        d->balance != PDP_PP_BALANCE_WORK)
+        return pdp__err(PDP_ERR_INVALID, "%s: balance %d (PDP_PP_BALANCE_PARAMS, _TIME or _WORK)",
+                        fn, (int)d->balance);
     if (d->balance_batch < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: balance_batch %lld < 0", fn,
                         (long long)d->balance_batch);
@@ -22972,10 +23071,25 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
     return PDP_OK;
 }
 
+/* Each layer's cost for balancing: parameters, or estimated FLOPs per sample
+   (layers_table.c's estimate; layer 0 computes no input gradient). */
+PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost)
+{
+    int i, q;
+    for (i = 0; i < full->nlayers; i++) {
+        const pdp__layer *l = &full->layers[i];
+        cost[i] = 0.0;
+        if (how == PDP_PP_BALANCE_WORK) cost[i] = pdp__layer_flops(l, i > 0);
+        else
+            for (q = l->param_first; q < l->param_first + l->nparams; q++)
+                cost[i] += (double)full->params[q].count;
+    }
+}
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
-    int s, i, n = full->nlayers;
+    int s, n = full->nlayers;
     double *cost;
     pdp_status st = PDP_OK;
     if (pp->desc.first_layer) {
@@ -22987,12 +23101,7 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
             if (pp->stage == 0)
                 st = pdp__pp_time_layers(full, PDP__DEF(pp->desc.balance_batch, 32), cost);
         } else {
-            for (i = 0; i < n; i++) {
-                const pdp__layer *l = &full->layers[i];
-                int q;
-                for (q = l->param_first; q < l->param_first + l->nparams; q++)
-                    cost[i] += (double)full->params[q].count;
-            }
+            pdp__pp_layer_costs(full, pp->desc.balance, cost);
         }
         if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME) &&
             pdp__pp_balance(cost, n, pp->p, pp->first) != PDP_OK)

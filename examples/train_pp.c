@@ -1,9 +1,9 @@
 /* train_pp.c - pipeline parallelism: train_ddp.c's MLP split into stages across ranks.
 
    Every rank builds the same MLP 784-512-512-10 (Adam, lr 0.001; -hidden H, -layers L
-   for 784-H-..-H-10) and keeps its stage's layers, split so that the stages' GEMM work is
-   equal (split_by_work; pp.h's default split by parameter count leaves a stage nearly
-   idle). Each batch is cut into m micro-batches that flow through the stages: activations
+   for 784-H-..-H-10) and keeps its stage's layers, split so that the stages' work is
+   equal (PDP_PP_BALANCE_WORK: FLOPs estimated from the layers' shapes; pp.h's default
+   split by parameter count leaves a stage nearly idle). Each batch is cut into m micro-batches that flow through the stages: activations
    go forward with send/recv, their gradients come back and accumulate, so every step is
    a step of single-device training on the whole batch. Schedules: GPipe (all forwards,
    then all backwards) and 1F1B (one forward, one backward after a warm-up). Rank 0
@@ -58,35 +58,10 @@ static pdp_dataset *train;
 
 #define NF 6 /* figures per stage for rank 0 to print */
 
-/* Stage boundaries that balance the GEMM work, first[0..p): the layers are linear, relu, ..,
-   linear; a linear layer in x out costs 3 in out (forward, input and weight gradients), the
-   first 2 in out (no input gradient), a relu 2 in. A contiguous split minimising the largest
-   stage (pp.h's default balances parameter counts, which leaves the cheap layers' stage
-   nearly idle: 784x512 is 60% of the parameters, 50% of the work). */
-static void split_by_work(int p, int *first)
-{
-    int nl = 2 * layers + 1, s, i, j, cut[PDP_PP_MAX_STAGES + 1][64];
-    double c[64], pre[65] = {0}, best[PDP_PP_MAX_STAGES + 1][65];
-    for (i = 0; i < nl; i++) {
-        double in = i == 0 ? 784 : (double)hidden, out = i == nl - 1 ? 10 : (double)hidden;
-        c[i] = i % 2 ? 2 * in : (i == 0 ? 2 : 3) * in * out; /* relu: 2 passes over in */
-        pre[i + 1] = pre[i] + c[i];
-    }
-    for (j = 1; j <= nl; j++) best[1][j] = pre[j];
-    for (s = 2; s <= p; s++)
-        for (j = s; j <= nl; j++)
-            for (best[s][j] = 1e300, i = s - 1; i < j; i++) {
-                double w = best[s - 1][i] > pre[j] - pre[i] ? best[s - 1][i] : pre[j] - pre[i];
-                if (w < best[s][j]) best[s][j] = w, cut[s][j] = i;
-            }
-    for (j = nl, s = p; s > 1; s--) j = first[s - 1] = cut[s][j];
-    first[0] = 0;
-}
-
 /* What every rank runs (pdp_launch): its stage of the model, on the CPU or its GPU. */
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
-    int rank = ctx->rank, n = ctx->world_size, e, s, i, first, last, firsts[PDP_PP_MAX_STAGES];
+    int rank = ctx->rank, n = ctx->world_size, e, s, i, first, last;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     pdp_model *full;
     pdp_optim *opt;
@@ -107,9 +82,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_model_add_relu(full));
     }
     PDP_TRY(pdp_model_add_linear(full, 10));
-    split_by_work(n, firsts);
     pdp_pp_desc pd = {.schedule = strcmp(sched, "gpipe") ? PDP_PP_1F1B : PDP_PP_GPIPE,
-                      .micro_batches = micro, .first_layer = firsts};
+                      .micro_batches = micro, .balance = PDP_PP_BALANCE_WORK};
     PDP_TRY(pdp_pp_create(&pp, full, ctx->world, &pd)); /* keeps this rank's layers */
     pdp_model_free(full);
     PDP_TRY(pdp_optim_create(&opt, pdp_pp_model(pp),

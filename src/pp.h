@@ -17,9 +17,13 @@
        would see that stage only). A model with tensor-parallel layers is refused
        (PDP_ERR_UNSUPPORTED): PP x TP does not exist yet;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
-       (default) or by time measured on rank 0 (forward + backward per layer), as a
-       contiguous split minimising the largest stage; every rank checks that it got
-       the same split as rank 0;
+       (default), by estimated work (each layer's forward + backward FLOPs per sample
+       from its shapes, the same on every machine and run) or by time measured on rank
+       0 (forward + backward per layer, which varies from run to run), as a contiguous
+       split minimising the largest stage; every rank checks that it got the same
+       split as rank 0. Parameter counts leave a stage of cheap layers nearly idle (an
+       MLP's 784x512 Linear holds 60% of its parameters but does 50% of its work), so
+       its bubble exceeds the formula below: balance by work to meet it;
      - a schedule is an explicit list of actions (F j: forward of micro-batch j,
        B j: its backward) per stage, printed by pdp_pp_schedule_str:
          GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);
@@ -85,9 +89,16 @@ typedef enum pdp_pp_schedule {
     PDP_PP_GPIPE = 1
 } pdp_pp_schedule;
 
+/* How a split is balanced without first_layer: the contiguous split of the layers into
+   p stages that minimises the largest stage's sum of a per-layer cost; of equal splits
+   the one whose last stage starts latest, the stages before it split by the same rule
+   (so an activation stays with the Linear before it). */
 typedef enum pdp_pp_balance {
     PDP_PP_BALANCE_PARAMS = 0, /* default: parameter counts */
-    PDP_PP_BALANCE_TIME = 1    /* forward + backward time per layer, measured on rank 0 */
+    PDP_PP_BALANCE_TIME = 1,   /* forward + backward time per layer, measured on rank 0 */
+    PDP_PP_BALANCE_WORK = 2    /* forward + backward FLOPs per sample, estimated from each
+                                  layer's shapes (a GEMM counts 2 k n a row; the first layer
+                                  computes no input gradient): deterministic */
 } pdp_pp_balance;
 
 /* The caller's loss, on the last stage, once per micro-batch: y is the output of the

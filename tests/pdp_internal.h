@@ -332,7 +332,9 @@ typedef struct pdp__param_shapes {
    with the input without naming the layer (model.c prefixes "pdp_model_forward:
    layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
    entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
-   workspace floats per sample pdp_cuda.cu's kernels need. */
+   workspace floats per sample pdp_cuda.cu's kernels need; flops (NULL: none, a view or
+   a collective) estimates the forward + backward FLOPs per sample from the shapes, the
+   input gradient's share only when input_grad (layers_table.c, "work estimates"). */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
@@ -343,11 +345,13 @@ typedef struct pdp__layer_kind_info {
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
     unsigned flags; /* PDP__LAYER_* */
+    double (*flops)(const pdp__layer *l, bool input_grad);
 } pdp__layer_kind_info;
 
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
-   backward on io->device; the workspace floats per sample on device d. */
+   backward on io->device; the workspace floats per sample on device d; the FLOPs
+   estimate (0 for a kind without one). */
 PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
 PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
@@ -356,6 +360,7 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
 PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k);
 PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad);
 
 typedef struct pdp__param_entry {
     char name[32];
@@ -4072,9 +4077,10 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
-   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
    PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
-   fused, collective, unnumbered).
+   fused, collective, unnumbered) and an estimate of its work in FLOPs (pp.c balances
+   a pipeline's stages by it).
 
    This table is the only place that knows what each kind is. Every decision elsewhere
    that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
@@ -4098,7 +4104,8 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
       layers.c's conventions, and add the kind's to them when it has its own);
    3. its value in pdp__layer_kind (internal.h), appended before
       PDP__LAYER_KIND_COUNT, and its entry at the end of the table below (in the enum's
-      order: C++ has no designators), with its flags (internal.h says what
+      order: C++ has no designators), with its flags and its FLOPs estimate (a
+      pdp__flops_* function of the section "work estimates"; internal.h says what
       each promises: an element-wise kind gets PDP__LAYER_ELEMENTWISE and is then
       accepted inside a TP block with no edit to tp.c);
    4. its public constructor pdp_model_add_<kind> (model.h, with a comment naming the
@@ -4139,6 +4146,34 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #  define PDP__CUDA_ENTRY(fn) NULL
 #endif
 
+/* ---- layers_table: work estimates ----
+   Forward + backward FLOPs per sample from a layer's shapes: an estimate to balance a
+   pipeline's stages by (pp.c, PDP_PP_BALANCE_WORK), not a measurement. A GEMM of
+   (rows x k) by (k x n) counts 2 k n a row; an element-wise formula its operations as
+   math.h writes them, a transcendental (expf, tanhf) counted as one. input_grad: the
+   backward also computes the input's gradient (every layer but a model's first). */
+
+/* in_count floats, each fwd operations forward, dparam for the parameters' gradients,
+   dinput for the input's */
+PDP__PRIVATE double pdp__flops_each(const pdp__layer *l, bool input_grad, double fwd,
+                                    double dparam, double dinput);
+/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum */
+PDP__PRIVATE double pdp__flops_linear(const pdp__layer *l, bool input_grad);
+/* the same GEMMs over im2col: out_count outputs, each a dot of C k k */
+PDP__PRIVATE double pdp__flops_conv(const pdp__layer *l, bool input_grad);
+/* k k compares an output; the backward adds each output's gradient at its winner */
+PDP__PRIVATE double pdp__flops_maxpool(const pdp__layer *l, bool input_grad);
+/* the element-wise kinds: math.h's forward, then its gradient */
+PDP__PRIVATE double pdp__flops_relu(const pdp__layer *l, bool g);
+PDP__PRIVATE double pdp__flops_gelu(const pdp__layer *l, bool g);
+PDP__PRIVATE double pdp__flops_tanh(const pdp__layer *l, bool g);
+PDP__PRIVATE double pdp__flops_sigmoid(const pdp__layer *l, bool g);
+PDP__PRIVATE double pdp__flops_silu(const pdp__layer *l, bool g);
+/* the mask's compare and scale; the backward's scale */
+PDP__PRIVATE double pdp__flops_dropout(const pdp__layer *l, bool g);
+/* mean, variance, normalise, affine; the affine's gradients, then the input's */
+PDP__PRIVATE double pdp__flops_layernorm(const pdp__layer *l, bool g);
+
 /* ---- layers_table: the table ---- */
 
 /* C++ (the implementation compiled as C++, or by nvcc) has no array designators: there
@@ -4150,7 +4185,7 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #  define PDP__KIND(k) [k] =
 #endif
 
-/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags */
+/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags, flops */
 extern const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT];
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -4171,6 +4206,9 @@ PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b
 /* Workspace floats per sample a layer needs on device d: the CPU's algorithm sizes
    its own (setup); on CUDA the larger of that and the kind's CUDA kernels' need. */
 PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+
+/* The kind's FLOPs estimate per sample (work estimates, above); 0 without one. */
+PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad);
 
 /* ---- layers_table: forward and backward ---- */
 
@@ -6456,7 +6494,9 @@ struct pdp_pp {
 /* ---- pp: stage boundaries ---- */
 
 /* A contiguous split of n layers of cost[] into p non-empty stages minimising the
-   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear). */
+   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear; pp.h's
+   pdp_pp_balance states the rule for the whole split). The linear-partition dynamic
+   programme: best(k, i) = min over j of max(best(k - 1, j), cost of layers [j, i)). */
 PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first);
 
 /* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
@@ -6477,6 +6517,10 @@ PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, in
    pdp_pp_get_desc puts the split in use there. */
 PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
                                               int p, const char *fn);
+
+/* Each layer's cost for balancing: parameters, or estimated FLOPs per sample
+   (layers_table.c's estimate; layer 0 computes no input gradient). */
+PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost);
 
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn);
