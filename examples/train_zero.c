@@ -50,61 +50,19 @@ static unsigned long long seed = 1;
 static const char *backend = "local";
 static pdp_dataset *train, *test;
 
-/* Parameters of the MLP with l hidden layers (Psi) and of its largest layer (U_max). */
-static double psi_of(int l) { return (785.0 + (l - 1) * (hidden + 1.0) + 10) * hidden + 10; }
-static double umax_of(int l) { return (l > 1 && hidden > 784 ? hidden + 1.0 : 785.0) * hidden; }
-
-/* Rank 0: every stage's memory by both formulas, the buffers, the verdict and its reason. */
-static void explain(int n, const pdp_zero_memory *mm)
-{
-    static const struct { const char *pdp, *paper; double a, b, pa, pb, bufs; } f[4] = {
-        /* bytes per rank = a Psi + b Psi / N (pdp fp32), pa Psi + pb Psi / N (the paper) */
-        {"16 Psi", "16 Psi", 16, 0, 16, 0, 0},                         /* stage 0: DDP */
-        {"8 Psi + 8 Psi/N", "4 Psi + 12 Psi/N", 8, 8, 4, 12, 1},      /* Adam's state */
-        {"4 Psi + 12 Psi/N", "2 Psi + 14 Psi/N", 4, 12, 2, 14, 3},    /* + gradients */
-        {"16 Psi/N", "16 Psi/N", 0, 16, 0, 16, 4}};                   /* + parameters */
-    const double mb = 1e6, psi = psi_of(layers), keep = (1.0 - 1.0 / n) * psi;
-    double u = stage ? (double)mm->buffer_bound / (4.0 * f[stage].bufs) : umax_of(layers);
-    int s, l, nx = u < psi ? (int)(psi / (psi - u)) + 1 : 0; /* U_max measured, or estimated */
-    printf("memory per rank, N = %d, Psi = %.0f (pdp: fp32 params + grads + Adam's 2 states; "
-           "paper: mixed precision, K = 12):\n", n, psi);
-    for (s = 0; s < 4; s++)
-        printf("  stage %d  pdp fp32 %-16s = %6.2f MB | paper %-16s = %6.2f MB | + buffers "
-               "%.0f x 4 U_max = %5.2f MB\n", s, f[s].pdp, (f[s].a * psi + f[s].b * psi / n) / mb,
-               f[s].paper, (f[s].pa * psi + f[s].pb * psi / n) / mb, f[s].bufs,
-               f[s].bufs * 4 * u / mb);
-    printf("measured, stage %d: params %.2f + grads %.2f + Adam %.2f + buffers %.2f = %.2f MB "
-           "against DDP's %.2f MB: stage %d %s here\n", stage, mm->param_bytes / mb,
-           mm->grad_bytes / mb, mm->optim_bytes / mb, mm->buffer_bytes / mb, mm->total_bytes / mb,
-           16 * psi / mb, stage, !stage ? "is the baseline"
-           : mm->total_bytes < 16 * psi ? "saves memory" : "does not save");
-    for (l = layers; l < 1000 && (1.0 - 1.0 / n) * psi_of(l) <= umax_of(l); l++) {}
-    printf("why: the shards save (1 - 1/N) x 8, 12, 16 Psi (stages 1, 2, 3) and the buffers "
-           "cost 1, 3, 4 x 4 U_max, U_max = the largest unit (%.0f parameters: units hold whole "
-           "layers); so stages 2-3 save when (1 - 1/N) Psi > U_max (here %.0f %s %.0f), stage 1 "
-           "when (1 - 1/N) Psi > U_max / 2. With one layer holding %.0f%% of the model they cross "
-           "over at N >= %d, or at N = %d with -layers %d or more.\n", u, keep,
-           keep > u ? ">" : "<=", u, 100 * u / psi, nx, n, l);
-}
-
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
     int rank = ctx->rank, n = ctx->world_size, e, i;
     int64_t per_rank = batch / n, sent = 0, formula = 0;
-    char words[160] = "";
+    char words[160] = "", report[2048];
     pdp_model *m;
     pdp_optim *opt;
     pdp_ddp *ddp = NULL;
     pdp_zero *z = NULL;
     pdp_dist_sampler *sampler;
     pdp_batcher *b, *tb;
-    pdp_zero_memory mm = {0};
+    pdp_zero_memory mm;
     (void)user;
-    if (rank == 0)
-        printf("seed %llu: %s, backend %s, %d ranks, stage %d (%s), global batch %lld, MLP "
-               "784-%lldx%d-10 (%.0f parameters), Adam lr %g\n", seed, train->source, backend,
-               n, stage, stage ? "ZeRO" : "DDP", (long long)batch, (long long)hidden, layers,
-               psi_of(layers), lr);
     pdp_model_desc md = {.input_shape = {784}, .device = ctx->device, .seed = seed + rank};
     PDP_TRY(pdp_model_create(&m, &md)); /* DDP and ZeRO start every rank from rank 0's */
     for (i = 0; i < layers; i++) {
@@ -113,12 +71,17 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     }
     PDP_TRY(pdp_model_add_linear(m, 10));
     PDP_TRY(pdp_model_reserve(m, per_rank > 1000 ? per_rank : 1000));
+    if (rank == 0)
+        printf("seed %llu: %s, backend %s, %d ranks, stage %d (%s), global batch %lld, MLP "
+               "784-%lldx%d-10 (%lld parameters), Adam lr %g\n", seed, train->source, backend,
+               n, stage, stage ? "ZeRO" : "DDP", (long long)batch, (long long)hidden, layers,
+               (long long)pdp_model_param_count(m), lr);
     pdp_optim_desc od = {.kind = PDP_OPTIM_ADAM, .lr = lr};
+    pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = cap_mb, .first_bucket_mb = cap_mb};
     if (stage == 0) { /* the one switch between the ladder's rungs */
         PDP_TRY(pdp_ddp_create(&ddp, m, ctx->world, NULL));
         PDP_TRY(pdp_optim_create(&opt, m, &od));
     } else {
-        pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = cap_mb, .first_bucket_mb = cap_mb};
         PDP_TRY(pdp_zero_create(&z, m, ctx->world, &zd));
         PDP_TRY(pdp_zero_optim_create(&opt, z, &od)); /* state for this rank's shard only */
     }
@@ -185,14 +148,11 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
             PDP_TRY(pdp_comm_barrier(ctx->world, NULL));
         }
     }
-    if (rank == 0) {
-        int64_t p = pdp_model_param_count(m);
-        if (z) pdp_zero_get_memory(z, opt, &mm);
-        else mm.param_bytes = mm.grad_bytes = 4 * p, mm.optim_bytes = 8 * p,
-             mm.total_bytes = 16 * p; /* DDP: everything, no buffers counted */
+    if (rank == 0) { /* this rank's bytes (DDP: the plan of its replica) beside every stage's */
+        PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm) : pdp_zero_memory_plan(m, n, 0, &zd, opt, &mm));
+        pdp_zero_memory_format(&mm, report, sizeof report);
         printf("(each rank's loss is the mean over its own shard of the batches, so the ranks' "
-               "losses differ; their parameters, and test accuracies, do not)\n");
-        explain(n, &mm);
+               "losses differ; their parameters, and test accuracies, do not)\n%s", report);
     }
     pdp_batcher_free(b);
     pdp_dist_sampler_free(sampler);

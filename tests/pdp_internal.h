@@ -6270,7 +6270,27 @@ PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats
 /* PDP_API int pdp_zero_stage(const pdp_zero *z) */
 /* PDP_API int pdp_zero_num_units(const pdp_zero *z) */
 
-/* PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out) */
+/* ---- zero: memory ---- */
+
+/* The plan of every stage for m on n ranks (d resolved; nstate optimizer floats per
+   parameter) into out's counts and stages[], and out->stage's formulas: the units as
+   pdp_zero_create plans them (reducer.c's walk), each padded to N s_u. */
+PDP__PRIVATE pdp_status pdp__zero_plan(const pdp_model *m, int n, const pdp_zero_desc *d,
+                                       int nstate, pdp_zero_memory *out, const char *fn);
+
+/* PDP_API pdp_status pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out) */
+
+/* PDP_API pdp_status pdp_zero_memory_plan(const pdp_model *m, int world_size, int stage, const pdp_zero_desc *desc, const pdp_optim *opt, pdp_zero_memory *out) */
+
+/* The smallest N >= 2 from which a stage that shards c x Psi bytes and adds b buffers of
+   4 U_max saves memory over DDP, (1 - 1/N) c Psi > 4 b U_max (U_max taken as it is
+   now); 0: never (a unit this large outweighs what the shards can save). */
+PDP__PRIVATE int pdp__zero_saves_from(double psi, double umax, double c, double b);
+
+/* snprintf at buf + len (the length so far, as snprintf counts it): the new length */
+PDP__PRIVATE int pdp__zero_put(char *buf, size_t bytes, int len, const char *fmt, ...);
+
+/* PDP_API int pdp_zero_memory_format(const pdp_zero_memory *m, char *buf, size_t bytes) */
 
 /* PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out) */
 
