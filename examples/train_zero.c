@@ -149,7 +149,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         }
     }
     if (rank == 0) { /* this rank's bytes (DDP: the plan of its replica) beside every stage's */
-        PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm) : pdp_zero_memory_plan(m, n, 0, &zd, opt, &mm));
+        PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm)
+                  : pdp_zero_memory_plan(m, n, 0, &zd, opt, &mm));
         pdp_zero_memory_format(&mm, report, sizeof report);
         printf("(each rank's loss is the mean over its own shard of the batches, so the ranks' "
                "losses differ; their parameters, and test accuracies, do not)\n%s", report);

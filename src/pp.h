@@ -177,6 +177,9 @@ PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int 
 PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap);
 
 typedef struct pdp_pp_stats {
+    int stage, stages;              /* s and p */
+    int micro_batches;              /* m */
+    pdp_pp_schedule schedule;
     int64_t steps;                  /* pipeline passes finished */
     /* the last pass, this stage */
     double step_s;                  /* from the starting barrier to the closing one */
@@ -193,3 +196,8 @@ typedef struct pdp_pp_stats {
 } pdp_pp_stats;
 
 PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
+/* One line a person reads (pdp_dp_stats_format's style): the stage's compute seconds and
+   bubble over all passes beside the formula, "met" when within 0.10 of it, and its peak
+   activation memory beside what each schedule holds (1F1B min(p - s, m) micro-batches,
+   GPipe m). Returns the length snprintf would have written. */
+PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes);

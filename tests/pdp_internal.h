@@ -6613,6 +6613,8 @@ PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);
 
 /* PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out) */
 
+/* PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes) */
+
 /* ---- src/launch.c ---- */
 /* launch: pdp_launch runs a function on every rank (launch.h), PDP_CHECK's failure path and
    pdp_seconds. Thread ranks: one group (pdp_local_group or pdp_nccl_group) and one thread per

@@ -751,7 +751,12 @@ TEST pp_balance_by_work(void)
             memset(&k, 0, sizeof k);
             k.kind = kind, k.dp = 1, k.m = 2, k.p = p, k.balance = PDP_PP_BALANCE_WORK;
             CHECK_CALL(check_equivalence(&k));
-            for (s = 0; s < p; s++) ASSERT_EQ_FMT(want[s], ctxs[s].first, "%d");
+            for (s = 0; s < p; s++) {
+                ASSERT_EQ_FMT(want[s], ctxs[s].first, "%d");
+                ASSERT_EQ(s, ctxs[s].stats.stage); /* pdp_pp_get_stats says where it is */
+                ASSERT_EQ(p, ctxs[s].stats.stages);
+                ASSERT_EQ(2, ctxs[s].stats.micro_batches);
+            }
         }
     /* examples/train_pp.c's MLP 784-512x2-10 on 2 stages and 784-512x4-10 on 3: the splits
        its own work balance printed before (stage 0: layers 0..0 | 0..1 2..4 5..8) */
@@ -776,6 +781,27 @@ TEST pp_balance_by_work(void)
         if (p == 3) ASSERT_EQ(5, first[2]);
         pdp_model_free(m);
     }
+    PASS();
+}
+
+TEST pp_stats_format_reads_the_figures(void)
+{
+    pdp_pp_stats st;
+    char line[512];
+    memset(&st, 0, sizeof st);
+    /* stage 1 of 4, m = 8: bubble 1 - 1.5 / 2 = 0.25 against 3 / 11 = 0.27 (met); one
+       micro-batch's activations 1 MB, 3 held (1F1B: min(4 - 1, 8) = 3), GPipe 8 */
+    st.stage = 1, st.stages = 4, st.micro_batches = 8, st.schedule = PDP_PP_1F1B;
+    st.total_step_s = 2.0, st.total_compute_s = 1.5, st.bubble_theory = 3.0 / 11.0;
+    st.peak_in_flight = 3, st.activation_bytes = 1000000, st.peak_activation_bytes = 3000000;
+    ASSERT_EQ(pdp_pp_stats_format(&st, NULL, 0), pdp_pp_stats_format(&st, line, sizeof line));
+    ASSERT_STR_EQ("stage 1: compute 1.50 s  bubble 0.25 (formula (p-1)/(m+p-1) = 0.27, margin "
+                  "0.10: met)  peak activations 3 micro-batches = 3.00 MB  (1f1b: 1F1B min(p-s, "
+                  "m) = 3 = 3.00 MB, GPipe m = 8 = 8.00 MB)\n", line);
+    st.total_compute_s = 1.0; /* bubble 0.50: missed */
+    pdp_pp_stats_format(&st, line, sizeof line);
+    ASSERT(strstr(line, "bubble 0.50 (formula (p-1)/(m+p-1) = 0.27, margin 0.10: missed)"));
+    ASSERT_EQ(0, pdp_pp_stats_format(NULL, line, sizeof line));
     PASS();
 }
 
@@ -1065,6 +1091,7 @@ SUITE(pp)
     RUN_TEST(pp_balance_by_parameters_and_by_time);
     RUN_TEST(pp_balance_matches_brute_force);
     RUN_TEST(pp_balance_by_work);
+    RUN_TEST(pp_stats_format_reads_the_figures);
     RUN_TEST(pp_trace_draws_one_lane_per_stage);
     RUN_TEST(pp_errors);
     RUN_TEST(pp_failed_pass_names_call_stage_and_action_on_every_rank);
