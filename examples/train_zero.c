@@ -6,10 +6,11 @@
    layers) and all-gathers a unit's parameters just before it computes. -hidden H and
    -layers L size the model (784-H-..-H-10). Every rank prints its loss (over its own shard
    of the data, so the ranks' differ) and the bytes it sent beside the formula; rank 0 then
-   prints each stage's memory per rank by pdp's fp32 formula (16 bytes a parameter: stage
-   1 = 8 Psi + 8 Psi/N, ...) beside the ZeRO paper's mixed-precision one (K = 12: stage 1 =
-   4 Psi + 12 Psi/N, ...), the working buffers that stages 1-3 add (zero.h: 1, 3 and 4 of
-   about the largest unit), the measured total, and when the shards outweigh the buffers.
+   prints zero.h's memory report (pdp_zero_get_memory, or pdp_zero_memory_plan for DDP,
+   through pdp_zero_memory_format): each stage's memory per rank by pdp's fp32 formula (16
+   bytes a parameter: stage 1 = 8 Psi + 8 Psi/N, ...) beside the ZeRO paper's mixed-precision
+   one (K = 12: stage 1 = 4 Psi + 12 Psi/N, ...), the working buffers that stages 1-3 add (1,
+   3 and 4 of the largest unit), its measured total, and when the shards outweigh the buffers.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_zero.c -o train_zero -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_zero.c -o train_zero_mpi \
@@ -28,10 +29,10 @@
            rank 1 epoch 1  loss 1.5989  test 58.75%  ...
              stage 1  pdp fp32 8 Psi + 8 Psi/N  =   8.04 MB | paper 4 Psi + 12 Psi/N =   6.70 MB
              | + buffers 1 x 4 U_max =  1.61 MB            (and stages 0, 2, 3 likewise)
-           measured, stage 3: params 1.34 + grads 1.34 + Adam 2.68 + buffers 6.43 = 11.79 MB
-             against DDP's 10.72 MB: stage 3 does not save here
-           why: ... stages 2-3 save when (1 - 1/N) Psi > U_max (here 334853 <= 401920) ...
-             they cross over at N >= 3, or at N = 2 with -layers 3 or more.
+           measured, stage 3: params 1.34 + grads 1.34 + optimizer 2.68 + buffers 6.43 = 11.79
+             MB against DDP's 10.72 MB: stage 3 does not save here
+           why: ... here (1 - 1/N) Psi = 334853 against U_max = 401920, so with this model
+             stage 1 saves from N = 2, stage 2 from N = 3 and stage 3 from N = 3 (N = 2 here).
            (-np 3: stage 3 10.00 MB, stage 2 10.18 MB against 10.72; -layers 3: 13.89 against
            14.92 MB: both save, as the condition says)
    Next:   train_tp.c (splitting each layer across ranks instead of its state). */
@@ -62,6 +63,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_dist_sampler *sampler;
     pdp_batcher *b, *tb;
     pdp_zero_memory mm;
+    pdp_ddp_stats ds;
+    pdp_zero_stats zs;
     (void)user;
     pdp_model_desc md = {.input_shape = {784}, .device = ctx->device, .seed = seed + rank};
     PDP_TRY(pdp_model_create(&m, &md)); /* DDP and ZeRO start every rank from rank 0's */
@@ -95,54 +98,43 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_batcher_create(&b, train, &bd));
     for (e = 0; e < epochs; e++) {
         pdp_tensor x;
-        const pdp_tensor *logits;
         const int32_t *y;
-        int64_t got, seen = 0, correct = 0, c, tested = 0, micro = 0;
-        double loss_sum = 0.0, t0 = pdp_seconds();
+        int64_t got, seen = 0, micro = 0;
+        double loss_sum = 0.0, t0 = pdp_seconds(), acc;
         float loss;
         pdp_batcher_reset(b, (uint64_t)e); /* the sampler's shuffle of epoch e */
         while (pdp_batcher_next(b, &x, &y, &got)) {
             bool last = ++micro % accum == 0; /* accum - 1 backward passes accumulate, then step */
             if (ddp) {
-                pdp_ddp_stats s;
                 pdp_ddp_set_no_sync(ddp, !last);
                 PDP_TRY(pdp_ddp_forward_backward(ddp, &x, y, &loss));
-                if (last) {
-                    PDP_TRY(pdp_ddp_step(ddp, opt));
-                    pdp_ddp_get_stats(ddp, &s);
-                    sent = s.bytes_sent;
-                    formula = (int64_t)(2.0 * (n - 1) / n * (double)s.grad_bytes);
-                    snprintf(words, sizeof words, "2 (N-1)/N x 4 Psi, N = %d", n);
-                }
+                if (last) PDP_TRY(pdp_ddp_step(ddp, opt));
             } else {
-                pdp_zero_stats s;
                 pdp_zero_set_no_sync(z, !last);
                 PDP_TRY(pdp_zero_forward_backward(z, &x, y, &loss));
-                if (last) {
-                    PDP_TRY(pdp_zero_step(z, opt)); /* wait, step the shard, all-gather */
-                    pdp_zero_get_stats(z, &s);
-                    sent = s.bytes_sent;
-                    formula = s.formula_bytes;
-                    snprintf(words, sizeof words, "%s", s.formula);
-                }
+                if (last) PDP_TRY(pdp_zero_step(z, opt)); /* wait, step the shard, all-gather */
             }
             loss_sum += loss;
             seen += got;
         }
         PDP_TRY(pdp_batcher_status(b));
-        pdp_model_set_training(m, false); /* every rank evaluates: stage 3's forward gathers */
-        for (pdp_batcher_reset(tb, 0); pdp_batcher_next(tb, &x, &y, &got); tested += got) {
-            PDP_TRY(z ? pdp_zero_forward(z, &x, &logits) : pdp_model_forward(m, &x, &logits));
-            PDP_TRY(pdp_count_correct(logits, y, &c));
-            correct += c;
+        if (ddp) { /* the last step's bytes and their formula */
+            pdp_ddp_get_stats(ddp, &ds);
+            sent = ds.bytes_sent;
+            formula = (int64_t)(2.0 * (n - 1) / n * (double)ds.grad_bytes);
+            snprintf(words, sizeof words, "2 (N-1)/N x 4 Psi, N = %d", n);
+        } else {
+            pdp_zero_get_stats(z, &zs);
+            sent = zs.bytes_sent;
+            formula = zs.formula_bytes;
+            snprintf(words, sizeof words, "%s", zs.formula);
         }
-        PDP_TRY(pdp_batcher_status(tb));
-        pdp_model_set_training(m, true);
+        PDP_TRY(pdp_model_accuracy(m, tb, &acc)); /* every rank: stage 3's forward gathers */
         for (i = 0; i < n; i++) { /* in rank order, each rank's own figures */
             if (i == rank)
                 printf("rank %d epoch %d  loss %.4f  test %.2f%%  %.0f samples/s  sent/step %.2f MB"
                        "  formula %.2f MB = %s\n", rank, e + 1, loss_sum * per_rank / (double)seen,
-                       100.0 * correct / (double)tested, (double)seen * n / (pdp_seconds() - t0),
+                       100.0 * acc, (double)seen * n / (pdp_seconds() - t0),
                        sent / 1e6, formula / 1e6, words);
             fflush(stdout);
             PDP_TRY(pdp_comm_barrier(ctx->world, NULL));
