@@ -280,7 +280,9 @@
    and backward, the next unit's gather in flight).
 
    Memory: pdp_zero_get_memory reports the bytes each rank holds beside pdp's formulas
-   for them. pdp keeps everything in fp32 (4-byte parameters and gradients, K bytes of
+   for them, with every stage's planned bytes (pdp_zero_memory_plan gives the same report
+   before sharding, DDP's included, without a communicator) and pdp_zero_memory_format
+   prints it as a table with the reason ZeRO saves or does not at that size. pdp keeps everything in fp32 (4-byte parameters and gradients, K bytes of
    optimizer state per parameter, Adam K = 8), so with Psi parameters and N ranks its
    forms are: DDP 16 Psi, stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3
    16 Psi/N, plus the stated working buffers (at a small Psi they can outweigh what the
@@ -343,7 +345,9 @@
        CHECK(pdp_pp_step(pp, opt));
    Every rank builds the same full model and calls pdp_pp_create; rank r keeps stage
    r's layers (pdp_pp_model), with the full model's values and names. Boundaries are
-   given (desc.first_layer) or balanced by parameter count (default) or measured time.
+   given (desc.first_layer) or balanced by parameter count (default), by estimated work
+   (PDP_PP_BALANCE_WORK: each layer's forward + backward FLOPs from its shapes, the same
+   split on every run) or by measured time (which varies from run to run).
    pdp_pp_forward_backward cuts the batch into desc.micro_batches (m); activations go
    forward and gradients back over send/recv; schedules PDP_PP_1F1B (default: at most
    p - s micro-batches held on stage s) or PDP_PP_GPIPE (all m held): 1F1B saves
@@ -351,7 +355,8 @@
    stage; gradients are scaled so that a step equals one device on the whole batch
    (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
    stage's bubble beside (p-1)/(m+p-1), the formula for stages of equal time (stages
-   balanced by parameter count may be far from it), and its peak activation memory;
+   balanced by parameter count may be far from it: balance by work), and its peak
+   activation memory; pdp_pp_stats_format prints them as one line;
    PDP_TRACE draws one lane per stage with F<i>/B<i> events. Clip with
    pdp_pp_clip_grad_norm (collective over the stages: the whole model's norm, as one
    device's pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm
@@ -408,13 +413,14 @@
                     pdp__zero_gather_full at stages 1-2); stage 3: pdp__zero_need (a
                     unit's all-gather and the next one's prefetch),
                     pdp__zero_gather_launch, pdp__zero_release_params (FSDP's reshard);
-                    pdp_zero_get_memory (the formulas)
+                    pdp_zero_get_memory, pdp__zero_plan (the memory and its formulas)
    TP               layers_tp.c: pdp_tp_split (the split), pdp__tp_column_init and
                     pdp__tp_row_init (the slice of the full draw), pdp__tp_copy_backward
                     (f), pdp__tp_row_forward (the bias on TP rank 0 only),
                     pdp__tp_reduce_forward (g), pdp__tp_allreduce; tp.c:
                     pdp__tp_check_widths (every TP rank built the same layers)
-   PP               pp.c: pdp__pp_balance (boundaries), pdp__pp_plan (the action list
+   PP               pp.c: pdp__pp_layer_costs (parameters or layers_table.c's FLOPs
+                    estimate), pdp__pp_balance (boundaries), pdp__pp_plan (the action list
                     per stage: GPipe, 1F1B), pdp_pp_forward_backward (the runner),
                     pdp__pp_forward, pdp__pp_backward, pdp__pp_post_recv, pdp__pp_start
    Clipping         optim.c: pdp_clip_grad_norm (over the TP group:
