@@ -54,8 +54,8 @@ static pdp_dataset *train, *test;
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
     int rank = ctx->rank, n = ctx->world_size, e, i;
-    int64_t per_rank = batch / n, sent = 0, formula = 0;
-    char words[160] = "", report[2048];
+    int64_t per_rank = batch / n;
+    char report[2048];
     pdp_model *m;
     pdp_optim *opt;
     pdp_ddp *ddp = NULL;
@@ -118,16 +118,13 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
             seen += got;
         }
         PDP_TRY(pdp_batcher_status(b));
-        if (ddp) { /* the last step's bytes and their formula */
+        if (ddp) { /* the last step's bytes and formula; DDP's into zs: its ring all-reduce */
             pdp_ddp_get_stats(ddp, &ds);
-            sent = ds.bytes_sent;
-            formula = (int64_t)(2.0 * (n - 1) / n * (double)ds.grad_bytes);
-            snprintf(words, sizeof words, "2 (N-1)/N x 4 Psi, N = %d", n);
+            zs.bytes_sent = ds.bytes_sent;
+            zs.formula_bytes = (int64_t)(2.0 * (n - 1) / n * (double)ds.grad_bytes);
+            snprintf(zs.formula, sizeof zs.formula, "2 (N-1)/N x 4 Psi, N = %d", n);
         } else {
             pdp_zero_get_stats(z, &zs);
-            sent = zs.bytes_sent;
-            formula = zs.formula_bytes;
-            snprintf(words, sizeof words, "%s", zs.formula);
         }
         PDP_TRY(pdp_model_accuracy(m, tb, &acc)); /* every rank: stage 3's forward gathers */
         for (i = 0; i < n; i++) { /* in rank order, each rank's own figures */
@@ -135,7 +132,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
                 printf("rank %d epoch %d  loss %.4f  test %.2f%%  %.0f samples/s  sent/step %.2f MB"
                        "  formula %.2f MB = %s\n", rank, e + 1, loss_sum * per_rank / (double)seen,
                        100.0 * acc, (double)seen * n / (pdp_seconds() - t0),
-                       sent / 1e6, formula / 1e6, words);
+                       zs.bytes_sent / 1e6, zs.formula_bytes / 1e6, zs.formula);
             fflush(stdout);
             PDP_TRY(pdp_comm_barrier(ctx->world, NULL));
         }
