@@ -66,7 +66,8 @@
    DDP 16 Psi; stage 1 4 Psi + 12 Psi/N; stage 2 2 Psi + 14 Psi/N; stage 3
    16 Psi/N. pdp has no master copy (its parameters are fp32), so only DDP's and
    stage 3's totals coincide. pdp_zero_memory reports the measured figures beside
-   pdp's forms (with Psi_pad where padding applies).
+   pdp's forms (with Psi_pad where padding applies) and every stage's plan and both
+   forms; pdp_zero_memory_format prints it (examples/train_zero.c).
 
    Communication per rank per step (bytes counted by the communicator), with
    V = (N-1)/N x 4 Psi_pad (one reduce-scatter or one all-gather of every unit)
@@ -289,7 +290,7 @@ typedef struct pdp_zero_memory {
     int64_t padded_count;    /* Psi_pad = sum over units of N s_u */
     int64_t shard_count;     /* Psi_pad / N: this rank's slices */
     int state_per_param;     /* optimizer state floats per parameter (Adam 2, momentum 1) */
-    /* measured: bytes this rank holds */
+    /* this stage's bytes on this rank: measured or planned (above) */
     int64_t param_bytes, grad_bytes, optim_bytes;
     int64_t buffer_bytes;    /* working buffers (staging, bucket and gather buffers) */
     int64_t total_bytes;
@@ -317,8 +318,8 @@ PDP_API pdp_status pdp_zero_memory_plan(const pdp_model *m, int world_size, int 
                                         pdp_zero_memory *out);
 /* The report as a table a person reads: per stage, pdp's fp32 formula, the paper's and the
    buffers; this rank's bytes against DDP's, and why ZeRO saves memory or does not at this
-   size (the shards save (1 - 1/N) x 4 Psi per sharded state, the buffers cost 4 U_max each)
-   with the N from which each stage saves. Returns the length snprintf would have written. */
+   size (sharding a float of every parameter saves (1 - 1/N) x 4 Psi bytes, each buffer
+   costs 4 U_max) with the N from which each stage saves this model's memory. Returns the length snprintf would have written. */
 PDP_API int pdp_zero_memory_format(const pdp_zero_memory *m, char *buf, size_t bytes);
 
 typedef struct pdp_zero_stats {
