@@ -2469,9 +2469,9 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        from its shapes, the same on every machine and run) or by time measured on rank
        0 (forward + backward per layer, which varies from run to run), as a contiguous
        split minimising the largest stage; every rank checks that it got the same
-       split as rank 0. Parameter counts leave a stage of cheap layers nearly idle (an
-       MLP's 784x512 Linear holds 60% of its parameters but does 50% of its work), so
-       its bubble exceeds the formula below: balance by work to meet it;
+       split as rank 0. Parameter counts can leave a stage nearly idle (the first
+       Linear of the MLP 784-512-512-10 holds 60% of its parameters but 50% of its
+       estimated work), and its bubble then exceeds the formula below: balance by work;
      - a schedule is an explicit list of actions (F j: forward of micro-batch j,
        B j: its backward) per stage, printed by pdp_pp_schedule_str:
          GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);
