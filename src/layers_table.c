@@ -9,7 +9,8 @@
 
    This table is the only place that knows what each kind is. Every decision elsewhere
    that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
-   kinds between the split Linears, the state_dict numbering; and model.c, dp.c and the
+   kinds between the split Linears, the state_dict numbering (and pp.c's balance by work
+   reads the FLOPs estimate, pdp__layer_flops); and model.c, dp.c and the
    executors run a layer through pdp__layer_setup, pdp__layer_forward and the other
    functions below, once per layer call (never per element). A kind's value is named
    elsewhere only by its own code: its constructor (model.c's pdp_model_add_*, tp.c's
