@@ -67,7 +67,6 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     int64_t step = 0;
     static char lines[PDP_PP_MAX_STAGES][512]; /* each stage's figures (pdp_pp_stats_format) */
     (void)user;
-    if (n > 2 * layers + 1) return PDP_ERR_INVALID; /* more stages than layers */
     if (rank == 0)
         printf("seed %llu: %s, backend %s, %d stages, schedule %s, %d micro-batches of %lld, "
                "MLP 784-%lldx%d-10, Adam lr %g\n", seed, train->source, backend, n, sched, micro,
