@@ -286,7 +286,9 @@
    and backward, the next unit's gather in flight).
 
    Memory: pdp_zero_get_memory reports the bytes each rank holds beside pdp's formulas
-   for them. pdp keeps everything in fp32 (4-byte parameters and gradients, K bytes of
+   for them, with every stage's planned bytes (pdp_zero_memory_plan gives the same report
+   before sharding, DDP's included, without a communicator) and pdp_zero_memory_format
+   prints it as a table with the reason ZeRO saves or does not at that size. pdp keeps everything in fp32 (4-byte parameters and gradients, K bytes of
    optimizer state per parameter, Adam K = 8), so with Psi parameters and N ranks its
    forms are: DDP 16 Psi, stage 1 8 Psi + 8 Psi/N, stage 2 4 Psi + 12 Psi/N, stage 3
    16 Psi/N, plus the stated working buffers (at a small Psi they can outweigh what the
@@ -349,7 +351,9 @@
        CHECK(pdp_pp_step(pp, opt));
    Every rank builds the same full model and calls pdp_pp_create; rank r keeps stage
    r's layers (pdp_pp_model), with the full model's values and names. Boundaries are
-   given (desc.first_layer) or balanced by parameter count (default) or measured time.
+   given (desc.first_layer) or balanced by parameter count (default), by estimated work
+   (PDP_PP_BALANCE_WORK: each layer's forward + backward FLOPs from its shapes, the same
+   split on every run) or by measured time (which varies from run to run).
    pdp_pp_forward_backward cuts the batch into desc.micro_batches (m); activations go
    forward and gradients back over send/recv; schedules PDP_PP_1F1B (default: at most
    p - s micro-batches held on stage s) or PDP_PP_GPIPE (all m held): 1F1B saves
@@ -357,7 +361,8 @@
    stage; gradients are scaled so that a step equals one device on the whole batch
    (tested at 1e-5, p = 1..4, thread ranks and MPI). pdp_pp_get_stats gives each
    stage's bubble beside (p-1)/(m+p-1), the formula for stages of equal time (stages
-   balanced by parameter count may be far from it), and its peak activation memory;
+   balanced by parameter count may be far from it: balance by work), and its peak
+   activation memory; pdp_pp_stats_format prints them as one line;
    PDP_TRACE draws one lane per stage with F<i>/B<i> events. Clip with
    pdp_pp_clip_grad_norm (collective over the stages: the whole model's norm, as one
    device's pdp_clip_grad_norm; tested on 2-4 stages and DP x PP); pdp_clip_grad_norm
@@ -414,13 +419,14 @@
                     pdp__zero_gather_full at stages 1-2); stage 3: pdp__zero_need (a
                     unit's all-gather and the next one's prefetch),
                     pdp__zero_gather_launch, pdp__zero_release_params (FSDP's reshard);
-                    pdp_zero_get_memory (the formulas)
+                    pdp_zero_get_memory, pdp__zero_plan (the memory and its formulas)
    TP               layers_tp.c: pdp_tp_split (the split), pdp__tp_column_init and
                     pdp__tp_row_init (the slice of the full draw), pdp__tp_copy_backward
                     (f), pdp__tp_row_forward (the bias on TP rank 0 only),
                     pdp__tp_reduce_forward (g), pdp__tp_allreduce; tp.c:
                     pdp__tp_check_widths (every TP rank built the same layers)
-   PP               pp.c: pdp__pp_balance (boundaries), pdp__pp_plan (the action list
+   PP               pp.c: pdp__pp_layer_costs (parameters or layers_table.c's FLOPs
+                    estimate), pdp__pp_balance (boundaries), pdp__pp_plan (the action list
                     per stage: GPipe, 1F1B), pdp_pp_forward_backward (the runner),
                     pdp__pp_forward, pdp__pp_backward, pdp__pp_post_recv, pdp__pp_start
    Clipping         optim.c: pdp_clip_grad_norm (over the TP group:
@@ -2203,7 +2209,8 @@ PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_op
    DDP 16 Psi; stage 1 4 Psi + 12 Psi/N; stage 2 2 Psi + 14 Psi/N; stage 3
    16 Psi/N. pdp has no master copy (its parameters are fp32), so only DDP's and
    stage 3's totals coincide. pdp_zero_memory reports the measured figures beside
-   pdp's forms (with Psi_pad where padding applies).
+   pdp's forms (with Psi_pad where padding applies) and every stage's plan and both
+   forms; pdp_zero_memory_format prints it (examples/train_zero.c).
 
    Communication per rank per step (bytes counted by the communicator), with
    V = (N-1)/N x 4 Psi_pad (one reduce-scatter or one all-gather of every unit)
@@ -2403,12 +2410,30 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
    every rank before anything is copied, as above. */
 PDP_API pdp_status pdp_zero_checkpoint_load_full(pdp_zero *z, pdp_optim *opt, const char *path);
 
+/* One stage's bytes per rank for a model, N and optimizer: what pdp_zero_create would
+   allocate (stage 0: DDP's replica, parameters, gradients and optimizer state; its
+   buckets are not counted), and both formulas for the same Psi and N. */
+typedef struct pdp_zero_memory_stage {
+    int64_t param_bytes, grad_bytes, optim_bytes, buffer_bytes, total_bytes;
+    int buffers;             /* working buffers, each 4 unit_max bytes: 0, 1, 1 + grad_buffers,
+                                grad_buffers + param_buffers */
+    double fp32_bytes;       /* pdp's fp32 form, K = 4 x state_per_param: DDP (8 + K) Psi;
+                                8 Psi + K Psi/N; 4 Psi + (4 + K) Psi/N; (8 + K) Psi/N */
+    double paper_bytes;      /* the paper's mixed precision, K = 4 + 4 x state_per_param
+                                (fp32 master weights; Adam 12): (4 + K) Psi; 4 Psi + K Psi/N;
+                                2 Psi + (2 + K) Psi/N; (4 + K) Psi/N */
+} pdp_zero_memory_stage;
+
 typedef struct pdp_zero_memory {
+    int stage;               /* the stage the bytes below are for; 0: DDP (planned only) */
+    int world_size;          /* N */
+    bool measured;           /* the bytes below are what this rank holds (pdp_zero_get_memory);
+                                false: planned (pdp_zero_memory_plan) */
     int64_t param_count;     /* Psi */
     int64_t padded_count;    /* Psi_pad = sum over units of N s_u */
     int64_t shard_count;     /* Psi_pad / N: this rank's slices */
     int state_per_param;     /* optimizer state floats per parameter (Adam 2, momentum 1) */
-    /* measured: bytes this rank holds */
+    /* this stage's bytes on this rank: measured or planned (above) */
     int64_t param_bytes, grad_bytes, optim_bytes;
     int64_t buffer_bytes;    /* working buffers (staging, bucket and gather buffers) */
     int64_t total_bytes;
@@ -2417,10 +2442,28 @@ typedef struct pdp_zero_memory {
        stated bound on buffer_bytes */
     double formula_bytes, ddp_bytes;
     int64_t buffer_bound;
+    int64_t unit_max;        /* U_max: the largest unit's padded floats, N s_max */
+    pdp_zero_memory_stage stages[4]; /* every stage, 0 (DDP) to 3, planned */
 } pdp_zero_memory;
 
-/* opt may be NULL (no optimizer state counted). */
-PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out);
+/* What this rank holds (measured: the buffers' sizes as allocated) beside the plan of every
+   stage. opt may be NULL (no optimizer state counted). PDP_ERR_INVALID naming the call for
+   a NULL z or out, or an opt that is not z's shard optimizer. */
+PDP_API pdp_status pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt,
+                                       pdp_zero_memory *out);
+/* The same report before (or without) sharding: what stage (0: DDP, 1-3) would hold on each
+   of world_size ranks for m with desc's units and buffers (NULL: the defaults) and opt's
+   state (NULL: none; an optimizer of m, or a shard optimizer of a model with m's layout).
+   Not collective; m is read only. PDP_ERR_INVALID naming the call and the argument for a
+   NULL m or out, world_size < 1, a stage outside 0..3 or a bad desc. */
+PDP_API pdp_status pdp_zero_memory_plan(const pdp_model *m, int world_size, int stage,
+                                        const pdp_zero_desc *desc, const pdp_optim *opt,
+                                        pdp_zero_memory *out);
+/* The report as a table a person reads: per stage, pdp's fp32 formula, the paper's and the
+   buffers; this rank's bytes against DDP's, and why ZeRO saves memory or does not at this
+   size (sharding a float of every parameter saves (1 - 1/N) x 4 Psi bytes, each buffer
+   costs 4 U_max) with the N from which each stage saves this model's memory. Returns the length snprintf would have written. */
+PDP_API int pdp_zero_memory_format(const pdp_zero_memory *m, char *buf, size_t bytes);
 
 typedef struct pdp_zero_stats {
     int64_t steps;             /* synchronised backward passes finished */
@@ -2461,9 +2504,13 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        would see that stage only). A model with tensor-parallel layers is refused
        (PDP_ERR_UNSUPPORTED): PP x TP does not exist yet;
      - stage boundaries are given (first_layer[s]) or balanced: by parameter count
-       (default) or by time measured on rank 0 (forward + backward per layer), as a
-       contiguous split minimising the largest stage; every rank checks that it got
-       the same split as rank 0;
+       (default), by estimated work (each layer's forward + backward FLOPs per sample
+       from its shapes, the same on every machine and run) or by time measured on rank
+       0 (forward + backward per layer, which varies from run to run), as a contiguous
+       split minimising the largest stage; every rank checks that it got the same
+       split as rank 0. Parameter counts can leave a stage nearly idle (the first
+       Linear of the MLP 784-512-512-10 holds 60% of its parameters but 50% of its
+       estimated work), and its bubble then exceeds the formula below: balance by work;
      - a schedule is an explicit list of actions (F j: forward of micro-batch j,
        B j: its backward) per stage, printed by pdp_pp_schedule_str:
          GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);
@@ -2529,9 +2576,16 @@ typedef enum pdp_pp_schedule {
     PDP_PP_GPIPE = 1
 } pdp_pp_schedule;
 
+/* How a split is balanced without first_layer: the contiguous split of the layers into
+   p stages that minimises the largest stage's sum of a per-layer cost; of equal splits
+   the one whose last stage starts latest, the stages before it split by the same rule
+   (so an activation stays with the Linear before it). */
 typedef enum pdp_pp_balance {
     PDP_PP_BALANCE_PARAMS = 0, /* default: parameter counts */
-    PDP_PP_BALANCE_TIME = 1    /* forward + backward time per layer, measured on rank 0 */
+    PDP_PP_BALANCE_TIME = 1,   /* forward + backward time per layer, measured on rank 0 */
+    PDP_PP_BALANCE_WORK = 2    /* forward + backward FLOPs per sample, estimated from each
+                                  layer's shapes (a GEMM counts 2 k n a row; the first layer
+                                  computes no input gradient): deterministic */
 } pdp_pp_balance;
 
 /* The caller's loss, on the last stage, once per micro-batch: y is the output of the
@@ -2610,6 +2664,9 @@ PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int 
 PDP_API const char *pdp_pp_schedule_str(const pdp_pp *pp, char *buf, size_t cap);
 
 typedef struct pdp_pp_stats {
+    int stage, stages;              /* s and p */
+    int micro_batches;              /* m */
+    pdp_pp_schedule schedule;
     int64_t steps;                  /* pipeline passes finished */
     /* the last pass, this stage */
     double step_s;                  /* from the starting barrier to the closing one */
@@ -2626,6 +2683,11 @@ typedef struct pdp_pp_stats {
 } pdp_pp_stats;
 
 PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out);
+/* One line a person reads (pdp_dp_stats_format's style): the stage's compute seconds and
+   bubble over all passes beside the formula, "met" when within 0.10 of it, and its peak
+   activation memory beside what each schedule holds (1F1B min(p - s, m) micro-batches,
+   GPipe m). Returns the length snprintf would have written. */
+PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes);
 /* ---- end src/pp.h ---- */
 
 /* ---- begin src/cuda.h ---- */
@@ -3594,7 +3656,9 @@ typedef struct pdp__param_shapes {
    with the input without naming the layer (model.c prefixes "pdp_model_forward:
    layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
    entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
-   workspace floats per sample pdp_cuda.cu's kernels need. */
+   workspace floats per sample pdp_cuda.cu's kernels need; flops (NULL: none, a view or
+   a collective) estimates the forward + backward FLOPs per sample from the shapes, the
+   input gradient's share only when input_grad (layers_table.c, "work estimates"). */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
@@ -3605,11 +3669,13 @@ typedef struct pdp__layer_kind_info {
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
     unsigned flags; /* PDP__LAYER_* */
+    double (*flops)(const pdp__layer *l, bool input_grad);
 } pdp__layer_kind_info;
 
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
-   backward on io->device; the workspace floats per sample on device d. */
+   backward on io->device; the workspace floats per sample on device d; the FLOPs
+   estimate (0 for a kind without one). */
 PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
 PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
@@ -3618,6 +3684,7 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
 PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k);
 PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad);
 
 typedef struct pdp__param_entry {
     char name[32];
@@ -14366,13 +14433,15 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
-   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
    PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
-   fused, collective, unnumbered).
+   fused, collective, unnumbered) and an estimate of its work in FLOPs (pp.c balances
+   a pipeline's stages by it).
 
    This table is the only place that knows what each kind is. Every decision elsewhere
    that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
-   kinds between the split Linears, the state_dict numbering; and model.c, dp.c and the
+   kinds between the split Linears, the state_dict numbering (and pp.c's balance by work
+   reads the FLOPs estimate, pdp__layer_flops); and model.c, dp.c and the
    executors run a layer through pdp__layer_setup, pdp__layer_forward and the other
    functions below, once per layer call (never per element). A kind's value is named
    elsewhere only by its own code: its constructor (model.c's pdp_model_add_*, tp.c's
@@ -14392,7 +14461,8 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
       layers.c's conventions, and add the kind's to them when it has its own);
    3. its value in pdp__layer_kind (internal.h), appended before
       PDP__LAYER_KIND_COUNT, and its entry at the end of the table below (in the enum's
-      order: C++ has no designators), with its flags (internal.h says what
+      order: C++ has no designators), with its flags and its FLOPs estimate (a
+      pdp__flops_* function of the section "work estimates"; internal.h says what
       each promises: an element-wise kind gets PDP__LAYER_ELEMENTWISE and is then
       accepted inside a TP block with no edit to tp.c);
    4. its public constructor pdp_model_add_<kind> (model.h, with a comment naming the
@@ -14433,6 +14503,69 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #  define PDP__CUDA_ENTRY(fn) NULL
 #endif
 
+/* ---- layers_table: work estimates ----
+   Forward + backward FLOPs per sample from a layer's shapes: an estimate to balance a
+   pipeline's stages by (pp.c, PDP_PP_BALANCE_WORK), not a measurement. A GEMM of
+   (rows x k) by (k x n) counts 2 k n a row; an element-wise formula its operations as
+   math.h writes them, a transcendental (expf, tanhf) counted as one. input_grad: the
+   backward also computes the input's gradient (every layer but a model's first). */
+
+/* in_count floats, each fwd operations forward, dparam for the parameters' gradients,
+   dinput for the input's */
+PDP__PRIVATE double pdp__flops_each(const pdp__layer *l, bool input_grad, double fwd,
+                                    double dparam, double dinput)
+{
+    return (double)l->in_count * (fwd + dparam + (input_grad ? dinput : 0.0));
+}
+/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum */
+PDP__PRIVATE double pdp__flops_linear(const pdp__layer *l, bool input_grad)
+{
+    double gemm = 2.0 * (double)l->in_count * (double)l->out_count;
+    return (input_grad ? 3.0 : 2.0) * gemm + 2.0 * (double)l->out_count;
+}
+/* the same GEMMs over im2col: out_count outputs, each a dot of C k k */
+PDP__PRIVATE double pdp__flops_conv(const pdp__layer *l, bool input_grad)
+{
+    double gemm = 2.0 * (double)l->out_count * (double)(l->in_shape[0] * l->kernel * l->kernel);
+    return (input_grad ? 3.0 : 2.0) * gemm + 2.0 * (double)l->out_count;
+}
+/* k k compares an output; the backward adds each output's gradient at its winner */
+PDP__PRIVATE double pdp__flops_maxpool(const pdp__layer *l, bool input_grad)
+{
+    return (double)l->out_count * ((double)(l->kernel * l->kernel) + (input_grad ? 1.0 : 0.0));
+}
+/* the element-wise kinds: math.h's forward, then its gradient */
+PDP__PRIVATE double pdp__flops_relu(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 1, 0, 1);
+}
+PDP__PRIVATE double pdp__flops_gelu(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 9, 0, 19);
+}
+PDP__PRIVATE double pdp__flops_tanh(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 1, 0, 3);
+}
+PDP__PRIVATE double pdp__flops_sigmoid(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 4, 0, 3);
+}
+PDP__PRIVATE double pdp__flops_silu(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 5, 0, 9);
+}
+/* the mask's compare and scale; the backward's scale */
+PDP__PRIVATE double pdp__flops_dropout(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 2, 0, 1);
+}
+/* mean, variance, normalise, affine; the affine's gradients, then the input's */
+PDP__PRIVATE double pdp__flops_layernorm(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 8, 3, 8);
+}
+
 /* ---- layers_table: the table ---- */
 
 /* C++ (the implementation compiled as C++, or by nvcc) has no array designators: there
@@ -14444,63 +14577,70 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #  define PDP__KIND(k) [k] =
 #endif
 
-/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags */
+/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags, flops */
 PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     PDP__KIND(PDP__LINEAR){"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
                            pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
-                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0, pdp__flops_linear},
     PDP__KIND(PDP__RELU){"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward,
                          pdp__relu_backward, PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,
-                         PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU},
+                         PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU, pdp__flops_relu},
     PDP__KIND(PDP__GELU){"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward,
                          pdp__gelu_backward, PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
+                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
+                         pdp__flops_gelu},
     PDP__KIND(PDP__TANH){"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward,
                          pdp__tanh_backward, PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
+                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
+                         pdp__flops_tanh},
     PDP__KIND(PDP__SIGMOID){"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
                             pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
                             PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL,
-                            PDP__LAYER_ELEMENTWISE},
+                            PDP__LAYER_ELEMENTWISE, pdp__flops_sigmoid},
     PDP__KIND(PDP__DROPOUT){"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
                             pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
-                            PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
+                            PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0,
+                            pdp__flops_dropout},
     PDP__KIND(PDP__LAYERNORM){"LayerNorm", pdp__layernorm_setup, pdp__layernorm_init,
                               pdp__layernorm_forward, pdp__layernorm_backward,
                               PDP__CUDA_ENTRY(pdp__layernorm_cuda_forward),
-                              PDP__CUDA_ENTRY(pdp__layernorm_cuda_backward), NULL, 0},
+                              PDP__CUDA_ENTRY(pdp__layernorm_cuda_backward), NULL, 0,
+                              pdp__flops_layernorm},
     PDP__KIND(PDP__CONV2D){"Conv2d", pdp__conv_setup, pdp__conv_init, pdp__conv_forward,
                            pdp__conv_backward, PDP__CUDA_ENTRY(pdp__conv_cuda_forward),
                            PDP__CUDA_ENTRY(pdp__conv_cuda_backward), pdp__conv_cuda_work,
-                           PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
+                           PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL, pdp__flops_conv},
     PDP__KIND(PDP__MAXPOOL2D){"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
                               pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
                               PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL,
-                              PDP__LAYER_FUSABLE_POOL},
+                              PDP__LAYER_FUSABLE_POOL, pdp__flops_maxpool},
     PDP__KIND(PDP__FLATTEN){"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                             pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
-                            PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
+                            PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW,
+                            NULL},
     /* tensor parallel (tp.c): f and g run their collective on every device; the split
        Linears are Linear's kernels on this rank's slice */
     PDP__KIND(PDP__TP_COPY){"CopyToModelParallelRegion", pdp__tp_copy_setup, NULL,
                             pdp__tp_copy_forward, pdp__tp_copy_backward, NULL, NULL, NULL,
-                            PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+                            PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
     PDP__KIND(PDP__COLUMN_PARALLEL_LINEAR){
         "ColumnParallelLinear", pdp__tp_column_setup, pdp__tp_column_init, pdp__linear_forward,
         pdp__tp_column_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
-        PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0},
+        PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0, pdp__flops_linear},
     PDP__KIND(PDP__ROW_PARALLEL_LINEAR){"RowParallelLinear", pdp__tp_row_setup, pdp__tp_row_init,
                                         pdp__tp_row_forward, pdp__linear_backward,
                                         PDP__CUDA_ENTRY(pdp__tp_row_cuda_forward),
-                                        PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+                                        PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0,
+                                        pdp__flops_linear},
     PDP__KIND(PDP__TP_REDUCE){"ReduceFromModelParallelRegion", pdp__tp_reduce_setup, NULL,
                               pdp__tp_reduce_forward, pdp__tp_reduce_backward, NULL, NULL, NULL,
-                              PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+                              PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
     /* kinds added since, in the enum's order */
     PDP__KIND(PDP__SILU){"SiLU", pdp__layers_setup_same, NULL, pdp__silu_forward,
                          pdp__silu_backward, PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
+                         PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
+                         pdp__flops_silu},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -14564,6 +14704,13 @@ PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device 
     if (d.kind == PDP_DEVICE_CUDA && info && info->cuda_work)
         return PDP__MAX(l->work_per_sample, info->cuda_work(l));
     return l->work_per_sample;
+}
+
+/* The kind's FLOPs estimate per sample (work estimates, above); 0 without one. */
+PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad)
+{
+    const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
+    return info && info->flops ? info->flops(l, input_grad) : 0.0;
 }
 
 /* ---- layers_table: forward and backward ---- */
@@ -22534,17 +22681,73 @@ PDP_API pdp_model *pdp_zero_model(const pdp_zero *z) { return z ? z->m : NULL; }
 PDP_API int pdp_zero_stage(const pdp_zero *z) { return z ? z->stage : 0; }
 PDP_API int pdp_zero_num_units(const pdp_zero *z) { return z ? z->nunits : 0; }
 
-PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out)
+/* ---- zero: memory ---- */
+
+/* The plan of every stage for m on n ranks (d resolved; nstate optimizer floats per
+   parameter) into out's counts and stages[], and out->stage's formulas: the units as
+   pdp_zero_create plans them (reducer.c's walk), each padded to N s_u. */
+PDP__PRIVATE pdp_status pdp__zero_plan(const pdp_model *m, int n, const pdp_zero_desc *d,
+                                       int nstate, pdp_zero_memory *out, const char *fn)
 {
-    double psi, n, k;
-    int64_t per;
-    if (!out) return;
-    memset(out, 0, sizeof *out);
-    if (!z) return;
-    out->param_count = z->m->param_count;
-    out->padded_count = z->padded_count;
-    out->shard_count = z->shard_count;
-    out->state_per_param = opt ? opt->nstate : 0;
+    pdp__red_bucket *units;
+    int nunits, b, s, g, pb;
+    int64_t smax = 0, shard = 0, psi = m->param_count;
+    double k = 4.0 * nstate, kp = 4.0 + k, dpsi = (double)psi;
+    units = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *units);
+    if (!units) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    nunits = pdp__reducer_walk(m, d->bucket_cap_mb * 1048576.0, d->first_bucket_mb * 1048576.0,
+                               true, units, NULL);
+    for (b = 0; b < nunits; b++) {
+        int64_t su = pdp__zero_align((units[b].info.count + n - 1) / n);
+        shard += su;
+        smax = PDP__MAX(smax, su);
+    }
+    pdp__dealloc(units);
+    g = PDP__MIN(d->grad_buffers ? d->grad_buffers : 2, PDP__MAX(1, nunits));
+    pb = d->param_buffers ? d->param_buffers : 2;
+    out->world_size = n;
+    out->param_count = psi;
+    out->padded_count = shard * n;
+    out->shard_count = shard;
+    out->state_per_param = nstate;
+    out->unit_max = smax * n;
+    for (s = 0; s < 4; s++) {
+        pdp_zero_memory_stage *r = &out->stages[s];
+        r->param_bytes = 4 * (s == 3 ? shard : psi);
+        r->grad_bytes = 4 * (s == 0 ? psi : s == 1 ? shard * n : shard);
+        r->optim_bytes = 4 * nstate * (s == 0 ? psi : shard);
+        r->buffers = s == 0 ? 0 : s == 1 ? 1 : s == 2 ? 1 + g : g + pb;
+        r->buffer_bytes = (int64_t)r->buffers * 4 * out->unit_max;
+        r->total_bytes = r->param_bytes + r->grad_bytes + r->optim_bytes + r->buffer_bytes;
+        r->fp32_bytes = s == 0   ? (8.0 + k) * dpsi
+                        : s == 1 ? 8.0 * dpsi + k * dpsi / n
+                        : s == 2 ? 4.0 * dpsi + (4.0 + k) * dpsi / n
+                                 : (8.0 + k) * dpsi / n;
+        r->paper_bytes = s == 0   ? (4.0 + kp) * dpsi
+                         : s == 1 ? 4.0 * dpsi + kp * dpsi / n
+                         : s == 2 ? 2.0 * dpsi + (2.0 + kp) * dpsi / n
+                                  : (4.0 + kp) * dpsi / n;
+    }
+    out->ddp_bytes = out->stages[0].fp32_bytes;
+    out->formula_bytes = out->stages[out->stage].fp32_bytes;
+    out->buffer_bound = out->stages[out->stage].buffer_bytes;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt,
+                                       pdp_zero_memory *out)
+{
+    static const char *fn = "pdp_zero_get_memory";
+    pdp_status st;
+    if (out) memset(out, 0, sizeof *out);
+    if (!z || !out) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, z ? "out" : "z");
+    if (opt && (!opt->shard || opt->model != z->m))
+        return pdp__err(PDP_ERR_INVALID, "%s: opt is not this executor's shard optimizer "
+                        "(pdp_zero_optim_create)", fn);
+    out->stage = z->stage;
+    if ((st = pdp__zero_plan(z->m, z->size, &z->desc, opt ? opt->nstate : 0, out, fn)) != PDP_OK)
+        return st;
+    out->measured = true; /* what this rank holds now */
     out->param_bytes = (z->stage == 3 ? z->shard_count : 0) * 4 +
                        (z->m->param_block ? z->m->param_count * 4 : 0);
     out->grad_bytes = (z->stage == 1 ? z->padded_count : z->shard_count) * 4 +
@@ -22552,17 +22755,118 @@ PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_ze
     out->optim_bytes = opt ? opt->nstate * (opt->hi - opt->lo) * 4 : 0;
     out->buffer_bytes = z->buffer_bytes;
     out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes + out->buffer_bytes;
-    psi = (double)z->m->param_count;
-    n = (double)z->size;
-    k = 4.0 * out->state_per_param;
-    out->ddp_bytes = (8.0 + k) * psi;
-    out->formula_bytes = z->stage == 1   ? 8.0 * psi + k * psi / n
-                         : z->stage == 2 ? 4.0 * psi + (4.0 + k) * psi / n
-                                         : (8.0 + k) * psi / n;
-    per = 4 * (int64_t)z->size * z->smax;
-    out->buffer_bound = per * (z->stage == 1   ? 1
-                               : z->stage == 2 ? 1 + z->desc.grad_buffers
-                                               : z->desc.grad_buffers + z->desc.param_buffers);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_zero_memory_plan(const pdp_model *m, int world_size, int stage,
+                                        const pdp_zero_desc *desc, const pdp_optim *opt,
+                                        pdp_zero_memory *out)
+{
+    static const char *fn = "pdp_zero_memory_plan";
+    pdp_zero_desc d;
+    pdp_status st;
+    const pdp_zero_memory_stage *r;
+    if (out) memset(out, 0, sizeof *out);
+    if (!m || !out) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "out" : "m");
+    if (world_size < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d < 1", fn, world_size);
+    if (stage < 0 || stage > 3)
+        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 0 (DDP), 1, 2 or 3", fn, stage);
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    d.stage = PDP__MAX(stage, 1); /* the desc's checks and defaults, as a create would */
+    if ((st = pdp__zero_desc_defaults(m, &d, &d, fn)) != PDP_OK) return st;
+    if (desc) d.grad_buffers = desc->grad_buffers, d.param_buffers = desc->param_buffers;
+    out->stage = stage;
+    if ((st = pdp__zero_plan(m, world_size, &d, opt ? opt->nstate : 0, out, fn)) != PDP_OK)
+        return st;
+    r = &out->stages[stage];
+    out->param_bytes = r->param_bytes;
+    out->grad_bytes = r->grad_bytes;
+    out->optim_bytes = r->optim_bytes;
+    out->buffer_bytes = r->buffer_bytes;
+    out->total_bytes = r->total_bytes;
+    return PDP_OK;
+}
+
+/* The smallest N >= 2 from which a stage that shards c x Psi bytes and adds b buffers of
+   4 U_max saves memory over DDP, (1 - 1/N) c Psi > 4 b U_max (U_max taken as it is
+   now); 0: never (a unit this large outweighs what the shards can save). */
+PDP__PRIVATE int pdp__zero_saves_from(double psi, double umax, double c, double b)
+{
+    double need = 4.0 * b * umax / c; /* (1 - 1/N) Psi must exceed it */
+    if (need >= psi) return 0;
+    return PDP__MAX(2, (int)floor(psi / (psi - need)) + 1);
+}
+
+/* snprintf at buf + len (the length so far, as snprintf counts it): the new length */
+PDP__PRIVATE int pdp__zero_put(char *buf, size_t bytes, int len, const char *fmt, ...)
+{
+    va_list ap;
+    char none[1];
+    bool room = buf && (size_t)len < bytes;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(room ? buf + len : none, room ? bytes - (size_t)len : sizeof none, fmt, ap);
+    va_end(ap);
+    return n < 0 ? len : len + n;
+}
+
+PDP_API int pdp_zero_memory_format(const pdp_zero_memory *m, char *buf, size_t bytes)
+{
+    static const char *fp32[4] = {"%g Psi", "8 Psi + %g Psi/N", "4 Psi + %g Psi/N", "%g Psi/N"};
+    static const char *paper[4] = {"%g Psi", "4 Psi + %g Psi/N", "2 Psi + %g Psi/N", "%g Psi/N"};
+    static const char *lead[4] = {"", " stage 1 saves", ", stage 2", " and stage 3"};
+    double mb = 1e6, psi, u, k, kp, cf[4], cp[4];
+    int s, n, len = 0, from;
+    char a[32], b[32];
+    if (!m || m->world_size < 1) return 0;
+    if (buf && bytes) buf[0] = '\0';
+    n = m->world_size;
+    psi = (double)m->param_count;
+    u = (double)m->unit_max;
+    k = 4.0 * m->state_per_param;
+    kp = 4.0 + k;
+    /* each stage's Psi coefficient in the two forms; stage s >= 1 saves cf[0] - its first
+       term, (1 - 1/N) x 8, 12, 16 Psi with Adam (k = 8) */
+    cf[0] = 8 + k, cf[1] = k, cf[2] = 4 + k, cf[3] = 8 + k;
+    cp[0] = 4 + kp, cp[1] = kp, cp[2] = 2 + kp, cp[3] = 4 + kp;
+    len = pdp__zero_put(buf, bytes, len, "memory per rank, N = %d, Psi = %.0f (pdp: fp32 params "
+                        "+ grads + %d optimizer state floats each; paper: mixed precision, K = "
+                        "%.0f):\n", n, psi, m->state_per_param, kp);
+    for (s = 0; s < 4; s++) {
+        const pdp_zero_memory_stage *r = &m->stages[s];
+        snprintf(a, sizeof a, fp32[s], cf[s]);
+        snprintf(b, sizeof b, paper[s], cp[s]);
+        len = pdp__zero_put(buf, bytes, len, "  stage %d  pdp fp32 %-16s = %6.2f MB | paper "
+                            "%-16s = %6.2f MB | + buffers %d x 4 U_max = %5.2f MB\n", s, a,
+                            r->fp32_bytes / mb, b, r->paper_bytes / mb, r->buffers,
+                            (double)r->buffer_bytes / mb);
+    }
+    len = pdp__zero_put(buf, bytes, len, "%s, stage %d: params %.2f + grads %.2f + optimizer "
+                        "%.2f + buffers %.2f = %.2f MB against DDP's %.2f MB: stage %d %s here\n",
+                        m->measured ? "measured" : "planned", m->stage,
+                        (double)m->param_bytes / mb, (double)m->grad_bytes / mb,
+                        (double)m->optim_bytes / mb, (double)m->buffer_bytes / mb,
+                        (double)m->total_bytes / mb, m->ddp_bytes / mb, m->stage,
+                        m->stage == 0 ? "is the baseline"
+                        : (double)m->total_bytes < m->ddp_bytes ? "saves memory"
+                                                                : "does not save");
+    len = pdp__zero_put(buf, bytes, len, "why: sharding saves (1 - 1/N) x %.0f, %.0f, %.0f Psi "
+                        "(stages 1, 2, 3) and the buffers cost %d, %d, %d x 4 U_max, U_max = the "
+                        "largest unit (%.0f parameters, %.0f%% of the model: units hold whole "
+                        "layers, so it does not shrink with N); a stage saves when its saving "
+                        "exceeds its buffers: here (1 - 1/N) Psi = %.0f against U_max = %.0f, so "
+                        "with this model", k, 4 + k, 8 + k, m->stages[1].buffers,
+                        m->stages[2].buffers, m->stages[3].buffers, u, 100.0 * u / psi,
+                        (1.0 - 1.0 / n) * psi, u);
+    for (s = 1; s < 4; s++) {
+        from = pdp__zero_saves_from(psi, u, cf[0] - (s == 1 ? 8 : s == 2 ? 4 : 0),
+                                    m->stages[s].buffers);
+        if (from) len = pdp__zero_put(buf, bytes, len, "%s from N = %d", lead[s], from);
+        else len = pdp__zero_put(buf, bytes, len, "%s never", lead[s]);
+    }
+    return pdp__zero_put(buf, bytes, len, " (N = %d here).\n", n);
 }
 
 PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)
@@ -23230,7 +23534,9 @@ struct pdp_pp {
 /* ---- pp: stage boundaries ---- */
 
 /* A contiguous split of n layers of cost[] into p non-empty stages minimising the
-   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear). */
+   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear; pp.h's
+   pdp_pp_balance states the rule for the whole split). The linear-partition dynamic
+   programme: best(k, i) = min over j of max(best(k - 1, j), cost of layers [j, i)). */
 PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
 {
     double *best = (double *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *best);
@@ -23358,8 +23664,10 @@ PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, in
     if (d->micro_batches < 0 || d->micro_batches > 65536)
         return pdp__err(PDP_ERR_INVALID, "%s: micro_batches %d outside 1..65536", fn,
                         d->micro_batches);
-    if (d->balance != PDP_PP_BALANCE_PARAMS && d->balance != PDP_PP_BALANCE_TIME)
-        return pdp__err(PDP_ERR_INVALID, "%s: balance %d", fn, (int)d->balance);
+    if (d->balance != PDP_PP_BALANCE_PARAMS && d->balance != PDP_PP_BALANCE_TIME &&
+        d->balance != PDP_PP_BALANCE_WORK)
+        return pdp__err(PDP_ERR_INVALID, "%s: balance %d (PDP_PP_BALANCE_PARAMS, _TIME or _WORK)",
+                        fn, (int)d->balance);
     if (d->balance_batch < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: balance_batch %lld < 0", fn,
                         (long long)d->balance_batch);
@@ -23396,10 +23704,25 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
     return PDP_OK;
 }
 
+/* Each layer's cost for balancing: parameters, or estimated FLOPs per sample
+   (layers_table.c's estimate; layer 0 computes no input gradient). */
+PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost)
+{
+    int i, q;
+    for (i = 0; i < full->nlayers; i++) {
+        const pdp__layer *l = &full->layers[i];
+        cost[i] = 0.0;
+        if (how == PDP_PP_BALANCE_WORK) cost[i] = pdp__layer_flops(l, i > 0);
+        else
+            for (q = l->param_first; q < l->param_first + l->nparams; q++)
+                cost[i] += (double)full->params[q].count;
+    }
+}
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
-    int s, i, n = full->nlayers;
+    int s, n = full->nlayers;
     double *cost;
     pdp_status st = PDP_OK;
     if (pp->desc.first_layer) {
@@ -23411,12 +23734,7 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
             if (pp->stage == 0)
                 st = pdp__pp_time_layers(full, PDP__DEF(pp->desc.balance_batch, 32), cost);
         } else {
-            for (i = 0; i < n; i++) {
-                const pdp__layer *l = &full->layers[i];
-                int q;
-                for (q = l->param_first; q < l->param_first + l->nparams; q++)
-                    cost[i] += (double)full->params[q].count;
-            }
+            pdp__pp_layer_costs(full, pp->desc.balance, cost);
         }
         if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME) &&
             pdp__pp_balance(cost, n, pp->p, pp->first) != PDP_OK)
@@ -23993,7 +24311,30 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out)
 {
     if (!out) return;
     memset(out, 0, sizeof *out);
-    if (pp) *out = pp->stats;
+    if (!pp) return;
+    *out = pp->stats;
+    out->stage = pp->stage;
+    out->stages = pp->p;
+    out->micro_batches = pp->mb;
+    out->schedule = pp->desc.schedule;
+}
+
+PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes)
+{
+    double bubble, act;
+    int hold;
+    if (!s) return 0;
+    bubble = s->total_step_s > 0.0 ? 1.0 - s->total_compute_s / s->total_step_s : 0.0;
+    hold = PDP__MIN(s->stages - s->stage, s->micro_batches); /* 1F1B's min(p - s, m) */
+    act = (double)s->activation_bytes / 1e6;
+    return snprintf(buf, bytes, "stage %d: compute %.2f s  bubble %.2f (formula (p-1)/(m+p-1) = "
+                    "%.2f, margin 0.10: %s)  peak activations %d micro-batches = %.2f MB  (%s: "
+                    "1F1B min(p-s, m) = %d = %.2f MB, GPipe m = %d = %.2f MB)\n", s->stage,
+                    s->total_compute_s, bubble, s->bubble_theory,
+                    fabs(bubble - s->bubble_theory) <= 0.10 ? "met" : "missed",
+                    s->peak_in_flight, (double)s->peak_activation_bytes / 1e6,
+                    s->schedule == PDP_PP_GPIPE ? "gpipe" : "1f1b", hold, hold * act,
+                    s->micro_batches, s->micro_batches * act);
 }
 /* ---- end src/pp.c ---- */
 

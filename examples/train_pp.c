@@ -1,11 +1,12 @@
 /* train_pp.c - pipeline parallelism: train_ddp.c's MLP split into stages across ranks.
 
    Every rank builds the same MLP 784-512-512-10 (Adam, lr 0.001; -hidden H, -layers L
-   for 784-H-..-H-10) and keeps its stage's layers, split so that the stages' GEMM work is
-   equal (split_by_work; pp.h's default split by parameter count leaves a stage nearly
-   idle). Each batch is cut into m micro-batches that flow through the stages: activations
-   go forward with send/recv, their gradients come back and accumulate, so every step is
-   a step of single-device training on the whole batch. Schedules: GPipe (all forwards,
+   for 784-H-..-H-10) and keeps its stage's layers, split so that the stages' work is
+   equal (PDP_PP_BALANCE_WORK: FLOPs estimated from the layers' shapes; pp.h's default
+   split by parameter count leaves a stage nearly idle). Each batch is cut into m
+   micro-batches that flow through the stages: activations go forward with send/recv,
+   their gradients come back and accumulate, so every step is a step of single-device
+   training on the whole batch. Schedules: GPipe (all forwards,
    then all backwards) and 1F1B (one forward, one backward after a warm-up). Rank 0
    prints, for each stage, the measured bubble (idle share of the step) beside the
    formula (p-1)/(m+p-1), met within 0.10 when every stage has a core of its own (with
@@ -44,7 +45,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -56,45 +56,17 @@ static bool short_run;
 static const char *backend = "local", *sched = "1f1b";
 static pdp_dataset *train;
 
-#define NF 6 /* figures per stage for rank 0 to print */
-
-/* Stage boundaries that balance the GEMM work, first[0..p): the layers are linear, relu, ..,
-   linear; a linear layer in x out costs 3 in out (forward, input and weight gradients), the
-   first 2 in out (no input gradient), a relu 2 in. A contiguous split minimising the largest
-   stage (pp.h's default balances parameter counts, which leaves the cheap layers' stage
-   nearly idle: 784x512 is 60% of the parameters, 50% of the work). */
-static void split_by_work(int p, int *first)
-{
-    int nl = 2 * layers + 1, s, i, j, cut[PDP_PP_MAX_STAGES + 1][64];
-    double c[64], pre[65] = {0}, best[PDP_PP_MAX_STAGES + 1][65];
-    for (i = 0; i < nl; i++) {
-        double in = i == 0 ? 784 : (double)hidden, out = i == nl - 1 ? 10 : (double)hidden;
-        c[i] = i % 2 ? 2 * in : (i == 0 ? 2 : 3) * in * out; /* relu: 2 passes over in */
-        pre[i + 1] = pre[i] + c[i];
-    }
-    for (j = 1; j <= nl; j++) best[1][j] = pre[j];
-    for (s = 2; s <= p; s++)
-        for (j = s; j <= nl; j++)
-            for (best[s][j] = 1e300, i = s - 1; i < j; i++) {
-                double w = best[s - 1][i] > pre[j] - pre[i] ? best[s - 1][i] : pre[j] - pre[i];
-                if (w < best[s][j]) best[s][j] = w, cut[s][j] = i;
-            }
-    for (j = nl, s = p; s > 1; s--) j = first[s - 1] = cut[s][j];
-    first[0] = 0;
-}
-
 /* What every rank runs (pdp_launch): its stage of the model, on the CPU or its GPU. */
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
-    int rank = ctx->rank, n = ctx->world_size, e, s, i, first, last, firsts[PDP_PP_MAX_STAGES];
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int rank = ctx->rank, n = ctx->world_size, e, s, i, first, last;
     pdp_model *full;
     pdp_optim *opt;
     pdp_pp *pp;
     pdp_batcher *b;
     int64_t step = 0;
+    static char lines[PDP_PP_MAX_STAGES][512]; /* each stage's figures (pdp_pp_stats_format) */
     (void)user;
-    if (n > 2 * layers + 1) return PDP_ERR_INVALID; /* more stages than layers */
     if (rank == 0)
         printf("seed %llu: %s, backend %s, %d stages, schedule %s, %d micro-batches of %lld, "
                "MLP 784-%lldx%d-10, Adam lr %g\n", seed, train->source, backend, n, sched, micro,
@@ -107,9 +79,8 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         PDP_TRY(pdp_model_add_relu(full));
     }
     PDP_TRY(pdp_model_add_linear(full, 10));
-    split_by_work(n, firsts);
     pdp_pp_desc pd = {.schedule = strcmp(sched, "gpipe") ? PDP_PP_1F1B : PDP_PP_GPIPE,
-                      .micro_batches = micro, .first_layer = firsts};
+                      .micro_batches = micro, .balance = PDP_PP_BALANCE_WORK};
     PDP_TRY(pdp_pp_create(&pp, full, ctx->world, &pd)); /* keeps this rank's layers */
     pdp_model_free(full);
     PDP_TRY(pdp_optim_create(&opt, pdp_pp_model(pp),
@@ -127,7 +98,7 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         const int32_t *y;
         int64_t got, seen = 0;
         double loss_sum = 0.0, t0 = pdp_seconds();
-        float loss, all[NF * PDP_PP_MAX_STAGES], *mine = all + NF * rank;
+        float loss;
         pdp_pp_stats st;
         pdp_batcher_reset(b, (uint64_t)e);
         while (pdp_batcher_next(b, &x, &y, &got)) {
@@ -143,32 +114,20 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
         if (rank == n - 1) /* only the last stage computes the loss */
             printf("epoch %d  loss %.4f  %.0f samples/s\n", e + 1, loss_sum * batch / (double)seen,
                    (double)seen / (pdp_seconds() - t0));
-        mine[0] = (float)(1.0 - st.total_compute_s / st.total_step_s); /* over all steps */
-        mine[1] = (float)st.bubble_theory;
-        mine[2] = (float)st.peak_in_flight;
-        mine[3] = (float)st.peak_activation_bytes;
-        mine[4] = (float)st.activation_bytes;
-        mine[5] = (float)st.total_compute_s;
-        for (s = 0; s < n; s++) /* every stage's figures to every rank (host bytes) */
-            PDP_TRY(pdp_comm_broadcast_bytes(ctx->world, all + NF * s, NF * sizeof *all, s));
-        for (s = 0; s < n && rank == 0; s++) {
-            const float *f = all + NF * s;
-            int hold = n - s < micro ? n - s : micro; /* 1F1B's min(p - s, m) */
-            printf("stage %d: compute %.2f s  bubble %.2f (formula (p-1)/(m+p-1) = %.2f, margin "
-                   "0.10: %s)  peak activations %.0f micro-batches = %.2f MB  (%s: 1F1B "
-                   "min(p-s, m) = %d = %.2f MB, GPipe m = %d = %.2f MB)\n", s, f[5], f[0], f[1],
-                   fabs(f[0] - f[1]) <= 0.10 ? "met" : "missed", f[2], f[3] / 1e6, sched, hold,
-                   hold * f[4] / 1e6, micro, micro * f[4] / 1e6);
+        pdp_pp_stats_format(&st, lines[rank], sizeof lines[rank]);
+        for (s = 0; s < n; s++) { /* every stage's line to rank 0, printed in stage order */
+            PDP_TRY(pdp_comm_broadcast_bytes(ctx->world, lines[s], sizeof lines[s], s));
+            if (rank == 0) fputs(lines[s], stdout);
         }
-        if (rank == 0)
-            printf("%s\n1F1B changes the memory, not the bubble: both schedules idle (p-1)/(m+p-1) "
-                   "of a step, but stage s of 1F1B holds at most min(p-s, m) micro-batches' "
-                   "activations where GPipe holds all m (so the stages differ: the first holds "
-                   "the most). Only the last stage knows the loss, so it prints it.\n",
-                   cores >= n ? "(as many cores as stages: on a machine that runs nothing "
-                   "else the bubble is the pipeline's waiting alone, within the margin)"
-                   : "(fewer cores than stages: the stages share cores, so the measured bubble "
-                   "also counts waiting for a core and exceeds the formula)");
+        if (rank == 0) /* what the figures mean */
+            printf("(%s)\n1F1B changes the memory, not the bubble: both schedules idle "
+                   "(p-1)/(m+p-1) of a step, but stage s of 1F1B holds at most min(p-s, m) "
+                   "micro-batches' activations where GPipe holds all m (so the stages differ: the "
+                   "first holds the most). Only the last stage knows the loss, so it prints it.\n",
+                   sysconf(_SC_NPROCESSORS_ONLN) >= n ? "as many cores as stages: on a machine "
+                   "that runs nothing else the bubble is the pipeline's waiting alone, within "
+                   "the margin" : "fewer cores than stages: the stages share cores, so the "
+                   "measured bubble also counts waiting for a core and exceeds the formula");
     }
     pdp_batcher_free(b);
     pdp_optim_free(opt);

@@ -6,10 +6,11 @@
    layers) and all-gathers a unit's parameters just before it computes. -hidden H and
    -layers L size the model (784-H-..-H-10). Every rank prints its loss (over its own shard
    of the data, so the ranks' differ) and the bytes it sent beside the formula; rank 0 then
-   prints each stage's memory per rank by pdp's fp32 formula (16 bytes a parameter: stage
-   1 = 8 Psi + 8 Psi/N, ...) beside the ZeRO paper's mixed-precision one (K = 12: stage 1 =
-   4 Psi + 12 Psi/N, ...), the working buffers that stages 1-3 add (zero.h: 1, 3 and 4 of
-   about the largest unit), the measured total, and when the shards outweigh the buffers.
+   prints zero.h's memory report (pdp_zero_get_memory, or pdp_zero_memory_plan for DDP,
+   through pdp_zero_memory_format): each stage's memory per rank by pdp's fp32 formula (16
+   bytes a parameter: stage 1 = 8 Psi + 8 Psi/N, ...) beside the ZeRO paper's mixed-precision
+   one (K = 12: stage 1 = 4 Psi + 12 Psi/N, ...), the working buffers that stages 1-3 add (1,
+   3 and 4 of the largest unit), its measured total, and when the shards outweigh the buffers.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_zero.c -o train_zero -lm -lpthread
            mpicc -std=c99 -O2 -march=native -DPDP_MPI -I. examples/train_zero.c -o train_zero_mpi \
@@ -28,10 +29,10 @@
            rank 1 epoch 1  loss 1.5989  test 58.75%  ...
              stage 1  pdp fp32 8 Psi + 8 Psi/N  =   8.04 MB | paper 4 Psi + 12 Psi/N =   6.70 MB
              | + buffers 1 x 4 U_max =  1.61 MB            (and stages 0, 2, 3 likewise)
-           measured, stage 3: params 1.34 + grads 1.34 + Adam 2.68 + buffers 6.43 = 11.79 MB
-             against DDP's 10.72 MB: stage 3 does not save here
-           why: ... stages 2-3 save when (1 - 1/N) Psi > U_max (here 334853 <= 401920) ...
-             they cross over at N >= 3, or at N = 2 with -layers 3 or more.
+           measured, stage 3: params 1.34 + grads 1.34 + optimizer 2.68 + buffers 6.43 = 11.79
+             MB against DDP's 10.72 MB: stage 3 does not save here
+           why: ... here (1 - 1/N) Psi = 334853 against U_max = 401920, so with this model
+             stage 1 saves from N = 2, stage 2 from N = 3 and stage 3 from N = 3 (N = 2 here).
            (-np 3: stage 3 10.00 MB, stage 2 10.18 MB against 10.72; -layers 3: 13.89 against
            14.92 MB: both save, as the condition says)
    Next:   train_tp.c (splitting each layer across ranks instead of its state). */
@@ -50,61 +51,21 @@ static unsigned long long seed = 1;
 static const char *backend = "local";
 static pdp_dataset *train, *test;
 
-/* Parameters of the MLP with l hidden layers (Psi) and of its largest layer (U_max). */
-static double psi_of(int l) { return (785.0 + (l - 1) * (hidden + 1.0) + 10) * hidden + 10; }
-static double umax_of(int l) { return (l > 1 && hidden > 784 ? hidden + 1.0 : 785.0) * hidden; }
-
-/* Rank 0: every stage's memory by both formulas, the buffers, the verdict and its reason. */
-static void explain(int n, const pdp_zero_memory *mm)
-{
-    static const struct { const char *pdp, *paper; double a, b, pa, pb, bufs; } f[4] = {
-        /* bytes per rank = a Psi + b Psi / N (pdp fp32), pa Psi + pb Psi / N (the paper) */
-        {"16 Psi", "16 Psi", 16, 0, 16, 0, 0},                         /* stage 0: DDP */
-        {"8 Psi + 8 Psi/N", "4 Psi + 12 Psi/N", 8, 8, 4, 12, 1},      /* Adam's state */
-        {"4 Psi + 12 Psi/N", "2 Psi + 14 Psi/N", 4, 12, 2, 14, 3},    /* + gradients */
-        {"16 Psi/N", "16 Psi/N", 0, 16, 0, 16, 4}};                   /* + parameters */
-    const double mb = 1e6, psi = psi_of(layers), keep = (1.0 - 1.0 / n) * psi;
-    double u = stage ? (double)mm->buffer_bound / (4.0 * f[stage].bufs) : umax_of(layers);
-    int s, l, nx = u < psi ? (int)(psi / (psi - u)) + 1 : 0; /* U_max measured, or estimated */
-    printf("memory per rank, N = %d, Psi = %.0f (pdp: fp32 params + grads + Adam's 2 states; "
-           "paper: mixed precision, K = 12):\n", n, psi);
-    for (s = 0; s < 4; s++)
-        printf("  stage %d  pdp fp32 %-16s = %6.2f MB | paper %-16s = %6.2f MB | + buffers "
-               "%.0f x 4 U_max = %5.2f MB\n", s, f[s].pdp, (f[s].a * psi + f[s].b * psi / n) / mb,
-               f[s].paper, (f[s].pa * psi + f[s].pb * psi / n) / mb, f[s].bufs,
-               f[s].bufs * 4 * u / mb);
-    printf("measured, stage %d: params %.2f + grads %.2f + Adam %.2f + buffers %.2f = %.2f MB "
-           "against DDP's %.2f MB: stage %d %s here\n", stage, mm->param_bytes / mb,
-           mm->grad_bytes / mb, mm->optim_bytes / mb, mm->buffer_bytes / mb, mm->total_bytes / mb,
-           16 * psi / mb, stage, !stage ? "is the baseline"
-           : mm->total_bytes < 16 * psi ? "saves memory" : "does not save");
-    for (l = layers; l < 1000 && (1.0 - 1.0 / n) * psi_of(l) <= umax_of(l); l++) {}
-    printf("why: the shards save (1 - 1/N) x 8, 12, 16 Psi (stages 1, 2, 3) and the buffers "
-           "cost 1, 3, 4 x 4 U_max, U_max = the largest unit (%.0f parameters: units hold whole "
-           "layers); so stages 2-3 save when (1 - 1/N) Psi > U_max (here %.0f %s %.0f), stage 1 "
-           "when (1 - 1/N) Psi > U_max / 2. With one layer holding %.0f%% of the model they cross "
-           "over at N >= %d, or at N = %d with -layers %d or more.\n", u, keep,
-           keep > u ? ">" : "<=", u, 100 * u / psi, nx, n, l);
-}
-
 static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
 {
     int rank = ctx->rank, n = ctx->world_size, e, i;
-    int64_t per_rank = batch / n, sent = 0, formula = 0;
-    char words[160] = "";
+    int64_t per_rank = batch / n;
+    char report[2048];
     pdp_model *m;
     pdp_optim *opt;
     pdp_ddp *ddp = NULL;
     pdp_zero *z = NULL;
     pdp_dist_sampler *sampler;
     pdp_batcher *b, *tb;
-    pdp_zero_memory mm = {0};
+    pdp_zero_memory mm;
+    pdp_ddp_stats ds;
+    pdp_zero_stats zs;
     (void)user;
-    if (rank == 0)
-        printf("seed %llu: %s, backend %s, %d ranks, stage %d (%s), global batch %lld, MLP "
-               "784-%lldx%d-10 (%.0f parameters), Adam lr %g\n", seed, train->source, backend,
-               n, stage, stage ? "ZeRO" : "DDP", (long long)batch, (long long)hidden, layers,
-               psi_of(layers), lr);
     pdp_model_desc md = {.input_shape = {784}, .device = ctx->device, .seed = seed + rank};
     PDP_TRY(pdp_model_create(&m, &md)); /* DDP and ZeRO start every rank from rank 0's */
     for (i = 0; i < layers; i++) {
@@ -113,12 +74,17 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     }
     PDP_TRY(pdp_model_add_linear(m, 10));
     PDP_TRY(pdp_model_reserve(m, per_rank > 1000 ? per_rank : 1000));
+    if (rank == 0)
+        printf("seed %llu: %s, backend %s, %d ranks, stage %d (%s), global batch %lld, MLP "
+               "784-%lldx%d-10 (%lld parameters), Adam lr %g\n", seed, train->source, backend,
+               n, stage, stage ? "ZeRO" : "DDP", (long long)batch, (long long)hidden, layers,
+               (long long)pdp_model_param_count(m), lr);
     pdp_optim_desc od = {.kind = PDP_OPTIM_ADAM, .lr = lr};
+    pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = cap_mb, .first_bucket_mb = cap_mb};
     if (stage == 0) { /* the one switch between the ladder's rungs */
         PDP_TRY(pdp_ddp_create(&ddp, m, ctx->world, NULL));
         PDP_TRY(pdp_optim_create(&opt, m, &od));
     } else {
-        pdp_zero_desc zd = {.stage = stage, .bucket_cap_mb = cap_mb, .first_bucket_mb = cap_mb};
         PDP_TRY(pdp_zero_create(&z, m, ctx->world, &zd));
         PDP_TRY(pdp_zero_optim_create(&opt, z, &od)); /* state for this rank's shard only */
     }
@@ -132,67 +98,51 @@ static pdp_status train_rank(const pdp_launch_ctx *ctx, void *user)
     PDP_TRY(pdp_batcher_create(&b, train, &bd));
     for (e = 0; e < epochs; e++) {
         pdp_tensor x;
-        const pdp_tensor *logits;
         const int32_t *y;
-        int64_t got, seen = 0, correct = 0, c, tested = 0, micro = 0;
-        double loss_sum = 0.0, t0 = pdp_seconds();
+        int64_t got, seen = 0, micro = 0;
+        double loss_sum = 0.0, t0 = pdp_seconds(), acc;
         float loss;
         pdp_batcher_reset(b, (uint64_t)e); /* the sampler's shuffle of epoch e */
         while (pdp_batcher_next(b, &x, &y, &got)) {
             bool last = ++micro % accum == 0; /* accum - 1 backward passes accumulate, then step */
             if (ddp) {
-                pdp_ddp_stats s;
                 pdp_ddp_set_no_sync(ddp, !last);
                 PDP_TRY(pdp_ddp_forward_backward(ddp, &x, y, &loss));
-                if (last) {
-                    PDP_TRY(pdp_ddp_step(ddp, opt));
-                    pdp_ddp_get_stats(ddp, &s);
-                    sent = s.bytes_sent;
-                    formula = (int64_t)(2.0 * (n - 1) / n * (double)s.grad_bytes);
-                    snprintf(words, sizeof words, "2 (N-1)/N x 4 Psi, N = %d", n);
-                }
+                if (last) PDP_TRY(pdp_ddp_step(ddp, opt));
             } else {
-                pdp_zero_stats s;
                 pdp_zero_set_no_sync(z, !last);
                 PDP_TRY(pdp_zero_forward_backward(z, &x, y, &loss));
-                if (last) {
-                    PDP_TRY(pdp_zero_step(z, opt)); /* wait, step the shard, all-gather */
-                    pdp_zero_get_stats(z, &s);
-                    sent = s.bytes_sent;
-                    formula = s.formula_bytes;
-                    snprintf(words, sizeof words, "%s", s.formula);
-                }
+                if (last) PDP_TRY(pdp_zero_step(z, opt)); /* wait, step the shard, all-gather */
             }
             loss_sum += loss;
             seen += got;
         }
         PDP_TRY(pdp_batcher_status(b));
-        pdp_model_set_training(m, false); /* every rank evaluates: stage 3's forward gathers */
-        for (pdp_batcher_reset(tb, 0); pdp_batcher_next(tb, &x, &y, &got); tested += got) {
-            PDP_TRY(z ? pdp_zero_forward(z, &x, &logits) : pdp_model_forward(m, &x, &logits));
-            PDP_TRY(pdp_count_correct(logits, y, &c));
-            correct += c;
+        if (ddp) { /* the last step's bytes and formula; DDP's into zs: its ring all-reduce */
+            pdp_ddp_get_stats(ddp, &ds);
+            zs.bytes_sent = ds.bytes_sent;
+            zs.formula_bytes = (int64_t)(2.0 * (n - 1) / n * (double)ds.grad_bytes);
+            snprintf(zs.formula, sizeof zs.formula, "2 (N-1)/N x 4 Psi, N = %d", n);
+        } else {
+            pdp_zero_get_stats(z, &zs);
         }
-        PDP_TRY(pdp_batcher_status(tb));
-        pdp_model_set_training(m, true);
+        PDP_TRY(pdp_model_accuracy(m, tb, &acc)); /* every rank: stage 3's forward gathers */
         for (i = 0; i < n; i++) { /* in rank order, each rank's own figures */
             if (i == rank)
                 printf("rank %d epoch %d  loss %.4f  test %.2f%%  %.0f samples/s  sent/step %.2f MB"
                        "  formula %.2f MB = %s\n", rank, e + 1, loss_sum * per_rank / (double)seen,
-                       100.0 * correct / (double)tested, (double)seen * n / (pdp_seconds() - t0),
-                       sent / 1e6, formula / 1e6, words);
+                       100.0 * acc, (double)seen * n / (pdp_seconds() - t0),
+                       zs.bytes_sent / 1e6, zs.formula_bytes / 1e6, zs.formula);
             fflush(stdout);
             PDP_TRY(pdp_comm_barrier(ctx->world, NULL));
         }
     }
-    if (rank == 0) {
-        int64_t p = pdp_model_param_count(m);
-        if (z) pdp_zero_get_memory(z, opt, &mm);
-        else mm.param_bytes = mm.grad_bytes = 4 * p, mm.optim_bytes = 8 * p,
-             mm.total_bytes = 16 * p; /* DDP: everything, no buffers counted */
+    if (rank == 0) { /* this rank's bytes (DDP: the plan of its replica) beside every stage's */
+        PDP_TRY(z ? pdp_zero_get_memory(z, opt, &mm)
+                  : pdp_zero_memory_plan(m, n, 0, &zd, opt, &mm));
+        pdp_zero_memory_format(&mm, report, sizeof report);
         printf("(each rank's loss is the mean over its own shard of the batches, so the ranks' "
-               "losses differ; their parameters, and test accuracies, do not)\n");
-        explain(n, &mm);
+               "losses differ; their parameters, and test accuracies, do not)\n%s", report);
     }
     pdp_batcher_free(b);
     pdp_dist_sampler_free(sampler);

@@ -345,7 +345,9 @@ typedef struct pdp__param_shapes {
    with the input without naming the layer (model.c prefixes "pdp_model_forward:
    layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
    entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
-   workspace floats per sample pdp_cuda.cu's kernels need. */
+   workspace floats per sample pdp_cuda.cu's kernels need; flops (NULL: none, a view or
+   a collective) estimates the forward + backward FLOPs per sample from the shapes, the
+   input gradient's share only when input_grad (layers_table.c, "work estimates"). */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
@@ -356,11 +358,13 @@ typedef struct pdp__layer_kind_info {
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
     unsigned flags; /* PDP__LAYER_* */
+    double (*flops)(const pdp__layer *l, bool input_grad);
 } pdp__layer_kind_info;
 
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
-   backward on io->device; the workspace floats per sample on device d. */
+   backward on io->device; the workspace floats per sample on device d; the FLOPs
+   estimate (0 for a kind without one). */
 PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
 PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
@@ -369,6 +373,7 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
 PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k);
 PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad);
 
 typedef struct pdp__param_entry {
     char name[32];

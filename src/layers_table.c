@@ -2,13 +2,15 @@
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
-   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
    PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
-   fused, collective, unnumbered).
+   fused, collective, unnumbered) and an estimate of its work in FLOPs (pp.c balances
+   a pipeline's stages by it).
 
    This table is the only place that knows what each kind is. Every decision elsewhere
    that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
-   kinds between the split Linears, the state_dict numbering; and model.c, dp.c and the
+   kinds between the split Linears, the state_dict numbering (and pp.c's balance by work
+   reads the FLOPs estimate, pdp__layer_flops); and model.c, dp.c and the
    executors run a layer through pdp__layer_setup, pdp__layer_forward and the other
    functions below, once per layer call (never per element). A kind's value is named
    elsewhere only by its own code: its constructor (model.c's pdp_model_add_*, tp.c's
@@ -28,7 +30,8 @@
       layers.c's conventions, and add the kind's to them when it has its own);
    3. its value in pdp__layer_kind (internal.h), appended before
       PDP__LAYER_KIND_COUNT, and its entry at the end of the table below (in the enum's
-      order: C++ has no designators), with its flags (internal.h says what
+      order: C++ has no designators), with its flags and its FLOPs estimate (a
+      pdp__flops_* function of the section "work estimates"; internal.h says what
       each promises: an element-wise kind gets PDP__LAYER_ELEMENTWISE and is then
       accepted inside a TP block with no edit to tp.c);
    4. its public constructor pdp_model_add_<kind> (model.h, with a comment naming the
@@ -69,6 +72,69 @@
 #  define PDP__CUDA_ENTRY(fn) NULL
 #endif
 
+/* ---- layers_table: work estimates ----
+   Forward + backward FLOPs per sample from a layer's shapes: an estimate to balance a
+   pipeline's stages by (pp.c, PDP_PP_BALANCE_WORK), not a measurement. A GEMM of
+   (rows x k) by (k x n) counts 2 k n a row; an element-wise formula its operations as
+   math.h writes them, a transcendental (expf, tanhf) counted as one. input_grad: the
+   backward also computes the input's gradient (every layer but a model's first). */
+
+/* in_count floats, each fwd operations forward, dparam for the parameters' gradients,
+   dinput for the input's */
+PDP__PRIVATE double pdp__flops_each(const pdp__layer *l, bool input_grad, double fwd,
+                                    double dparam, double dinput)
+{
+    return (double)l->in_count * (fwd + dparam + (input_grad ? dinput : 0.0));
+}
+/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum */
+PDP__PRIVATE double pdp__flops_linear(const pdp__layer *l, bool input_grad)
+{
+    double gemm = 2.0 * (double)l->in_count * (double)l->out_count;
+    return (input_grad ? 3.0 : 2.0) * gemm + 2.0 * (double)l->out_count;
+}
+/* the same GEMMs over im2col: out_count outputs, each a dot of C k k */
+PDP__PRIVATE double pdp__flops_conv(const pdp__layer *l, bool input_grad)
+{
+    double gemm = 2.0 * (double)l->out_count * (double)(l->in_shape[0] * l->kernel * l->kernel);
+    return (input_grad ? 3.0 : 2.0) * gemm + 2.0 * (double)l->out_count;
+}
+/* k k compares an output; the backward adds each output's gradient at its winner */
+PDP__PRIVATE double pdp__flops_maxpool(const pdp__layer *l, bool input_grad)
+{
+    return (double)l->out_count * ((double)(l->kernel * l->kernel) + (input_grad ? 1.0 : 0.0));
+}
+/* the element-wise kinds: math.h's forward, then its gradient */
+PDP__PRIVATE double pdp__flops_relu(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 1, 0, 1);
+}
+PDP__PRIVATE double pdp__flops_gelu(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 9, 0, 19);
+}
+PDP__PRIVATE double pdp__flops_tanh(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 1, 0, 3);
+}
+PDP__PRIVATE double pdp__flops_sigmoid(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 4, 0, 3);
+}
+PDP__PRIVATE double pdp__flops_silu(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 5, 0, 9);
+}
+/* the mask's compare and scale; the backward's scale */
+PDP__PRIVATE double pdp__flops_dropout(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 2, 0, 1);
+}
+/* mean, variance, normalise, affine; the affine's gradients, then the input's */
+PDP__PRIVATE double pdp__flops_layernorm(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 8, 3, 8);
+}
+
 /* ---- layers_table: the table ---- */
 
 /* C++ (the implementation compiled as C++, or by nvcc) has no array designators: there
@@ -80,63 +146,70 @@
 #  define PDP__KIND(k) [k] =
 #endif
 
-/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags */
+/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags, flops */
 PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     PDP__KIND(PDP__LINEAR){"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
                            pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
-                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0, pdp__flops_linear},
     PDP__KIND(PDP__RELU){"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward,
                          pdp__relu_backward, PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,
-                         PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU},
+                         PDP__LAYER_ELEMENTWISE | PDP__LAYER_FUSABLE_RELU, pdp__flops_relu},
     PDP__KIND(PDP__GELU){"GELU", pdp__layers_setup_same, NULL, pdp__gelu_forward,
                          pdp__gelu_backward, PDP__CUDA_ENTRY(pdp__gelu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
+                         PDP__CUDA_ENTRY(pdp__gelu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
+                         pdp__flops_gelu},
     PDP__KIND(PDP__TANH){"Tanh", pdp__layers_setup_same, NULL, pdp__tanh_forward,
                          pdp__tanh_backward, PDP__CUDA_ENTRY(pdp__tanh_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
+                         PDP__CUDA_ENTRY(pdp__tanh_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
+                         pdp__flops_tanh},
     PDP__KIND(PDP__SIGMOID){"Sigmoid", pdp__layers_setup_same, NULL, pdp__sigmoid_forward,
                             pdp__sigmoid_backward, PDP__CUDA_ENTRY(pdp__sigmoid_cuda_forward),
                             PDP__CUDA_ENTRY(pdp__sigmoid_cuda_backward), NULL,
-                            PDP__LAYER_ELEMENTWISE},
+                            PDP__LAYER_ELEMENTWISE, pdp__flops_sigmoid},
     PDP__KIND(PDP__DROPOUT){"Dropout", pdp__dropout_setup, NULL, pdp__dropout_forward,
                             pdp__dropout_backward, PDP__CUDA_ENTRY(pdp__dropout_cuda_forward),
-                            PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0},
+                            PDP__CUDA_ENTRY(pdp__dropout_cuda_backward), NULL, 0,
+                            pdp__flops_dropout},
     PDP__KIND(PDP__LAYERNORM){"LayerNorm", pdp__layernorm_setup, pdp__layernorm_init,
                               pdp__layernorm_forward, pdp__layernorm_backward,
                               PDP__CUDA_ENTRY(pdp__layernorm_cuda_forward),
-                              PDP__CUDA_ENTRY(pdp__layernorm_cuda_backward), NULL, 0},
+                              PDP__CUDA_ENTRY(pdp__layernorm_cuda_backward), NULL, 0,
+                              pdp__flops_layernorm},
     PDP__KIND(PDP__CONV2D){"Conv2d", pdp__conv_setup, pdp__conv_init, pdp__conv_forward,
                            pdp__conv_backward, PDP__CUDA_ENTRY(pdp__conv_cuda_forward),
                            PDP__CUDA_ENTRY(pdp__conv_cuda_backward), pdp__conv_cuda_work,
-                           PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL},
+                           PDP__LAYER_FUSES_RELU | PDP__LAYER_FUSES_POOL, pdp__flops_conv},
     PDP__KIND(PDP__MAXPOOL2D){"MaxPool2d", pdp__maxpool_setup, NULL, pdp__maxpool_forward,
                               pdp__maxpool_backward, PDP__CUDA_ENTRY(pdp__maxpool_cuda_forward),
                               PDP__CUDA_ENTRY(pdp__maxpool_cuda_backward), NULL,
-                              PDP__LAYER_FUSABLE_POOL},
+                              PDP__LAYER_FUSABLE_POOL, pdp__flops_maxpool},
     PDP__KIND(PDP__FLATTEN){"Flatten", pdp__flatten_setup, NULL, pdp__flatten_forward,
                             pdp__flatten_backward, PDP__CUDA_ENTRY(pdp__flatten_cuda_forward),
-                            PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW},
+                            PDP__CUDA_ENTRY(pdp__flatten_cuda_backward), NULL, PDP__LAYER_VIEW,
+                            NULL},
     /* tensor parallel (tp.c): f and g run their collective on every device; the split
        Linears are Linear's kernels on this rank's slice */
     PDP__KIND(PDP__TP_COPY){"CopyToModelParallelRegion", pdp__tp_copy_setup, NULL,
                             pdp__tp_copy_forward, pdp__tp_copy_backward, NULL, NULL, NULL,
-                            PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+                            PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
     PDP__KIND(PDP__COLUMN_PARALLEL_LINEAR){
         "ColumnParallelLinear", pdp__tp_column_setup, pdp__tp_column_init, pdp__linear_forward,
         pdp__tp_column_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
-        PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0},
+        PDP__CUDA_ENTRY(pdp__tp_column_cuda_backward), NULL, 0, pdp__flops_linear},
     PDP__KIND(PDP__ROW_PARALLEL_LINEAR){"RowParallelLinear", pdp__tp_row_setup, pdp__tp_row_init,
                                         pdp__tp_row_forward, pdp__linear_backward,
                                         PDP__CUDA_ENTRY(pdp__tp_row_cuda_forward),
-                                        PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0},
+                                        PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0,
+                                        pdp__flops_linear},
     PDP__KIND(PDP__TP_REDUCE){"ReduceFromModelParallelRegion", pdp__tp_reduce_setup, NULL,
                               pdp__tp_reduce_forward, pdp__tp_reduce_backward, NULL, NULL, NULL,
-                              PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED},
+                              PDP__LAYER_COLLECTIVE | PDP__LAYER_UNNUMBERED, NULL},
     /* kinds added since, in the enum's order */
     PDP__KIND(PDP__SILU){"SiLU", pdp__layers_setup_same, NULL, pdp__silu_forward,
                          pdp__silu_backward, PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
-                         PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE},
+                         PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
+                         pdp__flops_silu},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -200,6 +273,13 @@ PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device 
     if (d.kind == PDP_DEVICE_CUDA && info && info->cuda_work)
         return PDP__MAX(l->work_per_sample, info->cuda_work(l));
     return l->work_per_sample;
+}
+
+/* The kind's FLOPs estimate per sample (work estimates, above); 0 without one. */
+PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad)
+{
+    const pdp__layer_kind_info *info = pdp__layer_kind_of(l->kind);
+    return info && info->flops ? info->flops(l, input_grad) : 0.0;
 }
 
 /* ---- layers_table: forward and backward ---- */

@@ -74,7 +74,9 @@ struct pdp_pp {
 /* ---- pp: stage boundaries ---- */
 
 /* A contiguous split of n layers of cost[] into p non-empty stages minimising the
-   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear). */
+   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear; pp.h's
+   pdp_pp_balance states the rule for the whole split). The linear-partition dynamic
+   programme: best(k, i) = min over j of max(best(k - 1, j), cost of layers [j, i)). */
 PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
 {
     double *best = (double *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *best);
@@ -202,8 +204,10 @@ PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, in
     if (d->micro_batches < 0 || d->micro_batches > 65536)
         return pdp__err(PDP_ERR_INVALID, "%s: micro_batches %d outside 1..65536", fn,
                         d->micro_batches);
-    if (d->balance != PDP_PP_BALANCE_PARAMS && d->balance != PDP_PP_BALANCE_TIME)
-        return pdp__err(PDP_ERR_INVALID, "%s: balance %d", fn, (int)d->balance);
+    if (d->balance != PDP_PP_BALANCE_PARAMS && d->balance != PDP_PP_BALANCE_TIME &&
+        d->balance != PDP_PP_BALANCE_WORK)
+        return pdp__err(PDP_ERR_INVALID, "%s: balance %d (PDP_PP_BALANCE_PARAMS, _TIME or _WORK)",
+                        fn, (int)d->balance);
     if (d->balance_batch < 0)
         return pdp__err(PDP_ERR_INVALID, "%s: balance_batch %lld < 0", fn,
                         (long long)d->balance_batch);
@@ -240,10 +244,25 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
     return PDP_OK;
 }
 
+/* Each layer's cost for balancing: parameters, or estimated FLOPs per sample
+   (layers_table.c's estimate; layer 0 computes no input gradient). */
+PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost)
+{
+    int i, q;
+    for (i = 0; i < full->nlayers; i++) {
+        const pdp__layer *l = &full->layers[i];
+        cost[i] = 0.0;
+        if (how == PDP_PP_BALANCE_WORK) cost[i] = pdp__layer_flops(l, i > 0);
+        else
+            for (q = l->param_first; q < l->param_first + l->nparams; q++)
+                cost[i] += (double)full->params[q].count;
+    }
+}
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
-    int s, i, n = full->nlayers;
+    int s, n = full->nlayers;
     double *cost;
     pdp_status st = PDP_OK;
     if (pp->desc.first_layer) {
@@ -255,12 +274,7 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
             if (pp->stage == 0)
                 st = pdp__pp_time_layers(full, PDP__DEF(pp->desc.balance_batch, 32), cost);
         } else {
-            for (i = 0; i < n; i++) {
-                const pdp__layer *l = &full->layers[i];
-                int q;
-                for (q = l->param_first; q < l->param_first + l->nparams; q++)
-                    cost[i] += (double)full->params[q].count;
-            }
+            pdp__pp_layer_costs(full, pp->desc.balance, cost);
         }
         if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME) &&
             pdp__pp_balance(cost, n, pp->p, pp->first) != PDP_OK)
@@ -837,5 +851,28 @@ PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out)
 {
     if (!out) return;
     memset(out, 0, sizeof *out);
-    if (pp) *out = pp->stats;
+    if (!pp) return;
+    *out = pp->stats;
+    out->stage = pp->stage;
+    out->stages = pp->p;
+    out->micro_batches = pp->mb;
+    out->schedule = pp->desc.schedule;
+}
+
+PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes)
+{
+    double bubble, act;
+    int hold;
+    if (!s) return 0;
+    bubble = s->total_step_s > 0.0 ? 1.0 - s->total_compute_s / s->total_step_s : 0.0;
+    hold = PDP__MIN(s->stages - s->stage, s->micro_batches); /* 1F1B's min(p - s, m) */
+    act = (double)s->activation_bytes / 1e6;
+    return snprintf(buf, bytes, "stage %d: compute %.2f s  bubble %.2f (formula (p-1)/(m+p-1) = "
+                    "%.2f, margin 0.10: %s)  peak activations %d micro-batches = %.2f MB  (%s: "
+                    "1F1B min(p-s, m) = %d = %.2f MB, GPipe m = %d = %.2f MB)\n", s->stage,
+                    s->total_compute_s, bubble, s->bubble_theory,
+                    fabs(bubble - s->bubble_theory) <= 0.10 ? "met" : "missed",
+                    s->peak_in_flight, (double)s->peak_activation_bytes / 1e6,
+                    s->schedule == PDP_PP_GPIPE ? "gpipe" : "1f1b", hold, hold * act,
+                    s->micro_batches, s->micro_batches * act);
 }

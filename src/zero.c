@@ -890,17 +890,73 @@ PDP_API pdp_model *pdp_zero_model(const pdp_zero *z) { return z ? z->m : NULL; }
 PDP_API int pdp_zero_stage(const pdp_zero *z) { return z ? z->stage : 0; }
 PDP_API int pdp_zero_num_units(const pdp_zero *z) { return z ? z->nunits : 0; }
 
-PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out)
+/* ---- zero: memory ---- */
+
+/* The plan of every stage for m on n ranks (d resolved; nstate optimizer floats per
+   parameter) into out's counts and stages[], and out->stage's formulas: the units as
+   pdp_zero_create plans them (reducer.c's walk), each padded to N s_u. */
+PDP__PRIVATE pdp_status pdp__zero_plan(const pdp_model *m, int n, const pdp_zero_desc *d,
+                                       int nstate, pdp_zero_memory *out, const char *fn)
 {
-    double psi, n, k;
-    int64_t per;
-    if (!out) return;
-    memset(out, 0, sizeof *out);
-    if (!z) return;
-    out->param_count = z->m->param_count;
-    out->padded_count = z->padded_count;
-    out->shard_count = z->shard_count;
-    out->state_per_param = opt ? opt->nstate : 0;
+    pdp__red_bucket *units;
+    int nunits, b, s, g, pb;
+    int64_t smax = 0, shard = 0, psi = m->param_count;
+    double k = 4.0 * nstate, kp = 4.0 + k, dpsi = (double)psi;
+    units = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *units);
+    if (!units) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    nunits = pdp__reducer_walk(m, d->bucket_cap_mb * 1048576.0, d->first_bucket_mb * 1048576.0,
+                               true, units, NULL);
+    for (b = 0; b < nunits; b++) {
+        int64_t su = pdp__zero_align((units[b].info.count + n - 1) / n);
+        shard += su;
+        smax = PDP__MAX(smax, su);
+    }
+    pdp__dealloc(units);
+    g = PDP__MIN(d->grad_buffers ? d->grad_buffers : 2, PDP__MAX(1, nunits));
+    pb = d->param_buffers ? d->param_buffers : 2;
+    out->world_size = n;
+    out->param_count = psi;
+    out->padded_count = shard * n;
+    out->shard_count = shard;
+    out->state_per_param = nstate;
+    out->unit_max = smax * n;
+    for (s = 0; s < 4; s++) {
+        pdp_zero_memory_stage *r = &out->stages[s];
+        r->param_bytes = 4 * (s == 3 ? shard : psi);
+        r->grad_bytes = 4 * (s == 0 ? psi : s == 1 ? shard * n : shard);
+        r->optim_bytes = 4 * nstate * (s == 0 ? psi : shard);
+        r->buffers = s == 0 ? 0 : s == 1 ? 1 : s == 2 ? 1 + g : g + pb;
+        r->buffer_bytes = (int64_t)r->buffers * 4 * out->unit_max;
+        r->total_bytes = r->param_bytes + r->grad_bytes + r->optim_bytes + r->buffer_bytes;
+        r->fp32_bytes = s == 0   ? (8.0 + k) * dpsi
+                        : s == 1 ? 8.0 * dpsi + k * dpsi / n
+                        : s == 2 ? 4.0 * dpsi + (4.0 + k) * dpsi / n
+                                 : (8.0 + k) * dpsi / n;
+        r->paper_bytes = s == 0   ? (4.0 + kp) * dpsi
+                         : s == 1 ? 4.0 * dpsi + kp * dpsi / n
+                         : s == 2 ? 2.0 * dpsi + (2.0 + kp) * dpsi / n
+                                  : (4.0 + kp) * dpsi / n;
+    }
+    out->ddp_bytes = out->stages[0].fp32_bytes;
+    out->formula_bytes = out->stages[out->stage].fp32_bytes;
+    out->buffer_bound = out->stages[out->stage].buffer_bytes;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt,
+                                       pdp_zero_memory *out)
+{
+    static const char *fn = "pdp_zero_get_memory";
+    pdp_status st;
+    if (out) memset(out, 0, sizeof *out);
+    if (!z || !out) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, z ? "out" : "z");
+    if (opt && (!opt->shard || opt->model != z->m))
+        return pdp__err(PDP_ERR_INVALID, "%s: opt is not this executor's shard optimizer "
+                        "(pdp_zero_optim_create)", fn);
+    out->stage = z->stage;
+    if ((st = pdp__zero_plan(z->m, z->size, &z->desc, opt ? opt->nstate : 0, out, fn)) != PDP_OK)
+        return st;
+    out->measured = true; /* what this rank holds now */
     out->param_bytes = (z->stage == 3 ? z->shard_count : 0) * 4 +
                        (z->m->param_block ? z->m->param_count * 4 : 0);
     out->grad_bytes = (z->stage == 1 ? z->padded_count : z->shard_count) * 4 +
@@ -908,17 +964,118 @@ PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_ze
     out->optim_bytes = opt ? opt->nstate * (opt->hi - opt->lo) * 4 : 0;
     out->buffer_bytes = z->buffer_bytes;
     out->total_bytes = out->param_bytes + out->grad_bytes + out->optim_bytes + out->buffer_bytes;
-    psi = (double)z->m->param_count;
-    n = (double)z->size;
-    k = 4.0 * out->state_per_param;
-    out->ddp_bytes = (8.0 + k) * psi;
-    out->formula_bytes = z->stage == 1   ? 8.0 * psi + k * psi / n
-                         : z->stage == 2 ? 4.0 * psi + (4.0 + k) * psi / n
-                                         : (8.0 + k) * psi / n;
-    per = 4 * (int64_t)z->size * z->smax;
-    out->buffer_bound = per * (z->stage == 1   ? 1
-                               : z->stage == 2 ? 1 + z->desc.grad_buffers
-                                               : z->desc.grad_buffers + z->desc.param_buffers);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_zero_memory_plan(const pdp_model *m, int world_size, int stage,
+                                        const pdp_zero_desc *desc, const pdp_optim *opt,
+                                        pdp_zero_memory *out)
+{
+    static const char *fn = "pdp_zero_memory_plan";
+    pdp_zero_desc d;
+    pdp_status st;
+    const pdp_zero_memory_stage *r;
+    if (out) memset(out, 0, sizeof *out);
+    if (!m || !out) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, m ? "out" : "m");
+    if (world_size < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: world_size %d < 1", fn, world_size);
+    if (stage < 0 || stage > 3)
+        return pdp__err(PDP_ERR_INVALID, "%s: stage %d is not 0 (DDP), 1, 2 or 3", fn, stage);
+    if (desc) d = *desc;
+    else memset(&d, 0, sizeof d);
+    d.stage = PDP__MAX(stage, 1); /* the desc's checks and defaults, as a create would */
+    if ((st = pdp__zero_desc_defaults(m, &d, &d, fn)) != PDP_OK) return st;
+    if (desc) d.grad_buffers = desc->grad_buffers, d.param_buffers = desc->param_buffers;
+    out->stage = stage;
+    if ((st = pdp__zero_plan(m, world_size, &d, opt ? opt->nstate : 0, out, fn)) != PDP_OK)
+        return st;
+    r = &out->stages[stage];
+    out->param_bytes = r->param_bytes;
+    out->grad_bytes = r->grad_bytes;
+    out->optim_bytes = r->optim_bytes;
+    out->buffer_bytes = r->buffer_bytes;
+    out->total_bytes = r->total_bytes;
+    return PDP_OK;
+}
+
+/* The smallest N >= 2 from which a stage that shards c x Psi bytes and adds b buffers of
+   4 U_max saves memory over DDP, (1 - 1/N) c Psi > 4 b U_max (U_max taken as it is
+   now); 0: never (a unit this large outweighs what the shards can save). */
+PDP__PRIVATE int pdp__zero_saves_from(double psi, double umax, double c, double b)
+{
+    double need = 4.0 * b * umax / c; /* (1 - 1/N) Psi must exceed it */
+    if (need >= psi) return 0;
+    return PDP__MAX(2, (int)floor(psi / (psi - need)) + 1);
+}
+
+/* snprintf at buf + len (the length so far, as snprintf counts it): the new length */
+PDP__PRIVATE int pdp__zero_put(char *buf, size_t bytes, int len, const char *fmt, ...)
+{
+    va_list ap;
+    char none[1];
+    bool room = buf && (size_t)len < bytes;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(room ? buf + len : none, room ? bytes - (size_t)len : sizeof none, fmt, ap);
+    va_end(ap);
+    return n < 0 ? len : len + n;
+}
+
+PDP_API int pdp_zero_memory_format(const pdp_zero_memory *m, char *buf, size_t bytes)
+{
+    static const char *fp32[4] = {"%g Psi", "8 Psi + %g Psi/N", "4 Psi + %g Psi/N", "%g Psi/N"};
+    static const char *paper[4] = {"%g Psi", "4 Psi + %g Psi/N", "2 Psi + %g Psi/N", "%g Psi/N"};
+    static const char *lead[4] = {"", " stage 1 saves", ", stage 2", " and stage 3"};
+    double mb = 1e6, psi, u, k, kp, cf[4], cp[4];
+    int s, n, len = 0, from;
+    char a[32], b[32];
+    if (!m || m->world_size < 1) return 0;
+    if (buf && bytes) buf[0] = '\0';
+    n = m->world_size;
+    psi = (double)m->param_count;
+    u = (double)m->unit_max;
+    k = 4.0 * m->state_per_param;
+    kp = 4.0 + k;
+    /* each stage's Psi coefficient in the two forms; stage s >= 1 saves cf[0] - its first
+       term, (1 - 1/N) x 8, 12, 16 Psi with Adam (k = 8) */
+    cf[0] = 8 + k, cf[1] = k, cf[2] = 4 + k, cf[3] = 8 + k;
+    cp[0] = 4 + kp, cp[1] = kp, cp[2] = 2 + kp, cp[3] = 4 + kp;
+    len = pdp__zero_put(buf, bytes, len, "memory per rank, N = %d, Psi = %.0f (pdp: fp32 params "
+                        "+ grads + %d optimizer state floats each; paper: mixed precision, K = "
+                        "%.0f):\n", n, psi, m->state_per_param, kp);
+    for (s = 0; s < 4; s++) {
+        const pdp_zero_memory_stage *r = &m->stages[s];
+        snprintf(a, sizeof a, fp32[s], cf[s]);
+        snprintf(b, sizeof b, paper[s], cp[s]);
+        len = pdp__zero_put(buf, bytes, len, "  stage %d  pdp fp32 %-16s = %6.2f MB | paper "
+                            "%-16s = %6.2f MB | + buffers %d x 4 U_max = %5.2f MB\n", s, a,
+                            r->fp32_bytes / mb, b, r->paper_bytes / mb, r->buffers,
+                            (double)r->buffer_bytes / mb);
+    }
+    len = pdp__zero_put(buf, bytes, len, "%s, stage %d: params %.2f + grads %.2f + optimizer "
+                        "%.2f + buffers %.2f = %.2f MB against DDP's %.2f MB: stage %d %s here\n",
+                        m->measured ? "measured" : "planned", m->stage,
+                        (double)m->param_bytes / mb, (double)m->grad_bytes / mb,
+                        (double)m->optim_bytes / mb, (double)m->buffer_bytes / mb,
+                        (double)m->total_bytes / mb, m->ddp_bytes / mb, m->stage,
+                        m->stage == 0 ? "is the baseline"
+                        : (double)m->total_bytes < m->ddp_bytes ? "saves memory"
+                                                                : "does not save");
+    len = pdp__zero_put(buf, bytes, len, "why: sharding saves (1 - 1/N) x %.0f, %.0f, %.0f Psi "
+                        "(stages 1, 2, 3) and the buffers cost %d, %d, %d x 4 U_max, U_max = the "
+                        "largest unit (%.0f parameters, %.0f%% of the model: units hold whole "
+                        "layers, so it does not shrink with N); a stage saves when its saving "
+                        "exceeds its buffers: here (1 - 1/N) Psi = %.0f against U_max = %.0f, so "
+                        "with this model", k, 4 + k, 8 + k, m->stages[1].buffers,
+                        m->stages[2].buffers, m->stages[3].buffers, u, 100.0 * u / psi,
+                        (1.0 - 1.0 / n) * psi, u);
+    for (s = 1; s < 4; s++) {
+        from = pdp__zero_saves_from(psi, u, cf[0] - (s == 1 ? 8 : s == 2 ? 4 : 0),
+                                    m->stages[s].buffers);
+        if (from) len = pdp__zero_put(buf, bytes, len, "%s from N = %d", lead[s], from);
+        else len = pdp__zero_put(buf, bytes, len, "%s never", lead[s]);
+    }
+    return pdp__zero_put(buf, bytes, len, " (N = %d here).\n", n);
 }
 
 PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out)

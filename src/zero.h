@@ -66,7 +66,8 @@
    DDP 16 Psi; stage 1 4 Psi + 12 Psi/N; stage 2 2 Psi + 14 Psi/N; stage 3
    16 Psi/N. pdp has no master copy (its parameters are fp32), so only DDP's and
    stage 3's totals coincide. pdp_zero_memory reports the measured figures beside
-   pdp's forms (with Psi_pad where padding applies).
+   pdp's forms (with Psi_pad where padding applies) and every stage's plan and both
+   forms; pdp_zero_memory_format prints it (examples/train_zero.c).
 
    Communication per rank per step (bytes counted by the communicator), with
    V = (N-1)/N x 4 Psi_pad (one reduce-scatter or one all-gather of every unit)
@@ -266,12 +267,30 @@ PDP_API pdp_status pdp_zero_checkpoint_consolidate(pdp_zero *z, const pdp_optim 
    every rank before anything is copied, as above. */
 PDP_API pdp_status pdp_zero_checkpoint_load_full(pdp_zero *z, pdp_optim *opt, const char *path);
 
+/* One stage's bytes per rank for a model, N and optimizer: what pdp_zero_create would
+   allocate (stage 0: DDP's replica, parameters, gradients and optimizer state; its
+   buckets are not counted), and both formulas for the same Psi and N. */
+typedef struct pdp_zero_memory_stage {
+    int64_t param_bytes, grad_bytes, optim_bytes, buffer_bytes, total_bytes;
+    int buffers;             /* working buffers, each 4 unit_max bytes: 0, 1, 1 + grad_buffers,
+                                grad_buffers + param_buffers */
+    double fp32_bytes;       /* pdp's fp32 form, K = 4 x state_per_param: DDP (8 + K) Psi;
+                                8 Psi + K Psi/N; 4 Psi + (4 + K) Psi/N; (8 + K) Psi/N */
+    double paper_bytes;      /* the paper's mixed precision, K = 4 + 4 x state_per_param
+                                (fp32 master weights; Adam 12): (4 + K) Psi; 4 Psi + K Psi/N;
+                                2 Psi + (2 + K) Psi/N; (4 + K) Psi/N */
+} pdp_zero_memory_stage;
+
 typedef struct pdp_zero_memory {
+    int stage;               /* the stage the bytes below are for; 0: DDP (planned only) */
+    int world_size;          /* N */
+    bool measured;           /* the bytes below are what this rank holds (pdp_zero_get_memory);
+                                false: planned (pdp_zero_memory_plan) */
     int64_t param_count;     /* Psi */
     int64_t padded_count;    /* Psi_pad = sum over units of N s_u */
     int64_t shard_count;     /* Psi_pad / N: this rank's slices */
     int state_per_param;     /* optimizer state floats per parameter (Adam 2, momentum 1) */
-    /* measured: bytes this rank holds */
+    /* this stage's bytes on this rank: measured or planned (above) */
     int64_t param_bytes, grad_bytes, optim_bytes;
     int64_t buffer_bytes;    /* working buffers (staging, bucket and gather buffers) */
     int64_t total_bytes;
@@ -280,10 +299,28 @@ typedef struct pdp_zero_memory {
        stated bound on buffer_bytes */
     double formula_bytes, ddp_bytes;
     int64_t buffer_bound;
+    int64_t unit_max;        /* U_max: the largest unit's padded floats, N s_max */
+    pdp_zero_memory_stage stages[4]; /* every stage, 0 (DDP) to 3, planned */
 } pdp_zero_memory;
 
-/* opt may be NULL (no optimizer state counted). */
-PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out);
+/* What this rank holds (measured: the buffers' sizes as allocated) beside the plan of every
+   stage. opt may be NULL (no optimizer state counted). PDP_ERR_INVALID naming the call for
+   a NULL z or out, or an opt that is not z's shard optimizer. */
+PDP_API pdp_status pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt,
+                                       pdp_zero_memory *out);
+/* The same report before (or without) sharding: what stage (0: DDP, 1-3) would hold on each
+   of world_size ranks for m with desc's units and buffers (NULL: the defaults) and opt's
+   state (NULL: none; an optimizer of m, or a shard optimizer of a model with m's layout).
+   Not collective; m is read only. PDP_ERR_INVALID naming the call and the argument for a
+   NULL m or out, world_size < 1, a stage outside 0..3 or a bad desc. */
+PDP_API pdp_status pdp_zero_memory_plan(const pdp_model *m, int world_size, int stage,
+                                        const pdp_zero_desc *desc, const pdp_optim *opt,
+                                        pdp_zero_memory *out);
+/* The report as a table a person reads: per stage, pdp's fp32 formula, the paper's and the
+   buffers; this rank's bytes against DDP's, and why ZeRO saves memory or does not at this
+   size (sharding a float of every parameter saves (1 - 1/N) x 4 Psi bytes, each buffer
+   costs 4 U_max) with the N from which each stage saves this model's memory. Returns the length snprintf would have written. */
+PDP_API int pdp_zero_memory_format(const pdp_zero_memory *m, char *buf, size_t bytes);
 
 typedef struct pdp_zero_stats {
     int64_t steps;             /* synchronised backward passes finished */

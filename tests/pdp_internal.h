@@ -332,7 +332,9 @@ typedef struct pdp__param_shapes {
    with the input without naming the layer (model.c prefixes "pdp_model_forward:
    layer 3 (Linear): "); they allocate nothing, so a check costs a compare; the CUDA
    entries (NULL: none) return pdp_cuda.cu's status; cuda_work (NULL: none) is the
-   workspace floats per sample pdp_cuda.cu's kernels need. */
+   workspace floats per sample pdp_cuda.cu's kernels need; flops (NULL: none, a view or
+   a collective) estimates the forward + backward FLOPs per sample from the shapes, the
+   input gradient's share only when input_grad (layers_table.c, "work estimates"). */
 typedef struct pdp__layer_kind_info {
     const char *name; /* PyTorch's class name, for messages and pdp_model_layer_name */
     pdp_status (*setup)(pdp__layer *l, pdp__param_shapes *ps, const char *in);
@@ -343,11 +345,13 @@ typedef struct pdp__layer_kind_info {
     pdp_status (*cuda_backward)(const pdp__layer *l, const pdp__layer_io *io);
     int64_t (*cuda_work)(const pdp__layer *l);
     unsigned flags; /* PDP__LAYER_* */
+    double (*flops)(const pdp__layer *l, bool input_grad);
 } pdp__layer_kind_info;
 
 /* layers_table.c: dispatch through the table. pdp__layer_setup: shape inference and
    validation; pdp__layer_init_params: parameter initialisation; forward and
-   backward on io->device; the workspace floats per sample on device d. */
+   backward on io->device; the workspace floats per sample on device d; the FLOPs
+   estimate (0 for a kind without one). */
 PDP__PRIVATE const pdp__layer_kind_info *pdp__layer_kind_of(pdp__layer_kind k);
 PDP__PRIVATE pdp_status pdp__layer_setup(pdp__layer *l, pdp__param_shapes *ps);
 PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b, pdp_rng *r);
@@ -356,6 +360,7 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
 PDP__PRIVATE const char *pdp__layer_kind_name(pdp__layer_kind k);
 PDP__PRIVATE const char *pdp__layer_kinds_with(unsigned flag, char *buf, size_t cap);
 PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad);
 
 typedef struct pdp__param_entry {
     char name[32];
@@ -4235,13 +4240,15 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    kind (KANN's op table, kad_op_list, is the model): its name, setup (shape
    inference and validation, parameter shapes, saved and workspace floats),
    parameter initialisation, CPU forward and backward, CUDA forward and backward
-   (pdp_cuda.cu's kernels), extra workspace on CUDA, and flags (internal.h's
+   (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
    PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
-   fused, collective, unnumbered).
+   fused, collective, unnumbered) and an estimate of its work in FLOPs (pp.c balances
+   a pipeline's stages by it).
 
    This table is the only place that knows what each kind is. Every decision elsewhere
    that depends on it reads the flags: model.c's views and fusions, tp.c's element-wise
-   kinds between the split Linears, the state_dict numbering; and model.c, dp.c and the
+   kinds between the split Linears, the state_dict numbering (and pp.c's balance by work
+   reads the FLOPs estimate, pdp__layer_flops); and model.c, dp.c and the
    executors run a layer through pdp__layer_setup, pdp__layer_forward and the other
    functions below, once per layer call (never per element). A kind's value is named
    elsewhere only by its own code: its constructor (model.c's pdp_model_add_*, tp.c's
@@ -4261,7 +4268,8 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
       layers.c's conventions, and add the kind's to them when it has its own);
    3. its value in pdp__layer_kind (internal.h), appended before
       PDP__LAYER_KIND_COUNT, and its entry at the end of the table below (in the enum's
-      order: C++ has no designators), with its flags (internal.h says what
+      order: C++ has no designators), with its flags and its FLOPs estimate (a
+      pdp__flops_* function of the section "work estimates"; internal.h says what
       each promises: an element-wise kind gets PDP__LAYER_ELEMENTWISE and is then
       accepted inside a TP block with no edit to tp.c);
    4. its public constructor pdp_model_add_<kind> (model.h, with a comment naming the
@@ -4302,6 +4310,34 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #  define PDP__CUDA_ENTRY(fn) NULL
 #endif
 
+/* ---- layers_table: work estimates ----
+   Forward + backward FLOPs per sample from a layer's shapes: an estimate to balance a
+   pipeline's stages by (pp.c, PDP_PP_BALANCE_WORK), not a measurement. A GEMM of
+   (rows x k) by (k x n) counts 2 k n a row; an element-wise formula its operations as
+   math.h writes them, a transcendental (expf, tanhf) counted as one. input_grad: the
+   backward also computes the input's gradient (every layer but a model's first). */
+
+/* in_count floats, each fwd operations forward, dparam for the parameters' gradients,
+   dinput for the input's */
+PDP__PRIVATE double pdp__flops_each(const pdp__layer *l, bool input_grad, double fwd,
+                                    double dparam, double dinput);
+/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum */
+PDP__PRIVATE double pdp__flops_linear(const pdp__layer *l, bool input_grad);
+/* the same GEMMs over im2col: out_count outputs, each a dot of C k k */
+PDP__PRIVATE double pdp__flops_conv(const pdp__layer *l, bool input_grad);
+/* k k compares an output; the backward adds each output's gradient at its winner */
+PDP__PRIVATE double pdp__flops_maxpool(const pdp__layer *l, bool input_grad);
+/* the element-wise kinds: math.h's forward, then its gradient */
+PDP__PRIVATE double pdp__flops_relu(const pdp__layer *l, bool g);
+PDP__PRIVATE double pdp__flops_gelu(const pdp__layer *l, bool g);
+PDP__PRIVATE double pdp__flops_tanh(const pdp__layer *l, bool g);
+PDP__PRIVATE double pdp__flops_sigmoid(const pdp__layer *l, bool g);
+PDP__PRIVATE double pdp__flops_silu(const pdp__layer *l, bool g);
+/* the mask's compare and scale; the backward's scale */
+PDP__PRIVATE double pdp__flops_dropout(const pdp__layer *l, bool g);
+/* mean, variance, normalise, affine; the affine's gradients, then the input's */
+PDP__PRIVATE double pdp__flops_layernorm(const pdp__layer *l, bool g);
+
 /* ---- layers_table: the table ---- */
 
 /* C++ (the implementation compiled as C++, or by nvcc) has no array designators: there
@@ -4313,7 +4349,7 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #  define PDP__KIND(k) [k] =
 #endif
 
-/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags */
+/* name, setup, init, forward, backward, cuda_forward, cuda_backward, cuda_work, flags, flops */
 extern const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT];
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -4334,6 +4370,9 @@ PDP__PRIVATE void pdp__layer_init_params(const pdp__layer *l, float *w, float *b
 /* Workspace floats per sample a layer needs on device d: the CPU's algorithm sizes
    its own (setup); on CUDA the larger of that and the kind's CUDA kernels' need. */
 PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device d);
+
+/* The kind's FLOPs estimate per sample (work estimates, above); 0 without one. */
+PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad);
 
 /* ---- layers_table: forward and backward ---- */
 
@@ -6398,7 +6437,27 @@ PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats
 /* PDP_API int pdp_zero_stage(const pdp_zero *z) */
 /* PDP_API int pdp_zero_num_units(const pdp_zero *z) */
 
-/* PDP_API void pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out) */
+/* ---- zero: memory ---- */
+
+/* The plan of every stage for m on n ranks (d resolved; nstate optimizer floats per
+   parameter) into out's counts and stages[], and out->stage's formulas: the units as
+   pdp_zero_create plans them (reducer.c's walk), each padded to N s_u. */
+PDP__PRIVATE pdp_status pdp__zero_plan(const pdp_model *m, int n, const pdp_zero_desc *d,
+                                       int nstate, pdp_zero_memory *out, const char *fn);
+
+/* PDP_API pdp_status pdp_zero_get_memory(const pdp_zero *z, const pdp_optim *opt, pdp_zero_memory *out) */
+
+/* PDP_API pdp_status pdp_zero_memory_plan(const pdp_model *m, int world_size, int stage, const pdp_zero_desc *desc, const pdp_optim *opt, pdp_zero_memory *out) */
+
+/* The smallest N >= 2 from which a stage that shards c x Psi bytes and adds b buffers of
+   4 U_max saves memory over DDP, (1 - 1/N) c Psi > 4 b U_max (U_max taken as it is
+   now); 0: never (a unit this large outweighs what the shards can save). */
+PDP__PRIVATE int pdp__zero_saves_from(double psi, double umax, double c, double b);
+
+/* snprintf at buf + len (the length so far, as snprintf counts it): the new length */
+PDP__PRIVATE int pdp__zero_put(char *buf, size_t bytes, int len, const char *fmt, ...);
+
+/* PDP_API int pdp_zero_memory_format(const pdp_zero_memory *m, char *buf, size_t bytes) */
 
 /* PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out) */
 
@@ -6622,7 +6681,9 @@ struct pdp_pp {
 /* ---- pp: stage boundaries ---- */
 
 /* A contiguous split of n layers of cost[] into p non-empty stages minimising the
-   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear). */
+   largest stage's cost (ties: the later cut, so a ReLU stays with its Linear; pp.h's
+   pdp_pp_balance states the rule for the whole split). The linear-partition dynamic
+   programme: best(k, i) = min over j of max(best(k - 1, j), cost of layers [j, i)). */
 PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first);
 
 /* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
@@ -6643,6 +6704,10 @@ PDP__PRIVATE pdp_status pdp__pp_check_desc(const pdp_pp_desc *d, int nlayers, in
    pdp_pp_get_desc puts the split in use there. */
 PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc *out, int nlayers,
                                               int p, const char *fn);
+
+/* Each layer's cost for balancing: parameters, or estimated FLOPs per sample
+   (layers_table.c's estimate; layer 0 computes no input gradient). */
+PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost);
 
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn);
@@ -6714,6 +6779,8 @@ PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);
 /* PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last) */
 
 /* PDP_API void pdp_pp_get_stats(const pdp_pp *pp, pdp_pp_stats *out) */
+
+/* PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes) */
 
 /* ---- src/launch.c ---- */
 /* launch: pdp_launch runs a function on every rank (launch.h), PDP_CHECK's failure path and

@@ -642,6 +642,169 @@ TEST pp_balance_by_parameters_and_by_time(void)
     PASS();
 }
 
+/* The split pp.h's rule picks, by brute force: every split of layers [0, n) into p
+   stages is enumerated (cuts[0..p-1), increasing); the optimum is the least largest
+   stage; of the optimal splits, the one whose last stage starts latest, the layers
+   before it split by the same rule into p - 1 stages. */
+static double largest_stage(const double *cost, int n, int p, const int *cuts)
+{
+    double worst = 0.0, sum;
+    int s, i;
+    for (s = 0; s < p; s++) {
+        int lo = s ? cuts[s - 1] : 0, hi = s + 1 < p ? cuts[s] : n;
+        for (sum = 0.0, i = lo; i < hi; i++) sum += cost[i];
+        worst = sum > worst ? sum : worst;
+    }
+    return worst;
+}
+
+/* the least largest stage of [0, n) in p stages, and the latest start of the last stage
+   among the splits reaching it (every (p-1)-subset of 1..n-1, in increasing order) */
+static double brute_optimum(const double *cost, int n, int p, int *last_start)
+{
+    int cuts[8], s;
+    double best = HUGE_VAL, v;
+    *last_start = 0;
+    if (p == 1) return largest_stage(cost, n, 1, cuts);
+    for (s = 0; s < p - 1; s++) cuts[s] = s + 1;
+    for (;;) {
+        v = largest_stage(cost, n, p, cuts);
+        if (v < best || (v == best && cuts[p - 2] > *last_start))
+            best = v, *last_start = cuts[p - 2];
+        for (s = p - 2; s >= 0 && cuts[s] == n - (p - 1 - s); s--) {}
+        if (s < 0) break;
+        for (cuts[s]++, s++; s < p - 1; s++) cuts[s] = cuts[s - 1] + 1;
+    }
+    return best;
+}
+
+static void brute_split(const double *cost, int n, int p, int *first)
+{
+    int k, start;
+    first[0] = 0;
+    for (k = p; k > 1; k--) { /* the last stage's start, then the layers before it */
+        brute_optimum(cost, n, k, &start);
+        first[k - 1] = start;
+        n = start;
+    }
+}
+
+/* The work estimate of one layer of the test models, from its shapes by hand: a GEMM
+   2 k n a row (forward, weight gradient, input gradient but at layer 0), the bias 2 n;
+   element-wise kinds their operations per element (forward, gradients), as pp.h says */
+static double work_of(const pdp_model *m, int i)
+{
+    const char *kind = pdp_model_layer_name(m, i);
+    double nin = (double)m->layers[i].in_count, nout = (double)m->layers[i].out_count;
+    if (!strcmp(kind, "Linear")) return (i ? 6.0 : 4.0) * nin * nout + 2.0 * nout;
+    if (!strcmp(kind, "Conv2d")) /* the test CNN's 3x3 kernels over 2 channels */
+        return (i ? 6.0 : 4.0) * nout * 2 * 9 + 2.0 * nout;
+    if (!strcmp(kind, "MaxPool2d")) return nout * (4.0 + (i ? 1 : 0)); /* 2x2 */
+    if (!strcmp(kind, "ReLU")) return nin * (i ? 2.0 : 1.0);
+    if (!strcmp(kind, "Dropout")) return nin * (i ? 3.0 : 2.0);
+    if (!strcmp(kind, "LayerNorm")) return nin * (i ? 19.0 : 11.0);
+    if (!strcmp(kind, "Tanh")) return nin * (i ? 4.0 : 1.0);
+    if (!strcmp(kind, "GELU")) return nin * (i ? 28.0 : 9.0);
+    if (!strcmp(kind, "Sigmoid")) return nin * (i ? 7.0 : 4.0);
+    return 0.0; /* Flatten: a view */
+}
+
+TEST pp_balance_matches_brute_force(void)
+{
+    double cost[9];
+    int n, p, trial, i, got[8], want[8];
+    uint64_t r = 12345;
+    for (trial = 0; trial < 300; trial++)
+        for (n = 1; n <= 9; n++)
+            for (p = 1; p <= n && p <= 5; p++) {
+                /* small integers: many ties; sometimes zeros (views) */
+                for (i = 0; i < n; i++) {
+                    r = r * 6364136223846793005ull + 1442695040888963407ull;
+                    cost[i] = (double)((r >> 33) % (trial % 3 == 0 ? 3u : 50u));
+                }
+                ASSERT_ENUM_EQ(PDP_OK, pdp__pp_balance(cost, n, p, got), pdp_status_name);
+                brute_split(cost, n, p, want);
+                for (i = 0; i < p; i++)
+                    if (got[i] != want[i]) {
+                        fprintf(stderr, "n %d p %d: stage %d starts at %d, brute force %d\n",
+                                n, p, i, got[i], want[i]);
+                        FAILm("the balanced split is not pp.h's rule's");
+                    }
+            }
+    PASS();
+}
+
+TEST pp_balance_by_work(void)
+{
+    cfg k;
+    pdp_model *m;
+    double cost[16], lib[16];
+    int kind, p, s, i, want[8];
+    /* through pdp_pp_create: the stages of each test model match the brute-force split of
+       the hand-computed work, and train as one device does */
+    for (kind = MLP; kind <= REG; kind++)
+        for (p = 2; p <= 4; p++) {
+            ASSERT_ENUM_EQ(PDP_OK, build_model(&m, kind), pdp_status_name);
+            for (i = 0; i < pdp_model_num_layers(m); i++) cost[i] = work_of(m, i);
+            brute_split(cost, pdp_model_num_layers(m), p, want);
+            pdp_model_free(m);
+            memset(&k, 0, sizeof k);
+            k.kind = kind, k.dp = 1, k.m = 2, k.p = p, k.balance = PDP_PP_BALANCE_WORK;
+            CHECK_CALL(check_equivalence(&k));
+            for (s = 0; s < p; s++) {
+                ASSERT_EQ_FMT(want[s], ctxs[s].first, "%d");
+                ASSERT_EQ(s, ctxs[s].stats.stage); /* pdp_pp_get_stats says where it is */
+                ASSERT_EQ(p, ctxs[s].stats.stages);
+                ASSERT_EQ(2, ctxs[s].stats.micro_batches);
+            }
+        }
+    /* examples/train_pp.c's MLP 784-512x2-10 on 2 stages and 784-512x4-10 on 3: the splits
+       its own work balance printed before (stage 0: layers 0..0 | 0..1 2..4 5..8) */
+    for (p = 2; p <= 3; p++) {
+        pdp_model_desc md;
+        int first[4];
+        memset(&md, 0, sizeof md);
+        md.input_shape[0] = 784;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &md), pdp_status_name);
+        for (i = 0; i < (p == 2 ? 2 : 4); i++) {
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 512), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m), pdp_status_name);
+        }
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 10), pdp_status_name);
+        for (i = 0; i < pdp_model_num_layers(m); i++) cost[i] = work_of(m, i);
+        pdp__pp_layer_costs(m, PDP_PP_BALANCE_WORK, lib); /* the library's own costs */
+        for (i = 0; i < pdp_model_num_layers(m); i++) ASSERT_EQ(cost[i], lib[i]);
+        ASSERT_ENUM_EQ(PDP_OK, pdp__pp_balance(cost, pdp_model_num_layers(m), p, first),
+                       pdp_status_name);
+        ASSERT_EQ(0, first[0]);
+        ASSERT_EQ(p == 2 ? 1 : 2, first[1]);
+        if (p == 3) ASSERT_EQ(5, first[2]);
+        pdp_model_free(m);
+    }
+    PASS();
+}
+
+TEST pp_stats_format_reads_the_figures(void)
+{
+    pdp_pp_stats st;
+    char line[512];
+    memset(&st, 0, sizeof st);
+    /* stage 1 of 4, m = 8: bubble 1 - 1.5 / 2 = 0.25 against 3 / 11 = 0.27 (met); one
+       micro-batch's activations 1 MB, 3 held (1F1B: min(4 - 1, 8) = 3), GPipe 8 */
+    st.stage = 1, st.stages = 4, st.micro_batches = 8, st.schedule = PDP_PP_1F1B;
+    st.total_step_s = 2.0, st.total_compute_s = 1.5, st.bubble_theory = 3.0 / 11.0;
+    st.peak_in_flight = 3, st.activation_bytes = 1000000, st.peak_activation_bytes = 3000000;
+    ASSERT_EQ(pdp_pp_stats_format(&st, NULL, 0), pdp_pp_stats_format(&st, line, sizeof line));
+    ASSERT_STR_EQ("stage 1: compute 1.50 s  bubble 0.25 (formula (p-1)/(m+p-1) = 0.27, margin "
+                  "0.10: met)  peak activations 3 micro-batches = 3.00 MB  (1f1b: 1F1B min(p-s, "
+                  "m) = 3 = 3.00 MB, GPipe m = 8 = 8.00 MB)\n", line);
+    st.total_compute_s = 1.0; /* bubble 0.50: missed */
+    pdp_pp_stats_format(&st, line, sizeof line);
+    ASSERT(strstr(line, "bubble 0.50 (formula (p-1)/(m+p-1) = 0.27, margin 0.10: missed)"));
+    ASSERT_EQ(0, pdp_pp_stats_format(NULL, line, sizeof line));
+    PASS();
+}
+
 /* ---- trace ---- */
 
 static int count_of(const char *hay, const char *needle)
@@ -926,6 +1089,9 @@ SUITE(pp)
     RUN_TEST(pp_schedules_memory_and_bytes);
     RUN_TEST(pp_schedule_lists);
     RUN_TEST(pp_balance_by_parameters_and_by_time);
+    RUN_TEST(pp_balance_matches_brute_force);
+    RUN_TEST(pp_balance_by_work);
+    RUN_TEST(pp_stats_format_reads_the_figures);
     RUN_TEST(pp_trace_draws_one_lane_per_stage);
     RUN_TEST(pp_errors);
     RUN_TEST(pp_failed_pass_names_call_stage_and_action_on_every_rank);

@@ -258,7 +258,7 @@ typedef struct rank_ctx {
     long allocs_after_first;
     double elapsed;
     pdp_zero_stats stats;
-    pdp_zero_memory mem;
+    pdp_zero_memory mem, plan; /* pdp_zero_get_memory, pdp_zero_memory_plan */
     long long live_before, live_after, model_bytes;
     int units;
 } rank_ctx;
@@ -327,7 +327,9 @@ static void *rank_main(void *arg)
         }
         ctx->units = pdp_zero_num_units(z);
         ctx->live_after = thread_live;
-        pdp_zero_get_memory(z, o, &ctx->mem);
+        if (fail(ctx, pdp_zero_get_memory(z, o, &ctx->mem)) ||
+            fail(ctx, pdp_zero_memory_plan(m, n, cf->stage, &zd, o, &ctx->plan)))
+            goto out;
     }
     if (cf->scenario && r == n - 1) { /* never arrives */
         pthread_mutex_lock(&absent_mu);
@@ -584,6 +586,63 @@ TEST zero_world_sizes_5_to_8_and_every_optimizer(void)
 
 /* ---- memory and bytes ---- */
 
+/* The memory report of a rank (cap_mb 1e-9: a unit per Linear, 336, 187 and 36 floats)
+   against a count by hand: U_max and the buffers from the units' padded slices, every
+   stage's bytes (the plan) and both formulas with their coefficients written out; the plan
+   for this stage equals what the rank holds; the formatted table names the verdict. */
+static enum greatest_test_res check_memory_report(const pdp_zero_memory *mm,
+                                                  const pdp_zero_memory *plan, int stage, int n)
+{
+    static const int64_t unit[3] = {336, 187, 36};
+    int64_t s_max = 0, shard = 0, psi = 559, u;
+    int i, bufs[4];
+    char text[2048];
+    double fp32[4], paper[4], dn = n;
+    for (i = 0; i < 3; i++) { /* s_u = ceil(count / N) rounded up to 16 floats */
+        int64_t su = ((unit[i] + n - 1) / n + 15) / 16 * 16;
+        shard += su;
+        s_max = su > s_max ? su : s_max;
+    }
+    u = n * s_max;
+    bufs[0] = 0, bufs[1] = 1, bufs[2] = 3, bufs[3] = 4; /* grad_buffers 2, param_buffers 2 */
+    fp32[0] = 16.0 * psi, fp32[1] = 8.0 * psi + 8.0 * psi / dn;
+    fp32[2] = 4.0 * psi + 12.0 * psi / dn, fp32[3] = 16.0 * psi / dn;
+    paper[0] = 16.0 * psi, paper[1] = 4.0 * psi + 12.0 * psi / dn;
+    paper[2] = 2.0 * psi + 14.0 * psi / dn, paper[3] = 16.0 * psi / dn;
+    ASSERT(mm->measured);
+    ASSERT_FALSE(plan->measured);
+    ASSERT_EQ(stage, mm->stage);
+    ASSERT_EQ(n, mm->world_size);
+    ASSERT_EQ(u, mm->unit_max);
+    ASSERT_EQ(shard, mm->shard_count);
+    ASSERT_EQ(4 * bufs[stage] * u, mm->buffer_bytes); /* what the executor allocated */
+    for (i = 0; i < 4; i++) {
+        const pdp_zero_memory_stage *r = &mm->stages[i];
+        ASSERT_EQ(bufs[i], r->buffers);
+        ASSERT_EQ(4 * bufs[i] * u, r->buffer_bytes);
+        ASSERT_EQ(4 * (i == 3 ? shard : psi), r->param_bytes);
+        ASSERT_EQ(4 * (i == 0 ? psi : i == 1 ? n * shard : shard), r->grad_bytes);
+        ASSERT_EQ(8 * (i == 0 ? psi : shard), r->optim_bytes); /* Adam: 2 floats */
+        ASSERT(fabs(r->fp32_bytes - fp32[i]) < 1e-9 * fp32[0]);
+        ASSERT(fabs(r->paper_bytes - paper[i]) < 1e-9 * fp32[0]);
+        ASSERT_EQ(0, memcmp(r, &plan->stages[i], sizeof *r)); /* the plan is the same */
+    }
+    /* the plan of this stage is what this rank holds */
+    ASSERT_EQ(mm->param_bytes, plan->param_bytes);
+    ASSERT_EQ(mm->grad_bytes, plan->grad_bytes);
+    ASSERT_EQ(mm->optim_bytes, plan->optim_bytes);
+    ASSERT_EQ(mm->buffer_bytes, plan->buffer_bytes);
+    ASSERT_EQ(mm->total_bytes, plan->total_bytes);
+    ASSERT_EQ(mm->stages[stage].total_bytes, mm->total_bytes);
+    /* the table: its length as snprintf counts it, the verdict by the totals */
+    ASSERT_EQ(pdp_zero_memory_format(mm, NULL, 0), pdp_zero_memory_format(mm, text, sizeof text));
+    ASSERT(strstr(text, "measured, stage") != NULL);
+    ASSERT(strstr(text, mm->total_bytes < 16 * psi ? "saves memory here" : "does not save here"));
+    ASSERT(strstr(text, "paper 4 Psi + 12 Psi/N") != NULL);
+    ASSERT_EQ(10, pdp_zero_memory_format(mm, text, 11) > 10 ? (int)strlen(text) : -1);
+    PASS();
+}
+
 TEST zero_memory_and_bytes_match_the_formulas(void)
 {
     static rank_ctx ctx[MAXR];
@@ -635,6 +694,7 @@ TEST zero_memory_and_bytes_match_the_formulas(void)
                              stage, n, added, held);
                     ASSERTm(msg, added >= held && added - held < 8192);
                 }
+                CHECK_CALL(check_memory_report(mm, &ctx[r].plan, stage, n));
                 /* bytes sent per step, counted by the communicator */
                 snprintf(msg, sizeof msg, "stage %d N %d: sent %lld, formula %lld", stage, n,
                          (long long)ctx[r].stats.bytes_sent, (long long)ctx[r].stats.formula_bytes);
@@ -645,6 +705,39 @@ TEST zero_memory_and_bytes_match_the_formulas(void)
                 ASSERT_EQ((stage == 3 ? 2 : 1) * ctx[r].units, (int)ctx[r].stats.gathers);
             }
         }
+    PASS();
+}
+
+TEST zero_memory_report_refuses_bad_arguments(void)
+{
+    pdp_model *m;
+    pdp_zero_memory mm;
+    pdp_zero_desc zd;
+    memset(&zd, 0, sizeof zd);
+    ASSERT_ENUM_EQ(PDP_OK, build_model(&m, 1, 16), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_get_memory(NULL, NULL, &mm), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_zero_get_memory: z is NULL") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_memory_plan(NULL, 2, 1, NULL, NULL, &mm),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_zero_memory_plan: m is NULL") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_memory_plan(m, 0, 1, NULL, NULL, &mm),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_zero_memory_plan: world_size 0") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_memory_plan(m, 2, 4, NULL, NULL, &mm),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_zero_memory_plan: stage 4") != NULL);
+    zd.bucket_cap_mb = -1.0;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_memory_plan(m, 2, 2, &zd, NULL, &mm),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_zero_memory_plan") != NULL);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_zero_memory_plan(m, 2, 2, NULL, NULL, NULL),
+                   pdp_status_name);
+    ASSERT_EQ(0, pdp_zero_memory_format(NULL, NULL, 0));
+    /* stage 0 (DDP), no optimizer: parameters and gradients, 8 Psi */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_zero_memory_plan(m, 3, 0, NULL, NULL, &mm), pdp_status_name);
+    ASSERT_EQ(8 * 559, mm.total_bytes);
+    ASSERT_EQ(8.0 * 559, mm.ddp_bytes);
+    pdp_model_free(m);
     PASS();
 }
 
@@ -1813,6 +1906,7 @@ SUITE(zero)
     RUN_TEST(zero_bf16_compress_hook_stages_1_to_3);
     RUN_TEST(zero_world_sizes_5_to_8_and_every_optimizer);
     RUN_TEST(zero_memory_and_bytes_match_the_formulas);
+    RUN_TEST(zero_memory_report_refuses_bad_arguments);
     RUN_TEST(zero_stage3_trains_where_ddp_does_not_fit);
     RUN_TEST(zero_absent_rank_times_out_naming_collective_unit_and_rank);
     RUN_TEST(zero_refuses_misuse);
