@@ -129,8 +129,9 @@ examples: $(EXAMPLES)
 # Each program runs as soon as it is built (make -j2 overlaps runs with the other builds),
 # into $(B)/run/NAME.log and .rc; tests/run_all.sh --saved then prints them in order, the
 # total, and the skipped tests with their reasons.
-# (the build tests first: they compile on their own and take longest; test_build_alone.sh
-# links the README's quick start to $(IMPL_OBJ), so it waits for it)
+# (the build tests first: they compile on their own and take longest, each running its
+# independent compiles side by side (tests/build_checks.sh); test_build_alone.sh links the
+# README's quick start to $(IMPL_OBJ), so it waits for it)
 RUNS = $(patsubst tests/%,$(B)/run/%.rc,$(TEST_SH)) \
        $(patsubst $(B)/%,$(B)/run/%.rc,$(TESTS) $(EXAMPLES))
 .PHONY: FORCE
