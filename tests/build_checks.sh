@@ -24,12 +24,11 @@
 # CMD may be a shell function of the script: it sees the script's variables.
 cd "$(dirname "$0")/.." || exit 1
 B=${B:-build}/buildtest/$(basename "$0" .sh)
-mkdir -p "$B"
+rm -rf "$B" && mkdir -p "$B/done"  # done/NAME: a finished check's exit status
 STRICT="-std=c99 -Wall -Wextra -pedantic -Werror -I."
-JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+JOBS=$(nproc 2>/dev/null || echo 2)  # checks at once
 p=0; f=0; s=0
 started=""  # the checks started since the last checks_wait, in order
-rm -rf "$B/done" && mkdir -p "$B/done"  # a file per finished check: its exit status
 ok()   { echo "ok   $1"; p=$((p + 1)); }
 bad()  { echo "FAIL $1"; [ -f "${2:-$B/log}" ] && tail -n 15 "${2:-$B/log}"; f=$((f + 1)); }
 skip() { echo "skip $1 ($2)"; s=$((s + 1)); }

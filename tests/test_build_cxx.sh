@@ -40,7 +40,12 @@ else skip "clangxx_quiet" "clang++ not found (apt-get install clang)"; fi
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 if [ -x "$NVCC" ]; then
     cp tests/compile/tu_kinds.c "$B/impl.cu"
-    check nvcc_host_quiet sh -c "'$NVCC' -Xcompiler -Wall,-Wextra,-fsyntax-only -I. -c $B/impl.cu -o $B/impl_cu.o > $B/nvcc.log 2>&1; rc=\$?; cat $B/nvcc.log; [ \$rc -eq 0 ] && ! grep -qi warning $B/nvcc.log"
+    nvcc_quiet() {
+        "$NVCC" -Xcompiler -Wall,-Wextra,-fsyntax-only -I. -c "$B/impl.cu" -o "$B/impl_cu.o" > "$B/nvcc.out" 2>&1
+        rc=$?; cat "$B/nvcc.out"
+        [ $rc -eq 0 ] && ! grep -qi "warning" "$B/nvcc.out"
+    }
+    check nvcc_host_quiet nvcc_quiet
 else skip "nvcc_host_quiet" "nvcc not found (CUDA toolkit; or NVCC=/path/to/nvcc)"; fi
 
 # ---- include order ----
