@@ -129,8 +129,9 @@ examples: $(EXAMPLES)
 # Each program runs as soon as it is built (make -j2 overlaps runs with the other builds),
 # into $(B)/run/NAME.log and .rc; tests/run_all.sh --saved then prints them in order, the
 # total, and the skipped tests with their reasons.
-# (the build tests first: they compile on their own and take longest; test_build_alone.sh
-# links the README's quick start to $(IMPL_OBJ), so it waits for it)
+# (the build tests first: they compile on their own and take longest, each running its
+# independent compiles side by side (tests/build_checks.sh); test_build_alone.sh links the
+# README's quick start to $(IMPL_OBJ), so it waits for it)
 RUNS = $(patsubst tests/%,$(B)/run/%.rc,$(TEST_SH)) \
        $(patsubst $(B)/%,$(B)/run/%.rc,$(TESTS) $(EXAMPLES))
 .PHONY: FORCE
@@ -142,8 +143,11 @@ $(B)/run/test_%.rc: $(B)/test_% FORCE
 $(B)/run/%.rc: $(B)/% FORCE
 	@B=$(B) sh tests/run_all.sh --run-example $<
 
-# the objects first: the examples, most tests and test_build_alone.sh wait for them
-test: $(IMPL_OG_OBJ) $(IMPL_OBJ) $(RUNS)
+# make -j starts these in the order listed: the longest job first (test_build_cxx.sh, about
+# 35 s of CPU: three optimised C++ compiles of the implementation), then the objects the
+# examples, most tests and test_build_alone.sh wait for, then the rest
+# (filtered from RUNS: make sanitize and make tsan run no build test)
+test: $(filter %/test_build_cxx.sh.rc,$(RUNS)) $(IMPL_OBJ) $(IMPL_OG_OBJ) $(RUNS)
 	@B=$(B) sh tests/run_all.sh --saved $(TESTS) $(TEST_SH) -- $(EXAMPLES)
 
 SAN_OPT  = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined

@@ -7,17 +7,49 @@
 # generator and the compilers), test_build_options.sh (PDP_STATIC, allocation
 # overrides, misuse that must not compile, option macros), test_build_alone.sh
 # (each example and the README's quick start, as a user builds them),
-# test_build_docs.sh (the manual against the code: its reading map, names, snippets).
+# test_build_cxx.sh (the implementation as C++ and by nvcc, include order, clang
+# -Weverything), test_build_docs.sh (the manual against the code: its reading map,
+# names, snippets).
+#
+# Most checks are compiles of the whole implementation (a second or more each), independent
+# of one another, so `check` runs them in the background, $JOBS at a time (one per core):
+# a script then takes about its longest compile, not the sum of them.
+#   check NAME CMD...      runs CMD in the background, its output in $B/NAME.log;
+#                          NAME passes when CMD exits 0
+#   check NAME must_fail WANT CMD...   passes when CMD fails and its output holds WANT
+#   checks_wait            waits for every check started and prints their results, in the
+#                          order they were started; call it before a step that reads what
+#                          an earlier check wrote (summary calls it last)
+#   ok NAME, bad NAME [LOG], skip NAME REASON   report a result at once (inline checks)
+# CMD may be a shell function of the script: it sees the script's variables.
 cd "$(dirname "$0")/.." || exit 1
 B=${B:-build}/buildtest/$(basename "$0" .sh)
-mkdir -p "$B"
+rm -rf "$B" && mkdir -p "$B/done"  # done/NAME: a finished check's exit status
 STRICT="-std=c99 -Wall -Wextra -pedantic -Werror -I."
+JOBS=$(nproc 2>/dev/null || echo 2)  # checks at once
 p=0; f=0; s=0
+started=""  # the checks started since the last checks_wait, in order
 ok()   { echo "ok   $1"; p=$((p + 1)); }
-bad()  { echo "FAIL $1"; [ -f "$B/log" ] && tail -n 15 "$B/log"; f=$((f + 1)); }
+bad()  { echo "FAIL $1"; [ -f "${2:-$B/log}" ] && tail -n 15 "${2:-$B/log}"; f=$((f + 1)); }
 skip() { echo "skip $1 ($2)"; s=$((s + 1)); }
-check() { name=$1; shift; if "$@" > "$B/log" 2>&1; then ok "$name"; else bad "$name"; fi; }
-fails() { name=$1; want=$2; shift 2
-    if "$@" > "$B/log" 2>&1; then bad "$name (compiled, must not)";
-    elif grep -q "$want" "$B/log"; then ok "$name"; else bad "$name (no \"$want\" in the error)"; fi; }
-summary() { echo "$p passed, $f failed, $s skipped"; [ $f -eq 0 ]; }
+running() { n=0; for c in $started; do [ -f "$B/done/$c" ] || n=$((n + 1)); done; echo $n; }
+check() {
+    while [ "$(running)" -ge "$JOBS" ]; do sleep 0.1; done
+    name=$1; shift
+    ( "$@" > "$B/$name.log" 2>&1; echo $? > "$B/done/$name" ) &
+    started="$started $name"
+}
+checks_wait() {
+    wait
+    for c in $started; do
+        if [ "$(cat "$B/done/$c")" = 0 ]; then ok "$c"; else bad "$c" "$B/$c.log"; fi
+    done
+    started=""
+}
+must_fail() { # must_fail WANT CMD...: CMD fails, and its output holds WANT
+    want=$1; shift
+    if "$@" > "$B/$name.out" 2>&1; then echo "compiled, must not"; return 1; fi
+    cat "$B/$name.out"
+    grep -q "$want" "$B/$name.out" || { echo "no \"$want\" in the error"; return 1; }
+}
+summary() { checks_wait; echo "$p passed, $f failed, $s skipped"; [ $f -eq 0 ]; }

@@ -9,26 +9,32 @@
 . "$(dirname "$0")/build_checks.sh"
 
 # ---- the generator (python3; pdp.h is committed, so a machine without python3 still builds) ----
+exits() { # exits CODE WANT CMD...: CMD exits with CODE and says WANT (grep -E; "" for anything)
+    code=$1; want=$2; shift 2
+    "$@" > "$B/$name.out" 2>&1; rc=$?
+    cat "$B/$name.out"
+    [ $rc -eq "$code" ] || { echo "exit $rc, want $code"; return 1; }
+    [ -z "$want" ] || grep -qE "$want" "$B/$name.out" || { echo "no \"$want\" in the output"; return 1; }
+}
+amalgamate_twice() { # two runs give the same bytes
+    python3 amalgamate.py --output "$B/one.h" && python3 amalgamate.py --output "$B/two.h" &&
+    cmp "$B/one.h" "$B/two.h"
+}
 if command -v python3 > /dev/null; then
-    check "amalgamate_check_passes" python3 amalgamate.py --check
-    python3 amalgamate.py --output "$B/one.h" && python3 amalgamate.py --output "$B/two.h"
-    check "amalgamate_output_is_byte_identical" cmp "$B/one.h" "$B/two.h"
-    check "amalgamate_has_no_absolute_paths" sh -c "! grep -q '$(pwd)' '$B/one.h'"
+    check amalgamate_check_passes python3 amalgamate.py --check
+    check amalgamate_output_is_byte_identical amalgamate_twice
+    # a copy of pdp.h with one line changed: --check exits 1 and names the module
     sed 's/^PDP_API pdp_status pdp_tensor_fill(/PDP_API pdp_status pdp_tensor_fill_stale(/' pdp.h > "$B/stale.h"
-    python3 amalgamate.py --check --output "$B/stale.h" > "$B/log" 2>&1; rc=$?
-    if [ $rc -eq 1 ] && grep -q "src/tensor.h differs" "$B/log"; then ok "amalgamate_check_names_stale_module"
-    else bad "amalgamate_check_names_stale_module (exit $rc)"; fi
+    check amalgamate_check_names_stale_module \
+        exits 1 "src/tensor.h differs" python3 amalgamate.py --check --output "$B/stale.h"
+    # cuda_host.c moved after its first caller: --order exits 1 and names both
     rm -rf "$B/order" && mkdir -p "$B/order" && cp -r src amalgamate.py "$B/order/"
     sed -i 's/^    "cuda_host.c",$/    "CUDA_HOST_LATER",/; s/^    "ddp.c",$/    "ddp.c",\n    "cuda_host.c",/; /"CUDA_HOST_LATER"/d' "$B/order/amalgamate.py"
-    python3 "$B/order/amalgamate.py" --order > "$B/log" 2>&1; rc=$?
-    if [ $rc -eq 1 ] && grep -q "src/tensor.c:[0-9]*: uses pdp__dev_alloc, defined in src/cuda_host.c" "$B/log"; then
-        ok "amalgamate_order_check_names_caller_and_module"
-    else bad "amalgamate_order_check_names_caller_and_module (exit $rc)"; fi
-    python3 amalgamate.py --bogus > "$B/log" 2>&1; rc=$?
-    if [ $rc -eq 2 ]; then ok "amalgamate_unknown_option_exits_2"; else bad "amalgamate_unknown_option_exits_2 (exit $rc)"; fi
-    python3 amalgamate.py --line-directives --output "$B/dev.h" > "$B/log" 2>&1
-    check "amalgamate_line_directives_point_into_src" grep -q '^#line 1 "src/tensor.c"' "$B/dev.h"
-    check "header_line_one_names_version" sh -c "head -n 1 pdp.h | grep -q \"pdp.h - v\$(sed -n 's/#define PDP_VERSION_MAJOR //p' src/base.h)\""
+    check amalgamate_order_check_names_caller_and_module \
+        exits 1 "src/tensor.c:[0-9]*: uses pdp__dev_alloc, defined in src/cuda_host.c" python3 "$B/order/amalgamate.py" --order
+    check amalgamate_unknown_option_exits_2 exits 2 "" python3 amalgamate.py --bogus
+    check amalgamate_line_directives_point_into_src sh -c "python3 amalgamate.py --line-directives --output $B/dev.h && grep -q '^#line 1 \"src/tensor.c\"' $B/dev.h"
+    check header_line_one_names_version sh -c "head -n 1 pdp.h | grep -q \"pdp.h - v\$(sed -n 's/#define PDP_VERSION_MAJOR //p' src/base.h)\""
 else skip "amalgamate_checks" "python3 not found (apt-get install python3)"; fi
 
 # ---- a fresh clone without python3: src/ looks newer than pdp.h (clone timestamps), and make
@@ -36,23 +42,31 @@ else skip "amalgamate_checks" "python3 not found (apt-get install python3)"; fi
 rm -rf "$B/clone" "$B/nopy" && mkdir -p "$B/clone" "$B/nopy" && cp -r Makefile amalgamate.py pdp.h src "$B/clone/"
 for t in make sh nproc touch; do ln -s "$(command -v $t)" "$B/nopy/$t"; done
 touch "$B/clone/src/"*
-if (cd "$B/clone" && PATH="$(cd ../nopy 2>/dev/null; pwd)" make -s pdp.h) > "$B/log" 2>&1 &&
-   grep -q "python3 not found, so the committed pdp.h is used" "$B/log" && cmp -s pdp.h "$B/clone/pdp.h" &&
-   (cd "$B/clone" && PATH="$(cd ../nopy 2>/dev/null; pwd)" make -q pdp.h); then
-    ok "make_without_python_keeps_committed_header"
-else bad "make_without_python_keeps_committed_header"; fi
+make_without_python() {
+    nopy=$(cd "$B/nopy" && pwd)
+    (cd "$B/clone" && PATH=$nopy make -s pdp.h) > "$B/$name.out" 2>&1; cat "$B/$name.out"
+    grep -q "python3 not found, so the committed pdp.h is used" "$B/$name.out" &&
+        cmp pdp.h "$B/clone/pdp.h" && (cd "$B/clone" && PATH=$nopy make -q pdp.h)
+}
+check make_without_python_keeps_committed_header make_without_python
 
 # ---- compilers ----
-check "gcc_c99_two_translation_units" sh -c "gcc $STRICT -c tests/compile/tu_impl.c -o $B/impl.o && gcc $STRICT -c tests/compile/tu_api.c -o $B/api.o && gcc $B/impl.o $B/api.o -o $B/two -lm -lpthread && $B/two"
+check gcc_c99_two_translation_units sh -c "gcc $STRICT -c tests/compile/tu_impl.c -o $B/impl.o && gcc $STRICT -c tests/compile/tu_api.c -o $B/api.o && gcc $B/impl.o $B/api.o -o $B/two -lm -lpthread && $B/two"
 if command -v clang > /dev/null; then
-    check "clang_c99_two_translation_units" sh -c "clang $STRICT -c tests/compile/tu_impl.c -o $B/cimpl.o && clang $STRICT -c tests/compile/tu_api.c -o $B/capi.o && clang $B/cimpl.o $B/capi.o -o $B/ctwo -lm -lpthread && $B/ctwo"
+    check clang_c99_two_translation_units sh -c "clang $STRICT -c tests/compile/tu_impl.c -o $B/cimpl.o && clang $STRICT -c tests/compile/tu_api.c -o $B/capi.o && clang $B/cimpl.o $B/capi.o -o $B/ctwo -lm -lpthread && $B/ctwo"
 else skip "clang_c99_two_translation_units" "clang not found (apt-get install clang)"; fi
-if command -v g++ > /dev/null; then
-    check "cxx_api_section_links_with_c_impl" sh -c "g++ -x c++ -std=c++11 -Wall -Wextra -pedantic -Werror -I. -c tests/compile/tu_api.c -o $B/xapi.o && g++ $B/impl.o $B/xapi.o -o $B/xtwo -lm -lpthread && $B/xtwo"
-else skip "cxx_api_section_links_with_c_impl" "g++ not found (apt-get install g++)"; fi
 # what a user's translation unit sees (the API and the math block) is quiet under the
 # warnings careful projects turn on
-check "api_quiet_under_wconversion_wfloat_equal" gcc $STRICT -Wconversion -Wsign-conversion -Wfloat-equal -Wshadow -c tests/compile/tu_api.c -o "$B/wconv.o"
+check api_quiet_under_wconversion_wfloat_equal gcc $STRICT -Wconversion -Wsign-conversion -Wfloat-equal -Wshadow -c tests/compile/tu_api.c -o "$B/wconv.o"
 # (the README's C++ quick start: tests/test_build_cxx.sh)
+
+# ---- what reads the files the checks above wrote ----
+checks_wait
+if command -v python3 > /dev/null; then
+    check amalgamate_has_no_absolute_paths sh -c "! grep -q '$(pwd)' '$B/one.h'"
+fi
+if command -v g++ > /dev/null; then  # the C++ API against gcc_c99_two_translation_units's impl.o
+    check cxx_api_section_links_with_c_impl sh -c "g++ -x c++ -std=c++11 -Wall -Wextra -pedantic -Werror -I. -c tests/compile/tu_api.c -o $B/xapi.o && g++ $B/impl.o $B/xapi.o -o $B/xtwo -lm -lpthread && $B/xtwo"
+else skip "cxx_api_section_links_with_c_impl" "g++ not found (apt-get install g++)"; fi
 
 summary

@@ -4,11 +4,16 @@
 # each option macro whose toolchain is installed (PDP_CBLAS, PDP_MPI).
 . "$(dirname "$0")/build_checks.sh"
 
-check "static_twice_in_one_program" sh -c "gcc $STRICT -c tests/compile/tu_static.c -o $B/sa.o -DTU_MAIN && gcc $STRICT -c tests/compile/tu_static.c -o $B/sb.o -DTU_NAME=tu_static_b && gcc $B/sa.o $B/sb.o -o $B/static2 -lm -lpthread && $B/static2"
-check "malloc_free_overrides_count_every_allocation" sh -c "gcc $STRICT tests/compile/tu_alloc.c -o $B/alloc -lm -lpthread && $B/alloc"
-fails "malloc_without_free_is_an_error" "define both PDP_MALLOC and PDP_FREE" gcc $STRICT -c tests/compile/tu_half_alloc.c -o "$B/x.o"
-fails "late_posix_define_is_an_error_with_hint" "define _POSIX_C_SOURCE 200809L" gcc $STRICT -c tests/compile/tu_late_posix.c -o "$B/x.o"
-check "gnu_mode_needs_no_posix_define" gcc -std=gnu11 -Wall -Wextra -Werror -I. -fsyntax-only tests/compile/tu_late_posix.c
+static_twice() { # the two translation units compile side by side, then link and run
+    gcc $STRICT -DTU_MAIN -c tests/compile/tu_static.c -o "$B/sa.o" & a=$!
+    gcc $STRICT -DTU_NAME=tu_static_b -c tests/compile/tu_static.c -o "$B/sb.o" && wait $a &&
+        gcc "$B/sa.o" "$B/sb.o" -o "$B/static2" -lm -lpthread && "$B/static2"
+}
+check static_twice_in_one_program static_twice
+check malloc_free_overrides_count_every_allocation sh -c "gcc $STRICT tests/compile/tu_alloc.c -o $B/alloc -lm -lpthread && $B/alloc"
+check malloc_without_free_is_an_error must_fail "define both PDP_MALLOC and PDP_FREE" gcc $STRICT -c tests/compile/tu_half_alloc.c -o "$B/half.o"
+check late_posix_define_is_an_error_with_hint must_fail "define _POSIX_C_SOURCE 200809L" gcc $STRICT -c tests/compile/tu_late_posix.c -o "$B/late.o"
+check gnu_mode_needs_no_posix_define gcc -std=gnu11 -Wall -Wextra -Werror -I. -fsyntax-only tests/compile/tu_late_posix.c
 
 # ---- option macros whose toolchains may be missing ----
 # PDP_CBLAS needs cblas.h AND a library to link: a probe program calls cblas_sgemm and links it
@@ -34,10 +39,10 @@ case $why in
 esac
 why=$(cblas_missing "$CBLAS_LIBS")
 if [ -z "$why" ]; then
-    check "option_pdp_cblas" sh -c "gcc $STRICT -DPDP_CBLAS -c tests/compile/tu_impl.c -o $B/cblas.o && gcc $B/cblas.o tests/compile/tu_api.c -I. -o $B/cblas $CBLAS_LIBS -lm -lpthread && $B/cblas"
+    check option_pdp_cblas sh -c "gcc $STRICT -DPDP_CBLAS -c tests/compile/tu_impl.c -o $B/cblas.o && gcc $B/cblas.o tests/compile/tu_api.c -I. -o $B/cblas $CBLAS_LIBS -lm -lpthread && $B/cblas"
 else skip "option_pdp_cblas" "$why"; fi
 if command -v mpicc > /dev/null; then
-    check "option_pdp_mpi" mpicc $STRICT -DPDP_MPI -fsyntax-only tests/compile/tu_impl.c
+    check option_pdp_mpi mpicc $STRICT -DPDP_MPI -fsyntax-only tests/compile/tu_impl.c
 else skip "option_pdp_mpi" "mpicc not found (apt-get install libopenmpi-dev)"; fi
 
 summary
