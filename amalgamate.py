@@ -64,6 +64,7 @@ IMPL = [
     "tensor.c",
     "gemm.c",
     "gemm_bf16.c",
+    "gemm_amx.c",
     "rendezvous.c",
     "comm_queue.c",
     "comm_local.c",

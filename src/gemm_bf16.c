@@ -638,80 +638,6 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
 #  undef PDP__BF16_ROW
 #endif
 
-#if PDP__BF16_AMX
-/* AMX (palette 1): the MR x NR = 8 x 32 tile of C is two 8-row x 16-column fp32
-   accumulator tiles (tmm0: columns 0-15, tmm1: 16-31), zeroed, then fed 16 pairs (32
-   values of k) at a time: tmm2 holds A's 8 rows x 16 pair words ([row][pair]: the
-   packed panel's [pair][row] words transposed into a), tmm3 and tmm4 B's 16 pair rows
-   x 16 columns each, loaded straight from the packed panel, whose [pair][column] words
-   are AMX's pair ("VNNI") layout, at a row stride of NR words. tmm0 += tmm2 tmm3 and
-   tmm1 += tmm2 tmm4 (TDPBF16PS: dst.row[m].fp32[n] += a.row[m].bf16[2p] b.row[p].bf16[2n]
-   + a.row[m].bf16[2p+1] b.row[p].bf16[2n+1] over the pairs p). A last step with fewer
-   than 16 pairs gets zero pairs in a and in a zero-padded copy of B's rows (zero
-   products: the sums do not change). Rows past mr are the packing's zero rows. The
-   tiles are stored to acc and written to C as the other kernels do; the tile state is
-   configured per call and released before returning. */
-#  define PDP__BF16_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
-#  define PDP__BF16_KP 16 /* pairs per step: 64 bytes, one tile row of A */
-
-/* the kernel's tiles fit: 8 rows of C and A (<= 16), B tiles 16 columns wide */
-typedef char pdp__bf16_amx_shape_ok[PDP__BF16_MR <= 16 && PDP__BF16_NR == 32 ? 1 : -1];
-
-typedef struct pdp__bf16_tilecfg { /* LDTILECFG's 64-byte operand */
-    uint8_t palette;               /* 1 */
-    uint8_t start_row;             /* 0 */
-    uint8_t reserved[14];          /* zero */
-    uint16_t colsb[16];            /* bytes per row of tile i (unused tiles 0) */
-    uint8_t rows[16];              /* rows of tile i */
-} pdp__bf16_tilecfg;
-
-PDP__BF16_AMX_TARGET PDP__PRIVATE void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
-                                                            const uint32_t *bp, float *c, int64_t ldc,
-                                                            int mr, int nr, float alpha, float beta)
-{
-    pdp__bf16_tilecfg cfg;
-    uint32_t a[PDP__BF16_MR][PDP__BF16_KP];      /* tmm2: A's rows, pairs p0 .. p0 + 15 */
-    uint32_t btail[PDP__BF16_KP][PDP__BF16_NR];  /* B's last rows, zero-padded to 16 */
-    float acc[PDP__BF16_MR][PDP__BF16_NR];       /* tmm0 | tmm1 */
-    int64_t p0;
-    int i, j, p;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    cfg.rows[0] = cfg.rows[1] = PDP__BF16_MR; /* C: 8 rows x 16 fp32 */
-    cfg.colsb[0] = cfg.colsb[1] = 16 * 4;
-    cfg.rows[2] = PDP__BF16_MR; /* A: 8 rows x 16 pairs */
-    cfg.colsb[2] = PDP__BF16_KP * 4;
-    cfg.rows[3] = cfg.rows[4] = PDP__BF16_KP; /* B: 16 pairs x 16 columns */
-    cfg.colsb[3] = cfg.colsb[4] = 16 * 4;
-    _tile_loadconfig(&cfg);
-    _tile_zero(0);
-    _tile_zero(1);
-    for (p0 = 0; p0 < pairs; p0 += PDP__BF16_KP) {
-        int kp = (int)PDP__MIN((int64_t)PDP__BF16_KP, pairs - p0);
-        const uint32_t *b = bp + p0 * PDP__BF16_NR;
-        for (i = 0; i < PDP__BF16_MR; i++)
-            for (p = 0; p < PDP__BF16_KP; p++)
-                a[i][p] = p < kp ? ap[(p0 + p) * PDP__BF16_MR + i] : 0u;
-        if (kp < PDP__BF16_KP) {
-            memcpy(btail, b, (size_t)kp * sizeof btail[0]);
-            memset(btail[kp], 0, (size_t)(PDP__BF16_KP - kp) * sizeof btail[0]);
-            b = &btail[0][0];
-        }
-        _tile_loadd(2, a, PDP__BF16_KP * 4);
-        _tile_loadd(3, b, PDP__BF16_NR * 4);
-        _tile_loadd(4, b + 16, PDP__BF16_NR * 4);
-        _tile_dpbf16ps(0, 2, 3);
-        _tile_dpbf16ps(1, 2, 4);
-    }
-    _tile_stored(0, &acc[0][0], PDP__BF16_NR * 4);
-    _tile_stored(1, &acc[0][16], PDP__BF16_NR * 4);
-    _tile_release();
-    for (i = 0; i < mr; i++)
-        for (j = 0; j < nr; j++)
-            c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
-}
-#endif
-
 typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
                                     float *c, int64_t ldc, int mr, int nr, float alpha,
                                     float beta);
@@ -827,6 +753,10 @@ PDP__PRIVATE void pdp__bf16_part(void *arg, int i, int n)
         pdp__bf16_block(g, lo, hi, 0, g->n);
 }
 
+#if PDP__BF16_AMX || defined(PDP__AMX_EMULATE)
+PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate); /* gemm_amx.c */
+#endif
+
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
 PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
@@ -877,7 +807,10 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     }
 #endif
 #if PDP__BF16_AMX
-    if (path == PDP_BF16_PATH_AMX) g.kernel = pdp__bf16_kernel_amx;
+    if (path == PDP_BF16_PATH_AMX) { /* its own driver: gemm_amx.c */
+        pdp__amx_run(&g, 0);
+        return;
+    }
 #endif
     threads = pdp__threads_for_caller();
     if (2.0 * (double)m * (double)n * (double)k < PDP__BF16_PAR_FLOPS) threads = 1;

@@ -2137,38 +2137,6 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
 #  undef PDP__BF16_ROW
 #endif
 
-#if PDP__BF16_AMX
-/* AMX (palette 1): the MR x NR = 8 x 32 tile of C is two 8-row x 16-column fp32
-   accumulator tiles (tmm0: columns 0-15, tmm1: 16-31), zeroed, then fed 16 pairs (32
-   values of k) at a time: tmm2 holds A's 8 rows x 16 pair words ([row][pair]: the
-   packed panel's [pair][row] words transposed into a), tmm3 and tmm4 B's 16 pair rows
-   x 16 columns each, loaded straight from the packed panel, whose [pair][column] words
-   are AMX's pair ("VNNI") layout, at a row stride of NR words. tmm0 += tmm2 tmm3 and
-   tmm1 += tmm2 tmm4 (TDPBF16PS: dst.row[m].fp32[n] += a.row[m].bf16[2p] b.row[p].bf16[2n]
-   + a.row[m].bf16[2p+1] b.row[p].bf16[2n+1] over the pairs p). A last step with fewer
-   than 16 pairs gets zero pairs in a and in a zero-padded copy of B's rows (zero
-   products: the sums do not change). Rows past mr are the packing's zero rows. The
-   tiles are stored to acc and written to C as the other kernels do; the tile state is
-   configured per call and released before returning. */
-#  define PDP__BF16_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
-#  define PDP__BF16_KP 16 /* pairs per step: 64 bytes, one tile row of A */
-
-/* the kernel's tiles fit: 8 rows of C and A (<= 16), B tiles 16 columns wide */
-typedef char pdp__bf16_amx_shape_ok[PDP__BF16_MR <= 16 && PDP__BF16_NR == 32 ? 1 : -1];
-
-typedef struct pdp__bf16_tilecfg { /* LDTILECFG's 64-byte operand */
-    uint8_t palette;               /* 1 */
-    uint8_t start_row;             /* 0 */
-    uint8_t reserved[14];          /* zero */
-    uint16_t colsb[16];            /* bytes per row of tile i (unused tiles 0) */
-    uint8_t rows[16];              /* rows of tile i */
-} pdp__bf16_tilecfg;
-
-PDP__BF16_AMX_TARGET PDP__PRIVATE void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
-                                                            const uint32_t *bp, float *c, int64_t ldc,
-                                                            int mr, int nr, float alpha, float beta);
-#endif
-
 typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
                                     float *c, int64_t ldc, int mr, int nr, float alpha,
                                     float beta);
@@ -2211,6 +2179,10 @@ PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m
 /* Part i of n: an equal share of the column or row panels. */
 PDP__PRIVATE void pdp__bf16_part(void *arg, int i, int n);
 
+#if PDP__BF16_AMX || defined(PDP__AMX_EMULATE)
+PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate); /* gemm_amx.c */
+#endif
+
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
 PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
@@ -2249,6 +2221,243 @@ PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64
 /* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
    which may be x's own memory (h == (uint16_t *)x, converted in place to its first half). */
 PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n);
+
+/* ---- src/gemm_amx.c ---- */
+/* gemm_amx: pdp_gemm_bf16's AMX path (PDP_BF16_PATH_AMX, gemm.h), the product run on
+   Intel AMX tiles (TDPBF16PS), and an emulation of those tiles that runs the same driver
+   on any CPU for the tests (PDP__AMX_EMULATE).
+
+   Layout. Every tile is 16 rows x 64 bytes (palette 1). A tile of A is 16 rows of op(A)
+   x 16 pair words (32 bf16 along k: row-major [row][pair]); a tile of B is 16 pairs x
+   16 columns of pair words ([pair][column], AMX's pair or "VNNI" layout); a pair word
+   holds (x[2p] low, x[2p+1] high), as gemm_bf16.c's packing makes it. k is padded with
+   zero pairs to a multiple of 16 pairs (one "k step"), rows and columns past m and n
+   with zero words. A part of the product packs its B columns once ([pair][column]
+   panels of 32 columns, or 16 when n <= 16: gemm_bf16.c's own panel packing) and then,
+   per block of 32 rows of A (64 when n <= 16), packs that block straight into tile
+   order ([step][row][pair]: each tile 1 KiB, contiguous), the fp32 -> bf16 rounding
+   fused into the packing (vcvtne2ps2bf16 with gemm_bf16.c's subnormal rule when
+   AVX512-BF16 exists, pdp__bf16_bits otherwise: the same words up to subnormals, which
+   every kernel reads as zero).
+
+   Kernel. A block of C is 2 x 2 tiles (32 x 32: tmm0-3 accumulate, tmm4-5 hold two
+   tiles of A, tmm6-7 two of B; per k step two A and two B tile loads feed four
+   TDPBF16PS) or, when n <= 16, 4 x 1 (64 x 16: tmm0-3 accumulate, four A tiles in
+   tmm5-7 in turn, one B tile in tmm4), so that the 10-class layer does not pay for 16
+   zero columns in 32. k is cut into cache blocks of PDP__AMX_KC steps (the A block's
+   share, 2 x 16 KiB at 8 steps, stays in L1 while the B panels pass); between blocks
+   the accumulators are stored to an fp32 buffer and loaded back, exactly, so each
+   element's chain is one chain over the pairs from 0. After the last block the
+   epilogue writes C = alpha acc + beta C (pdp__bf16_out's rule: beta C rounded before
+   the sum, C not read when beta == 0), with AVX-512 where it exists, masked at edges.
+   The tile configuration is loaded once per part (thread) per call and released at
+   its end.
+
+   Invariants:
+   - The arithmetic is TDPBF16PS's (Intel SDM vol. 2, TDPBF16PS; and the Intel
+     Architecture Instruction Set Extensions Programming Reference, ch. 3): per element
+     of C one chain of fp32 sums over the padded pairs in order from 0, each pair adding
+     its even product, then its odd one, each step an FMA of the exact product rounded
+     to nearest even, bf16 inputs that are subnormal read as zero (DAZ) and subnormal
+     results flushed to zero (FTZ), MXCSR not consulted. The chain depends on nothing but
+     k, so the bits do not depend on the thread count, the block shapes or how the parts
+     are cut. The zero pairs that pad k add +0: they can turn a final -0 into +0, nothing
+     else.
+   - The emulation (PDP__AMX_EMULATE, a test define) implements the SDM's pseudo-code
+     over tiles held in memory: LDTILECFG, TILEZERO, TILELOADD, TILESTORED and
+     TDPBF16PS in the order above (fmaf, DAZ, FTZ). tests/test_bf16.c holds it to a naive
+     loop bit for bit and the hardware to it, and records how far the hardware departs
+     from the pseudo-code's order on the CPU it ran on.
+   - Memory: a part's panels and accumulators live in its thread scratch
+     (pdp__thread_scratch); nothing is allocated per block. If the scratch cannot grow,
+     the part computes each element by the emulation's chain, unpacked (the hardware's
+     bits where the hardware follows the pseudo-code).
+   References: Intel SDM vol. 2 (LDTILECFG, TILELOADD, TDPBF16PS); Intel Optimization
+   Reference Manual, ch. "Intel AMX" (TDPBF16PS: 16 cycles per tile op throughput, two
+   A and two B tiles feeding four accumulators); oneDNN's brgemm AMX kernels. */
+
+/* #include "internal.h" (above) */
+
+#if defined(PDP__AMX_EMULATE)
+#  define PDP__AMX_EMU 1
+#else
+#  define PDP__AMX_EMU 0
+#endif
+
+#if PDP__BF16_AMX || PDP__AMX_EMU
+
+#define PDP__AMX_KT 16 /* pairs per k step: one 64-byte row of an A tile */
+#define PDP__AMX_TW 256 /* words per tile: 16 rows x 16 words */
+/* k steps per cache block: 2 A tiles x 8 steps = 16 KiB of A reused across the panels
+   (see the CHANGELOG's measurement for 4, 8, 16 and whole k) */
+#ifndef PDP__AMX_KC
+#  define PDP__AMX_KC 8
+#endif
+
+typedef struct pdp__amx_tilecfg { /* LDTILECFG's 64-byte operand */
+    uint8_t palette;              /* 1 */
+    uint8_t start_row;            /* 0 */
+    uint8_t reserved[14];         /* zero */
+    uint16_t colsb[16];           /* bytes per row of tile i (unused tiles 0) */
+    uint8_t rows[16];             /* rows of tile i */
+} pdp__amx_tilecfg;
+
+/* Tiles held in memory (the emulation); the hardware path passes NULL. */
+typedef struct pdp__amx_tiles pdp__amx_tiles;
+
+/* ---- gemm_amx: tile emulation ---- */
+#  if PDP__AMX_EMU
+struct pdp__amx_tiles {
+    pdp__amx_tilecfg cfg;
+    unsigned char t[8][16][64];
+};
+
+PDP__PRIVATE void pdp__amx_emu_config(pdp__amx_tiles *e, const pdp__amx_tilecfg *cfg);
+
+PDP__PRIVATE void pdp__amx_emu_zero(pdp__amx_tiles *e, int t);
+
+/* TILELOADD: rows[t] rows of colsb[t] bytes from base + r stride; the rest zero. */
+PDP__PRIVATE void pdp__amx_emu_load(pdp__amx_tiles *e, int t, const void *base, int64_t stride);
+
+PDP__PRIVATE void pdp__amx_emu_store(pdp__amx_tiles *e, int t, void *base, int64_t stride);
+
+/* acc + a b for bf16 a, b: DAZ inputs, one rounding to nearest even (FMA; the product
+   of two bf16 values is exact unless below 2^-126), FTZ result. */
+
+/* TDPBF16PS c, a, b by the SDM's pseudo-code: for each row m of c, for each pair k of
+   a's row, for each column n of c: c[m][n] += a[m].bf16[2k] b[k].bf16[2n], then
+   += a[m].bf16[2k+1] b[k].bf16[2n+1]. */
+PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b);
+#  endif
+
+/* One tile operation: on the emulated tiles when e is not NULL, else the instruction. */
+#  if PDP__BF16_AMX && PDP__AMX_EMU
+#    define PDP__AMX_OP(e, emu, hw)                                                           \
+        do {                                                                                   \
+            if (e)                                                                             \
+                emu;                                                                           \
+            else                                                                               \
+                hw;                                                                            \
+        } while (0)
+#  elif PDP__BF16_AMX
+#    define PDP__AMX_OP(e, emu, hw)                                                           \
+        do {                                                                                   \
+            (void)(e);                                                                         \
+            hw;                                                                                \
+        } while (0)
+#  else
+#    define PDP__AMX_OP(e, emu, hw) emu
+#  endif
+#  if PDP__BF16_AMX
+#    define PDP__AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#  else
+#    define PDP__AMX_TARGET
+#  endif
+#  define PDP__AMX_ZERO(e, t) PDP__AMX_OP(e, pdp__amx_emu_zero(e, t), _tile_zero(t))
+#  define PDP__AMX_LOAD(e, t, p, s)                                                           \
+      PDP__AMX_OP(e, pdp__amx_emu_load(e, t, p, s), _tile_loadd(t, p, s))
+#  define PDP__AMX_STORE(e, t, p, s)                                                          \
+      PDP__AMX_OP(e, pdp__amx_emu_store(e, t, p, s), _tile_stored(t, p, s))
+#  define PDP__AMX_DP(e, c, a, b) PDP__AMX_OP(e, pdp__amx_emu_dp(e, c, a, b), _tile_dpbf16ps(c, a, b))
+
+/* ---- gemm_amx: kernels ----
+   steps k steps from a (the block's A tiles in step order: step s, tile i at
+   a + (s mb + i) 256 words) and b (a panel of w = 16 nb columns: step s, tile j at
+   b + s 16 w + 16 j, row stride w words) into the accumulators, which start at zero
+   (load == 0) or from acc (row stride 16 nb floats, tile (i, j) at acc + 16 i 16 nb +
+   16 j), and are stored back there. */
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel22(pdp__amx_tiles *e, int64_t steps,
+                                                    const uint32_t *a, const uint32_t *b,
+                                                    float *acc, int load);
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel41(pdp__amx_tiles *e, int64_t steps,
+                                                    const uint32_t *a, const uint32_t *b,
+                                                    float *acc, int load);
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_config(pdp__amx_tiles *e);
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_release(pdp__amx_tiles *e);
+
+/* ---- gemm_amx: packing A into tiles and the epilogue ---- */
+
+/* Rows [r0, r0 + rows) of op(A) as `height` rows (the rest zero) in tile order: word q
+   of row i in step s at dst[(s height + i) 16 + q] = pair 16 s + q (zero past k). */
+PDP__PRIVATE void pdp__amx_pack_a(const pdp__bf16_args *g, int64_t r0, int rows, int height,
+                                  int64_t steps, uint32_t *dst);
+
+/* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w). */
+PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
+                               float alpha, float beta);
+
+#  if PDP__BF16_X86
+/* pdp__amx_pack_a with vcvtne2ps2bf16 (pdp__bf16_cvt2: gemm_bf16.c's words): a row along
+   k is 32 values per step, converted in one instruction and stored as a tile row; rows
+   across k (t == PDP_TRANS) come 16 rows x 16 pairs at a time as gemm_bf16.c's
+   [pair][row] words, transposed in registers (four rounds of interleaving the 32-bit
+   lanes of registers r and r + 8: each rotates the 8 index bits by one). A gathered A
+   (bf16 words through arow, not transposed) is copied 32 words at a time. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_a_avx512(const pdp__bf16_args *g, int64_t r0,
+                                                          int rows, int height, int64_t steps,
+                                                          uint32_t *dst);
+
+/* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products
+   are the _round_ forms, which the compiler does not contract). */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
+                                                       int64_t ldc, int mr, int nr, float alpha,
+                                                       float beta);
+#  endif
+
+/* ---- gemm_amx: driver ---- */
+
+typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows, int height,
+                                   int64_t steps, uint32_t *dst);
+typedef void (*pdp__amx_out_fn)(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
+                                float alpha, float beta);
+
+typedef struct pdp__amx_ctx {
+    const pdp__bf16_args *g;
+    int emulate;     /* run on pdp__amx_tiles in memory (PDP__AMX_EMULATE builds) */
+    int mb, nb;      /* tiles per block of C: 2 x 2, or 4 x 1 when n <= 16 */
+    int split_n;     /* parts split the column panels (else the row blocks) */
+    pdp__amx_pack_a_fn pack_a;
+    pdp__amx_out_fn out;
+} pdp__amx_ctx;
+
+/* Element (i, j) of C by the emulated tiles' chain (pdp__amx_emu_fma's arithmetic),
+   unpacked: the fallback without scratch. */
+PDP__PRIVATE void pdp__amx_element(const pdp__bf16_args *g, int64_t i, int64_t j);
+
+/* C[m0, m1) x [n0, n1) (m0, n0 on the block grid), tiles on e (NULL: the hardware's,
+   configured by the caller). */
+PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64_t m0, int64_t m1,
+                                 int64_t n0, int64_t n1);
+
+/* Part i of n: an equal share of the column panels or row blocks; the tiles are
+   configured at its start and released at its end. */
+PDP__PRIVATE void pdp__amx_part(void *arg, int i, int n);
+
+/* The product of g (filled by pdp__bf16_run, its pack and pack_h the path's) on the
+   tiles: the hardware's (emulate == 0) or the emulation's (1: the path's packing and
+   epilogue; 2: the portable ones). */
+PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate);
+
+#  if PDP__AMX_EMU
+/* pdp__bf16_run's AMX path on emulated tiles, on any CPU (a test entry: PDP__AMX_EMULATE):
+   portable != 0 packs and writes C with the portable C code even where AVX-512 exists. */
+PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
+                                         int64_t n, int64_t k, float alpha, const float *a,
+                                         const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                         const float *b, const uint16_t *bh, int64_t ldb,
+                                         const int64_t *brow, float beta, float *c, int64_t ldc);
+#  endif
+
+#  undef PDP__AMX_OP
+#  undef PDP__AMX_ZERO
+#  undef PDP__AMX_LOAD
+#  undef PDP__AMX_STORE
+#  undef PDP__AMX_DP
+#endif
 
 /* ---- src/rendezvous.c ---- */
 /* rendezvous: who the ranks are and how they meet, the way torchrun does it.

@@ -1,0 +1,590 @@
+/* gemm_amx: pdp_gemm_bf16's AMX path (PDP_BF16_PATH_AMX, gemm.h), the product run on
+   Intel AMX tiles (TDPBF16PS), and an emulation of those tiles that runs the same driver
+   on any CPU for the tests (PDP__AMX_EMULATE).
+
+   Layout. Every tile is 16 rows x 64 bytes (palette 1). A tile of A is 16 rows of op(A)
+   x 16 pair words (32 bf16 along k: row-major [row][pair]); a tile of B is 16 pairs x
+   16 columns of pair words ([pair][column], AMX's pair or "VNNI" layout); a pair word
+   holds (x[2p] low, x[2p+1] high), as gemm_bf16.c's packing makes it. k is padded with
+   zero pairs to a multiple of 16 pairs (one "k step"), rows and columns past m and n
+   with zero words. A part of the product packs its B columns once ([pair][column]
+   panels of 32 columns, or 16 when n <= 16: gemm_bf16.c's own panel packing) and then,
+   per block of 32 rows of A (64 when n <= 16), packs that block straight into tile
+   order ([step][row][pair]: each tile 1 KiB, contiguous), the fp32 -> bf16 rounding
+   fused into the packing (vcvtne2ps2bf16 with gemm_bf16.c's subnormal rule when
+   AVX512-BF16 exists, pdp__bf16_bits otherwise: the same words up to subnormals, which
+   every kernel reads as zero).
+
+   Kernel. A block of C is 2 x 2 tiles (32 x 32: tmm0-3 accumulate, tmm4-5 hold two
+   tiles of A, tmm6-7 two of B; per k step two A and two B tile loads feed four
+   TDPBF16PS) or, when n <= 16, 4 x 1 (64 x 16: tmm0-3 accumulate, four A tiles in
+   tmm5-7 in turn, one B tile in tmm4), so that the 10-class layer does not pay for 16
+   zero columns in 32. k is cut into cache blocks of PDP__AMX_KC steps (the A block's
+   share, 2 x 16 KiB at 8 steps, stays in L1 while the B panels pass); between blocks
+   the accumulators are stored to an fp32 buffer and loaded back, exactly, so each
+   element's chain is one chain over the pairs from 0. After the last block the
+   epilogue writes C = alpha acc + beta C (pdp__bf16_out's rule: beta C rounded before
+   the sum, C not read when beta == 0), with AVX-512 where it exists, masked at edges.
+   The tile configuration is loaded once per part (thread) per call and released at
+   its end.
+
+   Invariants:
+   - The arithmetic is TDPBF16PS's (Intel SDM vol. 2, TDPBF16PS; and the Intel
+     Architecture Instruction Set Extensions Programming Reference, ch. 3): per element
+     of C one chain of fp32 sums over the padded pairs in order from 0, each pair adding
+     its even product, then its odd one, each step an FMA of the exact product rounded
+     to nearest even, bf16 inputs that are subnormal read as zero (DAZ) and subnormal
+     results flushed to zero (FTZ), MXCSR not consulted. The chain depends on nothing but
+     k, so the bits do not depend on the thread count, the block shapes or how the parts
+     are cut. The zero pairs that pad k add +0: they can turn a final -0 into +0, nothing
+     else.
+   - The emulation (PDP__AMX_EMULATE, a test define) implements the SDM's pseudo-code
+     over tiles held in memory: LDTILECFG, TILEZERO, TILELOADD, TILESTORED and
+     TDPBF16PS in the order above (fmaf, DAZ, FTZ). tests/test_bf16.c holds it to a naive
+     loop bit for bit and the hardware to it, and records how far the hardware departs
+     from the pseudo-code's order on the CPU it ran on.
+   - Memory: a part's panels and accumulators live in its thread scratch
+     (pdp__thread_scratch); nothing is allocated per block. If the scratch cannot grow,
+     the part computes each element by the emulation's chain, unpacked (the hardware's
+     bits where the hardware follows the pseudo-code).
+   References: Intel SDM vol. 2 (LDTILECFG, TILELOADD, TDPBF16PS); Intel Optimization
+   Reference Manual, ch. "Intel AMX" (TDPBF16PS: 16 cycles per tile op throughput, two
+   A and two B tiles feeding four accumulators); oneDNN's brgemm AMX kernels. */
+
+#include "internal.h"
+
+#if defined(PDP__AMX_EMULATE)
+#  define PDP__AMX_EMU 1
+#else
+#  define PDP__AMX_EMU 0
+#endif
+
+#if PDP__BF16_AMX || PDP__AMX_EMU
+
+#define PDP__AMX_KT 16 /* pairs per k step: one 64-byte row of an A tile */
+#define PDP__AMX_TW 256 /* words per tile: 16 rows x 16 words */
+/* k steps per cache block: 2 A tiles x 8 steps = 16 KiB of A reused across the panels
+   (see the CHANGELOG's measurement for 4, 8, 16 and whole k) */
+#ifndef PDP__AMX_KC
+#  define PDP__AMX_KC 8
+#endif
+
+typedef struct pdp__amx_tilecfg { /* LDTILECFG's 64-byte operand */
+    uint8_t palette;              /* 1 */
+    uint8_t start_row;            /* 0 */
+    uint8_t reserved[14];         /* zero */
+    uint16_t colsb[16];           /* bytes per row of tile i (unused tiles 0) */
+    uint8_t rows[16];             /* rows of tile i */
+} pdp__amx_tilecfg;
+
+/* Tiles held in memory (the emulation); the hardware path passes NULL. */
+typedef struct pdp__amx_tiles pdp__amx_tiles;
+
+/* ---- gemm_amx: tile emulation ---- */
+#  if PDP__AMX_EMU
+struct pdp__amx_tiles {
+    pdp__amx_tilecfg cfg;
+    unsigned char t[8][16][64];
+};
+
+PDP__PRIVATE void pdp__amx_emu_config(pdp__amx_tiles *e, const pdp__amx_tilecfg *cfg)
+{
+    e->cfg = *cfg;
+    memset(e->t, 0, sizeof e->t); /* LDTILECFG zeroes the tiles */
+}
+
+PDP__PRIVATE void pdp__amx_emu_zero(pdp__amx_tiles *e, int t) { memset(e->t[t], 0, sizeof e->t[t]); }
+
+/* TILELOADD: rows[t] rows of colsb[t] bytes from base + r stride; the rest zero. */
+PDP__PRIVATE void pdp__amx_emu_load(pdp__amx_tiles *e, int t, const void *base, int64_t stride)
+{
+    int r;
+    memset(e->t[t], 0, sizeof e->t[t]);
+    for (r = 0; r < e->cfg.rows[t]; r++)
+        memcpy(e->t[t][r], (const char *)base + r * stride, e->cfg.colsb[t]);
+}
+
+PDP__PRIVATE void pdp__amx_emu_store(pdp__amx_tiles *e, int t, void *base, int64_t stride)
+{
+    int r;
+    for (r = 0; r < e->cfg.rows[t]; r++)
+        memcpy((char *)base + r * stride, e->t[t][r], e->cfg.colsb[t]);
+}
+
+/* acc + a b for bf16 a, b: DAZ inputs, one rounding to nearest even (FMA; the product
+   of two bf16 values is exact unless below 2^-126), FTZ result. */
+static inline float pdp__amx_emu_fma(uint32_t a, uint32_t b, float acc)
+{
+    float r = fmaf(pdp__bf16_daz((uint16_t)a), pdp__bf16_daz((uint16_t)b), acc);
+    return (r < 1.17549435e-38f && r > -1.17549435e-38f) ? r * 0.0f : r;
+}
+
+/* TDPBF16PS c, a, b by the SDM's pseudo-code: for each row m of c, for each pair k of
+   a's row, for each column n of c: c[m][n] += a[m].bf16[2k] b[k].bf16[2n], then
+   += a[m].bf16[2k+1] b[k].bf16[2n+1]. */
+PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b)
+{
+    int m, k, n, pairs = e->cfg.colsb[a] / 4, cols = e->cfg.colsb[c] / 4;
+    for (m = 0; m < e->cfg.rows[c]; m++) {
+        float acc[16];
+        memcpy(acc, e->t[c][m], sizeof acc);
+        for (k = 0; k < pairs; k++) {
+            uint32_t aw, bw;
+            memcpy(&aw, e->t[a][m] + 4 * k, 4);
+            for (n = 0; n < cols; n++) {
+                memcpy(&bw, e->t[b][k] + 4 * n, 4);
+                acc[n] = pdp__amx_emu_fma(aw & 0xffffu, bw & 0xffffu, acc[n]);
+                acc[n] = pdp__amx_emu_fma(aw >> 16, bw >> 16, acc[n]);
+            }
+        }
+        memcpy(e->t[c][m], acc, sizeof acc);
+    }
+}
+#  endif
+
+/* One tile operation: on the emulated tiles when e is not NULL, else the instruction. */
+#  if PDP__BF16_AMX && PDP__AMX_EMU
+#    define PDP__AMX_OP(e, emu, hw)                                                           \
+        do {                                                                                   \
+            if (e)                                                                             \
+                emu;                                                                           \
+            else                                                                               \
+                hw;                                                                            \
+        } while (0)
+#  elif PDP__BF16_AMX
+#    define PDP__AMX_OP(e, emu, hw)                                                           \
+        do {                                                                                   \
+            (void)(e);                                                                         \
+            hw;                                                                                \
+        } while (0)
+#  else
+#    define PDP__AMX_OP(e, emu, hw) emu
+#  endif
+#  if PDP__BF16_AMX
+#    define PDP__AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#  else
+#    define PDP__AMX_TARGET
+#  endif
+#  define PDP__AMX_ZERO(e, t) PDP__AMX_OP(e, pdp__amx_emu_zero(e, t), _tile_zero(t))
+#  define PDP__AMX_LOAD(e, t, p, s)                                                           \
+      PDP__AMX_OP(e, pdp__amx_emu_load(e, t, p, s), _tile_loadd(t, p, s))
+#  define PDP__AMX_STORE(e, t, p, s)                                                          \
+      PDP__AMX_OP(e, pdp__amx_emu_store(e, t, p, s), _tile_stored(t, p, s))
+#  define PDP__AMX_DP(e, c, a, b) PDP__AMX_OP(e, pdp__amx_emu_dp(e, c, a, b), _tile_dpbf16ps(c, a, b))
+
+/* ---- gemm_amx: kernels ----
+   steps k steps from a (the block's A tiles in step order: step s, tile i at
+   a + (s mb + i) 256 words) and b (a panel of w = 16 nb columns: step s, tile j at
+   b + s 16 w + 16 j, row stride w words) into the accumulators, which start at zero
+   (load == 0) or from acc (row stride 16 nb floats, tile (i, j) at acc + 16 i 16 nb +
+   16 j), and are stored back there. */
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel22(pdp__amx_tiles *e, int64_t steps,
+                                                    const uint32_t *a, const uint32_t *b,
+                                                    float *acc, int load)
+{
+    int64_t s;
+    if (load) {
+        PDP__AMX_LOAD(e, 0, acc, 128);
+        PDP__AMX_LOAD(e, 1, acc + 16, 128);
+        PDP__AMX_LOAD(e, 2, acc + 512, 128);
+        PDP__AMX_LOAD(e, 3, acc + 528, 128);
+    } else {
+        PDP__AMX_ZERO(e, 0);
+        PDP__AMX_ZERO(e, 1);
+        PDP__AMX_ZERO(e, 2);
+        PDP__AMX_ZERO(e, 3);
+    }
+    for (s = 0; s < steps; s++, a += 2 * PDP__AMX_TW, b += 16 * 32) {
+        PDP__AMX_LOAD(e, 4, a, 64);
+        PDP__AMX_LOAD(e, 6, b, 128);
+        PDP__AMX_LOAD(e, 7, b + 16, 128);
+        PDP__AMX_DP(e, 0, 4, 6);
+        PDP__AMX_DP(e, 1, 4, 7);
+        PDP__AMX_LOAD(e, 5, a + PDP__AMX_TW, 64);
+        PDP__AMX_DP(e, 2, 5, 6);
+        PDP__AMX_DP(e, 3, 5, 7);
+    }
+    PDP__AMX_STORE(e, 0, acc, 128);
+    PDP__AMX_STORE(e, 1, acc + 16, 128);
+    PDP__AMX_STORE(e, 2, acc + 512, 128);
+    PDP__AMX_STORE(e, 3, acc + 528, 128);
+}
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel41(pdp__amx_tiles *e, int64_t steps,
+                                                    const uint32_t *a, const uint32_t *b,
+                                                    float *acc, int load)
+{
+    int64_t s;
+    if (load) {
+        PDP__AMX_LOAD(e, 0, acc, 64);
+        PDP__AMX_LOAD(e, 1, acc + 256, 64);
+        PDP__AMX_LOAD(e, 2, acc + 512, 64);
+        PDP__AMX_LOAD(e, 3, acc + 768, 64);
+    } else {
+        PDP__AMX_ZERO(e, 0);
+        PDP__AMX_ZERO(e, 1);
+        PDP__AMX_ZERO(e, 2);
+        PDP__AMX_ZERO(e, 3);
+    }
+    for (s = 0; s < steps; s++, a += 4 * PDP__AMX_TW, b += 16 * 16) {
+        PDP__AMX_LOAD(e, 4, b, 64);
+        PDP__AMX_LOAD(e, 5, a, 64);
+        PDP__AMX_LOAD(e, 6, a + PDP__AMX_TW, 64);
+        PDP__AMX_DP(e, 0, 5, 4);
+        PDP__AMX_LOAD(e, 7, a + 2 * PDP__AMX_TW, 64);
+        PDP__AMX_DP(e, 1, 6, 4);
+        PDP__AMX_LOAD(e, 5, a + 3 * PDP__AMX_TW, 64);
+        PDP__AMX_DP(e, 2, 7, 4);
+        PDP__AMX_DP(e, 3, 5, 4);
+    }
+    PDP__AMX_STORE(e, 0, acc, 64);
+    PDP__AMX_STORE(e, 1, acc + 256, 64);
+    PDP__AMX_STORE(e, 2, acc + 512, 64);
+    PDP__AMX_STORE(e, 3, acc + 768, 64);
+}
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_config(pdp__amx_tiles *e)
+{
+    pdp__amx_tilecfg cfg;
+    int t;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    PDP__AMX_OP(e, pdp__amx_emu_config(e, &cfg), _tile_loadconfig(&cfg));
+}
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_release(pdp__amx_tiles *e)
+{
+    (void)e;
+    PDP__AMX_OP(e, (void)0, _tile_release());
+}
+
+/* ---- gemm_amx: packing A into tiles and the epilogue ---- */
+
+/* Rows [r0, r0 + rows) of op(A) as `height` rows (the rest zero) in tile order: word q
+   of row i in step s at dst[(s height + i) 16 + q] = pair 16 s + q (zero past k). */
+PDP__PRIVATE void pdp__amx_pack_a(const pdp__bf16_args *g, int64_t r0, int rows, int height,
+                                  int64_t steps, uint32_t *dst)
+{
+    int64_t s, p;
+    int i, q;
+    for (s = 0; s < steps; s++)
+        for (i = 0; i < height; i++) {
+            uint32_t *d = dst + (s * height + i) * 16;
+            for (q = 0; q < 16; q++) {
+                p = 2 * (16 * s + q);
+                d[q] = i >= rows || p >= g->k ? 0u
+                       : (uint32_t)pdp__bf16_aword(g, r0 + i, p) |
+                             (p + 1 < g->k ? (uint32_t)pdp__bf16_aword(g, r0 + i, p + 1) << 16
+                                           : 0u);
+            }
+        }
+}
+
+/* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w). */
+PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
+                               float alpha, float beta)
+{
+    int i, j;
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j++)
+            c[i * ldc + j] = pdp__bf16_out(acc[i * w + j], alpha, beta, c + i * ldc + j);
+}
+
+#  if PDP__BF16_X86
+/* pdp__amx_pack_a with vcvtne2ps2bf16 (pdp__bf16_cvt2: gemm_bf16.c's words): a row along
+   k is 32 values per step, converted in one instruction and stored as a tile row; rows
+   across k (t == PDP_TRANS) come 16 rows x 16 pairs at a time as gemm_bf16.c's
+   [pair][row] words, transposed in registers (four rounds of interleaving the 32-bit
+   lanes of registers r and r + 8: each rotates the 8 index bits by one). A gathered A
+   (bf16 words through arow, not transposed) is copied 32 words at a time. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_a_avx512(const pdp__bf16_args *g, int64_t r0,
+                                                          int rows, int height, int64_t steps,
+                                                          uint32_t *dst)
+{
+    const int64_t k = g->k;
+    int64_t s;
+    int i, q, r;
+    if (g->ah && g->ta != PDP_NO_TRANS) {
+        pdp__amx_pack_a(g, r0, rows, height, steps, dst);
+        return;
+    }
+    if (g->ta == PDP_NO_TRANS) {
+        for (s = 0; s < steps; s++) {
+            int64_t vals = k - 32 * s;
+            __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : vals <= 0 ? 0 : (1u << vals) - 1);
+            __mmask16 mhi =
+                (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
+            __mmask32 mh =
+                (__mmask32)(vals >= 32 ? 0xffffffffu : vals <= 0 ? 0 : (1u << vals) - 1);
+            for (i = 0; i < height; i++) {
+                __m512i w = _mm512_setzero_si512();
+                if (i < rows && g->ah) {
+                    w = _mm512_maskz_loadu_epi16(mh, g->ah + g->arow[r0 + i] + 32 * s);
+                } else if (i < rows) {
+                    const float *x = g->a + (r0 + i) * g->lda + 32 * s;
+                    w = pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, x),
+                                       _mm512_maskz_loadu_ps(mhi, x + 16));
+                }
+                _mm512_storeu_si512((void *)(dst + (s * height + i) * 16), w);
+            }
+        }
+        return;
+    }
+    { /* t == PDP_TRANS: op(A)(i, p) = a[p lda + i] */
+        const __m512i pair = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10,
+                                              25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3,
+                                              18, 2, 17, 1, 16, 0);
+        const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                            16, 0);
+        const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10,
+                                            25, 9, 24, 8);
+        int i0;
+        for (i0 = 0; i0 < height; i0 += 16) {
+            int left = rows - i0;
+            __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+            const float *x = g->a + r0 + (left > 0 ? i0 : 0);
+            for (s = 0; s < steps; s++) {
+                __m512i v[16], u[16];
+                for (q = 0; q < 16; q++) { /* v[q]: pair 16 s + q of the 16 rows */
+                    int64_t p = 2 * (16 * s + q);
+                    __m512 a0 = p < k ? _mm512_maskz_loadu_ps(m, x + p * g->lda)
+                                      : _mm512_setzero_ps();
+                    __m512 a1 = p + 1 < k ? _mm512_maskz_loadu_ps(m, x + (p + 1) * g->lda)
+                                          : _mm512_setzero_ps();
+                    v[q] = _mm512_permutexvar_epi16(pair, pdp__bf16_cvt2(a0, a1));
+                }
+                for (r = 0; r < 4; r++) {
+                    for (q = 0; q < 8; q++) {
+                        u[2 * q] = _mm512_permutex2var_epi32(v[q], lo, v[q + 8]);
+                        u[2 * q + 1] = _mm512_permutex2var_epi32(v[q], hi, v[q + 8]);
+                    }
+                    memcpy(v, u, sizeof v);
+                }
+                for (i = 0; i < 16; i++)
+                    _mm512_storeu_si512((void *)(dst + (s * height + i0 + i) * 16), v[i]);
+            }
+        }
+    }
+}
+
+/* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products
+   are the _round_ forms, which the compiler does not contract). */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
+                                                       int64_t ldc, int mr, int nr, float alpha,
+                                                       float beta)
+{
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    int i, j;
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j += 16) {
+            int left = nr - j;
+            __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
+            float *ci = c + i * ldc + j;
+            __m512 r = _mm512_mul_round_ps(va, _mm512_loadu_ps(acc + i * w + j),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            if (beta != 0.0f)
+                r = _mm512_add_round_ps(
+                    _mm512_mul_round_ps(vb, _mm512_maskz_loadu_ps(m, ci),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                    r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm512_mask_storeu_ps(ci, m, r);
+        }
+}
+#  endif
+
+/* ---- gemm_amx: driver ---- */
+
+typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows, int height,
+                                   int64_t steps, uint32_t *dst);
+typedef void (*pdp__amx_out_fn)(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
+                                float alpha, float beta);
+
+typedef struct pdp__amx_ctx {
+    const pdp__bf16_args *g;
+    int emulate;     /* run on pdp__amx_tiles in memory (PDP__AMX_EMULATE builds) */
+    int mb, nb;      /* tiles per block of C: 2 x 2, or 4 x 1 when n <= 16 */
+    int split_n;     /* parts split the column panels (else the row blocks) */
+    pdp__amx_pack_a_fn pack_a;
+    pdp__amx_out_fn out;
+} pdp__amx_ctx;
+
+/* Element (i, j) of C by the emulated tiles' chain (pdp__amx_emu_fma's arithmetic),
+   unpacked: the fallback without scratch. */
+PDP__PRIVATE void pdp__amx_element(const pdp__bf16_args *g, int64_t i, int64_t j)
+{
+    float acc = 0.0f;
+    int64_t p;
+    for (p = 0; p < g->k; p += 2) {
+        uint32_t a0 = pdp__bf16_aword(g, i, p), b0 = pdp__bf16_bword(g, p, j);
+        uint32_t a1 = p + 1 < g->k ? pdp__bf16_aword(g, i, p + 1) : 0u;
+        uint32_t b1 = p + 1 < g->k ? pdp__bf16_bword(g, p + 1, j) : 0u;
+        float r = fmaf(pdp__bf16_daz((uint16_t)a0), pdp__bf16_daz((uint16_t)b0), acc);
+        acc = (r < 1.17549435e-38f && r > -1.17549435e-38f) ? r * 0.0f : r;
+        r = fmaf(pdp__bf16_daz((uint16_t)a1), pdp__bf16_daz((uint16_t)b1), acc);
+        acc = (r < 1.17549435e-38f && r > -1.17549435e-38f) ? r * 0.0f : r;
+    }
+    if (((g->k + 1) / 2) % PDP__AMX_KT) acc += 0.0f; /* padding pairs add +0: -0 becomes +0 */
+    g->c[i * g->ldc + j] = pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j);
+}
+
+/* C[m0, m1) x [n0, n1) (m0, n0 on the block grid), tiles on e (NULL: the hardware's,
+   configured by the caller). */
+PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64_t m0, int64_t m1,
+                                 int64_t n0, int64_t n1)
+{
+    const pdp__bf16_args *g = x->g;
+    pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS; /* op(B)^T, n x k */
+    int height = 16 * x->mb, w = 16 * x->nb;
+    int64_t pairs = (g->k + 1) / 2, steps = (pairs + PDP__AMX_KT - 1) / PDP__AMX_KT;
+    int64_t padded = steps * PDP__AMX_KT, panels = (n1 - n0 + w - 1) / w;
+    int64_t blocks = (steps + PDP__AMX_KC - 1) / PDP__AMX_KC, jp, ib, s0, i, j;
+    size_t bwords = (size_t)(panels * w * padded), awords = (size_t)(height * padded);
+    size_t accs = (size_t)((blocks > 1 ? panels : 1) * height * w);
+    uint32_t *bp = (uint32_t *)pdp__thread_scratch((bwords + awords + accs) * 4), *ap;
+    float *accbuf;
+    if (!bp) {
+        for (i = m0; i < m1; i++)
+            for (j = n0; j < n1; j++) pdp__amx_element(g, i, j);
+        return;
+    }
+    ap = bp + bwords;
+    accbuf = (float *)(void *)(ap + awords);
+    for (jp = 0; jp < panels; jp++) { /* B: [pair][w] panels, padded to whole steps */
+        int64_t j0 = n0 + jp * w;
+        int cols = (int)PDP__MIN((int64_t)w, n1 - j0);
+        uint32_t *d = bp + jp * w * padded;
+        if (g->bh)
+            g->pack_h(g->bh, g->brow, tbt, j0, cols, g->k, w, d);
+        else
+            g->pack(g->b, g->ldb, tbt, j0, cols, g->k, w, d);
+        memset(d + pairs * w, 0, (size_t)((padded - pairs) * w) * 4);
+    }
+    for (ib = m0; ib < m1; ib += height) {
+        int rows = (int)PDP__MIN((int64_t)height, m1 - ib);
+        x->pack_a(g, ib, rows, height, steps, ap);
+        for (s0 = 0; s0 < steps; s0 += PDP__AMX_KC) {
+            int64_t n = PDP__MIN((int64_t)PDP__AMX_KC, steps - s0);
+            const uint32_t *a = ap + s0 * height * 16;
+            for (jp = 0; jp < panels; jp++) {
+                float *acc = accbuf + (blocks > 1 ? jp * height * w : 0);
+                const uint32_t *b = bp + jp * w * padded + s0 * 16 * w;
+                if (x->nb == 2)
+                    pdp__amx_kernel22(e, n, a, b, acc, s0 > 0);
+                else
+                    pdp__amx_kernel41(e, n, a, b, acc, s0 > 0);
+                if (s0 + n == steps)
+                    x->out(acc, w, g->c + ib * g->ldc + n0 + jp * w, g->ldc, rows,
+                           (int)PDP__MIN((int64_t)w, n1 - n0 - jp * w), g->alpha, g->beta);
+            }
+        }
+    }
+}
+
+/* Part i of n: an equal share of the column panels or row blocks; the tiles are
+   configured at its start and released at its end. */
+PDP__PRIVATE void pdp__amx_part(void *arg, int i, int n)
+{
+    const pdp__amx_ctx *x = (const pdp__amx_ctx *)arg;
+    int64_t step = x->split_n ? 16 * x->nb : 16 * x->mb;
+    int64_t len = x->split_n ? x->g->n : x->g->m;
+    int64_t units = (len + step - 1) / step;
+    int64_t lo = PDP__MIN(len, units * i / n * step);
+    int64_t hi = PDP__MIN(len, units * (i + 1) / n * step);
+#  if PDP__AMX_EMU
+    pdp__amx_tiles tiles, *e = x->emulate ? &tiles : NULL;
+#  else
+    pdp__amx_tiles *e = NULL;
+#  endif
+    if (lo >= hi) return;
+    pdp__amx_config(e);
+    if (x->split_n)
+        pdp__amx_block(x, e, 0, x->g->m, lo, hi);
+    else
+        pdp__amx_block(x, e, lo, hi, 0, x->g->n);
+    pdp__amx_release(e);
+}
+
+/* The product of g (filled by pdp__bf16_run, its pack and pack_h the path's) on the
+   tiles: the hardware's (emulate == 0) or the emulation's (1: the path's packing and
+   epilogue; 2: the portable ones). */
+PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate)
+{
+    pdp__amx_ctx x;
+    int threads;
+    int64_t cols, rows;
+    x.g = g;
+    x.emulate = emulate;
+    x.nb = g->n <= 16 ? 1 : 2;
+    x.mb = 4 / x.nb;
+    x.pack_a = pdp__amx_pack_a;
+    x.out = pdp__amx_out;
+#  if PDP__BF16_X86
+    if (emulate != 2 && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
+        x.pack_a = pdp__amx_pack_a_avx512;
+        x.out = pdp__amx_out_avx512;
+    }
+#  endif
+    threads = pdp__threads_for_caller();
+    if (2.0 * (double)g->m * (double)g->n * (double)g->k < PDP__BF16_PAR_FLOPS) threads = 1;
+    cols = (g->n + 16 * x.nb - 1) / (16 * x.nb);
+    rows = (g->m + 16 * x.mb - 1) / (16 * x.mb);
+    x.split_n = cols >= 2 * (int64_t)threads || cols * x.nb >= rows * x.mb;
+    pdp__parallel_for((int)PDP__MIN((int64_t)threads, x.split_n ? cols : rows), pdp__amx_part, &x);
+}
+
+#  if PDP__AMX_EMU
+/* pdp__bf16_run's AMX path on emulated tiles, on any CPU (a test entry: PDP__AMX_EMULATE):
+   portable != 0 packs and writes C with the portable C code even where AVX-512 exists. */
+PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
+                                         int64_t n, int64_t k, float alpha, const float *a,
+                                         const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                         const float *b, const uint16_t *bh, int64_t ldb,
+                                         const int64_t *brow, float beta, float *c, int64_t ldc)
+{
+    pdp__bf16_args g;
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0 || alpha == 0.0f) {
+        pdp__gemm_scale_c(m, n, beta, c, ldc);
+        return;
+    }
+    memset(&g, 0, sizeof g);
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = alpha;
+    g.beta = beta;
+    g.a = a;
+    g.ah = ah;
+    g.lda = lda;
+    g.arow = arow;
+    g.b = b;
+    g.bh = bh;
+    g.ldb = ldb;
+    g.brow = brow;
+    g.c = c;
+    g.ldc = ldc;
+    g.pack = pdp__bf16_pack;
+    g.pack_h = pdp__bf16_pack_h;
+#    if PDP__BF16_X86
+    if (!portable && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
+        g.pack = pdp__bf16_pack_avx512;
+        g.pack_h = pdp__bf16_pack_h_avx512;
+    }
+#    endif
+    pdp__amx_run(&g, portable ? 2 : 1);
+}
+#  endif
+
+#  undef PDP__AMX_OP
+#  undef PDP__AMX_ZERO
+#  undef PDP__AMX_LOAD
+#  undef PDP__AMX_STORE
+#  undef PDP__AMX_DP
+#endif
