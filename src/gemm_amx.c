@@ -372,29 +372,32 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_a_avx512(const pdp__bf16_args *
     }
 }
 
-/* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products
-   are the _round_ forms, which the compiler does not contract). */
+/* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products are
+   the _round_ forms, which the compiler does not contract; their zero-masking forms with
+   every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason). */
+#    define PDP__AMX_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
                                                        int64_t ldc, int mr, int nr, float alpha,
                                                        float beta)
 {
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    const __mmask16 all = (__mmask16)0xffff;
     int i, j;
     for (i = 0; i < mr; i++)
         for (j = 0; j < nr; j += 16) {
             int left = nr - j;
             __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
             float *ci = c + i * ldc + j;
-            __m512 r = _mm512_mul_round_ps(va, _mm512_loadu_ps(acc + i * w + j),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m512 r = _mm512_maskz_mul_round_ps(all, va, _mm512_loadu_ps(acc + i * w + j),
+                                                 PDP__AMX_RNE);
             if (beta != 0.0f)
-                r = _mm512_add_round_ps(
-                    _mm512_mul_round_ps(vb, _mm512_maskz_loadu_ps(m, ci),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                    r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                r = _mm512_maskz_add_round_ps(
+                    all, _mm512_maskz_mul_round_ps(all, vb, _mm512_maskz_loadu_ps(m, ci), PDP__AMX_RNE),
+                    r, PDP__AMX_RNE);
             _mm512_mask_storeu_ps(ci, m, r);
         }
 }
+#    undef PDP__AMX_RNE
 #  endif
 
 /* ---- gemm_amx: driver ---- */

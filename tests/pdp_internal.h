@@ -2401,11 +2401,14 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_a_avx512(const pdp__bf16_args *
                                                           int rows, int height, int64_t steps,
                                                           uint32_t *dst);
 
-/* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products
-   are the _round_ forms, which the compiler does not contract). */
+/* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products are
+   the _round_ forms, which the compiler does not contract; their zero-masking forms with
+   every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason). */
+#    define PDP__AMX_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
                                                        int64_t ldc, int mr, int nr, float alpha,
                                                        float beta);
+#    undef PDP__AMX_RNE
 #  endif
 
 /* ---- gemm_amx: driver ---- */
