@@ -8530,19 +8530,20 @@ PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b)
    steps k steps from a (the block's A tiles in step order: step s, tile i at
    a + (s mb + i) 256 words) and b (a panel of w = 16 nb columns: step s, tile j at
    b + s 16 w + 16 j, row stride w words) into the accumulators, which start at zero
-   (load == 0) or from acc (row stride 16 nb floats, tile (i, j) at acc + 16 i 16 nb +
-   16 j), and are stored back there. */
+   (in == NULL) or from in (an fp32 block, row stride w: tile (i, j) at in + 16 i w +
+   16 j), and are stored to out (row stride ldo floats: the same buffer, or C itself). */
 
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel22(pdp__amx_tiles *e, int64_t steps,
                                                     const uint32_t *a, const uint32_t *b,
-                                                    float *acc, int load)
+                                                    const float *in, float *out, int64_t ldo)
 {
+    const int64_t so = ldo * 4;
     int64_t s;
-    if (load) {
-        PDP__AMX_LOAD(e, 0, acc, 128);
-        PDP__AMX_LOAD(e, 1, acc + 16, 128);
-        PDP__AMX_LOAD(e, 2, acc + 512, 128);
-        PDP__AMX_LOAD(e, 3, acc + 528, 128);
+    if (in) {
+        PDP__AMX_LOAD(e, 0, in, 128);
+        PDP__AMX_LOAD(e, 1, in + 16, 128);
+        PDP__AMX_LOAD(e, 2, in + 512, 128);
+        PDP__AMX_LOAD(e, 3, in + 528, 128);
     } else {
         PDP__AMX_ZERO(e, 0);
         PDP__AMX_ZERO(e, 1);
@@ -8559,22 +8560,23 @@ PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel22(pdp__amx_tiles *e, int64_t s
         PDP__AMX_DP(e, 2, 5, 6);
         PDP__AMX_DP(e, 3, 5, 7);
     }
-    PDP__AMX_STORE(e, 0, acc, 128);
-    PDP__AMX_STORE(e, 1, acc + 16, 128);
-    PDP__AMX_STORE(e, 2, acc + 512, 128);
-    PDP__AMX_STORE(e, 3, acc + 528, 128);
+    PDP__AMX_STORE(e, 0, out, so);
+    PDP__AMX_STORE(e, 1, out + 16, so);
+    PDP__AMX_STORE(e, 2, out + 16 * ldo, so);
+    PDP__AMX_STORE(e, 3, out + 16 * ldo + 16, so);
 }
 
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel41(pdp__amx_tiles *e, int64_t steps,
                                                     const uint32_t *a, const uint32_t *b,
-                                                    float *acc, int load)
+                                                    const float *in, float *out, int64_t ldo)
 {
+    const int64_t so = ldo * 4;
     int64_t s;
-    if (load) {
-        PDP__AMX_LOAD(e, 0, acc, 64);
-        PDP__AMX_LOAD(e, 1, acc + 256, 64);
-        PDP__AMX_LOAD(e, 2, acc + 512, 64);
-        PDP__AMX_LOAD(e, 3, acc + 768, 64);
+    if (in) {
+        PDP__AMX_LOAD(e, 0, in, 64);
+        PDP__AMX_LOAD(e, 1, in + 256, 64);
+        PDP__AMX_LOAD(e, 2, in + 512, 64);
+        PDP__AMX_LOAD(e, 3, in + 768, 64);
     } else {
         PDP__AMX_ZERO(e, 0);
         PDP__AMX_ZERO(e, 1);
@@ -8592,10 +8594,10 @@ PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel41(pdp__amx_tiles *e, int64_t s
         PDP__AMX_DP(e, 2, 7, 4);
         PDP__AMX_DP(e, 3, 5, 4);
     }
-    PDP__AMX_STORE(e, 0, acc, 64);
-    PDP__AMX_STORE(e, 1, acc + 256, 64);
-    PDP__AMX_STORE(e, 2, acc + 512, 64);
-    PDP__AMX_STORE(e, 3, acc + 768, 64);
+    PDP__AMX_STORE(e, 0, out, so);
+    PDP__AMX_STORE(e, 1, out + 16 * ldo, so);
+    PDP__AMX_STORE(e, 2, out + 32 * ldo, so);
+    PDP__AMX_STORE(e, 3, out + 48 * ldo, so);
 }
 
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_config(pdp__amx_tiles *e)
@@ -8639,6 +8641,24 @@ PDP__PRIVATE void pdp__amx_pack_a(const pdp__bf16_args *g, int64_t r0, int rows,
         }
 }
 
+/* Columns [n0, n1) of op(B) as panels of w columns (panel j at dst + j w 16 steps:
+   [pair][column], the pairs padded with zeros to whole steps, columns past n1 zero):
+   gemm_bf16.c's packing (the path's), one panel at a time. */
+PDP__PRIVATE void pdp__amx_pack_b(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
+                                  int64_t steps, uint32_t *dst)
+{
+    pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS; /* op(B)^T, n x k */
+    int64_t pairs = (g->k + 1) / 2, padded = steps * PDP__AMX_KT, j0;
+    for (j0 = n0; j0 < n1; j0 += w, dst += w * padded) {
+        int cols = (int)PDP__MIN((int64_t)w, n1 - j0);
+        if (g->bh)
+            g->pack_h(g->bh, g->brow, tbt, j0, cols, g->k, w, dst);
+        else
+            g->pack(g->b, g->ldb, tbt, j0, cols, g->k, w, dst);
+        memset(dst + pairs * w, 0, (size_t)((padded - pairs) * w) * 4);
+    }
+}
+
 /* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w). */
 PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
                                float alpha, float beta)
@@ -8650,6 +8670,34 @@ PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, i
 }
 
 #  if PDP__BF16_X86
+/* 16 values of x(., 2p) (lo) and x(., 2p + 1) (hi) as 16 pair words (lo_i | hi_i << 16):
+   vcvtne2ps2bf16 (pdp__bf16_cvt2) and one vpermw. */
+PDP__BF16_TARGET static inline __m512i pdp__amx_pairs16(__m512 lo, __m512 hi)
+{
+    const __m512i pair = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                          16, 0);
+    return _mm512_permutexvar_epi16(pair, pdp__bf16_cvt2(lo, hi));
+}
+
+/* v, 16 x 16 words, transposed in place: four rounds of interleaving the 32-bit lanes of
+   v[r] and v[r + 8] (each round rotates the 8 index bits, row then column, by one). */
+PDP__BF16_TARGET static inline void pdp__amx_transpose16(__m512i *v)
+{
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                        24, 8);
+    __m512i u[16];
+    int r, q;
+    for (r = 0; r < 4; r++) {
+        for (q = 0; q < 8; q++) {
+            u[2 * q] = _mm512_permutex2var_epi32(v[q], lo, v[q + 8]);
+            u[2 * q + 1] = _mm512_permutex2var_epi32(v[q], hi, v[q + 8]);
+        }
+        for (q = 0; q < 16; q++) v[q] = u[q];
+    }
+}
+
 /* pdp__amx_pack_a with vcvtne2ps2bf16 (pdp__bf16_cvt2: gemm_bf16.c's words): a row along
    k is 32 values per step, converted in one instruction and stored as a tile row; rows
    across k (t == PDP_TRANS) come 16 rows x 16 pairs at a time as gemm_bf16.c's
@@ -8667,15 +8715,14 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_a_avx512(const pdp__bf16_args *
         pdp__amx_pack_a(g, r0, rows, height, steps, dst);
         return;
     }
-    if (g->ta == PDP_NO_TRANS) {
-        for (s = 0; s < steps; s++) {
-            int64_t vals = k - 32 * s;
-            __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : vals <= 0 ? 0 : (1u << vals) - 1);
-            __mmask16 mhi =
-                (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
-            __mmask32 mh =
-                (__mmask32)(vals >= 32 ? 0xffffffffu : vals <= 0 ? 0 : (1u << vals) - 1);
-            for (i = 0; i < height; i++) {
+    if (g->ta == PDP_NO_TRANS) { /* row by row, along k */
+        for (i = 0; i < height; i++)
+            for (s = 0; s < steps; s++) {
+                int64_t vals = k - 32 * s;
+                __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
+                __mmask16 mhi =
+                    (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
+                __mmask32 mh = (__mmask32)(vals >= 32 ? 0xffffffffu : (1u << vals) - 1);
                 __m512i w = _mm512_setzero_si512();
                 if (i < rows && g->ah) {
                     w = _mm512_maskz_loadu_epi16(mh, g->ah + g->arow[r0 + i] + 32 * s);
@@ -8686,42 +8733,79 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_a_avx512(const pdp__bf16_args *
                 }
                 _mm512_storeu_si512((void *)(dst + (s * height + i) * 16), w);
             }
-        }
         return;
     }
-    { /* t == PDP_TRANS: op(A)(i, p) = a[p lda + i] */
-        const __m512i pair = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10,
-                                              25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3,
-                                              18, 2, 17, 1, 16, 0);
-        const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                            16, 0);
-        const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10,
-                                            25, 9, 24, 8);
+    for (s = 0; s < steps; s++) { /* t == PDP_TRANS: op(A)(i, p) = a[p lda + i] */
         int i0;
-        for (i0 = 0; i0 < height; i0 += 16) {
+        for (i0 = 0; i0 < height; i0 += 16) { /* the step's k rows, read once for all i0 */
             int left = rows - i0;
             __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
             const float *x = g->a + r0 + (left > 0 ? i0 : 0);
-            for (s = 0; s < steps; s++) {
-                __m512i v[16], u[16];
-                for (q = 0; q < 16; q++) { /* v[q]: pair 16 s + q of the 16 rows */
-                    int64_t p = 2 * (16 * s + q);
-                    __m512 a0 = p < k ? _mm512_maskz_loadu_ps(m, x + p * g->lda)
+            __m512i v[16];
+            for (q = 0; q < 16; q++) { /* v[q]: pair 16 s + q of the 16 rows */
+                int64_t p = 2 * (16 * s + q);
+                __m512 a0 = p < k ? _mm512_maskz_loadu_ps(m, x + p * g->lda) : _mm512_setzero_ps();
+                __m512 a1 = p + 1 < k ? _mm512_maskz_loadu_ps(m, x + (p + 1) * g->lda)
                                       : _mm512_setzero_ps();
-                    __m512 a1 = p + 1 < k ? _mm512_maskz_loadu_ps(m, x + (p + 1) * g->lda)
-                                          : _mm512_setzero_ps();
-                    v[q] = _mm512_permutexvar_epi16(pair, pdp__bf16_cvt2(a0, a1));
-                }
-                for (r = 0; r < 4; r++) {
-                    for (q = 0; q < 8; q++) {
-                        u[2 * q] = _mm512_permutex2var_epi32(v[q], lo, v[q + 8]);
-                        u[2 * q + 1] = _mm512_permutex2var_epi32(v[q], hi, v[q + 8]);
-                    }
-                    memcpy(v, u, sizeof v);
-                }
-                for (i = 0; i < 16; i++)
-                    _mm512_storeu_si512((void *)(dst + (s * height + i0 + i) * 16), v[i]);
+                v[q] = pdp__amx_pairs16(a0, a1);
             }
+            pdp__amx_transpose16(v);
+            for (r = 0; r < 16; r++)
+                _mm512_storeu_si512((void *)(dst + (s * height + i0 + r) * 16), v[r]);
+        }
+    }
+}
+
+/* pdp__amx_pack_b with AVX-512 for B as floats: op(B) k x n stored row-major (tb ==
+   PDP_NO_TRANS) is read a pair of rows at a time along n, 16 columns converted and
+   interleaved per instruction pair, so the rows stream; stored n x k (PDP_TRANS), 16
+   columns x 32 values of k are converted as rows and transposed in registers. Gathered
+   B: gemm_bf16.c's packing per panel. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *g, int64_t n0,
+                                                          int64_t n1, int w, int64_t steps,
+                                                          uint32_t *dst)
+{
+    const int64_t k = g->k, pairs = (k + 1) / 2, padded = steps * PDP__AMX_KT;
+    const int64_t panels = (n1 - n0 + w - 1) / w, span = panels * w;
+    int64_t p, j, s;
+    int q;
+    if (g->bh) {
+        pdp__amx_pack_b(g, n0, n1, w, steps, dst);
+        return;
+    }
+    if (g->tb == PDP_NO_TRANS) {
+        for (p = 0; p < padded; p++)
+            for (j = 0; j < span; j += 16) {
+                int64_t left = n1 - n0 - j;
+                __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+                const float *x = g->b + 2 * p * g->ldb + n0 + j;
+                __m512i v = _mm512_setzero_si512();
+                if (p < pairs)
+                    v = pdp__amx_pairs16(_mm512_maskz_loadu_ps(m, x),
+                                         2 * p + 1 < k ? _mm512_maskz_loadu_ps(m, x + g->ldb)
+                                                       : _mm512_setzero_ps());
+                _mm512_storeu_si512((void *)(dst + j / w * w * padded + p * w + j % w), v);
+            }
+        return;
+    }
+    for (j = 0; j < span; j += 16) { /* PDP_TRANS: op(B)(p, j) = b[j ldb + p] */
+        int64_t left = n1 - n0 - j;
+        uint32_t *d = dst + j / w * w * padded + j % w;
+        for (s = 0; s < steps; s++) {
+            int64_t vals = k - 32 * s;
+            __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
+            __mmask16 mhi =
+                (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
+            __m512i v[16];
+            for (q = 0; q < 16; q++) { /* v[q]: column j + q, pairs 16 s .. 16 s + 15 */
+                const float *x = g->b + (n0 + j + q) * g->ldb + 32 * s;
+                v[q] = q < left ? pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, x),
+                                                 _mm512_maskz_loadu_ps(mhi, x + 16))
+                                : _mm512_setzero_si512();
+            }
+            pdp__amx_transpose16(v);
+            for (q = 0; q < 16; q++)
+                _mm512_storeu_si512((void *)(d + (16 * s + q) * w), v[q]);
         }
     }
 }
@@ -8758,6 +8842,8 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, 
 
 typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows, int height,
                                    int64_t steps, uint32_t *dst);
+typedef void (*pdp__amx_pack_b_fn)(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
+                                   int64_t steps, uint32_t *dst);
 typedef void (*pdp__amx_out_fn)(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
                                 float alpha, float beta);
 
@@ -8767,6 +8853,7 @@ typedef struct pdp__amx_ctx {
     int mb, nb;      /* tiles per block of C: 2 x 2, or 4 x 1 when n <= 16 */
     int split_n;     /* parts split the column panels (else the row blocks) */
     pdp__amx_pack_a_fn pack_a;
+    pdp__amx_pack_b_fn pack_b;
     pdp__amx_out_fn out;
 } pdp__amx_ctx;
 
@@ -8795,13 +8882,12 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
                                  int64_t n0, int64_t n1)
 {
     const pdp__bf16_args *g = x->g;
-    pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS; /* op(B)^T, n x k */
     int height = 16 * x->mb, w = 16 * x->nb;
     int64_t pairs = (g->k + 1) / 2, steps = (pairs + PDP__AMX_KT - 1) / PDP__AMX_KT;
     int64_t padded = steps * PDP__AMX_KT, panels = (n1 - n0 + w - 1) / w;
-    int64_t blocks = (steps + PDP__AMX_KC - 1) / PDP__AMX_KC, jp, ib, s0, i, j;
+    int64_t jp, ib, s0, i, j;
     size_t bwords = (size_t)(panels * w * padded), awords = (size_t)(height * padded);
-    size_t accs = (size_t)((blocks > 1 ? panels : 1) * height * w);
+    size_t accs = (size_t)(panels * height * w);
     uint32_t *bp = (uint32_t *)pdp__thread_scratch((bwords + awords + accs) * 4), *ap;
     float *accbuf;
     if (!bp) {
@@ -8811,32 +8897,32 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
     }
     ap = bp + bwords;
     accbuf = (float *)(void *)(ap + awords);
-    for (jp = 0; jp < panels; jp++) { /* B: [pair][w] panels, padded to whole steps */
-        int64_t j0 = n0 + jp * w;
-        int cols = (int)PDP__MIN((int64_t)w, n1 - j0);
-        uint32_t *d = bp + jp * w * padded;
-        if (g->bh)
-            g->pack_h(g->bh, g->brow, tbt, j0, cols, g->k, w, d);
-        else
-            g->pack(g->b, g->ldb, tbt, j0, cols, g->k, w, d);
-        memset(d + pairs * w, 0, (size_t)((padded - pairs) * w) * 4);
-    }
+    x->pack_b(g, n0, n1, w, steps, bp);
     for (ib = m0; ib < m1; ib += height) {
         int rows = (int)PDP__MIN((int64_t)height, m1 - ib);
         x->pack_a(g, ib, rows, height, steps, ap);
         for (s0 = 0; s0 < steps; s0 += PDP__AMX_KC) {
-            int64_t n = PDP__MIN((int64_t)PDP__AMX_KC, steps - s0);
+            int64_t n = PDP__MIN((int64_t)PDP__AMX_KC, steps - s0), last = s0 + n == steps;
             const uint32_t *a = ap + s0 * height * 16;
-            for (jp = 0; jp < panels; jp++) {
-                float *acc = accbuf + (blocks > 1 ? jp * height * w : 0);
-                const uint32_t *b = bp + jp * w * padded + s0 * 16 * w;
+            int direct = 0; /* the previous panel's */
+            for (jp = 0; jp <= panels; jp++) {
+                float *acc = accbuf + jp * height * w, *c = g->c + ib * g->ldc + n0 + jp * w;
+                int cols = (int)PDP__MIN((int64_t)w, n1 - n0 - jp * w);
+                /* the last block straight into C where C = acc exactly, else to acc
+                   and written by the epilogue one panel later (the tile stores have
+                   drained by then) */
+                if (jp > 0 && last && !direct) /* jp - 1's epilogue */
+                    x->out(acc - height * w, w, c - w, g->ldc, rows,
+                           (int)PDP__MIN((int64_t)w, n1 - n0 - (jp - 1) * w), g->alpha, g->beta);
+                if (jp == panels) break;
+                direct = last && g->alpha == 1.0f && g->beta == 0.0f && rows == height &&
+                         cols == w;
                 if (x->nb == 2)
-                    pdp__amx_kernel22(e, n, a, b, acc, s0 > 0);
+                    pdp__amx_kernel22(e, n, a, bp + jp * w * padded + s0 * 16 * w,
+                                      s0 ? acc : NULL, direct ? c : acc, direct ? g->ldc : w);
                 else
-                    pdp__amx_kernel41(e, n, a, b, acc, s0 > 0);
-                if (s0 + n == steps)
-                    x->out(acc, w, g->c + ib * g->ldc + n0 + jp * w, g->ldc, rows,
-                           (int)PDP__MIN((int64_t)w, n1 - n0 - jp * w), g->alpha, g->beta);
+                    pdp__amx_kernel41(e, n, a, bp + jp * w * padded + s0 * 16 * w,
+                                      s0 ? acc : NULL, direct ? c : acc, direct ? g->ldc : w);
             }
         }
     }
@@ -8879,10 +8965,12 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate)
     x.nb = g->n <= 16 ? 1 : 2;
     x.mb = 4 / x.nb;
     x.pack_a = pdp__amx_pack_a;
+    x.pack_b = pdp__amx_pack_b;
     x.out = pdp__amx_out;
 #  if PDP__BF16_X86
     if (emulate != 2 && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
         x.pack_a = pdp__amx_pack_a_avx512;
+        x.pack_b = pdp__amx_pack_b_avx512;
         x.out = pdp__amx_out_avx512;
     }
 #  endif

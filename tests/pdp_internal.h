@@ -2364,16 +2364,16 @@ PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b);
    steps k steps from a (the block's A tiles in step order: step s, tile i at
    a + (s mb + i) 256 words) and b (a panel of w = 16 nb columns: step s, tile j at
    b + s 16 w + 16 j, row stride w words) into the accumulators, which start at zero
-   (load == 0) or from acc (row stride 16 nb floats, tile (i, j) at acc + 16 i 16 nb +
-   16 j), and are stored back there. */
+   (in == NULL) or from in (an fp32 block, row stride w: tile (i, j) at in + 16 i w +
+   16 j), and are stored to out (row stride ldo floats: the same buffer, or C itself). */
 
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel22(pdp__amx_tiles *e, int64_t steps,
                                                     const uint32_t *a, const uint32_t *b,
-                                                    float *acc, int load);
+                                                    const float *in, float *out, int64_t ldo);
 
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel41(pdp__amx_tiles *e, int64_t steps,
                                                     const uint32_t *a, const uint32_t *b,
-                                                    float *acc, int load);
+                                                    const float *in, float *out, int64_t ldo);
 
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_config(pdp__amx_tiles *e);
 
@@ -2386,11 +2386,23 @@ PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_release(pdp__amx_tiles *e);
 PDP__PRIVATE void pdp__amx_pack_a(const pdp__bf16_args *g, int64_t r0, int rows, int height,
                                   int64_t steps, uint32_t *dst);
 
+/* Columns [n0, n1) of op(B) as panels of w columns (panel j at dst + j w 16 steps:
+   [pair][column], the pairs padded with zeros to whole steps, columns past n1 zero):
+   gemm_bf16.c's packing (the path's), one panel at a time. */
+PDP__PRIVATE void pdp__amx_pack_b(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
+                                  int64_t steps, uint32_t *dst);
+
 /* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w). */
 PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
                                float alpha, float beta);
 
 #  if PDP__BF16_X86
+/* 16 values of x(., 2p) (lo) and x(., 2p + 1) (hi) as 16 pair words (lo_i | hi_i << 16):
+   vcvtne2ps2bf16 (pdp__bf16_cvt2) and one vpermw. */
+
+/* v, 16 x 16 words, transposed in place: four rounds of interleaving the 32-bit lanes of
+   v[r] and v[r + 8] (each round rotates the 8 index bits, row then column, by one). */
+
 /* pdp__amx_pack_a with vcvtne2ps2bf16 (pdp__bf16_cvt2: gemm_bf16.c's words): a row along
    k is 32 values per step, converted in one instruction and stored as a tile row; rows
    across k (t == PDP_TRANS) come 16 rows x 16 pairs at a time as gemm_bf16.c's
@@ -2399,6 +2411,15 @@ PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, i
    (bf16 words through arow, not transposed) is copied 32 words at a time. */
 PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_a_avx512(const pdp__bf16_args *g, int64_t r0,
                                                           int rows, int height, int64_t steps,
+                                                          uint32_t *dst);
+
+/* pdp__amx_pack_b with AVX-512 for B as floats: op(B) k x n stored row-major (tb ==
+   PDP_NO_TRANS) is read a pair of rows at a time along n, 16 columns converted and
+   interleaved per instruction pair, so the rows stream; stored n x k (PDP_TRANS), 16
+   columns x 32 values of k are converted as rows and transposed in registers. Gathered
+   B: gemm_bf16.c's packing per panel. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *g, int64_t n0,
+                                                          int64_t n1, int w, int64_t steps,
                                                           uint32_t *dst);
 
 /* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products are
@@ -2415,6 +2436,8 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, 
 
 typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows, int height,
                                    int64_t steps, uint32_t *dst);
+typedef void (*pdp__amx_pack_b_fn)(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
+                                   int64_t steps, uint32_t *dst);
 typedef void (*pdp__amx_out_fn)(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
                                 float alpha, float beta);
 
@@ -2424,6 +2447,7 @@ typedef struct pdp__amx_ctx {
     int mb, nb;      /* tiles per block of C: 2 x 2, or 4 x 1 when n <= 16 */
     int split_n;     /* parts split the column panels (else the row blocks) */
     pdp__amx_pack_a_fn pack_a;
+    pdp__amx_pack_b_fn pack_b;
     pdp__amx_out_fn out;
 } pdp__amx_ctx;
 
