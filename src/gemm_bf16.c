@@ -10,7 +10,9 @@
    panel of B as it reaches it, and the later blocks reuse those panels; the
    micro-kernel runs over the block's MR-row panels and keeps an MR x NR tile of C in
    registers over the whole k (k is not blocked: at the MLP's k <= 1024 a B panel,
-   pairs x NR words, stays in L2). The avx512 and AMX paths pack with vcvtne2ps2bf16
+   pairs x NR words, stays in L2). The AMX path has its own driver, kernels and tile-order
+   packing (src/gemm_amx.c, called from pdp__bf16_run; it reuses this file's rounding,
+   panels and pdp__bf16_args). The avx512 path and AMX's packing use vcvtne2ps2bf16
    (16 values per instruction; rows along k transposed in registers, rows across k
    interleaved with vpermw), the emulation with pdp__bf16_bits; the words are the same
    but where a subnormal input becomes a zero or a subnormal bf16, read as zero by every
@@ -37,12 +39,11 @@
      once; refused: AVX512 or the emulation). Both are compiled under target
      attributes, so a plain x86-64 build has them; -DPDP_NO_SIMD or a non-x86 target
      leaves only the emulation (and AMX needs x86-64 Linux).
-   - AMX's arithmetic (Intel SDM, TDPBF16PS): the same DAZ/FTZ chain of fp32 sums over
-     the pairs in order, but its pseudo-code adds a pair's even product first (the
-     AVX512 path and the emulation add the odd one first), and the SDM does not
-     promise the hardware's internal order; so the AMX path is held to the bound
-     (both are fp32 sums of the same exact products), not to the emulation's bits.
-     It is still deterministic: its chain, too, depends on nothing but k.
+   - AMX's arithmetic (TDPBF16PS; gemm_amx.c states it and what the hardware was
+     measured to do): the same exact products summed in fp32 with DAZ/FTZ, but not in
+     the AVX512 path's order, so the AMX path is held to the bound (both are fp32 sums
+     of the same exact products), not to the emulation's bits. It is still
+     deterministic: its chain, too, depends on nothing but k.
    - Memory: packed panels live in the part's thread scratch (pdp__thread_scratch),
      reused from call to call; if it cannot grow, the emulated arithmetic runs
      unpacked, element by element, with the same bits as the emulated path. */

@@ -1867,7 +1867,9 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    panel of B as it reaches it, and the later blocks reuse those panels; the
    micro-kernel runs over the block's MR-row panels and keeps an MR x NR tile of C in
    registers over the whole k (k is not blocked: at the MLP's k <= 1024 a B panel,
-   pairs x NR words, stays in L2). The avx512 and AMX paths pack with vcvtne2ps2bf16
+   pairs x NR words, stays in L2). The AMX path has its own driver, kernels and tile-order
+   packing (src/gemm_amx.c, called from pdp__bf16_run; it reuses this file's rounding,
+   panels and pdp__bf16_args). The avx512 path and AMX's packing use vcvtne2ps2bf16
    (16 values per instruction; rows along k transposed in registers, rows across k
    interleaved with vpermw), the emulation with pdp__bf16_bits; the words are the same
    but where a subnormal input becomes a zero or a subnormal bf16, read as zero by every
@@ -1894,12 +1896,11 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
      once; refused: AVX512 or the emulation). Both are compiled under target
      attributes, so a plain x86-64 build has them; -DPDP_NO_SIMD or a non-x86 target
      leaves only the emulation (and AMX needs x86-64 Linux).
-   - AMX's arithmetic (Intel SDM, TDPBF16PS): the same DAZ/FTZ chain of fp32 sums over
-     the pairs in order, but its pseudo-code adds a pair's even product first (the
-     AVX512 path and the emulation add the odd one first), and the SDM does not
-     promise the hardware's internal order; so the AMX path is held to the bound
-     (both are fp32 sums of the same exact products), not to the emulation's bits.
-     It is still deterministic: its chain, too, depends on nothing but k.
+   - AMX's arithmetic (TDPBF16PS; gemm_amx.c states it and what the hardware was
+     measured to do): the same exact products summed in fp32 with DAZ/FTZ, but not in
+     the AVX512 path's order, so the AMX path is held to the bound (both are fp32 sums
+     of the same exact products), not to the emulation's bits. It is still
+     deterministic: its chain, too, depends on nothing but k.
    - Memory: packed panels live in the part's thread scratch (pdp__thread_scratch),
      reused from call to call; if it cannot grow, the emulated arithmetic runs
      unpacked, element by element, with the same bits as the emulated path. */
@@ -2233,45 +2234,55 @@ PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uin
    holds (x[2p] low, x[2p+1] high), as gemm_bf16.c's packing makes it. k is padded with
    zero pairs to a multiple of 16 pairs (one "k step"), rows and columns past m and n
    with zero words. A part of the product packs its B columns once ([pair][column]
-   panels of 32 columns, or 16 when n <= 16: gemm_bf16.c's own panel packing) and then,
-   per block of 32 rows of A (64 when n <= 16), packs that block straight into tile
-   order ([step][row][pair]: each tile 1 KiB, contiguous), the fp32 -> bf16 rounding
-   fused into the packing (vcvtne2ps2bf16 with gemm_bf16.c's subnormal rule when
-   AVX512-BF16 exists, pdp__bf16_bits otherwise: the same words up to subnormals, which
-   every kernel reads as zero).
+   panels of 32 columns, or 16 when n <= 16) and then, per block of 32 rows of A (64
+   when n <= 16), packs that block straight into tile order ([step][row][pair]: each
+   tile 1 KiB, contiguous). The fp32 -> bf16 rounding is fused into the packing: with
+   AVX512-BF16, vcvtne2ps2bf16 under gemm_bf16.c's subnormal rule (pdp__bf16_cvt2), the
+   operands read along their stored rows (rows of B along n interleaved by vpermw; rows
+   of op(A) across k and of op(B) along k as 16 x 16 words transposed in registers);
+   otherwise, and for a gathered B, pdp__bf16_bits and gemm_bf16.c's panel packing. The
+   words are the same up to subnormals, which every kernel reads as zero.
 
    Kernel. A block of C is 2 x 2 tiles (32 x 32: tmm0-3 accumulate, tmm4-5 hold two
    tiles of A, tmm6-7 two of B; per k step two A and two B tile loads feed four
    TDPBF16PS) or, when n <= 16, 4 x 1 (64 x 16: tmm0-3 accumulate, four A tiles in
    tmm5-7 in turn, one B tile in tmm4), so that the 10-class layer does not pay for 16
    zero columns in 32. k is cut into cache blocks of PDP__AMX_KC steps (the A block's
-   share, 2 x 16 KiB at 8 steps, stays in L1 while the B panels pass); between blocks
-   the accumulators are stored to an fp32 buffer and loaded back, exactly, so each
-   element's chain is one chain over the pairs from 0. After the last block the
-   epilogue writes C = alpha acc + beta C (pdp__bf16_out's rule: beta C rounded before
-   the sum, C not read when beta == 0), with AVX-512 where it exists, masked at edges.
+   share, 16 KiB at 8 steps, stays in L1 while the B panels pass); between blocks the
+   accumulators are stored to an fp32 buffer and loaded back, exactly, so each
+   element's chain is one chain over the pairs from 0. After the last block a whole
+   block with alpha 1 and beta 0 is stored straight into C (C = acc, the same bits);
+   any other goes through the epilogue, C = alpha acc + beta C (pdp__bf16_out's rule:
+   beta C rounded before the sum, C not read when beta == 0), with AVX-512 where it
+   exists, masked at edges, one panel after its tile stores (reading them back at once
+   stalled: 12% of a 512^3 product).
    The tile configuration is loaded once per part (thread) per call and released at
    its end.
 
    Invariants:
-   - The arithmetic is TDPBF16PS's (Intel SDM vol. 2, TDPBF16PS; and the Intel
-     Architecture Instruction Set Extensions Programming Reference, ch. 3): per element
-     of C one chain of fp32 sums over the padded pairs in order from 0, each pair adding
-     its even product, then its odd one, each step an FMA of the exact product rounded
-     to nearest even, bf16 inputs that are subnormal read as zero (DAZ) and subnormal
-     results flushed to zero (FTZ), MXCSR not consulted. The chain depends on nothing but
-     k, so the bits do not depend on the thread count, the block shapes or how the parts
-     are cut. The zero pairs that pad k add +0: they can turn a final -0 into +0, nothing
-     else.
-   - The emulation (PDP__AMX_EMULATE, a test define) implements the SDM's pseudo-code
-     over tiles held in memory: LDTILECFG, TILEZERO, TILELOADD, TILESTORED and
-     TDPBF16PS in the order above (fmaf, DAZ, FTZ). tests/test_bf16.c holds it to a naive
-     loop bit for bit and the hardware to it, and records how far the hardware departs
-     from the pseudo-code's order on the CPU it ran on.
+   - Per element of C, one sequence of TDPBF16PS over the k steps in order from 0, each
+     step's 16 pairs added to the fp32 accumulator (the cache blocks continue it exactly),
+     then alpha acc + beta C. That sequence depends on nothing but k, so the bits do not
+     depend on the thread count, the block shapes or how the parts are cut. The zero
+     pairs that pad k add +0: they can turn a final -0 into +0, nothing else.
+   - What one TDPBF16PS computes. Intel's pseudo-code (SDM vol. 2, TDPBF16PS): for each
+     pair in order, acc += a[2p] b[2p], then acc += a[2p+1] b[2p+1], each an FMA of the
+     exact product rounded to nearest even, subnormal bf16 inputs read as zero (DAZ),
+     subnormal results flushed to zero (FTZ), MXCSR not consulted. The emulation below
+     implements exactly that. The hardware, measured on an Intel Xeon (Sapphire Rapids
+     class) with one instruction on random data: a pair alone gives fl(acc + fl(a[2p]
+     b[2p] + a[2p+1] b[2p+1])) in every element (not the pseudo-code's two roundings);
+     with two or more pairs no sequential or tree order of fp32 roundings tried matched
+     every element. So the hardware is held to the fp32 summation bound around the
+     emulation (tests/test_bf16.c states it and counts the elements that agree bit for
+     bit), and the emulation is held to the pseudo-code bit for bit.
+   - The emulation (PDP__AMX_EMULATE, a test define) runs this file's driver, packing
+     and kernels on tiles held in memory (LDTILECFG, TILEZERO, TILELOADD, TILESTORED,
+     TDPBF16PS), on any CPU, with or without SIMD.
    - Memory: a part's panels and accumulators live in its thread scratch
-     (pdp__thread_scratch); nothing is allocated per block. If the scratch cannot grow,
-     the part computes each element by the emulation's chain, unpacked (the hardware's
-     bits where the hardware follows the pseudo-code).
+     (pdp__thread_scratch); nothing is allocated per call. If the scratch cannot grow,
+     the part computes each element by the pseudo-code's chain, unpacked (the
+     emulation's bits).
    References: Intel SDM vol. 2 (LDTILECFG, TILELOADD, TDPBF16PS); Intel Optimization
    Reference Manual, ch. "Intel AMX" (TDPBF16PS: 16 cycles per tile op throughput, two
    A and two B tiles feeding four accumulators); oneDNN's brgemm AMX kernels. */
@@ -2289,7 +2300,8 @@ PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uin
 #define PDP__AMX_KT 16 /* pairs per k step: one 64-byte row of an A tile */
 #define PDP__AMX_TW 256 /* words per tile: 16 rows x 16 words */
 /* k steps per cache block: 2 A tiles x 8 steps = 16 KiB of A reused across the panels
-   (see the CHANGELOG's measurement for 4, 8, 16 and whole k) */
+   (against 4, 16 and whole k on the MLP's shapes, one thread: none was faster beyond the
+   noise of the shared machine it was measured on) */
 #ifndef PDP__AMX_KC
 #  define PDP__AMX_KC 8
 #endif
@@ -2451,8 +2463,8 @@ typedef struct pdp__amx_ctx {
     pdp__amx_out_fn out;
 } pdp__amx_ctx;
 
-/* Element (i, j) of C by the emulated tiles' chain (pdp__amx_emu_fma's arithmetic),
-   unpacked: the fallback without scratch. */
+/* Element (i, j) of C by the pseudo-code's chain (the emulated tiles' bits), unpacked:
+   the fallback without scratch. */
 PDP__PRIVATE void pdp__amx_element(const pdp__bf16_args *g, int64_t i, int64_t j);
 
 /* C[m0, m1) x [n0, n1) (m0, n0 on the block grid), tiles on e (NULL: the hardware's,

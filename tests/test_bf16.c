@@ -13,6 +13,16 @@
      the hardware's order) is held to the summation bound around the model's value
      instead of its bits. A path the CPU or build lacks is reported as a skip that
      names it and why.
+   - The AMX driver (gemm_amx.c) on emulated tiles (PDP__AMX_EMULATE, defined below),
+     with the path's packing and epilogue and with the portable ones, at 1 and 2
+     threads, against a loop over the floats that follows Intel's pseudo-code for
+     TDPBF16PS (k padded to 16 pairs, the even product first, FMA, DAZ/FTZ): bit for bit,
+     on odd shapes (k odd, k = 1, m = 1, n = 1 .. 17), all four layouts, alpha/beta
+     (beta 0 with NaN in C), padded strides, subnormal and tiny inputs (sums in the
+     subnormal range); gathered operands against the materialised ones. Where the CPU
+     has AMX, the hardware path against the emulated tiles, within the fp32 summation
+     bound (the hardware does not follow the pseudo-code's order: measured, see
+     check_amx_hardware); skipped, by name, elsewhere.
    - The avx512 path's packing (vcvtne2ps2bf16 flushes subnormal inputs) against the
      emulation, bit for bit, on subnormals that round up to the least normal bf16.
    - Bounds: the result against the exact (double) product of the bf16-rounded
