@@ -346,12 +346,15 @@ PDP__BF16_TARGET static inline void pdp__amx_transpose16(__m512i *v)
                                         24, 8);
     __m512i u[16];
     int r, q;
-    for (r = 0; r < 4; r++) {
+    for (r = 0; r < 2; r++) { /* two rounds v -> u -> v */
         for (q = 0; q < 8; q++) {
             u[2 * q] = _mm512_permutex2var_epi32(v[q], lo, v[q + 8]);
             u[2 * q + 1] = _mm512_permutex2var_epi32(v[q], hi, v[q + 8]);
         }
-        for (q = 0; q < 16; q++) v[q] = u[q];
+        for (q = 0; q < 8; q++) {
+            v[2 * q] = _mm512_permutex2var_epi32(u[q], lo, u[q + 8]);
+            v[2 * q + 1] = _mm512_permutex2var_epi32(u[q], hi, u[q + 8]);
+        }
     }
 }
 
