@@ -440,12 +440,13 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *
             for (j = 0; j < span; j += 16) {
                 int64_t left = n1 - n0 - j;
                 __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-                const float *x = g->b + 2 * p * g->ldb + n0 + j;
                 __m512i v = _mm512_setzero_si512();
-                if (p < pairs)
+                if (p < pairs) {
+                    const float *x = g->b + 2 * p * g->ldb + n0 + j;
                     v = pdp__amx_pairs16(_mm512_maskz_loadu_ps(m, x),
                                          2 * p + 1 < k ? _mm512_maskz_loadu_ps(m, x + g->ldb)
                                                        : _mm512_setzero_ps());
+                }
                 _mm512_storeu_si512((void *)(dst + j / w * w * padded + p * w + j % w), v);
             }
         return;
@@ -460,7 +461,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *
                 (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
             __m512i v[16];
             for (q = 0; q < 16; q++) { /* v[q]: column j + q, pairs 16 s .. 16 s + 15 */
-                const float *x = g->b + (n0 + j + q) * g->ldb + 32 * s;
+                const float *x = g->b + (n0 + j + PDP__MIN(q, left - 1)) * g->ldb + 32 * s;
                 v[q] = q < left ? pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, x),
                                                  _mm512_maskz_loadu_ps(mhi, x + 16))
                                 : _mm512_setzero_si512();
@@ -547,7 +548,8 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
     int height = 16 * x->mb, w = 16 * x->nb;
     int64_t pairs = (g->k + 1) / 2, steps = (pairs + PDP__AMX_KT - 1) / PDP__AMX_KT;
     int64_t padded = steps * PDP__AMX_KT, panels = (n1 - n0 + w - 1) / w;
-    /* cache blocks of at most PDP__AMX_KC steps, as even as they come (25: 7, 7, 7, 4) */
+    /* cache blocks of at most PDP__AMX_KC steps, as even as they come (25 steps at 12:
+       9, 9, 7) */
     int64_t kc = (steps + (steps + PDP__AMX_KC - 1) / PDP__AMX_KC - 1) /
                  ((steps + PDP__AMX_KC - 1) / PDP__AMX_KC);
     int64_t jp, ib, s0, i, j;
@@ -569,25 +571,27 @@ PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64
         for (s0 = 0; s0 < steps; s0 += kc) {
             int64_t n = PDP__MIN(kc, steps - s0), last = s0 + n == steps;
             const uint32_t *a = ap + s0 * height * 16;
-            int direct = 0; /* the previous panel's */
-            for (jp = 0; jp <= panels; jp++) {
+            int pending = 0; /* the previous panel's epilogue is still to run */
+            for (jp = 0; jp < panels; jp++) {
                 float *acc = accbuf + jp * height * w, *c = g->c + ib * g->ldc + n0 + jp * w;
+                const uint32_t *b = bp + jp * w * padded + s0 * 16 * w;
                 int cols = (int)PDP__MIN((int64_t)w, n1 - n0 - jp * w);
-                /* the last block straight into C where C = acc exactly, else to acc
-                   and written by the epilogue one panel later (the tile stores have
-                   drained by then) */
-                if (jp > 0 && last && !direct) /* jp - 1's epilogue */
-                    x->out(acc - height * w, w, c - w, g->ldc, rows,
-                           (int)PDP__MIN((int64_t)w, n1 - n0 - (jp - 1) * w), g->alpha, g->beta);
-                if (jp == panels) break;
-                direct = last && g->alpha == 1.0f && g->beta == 0.0f && rows == height &&
-                         cols == w;
+                /* after the last cache block: straight into C where C = acc exactly,
+                   else to acc, written by the epilogue after the next panel's tile
+                   operations are issued (reading the tile stores back at once stalls) */
+                int direct = last && g->alpha == 1.0f && g->beta == 0.0f && rows == height &&
+                             cols == w;
                 if (x->nb == 2)
-                    pdp__amx_kernel22(e, n, a, bp + jp * w * padded + s0 * 16 * w,
-                                      s0 ? acc : NULL, direct ? c : acc, direct ? g->ldc : w);
+                    pdp__amx_kernel22(e, n, a, b, s0 ? acc : NULL, direct ? c : acc,
+                                      direct ? g->ldc : w);
                 else
-                    pdp__amx_kernel41(e, n, a, bp + jp * w * padded + s0 * 16 * w,
-                                      s0 ? acc : NULL, direct ? c : acc, direct ? g->ldc : w);
+                    pdp__amx_kernel41(e, n, a, b, s0 ? acc : NULL, direct ? c : acc,
+                                      direct ? g->ldc : w);
+                if (pending)
+                    x->out(acc - height * w, w, c - w, g->ldc, rows, w, g->alpha, g->beta);
+                pending = last && !direct;
+                if (pending && jp + 1 == panels)
+                    x->out(acc, w, c, g->ldc, rows, cols, g->alpha, g->beta);
             }
         }
     }
