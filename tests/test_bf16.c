@@ -813,7 +813,7 @@ static enum greatest_test_res amx_cases(enum greatest_test_res (*f)(const bcase 
     static const int64_t shapes[][3] = {
         {1, 1, 1},    {7, 3, 5},    {33, 17, 9},  {1, 64, 17},  {16, 32, 16}, {31, 33, 33},
         {65, 1, 3},   {17, 95, 40}, {70, 784, 40}, {129, 31, 70}, {3, 257, 2}, {40, 600, 18},
-        {64, 512, 10}, {10, 64, 66}, {33, 70, 47}, {128, 40, 16}};
+        {64, 512, 10}, {10, 64, 66}, {33, 70, 47}, {128, 40, 16}, {100, 130, 90}};
     int s, ta, tb, n;
     for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
         for (ta = 0; ta < 2; ta++)
@@ -878,7 +878,17 @@ static enum greatest_test_res check_amx_hardware(const bcase *t)
     c2 = (float *)malloc(sizeof(float) * (size_t)(size + 1));
     memcpy(c1, c.p, sizeof(float) * (size_t)size);
     memcpy(c2, c.p, sizeof(float) * (size_t)size);
+    pdp_set_num_threads(2); /* the same bits as one thread (2 m n k >= 1e6: two parts) */
+    amx_run(0, t, &a, &b, c2, c.ld);
+    pdp_set_num_threads(1);
     amx_run(0, t, &a, &b, c1, c.ld);
+    if (memcmp(c1, c2, sizeof(float) * (size_t)size) != 0) {
+        snprintf(msg, sizeof msg, "the hardware path's bits differ at 1 and 2 threads: %s m%lld "
+                 "k%lld n%lld", layout_name(t->ta, t->tb), (long long)t->m, (long long)t->k,
+                 (long long)t->n);
+        bad = 1;
+    }
+    memcpy(c2, c.p, sizeof(float) * (size_t)size);
     amx_run(1, t, &a, &b, c2, c.ld);
     for (i = 0; i < t->m && !bad; i++)
         for (j = 0; j < c.ld && !bad; j++) {
