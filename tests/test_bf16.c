@@ -855,13 +855,13 @@ TEST bf16_amx_emulated_tiles_match_sdm_loop(void) { return amx_cases(check_amx_e
    |beta c| 2^-23, K the padded k (each is an fp32 sum of the same exact products; the
    K 2^-126 term covers what FTZ flushes at each step).
    Measured on an Intel Xeon (Sapphire Rapids class, AMX-BF16, 2 cores), one
-   TDPBF16PS on random data (/tmp probes, recorded in the CHANGELOG): a product alone
-   is added to the accumulator with one rounding to nearest even, and a single pair
-   gives fl(acc + fl(a0 b0 + a1 b1)) in 512000 of 512000 elements (not the pseudo-code's
-   fl(fl(acc + a0 b0) + a1 b1): 89%); with 2 or more pairs per instruction no
-   sequential or tree order of fp32 roundings tried matches every element (76-85% at 2
-   pairs, 39-46% at 16). So here the hardware is held to the bound, and amx_hw_same /
-   amx_hw_total count how many elements still came out bit for bit. */
+   TDPBF16PS on random data (bf16_amx_hardware_pair_rounding_recorded below checks the
+   first rule on every run): a single pair gives fl(acc + fl(a0 b0 + a1 b1)) in every
+   element (the pseudo-code's fl(fl(acc + a0 b0) + a1 b1): 89%); with 2 or more pairs
+   per instruction no sequential or tree order of fp32 roundings tried (by hand, on
+   512000 elements) matches every element (76-85% at 2 pairs, 39-46% at 16). So here
+   the hardware is held to the bound, and amx_hw_same / amx_hw_total count how many
+   elements still came out bit for bit. */
 static long amx_hw_same, amx_hw_total;
 static double amx_hw_worst; /* the largest |hw - emulated| / bound */
 
@@ -942,6 +942,77 @@ TEST bf16_amx_hardware_matches_emulated_tiles(void)
     snprintf(msg, sizeof msg, "within the bound: %ld of %ld elements bit for bit, worst %.2g of "
              "the bound", amx_hw_same, amx_hw_total, amx_hw_worst);
     PASSm(msg);
+}
+
+/* What one TDPBF16PS computes, recorded (gemm_amx.c's top comment): one k step of
+   gemm_amx.c's 2 x 2 kernel on the hardware, from random accumulators (values in
+   [-1, 1)) and random bf16 pairs (magnitudes in [2^-15, 2^13)). With one pair per row (the
+   other 15 zero) every element must be fl(acc + fl(a0 b0 + a1 b1)), one rounding for
+   the pair's sum and one for the addition; the pseudo-code's fl(fl(acc + a0 b0) +
+   a1 b1) and the 16-pair chain are counted, not required (the message prints the
+   fractions: if a CPU ever matches the pseudo-code everywhere, the bound in
+   check_amx_hardware can become bits). */
+#if PDP__BF16_AMX
+static float amx_bf(uint32_t h) { return from_bits(h << 16); }
+static uint32_t amx_rnd_bf16(void)
+{
+    uint32_t r = rnd_u32();
+    return (0x3800u + r % 0x0e00u) | (r & 0x8000u); /* +-[2^-15, 2^13): wide, so that */
+                                                    /* the orders round differently */
+}
+#endif
+
+TEST bf16_amx_hardware_pair_rounding_recorded(void)
+{
+#if PDP__BF16_AMX
+    static uint32_t a[2 * 256], b[16 * 32];
+    static float acc0[32 * 32], acc[32 * 32];
+    static char msg[256];
+    long pair_sum = 0, pseudo1 = 0, pseudo16 = 0, total = 0;
+    int pairs, i, j, q;
+    if (!pdp_bf16_path_available(PDP_BF16_PATH_AMX))
+        SKIPm("bf16 path amx-bf16: not available on this CPU or build");
+    for (pairs = 1; pairs <= 16; pairs += 15) {
+        for (i = 0; i < 2 * 256; i++)
+            a[i] = i % 16 < pairs ? amx_rnd_bf16() | amx_rnd_bf16() << 16 : 0u;
+        for (i = 0; i < 16 * 32; i++)
+            b[i] = i / 32 < pairs ? amx_rnd_bf16() | amx_rnd_bf16() << 16 : 0u;
+        for (i = 0; i < 32 * 32; i++) acc0[i] = rnd();
+        pdp__amx_config(NULL);
+        pdp__amx_kernel22(NULL, 1, a, b, acc0, acc, 32);
+        pdp__amx_release(NULL);
+        for (i = 0; i < 32; i++)
+            for (j = 0; j < 32; j++) {
+                const uint32_t *ar = a + (i / 16) * 256 + (i % 16) * 16; /* row i's pairs */
+                float chain = acc0[i * 32 + j], got = acc[i * 32 + j];
+                for (q = 0; q < pairs; q++) {
+                    uint32_t aw = ar[q], bw = b[q * 32 + j];
+                    chain = fmaf(amx_bf(aw & 0xffffu), amx_bf(bw & 0xffffu), chain);
+                    chain = fmaf(amx_bf(aw >> 16), amx_bf(bw >> 16), chain);
+                }
+                if (pairs == 1) {
+                    uint32_t aw = ar[0], bw = b[j];
+                    /* a1 b1 is exact in fp32 (8-bit significands): one rounding of the sum */
+                    volatile float sum = fmaf(amx_bf(aw & 0xffffu), amx_bf(bw & 0xffffu),
+                                              amx_bf(aw >> 16) * amx_bf(bw >> 16));
+                    volatile float want = acc0[i * 32 + j] + sum;
+                    pair_sum += to_bits(got) == to_bits(want);
+                    pseudo1 += to_bits(got) == to_bits(chain);
+                    total++;
+                } else {
+                    pseudo16 += to_bits(got) == to_bits(chain);
+                }
+            }
+    }
+    snprintf(msg, sizeof msg, "one pair: fl(acc + fl(a0 b0 + a1 b1)) in %ld of %ld, the "
+             "pseudo-code's order in %ld; 16 pairs: the pseudo-code's chain in %ld of %ld",
+             pair_sum, total, pseudo1, pseudo16, total);
+    ASSERT_EQm(msg, total, pair_sum);
+    PASSm(msg);
+#else
+    SKIPm("bf16 path amx-bf16: not compiled in this build (needs x86-64 Linux and gcc 11 or "
+          "clang 12)");
+#endif
 }
 
 /* Gathered operands (Conv2d's implicit GEMM) through the AMX driver on emulated tiles:
@@ -1401,6 +1472,7 @@ SUITE(bf16)
     RUN_TEST(bf16_amx_emulated_tiles_match_sdm_loop);
     RUN_TEST(bf16_amx_emulated_gathered_match_materialised);
     RUN_TEST(bf16_amx_hardware_matches_emulated_tiles);
+    RUN_TEST(bf16_amx_hardware_pair_rounding_recorded);
     RUN_TEST(bf16_gemm_auto_takes_the_best_path_and_names_missing_ones);
     RUN_TEST(bf16_model_linear_uses_bf16_gemms_and_switches_back);
     RUN_TEST(bf16_model_conv2d_implicit_matches_reference);
