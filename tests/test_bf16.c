@@ -22,7 +22,8 @@
      subnormal range); gathered operands against the materialised ones. Where the CPU
      has AMX, the hardware path against the emulated tiles, within the fp32 summation
      bound (the hardware does not follow the pseudo-code's order: measured, see
-     check_amx_hardware); skipped, by name, elsewhere.
+     check_amx_hardware), the same bits at 1 and 2 threads, and one TDPBF16PS's
+     rounding of a lone pair as measured; skipped, by name, elsewhere.
    - The avx512 path's packing (vcvtne2ps2bf16 flushes subnormal inputs) against the
      emulation, bit for bit, on subnormals that round up to the least normal bf16.
    - Bounds: the result against the exact (double) product of the bf16-rounded
