@@ -64,6 +64,7 @@ IMPL = [
     "tensor.c",
     "gemm.c",
     "gemm_bf16.c",
+    "gemm_amx.c",
     "rendezvous.c",
     "comm_queue.c",
     "comm_local.c",
@@ -158,8 +159,8 @@ def blank_comments(text):
 
 
 def scan(name):
-    """Returns (definitions, uses, forward declarations) of src/name: {name: line},
-    [(line, name)], {name}."""
+    """Returns (definitions, uses, forward declarations, prototypes) of src/name: {name: line},
+    [(line, name)], {name}, {name}."""
     text = blank_comments(read(name))
     # preprocessor lines keep their identifiers (a macro body's call is a use) but not their
     # braces, which may be unbalanced across #if branches
@@ -169,7 +170,7 @@ def scan(name):
         if cont or line.lstrip().startswith("#"):
             pre.add(k + 1)
         cont = line.rstrip().endswith("\\")
-    defs, uses, fwds = {}, [], set()
+    defs, uses, fwds, decls = {}, [], set(), set()
     depth, line, stmt = 0, 1, 0  # stmt: where the current file-scope statement starts
     i, n = 0, len(text)
     while i < n:
@@ -229,6 +230,8 @@ def scan(name):
                 defs.setdefault(ident, line)
             elif kind == "fwd":
                 fwds.add(ident)
+            elif kind == "decl":
+                decls.add(ident)
             elif kind == "use":
                 uses.append((line, ident))
             i = j
@@ -237,7 +240,7 @@ def scan(name):
     if depth != 0:
         raise Error("src/%s: unbalanced braces (depth %d at the end); check_order cannot read it"
                     % (name, depth))
-    return defs, uses, fwds
+    return defs, uses, fwds, decls
 
 
 def check_order():
@@ -248,8 +251,11 @@ def check_order():
         fwd |= scan(name)[2]
     scans = []
     for idx, name in enumerate(IMPL):
-        defs, uses, fwds = scan(name)
-        scans.append((uses, fwd | fwds))  # incomplete types declared before it, or in it
+        defs, uses, fwds, decls = scan(name)
+        # incomplete types declared before it or in it, and the functions it declares itself:
+        # a module that calls a later one says so in a prototype of its own (gemm_bf16.c's
+        # hook into gemm_amx.c, which builds on it)
+        scans.append((uses, fwd | fwds | decls))
         fwd |= fwds
         for f in defs:
             defined_in.setdefault(f, []).append(idx)

@@ -56,9 +56,10 @@ PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t
      PDP_BF16_PATH_AMX       AMX tiles (TDPBF16PS, e.g. Sapphire Rapids): x86-64 Linux, when
                              CPUID has AMX-BF16 and AMX-TILE, the OS enables the tile state
                              and grants the process its use (ARCH_REQ_XCOMP_PERM, asked
-                             once); the chain by Intel's pseudo-code except that each
-                             pair's even product comes first, so its bits may differ from
-                             the others' within the fp32 summation bound (gemm_bf16.c)
+                             once); Intel's pseudo-code adds each pair's even product
+                             first, and the hardware (measured on Sapphire Rapids) follows
+                             neither order, so its bits may differ from the others' within
+                             the fp32 summation bound (gemm_amx.c)
      PDP_BF16_PATH_SGEMM     "sgemm-rounded": pdp_sgemm with the rounding done on its packed
                              panels, at fp32's speed on any CPU; every build but -DPDP_CBLAS
      PDP_BF16_PATH_AUTO      per product, the path gemm_bf16.c's table of CPU families

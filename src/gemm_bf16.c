@@ -10,7 +10,9 @@
    panel of B as it reaches it, and the later blocks reuse those panels; the
    micro-kernel runs over the block's MR-row panels and keeps an MR x NR tile of C in
    registers over the whole k (k is not blocked: at the MLP's k <= 1024 a B panel,
-   pairs x NR words, stays in L2). The avx512 and AMX paths pack with vcvtne2ps2bf16
+   pairs x NR words, stays in L2). The AMX path has its own driver, kernels and tile-order
+   packing (src/gemm_amx.c, called from pdp__bf16_run; it reuses this file's rounding,
+   panels and pdp__bf16_args). The avx512 path and AMX's packing use vcvtne2ps2bf16
    (16 values per instruction; rows along k transposed in registers, rows across k
    interleaved with vpermw), the emulation with pdp__bf16_bits; the words are the same
    but where a subnormal input becomes a zero or a subnormal bf16, read as zero by every
@@ -47,12 +49,11 @@
      once; refused: AVX512 or the emulation). Both are compiled under target
      attributes, so a plain x86-64 build has them; -DPDP_NO_SIMD or a non-x86 target
      leaves only the emulation (and AMX needs x86-64 Linux).
-   - AMX's arithmetic (Intel SDM, TDPBF16PS): the same DAZ/FTZ chain of fp32 sums over
-     the pairs in order, but its pseudo-code adds a pair's even product first (the
-     AVX512 path and the emulation add the odd one first), and the SDM does not
-     promise the hardware's internal order; so the AMX path is held to the bound
-     (both are fp32 sums of the same exact products), not to the emulation's bits.
-     It is still deterministic: its chain, too, depends on nothing but k.
+   - AMX's arithmetic (TDPBF16PS; gemm_amx.c states it and what the hardware was
+     measured to do): the same exact products summed in fp32 with DAZ/FTZ, but not in
+     the AVX512 path's order, so the AMX path is held to the bound (both are fp32 sums
+     of the same exact products), not to the emulation's bits. It is still
+     deterministic: its chain, too, depends on nothing but k.
    - Memory: packed panels live in the part's thread scratch (pdp__thread_scratch),
      reused from call to call; if it cannot grow, the emulated arithmetic runs
      unpacked, element by element, with the same bits as the emulated path. */
@@ -928,80 +929,6 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
 #  undef PDP__BF16_ROW
 #endif
 
-#if PDP__BF16_AMX
-/* AMX (palette 1): the MR x NR = 8 x 32 tile of C is two 8-row x 16-column fp32
-   accumulator tiles (tmm0: columns 0-15, tmm1: 16-31), zeroed, then fed 16 pairs (32
-   values of k) at a time: tmm2 holds A's 8 rows x 16 pair words ([row][pair]: the
-   packed panel's [pair][row] words transposed into a), tmm3 and tmm4 B's 16 pair rows
-   x 16 columns each, loaded straight from the packed panel, whose [pair][column] words
-   are AMX's pair ("VNNI") layout, at a row stride of NR words. tmm0 += tmm2 tmm3 and
-   tmm1 += tmm2 tmm4 (TDPBF16PS: dst.row[m].fp32[n] += a.row[m].bf16[2p] b.row[p].bf16[2n]
-   + a.row[m].bf16[2p+1] b.row[p].bf16[2n+1] over the pairs p). A last step with fewer
-   than 16 pairs gets zero pairs in a and in a zero-padded copy of B's rows (zero
-   products: the sums do not change). Rows past mr are the packing's zero rows. The
-   tiles are stored to acc and written to C as the other kernels do; the tile state is
-   configured per call and released before returning. */
-#  define PDP__BF16_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
-#  define PDP__BF16_KP 16 /* pairs per step: 64 bytes, one tile row of A */
-
-/* the kernel's tiles fit: 8 rows of C and A (<= 16), B tiles 16 columns wide */
-typedef char pdp__bf16_amx_shape_ok[PDP__BF16_MR <= 16 && PDP__BF16_NR == 32 ? 1 : -1];
-
-typedef struct pdp__bf16_tilecfg { /* LDTILECFG's 64-byte operand */
-    uint8_t palette;               /* 1 */
-    uint8_t start_row;             /* 0 */
-    uint8_t reserved[14];          /* zero */
-    uint16_t colsb[16];            /* bytes per row of tile i (unused tiles 0) */
-    uint8_t rows[16];              /* rows of tile i */
-} pdp__bf16_tilecfg;
-
-PDP__BF16_AMX_TARGET PDP__PRIVATE void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
-                                                            const uint32_t *bp, float *c, int64_t ldc,
-                                                            int mr, int nr, float alpha, float beta)
-{
-    pdp__bf16_tilecfg cfg;
-    uint32_t a[PDP__BF16_MR][PDP__BF16_KP];      /* tmm2: A's rows, pairs p0 .. p0 + 15 */
-    uint32_t btail[PDP__BF16_KP][PDP__BF16_NR];  /* B's last rows, zero-padded to 16 */
-    float acc[PDP__BF16_MR][PDP__BF16_NR];       /* tmm0 | tmm1 */
-    int64_t p0;
-    int i, j, p;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    cfg.rows[0] = cfg.rows[1] = PDP__BF16_MR; /* C: 8 rows x 16 fp32 */
-    cfg.colsb[0] = cfg.colsb[1] = 16 * 4;
-    cfg.rows[2] = PDP__BF16_MR; /* A: 8 rows x 16 pairs */
-    cfg.colsb[2] = PDP__BF16_KP * 4;
-    cfg.rows[3] = cfg.rows[4] = PDP__BF16_KP; /* B: 16 pairs x 16 columns */
-    cfg.colsb[3] = cfg.colsb[4] = 16 * 4;
-    _tile_loadconfig(&cfg);
-    _tile_zero(0);
-    _tile_zero(1);
-    for (p0 = 0; p0 < pairs; p0 += PDP__BF16_KP) {
-        int kp = (int)PDP__MIN((int64_t)PDP__BF16_KP, pairs - p0);
-        const uint32_t *b = bp + p0 * PDP__BF16_NR;
-        for (i = 0; i < PDP__BF16_MR; i++)
-            for (p = 0; p < PDP__BF16_KP; p++)
-                a[i][p] = p < kp ? ap[(p0 + p) * PDP__BF16_MR + i] : 0u;
-        if (kp < PDP__BF16_KP) {
-            memcpy(btail, b, (size_t)kp * sizeof btail[0]);
-            memset(btail[kp], 0, (size_t)(PDP__BF16_KP - kp) * sizeof btail[0]);
-            b = &btail[0][0];
-        }
-        _tile_loadd(2, a, PDP__BF16_KP * 4);
-        _tile_loadd(3, b, PDP__BF16_NR * 4);
-        _tile_loadd(4, b + 16, PDP__BF16_NR * 4);
-        _tile_dpbf16ps(0, 2, 3);
-        _tile_dpbf16ps(1, 2, 4);
-    }
-    _tile_stored(0, &acc[0][0], PDP__BF16_NR * 4);
-    _tile_stored(1, &acc[0][16], PDP__BF16_NR * 4);
-    _tile_release();
-    for (i = 0; i < mr; i++)
-        for (j = 0; j < nr; j++)
-            c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
-}
-#endif
-
 typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
                                     float *c, int64_t ldc, int mr, int nr, float alpha,
                                     float beta);
@@ -1123,6 +1050,10 @@ PDP__PRIVATE void pdp__bf16_part(void *arg, int i, int n)
         pdp__bf16_block(g, lo, hi, 0, g->n);
 }
 
+#if PDP__BF16_AMX || defined(PDP__AMX_EMULATE)
+PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate); /* gemm_amx.c */
+#endif
+
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
 PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
@@ -1189,7 +1120,10 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
     }
 #endif
 #if PDP__BF16_AMX
-    if (path == PDP_BF16_PATH_AMX) g.kernel = pdp__bf16_kernel_amx;
+    if (path == PDP_BF16_PATH_AMX) { /* its own driver: gemm_amx.c */
+        pdp__amx_run(&g, 0);
+        return;
+    }
 #endif
     threads = pdp__threads_for_caller();
     if (2.0 * (double)m * (double)n * (double)k < PDP__BF16_PAR_FLOPS) threads = 1;

@@ -1887,7 +1887,9 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
    panel of B as it reaches it, and the later blocks reuse those panels; the
    micro-kernel runs over the block's MR-row panels and keeps an MR x NR tile of C in
    registers over the whole k (k is not blocked: at the MLP's k <= 1024 a B panel,
-   pairs x NR words, stays in L2). The avx512 and AMX paths pack with vcvtne2ps2bf16
+   pairs x NR words, stays in L2). The AMX path has its own driver, kernels and tile-order
+   packing (src/gemm_amx.c, called from pdp__bf16_run; it reuses this file's rounding,
+   panels and pdp__bf16_args). The avx512 path and AMX's packing use vcvtne2ps2bf16
    (16 values per instruction; rows along k transposed in registers, rows across k
    interleaved with vpermw), the emulation with pdp__bf16_bits; the words are the same
    but where a subnormal input becomes a zero or a subnormal bf16, read as zero by every
@@ -1924,12 +1926,11 @@ PDP__PRIVATE void pdp__sgemm_dots(int64_t m, int64_t n, int64_t k, const float *
      once; refused: AVX512 or the emulation). Both are compiled under target
      attributes, so a plain x86-64 build has them; -DPDP_NO_SIMD or a non-x86 target
      leaves only the emulation (and AMX needs x86-64 Linux).
-   - AMX's arithmetic (Intel SDM, TDPBF16PS): the same DAZ/FTZ chain of fp32 sums over
-     the pairs in order, but its pseudo-code adds a pair's even product first (the
-     AVX512 path and the emulation add the odd one first), and the SDM does not
-     promise the hardware's internal order; so the AMX path is held to the bound
-     (both are fp32 sums of the same exact products), not to the emulation's bits.
-     It is still deterministic: its chain, too, depends on nothing but k.
+   - AMX's arithmetic (TDPBF16PS; gemm_amx.c states it and what the hardware was
+     measured to do): the same exact products summed in fp32 with DAZ/FTZ, but not in
+     the AVX512 path's order, so the AMX path is held to the bound (both are fp32 sums
+     of the same exact products), not to the emulation's bits. It is still
+     deterministic: its chain, too, depends on nothing but k.
    - Memory: packed panels live in the part's thread scratch (pdp__thread_scratch),
      reused from call to call; if it cannot grow, the emulated arithmetic runs
      unpacked, element by element, with the same bits as the emulated path. */
@@ -2285,38 +2286,6 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
 #  undef PDP__BF16_ROW
 #endif
 
-#if PDP__BF16_AMX
-/* AMX (palette 1): the MR x NR = 8 x 32 tile of C is two 8-row x 16-column fp32
-   accumulator tiles (tmm0: columns 0-15, tmm1: 16-31), zeroed, then fed 16 pairs (32
-   values of k) at a time: tmm2 holds A's 8 rows x 16 pair words ([row][pair]: the
-   packed panel's [pair][row] words transposed into a), tmm3 and tmm4 B's 16 pair rows
-   x 16 columns each, loaded straight from the packed panel, whose [pair][column] words
-   are AMX's pair ("VNNI") layout, at a row stride of NR words. tmm0 += tmm2 tmm3 and
-   tmm1 += tmm2 tmm4 (TDPBF16PS: dst.row[m].fp32[n] += a.row[m].bf16[2p] b.row[p].bf16[2n]
-   + a.row[m].bf16[2p+1] b.row[p].bf16[2n+1] over the pairs p). A last step with fewer
-   than 16 pairs gets zero pairs in a and in a zero-padded copy of B's rows (zero
-   products: the sums do not change). Rows past mr are the packing's zero rows. The
-   tiles are stored to acc and written to C as the other kernels do; the tile state is
-   configured per call and released before returning. */
-#  define PDP__BF16_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
-#  define PDP__BF16_KP 16 /* pairs per step: 64 bytes, one tile row of A */
-
-/* the kernel's tiles fit: 8 rows of C and A (<= 16), B tiles 16 columns wide */
-typedef char pdp__bf16_amx_shape_ok[PDP__BF16_MR <= 16 && PDP__BF16_NR == 32 ? 1 : -1];
-
-typedef struct pdp__bf16_tilecfg { /* LDTILECFG's 64-byte operand */
-    uint8_t palette;               /* 1 */
-    uint8_t start_row;             /* 0 */
-    uint8_t reserved[14];          /* zero */
-    uint16_t colsb[16];            /* bytes per row of tile i (unused tiles 0) */
-    uint8_t rows[16];              /* rows of tile i */
-} pdp__bf16_tilecfg;
-
-PDP__BF16_AMX_TARGET PDP__PRIVATE void pdp__bf16_kernel_amx(int64_t pairs, const uint32_t *ap,
-                                                            const uint32_t *bp, float *c, int64_t ldc,
-                                                            int mr, int nr, float alpha, float beta);
-#endif
-
 typedef void (*pdp__bf16_kernel_fn)(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
                                     float *c, int64_t ldc, int mr, int nr, float alpha,
                                     float beta);
@@ -2364,6 +2333,10 @@ PDP__PRIVATE void pdp__bf16_block(const pdp__bf16_args *g, int64_t m0, int64_t m
 
 /* Part i of n: an equal share of the column or row panels. */
 PDP__PRIVATE void pdp__bf16_part(void *arg, int i, int n);
+
+#if PDP__BF16_AMX || defined(PDP__AMX_EMULATE)
+PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate); /* gemm_amx.c */
+#endif
 
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
@@ -2413,6 +2386,283 @@ PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64
 /* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
    which may be x's own memory (h == (uint16_t *)x, converted in place to its first half). */
 PDP__PRIVATE void pdp__gemm_bf16_convert(pdp_bf16_path path, const float *x, uint16_t *h, int64_t n);
+
+/* ---- src/gemm_amx.c ---- */
+/* gemm_amx: pdp_gemm_bf16's AMX path (PDP_BF16_PATH_AMX, gemm.h), the product run on
+   Intel AMX tiles (TDPBF16PS), and an emulation of those tiles that runs the same driver
+   on any CPU for the tests (PDP__AMX_EMULATE).
+
+   Layout. Every tile is 16 rows x 64 bytes (palette 1). A tile of A is 16 rows of op(A)
+   x 16 pair words (32 bf16 along k: row-major [row][pair]); a tile of B is 16 pairs x
+   16 columns of pair words ([pair][column], AMX's pair or "VNNI" layout); a pair word
+   holds (x[2p] low, x[2p+1] high), as gemm_bf16.c's packing makes it. k is padded with
+   zero pairs to a multiple of 16 pairs (one "k step"), rows and columns past m and n
+   with zero words. A part of the product packs its B columns once ([pair][column]
+   panels of 32 columns, or 16 when n <= 16) and then, per block of 32 rows of A (64
+   when n <= 16), packs that block straight into tile order ([step][row][pair]: each
+   tile 1 KiB, contiguous). The fp32 -> bf16 rounding is fused into the packing: with
+   AVX512-BF16, vcvtne2ps2bf16 under gemm_bf16.c's subnormal rule (pdp__bf16_cvt2), the
+   operands read along their stored rows (rows of B along n interleaved by vpermw; rows
+   of op(A) across k and of op(B) along k as 16 x 16 words transposed in registers);
+   otherwise, and for a gathered B, pdp__bf16_bits and gemm_bf16.c's panel packing. The
+   words are the same up to subnormals, which every kernel reads as zero.
+
+   Kernel. A block of C is 2 x 2 tiles (32 x 32: tmm0-3 accumulate, tmm4-5 hold two
+   tiles of A, tmm6-7 two of B; per k step two A and two B tile loads feed four
+   TDPBF16PS) or, when n <= 16, 4 x 1 (64 x 16: tmm0-3 accumulate, four A tiles in
+   tmm5-7 in turn, one B tile in tmm4), so that the 10-class layer does not pay for 16
+   zero columns in 32. k is cut into cache blocks of at most PDP__AMX_KC steps (the A
+   block's share, 24 KiB at 12 steps, stays in L1 while the B panels pass); between blocks the
+   accumulators are stored to an fp32 buffer and loaded back, exactly, so each
+   element's chain is one chain over the pairs from 0. After the last block a whole
+   block with alpha 1 and beta 0 is stored straight into C (C = acc, the same bits);
+   any other goes through the epilogue, C = alpha acc + beta C (pdp__bf16_out's rule:
+   beta C rounded before the sum, C not read when beta == 0), with AVX-512 where it
+   exists, masked at edges, one panel after its tile stores (reading them back at once
+   stalled: 12% of a 512^3 product).
+   The tile configuration is loaded once per part (thread) per call and released at
+   its end.
+
+   Invariants:
+   - Per element of C, one sequence of TDPBF16PS over the k steps in order from 0, each
+     step's 16 pairs added to the fp32 accumulator (the cache blocks continue it exactly),
+     then alpha acc + beta C. That sequence depends on nothing but k, so the bits do not
+     depend on the thread count, the block shapes or how the parts are cut. The zero
+     pairs that pad k add +0: they can turn a final -0 into +0, nothing else.
+   - What one TDPBF16PS computes. Intel's pseudo-code (SDM vol. 2, TDPBF16PS): for each
+     pair in order, acc += a[2p] b[2p], then acc += a[2p+1] b[2p+1], each an FMA of the
+     exact product rounded to nearest even, subnormal bf16 inputs read as zero (DAZ),
+     subnormal results flushed to zero (FTZ), MXCSR not consulted. The emulation below
+     implements exactly that. The hardware, measured on an Intel Xeon (Sapphire Rapids
+     class) with one instruction on random data: a pair alone gives fl(acc + fl(a[2p]
+     b[2p] + a[2p+1] b[2p+1])) in every element (not the pseudo-code's two roundings);
+     with two or more pairs no sequential or tree order of fp32 roundings tried matched
+     every element. So the hardware is held to the fp32 summation bound around the
+     emulation (tests/test_bf16.c states it and counts the elements that agree bit for
+     bit), and the emulation is held to the pseudo-code bit for bit.
+   - The emulation (PDP__AMX_EMULATE, a test define) runs this file's driver, packing
+     and kernels on tiles held in memory (LDTILECFG, TILEZERO, TILELOADD, TILESTORED,
+     TDPBF16PS), on any CPU, with or without SIMD.
+   - Memory: a part's panels and accumulators live in its thread scratch
+     (pdp__thread_scratch); nothing is allocated per call. If the scratch cannot grow,
+     the part computes each element by the pseudo-code's chain, unpacked (the
+     emulation's bits).
+   References: Intel SDM vol. 2 (LDTILECFG, TILELOADD, TDPBF16PS); Intel Optimization
+   Reference Manual, ch. "Intel AMX" (TDPBF16PS: 16 cycles per tile op throughput, two
+   A and two B tiles feeding four accumulators); oneDNN's brgemm AMX kernels. */
+
+/* #include "internal.h" (above) */
+
+#if defined(PDP__AMX_EMULATE)
+#  define PDP__AMX_EMU 1
+#else
+#  define PDP__AMX_EMU 0
+#endif
+
+#if PDP__BF16_AMX || PDP__AMX_EMU
+
+#define PDP__AMX_KT 16 /* pairs per k step: one 64-byte row of an A tile */
+#define PDP__AMX_TW 256 /* words per tile: 16 rows x 16 words */
+/* k steps per cache block, at most: 2 A tiles x 12 steps = 24 KiB of A reused across the
+   panels. CPU time per call (perf stat task-clock, 1000 calls, 3 runs, one thread, a
+   loaded 2-core Sapphire Rapids): 512x512x784 NT 446-451 us at 12 (blocks 9, 9, 7),
+   486-502 at 8, 487-627 at 16; 512^3 NN and 512x784x512 TN the same within the noise;
+   at 4, 10% slower. */
+#ifndef PDP__AMX_KC
+#  define PDP__AMX_KC 12
+#endif
+
+typedef struct pdp__amx_tilecfg { /* LDTILECFG's 64-byte operand */
+    uint8_t palette;              /* 1 */
+    uint8_t start_row;            /* 0 */
+    uint8_t reserved[14];         /* zero */
+    uint16_t colsb[16];           /* bytes per row of tile i (unused tiles 0) */
+    uint8_t rows[16];             /* rows of tile i */
+} pdp__amx_tilecfg;
+
+/* Tiles held in memory (the emulation); the hardware path passes NULL. */
+typedef struct pdp__amx_tiles pdp__amx_tiles;
+
+/* ---- gemm_amx: tile emulation ---- */
+#  if PDP__AMX_EMU
+struct pdp__amx_tiles {
+    pdp__amx_tilecfg cfg;
+    unsigned char t[8][16][64];
+};
+
+PDP__PRIVATE void pdp__amx_emu_config(pdp__amx_tiles *e, const pdp__amx_tilecfg *cfg);
+
+PDP__PRIVATE void pdp__amx_emu_zero(pdp__amx_tiles *e, int t);
+
+/* TILELOADD: rows[t] rows of colsb[t] bytes from base + r stride; the rest zero. */
+PDP__PRIVATE void pdp__amx_emu_load(pdp__amx_tiles *e, int t, const void *base, int64_t stride);
+
+PDP__PRIVATE void pdp__amx_emu_store(pdp__amx_tiles *e, int t, void *base, int64_t stride);
+
+/* acc + a b for bf16 a, b: DAZ inputs, one rounding to nearest even (FMA; the product
+   of two bf16 values is exact unless below 2^-126), FTZ result. */
+
+/* TDPBF16PS c, a, b by the SDM's pseudo-code: for each row m of c, for each pair k of
+   a's row, for each column n of c: c[m][n] += a[m].bf16[2k] b[k].bf16[2n], then
+   += a[m].bf16[2k+1] b[k].bf16[2n+1]. */
+PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b);
+#  endif
+
+/* One tile operation: on the emulated tiles when e is not NULL, else the instruction. */
+#  if PDP__BF16_AMX && PDP__AMX_EMU
+#    define PDP__AMX_OP(e, emu, hw)                                                           \
+        do {                                                                                   \
+            if (e)                                                                             \
+                emu;                                                                           \
+            else                                                                               \
+                hw;                                                                            \
+        } while (0)
+#  elif PDP__BF16_AMX
+#    define PDP__AMX_OP(e, emu, hw)                                                           \
+        do {                                                                                   \
+            (void)(e);                                                                         \
+            hw;                                                                                \
+        } while (0)
+#  else
+#    define PDP__AMX_OP(e, emu, hw) emu
+#  endif
+#  if PDP__BF16_AMX
+#    define PDP__AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#  else
+#    define PDP__AMX_TARGET
+#  endif
+#  define PDP__AMX_ZERO(e, t) PDP__AMX_OP(e, pdp__amx_emu_zero(e, t), _tile_zero(t))
+#  define PDP__AMX_LOAD(e, t, p, s)                                                           \
+      PDP__AMX_OP(e, pdp__amx_emu_load(e, t, p, s), _tile_loadd(t, p, s))
+#  define PDP__AMX_STORE(e, t, p, s)                                                          \
+      PDP__AMX_OP(e, pdp__amx_emu_store(e, t, p, s), _tile_stored(t, p, s))
+#  define PDP__AMX_DP(e, c, a, b) PDP__AMX_OP(e, pdp__amx_emu_dp(e, c, a, b), _tile_dpbf16ps(c, a, b))
+
+/* ---- gemm_amx: kernels ----
+   steps k steps from a (the block's A tiles in step order: step s, tile i at
+   a + (s mb + i) 256 words) and b (a panel of w = 16 nb columns: step s, tile j at
+   b + s 16 w + 16 j, row stride w words) into the accumulators, which start at zero
+   (in == NULL) or from in (an fp32 block, row stride w: tile (i, j) at in + 16 i w +
+   16 j), and are stored to out (row stride ldo floats: the same buffer, or C itself). */
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel22(pdp__amx_tiles *e, int64_t steps,
+                                                    const uint32_t *a, const uint32_t *b,
+                                                    const float *in, float *out, int64_t ldo);
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel41(pdp__amx_tiles *e, int64_t steps,
+                                                    const uint32_t *a, const uint32_t *b,
+                                                    const float *in, float *out, int64_t ldo);
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_config(pdp__amx_tiles *e);
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_release(pdp__amx_tiles *e);
+
+/* ---- gemm_amx: packing A into tiles and the epilogue ---- */
+
+/* Rows [r0, r0 + rows) of op(A) as `height` rows (the rest zero) in tile order: word q
+   of row i in step s at dst[(s height + i) 16 + q] = pair 16 s + q (zero past k). */
+PDP__PRIVATE void pdp__amx_pack_a(const pdp__bf16_args *g, int64_t r0, int rows, int height,
+                                  int64_t steps, uint32_t *dst);
+
+/* Columns [n0, n1) of op(B) as panels of w columns (panel j at dst + j w 16 steps:
+   [pair][column], the pairs padded with zeros to whole steps, columns past n1 zero):
+   gemm_bf16.c's packing (the path's), one panel at a time. */
+PDP__PRIVATE void pdp__amx_pack_b(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
+                                  int64_t steps, uint32_t *dst);
+
+/* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w). */
+PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
+                               float alpha, float beta);
+
+#  if PDP__BF16_X86
+/* 16 values of x(., 2p) (lo) and x(., 2p + 1) (hi) as 16 pair words (lo_i | hi_i << 16):
+   vcvtne2ps2bf16 (pdp__bf16_cvt2) and one vpermw. */
+
+/* v, 16 x 16 words, transposed in place: four rounds of interleaving the 32-bit lanes of
+   v[r] and v[r + 8] (each round rotates the 8 index bits, row then column, by one). */
+
+/* pdp__amx_pack_a with vcvtne2ps2bf16 (pdp__bf16_cvt2: gemm_bf16.c's words): a row along
+   k is 32 values per step, converted in one instruction and stored as a tile row; rows
+   across k (t == PDP_TRANS) come 16 rows x 16 pairs at a time as gemm_bf16.c's
+   [pair][row] words, transposed in registers (four rounds of interleaving the 32-bit
+   lanes of registers r and r + 8: each rotates the 8 index bits by one). A gathered A
+   (bf16 words through arow, not transposed) is copied 32 words at a time. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_a_avx512(const pdp__bf16_args *g, int64_t r0,
+                                                          int rows, int height, int64_t steps,
+                                                          uint32_t *dst);
+
+/* pdp__amx_pack_b with AVX-512 for B as floats: op(B) k x n stored row-major (tb ==
+   PDP_NO_TRANS) is read a pair of rows at a time along n, 16 columns converted and
+   interleaved per instruction pair, so the rows stream; stored n x k (PDP_TRANS), 16
+   columns x 32 values of k are converted as rows and transposed in registers. Gathered
+   B: gemm_bf16.c's packing per panel. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *g, int64_t n0,
+                                                          int64_t n1, int w, int64_t steps,
+                                                          uint32_t *dst);
+
+/* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products are
+   the _round_ forms, which the compiler does not contract; their zero-masking forms with
+   every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason). */
+#    define PDP__AMX_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
+                                                       int64_t ldc, int mr, int nr, float alpha,
+                                                       float beta);
+#    undef PDP__AMX_RNE
+#  endif
+
+/* ---- gemm_amx: driver ---- */
+
+typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows, int height,
+                                   int64_t steps, uint32_t *dst);
+typedef void (*pdp__amx_pack_b_fn)(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
+                                   int64_t steps, uint32_t *dst);
+typedef void (*pdp__amx_out_fn)(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
+                                float alpha, float beta);
+
+typedef struct pdp__amx_ctx {
+    const pdp__bf16_args *g;
+    int emulate;     /* run on pdp__amx_tiles in memory (PDP__AMX_EMULATE builds) */
+    int mb, nb;      /* tiles per block of C: 2 x 2, or 4 x 1 when n <= 16 */
+    int split_n;     /* parts split the column panels (else the row blocks) */
+    pdp__amx_pack_a_fn pack_a;
+    pdp__amx_pack_b_fn pack_b;
+    pdp__amx_out_fn out;
+} pdp__amx_ctx;
+
+/* Element (i, j) of C by the pseudo-code's chain (the emulated tiles' bits), unpacked:
+   the fallback without scratch. */
+PDP__PRIVATE void pdp__amx_element(const pdp__bf16_args *g, int64_t i, int64_t j);
+
+/* C[m0, m1) x [n0, n1) (m0, n0 on the block grid), tiles on e (NULL: the hardware's,
+   configured by the caller). */
+PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64_t m0, int64_t m1,
+                                 int64_t n0, int64_t n1);
+
+/* Part i of n: an equal share of the column panels or row blocks; the tiles are
+   configured at its start and released at its end. */
+PDP__PRIVATE void pdp__amx_part(void *arg, int i, int n);
+
+/* The product of g (filled by pdp__bf16_run, its pack and pack_h the path's) on the
+   tiles: the hardware's (emulate == 0) or the emulation's (1: the path's packing and
+   epilogue; 2: the portable ones). */
+PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate);
+
+#  if PDP__AMX_EMU
+/* pdp__bf16_run's AMX path on emulated tiles, on any CPU (a test entry: PDP__AMX_EMULATE):
+   portable != 0 packs and writes C with the portable C code even where AVX-512 exists. */
+PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
+                                         int64_t n, int64_t k, float alpha, const float *a,
+                                         const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                         const float *b, const uint16_t *bh, int64_t ldb,
+                                         const int64_t *brow, float beta, float *c, int64_t ldc);
+#  endif
+
+#  undef PDP__AMX_OP
+#  undef PDP__AMX_ZERO
+#  undef PDP__AMX_LOAD
+#  undef PDP__AMX_STORE
+#  undef PDP__AMX_DP
+#endif
 
 /* ---- src/rendezvous.c ---- */
 /* rendezvous: who the ranks are and how they meet, the way torchrun does it.

@@ -13,6 +13,17 @@
      the hardware's order) is held to the summation bound around the model's value
      instead of its bits. A path the CPU or build lacks is reported as a skip that
      names it and why.
+   - The AMX driver (gemm_amx.c) on emulated tiles (PDP__AMX_EMULATE, defined below),
+     with the path's packing and epilogue and with the portable ones, at 1 and 2
+     threads, against a loop over the floats that follows Intel's pseudo-code for
+     TDPBF16PS (k padded to 16 pairs, the even product first, FMA, DAZ/FTZ): bit for bit,
+     on odd shapes (k odd, k = 1, m = 1, n = 1 .. 17), all four layouts, alpha/beta
+     (beta 0 with NaN in C), padded strides, subnormal and tiny inputs (sums in the
+     subnormal range); gathered operands against the materialised ones. Where the CPU
+     has AMX, the hardware path against the emulated tiles, within the fp32 summation
+     bound (the hardware does not follow the pseudo-code's order: measured, see
+     check_amx_hardware), the same bits at 1 and 2 threads, and one TDPBF16PS's
+     rounding of a lone pair as measured; skipped, by name, elsewhere.
    - The avx512 path's packing (vcvtne2ps2bf16 flushes subnormal inputs) against the
      emulation, bit for bit, on subnormals that round up to the least normal bf16.
    - Bounds: the result against the exact (double) product of the bf16-rounded
@@ -55,6 +66,8 @@ static int conv_path_force;
     (conv_path_force ? (pdp_bf16_path)conv_path_force                                          \
                      : pdp_bf16_path_for(PDP_NO_TRANS, PDP_NO_TRANS, job->g.O,                 \
                                          job->g.Ho * job->g.Wo, job->g.ckk))
+/* the AMX driver on emulated tiles too (gemm_amx.c: pdp__amx_gemm_emulated) */
+#define PDP__AMX_EMULATE 1
 #define PDP_IMPLEMENTATION
 #include "counting_alloc.h"
 #include "pdp.h"
@@ -695,6 +708,390 @@ TEST bf16_gemm_gathered_rows_match_materialised(void)
             for (t = 1; t <= 2; t++)
                 CHECK_CALL(check_gathered(paths[p], shapes[s][0], shapes[s][1], shapes[s][2], t));
     }
+    PASS();
+}
+
+/* ---- the AMX driver on emulated tiles (gemm_amx.c, PDP__AMX_EMULATE) ---- */
+
+/* TDPBF16PS's chain for C[i][j] by Intel's pseudo-code (SDM vol. 2, TDPBF16PS), written
+   from the floats with no tiles or packing: over the pairs padded with zeros to a
+   multiple of 16, the even product then the odd one, each added by an FMA of the
+   DAZ'd bf16 inputs rounded to nearest even, the sum flushed (FTZ); then alpha acc +
+   beta c as gemm.h states. */
+static float amx_model(const mat *a, pdp_trans ta, const mat *b, pdp_trans tb, int64_t k,
+                       int64_t i, int64_t j, float alpha, float beta, float c)
+{
+    int64_t p, padded = ((k + 1) / 2 + 15) / 16 * 32;
+    float acc = 0.0f;
+    volatile float r;
+    for (p = 0; p < padded; p++) { /* p = 2q: the even product, first */
+        float x = p < k ? daz(pdp_bf16_round(op_at(a, ta, i, p))) : 0.0f;
+        float y = p < k ? daz(pdp_bf16_round(op_at(b, tb, p, j))) : 0.0f;
+        r = fmaf(x, y, acc);
+        acc = daz(r);
+    }
+    r = alpha * acc;
+    if (beta != 0.0f) {
+        volatile float bc = beta * c;
+        r = bc + r;
+    }
+    return r;
+}
+
+/* Operands of case t (subnormals 2: every value times 2^-63, so that products fall
+   near and below 2^-126 and sums into the subnormal range, where FTZ acts). */
+static void amx_operands(const bcase *t, mat *a, mat *b, mat *c)
+{
+    int64_t i;
+    *a = t->ta == PDP_NO_TRANS ? mat_new(t->m, t->k, t->pad, t->subnormals == 1)
+                               : mat_new(t->k, t->m, t->pad, t->subnormals == 1);
+    *b = t->tb == PDP_NO_TRANS ? mat_new(t->k, t->n, t->pad, t->subnormals == 1)
+                               : mat_new(t->n, t->k, t->pad, t->subnormals == 1);
+    *c = mat_new(t->m, t->n, t->pad, 0);
+    if (t->subnormals == 2) {
+        for (i = 0; i < a->rows * a->ld; i++) a->p[i] = ldexpf(a->p[i], -63);
+        for (i = 0; i < b->rows * b->ld; i++) b->p[i] = ldexpf(b->p[i], -63);
+    }
+    if (t->nan_c)
+        for (i = 0; i < c->rows * c->ld; i++)
+            if (i % c->ld < t->n) c->p[i] = NAN;
+}
+
+/* C of case t by the AMX driver on `how`: 0 the hardware path (pdp_gemm_bf16_on), 1 the
+   emulated tiles with the path's packing and epilogue (AVX-512 where it exists), 2 the
+   emulated tiles with the portable ones. */
+static void amx_run(int how, const bcase *t, const mat *a, const mat *b, float *c, int64_t ldc)
+{
+    if (how == 0)
+        (void)pdp_gemm_bf16_on(PDP_BF16_PATH_AMX, t->ta, t->tb, t->m, t->n, t->k, t->alpha, a->p,
+                               a->ld, b->p, b->ld, t->beta, c, ldc);
+    else
+        pdp__amx_gemm_emulated(how == 2, t->ta, t->tb, t->m, t->n, t->k, t->alpha, a->p, NULL,
+                               a->ld, NULL, b->p, NULL, b->ld, NULL, t->beta, c, ldc);
+}
+
+/* Case t on emulated tiles (both packings) at 1 and 2 threads against amx_model, bit for
+   bit, C's padding untouched. */
+static enum greatest_test_res check_amx_emulated(const bcase *t)
+{
+    mat a, b, c;
+    float *cw;
+    int64_t i, j, size;
+    int how, threads, bad = 0;
+    char msg[256] = "";
+    amx_operands(t, &a, &b, &c);
+    size = c.rows * c.ld;
+    cw = (float *)malloc(sizeof(float) * (size_t)(size + 1));
+    for (how = 1; how <= 2 && !bad; how++)
+        for (threads = 1; threads <= 2 && !bad; threads++) {
+            memcpy(cw, c.p, sizeof(float) * (size_t)size);
+            pdp_set_num_threads(threads);
+            amx_run(how, t, &a, &b, cw, c.ld);
+            pdp_set_num_threads(1);
+            for (i = 0; i < t->m && !bad; i++)
+                for (j = 0; j < c.ld && !bad; j++) {
+                    float got = cw[i * c.ld + j], want = c.p[i * c.ld + j];
+                    if (j < t->n)
+                        want = amx_model(&a, t->ta, &b, t->tb, t->k, i, j, t->alpha, t->beta,
+                                         c.p[i * c.ld + j]);
+                    if (to_bits(got) != to_bits(want)) {
+                        snprintf(msg, sizeof msg, "C[%lld][%lld] = %.9g (0x%08x), model %.9g "
+                                 "(0x%08x): %s %s m%lld k%lld n%lld, %s, %d threads",
+                                 (long long)i, (long long)j, (double)got, (unsigned)to_bits(got),
+                                 (double)want, (unsigned)to_bits(want),
+                                 layout_name(t->ta, t->tb), t->subnormals ? "tiny" : "",
+                                 (long long)t->m, (long long)t->k, (long long)t->n,
+                                 how == 1 ? "path packing" : "portable packing", threads);
+                        bad = 1;
+                    }
+                }
+        }
+    free(a.p);
+    free(b.p);
+    free(c.p);
+    free(cw);
+    ASSERT_EQm(msg, 0, bad);
+    PASS();
+}
+
+/* The AMX cases: odd m, k, n (k odd, k = 1, m = 1, n = 1 .. 17: the 4 x 1 blocks below
+   17, the 2 x 2 above), k across several cache blocks (PDP__AMX_KC steps of 32 values),
+   whole blocks stored straight to C (alpha 1, beta 0: {129, 31, 70}, {128, 40, 16}),
+   all four layouts, alpha and beta (beta 0 with NaN in C), padded strides, subnormal
+   inputs, tiny values (FTZ). f is called on each. */
+static enum greatest_test_res amx_cases(enum greatest_test_res (*f)(const bcase *t))
+{
+    static const int64_t shapes[][3] = {
+        {1, 1, 1},    {7, 3, 5},    {33, 17, 9},  {1, 64, 17},  {16, 32, 16}, {31, 33, 33},
+        {65, 1, 3},   {17, 95, 40}, {70, 784, 40}, {129, 31, 70}, {3, 257, 2}, {40, 600, 18},
+        {64, 512, 10}, {10, 64, 66}, {33, 70, 47}, {128, 40, 16}, {100, 130, 90}};
+    int s, ta, tb, n;
+    for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
+        for (ta = 0; ta < 2; ta++)
+            for (tb = 0; tb < 2; tb++) {
+                bcase t;
+                memset(&t, 0, sizeof t);
+                t.ta = (pdp_trans)ta;
+                t.tb = (pdp_trans)tb;
+                t.m = shapes[s][0];
+                t.k = shapes[s][1];
+                t.n = shapes[s][2];
+                t.alpha = s % 4 == 1 ? 0.5f : 1.0f;
+                t.beta = (s % 3 == 0) ? 0.0f : (s % 3 == 1) ? 1.0f : -0.75f;
+                t.nan_c = t.beta == 0.0f;
+                t.pad = s % 2 ? 3 : 0;
+                t.subnormals = s % 5 == 2 ? 1 : s % 5 == 4 ? 2 : 0;
+                CHECK_CALL(f(&t));
+            }
+    for (n = 1; n <= 17; n++) {
+        bcase t;
+        memset(&t, 0, sizeof t);
+        t.ta = (pdp_trans)(n % 2);
+        t.tb = (pdp_trans)(n / 2 % 2);
+        t.m = 5 + n;
+        t.k = 37;
+        t.n = n;
+        t.alpha = 1.0f;
+        t.beta = n % 3 ? 0.25f : 0.0f;
+        CHECK_CALL(f(&t));
+    }
+    PASS();
+}
+
+TEST bf16_amx_emulated_tiles_match_sdm_loop(void) { return amx_cases(check_amx_emulated); }
+
+/* Case t on the hardware's tiles against the emulated ones: bit for bit where the
+   hardware follows the pseudo-code's order, else within both chains' fp32 summation
+   bound: |hw - emulated| <= 2 (|alpha| ((K + 2) 2^-24 sum |a_bf b_bf| + K 2^-126)) +
+   |beta c| 2^-23, K the padded k (each is an fp32 sum of the same exact products; the
+   K 2^-126 term covers what FTZ flushes at each step).
+   Measured on an Intel Xeon (Sapphire Rapids class, AMX-BF16, 2 cores), one
+   TDPBF16PS on random data (bf16_amx_hardware_pair_rounding_recorded below checks the
+   first rule on every run): a single pair gives fl(acc + fl(a0 b0 + a1 b1)) in every
+   element (the pseudo-code's fl(fl(acc + a0 b0) + a1 b1): 89%); with 2 or more pairs
+   per instruction no sequential or tree order of fp32 roundings tried (by hand, on
+   512000 elements) matches every element (76-85% at 2 pairs, 39-46% at 16). So here
+   the hardware is held to the bound, and amx_hw_same / amx_hw_total count how many
+   elements still came out bit for bit. */
+static long amx_hw_same, amx_hw_total;
+static double amx_hw_worst; /* the largest |hw - emulated| / bound */
+
+static enum greatest_test_res check_amx_hardware(const bcase *t)
+{
+    mat a, b, c;
+    float *c1, *c2;
+    int64_t i, j, p, size, kp = ((t->k + 1) / 2 + 15) / 16 * 32;
+    char msg[256] = "";
+    int bad = 0;
+    amx_operands(t, &a, &b, &c);
+    size = c.rows * c.ld;
+    c1 = (float *)malloc(sizeof(float) * (size_t)(size + 1));
+    c2 = (float *)malloc(sizeof(float) * (size_t)(size + 1));
+    memcpy(c1, c.p, sizeof(float) * (size_t)size);
+    memcpy(c2, c.p, sizeof(float) * (size_t)size);
+    pdp_set_num_threads(2); /* the same bits as one thread (2 m n k >= 1e6: two parts) */
+    amx_run(0, t, &a, &b, c2, c.ld);
+    pdp_set_num_threads(1);
+    amx_run(0, t, &a, &b, c1, c.ld);
+    if (memcmp(c1, c2, sizeof(float) * (size_t)size) != 0) {
+        snprintf(msg, sizeof msg, "the hardware path's bits differ at 1 and 2 threads: %s m%lld "
+                 "k%lld n%lld", layout_name(t->ta, t->tb), (long long)t->m, (long long)t->k,
+                 (long long)t->n);
+        bad = 1;
+    }
+    memcpy(c2, c.p, sizeof(float) * (size_t)size);
+    amx_run(1, t, &a, &b, c2, c.ld);
+    for (i = 0; i < t->m && !bad; i++)
+        for (j = 0; j < c.ld && !bad; j++) {
+            float h = c1[i * c.ld + j], e = c2[i * c.ld + j];
+            double mag = 0.0, bound;
+            if (j >= t->n) {
+                if (to_bits(h) != to_bits(c.p[i * c.ld + j])) {
+                    snprintf(msg, sizeof msg, "padding of C row %lld overwritten", (long long)i);
+                    bad = 1;
+                }
+                continue;
+            }
+            for (p = 0; p < t->k; p++)
+                mag += fabs((double)daz(pdp_bf16_round(op_at(&a, t->ta, i, p))) *
+                            daz(pdp_bf16_round(op_at(&b, t->tb, p, j))));
+            bound = 2.0 * fabs(t->alpha) * (((double)kp + 2.0) * ldexp(1.0, -24) * mag +
+                                            (double)kp * ldexp(1.0, -126)) +
+                    (t->beta != 0.0f ? fabs((double)t->beta * c.p[i * c.ld + j]) * ldexp(1.0, -23)
+                                     : 0.0) + 1e-44;
+            amx_hw_total++;
+            amx_hw_same += to_bits(h) == to_bits(e);
+            if (fabs((double)h - e) / bound > amx_hw_worst) amx_hw_worst = fabs((double)h - e) / bound;
+            if (!(fabs((double)h - e) <= bound)) {
+                snprintf(msg, sizeof msg, "C[%lld][%lld] = %.9g (0x%08x), emulated %.9g (0x%08x), "
+                         "more than %.3g apart: %s m%lld k%lld n%lld%s", (long long)i,
+                         (long long)j, (double)h, (unsigned)to_bits(h), (double)e,
+                         (unsigned)to_bits(e), bound, layout_name(t->ta, t->tb), (long long)t->m,
+                         (long long)t->k, (long long)t->n, t->subnormals == 2 ? " tiny" : "");
+                bad = 1;
+            }
+        }
+    free(a.p);
+    free(b.p);
+    free(c.p);
+    free(c1);
+    free(c2);
+    ASSERT_EQm(msg, 0, bad);
+    PASS();
+}
+
+TEST bf16_amx_hardware_matches_emulated_tiles(void)
+{
+    static char msg[128];
+    if (!pdp_bf16_path_available(PDP_BF16_PATH_AMX))
+        SKIPm("bf16 path amx-bf16: not available on this CPU or build (needs x86-64 Linux, "
+              "CPUID AMX-BF16 and AMX-TILE, the tile state in XCR0 and ARCH_REQ_XCOMP_PERM "
+              "granted); the driver is checked on emulated tiles");
+    amx_hw_same = amx_hw_total = 0;
+    amx_hw_worst = 0.0;
+    CHECK_CALL(amx_cases(check_amx_hardware));
+    snprintf(msg, sizeof msg, "within the bound: %ld of %ld elements bit for bit, worst %.2g of "
+             "the bound", amx_hw_same, amx_hw_total, amx_hw_worst);
+    PASSm(msg);
+}
+
+/* What one TDPBF16PS computes, recorded (gemm_amx.c's top comment): one k step of
+   gemm_amx.c's 2 x 2 kernel on the hardware, from random accumulators (values in
+   [-1, 1)) and random bf16 pairs (magnitudes in [2^-15, 2^13)). With one pair per row (the
+   other 15 zero) every element must be fl(acc + fl(a0 b0 + a1 b1)), one rounding for
+   the pair's sum and one for the addition; the pseudo-code's fl(fl(acc + a0 b0) +
+   a1 b1) and the 16-pair chain are counted, not required (the message prints the
+   fractions: if a CPU ever matches the pseudo-code everywhere, the bound in
+   check_amx_hardware can become bits). */
+#if PDP__BF16_AMX
+static float amx_bf(uint32_t h) { return from_bits(h << 16); }
+static uint32_t amx_rnd_bf16(void)
+{
+    uint32_t r = rnd_u32();
+    return (0x3800u + r % 0x0e00u) | (r & 0x8000u); /* +-[2^-15, 2^13): wide, so that */
+                                                    /* the orders round differently */
+}
+#endif
+
+TEST bf16_amx_hardware_pair_rounding_recorded(void)
+{
+#if PDP__BF16_AMX
+    static uint32_t a[2 * 256], b[16 * 32];
+    static float acc0[32 * 32], acc[32 * 32];
+    static char msg[256];
+    long pair_sum = 0, pseudo1 = 0, pseudo16 = 0, total = 0;
+    int pairs, i, j, q;
+    if (!pdp_bf16_path_available(PDP_BF16_PATH_AMX))
+        SKIPm("bf16 path amx-bf16: not available on this CPU or build");
+    for (pairs = 1; pairs <= 16; pairs += 15) {
+        for (i = 0; i < 2 * 256; i++)
+            a[i] = i % 16 < pairs ? amx_rnd_bf16() | amx_rnd_bf16() << 16 : 0u;
+        for (i = 0; i < 16 * 32; i++)
+            b[i] = i / 32 < pairs ? amx_rnd_bf16() | amx_rnd_bf16() << 16 : 0u;
+        for (i = 0; i < 32 * 32; i++) acc0[i] = rnd();
+        pdp__amx_config(NULL);
+        pdp__amx_kernel22(NULL, 1, a, b, acc0, acc, 32);
+        pdp__amx_release(NULL);
+        for (i = 0; i < 32; i++)
+            for (j = 0; j < 32; j++) {
+                const uint32_t *ar = a + (i / 16) * 256 + (i % 16) * 16; /* row i's pairs */
+                float chain = acc0[i * 32 + j], got = acc[i * 32 + j];
+                for (q = 0; q < pairs; q++) {
+                    uint32_t aw = ar[q], bw = b[q * 32 + j];
+                    chain = fmaf(amx_bf(aw & 0xffffu), amx_bf(bw & 0xffffu), chain);
+                    chain = fmaf(amx_bf(aw >> 16), amx_bf(bw >> 16), chain);
+                }
+                if (pairs == 1) {
+                    uint32_t aw = ar[0], bw = b[j];
+                    /* a1 b1 is exact in fp32 (8-bit significands): one rounding of the sum */
+                    volatile float sum = fmaf(amx_bf(aw & 0xffffu), amx_bf(bw & 0xffffu),
+                                              amx_bf(aw >> 16) * amx_bf(bw >> 16));
+                    volatile float want = acc0[i * 32 + j] + sum;
+                    pair_sum += to_bits(got) == to_bits(want);
+                    pseudo1 += to_bits(got) == to_bits(chain);
+                    total++;
+                } else {
+                    pseudo16 += to_bits(got) == to_bits(chain);
+                }
+            }
+    }
+    snprintf(msg, sizeof msg, "one pair: fl(acc + fl(a0 b0 + a1 b1)) in %ld of %ld, the "
+             "pseudo-code's order in %ld; 16 pairs: the pseudo-code's chain in %ld of %ld",
+             pair_sum, total, pseudo1, pseudo16, total);
+    ASSERT_EQm(msg, total, pair_sum);
+    PASSm(msg);
+#else
+    SKIPm("bf16 path amx-bf16: not compiled in this build (needs x86-64 Linux and gcc 11 or "
+          "clang 12)");
+#endif
+}
+
+/* Gathered operands (Conv2d's implicit GEMM) through the AMX driver on emulated tiles:
+   B's storage rows through an offset table (both tb), A's (not transposed), against the
+   driver on the materialised floats, bit for bit. */
+TEST bf16_amx_emulated_gathered_match_materialised(void)
+{
+    static const int64_t shapes[][3] = {{9, 33, 65}, {37, 70, 13}, {3, 257, 2}, {33, 40, 100}};
+    int s, v, t, how;
+    for (s = 0; s < (int)(sizeof shapes / sizeof shapes[0]); s++)
+        for (how = 1; how <= 2; how++) {
+            int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2], i, j;
+            int64_t big = 4 * (m + n + k) + 64, rows = PDP__MAX(m, PDP__MAX(n, k));
+            pdp_bf16_path conv = how == 2 || !pdp_bf16_path_available(PDP_BF16_PATH_AVX512)
+                                     ? PDP_BF16_PATH_EMULATED : PDP_BF16_PATH_AVX512;
+            int64_t *off = (int64_t *)malloc(sizeof(int64_t) * (size_t)rows);
+            float *pool = (float *)malloc(sizeof(float) * (size_t)(big + rows));
+            uint16_t *ph = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)(big + rows));
+            float *x = (float *)malloc(sizeof(float) * (size_t)PDP__MAX(k * n, m * k));
+            float *mat = (float *)malloc(sizeof(float) * (size_t)PDP__MAX(k * n, m * k));
+            float *c1 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+            float *c2 = (float *)malloc(sizeof(float) * (size_t)(m * n));
+            for (i = 0; i < big + rows; i++) pool[i] = rnd();
+            for (i = 0; i < rows; i++) off[i] = (int64_t)(rnd_u32() % (uint32_t)big);
+            for (i = 0; i < PDP__MAX(k * n, m * k); i++) x[i] = rnd();
+            pdp__gemm_bf16_convert(conv, pool, ph, big + rows);
+            for (v = 0; v < 3; v++)
+                for (t = 0; t < 2; t++) {
+                    pdp_trans tr = t ? PDP_TRANS : PDP_NO_TRANS;
+                    int64_t ldx = tr == PDP_NO_TRANS ? k : m;
+                    for (i = 0; i < m * n; i++) c1[i] = c2[i] = 0.5f;
+                    if (v == 0) { /* B k x n, rows through off */
+                        for (i = 0; i < k; i++)
+                            for (j = 0; j < n; j++) mat[i * n + j] = pool[off[i] + j];
+                        pdp__amx_gemm_emulated(how == 2, tr, PDP_NO_TRANS, m, n, k, 1.5f, x, NULL,
+                                               ldx, NULL, NULL, ph, 0, off, 0.25f, c1, n);
+                        pdp__amx_gemm_emulated(how == 2, tr, PDP_NO_TRANS, m, n, k, 1.5f, x, NULL,
+                                               ldx, NULL, mat, NULL, n, NULL, 0.25f, c2, n);
+                    } else if (v == 1) { /* B^T n x k, rows through off */
+                        for (j = 0; j < n; j++)
+                            for (i = 0; i < k; i++) mat[j * k + i] = pool[off[j] + i];
+                        pdp__amx_gemm_emulated(how == 2, tr, PDP_TRANS, m, n, k, 1.5f, x, NULL,
+                                               ldx, NULL, NULL, ph, 0, off, 0.25f, c1, n);
+                        pdp__amx_gemm_emulated(how == 2, tr, PDP_TRANS, m, n, k, 1.5f, x, NULL,
+                                               ldx, NULL, mat, NULL, k, NULL, 0.25f, c2, n);
+                    } else { /* A m x k, rows through off; B = x as k x n or n x k */
+                        for (i = 0; i < m; i++)
+                            for (j = 0; j < k; j++) mat[i * k + j] = pool[off[i] + j];
+                        pdp__amx_gemm_emulated(how == 2, PDP_NO_TRANS, tr, m, n, k, 1.5f, NULL, ph,
+                                               0, off, x, NULL, tr == PDP_NO_TRANS ? n : k, NULL,
+                                               0.25f, c1, n);
+                        pdp__amx_gemm_emulated(how == 2, PDP_NO_TRANS, tr, m, n, k, 1.5f, mat,
+                                               NULL, k, NULL, x, NULL, tr == PDP_NO_TRANS ? n : k,
+                                               NULL, 0.25f, c2, n);
+                    }
+                    for (i = 0; i < m * n; i++)
+                        if (to_bits(c1[i]) != to_bits(c2[i]))
+                            FAILm("a gathered product on emulated AMX tiles differs from the "
+                                  "materialised one");
+                }
+            free(off);
+            free(pool);
+            free(ph);
+            free(x);
+            free(mat);
+            free(c1);
+            free(c2);
+        }
     PASS();
 }
 
@@ -1469,6 +1866,10 @@ SUITE(bf16)
     RUN_TEST(bf16_gemm_avx512_matches_model);
     RUN_TEST(bf16_gemm_avx512_rounds_subnormals_as_the_emulation);
     RUN_TEST(bf16_gemm_amx_matches_model);
+    RUN_TEST(bf16_amx_emulated_tiles_match_sdm_loop);
+    RUN_TEST(bf16_amx_emulated_gathered_match_materialised);
+    RUN_TEST(bf16_amx_hardware_matches_emulated_tiles);
+    RUN_TEST(bf16_amx_hardware_pair_rounding_recorded);
     RUN_TEST(bf16_gemm_auto_takes_the_best_path_and_names_missing_ones);
     RUN_TEST(bf16_model_linear_uses_bf16_gemms_and_switches_back);
     RUN_TEST(bf16_model_conv2d_implicit_matches_reference);

@@ -1,0 +1,704 @@
+/* gemm_amx: pdp_gemm_bf16's AMX path (PDP_BF16_PATH_AMX, gemm.h), the product run on
+   Intel AMX tiles (TDPBF16PS), and an emulation of those tiles that runs the same driver
+   on any CPU for the tests (PDP__AMX_EMULATE).
+
+   Layout. Every tile is 16 rows x 64 bytes (palette 1). A tile of A is 16 rows of op(A)
+   x 16 pair words (32 bf16 along k: row-major [row][pair]); a tile of B is 16 pairs x
+   16 columns of pair words ([pair][column], AMX's pair or "VNNI" layout); a pair word
+   holds (x[2p] low, x[2p+1] high), as gemm_bf16.c's packing makes it. k is padded with
+   zero pairs to a multiple of 16 pairs (one "k step"), rows and columns past m and n
+   with zero words. A part of the product packs its B columns once ([pair][column]
+   panels of 32 columns, or 16 when n <= 16) and then, per block of 32 rows of A (64
+   when n <= 16), packs that block straight into tile order ([step][row][pair]: each
+   tile 1 KiB, contiguous). The fp32 -> bf16 rounding is fused into the packing: with
+   AVX512-BF16, vcvtne2ps2bf16 under gemm_bf16.c's subnormal rule (pdp__bf16_cvt2), the
+   operands read along their stored rows (rows of B along n interleaved by vpermw; rows
+   of op(A) across k and of op(B) along k as 16 x 16 words transposed in registers);
+   otherwise, and for a gathered B, pdp__bf16_bits and gemm_bf16.c's panel packing. The
+   words are the same up to subnormals, which every kernel reads as zero.
+
+   Kernel. A block of C is 2 x 2 tiles (32 x 32: tmm0-3 accumulate, tmm4-5 hold two
+   tiles of A, tmm6-7 two of B; per k step two A and two B tile loads feed four
+   TDPBF16PS) or, when n <= 16, 4 x 1 (64 x 16: tmm0-3 accumulate, four A tiles in
+   tmm5-7 in turn, one B tile in tmm4), so that the 10-class layer does not pay for 16
+   zero columns in 32. k is cut into cache blocks of at most PDP__AMX_KC steps (the A
+   block's share, 24 KiB at 12 steps, stays in L1 while the B panels pass); between blocks the
+   accumulators are stored to an fp32 buffer and loaded back, exactly, so each
+   element's chain is one chain over the pairs from 0. After the last block a whole
+   block with alpha 1 and beta 0 is stored straight into C (C = acc, the same bits);
+   any other goes through the epilogue, C = alpha acc + beta C (pdp__bf16_out's rule:
+   beta C rounded before the sum, C not read when beta == 0), with AVX-512 where it
+   exists, masked at edges, one panel after its tile stores (reading them back at once
+   stalled: 12% of a 512^3 product).
+   The tile configuration is loaded once per part (thread) per call and released at
+   its end.
+
+   Invariants:
+   - Per element of C, one sequence of TDPBF16PS over the k steps in order from 0, each
+     step's 16 pairs added to the fp32 accumulator (the cache blocks continue it exactly),
+     then alpha acc + beta C. That sequence depends on nothing but k, so the bits do not
+     depend on the thread count, the block shapes or how the parts are cut. The zero
+     pairs that pad k add +0: they can turn a final -0 into +0, nothing else.
+   - What one TDPBF16PS computes. Intel's pseudo-code (SDM vol. 2, TDPBF16PS): for each
+     pair in order, acc += a[2p] b[2p], then acc += a[2p+1] b[2p+1], each an FMA of the
+     exact product rounded to nearest even, subnormal bf16 inputs read as zero (DAZ),
+     subnormal results flushed to zero (FTZ), MXCSR not consulted. The emulation below
+     implements exactly that. The hardware, measured on an Intel Xeon (Sapphire Rapids
+     class) with one instruction on random data: a pair alone gives fl(acc + fl(a[2p]
+     b[2p] + a[2p+1] b[2p+1])) in every element (not the pseudo-code's two roundings);
+     with two or more pairs no sequential or tree order of fp32 roundings tried matched
+     every element. So the hardware is held to the fp32 summation bound around the
+     emulation (tests/test_bf16.c states it and counts the elements that agree bit for
+     bit), and the emulation is held to the pseudo-code bit for bit.
+   - The emulation (PDP__AMX_EMULATE, a test define) runs this file's driver, packing
+     and kernels on tiles held in memory (LDTILECFG, TILEZERO, TILELOADD, TILESTORED,
+     TDPBF16PS), on any CPU, with or without SIMD.
+   - Memory: a part's panels and accumulators live in its thread scratch
+     (pdp__thread_scratch); nothing is allocated per call. If the scratch cannot grow,
+     the part computes each element by the pseudo-code's chain, unpacked (the
+     emulation's bits).
+   References: Intel SDM vol. 2 (LDTILECFG, TILELOADD, TDPBF16PS); Intel Optimization
+   Reference Manual, ch. "Intel AMX" (TDPBF16PS: 16 cycles per tile op throughput, two
+   A and two B tiles feeding four accumulators); oneDNN's brgemm AMX kernels. */
+
+#include "internal.h"
+
+#if defined(PDP__AMX_EMULATE)
+#  define PDP__AMX_EMU 1
+#else
+#  define PDP__AMX_EMU 0
+#endif
+
+#if PDP__BF16_AMX || PDP__AMX_EMU
+
+#define PDP__AMX_KT 16 /* pairs per k step: one 64-byte row of an A tile */
+#define PDP__AMX_TW 256 /* words per tile: 16 rows x 16 words */
+/* k steps per cache block, at most: 2 A tiles x 12 steps = 24 KiB of A reused across the
+   panels. CPU time per call (perf stat task-clock, 1000 calls, 3 runs, one thread, a
+   loaded 2-core Sapphire Rapids): 512x512x784 NT 446-451 us at 12 (blocks 9, 9, 7),
+   486-502 at 8, 487-627 at 16; 512^3 NN and 512x784x512 TN the same within the noise;
+   at 4, 10% slower. */
+#ifndef PDP__AMX_KC
+#  define PDP__AMX_KC 12
+#endif
+
+typedef struct pdp__amx_tilecfg { /* LDTILECFG's 64-byte operand */
+    uint8_t palette;              /* 1 */
+    uint8_t start_row;            /* 0 */
+    uint8_t reserved[14];         /* zero */
+    uint16_t colsb[16];           /* bytes per row of tile i (unused tiles 0) */
+    uint8_t rows[16];             /* rows of tile i */
+} pdp__amx_tilecfg;
+
+/* Tiles held in memory (the emulation); the hardware path passes NULL. */
+typedef struct pdp__amx_tiles pdp__amx_tiles;
+
+/* ---- gemm_amx: tile emulation ---- */
+#  if PDP__AMX_EMU
+struct pdp__amx_tiles {
+    pdp__amx_tilecfg cfg;
+    unsigned char t[8][16][64];
+};
+
+PDP__PRIVATE void pdp__amx_emu_config(pdp__amx_tiles *e, const pdp__amx_tilecfg *cfg)
+{
+    e->cfg = *cfg;
+    memset(e->t, 0, sizeof e->t); /* LDTILECFG zeroes the tiles */
+}
+
+PDP__PRIVATE void pdp__amx_emu_zero(pdp__amx_tiles *e, int t) { memset(e->t[t], 0, sizeof e->t[t]); }
+
+/* TILELOADD: rows[t] rows of colsb[t] bytes from base + r stride; the rest zero. */
+PDP__PRIVATE void pdp__amx_emu_load(pdp__amx_tiles *e, int t, const void *base, int64_t stride)
+{
+    int r;
+    memset(e->t[t], 0, sizeof e->t[t]);
+    for (r = 0; r < e->cfg.rows[t]; r++)
+        memcpy(e->t[t][r], (const char *)base + r * stride, e->cfg.colsb[t]);
+}
+
+PDP__PRIVATE void pdp__amx_emu_store(pdp__amx_tiles *e, int t, void *base, int64_t stride)
+{
+    int r;
+    for (r = 0; r < e->cfg.rows[t]; r++)
+        memcpy((char *)base + r * stride, e->t[t][r], e->cfg.colsb[t]);
+}
+
+/* acc + a b for bf16 a, b: DAZ inputs, one rounding to nearest even (FMA; the product
+   of two bf16 values is exact unless below 2^-126), FTZ result. */
+static inline float pdp__amx_emu_fma(uint32_t a, uint32_t b, float acc)
+{
+    float r = fmaf(pdp__bf16_daz((uint16_t)a), pdp__bf16_daz((uint16_t)b), acc);
+    return (r < 1.17549435e-38f && r > -1.17549435e-38f) ? r * 0.0f : r;
+}
+
+/* TDPBF16PS c, a, b by the SDM's pseudo-code: for each row m of c, for each pair k of
+   a's row, for each column n of c: c[m][n] += a[m].bf16[2k] b[k].bf16[2n], then
+   += a[m].bf16[2k+1] b[k].bf16[2n+1]. */
+PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b)
+{
+    int m, k, n, pairs = e->cfg.colsb[a] / 4, cols = e->cfg.colsb[c] / 4;
+    for (m = 0; m < e->cfg.rows[c]; m++) {
+        float acc[16];
+        memcpy(acc, e->t[c][m], sizeof acc);
+        for (k = 0; k < pairs; k++) {
+            uint32_t aw, bw;
+            memcpy(&aw, e->t[a][m] + 4 * k, 4);
+            for (n = 0; n < cols; n++) {
+                memcpy(&bw, e->t[b][k] + 4 * n, 4);
+                acc[n] = pdp__amx_emu_fma(aw & 0xffffu, bw & 0xffffu, acc[n]);
+                acc[n] = pdp__amx_emu_fma(aw >> 16, bw >> 16, acc[n]);
+            }
+        }
+        memcpy(e->t[c][m], acc, sizeof acc);
+    }
+}
+#  endif
+
+/* One tile operation: on the emulated tiles when e is not NULL, else the instruction. */
+#  if PDP__BF16_AMX && PDP__AMX_EMU
+#    define PDP__AMX_OP(e, emu, hw)                                                           \
+        do {                                                                                   \
+            if (e)                                                                             \
+                emu;                                                                           \
+            else                                                                               \
+                hw;                                                                            \
+        } while (0)
+#  elif PDP__BF16_AMX
+#    define PDP__AMX_OP(e, emu, hw)                                                           \
+        do {                                                                                   \
+            (void)(e);                                                                         \
+            hw;                                                                                \
+        } while (0)
+#  else
+#    define PDP__AMX_OP(e, emu, hw) emu
+#  endif
+#  if PDP__BF16_AMX
+#    define PDP__AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#  else
+#    define PDP__AMX_TARGET
+#  endif
+#  define PDP__AMX_ZERO(e, t) PDP__AMX_OP(e, pdp__amx_emu_zero(e, t), _tile_zero(t))
+#  define PDP__AMX_LOAD(e, t, p, s)                                                           \
+      PDP__AMX_OP(e, pdp__amx_emu_load(e, t, p, s), _tile_loadd(t, p, s))
+#  define PDP__AMX_STORE(e, t, p, s)                                                          \
+      PDP__AMX_OP(e, pdp__amx_emu_store(e, t, p, s), _tile_stored(t, p, s))
+#  define PDP__AMX_DP(e, c, a, b) PDP__AMX_OP(e, pdp__amx_emu_dp(e, c, a, b), _tile_dpbf16ps(c, a, b))
+
+/* ---- gemm_amx: kernels ----
+   steps k steps from a (the block's A tiles in step order: step s, tile i at
+   a + (s mb + i) 256 words) and b (a panel of w = 16 nb columns: step s, tile j at
+   b + s 16 w + 16 j, row stride w words) into the accumulators, which start at zero
+   (in == NULL) or from in (an fp32 block, row stride w: tile (i, j) at in + 16 i w +
+   16 j), and are stored to out (row stride ldo floats: the same buffer, or C itself). */
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel22(pdp__amx_tiles *e, int64_t steps,
+                                                    const uint32_t *a, const uint32_t *b,
+                                                    const float *in, float *out, int64_t ldo)
+{
+    const int64_t so = ldo * 4;
+    int64_t s;
+    if (in) {
+        PDP__AMX_LOAD(e, 0, in, 128);
+        PDP__AMX_LOAD(e, 1, in + 16, 128);
+        PDP__AMX_LOAD(e, 2, in + 512, 128);
+        PDP__AMX_LOAD(e, 3, in + 528, 128);
+    } else {
+        PDP__AMX_ZERO(e, 0);
+        PDP__AMX_ZERO(e, 1);
+        PDP__AMX_ZERO(e, 2);
+        PDP__AMX_ZERO(e, 3);
+    }
+    for (s = 0; s < steps; s++, a += 2 * PDP__AMX_TW, b += 16 * 32) {
+        PDP__AMX_LOAD(e, 4, a, 64);
+        PDP__AMX_LOAD(e, 6, b, 128);
+        PDP__AMX_LOAD(e, 7, b + 16, 128);
+        PDP__AMX_DP(e, 0, 4, 6);
+        PDP__AMX_DP(e, 1, 4, 7);
+        PDP__AMX_LOAD(e, 5, a + PDP__AMX_TW, 64);
+        PDP__AMX_DP(e, 2, 5, 6);
+        PDP__AMX_DP(e, 3, 5, 7);
+    }
+    PDP__AMX_STORE(e, 0, out, so);
+    PDP__AMX_STORE(e, 1, out + 16, so);
+    PDP__AMX_STORE(e, 2, out + 16 * ldo, so);
+    PDP__AMX_STORE(e, 3, out + 16 * ldo + 16, so);
+}
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel41(pdp__amx_tiles *e, int64_t steps,
+                                                    const uint32_t *a, const uint32_t *b,
+                                                    const float *in, float *out, int64_t ldo)
+{
+    const int64_t so = ldo * 4;
+    int64_t s;
+    if (in) {
+        PDP__AMX_LOAD(e, 0, in, 64);
+        PDP__AMX_LOAD(e, 1, in + 256, 64);
+        PDP__AMX_LOAD(e, 2, in + 512, 64);
+        PDP__AMX_LOAD(e, 3, in + 768, 64);
+    } else {
+        PDP__AMX_ZERO(e, 0);
+        PDP__AMX_ZERO(e, 1);
+        PDP__AMX_ZERO(e, 2);
+        PDP__AMX_ZERO(e, 3);
+    }
+    for (s = 0; s < steps; s++, a += 4 * PDP__AMX_TW, b += 16 * 16) {
+        PDP__AMX_LOAD(e, 4, b, 64);
+        PDP__AMX_LOAD(e, 5, a, 64);
+        PDP__AMX_LOAD(e, 6, a + PDP__AMX_TW, 64);
+        PDP__AMX_DP(e, 0, 5, 4);
+        PDP__AMX_LOAD(e, 7, a + 2 * PDP__AMX_TW, 64);
+        PDP__AMX_DP(e, 1, 6, 4);
+        PDP__AMX_LOAD(e, 5, a + 3 * PDP__AMX_TW, 64);
+        PDP__AMX_DP(e, 2, 7, 4);
+        PDP__AMX_DP(e, 3, 5, 4);
+    }
+    PDP__AMX_STORE(e, 0, out, so);
+    PDP__AMX_STORE(e, 1, out + 16 * ldo, so);
+    PDP__AMX_STORE(e, 2, out + 32 * ldo, so);
+    PDP__AMX_STORE(e, 3, out + 48 * ldo, so);
+}
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_config(pdp__amx_tiles *e)
+{
+    pdp__amx_tilecfg cfg;
+    int t;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    PDP__AMX_OP(e, pdp__amx_emu_config(e, &cfg), _tile_loadconfig(&cfg));
+}
+
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_release(pdp__amx_tiles *e)
+{
+    (void)e;
+    PDP__AMX_OP(e, (void)0, _tile_release());
+}
+
+/* ---- gemm_amx: packing A into tiles and the epilogue ---- */
+
+/* Rows [r0, r0 + rows) of op(A) as `height` rows (the rest zero) in tile order: word q
+   of row i in step s at dst[(s height + i) 16 + q] = pair 16 s + q (zero past k). */
+PDP__PRIVATE void pdp__amx_pack_a(const pdp__bf16_args *g, int64_t r0, int rows, int height,
+                                  int64_t steps, uint32_t *dst)
+{
+    int64_t s, p;
+    int i, q;
+    for (s = 0; s < steps; s++)
+        for (i = 0; i < height; i++) {
+            uint32_t *d = dst + (s * height + i) * 16;
+            for (q = 0; q < 16; q++) {
+                p = 2 * (16 * s + q);
+                d[q] = i >= rows || p >= g->k ? 0u
+                       : (uint32_t)pdp__bf16_aword(g, r0 + i, p) |
+                             (p + 1 < g->k ? (uint32_t)pdp__bf16_aword(g, r0 + i, p + 1) << 16
+                                           : 0u);
+            }
+        }
+}
+
+/* Columns [n0, n1) of op(B) as panels of w columns (panel j at dst + j w 16 steps:
+   [pair][column], the pairs padded with zeros to whole steps, columns past n1 zero):
+   gemm_bf16.c's packing (the path's), one panel at a time. */
+PDP__PRIVATE void pdp__amx_pack_b(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
+                                  int64_t steps, uint32_t *dst)
+{
+    pdp_trans tbt = g->tb == PDP_NO_TRANS ? PDP_TRANS : PDP_NO_TRANS; /* op(B)^T, n x k */
+    int64_t pairs = (g->k + 1) / 2, padded = steps * PDP__AMX_KT, j0;
+    for (j0 = n0; j0 < n1; j0 += w, dst += w * padded) {
+        int cols = (int)PDP__MIN((int64_t)w, n1 - j0);
+        if (g->bh)
+            g->pack_h(g->bh, g->brow, tbt, j0, cols, g->k, w, dst);
+        else
+            g->pack(g->b, g->ldb, tbt, j0, cols, g->k, w, dst);
+        memset(dst + pairs * w, 0, (size_t)((padded - pairs) * w) * 4);
+    }
+}
+
+/* C[0, mr) x [0, nr) = alpha acc + beta C (acc's row stride w). */
+PDP__PRIVATE void pdp__amx_out(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
+                               float alpha, float beta)
+{
+    int i, j;
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j++)
+            c[i * ldc + j] = pdp__bf16_out(acc[i * w + j], alpha, beta, c + i * ldc + j);
+}
+
+#  if PDP__BF16_X86
+/* 16 values of x(., 2p) (lo) and x(., 2p + 1) (hi) as 16 pair words (lo_i | hi_i << 16):
+   vcvtne2ps2bf16 (pdp__bf16_cvt2) and one vpermw. */
+PDP__BF16_TARGET static inline __m512i pdp__amx_pairs16(__m512 lo, __m512 hi)
+{
+    const __m512i pair = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                          24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                          16, 0);
+    return _mm512_permutexvar_epi16(pair, pdp__bf16_cvt2(lo, hi));
+}
+
+/* v, 16 x 16 words, transposed in place: four rounds of interleaving the 32-bit lanes of
+   v[r] and v[r + 8] (each round rotates the 8 index bits, row then column, by one). */
+PDP__BF16_TARGET static inline void pdp__amx_transpose16(__m512i *v)
+{
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                        24, 8);
+    __m512i u[16];
+    int r, q;
+    for (r = 0; r < 2; r++) { /* two rounds v -> u -> v */
+        for (q = 0; q < 8; q++) {
+            u[2 * q] = _mm512_permutex2var_epi32(v[q], lo, v[q + 8]);
+            u[2 * q + 1] = _mm512_permutex2var_epi32(v[q], hi, v[q + 8]);
+        }
+        for (q = 0; q < 8; q++) {
+            v[2 * q] = _mm512_permutex2var_epi32(u[q], lo, u[q + 8]);
+            v[2 * q + 1] = _mm512_permutex2var_epi32(u[q], hi, u[q + 8]);
+        }
+    }
+}
+
+/* pdp__amx_pack_a with vcvtne2ps2bf16 (pdp__bf16_cvt2: gemm_bf16.c's words): a row along
+   k is 32 values per step, converted in one instruction and stored as a tile row; rows
+   across k (t == PDP_TRANS) come 16 rows x 16 pairs at a time as gemm_bf16.c's
+   [pair][row] words, transposed in registers (four rounds of interleaving the 32-bit
+   lanes of registers r and r + 8: each rotates the 8 index bits by one). A gathered A
+   (bf16 words through arow, not transposed) is copied 32 words at a time. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_a_avx512(const pdp__bf16_args *g, int64_t r0,
+                                                          int rows, int height, int64_t steps,
+                                                          uint32_t *dst)
+{
+    const int64_t k = g->k;
+    int64_t s;
+    int i, q, r;
+    if (g->ah && g->ta != PDP_NO_TRANS) {
+        pdp__amx_pack_a(g, r0, rows, height, steps, dst);
+        return;
+    }
+    if (g->ta == PDP_NO_TRANS) { /* row by row, along k */
+        for (i = 0; i < height; i++)
+            for (s = 0; s < steps; s++) {
+                int64_t vals = k - 32 * s;
+                __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
+                __mmask16 mhi =
+                    (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
+                __mmask32 mh = (__mmask32)(vals >= 32 ? 0xffffffffu : (1u << vals) - 1);
+                __m512i w = _mm512_setzero_si512();
+                if (i < rows && g->ah) {
+                    w = _mm512_maskz_loadu_epi16(mh, g->ah + g->arow[r0 + i] + 32 * s);
+                } else if (i < rows) {
+                    const float *x = g->a + (r0 + i) * g->lda + 32 * s;
+                    w = pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, x),
+                                       _mm512_maskz_loadu_ps(mhi, x + 16));
+                }
+                _mm512_storeu_si512((void *)(dst + (s * height + i) * 16), w);
+            }
+        return;
+    }
+    for (s = 0; s < steps; s++) { /* t == PDP_TRANS: op(A)(i, p) = a[p lda + i] */
+        int i0;
+        for (i0 = 0; i0 < height; i0 += 16) { /* the step's k rows, read once for all i0 */
+            int left = rows - i0;
+            __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+            const float *x = g->a + r0 + (left > 0 ? i0 : 0);
+            __m512i v[16];
+            for (q = 0; q < 16; q++) { /* v[q]: pair 16 s + q of the 16 rows */
+                int64_t p = 2 * (16 * s + q);
+                __m512 a0 = p < k ? _mm512_maskz_loadu_ps(m, x + p * g->lda) : _mm512_setzero_ps();
+                __m512 a1 = p + 1 < k ? _mm512_maskz_loadu_ps(m, x + (p + 1) * g->lda)
+                                      : _mm512_setzero_ps();
+                v[q] = pdp__amx_pairs16(a0, a1);
+            }
+            pdp__amx_transpose16(v);
+            for (r = 0; r < 16; r++)
+                _mm512_storeu_si512((void *)(dst + (s * height + i0 + r) * 16), v[r]);
+        }
+    }
+}
+
+/* pdp__amx_pack_b with AVX-512 for B as floats: op(B) k x n stored row-major (tb ==
+   PDP_NO_TRANS) is read a pair of rows at a time along n, 16 columns converted and
+   interleaved per instruction pair, so the rows stream; stored n x k (PDP_TRANS), 16
+   columns x 32 values of k are converted as rows and transposed in registers. Gathered
+   B: gemm_bf16.c's packing per panel. */
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *g, int64_t n0,
+                                                          int64_t n1, int w, int64_t steps,
+                                                          uint32_t *dst)
+{
+    const int64_t k = g->k, pairs = (k + 1) / 2, padded = steps * PDP__AMX_KT;
+    const int64_t panels = (n1 - n0 + w - 1) / w, span = panels * w;
+    int64_t p, j, s;
+    int q;
+    if (g->bh) {
+        pdp__amx_pack_b(g, n0, n1, w, steps, dst);
+        return;
+    }
+    if (g->tb == PDP_NO_TRANS) {
+        for (p = 0; p < padded; p++)
+            for (j = 0; j < span; j += 16) {
+                int64_t left = n1 - n0 - j;
+                __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+                __m512i v = _mm512_setzero_si512();
+                if (p < pairs) {
+                    const float *x = g->b + 2 * p * g->ldb + n0 + j;
+                    v = pdp__amx_pairs16(_mm512_maskz_loadu_ps(m, x),
+                                         2 * p + 1 < k ? _mm512_maskz_loadu_ps(m, x + g->ldb)
+                                                       : _mm512_setzero_ps());
+                }
+                _mm512_storeu_si512((void *)(dst + j / w * w * padded + p * w + j % w), v);
+            }
+        return;
+    }
+    for (j = 0; j < span; j += 16) { /* PDP_TRANS: op(B)(p, j) = b[j ldb + p] */
+        int64_t left = n1 - n0 - j;
+        uint32_t *d = dst + j / w * w * padded + j % w;
+        for (s = 0; s < steps; s++) {
+            int64_t vals = k - 32 * s;
+            __mmask16 mlo = (__mmask16)(vals >= 16 ? 0xffff : (1u << vals) - 1);
+            __mmask16 mhi =
+                (__mmask16)(vals >= 32 ? 0xffff : vals <= 16 ? 0 : (1u << (vals - 16)) - 1);
+            __m512i v[16];
+            for (q = 0; q < 16; q++) { /* v[q]: column j + q, pairs 16 s .. 16 s + 15 */
+                const float *x = g->b + (n0 + j + PDP__MIN(q, left - 1)) * g->ldb + 32 * s;
+                v[q] = q < left ? pdp__bf16_cvt2(_mm512_maskz_loadu_ps(mlo, x),
+                                                 _mm512_maskz_loadu_ps(mhi, x + 16))
+                                : _mm512_setzero_si512();
+            }
+            pdp__amx_transpose16(v);
+            for (q = 0; q < 16; q++)
+                _mm512_storeu_si512((void *)(d + (16 * s + q) * w), v[q]);
+        }
+    }
+}
+
+/* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products are
+   the _round_ forms, which the compiler does not contract; their zero-masking forms with
+   every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason). */
+#    define PDP__AMX_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
+                                                       int64_t ldc, int mr, int nr, float alpha,
+                                                       float beta)
+{
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    const __mmask16 all = (__mmask16)0xffff;
+    int i, j;
+    for (i = 0; i < mr; i++)
+        for (j = 0; j < nr; j += 16) {
+            int left = nr - j;
+            __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
+            float *ci = c + i * ldc + j;
+            __m512 r = _mm512_maskz_mul_round_ps(all, va, _mm512_loadu_ps(acc + i * w + j),
+                                                 PDP__AMX_RNE);
+            if (beta != 0.0f)
+                r = _mm512_maskz_add_round_ps(
+                    all, _mm512_maskz_mul_round_ps(all, vb, _mm512_maskz_loadu_ps(m, ci), PDP__AMX_RNE),
+                    r, PDP__AMX_RNE);
+            _mm512_mask_storeu_ps(ci, m, r);
+        }
+}
+#    undef PDP__AMX_RNE
+#  endif
+
+/* ---- gemm_amx: driver ---- */
+
+typedef void (*pdp__amx_pack_a_fn)(const pdp__bf16_args *g, int64_t r0, int rows, int height,
+                                   int64_t steps, uint32_t *dst);
+typedef void (*pdp__amx_pack_b_fn)(const pdp__bf16_args *g, int64_t n0, int64_t n1, int w,
+                                   int64_t steps, uint32_t *dst);
+typedef void (*pdp__amx_out_fn)(const float *acc, int w, float *c, int64_t ldc, int mr, int nr,
+                                float alpha, float beta);
+
+typedef struct pdp__amx_ctx {
+    const pdp__bf16_args *g;
+    int emulate;     /* run on pdp__amx_tiles in memory (PDP__AMX_EMULATE builds) */
+    int mb, nb;      /* tiles per block of C: 2 x 2, or 4 x 1 when n <= 16 */
+    int split_n;     /* parts split the column panels (else the row blocks) */
+    pdp__amx_pack_a_fn pack_a;
+    pdp__amx_pack_b_fn pack_b;
+    pdp__amx_out_fn out;
+} pdp__amx_ctx;
+
+/* Element (i, j) of C by the pseudo-code's chain (the emulated tiles' bits), unpacked:
+   the fallback without scratch. */
+PDP__PRIVATE void pdp__amx_element(const pdp__bf16_args *g, int64_t i, int64_t j)
+{
+    float acc = 0.0f;
+    int64_t p;
+    for (p = 0; p < g->k; p += 2) {
+        uint32_t a0 = pdp__bf16_aword(g, i, p), b0 = pdp__bf16_bword(g, p, j);
+        uint32_t a1 = p + 1 < g->k ? pdp__bf16_aword(g, i, p + 1) : 0u;
+        uint32_t b1 = p + 1 < g->k ? pdp__bf16_bword(g, p + 1, j) : 0u;
+        float r = fmaf(pdp__bf16_daz((uint16_t)a0), pdp__bf16_daz((uint16_t)b0), acc);
+        acc = (r < 1.17549435e-38f && r > -1.17549435e-38f) ? r * 0.0f : r;
+        r = fmaf(pdp__bf16_daz((uint16_t)a1), pdp__bf16_daz((uint16_t)b1), acc);
+        acc = (r < 1.17549435e-38f && r > -1.17549435e-38f) ? r * 0.0f : r;
+    }
+    if (((g->k + 1) / 2) % PDP__AMX_KT) acc += 0.0f; /* padding pairs add +0: -0 becomes +0 */
+    g->c[i * g->ldc + j] = pdp__bf16_out(acc, g->alpha, g->beta, g->c + i * g->ldc + j);
+}
+
+/* C[m0, m1) x [n0, n1) (m0, n0 on the block grid), tiles on e (NULL: the hardware's,
+   configured by the caller). */
+PDP__PRIVATE void pdp__amx_block(const pdp__amx_ctx *x, pdp__amx_tiles *e, int64_t m0, int64_t m1,
+                                 int64_t n0, int64_t n1)
+{
+    const pdp__bf16_args *g = x->g;
+    int height = 16 * x->mb, w = 16 * x->nb;
+    int64_t pairs = (g->k + 1) / 2, steps = (pairs + PDP__AMX_KT - 1) / PDP__AMX_KT;
+    int64_t padded = steps * PDP__AMX_KT, panels = (n1 - n0 + w - 1) / w;
+    /* cache blocks of at most PDP__AMX_KC steps, as even as they come (25 steps at 12:
+       9, 9, 7) */
+    int64_t kc = (steps + (steps + PDP__AMX_KC - 1) / PDP__AMX_KC - 1) /
+                 ((steps + PDP__AMX_KC - 1) / PDP__AMX_KC);
+    int64_t jp, ib, s0, i, j;
+    size_t bwords = (size_t)(panels * w * padded), awords = (size_t)(height * padded);
+    size_t accs = (size_t)(panels * height * w);
+    uint32_t *bp = (uint32_t *)pdp__thread_scratch((bwords + awords + accs) * 4), *ap;
+    float *accbuf;
+    if (!bp) {
+        for (i = m0; i < m1; i++)
+            for (j = n0; j < n1; j++) pdp__amx_element(g, i, j);
+        return;
+    }
+    ap = bp + bwords;
+    accbuf = (float *)(void *)(ap + awords);
+    x->pack_b(g, n0, n1, w, steps, bp);
+    for (ib = m0; ib < m1; ib += height) {
+        int rows = (int)PDP__MIN((int64_t)height, m1 - ib);
+        x->pack_a(g, ib, rows, height, steps, ap);
+        for (s0 = 0; s0 < steps; s0 += kc) {
+            int64_t n = PDP__MIN(kc, steps - s0), last = s0 + n == steps;
+            const uint32_t *a = ap + s0 * height * 16;
+            int pending = 0; /* the previous panel's epilogue is still to run */
+            for (jp = 0; jp < panels; jp++) {
+                float *acc = accbuf + jp * height * w, *c = g->c + ib * g->ldc + n0 + jp * w;
+                const uint32_t *b = bp + jp * w * padded + s0 * 16 * w;
+                int cols = (int)PDP__MIN((int64_t)w, n1 - n0 - jp * w);
+                /* after the last cache block: straight into C where C = acc exactly,
+                   else to acc, written by the epilogue after the next panel's tile
+                   operations are issued (reading the tile stores back at once stalls) */
+                int direct = last && g->alpha == 1.0f && g->beta == 0.0f && rows == height &&
+                             cols == w;
+                if (x->nb == 2)
+                    pdp__amx_kernel22(e, n, a, b, s0 ? acc : NULL, direct ? c : acc,
+                                      direct ? g->ldc : w);
+                else
+                    pdp__amx_kernel41(e, n, a, b, s0 ? acc : NULL, direct ? c : acc,
+                                      direct ? g->ldc : w);
+                if (pending)
+                    x->out(acc - height * w, w, c - w, g->ldc, rows, w, g->alpha, g->beta);
+                pending = last && !direct;
+                if (pending && jp + 1 == panels)
+                    x->out(acc, w, c, g->ldc, rows, cols, g->alpha, g->beta);
+            }
+        }
+    }
+}
+
+/* Part i of n: an equal share of the column panels or row blocks; the tiles are
+   configured at its start and released at its end. */
+PDP__PRIVATE void pdp__amx_part(void *arg, int i, int n)
+{
+    const pdp__amx_ctx *x = (const pdp__amx_ctx *)arg;
+    int64_t step = x->split_n ? 16 * x->nb : 16 * x->mb;
+    int64_t len = x->split_n ? x->g->n : x->g->m;
+    int64_t units = (len + step - 1) / step;
+    int64_t lo = PDP__MIN(len, units * i / n * step);
+    int64_t hi = PDP__MIN(len, units * (i + 1) / n * step);
+#  if PDP__AMX_EMU
+    pdp__amx_tiles tiles, *e = x->emulate ? &tiles : NULL;
+#  else
+    pdp__amx_tiles *e = NULL;
+#  endif
+    if (lo >= hi) return;
+    pdp__amx_config(e);
+    if (x->split_n)
+        pdp__amx_block(x, e, 0, x->g->m, lo, hi);
+    else
+        pdp__amx_block(x, e, lo, hi, 0, x->g->n);
+    pdp__amx_release(e);
+}
+
+/* The product of g (filled by pdp__bf16_run, its pack and pack_h the path's) on the
+   tiles: the hardware's (emulate == 0) or the emulation's (1: the path's packing and
+   epilogue; 2: the portable ones). */
+PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate)
+{
+    pdp__amx_ctx x;
+    int threads;
+    int64_t cols, rows;
+    x.g = g;
+    x.emulate = emulate;
+    x.nb = g->n <= 16 ? 1 : 2;
+    x.mb = 4 / x.nb;
+    x.pack_a = pdp__amx_pack_a;
+    x.pack_b = pdp__amx_pack_b;
+    x.out = pdp__amx_out;
+#  if PDP__BF16_X86
+    if (emulate != 2 && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
+        x.pack_a = pdp__amx_pack_a_avx512;
+        x.pack_b = pdp__amx_pack_b_avx512;
+        x.out = pdp__amx_out_avx512;
+    }
+#  endif
+    threads = pdp__threads_for_caller();
+    if (2.0 * (double)g->m * (double)g->n * (double)g->k < PDP__BF16_PAR_FLOPS) threads = 1;
+    cols = (g->n + 16 * x.nb - 1) / (16 * x.nb);
+    rows = (g->m + 16 * x.mb - 1) / (16 * x.mb);
+    x.split_n = cols >= 2 * (int64_t)threads || cols * x.nb >= rows * x.mb;
+    pdp__parallel_for((int)PDP__MIN((int64_t)threads, x.split_n ? cols : rows), pdp__amx_part, &x);
+}
+
+#  if PDP__AMX_EMU
+/* pdp__bf16_run's AMX path on emulated tiles, on any CPU (a test entry: PDP__AMX_EMULATE):
+   portable != 0 packs and writes C with the portable C code even where AVX-512 exists. */
+PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans tb, int64_t m,
+                                         int64_t n, int64_t k, float alpha, const float *a,
+                                         const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                         const float *b, const uint16_t *bh, int64_t ldb,
+                                         const int64_t *brow, float beta, float *c, int64_t ldc)
+{
+    pdp__bf16_args g;
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0 || alpha == 0.0f) {
+        pdp__gemm_scale_c(m, n, beta, c, ldc);
+        return;
+    }
+    memset(&g, 0, sizeof g);
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.alpha = alpha;
+    g.beta = beta;
+    g.a = a;
+    g.ah = ah;
+    g.lda = lda;
+    g.arow = arow;
+    g.b = b;
+    g.bh = bh;
+    g.ldb = ldb;
+    g.brow = brow;
+    g.c = c;
+    g.ldc = ldc;
+    g.pack = pdp__bf16_pack;
+    g.pack_h = pdp__bf16_pack_h;
+#    if PDP__BF16_X86
+    if (!portable && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
+        g.pack = pdp__bf16_pack_avx512;
+        g.pack_h = pdp__bf16_pack_h_avx512;
+    }
+#    endif
+    pdp__amx_run(&g, portable ? 2 : 1);
+}
+#  endif
+
+#  undef PDP__AMX_OP
+#  undef PDP__AMX_ZERO
+#  undef PDP__AMX_LOAD
+#  undef PDP__AMX_STORE
+#  undef PDP__AMX_DP
+#endif
