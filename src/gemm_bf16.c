@@ -254,7 +254,7 @@ typedef struct pdp__bf16_row {
     const char *cells;
 } pdp__bf16_row;
 
-#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "SAS SAS SAS SAS"}
+#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "AAS AAS AAS AAS"}
 static const pdp__bf16_row pdp__bf16_table[] = {
     /* AMD Zen 4 (family 0x19 with AVX512-BF16; Zen 3, also 0x19, lacks it: the default).
        Measured in an earlier session, by step, not by class: on an AVX512-BF16 EPYC
@@ -262,11 +262,13 @@ static const pdp__bf16_row pdp__bf16_table[] = {
        figures leave the manual"): AVX512-BF16 everywhere. */
     {PDP__BF16_AMD, 0x19, -1, -1, 1, 0, "BBB BBB BBB BBB"},
     /* Intel Xeon, Sapphire Rapids class (AMX): bench/bf16_paths on family 6 model 0xa7 as
-       a VM reports such a Xeon (2 cores, load 4-7: three runs, each cell as at least two
-       agreed), with the AMX kernel before its rewrite: sgemm-rounded within 0.8-1.0x of
-       fp32 everywhere; AVX512-BF16 0.6-0.75x on large products; AMX 0.6-0.9x on large
-       ones, 0.1x at small k, 0.93-1.24x at small m or n. The same cells for model 0x8f
-       (Sapphire Rapids) and 0xcf (Emerald Rapids), not measured: the same cores. */
+       a VM reports such a Xeon (2 cores; one thread pinned, load 1.3-1.5), with the AMX
+       driver of gemm_amx.c: AMX 5.4-5.6x fp32 on large products and 2.1-2.4x at small m
+       or n, but 0.45-0.51x at small k (packing a k < 32 panel costs more than its few
+       tile products), where sgemm-rounded is 0.97-0.98x; AVX512-BF16 0.63-0.92x
+       everywhere (the vdpbf16ps peak is about half the FMA peak on this core). The same
+       cells for model 0x8f (Sapphire Rapids) and 0xcf (Emerald Rapids), not measured:
+       the same cores. */
     PDP__BF16_SPR_ROW(0x8f),
     PDP__BF16_SPR_ROW(0xa7),
     PDP__BF16_SPR_ROW(0xcf),

@@ -2040,7 +2040,7 @@ typedef struct pdp__bf16_row {
     const char *cells;
 } pdp__bf16_row;
 
-#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "SAS SAS SAS SAS"}
+#define PDP__BF16_SPR_ROW(model) {PDP__BF16_INTEL, 6, model, model, 1, 1, "AAS AAS AAS AAS"}
 
 PDP__PRIVATE pdp_bf16_path pdp__bf16_cell(const char *cells, int cls);
 
