@@ -3247,7 +3247,10 @@ static inline PDP__HOSTDEV float pdp__bf16_float(uint16_t h)
     v.u = (uint32_t)h << 16;
     return v.f;
 }
-static inline PDP__HOSTDEV float pdp__bf16_round(float x) { return pdp__bf16_float(pdp__bf16_bits(x)); }
+static inline PDP__HOSTDEV float pdp__bf16_round(float x)
+{
+    return pdp__bf16_float(pdp__bf16_bits(x));
+}
 
 /* ---- math: fp16 ----
    IEEE binary16 (1 sign, 5 exponent, 10 mantissa bits; largest finite 65504,
@@ -3293,7 +3296,10 @@ static inline PDP__HOSTDEV float pdp__f16_float(uint16_t h)
     }
     return v.f;
 }
-static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float(pdp__f16_bits(x)); }
+static inline PDP__HOSTDEV float pdp__f16_round(float x)
+{
+    return pdp__f16_float(pdp__f16_bits(x));
+}
 /* ---- end src/math.h ---- */
 
 #endif /* PDP__MATH_INCLUDED */
@@ -4209,8 +4215,8 @@ PDP__PRIVATE double pdp__now(void)
    pool). The pool and the scratch key below are two of pdp's few pieces of
    process-wide state; the manual lists them all (THREADS AND DETERMINISM: also the
    trace sink, the bf16 path's CPU features and AMX permission, MPI's ownership record
-   and each CUDA device's stream, handle and caches). It is started lazily by the first pdp__parallel_for
-   that needs it, grows when a caller asks for more threads than it has, is reused
+   and each CUDA device's stream, handle and caches). It is started lazily by the first
+   pdp__parallel_for that needs it, grows when a caller asks for more threads than it has, is reused
    by every later call, and is joined by pdp_shutdown_threads (after which the next
    call starts it again). A caller that wins pool.busy (pthread_mutex_trylock) owns
    the team for one job; a caller that loses it (another thread is using the pool,
@@ -4872,8 +4878,8 @@ PDP__PRIVATE void pdp__trace_record(char ph, int pid, int tid, const char *cat, 
 /* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
    seconds). cat: a string literal ("compute", "comm"); args: NULL or a JSON
    object body. */
-PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                      double t1, const char *args)
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name,
+                                      double t0, double t1, const char *args)
 {
     pdp__trace_record('X', pid, tid, cat, name, 0, t0, t1, args);
 }
@@ -4999,8 +5005,8 @@ PDP__PRIVATE uint64_t pdp__store_take(const unsigned char *p, int bytes)
     return x;
 }
 
-PDP__PRIVATE void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint32_t value_bytes,
-                                  uint64_t arg)
+PDP__PRIVATE void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes,
+                                  uint32_t value_bytes, uint64_t arg)
 {
     pdp__store_put(p, PDP__STORE_MAGIC, 4);
     p[4] = (unsigned char)code;
@@ -5218,8 +5224,8 @@ PDP__PRIVATE void pdp__store_flush(pdp__store_conn *c)
 }
 
 /* Queues a reply, ends the current request and starts sending. */
-PDP__PRIVATE void pdp__store_reply(pdp__store_conn *c, int status, const void *value, uint32_t bytes,
-                                   uint64_t arg)
+PDP__PRIVATE void pdp__store_reply(pdp__store_conn *c, int status, const void *value,
+                                   uint32_t bytes, uint64_t arg)
 {
     if (!pdp__store_reserve(&c->out, &c->out_cap, PDP__STORE_HDR + (size_t)bytes)) {
         c->dead = true; /* the client sees EOF: PDP_ERR_COMM on its side */
@@ -5520,7 +5526,8 @@ PDP__PRIVATE void pdp__store_server_free(pdp__store_server *srv)
 }
 
 /* Binds host:port, listens and starts the loop; *port gets the port bound. */
-PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port)
+PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const char *host,
+                                                int *port)
 {
     struct addrinfo hints, *res = NULL, *ai;
     pdp__store_server *srv;
@@ -5700,8 +5707,8 @@ PDP__PRIVATE int pdp__store_io(int fd, const unsigned char *out, unsigned char *
     return 0;
 }
 
-PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
-                                     size_t cap)
+PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline,
+                                     char *why, size_t cap)
 {
     return pdp__store_io(fd, (const unsigned char *)buf, NULL, bytes, deadline, why, cap);
 }
@@ -6010,7 +6017,10 @@ PDP__PRIVATE pdp_status pdp__cuda_fail(pdp_status st)
         if (pdp__cst != PDP_OK) return pdp__cuda_fail(pdp__cst);             \
     } while (0)
 
-PDP__PRIVATE int pdp__cuda_ordinal(pdp_device d) { return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal; }
+PDP__PRIVATE int pdp__cuda_ordinal(pdp_device d)
+{
+    return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal;
+}
 #endif
 
 /* ---- cuda_host: memory ---- */
@@ -6066,8 +6076,8 @@ PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, flo
 #endif
 }
 
-PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                      size_t bytes)
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev,
+                                      const void *src, size_t bytes)
 {
     if (dst_dev.kind == PDP_DEVICE_CPU && src_dev.kind == PDP_DEVICE_CPU) {
         if (dst != src) memmove(dst, src, bytes);
@@ -6180,9 +6190,10 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
    device d: labels (host memory) are checked here in sample order, the device
    computes per-sample losses, and the host sums them in sample order. */
 
-PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                                int64_t batch, int64_t classes, float grad_scale,
-                                                double *loss_sum, float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
+                                                const int32_t *labels, int64_t batch,
+                                                int64_t classes, float grad_scale, double *loss_sum,
+                                                float *dlogits, const char *fn)
 {
 #ifdef PDP_CUDA
     double *loss = (double *)pdp__thread_scratch((size_t)batch * sizeof(double)), total = 0.0;
@@ -6249,7 +6260,8 @@ PDP__PRIVATE pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t co
 #endif
 }
 
-PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
+                                        const char *fn)
 {
 #ifdef PDP_CUDA
     pdp_status st;
@@ -6310,7 +6322,8 @@ PDP__PRIVATE pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *sr
 /* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
 
 PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
-                                               float *p, const float *g, float *s0, float *s1, int64_t n)
+                                               float *p, const float *g, float *s0, float *s1,
+                                               int64_t n)
 {
 #ifdef PDP_CUDA
     if (s->kind == PDP_OPTIM_SGD)
@@ -6340,7 +6353,8 @@ PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__o
 
 /* ---- tensor: shapes ---- */
 
-PDP__PRIVATE pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *count)
+PDP__PRIVATE pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape,
+                                         int64_t *count)
 {
     int64_t n = 1;
     int i;
@@ -6392,8 +6406,8 @@ PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int nd
     *out = NULL;
     if ((st = pdp__check_shape("pdp_tensor_create", ndim, shape, &count)) != PDP_OK) return st;
     if ((uint64_t)count > SIZE_MAX / sizeof(float))
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: %lld floats do not fit in memory",
-                        (long long)count);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY,
+                        "pdp_tensor_create: %lld floats do not fit in memory", (long long)count);
     t = (pdp_tensor *)pdp__calloc(sizeof *t);
     if (!t) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: no memory for the header");
     pdp__set_shape(t, ndim, shape, count);
@@ -6451,9 +6465,11 @@ PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const 
     pdp_status st;
     char a[96];
     if (!t || !view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_reshape_view: NULL tensor");
-    if ((st = pdp__check_shape("pdp_tensor_reshape_view", ndim, shape, &count)) != PDP_OK) return st;
+    if ((st = pdp__check_shape("pdp_tensor_reshape_view", ndim, shape, &count)) != PDP_OK)
+        return st;
     if (count != t->count)
-        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_reshape_view: %s has %lld elements, new shape has %lld",
+        return pdp__err(PDP_ERR_SHAPE,
+                        "pdp_tensor_reshape_view: %s has %lld elements, new shape has %lld",
                         pdp__shape_str(t, a, sizeof a), (long long)t->count, (long long)count);
     return pdp_tensor_wrap(t->data, t->device, ndim, shape, view);
 }
@@ -6501,10 +6517,12 @@ PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src)
     char a[96], b[96];
     if (!dst || !src) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_copy: NULL tensor");
     if (dst->count != src->count)
-        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_copy: destination %s and source %s differ in count",
+        return pdp__err(PDP_ERR_SHAPE,
+                        "pdp_tensor_copy: destination %s and source %s differ in count",
                         pdp__shape_str(dst, a, sizeof a), pdp__shape_str(src, b, sizeof b));
     if (dst->device.kind == PDP_DEVICE_CPU && src->device.kind == PDP_DEVICE_CPU) {
-        if (dst->data != src->data) memmove(dst->data, src->data, (size_t)src->count * sizeof(float));
+        if (dst->data != src->data)
+            memmove(dst->data, src->data, (size_t)src->count * sizeof(float));
         return PDP_OK;
     }
     return pdp__dev_copy(dst->device, dst->data, src->device, src->data,
@@ -6770,7 +6788,8 @@ static inline __attribute__((always_inline)) void pdp__gemm_store_acc(
                 if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), r);
                 _mm512_storeu_ps(ci + v * 16, r);
             } else {
-                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
+                if (beta != 0.0f)
+                    r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
                 _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
             }
         }
@@ -6786,8 +6805,8 @@ static inline __attribute__((always_inline)) void pdp__gemm_store_tile(
 }
 
 PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                                   int nr, float alpha, float beta)
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     int i, v;
@@ -6888,8 +6907,8 @@ PDP__PRIVATE void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
 #  define PDP__GEMM_VL 8
 
 PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                                   int nr, float alpha, float beta)
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta)
 {
     __m256 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
@@ -6915,7 +6934,8 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
     }
     _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
         int left = nr - v * PDP__GEMM_VL;
-        mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        mask[v] =
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     }
     _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
         float *ci = c + i * ldc;
@@ -6926,7 +6946,8 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
                 if (beta != 0.0f) r = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + v * 8), r);
                 _mm256_storeu_ps(ci + v * 8, r);
             } else {
-                if (beta != 0.0f) r = _mm256_fmadd_ps(vb, _mm256_maskload_ps(ci + v * 8, mask[v]), r);
+                if (beta != 0.0f)
+                    r = _mm256_fmadd_ps(vb, _mm256_maskload_ps(ci + v * 8, mask[v]), r);
                 _mm256_maskstore_ps(ci + v * 8, mask[v], r);
             }
         }
@@ -6940,8 +6961,8 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 #  define PDP__GEMM_VL 16
 
 PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                                   int nr, float alpha, float beta)
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta)
 {
     float acc[PDP__GEMM_MR][PDP__GEMM_VL];
     int i, j;
@@ -7025,7 +7046,8 @@ PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *
 
 /* Source row r of a packing routine: src + off[r] with a row-offset table (the
    gathered B of pdp__sgemm_rows), else src + r * lds. */
-PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off, int64_t r)
+PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off,
+                                        int64_t r)
 {
     return off ? src + off[r] : src + r * lds;
 }
@@ -7271,7 +7293,8 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
     int64_t step = g->split_n ? PDP__GEMM_NR : PDP__GEMM_MR;
     int64_t len = g->split_n ? g->n : g->m;
     int64_t panels = (len + step - 1) / step;
-    int64_t lo = PDP__MIN(len, panels * i / n * step), hi = PDP__MIN(len, panels * (i + 1) / n * step);
+    int64_t lo = PDP__MIN(len, panels * i / n * step),
+            hi = PDP__MIN(len, panels * (i + 1) / n * step);
     int64_t m0 = g->split_n ? 0 : lo, m1 = g->split_n ? g->m : hi;
     int64_t n0 = g->split_n ? lo : 0, n1 = g->split_n ? hi : g->n;
     float *scratch;
@@ -7286,8 +7309,8 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
 /* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
-                                const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
-                                int64_t ldc, int round16)
+                                const float *b, int64_t ldb, const int64_t *brow, float beta,
+                                float *c, int64_t ldc, int round16)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -7458,8 +7481,8 @@ static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
 
 PDP__PRIVATE void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
                                         const float *b, const int64_t *brow, const int64_t *soff,
-                                        const __mmask16 *smask, const int *nseg, float *c, int64_t ldc,
-                                        int mr, int nr, float beta)
+                                        const __mmask16 *smask, const int *nseg, float *c,
+                                        int64_t ldc, int mr, int nr, float beta)
 {
     int most = 0, v;
     for (v = 0; v < PDP__GEMM_RUNS_NV; v++) most = PDP__MAX(most, nseg[v]);
@@ -7996,8 +8019,8 @@ static inline float pdp__bf16_at(const float *x, int64_t ld, pdp_trans t, int64_
 
 /* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
    (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
-PDP__PRIVATE void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                                       int64_t k, int width, uint32_t *dst)
+PDP__PRIVATE void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0,
+                                       int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
     int i;
@@ -8142,7 +8165,8 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
    interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
    (width a multiple of 16) or two (width 8). */
 PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
-                                                       int rows, int64_t k, int width, uint32_t *dst)
+                                                       int rows, int64_t k, int width,
+                                                       uint32_t *dst)
 {
     int64_t panel = (k + 1) / 2 * width;
     int i, padded = (rows + width - 1) / width * width;
@@ -8267,8 +8291,8 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel(const float *x, int64_
 }
 
 PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
-                                                            int64_t r0, int rows, int64_t k, int width,
-                                                            uint32_t *dst)
+                                                            int64_t r0, int rows, int64_t k,
+                                                            int width, uint32_t *dst)
 {
     pdp__bf16_pack_k_core(NULL, h, 0, off, r0, rows, k, width, dst);
 }
@@ -8364,7 +8388,8 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_convert_avx512(const float *x, uint
    words; writes the top-left mr x nr of the tile to c (row stride ldc). */
 
 PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
-                                        float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
+                                        float *c, int64_t ldc, int mr, int nr, float alpha,
+                                        float beta)
 {
     float acc[PDP__BF16_MR][PDP__BF16_NR];
     int64_t p;
@@ -8376,14 +8401,16 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
         for (i = 0; i < mr; i++) {
             float a0 = pdp__bf16_daz((uint16_t)a[i]), a1 = pdp__bf16_daz((uint16_t)(a[i] >> 16));
             for (j = 0; j < nr; j++) {
-                float b0 = pdp__bf16_daz((uint16_t)b[j]), b1 = pdp__bf16_daz((uint16_t)(b[j] >> 16));
+                float b0 = pdp__bf16_daz((uint16_t)b[j]),
+                      b1 = pdp__bf16_daz((uint16_t)(b[j] >> 16));
                 float s = pdp__bf16_ftz_add(acc[i][j], a1 * b1);
                 acc[i][j] = pdp__bf16_ftz_add(s, a0 * b0);
             }
         }
     }
     for (i = 0; i < mr; i++)
-        for (j = 0; j < nr; j++) c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
+        for (j = 0; j < nr; j++)
+            c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
 }
 
 #if PDP__BF16_X86
@@ -8536,8 +8563,9 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
 
 PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
-                                                           const uint32_t *bp, float *c, int64_t ldc,
-                                                           int mr, int nr, float alpha, float beta)
+                                                           const uint32_t *bp, float *c,
+                                                           int64_t ldc, int mr, int nr, float alpha,
+                                                           float beta)
 {
     __m512 acc[PDP__BF16_MR][2];
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
@@ -8708,9 +8736,10 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate); /* gemm_am
 
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
-PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
-                                int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
-                                const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
+PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                int64_t n, int64_t k, float alpha, const float *a,
+                                const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                const float *b, const uint16_t *bh, int64_t ldb,
                                 const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
@@ -8847,9 +8876,9 @@ PDP__PRIVATE pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
             PDP_NO_TRANS) or bh[brow[j] + p] (PDP_TRANS).
    arows_h: A not transposed, row i at ah + arow[i]: A(i, p) = ah[arow[i] + p]. */
 PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
-                                        int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                                        const uint16_t *bh, const int64_t *brow, float beta, float *c,
-                                        int64_t ldc)
+                                        int64_t n, int64_t k, float alpha, const float *a,
+                                        int64_t lda, const uint16_t *bh, const int64_t *brow,
+                                        float beta, float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh,
                   0, brow, beta, c, ldc);
@@ -8857,8 +8886,8 @@ PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_tr
 
 PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
                                          int64_t k, float alpha, const uint16_t *ah,
-                                         const int64_t *arow, const float *b, int64_t ldb, float beta,
-                                         float *c, int64_t ldc)
+                                         const int64_t *arow, const float *b, int64_t ldb,
+                                         float beta, float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow,
                   b, NULL, ldb, NULL, beta, c, ldc);
@@ -8988,7 +9017,10 @@ PDP__PRIVATE void pdp__amx_emu_config(pdp__amx_tiles *e, const pdp__amx_tilecfg 
     memset(e->t, 0, sizeof e->t); /* LDTILECFG zeroes the tiles */
 }
 
-PDP__PRIVATE void pdp__amx_emu_zero(pdp__amx_tiles *e, int t) { memset(e->t[t], 0, sizeof e->t[t]); }
+PDP__PRIVATE void pdp__amx_emu_zero(pdp__amx_tiles *e, int t)
+{
+    memset(e->t[t], 0, sizeof e->t[t]);
+}
 
 /* TILELOADD: rows[t] rows of colsb[t] bytes from base + r stride; the rest zero. */
 PDP__PRIVATE void pdp__amx_emu_load(pdp__amx_tiles *e, int t, const void *base, int64_t stride)
@@ -9065,7 +9097,7 @@ PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b)
       PDP__AMX_OP(e, pdp__amx_emu_load(e, t, p, s), _tile_loadd(t, p, s))
 #  define PDP__AMX_STORE(e, t, p, s)                                                          \
       PDP__AMX_OP(e, pdp__amx_emu_store(e, t, p, s), _tile_stored(t, p, s))
-#  define PDP__AMX_DP(e, c, a, b) PDP__AMX_OP(e, pdp__amx_emu_dp(e, c, a, b), _tile_dpbf16ps(c, a, b))
+#define PDP__AMX_DP(e, c, a, b) PDP__AMX_OP(e, pdp__amx_emu_dp(e, c, a, b), _tile_dpbf16ps(c, a, b))
 
 /* ---- gemm_amx: kernels ----
    steps k steps from a (the block's A tiles in step order: step s, tile i at
@@ -9375,7 +9407,8 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, 
                                                  PDP__AMX_RNE);
             if (beta != 0.0f)
                 r = _mm512_maskz_add_round_ps(
-                    all, _mm512_maskz_mul_round_ps(all, vb, _mm512_maskz_loadu_ps(m, ci), PDP__AMX_RNE),
+                    all,
+                    _mm512_maskz_mul_round_ps(all, vb, _mm512_maskz_loadu_ps(m, ci), PDP__AMX_RNE),
                     r, PDP__AMX_RNE);
             _mm512_mask_storeu_ps(ci, m, r);
         }
@@ -9813,7 +9846,8 @@ PDP__PRIVATE void pdp__deadline(struct timespec *ts, double seconds)
    zero means the default; a negative, NaN or infinite value (or one above
    PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
    field. Every communicator constructor calls it first (desc may be NULL). */
-PDP__PRIVATE pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out,
+                                               const char *fn)
 {
     double t = desc ? desc->timeout_s : 0.0;
     *out = PDP__COMM_TIMEOUT_DEFAULT;
@@ -10094,7 +10128,8 @@ PDP__PRIVATE pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *arg
 
 /* A handle for a message, t_start = launch; PDP_ERR_STATE when the pool is empty,
    the broken status when the queue is broken. */
-PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out)
+PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args,
+                                        pdp__workq_item **out)
 {
     pdp__workq *q = (pdp__workq *)c->impl;
     pdp__workq_item *w;
@@ -10142,7 +10177,8 @@ PDP__PRIVATE void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
 }
 
 /* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
-PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg)
+PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st,
+                                    const char *msg)
 {
     double t = pdp__now();
     pdp__workq_trace(q, w, w->head.t_start, t, st);
@@ -10265,8 +10301,8 @@ PDP__PRIVATE pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t co
 }
 
 PDP__PRIVATE pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                                  int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                                  pdp_work **w)
+                                                  int64_t recv_count, pdp_dtype dt,
+                                                  pdp_reduce_op op, pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, dt, NULL,
                            (const float *)send, (float *)recv, w);
@@ -10796,8 +10832,8 @@ PDP__PRIVATE pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *
     return PDP_OK;
 }
 
-PDP__PRIVATE pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                        pdp_work **w)
+PDP__PRIVATE pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer,
+                                        int tag, pdp_work **w)
 {
     return pdp__local_p2p(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
 }
@@ -10884,8 +10920,8 @@ PDP__PRIVATE void pdp__local_destroy(pdp_comm *c)
    The member that becomes rank 0 of a colour creates its group (refs = its size: the
    group frees itself with the last of them) and every rank broadcasts the pointer of
    the group it made, or NULL, over c; each member then joins its leader's group. */
-PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                         int leader, pdp_comm **out)
+PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank,
+                                         int new_size, int leader, pdp_comm **out)
 {
     pdp_local_group *mine = NULL, *g = NULL;
     pdp_comm_desc d;
@@ -11002,23 +11038,20 @@ PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int
    the local backend; this file supplies its exec, idle and destroy): a launch
    only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
    allocated per collective) and returns, so the calling rank keeps computing
-   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
-   MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
-   MPI_Test: spinning for a few hundred polls (small collectives finish there),
-   then, while the rank's own thread is blocked in pdp_wait and its core is
-   idle, yielding between polls for up to 2 ms; otherwise (the rank computes,
-   or a peer is late) sleeping 200 us between polls (500 us once a collective has
-   waited 20 ms), so that backward keeps its core and the poll latency hides
-   under it. AVG is SUM followed by a division by the size on every element, as
-   the local backend does. 16-bit elements (pdp_comm_allreduce_ex and
-   reduce_scatter_ex with BF16 or F16) travel as MPI_UINT16_T and are summed by
-   one of two user-defined MPI_Ops created with the communicator (comm.h states
-   their rounding). MPI counts are int: an all-reduce or broadcast is
-   split into calls of PDP_MPI_CHUNK elements; reduce-scatter, all-gather and the
-   messages take at most INT_MAX elements per rank (comm.c refuses more, naming the
-   call and the count).
-   In-place forms: all-gather with send == recv + rank * count, and
-   reduce-scatter with recv == send + rank * count (NCCL's convention).
+   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce,
+   MPI_Ibcast, MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with MPI_Test:
+   spinning for a few hundred polls (small collectives finish there), then, while the rank's own
+   thread is blocked in pdp_wait and its core is idle, yielding between polls for up to 2 ms;
+   otherwise (the rank computes, or a peer is late) sleeping 200 us between polls (500 us once a
+   collective has waited 20 ms), so that backward keeps its core and the poll latency hides under
+   it. AVG is SUM followed by a division by the size on every element, as the local backend does.
+   16-bit elements (pdp_comm_allreduce_ex and reduce_scatter_ex with BF16 or F16) travel as
+   MPI_UINT16_T and are summed by one of two user-defined MPI_Ops created with the communicator
+   (comm.h states their rounding). MPI counts are int: an all-reduce or broadcast is split into
+   calls of PDP_MPI_CHUNK elements; reduce-scatter, all-gather and the messages take at most INT_MAX
+   elements per rank (comm.c refuses more, naming the call and the count). In-place forms:
+   all-gather with send == recv + rank * count, and reduce-scatter with recv == send + rank * count
+   (NCCL's convention).
 
    Timeouts: MPI cannot time out, so the progress thread is the watchdog. A
    collective that has not completed timeout_s after the thread posted it fails
@@ -11293,8 +11326,8 @@ PDP__PRIVATE pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, fl
     return PDP_OK;
 }
 
-PDP__PRIVATE pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                      pdp_work **w)
+PDP__PRIVATE pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer,
+                                      int tag, pdp_work **w)
 {
     return pdp__mpi_p2p_launch(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
 }
@@ -11308,8 +11341,8 @@ PDP__PRIVATE pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, in
 /* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
    PDP_ERR_COMM when the communicator is being freed, with *req left pending
    (the caller records it as the orphan). */
-PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
-                                       double deadline, char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w,
+                                       MPI_Request *req, double deadline, char *msg, size_t cap)
 {
     pdp_comm *c = &mc->head;
     double t0 = pdp__now(), now, since;
@@ -11351,8 +11384,8 @@ PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item 
 }
 
 /* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
-PDP__PRIVATE pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
-                                        char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc,
+                                        const char *call, char *msg, size_t cap)
 {
     char e[256];
     if (rc == MPI_SUCCESS) return PDP_OK;
@@ -11778,7 +11811,8 @@ PDP__PRIVATE int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout
 /* ---- comm_mpi: creation ---- */
 
 /* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
-PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
+PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s,
+                                         const char *fn)
 {
     int inited = 0, finalized = 0, provided = 0, rc;
     pdp_status st = PDP_OK;
@@ -12142,8 +12176,8 @@ PDP__PRIVATE pdp_status pdp__nccl_flush(pdp_comm *c)
     return PDP_OK;
 }
 
-PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count, int peer,
-                                      int tag, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count,
+                                      int peer, int tag, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp__nccl_work *wk = &nc->pool[nc->next];
@@ -12171,8 +12205,8 @@ PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int
     return PDP_OK;
 }
 
-PDP__PRIVATE pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                       pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer,
+                                       int tag, pdp_work **w)
 {
     return pdp__nccl_p2p(c, true, (float *)buf, count, peer, tag, w);
 }
@@ -12232,7 +12266,8 @@ PDP__PRIVATE pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
 /* kind names the collective through internal.h's pdp__op_names, whose first four
    entries follow pdp_cudak_coll's order. */
 PDP__PRIVATE pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *send,
-                                        void *recv, int64_t count, int op, pdp_dtype dt, pdp_work **w)
+                                        void *recv, int64_t count, int op, pdp_dtype dt,
+                                        pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp__nccl_work *wk;
@@ -12334,8 +12369,8 @@ PDP__PRIVATE pdp_status pdp__nccl_wait(pdp_work *w)
     if (nc->trace_tid) {
         char args[64];
         snprintf(args, sizeof args, "\"seq\":%lld", (long long)w->seq);
-        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start, w->t_done,
-                         args);
+        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start,
+                         w->t_done, args);
     }
     return PDP_OK;
 }
@@ -12358,17 +12393,17 @@ PDP__PRIVATE void pdp__nccl_destroy(pdp_comm *c)
     pdp__dealloc(nc);
 }
 
-PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                       double timeout_s, const char *name, bool process_rank,
-                                       const char *fn);
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
+                                       int size, double timeout_s, const char *name,
+                                       bool process_rank, const char *fn);
 
 /* ---- comm_nccl: split ----
    ncclCommSplit over c (thread ranks and process ranks alike: it needs NCCL 2.18),
    after the messages pending on c are enqueued. comm.c has already exchanged the
    colours over c, so every rank is here; the key orders the new ranks as
    comm.c's new_rank does (ties by rank in c, as NCCL's). */
-PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                        int leader, pdp_comm **out)
+PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank,
+                                        int new_size, int leader, pdp_comm **out)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_cudak_nccl *h = NULL;
@@ -12395,9 +12430,9 @@ static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
-PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                       double timeout_s, const char *name, bool process_rank,
-                                       const char *fn)
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
+                                       int size, double timeout_s, const char *name,
+                                       bool process_rank, const char *fn)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
     pdp_status st;
@@ -12647,8 +12682,8 @@ PDP__PRIVATE int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
     return INT64_MAX;
 }
 
-PDP__PRIVATE pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
-                                              pdp__coll_kind kind, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es,
+                                              int parts, pdp__coll_kind kind, const char *fn)
 {
     int64_t most = (int64_t)((size_t)PTRDIFF_MAX / (es * (size_t)parts));
     int64_t max = pdp__comm_count_max(c, kind);
@@ -13814,7 +13849,8 @@ PDP__PRIVATE pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pd
 
 /* Window element (ki, kj) against the running maximum of n outputs. */
 PDP__PRIVATE void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
-                                      float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
+                                      float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
+                                      int32_t at)
 {
     int64_t ow = 0;
     int j;
@@ -13884,7 +13920,8 @@ PDP__PRIVATE void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float 
 
 PDP__PRIVATE void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
                                             const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
-                                            int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
+                                            int32_t w, float *PDP__RESTRICT d0,
+                                            float *PDP__RESTRICT d1)
 {
     int64_t ow = 0;
     int j;
@@ -14044,8 +14081,14 @@ PDP__PRIVATE pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
 }
 
 /* Implicit path, a chunk of n samples: row widths of the padded image and padded dy. */
-PDP__PRIVATE int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n) { return n * (g->W + g->pad) + g->pad; }
-PDP__PRIVATE int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n) { return n * (g->Wo + g->q) + g->q; }
+PDP__PRIVATE int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n)
+{
+    return n * (g->W + g->pad) + g->pad;
+}
+PDP__PRIVATE int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n)
+{
+    return n * (g->Wo + g->q) + g->q;
+}
 
 /* Floats of one part's scratch for chunks of at most n samples. Implicit: the two
    offset tables (int64), the padded image and padded dy (the last run of each starts
@@ -14063,8 +14106,8 @@ PDP__PRIVATE int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
 
 /* Per sample: W' (once is enough; simpler per sample), one share, and twice a
    one-sample scratch. Enough: chunks <= batch, and scratch(n) <= n scratch(1) (each
-   term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch for chunks of
-   cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
+   term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch
+   for chunks of cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
 PDP__PRIVATE int64_t pdp__conv_work_per_sample(const pdp__layer *l)
 {
     pdp__conv_geom g = pdp__conv_geom_of(l);
@@ -14185,8 +14228,9 @@ PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, flo
     } while (0)
 
 /* d = dy masked by y > 0 (the fused ReLU's backward), one row. */
-PDP__PRIVATE void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *PDP__RESTRICT y,
-                                          float *PDP__RESTRICT d, int64_t n)
+PDP__PRIVATE void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g,
+                                          const float *PDP__RESTRICT y, float *PDP__RESTRICT d,
+                                          int64_t n)
 {
     PDP__CONV_ROW(j, n, {
         float gj = g[j], yj = y[j]; /* both loaded first: gcc -O2 then vectorises */
@@ -14539,8 +14583,8 @@ PDP__PRIVATE void pdp__conv_backward_part(void *arg, int i, int parts)
 /* Parts: the caller's threads, at most one per chunk (scratch regions are sized
    for as many parts as samples). A single part runs on the caller without taking
    the pool, so its GEMMs can still use the threads. */
-PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
-                                     bool backward)
+PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l,
+                                     const pdp__layer_io *io, bool backward)
 {
     job->l = l;
     job->io = io;
@@ -14624,11 +14668,13 @@ PDP__PRIVATE pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, co
        Hp + 2k, Wp + 2k and the weight count) must fit, so none of them can overflow */
     if (!pdp__mul3_ok(O, Ho, Wo, &out) || !pdp__mul3_ok(C, k, k, &ckk) ||
         !pdp__mul_ok(O, ckk, &weights))
-        return pdp__err(PDP_ERR_SHAPE, "out_channels %lld, kernel %lld, padding %lld: output "
-                        "(%lld, %lld, %lld) or weights (%lld, %lld, %lld, %lld) exceed %lld elements "
-                        "(input %s)", (long long)O, (long long)k, (long long)pad, (long long)O,
-                        (long long)Ho, (long long)Wo, (long long)O, (long long)C, (long long)k,
-                        (long long)k, (long long)PDP__COUNT_MAX, in);
+        return pdp__err(
+            PDP_ERR_SHAPE,
+            "out_channels %lld, kernel %lld, padding %lld: output "
+            "(%lld, %lld, %lld) or weights (%lld, %lld, %lld, %lld) exceed %lld elements "
+            "(input %s)",
+            (long long)O, (long long)k, (long long)pad, (long long)O, (long long)Ho, (long long)Wo,
+            (long long)O, (long long)C, (long long)k, (long long)k, (long long)PDP__COUNT_MAX, in);
     work = 16.0 * ((double)(ckk + O) * (double)(Hp + 2 * k) * (double)(Wp + 2 * k) +
                    (double)weights + (double)O + (double)k + 64.0);
     if (work > (double)PDP__COUNT_MAX)
@@ -17251,7 +17297,8 @@ PDP__PRIVATE void pdp__crc32_table(uint32_t table[256])
     }
 }
 
-PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p, size_t n)
+PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p,
+                                 size_t n)
 {
     size_t i;
     crc = ~crc;
@@ -17576,7 +17623,10 @@ PDP__PRIVATE uint32_t pdp__le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
+PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n)
+{
+    return n >= 2 && p[0] == 0x1f && p[1] == 0x8b;
+}
 
 /* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes). */
 PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,
@@ -18775,7 +18825,8 @@ PDP__PRIVATE pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_
     return PDP_OK;
 }
 
-PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name)
+PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n,
+                                               const char *name)
 {
     int lo = 0, hi = n - 1;
     while (lo <= hi) {
@@ -19015,7 +19066,8 @@ PDP__PRIVATE int pdp__ckpt_ntensors(const pdp_model *m, const pdp_optim *o, bool
 }
 
 PDP__PRIVATE void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                      int64_t lo, int64_t hi, bool shard, int t, pdp__ckpt_tensor *r)
+                                      int64_t lo, int64_t hi, bool shard, int t,
+                                      pdp__ckpt_tensor *r)
 {
     if (shard) {
         r->state = with_params ? t - 1 : t;
@@ -19111,7 +19163,8 @@ PDP__PRIVATE pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o,
    own, computed from the header as pdp__ckpt_header_crc reads it back. */
 PDP__PRIVATE pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_at,
                                               const uint32_t *crcs, int nt, uint64_t data_bytes,
-                                              const pdp__crc32c *c, const char *fn, const char *path)
+                                              const pdp__crc32c *c, const char *fn,
+                                              const char *path)
 {
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
@@ -19328,8 +19381,8 @@ done:
 /* The whole-model calls' arguments: a plain model (not TP slices) and an optimizer
    holding the state of every parameter. fn ends in _save or _load, which names the
    TP function to call instead. */
-PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, const pdp_optim *o,
-                                             const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m,
+                                             const pdp_optim *o, const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     /* ZeRO: a load must reach the shards that train (and every rank); a save needs the
@@ -19373,8 +19426,9 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
 
 /* Checks a range call's arguments: [lo, hi) inside the model, o's range
    containing it, something to save or load. */
-PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
-                                             const pdp_optim *o, int64_t lo, int64_t hi, const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m,
+                                             const float *params, const pdp_optim *o, int64_t lo,
+                                             int64_t hi, const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (!params && !o)
@@ -19392,8 +19446,9 @@ PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *
 }
 
 PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
-                                                 const float *params, const pdp_optim *o, int64_t lo,
-                                                 int64_t hi, const char *run, const char *fn)
+                                                 const float *params, const pdp_optim *o,
+                                                 int64_t lo, int64_t hi, const char *run,
+                                                 const char *fn)
 {
     pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
     if (st != PDP_OK) return st;
@@ -19899,9 +19954,9 @@ PDP__PRIVATE void pdp__ckpt_load_close(pdp__ckpt_loader *L)
    for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
    allow_shard, from a shard file of exactly [lo, hi); with run, only from a
    shard file of exactly [lo, hi) whose "shard.run" is run. */
-PDP__PRIVATE pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
-                                       pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
-                                       const char *run, const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params,
+                                       bool with_params, pdp_optim *o, int64_t lo, int64_t hi,
+                                       bool allow_shard, const char *run, const char *fn)
 {
     pdp__ckpt_loader L;
     pdp_status st;
@@ -19939,8 +19994,8 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
 }
 
 PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
-                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
-                                                 const char *fn)
+                                                 pdp_optim *o, int64_t lo, int64_t hi,
+                                                 const char *run, const char *fn)
 {
     pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
     if (st != PDP_OK) return st;
@@ -20628,12 +20683,14 @@ PDP__PRIVATE pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
    Only for a whole-model optimizer that pdp_optim_step would accept (its checks run
    first, so an error is reported before anything changes), and with 2+ workers
    active (one worker runs no reduce). */
-PDP__PRIVATE pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out,
+                                           const char *fn)
 {
     pdp_status st;
     *out = NULL;
     if (dp->cuda || dp->active < 2) return PDP_OK;
-    if ((st = pdp__optim_check_step(opt)) != PDP_OK) return pdp__err_wrap(st, "%s: master step", fn);
+    if ((st = pdp__optim_check_step(opt)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: master step", fn);
     if (opt->lo != 0 || opt->hi != dp->master->param_count) return PDP_OK;
     *out = opt;
     return PDP_OK;
@@ -21398,8 +21455,8 @@ PDP__PRIVATE pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_com
 
 /* The executor's reduce with a hook registered: v holds the collective's part of the
    view (grad, count, reduce_scatter, recv, recv_count); the rest is filled here. */
-PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_comm_hook_bucket *v,
-                                                 pdp_work **w)
+PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b,
+                                                 const pdp_comm_hook_bucket *v, pdp_work **w)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
@@ -21458,8 +21515,8 @@ PDP__PRIVATE pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, co
 }
 
 /* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
-PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
-                                                const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight,
+                                                float *scale, const char *fn)
 {
     pdp_status st = pdp_work_wait(r->count_work);
     double total;
@@ -21573,8 +21630,8 @@ PDP__PRIVATE pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor 
 }
 
 /* A user's own loss: forward on this rank's shard (*y: the model's output). */
-PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
-                                             const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x,
+                                             const pdp_tensor **y, const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
@@ -21588,7 +21645,8 @@ PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *
 }
 
 /* ... and backward from dy, the gradient of the user's loss with respect to y. */
-PDP__PRIVATE pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy,
+                                                 const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
@@ -23717,8 +23775,8 @@ PDP__PRIVATE void pdp__zero_run_text(uint64_t run, char out[17])
 }
 
 /* The marker's text for this executor at step steps of save run. */
-PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
-                                        size_t cap)
+PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run,
+                                        char *out, size_t cap)
 {
     size_t n;
     int u;
@@ -24440,7 +24498,8 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     bool agreed = false;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
-    if (!full || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, full ? "comm" : "model");
+    if (!full || !c)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, full ? "comm" : "model");
     if (c->size > PDP_PP_MAX_STAGES)
         return pdp__err(PDP_ERR_INVALID, "%s: %d ranks (at most PDP_PP_MAX_STAGES = %d stages)",
                         fn, c->size, PDP_PP_MAX_STAGES);
@@ -24942,7 +25001,8 @@ PDP_API int pdp_pp_num_stages(const pdp_pp *pp) { return pp ? pp->p : 0; }
 
 PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last)
 {
-    if (!pp || !first || !last) return pdp__err(PDP_ERR_INVALID, "pdp_pp_stage_layers: NULL argument");
+    if (!pp || !first || !last)
+        return pdp__err(PDP_ERR_INVALID, "pdp_pp_stage_layers: NULL argument");
     if (s < 0 || s >= pp->p)
         return pdp__err(PDP_ERR_INVALID, "pdp_pp_stage_layers: stage %d outside 0..%d", s,
                         pp->p - 1);
@@ -25069,8 +25129,8 @@ PDP__PRIVATE pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
     return pdp__err(ranks[first].st, "pdp_launch: rank %d of %d: %s", first, n, ranks[first].msg);
 }
 
-PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
-                                            pdp_launch_fn fn, void *user)
+PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
+                                            const pdp_comm_desc *cd, pdp_launch_fn fn, void *user)
 {
     static const char fn_name[] = "pdp_launch";
     pdp__launch L;

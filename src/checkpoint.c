@@ -224,7 +224,8 @@ PDP__PRIVATE int pdp__ckpt_ntensors(const pdp_model *m, const pdp_optim *o, bool
 }
 
 PDP__PRIVATE void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                      int64_t lo, int64_t hi, bool shard, int t, pdp__ckpt_tensor *r)
+                                      int64_t lo, int64_t hi, bool shard, int t,
+                                      pdp__ckpt_tensor *r)
 {
     if (shard) {
         r->state = with_params ? t - 1 : t;
@@ -320,7 +321,8 @@ PDP__PRIVATE pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o,
    own, computed from the header as pdp__ckpt_header_crc reads it back. */
 PDP__PRIVATE pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_at,
                                               const uint32_t *crcs, int nt, uint64_t data_bytes,
-                                              const pdp__crc32c *c, const char *fn, const char *path)
+                                              const pdp__crc32c *c, const char *fn,
+                                              const char *path)
 {
     pdp__st_parser p;
     pdp__st_entry **sorted = NULL;
@@ -537,8 +539,8 @@ done:
 /* The whole-model calls' arguments: a plain model (not TP slices) and an optimizer
    holding the state of every parameter. fn ends in _save or _load, which names the
    TP function to call instead. */
-PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, const pdp_optim *o,
-                                             const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m,
+                                             const pdp_optim *o, const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     /* ZeRO: a load must reach the shards that train (and every rank); a save needs the
@@ -582,8 +584,9 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
 
 /* Checks a range call's arguments: [lo, hi) inside the model, o's range
    containing it, something to save or load. */
-PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
-                                             const pdp_optim *o, int64_t lo, int64_t hi, const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m,
+                                             const float *params, const pdp_optim *o, int64_t lo,
+                                             int64_t hi, const char *fn)
 {
     if (!path || !m) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if (!params && !o)
@@ -601,8 +604,9 @@ PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *
 }
 
 PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
-                                                 const float *params, const pdp_optim *o, int64_t lo,
-                                                 int64_t hi, const char *run, const char *fn)
+                                                 const float *params, const pdp_optim *o,
+                                                 int64_t lo, int64_t hi, const char *run,
+                                                 const char *fn)
 {
     pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
     if (st != PDP_OK) return st;
@@ -1108,9 +1112,9 @@ PDP__PRIVATE void pdp__ckpt_load_close(pdp__ckpt_loader *L)
    for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
    allow_shard, from a shard file of exactly [lo, hi); with run, only from a
    shard file of exactly [lo, hi) whose "shard.run" is run. */
-PDP__PRIVATE pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
-                                       pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
-                                       const char *run, const char *fn)
+PDP__PRIVATE pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params,
+                                       bool with_params, pdp_optim *o, int64_t lo, int64_t hi,
+                                       bool allow_shard, const char *run, const char *fn)
 {
     pdp__ckpt_loader L;
     pdp_status st;
@@ -1148,8 +1152,8 @@ PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim
 }
 
 PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
-                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
-                                                 const char *fn)
+                                                 pdp_optim *o, int64_t lo, int64_t hi,
+                                                 const char *run, const char *fn)
 {
     pdp_status st = pdp__ckpt_range_args(path, m, params, o, lo, hi, fn);
     if (st != PDP_OK) return st;

@@ -83,8 +83,8 @@ PDP__PRIVATE int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind)
     return INT64_MAX;
 }
 
-PDP__PRIVATE pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
-                                              pdp__coll_kind kind, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es,
+                                              int parts, pdp__coll_kind kind, const char *fn)
 {
     int64_t most = (int64_t)((size_t)PTRDIFF_MAX / (es * (size_t)parts));
     int64_t max = pdp__comm_count_max(c, kind);

@@ -493,8 +493,8 @@ PDP__PRIVATE pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *
     return PDP_OK;
 }
 
-PDP__PRIVATE pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                        pdp_work **w)
+PDP__PRIVATE pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer,
+                                        int tag, pdp_work **w)
 {
     return pdp__local_p2p(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
 }
@@ -581,8 +581,8 @@ PDP__PRIVATE void pdp__local_destroy(pdp_comm *c)
    The member that becomes rank 0 of a colour creates its group (refs = its size: the
    group frees itself with the last of them) and every rank broadcasts the pointer of
    the group it made, or NULL, over c; each member then joins its leader's group. */
-PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                         int leader, pdp_comm **out)
+PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank,
+                                         int new_size, int leader, pdp_comm **out)
 {
     pdp_local_group *mine = NULL, *g = NULL;
     pdp_comm_desc d;

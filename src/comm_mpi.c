@@ -20,23 +20,20 @@
    the local backend; this file supplies its exec, idle and destroy): a launch
    only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
    allocated per collective) and returns, so the calling rank keeps computing
-   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
-   MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
-   MPI_Test: spinning for a few hundred polls (small collectives finish there),
-   then, while the rank's own thread is blocked in pdp_wait and its core is
-   idle, yielding between polls for up to 2 ms; otherwise (the rank computes,
-   or a peer is late) sleeping 200 us between polls (500 us once a collective has
-   waited 20 ms), so that backward keeps its core and the poll latency hides
-   under it. AVG is SUM followed by a division by the size on every element, as
-   the local backend does. 16-bit elements (pdp_comm_allreduce_ex and
-   reduce_scatter_ex with BF16 or F16) travel as MPI_UINT16_T and are summed by
-   one of two user-defined MPI_Ops created with the communicator (comm.h states
-   their rounding). MPI counts are int: an all-reduce or broadcast is
-   split into calls of PDP_MPI_CHUNK elements; reduce-scatter, all-gather and the
-   messages take at most INT_MAX elements per rank (comm.c refuses more, naming the
-   call and the count).
-   In-place forms: all-gather with send == recv + rank * count, and
-   reduce-scatter with recv == send + rank * count (NCCL's convention).
+   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce,
+   MPI_Ibcast, MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with MPI_Test:
+   spinning for a few hundred polls (small collectives finish there), then, while the rank's own
+   thread is blocked in pdp_wait and its core is idle, yielding between polls for up to 2 ms;
+   otherwise (the rank computes, or a peer is late) sleeping 200 us between polls (500 us once a
+   collective has waited 20 ms), so that backward keeps its core and the poll latency hides under
+   it. AVG is SUM followed by a division by the size on every element, as the local backend does.
+   16-bit elements (pdp_comm_allreduce_ex and reduce_scatter_ex with BF16 or F16) travel as
+   MPI_UINT16_T and are summed by one of two user-defined MPI_Ops created with the communicator
+   (comm.h states their rounding). MPI counts are int: an all-reduce or broadcast is split into
+   calls of PDP_MPI_CHUNK elements; reduce-scatter, all-gather and the messages take at most INT_MAX
+   elements per rank (comm.c refuses more, naming the call and the count). In-place forms:
+   all-gather with send == recv + rank * count, and reduce-scatter with recv == send + rank * count
+   (NCCL's convention).
 
    Timeouts: MPI cannot time out, so the progress thread is the watchdog. A
    collective that has not completed timeout_s after the thread posted it fails
@@ -311,8 +308,8 @@ PDP__PRIVATE pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, fl
     return PDP_OK;
 }
 
-PDP__PRIVATE pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                      pdp_work **w)
+PDP__PRIVATE pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer,
+                                      int tag, pdp_work **w)
 {
     return pdp__mpi_p2p_launch(c, PDP__COLL_SEND, (float *)buf, count, peer, tag, w);
 }
@@ -326,8 +323,8 @@ PDP__PRIVATE pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, in
 /* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
    PDP_ERR_COMM when the communicator is being freed, with *req left pending
    (the caller records it as the orphan). */
-PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
-                                       double deadline, char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w,
+                                       MPI_Request *req, double deadline, char *msg, size_t cap)
 {
     pdp_comm *c = &mc->head;
     double t0 = pdp__now(), now, since;
@@ -369,8 +366,8 @@ PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item 
 }
 
 /* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
-PDP__PRIVATE pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
-                                        char *msg, size_t cap)
+PDP__PRIVATE pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc,
+                                        const char *call, char *msg, size_t cap)
 {
     char e[256];
     if (rc == MPI_SUCCESS) return PDP_OK;
@@ -796,7 +793,8 @@ PDP__PRIVATE int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout
 /* ---- comm_mpi: creation ---- */
 
 /* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
-PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn)
+PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s,
+                                         const char *fn)
 {
     int inited = 0, finalized = 0, provided = 0, rc;
     pdp_status st = PDP_OK;

@@ -145,8 +145,8 @@ PDP__PRIVATE pdp_status pdp__nccl_flush(pdp_comm *c)
     return PDP_OK;
 }
 
-PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count, int peer,
-                                      int tag, pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count,
+                                      int peer, int tag, pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp__nccl_work *wk = &nc->pool[nc->next];
@@ -174,8 +174,8 @@ PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int
     return PDP_OK;
 }
 
-PDP__PRIVATE pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                       pdp_work **w)
+PDP__PRIVATE pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer,
+                                       int tag, pdp_work **w)
 {
     return pdp__nccl_p2p(c, true, (float *)buf, count, peer, tag, w);
 }
@@ -235,7 +235,8 @@ PDP__PRIVATE pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk)
 /* kind names the collective through internal.h's pdp__op_names, whose first four
    entries follow pdp_cudak_coll's order. */
 PDP__PRIVATE pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *send,
-                                        void *recv, int64_t count, int op, pdp_dtype dt, pdp_work **w)
+                                        void *recv, int64_t count, int op, pdp_dtype dt,
+                                        pdp_work **w)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp__nccl_work *wk;
@@ -337,8 +338,8 @@ PDP__PRIVATE pdp_status pdp__nccl_wait(pdp_work *w)
     if (nc->trace_tid) {
         char args[64];
         snprintf(args, sizeof args, "\"seq\":%lld", (long long)w->seq);
-        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start, w->t_done,
-                         args);
+        pdp__trace_async(c->rank, nc->trace_tid, "comm", w->op_name, (uint64_t)w->seq, w->t_start,
+                         w->t_done, args);
     }
     return PDP_OK;
 }
@@ -361,17 +362,17 @@ PDP__PRIVATE void pdp__nccl_destroy(pdp_comm *c)
     pdp__dealloc(nc);
 }
 
-PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                       double timeout_s, const char *name, bool process_rank,
-                                       const char *fn);
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
+                                       int size, double timeout_s, const char *name,
+                                       bool process_rank, const char *fn);
 
 /* ---- comm_nccl: split ----
    ncclCommSplit over c (thread ranks and process ranks alike: it needs NCCL 2.18),
    after the messages pending on c are enqueued. comm.c has already exchanged the
    colours over c, so every rank is here; the key orders the new ranks as
    comm.c's new_rank does (ties by rank in c, as NCCL's). */
-PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                        int leader, pdp_comm **out)
+PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank,
+                                        int new_size, int leader, pdp_comm **out)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)c->impl;
     pdp_cudak_nccl *h = NULL;
@@ -398,9 +399,9 @@ static const pdp__comm_ops pdp__nccl_ops = {
     pdp__nccl_split,     pdp__nccl_wait,      pdp__nccl_done,           pdp__nccl_destroy};
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
-PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                       double timeout_s, const char *name, bool process_rank,
-                                       const char *fn)
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
+                                       int size, double timeout_s, const char *name,
+                                       bool process_rank, const char *fn)
 {
     pdp__nccl_comm *nc = (pdp__nccl_comm *)pdp__calloc(sizeof *nc);
     pdp_status st;

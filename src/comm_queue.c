@@ -57,7 +57,8 @@ PDP__PRIVATE void pdp__deadline(struct timespec *ts, double seconds)
    zero means the default; a negative, NaN or infinite value (or one above
    PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
    field. Every communicator constructor calls it first (desc may be NULL). */
-PDP__PRIVATE pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn)
+PDP__PRIVATE pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out,
+                                               const char *fn)
 {
     double t = desc ? desc->timeout_s : 0.0;
     *out = PDP__COMM_TIMEOUT_DEFAULT;
@@ -338,7 +339,8 @@ PDP__PRIVATE pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *arg
 
 /* A handle for a message, t_start = launch; PDP_ERR_STATE when the pool is empty,
    the broken status when the queue is broken. */
-PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out)
+PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args,
+                                        pdp__workq_item **out)
 {
     pdp__workq *q = (pdp__workq *)c->impl;
     pdp__workq_item *w;
@@ -386,7 +388,8 @@ PDP__PRIVATE void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w)
 }
 
 /* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
-PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg)
+PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st,
+                                    const char *msg)
 {
     double t = pdp__now();
     pdp__workq_trace(q, w, w->head.t_start, t, st);
@@ -509,8 +512,8 @@ PDP__PRIVATE pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t co
 }
 
 PDP__PRIVATE pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                                  int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                                  pdp_work **w)
+                                                  int64_t recv_count, pdp_dtype dt,
+                                                  pdp_reduce_op op, pdp_work **w)
 {
     return pdp__workq_coll(c, PDP__COLL_REDUCE_SCATTER, recv_count, (int)op, dt, NULL,
                            (const float *)send, (float *)recv, w);

@@ -29,7 +29,10 @@ PDP__PRIVATE pdp_status pdp__cuda_fail(pdp_status st)
         if (pdp__cst != PDP_OK) return pdp__cuda_fail(pdp__cst);             \
     } while (0)
 
-PDP__PRIVATE int pdp__cuda_ordinal(pdp_device d) { return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal; }
+PDP__PRIVATE int pdp__cuda_ordinal(pdp_device d)
+{
+    return d.kind == PDP_DEVICE_CPU ? -1 : d.ordinal;
+}
 #endif
 
 /* ---- cuda_host: memory ---- */
@@ -85,8 +88,8 @@ PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, flo
 #endif
 }
 
-PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                      size_t bytes)
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev,
+                                      const void *src, size_t bytes)
 {
     if (dst_dev.kind == PDP_DEVICE_CPU && src_dev.kind == PDP_DEVICE_CPU) {
         if (dst != src) memmove(dst, src, bytes);
@@ -199,9 +202,10 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
    device d: labels (host memory) are checked here in sample order, the device
    computes per-sample losses, and the host sums them in sample order. */
 
-PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                                int64_t batch, int64_t classes, float grad_scale,
-                                                double *loss_sum, float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
+                                                const int32_t *labels, int64_t batch,
+                                                int64_t classes, float grad_scale, double *loss_sum,
+                                                float *dlogits, const char *fn)
 {
 #ifdef PDP_CUDA
     double *loss = (double *)pdp__thread_scratch((size_t)batch * sizeof(double)), total = 0.0;
@@ -268,7 +272,8 @@ PDP__PRIVATE pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t co
 #endif
 }
 
-PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
+                                        const char *fn)
 {
 #ifdef PDP_CUDA
     pdp_status st;
@@ -329,7 +334,8 @@ PDP__PRIVATE pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *sr
 /* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
 
 PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
-                                               float *p, const float *g, float *s0, float *s1, int64_t n)
+                                               float *p, const float *g, float *s0, float *s1,
+                                               int64_t n)
 {
 #ifdef PDP_CUDA
     if (s->kind == PDP_OPTIM_SGD)

@@ -670,12 +670,14 @@ PDP__PRIVATE pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn)
    Only for a whole-model optimizer that pdp_optim_step would accept (its checks run
    first, so an error is reported before anything changes), and with 2+ workers
    active (one worker runs no reduce). */
-PDP__PRIVATE pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out, const char *fn)
+PDP__PRIVATE pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out,
+                                           const char *fn)
 {
     pdp_status st;
     *out = NULL;
     if (dp->cuda || dp->active < 2) return PDP_OK;
-    if ((st = pdp__optim_check_step(opt)) != PDP_OK) return pdp__err_wrap(st, "%s: master step", fn);
+    if ((st = pdp__optim_check_step(opt)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: master step", fn);
     if (opt->lo != 0 || opt->hi != dp->master->param_count) return PDP_OK;
     *out = opt;
     return PDP_OK;

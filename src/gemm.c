@@ -147,7 +147,8 @@ static inline __attribute__((always_inline)) void pdp__gemm_store_acc(
                 if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_loadu_ps(ci + v * 16), r);
                 _mm512_storeu_ps(ci + v * 16, r);
             } else {
-                if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
+                if (beta != 0.0f)
+                    r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci + v * 16), r);
                 _mm512_mask_storeu_ps(ci + v * 16, mask[v], r);
             }
         }
@@ -163,8 +164,8 @@ static inline __attribute__((always_inline)) void pdp__gemm_store_tile(
 }
 
 PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                                   int nr, float alpha, float beta)
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta)
 {
     __m512 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     int i, v;
@@ -265,8 +266,8 @@ PDP__PRIVATE void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
 #  define PDP__GEMM_VL 8
 
 PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                                   int nr, float alpha, float beta)
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta)
 {
     __m256 acc[PDP__GEMM_MR][PDP__GEMM_NV];
     __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
@@ -292,7 +293,8 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
     }
     _Pragma("GCC unroll 4") for (v = 0; v < PDP__GEMM_NV; v++) {
         int left = nr - v * PDP__GEMM_VL;
-        mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        mask[v] =
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     }
     _Pragma("GCC unroll 16") for (i = 0; i < PDP__GEMM_MR; i++) {
         float *ci = c + i * ldc;
@@ -303,7 +305,8 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
                 if (beta != 0.0f) r = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + v * 8), r);
                 _mm256_storeu_ps(ci + v * 8, r);
             } else {
-                if (beta != 0.0f) r = _mm256_fmadd_ps(vb, _mm256_maskload_ps(ci + v * 8, mask[v]), r);
+                if (beta != 0.0f)
+                    r = _mm256_fmadd_ps(vb, _mm256_maskload_ps(ci + v * 8, mask[v]), r);
                 _mm256_maskstore_ps(ci + v * 8, mask[v], r);
             }
         }
@@ -317,8 +320,8 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 #  define PDP__GEMM_VL 16
 
 PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                                   int nr, float alpha, float beta)
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta)
 {
     float acc[PDP__GEMM_MR][PDP__GEMM_VL];
     int i, j;
@@ -402,7 +405,8 @@ PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *
 
 /* Source row r of a packing routine: src + off[r] with a row-offset table (the
    gathered B of pdp__sgemm_rows), else src + r * lds. */
-PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off, int64_t r)
+PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off,
+                                        int64_t r)
 {
     return off ? src + off[r] : src + r * lds;
 }
@@ -648,7 +652,8 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
     int64_t step = g->split_n ? PDP__GEMM_NR : PDP__GEMM_MR;
     int64_t len = g->split_n ? g->n : g->m;
     int64_t panels = (len + step - 1) / step;
-    int64_t lo = PDP__MIN(len, panels * i / n * step), hi = PDP__MIN(len, panels * (i + 1) / n * step);
+    int64_t lo = PDP__MIN(len, panels * i / n * step),
+            hi = PDP__MIN(len, panels * (i + 1) / n * step);
     int64_t m0 = g->split_n ? 0 : lo, m1 = g->split_n ? g->m : hi;
     int64_t n0 = g->split_n ? lo : 0, n1 = g->split_n ? hi : g->n;
     float *scratch;
@@ -663,8 +668,8 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n)
 /* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
-                                const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
-                                int64_t ldc, int round16)
+                                const float *b, int64_t ldb, const int64_t *brow, float beta,
+                                float *c, int64_t ldc, int round16)
 {
     pdp__gemm_args g;
     int threads, parts;
@@ -835,8 +840,8 @@ static inline __attribute__((always_inline)) void pdp__gemm_kernel_runs_n(
 
 PDP__PRIVATE void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
                                         const float *b, const int64_t *brow, const int64_t *soff,
-                                        const __mmask16 *smask, const int *nseg, float *c, int64_t ldc,
-                                        int mr, int nr, float beta)
+                                        const __mmask16 *smask, const int *nseg, float *c,
+                                        int64_t ldc, int mr, int nr, float beta)
 {
     int most = 0, v;
     for (v = 0; v < PDP__GEMM_RUNS_NV; v++) most = PDP__MAX(most, nseg[v]);

@@ -106,7 +106,10 @@ PDP__PRIVATE void pdp__amx_emu_config(pdp__amx_tiles *e, const pdp__amx_tilecfg 
     memset(e->t, 0, sizeof e->t); /* LDTILECFG zeroes the tiles */
 }
 
-PDP__PRIVATE void pdp__amx_emu_zero(pdp__amx_tiles *e, int t) { memset(e->t[t], 0, sizeof e->t[t]); }
+PDP__PRIVATE void pdp__amx_emu_zero(pdp__amx_tiles *e, int t)
+{
+    memset(e->t[t], 0, sizeof e->t[t]);
+}
 
 /* TILELOADD: rows[t] rows of colsb[t] bytes from base + r stride; the rest zero. */
 PDP__PRIVATE void pdp__amx_emu_load(pdp__amx_tiles *e, int t, const void *base, int64_t stride)
@@ -183,7 +186,7 @@ PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b)
       PDP__AMX_OP(e, pdp__amx_emu_load(e, t, p, s), _tile_loadd(t, p, s))
 #  define PDP__AMX_STORE(e, t, p, s)                                                          \
       PDP__AMX_OP(e, pdp__amx_emu_store(e, t, p, s), _tile_stored(t, p, s))
-#  define PDP__AMX_DP(e, c, a, b) PDP__AMX_OP(e, pdp__amx_emu_dp(e, c, a, b), _tile_dpbf16ps(c, a, b))
+#define PDP__AMX_DP(e, c, a, b) PDP__AMX_OP(e, pdp__amx_emu_dp(e, c, a, b), _tile_dpbf16ps(c, a, b))
 
 /* ---- gemm_amx: kernels ----
    steps k steps from a (the block's A tiles in step order: step s, tile i at
@@ -493,7 +496,8 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, 
                                                  PDP__AMX_RNE);
             if (beta != 0.0f)
                 r = _mm512_maskz_add_round_ps(
-                    all, _mm512_maskz_mul_round_ps(all, vb, _mm512_maskz_loadu_ps(m, ci), PDP__AMX_RNE),
+                    all,
+                    _mm512_maskz_mul_round_ps(all, vb, _mm512_maskz_loadu_ps(m, ci), PDP__AMX_RNE),
                     r, PDP__AMX_RNE);
             _mm512_mask_storeu_ps(ci, m, r);
         }

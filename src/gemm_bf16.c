@@ -346,8 +346,8 @@ static inline float pdp__bf16_at(const float *x, int64_t ld, pdp_trans t, int64_
 
 /* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
    (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
-PDP__PRIVATE void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                                       int64_t k, int width, uint32_t *dst)
+PDP__PRIVATE void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0,
+                                       int rows, int64_t k, int width, uint32_t *dst)
 {
     int64_t p, pairs = (k + 1) / 2;
     int i;
@@ -492,7 +492,8 @@ PDP__BF16_TARGET static inline __attribute__((always_inline)) void pdp__bf16_pac
    interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
    (width a multiple of 16) or two (width 8). */
 PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
-                                                       int rows, int64_t k, int width, uint32_t *dst)
+                                                       int rows, int64_t k, int width,
+                                                       uint32_t *dst)
 {
     int64_t panel = (k + 1) / 2 * width;
     int i, padded = (rows + width - 1) / width * width;
@@ -617,8 +618,8 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel(const float *x, int64_
 }
 
 PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
-                                                            int64_t r0, int rows, int64_t k, int width,
-                                                            uint32_t *dst)
+                                                            int64_t r0, int rows, int64_t k,
+                                                            int width, uint32_t *dst)
 {
     pdp__bf16_pack_k_core(NULL, h, 0, off, r0, rows, k, width, dst);
 }
@@ -714,7 +715,8 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_convert_avx512(const float *x, uint
    words; writes the top-left mr x nr of the tile to c (row stride ldc). */
 
 PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
-                                        float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
+                                        float *c, int64_t ldc, int mr, int nr, float alpha,
+                                        float beta)
 {
     float acc[PDP__BF16_MR][PDP__BF16_NR];
     int64_t p;
@@ -726,14 +728,16 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
         for (i = 0; i < mr; i++) {
             float a0 = pdp__bf16_daz((uint16_t)a[i]), a1 = pdp__bf16_daz((uint16_t)(a[i] >> 16));
             for (j = 0; j < nr; j++) {
-                float b0 = pdp__bf16_daz((uint16_t)b[j]), b1 = pdp__bf16_daz((uint16_t)(b[j] >> 16));
+                float b0 = pdp__bf16_daz((uint16_t)b[j]),
+                      b1 = pdp__bf16_daz((uint16_t)(b[j] >> 16));
                 float s = pdp__bf16_ftz_add(acc[i][j], a1 * b1);
                 acc[i][j] = pdp__bf16_ftz_add(s, a0 * b0);
             }
         }
     }
     for (i = 0; i < mr; i++)
-        for (j = 0; j < nr; j++) c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
+        for (j = 0; j < nr; j++)
+            c[i * ldc + j] = pdp__bf16_out(acc[i][j], alpha, beta, c + i * ldc + j);
 }
 
 #if PDP__BF16_X86
@@ -886,8 +890,9 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
 
 PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
-                                                           const uint32_t *bp, float *c, int64_t ldc,
-                                                           int mr, int nr, float alpha, float beta)
+                                                           const uint32_t *bp, float *c,
+                                                           int64_t ldc, int mr, int nr, float alpha,
+                                                           float beta)
 {
     __m512 acc[PDP__BF16_MR][2];
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
@@ -1058,9 +1063,10 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate); /* gemm_am
 
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
-PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
-                                int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
-                                const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
+PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                int64_t n, int64_t k, float alpha, const float *a,
+                                const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                const float *b, const uint16_t *bh, int64_t ldb,
                                 const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
@@ -1197,9 +1203,9 @@ PDP__PRIVATE pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path)
             PDP_NO_TRANS) or bh[brow[j] + p] (PDP_TRANS).
    arows_h: A not transposed, row i at ah + arow[i]: A(i, p) = ah[arow[i] + p]. */
 PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
-                                        int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                                        const uint16_t *bh, const int64_t *brow, float beta, float *c,
-                                        int64_t ldc)
+                                        int64_t n, int64_t k, float alpha, const float *a,
+                                        int64_t lda, const uint16_t *bh, const int64_t *brow,
+                                        float beta, float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), ta, tb, m, n, k, alpha, a, NULL, lda, NULL, NULL, bh,
                   0, brow, beta, c, ldc);
@@ -1207,8 +1213,8 @@ PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_tr
 
 PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
                                          int64_t k, float alpha, const uint16_t *ah,
-                                         const int64_t *arow, const float *b, int64_t ldb, float beta,
-                                         float *c, int64_t ldc)
+                                         const int64_t *arow, const float *b, int64_t ldb,
+                                         float beta, float *c, int64_t ldc)
 {
     pdp__bf16_run(pdp__bf16_resolve(path), PDP_NO_TRANS, tb, m, n, k, alpha, NULL, ah, 0, arow,
                   b, NULL, ldb, NULL, beta, c, ldc);

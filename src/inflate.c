@@ -39,7 +39,8 @@ PDP__PRIVATE void pdp__crc32_table(uint32_t table[256])
     }
 }
 
-PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p, size_t n)
+PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p,
+                                 size_t n)
 {
     size_t i;
     crc = ~crc;
@@ -364,7 +365,10 @@ PDP__PRIVATE uint32_t pdp__le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n) { return n >= 2 && p[0] == 0x1f && p[1] == 0x8b; }
+PDP__PRIVATE bool pdp__is_gzip(const uint8_t *p, size_t n)
+{
+    return n >= 2 && p[0] == 0x1f && p[1] == 0x8b;
+}
 
 /* Decodes every gzip member of in[0..n) into *out (pdp__alloc'd, *out_len bytes). */
 PDP__PRIVATE pdp_status pdp__gunzip(const uint8_t *in, size_t n, uint8_t **out, size_t *out_len,

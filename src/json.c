@@ -379,7 +379,8 @@ PDP__PRIVATE pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_
     return PDP_OK;
 }
 
-PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name)
+PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n,
+                                               const char *name)
 {
     int lo = 0, hi = n - 1;
     while (lo <= hi) {

@@ -84,8 +84,8 @@ PDP__PRIVATE pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n)
     return pdp__err(ranks[first].st, "pdp_launch: rank %d of %d: %s", first, n, ranks[first].msg);
 }
 
-PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
-                                            pdp_launch_fn fn, void *user)
+PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
+                                            const pdp_comm_desc *cd, pdp_launch_fn fn, void *user)
 {
     static const char fn_name[] = "pdp_launch";
     pdp__launch L;

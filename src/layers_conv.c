@@ -58,7 +58,8 @@
 
 /* Window element (ki, kj) against the running maximum of n outputs. */
 PDP__PRIVATE void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
-                                      float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at)
+                                      float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
+                                      int32_t at)
 {
     int64_t ow = 0;
     int j;
@@ -128,7 +129,8 @@ PDP__PRIVATE void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float 
 
 PDP__PRIVATE void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
                                             const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
-                                            int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1)
+                                            int32_t w, float *PDP__RESTRICT d0,
+                                            float *PDP__RESTRICT d1)
 {
     int64_t ow = 0;
     int j;
@@ -288,8 +290,14 @@ PDP__PRIVATE pdp__conv_geom pdp__conv_geom_of(const pdp__layer *l)
 }
 
 /* Implicit path, a chunk of n samples: row widths of the padded image and padded dy. */
-PDP__PRIVATE int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n) { return n * (g->W + g->pad) + g->pad; }
-PDP__PRIVATE int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n) { return n * (g->Wo + g->q) + g->q; }
+PDP__PRIVATE int64_t pdp__conv_wt(const pdp__conv_geom *g, int64_t n)
+{
+    return n * (g->W + g->pad) + g->pad;
+}
+PDP__PRIVATE int64_t pdp__conv_wqt(const pdp__conv_geom *g, int64_t n)
+{
+    return n * (g->Wo + g->q) + g->q;
+}
 
 /* Floats of one part's scratch for chunks of at most n samples. Implicit: the two
    offset tables (int64), the padded image and padded dy (the last run of each starts
@@ -307,8 +315,8 @@ PDP__PRIVATE int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n)
 
 /* Per sample: W' (once is enough; simpler per sample), one share, and twice a
    one-sample scratch. Enough: chunks <= batch, and scratch(n) <= n scratch(1) (each
-   term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch for chunks of
-   cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
+   term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch
+   for chunks of cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
 PDP__PRIVATE int64_t pdp__conv_work_per_sample(const pdp__layer *l)
 {
     pdp__conv_geom g = pdp__conv_geom_of(l);
@@ -429,8 +437,9 @@ PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, flo
     } while (0)
 
 /* d = dy masked by y > 0 (the fused ReLU's backward), one row. */
-PDP__PRIVATE void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *PDP__RESTRICT y,
-                                          float *PDP__RESTRICT d, int64_t n)
+PDP__PRIVATE void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g,
+                                          const float *PDP__RESTRICT y, float *PDP__RESTRICT d,
+                                          int64_t n)
 {
     PDP__CONV_ROW(j, n, {
         float gj = g[j], yj = y[j]; /* both loaded first: gcc -O2 then vectorises */
@@ -783,8 +792,8 @@ PDP__PRIVATE void pdp__conv_backward_part(void *arg, int i, int parts)
 /* Parts: the caller's threads, at most one per chunk (scratch regions are sized
    for as many parts as samples). A single part runs on the caller without taking
    the pool, so its GEMMs can still use the threads. */
-PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
-                                     bool backward)
+PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l,
+                                     const pdp__layer_io *io, bool backward)
 {
     job->l = l;
     job->io = io;
@@ -868,11 +877,13 @@ PDP__PRIVATE pdp_status pdp__conv_setup(pdp__layer *l, pdp__param_shapes *ps, co
        Hp + 2k, Wp + 2k and the weight count) must fit, so none of them can overflow */
     if (!pdp__mul3_ok(O, Ho, Wo, &out) || !pdp__mul3_ok(C, k, k, &ckk) ||
         !pdp__mul_ok(O, ckk, &weights))
-        return pdp__err(PDP_ERR_SHAPE, "out_channels %lld, kernel %lld, padding %lld: output "
-                        "(%lld, %lld, %lld) or weights (%lld, %lld, %lld, %lld) exceed %lld elements "
-                        "(input %s)", (long long)O, (long long)k, (long long)pad, (long long)O,
-                        (long long)Ho, (long long)Wo, (long long)O, (long long)C, (long long)k,
-                        (long long)k, (long long)PDP__COUNT_MAX, in);
+        return pdp__err(
+            PDP_ERR_SHAPE,
+            "out_channels %lld, kernel %lld, padding %lld: output "
+            "(%lld, %lld, %lld) or weights (%lld, %lld, %lld, %lld) exceed %lld elements "
+            "(input %s)",
+            (long long)O, (long long)k, (long long)pad, (long long)O, (long long)Ho, (long long)Wo,
+            (long long)O, (long long)C, (long long)k, (long long)k, (long long)PDP__COUNT_MAX, in);
     work = 16.0 * ((double)(ckk + O) * (double)(Hp + 2 * k) * (double)(Wp + 2 * k) +
                    (double)weights + (double)O + (double)k + 64.0);
     if (work > (double)PDP__COUNT_MAX)

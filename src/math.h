@@ -208,7 +208,10 @@ static inline PDP__HOSTDEV float pdp__bf16_float(uint16_t h)
     v.u = (uint32_t)h << 16;
     return v.f;
 }
-static inline PDP__HOSTDEV float pdp__bf16_round(float x) { return pdp__bf16_float(pdp__bf16_bits(x)); }
+static inline PDP__HOSTDEV float pdp__bf16_round(float x)
+{
+    return pdp__bf16_float(pdp__bf16_bits(x));
+}
 
 /* ---- math: fp16 ----
    IEEE binary16 (1 sign, 5 exponent, 10 mantissa bits; largest finite 65504,
@@ -254,4 +257,7 @@ static inline PDP__HOSTDEV float pdp__f16_float(uint16_t h)
     }
     return v.f;
 }
-static inline PDP__HOSTDEV float pdp__f16_round(float x) { return pdp__f16_float(pdp__f16_bits(x)); }
+static inline PDP__HOSTDEV float pdp__f16_round(float x)
+{
+    return pdp__f16_float(pdp__f16_bits(x));
+}

@@ -336,7 +336,8 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
     bool agreed = false;
     if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
     *out = NULL;
-    if (!full || !c) return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, full ? "comm" : "model");
+    if (!full || !c)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is NULL", fn, full ? "comm" : "model");
     if (c->size > PDP_PP_MAX_STAGES)
         return pdp__err(PDP_ERR_INVALID, "%s: %d ranks (at most PDP_PP_MAX_STAGES = %d stages)",
                         fn, c->size, PDP_PP_MAX_STAGES);
@@ -838,7 +839,8 @@ PDP_API int pdp_pp_num_stages(const pdp_pp *pp) { return pp ? pp->p : 0; }
 
 PDP_API pdp_status pdp_pp_stage_layers(const pdp_pp *pp, int s, int *first, int *last)
 {
-    if (!pp || !first || !last) return pdp__err(PDP_ERR_INVALID, "pdp_pp_stage_layers: NULL argument");
+    if (!pp || !first || !last)
+        return pdp__err(PDP_ERR_INVALID, "pdp_pp_stage_layers: NULL argument");
     if (s < 0 || s >= pp->p)
         return pdp__err(PDP_ERR_INVALID, "pdp_pp_stage_layers: stage %d outside 0..%d", s,
                         pp->p - 1);

@@ -611,8 +611,8 @@ PDP__PRIVATE pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_com
 
 /* The executor's reduce with a hook registered: v holds the collective's part of the
    view (grad, count, reduce_scatter, recv, recv_count); the rest is filled here. */
-PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_comm_hook_bucket *v,
-                                                 pdp_work **w)
+PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b,
+                                                 const pdp_comm_hook_bucket *v, pdp_work **w)
 {
     pdp__red_bucket *k = &r->buckets[b];
     pdp_status st;
@@ -671,8 +671,8 @@ PDP__PRIVATE pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, co
 }
 
 /* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
-PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
-                                                const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight,
+                                                float *scale, const char *fn)
 {
     pdp_status st = pdp_work_wait(r->count_work);
     double total;
@@ -786,8 +786,8 @@ PDP__PRIVATE pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor 
 }
 
 /* A user's own loss: forward on this rank's shard (*y: the model's output). */
-PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
-                                             const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x,
+                                             const pdp_tensor **y, const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;
@@ -801,7 +801,8 @@ PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *
 }
 
 /* ... and backward from dy, the gradient of the user's loss with respect to y. */
-PDP__PRIVATE pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn)
+PDP__PRIVATE pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy,
+                                                 const char *fn)
 {
     double t0 = pdp__now();
     pdp_status st;

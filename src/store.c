@@ -93,8 +93,8 @@ PDP__PRIVATE uint64_t pdp__store_take(const unsigned char *p, int bytes)
     return x;
 }
 
-PDP__PRIVATE void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint32_t value_bytes,
-                                  uint64_t arg)
+PDP__PRIVATE void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes,
+                                  uint32_t value_bytes, uint64_t arg)
 {
     pdp__store_put(p, PDP__STORE_MAGIC, 4);
     p[4] = (unsigned char)code;
@@ -312,8 +312,8 @@ PDP__PRIVATE void pdp__store_flush(pdp__store_conn *c)
 }
 
 /* Queues a reply, ends the current request and starts sending. */
-PDP__PRIVATE void pdp__store_reply(pdp__store_conn *c, int status, const void *value, uint32_t bytes,
-                                   uint64_t arg)
+PDP__PRIVATE void pdp__store_reply(pdp__store_conn *c, int status, const void *value,
+                                   uint32_t bytes, uint64_t arg)
 {
     if (!pdp__store_reserve(&c->out, &c->out_cap, PDP__STORE_HDR + (size_t)bytes)) {
         c->dead = true; /* the client sees EOF: PDP_ERR_COMM on its side */
@@ -614,7 +614,8 @@ PDP__PRIVATE void pdp__store_server_free(pdp__store_server *srv)
 }
 
 /* Binds host:port, listens and starts the loop; *port gets the port bound. */
-PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port)
+PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const char *host,
+                                                int *port)
 {
     struct addrinfo hints, *res = NULL, *ai;
     pdp__store_server *srv;
@@ -794,8 +795,8 @@ PDP__PRIVATE int pdp__store_io(int fd, const unsigned char *out, unsigned char *
     return 0;
 }
 
-PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
-                                     size_t cap)
+PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline,
+                                     char *why, size_t cap)
 {
     return pdp__store_io(fd, (const unsigned char *)buf, NULL, bytes, deadline, why, cap);
 }

@@ -9,7 +9,8 @@
 
 /* ---- tensor: shapes ---- */
 
-PDP__PRIVATE pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *count)
+PDP__PRIVATE pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape,
+                                         int64_t *count)
 {
     int64_t n = 1;
     int i;
@@ -61,8 +62,8 @@ PDP_API pdp_status pdp_tensor_create(pdp_tensor **out, pdp_device device, int nd
     *out = NULL;
     if ((st = pdp__check_shape("pdp_tensor_create", ndim, shape, &count)) != PDP_OK) return st;
     if ((uint64_t)count > SIZE_MAX / sizeof(float))
-        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: %lld floats do not fit in memory",
-                        (long long)count);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY,
+                        "pdp_tensor_create: %lld floats do not fit in memory", (long long)count);
     t = (pdp_tensor *)pdp__calloc(sizeof *t);
     if (!t) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "pdp_tensor_create: no memory for the header");
     pdp__set_shape(t, ndim, shape, count);
@@ -120,9 +121,11 @@ PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const 
     pdp_status st;
     char a[96];
     if (!t || !view) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_reshape_view: NULL tensor");
-    if ((st = pdp__check_shape("pdp_tensor_reshape_view", ndim, shape, &count)) != PDP_OK) return st;
+    if ((st = pdp__check_shape("pdp_tensor_reshape_view", ndim, shape, &count)) != PDP_OK)
+        return st;
     if (count != t->count)
-        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_reshape_view: %s has %lld elements, new shape has %lld",
+        return pdp__err(PDP_ERR_SHAPE,
+                        "pdp_tensor_reshape_view: %s has %lld elements, new shape has %lld",
                         pdp__shape_str(t, a, sizeof a), (long long)t->count, (long long)count);
     return pdp_tensor_wrap(t->data, t->device, ndim, shape, view);
 }
@@ -170,10 +173,12 @@ PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src)
     char a[96], b[96];
     if (!dst || !src) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_copy: NULL tensor");
     if (dst->count != src->count)
-        return pdp__err(PDP_ERR_SHAPE, "pdp_tensor_copy: destination %s and source %s differ in count",
+        return pdp__err(PDP_ERR_SHAPE,
+                        "pdp_tensor_copy: destination %s and source %s differ in count",
                         pdp__shape_str(dst, a, sizeof a), pdp__shape_str(src, b, sizeof b));
     if (dst->device.kind == PDP_DEVICE_CPU && src->device.kind == PDP_DEVICE_CPU) {
-        if (dst->data != src->data) memmove(dst->data, src->data, (size_t)src->count * sizeof(float));
+        if (dst->data != src->data)
+            memmove(dst->data, src->data, (size_t)src->count * sizeof(float));
         return PDP_OK;
     }
     return pdp__dev_copy(dst->device, dst->data, src->device, src->data,

@@ -23,8 +23,8 @@
    pool). The pool and the scratch key below are two of pdp's few pieces of
    process-wide state; the manual lists them all (THREADS AND DETERMINISM: also the
    trace sink, the bf16 path's CPU features and AMX permission, MPI's ownership record
-   and each CUDA device's stream, handle and caches). It is started lazily by the first pdp__parallel_for
-   that needs it, grows when a caller asks for more threads than it has, is reused
+   and each CUDA device's stream, handle and caches). It is started lazily by the first
+   pdp__parallel_for that needs it, grows when a caller asks for more threads than it has, is reused
    by every later call, and is joined by pdp_shutdown_threads (after which the next
    call starts it again). A caller that wins pool.busy (pthread_mutex_trylock) owns
    the team for one job; a caller that loses it (another thread is using the pool,

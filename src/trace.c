@@ -312,8 +312,8 @@ PDP__PRIVATE void pdp__trace_record(char ph, int pid, int tid, const char *cat, 
 /* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
    seconds). cat: a string literal ("compute", "comm"); args: NULL or a JSON
    object body. */
-PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                      double t1, const char *args)
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name,
+                                      double t0, double t1, const char *args)
 {
     pdp__trace_record('X', pid, tid, cat, name, 0, t0, t1, args);
 }

@@ -193,8 +193,8 @@ PDP__PRIVATE void pdp__zero_run_text(uint64_t run, char out[17])
 }
 
 /* The marker's text for this executor at step steps of save run. */
-PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
-                                        size_t cap)
+PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run,
+                                        char *out, size_t cap)
 {
     size_t n;
     int u;

@@ -827,8 +827,8 @@ PDP__PRIVATE double pdp__now(void);
    pool). The pool and the scratch key below are two of pdp's few pieces of
    process-wide state; the manual lists them all (THREADS AND DETERMINISM: also the
    trace sink, the bf16 path's CPU features and AMX permission, MPI's ownership record
-   and each CUDA device's stream, handle and caches). It is started lazily by the first pdp__parallel_for
-   that needs it, grows when a caller asks for more threads than it has, is reused
+   and each CUDA device's stream, handle and caches). It is started lazily by the first
+   pdp__parallel_for that needs it, grows when a caller asks for more threads than it has, is reused
    by every later call, and is joined by pdp_shutdown_threads (after which the next
    call starts it again). A caller that wins pool.busy (pthread_mutex_trylock) owns
    the team for one job; a caller that loses it (another thread is using the pool,
@@ -1066,8 +1066,8 @@ PDP__PRIVATE void pdp__trace_record(char ph, int pid, int tid, const char *cat, 
 /* A complete event: name ran on track tid of rank pid from t0 to t1 (pdp__now()
    seconds). cat: a string literal ("compute", "comm"); args: NULL or a JSON
    object body. */
-PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                      double t1, const char *args);
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name,
+                                      double t0, double t1, const char *args);
 
 /* An async begin/end pair (a collective from launch to completion, which may
    overlap the compute track); id distinguishes concurrent pairs of one name. */
@@ -1164,8 +1164,8 @@ PDP__PRIVATE void pdp__store_put(unsigned char *p, uint64_t x, int bytes);
 
 PDP__PRIVATE uint64_t pdp__store_take(const unsigned char *p, int bytes);
 
-PDP__PRIVATE void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes, uint32_t value_bytes,
-                                  uint64_t arg);
+PDP__PRIVATE void pdp__store_pack(unsigned char *p, int code, uint32_t key_bytes,
+                                  uint32_t value_bytes, uint64_t arg);
 
 PDP__PRIVATE pdp__store_hdr pdp__store_unpack(const unsigned char *p);
 
@@ -1243,8 +1243,8 @@ PDP__PRIVATE bool pdp__store_put_entry(pdp__store_server *srv, const unsigned ch
 PDP__PRIVATE void pdp__store_flush(pdp__store_conn *c);
 
 /* Queues a reply, ends the current request and starts sending. */
-PDP__PRIVATE void pdp__store_reply(pdp__store_conn *c, int status, const void *value, uint32_t bytes,
-                                   uint64_t arg);
+PDP__PRIVATE void pdp__store_reply(pdp__store_conn *c, int status, const void *value,
+                                   uint32_t bytes, uint64_t arg);
 
 PDP__PRIVATE void pdp__store_reply_error(pdp__store_conn *c, bool hang_up, const char *fmt, ...);
 
@@ -1277,7 +1277,8 @@ PDP__PRIVATE void *pdp__store_serve(void *arg);
 PDP__PRIVATE void pdp__store_server_free(pdp__store_server *srv);
 
 /* Binds host:port, listens and starts the loop; *port gets the port bound. */
-PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const char *host, int *port);
+PDP__PRIVATE pdp_status pdp__store_server_start(pdp__store_server **out, const char *host,
+                                                int *port);
 
 PDP__PRIVATE void pdp__store_server_stop(pdp__store_server *srv);
 
@@ -1305,8 +1306,8 @@ PDP__PRIVATE pdp_status pdp__store_connect(pdp_store *s, const char *host);
 PDP__PRIVATE int pdp__store_io(int fd, const unsigned char *out, unsigned char *in, size_t bytes,
                                double deadline, char *why, size_t cap);
 
-PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline, char *why,
-                                     size_t cap);
+PDP__PRIVATE int pdp__store_send_all(int fd, const void *buf, size_t bytes, double deadline,
+                                     char *why, size_t cap);
 
 PDP__PRIVATE int pdp__store_recv_all(int fd, void *buf, size_t bytes, double deadline, char *why,
                                      size_t cap);
@@ -1387,8 +1388,8 @@ PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
 
 PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
 
-PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                      size_t bytes);
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev,
+                                      const void *src, size_t bytes);
 
 PDP__PRIVATE pdp_status pdp__dev_add(pdp_device d, float *PDP__RESTRICT dst,
                                      const float *PDP__RESTRICT src, int64_t count);
@@ -1413,9 +1414,10 @@ PDP__PRIVATE pdp_status pdp__cuda_check_device(pdp_device d, const char *fn);
    device d: labels (host memory) are checked here in sample order, the device
    computes per-sample losses, and the host sums them in sample order. */
 
-PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                                int64_t batch, int64_t classes, float grad_scale,
-                                                double *loss_sum, float *dlogits, const char *fn);
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
+                                                const int32_t *labels, int64_t batch,
+                                                int64_t classes, float grad_scale, double *loss_sum,
+                                                float *dlogits, const char *fn);
 
 /* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
@@ -1427,7 +1429,8 @@ PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const flo
 PDP__PRIVATE pdp_status pdp__cuda_sumsq(pdp_device d, const float *x, int64_t count, double *sum,
                                         const char *fn);
 
-PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s, const char *fn);
+PDP__PRIVATE pdp_status pdp__cuda_scale(pdp_device d, float *x, int64_t count, float s,
+                                        const char *fn);
 
 /* Gradient compression on d (dt BF16 or F16): dst[i] = 16-bit(src[i] * scale), rounded
    to nearest even, and its inverse, dst[i] = widen(src[i]); CPU loops or pdp_cuda.cu's
@@ -1441,7 +1444,8 @@ PDP__PRIVATE pdp_status pdp__dev_from16(pdp_device d, float *dst, const void *sr
 /* ---- cuda_host: optimizer updates (optim.c's scalars, math.h's formulas) ---- */
 
 PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__optim_scalars *s,
-                                               float *p, const float *g, float *s0, float *s1, int64_t n);
+                                               float *p, const float *g, float *s0, float *s1,
+                                               int64_t n);
 
 /* ---- src/tensor.c ---- */
 /* tensor: creation, views, copies and initialisers; the PCG32 generator.
@@ -1455,7 +1459,8 @@ PDP__PRIVATE pdp_status pdp__cuda_optim_update(pdp_device d, const struct pdp__o
 
 /* ---- tensor: shapes ---- */
 
-PDP__PRIVATE pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *count);
+PDP__PRIVATE pdp_status pdp__check_shape(const char *fn, int ndim, const int64_t *shape,
+                                         int64_t *count);
 
 PDP__PRIVATE void pdp__set_shape(pdp_tensor *t, int ndim, const int64_t *shape, int64_t count);
 
@@ -1605,8 +1610,8 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 /* The MR x NR tile of the packed kernels. */
 
 PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                                   int nr, float alpha, float beta);
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta);
 
 /* The same tile with B read in place instead of packed: row p of the tile's B is
    the nr floats at b + brow[p] (a gathered B, pdp__sgemm_rows without transpose,
@@ -1635,8 +1640,8 @@ PDP__PRIVATE void pdp__gemm_kernel_arows(int64_t kc, const float *const *a8,
 #  define PDP__GEMM_VL 8
 
 PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                                   int nr, float alpha, float beta);
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta);
 
 #else
 #  define PDP__GEMM_KERNEL "portable 4x16"
@@ -1645,8 +1650,8 @@ PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT a
 #  define PDP__GEMM_VL 16
 
 PDP__PRIVATE void pdp__gemm_kernel(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
-                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc, int mr,
-                                   int nr, float alpha, float beta);
+                                   const float *PDP__GEMM_RESTRICT bp, float *c, int64_t ldc,
+                                   int mr, int nr, float alpha, float beta);
 #endif
 
 #define PDP__GEMM_NR (PDP__GEMM_NV * PDP__GEMM_VL)
@@ -1687,7 +1692,8 @@ PDP__PRIVATE void pdp__gemm_transpose8(const float *const *s, int64_t p, float *
 
 /* Source row r of a packing routine: src + off[r] with a row-offset table (the
    gathered B of pdp__sgemm_rows), else src + r * lds. */
-PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off, int64_t r);
+PDP__PRIVATE const float *pdp__gemm_row(const float *src, int64_t lds, const int64_t *off,
+                                        int64_t r);
 
 /* rows x kc of a source contiguous in k (row r at pdp__gemm_row) into
    dst[p * ldd + r]; the part of [0, ldd) past `rows` is zeroed. With AVX, groups of
@@ -1761,8 +1767,8 @@ PDP__PRIVATE void pdp__gemm_part(void *arg, int i, int n);
 /* pdp_sgemm with B's storage rows at b + brow[r] (brow non-NULL) or b + r ldb. */
 PDP__PRIVATE void pdp__gemm_run(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const float *a, int64_t lda, const int64_t *arow,
-                                const float *b, int64_t ldb, const int64_t *brow, float beta, float *c,
-                                int64_t ldc, int round16);
+                                const float *b, int64_t ldb, const int64_t *brow, float beta,
+                                float *c, int64_t ldc, int round16);
 
 /* PDP_API void pdp_sgemm(pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
 
@@ -1826,8 +1832,8 @@ PDP__PRIVATE void pdp__sgemm_arows(pdp_trans tb, int64_t m, int64_t n, int64_t k
 
 PDP__PRIVATE void pdp__gemm_kernel_runs(int64_t kc, const float *PDP__GEMM_RESTRICT ap,
                                         const float *b, const int64_t *brow, const int64_t *soff,
-                                        const __mmask16 *smask, const int *nseg, float *c, int64_t ldc,
-                                        int mr, int nr, float beta);
+                                        const __mmask16 *smask, const int *nseg, float *c,
+                                        int64_t ldc, int mr, int nr, float beta);
 
 /* The masked loads of the tile of nr logical columns that starts at column (r, u, t),
    which it advances by nr: vector v's lanes as nseg[v] loads, load s of lane mask
@@ -2065,8 +2071,8 @@ PDP__PRIVATE pdp_bf16_path pdp__bf16_best_word_path(void);
 
 /* Rows [r0, r0 + rows) of op(X) (rows x k) into pair words, `width` words per pair
    (width >= rows; the rest zero): dst[p * width + i] = (x(r0+i, 2p), x(r0+i, 2p+1)). */
-PDP__PRIVATE void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0, int rows,
-                                       int64_t k, int width, uint32_t *dst);
+PDP__PRIVATE void pdp__bf16_pack_panel(const float *x, int64_t ld, pdp_trans t, int64_t r0,
+                                       int rows, int64_t k, int width, uint32_t *dst);
 
 /* Rows [r0, r0 + rows) of op(X) as ceil(rows / width) panels of `width` rows, panel j
    at dst + j * pairs * width (the last one zero-padded). */
@@ -2121,7 +2127,8 @@ PDP__BF16_TARGET PDP__PRIVATE __m512i pdp__bf16_cvt2_subnormal(__m512 lo, __m512
    interleaved (word i = lo_i | hi_i << 16) by one vpermw, then stored to one panel
    (width a multiple of 16) or two (width 8). */
 PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_rows(const float *x, int64_t ld, int64_t r0,
-                                                       int rows, int64_t k, int width, uint32_t *dst);
+                                                       int rows, int64_t k, int width,
+                                                       uint32_t *dst);
 
 /* row i of the block: its 32 values from pair p0 as 16 pair words (zero past rows):
    converted, or from bf16 words (hrow) as they are */
@@ -2177,8 +2184,8 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel(const float *x, int64_
                                                           uint32_t *dst);
 
 PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_pack_k_panel_h(const uint16_t *h, const int64_t *off,
-                                                            int64_t r0, int rows, int64_t k, int width,
-                                                            uint32_t *dst);
+                                                            int64_t r0, int rows, int64_t k,
+                                                            int width, uint32_t *dst);
 #  undef PDP__BF16_ROWW
 #  undef PDP__BF16_PUT
 #  undef PDP__BF16_PUT4
@@ -2212,7 +2219,8 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_convert_avx512(const float *x, uint
    words; writes the top-left mr x nr of the tile to c (row stride ldc). */
 
 PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const uint32_t *bp,
-                                        float *c, int64_t ldc, int mr, int nr, float alpha, float beta);
+                                        float *c, int64_t ldc, int mr, int nr, float alpha,
+                                        float beta);
 
 #if PDP__BF16_X86
 /* The emulation vectorised, for CPUs with AVX-512F but no AVX512-BF16 (Skylake-X to Ice
@@ -2281,8 +2289,9 @@ PDP__BF16_EMUL2_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul256(int64_t pairs,
 typedef char pdp__bf16_avx512_shape_ok[PDP__BF16_MR == 8 && PDP__BF16_NR == 32 ? 1 : -1];
 
 PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const uint32_t *ap,
-                                                           const uint32_t *bp, float *c, int64_t ldc,
-                                                           int mr, int nr, float alpha, float beta);
+                                                           const uint32_t *bp, float *c,
+                                                           int64_t ldc, int mr, int nr, float alpha,
+                                                           float beta);
 #  undef PDP__BF16_ROW
 #endif
 
@@ -2340,9 +2349,10 @@ PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate); /* gemm_am
 
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
-PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n,
-                                int64_t k, float alpha, const float *a, const uint16_t *ah, int64_t lda,
-                                const int64_t *arow, const float *b, const uint16_t *bh, int64_t ldb,
+PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
+                                int64_t n, int64_t k, float alpha, const float *a,
+                                const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                const float *b, const uint16_t *bh, int64_t ldb,
                                 const int64_t *brow, float beta, float *c, int64_t ldc);
 
 /* PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) */
@@ -2374,14 +2384,14 @@ PDP__PRIVATE pdp_bf16_path pdp__bf16_resolve(pdp_bf16_path path);
             PDP_NO_TRANS) or bh[brow[j] + p] (PDP_TRANS).
    arows_h: A not transposed, row i at ah + arow[i]: A(i, p) = ah[arow[i] + p]. */
 PDP__PRIVATE void pdp__gemm_bf16_rows_h(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
-                                        int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                                        const uint16_t *bh, const int64_t *brow, float beta, float *c,
-                                        int64_t ldc);
+                                        int64_t n, int64_t k, float alpha, const float *a,
+                                        int64_t lda, const uint16_t *bh, const int64_t *brow,
+                                        float beta, float *c, int64_t ldc);
 
 PDP__PRIVATE void pdp__gemm_bf16_arows_h(pdp_bf16_path path, pdp_trans tb, int64_t m, int64_t n,
                                          int64_t k, float alpha, const uint16_t *ah,
-                                         const int64_t *arow, const float *b, int64_t ldb, float beta,
-                                         float *c, int64_t ldc);
+                                         const int64_t *arow, const float *b, int64_t ldb,
+                                         float beta, float *c, int64_t ldc);
 
 /* x[0, n) as the bf16 words `path`'s packing makes (AUTO: the best path's) into h,
    which may be x's own memory (h == (uint16_t *)x, converted in place to its first half). */
@@ -2536,7 +2546,7 @@ PDP__PRIVATE void pdp__amx_emu_dp(pdp__amx_tiles *e, int c, int a, int b);
       PDP__AMX_OP(e, pdp__amx_emu_load(e, t, p, s), _tile_loadd(t, p, s))
 #  define PDP__AMX_STORE(e, t, p, s)                                                          \
       PDP__AMX_OP(e, pdp__amx_emu_store(e, t, p, s), _tile_stored(t, p, s))
-#  define PDP__AMX_DP(e, c, a, b) PDP__AMX_OP(e, pdp__amx_emu_dp(e, c, a, b), _tile_dpbf16ps(c, a, b))
+#define PDP__AMX_DP(e, c, a, b) PDP__AMX_OP(e, pdp__amx_emu_dp(e, c, a, b), _tile_dpbf16ps(c, a, b))
 
 /* ---- gemm_amx: kernels ----
    steps k steps from a (the block's A tiles in step order: step s, tile i at
@@ -2766,7 +2776,8 @@ PDP__PRIVATE void pdp__deadline(struct timespec *ts, double seconds);
    zero means the default; a negative, NaN or infinite value (or one above
    PDP__COMM_TIMEOUT_MAX) fails with PDP_ERR_INVALID naming the function and the
    field. Every communicator constructor calls it first (desc may be NULL). */
-PDP__PRIVATE pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out, const char *fn);
+PDP__PRIVATE pdp_status pdp__comm_desc_timeout(const pdp_comm_desc *desc, double *out,
+                                               const char *fn);
 
 /* Bytes of count elements of es bytes. comm.c's bound (pdp__comm_check_bound: at most
    PTRDIFF_MAX bytes per buffer) keeps the product from wrapping in every backend. */
@@ -2878,13 +2889,15 @@ PDP__PRIVATE pdp_status pdp__workq_submit(pdp_comm *c, const pdp__coll_args *arg
 
 /* A handle for a message, t_start = launch; PDP_ERR_STATE when the pool is empty,
    the broken status when the queue is broken. */
-PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args, pdp__workq_item **out);
+PDP__PRIVATE pdp_status pdp__workq_take(pdp_comm *c, const pdp__coll_args *args,
+                                        pdp__workq_item **out);
 
 /* Returns a handle that was never handed out (its launch failed). */
 PDP__PRIVATE void pdp__workq_untake(pdp__workq *q, pdp__workq_item *w);
 
 /* Completes a message's handle (q->mu not held); msg without a function-name prefix. */
-PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st, const char *msg);
+PDP__PRIVATE void pdp__workq_finish(pdp__workq *q, pdp__workq_item *w, pdp_status st,
+                                    const char *msg);
 
 /* "recv #4 (count 7) from rank 1 with tag 5 on comm 'comm', rank 0 of 2" */
 PDP__PRIVATE void pdp__p2p_describe(const pdp__workq_item *w, char *out, size_t cap);
@@ -2911,8 +2924,8 @@ PDP__PRIVATE pdp_status pdp__workq_broadcast(pdp_comm *c, float *buf, int64_t co
                                              pdp_work **w);
 
 PDP__PRIVATE pdp_status pdp__workq_reduce_scatter(pdp_comm *c, const void *send, void *recv,
-                                                  int64_t recv_count, pdp_dtype dt, pdp_reduce_op op,
-                                                  pdp_work **w);
+                                                  int64_t recv_count, pdp_dtype dt,
+                                                  pdp_reduce_op op, pdp_work **w);
 
 PDP__PRIVATE pdp_status pdp__workq_allgather(pdp_comm *c, const float *send, float *recv,
                                              int64_t send_count, pdp_work **w);
@@ -3068,8 +3081,8 @@ PDP__PRIVATE void pdp__p2p_match(pdp__workq_item *send, pdp__workq_item *recv);
 PDP__PRIVATE pdp_status pdp__local_p2p(pdp_comm *c, pdp__coll_kind kind, float *buf, int64_t count,
                                        int peer, int tag, pdp_work **out);
 
-PDP__PRIVATE pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                        pdp_work **w);
+PDP__PRIVATE pdp_status pdp__local_send(pdp_comm *c, const float *buf, int64_t count, int peer,
+                                        int tag, pdp_work **w);
 
 PDP__PRIVATE pdp_status pdp__local_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
                                         pdp_work **w);
@@ -3092,8 +3105,8 @@ PDP__PRIVATE void pdp__local_destroy(pdp_comm *c);
    The member that becomes rank 0 of a colour creates its group (refs = its size: the
    group frees itself with the last of them) and every rank broadcasts the pointer of
    the group it made, or NULL, over c; each member then joins its leader's group. */
-PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                         int leader, pdp_comm **out);
+PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int new_rank,
+                                         int new_size, int leader, pdp_comm **out);
 
 /* PDP_API pdp_status pdp_comm_create_local(pdp_comm **out, pdp_local_group *g, int rank) */
 
@@ -3120,23 +3133,20 @@ PDP__PRIVATE pdp_status pdp__local_split(pdp_comm *c, int colour, int key, int n
    the local backend; this file supplies its exec, idle and destroy): a launch
    only queues a handle from a fixed pool (PDP_MPI_MAX_INFLIGHT, nothing is
    allocated per collective) and returns, so the calling rank keeps computing
-   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce, MPI_Ibcast,
-   MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with
-   MPI_Test: spinning for a few hundred polls (small collectives finish there),
-   then, while the rank's own thread is blocked in pdp_wait and its core is
-   idle, yielding between polls for up to 2 ms; otherwise (the rank computes,
-   or a peer is late) sleeping 200 us between polls (500 us once a collective has
-   waited 20 ms), so that backward keeps its core and the poll latency hides
-   under it. AVG is SUM followed by a division by the size on every element, as
-   the local backend does. 16-bit elements (pdp_comm_allreduce_ex and
-   reduce_scatter_ex with BF16 or F16) travel as MPI_UINT16_T and are summed by
-   one of two user-defined MPI_Ops created with the communicator (comm.h states
-   their rounding). MPI counts are int: an all-reduce or broadcast is
-   split into calls of PDP_MPI_CHUNK elements; reduce-scatter, all-gather and the
-   messages take at most INT_MAX elements per rank (comm.c refuses more, naming the
-   call and the count).
-   In-place forms: all-gather with send == recv + rank * count, and
-   reduce-scatter with recv == send + rank * count (NCCL's convention).
+   backward while the all-reduce runs. The thread posts the non-blocking call (MPI_Iallreduce,
+   MPI_Ibcast, MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibarrier) and drives it with MPI_Test:
+   spinning for a few hundred polls (small collectives finish there), then, while the rank's own
+   thread is blocked in pdp_wait and its core is idle, yielding between polls for up to 2 ms;
+   otherwise (the rank computes, or a peer is late) sleeping 200 us between polls (500 us once a
+   collective has waited 20 ms), so that backward keeps its core and the poll latency hides under
+   it. AVG is SUM followed by a division by the size on every element, as the local backend does.
+   16-bit elements (pdp_comm_allreduce_ex and reduce_scatter_ex with BF16 or F16) travel as
+   MPI_UINT16_T and are summed by one of two user-defined MPI_Ops created with the communicator
+   (comm.h states their rounding). MPI counts are int: an all-reduce or broadcast is split into
+   calls of PDP_MPI_CHUNK elements; reduce-scatter, all-gather and the messages take at most INT_MAX
+   elements per rank (comm.c refuses more, naming the call and the count). In-place forms:
+   all-gather with send == recv + rank * count, and reduce-scatter with recv == send + rank * count
+   (NCCL's convention).
 
    Timeouts: MPI cannot time out, so the progress thread is the watchdog. A
    collective that has not completed timeout_s after the thread posted it fails
@@ -3265,8 +3275,8 @@ PDP__PRIVATE void pdp__mpi_p2p_expire(pdp__workq *q, pdp__workq_item *w);
 PDP__PRIVATE pdp_status pdp__mpi_p2p_launch(pdp_comm *c, pdp__coll_kind kind, float *buf,
                                             int64_t count, int peer, int tag, pdp_work **out);
 
-PDP__PRIVATE pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                      pdp_work **w);
+PDP__PRIVATE pdp_status pdp__mpi_send(pdp_comm *c, const float *buf, int64_t count, int peer,
+                                      int tag, pdp_work **w);
 
 PDP__PRIVATE pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
                                       pdp_work **w);
@@ -3274,12 +3284,12 @@ PDP__PRIVATE pdp_status pdp__mpi_recv(pdp_comm *c, float *buf, int64_t count, in
 /* Drives *req to completion: PDP_OK; PDP_ERR_TIMEOUT after deadline, or
    PDP_ERR_COMM when the communicator is being freed, with *req left pending
    (the caller records it as the orphan). */
-PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w, MPI_Request *req,
-                                       double deadline, char *msg, size_t cap);
+PDP__PRIVATE pdp_status pdp__mpi_drive(pdp__mpi_comm *mc, const pdp__workq_item *w,
+                                       MPI_Request *req, double deadline, char *msg, size_t cap);
 
 /* Posts one MPI call; PDP_ERR_COMM with MPI's message when it fails. */
-PDP__PRIVATE pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc, const char *call,
-                                        char *msg, size_t cap);
+PDP__PRIVATE pdp_status pdp__mpi_posted(pdp__mpi_comm *mc, const pdp__workq_item *w, int rc,
+                                        const char *call, char *msg, size_t cap);
 
 PDP__PRIVATE void pdp__mpi_divide(void *buf, int64_t n, int size, int dt);
 
@@ -3362,7 +3372,8 @@ PDP__PRIVATE int pdp__mpi_init_bounded(const pdp_comm_desc *desc, double timeout
 /* ---- comm_mpi: creation ---- */
 
 /* Initialises MPI when nobody has (bounded as above) and takes one reference to it. */
-PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s, const char *fn);
+PDP__PRIVATE pdp_status pdp__mpi_acquire(const pdp_comm_desc *desc, double timeout_s,
+                                         const char *fn);
 
 PDP__PRIVATE pdp_status pdp__mpi_wrap(pdp_comm **out, MPI_Comm mcomm, const char *name,
                                       double timeout_s, const char *fn);
@@ -3484,11 +3495,11 @@ PDP__PRIVATE void pdp__nccl_describe(const pdp__nccl_work *wk, char *out, size_t
    error for its wait, and the error is also returned (with its message). */
 PDP__PRIVATE pdp_status pdp__nccl_flush(pdp_comm *c);
 
-PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count, int peer,
-                                      int tag, pdp_work **w);
+PDP__PRIVATE pdp_status pdp__nccl_p2p(pdp_comm *c, bool is_send, float *buf, int64_t count,
+                                      int peer, int tag, pdp_work **w);
 
-PDP__PRIVATE pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer, int tag,
-                                       pdp_work **w);
+PDP__PRIVATE pdp_status pdp__nccl_send(pdp_comm *c, const float *buf, int64_t count, int peer,
+                                       int tag, pdp_work **w);
 
 PDP__PRIVATE pdp_status pdp__nccl_recv(pdp_comm *c, float *buf, int64_t count, int peer, int tag,
                                        pdp_work **w);
@@ -3499,7 +3510,8 @@ PDP__PRIVATE pdp_status pdp__nccl_p2p_wait(pdp_comm *c, pdp__nccl_work *wk);
 /* kind names the collective through internal.h's pdp__op_names, whose first four
    entries follow pdp_cudak_coll's order. */
 PDP__PRIVATE pdp_status pdp__nccl_issue(pdp_comm *c, pdp_cudak_coll kind, const void *send,
-                                        void *recv, int64_t count, int op, pdp_dtype dt, pdp_work **w);
+                                        void *recv, int64_t count, int op, pdp_dtype dt,
+                                        pdp_work **w);
 
 PDP__PRIVATE pdp_status pdp__nccl_allreduce(pdp_comm *c, void *buf, int64_t count, pdp_dtype dt,
                                             pdp_reduce_op op, pdp_work **w);
@@ -3524,22 +3536,22 @@ PDP__PRIVATE bool pdp__nccl_done(pdp_work *w);
 
 PDP__PRIVATE void pdp__nccl_destroy(pdp_comm *c);
 
-PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                       double timeout_s, const char *name, bool process_rank,
-                                       const char *fn);
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
+                                       int size, double timeout_s, const char *name,
+                                       bool process_rank, const char *fn);
 
 /* ---- comm_nccl: split ----
    ncclCommSplit over c (thread ranks and process ranks alike: it needs NCCL 2.18),
    after the messages pending on c are enqueued. comm.c has already exchanged the
    colours over c, so every rank is here; the key orders the new ranks as
    comm.c's new_rank does (ties by rank in c, as NCCL's). */
-PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank, int new_size,
-                                        int leader, pdp_comm **out);
+PDP__PRIVATE pdp_status pdp__nccl_split(pdp_comm *c, int colour, int key, int new_rank,
+                                        int new_size, int leader, pdp_comm **out);
 
 /* Wraps an initialised handle h (taken over, freed on failure) as rank of size. */
-PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank, int size,
-                                       double timeout_s, const char *name, bool process_rank,
-                                       const char *fn);
+PDP__PRIVATE pdp_status pdp__nccl_wrap(pdp_comm **out, pdp_cudak_nccl *h, int dev, int rank,
+                                       int size, double timeout_s, const char *name,
+                                       bool process_rank, const char *fn);
 
 /* pdp_comm_init_env for PDP_BACKEND_NCCL: one process per GPU. The unique id
    travels through rendezvous.c; the store stays open until ncclCommInitRank
@@ -3622,8 +3634,8 @@ PDP__PRIVATE pdp_status pdp__comm_check_count(const pdp_comm *c, const void *p, 
    NCCL (size_t counts) are bounded by the address space alone. */
 PDP__PRIVATE int64_t pdp__comm_count_max(const pdp_comm *c, pdp__coll_kind kind);
 
-PDP__PRIVATE pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es, int parts,
-                                              pdp__coll_kind kind, const char *fn);
+PDP__PRIVATE pdp_status pdp__comm_check_bound(const pdp_comm *c, int64_t count, size_t es,
+                                              int parts, pdp__coll_kind kind, const char *fn);
 
 PDP__PRIVATE pdp_status pdp__comm_check_op(const pdp_comm *c, pdp_reduce_op op, const char *fn);
 
@@ -4015,7 +4027,8 @@ PDP__PRIVATE pdp_status pdp__flatten_cuda_backward(const pdp__layer *l, const pd
 
 /* Window element (ki, kj) against the running maximum of n outputs. */
 PDP__PRIVATE void pdp__maxpool_update(const float *PDP__RESTRICT src, int32_t st, int64_t n,
-                                      float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg, int32_t at);
+                                      float *PDP__RESTRICT y, int32_t *PDP__RESTRICT arg,
+                                      int32_t at);
 
 /* The common 2 x 2 window with stride 2: the two elements of each input row,
    then the two rows. Same result as the element-by-element order: the second
@@ -4056,7 +4069,8 @@ PDP__PRIVATE void pdp__conv_pool_2x2(const float *PDP__RESTRICT r0, const float 
 
 PDP__PRIVATE void pdp__maxpool_2x2_backward(const float *PDP__RESTRICT dy,
                                             const int32_t *PDP__RESTRICT arg, int64_t n, int32_t at,
-                                            int32_t w, float *PDP__RESTRICT d0, float *PDP__RESTRICT d1);
+                                            int32_t w, float *PDP__RESTRICT d0,
+                                            float *PDP__RESTRICT d1);
 
 /* Conv2d's fused pool, backward: the pool's dy through the ReLU's backward (the
    ReLU's output at the winner is the pooled value yp), then to the winner. */
@@ -4175,8 +4189,8 @@ PDP__PRIVATE int64_t pdp__conv_scratch(const pdp__conv_geom *g, int64_t n);
 
 /* Per sample: W' (once is enough; simpler per sample), one share, and twice a
    one-sample scratch. Enough: chunks <= batch, and scratch(n) <= n scratch(1) (each
-   term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch for chunks of
-   cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
+   term is affine with a non-negative constant, and the rounding keeps it), so the parts' scratch
+   for chunks of cap samples is at most chunks cap scratch(1) <= (batch + cap - 1) scratch(1). */
 PDP__PRIVATE int64_t pdp__conv_work_per_sample(const pdp__layer *l);
 
 /* Output columns [*lo, *hi) whose input column ow * stride - pad + kj is inside
@@ -4239,8 +4253,9 @@ PDP__PRIVATE void pdp__conv_copy2d(const float *src, int64_t sp, int64_t sr, flo
     } while (0)
 
 /* d = dy masked by y > 0 (the fused ReLU's backward), one row. */
-PDP__PRIVATE void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g, const float *PDP__RESTRICT y,
-                                          float *PDP__RESTRICT d, int64_t n);
+PDP__PRIVATE void pdp__conv_relu_grad_row(const float *PDP__RESTRICT g,
+                                          const float *PDP__RESTRICT y, float *PDP__RESTRICT d,
+                                          int64_t n);
 
 /* One sample's dy, [O, Ho, Wo], into dst (plane stride dp, row stride dr); with a
    fused ReLU, masked by the layer's output y (same layout as dy): the ReLU's
@@ -4326,8 +4341,8 @@ PDP__PRIVATE void pdp__conv_backward_part(void *arg, int i, int parts);
 /* Parts: the caller's threads, at most one per chunk (scratch regions are sized
    for as many parts as samples). A single part runs on the caller without taking
    the pool, so its GEMMs can still use the threads. */
-PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l, const pdp__layer_io *io,
-                                     bool backward);
+PDP__PRIVATE void pdp__conv_job_init(pdp__conv_job *job, const pdp__layer *l,
+                                     const pdp__layer_io *io, bool backward);
 
 PDP__PRIVATE pdp_status pdp__conv_forward(const pdp__layer *l, const pdp__layer_io *io);
 
@@ -5128,7 +5143,8 @@ PDP__PRIVATE pdp_status pdp__grad_allreduce_sum(pdp_comm *c, float *host, float 
    stores it. The table is built by the caller, once per decode. */
 PDP__PRIVATE void pdp__crc32_table(uint32_t table[256]);
 
-PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p, size_t n);
+PDP__PRIVATE uint32_t pdp__crc32(const uint32_t table[256], uint32_t crc, const uint8_t *p,
+                                 size_t n);
 
 /* ---- inflate: state and bit input ---- */
 
@@ -5424,7 +5440,8 @@ PDP__PRIVATE int pdp__st_by_name(const void *a, const void *b);
 PDP__PRIVATE pdp_status pdp__st_validate(const pdp__st_parser *p, uint64_t data_bytes,
                                          pdp__st_entry **sorted);
 
-PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n, const char *name);
+PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int n,
+                                               const char *name);
 
 /* ---- src/checkpoint.c ---- */
 /* checkpoint: safetensors files for a model's parameters and its optimizer
@@ -5540,7 +5557,8 @@ PDP__PRIVATE int pdp__ckpt_ntensors(const pdp_model *m, const pdp_optim *o, bool
                                     bool shard);
 
 PDP__PRIVATE void pdp__ckpt_tensor_at(const pdp_model *m, const pdp_optim *o, bool with_params,
-                                      int64_t lo, int64_t hi, bool shard, int t, pdp__ckpt_tensor *r);
+                                      int64_t lo, int64_t hi, bool shard, int t,
+                                      pdp__ckpt_tensor *r);
 
 /* The header JSON, padded with spaces to a multiple of 8 bytes, its checksums
    "00000000" placeholders: crc_at[0] gets the offset of the header checksum's
@@ -5554,7 +5572,8 @@ PDP__PRIVATE pdp_status pdp__ckpt_header(const pdp_model *m, const pdp_optim *o,
    own, computed from the header as pdp__ckpt_header_crc reads it back. */
 PDP__PRIVATE pdp_status pdp__ckpt_header_seal(char *h, size_t len, const size_t *crc_at,
                                               const uint32_t *crcs, int nt, uint64_t data_bytes,
-                                              const pdp__crc32c *c, const char *fn, const char *path);
+                                              const pdp__crc32c *c, const char *fn,
+                                              const char *path);
 
 /* Writes count floats from dev memory, staging through host (when the data is
    not on the CPU or the host is big-endian); *crc gets the bytes' CRC-32C. */
@@ -5587,19 +5606,21 @@ PDP__PRIVATE pdp_status pdp__ckpt_save(const char *path, const pdp_model *m, con
 /* The whole-model calls' arguments: a plain model (not TP slices) and an optimizer
    holding the state of every parameter. fn ends in _save or _load, which names the
    TP function to call instead. */
-PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m, const pdp_optim *o,
-                                             const char *fn);
+PDP__PRIVATE pdp_status pdp__ckpt_whole_args(const char *path, const pdp_model *m,
+                                             const pdp_optim *o, const char *fn);
 
 /* PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, const pdp_optim *o) */
 
 /* Checks a range call's arguments: [lo, hi) inside the model, o's range
    containing it, something to save or load. */
-PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m, const float *params,
-                                             const pdp_optim *o, int64_t lo, int64_t hi, const char *fn);
+PDP__PRIVATE pdp_status pdp__ckpt_range_args(const char *path, const pdp_model *m,
+                                             const float *params, const pdp_optim *o, int64_t lo,
+                                             int64_t hi, const char *fn);
 
 PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
-                                                 const float *params, const pdp_optim *o, int64_t lo,
-                                                 int64_t hi, const char *run, const char *fn);
+                                                 const float *params, const pdp_optim *o,
+                                                 int64_t lo, int64_t hi, const char *run,
+                                                 const char *fn);
 
 PDP__PRIVATE pdp_status pdp__checkpoint_save_range(const char *path, const pdp_model *m,
                                                    const float *params, const pdp_optim *o,
@@ -5720,15 +5741,15 @@ PDP__PRIVATE void pdp__ckpt_load_close(pdp__ckpt_loader *L);
    for [lo, hi) (o may be NULL) from a full checkpoint (its slice) or, when
    allow_shard, from a shard file of exactly [lo, hi); with run, only from a
    shard file of exactly [lo, hi) whose "shard.run" is run. */
-PDP__PRIVATE pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params, bool with_params,
-                                       pdp_optim *o, int64_t lo, int64_t hi, bool allow_shard,
-                                       const char *run, const char *fn);
+PDP__PRIVATE pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *params,
+                                       bool with_params, pdp_optim *o, int64_t lo, int64_t hi,
+                                       bool allow_shard, const char *run, const char *fn);
 
 /* PDP_API pdp_status pdp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o) */
 
 PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
-                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
-                                                 const char *fn);
+                                                 pdp_optim *o, int64_t lo, int64_t hi,
+                                                 const char *run, const char *fn);
 
 PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *m, float *params,
                                                    pdp_optim *o, int64_t lo, int64_t hi,
@@ -5969,7 +5990,8 @@ PDP__PRIVATE pdp_status pdp__dp_reduce_device(pdp_dp *dp, const char *fn);
    Only for a whole-model optimizer that pdp_optim_step would accept (its checks run
    first, so an error is reported before anything changes), and with 2+ workers
    active (one worker runs no reduce). */
-PDP__PRIVATE pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out, const char *fn);
+PDP__PRIVATE pdp_status pdp__dp_fused_step(pdp_dp *dp, pdp_optim *opt, pdp_optim **out,
+                                           const char *fn);
 
 /* Step: the optimizer updates the master's parameters; replicas see them at the
    next replicate. */
@@ -6235,8 +6257,8 @@ PDP__PRIVATE pdp_status pdp__reducer_set_hook(pdp__reducer *r, const pdp_ddp_com
 
 /* The executor's reduce with a hook registered: v holds the collective's part of the
    view (grad, count, reduce_scatter, recv, recv_count); the rest is filled here. */
-PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const pdp_comm_hook_bucket *v,
-                                                 pdp_work **w);
+PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b,
+                                                 const pdp_comm_hook_bucket *v, pdp_work **w);
 
 /* ---- reducer: the global-batch mean ----
    batch_mean PDP_BATCH_MEAN_GLOBAL (ddp.h): rank r's batch of n_r samples weighs
@@ -6254,8 +6276,8 @@ PDP__PRIVATE pdp_status pdp__reducer_hook_launch(pdp__reducer *r, int b, const p
 PDP__PRIVATE pdp_status pdp__reducer_count_launch(pdp__reducer *r, int64_t n, const char *fn);
 
 /* Waits for it: *weight = N n / T for this rank's n, *scale = N / T. */
-PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight, float *scale,
-                                                const char *fn);
+PDP__PRIVATE pdp_status pdp__reducer_count_wait(pdp__reducer *r, int64_t n, float *weight,
+                                                float *scale, const char *fn);
 
 /* The built-in cross-entropy pass weighted by the global batch (loss.c's
    pdp_model_forward_backward with grad_scale N / T): the batch sizes' all-reduce
@@ -6277,11 +6299,12 @@ PDP__PRIVATE pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor 
                                               const int32_t *labels, float *loss, const char *fn);
 
 /* A user's own loss: forward on this rank's shard (*y: the model's output). */
-PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x, const pdp_tensor **y,
-                                             const char *fn);
+PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *x,
+                                             const pdp_tensor **y, const char *fn);
 
 /* ... and backward from dy, the gradient of the user's loss with respect to y. */
-PDP__PRIVATE pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy, const char *fn);
+PDP__PRIVATE pdp_status pdp__reducer_backward_dy(pdp__reducer *r, const pdp_tensor *dy,
+                                                 const char *fn);
 
 /* The wait of bucket b's handle: records its time, its trace event and the first
    failure (named after the bucket). */
@@ -6811,8 +6834,8 @@ PDP__PRIVATE pdp_status pdp__zero_pack_params(pdp_zero *z, float *dst);
 PDP__PRIVATE void pdp__zero_run_text(uint64_t run, char out[17]);
 
 /* The marker's text for this executor at step steps of save run. */
-PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run, char *out,
-                                        size_t cap);
+PDP__PRIVATE void pdp__zero_marker_text(const pdp_zero *z, int64_t steps, const char *run,
+                                        char *out, size_t cap);
 
 /* Writes the marker atomically (temporary, fsync, rename, fsync of the directory), removing
    first the temporaries of writers killed mid-write as checkpoint.c's save does. */
@@ -7077,8 +7100,8 @@ PDP__PRIVATE void *pdp__launch_thread(void *arg);
 /* The first rank to fail, its message prefixed; PDP_OK when none did. */
 PDP__PRIVATE pdp_status pdp__launch_result(const pdp__launch_rank *ranks, int n);
 
-PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d, const pdp_comm_desc *cd,
-                                            pdp_launch_fn fn, void *user);
+PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
+                                            const pdp_comm_desc *cd, pdp_launch_fn fn, void *user);
 
 /* PDP_API pdp_status pdp_launch(int np, const pdp_launch_desc *desc, pdp_launch_fn fn, void *user) */
 
