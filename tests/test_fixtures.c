@@ -347,7 +347,7 @@ static void gpt_expect_add(gpt_expect *e, int *n, const char *prefix, const char
     x->shape[3] = d3;
 }
 
-/* The 26 parameters under their nanoGPT names (the tied head once, as wte). */
+/* The 28 parameter tensors under their nanoGPT names (the tied head once, as wte). */
 static void gpt_expect_params(gpt_expect *e, int *n, const char *prefix)
 {
     static const struct {

@@ -90,7 +90,7 @@ gpt_bf16.bin  gpt_forward.bin's forward and backward (same parameters, ids, targ
     bf16 path that rounds at other points is held to a bound of that order.
 
 gpt_nanogpt.safetensors  the trained parameters (gpt_adamw.bin's final.*) as pdp will
-    write and read a nanoGPT checkpoint: the 26 parameters under their nanoGPT names,
+    write and read a nanoGPT checkpoint: the 28 parameter tensors under nanoGPT names,
     fp32, lm_head.weight absent (it is transformer.wte.weight), no attn.bias buffers.
     Trap 1, the tied head: safetensors.torch.save_file(model.state_dict()) refuses, since
     lm_head.weight and transformer.wte.weight share memory (the error is printed by
@@ -103,9 +103,11 @@ gpt_nanogpt_with_bias_buffers.safetensors  the same, as a nanoGPT user on torch 
     mask buffer nanoGPT registers when F.scaled_dot_product_attention is missing
     (torch < 2.0). A loader skips or checks them; they hold no parameter.
 
-SELF-CHECKS (the tool writes nothing unless all pass):
-    - gradients of a float64 copy of the model against central finite differences,
-      4 entries per parameter tensor (relative error <= 1e-6);
+SELF-CHECKS (the tool writes nothing unless all pass), on the initial parameters and on
+a copy moved off them (N(0, 0.1) added, so that biases and LayerNorms are not 0 and 1):
+    - gradients of a float64 copy of the model against central finite differences
+      (step 1e-5), 4 entries per parameter tensor, |autograd - fd| / max(|fd|, 1e-3)
+      <= 1e-6;
     - the float64 logits against naive_logits, a second implementation with loops over
       batch, heads and positions (<= 1e-10); the float32 logits against it (<= 1e-5).
 
