@@ -9389,14 +9389,16 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *
 
 /* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products are
    the _round_ forms, which the compiler does not contract; their zero-masking forms with
-   every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason). */
+   every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason; the mask made by
+   _cvtu32_mask16, since nvcc's front end warns (#68-D) when a constant 0xffff becomes the
+   builtin's signed mask argument). */
 #    define PDP__AMX_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
                                                        int64_t ldc, int mr, int nr, float alpha,
                                                        float beta)
 {
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    const __mmask16 all = (__mmask16)0xffff;
+    const __mmask16 all = _cvtu32_mask16(0xffffu);
     int i, j;
     for (i = 0; i < mr; i++)
         for (j = 0; j < nr; j += 16) {

@@ -2612,7 +2612,9 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_pack_b_avx512(const pdp__bf16_args *
 
 /* pdp__amx_out with AVX-512: the same roundings (no fused multiply-add: the products are
    the _round_ forms, which the compiler does not contract; their zero-masking forms with
-   every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason). */
+   every lane kept, for gemm_bf16.c's PDP__BF16_UNPACKLO32 reason; the mask made by
+   _cvtu32_mask16, since nvcc's front end warns (#68-D) when a constant 0xffff becomes the
+   builtin's signed mask argument). */
 #    define PDP__AMX_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 PDP__BF16_TARGET PDP__PRIVATE void pdp__amx_out_avx512(const float *acc, int w, float *c,
                                                        int64_t ldc, int mr, int nr, float alpha,
