@@ -179,7 +179,8 @@ static inline pdp_status fixture_backward_with_dx(pdp_model *m, const float *dy,
     do {                                                                                        \
         int fixture_rc_ = fixture_load((f), (file));                                            \
         if (fixture_rc_ == FIXTURE_MISSING)                                                     \
-            SKIPm("fixture missing (run /usr/bin/python3 tools/gen_fixtures.py): " file);       \
+            SKIPm("fixture missing (regenerate: /usr/bin/python3 tools/gen_fixtures.py, "       \
+                  "tools/gpt_reference.py for gpt_*): " file);                                  \
         if (fixture_rc_ != FIXTURE_OK) FAILm("fixture is corrupt: " file);                      \
     } while (0)
 
