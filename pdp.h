@@ -38,6 +38,18 @@
    epoch (pdp_model_accuracy over a batcher) and, without the Fashion-MNIST files, the
    synthetic task (pdp_dataset_desc.synthetic_fallback; dataset->source says which).
 
+   Text for a language model: pdp_token_dataset_load reads a text file, or a directory
+   (every regular file but *.dat, in strcmp order of their names, concatenated as cat
+   would), into one stream of byte tokens (vocabulary 256), cut as nanoGPT cuts its text:
+   the first 90% trains, the rest validates (desc.val_fraction). Windows of T + 1 bytes at
+   stride T (desc.context = T) give inputs x = w[0..T) and targets y = w[1..T];
+   ds->windows[PDP_SPLIT_TRAIN] is what an epoch shuffles (pdp_permutation, or a
+   pdp_dist_sampler of that dataset_size), and pdp_token_dataset_batch writes the windows
+   an index list names into your int32 arrays [count, T], allocating nothing
+   (pdp_token_dataset_sample: nanoGPT's random windows). PDP_FORTUNES_DIR is Debian's
+   fortunes (apt-get install fortunes, about 2.5 MB of English); with desc.synthetic_fallback a
+   missing path gives a seeded generated text instead, ds->source saying which.
+
    BUILD
    =====
        cc -O2 -march=native app.c -lm -lpthread
@@ -1205,7 +1217,7 @@ typedef struct pdp_token_dataset {
     int64_t split_at;       /* the first validation token: training is [0, split_at) */
     int64_t windows[2];     /* windows of T + 1 tokens per split, [PDP_SPLIT_TRAIN] and
                                [PDP_SPLIT_VAL]: (length - 1) / T, 0 for an empty split */
-    int files;              /* files read (0 for the synthetic text) */
+    int64_t files;          /* files read (0 for the synthetic text) */
     uint8_t *tokens;        /* [count]: the stream; read-only for the user */
     char source[256];       /* where the text came from, for a program to print: the path
                                (and, for a directory, how many files), "synthetic", or after a

@@ -185,7 +185,7 @@ typedef struct pdp_token_dataset {
     int64_t split_at;       /* the first validation token: training is [0, split_at) */
     int64_t windows[2];     /* windows of T + 1 tokens per split, [PDP_SPLIT_TRAIN] and
                                [PDP_SPLIT_VAL]: (length - 1) / T, 0 for an empty split */
-    int files;              /* files read (0 for the synthetic text) */
+    int64_t files;          /* files read (0 for the synthetic text) */
     uint8_t *tokens;        /* [count]: the stream; read-only for the user */
     char source[256];       /* where the text came from, for a program to print: the path
                                (and, for a directory, how many files), "synthetic", or after a
