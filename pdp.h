@@ -40,15 +40,16 @@
 
    Text for a language model: pdp_token_dataset_load reads a text file, or a directory
    (every regular file but *.dat, in strcmp order of their names, concatenated as cat
-   would), into one stream of byte tokens (vocabulary 256), cut as nanoGPT cuts its text:
-   the first 90% trains, the rest validates (desc.val_fraction). Windows of T + 1 bytes at
-   stride T (desc.context = T) give inputs x = w[0..T) and targets y = w[1..T];
-   ds->windows[PDP_SPLIT_TRAIN] is what an epoch shuffles (pdp_permutation, or a
-   pdp_dist_sampler of that dataset_size), and pdp_token_dataset_batch writes the windows
-   an index list names into your int32 arrays [count, T], allocating nothing
+   would), into one stream of byte tokens (vocabulary 256), cut as nanoGPT cuts its
+   text: the first 90% trains, the rest validates (desc.val_fraction). Windows of T + 1
+   bytes at stride T (desc.context = T) give inputs x = w[0..T) and targets y =
+   w[1..T]; ds->windows[PDP_SPLIT_TRAIN] is what an epoch shuffles (pdp_permutation, or
+   a pdp_dist_sampler of that dataset_size), and pdp_token_dataset_batch writes the
+   windows an index list names into your int32 arrays [count, T], allocating nothing
    (pdp_token_dataset_sample: nanoGPT's random windows). PDP_FORTUNES_DIR is Debian's
-   fortunes (apt-get install fortunes, about 2.5 MB of English); with desc.synthetic_fallback a
-   missing path gives a seeded generated text instead, ds->source saying which.
+   fortunes (apt-get install fortunes, about 2.5 MB of English); with
+   desc.synthetic_fallback a missing path gives a seeded generated text instead,
+   ds->source saying which.
 
    BUILD
    =====
@@ -1233,9 +1234,9 @@ typedef struct pdp_token_dataset {
    path that is itself a link is followed. A file that starts with the gzip magic is
    decompressed, as pdp_dataset_load_idx does. A path that does not exist fails with
    PDP_ERR_IO naming it (with desc->synthetic_fallback: pdp_token_dataset_synthetic's text,
-   its source saying why and how to get fortunes); a directory with no text, or a stream
-   whose split is shorter than T + 1 tokens, fails with PDP_ERR_INVALID naming the path and
-   the lengths; a file that cannot be read with PDP_ERR_IO naming it. */
+   its source saying why and how to get fortunes); an empty file, a directory with no text,
+   or a stream with a split shorter than T + 1 tokens fails with PDP_ERR_INVALID naming the
+   path and the lengths; a file that cannot be read with PDP_ERR_IO naming it. */
 PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *path,
                                           const pdp_token_dataset_desc *desc);
 /* A text without files, deterministic in desc->seed: English-like sentences from a small
@@ -18598,8 +18599,8 @@ PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n
 
 /* Reads paths[0..n) until max bytes (0 = all) and concatenates them into ds->tokens,
    ds->count; ds->files counts the files read. One file is kept as read (no copy). */
-PDP__PRIVATE pdp_status pdp__text_read(pdp_token_dataset *ds, char *const *paths, int64_t n,
-                                       int64_t max, const char *fn)
+PDP__PRIVATE pdp_status pdp__text_read(pdp_token_dataset *ds, const char *const *paths,
+                                       int64_t n, int64_t max, const char *fn)
 {
     uint8_t **data;
     size_t *bytes, total = 0, at = 0;
@@ -18654,7 +18655,8 @@ PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *p
     pdp_token_dataset *ds;
     pdp_token_dataset_desc d;
     struct stat sb;
-    char **paths = NULL, *one[1];
+    char **paths = NULL;
+    const char *one = path;
     int64_t n = 0;
     bool dir;
     pdp_status st;
@@ -18683,13 +18685,10 @@ PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *p
     if (!(ds = (pdp_token_dataset *)pdp__calloc(sizeof *ds)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     ds->desc = d;
-    if (dir) {
-        st = pdp__text_dir(path, &paths, &n, fn);
-    } else {
-        one[0] = (char *)(uintptr_t)path; /* read only */
-        n = 1;
-    }
-    if (st == PDP_OK) st = pdp__text_read(ds, dir ? paths : one, n, d.max_tokens, fn);
+    if (dir) st = pdp__text_dir(path, &paths, &n, fn);
+    else n = 1;
+    if (st == PDP_OK)
+        st = pdp__text_read(ds, dir ? (const char *const *)paths : &one, n, d.max_tokens, fn);
     if (st == PDP_OK && ds->count == 0)
         st = !dir ? pdp__err(PDP_ERR_INVALID, "%s: %s is empty", fn, path)
              : n ? pdp__err(PDP_ERR_INVALID, "%s: %s: its %lld files hold no text (0 bytes)",

@@ -700,8 +700,8 @@ PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n
 
 /* Reads paths[0..n) until max bytes (0 = all) and concatenates them into ds->tokens,
    ds->count; ds->files counts the files read. One file is kept as read (no copy). */
-PDP__PRIVATE pdp_status pdp__text_read(pdp_token_dataset *ds, char *const *paths, int64_t n,
-                                       int64_t max, const char *fn)
+PDP__PRIVATE pdp_status pdp__text_read(pdp_token_dataset *ds, const char *const *paths,
+                                       int64_t n, int64_t max, const char *fn)
 {
     uint8_t **data;
     size_t *bytes, total = 0, at = 0;
@@ -756,7 +756,8 @@ PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *p
     pdp_token_dataset *ds;
     pdp_token_dataset_desc d;
     struct stat sb;
-    char **paths = NULL, *one[1];
+    char **paths = NULL;
+    const char *one = path;
     int64_t n = 0;
     bool dir;
     pdp_status st;
@@ -785,13 +786,10 @@ PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *p
     if (!(ds = (pdp_token_dataset *)pdp__calloc(sizeof *ds)))
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
     ds->desc = d;
-    if (dir) {
-        st = pdp__text_dir(path, &paths, &n, fn);
-    } else {
-        one[0] = (char *)(uintptr_t)path; /* read only */
-        n = 1;
-    }
-    if (st == PDP_OK) st = pdp__text_read(ds, dir ? paths : one, n, d.max_tokens, fn);
+    if (dir) st = pdp__text_dir(path, &paths, &n, fn);
+    else n = 1;
+    if (st == PDP_OK)
+        st = pdp__text_read(ds, dir ? (const char *const *)paths : &one, n, d.max_tokens, fn);
     if (st == PDP_OK && ds->count == 0)
         st = !dir ? pdp__err(PDP_ERR_INVALID, "%s: %s is empty", fn, path)
              : n ? pdp__err(PDP_ERR_INVALID, "%s: %s: its %lld files hold no text (0 bytes)",

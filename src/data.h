@@ -201,9 +201,9 @@ typedef struct pdp_token_dataset {
    path that is itself a link is followed. A file that starts with the gzip magic is
    decompressed, as pdp_dataset_load_idx does. A path that does not exist fails with
    PDP_ERR_IO naming it (with desc->synthetic_fallback: pdp_token_dataset_synthetic's text,
-   its source saying why and how to get fortunes); a directory with no text, or a stream
-   whose split is shorter than T + 1 tokens, fails with PDP_ERR_INVALID naming the path and
-   the lengths; a file that cannot be read with PDP_ERR_IO naming it. */
+   its source saying why and how to get fortunes); an empty file, a directory with no text,
+   or a stream with a split shorter than T + 1 tokens fails with PDP_ERR_INVALID naming the
+   path and the lengths; a file that cannot be read with PDP_ERR_IO naming it. */
 PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *path,
                                           const pdp_token_dataset_desc *desc);
 /* A text without files, deterministic in desc->seed: English-like sentences from a small

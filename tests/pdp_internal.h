@@ -5354,8 +5354,8 @@ PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n
 
 /* Reads paths[0..n) until max bytes (0 = all) and concatenates them into ds->tokens,
    ds->count; ds->files counts the files read. One file is kept as read (no copy). */
-PDP__PRIVATE pdp_status pdp__text_read(pdp_token_dataset *ds, char *const *paths, int64_t n,
-                                       int64_t max, const char *fn);
+PDP__PRIVATE pdp_status pdp__text_read(pdp_token_dataset *ds, const char *const *paths,
+                                       int64_t n, int64_t max, const char *fn);
 
 /* PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *path, const pdp_token_dataset_desc *desc) */
 

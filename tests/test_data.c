@@ -995,9 +995,9 @@ static enum greatest_test_res check_windows(const pdp_token_dataset *ds, pdp_spl
     int32_t *x, *y;
     while ((nw + 1) * T + 1 <= len) nw++; /* windows that fit, counted one by one */
     ASSERT_EQ(nw, ds->windows[split]);
-    idx = (int64_t *)malloc((size_t)(nw + 1) * sizeof *idx);
-    x = (int32_t *)malloc((size_t)(nw * T + 1) * sizeof *x);
-    y = (int32_t *)malloc((size_t)(nw * T + 1) * sizeof *y);
+    idx = (int64_t *)calloc((size_t)(nw + 1), sizeof *idx);
+    x = (int32_t *)calloc((size_t)(nw * T + 1), sizeof *x);
+    y = (int32_t *)calloc((size_t)(nw * T + 1), sizeof *y);
     for (w = 0; w < nw; w++) idx[w] = nw - 1 - w; /* any order: reversed */
     ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
                     pdp_token_dataset_batch(ds, split, idx, nw, x, y), pdp_status_name);
