@@ -654,7 +654,8 @@ PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n
         char *p;
         errno = 0;
         if (!(e = readdir(d))) {
-            if (errno) st = pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
+            if (errno)
+                st = pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
             break;
         }
         nlen = strlen(e->d_name);
@@ -827,7 +828,8 @@ PDP__PRIVATE void pdp__text_put(pdp__text_writer *w, const char *s)
     }
 }
 
-#define PDP__PICK(r, words) ((words)[pdp_rng_below((r), (uint32_t)(sizeof(words) / sizeof *(words)))])
+#define PDP__PICK(r, words)                                                                    \
+    ((words)[pdp_rng_below((r), (uint32_t)(sizeof(words) / sizeof *(words)))])
 
 /* determiner [adjective] noun: "the quiet fox" (every adjective and noun starts with a
    consonant, so "a" always reads) */
@@ -899,6 +901,8 @@ PDP_API pdp_status pdp_token_dataset_synthetic(pdp_token_dataset **out,
     *out = ds;
     return PDP_OK;
 }
+
+#undef PDP__PICK
 
 PDP_API void pdp_token_dataset_free(pdp_token_dataset *ds)
 {

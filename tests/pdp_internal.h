@@ -5368,13 +5368,16 @@ typedef struct pdp__text_writer {
 
 PDP__PRIVATE void pdp__text_put(pdp__text_writer *w, const char *s);
 
-#define PDP__PICK(r, words) ((words)[pdp_rng_below((r), (uint32_t)(sizeof(words) / sizeof *(words)))])
+#define PDP__PICK(r, words)                                                                    \
+    ((words)[pdp_rng_below((r), (uint32_t)(sizeof(words) / sizeof *(words)))])
 
 /* determiner [adjective] noun: "the quiet fox" (every adjective and noun starts with a
    consonant, so "a" always reads) */
 PDP__PRIVATE void pdp__text_noun_phrase(pdp__text_writer *w, pdp_rng *r);
 
 /* PDP_API pdp_status pdp_token_dataset_synthetic(pdp_token_dataset **out, const pdp_token_dataset_desc *desc) */
+
+#undef PDP__PICK
 
 /* PDP_API void pdp_token_dataset_free(pdp_token_dataset *ds) */
 

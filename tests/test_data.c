@@ -1086,7 +1086,8 @@ TEST data_tokens_fortunes_as_cat_reads_it(void)
     uint8_t *want;
     size_t n;
     struct stat sb;
-    if (stat(PDP_FORTUNES_DIR, &sb) != 0) SKIPm("no " PDP_FORTUNES_DIR " (apt-get install fortunes)");
+    if (stat(PDP_FORTUNES_DIR, &sb) != 0)
+        SKIPm("no " PDP_FORTUNES_DIR " (apt-get install fortunes)");
     /* the reference: find's regular files (links not followed), C-locale sort, cat */
     snprintf(cmd, sizeof cmd, "cd %s && find . -maxdepth 1 -type f ! -name '*.dat' | "
              "LC_ALL=C sort | xargs cat > %s", PDP_FORTUNES_DIR, ref);
