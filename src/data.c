@@ -1,13 +1,16 @@
 /* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
-   batcher (over an index list or a DistributedSampler's epochs), the accuracy of a model
-   over a batcher. Files that start with the gzip magic are decoded by src/inflate.c
-   (pdp__gunzip).
+   batcher (over an index list or a DistributedSampler's epochs), token data (a text file or
+   a directory read into one byte stream, a generated text, batches of windows), the
+   accuracy of a model over a batcher. Files that start with the gzip magic are decoded by
+   src/inflate.c (pdp__gunzip).
 
    IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
    TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the
    bytes. A dataset keeps pixels as floats, [count, features]. */
 
 #include "internal.h"
+#include <dirent.h>
+#include <sys/stat.h>
 
 /* ---- files ---- */
 
@@ -563,6 +566,431 @@ PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count)
 {
     if (count) *count = b ? b->len : 0;
     return b ? b->order : NULL;
+}
+
+/* ---- token data ---- */
+
+#define PDP__TOKEN_SYNTHETIC_BYTES ((int64_t)1 << 20) /* desc.max_tokens 0, synthetic */
+
+/* d = *in with the defaults filled, or PDP_ERR_INVALID naming the field. */
+PDP__PRIVATE pdp_status pdp__token_desc_defaults(const pdp_token_dataset_desc *in,
+                                                 pdp_token_dataset_desc *d, const char *fn)
+{
+    if (in) *d = *in;
+    else memset(d, 0, sizeof *d);
+    if (d->context < 1 || d->context >= PDP__COUNT_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.context is %lld (required, >= 1)", fn,
+                        (long long)d->context);
+    if (!(d->val_fraction >= 0.0 && d->val_fraction < 1.0)) /* NaN too */
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.val_fraction is %g (must be in (0, 1); 0 "
+                        "means 0.1)", fn, d->val_fraction);
+    if (d->no_validation && d->val_fraction != 0.0)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.no_validation is set and desc.val_fraction "
+                        "is %g", fn, d->val_fraction);
+    if (d->max_tokens < 0 || d->max_tokens > PDP__COUNT_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.max_tokens is %lld (must be >= 0)", fn,
+                        (long long)d->max_tokens);
+    if (!d->no_validation) d->val_fraction = PDP__DEF(d->val_fraction, 0.1);
+    return PDP_OK;
+}
+
+/* Cuts ds's stream into the two splits and their windows; fails, naming what (the path)
+   and the lengths, when a split has fewer than T + 1 tokens. */
+PDP__PRIVATE pdp_status pdp__token_split(pdp_token_dataset *ds, const char *what, const char *fn)
+{
+    int64_t T = ds->desc.context, train, val;
+    ds->vocab = 256;
+    ds->context = T;
+    /* nanoGPT's int(n * 0.9): 1 - 0.1 is the double 0.9, so the cut is the same token */
+    ds->split_at = ds->desc.no_validation
+                       ? ds->count
+                       : (int64_t)((double)ds->count * (1.0 - ds->desc.val_fraction));
+    train = ds->split_at;
+    val = ds->count - ds->split_at;
+    if (ds->desc.no_validation && train < T + 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: %lld tokens (all training, no_validation) "
+                        "are fewer than context + 1 = %lld", fn, what, (long long)ds->count,
+                        (long long)(T + 1));
+    if (!ds->desc.no_validation && (train < T + 1 || val < T + 1))
+        return pdp__err(PDP_ERR_INVALID, "%s: %s: %lld tokens split into %lld for training "
+                        "and %lld for validation (val_fraction %g); each split needs at least "
+                        "context + 1 = %lld", fn, what, (long long)ds->count, (long long)train,
+                        (long long)val, ds->desc.val_fraction, (long long)(T + 1));
+    ds->windows[PDP_SPLIT_TRAIN] = (train - 1) / T;
+    ds->windows[PDP_SPLIT_VAL] = val > T ? (val - 1) / T : 0;
+    return PDP_OK;
+}
+
+PDP__PRIVATE int pdp__by_path(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+PDP__PRIVATE void pdp__free_paths(char **paths, int64_t n)
+{
+    int64_t i;
+    for (i = 0; paths && i < n; i++) pdp__dealloc(paths[i]);
+    pdp__dealloc(paths);
+}
+
+/* The paths of dir's regular files (lstat: links are skipped) whose names do not end in
+   ".dat", sorted bytewise: *n of them in *paths (each and the list PDP_MALLOC'd). */
+PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n, const char *fn)
+{
+    size_t dlen = strlen(dir);
+    const char *sep = dlen && dir[dlen - 1] == '/' ? "" : "/";
+    char **list = NULL;
+    int64_t len = 0, cap = 0;
+    pdp_status st = PDP_OK;
+    struct dirent *e;
+    DIR *d;
+    *paths = NULL;
+    *n = 0;
+    if (!(d = opendir(dir)))
+        return pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
+    for (;;) {
+        struct stat sb;
+        size_t nlen, bytes;
+        char *p;
+        errno = 0;
+        if (!(e = readdir(d))) {
+            if (errno)
+                st = pdp__err(PDP_ERR_IO, "%s: cannot list %s: %s", fn, dir, strerror(errno));
+            break;
+        }
+        nlen = strlen(e->d_name);
+        if (nlen >= 4 && strcmp(e->d_name + nlen - 4, ".dat") == 0) continue;
+        if (len == cap) { /* the list doubles */
+            char **grown;
+            cap = cap ? 2 * cap : 64;
+            if (!(grown = (char **)pdp__alloc((size_t)cap * sizeof *grown))) {
+                st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory to list %s", fn, dir);
+                break;
+            }
+            if (len) memcpy(grown, list, (size_t)len * sizeof *list);
+            pdp__dealloc(list);
+            list = grown;
+        }
+        bytes = dlen + strlen(sep) + nlen + 1;
+        if (!(p = (char *)pdp__alloc(bytes))) {
+            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory to list %s", fn, dir);
+            break;
+        }
+        snprintf(p, bytes, "%s%s%s", dir, sep, e->d_name);
+        if (lstat(p, &sb) != 0) {
+            st = pdp__err(PDP_ERR_IO, "%s: cannot stat %s: %s", fn, p, strerror(errno));
+            pdp__dealloc(p);
+            break;
+        }
+        if (!S_ISREG(sb.st_mode)) { /* ".", "..", subdirectories, links, devices */
+            pdp__dealloc(p);
+            continue;
+        }
+        list[len++] = p;
+    }
+    closedir(d);
+    if (st != PDP_OK) {
+        pdp__free_paths(list, len);
+        return st;
+    }
+    if (len) qsort((void *)list, (size_t)len, sizeof *list, pdp__by_path); /* same dir prefix */
+    *paths = list;
+    *n = len;
+    return PDP_OK;
+}
+
+/* Reads paths[0..n) until max bytes (0 = all) and concatenates them into ds->tokens,
+   ds->count; ds->files counts the files read. One file is kept as read (no copy). */
+PDP__PRIVATE pdp_status pdp__text_read(pdp_token_dataset *ds, const char *const *paths,
+                                       int64_t n, int64_t max, const char *fn)
+{
+    uint8_t **data;
+    size_t *bytes, total = 0, at = 0;
+    int64_t i, nread = 0;
+    pdp_status st = PDP_OK;
+    if (n == 0) return PDP_OK;
+    data = (uint8_t **)pdp__calloc((size_t)n * sizeof *data);
+    bytes = (size_t *)pdp__calloc((size_t)n * sizeof *bytes);
+    if (!data || !bytes) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a list of %lld files", fn,
+                      (long long)n);
+        goto done;
+    }
+    for (i = 0; i < n && (max == 0 || total < (size_t)max); i++, nread++) {
+        if ((st = pdp__read_file(paths[i], &data[i], &bytes[i], fn)) != PDP_OK) goto done;
+        if (bytes[i] > (size_t)PDP__COUNT_MAX - total) {
+            st = pdp__err(PDP_ERR_INVALID, "%s: %s: the text passes %lld bytes", fn, paths[i],
+                          (long long)PDP__COUNT_MAX);
+            goto done;
+        }
+        total += bytes[i];
+    }
+    if (max && total > (size_t)max) total = (size_t)max;
+    ds->files = nread;
+    ds->count = (int64_t)total;
+    if (nread == 1) { /* the file's buffer is the stream */
+        ds->tokens = data[0];
+        data[0] = NULL;
+        goto done;
+    }
+    if (!(ds->tokens = (uint8_t *)pdp__alloc(total))) {
+        st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld bytes of text", fn,
+                      (long long)total);
+        goto done;
+    }
+    for (i = 0; i < nread && at < total; i++) {
+        size_t take = PDP__MIN(bytes[i], total - at);
+        memcpy(ds->tokens + at, data[i], take);
+        at += take;
+    }
+done:
+    for (i = 0; data && i < n; i++) pdp__dealloc(data[i]);
+    pdp__dealloc(data);
+    pdp__dealloc(bytes);
+    return st;
+}
+
+PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *path,
+                                          const pdp_token_dataset_desc *desc)
+{
+    static const char fn[] = "pdp_token_dataset_load";
+    pdp_token_dataset *ds;
+    pdp_token_dataset_desc d;
+    struct stat sb;
+    char **paths = NULL;
+    const char *one = path;
+    int64_t n = 0;
+    bool dir;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!path) return pdp__err(PDP_ERR_INVALID, "%s: path is NULL", fn);
+    if ((st = pdp__token_desc_defaults(desc, &d, fn)) != PDP_OK) return st;
+    if (stat(path, &sb) != 0) {
+        int err = errno;
+        bool missing = err == ENOENT || err == ENOTDIR;
+        if (missing && d.synthetic_fallback) {
+            if ((st = pdp_token_dataset_synthetic(out, &d)) != PDP_OK)
+                return pdp__err_wrap(st, "%s", fn);
+            snprintf((*out)->source, sizeof (*out)->source, "synthetic (no text at %s: "
+                     "apt-get install fortunes for %s, or name a text file or a directory)",
+                     path, PDP_FORTUNES_DIR);
+            return PDP_OK;
+        }
+        return pdp__err(PDP_ERR_IO, "%s: cannot open %s: %s%s", fn, path, strerror(err),
+                        missing ? " (name a text file or a directory of them; apt-get install "
+                                  "fortunes gives " PDP_FORTUNES_DIR ")" : "");
+    }
+    dir = S_ISDIR(sb.st_mode);
+    if (!dir && !S_ISREG(sb.st_mode))
+        return pdp__err(PDP_ERR_IO, "%s: %s is neither a regular file nor a directory", fn, path);
+    if (!(ds = (pdp_token_dataset *)pdp__calloc(sizeof *ds)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    ds->desc = d;
+    if (dir) st = pdp__text_dir(path, &paths, &n, fn);
+    else n = 1;
+    if (st == PDP_OK)
+        st = pdp__text_read(ds, dir ? (const char *const *)paths : &one, n, d.max_tokens, fn);
+    if (st == PDP_OK && ds->count == 0)
+        st = !dir ? pdp__err(PDP_ERR_INVALID, "%s: %s is empty", fn, path)
+             : n ? pdp__err(PDP_ERR_INVALID, "%s: %s: its %lld files hold no text (0 bytes)",
+                            fn, path, (long long)n)
+                 : pdp__err(PDP_ERR_INVALID, "%s: %s holds no text file (a regular file not "
+                            "named *.dat)", fn, path);
+    if (st == PDP_OK) st = pdp__token_split(ds, path, fn);
+    if (dir) pdp__free_paths(paths, n);
+    if (st != PDP_OK) {
+        pdp_token_dataset_free(ds);
+        return st;
+    }
+    if (dir)
+        snprintf(ds->source, sizeof ds->source, "%s (%lld files)", path, (long long)ds->files);
+    else
+        snprintf(ds->source, sizeof ds->source, "%s", path);
+    *out = ds;
+    return PDP_OK;
+}
+
+/* The synthetic text's writer: bytes up to cap, the next letter capitalised when asked. */
+typedef struct pdp__text_writer {
+    uint8_t *p;
+    int64_t n, cap;
+    bool capital;
+} pdp__text_writer;
+
+PDP__PRIVATE void pdp__text_put(pdp__text_writer *w, const char *s)
+{
+    for (; *s && w->n < w->cap; s++) {
+        char c = *s;
+        if (w->capital && c >= 'a' && c <= 'z') c = (char)(c - 'a' + 'A');
+        w->capital = false;
+        w->p[w->n++] = (uint8_t)c;
+    }
+}
+
+#define PDP__PICK(r, words)                                                                    \
+    ((words)[pdp_rng_below((r), (uint32_t)(sizeof(words) / sizeof *(words)))])
+
+/* determiner [adjective] noun: "the quiet fox" (every adjective and noun starts with a
+   consonant, so "a" always reads) */
+PDP__PRIVATE void pdp__text_noun_phrase(pdp__text_writer *w, pdp_rng *r)
+{
+    static const char *const det[] = {"the", "a", "one", "my", "your", "every", "this", "that"};
+    static const char *const adj[] = {"small", "quick", "grey", "green", "happy", "quiet",
+                                      "bright", "lazy", "clever", "brave", "young", "tired"};
+    static const char *const noun[] = {"cat", "dog", "bird", "fox", "child", "farmer", "river",
+                                       "garden", "teacher", "robot", "king", "ship", "baker",
+                                       "wolf"};
+    pdp__text_put(w, PDP__PICK(r, det));
+    pdp__text_put(w, " ");
+    if (pdp_rng_below(r, 2)) {
+        pdp__text_put(w, PDP__PICK(r, adj));
+        pdp__text_put(w, " ");
+    }
+    pdp__text_put(w, PDP__PICK(r, noun));
+}
+
+PDP_API pdp_status pdp_token_dataset_synthetic(pdp_token_dataset **out,
+                                               const pdp_token_dataset_desc *desc)
+{
+    static const char fn[] = "pdp_token_dataset_synthetic";
+    static const char *const verb[] = {"sees", "likes", "follows", "finds", "watches", "helps",
+                                       "carries", "paints", "remembers", "visits", "calls",
+                                       "hears"};
+    static const char *const tail[] = {"today", "again", "slowly", "at night", "in the rain",
+                                       "with care", "by the sea", "every morning"};
+    pdp_token_dataset *ds;
+    pdp_token_dataset_desc d;
+    pdp__text_writer w;
+    pdp_rng r;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if ((st = pdp__token_desc_defaults(desc, &d, fn)) != PDP_OK) return st;
+    d.max_tokens = PDP__DEF(d.max_tokens, PDP__TOKEN_SYNTHETIC_BYTES);
+    if (!(ds = (pdp_token_dataset *)pdp__calloc(sizeof *ds)) ||
+        !(ds->tokens = (uint8_t *)pdp__alloc((size_t)d.max_tokens))) {
+        pdp_token_dataset_free(ds);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld bytes of text", fn,
+                        (long long)d.max_tokens);
+    }
+    ds->desc = d;
+    w.p = ds->tokens;
+    w.n = 0;
+    w.cap = d.max_tokens;
+    pdp_rng_seed(&r, d.seed, 0);
+    while (w.n < w.cap) { /* a sentence: noun phrase, verb, noun phrase [, adverbial]. */
+        w.capital = true;
+        pdp__text_noun_phrase(&w, &r);
+        pdp__text_put(&w, " ");
+        pdp__text_put(&w, PDP__PICK(&r, verb));
+        pdp__text_put(&w, " ");
+        pdp__text_noun_phrase(&w, &r);
+        if (pdp_rng_below(&r, 3) == 0) {
+            pdp__text_put(&w, " ");
+            pdp__text_put(&w, PDP__PICK(&r, tail));
+        }
+        pdp__text_put(&w, pdp_rng_below(&r, 4) == 0 ? ".\n" : ". ");
+    }
+    ds->count = w.n;
+    if ((st = pdp__token_split(ds, "the synthetic text", fn)) != PDP_OK) {
+        pdp_token_dataset_free(ds);
+        return st;
+    }
+    snprintf(ds->source, sizeof ds->source, "synthetic");
+    *out = ds;
+    return PDP_OK;
+}
+
+#undef PDP__PICK
+
+PDP_API void pdp_token_dataset_free(pdp_token_dataset *ds)
+{
+    if (!ds) return;
+    pdp__dealloc(ds->tokens);
+    pdp__dealloc(ds);
+}
+
+/* The split's first token and its length. */
+PDP__PRIVATE void pdp__token_range(const pdp_token_dataset *ds, pdp_split split, int64_t *first,
+                                   int64_t *len)
+{
+    *first = split == PDP_SPLIT_VAL ? ds->split_at : 0;
+    *len = split == PDP_SPLIT_VAL ? ds->count - ds->split_at : ds->split_at;
+}
+
+/* Writes the T + 1 tokens from w as x[0..T) and y[0..T) (either may be NULL). */
+PDP__PRIVATE void pdp__token_window(const uint8_t *w, int64_t T, int32_t *x, int32_t *y)
+{
+    int64_t t;
+    if (x)
+        for (t = 0; t < T; t++) x[t] = w[t];
+    if (y)
+        for (t = 0; t < T; t++) y[t] = w[t + 1];
+}
+
+PDP__PRIVATE const char *pdp__split_name(pdp_split split)
+{
+    return split == PDP_SPLIT_VAL ? "validation" : "training";
+}
+
+/* The checks both batch functions share. */
+PDP__PRIVATE pdp_status pdp__token_batch_check(const pdp_token_dataset *ds, pdp_split split,
+                                               int64_t count, const char *fn)
+{
+    int64_t cells;
+    if (!ds) return pdp__err(PDP_ERR_INVALID, "%s: dataset is NULL", fn);
+    if (split != PDP_SPLIT_TRAIN && split != PDP_SPLIT_VAL)
+        return pdp__err(PDP_ERR_INVALID, "%s: split is %d (PDP_SPLIT_TRAIN or PDP_SPLIT_VAL)",
+                        fn, (int)split);
+    if (count < 0 || !pdp__mul_ok(count, ds->context, &cells))
+        return pdp__err(PDP_ERR_INVALID, "%s: count is %lld (windows of %lld tokens)", fn,
+                        (long long)count, (long long)ds->context);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_token_dataset_batch(const pdp_token_dataset *ds, pdp_split split,
+                                           const int64_t *windows, int64_t count, int32_t *x,
+                                           int32_t *y)
+{
+    static const char fn[] = "pdp_token_dataset_batch";
+    int64_t i, first, len, T;
+    pdp_status st;
+    if ((st = pdp__token_batch_check(ds, split, count, fn)) != PDP_OK) return st;
+    if (count > 0 && !windows) return pdp__err(PDP_ERR_INVALID, "%s: windows is NULL", fn);
+    for (i = 0; i < count; i++)
+        if (windows[i] < 0 || windows[i] >= ds->windows[split])
+            return pdp__err(PDP_ERR_INVALID, "%s: windows[%lld] = %lld is outside the %s "
+                            "split's [0, %lld)", fn, (long long)i, (long long)windows[i],
+                            pdp__split_name(split), (long long)ds->windows[split]);
+    pdp__token_range(ds, split, &first, &len);
+    T = ds->context;
+    for (i = 0; i < count; i++)
+        pdp__token_window(ds->tokens + first + windows[i] * T, T, x ? x + i * T : NULL,
+                          y ? y + i * T : NULL);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_token_dataset_sample(const pdp_token_dataset *ds, pdp_split split,
+                                            pdp_rng *r, int64_t count, int32_t *x, int32_t *y)
+{
+    static const char fn[] = "pdp_token_dataset_sample";
+    int64_t i, first, len, T;
+    pdp_status st;
+    if ((st = pdp__token_batch_check(ds, split, count, fn)) != PDP_OK) return st;
+    if (!r) return pdp__err(PDP_ERR_INVALID, "%s: r is NULL", fn);
+    pdp__token_range(ds, split, &first, &len);
+    T = ds->context;
+    if (len < T + 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: the %s split has %lld tokens, fewer than context "
+                        "+ 1 = %lld", fn, pdp__split_name(split), (long long)len,
+                        (long long)(T + 1));
+    for (i = 0; i < count; i++) { /* nanoGPT: torch.randint(len(data) - block_size) */
+        int64_t at = (int64_t)pdp__rng_below64(r, (uint64_t)(len - T));
+        pdp__token_window(ds->tokens + first + at, T, x ? x + i * T : NULL,
+                          y ? y + i * T : NULL);
+    }
+    return PDP_OK;
 }
 
 /* ---- evaluation ---- */

@@ -8,8 +8,11 @@
    nothing; its order in epoch e depends on (seed, e) only, like PyTorch's
    DistributedSampler after set_epoch(e). A distributed run gives each rank its
    own index list (pdp_batcher_desc.indices), or its DistributedSampler
-   (pdp_batcher_desc.sampler), whose epochs pdp_batcher_reset follows. The module ends
-   with pdp_model_accuracy: a model's accuracy over a batcher's epoch. */
+   (pdp_batcher_desc.sampler), whose epochs pdp_batcher_reset follows. A token dataset
+   (pdp_token_dataset) holds a text as one stream of byte tokens for next-token
+   prediction: windows of T + 1 bytes, a training and a validation split, batches of
+   int32 ids written into the caller's arrays. The module ends with pdp_model_accuracy:
+   a model's accuracy over a batcher's epoch. */
 
 /* Fashion-MNIST's training-set pixel statistics (of p / 255), for
    pdp_dataset_desc.mean and .std. */
@@ -137,6 +140,93 @@ PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch);
 PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b);
 /* This epoch's order: *count dataset indices (may be NULL). */
 PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count);
+
+/* ---- token data ----
+   A text as a stream of tokens for a language model, byte-level: the vocabulary is the
+   256 byte values and token i is the text's byte i (UTF-8 text becomes its bytes; no
+   tokenizer). The stream is cut once, as nanoGPT's prepare.py cuts its text: the first
+   floor(count x (1 - val_fraction)) tokens train, the rest validate. Each split is cut
+   into windows of T + 1 tokens at stride T, w = 0, 1, ..., (length - 1) / T - 1:
+   window w of a split starting at token s is tokens [s + wT, s + wT + T + 1), its inputs
+   x = the first T and its targets y = the last T (y[t] = x[t + 1]: the next token). So
+   tokens 1 .. WT of a split (W windows) are each a target exactly once per epoch, a window
+   never crosses the split, and the last (length - 1) mod T tokens, fewer than T, are in
+   no window.
+   Windows are what an epoch shuffles: pdp_permutation(order, windows[split], seed, epoch),
+   or a DistributedSampler (ddp.h) with dataset_size = windows[PDP_SPLIT_TRAIN], whose
+   indices pdp_token_dataset_batch takes as they are. nanoGPT's get_batch (a window
+   starting anywhere, drawn with replacement) is pdp_token_dataset_sample. */
+
+/* Debian's fortunes package (apt-get install fortunes): about 2.5 MB of English text. */
+#define PDP_FORTUNES_DIR "/usr/share/games/fortunes"
+
+typedef enum pdp_split {
+    PDP_SPLIT_TRAIN = 0, /* tokens [0, split_at) */
+    PDP_SPLIT_VAL = 1    /* tokens [split_at, count) */
+} pdp_split;
+
+typedef struct pdp_token_dataset_desc {
+    int64_t context;      /* T, the tokens of one input (nanoGPT's block_size); required, >= 1 */
+    double val_fraction;  /* the share of the stream, from its end, that validates, in (0, 1);
+                             default 0.1 (nanoGPT's) */
+    bool no_validation;   /* every token trains: no validation split (windows[PDP_SPLIT_VAL]
+                             is 0); not with val_fraction; default false */
+    int64_t max_tokens;   /* keep only the first max_tokens of the stream (0 = all; files past
+                             them are not read); synthetic: how many to write (0 = 1048576) */
+    uint64_t seed;        /* synthetic only: the sentences drawn; default 0 */
+    bool synthetic_fallback; /* pdp_token_dataset_load only: when path does not exist, the
+                                synthetic text instead, with PDP_OK; default false */
+} pdp_token_dataset_desc;
+
+typedef struct pdp_token_dataset {
+    int64_t count;          /* tokens in the stream, training then validation */
+    int vocab;              /* 256: a token is a byte */
+    int64_t context;        /* T */
+    int64_t split_at;       /* the first validation token: training is [0, split_at) */
+    int64_t windows[2];     /* windows of T + 1 tokens per split, [PDP_SPLIT_TRAIN] and
+                               [PDP_SPLIT_VAL]: (length - 1) / T, 0 for an empty split */
+    int64_t files;          /* files read (0 for the synthetic text) */
+    uint8_t *tokens;        /* [count]: the stream; read-only for the user */
+    char source[256];       /* where the text came from, for a program to print: the path
+                               (and, for a directory, how many files), "synthetic", or after a
+                               synthetic_fallback "synthetic" and why */
+    pdp_token_dataset_desc desc; /* the desc in use, defaults filled in */
+} pdp_token_dataset;
+
+/* Reads a text file, or a directory: every regular file in it whose name does not end in
+   ".dat" (fortune's index files), in bytewise (strcmp) order of their names, concatenated
+   with nothing between them (the stream is `cat` of the files in that order; each of
+   fortunes' files ends with a newline). Subdirectories are not entered, and symbolic links
+   in the directory are skipped (fortunes' "*.u8" links name its files a second time); a
+   path that is itself a link is followed. A file that starts with the gzip magic is
+   decompressed, as pdp_dataset_load_idx does. A path that does not exist fails with
+   PDP_ERR_IO naming it (with desc->synthetic_fallback: pdp_token_dataset_synthetic's text,
+   its source saying why and how to get fortunes); an empty file, a directory with no text,
+   or a stream with a split shorter than T + 1 tokens fails with PDP_ERR_INVALID naming the
+   path and the lengths; a file that cannot be read with PDP_ERR_IO naming it. */
+PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *path,
+                                          const pdp_token_dataset_desc *desc);
+/* A text without files, deterministic in desc->seed: English-like sentences from a small
+   grammar ("The quiet fox follows a green bird today."), capitalised, a period at the end,
+   a newline after about one in four, max_tokens bytes (the last sentence cut there). A
+   byte-level model learns its words and their order; nothing more is there to learn. */
+PDP_API pdp_status pdp_token_dataset_synthetic(pdp_token_dataset **out,
+                                               const pdp_token_dataset_desc *desc);
+PDP_API void pdp_token_dataset_free(pdp_token_dataset *ds); /* NULL is fine */
+
+/* Writes windows[0..count) of split as x[i] = inputs, y[i] = targets, each [count, T]
+   row-major int32 (x[i T + t] and y[i T + t] = x[i T + t + 1] within the window). Either
+   of x and y may be NULL. A window outside [0, ds->windows[split]) fails with
+   PDP_ERR_INVALID naming it, before anything is written. Allocates nothing. */
+PDP_API pdp_status pdp_token_dataset_batch(const pdp_token_dataset *ds, pdp_split split,
+                                           const int64_t *windows, int64_t count, int32_t *x,
+                                           int32_t *y);
+/* nanoGPT's get_batch: count windows of split at offsets drawn uniformly from the split's
+   length - T starting tokens (with replacement, r advanced), written as
+   pdp_token_dataset_batch writes them. An empty split fails with PDP_ERR_INVALID.
+   Allocates nothing. */
+PDP_API pdp_status pdp_token_dataset_sample(const pdp_token_dataset *ds, pdp_split split,
+                                            pdp_rng *r, int64_t count, int32_t *x, int32_t *y);
 
 /* ---- evaluation ---- */
 

@@ -5256,15 +5256,18 @@ struct pdp_dist_sampler {
 
 /* ---- src/data.c ---- */
 /* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
-   batcher (over an index list or a DistributedSampler's epochs), the accuracy of a model
-   over a batcher. Files that start with the gzip magic are decoded by src/inflate.c
-   (pdp__gunzip).
+   batcher (over an index list or a DistributedSampler's epochs), token data (a text file or
+   a directory read into one byte stream, a generated text, batches of windows), the
+   accuracy of a model over a batcher. Files that start with the gzip magic are decoded by
+   src/inflate.c (pdp__gunzip).
 
    IDX (LeCun et al., "The MNIST database"): a big-endian magic 0x0000TTDD (type
    TT = 0x08 unsigned byte, DD dimensions), DD big-endian 32-bit sizes, then the
    bytes. A dataset keeps pixels as floats, [count, features]. */
 
 /* #include "internal.h" (above) */
+#include <dirent.h>
+#include <sys/stat.h>
 
 /* ---- files ---- */
 
@@ -5346,6 +5349,72 @@ struct pdp_batcher {
 /* PDP_API int64_t pdp_batcher_num_batches(const pdp_batcher *b) */
 
 /* PDP_API const int64_t *pdp_batcher_order(const pdp_batcher *b, int64_t *count) */
+
+/* ---- token data ---- */
+
+#define PDP__TOKEN_SYNTHETIC_BYTES ((int64_t)1 << 20) /* desc.max_tokens 0, synthetic */
+
+/* d = *in with the defaults filled, or PDP_ERR_INVALID naming the field. */
+PDP__PRIVATE pdp_status pdp__token_desc_defaults(const pdp_token_dataset_desc *in,
+                                                 pdp_token_dataset_desc *d, const char *fn);
+
+/* Cuts ds's stream into the two splits and their windows; fails, naming what (the path)
+   and the lengths, when a split has fewer than T + 1 tokens. */
+PDP__PRIVATE pdp_status pdp__token_split(pdp_token_dataset *ds, const char *what, const char *fn);
+
+PDP__PRIVATE int pdp__by_path(const void *a, const void *b);
+
+PDP__PRIVATE void pdp__free_paths(char **paths, int64_t n);
+
+/* The paths of dir's regular files (lstat: links are skipped) whose names do not end in
+   ".dat", sorted bytewise: *n of them in *paths (each and the list PDP_MALLOC'd). */
+PDP__PRIVATE pdp_status pdp__text_dir(const char *dir, char ***paths, int64_t *n, const char *fn);
+
+/* Reads paths[0..n) until max bytes (0 = all) and concatenates them into ds->tokens,
+   ds->count; ds->files counts the files read. One file is kept as read (no copy). */
+PDP__PRIVATE pdp_status pdp__text_read(pdp_token_dataset *ds, const char *const *paths,
+                                       int64_t n, int64_t max, const char *fn);
+
+/* PDP_API pdp_status pdp_token_dataset_load(pdp_token_dataset **out, const char *path, const pdp_token_dataset_desc *desc) */
+
+/* The synthetic text's writer: bytes up to cap, the next letter capitalised when asked. */
+typedef struct pdp__text_writer {
+    uint8_t *p;
+    int64_t n, cap;
+    bool capital;
+} pdp__text_writer;
+
+PDP__PRIVATE void pdp__text_put(pdp__text_writer *w, const char *s);
+
+#define PDP__PICK(r, words)                                                                    \
+    ((words)[pdp_rng_below((r), (uint32_t)(sizeof(words) / sizeof *(words)))])
+
+/* determiner [adjective] noun: "the quiet fox" (every adjective and noun starts with a
+   consonant, so "a" always reads) */
+PDP__PRIVATE void pdp__text_noun_phrase(pdp__text_writer *w, pdp_rng *r);
+
+/* PDP_API pdp_status pdp_token_dataset_synthetic(pdp_token_dataset **out, const pdp_token_dataset_desc *desc) */
+
+#undef PDP__PICK
+
+/* PDP_API void pdp_token_dataset_free(pdp_token_dataset *ds) */
+
+/* The split's first token and its length. */
+PDP__PRIVATE void pdp__token_range(const pdp_token_dataset *ds, pdp_split split, int64_t *first,
+                                   int64_t *len);
+
+/* Writes the T + 1 tokens from w as x[0..T) and y[0..T) (either may be NULL). */
+PDP__PRIVATE void pdp__token_window(const uint8_t *w, int64_t T, int32_t *x, int32_t *y);
+
+PDP__PRIVATE const char *pdp__split_name(pdp_split split);
+
+/* The checks both batch functions share. */
+PDP__PRIVATE pdp_status pdp__token_batch_check(const pdp_token_dataset *ds, pdp_split split,
+                                               int64_t count, const char *fn);
+
+/* PDP_API pdp_status pdp_token_dataset_batch(const pdp_token_dataset *ds, pdp_split split, const int64_t *windows, int64_t count, int32_t *x, int32_t *y) */
+
+/* PDP_API pdp_status pdp_token_dataset_sample(const pdp_token_dataset *ds, pdp_split split, pdp_rng *r, int64_t count, int32_t *x, int32_t *y) */
 
 /* ---- evaluation ---- */
 

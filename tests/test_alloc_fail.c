@@ -5,9 +5,10 @@
    communicators' progress threads allocate normally) or, for DataParallel, whose workers
    build their replicas on their own threads, on any thread. For each constructor (tensors,
    models and every pdp_model_add_*, the first forward, reserve, optimizers, checkpoint load
-   and save, datasets, the batcher, the sampler, local groups and communicators, the store,
-   DP, the TP layers) the loop runs k = 1, 2, ... until the call succeeds without reaching
-   its k-th allocation; each failing k must return PDP_ERR_OUT_OF_MEMORY with a message that
+   and save, datasets (a token dataset's directory and its synthetic fallback too), the
+   batcher, the sampler, local groups and communicators, the store, DP, the TP layers) the
+   loop runs k = 1, 2, ... until the call succeeds without reaching its k-th allocation; each
+   failing k must return PDP_ERR_OUT_OF_MEMORY with a message that
    starts with the public function's name, leave *out NULL (never a half-built object), leave
    a model it was adding to usable (its layers and parameter count unchanged, a forward
    runs), and once the caller has freed what it owns, no live block behind. Every case (the
@@ -36,6 +37,8 @@
 #include <string.h>
 #include <pthread.h>
 #include <unistd.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 /* ---- the allocator ---- */
 
@@ -161,6 +164,7 @@ typedef struct fx {
     pdp_optim *o;
     pdp_tensor *t;
     pdp_dataset *ds;
+    pdp_token_dataset *tok;
     pdp_batcher *b;
     pdp_dist_sampler *s;
     pdp_local_group *g;
@@ -437,6 +441,40 @@ static pdp_status call_batcher(fx *f)
     st = pdp_batcher_create(&f->b, f->ds, &bd);
     return OUT_NULL_ON_FAIL(st, f->b);
 }
+/* a directory of three text files (one gzipped) and a *.dat file: the listing, each read,
+   the concatenation */
+static pdp_status setup_tokens(fx *f)
+{
+    static const uint8_t a[] = "first file\n", b[] = "second file, gzipped\n", c[] = "third\n";
+    (void)f;
+    if (mkdir(tmp_path("tok"), 0700) != 0 && errno != EEXIST) return PDP_ERR_IO;
+    if (write_maybe_gz(tmp_path("tok/b"), b, sizeof b - 1, 1) ||
+        write_maybe_gz(tmp_path("tok/a"), a, sizeof a - 1, 0) ||
+        write_maybe_gz(tmp_path("tok/c"), c, sizeof c - 1, 0) ||
+        write_maybe_gz(tmp_path("tok/a.dat"), a, 4, 0))
+        return PDP_ERR_IO;
+    return PDP_OK;
+}
+static pdp_status call_tokens(fx *f)
+{
+    pdp_token_dataset_desc td;
+    pdp_status st;
+    memset(&td, 0, sizeof td);
+    td.context = 3;
+    st = pdp_token_dataset_load(&f->tok, tmp_path("tok"), &td);
+    return OUT_NULL_ON_FAIL(st, f->tok);
+}
+static pdp_status call_tokens_synthetic(fx *f)
+{
+    pdp_token_dataset_desc td;
+    pdp_status st;
+    memset(&td, 0, sizeof td);
+    td.context = 3;
+    td.max_tokens = 64;
+    td.synthetic_fallback = true; /* through the fallback: its error is wrapped */
+    st = pdp_token_dataset_load(&f->tok, tmp_path("tok/missing"), &td);
+    return OUT_NULL_ON_FAIL(st, f->tok);
+}
 static pdp_status call_sampler(fx *f)
 {
     pdp_dist_sampler_desc sd;
@@ -524,6 +562,7 @@ static void teardown(fx *f)
     pdp_tensor_free(f->t);
     pdp_batcher_free(f->b);
     pdp_dataset_free(f->ds);
+    pdp_token_dataset_free(f->tok);
     pdp_dist_sampler_free(f->s);
     pdp_store_free(f->store);
     pdp_comm_free(f->c);
@@ -728,6 +767,9 @@ static const single_case single_cases[] = {
     {"dataset_synthetic", "pdp_dataset_synthetic", setup_none, call_synthetic, 0, 0, NULL},
     {"dataset_load_idx", "pdp_dataset_load_idx", setup_idx, call_idx, 0, 0, NULL},
     {"batcher", "pdp_batcher_create", setup_dataset, call_batcher, 0, 0, NULL},
+    {"token_dataset_load", "pdp_token_dataset_load", setup_tokens, call_tokens, 0, 0, NULL},
+    {"token_dataset_fallback", "pdp_token_dataset_load", setup_none, call_tokens_synthetic, 0,
+     0, NULL},
     {"dist_sampler", "pdp_dist_sampler_create", setup_none, call_sampler, 0, 0, NULL},
     {"local_group", "pdp_local_group_create", setup_none, call_group, 0, 0, NULL},
     {"comm_local", "pdp_comm_create_local", setup_group1, call_comm_local, 0, 0, NULL},

@@ -21,6 +21,8 @@ static void *counting_malloc(size_t n) { g_allocs++; return malloc(n); }
 #include <unistd.h>
 #include <sys/stat.h>
 #include <errno.h>
+#include <ctype.h>
+#include <math.h>
 
 static char g_dir[256];
 
@@ -952,6 +954,478 @@ TEST data_batcher_takes_a_samplers_epochs(void)
     PASS();
 }
 
+/* ---- token data ---- */
+
+/* A corpus directory written in an order that is not the name order: files "c.txt", "a",
+   "B", an empty "e", and what a load must skip: two *.dat files, a link to "a", a
+   subdirectory with a file in it. Returns the directory; *expect gets the stream a load
+   must give, its files in bytewise name order ("B" < "a" < "c.txt" < "e"), built here
+   from the contents, not from a listing. */
+static const char *token_corpus(char *expect, size_t cap, size_t *n)
+{
+    static const char *const c = "c: the third file, longer than the others so that windows "
+                                 "cross from one file into the next.\n";
+    static const char *const a = "a: after B, lowercase sorts after uppercase\n";
+    static const char *const B = "B: first\n";
+    static char dir[600];
+    char link[700];
+    snprintf(dir, sizeof dir, "%s", tmp_path("corpus"));
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) return NULL;
+    if (mkdir(tmp_path("corpus/sub"), 0700) != 0 && errno != EEXIST) return NULL;
+    if (write_file(tmp_path("corpus/c.txt"), c, strlen(c)) ||
+        write_file(tmp_path("corpus/z.dat"), "ZZZZ", 4) ||
+        write_file(tmp_path("corpus/a"), a, strlen(a)) ||
+        write_file(tmp_path("corpus/sub/inner"), "inner", 5) ||
+        write_file(tmp_path("corpus/B"), B, strlen(B)) ||
+        write_file(tmp_path("corpus/a.dat"), "DAT", 3) ||
+        write_file(tmp_path("corpus/e"), "", 0))
+        return NULL;
+    snprintf(link, sizeof link, "%s", tmp_path("corpus/a.u8"));
+    if (symlink("a", link) != 0 && errno != EEXIST) return NULL;
+    *n = (size_t)snprintf(expect, cap, "%s%s%s", B, a, c);
+    return dir;
+}
+
+/* Every window of split against slicing the stream by hand: window w of a split that
+   starts at token s is bytes [s + wT, s + wT + T + 1); x the first T, y the last T. */
+static enum greatest_test_res check_windows(const pdp_token_dataset *ds, pdp_split split,
+                                            const uint8_t *stream, int64_t first, int64_t len)
+{
+    int64_t T = ds->context, w, t, nw = 0, *idx;
+    int32_t *x, *y;
+    while ((nw + 1) * T + 1 <= len) nw++; /* windows that fit, counted one by one */
+    ASSERT_EQ(nw, ds->windows[split]);
+    idx = (int64_t *)calloc((size_t)(nw + 1), sizeof *idx);
+    x = (int32_t *)calloc((size_t)(nw * T + 1), sizeof *x);
+    y = (int32_t *)calloc((size_t)(nw * T + 1), sizeof *y);
+    for (w = 0; w < nw; w++) idx[w] = nw - 1 - w; /* any order: reversed */
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
+                    pdp_token_dataset_batch(ds, split, idx, nw, x, y), pdp_status_name);
+    for (w = 0; w < nw; w++)
+        for (t = 0; t < T; t++) {
+            int64_t at = first + idx[w] * T + t;
+            ASSERT_EQ((int32_t)stream[at], x[w * T + t]);
+            ASSERT_EQ((int32_t)stream[at + 1], y[w * T + t]);
+            ASSERT(at + 1 < first + len); /* the target is in the split */
+        }
+    free(idx);
+    free(x);
+    free(y);
+    PASS();
+}
+
+TEST data_tokens_directory_windows_and_split(void)
+{
+    char expect[512];
+    size_t n = 0;
+    const char *dir = token_corpus(expect, sizeof expect, &n);
+    pdp_token_dataset_desc d = {0};
+    pdp_token_dataset *ds;
+    int64_t T;
+    ASSERT(dir != NULL);
+    for (T = 1; T <= 9; T += 4) {
+        d.context = T;
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_token_dataset_load(&ds, dir, &d),
+                        pdp_status_name);
+        ASSERT_EQ((int64_t)n, ds->count);
+        ASSERT_MEM_EQ(expect, ds->tokens, n);
+        ASSERT_EQ(256, ds->vocab);
+        ASSERT_EQ(T, ds->context);
+        ASSERT_EQ(4, (int)ds->files); /* B, a, c.txt, e */
+        ASSERT_EQ(0.1, ds->desc.val_fraction);
+        ASSERT_STR_EQ(tmp_path("corpus (4 files)"), ds->source);
+        /* nanoGPT's cut: train = data[:int(n * 0.9)], as Python computes it (n = 146) */
+        ASSERT_EQ(146, (int)n);
+        ASSERT_EQ(131, (int)ds->split_at);
+        CHECK_CALL(check_windows(ds, PDP_SPLIT_TRAIN, ds->tokens, 0, ds->split_at));
+        CHECK_CALL(check_windows(ds, PDP_SPLIT_VAL, ds->tokens, ds->split_at,
+                                 ds->count - ds->split_at));
+        pdp_token_dataset_free(ds);
+    }
+    /* T = 5 puts the last training window flush against the cut: 131 = 1 + 26 * 5 */
+    d.context = 5;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_load(&ds, dir, &d), pdp_status_name);
+    ASSERT_EQ(26, (int)ds->windows[PDP_SPLIT_TRAIN]);
+    ASSERT_EQ(2, (int)ds->windows[PDP_SPLIT_VAL]); /* 15 tokens: (15 - 1) / 5 */
+    CHECK_CALL(check_windows(ds, PDP_SPLIT_TRAIN, ds->tokens, 0, ds->split_at));
+    pdp_token_dataset_free(ds);
+    /* val_fraction, no_validation, max_tokens (mid-way through the second file: the third is
+       not read) and a single file */
+    d.val_fraction = 0.5;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_load(&ds, dir, &d), pdp_status_name);
+    ASSERT_EQ(73, (int)ds->split_at);
+    CHECK_CALL(check_windows(ds, PDP_SPLIT_VAL, ds->tokens, 73, 73));
+    pdp_token_dataset_free(ds);
+    d.val_fraction = 0;
+    d.no_validation = true;
+    d.max_tokens = 20;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_load(&ds, dir, &d), pdp_status_name);
+    ASSERT_EQ(20, (int)ds->count);
+    ASSERT_EQ(20, (int)ds->split_at);
+    ASSERT_EQ(2, (int)ds->files);
+    ASSERT_EQ(0, (int)ds->windows[PDP_SPLIT_VAL]);
+    ASSERT_MEM_EQ(expect, ds->tokens, 20);
+    CHECK_CALL(check_windows(ds, PDP_SPLIT_TRAIN, ds->tokens, 0, 20));
+    pdp_token_dataset_free(ds);
+    d.max_tokens = 0;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_load(&ds, tmp_path("corpus/c.txt"), &d),
+                   pdp_status_name);
+    ASSERT_EQ((int64_t)n - 53, ds->count); /* c.txt alone: after B's 9 and a's 44 */
+    ASSERT_MEM_EQ(expect + 53, ds->tokens, (size_t)ds->count);
+    ASSERT_STR_EQ(tmp_path("corpus/c.txt"), ds->source);
+    pdp_token_dataset_free(ds);
+    PASS();
+}
+
+TEST data_tokens_fortunes_as_cat_reads_it(void)
+{
+    char cmd[1400];
+    const char *ref = tmp_path("fortunes.cat");
+    pdp_token_dataset_desc d = {0};
+    pdp_token_dataset *ds;
+    uint8_t *want;
+    size_t n;
+    struct stat sb;
+    if (stat(PDP_FORTUNES_DIR, &sb) != 0)
+        SKIPm("no " PDP_FORTUNES_DIR " (apt-get install fortunes)");
+    /* the reference: find's regular files (links not followed), C-locale sort, cat */
+    snprintf(cmd, sizeof cmd, "cd %s && find . -maxdepth 1 -type f ! -name '*.dat' | "
+             "LC_ALL=C sort | xargs cat > %s", PDP_FORTUNES_DIR, ref);
+    ASSERT_EQ(0, system(cmd));
+    ASSERT_ENUM_EQ(PDP_OK, read_back(ref, &want, &n), pdp_status_name);
+    d.context = 256;
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_token_dataset_load(&ds, PDP_FORTUNES_DIR, &d),
+                    pdp_status_name);
+    ASSERT_EQ((int64_t)n, ds->count);
+    ASSERT_MEM_EQ(want, ds->tokens, n);
+    ASSERT(strstr(ds->source, PDP_FORTUNES_DIR " (") == ds->source);
+    pdp__dealloc(want);
+    pdp_token_dataset_free(ds);
+    PASS();
+}
+
+TEST data_tokens_distributed_sampler_covers_each_window(void)
+{
+    enum { RANKS = 3 };
+    pdp_token_dataset_desc d = {0};
+    pdp_token_dataset *ds;
+    pdp_dist_sampler *s[RANKS];
+    pdp_dist_sampler_desc sd = {0};
+    int *hits, *target_hits, e, r;
+    int32_t *x, *y;
+    int64_t W, T, k, m, i, t, epoch0[16];
+    d.context = 11;
+    d.max_tokens = 30000;
+    d.seed = 3;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_synthetic(&ds, &d), pdp_status_name);
+    W = ds->windows[PDP_SPLIT_TRAIN];
+    T = ds->context;
+    ASSERT_EQ(2454, (int)W); /* 27000 training tokens: (27000 - 1) / 11, 818 a rank */
+    sd.dataset_size = W;
+    sd.world_size = RANKS;
+    sd.seed = 9;
+    for (r = 0; r < RANKS; r++) {
+        sd.rank = r;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&s[r], &sd), pdp_status_name);
+    }
+    hits = (int *)malloc((size_t)W * sizeof *hits);
+    target_hits = (int *)malloc((size_t)ds->split_at * sizeof *target_hits);
+    x = (int32_t *)malloc((size_t)(W * T) * sizeof *x);
+    y = (int32_t *)malloc((size_t)(W * T) * sizeof *y);
+    for (e = 0; e < 2; e++) {
+        memset(hits, 0, (size_t)W * sizeof *hits);
+        memset(target_hits, 0, (size_t)ds->split_at * sizeof *target_hits);
+        for (r = 0; r < RANKS; r++) {
+            const int64_t *idx;
+            pdp_dist_sampler_set_epoch(s[r], (uint64_t)e);
+            idx = pdp_dist_sampler_indices(s[r], &m);
+            ASSERT_EQ(W / RANKS, m);
+            if (r == 0 && e == 0) memcpy(epoch0, idx, sizeof epoch0);
+            if (r == 0 && e == 1) ASSERT(memcmp(epoch0, idx, sizeof epoch0) != 0);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_batch(ds, PDP_SPLIT_TRAIN, idx, m, x, y),
+                           pdp_status_name);
+            for (k = 0; k < m; k++) {
+                hits[idx[k]]++;
+                for (t = 0; t < T; t++) { /* the rows are the windows the sampler named */
+                    int64_t at = idx[k] * T + t;
+                    ASSERT_EQ((int32_t)ds->tokens[at], x[k * T + t]);
+                    ASSERT_EQ((int32_t)ds->tokens[at + 1], y[k * T + t]);
+                    target_hits[at + 1]++;
+                }
+            }
+        }
+        for (i = 0; i < W; i++) ASSERT_EQ(1, hits[i]); /* each window once across ranks */
+        for (i = 0; i < ds->split_at; i++) /* each token a target once, but the first and tail */
+            ASSERT_EQ(i >= 1 && i <= W * T ? 1 : 0, target_hits[i]);
+    }
+    for (r = 0; r < RANKS; r++) pdp_dist_sampler_free(s[r]);
+    free(hits);
+    free(target_hits);
+    free(x);
+    free(y);
+    pdp_token_dataset_free(ds);
+    PASS();
+}
+
+TEST data_tokens_synthetic_is_seeded_and_learnable(void)
+{
+    pdp_token_dataset_desc d = {0};
+    pdp_token_dataset *a, *b, *fb;
+    static double uni[64], tri[64 * 64][64];
+    double h1 = 0, h3 = 0, total;
+    int64_t i;
+    int p, q, letter[256], nletters = 0;
+    d.context = 16;
+    d.seed = 7;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_synthetic(&a, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_synthetic(&b, &d), pdp_status_name);
+    ASSERT_EQ(1048576, (int)a->count); /* the default */
+    ASSERT_EQ(1048576, (int)a->desc.max_tokens);
+    ASSERT_EQ(0, (int)a->files);
+    ASSERT_STR_EQ("synthetic", a->source);
+    ASSERT_MEM_EQ(a->tokens, b->tokens, (size_t)a->count);
+    pdp_token_dataset_free(b);
+    d.seed = 8;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_synthetic(&b, &d), pdp_status_name);
+    ASSERT(memcmp(a->tokens, b->tokens, 4096) != 0);
+    pdp_token_dataset_free(b);
+    /* the fallback of a missing path: the same text, and a source that says why */
+    d.seed = 7;
+    d.synthetic_fallback = true;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_load(&fb, tmp_path("no/such/corpus"), &d),
+                   pdp_status_name);
+    ASSERT_MEM_EQ(a->tokens, fb->tokens, (size_t)a->count);
+    ASSERT(strstr(fb->source, "synthetic (no text at ") == fb->source);
+    ASSERT(strstr(fb->source, tmp_path("no/such/corpus")));
+    ASSERT(strstr(fb->source, "apt-get install fortunes"));
+    pdp_token_dataset_free(fb);
+    /* English-like: letters, spaces, periods, newlines; a capital after each sentence */
+    ASSERT(a->tokens[0] >= 'A' && a->tokens[0] <= 'Z');
+    for (i = 0; i < a->count; i++) {
+        int c = a->tokens[i];
+        ASSERT(isalpha(c) || c == ' ' || c == '.' || c == '\n');
+        if (i >= 2 && a->tokens[i - 2] == '.') ASSERT(isupper(c));
+        if (i >= 1 && isupper(c)) ASSERT(a->tokens[i - 1] == ' ' || a->tokens[i - 1] == '\n');
+    }
+    /* learnable: the next byte is far more certain given the two before it than alone
+       (entropies of the counts, in bits; letters mapped to a small alphabet first) */
+    for (p = 0; p < 256; p++) letter[p] = -1;
+    for (i = 0; i < a->count; i++)
+        if (letter[a->tokens[i]] < 0) letter[a->tokens[i]] = nletters++;
+    ASSERT(nletters <= 64);
+    for (i = 2; i < a->count; i++) {
+        uni[letter[a->tokens[i]]] += 1;
+        tri[letter[a->tokens[i - 2]] * 64 + letter[a->tokens[i - 1]]][letter[a->tokens[i]]] += 1;
+    }
+    total = (double)(a->count - 2);
+    for (p = 0; p < 64 * 64; p++) {
+        double row = 0;
+        if (p < 64 && uni[p] > 0) h1 -= uni[p] / total * log2(uni[p] / total);
+        for (q = 0; q < 64; q++) row += tri[p][q];
+        for (q = 0; q < 64; q++)
+            if (tri[p][q] > 0) h3 -= tri[p][q] / total * log2(tri[p][q] / row);
+    }
+    ASSERT_GT(h1, 3.5);     /* 4.39 bits a byte alone at seed 7 */
+    ASSERT_LT(h3, 0.4 * h1); /* 1.28 given the two before */
+    pdp_token_dataset_free(a);
+    PASS();
+}
+
+TEST data_tokens_sample_draws_every_offset_of_its_split(void)
+{
+    uint8_t text[200];
+    pdp_token_dataset_desc d = {0};
+    pdp_token_dataset *ds;
+    pdp_rng r, r2;
+    int32_t x[400 * 5], y[400 * 5], x2[400 * 5];
+    int seen[200] = {0}, i, t;
+    for (i = 0; i < 200; i++) text[i] = (uint8_t)i; /* a byte names its position */
+    ASSERT_EQ(0, write_file(tmp_path("ramp"), text, sizeof text));
+    d.context = 5;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_load(&ds, tmp_path("ramp"), &d), pdp_status_name);
+    ASSERT_EQ(180, (int)ds->split_at); /* 200 x 0.9 */
+    pdp_rng_seed(&r, 4, 0);
+    r2 = r;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_sample(ds, PDP_SPLIT_VAL, &r, 400, x, y),
+                   pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_sample(ds, PDP_SPLIT_VAL, &r2, 400, x2, NULL),
+                   pdp_status_name);
+    ASSERT_MEM_EQ(x, x2, sizeof x); /* the generator decides */
+    for (i = 0; i < 400; i++) {
+        int o = x[i * 5];
+        ASSERT(o >= 180 && o + 5 < 200 + 0 + 1); /* x and y inside the validation split */
+        for (t = 0; t < 5; t++) {
+            ASSERT_EQ(o + t, x[i * 5 + t]);
+            ASSERT_EQ(o + t + 1, y[i * 5 + t]);
+        }
+        seen[o]++;
+    }
+    for (i = 180; i < 195; i++) ASSERT_GT(seen[i], 0); /* all 20 - 5 starts drawn */
+    for (i = 195; i < 200; i++) ASSERT_EQ(0, seen[i]);
+    pdp_token_dataset_free(ds);
+    PASS();
+}
+
+TEST data_tokens_batch_allocates_nothing(void)
+{
+    pdp_token_dataset_desc d = {0};
+    pdp_token_dataset *ds;
+    int64_t idx[32];
+    int32_t x[32 * 16], y[32 * 16];
+    pdp_rng r;
+    long before;
+    int i, k;
+    d.context = 16;
+    d.max_tokens = 4096;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_synthetic(&ds, &d), pdp_status_name);
+    pdp_rng_seed(&r, 1, 0);
+    before = g_allocs;
+    for (k = 0; k < 20; k++) {
+        for (i = 0; i < 32; i++) idx[i] = (k * 32 + i) % ds->windows[PDP_SPLIT_TRAIN];
+        ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_batch(ds, PDP_SPLIT_TRAIN, idx, 32, x, y),
+                       pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_sample(ds, PDP_SPLIT_VAL, &r, 32, x, y),
+                       pdp_status_name);
+    }
+    ASSERT_EQ(before, g_allocs);
+    pdp_token_dataset_free(ds);
+    PASS();
+}
+
+/* got is want, and the message starts with "fn: " and holds s1, s2 and s3. */
+static enum greatest_test_res check_error(pdp_status got, pdp_status want, const char *fn,
+                                          const char *s1, const char *s2, const char *s3)
+{
+    const char *msg = pdp_last_error();
+    ASSERT_ENUM_EQm(msg, want, got, pdp_status_name);
+    ASSERTm(msg, strncmp(msg, fn, strlen(fn)) == 0 && msg[strlen(fn)] == ':');
+    ASSERTm(msg, strstr(msg, s1) && strstr(msg, s2) && strstr(msg, s3));
+    PASS();
+}
+
+TEST data_tokens_errors_name_the_path_and_lengths(void)
+{
+    static const char ld[] = "pdp_token_dataset_load", sy[] = "pdp_token_dataset_synthetic",
+                      ba[] = "pdp_token_dataset_batch", sa[] = "pdp_token_dataset_sample";
+    pdp_token_dataset_desc d = {0};
+    pdp_token_dataset *ds = NULL, *ok;
+    int64_t idx[3] = {0, 1, 2};
+    int32_t x[3 * 4], y[3 * 4];
+    pdp_rng r;
+    int i;
+    char buf[120], dir[600];
+    snprintf(dir, sizeof dir, "%s", tmp_path("dats")); /* tmp_path's buffers rotate */
+    d.context = 4;
+    /* a path that is not there */
+    ds = (pdp_token_dataset *)&d;
+    CHECK_CALL(check_error(pdp_token_dataset_load(&ds, tmp_path("missing"), &d), PDP_ERR_IO, ld,
+                           tmp_path("missing"), "No such file", "apt-get install fortunes"));
+    ASSERT(ds == NULL);
+    /* empty: a file, a directory with only *.dat files and a subdirectory, one whose only
+       text file is empty */
+    ASSERT_EQ(0, write_file(tmp_path("empty.txt"), "", 0));
+    CHECK_CALL(check_error(pdp_token_dataset_load(&ds, tmp_path("empty.txt"), &d),
+                           PDP_ERR_INVALID, ld, tmp_path("empty.txt"), "is empty", ""));
+    ASSERT(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    ASSERT(mkdir(tmp_path("dats/sub"), 0700) == 0 || errno == EEXIST);
+    ASSERT_EQ(0, write_file(tmp_path("dats/x.dat"), "index", 5));
+    ASSERT_EQ(0, write_file(tmp_path("dats/sub/text"), "hidden text", 11));
+    CHECK_CALL(check_error(pdp_token_dataset_load(&ds, dir, &d), PDP_ERR_INVALID, ld, dir,
+                           "holds no text file", ""));
+    ASSERT_EQ(0, write_file(tmp_path("dats/y"), "", 0));
+    CHECK_CALL(check_error(pdp_token_dataset_load(&ds, dir, &d), PDP_ERR_INVALID, ld, dir,
+                           "its 1 files hold no text", ""));
+    ASSERT(ds == NULL);
+    /* too short for T + 1 in each split: 20 bytes, 18 and 2; 5 and no_validation: 5 < 6 */
+    ASSERT_EQ(0, write_file(tmp_path("short.txt"), "twenty bytes of text", 20));
+    CHECK_CALL(check_error(pdp_token_dataset_load(&ds, tmp_path("short.txt"), &d),
+                           PDP_ERR_INVALID, ld, tmp_path("short.txt"),
+                           "20 tokens split into 18 for training and 2 for validation",
+                           "context + 1 = 5"));
+    d.context = 5;
+    d.no_validation = true;
+    d.max_tokens = 5;
+    CHECK_CALL(check_error(pdp_token_dataset_load(&ds, tmp_path("short.txt"), &d),
+                           PDP_ERR_INVALID, ld, tmp_path("short.txt"), "5 tokens",
+                           "context + 1 = 6"));
+    d.max_tokens = 6; /* one window exactly */
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK,
+                    pdp_token_dataset_load(&ok, tmp_path("short.txt"), &d), pdp_status_name);
+    ASSERT_EQ(1, (int)ok->windows[PDP_SPLIT_TRAIN]);
+    pdp_token_dataset_free(ok);
+    d.max_tokens = 5;
+    CHECK_CALL(check_error(pdp_token_dataset_synthetic(&ds, &d), PDP_ERR_INVALID, sy,
+                           "the synthetic text: 5 tokens", "context + 1 = 6", ""));
+    /* not a file or a directory */
+    d.max_tokens = 0;
+    CHECK_CALL(check_error(pdp_token_dataset_load(&ds, "/dev/null", &d), PDP_ERR_IO, ld,
+                           "/dev/null", "neither a regular file nor a directory", ""));
+    /* the desc */
+    d.no_validation = false;
+    for (i = 0; i < 2; i++) {
+        d.context = i ? -3 : 0;
+        snprintf(buf, sizeof buf, "desc.context is %d (required, >= 1)", i ? -3 : 0);
+        CHECK_CALL(check_error(pdp_token_dataset_load(&ds, tmp_path("short.txt"), &d),
+                               PDP_ERR_INVALID, ld, buf, "", ""));
+        CHECK_CALL(check_error(pdp_token_dataset_synthetic(&ds, &d), PDP_ERR_INVALID, sy, buf,
+                               "", ""));
+    }
+    CHECK_CALL(check_error(pdp_token_dataset_load(&ds, tmp_path("short.txt"), NULL),
+                           PDP_ERR_INVALID, ld, "desc.context is 0", "", ""));
+    d.context = 4;
+    d.val_fraction = 1.0;
+    CHECK_CALL(check_error(pdp_token_dataset_synthetic(&ds, &d), PDP_ERR_INVALID, sy,
+                           "desc.val_fraction is 1", "", ""));
+    d.val_fraction = -0.25;
+    CHECK_CALL(check_error(pdp_token_dataset_synthetic(&ds, &d), PDP_ERR_INVALID, sy,
+                           "desc.val_fraction is -0.25", "", ""));
+    d.val_fraction = 0.2;
+    d.no_validation = true;
+    CHECK_CALL(check_error(pdp_token_dataset_synthetic(&ds, &d), PDP_ERR_INVALID, sy,
+                           "desc.no_validation is set and desc.val_fraction is 0.2", "", ""));
+    d.val_fraction = 0;
+    d.no_validation = false;
+    d.max_tokens = -1;
+    CHECK_CALL(check_error(pdp_token_dataset_synthetic(&ds, &d), PDP_ERR_INVALID, sy,
+                           "desc.max_tokens is -1", "", ""));
+    CHECK_CALL(check_error(pdp_token_dataset_load(NULL, dir, &d), PDP_ERR_INVALID, ld,
+                           "out is NULL", "", ""));
+    CHECK_CALL(check_error(pdp_token_dataset_load(&ds, NULL, &d), PDP_ERR_INVALID, ld,
+                           "path is NULL", "", ""));
+    /* batches: a window outside the split fails before anything is written */
+    d.max_tokens = 100; /* 90 and 10 tokens: 22 and 2 windows of 4 */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_synthetic(&ok, &d), pdp_status_name);
+    ASSERT_EQ(2, (int)ok->windows[PDP_SPLIT_VAL]);
+    memset(x, 0x5a, sizeof x);
+    CHECK_CALL(check_error(pdp_token_dataset_batch(ok, PDP_SPLIT_VAL, idx, 3, x, y),
+                           PDP_ERR_INVALID, ba, "windows[2] = 2", "the validation split's [0, 2)",
+                           ""));
+    for (i = 0; i < 12; i++) ASSERT_EQ(0x5a5a5a5a, x[i]);
+    idx[0] = -1;
+    CHECK_CALL(check_error(pdp_token_dataset_batch(ok, PDP_SPLIT_TRAIN, idx, 1, x, y),
+                           PDP_ERR_INVALID, ba, "windows[0] = -1", "training split's [0, 22)",
+                           ""));
+    CHECK_CALL(check_error(pdp_token_dataset_batch(ok, PDP_SPLIT_TRAIN, NULL, 1, x, y),
+                           PDP_ERR_INVALID, ba, "windows is NULL", "", ""));
+    CHECK_CALL(check_error(pdp_token_dataset_batch(ok, PDP_SPLIT_TRAIN, idx, -1, x, y),
+                           PDP_ERR_INVALID, ba, "count is -1", "", ""));
+    CHECK_CALL(check_error(pdp_token_dataset_batch(ok, (pdp_split)2, idx, 1, x, y),
+                           PDP_ERR_INVALID, ba, "split is 2", "", ""));
+    CHECK_CALL(check_error(pdp_token_dataset_batch(NULL, PDP_SPLIT_TRAIN, idx, 1, x, y),
+                           PDP_ERR_INVALID, ba, "dataset is NULL", "", ""));
+    CHECK_CALL(check_error(pdp_token_dataset_sample(ok, PDP_SPLIT_TRAIN, NULL, 1, x, y),
+                           PDP_ERR_INVALID, sa, "r is NULL", "", ""));
+    pdp_token_dataset_free(ok);
+    d.no_validation = true; /* no validation split to sample */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_token_dataset_synthetic(&ok, &d), pdp_status_name);
+    pdp_rng_seed(&r, 1, 0);
+    CHECK_CALL(check_error(pdp_token_dataset_sample(ok, PDP_SPLIT_VAL, &r, 1, x, y),
+                           PDP_ERR_INVALID, sa, "the validation split has 0 tokens",
+                           "context + 1 = 5", ""));
+    pdp_token_dataset_free(ok);
+    PASS();
+}
+
 /* ---- evaluation ---- */
 
 TEST data_model_accuracy_matches_a_naive_count(void)
@@ -1073,6 +1547,13 @@ SUITE(data)
     RUN_TEST(data_batcher_takes_a_samplers_epochs);
     RUN_TEST(data_model_accuracy_matches_a_naive_count);
     RUN_TEST(data_sizes_that_overflow_fail);
+    RUN_TEST(data_tokens_directory_windows_and_split);
+    RUN_TEST(data_tokens_fortunes_as_cat_reads_it);
+    RUN_TEST(data_tokens_distributed_sampler_covers_each_window);
+    RUN_TEST(data_tokens_synthetic_is_seeded_and_learnable);
+    RUN_TEST(data_tokens_sample_draws_every_offset_of_its_split);
+    RUN_TEST(data_tokens_batch_allocates_nothing);
+    RUN_TEST(data_tokens_errors_name_the_path_and_lengths);
 }
 
 GREATEST_MAIN_DEFS();
