@@ -763,6 +763,29 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
         c##i##1 = _mm512_fmadd_ps(a0, b01, c##i##1);                                          \
     } while (0)
 
+/* The AVX-512 kernels' epilogue: C = alpha acc + beta C for the MR x NR tile in acc
+   (pdp__bf16_out's rule, 16 columns at a time, masked at nr; C not read when beta == 0). */
+PDP__BF16_EMUL_TARGET static inline __attribute__((always_inline)) void pdp__bf16_store_tile512(
+    __m512 acc[PDP__BF16_MR][2], float *c, int64_t ldc, int mr, int nr, float alpha, float beta)
+{
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __mmask16 mask[2];
+    int i, v;
+    for (v = 0; v < 2; v++) {
+        int left = nr - 16 * v;
+        mask[v] = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
+    }
+    for (i = 0; i < mr; i++)
+        for (v = 0; v < 2; v++) {
+            float *ci = c + i * ldc + 16 * v;
+            __m512 r = _mm512_mul_ps(va, acc[i][v]);
+            if (!mask[v]) continue;
+            if (beta != 0.0f)
+                r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
+            _mm512_mask_storeu_ps(ci, mask[v], r);
+        }
+}
+
 PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, const uint32_t *ap,
                                                                  const uint32_t *bp, float *c,
                                                                  int64_t ldc, int mr, int nr,
@@ -772,12 +795,9 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, 
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00;
     __m512 c61 = c00, c70 = c00, c71 = c00;
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     unsigned csr = _mm_getcsr();
-    __mmask16 mask[2];
     int64_t p;
-    int i, v;
     _mm_setcsr((csr & ~0x6000u) | 0x8040u); /* round to nearest, FTZ (bit 15), DAZ (bit 6) */
     for (p = 0; p < pairs; p++) {
         const uint32_t *a = ap + p * PDP__BF16_MR;
@@ -801,19 +821,7 @@ PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, 
     acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
     acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
     _mm_setcsr(csr);
-    for (v = 0; v < 2; v++) {
-        int left = nr - 16 * v;
-        mask[v] = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-    }
-    for (i = 0; i < mr; i++)
-        for (v = 0; v < 2; v++) {
-            float *ci = c + i * ldc + 16 * v;
-            __m512 r = _mm512_mul_ps(va, acc[i][v]);
-            if (!mask[v]) continue;
-            if (beta != 0.0f)
-                r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
-            _mm512_mask_storeu_ps(ci, mask[v], r);
-        }
+    pdp__bf16_store_tile512(acc, c, ldc, mr, nr, alpha, beta);
 }
 #  undef PDP__BF16_EROW
 
@@ -898,10 +906,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00;
     __m512 c61 = c00, c70 = c00, c71 = c00;
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-    __mmask16 mask[2];
     int64_t p;
-    int i, v;
     for (p = 0; p < pairs; p++) {
         const uint32_t *a = ap + p * PDP__BF16_MR;
         __m512bh b0 = (__m512bh)_mm512_loadu_si512((const void *)(bp + p * PDP__BF16_NR));
@@ -919,19 +924,7 @@ PDP__BF16_TARGET PDP__PRIVATE void pdp__bf16_kernel_avx512(int64_t pairs, const 
     acc[2][0] = c20, acc[2][1] = c21, acc[3][0] = c30, acc[3][1] = c31;
     acc[4][0] = c40, acc[4][1] = c41, acc[5][0] = c50, acc[5][1] = c51;
     acc[6][0] = c60, acc[6][1] = c61, acc[7][0] = c70, acc[7][1] = c71;
-    for (v = 0; v < 2; v++) {
-        int left = nr - 16 * v;
-        mask[v] = (__mmask16)(left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1);
-    }
-    for (i = 0; i < mr; i++)
-        for (v = 0; v < 2; v++) {
-            float *ci = c + i * ldc + 16 * v;
-            __m512 r = _mm512_mul_ps(va, acc[i][v]);
-            if (!mask[v]) continue;
-            if (beta != 0.0f)
-                r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask[v], ci)), r);
-            _mm512_mask_storeu_ps(ci, mask[v], r);
-        }
+    pdp__bf16_store_tile512(acc, c, ldc, mr, nr, alpha, beta);
 }
 #  undef PDP__BF16_ROW
 #endif

@@ -2245,6 +2245,9 @@ PDP__PRIVATE void pdp__bf16_kernel_emul(int64_t pairs, const uint32_t *ap, const
         c##i##1 = _mm512_fmadd_ps(a0, b01, c##i##1);                                          \
     } while (0)
 
+/* The AVX-512 kernels' epilogue: C = alpha acc + beta C for the MR x NR tile in acc
+   (pdp__bf16_out's rule, 16 columns at a time, masked at nr; C not read when beta == 0). */
+
 PDP__BF16_EMUL_TARGET PDP__PRIVATE void pdp__bf16_kernel_emul512(int64_t pairs, const uint32_t *ap,
                                                                  const uint32_t *bp, float *c,
                                                                  int64_t ldc, int mr, int nr,
