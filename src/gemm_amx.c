@@ -667,31 +667,9 @@ PDP__PRIVATE void pdp__amx_gemm_emulated(int portable, pdp_trans ta, pdp_trans t
                                          const int64_t *brow, float beta, float *c, int64_t ldc)
 {
     pdp__bf16_args g;
-    if (m <= 0 || n <= 0) return;
-    if (k <= 0 || alpha == 0.0f) {
-        pdp__gemm_scale_c(m, n, beta, c, ldc);
+    if (!pdp__bf16_args_init(&g, ta, tb, m, n, k, alpha, a, ah, lda, arow, b, bh, ldb, brow,
+                             beta, c, ldc))
         return;
-    }
-    memset(&g, 0, sizeof g);
-    g.ta = ta;
-    g.tb = tb;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.alpha = alpha;
-    g.beta = beta;
-    g.a = a;
-    g.ah = ah;
-    g.lda = lda;
-    g.arow = arow;
-    g.b = b;
-    g.bh = bh;
-    g.ldb = ldb;
-    g.brow = brow;
-    g.c = c;
-    g.ldc = ldc;
-    g.pack = pdp__bf16_pack;
-    g.pack_h = pdp__bf16_pack_h;
 #    if PDP__BF16_X86
     if (!portable && pdp_bf16_path_available(PDP_BF16_PATH_AVX512)) {
         g.pack = pdp__bf16_pack_avx512;

@@ -1054,6 +1054,48 @@ PDP__PRIVATE void pdp__bf16_part(void *arg, int i, int n)
 PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate); /* gemm_amx.c */
 #endif
 
+/* *g for C = alpha op(A) op(B) + beta C, the operands as pdp__bf16_run takes them, with
+   the portable kernel and packing (a path swaps its own in); 0 when nothing is left to
+   compute (C empty; or k or alpha zero, and C scaled by beta here). */
+PDP__PRIVATE int pdp__bf16_args_init(pdp__bf16_args *g, pdp_trans ta, pdp_trans tb, int64_t m,
+                                     int64_t n, int64_t k, float alpha, const float *a,
+                                     const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                     const float *b, const uint16_t *bh, int64_t ldb,
+                                     const int64_t *brow, float beta, float *c, int64_t ldc)
+{
+    if (m <= 0 || n <= 0) return 0;
+    PDP_ASSERT(ldc >= n);
+    if (k <= 0 || alpha == 0.0f) {
+        pdp__gemm_scale_c(m, n, beta, c, ldc);
+        return 0;
+    }
+    PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
+    PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
+    PDP_ASSERT(!ah == !arow && !bh == !brow);
+    memset(g, 0, sizeof *g);
+    g->ta = ta;
+    g->tb = tb;
+    g->m = m;
+    g->n = n;
+    g->k = k;
+    g->alpha = alpha;
+    g->beta = beta;
+    g->a = a;
+    g->b = b;
+    g->lda = lda;
+    g->ldb = ldb;
+    g->arow = arow;
+    g->brow = brow;
+    g->ah = ah;
+    g->bh = bh;
+    g->c = c;
+    g->ldc = ldc;
+    g->kernel = pdp__bf16_kernel_emul;
+    g->pack = pdp__bf16_pack;
+    g->pack_h = pdp__bf16_pack_h;
+    return 1;
+}
+
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
 PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
@@ -1080,35 +1122,9 @@ PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, 
         return;
     }
 #endif
-    if (m <= 0 || n <= 0) return;
-    PDP_ASSERT(ldc >= n);
-    if (k <= 0 || alpha == 0.0f) {
-        pdp__gemm_scale_c(m, n, beta, c, ldc);
+    if (!pdp__bf16_args_init(&g, ta, tb, m, n, k, alpha, a, ah, lda, arow, b, bh, ldb, brow,
+                             beta, c, ldc))
         return;
-    }
-    PDP_ASSERT(arow || lda >= (ta == PDP_NO_TRANS ? k : m));
-    PDP_ASSERT(brow || ldb >= (tb == PDP_NO_TRANS ? n : k));
-    PDP_ASSERT(!ah == !arow && !bh == !brow);
-    g.ta = ta;
-    g.tb = tb;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.alpha = alpha;
-    g.beta = beta;
-    g.a = a;
-    g.b = b;
-    g.lda = lda;
-    g.ldb = ldb;
-    g.arow = arow;
-    g.brow = brow;
-    g.ah = ah;
-    g.bh = bh;
-    g.c = c;
-    g.ldc = ldc;
-    g.kernel = pdp__bf16_kernel_emul;
-    g.pack = pdp__bf16_pack;
-    g.pack_h = pdp__bf16_pack_h;
 #if PDP__BF16_X86
     if (path == PDP_BF16_PATH_EMULATED && simd == 512) g.kernel = pdp__bf16_kernel_emul512;
     if (path == PDP_BF16_PATH_EMULATED && simd == 256) g.kernel = pdp__bf16_kernel_emul256;

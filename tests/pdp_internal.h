@@ -2350,6 +2350,15 @@ PDP__PRIVATE void pdp__bf16_part(void *arg, int i, int n);
 PDP__PRIVATE void pdp__amx_run(const pdp__bf16_args *g, int emulate); /* gemm_amx.c */
 #endif
 
+/* *g for C = alpha op(A) op(B) + beta C, the operands as pdp__bf16_run takes them, with
+   the portable kernel and packing (a path swaps its own in); 0 when nothing is left to
+   compute (C empty; or k or alpha zero, and C scaled by beta here). */
+PDP__PRIVATE int pdp__bf16_args_init(pdp__bf16_args *g, pdp_trans ta, pdp_trans tb, int64_t m,
+                                     int64_t n, int64_t k, float alpha, const float *a,
+                                     const uint16_t *ah, int64_t lda, const int64_t *arow,
+                                     const float *b, const uint16_t *bh, int64_t ldb,
+                                     const int64_t *brow, float beta, float *c, int64_t ldc);
+
 /* pdp_gemm_bf16_on on an available path (not AUTO); A (B) as bf16 words at ah (bh)
    when given, storage row r at ah + arow[r] (bh + brow[r]), else as floats at a (b). */
 PDP__PRIVATE void pdp__bf16_run(pdp_bf16_path path, pdp_trans ta, pdp_trans tb, int64_t m,
