@@ -15185,7 +15185,14 @@ PDP__PRIVATE void pdp__gpt_layernorm_backward(const float *x, const float *w, co
    onehot(label)) / count on those rows, 0 on ignored ones. Every row ignored: PyTorch
    returns NaN (0 / 0); here the loss is 0 and dlogits 0, a batch that teaches nothing,
    and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
-   fn, the row and the label, checked before anything is written. */
+   fn, the row and the label, checked before anything is written. It is a loss: with the
+   model integration it can move into loss.c, next to the row formula it calls, declared
+   here because loss.c comes later in IMPL. */
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
+                                           int64_t batch, int64_t classes, float grad_scale,
+                                           double *loss_sum, float *dlogits,
+                                           const char *fn); /* loss.c */
+
 PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
                                                   int64_t N, int64_t V, float *loss,
                                                   int64_t *count, float *dlogits, const char *fn)
