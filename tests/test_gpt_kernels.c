@@ -17,6 +17,7 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
+#include "fixture.h"
 
 #include <math.h>
 #include <string.h>
@@ -322,6 +323,35 @@ TEST gpt_attention_threads_bit_identical(void)
     PASS();
 }
 
+/* PyTorch's attention (tools/gpt_reference.py, nanoGPT's layout, dropout 0): block 0's
+   qkv [3, 16, 144] through this kernel with 4 heads against the probabilities act.h.0.att
+   and the heads' output act.h.0.attn_y, within 1e-6 (measured: 3.0e-8 and 3.7e-8).
+   Skipped while tests/fixtures/gpt_forward.bin (from tools/gpt_reference.py) is absent. */
+TEST gpt_attention_matches_pytorch_fixture(void)
+{
+    fixture f;
+    const fixture_tensor *qkv, *att, *y;
+    int64_t B, T, C, H = 4, i;
+    attn_bufs a;
+    FIXTURE_LOAD_OR_SKIP(&f, "gpt_forward.bin");
+    qkv = fixture_find(&f, "act.h.0.qkv");
+    att = fixture_find(&f, "act.h.0.att");
+    y = fixture_find(&f, "act.h.0.attn_y");
+    ASSERT(qkv && att && y && qkv->ndim == 3 && att->ndim == 4 && att->shape[1] == H);
+    B = qkv->shape[0];
+    T = qkv->shape[1];
+    C = qkv->shape[2] / 3;
+    ASSERT_EQ(B * T * C, y->count);
+    a = attn_alloc(B, T, C, H);
+    pdp__attention_forward(qkv->data, B, T, C, H, NULL, a.y, a.att, a.work);
+    for (i = 0; i < att->count; i++) ASSERT_IN_RANGE(att->data[i], a.att[i], 1e-6);
+    for (i = 0; i < y->count; i++)
+        ASSERT_IN_RANGE(y->data[i], a.y[i], 1e-6 * (1.0 + fabs(y->data[i])));
+    attn_free(&a);
+    fixture_free(&f);
+    PASS();
+}
+
 /* ---- embedding ---- */
 
 /* Forward against the sum, backward against a double scatter-add (ids repeat), the
@@ -568,6 +598,7 @@ SUITE(gpt_kernels)
     RUN_TEST(gpt_attention_softmax_safe_with_large_scores);
     RUN_TEST(gpt_attention_dropout_reproducible);
     RUN_TEST(gpt_attention_threads_bit_identical);
+    RUN_TEST(gpt_attention_matches_pytorch_fixture);
     RUN_TEST(gpt_embed_matches_naive_and_threads);
     RUN_TEST(gpt_embed_errors_name_position_id_and_lengths);
     RUN_TEST(gpt_layernorm_rows_match_naive_and_finite_differences);
