@@ -4475,7 +4475,14 @@ typedef struct pdp__attn_job {
 PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t h, int64_t t,
                                      float *keep);
 
-/* One (b, h) pair, forward: P row by row, then Y = Pd V. keep: T floats of work. */
+/* y[0..n) += a x[0..n): restrict parameters, which gcc's vectoriser trusts (pointers
+   restrict-qualified inside a loop body it does not). */
+PDP__PRIVATE void pdp__attn_axpy(float *PDP__RESTRICT y, float a, const float *PDP__RESTRICT x,
+                                 int64_t n);
+
+/* One (b, h) pair, forward: P row by row, then Y = Pd V. keep: T floats of work. The
+   dot products are layers.c's (16 float lanes, then a double sum: vectorised, in a fixed
+   order), the row updates pdp__attn_axpy. */
 PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *keep);
 
 /* One (b, h) pair, backward (see the module comment); dqkv's q, k and v columns of this
