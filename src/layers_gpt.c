@@ -28,6 +28,9 @@
          dS = P o (dP - rowsum(dP o P))   (the softmax's Jacobian, row by row)
          dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)
      Masked entries have P = 0, so they give nothing; the loops never visit them.
+     Computed per (b, h), the pairs split over threads: S by one pdp_sgemm on qkv's
+     strided rows (the masked half too: cheaper than T^2 / 2 dot products), the rest
+     row by row (layers.c's 16-lane dot products, restrict axpys) in a fixed order.
    - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
@@ -158,24 +161,24 @@ PDP__PRIVATE void pdp__attn_axpy(float *PDP__RESTRICT y, float a, const float *P
     PDP__FOR_BLOCKED(i, n, y[i] += a * x[i];);
 }
 
-/* One (b, h) pair, forward: P row by row, then Y = Pd V. keep: T floats of work. The
-   dot products are layers.c's (16 float lanes, then a double sum: vectorised, in a fixed
-   order), the row updates pdp__attn_axpy. */
+/* One (b, h) pair, forward: S by one GEMM, P row by row, then Y = Pd V as rows of
+   pdp__attn_axpy. keep: T floats of work. */
 PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *keep)
 {
     int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s;
     const float *base = j->qkv + b * T * C3 + h * D; /* q of (b, 0, h); k at +C, v at +2C */
+    float *P = j->att_out + (b * j->H + h) * T * T;
+    /* S = Q K^T / sqrt(D), all T x T of it: half is masked below, but one GEMM over the
+       strided rows of qkv (leading dimension 3C) beats T^2 / 2 separate dot products */
+    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, j->scale, base, C3, base + C, C3, 0.0f, P, T);
     for (t = 0; t < T; t++) {
-        const float *q = base + t * C3;
-        float *p = j->att_out + ((b * j->H + h) * T + t) * T;
+        float *p = P + t * T;
         float *y = j->y + (b * T + t) * C + h * D;
         float mx = -HUGE_VALF, sum = 0.0f;
-        /* THE CAUSAL MASK: s runs over 0..t only, so position t never sees a later key;
-           the masked scores are the -inf of the formulas, and their P is the 0 below. */
-        for (s = 0; s <= t; s++) {
-            p[s] = (float)pdp__layers_dot(q, base + s * C3 + C, D) * j->scale;
-            mx = p[s] > mx ? p[s] : mx;
-        }
+        /* THE CAUSAL MASK: from here on s runs over 0..t only, so position t never sees a
+           later key; the masked scores are the -inf of the formulas, and their P is the 0
+           written below. */
+        for (s = 0; s <= t; s++) mx = p[s] > mx ? p[s] : mx;
         /* softmax, safe: exp(S - max) <= 1 cannot overflow (the max's term is 1) */
         for (s = 0; s <= t; s++) {
             p[s] = expf(p[s] - mx);

@@ -4411,6 +4411,9 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
          dS = P o (dP - rowsum(dP o P))   (the softmax's Jacobian, row by row)
          dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)
      Masked entries have P = 0, so they give nothing; the loops never visit them.
+     Computed per (b, h), the pairs split over threads: S by one pdp_sgemm on qkv's
+     strided rows (the masked half too: cheaper than T^2 / 2 dot products), the rest
+     row by row (layers.c's 16-lane dot products, restrict axpys) in a fixed order.
    - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
@@ -4480,9 +4483,8 @@ PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t 
 PDP__PRIVATE void pdp__attn_axpy(float *PDP__RESTRICT y, float a, const float *PDP__RESTRICT x,
                                  int64_t n);
 
-/* One (b, h) pair, forward: P row by row, then Y = Pd V. keep: T floats of work. The
-   dot products are layers.c's (16 float lanes, then a double sum: vectorised, in a fixed
-   order), the row updates pdp__attn_axpy. */
+/* One (b, h) pair, forward: S by one GEMM, P row by row, then Y = Pd V as rows of
+   pdp__attn_axpy. keep: T floats of work. */
 PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *keep);
 
 /* One (b, h) pair, backward (see the module comment); dqkv's q, k and v columns of this
