@@ -27,10 +27,11 @@
          dV = Pd^T dY,  dPd = dY V^T,  dP = dPd o M / (1 - p)
          dS = P o (dP - rowsum(dP o P))   (the softmax's Jacobian, row by row)
          dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)
-     Masked entries have P = 0, so they give nothing; the loops never visit them.
-     Computed per (b, h), the pairs split over threads: S by one pdp_sgemm on qkv's
-     strided rows (the masked half too: cheaper than T^2 / 2 dot products), the rest
-     row by row (layers.c's 16-lane dot products, restrict axpys) in a fixed order.
+     Masked entries have P = 0 and dS = 0, so they give nothing to any product.
+     Computed per (b, h), the pairs split over threads, a step per formula: each product
+     one pdp_sgemm on qkv's strided rows (the masked half too: cheaper than T^2 / 2
+     separate dot products; inside a part it runs on that part's thread, as threads.c
+     runs a nested job, with gemm.c's bits), the softmax and its backward row by row.
    - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
@@ -135,46 +136,38 @@ typedef struct pdp__attn_job {
     const pdp__attn_dropout *drop;
 } pdp__attn_job;
 
+/* Attention dropout is on: training with p > 0. */
+PDP__PRIVATE bool pdp__attn_dropping(const pdp__attn_job *j)
+{
+    return j->drop && j->drop->p != 0.0f;
+}
+
 /* The kept-and-rescaled factor M / (1 - p) of row t of (b, h)'s dropout mask, written to
-   keep[0..t]; 1 everywhere without dropout. */
+   keep[0..t]. */
 PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t h, int64_t t,
                                      float *keep)
 {
-    int64_t s;
-    if (!j->drop || j->drop->p == 0.0f) {
-        for (s = 0; s <= t; s++) keep[s] = 1.0f;
-    } else {
-        const pdp__attn_dropout *d = j->drop;
-        uint64_t key = pdp__dropout_key(d->seed, d->layer, d->step, d->sample_base + b);
-        uint32_t thr = pdp__dropout_threshold(d->p);
-        float scale = 1.0f / (1.0f - d->p);
-        int64_t base = (h * j->T + t) * j->T;
-        for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
-    }
+    const pdp__attn_dropout *d = j->drop;
+    uint64_t key = pdp__dropout_key(d->seed, d->layer, d->step, d->sample_base + b);
+    uint32_t thr = pdp__dropout_threshold(d->p);
+    float scale = 1.0f / (1.0f - d->p);
+    int64_t base = (h * j->T + t) * j->T, s;
+    for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
 }
 
-/* y[0..n) += a x[0..n): restrict parameters, which gcc's vectoriser trusts (pointers
-   restrict-qualified inside a loop body it does not). */
-PDP__PRIVATE void pdp__attn_axpy(float *PDP__RESTRICT y, float a, const float *PDP__RESTRICT x,
-                                 int64_t n)
-{
-    PDP__FOR_BLOCKED(i, n, y[i] += a * x[i];);
-}
-
-/* One (b, h) pair, forward: S by one GEMM, P row by row, then Y = Pd V as rows of
-   pdp__attn_axpy. keep: T floats of work. */
-PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *keep)
+/* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
+   by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of
+   the mask). */
+PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w)
 {
     int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s;
-    const float *base = j->qkv + b * T * C3 + h * D; /* q of (b, 0, h); k at +C, v at +2C */
-    float *P = j->att_out + (b * j->H + h) * T * T;
-    /* S = Q K^T / sqrt(D), all T x T of it: half is masked below, but one GEMM over the
-       strided rows of qkv (leading dimension 3C) beats T^2 / 2 separate dot products */
-    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, j->scale, base, C3, base + C, C3, 0.0f, P, T);
+    const float *q = j->qkv + b * T * C3 + h * D, *k = q + C, *v = q + 2 * C; /* row stride 3C */
+    float *P = j->att_out + (b * j->H + h) * T * T, *keep = w + T * T;
+    /* S, all T x T of it: half is masked below, but one GEMM over the strided rows of
+       qkv beats T^2 / 2 separate dot products */
+    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, j->scale, q, C3, k, C3, 0.0f, P, T);
     for (t = 0; t < T; t++) {
-        float *p = P + t * T;
-        float *y = j->y + (b * T + t) * C + h * D;
-        float mx = -HUGE_VALF, sum = 0.0f;
+        float *p = P + t * T, mx = -HUGE_VALF, sum = 0.0f;
         /* THE CAUSAL MASK: from here on s runs over 0..t only, so position t never sees a
            later key; the masked scores are the -inf of the formulas, and their P is the 0
            written below. */
@@ -185,43 +178,50 @@ PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int6
             sum += p[s];
         }
         for (s = 0; s <= t; s++) p[s] /= sum;
-        for (s = t + 1; s < T; s++) p[s] = 0.0f; /* att is defined everywhere */
-        pdp__attn_keep_row(j, b, h, t, keep);
-        memset(y, 0, (size_t)D * sizeof *y);
-        for (s = 0; s <= t; s++) pdp__attn_axpy(y, p[s] * keep[s], base + s * C3 + 2 * C, D);
+        for (s = t + 1; s < T; s++) p[s] = 0.0f;
+        if (pdp__attn_dropping(j)) { /* Pd = P o M / (1 - p) */
+            pdp__attn_keep_row(j, b, h, t, keep);
+            for (s = 0; s < T; s++) w[t * T + s] = s <= t ? p[s] * keep[s] : 0.0f;
+        }
     }
+    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, pdp__attn_dropping(j) ? w : P, T, v, C3,
+              0.0f, j->y + b * T * C + h * D, C);
 }
 
-/* One (b, h) pair, backward (see the module comment); dqkv's q, k and v columns of this
-   head are written. work: 2 T floats (keep, then dP of one row). */
-PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *work)
+/* One (b, h) pair, backward (see the module comment), a step per formula; dqkv's q, k
+   and v columns of this head are written. w: T (T + 1) floats of work (Pd, then dP and
+   dS; a row of the mask). */
+PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w)
 {
     int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s;
-    const float *base = j->qkv + b * T * C3 + h * D;
-    float *dbase = j->dqkv + b * T * C3 + h * D;
-    float *keep = work, *dp = work + T;
-    for (t = 0; t < T; t++) { /* this head's dq, dk, dv columns of row t */
-        memset(dbase + t * C3, 0, (size_t)D * sizeof(float));
-        memset(dbase + t * C3 + C, 0, (size_t)D * sizeof(float));
-        memset(dbase + t * C3 + 2 * C, 0, (size_t)D * sizeof(float));
-    }
-    for (t = 0; t < T; t++) {
-        const float *q = base + t * C3, *dy = j->dy + (b * T + t) * C + h * D;
-        const float *p = j->att + ((b * j->H + h) * T + t) * T;
-        float *dq = dbase + t * C3;
-        float rowsum = 0.0f;
-        pdp__attn_keep_row(j, b, h, t, keep);
-        for (s = 0; s <= t; s++) { /* dV += Pd^T dY; dP = (dY V^T) o M / (1 - p) */
-            pdp__attn_axpy(dbase + s * C3 + 2 * C, p[s] * keep[s], dy, D);
-            dp[s] = (float)pdp__layers_dot(dy, base + s * C3 + 2 * C, D) * keep[s];
-            rowsum += dp[s] * p[s];
+    const float *q = j->qkv + b * T * C3 + h * D, *k = q + C, *v = q + 2 * C;
+    const float *P = j->att + (b * j->H + h) * T * T;
+    const float *dy = j->dy + b * T * C + h * D; /* row stride C */
+    float *dq = j->dqkv + b * T * C3 + h * D, *dk = dq + C, *dv = dq + 2 * C, *keep = w + T * T;
+    if (pdp__attn_dropping(j)) /* Pd, as the forward had it */
+        for (t = 0; t < T; t++) {
+            pdp__attn_keep_row(j, b, h, t, keep);
+            for (s = 0; s < T; s++) w[t * T + s] = s <= t ? P[t * T + s] * keep[s] : 0.0f;
         }
-        for (s = 0; s <= t; s++) { /* dS = P o (dP - rowsum); dQ += dS K, dK += dS^T Q */
-            float ds = p[s] * (dp[s] - rowsum) * j->scale;
-            pdp__attn_axpy(dq, ds, base + s * C3 + C, D);
-            pdp__attn_axpy(dbase + s * C3 + C, ds, q, D);
+    /* dV = Pd^T dY */
+    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, pdp__attn_dropping(j) ? w : P, T, dy, C,
+              0.0f, dv, C3);
+    /* dPd = dY V^T (over w's Pd, no longer needed) */
+    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, 1.0f, dy, C, v, C3, 0.0f, w, T);
+    for (t = 0; t < T; t++) { /* row by row: dP = dPd o M / (1 - p), then dS / sqrt(D) */
+        const float *p = P + t * T;
+        float *dp = w + t * T, rowsum = 0.0f;
+        if (pdp__attn_dropping(j)) {
+            pdp__attn_keep_row(j, b, h, t, keep);
+            for (s = 0; s <= t; s++) dp[s] *= keep[s];
         }
+        for (s = 0; s <= t; s++) rowsum += dp[s] * p[s];
+        for (s = 0; s <= t; s++) dp[s] = p[s] * (dp[s] - rowsum) * j->scale;
+        for (s = t + 1; s < T; s++) dp[s] = 0.0f; /* masked: no gradient */
     }
+    /* dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D) */
+    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, w, T, k, C3, 0.0f, dq, C3);
+    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, w, T, q, C3, 0.0f, dk, C3);
 }
 
 /* Part i of n: the (b, h) pairs [B H i / n, B H (i + 1) / n), each computed whole by
@@ -231,7 +231,7 @@ PDP__PRIVATE void pdp__attn_forward_part(void *arg, int i, int n)
     const pdp__attn_job *j = (const pdp__attn_job *)arg;
     int64_t pairs = j->B * j->H, lo = pairs * i / n, hi = pairs * (i + 1) / n, bh;
     for (bh = lo; bh < hi; bh++)
-        pdp__attn_forward_head(j, bh / j->H, bh % j->H, j->work + bh * 2 * j->T);
+        pdp__attn_forward_head(j, bh / j->H, bh % j->H, j->work + bh * j->T * (j->T + 1));
 }
 
 PDP__PRIVATE void pdp__attn_backward_part(void *arg, int i, int n)
@@ -239,7 +239,7 @@ PDP__PRIVATE void pdp__attn_backward_part(void *arg, int i, int n)
     const pdp__attn_job *j = (const pdp__attn_job *)arg;
     int64_t pairs = j->B * j->H, lo = pairs * i / n, hi = pairs * (i + 1) / n, bh;
     for (bh = lo; bh < hi; bh++)
-        pdp__attn_backward_head(j, bh / j->H, bh % j->H, j->work + bh * 2 * j->T);
+        pdp__attn_backward_head(j, bh / j->H, bh % j->H, j->work + bh * j->T * (j->T + 1));
 }
 
 /* Below this many multiply-adds (B H T^2 D) the pool is not woken. */
@@ -270,7 +270,7 @@ PDP__PRIVATE void pdp__attn_job_init(pdp__attn_job *j, int64_t B, int64_t T, int
 
 /* Causal self-attention, forward: qkv [B, T, 3C] -> y [B, T, C], saving att [B, H, T, T]
    (P before dropout; 0 above the diagonal). drop: NULL or p == 0 for none (evaluation).
-   work: 2 B H T floats. C % H == 0 (the caller's setup checks it). */
+   work: B H T (T + 1) floats. C % H == 0 (the caller's setup checks it). */
 PDP__PRIVATE void pdp__attention_forward(const float *qkv, int64_t B, int64_t T, int64_t C,
                                          int64_t H, const pdp__attn_dropout *drop, float *y,
                                          float *att, float *work)
@@ -285,7 +285,9 @@ PDP__PRIVATE void pdp__attention_forward(const float *qkv, int64_t B, int64_t T,
 }
 
 /* Causal self-attention, backward: dqkv [B, T, 3C] (written) from dy [B, T, C], the
-   forward's qkv and att, and the same drop (its mask is drawn again). work: 2 B H T. */
+   forward's qkv and att, and the same drop (its mask is drawn again). work: B H T (T + 1)
+   floats (like llm.c's datt, one att-sized buffer; a model can share it between layers).
+   dqkv must not overlap qkv, att or dy. */
 PDP__PRIVATE void pdp__attention_backward(const float *qkv, const float *att, const float *dy,
                                           int64_t B, int64_t T, int64_t C, int64_t H,
                                           const pdp__attn_dropout *drop, float *dqkv, float *work)

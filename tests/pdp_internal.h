@@ -4410,10 +4410,11 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
          dV = Pd^T dY,  dPd = dY V^T,  dP = dPd o M / (1 - p)
          dS = P o (dP - rowsum(dP o P))   (the softmax's Jacobian, row by row)
          dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)
-     Masked entries have P = 0, so they give nothing; the loops never visit them.
-     Computed per (b, h), the pairs split over threads: S by one pdp_sgemm on qkv's
-     strided rows (the masked half too: cheaper than T^2 / 2 dot products), the rest
-     row by row (layers.c's 16-lane dot products, restrict axpys) in a fixed order.
+     Masked entries have P = 0 and dS = 0, so they give nothing to any product.
+     Computed per (b, h), the pairs split over threads, a step per formula: each product
+     one pdp_sgemm on qkv's strided rows (the masked half too: cheaper than T^2 / 2
+     separate dot products; inside a part it runs on that part's thread, as threads.c
+     runs a nested job, with gemm.c's bits), the softmax and its backward row by row.
    - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
@@ -4473,23 +4474,23 @@ typedef struct pdp__attn_job {
     const pdp__attn_dropout *drop;
 } pdp__attn_job;
 
+/* Attention dropout is on: training with p > 0. */
+PDP__PRIVATE bool pdp__attn_dropping(const pdp__attn_job *j);
+
 /* The kept-and-rescaled factor M / (1 - p) of row t of (b, h)'s dropout mask, written to
-   keep[0..t]; 1 everywhere without dropout. */
+   keep[0..t]. */
 PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t h, int64_t t,
                                      float *keep);
 
-/* y[0..n) += a x[0..n): restrict parameters, which gcc's vectoriser trusts (pointers
-   restrict-qualified inside a loop body it does not). */
-PDP__PRIVATE void pdp__attn_axpy(float *PDP__RESTRICT y, float a, const float *PDP__RESTRICT x,
-                                 int64_t n);
+/* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
+   by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of
+   the mask). */
+PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w);
 
-/* One (b, h) pair, forward: S by one GEMM, P row by row, then Y = Pd V as rows of
-   pdp__attn_axpy. keep: T floats of work. */
-PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *keep);
-
-/* One (b, h) pair, backward (see the module comment); dqkv's q, k and v columns of this
-   head are written. work: 2 T floats (keep, then dP of one row). */
-PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *work);
+/* One (b, h) pair, backward (see the module comment), a step per formula; dqkv's q, k
+   and v columns of this head are written. w: T (T + 1) floats of work (Pd, then dP and
+   dS; a row of the mask). */
+PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w);
 
 /* Part i of n: the (b, h) pairs [B H i / n, B H (i + 1) / n), each computed whole by
    one thread, so the bits do not depend on the split. */
@@ -4509,13 +4510,15 @@ PDP__PRIVATE void pdp__attn_job_init(pdp__attn_job *j, int64_t B, int64_t T, int
 
 /* Causal self-attention, forward: qkv [B, T, 3C] -> y [B, T, C], saving att [B, H, T, T]
    (P before dropout; 0 above the diagonal). drop: NULL or p == 0 for none (evaluation).
-   work: 2 B H T floats. C % H == 0 (the caller's setup checks it). */
+   work: B H T (T + 1) floats. C % H == 0 (the caller's setup checks it). */
 PDP__PRIVATE void pdp__attention_forward(const float *qkv, int64_t B, int64_t T, int64_t C,
                                          int64_t H, const pdp__attn_dropout *drop, float *y,
                                          float *att, float *work);
 
 /* Causal self-attention, backward: dqkv [B, T, 3C] (written) from dy [B, T, C], the
-   forward's qkv and att, and the same drop (its mask is drawn again). work: 2 B H T. */
+   forward's qkv and att, and the same drop (its mask is drawn again). work: B H T (T + 1)
+   floats (like llm.c's datt, one att-sized buffer; a model can share it between layers).
+   dqkv must not overlap qkv, att or dy. */
 PDP__PRIVATE void pdp__attention_backward(const float *qkv, const float *att, const float *dy,
                                           int64_t B, int64_t T, int64_t C, int64_t H,
                                           const pdp__attn_dropout *drop, float *dqkv, float *work);

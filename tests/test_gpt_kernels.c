@@ -113,7 +113,7 @@ static attn_bufs attn_alloc(int64_t B, int64_t T, int64_t C, int64_t H)
     a.y = (float *)malloc((size_t)(B * T * C) * sizeof(float));
     a.dy = (float *)malloc((size_t)(B * T * C) * sizeof(float));
     a.att = (float *)malloc((size_t)(B * H * T * T) * sizeof(float));
-    a.work = (float *)malloc((size_t)(2 * B * H * T) * sizeof(float));
+    a.work = (float *)malloc((size_t)(B * H * T * (T + 1)) * sizeof(float));
     return a;
 }
 
