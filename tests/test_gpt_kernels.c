@@ -1,7 +1,7 @@
 /* Tests of the GPT's kernels (src/layers_gpt.c): token and position embedding, causal
    multi-head self-attention, LayerNorm over the last dimension, the tanh GELU and
    cross-entropy with ignored rows, each against a naive double-precision loop written
-   here from the formulas, on odd shapes (B 1-3, T 1, 5, 16, H 1, 2, 4, D 3, 8).
+   here from the formulas, on odd shapes (B 1, 3, T 1, 5, 16, H 1, 2, 4, D 3, 8).
 
    Gradients against central finite differences through those double loops: f = sum(out
    r) for a fixed random r, df/dv ~ (f(v + h) - f(v - h)) / (2 h), h = 1e-4. In double the
