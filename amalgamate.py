@@ -73,6 +73,7 @@ IMPL = [
     "comm.c",
     "layers.c",
     "layers_conv.c",
+    "layers_gpt.c",
     "layers_tp.c",
     "layers_table.c",
     "model.c",

@@ -14959,6 +14959,415 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
 #endif
 /* ---- end src/layers_conv.c ---- */
 
+/* ---- begin src/layers_gpt.c ---- */
+/* layers_gpt: the math of a GPT's layers, forward and backward side by side (llm.c's
+   layout), as plain functions on row-major fp32 arrays. The layer table entries that
+   call them (shapes, parameters, saved buffers) come with the model integration; these
+   kernels allocate nothing: the caller passes every output, saved and work buffer.
+
+   Shapes: B sequences of T positions, channels C, H heads of D = C / H channels,
+   vocabulary V. References: Vaswani et al., "Attention Is All You Need" (2017), for
+   scaled dot-product and multi-head attention; Radford et al., "Language Models are
+   Unsupervised Multitask Learners" (GPT-2, 2019), for the pre-LayerNorm block, learned
+   positions and the tanh GELU; Ba, Kiros and Hinton, "Layer Normalization" (2016);
+   nanoGPT's model.py and llm.c's train_gpt2.c for the layouts followed here.
+
+   - Embedding: out[b, t, :] = wte[id[b, t], :] + wpe[t, :]. Backward scatter-adds:
+     dwte[id[b, t], :] += dout[b, t, :] and dwpe[t, :] += sum over b of dout[b, t, :],
+     in (b, t) order for every channel; threads split the channels, so the bits do not
+     depend on the thread count even when an id repeats.
+   - Attention (causal, multi-head): qkv [B, T, 3C] is the c_attn Linear's output,
+     q, k and v side by side along the last dimension (nanoGPT's qkv.split(C, dim=2));
+     head h of q is columns [h D, h D + D) of the q part. For each (b, h):
+         S = Q K^T / sqrt(D)            [T, T] scores
+         S[t, s] = -inf for s > t       the causal mask: t attends to 0..t only
+         P = softmax(S) row by row      the attention probabilities, saved as att
+         Pd = P o M / (1 - p)           attention dropout (training, p > 0)
+         Y = Pd V                       [T, D], written to y[b, :, h D .. h D + D)
+     y [B, T, C] is the heads side by side again (PyTorch's transpose(1, 2).view(B,
+     T, C)). Backward from dy and the saved att (the probabilities before dropout):
+         dV = Pd^T dY,  dPd = dY V^T,  dP = dPd o M / (1 - p)
+         dS = P o (dP - rowsum(dP o P))   (the softmax's Jacobian, row by row)
+         dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)
+     Masked entries have P = 0 and dS = 0, so they give nothing to any product.
+     Computed per (b, h), the pairs split over threads, a step per formula: each product
+     one pdp_sgemm on qkv's strided rows (the masked half too: cheaper than T^2 / 2
+     separate dot products; inside a part it runs on that part's thread, as threads.c
+     runs a nested job, with gemm.c's bits), the softmax and its backward row by row.
+   - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
+     whose sample is one row (pdp__gpt_layernorm_*).
+   - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
+     layers.c's element-wise kernel acts on every position of a [T, C] sample.
+   - Cross-entropy over [N, V] rows with ignore_index -1: loss.c's per-row formula on
+     the rows not ignored, the mean over those rows (pdp__cross_entropy_ignore).
+
+   Invariants: nothing allocated; outputs written (not accumulated) unless the
+   function says +=; every reduction in a fixed order, whatever the thread count. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- gpt: token and position embedding ---- */
+
+/* out[b, t, :] = wte[ids[b, t], :] + wpe[t, :] for ids [B, T] (int32), wte [V, C], wpe
+   [context, C], out [B, T, C]. T > context, or an id outside [0, V), is PDP_ERR_INVALID
+   naming fn, the lengths or the position (b, t) and the id; out is then unspecified. */
+PDP__PRIVATE pdp_status pdp__embed_forward(const int32_t *ids, int64_t B, int64_t T,
+                                           int64_t context, int64_t V, int64_t C,
+                                           const float *wte, const float *wpe, float *out,
+                                           const char *fn)
+{
+    int64_t b, t, c;
+    if (T > context)
+        return pdp__err(PDP_ERR_INVALID, "%s: a sequence of %lld tokens is longer than the "
+                        "context of %lld", fn, (long long)T, (long long)context);
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++) {
+            int32_t id = ids[b * T + t];
+            const float *e, *p = wpe + t * C;
+            float *o = out + (b * T + t) * C;
+            if (id < 0 || id >= V)
+                return pdp__err(PDP_ERR_INVALID, "%s: token id %ld at position (%lld, %lld) is "
+                                "outside [0, %lld)", fn, (long)id, (long long)b, (long long)t,
+                                (long long)V);
+            e = wte + (int64_t)id * C;
+            for (c = 0; c < C; c++) o[c] = e[c] + p[c];
+        }
+    return PDP_OK;
+}
+
+typedef struct pdp__embed_job {
+    const int32_t *ids;
+    int64_t B, T, C;
+    const float *dout;
+    float *dwte, *dwpe;
+} pdp__embed_job;
+
+/* Part i of n: channels [lo, hi) of every row, in (b, t) order. */
+PDP__PRIVATE void pdp__embed_backward_part(void *arg, int i, int n)
+{
+    const pdp__embed_job *j = (const pdp__embed_job *)arg;
+    int64_t lo = j->C * i / n, hi = j->C * (i + 1) / n, b, t, c;
+    for (b = 0; b < j->B; b++)
+        for (t = 0; t < j->T; t++) {
+            const float *d = j->dout + (b * j->T + t) * j->C;
+            float *dw = j->dwte + (int64_t)j->ids[b * j->T + t] * j->C, *dp = j->dwpe + t * j->C;
+            for (c = lo; c < hi; c++) {
+                dw[c] += d[c];
+                dp[c] += d[c];
+            }
+        }
+}
+
+/* dwte[ids[b, t], :] += dout[b, t, :] and dwpe[t, :] += dout[b, t, :] for every (b, t),
+   in that order per channel (ids checked by the forward). */
+PDP__PRIVATE void pdp__embed_backward(const int32_t *ids, int64_t B, int64_t T, int64_t C,
+                                      const float *dout, float *dwte, float *dwpe)
+{
+    pdp__embed_job j;
+    int parts = (int)PDP__MIN((int64_t)pdp__threads_for_caller(), C / 16);
+    j.ids = ids;
+    j.B = B;
+    j.T = T;
+    j.C = C;
+    j.dout = dout;
+    j.dwte = dwte;
+    j.dwpe = dwpe;
+    if (B * T * C < 65536) parts = 1; /* not worth waking the pool */
+    pdp__parallel_for(parts < 1 ? 1 : parts, pdp__embed_backward_part, &j);
+}
+
+/* ---- gpt: causal self-attention ----
+   Attention dropout draws its mask as pdp's Dropout layer does (math.h: a counter-
+   based hash, no state carried between elements): element (h, t, s) of sequence b is
+   kept when pdp__dropout_bits(pdp__dropout_key(seed, layer, step, sample_base + b),
+   (h T + t) T + s) >= pdp__dropout_threshold(p). So a batch split over DP replicas
+   (sample_base) draws the masks one device draws, and the backward regenerates the
+   mask from the same key instead of storing it: att keeps P before dropout. */
+typedef struct pdp__attn_dropout {
+    float p;              /* drop probability in [0, 1); 0 (or the struct NULL): none */
+    uint64_t seed, step;  /* the model's dropout seed and step counter */
+    int layer;            /* the layer index that keys this attention's masks */
+    int64_t sample_base;  /* index of sequence 0 of this batch in the global batch */
+} pdp__attn_dropout;
+
+typedef struct pdp__attn_job {
+    const float *qkv, *att, *dy;
+    float *y, *att_out, *dqkv, *work;
+    int64_t B, T, C, H, D;
+    float scale;
+    const pdp__attn_dropout *drop;
+} pdp__attn_job;
+
+/* Attention dropout is on: training with p > 0. */
+PDP__PRIVATE bool pdp__attn_dropping(const pdp__attn_job *j)
+{
+    return j->drop && j->drop->p != 0.0f;
+}
+
+/* The kept-and-rescaled factor M / (1 - p) of row t of (b, h)'s dropout mask, written to
+   keep[0..t]. */
+PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t h, int64_t t,
+                                     float *keep)
+{
+    const pdp__attn_dropout *d = j->drop;
+    uint64_t key = pdp__dropout_key(d->seed, d->layer, d->step, d->sample_base + b);
+    uint32_t thr = pdp__dropout_threshold(d->p);
+    float scale = 1.0f / (1.0f - d->p);
+    int64_t base = (h * j->T + t) * j->T, s;
+    for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
+}
+
+/* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
+   by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of
+   the mask). */
+PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w)
+{
+    int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s;
+    const float *q = j->qkv + b * T * C3 + h * D, *k = q + C, *v = q + 2 * C; /* row stride 3C */
+    float *P = j->att_out + (b * j->H + h) * T * T, *keep = w + T * T;
+    /* S, all T x T of it: half is masked below, but one GEMM over the strided rows of
+       qkv beats T^2 / 2 separate dot products */
+    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, j->scale, q, C3, k, C3, 0.0f, P, T);
+    for (t = 0; t < T; t++) {
+        float *p = P + t * T, mx = -HUGE_VALF, sum = 0.0f;
+        /* THE CAUSAL MASK: from here on s runs over 0..t only, so position t never sees a
+           later key; the masked scores are the -inf of the formulas, and their P is the 0
+           written below. */
+        for (s = 0; s <= t; s++) mx = p[s] > mx ? p[s] : mx;
+        /* softmax, safe: exp(S - max) <= 1 cannot overflow (the max's term is 1) */
+        for (s = 0; s <= t; s++) {
+            p[s] = expf(p[s] - mx);
+            sum += p[s];
+        }
+        for (s = 0; s <= t; s++) p[s] /= sum;
+        for (s = t + 1; s < T; s++) p[s] = 0.0f;
+        if (pdp__attn_dropping(j)) { /* Pd = P o M / (1 - p) */
+            pdp__attn_keep_row(j, b, h, t, keep);
+            for (s = 0; s < T; s++) w[t * T + s] = s <= t ? p[s] * keep[s] : 0.0f;
+        }
+    }
+    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, pdp__attn_dropping(j) ? w : P, T, v, C3,
+              0.0f, j->y + b * T * C + h * D, C);
+}
+
+/* One (b, h) pair, backward (see the module comment), a step per formula; dqkv's q, k
+   and v columns of this head are written. w: T (T + 1) floats of work (Pd, then dP and
+   dS; a row of the mask). */
+PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w)
+{
+    int64_t T = j->T, C = j->C, D = j->D, C3 = 3 * C, t, s;
+    const float *q = j->qkv + b * T * C3 + h * D, *k = q + C, *v = q + 2 * C;
+    const float *P = j->att + (b * j->H + h) * T * T;
+    const float *dy = j->dy + b * T * C + h * D; /* row stride C */
+    float *dq = j->dqkv + b * T * C3 + h * D, *dk = dq + C, *dv = dq + 2 * C, *keep = w + T * T;
+    if (pdp__attn_dropping(j)) /* Pd, as the forward had it */
+        for (t = 0; t < T; t++) {
+            pdp__attn_keep_row(j, b, h, t, keep);
+            for (s = 0; s < T; s++) w[t * T + s] = s <= t ? P[t * T + s] * keep[s] : 0.0f;
+        }
+    /* dV = Pd^T dY */
+    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, pdp__attn_dropping(j) ? w : P, T, dy, C,
+              0.0f, dv, C3);
+    /* dPd = dY V^T (over w's Pd, no longer needed) */
+    pdp_sgemm(PDP_NO_TRANS, PDP_TRANS, T, T, D, 1.0f, dy, C, v, C3, 0.0f, w, T);
+    for (t = 0; t < T; t++) { /* row by row: dP = dPd o M / (1 - p), then dS / sqrt(D) */
+        const float *p = P + t * T;
+        float *dp = w + t * T, rowsum = 0.0f;
+        if (pdp__attn_dropping(j)) {
+            pdp__attn_keep_row(j, b, h, t, keep);
+            for (s = 0; s <= t; s++) dp[s] *= keep[s];
+        }
+        for (s = 0; s <= t; s++) rowsum += dp[s] * p[s];
+        for (s = 0; s <= t; s++) dp[s] = p[s] * (dp[s] - rowsum) * j->scale;
+        for (s = t + 1; s < T; s++) dp[s] = 0.0f; /* masked: no gradient */
+    }
+    /* dQ = dS K / sqrt(D), dK = dS^T Q / sqrt(D) */
+    pdp_sgemm(PDP_NO_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, w, T, k, C3, 0.0f, dq, C3);
+    pdp_sgemm(PDP_TRANS, PDP_NO_TRANS, T, D, T, 1.0f, w, T, q, C3, 0.0f, dk, C3);
+}
+
+/* Part i of n: the (b, h) pairs [B H i / n, B H (i + 1) / n), each computed whole by
+   one thread, so the bits do not depend on the split. */
+PDP__PRIVATE void pdp__attn_forward_part(void *arg, int i, int n)
+{
+    const pdp__attn_job *j = (const pdp__attn_job *)arg;
+    int64_t pairs = j->B * j->H, lo = pairs * i / n, hi = pairs * (i + 1) / n, bh;
+    for (bh = lo; bh < hi; bh++)
+        pdp__attn_forward_head(j, bh / j->H, bh % j->H, j->work + bh * j->T * (j->T + 1));
+}
+
+PDP__PRIVATE void pdp__attn_backward_part(void *arg, int i, int n)
+{
+    const pdp__attn_job *j = (const pdp__attn_job *)arg;
+    int64_t pairs = j->B * j->H, lo = pairs * i / n, hi = pairs * (i + 1) / n, bh;
+    for (bh = lo; bh < hi; bh++)
+        pdp__attn_backward_head(j, bh / j->H, bh % j->H, j->work + bh * j->T * (j->T + 1));
+}
+
+/* Below this many multiply-adds (B H T^2 D) the pool is not woken. */
+#ifndef PDP__ATTN_PAR_MIN
+#  define PDP__ATTN_PAR_MIN 8192
+#endif
+
+PDP__PRIVATE int pdp__attn_parts(const pdp__attn_job *j)
+{
+    int64_t pairs = j->B * j->H;
+    if (pairs * j->T * j->T * j->D < PDP__ATTN_PAR_MIN) return 1;
+    return (int)PDP__MIN((int64_t)pdp__threads_for_caller(), pairs);
+}
+
+PDP__PRIVATE void pdp__attn_job_init(pdp__attn_job *j, int64_t B, int64_t T, int64_t C, int64_t H,
+                                     const pdp__attn_dropout *drop, float *work)
+{
+    memset(j, 0, sizeof *j);
+    j->B = B;
+    j->T = T;
+    j->C = C;
+    j->H = H;
+    j->D = C / H;
+    j->scale = (float)(1.0 / sqrt((double)j->D));
+    j->drop = drop;
+    j->work = work;
+}
+
+/* Causal self-attention, forward: qkv [B, T, 3C] -> y [B, T, C], saving att [B, H, T, T]
+   (P before dropout; 0 above the diagonal). drop: NULL or p == 0 for none (evaluation).
+   work: B H T (T + 1) floats. C % H == 0 (the caller's setup checks it). */
+PDP__PRIVATE void pdp__attention_forward(const float *qkv, int64_t B, int64_t T, int64_t C,
+                                         int64_t H, const pdp__attn_dropout *drop, float *y,
+                                         float *att, float *work)
+{
+    pdp__attn_job j;
+    PDP_ASSERT(H > 0 && C % H == 0);
+    pdp__attn_job_init(&j, B, T, C, H, drop, work);
+    j.qkv = qkv;
+    j.y = y;
+    j.att_out = att;
+    pdp__parallel_for(pdp__attn_parts(&j), pdp__attn_forward_part, &j);
+}
+
+/* Causal self-attention, backward: dqkv [B, T, 3C] (written) from dy [B, T, C], the
+   forward's qkv and att, and the same drop (its mask is drawn again). work: B H T (T + 1)
+   floats (like llm.c's datt, one att-sized buffer; a model can share it between layers).
+   dqkv must not overlap qkv, att or dy. */
+PDP__PRIVATE void pdp__attention_backward(const float *qkv, const float *att, const float *dy,
+                                          int64_t B, int64_t T, int64_t C, int64_t H,
+                                          const pdp__attn_dropout *drop, float *dqkv, float *work)
+{
+    pdp__attn_job j;
+    PDP_ASSERT(H > 0 && C % H == 0);
+    pdp__attn_job_init(&j, B, T, C, H, drop, work);
+    j.qkv = qkv;
+    j.att = att;
+    j.dy = dy;
+    j.dqkv = dqkv;
+    pdp__parallel_for(pdp__attn_parts(&j), pdp__attn_backward_part, &j);
+}
+
+/* ---- gpt: LayerNorm over the last dimension ----
+   layers.c's LayerNorm normalises each sample over all of its features with a weight
+   and bias of the sample's shape: with rows of C as its samples, that is PyTorch's
+   LayerNorm(C) over the last dimension of [N, C]. These call it, nothing copied. */
+
+PDP__PRIVATE void pdp__gpt_layernorm_io(pdp__layer *l, pdp__layer_io *io, int64_t N, int64_t C,
+                                        float eps)
+{
+    memset(l, 0, sizeof *l);
+    memset(io, 0, sizeof *io);
+    l->kind = PDP__LAYERNORM;
+    l->in_ndim = l->out_ndim = 1;
+    l->in_shape[0] = l->out_shape[0] = C;
+    l->in_count = l->out_count = C;
+    l->eps = eps;
+    l->saved_per_sample = 2;
+    io->batch = N;
+}
+
+/* y = (x - mean) rstd w + b per row of x [N, C]; saved [N, 2]: (mean, rstd) per row. */
+PDP__PRIVATE void pdp__gpt_layernorm_forward(const float *x, const float *w, const float *b,
+                                             int64_t N, int64_t C, float eps, float *y,
+                                             float *saved)
+{
+    pdp__layer l;
+    pdp__layer_io io;
+    pdp__gpt_layernorm_io(&l, &io, N, C, eps);
+    io.x = x;
+    io.y = y;
+    io.w = (float *)w; /* the forward only reads them */
+    io.b = (float *)b;
+    io.saved = saved;
+    (void)pdp__layernorm_forward(&l, &io);
+}
+
+/* dx written (skipped when NULL), dw and db accumulated (+=), from dy, x, w, saved. */
+PDP__PRIVATE void pdp__gpt_layernorm_backward(const float *x, const float *w, const float *saved,
+                                              const float *dy, int64_t N, int64_t C, float *dx,
+                                              float *dw, float *db)
+{
+    pdp__layer l;
+    pdp__layer_io io;
+    pdp__gpt_layernorm_io(&l, &io, N, C, 0.0f);
+    io.x = x;
+    io.w = (float *)w; /* read only */
+    io.saved = (float *)saved;
+    io.dy = dy;
+    io.dx = dx;
+    io.dw = dw;
+    io.db = db;
+    (void)pdp__layernorm_backward(&l, &io);
+}
+
+/* ---- gpt: cross-entropy with ignored positions ----
+   loss = mean over the rows whose label is not -1 of logsumexp(z) - z[label] (PyTorch's
+   cross_entropy(ignore_index=-1, reduction='mean')); dlogits = (softmax(z) -
+   onehot(label)) / count on those rows, 0 on ignored ones. Every row ignored: PyTorch
+   returns NaN (0 / 0); here the loss is 0 and dlogits 0, a batch that teaches nothing,
+   and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
+   fn, the row and the label, checked before anything is written. It is a loss: with the
+   model integration it can move into loss.c, next to the row formula it calls, declared
+   here because loss.c comes later in IMPL. */
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
+                                           int64_t batch, int64_t classes, float grad_scale,
+                                           double *loss_sum, float *dlogits,
+                                           const char *fn); /* loss.c */
+
+PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
+                                                  int64_t N, int64_t V, float *loss,
+                                                  int64_t *count, float *dlogits, const char *fn)
+{
+    int64_t i, j, n = 0;
+    double total = 0.0;
+    float scale;
+    for (i = 0; i < N; i++) {
+        if (labels[i] == -1) continue;
+        if (labels[i] < 0 || labels[i] >= V)
+            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at row %lld is outside [0, %lld) "
+                            "and not the ignore index -1", fn, (long)labels[i], (long long)i,
+                            (long long)V);
+        n++;
+    }
+    *loss = 0.0f;
+    if (count) *count = n;
+    scale = n > 0 ? 1.0f / (float)n : 0.0f;
+    for (i = 0; i < N; i++) {
+        double row = 0.0;
+        if (labels[i] == -1) {
+            if (dlogits)
+                for (j = 0; j < V; j++) dlogits[i * V + j] = 0.0f;
+            continue;
+        }
+        /* loss.c's row: m + log(sum exp(z - m)) - z[label], in double */
+        if (pdp__cross_entropy(logits + i * V, labels + i, 1, V, scale, &row,
+                               dlogits ? dlogits + i * V : NULL, fn) != PDP_OK)
+            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at row %lld", fn,
+                            row != row ? "NaN" : "Inf", (long long)i);
+        total += row;
+    }
+    if (n > 0) *loss = (float)(total / (double)n);
+    return PDP_OK;
+}
+/* ---- end src/layers_gpt.c ---- */
+
 /* ---- begin src/layers_tp.c ---- */
 /* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
    the conjugate operators, and the column- and row-parallel Linears, as entries of

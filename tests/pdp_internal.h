@@ -4409,6 +4409,185 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_forward(const pdp__layer *l, const pdp
 PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
 #endif
 
+/* ---- src/layers_gpt.c ---- */
+/* layers_gpt: the math of a GPT's layers, forward and backward side by side (llm.c's
+   layout), as plain functions on row-major fp32 arrays. The layer table entries that
+   call them (shapes, parameters, saved buffers) come with the model integration; these
+   kernels allocate nothing: the caller passes every output, saved and work buffer.
+
+   Shapes: B sequences of T positions, channels C, H heads of D = C / H channels,
+   vocabulary V. References: Vaswani et al., "Attention Is All You Need" (2017), for
+   scaled dot-product and multi-head attention; Radford et al., "Language Models are
+   Unsupervised Multitask Learners" (GPT-2, 2019), for the pre-LayerNorm block, learned
+   positions and the tanh GELU; Ba, Kiros and Hinton, "Layer Normalization" (2016);
+   nanoGPT's model.py and llm.c's train_gpt2.c for the layouts followed here.
+
+   - Embedding: out[b, t, :] = wte[id[b, t], :] + wpe[t, :]. Backward scatter-adds:
+     dwte[id[b, t], :] += dout[b, t, :] and dwpe[t, :] += sum over b of dout[b, t, :],
+     in (b, t) order for every channel; threads split the channels, so the bits do not
+     depend on the thread count even when an id repeats.
+   - Attention (causal, multi-head): qkv [B, T, 3C] is the c_attn Linear's output,
+     q, k and v side by side along the last dimension (nanoGPT's qkv.split(C, dim=2));
+     head h of q is columns [h D, h D + D) of the q part. For each (b, h):
+         S = Q K^T / sqrt(D)            [T, T] scores
+         S[t, s] = -inf for s > t       the causal mask: t attends to 0..t only
+         P = softmax(S) row by row      the attention probabilities, saved as att
+         Pd = P o M / (1 - p)           attention dropout (training, p > 0)
+         Y = Pd V                       [T, D], written to y[b, :, h D .. h D + D)
+     y [B, T, C] is the heads side by side again (PyTorch's transpose(1, 2).view(B,
+     T, C)). Backward from dy and the saved att (the probabilities before dropout):
+         dV = Pd^T dY,  dPd = dY V^T,  dP = dPd o M / (1 - p)
+         dS = P o (dP - rowsum(dP o P))   (the softmax's Jacobian, row by row)
+         dQ = dS K / sqrt(D),  dK = dS^T Q / sqrt(D)
+     Masked entries have P = 0 and dS = 0, so they give nothing to any product.
+     Computed per (b, h), the pairs split over threads, a step per formula: each product
+     one pdp_sgemm on qkv's strided rows (the masked half too: cheaper than T^2 / 2
+     separate dot products; inside a part it runs on that part's thread, as threads.c
+     runs a nested job, with gemm.c's bits), the softmax and its backward row by row.
+   - LayerNorm over the last dimension of [N, C] rows: layers.c's LayerNorm kernel,
+     whose sample is one row (pdp__gpt_layernorm_*).
+   - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
+     layers.c's element-wise kernel acts on every position of a [T, C] sample.
+   - Cross-entropy over [N, V] rows with ignore_index -1: loss.c's per-row formula on
+     the rows not ignored, the mean over those rows (pdp__cross_entropy_ignore).
+
+   Invariants: nothing allocated; outputs written (not accumulated) unless the
+   function says +=; every reduction in a fixed order, whatever the thread count. */
+
+/* #include "internal.h" (above) */
+
+/* ---- gpt: token and position embedding ---- */
+
+/* out[b, t, :] = wte[ids[b, t], :] + wpe[t, :] for ids [B, T] (int32), wte [V, C], wpe
+   [context, C], out [B, T, C]. T > context, or an id outside [0, V), is PDP_ERR_INVALID
+   naming fn, the lengths or the position (b, t) and the id; out is then unspecified. */
+PDP__PRIVATE pdp_status pdp__embed_forward(const int32_t *ids, int64_t B, int64_t T,
+                                           int64_t context, int64_t V, int64_t C,
+                                           const float *wte, const float *wpe, float *out,
+                                           const char *fn);
+
+typedef struct pdp__embed_job {
+    const int32_t *ids;
+    int64_t B, T, C;
+    const float *dout;
+    float *dwte, *dwpe;
+} pdp__embed_job;
+
+/* Part i of n: channels [lo, hi) of every row, in (b, t) order. */
+PDP__PRIVATE void pdp__embed_backward_part(void *arg, int i, int n);
+
+/* dwte[ids[b, t], :] += dout[b, t, :] and dwpe[t, :] += dout[b, t, :] for every (b, t),
+   in that order per channel (ids checked by the forward). */
+PDP__PRIVATE void pdp__embed_backward(const int32_t *ids, int64_t B, int64_t T, int64_t C,
+                                      const float *dout, float *dwte, float *dwpe);
+
+/* ---- gpt: causal self-attention ----
+   Attention dropout draws its mask as pdp's Dropout layer does (math.h: a counter-
+   based hash, no state carried between elements): element (h, t, s) of sequence b is
+   kept when pdp__dropout_bits(pdp__dropout_key(seed, layer, step, sample_base + b),
+   (h T + t) T + s) >= pdp__dropout_threshold(p). So a batch split over DP replicas
+   (sample_base) draws the masks one device draws, and the backward regenerates the
+   mask from the same key instead of storing it: att keeps P before dropout. */
+typedef struct pdp__attn_dropout {
+    float p;              /* drop probability in [0, 1); 0 (or the struct NULL): none */
+    uint64_t seed, step;  /* the model's dropout seed and step counter */
+    int layer;            /* the layer index that keys this attention's masks */
+    int64_t sample_base;  /* index of sequence 0 of this batch in the global batch */
+} pdp__attn_dropout;
+
+typedef struct pdp__attn_job {
+    const float *qkv, *att, *dy;
+    float *y, *att_out, *dqkv, *work;
+    int64_t B, T, C, H, D;
+    float scale;
+    const pdp__attn_dropout *drop;
+} pdp__attn_job;
+
+/* Attention dropout is on: training with p > 0. */
+PDP__PRIVATE bool pdp__attn_dropping(const pdp__attn_job *j);
+
+/* The kept-and-rescaled factor M / (1 - p) of row t of (b, h)'s dropout mask, written to
+   keep[0..t]. */
+PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t h, int64_t t,
+                                     float *keep);
+
+/* One (b, h) pair, forward, a step per formula: S = Q K^T / sqrt(D) by one GEMM, P row
+   by row, Y = Pd V by one GEMM. w: T (T + 1) floats of work (Pd with dropout, a row of
+   the mask). */
+PDP__PRIVATE void pdp__attn_forward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w);
+
+/* One (b, h) pair, backward (see the module comment), a step per formula; dqkv's q, k
+   and v columns of this head are written. w: T (T + 1) floats of work (Pd, then dP and
+   dS; a row of the mask). */
+PDP__PRIVATE void pdp__attn_backward_head(const pdp__attn_job *j, int64_t b, int64_t h, float *w);
+
+/* Part i of n: the (b, h) pairs [B H i / n, B H (i + 1) / n), each computed whole by
+   one thread, so the bits do not depend on the split. */
+PDP__PRIVATE void pdp__attn_forward_part(void *arg, int i, int n);
+
+PDP__PRIVATE void pdp__attn_backward_part(void *arg, int i, int n);
+
+/* Below this many multiply-adds (B H T^2 D) the pool is not woken. */
+#ifndef PDP__ATTN_PAR_MIN
+#  define PDP__ATTN_PAR_MIN 8192
+#endif
+
+PDP__PRIVATE int pdp__attn_parts(const pdp__attn_job *j);
+
+PDP__PRIVATE void pdp__attn_job_init(pdp__attn_job *j, int64_t B, int64_t T, int64_t C, int64_t H,
+                                     const pdp__attn_dropout *drop, float *work);
+
+/* Causal self-attention, forward: qkv [B, T, 3C] -> y [B, T, C], saving att [B, H, T, T]
+   (P before dropout; 0 above the diagonal). drop: NULL or p == 0 for none (evaluation).
+   work: B H T (T + 1) floats. C % H == 0 (the caller's setup checks it). */
+PDP__PRIVATE void pdp__attention_forward(const float *qkv, int64_t B, int64_t T, int64_t C,
+                                         int64_t H, const pdp__attn_dropout *drop, float *y,
+                                         float *att, float *work);
+
+/* Causal self-attention, backward: dqkv [B, T, 3C] (written) from dy [B, T, C], the
+   forward's qkv and att, and the same drop (its mask is drawn again). work: B H T (T + 1)
+   floats (like llm.c's datt, one att-sized buffer; a model can share it between layers).
+   dqkv must not overlap qkv, att or dy. */
+PDP__PRIVATE void pdp__attention_backward(const float *qkv, const float *att, const float *dy,
+                                          int64_t B, int64_t T, int64_t C, int64_t H,
+                                          const pdp__attn_dropout *drop, float *dqkv, float *work);
+
+/* ---- gpt: LayerNorm over the last dimension ----
+   layers.c's LayerNorm normalises each sample over all of its features with a weight
+   and bias of the sample's shape: with rows of C as its samples, that is PyTorch's
+   LayerNorm(C) over the last dimension of [N, C]. These call it, nothing copied. */
+
+PDP__PRIVATE void pdp__gpt_layernorm_io(pdp__layer *l, pdp__layer_io *io, int64_t N, int64_t C,
+                                        float eps);
+
+/* y = (x - mean) rstd w + b per row of x [N, C]; saved [N, 2]: (mean, rstd) per row. */
+PDP__PRIVATE void pdp__gpt_layernorm_forward(const float *x, const float *w, const float *b,
+                                             int64_t N, int64_t C, float eps, float *y,
+                                             float *saved);
+
+/* dx written (skipped when NULL), dw and db accumulated (+=), from dy, x, w, saved. */
+PDP__PRIVATE void pdp__gpt_layernorm_backward(const float *x, const float *w, const float *saved,
+                                              const float *dy, int64_t N, int64_t C, float *dx,
+                                              float *dw, float *db);
+
+/* ---- gpt: cross-entropy with ignored positions ----
+   loss = mean over the rows whose label is not -1 of logsumexp(z) - z[label] (PyTorch's
+   cross_entropy(ignore_index=-1, reduction='mean')); dlogits = (softmax(z) -
+   onehot(label)) / count on those rows, 0 on ignored ones. Every row ignored: PyTorch
+   returns NaN (0 / 0); here the loss is 0 and dlogits 0, a batch that teaches nothing,
+   and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
+   fn, the row and the label, checked before anything is written. It is a loss: with the
+   model integration it can move into loss.c, next to the row formula it calls, declared
+   here because loss.c comes later in IMPL. */
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
+                                           int64_t batch, int64_t classes, float grad_scale,
+                                           double *loss_sum, float *dlogits,
+                                           const char *fn); /* loss.c */
+
+PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
+                                                  int64_t N, int64_t V, float *loss,
+                                                  int64_t *count, float *dlogits, const char *fn);
+
 /* ---- src/layers_tp.c ---- */
 /* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
    the conjugate operators, and the column- and row-parallel Linears, as entries of

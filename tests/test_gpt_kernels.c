@@ -1,0 +1,617 @@
+/* Tests of the GPT's kernels (src/layers_gpt.c): token and position embedding, causal
+   multi-head self-attention, LayerNorm over the last dimension, the tanh GELU and
+   cross-entropy with ignored rows, each against a naive double-precision loop written
+   here from the formulas, on odd shapes (B 1, 3, T 1, 5, 16, H 1, 2, 4, D 3, 8).
+
+   Gradients against central finite differences through those double loops: f = sum(out
+   r) for a fixed random r, df/dv ~ (f(v + h) - f(v - h)) / (2 h), h = 1e-4. In double the
+   difference is exact to ~1e-8, so the tolerance 2e-4 (1 + |g|) covers the fp32 kernel's
+   rounding (sums of at most 16 terms of order 1) and nothing more. The causal mask has
+   its own direct test (a later token changes no earlier output or gradient), dropout is
+   checked for p = 0 against none and for reproducibility, 1 and 2 threads give the same
+   bits, and every error path is checked by status and message.
+
+   cc -std=c99 -O2 -Itests -I. tests/test_gpt_kernels.c -lm -lpthread (or make) */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+#include "fixture.h"
+
+#include <math.h>
+#include <string.h>
+
+#define FD_H 1e-4
+#define FD_TOL 2e-4
+
+static pdp_rng rng;
+
+static void fill(float *x, int64_t n, float lo, float hi)
+{
+    int64_t i;
+    for (i = 0; i < n; i++) x[i] = lo + (hi - lo) * pdp_rng_uniform(&rng);
+}
+
+static double *to_double(const float *x, int64_t n)
+{
+    double *d = (double *)malloc((size_t)n * sizeof *d);
+    int64_t i;
+    for (i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+static int close_to(double got, double want, double tol)
+{
+    return fabs(got - want) <= tol * (1.0 + fabs(want));
+}
+
+/* ---- naive attention in double, from the formulas ---- */
+
+/* keep factor of (b, h, t, s): the stream documented in layers_gpt.c */
+static double keep_of(const pdp__attn_dropout *d, int64_t T, int64_t b, int64_t h, int64_t t,
+                      int64_t s)
+{
+    uint64_t key;
+    if (!d || d->p == 0.0f) return 1.0;
+    key = pdp__dropout_key(d->seed, d->layer, d->step, d->sample_base + b);
+    return pdp__dropout_bits(key, (h * T + t) * T + s) >= pdp__dropout_threshold(d->p)
+               ? (double)(1.0f / (1.0f - d->p))
+               : 0.0;
+}
+
+/* y [B, T, C] and P [B, H, T, T] from qkv [B, T, 3C] */
+static void naive_attention(const double *qkv, int64_t B, int64_t T, int64_t C, int64_t H,
+                            const pdp__attn_dropout *drop, double *y, double *P)
+{
+    int64_t D = C / H, b, h, t, s, d;
+    double scale = 1.0 / sqrt((double)D);
+    for (b = 0; b < B; b++)
+        for (h = 0; h < H; h++)
+            for (t = 0; t < T; t++) {
+                double *p = P + ((b * H + h) * T + t) * T, mx = -HUGE_VAL, sum = 0.0;
+                for (s = 0; s < T; s++) {
+                    double dot = 0.0;
+                    for (d = 0; d < D; d++)
+                        dot += qkv[(b * T + t) * 3 * C + h * D + d] *
+                               qkv[(b * T + s) * 3 * C + C + h * D + d];
+                    p[s] = s <= t ? dot * scale : -HUGE_VAL;
+                    if (p[s] > mx) mx = p[s];
+                }
+                for (s = 0; s < T; s++) sum += (p[s] = exp(p[s] - mx));
+                for (s = 0; s < T; s++) p[s] /= sum;
+                for (d = 0; d < D; d++) y[(b * T + t) * C + h * D + d] = 0.0;
+                for (s = 0; s < T; s++) {
+                    double pk = p[s] * keep_of(drop, T, b, h, t, s);
+                    for (d = 0; d < D; d++)
+                        y[(b * T + t) * C + h * D + d] +=
+                            pk * qkv[(b * T + s) * 3 * C + 2 * C + h * D + d];
+                }
+            }
+}
+
+static double naive_attention_f(const double *qkv, int64_t B, int64_t T, int64_t C, int64_t H,
+                                const pdp__attn_dropout *drop, const double *r, double *y,
+                                double *P)
+{
+    double f = 0.0;
+    int64_t i;
+    naive_attention(qkv, B, T, C, H, drop, y, P);
+    for (i = 0; i < B * T * C; i++) f += y[i] * r[i];
+    return f;
+}
+
+typedef struct attn_bufs {
+    float *qkv, *y, *att, *work, *dy, *dqkv;
+} attn_bufs;
+
+static attn_bufs attn_alloc(int64_t B, int64_t T, int64_t C, int64_t H)
+{
+    attn_bufs a;
+    a.qkv = (float *)malloc((size_t)(B * T * 3 * C) * sizeof(float));
+    a.dqkv = (float *)malloc((size_t)(B * T * 3 * C) * sizeof(float));
+    a.y = (float *)malloc((size_t)(B * T * C) * sizeof(float));
+    a.dy = (float *)malloc((size_t)(B * T * C) * sizeof(float));
+    a.att = (float *)malloc((size_t)(B * H * T * T) * sizeof(float));
+    a.work = (float *)malloc((size_t)(B * H * T * (T + 1)) * sizeof(float));
+    return a;
+}
+
+static void attn_free(attn_bufs *a)
+{
+    free(a->qkv);
+    free(a->dqkv);
+    free(a->y);
+    free(a->dy);
+    free(a->att);
+    free(a->work);
+}
+
+static const int64_t Bs[] = {1, 3}, Ts[] = {1, 5, 16}, Hs[] = {1, 2, 4}, Ds[] = {3, 8};
+
+/* Forward y and att against the double loop, with and without dropout. */
+TEST gpt_attention_forward_matches_naive(void)
+{
+    size_t bi, ti, hi, di;
+    int pi;
+    for (bi = 0; bi < 2; bi++)
+        for (ti = 0; ti < 3; ti++)
+            for (hi = 0; hi < 3; hi++)
+                for (di = 0; di < 2; di++)
+                    for (pi = 0; pi < 2; pi++) {
+                        int64_t B = Bs[bi], T = Ts[ti], H = Hs[hi], C = H * Ds[di], i;
+                        pdp__attn_dropout drop = {0.3f, 7, 2, 1, 5};
+                        attn_bufs a = attn_alloc(B, T, C, H);
+                        double *q, *y = (double *)malloc((size_t)(B * T * C) * sizeof(double));
+                        double *P = (double *)malloc((size_t)(B * H * T * T) * sizeof(double));
+                        fill(a.qkv, B * T * 3 * C, -2.0f, 2.0f);
+                        q = to_double(a.qkv, B * T * 3 * C);
+                        pdp__attention_forward(a.qkv, B, T, C, H, pi ? &drop : NULL, a.y, a.att,
+                                               a.work);
+                        naive_attention(q, B, T, C, H, pi ? &drop : NULL, y, P);
+                        for (i = 0; i < B * T * C; i++)
+                            ASSERT_IN_RANGEm("y", y[i], a.y[i], 1e-5 * (1.0 + fabs(y[i])));
+                        for (i = 0; i < B * H * T * T; i++)
+                            ASSERT_IN_RANGEm("att", P[i], a.att[i], 1e-6);
+                        free(q);
+                        free(y);
+                        free(P);
+                        attn_free(&a);
+                    }
+    PASS();
+}
+
+/* dqkv against central differences of f = sum(y r) through the double loop. */
+TEST gpt_attention_backward_matches_finite_differences(void)
+{
+    size_t bi, ti, hi, di;
+    int pi;
+    for (bi = 0; bi < 2; bi++)
+        for (ti = 0; ti < 3; ti++)
+            for (hi = 0; hi < 3; hi++)
+                for (di = 0; di < 2; di++)
+                    for (pi = 0; pi < 2; pi++) {
+                        int64_t B = Bs[bi], T = Ts[ti], H = Hs[hi], C = H * Ds[di], i;
+                        int64_t n = B * T * 3 * C;
+                        pdp__attn_dropout drop = {0.25f, 11, 0, 3, 0};
+                        const pdp__attn_dropout *dp = pi ? &drop : NULL;
+                        attn_bufs a = attn_alloc(B, T, C, H);
+                        double *q, *r, *y = (double *)malloc((size_t)(B * T * C) * sizeof(double));
+                        double *P = (double *)malloc((size_t)(B * H * T * T) * sizeof(double));
+                        fill(a.qkv, n, -1.5f, 1.5f);
+                        fill(a.dy, B * T * C, -1.0f, 1.0f);
+                        q = to_double(a.qkv, n);
+                        r = to_double(a.dy, B * T * C);
+                        pdp__attention_forward(a.qkv, B, T, C, H, dp, a.y, a.att, a.work);
+                        fill(a.dqkv, n, 5.0f, 6.0f); /* written, not accumulated */
+                        pdp__attention_backward(a.qkv, a.att, a.dy, B, T, C, H, dp, a.dqkv,
+                                                a.work);
+                        /* every element, or every 7th of the larger inputs (7 is prime to
+                           3C here: the visited column moves along from row to row) */
+                        for (i = 0; i < n; i += n > 512 ? 7 : 1) {
+                            /* qkv of sequence b moves only y of sequence b */
+                            int64_t b = i / (T * 3 * C);
+                            pdp__attn_dropout db = drop;
+                            double v = q[i], fp, fm, *qb = q + b * T * 3 * C, *rb = r + b * T * C;
+                            db.sample_base += b;
+                            q[i] = v + FD_H;
+                            fp = naive_attention_f(qb, 1, T, C, H, dp ? &db : NULL, rb, y, P);
+                            q[i] = v - FD_H;
+                            fm = naive_attention_f(qb, 1, T, C, H, dp ? &db : NULL, rb, y, P);
+                            q[i] = v;
+                            if (!close_to(a.dqkv[i], (fp - fm) / (2 * FD_H), FD_TOL)) {
+                                fprintf(stderr, "B %lld T %lld H %lld C %lld p %d: dqkv[%lld] %g, "
+                                        "differences %g\n", (long long)B, (long long)T,
+                                        (long long)H, (long long)C, pi, (long long)i,
+                                        (double)a.dqkv[i], (fp - fm) / (2 * FD_H));
+                                FAILm("dqkv");
+                            }
+                        }
+                        free(q);
+                        free(r);
+                        free(y);
+                        free(P);
+                        attn_free(&a);
+                    }
+    PASS();
+}
+
+/* The causal mask, directly: changing token t0's q, k and v changes no output before
+   t0 (bit for bit) and does change t0's; a dy that is zero from t0 on gives zero dqkv
+   from t0 on. */
+TEST gpt_attention_mask_later_token_changes_no_earlier_output(void)
+{
+    int64_t B = 2, T = 16, H = 4, C = 32, t0, i, b;
+    attn_bufs a = attn_alloc(B, T, C, H), c = attn_alloc(B, T, C, H);
+    fill(a.qkv, B * T * 3 * C, -1.0f, 1.0f);
+    pdp__attention_forward(a.qkv, B, T, C, H, NULL, a.y, a.att, a.work);
+    for (t0 = 1; t0 < T; t0 += 7) {
+        memcpy(c.qkv, a.qkv, (size_t)(B * T * 3 * C) * sizeof(float));
+        for (b = 0; b < B; b++)
+            for (i = 0; i < 3 * C; i++) c.qkv[(b * T + t0) * 3 * C + i] += 0.5f;
+        pdp__attention_forward(c.qkv, B, T, C, H, NULL, c.y, c.att, c.work);
+        for (b = 0; b < B; b++) {
+            size_t before = (size_t)(t0 * C) * sizeof(float), row = (size_t)C * sizeof(float);
+            ASSERT_EQ(0, memcmp(a.y + b * T * C, c.y + b * T * C, before));
+            ASSERT(memcmp(a.y + (b * T + t0) * C, c.y + (b * T + t0) * C, row));
+        }
+        for (b = 0; b < B; b++)
+            for (i = 0; i < T * C; i++) a.dy[b * T * C + i] = i / C < t0 ? 1.0f : 0.0f;
+        pdp__attention_backward(a.qkv, a.att, a.dy, B, T, C, H, NULL, a.dqkv, a.work);
+        for (b = 0; b < B; b++)
+            for (i = t0 * 3 * C; i < T * 3 * C; i++) ASSERT_EQ(0.0f, a.dqkv[b * T * 3 * C + i]);
+    }
+    attn_free(&a);
+    attn_free(&c);
+    PASS();
+}
+
+/* Scores of order 1e4: without the max subtraction exp overflows; att rows still sum
+   to 1 and y matches the double loop. */
+TEST gpt_attention_softmax_safe_with_large_scores(void)
+{
+    int64_t B = 1, T = 5, H = 1, C = 4, i, t;
+    attn_bufs a = attn_alloc(B, T, C, H);
+    double *q, y[5 * 4], P[5 * 5];
+    fill(a.qkv, B * T * 3 * C, 60.0f, 100.0f);
+    q = to_double(a.qkv, B * T * 3 * C);
+    pdp__attention_forward(a.qkv, B, T, C, H, NULL, a.y, a.att, a.work);
+    naive_attention(q, B, T, C, H, NULL, y, P);
+    for (t = 0; t < T; t++) {
+        double sum = 0.0;
+        for (i = 0; i < T; i++) sum += a.att[t * T + i];
+        ASSERT_IN_RANGE(1.0, sum, 1e-6);
+    }
+    for (i = 0; i < B * T * C; i++) ASSERT_IN_RANGE(y[i], a.y[i], 1e-4 * (1.0 + fabs(y[i])));
+    free(q);
+    attn_free(&a);
+    PASS();
+}
+
+/* p = 0 gives the bits of no dropout; p > 0 the same bits from the same key and other
+   bits from another seed, step or sample_base; eval (NULL) after training is unchanged. */
+TEST gpt_attention_dropout_reproducible(void)
+{
+    int64_t B = 2, T = 16, H = 2, C = 16, n = B * T * C;
+    pdp__attn_dropout zero = {0.0f, 1, 0, 0, 0}, d = {0.2f, 1, 0, 4, 0}, e = d;
+    attn_bufs a = attn_alloc(B, T, C, H), c = attn_alloc(B, T, C, H);
+    fill(a.qkv, B * T * 3 * C, -1.0f, 1.0f);
+    memcpy(c.qkv, a.qkv, (size_t)(B * T * 3 * C) * sizeof(float));
+    pdp__attention_forward(a.qkv, B, T, C, H, NULL, a.y, a.att, a.work);
+    pdp__attention_forward(c.qkv, B, T, C, H, &zero, c.y, c.att, c.work);
+    ASSERT_EQ(0, memcmp(a.y, c.y, (size_t)n * sizeof(float)));
+    pdp__attention_forward(a.qkv, B, T, C, H, &d, a.y, a.att, a.work);
+    pdp__attention_forward(c.qkv, B, T, C, H, &d, c.y, c.att, c.work);
+    ASSERT_EQ(0, memcmp(a.y, c.y, (size_t)n * sizeof(float)));
+    e.seed = 2;
+    pdp__attention_forward(c.qkv, B, T, C, H, &e, c.y, c.att, c.work);
+    ASSERT(memcmp(a.y, c.y, (size_t)n * sizeof(float)));
+    e = d;
+    e.sample_base = 1; /* sequence 1 of this batch is sequence 0 of that one */
+    pdp__attention_forward(c.qkv + T * 3 * C, 1, T, C, H, &d, c.y, c.att, c.work);
+    pdp__attention_forward(c.qkv + T * 3 * C, 1, T, C, H, &e, c.y + T * C, c.att, c.work);
+    ASSERT(memcmp(c.y, c.y + T * C, (size_t)(T * C) * sizeof(float)));
+    pdp__attention_forward(a.qkv + T * 3 * C, 1, T, C, H, &e, c.y, c.att, c.work);
+    ASSERT_EQ(0, memcmp(a.y + T * C, c.y, (size_t)(T * C) * sizeof(float)));
+    attn_free(&a);
+    attn_free(&c);
+    PASS();
+}
+
+/* 1 and 2 threads: the same bits, forward and backward, with dropout. */
+TEST gpt_attention_threads_bit_identical(void)
+{
+    int64_t B = 3, T = 16, H = 4, C = 32, n = B * T * 3 * C;
+    pdp__attn_dropout d = {0.1f, 3, 1, 0, 0};
+    attn_bufs a = attn_alloc(B, T, C, H), c = attn_alloc(B, T, C, H);
+    fill(a.qkv, n, -1.0f, 1.0f);
+    fill(a.dy, B * T * C, -1.0f, 1.0f);
+    memcpy(c.qkv, a.qkv, (size_t)n * sizeof(float));
+    memcpy(c.dy, a.dy, (size_t)(B * T * C) * sizeof(float));
+    pdp_set_num_threads(1);
+    pdp__attention_forward(a.qkv, B, T, C, H, &d, a.y, a.att, a.work);
+    pdp__attention_backward(a.qkv, a.att, a.dy, B, T, C, H, &d, a.dqkv, a.work);
+    pdp_set_num_threads(2);
+    pdp__attention_forward(c.qkv, B, T, C, H, &d, c.y, c.att, c.work);
+    pdp__attention_backward(c.qkv, c.att, c.dy, B, T, C, H, &d, c.dqkv, c.work);
+    pdp_set_num_threads(1);
+    ASSERT_EQ(0, memcmp(a.y, c.y, (size_t)(B * T * C) * sizeof(float)));
+    ASSERT_EQ(0, memcmp(a.att, c.att, (size_t)(B * H * T * T) * sizeof(float)));
+    ASSERT_EQ(0, memcmp(a.dqkv, c.dqkv, (size_t)n * sizeof(float)));
+    attn_free(&a);
+    attn_free(&c);
+    PASS();
+}
+
+/* PyTorch's attention (tools/gpt_reference.py, nanoGPT's layout, dropout 0): block 0's
+   qkv [3, 16, 144] through this kernel with 4 heads against the probabilities act.h.0.att
+   and the heads' output act.h.0.attn_y, within 1e-6 (measured: 3.0e-8 and 3.7e-8).
+   Skipped while tests/fixtures/gpt_forward.bin (from tools/gpt_reference.py) is absent. */
+TEST gpt_attention_matches_pytorch_fixture(void)
+{
+    fixture f;
+    const fixture_tensor *qkv, *att, *y;
+    int64_t B, T, C, H = 4, i;
+    attn_bufs a;
+    FIXTURE_LOAD_OR_SKIP(&f, "gpt_forward.bin");
+    qkv = fixture_find(&f, "act.h.0.qkv");
+    att = fixture_find(&f, "act.h.0.att");
+    y = fixture_find(&f, "act.h.0.attn_y");
+    ASSERT(qkv && att && y && qkv->ndim == 3 && att->ndim == 4 && att->shape[1] == H);
+    B = qkv->shape[0];
+    T = qkv->shape[1];
+    C = qkv->shape[2] / 3;
+    ASSERT_EQ(B * T * C, y->count);
+    a = attn_alloc(B, T, C, H);
+    pdp__attention_forward(qkv->data, B, T, C, H, NULL, a.y, a.att, a.work);
+    for (i = 0; i < att->count; i++) ASSERT_IN_RANGE(att->data[i], a.att[i], 1e-6);
+    for (i = 0; i < y->count; i++)
+        ASSERT_IN_RANGE(y->data[i], a.y[i], 1e-6 * (1.0 + fabs(y->data[i])));
+    attn_free(&a);
+    fixture_free(&f);
+    PASS();
+}
+
+/* ---- embedding ---- */
+
+/* Forward against the sum, backward against a double scatter-add (ids repeat), the
+   gradients accumulated (+=) onto what was there; 1 and 2 threads the same bits. */
+TEST gpt_embed_matches_naive_and_threads(void)
+{
+    int64_t B = 4, T = 64, V = 7, C = 256, ctx = 70, i, b, t, c;
+    int32_t *ids = (int32_t *)malloc((size_t)(B * T) * sizeof *ids);
+    float *wte = (float *)malloc((size_t)(V * C) * sizeof(float));
+    float *wpe = (float *)malloc((size_t)(ctx * C) * sizeof(float));
+    float *out = (float *)malloc((size_t)(B * T * C) * sizeof(float));
+    float *dwte[2], *dwpe[2];
+    double *rte = (double *)calloc((size_t)(V * C), sizeof(double));
+    double *rpe = (double *)calloc((size_t)(ctx * C), sizeof(double));
+    int th;
+    for (i = 0; i < B * T; i++) ids[i] = (int32_t)pdp_rng_below(&rng, (uint32_t)V);
+    fill(wte, V * C, -1.0f, 1.0f);
+    fill(wpe, ctx * C, -1.0f, 1.0f);
+    ASSERT_EQ(PDP_OK, pdp__embed_forward(ids, B, T, ctx, V, C, wte, wpe, out, "f"));
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++)
+            for (c = 0; c < C; c++)
+                ASSERT_EQ(wte[ids[b * T + t] * C + c] + wpe[t * C + c], out[(b * T + t) * C + c]);
+    fill(out, B * T * C, -1.0f, 1.0f); /* as dout */
+    for (th = 0; th < 2; th++) {
+        dwte[th] = (float *)malloc((size_t)(V * C) * sizeof(float));
+        dwpe[th] = (float *)malloc((size_t)(ctx * C) * sizeof(float));
+        for (i = 0; i < V * C; i++) dwte[th][i] = 0.5f;
+        for (i = 0; i < ctx * C; i++) dwpe[th][i] = 0.25f;
+        pdp_set_num_threads(th + 1);
+        pdp__embed_backward(ids, B, T, C, out, dwte[th], dwpe[th]);
+        pdp_set_num_threads(1);
+    }
+    for (b = 0; b < B; b++)
+        for (t = 0; t < T; t++)
+            for (c = 0; c < C; c++) {
+                rte[ids[b * T + t] * C + c] += out[(b * T + t) * C + c];
+                rpe[t * C + c] += out[(b * T + t) * C + c];
+            }
+    for (i = 0; i < V * C; i++) ASSERT_IN_RANGE(0.5 + rte[i], dwte[0][i], 1e-4);
+    for (i = 0; i < ctx * C; i++) ASSERT_IN_RANGE(0.25 + rpe[i], dwpe[0][i], 1e-5);
+    ASSERT_EQ(0, memcmp(dwte[0], dwte[1], (size_t)(V * C) * sizeof(float)));
+    ASSERT_EQ(0, memcmp(dwpe[0], dwpe[1], (size_t)(ctx * C) * sizeof(float)));
+    for (th = 0; th < 2; th++) {
+        free(dwte[th]);
+        free(dwpe[th]);
+    }
+    free(ids);
+    free(wte);
+    free(wpe);
+    free(out);
+    free(rte);
+    free(rpe);
+    PASS();
+}
+
+TEST gpt_embed_errors_name_position_id_and_lengths(void)
+{
+    int32_t ids[2 * 3] = {0, 1, 2, 3, 4, 0};
+    float wte[5 * 2] = {0}, wpe[3 * 2] = {0}, out[2 * 3 * 2];
+    ASSERT_EQ(PDP_OK, pdp__embed_forward(ids, 2, 3, 3, 5, 2, wte, wpe, out, "gpt"));
+    ids[4] = 5;
+    ASSERT_EQ(PDP_ERR_INVALID, pdp__embed_forward(ids, 2, 3, 3, 5, 2, wte, wpe, out, "gpt"));
+    ASSERT_STR_EQ("gpt: token id 5 at position (1, 1) is outside [0, 5)", pdp_last_error());
+    ids[4] = -1;
+    ASSERT_EQ(PDP_ERR_INVALID, pdp__embed_forward(ids, 2, 3, 3, 5, 2, wte, wpe, out, "gpt"));
+    ASSERT_STR_EQ("gpt: token id -1 at position (1, 1) is outside [0, 5)", pdp_last_error());
+    ids[4] = 0;
+    ASSERT_EQ(PDP_ERR_INVALID, pdp__embed_forward(ids, 2, 3, 2, 5, 2, wte, wpe, out, "gpt"));
+    ASSERT_STR_EQ("gpt: a sequence of 3 tokens is longer than the context of 2", pdp_last_error());
+    PASS();
+}
+
+/* ---- LayerNorm over the last dimension ---- */
+
+static double naive_layernorm_f(const double *x, const double *w, const double *b, int64_t N,
+                                int64_t C, const double *r, double *y)
+{
+    int64_t i, j;
+    double f = 0.0;
+    for (i = 0; i < N; i++) {
+        double mean = 0.0, var = 0.0;
+        for (j = 0; j < C; j++) mean += x[i * C + j];
+        mean /= (double)C;
+        for (j = 0; j < C; j++) var += (x[i * C + j] - mean) * (x[i * C + j] - mean);
+        var /= (double)C; /* biased, as PyTorch's */
+        for (j = 0; j < C; j++) {
+            y[i * C + j] = (x[i * C + j] - mean) / sqrt(var + 1e-5) * w[j] + b[j];
+            f += y[i * C + j] * r[i * C + j];
+        }
+    }
+    return f;
+}
+
+TEST gpt_layernorm_rows_match_naive_and_finite_differences(void)
+{
+    static const int64_t Ns[] = {1, 15}, Cs[] = {5, 48};
+    size_t ni, ci;
+    for (ni = 0; ni < 2; ni++)
+        for (ci = 0; ci < 2; ci++) {
+            int64_t N = Ns[ni], C = Cs[ci], i;
+            float *x = (float *)malloc((size_t)(N * C) * sizeof(float)), *y, *dy, *dx, w[48],
+                  b[48], dw[48], db[48], *saved;
+            double *xd, *wd, *bd, *rd, *yd;
+            y = (float *)malloc((size_t)(N * C) * sizeof(float));
+            dy = (float *)malloc((size_t)(N * C) * sizeof(float));
+            dx = (float *)malloc((size_t)(N * C) * sizeof(float));
+            saved = (float *)malloc((size_t)(2 * N) * sizeof(float));
+            yd = (double *)malloc((size_t)(N * C) * sizeof(double));
+            fill(x, N * C, -2.0f, 3.0f);
+            fill(w, C, 0.5f, 1.5f);
+            fill(b, C, -0.5f, 0.5f);
+            fill(dy, N * C, -1.0f, 1.0f);
+            for (i = 0; i < C; i++) dw[i] = db[i] = 1.0f; /* accumulated onto */
+            xd = to_double(x, N * C);
+            wd = to_double(w, C);
+            bd = to_double(b, C);
+            rd = to_double(dy, N * C);
+            pdp__gpt_layernorm_forward(x, w, b, N, C, 1e-5f, y, saved);
+            pdp__gpt_layernorm_backward(x, w, saved, dy, N, C, dx, dw, db);
+            naive_layernorm_f(xd, wd, bd, N, C, rd, yd);
+            for (i = 0; i < N * C; i++) ASSERT_IN_RANGE(yd[i], y[i], 1e-5 * (1.0 + fabs(yd[i])));
+            for (i = 0; i < N * C + 2 * C; i++) {
+                double *v = i < N * C ? xd + i : i < N * C + C ? wd + (i - N * C)
+                                                              : bd + (i - N * C - C);
+                double g = i < N * C ? dx[i] : i < N * C + C ? dw[i - N * C] - 1.0
+                                                            : db[i - N * C - C] - 1.0;
+                double keep = *v, fp, fm;
+                *v = keep + FD_H;
+                fp = naive_layernorm_f(xd, wd, bd, N, C, rd, yd);
+                *v = keep - FD_H;
+                fm = naive_layernorm_f(xd, wd, bd, N, C, rd, yd);
+                *v = keep;
+                ASSERT_IN_RANGE((fp - fm) / (2 * FD_H), g, FD_TOL * (1.0 + fabs(g)));
+            }
+            free(x);
+            free(y);
+            free(dy);
+            free(dx);
+            free(saved);
+            free(yd);
+            free(xd);
+            free(wd);
+            free(bd);
+            free(rd);
+        }
+    PASS();
+}
+
+/* ---- GELU: pdp's is the tanh form (GPT-2's), not erf ---- */
+
+TEST gpt_gelu_is_the_tanh_form(void)
+{
+    double x;
+    for (x = -6.0; x <= 6.0; x += 0.0625) {
+        double c = sqrt(2.0 / acos(-1.0)), tp, tm, h = 1e-5;
+        double t = 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)));
+        tp = 0.5 * (x + h) * (1.0 + tanh(c * ((x + h) + 0.044715 * pow(x + h, 3))));
+        tm = 0.5 * (x - h) * (1.0 + tanh(c * ((x - h) + 0.044715 * pow(x - h, 3))));
+        ASSERT_IN_RANGE(t, pdp__gelu((float)x), 1e-6 * (1.0 + fabs(t)));
+        ASSERT_IN_RANGE((tp - tm) / (2 * h), pdp__gelu_grad(1.0f, (float)x), 1e-5);
+    }
+    /* the erf form differs by 1.5e-4 at x = 1: the test tells them apart */
+    ASSERT(fabs(pdp__gelu(1.0f) - 0.5 * (1.0 + erf(1.0 / sqrt(2.0)))) > 1e-4);
+    PASS();
+}
+
+/* ---- cross-entropy with ignore_index -1 ---- */
+
+static double naive_ce(const double *z, const int32_t *lab, int64_t N, int64_t V)
+{
+    double total = 0.0;
+    int64_t i, j, n = 0;
+    for (i = 0; i < N; i++) {
+        double s = 0.0;
+        if (lab[i] == -1) continue;
+        for (j = 0; j < V; j++) s += exp(z[i * V + j]);
+        total += log(s) - z[i * V + lab[i]];
+        n++;
+    }
+    return total / (double)n;
+}
+
+TEST gpt_cross_entropy_ignore_matches_naive_and_finite_differences(void)
+{
+    enum { N = 7, V = 5 };
+    int32_t lab[N] = {3, -1, 0, 4, -1, 1, 4};
+    float z[N * V], dz[N * V], loss;
+    double *zd, g;
+    int64_t i, count = -1;
+    fill(z, N * V, -3.0f, 3.0f);
+    zd = to_double(z, N * V);
+    for (i = 0; i < N * V; i++) dz[i] = 9.0f;
+    ASSERT_EQ(PDP_OK, pdp__cross_entropy_ignore(z, lab, N, V, &loss, &count, dz, "ce"));
+    ASSERT_EQ(5, count);
+    ASSERT_IN_RANGE(naive_ce(zd, lab, N, V), loss, 1e-6);
+    for (i = 0; i < N * V; i++) {
+        double keep = zd[i], fp, fm;
+        zd[i] = keep + FD_H;
+        fp = naive_ce(zd, lab, N, V);
+        zd[i] = keep - FD_H;
+        fm = naive_ce(zd, lab, N, V);
+        zd[i] = keep;
+        g = (fp - fm) / (2 * FD_H);
+        ASSERT_IN_RANGE(g, dz[i], 1e-6 + FD_TOL * fabs(g));
+        if (lab[i / V] == -1) ASSERT_EQ(0.0f, dz[i]);
+    }
+    free(zd);
+    PASS();
+}
+
+TEST gpt_cross_entropy_ignore_edge_cases_and_errors(void)
+{
+    int32_t lab[3] = {-1, -1, -1};
+    float z[3 * 2] = {1, 2, 3, 4, 5, 6}, dz[3 * 2] = {7, 7, 7, 7, 7, 7}, loss = 1.0f;
+    int64_t count = -1, i;
+    /* every row ignored: loss 0, dlogits 0, count 0 (PyTorch: NaN) */
+    ASSERT_EQ(PDP_OK, pdp__cross_entropy_ignore(z, lab, 3, 2, &loss, &count, dz, "ce"));
+    ASSERT_EQ(0.0f, loss);
+    ASSERT_EQ(0, count);
+    for (i = 0; i < 6; i++) ASSERT_EQ(0.0f, dz[i]);
+    lab[1] = 2;
+    ASSERT_EQ(PDP_ERR_INVALID, pdp__cross_entropy_ignore(z, lab, 3, 2, &loss, &count, dz, "ce"));
+    ASSERT_STR_EQ("ce: label 2 at row 1 is outside [0, 2) and not the ignore index -1",
+                  pdp_last_error());
+    lab[1] = -2;
+    ASSERT_EQ(PDP_ERR_INVALID, pdp__cross_entropy_ignore(z, lab, 3, 2, &loss, &count, NULL, "ce"));
+    ASSERT_STR_EQ("ce: label -2 at row 1 is outside [0, 2) and not the ignore index -1",
+                  pdp_last_error());
+    lab[1] = 0;
+    lab[2] = 1;
+    z[4] = NAN;
+    ASSERT_EQ(PDP_ERR_NUMERIC, pdp__cross_entropy_ignore(z, lab, 3, 2, &loss, &count, dz, "ce"));
+    ASSERT_STR_EQ("ce: loss is NaN at row 2", pdp_last_error());
+    PASS();
+}
+
+SUITE(gpt_kernels)
+{
+    pdp_rng_seed(&rng, 23, 0);
+    RUN_TEST(gpt_attention_forward_matches_naive);
+    RUN_TEST(gpt_attention_backward_matches_finite_differences);
+    RUN_TEST(gpt_attention_mask_later_token_changes_no_earlier_output);
+    RUN_TEST(gpt_attention_softmax_safe_with_large_scores);
+    RUN_TEST(gpt_attention_dropout_reproducible);
+    RUN_TEST(gpt_attention_threads_bit_identical);
+    RUN_TEST(gpt_attention_matches_pytorch_fixture);
+    RUN_TEST(gpt_embed_matches_naive_and_threads);
+    RUN_TEST(gpt_embed_errors_name_position_id_and_lengths);
+    RUN_TEST(gpt_layernorm_rows_match_naive_and_finite_differences);
+    RUN_TEST(gpt_gelu_is_the_tanh_form);
+    RUN_TEST(gpt_cross_entropy_ignore_matches_naive_and_finite_differences);
+    RUN_TEST(gpt_cross_entropy_ignore_edge_cases_and_errors);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(gpt_kernels);
+    GREATEST_MAIN_END();
+}
