@@ -665,7 +665,7 @@ static double brute_optimum(const double *cost, int n, int p, int *last_start)
     int cuts[8], s;
     double best = HUGE_VAL, v;
     *last_start = 0;
-    if (p == 1) return largest_stage(cost, n, 1, cuts);
+    if (p == 1) return largest_stage(cost, n, 1, NULL); /* one stage reads no cut */
     for (s = 0; s < p - 1; s++) cuts[s] = s + 1;
     for (;;) {
         v = largest_stage(cost, n, p, cuts);
