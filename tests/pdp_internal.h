@@ -3513,6 +3513,28 @@ PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *P
 PDP__PRIVATE double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
                                      const float *PDP__RESTRICT c, float m, int64_t n);
 
+/* Element passes over n floats. Each takes its arrays as restrict parameters and
+   loads every operand before the select: gcc -O2's vectoriser passes over the same
+   loop on restrict locals (io->x + lo) and over a conditional load (-fopt-info-vec,
+   gcc 12). Element by element, so the bits are the scalar loop's. */
+PDP__PRIVATE void pdp__layers_add(float *PDP__RESTRICT acc, const float *PDP__RESTRICT x, int64_t n);
+
+PDP__PRIVATE void pdp__layers_relu(const float *PDP__RESTRICT x, float *PDP__RESTRICT y, int64_t n);
+
+/* dx = dy where y > 0 (pdp__relu_grad), and its mirror for tanh, sigmoid (from y)
+   and dropout (dy times the saved scaled mask). */
+PDP__PRIVATE void pdp__layers_relu_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                        float *PDP__RESTRICT dx, int64_t n);
+
+PDP__PRIVATE void pdp__layers_tanh_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                        float *PDP__RESTRICT dx, int64_t n);
+
+PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                           float *PDP__RESTRICT dx, int64_t n);
+
+PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                  float *PDP__RESTRICT out, int64_t n);
+
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
    per sample. */
 PDP__PRIVATE int pdp__layers_batch_parts(int64_t batch);
