@@ -189,6 +189,19 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
     return PDP_OK;
 }
 
+/* Element-wise layers split [0, batch * in_count) into equal ranges (multiples of
+   16) over the intra-op threads when there is enough work to pay for the hand-off;
+   every element is computed alone, so the split never changes a bit. The hand-off
+   (waking a worker and waiting for it) costs more than a ReLU over 65536 floats:
+   the MLP 784-512-512-10 at batch 128 on 2 threads spent 0.33-0.42 ms per step in
+   its ReLUs split, 0.18-0.22 ms unsplit (pdp_profile, Zen 4); from 262144 floats on,
+   the split pays. (Measured before the pool's workers spun between jobs; with the
+   spin, a threshold of 16384 gained 1-3% on that step, inside the host's noise, so
+   the threshold stayed.) */
+#ifndef PDP__ELEMWISE_PAR_MIN
+#  define PDP__ELEMWISE_PAR_MIN 262144
+#endif
+
 /* ---- layers: Linear ---- */
 
 PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
@@ -209,12 +222,86 @@ PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, 
     ps->wndim = 2;
     ps->bshape[0] = l->out_features;
     ps->bndim = 1;
+    l->work_per_sample = l->out_features; /* a fused ReLU's masked dy */
     return PDP_OK;
 }
 
 PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
+}
+
+/* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
+   model.c then makes the ReLU a view, as after a Conv2d): forward, y = relu(y) in
+   place once the GEMM has added x W^T to the bias; backward, dy masked by y > 0
+   into io->work (the ReLU's backward), db's column sums taken on the way, and the
+   GEMMs read that. The ReLU's element code, and db's sums sample by sample as
+   unfused: the bits of the two layers run apart (test_layers:
+   layers_linear_relu_fused_matches_unfused). Large batches split the columns
+   into ranges of 16 over the intra-op threads: each column's sum keeps its order. */
+typedef struct pdp__linear_relu_job {
+    const pdp__layer_io *io;
+    int64_t out;
+    void (*cols)(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
+} pdp__linear_relu_job;
+
+PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(y[i]););
+}
+
+/* dz = dy where y > 0 (pdp__relu_grad), db += dz. */
+PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                            float *PDP__RESTRICT dz, float *PDP__RESTRICT db,
+                                            int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, {
+        float g = dy[i], v = y[i], d = pdp__relu_grad(g, v);
+        dz[i] = d;
+        db[i] += d;
+    });
+}
+
+PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                int64_t c1)
+{
+    int64_t i;
+    for (i = 0; i < io->batch; i++) pdp__layers_relu_inplace(io->y + i * out + c0, c1 - c0);
+}
+
+PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                 int64_t c1)
+{
+    int64_t i, at;
+    for (i = 0; i < io->batch; i++) {
+        at = i * out + c0;
+        if (io->db)
+            pdp__layers_relu_grad_sum(io->dy + at, io->y + at, io->work + at, io->db + c0, c1 - c0);
+        else
+            pdp__layers_relu_grad(io->dy + at, io->y + at, io->work + at, c1 - c0);
+    }
+}
+
+PDP__PRIVATE void pdp__linear_relu_part(void *arg, int i, int parts)
+{
+    const pdp__linear_relu_job *job = (const pdp__linear_relu_job *)arg;
+    int64_t blocks = (job->out + 15) / 16;
+    int64_t c0 = PDP__MIN(job->out, blocks * i / parts * 16);
+    int64_t c1 = PDP__MIN(job->out, blocks * (i + 1) / parts * 16);
+    if (c0 < c1) job->cols(job->io, job->out, c0, c1);
+}
+
+PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io *io,
+                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t, int64_t))
+{
+    pdp__linear_relu_job job;
+    int parts = pdp__threads_for_caller();
+    job.io = io;
+    job.out = l->out_features;
+    job.cols = cols;
+    if (io->batch * job.out < PDP__ELEMWISE_PAR_MIN) parts = 1;
+    parts = (int)PDP__MIN((int64_t)parts, (job.out + 15) / 16);
+    pdp__parallel_for(parts, pdp__linear_relu_part, &job);
 }
 
 PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
@@ -227,19 +314,25 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
+    if (io->fused_relu) pdp__linear_relu_run(l, io, pdp__linear_relu_forward_cols);
     return PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
+    const float *dy = io->dy;
+    if (io->fused_relu) { /* dy masked into work, db's sums on the way */
+        pdp__linear_relu_run(l, io, pdp__linear_relu_backward_cols);
+        dy = io->work;
+    } else if (io->db) { /* db += column sums of dY, sample by sample */
+        for (i = 0; i < B; i++) pdp__layers_add(io->db, dy + i * out, out);
+    }
     /* dW += dY^T X */
-    (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, io->dy, out,
+    (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, dy, out,
                                             io->x, in, 1.0f, io->dw, in);
-    if (io->db) /* db += column sums of dY, sample by sample */
-        for (i = 0; i < B; i++) pdp__layers_add(io->db, io->dy + i * out, out);
     if (io->dx) /* dX = dY W */
-        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy,
+        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, dy,
                                                 out, io->w, in, 0.0f, io->dx, in);
     return PDP_OK;
 }
@@ -259,19 +352,6 @@ PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp
 #endif
 
 /* ---- layers: activations ---- */
-
-/* Element-wise layers split [0, batch * in_count) into equal ranges (multiples of
-   16) over the intra-op threads when there is enough work to pay for the hand-off;
-   every element is computed alone, so the split never changes a bit. The hand-off
-   (waking a worker and waiting for it) costs more than a ReLU over 65536 floats:
-   the MLP 784-512-512-10 at batch 128 on 2 threads spent 0.33-0.42 ms per step in
-   its ReLUs split, 0.18-0.22 ms unsplit (pdp_profile, Zen 4); from 262144 floats on,
-   the split pays. (Measured before the pool's workers spun between jobs; with the
-   spin, a threshold of 16384 gained 1-3% on that step, inside the host's noise, so
-   the threshold stayed.) */
-#ifndef PDP__ELEMWISE_PAR_MIN
-#  define PDP__ELEMWISE_PAR_MIN 262144
-#endif
 
 typedef struct pdp__elem_job {
     const pdp__layer *l;

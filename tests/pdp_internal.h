@@ -278,7 +278,7 @@ typedef struct pdp__layer_io {
     pdp_device device;   /* where every pointer above lives */
     bool training;
     bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
-    bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
+    bool fused_relu;     /* Conv2d, Linear on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
     float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
                             stride-2 MaxPool2d over an even H and W, also applied here:
@@ -3552,24 +3552,6 @@ PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64
    (the activations): nothing to check. */
 PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
-/* ---- layers: Linear ---- */
-
-PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-
-PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-
-PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io);
-
-PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io);
-
-#ifdef PDP_CUDA
-PDP__PRIVATE pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
-
-PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
-#endif
-
-/* ---- layers: activations ---- */
-
 /* Element-wise layers split [0, batch * in_count) into equal ranges (multiples of
    16) over the intra-op threads when there is enough work to pay for the hand-off;
    every element is computed alone, so the split never changes a bit. The hand-off
@@ -3582,6 +3564,56 @@ PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp
 #ifndef PDP__ELEMWISE_PAR_MIN
 #  define PDP__ELEMWISE_PAR_MIN 262144
 #endif
+
+/* ---- layers: Linear ---- */
+
+PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+
+/* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
+   model.c then makes the ReLU a view, as after a Conv2d): forward, y = relu(y) in
+   place once the GEMM has added x W^T to the bias; backward, dy masked by y > 0
+   into io->work (the ReLU's backward), db's column sums taken on the way, and the
+   GEMMs read that. The ReLU's element code, and db's sums sample by sample as
+   unfused: the bits of the two layers run apart (test_layers:
+   layers_linear_relu_fused_matches_unfused). Large batches split the columns
+   into ranges of 16 over the intra-op threads: each column's sum keeps its order. */
+typedef struct pdp__linear_relu_job {
+    const pdp__layer_io *io;
+    int64_t out;
+    void (*cols)(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
+} pdp__linear_relu_job;
+
+PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n);
+
+/* dz = dy where y > 0 (pdp__relu_grad), db += dz. */
+PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                            float *PDP__RESTRICT dz, float *PDP__RESTRICT db,
+                                            int64_t n);
+
+PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                int64_t c1);
+
+PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                 int64_t c1);
+
+PDP__PRIVATE void pdp__linear_relu_part(void *arg, int i, int parts);
+
+PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io *io,
+                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t, int64_t));
+
+PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
+/* ---- layers: activations ---- */
 
 typedef struct pdp__elem_job {
     const pdp__layer *l;
@@ -4506,8 +4538,8 @@ PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind);
 /* Whether layer i's kind has flag (PDP__LAYER_*). */
 PDP__PRIVATE bool pdp__model_flag(const pdp_model *m, int i, unsigned flag);
 
-/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d:
-   PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
+/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d or a
+   Linear: PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
    last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
    is skipped. Same bits as running it. */
 PDP__PRIVATE bool pdp__model_relu_fused(const pdp_model *m, int i);
