@@ -233,7 +233,8 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
 
 /* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
    model.c then makes the ReLU a view, as after a Conv2d): forward, y = relu(y) in
-   place once the GEMM has added x W^T to the bias; backward, dy masked by y > 0
+   place once the GEMM has added x W^T to the bias (or y = relu(y + b) after a
+   bf16 product that adds C once: pdp__linear_forward); backward, dy masked by y > 0
    into io->work (the ReLU's backward), db's column sums taken on the way, and the
    GEMMs read that. The ReLU's element code, and db's sums sample by sample as
    unfused: the bits of the two layers run apart (test_layers:
@@ -267,6 +268,21 @@ PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t
 {
     int64_t i;
     for (i = 0; i < io->batch; i++) pdp__layers_relu_inplace(io->y + i * out + c0, c1 - c0);
+}
+
+/* With the bias added here (pdp__linear_forward): y = relu(y + b). */
+PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y, const float *PDP__RESTRICT b,
+                                                int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(y[i] + b[i]););
+}
+
+PDP__PRIVATE void pdp__linear_bias_relu_forward_cols(const pdp__layer_io *io, int64_t out,
+                                                     int64_t c0, int64_t c1)
+{
+    int64_t i;
+    for (i = 0; i < io->batch; i++)
+        pdp__layers_bias_relu_inplace(io->y + i * out + c0, io->b + c0, c1 - c0);
 }
 
 PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
@@ -308,13 +324,22 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     float beta = 0.0f;
-    if (io->b) { /* y = b, then the GEMM adds x W^T (beta 1): no second pass for the bias */
+    /* The bias: y = b, then the GEMM adds x W^T (beta 1), no pass of its own. With a
+       fused ReLU after a bf16 product on a chain path (gemm.h: C = alpha acc + beta C
+       once the whole sum is done), the ReLU's pass adds it, y = relu(acc + b): fl(acc +
+       b) either way, the same bits, and the GEMM stores without reading y. Not after
+       pdp_sgemm or sgemm-rounded, which add C to their first k block's partial sum. */
+    bool bias_in_relu = io->b && io->fused_relu && io->bf16 &&
+                        pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, B, out, in) != PDP_BF16_PATH_SGEMM;
+    if (io->b && !bias_in_relu) {
         for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
         beta = 1.0f;
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
-    if (io->fused_relu) pdp__linear_relu_run(l, io, pdp__linear_relu_forward_cols);
+    if (io->fused_relu)
+        pdp__linear_relu_run(l, io, bias_in_relu ? pdp__linear_bias_relu_forward_cols
+                                                 : pdp__linear_relu_forward_cols);
     return PDP_OK;
 }
 

@@ -3573,7 +3573,8 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
 
 /* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
    model.c then makes the ReLU a view, as after a Conv2d): forward, y = relu(y) in
-   place once the GEMM has added x W^T to the bias; backward, dy masked by y > 0
+   place once the GEMM has added x W^T to the bias (or y = relu(y + b) after a
+   bf16 product that adds C once: pdp__linear_forward); backward, dy masked by y > 0
    into io->work (the ReLU's backward), db's column sums taken on the way, and the
    GEMMs read that. The ReLU's element code, and db's sums sample by sample as
    unfused: the bits of the two layers run apart (test_layers:
@@ -3594,6 +3595,13 @@ PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy, const
 
 PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
                                                 int64_t c1);
+
+/* With the bias added here (pdp__linear_forward): y = relu(y + b). */
+PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y, const float *PDP__RESTRICT b,
+                                                int64_t n);
+
+PDP__PRIVATE void pdp__linear_bias_relu_forward_cols(const pdp__layer_io *io, int64_t out,
+                                                     int64_t c0, int64_t c1);
 
 PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
                                                  int64_t c1);
