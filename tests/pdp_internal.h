@@ -3478,7 +3478,7 @@ PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
      forward or backward for it (they copy, should anything else). So is a ReLU
-     right after a Conv2d on the CPU (layers_conv.c).
+     right after a Conv2d (layers_conv.c) or a Linear (below) on the CPU.
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
    sized by work_per_sample) and return a status: PDP_OK, or an error whose message
