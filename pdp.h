@@ -3712,7 +3712,7 @@ typedef struct pdp__layer_io {
     pdp_device device;   /* where every pointer above lives */
     bool training;
     bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
-    bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
+    bool fused_relu;     /* Conv2d, Linear on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
     float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
                             stride-2 MaxPool2d over an even H and W, also applied here:
@@ -13203,7 +13203,7 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
      forward or backward for it (they copy, should anything else). So is a ReLU
-     right after a Conv2d on the CPU (layers_conv.c).
+     right after a Conv2d (layers_conv.c) or a Linear (below) on the CPU.
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
    sized by work_per_sample) and return a status: PDP_OK, or an error whose message
@@ -13293,6 +13293,49 @@ PDP__PRIVATE double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *
     return s;
 }
 
+/* Element passes over n floats. Each takes its arrays as restrict parameters and
+   loads every operand before the select: gcc -O2's vectoriser passes over the same
+   loop on restrict locals (io->x + lo) and over a conditional load (-fopt-info-vec,
+   gcc 12). Element by element, so the bits are the scalar loop's. */
+PDP__PRIVATE void pdp__layers_add(float *PDP__RESTRICT acc, const float *PDP__RESTRICT x, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, acc[i] += x[i];);
+}
+
+PDP__PRIVATE void pdp__layers_relu(const float *PDP__RESTRICT x, float *PDP__RESTRICT y, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
+}
+
+/* dx = dy where y > 0 (pdp__relu_grad), and its mirror for tanh, sigmoid (from y)
+   and dropout (dy times the saved scaled mask). */
+PDP__PRIVATE void pdp__layers_relu_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                        float *PDP__RESTRICT dx, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, {
+        float g = dy[i], v = y[i];
+        dx[i] = pdp__relu_grad(g, v);
+    });
+}
+
+PDP__PRIVATE void pdp__layers_tanh_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                        float *PDP__RESTRICT dx, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
+}
+
+PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                           float *PDP__RESTRICT dx, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
+}
+
+PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                  float *PDP__RESTRICT out, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, out[i] = a[i] * b[i];);
+}
+
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
    per sample. */
 PDP__PRIVATE int pdp__layers_batch_parts(int64_t batch)
@@ -13332,6 +13375,19 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
     return PDP_OK;
 }
 
+/* Element-wise layers split [0, batch * in_count) into equal ranges (multiples of
+   16) over the intra-op threads when there is enough work to pay for the hand-off;
+   every element is computed alone, so the split never changes a bit. The hand-off
+   (waking a worker and waiting for it) costs more than a ReLU over 65536 floats:
+   the MLP 784-512-512-10 at batch 128 on 2 threads spent 0.33-0.42 ms per step in
+   its ReLUs split, 0.18-0.22 ms unsplit (pdp_profile, Zen 4); from 262144 floats on,
+   the split pays. (Measured before the pool's workers spun between jobs; with the
+   spin, a threshold of 16384 gained 1-3% on that step, inside the host's noise, so
+   the threshold stayed.) */
+#ifndef PDP__ELEMWISE_PAR_MIN
+#  define PDP__ELEMWISE_PAR_MIN 262144
+#endif
+
 /* ---- layers: Linear ---- */
 
 PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
@@ -13352,6 +13408,7 @@ PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, 
     ps->wndim = 2;
     ps->bshape[0] = l->out_features;
     ps->bndim = 1;
+    l->work_per_sample = l->out_features; /* a fused ReLU's masked dy */
     return PDP_OK;
 }
 
@@ -13360,34 +13417,133 @@ PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_
     pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
 }
 
+/* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
+   model.c then makes the ReLU a view, as after a Conv2d): forward, y = relu(y) in
+   place once the GEMM has added x W^T to the bias (or y = relu(y + b) after a
+   bf16 product that adds C once: pdp__linear_forward); backward, dy masked by y > 0
+   into io->work (the ReLU's backward), db's column sums taken on the way, and the
+   GEMMs read that. The ReLU's element code, and db's sums sample by sample as
+   unfused: the bits of the two layers run apart (test_layers:
+   layers_linear_relu_fused_matches_unfused). Large batches split the columns
+   into ranges of 16 over the intra-op threads: each column's sum keeps its order. */
+typedef struct pdp__linear_relu_job {
+    const pdp__layer_io *io;
+    int64_t out;
+    void (*cols)(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
+} pdp__linear_relu_job;
+
+PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(y[i]););
+}
+
+/* dz = dy where y > 0 (pdp__relu_grad), db += dz. */
+PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                            float *PDP__RESTRICT dz, float *PDP__RESTRICT db,
+                                            int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, {
+        float g = dy[i], v = y[i], d = pdp__relu_grad(g, v);
+        dz[i] = d;
+        db[i] += d;
+    });
+}
+
+PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                int64_t c1)
+{
+    int64_t i;
+    for (i = 0; i < io->batch; i++) pdp__layers_relu_inplace(io->y + i * out + c0, c1 - c0);
+}
+
+/* With the bias added here (pdp__linear_forward): y = relu(y + b). */
+PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y, const float *PDP__RESTRICT b,
+                                                int64_t n)
+{
+    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(y[i] + b[i]););
+}
+
+PDP__PRIVATE void pdp__linear_bias_relu_forward_cols(const pdp__layer_io *io, int64_t out,
+                                                     int64_t c0, int64_t c1)
+{
+    int64_t i;
+    for (i = 0; i < io->batch; i++)
+        pdp__layers_bias_relu_inplace(io->y + i * out + c0, io->b + c0, c1 - c0);
+}
+
+PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                 int64_t c1)
+{
+    int64_t i, at;
+    for (i = 0; i < io->batch; i++) {
+        at = i * out + c0;
+        if (io->db)
+            pdp__layers_relu_grad_sum(io->dy + at, io->y + at, io->work + at, io->db + c0, c1 - c0);
+        else
+            pdp__layers_relu_grad(io->dy + at, io->y + at, io->work + at, c1 - c0);
+    }
+}
+
+PDP__PRIVATE void pdp__linear_relu_part(void *arg, int i, int parts)
+{
+    const pdp__linear_relu_job *job = (const pdp__linear_relu_job *)arg;
+    int64_t blocks = (job->out + 15) / 16;
+    int64_t c0 = PDP__MIN(job->out, blocks * i / parts * 16);
+    int64_t c1 = PDP__MIN(job->out, blocks * (i + 1) / parts * 16);
+    if (c0 < c1) job->cols(job->io, job->out, c0, c1);
+}
+
+PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io *io,
+                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t, int64_t))
+{
+    pdp__linear_relu_job job;
+    int parts = pdp__threads_for_caller();
+    job.io = io;
+    job.out = l->out_features;
+    job.cols = cols;
+    if (io->batch * job.out < PDP__ELEMWISE_PAR_MIN) parts = 1;
+    parts = (int)PDP__MIN((int64_t)parts, (job.out + 15) / 16);
+    pdp__parallel_for(parts, pdp__linear_relu_part, &job);
+}
+
 PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
     float beta = 0.0f;
-    if (io->b) { /* y = b, then the GEMM adds x W^T (beta 1): no second pass for the bias */
+    /* The bias: y = b, then the GEMM adds x W^T (beta 1), no pass of its own. With a
+       fused ReLU after a bf16 product on a chain path (gemm.h: C = alpha acc + beta C
+       once the whole sum is done), the ReLU's pass adds it, y = relu(acc + b): fl(acc +
+       b) either way, the same bits, and the GEMM stores without reading y. Not after
+       pdp_sgemm or sgemm-rounded, which add C to their first k block's partial sum. */
+    bool bias_in_relu = io->b && io->fused_relu && io->bf16 &&
+                        pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, B, out, in) != PDP_BF16_PATH_SGEMM;
+    if (io->b && !bias_in_relu) {
         for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
         beta = 1.0f;
     }
     (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_TRANS, B, out, in, 1.0f, io->x, in,
                                             io->w, in, beta, io->y, out);
+    if (io->fused_relu)
+        pdp__linear_relu_run(l, io, bias_in_relu ? pdp__linear_bias_relu_forward_cols
+                                                 : pdp__linear_relu_forward_cols);
     return PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
-    /* dW += dY^T X */
-    (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, io->dy, out,
-                                            io->x, in, 1.0f, io->dw, in);
-    if (io->db) { /* db += column sums of dY, sample by sample */
-        float *PDP__RESTRICT db = io->db;
-        for (i = 0; i < B; i++) {
-            const float *PDP__RESTRICT g = io->dy + i * out;
-            PDP__FOR_BLOCKED(j, out, db[j] += g[j];);
-        }
+    const float *dy = io->dy;
+    if (io->fused_relu) { /* dy masked into work, db's sums on the way */
+        pdp__linear_relu_run(l, io, pdp__linear_relu_backward_cols);
+        dy = io->work;
+    } else if (io->db) { /* db += column sums of dY, sample by sample */
+        for (i = 0; i < B; i++) pdp__layers_add(io->db, dy + i * out, out);
     }
+    /* dW += dY^T X */
+    (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_TRANS, PDP_NO_TRANS, out, in, B, 1.0f, dy, out,
+                                            io->x, in, 1.0f, io->dw, in);
     if (io->dx) /* dX = dY W */
-        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, io->dy,
+        (io->bf16 ? pdp_gemm_bf16 : pdp_sgemm)(PDP_NO_TRANS, PDP_NO_TRANS, B, in, out, 1.0f, dy,
                                                 out, io->w, in, 0.0f, io->dx, in);
     return PDP_OK;
 }
@@ -13407,19 +13563,6 @@ PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp
 #endif
 
 /* ---- layers: activations ---- */
-
-/* Element-wise layers split [0, batch * in_count) into equal ranges (multiples of
-   16) over the intra-op threads when there is enough work to pay for the hand-off;
-   every element is computed alone, so the split never changes a bit. The hand-off
-   (waking a worker and waiting for it) costs more than a ReLU over 65536 floats:
-   the MLP 784-512-512-10 at batch 128 on 2 threads spent 0.33-0.42 ms per step in
-   its ReLUs split, 0.18-0.22 ms unsplit (pdp_profile, Zen 4); from 262144 floats on,
-   the split pays. (Measured before the pool's workers spun between jobs; with the
-   spin, a threshold of 16384 gained 1-3% on that step, inside the host's noise, so
-   the threshold stayed.) */
-#ifndef PDP__ELEMWISE_PAR_MIN
-#  define PDP__ELEMWISE_PAR_MIN 262144
-#endif
 
 typedef struct pdp__elem_job {
     const pdp__layer *l;
@@ -13455,21 +13598,15 @@ PDP__PRIVATE void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
 PDP__PRIVATE void pdp__relu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                           int64_t hi)
 {
-    int64_t n = hi - lo;
-    const float *PDP__RESTRICT x = io->x + lo;
-    float *PDP__RESTRICT y = io->y + lo;
     (void)l;
-    PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(x[i]););
+    pdp__layers_relu(io->x + lo, io->y + lo, hi - lo);
 }
 
 PDP__PRIVATE void pdp__relu_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                            int64_t hi)
 {
-    int64_t n = hi - lo;
-    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
-    float *PDP__RESTRICT dx = io->dx + lo;
     (void)l;
-    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__relu_grad(dy[i], y[i]););
+    pdp__layers_relu_grad(io->dy + lo, io->y + lo, io->dx + lo, hi - lo);
 }
 
 PDP__PRIVATE void pdp__gelu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
@@ -13505,11 +13642,8 @@ PDP__PRIVATE void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_
 PDP__PRIVATE void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                            int64_t hi)
 {
-    int64_t n = hi - lo;
-    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
-    float *PDP__RESTRICT dx = io->dx + lo;
     (void)l;
-    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
+    pdp__layers_tanh_grad(io->dy + lo, io->y + lo, io->dx + lo, hi - lo);
 }
 
 PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
@@ -13525,11 +13659,8 @@ PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__lay
 PDP__PRIVATE void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                               int64_t hi)
 {
-    int64_t n = hi - lo;
-    const float *PDP__RESTRICT y = io->y + lo, *PDP__RESTRICT dy = io->dy + lo;
-    float *PDP__RESTRICT dx = io->dx + lo;
     (void)l;
-    PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
+    pdp__layers_sigmoid_grad(io->dy + lo, io->y + lo, io->dx + lo, hi - lo);
 }
 
 PDP__PRIVATE void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
@@ -13716,14 +13847,12 @@ PDP__PRIVATE pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__lay
 PDP__PRIVATE pdp_status pdp__dropout_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     int64_t n = io->batch * l->in_count;
-    const float *PDP__RESTRICT dy = io->dy, *PDP__RESTRICT mask = io->saved;
-    float *PDP__RESTRICT dx = io->dx;
-    if (!dx) return PDP_OK;
+    if (!io->dx) return PDP_OK;
     if (!io->training || l->p == 0.0f) {
-        memcpy(dx, dy, (size_t)n * sizeof(float));
+        memcpy(io->dx, io->dy, (size_t)n * sizeof(float));
         return PDP_OK;
     }
-    PDP__FOR_BLOCKED(i, n, dx[i] = dy[i] * mask[i];);
+    pdp__layers_mul(io->dy, io->saved, io->dx, n);
     return PDP_OK;
 }
 
@@ -15772,7 +15901,8 @@ PDP__PRIVATE double pdp__flops_layernorm(const pdp__layer *l, bool g)
 PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     PDP__KIND(PDP__LINEAR){"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
                            pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
-                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0, pdp__flops_linear},
+                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL,
+                           PDP__LAYER_FUSES_RELU, pdp__flops_linear},
     PDP__KIND(PDP__RELU){"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward,
                          pdp__relu_backward, PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,
@@ -16330,8 +16460,8 @@ PDP__PRIVATE bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
     return (pdp__layer_kind_of(m->layers[i].kind)->flags & flag) != 0;
 }
 
-/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d:
-   PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
+/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d or a
+   Linear: PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
    last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
    is skipped. Same bits as running it. */
 PDP__PRIVATE bool pdp__model_relu_fused(const pdp_model *m, int i)

@@ -291,7 +291,7 @@ typedef struct pdp__layer_io {
     pdp_device device;   /* where every pointer above lives */
     bool training;
     bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
-    bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
+    bool fused_relu;     /* Conv2d, Linear on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
     float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
                             stride-2 MaxPool2d over an even H and W, also applied here:

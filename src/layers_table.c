@@ -150,7 +150,8 @@ PDP__PRIVATE double pdp__flops_layernorm(const pdp__layer *l, bool g)
 PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] = {
     PDP__KIND(PDP__LINEAR){"Linear", pdp__linear_setup, pdp__linear_init, pdp__linear_forward,
                            pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
-                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL, 0, pdp__flops_linear},
+                           PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL,
+                           PDP__LAYER_FUSES_RELU, pdp__flops_linear},
     PDP__KIND(PDP__RELU){"ReLU", pdp__layers_setup_same, NULL, pdp__relu_forward,
                          pdp__relu_backward, PDP__CUDA_ENTRY(pdp__relu_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__relu_cuda_backward), NULL,

@@ -380,8 +380,8 @@ PDP__PRIVATE bool pdp__model_flag(const pdp_model *m, int i, unsigned flag)
     return (pdp__layer_kind_of(m->layers[i].kind)->flags & flag) != 0;
 }
 
-/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d:
-   PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
+/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d or a
+   Linear: PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
    last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
    is skipped. Same bits as running it. */
 PDP__PRIVATE bool pdp__model_relu_fused(const pdp_model *m, int i)

@@ -278,7 +278,7 @@ typedef struct pdp__layer_io {
     pdp_device device;   /* where every pointer above lives */
     bool training;
     bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
-    bool fused_relu;     /* Conv2d on the CPU: a ReLU follows and is applied here (forward:
+    bool fused_relu;     /* Conv2d, Linear on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
     float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
                             stride-2 MaxPool2d over an even H and W, also applied here:
@@ -3754,7 +3754,7 @@ PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *
      backward. Evaluation: identity.
    - Flatten is a view: model.c aliases its output to its input and never calls
      forward or backward for it (they copy, should anything else). So is a ReLU
-     right after a Conv2d on the CPU (layers_conv.c).
+     right after a Conv2d (layers_conv.c) or a Linear (below) on the CPU.
 
    Invariants: forward and backward allocate nothing (temporaries live in io->work,
    sized by work_per_sample) and return a status: PDP_OK, or an error whose message
@@ -3789,6 +3789,28 @@ PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *P
 PDP__PRIVATE double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
                                      const float *PDP__RESTRICT c, float m, int64_t n);
 
+/* Element passes over n floats. Each takes its arrays as restrict parameters and
+   loads every operand before the select: gcc -O2's vectoriser passes over the same
+   loop on restrict locals (io->x + lo) and over a conditional load (-fopt-info-vec,
+   gcc 12). Element by element, so the bits are the scalar loop's. */
+PDP__PRIVATE void pdp__layers_add(float *PDP__RESTRICT acc, const float *PDP__RESTRICT x, int64_t n);
+
+PDP__PRIVATE void pdp__layers_relu(const float *PDP__RESTRICT x, float *PDP__RESTRICT y, int64_t n);
+
+/* dx = dy where y > 0 (pdp__relu_grad), and its mirror for tanh, sigmoid (from y)
+   and dropout (dy times the saved scaled mask). */
+PDP__PRIVATE void pdp__layers_relu_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                        float *PDP__RESTRICT dx, int64_t n);
+
+PDP__PRIVATE void pdp__layers_tanh_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                        float *PDP__RESTRICT dx, int64_t n);
+
+PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                           float *PDP__RESTRICT dx, int64_t n);
+
+PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                  float *PDP__RESTRICT out, int64_t n);
+
 /* Parts for a job split by sample: the caller's intra-op threads, at most one
    per sample. */
 PDP__PRIVATE int pdp__layers_batch_parts(int64_t batch);
@@ -3806,24 +3828,6 @@ PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64
    (the activations): nothing to check. */
 PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
-/* ---- layers: Linear ---- */
-
-PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
-
-PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
-
-PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io);
-
-PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io);
-
-#ifdef PDP_CUDA
-PDP__PRIVATE pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
-
-PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
-#endif
-
-/* ---- layers: activations ---- */
-
 /* Element-wise layers split [0, batch * in_count) into equal ranges (multiples of
    16) over the intra-op threads when there is enough work to pay for the hand-off;
    every element is computed alone, so the split never changes a bit. The hand-off
@@ -3836,6 +3840,64 @@ PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp
 #ifndef PDP__ELEMWISE_PAR_MIN
 #  define PDP__ELEMWISE_PAR_MIN 262144
 #endif
+
+/* ---- layers: Linear ---- */
+
+PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+
+/* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
+   model.c then makes the ReLU a view, as after a Conv2d): forward, y = relu(y) in
+   place once the GEMM has added x W^T to the bias (or y = relu(y + b) after a
+   bf16 product that adds C once: pdp__linear_forward); backward, dy masked by y > 0
+   into io->work (the ReLU's backward), db's column sums taken on the way, and the
+   GEMMs read that. The ReLU's element code, and db's sums sample by sample as
+   unfused: the bits of the two layers run apart (test_layers:
+   layers_linear_relu_fused_matches_unfused). Large batches split the columns
+   into ranges of 16 over the intra-op threads: each column's sum keeps its order. */
+typedef struct pdp__linear_relu_job {
+    const pdp__layer_io *io;
+    int64_t out;
+    void (*cols)(const pdp__layer_io *io, int64_t out, int64_t c0, int64_t c1);
+} pdp__linear_relu_job;
+
+PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n);
+
+/* dz = dy where y > 0 (pdp__relu_grad), db += dz. */
+PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
+                                            float *PDP__RESTRICT dz, float *PDP__RESTRICT db,
+                                            int64_t n);
+
+PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                int64_t c1);
+
+/* With the bias added here (pdp__linear_forward): y = relu(y + b). */
+PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y, const float *PDP__RESTRICT b,
+                                                int64_t n);
+
+PDP__PRIVATE void pdp__linear_bias_relu_forward_cols(const pdp__layer_io *io, int64_t out,
+                                                     int64_t c0, int64_t c1);
+
+PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
+                                                 int64_t c1);
+
+PDP__PRIVATE void pdp__linear_relu_part(void *arg, int i, int parts);
+
+PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io *io,
+                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t, int64_t));
+
+PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+#endif
+
+/* ---- layers: activations ---- */
 
 typedef struct pdp__elem_job {
     const pdp__layer *l;
@@ -4942,8 +5004,8 @@ PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind);
 /* Whether layer i's kind has flag (PDP__LAYER_*). */
 PDP__PRIVATE bool pdp__model_flag(const pdp_model *m, int i, unsigned flag);
 
-/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d:
-   PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
+/* Layer i is a ReLU (PDP__LAYER_FUSABLE_RELU) that the layer before it (a Conv2d or a
+   Linear: PDP__LAYER_FUSES_RELU) applies in its own forward and backward (CPU only; never the
    last layer, whose output the caller reads): the ReLU is then a view, as Flatten, and
    is skipped. Same bits as running it. */
 PDP__PRIVATE bool pdp__model_relu_fused(const pdp_model *m, int i);

@@ -545,6 +545,70 @@ TEST layers_conv_relu_pool_fused_matches_unfused(void)
     PASS();
 }
 
+/* Linear -> ReLU on the CPU: the Linear applies the ReLU (forward in place after the
+   GEMM; backward masks dy into its workspace and sums db on the way) and the ReLU is
+   a view. Against the same layers with a Dropout(0) (an exact copy) between each
+   Linear and its ReLU, which stops the fusion: output, input gradient and parameter
+   gradients bit for bit, after two forward-backward passes (the gradients
+   accumulate), on odd widths (37 -> 45 -> 130 -> 10: not multiples of 16; the
+   130-wide one is split into column ranges over 2 threads), in fp32 and bf16, 1 and
+   2 threads, with inputs mostly negative (many ReLU zeros), once with a NaN. */
+TEST layers_linear_relu_fused_matches_unfused(void)
+{
+    static float xd[7 * 37], dx[2][7 * 37], dyd[7 * 10];
+    int t, threads, prec;
+    for (t = 0; t < 2; t++)
+        for (prec = 0; prec < 2; prec++)
+            for (threads = 1; threads <= 2; threads++) {
+                int64_t B = 7, n = B * 37, i;
+                pdp_model *m[2];
+                const pdp_tensor *y[2];
+                pdp_tensor x, g[2];
+                pdp_rng r;
+                int k, pass;
+                pdp_rng_seed(&r, 120 + (uint64_t)t, 0);
+                fill_uniform(xd, n, &r, -1.5f, 0.5f);
+                if (t == 1) xd[n / 3] = NAN;
+                for (i = 0; i < B * 10; i++) dyd[i] = (float)(i % 7) - 3.0f;
+                for (k = 0; k < 2; k++) {
+                    m[k] = new_model(1, 37, 1, 1, 120);
+                    ASSERT(m[k] != NULL);
+                    if (prec) pdp_model_set_precision(m[k], PDP_PRECISION_BF16);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 45), pdp_status_name);
+                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m[k]), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 130), pdp_status_name);
+                    if (k == 1) ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_dropout(m[k], 0.0f), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_relu(m[k]), pdp_status_name);
+                    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m[k], 10), pdp_status_name);
+                    ASSERT(pdp__model_relu_fused(m[k], 1) == (k == 0));
+                    ASSERT(pdp__model_relu_fused(m[k], 3) == (k == 0));
+                    pdp_model_flat(m[0], &g[0], NULL);
+                    pdp_model_flat(m[k], &g[k], NULL);
+                    ASSERT_EQ(g[0].count, g[k].count);
+                    memcpy(g[k].data, g[0].data, (size_t)g[0].count * sizeof(float));
+                    wrap_input(m[k], xd, B, &x);
+                    pdp_set_num_threads(threads);
+                    for (pass = 0; pass < 2; pass++) {
+                        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m[k], &x, &y[k]), pdp_status_name);
+                        ASSERT_ENUM_EQ(PDP_OK, fixture_backward_with_dx(m[k], dyd, dx[k]),
+                                       pdp_status_name);
+                    }
+                    pdp_set_num_threads(1);
+                }
+                ASSERT(m[0]->act_stride < m[1]->act_stride); /* no ReLU outputs */
+                ASSERT_EQ(y[1]->count, y[0]->count);
+                ASSERT_MEM_EQ(y[1]->data, y[0]->data, (size_t)y[0]->count * sizeof(float));
+                ASSERT_MEM_EQ(dx[1], dx[0], (size_t)n * sizeof(float));
+                pdp_model_flat(m[0], NULL, &g[0]);
+                pdp_model_flat(m[1], NULL, &g[1]);
+                ASSERT_MEM_EQ(g[1].data, g[0].data, (size_t)g[0].count * sizeof(float));
+                pdp_model_free(m[0]);
+                pdp_model_free(m[1]);
+            }
+    PASS();
+}
+
 TEST layers_maxpool_ties_go_to_the_first_maximum(void)
 {
     pdp_model *m = new_model(3, 1, 2, 4, 15);
@@ -1337,6 +1401,7 @@ SUITE(layers)
     RUN_TEST(layers_conv2d_and_maxpool_match_naive);
     RUN_TEST(layers_conv2d_stride1_matches_naive);
     RUN_TEST(layers_conv_relu_pool_fused_matches_unfused);
+    RUN_TEST(layers_linear_relu_fused_matches_unfused);
     RUN_TEST(layers_maxpool_ties_go_to_the_first_maximum);
     RUN_TEST(layers_maxpool_nan_wins_as_in_pytorch);
     RUN_TEST(layers_relu_nan_as_in_pytorch);
