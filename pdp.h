@@ -575,10 +575,10 @@ PDP_API void pdp_shutdown_threads(void);
 /* Profile: where the calling thread's time goes (bench/train prints it per step).
    pdp_profile_start zeroes the calling thread's counters and turns them on;
    pdp_profile_read fills *out with what they counted since the start and leaves them on;
-   pdp_profile_stop turns them off and reads them (a later read gives the same). The calling thread's pdp calls count, as
-   wall time on that thread (intra-op workers' share included): the layers' forward and
-   backward, by kind of layer, the built-in losses and the optimizer. While on, a counted
-   call reads the clock twice; while off it costs one test of a thread-local flag. */
+   pdp_profile_stop turns them off and reads them (a later read gives the same). The calling
+   thread's pdp calls count, as wall time on that thread (intra-op workers' share included): the
+   layers' forward and backward, by kind of layer, the built-in losses and the optimizer. While on,
+   a counted call reads the clock twice; while off it costs one test of a thread-local flag. */
 typedef struct pdp_profile {
     double wall_s;       /* since pdp_profile_start */
     double gemm_layers_s;  /* layers with weights (Linear, Conv2d, the TP linears), forward
@@ -659,7 +659,11 @@ PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int6
 PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape,
                                    pdp_tensor *view);
 static inline pdp_device pdp_cpu(void) { pdp_device d = {PDP_DEVICE_CPU, 0}; return d; }
-static inline pdp_device pdp_cuda(int ordinal) { pdp_device d = {PDP_DEVICE_CUDA, ordinal}; return d; }
+static inline pdp_device pdp_cuda(int ordinal)
+{
+    pdp_device d = {PDP_DEVICE_CUDA, ordinal};
+    return d;
+}
 
 /* ---- rng ----
    PCG32 (O'Neill, "PCG: A Family of Simple Fast Space-Efficient Statistically
@@ -2566,7 +2570,8 @@ PDP_API pdp_status pdp_zero_memory_plan(const pdp_model *m, int world_size, int 
 /* The report as a table a person reads: per stage, pdp's fp32 formula, the paper's and the
    buffers; this rank's bytes against DDP's, and why ZeRO saves memory or does not at this
    size (sharding a float of every parameter saves (1 - 1/N) x 4 Psi bytes, each buffer
-   costs 4 U_max) with the N from which each stage saves this model's memory. Returns the length snprintf would have written. */
+   costs 4 U_max) with the N from which each stage saves this model's memory. Returns the length
+   snprintf would have written. */
 PDP_API int pdp_zero_memory_format(const pdp_zero_memory *m, char *buf, size_t bytes);
 
 typedef struct pdp_zero_stats {
@@ -3621,7 +3626,8 @@ PDP__PRIVATE int pdp__team_init(pdp__team *t);
    be running. 0, or the first pthread_create error (the threads made so far stay). */
 PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers);
 /* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
-PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n),
+                                void *arg);
 /* Stops and joins every thread and releases the team (a zeroed team is fine); the
    team may be initialised again. */
 PDP__PRIVATE void pdp__team_free(pdp__team *t);
@@ -3653,8 +3659,8 @@ PDP__PRIVATE pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
 PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p);
 PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
 PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
-PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                      size_t bytes);
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev,
+                                      const void *src, size_t bytes);
 
 /* ---- model internals (model.c, layers.c, loss.c and the executors) ---- */
 
@@ -3939,7 +3945,8 @@ struct pdp_model {
 PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
 PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
-PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
+                                                const char *fn);
 /* A parameter view for pdp_model_param (model.c): e's shape over data when full, else 1-d
    of count floats; data NULL: empty (count 0). */
 PDP__PRIVATE void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
@@ -3968,9 +3975,9 @@ PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, in
    is not NULL it gets (softmax - onehot) * grad_scale. The public loss uses
    grad_scale = 1/batch; DP replicas use 1/global_batch so that the reduced
    gradients equal those of the whole batch. fn names the public caller. */
-PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
-                                           int64_t classes, float grad_scale, double *loss_sum,
-                                           float *dlogits, const char *fn);
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
+                                           int64_t batch, int64_t classes, float grad_scale,
+                                           double *loss_sum, float *dlogits, const char *fn);
 
 /* ---- CUDA dispatch (cuda_host.c) ----
    loss.c and optim.c hand work on a CUDA device to these; without
@@ -3989,10 +3996,10 @@ typedef struct pdp__optim_scalars {
     float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
 } pdp__optim_scalars;
 
-PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                                int64_t batch, int64_t classes, float grad_scale,
-                                                double *loss_sum, float *dlogits,
-                                                const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
+                                                const int32_t *labels, int64_t batch,
+                                                int64_t classes, float grad_scale, double *loss_sum,
+                                                float *dlogits, const char *fn) PDP__UNUSED;
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
                                       int64_t count, float scale, double *sum, float *dpred,
                                       const char *fn) PDP__UNUSED;
@@ -4047,7 +4054,8 @@ PDP__PRIVATE void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *
 /* Parameters [lo, hi) updated on the calling thread with scalars s from
    pdp__optim_scalars_of (a CPU optimizer; nothing is checked or counted). */
 PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
-                                          float *params, const float *grads, int64_t lo, int64_t hi);
+                                          float *params, const float *grads, int64_t lo,
+                                          int64_t hi);
 /* Counts an update done range by range (pdp__optim_step_range,
    pdp__optim_update_range) as one step. */
 PDP__PRIVATE void pdp__optim_finish_step(pdp_optim *o);
@@ -4079,11 +4087,12 @@ PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *
    shard file of exactly [lo, hi) whose "shard.run" is run, and fails with
    PDP_ERR_FORMAT naming the file and both runs otherwise. */
 PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
-                                                 const float *params, const pdp_optim *o, int64_t lo,
-                                                 int64_t hi, const char *run, const char *fn);
-PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
-                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                                 const float *params, const pdp_optim *o,
+                                                 int64_t lo, int64_t hi, const char *run,
                                                  const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                                 pdp_optim *o, int64_t lo, int64_t hi,
+                                                 const char *run, const char *fn);
 
 /* ---- ZeRO internals (zero.c, for zero_ckpt.c) ----
    zero_ckpt.c comes after zero.c and reads struct pdp_zero and its units directly;
@@ -4196,9 +4205,9 @@ PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_d
 /* ---- trace (trace.c) ----
    Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
    One process-wide, mutex-guarded sink (one of the exceptions to "no globals"
-   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is read by each open
-   while no trace file is open. process_rank >= 0 (this process is one rank of several) writes
-   path with ".rank<r>" inserted before the extension. Events take pdp__now()
+   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is
+   read by each open while no trace file is open. process_rank >= 0 (this process is one rank of
+   several) writes path with ".rank<r>" inserted before the extension. Events take pdp__now()
    seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string
    literal; args NULL or a JSON object body ("\"bytes\":64"). Recording copies
    a fixed-size record and never allocates. Everything is a no-op when off. */
@@ -4206,8 +4215,8 @@ PDP__PRIVATE pdp_status pdp__trace_open(int process_rank);
 PDP__PRIVATE void pdp__trace_close(void);
 PDP__PRIVATE bool pdp__trace_enabled(void);
 PDP__PRIVATE int pdp__trace_track(int pid, const char *name);
-PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                      double t1, const char *args);
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name,
+                                      double t0, double t1, const char *args);
 PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
                                    double t0, double t1, const char *args);
 /* ---- end src/internal.h ---- */
@@ -13222,7 +13231,8 @@ PDP_API pdp_status pdp_comm_init_env(pdp_comm **out, const pdp_comm_desc *desc)
 /* ---- layers: small helpers ---- */
 
 /* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
-PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
+PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf,
+                                              size_t bytes)
 {
     if (ndim == 3)
         snprintf(buf, bytes, "(%lld, %lld, %lld)", (long long)shape[0], (long long)shape[1],
@@ -13265,7 +13275,8 @@ PDP__PRIVATE double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c,
 }
 
 /* Sum of a[i] * b[i], same scheme. */
-PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b, int64_t n)
+PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                    int64_t n)
 {
     float lane[16] = {0};
     double s = 0.0;
@@ -13324,8 +13335,9 @@ PDP__PRIVATE void pdp__layers_tanh_grad(const float *PDP__RESTRICT dy, const flo
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
 }
 
-PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
-                                           float *PDP__RESTRICT dx, int64_t n)
+PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy,
+                                           const float *PDP__RESTRICT y, float *PDP__RESTRICT dx,
+                                           int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
@@ -13355,8 +13367,8 @@ PDP__PRIVATE int64_t pdp__layers_count(int ndim, const int64_t *shape)
 /* PyTorch's reset_parameters for Linear and Conv2d: weight Kaiming uniform with
    a = sqrt(5) (bound 1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
    in that order from r. w and b are host memory. */
-PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
-                                           pdp_rng *r)
+PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb,
+                                           int64_t fan_in, pdp_rng *r)
 {
     pdp_tensor t;
     float bound;
@@ -13438,9 +13450,9 @@ PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n)
 }
 
 /* dz = dy where y > 0 (pdp__relu_grad), db += dz. */
-PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
-                                            float *PDP__RESTRICT dz, float *PDP__RESTRICT db,
-                                            int64_t n)
+PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
+                                            const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
+                                            float *PDP__RESTRICT db, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, {
         float g = dy[i], v = y[i], d = pdp__relu_grad(g, v);
@@ -13457,8 +13469,8 @@ PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t
 }
 
 /* With the bias added here (pdp__linear_forward): y = relu(y + b). */
-PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y, const float *PDP__RESTRICT b,
-                                                int64_t n)
+PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y,
+                                                const float *PDP__RESTRICT b, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(y[i] + b[i]););
 }
@@ -13494,7 +13506,8 @@ PDP__PRIVATE void pdp__linear_relu_part(void *arg, int i, int parts)
 }
 
 PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io *io,
-                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t, int64_t))
+                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t,
+                                                    int64_t))
 {
     pdp__linear_relu_job job;
     int parts = pdp__threads_for_caller();
@@ -13515,8 +13528,9 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
        once the whole sum is done), the ReLU's pass adds it, y = relu(acc + b): fl(acc +
        b) either way, the same bits, and the GEMM stores without reading y. Not after
        pdp_sgemm or sgemm-rounded, which add C to their first k block's partial sum. */
-    bool bias_in_relu = io->b && io->fused_relu && io->bf16 &&
-                        pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, B, out, in) != PDP_BF16_PATH_SGEMM;
+    bool bias_in_relu =
+        io->b && io->fused_relu && io->bf16 &&
+        pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, B, out, in) != PDP_BF16_PATH_SGEMM;
     if (io->b && !bias_in_relu) {
         for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
         beta = 1.0f;
@@ -13581,7 +13595,8 @@ PDP__PRIVATE void pdp__elem_part(void *arg, int i, int parts)
 }
 
 PDP__PRIVATE void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
-                                void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t, int64_t))
+                                void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t,
+                                           int64_t))
 {
     pdp__elem_job job;
     int parts = pdp__threads_for_caller();
@@ -13646,8 +13661,8 @@ PDP__PRIVATE void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer
     pdp__layers_tanh_grad(io->dy + lo, io->y + lo, io->dx + lo, hi - lo);
 }
 
-PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                             int64_t hi)
+PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                             int64_t lo, int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -13656,8 +13671,8 @@ PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__lay
     for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
 }
 
-PDP__PRIVATE void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                              int64_t hi)
+PDP__PRIVATE void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t lo, int64_t hi)
 {
     (void)l;
     pdp__layers_sigmoid_grad(io->dy + lo, io->y + lo, io->dx + lo, hi - lo);
@@ -16112,7 +16127,9 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: out is NULL");
     *out = NULL;
-    if (!desc) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: desc is NULL (input_shape is required)");
+    if (!desc)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_model_create: desc is NULL (input_shape is required)");
     for (i = 0; i < 3 && desc->input_shape[i] > 0; i++) ndim++;
     if (desc->input_ndim) ndim = desc->input_ndim;
     if (ndim != 1 && ndim != 3)
@@ -16233,7 +16250,8 @@ PDP__PRIVATE void pdp__model_unwrap(pdp_model *m)
     m->views_user = NULL;
 }
 
-PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
+                                                const char *fn)
 {
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s; %s", fn,
@@ -16659,7 +16677,8 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     pdp_status st;
     if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
     *y = NULL;
-    if (m->nlayers == 0) return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
+    if (m->nlayers == 0)
+        return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
     batch = x->shape[0];
     if (x->ndim != m->in_ndim + 1 || !pdp__mul_ok(batch, m->in_count, &n) || x->count != n)
         goto bad_shape;
@@ -16885,7 +16904,8 @@ PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out
 PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out)
 {
     int i;
-    if (!m || !name || !out) return pdp__err(PDP_ERR_INVALID, "pdp_model_find_param: NULL argument");
+    if (!m || !name || !out)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_find_param: NULL argument");
     for (i = 0; i < m->nparams; i++)
         if (strcmp(m->params[i].name, name) == 0) return pdp_model_param(m, i, out);
     return pdp__err(PDP_ERR_INVALID, "pdp_model_find_param: no parameter named \"%s\"", name);
@@ -16956,7 +16976,8 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
     m->cap_layers = src->nlayers;
     m->cap_params = src->nparams;
     m->layers = (pdp__layer *)pdp__alloc((size_t)PDP__MAX(1, src->nlayers) * sizeof *m->layers);
-    m->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, src->nparams) * sizeof *m->params);
+    m->params =
+        (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, src->nparams) * sizeof *m->params);
     if (!m->layers || !m->params) {
         pdp_model_free(m);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");
@@ -17081,9 +17102,9 @@ PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, in
 
 /* ---- loss: cross-entropy ---- */
 
-PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
-                                           int64_t classes, float grad_scale, double *loss_sum,
-                                           float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
+                                           int64_t batch, int64_t classes, float grad_scale,
+                                           double *loss_sum, float *dlogits, const char *fn)
 {
     double total = 0.0;
     int64_t i, j;
@@ -17117,9 +17138,10 @@ PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *l
 }
 
 /* pdp__cross_entropy with logits and dlogits on device d (CUDA: cuda_host.c). */
-PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const int32_t *labels,
-                                              int64_t batch, int64_t classes, float grad_scale,
-                                              double *loss_sum, float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits,
+                                              const int32_t *labels, int64_t batch, int64_t classes,
+                                              float grad_scale, double *loss_sum, float *dlogits,
+                                              const char *fn)
 {
     double t0 = pdp__prof.on ? pdp__now() : 0.0;
     pdp_status st =
@@ -17138,7 +17160,8 @@ PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b
 }
 
 /* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
-PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what,
+                                               const char *fn)
 {
     char buf[96];
     if (t->ndim != 2)
@@ -17580,7 +17603,8 @@ PDP__PRIVATE void pdp__sqrt_block(float *out, const float *in)
     _mm256_storeu_ps(out + 8, _mm256_sqrt_ps(_mm256_loadu_ps(in + 8)));
 #elif !defined(PDP_NO_SIMD) && defined(__SSE2__)
     int j;
-    for (j = 0; j < PDP__OPTIM_BLOCK; j += 4) _mm_storeu_ps(out + j, _mm_sqrt_ps(_mm_loadu_ps(in + j)));
+    for (j = 0; j < PDP__OPTIM_BLOCK; j += 4)
+        _mm_storeu_ps(out + j, _mm_sqrt_ps(_mm_loadu_ps(in + j)));
 #else
     int j;
     for (j = 0; j < PDP__OPTIM_BLOCK; j++) out[j] = sqrtf(in[j]);
@@ -18492,7 +18516,8 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
 /* ---- files ---- */
 
 /* Reads a whole file, gunzipping it when it starts with the gzip magic. */
-PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes, const char *fn)
+PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes,
+                                       const char *fn)
 {
     FILE *f;
     long size;
@@ -18554,8 +18579,9 @@ PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uin
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated IDX header (%zu bytes)", fn, path, n);
     magic = pdp__be32(d);
     if (magic != want)
-        return pdp__err(PDP_ERR_FORMAT, "%s: %s: bad magic 0x%08x (expected 0x%08x, an IDX %s file)",
-                        fn, path, (unsigned)magic, (unsigned)want, ndim == 3 ? "image" : "label");
+        return pdp__err(PDP_ERR_FORMAT,
+                        "%s: %s: bad magic 0x%08x (expected 0x%08x, an IDX %s file)", fn, path,
+                        (unsigned)magic, (unsigned)want, ndim == 3 ? "image" : "label");
     if (n < head)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated IDX header (%zu bytes)", fn, path, n);
     for (i = 0; i < ndim; i++) {
@@ -18568,8 +18594,10 @@ PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uin
     }
     if (need != n - head) {
         if (ndim == 3)
-            return pdp__err(PDP_ERR_FORMAT, "%s: %s: %s: %llu x %llu x %llu needs %llu bytes of data, "
-                            "the file has %zu", fn, path, need > n - head ? "truncated" : "size mismatch",
+            return pdp__err(PDP_ERR_FORMAT,
+                            "%s: %s: %s: %llu x %llu x %llu needs %llu bytes of data, "
+                            "the file has %zu",
+                            fn, path, need > n - head ? "truncated" : "size mismatch",
                             (unsigned long long)dims[0], (unsigned long long)dims[1],
                             (unsigned long long)dims[2], (unsigned long long)need, n - head);
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: %s: %llu labels, the file has %zu bytes of them",
@@ -18842,7 +18870,8 @@ PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indi
 }
 
 /* Wraps data as [n, the dataset's sample shape...]. */
-PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n, pdp_tensor *x)
+PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n,
+                                          pdp_tensor *x)
 {
     int64_t shape[4];
     shape[0] = n;
@@ -18894,7 +18923,8 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     else memset(&d, 0, sizeof d);
     d.batch_size = PDP__DEF(d.batch_size, 64);
     if (d.batch_size < 1 || d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->features, 1))
-        return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size is %lld", fn, (long long)d.batch_size);
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size is %lld", fn,
+                        (long long)d.batch_size);
     if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s", fn,
                         (long long)d.num_indices, d.indices ? "set" : "NULL");

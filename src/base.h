@@ -86,10 +86,10 @@ PDP_API void pdp_shutdown_threads(void);
 /* Profile: where the calling thread's time goes (bench/train prints it per step).
    pdp_profile_start zeroes the calling thread's counters and turns them on;
    pdp_profile_read fills *out with what they counted since the start and leaves them on;
-   pdp_profile_stop turns them off and reads them (a later read gives the same). The calling thread's pdp calls count, as
-   wall time on that thread (intra-op workers' share included): the layers' forward and
-   backward, by kind of layer, the built-in losses and the optimizer. While on, a counted
-   call reads the clock twice; while off it costs one test of a thread-local flag. */
+   pdp_profile_stop turns them off and reads them (a later read gives the same). The calling
+   thread's pdp calls count, as wall time on that thread (intra-op workers' share included): the
+   layers' forward and backward, by kind of layer, the built-in losses and the optimizer. While on,
+   a counted call reads the clock twice; while off it costs one test of a thread-local flag. */
 typedef struct pdp_profile {
     double wall_s;       /* since pdp_profile_start */
     double gemm_layers_s;  /* layers with weights (Linear, Conv2d, the TP linears), forward

@@ -15,7 +15,8 @@
 /* ---- files ---- */
 
 /* Reads a whole file, gunzipping it when it starts with the gzip magic. */
-PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes, const char *fn)
+PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes,
+                                       const char *fn)
 {
     FILE *f;
     long size;
@@ -77,8 +78,9 @@ PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uin
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated IDX header (%zu bytes)", fn, path, n);
     magic = pdp__be32(d);
     if (magic != want)
-        return pdp__err(PDP_ERR_FORMAT, "%s: %s: bad magic 0x%08x (expected 0x%08x, an IDX %s file)",
-                        fn, path, (unsigned)magic, (unsigned)want, ndim == 3 ? "image" : "label");
+        return pdp__err(PDP_ERR_FORMAT,
+                        "%s: %s: bad magic 0x%08x (expected 0x%08x, an IDX %s file)", fn, path,
+                        (unsigned)magic, (unsigned)want, ndim == 3 ? "image" : "label");
     if (n < head)
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: truncated IDX header (%zu bytes)", fn, path, n);
     for (i = 0; i < ndim; i++) {
@@ -91,8 +93,10 @@ PDP__PRIVATE pdp_status pdp__idx_parse(const uint8_t *d, size_t n, int ndim, uin
     }
     if (need != n - head) {
         if (ndim == 3)
-            return pdp__err(PDP_ERR_FORMAT, "%s: %s: %s: %llu x %llu x %llu needs %llu bytes of data, "
-                            "the file has %zu", fn, path, need > n - head ? "truncated" : "size mismatch",
+            return pdp__err(PDP_ERR_FORMAT,
+                            "%s: %s: %s: %llu x %llu x %llu needs %llu bytes of data, "
+                            "the file has %zu",
+                            fn, path, need > n - head ? "truncated" : "size mismatch",
                             (unsigned long long)dims[0], (unsigned long long)dims[1],
                             (unsigned long long)dims[2], (unsigned long long)need, n - head);
         return pdp__err(PDP_ERR_FORMAT, "%s: %s: %s: %llu labels, the file has %zu bytes of them",
@@ -365,7 +369,8 @@ PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indi
 }
 
 /* Wraps data as [n, the dataset's sample shape...]. */
-PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n, pdp_tensor *x)
+PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n,
+                                          pdp_tensor *x)
 {
     int64_t shape[4];
     shape[0] = n;
@@ -417,7 +422,8 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     else memset(&d, 0, sizeof d);
     d.batch_size = PDP__DEF(d.batch_size, 64);
     if (d.batch_size < 1 || d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->features, 1))
-        return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size is %lld", fn, (long long)d.batch_size);
+        return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size is %lld", fn,
+                        (long long)d.batch_size);
     if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.num_indices is %lld with indices %s", fn,
                         (long long)d.num_indices, d.indices ? "set" : "NULL");

@@ -200,7 +200,8 @@ PDP__PRIVATE int pdp__team_init(pdp__team *t);
    be running. 0, or the first pthread_create error (the threads made so far stay). */
 PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers);
 /* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
-PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n),
+                                void *arg);
 /* Stops and joins every thread and releases the team (a zeroed team is fine); the
    team may be initialised again. */
 PDP__PRIVATE void pdp__team_free(pdp__team *t);
@@ -232,8 +233,8 @@ PDP__PRIVATE pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
 PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p);
 PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
 PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
-PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                      size_t bytes);
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev,
+                                      const void *src, size_t bytes);
 
 /* ---- model internals (model.c, layers.c, loss.c and the executors) ---- */
 
@@ -518,7 +519,8 @@ struct pdp_model {
 PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
 PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
-PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
+                                                const char *fn);
 /* A parameter view for pdp_model_param (model.c): e's shape over data when full, else 1-d
    of count floats; data NULL: empty (count 0). */
 PDP__PRIVATE void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
@@ -547,9 +549,9 @@ PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, in
    is not NULL it gets (softmax - onehot) * grad_scale. The public loss uses
    grad_scale = 1/batch; DP replicas use 1/global_batch so that the reduced
    gradients equal those of the whole batch. fn names the public caller. */
-PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
-                                           int64_t classes, float grad_scale, double *loss_sum,
-                                           float *dlogits, const char *fn);
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
+                                           int64_t batch, int64_t classes, float grad_scale,
+                                           double *loss_sum, float *dlogits, const char *fn);
 
 /* ---- CUDA dispatch (cuda_host.c) ----
    loss.c and optim.c hand work on a CUDA device to these; without
@@ -568,10 +570,10 @@ typedef struct pdp__optim_scalars {
     float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
 } pdp__optim_scalars;
 
-PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                                int64_t batch, int64_t classes, float grad_scale,
-                                                double *loss_sum, float *dlogits,
-                                                const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
+                                                const int32_t *labels, int64_t batch,
+                                                int64_t classes, float grad_scale, double *loss_sum,
+                                                float *dlogits, const char *fn) PDP__UNUSED;
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
                                       int64_t count, float scale, double *sum, float *dpred,
                                       const char *fn) PDP__UNUSED;
@@ -626,7 +628,8 @@ PDP__PRIVATE void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *
 /* Parameters [lo, hi) updated on the calling thread with scalars s from
    pdp__optim_scalars_of (a CPU optimizer; nothing is checked or counted). */
 PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
-                                          float *params, const float *grads, int64_t lo, int64_t hi);
+                                          float *params, const float *grads, int64_t lo,
+                                          int64_t hi);
 /* Counts an update done range by range (pdp__optim_step_range,
    pdp__optim_update_range) as one step. */
 PDP__PRIVATE void pdp__optim_finish_step(pdp_optim *o);
@@ -658,11 +661,12 @@ PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *
    shard file of exactly [lo, hi) whose "shard.run" is run, and fails with
    PDP_ERR_FORMAT naming the file and both runs otherwise. */
 PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
-                                                 const float *params, const pdp_optim *o, int64_t lo,
-                                                 int64_t hi, const char *run, const char *fn);
-PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
-                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                                 const float *params, const pdp_optim *o,
+                                                 int64_t lo, int64_t hi, const char *run,
                                                  const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                                 pdp_optim *o, int64_t lo, int64_t hi,
+                                                 const char *run, const char *fn);
 
 /* ---- ZeRO internals (zero.c, for zero_ckpt.c) ----
    zero_ckpt.c comes after zero.c and reads struct pdp_zero and its units directly;
@@ -775,9 +779,9 @@ PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_d
 /* ---- trace (trace.c) ----
    Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
    One process-wide, mutex-guarded sink (one of the exceptions to "no globals"
-   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is read by each open
-   while no trace file is open. process_rank >= 0 (this process is one rank of several) writes
-   path with ".rank<r>" inserted before the extension. Events take pdp__now()
+   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is
+   read by each open while no trace file is open. process_rank >= 0 (this process is one rank of
+   several) writes path with ".rank<r>" inserted before the extension. Events take pdp__now()
    seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string
    literal; args NULL or a JSON object body ("\"bytes\":64"). Recording copies
    a fixed-size record and never allocates. Everything is a no-op when off. */
@@ -785,7 +789,7 @@ PDP__PRIVATE pdp_status pdp__trace_open(int process_rank);
 PDP__PRIVATE void pdp__trace_close(void);
 PDP__PRIVATE bool pdp__trace_enabled(void);
 PDP__PRIVATE int pdp__trace_track(int pid, const char *name);
-PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                      double t1, const char *args);
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name,
+                                      double t0, double t1, const char *args);
 PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
                                    double t0, double t1, const char *args);

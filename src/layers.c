@@ -36,7 +36,8 @@
 /* ---- layers: small helpers ---- */
 
 /* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
-PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes)
+PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf,
+                                              size_t bytes)
 {
     if (ndim == 3)
         snprintf(buf, bytes, "(%lld, %lld, %lld)", (long long)shape[0], (long long)shape[1],
@@ -79,7 +80,8 @@ PDP__PRIVATE double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c,
 }
 
 /* Sum of a[i] * b[i], same scheme. */
-PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b, int64_t n)
+PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                    int64_t n)
 {
     float lane[16] = {0};
     double s = 0.0;
@@ -138,8 +140,9 @@ PDP__PRIVATE void pdp__layers_tanh_grad(const float *PDP__RESTRICT dy, const flo
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__tanh_grad(dy[i], y[i]););
 }
 
-PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
-                                           float *PDP__RESTRICT dx, int64_t n)
+PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy,
+                                           const float *PDP__RESTRICT y, float *PDP__RESTRICT dx,
+                                           int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, dx[i] = pdp__sigmoid_grad(dy[i], y[i]););
 }
@@ -169,8 +172,8 @@ PDP__PRIVATE int64_t pdp__layers_count(int ndim, const int64_t *shape)
 /* PyTorch's reset_parameters for Linear and Conv2d: weight Kaiming uniform with
    a = sqrt(5) (bound 1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
    in that order from r. w and b are host memory. */
-PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
-                                           pdp_rng *r)
+PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb,
+                                           int64_t fan_in, pdp_rng *r)
 {
     pdp_tensor t;
     float bound;
@@ -252,9 +255,9 @@ PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n)
 }
 
 /* dz = dy where y > 0 (pdp__relu_grad), db += dz. */
-PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
-                                            float *PDP__RESTRICT dz, float *PDP__RESTRICT db,
-                                            int64_t n)
+PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
+                                            const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
+                                            float *PDP__RESTRICT db, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, {
         float g = dy[i], v = y[i], d = pdp__relu_grad(g, v);
@@ -271,8 +274,8 @@ PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t
 }
 
 /* With the bias added here (pdp__linear_forward): y = relu(y + b). */
-PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y, const float *PDP__RESTRICT b,
-                                                int64_t n)
+PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y,
+                                                const float *PDP__RESTRICT b, int64_t n)
 {
     PDP__FOR_BLOCKED(i, n, y[i] = pdp__relu(y[i] + b[i]););
 }
@@ -308,7 +311,8 @@ PDP__PRIVATE void pdp__linear_relu_part(void *arg, int i, int parts)
 }
 
 PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io *io,
-                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t, int64_t))
+                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t,
+                                                    int64_t))
 {
     pdp__linear_relu_job job;
     int parts = pdp__threads_for_caller();
@@ -329,8 +333,9 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
        once the whole sum is done), the ReLU's pass adds it, y = relu(acc + b): fl(acc +
        b) either way, the same bits, and the GEMM stores without reading y. Not after
        pdp_sgemm or sgemm-rounded, which add C to their first k block's partial sum. */
-    bool bias_in_relu = io->b && io->fused_relu && io->bf16 &&
-                        pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, B, out, in) != PDP_BF16_PATH_SGEMM;
+    bool bias_in_relu =
+        io->b && io->fused_relu && io->bf16 &&
+        pdp_bf16_path_for(PDP_NO_TRANS, PDP_TRANS, B, out, in) != PDP_BF16_PATH_SGEMM;
     if (io->b && !bias_in_relu) {
         for (i = 0; i < B; i++) memcpy(io->y + i * out, io->b, (size_t)out * sizeof(float));
         beta = 1.0f;
@@ -395,7 +400,8 @@ PDP__PRIVATE void pdp__elem_part(void *arg, int i, int parts)
 }
 
 PDP__PRIVATE void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
-                                void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t, int64_t))
+                                void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t,
+                                           int64_t))
 {
     pdp__elem_job job;
     int parts = pdp__threads_for_caller();
@@ -460,8 +466,8 @@ PDP__PRIVATE void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer
     pdp__layers_tanh_grad(io->dy + lo, io->y + lo, io->dx + lo, hi - lo);
 }
 
-PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                             int64_t hi)
+PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                             int64_t lo, int64_t hi)
 {
     int64_t n = hi - lo, i;
     const float *PDP__RESTRICT x = io->x + lo;
@@ -470,8 +476,8 @@ PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__lay
     for (i = 0; i < n; i++) y[i] = pdp__sigmoid(x[i]);
 }
 
-PDP__PRIVATE void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                              int64_t hi)
+PDP__PRIVATE void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t lo, int64_t hi)
 {
     (void)l;
     pdp__layers_sigmoid_grad(io->dy + lo, io->y + lo, io->dx + lo, hi - lo);

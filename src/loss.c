@@ -15,9 +15,9 @@
 
 /* ---- loss: cross-entropy ---- */
 
-PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
-                                           int64_t classes, float grad_scale, double *loss_sum,
-                                           float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
+                                           int64_t batch, int64_t classes, float grad_scale,
+                                           double *loss_sum, float *dlogits, const char *fn)
 {
     double total = 0.0;
     int64_t i, j;
@@ -51,9 +51,10 @@ PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *l
 }
 
 /* pdp__cross_entropy with logits and dlogits on device d (CUDA: cuda_host.c). */
-PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const int32_t *labels,
-                                              int64_t batch, int64_t classes, float grad_scale,
-                                              double *loss_sum, float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits,
+                                              const int32_t *labels, int64_t batch, int64_t classes,
+                                              float grad_scale, double *loss_sum, float *dlogits,
+                                              const char *fn)
 {
     double t0 = pdp__prof.on ? pdp__now() : 0.0;
     pdp_status st =
@@ -72,7 +73,8 @@ PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b
 }
 
 /* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
-PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what,
+                                               const char *fn)
 {
     char buf[96];
     if (t->ndim != 2)

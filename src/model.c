@@ -32,7 +32,9 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     pdp_status st;
     if (!out) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: out is NULL");
     *out = NULL;
-    if (!desc) return pdp__err(PDP_ERR_INVALID, "pdp_model_create: desc is NULL (input_shape is required)");
+    if (!desc)
+        return pdp__err(PDP_ERR_INVALID,
+                        "pdp_model_create: desc is NULL (input_shape is required)");
     for (i = 0; i < 3 && desc->input_shape[i] > 0; i++) ndim++;
     if (desc->input_ndim) ndim = desc->input_ndim;
     if (ndim != 1 && ndim != 3)
@@ -153,7 +155,8 @@ PDP__PRIVATE void pdp__model_unwrap(pdp_model *m)
     m->views_user = NULL;
 }
 
-PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn)
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
+                                                const char *fn)
 {
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is wrapped by %s; %s", fn,
@@ -579,7 +582,8 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     pdp_status st;
     if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
     *y = NULL;
-    if (m->nlayers == 0) return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
+    if (m->nlayers == 0)
+        return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
     batch = x->shape[0];
     if (x->ndim != m->in_ndim + 1 || !pdp__mul_ok(batch, m->in_count, &n) || x->count != n)
         goto bad_shape;
@@ -805,7 +809,8 @@ PDP_API pdp_status pdp_model_param(const pdp_model *m, int index, pdp_param *out
 PDP_API pdp_status pdp_model_find_param(const pdp_model *m, const char *name, pdp_param *out)
 {
     int i;
-    if (!m || !name || !out) return pdp__err(PDP_ERR_INVALID, "pdp_model_find_param: NULL argument");
+    if (!m || !name || !out)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_find_param: NULL argument");
     for (i = 0; i < m->nparams; i++)
         if (strcmp(m->params[i].name, name) == 0) return pdp_model_param(m, i, out);
     return pdp__err(PDP_ERR_INVALID, "pdp_model_find_param: no parameter named \"%s\"", name);
@@ -876,7 +881,8 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
     m->cap_layers = src->nlayers;
     m->cap_params = src->nparams;
     m->layers = (pdp__layer *)pdp__alloc((size_t)PDP__MAX(1, src->nlayers) * sizeof *m->layers);
-    m->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, src->nparams) * sizeof *m->params);
+    m->params =
+        (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, src->nparams) * sizeof *m->params);
     if (!m->layers || !m->params) {
         pdp_model_free(m);
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a replica");

@@ -290,7 +290,8 @@ PDP__PRIVATE void pdp__sqrt_block(float *out, const float *in)
     _mm256_storeu_ps(out + 8, _mm256_sqrt_ps(_mm256_loadu_ps(in + 8)));
 #elif !defined(PDP_NO_SIMD) && defined(__SSE2__)
     int j;
-    for (j = 0; j < PDP__OPTIM_BLOCK; j += 4) _mm_storeu_ps(out + j, _mm_sqrt_ps(_mm_loadu_ps(in + j)));
+    for (j = 0; j < PDP__OPTIM_BLOCK; j += 4)
+        _mm_storeu_ps(out + j, _mm_sqrt_ps(_mm_loadu_ps(in + j)));
 #else
     int j;
     for (j = 0; j < PDP__OPTIM_BLOCK; j++) out[j] = sqrtf(in[j]);

@@ -50,7 +50,11 @@ PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int6
 PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape,
                                    pdp_tensor *view);
 static inline pdp_device pdp_cpu(void) { pdp_device d = {PDP_DEVICE_CPU, 0}; return d; }
-static inline pdp_device pdp_cuda(int ordinal) { pdp_device d = {PDP_DEVICE_CUDA, ordinal}; return d; }
+static inline pdp_device pdp_cuda(int ordinal)
+{
+    pdp_device d = {PDP_DEVICE_CUDA, ordinal};
+    return d;
+}
 
 /* ---- rng ----
    PCG32 (O'Neill, "PCG: A Family of Simple Fast Space-Efficient Statistically

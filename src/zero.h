@@ -319,7 +319,8 @@ PDP_API pdp_status pdp_zero_memory_plan(const pdp_model *m, int world_size, int 
 /* The report as a table a person reads: per stage, pdp's fp32 formula, the paper's and the
    buffers; this rank's bytes against DDP's, and why ZeRO saves memory or does not at this
    size (sharding a float of every parameter saves (1 - 1/N) x 4 Psi bytes, each buffer
-   costs 4 U_max) with the N from which each stage saves this model's memory. Returns the length snprintf would have written. */
+   costs 4 U_max) with the N from which each stage saves this model's memory. Returns the length
+   snprintf would have written. */
 PDP_API int pdp_zero_memory_format(const pdp_zero_memory *m, char *buf, size_t bytes);
 
 typedef struct pdp_zero_stats {

@@ -187,7 +187,8 @@ PDP__PRIVATE int pdp__team_init(pdp__team *t);
    be running. 0, or the first pthread_create error (the threads made so far stay). */
 PDP__PRIVATE int pdp__team_grow(pdp__team *t, int workers);
 /* Runs fn(arg, i, n) for i in [0, n) as described above; n may exceed the members. */
-PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n), void *arg);
+PDP__PRIVATE void pdp__team_run(pdp__team *t, int n, void (*fn)(void *arg, int i, int n),
+                                void *arg);
 /* Stops and joins every thread and releases the team (a zeroed team is fine); the
    team may be initialised again. */
 PDP__PRIVATE void pdp__team_free(pdp__team *t);
@@ -219,8 +220,8 @@ PDP__PRIVATE pdp_status pdp__dev_alloc(pdp_device d, size_t bytes, void **out);
 PDP__PRIVATE void pdp__dev_free(pdp_device d, void *p);
 PDP__PRIVATE pdp_status pdp__dev_memset0(pdp_device d, void *p, size_t bytes);
 PDP__PRIVATE pdp_status pdp__dev_fill(pdp_device d, float *p, int64_t count, float value);
-PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev, const void *src,
-                                      size_t bytes);
+PDP__PRIVATE pdp_status pdp__dev_copy(pdp_device dst_dev, void *dst, pdp_device src_dev,
+                                      const void *src, size_t bytes);
 
 /* ---- model internals (model.c, layers.c, loss.c and the executors) ---- */
 
@@ -505,7 +506,8 @@ struct pdp_model {
 PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage, const char *fn);
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
 PDP__PRIVATE const char *pdp__model_wrapper(const pdp_model *m);
-PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
+                                                const char *fn);
 /* A parameter view for pdp_model_param (model.c): e's shape over data when full, else 1-d
    of count floats; data NULL: empty (count 0). */
 PDP__PRIVATE void pdp__model_view(float *data, pdp_device d, const pdp__param_entry *e, bool full,
@@ -534,9 +536,9 @@ PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, in
    is not NULL it gets (softmax - onehot) * grad_scale. The public loss uses
    grad_scale = 1/batch; DP replicas use 1/global_batch so that the reduced
    gradients equal those of the whole batch. fn names the public caller. */
-PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
-                                           int64_t classes, float grad_scale, double *loss_sum,
-                                           float *dlogits, const char *fn);
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
+                                           int64_t batch, int64_t classes, float grad_scale,
+                                           double *loss_sum, float *dlogits, const char *fn);
 
 /* ---- CUDA dispatch (cuda_host.c) ----
    loss.c and optim.c hand work on a CUDA device to these; without
@@ -555,10 +557,10 @@ typedef struct pdp__optim_scalars {
     float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, l2, decay;
 } pdp__optim_scalars;
 
-PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits, const int32_t *labels,
-                                                int64_t batch, int64_t classes, float grad_scale,
-                                                double *loss_sum, float *dlogits,
-                                                const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
+                                                const int32_t *labels, int64_t batch,
+                                                int64_t classes, float grad_scale, double *loss_sum,
+                                                float *dlogits, const char *fn) PDP__UNUSED;
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
                                       int64_t count, float scale, double *sum, float *dpred,
                                       const char *fn) PDP__UNUSED;
@@ -613,7 +615,8 @@ PDP__PRIVATE void pdp__optim_scalars_of(const pdp_optim *o, pdp__optim_scalars *
 /* Parameters [lo, hi) updated on the calling thread with scalars s from
    pdp__optim_scalars_of (a CPU optimizer; nothing is checked or counted). */
 PDP__PRIVATE void pdp__optim_update_range(const pdp_optim *o, const pdp__optim_scalars *s,
-                                          float *params, const float *grads, int64_t lo, int64_t hi);
+                                          float *params, const float *grads, int64_t lo,
+                                          int64_t hi);
 /* Counts an update done range by range (pdp__optim_step_range,
    pdp__optim_update_range) as one step. */
 PDP__PRIVATE void pdp__optim_finish_step(pdp_optim *o);
@@ -645,11 +648,12 @@ PDP__PRIVATE pdp_status pdp__checkpoint_load_range(const char *path, pdp_model *
    shard file of exactly [lo, hi) whose "shard.run" is run, and fails with
    PDP_ERR_FORMAT naming the file and both runs otherwise. */
 PDP__PRIVATE pdp_status pdp__checkpoint_save_run(const char *path, const pdp_model *m,
-                                                 const float *params, const pdp_optim *o, int64_t lo,
-                                                 int64_t hi, const char *run, const char *fn);
-PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
-                                                 pdp_optim *o, int64_t lo, int64_t hi, const char *run,
+                                                 const float *params, const pdp_optim *o,
+                                                 int64_t lo, int64_t hi, const char *run,
                                                  const char *fn);
+PDP__PRIVATE pdp_status pdp__checkpoint_load_run(const char *path, pdp_model *m, float *params,
+                                                 pdp_optim *o, int64_t lo, int64_t hi,
+                                                 const char *run, const char *fn);
 
 /* ---- ZeRO internals (zero.c, for zero_ckpt.c) ----
    zero_ckpt.c comes after zero.c and reads struct pdp_zero and its units directly;
@@ -762,9 +766,9 @@ PDP__PRIVATE pdp_status pdp__comm_init_nccl_env(pdp_comm **out, const pdp_comm_d
 /* ---- trace (trace.c) ----
    Chrome trace JSON (Perfetto, chrome://tracing) when PDP_TRACE=path is set.
    One process-wide, mutex-guarded sink (one of the exceptions to "no globals"
-   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is read by each open
-   while no trace file is open. process_rank >= 0 (this process is one rank of several) writes
-   path with ".rank<r>" inserted before the extension. Events take pdp__now()
+   that the manual lists, THREADS AND DETERMINISM), reference counted by open/close; PDP_TRACE is
+   read by each open while no trace file is open. process_rank >= 0 (this process is one rank of
+   several) writes path with ".rank<r>" inserted before the extension. Events take pdp__now()
    seconds; pid = rank, tid = a track from pdp__trace_track; cat is a string
    literal; args NULL or a JSON object body ("\"bytes\":64"). Recording copies
    a fixed-size record and never allocates. Everything is a no-op when off. */
@@ -772,8 +776,8 @@ PDP__PRIVATE pdp_status pdp__trace_open(int process_rank);
 PDP__PRIVATE void pdp__trace_close(void);
 PDP__PRIVATE bool pdp__trace_enabled(void);
 PDP__PRIVATE int pdp__trace_track(int pid, const char *name);
-PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name, double t0,
-                                      double t1, const char *args);
+PDP__PRIVATE void pdp__trace_complete(int pid, int tid, const char *cat, const char *name,
+                                      double t0, double t1, const char *args);
 PDP__PRIVATE void pdp__trace_async(int pid, int tid, const char *cat, const char *name, uint64_t id,
                                    double t0, double t1, const char *args);
 
@@ -3773,7 +3777,8 @@ PDP__PRIVATE pdp_status pdp__comm_agree(pdp_comm *c, pdp_status st, const char *
 /* ---- layers: small helpers ---- */
 
 /* "(1, 28, 28)" or "(784)": a sample's shape, for messages. */
-PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf, size_t bytes);
+PDP__PRIVATE const char *pdp__layers_dims_str(int ndim, const int64_t *shape, char *buf,
+                                              size_t bytes);
 
 /* Sum of n floats: 16 float lanes (which the compiler vectorises), combined in
    double. Fixed order, so the same bits on every run. */
@@ -3783,7 +3788,8 @@ PDP__PRIVATE double pdp__layers_sum(const float *PDP__RESTRICT x, int64_t n);
 PDP__PRIVATE double pdp__layers_sumsq_dev(const float *PDP__RESTRICT x, float c, int64_t n);
 
 /* Sum of a[i] * b[i], same scheme. */
-PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b, int64_t n);
+PDP__PRIVATE double pdp__layers_dot(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
+                                    int64_t n);
 
 /* Sum of a[i] * b[i] * (c[i] - m), same scheme. */
 PDP__PRIVATE double pdp__layers_dot3(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
@@ -3805,8 +3811,9 @@ PDP__PRIVATE void pdp__layers_relu_grad(const float *PDP__RESTRICT dy, const flo
 PDP__PRIVATE void pdp__layers_tanh_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
                                         float *PDP__RESTRICT dx, int64_t n);
 
-PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
-                                           float *PDP__RESTRICT dx, int64_t n);
+PDP__PRIVATE void pdp__layers_sigmoid_grad(const float *PDP__RESTRICT dy,
+                                           const float *PDP__RESTRICT y, float *PDP__RESTRICT dx,
+                                           int64_t n);
 
 PDP__PRIVATE void pdp__layers_mul(const float *PDP__RESTRICT a, const float *PDP__RESTRICT b,
                                   float *PDP__RESTRICT out, int64_t n);
@@ -3821,8 +3828,8 @@ PDP__PRIVATE int64_t pdp__layers_count(int ndim, const int64_t *shape);
 /* PyTorch's reset_parameters for Linear and Conv2d: weight Kaiming uniform with
    a = sqrt(5) (bound 1/sqrt(fan_in)), then bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
    in that order from r. w and b are host memory. */
-PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb, int64_t fan_in,
-                                           pdp_rng *r);
+PDP__PRIVATE void pdp__layers_init_kaiming(float *w, int64_t nw, float *b, int64_t nb,
+                                           int64_t fan_in, pdp_rng *r);
 
 /* Setup of a layer whose output has its input's shape and that keeps nothing
    (the activations): nothing to check. */
@@ -3865,16 +3872,16 @@ typedef struct pdp__linear_relu_job {
 PDP__PRIVATE void pdp__layers_relu_inplace(float *PDP__RESTRICT y, int64_t n);
 
 /* dz = dy where y > 0 (pdp__relu_grad), db += dz. */
-PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy, const float *PDP__RESTRICT y,
-                                            float *PDP__RESTRICT dz, float *PDP__RESTRICT db,
-                                            int64_t n);
+PDP__PRIVATE void pdp__layers_relu_grad_sum(const float *PDP__RESTRICT dy,
+                                            const float *PDP__RESTRICT y, float *PDP__RESTRICT dz,
+                                            float *PDP__RESTRICT db, int64_t n);
 
 PDP__PRIVATE void pdp__linear_relu_forward_cols(const pdp__layer_io *io, int64_t out, int64_t c0,
                                                 int64_t c1);
 
 /* With the bias added here (pdp__linear_forward): y = relu(y + b). */
-PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y, const float *PDP__RESTRICT b,
-                                                int64_t n);
+PDP__PRIVATE void pdp__layers_bias_relu_inplace(float *PDP__RESTRICT y,
+                                                const float *PDP__RESTRICT b, int64_t n);
 
 PDP__PRIVATE void pdp__linear_bias_relu_forward_cols(const pdp__layer_io *io, int64_t out,
                                                      int64_t c0, int64_t c1);
@@ -3885,7 +3892,8 @@ PDP__PRIVATE void pdp__linear_relu_backward_cols(const pdp__layer_io *io, int64_
 PDP__PRIVATE void pdp__linear_relu_part(void *arg, int i, int parts);
 
 PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io *io,
-                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t, int64_t));
+                                       void (*cols)(const pdp__layer_io *, int64_t, int64_t,
+                                                    int64_t));
 
 PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io);
 
@@ -3909,7 +3917,8 @@ typedef struct pdp__elem_job {
 PDP__PRIVATE void pdp__elem_part(void *arg, int i, int parts);
 
 PDP__PRIVATE void pdp__elem_run(const pdp__layer *l, const pdp__layer_io *io,
-                                void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t, int64_t));
+                                void (*fn)(const pdp__layer *, const pdp__layer_io *, int64_t,
+                                           int64_t));
 
 /* ReLU, GELU, Tanh, Sigmoid, SiLU: elements [lo, hi) of forward (y from x) and of
    backward (dx from dy and y, or x for GELU and SiLU). */
@@ -3931,11 +3940,11 @@ PDP__PRIVATE void pdp__tanh_forward_range(const pdp__layer *l, const pdp__layer_
 PDP__PRIVATE void pdp__tanh_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                            int64_t hi);
 
-PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                             int64_t hi);
+PDP__PRIVATE void pdp__sigmoid_forward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                             int64_t lo, int64_t hi);
 
-PDP__PRIVATE void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
-                                              int64_t hi);
+PDP__PRIVATE void pdp__sigmoid_backward_range(const pdp__layer *l, const pdp__layer_io *io,
+                                              int64_t lo, int64_t hi);
 
 PDP__PRIVATE void pdp__silu_forward_range(const pdp__layer *l, const pdp__layer_io *io, int64_t lo,
                                           int64_t hi);
@@ -4956,7 +4965,8 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
 
 PDP__PRIVATE void pdp__model_unwrap(pdp_model *m);
 
-PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what, const char *fn);
+PDP__PRIVATE pdp_status pdp__model_check_layout(const pdp_model *m, const char *what,
+                                                const char *fn);
 
 /* ---- model: adding layers ---- */
 
@@ -5130,19 +5140,21 @@ PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, in
 
 /* ---- loss: cross-entropy ---- */
 
-PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels, int64_t batch,
-                                           int64_t classes, float grad_scale, double *loss_sum,
-                                           float *dlogits, const char *fn);
+PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
+                                           int64_t batch, int64_t classes, float grad_scale,
+                                           double *loss_sum, float *dlogits, const char *fn);
 
 /* pdp__cross_entropy with logits and dlogits on device d (CUDA: cuda_host.c). */
-PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits, const int32_t *labels,
-                                              int64_t batch, int64_t classes, float grad_scale,
-                                              double *loss_sum, float *dlogits, const char *fn);
+PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits,
+                                              const int32_t *labels, int64_t batch, int64_t classes,
+                                              float grad_scale, double *loss_sum, float *dlogits,
+                                              const char *fn);
 
 PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b);
 
 /* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
-PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what, const char *fn);
+PDP__PRIVATE pdp_status pdp__loss_check_logits(const pdp_tensor *t, const char *what,
+                                               const char *fn);
 
 /* Shape equality for messages "dlogits is [3, 4], logits is [3, 5]". */
 PDP__PRIVATE bool pdp__loss_same_shape(const pdp_tensor *a, const pdp_tensor *b);
@@ -5525,7 +5537,8 @@ struct pdp_dist_sampler {
 /* ---- files ---- */
 
 /* Reads a whole file, gunzipping it when it starts with the gzip magic. */
-PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes, const char *fn);
+PDP__PRIVATE pdp_status pdp__read_file(const char *path, uint8_t **data, size_t *bytes,
+                                       const char *fn);
 
 /* ---- idx ---- */
 
@@ -5567,7 +5580,8 @@ PDP__PRIVATE bool pdp__find_file(const char *dir, const char *name, char *path, 
 /* PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n, float *x_out, int32_t *labels_out) */
 
 /* Wraps data as [n, the dataset's sample shape...]. */
-PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n, pdp_tensor *x);
+PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n,
+                                          pdp_tensor *x);
 
 /* PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_t n, pdp_tensor *x) */
 
