@@ -870,11 +870,12 @@ PDP_API int pdp_pp_stats_format(const pdp_pp_stats *s, char *buf, size_t bytes)
     hold = PDP__MIN(s->stages - s->stage, s->micro_batches); /* 1F1B's min(p - s, m) */
     act = (double)s->activation_bytes / 1e6;
     return snprintf(buf, bytes, "stage %d: compute %.2f s  bubble %.2f (formula (p-1)/(m+p-1) = "
-                    "%.2f, margin 0.10: %s)  peak activations %d micro-batches = %.2f MB  (%s: "
+                    "%.2f, margin 0.10: %s)  peak activations %d micro-batch%s = %.2f MB  (%s: "
                     "1F1B min(p-s, m) = %d = %.2f MB, GPipe m = %d = %.2f MB)\n", s->stage,
                     s->total_compute_s, bubble, s->bubble_theory,
                     fabs(bubble - s->bubble_theory) <= 0.10 ? "met" : "missed",
-                    s->peak_in_flight, (double)s->peak_activation_bytes / 1e6,
+                    s->peak_in_flight, s->peak_in_flight == 1 ? "" : "es",
+                    (double)s->peak_activation_bytes / 1e6,
                     s->schedule == PDP_PP_GPIPE ? "gpipe" : "1f1b", hold, hold * act,
                     s->micro_batches, s->micro_batches * act);
 }
