@@ -112,11 +112,13 @@
    vdpbf16ps's arithmetic on any CPU (AVX-512F or AVX2 FMAs under DAZ/FTZ: its bits;
    portable C: its bits but where a product falls below 2^-126), and sgemm-rounded: pdp_sgemm with the
    inputs rounded as it packs them, at fp32's speed on any CPU, the same exact products
-   summed in pdp_sgemm's order (gemm.h states its bound against the others). AMX sums each
-   pair in the other order, so its bits may differ within a stated bound (gemm.h,
-   gemm_bf16.c): tests/test_bf16.c holds the AMX path to it on a CPU with AMX and skips it,
-   saying so, elsewhere. Which path runs (PDP_BF16_PATH_AUTO, and the model's layers) is
-   decided per product from CPUID's vendor, family and model and the product's shape class,
+   summed in pdp_sgemm's order (gemm.h states its bound against the others). AMX's hardware
+   sums each pair in an order Intel does not document (measured: neither the pseudo-code's
+   nor the others'), so its bits may differ within a stated bound (gemm.h, gemm_amx.c):
+   tests/test_bf16.c runs the AMX driver on emulated tiles on every CPU, bit for bit
+   against Intel's pseudo-code, and holds the hardware to that bound where the CPU has AMX
+   (skipping only that case, saying so, elsewhere). Which path runs (PDP_BF16_PATH_AUTO,
+   and the model's layers) is decided per product from CPUID's vendor, family and model and the product's shape class,
    by a table bench/bf16_paths builds (pdp_bf16_path_for says which; never a timing, so a
    CPU and a shape always give the same bits); without a row: AMX, else AVX512-BF16 on AMD,
    else sgemm-rounded, which keeps a CPU without bf16 instructions at about fp32's speed.
