@@ -609,8 +609,15 @@ PDP_API pdp_status pdp_trace_flush(void);
 /* ---- end src/base.h ---- */
 
 /* ---- begin src/tensor.h ---- */
-/* tensor: float32 tensors of 1 to 4 dimensions, contiguous, on a device; and the
-   seeded random number generator used for initialisation and dropout.
+/* tensor: tensors of 1 to 4 dimensions, contiguous, on a device; and the seeded random
+   number generator used for initialisation and dropout.
+
+   A tensor holds float32 values (PDP_DTYPE_F32, the default: activations, parameters,
+   regression targets) or int32 values (PDP_DTYPE_I32: token ids, class labels). Both
+   are 4 bytes an element, so copies, row views and device transfers move either the
+   same way; data is declared float * and an int32 tensor's elements are read through
+   pdp_tensor_ids. A model whose first layer is an Embedding takes an int32 input
+   (pdp_model_desc.input_dtype).
 
    A tensor either owns its data (pdp_tensor_create) or is a view: a caller-owned
    struct filled by pdp_tensor_reshape_view or pdp_tensor_rows_view (valid as long as
@@ -629,14 +636,36 @@ typedef struct pdp_device {
     int ordinal;          /* CUDA device number; 0 for the CPU */
 } pdp_device;
 
+/* Element types: a tensor's (F32 or I32) and the reducing collectives' (F32, BF16, F16;
+   comm.h). */
+typedef enum pdp_dtype {
+    PDP_DTYPE_F32 = 0,  /* float32; the default */
+    PDP_DTYPE_BF16 = 1, /* bfloat16 bit patterns (uint16_t): collectives only */
+    PDP_DTYPE_F16 = 2,  /* IEEE binary16 bit patterns (uint16_t): collectives only */
+    PDP_DTYPE_I32 = 3   /* int32: token ids, class labels */
+} pdp_dtype;
+
 typedef struct pdp_tensor {
-    float *data;                  /* count floats, 64-byte aligned when owned */
+    float *data;                  /* count elements, 64-byte aligned when owned; an int32
+                                     tensor's are read through pdp_tensor_ids */
     int64_t shape[PDP_MAX_DIMS];  /* shape[0..ndim-1]; the rest are 1 */
     int ndim;                     /* 1..4 */
     int64_t count;                /* product of the shape */
     pdp_device device;
     bool owns_data;               /* false for views */
+    pdp_dtype dtype;              /* what the elements are; 0 = float32 */
 } pdp_tensor;
+
+/* An int32 tensor's elements (NULL for a float32 tensor). */
+static inline int32_t *pdp_tensor_ids(const pdp_tensor *t)
+{
+    return t && t->dtype == PDP_DTYPE_I32 ? (int32_t *)(void *)t->data : NULL;
+}
+static inline const char *pdp_dtype_name(pdp_dtype d)
+{
+    return d == PDP_DTYPE_F32 ? "float32" : d == PDP_DTYPE_I32 ? "int32" : d == PDP_DTYPE_BF16
+           ? "bfloat16" : d == PDP_DTYPE_F16 ? "float16" : "unknown dtype";
+}
 
 /* A new zero-filled tensor of shape[0..ndim-1]. Fails with PDP_ERR_SHAPE on
    ndim outside 1..4 or a dimension < 1, naming the dimension. */
@@ -651,15 +680,18 @@ PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src);
 PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host);
 PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host);
 /* Fills *view (caller-owned struct, no allocation) with the same data seen
-   through a new shape of the same count. */
+   through a new shape of the same count (and the same dtype, as rows_view). */
 PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,
                                            pdp_tensor *view);
 /* Fills *view with rows [first, first + rows) of t along dimension 0. */
 PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows,
                                         pdp_tensor *view);
-/* Wraps caller memory (not freed by pdp) as a tensor view. */
+/* Wraps caller memory (not freed by pdp) as a tensor view: float32, or int32 ids and
+   labels (pdp_tensor_wrap_ids). */
 PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape,
                                    pdp_tensor *view);
+PDP_API pdp_status pdp_tensor_wrap_ids(int32_t *data, pdp_device device, int ndim,
+                                       const int64_t *shape, pdp_tensor *view);
 static inline pdp_device pdp_cpu(void) { pdp_device d = {PDP_DEVICE_CPU, 0}; return d; }
 static inline pdp_device pdp_cuda(int ordinal)
 {
@@ -1476,15 +1508,10 @@ typedef enum pdp_reduce_op {
     PDP_REDUCE_AVG = 1
 } pdp_reduce_op;
 
-/* Element types of the reducing collectives' _ex forms. The float API is F32.
-   16-bit elements halve the bytes on the wire (bytes_sent counts 2 per element);
-   the buffers then hold uint16_t bit patterns (pdp.h's bf16: round to nearest even,
-   as PyTorch's torch.bfloat16; fp16: IEEE binary16). */
-typedef enum pdp_dtype {
-    PDP_DTYPE_F32 = 0,
-    PDP_DTYPE_BF16 = 1,
-    PDP_DTYPE_F16 = 2
-} pdp_dtype;
+/* The reducing collectives' _ex forms take F32, BF16 or F16 elements (pdp_dtype, tensor.h).
+   The float API is F32. 16-bit elements halve the bytes on the wire (bytes_sent counts 2
+   per element); the buffers then hold uint16_t bit patterns (pdp.h's bf16: round to
+   nearest even, as PyTorch's torch.bfloat16; fp16: IEEE binary16). */
 
 typedef struct pdp_comm_desc {
     pdp_backend backend;  /* default local */
@@ -6569,7 +6596,16 @@ PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, con
     view->data = data;
     view->device = device;
     view->owns_data = false;
+    view->dtype = PDP_DTYPE_F32;
     return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tensor_wrap_ids(int32_t *data, pdp_device device, int ndim,
+                                       const int64_t *shape, pdp_tensor *view)
+{
+    pdp_status st = pdp_tensor_wrap((float *)(void *)data, device, ndim, shape, view);
+    if (st == PDP_OK) view->dtype = PDP_DTYPE_I32;
+    return st;
 }
 
 PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,
@@ -6585,7 +6621,9 @@ PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const 
         return pdp__err(PDP_ERR_SHAPE,
                         "pdp_tensor_reshape_view: %s has %lld elements, new shape has %lld",
                         pdp__shape_str(t, a, sizeof a), (long long)t->count, (long long)count);
-    return pdp_tensor_wrap(t->data, t->device, ndim, shape, view);
+    if ((st = pdp_tensor_wrap(t->data, t->device, ndim, shape, view)) == PDP_OK)
+        view->dtype = t->dtype;
+    return st;
 }
 
 PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows,
@@ -6603,7 +6641,11 @@ PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int6
     memcpy(shape, t->shape, sizeof shape);
     row = t->count / t->shape[0];
     shape[0] = rows;
-    return pdp_tensor_wrap(t->data + first * row, t->device, t->ndim, shape, view);
+    if (pdp_tensor_wrap(t->data + first * row, t->device, t->ndim, shape, view) != PDP_OK)
+        return pdp__err(PDP_ERR_INVALID, "pdp_tensor_rows_view: %s has no data",
+                        pdp__shape_str(t, a, sizeof a));
+    view->dtype = t->dtype;
+    return PDP_OK;
 }
 
 /* ---- tensor: contents ---- */
@@ -6621,6 +6663,9 @@ PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value)
 {
     int64_t i;
     if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_fill: tensor is NULL");
+    if (t->dtype != PDP_DTYPE_F32)
+        return pdp__err(PDP_ERR_INVALID, "pdp_tensor_fill: the tensor holds %s, not floats",
+                        pdp_dtype_name(t->dtype));
     if (t->device.kind != PDP_DEVICE_CPU) return pdp__dev_fill(t->device, t->data, t->count, value);
     for (i = 0; i < t->count; i++) t->data[i] = value;
     return PDP_OK;
@@ -6707,6 +6752,9 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
     int64_t i;
     pdp_status st = PDP_OK;
     if (!t || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (t->dtype != PDP_DTYPE_F32)
+        return pdp__err(PDP_ERR_INVALID, "%s: the tensor holds %s, not floats", fn,
+                        pdp_dtype_name(t->dtype));
     host = t->device.kind == PDP_DEVICE_CPU ? t->data
                                             : (float *)pdp__alloc((size_t)t->count * sizeof(float));
     if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a staging copy", fn);

@@ -42,15 +42,10 @@ typedef enum pdp_reduce_op {
     PDP_REDUCE_AVG = 1
 } pdp_reduce_op;
 
-/* Element types of the reducing collectives' _ex forms. The float API is F32.
-   16-bit elements halve the bytes on the wire (bytes_sent counts 2 per element);
-   the buffers then hold uint16_t bit patterns (pdp.h's bf16: round to nearest even,
-   as PyTorch's torch.bfloat16; fp16: IEEE binary16). */
-typedef enum pdp_dtype {
-    PDP_DTYPE_F32 = 0,
-    PDP_DTYPE_BF16 = 1,
-    PDP_DTYPE_F16 = 2
-} pdp_dtype;
+/* The reducing collectives' _ex forms take F32, BF16 or F16 elements (pdp_dtype, tensor.h).
+   The float API is F32. 16-bit elements halve the bytes on the wire (bytes_sent counts 2
+   per element); the buffers then hold uint16_t bit patterns (pdp.h's bf16: round to
+   nearest even, as PyTorch's torch.bfloat16; fp16: IEEE binary16). */
 
 typedef struct pdp_comm_desc {
     pdp_backend backend;  /* default local */

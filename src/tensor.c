@@ -111,7 +111,16 @@ PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, con
     view->data = data;
     view->device = device;
     view->owns_data = false;
+    view->dtype = PDP_DTYPE_F32;
     return PDP_OK;
+}
+
+PDP_API pdp_status pdp_tensor_wrap_ids(int32_t *data, pdp_device device, int ndim,
+                                       const int64_t *shape, pdp_tensor *view)
+{
+    pdp_status st = pdp_tensor_wrap((float *)(void *)data, device, ndim, shape, view);
+    if (st == PDP_OK) view->dtype = PDP_DTYPE_I32;
+    return st;
 }
 
 PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,
@@ -127,7 +136,9 @@ PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const 
         return pdp__err(PDP_ERR_SHAPE,
                         "pdp_tensor_reshape_view: %s has %lld elements, new shape has %lld",
                         pdp__shape_str(t, a, sizeof a), (long long)t->count, (long long)count);
-    return pdp_tensor_wrap(t->data, t->device, ndim, shape, view);
+    if ((st = pdp_tensor_wrap(t->data, t->device, ndim, shape, view)) == PDP_OK)
+        view->dtype = t->dtype;
+    return st;
 }
 
 PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows,
@@ -145,7 +156,11 @@ PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int6
     memcpy(shape, t->shape, sizeof shape);
     row = t->count / t->shape[0];
     shape[0] = rows;
-    return pdp_tensor_wrap(t->data + first * row, t->device, t->ndim, shape, view);
+    if (pdp_tensor_wrap(t->data + first * row, t->device, t->ndim, shape, view) != PDP_OK)
+        return pdp__err(PDP_ERR_INVALID, "pdp_tensor_rows_view: %s has no data",
+                        pdp__shape_str(t, a, sizeof a));
+    view->dtype = t->dtype;
+    return PDP_OK;
 }
 
 /* ---- tensor: contents ---- */
@@ -163,6 +178,9 @@ PDP_API pdp_status pdp_tensor_fill(pdp_tensor *t, float value)
 {
     int64_t i;
     if (!t) return pdp__err(PDP_ERR_INVALID, "pdp_tensor_fill: tensor is NULL");
+    if (t->dtype != PDP_DTYPE_F32)
+        return pdp__err(PDP_ERR_INVALID, "pdp_tensor_fill: the tensor holds %s, not floats",
+                        pdp_dtype_name(t->dtype));
     if (t->device.kind != PDP_DEVICE_CPU) return pdp__dev_fill(t->device, t->data, t->count, value);
     for (i = 0; i < t->count; i++) t->data[i] = value;
     return PDP_OK;
@@ -249,6 +267,9 @@ PDP__PRIVATE pdp_status pdp__tensor_init(pdp_tensor *t, pdp_rng *r, int normal, 
     int64_t i;
     pdp_status st = PDP_OK;
     if (!t || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (t->dtype != PDP_DTYPE_F32)
+        return pdp__err(PDP_ERR_INVALID, "%s: the tensor holds %s, not floats", fn,
+                        pdp_dtype_name(t->dtype));
     host = t->device.kind == PDP_DEVICE_CPU ? t->data
                                             : (float *)pdp__alloc((size_t)t->count * sizeof(float));
     if (!host) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for a staging copy", fn);

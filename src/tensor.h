@@ -1,5 +1,12 @@
-/* tensor: float32 tensors of 1 to 4 dimensions, contiguous, on a device; and the
-   seeded random number generator used for initialisation and dropout.
+/* tensor: tensors of 1 to 4 dimensions, contiguous, on a device; and the seeded random
+   number generator used for initialisation and dropout.
+
+   A tensor holds float32 values (PDP_DTYPE_F32, the default: activations, parameters,
+   regression targets) or int32 values (PDP_DTYPE_I32: token ids, class labels). Both
+   are 4 bytes an element, so copies, row views and device transfers move either the
+   same way; data is declared float * and an int32 tensor's elements are read through
+   pdp_tensor_ids. A model whose first layer is an Embedding takes an int32 input
+   (pdp_model_desc.input_dtype).
 
    A tensor either owns its data (pdp_tensor_create) or is a view: a caller-owned
    struct filled by pdp_tensor_reshape_view or pdp_tensor_rows_view (valid as long as
@@ -18,14 +25,36 @@ typedef struct pdp_device {
     int ordinal;          /* CUDA device number; 0 for the CPU */
 } pdp_device;
 
+/* Element types: a tensor's (F32 or I32) and the reducing collectives' (F32, BF16, F16;
+   comm.h). */
+typedef enum pdp_dtype {
+    PDP_DTYPE_F32 = 0,  /* float32; the default */
+    PDP_DTYPE_BF16 = 1, /* bfloat16 bit patterns (uint16_t): collectives only */
+    PDP_DTYPE_F16 = 2,  /* IEEE binary16 bit patterns (uint16_t): collectives only */
+    PDP_DTYPE_I32 = 3   /* int32: token ids, class labels */
+} pdp_dtype;
+
 typedef struct pdp_tensor {
-    float *data;                  /* count floats, 64-byte aligned when owned */
+    float *data;                  /* count elements, 64-byte aligned when owned; an int32
+                                     tensor's are read through pdp_tensor_ids */
     int64_t shape[PDP_MAX_DIMS];  /* shape[0..ndim-1]; the rest are 1 */
     int ndim;                     /* 1..4 */
     int64_t count;                /* product of the shape */
     pdp_device device;
     bool owns_data;               /* false for views */
+    pdp_dtype dtype;              /* what the elements are; 0 = float32 */
 } pdp_tensor;
+
+/* An int32 tensor's elements (NULL for a float32 tensor). */
+static inline int32_t *pdp_tensor_ids(const pdp_tensor *t)
+{
+    return t && t->dtype == PDP_DTYPE_I32 ? (int32_t *)(void *)t->data : NULL;
+}
+static inline const char *pdp_dtype_name(pdp_dtype d)
+{
+    return d == PDP_DTYPE_F32 ? "float32" : d == PDP_DTYPE_I32 ? "int32" : d == PDP_DTYPE_BF16
+           ? "bfloat16" : d == PDP_DTYPE_F16 ? "float16" : "unknown dtype";
+}
 
 /* A new zero-filled tensor of shape[0..ndim-1]. Fails with PDP_ERR_SHAPE on
    ndim outside 1..4 or a dimension < 1, naming the dimension. */
@@ -40,15 +69,18 @@ PDP_API pdp_status pdp_tensor_copy(pdp_tensor *dst, const pdp_tensor *src);
 PDP_API pdp_status pdp_tensor_upload(pdp_tensor *t, const float *host);
 PDP_API pdp_status pdp_tensor_download(const pdp_tensor *t, float *host);
 /* Fills *view (caller-owned struct, no allocation) with the same data seen
-   through a new shape of the same count. */
+   through a new shape of the same count (and the same dtype, as rows_view). */
 PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape,
                                            pdp_tensor *view);
 /* Fills *view with rows [first, first + rows) of t along dimension 0. */
 PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows,
                                         pdp_tensor *view);
-/* Wraps caller memory (not freed by pdp) as a tensor view. */
+/* Wraps caller memory (not freed by pdp) as a tensor view: float32, or int32 ids and
+   labels (pdp_tensor_wrap_ids). */
 PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape,
                                    pdp_tensor *view);
+PDP_API pdp_status pdp_tensor_wrap_ids(int32_t *data, pdp_device device, int ndim,
+                                       const int64_t *shape, pdp_tensor *view);
 static inline pdp_device pdp_cpu(void) { pdp_device d = {PDP_DEVICE_CPU, 0}; return d; }
 static inline pdp_device pdp_cuda(int ordinal)
 {

@@ -1481,6 +1481,8 @@ PDP__PRIVATE const char *pdp__shape_str(const pdp_tensor *t, char *buf, size_t b
 
 /* PDP_API pdp_status pdp_tensor_wrap(float *data, pdp_device device, int ndim, const int64_t *shape, pdp_tensor *view) */
 
+/* PDP_API pdp_status pdp_tensor_wrap_ids(int32_t *data, pdp_device device, int ndim, const int64_t *shape, pdp_tensor *view) */
+
 /* PDP_API pdp_status pdp_tensor_reshape_view(const pdp_tensor *t, int ndim, const int64_t *shape, pdp_tensor *view) */
 
 /* PDP_API pdp_status pdp_tensor_rows_view(const pdp_tensor *t, int64_t first, int64_t rows, pdp_tensor *view) */

@@ -121,6 +121,35 @@ TEST tensor_copy_checks_count(void)
 
 /* The first outputs of PCG32 with seed 42, stream 54 as published with the
    reference implementation (pcg32-demo). */
+TEST tensor_ids_wrap_keep_their_dtype_through_views(void)
+{
+    int32_t ids[6] = {1, 2, 3, 4, 5, 6};
+    int64_t shape[2] = {2, 3}, flat[1] = {6};
+    pdp_tensor t, v, r;
+    pdp_rng rng;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &t), pdp_status_name);
+    ASSERT_EQ(PDP_DTYPE_I32, t.dtype);
+    ASSERT_EQ(ids, pdp_tensor_ids(&t));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_rows_view(&t, 1, 1, &r), pdp_status_name);
+    ASSERT_EQ(PDP_DTYPE_I32, r.dtype);
+    ASSERT_EQ(4, pdp_tensor_ids(&r)[0]);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_reshape_view(&t, 1, flat, &v), pdp_status_name);
+    ASSERT_EQ(PDP_DTYPE_I32, v.dtype);
+    ASSERT_EQ(6, pdp_tensor_ids(&v)[5]);
+    /* float initialisers refuse ids, naming what the tensor holds */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_fill(&t, 1.0f), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "int32"));
+    pdp_rng_seed(&rng, 1, 0);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_tensor_uniform(&t, &rng, 0, 1), pdp_status_name);
+    ASSERT_EQ(1, ids[0]);
+    /* a float wrap is float, and has no ids */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap((float *)(void *)ids, pdp_cpu(), 1, flat, &v),
+                   pdp_status_name);
+    ASSERT_EQ(PDP_DTYPE_F32, v.dtype);
+    ASSERT(pdp_tensor_ids(&v) == NULL);
+    PASS();
+}
+
 TEST rng_matches_reference_pcg32(void)
 {
     static const uint32_t expect[6] = {0xa15c02b7u, 0x7b47f409u, 0xba1d3330u,
@@ -263,6 +292,7 @@ SUITE(tensor)
 
 SUITE(rng)
 {
+    RUN_TEST(tensor_ids_wrap_keep_their_dtype_through_views);
     RUN_TEST(rng_matches_reference_pcg32);
     RUN_TEST(rng_streams_are_deterministic_and_distinct);
     RUN_TEST(rng_uniform_and_normal_moments);
