@@ -868,6 +868,8 @@ typedef struct pdp_model_desc {
                                 inputs (pdp_gemm_bf16; on CUDA cuBLAS GemmEx), as
                                 torch.autocast; parameters, gradients, activations and
                                 the rest stay fp32. Default fp32 */
+    pdp_dtype input_dtype;   /* PDP_DTYPE_I32: samples are T token ids (input_shape {T}),
+                                taken by an Embedding first; default float32 */
 } pdp_model_desc;
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
@@ -888,7 +890,8 @@ PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
 PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
 PDP_API pdp_status pdp_model_add_silu(pdp_model *m);   /* x sigmoid(x), as torch.nn.SiLU */
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
-/* Normalises over all features of a sample; eps 0 means 1e-5. */
+/* Normalises over all features of a sample, or over the last dimension of a [T, C] sample
+   (each position alone, as torch.nn.LayerNorm(C)); eps 0 means 1e-5. */
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps);
 /* Square kernel; stride 0 means 1. Input must be (C, H, W). */
 PDP_API pdp_status pdp_model_add_conv2d(pdp_model *m, int64_t out_channels, int64_t kernel,
@@ -896,6 +899,40 @@ PDP_API pdp_status pdp_model_add_conv2d(pdp_model *m, int64_t out_channels, int6
 /* Square window; stride 0 means kernel. */
 PDP_API pdp_status pdp_model_add_maxpool2d(pdp_model *m, int64_t kernel, int64_t stride);
 PDP_API pdp_status pdp_model_add_flatten(pdp_model *m);
+
+/* ---- a GPT's layers ----
+   Samples of positions: after an Embedding a sample is [T, C], T positions of C
+   features. Linear (y = x W^T + b on every position: W is [out, C]), LayerNorm (over C),
+   GELU, Dropout and the other element-wise kinds act on every position as PyTorch's do on
+   [B, T, C]; 1-D samples are unchanged. pdp_gpt_create (gpt.h) builds a whole GPT.
+
+   Embedding (torch.nn.Embedding for tokens plus a learned one for positions, as GPT-2's
+   wte and wpe): the model's input is int32 ids (desc.input_dtype = PDP_DTYPE_I32,
+   input_shape {T}); out[t] = token.weight[id[t]] + position.weight[t], parameters
+   "<n>.token.weight" [vocab, dim] and "<n>.position.weight" [context, dim] (context 0:
+   T), each N(0, 1) as torch.nn.Embedding. Only a model's first layer. An id outside
+   [0, vocab) fails the forward with PDP_ERR_INVALID naming the layer, the position (b, t)
+   and the id; a sequence longer than the context PDP_ERR_SHAPE naming both lengths. */
+PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t dim,
+                                           int64_t context);
+/* Causal multi-head self-attention on [T, 3C] (a Linear(C, 3C)'s output: q, k, v side by
+   side, nanoGPT's c_attn) -> [T, C]: per head softmax(q k^T / sqrt(C / heads)) with
+   position t seeing 0..t only, attention dropout p in training, heads concatenated
+   (nanoGPT's CausalSelfAttention without its two Linears). heads must divide C. Keeps
+   heads x T x T probabilities a sample for backward. */
+PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads,
+                                                       float dropout);
+/* A residual region: the layers added between begin and end are a branch f, and the
+   region computes x + f(x) (the sum's gradient flows into both). Begin adds a Residual
+   layer, end a ResidualAdd; neither is numbered in the state_dict (functions in PyTorch's
+   forward, not modules). Regions follow one another and do not nest; end fails with
+   PDP_ERR_SHAPE when f changes the shape, and a forward with a region open fails. */
+PDP_API pdp_status pdp_model_residual_begin(pdp_model *m);
+PDP_API pdp_status pdp_model_residual_end(pdp_model *m);
+/* A Linear without bias whose weight is the model's parameter named param ([out, in]),
+   shared, not copied: GPT-2's head tied to the token embedding (y = x wte^T). Both
+   layers' gradients sum into the one parameter, as autograd's for a tied Parameter. */
+PDP_API pdp_status pdp_model_add_tied_linear(pdp_model *m, const char *param);
 
 /* x is [batch, input_shape...]; *y points at the model's own output tensor
    [batch, output features...], valid until the next forward. Activations are
@@ -919,6 +956,10 @@ PDP_API const char *pdp_model_layer_name(const pdp_model *m, int layer); /* "Lin
 /* The shape of one output sample (without the batch dimension). */
 PDP_API int pdp_model_output_shape(const pdp_model *m, int64_t shape[3]);
 PDP_API int64_t pdp_model_param_count(const pdp_model *m); /* floats in all parameters */
+/* Bytes of activations that layers [lo, hi) keep from forward for backward at batch
+   samples, as pdp_model_reserve plans them: their outputs (a view has none) and what each
+   saves (a Dropout's mask, an attention's probabilities, a LayerNorm's mean and rstd). */
+PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, int64_t batch);
 PDP_API int pdp_model_num_params(const pdp_model *m);      /* named parameter tensors */
 PDP_API pdp_device pdp_model_device(const pdp_model *m);
 
@@ -956,11 +997,22 @@ typedef void (*pdp_grad_hook)(void *user, pdp_model *m, int param_index);
 PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user);
 
 /* One training pass for classification: forward, softmax cross-entropy against
-   labels (mean over the batch), backward (gradients accumulate). *loss gets the
-   mean loss; NaN or Inf fails with PDP_ERR_NUMERIC. Uses the model's own
-   buffer for the loss gradient: nothing is allocated after the first call. */
+   labels, backward (gradients accumulate). One label a row of the output's last
+   dimension: an output [batch, classes] takes batch labels, a language model's [batch, T,
+   vocab] takes batch x T (one a position, row-major: nanoGPT's targets). A label of -1 is
+   ignored (nanoGPT's ignore_index): *loss is the mean over the other rows, and a batch
+   with every label -1 gives 0 and no gradient. Any other label outside [0, classes) fails
+   with PDP_ERR_INVALID naming the row; NaN or Inf with PDP_ERR_NUMERIC. Uses the model's
+   own buffer for the loss gradient: nothing is allocated after the first call. On CUDA,
+   -1 labels are not supported yet (PDP_ERR_UNSUPPORTED). */
 PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
                                               const int32_t *labels, float *loss);
+/* The same pass with the target a tensor whose dtype picks the loss (what a batcher's
+   pdp_batcher_next_target hands out): int32 labels, one a row as above (its shape [batch]
+   or [batch, T]; on the host) -> cross-entropy; float32 values of the output's count and
+   batch -> mean squared error over every element (pdp_loss_mse: regression). */
+PDP_API pdp_status pdp_model_forward_backward_target(pdp_model *m, const pdp_tensor *x,
+                                                     const pdp_tensor *target, float *loss);
 
 /* ---- losses ----
    As torch.nn.functional with reduction='mean'. Tensors are on the CPU. */
@@ -981,6 +1033,77 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
 PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *labels,
                                      int64_t *correct);
 /* ---- end src/model.h ---- */
+
+/* ---- begin src/gpt.h ---- */
+/* gpt: a GPT built from the layer table's kinds, with nanoGPT's architecture and
+   state_dict names, and text generation from it.
+
+   pdp_gpt_create builds, as one sequential model (model.h), GPT-2's architecture as
+   nanoGPT writes it (Radford et al., 2019; nanoGPT's model.py):
+
+       layer                          parameters (nanoGPT's names)
+       Embedding                      transformer.wte.weight [vocab, dim]   tokens
+                                      transformer.wpe.weight [context, dim] positions
+       Dropout (dropout > 0 only)
+       per block i, two residual regions (model.h: pdp_model_residual_begin/end):
+         Residual                     x = x + attn(ln_1(x)), where the residual is added
+           LayerNorm                  transformer.h.i.ln_1.weight, .bias [dim]
+           Linear dim -> 3 dim        transformer.h.i.attn.c_attn.weight [3 dim, dim], .bias
+           CausalSelfAttention        (heads; the causal mask and softmax: layers_gpt.c)
+           Linear dim -> dim          transformer.h.i.attn.c_proj.weight [dim, dim], .bias
+           Dropout (dropout > 0 only)
+         ResidualAdd
+         Residual                     x = x + mlp(ln_2(x))
+           LayerNorm                  transformer.h.i.ln_2.weight, .bias
+           Linear dim -> 4 dim        transformer.h.i.mlp.c_fc.weight [4 dim, dim], .bias
+           GELU (tanh form)
+           Linear 4 dim -> dim        transformer.h.i.mlp.c_proj.weight [dim, 4 dim], .bias
+           Dropout (dropout > 0 only)
+         ResidualAdd
+       LayerNorm                      transformer.ln_f.weight, .bias
+       TiedLinear dim -> vocab        lm_head: transformer.wte.weight itself (tied)
+
+   Its input is int32 ids [batch, T] (T = desc.sequence), its output logits [batch, T,
+   vocab]; pdp_model_forward_backward takes targets [batch, T] (-1 ignored). The
+   parameters are initialised as GPT-2 and nanoGPT do: every Linear weight and both
+   embeddings N(0, 0.02), each c_proj weight N(0, 0.02 / sqrt(2 layers)), biases 0,
+   LayerNorms 1 and 0, drawn from desc.seed.
+
+   Checkpoints: pdp_checkpoint_save_safetensors writes nanoGPT's names, the tied head once,
+   as transformer.wte.weight (safetensors refuses two names for one tensor). A nanoGPT
+   state_dict saved as safetensors loads with no renaming: lm_head.weight, when present,
+   is read as the alias of transformer.wte.weight (and must equal it), and the
+   transformer.h.i.attn.bias causal-mask buffers nanoGPT keeps on torch < 2.0 hold no
+   parameter and are skipped (checkpoint.h). */
+
+typedef struct pdp_gpt_desc {
+    int64_t vocab;           /* tokens; default 256 (bytes: pdp_token_dataset) */
+    int64_t context;         /* positions of wpe (nanoGPT's block_size); required */
+    int64_t sequence;        /* T of every input, <= context; default context */
+    int layers;              /* blocks (n_layer); required */
+    int heads;               /* attention heads (n_head); must divide dim; required */
+    int64_t dim;             /* channels (n_embd); required */
+    float dropout;           /* after the embedding, on the attention probabilities and at
+                                the end of each branch, in [0, 1); default 0 */
+    uint64_t seed;           /* initialisation and dropout masks; default 0 */
+    pdp_device device;       /* default CPU (the GPT's kinds run on the CPU for now) */
+    pdp_precision precision; /* as pdp_model_desc.precision */
+} pdp_gpt_desc;
+
+/* Builds the GPT described above into *out (free it with pdp_model_free). A field out of
+   range fails with PDP_ERR_INVALID naming it. */
+PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
+
+/* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
+   for n + n_new), each drawn from the model's next-token distribution at the last
+   position: logits / temperature, only the top_k largest kept (top_k 0: all), softmax,
+   one draw from r. The model sees the last T tokens (T = its input length); a shorter
+   prefix is padded after its end, which the causal mask keeps from changing any earlier
+   output. temperature 0 picks the largest logit (greedy). Runs in evaluation mode and
+   restores the mode; the model must be on the CPU. */
+PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new,
+                                    float temperature, int top_k, pdp_rng *r);
+/* ---- end src/gpt.h ---- */
 
 /* ---- begin src/optim.h ---- */
 /* optim: optimizers with PyTorch's exact update rules (torch.optim.SGD, Adam,
@@ -3708,7 +3831,12 @@ typedef enum pdp__layer_kind {
     PDP__COLUMN_PARALLEL_LINEAR,
     PDP__ROW_PARALLEL_LINEAR,
     PDP__TP_REDUCE,
-    PDP__SILU,                   /* a new kind goes here: earlier values stay as they were */
+    PDP__SILU,
+    PDP__EMBEDDING,              /* a GPT's kinds (layers_gpt.c) */
+    PDP__CAUSAL_SELF_ATTENTION,
+    PDP__RESIDUAL,
+    PDP__RESIDUAL_ADD,
+    PDP__TIED_LINEAR,            /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -3722,8 +3850,18 @@ typedef struct pdp__layer {
     int param_first, nparams;            /* registry indices (weight, then bias) */
     int64_t out_features;                /* Linear; Conv2d out channels */
     int64_t kernel, stride, padding;     /* Conv2d, MaxPool2d */
-    float p;                             /* Dropout */
+    float p;                             /* Dropout; CausalSelfAttention's attention dropout */
     float eps;                           /* LayerNorm */
+    int64_t positions;                   /* Linear, LayerNorm on a [T, C] sample: T rows, each
+                                            acted on alone (PyTorch's per-position Linear,
+                                            LayerNorm(C)); 1 (or 0) for a 1-D sample */
+    int64_t vocab, context;              /* Embedding: token ids [0, vocab), positions table
+                                            rows */
+    int64_t heads;                       /* CausalSelfAttention */
+    int residual_from;                   /* ResidualAdd: the index of its region's Residual */
+    int tied_param;                      /* TiedLinear: the registry index of its weight (a
+                                            parameter another layer owns) */
+    int64_t tied_in;                     /* TiedLinear: that weight is [out_features, tied_in] */
     int64_t saved_per_sample;            /* floats kept from forward for backward */
     int64_t work_per_sample;             /* floats of temporary workspace */
     struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
@@ -3749,6 +3887,10 @@ typedef struct pdp__layer_io {
     bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
     bool fused_relu;     /* Conv2d, Linear on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
+    const float *skip;   /* Residual, ResidualAdd (PDP__LAYER_SKIP): forward, the residual
+                            region's input [batch, in_count] */
+    float *dskip;        /* backward: the gradient the region's end sends around the branch
+                            (ResidualAdd writes it, Residual adds it) */
     float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
                             stride-2 MaxPool2d over an even H and W, also applied here:
                             forward writes the pool's output and winners (its y and saved,
@@ -3765,6 +3907,7 @@ typedef struct pdp__layer_io {
 typedef struct pdp__param_shapes {
     int wndim, bndim;
     int64_t wshape[4], bshape[4];
+    const char *wname, *bname; /* their names after "<number>."; NULL: "weight", "bias" */
 } pdp__param_shapes;
 
 /* Flags of a layer kind: every decision outside a kind's own code that depends on
@@ -3789,6 +3932,16 @@ typedef struct pdp__param_shapes {
                                       ColumnParallelLinear and a RowParallelLinear (tp.c) */
 #define PDP__LAYER_FUSABLE_RELU 64u /* the ReLU a PDP__LAYER_FUSES_RELU kind applies when it
                                        follows it (model.c: pdp__model_relu_fused) */
+#define PDP__LAYER_TAKES_IDS 256u /* its input is int32 token ids (Embedding): only a model's
+                                     first layer, on a model whose input_dtype is
+                                     PDP_DTYPE_I32; it has no input gradient */
+#define PDP__LAYER_FORWARD_VIEW 512u /* forward: output = input, aliased and never called (as
+                                        PDP__LAYER_VIEW); backward runs (Residual: it adds
+                                        the gradient sent around the branch) */
+#define PDP__LAYER_SKIP 1024u /* model.c hands it its residual region's skip (io->skip,
+                                 io->dskip): a Residual or its ResidualAdd */
+#define PDP__LAYER_TIED 2048u /* its weight is another layer's parameter (l->tied_param: a
+                                 GPT's head tied to the token embedding); it owns none */
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
@@ -3832,7 +3985,7 @@ PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device 
 PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad);
 
 typedef struct pdp__param_entry {
-    char name[32];
+    char name[64]; /* "3.weight", or a builder's ("transformer.h.0.attn.c_attn.weight") */
     int layer;
     int ndim;
     int64_t shape[4];
@@ -3922,6 +4075,8 @@ struct pdp_model {
     pdp_rng init_rng;
     int in_ndim;
     int64_t in_shape[3], in_count;
+    pdp_dtype in_dtype;      /* float32, or int32 token ids for an Embedding first */
+    int open_residual;       /* the Residual of a region not yet closed; -1: none */
     pdp__layer *layers;
     int nlayers, cap_layers;
     pdp__param_entry *params;
@@ -3934,6 +4089,8 @@ struct pdp_model {
     int64_t max_batch, batch;
     float **act;
     float *act_block, *saved_block, *work_block, *grad_a, *grad_b;
+    float *grad_skip;        /* residual regions: the gradient sent around the branch, [max_batch,
+                                widest] (NULL when the model has none) */
     int64_t *saved_off;      /* per layer, floats per sample before it in saved_block */
     pdp_tensor out_view;
     bool training;
@@ -3994,6 +4151,8 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
    rows (x must be the input that forward was given, still alive). */
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+/* Renames parameter p (model.c; a builder's names, pdp_gpt_create's). */
+PDP__PRIVATE pdp_status pdp__model_rename_param(pdp_model *m, int p, const char *name);
 PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
 PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
                                       bool forwarded);
@@ -13465,31 +13624,50 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
 
 /* ---- layers: Linear ---- */
 
+/* Rows a per-position kind acts on in a batch: batch x T for [T, C] samples. */
+PDP__PRIVATE int64_t pdp__layer_rows(const pdp__layer *l, int64_t batch)
+{
+    return batch * (l->positions > 0 ? l->positions : 1);
+}
+
+/* A 1-D sample (F) is one row of F features; a [T, C] sample is T rows of C, each acted
+   on alone, as PyTorch's Linear and LayerNorm(C) act on the last dimension. */
+PDP__PRIVATE void pdp__layers_per_position(pdp__layer *l)
+{
+    l->positions = l->in_ndim == 2 ? l->in_shape[0] : 1;
+}
+
 PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
-    int64_t weights;
+    int64_t weights, features;
     if (l->out_features < 1)
         return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
                         (long long)l->out_features, in);
-    if (l->in_ndim != 1)
-        return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
-    if (!pdp__mul_ok(l->out_features, l->in_count, &weights))
+    if (l->in_ndim != 1 && l->in_ndim != 2)
+        return pdp__err(PDP_ERR_SHAPE, "needs samples of features (F) or positions of "
+                        "features (T, C), got %s (add a Flatten first)", in);
+    pdp__layers_per_position(l);
+    features = l->in_count / l->positions;
+    if (!pdp__mul_ok(l->out_features, features, &weights) ||
+        !pdp__mul_ok(l->out_features, l->positions, &weights))
         return pdp__err(PDP_ERR_SHAPE, "out_features %lld x %lld inputs: more than %lld weights "
-                        "(input %s)", (long long)l->out_features, (long long)l->in_count,
+                        "(input %s)", (long long)l->out_features, (long long)features,
                         (long long)PDP__COUNT_MAX, in);
-    l->out_shape[0] = l->out_features;
+    l->out_shape[0] = l->in_ndim == 2 ? l->positions : l->out_features;
+    l->out_shape[1] = l->in_ndim == 2 ? l->out_features : 1;
     ps->wshape[0] = l->out_features;
-    ps->wshape[1] = l->in_count;
+    ps->wshape[1] = features;
     ps->wndim = 2;
     ps->bshape[0] = l->out_features;
     ps->bndim = 1;
-    l->work_per_sample = l->out_features; /* a fused ReLU's masked dy */
+    l->work_per_sample = l->out_features * l->positions; /* a fused ReLU's masked dy */
     return PDP_OK;
 }
 
 PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
-    pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
+    int64_t in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    pdp__layers_init_kaiming(w, l->out_features * in, b, l->out_features, in, r);
 }
 
 /* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
@@ -13582,9 +13760,22 @@ PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io 
     pdp__parallel_for(parts, pdp__linear_relu_part, &job);
 }
 
-PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+/* io for the GEMMs: a [T, C] sample's T rows as rows of the batch */
+PDP__PRIVATE const pdp__layer_io *pdp__linear_rows_io(const pdp__layer *l, const pdp__layer_io *io,
+                                                      pdp__layer_io *rows)
 {
-    int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
+    if (l->positions <= 1) return io;
+    *rows = *io;
+    rows->batch = pdp__layer_rows(l, io->batch);
+    return rows;
+}
+
+PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io_in)
+{
+    pdp__layer_io rows;
+    const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
+    int64_t B = io->batch, in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    int64_t out = l->out_features, i;
     float beta = 0.0f;
     /* The bias: y = b, then the GEMM adds x W^T (beta 1), no pass of its own. With a
        fused ReLU after a bf16 product on a chain path (gemm.h: C = alpha acc + beta C
@@ -13606,9 +13797,12 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     return PDP_OK;
 }
 
-PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io_in)
 {
-    int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
+    pdp__layer_io rows;
+    const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
+    int64_t B = io->batch, in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    int64_t out = l->out_features, i;
     const float *dy = io->dy;
     if (io->fused_relu) { /* dy masked into work, db's sums on the way */
         pdp__linear_relu_run(l, io, pdp__linear_relu_backward_cols);
@@ -13628,14 +13822,16 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
 #ifdef PDP_CUDA
 PDP__PRIVATE pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->batch,
-                                l->in_count, l->out_features, io->bf16);
+    int64_t rows = pdp__layer_rows(l, io->batch);
+    return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, rows,
+                                l->in_count * io->batch / rows, l->out_features, io->bf16);
 }
 
 PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
+    int64_t rows = pdp__layer_rows(l, io->batch);
     return pdp_cudak_linear_bwd(io->device.ordinal, io->x, io->w, io->dy, io->dw, io->db, io->dx,
-                                io->batch, l->in_count, l->out_features, io->bf16);
+                                rows, l->in_count * io->batch / rows, l->out_features, io->bf16);
 }
 #endif
 
@@ -13965,10 +14161,16 @@ PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *p
     if (!(l->eps > 0.0f) || isinf(l->eps))
         return pdp__err(PDP_ERR_INVALID, "eps %g must be finite and > 0 (input %s)",
                         (double)l->eps, in);
-    memcpy(ps->wshape, l->in_shape, 3 * sizeof *ps->wshape);
-    memcpy(ps->bshape, l->in_shape, 3 * sizeof *ps->bshape);
-    ps->wndim = ps->bndim = l->in_ndim;
-    l->saved_per_sample = 2; /* mean, rstd */
+    pdp__layers_per_position(l);
+    if (l->in_ndim == 2) { /* [T, C]: LayerNorm(C) over the last dimension, row by row */
+        ps->wshape[0] = ps->bshape[0] = l->in_shape[1];
+        ps->wndim = ps->bndim = 1;
+    } else { /* (F) or (C, H, W): over all of a sample's features */
+        memcpy(ps->wshape, l->in_shape, 3 * sizeof *ps->wshape);
+        memcpy(ps->bshape, l->in_shape, 3 * sizeof *ps->bshape);
+        ps->wndim = ps->bndim = l->in_ndim;
+    }
+    l->saved_per_sample = 2 * l->positions; /* mean, rstd per row */
     return PDP_OK;
 }
 
@@ -13977,7 +14179,7 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
 {
     int64_t i;
     (void)r;
-    for (i = 0; i < l->in_count; i++) {
+    for (i = 0; i < l->in_count / (l->positions > 0 ? l->positions : 1); i++) {
         w[i] = 1.0f;
         b[i] = 0.0f;
     }
@@ -13985,7 +14187,7 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
 
 PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = io->batch, n = l->in_count, s;
+    int64_t B = pdp__layer_rows(l, io->batch), n = l->in_count * io->batch / B, s;
     const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
     for (s = 0; s < B; s++) {
         const float *PDP__RESTRICT x = io->x + s * n;
@@ -14005,7 +14207,7 @@ PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__l
    Two passes over each sample, nothing stored. */
 PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = io->batch, n = l->in_count, s;
+    int64_t B = pdp__layer_rows(l, io->batch), n = l->in_count * io->batch / B, s;
     const float *PDP__RESTRICT w = io->w;
     float *PDP__RESTRICT dw = io->dw, *PDP__RESTRICT db = io->db;
     for (s = 0; s < B; s++) {
@@ -14031,14 +14233,16 @@ PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__
 #ifdef PDP_CUDA
 PDP__PRIVATE pdp_status pdp__layernorm_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
+    int64_t rows = pdp__layer_rows(l, io->batch);
     return pdp_cudak_layernorm_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->saved,
-                                   io->batch, l->in_count, l->eps);
+                                   rows, l->in_count * io->batch / rows, l->eps);
 }
 
 PDP__PRIVATE pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
+    int64_t rows = pdp__layer_rows(l, io->batch);
     return pdp_cudak_layernorm_bwd(io->device.ordinal, io->x, io->w, io->dy, io->saved, io->dw,
-                                   io->db, io->dx, io->batch, l->in_count);
+                                   io->db, io->dx, rows, l->in_count * io->batch / rows);
 }
 #endif
 
@@ -15168,9 +15372,9 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
 
 /* ---- begin src/layers_gpt.c ---- */
 /* layers_gpt: the math of a GPT's layers, forward and backward side by side (llm.c's
-   layout), as plain functions on row-major fp32 arrays. The layer table entries that
-   call them (shapes, parameters, saved buffers) come with the model integration; these
-   kernels allocate nothing: the caller passes every output, saved and work buffer.
+   layout), as plain functions on row-major fp32 arrays, then the layer kinds that call
+   them (shapes, parameters, saved buffers: the end of this file). The kernels allocate
+   nothing: the caller passes every output, saved and work buffer.
 
    Shapes: B sequences of T positions, channels C, H heads of D = C / H channels,
    vocabulary V. References: Vaswani et al., "Attention Is All You Need" (2017), for
@@ -15205,8 +15409,8 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
      layers.c's element-wise kernel acts on every position of a [T, C] sample.
-   - Cross-entropy over [N, V] rows with ignore_index -1: loss.c's per-row formula on
-     the rows not ignored, the mean over those rows (pdp__cross_entropy_ignore).
+   - Cross-entropy over [N, V] rows with ignore_index -1: loss.c's
+     (pdp__cross_entropy_ignore, which pdp_model_forward_backward calls).
 
    Invariants: nothing allocated; outputs written (not accumulated) unless the
    function says +=; every reduction in a fixed order, whatever the thread count. */
@@ -15524,53 +15728,169 @@ PDP__PRIVATE void pdp__gpt_layernorm_backward(const float *x, const float *w, co
     (void)pdp__layernorm_backward(&l, &io);
 }
 
-/* ---- gpt: cross-entropy with ignored positions ----
-   loss = mean over the rows whose label is not -1 of logsumexp(z) - z[label] (PyTorch's
-   cross_entropy(ignore_index=-1, reduction='mean')); dlogits = (softmax(z) -
-   onehot(label)) / count on those rows, 0 on ignored ones. Every row ignored: PyTorch
-   returns NaN (0 / 0); here the loss is 0 and dlogits 0, a batch that teaches nothing,
-   and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
-   fn, the row and the label, checked before anything is written. It is a loss: with the
-   model integration it can move into loss.c, next to the row formula it calls, declared
-   here because loss.c comes later in IMPL. */
-PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
-                                           int64_t batch, int64_t classes, float grad_scale,
-                                           double *loss_sum, float *dlogits,
-                                           const char *fn); /* loss.c */
+/* ---- gpt: the layer kinds ----
+   The table's entries (layers_table.c) for a GPT's own kinds, on the kernels above:
+   - Embedding: a sample is T token ids (int32, the model's input), its output [T, C] =
+     wte[id] + wpe[t]; parameters "token.weight" [vocab, C] and "position.weight"
+     [context, C] (a GPT builder names them transformer.wte / transformer.wpe).
+   - CausalSelfAttention: [T, 3C] (the c_attn Linear's q | k | v) -> [T, C]; no
+     parameters (c_attn and c_proj are plain Linears around it); saves att [H, T, T].
+   - Residual and ResidualAdd: a residual region (model.c). Residual's forward is its
+     input seen again (model.c aliases it); ResidualAdd's forward is y = x + skip, the
+     region's input. Backward: ResidualAdd passes dy on to the branch (dx = dy) and sends
+     it around in dskip; Residual adds it: dx = dy + dskip, the two paths' gradients
+     summed where they split.
+   - TiedLinear: y = x W^T with no bias, W a parameter another layer owns (a GPT's head,
+     W = wte): its gradient accumulates into that parameter's, so the embedding's rows
+     and the head's product sum into one dW, as autograd sums a tied Parameter's uses. */
 
-PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
-                                                  int64_t N, int64_t V, float *loss,
-                                                  int64_t *count, float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__embedding_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
-    int64_t i, j, n = 0;
-    double total = 0.0;
-    float scale;
-    for (i = 0; i < N; i++) {
-        if (labels[i] == -1) continue;
-        if (labels[i] < 0 || labels[i] >= V)
-            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at row %lld is outside [0, %lld) "
-                            "and not the ignore index -1", fn, (long)labels[i], (long long)i,
-                            (long long)V);
-        n++;
-    }
-    *loss = 0.0f;
-    if (count) *count = n;
-    scale = n > 0 ? 1.0f / (float)n : 0.0f;
-    for (i = 0; i < N; i++) {
-        double row = 0.0;
-        if (labels[i] == -1) {
-            if (dlogits)
-                for (j = 0; j < V; j++) dlogits[i * V + j] = 0.0f;
-            continue;
-        }
-        /* loss.c's row: m + log(sum exp(z - m)) - z[label], in double */
-        if (pdp__cross_entropy(logits + i * V, labels + i, 1, V, scale, &row,
-                               dlogits ? dlogits + i * V : NULL, fn) != PDP_OK)
-            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at row %lld", fn,
-                            row != row ? "NaN" : "Inf", (long long)i);
-        total += row;
-    }
-    if (n > 0) *loss = (float)(total / (double)n);
+    if (l->in_ndim != 1)
+        return pdp__err(PDP_ERR_SHAPE, "needs a sample of T token ids, got %s", in);
+    if (l->vocab < 1 || l->out_features < 1 || l->context < 1)
+        return pdp__err(PDP_ERR_INVALID, "vocab %lld, dim %lld and context %lld must be >= 1",
+                        (long long)l->vocab, (long long)l->out_features, (long long)l->context);
+    if (l->in_shape[0] > l->context)
+        return pdp__err(PDP_ERR_SHAPE, "a sequence of %lld tokens is longer than the context "
+                        "of %lld", (long long)l->in_shape[0], (long long)l->context);
+    if (l->vocab > INT32_MAX)
+        return pdp__err(PDP_ERR_INVALID, "vocab %lld: ids are int32", (long long)l->vocab);
+    l->out_ndim = 2;
+    l->out_shape[0] = l->in_shape[0];
+    l->out_shape[1] = l->out_features;
+    ps->wndim = ps->bndim = 2;
+    ps->wshape[0] = l->vocab;
+    ps->wshape[1] = l->out_features;
+    ps->bshape[0] = l->context;
+    ps->bshape[1] = l->out_features;
+    ps->wname = "token.weight";
+    ps->bname = "position.weight";
+    return PDP_OK;
+}
+
+/* N(0, 1), as torch.nn.Embedding (a GPT builder draws its own, N(0, 0.02)) */
+PDP__PRIVATE void pdp__embedding_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    pdp_tensor t;
+    int64_t nw = l->vocab * l->out_features, nb = l->context * l->out_features;
+    memset(&t, 0, sizeof t); /* g++ -O3 cannot see that the wrap fills it */
+    pdp_tensor_wrap(w, pdp_cpu(), 1, &nw, &t);
+    pdp_tensor_normal(&t, r, 0.0f, 1.0f);
+    pdp_tensor_wrap(b, pdp_cpu(), 1, &nb, &t);
+    pdp_tensor_normal(&t, r, 0.0f, 1.0f);
+}
+
+PDP__PRIVATE pdp_status pdp__embedding_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__embed_forward((const int32_t *)(const void *)io->x, io->batch, l->in_shape[0],
+                              l->context, l->vocab, l->out_features, io->w, io->b, io->y,
+                              "token ids");
+}
+
+PDP__PRIVATE pdp_status pdp__embedding_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__embed_backward((const int32_t *)(const void *)io->x, io->batch, l->in_shape[0],
+                        l->out_features, io->dy, io->dw, io->db);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    int64_t T = l->in_shape[0], C = l->in_shape[1] / 3;
+    (void)ps;
+    if (l->in_ndim != 2 || l->in_shape[1] % 3 != 0)
+        return pdp__err(PDP_ERR_SHAPE, "needs [T, 3C] (q | k | v, a c_attn Linear's output), "
+                        "got %s", in);
+    if (l->heads < 1 || C % l->heads != 0)
+        return pdp__err(PDP_ERR_INVALID, "heads %lld must divide C = %lld (input %s)",
+                        (long long)l->heads, (long long)C, in);
+    if (!(l->p >= 0.0f && l->p < 1.0f))
+        return pdp__err(PDP_ERR_INVALID, "dropout %g is outside [0, 1) (input %s)", (double)l->p,
+                        in);
+    if (!pdp__mul3_ok(l->heads, T, T + 1, &l->work_per_sample))
+        return pdp__err(PDP_ERR_SHAPE, "%lld heads of %lld x %lld scores overflow (input %s)",
+                        (long long)l->heads, (long long)T, (long long)T, in);
+    l->out_ndim = 2;
+    l->out_shape[0] = T;
+    l->out_shape[1] = C;
+    l->saved_per_sample = l->heads * T * T; /* att: P before dropout */
+    return PDP_OK;
+}
+
+PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *io,
+                                      pdp__attn_dropout *d)
+{
+    d->p = io->training ? l->p : 0.0f;
+    d->seed = io->seed;
+    d->step = io->step;
+    d->layer = l->index;
+    d->sample_base = io->sample_base;
+}
+
+PDP__PRIVATE pdp_status pdp__attention_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__attn_dropout d;
+    pdp__attention_drop(l, io, &d);
+    pdp__attention_forward(io->x, io->batch, l->in_shape[0], l->out_shape[1], l->heads, &d, io->y,
+                           io->saved, io->work);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__attention_layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__attn_dropout d;
+    if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
+    pdp__attention_drop(l, io, &d);
+    pdp__attention_backward(io->x, io->saved, io->dy, io->batch, l->in_shape[0], l->out_shape[1],
+                            l->heads, &d, io->dx, io->work);
+    return PDP_OK;
+}
+
+/* Residual: a forward view (model.c never calls its forward); backward dx = dy + dskip */
+PDP__PRIVATE pdp_status pdp__residual_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t n = io->batch * l->in_count;
+    if (!io->dx) return PDP_OK;
+    memcpy(io->dx, io->dy, (size_t)n * sizeof(float));
+    pdp__layers_add(io->dx, io->dskip, n);
+    return PDP_OK;
+}
+
+/* ResidualAdd: y = x + skip; backward dx = dy and dskip = dy */
+PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t n = io->batch * l->in_count;
+    memcpy(io->y, io->x, (size_t)n * sizeof(float));
+    pdp__layers_add(io->y, io->skip, n);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__residual_add_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    size_t bytes = (size_t)(io->batch * l->in_count) * sizeof(float);
+    memcpy(io->dskip, io->dy, bytes);
+    if (io->dx) memcpy(io->dx, io->dy, bytes);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps; /* none of its own */
+    if ((l->in_ndim != 1 && l->in_ndim != 2) || l->in_shape[l->in_ndim - 1] != l->tied_in)
+        return pdp__err(PDP_ERR_SHAPE, "its weight is [%lld, %lld]: needs samples (%lld) or "
+                        "(T, %lld), got %s", (long long)l->out_features, (long long)l->tied_in,
+                        (long long)l->tied_in, (long long)l->tied_in, in);
+    pdp__layers_per_position(l);
+    l->out_ndim = l->in_ndim;
+    l->out_shape[0] = l->in_ndim == 2 ? l->positions : l->out_features;
+    l->out_shape[1] = l->in_ndim == 2 ? l->out_features : 1;
     return PDP_OK;
 }
 /* ---- end src/layers_gpt.c ---- */
@@ -15915,11 +16235,39 @@ PDP__PRIVATE double pdp__flops_each(const pdp__layer *l, bool input_grad, double
 {
     return (double)l->in_count * (fwd + dparam + (input_grad ? dinput : 0.0));
 }
-/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum */
+/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum (each
+   of a [T, C] sample's T rows is one row of the GEMMs: in_count = T C) */
 PDP__PRIVATE double pdp__flops_linear(const pdp__layer *l, bool input_grad)
 {
-    double gemm = 2.0 * (double)l->in_count * (double)l->out_count;
+    double gemm = 2.0 * (double)l->in_count * (double)l->out_features;
     return (input_grad ? 3.0 : 2.0) * gemm + 2.0 * (double)l->out_count;
+}
+/* the same GEMMs without a bias */
+PDP__PRIVATE double pdp__flops_tied_linear(const pdp__layer *l, bool input_grad)
+{
+    return (input_grad ? 3.0 : 2.0) * 2.0 * (double)l->in_count * (double)l->out_features;
+}
+/* a row gathered and a position added; backward scatter-adds each into two tables */
+PDP__PRIVATE double pdp__flops_embedding(const pdp__layer *l, bool input_grad)
+{
+    (void)input_grad; /* ids have no gradient */
+    return 3.0 * (double)l->out_count;
+}
+/* per head: S = Q K^T and Y = P V, 2 T^2 D each, so 4 T^2 C forward over the heads; the
+   backward's four products twice that; the softmax and its gradient ~8 a score */
+PDP__PRIVATE double pdp__flops_attention(const pdp__layer *l, bool input_grad)
+{
+    double T = (double)l->in_shape[0], C = (double)l->out_shape[1], H = (double)l->heads;
+    return 4.0 * T * T * C + (input_grad ? 8.0 * T * T * C : 0.0) + 8.0 * H * T * T;
+}
+/* the residual's add forward (ResidualAdd) and backward (Residual) */
+PDP__PRIVATE double pdp__flops_residual(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 0, 0, 1);
+}
+PDP__PRIVATE double pdp__flops_residual_add(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 1, 0, 0);
 }
 /* the same GEMMs over im2col: out_count outputs, each a dot of C k k */
 PDP__PRIVATE double pdp__flops_conv(const pdp__layer *l, bool input_grad)
@@ -16040,6 +16388,25 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                          pdp__silu_backward, PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
                          pdp__flops_silu},
+    /* a GPT's kinds (layers_gpt.c); CPU only for now */
+    PDP__KIND(PDP__EMBEDDING){"Embedding", pdp__embedding_setup, pdp__embedding_init,
+                              pdp__embedding_forward, pdp__embedding_backward, NULL, NULL, NULL,
+                              PDP__LAYER_TAKES_IDS, pdp__flops_embedding},
+    PDP__KIND(PDP__CAUSAL_SELF_ATTENTION){"CausalSelfAttention", pdp__attention_setup, NULL,
+                                          pdp__attention_layer_forward,
+                                          pdp__attention_layer_backward, NULL, NULL, NULL, 0,
+                                          pdp__flops_attention},
+    PDP__KIND(PDP__RESIDUAL){"Residual", pdp__layers_setup_same, NULL, pdp__residual_forward,
+                             pdp__residual_backward, NULL, NULL, NULL,
+                             PDP__LAYER_FORWARD_VIEW | PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
+                             pdp__flops_residual},
+    PDP__KIND(PDP__RESIDUAL_ADD){"ResidualAdd", pdp__layers_setup_same, NULL,
+                                 pdp__residual_add_forward, pdp__residual_add_backward, NULL,
+                                 NULL, NULL, PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
+                                 pdp__flops_residual_add},
+    PDP__KIND(PDP__TIED_LINEAR){"TiedLinear", pdp__tied_linear_setup, NULL, pdp__linear_forward,
+                                pdp__linear_backward, NULL, NULL, NULL, PDP__LAYER_TIED,
+                                pdp__flops_tied_linear},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -16197,6 +16564,12 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     if (desc->input_ndim) ndim = desc->input_ndim;
     if (ndim != 1 && ndim != 3)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_ndim %d (must be 1 or 3)", ndim);
+    if (desc->input_dtype != PDP_DTYPE_F32 && desc->input_dtype != PDP_DTYPE_I32)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_create: input_dtype %d (must be "
+                        "PDP_DTYPE_F32 or PDP_DTYPE_I32)", (int)desc->input_dtype);
+    if (desc->input_dtype == PDP_DTYPE_I32 && ndim != 1)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: int32 inputs are token ids, one "
+                        "sequence [T] a sample; input_ndim is %d", ndim);
     for (i = 0; i < ndim; i++)
         if (desc->input_shape[i] < 1)
             return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape[%d] is %lld", i,
@@ -16215,6 +16588,8 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
         return pdp__err_wrap(st, "pdp_model_create");
     }
     m->in_ndim = ndim;
+    m->in_dtype = desc->input_dtype;
+    m->open_residual = -1;
     m->in_count = 1;
     for (i = 0; i < 3; i++) {
         m->in_shape[i] = i < ndim ? desc->input_shape[i] : 1;
@@ -16238,6 +16613,7 @@ PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
     d.seed = m->seed;
     d.device = m->device;
     d.precision = m->precision;
+    d.input_dtype = m->in_dtype;
     return d;
 }
 
@@ -16248,9 +16624,11 @@ PDP__PRIVATE void pdp__model_free_buffers(pdp_model *m)
     pdp__dev_free(m->device, m->work_block);
     pdp__dev_free(m->device, m->grad_a);
     pdp__dev_free(m->device, m->grad_b);
+    pdp__dev_free(m->device, m->grad_skip);
     pdp__dealloc(m->act);
     pdp__dealloc(m->saved_off);
     m->act_block = m->saved_block = m->work_block = m->grad_a = m->grad_b = NULL;
+    m->grad_skip = NULL;
     m->act = NULL;
     m->saved_off = NULL;
     m->max_batch = 0;
@@ -16382,6 +16760,24 @@ PDP__PRIVATE pdp_status pdp__model_register(pdp_model *m, int layer, const char 
     return PDP_OK;
 }
 
+/* Token ids enter a model once, at its first layer: a kind that takes ids
+   (PDP__LAYER_TAKES_IDS: Embedding) only as layer 0 of a model whose input is int32, and a
+   model whose input is int32 only with such a kind first. */
+PDP__PRIVATE pdp_status pdp__model_check_ids(const pdp_model *m, const pdp__layer *l)
+{
+    bool takes = (pdp__layer_kind_of(l->kind)->flags & PDP__LAYER_TAKES_IDS) != 0;
+    if (takes && l->index > 0)
+        return pdp__err(PDP_ERR_INVALID, "token ids enter only at a model's first layer (this "
+                        "is layer %d)", l->index);
+    if (takes && m->in_dtype != PDP_DTYPE_I32)
+        return pdp__err(PDP_ERR_INVALID, "takes int32 token ids; create the model with "
+                        "input_dtype = PDP_DTYPE_I32");
+    if (!takes && l->index == 0 && m->in_dtype == PDP_DTYPE_I32)
+        return pdp__err(PDP_ERR_INVALID, "the model's input is int32 token ids: its first "
+                        "layer must take them (pdp_model_add_embedding)");
+    return PDP_OK;
+}
+
 /* Appends layer l (kind and configuration filled in by the caller): infers its
    shapes, registers and initialises its parameters, and moves the parameter and
    gradient blocks to their new size. On failure the model is unchanged. */
@@ -16407,7 +16803,8 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
         memcpy(l.in_shape, m->in_shape, sizeof l.in_shape);
     }
     l.in_count = l.in_shape[0] * l.in_shape[1] * l.in_shape[2];
-    if ((st = pdp__layer_setup(&l, &ps)) != PDP_OK)
+    if ((st = pdp__model_check_ids(m, &l)) != PDP_OK ||
+        (st = pdp__layer_setup(&l, &ps)) != PDP_OK)
         return pdp__err_wrap(st, "%s: layer %d (%s)", fn, l.index, pdp__layer_kind_name(l.kind));
     l.out_count = l.out_shape[0] * l.out_shape[1] * l.out_shape[2]; /* the setup checked it */
 
@@ -16417,8 +16814,10 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
     old_nparams = m->nparams;
     l.param_first = m->nparams;
     l.nparams = (ps.wndim > 0) + (ps.bndim > 0);
-    if ((ps.wndim && (st = pdp__model_register(m, l.index, "weight", ps.wndim, ps.wshape))) ||
-        (ps.bndim && (st = pdp__model_register(m, l.index, "bias", ps.bndim, ps.bshape))))
+    if ((ps.wndim && (st = pdp__model_register(m, l.index, ps.wname ? ps.wname : "weight",
+                                               ps.wndim, ps.wshape))) ||
+        (ps.bndim && (st = pdp__model_register(m, l.index, ps.bname ? ps.bname : "bias",
+                                               ps.bndim, ps.bshape))))
         goto fail;
     if (m->param_count != old_count) {
         bytes = (size_t)m->param_count * sizeof(float);
@@ -16528,6 +16927,88 @@ PDP_API pdp_status pdp_model_add_maxpool2d(pdp_model *m, int64_t kernel, int64_t
     return pdp__model_add(m, l, "pdp_model_add_maxpool2d");
 }
 
+/* ---- model: a GPT's layers ---- */
+
+PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t dim,
+                                           int64_t context)
+{
+    pdp__layer l = pdp__layer_of(PDP__EMBEDDING);
+    l.vocab = vocab;
+    l.out_features = dim;
+    l.context = context ? context : m ? m->in_shape[0] : 0; /* 0: the model's T */
+    return pdp__model_add(m, l, "pdp_model_add_embedding");
+}
+
+PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads, float dropout)
+{
+    pdp__layer l = pdp__layer_of(PDP__CAUSAL_SELF_ATTENTION);
+    l.heads = heads;
+    l.p = dropout;
+    return pdp__model_add(m, l, "pdp_model_add_causal_self_attention");
+}
+
+/* A residual region: a Residual layer opens it (its forward is its input seen again), a
+   ResidualAdd closes it (y = x + the Residual's input). Backward, the ResidualAdd sends its
+   dy around the branch in grad_skip and the Residual adds it to the branch's gradient. */
+PDP_API pdp_status pdp_model_residual_begin(pdp_model *m)
+{
+    const char *fn = "pdp_model_residual_begin";
+    pdp_status st;
+    if (m && m->open_residual >= 0)
+        return pdp__err(PDP_ERR_STATE, "%s: the residual region opened at layer %d is still "
+                        "open (regions do not nest; close it with pdp_model_residual_end)", fn,
+                        m->open_residual);
+    if ((st = pdp__model_add(m, pdp__layer_of(PDP__RESIDUAL), fn)) != PDP_OK) return st;
+    m->open_residual = m->nlayers - 1;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_residual_end(pdp_model *m)
+{
+    const char *fn = "pdp_model_residual_end";
+    pdp__layer l = pdp__layer_of(PDP__RESIDUAL_ADD);
+    const pdp__layer *from, *last;
+    pdp_status st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (m->open_residual < 0)
+        return pdp__err(PDP_ERR_STATE, "%s: no residual region is open (pdp_model_residual_begin "
+                        "opens one)", fn);
+    from = &m->layers[m->open_residual];
+    last = &m->layers[m->nlayers - 1];
+    if (last->out_ndim != from->in_ndim ||
+        memcmp(last->out_shape, from->in_shape, sizeof last->out_shape) != 0) {
+        char a[96], b[96];
+        pdp_tensor ta, tb;
+        pdp__set_shape(&ta, from->in_ndim, from->in_shape, 0);
+        pdp__set_shape(&tb, last->out_ndim, last->out_shape, 0);
+        return pdp__err(PDP_ERR_SHAPE, "%s: the region opened at layer %d takes %s and its "
+                        "layers give %s; a residual adds the two", fn, m->open_residual,
+                        pdp__shape_str(&ta, a, sizeof a), pdp__shape_str(&tb, b, sizeof b));
+    }
+    l.residual_from = m->open_residual;
+    if ((st = pdp__model_add(m, l, fn)) != PDP_OK) return st;
+    m->open_residual = -1;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_add_tied_linear(pdp_model *m, const char *param)
+{
+    const char *fn = "pdp_model_add_tied_linear";
+    pdp__layer l = pdp__layer_of(PDP__TIED_LINEAR);
+    int i;
+    if (!m || !param) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    for (i = 0; i < m->nparams && strcmp(m->params[i].name, param) != 0; i++) {}
+    if (i == m->nparams)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model has no parameter \"%s\"", fn, param);
+    if (m->params[i].ndim != 2)
+        return pdp__err(PDP_ERR_SHAPE, "%s: \"%s\" is %d-D; a Linear's weight is [out, in]",
+                        fn, param, m->params[i].ndim);
+    l.tied_param = i;
+    l.out_features = m->params[i].shape[0];
+    l.tied_in = m->params[i].shape[1];
+    return pdp__model_add(m, l, fn);
+}
+
 PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 {
     return pdp__model_add(m, pdp__layer_of(PDP__FLATTEN), "pdp_model_add_flatten");
@@ -16575,7 +17056,25 @@ PDP__PRIVATE bool pdp__model_pools(const pdp_model *m, int i)
    no buffer, no call. */
 PDP__PRIVATE bool pdp__model_is_view(const pdp_model *m, int i)
 {
-    return pdp__model_flag(m, i, PDP__LAYER_VIEW) || pdp__model_relu_fused(m, i);
+    return pdp__model_flag(m, i, PDP__LAYER_VIEW | PDP__LAYER_FORWARD_VIEW) ||
+           pdp__model_relu_fused(m, i);
+}
+
+/* Layer i runs in backward: not a view, or a view whose backward has work
+   (PDP__LAYER_FORWARD_VIEW: a Residual), and not a pool a Conv2d applied. */
+PDP__PRIVATE bool pdp__model_runs_backward(const pdp_model *m, int i)
+{
+    return (!pdp__model_is_view(m, i) || pdp__model_flag(m, i, PDP__LAYER_FORWARD_VIEW)) &&
+           !pdp__model_pool_fused(m, i);
+}
+
+/* The model has a residual region (a kind that needs grad_skip). */
+PDP__PRIVATE bool pdp__model_has_skip(const pdp_model *m)
+{
+    int i;
+    for (i = 0; i < m->nlayers; i++)
+        if (pdp__model_flag(m, i, PDP__LAYER_SKIP)) return true;
+    return false;
 }
 
 /* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
@@ -16661,7 +17160,9 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
         (st = pdp__dev_alloc(m->device, (size_t)n[1] * 4, (void **)&m->saved_block)) ||
         (st = pdp__dev_alloc(m->device, (size_t)n[2] * 4, (void **)&m->work_block)) ||
         (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_a)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_b))) {
+        (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_b)) ||
+        (pdp__model_has_skip(m) &&
+         (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_skip)))) {
         pdp__model_free_buffers(m);
         return pdp__err_wrap(st, "pdp_model_reserve: batch %lld", (long long)b);
     }
@@ -16704,7 +17205,18 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
         io->pool_y = m->act[i + 2];
         io->pool_arg = (int32_t *)(void *)pdp__model_saved(m, i + 2);
     }
-    if (l->nparams > 0) {
+    if (pdp__model_flag(m, i, PDP__LAYER_SKIP)) {
+        int from = m->layers[i].residual_from;
+        io->skip = m->act[from]; /* the Residual's output: the region's input seen again */
+        io->dskip = m->grad_skip;
+    }
+    if (pdp__model_flag(m, i, PDP__LAYER_TIED)) { /* another layer's parameter */
+        const pdp__param_entry *w = &m->params[l->tied_param];
+        int owner = w->layer;
+        io->w = m->layer_w && m->layer_w[owner] ? m->layer_w[owner] : m->param_block + w->offset;
+        io->dw = m->layer_dw && m->layer_dw[owner] ? m->layer_dw[owner]
+                                                   : m->grad_block + w->offset;
+    } else if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];
         io->w = m->layer_w && m->layer_w[i] ? m->layer_w[i] : m->param_block + w->offset;
         io->dw = m->layer_dw && m->layer_dw[i] ? m->layer_dw[i] : m->grad_block + w->offset;
@@ -16742,7 +17254,19 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     *y = NULL;
     if (m->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
+    if (m->open_residual >= 0)
+        return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the residual region opened at layer "
+                        "%d is never closed (pdp_model_residual_end)", m->open_residual);
+    if (x->dtype != m->in_dtype)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: layer 0 (%s) takes %s inputs, got "
+                        "%s", pdp__layer_kind_name(m->layers[0].kind),
+                        pdp_dtype_name(m->in_dtype), pdp_dtype_name(x->dtype));
     batch = x->shape[0];
+    if (m->in_dtype == PDP_DTYPE_I32 && x->ndim == 2 && x->shape[1] > m->layers[0].context)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_forward: layer 0 (%s): a sequence of %lld "
+                        "tokens is longer than the context of %lld",
+                        pdp__layer_kind_name(m->layers[0].kind), (long long)x->shape[1],
+                        (long long)m->layers[0].context);
     if (x->ndim != m->in_ndim + 1 || !pdp__mul_ok(batch, m->in_count, &n) || x->count != n)
         goto bad_shape;
     for (d = 0; d < m->in_ndim; d++)
@@ -16831,12 +17355,13 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
                                pdp__layer_kind_name(l->kind));
             break;
         }
-        if (!pdp__model_is_view(m, i) && !pdp__model_pool_fused(m, i)) {
+        if (pdp__model_runs_backward(m, i)) {
             pdp__model_io(m, i, &io);
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
             io.y = m->act[i];
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : m->input_grad;
+            if (pdp__model_flag(m, i, PDP__LAYER_TAKES_IDS)) io.dx = NULL; /* ids: none */
             t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
             if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
                 st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
@@ -16999,6 +17524,38 @@ PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_te
     return PDP_OK;
 }
 
+/* ---- model: memory ---- */
+
+PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, int64_t batch)
+{
+    int64_t floats = 0;
+    int i;
+    if (!m || batch < 1) return 0;
+    lo = PDP__MAX(lo, 0);
+    hi = PDP__MIN(hi, m->nlayers);
+    for (i = lo; i < hi; i++) {
+        if (pdp__model_has_output(m, i)) pdp__model_plan_add(&floats, m->layers[i].out_count);
+        pdp__model_plan_add(&floats, m->layers[i].saved_per_sample);
+    }
+    return floats > INT64_MAX / 4 / batch ? INT64_MAX : floats * 4 * batch;
+}
+
+/* Renames parameter p (a builder's names: pdp_gpt_create's nanoGPT ones). A name that is
+   empty, too long or already another parameter's is PDP_ERR_INVALID. */
+PDP__PRIVATE pdp_status pdp__model_rename_param(pdp_model *m, int p, const char *name)
+{
+    int i;
+    if (!name[0] || strlen(name) >= sizeof m->params[p].name)
+        return pdp__err(PDP_ERR_INVALID, "parameter name \"%s\" is empty or longer than %d "
+                        "characters", name, (int)sizeof m->params[p].name - 1);
+    for (i = 0; i < m->nparams; i++)
+        if (i != p && strcmp(m->params[i].name, name) == 0)
+            return pdp__err(PDP_ERR_INVALID, "parameter name \"%s\" is taken (parameter %d)",
+                            name, i);
+    snprintf(m->params[p].name, sizeof m->params[p].name, "%s", name);
+    return PDP_OK;
+}
+
 /* ---- model: replicas ---- */
 
 PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
@@ -17020,6 +17577,7 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
     m->act = NULL;
     m->saved_off = NULL;
     m->act_block = m->saved_block = m->work_block = m->grad_a = m->grad_b = NULL;
+    m->grad_skip = NULL;
     m->max_batch = 0;
     m->hook = NULL;
     m->hook_user = NULL;
@@ -17077,6 +17635,27 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     pdp_status st;
     *out = NULL;
     PDP_ASSERT(0 <= lo && lo < hi && hi <= full->nlayers);
+    for (i = lo; i < hi; i++) { /* what a stage cannot yet cut through */
+        const pdp__layer *l = &full->layers[i];
+        const unsigned f = pdp__layer_kind_of(l->kind)->flags;
+        if ((f & PDP__LAYER_SKIP) && (f & PDP__LAYER_FORWARD_VIEW) == 0 && l->residual_from < lo)
+            return pdp__err(PDP_ERR_UNSUPPORTED, "a stage starting at layer %d cuts the residual "
+                            "region of layers %d..%d: cut between regions", lo, l->residual_from,
+                            i);
+        if ((f & PDP__LAYER_SKIP) && (f & PDP__LAYER_FORWARD_VIEW) && i + 1 < full->nlayers) {
+            int end = i + 1;
+            while (end < full->nlayers && full->layers[end].residual_from != i) end++;
+            if (end >= hi && end < full->nlayers)
+                return pdp__err(PDP_ERR_UNSUPPORTED, "a stage ending before layer %d cuts the "
+                                "residual region of layers %d..%d: cut between regions", hi, i,
+                                end);
+        }
+        if ((f & PDP__LAYER_TIED) && full->params[l->tied_param].layer < lo)
+            return pdp__err(PDP_ERR_UNSUPPORTED, "layer %d (%s) uses parameter %s of layer %d, "
+                            "on an earlier stage: a pipeline cannot share a tied parameter yet",
+                            i, pdp__layer_kind_name(l->kind), full->params[l->tied_param].name,
+                            full->params[l->tied_param].layer);
+    }
     p0 = full->layers[lo].param_first;
     p1 = hi < full->nlayers ? full->layers[hi].param_first : full->nparams;
     off0 = p0 < full->nparams ? full->params[p0].offset : full->param_count;
@@ -17099,7 +17678,13 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a stage");
     }
     memcpy(m->layers, full->layers + lo, (size_t)m->nlayers * sizeof *m->layers);
-    for (i = 0; i < m->nlayers; i++) m->layers[i].param_first -= p0;
+    for (i = 0; i < m->nlayers; i++) {
+        m->layers[i].param_first -= p0;
+        m->layers[i].residual_from -= lo;
+        m->layers[i].tied_param -= p0;
+    }
+    m->in_dtype = lo == 0 ? full->in_dtype : PDP_DTYPE_F32;
+    m->open_residual = -1;
     for (i = 0; i < m->nparams; i++) {
         m->params[i] = full->params[p0 + i];
         m->params[i].offset -= off0;
@@ -17217,6 +17802,51 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits,
     return st;
 }
 
+/* ---- loss: cross-entropy with ignored rows ----
+   loss = mean over the rows whose label is not -1 of logsumexp(z) - z[label] (PyTorch's
+   cross_entropy(ignore_index=-1, reduction='mean')); dlogits = (softmax(z) -
+   onehot(label)) / count on those rows, 0 on ignored ones. Every row ignored: PyTorch
+   returns NaN (0 / 0); here the loss is 0 and dlogits 0, a batch that teaches nothing,
+   and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
+   fn, the row and the label, checked before anything is written. */
+
+PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
+                                                  int64_t N, int64_t V, float *loss,
+                                                  int64_t *count, float *dlogits, const char *fn)
+{
+    int64_t i, j, n = 0;
+    double total = 0.0;
+    float scale;
+    for (i = 0; i < N; i++) {
+        if (labels[i] == -1) continue;
+        if (labels[i] < 0 || labels[i] >= V)
+            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at row %lld is outside [0, %lld) "
+                            "and not the ignore index -1", fn, (long)labels[i], (long long)i,
+                            (long long)V);
+        n++;
+    }
+    *loss = 0.0f;
+    if (count) *count = n;
+    scale = n > 0 ? 1.0f / (float)n : 0.0f;
+    for (i = 0; i < N; i++) {
+        double row = 0.0;
+        if (labels[i] == -1) {
+            if (dlogits)
+                for (j = 0; j < V; j++) dlogits[i * V + j] = 0.0f;
+            continue;
+        }
+        /* loss.c's row: m + log(sum exp(z - m)) - z[label], in double */
+        if (pdp__cross_entropy(logits + i * V, labels + i, 1, V, scale, &row,
+                               dlogits ? dlogits + i * V : NULL, fn) != PDP_OK)
+            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at row %lld", fn,
+                            row != row ? "NaN" : "Inf", (long long)i);
+        total += row;
+    }
+    if (n > 0) *loss = (float)(total / (double)n);
+    return PDP_OK;
+}
+
+
 PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
 {
     return a->device.kind == b->device.kind && a->device.ordinal == b->device.ordinal;
@@ -17312,33 +17942,110 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
 
 /* ---- loss: training pass and accuracy ---- */
 
+/* Cross-entropy of the model's output y against labels, one a row of y's last dimension
+   ([B, K]: one a sample; [B, T, V]: one a position), -1 ignored; dy into the model's own
+   grad_a, which backward accepts as dy (it ping-pongs between grad_a and grad_b):
+   nothing is allocated. */
+PDP__PRIVATE pdp_status pdp__model_cross_entropy(pdp_model *m, const pdp_tensor *y,
+                                                 const int32_t *labels, float *loss,
+                                                 const char *fn)
+{
+    int64_t V = y->shape[y->ndim - 1], rows = y->count / V, i, ignored = 0;
+    double sum = 0.0;
+    pdp_status st;
+    if (m->device.kind == PDP_DEVICE_CPU) {
+        double t0 = pdp__prof.on ? pdp__now() : 0.0;
+        st = pdp__cross_entropy_ignore(y->data, labels, rows, V, loss, NULL, m->grad_a, fn);
+        if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
+        return st;
+    }
+    for (i = 0; i < rows; i++) ignored += labels[i] == -1;
+    if (ignored)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %lld of %lld labels are the ignore index -1; "
+                        "on CUDA every label counts for now", fn, (long long)ignored,
+                        (long long)rows);
+    st = pdp__cross_entropy_on(m->device, y->data, labels, rows, V, 1.0f / (float)rows, &sum,
+                               m->grad_a, fn);
+    *loss = (float)(sum / (double)rows);
+    return st;
+}
+
+/* The output a loss can read: [batch, classes] or [batch, T, vocab]. */
+PDP__PRIVATE pdp_status pdp__model_check_logits(pdp_model *m, const pdp_tensor *y, const char *fn)
+{
+    char buf[96];
+    if (y->ndim == 2 || y->ndim == 3) return PDP_OK;
+    m->have_forward = false;
+    return pdp__err(PDP_ERR_SHAPE, "%s: the model's output is %s; cross-entropy needs "
+                    "[batch, classes] or [batch, T, vocab] (add a Flatten and a Linear)", fn,
+                    pdp__shape_str(y, buf, sizeof buf));
+}
+
 PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
                                               const int32_t *labels, float *loss)
 {
     const char *fn = "pdp_model_forward_backward";
     const pdp_tensor *y;
     pdp_tensor dy;
-    double sum = 0.0;
     pdp_status st;
     if (!m || !x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if ((st = pdp_model_forward(m, x, &y)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    if (y->ndim != 2) {
-        char buf[96];
-        m->have_forward = false;
-        return pdp__err(PDP_ERR_SHAPE, "%s: the model's output is %s; cross-entropy needs "
-                        "[batch, classes] (add a Flatten and a Linear)", fn,
-                        pdp__shape_str(y, buf, sizeof buf));
-    }
-    /* The loss gradient goes to the model's own grad_a, which backward accepts as
-       dy (it ping-pongs between grad_a and grad_b): nothing is allocated. */
-    st = pdp__cross_entropy_on(m->device, y->data, labels, y->shape[0], y->shape[1],
-                               1.0f / (float)y->shape[0], &sum, m->grad_a, fn);
-    *loss = (float)(sum / (double)y->shape[0]);
-    if (st != PDP_OK) {
+    if ((st = pdp__model_check_logits(m, y, fn)) != PDP_OK) return st;
+    if ((st = pdp__model_cross_entropy(m, y, labels, loss, fn)) != PDP_OK) {
         m->have_forward = false;
         return st;
     }
-    pdp_tensor_wrap(m->grad_a, m->device, 2, y->shape, &dy);
+    pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
+    if ((st = pdp_model_backward(m, &dy)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_forward_backward_target(pdp_model *m, const pdp_tensor *x,
+                                                     const pdp_tensor *target, float *loss)
+{
+    const char *fn = "pdp_model_forward_backward_target";
+    const pdp_tensor *y;
+    pdp_tensor dy, t;
+    char a[96], b[96];
+    pdp_status st;
+    if (!m || !x || !target || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (target->dtype != PDP_DTYPE_I32 && target->dtype != PDP_DTYPE_F32)
+        return pdp__err(PDP_ERR_INVALID, "%s: target holds %s: int32 labels (cross-entropy) or "
+                        "float32 values (mean squared error)", fn, pdp_dtype_name(target->dtype));
+    if ((st = pdp_model_forward(m, x, &y)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (target->dtype == PDP_DTYPE_I32) {
+        int64_t rows;
+        if ((st = pdp__model_check_logits(m, y, fn)) != PDP_OK) return st;
+        rows = y->count / y->shape[y->ndim - 1];
+        if (target->count != rows || target->shape[0] != y->shape[0]) {
+            m->have_forward = false;
+            return pdp__err(PDP_ERR_SHAPE, "%s: target is %s int32 labels, the output %s needs "
+                            "one a row: %lld", fn, pdp__shape_str(target, a, sizeof a),
+                            pdp__shape_str(y, b, sizeof b), (long long)rows);
+        }
+        if (target->device.kind != PDP_DEVICE_CPU) {
+            m->have_forward = false;
+            return pdp__err(PDP_ERR_DEVICE, "%s: labels are read on the host; target is on "
+                            "device %d:%d", fn, target->device.kind, target->device.ordinal);
+        }
+        if ((st = pdp__model_cross_entropy(m, y, pdp_tensor_ids(target), loss, fn)) != PDP_OK) {
+            m->have_forward = false;
+            return st;
+        }
+    } else {
+        if (target->count != y->count || target->shape[0] != y->shape[0]) {
+            m->have_forward = false;
+            return pdp__err(PDP_ERR_SHAPE, "%s: target is %s, the output is %s", fn,
+                            pdp__shape_str(target, a, sizeof a), pdp__shape_str(y, b, sizeof b));
+        }
+        pdp_tensor_wrap(target->data, target->device, y->ndim, y->shape, &t);
+        pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
+        if ((st = pdp_loss_mse(y, &t, loss, &dy)) != PDP_OK) {
+            m->have_forward = false;
+            return pdp__err_wrap(st, "%s", fn);
+        }
+    }
+    pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
     if ((st = pdp_model_backward(m, &dy)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     return PDP_OK;
 }
@@ -17372,6 +18079,249 @@ PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *la
     return PDP_OK;
 }
 /* ---- end src/loss.c ---- */
+
+/* ---- begin src/gpt.c ---- */
+/* gpt: pdp_gpt_create and pdp_gpt_generate (gpt.h). The builder only calls model.h's
+   public constructors, then names and initialises what they made: a GPT is a model like
+   any other, and every executor sees its layers one by one. */
+
+/* #include "internal.h" (already above) */
+
+/* ---- gpt: the builder ---- */
+
+/* Names parameter p (the next one the builder made), "transformer.h.3.attn.c_attn" +
+   ".weight". */
+PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, const char *what)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s.%s", prefix, what);
+    return pdp__model_rename_param(m, p, name);
+}
+
+/* A Linear named prefix (weight then bias), its weight N(0, std), its bias 0. */
+PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, int64_t out, const char *prefix)
+{
+    pdp_status st;
+    int p = m->nparams;
+    if ((st = pdp_model_add_linear(m, out)) != PDP_OK ||
+        (st = pdp__gpt_name(m, p, prefix, "weight")) != PDP_OK ||
+        (st = pdp__gpt_name(m, p + 1, prefix, "bias")) != PDP_OK)
+        return st;
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix)
+{
+    pdp_status st;
+    int p = m->nparams;
+    if ((st = pdp_model_add_layernorm(m, 1e-5f)) != PDP_OK ||
+        (st = pdp__gpt_name(m, p, prefix, "weight")) != PDP_OK ||
+        (st = pdp__gpt_name(m, p + 1, prefix, "bias")) != PDP_OK)
+        return st;
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p)
+{
+    return p > 0.0f ? pdp_model_add_dropout(m, p) : PDP_OK;
+}
+
+/* Block i: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). */
+PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int i)
+{
+    char h[48], name[64];
+    pdp_status st;
+    snprintf(h, sizeof h, "transformer.h.%d", i);
+#define PDP__GPT_TRY(call) \
+    if ((st = (call)) != PDP_OK) return st
+#define PDP__GPT_NAME(part) (snprintf(name, sizeof name, "%s.%s", h, part), name)
+    PDP__GPT_TRY(pdp_model_residual_begin(m)); /* the attention's residual region */
+    PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_1")));
+    PDP__GPT_TRY(pdp__gpt_linear(m, 3 * d->dim, PDP__GPT_NAME("attn.c_attn")));
+    PDP__GPT_TRY(pdp_model_add_causal_self_attention(m, d->heads, d->dropout));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d->dim, PDP__GPT_NAME("attn.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
+    PDP__GPT_TRY(pdp_model_residual_end(m));
+    PDP__GPT_TRY(pdp_model_residual_begin(m)); /* the MLP's */
+    PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_2")));
+    PDP__GPT_TRY(pdp__gpt_linear(m, 4 * d->dim, PDP__GPT_NAME("mlp.c_fc")));
+    PDP__GPT_TRY(pdp_model_add_gelu(m));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d->dim, PDP__GPT_NAME("mlp.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
+    PDP__GPT_TRY(pdp_model_residual_end(m));
+#undef PDP__GPT_NAME
+#undef PDP__GPT_TRY
+    return PDP_OK;
+}
+
+/* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
+   the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
+   products), biases 0, LayerNorms as created (1 and 0). */
+PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
+{
+    pdp_rng r;
+    int p;
+    float std_proj = (float)(0.02 / sqrt(2.0 * (double)d->layers));
+    pdp_rng_seed(&r, d->seed, 1);
+    for (p = 0; p < m->nparams; p++) {
+        pdp_param v;
+        const char *name = m->params[p].name;
+        size_t n = strlen(name);
+        pdp_model_param(m, p, &v);
+        if (strstr(name, "ln_")) continue;
+        if (n > 5 && strcmp(name + n - 5, ".bias") == 0) {
+            pdp_tensor_zeros(&v.value);
+            continue;
+        }
+        pdp_tensor_normal(&v.value, &r, 0.0f, strstr(name, "c_proj.weight") ? std_proj : 0.02f);
+    }
+}
+
+PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
+{
+    const char *fn = "pdp_gpt_create";
+    pdp_gpt_desc d;
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    pdp_status st;
+    int i;
+    if (!out || !desc) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    *out = NULL;
+    d = *desc;
+    if (d.vocab == 0) d.vocab = 256;
+    if (d.sequence == 0) d.sequence = d.context;
+    if (d.vocab < 1 || d.vocab > INT32_MAX)
+        return pdp__err(PDP_ERR_INVALID, "%s: vocab %lld is outside [1, 2^31)", fn,
+                        (long long)d.vocab);
+    if (d.context < 1 || d.layers < 1 || d.heads < 1 || d.dim < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: context %lld, layers %d, heads %d and dim %lld "
+                        "are required (each >= 1)", fn, (long long)d.context, d.layers, d.heads,
+                        (long long)d.dim);
+    if (d.sequence < 1 || d.sequence > d.context)
+        return pdp__err(PDP_ERR_INVALID, "%s: sequence %lld is outside [1, context %lld]", fn,
+                        (long long)d.sequence, (long long)d.context);
+    if (d.dim % d.heads != 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: heads %d do not divide dim %lld", fn, d.heads,
+                        (long long)d.dim);
+    if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
+        return pdp__err(PDP_ERR_INVALID, "%s: dropout %g is outside [0, 1)", fn,
+                        (double)d.dropout);
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = d.sequence;
+    md.input_dtype = PDP_DTYPE_I32;
+    md.seed = d.seed;
+    md.device = d.device;
+    md.precision = d.precision;
+    if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
+        (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
+        (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||
+        (st = pdp__gpt_dropout(m, d.dropout)) != PDP_OK)
+        goto fail;
+    for (i = 0; i < d.layers; i++)
+        if ((st = pdp__gpt_block(m, &d, i)) != PDP_OK) goto fail;
+    if ((st = pdp__gpt_layernorm(m, "transformer.ln_f")) != PDP_OK ||
+        (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
+        goto fail;
+    if (m->device.kind == PDP_DEVICE_CPU) {
+        pdp__gpt_init(m, &d);
+    } else {
+        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT's layers run on the CPU for now");
+        goto fail;
+    }
+    *out = m;
+    return PDP_OK;
+fail:
+    pdp_model_free(m);
+    return pdp__err_wrap(st, "%s", fn);
+}
+
+/* ---- gpt: generation ---- */
+
+/* The next token from logits z[0..V): greedy at temperature 0, else a draw from
+   softmax(z / temperature) over the top_k largest (all when top_k is 0 or >= V). */
+PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature, int top_k,
+                                   float *p, pdp_rng *r)
+{
+    int64_t i, best = 0;
+    float cut = -HUGE_VALF, mx;
+    double sum = 0.0, u;
+    for (i = 1; i < V; i++)
+        if (z[i] > z[best]) best = i;
+    if (temperature <= 0.0f) return (int32_t)best;
+    if (top_k > 0 && top_k < V) { /* cut = the top_k-th largest logit, found by top_k
+                                     passes of a selection (V and top_k are small) */
+        int64_t k, j;
+        for (i = 0; i < V; i++) p[i] = z[i];
+        for (k = 0; k < top_k; k++) {
+            for (j = -1, i = 0; i < V; i++)
+                if (p[i] != -HUGE_VALF && (j < 0 || p[i] > p[j])) j = i;
+            if (j < 0) break;
+            cut = p[j];
+            p[j] = -HUGE_VALF;
+        }
+    }
+    mx = z[best];
+    for (i = 0; i < V; i++) {
+        p[i] = z[i] >= cut ? expf((z[i] - mx) / temperature) : 0.0f;
+        sum += (double)p[i];
+    }
+    u = (double)pdp_rng_uniform(r) * sum;
+    for (i = 0; i < V; i++) {
+        u -= (double)p[i];
+        if (u < 0.0 && p[i] > 0.0f) return (int32_t)i;
+    }
+    return (int32_t)best;
+}
+
+PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new,
+                                    float temperature, int top_k, pdp_rng *r)
+{
+    const char *fn = "pdp_gpt_generate";
+    int64_t T, V, k, i, at, shape[2];
+    int32_t *window;
+    float *p;
+    bool training;
+    pdp_tensor x;
+    const pdp_tensor *y;
+    pdp_status st = PDP_OK;
+    if (!m || !ids || !r) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (m->in_dtype != PDP_DTYPE_I32 || m->nlayers == 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model does not take token ids", fn);
+    if (m->device.kind != PDP_DEVICE_CPU)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: the model must be on the CPU", fn);
+    if (n < 1 || n_new < 0 || !(temperature >= 0.0f) || top_k < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: n %lld (>= 1), n_new %lld (>= 0), temperature %g "
+                        "and top_k %d (>= 0)", fn, (long long)n, (long long)n_new,
+                        (double)temperature, top_k);
+    T = m->in_shape[0];
+    V = m->layers[m->nlayers - 1].out_shape[1];
+    window = (int32_t *)pdp__calloc((size_t)T * sizeof *window);
+    p = (float *)pdp__alloc((size_t)V * sizeof *p);
+    if (!window || !p) {
+        pdp__dealloc(window);
+        pdp__dealloc(p);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
+    training = m->training;
+    m->training = false;
+    shape[0] = 1;
+    shape[1] = T;
+    pdp_tensor_wrap_ids(window, pdp_cpu(), 2, shape, &x);
+    for (k = 0; k < n_new && st == PDP_OK; k++) {
+        int64_t len = n + k, first = len > T ? len - T : 0;
+        for (i = 0; i < T; i++) window[i] = first + i < len ? ids[first + i] : 0; /* pad */
+        if ((st = pdp_model_forward(m, &x, &y)) != PDP_OK) break;
+        at = len - first - 1; /* the last real position */
+        ids[len] = pdp__gpt_pick(y->data + at * V, V, temperature, top_k, p, r);
+    }
+    m->training = training;
+    m->have_forward = false;
+    pdp__dealloc(window);
+    pdp__dealloc(p);
+    return st == PDP_OK ? PDP_OK : pdp__err_wrap(st, "%s", fn);
+}
+/* ---- end src/gpt.c ---- */
 
 /* ---- begin src/optim.c ---- */
 /* optim: torch.optim.SGD, Adam and AdamW on the flat parameter block, gradient
@@ -22128,7 +23078,7 @@ struct pdp__reducer {
     int twice_param;      /* a parameter reported twice in one backward, or -1 */
     int launched_in_backward; /* buckets launched by the grad hook (before backward ended) */
     pdp_status wait_status;   /* the first failed bucket wait of this backward */
-    char wait_msg[768];
+    char wait_msg[832];
     double busy;              /* execution seconds of this backward's waited buckets */
     int64_t bytes_at_arm;
     double backward_acc;  /* forward + backward seconds since the last finish */
@@ -22253,7 +23203,7 @@ PDP__PRIVATE void pdp__reducer_launch(pdp__reducer *r, int b)
     k->t_launch = pdp__now();
     st = r->desc.reduce(r, b, &k->work);
     if (st != PDP_OK && r->launch_status == PDP_OK) {
-        char name[160];
+        char name[192];
         pdp__red_bucket_name(r, b, name, sizeof name);
         r->launch_status = st;
         snprintf(r->launch_msg, sizeof r->launch_msg, "%s: %.300s", name, pdp_last_error());
@@ -22353,7 +23303,7 @@ PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_
 
 /* One parameter as the construction check compares it. */
 typedef struct pdp__red_sig {
-    char name[32];
+    char name[64];
     int64_t ndim;
     int64_t shape[4];
 } pdp__red_sig;
@@ -22823,7 +23773,7 @@ PDP__PRIVATE pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
     pdp_status st;
     st = pdp_work_wait(k->work);
     if (st != PDP_OK && r->wait_status == PDP_OK) {
-        char name[160];
+        char name[192];
         r->wait_status = st;
         pdp__red_bucket_name(r, b, name, sizeof name);
         snprintf(r->wait_msg, sizeof r->wait_msg, "%s: %.600s", name, pdp_last_error());
@@ -22856,7 +23806,7 @@ PDP__PRIVATE void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
         k->hook_pending = false;
         if (st == PDP_OK && r->hook.finish &&
             (st = r->hook.finish(r->hook.state, &k->view)) != PDP_OK && r->wait_status == PDP_OK) {
-            char name[160];
+            char name[192];
             r->wait_status = st;
             pdp__red_bucket_name(r, b, name, sizeof name);
             snprintf(r->wait_msg, sizeof r->wait_msg, "%s: comm hook finish: %.580s", name,
@@ -22873,7 +23823,7 @@ PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
     pdp_status first;
     pdp_comm_stats cs;
     double t0, t1, busy;
-    char msg[768];
+    char msg[832];
     int b;
     if (r->state == PDP__RED_IDLE) return PDP_OK;
     if (r->state == PDP__RED_LOCAL)

@@ -253,7 +253,12 @@ typedef enum pdp__layer_kind {
     PDP__COLUMN_PARALLEL_LINEAR,
     PDP__ROW_PARALLEL_LINEAR,
     PDP__TP_REDUCE,
-    PDP__SILU,                   /* a new kind goes here: earlier values stay as they were */
+    PDP__SILU,
+    PDP__EMBEDDING,              /* a GPT's kinds (layers_gpt.c) */
+    PDP__CAUSAL_SELF_ATTENTION,
+    PDP__RESIDUAL,
+    PDP__RESIDUAL_ADD,
+    PDP__TIED_LINEAR,            /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -267,8 +272,18 @@ typedef struct pdp__layer {
     int param_first, nparams;            /* registry indices (weight, then bias) */
     int64_t out_features;                /* Linear; Conv2d out channels */
     int64_t kernel, stride, padding;     /* Conv2d, MaxPool2d */
-    float p;                             /* Dropout */
+    float p;                             /* Dropout; CausalSelfAttention's attention dropout */
     float eps;                           /* LayerNorm */
+    int64_t positions;                   /* Linear, LayerNorm on a [T, C] sample: T rows, each
+                                            acted on alone (PyTorch's per-position Linear,
+                                            LayerNorm(C)); 1 (or 0) for a 1-D sample */
+    int64_t vocab, context;              /* Embedding: token ids [0, vocab), positions table
+                                            rows */
+    int64_t heads;                       /* CausalSelfAttention */
+    int residual_from;                   /* ResidualAdd: the index of its region's Residual */
+    int tied_param;                      /* TiedLinear: the registry index of its weight (a
+                                            parameter another layer owns) */
+    int64_t tied_in;                     /* TiedLinear: that weight is [out_features, tied_in] */
     int64_t saved_per_sample;            /* floats kept from forward for backward */
     int64_t work_per_sample;             /* floats of temporary workspace */
     struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
@@ -294,6 +309,10 @@ typedef struct pdp__layer_io {
     bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
     bool fused_relu;     /* Conv2d, Linear on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
+    const float *skip;   /* Residual, ResidualAdd (PDP__LAYER_SKIP): forward, the residual
+                            region's input [batch, in_count] */
+    float *dskip;        /* backward: the gradient the region's end sends around the branch
+                            (ResidualAdd writes it, Residual adds it) */
     float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
                             stride-2 MaxPool2d over an even H and W, also applied here:
                             forward writes the pool's output and winners (its y and saved,
@@ -310,6 +329,7 @@ typedef struct pdp__layer_io {
 typedef struct pdp__param_shapes {
     int wndim, bndim;
     int64_t wshape[4], bshape[4];
+    const char *wname, *bname; /* their names after "<number>."; NULL: "weight", "bias" */
 } pdp__param_shapes;
 
 /* Flags of a layer kind: every decision outside a kind's own code that depends on
@@ -334,6 +354,16 @@ typedef struct pdp__param_shapes {
                                       ColumnParallelLinear and a RowParallelLinear (tp.c) */
 #define PDP__LAYER_FUSABLE_RELU 64u /* the ReLU a PDP__LAYER_FUSES_RELU kind applies when it
                                        follows it (model.c: pdp__model_relu_fused) */
+#define PDP__LAYER_TAKES_IDS 256u /* its input is int32 token ids (Embedding): only a model's
+                                     first layer, on a model whose input_dtype is
+                                     PDP_DTYPE_I32; it has no input gradient */
+#define PDP__LAYER_FORWARD_VIEW 512u /* forward: output = input, aliased and never called (as
+                                        PDP__LAYER_VIEW); backward runs (Residual: it adds
+                                        the gradient sent around the branch) */
+#define PDP__LAYER_SKIP 1024u /* model.c hands it its residual region's skip (io->skip,
+                                 io->dskip): a Residual or its ResidualAdd */
+#define PDP__LAYER_TIED 2048u /* its weight is another layer's parameter (l->tied_param: a
+                                 GPT's head tied to the token embedding); it owns none */
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
@@ -377,7 +407,7 @@ PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device 
 PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad);
 
 typedef struct pdp__param_entry {
-    char name[32];
+    char name[64]; /* "3.weight", or a builder's ("transformer.h.0.attn.c_attn.weight") */
     int layer;
     int ndim;
     int64_t shape[4];
@@ -467,6 +497,8 @@ struct pdp_model {
     pdp_rng init_rng;
     int in_ndim;
     int64_t in_shape[3], in_count;
+    pdp_dtype in_dtype;      /* float32, or int32 token ids for an Embedding first */
+    int open_residual;       /* the Residual of a region not yet closed; -1: none */
     pdp__layer *layers;
     int nlayers, cap_layers;
     pdp__param_entry *params;
@@ -479,6 +511,8 @@ struct pdp_model {
     int64_t max_batch, batch;
     float **act;
     float *act_block, *saved_block, *work_block, *grad_a, *grad_b;
+    float *grad_skip;        /* residual regions: the gradient sent around the branch, [max_batch,
+                                widest] (NULL when the model has none) */
     int64_t *saved_off;      /* per layer, floats per sample before it in saved_block */
     pdp_tensor out_view;
     bool training;
@@ -539,6 +573,8 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
    rows (x must be the input that forward was given, still alive). */
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+/* Renames parameter p (model.c; a builder's names, pdp_gpt_create's). */
+PDP__PRIVATE pdp_status pdp__model_rename_param(pdp_model *m, int p, const char *name);
 PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
 PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
                                       bool forwarded);

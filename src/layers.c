@@ -207,31 +207,50 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
 
 /* ---- layers: Linear ---- */
 
+/* Rows a per-position kind acts on in a batch: batch x T for [T, C] samples. */
+PDP__PRIVATE int64_t pdp__layer_rows(const pdp__layer *l, int64_t batch)
+{
+    return batch * (l->positions > 0 ? l->positions : 1);
+}
+
+/* A 1-D sample (F) is one row of F features; a [T, C] sample is T rows of C, each acted
+   on alone, as PyTorch's Linear and LayerNorm(C) act on the last dimension. */
+PDP__PRIVATE void pdp__layers_per_position(pdp__layer *l)
+{
+    l->positions = l->in_ndim == 2 ? l->in_shape[0] : 1;
+}
+
 PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
-    int64_t weights;
+    int64_t weights, features;
     if (l->out_features < 1)
         return pdp__err(PDP_ERR_INVALID, "out_features %lld must be >= 1 (input %s)",
                         (long long)l->out_features, in);
-    if (l->in_ndim != 1)
-        return pdp__err(PDP_ERR_SHAPE, "needs 1-D samples, got %s (add a Flatten first)", in);
-    if (!pdp__mul_ok(l->out_features, l->in_count, &weights))
+    if (l->in_ndim != 1 && l->in_ndim != 2)
+        return pdp__err(PDP_ERR_SHAPE, "needs samples of features (F) or positions of "
+                        "features (T, C), got %s (add a Flatten first)", in);
+    pdp__layers_per_position(l);
+    features = l->in_count / l->positions;
+    if (!pdp__mul_ok(l->out_features, features, &weights) ||
+        !pdp__mul_ok(l->out_features, l->positions, &weights))
         return pdp__err(PDP_ERR_SHAPE, "out_features %lld x %lld inputs: more than %lld weights "
-                        "(input %s)", (long long)l->out_features, (long long)l->in_count,
+                        "(input %s)", (long long)l->out_features, (long long)features,
                         (long long)PDP__COUNT_MAX, in);
-    l->out_shape[0] = l->out_features;
+    l->out_shape[0] = l->in_ndim == 2 ? l->positions : l->out_features;
+    l->out_shape[1] = l->in_ndim == 2 ? l->out_features : 1;
     ps->wshape[0] = l->out_features;
-    ps->wshape[1] = l->in_count;
+    ps->wshape[1] = features;
     ps->wndim = 2;
     ps->bshape[0] = l->out_features;
     ps->bndim = 1;
-    l->work_per_sample = l->out_features; /* a fused ReLU's masked dy */
+    l->work_per_sample = l->out_features * l->positions; /* a fused ReLU's masked dy */
     return PDP_OK;
 }
 
 PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
-    pdp__layers_init_kaiming(w, l->out_features * l->in_count, b, l->out_features, l->in_count, r);
+    int64_t in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    pdp__layers_init_kaiming(w, l->out_features * in, b, l->out_features, in, r);
 }
 
 /* The ReLU that a Linear applies when one follows it on the CPU (io->fused_relu;
@@ -324,9 +343,22 @@ PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io 
     pdp__parallel_for(parts, pdp__linear_relu_part, &job);
 }
 
-PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io)
+/* io for the GEMMs: a [T, C] sample's T rows as rows of the batch */
+PDP__PRIVATE const pdp__layer_io *pdp__linear_rows_io(const pdp__layer *l, const pdp__layer_io *io,
+                                                      pdp__layer_io *rows)
 {
-    int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
+    if (l->positions <= 1) return io;
+    *rows = *io;
+    rows->batch = pdp__layer_rows(l, io->batch);
+    return rows;
+}
+
+PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io_in)
+{
+    pdp__layer_io rows;
+    const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
+    int64_t B = io->batch, in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    int64_t out = l->out_features, i;
     float beta = 0.0f;
     /* The bias: y = b, then the GEMM adds x W^T (beta 1), no pass of its own. With a
        fused ReLU after a bf16 product on a chain path (gemm.h: C = alpha acc + beta C
@@ -348,9 +380,12 @@ PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__laye
     return PDP_OK;
 }
 
-PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io)
+PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io_in)
 {
-    int64_t B = io->batch, in = l->in_count, out = l->out_features, i;
+    pdp__layer_io rows;
+    const pdp__layer_io *io = pdp__linear_rows_io(l, io_in, &rows);
+    int64_t B = io->batch, in = l->in_count / (l->positions > 0 ? l->positions : 1);
+    int64_t out = l->out_features, i;
     const float *dy = io->dy;
     if (io->fused_relu) { /* dy masked into work, db's sums on the way */
         pdp__linear_relu_run(l, io, pdp__linear_relu_backward_cols);
@@ -370,14 +405,16 @@ PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__lay
 #ifdef PDP_CUDA
 PDP__PRIVATE pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->batch,
-                                l->in_count, l->out_features, io->bf16);
+    int64_t rows = pdp__layer_rows(l, io->batch);
+    return pdp_cudak_linear_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, rows,
+                                l->in_count * io->batch / rows, l->out_features, io->bf16);
 }
 
 PDP__PRIVATE pdp_status pdp__linear_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
+    int64_t rows = pdp__layer_rows(l, io->batch);
     return pdp_cudak_linear_bwd(io->device.ordinal, io->x, io->w, io->dy, io->dw, io->db, io->dx,
-                                io->batch, l->in_count, l->out_features, io->bf16);
+                                rows, l->in_count * io->batch / rows, l->out_features, io->bf16);
 }
 #endif
 
@@ -707,10 +744,16 @@ PDP__PRIVATE pdp_status pdp__layernorm_setup(pdp__layer *l, pdp__param_shapes *p
     if (!(l->eps > 0.0f) || isinf(l->eps))
         return pdp__err(PDP_ERR_INVALID, "eps %g must be finite and > 0 (input %s)",
                         (double)l->eps, in);
-    memcpy(ps->wshape, l->in_shape, 3 * sizeof *ps->wshape);
-    memcpy(ps->bshape, l->in_shape, 3 * sizeof *ps->bshape);
-    ps->wndim = ps->bndim = l->in_ndim;
-    l->saved_per_sample = 2; /* mean, rstd */
+    pdp__layers_per_position(l);
+    if (l->in_ndim == 2) { /* [T, C]: LayerNorm(C) over the last dimension, row by row */
+        ps->wshape[0] = ps->bshape[0] = l->in_shape[1];
+        ps->wndim = ps->bndim = 1;
+    } else { /* (F) or (C, H, W): over all of a sample's features */
+        memcpy(ps->wshape, l->in_shape, 3 * sizeof *ps->wshape);
+        memcpy(ps->bshape, l->in_shape, 3 * sizeof *ps->bshape);
+        ps->wndim = ps->bndim = l->in_ndim;
+    }
+    l->saved_per_sample = 2 * l->positions; /* mean, rstd per row */
     return PDP_OK;
 }
 
@@ -719,7 +762,7 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
 {
     int64_t i;
     (void)r;
-    for (i = 0; i < l->in_count; i++) {
+    for (i = 0; i < l->in_count / (l->positions > 0 ? l->positions : 1); i++) {
         w[i] = 1.0f;
         b[i] = 0.0f;
     }
@@ -727,7 +770,7 @@ PDP__PRIVATE void pdp__layernorm_init(const pdp__layer *l, float *w, float *b, p
 
 PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = io->batch, n = l->in_count, s;
+    int64_t B = pdp__layer_rows(l, io->batch), n = l->in_count * io->batch / B, s;
     const float *PDP__RESTRICT w = io->w, *PDP__RESTRICT b = io->b;
     for (s = 0; s < B; s++) {
         const float *PDP__RESTRICT x = io->x + s * n;
@@ -747,7 +790,7 @@ PDP__PRIVATE pdp_status pdp__layernorm_forward(const pdp__layer *l, const pdp__l
    Two passes over each sample, nothing stored. */
 PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
-    int64_t B = io->batch, n = l->in_count, s;
+    int64_t B = pdp__layer_rows(l, io->batch), n = l->in_count * io->batch / B, s;
     const float *PDP__RESTRICT w = io->w;
     float *PDP__RESTRICT dw = io->dw, *PDP__RESTRICT db = io->db;
     for (s = 0; s < B; s++) {
@@ -773,14 +816,16 @@ PDP__PRIVATE pdp_status pdp__layernorm_backward(const pdp__layer *l, const pdp__
 #ifdef PDP_CUDA
 PDP__PRIVATE pdp_status pdp__layernorm_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
+    int64_t rows = pdp__layer_rows(l, io->batch);
     return pdp_cudak_layernorm_fwd(io->device.ordinal, io->x, io->w, io->b, io->y, io->saved,
-                                   io->batch, l->in_count, l->eps);
+                                   rows, l->in_count * io->batch / rows, l->eps);
 }
 
 PDP__PRIVATE pdp_status pdp__layernorm_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
+    int64_t rows = pdp__layer_rows(l, io->batch);
     return pdp_cudak_layernorm_bwd(io->device.ordinal, io->x, io->w, io->dy, io->saved, io->dw,
-                                   io->db, io->dx, io->batch, l->in_count);
+                                   io->db, io->dx, rows, l->in_count * io->batch / rows);
 }
 #endif
 

@@ -1,7 +1,7 @@
 /* layers_gpt: the math of a GPT's layers, forward and backward side by side (llm.c's
-   layout), as plain functions on row-major fp32 arrays. The layer table entries that
-   call them (shapes, parameters, saved buffers) come with the model integration; these
-   kernels allocate nothing: the caller passes every output, saved and work buffer.
+   layout), as plain functions on row-major fp32 arrays, then the layer kinds that call
+   them (shapes, parameters, saved buffers: the end of this file). The kernels allocate
+   nothing: the caller passes every output, saved and work buffer.
 
    Shapes: B sequences of T positions, channels C, H heads of D = C / H channels,
    vocabulary V. References: Vaswani et al., "Attention Is All You Need" (2017), for
@@ -36,8 +36,8 @@
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
      layers.c's element-wise kernel acts on every position of a [T, C] sample.
-   - Cross-entropy over [N, V] rows with ignore_index -1: loss.c's per-row formula on
-     the rows not ignored, the mean over those rows (pdp__cross_entropy_ignore).
+   - Cross-entropy over [N, V] rows with ignore_index -1: loss.c's
+     (pdp__cross_entropy_ignore, which pdp_model_forward_backward calls).
 
    Invariants: nothing allocated; outputs written (not accumulated) unless the
    function says +=; every reduction in a fixed order, whatever the thread count. */
@@ -355,52 +355,168 @@ PDP__PRIVATE void pdp__gpt_layernorm_backward(const float *x, const float *w, co
     (void)pdp__layernorm_backward(&l, &io);
 }
 
-/* ---- gpt: cross-entropy with ignored positions ----
-   loss = mean over the rows whose label is not -1 of logsumexp(z) - z[label] (PyTorch's
-   cross_entropy(ignore_index=-1, reduction='mean')); dlogits = (softmax(z) -
-   onehot(label)) / count on those rows, 0 on ignored ones. Every row ignored: PyTorch
-   returns NaN (0 / 0); here the loss is 0 and dlogits 0, a batch that teaches nothing,
-   and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
-   fn, the row and the label, checked before anything is written. It is a loss: with the
-   model integration it can move into loss.c, next to the row formula it calls, declared
-   here because loss.c comes later in IMPL. */
-PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
-                                           int64_t batch, int64_t classes, float grad_scale,
-                                           double *loss_sum, float *dlogits,
-                                           const char *fn); /* loss.c */
+/* ---- gpt: the layer kinds ----
+   The table's entries (layers_table.c) for a GPT's own kinds, on the kernels above:
+   - Embedding: a sample is T token ids (int32, the model's input), its output [T, C] =
+     wte[id] + wpe[t]; parameters "token.weight" [vocab, C] and "position.weight"
+     [context, C] (a GPT builder names them transformer.wte / transformer.wpe).
+   - CausalSelfAttention: [T, 3C] (the c_attn Linear's q | k | v) -> [T, C]; no
+     parameters (c_attn and c_proj are plain Linears around it); saves att [H, T, T].
+   - Residual and ResidualAdd: a residual region (model.c). Residual's forward is its
+     input seen again (model.c aliases it); ResidualAdd's forward is y = x + skip, the
+     region's input. Backward: ResidualAdd passes dy on to the branch (dx = dy) and sends
+     it around in dskip; Residual adds it: dx = dy + dskip, the two paths' gradients
+     summed where they split.
+   - TiedLinear: y = x W^T with no bias, W a parameter another layer owns (a GPT's head,
+     W = wte): its gradient accumulates into that parameter's, so the embedding's rows
+     and the head's product sum into one dW, as autograd sums a tied Parameter's uses. */
 
-PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
-                                                  int64_t N, int64_t V, float *loss,
-                                                  int64_t *count, float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__embedding_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
-    int64_t i, j, n = 0;
-    double total = 0.0;
-    float scale;
-    for (i = 0; i < N; i++) {
-        if (labels[i] == -1) continue;
-        if (labels[i] < 0 || labels[i] >= V)
-            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at row %lld is outside [0, %lld) "
-                            "and not the ignore index -1", fn, (long)labels[i], (long long)i,
-                            (long long)V);
-        n++;
-    }
-    *loss = 0.0f;
-    if (count) *count = n;
-    scale = n > 0 ? 1.0f / (float)n : 0.0f;
-    for (i = 0; i < N; i++) {
-        double row = 0.0;
-        if (labels[i] == -1) {
-            if (dlogits)
-                for (j = 0; j < V; j++) dlogits[i * V + j] = 0.0f;
-            continue;
-        }
-        /* loss.c's row: m + log(sum exp(z - m)) - z[label], in double */
-        if (pdp__cross_entropy(logits + i * V, labels + i, 1, V, scale, &row,
-                               dlogits ? dlogits + i * V : NULL, fn) != PDP_OK)
-            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at row %lld", fn,
-                            row != row ? "NaN" : "Inf", (long long)i);
-        total += row;
-    }
-    if (n > 0) *loss = (float)(total / (double)n);
+    if (l->in_ndim != 1)
+        return pdp__err(PDP_ERR_SHAPE, "needs a sample of T token ids, got %s", in);
+    if (l->vocab < 1 || l->out_features < 1 || l->context < 1)
+        return pdp__err(PDP_ERR_INVALID, "vocab %lld, dim %lld and context %lld must be >= 1",
+                        (long long)l->vocab, (long long)l->out_features, (long long)l->context);
+    if (l->in_shape[0] > l->context)
+        return pdp__err(PDP_ERR_SHAPE, "a sequence of %lld tokens is longer than the context "
+                        "of %lld", (long long)l->in_shape[0], (long long)l->context);
+    if (l->vocab > INT32_MAX)
+        return pdp__err(PDP_ERR_INVALID, "vocab %lld: ids are int32", (long long)l->vocab);
+    l->out_ndim = 2;
+    l->out_shape[0] = l->in_shape[0];
+    l->out_shape[1] = l->out_features;
+    ps->wndim = ps->bndim = 2;
+    ps->wshape[0] = l->vocab;
+    ps->wshape[1] = l->out_features;
+    ps->bshape[0] = l->context;
+    ps->bshape[1] = l->out_features;
+    ps->wname = "token.weight";
+    ps->bname = "position.weight";
+    return PDP_OK;
+}
+
+/* N(0, 1), as torch.nn.Embedding (a GPT builder draws its own, N(0, 0.02)) */
+PDP__PRIVATE void pdp__embedding_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
+{
+    pdp_tensor t;
+    int64_t nw = l->vocab * l->out_features, nb = l->context * l->out_features;
+    memset(&t, 0, sizeof t); /* g++ -O3 cannot see that the wrap fills it */
+    pdp_tensor_wrap(w, pdp_cpu(), 1, &nw, &t);
+    pdp_tensor_normal(&t, r, 0.0f, 1.0f);
+    pdp_tensor_wrap(b, pdp_cpu(), 1, &nb, &t);
+    pdp_tensor_normal(&t, r, 0.0f, 1.0f);
+}
+
+PDP__PRIVATE pdp_status pdp__embedding_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp__embed_forward((const int32_t *)(const void *)io->x, io->batch, l->in_shape[0],
+                              l->context, l->vocab, l->out_features, io->w, io->b, io->y,
+                              "token ids");
+}
+
+PDP__PRIVATE pdp_status pdp__embedding_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__embed_backward((const int32_t *)(const void *)io->x, io->batch, l->in_shape[0],
+                        l->out_features, io->dy, io->dw, io->db);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    int64_t T = l->in_shape[0], C = l->in_shape[1] / 3;
+    (void)ps;
+    if (l->in_ndim != 2 || l->in_shape[1] % 3 != 0)
+        return pdp__err(PDP_ERR_SHAPE, "needs [T, 3C] (q | k | v, a c_attn Linear's output), "
+                        "got %s", in);
+    if (l->heads < 1 || C % l->heads != 0)
+        return pdp__err(PDP_ERR_INVALID, "heads %lld must divide C = %lld (input %s)",
+                        (long long)l->heads, (long long)C, in);
+    if (!(l->p >= 0.0f && l->p < 1.0f))
+        return pdp__err(PDP_ERR_INVALID, "dropout %g is outside [0, 1) (input %s)", (double)l->p,
+                        in);
+    if (!pdp__mul3_ok(l->heads, T, T + 1, &l->work_per_sample))
+        return pdp__err(PDP_ERR_SHAPE, "%lld heads of %lld x %lld scores overflow (input %s)",
+                        (long long)l->heads, (long long)T, (long long)T, in);
+    l->out_ndim = 2;
+    l->out_shape[0] = T;
+    l->out_shape[1] = C;
+    l->saved_per_sample = l->heads * T * T; /* att: P before dropout */
+    return PDP_OK;
+}
+
+PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *io,
+                                      pdp__attn_dropout *d)
+{
+    d->p = io->training ? l->p : 0.0f;
+    d->seed = io->seed;
+    d->step = io->step;
+    d->layer = l->index;
+    d->sample_base = io->sample_base;
+}
+
+PDP__PRIVATE pdp_status pdp__attention_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__attn_dropout d;
+    pdp__attention_drop(l, io, &d);
+    pdp__attention_forward(io->x, io->batch, l->in_shape[0], l->out_shape[1], l->heads, &d, io->y,
+                           io->saved, io->work);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__attention_layer_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp__attn_dropout d;
+    if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
+    pdp__attention_drop(l, io, &d);
+    pdp__attention_backward(io->x, io->saved, io->dy, io->batch, l->in_shape[0], l->out_shape[1],
+                            l->heads, &d, io->dx, io->work);
+    return PDP_OK;
+}
+
+/* Residual: a forward view (model.c never calls its forward); backward dx = dy + dskip */
+PDP__PRIVATE pdp_status pdp__residual_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (io->y != io->x) memcpy(io->y, io->x, (size_t)(io->batch * l->in_count) * sizeof(float));
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t n = io->batch * l->in_count;
+    if (!io->dx) return PDP_OK;
+    memcpy(io->dx, io->dy, (size_t)n * sizeof(float));
+    pdp__layers_add(io->dx, io->dskip, n);
+    return PDP_OK;
+}
+
+/* ResidualAdd: y = x + skip; backward dx = dy and dskip = dy */
+PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int64_t n = io->batch * l->in_count;
+    memcpy(io->y, io->x, (size_t)n * sizeof(float));
+    pdp__layers_add(io->y, io->skip, n);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__residual_add_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    size_t bytes = (size_t)(io->batch * l->in_count) * sizeof(float);
+    memcpy(io->dskip, io->dy, bytes);
+    if (io->dx) memcpy(io->dx, io->dy, bytes);
+    return PDP_OK;
+}
+
+PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
+{
+    (void)ps; /* none of its own */
+    if ((l->in_ndim != 1 && l->in_ndim != 2) || l->in_shape[l->in_ndim - 1] != l->tied_in)
+        return pdp__err(PDP_ERR_SHAPE, "its weight is [%lld, %lld]: needs samples (%lld) or "
+                        "(T, %lld), got %s", (long long)l->out_features, (long long)l->tied_in,
+                        (long long)l->tied_in, (long long)l->tied_in, in);
+    pdp__layers_per_position(l);
+    l->out_ndim = l->in_ndim;
+    l->out_shape[0] = l->in_ndim == 2 ? l->positions : l->out_features;
+    l->out_shape[1] = l->in_ndim == 2 ? l->out_features : 1;
     return PDP_OK;
 }

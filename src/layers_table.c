@@ -86,11 +86,39 @@ PDP__PRIVATE double pdp__flops_each(const pdp__layer *l, bool input_grad, double
 {
     return (double)l->in_count * (fwd + dparam + (input_grad ? dinput : 0.0));
 }
-/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum */
+/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum (each
+   of a [T, C] sample's T rows is one row of the GEMMs: in_count = T C) */
 PDP__PRIVATE double pdp__flops_linear(const pdp__layer *l, bool input_grad)
 {
-    double gemm = 2.0 * (double)l->in_count * (double)l->out_count;
+    double gemm = 2.0 * (double)l->in_count * (double)l->out_features;
     return (input_grad ? 3.0 : 2.0) * gemm + 2.0 * (double)l->out_count;
+}
+/* the same GEMMs without a bias */
+PDP__PRIVATE double pdp__flops_tied_linear(const pdp__layer *l, bool input_grad)
+{
+    return (input_grad ? 3.0 : 2.0) * 2.0 * (double)l->in_count * (double)l->out_features;
+}
+/* a row gathered and a position added; backward scatter-adds each into two tables */
+PDP__PRIVATE double pdp__flops_embedding(const pdp__layer *l, bool input_grad)
+{
+    (void)input_grad; /* ids have no gradient */
+    return 3.0 * (double)l->out_count;
+}
+/* per head: S = Q K^T and Y = P V, 2 T^2 D each, so 4 T^2 C forward over the heads; the
+   backward's four products twice that; the softmax and its gradient ~8 a score */
+PDP__PRIVATE double pdp__flops_attention(const pdp__layer *l, bool input_grad)
+{
+    double T = (double)l->in_shape[0], C = (double)l->out_shape[1], H = (double)l->heads;
+    return 4.0 * T * T * C + (input_grad ? 8.0 * T * T * C : 0.0) + 8.0 * H * T * T;
+}
+/* the residual's add forward (ResidualAdd) and backward (Residual) */
+PDP__PRIVATE double pdp__flops_residual(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 0, 0, 1);
+}
+PDP__PRIVATE double pdp__flops_residual_add(const pdp__layer *l, bool g)
+{
+    return pdp__flops_each(l, g, 1, 0, 0);
 }
 /* the same GEMMs over im2col: out_count outputs, each a dot of C k k */
 PDP__PRIVATE double pdp__flops_conv(const pdp__layer *l, bool input_grad)
@@ -211,6 +239,25 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                          pdp__silu_backward, PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
                          pdp__flops_silu},
+    /* a GPT's kinds (layers_gpt.c); CPU only for now */
+    PDP__KIND(PDP__EMBEDDING){"Embedding", pdp__embedding_setup, pdp__embedding_init,
+                              pdp__embedding_forward, pdp__embedding_backward, NULL, NULL, NULL,
+                              PDP__LAYER_TAKES_IDS, pdp__flops_embedding},
+    PDP__KIND(PDP__CAUSAL_SELF_ATTENTION){"CausalSelfAttention", pdp__attention_setup, NULL,
+                                          pdp__attention_layer_forward,
+                                          pdp__attention_layer_backward, NULL, NULL, NULL, 0,
+                                          pdp__flops_attention},
+    PDP__KIND(PDP__RESIDUAL){"Residual", pdp__layers_setup_same, NULL, pdp__residual_forward,
+                             pdp__residual_backward, NULL, NULL, NULL,
+                             PDP__LAYER_FORWARD_VIEW | PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
+                             pdp__flops_residual},
+    PDP__KIND(PDP__RESIDUAL_ADD){"ResidualAdd", pdp__layers_setup_same, NULL,
+                                 pdp__residual_add_forward, pdp__residual_add_backward, NULL,
+                                 NULL, NULL, PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
+                                 pdp__flops_residual_add},
+    PDP__KIND(PDP__TIED_LINEAR){"TiedLinear", pdp__tied_linear_setup, NULL, pdp__linear_forward,
+                                pdp__linear_backward, NULL, NULL, NULL, PDP__LAYER_TIED,
+                                pdp__flops_tied_linear},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */

@@ -67,6 +67,51 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits,
     return st;
 }
 
+/* ---- loss: cross-entropy with ignored rows ----
+   loss = mean over the rows whose label is not -1 of logsumexp(z) - z[label] (PyTorch's
+   cross_entropy(ignore_index=-1, reduction='mean')); dlogits = (softmax(z) -
+   onehot(label)) / count on those rows, 0 on ignored ones. Every row ignored: PyTorch
+   returns NaN (0 / 0); here the loss is 0 and dlogits 0, a batch that teaches nothing,
+   and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
+   fn, the row and the label, checked before anything is written. */
+
+PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
+                                                  int64_t N, int64_t V, float *loss,
+                                                  int64_t *count, float *dlogits, const char *fn)
+{
+    int64_t i, j, n = 0;
+    double total = 0.0;
+    float scale;
+    for (i = 0; i < N; i++) {
+        if (labels[i] == -1) continue;
+        if (labels[i] < 0 || labels[i] >= V)
+            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at row %lld is outside [0, %lld) "
+                            "and not the ignore index -1", fn, (long)labels[i], (long long)i,
+                            (long long)V);
+        n++;
+    }
+    *loss = 0.0f;
+    if (count) *count = n;
+    scale = n > 0 ? 1.0f / (float)n : 0.0f;
+    for (i = 0; i < N; i++) {
+        double row = 0.0;
+        if (labels[i] == -1) {
+            if (dlogits)
+                for (j = 0; j < V; j++) dlogits[i * V + j] = 0.0f;
+            continue;
+        }
+        /* loss.c's row: m + log(sum exp(z - m)) - z[label], in double */
+        if (pdp__cross_entropy(logits + i * V, labels + i, 1, V, scale, &row,
+                               dlogits ? dlogits + i * V : NULL, fn) != PDP_OK)
+            return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at row %lld", fn,
+                            row != row ? "NaN" : "Inf", (long long)i);
+        total += row;
+    }
+    if (n > 0) *loss = (float)(total / (double)n);
+    return PDP_OK;
+}
+
+
 PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
 {
     return a->device.kind == b->device.kind && a->device.ordinal == b->device.ordinal;
@@ -162,33 +207,110 @@ PDP_API pdp_status pdp_loss_mse(const pdp_tensor *pred, const pdp_tensor *target
 
 /* ---- loss: training pass and accuracy ---- */
 
+/* Cross-entropy of the model's output y against labels, one a row of y's last dimension
+   ([B, K]: one a sample; [B, T, V]: one a position), -1 ignored; dy into the model's own
+   grad_a, which backward accepts as dy (it ping-pongs between grad_a and grad_b):
+   nothing is allocated. */
+PDP__PRIVATE pdp_status pdp__model_cross_entropy(pdp_model *m, const pdp_tensor *y,
+                                                 const int32_t *labels, float *loss,
+                                                 const char *fn)
+{
+    int64_t V = y->shape[y->ndim - 1], rows = y->count / V, i, ignored = 0;
+    double sum = 0.0;
+    pdp_status st;
+    if (m->device.kind == PDP_DEVICE_CPU) {
+        double t0 = pdp__prof.on ? pdp__now() : 0.0;
+        st = pdp__cross_entropy_ignore(y->data, labels, rows, V, loss, NULL, m->grad_a, fn);
+        if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
+        return st;
+    }
+    for (i = 0; i < rows; i++) ignored += labels[i] == -1;
+    if (ignored)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %lld of %lld labels are the ignore index -1; "
+                        "on CUDA every label counts for now", fn, (long long)ignored,
+                        (long long)rows);
+    st = pdp__cross_entropy_on(m->device, y->data, labels, rows, V, 1.0f / (float)rows, &sum,
+                               m->grad_a, fn);
+    *loss = (float)(sum / (double)rows);
+    return st;
+}
+
+/* The output a loss can read: [batch, classes] or [batch, T, vocab]. */
+PDP__PRIVATE pdp_status pdp__model_check_logits(pdp_model *m, const pdp_tensor *y, const char *fn)
+{
+    char buf[96];
+    if (y->ndim == 2 || y->ndim == 3) return PDP_OK;
+    m->have_forward = false;
+    return pdp__err(PDP_ERR_SHAPE, "%s: the model's output is %s; cross-entropy needs "
+                    "[batch, classes] or [batch, T, vocab] (add a Flatten and a Linear)", fn,
+                    pdp__shape_str(y, buf, sizeof buf));
+}
+
 PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
                                               const int32_t *labels, float *loss)
 {
     const char *fn = "pdp_model_forward_backward";
     const pdp_tensor *y;
     pdp_tensor dy;
-    double sum = 0.0;
     pdp_status st;
     if (!m || !x || !labels || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
     if ((st = pdp_model_forward(m, x, &y)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    if (y->ndim != 2) {
-        char buf[96];
-        m->have_forward = false;
-        return pdp__err(PDP_ERR_SHAPE, "%s: the model's output is %s; cross-entropy needs "
-                        "[batch, classes] (add a Flatten and a Linear)", fn,
-                        pdp__shape_str(y, buf, sizeof buf));
-    }
-    /* The loss gradient goes to the model's own grad_a, which backward accepts as
-       dy (it ping-pongs between grad_a and grad_b): nothing is allocated. */
-    st = pdp__cross_entropy_on(m->device, y->data, labels, y->shape[0], y->shape[1],
-                               1.0f / (float)y->shape[0], &sum, m->grad_a, fn);
-    *loss = (float)(sum / (double)y->shape[0]);
-    if (st != PDP_OK) {
+    if ((st = pdp__model_check_logits(m, y, fn)) != PDP_OK) return st;
+    if ((st = pdp__model_cross_entropy(m, y, labels, loss, fn)) != PDP_OK) {
         m->have_forward = false;
         return st;
     }
-    pdp_tensor_wrap(m->grad_a, m->device, 2, y->shape, &dy);
+    pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
+    if ((st = pdp_model_backward(m, &dy)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_forward_backward_target(pdp_model *m, const pdp_tensor *x,
+                                                     const pdp_tensor *target, float *loss)
+{
+    const char *fn = "pdp_model_forward_backward_target";
+    const pdp_tensor *y;
+    pdp_tensor dy, t;
+    char a[96], b[96];
+    pdp_status st;
+    if (!m || !x || !target || !loss) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (target->dtype != PDP_DTYPE_I32 && target->dtype != PDP_DTYPE_F32)
+        return pdp__err(PDP_ERR_INVALID, "%s: target holds %s: int32 labels (cross-entropy) or "
+                        "float32 values (mean squared error)", fn, pdp_dtype_name(target->dtype));
+    if ((st = pdp_model_forward(m, x, &y)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (target->dtype == PDP_DTYPE_I32) {
+        int64_t rows;
+        if ((st = pdp__model_check_logits(m, y, fn)) != PDP_OK) return st;
+        rows = y->count / y->shape[y->ndim - 1];
+        if (target->count != rows || target->shape[0] != y->shape[0]) {
+            m->have_forward = false;
+            return pdp__err(PDP_ERR_SHAPE, "%s: target is %s int32 labels, the output %s needs "
+                            "one a row: %lld", fn, pdp__shape_str(target, a, sizeof a),
+                            pdp__shape_str(y, b, sizeof b), (long long)rows);
+        }
+        if (target->device.kind != PDP_DEVICE_CPU) {
+            m->have_forward = false;
+            return pdp__err(PDP_ERR_DEVICE, "%s: labels are read on the host; target is on "
+                            "device %d:%d", fn, target->device.kind, target->device.ordinal);
+        }
+        if ((st = pdp__model_cross_entropy(m, y, pdp_tensor_ids(target), loss, fn)) != PDP_OK) {
+            m->have_forward = false;
+            return st;
+        }
+    } else {
+        if (target->count != y->count || target->shape[0] != y->shape[0]) {
+            m->have_forward = false;
+            return pdp__err(PDP_ERR_SHAPE, "%s: target is %s, the output is %s", fn,
+                            pdp__shape_str(target, a, sizeof a), pdp__shape_str(y, b, sizeof b));
+        }
+        pdp_tensor_wrap(target->data, target->device, y->ndim, y->shape, &t);
+        pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
+        if ((st = pdp_loss_mse(y, &t, loss, &dy)) != PDP_OK) {
+            m->have_forward = false;
+            return pdp__err_wrap(st, "%s", fn);
+        }
+    }
+    pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
     if ((st = pdp_model_backward(m, &dy)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     return PDP_OK;
 }

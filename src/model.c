@@ -39,6 +39,12 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     if (desc->input_ndim) ndim = desc->input_ndim;
     if (ndim != 1 && ndim != 3)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_ndim %d (must be 1 or 3)", ndim);
+    if (desc->input_dtype != PDP_DTYPE_F32 && desc->input_dtype != PDP_DTYPE_I32)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_create: input_dtype %d (must be "
+                        "PDP_DTYPE_F32 or PDP_DTYPE_I32)", (int)desc->input_dtype);
+    if (desc->input_dtype == PDP_DTYPE_I32 && ndim != 1)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: int32 inputs are token ids, one "
+                        "sequence [T] a sample; input_ndim is %d", ndim);
     for (i = 0; i < ndim; i++)
         if (desc->input_shape[i] < 1)
             return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: input_shape[%d] is %lld", i,
@@ -57,6 +63,8 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
         return pdp__err_wrap(st, "pdp_model_create");
     }
     m->in_ndim = ndim;
+    m->in_dtype = desc->input_dtype;
+    m->open_residual = -1;
     m->in_count = 1;
     for (i = 0; i < 3; i++) {
         m->in_shape[i] = i < ndim ? desc->input_shape[i] : 1;
@@ -80,6 +88,7 @@ PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
     d.seed = m->seed;
     d.device = m->device;
     d.precision = m->precision;
+    d.input_dtype = m->in_dtype;
     return d;
 }
 
@@ -90,9 +99,11 @@ PDP__PRIVATE void pdp__model_free_buffers(pdp_model *m)
     pdp__dev_free(m->device, m->work_block);
     pdp__dev_free(m->device, m->grad_a);
     pdp__dev_free(m->device, m->grad_b);
+    pdp__dev_free(m->device, m->grad_skip);
     pdp__dealloc(m->act);
     pdp__dealloc(m->saved_off);
     m->act_block = m->saved_block = m->work_block = m->grad_a = m->grad_b = NULL;
+    m->grad_skip = NULL;
     m->act = NULL;
     m->saved_off = NULL;
     m->max_batch = 0;
@@ -224,6 +235,24 @@ PDP__PRIVATE pdp_status pdp__model_register(pdp_model *m, int layer, const char 
     return PDP_OK;
 }
 
+/* Token ids enter a model once, at its first layer: a kind that takes ids
+   (PDP__LAYER_TAKES_IDS: Embedding) only as layer 0 of a model whose input is int32, and a
+   model whose input is int32 only with such a kind first. */
+PDP__PRIVATE pdp_status pdp__model_check_ids(const pdp_model *m, const pdp__layer *l)
+{
+    bool takes = (pdp__layer_kind_of(l->kind)->flags & PDP__LAYER_TAKES_IDS) != 0;
+    if (takes && l->index > 0)
+        return pdp__err(PDP_ERR_INVALID, "token ids enter only at a model's first layer (this "
+                        "is layer %d)", l->index);
+    if (takes && m->in_dtype != PDP_DTYPE_I32)
+        return pdp__err(PDP_ERR_INVALID, "takes int32 token ids; create the model with "
+                        "input_dtype = PDP_DTYPE_I32");
+    if (!takes && l->index == 0 && m->in_dtype == PDP_DTYPE_I32)
+        return pdp__err(PDP_ERR_INVALID, "the model's input is int32 token ids: its first "
+                        "layer must take them (pdp_model_add_embedding)");
+    return PDP_OK;
+}
+
 /* Appends layer l (kind and configuration filled in by the caller): infers its
    shapes, registers and initialises its parameters, and moves the parameter and
    gradient blocks to their new size. On failure the model is unchanged. */
@@ -249,7 +278,8 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
         memcpy(l.in_shape, m->in_shape, sizeof l.in_shape);
     }
     l.in_count = l.in_shape[0] * l.in_shape[1] * l.in_shape[2];
-    if ((st = pdp__layer_setup(&l, &ps)) != PDP_OK)
+    if ((st = pdp__model_check_ids(m, &l)) != PDP_OK ||
+        (st = pdp__layer_setup(&l, &ps)) != PDP_OK)
         return pdp__err_wrap(st, "%s: layer %d (%s)", fn, l.index, pdp__layer_kind_name(l.kind));
     l.out_count = l.out_shape[0] * l.out_shape[1] * l.out_shape[2]; /* the setup checked it */
 
@@ -259,8 +289,10 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
     old_nparams = m->nparams;
     l.param_first = m->nparams;
     l.nparams = (ps.wndim > 0) + (ps.bndim > 0);
-    if ((ps.wndim && (st = pdp__model_register(m, l.index, "weight", ps.wndim, ps.wshape))) ||
-        (ps.bndim && (st = pdp__model_register(m, l.index, "bias", ps.bndim, ps.bshape))))
+    if ((ps.wndim && (st = pdp__model_register(m, l.index, ps.wname ? ps.wname : "weight",
+                                               ps.wndim, ps.wshape))) ||
+        (ps.bndim && (st = pdp__model_register(m, l.index, ps.bname ? ps.bname : "bias",
+                                               ps.bndim, ps.bshape))))
         goto fail;
     if (m->param_count != old_count) {
         bytes = (size_t)m->param_count * sizeof(float);
@@ -370,6 +402,88 @@ PDP_API pdp_status pdp_model_add_maxpool2d(pdp_model *m, int64_t kernel, int64_t
     return pdp__model_add(m, l, "pdp_model_add_maxpool2d");
 }
 
+/* ---- model: a GPT's layers ---- */
+
+PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t dim,
+                                           int64_t context)
+{
+    pdp__layer l = pdp__layer_of(PDP__EMBEDDING);
+    l.vocab = vocab;
+    l.out_features = dim;
+    l.context = context ? context : m ? m->in_shape[0] : 0; /* 0: the model's T */
+    return pdp__model_add(m, l, "pdp_model_add_embedding");
+}
+
+PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads, float dropout)
+{
+    pdp__layer l = pdp__layer_of(PDP__CAUSAL_SELF_ATTENTION);
+    l.heads = heads;
+    l.p = dropout;
+    return pdp__model_add(m, l, "pdp_model_add_causal_self_attention");
+}
+
+/* A residual region: a Residual layer opens it (its forward is its input seen again), a
+   ResidualAdd closes it (y = x + the Residual's input). Backward, the ResidualAdd sends its
+   dy around the branch in grad_skip and the Residual adds it to the branch's gradient. */
+PDP_API pdp_status pdp_model_residual_begin(pdp_model *m)
+{
+    const char *fn = "pdp_model_residual_begin";
+    pdp_status st;
+    if (m && m->open_residual >= 0)
+        return pdp__err(PDP_ERR_STATE, "%s: the residual region opened at layer %d is still "
+                        "open (regions do not nest; close it with pdp_model_residual_end)", fn,
+                        m->open_residual);
+    if ((st = pdp__model_add(m, pdp__layer_of(PDP__RESIDUAL), fn)) != PDP_OK) return st;
+    m->open_residual = m->nlayers - 1;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_residual_end(pdp_model *m)
+{
+    const char *fn = "pdp_model_residual_end";
+    pdp__layer l = pdp__layer_of(PDP__RESIDUAL_ADD);
+    const pdp__layer *from, *last;
+    pdp_status st;
+    if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
+    if (m->open_residual < 0)
+        return pdp__err(PDP_ERR_STATE, "%s: no residual region is open (pdp_model_residual_begin "
+                        "opens one)", fn);
+    from = &m->layers[m->open_residual];
+    last = &m->layers[m->nlayers - 1];
+    if (last->out_ndim != from->in_ndim ||
+        memcmp(last->out_shape, from->in_shape, sizeof last->out_shape) != 0) {
+        char a[96], b[96];
+        pdp_tensor ta, tb;
+        pdp__set_shape(&ta, from->in_ndim, from->in_shape, 0);
+        pdp__set_shape(&tb, last->out_ndim, last->out_shape, 0);
+        return pdp__err(PDP_ERR_SHAPE, "%s: the region opened at layer %d takes %s and its "
+                        "layers give %s; a residual adds the two", fn, m->open_residual,
+                        pdp__shape_str(&ta, a, sizeof a), pdp__shape_str(&tb, b, sizeof b));
+    }
+    l.residual_from = m->open_residual;
+    if ((st = pdp__model_add(m, l, fn)) != PDP_OK) return st;
+    m->open_residual = -1;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_add_tied_linear(pdp_model *m, const char *param)
+{
+    const char *fn = "pdp_model_add_tied_linear";
+    pdp__layer l = pdp__layer_of(PDP__TIED_LINEAR);
+    int i;
+    if (!m || !param) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    for (i = 0; i < m->nparams && strcmp(m->params[i].name, param) != 0; i++) {}
+    if (i == m->nparams)
+        return pdp__err(PDP_ERR_INVALID, "%s: the model has no parameter \"%s\"", fn, param);
+    if (m->params[i].ndim != 2)
+        return pdp__err(PDP_ERR_SHAPE, "%s: \"%s\" is %d-D; a Linear's weight is [out, in]",
+                        fn, param, m->params[i].ndim);
+    l.tied_param = i;
+    l.out_features = m->params[i].shape[0];
+    l.tied_in = m->params[i].shape[1];
+    return pdp__model_add(m, l, fn);
+}
+
 PDP_API pdp_status pdp_model_add_flatten(pdp_model *m)
 {
     return pdp__model_add(m, pdp__layer_of(PDP__FLATTEN), "pdp_model_add_flatten");
@@ -417,7 +531,25 @@ PDP__PRIVATE bool pdp__model_pools(const pdp_model *m, int i)
    no buffer, no call. */
 PDP__PRIVATE bool pdp__model_is_view(const pdp_model *m, int i)
 {
-    return pdp__model_flag(m, i, PDP__LAYER_VIEW) || pdp__model_relu_fused(m, i);
+    return pdp__model_flag(m, i, PDP__LAYER_VIEW | PDP__LAYER_FORWARD_VIEW) ||
+           pdp__model_relu_fused(m, i);
+}
+
+/* Layer i runs in backward: not a view, or a view whose backward has work
+   (PDP__LAYER_FORWARD_VIEW: a Residual), and not a pool a Conv2d applied. */
+PDP__PRIVATE bool pdp__model_runs_backward(const pdp_model *m, int i)
+{
+    return (!pdp__model_is_view(m, i) || pdp__model_flag(m, i, PDP__LAYER_FORWARD_VIEW)) &&
+           !pdp__model_pool_fused(m, i);
+}
+
+/* The model has a residual region (a kind that needs grad_skip). */
+PDP__PRIVATE bool pdp__model_has_skip(const pdp_model *m)
+{
+    int i;
+    for (i = 0; i < m->nlayers; i++)
+        if (pdp__model_flag(m, i, PDP__LAYER_SKIP)) return true;
+    return false;
 }
 
 /* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
@@ -503,7 +635,9 @@ PDP_API pdp_status pdp_model_reserve(pdp_model *m, int64_t max_batch)
         (st = pdp__dev_alloc(m->device, (size_t)n[1] * 4, (void **)&m->saved_block)) ||
         (st = pdp__dev_alloc(m->device, (size_t)n[2] * 4, (void **)&m->work_block)) ||
         (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_a)) ||
-        (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_b))) {
+        (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_b)) ||
+        (pdp__model_has_skip(m) &&
+         (st = pdp__dev_alloc(m->device, (size_t)n[3] * 4, (void **)&m->grad_skip)))) {
         pdp__model_free_buffers(m);
         return pdp__err_wrap(st, "pdp_model_reserve: batch %lld", (long long)b);
     }
@@ -546,7 +680,18 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
         io->pool_y = m->act[i + 2];
         io->pool_arg = (int32_t *)(void *)pdp__model_saved(m, i + 2);
     }
-    if (l->nparams > 0) {
+    if (pdp__model_flag(m, i, PDP__LAYER_SKIP)) {
+        int from = m->layers[i].residual_from;
+        io->skip = m->act[from]; /* the Residual's output: the region's input seen again */
+        io->dskip = m->grad_skip;
+    }
+    if (pdp__model_flag(m, i, PDP__LAYER_TIED)) { /* another layer's parameter */
+        const pdp__param_entry *w = &m->params[l->tied_param];
+        int owner = w->layer;
+        io->w = m->layer_w && m->layer_w[owner] ? m->layer_w[owner] : m->param_block + w->offset;
+        io->dw = m->layer_dw && m->layer_dw[owner] ? m->layer_dw[owner]
+                                                   : m->grad_block + w->offset;
+    } else if (l->nparams > 0) {
         const pdp__param_entry *w = &m->params[l->param_first];
         io->w = m->layer_w && m->layer_w[i] ? m->layer_w[i] : m->param_block + w->offset;
         io->dw = m->layer_dw && m->layer_dw[i] ? m->layer_dw[i] : m->grad_block + w->offset;
@@ -584,7 +729,19 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     *y = NULL;
     if (m->nlayers == 0)
         return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the model has no layers");
+    if (m->open_residual >= 0)
+        return pdp__err(PDP_ERR_STATE, "pdp_model_forward: the residual region opened at layer "
+                        "%d is never closed (pdp_model_residual_end)", m->open_residual);
+    if (x->dtype != m->in_dtype)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: layer 0 (%s) takes %s inputs, got "
+                        "%s", pdp__layer_kind_name(m->layers[0].kind),
+                        pdp_dtype_name(m->in_dtype), pdp_dtype_name(x->dtype));
     batch = x->shape[0];
+    if (m->in_dtype == PDP_DTYPE_I32 && x->ndim == 2 && x->shape[1] > m->layers[0].context)
+        return pdp__err(PDP_ERR_SHAPE, "pdp_model_forward: layer 0 (%s): a sequence of %lld "
+                        "tokens is longer than the context of %lld",
+                        pdp__layer_kind_name(m->layers[0].kind), (long long)x->shape[1],
+                        (long long)m->layers[0].context);
     if (x->ndim != m->in_ndim + 1 || !pdp__mul_ok(batch, m->in_count, &n) || x->count != n)
         goto bad_shape;
     for (d = 0; d < m->in_ndim; d++)
@@ -673,12 +830,13 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
                                pdp__layer_kind_name(l->kind));
             break;
         }
-        if (!pdp__model_is_view(m, i) && !pdp__model_pool_fused(m, i)) {
+        if (pdp__model_runs_backward(m, i)) {
             pdp__model_io(m, i, &io);
             io.x = i ? m->act[i - 1] : m->act[m->nlayers];
             io.y = m->act[i];
             io.dy = g;
             io.dx = i ? (g == m->grad_a ? m->grad_b : m->grad_a) : m->input_grad;
+            if (pdp__model_flag(m, i, PDP__LAYER_TAKES_IDS)) io.dx = NULL; /* ids: none */
             t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
             if ((st = pdp__layer_backward(l, &io)) != PDP_OK) {
                 st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
@@ -841,6 +999,38 @@ PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_te
     return PDP_OK;
 }
 
+/* ---- model: memory ---- */
+
+PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, int64_t batch)
+{
+    int64_t floats = 0;
+    int i;
+    if (!m || batch < 1) return 0;
+    lo = PDP__MAX(lo, 0);
+    hi = PDP__MIN(hi, m->nlayers);
+    for (i = lo; i < hi; i++) {
+        if (pdp__model_has_output(m, i)) pdp__model_plan_add(&floats, m->layers[i].out_count);
+        pdp__model_plan_add(&floats, m->layers[i].saved_per_sample);
+    }
+    return floats > INT64_MAX / 4 / batch ? INT64_MAX : floats * 4 * batch;
+}
+
+/* Renames parameter p (a builder's names: pdp_gpt_create's nanoGPT ones). A name that is
+   empty, too long or already another parameter's is PDP_ERR_INVALID. */
+PDP__PRIVATE pdp_status pdp__model_rename_param(pdp_model *m, int p, const char *name)
+{
+    int i;
+    if (!name[0] || strlen(name) >= sizeof m->params[p].name)
+        return pdp__err(PDP_ERR_INVALID, "parameter name \"%s\" is empty or longer than %d "
+                        "characters", name, (int)sizeof m->params[p].name - 1);
+    for (i = 0; i < m->nparams; i++)
+        if (i != p && strcmp(m->params[i].name, name) == 0)
+            return pdp__err(PDP_ERR_INVALID, "parameter name \"%s\" is taken (parameter %d)",
+                            name, i);
+    snprintf(m->params[p].name, sizeof m->params[p].name, "%s", name);
+    return PDP_OK;
+}
+
 /* ---- model: replicas ---- */
 
 PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
@@ -862,6 +1052,7 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
     m->act = NULL;
     m->saved_off = NULL;
     m->act_block = m->saved_block = m->work_block = m->grad_a = m->grad_b = NULL;
+    m->grad_skip = NULL;
     m->max_batch = 0;
     m->hook = NULL;
     m->hook_user = NULL;
@@ -919,6 +1110,27 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     pdp_status st;
     *out = NULL;
     PDP_ASSERT(0 <= lo && lo < hi && hi <= full->nlayers);
+    for (i = lo; i < hi; i++) { /* what a stage cannot yet cut through */
+        const pdp__layer *l = &full->layers[i];
+        const unsigned f = pdp__layer_kind_of(l->kind)->flags;
+        if ((f & PDP__LAYER_SKIP) && (f & PDP__LAYER_FORWARD_VIEW) == 0 && l->residual_from < lo)
+            return pdp__err(PDP_ERR_UNSUPPORTED, "a stage starting at layer %d cuts the residual "
+                            "region of layers %d..%d: cut between regions", lo, l->residual_from,
+                            i);
+        if ((f & PDP__LAYER_SKIP) && (f & PDP__LAYER_FORWARD_VIEW) && i + 1 < full->nlayers) {
+            int end = i + 1;
+            while (end < full->nlayers && full->layers[end].residual_from != i) end++;
+            if (end >= hi && end < full->nlayers)
+                return pdp__err(PDP_ERR_UNSUPPORTED, "a stage ending before layer %d cuts the "
+                                "residual region of layers %d..%d: cut between regions", hi, i,
+                                end);
+        }
+        if ((f & PDP__LAYER_TIED) && full->params[l->tied_param].layer < lo)
+            return pdp__err(PDP_ERR_UNSUPPORTED, "layer %d (%s) uses parameter %s of layer %d, "
+                            "on an earlier stage: a pipeline cannot share a tied parameter yet",
+                            i, pdp__layer_kind_name(l->kind), full->params[l->tied_param].name,
+                            full->params[l->tied_param].layer);
+    }
     p0 = full->layers[lo].param_first;
     p1 = hi < full->nlayers ? full->layers[hi].param_first : full->nparams;
     off0 = p0 < full->nparams ? full->params[p0].offset : full->param_count;
@@ -941,7 +1153,13 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a stage");
     }
     memcpy(m->layers, full->layers + lo, (size_t)m->nlayers * sizeof *m->layers);
-    for (i = 0; i < m->nlayers; i++) m->layers[i].param_first -= p0;
+    for (i = 0; i < m->nlayers; i++) {
+        m->layers[i].param_first -= p0;
+        m->layers[i].residual_from -= lo;
+        m->layers[i].tied_param -= p0;
+    }
+    m->in_dtype = lo == 0 ? full->in_dtype : PDP_DTYPE_F32;
+    m->open_residual = -1;
     for (i = 0; i < m->nparams; i++) {
         m->params[i] = full->params[p0 + i];
         m->params[i].offset -= off0;

@@ -32,6 +32,8 @@ typedef struct pdp_model_desc {
                                 inputs (pdp_gemm_bf16; on CUDA cuBLAS GemmEx), as
                                 torch.autocast; parameters, gradients, activations and
                                 the rest stay fp32. Default fp32 */
+    pdp_dtype input_dtype;   /* PDP_DTYPE_I32: samples are T token ids (input_shape {T}),
+                                taken by an Embedding first; default float32 */
 } pdp_model_desc;
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
@@ -52,7 +54,8 @@ PDP_API pdp_status pdp_model_add_tanh(pdp_model *m);
 PDP_API pdp_status pdp_model_add_sigmoid(pdp_model *m);
 PDP_API pdp_status pdp_model_add_silu(pdp_model *m);   /* x sigmoid(x), as torch.nn.SiLU */
 PDP_API pdp_status pdp_model_add_dropout(pdp_model *m, float p); /* 0 <= p < 1 */
-/* Normalises over all features of a sample; eps 0 means 1e-5. */
+/* Normalises over all features of a sample, or over the last dimension of a [T, C] sample
+   (each position alone, as torch.nn.LayerNorm(C)); eps 0 means 1e-5. */
 PDP_API pdp_status pdp_model_add_layernorm(pdp_model *m, float eps);
 /* Square kernel; stride 0 means 1. Input must be (C, H, W). */
 PDP_API pdp_status pdp_model_add_conv2d(pdp_model *m, int64_t out_channels, int64_t kernel,
@@ -60,6 +63,40 @@ PDP_API pdp_status pdp_model_add_conv2d(pdp_model *m, int64_t out_channels, int6
 /* Square window; stride 0 means kernel. */
 PDP_API pdp_status pdp_model_add_maxpool2d(pdp_model *m, int64_t kernel, int64_t stride);
 PDP_API pdp_status pdp_model_add_flatten(pdp_model *m);
+
+/* ---- a GPT's layers ----
+   Samples of positions: after an Embedding a sample is [T, C], T positions of C
+   features. Linear (y = x W^T + b on every position: W is [out, C]), LayerNorm (over C),
+   GELU, Dropout and the other element-wise kinds act on every position as PyTorch's do on
+   [B, T, C]; 1-D samples are unchanged. pdp_gpt_create (gpt.h) builds a whole GPT.
+
+   Embedding (torch.nn.Embedding for tokens plus a learned one for positions, as GPT-2's
+   wte and wpe): the model's input is int32 ids (desc.input_dtype = PDP_DTYPE_I32,
+   input_shape {T}); out[t] = token.weight[id[t]] + position.weight[t], parameters
+   "<n>.token.weight" [vocab, dim] and "<n>.position.weight" [context, dim] (context 0:
+   T), each N(0, 1) as torch.nn.Embedding. Only a model's first layer. An id outside
+   [0, vocab) fails the forward with PDP_ERR_INVALID naming the layer, the position (b, t)
+   and the id; a sequence longer than the context PDP_ERR_SHAPE naming both lengths. */
+PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t dim,
+                                           int64_t context);
+/* Causal multi-head self-attention on [T, 3C] (a Linear(C, 3C)'s output: q, k, v side by
+   side, nanoGPT's c_attn) -> [T, C]: per head softmax(q k^T / sqrt(C / heads)) with
+   position t seeing 0..t only, attention dropout p in training, heads concatenated
+   (nanoGPT's CausalSelfAttention without its two Linears). heads must divide C. Keeps
+   heads x T x T probabilities a sample for backward. */
+PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads,
+                                                       float dropout);
+/* A residual region: the layers added between begin and end are a branch f, and the
+   region computes x + f(x) (the sum's gradient flows into both). Begin adds a Residual
+   layer, end a ResidualAdd; neither is numbered in the state_dict (functions in PyTorch's
+   forward, not modules). Regions follow one another and do not nest; end fails with
+   PDP_ERR_SHAPE when f changes the shape, and a forward with a region open fails. */
+PDP_API pdp_status pdp_model_residual_begin(pdp_model *m);
+PDP_API pdp_status pdp_model_residual_end(pdp_model *m);
+/* A Linear without bias whose weight is the model's parameter named param ([out, in]),
+   shared, not copied: GPT-2's head tied to the token embedding (y = x wte^T). Both
+   layers' gradients sum into the one parameter, as autograd's for a tied Parameter. */
+PDP_API pdp_status pdp_model_add_tied_linear(pdp_model *m, const char *param);
 
 /* x is [batch, input_shape...]; *y points at the model's own output tensor
    [batch, output features...], valid until the next forward. Activations are
@@ -83,6 +120,10 @@ PDP_API const char *pdp_model_layer_name(const pdp_model *m, int layer); /* "Lin
 /* The shape of one output sample (without the batch dimension). */
 PDP_API int pdp_model_output_shape(const pdp_model *m, int64_t shape[3]);
 PDP_API int64_t pdp_model_param_count(const pdp_model *m); /* floats in all parameters */
+/* Bytes of activations that layers [lo, hi) keep from forward for backward at batch
+   samples, as pdp_model_reserve plans them: their outputs (a view has none) and what each
+   saves (a Dropout's mask, an attention's probabilities, a LayerNorm's mean and rstd). */
+PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, int64_t batch);
 PDP_API int pdp_model_num_params(const pdp_model *m);      /* named parameter tensors */
 PDP_API pdp_device pdp_model_device(const pdp_model *m);
 
@@ -120,11 +161,22 @@ typedef void (*pdp_grad_hook)(void *user, pdp_model *m, int param_index);
 PDP_API void pdp_model_set_grad_hook(pdp_model *m, pdp_grad_hook fn, void *user);
 
 /* One training pass for classification: forward, softmax cross-entropy against
-   labels (mean over the batch), backward (gradients accumulate). *loss gets the
-   mean loss; NaN or Inf fails with PDP_ERR_NUMERIC. Uses the model's own
-   buffer for the loss gradient: nothing is allocated after the first call. */
+   labels, backward (gradients accumulate). One label a row of the output's last
+   dimension: an output [batch, classes] takes batch labels, a language model's [batch, T,
+   vocab] takes batch x T (one a position, row-major: nanoGPT's targets). A label of -1 is
+   ignored (nanoGPT's ignore_index): *loss is the mean over the other rows, and a batch
+   with every label -1 gives 0 and no gradient. Any other label outside [0, classes) fails
+   with PDP_ERR_INVALID naming the row; NaN or Inf with PDP_ERR_NUMERIC. Uses the model's
+   own buffer for the loss gradient: nothing is allocated after the first call. On CUDA,
+   -1 labels are not supported yet (PDP_ERR_UNSUPPORTED). */
 PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x,
                                               const int32_t *labels, float *loss);
+/* The same pass with the target a tensor whose dtype picks the loss (what a batcher's
+   pdp_batcher_next_target hands out): int32 labels, one a row as above (its shape [batch]
+   or [batch, T]; on the host) -> cross-entropy; float32 values of the output's count and
+   batch -> mean squared error over every element (pdp_loss_mse: regression). */
+PDP_API pdp_status pdp_model_forward_backward_target(pdp_model *m, const pdp_tensor *x,
+                                                     const pdp_tensor *target, float *loss);
 
 /* ---- losses ----
    As torch.nn.functional with reduction='mean'. Tensors are on the CPU. */

@@ -132,7 +132,7 @@ struct pdp__reducer {
     int twice_param;      /* a parameter reported twice in one backward, or -1 */
     int launched_in_backward; /* buckets launched by the grad hook (before backward ended) */
     pdp_status wait_status;   /* the first failed bucket wait of this backward */
-    char wait_msg[768];
+    char wait_msg[832];
     double busy;              /* execution seconds of this backward's waited buckets */
     int64_t bytes_at_arm;
     double backward_acc;  /* forward + backward seconds since the last finish */
@@ -257,7 +257,7 @@ PDP__PRIVATE void pdp__reducer_launch(pdp__reducer *r, int b)
     k->t_launch = pdp__now();
     st = r->desc.reduce(r, b, &k->work);
     if (st != PDP_OK && r->launch_status == PDP_OK) {
-        char name[160];
+        char name[192];
         pdp__red_bucket_name(r, b, name, sizeof name);
         r->launch_status = st;
         snprintf(r->launch_msg, sizeof r->launch_msg, "%s: %.300s", name, pdp_last_error());
@@ -357,7 +357,7 @@ PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_
 
 /* One parameter as the construction check compares it. */
 typedef struct pdp__red_sig {
-    char name[32];
+    char name[64];
     int64_t ndim;
     int64_t shape[4];
 } pdp__red_sig;
@@ -827,7 +827,7 @@ PDP__PRIVATE pdp_status pdp__reducer_wait_work(pdp__reducer *r, int b)
     pdp_status st;
     st = pdp_work_wait(k->work);
     if (st != PDP_OK && r->wait_status == PDP_OK) {
-        char name[160];
+        char name[192];
         r->wait_status = st;
         pdp__red_bucket_name(r, b, name, sizeof name);
         snprintf(r->wait_msg, sizeof r->wait_msg, "%s: %.600s", name, pdp_last_error());
@@ -860,7 +860,7 @@ PDP__PRIVATE void pdp__reducer_wait_bucket(pdp__reducer *r, int b)
         k->hook_pending = false;
         if (st == PDP_OK && r->hook.finish &&
             (st = r->hook.finish(r->hook.state, &k->view)) != PDP_OK && r->wait_status == PDP_OK) {
-            char name[160];
+            char name[192];
             r->wait_status = st;
             pdp__red_bucket_name(r, b, name, sizeof name);
             snprintf(r->wait_msg, sizeof r->wait_msg, "%s: comm hook finish: %.580s", name,
@@ -877,7 +877,7 @@ PDP__PRIVATE pdp_status pdp__reducer_finish(pdp__reducer *r, const char *fn)
     pdp_status first;
     pdp_comm_stats cs;
     double t0, t1, busy;
-    char msg[768];
+    char msg[832];
     int b;
     if (r->state == PDP__RED_IDLE) return PDP_OK;
     if (r->state == PDP__RED_LOCAL)

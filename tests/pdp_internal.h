@@ -240,7 +240,12 @@ typedef enum pdp__layer_kind {
     PDP__COLUMN_PARALLEL_LINEAR,
     PDP__ROW_PARALLEL_LINEAR,
     PDP__TP_REDUCE,
-    PDP__SILU,                   /* a new kind goes here: earlier values stay as they were */
+    PDP__SILU,
+    PDP__EMBEDDING,              /* a GPT's kinds (layers_gpt.c) */
+    PDP__CAUSAL_SELF_ATTENTION,
+    PDP__RESIDUAL,
+    PDP__RESIDUAL_ADD,
+    PDP__TIED_LINEAR,            /* a new kind goes here: earlier values stay as they were */
     PDP__LAYER_KIND_COUNT
 } pdp__layer_kind;
 
@@ -254,8 +259,18 @@ typedef struct pdp__layer {
     int param_first, nparams;            /* registry indices (weight, then bias) */
     int64_t out_features;                /* Linear; Conv2d out channels */
     int64_t kernel, stride, padding;     /* Conv2d, MaxPool2d */
-    float p;                             /* Dropout */
+    float p;                             /* Dropout; CausalSelfAttention's attention dropout */
     float eps;                           /* LayerNorm */
+    int64_t positions;                   /* Linear, LayerNorm on a [T, C] sample: T rows, each
+                                            acted on alone (PyTorch's per-position Linear,
+                                            LayerNorm(C)); 1 (or 0) for a 1-D sample */
+    int64_t vocab, context;              /* Embedding: token ids [0, vocab), positions table
+                                            rows */
+    int64_t heads;                       /* CausalSelfAttention */
+    int residual_from;                   /* ResidualAdd: the index of its region's Residual */
+    int tied_param;                      /* TiedLinear: the registry index of its weight (a
+                                            parameter another layer owns) */
+    int64_t tied_in;                     /* TiedLinear: that weight is [out_features, tied_in] */
     int64_t saved_per_sample;            /* floats kept from forward for backward */
     int64_t work_per_sample;             /* floats of temporary workspace */
     struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
@@ -281,6 +296,10 @@ typedef struct pdp__layer_io {
     bool bf16;           /* the model's precision is PDP_PRECISION_BF16: GEMM inputs in bf16 */
     bool fused_relu;     /* Conv2d, Linear on the CPU: a ReLU follows and is applied here (forward:
                             y = relu(.); backward: dy masked by y > 0); model.c aliases it */
+    const float *skip;   /* Residual, ResidualAdd (PDP__LAYER_SKIP): forward, the residual
+                            region's input [batch, in_count] */
+    float *dskip;        /* backward: the gradient the region's end sends around the branch
+                            (ResidualAdd writes it, Residual adds it) */
     float *pool_y;       /* Conv2d on the CPU, non-NULL: that ReLU is followed by a 2x2
                             stride-2 MaxPool2d over an even H and W, also applied here:
                             forward writes the pool's output and winners (its y and saved,
@@ -297,6 +316,7 @@ typedef struct pdp__layer_io {
 typedef struct pdp__param_shapes {
     int wndim, bndim;
     int64_t wshape[4], bshape[4];
+    const char *wname, *bname; /* their names after "<number>."; NULL: "weight", "bias" */
 } pdp__param_shapes;
 
 /* Flags of a layer kind: every decision outside a kind's own code that depends on
@@ -321,6 +341,16 @@ typedef struct pdp__param_shapes {
                                       ColumnParallelLinear and a RowParallelLinear (tp.c) */
 #define PDP__LAYER_FUSABLE_RELU 64u /* the ReLU a PDP__LAYER_FUSES_RELU kind applies when it
                                        follows it (model.c: pdp__model_relu_fused) */
+#define PDP__LAYER_TAKES_IDS 256u /* its input is int32 token ids (Embedding): only a model's
+                                     first layer, on a model whose input_dtype is
+                                     PDP_DTYPE_I32; it has no input gradient */
+#define PDP__LAYER_FORWARD_VIEW 512u /* forward: output = input, aliased and never called (as
+                                        PDP__LAYER_VIEW); backward runs (Residual: it adds
+                                        the gradient sent around the branch) */
+#define PDP__LAYER_SKIP 1024u /* model.c hands it its residual region's skip (io->skip,
+                                 io->dskip): a Residual or its ResidualAdd */
+#define PDP__LAYER_TIED 2048u /* its weight is another layer's parameter (l->tied_param: a
+                                 GPT's head tied to the token embedding); it owns none */
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
@@ -364,7 +394,7 @@ PDP__PRIVATE int64_t pdp__layer_work_per_sample(const pdp__layer *l, pdp_device 
 PDP__PRIVATE double pdp__layer_flops(const pdp__layer *l, bool input_grad);
 
 typedef struct pdp__param_entry {
-    char name[32];
+    char name[64]; /* "3.weight", or a builder's ("transformer.h.0.attn.c_attn.weight") */
     int layer;
     int ndim;
     int64_t shape[4];
@@ -454,6 +484,8 @@ struct pdp_model {
     pdp_rng init_rng;
     int in_ndim;
     int64_t in_shape[3], in_count;
+    pdp_dtype in_dtype;      /* float32, or int32 token ids for an Embedding first */
+    int open_residual;       /* the Residual of a region not yet closed; -1: none */
     pdp__layer *layers;
     int nlayers, cap_layers;
     pdp__param_entry *params;
@@ -466,6 +498,8 @@ struct pdp_model {
     int64_t max_batch, batch;
     float **act;
     float *act_block, *saved_block, *work_block, *grad_a, *grad_b;
+    float *grad_skip;        /* residual regions: the gradient sent around the branch, [max_batch,
+                                widest] (NULL when the model has none) */
     int64_t *saved_off;      /* per layer, floats per sample before it in saved_block */
     pdp_tensor out_view;
     bool training;
@@ -526,6 +560,8 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
    rows (x must be the input that forward was given, still alive). */
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+/* Renames parameter p (model.c; a builder's names, pdp_gpt_create's). */
+PDP__PRIVATE pdp_status pdp__model_rename_param(pdp_model *m, int p, const char *name);
 PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
 PDP__PRIVATE void pdp__model_use_slot(pdp_model *m, int slot, const float *x, int64_t batch,
                                       bool forwarded);
@@ -3863,6 +3899,13 @@ PDP__PRIVATE pdp_status pdp__layers_setup_same(pdp__layer *l, pdp__param_shapes 
 
 /* ---- layers: Linear ---- */
 
+/* Rows a per-position kind acts on in a batch: batch x T for [T, C] samples. */
+PDP__PRIVATE int64_t pdp__layer_rows(const pdp__layer *l, int64_t batch);
+
+/* A 1-D sample (F) is one row of F features; a [T, C] sample is T rows of C, each acted
+   on alone, as PyTorch's Linear and LayerNorm(C) act on the last dimension. */
+PDP__PRIVATE void pdp__layers_per_position(pdp__layer *l);
+
 PDP__PRIVATE pdp_status pdp__linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
 PDP__PRIVATE void pdp__linear_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
@@ -3908,9 +3951,13 @@ PDP__PRIVATE void pdp__linear_relu_run(const pdp__layer *l, const pdp__layer_io 
                                        void (*cols)(const pdp__layer_io *, int64_t, int64_t,
                                                     int64_t));
 
-PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io);
+/* io for the GEMMs: a [T, C] sample's T rows as rows of the batch */
+PDP__PRIVATE const pdp__layer_io *pdp__linear_rows_io(const pdp__layer *l, const pdp__layer_io *io,
+                                                      pdp__layer_io *rows);
 
-PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io);
+PDP__PRIVATE pdp_status pdp__linear_forward(const pdp__layer *l, const pdp__layer_io *io_in);
+
+PDP__PRIVATE pdp_status pdp__linear_backward(const pdp__layer *l, const pdp__layer_io *io_in);
 
 #ifdef PDP_CUDA
 PDP__PRIVATE pdp_status pdp__linear_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
@@ -4495,9 +4542,9 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
 
 /* ---- src/layers_gpt.c ---- */
 /* layers_gpt: the math of a GPT's layers, forward and backward side by side (llm.c's
-   layout), as plain functions on row-major fp32 arrays. The layer table entries that
-   call them (shapes, parameters, saved buffers) come with the model integration; these
-   kernels allocate nothing: the caller passes every output, saved and work buffer.
+   layout), as plain functions on row-major fp32 arrays, then the layer kinds that call
+   them (shapes, parameters, saved buffers: the end of this file). The kernels allocate
+   nothing: the caller passes every output, saved and work buffer.
 
    Shapes: B sequences of T positions, channels C, H heads of D = C / H channels,
    vocabulary V. References: Vaswani et al., "Attention Is All You Need" (2017), for
@@ -4532,8 +4579,8 @@ PDP__PRIVATE pdp_status pdp__maxpool_cuda_backward(const pdp__layer *l, const pd
      whose sample is one row (pdp__gpt_layernorm_*).
    - GELU, tanh form: already pdp's GELU (math.h's pdp__gelu and pdp__gelu_grad), and
      layers.c's element-wise kernel acts on every position of a [T, C] sample.
-   - Cross-entropy over [N, V] rows with ignore_index -1: loss.c's per-row formula on
-     the rows not ignored, the mean over those rows (pdp__cross_entropy_ignore).
+   - Cross-entropy over [N, V] rows with ignore_index -1: loss.c's
+     (pdp__cross_entropy_ignore, which pdp_model_forward_backward calls).
 
    Invariants: nothing allocated; outputs written (not accumulated) unless the
    function says +=; every reduction in a fixed order, whatever the thread count. */
@@ -4654,23 +4701,51 @@ PDP__PRIVATE void pdp__gpt_layernorm_backward(const float *x, const float *w, co
                                               const float *dy, int64_t N, int64_t C, float *dx,
                                               float *dw, float *db);
 
-/* ---- gpt: cross-entropy with ignored positions ----
-   loss = mean over the rows whose label is not -1 of logsumexp(z) - z[label] (PyTorch's
-   cross_entropy(ignore_index=-1, reduction='mean')); dlogits = (softmax(z) -
-   onehot(label)) / count on those rows, 0 on ignored ones. Every row ignored: PyTorch
-   returns NaN (0 / 0); here the loss is 0 and dlogits 0, a batch that teaches nothing,
-   and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
-   fn, the row and the label, checked before anything is written. It is a loss: with the
-   model integration it can move into loss.c, next to the row formula it calls, declared
-   here because loss.c comes later in IMPL. */
-PDP__PRIVATE pdp_status pdp__cross_entropy(const float *logits, const int32_t *labels,
-                                           int64_t batch, int64_t classes, float grad_scale,
-                                           double *loss_sum, float *dlogits,
-                                           const char *fn); /* loss.c */
+/* ---- gpt: the layer kinds ----
+   The table's entries (layers_table.c) for a GPT's own kinds, on the kernels above:
+   - Embedding: a sample is T token ids (int32, the model's input), its output [T, C] =
+     wte[id] + wpe[t]; parameters "token.weight" [vocab, C] and "position.weight"
+     [context, C] (a GPT builder names them transformer.wte / transformer.wpe).
+   - CausalSelfAttention: [T, 3C] (the c_attn Linear's q | k | v) -> [T, C]; no
+     parameters (c_attn and c_proj are plain Linears around it); saves att [H, T, T].
+   - Residual and ResidualAdd: a residual region (model.c). Residual's forward is its
+     input seen again (model.c aliases it); ResidualAdd's forward is y = x + skip, the
+     region's input. Backward: ResidualAdd passes dy on to the branch (dx = dy) and sends
+     it around in dskip; Residual adds it: dx = dy + dskip, the two paths' gradients
+     summed where they split.
+   - TiedLinear: y = x W^T with no bias, W a parameter another layer owns (a GPT's head,
+     W = wte): its gradient accumulates into that parameter's, so the embedding's rows
+     and the head's product sum into one dW, as autograd sums a tied Parameter's uses. */
 
-PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
-                                                  int64_t N, int64_t V, float *loss,
-                                                  int64_t *count, float *dlogits, const char *fn);
+PDP__PRIVATE pdp_status pdp__embedding_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+/* N(0, 1), as torch.nn.Embedding (a GPT builder draws its own, N(0, 0.02)) */
+PDP__PRIVATE void pdp__embedding_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
+
+PDP__PRIVATE pdp_status pdp__embedding_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__embedding_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
+
+PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *io,
+                                      pdp__attn_dropout *d);
+
+PDP__PRIVATE pdp_status pdp__attention_layer_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__attention_layer_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* Residual: a forward view (model.c never calls its forward); backward dx = dy + dskip */
+PDP__PRIVATE pdp_status pdp__residual_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__residual_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* ResidualAdd: y = x + skip; backward dx = dy and dskip = dy */
+PDP__PRIVATE pdp_status pdp__residual_add_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__residual_add_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
 /* ---- src/layers_tp.c ---- */
 /* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
@@ -4863,8 +4938,19 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    dinput for the input's */
 PDP__PRIVATE double pdp__flops_each(const pdp__layer *l, bool input_grad, double fwd,
                                     double dparam, double dinput);
-/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum */
+/* y = x W^T + b: one GEMM forward, one for dW, one for dx; the bias's add and sum (each
+   of a [T, C] sample's T rows is one row of the GEMMs: in_count = T C) */
 PDP__PRIVATE double pdp__flops_linear(const pdp__layer *l, bool input_grad);
+/* the same GEMMs without a bias */
+PDP__PRIVATE double pdp__flops_tied_linear(const pdp__layer *l, bool input_grad);
+/* a row gathered and a position added; backward scatter-adds each into two tables */
+PDP__PRIVATE double pdp__flops_embedding(const pdp__layer *l, bool input_grad);
+/* per head: S = Q K^T and Y = P V, 2 T^2 D each, so 4 T^2 C forward over the heads; the
+   backward's four products twice that; the softmax and its gradient ~8 a score */
+PDP__PRIVATE double pdp__flops_attention(const pdp__layer *l, bool input_grad);
+/* the residual's add forward (ResidualAdd) and backward (Residual) */
+PDP__PRIVATE double pdp__flops_residual(const pdp__layer *l, bool g);
+PDP__PRIVATE double pdp__flops_residual_add(const pdp__layer *l, bool g);
 /* the same GEMMs over im2col: out_count outputs, each a dot of C k k */
 PDP__PRIVATE double pdp__flops_conv(const pdp__layer *l, bool input_grad);
 /* k k compares an output; the backward adds each output's gradient at its winner */
@@ -4993,6 +5079,11 @@ PDP__PRIVATE int pdp__model_next_number(const pdp_model *m);
 PDP__PRIVATE pdp_status pdp__model_register(pdp_model *m, int layer, const char *what, int ndim,
                                             const int64_t *shape);
 
+/* Token ids enter a model once, at its first layer: a kind that takes ids
+   (PDP__LAYER_TAKES_IDS: Embedding) only as layer 0 of a model whose input is int32, and a
+   model whose input is int32 only with such a kind first. */
+PDP__PRIVATE pdp_status pdp__model_check_ids(const pdp_model *m, const pdp__layer *l);
+
 /* Appends layer l (kind and configuration filled in by the caller): infers its
    shapes, registers and initialises its parameters, and moves the parameter and
    gradient blocks to their new size. On failure the model is unchanged. */
@@ -5020,6 +5111,21 @@ PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind);
 
 /* PDP_API pdp_status pdp_model_add_maxpool2d(pdp_model *m, int64_t kernel, int64_t stride) */
 
+/* ---- model: a GPT's layers ---- */
+
+/* PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t dim, int64_t context) */
+
+/* PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads, float dropout) */
+
+/* A residual region: a Residual layer opens it (its forward is its input seen again), a
+   ResidualAdd closes it (y = x + the Residual's input). Backward, the ResidualAdd sends its
+   dy around the branch in grad_skip and the Residual adds it to the branch's gradient. */
+/* PDP_API pdp_status pdp_model_residual_begin(pdp_model *m) */
+
+/* PDP_API pdp_status pdp_model_residual_end(pdp_model *m) */
+
+/* PDP_API pdp_status pdp_model_add_tied_linear(pdp_model *m, const char *param) */
+
 /* PDP_API pdp_status pdp_model_add_flatten(pdp_model *m) */
 
 /* ---- model: buffers ---- */
@@ -5046,6 +5152,13 @@ PDP__PRIVATE bool pdp__model_pools(const pdp_model *m, int i);
 /* Layer i's output is its input seen again (PDP__LAYER_VIEW: Flatten; a fused ReLU):
    no buffer, no call. */
 PDP__PRIVATE bool pdp__model_is_view(const pdp_model *m, int i);
+
+/* Layer i runs in backward: not a view, or a view whose backward has work
+   (PDP__LAYER_FORWARD_VIEW: a Residual), and not a pool a Conv2d applied. */
+PDP__PRIVATE bool pdp__model_runs_backward(const pdp_model *m, int i);
+
+/* The model has a residual region (a kind that needs grad_skip). */
+PDP__PRIVATE bool pdp__model_has_skip(const pdp_model *m);
 
 /* Layer i's output needs a buffer: not a view, and not a Conv2d whose pool is fused. */
 PDP__PRIVATE bool pdp__model_has_output(const pdp_model *m, int i);
@@ -5121,6 +5234,14 @@ PDP__PRIVATE void pdp__model_view(float *data, pdp_device d, const pdp__param_en
 
 /* PDP_API pdp_status pdp_model_flat(const pdp_model *m, pdp_tensor *params, pdp_tensor *grads) */
 
+/* ---- model: memory ---- */
+
+/* PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, int64_t batch) */
+
+/* Renames parameter p (a builder's names: pdp_gpt_create's nanoGPT ones). A name that is
+   empty, too long or already another parameter's is PDP_ERR_INVALID. */
+PDP__PRIVATE pdp_status pdp__model_rename_param(pdp_model *m, int p, const char *name);
+
 /* ---- model: replicas ---- */
 
 PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
@@ -5163,6 +5284,18 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits,
                                               float grad_scale, double *loss_sum, float *dlogits,
                                               const char *fn);
 
+/* ---- loss: cross-entropy with ignored rows ----
+   loss = mean over the rows whose label is not -1 of logsumexp(z) - z[label] (PyTorch's
+   cross_entropy(ignore_index=-1, reduction='mean')); dlogits = (softmax(z) -
+   onehot(label)) / count on those rows, 0 on ignored ones. Every row ignored: PyTorch
+   returns NaN (0 / 0); here the loss is 0 and dlogits 0, a batch that teaches nothing,
+   and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
+   fn, the row and the label, checked before anything is written. */
+
+PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
+                                                  int64_t N, int64_t V, float *loss,
+                                                  int64_t *count, float *dlogits, const char *fn);
+
 PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b);
 
 /* Shared argument checks of the public losses: a 2-D tensor [batch, classes]. */
@@ -5180,9 +5313,61 @@ PDP__PRIVATE bool pdp__loss_same_shape(const pdp_tensor *a, const pdp_tensor *b)
 
 /* ---- loss: training pass and accuracy ---- */
 
+/* Cross-entropy of the model's output y against labels, one a row of y's last dimension
+   ([B, K]: one a sample; [B, T, V]: one a position), -1 ignored; dy into the model's own
+   grad_a, which backward accepts as dy (it ping-pongs between grad_a and grad_b):
+   nothing is allocated. */
+PDP__PRIVATE pdp_status pdp__model_cross_entropy(pdp_model *m, const pdp_tensor *y,
+                                                 const int32_t *labels, float *loss,
+                                                 const char *fn);
+
+/* The output a loss can read: [batch, classes] or [batch, T, vocab]. */
+PDP__PRIVATE pdp_status pdp__model_check_logits(pdp_model *m, const pdp_tensor *y, const char *fn);
+
 /* PDP_API pdp_status pdp_model_forward_backward(pdp_model *m, const pdp_tensor *x, const int32_t *labels, float *loss) */
 
+/* PDP_API pdp_status pdp_model_forward_backward_target(pdp_model *m, const pdp_tensor *x, const pdp_tensor *target, float *loss) */
+
 /* PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *labels, int64_t *correct) */
+
+/* ---- src/gpt.c ---- */
+/* gpt: pdp_gpt_create and pdp_gpt_generate (gpt.h). The builder only calls model.h's
+   public constructors, then names and initialises what they made: a GPT is a model like
+   any other, and every executor sees its layers one by one. */
+
+/* #include "internal.h" (above) */
+
+/* ---- gpt: the builder ---- */
+
+/* Names parameter p (the next one the builder made), "transformer.h.3.attn.c_attn" +
+   ".weight". */
+PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, const char *what);
+
+/* A Linear named prefix (weight then bias), its weight N(0, std), its bias 0. */
+PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, int64_t out, const char *prefix);
+
+PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix);
+
+PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p);
+
+/* Block i: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). */
+PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int i);
+
+/* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
+   the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
+   products), biases 0, LayerNorms as created (1 and 0). */
+PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
+
+/* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
+
+/* ---- gpt: generation ---- */
+
+/* The next token from logits z[0..V): greedy at temperature 0, else a draw from
+   softmax(z / temperature) over the top_k largest (all when top_k is 0 or >= V). */
+PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature, int top_k,
+                                   float *p, pdp_rng *r);
+
+/* PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new, float temperature, int top_k, pdp_rng *r) */
 
 /* ---- src/optim.c ---- */
 /* optim: torch.optim.SGD, Adam and AdamW on the flat parameter block, gradient
@@ -6499,7 +6684,7 @@ struct pdp__reducer {
     int twice_param;      /* a parameter reported twice in one backward, or -1 */
     int launched_in_backward; /* buckets launched by the grad hook (before backward ended) */
     pdp_status wait_status;   /* the first failed bucket wait of this backward */
-    char wait_msg[768];
+    char wait_msg[832];
     double busy;              /* execution seconds of this backward's waited buckets */
     int64_t bytes_at_arm;
     double backward_acc;  /* forward + backward seconds since the last finish */
@@ -6564,7 +6749,7 @@ PDP__PRIVATE pdp_status pdp__reducer_event(void *user, pdp_model *m, pdp__model_
 
 /* One parameter as the construction check compares it. */
 typedef struct pdp__red_sig {
-    char name[32];
+    char name[64];
     int64_t ndim;
     int64_t shape[4];
 } pdp__red_sig;

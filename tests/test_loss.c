@@ -231,7 +231,7 @@ TEST loss_forward_backward_reports_bad_labels_and_shapes(void)
     pdp_tensor_wrap(xd, pdp_cpu(), 2, shape, &x);
     ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_forward_backward(m, &x, labels, &loss),
                    pdp_status_name);
-    ASSERT(strstr(pdp_last_error(), "pdp_model_forward_backward: label 7 at sample 1"));
+    ASSERT(strstr(pdp_last_error(), "pdp_model_forward_backward: label 7 at row 1"));
     ASSERT(strstr(pdp_last_error(), "[0, 7)"));
     /* the failed pass left no forward behind to run backward on */
     pdp_tensor_wrap(dy, pdp_cpu(), 2, shape, &dyt);
@@ -247,8 +247,82 @@ TEST loss_forward_backward_reports_bad_labels_and_shapes(void)
     PASS();
 }
 
+/* A label of -1 takes its row out: the pass over [a, ignored] equals the pass over a
+   alone (loss and every gradient), and a batch of only -1 gives 0 and no gradient. */
+TEST loss_forward_backward_ignores_minus_one(void)
+{
+    pdp_model *a = mlp(5), *b = mlp(5);
+    float xd[2 * 12], loss_a, loss_b;
+    int32_t two[2] = {3, -1}, none[2] = {-1, -1};
+    int64_t s2[2] = {2, 12}, s1[2] = {1, 12}, i;
+    pdp_tensor x2, x1, ga, gb;
+    ASSERT(a && b);
+    for (i = 0; i < 24; i++) xd[i] = (float)((i * 37) % 11) / 5.0f - 1.0f;
+    pdp_tensor_wrap(xd, pdp_cpu(), 2, s2, &x2);
+    pdp_tensor_wrap(xd, pdp_cpu(), 2, s1, &x1);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(a, &x2, two, &loss_a), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(b, &x1, two, &loss_b), pdp_status_name);
+    ASSERT_EQ(loss_b, loss_a);
+    pdp_model_flat(a, NULL, &ga);
+    pdp_model_flat(b, NULL, &gb);
+    for (i = 0; i < ga.count; i++) ASSERT_EQ(gb.data[i], ga.data[i]);
+    pdp_model_zero_grad(a);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(a, &x2, none, &loss_a), pdp_status_name);
+    ASSERT_EQ(0.0f, loss_a);
+    for (i = 0; i < ga.count; i++) ASSERT_EQ(0.0f, ga.data[i]);
+    pdp_model_free(a);
+    pdp_model_free(b);
+    PASS();
+}
+
+/* The target's dtype picks the loss: int32 labels give pdp_model_forward_backward's pass,
+   float32 values pdp_loss_mse's (forward, the loss, backward done by hand here). */
+TEST loss_forward_backward_target_picks_the_loss_by_dtype(void)
+{
+    enum { B = 3 };
+    pdp_model *a = mlp(7), *b = mlp(7);
+    float xd[B * 12], want[B * 7], dyd[B * 7], loss_a, loss_b;
+    int32_t labels[B] = {0, 6, 2};
+    int64_t sx[2] = {B, 12}, sy[2] = {B, 7}, sl[1] = {B}, bad[2] = {B, 6}, i;
+    pdp_tensor x, t, dy, ga, gb;
+    const pdp_tensor *y;
+    ASSERT(a && b);
+    for (i = 0; i < B * 12; i++) xd[i] = (float)((i * 29) % 13) / 6.0f - 1.0f;
+    for (i = 0; i < B * 7; i++) want[i] = (float)((i * 17) % 5) / 4.0f;
+    pdp_tensor_wrap(xd, pdp_cpu(), 2, sx, &x);
+    pdp_model_flat(a, NULL, &ga);
+    pdp_model_flat(b, NULL, &gb);
+    /* int32: the labels' pass */
+    pdp_tensor_wrap_ids(labels, pdp_cpu(), 1, sl, &t);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward_target(a, &x, &t, &loss_a), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(b, &x, labels, &loss_b), pdp_status_name);
+    ASSERT_EQ(loss_b, loss_a);
+    for (i = 0; i < ga.count; i++) ASSERT_EQ(gb.data[i], ga.data[i]);
+    /* float32: mean squared error */
+    pdp_model_zero_grad(a);
+    pdp_model_zero_grad(b);
+    pdp_tensor_wrap(want, pdp_cpu(), 2, sy, &t);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward_target(a, &x, &t, &loss_a), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(b, &x, &y), pdp_status_name);
+    pdp_tensor_wrap(dyd, pdp_cpu(), 2, sy, &dy);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_loss_mse(y, &t, &loss_b, &dy), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(b, &dy), pdp_status_name);
+    ASSERT_EQ(loss_b, loss_a);
+    for (i = 0; i < ga.count; i++) ASSERT_EQ(gb.data[i], ga.data[i]);
+    /* a target that does not fit the output, named */
+    pdp_tensor_wrap(want, pdp_cpu(), 2, bad, &t);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_forward_backward_target(a, &x, &t, &loss_a),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "target is [3, 6], the output is [3, 7]"));
+    pdp_model_free(a);
+    pdp_model_free(b);
+    PASS();
+}
+
 SUITE(loss)
 {
+    RUN_TEST(loss_forward_backward_ignores_minus_one);
+    RUN_TEST(loss_forward_backward_target_picks_the_loss_by_dtype);
     RUN_TEST(loss_cross_entropy_matches_reference_and_finite_differences);
     RUN_TEST(loss_cross_entropy_is_stable_for_large_logits);
     RUN_TEST(loss_cross_entropy_errors_name_sample_label_and_shape);

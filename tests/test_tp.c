@@ -252,7 +252,7 @@ typedef struct rank_ctx {
     int ckpt_refused; /* ZeRO: checkpoint calls refused as unsupported (of 4) */
     pdp_tp_stats stats;
     int nlayers;
-    char names[8][32];
+    char names[8][64];
 } rank_ctx;
 
 static pdp_model *plain_layout; /* the reference model's registry, for compare() */
@@ -302,7 +302,7 @@ static void *rank_main(void *arg)
         goto out;
     compare(m, plain_layout, ref_init, &ctx->init_worst, &scale);
     ctx->nlayers = m->nlayers;
-    for (p = 0; p < m->nparams && p < 8; p++) snprintf(ctx->names[p], 32, "%s", m->params[p].name);
+    for (p = 0; p < m->nparams && p < 8; p++) snprintf(ctx->names[p], sizeof ctx->names[p], "%s", m->params[p].name);
     if (ctx->zero) {
         pdp_zero_desc zd;
         memset(&zd, 0, sizeof zd);

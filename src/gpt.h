@@ -1,0 +1,68 @@
+/* gpt: a GPT built from the layer table's kinds, with nanoGPT's architecture and
+   state_dict names, and text generation from it.
+
+   pdp_gpt_create builds, as one sequential model (model.h), GPT-2's architecture as
+   nanoGPT writes it (Radford et al., 2019; nanoGPT's model.py):
+
+       layer                          parameters (nanoGPT's names)
+       Embedding                      transformer.wte.weight [vocab, dim]   tokens
+                                      transformer.wpe.weight [context, dim] positions
+       Dropout (dropout > 0 only)
+       per block i, two residual regions (model.h: pdp_model_residual_begin/end):
+         Residual                     x = x + attn(ln_1(x)), where the residual is added
+           LayerNorm                  transformer.h.i.ln_1.weight, .bias [dim]
+           Linear dim -> 3 dim        transformer.h.i.attn.c_attn.weight [3 dim, dim], .bias
+           CausalSelfAttention        (heads; the causal mask and softmax: layers_gpt.c)
+           Linear dim -> dim          transformer.h.i.attn.c_proj.weight [dim, dim], .bias
+           Dropout (dropout > 0 only)
+         ResidualAdd
+         Residual                     x = x + mlp(ln_2(x))
+           LayerNorm                  transformer.h.i.ln_2.weight, .bias
+           Linear dim -> 4 dim        transformer.h.i.mlp.c_fc.weight [4 dim, dim], .bias
+           GELU (tanh form)
+           Linear 4 dim -> dim        transformer.h.i.mlp.c_proj.weight [dim, 4 dim], .bias
+           Dropout (dropout > 0 only)
+         ResidualAdd
+       LayerNorm                      transformer.ln_f.weight, .bias
+       TiedLinear dim -> vocab        lm_head: transformer.wte.weight itself (tied)
+
+   Its input is int32 ids [batch, T] (T = desc.sequence), its output logits [batch, T,
+   vocab]; pdp_model_forward_backward takes targets [batch, T] (-1 ignored). The
+   parameters are initialised as GPT-2 and nanoGPT do: every Linear weight and both
+   embeddings N(0, 0.02), each c_proj weight N(0, 0.02 / sqrt(2 layers)), biases 0,
+   LayerNorms 1 and 0, drawn from desc.seed.
+
+   Checkpoints: pdp_checkpoint_save_safetensors writes nanoGPT's names, the tied head once,
+   as transformer.wte.weight (safetensors refuses two names for one tensor). A nanoGPT
+   state_dict saved as safetensors loads with no renaming: lm_head.weight, when present,
+   is read as the alias of transformer.wte.weight (and must equal it), and the
+   transformer.h.i.attn.bias causal-mask buffers nanoGPT keeps on torch < 2.0 hold no
+   parameter and are skipped (checkpoint.h). */
+
+typedef struct pdp_gpt_desc {
+    int64_t vocab;           /* tokens; default 256 (bytes: pdp_token_dataset) */
+    int64_t context;         /* positions of wpe (nanoGPT's block_size); required */
+    int64_t sequence;        /* T of every input, <= context; default context */
+    int layers;              /* blocks (n_layer); required */
+    int heads;               /* attention heads (n_head); must divide dim; required */
+    int64_t dim;             /* channels (n_embd); required */
+    float dropout;           /* after the embedding, on the attention probabilities and at
+                                the end of each branch, in [0, 1); default 0 */
+    uint64_t seed;           /* initialisation and dropout masks; default 0 */
+    pdp_device device;       /* default CPU (the GPT's kinds run on the CPU for now) */
+    pdp_precision precision; /* as pdp_model_desc.precision */
+} pdp_gpt_desc;
+
+/* Builds the GPT described above into *out (free it with pdp_model_free). A field out of
+   range fails with PDP_ERR_INVALID naming it. */
+PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
+
+/* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
+   for n + n_new), each drawn from the model's next-token distribution at the last
+   position: logits / temperature, only the top_k largest kept (top_k 0: all), softmax,
+   one draw from r. The model sees the last T tokens (T = its input length); a shorter
+   prefix is padded after its end, which the causal mask keeps from changing any earlier
+   output. temperature 0 picks the largest logit (greedy). Runs in evaluation mode and
+   restores the mode; the model must be on the CPU. */
+PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new,
+                                    float temperature, int top_k, pdp_rng *r);
