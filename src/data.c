@@ -718,7 +718,6 @@ PDP__PRIVATE int64_t pdp__batcher_take(pdp_batcher *b, pdp_tensor *x, pdp_tensor
 {
     const pdp_dataset *ds = b->ds;
     int64_t k, i, f = ds->features, tf = ds->target_features, shape[2];
-    pdp_status st = PDP_OK;
     k = PDP__MIN(b->desc.batch_size, b->len - b->next);
     if (k <= 0 || (b->desc.drop_last && k < b->desc.batch_size)) return 0;
     for (i = 0; i < k; i++) { /* indices were checked at create */
@@ -736,12 +735,14 @@ PDP__PRIVATE int64_t pdp__batcher_take(pdp_batcher *b, pdp_tensor *x, pdp_tensor
         if (b->labels) pdp_tensor_wrap_ids(b->labels, pdp_cpu(), 1, shape, target);
         else pdp_tensor_wrap(b->targets, pdp_cpu(), 2, shape, target);
     }
-    if (b->xdev) /* int32 labels stay on the host */
-        if ((st = pdp__batch_to_device(b->xdev, k, x)) == PDP_OK && target && b->tdev)
-            st = pdp__batch_to_device(b->tdev, k, target);
-    if (st != PDP_OK) {
-        b->st = pdp__err_wrap(st, "%s: copying a batch of %lld to the device", fn, (long long)k);
-        return 0;
+    if (b->xdev) { /* x and float targets to the device buffers; int32 labels stay here */
+        pdp_status st = pdp__batch_to_device(b->xdev, k, x);
+        if (st == PDP_OK && target && b->tdev) st = pdp__batch_to_device(b->tdev, k, target);
+        if (st != PDP_OK) {
+            b->st = pdp__err_wrap(st, "%s: copying a batch of %lld to the device", fn,
+                                  (long long)k);
+            return 0;
+        }
     }
     return k;
 }
