@@ -37,6 +37,10 @@
    examples/train_mnist.c adds a learning-rate schedule, the test accuracy after each
    epoch (pdp_model_accuracy over a batcher) and, without the Fashion-MNIST files, the
    synthetic task (pdp_dataset_desc.synthetic_fallback; dataset->source says which).
+   Your own data: pdp_dataset_from_arrays copies samples x [count, features] with int32
+   labels (classification) or float targets [count, target_features] (regression), and
+   pdp_batcher_next_target hands each batch's target out as a tensor: int32 [n] or float32
+   [n, target_features].
 
    Text for a language model: pdp_token_dataset_load reads a text file, or a directory
    (every regular file but *.dat, in strcmp order of their names, concatenated as cat
@@ -1192,21 +1196,25 @@ PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total,
 /* ---- end src/optim.h ---- */
 
 /* ---- begin src/data.h ---- */
-/* data: datasets in memory, the IDX file format (MNIST, Fashion-MNIST), a seeded
-   synthetic classification task, and a shuffling batch iterator.
+/* data: datasets in memory (from IDX files such as MNIST and Fashion-MNIST, a seeded
+   synthetic classification task, or a user's own arrays), a shuffling batch iterator, token
+   data for a language model, and a model's accuracy over a batcher.
 
-   A dataset holds every sample as float32 in one block, [count, features], and
-   one int32 label per sample. Reading .gz files needs no library: pdp carries
-   its own gzip (RFC 1952) and DEFLATE (RFC 1951) decoder. The batcher copies the
-   samples of each batch into a buffer it owns, so the training loop allocates
-   nothing; its order in epoch e depends on (seed, e) only, like PyTorch's
-   DistributedSampler after set_epoch(e). A distributed run gives each rank its
-   own index list (pdp_batcher_desc.indices), or its DistributedSampler
-   (pdp_batcher_desc.sampler), whose epochs pdp_batcher_reset follows. A token dataset
-   (pdp_token_dataset) holds a text as one stream of byte tokens for next-token
-   prediction: windows of T + 1 bytes, a training and a validation split, batches of
-   int32 ids written into the caller's arrays. The module ends with pdp_model_accuracy:
-   a model's accuracy over a batcher's epoch. */
+   A dataset holds every sample as float32 in one block, [count, features], and its
+   targets: one int32 class label per sample (a classification set), or target_features
+   floats per sample (a regression set; pdp_dataset_from_arrays makes either from a user's
+   arrays). Reading .gz files needs no library: pdp carries its own gzip (RFC 1952) and
+   DEFLATE (RFC 1951) decoder. The batcher copies the samples and targets of each batch into
+   buffers it owns, so the training loop allocates nothing, and pdp_batcher_next_target hands
+   the targets out as a tensor whose dtype selects the loss: int32 labels [n] for
+   cross-entropy, float32 [n, target_features] for mean squared error. Its order in epoch e
+   depends on (seed, e) only, like PyTorch's DistributedSampler after set_epoch(e). A
+   distributed run gives each rank its own index list (pdp_batcher_desc.indices), or its
+   DistributedSampler (pdp_batcher_desc.sampler), whose epochs pdp_batcher_reset follows. A
+   token dataset (pdp_token_dataset) holds a text as one stream of byte tokens for
+   next-token prediction: windows of T + 1 bytes, a training and a validation split,
+   batches of int32 ids written into the caller's arrays. The module ends with
+   pdp_model_accuracy: a model's accuracy over a batcher's epoch. */
 
 /* Fashion-MNIST's training-set pixel statistics (of p / 255), for
    pdp_dataset_desc.mean and .std. */
@@ -1215,15 +1223,21 @@ PDP_API double pdp_lr_warmup_cosine(int64_t step, int64_t warmup, int64_t total,
 
 typedef struct pdp_dataset {
     int64_t count;      /* samples */
-    int ndim;           /* dimensions of one sample: 3 (channels, height, width) or 1 (flat) */
+    int ndim;           /* dimensions of one sample: 3 (channels, height, width) or 1 (flat);
+                           from arrays also 2 */
     int64_t shape[3];   /* one sample's shape; unused entries are 1 */
     int64_t features;   /* floats per sample: the product of shape (784 for 28x28) */
-    int classes;        /* largest label + 1 */
+    int classes;        /* largest label + 1 (or pdp_dataset_arrays.classes); 0 for a
+                           regression set */
     float *images;      /* [count, features], 64-byte aligned; read-only for the user */
-    int32_t *labels;    /* [count] */
+    int32_t *labels;    /* [count] class labels; NULL for a regression set */
+    float *targets;     /* [count, target_features] regression targets, 64-byte aligned;
+                           NULL for a classification set (labels) */
+    int64_t target_features; /* floats per target; 0 for a classification set */
     char source[256];   /* where the samples came from, for a program to print: "Fashion-MNIST",
-                           "synthetic", the images file's path (pdp_dataset_load_idx), or, after
-                           a synthetic_fallback, "synthetic" and why */
+                           "synthetic", the images file's path (pdp_dataset_load_idx), "arrays"
+                           or pdp_dataset_arrays.name, or, after a synthetic_fallback,
+                           "synthetic" and why */
 } pdp_dataset;
 
 typedef struct pdp_dataset_desc {
@@ -1266,13 +1280,57 @@ PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
    about 95% on it, not 100%. */
 PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
                                          const pdp_dataset_desc *desc);
+
+/* A user's own data, for pdp_dataset_from_arrays: count samples x and, for each, either a
+   class label (a classification set: cross-entropy) or target_features floats (a
+   regression set: mean squared error). Every array is row-major and read only during the
+   call. Zero means default. */
+typedef struct pdp_dataset_arrays {
+    const float *x;          /* [count, features]: sample i is x[i features .. (i + 1)
+                                features); required */
+    int64_t count;           /* samples; required, >= 1 */
+    int ndim;                /* dimensions of one sample, 1 to 3: (features), (T, C) or
+                                (channels, height, width); default 0: the number of leading
+                                nonzero entries of shape */
+    int64_t shape[3];        /* one sample's shape (entries past ndim 0 or 1); features is
+                                their product: .shape = {8} for 8 floats a sample */
+    const int32_t *labels;   /* [count] class labels, each >= 0; or NULL */
+    int classes;             /* with labels: the number of classes (every label below it);
+                                default the largest label + 1 */
+    const float *targets;    /* [count, target_features] regression targets; or NULL. Exactly
+                                one of labels and targets is set */
+    int64_t target_features; /* with targets: floats per sample's target; default 1 */
+    const char *name;        /* copied to the dataset's source (up to 255 bytes); default
+                                "arrays" */
+} pdp_dataset_arrays;
+
+/* A dataset holding copies of a's arrays (a's memory may be freed after the call):
+   classification with a->labels, regression with a->targets (ds->labels NULL, ds->targets
+   [count, target_features]). Batches come from a batcher, as for the other datasets;
+   pdp_batcher_next_target hands out either kind of target. Bad input fails before anything
+   is kept, *out NULL, the message naming the field: PDP_ERR_INVALID for a NULL x, count < 1,
+   both or neither of labels and targets, a field of the other kind set (target_features
+   with labels, classes with targets), a negative label or one not below a->classes (naming
+   the sample), and a NaN or infinite value in x or targets (naming the sample and the
+   feature: such a value would surface steps later as a NaN loss that names no sample);
+   PDP_ERR_SHAPE for ndim outside 0..3, a shape entry < 1 within ndim or > 1 past it, a
+   shape whose product overflows, or target_features < 0; PDP_ERR_INVALID when count x
+   features (or x target_features) passes what a buffer may hold. Allocates only once every
+   check has passed. */
+PDP_API pdp_status pdp_dataset_from_arrays(pdp_dataset **out, const pdp_dataset_arrays *a);
 PDP_API void pdp_dataset_free(pdp_dataset *ds); /* NULL is fine */
 
 /* Copies samples indices[0..n) to x_out ([n, features] floats) and their labels to
    labels_out (either may be NULL). An index outside [0, count) fails with
-   PDP_ERR_INVALID naming it, before anything is written. */
+   PDP_ERR_INVALID naming it, before anything is written; so does labels_out on a
+   regression set (pdp_dataset_gather_targets gathers its targets). */
 PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
                                       float *x_out, int32_t *labels_out);
+/* pdp_dataset_gather for a regression set: targets_out gets [n, target_features] floats
+   (either of x_out and targets_out may be NULL; targets_out on a classification set fails
+   with PDP_ERR_INVALID). */
+PDP_API pdp_status pdp_dataset_gather_targets(const pdp_dataset *ds, const int64_t *indices,
+                                              int64_t n, float *x_out, float *targets_out);
 /* Fills *x (caller-owned struct, no allocation) with samples [first, first + n)
    as a tensor [n, sample shape...] that views the dataset's memory. */
 PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_t n,
@@ -1301,8 +1359,9 @@ typedef struct pdp_batcher_desc {
                                indices for epoch e, as PyTorch's DataLoader(sampler=s) after
                                s.set_epoch(e); default NULL */
     pdp_device device;      /* where the batches are handed out: default the CPU; a CUDA
-                               device (the model's) gets each batch copied into a buffer
-                               there, allocated at create (the labels stay on the host) */
+                               device (the model's) gets each batch's samples and float
+                               targets copied into buffers there, allocated at create (int32
+                               labels stay on the host) */
 } pdp_batcher_desc;
 
 /* A batcher over ds (which must outlive it), positioned at the start of epoch 0. Indices
@@ -1315,14 +1374,25 @@ PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
    its length; valid until pdp_batcher_free. A zero desc for NULL. */
 PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b);
 /* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
-   batcher's buffer and *labels points at its n labels, both valid until the next
-   call. Returns false, with *n = 0, when the epoch is over; call
+   batcher's buffer and *labels (may be NULL) points at its n labels, both valid until the
+   next call. Returns false, with *n = 0, when the epoch is over; call
    pdp_batcher_reset to start the next one. Allocates nothing. On desc.device *x views
    the device buffer; a failed copy there also returns false, and pdp_batcher_status then
-   says why. */
+   says why. On a regression set, which has no labels, a non-NULL labels fails the same
+   way, the message pointing at pdp_batcher_next_target; with labels NULL it hands out the
+   samples alone. */
 PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n);
-/* PDP_OK, or the failure of the last pdp_batcher_next (a device copy; a NULL argument),
-   with its message in pdp_last_error(); reset by pdp_batcher_reset. */
+/* pdp_batcher_next with the targets as a tensor (target may be NULL), the same batch of the
+   same order: *target becomes a view, valid until the next call, of the batcher's buffer of
+   the batch's targets. A classification set gives int32 [n] labels (PDP_DTYPE_I32, read
+   through pdp_tensor_ids; on the host whatever desc.device is, as pdp_batcher_next's
+   labels), a regression set float32 [n, target_features] (on desc.device, copied there as
+   x is). Allocates nothing. */
+PDP_API bool pdp_batcher_next_target(pdp_batcher *b, pdp_tensor *x, pdp_tensor *target,
+                                     int64_t *n);
+/* PDP_OK, or the failure of the last pdp_batcher_next or pdp_batcher_next_target (a device
+   copy; a NULL argument; labels asked of a regression set), with its message in
+   pdp_last_error(); reset by pdp_batcher_reset. */
 PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b);
 /* Starts epoch `epoch` from its first batch (its order is recomputed from the
    seed and the epoch number alone, so any epoch can be replayed). With desc.sampler the
@@ -1429,8 +1499,8 @@ PDP_API pdp_status pdp_token_dataset_sample(const pdp_token_dataset *ds, pdp_spl
    batcher goes in dataset order) with m in evaluation mode, put back in the mode it was in.
    b must hand out batches where m lives (pdp_batcher_desc.device); the pass allocates
    nothing once m is reserved (pdp_model_reserve) for b's batch size. A failing forward or
-   batch returns its status, message prefixed with "pdp_model_accuracy"; an empty batcher
-   gives PDP_ERR_INVALID. Rank-parallel models with their own forward (pdp_zero_forward)
+   batch returns its status, message prefixed with "pdp_model_accuracy"; an empty batcher,
+   or one over a regression set, gives PDP_ERR_INVALID. Rank-parallel models with their own forward (pdp_zero_forward)
    count with pdp_count_correct themselves. */
 PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy);
 /* ---- end src/data.h ---- */
@@ -19512,8 +19582,10 @@ PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64
 /* ---- end src/sampler.c ---- */
 
 /* ---- begin src/data.c ---- */
-/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
-   batcher (over an index list or a DistributedSampler's epochs), token data (a text file or
+/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), datasets
+   from a user's arrays (class labels or float targets, checked and copied), the batcher
+   (over an index list or a DistributedSampler's epochs; its targets a tensor of the
+   dataset's kind), token data (a text file or
    a directory read into one byte stream, a generated text, batches of windows), the
    accuracy of a model over a batcher. Files that start with the gzip magic are decoded by
    src/inflate.c (pdp__gunzip).
@@ -19853,33 +19925,192 @@ PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
     return PDP_OK;
 }
 
+/* ---- a user's arrays ---- */
+
+/* One sample's dimensions and features from a->ndim and a->shape, or PDP_ERR_SHAPE naming
+   the field. */
+PDP__PRIVATE pdp_status pdp__arrays_shape(const pdp_dataset_arrays *a, int *ndim,
+                                          int64_t *features, const char *fn)
+{
+    int nd = a->ndim, i;
+    int64_t f = 1;
+    if (nd < 0 || nd > 3)
+        return pdp__err(PDP_ERR_SHAPE, "%s: arrays.ndim is %d (a sample has 1 to 3 dimensions; "
+                        "0 counts them in arrays.shape)", fn, nd);
+    while (a->ndim == 0 && nd < 3 && a->shape[nd] != 0) nd++;
+    if (nd == 0)
+        return pdp__err(PDP_ERR_SHAPE, "%s: arrays.shape is empty (one sample's shape: "
+                        "{features}, {T, C} or {channels, height, width})", fn);
+    for (i = 0; i < 3; i++) {
+        int64_t e = a->shape[i];
+        if (i < nd && e < 1)
+            return pdp__err(PDP_ERR_SHAPE, "%s: arrays.shape[%d] is %lld (must be >= 1)", fn, i,
+                            (long long)e);
+        if (i >= nd && e != 0 && e != 1)
+            return pdp__err(PDP_ERR_SHAPE, "%s: arrays.shape[%d] is %lld, past the sample's %d "
+                            "dimension%s (arrays.ndim %d)", fn, i, (long long)e, nd,
+                            nd == 1 ? "" : "s", a->ndim);
+        if (i < nd && !pdp__mul_ok(f, e, &f))
+            return pdp__err(PDP_ERR_SHAPE, "%s: arrays.shape's %d dimensions overflow", fn, nd);
+    }
+    *ndim = nd;
+    *features = f;
+    return PDP_OK;
+}
+
+/* PDP_OK when v[0..n) are finite, else PDP_ERR_INVALID naming the element, its sample and
+   its feature (v holds rows of `row` values). */
+PDP__PRIVATE pdp_status pdp__arrays_finite(const float *v, int64_t n, int64_t row,
+                                           const char *field, const char *fn)
+{
+    int64_t i;
+    for (i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return pdp__err(PDP_ERR_INVALID, "%s: arrays.%s[%lld] (sample %lld, feature %lld) is "
+                            "%s", fn, field, (long long)i, (long long)(i / row),
+                            (long long)(i % row), v[i] != v[i] ? "NaN" : "infinite");
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_dataset_from_arrays(pdp_dataset **out, const pdp_dataset_arrays *a)
+{
+    static const char fn[] = "pdp_dataset_from_arrays";
+    pdp_dataset *ds;
+    /* features and ndim: set by pdp__arrays_shape when it succeeds; initialised because g++
+       -O2 cannot see that (-Wmaybe-uninitialized) */
+    int64_t features = 1, tf, floats, tfloats = 0, i;
+    int ndim = 1, classes;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!a) return pdp__err(PDP_ERR_INVALID, "%s: arrays is NULL", fn);
+    if (!a->x) return pdp__err(PDP_ERR_INVALID, "%s: arrays.x is NULL", fn);
+    if (a->count < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.count is %lld (must be >= 1)", fn,
+                        (long long)a->count);
+    if ((st = pdp__arrays_shape(a, &ndim, &features, fn)) != PDP_OK) return st;
+    if (a->labels && a->targets)
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.labels and arrays.targets are both set "
+                        "(one: class labels or float targets)", fn);
+    if (!a->labels && !a->targets)
+        return pdp__err(PDP_ERR_INVALID, "%s: neither arrays.labels nor arrays.targets is set "
+                        "(class labels, or float targets for a regression)", fn);
+    if (a->labels && a->target_features)
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.target_features is %lld with labels (it "
+                        "sizes arrays.targets)", fn, (long long)a->target_features);
+    if (a->targets && a->classes)
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.classes is %d with targets (a regression "
+                        "set has no classes)", fn, a->classes);
+    if (a->classes < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.classes is %d (must be >= 0; 0: the largest "
+                        "label + 1)", fn, a->classes);
+    if (a->target_features < 0)
+        return pdp__err(PDP_ERR_SHAPE, "%s: arrays.target_features is %lld (must be >= 0; 0: "
+                        "1)", fn, (long long)a->target_features);
+    tf = a->targets ? PDP__DEF(a->target_features, 1) : 0;
+    if (!pdp__mul_ok(a->count, features, &floats) || !pdp__mul_ok(a->count, tf, &tfloats))
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.count %lld x %lld features (or x %lld "
+                        "target_features) exceed %lld floats", fn, (long long)a->count,
+                        (long long)features, (long long)tf, (long long)PDP__COUNT_MAX);
+    /* every value checked before anything is allocated */
+    if ((st = pdp__arrays_finite(a->x, floats, features, "x", fn)) != PDP_OK) return st;
+    if (a->targets &&
+        (st = pdp__arrays_finite(a->targets, tfloats, tf, "targets", fn)) != PDP_OK)
+        return st;
+    classes = a->classes;
+    for (i = 0; a->labels && i < a->count; i++) {
+        int32_t y = a->labels[i];
+        if (y < 0)
+            return pdp__err(PDP_ERR_INVALID, "%s: arrays.labels[%lld] is %d (a class label is "
+                            ">= 0)", fn, (long long)i, (int)y);
+        if (a->classes && y >= a->classes)
+            return pdp__err(PDP_ERR_INVALID, "%s: arrays.labels[%lld] is %d, not below "
+                            "arrays.classes = %d", fn, (long long)i, (int)y, a->classes);
+        if (!a->classes && y == INT32_MAX)
+            return pdp__err(PDP_ERR_INVALID, "%s: arrays.labels[%lld] is %d: the classes (the "
+                            "largest label + 1) would not fit in an int32", fn, (long long)i,
+                            (int)y);
+        if (!a->classes && y + 1 > classes) classes = (int)y + 1;
+    }
+    if (!(ds = (pdp_dataset *)pdp__calloc(sizeof *ds)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    ds->images = (float *)pdp__alloc((size_t)floats * sizeof(float));
+    if (a->labels) ds->labels = (int32_t *)pdp__alloc((size_t)a->count * sizeof(int32_t));
+    if (a->targets) ds->targets = (float *)pdp__alloc((size_t)tfloats * sizeof(float));
+    if (!ds->images || (a->labels && !ds->labels) || (a->targets && !ds->targets)) {
+        pdp_dataset_free(ds);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld samples of %lld floats",
+                        fn, (long long)a->count, (long long)(features + tf));
+    }
+    memcpy(ds->images, a->x, (size_t)floats * sizeof(float));
+    if (a->labels) memcpy(ds->labels, a->labels, (size_t)a->count * sizeof(int32_t));
+    if (a->targets) memcpy(ds->targets, a->targets, (size_t)tfloats * sizeof(float));
+    ds->count = a->count;
+    ds->ndim = ndim;
+    for (i = 0; i < 3; i++) ds->shape[i] = i < ndim ? a->shape[i] : 1;
+    ds->features = features;
+    ds->classes = classes;
+    ds->target_features = tf;
+    snprintf(ds->source, sizeof ds->source, "%s", a->name ? a->name : "arrays");
+    *out = ds;
+    return PDP_OK;
+}
+
 PDP_API void pdp_dataset_free(pdp_dataset *ds)
 {
     if (!ds) return;
     pdp__dealloc(ds->images);
     pdp__dealloc(ds->labels);
+    pdp__dealloc(ds->targets);
     pdp__dealloc(ds);
 }
 
 /* ---- gather, view, permutation ---- */
 
-PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
-                                      float *x_out, int32_t *labels_out)
+/* Both gathers: samples to x_out, labels to labels_out, float targets to targets_out (each
+   may be NULL; the caller checked that the dataset has what it asks for). */
+PDP__PRIVATE pdp_status pdp__gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
+                                    float *x_out, int32_t *labels_out, float *targets_out,
+                                    const char *fn)
 {
-    int64_t i;
-    if (!ds || (n > 0 && !indices) || n < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_dataset_gather: NULL dataset or indices, or n < 0");
+    int64_t i, tf = ds->target_features;
+    if ((n > 0 && !indices) || n < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: NULL indices, or n < 0", fn);
     for (i = 0; i < n; i++)
         if (indices[i] < 0 || indices[i] >= ds->count)
-            return pdp__err(PDP_ERR_INVALID, "pdp_dataset_gather: indices[%lld] = %lld is outside "
-                            "[0, %lld)", (long long)i, (long long)indices[i], (long long)ds->count);
+            return pdp__err(PDP_ERR_INVALID, "%s: indices[%lld] = %lld is outside [0, %lld)", fn,
+                            (long long)i, (long long)indices[i], (long long)ds->count);
     for (i = 0; i < n; i++) {
         if (x_out)
             memcpy(x_out + i * ds->features, ds->images + indices[i] * ds->features,
                    (size_t)ds->features * sizeof(float));
         if (labels_out) labels_out[i] = ds->labels[indices[i]];
+        if (targets_out)
+            memcpy(targets_out + i * tf, ds->targets + indices[i] * tf, (size_t)tf * sizeof(float));
     }
     return PDP_OK;
+}
+
+PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
+                                      float *x_out, int32_t *labels_out)
+{
+    static const char fn[] = "pdp_dataset_gather";
+    if (!ds) return pdp__err(PDP_ERR_INVALID, "%s: dataset is NULL", fn);
+    if (labels_out && !ds->labels)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is a regression set, with float targets and no "
+                        "labels: gather them with pdp_dataset_gather_targets", fn, ds->source);
+    return pdp__gather(ds, indices, n, x_out, labels_out, NULL, fn);
+}
+
+PDP_API pdp_status pdp_dataset_gather_targets(const pdp_dataset *ds, const int64_t *indices,
+                                              int64_t n, float *x_out, float *targets_out)
+{
+    static const char fn[] = "pdp_dataset_gather_targets";
+    if (!ds) return pdp__err(PDP_ERR_INVALID, "%s: dataset is NULL", fn);
+    if (targets_out && !ds->targets)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is a classification set, with labels and no "
+                        "float targets: gather them with pdp_dataset_gather", fn, ds->source);
+    return pdp__gather(ds, indices, n, x_out, NULL, targets_out, fn);
 }
 
 /* Wraps data as [n, the dataset's sample shape...]. */
@@ -19917,8 +20148,11 @@ struct pdp_batcher {
     int64_t next;          /* position in order of the next batch */
     uint64_t epoch;
     float *x;              /* [batch_size, features] */
-    int32_t *labels;       /* [batch_size] */
+    int32_t *labels;       /* [batch_size]; NULL for a regression set */
+    float *targets;        /* [batch_size, target_features]; NULL for a classification set */
     pdp_tensor *xdev;      /* [batch_size, sample shape] on desc.device; NULL on the CPU */
+    pdp_tensor *tdev;      /* [batch_size, target_features] on desc.device for a regression
+                              set; else NULL */
     pdp_status st;         /* the last pdp_batcher_next's failure, else PDP_OK */
 };
 
@@ -19935,7 +20169,8 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     if (desc) d = *desc;
     else memset(&d, 0, sizeof d);
     d.batch_size = PDP__DEF(d.batch_size, 64);
-    if (d.batch_size < 1 || d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->features, 1))
+    if (d.batch_size < 1 || d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->features, 1) ||
+        d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->target_features, 1))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size is %lld", fn,
                         (long long)d.batch_size);
     if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
@@ -19959,8 +20194,12 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     b->base = (int64_t *)pdp__alloc((size_t)(b->len + 1) * sizeof(int64_t));
     b->order = (int64_t *)pdp__alloc((size_t)(b->len + 1) * sizeof(int64_t));
     b->x = (float *)pdp__alloc((size_t)(d.batch_size * ds->features) * sizeof(float));
-    b->labels = (int32_t *)pdp__alloc((size_t)d.batch_size * sizeof(int32_t));
-    if (!b->base || !b->order || !b->x || !b->labels) { /* the message reads b: free after */
+    if (ds->labels) b->labels = (int32_t *)pdp__alloc((size_t)d.batch_size * sizeof(int32_t));
+    if (ds->targets)
+        b->targets = (float *)pdp__alloc((size_t)(d.batch_size * ds->target_features) *
+                                         sizeof(float));
+    if (!b->base || !b->order || !b->x || (ds->labels && !b->labels) ||
+        (ds->targets && !b->targets)) { /* the message reads b: free after */
         pdp_status st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices and a "
                                  "batch of %lld", fn, (long long)b->len, (long long)d.batch_size);
         pdp_batcher_free(b);
@@ -19973,6 +20212,13 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
         memcpy(shape + 1, ds->shape, 3 * sizeof *shape);
         if ((st = pdp_tensor_create(&b->xdev, d.device, ds->ndim + 1, shape)) != PDP_OK) {
             st = pdp__err_wrap(st, "%s: the batch buffer on desc.device", fn);
+            pdp_batcher_free(b);
+            return st;
+        }
+        shape[1] = ds->target_features;
+        if (ds->targets &&
+            (st = pdp_tensor_create(&b->tdev, d.device, 2, shape)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: the target buffer on desc.device", fn);
             pdp_batcher_free(b);
             return st;
         }
@@ -20001,7 +20247,9 @@ PDP_API void pdp_batcher_free(pdp_batcher *b)
     pdp__dealloc(b->order);
     pdp__dealloc(b->x);
     pdp__dealloc(b->labels);
+    pdp__dealloc(b->targets);
     pdp_tensor_free(b->xdev);
+    pdp_tensor_free(b->tdev);
     pdp__dealloc(b);
 }
 
@@ -20036,36 +20284,88 @@ PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
     for (i = 0; i < b->len; i++) b->order[i] = b->base[b->order[i]];
 }
 
+/* *t, a view of the first k rows of a host buffer, becomes the same rows of dev, copied
+   there. */
+PDP__PRIVATE pdp_status pdp__batch_to_device(pdp_tensor *dev, int64_t k, pdp_tensor *t)
+{
+    pdp_tensor host = *t;
+    pdp_status st = pdp_tensor_rows_view(dev, 0, k, t);
+    return st == PDP_OK ? pdp_tensor_copy(t, &host) : st;
+}
+
+/* The next batch of the epoch, copied into the batcher's buffers: *x its samples and, when
+   target is not NULL, *target its labels or float targets, on desc.device where they go
+   there. Returns the batch's size; 0 at the epoch's end, or on a failed device copy
+   (b->st says why). */
+PDP__PRIVATE int64_t pdp__batcher_take(pdp_batcher *b, pdp_tensor *x, pdp_tensor *target,
+                                       const char *fn)
+{
+    const pdp_dataset *ds = b->ds;
+    int64_t k, i, f = ds->features, tf = ds->target_features, shape[2];
+    k = PDP__MIN(b->desc.batch_size, b->len - b->next);
+    if (k <= 0 || (b->desc.drop_last && k < b->desc.batch_size)) return 0;
+    for (i = 0; i < k; i++) { /* indices were checked at create */
+        int64_t s = b->order[b->next + i];
+        memcpy(b->x + i * f, ds->images + s * f, (size_t)f * sizeof(float));
+        if (b->labels) b->labels[i] = ds->labels[s];
+        if (b->targets && target)
+            memcpy(b->targets + i * tf, ds->targets + s * tf, (size_t)tf * sizeof(float));
+    }
+    b->next += k;
+    pdp__dataset_wrap(ds, b->x, k, x);
+    if (target) {
+        shape[0] = k;
+        shape[1] = tf;
+        if (b->labels) pdp_tensor_wrap_ids(b->labels, pdp_cpu(), 1, shape, target);
+        else pdp_tensor_wrap(b->targets, pdp_cpu(), 2, shape, target);
+    }
+    if (b->xdev) { /* x and float targets to the device buffers; int32 labels stay here */
+        pdp_status st = pdp__batch_to_device(b->xdev, k, x);
+        if (st == PDP_OK && target && b->tdev) st = pdp__batch_to_device(b->tdev, k, target);
+        if (st != PDP_OK) {
+            b->st = pdp__err_wrap(st, "%s: copying a batch of %lld to the device", fn,
+                                  (long long)k);
+            return 0;
+        }
+    }
+    return k;
+}
+
 PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n)
 {
-    int64_t k, i;
+    static const char fn[] = "pdp_batcher_next";
+    int64_t k;
     if (n) *n = 0;
     if (!b || !x) {
-        pdp_status st = pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        pdp_status st = pdp__err(PDP_ERR_INVALID, "%s: NULL batcher or tensor", fn);
         if (b) b->st = st;
         return false;
     }
-    k = PDP__MIN(b->desc.batch_size, b->len - b->next);
-    if (k <= 0 || (b->desc.drop_last && k < b->desc.batch_size)) return false;
-    for (i = 0; i < k; i++) { /* indices were checked at create */
-        int64_t s = b->order[b->next + i];
-        memcpy(b->x + i * b->ds->features, b->ds->images + s * b->ds->features,
-               (size_t)b->ds->features * sizeof(float));
-        b->labels[i] = b->ds->labels[s];
+    if (labels && !b->labels) {
+        b->st = pdp__err(PDP_ERR_INVALID, "%s: %s is a regression set, with %lld float targets "
+                         "a sample and no labels: take its batches with "
+                         "pdp_batcher_next_target", fn, b->ds->source,
+                         (long long)b->ds->target_features);
+        return false;
     }
-    b->next += k;
-    pdp__dataset_wrap(b->ds, b->x, k, x);
-    if (b->xdev) { /* the host batch, copied to the device buffer's first k rows */
-        pdp_tensor host = *x;
-        pdp_status st = pdp_tensor_rows_view(b->xdev, 0, k, x);
-        if (st == PDP_OK) st = pdp_tensor_copy(x, &host);
-        if (st != PDP_OK) {
-            b->st = pdp__err_wrap(st, "pdp_batcher_next: copying a batch of %lld to the device",
-                                  (long long)k);
-            return false;
-        }
-    }
+    if (!(k = pdp__batcher_take(b, x, NULL, fn))) return false;
     if (labels) *labels = b->labels;
+    if (n) *n = k;
+    return true;
+}
+
+PDP_API bool pdp_batcher_next_target(pdp_batcher *b, pdp_tensor *x, pdp_tensor *target,
+                                     int64_t *n)
+{
+    static const char fn[] = "pdp_batcher_next_target";
+    int64_t k;
+    if (n) *n = 0;
+    if (!b || !x) {
+        pdp_status st = pdp__err(PDP_ERR_INVALID, "%s: NULL batcher or tensor", fn);
+        if (b) b->st = st;
+        return false;
+    }
+    if (!(k = pdp__batcher_take(b, x, target, fn))) return false;
     if (n) *n = k;
     return true;
 }
@@ -20526,6 +20826,9 @@ PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accu
     pdp_status st = PDP_OK;
     if (accuracy) *accuracy = 0.0;
     if (!m || !b || !accuracy) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!b->ds->labels)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is a regression set: accuracy needs class labels",
+                        fn, b->ds->source);
     training = pdp_model_is_training(m);
     pdp_model_set_training(m, false);
     pdp_batcher_reset(b, 0);

@@ -1,5 +1,7 @@
-/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
-   batcher (over an index list or a DistributedSampler's epochs), token data (a text file or
+/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), datasets
+   from a user's arrays (class labels or float targets, checked and copied), the batcher
+   (over an index list or a DistributedSampler's epochs; its targets a tensor of the
+   dataset's kind), token data (a text file or
    a directory read into one byte stream, a generated text, batches of windows), the
    accuracy of a model over a batcher. Files that start with the gzip magic are decoded by
    src/inflate.c (pdp__gunzip).
@@ -339,33 +341,192 @@ PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
     return PDP_OK;
 }
 
+/* ---- a user's arrays ---- */
+
+/* One sample's dimensions and features from a->ndim and a->shape, or PDP_ERR_SHAPE naming
+   the field. */
+PDP__PRIVATE pdp_status pdp__arrays_shape(const pdp_dataset_arrays *a, int *ndim,
+                                          int64_t *features, const char *fn)
+{
+    int nd = a->ndim, i;
+    int64_t f = 1;
+    if (nd < 0 || nd > 3)
+        return pdp__err(PDP_ERR_SHAPE, "%s: arrays.ndim is %d (a sample has 1 to 3 dimensions; "
+                        "0 counts them in arrays.shape)", fn, nd);
+    while (a->ndim == 0 && nd < 3 && a->shape[nd] != 0) nd++;
+    if (nd == 0)
+        return pdp__err(PDP_ERR_SHAPE, "%s: arrays.shape is empty (one sample's shape: "
+                        "{features}, {T, C} or {channels, height, width})", fn);
+    for (i = 0; i < 3; i++) {
+        int64_t e = a->shape[i];
+        if (i < nd && e < 1)
+            return pdp__err(PDP_ERR_SHAPE, "%s: arrays.shape[%d] is %lld (must be >= 1)", fn, i,
+                            (long long)e);
+        if (i >= nd && e != 0 && e != 1)
+            return pdp__err(PDP_ERR_SHAPE, "%s: arrays.shape[%d] is %lld, past the sample's %d "
+                            "dimension%s (arrays.ndim %d)", fn, i, (long long)e, nd,
+                            nd == 1 ? "" : "s", a->ndim);
+        if (i < nd && !pdp__mul_ok(f, e, &f))
+            return pdp__err(PDP_ERR_SHAPE, "%s: arrays.shape's %d dimensions overflow", fn, nd);
+    }
+    *ndim = nd;
+    *features = f;
+    return PDP_OK;
+}
+
+/* PDP_OK when v[0..n) are finite, else PDP_ERR_INVALID naming the element, its sample and
+   its feature (v holds rows of `row` values). */
+PDP__PRIVATE pdp_status pdp__arrays_finite(const float *v, int64_t n, int64_t row,
+                                           const char *field, const char *fn)
+{
+    int64_t i;
+    for (i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return pdp__err(PDP_ERR_INVALID, "%s: arrays.%s[%lld] (sample %lld, feature %lld) is "
+                            "%s", fn, field, (long long)i, (long long)(i / row),
+                            (long long)(i % row), v[i] != v[i] ? "NaN" : "infinite");
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_dataset_from_arrays(pdp_dataset **out, const pdp_dataset_arrays *a)
+{
+    static const char fn[] = "pdp_dataset_from_arrays";
+    pdp_dataset *ds;
+    /* features and ndim: set by pdp__arrays_shape when it succeeds; initialised because g++
+       -O2 cannot see that (-Wmaybe-uninitialized) */
+    int64_t features = 1, tf, floats, tfloats = 0, i;
+    int ndim = 1, classes;
+    pdp_status st;
+    if (!out) return pdp__err(PDP_ERR_INVALID, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!a) return pdp__err(PDP_ERR_INVALID, "%s: arrays is NULL", fn);
+    if (!a->x) return pdp__err(PDP_ERR_INVALID, "%s: arrays.x is NULL", fn);
+    if (a->count < 1)
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.count is %lld (must be >= 1)", fn,
+                        (long long)a->count);
+    if ((st = pdp__arrays_shape(a, &ndim, &features, fn)) != PDP_OK) return st;
+    if (a->labels && a->targets)
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.labels and arrays.targets are both set "
+                        "(one: class labels or float targets)", fn);
+    if (!a->labels && !a->targets)
+        return pdp__err(PDP_ERR_INVALID, "%s: neither arrays.labels nor arrays.targets is set "
+                        "(class labels, or float targets for a regression)", fn);
+    if (a->labels && a->target_features)
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.target_features is %lld with labels (it "
+                        "sizes arrays.targets)", fn, (long long)a->target_features);
+    if (a->targets && a->classes)
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.classes is %d with targets (a regression "
+                        "set has no classes)", fn, a->classes);
+    if (a->classes < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.classes is %d (must be >= 0; 0: the largest "
+                        "label + 1)", fn, a->classes);
+    if (a->target_features < 0)
+        return pdp__err(PDP_ERR_SHAPE, "%s: arrays.target_features is %lld (must be >= 0; 0: "
+                        "1)", fn, (long long)a->target_features);
+    tf = a->targets ? PDP__DEF(a->target_features, 1) : 0;
+    if (!pdp__mul_ok(a->count, features, &floats) || !pdp__mul_ok(a->count, tf, &tfloats))
+        return pdp__err(PDP_ERR_INVALID, "%s: arrays.count %lld x %lld features (or x %lld "
+                        "target_features) exceed %lld floats", fn, (long long)a->count,
+                        (long long)features, (long long)tf, (long long)PDP__COUNT_MAX);
+    /* every value checked before anything is allocated */
+    if ((st = pdp__arrays_finite(a->x, floats, features, "x", fn)) != PDP_OK) return st;
+    if (a->targets &&
+        (st = pdp__arrays_finite(a->targets, tfloats, tf, "targets", fn)) != PDP_OK)
+        return st;
+    classes = a->classes;
+    for (i = 0; a->labels && i < a->count; i++) {
+        int32_t y = a->labels[i];
+        if (y < 0)
+            return pdp__err(PDP_ERR_INVALID, "%s: arrays.labels[%lld] is %d (a class label is "
+                            ">= 0)", fn, (long long)i, (int)y);
+        if (a->classes && y >= a->classes)
+            return pdp__err(PDP_ERR_INVALID, "%s: arrays.labels[%lld] is %d, not below "
+                            "arrays.classes = %d", fn, (long long)i, (int)y, a->classes);
+        if (!a->classes && y == INT32_MAX)
+            return pdp__err(PDP_ERR_INVALID, "%s: arrays.labels[%lld] is %d: the classes (the "
+                            "largest label + 1) would not fit in an int32", fn, (long long)i,
+                            (int)y);
+        if (!a->classes && y + 1 > classes) classes = (int)y + 1;
+    }
+    if (!(ds = (pdp_dataset *)pdp__calloc(sizeof *ds)))
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    ds->images = (float *)pdp__alloc((size_t)floats * sizeof(float));
+    if (a->labels) ds->labels = (int32_t *)pdp__alloc((size_t)a->count * sizeof(int32_t));
+    if (a->targets) ds->targets = (float *)pdp__alloc((size_t)tfloats * sizeof(float));
+    if (!ds->images || (a->labels && !ds->labels) || (a->targets && !ds->targets)) {
+        pdp_dataset_free(ds);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld samples of %lld floats",
+                        fn, (long long)a->count, (long long)(features + tf));
+    }
+    memcpy(ds->images, a->x, (size_t)floats * sizeof(float));
+    if (a->labels) memcpy(ds->labels, a->labels, (size_t)a->count * sizeof(int32_t));
+    if (a->targets) memcpy(ds->targets, a->targets, (size_t)tfloats * sizeof(float));
+    ds->count = a->count;
+    ds->ndim = ndim;
+    for (i = 0; i < 3; i++) ds->shape[i] = i < ndim ? a->shape[i] : 1;
+    ds->features = features;
+    ds->classes = classes;
+    ds->target_features = tf;
+    snprintf(ds->source, sizeof ds->source, "%s", a->name ? a->name : "arrays");
+    *out = ds;
+    return PDP_OK;
+}
+
 PDP_API void pdp_dataset_free(pdp_dataset *ds)
 {
     if (!ds) return;
     pdp__dealloc(ds->images);
     pdp__dealloc(ds->labels);
+    pdp__dealloc(ds->targets);
     pdp__dealloc(ds);
 }
 
 /* ---- gather, view, permutation ---- */
 
-PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
-                                      float *x_out, int32_t *labels_out)
+/* Both gathers: samples to x_out, labels to labels_out, float targets to targets_out (each
+   may be NULL; the caller checked that the dataset has what it asks for). */
+PDP__PRIVATE pdp_status pdp__gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
+                                    float *x_out, int32_t *labels_out, float *targets_out,
+                                    const char *fn)
 {
-    int64_t i;
-    if (!ds || (n > 0 && !indices) || n < 0)
-        return pdp__err(PDP_ERR_INVALID, "pdp_dataset_gather: NULL dataset or indices, or n < 0");
+    int64_t i, tf = ds->target_features;
+    if ((n > 0 && !indices) || n < 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: NULL indices, or n < 0", fn);
     for (i = 0; i < n; i++)
         if (indices[i] < 0 || indices[i] >= ds->count)
-            return pdp__err(PDP_ERR_INVALID, "pdp_dataset_gather: indices[%lld] = %lld is outside "
-                            "[0, %lld)", (long long)i, (long long)indices[i], (long long)ds->count);
+            return pdp__err(PDP_ERR_INVALID, "%s: indices[%lld] = %lld is outside [0, %lld)", fn,
+                            (long long)i, (long long)indices[i], (long long)ds->count);
     for (i = 0; i < n; i++) {
         if (x_out)
             memcpy(x_out + i * ds->features, ds->images + indices[i] * ds->features,
                    (size_t)ds->features * sizeof(float));
         if (labels_out) labels_out[i] = ds->labels[indices[i]];
+        if (targets_out)
+            memcpy(targets_out + i * tf, ds->targets + indices[i] * tf, (size_t)tf * sizeof(float));
     }
     return PDP_OK;
+}
+
+PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
+                                      float *x_out, int32_t *labels_out)
+{
+    static const char fn[] = "pdp_dataset_gather";
+    if (!ds) return pdp__err(PDP_ERR_INVALID, "%s: dataset is NULL", fn);
+    if (labels_out && !ds->labels)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is a regression set, with float targets and no "
+                        "labels: gather them with pdp_dataset_gather_targets", fn, ds->source);
+    return pdp__gather(ds, indices, n, x_out, labels_out, NULL, fn);
+}
+
+PDP_API pdp_status pdp_dataset_gather_targets(const pdp_dataset *ds, const int64_t *indices,
+                                              int64_t n, float *x_out, float *targets_out)
+{
+    static const char fn[] = "pdp_dataset_gather_targets";
+    if (!ds) return pdp__err(PDP_ERR_INVALID, "%s: dataset is NULL", fn);
+    if (targets_out && !ds->targets)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is a classification set, with labels and no "
+                        "float targets: gather them with pdp_dataset_gather", fn, ds->source);
+    return pdp__gather(ds, indices, n, x_out, NULL, targets_out, fn);
 }
 
 /* Wraps data as [n, the dataset's sample shape...]. */
@@ -403,8 +564,11 @@ struct pdp_batcher {
     int64_t next;          /* position in order of the next batch */
     uint64_t epoch;
     float *x;              /* [batch_size, features] */
-    int32_t *labels;       /* [batch_size] */
+    int32_t *labels;       /* [batch_size]; NULL for a regression set */
+    float *targets;        /* [batch_size, target_features]; NULL for a classification set */
     pdp_tensor *xdev;      /* [batch_size, sample shape] on desc.device; NULL on the CPU */
+    pdp_tensor *tdev;      /* [batch_size, target_features] on desc.device for a regression
+                              set; else NULL */
     pdp_status st;         /* the last pdp_batcher_next's failure, else PDP_OK */
 };
 
@@ -421,7 +585,8 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     if (desc) d = *desc;
     else memset(&d, 0, sizeof d);
     d.batch_size = PDP__DEF(d.batch_size, 64);
-    if (d.batch_size < 1 || d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->features, 1))
+    if (d.batch_size < 1 || d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->features, 1) ||
+        d.batch_size > ((int64_t)1 << 40) / PDP__MAX(ds->target_features, 1))
         return pdp__err(PDP_ERR_INVALID, "%s: desc.batch_size is %lld", fn,
                         (long long)d.batch_size);
     if (d.num_indices < 0 || (d.num_indices > 0 && !d.indices))
@@ -445,8 +610,12 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
     b->base = (int64_t *)pdp__alloc((size_t)(b->len + 1) * sizeof(int64_t));
     b->order = (int64_t *)pdp__alloc((size_t)(b->len + 1) * sizeof(int64_t));
     b->x = (float *)pdp__alloc((size_t)(d.batch_size * ds->features) * sizeof(float));
-    b->labels = (int32_t *)pdp__alloc((size_t)d.batch_size * sizeof(int32_t));
-    if (!b->base || !b->order || !b->x || !b->labels) { /* the message reads b: free after */
+    if (ds->labels) b->labels = (int32_t *)pdp__alloc((size_t)d.batch_size * sizeof(int32_t));
+    if (ds->targets)
+        b->targets = (float *)pdp__alloc((size_t)(d.batch_size * ds->target_features) *
+                                         sizeof(float));
+    if (!b->base || !b->order || !b->x || (ds->labels && !b->labels) ||
+        (ds->targets && !b->targets)) { /* the message reads b: free after */
         pdp_status st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld indices and a "
                                  "batch of %lld", fn, (long long)b->len, (long long)d.batch_size);
         pdp_batcher_free(b);
@@ -459,6 +628,13 @@ PDP_API pdp_status pdp_batcher_create(pdp_batcher **out, const pdp_dataset *ds,
         memcpy(shape + 1, ds->shape, 3 * sizeof *shape);
         if ((st = pdp_tensor_create(&b->xdev, d.device, ds->ndim + 1, shape)) != PDP_OK) {
             st = pdp__err_wrap(st, "%s: the batch buffer on desc.device", fn);
+            pdp_batcher_free(b);
+            return st;
+        }
+        shape[1] = ds->target_features;
+        if (ds->targets &&
+            (st = pdp_tensor_create(&b->tdev, d.device, 2, shape)) != PDP_OK) {
+            st = pdp__err_wrap(st, "%s: the target buffer on desc.device", fn);
             pdp_batcher_free(b);
             return st;
         }
@@ -487,7 +663,9 @@ PDP_API void pdp_batcher_free(pdp_batcher *b)
     pdp__dealloc(b->order);
     pdp__dealloc(b->x);
     pdp__dealloc(b->labels);
+    pdp__dealloc(b->targets);
     pdp_tensor_free(b->xdev);
+    pdp_tensor_free(b->tdev);
     pdp__dealloc(b);
 }
 
@@ -522,36 +700,88 @@ PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch)
     for (i = 0; i < b->len; i++) b->order[i] = b->base[b->order[i]];
 }
 
+/* *t, a view of the first k rows of a host buffer, becomes the same rows of dev, copied
+   there. */
+PDP__PRIVATE pdp_status pdp__batch_to_device(pdp_tensor *dev, int64_t k, pdp_tensor *t)
+{
+    pdp_tensor host = *t;
+    pdp_status st = pdp_tensor_rows_view(dev, 0, k, t);
+    return st == PDP_OK ? pdp_tensor_copy(t, &host) : st;
+}
+
+/* The next batch of the epoch, copied into the batcher's buffers: *x its samples and, when
+   target is not NULL, *target its labels or float targets, on desc.device where they go
+   there. Returns the batch's size; 0 at the epoch's end, or on a failed device copy
+   (b->st says why). */
+PDP__PRIVATE int64_t pdp__batcher_take(pdp_batcher *b, pdp_tensor *x, pdp_tensor *target,
+                                       const char *fn)
+{
+    const pdp_dataset *ds = b->ds;
+    int64_t k, i, f = ds->features, tf = ds->target_features, shape[2];
+    k = PDP__MIN(b->desc.batch_size, b->len - b->next);
+    if (k <= 0 || (b->desc.drop_last && k < b->desc.batch_size)) return 0;
+    for (i = 0; i < k; i++) { /* indices were checked at create */
+        int64_t s = b->order[b->next + i];
+        memcpy(b->x + i * f, ds->images + s * f, (size_t)f * sizeof(float));
+        if (b->labels) b->labels[i] = ds->labels[s];
+        if (b->targets && target)
+            memcpy(b->targets + i * tf, ds->targets + s * tf, (size_t)tf * sizeof(float));
+    }
+    b->next += k;
+    pdp__dataset_wrap(ds, b->x, k, x);
+    if (target) {
+        shape[0] = k;
+        shape[1] = tf;
+        if (b->labels) pdp_tensor_wrap_ids(b->labels, pdp_cpu(), 1, shape, target);
+        else pdp_tensor_wrap(b->targets, pdp_cpu(), 2, shape, target);
+    }
+    if (b->xdev) { /* x and float targets to the device buffers; int32 labels stay here */
+        pdp_status st = pdp__batch_to_device(b->xdev, k, x);
+        if (st == PDP_OK && target && b->tdev) st = pdp__batch_to_device(b->tdev, k, target);
+        if (st != PDP_OK) {
+            b->st = pdp__err_wrap(st, "%s: copying a batch of %lld to the device", fn,
+                                  (long long)k);
+            return 0;
+        }
+    }
+    return k;
+}
+
 PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n)
 {
-    int64_t k, i;
+    static const char fn[] = "pdp_batcher_next";
+    int64_t k;
     if (n) *n = 0;
     if (!b || !x) {
-        pdp_status st = pdp__err(PDP_ERR_INVALID, "pdp_batcher_next: NULL batcher or tensor");
+        pdp_status st = pdp__err(PDP_ERR_INVALID, "%s: NULL batcher or tensor", fn);
         if (b) b->st = st;
         return false;
     }
-    k = PDP__MIN(b->desc.batch_size, b->len - b->next);
-    if (k <= 0 || (b->desc.drop_last && k < b->desc.batch_size)) return false;
-    for (i = 0; i < k; i++) { /* indices were checked at create */
-        int64_t s = b->order[b->next + i];
-        memcpy(b->x + i * b->ds->features, b->ds->images + s * b->ds->features,
-               (size_t)b->ds->features * sizeof(float));
-        b->labels[i] = b->ds->labels[s];
+    if (labels && !b->labels) {
+        b->st = pdp__err(PDP_ERR_INVALID, "%s: %s is a regression set, with %lld float targets "
+                         "a sample and no labels: take its batches with "
+                         "pdp_batcher_next_target", fn, b->ds->source,
+                         (long long)b->ds->target_features);
+        return false;
     }
-    b->next += k;
-    pdp__dataset_wrap(b->ds, b->x, k, x);
-    if (b->xdev) { /* the host batch, copied to the device buffer's first k rows */
-        pdp_tensor host = *x;
-        pdp_status st = pdp_tensor_rows_view(b->xdev, 0, k, x);
-        if (st == PDP_OK) st = pdp_tensor_copy(x, &host);
-        if (st != PDP_OK) {
-            b->st = pdp__err_wrap(st, "pdp_batcher_next: copying a batch of %lld to the device",
-                                  (long long)k);
-            return false;
-        }
-    }
+    if (!(k = pdp__batcher_take(b, x, NULL, fn))) return false;
     if (labels) *labels = b->labels;
+    if (n) *n = k;
+    return true;
+}
+
+PDP_API bool pdp_batcher_next_target(pdp_batcher *b, pdp_tensor *x, pdp_tensor *target,
+                                     int64_t *n)
+{
+    static const char fn[] = "pdp_batcher_next_target";
+    int64_t k;
+    if (n) *n = 0;
+    if (!b || !x) {
+        pdp_status st = pdp__err(PDP_ERR_INVALID, "%s: NULL batcher or tensor", fn);
+        if (b) b->st = st;
+        return false;
+    }
+    if (!(k = pdp__batcher_take(b, x, target, fn))) return false;
     if (n) *n = k;
     return true;
 }
@@ -1012,6 +1242,9 @@ PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accu
     pdp_status st = PDP_OK;
     if (accuracy) *accuracy = 0.0;
     if (!m || !b || !accuracy) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (!b->ds->labels)
+        return pdp__err(PDP_ERR_INVALID, "%s: %s is a regression set: accuracy needs class labels",
+                        fn, b->ds->source);
     training = pdp_model_is_training(m);
     pdp_model_set_training(m, false);
     pdp_batcher_reset(b, 0);

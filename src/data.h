@@ -1,18 +1,22 @@
-/* data: datasets in memory, the IDX file format (MNIST, Fashion-MNIST), a seeded
-   synthetic classification task, and a shuffling batch iterator.
+/* data: datasets in memory (from IDX files such as MNIST and Fashion-MNIST, a seeded
+   synthetic classification task, or a user's own arrays), a shuffling batch iterator, token
+   data for a language model, and a model's accuracy over a batcher.
 
-   A dataset holds every sample as float32 in one block, [count, features], and
-   one int32 label per sample. Reading .gz files needs no library: pdp carries
-   its own gzip (RFC 1952) and DEFLATE (RFC 1951) decoder. The batcher copies the
-   samples of each batch into a buffer it owns, so the training loop allocates
-   nothing; its order in epoch e depends on (seed, e) only, like PyTorch's
-   DistributedSampler after set_epoch(e). A distributed run gives each rank its
-   own index list (pdp_batcher_desc.indices), or its DistributedSampler
-   (pdp_batcher_desc.sampler), whose epochs pdp_batcher_reset follows. A token dataset
-   (pdp_token_dataset) holds a text as one stream of byte tokens for next-token
-   prediction: windows of T + 1 bytes, a training and a validation split, batches of
-   int32 ids written into the caller's arrays. The module ends with pdp_model_accuracy:
-   a model's accuracy over a batcher's epoch. */
+   A dataset holds every sample as float32 in one block, [count, features], and its
+   targets: one int32 class label per sample (a classification set), or target_features
+   floats per sample (a regression set; pdp_dataset_from_arrays makes either from a user's
+   arrays). Reading .gz files needs no library: pdp carries its own gzip (RFC 1952) and
+   DEFLATE (RFC 1951) decoder. The batcher copies the samples and targets of each batch into
+   buffers it owns, so the training loop allocates nothing, and pdp_batcher_next_target hands
+   the targets out as a tensor whose dtype selects the loss: int32 labels [n] for
+   cross-entropy, float32 [n, target_features] for mean squared error. Its order in epoch e
+   depends on (seed, e) only, like PyTorch's DistributedSampler after set_epoch(e). A
+   distributed run gives each rank its own index list (pdp_batcher_desc.indices), or its
+   DistributedSampler (pdp_batcher_desc.sampler), whose epochs pdp_batcher_reset follows. A
+   token dataset (pdp_token_dataset) holds a text as one stream of byte tokens for
+   next-token prediction: windows of T + 1 bytes, a training and a validation split,
+   batches of int32 ids written into the caller's arrays. The module ends with
+   pdp_model_accuracy: a model's accuracy over a batcher's epoch. */
 
 /* Fashion-MNIST's training-set pixel statistics (of p / 255), for
    pdp_dataset_desc.mean and .std. */
@@ -21,15 +25,21 @@
 
 typedef struct pdp_dataset {
     int64_t count;      /* samples */
-    int ndim;           /* dimensions of one sample: 3 (channels, height, width) or 1 (flat) */
+    int ndim;           /* dimensions of one sample: 3 (channels, height, width) or 1 (flat);
+                           from arrays also 2 */
     int64_t shape[3];   /* one sample's shape; unused entries are 1 */
     int64_t features;   /* floats per sample: the product of shape (784 for 28x28) */
-    int classes;        /* largest label + 1 */
+    int classes;        /* largest label + 1 (or pdp_dataset_arrays.classes); 0 for a
+                           regression set */
     float *images;      /* [count, features], 64-byte aligned; read-only for the user */
-    int32_t *labels;    /* [count] */
+    int32_t *labels;    /* [count] class labels; NULL for a regression set */
+    float *targets;     /* [count, target_features] regression targets, 64-byte aligned;
+                           NULL for a classification set (labels) */
+    int64_t target_features; /* floats per target; 0 for a classification set */
     char source[256];   /* where the samples came from, for a program to print: "Fashion-MNIST",
-                           "synthetic", the images file's path (pdp_dataset_load_idx), or, after
-                           a synthetic_fallback, "synthetic" and why */
+                           "synthetic", the images file's path (pdp_dataset_load_idx), "arrays"
+                           or pdp_dataset_arrays.name, or, after a synthetic_fallback,
+                           "synthetic" and why */
 } pdp_dataset;
 
 typedef struct pdp_dataset_desc {
@@ -72,13 +82,57 @@ PDP_API pdp_status pdp_dataset_load_fashion_mnist(pdp_dataset **out, bool train,
    about 95% on it, not 100%. */
 PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train,
                                          const pdp_dataset_desc *desc);
+
+/* A user's own data, for pdp_dataset_from_arrays: count samples x and, for each, either a
+   class label (a classification set: cross-entropy) or target_features floats (a
+   regression set: mean squared error). Every array is row-major and read only during the
+   call. Zero means default. */
+typedef struct pdp_dataset_arrays {
+    const float *x;          /* [count, features]: sample i is x[i features .. (i + 1)
+                                features); required */
+    int64_t count;           /* samples; required, >= 1 */
+    int ndim;                /* dimensions of one sample, 1 to 3: (features), (T, C) or
+                                (channels, height, width); default 0: the number of leading
+                                nonzero entries of shape */
+    int64_t shape[3];        /* one sample's shape (entries past ndim 0 or 1); features is
+                                their product: .shape = {8} for 8 floats a sample */
+    const int32_t *labels;   /* [count] class labels, each >= 0; or NULL */
+    int classes;             /* with labels: the number of classes (every label below it);
+                                default the largest label + 1 */
+    const float *targets;    /* [count, target_features] regression targets; or NULL. Exactly
+                                one of labels and targets is set */
+    int64_t target_features; /* with targets: floats per sample's target; default 1 */
+    const char *name;        /* copied to the dataset's source (up to 255 bytes); default
+                                "arrays" */
+} pdp_dataset_arrays;
+
+/* A dataset holding copies of a's arrays (a's memory may be freed after the call):
+   classification with a->labels, regression with a->targets (ds->labels NULL, ds->targets
+   [count, target_features]). Batches come from a batcher, as for the other datasets;
+   pdp_batcher_next_target hands out either kind of target. Bad input fails before anything
+   is kept, *out NULL, the message naming the field: PDP_ERR_INVALID for a NULL x, count < 1,
+   both or neither of labels and targets, a field of the other kind set (target_features
+   with labels, classes with targets), a negative label or one not below a->classes (naming
+   the sample), and a NaN or infinite value in x or targets (naming the sample and the
+   feature: such a value would surface steps later as a NaN loss that names no sample);
+   PDP_ERR_SHAPE for ndim outside 0..3, a shape entry < 1 within ndim or > 1 past it, a
+   shape whose product overflows, or target_features < 0; PDP_ERR_INVALID when count x
+   features (or x target_features) passes what a buffer may hold. Allocates only once every
+   check has passed. */
+PDP_API pdp_status pdp_dataset_from_arrays(pdp_dataset **out, const pdp_dataset_arrays *a);
 PDP_API void pdp_dataset_free(pdp_dataset *ds); /* NULL is fine */
 
 /* Copies samples indices[0..n) to x_out ([n, features] floats) and their labels to
    labels_out (either may be NULL). An index outside [0, count) fails with
-   PDP_ERR_INVALID naming it, before anything is written. */
+   PDP_ERR_INVALID naming it, before anything is written; so does labels_out on a
+   regression set (pdp_dataset_gather_targets gathers its targets). */
 PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
                                       float *x_out, int32_t *labels_out);
+/* pdp_dataset_gather for a regression set: targets_out gets [n, target_features] floats
+   (either of x_out and targets_out may be NULL; targets_out on a classification set fails
+   with PDP_ERR_INVALID). */
+PDP_API pdp_status pdp_dataset_gather_targets(const pdp_dataset *ds, const int64_t *indices,
+                                              int64_t n, float *x_out, float *targets_out);
 /* Fills *x (caller-owned struct, no allocation) with samples [first, first + n)
    as a tensor [n, sample shape...] that views the dataset's memory. */
 PDP_API pdp_status pdp_dataset_view(const pdp_dataset *ds, int64_t first, int64_t n,
@@ -107,8 +161,9 @@ typedef struct pdp_batcher_desc {
                                indices for epoch e, as PyTorch's DataLoader(sampler=s) after
                                s.set_epoch(e); default NULL */
     pdp_device device;      /* where the batches are handed out: default the CPU; a CUDA
-                               device (the model's) gets each batch copied into a buffer
-                               there, allocated at create (the labels stay on the host) */
+                               device (the model's) gets each batch's samples and float
+                               targets copied into buffers there, allocated at create (int32
+                               labels stay on the host) */
 } pdp_batcher_desc;
 
 /* A batcher over ds (which must outlive it), positioned at the start of epoch 0. Indices
@@ -121,14 +176,25 @@ PDP_API void pdp_batcher_free(pdp_batcher *b); /* NULL is fine */
    its length; valid until pdp_batcher_free. A zero desc for NULL. */
 PDP_API pdp_batcher_desc pdp_batcher_get_desc(const pdp_batcher *b);
 /* The next batch of this epoch: *x becomes a view [n, sample shape...] of the
-   batcher's buffer and *labels points at its n labels, both valid until the next
-   call. Returns false, with *n = 0, when the epoch is over; call
+   batcher's buffer and *labels (may be NULL) points at its n labels, both valid until the
+   next call. Returns false, with *n = 0, when the epoch is over; call
    pdp_batcher_reset to start the next one. Allocates nothing. On desc.device *x views
    the device buffer; a failed copy there also returns false, and pdp_batcher_status then
-   says why. */
+   says why. On a regression set, which has no labels, a non-NULL labels fails the same
+   way, the message pointing at pdp_batcher_next_target; with labels NULL it hands out the
+   samples alone. */
 PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n);
-/* PDP_OK, or the failure of the last pdp_batcher_next (a device copy; a NULL argument),
-   with its message in pdp_last_error(); reset by pdp_batcher_reset. */
+/* pdp_batcher_next with the targets as a tensor (target may be NULL), the same batch of the
+   same order: *target becomes a view, valid until the next call, of the batcher's buffer of
+   the batch's targets. A classification set gives int32 [n] labels (PDP_DTYPE_I32, read
+   through pdp_tensor_ids; on the host whatever desc.device is, as pdp_batcher_next's
+   labels), a regression set float32 [n, target_features] (on desc.device, copied there as
+   x is). Allocates nothing. */
+PDP_API bool pdp_batcher_next_target(pdp_batcher *b, pdp_tensor *x, pdp_tensor *target,
+                                     int64_t *n);
+/* PDP_OK, or the failure of the last pdp_batcher_next or pdp_batcher_next_target (a device
+   copy; a NULL argument; labels asked of a regression set), with its message in
+   pdp_last_error(); reset by pdp_batcher_reset. */
 PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b);
 /* Starts epoch `epoch` from its first batch (its order is recomputed from the
    seed and the epoch number alone, so any epoch can be replayed). With desc.sampler the
@@ -235,7 +301,7 @@ PDP_API pdp_status pdp_token_dataset_sample(const pdp_token_dataset *ds, pdp_spl
    batcher goes in dataset order) with m in evaluation mode, put back in the mode it was in.
    b must hand out batches where m lives (pdp_batcher_desc.device); the pass allocates
    nothing once m is reserved (pdp_model_reserve) for b's batch size. A failing forward or
-   batch returns its status, message prefixed with "pdp_model_accuracy"; an empty batcher
-   gives PDP_ERR_INVALID. Rank-parallel models with their own forward (pdp_zero_forward)
+   batch returns its status, message prefixed with "pdp_model_accuracy"; an empty batcher,
+   or one over a regression set, gives PDP_ERR_INVALID. Rank-parallel models with their own forward (pdp_zero_forward)
    count with pdp_count_correct themselves. */
 PDP_API pdp_status pdp_model_accuracy(pdp_model *m, pdp_batcher *b, double *accuracy);

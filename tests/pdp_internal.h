@@ -5718,8 +5718,10 @@ struct pdp_dist_sampler {
 /* PDP_API const int64_t *pdp_dist_sampler_indices(const pdp_dist_sampler *s, int64_t *count) */
 
 /* ---- src/data.c ---- */
-/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), the
-   batcher (over an index list or a DistributedSampler's epochs), token data (a text file or
+/* data: the IDX reader, the synthetic task (and Fashion-MNIST's fallback to it), datasets
+   from a user's arrays (class labels or float targets, checked and copied), the batcher
+   (over an index list or a DistributedSampler's epochs; its targets a tensor of the
+   dataset's kind), token data (a text file or
    a directory read into one byte stream, a generated text, batches of windows), the
    accuracy of a model over a batcher. Files that start with the gzip magic are decoded by
    src/inflate.c (pdp__gunzip).
@@ -5771,11 +5773,33 @@ PDP__PRIVATE bool pdp__find_file(const char *dir, const char *name, char *path, 
 
 /* PDP_API pdp_status pdp_dataset_synthetic(pdp_dataset **out, bool train, const pdp_dataset_desc *desc) */
 
+/* ---- a user's arrays ---- */
+
+/* One sample's dimensions and features from a->ndim and a->shape, or PDP_ERR_SHAPE naming
+   the field. */
+PDP__PRIVATE pdp_status pdp__arrays_shape(const pdp_dataset_arrays *a, int *ndim,
+                                          int64_t *features, const char *fn);
+
+/* PDP_OK when v[0..n) are finite, else PDP_ERR_INVALID naming the element, its sample and
+   its feature (v holds rows of `row` values). */
+PDP__PRIVATE pdp_status pdp__arrays_finite(const float *v, int64_t n, int64_t row,
+                                           const char *field, const char *fn);
+
+/* PDP_API pdp_status pdp_dataset_from_arrays(pdp_dataset **out, const pdp_dataset_arrays *a) */
+
 /* PDP_API void pdp_dataset_free(pdp_dataset *ds) */
 
 /* ---- gather, view, permutation ---- */
 
+/* Both gathers: samples to x_out, labels to labels_out, float targets to targets_out (each
+   may be NULL; the caller checked that the dataset has what it asks for). */
+PDP__PRIVATE pdp_status pdp__gather(const pdp_dataset *ds, const int64_t *indices, int64_t n,
+                                    float *x_out, int32_t *labels_out, float *targets_out,
+                                    const char *fn);
+
 /* PDP_API pdp_status pdp_dataset_gather(const pdp_dataset *ds, const int64_t *indices, int64_t n, float *x_out, int32_t *labels_out) */
+
+/* PDP_API pdp_status pdp_dataset_gather_targets(const pdp_dataset *ds, const int64_t *indices, int64_t n, float *x_out, float *targets_out) */
 
 /* Wraps data as [n, the dataset's sample shape...]. */
 PDP__PRIVATE pdp_status pdp__dataset_wrap(const pdp_dataset *ds, float *data, int64_t n,
@@ -5794,8 +5818,11 @@ struct pdp_batcher {
     int64_t next;          /* position in order of the next batch */
     uint64_t epoch;
     float *x;              /* [batch_size, features] */
-    int32_t *labels;       /* [batch_size] */
+    int32_t *labels;       /* [batch_size]; NULL for a regression set */
+    float *targets;        /* [batch_size, target_features]; NULL for a classification set */
     pdp_tensor *xdev;      /* [batch_size, sample shape] on desc.device; NULL on the CPU */
+    pdp_tensor *tdev;      /* [batch_size, target_features] on desc.device for a regression
+                              set; else NULL */
     pdp_status st;         /* the last pdp_batcher_next's failure, else PDP_OK */
 };
 
@@ -5807,7 +5834,20 @@ struct pdp_batcher {
 
 /* PDP_API void pdp_batcher_reset(pdp_batcher *b, uint64_t epoch) */
 
+/* *t, a view of the first k rows of a host buffer, becomes the same rows of dev, copied
+   there. */
+PDP__PRIVATE pdp_status pdp__batch_to_device(pdp_tensor *dev, int64_t k, pdp_tensor *t);
+
+/* The next batch of the epoch, copied into the batcher's buffers: *x its samples and, when
+   target is not NULL, *target its labels or float targets, on desc.device where they go
+   there. Returns the batch's size; 0 at the epoch's end, or on a failed device copy
+   (b->st says why). */
+PDP__PRIVATE int64_t pdp__batcher_take(pdp_batcher *b, pdp_tensor *x, pdp_tensor *target,
+                                       const char *fn);
+
 /* PDP_API bool pdp_batcher_next(pdp_batcher *b, pdp_tensor *x, const int32_t **labels, int64_t *n) */
+
+/* PDP_API bool pdp_batcher_next_target(pdp_batcher *b, pdp_tensor *x, pdp_tensor *target, int64_t *n) */
 
 /* PDP_API pdp_status pdp_batcher_status(const pdp_batcher *b) */
 

@@ -954,6 +954,489 @@ TEST data_batcher_takes_a_samplers_epochs(void)
     PASS();
 }
 
+/* ---- a user's arrays ---- */
+
+/* A user's data where every value names its place: x[i][j] = i + j / 64, target[i][t] =
+   -(i + t / 8 + 0.5) (j < 64, t < 8), so a batch row that is not sample s's cannot pass. */
+static void fill_arrays(float *x, int64_t count, int64_t f, float *y, int64_t tf)
+{
+    int64_t i, j;
+    for (i = 0; i < count; i++) {
+        for (j = 0; j < f; j++) x[i * f + j] = (float)i + (float)j / 64.0f;
+        for (j = 0; y && j < tf; j++) y[i * tf + j] = -((float)i + (float)j / 8.0f + 0.5f);
+    }
+}
+
+/* Batches of b, one epoch, against the user's arrays xr [count, f] and yr [count, tf] (or
+   labels lr [count]) by the sample each position of the epoch's order names; every batch
+   full but a smaller last one of `last`. */
+static enum greatest_test_res check_target_epoch(pdp_batcher *b, const float *xr, int64_t f,
+                                                 const float *yr, int64_t tf, const int32_t *lr,
+                                                 int64_t bs, int64_t last)
+{
+    pdp_tensor x, t;
+    int64_t n, pos = 0, count, batches = pdp_batcher_num_batches(b), k = 0, i;
+    const int64_t *order = pdp_batcher_order(b, &count);
+    while (pdp_batcher_next_target(b, &x, &t, &n)) {
+        ASSERT_EQ(++k < batches ? bs : last, n);
+        ASSERT_EQ(PDP_DTYPE_F32, x.dtype);
+        ASSERT_EQ(n, x.shape[0]);
+        ASSERT_EQ(n * f, x.count);
+        ASSERT_EQ(PDP_DEVICE_CPU, t.device.kind);
+        if (yr) { /* float32 [n, target_features] */
+            ASSERT_EQ(PDP_DTYPE_F32, t.dtype);
+            ASSERT_EQ(2, t.ndim);
+            ASSERT_EQ(n, t.shape[0]);
+            ASSERT_EQ(tf, t.shape[1]);
+            ASSERT(pdp_tensor_ids(&t) == NULL);
+        } else { /* int32 [n] */
+            ASSERT_EQ(PDP_DTYPE_I32, t.dtype);
+            ASSERT_EQ(1, t.ndim);
+            ASSERT_EQ(n, t.shape[0]);
+            ASSERT(pdp_tensor_ids(&t) != NULL);
+        }
+        ASSERT_EQ(t.shape[0] * (yr ? tf : 1), t.count);
+        for (i = 0; i < n; i++) {
+            int64_t s = order[pos + i];
+            ASSERT_MEM_EQ(xr + s * f, x.data + i * f, (size_t)f * sizeof(float));
+            if (yr) ASSERT_MEM_EQ(yr + s * tf, t.data + i * tf, (size_t)tf * sizeof(float));
+            else ASSERT_EQ(lr[s], pdp_tensor_ids(&t)[i]);
+        }
+        pos += n;
+    }
+    ASSERT_EQ(0, n);
+    ASSERT_EQ(batches, k);
+    ASSERT_EQ(pdp_batcher_get_desc(b).drop_last ? batches * bs : count, pos);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_status(b), pdp_status_name);
+    PASS();
+}
+
+TEST data_arrays_regression_batches_are_the_arrays(void)
+{
+    enum { COUNT = 37, F = 24, TF = 3 };
+    static float x[COUNT * F], y[COUNT * TF], xr[COUNT * F], yr[COUNT * TF];
+    int64_t idx[5] = {5, 36, 0, 5, 20}, seen[COUNT] = {0}, n, m, k, i;
+    pdp_dataset_arrays a;
+    pdp_dataset *ds;
+    pdp_batcher_desc bd;
+    pdp_batcher *b;
+    pdp_dist_sampler_desc sd;
+    pdp_dist_sampler *s, *ref;
+    pdp_tensor xt, t;
+    const int64_t *order;
+    long before;
+    int e;
+    fill_arrays(x, COUNT, F, y, TF);
+    fill_arrays(xr, COUNT, F, yr, TF);
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.count = COUNT;
+    a.shape[0] = 2; /* ndim 0: counted, 3 */
+    a.shape[1] = 3;
+    a.shape[2] = 4;
+    a.targets = y;
+    a.target_features = TF;
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_dataset_from_arrays(&ds, &a), pdp_status_name);
+    memset(x, 0, sizeof x); /* the dataset holds copies */
+    memset(y, 0, sizeof y);
+    ASSERT_EQ(COUNT, ds->count);
+    ASSERT_EQ(3, ds->ndim);
+    ASSERT(ds->shape[0] == 2 && ds->shape[1] == 3 && ds->shape[2] == 4);
+    ASSERT_EQ(F, ds->features);
+    ASSERT_EQ(TF, ds->target_features);
+    ASSERT_EQ(0, ds->classes);
+    ASSERT(ds->labels == NULL);
+    ASSERT_MEM_EQ(xr, ds->images, sizeof xr);
+    ASSERT_MEM_EQ(yr, ds->targets, sizeof yr);
+    ASSERT_STR_EQ("arrays", ds->source);
+    /* shuffled epochs: 4 batches of 8 and one of 5, each sample once, nothing allocated */
+    memset(&bd, 0, sizeof bd);
+    bd.batch_size = 8;
+    bd.shuffle = true;
+    bd.seed = 3;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT_EQ(5, pdp_batcher_num_batches(b));
+    before = g_allocs;
+    for (e = 0; e < 2; e++) {
+        pdp_batcher_reset(b, (uint64_t)e);
+        CHECK_CALL(check_target_epoch(b, xr, F, yr, TF, NULL, 8, 5));
+    }
+    ASSERT_EQ(before, g_allocs);
+    order = pdp_batcher_order(b, &n);
+    for (i = 0; i < n; i++) seen[order[i]]++;
+    for (i = 0; i < COUNT; i++) ASSERT_EQ(1, seen[i]);
+    pdp_batcher_reset(b, 1);
+    ASSERT(pdp_batcher_next_target(b, &xt, &t, &n)); /* the order is not the identity */
+    ASSERT(memcmp(xr, xt.data, 8 * F * sizeof(float)) != 0);
+    ASSERT(pdp_batcher_next_target(b, &xt, NULL, &n)); /* target may be NULL */
+    pdp_batcher_free(b);
+    /* drop_last: the 5 left over are not handed out */
+    bd.drop_last = true;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT_EQ(4, pdp_batcher_num_batches(b));
+    CHECK_CALL(check_target_epoch(b, xr, F, yr, TF, NULL, 8, 8));
+    pdp_batcher_free(b);
+    /* an index list, repeats included: batches of 2, 2, 1 */
+    memset(&bd, 0, sizeof bd);
+    bd.batch_size = 2;
+    bd.indices = idx;
+    bd.num_indices = 5;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    CHECK_CALL(check_target_epoch(b, xr, F, yr, TF, NULL, 2, 1));
+    ASSERT_MEM_EQ(idx, pdp_batcher_order(b, NULL), sizeof idx);
+    pdp_batcher_free(b);
+    /* a DistributedSampler's epochs (3 ranks, this one's 13 padded): rows by its indices */
+    memset(&sd, 0, sizeof sd);
+    sd.dataset_size = COUNT;
+    sd.world_size = 3;
+    sd.rank = 2;
+    sd.seed = 9;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&s, &sd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dist_sampler_create(&ref, &sd), pdp_status_name);
+    memset(&bd, 0, sizeof bd);
+    bd.batch_size = 4;
+    bd.sampler = s;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    for (e = 0; e < 3; e++) {
+        const int64_t *ri;
+        pdp_batcher_reset(b, (uint64_t)e);
+        pdp_dist_sampler_set_epoch(ref, (uint64_t)e);
+        ri = pdp_dist_sampler_indices(ref, &m);
+        ASSERT_EQ(13, m);
+        for (k = 0; pdp_batcher_next_target(b, &xt, &t, &n); k += n)
+            for (i = 0; i < n; i++) {
+                ASSERT_MEM_EQ(yr + ri[k + i] * TF, t.data + i * TF, TF * sizeof(float));
+                ASSERT_MEM_EQ(xr + ri[k + i] * F, xt.data + i * F, F * sizeof(float));
+            }
+        ASSERT_EQ(13, k);
+    }
+    pdp_batcher_free(b);
+    pdp_dist_sampler_free(ref);
+    pdp_dist_sampler_free(s);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
+TEST data_arrays_classification_labels_are_an_int32_tensor(void)
+{
+    enum { COUNT = 23, F = 5 };
+    float x[COUNT * F];
+    int32_t lab[COUNT];
+    const int32_t *y;
+    pdp_dataset_arrays a;
+    pdp_dataset *ds;
+    pdp_batcher_desc bd;
+    pdp_batcher *b, *b2;
+    pdp_tensor xt, xt2, t;
+    int64_t n, n2, i;
+    fill_arrays(x, COUNT, F, NULL, 0);
+    for (i = 0; i < COUNT; i++) lab[i] = (int32_t)((i * 7) % 4); /* 0..3 */
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.count = COUNT;
+    a.shape[0] = F;
+    a.labels = lab;
+    a.name = "my labelled set";
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_dataset_from_arrays(&ds, &a), pdp_status_name);
+    ASSERT_EQ(1, ds->ndim);
+    ASSERT(ds->shape[0] == F && ds->shape[1] == 1 && ds->shape[2] == 1);
+    ASSERT_EQ(4, ds->classes);
+    ASSERT(ds->targets == NULL);
+    ASSERT_EQ(0, ds->target_features);
+    ASSERT_MEM_EQ(lab, ds->labels, sizeof lab);
+    ASSERT_STR_EQ("my labelled set", ds->source);
+    /* shuffled: 3 batches of 6 and one of 5; next_target and next give the same batches */
+    memset(&bd, 0, sizeof bd);
+    bd.batch_size = 6;
+    bd.shuffle = true;
+    bd.seed = 2;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b2, ds, &bd), pdp_status_name);
+    CHECK_CALL(check_target_epoch(b, x, F, NULL, 0, lab, 6, 5));
+    pdp_batcher_reset(b, 0);
+    while (pdp_batcher_next_target(b, &xt, &t, &n)) {
+        ASSERT(pdp_batcher_next(b2, &xt2, &y, &n2));
+        ASSERT_EQ(n, n2);
+        ASSERT_MEM_EQ(y, pdp_tensor_ids(&t), (size_t)n * sizeof *y);
+        ASSERT_MEM_EQ(xt2.data, xt.data, (size_t)(n * F) * sizeof(float));
+    }
+    ASSERT(!pdp_batcher_next(b2, &xt2, &y, &n2));
+    pdp_batcher_free(b2);
+    pdp_batcher_free(b);
+    pdp_dataset_free(ds);
+    /* classes given (a subset missing the last classes); a (T, C) sample */
+    a.classes = 10;
+    a.shape[0] = 1;
+    a.shape[1] = F;
+    a.name = NULL;
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_dataset_from_arrays(&ds, &a), pdp_status_name);
+    ASSERT_EQ(10, ds->classes);
+    ASSERT_EQ(2, ds->ndim);
+    ASSERT_EQ(F, ds->features);
+    ASSERT_STR_EQ("arrays", ds->source);
+    bd.shuffle = false;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    ASSERT(pdp_batcher_next_target(b, &xt, &t, &n));
+    ASSERT(xt.ndim == 3 && xt.shape[0] == 6 && xt.shape[1] == 1 && xt.shape[2] == F);
+    pdp_batcher_free(b);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
+/* pdp_dataset_from_arrays(a) fails with status, *out NULL, the message naming the function
+   and holding text. */
+static enum greatest_test_res arrays_fail(const pdp_dataset_arrays *a, pdp_status status,
+                                          const char *text)
+{
+    static pdp_dataset stale;
+    pdp_dataset *ds = &stale;
+    ASSERT_ENUM_EQm(text, status, pdp_dataset_from_arrays(&ds, a), pdp_status_name);
+    ASSERT(ds == NULL);
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), "pdp_dataset_from_arrays: ") ==
+                                  pdp_last_error());
+    ASSERTm(pdp_last_error(), strstr(pdp_last_error(), text) != NULL);
+    PASS();
+}
+
+TEST data_arrays_bad_input_names_the_field(void)
+{
+    enum { COUNT = 6, F = 4, TF = 2 };
+    float x[COUNT * F], y[COUNT * TF], bad[COUNT * F];
+    int32_t lab[COUNT] = {0, 1, 2, 1, 0, 2};
+    pdp_dataset_arrays g, a;
+    pdp_dataset *ds;
+    long before;
+    fill_arrays(x, COUNT, F, y, TF);
+    memset(&g, 0, sizeof g); /* a good regression set; every case breaks one thing */
+    g.x = x;
+    g.count = COUNT;
+    g.shape[0] = F;
+    g.targets = y;
+    g.target_features = TF;
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_dataset_from_arrays(&ds, &g), pdp_status_name);
+    pdp_dataset_free(ds);
+    before = g_allocs;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_from_arrays(NULL, &g), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_dataset_from_arrays: out is NULL"));
+    CHECK_CALL(arrays_fail(NULL, PDP_ERR_INVALID, "arrays is NULL"));
+    a = g; a.x = NULL;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.x is NULL"));
+    a = g; a.count = 0;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.count is 0 (must be >= 1)"));
+    a = g; a.count = -3;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.count is -3"));
+    /* shapes */
+    a = g; a.ndim = 4;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_SHAPE, "arrays.ndim is 4"));
+    a = g; a.ndim = -1;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_SHAPE, "arrays.ndim is -1"));
+    a = g; a.shape[0] = 0;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_SHAPE, "arrays.shape is empty"));
+    a = g; a.shape[0] = -4;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_SHAPE, "arrays.shape[0] is -4 (must be >= 1)"));
+    a = g; a.ndim = 2;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_SHAPE, "arrays.shape[1] is 0 (must be >= 1)"));
+    a = g; a.shape[2] = 3; /* counted: one dimension, then a size after the gap */
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_SHAPE, "arrays.shape[2] is 3, past the sample's 1 "
+                                              "dimension (arrays.ndim 0)"));
+    a = g; a.ndim = 1; a.shape[1] = 2;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_SHAPE, "arrays.shape[1] is 2, past the sample's 1 "
+                                              "dimension (arrays.ndim 1)"));
+    a = g; a.shape[0] = (int64_t)1 << 40; a.shape[1] = (int64_t)1 << 40;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_SHAPE, "arrays.shape's 2 dimensions overflow"));
+    a = g; a.count = (int64_t)1 << 40; a.shape[0] = (int64_t)1 << 30; /* x is never read */
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.count 1099511627776 x 1073741824 "
+                                                "features"));
+    a = g; a.target_features = INT64_MAX;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "x 9223372036854775807 target_features) "
+                                                "exceed"));
+    a = g; a.target_features = -2;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_SHAPE, "arrays.target_features is -2"));
+    /* the kind of target: one, and only its fields */
+    a = g; a.labels = lab;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.labels and arrays.targets are both "
+                                                "set"));
+    a = g; a.targets = NULL;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "neither arrays.labels nor arrays.targets"));
+    a = g; a.targets = NULL; a.labels = lab;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.target_features is 2 with labels"));
+    a = g; a.classes = 3;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.classes is 3 with targets"));
+    /* labels */
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.count = COUNT;
+    a.shape[0] = F;
+    a.labels = lab;
+    a.classes = -1;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.classes is -1"));
+    a.classes = 2; /* lab[2] is 2 */
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.labels[2] is 2, not below "
+                                                "arrays.classes = 2"));
+    a.classes = 0;
+    lab[4] = -1;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.labels[4] is -1 (a class label is "
+                                                ">= 0)"));
+    lab[4] = INT32_MAX;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.labels[4] is 2147483647"));
+    lab[4] = 0;
+    /* values that are not numbers: sample and feature named */
+    memcpy(bad, x, sizeof bad);
+    bad[2 * F + 1] = NAN;
+    a = g; a.x = bad;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.x[9] (sample 2, feature 1) is NaN"));
+    bad[2 * F + 1] = x[2 * F + 1];
+    bad[COUNT * F - 1] = -INFINITY;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.x[23] (sample 5, feature 3) is "
+                                                "infinite"));
+    bad[COUNT * F - 1] = x[COUNT * F - 1];
+    memcpy(bad, y, sizeof y);
+    bad[3 * TF + 1] = INFINITY;
+    a = g; a.targets = bad;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.targets[7] (sample 3, feature 1) is "
+                                                "infinite"));
+    bad[3 * TF + 1] = NAN;
+    CHECK_CALL(arrays_fail(&a, PDP_ERR_INVALID, "arrays.targets[7] (sample 3, feature 1) is "
+                                                "NaN"));
+    ASSERT_EQ(before, g_allocs); /* every failure came before an allocation */
+    PASS();
+}
+
+TEST data_arrays_gather_next_and_accuracy_per_kind(void)
+{
+    enum { COUNT = 10, F = 3, TF = 2 };
+    float x[COUNT * F], y[COUNT * TF], xb[3 * F], yb[3 * TF];
+    int32_t lab[COUNT], lb[3];
+    int64_t idx[3] = {9, 0, 4}, bad[2] = {1, 10}, n, i;
+    pdp_dataset_arrays a;
+    pdp_dataset *reg, *cls;
+    pdp_batcher_desc bd;
+    pdp_batcher *b;
+    pdp_model_desc md;
+    pdp_model *m;
+    pdp_tensor xt, t;
+    const int32_t *yl;
+    double acc = -1;
+    fill_arrays(x, COUNT, F, y, TF);
+    for (i = 0; i < COUNT; i++) lab[i] = (int32_t)(i % 3);
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.count = COUNT;
+    a.shape[0] = F;
+    a.targets = y;
+    a.target_features = TF;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_from_arrays(&reg, &a), pdp_status_name);
+    a.targets = NULL;
+    a.target_features = 0;
+    a.labels = lab;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_from_arrays(&cls, &a), pdp_status_name);
+    /* gather: each kind its own targets; asking for the other kind's fails */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_gather_targets(reg, idx, 3, xb, yb), pdp_status_name);
+    for (i = 0; i < 3; i++) {
+        ASSERT_MEM_EQ(x + idx[i] * F, xb + i * F, F * sizeof(float));
+        ASSERT_MEM_EQ(y + idx[i] * TF, yb + i * TF, TF * sizeof(float));
+    }
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_gather_targets(reg, bad, 2, xb, yb),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_dataset_gather_targets: indices[1] = 10 is outside"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_gather(reg, idx, 3, xb, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_gather(reg, idx, 3, xb, lb), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_dataset_gather: arrays is a regression set") &&
+           strstr(pdp_last_error(), "pdp_dataset_gather_targets"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_gather(cls, idx, 3, NULL, lb), pdp_status_name);
+    for (i = 0; i < 3; i++) ASSERT_EQ(lab[idx[i]], lb[i]);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_gather_targets(cls, idx, 3, xb, NULL), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_dataset_gather_targets(cls, idx, 3, xb, yb),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "arrays is a classification set"));
+    /* pdp_batcher_next on a regression set: the samples alone, or a failure that says where
+       the targets are */
+    memset(&bd, 0, sizeof bd);
+    bd.batch_size = 4;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, reg, &bd), pdp_status_name);
+    ASSERT(!pdp_batcher_next(b, &xt, &yl, &n));
+    ASSERT_EQ(0, n);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_status(b), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_batcher_next: arrays is a regression set, with 2 "
+                                    "float targets a sample and no labels: take its batches "
+                                    "with pdp_batcher_next_target"));
+    ASSERT(pdp_batcher_next(b, &xt, NULL, &n)); /* the epoch had not moved */
+    ASSERT_EQ(4, n);
+    ASSERT_MEM_EQ(x, xt.data, 4 * F * sizeof(float));
+    ASSERT(!pdp_batcher_next_target(b, NULL, &t, &n));
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_batcher_status(b), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_batcher_next_target: NULL"));
+    pdp_batcher_reset(b, 0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_status(b), pdp_status_name);
+    /* accuracy needs labels */
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = F;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &md), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 3), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_accuracy(m, b, &acc), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "pdp_model_accuracy: arrays is a regression set"));
+    ASSERT_EQ(0.0, acc);
+    pdp_batcher_free(b);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, cls, &bd), pdp_status_name);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_accuracy(m, b, &acc), pdp_status_name);
+    ASSERT(acc >= 0.0 && acc <= 1.0);
+    pdp_batcher_free(b);
+    pdp_model_free(m);
+    pdp_dataset_free(cls);
+    pdp_dataset_free(reg);
+    PASS();
+}
+
+/* The target tensor is what pdp_loss_mse takes: the loss of a fixed prediction on each
+   batch, smaller last batch included, equals a naive loop over the user's arrays. */
+TEST data_arrays_mse_of_a_batch_matches_a_naive_loop(void)
+{
+    enum { COUNT = 13, F = 4, TF = 3, BS = 5 };
+    float x[COUNT * F], y[COUNT * TF], pred[BS * TF];
+    int64_t n, pos = 0, i, j;
+    const int64_t *order;
+    pdp_dataset_arrays a;
+    pdp_dataset *ds;
+    pdp_batcher_desc bd;
+    pdp_batcher *b;
+    pdp_tensor xt, t, p;
+    fill_arrays(x, COUNT, F, y, TF);
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.count = COUNT;
+    a.shape[0] = F;
+    a.targets = y;
+    a.target_features = TF;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_dataset_from_arrays(&ds, &a), pdp_status_name);
+    memset(&bd, 0, sizeof bd);
+    bd.batch_size = BS;
+    bd.shuffle = true;
+    bd.seed = 1;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_batcher_create(&b, ds, &bd), pdp_status_name);
+    order = pdp_batcher_order(b, NULL);
+    for (i = 0; i < BS * TF; i++) pred[i] = 0.25f * (float)i - 7.0f;
+    while (pdp_batcher_next_target(b, &xt, &t, &n)) {
+        const int64_t shape[2] = {n, TF};
+        double sum = 0.0, want;
+        float loss = -1;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap(pred, pdp_cpu(), 2, shape, &p), pdp_status_name);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_loss_mse(&p, &t, &loss, NULL),
+                        pdp_status_name);
+        for (i = 0; i < n; i++)
+            for (j = 0; j < TF; j++) {
+                double d = (double)pred[i * TF + j] - (double)y[order[pos + i] * TF + j];
+                sum += d * d;
+            }
+        want = sum / (double)(n * TF);
+        ASSERT_IN_RANGE(want, loss, 1e-6 * want);
+        pos += n;
+    }
+    ASSERT_EQ(COUNT, pos);
+    pdp_batcher_free(b);
+    pdp_dataset_free(ds);
+    PASS();
+}
+
 /* ---- token data ---- */
 
 /* A corpus directory written in an order that is not the name order: files "c.txt", "a",
@@ -1545,6 +2028,11 @@ SUITE(data)
     RUN_TEST(data_batcher_covers_each_sample_once);
     RUN_TEST(data_batcher_index_lists_and_no_allocation);
     RUN_TEST(data_batcher_takes_a_samplers_epochs);
+    RUN_TEST(data_arrays_regression_batches_are_the_arrays);
+    RUN_TEST(data_arrays_classification_labels_are_an_int32_tensor);
+    RUN_TEST(data_arrays_bad_input_names_the_field);
+    RUN_TEST(data_arrays_gather_next_and_accuracy_per_kind);
+    RUN_TEST(data_arrays_mse_of_a_batch_matches_a_naive_loop);
     RUN_TEST(data_model_accuracy_matches_a_naive_count);
     RUN_TEST(data_sizes_that_overflow_fail);
     RUN_TEST(data_tokens_directory_windows_and_split);
