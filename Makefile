@@ -76,7 +76,7 @@ $(B):
 #   split sizes), at $(TEST_OPT). test_harness has no pdp.h.
 # `make test TEST_OPT="$(OPT)"` builds the internal tests as the library ships.
 TEST_OPT      ?= -Og -march=native
-SHARED_TESTS   = $(addprefix $(B)/test_,cuda loss pp)
+SHARED_TESTS   = $(addprefix $(B)/test_,cuda gpt loss pp)
 KERNEL_TESTS   = $(addprefix $(B)/test_,gemm)
 OWN_OPT_TESTS  = $(addprefix $(B)/test_,gemm_nosimd bf16)
 OWN_TESTS      = $(OWN_OPT_TESTS) $(addprefix $(B)/test_,layers harness)

@@ -273,6 +273,17 @@ PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel41(pdp__amx_tiles *e, int64_t s
     PDP__AMX_STORE(e, 3, out + 48 * ldo, so);
 }
 
+#  if PDP__BF16_AMX
+/* LDTILECFG of the whole 64-byte operand. Not gcc 12's _tile_loadconfig: its asm names an
+   8-byte operand (a pointer's size), so gcc -O2 without -mamx-tile dropped the stores of
+   rows and colsb as dead and loaded a configuration of empty tiles; the first
+   TILEZERO then faulted (SIGILL; -march=native builds happened to keep the stores). */
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_loadconfig(const pdp__amx_tilecfg *cfg)
+{
+    __asm__ volatile("ldtilecfg %0" : : "m"(*cfg));
+}
+#  endif
+
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_config(pdp__amx_tiles *e)
 {
     pdp__amx_tilecfg cfg;
@@ -283,7 +294,7 @@ PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_config(pdp__amx_tiles *e)
         cfg.rows[t] = 16;
         cfg.colsb[t] = 64;
     }
-    PDP__AMX_OP(e, pdp__amx_emu_config(e, &cfg), _tile_loadconfig(&cfg));
+    PDP__AMX_OP(e, pdp__amx_emu_config(e, &cfg), pdp__amx_loadconfig(&cfg));
 }
 
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_release(pdp__amx_tiles *e)

@@ -2628,6 +2628,14 @@ PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_kernel41(pdp__amx_tiles *e, int64_t s
                                                     const uint32_t *a, const uint32_t *b,
                                                     const float *in, float *out, int64_t ldo);
 
+#  if PDP__BF16_AMX
+/* LDTILECFG of the whole 64-byte operand. Not gcc 12's _tile_loadconfig: its asm names an
+   8-byte operand (a pointer's size), so gcc -O2 without -mamx-tile dropped the stores of
+   rows and colsb as dead and loaded a configuration of empty tiles; the first
+   TILEZERO then faulted (SIGILL; -march=native builds happened to keep the stores). */
+PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_loadconfig(const pdp__amx_tilecfg *cfg);
+#  endif
+
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_config(pdp__amx_tiles *e);
 
 PDP__AMX_TARGET PDP__PRIVATE void pdp__amx_release(pdp__amx_tiles *e);

@@ -13,6 +13,7 @@ check static_twice_in_one_program static_twice
 check malloc_free_overrides_count_every_allocation sh -c "gcc $STRICT tests/compile/tu_alloc.c -o $B/alloc -lm -lpthread && $B/alloc"
 check malloc_without_free_is_an_error must_fail "define both PDP_MALLOC and PDP_FREE" gcc $STRICT -c tests/compile/tu_half_alloc.c -o "$B/half.o"
 check late_posix_define_is_an_error_with_hint must_fail "define _POSIX_C_SOURCE 200809L" gcc $STRICT -c tests/compile/tu_late_posix.c -o "$B/late.o"
+check bf16_paths_match_naive_in_a_plain_O2_build sh -c "gcc $STRICT -O2 tests/compile/tu_bf16_paths.c -o $B/bf16_paths -lm -lpthread && $B/bf16_paths"
 check gnu_mode_needs_no_posix_define gcc -std=gnu11 -Wall -Wextra -Werror -I. -fsyntax-only tests/compile/tu_late_posix.c
 
 # ---- option macros whose toolchains may be missing ----

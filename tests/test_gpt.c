@@ -1,0 +1,487 @@
+/* Tests of the GPT as a model (pdp_gpt_create, gpt.h; the layer kinds of layers_gpt.c in
+   model.c): against tools/gpt_reference.py's PyTorch GPT (tests/fixtures/gpt_*.bin: one
+   forward and backward, a shorter sequence, 5 AdamW steps with clipping, autocast bf16),
+   the causal mask through the whole model, gradients against finite differences, a
+   residual region against its formula, generation, and every error a user can make.
+
+   The fixture metric is tests/fixture.h's max |a - b| / max(max |b|, 1). The GPT is
+   vocab 67, context 16, 2 layers, 4 heads, dim 48; ids and targets are stored as floats.
+
+   cc -std=c99 -O2 -Itests -I. tests/test_gpt.c -lm -lpthread (or make) */
+#define PDP_IMPLEMENTATION
+#include "pdp.h"
+#include "pdp_test.h"
+#include "fixture.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { V = 67, CTX = 16, L = 2, H = 4, C = 48, B = 3 };
+
+/* the fixtures' GPT; sequence T (0: the context) */
+static pdp_model *fixture_gpt(int64_t T, pdp_precision precision)
+{
+    pdp_gpt_desc d;
+    pdp_model *m = NULL;
+    memset(&d, 0, sizeof d);
+    d.vocab = V;
+    d.context = CTX;
+    d.sequence = T;
+    d.layers = L;
+    d.heads = H;
+    d.dim = C;
+    d.precision = precision;
+    return pdp_gpt_create(&m, &d) == PDP_OK ? m : NULL;
+}
+
+/* Every parameter of m from f's tensors named prefix + name; 0 when one is missing. */
+static int load_params(pdp_model *m, const fixture *f, const char *prefix)
+{
+    int i;
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param p;
+        char name[96];
+        const fixture_tensor *t;
+        pdp_model_param(m, i, &p);
+        snprintf(name, sizeof name, "%s%s", prefix, p.name);
+        t = fixture_find(f, name);
+        if (!t || t->count != p.count) return 0;
+        memcpy(p.value.data, t->data, (size_t)t->count * sizeof(float));
+    }
+    return 1;
+}
+
+/* ids or targets stored as floats, as int32 */
+static int load_ints(const fixture *f, const char *name, int32_t *out, int64_t n)
+{
+    const fixture_tensor *t = fixture_find(f, name);
+    int64_t i;
+    if (!t || t->count != n) return 0;
+    for (i = 0; i < n; i++) out[i] = (int32_t)t->data[i];
+    return 1;
+}
+
+/* The worst fixture error over every parameter's gradient against f's prefix + name. */
+static double worst_grad(pdp_model *m, const fixture *f, const char *prefix, char *which)
+{
+    double worst = 0.0;
+    int i;
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param p;
+        char name[96];
+        const fixture_tensor *t;
+        double e;
+        pdp_model_param(m, i, &p);
+        snprintf(name, sizeof name, "%s%s", prefix, p.name);
+        t = fixture_find(f, name);
+        e = t ? fixture_rel_err(p.grad.data, t->data, p.count) : 1e30;
+        if (e > worst || e != e) {
+            worst = e;
+            snprintf(which, 96, "%s", p.name);
+        }
+    }
+    return worst;
+}
+
+/* forward (logits checked against f's logits_name) then forward_backward; loss and
+   gradients checked by the caller */
+static enum greatest_test_res forward_case(pdp_model *m, const fixture *f, const char *pre,
+                                           int64_t T, double tol, float *loss)
+{
+    int32_t ids[B * CTX], targets[B * CTX];
+    int64_t shape[2];
+    char name[64];
+    pdp_tensor x;
+    const pdp_tensor *y;
+    const fixture_tensor *want;
+    shape[0] = B;
+    shape[1] = T;
+    snprintf(name, sizeof name, "%sids", pre);
+    ASSERT(load_ints(f, name, ids, B * T));
+    snprintf(name, sizeof name, "%stargets", pre);
+    ASSERT(load_ints(f, name, targets, B * T));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    ASSERT_EQ(3, y->ndim);
+    ASSERT_EQ(V, y->shape[2]);
+    snprintf(name, sizeof name, "%slogits", pre);
+    want = fixture_find(f, name);
+    ASSERT(want && want->count == y->count);
+    ASSERT_LTE(fixture_rel_err(y->data, want->data, y->count), tol);
+    pdp_model_zero_grad(m);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, &x, targets, loss), pdp_status_name);
+    PASS();
+}
+
+TEST gpt_names_and_shapes_are_nanogpts(void)
+{
+    pdp_model *m = fixture_gpt(0, PDP_PRECISION_FP32);
+    pdp_param p;
+    ASSERT(m);
+    ASSERT_EQ(28, pdp_model_num_params(m)); /* the head owns none: it is wte */
+    ASSERT_EQ(60624, pdp_model_param_count(m));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "transformer.h.1.attn.c_attn.weight", &p),
+                   pdp_status_name);
+    ASSERT_EQ(3 * C, p.shape[0]);
+    ASSERT_EQ(C, p.shape[1]);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "transformer.wpe.weight", &p),
+                   pdp_status_name);
+    ASSERT_EQ(CTX, p.shape[0]);
+    ASSERT_STR_EQ("Embedding", pdp_model_layer_name(m, 0));
+    ASSERT_STR_EQ("TiedLinear", pdp_model_layer_name(m, pdp_model_num_layers(m) - 1));
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST gpt_matches_pytorch_logits_loss_and_every_gradient(void)
+{
+    fixture f;
+    pdp_model *m = fixture_gpt(0, PDP_PRECISION_FP32), *m11 = fixture_gpt(11, PDP_PRECISION_FP32);
+    char which[96] = "";
+    float loss;
+    double g;
+    FIXTURE_LOAD_OR_SKIP(&f, "gpt_forward.bin");
+    ASSERT(m && m11);
+    ASSERT(load_params(m, &f, ""));
+    CHECK_CALL(forward_case(m, &f, "", CTX, 1e-5, &loss));
+    ASSERT_LTE(fabs(loss - fixture_find(&f, "loss")->data[0]), 1e-5);
+    g = worst_grad(m, &f, "grad.", which);
+    if (g > 1e-5) FAILm(which); /* the tied wte: embedding rows and head summed */
+    /* a sequence shorter than the context: positions 0..10 of wpe */
+    ASSERT(load_params(m11, &f, ""));
+    CHECK_CALL(forward_case(m11, &f, "t11.", 11, 1e-5, &loss));
+    ASSERT_LTE(fabs(loss - fixture_find(&f, "t11.loss")->data[0]), 1e-5);
+    pdp_model_free(m);
+    pdp_model_free(m11);
+    fixture_free(&f);
+    PASS();
+}
+
+/* torch.optim.AdamW(lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight_decay 0.1) with
+   clip_grad_norm_(1.0) each step, 5 steps. */
+TEST gpt_five_adamw_steps_with_clipping_match_pytorch(void)
+{
+    fixture f0, f;
+    pdp_model *m = fixture_gpt(0, PDP_PRECISION_FP32);
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    int s, i;
+    double worst = 0.0;
+    FIXTURE_LOAD_OR_SKIP(&f0, "gpt_forward.bin");
+    FIXTURE_LOAD_OR_SKIP(&f, "gpt_adamw.bin");
+    ASSERT(m && load_params(m, &f0, ""));
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW;
+    od.lr = 1e-3;
+    od.beta1 = 0.9;
+    od.beta2 = 0.95;
+    od.eps = 1e-8;
+    od.weight_decay = 0.1;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+    for (s = 0; s < 5; s++) {
+        int32_t ids[B * CTX], targets[B * CTX];
+        int64_t shape[2] = {B, CTX};
+        char name[32];
+        pdp_tensor x;
+        float loss, norm;
+        snprintf(name, sizeof name, "step%d.ids", s);
+        ASSERT(load_ints(&f, name, ids, B * CTX));
+        snprintf(name, sizeof name, "step%d.targets", s);
+        ASSERT(load_ints(&f, name, targets, B * CTX));
+        pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+        pdp_optim_zero_grad(o);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, &x, targets, &loss), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, 1.0f, &norm), pdp_status_name);
+        ASSERT_LTE(fabs(loss - fixture_find(&f, "losses")->data[s]) / 4.0, 1e-5);
+        ASSERT_LTE(fabs(norm - fixture_find(&f, "norms")->data[s]) /
+                       fixture_find(&f, "norms")->data[s], 1e-5);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+    }
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param p;
+        char name[96];
+        double e;
+        pdp_model_param(m, i, &p);
+        snprintf(name, sizeof name, "final.%s", p.name);
+        ASSERT(fixture_find(&f, name));
+        e = fixture_rel_err(p.value.data, fixture_find(&f, name)->data, p.count);
+        if (e > worst) worst = e;
+    }
+    ASSERT_LTE(worst, 1e-5);
+    pdp_optim_free(o);
+    pdp_model_free(m);
+    fixture_free(&f0);
+    fixture_free(&f);
+    PASS();
+}
+
+/* pdp's bf16 path rounds the Linears' (and the head's) inputs to bf16, as autocast does,
+   and keeps attention's two products in fp32 (autocast rounds them too): held to the
+   order of autocast's own distance from fp32 (tools/gpt_reference.py: logits 2.75e-3,
+   worst gradient 1.05e-3), with room for rounding at other points. */
+#define GPT_BF16_LOGITS_BOUND 1e-2
+#define GPT_BF16_GRAD_BOUND 1e-2
+TEST gpt_bf16_matches_autocast_within_a_bound(void)
+{
+    fixture f0, f;
+    pdp_model *m = fixture_gpt(0, PDP_PRECISION_BF16);
+    char which[96] = "";
+    float loss;
+    double g;
+    FIXTURE_LOAD_OR_SKIP(&f0, "gpt_forward.bin");
+    FIXTURE_LOAD_OR_SKIP(&f, "gpt_bf16.bin");
+    ASSERT(m && load_params(m, &f0, ""));
+    CHECK_CALL(forward_case(m, &f, "", CTX, GPT_BF16_LOGITS_BOUND, &loss));
+    ASSERT_LTE(fabs(loss - fixture_find(&f, "loss")->data[0]), 1e-2);
+    g = worst_grad(m, &f, "grad.", which);
+    if (g > GPT_BF16_GRAD_BOUND) FAILm(which);
+    pdp_model_free(m);
+    fixture_free(&f0);
+    fixture_free(&f);
+    PASS();
+}
+
+/* Changing token k changes no logit before position k, bit for bit, and some at k. */
+TEST gpt_later_tokens_change_no_earlier_output(void)
+{
+    pdp_model *m = fixture_gpt(0, PDP_PRECISION_FP32);
+    int32_t ids[CTX];
+    float before[CTX * V];
+    int64_t shape[2] = {1, CTX}, t, k = 9;
+    pdp_tensor x;
+    const pdp_tensor *y;
+    int changed = 0;
+    ASSERT(m);
+    for (t = 0; t < CTX; t++) ids[t] = (int32_t)((t * 13 + 5) % V);
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    memcpy(before, y->data, sizeof before);
+    ids[k] = (ids[k] + 1) % V;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    for (t = 0; t < k * V; t++) ASSERT_EQ(before[t], y->data[t]);
+    for (t = k * V; t < (k + 1) * V; t++) changed |= before[t] != y->data[t];
+    ASSERT(changed);
+    pdp_model_free(m);
+    PASS();
+}
+
+/* Every parameter tensor: 3 entries against central differences of the loss, on a small
+   GPT away from its initialisation (N(0, 0.3) added) so LayerNorms and biases matter. */
+TEST gpt_gradients_match_finite_differences(void)
+{
+    pdp_gpt_desc d;
+    pdp_model *m = NULL;
+    int32_t ids[2 * 5] = {1, 4, 2, 9, 0, 3, 3, 7, 8, 10}, tg[2 * 5] = {4, 2, 9, -1, 5, 3, 7, 8, 10, 1};
+    int64_t shape[2] = {2, 5}, j;
+    pdp_tensor x, grads;
+    pdp_rng r;
+    static float backward[4096];
+    float loss, lp, lm;
+    int i;
+    memset(&d, 0, sizeof d);
+    d.vocab = 11;
+    d.context = 6;
+    d.sequence = 5;
+    d.layers = 2;
+    d.heads = 2;
+    d.dim = 8;
+    d.seed = 3;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m, &d), pdp_status_name);
+    pdp_rng_seed(&r, 9, 0);
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param p;
+        pdp_model_param(m, i, &p);
+        for (j = 0; j < p.count; j++) p.value.data[j] += 0.3f * pdp_rng_normal(&r);
+    }
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, &x, tg, &loss), pdp_status_name);
+    pdp_model_flat(m, NULL, &grads);
+    ASSERT(grads.count <= (int64_t)(sizeof backward / sizeof backward[0]));
+    memcpy(backward, grads.data, (size_t)grads.count * sizeof(float)); /* the passes below
+                                                                         accumulate more */
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param p;
+        int k;
+        pdp_model_param(m, i, &p);
+        for (k = 0; k < 3; k++) {
+            int64_t at = (int64_t)pdp_rng_below(&r, (uint32_t)p.count);
+            float v = p.value.data[at], h = 1e-2f, g = backward[p.offset + at], fd;
+            p.value.data[at] = v + h;
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, &x, tg, &lp), pdp_status_name);
+            p.value.data[at] = v - h;
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, &x, tg, &lm), pdp_status_name);
+            p.value.data[at] = v;
+            fd = (float)(((double)lp - (double)lm) / (2.0 * (double)h));
+            if (fabsf(fd - g) > 2e-3f + 3e-2f * fabsf(fd)) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "%s[%lld]: backward %g, differences %g", p.name,
+                         (long long)at, (double)g, (double)fd);
+                FAILm(msg);
+            }
+        }
+    }
+    pdp_model_free(m);
+    PASS();
+}
+
+/* A residual region around a Linear is x + (x W^T + b), and its input gradient dy + dy W. */
+TEST gpt_residual_region_is_x_plus_its_branch(void)
+{
+    pdp_model_desc md;
+    pdp_model *m = NULL;
+    float xd[2 * 3] = {1, -2, 0.5f, 3, 0.25f, -1}, dyd[2 * 3] = {1, 2, 3, -1, 0.5f, 2};
+    int64_t shape[2] = {2, 3}, b, i, j;
+    pdp_tensor x, dy;
+    const pdp_tensor *y;
+    pdp_param w, bias;
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 3;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&m, &md), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_residual_begin(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(m, 3), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_residual_end(m), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_param(m, 0, &w), pdp_status_name);
+    ASSERT_STR_EQ("0.weight", w.name); /* the Residual is not numbered */
+    pdp_model_param(m, 1, &bias);
+    pdp_tensor_wrap(xd, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    for (b = 0; b < 2; b++)
+        for (i = 0; i < 3; i++) {
+            double want = xd[b * 3 + i] + bias.value.data[i];
+            for (j = 0; j < 3; j++) want += (double)xd[b * 3 + j] * w.value.data[i * 3 + j];
+            ASSERT_IN_RANGE(want, y->data[b * 3 + i], 1e-6);
+        }
+    pdp_tensor_wrap(dyd, pdp_cpu(), 2, shape, &dy);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_backward(m, &dy), pdp_status_name);
+    for (i = 0; i < 3; i++) /* db = the sum of dy over the batch: the branch got all of dy */
+        ASSERT_IN_RANGE(dyd[i] + dyd[3 + i], bias.grad.data[i], 1e-6);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST gpt_generate_greedy_top_k_and_seeds(void)
+{
+    pdp_model *m = fixture_gpt(0, PDP_PRECISION_FP32);
+    int32_t a[24] = {3, 14, 15}, b[24] = {3, 14, 15}, c[24] = {3, 14, 15}, win[CTX] = {0};
+    int64_t shape[2] = {1, CTX}, i, best = 0;
+    pdp_tensor x;
+    const pdp_tensor *y;
+    pdp_rng r1, r2;
+    ASSERT(m);
+    /* greedy: the largest logit at the last real position of the padded window */
+    pdp_rng_seed(&r1, 1, 0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_generate(m, a, 3, 1, 0.0f, 0, &r1), pdp_status_name);
+    win[0] = 3, win[1] = 14, win[2] = 15;
+    pdp_tensor_wrap_ids(win, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward(m, &x, &y), pdp_status_name);
+    for (i = 1; i < V; i++)
+        if (y->data[2 * V + i] > y->data[2 * V + best]) best = i;
+    ASSERT_EQ(best, a[3]);
+    /* top_k 1 at any temperature is greedy; 21 tokens (past the context of 16) */
+    pdp_rng_seed(&r1, 1, 0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_generate(m, a, 3, 21, 0.0f, 0, &r1), pdp_status_name);
+    pdp_rng_seed(&r2, 7, 0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_generate(m, b, 3, 21, 0.8f, 1, &r2), pdp_status_name);
+    for (i = 0; i < 24; i++) ASSERT_EQ(a[i], b[i]);
+    /* sampling: the same seed gives the same text, ids inside the vocabulary */
+    pdp_rng_seed(&r1, 5, 0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_generate(m, b, 3, 21, 1.0f, 10, &r1), pdp_status_name);
+    pdp_rng_seed(&r1, 5, 0);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_generate(m, c, 3, 21, 1.0f, 10, &r1), pdp_status_name);
+    for (i = 0; i < 24; i++) {
+        ASSERT_EQ(b[i], c[i]);
+        ASSERT(b[i] >= 0 && b[i] < V);
+    }
+    ASSERT(pdp_model_is_training(m)); /* the mode is put back */
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_generate(m, a, 0, 1, 1.0f, 0, &r1), pdp_status_name);
+    pdp_model_free(m);
+    PASS();
+}
+
+TEST gpt_errors_name_layer_position_and_lengths(void)
+{
+    pdp_model *m = fixture_gpt(0, PDP_PRECISION_FP32), *p = NULL;
+    pdp_model_desc md;
+    pdp_gpt_desc d;
+    int32_t ids[B * 20] = {0}, tg[B * CTX] = {0};
+    float fx[B * CTX] = {0}, loss;
+    int64_t shape[2] = {B, CTX}, longer[2] = {B, 20};
+    pdp_tensor x;
+    ASSERT(m);
+    ids[CTX + 7] = V; /* sequence 1, position 7 */
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_forward_backward(m, &x, tg, &loss),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "layer 0 (Embedding)"));
+    ASSERT(strstr(pdp_last_error(), "token id 67 at position (1, 7) is outside [0, 67)"));
+    ids[CTX + 7] = 0;
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, longer, &x);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_forward_backward(m, &x, tg, &loss), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "a sequence of 20 tokens is longer than the context of 16"));
+    pdp_tensor_wrap(fx, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_forward_backward(m, &x, tg, &loss),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "takes int32 inputs, got float32"));
+    tg[5] = -2;
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_forward_backward(m, &x, tg, &loss),
+                   pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "label -2 at row 5"));
+    /* the builder's fields */
+    memset(&d, 0, sizeof d);
+    d.context = 8, d.layers = 1, d.heads = 3, d.dim = 8;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_create(&p, &d), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "heads 3 do not divide dim 8"));
+    d.heads = 2, d.sequence = 9;
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_gpt_create(&p, &d), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "sequence 9 is outside [1, context 8]"));
+    ASSERT(p == NULL);
+    /* residual regions: nesting, an unmatched end, a branch that changes the shape, a
+       region left open; an Embedding not first or on a float model */
+    memset(&md, 0, sizeof md);
+    md.input_shape[0] = 4;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_create(&p, &md), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_residual_end(p), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_embedding(p, 5, 4, 0), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "input_dtype = PDP_DTYPE_I32"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_residual_begin(p), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_residual_begin(p), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "regions do not nest"));
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_add_linear(p, 5), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_ERR_SHAPE, pdp_model_residual_end(p), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "takes [4] and its layers give [5]"));
+    {
+        float in[4] = {0};
+        int64_t s1[2] = {1, 4};
+        const pdp_tensor *y;
+        pdp_tensor_wrap(in, pdp_cpu(), 2, s1, &x);
+        ASSERT_ENUM_EQ(PDP_ERR_STATE, pdp_model_forward(p, &x, &y), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "opened at layer 0 is never closed"));
+    }
+    ASSERT_ENUM_EQ(PDP_ERR_INVALID, pdp_model_add_tied_linear(p, "no.such"), pdp_status_name);
+    pdp_model_free(p);
+    pdp_model_free(m);
+    PASS();
+}
+
+SUITE(gpt)
+{
+    RUN_TEST(gpt_names_and_shapes_are_nanogpts);
+    RUN_TEST(gpt_matches_pytorch_logits_loss_and_every_gradient);
+    RUN_TEST(gpt_five_adamw_steps_with_clipping_match_pytorch);
+    RUN_TEST(gpt_bf16_matches_autocast_within_a_bound);
+    RUN_TEST(gpt_later_tokens_change_no_earlier_output);
+    RUN_TEST(gpt_gradients_match_finite_differences);
+    RUN_TEST(gpt_residual_region_is_x_plus_its_branch);
+    RUN_TEST(gpt_generate_greedy_top_k_and_seeds);
+    RUN_TEST(gpt_errors_name_layer_position_and_lengths);
+}
+
+GREATEST_MAIN_DEFS();
+
+int main(int argc, char **argv)
+{
+    GREATEST_MAIN_BEGIN();
+    RUN_SUITE(gpt);
+    GREATEST_MAIN_END();
+}
