@@ -148,11 +148,23 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
 {
     static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
                                    "pdp_pp_free"};
+    int i;
     PDP_ASSERT(kind > PDP__WRAP_NONE && kind <= PDP__WRAP_PP);
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
                         pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
+    /* what an executor does not handle yet (the GPT under every executor is the next
+       step): DataParallel splits labels one a sample, a GPT has one a position; ZeRO-3
+       gathers a layer's own parameters, a TiedLinear's belong to its Embedding */
+    for (i = 0; i < m->nlayers; i++) {
+        unsigned f = pdp__layer_kind_of(m->layers[i].kind)->flags;
+        if ((kind == PDP__WRAP_DP && (f & PDP__LAYER_TAKES_IDS)) ||
+            (kind == PDP__WRAP_ZERO && stage == 3 && (f & PDP__LAYER_TIED)))
+            return pdp__err(PDP_ERR_UNSUPPORTED, "%s: layer %d (%s) is not supported under %s "
+                            "yet (DDP, and ZeRO stages 1-2, train a GPT)", fn, i,
+                            pdp__layer_kind_name(m->layers[i].kind), pdp__wrap_name(kind, stage));
+    }
     m->wrapped = kind;
     m->wrap_stage = stage;
     return PDP_OK;
@@ -1110,6 +1122,9 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     pdp_status st;
     *out = NULL;
     PDP_ASSERT(0 <= lo && lo < hi && hi <= full->nlayers);
+    if (full->in_dtype == PDP_DTYPE_I32) /* pp.c's loss takes one label a sample */
+        return pdp__err(PDP_ERR_UNSUPPORTED, "a pipeline of a model that takes token ids (a GPT) "
+                        "is not supported yet");
     for (i = lo; i < hi; i++) { /* what a stage cannot yet cut through */
         const pdp__layer *l = &full->layers[i];
         const unsigned f = pdp__layer_kind_of(l->kind)->flags;

@@ -464,8 +464,98 @@ TEST gpt_errors_name_layer_position_and_lengths(void)
     PASS();
 }
 
+/* DDP over 2 thread ranks, each with half the batch (the same number of -1 targets each),
+   gives the single-device gradients of the whole batch: the mean of the two halves'
+   means. The tied wte's gradient (embedding rows and head) is reduced once, after
+   layer 0's backward, where its hook fires. */
+typedef struct ddp_case {
+    int32_t ids[4 * 8], tg[4 * 8];
+    float *grads[2];
+    int64_t count;
+} ddp_case;
+
+static pdp_model *small_gpt(void)
+{
+    pdp_gpt_desc d;
+    pdp_model *m = NULL;
+    memset(&d, 0, sizeof d);
+    d.vocab = 13, d.context = 8, d.layers = 2, d.heads = 2, d.dim = 16, d.seed = 11;
+    return pdp_gpt_create(&m, &d) == PDP_OK ? m : NULL;
+}
+
+static pdp_status ddp_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    ddp_case *c = (ddp_case *)user;
+    pdp_model *m = small_gpt();
+    pdp_ddp *ddp = NULL;
+    pdp_tensor x, g;
+    int64_t shape[2] = {2, 8};
+    float loss;
+    pdp_status st;
+    if (!m) return PDP_ERR_OUT_OF_MEMORY;
+    pdp_tensor_wrap_ids(c->ids + ctx->rank * 16, pdp_cpu(), 2, shape, &x);
+    if ((st = pdp_ddp_create(&ddp, m, ctx->world, NULL)) == PDP_OK &&
+        (st = pdp_ddp_forward_backward(ddp, &x, c->tg + ctx->rank * 16, &loss)) == PDP_OK &&
+        (st = pdp_ddp_finish(ddp)) == PDP_OK) {
+        pdp_model_flat(m, NULL, &g);
+        c->count = g.count;
+        c->grads[ctx->rank] = (float *)malloc((size_t)g.count * sizeof(float));
+        if (c->grads[ctx->rank])
+            memcpy(c->grads[ctx->rank], g.data, (size_t)g.count * sizeof(float));
+    }
+    pdp_ddp_free(ddp);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST gpt_under_ddp_equals_one_device_and_others_refuse_clearly(void)
+{
+    ddp_case c;
+    pdp_model *m = small_gpt();
+    pdp_dp *dp = NULL;
+    pdp_zero *z = NULL;
+    pdp_tensor x, g;
+    int64_t shape[2] = {4, 8}, i;
+    float loss;
+    int r;
+    ASSERT(m);
+    memset(&c, 0, sizeof c);
+    for (i = 0; i < 32; i++) {
+        c.ids[i] = (int32_t)((i * 5 + 3) % 13);
+        c.tg[i] = (i % 8 == 3) ? -1 : (int32_t)((i * 7 + 1) % 13); /* one -1 per sequence */
+    }
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, ddp_rank, &c), pdp_status_name);
+    pdp_tensor_wrap_ids(c.ids, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m, &x, c.tg, &loss), pdp_status_name);
+    pdp_model_flat(m, NULL, &g);
+    ASSERT(c.grads[0] && c.grads[1] && c.count == g.count);
+    for (r = 0; r < 2; r++)
+        ASSERT_LTE(fixture_rel_err(c.grads[r], g.data, g.count), 1e-6);
+    free(c.grads[0]);
+    free(c.grads[1]);
+    /* not yet: DataParallel (labels split one a sample), ZeRO-3 (the tied head) */
+    ASSERT(pdp_dp_create(&dp, m, NULL) != PDP_OK && dp == NULL);
+    ASSERT(strstr(pdp_last_error(), "(TiedLinear) gives 2-d samples"));
+    {
+        pdp_local_group *grp = NULL;
+        pdp_comm *one = NULL;
+        pdp_zero_desc zd;
+        memset(&zd, 0, sizeof zd);
+        zd.stage = 3;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&grp, 1, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&one, grp, 0), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_zero_create(&z, m, one, &zd), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "(TiedLinear) is not supported under ZeRO stage 3"));
+        pdp_comm_free(one);
+        pdp_local_group_free(grp);
+    }
+    pdp_model_free(m);
+    PASS();
+}
+
 SUITE(gpt)
 {
+    RUN_TEST(gpt_under_ddp_equals_one_device_and_others_refuse_clearly);
     RUN_TEST(gpt_names_and_shapes_are_nanogpts);
     RUN_TEST(gpt_matches_pytorch_logits_loss_and_every_gradient);
     RUN_TEST(gpt_five_adamw_steps_with_clipping_match_pytorch);
