@@ -13,7 +13,7 @@
 M=src/manual.txt
 
 # ---- the sections and their order ----
-want="QUICK START|BUILD|OPTIONS (define before including)|OPTION VALUES|MEMORY|ERRORS|PRECISION|\
+want="QUICK START|A GPT|BUILD|OPTIONS (define before including)|OPTION VALUES|MEMORY|ERRORS|PRECISION|\
 THREADS AND DETERMINISM|DEVICES AND CUDA|CHECKPOINTS|DISTRIBUTED|WHERE TO READ|NON-GOALS|\
 VERSION HISTORY"
 # a section is a line followed by a line of '=' as long as it
