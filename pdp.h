@@ -16803,15 +16803,13 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
                         pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
-    /* what an executor does not handle yet (the GPT under every executor is the next
-       step): DataParallel splits labels one a sample, a GPT has one a position; ZeRO-3
-       gathers a layer's own parameters, a TiedLinear's belong to its Embedding */
+    /* what an executor does not handle yet: ZeRO-3 gathers a layer's own parameters, a
+       TiedLinear's belong to its Embedding */
     for (i = 0; i < m->nlayers; i++) {
         unsigned f = pdp__layer_kind_of(m->layers[i].kind)->flags;
-        if ((kind == PDP__WRAP_DP && (f & PDP__LAYER_TAKES_IDS)) ||
-            (kind == PDP__WRAP_ZERO && stage == 3 && (f & PDP__LAYER_TIED)))
+        if (kind == PDP__WRAP_ZERO && stage == 3 && (f & PDP__LAYER_TIED))
             return pdp__err(PDP_ERR_UNSUPPORTED, "%s: layer %d (%s) is not supported under %s "
-                            "yet (DDP, and ZeRO stages 1-2, train a GPT)", fn, i,
+                            "yet (DP, DDP and ZeRO stages 1-2 train a GPT)", fn, i,
                             pdp__layer_kind_name(m->layers[i].kind), pdp__wrap_name(kind, stage));
     }
     m->wrapped = kind;
@@ -17949,13 +17947,11 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits,
    and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
    fn, the row and the label, checked before anything is written. */
 
-PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
-                                                  int64_t N, int64_t V, float *loss,
-                                                  int64_t *count, float *dlogits, const char *fn)
+/* The rows whose label is not -1, checking the others are in [0, V): *count. */
+PDP__PRIVATE pdp_status pdp__cross_entropy_count(const int32_t *labels, int64_t N, int64_t V,
+                                                 int64_t *count, const char *fn)
 {
-    int64_t i, j, n = 0;
-    double total = 0.0;
-    float scale;
+    int64_t i, n = 0;
     for (i = 0; i < N; i++) {
         if (labels[i] == -1) continue;
         if (labels[i] < 0 || labels[i] >= V)
@@ -17964,9 +17960,23 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int
                             (long long)V);
         n++;
     }
-    *loss = 0.0f;
-    if (count) *count = n;
-    scale = n > 0 ? 1.0f / (float)n : 0.0f;
+    *count = n;
+    return PDP_OK;
+}
+
+/* The sum over rows not ignored of the row losses (into *loss_sum, in double, in row
+   order), dlogits = (softmax - onehot) x grad_scale on them and 0 on ignored rows: the
+   part of a batch's loss that one replica or rank holds (grad_scale = 1 / the whole
+   batch's count). Labels checked first (pdp__cross_entropy_count). */
+PDP__PRIVATE pdp_status pdp__cross_entropy_rows(const float *logits, const int32_t *labels,
+                                                int64_t N, int64_t V, float grad_scale,
+                                                double *loss_sum, float *dlogits, const char *fn)
+{
+    int64_t i, j, n;
+    double total = 0.0;
+    pdp_status st;
+    *loss_sum = 0.0;
+    if ((st = pdp__cross_entropy_count(labels, N, V, &n, fn)) != PDP_OK) return st;
     for (i = 0; i < N; i++) {
         double row = 0.0;
         if (labels[i] == -1) {
@@ -17975,16 +17985,31 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int
             continue;
         }
         /* loss.c's row: m + log(sum exp(z - m)) - z[label], in double */
-        if (pdp__cross_entropy(logits + i * V, labels + i, 1, V, scale, &row,
+        if (pdp__cross_entropy(logits + i * V, labels + i, 1, V, grad_scale, &row,
                                dlogits ? dlogits + i * V : NULL, fn) != PDP_OK)
             return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at row %lld", fn,
                             row != row ? "NaN" : "Inf", (long long)i);
         total += row;
     }
-    if (n > 0) *loss = (float)(total / (double)n);
+    *loss_sum = total;
     return PDP_OK;
 }
 
+PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
+                                                  int64_t N, int64_t V, float *loss,
+                                                  int64_t *count, float *dlogits, const char *fn)
+{
+    int64_t n;
+    double total;
+    pdp_status st;
+    *loss = 0.0f;
+    if ((st = pdp__cross_entropy_count(labels, N, V, &n, fn)) != PDP_OK) return st;
+    if (count) *count = n;
+    st = pdp__cross_entropy_rows(logits, labels, N, V, n > 0 ? 1.0f / (float)n : 0.0f, &total,
+                                 dlogits, fn);
+    if (st == PDP_OK && n > 0) *loss = (float)(total / (double)n);
+    return st;
+}
 
 PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
 {
@@ -22600,7 +22625,12 @@ struct pdp_dp {
     bool cuda;           /* the replicas are on CUDA devices */
     float *stage;        /* [param_count] on the master's device: one replica's gradients
                             in flight to the reduce (CUDA, replicas on other devices) */
-    int64_t classes;
+    int64_t classes;     /* the output's last dimension: classes, or a GPT's vocabulary */
+    int64_t positions;   /* label rows a sample: 1 ([B, classes]), T ([B, T, vocab]) */
+    int64_t per_sample;  /* output floats a sample: positions x classes */
+    int out_ndim;        /* a sample's output: 1 or 2 dimensions */
+    int64_t out_shape[2];
+    int64_t counted;     /* labels of this step's batch that count (not -1) */
     pdp__dp_worker *workers;
     pdp__team team;      /* members 1..n-1 are workers 1..n-1 (threads.c) */
     pdp__dp_job job;     /* the job pdp__dp_run_job hands to the team */
@@ -22641,13 +22671,13 @@ PDP__PRIVATE void pdp__dp_memory(pdp_dp *dp)
     size_t replica = 0;
     int i;
     dp->stats.master_bytes = pdp__dp_model_bytes(dp->master) + dp->optim_bytes +
-                             (size_t)(dp->out_cap + dp->workers[0].cap_rows * dp->classes +
+                             (size_t)(dp->out_cap + dp->workers[0].cap_rows * dp->per_sample +
                                       dp->workers[0].cap_xbuf) * sizeof(float);
     if (dp->stage) dp->stats.master_bytes += (size_t)dp->master->param_count * sizeof(float);
     for (i = 1; i < dp->n; i++) {
         const pdp__dp_worker *w = &dp->workers[i];
         replica = PDP__MAX(replica, pdp__dp_model_bytes(w->replica) +
-                                        (size_t)(w->cap_rows * dp->classes + w->cap_xbuf) *
+                                        (size_t)(w->cap_rows * dp->per_sample + w->cap_xbuf) *
                                             sizeof(float));
     }
     dp->stats.replica_bytes = replica;
@@ -22671,7 +22701,7 @@ PDP__PRIVATE void pdp__dp_apply_one(pdp__dp_worker *w)
     pdp_model *m = w->replica;
     const pdp_tensor *y;
     pdp_tensor dy;
-    int64_t shape[2];
+    int64_t shape[3];
     double t0 = pdp__now(), c0 = pdp__dp_thread_cpu();
     pdp_status st;
     w->status = PDP_OK;
@@ -22681,9 +22711,14 @@ PDP__PRIVATE void pdp__dp_apply_one(pdp__dp_worker *w)
     if (w->rows == 0) return; /* idle this step */
     if (w->index > 0 || dp->zero_master) pdp_model_zero_grad(m);
     if ((st = pdp_model_forward(m, &w->x, &y)) != PDP_OK) goto fail;
-    if ((st = pdp__cross_entropy_on(m->device, y->data, w->labels, w->rows, dp->classes,
-                                    dp->grad_scale, &w->loss_sum, w->dlogits,
-                                    "cross_entropy")) != PDP_OK)
+    /* one label a row of the last dimension, -1 ignored; scaled by the whole batch's count */
+    if ((st = m->device.kind == PDP_DEVICE_CPU
+                  ? pdp__cross_entropy_rows(y->data, w->labels, w->rows * dp->positions,
+                                            dp->classes, dp->grad_scale, &w->loss_sum,
+                                            w->dlogits, "cross_entropy")
+                  : pdp__cross_entropy_on(m->device, y->data, w->labels, w->rows * dp->positions,
+                                          dp->classes, dp->grad_scale, &w->loss_sum, w->dlogits,
+                                          "cross_entropy")) != PDP_OK)
         goto fail;
     if (!isfinite(w->loss_sum)) {
         st = pdp__err(PDP_ERR_NUMERIC, "the loss of samples [%lld, %lld) is %g",
@@ -22691,8 +22726,9 @@ PDP__PRIVATE void pdp__dp_apply_one(pdp__dp_worker *w)
         goto fail;
     }
     shape[0] = w->rows;
-    shape[1] = dp->classes;
-    pdp_tensor_wrap(w->dlogits, m->device, 2, shape, &dy);
+    shape[1] = dp->out_shape[0];
+    shape[2] = dp->out_shape[1];
+    pdp_tensor_wrap(w->dlogits, m->device, dp->out_ndim + 1, shape, &dy);
     if ((st = pdp_model_backward(m, &dy)) != PDP_OK) goto fail;
     w->apply_s = pdp__now() - t0;
     w->cpu_s = pdp__dp_thread_cpu() - c0;
@@ -22840,10 +22876,11 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
         return pdp__err(PDP_ERR_UNSUPPORTED, "pdp_dp_create: the model has %d tensor-parallel "
                         "layers, whose collectives thread replicas cannot share; use DDP across "
                         "TP groups (tp.h)", master->tp.nlayers);
-    if (master->layers[master->nlayers - 1].out_ndim != 1)
+    if (master->layers[master->nlayers - 1].out_ndim > 2)
         return pdp__err(PDP_ERR_SHAPE,
                         "pdp_dp_create: the last layer %d (%s) gives %d-d samples; the "
-                        "classification loss needs 1-d logits (add a Flatten and a Linear)",
+                        "classification loss needs logits (classes) or (T, vocab) a sample "
+                        "(add a Flatten and a Linear)",
                         master->nlayers - 1,
                         pdp__layer_kind_name(master->layers[master->nlayers - 1].kind),
                         master->layers[master->nlayers - 1].out_ndim);
@@ -22883,7 +22920,15 @@ PDP_API pdp_status pdp_dp_create(pdp_dp **out, pdp_model *master, const pdp_dp_d
     dp->cuda = master->device.kind == PDP_DEVICE_CUDA;
     dp->copy_params = d.copy_params || dp->cuda; /* a GPU reads only its own memory */
     dp->reduce_on_master = d.reduce_on_master;
-    dp->classes = master->layers[master->nlayers - 1].out_count;
+    {
+        const pdp__layer *last = &master->layers[master->nlayers - 1];
+        dp->out_ndim = last->out_ndim;
+        dp->out_shape[0] = last->out_shape[0];
+        dp->out_shape[1] = last->out_shape[1];
+        dp->classes = last->out_shape[last->out_ndim - 1];
+        dp->per_sample = last->out_count;
+        dp->positions = dp->per_sample / dp->classes;
+    }
     dp->workers = (pdp__dp_worker *)pdp__calloc((size_t)n * sizeof *dp->workers);
     if (d.devices) { /* kept for pdp_dp_get_desc: the caller's array may not outlive dp */
         dp->devices = (pdp_device *)pdp__alloc((size_t)n * sizeof *dp->devices);
@@ -23002,11 +23047,11 @@ PDP__PRIVATE pdp_status pdp__dp_replicate(pdp_dp *dp, const char *fn)
 PDP__PRIVATE pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const int32_t *labels,
                                         const char *fn)
 {
-    int64_t b = x->shape[0], base = b / dp->n, extra = b % dp->n, first = 0;
-    size_t row_bytes = (size_t)(x->count / b) * sizeof(float) + sizeof(int32_t);
+    int64_t b = x->shape[0], base = b / dp->n, extra = b % dp->n, first = 0, rows;
+    size_t row_bytes = (size_t)(x->count / b + dp->positions) * sizeof(float);
     pdp_status st;
     int i;
-    dp->grad_scale = 1.0f / (float)b;
+    dp->counted = 0;
     dp->stats.scatter_bytes = 0;
     for (i = 0; i < dp->n; i++) {
         pdp__dp_worker *w = &dp->workers[i];
@@ -23016,7 +23061,13 @@ PDP__PRIVATE pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const i
         first += w->rows;
         if (w->rows == 0) continue;
         pdp_tensor_rows_view(x, w->first, w->rows, &w->x);
-        w->labels = labels + w->first;
+        w->labels = labels + w->first * dp->positions;
+        /* the loss is the mean over the labels that count (not -1) of the whole batch */
+        if ((st = pdp__cross_entropy_count(w->labels, w->rows * dp->positions, dp->classes,
+                                           &rows, "cross_entropy")) != PDP_OK)
+            return pdp__err_wrap(st, "%s: worker %d (samples %lld..%lld)", fn, i,
+                                 (long long)w->first, (long long)(w->first + w->rows - 1));
+        dp->counted += rows;
         if (!pdp__same_device(x->device, w->device)) {
             /* a GPU replica whose rows live on the host or another GPU: copy them over */
             size_t bytes = (size_t)w->x.count * sizeof(float);
@@ -23038,12 +23089,17 @@ PDP__PRIVATE pdp_status pdp__dp_scatter(pdp_dp *dp, const pdp_tensor *x, const i
             pdp__dev_free(w->device, w->dlogits);
             w->dlogits = NULL;
             w->cap_rows = 0;
-            if ((st = pdp__dev_alloc(w->device, (size_t)(w->rows * dp->classes) * sizeof(float),
+            if ((st = pdp__dev_alloc(w->device, (size_t)(w->rows * dp->per_sample) * sizeof(float),
                                      (void **)&w->dlogits)) != PDP_OK)
                 return pdp__err_wrap(st, "%s: worker %d: loss gradient", fn, i);
             w->cap_rows = w->rows;
         }
     }
+    if (dp->cuda && dp->counted != b * dp->positions)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %lld of %lld labels are the ignore index -1; "
+                        "on CUDA every label counts for now", fn,
+                        (long long)(b * dp->positions - dp->counted), (long long)(b * dp->positions));
+    dp->grad_scale = dp->counted > 0 ? 1.0f / (float)dp->counted : 0.0f;
     return PDP_OK;
 }
 
@@ -23076,7 +23132,7 @@ PDP__PRIVATE pdp_status pdp__dp_parallel_apply(pdp_dp *dp, bool zero_master, dou
 PDP__PRIVATE pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char *fn)
 {
     pdp_model *m = dp->master;
-    int64_t need = dp->batch * dp->classes, shape[2];
+    int64_t need = dp->batch * dp->per_sample, shape[3];
     pdp_status st;
     int i;
     if (need > dp->out_cap) {
@@ -23093,16 +23149,17 @@ PDP__PRIVATE pdp_status pdp__dp_gather(pdp_dp *dp, double *loss_sum, const char 
     dp->stats.gather_bytes = 0;
     for (i = 0; i < dp->active; i++) {
         const pdp__dp_worker *w = &dp->workers[i];
-        size_t bytes = (size_t)(w->rows * dp->classes) * sizeof(float);
-        if ((st = pdp__dev_copy(m->device, dp->out_block + w->first * dp->classes, w->device,
+        size_t bytes = (size_t)(w->rows * dp->per_sample) * sizeof(float);
+        if ((st = pdp__dev_copy(m->device, dp->out_block + w->first * dp->per_sample, w->device,
                                 w->replica->out_view.data, bytes)) != PDP_OK)
             return pdp__err_wrap(st, "%s: gather from replica %d", fn, i);
         *loss_sum += w->loss_sum;
         if (i > 0) dp->stats.gather_bytes += bytes + sizeof(double);
     }
     shape[0] = dp->batch;
-    shape[1] = dp->classes;
-    pdp_tensor_wrap(dp->out_block, m->device, 2, shape, &dp->output);
+    shape[1] = dp->out_shape[0];
+    shape[2] = dp->out_shape[1];
+    pdp_tensor_wrap(dp->out_block, m->device, dp->out_ndim + 1, shape, &dp->output);
     dp->have_output = true;
     return PDP_OK;
 }
@@ -23237,7 +23294,7 @@ PDP__PRIVATE pdp_status pdp__dp_run(pdp_dp *dp, pdp_optim *opt, const pdp_tensor
         if ((st = pdp__dp_master_step(opt, fn)) != PDP_OK) return st;
         t.step = pdp__now() - ts;
     }
-    if (loss) *loss = (float)(loss_sum / (double)dp->batch);
+    if (loss) *loss = dp->counted > 0 ? (float)(loss_sum / (double)dp->counted) : 0.0f;
 
     /* ---- dp: stats ---- */
     t.total = pdp__now() - t0;

@@ -75,13 +75,11 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits,
    and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
    fn, the row and the label, checked before anything is written. */
 
-PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
-                                                  int64_t N, int64_t V, float *loss,
-                                                  int64_t *count, float *dlogits, const char *fn)
+/* The rows whose label is not -1, checking the others are in [0, V): *count. */
+PDP__PRIVATE pdp_status pdp__cross_entropy_count(const int32_t *labels, int64_t N, int64_t V,
+                                                 int64_t *count, const char *fn)
 {
-    int64_t i, j, n = 0;
-    double total = 0.0;
-    float scale;
+    int64_t i, n = 0;
     for (i = 0; i < N; i++) {
         if (labels[i] == -1) continue;
         if (labels[i] < 0 || labels[i] >= V)
@@ -90,9 +88,23 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int
                             (long long)V);
         n++;
     }
-    *loss = 0.0f;
-    if (count) *count = n;
-    scale = n > 0 ? 1.0f / (float)n : 0.0f;
+    *count = n;
+    return PDP_OK;
+}
+
+/* The sum over rows not ignored of the row losses (into *loss_sum, in double, in row
+   order), dlogits = (softmax - onehot) x grad_scale on them and 0 on ignored rows: the
+   part of a batch's loss that one replica or rank holds (grad_scale = 1 / the whole
+   batch's count). Labels checked first (pdp__cross_entropy_count). */
+PDP__PRIVATE pdp_status pdp__cross_entropy_rows(const float *logits, const int32_t *labels,
+                                                int64_t N, int64_t V, float grad_scale,
+                                                double *loss_sum, float *dlogits, const char *fn)
+{
+    int64_t i, j, n;
+    double total = 0.0;
+    pdp_status st;
+    *loss_sum = 0.0;
+    if ((st = pdp__cross_entropy_count(labels, N, V, &n, fn)) != PDP_OK) return st;
     for (i = 0; i < N; i++) {
         double row = 0.0;
         if (labels[i] == -1) {
@@ -101,16 +113,31 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int
             continue;
         }
         /* loss.c's row: m + log(sum exp(z - m)) - z[label], in double */
-        if (pdp__cross_entropy(logits + i * V, labels + i, 1, V, scale, &row,
+        if (pdp__cross_entropy(logits + i * V, labels + i, 1, V, grad_scale, &row,
                                dlogits ? dlogits + i * V : NULL, fn) != PDP_OK)
             return pdp__err(PDP_ERR_NUMERIC, "%s: loss is %s at row %lld", fn,
                             row != row ? "NaN" : "Inf", (long long)i);
         total += row;
     }
-    if (n > 0) *loss = (float)(total / (double)n);
+    *loss_sum = total;
     return PDP_OK;
 }
 
+PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
+                                                  int64_t N, int64_t V, float *loss,
+                                                  int64_t *count, float *dlogits, const char *fn)
+{
+    int64_t n;
+    double total;
+    pdp_status st;
+    *loss = 0.0f;
+    if ((st = pdp__cross_entropy_count(labels, N, V, &n, fn)) != PDP_OK) return st;
+    if (count) *count = n;
+    st = pdp__cross_entropy_rows(logits, labels, N, V, n > 0 ? 1.0f / (float)n : 0.0f, &total,
+                                 dlogits, fn);
+    if (st == PDP_OK && n > 0) *loss = (float)(total / (double)n);
+    return st;
+}
 
 PDP__PRIVATE bool pdp__loss_same_device(const pdp_tensor *a, const pdp_tensor *b)
 {

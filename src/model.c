@@ -154,15 +154,13 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
                         pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
-    /* what an executor does not handle yet (the GPT under every executor is the next
-       step): DataParallel splits labels one a sample, a GPT has one a position; ZeRO-3
-       gathers a layer's own parameters, a TiedLinear's belong to its Embedding */
+    /* what an executor does not handle yet: ZeRO-3 gathers a layer's own parameters, a
+       TiedLinear's belong to its Embedding */
     for (i = 0; i < m->nlayers; i++) {
         unsigned f = pdp__layer_kind_of(m->layers[i].kind)->flags;
-        if ((kind == PDP__WRAP_DP && (f & PDP__LAYER_TAKES_IDS)) ||
-            (kind == PDP__WRAP_ZERO && stage == 3 && (f & PDP__LAYER_TIED)))
+        if (kind == PDP__WRAP_ZERO && stage == 3 && (f & PDP__LAYER_TIED))
             return pdp__err(PDP_ERR_UNSUPPORTED, "%s: layer %d (%s) is not supported under %s "
-                            "yet (DDP, and ZeRO stages 1-2, train a GPT)", fn, i,
+                            "yet (DP, DDP and ZeRO stages 1-2 train a GPT)", fn, i,
                             pdp__layer_kind_name(m->layers[i].kind), pdp__wrap_name(kind, stage));
     }
     m->wrapped = kind;

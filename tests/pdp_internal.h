@@ -5300,6 +5300,18 @@ PDP__PRIVATE pdp_status pdp__cross_entropy_on(pdp_device d, const float *logits,
    and *count says so. A label outside [0, V) other than -1 is PDP_ERR_INVALID naming
    fn, the row and the label, checked before anything is written. */
 
+/* The rows whose label is not -1, checking the others are in [0, V): *count. */
+PDP__PRIVATE pdp_status pdp__cross_entropy_count(const int32_t *labels, int64_t N, int64_t V,
+                                                 int64_t *count, const char *fn);
+
+/* The sum over rows not ignored of the row losses (into *loss_sum, in double, in row
+   order), dlogits = (softmax - onehot) x grad_scale on them and 0 on ignored rows: the
+   part of a batch's loss that one replica or rank holds (grad_scale = 1 / the whole
+   batch's count). Labels checked first (pdp__cross_entropy_count). */
+PDP__PRIVATE pdp_status pdp__cross_entropy_rows(const float *logits, const int32_t *labels,
+                                                int64_t N, int64_t V, float grad_scale,
+                                                double *loss_sum, float *dlogits, const char *fn);
+
 PDP__PRIVATE pdp_status pdp__cross_entropy_ignore(const float *logits, const int32_t *labels,
                                                   int64_t N, int64_t V, float *loss,
                                                   int64_t *count, float *dlogits, const char *fn);
@@ -6455,7 +6467,12 @@ struct pdp_dp {
     bool cuda;           /* the replicas are on CUDA devices */
     float *stage;        /* [param_count] on the master's device: one replica's gradients
                             in flight to the reduce (CUDA, replicas on other devices) */
-    int64_t classes;
+    int64_t classes;     /* the output's last dimension: classes, or a GPT's vocabulary */
+    int64_t positions;   /* label rows a sample: 1 ([B, classes]), T ([B, T, vocab]) */
+    int64_t per_sample;  /* output floats a sample: positions x classes */
+    int out_ndim;        /* a sample's output: 1 or 2 dimensions */
+    int64_t out_shape[2];
+    int64_t counted;     /* labels of this step's batch that count (not -1) */
     pdp__dp_worker *workers;
     pdp__team team;      /* members 1..n-1 are workers 1..n-1 (threads.c) */
     pdp__dp_job job;     /* the job pdp__dp_run_job hands to the team */
