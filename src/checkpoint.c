@@ -13,7 +13,11 @@
    PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
    validates every entry, reads every expected tensor into one staging buffer,
    and only then copies into the model and the optimizer (pdp__ckpt_load's
-   steps, under "checkpoint: load, step by step").
+   steps, under "checkpoint: load, step by step"). The extra tensors a nanoGPT
+   file may hold (checkpoint.h) are checked there too, before the commit: the
+   tied head's alias "lm_head.weight" against the parameter it names, the
+   "<prefix>.attn.bias" causal masks element by element; both are streamed through
+   a 64 KB chunk, so they cost no memory of their size.
 
    Checksums (safetensors has none): __metadata__ "crc32c.<tensor>" is the
    CRC-32C of the tensor's data bytes as stored, "crc32c.header" that of the
@@ -725,6 +729,36 @@ PDP__PRIVATE bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, con
     return false;
 }
 
+/* nanoGPT's two extra tensors (checkpoint.h): "lm_head.weight", the alias of the tied
+   head's weight, and "<prefix>.attn.bias", a causal-mask buffer (pdp__ckpt_load_extra). */
+#define PDP__CKPT_HEAD_ALIAS "lm_head.weight"
+#define PDP__CKPT_MASK_SUFFIX ".attn.bias"
+
+/* The registry index of the parameter PDP__CKPT_HEAD_ALIAS stands for: the weight of the
+   model's last TiedLinear (its LM head), when it has one and no parameter of that name;
+   else -1. */
+PDP__PRIVATE int pdp__ckpt_alias_param(const pdp_model *m)
+{
+    int i;
+    for (i = 0; i < m->nparams; i++)
+        if (strcmp(m->params[i].name, PDP__CKPT_HEAD_ALIAS) == 0) return -1;
+    for (i = m->nlayers - 1; i >= 0; i--)
+        if (pdp__model_flag(m, i, PDP__LAYER_TIED)) return m->layers[i].tied_param;
+    return -1;
+}
+
+/* Whether name is "<prefix>.attn.bias" and the model has parameters "<prefix>.attn.*":
+   the attention whose causal-mask buffer nanoGPT keeps under that name. */
+PDP__PRIVATE bool pdp__ckpt_mask_name(const pdp_model *m, const char *name)
+{
+    size_t len = strlen(name), suffix = strlen(PDP__CKPT_MASK_SUFFIX);
+    int i;
+    if (len < suffix || strcmp(name + len - suffix, PDP__CKPT_MASK_SUFFIX) != 0) return false;
+    for (i = 0; i < m->nparams; i++) /* "<prefix>.attn." */
+        if (strncmp(m->params[i].name, name, len - strlen("bias")) == 0) return true;
+    return false;
+}
+
 PDP__PRIVATE void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
     size_t n = 0;
@@ -790,6 +824,22 @@ PDP__PRIVATE pdp_status pdp__ckpt_check_sums(pdp__st_parser *p, pdp__st_entry *c
     return PDP_OK;
 }
 
+PDP__PRIVATE pdp_status pdp__ckpt_crc_check(const char *fn, const char *file,
+                                            const pdp__st_entry *e, uint32_t crc)
+{
+    if (crc == e->crc) return PDP_OK;
+    return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" is corrupt: its data's checksum is "
+                    "%08lx, __metadata__ \"crc32c.%s\" says %08lx", fn, file, e->name,
+                    (unsigned long)crc, e->name, (unsigned long)e->crc);
+}
+
+PDP__PRIVATE pdp_status pdp__ckpt_read_error(FILE *f, const char *fn, const char *file,
+                                             const pdp__st_entry *e)
+{
+    return pdp__err(PDP_ERR_IO, "%s: %s: tensor \"%s\": read failed (%s)", fn, file, e->name,
+                    ferror(f) ? strerror(errno) : "file shorter than its header");
+}
+
 /* Reads elements [first, first + count) of tensor e of the file f (data at
    data_start) into dst. With sums, the whole tensor is read and checked
    against its checksum (through sums->chunk when only a slice is wanted). */
@@ -801,6 +851,7 @@ PDP__PRIVATE pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const cha
     uint64_t bytes = e->end - e->begin, want_lo = (uint64_t)first * 4;
     uint64_t want_hi = want_lo + (uint64_t)count * 4, at = data_start + e->begin, done, n, a, b;
     uint32_t crc = 0;
+    pdp_status st;
     bool whole = !sums || (want_lo == 0 && want_hi == bytes);
     if (whole) at += want_lo;
     if (at > (uint64_t)LONG_MAX || fseek(f, (long)at, SEEK_SET) != 0) goto read_error;
@@ -818,15 +869,11 @@ PDP__PRIVATE pdp_status pdp__ckpt_read_tensor(FILE *f, const char *fn, const cha
                 memcpy((unsigned char *)dst + (a - want_lo), sums->chunk + (a - done), b - a);
         }
     }
-    if (sums && crc != e->crc)
-        return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" is corrupt: its data's checksum "
-                        "is %08lx, __metadata__ \"crc32c.%s\" says %08lx", fn, file, e->name,
-                        (unsigned long)crc, e->name, (unsigned long)e->crc);
+    if (sums && (st = pdp__ckpt_crc_check(fn, file, e, crc)) != PDP_OK) return st;
     if (!pdp__little_endian()) pdp__bswap32(dst, count);
     return PDP_OK;
 read_error:
-    return pdp__err(PDP_ERR_IO, "%s: %s: tensor \"%s\": read failed (%s)", fn, file, e->name,
-                    ferror(f) ? strerror(errno) : "file shorter than its header");
+    return pdp__ckpt_read_error(f, fn, file, e);
 }
 
 /* Whether a tensor name of a shard file is one load expects (or may ignore). */
@@ -863,6 +910,8 @@ typedef struct pdp__ckpt_loader {
     pdp__st_entry **sorted;
     pdp__ckpt_sums *sums, *check; /* check: sums when the file has checksums, else NULL */
     bool shard;                  /* a shard file ("format": "pdp-shard") */
+    int alias;                   /* the parameter "lm_head.weight" stands for, or -1
+                                    (pdp__ckpt_alias_param) */
     pdp_optim_desc desc;         /* the file's optimizer (with o) */
     int64_t steps;
     uint64_t seed, mstep;        /* "model.seed", "model.step", when have_seed, have_step */
@@ -1001,7 +1050,8 @@ PDP__PRIVATE pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L)
 
 /* A full file's tensors (the model's names, "optim.<name>.<state>"): each present, F32, the
    model's shape; the part inside [lo, hi) read into the staging buffer (the whole tensor
-   checked against its checksum). */
+   checked against its checksum). A tied head's weight the file lacks is read from its
+   alias "lm_head.weight" when the file has that. */
 PDP__PRIVATE pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L)
 {
     const char *fn = L->fn, *path = L->path;
@@ -1018,9 +1068,14 @@ PDP__PRIVATE pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L)
             if (k < 0) snprintf(name, sizeof name, "%s", pe->name);
             else snprintf(name, sizeof name, "optim.%s.%s", pe->name,
                           pdp__optim_state_name(L->o, k));
-            if (!(e = pdp__st_find(L->sorted, L->p.nentries, name)))
-                return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing", fn, path,
-                                name);
+            e = pdp__st_find(L->sorted, L->p.nentries, name);
+            if (!e && k < 0 && i == L->alias &&
+                (e = pdp__st_find(L->sorted, L->p.nentries, PDP__CKPT_HEAD_ALIAS)) != NULL)
+                snprintf(name, sizeof name, "%s", e->name); /* the messages name the alias */
+            if (!e)
+                return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is missing%s", fn, path,
+                                name, k < 0 && i == L->alias ? " (and so is its alias \""
+                                PDP__CKPT_HEAD_ALIAS "\")" : "");
             if (strcmp(e->dtype, "F32") != 0)
                 return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" is %s, expected F32", fn,
                                 path, name, e->dtype);
@@ -1053,17 +1108,164 @@ PDP__PRIVATE pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L)
     return L->shard ? pdp__ckpt_load_shard_tensors(L) : pdp__ckpt_load_full_tensors(L);
 }
 
-/* No tensor in the file that the model (or the optimizer) does not have. */
+/* Reads bytes [at, at + n) of tensor e's data, as stored, into dst and continues *crc over
+   them: a whole tensor streamed in pieces, then checked with pdp__ckpt_crc_check. */
+PDP__PRIVATE pdp_status pdp__ckpt_read_bytes(const pdp__ckpt_loader *L, const pdp__st_entry *e,
+                                             uint64_t at, unsigned char *dst, size_t n,
+                                             uint32_t *crc)
+{
+    at += L->data_start + e->begin;
+    if (at > (uint64_t)LONG_MAX || fseek(L->f, (long)at, SEEK_SET) != 0 ||
+        fread(dst, 1, n, L->f) != n)
+        return pdp__ckpt_read_error(L->f, L->fn, L->path, e);
+    *crc = pdp__crc32c_update(&L->sums->crc, *crc, dst, n);
+    return PDP_OK;
+}
+
+/* The bits of the little-endian float32 at p, on any host, and that float. */
+PDP__PRIVATE uint32_t pdp__ckpt_u32le(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+PDP__PRIVATE double pdp__ckpt_f32le(const unsigned char *p)
+{
+    uint32_t u = pdp__ckpt_u32le(p);
+    float v;
+    memcpy(&v, &u, 4);
+    return (double)v;
+}
+
+/* "[i, j, ...]": the multi-index of element at (row-major) of a tensor of that shape. */
+PDP__PRIVATE void pdp__ckpt_index_text(char *buf, size_t cap, int ndim, const int64_t *shape,
+                                       int64_t at)
+{
+    int64_t idx[PDP__CKPT_MAX_DIMS];
+    int d;
+    for (d = ndim - 1; d >= 0; d--) {
+        idx[d] = shape[d] ? at % shape[d] : 0;
+        at = shape[d] ? at / shape[d] : 0;
+    }
+    pdp__shape_text(buf, cap, ndim, idx);
+}
+
+/* "lm_head.weight" in a file whose model ties its head (L->alias): F32 of the tied
+   parameter's shape and, when the file has that parameter too, equal to it bit for bit
+   (streamed through the loader's chunk, half each; both checksums verified when the file
+   has them). When the file has only the alias, pdp__ckpt_load_full_tensors read it. */
+PDP__PRIVATE pdp_status pdp__ckpt_load_alias(const pdp__ckpt_loader *L, const pdp__st_entry *e)
+{
+    const char *fn = L->fn, *path = L->path;
+    const pdp__param_entry *pe = &L->m->params[L->alias];
+    const pdp__st_entry *own = pdp__st_find(L->sorted, L->p.nentries, pe->name);
+    unsigned char *a = L->sums->chunk, *b = a + PDP__CKPT_CHUNK / 2;
+    uint64_t bytes = e->end - e->begin, done, n, j, first = UINT64_MAX;
+    uint32_t crc_a = 0, crc_b = 0;
+    unsigned char va[4], vb[4];
+    char sa[128], sb[128];
+    pdp_status st;
+    bool same = e->ndim == pe->ndim;
+    int d;
+    for (d = 0; same && d < pe->ndim; d++) same = e->shape[d] == pe->shape[d];
+    if (strcmp(e->dtype, "F32") != 0 || !same) {
+        pdp__shape_text(sa, sizeof sa, e->ndim, e->shape);
+        pdp__shape_text(sb, sizeof sb, pe->ndim, pe->shape);
+        return pdp__err(strcmp(e->dtype, "F32") != 0 ? PDP_ERR_FORMAT : PDP_ERR_SHAPE,
+                        "%s: %s: tensor \"%s\" (the tied head, an alias of "
+                        "\"%s\") is %s %s, expected F32 %s", fn, path, e->name, pe->name,
+                        e->dtype, sa, sb);
+    }
+    if (!own) return PDP_OK;
+    if (own->end - own->begin != bytes)
+        return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" and \"%s\" (one tied "
+                        "parameter) differ in size", fn, path, e->name, own->name);
+    for (done = 0; done < bytes; done += n) {
+        n = PDP__MIN(bytes - done, (uint64_t)PDP__CKPT_CHUNK / 2);
+        if ((st = pdp__ckpt_read_bytes(L, e, done, a, (size_t)n, &crc_a)) != PDP_OK ||
+            (st = pdp__ckpt_read_bytes(L, own, done, b, (size_t)n, &crc_b)) != PDP_OK)
+            return st;
+        if (first == UINT64_MAX && memcmp(a, b, (size_t)n) != 0) {
+            for (j = 0; a[j] == b[j]; j++) continue;
+            j -= j % 4; /* the first differing element */
+            first = (done + j) / 4;
+            memcpy(va, a + j, 4);
+            memcpy(vb, b + j, 4);
+        }
+    }
+    if (L->check && ((st = pdp__ckpt_crc_check(fn, path, e, crc_a)) != PDP_OK ||
+                     (st = pdp__ckpt_crc_check(fn, path, own, crc_b)) != PDP_OK))
+        return st; /* corruption first: it would explain a difference */
+    if (first == UINT64_MAX) return PDP_OK;
+    pdp__ckpt_index_text(sa, sizeof sa, pe->ndim, pe->shape, (int64_t)first);
+    return pdp__err(PDP_ERR_FORMAT, "%s: %s: tensor \"%s\" differs from \"%s\" at %s (%.9g, "
+                    "%.9g): the head is tied to that parameter, so the two must be equal", fn,
+                    path, e->name, own->name, sa, pdp__ckpt_f32le(va), pdp__ckpt_f32le(vb));
+}
+
+/* A "<prefix>.attn.bias" the model lacks (pdp__ckpt_mask_name): F32 [1, 1, S, S] holding
+   exactly the causal mask, 1 on and below the diagonal and 0 above (+0, bit for bit), as
+   nanoGPT's torch.tril(torch.ones(S, S)); streamed through the loader's chunk, its checksum
+   verified when the file has them. Anything else is an extra tensor (PDP_ERR_SHAPE). */
+PDP__PRIVATE pdp_status pdp__ckpt_check_mask(const pdp__ckpt_loader *L, const pdp__st_entry *e)
+{
+    const char *fn = L->fn, *path = L->path;
+    unsigned char *c = L->sums->chunk;
+    uint64_t bytes = e->end - e->begin, done, n, j;
+    int64_t S = e->ndim == 4 ? e->shape[3] : 0, i, bad = -1;
+    uint32_t crc = 0, one = 0x3f800000u; /* 1.0f */
+    char why[256], at[128];
+    pdp_status st;
+    double v = 0.0;
+    if (strcmp(e->dtype, "F32") != 0 || e->ndim != 4 || e->shape[0] != 1 || e->shape[1] != 1 ||
+        e->shape[2] != S || S < 1) {
+        pdp__shape_text(at, sizeof at, e->ndim, e->shape);
+        snprintf(why, sizeof why, "it is %s %s", e->dtype, at);
+    } else {
+        for (done = 0; done < bytes; done += n) {
+            n = PDP__MIN(bytes - done, (uint64_t)PDP__CKPT_CHUNK);
+            if ((st = pdp__ckpt_read_bytes(L, e, done, c, (size_t)n, &crc)) != PDP_OK)
+                return st;
+            for (j = 0; j < n && bad < 0; j += 4) { /* element i: row i / S, column i % S */
+                i = (int64_t)((done + j) / 4);
+                if (pdp__ckpt_u32le(c + j) != (i % S <= i / S ? one : 0u)) {
+                    bad = i;
+                    v = pdp__ckpt_f32le(c + j);
+                }
+            }
+        }
+        if (L->check && (st = pdp__ckpt_crc_check(fn, path, e, crc)) != PDP_OK) return st;
+        if (bad < 0) return PDP_OK;
+        pdp__ckpt_index_text(at, sizeof at, e->ndim, e->shape, bad);
+        snprintf(why, sizeof why, "element %s is %.9g, the mask's is %d", at, v,
+                 bad % S <= bad / S);
+    }
+    return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the model and is not the "
+                    "causal mask nanoGPT keeps under that name (F32 [1, 1, S, S], 1 on and below "
+                    "the diagonal, 0 above): %s", fn, path, e->name, why);
+}
+
+/* No tensor in the file that the model (or the optimizer) does not have, but nanoGPT's
+   two (checkpoint.h): the tied head's alias (checked against the parameter) and
+   causal-mask buffers (checked, then skipped). */
 PDP__PRIVATE pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L)
 {
+    pdp_status st;
     int i;
     for (i = 0; i < L->p.nentries; i++) {
-        const char *name = L->p.entries[i].name;
-        if (L->shard ? !pdp__ckpt_shard_expected(L->o, name)
-                     : !pdp__ckpt_expected(L->m, L->o, name))
-            return pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", L->fn,
-                            L->path, name,
-                            strncmp(name, "optim.", 6) == 0 ? "optimizer's state" : "model");
+        const pdp__st_entry *e = &L->p.entries[i];
+        const char *name = e->name;
+        if (L->shard ? pdp__ckpt_shard_expected(L->o, name)
+                     : pdp__ckpt_expected(L->m, L->o, name))
+            continue;
+        if (!L->shard && L->alias >= 0 && strcmp(name, PDP__CKPT_HEAD_ALIAS) == 0)
+            st = pdp__ckpt_load_alias(L, e);
+        else if (!L->shard && pdp__ckpt_mask_name(L->m, name))
+            st = pdp__ckpt_check_mask(L, e);
+        else
+            st = pdp__err(PDP_ERR_SHAPE, "%s: %s: tensor \"%s\" is not in the %s", L->fn,
+                          L->path, name,
+                          strncmp(name, "optim.", 6) == 0 ? "optimizer's state" : "model");
+        if (st != PDP_OK) return st;
     }
     return PDP_OK;
 }
@@ -1131,6 +1333,7 @@ PDP__PRIVATE pdp_status pdp__ckpt_load(const char *path, pdp_model *m, float *pa
     L.hi = hi;
     L.count = hi - lo;
     L.nstate = o ? o->nstate : 0;
+    L.alias = pdp__ckpt_alias_param(m);
     if ((st = pdp__ckpt_load_open(&L)) == PDP_OK &&    /* the header, parsed and validated */
         (st = pdp__ckpt_load_sums(&L)) == PDP_OK &&    /* its checksums */
         (st = pdp__ckpt_load_meta(&L)) == PDP_OK &&    /* the optimizer, seed and step */

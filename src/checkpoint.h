@@ -6,7 +6,11 @@
    Layout of a file written by pdp_checkpoint_save:
      tensors, all F32, little-endian, in this order in the data section:
        "<param>"                        every model parameter, state_dict names
-                                        ("0.weight", "0.bias", "3.weight", ...)
+                                        ("0.weight", "0.bias", "3.weight", ...); a
+                                        tied head's weight once, under the name of the
+                                        parameter it shares (a GPT's
+                                        "transformer.wte.weight": no "lm_head.weight",
+                                        as safetensors refuses two names for one tensor)
        "optim.<param>.momentum_buffer"  SGD with momentum > 0
        "optim.<param>.exp_avg"          Adam, AdamW (then, after all exp_avg,
        "optim.<param>.exp_avg_sq"       every exp_avg_sq)
@@ -24,7 +28,9 @@
    The header is padded with spaces so the data starts 8-byte aligned.
    In PyTorch: sd = safetensors.torch.load_file(path); model.load_state_dict(
    {k: v for k, v in sd.items() if not k.startswith("optim.")}) (or pass the
-   whole dict when the file was saved without an optimizer). */
+   whole dict when the file was saved without an optimizer); for a GPT (gpt.h), whose
+   nanoGPT module lists its tied head under both names, first
+   sd["lm_head.weight"] = sd["transformer.wte.weight"]. */
 
 /* Writes path atomically: the bytes go to "<path>.tmp.<pid>", which is
    flushed, fsync'd and renamed over path, then the directory is fsync'd. A
@@ -40,7 +46,20 @@ PDP_API pdp_status pdp_checkpoint_save(const char *path, const pdp_model *m, con
    the file's "optim.kind" must be o's kind; o's step count and hyper-parameters
    (lr, momentum, ...) are then restored from the file, as PyTorch's
    optimizer.load_state_dict does. Tensors named "optim.*" are ignored when o is
-   NULL; any other tensor m does not have is an error (PyTorch's strict=True).
+   NULL; any other tensor m does not have is an error (PyTorch's strict=True), but
+   the two a nanoGPT state_dict holds beside its parameters (gpt.h), so that its file
+   loads with no renaming:
+     "lm_head.weight", when m has a tied head (TiedLinear: its last one) and no
+       parameter of that name, is the alias of the parameter that head shares
+       (transformer.wte.weight): it must be F32 of that shape; when the file has the
+       parameter too, the two must be equal bit for bit (else PDP_ERR_FORMAT naming
+       both and the first element that differs); when it has only the alias, the
+       alias is loaded into the parameter;
+     "<prefix>.attn.bias", when m has parameters "<prefix>.attn.*" and none of that
+       name, is nanoGPT's causal-mask buffer (registered on torch < 2.0): it is
+       skipped when it is F32 [1, 1, S, S] holding exactly tril(ones(S, S)) (1.0 on
+       and below the diagonal, +0.0 above), and refused like any extra tensor
+       otherwise, the message naming the first element that is not the mask's.
    The whole file is validated into a staging buffer before anything is copied:
    on failure m and o are untouched (one exception: a model on a GPU whose
    host-to-device copy itself fails, PDP_ERR_CUDA, a device fault, may be left

@@ -32,12 +32,13 @@
    embeddings N(0, 0.02), each c_proj weight N(0, 0.02 / sqrt(2 layers)), biases 0,
    LayerNorms 1 and 0, drawn from desc.seed.
 
-   Checkpoints: pdp_checkpoint_save_safetensors writes nanoGPT's names, the tied head once,
-   as transformer.wte.weight (safetensors refuses two names for one tensor). A nanoGPT
-   state_dict saved as safetensors loads with no renaming: lm_head.weight, when present,
-   is read as the alias of transformer.wte.weight (and must equal it), and the
+   Checkpoints: pdp_checkpoint_save writes nanoGPT's names, the tied head once, as
+   transformer.wte.weight (safetensors refuses two names for one tensor; PyTorch loads the
+   file after sd["lm_head.weight"] = sd["transformer.wte.weight"]). A nanoGPT state_dict
+   saved as safetensors loads with no renaming: lm_head.weight, when present, is read as
+   the alias of transformer.wte.weight (and must equal it bit for bit), and the
    transformer.h.i.attn.bias causal-mask buffers nanoGPT keeps on torch < 2.0 hold no
-   parameter and are skipped (checkpoint.h). */
+   parameter: each is checked to be exactly the mask, then skipped (checkpoint.h). */
 
 typedef struct pdp_gpt_desc {
     int64_t vocab;           /* tokens; default 256 (bytes: pdp_token_dataset) */

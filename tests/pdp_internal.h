@@ -6055,7 +6055,11 @@ PDP__PRIVATE const pdp__st_entry *pdp__st_find(pdp__st_entry *const *sorted, int
    PDP__CKPT_MAX_HEADER bytes, and no more than the file holds), parses and
    validates every entry, reads every expected tensor into one staging buffer,
    and only then copies into the model and the optimizer (pdp__ckpt_load's
-   steps, under "checkpoint: load, step by step").
+   steps, under "checkpoint: load, step by step"). The extra tensors a nanoGPT
+   file may hold (checkpoint.h) are checked there too, before the commit: the
+   tied head's alias "lm_head.weight" against the parameter it names, the
+   "<prefix>.attn.bias" causal masks element by element; both are streamed through
+   a 64 KB chunk, so they cost no memory of their size.
 
    Checksums (safetensors has none): __metadata__ "crc32c.<tensor>" is the
    CRC-32C of the tensor's data bytes as stored, "crc32c.header" that of the
@@ -6241,6 +6245,20 @@ PDP__PRIVATE bool pdp__ckpt_meta_u64(const pdp__st_parser *p, const char *key, u
 /* Whether a tensor name of the file is one load expects (or may ignore). */
 PDP__PRIVATE bool pdp__ckpt_expected(const pdp_model *m, const pdp_optim *o, const char *name);
 
+/* nanoGPT's two extra tensors (checkpoint.h): "lm_head.weight", the alias of the tied
+   head's weight, and "<prefix>.attn.bias", a causal-mask buffer (pdp__ckpt_load_extra). */
+#define PDP__CKPT_HEAD_ALIAS "lm_head.weight"
+#define PDP__CKPT_MASK_SUFFIX ".attn.bias"
+
+/* The registry index of the parameter PDP__CKPT_HEAD_ALIAS stands for: the weight of the
+   model's last TiedLinear (its LM head), when it has one and no parameter of that name;
+   else -1. */
+PDP__PRIVATE int pdp__ckpt_alias_param(const pdp_model *m);
+
+/* Whether name is "<prefix>.attn.bias" and the model has parameters "<prefix>.attn.*":
+   the attention whose causal-mask buffer nanoGPT keeps under that name. */
+PDP__PRIVATE bool pdp__ckpt_mask_name(const pdp_model *m, const char *name);
+
 PDP__PRIVATE void pdp__shape_text(char *buf, size_t cap, int ndim, const int64_t *shape);
 
 /* The checksums of a file being loaded: the tables and a chunk for reading a
@@ -6258,6 +6276,12 @@ typedef struct pdp__ckpt_sums {
    checksums (a file of another tool has none and is loaded unverified). */
 PDP__PRIVATE pdp_status pdp__ckpt_check_sums(pdp__st_parser *p, pdp__st_entry *const *sorted,
                                              const pdp__crc32c *c, bool *has);
+
+PDP__PRIVATE pdp_status pdp__ckpt_crc_check(const char *fn, const char *file,
+                                            const pdp__st_entry *e, uint32_t crc);
+
+PDP__PRIVATE pdp_status pdp__ckpt_read_error(FILE *f, const char *fn, const char *file,
+                                             const pdp__st_entry *e);
 
 /* Reads elements [first, first + count) of tensor e of the file f (data at
    data_start) into dst. With sums, the whole tensor is read and checked
@@ -6292,6 +6316,8 @@ typedef struct pdp__ckpt_loader {
     pdp__st_entry **sorted;
     pdp__ckpt_sums *sums, *check; /* check: sums when the file has checksums, else NULL */
     bool shard;                  /* a shard file ("format": "pdp-shard") */
+    int alias;                   /* the parameter "lm_head.weight" stands for, or -1
+                                    (pdp__ckpt_alias_param) */
     pdp_optim_desc desc;         /* the file's optimizer (with o) */
     int64_t steps;
     uint64_t seed, mstep;        /* "model.seed", "model.step", when have_seed, have_step */
@@ -6317,13 +6343,43 @@ PDP__PRIVATE pdp_status pdp__ckpt_load_shard_tensors(pdp__ckpt_loader *L);
 
 /* A full file's tensors (the model's names, "optim.<name>.<state>"): each present, F32, the
    model's shape; the part inside [lo, hi) read into the staging buffer (the whole tensor
-   checked against its checksum). */
+   checked against its checksum). A tied head's weight the file lacks is read from its
+   alias "lm_head.weight" when the file has that. */
 PDP__PRIVATE pdp_status pdp__ckpt_load_full_tensors(pdp__ckpt_loader *L);
 
 /* Every expected tensor checked against the model and read (CRC-checked) into staging. */
 PDP__PRIVATE pdp_status pdp__ckpt_load_tensors(pdp__ckpt_loader *L);
 
-/* No tensor in the file that the model (or the optimizer) does not have. */
+/* Reads bytes [at, at + n) of tensor e's data, as stored, into dst and continues *crc over
+   them: a whole tensor streamed in pieces, then checked with pdp__ckpt_crc_check. */
+PDP__PRIVATE pdp_status pdp__ckpt_read_bytes(const pdp__ckpt_loader *L, const pdp__st_entry *e,
+                                             uint64_t at, unsigned char *dst, size_t n,
+                                             uint32_t *crc);
+
+/* The bits of the little-endian float32 at p, on any host, and that float. */
+PDP__PRIVATE uint32_t pdp__ckpt_u32le(const unsigned char *p);
+
+PDP__PRIVATE double pdp__ckpt_f32le(const unsigned char *p);
+
+/* "[i, j, ...]": the multi-index of element at (row-major) of a tensor of that shape. */
+PDP__PRIVATE void pdp__ckpt_index_text(char *buf, size_t cap, int ndim, const int64_t *shape,
+                                       int64_t at);
+
+/* "lm_head.weight" in a file whose model ties its head (L->alias): F32 of the tied
+   parameter's shape and, when the file has that parameter too, equal to it bit for bit
+   (streamed through the loader's chunk, half each; both checksums verified when the file
+   has them). When the file has only the alias, pdp__ckpt_load_full_tensors read it. */
+PDP__PRIVATE pdp_status pdp__ckpt_load_alias(const pdp__ckpt_loader *L, const pdp__st_entry *e);
+
+/* A "<prefix>.attn.bias" the model lacks (pdp__ckpt_mask_name): F32 [1, 1, S, S] holding
+   exactly the causal mask, 1 on and below the diagonal and 0 above (+0, bit for bit), as
+   nanoGPT's torch.tril(torch.ones(S, S)); streamed through the loader's chunk, its checksum
+   verified when the file has them. Anything else is an extra tensor (PDP_ERR_SHAPE). */
+PDP__PRIVATE pdp_status pdp__ckpt_check_mask(const pdp__ckpt_loader *L, const pdp__st_entry *e);
+
+/* No tensor in the file that the model (or the optimizer) does not have, but nanoGPT's
+   two (checkpoint.h): the tied head's alias (checked against the parameter) and
+   causal-mask buffers (checked, then skipped). */
 PDP__PRIVATE pdp_status pdp__ckpt_load_extra(const pdp__ckpt_loader *L);
 
 /* All checks passed: the staged parameters and state onto the model's device, the

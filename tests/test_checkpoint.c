@@ -6,7 +6,11 @@
    model and optimizer bit-identical, an interrupted save leaving the previous
    checkpoint intact, and exact resume across processes: 1 epoch, save, load in
    a fresh process (this binary re-executed), 1 more epoch == 2 epochs straight,
-   bit for bit, with Adam or SGD momentum state and dropout in the model. */
+   bit for bit, with Adam or SGD momentum state and dropout in the model. A GPT:
+   tools/gpt_reference.py's nanoGPT files load with no renaming (parameters bit for bit,
+   PyTorch's logits and loss), the tied head's alias lm_head.weight and the attn.bias
+   causal masks are checked (an alias one ulp off or a wrong mask element is refused),
+   pdp's file holds the tied head once and PyTorch's GPT loads it strictly. */
 
 #define _POSIX_C_SOURCE 200809L /* before the first system header: mkdtemp, fork, setrlimit */
 #include <dirent.h>
@@ -20,6 +24,7 @@
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
+#include "fixture.h"
 
 static char tmpdir[64];
 
@@ -1505,6 +1510,451 @@ static enum greatest_test_res resume_case(const char *kind)
 TEST checkpoint_exact_resume_adam_fresh_process(void) { return resume_case("adam"); }
 TEST checkpoint_exact_resume_sgd_momentum_fresh_process(void) { return resume_case("sgd"); }
 
+/* ---- a GPT: nanoGPT's files ----
+   tools/gpt_reference.py wrote gpt_nanogpt.safetensors (the 28 parameters of its trained
+   GPT, the tied head once as transformer.wte.weight) and
+   gpt_nanogpt_with_bias_buffers.safetensors (also lm_head.weight, a copy of wte, and the
+   transformer.h.{i}.attn.bias causal-mask buffers nanoGPT saves on torch < 2.0), both
+   holding gpt_adamw.bin's final.*; final.logits and final.loss are that model's on
+   gpt_forward.bin's ids and targets. Other nanoGPT-style files are written here by
+   st_write. */
+
+#define GPT_B 3
+#define GPT_T 16
+#define GPT_V 67
+#define GPT_NPARAMS 28
+
+static pdp_model *gpt_make(uint64_t seed)
+{
+    pdp_gpt_desc d;
+    pdp_model *m = NULL;
+    memset(&d, 0, sizeof d);
+    d.vocab = GPT_V;
+    d.context = GPT_T;
+    d.layers = 2;
+    d.heads = 4;
+    d.dim = 48;
+    d.seed = seed;
+    return pdp_gpt_create(&m, &d) == PDP_OK ? m : NULL;
+}
+
+/* A tensor st_write writes: F32, little-endian (the hosts we run on). */
+typedef struct st_tensor {
+    char name[64];
+    int ndim;
+    int64_t shape[4];
+    const float *data;
+} st_tensor;
+
+static int64_t st_count(const st_tensor *t)
+{
+    int64_t n = 1;
+    int d;
+    for (d = 0; d < t->ndim; d++) n *= t->shape[d];
+    return n;
+}
+
+/* A safetensors file as another tool writes it (safetensors' "Format": the header's
+   length as 8 bytes little-endian, the JSON header padded with spaces to 8 bytes, the
+   data), metadata {"format": "pt"} and no checksums; 0 on success. */
+static int st_write(const char *path, const st_tensor *t, int n)
+{
+    size_t cap = 256 + (size_t)n * 256, len = 0;
+    char *h = (char *)malloc(cap);
+    unsigned char len8[8];
+    uint64_t at = 0;
+    FILE *f;
+    int i, d, ok;
+    if (!h) return -1;
+    len += (size_t)snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (i = 0; i < n; i++) {
+        uint64_t bytes = (uint64_t)st_count(&t[i]) * 4;
+        len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[",
+                                t[i].name);
+        for (d = 0; d < t[i].ndim; d++)
+            len += (size_t)snprintf(h + len, cap - len, "%s%lld", d ? "," : "",
+                                    (long long)t[i].shape[d]);
+        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%llu,%llu]}",
+                                (unsigned long long)at, (unsigned long long)(at + bytes));
+        at += bytes;
+    }
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    while (len % 8) h[len++] = ' ';
+    for (d = 0; d < 8; d++) len8[d] = (unsigned char)((uint64_t)len >> (8 * d));
+    if (!(f = fopen(path, "wb"))) {
+        free(h);
+        return -1;
+    }
+    ok = fwrite(len8, 1, 8, f) == 8 && fwrite(h, 1, len, f) == len;
+    for (i = 0; ok && i < n; i++)
+        ok = fwrite(t[i].data, 4, (size_t)st_count(&t[i]), f) == (size_t)st_count(&t[i]);
+    free(h);
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* t[0..28): m's parameters by name and shape, their data gpt_adamw.bin's final.<name>;
+   0 when the fixture has every one in that shape. */
+static int gpt_final_tensors(const pdp_model *m, const fixture *adamw, st_tensor *t)
+{
+    int i, d;
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param p;
+        char name[96];
+        const fixture_tensor *x;
+        pdp_model_param(m, i, &p);
+        snprintf(name, sizeof name, "final.%s", p.name);
+        if (!(x = fixture_find(adamw, name)) || x->ndim != p.ndim) return -1;
+        snprintf(t[i].name, sizeof t[i].name, "%s", p.name);
+        t[i].ndim = p.ndim;
+        for (d = 0; d < p.ndim; d++)
+            if ((t[i].shape[d] = p.shape[d]) != x->shape[d]) return -1;
+        t[i].data = x->data;
+    }
+    return 0;
+}
+
+/* nanoGPT's causal-mask buffer: [1, 1, S, S], tril(ones(S, S)). */
+static void gpt_mask(st_tensor *t, const char *name, int64_t S, float *data)
+{
+    int64_t r, c;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = 4;
+    t->shape[0] = t->shape[1] = 1;
+    t->shape[2] = t->shape[3] = S;
+    for (r = 0; r < S; r++)
+        for (c = 0; c < S; c++) data[r * S + c] = c <= r ? 1.0f : 0.0f;
+    t->data = data;
+}
+
+/* m's parameters are gpt_adamw.bin's final.* bit for bit, and its logits and loss on
+   gpt_forward.bin's ids and targets are final.logits and final.loss within 1e-5
+   (fixture_rel_err). */
+static enum greatest_test_res gpt_expect_final(pdp_model *m, const fixture *adamw,
+                                               const fixture *fwd, const char *file)
+{
+    const fixture_tensor *ids = fixture_find(fwd, "ids"), *tg = fixture_find(fwd, "targets");
+    const fixture_tensor *logits = fixture_find(adamw, "final.logits");
+    const fixture_tensor *loss = fixture_find(adamw, "final.loss");
+    int32_t id[GPT_B * GPT_T], label[GPT_B * GPT_T];
+    int64_t shape[2] = {GPT_B, GPT_T};
+    const pdp_tensor *y;
+    pdp_tensor x;
+    float got_loss;
+    double e_logits, e_loss;
+    int i, n = 0;
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param p;
+        char name[96];
+        const fixture_tensor *want;
+        pdp_model_param(m, i, &p);
+        snprintf(name, sizeof name, "final.%s", p.name);
+        want = fixture_find(adamw, name);
+        ASSERTm(name, want && want->count == p.count);
+        ASSERTm(name, memcmp(p.value.data, want->data, (size_t)p.count * 4) == 0);
+        n++;
+    }
+    ASSERT_EQ(GPT_NPARAMS, n);
+    ASSERT(ids && tg && logits && loss && ids->count == GPT_B * GPT_T);
+    ASSERT_EQ((int64_t)GPT_B * GPT_T * GPT_V, logits->count);
+    for (i = 0; i < GPT_B * GPT_T; i++) {
+        id[i] = (int32_t)ids->data[i];
+        label[i] = (int32_t)tg->data[i];
+    }
+    pdp_tensor_wrap_ids(id, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_forward(m, &x, &y), status_name);
+    ASSERT_EQ(logits->count, y->count);
+    e_logits = fixture_rel_err(y->data, logits->data, logits->count);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_forward_backward(m, &x, label, &got_loss),
+                    status_name);
+    e_loss = fixture_rel_err(&got_loss, loss->data, 1);
+    printf("    %s: 28 parameters equal to final.*, logits %.2e, loss %.2e (fixture metric)\n",
+           file, e_logits, e_loss);
+    ASSERT_LT(e_logits, 1e-5);
+    ASSERT_LT(e_loss, 1e-5);
+    PASS();
+}
+
+/* Both of tools/gpt_reference.py's nanoGPT files load, with no renaming, into a GPT made
+   with another initialisation: the trained parameters bit for bit, PyTorch's logits and
+   loss. */
+TEST checkpoint_gpt_loads_nanogpt_files(void)
+{
+    static const char *const files[] = {"gpt_nanogpt.safetensors",
+                                        "gpt_nanogpt_with_bias_buffers.safetensors"};
+    fixture adamw, fwd;
+    char path[512];
+    int k;
+    FIXTURE_LOAD_OR_SKIP(&adamw, "gpt_adamw.bin");
+    FIXTURE_LOAD_OR_SKIP(&fwd, "gpt_forward.bin");
+    for (k = 0; k < 2; k++) {
+        pdp_model *m = gpt_make(0);
+        pdp_param wte;
+        enum greatest_test_res r;
+        const char *dir = getenv("PDP_FIXTURE_DIR");
+        snprintf(path, sizeof path, "%s/%s", dir && *dir ? dir : "tests/fixtures", files[k]);
+        ASSERT(m != NULL);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(m, "transformer.wte.weight", &wte),
+                       status_name);
+        ASSERT_FALSE(memcmp(wte.value.data, fixture_find(&adamw, "final.transformer.wte.weight")
+                                                ->data, (size_t)wte.count * 4) == 0);
+        ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(path, m, NULL),
+                        status_name);
+        r = gpt_expect_final(m, &adamw, &fwd, files[k]);
+        pdp_model_free(m);
+        if (r != GREATEST_TEST_RES_PASS) return r;
+    }
+    fixture_free(&adamw);
+    fixture_free(&fwd);
+    PASS();
+}
+
+/* The tied head's alias, lm_head.weight: alone it loads into transformer.wte.weight; beside
+   it, it must equal it bit for bit (one element one ulp off is refused, naming both and the
+   element) and have its shape; a model without a tied head refuses it as any extra
+   tensor. Every refusal leaves the model as it was. */
+TEST checkpoint_gpt_head_alias(void)
+{
+    st_tensor t[GPT_NPARAMS + 1];
+    fixture adamw, fwd;
+    victim v;
+    float *wte2;
+    char path[128];
+    int64_t wcount;
+    int iw = 0, i;
+    FIXTURE_LOAD_OR_SKIP(&adamw, "gpt_adamw.bin");
+    FIXTURE_LOAD_OR_SKIP(&fwd, "gpt_forward.bin");
+    memset(&v, 0, sizeof v);
+    ASSERT((v.m = gpt_make(3)) != NULL);
+    snap_take(&v.s, v.m, NULL);
+    ASSERT_EQ(0, gpt_final_tensors(v.m, &adamw, t));
+    while (strcmp(t[iw].name, "transformer.wte.weight") != 0) iw++;
+    wcount = st_count(&t[iw]);
+    path_in_tmp(path, sizeof path, "gpt_alias.safetensors");
+
+    /* wte and a copy one ulp off at [5, 7] */
+    ASSERT((wte2 = (float *)malloc((size_t)wcount * 4)) != NULL);
+    memcpy(wte2, t[iw].data, (size_t)wcount * 4);
+    wte2[5 * 48 + 7] = nextafterf(wte2[5 * 48 + 7], 1.0f);
+    t[GPT_NPARAMS] = t[iw];
+    snprintf(t[GPT_NPARAMS].name, sizeof t[0].name, "lm_head.weight");
+    t[GPT_NPARAMS].data = wte2;
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS + 1));
+    CHECK_CALL(expect_load_fails(&v, path, PDP_ERR_FORMAT, "tensor \"lm_head.weight\" differs "
+                                 "from \"transformer.wte.weight\" at [5, 7]", "must be equal"));
+    /* another shape */
+    t[GPT_NPARAMS].data = t[iw].data;
+    t[GPT_NPARAMS].shape[0] = GPT_V - 1;
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS + 1));
+    CHECK_CALL(expect_load_fails(&v, path, PDP_ERR_SHAPE, "tensor \"lm_head.weight\" (the tied "
+                                 "head, an alias of \"transformer.wte.weight\") is F32 [66, 48], "
+                                 "expected F32 [67, 48]", NULL));
+    t[GPT_NPARAMS].shape[0] = GPT_V;
+    /* neither name */
+    t[iw] = t[GPT_NPARAMS - 1];
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS - 1));
+    CHECK_CALL(expect_load_fails(&v, path, PDP_ERR_SHAPE, "tensor \"transformer.wte.weight\" is "
+                                 "missing (and so is its alias \"lm_head.weight\")", NULL));
+    /* only the alias, in wte's place: it is the parameter */
+    t[iw] = t[GPT_NPARAMS];
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS - 1 + 1));
+    for (i = 0; i < GPT_NPARAMS - 1; i++) ASSERT(strcmp(t[i].name, "transformer.wte.weight"));
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(path, v.m, NULL),
+                    status_name);
+    CHECK_CALL(gpt_expect_final(v.m, &adamw, &fwd, "lm_head.weight alone"));
+    snap_free(&v.s);
+    pdp_model_free(v.m);
+
+    /* a model without a tied head: lm_head.weight is an extra tensor */
+    {
+        float w[3 * 8];
+        pdp_model *mlp = make_model(5, 8, 3, false, 1);
+        st_tensor u[5];
+        ASSERT(mlp != NULL);
+        memset(w, 0, sizeof w);
+        for (i = 0; i < 4; i++) {
+            pdp_param p;
+            pdp_model_param(mlp, i, &p);
+            snprintf(u[i].name, sizeof u[i].name, "%s", p.name);
+            u[i].ndim = p.ndim;
+            memcpy(u[i].shape, p.shape, sizeof u[i].shape);
+            u[i].data = p.value.data;
+        }
+        u[4] = u[2]; /* "2.weight" [3, 8] */
+        snprintf(u[4].name, sizeof u[4].name, "lm_head.weight");
+        ASSERT_EQ(0, st_write(path, u, 5));
+        v.m = mlp;
+        snap_take(&v.s, v.m, NULL);
+        CHECK_CALL(expect_load_fails(&v, path, PDP_ERR_SHAPE, "tensor \"lm_head.weight\" is not "
+                                     "in the model", NULL));
+        snap_free(&v.s);
+        pdp_model_free(mlp);
+    }
+    free(wte2);
+    fixture_free(&adamw);
+    fixture_free(&fwd);
+    PASS();
+}
+
+/* transformer.h.{i}.attn.bias: skipped when it is exactly nanoGPT's causal mask of a block
+   the model has; one element off (above or on the diagonal), another shape, or a block the
+   model lacks is an extra tensor, refused naming it. */
+TEST checkpoint_gpt_mask_buffers(void)
+{
+    st_tensor t[GPT_NPARAMS + 2];
+    fixture adamw, fwd;
+    victim v;
+    float m0[GPT_T * GPT_T], m1[GPT_T * GPT_T];
+    char path[128];
+    FIXTURE_LOAD_OR_SKIP(&adamw, "gpt_adamw.bin");
+    FIXTURE_LOAD_OR_SKIP(&fwd, "gpt_forward.bin");
+    memset(&v, 0, sizeof v);
+    ASSERT((v.m = gpt_make(4)) != NULL);
+    snap_take(&v.s, v.m, NULL);
+    ASSERT_EQ(0, gpt_final_tensors(v.m, &adamw, t));
+    path_in_tmp(path, sizeof path, "gpt_mask.safetensors");
+    gpt_mask(&t[GPT_NPARAMS], "transformer.h.0.attn.bias", GPT_T, m0);
+    gpt_mask(&t[GPT_NPARAMS + 1], "transformer.h.1.attn.bias", GPT_T, m1);
+
+    m1[2 * GPT_T + 5] = 1.0f; /* above the diagonal */
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS + 2));
+    CHECK_CALL(expect_load_fails(&v, path, PDP_ERR_SHAPE, "tensor \"transformer.h.1.attn.bias\" "
+                                 "is not in the model and is not the causal mask",
+                                 "element [0, 0, 2, 5] is 1, the mask's is 0"));
+    m1[2 * GPT_T + 5] = 0.0f;
+    m1[3 * GPT_T + 3] = 0.5f; /* on it */
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS + 2));
+    CHECK_CALL(expect_load_fails(&v, path, PDP_ERR_SHAPE, "transformer.h.1.attn.bias",
+                                 "element [0, 0, 3, 3] is 0.5, the mask's is 1"));
+    m1[3 * GPT_T + 3] = 1.0f;
+    m1[GPT_T * GPT_T - 1] = 0.0f; /* the last element: the whole tensor is looked at */
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS + 2));
+    CHECK_CALL(expect_load_fails(&v, path, PDP_ERR_SHAPE, "transformer.h.1.attn.bias",
+                                 "element [0, 0, 15, 15] is 0, the mask's is 1"));
+    m1[GPT_T * GPT_T - 1] = 1.0f;
+    t[GPT_NPARAMS + 1].ndim = 2; /* [16, 16]: not nanoGPT's buffer */
+    t[GPT_NPARAMS + 1].shape[0] = t[GPT_NPARAMS + 1].shape[1] = GPT_T;
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS + 2));
+    CHECK_CALL(expect_load_fails(&v, path, PDP_ERR_SHAPE, "transformer.h.1.attn.bias",
+                                 "it is F32 [16, 16]"));
+    gpt_mask(&t[GPT_NPARAMS + 1], "transformer.h.2.attn.bias", GPT_T, m1); /* no block 2 */
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS + 2));
+    CHECK_CALL(expect_load_fails(&v, path, PDP_ERR_SHAPE, "tensor \"transformer.h.2.attn.bias\" "
+                                 "is not in the model", NULL));
+    ASSERT(strstr(pdp_last_error(), "causal mask") == NULL);
+    gpt_mask(&t[GPT_NPARAMS + 1], "transformer.h.1.attn.mask", GPT_T, m1); /* another name */
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS + 2));
+    CHECK_CALL(expect_load_fails(&v, path, PDP_ERR_SHAPE, "tensor \"transformer.h.1.attn.mask\" "
+                                 "is not in the model", NULL));
+    /* both masks right: skipped */
+    gpt_mask(&t[GPT_NPARAMS + 1], "transformer.h.1.attn.bias", GPT_T, m1);
+    ASSERT_EQ(0, st_write(path, t, GPT_NPARAMS + 2));
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(path, v.m, NULL),
+                    status_name);
+    CHECK_CALL(gpt_expect_final(v.m, &adamw, &fwd, "masks written here"));
+    snap_free(&v.s);
+    pdp_model_free(v.m);
+    fixture_free(&adamw);
+    fixture_free(&fwd);
+    PASS();
+}
+
+/* Count of tensors in a file's header (entries with a "dtype"). */
+static int header_tensors(const unsigned char *buf)
+{
+    long n = (long)header_len(buf), i;
+    int count = 0;
+    for (i = 8; i + 8 <= 8 + n; i++) count += memcmp(buf + i, "\"dtype\":", 8) == 0;
+    return count;
+}
+
+/* pdp's file of a GPT: the tied head once, as transformer.wte.weight (28 tensors, no
+   lm_head.weight: safetensors refuses two names for one tensor), and it loads back bit for
+   bit. */
+TEST checkpoint_gpt_round_trip_writes_the_head_once(void)
+{
+    pdp_model *a = gpt_make(5), *b = gpt_make(6);
+    unsigned char *buf;
+    char path[128];
+    long bytes;
+    ASSERT(a && b);
+    path_in_tmp(path, sizeof path, "gpt_pdp.safetensors");
+    ASSERT_EQ(GPT_NPARAMS, pdp_model_num_params(a));
+    ASSERT(memcmp(a->param_block, b->param_block, (size_t)a->param_count * 4) != 0);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_save(path, a, NULL), status_name);
+    ASSERT((buf = read_all(path, &bytes)) != NULL);
+    ASSERT_EQ(GPT_NPARAMS, header_tensors(buf));
+    ASSERT(header_find(buf, "\"transformer.wte.weight\":{") >= 0);
+    ASSERT_EQ(-1, header_find(buf, "\"lm_head.weight\""));
+    ASSERT_EQ(-1, header_find(buf, ".attn.bias\""));
+    ASSERT_EQ(8 + (long)header_len(buf) + a->param_count * 4, bytes);
+    free(buf);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_load(path, b, NULL), status_name);
+    ASSERT(memcmp(a->param_block, b->param_block, (size_t)a->param_count * 4) == 0);
+    pdp_model_free(a);
+    pdp_model_free(b);
+    PASS();
+}
+
+/* PyTorch loads pdp's file of a GPT into tools/gpt_reference.py's GPT with
+   load_state_dict(strict=True) once lm_head.weight is put back (as the same tensor as
+   transformer.wte.weight), and its logits are pdp's within 1e-5. */
+static const char *py_gpt_script =
+    "import sys\n"
+    "import numpy as np\n"
+    "import torch\n"
+    "from safetensors.torch import load_file\n"
+    "sys.path.insert(0, 'tools')\n"
+    "import gpt_reference as g\n"
+    "path, ids_path, logits_path = sys.argv[1:4]\n"
+    "torch.set_num_threads(1)\n"
+    "sd = load_file(path)\n"
+    "assert len(sd) == 28 and 'lm_head.weight' not in sd, sorted(sd)\n"
+    "sd['lm_head.weight'] = sd['transformer.wte.weight']\n"
+    "model = g.GPT()\n"
+    "model.load_state_dict(sd)  # strict\n"
+    "assert model.lm_head.weight is model.transformer.wte.weight\n"
+    "ids = torch.from_numpy(np.fromfile(ids_path, '<i4').reshape(3, 16)).long()\n"
+    "want = np.fromfile(logits_path, '<f4').reshape(3, 16, 67)\n"
+    "with torch.no_grad():\n"
+    "    logits, _ = model(ids, torch.zeros_like(ids))\n"
+    "got = logits.numpy()\n"
+    "err = np.abs(got - want).max() / max(np.abs(want).max(), 1.0)\n"
+    "print('    PyTorch on pdp\\'s file: logits %.2e from pdp\\'s (fixture metric)' % err)\n"
+    "sys.exit(0 if err <= 1e-5 else 1)\n";
+
+TEST checkpoint_gpt_pytorch_loads_pdp_file(void)
+{
+    char path[128], ids_path[128], logits_path[128], script[128], cmd[1024];
+    const char *py = pdp_test_python("torch, safetensors.torch, numpy");
+    int32_t id[GPT_B * GPT_T];
+    int64_t shape[2] = {GPT_B, GPT_T}, j;
+    const pdp_tensor *y;
+    pdp_model *m;
+    pdp_tensor x;
+    pdp_rng r;
+    int i;
+    if (!py) SKIPm(pdp_test_python_missing("torch, safetensors.torch, numpy"));
+    ASSERT((m = gpt_make(7)) != NULL);
+    /* every parameter moved off its initialisation (biases off 0, LayerNorms off 1 and 0) */
+    pdp_rng_seed(&r, 11, 0);
+    for (j = 0; j < m->param_count; j++) m->param_block[j] += 0.1f * pdp_rng_normal(&r);
+    for (i = 0; i < GPT_B * GPT_T; i++) id[i] = (int32_t)pdp_rng_below(&r, GPT_V);
+    path_in_tmp(path, sizeof path, "gpt_torch.safetensors");
+    path_in_tmp(ids_path, sizeof ids_path, "gpt_ids.raw");
+    path_in_tmp(logits_path, sizeof logits_path, "gpt_logits.raw");
+    path_in_tmp(script, sizeof script, "gpt_torch.py");
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_checkpoint_save(path, m, NULL), status_name);
+    pdp_tensor_wrap_ids(id, pdp_cpu(), 2, shape, &x);
+    ASSERT_ENUM_EQm(pdp_last_error(), PDP_OK, pdp_model_forward(m, &x, &y), status_name);
+    ASSERT_EQ(0, write_all(ids_path, id, (long)sizeof id));
+    ASSERT_EQ(0, write_all(logits_path, y->data, (long)y->count * 4));
+    ASSERT_EQ(0, write_all(script, py_gpt_script, (long)strlen(py_gpt_script)));
+    snprintf(cmd, sizeof cmd, "\"%s\" %s %s %s %s", py, script, path, ids_path, logits_path);
+    ASSERT_EQm("the PyTorch check failed (its output is above)", 0, system(cmd));
+    pdp_model_free(m);
+    PASS();
+}
+
 /* ---- CUDA ---- */
 
 static bool have_cuda(void)
@@ -1615,6 +2065,11 @@ SUITE(checkpoint)
     RUN_TEST(checkpoint_killed_save_cleaned_up);
     RUN_TEST(checkpoint_exact_resume_adam_fresh_process);
     RUN_TEST(checkpoint_exact_resume_sgd_momentum_fresh_process);
+    RUN_TEST(checkpoint_gpt_loads_nanogpt_files);
+    RUN_TEST(checkpoint_gpt_head_alias);
+    RUN_TEST(checkpoint_gpt_mask_buffers);
+    RUN_TEST(checkpoint_gpt_round_trip_writes_the_head_once);
+    RUN_TEST(checkpoint_gpt_pytorch_loads_pdp_file);
     RUN_TEST(checkpoint_cuda_round_trip);
 }
 
