@@ -88,8 +88,8 @@
    Checked against a PyTorch GPT (tools/gpt_reference.py, tests/test_gpt.c): logits,
    loss and every gradient within 1e-5 (measured 1.7e-7 and 6.3e-8), 5 AdamW steps with
    clipping within 1e-5, bf16 against autocast within 1e-2, the mask (a later token
-   changes no earlier logit, bit for bit) and finite differences. DDP trains it (equal
-   to one device); DataParallel, ZeRO stage 3 and pipelines refuse it with
+   changes no earlier logit, bit for bit) and finite differences. DataParallel and DDP
+   train it (each equal to one device); ZeRO stage 3 and pipelines refuse it with
    PDP_ERR_UNSUPPORTED for now, and its layers run on the CPU only.
 
    BUILD
