@@ -16297,7 +16297,8 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
    parameter initialisation, CPU forward and backward, CUDA forward and backward
    (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
    PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
-   fused, collective, unnumbered) and an estimate of its work in FLOPs (pp.c balances
+   fused, collective, unnumbered, takes token ids, a view only forward, holds a residual
+   skip, ties another layer's weight) and an estimate of its work in FLOPs (pp.c balances
    a pipeline's stages by it).
 
    This table is the only place that knows what each kind is. Every decision elsewhere
@@ -16678,7 +16679,12 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
    applies it too, writes the pool's act, and its own act is NULL); backward needs
-   the forward's input to stay alive, as in PyTorch's autograd. After
+   the forward's input to stay alive, as in PyTorch's autograd. A residual region
+   (pdp_model_residual_begin/end) is the one place the sequence is not a chain: its
+   ResidualAdd reads the output of its Residual (a forward view, so act[] of the region's
+   input), and in backward sends its dy around the branch in grad_skip, which the
+   Residual adds back; regions do not nest, so one skip buffer serves them all. A
+   TiedLinear's weight is another layer's parameter (pdp__model_io). After
    pdp_model_reserve (or the first step at the largest batch), forward and backward
    allocate nothing.
 

@@ -4,7 +4,8 @@
    parameter initialisation, CPU forward and backward, CUDA forward and backward
    (pdp_cuda.cu's kernels), extra workspace on CUDA, flags (internal.h's
    PDP__LAYER_*: a view, element-wise, fuses a following ReLU or pool or is the one
-   fused, collective, unnumbered) and an estimate of its work in FLOPs (pp.c balances
+   fused, collective, unnumbered, takes token ids, a view only forward, holds a residual
+   skip, ties another layer's weight) and an estimate of its work in FLOPs (pp.c balances
    a pipeline's stages by it).
 
    This table is the only place that knows what each kind is. Every decision elsewhere

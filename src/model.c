@@ -9,7 +9,12 @@
    input instead of copying, and so does a ReLU after a Conv2d on the CPU, which the
    Conv2d applies itself; when a 2x2 stride-2 MaxPool2d follows that ReLU, the Conv2d
    applies it too, writes the pool's act, and its own act is NULL); backward needs
-   the forward's input to stay alive, as in PyTorch's autograd. After
+   the forward's input to stay alive, as in PyTorch's autograd. A residual region
+   (pdp_model_residual_begin/end) is the one place the sequence is not a chain: its
+   ResidualAdd reads the output of its Residual (a forward view, so act[] of the region's
+   input), and in backward sends its dy around the branch in grad_skip, which the
+   Residual adds back; regions do not nest, so one skip buffer serves them all. A
+   TiedLinear's weight is another layer's parameter (pdp__model_io). After
    pdp_model_reserve (or the first step at the largest batch), forward and backward
    allocate nothing.
 
