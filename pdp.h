@@ -1136,10 +1136,27 @@ typedef struct pdp_gpt_desc {
     uint64_t seed;           /* initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU (the GPT's kinds run on the CPU for now) */
     pdp_precision precision; /* as pdp_model_desc.precision */
+    struct pdp_comm *tp;     /* tensor parallel (Megatron's blocks, tp.h): each block's
+                                c_attn column-parallel with q, k and v split by heads, the
+                                attention of this rank's heads, attn.c_proj row-parallel,
+                                the MLP as tp.h's; LayerNorms, embeddings and the head
+                                replicated. heads must divide by its size. NULL: none */
 } pdp_gpt_desc;
 
 /* Builds the GPT described above into *out (free it with pdp_model_free). A field out of
-   range fails with PDP_ERR_INVALID naming it. */
+   range fails with PDP_ERR_INVALID naming it. With desc.tp, every rank of it calls this
+   with the same desc; each block is then
+
+       Residual, LayerNorm ln_1, f, ColumnParallelLinear c_attn (3 dim: q, k and v each
+       split by heads), CausalSelfAttention (this rank's heads), RowParallelLinear
+       attn.c_proj, g, [Dropout], ResidualAdd,
+       Residual, LayerNorm ln_2, f, ColumnParallelLinear c_fc, GELU, RowParallelLinear
+       mlp.c_proj, g, [Dropout], ResidualAdd
+
+   (4 all-reduces of batch x T x dim floats a block and step: g forward, f backward, twice),
+   and its parameters start as the single-device GPT's slices (the full GPT is built and
+   cut), so it trains as one device does up to float rounding. Its checkpoints are
+   pdp_tp_checkpoint_save/load's, the single-device GPT's file. */
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc);
 
 /* Text generation (nanoGPT's generate): appends n_new tokens to ids[0..n) (ids holds room
@@ -3977,6 +3994,10 @@ typedef enum pdp__layer_kind {
 typedef struct pdp__layer {
     pdp__layer_kind kind;
     int index;                           /* position in the model ("3" of "3.weight") */
+    int mask_index;                      /* what keys its random masks (Dropout, attention
+                                            dropout): its place among the layers that are not
+                                            TP's f and g, so a TP model draws the single-device
+                                            model's masks; index on a model without TP */
     int in_ndim, out_ndim;               /* per-sample shapes: (F) or (C, H, W) */
     int64_t in_shape[3], out_shape[3];
     int64_t in_count, out_count;         /* per-sample element counts */
@@ -3999,7 +4020,13 @@ typedef struct pdp__layer {
     int64_t work_per_sample;             /* floats of temporary workspace */
     struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
     int64_t tp_lo, tp_full;              /* TP Linears: this rank holds [tp_lo, tp_lo + local)
-                                            of the split dimension, tp_full wide */
+                                            of the split dimension, tp_full wide (of each
+                                            part); a CausalSelfAttention on a TP shard: its
+                                            first head and the full head count */
+    int64_t tp_parts;                    /* ColumnParallelLinear: the output is tp_parts
+                                            blocks split alike (3: a GPT's q | k | v, so a
+                                            rank holds q, k and v of its heads); 0 or 1:
+                                            one */
     bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
                                             input gradient is needed */
 } pdp__layer;
@@ -4075,6 +4102,9 @@ typedef struct pdp__param_shapes {
                                  io->dskip): a Residual or its ResidualAdd */
 #define PDP__LAYER_TIED 2048u /* its weight is another layer's parameter (l->tied_param: a
                                  GPT's head tied to the token embedding); it owns none */
+#define PDP__LAYER_HEADWISE 4096u /* acts on each attention head's q, k, v alone: after a
+                                     ColumnParallelLinear split by heads (tp_parts 3) it is
+                                     the attention of this rank's heads (tp.c) */
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
@@ -4150,6 +4180,17 @@ typedef struct pdp__tp_state {
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* tp.c: a ColumnParallelLinear of parts blocks split alike (pdp_gpt_create's c_attn:
+   3); an attention after one split by heads becomes the attention of this rank's heads
+   (l->heads local, l->tp_lo its first global head, l->tp_full every head), else l is
+   left as it is. */
+PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
+                                           const char *fn);
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
+/* tp.c: dst (m's layout) <- this rank's slices of src (the layout of m's single-device
+   model: the same parameters, in the same order, whole). */
+PDP__PRIVATE pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
+                                        float *dst);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 
@@ -14251,7 +14292,7 @@ PDP__PRIVATE pdp_status pdp__dropout_forward(const pdp__layer *l, const pdp__lay
     thr = pdp__dropout_threshold(l->p);
     scale = 1.0f / (1.0f - l->p);
     for (s = 0; s < B; s++) {
-        uint64_t key = pdp__dropout_key(io->seed, l->index, io->step, io->sample_base + s);
+        uint64_t key = pdp__dropout_key(io->seed, l->mask_index, io->step, io->sample_base + s);
         const float *PDP__RESTRICT x = io->x + s * n;
         float *PDP__RESTRICT y = io->y + s * n, *PDP__RESTRICT mask = io->saved + s * n;
         PDP__FOR_BLOCKED(j, n, {
@@ -14282,7 +14323,7 @@ PDP__PRIVATE pdp_status pdp__dropout_cuda_forward(const pdp__layer *l, const pdp
     int64_t n = io->batch * l->in_count;
     if (io->training && l->p != 0.0f)
         return pdp_cudak_dropout_fwd(dev, io->x, io->y, io->saved, io->batch, l->in_count, l->p,
-                                     io->seed, l->index, io->step, io->sample_base);
+                                     io->seed, l->mask_index, io->step, io->sample_base);
     if (io->y == io->x) return PDP_OK;
     return pdp_cudak_memcpy(dev, io->y, dev, io->x, (size_t)n * sizeof(float));
 }
@@ -15643,6 +15684,7 @@ typedef struct pdp__attn_dropout {
     uint64_t seed, step;  /* the model's dropout seed and step counter */
     int layer;            /* the layer index that keys this attention's masks */
     int64_t sample_base;  /* index of sequence 0 of this batch in the global batch */
+    int64_t head_base;    /* the global index of head 0 (a TP rank's first head; else 0) */
 } pdp__attn_dropout;
 
 typedef struct pdp__attn_job {
@@ -15668,7 +15710,7 @@ PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t 
     uint64_t key = pdp__dropout_key(d->seed, d->layer, d->step, d->sample_base + b);
     uint32_t thr = pdp__dropout_threshold(d->p);
     float scale = 1.0f / (1.0f - d->p);
-    int64_t base = (h * j->T + t) * j->T, s;
+    int64_t base = ((h + d->head_base) * j->T + t) * j->T, s;
     for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
 }
 
@@ -15968,8 +16010,9 @@ PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *
     d->p = io->training ? l->p : 0.0f;
     d->seed = io->seed;
     d->step = io->step;
-    d->layer = l->index;
+    d->layer = l->mask_index;
     d->sample_base = io->sample_base;
+    d->head_base = l->tp ? l->tp_lo : 0; /* a TP rank's heads draw the full model's masks */
 }
 
 PDP__PRIVATE pdp_status pdp__attention_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
@@ -16174,14 +16217,25 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__
 
 /* ---- tp: the column- and row-parallel Linears ---- */
 
+/* The features of one position of a TP Linear's input (a [T, C] sample: C). */
+PDP__PRIVATE int64_t pdp__tp_in_features(const pdp__layer *l)
+{
+    return l->in_count / (l->positions > 0 ? l->positions : 1);
+}
+
+/* parts (tp_parts) blocks of tp_full / parts outputs, each split alike: rank r holds
+   [tp_lo, tp_lo + n) of every block, its out_features parts x n. */
 PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in)
 {
+    int64_t parts = l->tp_parts > 1 ? l->tp_parts : 1, n;
     pdp_status st;
     if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
-    if (l->tp_full < l->tp->size)
-        return pdp__err(PDP_ERR_INVALID, "out_features %lld < TP size %d: a rank would hold no "
-                        "output feature (input %s)", (long long)l->tp_full, l->tp->size, in);
-    pdp_tp_split(l->tp_full, l->tp->rank, l->tp->size, &l->tp_lo, &l->out_features);
+    if (l->tp_full % parts != 0 || l->tp_full / parts < l->tp->size)
+        return pdp__err(PDP_ERR_INVALID, "out_features %lld%s < TP size %d: a rank would hold "
+                        "no output feature (input %s)", (long long)(l->tp_full / parts),
+                        parts > 1 ? " a part" : "", l->tp->size, in);
+    pdp_tp_split(l->tp_full / parts, l->tp->rank, l->tp->size, &l->tp_lo, &n);
+    l->out_features = parts * n;
     return pdp__linear_setup(l, ps, in);
 }
 
@@ -16193,7 +16247,7 @@ PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, 
     int64_t lo, n;
     if ((st = pdp__tp_op_setup(l, in)) != PDP_OK) return st;
     pdp_tp_split(l->tp_full, l->tp->rank, l->tp->size, &lo, &n);
-    if (lo != l->tp_lo || n != l->in_count)
+    if (lo != l->tp_lo || n != l->in_shape[l->in_ndim - 1])
         return pdp__err(PDP_ERR_SHAPE, "input %s is not TP rank %d's slice of %lld features "
                         "(%lld at %lld)", in, l->tp->rank, (long long)l->tp_full, (long long)n,
                         (long long)lo);
@@ -16206,18 +16260,20 @@ PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, 
 typedef struct pdp__tp_slice2d {
     int64_t cols;         /* the full tensor's row length */
     int64_t c0, c1;       /* kept columns [c0, c1) */
-    int64_t r0, r1;       /* kept rows [r0, r1) */
+    int64_t r0, r1;       /* kept rows [r0, r1) of each of the parts blocks of rows */
+    int64_t parts;        /* blocks of rows split alike (0 or 1: one) */
 } pdp__tp_slice2d;
 
 PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
                                pdp_rng *r)
 {
-    int64_t i, j, w = s.c1 - s.c0;
+    int64_t i, j, w = s.c1 - s.c0, block = rows / (s.parts > 1 ? s.parts : 1);
     for (i = 0; i < rows; i++)
         for (j = 0; j < s.cols; j++) {
             float v = lo + (hi - lo) * pdp_rng_uniform(r);
-            if (i >= s.r0 && i < s.r1 && j >= s.c0 && j < s.c1)
-                dst[(i - s.r0) * w + (j - s.c0)] = v;
+            int64_t p = i / block, k = i % block;
+            if (k >= s.r0 && k < s.r1 && j >= s.c0 && j < s.c1)
+                dst[(p * (s.r1 - s.r0) + k - s.r0) * w + (j - s.c0)] = v;
         }
 }
 
@@ -16231,14 +16287,15 @@ PDP__PRIVATE void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb)
     *bb = (float)(1.0 / sqrt((double)fan_in));
 }
 
-/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) and the same entries of b1. */
+/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) of each part and the same entries of b1. */
 PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r)
 {
     pdp__tp_slice2d s;
     float wb, bb;
-    pdp__tp_bounds(l->in_count, &wb, &bb);
-    s.cols = l->in_count, s.c0 = 0, s.c1 = l->in_count;
-    s.r0 = l->tp_lo, s.r1 = l->tp_lo + l->out_features;
+    int64_t in = pdp__tp_in_features(l), parts = l->tp_parts > 1 ? l->tp_parts : 1;
+    pdp__tp_bounds(in, &wb, &bb);
+    s.cols = in, s.c0 = 0, s.c1 = in, s.parts = parts;
+    s.r0 = l->tp_lo, s.r1 = l->tp_lo + l->out_features / parts;
     pdp__tp_draw(w, l->tp_full, s, -wb, wb, r);
     s.cols = 1, s.c0 = 0, s.c1 = 1;
     pdp__tp_draw(b, l->tp_full, s, -bb, bb, r);
@@ -16250,8 +16307,8 @@ PDP__PRIVATE void pdp__tp_row_init(const pdp__layer *l, float *w, float *b, pdp_
     pdp__tp_slice2d s;
     float wb, bb;
     pdp__tp_bounds(l->tp_full, &wb, &bb);
-    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + l->in_count;
-    s.r0 = 0, s.r1 = l->out_features;
+    s.cols = l->tp_full, s.c0 = l->tp_lo, s.c1 = l->tp_lo + pdp__tp_in_features(l);
+    s.r0 = 0, s.r1 = l->out_features, s.parts = 1;
     pdp__tp_draw(w, l->out_features, s, -wb, wb, r);
     s.cols = 1, s.c0 = 0, s.c1 = 1;
     pdp__tp_draw(b, l->out_features, s, -bb, bb, r);
@@ -16539,8 +16596,8 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                               PDP__LAYER_TAKES_IDS, pdp__flops_embedding},
     PDP__KIND(PDP__CAUSAL_SELF_ATTENTION){"CausalSelfAttention", pdp__attention_setup, NULL,
                                           pdp__attention_layer_forward,
-                                          pdp__attention_layer_backward, NULL, NULL, NULL, 0,
-                                          pdp__flops_attention},
+                                          pdp__attention_layer_backward, NULL, NULL, NULL,
+                                          PDP__LAYER_HEADWISE, pdp__flops_attention},
     PDP__KIND(PDP__RESIDUAL){"Residual", pdp__layers_setup_same, NULL, pdp__residual_forward,
                              pdp__residual_backward, NULL, NULL, NULL,
                              PDP__LAYER_FORWARD_VIEW | PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
@@ -16949,11 +17006,15 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
     float *params = NULL, *grads = NULL, *host = NULL;
     size_t bytes;
     pdp_status st;
+    int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     /* the executor planned its buckets, shards and replicas on this layout */
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st;
     l.index = m->nlayers;
+    l.mask_index = 0; /* the layers before it but TP's f and g (collective kinds) */
+    for (i = 0; i < m->nlayers; i++)
+        l.mask_index += !(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_COLLECTIVE);
     if (m->nlayers) {
         const pdp__layer *prev = &m->layers[m->nlayers - 1];
         l.in_ndim = prev->out_ndim;
@@ -17101,10 +17162,13 @@ PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t 
 
 PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads, float dropout)
 {
+    const char *fn = "pdp_model_add_causal_self_attention";
     pdp__layer l = pdp__layer_of(PDP__CAUSAL_SELF_ATTENTION);
+    pdp_status st;
     l.heads = heads;
     l.p = dropout;
-    return pdp__model_add(m, l, "pdp_model_add_causal_self_attention");
+    if (m && (st = pdp__tp_headwise(m, &l, fn)) != PDP_OK) return st; /* on a TP shard */
+    return pdp__model_add(m, l, fn);
 }
 
 /* A residual region: a Residual layer opens it (its forward is its input seen again), a
@@ -18288,12 +18352,16 @@ PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, c
     return pdp__model_rename_param(m, p, name);
 }
 
-/* A Linear named prefix (weight then bias), its weight N(0, std), its bias 0. */
-PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, int64_t out, const char *prefix)
+/* A Linear named prefix (weight, then bias). With desc.tp: column-parallel in split parts
+   (3: q | k | v) or, for split -1, row-parallel. */
+PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, const pdp_gpt_desc *d, int64_t out,
+                                        int split, const char *prefix)
 {
     pdp_status st;
     int p = m->nparams;
-    if ((st = pdp_model_add_linear(m, out)) != PDP_OK ||
+    if ((st = !d->tp       ? pdp_model_add_linear(m, out)
+              : split < 0 ? pdp_model_add_row_parallel_linear(m, out)
+                          : pdp__tp_add_column(m, out, split, "pdp_gpt_create")) != PDP_OK ||
         (st = pdp__gpt_name(m, p, prefix, "weight")) != PDP_OK ||
         (st = pdp__gpt_name(m, p + 1, prefix, "bias")) != PDP_OK)
         return st;
@@ -18309,6 +18377,16 @@ PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix)
         (st = pdp__gpt_name(m, p + 1, prefix, "bias")) != PDP_OK)
         return st;
     return PDP_OK;
+}
+
+/* Tensor parallel: f before a block's first split Linear, g after its last. */
+PDP__PRIVATE pdp_status pdp__gpt_f(pdp_model *m, const pdp_gpt_desc *d)
+{
+    return d->tp ? pdp_model_add_tp_copy(m) : PDP_OK;
+}
+PDP__PRIVATE pdp_status pdp__gpt_g(pdp_model *m, const pdp_gpt_desc *d)
+{
+    return d->tp ? pdp_model_add_tp_reduce(m) : PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p)
@@ -18327,16 +18405,20 @@ PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int 
 #define PDP__GPT_NAME(part) (snprintf(name, sizeof name, "%s.%s", h, part), name)
     PDP__GPT_TRY(pdp_model_residual_begin(m)); /* the attention's residual region */
     PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_1")));
-    PDP__GPT_TRY(pdp__gpt_linear(m, 3 * d->dim, PDP__GPT_NAME("attn.c_attn")));
+    PDP__GPT_TRY(pdp__gpt_f(m, d));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, 3 * d->dim, 3, PDP__GPT_NAME("attn.c_attn")));
     PDP__GPT_TRY(pdp_model_add_causal_self_attention(m, d->heads, d->dropout));
-    PDP__GPT_TRY(pdp__gpt_linear(m, d->dim, PDP__GPT_NAME("attn.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, d->dim, -1, PDP__GPT_NAME("attn.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_g(m, d));
     PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
     PDP__GPT_TRY(pdp_model_residual_end(m));
     PDP__GPT_TRY(pdp_model_residual_begin(m)); /* the MLP's */
     PDP__GPT_TRY(pdp__gpt_layernorm(m, PDP__GPT_NAME("ln_2")));
-    PDP__GPT_TRY(pdp__gpt_linear(m, 4 * d->dim, PDP__GPT_NAME("mlp.c_fc")));
+    PDP__GPT_TRY(pdp__gpt_f(m, d));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, 4 * d->dim, 1, PDP__GPT_NAME("mlp.c_fc")));
     PDP__GPT_TRY(pdp_model_add_gelu(m));
-    PDP__GPT_TRY(pdp__gpt_linear(m, d->dim, PDP__GPT_NAME("mlp.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_linear(m, d, d->dim, -1, PDP__GPT_NAME("mlp.c_proj")));
+    PDP__GPT_TRY(pdp__gpt_g(m, d));
     PDP__GPT_TRY(pdp__gpt_dropout(m, d->dropout));
     PDP__GPT_TRY(pdp_model_residual_end(m));
 #undef PDP__GPT_NAME
@@ -18365,6 +18447,20 @@ PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
         }
         pdp_tensor_normal(&v.value, &r, 0.0f, strstr(name, "c_proj.weight") ? std_proj : 0.02f);
     }
+}
+
+/* A TP GPT starts as the single-device GPT of the same desc: that one is built, drawn as
+   pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
+PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d)
+{
+    pdp_gpt_desc one = *d;
+    pdp_model *full = NULL;
+    pdp_status st;
+    one.tp = NULL;
+    if ((st = pdp_gpt_create(&full, &one)) != PDP_OK) return st;
+    st = pdp__tp_scatter(m, full, full->param_block, m->param_block);
+    pdp_model_free(full);
+    return st;
 }
 
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
@@ -18403,6 +18499,12 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     md.device = d.device;
     md.precision = d.precision;
     if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
+    if (d.tp && d.heads % pdp_comm_size(d.tp) != 0) {
+        st = pdp__err(PDP_ERR_INVALID, "%d heads do not divide by the TP size %d: a rank holds "
+                      "whole heads", d.heads, pdp_comm_size(d.tp));
+        goto fail;
+    }
     if ((st = pdp_model_add_embedding(m, d.vocab, d.dim, d.context)) != PDP_OK ||
         (st = pdp__model_rename_param(m, 0, "transformer.wte.weight")) != PDP_OK ||
         (st = pdp__model_rename_param(m, 1, "transformer.wpe.weight")) != PDP_OK ||
@@ -18413,7 +18515,9 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     if ((st = pdp__gpt_layernorm(m, "transformer.ln_f")) != PDP_OK ||
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
-    if (m->device.kind == PDP_DEVICE_CPU) {
+    if (m->device.kind == PDP_DEVICE_CPU && d.tp) {
+        if ((st = pdp__gpt_init_tp(m, &d)) != PDP_OK) goto fail;
+    } else if (m->device.kind == PDP_DEVICE_CPU) {
         pdp__gpt_init(m, &d);
     } else {
         st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT's layers run on the CPU for now");
@@ -24868,7 +24972,14 @@ PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m)
 
 PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features)
 {
-    static const char *fn = "pdp_model_add_column_parallel_linear";
+    return pdp__tp_add_column(m, out_features, 1, "pdp_model_add_column_parallel_linear");
+}
+
+/* A ColumnParallelLinear whose output is parts blocks split alike (3: q | k | v, each
+   split by heads: pdp_gpt_create's c_attn). */
+PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
+                                           const char *fn)
+{
     pdp__layer l = pdp__layer_of(PDP__COLUMN_PARALLEL_LINEAR);
     pdp_status st;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
@@ -24879,8 +24990,27 @@ PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t ou
                         "not %s", fn, m->nlayers,
                         m->nlayers ? pdp_model_layer_name(m, m->nlayers - 1) : "the input");
     l.tp_full = out_features;
+    l.tp_parts = parts;
     l.tp_skip_dx = m->nlayers == 1;
     return pdp__tp_add(m, l, fn);
+}
+
+/* A CausalSelfAttention after a ColumnParallelLinear split by heads (q | k | v in three
+   parts): the attention of this rank's heads, heads / TP size of them from head
+   rank x heads / size (its dropout masks keyed by the global head, as on one device).
+   heads must divide by the TP size. */
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn)
+{
+    const pdp__layer *prev = m->nlayers ? &m->layers[m->nlayers - 1] : NULL;
+    if (!prev || prev->tp_parts != 3 || !m->tp.comm) return PDP_OK; /* not on a TP shard */
+    if (l->heads % m->tp.size != 0)
+        return pdp__err(PDP_ERR_INVALID, "%s: %lld heads do not divide by the TP size %d: a rank "
+                        "holds whole heads", fn, (long long)l->heads, m->tp.size);
+    l->tp_full = l->heads;
+    l->heads /= m->tp.size;
+    l->tp_lo = (int64_t)m->tp.rank * l->heads;
+    l->tp = (pdp__tp_state *)&m->tp;
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features)
@@ -24893,17 +25023,27 @@ PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_f
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st; /* before the order checks: a wrapped model takes no layer at all */
-    for (i = m->nlayers - 1; i >= 0; i--) { /* back over the element-wise kinds (the table's) */
-        if (m->layers[i].kind == PDP__COLUMN_PARALLEL_LINEAR) break;
-        if (!(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_ELEMENTWISE)) i = 0;
+    for (i = m->nlayers - 1; i >= 0; i--) { /* back over the element-wise kinds (the table's),
+                                               or an attention of this rank's heads */
+        const pdp__layer *k = &m->layers[i];
+        if (k->kind == PDP__COLUMN_PARALLEL_LINEAR) break;
+        if (!(pdp__layer_kind_of(k->kind)->flags & PDP__LAYER_ELEMENTWISE) &&
+            !((pdp__layer_kind_of(k->kind)->flags & PDP__LAYER_HEADWISE) && k->tp))
+            i = 0;
     }
     if (i < 0 || m->layers[i].kind != PDP__COLUMN_PARALLEL_LINEAR)
         return pdp__err(PDP_ERR_STATE, "%s: layer %d must follow a ColumnParallelLinear with only "
-                        "element-wise activations (%s) between", fn, m->nlayers,
+                        "element-wise activations (%s) between, or an attention split by heads",
+                        fn, m->nlayers,
                         pdp__layer_kinds_with(PDP__LAYER_ELEMENTWISE, names, sizeof names));
     l.out_features = out_features;
-    l.tp_full = m->layers[i].tp_full;
-    l.tp_lo = m->layers[i].tp_lo;
+    if (m->layers[i].tp_parts == 3) { /* the heads' outputs, q | k | v gone: C wide */
+        l.tp_full = m->layers[i].tp_full / 3;
+        l.tp_lo = m->layers[i].tp_lo;
+    } else {
+        l.tp_full = m->layers[i].tp_full;
+        l.tp_lo = m->layers[i].tp_lo;
+    }
     return pdp__tp_add(m, l, fn);
 }
 
@@ -24943,24 +25083,41 @@ PDP__PRIVATE pdp_status pdp__tp_full_model(const pdp_model *m, pdp_model **out, 
     pdp_model *full = NULL;
     pdp_status st;
     int i;
+    int *at = NULL; /* layer i of m is layer at[i] of full */
     memset(&md, 0, sizeof md);
     md.input_ndim = m->in_ndim;
     memcpy(md.input_shape, m->in_shape, sizeof md.input_shape);
     md.seed = m->seed;
     md.device = m->device;
+    md.input_dtype = m->in_dtype;
     if ((st = pdp_model_create(&full, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
+    if (!(at = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nlayers) * sizeof *at))) {
+        pdp_model_free(full);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
     for (i = 0; i < m->nlayers; i++) {
         pdp__layer l = m->layers[i];
-        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_UNNUMBERED) continue;
+        at[i] = full->nlayers;
+        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_COLLECTIVE)
+            continue; /* f and g */
         if (l.kind == PDP__COLUMN_PARALLEL_LINEAR) l.out_features = l.tp_full;
         if (l.kind == PDP__COLUMN_PARALLEL_LINEAR || l.kind == PDP__ROW_PARALLEL_LINEAR)
             l.kind = PDP__LINEAR;
+        if ((pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_HEADWISE) && l.tp)
+            l.heads = l.tp_full; /* every head */
+        if (pdp__layer_kind_of(l.kind)->flags & PDP__LAYER_SKIP)
+            l.residual_from = at[l.residual_from];
         l.tp = NULL;
+        l.tp_parts = 0;
         if ((st = pdp__model_add(full, l, fn)) != PDP_OK) {
+            pdp__dealloc(at);
             pdp_model_free(full);
             return st;
         }
     }
+    pdp__dealloc(at);
+    for (i = 0; i < m->nparams; i++) /* a builder's names (pdp_gpt_create's) */
+        snprintf(full->params[i].name, sizeof full->params[i].name, "%s", m->params[i].name);
     full->step = m->step;
     *out = full;
     return PDP_OK;
@@ -24975,18 +25132,26 @@ PDP__PRIVATE pdp_status pdp__tp_runs(const pdp_model *m, int p, pdp_device d, fl
     const pdp__param_entry *e = &m->params[p];
     const pdp__layer *l = &m->layers[e->layer];
     bool weight = p == l->param_first;
-    int64_t rows = 1, len = e->count, fstride = 0, foff = 0, i;
+    int64_t rows = 1, len = e->count, fstride = 0, lstride = 0, foff = 0, i;
+    int64_t in = l->in_shape[l->in_ndim - 1]; /* a position's features */
     pdp_status st;
-    if (l->kind == PDP__COLUMN_PARALLEL_LINEAR) {     /* rows [lo, lo + n) of [H, in], b[lo..] */
-        foff = l->tp_lo * (weight ? l->in_count : 1);
+    if (l->kind == PDP__COLUMN_PARALLEL_LINEAR) { /* rows [lo, lo + n) of each part of [H, in],
+                                                     b[lo..] of each part */
+        int64_t parts = l->tp_parts > 1 ? l->tp_parts : 1, row = weight ? in : 1;
+        rows = parts;
+        len = e->count / parts;
+        fstride = l->tp_full / parts * row;
+        lstride = len;
+        foff = l->tp_lo * row;
     } else if (l->kind == PDP__ROW_PARALLEL_LINEAR && weight) { /* columns of [d, H] */
         rows = l->out_features;
-        len = l->in_count;
+        len = in;
         fstride = l->tp_full;
+        lstride = len;
         foff = l->tp_lo;
     }
     for (i = 0; i < rows; i++) {
-        float *f = full + foff + i * fstride, *s = local + i * len;
+        float *f = full + foff + i * fstride, *s = local + i * lstride;
         size_t bytes = (size_t)len * sizeof(float);
         st = to_full ? pdp__dev_copy(d, f, d, s, bytes) : pdp__dev_copy(d, s, d, f, bytes);
         if (st != PDP_OK) return st;
@@ -25025,7 +25190,7 @@ PDP__PRIVATE bool pdp__tp_sig_at(const pdp_model *m, int64_t k, pdp__tp_sig *s)
         if (!pdp__tp_kind(l->kind) || k-- > 0) continue;
         s->layer = i;
         s->kind = (int64_t)l->kind;
-        s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_count;
+        s->in = l->kind == PDP__ROW_PARALLEL_LINEAR ? l->tp_full : l->in_shape[l->in_ndim - 1];
         s->out = l->kind == PDP__COLUMN_PARALLEL_LINEAR ? l->tp_full
                  : l->kind == PDP__ROW_PARALLEL_LINEAR  ? l->out_features
                                                         : l->in_count;

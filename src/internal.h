@@ -266,6 +266,10 @@ typedef enum pdp__layer_kind {
 typedef struct pdp__layer {
     pdp__layer_kind kind;
     int index;                           /* position in the model ("3" of "3.weight") */
+    int mask_index;                      /* what keys its random masks (Dropout, attention
+                                            dropout): its place among the layers that are not
+                                            TP's f and g, so a TP model draws the single-device
+                                            model's masks; index on a model without TP */
     int in_ndim, out_ndim;               /* per-sample shapes: (F) or (C, H, W) */
     int64_t in_shape[3], out_shape[3];
     int64_t in_count, out_count;         /* per-sample element counts */
@@ -288,7 +292,13 @@ typedef struct pdp__layer {
     int64_t work_per_sample;             /* floats of temporary workspace */
     struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
     int64_t tp_lo, tp_full;              /* TP Linears: this rank holds [tp_lo, tp_lo + local)
-                                            of the split dimension, tp_full wide */
+                                            of the split dimension, tp_full wide (of each
+                                            part); a CausalSelfAttention on a TP shard: its
+                                            first head and the full head count */
+    int64_t tp_parts;                    /* ColumnParallelLinear: the output is tp_parts
+                                            blocks split alike (3: a GPT's q | k | v, so a
+                                            rank holds q, k and v of its heads); 0 or 1:
+                                            one */
     bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
                                             input gradient is needed */
 } pdp__layer;
@@ -364,6 +374,9 @@ typedef struct pdp__param_shapes {
                                  io->dskip): a Residual or its ResidualAdd */
 #define PDP__LAYER_TIED 2048u /* its weight is another layer's parameter (l->tied_param: a
                                  GPT's head tied to the token embedding); it owns none */
+#define PDP__LAYER_HEADWISE 4096u /* acts on each attention head's q, k, v alone: after a
+                                     ColumnParallelLinear split by heads (tp_parts 3) it is
+                                     the attention of this rank's heads (tp.c) */
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
@@ -439,6 +452,17 @@ typedef struct pdp__tp_state {
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* tp.c: a ColumnParallelLinear of parts blocks split alike (pdp_gpt_create's c_attn:
+   3); an attention after one split by heads becomes the attention of this rank's heads
+   (l->heads local, l->tp_lo its first global head, l->tp_full every head), else l is
+   left as it is. */
+PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
+                                           const char *fn);
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
+/* tp.c: dst (m's layout) <- this rank's slices of src (the layout of m's single-device
+   model: the same parameters, in the same order, whole). */
+PDP__PRIVATE pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
+                                        float *dst);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 

@@ -126,6 +126,7 @@ typedef struct pdp__attn_dropout {
     uint64_t seed, step;  /* the model's dropout seed and step counter */
     int layer;            /* the layer index that keys this attention's masks */
     int64_t sample_base;  /* index of sequence 0 of this batch in the global batch */
+    int64_t head_base;    /* the global index of head 0 (a TP rank's first head; else 0) */
 } pdp__attn_dropout;
 
 typedef struct pdp__attn_job {
@@ -151,7 +152,7 @@ PDP__PRIVATE void pdp__attn_keep_row(const pdp__attn_job *j, int64_t b, int64_t 
     uint64_t key = pdp__dropout_key(d->seed, d->layer, d->step, d->sample_base + b);
     uint32_t thr = pdp__dropout_threshold(d->p);
     float scale = 1.0f / (1.0f - d->p);
-    int64_t base = (h * j->T + t) * j->T, s;
+    int64_t base = ((h + d->head_base) * j->T + t) * j->T, s;
     for (s = 0; s <= t; s++) keep[s] = pdp__dropout_bits(key, base + s) >= thr ? scale : 0.0f;
 }
 
@@ -451,8 +452,9 @@ PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *
     d->p = io->training ? l->p : 0.0f;
     d->seed = io->seed;
     d->step = io->step;
-    d->layer = l->index;
+    d->layer = l->mask_index;
     d->sample_base = io->sample_base;
+    d->head_base = l->tp ? l->tp_lo : 0; /* a TP rank's heads draw the full model's masks */
 }
 
 PDP__PRIVATE pdp_status pdp__attention_layer_forward(const pdp__layer *l, const pdp__layer_io *io)

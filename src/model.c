@@ -279,11 +279,15 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
     float *params = NULL, *grads = NULL, *host = NULL;
     size_t bytes;
     pdp_status st;
+    int i;
     if (!m) return pdp__err(PDP_ERR_INVALID, "%s: model is NULL", fn);
     /* the executor planned its buckets, shards and replicas on this layout */
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st;
     l.index = m->nlayers;
+    l.mask_index = 0; /* the layers before it but TP's f and g (collective kinds) */
+    for (i = 0; i < m->nlayers; i++)
+        l.mask_index += !(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_COLLECTIVE);
     if (m->nlayers) {
         const pdp__layer *prev = &m->layers[m->nlayers - 1];
         l.in_ndim = prev->out_ndim;
@@ -431,10 +435,13 @@ PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t 
 
 PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads, float dropout)
 {
+    const char *fn = "pdp_model_add_causal_self_attention";
     pdp__layer l = pdp__layer_of(PDP__CAUSAL_SELF_ATTENTION);
+    pdp_status st;
     l.heads = heads;
     l.p = dropout;
-    return pdp__model_add(m, l, "pdp_model_add_causal_self_attention");
+    if (m && (st = pdp__tp_headwise(m, &l, fn)) != PDP_OK) return st; /* on a TP shard */
+    return pdp__model_add(m, l, fn);
 }
 
 /* A residual region: a Residual layer opens it (its forward is its input seen again), a

@@ -253,6 +253,10 @@ typedef enum pdp__layer_kind {
 typedef struct pdp__layer {
     pdp__layer_kind kind;
     int index;                           /* position in the model ("3" of "3.weight") */
+    int mask_index;                      /* what keys its random masks (Dropout, attention
+                                            dropout): its place among the layers that are not
+                                            TP's f and g, so a TP model draws the single-device
+                                            model's masks; index on a model without TP */
     int in_ndim, out_ndim;               /* per-sample shapes: (F) or (C, H, W) */
     int64_t in_shape[3], out_shape[3];
     int64_t in_count, out_count;         /* per-sample element counts */
@@ -275,7 +279,13 @@ typedef struct pdp__layer {
     int64_t work_per_sample;             /* floats of temporary workspace */
     struct pdp__tp_state *tp;            /* TP kinds: the model's TP state (tp.c); else NULL */
     int64_t tp_lo, tp_full;              /* TP Linears: this rank holds [tp_lo, tp_lo + local)
-                                            of the split dimension, tp_full wide */
+                                            of the split dimension, tp_full wide (of each
+                                            part); a CausalSelfAttention on a TP shard: its
+                                            first head and the full head count */
+    int64_t tp_parts;                    /* ColumnParallelLinear: the output is tp_parts
+                                            blocks split alike (3: a GPT's q | k | v, so a
+                                            rank holds q, k and v of its heads); 0 or 1:
+                                            one */
     bool tp_skip_dx;                     /* ColumnParallelLinear after an f that is layer 0: no
                                             input gradient is needed */
 } pdp__layer;
@@ -351,6 +361,9 @@ typedef struct pdp__param_shapes {
                                  io->dskip): a Residual or its ResidualAdd */
 #define PDP__LAYER_TIED 2048u /* its weight is another layer's parameter (l->tied_param: a
                                  GPT's head tied to the token embedding); it owns none */
+#define PDP__LAYER_HEADWISE 4096u /* acts on each attention head's q, k, v alone: after a
+                                     ColumnParallelLinear split by heads (tp_parts 3) it is
+                                     the attention of this rank's heads (tp.c) */
 #define PDP__LAYER_FUSABLE_POOL 128u /* a max pool (kernel, stride) that a
                                         PDP__LAYER_FUSES_POOL kind applies after its fused
                                         ReLU when it is 2x2 stride 2 over an even H and W */
@@ -426,6 +439,17 @@ typedef struct pdp__tp_state {
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
+/* tp.c: a ColumnParallelLinear of parts blocks split alike (pdp_gpt_create's c_attn:
+   3); an attention after one split by heads becomes the attention of this rank's heads
+   (l->heads local, l->tp_lo its first global head, l->tp_full every head), else l is
+   left as it is. */
+PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
+                                           const char *fn);
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
+/* tp.c: dst (m's layout) <- this rank's slices of src (the layout of m's single-device
+   model: the same parameters, in the same order, whole). */
+PDP__PRIVATE pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
+                                        float *dst);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 
@@ -4632,6 +4656,7 @@ typedef struct pdp__attn_dropout {
     uint64_t seed, step;  /* the model's dropout seed and step counter */
     int layer;            /* the layer index that keys this attention's masks */
     int64_t sample_base;  /* index of sequence 0 of this batch in the global batch */
+    int64_t head_base;    /* the global index of head 0 (a TP rank's first head; else 0) */
 } pdp__attn_dropout;
 
 typedef struct pdp__attn_job {
@@ -4820,6 +4845,11 @@ PDP__PRIVATE pdp_status pdp__tp_reduce_backward(const pdp__layer *l, const pdp__
 
 /* ---- tp: the column- and row-parallel Linears ---- */
 
+/* The features of one position of a TP Linear's input (a [T, C] sample: C). */
+PDP__PRIVATE int64_t pdp__tp_in_features(const pdp__layer *l);
+
+/* parts (tp_parts) blocks of tp_full / parts outputs, each split alike: rank r holds
+   [tp_lo, tp_lo + n) of every block, its out_features parts x n. */
 PDP__PRIVATE pdp_status pdp__tp_column_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
 /* The input is the slice [tp_lo, tp_lo + in_count) of tp_full features (pdp_model_add_
@@ -4832,7 +4862,8 @@ PDP__PRIVATE pdp_status pdp__tp_row_setup(pdp__layer *l, pdp__param_shapes *ps, 
 typedef struct pdp__tp_slice2d {
     int64_t cols;         /* the full tensor's row length */
     int64_t c0, c1;       /* kept columns [c0, c1) */
-    int64_t r0, r1;       /* kept rows [r0, r1) */
+    int64_t r0, r1;       /* kept rows [r0, r1) of each of the parts blocks of rows */
+    int64_t parts;        /* blocks of rows split alike (0 or 1: one) */
 } pdp__tp_slice2d;
 
 PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, float lo, float hi,
@@ -4842,7 +4873,7 @@ PDP__PRIVATE void pdp__tp_draw(float *dst, int64_t rows, pdp__tp_slice2d s, floa
    then the bias's 1/sqrt(fan_in)), computed as pdp_tensor_kaiming_uniform does. */
 PDP__PRIVATE void pdp__tp_bounds(int64_t fan_in, float *wb, float *bb);
 
-/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) and the same entries of b1. */
+/* W1 [tp_full, in]: rows [tp_lo, tp_lo + n) of each part and the same entries of b1. */
 PDP__PRIVATE void pdp__tp_column_init(const pdp__layer *l, float *w, float *b, pdp_rng *r);
 
 /* W2 [d, tp_full]: columns [tp_lo, tp_lo + n); b2 whole. fan_in is the full width. */
@@ -5369,10 +5400,16 @@ PDP__PRIVATE pdp_status pdp__model_check_logits(pdp_model *m, const pdp_tensor *
    ".weight". */
 PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, const char *what);
 
-/* A Linear named prefix (weight then bias), its weight N(0, std), its bias 0. */
-PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, int64_t out, const char *prefix);
+/* A Linear named prefix (weight, then bias). With desc.tp: column-parallel in split parts
+   (3: q | k | v) or, for split -1, row-parallel. */
+PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, const pdp_gpt_desc *d, int64_t out,
+                                        int split, const char *prefix);
 
 PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix);
+
+/* Tensor parallel: f before a block's first split Linear, g after its last. */
+PDP__PRIVATE pdp_status pdp__gpt_f(pdp_model *m, const pdp_gpt_desc *d);
+PDP__PRIVATE pdp_status pdp__gpt_g(pdp_model *m, const pdp_gpt_desc *d);
 
 PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p);
 
@@ -5383,6 +5420,10 @@ PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int 
    the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
    products), biases 0, LayerNorms as created (1 and 0). */
 PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
+
+/* A TP GPT starts as the single-device GPT of the same desc: that one is built, drawn as
+   pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
+PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d);
 
 /* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
 
@@ -7097,6 +7138,17 @@ PDP__PRIVATE int pdp__tp_last_kind(const pdp_model *m);
 /* PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m) */
 
 /* PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features) */
+
+/* A ColumnParallelLinear whose output is parts blocks split alike (3: q | k | v, each
+   split by heads: pdp_gpt_create's c_attn). */
+PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
+                                           const char *fn);
+
+/* A CausalSelfAttention after a ColumnParallelLinear split by heads (q | k | v in three
+   parts): the attention of this rank's heads, heads / TP size of them from head
+   rank x heads / size (its dropout masks keyed by the global head, as on one device).
+   heads must divide by the TP size. */
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
 
 /* PDP_API pdp_status pdp_model_add_row_parallel_linear(pdp_model *m, int64_t out_features) */
 

@@ -8,13 +8,16 @@
    vocab 67, context 16, 2 layers, 4 heads, dim 48; ids and targets are stored as floats.
 
    cc -std=c99 -O2 -Itests -I. tests/test_gpt.c -lm -lpthread (or make) */
+#define _POSIX_C_SOURCE 200809L
 #define PDP_IMPLEMENTATION
 #include "pdp.h"
 #include "pdp_test.h"
 #include "fixture.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { V = 67, CTX = 16, L = 2, H = 4, C = 48, B = 3 };
 
@@ -593,8 +596,113 @@ TEST gpt_under_dataparallel_equals_one_device(void)
     PASS();
 }
 
+/* Tensor parallel (Megatron's blocks: q, k, v split by heads) on 1, 2 and 3 thread ranks
+   (6 heads), with dropout 0.1 (attention masks keyed by the global head) and clipping:
+   3 AdamW steps give the single-device losses and, gathered into one file
+   (pdp_tp_checkpoint_save), its parameters; each block's step exchanges 4 all-reduces of
+   B x T x C floats (g forward and f backward, attention and MLP). */
+enum { TP_B = 2, TP_T = 8, TP_C = 24, TP_L = 2 };
+typedef struct tp_case {
+    int32_t ids[TP_B * TP_T], tg[TP_B * TP_T];
+    float losses[3];
+    int64_t bytes_one_step, allreduces_one_step;
+    char path[128];
+} tp_case;
+
+static pdp_gpt_desc tp_desc(void)
+{
+    pdp_gpt_desc d;
+    memset(&d, 0, sizeof d);
+    d.vocab = 13, d.context = TP_T, d.layers = TP_L, d.heads = 6, d.dim = TP_C, d.seed = 21;
+    d.dropout = getenv("NODROP") ? 0.0f : 0.1f;
+    return d;
+}
+
+/* 3 steps of AdamW with clipping at 0.5 on m (a TP or a plain GPT) */
+static pdp_status tp_train(pdp_model *m, tp_case *c, bool record)
+{
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {TP_B, TP_T};
+    float loss, norm;
+    int s;
+    pdp_status st;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-2, od.weight_decay = 0.1;
+    if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) return st;
+    pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < 3 && st == PDP_OK; s++) {
+        pdp_tp_stats ts;
+        if ((st = pdp_model_forward_backward(m, &x, c->tg, &loss)) != PDP_OK ||
+            (st = pdp_clip_grad_norm(m, 0.5f, &norm)) != PDP_OK ||
+            (st = pdp_optim_step(o)) != PDP_OK)
+            break;
+        pdp_optim_zero_grad(o);
+        if (record) c->losses[s] = loss;
+        pdp_tp_get_stats(m, &ts);
+        if (s == 0 && record) {
+            c->bytes_one_step = ts.forward_bytes + ts.backward_bytes;
+            c->allreduces_one_step = ts.forward_allreduces + ts.backward_allreduces;
+        }
+    }
+    pdp_optim_free(o);
+    return st;
+}
+
+static pdp_status tp_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    tp_case *c = (tp_case *)user;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *m = NULL;
+    pdp_status st;
+    d.tp = ctx->world;
+    if ((st = pdp_gpt_create(&m, &d)) == PDP_OK && (st = tp_train(m, c, ctx->rank == 0)) == PDP_OK)
+        st = pdp_tp_checkpoint_save(c->path, m, NULL);
+    pdp_model_free(m);
+    return st;
+}
+
+TEST gpt_tensor_parallel_by_heads_equals_one_device(void)
+{
+    tp_case c, one;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *ref = NULL, *back = NULL;
+    pdp_tensor pr, pb;
+    int64_t i;
+    int np;
+    memset(&c, 0, sizeof c);
+    for (i = 0; i < TP_B * TP_T; i++) {
+        c.ids[i] = (int32_t)((i * 5 + 1) % 13);
+        c.tg[i] = i % 7 == 3 ? -1 : (int32_t)((i * 3 + 2) % 13);
+    }
+    snprintf(c.path, sizeof c.path, "build/test_gpt_tp.%ld.safetensors", (long)getpid());
+    one = c;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&ref, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, tp_train(ref, &one, true), pdp_status_name);
+    pdp_model_flat(ref, &pr, NULL);
+    for (np = 1; np <= 3; np++) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "TP %d", np);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_launch(np, NULL, tp_rank, &c), pdp_status_name);
+        for (i = 0; i < 3; i++) ASSERTm(msg, fabs(c.losses[i] - one.losses[i]) <= 1e-5);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&back, &d), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(c.path, back, NULL), pdp_status_name);
+        pdp_model_flat(back, &pb, NULL);
+        ASSERTm(msg, fixture_rel_err(pb.data, pr.data, pr.count) <= 1e-5);
+        pdp_model_free(back);
+        /* g forward and f backward, for the attention and the MLP of every block */
+        ASSERT_EQ(4 * TP_L, c.allreduces_one_step);
+        ASSERT_EQ((int64_t)4 * TP_L * TP_B * TP_T * TP_C * 4, c.bytes_one_step);
+    }
+    remove(c.path);
+    pdp_model_free(ref);
+    PASS();
+}
+
 SUITE(gpt)
 {
+    RUN_TEST(gpt_tensor_parallel_by_heads_equals_one_device);
     RUN_TEST(gpt_under_dataparallel_equals_one_device);
     RUN_TEST(gpt_under_ddp_equals_one_device_and_others_refuse_clearly);
     RUN_TEST(gpt_names_and_shapes_are_nanogpts);

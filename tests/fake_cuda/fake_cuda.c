@@ -532,7 +532,7 @@ pdp_status pdp_cudak_dropout_fwd(int dev, const float *x, float *y, float *mask,
     pdp__layer l = fake__layer_of(PDP__DROPOUT, 1, n, 1, 1);
     pdp__layer_io io = fake__io(batch);
     l.p = p;
-    l.index = layer;
+    l.index = l.mask_index = layer;
     io.x = x, io.y = y, io.saved = mask;
     io.training = true, io.seed = seed, io.step = step, io.sample_base = sample_base;
     return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__Y | FAKE__SAVED, NULL);
