@@ -452,17 +452,6 @@ typedef struct pdp__tp_state {
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
-/* tp.c: a ColumnParallelLinear of parts blocks split alike (pdp_gpt_create's c_attn:
-   3); an attention after one split by heads becomes the attention of this rank's heads
-   (l->heads local, l->tp_lo its first global head, l->tp_full every head), else l is
-   left as it is. */
-PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
-                                           const char *fn);
-PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
-/* tp.c: dst (m's layout) <- this rank's slices of src (the layout of m's single-device
-   model: the same parameters, in the same order, whole). */
-PDP__PRIVATE pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
-                                        float *dst);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 

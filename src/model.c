@@ -433,6 +433,11 @@ PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t 
     return pdp__model_add(m, l, "pdp_model_add_embedding");
 }
 
+/* tp.c: an attention after a ColumnParallelLinear split by heads becomes the attention of
+   this rank's heads (l->heads local, l->tp_lo its first global head, l->tp_full every
+   head); else l is left as it is. */
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
+
 PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads, float dropout)
 {
     const char *fn = "pdp_model_add_causal_self_attention";

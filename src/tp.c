@@ -63,11 +63,6 @@ PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m)
     return pdp__tp_add(m, pdp__layer_of(PDP__TP_COPY), "pdp_model_add_tp_copy");
 }
 
-PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features)
-{
-    return pdp__tp_add_column(m, out_features, 1, "pdp_model_add_column_parallel_linear");
-}
-
 /* A ColumnParallelLinear whose output is parts blocks split alike (3: q | k | v, each
    split by heads: pdp_gpt_create's c_attn). */
 PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
@@ -86,6 +81,11 @@ PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, i
     l.tp_parts = parts;
     l.tp_skip_dx = m->nlayers == 1;
     return pdp__tp_add(m, l, fn);
+}
+
+PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features)
+{
+    return pdp__tp_add_column(m, out_features, 1, "pdp_model_add_column_parallel_linear");
 }
 
 /* A CausalSelfAttention after a ColumnParallelLinear split by heads (q | k | v in three

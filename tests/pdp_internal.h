@@ -439,17 +439,6 @@ typedef struct pdp__tp_state {
    and tp->checked = tp->nlayers. f's forward calls it (tp->check_widths) while checked
    != nlayers. */
 PDP__PRIVATE pdp_status pdp__tp_check_widths(pdp__tp_state *tp);
-/* tp.c: a ColumnParallelLinear of parts blocks split alike (pdp_gpt_create's c_attn:
-   3); an attention after one split by heads becomes the attention of this rank's heads
-   (l->heads local, l->tp_lo its first global head, l->tp_full every head), else l is
-   left as it is. */
-PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
-                                           const char *fn);
-PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
-/* tp.c: dst (m's layout) <- this rank's slices of src (the layout of m's single-device
-   model: the same parameters, in the same order, whole). */
-PDP__PRIVATE pdp_status pdp__tp_scatter(const pdp_model *m, const pdp_model *full, const float *src,
-                                        float *dst);
 /* Whether parameter p of m is a TP slice (layers_tp.c; else whole on every TP rank). */
 PDP__PRIVATE bool pdp__tp_is_split(const pdp_model *m, int p);
 
@@ -5160,6 +5149,11 @@ PDP__PRIVATE pdp__layer pdp__layer_of(pdp__layer_kind kind);
 
 /* PDP_API pdp_status pdp_model_add_embedding(pdp_model *m, int64_t vocab, int64_t dim, int64_t context) */
 
+/* tp.c: an attention after a ColumnParallelLinear split by heads becomes the attention of
+   this rank's heads (l->heads local, l->tp_lo its first global head, l->tp_full every
+   head); else l is left as it is. */
+PDP__PRIVATE pdp_status pdp__tp_headwise(const pdp_model *m, pdp__layer *l, const char *fn);
+
 /* PDP_API pdp_status pdp_model_add_causal_self_attention(pdp_model *m, int64_t heads, float dropout) */
 
 /* A residual region: a Residual layer opens it (its forward is its input seen again), a
@@ -5386,55 +5380,6 @@ PDP__PRIVATE pdp_status pdp__model_check_logits(pdp_model *m, const pdp_tensor *
 /* PDP_API pdp_status pdp_model_forward_backward_target(pdp_model *m, const pdp_tensor *x, const pdp_tensor *target, float *loss) */
 
 /* PDP_API pdp_status pdp_count_correct(const pdp_tensor *logits, const int32_t *labels, int64_t *correct) */
-
-/* ---- src/gpt.c ---- */
-/* gpt: pdp_gpt_create and pdp_gpt_generate (gpt.h). The builder only calls model.h's
-   public constructors, then names and initialises what they made: a GPT is a model like
-   any other, and every executor sees its layers one by one. */
-
-/* #include "internal.h" (above) */
-
-/* ---- gpt: the builder ---- */
-
-/* Names parameter p (the next one the builder made), "transformer.h.3.attn.c_attn" +
-   ".weight". */
-PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, const char *what);
-
-/* A Linear named prefix (weight, then bias). With desc.tp: column-parallel in split parts
-   (3: q | k | v) or, for split -1, row-parallel. */
-PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, const pdp_gpt_desc *d, int64_t out,
-                                        int split, const char *prefix);
-
-PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix);
-
-/* Tensor parallel: f before a block's first split Linear, g after its last. */
-PDP__PRIVATE pdp_status pdp__gpt_f(pdp_model *m, const pdp_gpt_desc *d);
-PDP__PRIVATE pdp_status pdp__gpt_g(pdp_model *m, const pdp_gpt_desc *d);
-
-PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p);
-
-/* Block i: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). */
-PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int i);
-
-/* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
-   the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
-   products), biases 0, LayerNorms as created (1 and 0). */
-PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
-
-/* A TP GPT starts as the single-device GPT of the same desc: that one is built, drawn as
-   pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
-PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d);
-
-/* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
-
-/* ---- gpt: generation ---- */
-
-/* The next token from logits z[0..V): greedy at temperature 0, else a draw from
-   softmax(z / temperature) over the top_k largest (all when top_k is 0 or >= V). */
-PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature, int top_k,
-                                   float *p, pdp_rng *r);
-
-/* PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new, float temperature, int top_k, pdp_rng *r) */
 
 /* ---- src/optim.c ---- */
 /* optim: torch.optim.SGD, Adam and AdamW on the flat parameter block, gradient
@@ -7137,12 +7082,12 @@ PDP__PRIVATE int pdp__tp_last_kind(const pdp_model *m);
 
 /* PDP_API pdp_status pdp_model_add_tp_copy(pdp_model *m) */
 
-/* PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features) */
-
 /* A ColumnParallelLinear whose output is parts blocks split alike (3: q | k | v, each
    split by heads: pdp_gpt_create's c_attn). */
 PDP__PRIVATE pdp_status pdp__tp_add_column(pdp_model *m, int64_t out_features, int parts,
                                            const char *fn);
+
+/* PDP_API pdp_status pdp_model_add_column_parallel_linear(pdp_model *m, int64_t out_features) */
 
 /* A CausalSelfAttention after a ColumnParallelLinear split by heads (q | k | v in three
    parts): the attention of this rank's heads, heads / TP size of them from head
@@ -7217,6 +7162,55 @@ PDP__PRIVATE pdp_status pdp__tp_ckpt_args(const pdp_model *m, const pdp_optim *o
 PDP__PRIVATE pdp_status pdp__tp_count_failed(const pdp_model *m, bool failed, float *count);
 
 /* PDP_API pdp_status pdp_tp_checkpoint_load(const char *path, pdp_model *m, pdp_optim *o) */
+
+/* ---- src/gpt.c ---- */
+/* gpt: pdp_gpt_create and pdp_gpt_generate (gpt.h). The builder only calls model.h's
+   public constructors, then names and initialises what they made: a GPT is a model like
+   any other, and every executor sees its layers one by one. */
+
+/* #include "internal.h" (above) */
+
+/* ---- gpt: the builder ---- */
+
+/* Names parameter p (the next one the builder made), "transformer.h.3.attn.c_attn" +
+   ".weight". */
+PDP__PRIVATE pdp_status pdp__gpt_name(pdp_model *m, int p, const char *prefix, const char *what);
+
+/* A Linear named prefix (weight, then bias). With desc.tp: column-parallel in split parts
+   (3: q | k | v) or, for split -1, row-parallel. */
+PDP__PRIVATE pdp_status pdp__gpt_linear(pdp_model *m, const pdp_gpt_desc *d, int64_t out,
+                                        int split, const char *prefix);
+
+PDP__PRIVATE pdp_status pdp__gpt_layernorm(pdp_model *m, const char *prefix);
+
+/* Tensor parallel: f before a block's first split Linear, g after its last. */
+PDP__PRIVATE pdp_status pdp__gpt_f(pdp_model *m, const pdp_gpt_desc *d);
+PDP__PRIVATE pdp_status pdp__gpt_g(pdp_model *m, const pdp_gpt_desc *d);
+
+PDP__PRIVATE pdp_status pdp__gpt_dropout(pdp_model *m, float p);
+
+/* Block i: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)). */
+PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int i);
+
+/* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
+   the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
+   products), biases 0, LayerNorms as created (1 and 0). */
+PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
+
+/* A TP GPT starts as the single-device GPT of the same desc: that one is built, drawn as
+   pdp__gpt_init draws, and cut into this rank's slices (tp.c's scatter). */
+PDP__PRIVATE pdp_status pdp__gpt_init_tp(pdp_model *m, const pdp_gpt_desc *d);
+
+/* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
+
+/* ---- gpt: generation ---- */
+
+/* The next token from logits z[0..V): greedy at temperature 0, else a draw from
+   softmax(z / temperature) over the top_k largest (all when top_k is 0 or >= V). */
+PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature, int top_k,
+                                   float *p, pdp_rng *r);
+
+/* PDP_API pdp_status pdp_gpt_generate(pdp_model *m, int32_t *ids, int64_t n, int64_t n_new, float temperature, int top_k, pdp_rng *r) */
 
 /* ---- src/zero.c ---- */
 /* zero: the sharded executor, ZeRO stages 1-3 on reducer.c's bucket reducer
