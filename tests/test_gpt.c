@@ -513,7 +513,6 @@ TEST gpt_under_ddp_equals_one_device_and_others_refuse_clearly(void)
     ddp_case c;
     pdp_model *m = small_gpt();
     pdp_dp *dp = NULL;
-    pdp_zero *z = NULL;
     pdp_tensor x, g;
     int64_t shape[2] = {4, 8}, i;
     float loss;
@@ -533,22 +532,9 @@ TEST gpt_under_ddp_equals_one_device_and_others_refuse_clearly(void)
         ASSERT_LTE(fixture_rel_err(c.grads[r], g.data, g.count), 1e-6);
     free(c.grads[0]);
     free(c.grads[1]);
-    /* not yet: DataParallel (labels split one a sample), ZeRO-3 (the tied head) */
+    /* not yet: DataParallel (labels split one a sample); ZeRO 1-3: test_zero.c */
     ASSERT(pdp_dp_create(&dp, m, NULL) != PDP_OK && dp == NULL);
     ASSERT(strstr(pdp_last_error(), "(TiedLinear) gives 2-d samples"));
-    {
-        pdp_local_group *grp = NULL;
-        pdp_comm *one = NULL;
-        pdp_zero_desc zd;
-        memset(&zd, 0, sizeof zd);
-        zd.stage = 3;
-        ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&grp, 1, NULL), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&one, grp, 0), pdp_status_name);
-        ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_zero_create(&z, m, one, &zd), pdp_status_name);
-        ASSERT(strstr(pdp_last_error(), "(TiedLinear) is not supported under ZeRO stage 3"));
-        pdp_comm_free(one);
-        pdp_local_group_free(grp);
-    }
     pdp_model_free(m);
     PASS();
 }
