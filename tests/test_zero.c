@@ -16,7 +16,9 @@
    count equals formula_bytes, which names k. Uneven shards (5, 3, 2 samples):
    the default trains the mean of per-rank means, batch_mean
    PDP_BATCH_MEAN_GLOBAL the global batch's, each equal to one device computing
-   it, stages 1-3 with accumulation and an own loss.
+   it, stages 1-3 with accumulation and an own loss. A GPT (its head tied to the token
+   embedding) at stages 1-3 x N = 1-4 equals one device, its tied unit reduce-scattered
+   once per backward after the embedding's backward (zero_trains_the_gpt_...).
    Faults: an absent rank times out naming the collective, the unit and the
    rank. An own loss under ZeRO synchronises too. The bf16 compression hook at
    stages 1-3 (check_zero_hook states its tolerances and byte counts).
