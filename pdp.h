@@ -25063,8 +25063,8 @@ struct pdp_zero {
     int *next_fwd, *next_bwd; /* per layer: the next other unit forward (backward) needs
                                  after it, -1 for none (stage 3's prefetch) */
     int *gslot;          /* stages 2-3: per unit, its gradient bucket buffer */
-    int npinned;         /* units whose tied layer's backward comes before their own */
-    int64_t pinned_s;    /* their slice floats per rank (stage 3's byte formula) */
+    int64_t pinned_s;    /* slice floats per rank of the pinned units (pdp__zero_pinned):
+                            stage 3's byte formula */
     int64_t shard_count, padded_count, smax;
     float *grad_all;     /* stage 1: every unit's padded gradient buffer */
     float *grad_shard;   /* stages 2-3 */
@@ -25481,27 +25481,47 @@ PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z)
     return d;
 }
 
-/* The units' layers, once the units are planned: a tied layer computes with its owner's
-   unit; each layer's next other unit in forward and backward order (stage 3 prefetches
-   it); the pinned units (the header's "Tied parameters") and every unit's gradient
-   buffer: pinned units the last npinned, the others the rest round-robin. grad_buffers
-   (the desc's, 0: default) must leave the others one: PDP_ERR_INVALID naming the tied
-   layer otherwise; the default grows to what is needed. */
-PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char *fn)
+/* The pinned units of the units the reducer's walk planned (the header's "Tied
+   parameters"): the unit of a tied layer's parameter when the tied layer comes after
+   all of the unit's own layers, so backward reaches the unit first at the tied layer;
+   none with one unit (no other unit wants a buffer). Sets mark[u] (zeroed by the caller)
+   to 1 for each and *tied_at to the last such tied layer; returns how many. The
+   executor and pdp_zero_memory_plan count them alike. */
+PDP__PRIVATE int pdp__zero_pinned(const pdp_model *m, const pdp__red_bucket *units, int nunits,
+                                  int *mark, int *tied_at)
 {
-    const pdp_model *m = z->m;
-    int l, u, a, b, g, free_slots, pinned = 0, tied_at = -1;
+    int l, b, count = 0;
+    if (nunits < 2) return 0;
     for (l = 0; l < m->nlayers; l++) {
         const pdp__layer *ly = &m->layers[l];
         if (!(pdp__layer_kind_of(ly->kind)->flags & PDP__LAYER_TIED)) continue;
-        u = z->unit_of_layer[l] = z->unit_of_layer[m->params[ly->tied_param].layer];
-        if (z->nunits > 1 && l > z->units[u].last_layer && z->gslot[u] >= 0) {
-            z->gslot[u] = -1; /* pinned: numbered below */
-            z->pinned_s += z->units[u].s;
-            pinned++;
-            tied_at = l;
+        for (b = 0; ly->tied_param < units[b].info.first_param ||
+                    ly->tied_param > units[b].info.last_param; b++) {}
+        if (l > m->params[units[b].info.last_param].layer) {
+            count += !mark[b];
+            mark[b] = 1;
+            *tied_at = l;
         }
     }
+    return count;
+}
+
+/* The units' layers, once the units are planned: a tied layer computes with its owner's
+   unit; each layer's next other unit in forward and backward order (stage 3 prefetches
+   it); the pinned units and every unit's gradient buffer: the pinned ones the last
+   buffers, one each, the others the rest round-robin. grad_buffers (asked: the desc's,
+   0 for the default) must leave the others one: PDP_ERR_INVALID naming the tied layer
+   otherwise; the default grows to what is needed. */
+PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char *fn)
+{
+    const pdp_model *m = z->m;
+    int l, u, a, b, g, need, rest, pinned, tied_at = -1;
+    for (l = 0; l < m->nlayers; l++)
+        if (pdp__layer_kind_of(m->layers[l].kind)->flags & PDP__LAYER_TIED)
+            z->unit_of_layer[l] = z->unit_of_layer[m->params[m->layers[l].tied_param].layer];
+    pinned = pdp__zero_pinned(m, z->r.buckets, z->nunits, z->gslot, &tied_at);
+    for (u = 0; u < z->nunits; u++)
+        if (z->gslot[u]) z->pinned_s += z->units[u].s;
     for (a = b = -1, l = m->nlayers - 1; l >= 0; l--) { /* a: the nearest later unit, b: */
         u = z->unit_of_layer[l];                          /* the nearest later one not a */
         z->next_fwd[l] = u < 0 ? -1 : a != u ? a : b;
@@ -25512,11 +25532,10 @@ PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char
         z->next_bwd[l] = u < 0 ? -1 : a != u ? a : b;
         if (u >= 0 && u != a) b = a, a = u;
     }
-    z->npinned = pinned;
     if (z->stage == 1) return PDP_OK;
     g = z->desc.grad_buffers;
-    free_slots = pinned + (pinned < z->nunits); /* the least that works */
-    if (g < free_slots) {
+    need = pinned + (pinned < z->nunits);
+    if (g < need) {
         if (asked) {
             const pdp__param_entry *e = &m->params[m->layers[tied_at].tied_param];
             return pdp__err(PDP_ERR_INVALID, "%s: grad_buffers %d: layer %d (%s) adds to the "
@@ -25524,12 +25543,12 @@ PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char
                             "buffer through the backward and the other units need one more: "
                             "at least %d", fn, asked, tied_at,
                             pdp__layer_kind_name(m->layers[tied_at].kind), e->name, e->layer,
-                            pdp__layer_kind_name(m->layers[e->layer].kind), free_slots);
+                            pdp__layer_kind_name(m->layers[e->layer].kind), need);
         }
-        z->desc.grad_buffers = g = free_slots;
+        z->desc.grad_buffers = g = need;
     }
-    for (free_slots = g - pinned, b = 0, u = 0; u < z->nunits; u++)
-        z->gslot[u] = z->gslot[u] < 0 ? free_slots + b++ : u % free_slots;
+    for (rest = g - pinned, b = 0, u = 0; u < z->nunits; u++) /* gslot holds the marks */
+        z->gslot[u] = z->gslot[u] ? rest + b++ : u % rest;
     return PDP_OK;
 }
 
@@ -25972,30 +25991,6 @@ PDP_API int pdp_zero_num_units(const pdp_zero *z) { return z ? z->nunits : 0; }
 
 /* ---- zero: memory ---- */
 
-/* The pinned units of units[0..nunits) (pdp__zero_plan_layers'), counted from the
-   reducer's walk: a tied layer after the last layer of its parameter's unit. */
-PDP__PRIVATE int pdp__zero_count_pinned(const pdp_model *m, const pdp__red_bucket *units,
-                                        int nunits)
-{
-    int l, j, b, pinned = 0;
-    if (nunits < 2) return 0;
-    for (l = 0; l < m->nlayers; l++) {
-        const pdp__layer *ly = &m->layers[l];
-        bool seen = false;
-        if (!(pdp__layer_kind_of(ly->kind)->flags & PDP__LAYER_TIED)) continue;
-        for (b = 0; b < nunits && !(units[b].info.first_param <= ly->tied_param &&
-                                    ly->tied_param <= units[b].info.last_param); b++) {}
-        if (b == nunits || l <= m->params[units[b].info.last_param].layer) continue;
-        for (j = 0; j < l && !seen; j++) /* another tied layer pinned the same unit */
-            seen = (pdp__layer_kind_of(m->layers[j].kind)->flags & PDP__LAYER_TIED) &&
-                   units[b].info.first_param <= m->layers[j].tied_param &&
-                   m->layers[j].tied_param <= units[b].info.last_param &&
-                   j > m->params[units[b].info.last_param].layer;
-        pinned += !seen;
-    }
-    return pinned;
-}
-
 /* The plan of every stage for m on n ranks (d resolved; nstate optimizer floats per
    parameter) into out's counts and stages[], and out->stage's formulas: the units as
    pdp_zero_create plans them (reducer.c's walk), each padded to N s_u. */
@@ -26003,11 +25998,17 @@ PDP__PRIVATE pdp_status pdp__zero_plan(const pdp_model *m, int n, const pdp_zero
                                        int nstate, pdp_zero_memory *out, const char *fn)
 {
     pdp__red_bucket *units;
-    int nunits, b, s, g, pb, pinned;
+    int nunits, b, s, g, pb, pinned, tied_at;
+    int *mark;
     int64_t smax = 0, shard = 0, psi = m->param_count;
     double k = 4.0 * nstate, kp = 4.0 + k, dpsi = (double)psi;
     units = (pdp__red_bucket *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *units);
-    if (!units) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    mark = (int *)pdp__calloc((size_t)PDP__MAX(1, m->nparams) * sizeof *mark);
+    if (!units || !mark) {
+        pdp__dealloc(units);
+        pdp__dealloc(mark);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    }
     nunits = pdp__reducer_walk(m, d->bucket_cap_mb * 1048576.0, d->first_bucket_mb * 1048576.0,
                                true, units, NULL);
     for (b = 0; b < nunits; b++) {
@@ -26016,9 +26017,10 @@ PDP__PRIVATE pdp_status pdp__zero_plan(const pdp_model *m, int n, const pdp_zero
         smax = PDP__MAX(smax, su);
     }
     g = PDP__MIN(d->grad_buffers ? d->grad_buffers : 2, PDP__MAX(1, nunits));
-    pinned = pdp__zero_count_pinned(m, units, nunits);
+    pinned = pdp__zero_pinned(m, units, nunits, mark, &tied_at);
     g = PDP__MAX(g, pinned + (pinned < nunits)); /* as pdp__zero_plan_layers */
     pdp__dealloc(units);
+    pdp__dealloc(mark);
     pb = d->param_buffers ? d->param_buffers : 2;
     out->world_size = n;
     out->param_count = psi;

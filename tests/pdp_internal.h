@@ -7167,8 +7167,8 @@ struct pdp_zero {
     int *next_fwd, *next_bwd; /* per layer: the next other unit forward (backward) needs
                                  after it, -1 for none (stage 3's prefetch) */
     int *gslot;          /* stages 2-3: per unit, its gradient bucket buffer */
-    int npinned;         /* units whose tied layer's backward comes before their own */
-    int64_t pinned_s;    /* their slice floats per rank (stage 3's byte formula) */
+    int64_t pinned_s;    /* slice floats per rank of the pinned units (pdp__zero_pinned):
+                            stage 3's byte formula */
     int64_t shard_count, padded_count, smax;
     float *grad_all;     /* stage 1: every unit's padded gradient buffer */
     float *grad_shard;   /* stages 2-3 */
@@ -7271,12 +7271,21 @@ PDP__PRIVATE pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_ze
 
 /* PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z) */
 
+/* The pinned units of the units the reducer's walk planned (the header's "Tied
+   parameters"): the unit of a tied layer's parameter when the tied layer comes after
+   all of the unit's own layers, so backward reaches the unit first at the tied layer;
+   none with one unit (no other unit wants a buffer). Sets mark[u] (zeroed by the caller)
+   to 1 for each and *tied_at to the last such tied layer; returns how many. The
+   executor and pdp_zero_memory_plan count them alike. */
+PDP__PRIVATE int pdp__zero_pinned(const pdp_model *m, const pdp__red_bucket *units, int nunits,
+                                  int *mark, int *tied_at);
+
 /* The units' layers, once the units are planned: a tied layer computes with its owner's
    unit; each layer's next other unit in forward and backward order (stage 3 prefetches
-   it); the pinned units (the header's "Tied parameters") and every unit's gradient
-   buffer: pinned units the last npinned, the others the rest round-robin. grad_buffers
-   (the desc's, 0: default) must leave the others one: PDP_ERR_INVALID naming the tied
-   layer otherwise; the default grows to what is needed. */
+   it); the pinned units and every unit's gradient buffer: the pinned ones the last
+   buffers, one each, the others the rest round-robin. grad_buffers (asked: the desc's,
+   0 for the default) must leave the others one: PDP_ERR_INVALID naming the tied layer
+   otherwise; the default grows to what is needed. */
 PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char *fn);
 
 /* PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c, const pdp_zero_desc *desc) */
@@ -7329,11 +7338,6 @@ PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats
 /* PDP_API int pdp_zero_num_units(const pdp_zero *z) */
 
 /* ---- zero: memory ---- */
-
-/* The pinned units of units[0..nunits) (pdp__zero_plan_layers'), counted from the
-   reducer's walk: a tied layer after the last layer of its parameter's unit. */
-PDP__PRIVATE int pdp__zero_count_pinned(const pdp_model *m, const pdp__red_bucket *units,
-                                        int nunits);
 
 /* The plan of every stage for m on n ranks (d resolved; nstate optimizer floats per
    parameter) into out's counts and stages[], and out->stage's formulas: the units as
