@@ -473,9 +473,10 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #endif
 /* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
    and gradients live. The event function (NULL: off) is called before the forward
-   of each layer with parameters (FORWARD_LAYER), when pdp_model_backward starts
-   (BACKWARD_BEGIN: a failure refuses the backward, its message stands), before the
-   backward of each layer with parameters (BACKWARD_LAYER), and after the last layer
+   of each layer with parameters, its own or another layer's (PDP__LAYER_TIED)
+   (FORWARD_LAYER), when pdp_model_backward starts (BACKWARD_BEGIN: a failure refuses
+   the backward, its message stands), before the backward of each such layer
+   (BACKWARD_LAYER), and after the last layer
    or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,

@@ -19,9 +19,9 @@
    allocate nothing.
 
    The executor seam (internal.h): an executor may listen to the pass's events
-   (m->event: before each layer with parameters, forward and backward, and at
-   the start and end of every backward: DDP and ZeRO synchronise any backward
-   this way) and point a layer's weight/bias and their gradients at buffers of
+   (m->event: before each layer that computes with parameters, its own or a tied
+   one, forward and backward, and at the start and end of every backward: DDP and
+   ZeRO synchronise any backward this way) and point a layer's weight/bias and their gradients at buffers of
    its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
    (NULL) by default: one pointer test per layer. */
 
@@ -153,21 +153,11 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
 {
     static const char *frees[5] = {"", "pdp_dp_free", "pdp_ddp_free", "pdp_zero_free",
                                    "pdp_pp_free"};
-    int i;
     PDP_ASSERT(kind > PDP__WRAP_NONE && kind <= PDP__WRAP_PP);
     if (m->wrapped != PDP__WRAP_NONE)
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
                         pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
-    /* what an executor does not handle yet: ZeRO-3 gathers a layer's own parameters, a
-       TiedLinear's belong to its Embedding */
-    for (i = 0; i < m->nlayers; i++) {
-        unsigned f = pdp__layer_kind_of(m->layers[i].kind)->flags;
-        if (kind == PDP__WRAP_ZERO && stage == 3 && (f & PDP__LAYER_TIED))
-            return pdp__err(PDP_ERR_UNSUPPORTED, "%s: layer %d (%s) is not supported under %s "
-                            "yet (DP, DDP and ZeRO stages 1-2 train a GPT)", fn, i,
-                            pdp__layer_kind_name(m->layers[i].kind), pdp__wrap_name(kind, stage));
-    }
     m->wrapped = kind;
     m->wrap_stage = stage;
     return PDP_OK;
@@ -729,6 +719,13 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     }
 }
 
+/* Layer i computes with parameters: its own, or another layer's (PDP__LAYER_TIED). The
+   executor seam's per-layer events fire for these layers. */
+PDP__PRIVATE bool pdp__model_uses_params(const pdp_model *m, int i)
+{
+    return m->layers[i].nparams > 0 || pdp__model_flag(m, i, PDP__LAYER_TIED);
+}
+
 /* A trace event "forward 3 Linear" on the model's track (DDP sets it), t0 to now. */
 PDP__PRIVATE void pdp__model_trace(const pdp_model *m, const char *what, int i, double t0)
 {
@@ -791,7 +788,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
             in = m->act[i];
             continue;
         }
-        if (m->event && l->nparams &&
+        if (m->event && pdp__model_uses_params(m, i) &&
             (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
             return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
                                  pdp__layer_kind_name(l->kind));
@@ -851,7 +848,7 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
     for (i = m->nlayers - 1; i >= 0; i--) {
         const pdp__layer *l = &m->layers[i];
         pdp__layer_io io;
-        if (m->event && l->nparams &&
+        if (m->event && pdp__model_uses_params(m, i) &&
             (st = m->event(m->event_user, m, PDP__EV_BACKWARD_LAYER, i, PDP_OK)) != PDP_OK) {
             st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                pdp__layer_kind_name(l->kind));

@@ -460,9 +460,10 @@ PDP__PRIVATE pdp_status pdp__tp_row_cuda_forward(const pdp__layer *l, const pdp_
 #endif
 /* The executor seam (DDP, ZeRO): events of a pass, and where a layer's parameters
    and gradients live. The event function (NULL: off) is called before the forward
-   of each layer with parameters (FORWARD_LAYER), when pdp_model_backward starts
-   (BACKWARD_BEGIN: a failure refuses the backward, its message stands), before the
-   backward of each layer with parameters (BACKWARD_LAYER), and after the last layer
+   of each layer with parameters, its own or another layer's (PDP__LAYER_TIED)
+   (FORWARD_LAYER), when pdp_model_backward starts (BACKWARD_BEGIN: a failure refuses
+   the backward, its message stands), before the backward of each such layer
+   (BACKWARD_LAYER), and after the last layer
    or the failing one (BACKWARD_END, st = the pass's status, return ignored). */
 typedef enum pdp__model_event {
     PDP__EV_FORWARD_LAYER,
@@ -5067,9 +5068,9 @@ PDP__PRIVATE pdp_status pdp__layer_backward(const pdp__layer *l, const pdp__laye
    allocate nothing.
 
    The executor seam (internal.h): an executor may listen to the pass's events
-   (m->event: before each layer with parameters, forward and backward, and at
-   the start and end of every backward: DDP and ZeRO synchronise any backward
-   this way) and point a layer's weight/bias and their gradients at buffers of
+   (m->event: before each layer that computes with parameters, its own or a tied
+   one, forward and backward, and at the start and end of every backward: DDP and
+   ZeRO synchronise any backward this way) and point a layer's weight/bias and their gradients at buffers of
    its own (m->layer_w, m->layer_dw: ZeRO's per-unit buffers). Both are off
    (NULL) by default: one pointer test per layer. */
 
@@ -5227,6 +5228,10 @@ PDP__PRIVATE float *pdp__model_saved(const pdp_model *m, int i);
 
 /* Fills the per-call part of io for layer i. */
 PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io);
+
+/* Layer i computes with parameters: its own, or another layer's (PDP__LAYER_TIED). The
+   executor seam's per-layer events fire for these layers. */
+PDP__PRIVATE bool pdp__model_uses_params(const pdp_model *m, int i);
 
 /* A trace event "forward 3 Linear" on the model's track (DDP sets it), t0 to now. */
 PDP__PRIVATE void pdp__model_trace(const pdp_model *m, const char *what, int i, double t0);
@@ -7231,6 +7236,19 @@ PDP__PRIVATE int32_t pdp__gpt_pick(const float *z, int64_t V, float temperature,
    unit being computed). Nothing is allocated after construction: the buffers
    are fixed, the handles come from the backends' pools.
 
+   Tied parameters (a GPT's head uses the Embedding's wte: model.c's PDP__LAYER_TIED).
+   A tied layer computes with its owner's unit: unit_of_layer maps it there, and the
+   model's events fire for it as for a layer of that unit, so stage 3 gathers the unit
+   for it in forward and in backward (again, if the unit left its gather slot since),
+   and stages 2-3 give the unit its gradient buffer at the tied layer's backward. A
+   unit that a tied layer's backward reaches before its own layers' ("pinned": the
+   head's contribution comes first, the embedding's last) keeps that buffer until the
+   unit's reduce-scatter, which the reducer launches only once every parameter of the
+   unit reported, after the owner's backward (model.c fires the grad hook for a
+   parameter after its own layer only): the two contributions are summed in the
+   buffer and reduced once. So a pinned unit owns a buffer of its own (the last ones)
+   and the other units share the rest round-robin (gslot).
+
    Devices. Every buffer lives on the model's device and is moved with
    cuda_host.c's pdp__dev_* helpers (memcpy, memset and += on the CPU; copies and
    kernels on a CUDA device's compute stream), so one code path serves CPU models
@@ -7269,7 +7287,13 @@ struct pdp_zero {
     pdp_comm *c;
     int stage, rank, size, nunits;
     pdp__zero_unit *units;
-    int *unit_of_layer;  /* -1 for layers without parameters */
+    int *unit_of_layer;  /* the unit whose parameters layer l computes with (a tied layer:
+                            its owner's); -1 for layers without parameters */
+    int *next_fwd, *next_bwd; /* per layer: the next other unit forward (backward) needs
+                                 after it, -1 for none (stage 3's prefetch) */
+    int *gslot;          /* stages 2-3: per unit, its gradient bucket buffer */
+    int64_t pinned_s;    /* slice floats per rank of the pinned units (pdp__zero_pinned):
+                            stage 3's byte formula */
     int64_t shard_count, padded_count, smax;
     float *grad_all;     /* stage 1: every unit's padded gradient buffer */
     float *grad_shard;   /* stages 2-3 */
@@ -7311,8 +7335,8 @@ PDP__PRIVATE void pdp__zero_defer(pdp_zero *z, pdp_status st, const char *what, 
 /* Releases unit u's bucket buffer after its reduce-scatter: its slice into the shard. */
 PDP__PRIVATE void pdp__zero_bucket_done(pdp__reducer *r, int b);
 
-/* Gives unit u a zeroed bucket buffer, waiting for the reduce-scatter of the unit
-   that held it (bucket_done then frees it). */
+/* Gives unit u a zeroed bucket buffer (gslot[u]), waiting for the reduce-scatter of the
+   unit that held it (bucket_done then frees it). */
 PDP__PRIVATE pdp_status pdp__zero_take_gbuf(pdp_zero *z, int u);
 
 /* The collective of bucket (unit) b: reduce-scatter (average) in place. */
@@ -7320,8 +7344,8 @@ PDP__PRIVATE pdp_status pdp__zero_reduce(pdp__reducer *r, int b, pdp_work **w);
 
 /* A comm hook's scratch: stage 1 one piece per unit (every unit's buffer may be in
    flight at once), laid out as grad_all; stages 2-3 one piece per bucket buffer
-   (unit u uses piece u mod grad_buffers, as its bucket buffer: the unit that held it
-   was waited, and its hook finished, before u's backward began). */
+   (unit u uses piece gslot[u], as its bucket buffer: the unit that held it was
+   waited, and its hook finished, before u's backward began). */
 /* PDP_API pdp_status pdp_zero_register_comm_hook(pdp_zero *z, const pdp_ddp_comm_hook *hook) */
 
 /* ---- zero: gathered parameters (stage 3) ---- */
@@ -7372,6 +7396,23 @@ PDP__PRIVATE pdp_status pdp__zero_desc_defaults(const pdp_model *m, const pdp_ze
 
 /* PDP_API pdp_zero_desc pdp_zero_get_desc(const pdp_zero *z) */
 
+/* The pinned units of the units the reducer's walk planned (the header's "Tied
+   parameters"): the unit of a tied layer's parameter when the tied layer comes after
+   all of the unit's own layers, so backward reaches the unit first at the tied layer;
+   none with one unit (no other unit wants a buffer). Sets mark[u] (zeroed by the caller)
+   to 1 for each and *tied_at to the last such tied layer; returns how many. The
+   executor and pdp_zero_memory_plan count them alike. */
+PDP__PRIVATE int pdp__zero_pinned(const pdp_model *m, const pdp__red_bucket *units, int nunits,
+                                  int *mark, int *tied_at);
+
+/* The units' layers, once the units are planned: a tied layer computes with its owner's
+   unit; each layer's next other unit in forward and backward order (stage 3 prefetches
+   it); the pinned units and every unit's gradient buffer: the pinned ones the last
+   buffers, one each, the others the rest round-robin. grad_buffers (asked: the desc's,
+   0 for the default) must leave the others one: PDP_ERR_INVALID naming the tied layer
+   otherwise; the default grows to what is needed. */
+PDP__PRIVATE pdp_status pdp__zero_plan_layers(pdp_zero *z, int asked, const char *fn);
+
 /* PDP_API pdp_status pdp_zero_create(pdp_zero **out, pdp_model *m, pdp_comm *c, const pdp_zero_desc *desc) */
 
 /* PDP_API pdp_status pdp_zero_optim_create(pdp_optim **out, pdp_zero *z, const pdp_optim_desc *desc) */
@@ -7404,7 +7445,9 @@ PDP__PRIVATE pdp_status pdp__zero_gather_full(pdp_zero *z, float *dst, const cha
    one reduce-scatter or all-gather of every unit (S = shard_count: the bytes the
    backends count for a collective of S floats per rank); stage 3's later
    forwards skip the units the backward before them left gathered, the last
-   param_buffers units of backward (the highest indices). */
+   param_buffers units of backward (the highest indices), and with more units than
+   param_buffers a pinned unit (a tied head's) has left its slot before its tied
+   layer's forward and before its own layers' backward: two more gathers per pass. */
 PDP__PRIVATE void pdp__zero_formula(const pdp_zero *z, int64_t k, pdp_zero_stats *st);
 
 /* PDP_API pdp_status pdp_zero_step(pdp_zero *z, pdp_optim *opt) */
