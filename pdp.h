@@ -91,8 +91,9 @@
    changes no earlier logit, bit for bit) and finite differences. DataParallel, DDP and
    ZeRO stages 1-3 train it (each equal to one device; the tied weight's two gradients are
    summed and reduced once, after the embedding's backward), and so does tensor
-   parallelism by heads (pdp_gpt_desc.tp); pipelines refuse it with PDP_ERR_UNSUPPORTED
-   for now, and its layers run on the CPU only.
+   parallelism by heads (pdp_gpt_desc.tp) and pipelines of blocks (pp.h: cut between
+   residual regions, the tied weight copied to the last stage and its gradients summed);
+   its layers run on the CPU only for now.
 
    BUILD
    =====
@@ -2952,6 +2953,15 @@ PDP_API void pdp_zero_get_stats(const pdp_zero *z, pdp_zero_stats *out);
        split as rank 0. Parameter counts can leave a stage nearly idle (the first
        Linear of the MLP 784-512-512-10 holds 60% of its parameters but 50% of its
        estimated work), and its bubble then exceeds the formula below: balance by work;
+     - a GPT (gpt.h) is cut between blocks' residual regions only (a stage never starts
+       inside a region: the skip stays on one stage; a first_layer that cuts one fails
+       naming it): the embedding on stage 0, the final LayerNorm, head and loss on the
+       last, labels one a position (-1 ignored, the loss the mean over the batch's
+       labels that count). The head's weight is the embedding's (tied): the last stage
+       holds a copy of it, and after each pass the two stages exchange their gradients
+       of it and add (Megatron's embedding group), so both copies take the same step;
+       pdp_pp_clip_grad_norm counts it once. An attention's dropout, drawn again in
+       backward, uses its micro-batch's keys;
      - a schedule is an explicit list of actions (F j: forward of micro-batch j,
        B j: its backward) per stage, printed by pdp_pp_schedule_str:
          GPipe  all forwards, then all backwards: F0 F1 .. F(m-1) B0 .. B(m-1);
@@ -4339,7 +4349,10 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
                                          pdp_model **out);
 /* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
    of full, with their parameters copied (names, layer indices and dropout keys stay full's:
-   "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
+   "3.weight" stays "3.weight"), zeroed gradients, input shape (and dtype) that of layer lo.
+   A TiedLinear whose weight an earlier stage owns gets a copy of it as the stage's last
+   parameter (pp.c keeps the two equal); a cut inside a residual region is
+   PDP_ERR_UNSUPPORTED naming the region.
    pdp__model_set_slots: keep nslots sets of activations and saved tensors (buffers are
    re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
@@ -17451,7 +17464,7 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     }
     if (pdp__model_flag(m, i, PDP__LAYER_TIED)) { /* another layer's parameter */
         const pdp__param_entry *w = &m->params[l->tied_param];
-        int owner = w->layer;
+        int owner = w->layer - m->layers[0].index; /* a pipeline stage's layers keep full's */
         io->w = m->layer_w && m->layer_w[owner] ? m->layer_w[owner] : m->param_block + w->offset;
         io->dw = m->layer_dw && m->layer_dw[owner] ? m->layer_dw[owner]
                                                    : m->grad_block + w->offset;
@@ -17875,16 +17888,13 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)
 {
     pdp_model *m;
-    int p0, p1, i;
+    int p0, p1, i, tied = -1;
     int64_t off0;
     size_t bytes;
     pdp_status st;
     *out = NULL;
     PDP_ASSERT(0 <= lo && lo < hi && hi <= full->nlayers);
-    if (full->in_dtype == PDP_DTYPE_I32) /* pp.c's loss takes one label a sample */
-        return pdp__err(PDP_ERR_UNSUPPORTED, "a pipeline of a model that takes token ids (a GPT) "
-                        "is not supported yet");
-    for (i = lo; i < hi; i++) { /* what a stage cannot yet cut through */
+    for (i = lo; i < hi; i++) { /* what a stage cannot cut through */
         const pdp__layer *l = &full->layers[i];
         const unsigned f = pdp__layer_kind_of(l->kind)->flags;
         if ((f & PDP__LAYER_SKIP) && (f & PDP__LAYER_FORWARD_VIEW) == 0 && l->residual_from < lo)
@@ -17899,11 +17909,13 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
                                 "residual region of layers %d..%d: cut between regions", hi, i,
                                 end);
         }
-        if ((f & PDP__LAYER_TIED) && full->params[l->tied_param].layer < lo)
-            return pdp__err(PDP_ERR_UNSUPPORTED, "layer %d (%s) uses parameter %s of layer %d, "
-                            "on an earlier stage: a pipeline cannot share a tied parameter yet",
-                            i, pdp__layer_kind_name(l->kind), full->params[l->tied_param].name,
-                            full->params[l->tied_param].layer);
+        if ((f & PDP__LAYER_TIED) && full->params[l->tied_param].layer < lo) {
+            if (tied >= 0)
+                return pdp__err(PDP_ERR_UNSUPPORTED, "layers of a stage tie two parameters of "
+                                "earlier stages (%s and %s); a stage keeps one copy",
+                                full->params[tied].name, full->params[l->tied_param].name);
+            tied = l->tied_param;
+        }
     }
     p0 = full->layers[lo].param_first;
     p1 = hi < full->nlayers ? full->layers[hi].param_first : full->nparams;
@@ -17919,7 +17931,9 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     m->training = full->training;
     m->precision = full->precision;
     m->nlayers = m->cap_layers = hi - lo;
-    m->nparams = m->cap_params = p1 - p0;
+    /* a tied weight of an earlier stage: a copy of it, this stage's last parameter (Megatron's
+       word embeddings on the last stage; pp.c sums the two copies' gradients every step) */
+    m->nparams = m->cap_params = p1 - p0 + (tied >= 0);
     m->layers = (pdp__layer *)pdp__alloc((size_t)m->nlayers * sizeof *m->layers);
     m->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, m->nparams) * sizeof *m->params);
     if (!m->layers || !m->params) {
@@ -17930,19 +17944,39 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     for (i = 0; i < m->nlayers; i++) {
         m->layers[i].param_first -= p0;
         m->layers[i].residual_from -= lo;
-        m->layers[i].tied_param -= p0;
+        m->layers[i].tied_param = m->layers[i].tied_param == tied && tied >= 0
+                                      ? m->nparams - 1 /* the copy */
+                                      : m->layers[i].tied_param - p0;
     }
     m->in_dtype = lo == 0 ? full->in_dtype : PDP_DTYPE_F32;
     m->open_residual = -1;
-    for (i = 0; i < m->nparams; i++) {
+    for (i = 0; i < p1 - p0; i++) {
         m->params[i] = full->params[p0 + i];
         m->params[i].offset -= off0;
         m->param_count += m->params[i].count;
     }
+    if (tied >= 0) {
+        pdp__param_entry *e = &m->params[m->nparams - 1];
+        *e = full->params[tied];
+        e->offset = m->param_count;
+        for (i = 0; i < m->nlayers; i++) /* the TiedLinear that uses it owns the copy (full's
+                                            layer index, as every stage parameter's) */
+            if (pdp__model_flag(m, i, PDP__LAYER_TIED) && m->layers[i].tied_param == m->nparams - 1)
+                e->layer = lo + i;
+        m->param_count += e->count;
+    }
     bytes = (size_t)m->param_count * sizeof(float);
     if (bytes && ((st = pdp__dev_alloc(m->device, bytes, (void **)&m->param_block)) != PDP_OK ||
                   (st = pdp__dev_copy(m->device, m->param_block, full->device,
-                                      full->param_block + off0, bytes)) != PDP_OK ||
+                                      full->param_block + off0,
+                                      bytes - (tied >= 0 ? (size_t)full->params[tied].count *
+                                                              sizeof(float)
+                                                         : 0))) != PDP_OK ||
+                  (tied >= 0 &&
+                   (st = pdp__dev_copy(m->device, m->param_block + m->params[m->nparams - 1].offset,
+                                       full->device, full->param_block + full->params[tied].offset,
+                                       (size_t)full->params[tied].count * sizeof(float))) !=
+                       PDP_OK) ||
                   (st = pdp__dev_alloc(m->device, bytes, (void **)&m->grad_block)) != PDP_OK ||
                   (st = pdp__dev_memset0(m->device, m->grad_block, bytes)) != PDP_OK)) {
         pdp_model_free(m);
@@ -27287,6 +27321,14 @@ struct pdp_pp {
                                                     every stage's, gathered */
     float *norm_dev;              /* its copy on the model's device (NCCL reduces device
                                      memory only); NULL on the CPU */
+    int tied_param;               /* a weight tied across stages (a GPT's wte: the embedding
+                                     on stage 0, the head's copy on a later one): its index in
+                                     this stage's model, or -1 */
+    int tied_peer;                /* the stage holding the other copy */
+    bool tied_copy;               /* this stage holds the copy (its last parameter) */
+    float *tied_buf;              /* the peer's gradient of it, received each pass */
+    int64_t positions;            /* labels a row on the last stage: T for [B, T, V] */
+    int64_t counted;              /* labels of this pass that count (not -1) */
     int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
     int64_t mb_cap;
     int64_t sample_base;          /* DP x PP: this pipeline's first row in the global batch */
@@ -27303,7 +27345,8 @@ struct pdp_pp {
    largest stage's cost (ties: the later cut, so a ReLU stays with its Linear; pp.h's
    pdp_pp_balance states the rule for the whole split). The linear-partition dynamic
    programme: best(k, i) = min over j of max(best(k - 1, j), cost of layers [j, i)). */
-PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first)
+PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, int n, int p,
+                                        int *first)
 {
     double *best = (double *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *best);
     int *cut = (int *)pdp__alloc((size_t)(p + 1) * (size_t)(n + 1) * sizeof *cut);
@@ -27319,15 +27362,25 @@ PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *f
     for (i = 0; i < n; i++) pre[i + 1] = pre[i] + cost[i];
 #define PDP__BEST(k, i) best[(size_t)(k) * (size_t)(n + 1) + (size_t)(i)]
 #define PDP__CUT(k, i) cut[(size_t)(k) * (size_t)(n + 1) + (size_t)(i)]
+    /* a stage may start only where cut_ok says (not inside a residual region): the others
+       are infinitely costly boundaries */
     for (i = 1; i <= n; i++) PDP__BEST(1, i) = pre[i], PDP__CUT(1, i) = 0;
     for (k = 2; k <= p; k++)
         for (i = k; i <= n; i++) { /* the first i layers in k stages; the last is [j, i) */
             PDP__BEST(k, i) = HUGE_VAL;
+            PDP__CUT(k, i) = k - 1;
             for (j = k - 1; j < i; j++) {
                 double v = PDP__MAX(PDP__BEST(k - 1, j), pre[i] - pre[j]);
+                if (cut_ok && !cut_ok[j]) continue;
                 if (v <= PDP__BEST(k, i)) PDP__BEST(k, i) = v, PDP__CUT(k, i) = j;
             }
         }
+    if (PDP__BEST(p, n) == HUGE_VAL) {
+        pdp__dealloc(best);
+        pdp__dealloc(cut);
+        pdp__dealloc(pre);
+        return PDP_ERR_INVALID;
+    }
     for (k = p, i = n; k >= 1; k--) {
         first[k - 1] = PDP__CUT(k, i);
         i = first[k - 1];
@@ -27485,6 +27538,20 @@ PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how,
     }
 }
 
+/* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
+   whose skip cannot cross stages. */
+PDP__PRIVATE void pdp__pp_cut_points(const pdp_model *full, bool *cut_ok)
+{
+    int i;
+    bool open = false;
+    for (i = 0; i < full->nlayers; i++) {
+        unsigned f = pdp__layer_kind_of(full->layers[i].kind)->flags;
+        cut_ok[i] = !open;
+        if (f & PDP__LAYER_SKIP) open = (f & PDP__LAYER_FORWARD_VIEW) != 0;
+    }
+    cut_ok[full->nlayers] = true;
+}
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn)
 {
@@ -27502,9 +27569,20 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
         } else {
             pdp__pp_layer_costs(full, pp->desc.balance, cost);
         }
-        if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME) &&
-            pdp__pp_balance(cost, n, pp->p, pp->first) != PDP_OK)
-            st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+        if (st == PDP_OK && (pp->stage == 0 || pp->desc.balance != PDP_PP_BALANCE_TIME)) {
+            bool *cut_ok = (bool *)pdp__calloc(((size_t)n + 1) * sizeof *cut_ok);
+            pdp_status b = cut_ok ? PDP_OK : PDP_ERR_OUT_OF_MEMORY;
+            if (cut_ok) {
+                pdp__pp_cut_points(full, cut_ok);
+                b = pdp__pp_balance(cost, cut_ok, n, pp->p, pp->first);
+            }
+            if (b == PDP_ERR_INVALID)
+                st = pdp__err(PDP_ERR_INVALID, "%d stages do not fit between the model's residual "
+                              "regions (a stage starts outside every region)", pp->p);
+            else if (b != PDP_OK)
+                st = pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory");
+            pdp__dealloc(cut_ok);
+        }
         pdp__dealloc(cost);
         if (st != PDP_OK) return pdp__err_wrap(st, "%s: rank %d: timing the layers", fn,
                                                pp->stage);
@@ -27552,6 +27630,31 @@ PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp)
     return d;
 }
 
+/* The weight tied across stages, if any: a TiedLinear on stage s_use whose parameter's
+   layer is on stage s_own < s_use (pdp__model_stage gave s_use a copy, its last parameter). */
+PDP__PRIVATE void pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full)
+{
+    int i, s_use, s_own;
+    pp->tied_param = -1;
+    for (i = 0; i < full->nlayers; i++) {
+        const pdp__layer *l = &full->layers[i];
+        int owner;
+        if (!(pdp__layer_kind_of(l->kind)->flags & PDP__LAYER_TIED)) continue;
+        owner = full->params[l->tied_param].layer;
+        for (s_use = 0; pp->first[s_use + 1] <= i; s_use++) {}
+        for (s_own = 0; pp->first[s_own + 1] <= owner; s_own++) {}
+        if (s_use == s_own) continue;
+        if (pp->stage == s_own) {
+            pp->tied_param = l->tied_param - full->layers[pp->first[s_own]].param_first;
+            pp->tied_peer = s_use;
+        } else if (pp->stage == s_use) {
+            pp->tied_param = pp->m->nparams - 1;
+            pp->tied_peer = s_own;
+            pp->tied_copy = true;
+        }
+    }
+}
+
 PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c,
                                  const pdp_pp_desc *desc)
 {
@@ -27597,6 +27700,15 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         goto wrap;
     pdp__model_set_slots(pp->m, pp->nslots);
     pp->m->wrapped = PDP__WRAP_PP; /* the stage is the pipeline's: its layout is fixed */
+    {
+        const pdp__layer *last = &full->layers[full->nlayers - 1];
+        pp->positions = last->out_count / last->out_shape[last->out_ndim - 1];
+    }
+    pdp__pp_find_tied(pp, full);
+    if (pp->tied_param >= 0 &&
+        (st = pdp__dev_alloc(pp->m->device, (size_t)pp->m->params[pp->tied_param].count *
+                                                sizeof(float), (void **)&pp->tied_buf)) != PDP_OK)
+        goto wrap;
     pp->in_count = pp->m->in_count;
     pp->out_count = pp->m->layers[pp->m->nlayers - 1].out_count;
     pp->in_buf = (float **)pdp__calloc((size_t)(pp->nslots + 1) * sizeof *pp->in_buf);
@@ -27682,6 +27794,7 @@ PDP_API void pdp_pp_free(pdp_pp *pp)
     if (pp->traced) pdp__trace_close();
     if (pp->m) pp->m->wrapped = PDP__WRAP_NONE;
     if (pp->norm_dev) pdp__dev_free(pp->m->device, pp->norm_dev);
+    if (pp->tied_buf) pdp__dev_free(pp->m->device, pp->tied_buf);
     pdp_model_free(pp->m);
     pdp__dealloc(pp->in_buf);
     pdp__dealloc(pp->send_fwd);
@@ -27787,6 +27900,7 @@ PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k)
     shape[0] = n;
     for (d = 0; d < m->in_ndim; d++) shape[d + 1] = m->in_shape[d];
     pdp_tensor_wrap((float *)pdp__pp_input(pp, x, j), m->device, m->in_ndim + 1, shape, &in);
+    in.dtype = m->in_dtype; /* stage 0 of a GPT: token ids */
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, NULL, 0, false);
     m->step = pp->steps; /* forward counts it up: the single-device run's step */
@@ -27818,6 +27932,10 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
     pp->t_compute = pdp__now();
     pdp__model_use_slot(m, slot, pdp__pp_input(pp, x, j), n, true);
     m->input_grad = pp->stage > 0 ? pp->dx_buf[j % 2] : NULL;
+    /* the keys of micro-batch j's forward, which a backward that draws its masks again (an
+       attention's dropout) needs: later forwards have moved them */
+    m->step = pp->steps + 1;
+    m->sample_base = pp->sample_base + pp->mb_first[j];
     if (last) { /* the loss, its gradient scaled by 1/total into the model's grad_a */
         pdp_tensor_wrap(m->grad_a, m->device, y->ndim, y->shape, &dy);
         if (pp->desc.loss) {
@@ -27827,14 +27945,20 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
                 return pdp__err_wrap(st, "%s: the loss function on micro-batch %d", fn, j);
             *loss_sum += share * (double)total;
         } else {
+            /* one label a row of the last dimension, -1 ignored, scaled by the pass's count */
             double sum = 0.0;
-            if (y->ndim != 2)
+            const int32_t *lab = labels + pp->mb_first[j] * pp->positions;
+            float scale = pp->counted > 0 ? 1.0f / (float)pp->counted : 0.0f;
+            if (y->ndim != 2 && y->ndim != 3)
                 return pdp__err(PDP_ERR_SHAPE, "%s: the last stage's output has %d dimensions; "
-                                "cross-entropy needs [batch, classes]", fn, y->ndim);
-            if ((st = pdp__cross_entropy_on(m->device, y->data, labels + pp->mb_first[j], n,
-                                            y->shape[1], 1.0f / (float)total, &sum, m->grad_a,
-                                            fn)) != PDP_OK)
-                return st;
+                                "cross-entropy needs [batch, classes] or [batch, T, vocab]", fn,
+                                y->ndim);
+            st = m->device.kind == PDP_DEVICE_CPU
+                     ? pdp__cross_entropy_rows(y->data, lab, n * pp->positions,
+                                               y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn)
+                     : pdp__cross_entropy_on(m->device, y->data, lab, n * pp->positions,
+                                             y->shape[y->ndim - 1], scale, &sum, m->grad_a, fn);
+            if (st != PDP_OK) return st;
             *loss_sum += sum;
         }
     } else {
@@ -27850,6 +27974,34 @@ PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const 
         pdp__pp_start(pp->send_bwd[j % 2]);
     }
     return PDP_OK;
+}
+
+/* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, the head's copy
+   on the last): each stage sends its gradient of it to the other and adds the one it
+   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
+   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp)
+{
+    pdp_model *m = pp->m;
+    const pdp__param_entry *e;
+    pdp_work *sw = NULL, *rw = NULL;
+    float *g;
+    pdp_status st;
+    if (pp->tied_param < 0) return PDP_OK;
+    e = &m->params[pp->tied_param];
+    g = m->grad_block + e->offset;
+    if ((st = pdp_comm_recv(pp->c, pp->tied_buf, e->count, pp->tied_peer,
+                            pdp__pp_tag(pp->mb, 0), &rw)) != PDP_OK)
+        return st;
+    if ((st = pdp_comm_send(pp->c, g, e->count, pp->tied_peer, pdp__pp_tag(pp->mb, 0), &sw)) !=
+        PDP_OK) {
+        pdp_work_wait(rw);
+        return st;
+    }
+    st = pdp__pp_wait(&sw);
+    if (pdp__pp_wait(&rw) != PDP_OK && st == PDP_OK) st = PDP_ERR_COMM;
+    if (st != PDP_OK) return st;
+    return pdp__dev_add(m->device, g, pp->tied_buf, e->count);
 }
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
@@ -27897,6 +28049,16 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     }
     if (pdp__pp_cut(pp, rows) != PDP_OK)
         return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory", fn);
+    pp->counted = rows * pp->positions;
+    if (last && labels && !pp->desc.loss &&
+        (st = pdp__cross_entropy_count(labels, rows * pp->positions,
+                                       pp->m->layers[pp->m->nlayers - 1].out_shape[
+                                           pp->m->layers[pp->m->nlayers - 1].out_ndim - 1],
+                                       &pp->counted, fn)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
+    if (last && pp->m->device.kind != PDP_DEVICE_CPU && pp->counted != rows * pp->positions)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: ignored labels (-1) on CUDA are not supported "
+                        "yet", fn);
     if ((st = pdp__pp_reserve(pp, pp->mb_rows[0])) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: buffers for %lld rows", fn, pp->c->rank,
                              (long long)pp->mb_rows[0]);
@@ -27952,6 +28114,9 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     if ((st = pdp_comm_barrier(pp->c, NULL)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d: the closing barrier", fn, pp->c->rank);
     t1 = pdp__now();
+    if ((st = pdp__pp_sum_tied(pp)) != PDP_OK)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d): the tied weight's gradients", fn,
+                             pp->c->rank, pp->stage);
     if (pp->dp && pp->m->param_count &&
         (st = pdp_comm_allreduce(pp->dp, pp->m->grad_block, pp->m->param_count, PDP_REDUCE_AVG,
                                  &pp->dp_work)) != PDP_OK)
@@ -27973,7 +28138,7 @@ PDP_API pdp_status pdp_pp_forward_backward(pdp_pp *pp, const pdp_tensor *x,
     pp->stats.bytes_sent = c1.bytes_sent - c0.bytes_sent;
     pp->stats.total_step_s += t1 - t0;
     pp->stats.total_compute_s += busy;
-    if (last) *loss = (float)(loss_sum / (double)rows);
+    if (last) *loss = pp->counted > 0 ? (float)(loss_sum / (double)pp->counted) : 0.0f;
     return PDP_OK;
 }
 
@@ -28008,7 +28173,11 @@ PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *tota
     if ((st = pdp__check_max_norm(max_norm, who)) != PDP_OK) return st;
     m = pp->m;
     if ((st = pdp_pp_finish(pp)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
-    if ((st = pdp__grad_sumsq(m, m->grad_block, m->param_count, &mine, fn)) != PDP_OK)
+    /* a weight tied across stages counts once: on the stage that owns it (its copy is the
+       other stage's last parameter) */
+    if ((st = pdp__grad_sumsq(m, m->grad_block, pp->tied_copy ? m->params[m->nparams - 1].offset
+                                                              : m->param_count,
+                              &mine, fn)) != PDP_OK)
         return pdp__err_wrap(st, "%s: rank %d (stage %d)", fn, pp->c->rank, pp->stage);
     memcpy(pp->norm_host, &mine, sizeof mine);
     gathered = (size_t)(2 * pp->p) * sizeof(float);

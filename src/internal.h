@@ -581,7 +581,10 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
                                          pdp_model **out);
 /* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
    of full, with their parameters copied (names, layer indices and dropout keys stay full's:
-   "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
+   "3.weight" stays "3.weight"), zeroed gradients, input shape (and dtype) that of layer lo.
+   A TiedLinear whose weight an earlier stage owns gets a copy of it as the stage's last
+   parameter (pp.c keeps the two equal); a cut inside a residual region is
+   PDP_ERR_UNSUPPORTED naming the region.
    pdp__model_set_slots: keep nslots sets of activations and saved tensors (buffers are
    re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch

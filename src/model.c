@@ -704,7 +704,7 @@ PDP__PRIVATE void pdp__model_io(const pdp_model *m, int i, pdp__layer_io *io)
     }
     if (pdp__model_flag(m, i, PDP__LAYER_TIED)) { /* another layer's parameter */
         const pdp__param_entry *w = &m->params[l->tied_param];
-        int owner = w->layer;
+        int owner = w->layer - m->layers[0].index; /* a pipeline stage's layers keep full's */
         io->w = m->layer_w && m->layer_w[owner] ? m->layer_w[owner] : m->param_block + w->offset;
         io->dw = m->layer_dw && m->layer_dw[owner] ? m->layer_dw[owner]
                                                    : m->grad_block + w->offset;
@@ -1128,16 +1128,13 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)
 {
     pdp_model *m;
-    int p0, p1, i;
+    int p0, p1, i, tied = -1;
     int64_t off0;
     size_t bytes;
     pdp_status st;
     *out = NULL;
     PDP_ASSERT(0 <= lo && lo < hi && hi <= full->nlayers);
-    if (full->in_dtype == PDP_DTYPE_I32) /* pp.c's loss takes one label a sample */
-        return pdp__err(PDP_ERR_UNSUPPORTED, "a pipeline of a model that takes token ids (a GPT) "
-                        "is not supported yet");
-    for (i = lo; i < hi; i++) { /* what a stage cannot yet cut through */
+    for (i = lo; i < hi; i++) { /* what a stage cannot cut through */
         const pdp__layer *l = &full->layers[i];
         const unsigned f = pdp__layer_kind_of(l->kind)->flags;
         if ((f & PDP__LAYER_SKIP) && (f & PDP__LAYER_FORWARD_VIEW) == 0 && l->residual_from < lo)
@@ -1152,11 +1149,13 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
                                 "residual region of layers %d..%d: cut between regions", hi, i,
                                 end);
         }
-        if ((f & PDP__LAYER_TIED) && full->params[l->tied_param].layer < lo)
-            return pdp__err(PDP_ERR_UNSUPPORTED, "layer %d (%s) uses parameter %s of layer %d, "
-                            "on an earlier stage: a pipeline cannot share a tied parameter yet",
-                            i, pdp__layer_kind_name(l->kind), full->params[l->tied_param].name,
-                            full->params[l->tied_param].layer);
+        if ((f & PDP__LAYER_TIED) && full->params[l->tied_param].layer < lo) {
+            if (tied >= 0)
+                return pdp__err(PDP_ERR_UNSUPPORTED, "layers of a stage tie two parameters of "
+                                "earlier stages (%s and %s); a stage keeps one copy",
+                                full->params[tied].name, full->params[l->tied_param].name);
+            tied = l->tied_param;
+        }
     }
     p0 = full->layers[lo].param_first;
     p1 = hi < full->nlayers ? full->layers[hi].param_first : full->nparams;
@@ -1172,7 +1171,9 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     m->training = full->training;
     m->precision = full->precision;
     m->nlayers = m->cap_layers = hi - lo;
-    m->nparams = m->cap_params = p1 - p0;
+    /* a tied weight of an earlier stage: a copy of it, this stage's last parameter (Megatron's
+       word embeddings on the last stage; pp.c sums the two copies' gradients every step) */
+    m->nparams = m->cap_params = p1 - p0 + (tied >= 0);
     m->layers = (pdp__layer *)pdp__alloc((size_t)m->nlayers * sizeof *m->layers);
     m->params = (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, m->nparams) * sizeof *m->params);
     if (!m->layers || !m->params) {
@@ -1183,19 +1184,39 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
     for (i = 0; i < m->nlayers; i++) {
         m->layers[i].param_first -= p0;
         m->layers[i].residual_from -= lo;
-        m->layers[i].tied_param -= p0;
+        m->layers[i].tied_param = m->layers[i].tied_param == tied && tied >= 0
+                                      ? m->nparams - 1 /* the copy */
+                                      : m->layers[i].tied_param - p0;
     }
     m->in_dtype = lo == 0 ? full->in_dtype : PDP_DTYPE_F32;
     m->open_residual = -1;
-    for (i = 0; i < m->nparams; i++) {
+    for (i = 0; i < p1 - p0; i++) {
         m->params[i] = full->params[p0 + i];
         m->params[i].offset -= off0;
         m->param_count += m->params[i].count;
     }
+    if (tied >= 0) {
+        pdp__param_entry *e = &m->params[m->nparams - 1];
+        *e = full->params[tied];
+        e->offset = m->param_count;
+        for (i = 0; i < m->nlayers; i++) /* the TiedLinear that uses it owns the copy (full's
+                                            layer index, as every stage parameter's) */
+            if (pdp__model_flag(m, i, PDP__LAYER_TIED) && m->layers[i].tied_param == m->nparams - 1)
+                e->layer = lo + i;
+        m->param_count += e->count;
+    }
     bytes = (size_t)m->param_count * sizeof(float);
     if (bytes && ((st = pdp__dev_alloc(m->device, bytes, (void **)&m->param_block)) != PDP_OK ||
                   (st = pdp__dev_copy(m->device, m->param_block, full->device,
-                                      full->param_block + off0, bytes)) != PDP_OK ||
+                                      full->param_block + off0,
+                                      bytes - (tied >= 0 ? (size_t)full->params[tied].count *
+                                                              sizeof(float)
+                                                         : 0))) != PDP_OK ||
+                  (tied >= 0 &&
+                   (st = pdp__dev_copy(m->device, m->param_block + m->params[m->nparams - 1].offset,
+                                       full->device, full->param_block + full->params[tied].offset,
+                                       (size_t)full->params[tied].count * sizeof(float))) !=
+                       PDP_OK) ||
                   (st = pdp__dev_alloc(m->device, bytes, (void **)&m->grad_block)) != PDP_OK ||
                   (st = pdp__dev_memset0(m->device, m->grad_block, bytes)) != PDP_OK)) {
         pdp_model_free(m);

@@ -568,7 +568,10 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
                                          pdp_model **out);
 /* Pipeline stages (model.c, for pp.c). pdp__model_stage: a new model holding layers [lo, hi)
    of full, with their parameters copied (names, layer indices and dropout keys stay full's:
-   "3.weight" stays "3.weight"), zeroed gradients, input shape that of layer lo.
+   "3.weight" stays "3.weight"), zeroed gradients, input shape (and dtype) that of layer lo.
+   A TiedLinear whose weight an earlier stage owns gets a copy of it as the stage's last
+   parameter (pp.c keeps the two equal); a cut inside a residual region is
+   PDP_ERR_UNSUPPORTED naming the region.
    pdp__model_set_slots: keep nslots sets of activations and saved tensors (buffers are
    re-planned on the next reserve). pdp__model_use_slot: the next forward writes set slot;
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
@@ -7693,6 +7696,14 @@ struct pdp_pp {
                                                     every stage's, gathered */
     float *norm_dev;              /* its copy on the model's device (NCCL reduces device
                                      memory only); NULL on the CPU */
+    int tied_param;               /* a weight tied across stages (a GPT's wte: the embedding
+                                     on stage 0, the head's copy on a later one): its index in
+                                     this stage's model, or -1 */
+    int tied_peer;                /* the stage holding the other copy */
+    bool tied_copy;               /* this stage holds the copy (its last parameter) */
+    float *tied_buf;              /* the peer's gradient of it, received each pass */
+    int64_t positions;            /* labels a row on the last stage: T for [B, T, V] */
+    int64_t counted;              /* labels of this pass that count (not -1) */
     int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
     int64_t mb_cap;
     int64_t sample_base;          /* DP x PP: this pipeline's first row in the global batch */
@@ -7709,7 +7720,8 @@ struct pdp_pp {
    largest stage's cost (ties: the later cut, so a ReLU stays with its Linear; pp.h's
    pdp_pp_balance states the rule for the whole split). The linear-partition dynamic
    programme: best(k, i) = min over j of max(best(k - 1, j), cost of layers [j, i)). */
-PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, int n, int p, int *first);
+PDP__PRIVATE pdp_status pdp__pp_balance(const double *cost, const bool *cut_ok, int n, int p,
+                                        int *first);
 
 /* Forward + backward seconds of each layer of full (a copy of it) on rows samples. */
 PDP__PRIVATE pdp_status pdp__pp_time_layers(const pdp_model *full, int64_t rows, double *cost);
@@ -7734,6 +7746,10 @@ PDP__PRIVATE pdp_status pdp__pp_desc_defaults(const pdp_pp_desc *in, pdp_pp_desc
    (layers_table.c's estimate; layer 0 computes no input gradient). */
 PDP__PRIVATE void pdp__pp_layer_costs(const pdp_model *full, pdp_pp_balance how, double *cost);
 
+/* cut_ok[i]: a stage may start at layer i (i in [0, n]): not inside a residual region,
+   whose skip cannot cross stages. */
+PDP__PRIVATE void pdp__pp_cut_points(const pdp_model *full, bool *cut_ok);
+
 /* The split: given, or balanced (by time: rank 0 measures). first[p] = nlayers. */
 PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const char *fn);
 
@@ -7742,6 +7758,10 @@ PDP__PRIVATE pdp_status pdp__pp_split(pdp_pp *pp, const pdp_model *full, const c
 PDP__PRIVATE pdp_status pdp__pp_agree(pdp_pp *pp, const char *fn);
 
 /* PDP_API pdp_pp_desc pdp_pp_get_desc(const pdp_pp *pp) */
+
+/* The weight tied across stages, if any: a TiedLinear on stage s_use whose parameter's
+   layer is on stage s_own < s_use (pdp__model_stage gave s_use a copy, its last parameter). */
+PDP__PRIVATE void pdp__pp_find_tied(pdp_pp *pp, const pdp_model *full);
 
 /* PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *c, const pdp_pp_desc *desc) */
 
@@ -7779,6 +7799,12 @@ PDP__PRIVATE pdp_status pdp__pp_forward(pdp_pp *pp, const pdp_tensor *x, int k);
 
 PDP__PRIVATE pdp_status pdp__pp_backward(pdp_pp *pp, const pdp_tensor *x, const int32_t *labels,
                                          int k, double *loss_sum);
+
+/* A weight tied across two stages (a GPT's wte: the embedding's on stage 0, the head's copy
+   on the last): each stage sends its gradient of it to the other and adds the one it
+   receives, a + b on one side and b + a on the other, the same bits, so the two copies get
+   the same update and stay equal (Megatron's all-reduce over the embedding group). */
+PDP__PRIVATE pdp_status pdp__pp_sum_tied(pdp_pp *pp);
 
 /* Micro-batch sizes of a batch of rows rows (the first rows % m one larger). */
 PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);

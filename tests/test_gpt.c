@@ -685,8 +685,131 @@ TEST gpt_tensor_parallel_by_heads_equals_one_device(void)
     PASS();
 }
 
+/* A pipeline of GPT blocks: 2, 3 and 4 stages, GPipe and 1F1B, 4 micro-batches, cut only
+   between residual regions, the embedding on stage 0 and the head (with its copy of wte)
+   on the last: 3 AdamW steps with the pipeline's clipping (wte counted once) equal one
+   device: the losses, and every stage's parameters by name, the head's copy included. */
+enum { PP_B = 4 };
+typedef struct pp_case {
+    int32_t ids[PP_B * TP_T], tg[PP_B * TP_T];
+    pdp_pp_schedule schedule;
+    float losses[3];
+    const pdp_model *ref; /* the single-device model after the 3 steps */
+    double worst[8];
+    bool bad_cut;
+} pp_case;
+
+static pdp_status pp_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    pp_case *c = (pp_case *)user;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *full = NULL, *m;
+    pdp_pp *pp = NULL;
+    pdp_pp_desc pd;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {PP_B, TP_T};
+    float loss, norm;
+    int s, i;
+    pdp_status st;
+    memset(&pd, 0, sizeof pd);
+    pd.schedule = c->schedule;
+    pd.micro_batches = 4;
+    if (c->bad_cut) {
+        static const int first[2] = {0, 3};
+        pd.first_layer = first;
+    }
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+    if ((st = pdp_gpt_create(&full, &d)) != PDP_OK ||
+        (st = pdp_pp_create(&pp, full, ctx->world, &pd)) != PDP_OK)
+        goto out;
+    m = pdp_pp_model(pp);
+    if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) goto out;
+    pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < 3; s++) {
+        if ((st = pdp_pp_forward_backward(pp, &x, c->tg, &loss)) != PDP_OK ||
+            (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK ||
+            (st = pdp_pp_step(pp, o)) != PDP_OK)
+            goto out;
+        if (ctx->rank == ctx->world_size - 1) c->losses[s] = loss;
+    }
+    c->worst[ctx->rank] = 0.0;
+    for (i = 0; i < pdp_model_num_params(m); i++) { /* each stage's tensors, by name */
+        pdp_param mine, want;
+        double e;
+        pdp_model_param(m, i, &mine);
+        if ((st = pdp_model_find_param(c->ref, mine.name, &want)) != PDP_OK) goto out;
+        e = fixture_rel_err(mine.value.data, want.value.data, want.count);
+        if (!(e <= c->worst[ctx->rank])) c->worst[ctx->rank] = e;
+    }
+out:
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    return st;
+}
+
+TEST gpt_pipeline_of_blocks_equals_one_device(void)
+{
+    pp_case c;
+    tp_case one;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *ref = NULL;
+    int64_t i;
+    int np, sched, r;
+    memset(&c, 0, sizeof c);
+    memset(&one, 0, sizeof one);
+    for (i = 0; i < PP_B * TP_T; i++) {
+        c.ids[i] = (int32_t)((i * 5 + 1) % 13);
+        c.tg[i] = i % 7 == 3 ? -1 : (int32_t)((i * 3 + 2) % 13);
+    }
+    ASSERT((int)sizeof one.ids >= 0); /* tp_train reads TP_B x TP_T of them: */
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&ref, &d), pdp_status_name);
+    {   /* the single-device run, on the same 4 x T batch */
+        pdp_optim *o = NULL;
+        pdp_optim_desc od;
+        pdp_tensor x;
+        int64_t shape[2] = {PP_B, TP_T};
+        float loss, norm;
+        int s;
+        memset(&od, 0, sizeof od);
+        od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, ref, &od), pdp_status_name);
+        pdp_tensor_wrap_ids(c.ids, pdp_cpu(), 2, shape, &x);
+        for (s = 0; s < 3; s++) {
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(ref, &x, c.tg, &loss),
+                           pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(ref, 0.5f, &norm), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+            pdp_optim_zero_grad(o);
+            one.losses[s] = loss;
+        }
+        pdp_optim_free(o);
+    }
+    c.ref = ref;
+    c.bad_cut = true; /* stage 1 from layer 3, inside block 0's attention region */
+    ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_launch(2, NULL, pp_rank, &c), pdp_status_name);
+    ASSERT(strstr(pdp_last_error(), "cuts the residual region of layers 2..8: cut between regions"));
+    c.bad_cut = false;
+    for (sched = 0; sched < 2; sched++)
+        for (np = 2; np <= 4; np++) {
+            char msg[64];
+            snprintf(msg, sizeof msg, "%s, %d stages", sched ? "GPipe" : "1F1B", np);
+            c.schedule = sched ? PDP_PP_GPIPE : PDP_PP_1F1B;
+            memset(c.worst, 0, sizeof c.worst);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_launch(np, NULL, pp_rank, &c), pdp_status_name);
+            for (i = 0; i < 3; i++) ASSERTm(msg, fabs(c.losses[i] - one.losses[i]) <= 1e-5);
+            for (r = 0; r < np; r++) ASSERTm(msg, c.worst[r] <= 1e-5);
+        }
+    pdp_model_free(ref);
+    PASS();
+}
+
 SUITE(gpt)
 {
+    RUN_TEST(gpt_pipeline_of_blocks_equals_one_device);
     RUN_TEST(gpt_tensor_parallel_by_heads_equals_one_device);
     RUN_TEST(gpt_under_dataparallel_equals_one_device);
     RUN_TEST(gpt_under_ddp_equals_one_device);
