@@ -85,6 +85,14 @@
    ignored; pdp_model_forward_backward_target takes the target as a tensor whose dtype
    picks the loss (int32: cross-entropy, float32: mean squared error).
 
+   Activation recomputation (pdp_model_desc.recompute, pdp_gpt_desc.recompute) trades
+   compute for memory with the same bits: SELECTIVE keeps no attention probabilities
+   (Megatron's 5as/h term) and draws them again in backward; FULL keeps only each residual
+   region's input and runs the region again before its backward, in one scratch the size
+   of the largest region (pdp_model_activation_bytes counts what stays). Dropout masks are
+   keyed, not streamed, so the recomputed masks are the first ones. Single device, DP,
+   DDP, ZeRO 1-2, TP and pipelines honour it; ZeRO-3 refuses FULL.
+
    Checked against a PyTorch GPT (tools/gpt_reference.py, tests/test_gpt.c): logits,
    loss and every gradient within 1e-5 (measured 1.7e-7 and 6.3e-8), 5 AdamW steps with
    clipping within 1e-5, bf16 against autocast within 1e-2, the mask (a later token
@@ -908,6 +916,19 @@ PDP_API pdp_status pdp_gemm_bf16_on(pdp_bf16_path path, pdp_trans ta, pdp_trans 
 
 typedef struct pdp_model pdp_model;
 
+/* Activation recomputation (Korthikanti et al., "Reducing Activation Recomputation in
+   Large Transformer Models", 2022): memory for compute, the same results up to float
+   rounding (the same dropout masks: they are keyed, not drawn from a stream).
+   SELECTIVE: a CausalSelfAttention keeps no attention probabilities (heads x T x T a
+   sample); backward draws them again from its input. FULL: the layers inside each
+   residual region keep nothing; the region runs forward again from its input (kept)
+   before its backward, in one scratch set of buffers the size of the largest region. */
+typedef enum pdp_recompute {
+    PDP_RECOMPUTE_NONE = 0,      /* default: keep every activation */
+    PDP_RECOMPUTE_SELECTIVE = 1,
+    PDP_RECOMPUTE_FULL = 2
+} pdp_recompute;
+
 typedef struct pdp_model_desc {
     int input_ndim;          /* 1 (features) or 3 (channels, height, width); 0 = count of
                                 nonzero input_shape entries */
@@ -920,6 +941,7 @@ typedef struct pdp_model_desc {
                                 the rest stay fp32. Default fp32 */
     pdp_dtype input_dtype;   /* PDP_DTYPE_I32: samples are T token ids (input_shape {T}),
                                 taken by an Embedding first; default float32 */
+    pdp_recompute recompute; /* activation recomputation; default none */
 } pdp_model_desc;
 
 PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc);
@@ -1008,7 +1030,10 @@ PDP_API int pdp_model_output_shape(const pdp_model *m, int64_t shape[3]);
 PDP_API int64_t pdp_model_param_count(const pdp_model *m); /* floats in all parameters */
 /* Bytes of activations that layers [lo, hi) keep from forward for backward at batch
    samples, as pdp_model_reserve plans them: their outputs (a view has none) and what each
-   saves (a Dropout's mask, an attention's probabilities, a LayerNorm's mean and rstd). */
+   saves (a Dropout's mask, an attention's probabilities, a LayerNorm's mean and rstd).
+   Under FULL recomputation the layers inside a residual region keep nothing (counted 0);
+   the scratch they run in, the largest region's outputs and saved buffers, lives only
+   during that region's forward and backward and is not in this count. */
 PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, int64_t batch);
 PDP_API int pdp_model_num_params(const pdp_model *m);      /* named parameter tensors */
 PDP_API pdp_device pdp_model_device(const pdp_model *m);
@@ -1139,6 +1164,8 @@ typedef struct pdp_gpt_desc {
     uint64_t seed;           /* initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU (the GPT's kinds run on the CPU for now) */
     pdp_precision precision; /* as pdp_model_desc.precision */
+    pdp_recompute recompute; /* as pdp_model_desc.recompute: SELECTIVE keeps no attention
+                                probabilities, FULL keeps each residual region's input only */
     struct pdp_comm *tp;     /* tensor parallel (Megatron's blocks, tp.h): each block's
                                 c_attn column-parallel with q, k and v split by heads, the
                                 attention of this rank's heads, attn.c_proj row-parallel,
@@ -4052,6 +4079,8 @@ typedef struct pdp__layer {
     int64_t vocab, context;              /* Embedding: token ids [0, vocab), positions table
                                             rows */
     int64_t heads;                       /* CausalSelfAttention */
+    int recompute;                       /* the model's recomputation is selective (set at
+                                            the add): a CausalSelfAttention keeps no att */
     int residual_from;                   /* ResidualAdd: the index of its region's Residual */
     int tied_param;                      /* TiedLinear: the registry index of its weight (a
                                             parameter another layer owns) */
@@ -4280,6 +4309,7 @@ struct pdp_model {
     int in_ndim;
     int64_t in_shape[3], in_count;
     pdp_dtype in_dtype;      /* float32, or int32 token ids for an Embedding first */
+    pdp_recompute recompute; /* activation recomputation (pdp_model_desc.recompute) */
     int open_residual;       /* the Residual of a region not yet closed; -1: none */
     pdp__layer *layers;
     int nlayers, cap_layers;
@@ -16034,7 +16064,22 @@ PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *p
     l->out_shape[0] = T;
     l->out_shape[1] = C;
     l->saved_per_sample = l->heads * T * T; /* att: P before dropout */
+    if (l->recompute) { /* selective recomputation: att is drawn again in backward, in the
+                           work buffer beside a scratch output: nothing kept */
+        l->work_per_sample += l->saved_per_sample + T * C;
+        l->saved_per_sample = 0;
+    }
     return PDP_OK;
+}
+
+/* The work buffer of a selectively recomputed attention: the kernels' work (B H T (T + 1)),
+   then att (B H T T), then a scratch output (B T C). */
+PDP__PRIVATE void pdp__attention_scratch(const pdp__layer *l, const pdp__layer_io *io,
+                                         float **att, float **y)
+{
+    int64_t T = l->in_shape[0];
+    *att = io->work + io->batch * l->heads * T * (T + 1);
+    *y = *att + io->batch * l->heads * T * T;
 }
 
 PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *io,
@@ -16051,18 +16096,28 @@ PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *
 PDP__PRIVATE pdp_status pdp__attention_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__attn_dropout d;
+    float *att = io->saved, *scratch;
+    if (l->recompute) pdp__attention_scratch(l, io, &att, &scratch); /* att not kept */
     pdp__attention_drop(l, io, &d);
     pdp__attention_forward(io->x, io->batch, l->in_shape[0], l->out_shape[1], l->heads, &d, io->y,
-                           io->saved, io->work);
+                           att, io->work);
     return PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__attention_layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__attn_dropout d;
+    const float *att = io->saved;
     if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
     pdp__attention_drop(l, io, &d);
-    pdp__attention_backward(io->x, io->saved, io->dy, io->batch, l->in_shape[0], l->out_shape[1],
+    if (l->recompute) { /* the scores, the mask, the softmax (and the dropout) again */
+        float *a, *y;
+        pdp__attention_scratch(l, io, &a, &y);
+        pdp__attention_forward(io->x, io->batch, l->in_shape[0], l->out_shape[1], l->heads, &d, y,
+                               a, io->work);
+        att = a;
+    }
+    pdp__attention_backward(io->x, att, io->dy, io->batch, l->in_shape[0], l->out_shape[1],
                             l->heads, &d, io->dx, io->work);
     return PDP_OK;
 }
@@ -16807,6 +16862,9 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     if (desc->input_dtype != PDP_DTYPE_F32 && desc->input_dtype != PDP_DTYPE_I32)
         return pdp__err(PDP_ERR_INVALID, "pdp_model_create: input_dtype %d (must be "
                         "PDP_DTYPE_F32 or PDP_DTYPE_I32)", (int)desc->input_dtype);
+    if ((unsigned)desc->recompute > PDP_RECOMPUTE_FULL)
+        return pdp__err(PDP_ERR_INVALID, "pdp_model_create: recompute %d (must be NONE, "
+                        "SELECTIVE or FULL)", (int)desc->recompute);
     if (desc->input_dtype == PDP_DTYPE_I32 && ndim != 1)
         return pdp__err(PDP_ERR_SHAPE, "pdp_model_create: int32 inputs are token ids, one "
                         "sequence [T] a sample; input_ndim is %d", ndim);
@@ -16829,6 +16887,7 @@ PDP_API pdp_status pdp_model_create(pdp_model **out, const pdp_model_desc *desc)
     }
     m->in_ndim = ndim;
     m->in_dtype = desc->input_dtype;
+    m->recompute = desc->recompute;
     m->open_residual = -1;
     m->in_count = 1;
     for (i = 0; i < 3; i++) {
@@ -16854,6 +16913,7 @@ PDP_API pdp_model_desc pdp_model_get_desc(const pdp_model *m)
     d.device = m->device;
     d.precision = m->precision;
     d.input_dtype = m->in_dtype;
+    d.recompute = m->recompute;
     return d;
 }
 
@@ -16918,6 +16978,12 @@ PDP__PRIVATE pdp_status pdp__model_wrap(pdp_model *m, pdp__wrap kind, int stage,
         return pdp__err(PDP_ERR_STATE, "%s: the model is already wrapped by %s; one executor "
                         "holds a model at a time: %s it before wrapping the model in %s", fn,
                         pdp__model_wrapper(m), frees[m->wrapped], pdp__wrap_name(kind, stage));
+    /* ZeRO-3 gathers a unit's parameters at each layer's forward and backward event; a
+       region run again inside backward would read parameters it has let go */
+    if (kind == PDP__WRAP_ZERO && stage == 3 && m->recompute == PDP_RECOMPUTE_FULL)
+        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: FULL activation recomputation under %s is not "
+                        "supported yet (SELECTIVE is, and FULL under stages 1-2)", fn,
+                        pdp__wrap_name(kind, stage));
     m->wrapped = kind;
     m->wrap_stage = stage;
     return PDP_OK;
@@ -17035,6 +17101,7 @@ PDP__PRIVATE pdp_status pdp__model_add(pdp_model *m, pdp__layer l, const char *f
     if ((st = pdp__model_check_layout(m, "add layers before wrapping it", fn)) != PDP_OK)
         return st;
     l.index = m->nlayers;
+    l.recompute = m->recompute == PDP_RECOMPUTE_SELECTIVE;
     l.mask_index = 0; /* the layers before it but TP's f and g (collective kinds) */
     for (i = 0; i < m->nlayers; i++)
         l.mask_index += !(pdp__layer_kind_of(m->layers[i].kind)->flags & PDP__LAYER_COLLECTIVE);
@@ -17341,6 +17408,8 @@ PDP__PRIVATE bool pdp__model_has_output(const pdp_model *m, int i)
    gradient ping-pong buffers). saved_off, when not NULL, gets each layer's offset. */
 typedef struct pdp__model_plan {
     int64_t act, saved, work, widest;
+    int64_t kept_act, kept_saved; /* of act and saved, what outlives a forward; the rest is
+                                     the scratch of recomputed regions (FULL) */
 } pdp__model_plan;
 
 /* *acc += v, or INT64_MAX (which stays) past PDP__COUNT_MAX: reserve then fails. */
@@ -17349,20 +17418,48 @@ PDP__PRIVATE void pdp__model_plan_add(int64_t *acc, int64_t v)
     if (!pdp__add_ok(*acc, v, acc)) *acc = INT64_MAX;
 }
 
+/* Layer i is inside a residual region that FULL recomputation runs again in backward:
+   after its Residual, before its ResidualAdd. */
+PDP__PRIVATE bool pdp__model_recomputed(const pdp_model *m, int i)
+{
+    int k;
+    if (m->recompute != PDP_RECOMPUTE_FULL || pdp__model_flag(m, i, PDP__LAYER_SKIP)) return false;
+    for (k = i - 1; k >= 0; k--) /* the nearest region mark before it: a Residual opens */
+        if (pdp__model_flag(m, k, PDP__LAYER_SKIP))
+            return pdp__model_flag(m, k, PDP__LAYER_FORWARD_VIEW);
+    return false;
+}
+
 PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off)
 {
     pdp__model_plan p;
+    int64_t ract = 0, rsaved = 0, scratch_act = 0, scratch_saved = 0;
     int i;
     p.act = p.saved = p.work = 0;
     p.widest = m->in_count;
     for (i = 0; i < m->nlayers; i++) {
         const pdp__layer *l = &m->layers[i];
-        if (pdp__model_has_output(m, i)) pdp__model_plan_add(&p.act, l->out_count);
-        if (saved_off) saved_off[i] = p.saved;
-        pdp__model_plan_add(&p.saved, l->saved_per_sample);
+        if (pdp__model_recomputed(m, i)) { /* in the region scratch, from its start */
+            if (pdp__model_has_output(m, i)) pdp__model_plan_add(&ract, l->out_count);
+            if (saved_off) saved_off[i] = rsaved; /* the kept part is added below */
+            pdp__model_plan_add(&rsaved, l->saved_per_sample);
+            scratch_act = PDP__MAX(scratch_act, ract);
+            scratch_saved = PDP__MAX(scratch_saved, rsaved);
+        } else {
+            ract = rsaved = 0;
+            if (pdp__model_has_output(m, i)) pdp__model_plan_add(&p.act, l->out_count);
+            if (saved_off) saved_off[i] = -1 - p.saved; /* marked: kept */
+            pdp__model_plan_add(&p.saved, l->saved_per_sample);
+        }
         p.work = PDP__MAX(p.work, pdp__layer_work_per_sample(l, m->device));
         p.widest = PDP__MAX(p.widest, l->out_count);
     }
+    p.kept_act = p.act;
+    p.kept_saved = p.saved;
+    for (i = 0; saved_off && i < m->nlayers; i++) /* kept first, then the region scratch */
+        saved_off[i] = saved_off[i] < 0 ? -1 - saved_off[i] : p.kept_saved + saved_off[i];
+    pdp__model_plan_add(&p.act, scratch_act);
+    pdp__model_plan_add(&p.saved, scratch_saved);
     return p;
 }
 
@@ -17370,15 +17467,19 @@ PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *sav
 /* Points the outputs of the layers that are not views at activation set m->slot. */
 PDP__PRIVATE void pdp__model_bind_acts(pdp_model *m)
 {
-    int64_t act = 0;
+    int64_t act = 0, ract = 0, kept = pdp__model_plan_of(m, NULL).kept_act;
     int i;
     for (i = 0; i < m->nlayers; i++) {
+        bool inner = pdp__model_recomputed(m, i);
+        if (!inner) ract = 0; /* each recomputed region starts the scratch again */
         if (!pdp__model_has_output(m, i)) {
             if (!pdp__model_is_view(m, i)) m->act[i] = NULL; /* a Conv2d whose pool is fused */
             continue;
         }
-        m->act[i] = m->act_block + m->slot * m->act_stride + m->max_batch * act;
-        act += m->layers[i].out_count;
+        m->act[i] = m->act_block + m->slot * m->act_stride + m->max_batch * (inner ? kept + ract
+                                                                                  : act);
+        if (inner) ract += m->layers[i].out_count;
+        else act += m->layers[i].out_count;
     }
 }
 
@@ -17502,12 +17603,49 @@ PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0)
     else pdp__prof.other_layers_s += dt;
 }
 
-PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
+/* Forward through layers [lo, hi) from in (layer lo's input). events: fire the executor's
+   forward events (not when FULL recomputation runs a region again inside backward, where
+   the executor has its backward's events). */
+PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, const float *in,
+                                                  bool events)
 {
     double t0;
+    int i;
+    pdp_status st;
+    for (i = lo; i < hi; i++) {
+        const pdp__layer *l = &m->layers[i];
+        pdp__layer_io io;
+        if (pdp__model_is_view(m, i)) { /* y is x */
+            m->act[i] = (float *)in;
+            continue;
+        }
+        if (pdp__model_pool_fused(m, i)) { /* the Conv2d wrote y */
+            in = m->act[i];
+            continue;
+        }
+        if (events && m->event && pdp__model_uses_params(m, i) &&
+            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
+        pdp__model_io(m, i, &io);
+        io.x = in;
+        io.y = m->act[i];
+        t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
+        if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
+            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
+                                 pdp__layer_kind_name(l->kind));
+        if (m->trace_tid) pdp__model_trace(m, events ? "forward" : "recompute", i, t0);
+        if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
+        if (pdp__prof.on) pdp__model_profile(l, t0);
+        in = io.y;
+    }
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y)
+{
     int64_t batch, shape[4], n;
-    const float *in;
-    int i, d;
+    int d;
     pdp_status st;
     if (!m || !x || !y) return pdp__err(PDP_ERR_INVALID, "pdp_model_forward: NULL argument");
     *y = NULL;
@@ -17536,34 +17674,7 @@ PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pd
     if ((st = pdp_model_reserve(m, batch)) != PDP_OK) return pdp__err_wrap(st, "pdp_model_forward");
     m->batch = batch;
     if (m->training) m->step++;
-    in = x->data;
-    for (i = 0; i < m->nlayers; i++) {
-        const pdp__layer *l = &m->layers[i];
-        pdp__layer_io io;
-        if (pdp__model_is_view(m, i)) { /* y is x */
-            m->act[i] = (float *)in;
-            continue;
-        }
-        if (pdp__model_pool_fused(m, i)) { /* the Conv2d wrote y */
-            in = m->act[i];
-            continue;
-        }
-        if (m->event && pdp__model_uses_params(m, i) &&
-            (st = m->event(m->event_user, m, PDP__EV_FORWARD_LAYER, i, PDP_OK)) != PDP_OK)
-            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
-                                 pdp__layer_kind_name(l->kind));
-        pdp__model_io(m, i, &io);
-        io.x = in;
-        io.y = m->act[i];
-        t0 = m->trace_tid || m->layer_s || pdp__prof.on ? pdp__now() : 0.0;
-        if ((st = pdp__layer_forward(l, &io)) != PDP_OK)
-            return pdp__err_wrap(st, "pdp_model_forward: layer %d (%s)", i,
-                                 pdp__layer_kind_name(l->kind));
-        if (m->trace_tid) pdp__model_trace(m, "forward", i, t0);
-        if (m->layer_s) m->layer_s[i] += pdp__now() - t0;
-        if (pdp__prof.on) pdp__model_profile(l, t0);
-        in = io.y;
-    }
+    if ((st = pdp__model_forward_layers(m, 0, m->nlayers, x->data, true)) != PDP_OK) return st;
     m->act[m->nlayers] = (float *)x->data; /* remembered for backward */
     shape[0] = batch;
     for (d = 0; d < m->layers[m->nlayers - 1].out_ndim; d++)
@@ -17612,6 +17723,14 @@ PDP_API pdp_status pdp_model_backward(pdp_model *m, const pdp_tensor *dy)
             (st = m->event(m->event_user, m, PDP__EV_BACKWARD_LAYER, i, PDP_OK)) != PDP_OK) {
             st = pdp__err_wrap(st, "pdp_model_backward: layer %d (%s)", i,
                                pdp__layer_kind_name(l->kind));
+            break;
+        }
+        if (i > 0 && pdp__model_recomputed(m, i - 1) && !pdp__model_recomputed(m, i) &&
+            (st = pdp__model_forward_layers(m, m->layers[i].residual_from + 1, i,
+                                            m->act[m->layers[i].residual_from], false)) !=
+                PDP_OK) { /* FULL: the region's forward again, from its kept input */
+            st = pdp__err_wrap(st, "pdp_model_backward: recomputing layers %d..%d",
+                               m->layers[i].residual_from + 1, i - 1);
             break;
         }
         if (pdp__model_runs_backward(m, i)) {
@@ -17793,6 +17912,7 @@ PDP_API int64_t pdp_model_activation_bytes(const pdp_model *m, int lo, int hi, i
     lo = PDP__MAX(lo, 0);
     hi = PDP__MIN(hi, m->nlayers);
     for (i = lo; i < hi; i++) {
+        if (pdp__model_recomputed(m, i)) continue; /* FULL: in the region scratch, not kept */
         if (pdp__model_has_output(m, i)) pdp__model_plan_add(&floats, m->layers[i].out_count);
         pdp__model_plan_add(&floats, m->layers[i].saved_per_sample);
     }
@@ -17949,6 +18069,7 @@ PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, 
                                       : m->layers[i].tied_param - p0;
     }
     m->in_dtype = lo == 0 ? full->in_dtype : PDP_DTYPE_F32;
+    m->recompute = full->recompute;
     m->open_residual = -1;
     for (i = 0; i < p1 - p0; i++) {
         m->params[i] = full->params[p0 + i];
@@ -25352,6 +25473,7 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     md.seed = d.seed;
     md.device = d.device;
     md.precision = d.precision;
+    md.recompute = d.recompute;
     if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
     if (d.tp && d.heads % pdp_comm_size(d.tp) != 0) {

@@ -161,6 +161,7 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     md.seed = d.seed;
     md.device = d.device;
     md.precision = d.precision;
+    md.recompute = d.recompute;
     if ((st = pdp_model_create(&m, &md)) != PDP_OK) return pdp__err_wrap(st, "%s", fn);
     if (d.tp && (st = pdp_model_set_tp(m, d.tp)) != PDP_OK) goto fail;
     if (d.tp && d.heads % pdp_comm_size(d.tp) != 0) {

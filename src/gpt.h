@@ -52,6 +52,8 @@ typedef struct pdp_gpt_desc {
     uint64_t seed;           /* initialisation and dropout masks; default 0 */
     pdp_device device;       /* default CPU (the GPT's kinds run on the CPU for now) */
     pdp_precision precision; /* as pdp_model_desc.precision */
+    pdp_recompute recompute; /* as pdp_model_desc.recompute: SELECTIVE keeps no attention
+                                probabilities, FULL keeps each residual region's input only */
     struct pdp_comm *tp;     /* tensor parallel (Megatron's blocks, tp.h): each block's
                                 c_attn column-parallel with q, k and v split by heads, the
                                 attention of this rank's heads, attn.c_proj row-parallel,

@@ -284,6 +284,8 @@ typedef struct pdp__layer {
     int64_t vocab, context;              /* Embedding: token ids [0, vocab), positions table
                                             rows */
     int64_t heads;                       /* CausalSelfAttention */
+    int recompute;                       /* the model's recomputation is selective (set at
+                                            the add): a CausalSelfAttention keeps no att */
     int residual_from;                   /* ResidualAdd: the index of its region's Residual */
     int tied_param;                      /* TiedLinear: the registry index of its weight (a
                                             parameter another layer owns) */
@@ -512,6 +514,7 @@ struct pdp_model {
     int in_ndim;
     int64_t in_shape[3], in_count;
     pdp_dtype in_dtype;      /* float32, or int32 token ids for an Embedding first */
+    pdp_recompute recompute; /* activation recomputation (pdp_model_desc.recompute) */
     int open_residual;       /* the Residual of a region not yet closed; -1: none */
     pdp__layer *layers;
     int nlayers, cap_layers;

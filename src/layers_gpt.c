@@ -443,7 +443,22 @@ PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *p
     l->out_shape[0] = T;
     l->out_shape[1] = C;
     l->saved_per_sample = l->heads * T * T; /* att: P before dropout */
+    if (l->recompute) { /* selective recomputation: att is drawn again in backward, in the
+                           work buffer beside a scratch output: nothing kept */
+        l->work_per_sample += l->saved_per_sample + T * C;
+        l->saved_per_sample = 0;
+    }
     return PDP_OK;
+}
+
+/* The work buffer of a selectively recomputed attention: the kernels' work (B H T (T + 1)),
+   then att (B H T T), then a scratch output (B T C). */
+PDP__PRIVATE void pdp__attention_scratch(const pdp__layer *l, const pdp__layer_io *io,
+                                         float **att, float **y)
+{
+    int64_t T = l->in_shape[0];
+    *att = io->work + io->batch * l->heads * T * (T + 1);
+    *y = *att + io->batch * l->heads * T * T;
 }
 
 PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *io,
@@ -460,18 +475,28 @@ PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *
 PDP__PRIVATE pdp_status pdp__attention_layer_forward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__attn_dropout d;
+    float *att = io->saved, *scratch;
+    if (l->recompute) pdp__attention_scratch(l, io, &att, &scratch); /* att not kept */
     pdp__attention_drop(l, io, &d);
     pdp__attention_forward(io->x, io->batch, l->in_shape[0], l->out_shape[1], l->heads, &d, io->y,
-                           io->saved, io->work);
+                           att, io->work);
     return PDP_OK;
 }
 
 PDP__PRIVATE pdp_status pdp__attention_layer_backward(const pdp__layer *l, const pdp__layer_io *io)
 {
     pdp__attn_dropout d;
+    const float *att = io->saved;
     if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
     pdp__attention_drop(l, io, &d);
-    pdp__attention_backward(io->x, io->saved, io->dy, io->batch, l->in_shape[0], l->out_shape[1],
+    if (l->recompute) { /* the scores, the mask, the softmax (and the dropout) again */
+        float *a, *y;
+        pdp__attention_scratch(l, io, &a, &y);
+        pdp__attention_forward(io->x, io->batch, l->in_shape[0], l->out_shape[1], l->heads, &d, y,
+                               a, io->work);
+        att = a;
+    }
+    pdp__attention_backward(io->x, att, io->dy, io->batch, l->in_shape[0], l->out_shape[1],
                             l->heads, &d, io->dx, io->work);
     return PDP_OK;
 }

@@ -271,6 +271,8 @@ typedef struct pdp__layer {
     int64_t vocab, context;              /* Embedding: token ids [0, vocab), positions table
                                             rows */
     int64_t heads;                       /* CausalSelfAttention */
+    int recompute;                       /* the model's recomputation is selective (set at
+                                            the add): a CausalSelfAttention keeps no att */
     int residual_from;                   /* ResidualAdd: the index of its region's Residual */
     int tied_param;                      /* TiedLinear: the registry index of its weight (a
                                             parameter another layer owns) */
@@ -499,6 +501,7 @@ struct pdp_model {
     int in_ndim;
     int64_t in_shape[3], in_count;
     pdp_dtype in_dtype;      /* float32, or int32 token ids for an Embedding first */
+    pdp_recompute recompute; /* activation recomputation (pdp_model_desc.recompute) */
     int open_residual;       /* the Residual of a region not yet closed; -1: none */
     pdp__layer *layers;
     int nlayers, cap_layers;
@@ -4754,6 +4757,11 @@ PDP__PRIVATE pdp_status pdp__embedding_backward(const pdp__layer *l, const pdp__
 
 PDP__PRIVATE pdp_status pdp__attention_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
+/* The work buffer of a selectively recomputed attention: the kernels' work (B H T (T + 1)),
+   then att (B H T T), then a scratch output (B T C). */
+PDP__PRIVATE void pdp__attention_scratch(const pdp__layer *l, const pdp__layer_io *io,
+                                         float **att, float **y);
+
 PDP__PRIVATE void pdp__attention_drop(const pdp__layer *l, const pdp__layer_io *io,
                                       pdp__attn_dropout *d);
 
@@ -5212,10 +5220,16 @@ PDP__PRIVATE bool pdp__model_has_output(const pdp_model *m, int i);
    gradient ping-pong buffers). saved_off, when not NULL, gets each layer's offset. */
 typedef struct pdp__model_plan {
     int64_t act, saved, work, widest;
+    int64_t kept_act, kept_saved; /* of act and saved, what outlives a forward; the rest is
+                                     the scratch of recomputed regions (FULL) */
 } pdp__model_plan;
 
 /* *acc += v, or INT64_MAX (which stays) past PDP__COUNT_MAX: reserve then fails. */
 PDP__PRIVATE void pdp__model_plan_add(int64_t *acc, int64_t v);
+
+/* Layer i is inside a residual region that FULL recomputation runs again in backward:
+   after its Residual, before its ResidualAdd. */
+PDP__PRIVATE bool pdp__model_recomputed(const pdp_model *m, int i);
 
 PDP__PRIVATE pdp__model_plan pdp__model_plan_of(const pdp_model *m, int64_t *saved_off);
 
@@ -5241,6 +5255,12 @@ PDP__PRIVATE void pdp__model_trace(const pdp_model *m, const char *what, int i, 
 
 /* The profile's split (pdp_profile): a layer with weights counts as GEMM work. */
 PDP__PRIVATE void pdp__model_profile(const pdp__layer *l, double t0);
+
+/* Forward through layers [lo, hi) from in (layer lo's input). events: fire the executor's
+   forward events (not when FULL recomputation runs a region again inside backward, where
+   the executor has its backward's events). */
+PDP__PRIVATE pdp_status pdp__model_forward_layers(pdp_model *m, int lo, int hi, const float *in,
+                                                  bool events);
 
 /* PDP_API pdp_status pdp_model_forward(pdp_model *m, const pdp_tensor *x, const pdp_tensor **y) */
 

@@ -697,6 +697,7 @@ typedef struct pp_case {
     const pdp_model *ref; /* the single-device model after the 3 steps */
     double worst[8];
     bool bad_cut;
+    pdp_recompute recompute;
 } pp_case;
 
 static pdp_status pp_rank(const pdp_launch_ctx *ctx, void *user)
@@ -705,6 +706,7 @@ static pdp_status pp_rank(const pdp_launch_ctx *ctx, void *user)
     pdp_gpt_desc d = tp_desc();
     pdp_model *full = NULL, *m;
     pdp_pp *pp = NULL;
+    d.recompute = c->recompute;
     pdp_pp_desc pd;
     pdp_optim *o = NULL;
     pdp_optim_desc od;
@@ -803,12 +805,74 @@ TEST gpt_pipeline_of_blocks_equals_one_device(void)
             for (i = 0; i < 3; i++) ASSERTm(msg, fabs(c.losses[i] - one.losses[i]) <= 1e-5);
             for (r = 0; r < np; r++) ASSERTm(msg, c.worst[r] <= 1e-5);
         }
+    c.recompute = PDP_RECOMPUTE_FULL; /* the stages run their regions again in backward */
+    c.schedule = PDP_PP_1F1B;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(3, NULL, pp_rank, &c), pdp_status_name);
+    for (i = 0; i < 3; i++) ASSERTm("recompute", fabs(c.losses[i] - one.losses[i]) <= 1e-5);
+    for (r = 0; r < 3; r++) ASSERTm("recompute", c.worst[r] <= 1e-5);
     pdp_model_free(ref);
+    PASS();
+}
+
+/* Activation recomputation gives the same bits as none (the same operations in the same
+   order; dropout masks are keyed, so drawn again alike) and keeps less: SELECTIVE drops
+   each attention's B x H x T x T probabilities, FULL everything inside the residual
+   regions; FULL also trains in a pipeline stage (equal to one device) and ZeRO-3 refuses
+   it by name. */
+TEST gpt_recomputation_is_exact_and_keeps_less(void)
+{
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *m[3] = {NULL, NULL, NULL};
+    int32_t ids[TP_B * TP_T], tg[TP_B * TP_T];
+    int64_t shape[2] = {TP_B, TP_T}, i, bytes[3];
+    pdp_tensor x, g0, g;
+    float loss[3];
+    int k, step;
+    for (i = 0; i < TP_B * TP_T; i++) {
+        ids[i] = (int32_t)((i * 7 + 3) % 13);
+        tg[i] = i % 5 == 2 ? -1 : (int32_t)((i * 11 + 1) % 13);
+    }
+    pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+    for (k = 0; k < 3; k++) {
+        d.recompute = (pdp_recompute)k;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&m[k], &d), pdp_status_name);
+        for (step = 0; step < 2; step++) { /* a second step: the dropout keys move on */
+            pdp_model_zero_grad(m[k]);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_model_forward_backward(m[k], &x, tg, &loss[k]),
+                           pdp_status_name);
+        }
+        bytes[k] = pdp_model_activation_bytes(m[k], 0, pdp_model_num_layers(m[k]), TP_B);
+    }
+    pdp_model_flat(m[0], NULL, &g0);
+    for (k = 1; k < 3; k++) {
+        ASSERT_EQ(loss[0], loss[k]);
+        pdp_model_flat(m[k], NULL, &g);
+        for (i = 0; i < g.count; i++) ASSERT_EQ(g0.data[i], g.data[i]);
+    }
+    /* selective: exactly the probabilities, 6 heads x T x T floats a sample and layer */
+    ASSERT_EQ(bytes[0] - (int64_t)TP_L * TP_B * 6 * TP_T * TP_T * 4, bytes[1]);
+    ASSERT(bytes[2] < bytes[1]);
+    {   /* ZeRO-3 lets parameters go between a layer's events: FULL is refused by name */
+        pdp_local_group *grp = NULL;
+        pdp_comm *one = NULL;
+        pdp_zero *z = NULL;
+        pdp_zero_desc zd;
+        memset(&zd, 0, sizeof zd);
+        zd.stage = 3;
+        ASSERT_ENUM_EQ(PDP_OK, pdp_local_group_create(&grp, 1, NULL), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_OK, pdp_comm_create_local(&one, grp, 0), pdp_status_name);
+        ASSERT_ENUM_EQ(PDP_ERR_UNSUPPORTED, pdp_zero_create(&z, m[2], one, &zd), pdp_status_name);
+        ASSERT(strstr(pdp_last_error(), "FULL activation recomputation under ZeRO stage 3"));
+        pdp_comm_free(one);
+        pdp_local_group_free(grp);
+    }
+    for (k = 0; k < 3; k++) pdp_model_free(m[k]);
     PASS();
 }
 
 SUITE(gpt)
 {
+    RUN_TEST(gpt_recomputation_is_exact_and_keeps_less);
     RUN_TEST(gpt_pipeline_of_blocks_equals_one_device);
     RUN_TEST(gpt_tensor_parallel_by_heads_equals_one_device);
     RUN_TEST(gpt_under_dataparallel_equals_one_device);
