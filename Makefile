@@ -353,7 +353,10 @@ $(EB)/train_%.o: examples/train_%.c pdp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) $(IMPL_LINKED) -c $< -o $@
 
-$(EMU_PROGRAMS): $(EB)/%: $(EB)/%.o $(EMU_OBJS)
+$(EB)/test_%: $(EB)/test_%.o $(EMU_OBJS)
+	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(EB)/train_%: $(EB)/train_%.o $(EMU_OBJS) # any example (train_cnn, train_zero by hand)
 	$(CXX) $(OPT) $(CFLAGS) $^ -o $@ $(LDLIBS)
 .PRECIOUS: $(EB)/test_%.o $(EB)/train_%.o
 
