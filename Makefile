@@ -342,6 +342,11 @@ $(EB)/test_%.o: tests/test_%.c $(TEST_HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) $(TEST_LINKED) -c $< -o $@
 
+# under ASan only: a kernel thread's stack overflow after a barrier is reported
+EMU_STACK_CHECK = $(if $(findstring sanitize=address,$(OPT)),$(EB)/stack_check)
+$(EB)/stack_check: tests/cuda_emu/stack_check.cc $(EB)/cuda_emu.o $(EMU_HEADERS)
+	$(CXX) $(EMU_CXXFLAGS) $(OPT) $(CFLAGS) $< $(EB)/cuda_emu.o -o $@ $(LDLIBS)
+
 $(EB)/bench_gpu.o: bench/cuda/gpu.c pdp.h
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(OPT) -DPDP_CUDA $(CFLAGS) $(CPPFLAGS) -c $< -o $@
@@ -367,7 +372,13 @@ $(EB)/train_%: $(EB)/train_%.o $(EMU_OBJS) # any example (train_cnn, train_zero 
 # per GPU), against the same example on -backend local: train_tp on 2 GPUs, train_pp on 2
 # stages, 1F1B and GPipe. (train_cnn -device cuda matches too, but takes 85 s on the
 # emulator: run it by hand.)
-emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu
+emu-cuda-test: $(EMU_PROGRAMS) $(EB)/bench_gpu $(EMU_STACK_CHECK)
+	@if [ -n "$(EMU_STACK_CHECK)" ]; then \
+	    echo "== $(EB)/stack_check (ASan sees a kernel thread's stack overflow after a barrier)"; \
+	    ./$(EB)/stack_check 2>&1 | grep -q "no report" || { echo "stack_check failed"; exit 1; }; \
+	    ./$(EB)/stack_check overflow 2>&1 | grep -q stack-buffer-overflow || \
+	        { echo "stack_check overflow: ASan reported no stack-buffer-overflow"; exit 1; }; \
+	fi
 	@for t in $(EMU_CUDA_TESTS); do \
 	    for n in $(EMU_CUDA_DEVICES); do \
 	        echo "== PDP_EMU_CUDA_DEVICES=$$n $$t"; \

@@ -355,7 +355,9 @@ void yield(int state)
    of the target's whole uc_stack on every switch (32 KiB of shadow for a 256 KiB stack, at
    each resume of each thread), which was 52% of an ASan run's time (perf, PDP_SHORT=1
    train_dp -j 2 -gpus 2: 52.6 s -> 10.6 s), and which also unpoisoned a parked fiber's live
-   frames, hiding overflows of their locals. (glibc's swapcontext does not read uc_stack.) */
+   frames, hiding overflows of their locals (tests/cuda_emu/stack_check.cc: one past a local
+   array after __syncthreads went unreported; it is reported now). glibc's swapcontext does
+   not read uc_stack. */
 const size_t PARK_MARGIN = 16 << 10;
 
 __attribute__((noinline)) void fiber_init(Fiber &f)
