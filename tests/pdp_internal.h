@@ -7860,9 +7860,12 @@ PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);
    so copied here) and the order in which ranks failed, under one mutex, BEFORE it frees its
    communicator: the first failure is then the cause, and the peers' failures that its
    departure provokes come after it. Process ranks: pdp_comm_init_env and one call. Built
-   only on the public API of comm.h, rendezvous.h and cuda.h. */
+   only on the public API of comm.h, rendezvous.h and cuda.h. Then pdp_args_parse, a
+   program's "-name value" options. */
 
 /* #include "internal.h" (above) */
+
+#include <limits.h>
 
 typedef struct pdp__launch pdp__launch;
 
@@ -7908,6 +7911,25 @@ PDP__PRIVATE pdp_status pdp__launch_threads(int np, const pdp_launch_desc *d,
 /* PDP_API pdp_status pdp_backend_from_name(const char *name, pdp_backend *out) */
 
 /* PDP_API double pdp_seconds(void) */
+
+/* PDP_API pdp_status pdp_print_by_rank(pdp_comm *c, const char *fmt, ...) */
+
+/* ---- pdp_args_parse: a program's "-name value" options ---- */
+
+/* Whether text is one of choices, "a|b|c". */
+PDP__PRIVATE bool pdp__arg_is_choice(const char *choices, const char *text);
+
+/* What a accepts, "1..8" or "local|mpi|nccl", into buf ("" when anything of its type). */
+PDP__PRIVATE const char *pdp__arg_accepts(const pdp_arg *a, char *buf, size_t cap);
+
+/* Stores text in a's variable, or returns false (the variable untouched) when a refuses
+   it: not a whole number of a's type, outside a's range, not one of a's choices. */
+PDP__PRIVATE bool pdp__arg_set(const pdp_arg *a, const char *text);
+
+/* Appends " [-name value]" (the variable's value now) and " (what it accepts)" to buf. */
+PDP__PRIVATE void pdp__arg_usage(const pdp_arg *a, char *buf, size_t cap);
+
+/* PDP_API pdp_status pdp_args_parse(int argc, char **argv, const pdp_arg *args, int count) */
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC diagnostic pop
