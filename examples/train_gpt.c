@@ -6,10 +6,10 @@
    a directory named on the command line, or, with neither, pdp's synthetic English-like text
    (the first line says which, and why). Training is nanoGPT's: windows of T + 1 bytes drawn
    at random, AdamW (betas 0.9 and 0.95, weight decay 0.1), warm-up then cosine decay, the
-   gradient clipped to norm 1, at lr 3e-3 (nanoGPT's 1e-3 gave a higher validation loss for
-   this small model and short run). It prints the memory first (parameters, gradients, AdamW's
-   moments; one block's activations beside Megatron-LM's formula), the losses, and at the end
-   text written from a prompt (temperature, top-k, seed).
+   gradient clipped to norm 1, at lr 3e-3 (a small model, a short run: at dim 128, 2e-3 and
+   4e-3 each reached a lower validation loss than nanoGPT's 1e-3 in 1200 steps). It prints the
+   memory first (parameters, gradients, AdamW's moments; one block's activations beside
+   Megatron-LM's formula), the losses, and at the end text written from a prompt.
 
    Build:  cc -std=c99 -O2 -march=native -I. examples/train_gpt.c -o train_gpt -lm -lpthread
            (or make build/train_gpt; the GPT's layers run on the CPU for now)
