@@ -24398,6 +24398,15 @@ PDP__PRIVATE pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_
 
 /* ---- reducer: training ---- */
 
+/* The global index of this rank's first sample, for the keys of its dropout masks: rank x
+   its batch, as when every rank holds an equal shard of the global batch in rank order (a
+   DistributedSampler's); the masks are then the single-device run's on the whole batch, and
+   two ranks never draw the same masks for their i-th samples. */
+PDP__PRIVATE void pdp__reducer_sample_base(pdp__reducer *r, const pdp_tensor *x)
+{
+    r->m->sample_base = (int64_t)r->c->rank * x->shape[0];
+}
+
 /* Forward, loss and backward on this rank's shard; the buckets launch as their
    gradients become ready (unless no_sync): the model's events do it. */
 PDP__PRIVATE pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,
@@ -24408,6 +24417,7 @@ PDP__PRIVATE pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor 
     if (r->state == PDP__RED_REDUCING) /* before the forward, which would be wasted */
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
                         "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+    if (x) pdp__reducer_sample_base(r, x);
     if (r->desc.batch_mean == PDP_BATCH_MEAN_GLOBAL) {
         st = pdp__reducer_forward_backward_global(r, x, labels, loss, fn);
         r->backward_acc += pdp__now() - t0;
@@ -24428,6 +24438,7 @@ PDP__PRIVATE pdp_status pdp__reducer_forward(pdp__reducer *r, const pdp_tensor *
     if (r->state == PDP__RED_REDUCING)
         return pdp__err(PDP_ERR_STATE, "%s: rank %d: the last backward's buckets are still being "
                         "reduced; call %s first", fn, r->c->rank, r->desc.finish_names);
+    if (x) pdp__reducer_sample_base(r, x);
     st = pdp_model_forward(r->m, x, y);
     r->backward_acc += pdp__now() - t0;
     return st == PDP_OK ? st : pdp__err_wrap(st, "%s: rank %d", fn, r->c->rank);

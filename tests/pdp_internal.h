@@ -6970,6 +6970,12 @@ PDP__PRIVATE pdp_status pdp__reducer_backward_global(pdp__reducer *r, const pdp_
 
 /* ---- reducer: training ---- */
 
+/* The global index of this rank's first sample, for the keys of its dropout masks: rank x
+   its batch, as when every rank holds an equal shard of the global batch in rank order (a
+   DistributedSampler's); the masks are then the single-device run's on the whole batch, and
+   two ranks never draw the same masks for their i-th samples. */
+PDP__PRIVATE void pdp__reducer_sample_base(pdp__reducer *r, const pdp_tensor *x);
+
 /* Forward, loss and backward on this rank's shard; the buckets launch as their
    gradients become ready (unless no_sync): the model's events do it. */
 PDP__PRIVATE pdp_status pdp__reducer_backward(pdp__reducer *r, const pdp_tensor *x,

@@ -483,6 +483,7 @@ static pdp_model *small_gpt(void)
     pdp_model *m = NULL;
     memset(&d, 0, sizeof d);
     d.vocab = 13, d.context = 8, d.layers = 2, d.heads = 2, d.dim = 16, d.seed = 11;
+    d.dropout = 0.1f; /* rank r's masks are those of samples r x its batch on, as one device's */
     return pdp_gpt_create(&m, &d) == PDP_OK ? m : NULL;
 }
 

@@ -562,6 +562,158 @@ MPI_TEST(mpi_p2p_timed_out_sends_cancel_together)
     PASS();
 }
 
+/* ---- MPI: the GPT under DDP, ZeRO-3 and a pipeline equals one device ---- */
+
+/* A GPT of 2 blocks (vocab 13, T 8, dim 24, 6 heads, dropout 0.1), 12 sequences a step,
+   each with one -1 target (every rank's share holds as many, so the mean of the ranks'
+   means is the batch's), 2 AdamW steps with clipping at 0.5 */
+enum { MG_B = 12, MG_T = 8, MG_STEPS = 2 };
+
+static pdp_status mg_model(pdp_model **out)
+{
+    pdp_gpt_desc d;
+    memset(&d, 0, sizeof d);
+    d.vocab = 13, d.context = MG_T, d.layers = 2, d.heads = 6, d.dim = 24, d.seed = 5;
+    d.dropout = 0.1f;
+    return pdp_gpt_create(out, &d);
+}
+
+static void mg_batch(int s, int32_t *ids, int32_t *tg)
+{
+    int i;
+    for (i = 0; i < MG_B * MG_T; i++) {
+        ids[i] = (int32_t)((i * 7 + 3 * s + 1) % 13);
+        tg[i] = i % MG_T == 5 ? -1 : (int32_t)((i * 5 + s) % 13);
+    }
+}
+
+static pdp_optim_desc mg_adamw(void)
+{
+    pdp_optim_desc od;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+    return od;
+}
+
+/* The single-device model after the steps. */
+static pdp_status mg_reference(pdp_model **ref)
+{
+    pdp_optim *o = NULL;
+    pdp_optim_desc od = mg_adamw();
+    int32_t ids[MG_B * MG_T], tg[MG_B * MG_T];
+    int64_t shape[2] = {MG_B, MG_T};
+    pdp_tensor x;
+    float loss, norm;
+    int s;
+    pdp_status st;
+    if ((st = mg_model(ref)) != PDP_OK || (st = pdp_optim_create(&o, *ref, &od)) != PDP_OK)
+        return st;
+    for (s = 0; s < MG_STEPS && st == PDP_OK; s++) {
+        mg_batch(s, ids, tg);
+        pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, shape, &x);
+        if ((st = pdp_model_forward_backward(*ref, &x, tg, &loss)) == PDP_OK &&
+            (st = pdp_clip_grad_norm(*ref, 0.5f, &norm)) == PDP_OK)
+            st = pdp_optim_step(o);
+        pdp_optim_zero_grad(o);
+    }
+    pdp_optim_free(o);
+    return st;
+}
+
+MPI_TEST(mpi_gpt_under_ddp_zero3_and_a_pipeline_equals_one_device)
+{
+    pdp_model *ref = NULL;
+    pdp_tensor pr;
+    int32_t ids[MG_B * MG_T], tg[MG_B * MG_T];
+    int64_t per = MG_B / world_size, shape[2] = {MG_B / world_size, MG_T}, i;
+    int kind, s;
+    if (MG_B % world_size) SKIPm("12 sequences do not split over this many ranks");
+    ASSERT_ENUM_EQ(PDP_OK, mg_reference(&ref), pdp_status_name);
+    pdp_model_flat(ref, &pr, NULL);
+    for (kind = 0; kind < 3; kind++) { /* DDP, ZeRO-3, a pipeline of world_size stages */
+        pdp_model *m = NULL;
+        pdp_ddp *ddp = NULL;
+        pdp_zero *z = NULL;
+        pdp_pp *pp = NULL;
+        pdp_optim *o = NULL;
+        pdp_optim_desc od = mg_adamw();
+        pdp_zero_desc zd;
+        float *mine = NULL, loss, norm;
+        pdp_tensor x;
+        double worst = 0.0;
+        ASSERT_ENUM_EQ(PDP_OK, mg_model(&m), pdp_status_name);
+        memset(&zd, 0, sizeof zd);
+        zd.stage = 3;
+        if (kind == 0) {
+            ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_create(&ddp, m, cm, NULL), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, m, &od), pdp_status_name);
+        } else if (kind == 1) {
+            ASSERT_ENUM_EQ(PDP_OK, pdp_zero_create(&z, m, cm, &zd), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_zero_optim_create(&o, z, &od), pdp_status_name);
+        } else {
+            ASSERT_ENUM_EQ(PDP_OK, pdp_pp_create(&pp, m, cm, NULL), pdp_status_name);
+            ASSERT_ENUM_EQ(PDP_OK, pdp_optim_create(&o, pdp_pp_model(pp), &od), pdp_status_name);
+        }
+        for (s = 0; s < MG_STEPS; s++) {
+            mg_batch(s, ids, tg);
+            if (kind == 2) { /* the whole batch, cut into micro-batches */
+                int64_t whole[2] = {MG_B, MG_T};
+                pdp_tensor_wrap_ids(ids, pdp_cpu(), 2, whole, &x);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_pp_forward_backward(pp, &x, tg, &loss),
+                               pdp_status_name);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_pp_clip_grad_norm(pp, 0.5f, &norm), pdp_status_name);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_pp_step(pp, o), pdp_status_name);
+                continue;
+            }
+            pdp_tensor_wrap_ids(ids + my_rank * per * MG_T, pdp_cpu(), 2, shape, &x);
+            if (kind == 0) {
+                ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_forward_backward(ddp, &x, tg + my_rank * per * MG_T,
+                                                                &loss), pdp_status_name);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_ddp_finish(ddp), pdp_status_name);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_clip_grad_norm(m, 0.5f, &norm), pdp_status_name);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_optim_step(o), pdp_status_name);
+                pdp_optim_zero_grad(o);
+            } else {
+                ASSERT_ENUM_EQ(PDP_OK, pdp_zero_forward_backward(z, &x, tg + my_rank * per * MG_T,
+                                                                 &loss), pdp_status_name);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_zero_finish(z), pdp_status_name);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_zero_clip_grad_norm(z, 0.5f, &norm), pdp_status_name);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_zero_step(z, o), pdp_status_name);
+            }
+        }
+        if (kind < 2) { /* the full parameters against one device's */
+            mine = fbuf(pr.count);
+            if (kind == 0) memcpy(mine, m->param_block, (size_t)pr.count * sizeof(float));
+            else ASSERT_ENUM_EQ(PDP_OK, pdp_zero_gather_params(z, mine), pdp_status_name);
+            for (i = 0; i < pr.count; i++) {
+                double e = fabs((double)mine[i] - pr.data[i]);
+                if (e > worst) worst = e;
+            }
+        } else { /* this stage's tensors, by name (the last stage's copy of wte too) */
+            pdp_model *st = pdp_pp_model(pp);
+            int p;
+            for (p = 0; p < pdp_model_num_params(st); p++) {
+                pdp_param a, b;
+                pdp_model_param(st, p, &a);
+                ASSERT_ENUM_EQ(PDP_OK, pdp_model_find_param(ref, a.name, &b), pdp_status_name);
+                for (i = 0; i < a.count; i++) {
+                    double e = fabs((double)a.value.data[i] - b.value.data[i]);
+                    if (e > worst) worst = e;
+                }
+            }
+        }
+        free(mine);
+        ASSERTm(kind == 0 ? "DDP" : kind == 1 ? "ZeRO-3" : "pipeline", worst <= 1e-5);
+        pdp_optim_free(o);
+        pdp_ddp_free(ddp);
+        pdp_zero_free(z);
+        pdp_pp_free(pp);
+        pdp_model_free(m);
+    }
+    pdp_model_free(ref);
+    PASS();
+}
+
 /* ---- MPI: ZeRO stages 1-3 equal single-device training ---- */
 
 MPI_TEST(mpi_zero_matches_single_device_and_ranks_agree)
@@ -1027,6 +1179,7 @@ SUITE(mpi)
     RUN_TEST(mpi_zero_matches_single_device_and_ranks_agree);
     RUN_TEST(mpi_pp_matches_single_device);
     RUN_TEST(mpi_pp_2d_dp_x_pp_matches_single_device);
+    RUN_TEST(mpi_gpt_under_ddp_zero3_and_a_pipeline_equals_one_device);
     RUN_TEST(mpi_trace_has_collectives_per_rank);
     RUN_TEST(mpi_init_env_times_out_when_a_rank_is_missing);
     conf_run_suite(&mpi_factory);
