@@ -2176,7 +2176,12 @@ PDP_API int pdp_dp_stats_format(const pdp_dp_stats *s, char *buf, size_t bytes);
    With N ranks each computing the mean loss of B/N samples, the averaged
    gradients are those of the mean loss over the global batch B: DDP training
    equals single-device training on the global batch, to float rounding, and
-   every rank holds bit-identical parameters.
+   every rank holds bit-identical parameters. Dropout too: rank r's masks are keyed
+   by its samples' places in the global batch (r x its batch on, the order a
+   DistributedSampler gives), so they are one device's masks and no two ranks draw
+   the same (ZeRO's forward does the same). A GPT's labels are one a position: its
+   loss is then the mean over this rank's labels that count (-1 ignored), and the
+   average of the ranks' means is the batch's when every rank holds as many.
 
    Uneven shards (batch_mean). Each rank's loss is the mean over its own n_r
    samples and the all-reduce averages over the N ranks, so by default
