@@ -593,6 +593,9 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
    rows (x must be the input that forward was given, still alive). */
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+/* A model with full's layers and parameter registry, no gradients and no executor, and a
+   zeroed parameter block when with_block (model.c; pp.c's staging for full checkpoints). */
+PDP__PRIVATE pdp_status pdp__model_layout(const pdp_model *full, bool with_block, pdp_model **out);
 /* Renames parameter p (model.c; a builder's names, pdp_gpt_create's). */
 PDP__PRIVATE pdp_status pdp__model_rename_param(pdp_model *m, int p, const char *name);
 PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots);

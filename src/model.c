@@ -1188,6 +1188,52 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
     return PDP_OK;
 }
 
+/* A model with full's layers and parameter registry and a zeroed parameter block, no
+   gradients, no executor: the staging copy pp.c saves and loads the full model's
+   checkpoint through (with_block false: the layout alone, which a pipeline keeps). */
+PDP__PRIVATE pdp_status pdp__model_layout(const pdp_model *full, bool with_block, pdp_model **out)
+{
+    pdp_model *m;
+    pdp_status st;
+    *out = NULL;
+    m = (pdp_model *)pdp__calloc(sizeof *m);
+    if (!m) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a model's layout");
+    m->device = full->device;
+    m->seed = full->seed;
+    m->init_rng = full->init_rng;
+    m->in_ndim = full->in_ndim;
+    memcpy(m->in_shape, full->in_shape, sizeof m->in_shape);
+    m->in_count = full->in_count;
+    m->in_dtype = full->in_dtype;
+    m->recompute = full->recompute;
+    m->open_residual = -1;
+    m->training = full->training;
+    m->precision = full->precision;
+    m->step = full->step;
+    m->nlayers = m->cap_layers = full->nlayers;
+    m->nparams = m->cap_params = full->nparams;
+    m->param_count = full->param_count;
+    m->layers = (pdp__layer *)pdp__alloc((size_t)PDP__MAX(1, full->nlayers) * sizeof *m->layers);
+    m->params =
+        (pdp__param_entry *)pdp__alloc((size_t)PDP__MAX(1, full->nparams) * sizeof *m->params);
+    if (!m->layers || !m->params) {
+        pdp_model_free(m);
+        return pdp__err(PDP_ERR_OUT_OF_MEMORY, "no memory for a model's layout");
+    }
+    memcpy(m->layers, full->layers, (size_t)full->nlayers * sizeof *m->layers);
+    memcpy(m->params, full->params, (size_t)full->nparams * sizeof *m->params);
+    if (with_block && m->param_count &&
+        ((st = pdp__dev_alloc(m->device, (size_t)m->param_count * sizeof(float),
+                              (void **)&m->param_block)) != PDP_OK ||
+         (st = pdp__dev_memset0(m->device, m->param_block,
+                                (size_t)m->param_count * sizeof(float))) != PDP_OK)) {
+        pdp_model_free(m);
+        return st;
+    }
+    *out = m;
+    return PDP_OK;
+}
+
 /* ---- model: pipeline stages ---- */
 
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out)

@@ -68,6 +68,8 @@ struct pdp_pp {
     bool tied_copy;               /* this stage holds the copy (its last parameter) */
     float *tied_buf;              /* the peer's gradient of it, received each pass */
     int64_t positions;            /* labels a row on the last stage: T for [B, T, V] */
+    pdp_model *layout;            /* the full model's layers and registry (no values): the
+                                     staging of pdp_pp_checkpoint_save/load */
     int64_t counted;              /* labels of this pass that count (not -1) */
     int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
     int64_t mb_cap;
@@ -445,6 +447,7 @@ PDP_API pdp_status pdp_pp_create(pdp_pp **out, const pdp_model *full, pdp_comm *
         pp->positions = last->out_count / last->out_shape[last->out_ndim - 1];
     }
     pdp__pp_find_tied(pp, full);
+    if ((st = pdp__model_layout(full, false, &pp->layout)) != PDP_OK) goto wrap;
     if (pp->tied_param >= 0 &&
         (st = pdp__dev_alloc(pp->m->device, (size_t)pp->m->params[pp->tied_param].count *
                                                 sizeof(float), (void **)&pp->tied_buf)) != PDP_OK)
@@ -535,6 +538,7 @@ PDP_API void pdp_pp_free(pdp_pp *pp)
     if (pp->m) pp->m->wrapped = PDP__WRAP_NONE;
     if (pp->norm_dev) pdp__dev_free(pp->m->device, pp->norm_dev);
     if (pp->tied_buf) pdp__dev_free(pp->m->device, pp->tied_buf);
+    pdp_model_free(pp->layout);
     pdp_model_free(pp->m);
     pdp__dealloc(pp->in_buf);
     pdp__dealloc(pp->send_fwd);
@@ -964,6 +968,133 @@ PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt)
         return pdp__err_wrap(st, "pdp_pp_step: rank %d", pp->c->rank);
     pdp_model_zero_grad(pp->m);
     return PDP_OK;
+}
+
+/* ---- pp: checkpoints of the full model ----
+   Stage s holds the full model's parameters [off(s), off(s + 1)) in the full block's order
+   (a stage is a contiguous run of layers, so of registered parameters), then a tied weight's
+   copy, which equals its owner's and is not written. Save: every stage sends its run (and
+   each optimizer state's) to stage 0, which writes the full model's file through a staging
+   model; load: every stage reads the file into its own staging model and keeps its run (and
+   the copy from its owner's tensor). */
+
+/* The offset in the full block of stage s's first parameter (s = p: the count). */
+PDP__PRIVATE int64_t pdp__pp_full_offset(const pdp_pp *pp, int s)
+{
+    const pdp_model *f = pp->layout;
+    int q = s < pp->p ? f->layers[pp->first[s]].param_first : f->nparams;
+    return q < f->nparams ? f->params[q].offset : f->param_count;
+}
+
+/* The checks of both calls: o this stage's full optimizer (or NULL). */
+PDP__PRIVATE pdp_status pdp__pp_ckpt_args(const pdp_pp *pp, const pdp_optim *o, const char *path,
+                                          const char *fn)
+{
+    if (!pp || !path) return pdp__err(PDP_ERR_INVALID, "%s: NULL argument", fn);
+    if (o && (o->model != pp->m || !pdp__optim_is_full(o)))
+        return pdp__err(PDP_ERR_INVALID, "%s: rank %d (stage %d): the optimizer is not this "
+                        "stage's (pdp_optim_create(&opt, pdp_pp_model(pp), &desc))", fn,
+                        pp->c->rank, pp->stage);
+    if (pp->dp_work)
+        return pdp__err(PDP_ERR_STATE, "%s: rank %d: call pdp_pp_step or pdp_pp_finish first", fn,
+                        pp->c->rank);
+    return PDP_OK;
+}
+
+/* The staging full model (and optimizer, with o) of a save or a load. */
+PDP__PRIVATE pdp_status pdp__pp_staging(const pdp_pp *pp, const pdp_optim *o, pdp_model **full,
+                                        pdp_optim **fo)
+{
+    pdp_status st;
+    *fo = NULL;
+    if ((st = pdp__model_layout(pp->layout, true, full)) != PDP_OK) return st;
+    (*full)->step = pp->steps;
+    if (o && (st = pdp_optim_create(fo, *full, &o->desc)) != PDP_OK) return st;
+    if (o) (*fo)->steps = o->steps;
+    return PDP_OK;
+}
+
+PDP_API pdp_status pdp_pp_checkpoint_save(pdp_pp *pp, const pdp_optim *o, const char *path)
+{
+    static const char *fn = "pdp_pp_checkpoint_save";
+    pdp_model *full = NULL;
+    pdp_optim *fo = NULL;
+    pdp_status st, mine = PDP_OK;
+    int k, s, nbuf;
+    if ((st = pdp__pp_ckpt_args(pp, o, path, fn)) != PDP_OK) return st;
+    nbuf = 1 + (o ? o->nstate : 0); /* the parameters, then each optimizer state */
+    if (pp->stage == 0) mine = pdp__pp_staging(pp, o, &full, &fo);
+    if ((st = pdp__comm_agree(pp->c, mine, fn)) != PDP_OK) goto out;
+    for (k = 0; k < nbuf; k++) {
+        const float *src = k == 0 ? pp->m->param_block : o->state[k - 1];
+        int64_t off = pdp__pp_full_offset(pp, pp->stage);
+        int64_t n = pdp__pp_full_offset(pp, pp->stage + 1) - off;
+        pdp_work *w = NULL;
+        if (pp->stage > 0) {
+            if ((st = pdp_comm_send(pp->c, src, n, 0, k, &w)) != PDP_OK ||
+                (st = pdp__pp_wait(&w)) != PDP_OK)
+                goto out;
+            continue;
+        }
+        for (s = 0; s < pp->p; s++) { /* stage 0 gathers every stage's run, in order */
+            float *dst = (k == 0 ? full->param_block : fo->state[k - 1]);
+            off = pdp__pp_full_offset(pp, s);
+            n = pdp__pp_full_offset(pp, s + 1) - off;
+            st = s == 0 ? pdp__dev_copy(pp->m->device, dst + off, pp->m->device, src,
+                                        (size_t)n * sizeof(float))
+                        : pdp_comm_recv(pp->c, dst + off, n, s, k, &w);
+            if (st == PDP_OK && s > 0) st = pdp__pp_wait(&w);
+            if (st != PDP_OK) goto out;
+        }
+    }
+    mine = pp->stage == 0 ? pdp_checkpoint_save(path, full, fo) : PDP_OK;
+    st = pdp__comm_agree(pp->c, mine, fn);
+out:
+    pdp_optim_free(fo);
+    pdp_model_free(full);
+    if (st != PDP_OK && strncmp(pdp_last_error(), fn, strlen(fn)) != 0)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d): %s", fn, pp->c->rank, pp->stage, path);
+    return st;
+}
+
+PDP_API pdp_status pdp_pp_checkpoint_load(pdp_pp *pp, pdp_optim *o, const char *path)
+{
+    static const char *fn = "pdp_pp_checkpoint_load";
+    pdp_model *full = NULL;
+    pdp_optim *fo = NULL;
+    pdp_status st, mine;
+    int64_t off, n;
+    int k;
+    if ((st = pdp__pp_ckpt_args(pp, o, path, fn)) != PDP_OK) return st;
+    if ((mine = pdp__pp_staging(pp, o, &full, &fo)) == PDP_OK)
+        mine = pdp_checkpoint_load(path, full, fo);
+    /* every stage learns whether any failed before anything is changed */
+    if ((st = pdp__comm_agree(pp->c, mine, fn)) != PDP_OK) goto out;
+    off = pdp__pp_full_offset(pp, pp->stage);
+    n = pdp__pp_full_offset(pp, pp->stage + 1) - off;
+    for (k = 0; k < 1 + (o ? o->nstate : 0) && st == PDP_OK; k++) {
+        float *dst = k == 0 ? pp->m->param_block : o->state[k - 1];
+        const float *src = k == 0 ? full->param_block : fo->state[k - 1];
+        st = pdp__dev_copy(pp->m->device, dst, pp->m->device, src + off, (size_t)n * sizeof(float));
+        if (st == PDP_OK && pp->tied_copy) { /* the head's copy of a tied weight: its owner's */
+            const pdp__param_entry *c = &pp->m->params[pp->tied_param];
+            pdp_param owner;
+            if ((st = pdp_model_find_param(full, c->name, &owner)) == PDP_OK)
+                st = pdp__dev_copy(pp->m->device, dst + c->offset, pp->m->device,
+                                   src + owner.offset, (size_t)c->count * sizeof(float));
+        }
+    }
+    if (st == PDP_OK && o) {
+        o->desc = fo->desc;
+        o->steps = fo->steps;
+    }
+    if (st == PDP_OK) pp->steps = pp->m->step = full->step;
+out:
+    pdp_optim_free(fo);
+    pdp_model_free(full);
+    if (st != PDP_OK && strncmp(pdp_last_error(), fn, strlen(fn)) != 0)
+        return pdp__err_wrap(st, "%s: rank %d (stage %d): %s", fn, pp->c->rank, pp->stage, path);
+    return st;
 }
 
 /* ---- pp: queries ---- */

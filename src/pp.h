@@ -177,6 +177,20 @@ PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *tota
    pdp_pp_model(pp) (else PDP_ERR_INVALID, nothing changed). */
 PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt);
 
+/* Checkpoints of the full model (collective over the pipeline; every stage calls them).
+   Save: stage 0 gathers every stage's parameters (and, with o, the optimizer's state) and
+   writes the file pdp_checkpoint_save writes for the single-device model: its names, one
+   file, loadable by pdp_checkpoint_load on one device, by a pipeline of any stage count and
+   by PyTorch (a tied weight once, under its owner's name). Load: every stage reads such a
+   file and keeps its own tensors (and a tied weight's copy from its owner's); the step
+   count and the optimizer's hyper-parameters come back as pdp_checkpoint_load restores
+   them. Either fails on every stage, nothing changed on a load, when any stage fails, the
+   message naming the call, the rank and the path. o: this stage's optimizer (made on
+   pdp_pp_model(pp)) or NULL. Not with a dp communicator's average in flight (call
+   pdp_pp_step or pdp_pp_finish first). */
+PDP_API pdp_status pdp_pp_checkpoint_save(pdp_pp *pp, const pdp_optim *o, const char *path);
+PDP_API pdp_status pdp_pp_checkpoint_load(pdp_pp *pp, pdp_optim *o, const char *path);
+
 PDP_API pdp_model *pdp_pp_model(const pdp_pp *pp); /* this rank's stage */
 PDP_API int pdp_pp_stage(const pdp_pp *pp);
 PDP_API int pdp_pp_num_stages(const pdp_pp *pp);

@@ -580,6 +580,9 @@ PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device
    with forwarded, the next backward reads set slot, whose forward ran on input x of batch
    rows (x must be the input that forward was given, still alive). */
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
+/* A model with full's layers and parameter registry, no gradients and no executor, and a
+   zeroed parameter block when with_block (model.c; pp.c's staging for full checkpoints). */
+PDP__PRIVATE pdp_status pdp__model_layout(const pdp_model *full, bool with_block, pdp_model **out);
 /* Renames parameter p (model.c; a builder's names, pdp_gpt_create's). */
 PDP__PRIVATE pdp_status pdp__model_rename_param(pdp_model *m, int p, const char *name);
 PDP__PRIVATE pdp_status pdp__model_set_slots(pdp_model *m, int nslots);
@@ -5314,6 +5317,11 @@ PDP__PRIVATE pdp_status pdp__model_rename_param(pdp_model *m, int p, const char 
 PDP__PRIVATE pdp_status pdp__model_clone(const pdp_model *src, pdp_device device, bool share_params,
                                          pdp_model **out);
 
+/* A model with full's layers and parameter registry and a zeroed parameter block, no
+   gradients, no executor: the staging copy pp.c saves and loads the full model's
+   checkpoint through (with_block false: the layout alone, which a pipeline keeps). */
+PDP__PRIVATE pdp_status pdp__model_layout(const pdp_model *full, bool with_block, pdp_model **out);
+
 /* ---- model: pipeline stages ---- */
 
 PDP__PRIVATE pdp_status pdp__model_stage(const pdp_model *full, int lo, int hi, pdp_model **out);
@@ -7729,6 +7737,8 @@ struct pdp_pp {
     bool tied_copy;               /* this stage holds the copy (its last parameter) */
     float *tied_buf;              /* the peer's gradient of it, received each pass */
     int64_t positions;            /* labels a row on the last stage: T for [B, T, V] */
+    pdp_model *layout;            /* the full model's layers and registry (no values): the
+                                     staging of pdp_pp_checkpoint_save/load */
     int64_t counted;              /* labels of this pass that count (not -1) */
     int64_t *mb_rows, *mb_first;  /* per micro-batch of the current pass */
     int64_t mb_cap;
@@ -7846,6 +7856,29 @@ PDP__PRIVATE pdp_status pdp__pp_cut(pdp_pp *pp, int64_t rows);
 /* PDP_API pdp_status pdp_pp_clip_grad_norm(pdp_pp *pp, float max_norm, float *total_norm) */
 
 /* PDP_API pdp_status pdp_pp_step(pdp_pp *pp, pdp_optim *opt) */
+
+/* ---- pp: checkpoints of the full model ----
+   Stage s holds the full model's parameters [off(s), off(s + 1)) in the full block's order
+   (a stage is a contiguous run of layers, so of registered parameters), then a tied weight's
+   copy, which equals its owner's and is not written. Save: every stage sends its run (and
+   each optimizer state's) to stage 0, which writes the full model's file through a staging
+   model; load: every stage reads the file into its own staging model and keeps its run (and
+   the copy from its owner's tensor). */
+
+/* The offset in the full block of stage s's first parameter (s = p: the count). */
+PDP__PRIVATE int64_t pdp__pp_full_offset(const pdp_pp *pp, int s);
+
+/* The checks of both calls: o this stage's full optimizer (or NULL). */
+PDP__PRIVATE pdp_status pdp__pp_ckpt_args(const pdp_pp *pp, const pdp_optim *o, const char *path,
+                                          const char *fn);
+
+/* The staging full model (and optimizer, with o) of a save or a load. */
+PDP__PRIVATE pdp_status pdp__pp_staging(const pdp_pp *pp, const pdp_optim *o, pdp_model **full,
+                                        pdp_optim **fo);
+
+/* PDP_API pdp_status pdp_pp_checkpoint_save(pdp_pp *pp, const pdp_optim *o, const char *path) */
+
+/* PDP_API pdp_status pdp_pp_checkpoint_load(pdp_pp *pp, pdp_optim *o, const char *path) */
 
 /* ---- pp: queries ---- */
 

@@ -871,8 +871,126 @@ TEST gpt_recomputation_is_exact_and_keeps_less(void)
     PASS();
 }
 
+/* Pipeline checkpoints: a 2-stage pipeline trains 2 steps and saves the full model's file;
+   one device loads it and has the single-device run's parameters; a 3-stage pipeline loads
+   it and resumes: after one more step it equals one device after 3 steps. */
+typedef struct ppc_case {
+    int32_t ids[PP_B * TP_T], tg[PP_B * TP_T];
+    char path[128];
+    int steps;  /* the steps this run trains */
+    bool load;  /* load path first */
+    const pdp_model *ref;
+    double worst[8];
+} ppc_case;
+
+static pdp_status ppc_rank(const pdp_launch_ctx *ctx, void *user)
+{
+    ppc_case *c = (ppc_case *)user;
+    pdp_gpt_desc d = tp_desc();
+    pdp_model *full = NULL, *m;
+    pdp_pp *pp = NULL;
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {PP_B, TP_T};
+    float loss, norm;
+    int s, i;
+    pdp_status st;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+    if ((st = pdp_gpt_create(&full, &d)) != PDP_OK ||
+        (st = pdp_pp_create(&pp, full, ctx->world, NULL)) != PDP_OK)
+        goto out;
+    m = pdp_pp_model(pp);
+    if ((st = pdp_optim_create(&o, m, &od)) != PDP_OK) goto out;
+    if (c->load && (st = pdp_pp_checkpoint_load(pp, o, c->path)) != PDP_OK) goto out;
+    pdp_tensor_wrap_ids(c->ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < c->steps; s++)
+        if ((st = pdp_pp_forward_backward(pp, &x, c->tg, &loss)) != PDP_OK ||
+            (st = pdp_pp_clip_grad_norm(pp, 0.5f, &norm)) != PDP_OK ||
+            (st = pdp_pp_step(pp, o)) != PDP_OK)
+            goto out;
+    if (!c->load) {
+        st = pdp_pp_checkpoint_save(pp, o, c->path);
+        goto out;
+    }
+    for (i = 0; i < pdp_model_num_params(m); i++) {
+        pdp_param mine, want;
+        double e;
+        pdp_model_param(m, i, &mine);
+        if ((st = pdp_model_find_param(c->ref, mine.name, &want)) != PDP_OK) goto out;
+        e = fixture_rel_err(mine.value.data, want.value.data, want.count);
+        if (!(e <= c->worst[ctx->rank])) c->worst[ctx->rank] = e;
+    }
+out:
+    pdp_optim_free(o);
+    pdp_pp_free(pp);
+    pdp_model_free(full);
+    return st;
+}
+
+/* one device: steps AdamW steps of the pipeline's batch, clipping at 0.5 */
+static pdp_status ppc_single(const ppc_case *c, int steps, pdp_model **out)
+{
+    pdp_gpt_desc d = tp_desc();
+    pdp_optim *o = NULL;
+    pdp_optim_desc od;
+    pdp_tensor x;
+    int64_t shape[2] = {PP_B, TP_T};
+    float loss, norm;
+    int s;
+    pdp_status st;
+    memset(&od, 0, sizeof od);
+    od.kind = PDP_OPTIM_ADAMW, od.lr = 1e-3, od.weight_decay = 0.1;
+    if ((st = pdp_gpt_create(out, &d)) != PDP_OK || (st = pdp_optim_create(&o, *out, &od)))
+        return st;
+    pdp_tensor_wrap_ids((int32_t *)c->ids, pdp_cpu(), 2, shape, &x);
+    for (s = 0; s < steps && st == PDP_OK; s++) {
+        if ((st = pdp_model_forward_backward(*out, &x, c->tg, &loss)) == PDP_OK &&
+            (st = pdp_clip_grad_norm(*out, 0.5f, &norm)) == PDP_OK)
+            st = pdp_optim_step(o);
+        pdp_optim_zero_grad(o);
+    }
+    pdp_optim_free(o);
+    return st;
+}
+
+TEST gpt_pipeline_checkpoint_resumes_at_another_stage_count(void)
+{
+    static ppc_case c;
+    pdp_model *two = NULL, *three = NULL, *back = NULL;
+    pdp_gpt_desc d = tp_desc();
+    pdp_tensor pt, pb;
+    int64_t i;
+    int r;
+    memset(&c, 0, sizeof c);
+    for (i = 0; i < PP_B * TP_T; i++) {
+        c.ids[i] = (int32_t)((i * 5 + 2) % 13);
+        c.tg[i] = i % 7 == 4 ? -1 : (int32_t)((i * 3 + 1) % 13);
+    }
+    snprintf(c.path, sizeof c.path, "build/test_gpt_pp.%ld.safetensors", (long)getpid());
+    ASSERT_ENUM_EQ(PDP_OK, ppc_single(&c, 2, &two), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, ppc_single(&c, 3, &three), pdp_status_name);
+    c.steps = 2;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(2, NULL, ppc_rank, &c), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_gpt_create(&back, &d), pdp_status_name);
+    ASSERT_ENUM_EQ(PDP_OK, pdp_checkpoint_load(c.path, back, NULL), pdp_status_name);
+    pdp_model_flat(two, &pt, NULL);
+    pdp_model_flat(back, &pb, NULL);
+    ASSERT(fixture_rel_err(pb.data, pt.data, pt.count) <= 1e-5);
+    c.steps = 1, c.load = true, c.ref = three;
+    ASSERT_ENUM_EQ(PDP_OK, pdp_launch(3, NULL, ppc_rank, &c), pdp_status_name);
+    for (r = 0; r < 3; r++) ASSERT(c.worst[r] <= 1e-5);
+    remove(c.path);
+    pdp_model_free(two);
+    pdp_model_free(three);
+    pdp_model_free(back);
+    PASS();
+}
+
 SUITE(gpt)
 {
+    RUN_TEST(gpt_pipeline_checkpoint_resumes_at_another_stage_count);
     RUN_TEST(gpt_recomputation_is_exact_and_keeps_less);
     RUN_TEST(gpt_pipeline_of_blocks_equals_one_device);
     RUN_TEST(gpt_tensor_parallel_by_heads_equals_one_device);
