@@ -3245,6 +3245,33 @@ pdp_status pdp_cudak_maxpool_fwd(int dev, const pdp_cudak_conv *g, const float *
 pdp_status pdp_cudak_maxpool_bwd(int dev, const pdp_cudak_conv *g, const float *dy,
                                  const float *argmax, float *dx);
 
+/* a GPT's layers (layers_gpt.c's formulas). Embedding: ids [B, T] int32 on dev; an id
+   outside [0, V) is PDP_ERR_INVALID naming its position and value (the forward waits for
+   the check); backward accumulates dwte and dwpe (+=) in the CPU's order per channel, no
+   atomics; work: B T int32. */
+pdp_status pdp_cudak_embed_fwd(int dev, const int32_t *ids, const float *wte, const float *wpe,
+                               float *out, int64_t B, int64_t T, int64_t V, int64_t C);
+pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const float *dout, float *dwte,
+                               float *dwpe, int32_t *work, int64_t B, int64_t T, int64_t V,
+                               int64_t C);
+/* Causal self-attention of qkv [B, T, 3C] into y [B, T, C], H heads, saving att [B, H, T, T]
+   (P before dropout); p > 0: attention dropout keyed as the CPU's (seed, layer, step,
+   sample_base + b). Backward writes dqkv (=). work: B H T T floats. */
+typedef struct pdp_cudak_attn {
+    int64_t B, T, C, H;
+    float p;             /* attention dropout; 0: none (evaluation, or p = 0) */
+    uint64_t seed, step;
+    int layer;
+    int64_t sample_base;
+} pdp_cudak_attn;
+pdp_status pdp_cudak_attention_fwd(int dev, const pdp_cudak_attn *g, const float *qkv, float *y,
+                                   float *att, float *work);
+pdp_status pdp_cudak_attention_bwd(int dev, const pdp_cudak_attn *g, const float *qkv,
+                                   const float *att, const float *dy, float *dqkv, float *work);
+/* the residual's adds: out = a + b; d1 = src and, when d2 is not NULL, d2 = src */
+pdp_status pdp_cudak_sum2(int dev, const float *a, const float *b, float *out, int64_t count);
+pdp_status pdp_cudak_copy2(int dev, const float *src, float *d1, float *d2, int64_t count);
+
 /* losses. host_labels: batch labels in host memory, already checked to lie in
    [0, classes). host_loss: batch per-sample losses (double) for the host to sum
    in sample order. dlogits may be NULL. */
@@ -16037,6 +16064,96 @@ PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes 
     l->out_shape[1] = l->in_ndim == 2 ? l->out_features : 1;
     return PDP_OK;
 }
+
+/* ---- gpt: the kinds' CUDA entries ----
+   pdp_cuda.cu's kernels for the same formulas (its "GPT" sections). Embedding's backward
+   sorts the positions by id into its CUDA workspace (an int32 a position:
+   pdp__embedding_cuda_work); the attention's needs B H T T floats, within the H T (T + 1)
+   per sample the CPU's setup asks for. TiedLinear runs Linear's entries: no bias, and its
+   io->w and io->dw are the tied parameter's (model.c). */
+
+PDP__PRIVATE int64_t pdp__embedding_cuda_work(const pdp__layer *l)
+{
+    return l->in_shape[0]; /* T positions; an int32 fills a float's bytes */
+}
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__embedding_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_embed_fwd(io->device.ordinal, (const int32_t *)(const void *)io->x, io->w,
+                               io->b, io->y, io->batch, l->in_shape[0], l->vocab,
+                               l->out_features);
+}
+
+PDP__PRIVATE pdp_status pdp__embedding_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    return pdp_cudak_embed_bwd(io->device.ordinal, (const int32_t *)(const void *)io->x, io->dy,
+                               io->dw, io->db, (int32_t *)(void *)io->work, io->batch,
+                               l->in_shape[0], l->vocab, l->out_features);
+}
+
+PDP__PRIVATE void pdp__attention_cuda_geometry(const pdp__layer *l, const pdp__layer_io *io,
+                                               pdp_cudak_attn *g)
+{
+    pdp__attn_dropout d;
+    pdp__attention_drop(l, io, &d);
+    memset(g, 0, sizeof *g);
+    g->B = io->batch;
+    g->T = l->in_shape[0];
+    g->C = l->out_shape[1];
+    g->H = l->heads;
+    g->p = d.p;
+    g->seed = d.seed;
+    g->step = d.step;
+    g->layer = d.layer;
+    g->sample_base = d.sample_base;
+}
+
+PDP__PRIVATE pdp_status pdp__attention_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_attn g;
+    pdp__attention_cuda_geometry(l, io, &g);
+    return pdp_cudak_attention_fwd(io->device.ordinal, &g, io->x, io->y, io->saved, io->work);
+}
+
+PDP__PRIVATE pdp_status pdp__attention_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    pdp_cudak_attn g;
+    if (!io->dx) return PDP_OK; /* no parameters: only the input's gradient to give */
+    pdp__attention_cuda_geometry(l, io, &g);
+    return pdp_cudak_attention_bwd(io->device.ordinal, &g, io->x, io->saved, io->dy, io->dx,
+                                   io->work);
+}
+
+/* Residual: a forward view (never called); backward dx = dy + dskip */
+PDP__PRIVATE pdp_status pdp__residual_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    int dev = io->device.ordinal;
+    if (io->y == io->x) return PDP_OK;
+    return pdp_cudak_memcpy(dev, io->y, dev, io->x,
+                            (size_t)(io->batch * l->in_count) * sizeof(float));
+}
+
+PDP__PRIVATE pdp_status pdp__residual_cuda_backward(const pdp__layer *l, const pdp__layer_io *io)
+{
+    if (!io->dx) return PDP_OK;
+    return pdp_cudak_sum2(io->device.ordinal, io->dy, io->dskip, io->dx, io->batch * l->in_count);
+}
+
+/* ResidualAdd: y = x + skip; backward dskip = dy and dx = dy */
+PDP__PRIVATE pdp_status pdp__residual_add_cuda_forward(const pdp__layer *l,
+                                                       const pdp__layer_io *io)
+{
+    return pdp_cudak_sum2(io->device.ordinal, io->x, io->skip, io->y, io->batch * l->in_count);
+}
+
+PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
+                                                        const pdp__layer_io *io)
+{
+    return pdp_cudak_copy2(io->device.ordinal, io->dy, io->dskip, io->dx,
+                           io->batch * l->in_count);
+}
+#endif
 /* ---- end src/layers_gpt.c ---- */
 
 /* ---- begin src/layers_tp.c ---- */
@@ -16532,25 +16649,34 @@ PDP__PRIVATE const pdp__layer_kind_info pdp__layer_kinds[PDP__LAYER_KIND_COUNT] 
                          pdp__silu_backward, PDP__CUDA_ENTRY(pdp__silu_cuda_forward),
                          PDP__CUDA_ENTRY(pdp__silu_cuda_backward), NULL, PDP__LAYER_ELEMENTWISE,
                          pdp__flops_silu},
-    /* a GPT's kinds (layers_gpt.c); CPU only for now */
+    /* a GPT's kinds (layers_gpt.c); TiedLinear runs Linear's CUDA entries */
     PDP__KIND(PDP__EMBEDDING){"Embedding", pdp__embedding_setup, pdp__embedding_init,
-                              pdp__embedding_forward, pdp__embedding_backward, NULL, NULL, NULL,
-                              PDP__LAYER_TAKES_IDS, pdp__flops_embedding},
+                              pdp__embedding_forward, pdp__embedding_backward,
+                              PDP__CUDA_ENTRY(pdp__embedding_cuda_forward),
+                              PDP__CUDA_ENTRY(pdp__embedding_cuda_backward),
+                              pdp__embedding_cuda_work, PDP__LAYER_TAKES_IDS,
+                              pdp__flops_embedding},
     PDP__KIND(PDP__CAUSAL_SELF_ATTENTION){"CausalSelfAttention", pdp__attention_setup, NULL,
                                           pdp__attention_layer_forward,
-                                          pdp__attention_layer_backward, NULL, NULL, NULL, 0,
+                                          pdp__attention_layer_backward,
+                                          PDP__CUDA_ENTRY(pdp__attention_cuda_forward),
+                                          PDP__CUDA_ENTRY(pdp__attention_cuda_backward), NULL, 0,
                                           pdp__flops_attention},
     PDP__KIND(PDP__RESIDUAL){"Residual", pdp__layers_setup_same, NULL, pdp__residual_forward,
-                             pdp__residual_backward, NULL, NULL, NULL,
+                             pdp__residual_backward, PDP__CUDA_ENTRY(pdp__residual_cuda_forward),
+                             PDP__CUDA_ENTRY(pdp__residual_cuda_backward), NULL,
                              PDP__LAYER_FORWARD_VIEW | PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
                              pdp__flops_residual},
     PDP__KIND(PDP__RESIDUAL_ADD){"ResidualAdd", pdp__layers_setup_same, NULL,
-                                 pdp__residual_add_forward, pdp__residual_add_backward, NULL,
-                                 NULL, NULL, PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
+                                 pdp__residual_add_forward, pdp__residual_add_backward,
+                                 PDP__CUDA_ENTRY(pdp__residual_add_cuda_forward),
+                                 PDP__CUDA_ENTRY(pdp__residual_add_cuda_backward), NULL,
+                                 PDP__LAYER_SKIP | PDP__LAYER_UNNUMBERED,
                                  pdp__flops_residual_add},
     PDP__KIND(PDP__TIED_LINEAR){"TiedLinear", pdp__tied_linear_setup, NULL, pdp__linear_forward,
-                                pdp__linear_backward, NULL, NULL, NULL, PDP__LAYER_TIED,
-                                pdp__flops_tied_linear},
+                                pdp__linear_backward, PDP__CUDA_ENTRY(pdp__linear_cuda_forward),
+                                PDP__CUDA_ENTRY(pdp__linear_cuda_backward), NULL,
+                                PDP__LAYER_TIED, pdp__flops_tied_linear},
 };
 
 /* The entry of kind k; NULL for a value outside the table. */
@@ -18340,25 +18466,28 @@ PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int 
 
 /* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
    the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
-   products), biases 0, LayerNorms as created (1 and 0). */
-PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
+   products), biases 0, LayerNorms as created (1 and 0). On a CUDA device each draw goes
+   through a host copy (pdp_tensor_normal's staging), so the parameters are the CPU's. */
+PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d)
 {
     pdp_rng r;
     int p;
+    pdp_status st;
     float std_proj = (float)(0.02 / sqrt(2.0 * (double)d->layers));
     pdp_rng_seed(&r, d->seed, 1);
     for (p = 0; p < m->nparams; p++) {
         pdp_param v;
         const char *name = m->params[p].name;
         size_t n = strlen(name);
-        pdp_model_param(m, p, &v);
+        if ((st = pdp_model_param(m, p, &v)) != PDP_OK) return st;
         if (strstr(name, "ln_")) continue;
-        if (n > 5 && strcmp(name + n - 5, ".bias") == 0) {
-            pdp_tensor_zeros(&v.value);
-            continue;
-        }
-        pdp_tensor_normal(&v.value, &r, 0.0f, strstr(name, "c_proj.weight") ? std_proj : 0.02f);
+        st = n > 5 && strcmp(name + n - 5, ".bias") == 0
+                 ? pdp_tensor_zeros(&v.value)
+                 : pdp_tensor_normal(&v.value, &r, 0.0f,
+                                     strstr(name, "c_proj.weight") ? std_proj : 0.02f);
+        if (st != PDP_OK) return st;
     }
+    return PDP_OK;
 }
 
 PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
@@ -18407,12 +18536,7 @@ PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc)
     if ((st = pdp__gpt_layernorm(m, "transformer.ln_f")) != PDP_OK ||
         (st = pdp_model_add_tied_linear(m, "transformer.wte.weight")) != PDP_OK)
         goto fail;
-    if (m->device.kind == PDP_DEVICE_CPU) {
-        pdp__gpt_init(m, &d);
-    } else {
-        st = pdp__err(PDP_ERR_UNSUPPORTED, "a GPT's layers run on the CPU for now");
-        goto fail;
-    }
+    if ((st = pdp__gpt_init(m, &d)) != PDP_OK) goto fail;
     *out = m;
     return PDP_OK;
 fail:

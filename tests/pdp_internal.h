@@ -4755,6 +4755,40 @@ PDP__PRIVATE pdp_status pdp__residual_add_backward(const pdp__layer *l, const pd
 
 PDP__PRIVATE pdp_status pdp__tied_linear_setup(pdp__layer *l, pdp__param_shapes *ps, const char *in);
 
+/* ---- gpt: the kinds' CUDA entries ----
+   pdp_cuda.cu's kernels for the same formulas (its "GPT" sections). Embedding's backward
+   sorts the positions by id into its CUDA workspace (an int32 a position:
+   pdp__embedding_cuda_work); the attention's needs B H T T floats, within the H T (T + 1)
+   per sample the CPU's setup asks for. TiedLinear runs Linear's entries: no bias, and its
+   io->w and io->dw are the tied parameter's (model.c). */
+
+PDP__PRIVATE int64_t pdp__embedding_cuda_work(const pdp__layer *l);
+
+#ifdef PDP_CUDA
+PDP__PRIVATE pdp_status pdp__embedding_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__embedding_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE void pdp__attention_cuda_geometry(const pdp__layer *l, const pdp__layer_io *io,
+                                               pdp_cudak_attn *g);
+
+PDP__PRIVATE pdp_status pdp__attention_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__attention_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* Residual: a forward view (never called); backward dx = dy + dskip */
+PDP__PRIVATE pdp_status pdp__residual_cuda_forward(const pdp__layer *l, const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__residual_cuda_backward(const pdp__layer *l, const pdp__layer_io *io);
+
+/* ResidualAdd: y = x + skip; backward dskip = dy and dx = dy */
+PDP__PRIVATE pdp_status pdp__residual_add_cuda_forward(const pdp__layer *l,
+                                                       const pdp__layer_io *io);
+
+PDP__PRIVATE pdp_status pdp__residual_add_cuda_backward(const pdp__layer *l,
+                                                        const pdp__layer_io *io);
+#endif
+
 /* ---- src/layers_tp.c ---- */
 /* layers_tp: the four layer kinds of tensor parallelism (tp.h has the design): f and g,
    the conjugate operators, and the column- and row-parallel Linears, as entries of
@@ -5375,8 +5409,9 @@ PDP__PRIVATE pdp_status pdp__gpt_block(pdp_model *m, const pdp_gpt_desc *d, int 
 
 /* GPT-2's initialisation (nanoGPT's _init_weights): weights and embeddings N(0, 0.02),
    the c_proj weights N(0, 0.02 / sqrt(2 layers)) (the residual branches' last
-   products), biases 0, LayerNorms as created (1 and 0). */
-PDP__PRIVATE void pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
+   products), biases 0, LayerNorms as created (1 and 0). On a CUDA device each draw goes
+   through a host copy (pdp_tensor_normal's staging), so the parameters are the CPU's. */
+PDP__PRIVATE pdp_status pdp__gpt_init(pdp_model *m, const pdp_gpt_desc *d);
 
 /* PDP_API pdp_status pdp_gpt_create(pdp_model **out, const pdp_gpt_desc *desc) */
 
