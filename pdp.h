@@ -3273,7 +3273,7 @@ pdp_status pdp_cudak_sum2(int dev, const float *a, const float *b, float *out, i
 pdp_status pdp_cudak_copy2(int dev, const float *src, float *d1, float *d2, int64_t count);
 
 /* losses. host_labels: batch labels in host memory, already checked to lie in
-   [0, classes). host_loss: batch per-sample losses (double) for the host to sum
+   [0, classes) or be -1, an ignored row (loss 0, dlogits 0). host_loss: batch per-sample losses (double) for the host to sum
    in sample order. dlogits may be NULL. */
 pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *host_labels,
                                    int64_t batch, int64_t classes, float grad_scale,
@@ -4348,6 +4348,11 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
                                                 const int32_t *labels, int64_t batch,
                                                 int64_t classes, float grad_scale, double *loss_sum,
                                                 float *dlogits, const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_rows(pdp_device d, const float *logits,
+                                                     const int32_t *labels, int64_t rows,
+                                                     int64_t classes, float grad_scale,
+                                                     double *loss_sum, float *dlogits,
+                                                     const char *fn) PDP__UNUSED;
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
                                       int64_t count, float scale, double *sum, float *dpred,
                                       const char *fn) PDP__UNUSED;
@@ -6646,14 +6651,16 @@ PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d)
 }
 
 /* ---- cuda_host: losses ----
-   The same contract as loss.c's pdp__cross_entropy, logits and dlogits on
-   device d: labels (host memory) are checked here in sample order, the device
-   computes per-sample losses, and the host sums them in sample order. */
+   The same contract as loss.c's pdp__cross_entropy (and, ignore: its
+   pdp__cross_entropy_rows, rows labelled -1 giving loss 0 and dlogits 0), logits and
+   dlogits on device d: labels (host memory) are checked here in sample order, the
+   device computes per-sample losses, and the host sums them in sample order. */
 
-PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
-                                                const int32_t *labels, int64_t batch,
-                                                int64_t classes, float grad_scale, double *loss_sum,
-                                                float *dlogits, const char *fn)
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_any(pdp_device d, const float *logits,
+                                                    const int32_t *labels, int64_t batch,
+                                                    int64_t classes, float grad_scale,
+                                                    double *loss_sum, float *dlogits, bool ignore,
+                                                    const char *fn)
 {
 #ifdef PDP_CUDA
     double *loss = (double *)pdp__thread_scratch((size_t)batch * sizeof(double)), total = 0.0;
@@ -6663,9 +6670,10 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
     if (!loss) return pdp__err(PDP_ERR_OUT_OF_MEMORY, "%s: no memory for %lld losses", fn,
                                (long long)batch);
     for (i = 0; i < batch; i++)
-        if (labels[i] < 0 || labels[i] >= classes)
-            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)",
-                            fn, (long)labels[i], (long long)i, (long long)classes);
+        if ((labels[i] < 0 || labels[i] >= classes) && !(ignore && labels[i] == -1))
+            return pdp__err(PDP_ERR_INVALID, "%s: label %ld at sample %lld is outside [0, %lld)%s",
+                            fn, (long)labels[i], (long long)i, (long long)classes,
+                            ignore ? " and not the ignore index -1" : "");
     if ((st = pdp_cudak_cross_entropy(d.ordinal, logits, labels, batch, classes, grad_scale, loss,
                                       dlogits)) != PDP_OK)
         return pdp__err(st, "%s: pdp_cuda: %s", fn, pdp_cudak_error());
@@ -6681,9 +6689,29 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
     return PDP_OK;
 #else
     (void)logits, (void)labels, (void)batch, (void)classes, (void)grad_scale, (void)dlogits;
+    (void)ignore;
     *loss_sum = 0.0;
     return pdp__err(PDP_ERR_UNSUPPORTED, "%s: CUDA device %d: " PDP__NO_CUDA_MSG, fn, d.ordinal);
 #endif
+}
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
+                                                const int32_t *labels, int64_t batch,
+                                                int64_t classes, float grad_scale, double *loss_sum,
+                                                float *dlogits, const char *fn)
+{
+    return pdp__cuda_cross_entropy_any(d, logits, labels, batch, classes, grad_scale, loss_sum,
+                                       dlogits, false, fn);
+}
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_rows(pdp_device d, const float *logits,
+                                                     const int32_t *labels, int64_t rows,
+                                                     int64_t classes, float grad_scale,
+                                                     double *loss_sum, float *dlogits,
+                                                     const char *fn)
+{
+    return pdp__cuda_cross_entropy_any(d, logits, labels, rows, classes, grad_scale, loss_sum,
+                                       dlogits, true, fn);
 }
 
 /* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
@@ -18260,23 +18288,19 @@ PDP__PRIVATE pdp_status pdp__model_cross_entropy(pdp_model *m, const pdp_tensor 
                                                  const int32_t *labels, float *loss,
                                                  const char *fn)
 {
-    int64_t V = y->shape[y->ndim - 1], rows = y->count / V, i, ignored = 0;
-    double sum = 0.0;
+    int64_t V = y->shape[y->ndim - 1], rows = y->count / V, n;
+    double sum = 0.0, t0 = pdp__prof.on ? pdp__now() : 0.0;
     pdp_status st;
     if (m->device.kind == PDP_DEVICE_CPU) {
-        double t0 = pdp__prof.on ? pdp__now() : 0.0;
         st = pdp__cross_entropy_ignore(y->data, labels, rows, V, loss, NULL, m->grad_a, fn);
-        if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
-        return st;
+    } else { /* CUDA: the same rows (pdp__cuda_cross_entropy_rows), the mean over n here */
+        *loss = 0.0f;
+        if ((st = pdp__cross_entropy_count(labels, rows, V, &n, fn)) != PDP_OK) return st;
+        st = pdp__cuda_cross_entropy_rows(m->device, y->data, labels, rows, V,
+                                          n > 0 ? 1.0f / (float)n : 0.0f, &sum, m->grad_a, fn);
+        if (st == PDP_OK && n > 0) *loss = (float)(sum / (double)n);
     }
-    for (i = 0; i < rows; i++) ignored += labels[i] == -1;
-    if (ignored)
-        return pdp__err(PDP_ERR_UNSUPPORTED, "%s: %lld of %lld labels are the ignore index -1; "
-                        "on CUDA every label counts for now", fn, (long long)ignored,
-                        (long long)rows);
-    st = pdp__cross_entropy_on(m->device, y->data, labels, rows, V, 1.0f / (float)rows, &sum,
-                               m->grad_a, fn);
-    *loss = (float)(sum / (double)rows);
+    if (pdp__prof.on) pdp__prof.loss_s += pdp__now() - t0;
     return st;
 }
 

@@ -1619,7 +1619,8 @@ extern "C" pdp_status pdp_cudak_copy2(int dev, const float *src, float *d1, floa
 
 /* ---- losses ----
    Cross-entropy: one thread per sample, the CPU's formula in the CPU's order
-   (max in float, sum of exp in double, loss in double); the per-sample losses
+   (max in float, sum of exp in double, loss in double); label -1 is an ignored
+   row (loss 0, dlogits 0: loss.c's pdp__cross_entropy_rows); the per-sample losses
    go back to the host, which sums them in sample order. MSE: block partial
    sums in double, summed by the host in block order. */
 
@@ -1632,6 +1633,12 @@ static __global__ void pdp__cross_entropy_fwd(const float *logits, const int32_t
         int32_t label = labels[i];
         float mx = z[0];
         double sum = 0.0;
+        if (label == -1) { /* ignored (a GPT's padding): no loss, no gradient */
+            loss[i] = 0.0;
+            if (dlogits)
+                for (int64_t j = 0; j < classes; j++) dlogits[i * classes + j] = 0.0f;
+            continue;
+        }
         for (int64_t j = 1; j < classes; j++) mx = z[j] > mx ? z[j] : mx;
         for (int64_t j = 0; j < classes; j++) sum += exp((double)z[j] - (double)mx);
         loss[i] = (double)mx + log(sum) - (double)z[label];

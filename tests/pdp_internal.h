@@ -597,6 +597,11 @@ PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logit
                                                 const int32_t *labels, int64_t batch,
                                                 int64_t classes, float grad_scale, double *loss_sum,
                                                 float *dlogits, const char *fn) PDP__UNUSED;
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_rows(pdp_device d, const float *logits,
+                                                     const int32_t *labels, int64_t rows,
+                                                     int64_t classes, float grad_scale,
+                                                     double *loss_sum, float *dlogits,
+                                                     const char *fn) PDP__UNUSED;
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,
                                       int64_t count, float scale, double *sum, float *dpred,
                                       const char *fn) PDP__UNUSED;
@@ -1450,14 +1455,27 @@ PDP__PRIVATE pdp_status pdp__cuda_check_device(pdp_device d, const char *fn);
 /* PDP_API pdp_status pdp_cuda_empty_cache(pdp_device d) */
 
 /* ---- cuda_host: losses ----
-   The same contract as loss.c's pdp__cross_entropy, logits and dlogits on
-   device d: labels (host memory) are checked here in sample order, the device
-   computes per-sample losses, and the host sums them in sample order. */
+   The same contract as loss.c's pdp__cross_entropy (and, ignore: its
+   pdp__cross_entropy_rows, rows labelled -1 giving loss 0 and dlogits 0), logits and
+   dlogits on device d: labels (host memory) are checked here in sample order, the
+   device computes per-sample losses, and the host sums them in sample order. */
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_any(pdp_device d, const float *logits,
+                                                    const int32_t *labels, int64_t batch,
+                                                    int64_t classes, float grad_scale,
+                                                    double *loss_sum, float *dlogits, bool ignore,
+                                                    const char *fn);
 
 PDP__PRIVATE pdp_status pdp__cuda_cross_entropy(pdp_device d, const float *logits,
                                                 const int32_t *labels, int64_t batch,
                                                 int64_t classes, float grad_scale, double *loss_sum,
                                                 float *dlogits, const char *fn);
+
+PDP__PRIVATE pdp_status pdp__cuda_cross_entropy_rows(pdp_device d, const float *logits,
+                                                     const int32_t *labels, int64_t rows,
+                                                     int64_t classes, float grad_scale,
+                                                     double *loss_sum, float *dlogits,
+                                                     const char *fn);
 
 /* Sum of squared differences (double) and dpred = scale (pred - target), on d. */
 PDP__PRIVATE pdp_status pdp__cuda_mse(pdp_device d, const float *pred, const float *target,

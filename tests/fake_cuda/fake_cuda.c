@@ -772,6 +772,12 @@ pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *
         int32_t label = host_labels[s];
         float mx = z[0];
         double sum = 0.0;
+        if (label == -1) { /* an ignored row */
+            host_loss[s] = 0.0;
+            if (dlogits)
+                for (j = 0; j < classes; j++) dlogits[s * classes + j] = 0.0f;
+            continue;
+        }
         if (label < 0 || label >= classes)
             return fake__fail(PDP_ERR_CUDA, "%s: label %d of sample %lld outside [0, %lld) "
                               "(the host must check labels)", __func__, (int)label, (long long)s,
