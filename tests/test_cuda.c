@@ -17,6 +17,10 @@
    over NCCL (2-4 GPUs; 2-D DP x TP and DP x PP on 4) against one CPU model;
    bf16 precision (one Linear element by element against bounds; MLP and CNN
    training against the CPU's bf16 and the GPU's fp32 training, tolerances stated there);
+   a GPT's kinds (attention with and without dropout and with more heads than samples,
+   a residual region, a tied head, the embedding with repeated ids, its gradient bit for
+   bit where the order of the adds matters, an id outside the vocabulary) and a whole
+   GPT from pdp_gpt_create, three AdamW steps with dropout and ignored targets;
    plus "a step allocates nothing"
    through the caching allocator's counters, for one model and for DP. Cases
    that random data never reach have tests of their own (each added after a
