@@ -186,8 +186,8 @@ pdp_status pdp_cudak_sum2(int dev, const float *a, const float *b, float *out, i
 pdp_status pdp_cudak_copy2(int dev, const float *src, float *d1, float *d2, int64_t count);
 
 /* losses. host_labels: batch labels in host memory, already checked to lie in
-   [0, classes) or be -1, an ignored row (loss 0, dlogits 0). host_loss: batch per-sample losses (double) for the host to sum
-   in sample order. dlogits may be NULL. */
+   [0, classes) or be -1, an ignored row (loss 0, dlogits 0). host_loss: batch
+   per-sample losses (double) for the host to sum in sample order. dlogits may be NULL. */
 pdp_status pdp_cudak_cross_entropy(int dev, const float *logits, const int32_t *host_labels,
                                    int64_t batch, int64_t classes, float grad_scale,
                                    double *host_loss, float *dlogits);
