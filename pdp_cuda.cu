@@ -1368,8 +1368,8 @@ extern "C" pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const flo
    its backward are a block per row of scores: the max, then exp(s - max) and its sum
    (double, fixed tree), so no exp overflows; s > t is written 0 (the mask). Attention
    dropout draws the CPU's mask (math.h, keyed by (seed, layer, step, sample_base + b),
-   element (h T + t) T + s), so CPU and GPU drop the same probabilities; the backward
-   draws it again. work: B H T T floats (Pd with dropout, then dP and dS). */
+   element ((head_base + h) T + t) T + s), so CPU and GPU drop the same probabilities;
+   the backward draws it again. work: B H T T floats (Pd with dropout, then dP and dS). */
 
 #define PDP__ATT_THREADS 128
 
@@ -1399,7 +1399,7 @@ static __device__ float pdp__attn_keep(const pdp_cudak_attn &g, int64_t b, int64
                                        int64_t s, uint32_t thr, float scale)
 {
     uint64_t key = pdp__dropout_key(g.seed, g.layer, g.step, g.sample_base + b);
-    return pdp__dropout_bits(key, (h * g.T + t) * g.T + s) >= thr ? scale : 0.0f;
+    return pdp__dropout_bits(key, ((g.head_base + h) * g.T + t) * g.T + s) >= thr ? scale : 0.0f;
 }
 
 /* Row r = (b H + h) T + t of att holds the scaled scores: P = causal softmax of it, in

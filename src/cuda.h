@@ -169,13 +169,15 @@ pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const float *dout, f
                                int64_t C);
 /* Causal self-attention of qkv [B, T, 3C] into y [B, T, C], H heads, saving att [B, H, T, T]
    (P before dropout); p > 0: attention dropout keyed as the CPU's (seed, layer, step,
-   sample_base + b). Backward writes dqkv (=). work: B H T T floats. */
+   sample_base + b; element ((head_base + h) T + t) T + s). Backward writes dqkv (=).
+   work: B H T T floats. */
 typedef struct pdp_cudak_attn {
     int64_t B, T, C, H;
     float p;             /* attention dropout; 0: none (evaluation, or p = 0) */
     uint64_t seed, step;
-    int layer;
-    int64_t sample_base;
+    int layer;           /* the layer index that keys the masks */
+    int64_t sample_base; /* the global index of sequence 0 */
+    int64_t head_base;   /* the global index of head 0 (0 but on a shard of the heads) */
 } pdp_cudak_attn;
 pdp_status pdp_cudak_attention_fwd(int dev, const pdp_cudak_attn *g, const float *qkv, float *y,
                                    float *att, float *work);

@@ -563,6 +563,7 @@ PDP__PRIVATE void pdp__attention_cuda_geometry(const pdp__layer *l, const pdp__l
     g->step = d.step;
     g->layer = d.layer;
     g->sample_base = d.sample_base;
+    g->head_base = 0; /* every head of the model */
 }
 
 PDP__PRIVATE pdp_status pdp__attention_cuda_forward(const pdp__layer *l, const pdp__layer_io *io)

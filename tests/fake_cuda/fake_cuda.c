@@ -687,7 +687,8 @@ pdp_status pdp_cudak_embed_bwd(int dev, const int32_t *ids, const float *dout, f
     return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__DY | FAKE__DW | FAKE__DB, NULL);
 }
 
-/* The attention's work (B H T T floats) is checked and poisoned like conv's. */
+/* The attention's work (B H T T floats) is checked and poisoned like conv's. head_base
+   (a shard of the heads, which the CPU layer takes from its TP state) is not rebuilt. */
 static pdp__layer fake__attn_layer(const pdp_cudak_attn *g, pdp__layer_io *io)
 {
     pdp__layer l = fake__layer_of(PDP__CAUSAL_SELF_ATTENTION, 2, g->T, 3 * g->C, 1);
@@ -712,6 +713,7 @@ pdp_status pdp_cudak_attention_fwd(int dev, const pdp_cudak_attn *g, const float
     pdp__layer_io io = fake__io(g->B);
     pdp__layer l = fake__attn_layer(g, &io);
     FAKE__DEV(dev);
+    if (g->head_base != 0) return FAKE__NOT_IMPLEMENTED("attention on a shard of the heads");
     if (fake__attn_work(__func__, dev, g, work)) return PDP_ERR_CUDA;
     io.x = qkv, io.y = y, io.saved = att;
     return fake__layer(__func__, dev, &l, &io, 0, FAKE__X | FAKE__Y | FAKE__SAVED, NULL);
@@ -723,6 +725,7 @@ pdp_status pdp_cudak_attention_bwd(int dev, const pdp_cudak_attn *g, const float
     pdp__layer_io io = fake__io(g->B);
     pdp__layer l = fake__attn_layer(g, &io);
     FAKE__DEV(dev);
+    if (g->head_base != 0) return FAKE__NOT_IMPLEMENTED("attention on a shard of the heads");
     if (fake__attn_work(__func__, dev, g, work)) return PDP_ERR_CUDA;
     io.x = qkv, io.saved = (float *)att, io.dy = dy, io.dx = dqkv;
     return fake__layer(__func__, dev, &l, &io, 1, FAKE__X | FAKE__SAVED | FAKE__DY | FAKE__DX,
