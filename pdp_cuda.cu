@@ -1517,7 +1517,7 @@ extern "C" pdp_status pdp_cudak_attention_fwd(int dev, const pdp_cudak_attn *g, 
 {
     pdp__cu_ctx *c;
     pdp_status st;
-    int64_t T = g->T, C = g->C, D = g->C / g->H, C3 = 3 * C, TT = T * T;
+    int64_t T = g->T, C = g->C, D = g->H > 0 ? g->C / g->H : 1, C3 = 3 * C, TT = T * T;
     int64_t rows = g->B * g->H * T;
     float scale = (float)(1.0 / sqrt((double)D));
     bool dropping = g->p != 0.0f;
@@ -1544,7 +1544,7 @@ extern "C" pdp_status pdp_cudak_attention_bwd(int dev, const pdp_cudak_attn *g, 
 {
     pdp__cu_ctx *c;
     pdp_status st;
-    int64_t T = g->T, C = g->C, D = g->C / g->H, C3 = 3 * C, TT = T * T;
+    int64_t T = g->T, C = g->C, D = g->H > 0 ? g->C / g->H : 1, C3 = 3 * C, TT = T * T;
     int64_t rows = g->B * g->H * T;
     float scale = (float)(1.0 / sqrt((double)D)), keep_scale = 1.0f / (1.0f - g->p);
     uint32_t thr = pdp__dropout_threshold(g->p);
